@@ -1,0 +1,1 @@
+"""The operators' surfaces: the FastAPI console gateway and the `amc` command line."""

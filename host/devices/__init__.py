@@ -1,0 +1,1 @@
+"""Device drivers behind one interface: adbutils, uiautomator2, and the virtual phone."""

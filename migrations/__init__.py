@@ -1,0 +1,1 @@
+"""Alembic migrations of the cloud database (SQLite and PostgreSQL)."""

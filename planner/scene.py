@@ -1,0 +1,137 @@
+"""The planner's view of one screen: elements with stable ids, the foreground app, a page title.
+
+Perception (in `host/perception/`) builds a Scene from a uiautomator dump plus OCR; the planner
+renders it into the prompt. It lives here, not in the host, because the planner is its consumer
+and must not import host code.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+
+@dataclass(frozen=True, slots=True)
+class Bounds:
+    """A screen rectangle in physical pixels, `[left,top][right,bottom]` as uiautomator writes it."""
+
+    left: int
+    top: int
+    right: int
+    bottom: int
+
+    @property
+    def center(self) -> tuple[int, int]:
+        return ((self.left + self.right) // 2, (self.top + self.bottom) // 2)
+
+    @property
+    def width(self) -> int:
+        return self.right - self.left
+
+    @property
+    def height(self) -> int:
+        return self.bottom - self.top
+
+    def to_list(self) -> list[int]:
+        return [self.left, self.top, self.right, self.bottom]
+
+
+@dataclass(frozen=True, slots=True)
+class Element:
+    """One actionable or informative thing on screen.
+
+    `element_id` is what the planner's `tap` names; it is derived deterministically from the
+    dump so the same screen yields the same ids step after step.
+    """
+
+    element_id: str
+    bounds: Bounds
+    text: str = ""
+    content_desc: str = ""
+    resource_id: str = ""
+    class_name: str = ""
+    package: str = ""
+    clickable: bool = False
+    long_clickable: bool = False
+    checkable: bool = False
+    checked: bool = False
+    enabled: bool = True
+    focusable: bool = False
+    focused: bool = False
+    scrollable: bool = False
+    selected: bool = False
+    password: bool = False
+    source: Literal["tree", "ocr"] = "tree"
+
+    def to_prompt(self) -> dict[str, Any]:
+        """Compact form for the prompt: only what is set, so an element costs a few tokens."""
+        out: dict[str, Any] = {"id": self.element_id}
+        if self.text:
+            out["text"] = self.text
+        if self.content_desc:
+            out["desc"] = self.content_desc
+        if self.resource_id:
+            out["rid"] = self.resource_id
+        if self.class_name:
+            out["cls"] = self.class_name.rsplit(".", 1)[-1]
+        out["bounds"] = self.bounds.to_list()
+        flags = [
+            name
+            for name, on in (
+                ("clickable", self.clickable),
+                ("long_clickable", self.long_clickable),
+                ("checkable", self.checkable),
+                ("checked", self.checked),
+                ("disabled", not self.enabled),
+                ("focused", self.focused),
+                ("scrollable", self.scrollable),
+                ("selected", self.selected),
+                ("password", self.password),
+                ("ocr", self.source == "ocr"),
+            )
+            if on
+        ]
+        if flags:
+            out["flags"] = flags
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class OcrObservation:
+    """One raw OCR word or line. Kept for the timeline; never serialized into a prompt."""
+
+    text: str
+    bounds: Bounds
+    confidence: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"text": self.text, "bounds": self.bounds.to_list(), "confidence": self.confidence}
+
+
+@dataclass(slots=True)
+class Scene:
+    """Everything the planner may know about the current screen."""
+
+    elements: list[Element]
+    package: str
+    page_title: str
+    screen_width: int
+    screen_height: int
+    ocr: list[OcrObservation] = field(default_factory=list)
+
+    def element(self, element_id: str) -> Element | None:
+        return next((e for e in self.elements if e.element_id == element_id), None)
+
+    @property
+    def page(self) -> str:
+        """Short name of the page for compact history ("com.android.settings: Display")."""
+        return f"{self.package}: {self.page_title}" if self.page_title else self.package
+
+    def to_prompt(self) -> dict[str, Any]:
+        """The scene as the model sees it. Raw OCR observations are deliberately left out."""
+        return {
+            "app": self.package,
+            "page": self.page_title,
+            "screen": [self.screen_width, self.screen_height],
+            "elements": [e.to_prompt() for e in self.elements],
+        }
