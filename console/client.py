@@ -1,0 +1,66 @@
+"""An operator's gRPC connection to the cloud, shared by the CLI and the console gateway.
+
+Operators authenticate with a client certificate whose SAN is `amc://operator/<name>`, exactly as
+hosts do with theirs; there is no password path into the gRPC services.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+
+from amc.v1 import (
+    decision_log_service_pb2_grpc,
+    fleet_service_pb2_grpc,
+    progress_service_pb2_grpc,
+    task_service_pb2_grpc,
+)
+
+
+def secure_channel(
+    address: str,
+    *,
+    ca: Path,
+    cert: Path,
+    key: Path,
+    server_name: str | None = None,
+) -> grpc.aio.Channel:
+    """An mTLS channel; `server_name` overrides the name checked against the server certificate."""
+    credentials = grpc.ssl_channel_credentials(
+        root_certificates=ca.read_bytes(),
+        private_key=key.read_bytes(),
+        certificate_chain=cert.read_bytes(),
+    )
+    options: list[tuple[str, str | int]] = [
+        ("grpc.keepalive_time_ms", 20_000),
+        ("grpc.keepalive_timeout_ms", 10_000),
+    ]
+    if server_name:
+        options.append(("grpc.ssl_target_name_override", server_name))
+    return grpc.aio.secure_channel(address, credentials, options=options)
+
+
+@dataclass(slots=True)
+class OperatorClient:
+    """Stubs of every operator-facing service over one channel."""
+
+    channel: grpc.aio.Channel
+    tasks: task_service_pb2_grpc.TaskServiceStub
+    progress: progress_service_pb2_grpc.ProgressServiceStub
+    fleet: fleet_service_pb2_grpc.FleetServiceStub
+    decisions: decision_log_service_pb2_grpc.DecisionLogServiceStub
+
+    @classmethod
+    def over(cls, channel: grpc.aio.Channel) -> OperatorClient:
+        return cls(
+            channel=channel,
+            tasks=task_service_pb2_grpc.TaskServiceStub(channel),
+            progress=progress_service_pb2_grpc.ProgressServiceStub(channel),
+            fleet=fleet_service_pb2_grpc.FleetServiceStub(channel),
+            decisions=decision_log_service_pb2_grpc.DecisionLogServiceStub(channel),
+        )
+
+    async def close(self) -> None:
+        await self.channel.close()
