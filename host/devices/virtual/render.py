@@ -1,0 +1,226 @@
+"""Draw a finalized view tree to pixels with Pillow, using the frames the XML dump reports.
+
+Text is drawn large, dark on light (light on dark in dark theme) with Pillow's bundled TrueType
+font, so OCR reads the screenshot the way it reads a real phone's.
+"""
+
+from __future__ import annotations
+
+import io
+from dataclasses import dataclass
+from functools import lru_cache
+
+from PIL import Image, ImageDraw, ImageFont
+
+from host.devices.virtual.layout import Node, Rect
+from host.devices.virtual.widgets import NAV_BAR_H, STATUS_BAR_H
+
+RGB = tuple[int, int, int]
+WALLPAPER: RGB = (32, 64, 112)
+ON_WALLPAPER: RGB = (255, 255, 255)
+
+
+@dataclass(frozen=True)
+class Palette:
+    background: RGB
+    surface: RGB
+    text: RGB
+    secondary: RGB
+    accent: RGB
+    on_accent: RGB
+    outline: RGB
+    key: RGB
+    error: RGB
+
+
+LIGHT = Palette(
+    background=(255, 255, 255),
+    surface=(240, 244, 250),
+    text=(28, 27, 31),
+    secondary=(73, 69, 79),
+    accent=(11, 87, 208),
+    on_accent=(255, 255, 255),
+    outline=(121, 116, 126),
+    key=(225, 230, 240),
+    error=(179, 38, 30),
+)
+DARK = Palette(
+    background=(18, 18, 20),
+    surface=(36, 38, 44),
+    text=(232, 230, 236),
+    secondary=(200, 196, 208),
+    accent=(168, 199, 250),
+    on_accent=(0, 40, 100),
+    outline=(147, 143, 153),
+    key=(52, 56, 64),
+    error=(242, 184, 181),
+)
+
+
+@lru_cache(maxsize=32)
+def font(size: int) -> ImageFont.FreeTypeFont | ImageFont.ImageFont:
+    """Pillow's bundled TrueType font at a pixel size (a bitmap fallback without FreeType)."""
+    return ImageFont.load_default(size=size)
+
+
+def _fit(text: str, size: int, width: int) -> str:
+    f = font(size)
+    if f.getlength(text) <= width:
+        return text
+    while text and f.getlength(text + "…") > width:
+        text = text[:-1]
+    return text + "…"
+
+
+class Painter:
+    """Draws one screen; `ox, oy` translate frames when drawing into a clipped list image."""
+
+    def __init__(self, palette: Palette) -> None:
+        self.p = palette
+
+    def text(
+        self, d: ImageDraw.ImageDraw, box: Rect, value: str, size: int, color: RGB, align: str = "left"
+    ) -> None:
+        if not value:
+            return
+        x1, y1, x2, y2 = box
+        value = _fit(value, size, max(1, x2 - x1))
+        f = font(size)
+        w = f.getlength(value)
+        if align == "center":
+            x = x1 + (x2 - x1 - w) / 2
+        elif align == "right":
+            x = x2 - w
+        else:
+            x = x1
+        d.text((x, (y1 + y2) / 2), value, font=f, fill=color, anchor="lm")
+
+    def node(self, img: Image.Image, n: Node, ox: int, oy: int) -> None:
+        d = ImageDraw.Draw(img)
+        x1, y1, x2, y2 = n.frame
+        box = (x1 - ox, y1 - oy, x2 - ox, y2 - oy)
+        self.decorate(d, n, box)
+        if n.scrollable or n.role == "list":
+            sub = Image.new("RGB", (x2 - x1, y2 - y1), self.p.background)
+            for child in n.children:
+                self.node(sub, child, x1, y1)
+            img.paste(sub, (box[0], box[1]))
+            return
+        for child in n.children:
+            self.node(img, child, ox, oy)
+
+    def decorate(self, d: ImageDraw.ImageDraw, n: Node, box: Rect) -> None:
+        p = self.p
+        x1, y1, x2, y2 = box
+        cx, cy = (x1 + x2) // 2, (y1 + y2) // 2
+        role = n.role
+        if role == "launcher":
+            d.rectangle(box, fill=WALLPAPER)
+        elif role == "toolbar":
+            d.rectangle(box, fill=p.background)
+        elif role in ("title", "text"):
+            self.text(d, box, n.text, n.font_size, p.text, n.align)
+        elif role == "secondary":
+            self.text(d, box, n.text, n.font_size, p.secondary, n.align)
+        elif role == "accent":
+            self.text(d, box, n.text, n.font_size, p.accent, n.align)
+        elif role == "error":
+            self.text(d, box, n.text, n.font_size, p.error, n.align)
+        elif role == "on_wallpaper":
+            self.text(d, box, n.text, n.font_size, ON_WALLPAPER, n.align)
+        elif role == "icon":
+            d.ellipse(box, fill=p.accent)
+            self.text(d, box, n.hint, 40, p.on_accent, "center")
+        elif role == "app_icon":
+            r = 84
+            top = y1 + 30
+            d.rounded_rectangle((cx - r, top, cx + r, top + 2 * r), radius=48, fill=n.color or p.accent)
+            self.text(d, (cx - r, top, cx + r, top + 2 * r), n.hint, 88, (255, 255, 255), "center")
+            self.text(d, (x1 + 4, top + 2 * r + 10, x2 - 4, y2), n.text, n.font_size, ON_WALLPAPER, "center")
+        elif role == "switch":
+            h = y2 - y1
+            track = (x2 - 2 * h + 20, y1 + 8, x2, y2 - 8)
+            if n.checked:
+                d.rounded_rectangle(track, radius=h, fill=p.accent)
+                d.ellipse((track[2] - h + 12, y1 + 14, track[2] - 12, y2 - 14), fill=p.on_accent)
+            else:
+                d.rounded_rectangle(track, radius=h, fill=p.surface, outline=p.outline, width=4)
+                d.ellipse((track[0] + 16, y1 + 22, track[0] + h - 16, y2 - 22), fill=p.outline)
+        elif role == "radio":
+            r = min(x2 - x1, y2 - y1) // 2 - 4
+            color = p.accent if n.checked else p.outline
+            d.ellipse((cx - r, cy - r, cx + r, cy + r), outline=color, width=6)
+            if n.checked:
+                d.ellipse((cx - r + 16, cy - r + 16, cx + r - 16, cy + r - 16), fill=color)
+        elif role == "edit":
+            color = p.accent if n.focused else p.outline
+            d.rounded_rectangle(box, radius=16, outline=color, width=6 if n.focused else 3)
+            inner = (x1 + 36, y1, x2 - 36, y2)
+            if n.hint:
+                self.text(d, inner, n.hint, n.font_size, p.secondary)
+            else:
+                self.text(d, inner, n.text, n.font_size, p.text)
+            if n.focused:
+                cursor_x = x1 + 36 + (0 if n.hint else int(font(n.font_size).getlength(n.text)) + 4)
+                cursor_x = min(cursor_x, x2 - 30)
+                d.line((cursor_x, cy - 36, cursor_x, cy + 36), fill=p.accent, width=4)
+        elif role == "button":
+            d.rounded_rectangle(box, radius=(y2 - y1) // 2, fill=p.accent)
+            self.text(d, box, n.text, n.font_size, p.on_accent, "center")
+        elif role == "text_button":
+            self.text(d, box, n.text, n.font_size, p.accent, "center")
+        elif role == "key":
+            fill = p.accent if n.text == "=" else p.key
+            color = p.on_accent if n.text == "=" else p.text
+            d.rounded_rectangle(box, radius=40, fill=fill)
+            self.text(d, box, n.text, n.font_size, color, "center")
+        elif role == "fab":
+            d.rounded_rectangle(box, radius=48, fill=p.accent)
+            d.line((cx - 36, cy, cx + 36, cy), fill=p.on_accent, width=8)
+            d.line((cx, cy - 36, cx, cy + 36), fill=p.on_accent, width=8)
+        elif role == "up_arrow":
+            d.line((cx - 30, cy, cx + 30, cy), fill=p.text, width=7)
+            d.line((cx - 30, cy, cx - 4, cy - 26), fill=p.text, width=7)
+            d.line((cx - 30, cy, cx - 4, cy + 26), fill=p.text, width=7)
+        elif role == "delete":
+            d.line((cx - 24, cy - 24, cx + 24, cy + 24), fill=p.secondary, width=6)
+            d.line((cx - 24, cy + 24, cx + 24, cy - 24), fill=p.secondary, width=6)
+        elif role == "tab":
+            if n.selected:
+                d.rounded_rectangle((x1 + 20, y1 + 30, x2 - 20, y2 - 30), radius=50, fill=p.key)
+            self.text(d, box, n.text, n.font_size, p.text, "center")
+
+
+def render(root: Node, width: int, height: int, *, dark: bool, clock: str, battery: int) -> Image.Image:
+    """The whole screen: app window, then the status bar and the 3-button navigation bar."""
+    palette = DARK if dark else LIGHT
+    img = Image.new("RGB", (width, height), palette.background)
+    Painter(palette).node(img, root, 0, 0)
+    d = ImageDraw.Draw(img)
+    bar = palette.background
+    d.rectangle((0, 0, width, STATUS_BAR_H), fill=bar)
+    painter = Painter(palette)
+    painter.text(d, (PAD_STATUS, 0, width // 2, STATUS_BAR_H), clock, 40, palette.text)
+    painter.text(d, (width // 2, 0, width - PAD_STATUS, STATUS_BAR_H), f"{battery}%", 40, palette.text, "right")
+    top = height - NAV_BAR_H
+    d.rectangle((0, top, width, height), fill=palette.surface)
+    cy = top + NAV_BAR_H // 2
+    for i, shape in enumerate(("back", "home", "recents")):
+        cx = width * (2 * i + 1) // 6
+        if shape == "back":
+            d.polygon([(cx + 22, cy - 28), (cx + 22, cy + 28), (cx - 26, cy)], outline=palette.text, width=5)
+        elif shape == "home":
+            d.ellipse((cx - 30, cy - 30, cx + 30, cy + 30), outline=palette.text, width=5)
+        else:
+            d.rectangle((cx - 26, cy - 26, cx + 26, cy + 26), outline=palette.text, width=5)
+    return img
+
+
+PAD_STATUS = 48
+
+
+def png_bytes(img: Image.Image) -> bytes:
+    """Encode fast: screenshots are taken every step, and size matters less than latency."""
+    buf = io.BytesIO()
+    img.save(buf, format="PNG", compress_level=1)
+    return buf.getvalue()
