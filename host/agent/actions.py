@@ -1,0 +1,181 @@
+"""Execute one typed `amc.v1.Action` on a driver, and describe it in a short human line."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from google.protobuf.json_format import MessageToDict
+
+from amc.v1 import types_pb2
+from host.devices.base import DeviceError, Driver, KeyName
+from host.perception.hierarchy import ui_tree_nodes
+from host.timeline.record import SENSITIVE_MASK
+from planner.scene import Scene
+
+_KEYS: dict[int, KeyName] = {
+    types_pb2.KEY_BACK: "back",
+    types_pb2.KEY_HOME: "home",
+    types_pb2.KEY_ENTER: "enter",
+}
+DEFAULT_SWIPE_MS = 300
+LONG_PRESS_MS = 800
+
+
+class ActionError(DeviceError):
+    """The action cannot run as given (unknown element, unknown key); the phone is fine."""
+
+
+@dataclass(slots=True)
+class ActionResult:
+    """What executing an action produced, as stored in the timeline."""
+
+    ok: bool
+    error: str | None = None
+    detail: dict[str, Any] = field(default_factory=dict)
+    complete: bool = False
+    complete_success: bool = False
+    complete_reason: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"ok": self.ok, **self.detail}
+        if self.error:
+            out["error"] = self.error
+        if self.complete:
+            out["complete"] = {"success": self.complete_success, "reason": self.complete_reason}
+        return out
+
+
+def strip_intent(action: types_pb2.Action) -> types_pb2.Action:
+    """The executable action: `purpose` and `expected_outcome` removed (they are recorded aside)."""
+    out = types_pb2.Action()
+    out.CopyFrom(action)
+    out.ClearField("purpose")
+    out.ClearField("expected_outcome")
+    return out
+
+
+def action_to_record(action: types_pb2.Action) -> dict[str, Any]:
+    """The executed action as a JSON-able dict, a sensitive text masked."""
+    data = MessageToDict(strip_intent(action), preserving_proto_field_name=True)
+    it = data.get("input_text")
+    if isinstance(it, dict) and action.input_text.sensitive:
+        it["text"] = SENSITIVE_MASK
+    return data
+
+
+def _element_label(scene: Scene | None, element_id: str) -> str:
+    el = scene.element(element_id) if scene else None
+    if el is None:
+        return element_id
+    label = el.text or el.content_desc or el.resource_id.rsplit("/", 1)[-1]
+    return f"'{label[:40]}'" if label else element_id
+
+
+def describe(action: types_pb2.Action, scene: Scene | None = None) -> str:
+    """Short human phrase: "tap 'Display'", "type •••", "swipe up", "launch com.x"."""
+    kind = action.WhichOneof("kind")
+    if kind == "tap":
+        t = action.tap
+        verb = "long-press" if t.long_press else "tap"
+        if t.WhichOneof("target") == "element_id":
+            return f"{verb} {_element_label(scene, t.element_id)}"
+        return f"{verb} ({t.point.x}, {t.point.y})"
+    if kind == "swipe":
+        s = action.swipe
+        dx, dy = s.end.x - s.start.x, s.end.y - s.start.y
+        if abs(dy) >= abs(dx):
+            return "swipe up" if dy < 0 else "swipe down"
+        return "swipe left" if dx < 0 else "swipe right"
+    if kind == "input_text":
+        text = SENSITIVE_MASK if action.input_text.sensitive else f"'{action.input_text.text[:40]}'"
+        return f"type {text}"
+    if kind == "press_key":
+        return f"press {_KEYS.get(action.press_key.key, 'key')}"
+    if kind == "launch_app":
+        return f"launch {action.launch_app.package_name}"
+    if kind == "terminate_app":
+        return f"stop {action.terminate_app.package_name}"
+    if kind == "get_ui_tree":
+        return "read the UI tree"
+    if kind == "complete":
+        word = "done" if action.complete.success else "give up"
+        return f"{word}: {action.complete.reason}"
+    return kind or "nothing"
+
+
+def _target(scene: Scene, element_id: str) -> tuple[int, int]:
+    el = scene.element(element_id)
+    if el is None:
+        raise ActionError(f"no element {element_id} on this screen")
+    return el.bounds.center
+
+
+def execute(driver: Driver, action: types_pb2.Action, scene: Scene) -> ActionResult:
+    """Run the action (synchronously; the loop calls this in a worker thread).
+
+    `DeviceGone` propagates (the task fails); other driver errors become a failed result so
+    the planner sees the failure and may try something else.
+    """
+    act = strip_intent(action)
+    kind = act.WhichOneof("kind")
+    try:
+        if kind == "tap":
+            t = act.tap
+            if t.WhichOneof("target") == "element_id":
+                x, y = _target(scene, t.element_id)
+            elif t.HasField("point"):
+                x, y = t.point.x, t.point.y
+            else:
+                raise ActionError("tap without a target")
+            if t.long_press:
+                driver.long_press(x, y, LONG_PRESS_MS)
+            else:
+                driver.tap(x, y)
+            return ActionResult(ok=True, detail={"point": [x, y]})
+        if kind == "swipe":
+            s = act.swipe
+            ms = s.duration_ms or DEFAULT_SWIPE_MS
+            driver.swipe(s.start.x, s.start.y, s.end.x, s.end.y, ms)
+            return ActionResult(ok=True)
+        if kind == "input_text":
+            it = act.input_text
+            detail: dict[str, Any] = {}
+            if it.element_id:
+                x, y = _target(scene, it.element_id)
+                driver.tap(x, y)
+                detail["focused"] = [x, y]
+            driver.input_text(it.text)
+            return ActionResult(ok=True, detail=detail)
+        if kind == "press_key":
+            key = _KEYS.get(act.press_key.key)
+            if key is None:
+                raise ActionError("unknown key")
+            driver.press_key(key)
+            return ActionResult(ok=True)
+        if kind == "launch_app":
+            driver.launch_app(act.launch_app.package_name)
+            return ActionResult(ok=True)
+        if kind == "terminate_app":
+            driver.terminate_app(act.terminate_app.package_name)
+            return ActionResult(ok=True)
+        if kind == "get_ui_tree":
+            return ActionResult(ok=True, detail={"nodes": ui_tree_nodes(scene)})
+        if kind == "complete":
+            c = act.complete
+            return ActionResult(
+                ok=True, complete=True, complete_success=c.success, complete_reason=c.reason
+            )
+        raise ActionError(f"unsupported action {kind!r}")
+    except ActionError as exc:
+        return ActionResult(ok=False, error=str(exc))
+    except DeviceError as exc:
+        from host.devices.base import DeviceGone
+
+        if isinstance(exc, DeviceGone):
+            raise
+        return ActionResult(ok=False, error=str(exc))
+
+
+def changes_screen(action: types_pb2.Action) -> bool:
+    return action.WhichOneof("kind") not in ("get_ui_tree", "complete")

@@ -1,0 +1,342 @@
+"""The agent loop for one task on one phone.
+
+Per step: screenshot + hierarchy (before) → plan → execute the typed action (intent stripped)
+→ screenshot + hierarchy (after, also when the action failed) → record. Driver calls run in
+worker threads so one host drives several phones at once. A cancellation event (the lease was
+revoked) stops the loop within one step: it is checked between phases and races planning.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Literal, TypeVar
+
+from amc.v1 import types_pb2
+from host.agent.actions import ActionResult, action_to_record, changes_screen, describe, execute
+from host.agent.progress import ProgressHolder, status_name, truncate
+from host.devices.base import DeviceError, DeviceGone, Driver
+from host.perception.perceive import Observation, Perceiver
+from host.planner_client import StepPlanner
+from host.timeline.record import TimelineRecord
+from host.timeline.store import TimelineStore
+from planner.decision import Decision
+from planner.history import WorldEvent
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+Outcome = Literal["succeeded", "failed", "cancelled"]
+
+_TERMINAL: dict[str, types_pb2.TaskStatus.ValueType] = {
+    "succeeded": types_pb2.TASK_STATUS_SUCCEEDED,
+    "failed": types_pb2.TASK_STATUS_FAILED,
+    "cancelled": types_pb2.TASK_STATUS_CANCELLED,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class TaskSpec:
+    """One attempt to run: what the lease gave the host."""
+
+    task_id: str
+    attempt: int
+    goal: str
+    device_serial: str
+    lease_id: str = ""
+
+
+@dataclass(slots=True)
+class TaskOutcome:
+    """How an attempt ended, for the lease result and the local store."""
+
+    status: Outcome
+    summary: str
+    steps: int
+    device_gone: bool = False
+
+    @property
+    def proto_status(self) -> types_pb2.TaskStatus.ValueType:
+        return _TERMINAL[self.status]
+
+
+@dataclass(slots=True)
+class LoopSettings:
+    max_steps: int = 30
+    settle_delay_s: float = 0.3
+    send_screenshot: bool = False
+    ocr: bool = True
+    planner_transport: str = "direct"
+
+
+class _Cancelled(Exception):
+    pass
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat()
+
+
+class AgentLoop:
+    """Runs tasks on one phone. One task at a time; make one per phone."""
+
+    def __init__(
+        self,
+        driver: Driver,
+        planner: StepPlanner,
+        perceiver: Perceiver,
+        store: TimelineStore | None = None,
+        settings: LoopSettings | None = None,
+    ) -> None:
+        self.driver = driver
+        self.planner = planner
+        self.perceiver = perceiver
+        self.store = store
+        self.settings = settings or LoopSettings()
+
+    async def _guard(self, cancel: asyncio.Event, work: Awaitable[T]) -> T:
+        """Await `work` unless `cancel` fires first (then the work is abandoned)."""
+        if cancel.is_set():
+            if asyncio.iscoroutine(work):
+                work.close()
+            raise _Cancelled
+        task: asyncio.Future[T] = asyncio.ensure_future(work)
+        waiter: asyncio.Future[object] = asyncio.ensure_future(cancel.wait())
+        pending: set[asyncio.Future[object]] = {task, waiter}  # type: ignore[arg-type]
+        try:
+            done, _ = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            waiter.cancel()
+        if task in done:
+            return task.result()
+        task.cancel()
+        raise _Cancelled
+
+    async def _perceive(self, cancel: asyncio.Event) -> Observation:
+        return await self._guard(
+            cancel, asyncio.to_thread(self.perceiver.perceive, self.driver, self.settings.ocr)
+        )
+
+    async def _save_png(self, spec: TaskSpec, name: str, png: bytes) -> str | None:
+        if self.store is None:
+            return None
+        return await asyncio.to_thread(
+            self.store.save_screenshot, spec.task_id, spec.attempt, name, png
+        )
+
+    def _progress(
+        self,
+        spec: TaskSpec,
+        progress: ProgressHolder,
+        step: int,
+        status: types_pb2.StepStatus.ValueType,
+        summary: str,
+    ) -> None:
+        snap = progress.update(step, status, summary)
+        if self.store is not None:
+            self.store.update_progress(
+                spec.task_id, spec.attempt, snap.step_index, status_name(status), snap.summary
+            )
+
+    async def run(
+        self,
+        spec: TaskSpec,
+        progress: ProgressHolder | None = None,
+        cancel: asyncio.Event | None = None,
+    ) -> TaskOutcome:
+        """Run one attempt to its end. Never raises for phone or planner trouble: it reports it."""
+        progress = progress or ProgressHolder()
+        cancel = cancel or asyncio.Event()
+        if self.store is not None:
+            await asyncio.to_thread(
+                self.store.start_task,
+                spec.task_id,
+                spec.attempt,
+                spec.goal,
+                spec.device_serial,
+                spec.lease_id,
+                self.settings.planner_transport,
+            )
+        step = 0
+        try:
+            outcome = await self._run(spec, progress, cancel)
+        except _Cancelled:
+            step = progress.snapshot().step_index
+            outcome = TaskOutcome("cancelled", "stopped: the lease was revoked", step)
+        except DeviceGone as exc:
+            step = progress.snapshot().step_index
+            log.warning("task %s: %s", spec.task_id, exc)
+            outcome = TaskOutcome(
+                "failed", f"phone {spec.device_serial} disconnected", step, device_gone=True
+            )
+        except Exception as exc:
+            step = progress.snapshot().step_index
+            log.exception("task %s failed", spec.task_id)
+            outcome = TaskOutcome("failed", truncate(f"{type(exc).__name__}: {exc}", 2000), step)
+        if self.store is not None:
+            await asyncio.to_thread(
+                self.store.finish_task, spec.task_id, spec.attempt, outcome.status, outcome.summary
+            )
+        return outcome
+
+    async def _run(
+        self, spec: TaskSpec, progress: ProgressHolder, cancel: asyncio.Event
+    ) -> TaskOutcome:
+        history: list[WorldEvent] = []
+        for step in range(1, self.settings.max_steps + 1):
+            record = TimelineRecord(spec.task_id, spec.attempt, step, started_at=_now())
+            timings: dict[str, float] = {}
+
+            self._progress(
+                spec,
+                progress,
+                step,
+                types_pb2.STEP_STATUS_PERCEIVING,
+                f"step {step}: looking at the screen",
+            )
+            t = time.perf_counter()
+            before = await self._perceive(cancel)
+            timings.update({f"before_{k}": v for k, v in before.timings.items()})
+            record.before_screenshot_path = await self._save_png(
+                spec, f"step{step:03d}-before.png", before.screenshot_png
+            )
+            timings["perceive_before_s"] = time.perf_counter() - t
+            record.page = before.scene.page
+            record.ocr = [o.to_dict() for o in before.scene.ocr]
+
+            self._progress(
+                spec,
+                progress,
+                step,
+                types_pb2.STEP_STATUS_PLANNING,
+                f"step {step}: planning on {before.scene.page or 'the screen'}",
+            )
+            t = time.perf_counter()
+            shot = before.screenshot_png if self.settings.send_screenshot else None
+            decision = await self._guard(
+                cancel, self.planner.decide(spec.goal, before.scene, history, shot)
+            )
+            timings["plan_s"] = time.perf_counter() - t
+            self._fill_decision(record, decision)
+
+            what = describe(decision.action, before.scene)
+            line = f"step {step}: {what}" + (f" — {decision.purpose}" if decision.purpose else "")
+            if cancel.is_set():
+                raise _Cancelled
+            self._progress(spec, progress, step, types_pb2.STEP_STATUS_ACTING, line)
+            t = time.perf_counter()
+            result = await asyncio.to_thread(execute, self.driver, decision.action, before.scene)
+            timings["act_s"] = time.perf_counter() - t
+            record.action = action_to_record(decision.action)
+            record.result = result.to_dict()
+            record.success = result.ok
+            record.error = result.error
+
+            t = time.perf_counter()
+            if changes_screen(decision.action):
+                if self.settings.settle_delay_s:
+                    await asyncio.sleep(self.settings.settle_delay_s)
+                after = await asyncio.to_thread(
+                    self.perceiver.perceive, self.driver, self.settings.ocr
+                )
+                record.after_screenshot_path = await self._save_png(
+                    spec, f"step{step:03d}-after.png", after.screenshot_png
+                )
+                record.ocr_after = [o.to_dict() for o in after.scene.ocr]
+                after_page = after.scene.page
+            else:
+                record.after_screenshot_path = record.before_screenshot_path
+                after_page = before.scene.page
+            timings["perceive_after_s"] = time.perf_counter() - t
+
+            event = WorldEvent.from_decision(
+                decision,
+                page=before.scene.page,
+                success=result.ok,
+                target=self._target(decision, before),
+            )
+            event.scene_summary = {"page_after": after_page}
+            history.append(event)
+            record.world_event = event.to_dict()
+            record.finished_at = _now()
+            t = time.perf_counter()
+            record.timings = timings
+            if self.store is not None:
+                await asyncio.to_thread(self.store.append_step, record)
+            timings["record_s"] = time.perf_counter() - t
+
+            status = types_pb2.STEP_STATUS_SUCCEEDED if result.ok else types_pb2.STEP_STATUS_FAILED
+            self._progress(
+                spec,
+                progress,
+                step,
+                status,
+                line if result.ok else f"{line} (failed: {result.error})",
+            )
+            if result.complete:
+                return self._completion(result, step)
+            if cancel.is_set():
+                raise _Cancelled
+        return TaskOutcome(
+            "failed",
+            f"step limit reached ({self.settings.max_steps} steps)",
+            self.settings.max_steps,
+        )
+
+    @staticmethod
+    def _completion(result: ActionResult, step: int) -> TaskOutcome:
+        reason = result.complete_reason or (
+            "goal reached" if result.complete_success else "gave up"
+        )
+        return TaskOutcome("succeeded" if result.complete_success else "failed", reason, step)
+
+    @staticmethod
+    def _target(decision: Decision, before: Observation) -> str | None:
+        act = decision.action
+        element_id = ""
+        if act.WhichOneof("kind") == "tap" and act.tap.WhichOneof("target") == "element_id":
+            element_id = act.tap.element_id
+        elif act.WhichOneof("kind") == "input_text":
+            element_id = act.input_text.element_id
+        el = before.scene.element(element_id) if element_id else None
+        if el is None:
+            return None
+        return (el.text or el.content_desc or None) and (el.text or el.content_desc)[:60]
+
+    @staticmethod
+    def _fill_decision(record: TimelineRecord, decision: Decision) -> None:
+        record.system_prompt = decision.system_prompt
+        record.user_prompt = decision.user_prompt
+        record.rationale = decision.rationale
+        record.thinking = [{"text": b.text, "redacted": b.redacted} for b in decision.thinking]
+        record.tool_name = decision.tool_name
+        record.arguments = decision.masked_arguments()
+        record.purpose = decision.purpose or None
+        record.expected_outcome = decision.expected_outcome or None
+        record.provider = decision.provider
+        record.model = decision.model
+        record.forced_retry = decision.forced_retry
+        record.corrective_retries = decision.corrective_retries
+        record.decision_step_index = decision.step_index
+        u = decision.usage
+        record.usage = {
+            "input_tokens": u.input_tokens,
+            "output_tokens": u.output_tokens,
+            "cache_read_input_tokens": u.cache_read_input_tokens,
+            "cache_creation_input_tokens": u.cache_creation_input_tokens,
+            "thinking_tokens": u.thinking_tokens,
+        }
+        record.timings["planner_latency_s"] = decision.latency_s
+
+
+__all__ = [
+    "AgentLoop",
+    "DeviceError",
+    "LoopSettings",
+    "TaskOutcome",
+    "TaskSpec",
+]

@@ -1,0 +1,185 @@
+"""A phone driven through an adb server with `adbutils`: plain `adb shell` commands, no agent app.
+
+This is the driver that also drives the virtual phone unchanged, because the virtual phone
+speaks the adb server protocol.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import time
+import uuid
+
+import adbutils
+
+from host.devices.adb_errors import mapped_errors
+from host.devices.base import DeviceError, KeyName
+
+_KEYCODES: dict[str, str] = {
+    "back": "KEYCODE_BACK",
+    "home": "KEYCODE_HOME",
+    "enter": "KEYCODE_ENTER",
+}
+_SIZE_RE = re.compile(r"(Override|Physical) size:\s*(\d+)x(\d+)")
+_FOCUS_RES = (
+    re.compile(r"mCurrentFocus=Window\{[^}]*\s([\w.]+)/[\w.$]+\}"),
+    re.compile(r"mFocusedApp=.*?\s([\w.]+)/[\w.$]+"),
+    re.compile(r"mResumedActivity.*?\s([\w.]+)/[\w.$]+"),
+    re.compile(r"ResumedActivity.*?\s([\w.]+)/[\w.$]+"),
+)
+_PACKAGE_RE = re.compile(r"^[A-Za-z][\w]*(\.[A-Za-z_][\w]*)*$")
+_DUMP_DIR = "/data/local/tmp"
+# Characters `input text` passes to the shell; each is backslash-escaped.
+_SHELL_SPECIAL = set("\\'\"`$&|;<>()[]{}*?!~#^")
+
+
+def escape_input_text(text: str) -> str:
+    """Escape `text` for `adb shell input text`.
+
+    `input text` splits on spaces (Android wants `%s`), and the remote shell would interpret
+    quotes, `$`, `&` and friends, so each special character gets a backslash; `%` itself must
+    be written as `\\%` so it is not read as a `%s` escape.
+    """
+    out: list[str] = []
+    for ch in text:
+        if ch == " ":
+            out.append("%s")
+        elif ch == "%":
+            out.append("\\%")
+        elif ch in _SHELL_SPECIAL:
+            out.append("\\" + ch)
+        elif ch in "\n\r\t":
+            out.append("%s")
+        else:
+            out.append(ch)
+    return "".join(out)
+
+
+def parse_wm_size(output: str) -> tuple[int, int]:
+    """`wm size` output → (width, height); the override size wins over the physical size."""
+    sizes = {m.group(1): (int(m.group(2)), int(m.group(3))) for m in _SIZE_RE.finditer(output)}
+    size = sizes.get("Override") or sizes.get("Physical")
+    if size is None:
+        raise DeviceError(f"cannot read screen size from {output!r}")
+    return size
+
+
+def parse_current_package(dumpsys: str) -> str:
+    """The foreground package from `dumpsys window` (or `dumpsys activity`) output."""
+    for pattern in _FOCUS_RES:
+        m = pattern.search(dumpsys)
+        if m:
+            return m.group(1)
+    return ""
+
+
+def check_package(package: str) -> str:
+    """Refuse anything that is not a plain package name, so it cannot smuggle shell syntax."""
+    if not _PACKAGE_RE.match(package):
+        raise DeviceError(f"not a package name: {package!r}")
+    return package
+
+
+class AdbDriver:
+    """`Driver` over `adbutils`: shell `input`, `uiautomator dump` + sync pull, `screencap -p`."""
+
+    def __init__(self, serial: str, host: str = "127.0.0.1", port: int = 5037) -> None:
+        self._serial = serial
+        self._client = adbutils.AdbClient(host=host, port=port)
+        self._device = self._client.device(serial=serial)
+        self._size: tuple[int, int] | None = None
+
+    @property
+    def serial(self) -> str:
+        return self._serial
+
+    def _shell(self, cmd: str, what: str) -> str:
+        with mapped_errors(self._serial, what):
+            out = self._device.shell(cmd)
+        return str(out)
+
+    def _shell_checked(self, cmd: str, what: str) -> str:
+        with mapped_errors(self._serial, what):
+            result = self._device.shell2(cmd)
+        if result.returncode != 0:
+            raise DeviceError(f"{what} failed on {self._serial}: {result.output.strip()!r}")
+        return str(result.output)
+
+    def screen_size(self) -> tuple[int, int]:
+        if self._size is None:
+            self._size = parse_wm_size(self._shell("wm size", "wm size"))
+        return self._size
+
+    def screenshot_png(self) -> bytes:
+        with mapped_errors(self._serial, "screencap"):
+            conn = self._device.open_transport()
+            try:
+                conn.send_command("exec-out:screencap -p")
+                conn.check_okay()
+                data = conn.read_until_close(encoding=None)
+            finally:
+                conn.close()
+        assert isinstance(data, bytes)
+        if not data.startswith(b"\x89PNG"):
+            raise DeviceError(f"screencap on {self._serial} returned no PNG ({data[:40]!r})")
+        return data
+
+    def dump_hierarchy(self) -> str:
+        remote = f"{_DUMP_DIR}/amc-{uuid.uuid4().hex[:12]}.xml"
+        out = self._shell(f"uiautomator dump {remote}", "uiautomator dump")
+        if "ERROR" in out and "dumped" not in out:
+            raise DeviceError(f"uiautomator dump failed on {self._serial}: {out.strip()!r}")
+        with mapped_errors(self._serial, "pull hierarchy"):
+            data = self._device.sync.read_bytes(remote)
+        # Best effort: leave no dump files behind on the phone.
+        with contextlib.suppress(adbutils.AdbError, OSError):
+            self._device.shell(f"rm -f {remote}")
+        return bytes(data).decode("utf-8", errors="replace")
+
+    def tap(self, x: int, y: int) -> None:
+        self._shell(f"input tap {int(x)} {int(y)}", "tap")
+
+    def long_press(self, x: int, y: int, duration_ms: int = 800) -> None:
+        # A swipe that does not move is a long press on every Android version.
+        self._shell(f"input swipe {x} {y} {x} {y} {int(duration_ms)}", "long press")
+
+    def swipe(self, x1: int, y1: int, x2: int, y2: int, duration_ms: int = 300) -> None:
+        self._shell(
+            f"input swipe {int(x1)} {int(y1)} {int(x2)} {int(y2)} {int(duration_ms)}", "swipe"
+        )
+
+    def input_text(self, text: str) -> None:
+        if not text:
+            return
+        # The text itself never goes into an error message: it may be a secret.
+        self._shell(f"input text {escape_input_text(text)}", "input text")
+
+    def press_key(self, key: KeyName) -> None:
+        code = _KEYCODES.get(key)
+        if code is None:
+            raise DeviceError(f"unknown key {key!r}")
+        self._shell(f"input keyevent {code}", "press key")
+
+    def launch_app(self, package: str) -> None:
+        pkg = check_package(package)
+        out = self._shell(f"monkey -p {pkg} -c android.intent.category.LAUNCHER 1", "launch app")
+        if "No activities found" in out or "monkey aborted" in out.lower():
+            raise DeviceError(f"cannot launch {pkg} on {self._serial}: {out.strip()!r}")
+        time.sleep(0)  # yield; the loop's settle delay waits for the app to draw
+
+    def launch_activity(self, component: str) -> None:
+        """`am start -n pkg/activity`, for callers that know the exact activity."""
+        pkg, _, activity = component.partition("/")
+        check_package(pkg)
+        if not re.match(r"^[\w.$]+$", activity):
+            raise DeviceError(f"not an activity name: {activity!r}")
+        out = self._shell(f"am start -n {pkg}/{activity}", "am start")
+        if "Error" in out:
+            raise DeviceError(f"am start failed on {self._serial}: {out.strip()!r}")
+
+    def terminate_app(self, package: str) -> None:
+        self._shell(f"am force-stop {check_package(package)}", "force-stop")
+
+    def current_app(self) -> str:
+        return parse_current_package(self._shell("dumpsys window", "dumpsys window"))

@@ -1,0 +1,126 @@
+"""Which phones a host has: polls an adb server and notices phones that vanish or come back."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Literal
+
+import adbutils
+
+from amc.v1 import types_pb2
+
+AdbState = str
+_STATE_MAP: dict[str, types_pb2.DeviceState.ValueType] = {
+    "device": types_pb2.DEVICE_STATE_ONLINE,
+    "offline": types_pb2.DEVICE_STATE_OFFLINE,
+    "unauthorized": types_pb2.DEVICE_STATE_UNAUTHORIZED,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceInfo:
+    """One phone as the host reports it (the lease hello's `Device`)."""
+
+    serial: str
+    model: str
+    state: types_pb2.DeviceState.ValueType
+
+    @property
+    def online(self) -> bool:
+        return self.state == types_pb2.DEVICE_STATE_ONLINE
+
+    def to_proto(self) -> types_pb2.Device:
+        return types_pb2.Device(serial=self.serial, model=self.model, state=self.state)
+
+
+ChangeKind = Literal["online", "offline", "changed"]
+Listener = Callable[[DeviceInfo, ChangeKind], None]
+
+
+class DeviceRegistry:
+    """The host's phones. `refresh()` re-reads the adb server and reports what changed.
+
+    A phone that was seen once stays known (as OFFLINE) after it vanishes, so the cloud learns
+    it went away rather than silently losing it.
+    """
+
+    def __init__(
+        self,
+        host: str = "127.0.0.1",
+        port: int = 5037,
+        only_serials: list[str] | None = None,
+    ) -> None:
+        self._client = adbutils.AdbClient(host=host, port=port)
+        self._only = set(only_serials or [])
+        self._devices: dict[str, DeviceInfo] = {}
+        self._lock = threading.Lock()
+        self._listeners: list[Listener] = []
+
+    def add_listener(self, listener: Listener) -> None:
+        self._listeners.append(listener)
+
+    def devices(self) -> list[DeviceInfo]:
+        with self._lock:
+            return sorted(self._devices.values(), key=lambda d: d.serial)
+
+    def get(self, serial: str) -> DeviceInfo | None:
+        with self._lock:
+            return self._devices.get(serial)
+
+    def _model(self, serial: str) -> str:
+        try:
+            out = self._client.device(serial=serial).shell("getprop ro.product.model")
+            return str(out).strip() or serial
+        except (adbutils.AdbError, OSError):
+            return serial
+
+    def refresh(self) -> list[tuple[DeviceInfo, ChangeKind]]:
+        """Poll the adb server once; an unreachable server makes every phone OFFLINE."""
+        try:
+            listed = {i.serial: i.state for i in self._client.list()}
+        except (adbutils.AdbError, OSError):
+            listed = {}
+        if self._only:
+            listed = {s: st for s, st in listed.items() if s in self._only}
+        changes: list[tuple[DeviceInfo, ChangeKind]] = []
+        with self._lock:
+            known = dict(self._devices)
+        for serial, adb_state in listed.items():
+            state = _STATE_MAP.get(adb_state, types_pb2.DEVICE_STATE_OFFLINE)
+            old = known.get(serial)
+            if old is not None and old.state == state:
+                continue
+            model = old.model if old and old.model != serial else serial
+            if state == types_pb2.DEVICE_STATE_ONLINE and (old is None or old.model == serial):
+                model = self._model(serial)
+            info = DeviceInfo(serial=serial, model=model, state=state)
+            kind: ChangeKind = (
+                "online" if info.online else ("offline" if old is None or old.online else "changed")
+            )
+            changes.append((info, kind))
+        for serial, old in known.items():
+            if serial not in listed and old.state != types_pb2.DEVICE_STATE_OFFLINE:
+                changes.append(
+                    (DeviceInfo(serial, old.model, types_pb2.DEVICE_STATE_OFFLINE), "offline")
+                )
+        with self._lock:
+            for info, _ in changes:
+                self._devices[info.serial] = info
+        for info, kind in changes:
+            for listener in self._listeners:
+                listener(info, kind)
+        return changes
+
+    def mark_offline(self, serial: str) -> bool:
+        """A driver saw the phone vanish; report it now rather than at the next poll."""
+        with self._lock:
+            old = self._devices.get(serial)
+            if old is None or old.state == types_pb2.DEVICE_STATE_OFFLINE:
+                return False
+            info = DeviceInfo(serial, old.model, types_pb2.DEVICE_STATE_OFFLINE)
+            self._devices[serial] = info
+        for listener in self._listeners:
+            listener(info, "offline")
+        return True

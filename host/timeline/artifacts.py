@@ -1,0 +1,60 @@
+"""The artifact folder: screenshots named by task, attempt and step, never outside the folder."""
+
+from __future__ import annotations
+
+import re
+import shutil
+from pathlib import Path
+
+_SAFE = re.compile(r"[^A-Za-z0-9._-]+")
+
+
+class ArtifactPathError(ValueError):
+    """A path would leave the artifact folder."""
+
+
+def safe_component(value: str) -> str:
+    """One path component made of safe characters only (no separators, no `..`)."""
+    cleaned = _SAFE.sub("_", value).strip("._") or "_"
+    return cleaned[:120]
+
+
+class ArtifactStore:
+    """Files under one root. Every path in and out is checked to stay inside it."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root.resolve()
+        self.root.mkdir(parents=True, exist_ok=True)
+
+    def resolve(self, relative: str) -> Path:
+        """An absolute path for a stored relative one; refuses anything that escapes the root."""
+        if not relative or Path(relative).is_absolute():
+            raise ArtifactPathError(f"artifact paths are relative: {relative!r}")
+        path = (self.root / relative).resolve()
+        if path != self.root and not path.is_relative_to(self.root):
+            raise ArtifactPathError(f"{relative!r} escapes the artifact folder")
+        return path
+
+    def task_dir_name(self, task_id: str, attempt: int) -> str:
+        return f"{safe_component(task_id)}-a{int(attempt)}"
+
+    def write(self, task_id: str, attempt: int, name: str, data: bytes) -> str:
+        """Write one file for a task attempt; returns its path relative to the root."""
+        rel = f"{self.task_dir_name(task_id, attempt)}/{safe_component(name)}"
+        path = self.resolve(rel)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(path.suffix + ".tmp")
+        tmp.write_bytes(data)
+        tmp.replace(path)
+        return rel
+
+    def read(self, relative: str) -> bytes:
+        return self.resolve(relative).read_bytes()
+
+    def delete_task(self, task_id: str, attempt: int) -> None:
+        path = self.resolve(self.task_dir_name(task_id, attempt))
+        if path != self.root and path.is_dir():
+            shutil.rmtree(path, ignore_errors=True)
+
+    def task_dirs(self) -> list[str]:
+        return sorted(p.name for p in self.root.iterdir() if p.is_dir())

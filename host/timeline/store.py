@@ -1,0 +1,252 @@
+"""SQLite store of the host's tasks and their timelines, with bounded retention.
+
+The store is the local system of record for what ran on this host (the cloud keeps only the
+latest progress and, on the cloud transport, the decisions). It is synchronous sqlite3 behind a
+lock: writes are one small row per step, and the agent loop calls it from a worker thread.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from host.timeline.artifacts import ArtifactStore
+from host.timeline.record import TimelineRecord
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS tasks (
+    task_id TEXT NOT NULL,
+    attempt INTEGER NOT NULL,
+    lease_id TEXT NOT NULL DEFAULT '',
+    device_serial TEXT NOT NULL DEFAULT '',
+    goal TEXT NOT NULL DEFAULT '',
+    status TEXT NOT NULL DEFAULT 'running',
+    summary TEXT NOT NULL DEFAULT '',
+    step_index INTEGER NOT NULL DEFAULT 0,
+    step_status TEXT NOT NULL DEFAULT '',
+    progress_summary TEXT NOT NULL DEFAULT '',
+    planner_transport TEXT NOT NULL DEFAULT '',
+    created_at TEXT NOT NULL,
+    updated_at TEXT NOT NULL,
+    finished_at TEXT,
+    PRIMARY KEY (task_id, attempt)
+);
+CREATE TABLE IF NOT EXISTS steps (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    task_id TEXT NOT NULL,
+    attempt INTEGER NOT NULL,
+    step_index INTEGER NOT NULL,
+    created_at TEXT NOT NULL,
+    record TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS ix_steps_task ON steps (task_id, attempt, step_index);
+CREATE INDEX IF NOT EXISTS ix_tasks_updated ON tasks (updated_at);
+"""
+
+TERMINAL = ("succeeded", "failed", "cancelled")
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+def iso(ts: datetime) -> str:
+    return ts.astimezone(UTC).isoformat()
+
+
+@dataclass(slots=True)
+class TaskRow:
+    """One attempt of a task as this host ran it."""
+
+    task_id: str
+    attempt: int
+    lease_id: str
+    device_serial: str
+    goal: str
+    status: str
+    summary: str
+    step_index: int
+    step_status: str
+    progress_summary: str
+    planner_transport: str
+    created_at: str
+    updated_at: str
+    finished_at: str | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {f: getattr(self, f) for f in self.__slots__}
+
+
+class TimelineStore:
+    """Tasks + steps in SQLite, screenshots in an `ArtifactStore`, deleted together."""
+
+    def __init__(self, db_path: Path, artifact_dir: Path) -> None:
+        db_path.parent.mkdir(parents=True, exist_ok=True)
+        self.db_path = db_path
+        self.artifacts = ArtifactStore(artifact_dir)
+        self._lock = threading.Lock()
+        self._db = sqlite3.connect(str(db_path), check_same_thread=False, isolation_level=None)
+        self._db.row_factory = sqlite3.Row
+        with self._lock:
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("PRAGMA synchronous=NORMAL")
+            self._db.executescript(_SCHEMA)
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+    # --- tasks ---
+    def start_task(
+        self,
+        task_id: str,
+        attempt: int,
+        goal: str,
+        device_serial: str,
+        lease_id: str = "",
+        planner_transport: str = "",
+        now: datetime | None = None,
+    ) -> None:
+        ts = iso(now or utcnow())
+        with self._lock:
+            self._db.execute(
+                "INSERT INTO tasks (task_id, attempt, lease_id, device_serial, goal, status,"
+                " planner_transport, created_at, updated_at) VALUES (?,?,?,?,?,'running',?,?,?)"
+                " ON CONFLICT (task_id, attempt) DO UPDATE SET lease_id=excluded.lease_id,"
+                " status='running', updated_at=excluded.updated_at",
+                (task_id, attempt, lease_id, device_serial, goal, planner_transport, ts, ts),
+            )
+
+    def update_progress(
+        self, task_id: str, attempt: int, step_index: int, step_status: str, summary: str
+    ) -> None:
+        with self._lock:
+            self._db.execute(
+                "UPDATE tasks SET step_index=?, step_status=?, progress_summary=?, updated_at=?"
+                " WHERE task_id=? AND attempt=?",
+                (step_index, step_status, summary, iso(utcnow()), task_id, attempt),
+            )
+
+    def finish_task(
+        self, task_id: str, attempt: int, status: str, summary: str, now: datetime | None = None
+    ) -> None:
+        ts = iso(now or utcnow())
+        with self._lock:
+            self._db.execute(
+                "UPDATE tasks SET status=?, summary=?, finished_at=?, updated_at=?"
+                " WHERE task_id=? AND attempt=?",
+                (status, summary[:2000], ts, ts, task_id, attempt),
+            )
+
+    def get_task(self, task_id: str, attempt: int | None = None) -> TaskRow | None:
+        with self._lock:
+            if attempt is None:
+                row = self._db.execute(
+                    "SELECT * FROM tasks WHERE task_id=? ORDER BY attempt DESC LIMIT 1", (task_id,)
+                ).fetchone()
+            else:
+                row = self._db.execute(
+                    "SELECT * FROM tasks WHERE task_id=? AND attempt=?", (task_id, attempt)
+                ).fetchone()
+        return TaskRow(**dict(row)) if row else None
+
+    def list_tasks(self, limit: int = 100, offset: int = 0) -> list[TaskRow]:
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT * FROM tasks ORDER BY created_at DESC, task_id LIMIT ? OFFSET ?",
+                (limit, offset),
+            ).fetchall()
+        return [TaskRow(**dict(r)) for r in rows]
+
+    # --- steps ---
+    def save_screenshot(self, task_id: str, attempt: int, name: str, png: bytes) -> str:
+        return self.artifacts.write(task_id, attempt, name, png)
+
+    def append_step(self, record: TimelineRecord) -> None:
+        data = json.dumps(record.to_dict(), ensure_ascii=False, default=str)
+        with self._lock:
+            self._db.execute(
+                "INSERT INTO steps (task_id, attempt, step_index, created_at, record)"
+                " VALUES (?,?,?,?,?)",
+                (record.task_id, record.attempt, record.step_index, iso(utcnow()), data),
+            )
+
+    def append_raw_step(
+        self, task_id: str, attempt: int, step_index: int, raw: dict[str, Any]
+    ) -> None:
+        """Store a record as given (used to import records written by older hosts)."""
+        with self._lock:
+            self._db.execute(
+                "INSERT INTO steps (task_id, attempt, step_index, created_at, record)"
+                " VALUES (?,?,?,?,?)",
+                (task_id, attempt, step_index, iso(utcnow()), json.dumps(raw, default=str)),
+            )
+
+    def steps(self, task_id: str, attempt: int) -> list[TimelineRecord]:
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT task_id, attempt, step_index, record FROM steps"
+                " WHERE task_id=? AND attempt=? ORDER BY step_index, id",
+                (task_id, attempt),
+            ).fetchall()
+        out: list[TimelineRecord] = []
+        for r in rows:
+            data = json.loads(r["record"]) if r["record"] else {}
+            if not isinstance(data, dict):
+                data = {"legacy_value": data}
+            data.setdefault("task_id", r["task_id"])
+            data.setdefault("attempt", r["attempt"])
+            data.setdefault("step_index", r["step_index"])
+            out.append(TimelineRecord.from_dict(data))
+        return out
+
+    # --- retention ---
+    def prune(
+        self, max_tasks: int, max_age_days: float, now: datetime | None = None
+    ) -> list[tuple[str, int]]:
+        """Delete tasks beyond the newest `max_tasks` or older than `max_age_days`, rows and files.
+
+        Running attempts are never pruned (their files are still being written).
+        """
+        cutoff = iso((now or utcnow()) - timedelta(days=max_age_days))
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT task_id, attempt, status, updated_at FROM tasks"
+                " ORDER BY updated_at DESC, created_at DESC"
+            ).fetchall()
+        victims: list[tuple[str, int]] = []
+        for i, r in enumerate(rows):
+            if r["status"] == "running":
+                continue
+            if i >= max_tasks or r["updated_at"] < cutoff:
+                victims.append((r["task_id"], int(r["attempt"])))
+        for task_id, attempt in victims:
+            with self._lock:
+                self._db.execute("BEGIN")
+                self._db.execute(
+                    "DELETE FROM steps WHERE task_id=? AND attempt=?", (task_id, attempt)
+                )
+                self._db.execute(
+                    "DELETE FROM tasks WHERE task_id=? AND attempt=?", (task_id, attempt)
+                )
+                self._db.execute("COMMIT")
+            self.artifacts.delete_task(task_id, attempt)
+        self._drop_orphan_dirs()
+        return victims
+
+    def _drop_orphan_dirs(self) -> None:
+        """Artifact folders with no task row (a crash between write and insert) go too."""
+        with self._lock:
+            rows = self._db.execute("SELECT task_id, attempt FROM tasks").fetchall()
+        live = {self.artifacts.task_dir_name(r["task_id"], r["attempt"]) for r in rows}
+        for name in self.artifacts.task_dirs():
+            if name not in live:
+                path = self.artifacts.resolve(name)
+                import shutil
+
+                shutil.rmtree(path, ignore_errors=True)

@@ -1,0 +1,146 @@
+"""Timeline store: records round-trip, legacy records load, retention deletes rows and files."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+
+from host.timeline.artifacts import ArtifactPathError, ArtifactStore
+from host.timeline.record import TimelineRecord
+from host.timeline.store import TimelineStore
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[TimelineStore]:
+    s = TimelineStore(tmp_path / "db" / "task_progress.sqlite3", tmp_path / "artifacts")
+    yield s
+    s.close()
+
+
+def _task(store: TimelineStore, task_id: str, when: datetime, status: str = "succeeded") -> None:
+    store.start_task(task_id, 1, f"goal {task_id}", "emulator-5554", now=when)
+    rel = store.save_screenshot(task_id, 1, "step001-before.png", b"\x89PNG fake")
+    store.append_step(TimelineRecord(task_id, 1, 1, before_screenshot_path=rel))
+    if status != "running":
+        store.finish_task(task_id, 1, status, "done", now=when)
+
+
+def test_record_round_trip_with_every_field(store: TimelineStore) -> None:
+    store.start_task("t1", 2, "turn on dark theme", "emulator-5554", lease_id="L1")
+    before = store.save_screenshot("t1", 2, "step001-before.png", b"before")
+    after = store.save_screenshot("t1", 2, "step001-after.png", b"after")
+    rec = TimelineRecord(
+        "t1",
+        2,
+        1,
+        system_prompt="sys",
+        user_prompt="user",
+        rationale="The list is open; open Display.",
+        thinking=[{"text": "hmm", "redacted": False}],
+        tool_name="tap",
+        arguments={"element_id": "e3"},
+        purpose="open display settings",
+        expected_outcome="Display page shows",
+        action={"tap": {"element_id": "e3"}},
+        result={"ok": True, "nodes": [{"id": "e1", "bounds": [0, 0, 1, 1]}]},
+        success=True,
+        before_screenshot_path=before,
+        after_screenshot_path=after,
+        ocr=[{"text": "Display", "bounds": [1, 2, 3, 4], "confidence": 91.0}],
+        usage={"input_tokens": 10, "output_tokens": 5},
+        timings={"plan_s": 0.1},
+        world_event={"action": {"tool": "tap"}, "page": "settings: Settings", "success": True},
+    )
+    store.append_step(rec)
+    [loaded] = store.steps("t1", 2)
+    assert loaded.to_dict() == rec.to_dict()
+    assert loaded.screenshot_path == after
+    assert store.artifacts.read(loaded.before_screenshot_path or "") == b"before"
+    assert loaded.event.page == "settings: Settings"
+    row = store.get_task("t1")
+    assert row is not None
+    assert row.status == "running"
+    assert row.lease_id == "L1"
+
+
+def test_legacy_records_load(store: TimelineStore) -> None:
+    # The seed's old shape: the task goal as `prompt`, a parsed `tool_call`, one screenshot.
+    store.start_task("old", 1, "g", "s")
+    legacy = {
+        "prompt": "turn on wifi",
+        "tool_call": {"action": "tap", "description": "open wifi", "args": {"element_id": "e2"}},
+        "screenshot_path": "old-a1/shot.png",
+        "step": 3,
+    }
+    store.append_raw_step("old", 1, 3, legacy)
+    store.append_raw_step("old", 1, 4, {"world_event": {"action": {"tool": "tap"}}})
+    first, second = store.steps("old", 1)
+    assert first.step_index == 3
+    assert first.tool_name == "tap"
+    assert first.arguments == {"element_id": "e2"}
+    assert first.purpose == "open wifi"
+    assert first.after_screenshot_path == first.screenshot_path == "old-a1/shot.png"
+    assert first.legacy["prompt"] == "turn on wifi"
+    assert first.before_screenshot_path is None
+    assert first.ocr == []
+    assert second.event.rationale is None  # WorldEvent without newer fields loads
+
+
+def test_legacy_json_in_sqlite_from_another_writer(tmp_path: Path) -> None:
+    s = TimelineStore(tmp_path / "t.sqlite3", tmp_path / "a")
+    s.start_task("x", 1, "g", "s")
+    s.append_raw_step("x", 1, 1, {"task_id": "x", "attempt": 1, "unknown_future_field": 7})
+    [rec] = s.steps("x", 1)
+    assert rec.legacy == {"unknown_future_field": 7}
+    assert json.loads(json.dumps(rec.to_dict()))["screenshot_path"] is None
+    s.close()
+
+
+def test_retention_by_count_deletes_rows_and_files(store: TimelineStore) -> None:
+    now = datetime.now(UTC)
+    for i in range(5):
+        _task(store, f"t{i}", now - timedelta(minutes=10 - i))
+    dirs_before = store.artifacts.task_dirs()
+    assert len(dirs_before) == 5
+    deleted = store.prune(max_tasks=3, max_age_days=7, now=now)
+    assert sorted(deleted) == [("t0", 1), ("t1", 1)]
+    assert [t.task_id for t in store.list_tasks()] == ["t4", "t3", "t2"]
+    assert store.steps("t0", 1) == []
+    assert store.artifacts.task_dirs() == ["t2-a1", "t3-a1", "t4-a1"]
+
+
+def test_retention_by_age_and_running_tasks_survive(store: TimelineStore) -> None:
+    now = datetime.now(UTC)
+    _task(store, "old", now - timedelta(days=8))
+    _task(store, "old-running", now - timedelta(days=8), status="running")
+    _task(store, "new", now - timedelta(days=1))
+    deleted = store.prune(max_tasks=50, max_age_days=7, now=now)
+    assert deleted == [("old", 1)]
+    assert {t.task_id for t in store.list_tasks()} == {"old-running", "new"}
+    assert "old-a1" not in store.artifacts.task_dirs()
+
+
+def test_orphan_artifact_folders_are_removed(store: TimelineStore) -> None:
+    store.artifacts.write("ghost", 1, "x.png", b"x")
+    store.prune(max_tasks=50, max_age_days=7)
+    assert store.artifacts.task_dirs() == []
+
+
+@pytest.mark.parametrize("bad", ["../escape.png", "/etc/passwd", "a/../../b", ""])
+def test_artifact_paths_cannot_escape(tmp_path: Path, bad: str) -> None:
+    arts = ArtifactStore(tmp_path / "arts")
+    with pytest.raises(ArtifactPathError):
+        arts.resolve(bad)
+
+
+def test_hostile_task_ids_stay_inside(tmp_path: Path) -> None:
+    arts = ArtifactStore(tmp_path / "arts")
+    rel = arts.write("../../etc", 1, "../passwd", b"x")
+    assert arts.resolve(rel).is_relative_to(arts.root)
+    assert ".." not in rel
+    arts.delete_task("../..", 1)
+    assert arts.root.is_dir()
