@@ -10,7 +10,7 @@ from amc.v1 import types_pb2
 
 @dataclass(frozen=True, slots=True)
 class ThinkingBlock:
-    """One reasoning block. `redacted` blocks carry no readable text (Anthropic redacted_thinking)."""
+    """One reasoning block. `redacted` blocks carry no readable text (redacted_thinking)."""
 
     text: str
     redacted: bool = False

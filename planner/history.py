@@ -7,7 +7,12 @@ as a task grows: no past scene and no thinking ever goes back to the model.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from planner.decision import Decision
+
+MASK = "•••"
 
 
 @dataclass(slots=True)
@@ -24,8 +29,10 @@ class WorldEvent:
     scene_summary: dict[str, Any] | None = None
 
     def compact(self) -> dict[str, Any]:
-        """The prompt form: `{page, action (with purpose and expected outcome), rationale, success}`."""
+        """The prompt form: `{page, action (+ purpose, expected outcome), rationale, success}`."""
         action = dict(self.action)
+        if action.get("sensitive") and "text" in action:
+            action["text"] = MASK
         if self.purpose:
             action["purpose"] = self.purpose
         if self.expected_outcome:
@@ -38,7 +45,41 @@ class WorldEvent:
         }
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """Stored form; a sensitive input's text is masked here too (it is never recorded)."""
+        data = asdict(self)
+        if data["action"].get("sensitive") and "text" in data["action"]:
+            data["action"] = {**data["action"], "text": MASK}
+        return data
+
+    @classmethod
+    def from_decision(
+        cls,
+        decision: Decision,
+        *,
+        page: str | None,
+        success: bool | None,
+        target: str | None = None,
+    ) -> WorldEvent:
+        """The record of a finished step, built the one way every caller should build it.
+
+        `action` is `{"tool": name, **masked executable arguments}`; `target` (the tapped
+        element's text or description, when the host knows it) is added as `action["target"]`
+        because element ids alone mean nothing once the screen has changed. Thinking is kept on
+        the event for the timeline but `compact()` never sends it back to the model.
+        """
+        action: dict[str, Any] = {"tool": decision.tool_name, **decision.masked_arguments()}
+        if target:
+            action["target"] = target
+        thinking = "\n\n".join(b.text for b in decision.thinking if b.text) or None
+        return cls(
+            action=action,
+            page=page,
+            purpose=decision.purpose or None,
+            expected_outcome=decision.expected_outcome or None,
+            rationale=decision.rationale,
+            thinking=thinking,
+            success=success,
+        )
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> WorldEvent:

@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 @dataclass(frozen=True, slots=True)
 class Bounds:
-    """A screen rectangle in physical pixels, `[left,top][right,bottom]` as uiautomator writes it."""
+    """A screen rectangle in physical pixels, `[left,top][right,bottom]` as uiautomator has it."""
 
     left: int
     top: int

@@ -1,0 +1,159 @@
+"""`planner.decision.Decision` <-> `amc.v1.Decision`.
+
+Masking happens here, once: a sensitive `input_text` value becomes "•••" in `arguments_json` and
+in the typed action unless the caller explicitly asks to reveal it. Only the Decide response to
+the host that must type the value reveals it; every stored or listed decision stays masked.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+
+from google.protobuf import duration_pb2, timestamp_pb2
+
+from amc.v1 import types_pb2
+from planner.decision import Decision, ThinkingBlock, Usage
+from planner.history import MASK
+
+
+def usage_to_proto(usage: Usage) -> types_pb2.Usage:
+    return types_pb2.Usage(
+        input_tokens=usage.input_tokens,
+        output_tokens=usage.output_tokens,
+        cache_read_input_tokens=usage.cache_read_input_tokens,
+        cache_creation_input_tokens=usage.cache_creation_input_tokens,
+        thinking_tokens=usage.thinking_tokens,
+    )
+
+
+def usage_from_proto(usage: types_pb2.Usage) -> Usage:
+    return Usage(
+        input_tokens=usage.input_tokens,
+        output_tokens=usage.output_tokens,
+        cache_read_input_tokens=usage.cache_read_input_tokens,
+        cache_creation_input_tokens=usage.cache_creation_input_tokens,
+        thinking_tokens=usage.thinking_tokens,
+    )
+
+
+def masked_action(decision: Decision) -> types_pb2.Action:
+    """The typed action with a sensitive text replaced by "•••"."""
+    action = types_pb2.Action()
+    action.CopyFrom(decision.action)
+    if action.WhichOneof("kind") == "input_text" and action.input_text.sensitive:
+        action.input_text.text = MASK
+    return action
+
+
+def decision_to_proto(
+    decision: Decision,
+    *,
+    decision_id: str = "",
+    host_id: str = "",
+    task_id: str = "",
+    attempt: int = 0,
+    created_at: datetime | None = None,
+    reveal_sensitive: bool = False,
+) -> types_pb2.Decision:
+    """The wire form. `reveal_sensitive` only for the host that executes the action."""
+    latency = duration_pb2.Duration()
+    latency.FromNanoseconds(int(decision.latency_s * 1e9))
+    created = timestamp_pb2.Timestamp()
+    created.FromDatetime(created_at or datetime.now(UTC))
+    if reveal_sensitive:
+        action = types_pb2.Action()
+        action.CopyFrom(decision.action)
+    else:
+        action = masked_action(decision)
+    return types_pb2.Decision(
+        decision_id=decision_id,
+        host_id=host_id,
+        task_id=task_id,
+        attempt=attempt,
+        step_index=decision.step_index or 0,
+        provider=decision.provider,
+        model=decision.model,
+        system_prompt=decision.system_prompt,
+        user_prompt=decision.user_prompt,
+        tool_name=decision.tool_name,
+        arguments_json=json.dumps(decision.masked_arguments(), ensure_ascii=False, sort_keys=True),
+        action=action,
+        rationale=decision.rationale or "",
+        thinking=[
+            types_pb2.ThinkingBlock(text=b.text, redacted=b.redacted) for b in decision.thinking
+        ],
+        purpose=decision.purpose,
+        expected_outcome=decision.expected_outcome,
+        usage=usage_to_proto(decision.usage),
+        latency=latency,
+        forced_retry=decision.forced_retry,
+        created_at=created,
+        corrective_retries=decision.corrective_retries,
+    )
+
+
+def decision_from_proto(message: types_pb2.Decision) -> Decision:
+    """The host's view of a Decide answer. Arguments come from the typed action (which carries
+    the real text of a sensitive input in a Decide response), not from the masked JSON."""
+    action = types_pb2.Action()
+    action.CopyFrom(message.action)
+    arguments = _arguments_from_action(action)
+    return Decision(
+        tool_name=message.tool_name,
+        arguments=arguments,
+        action=action,
+        purpose=message.purpose,
+        expected_outcome=message.expected_outcome,
+        rationale=message.rationale or None,
+        thinking=[ThinkingBlock(text=b.text, redacted=b.redacted) for b in message.thinking],
+        usage=usage_from_proto(message.usage),
+        provider=message.provider,
+        model=message.model,
+        latency_s=message.latency.ToNanoseconds() / 1e9,
+        forced_retry=message.forced_retry,
+        system_prompt=message.system_prompt,
+        user_prompt=message.user_prompt,
+        corrective_retries=message.corrective_retries,
+        step_index=message.step_index or None,
+        extra={"decision_id": message.decision_id} if message.decision_id else {},
+    )
+
+
+def _arguments_from_action(action: types_pb2.Action) -> dict[str, object]:
+    kind = action.WhichOneof("kind")
+    if kind == "tap":
+        args: dict[str, object] = (
+            {"element_id": action.tap.element_id}
+            if action.tap.WhichOneof("target") == "element_id"
+            else {"x": action.tap.point.x, "y": action.tap.point.y}
+        )
+        if action.tap.long_press:
+            args["long_press"] = True
+        return args
+    if kind == "swipe":
+        s = action.swipe
+        args = {"start_x": s.start.x, "start_y": s.start.y, "end_x": s.end.x, "end_y": s.end.y}
+        if s.duration_ms:
+            args["duration_ms"] = s.duration_ms
+        return args
+    if kind == "input_text":
+        t = action.input_text
+        args = {"text": t.text, "sensitive": t.sensitive}
+        if t.element_id:
+            args["element_id"] = t.element_id
+        return args
+    if kind == "press_key":
+        names = {
+            types_pb2.KEY_BACK: "back",
+            types_pb2.KEY_HOME: "home",
+            types_pb2.KEY_ENTER: "enter",
+        }
+        return {"key": names.get(action.press_key.key, "")}
+    if kind == "launch_app":
+        return {"package_name": action.launch_app.package_name}
+    if kind == "terminate_app":
+        return {"package_name": action.terminate_app.package_name}
+    if kind == "complete":
+        return {"success": action.complete.success, "reason": action.complete.reason}
+    return {}

@@ -1,0 +1,616 @@
+"""A deterministic planner that needs no network: a general heuristic agent, not a script.
+
+It reads goal, scene and compact history back from the user prompt text (`parse_user_prompt`), so
+it behaves the same in-process and behind the cloud's Decide service. Each turn it:
+
+* judges the previous step (did the page change as its expected outcome said?);
+* completes when the goal's target state is on screen (the switch the goal names is on/off as
+  asked, the page the goal names is open, the values it asked to enter are shown after saving);
+* fills form fields with values taken from the goal text (quoted strings, "named X", "phone
+  555…", times "7:30"), matching each field's hint or id to the kind of value, then saves;
+* otherwise taps the element whose label (its text, description, or the texts inside its row,
+  such as a settings entry's summary) best matches the goal's words, opening the matching app
+  from a launcher; it never re-taps what it already tried on that page and does not go back into
+  pages it backed out of;
+* scrolls when nothing matches, and backs out of dead ends.
+
+It knows a little general Android vocabulary (dark theme lives under display, Wi-Fi under network,
+an alarm in a clock app) the way any model does; it knows nothing about a particular task suite.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from planner.decision import Usage
+from planner.prompts import ParsedPrompt, parse_user_prompt
+from planner.providers.base import ProviderRequest, ProviderResponse, ToolCall, UserTurn
+
+MODEL = "amc-offline-heuristic-1"
+MAX_STEPS = 40
+MAX_SCROLLS_PER_PAGE = 4
+
+_STOP = frozenset(
+    " ".join(
+        (
+            "a an the to on off in of for and or with my me please turn switch set setting",
+            "enable disable activate deactivate make sure that is it be go open app its this",
+            "into from at as by can you up named called number new value labeled labelled label",
+        )
+    ).split(" ")
+)
+_ON_WORDS = re.compile(r"\b(turn on|switch on|enable|activate|start using)\b")
+_OFF_WORDS = re.compile(r"\b(turn off|switch off|disable|deactivate|stop using)\b")
+# General vocabulary: where things usually live on Android (a hint, weaker than a direct match).
+_RELATED: dict[str, tuple[str, ...]] = {
+    "dark": ("display", "theme"),
+    "theme": ("display",),
+    "brightness": ("display",),
+    "font": ("display",),
+    "timeout": ("display",),
+    "wifi": ("network", "internet"),
+    "airplane": ("network", "internet"),
+    "hotspot": ("network", "internet"),
+    "data": ("network", "internet"),
+    "bluetooth": ("connected", "device"),
+    "nfc": ("connected", "device"),
+    "volume": ("sound",),
+    "ringtone": ("sound",),
+    "vibrate": ("sound", "vibration"),
+    "vibration": ("sound",),
+    "disturb": ("sound",),
+    "saver": ("battery",),
+    "percentage": ("battery",),
+    "alarm": ("clock",),
+    "timer": ("clock",),
+    "stopwatch": ("clock",),
+    "contact": ("contacts", "people"),
+    "location": ("location",),
+    "gps": ("location",),
+    "language": ("system",),
+    "date": ("system",),
+    "time": ("system",),
+}
+_SETTING_WORDS = frozenset(_RELATED) | {"mode", "toggle"}
+_SAVE_WORDS = ("save", "done", "ok", "create", "add", "set", "apply", "confirm")
+_FIELD_KINDS: dict[str, tuple[str, ...]] = {
+    "first": ("first",),
+    "last": ("last", "surname", "family"),
+    "name": ("name",),
+    "phone": ("phone", "number", "mobile", "tel"),
+    "email": ("email", "mail"),
+    "hour": ("hour",),
+    "minute": ("minute",),
+    "label": ("label", "title", "note", "description"),
+}
+
+
+def _norm(word: str) -> str:
+    word = word.lower().replace("-", "")
+    if len(word) > 4 and word.endswith("ies"):
+        return word[:-3] + "y"
+    if len(word) > 3 and word.endswith("s") and not word.endswith("ss"):
+        return word[:-1]
+    return word
+
+
+def _words(text: str) -> list[str]:
+    return [_norm(w) for w in re.findall(r"[A-Za-z0-9]+(?:-[A-Za-z0-9]+)*", text or "")]
+
+
+@dataclass(frozen=True, slots=True)
+class _El:
+    id: str
+    text: str
+    desc: str
+    rid: str
+    cls: str
+    bounds: tuple[int, int, int, int]
+    flags: frozenset[str]
+
+    @property
+    def own_label(self) -> str:
+        return self.text or self.desc
+
+    @property
+    def editable(self) -> bool:
+        return "EditText" in self.cls or "AutoComplete" in self.cls
+
+    @property
+    def center(self) -> tuple[int, int]:
+        b = self.bounds
+        return ((b[0] + b[2]) // 2, (b[1] + b[3]) // 2)
+
+    def contains(self, other: _El) -> bool:
+        a, b = self.bounds, other.bounds
+        return a != b and a[0] <= b[0] and a[1] <= b[1] and a[2] >= b[2] and a[3] >= b[3]
+
+
+def _elements(scene: dict[str, Any]) -> list[_El]:
+    out: list[_El] = []
+    for raw in scene.get("elements", []):
+        bounds = raw.get("bounds") or [0, 0, 0, 0]
+        out.append(
+            _El(
+                id=str(raw.get("id", "")),
+                text=str(raw.get("text", "")),
+                desc=str(raw.get("desc", "")),
+                rid=str(raw.get("rid", "")),
+                cls=str(raw.get("cls", "")),
+                bounds=(int(bounds[0]), int(bounds[1]), int(bounds[2]), int(bounds[3])),
+                flags=frozenset(raw.get("flags", [])),
+            )
+        )
+    return out
+
+
+@dataclass(slots=True)
+class _Goal:
+    text: str
+    keywords: list[str]
+    related: list[str]
+    want_on: bool | None
+    values: dict[str, str]
+    generic_values: list[str] = field(default_factory=list)
+
+    @property
+    def all_values(self) -> list[str]:
+        return [*self.values.values(), *self.generic_values]
+
+
+def _parse_goal(goal: str) -> _Goal:
+    lower = goal.lower()
+    want_on: bool | None = None
+    if _OFF_WORDS.search(lower):
+        want_on = False
+    elif _ON_WORDS.search(lower):
+        want_on = True
+    values: dict[str, str] = {}
+    quoted = [
+        q for pair in re.findall(r"\"([^\"]+)\"|“([^”]+)”|'([^']+)'", goal) for q in pair if q
+    ]
+    value_text = " ".join(quoted)
+    named = re.search(
+        r"\b(?:named|called|name)\s+(\"[^\"]+\"|'[^']+'|[A-Z][\w'.-]*(?:\s+[A-Z][\w'.-]*)*)", goal
+    )
+    if named:
+        values["name"] = named.group(1).strip("\"'")
+        value_text += " " + values["name"]
+    phone = re.search(r"(\+?\d[\d ().-]{3,}\d)", goal)
+    if phone and not re.fullmatch(r"\d{1,2}:\d{2}", phone.group(1)):
+        values["phone"] = phone.group(1).strip()
+        value_text += " " + values["phone"]
+    email = re.search(r"[\w.+-]+@[\w-]+\.[\w.]+", goal)
+    if email:
+        values["email"] = email.group(0)
+        value_text += " " + values["email"]
+    clock = next(
+        (
+            m
+            for m in re.finditer(
+                r"\b(\d{1,2})(?::(\d{2}))?\s*(am|pm|a\.m\.|p\.m\.)?(?=\W|$)", lower
+            )
+            if m.group(2) or m.group(3)
+        ),
+        None,
+    )
+    if clock:
+        hour, minute = int(clock.group(1)), int(clock.group(2) or 0)
+        suffix = (clock.group(3) or "").replace(".", "")
+        if suffix == "pm" and hour < 12:
+            hour += 12
+        if suffix == "am" and hour == 12:
+            hour = 0
+        values["hour"], values["minute"] = str(hour), f"{minute:02d}"
+        value_text += " " + clock.group(0)
+    label = re.search(r"\blabel(?:led|ed)?\s+(\"[^\"]+\"|'[^']+'|\w+)", goal, re.I)
+    if label:
+        values["label"] = label.group(1).strip("\"'")
+        value_text += " " + values["label"]
+    generic = [q for q in quoted if q not in values.values()]
+    if "name" in values and " " in values["name"]:
+        first, last = values["name"].split(" ", 1)
+        values["first"], values["last"] = first, last
+    value_words = set(_words(value_text))
+    if "phone" in values:
+        value_words |= {"phone", "number", "mobile"}
+    if "email" in values:
+        value_words |= {"email", "mail", "address"}
+    keywords = [
+        w for w in _words(goal) if w not in _STOP and w not in value_words and not w.isdigit()
+    ]
+    related: list[str] = []
+    for w in keywords:
+        related += [r for r in _RELATED.get(w, ()) if r not in keywords and r not in related]
+    return _Goal(goal, keywords, related, want_on, values, generic)
+
+
+@dataclass(slots=True)
+class _Step:
+    """One turn's choice before it becomes a tool call."""
+
+    rationale: str
+    tool: str
+    args: dict[str, Any]
+
+
+class OfflineProvider:
+    """Deterministic heuristic agent behind the Provider protocol."""
+
+    @property
+    def name(self) -> str:
+        return "offline"
+
+    async def aclose(self) -> None:
+        return None
+
+    async def complete(self, request: ProviderRequest) -> ProviderResponse:
+        prompt = next((m.text for m in request.messages if isinstance(m, UserTurn)), "")
+        try:
+            parsed = parse_user_prompt(prompt)
+            step = _Agent(parsed).decide()
+        except ValueError as err:
+            step = _Step(
+                f"I cannot read this prompt ({err}).",
+                "complete",
+                {"success": False, "reason": f"offline planner: {err}"},
+            )
+        words = len(prompt.split())
+        return ProviderResponse(
+            text=[step.rationale],
+            thinking=[],
+            tool_calls=[ToolCall(id=f"offline_{len(prompt)}", name=step.tool, arguments=step.args)],
+            usage=Usage(input_tokens=words, output_tokens=len(step.rationale.split()) + 20),
+            model=MODEL,
+            stop_reason="tool_use",
+        )
+
+
+class _Agent:
+    def __init__(self, parsed: ParsedPrompt) -> None:
+        self.goal = _parse_goal(parsed.goal)
+        self.scene = parsed.scene
+        self.history = parsed.history
+        self.els = _elements(parsed.scene)
+        self.title = str(parsed.scene.get("page", ""))
+        self.app = str(parsed.scene.get("app", ""))
+        self.page = f"{self.app}: {self.title}" if self.title else self.app
+        screen = parsed.scene.get("screen") or [1080, 2400]
+        self.width, self.height = int(screen[0]), int(screen[1])
+
+    # -- reading the screen ---------------------------------------------------------------
+    def label(self, el: _El) -> str:
+        """What a finger on `el` means: its own text, or the texts inside it (a list row)."""
+        if el.own_label and not el.editable and el.text not in ("ON", "OFF"):
+            return el.own_label
+        inner = [o.own_label for o in self.els if el.contains(o) and o.own_label]
+        inner = [t for t in inner if t not in ("ON", "OFF")]
+        if inner:
+            return " — ".join(inner)
+        if "checkable" in el.flags:
+            return self.row_label(el)
+        return el.own_label
+
+    def row_label(self, el: _El) -> str:
+        """Texts on the same row (a switch's label sits to its left)."""
+        top, bottom = el.bounds[1], el.bounds[3]
+        mid = (top + bottom) // 2
+        texts = [
+            o
+            for o in self.els
+            if o is not el
+            and o.own_label
+            and o.text not in ("ON", "OFF")
+            and not o.contains(el)
+            and o.bounds[1] - 60 <= mid <= o.bounds[3] + 60
+            and o.bounds[2] <= el.bounds[2]
+        ]
+        texts.sort(key=lambda o: o.bounds[1])
+        return " — ".join(o.own_label for o in texts)
+
+    def clickable_for(self, el: _El) -> _El:
+        """The element that takes a tap meant for `el`: itself, or the row that contains it."""
+        if "clickable" in el.flags or "checkable" in el.flags or el.editable:
+            return el
+        holders = [o for o in self.els if "clickable" in o.flags and o.contains(el)]
+        if holders:
+            return min(
+                holders, key=lambda o: (o.bounds[2] - o.bounds[0]) * (o.bounds[3] - o.bounds[1])
+            )
+        return el
+
+    def score(self, text: str) -> float:
+        """Goal words in `text`: the first line (a title) weighs most, related words least."""
+        parts = text.split(" — ")
+        title, rest = set(_words(parts[0])), set(_words(" ".join(parts[1:])))
+        s = 0.0
+        for w in self.goal.keywords:
+            s += 3.0 if w in title else 1.5 if w in rest else 0.0
+        for w in self.goal.related:
+            s += 1.0 if w in title else 0.5 if w in rest else 0.0
+        return s
+
+    @property
+    def on_launcher(self) -> bool:
+        return "launcher" in self.app or self.title.lower() in ("home", "home screen")
+
+    # -- reading the history --------------------------------------------------------------
+    def tried_here(self) -> set[str]:
+        """Names already tapped on this page (element ids are per screen; names survive).
+
+        The name is the history's `target` when the host recorded it, else the quoted name in
+        the action's purpose ("open 'Display'").
+        """
+        out: set[str] = set()
+        for h in self.history:
+            action = h.get("action") or {}
+            if h.get("page") != self.page or action.get("tool") != "tap":
+                continue
+            if action.get("target"):
+                out.add(str(action["target"]).split(" — ")[0])
+            out.update(re.findall(r"'([^']+)'", str(action.get("purpose") or "")))
+        return out
+
+    def dead_ends(self) -> set[str]:
+        """Titles of pages we backed out of."""
+        out: set[str] = set()
+        for h in self.history:
+            action = h.get("action") or {}
+            if action.get("tool") == "press_key" and action.get("key") == "back":
+                page = str(h.get("page") or "")
+                out.add(page.split(": ", 1)[-1].lower())
+        return out
+
+    def trailing_swipes(self) -> int:
+        n = 0
+        for h in reversed(self.history):
+            if h.get("page") == self.page and (h.get("action") or {}).get("tool") == "swipe":
+                n += 1
+            else:
+                break
+        return n
+
+    def typed(self) -> list[str]:
+        return [
+            str((h.get("action") or {}).get("text"))
+            for h in self.history
+            if (h.get("action") or {}).get("tool") == "input_text"
+        ]
+
+    def judge(self) -> str:
+        if not self.history:
+            return f"First step on '{self.title or self.app}'."
+        last = self.history[-1]
+        action = last.get("action") or {}
+        expected = str(action.get("expected_outcome") or "")
+        ran = last.get("success")
+        if ran is False:
+            return f"The previous {action.get('tool')} failed to run; the screen is '{self.title}'."
+        quoted = re.findall(r"'([^']+)'", expected)
+        if quoted and any(q.lower() in self.title.lower() for q in quoted):
+            verdict = "reached its expected outcome"
+        elif quoted and any(q.lower() in self._screen_text() for q in quoted):
+            verdict = "looks done: what it expected is on screen"
+        elif last.get("page") != self.page:
+            verdict = "changed the page"
+        else:
+            verdict = "left the page as it was"
+        return f"The previous step ({action.get('tool')}) {verdict}; now on '{self.title}'."
+
+    def _screen_text(self) -> str:
+        return " ".join(e.own_label for e in self.els).lower()
+
+    # -- deciding -------------------------------------------------------------------------
+    def decide(self) -> _Step:
+        if len(self.history) >= MAX_STEPS:
+            return self.finish(False, f"gave up after {len(self.history)} steps")
+        for attempt in (self.toggle, self.form, self.reached_page, self.navigate, self.explore):
+            step = attempt()
+            if step is not None:
+                return step
+        return self.finish(False, "nothing on screen relates to the goal and there is no way back")
+
+    def finish(self, success: bool, reason: str) -> _Step:
+        verdict = "reached" if success else "not reachable"
+        return _Step(
+            f"{self.judge()} The goal is {verdict}: {reason}.",
+            "complete",
+            {"success": success, "reason": reason},
+        )
+
+    def tap(self, el: _El, intent: str, expected: str) -> _Step:
+        target = self.clickable_for(el)
+        return _Step(
+            f"{self.judge()} Next: {intent}.",
+            "tap",
+            {"element_id": target.id, "purpose": intent, "expected_outcome": expected},
+        )
+
+    def toggle(self) -> _Step | None:
+        if self.goal.want_on is None:
+            return None
+        switches = [e for e in self.els if "checkable" in e.flags]
+        scored = [(self.direct_score(self.label(e)), e) for e in switches]
+        scored = [(s, e) for s, e in scored if s > 0]
+        if not scored:
+            return None
+        best = max(scored, key=lambda p: p[0])[1]
+        name = self.label(best).split(" — ")[0]
+        state = "on" if self.goal.want_on else "off"
+        if ("checked" in best.flags) == self.goal.want_on:
+            return self.finish(True, f"'{name}' is {state}")
+        # Prefer the row that holds the switch (the row takes the click on Android).
+        holders = [o for o in self.els if "clickable" in o.flags and o.contains(best)]
+        el = min(holders, key=lambda o: o.bounds[3] - o.bounds[1]) if holders else best
+        return _Step(
+            f"{self.judge()} Next: switch '{name}' {state}.",
+            "tap",
+            {
+                "element_id": el.id,
+                "purpose": f"turn '{name}' {state}",
+                "expected_outcome": f"the '{name}' switch is {state}",
+            },
+        )
+
+    def direct_score(self, text: str) -> float:
+        words = set(_words(text.split(" — ")[0]))
+        return float(sum(1 for w in self.goal.keywords if w in words))
+
+    def form(self) -> _Step | None:
+        if not self.goal.all_values:
+            return None
+        fields = [e for e in self.els if e.editable]
+        typed = self.typed()
+        if fields:
+            assigned = self.assign(fields)
+            for el, value in assigned:
+                if el.text == value:
+                    continue
+                hint = el.text or el.rid.rsplit("/", 1)[-1]
+                return _Step(
+                    f"{self.judge()} Next: enter '{value}' in the '{hint}' field.",
+                    "input_text",
+                    {
+                        "text": value,
+                        "element_id": el.id,
+                        "purpose": f"fill in '{hint}'",
+                        "expected_outcome": f"the '{hint}' field shows '{value}'",
+                    },
+                )
+            if assigned:
+                save = self.save_button()
+                if save is not None:
+                    return self.tap(
+                        save,
+                        f"save with '{self.label(save)}'",
+                        "the entry is saved and shown",
+                    )
+        elif typed:
+            # The most telling value typed (the longest) shown on a page without fields: saved.
+            shown = max((v for v in typed if v and v != "•••"), key=len, default="")
+            if shown and shown in self._screen_text_raw():
+                return self.finish(True, f"'{shown}' is saved and shown on '{self.title}'")
+        return None
+
+    def _screen_text_raw(self) -> str:
+        return " ".join(e.own_label for e in self.els)
+
+    def assign(self, fields: list[_El]) -> list[tuple[_El, str]]:
+        """Match each value to the field whose hint or id names its kind."""
+        values = dict(self.goal.values)
+        out: list[tuple[_El, str]] = []
+        used: set[str] = set()
+        kinds_here: set[str] = set()
+        for el in fields:
+            words = set(_words(el.text + " " + el.rid.rsplit("/", 1)[-1].replace("_", " ")))
+            for kind_name, hints in _FIELD_KINDS.items():
+                if words & set(hints):
+                    kinds_here.add(kind_name)
+        if {"first", "last"} <= kinds_here:
+            values.pop("name", None)
+        else:
+            values.pop("first", None)
+            values.pop("last", None)
+        generic = list(self.goal.generic_values)
+        for el in fields:
+            words = set(_words(el.text + " " + el.rid.rsplit("/", 1)[-1].replace("_", " ")))
+            kind = next(
+                (k for k, hints in _FIELD_KINDS.items() if words & set(hints) and k in values),
+                None,
+            )
+            if kind is not None and kind not in used:
+                used.add(kind)
+                out.append((el, values[kind]))
+            elif (
+                generic and kind is None and not any(words & set(h) for h in _FIELD_KINDS.values())
+            ):
+                out.append((el, generic.pop(0)))
+        return out
+
+    def save_button(self) -> _El | None:
+        for word in _SAVE_WORDS:
+            for e in self.els:
+                if "clickable" in e.flags and not e.editable and word in _words(e.own_label):
+                    return e
+        return None
+
+    def reached_page(self) -> _Step | None:
+        """A goal that only names a place ("open battery settings") is done when it is open."""
+        if self.goal.want_on is not None or self.goal.all_values or not self.goal.keywords:
+            return None
+        title_words = set(_words(self.title))
+        wanted = [w for w in self.goal.keywords if w not in ("show", "view", "check", "find")]
+        if wanted and all(w in title_words for w in wanted):
+            return self.finish(True, f"the '{self.title}' page is open")
+        return None
+
+    def navigate(self) -> _Step | None:
+        tried = self.tried_here()
+        dead = self.dead_ends()
+        best: tuple[float, _El] | None = None
+        seen: set[str] = set()
+        for el in self.els:
+            if el.editable or "disabled" in el.flags:
+                continue
+            target = self.clickable_for(el)
+            if "clickable" not in target.flags or target.id in seen:
+                continue
+            seen.add(target.id)
+            label = self.label(target)
+            name = label.split(" — ")[0]
+            if not label or name in tried or name.lower() in dead:
+                continue
+            if label.split(" — ")[0].lower() == self.title.lower():
+                continue
+            s = self.score(label)
+            if s > 0 and (best is None or s > best[0]):
+                best = (s, target)
+        if (
+            best is None
+            and self.on_launcher
+            and (self.goal.want_on is not None or set(self.goal.keywords) & _SETTING_WORDS)
+        ):
+            for e in self.els:
+                target = self.clickable_for(e)
+                name = self.label(target).split(" — ")[0]
+                if "clickable" in target.flags and "setting" in _words(name) and name not in tried:
+                    best = (0.1, target)
+                    break
+        if best is None:
+            return None
+        el = best[1]
+        name = self.label(el).split(" — ")[0]
+        return self.tap(el, f"open '{name}'", f"the '{name}' page is open")
+
+    def explore(self) -> _Step | None:
+        scrollable = next((e for e in self.els if "scrollable" in e.flags), None)
+        if scrollable is not None and self.trailing_swipes() < MAX_SCROLLS_PER_PAGE:
+            left, top, right, bottom = scrollable.bounds
+            x = (left + right) // 2
+            start_y = top + (bottom - top) * 4 // 5
+            end_y = top + (bottom - top) // 5
+            return _Step(
+                f"{self.judge()} Nothing here matches the goal; scroll for more.",
+                "swipe",
+                {
+                    "start_x": x,
+                    "start_y": start_y,
+                    "end_x": x,
+                    "end_y": end_y,
+                    "purpose": "scroll down to look for the goal's target",
+                    "expected_outcome": "more entries of the list are visible",
+                },
+            )
+        if self.on_launcher:
+            return None
+        return _Step(
+            f"{self.judge()} This page is a dead end for the goal; go back.",
+            "press_key",
+            {
+                "key": "back",
+                "purpose": f"leave '{self.title}', which does not lead to the goal",
+                "expected_outcome": "the previous page is shown",
+            },
+        )

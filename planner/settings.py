@@ -1,0 +1,121 @@
+"""Planner configuration from the environment (prefix `AMC_PLANNER_`).
+
+Provider choice: `AMC_PLANNER_PROVIDER` wins when set. Left unset, the planner uses Anthropic when
+an Anthropic key is configured, else OpenAI when an OpenAI key is, else the offline provider, so
+the embedded stack runs anywhere and a key is all it takes to use a real model.
+
+Thinking (Anthropic): `off` (default), `adaptive` (`thinking: {type: adaptive}` plus the optional
+`effort`, the form newer Claude models require) or `budget` (`thinking: {type: enabled,
+budget_tokens: N}` for models that still take it). The seed design's
+`AI_PLANNER_THINKING_BUDGET_TOKENS` still works: it sets the budget and, when no mode is given,
+selects `budget`.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import AliasChoices, Field, SecretStr, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+ProviderName = Literal["offline", "anthropic", "openai"]
+ThinkingMode = Literal["off", "adaptive", "budget"]
+Effort = Literal["low", "medium", "high", "xhigh", "max"]
+
+DEFAULT_MODELS: dict[str, str] = {
+    "anthropic": "claude-sonnet-4-6",
+    "openai": "gpt-4.1-mini",
+    "offline": "amc-offline-heuristic-1",
+}
+MIN_THINKING_BUDGET = 1024
+# Non-streaming calls: the Anthropic SDK refuses max_tokens it expects to take over 10 minutes
+# (about 21k), so budget + the answer's room must stay below that.
+MAX_THINKING_BUDGET = 20000
+ANSWER_ROOM_TOKENS = 1024
+
+
+class PlannerSettings(BaseSettings):
+    """Everything the planner reads from the environment."""
+
+    model_config = SettingsConfigDict(env_prefix="AMC_PLANNER_", extra="ignore")
+
+    provider: ProviderName | None = None
+    model: str | None = None
+    thinking: ThinkingMode | None = None
+    effort: Effort | None = None
+    thinking_budget_tokens: int | None = Field(
+        default=None,
+        validation_alias=AliasChoices(
+            "AMC_PLANNER_THINKING_BUDGET_TOKENS",
+            "AI_PLANNER_THINKING_BUDGET_TOKENS",
+            "thinking_budget_tokens",
+        ),
+    )
+    max_tokens: int = Field(default=2048, ge=64, le=20000)
+    transport: Literal["direct", "cloud"] = "direct"
+    anthropic_api_key: SecretStr | None = Field(
+        default=None,
+        validation_alias=AliasChoices(
+            "AMC_PLANNER_ANTHROPIC_API_KEY", "ANTHROPIC_API_KEY", "anthropic_api_key"
+        ),
+    )
+    openai_api_key: SecretStr | None = Field(
+        default=None,
+        validation_alias=AliasChoices(
+            "AMC_PLANNER_OPENAI_API_KEY", "OPENAI_API_KEY", "openai_api_key"
+        ),
+    )
+    anthropic_base_url: str | None = None
+    openai_base_url: str | None = None
+    max_retries: int = Field(default=2, ge=0, le=10)
+    timeout_s: float = Field(default=60.0, gt=0)
+    history_window: int = Field(default=20, ge=1)
+    send_screenshot: bool = False
+
+    @model_validator(mode="after")
+    def _check_thinking(self) -> PlannerSettings:
+        if self.thinking is None:
+            self.thinking = "budget" if self.thinking_budget_tokens else "off"
+        if self.thinking == "budget":
+            if self.thinking_budget_tokens is None:
+                raise ValueError("thinking=budget needs AMC_PLANNER_THINKING_BUDGET_TOKENS")
+            if self.thinking_budget_tokens < MIN_THINKING_BUDGET:
+                raise ValueError(
+                    f"thinking budget must be at least {MIN_THINKING_BUDGET} tokens, "
+                    f"got {self.thinking_budget_tokens}"
+                )
+            if self.thinking_budget_tokens > MAX_THINKING_BUDGET:
+                raise ValueError(
+                    f"thinking budget above {MAX_THINKING_BUDGET} tokens needs streaming, "
+                    f"which the planner does not use; got {self.thinking_budget_tokens}"
+                )
+        return self
+
+    @property
+    def resolved_provider(self) -> ProviderName:
+        """The provider in use: explicit, else by which API key is present, else offline."""
+        if self.provider is not None:
+            return self.provider
+        if self.anthropic_api_key is not None and self.anthropic_api_key.get_secret_value():
+            return "anthropic"
+        if self.openai_api_key is not None and self.openai_api_key.get_secret_value():
+            return "openai"
+        return "offline"
+
+    @property
+    def resolved_model(self) -> str:
+        return self.model or DEFAULT_MODELS[self.resolved_provider]
+
+    @property
+    def thinking_mode(self) -> ThinkingMode:
+        return self.thinking or "off"
+
+    @property
+    def effective_max_tokens(self) -> int:
+        """`max_tokens`, raised above the budget in budget mode (the API rejects it otherwise).
+
+        The floor is budget + 1024 rather than budget + 1 so the tool call itself still fits.
+        """
+        if self.thinking_mode == "budget" and self.thinking_budget_tokens is not None:
+            return max(self.max_tokens, self.thinking_budget_tokens + ANSWER_ROOM_TOKENS)
+        return self.max_tokens

@@ -1,0 +1,335 @@
+"""The planner's tools: the JSON schemas the model sees, and the parser that makes a call an action.
+
+Every device action requires a non-empty `purpose` and `expected_outcome` in its schema: the tool
+schema is the one structured-output boundary every provider enforces, so the intent of an action
+survives even when the free-text rationale is suppressed (forced retry). The parser strips the two
+fields from the executable arguments, carries them beside, and checks the call against the scene
+the model was shown, so a hallucinated element id or an off-screen point never reaches a phone.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from amc.v1 import types_pb2
+from planner.errors import ToolCallError
+from planner.scene import Scene
+
+_INTENT_PROPERTIES: dict[str, Any] = {
+    "purpose": {
+        "type": "string",
+        "minLength": 1,
+        "description": 'Why this action is taken, in a few words ("open display settings").',
+    },
+    "expected_outcome": {
+        "type": "string",
+        "minLength": 1,
+        "description": 'What the screen should show afterwards ("the Display page is open").',
+    },
+}
+_INTENT_REQUIRED = ["purpose", "expected_outcome"]
+
+DEVICE_TOOLS = frozenset({"tap", "swipe", "input_text", "press_key", "launch_app", "terminate_app"})
+KEYS: dict[str, types_pb2.Key.ValueType] = {
+    "back": types_pb2.KEY_BACK,
+    "home": types_pb2.KEY_HOME,
+    "enter": types_pb2.KEY_ENTER,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class ToolSpec:
+    """One tool in a provider-neutral form; each provider renders it in its own wire format."""
+
+    name: str
+    description: str
+    parameters: dict[str, Any]
+
+
+def _device_tool(
+    name: str, description: str, props: dict[str, Any], required: list[str]
+) -> ToolSpec:
+    return ToolSpec(
+        name=name,
+        description=description,
+        parameters={
+            "type": "object",
+            "properties": {**props, **_INTENT_PROPERTIES},
+            "required": [*required, *_INTENT_REQUIRED],
+            "additionalProperties": False,
+        },
+    )
+
+
+_COORD = {"type": "integer", "minimum": 0}
+
+TOOLS: tuple[ToolSpec, ...] = (
+    _device_tool(
+        "tap",
+        "Tap (or long-press) one element of the current screen by its id, or a raw point x/y for "
+        "targets the element list does not expose. Give element_id OR both x and y.",
+        {
+            "element_id": {"type": "string", "description": "Element id from the scene, e.g. e12."},
+            "x": {**_COORD, "description": "Horizontal pixel, 0 <= x < screen width."},
+            "y": {**_COORD, "description": "Vertical pixel, 0 <= y < screen height."},
+            "long_press": {"type": "boolean", "description": "Hold instead of a short tap."},
+        },
+        [],
+    ),
+    _device_tool(
+        "swipe",
+        "Swipe from one point to another (to scroll a list down, swipe from low to high: "
+        "start_y > end_y).",
+        {
+            "start_x": _COORD,
+            "start_y": _COORD,
+            "end_x": _COORD,
+            "end_y": _COORD,
+            "duration_ms": {"type": "integer", "minimum": 0, "maximum": 10000},
+        },
+        ["start_x", "start_y", "end_x", "end_y"],
+    ),
+    _device_tool(
+        "input_text",
+        "Type text into the focused field, or into element_id after focusing it. Set sensitive "
+        "for secrets (passwords, codes): the value is typed but never recorded.",
+        {
+            "text": {"type": "string"},
+            "sensitive": {"type": "boolean"},
+            "element_id": {"type": "string", "description": "Optional field to focus first."},
+        },
+        ["text"],
+    ),
+    _device_tool(
+        "press_key",
+        "Press a navigation key.",
+        {"key": {"type": "string", "enum": sorted(KEYS)}},
+        ["key"],
+    ),
+    _device_tool(
+        "launch_app",
+        "Start an app by its Android package name.",
+        {"package_name": {"type": "string", "minLength": 1}},
+        ["package_name"],
+    ),
+    _device_tool(
+        "terminate_app",
+        "Force-stop an app by its Android package name.",
+        {"package_name": {"type": "string", "minLength": 1}},
+        ["package_name"],
+    ),
+    ToolSpec(
+        name="complete",
+        description="End the task: success true when the goal is visibly reached, false when it "
+        "cannot be reached. The reason is required.",
+        parameters={
+            "type": "object",
+            "properties": {
+                "success": {"type": "boolean"},
+                "reason": {"type": "string", "minLength": 1},
+            },
+            "required": ["success", "reason"],
+            "additionalProperties": False,
+        },
+    ),
+    ToolSpec(
+        name="get_ui_tree",
+        description="Return the structured node list of the current screen. Changes nothing.",
+        parameters={"type": "object", "properties": {}, "additionalProperties": False},
+    ),
+)
+TOOL_NAMES = frozenset(t.name for t in TOOLS)
+_BY_NAME = {t.name: t for t in TOOLS}
+
+
+@dataclass(frozen=True, slots=True)
+class ParsedToolCall:
+    """A validated tool call: executable `arguments` (intent removed) plus the typed action."""
+
+    tool_name: str
+    arguments: dict[str, Any]
+    action: types_pb2.Action
+    purpose: str
+    expected_outcome: str
+
+
+def _int(args: Mapping[str, Any], key: str, tool: str) -> int:
+    value = args.get(key)
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ToolCallError(f"{tool}: `{key}` must be an integer, got {value!r}")
+    if isinstance(value, float) and not value.is_integer():
+        raise ToolCallError(f"{tool}: `{key}` must be a whole number of pixels, got {value!r}")
+    return int(value)
+
+
+def _str(args: Mapping[str, Any], key: str, tool: str, *, required: bool = True) -> str:
+    value = args.get(key)
+    if value is None and not required:
+        return ""
+    if not isinstance(value, str) or (required and not value.strip()):
+        raise ToolCallError(f"{tool}: `{key}` must be a non-empty string, got {value!r}")
+    return value
+
+
+def _bool(args: Mapping[str, Any], key: str, tool: str, *, required: bool = False) -> bool:
+    value = args.get(key)
+    if value is None and not required:
+        return False
+    if not isinstance(value, bool):
+        raise ToolCallError(f"{tool}: `{key}` must be true or false, got {value!r}")
+    return value
+
+
+class _Checker:
+    """Validates element ids and points against what the model was shown."""
+
+    def __init__(
+        self, element_ids: Collection[str] | None, screen_size: tuple[int, int] | None
+    ) -> None:
+        self.element_ids = element_ids
+        self.screen_size = screen_size
+
+    def element(self, tool: str, element_id: str) -> None:
+        if self.element_ids is not None and element_id not in self.element_ids:
+            raise ToolCallError(
+                f"{tool}: element_id {element_id!r} is not in the current scene; "
+                "use an id from the elements list"
+            )
+
+    def point(self, tool: str, x: int, y: int, what: str = "point") -> None:
+        if self.screen_size is None or self.screen_size[0] <= 0 or self.screen_size[1] <= 0:
+            if x < 0 or y < 0:
+                raise ToolCallError(f"{tool}: {what} ({x}, {y}) is off the screen")
+            return
+        w, h = self.screen_size
+        if not (0 <= x < w and 0 <= y < h):
+            raise ToolCallError(
+                f"{tool}: {what} ({x}, {y}) is off the screen; the screen is {w}x{h} pixels "
+                f"(0 <= x < {w}, 0 <= y < {h})"
+            )
+
+
+def parse_tool_call(
+    name: str,
+    arguments: Mapping[str, Any] | str | None,
+    *,
+    element_ids: Collection[str] | None = None,
+    screen_size: tuple[int, int] | None = None,
+) -> ParsedToolCall:
+    """Validate one tool call and build its typed action.
+
+    `arguments` may be the JSON string OpenAI sends. `element_ids`/`screen_size` of None skip
+    those checks (the caller did not say what was shown). Raises `ToolCallError` with a message
+    meant for the model's corrective retry.
+    """
+    if name not in _BY_NAME:
+        raise ToolCallError(
+            f"unknown tool {name!r}; call exactly one of: {', '.join(sorted(TOOL_NAMES))}"
+        )
+    if isinstance(arguments, str):
+        try:
+            arguments = json.loads(arguments) if arguments.strip() else {}
+        except json.JSONDecodeError as err:
+            raise ToolCallError(f"{name}: arguments are not valid JSON ({err.msg})") from None
+    if arguments is None:
+        arguments = {}
+    if not isinstance(arguments, Mapping):
+        raise ToolCallError(f"{name}: arguments must be a JSON object")
+    args = dict(arguments)
+    allowed = set(_BY_NAME[name].parameters["properties"])
+    unknown = sorted(set(args) - allowed)
+    if unknown:
+        raise ToolCallError(
+            f"{name}: unknown argument(s) {', '.join(unknown)}; "
+            f"allowed: {', '.join(sorted(allowed))}"
+        )
+
+    purpose = expected = ""
+    if name in DEVICE_TOOLS:
+        missing = [k for k in _INTENT_REQUIRED if not str(args.get(k) or "").strip()]
+        if missing:
+            raise ToolCallError(
+                f"{name}: {' and '.join(missing)} must be given as non-empty strings "
+                "(every device action states why it is taken and what should happen)"
+            )
+        purpose = _str(args, "purpose", name).strip()
+        expected = _str(args, "expected_outcome", name).strip()
+    exe = {k: v for k, v in args.items() if k not in _INTENT_REQUIRED}
+    check = _Checker(element_ids, screen_size)
+    action = types_pb2.Action(purpose=purpose, expected_outcome=expected)
+
+    if name == "tap":
+        has_id = exe.get("element_id") not in (None, "")
+        has_xy = "x" in exe or "y" in exe
+        if has_id == has_xy:
+            raise ToolCallError("tap: give either element_id or both x and y, not both or neither")
+        long_press = _bool(exe, "long_press", name)
+        if has_id:
+            element_id = _str(exe, "element_id", name)
+            check.element(name, element_id)
+            action.tap.element_id = element_id
+            exe = {"element_id": element_id}
+        else:
+            x, y = _int(exe, "x", name), _int(exe, "y", name)
+            check.point(name, x, y)
+            action.tap.point.x, action.tap.point.y = x, y
+            exe = {"x": x, "y": y}
+        action.tap.long_press = long_press
+        if long_press:
+            exe["long_press"] = True
+    elif name == "swipe":
+        sx, sy = _int(exe, "start_x", name), _int(exe, "start_y", name)
+        ex, ey = _int(exe, "end_x", name), _int(exe, "end_y", name)
+        check.point(name, sx, sy, "start")
+        check.point(name, ex, ey, "end")
+        duration = _int(exe, "duration_ms", name) if "duration_ms" in exe else 0
+        if not 0 <= duration <= 10000:
+            raise ToolCallError(f"swipe: duration_ms must be 0..10000, got {duration}")
+        action.swipe.start.x, action.swipe.start.y = sx, sy
+        action.swipe.end.x, action.swipe.end.y = ex, ey
+        action.swipe.duration_ms = duration
+        exe = {"start_x": sx, "start_y": sy, "end_x": ex, "end_y": ey}
+        if duration:
+            exe["duration_ms"] = duration
+    elif name == "input_text":
+        text = exe.get("text")
+        if not isinstance(text, str):
+            raise ToolCallError(f"input_text: `text` must be a string, got {text!r}")
+        sensitive = _bool(exe, "sensitive", name)
+        element_id = _str(exe, "element_id", name, required=False)
+        if element_id:
+            check.element(name, element_id)
+        action.input_text.text = text
+        action.input_text.sensitive = sensitive
+        action.input_text.element_id = element_id
+        exe = {"text": text, "sensitive": sensitive}
+        if element_id:
+            exe["element_id"] = element_id
+    elif name == "press_key":
+        key = exe.get("key")
+        if not isinstance(key, str) or key.lower() not in KEYS:
+            raise ToolCallError(f"press_key: `key` must be one of {sorted(KEYS)}, got {key!r}")
+        action.press_key.key = KEYS[key.lower()]
+        exe = {"key": key.lower()}
+    elif name in ("launch_app", "terminate_app"):
+        package = _str(exe, "package_name", name).strip()
+        getattr(action, name).package_name = package
+        exe = {"package_name": package}
+    elif name == "complete":
+        success = _bool(exe, "success", name, required=True)
+        reason = _str(exe, "reason", name).strip()
+        action.complete.success = success
+        action.complete.reason = reason
+        exe = {"success": success, "reason": reason}
+    else:  # get_ui_tree
+        action.get_ui_tree.SetInParent()
+        exe = {}
+    return ParsedToolCall(name, exe, action, purpose, expected)
+
+
+def ui_tree_result(scene: Scene) -> list[dict[str, Any]]:
+    """What `get_ui_tree` returns: the scene's structured node list (same form as the prompt)."""
+    return [e.to_prompt() for e in scene.elements]
