@@ -1,0 +1,175 @@
+"""The JSON API under /api: tasks, decisions, hosts and live events, one gRPC call per route."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, Query, Request, status
+from starlette.responses import StreamingResponse
+
+from console.gateway.auth import require_api_user
+from console.gateway.cloud import CloudClient
+from console.gateway.events import event_stream
+from console.gateway.history import group_history
+from console.gateway.models import (
+    TASK_STATUSES,
+    CancelIn,
+    DecisionOut,
+    DecisionPage,
+    ErrorOut,
+    HostList,
+    HostOut,
+    SubmitIn,
+    SubmitOut,
+    TaskDetailOut,
+    TaskOut,
+    TaskPage,
+    TaskStatusName,
+    task_status_value,
+)
+
+_ERRORS: dict[int | str, dict[str, object]] = {
+    401: {"model": ErrorOut, "description": "no session and no valid bearer token"},
+    403: {"model": ErrorOut, "description": "session write without X-CSRF-Token"},
+    404: {"model": ErrorOut, "description": "the cloud does not know the id"},
+    409: {"model": ErrorOut, "description": "the cloud refused (FAILED_PRECONDITION)"},
+    422: {"model": ErrorOut, "description": "invalid request (INVALID_ARGUMENT)"},
+    503: {"model": ErrorOut, "description": "the cloud is not reachable"},
+}
+
+router = APIRouter(prefix="/api", dependencies=[Depends(require_api_user)], responses=_ERRORS)
+
+
+def cloud_of(request: Request) -> CloudClient:
+    client: CloudClient = request.app.state.cloud
+    return client
+
+
+Cloud = Annotated[CloudClient, Depends(cloud_of)]
+
+
+async def host_transports(cloud: CloudClient) -> dict[str, HostOut]:
+    return {h.host_id: HostOut.of(h) for h in await cloud.list_hosts()}
+
+
+async def task_detail(cloud: CloudClient, task_id: str) -> TaskDetailOut:
+    """The task, its attempts and its decision log grouped by attempt (shared with the page)."""
+    task = TaskOut.of(await cloud.get_task(task_id))
+    decisions = [DecisionOut.of(d) for d in await cloud.all_decisions(task_id)]
+    transports = {}
+    if any(a.planner_transport == "unspecified" for a in task.attempts):
+        transports = {k: v.planner_transport for k, v in (await host_transports(cloud)).items()}
+    history, note = group_history(task, decisions, transports)
+    return TaskDetailOut(task=task, history=history, history_note=note)
+
+
+@router.get("/tasks", response_model=TaskPage, summary="List tasks, newest first")
+async def list_tasks(
+    cloud: Cloud,
+    status_: Annotated[
+        list[TaskStatusName] | None, Query(alias="status", description="repeatable")
+    ] = None,
+    host: Annotated[str, Query(description="only tasks whose last attempt ran here")] = "",
+    q: Annotated[str, Query(description="goal contains this text (case-insensitive)")] = "",
+    page_size: Annotated[int, Query(ge=1, le=500)] = 50,
+    page_token: str = "",
+) -> TaskPage:
+    statuses = [task_status_value(s) for s in status_ or [] if s in TASK_STATUSES]
+    page = await cloud.list_tasks(
+        statuses=statuses, host_id=host, query=q, page_size=page_size, page_token=page_token
+    )
+    return TaskPage(tasks=[TaskOut.of(t) for t in page.tasks], next_page_token=page.next_page_token)
+
+
+@router.post(
+    "/tasks",
+    response_model=SubmitOut,
+    status_code=status.HTTP_201_CREATED,
+    summary="Submit a task",
+)
+async def submit_task(cloud: Cloud, body: SubmitIn) -> SubmitOut:
+    response = await cloud.submit_task(
+        goal=body.goal,
+        host_id=body.host_id,
+        device_serial=body.device_serial,
+        max_attempts=body.max_attempts,
+        lease_duration_s=body.lease_duration_s,
+        timeout_s=body.timeout_s,
+        client_request_id=body.client_request_id,
+    )
+    return SubmitOut(task=TaskOut.of(response.task), deduplicated=response.deduplicated)
+
+
+@router.get(
+    "/tasks/{task_id}",
+    response_model=TaskDetailOut,
+    summary="One task with attempts and its LLM history",
+)
+async def get_task(cloud: Cloud, task_id: str) -> TaskDetailOut:
+    return await task_detail(cloud, task_id)
+
+
+@router.post("/tasks/{task_id}/cancel", response_model=TaskOut, summary="Cancel a task")
+async def cancel_task(cloud: Cloud, task_id: str, body: CancelIn | None = None) -> TaskOut:
+    return TaskOut.of(await cloud.cancel_task(task_id, body.reason if body else ""))
+
+
+@router.get(
+    "/tasks/{task_id}/decisions",
+    response_model=DecisionPage,
+    summary="A task's decision log, paged",
+)
+async def list_decisions(
+    cloud: Cloud,
+    task_id: str,
+    attempt: Annotated[int, Query(ge=0, description="0: every attempt")] = 0,
+    page_size: Annotated[int, Query(ge=1, le=500)] = 100,
+    page_token: str = "",
+) -> DecisionPage:
+    page = await cloud.list_decisions(
+        task_id, attempt=attempt, page_size=page_size, page_token=page_token
+    )
+    return DecisionPage(
+        decisions=[DecisionOut.of(d) for d in page.decisions],
+        next_page_token=page.next_page_token,
+    )
+
+
+@router.get("/decisions/{decision_id}", response_model=DecisionOut, summary="One decision")
+async def get_decision(cloud: Cloud, decision_id: str) -> DecisionOut:
+    return DecisionOut.of(await cloud.get_decision(decision_id))
+
+
+@router.get("/hosts", response_model=HostList, summary="Hosts and their phones")
+async def list_hosts(cloud: Cloud, connected_only: bool = False) -> HostList:
+    hosts = await cloud.list_hosts(connected_only=connected_only)
+    return HostList(hosts=[HostOut.of(h) for h in hosts])
+
+
+_SSE_DOC: dict[int | str, dict[str, Any]] = {
+    200: {
+        "content": {"text/event-stream": {}},
+        "description": "`task` events (TaskOut JSON) as tasks change; `end` when a watched "
+        "task ended; `cloud-error` (ErrorOut JSON) when the cloud stream failed",
+    }
+}
+
+
+@router.get(
+    "/events",
+    response_class=StreamingResponse,
+    responses=_SSE_DOC,
+    summary="Live changes of every task (server-sent events)",
+)
+async def fleet_events(cloud: Cloud) -> StreamingResponse:
+    return event_stream(cloud)
+
+
+@router.get(
+    "/tasks/{task_id}/events",
+    response_class=StreamingResponse,
+    responses=_SSE_DOC,
+    summary="Live changes of one task (server-sent events)",
+)
+async def task_events(cloud: Cloud, task_id: str) -> StreamingResponse:
+    return event_stream(cloud, task_id)

@@ -1,0 +1,148 @@
+"""The app factory (routes, sessions, error pages, the cloud connection) and its uvicorn server."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+from urllib.parse import urlencode
+
+import grpc
+import uvicorn
+from fastapi import FastAPI, Request, Response
+from fastapi.exception_handlers import http_exception_handler
+from fastapi.responses import JSONResponse, RedirectResponse
+from fastapi.staticfiles import StaticFiles
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.middleware.sessions import SessionMiddleware
+
+from console.gateway import api, pages
+from console.gateway.auth import Credentials, LoginRequired
+from console.gateway.cloud import CloudClient
+from console.gateway.errors import describe
+from console.gateway.models import ErrorOut
+from console.settings import ConsoleSettings
+
+log = logging.getLogger(__name__)
+
+SESSION_COOKIE = "amc_console_session"
+_CSP = (
+    "default-src 'self'; img-src 'self' data:; style-src 'self'; script-src 'self'; "
+    "frame-ancestors 'none'; form-action 'self'; base-uri 'none'"
+)
+
+
+def _is_api(request: Request) -> bool:
+    return request.url.path.startswith("/api")
+
+
+def create_app(settings: ConsoleSettings) -> FastAPI:
+    """The console gateway for these settings; it connects to the cloud when it starts serving."""
+    ca, cert, key = settings.tls_files()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        cloud = CloudClient(
+            settings.cloud_address,
+            ca=ca,
+            cert=cert,
+            key=key,
+            server_name=settings.tls_server_name,
+            timeout_s=settings.grpc_timeout_s,
+        )
+        app.state.cloud = cloud
+        log.info("console gateway talks to the cloud at %s", settings.cloud_address)
+        try:
+            yield
+        finally:
+            await cloud.close()
+
+    app = FastAPI(
+        title="amc console",
+        summary="Operators' gateway to the amc cloud: tasks, live progress, decisions, fleet.",
+        version="1",
+        lifespan=lifespan,
+        docs_url="/api/docs",
+        redoc_url=None,
+        openapi_url="/api/openapi.json",
+    )
+    app.state.credentials = Credentials(
+        settings.admin_username, settings.admin_password, settings.api_token
+    )
+    app.add_middleware(
+        SessionMiddleware,
+        secret_key=settings.session_secret.get_secret_value(),
+        session_cookie=SESSION_COOKIE,
+        max_age=settings.session_max_age_s,
+        same_site="lax",
+        https_only=settings.cookie_secure,
+    )
+
+    @app.middleware("http")
+    async def security_headers(
+        request: Request, call_next: Callable[[Request], Awaitable[Response]]
+    ) -> Response:
+        response = await call_next(request)
+        response.headers.setdefault("X-Content-Type-Options", "nosniff")
+        response.headers.setdefault("Referrer-Policy", "same-origin")
+        if not _is_api(request):
+            response.headers.setdefault("X-Frame-Options", "DENY")
+            response.headers.setdefault("Content-Security-Policy", _CSP)
+        return response
+
+    @app.exception_handler(LoginRequired)
+    async def to_login(request: Request, exc: LoginRequired) -> Response:
+        return RedirectResponse("/login?" + urlencode({"next": exc.next_path}), status_code=303)
+
+    @app.exception_handler(grpc.aio.AioRpcError)
+    async def cloud_error(request: Request, exc: grpc.aio.AioRpcError) -> Response:
+        status, message, code = describe(exc)
+        if status >= 500:
+            log.warning("cloud call failed: %s %s", code, message)
+        if _is_api(request):
+            body = ErrorOut(detail=message, grpc_code=code).model_dump()
+            return JSONResponse(body, status_code=status)
+        context = {"status": status, "message": message, "code": code}
+        return pages.render(request, "error.html", context, status_code=status)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
+        if _is_api(request):
+            return await http_exception_handler(request, exc)
+        context = {"status": exc.status_code, "message": exc.detail, "code": None}
+        return pages.render(request, "error.html", context, status_code=exc.status_code)
+
+    app.include_router(api.router)
+    app.include_router(pages.router)
+    app.mount("/static", StaticFiles(directory=Path(__file__).parent / "static"), name="static")
+    return app
+
+
+#: Seconds an open live-update stream may delay shutdown before it is cut.
+GRACEFUL_SHUTDOWN_S = 3
+
+
+def build_server(settings: ConsoleSettings) -> uvicorn.Server:
+    """A uvicorn server for the console on settings.bind_host:bind_port (port 0: any free one)."""
+    config = uvicorn.Config(
+        create_app(settings),
+        host=settings.bind_host,
+        port=settings.bind_port,
+        proxy_headers=False,
+        server_header=False,
+        timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
+        log_level="info",
+    )
+    return uvicorn.Server(config)
+
+
+async def serve(settings: ConsoleSettings) -> None:
+    """Serve until cancelled or signalled (inside an existing event loop, e.g. `amc up`)."""
+    await build_server(settings).serve()
+
+
+def run(settings: ConsoleSettings) -> None:
+    """Serve in a fresh event loop until Ctrl-C."""
+    asyncio.run(serve(settings))

@@ -1,0 +1,184 @@
+"""The gateway's gRPC connection to the cloud, under its own operator certificate.
+
+One channel, one stub per service the console reads or drives. Every unary call carries a
+deadline so a stuck cloud turns into a 503/504 page instead of a hung browser tab.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import grpc
+from google.protobuf.duration_pb2 import Duration
+
+from amc.v1 import (
+    decision_log_service_pb2,
+    decision_log_service_pb2_grpc,
+    fleet_service_pb2,
+    fleet_service_pb2_grpc,
+    progress_service_pb2,
+    progress_service_pb2_grpc,
+    task_service_pb2,
+    task_service_pb2_grpc,
+    types_pb2,
+)
+
+#: Upper bound of decisions the detail view loads for one task (pages of 500).
+MAX_DECISIONS = 5_000
+
+
+def _duration(seconds: float | None) -> Duration | None:
+    if seconds is None:
+        return None
+    d = Duration()
+    d.FromNanoseconds(int(seconds * 1e9))
+    return d
+
+
+class CloudClient:
+    """Typed calls the console makes; raises `grpc.aio.AioRpcError` as the cloud answers."""
+
+    def __init__(
+        self,
+        address: str,
+        *,
+        ca: Path,
+        cert: Path,
+        key: Path,
+        server_name: str | None = None,
+        timeout_s: float = 10.0,
+    ) -> None:
+        credentials = grpc.ssl_channel_credentials(
+            root_certificates=ca.read_bytes(),
+            private_key=key.read_bytes(),
+            certificate_chain=cert.read_bytes(),
+        )
+        options: list[tuple[str, str | int]] = [
+            ("grpc.keepalive_time_ms", 20_000),
+            ("grpc.keepalive_timeout_ms", 10_000),
+        ]
+        if server_name:
+            options.append(("grpc.ssl_target_name_override", server_name))
+        self._channel = grpc.aio.secure_channel(address, credentials, options=options)
+        self._timeout = timeout_s
+        self._tasks = task_service_pb2_grpc.TaskServiceStub(self._channel)
+        self._progress = progress_service_pb2_grpc.ProgressServiceStub(self._channel)
+        self._fleet = fleet_service_pb2_grpc.FleetServiceStub(self._channel)
+        self._decisions = decision_log_service_pb2_grpc.DecisionLogServiceStub(self._channel)
+
+    async def close(self) -> None:
+        """Close the channel; open watch streams end with CANCELLED."""
+        await self._channel.close()
+
+    async def list_tasks(
+        self,
+        *,
+        statuses: list[int],
+        host_id: str,
+        query: str,
+        page_size: int,
+        page_token: str,
+    ) -> task_service_pb2.ListTasksResponse:
+        request = task_service_pb2.ListTasksRequest(
+            page_size=page_size,
+            page_token=page_token,
+            statuses=statuses,  # type: ignore[arg-type]
+            host_id=host_id,
+            query=query,
+        )
+        response: task_service_pb2.ListTasksResponse = await self._tasks.ListTasks(
+            request, timeout=self._timeout
+        )
+        return response
+
+    async def get_task(self, task_id: str) -> types_pb2.Task:
+        response: task_service_pb2.GetTaskResponse = await self._tasks.GetTask(
+            task_service_pb2.GetTaskRequest(task_id=task_id), timeout=self._timeout
+        )
+        return response.task
+
+    async def submit_task(
+        self,
+        *,
+        goal: str,
+        host_id: str,
+        device_serial: str,
+        max_attempts: int,
+        lease_duration_s: float | None,
+        timeout_s: float | None,
+        client_request_id: str,
+    ) -> task_service_pb2.SubmitTaskResponse:
+        request = task_service_pb2.SubmitTaskRequest(
+            goal=goal,
+            target=types_pb2.TaskTarget(host_id=host_id, device_serial=device_serial),
+            max_attempts=max_attempts,
+            lease_duration=_duration(lease_duration_s),
+            timeout=_duration(timeout_s),
+            client_request_id=client_request_id,
+        )
+        response: task_service_pb2.SubmitTaskResponse = await self._tasks.SubmitTask(
+            request, timeout=self._timeout
+        )
+        return response
+
+    async def cancel_task(self, task_id: str, reason: str) -> types_pb2.Task:
+        response: task_service_pb2.CancelTaskResponse = await self._tasks.CancelTask(
+            task_service_pb2.CancelTaskRequest(task_id=task_id, reason=reason),
+            timeout=self._timeout,
+        )
+        return response.task
+
+    async def list_hosts(self, *, connected_only: bool = False) -> list[types_pb2.Host]:
+        response: fleet_service_pb2.ListHostsResponse = await self._fleet.ListHosts(
+            fleet_service_pb2.ListHostsRequest(connected_only=connected_only),
+            timeout=self._timeout,
+        )
+        return list(response.hosts)
+
+    async def list_decisions(
+        self, task_id: str, *, attempt: int, page_size: int, page_token: str
+    ) -> decision_log_service_pb2.ListDecisionsResponse:
+        response: decision_log_service_pb2.ListDecisionsResponse = (
+            await self._decisions.ListDecisions(
+                decision_log_service_pb2.ListDecisionsRequest(
+                    task_id=task_id, attempt=attempt, page_size=page_size, page_token=page_token
+                ),
+                timeout=self._timeout,
+            )
+        )
+        return response
+
+    async def all_decisions(self, task_id: str) -> list[types_pb2.Decision]:
+        """Every decision of a task (up to MAX_DECISIONS), following the page tokens."""
+        decisions: list[types_pb2.Decision] = []
+        token = ""
+        while len(decisions) < MAX_DECISIONS:
+            page = await self.list_decisions(task_id, attempt=0, page_size=500, page_token=token)
+            decisions.extend(page.decisions)
+            token = page.next_page_token
+            if not token:
+                break
+        return decisions
+
+    async def get_decision(self, decision_id: str) -> types_pb2.Decision:
+        response: decision_log_service_pb2.GetDecisionResponse = await self._decisions.GetDecision(
+            decision_log_service_pb2.GetDecisionRequest(decision_id=decision_id),
+            timeout=self._timeout,
+        )
+        return response.decision
+
+    async def watch(self, task_id: str = "") -> AsyncIterator[types_pb2.Task]:
+        """Live task changes (snapshot first); ends when a watched single task ends.
+
+        No deadline: the stream lives as long as the browser listens. Closing the iterator
+        cancels the call.
+        """
+        call = self._progress.WatchProgress(
+            progress_service_pb2.WatchProgressRequest(task_id=task_id)
+        )
+        try:
+            async for message in call:
+                yield message.task
+        finally:
+            call.cancel()

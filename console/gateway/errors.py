@@ -1,0 +1,38 @@
+"""How a gRPC status from the cloud becomes an HTTP status, keeping the cloud's own message.
+
+The gateway has no rules of its own, so the cloud's wording is what operators must see: "task
+already ended" is more useful than "409 Conflict".
+"""
+
+from __future__ import annotations
+
+import grpc
+
+_HTTP_STATUS: dict[grpc.StatusCode, int] = {
+    grpc.StatusCode.NOT_FOUND: 404,
+    grpc.StatusCode.INVALID_ARGUMENT: 422,
+    grpc.StatusCode.OUT_OF_RANGE: 422,
+    grpc.StatusCode.FAILED_PRECONDITION: 409,
+    grpc.StatusCode.ALREADY_EXISTS: 409,
+    grpc.StatusCode.ABORTED: 409,
+    grpc.StatusCode.RESOURCE_EXHAUSTED: 429,
+    grpc.StatusCode.UNAVAILABLE: 503,
+    grpc.StatusCode.DEADLINE_EXCEEDED: 504,
+    # The gateway's own certificate was refused: a deployment problem, not the operator's.
+    grpc.StatusCode.UNAUTHENTICATED: 502,
+    grpc.StatusCode.PERMISSION_DENIED: 502,
+}
+
+
+def http_status(code: grpc.StatusCode) -> int:
+    """The HTTP status for a gRPC status code; 502 for anything unexpected."""
+    return _HTTP_STATUS.get(code, 502)
+
+
+def describe(error: grpc.aio.AioRpcError) -> tuple[int, str, str]:
+    """(HTTP status, message for people, gRPC code name) of a failed call."""
+    code: grpc.StatusCode = error.code()
+    details: str = error.details() or ""
+    if code is grpc.StatusCode.UNAVAILABLE and not details:
+        details = "the cloud is not reachable"
+    return http_status(code), details or code.name.lower().replace("_", " "), code.name

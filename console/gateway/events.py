@@ -1,0 +1,79 @@
+"""Server-sent events fed by ProgressService.WatchProgress.
+
+Each change the cloud streams becomes one `task` event whose data is the task as JSON (the same
+shape as the API's TaskOut), so the page's script can patch its badges in place. A comment line
+goes out every few seconds so proxies keep the connection open; when the browser leaves, the
+response is cancelled and the gRPC stream with it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections.abc import AsyncIterator
+
+import grpc
+from starlette.responses import StreamingResponse
+
+from console.gateway.cloud import CloudClient
+from console.gateway.errors import describe
+from console.gateway.models import ErrorOut, TaskOut
+
+log = logging.getLogger(__name__)
+
+KEEPALIVE_S = 15.0
+#: How soon the browser's EventSource reconnects after the stream drops (milliseconds).
+RETRY_MS = 1000
+
+
+def _event(name: str, data: str) -> str:
+    lines = "".join(f"data: {line}\n" for line in data.splitlines() or [""])
+    return f"event: {name}\n{lines}\n"
+
+
+async def _pump(cloud: CloudClient, task_id: str, queue: asyncio.Queue[str | None]) -> None:
+    """Copy the gRPC stream into the queue as SSE frames; None marks its end."""
+    try:
+        async for task in cloud.watch(task_id):
+            await queue.put(_event("task", TaskOut.of(task).model_dump_json()))
+        if task_id:
+            await queue.put(_event("end", json.dumps({"task_id": task_id})))
+    except grpc.aio.AioRpcError as error:
+        _, message, code = describe(error)
+        log.info("progress stream ended: %s %s", code, message)
+        await queue.put(
+            _event("cloud-error", ErrorOut(detail=message, grpc_code=code).model_dump_json())
+        )
+    finally:
+        await queue.put(None)
+
+
+async def _frames(cloud: CloudClient, task_id: str) -> AsyncIterator[str]:
+    queue: asyncio.Queue[str | None] = asyncio.Queue()
+    pump = asyncio.create_task(_pump(cloud, task_id, queue))
+    try:
+        yield f"retry: {RETRY_MS}\n: connected\n\n"
+        while True:
+            try:
+                frame = await asyncio.wait_for(queue.get(), timeout=KEEPALIVE_S)
+            except TimeoutError:
+                yield ": keepalive\n\n"
+                continue
+            if frame is None:
+                return
+            yield frame
+    finally:
+        pump.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await pump
+
+
+def event_stream(cloud: CloudClient, task_id: str = "") -> StreamingResponse:
+    """An SSE response of one task's changes, or of the whole fleet's when task_id is empty."""
+    return StreamingResponse(
+        _frames(cloud, task_id),
+        media_type="text/event-stream",
+        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+    )

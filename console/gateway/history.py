@@ -1,0 +1,72 @@
+"""Group a task's decision log by attempt and say why a history is empty.
+
+An empty LLM history is ambiguous on its own: the agent may not have planned a step yet, or the
+host plans on the direct transport and its prompts never reach the cloud. Operators must not read
+the second as "it's broken", so every empty history carries one of these two reasons.
+"""
+
+from __future__ import annotations
+
+from console.gateway.models import AttemptHistory, DecisionOut, TaskOut, TransportName
+
+NO_STEP_YET = "no step reported yet"
+NO_DECISION_YET = "no decision logged yet for this attempt"
+NOT_ASSIGNED_YET = "no step reported yet: the task has not reached a host"
+DIRECT_TRANSPORT = "this host uses the direct transport, so its prompts do not reach the cloud"
+
+
+def empty_reason(transport: TransportName, step_index: int = 0) -> str:
+    """Why an attempt on a host with this planner transport, at this step, has no decisions."""
+    if transport == "direct":
+        return DIRECT_TRANSPORT
+    return NO_DECISION_YET if step_index else NO_STEP_YET
+
+
+def group_history(
+    task: TaskOut,
+    decisions: list[DecisionOut],
+    host_transports: dict[str, TransportName],
+) -> tuple[list[AttemptHistory], str | None]:
+    """Per-attempt histories (newest attempt first) and a note when the whole log is empty.
+
+    The attempt's own transport (recorded when the lease was granted) wins; the host's current
+    transport from the fleet fills in when the attempt did not record one.
+    """
+    by_attempt: dict[int, list[DecisionOut]] = {}
+    for decision in decisions:
+        by_attempt.setdefault(decision.attempt, []).append(decision)
+
+    histories: list[AttemptHistory] = []
+    seen: set[int] = set()
+    for attempt in task.attempts:
+        seen.add(attempt.attempt)
+        transport: TransportName = attempt.planner_transport
+        if transport == "unspecified":
+            transport = host_transports.get(attempt.host_id, "unspecified")
+        steps = sorted(by_attempt.get(attempt.attempt, []), key=lambda d: d.step_index)
+        histories.append(
+            AttemptHistory(
+                attempt=attempt.attempt,
+                planner_transport=transport,
+                decisions=steps,
+                empty_reason=None
+                if steps
+                else empty_reason(transport, attempt.progress.step_index),
+            )
+        )
+    for number, steps in by_attempt.items():
+        if number not in seen:
+            histories.append(
+                AttemptHistory(
+                    attempt=number,
+                    planner_transport="cloud",
+                    decisions=sorted(steps, key=lambda d: d.step_index),
+                    empty_reason=None,
+                )
+            )
+    histories.sort(key=lambda h: h.attempt, reverse=True)
+
+    note: str | None = None
+    if not decisions:
+        note = histories[0].empty_reason if histories else NOT_ASSIGNED_YET
+    return histories, note

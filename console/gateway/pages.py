@@ -1,0 +1,197 @@
+"""Server-rendered pages: login, fleet, tasks, task detail, submit and cancel.
+
+Pages read the same models the API returns, so what a script sees and what a person sees agree.
+Every form posts a CSRF token; every page but /login needs a session.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+from urllib.parse import urlencode
+
+import grpc
+from fastapi import APIRouter, Form, Query, Request
+from fastapi.responses import HTMLResponse, RedirectResponse, Response
+from fastapi.templating import Jinja2Templates
+
+from console.gateway import present
+from console.gateway.api import Cloud, task_detail
+from console.gateway.auth import (
+    CsrfChecked,
+    PageUser,
+    csrf_token,
+    log_in,
+    log_out,
+    session_user,
+)
+from console.gateway.errors import describe
+from console.gateway.models import TASK_STATUSES, HostOut, TaskOut, task_status_value
+
+TEMPLATES = Jinja2Templates(directory=Path(__file__).parent / "templates")
+present.install(TEMPLATES.env)
+
+router = APIRouter(include_in_schema=False)
+
+PAGE_SIZES = (10, 25, 50, 100)
+
+
+def render(
+    request: Request, name: str, context: dict[str, Any], status_code: int = 200
+) -> HTMLResponse:
+    """Render a template with what every page needs (user, CSRF token, current path)."""
+    base = {"user": session_user(request), "csrf_token": csrf_token(request)}
+    return TEMPLATES.TemplateResponse(request, name, base | context, status_code=status_code)
+
+
+def _safe_next(target: str) -> str:
+    """Only same-site paths, so the login form cannot bounce an operator to another site."""
+    if target.startswith("/") and not target.startswith("//") and "\\" not in target:
+        return target
+    return "/tasks"
+
+
+@router.get("/login", response_class=HTMLResponse)
+async def login_page(request: Request, next: str = "/tasks") -> Response:
+    if session_user(request):
+        return RedirectResponse(_safe_next(next), status_code=303)
+    return render(request, "login.html", {"next": _safe_next(next), "error": None})
+
+
+@router.post("/login", response_class=HTMLResponse, dependencies=[CsrfChecked])
+async def login_submit(
+    request: Request,
+    username: Annotated[str, Form()] = "",
+    password: Annotated[str, Form()] = "",
+    next: Annotated[str, Form()] = "/tasks",
+) -> Response:
+    if not request.app.state.credentials.check_login(username, password):
+        context = {"next": _safe_next(next), "error": "Wrong username or password."}
+        return render(request, "login.html", context, status_code=401)
+    log_in(request, username)
+    return RedirectResponse(_safe_next(next), status_code=303)
+
+
+@router.post("/logout", dependencies=[CsrfChecked])
+async def logout(request: Request) -> Response:
+    log_out(request)
+    return RedirectResponse("/login", status_code=303)
+
+
+@router.get("/")
+async def home(_: PageUser) -> Response:
+    return RedirectResponse("/tasks", status_code=303)
+
+
+@router.get("/fleet", response_class=HTMLResponse)
+async def fleet_page(request: Request, _: PageUser, cloud: Cloud) -> Response:
+    hosts = [HostOut.of(h) for h in await cloud.list_hosts()]
+    return render(request, "fleet.html", {"hosts": hosts, "nav": "fleet"})
+
+
+@router.get("/tasks", response_class=HTMLResponse)
+async def tasks_page(
+    request: Request,
+    _: PageUser,
+    cloud: Cloud,
+    status: Annotated[list[str] | None, Query()] = None,
+    host: str = "",
+    q: str = "",
+    page_token: str = "",
+    page_size: Annotated[int, Query(ge=1, le=500)] = 25,
+) -> Response:
+    chosen = [s for s in status or [] if s in TASK_STATUSES]
+    page = await cloud.list_tasks(
+        statuses=[task_status_value(s) for s in chosen],
+        host_id=host,
+        query=q,
+        page_size=page_size,
+        page_token=page_token,
+    )
+    hosts = [HostOut.of(h) for h in await cloud.list_hosts()]
+    filters: list[tuple[str, str]] = [("status", s) for s in chosen]
+    filters += [(k, v) for k, v in (("host", host), ("q", q)) if v]
+    if page_size != 25:
+        filters.append(("page_size", str(page_size)))
+    next_url = (
+        "/tasks?" + urlencode([*filters, ("page_token", page.next_page_token)])
+        if page.next_page_token
+        else None
+    )
+    context = {
+        "nav": "tasks",
+        "tasks": [TaskOut.of(t) for t in page.tasks],
+        "hosts": hosts,
+        "statuses": TASK_STATUSES,
+        "chosen": chosen,
+        "host": host,
+        "q": q,
+        "page_size": page_size,
+        "page_sizes": PAGE_SIZES,
+        "first_url": "/tasks?" + urlencode(filters) if page_token else None,
+        "next_url": next_url,
+        # New tasks are inserted live only where they would appear: an unfiltered first page.
+        "live_insert": not (chosen or host or q or page_token),
+    }
+    return render(request, "tasks.html", context)
+
+
+@router.get("/tasks/new", response_class=HTMLResponse)
+async def submit_page(request: Request, _: PageUser, cloud: Cloud) -> Response:
+    hosts = [HostOut.of(h) for h in await cloud.list_hosts()]
+    return render(request, "submit.html", {"nav": "submit", "hosts": hosts, "form": {}})
+
+
+@router.post("/tasks/new", response_class=HTMLResponse, dependencies=[CsrfChecked])
+async def submit_form(
+    request: Request,
+    _: PageUser,
+    cloud: Cloud,
+    goal: Annotated[str, Form()] = "",
+    host_id: Annotated[str, Form()] = "",
+    device_serial: Annotated[str, Form()] = "",
+    max_attempts: Annotated[int, Form()] = 0,
+    client_request_id: Annotated[str, Form()] = "",
+) -> Response:
+    try:
+        response = await cloud.submit_task(
+            goal=goal,
+            host_id=host_id.strip(),
+            device_serial=device_serial.strip(),
+            max_attempts=max_attempts,
+            lease_duration_s=None,
+            timeout_s=None,
+            client_request_id=client_request_id.strip(),
+        )
+    except grpc.aio.AioRpcError as error:
+        code, message, _name = describe(error)
+        if code not in (409, 422):
+            raise
+        hosts = [HostOut.of(h) for h in await cloud.list_hosts()]
+        form = {"goal": goal, "host_id": host_id, "device_serial": device_serial}
+        context = {"nav": "submit", "hosts": hosts, "form": form, "error": message}
+        return render(request, "submit.html", context, status_code=code)
+    return RedirectResponse(f"/tasks/{response.task.task_id}", status_code=303)
+
+
+@router.get("/tasks/{task_id}", response_class=HTMLResponse)
+async def task_page(request: Request, _: PageUser, cloud: Cloud, task_id: str) -> Response:
+    detail = await task_detail(cloud, task_id)
+    return render(request, "task_detail.html", {"nav": "tasks", "detail": detail})
+
+
+@router.get("/tasks/{task_id}/cancel", response_class=HTMLResponse)
+async def cancel_page(request: Request, _: PageUser, cloud: Cloud, task_id: str) -> Response:
+    task = TaskOut.of(await cloud.get_task(task_id))
+    return render(request, "cancel.html", {"nav": "tasks", "task": task})
+
+
+@router.post("/tasks/{task_id}/cancel", dependencies=[CsrfChecked])
+async def cancel_submit(
+    _: PageUser,
+    cloud: Cloud,
+    task_id: str,
+    reason: Annotated[str, Form()] = "",
+) -> Response:
+    await cloud.cancel_task(task_id, reason.strip() or "cancelled from the console")
+    return RedirectResponse(f"/tasks/{task_id}", status_code=303)

@@ -1,0 +1,74 @@
+"""How values read on the pages: progress badges, "updated 3s ago", tokens, JSON.
+
+`static/live.js` formats the same badge for live updates; keep the two in step.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+from typing import Any
+
+from jinja2 import Environment
+
+from console.gateway.models import ProgressOut, TaskOut, UsageOut
+
+
+def progress_badge(progress: ProgressOut) -> str:
+    """`step 4 · acting · tap 'Display'`; empty before the first step."""
+    if not progress.step_index:
+        return ""
+    parts = [f"step {progress.step_index}"]
+    if progress.step_status != "unspecified":
+        parts.append(progress.step_status)
+    if progress.summary:
+        parts.append(progress.summary)
+    return " · ".join(parts)
+
+
+def attempt_label(task: TaskOut) -> str:
+    """`attempt 2 of 3`, or `not assigned yet (3 allowed)`."""
+    if not task.attempt:
+        return f"not assigned yet ({task.max_attempts} allowed)"
+    return f"attempt {task.attempt} of {task.max_attempts}"
+
+
+def ago(moment: datetime | None) -> str:
+    """`12s ago`, for the first paint; live.js keeps it ticking."""
+    if moment is None:
+        return ""
+    seconds = max(int((datetime.now(UTC) - moment).total_seconds()), 0)
+    if seconds < 60:
+        return f"{seconds}s ago"
+    if seconds < 3600:
+        return f"{seconds // 60}m ago"
+    if seconds < 86400:
+        return f"{seconds // 3600}h ago"
+    return f"{seconds // 86400}d ago"
+
+
+def iso(moment: datetime | None) -> str:
+    return moment.isoformat() if moment else ""
+
+
+def when(moment: datetime | None) -> str:
+    return moment.strftime("%Y-%m-%d %H:%M:%S UTC") if moment else "—"
+
+
+def total_tokens(usage: UsageOut) -> int:
+    return usage.input_tokens + usage.output_tokens + usage.cache_read_input_tokens
+
+
+def pretty_json(value: Any) -> str:
+    return json.dumps(value, indent=2, ensure_ascii=False, sort_keys=True)
+
+
+def install(env: Environment) -> None:
+    """Register the filters the templates use."""
+    env.filters["badge"] = progress_badge
+    env.filters["attempt_label"] = attempt_label
+    env.filters["ago"] = ago
+    env.filters["iso"] = iso
+    env.filters["when"] = when
+    env.filters["tokens"] = total_tokens
+    env.filters["pretty_json"] = pretty_json

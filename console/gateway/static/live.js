@@ -1,0 +1,162 @@
+// Live updates for the console pages, fed by server-sent events (ProgressService.WatchProgress).
+// No framework, no build: pages are server-rendered; this script only patches them in place.
+(function () {
+  "use strict";
+
+  var body = document.body;
+  var mode = body.dataset.live;
+
+  // Same wording as console/gateway/present.py:progress_badge.
+  function badge(p) {
+    if (!p || !p.step_index) return "";
+    var parts = ["step " + p.step_index];
+    if (p.step_status && p.step_status !== "unspecified") parts.push(p.step_status);
+    if (p.summary) parts.push(p.summary);
+    return parts.join(" · ");
+  }
+
+  function attemptLabel(t) {
+    if (!t.attempt) return "not assigned yet (" + t.max_attempts + " allowed)";
+    return "attempt " + t.attempt + " of " + t.max_attempts;
+  }
+
+  function ago(iso) {
+    var s = Math.max(0, Math.floor((Date.now() - Date.parse(iso)) / 1000));
+    if (s < 60) return s + "s ago";
+    if (s < 3600) return Math.floor(s / 60) + "m ago";
+    if (s < 86400) return Math.floor(s / 3600) + "h ago";
+    return Math.floor(s / 86400) + "d ago";
+  }
+
+  function tick() {
+    document.querySelectorAll("time[data-ago]").forEach(function (el) {
+      if (el.dataset.ago) el.textContent = ago(el.dataset.ago);
+    });
+  }
+  setInterval(tick, 1000);
+
+  function field(root, name) {
+    return root.querySelector('[data-field="' + name + '"]');
+  }
+
+  // Patch every field of one task shown under `root`.
+  function patch(root, t) {
+    var el = field(root, "status");
+    if (el) {
+      el.className = "pill status-" + t.status;
+      el.textContent = t.status + (t.cancel_requested ? " · cancelling" : "");
+    }
+    el = field(root, "progress");
+    if (el) {
+      var text = badge(t.progress);
+      el.textContent = text || "no step yet";
+      el.classList.toggle("empty", !text);
+    }
+    el = field(root, "attempt");
+    if (el) el.textContent = attemptLabel(t);
+    el = field(root, "host");
+    if (el) el.textContent = t.host_id || "—";
+    el = field(root, "device");
+    if (el) el.textContent = t.device_serial || (root.tagName === "TR" ? "" : "—");
+    el = field(root, "updated");
+    if (el && t.updated_at) {
+      el.dataset.ago = t.updated_at;
+      el.textContent = ago(t.updated_at);
+    }
+    el = field(root, "result");
+    if (el && t.result_summary) el.textContent = t.result_summary;
+    root.classList.remove("flash");
+    void root.offsetWidth; // restart the highlight animation
+    root.classList.add("flash");
+  }
+
+  // Re-render one section from the server, keeping the operator's open <details>.
+  var busy = {};
+  function refresh(selector) {
+    if (busy[selector]) { busy[selector] = "again"; return; }
+    busy[selector] = true;
+    fetch(window.location.href, { headers: { Accept: "text/html" }, credentials: "same-origin" })
+      .then(function (r) { return r.ok ? r.text() : null; })
+      .then(function (html) {
+        if (!html) return;
+        var fresh = new DOMParser().parseFromString(html, "text/html").querySelector(selector);
+        var current = document.querySelector(selector);
+        if (!fresh || !current) return;
+        var open = [];
+        current.querySelectorAll("details[open][id]").forEach(function (d) { open.push(d.id); });
+        current.replaceWith(fresh);
+        open.forEach(function (id) {
+          var d = document.getElementById(id);
+          if (d) d.open = true;
+        });
+        tick();
+      })
+      .catch(function () { /* the next event retries */ })
+      .finally(function () {
+        var again = busy[selector] === "again";
+        busy[selector] = false;
+        if (again) refresh(selector);
+      });
+  }
+
+  function liveState(text, cls) {
+    var el = document.getElementById("live-state");
+    if (!el) {
+      el = document.createElement("span");
+      el.id = "live-state";
+      var header = document.querySelector("header.top");
+      if (header) header.appendChild(el);
+    }
+    el.textContent = text;
+    el.className = "live-state " + cls;
+  }
+
+  function listen(url, onTask, onEnd) {
+    var source = new EventSource(url);
+    source.onopen = function () { liveState("live", "on"); };
+    source.onerror = function () {
+      if (source.readyState !== EventSource.CLOSED) liveState("reconnecting…", "off");
+    };
+    source.addEventListener("task", function (e) { onTask(JSON.parse(e.data)); });
+    source.addEventListener("end", function () {
+      source.close();
+      liveState("ended", "off");
+      if (onEnd) onEnd();
+    });
+    source.addEventListener("cloud-error", function (e) {
+      var err = JSON.parse(e.data);
+      if (err.grpc_code === "NOT_FOUND" || err.grpc_code === "PERMISSION_DENIED") {
+        source.close();
+        liveState(err.detail, "off");
+      }
+    });
+    window.addEventListener("pagehide", function () { source.close(); });
+    return source;
+  }
+
+  if (mode === "tasks") {
+    var insert = body.dataset.liveInsert === "1";
+    listen("/api/events", function (t) {
+      var row = document.querySelector('tr[data-task-id="' + CSS.escape(t.task_id) + '"]');
+      if (row) patch(row, t);
+      else if (insert) refresh("#task-rows");
+    });
+  } else if (mode === "task") {
+    var id = body.dataset.taskId;
+    listen("/api/tasks/" + encodeURIComponent(id) + "/events", function (t) {
+      var root = document.getElementById("live-task");
+      if (!root) return;
+      patch(root.querySelector(".summary") || root, t);
+      var step = String(t.progress ? t.progress.step_index : 0);
+      if (root.dataset.step !== step || root.dataset.status !== t.status ||
+          root.dataset.attempt !== String(t.attempt)) {
+        root.dataset.step = step;
+        root.dataset.status = t.status;
+        root.dataset.attempt = String(t.attempt);
+        refresh("#live-task");
+      }
+    }, function () { refresh("#live-task"); });
+  } else if (mode === "fleet") {
+    setInterval(function () { refresh("#live-fleet"); }, 5000);
+  }
+})();

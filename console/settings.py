@@ -1,0 +1,82 @@
+"""Settings of the cloud console gateway (env prefix `AMC_CONSOLE_`).
+
+The gateway is a client of the cloud like any other operator tool: it needs the cloud's address
+and an operator certificate. On top of that it serves people, so it also needs the operators'
+login, a secret to sign session cookies and, for scripts, a bearer token for the JSON API.
+"""
+
+from __future__ import annotations
+
+import secrets
+from pathlib import Path
+
+from pydantic import Field, SecretStr, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class ConsoleSettings(BaseSettings):
+    """Configuration of one console gateway process."""
+
+    model_config = SettingsConfigDict(env_prefix="AMC_CONSOLE_", extra="ignore")
+
+    # --- the cloud it talks to ---
+    cloud_address: str = "127.0.0.1:50051"
+    #: Folder with `ca.pem`, `operator-<name>.pem` and `operator-<name>.key` (as `cloud/pki.py`
+    #: writes them); the explicit paths below win over it.
+    certs_dir: Path | None = None
+    #: Operator name of the gateway's own certificate (`amc://operator/<name>`).
+    operator_name: str = "console"
+    ca_cert: Path | None = None
+    client_cert: Path | None = None
+    client_key: Path | None = None
+    #: TLS name to check on the server certificate (server certs carry DNS `localhost`).
+    tls_server_name: str | None = None
+    #: Deadline of each unary call to the cloud.
+    grpc_timeout_s: float = Field(default=10.0, gt=0)
+
+    # --- who may use it ---
+    admin_username: str = "admin"
+    admin_password: SecretStr
+    #: Signs the session cookie; a random one (sessions end with the process) when unset.
+    session_secret: SecretStr = Field(default_factory=lambda: SecretStr(secrets.token_urlsafe(32)))
+    session_max_age_s: int = Field(default=12 * 3600, gt=0)
+    #: Send the session cookie over HTTPS only (set it when serving behind TLS).
+    cookie_secure: bool = False
+    #: `Authorization: Bearer <token>` for the JSON API; unset disables bearer access.
+    api_token: SecretStr | None = None
+
+    # --- where it listens ---
+    bind_host: str = "127.0.0.1"
+    bind_port: int = Field(default=8080, ge=0, le=65535)
+
+    @model_validator(mode="after")
+    def _fill_cert_paths(self) -> ConsoleSettings:
+        """Derive the certificate paths from `certs_dir` where they were not given."""
+        if self.certs_dir is not None:
+            if self.ca_cert is None:
+                self.ca_cert = self.certs_dir / "ca.pem"
+            if self.client_cert is None:
+                self.client_cert = self.certs_dir / f"operator-{self.operator_name}.pem"
+            if self.client_key is None:
+                self.client_key = self.certs_dir / f"operator-{self.operator_name}.key"
+        return self
+
+    @model_validator(mode="after")
+    def _check_secrets(self) -> ConsoleSettings:
+        """Refuse empty secrets: an empty password or token would let anyone in."""
+        if not self.admin_password.get_secret_value():
+            raise ValueError("admin_password must not be empty")
+        if self.api_token is not None and len(self.api_token.get_secret_value()) < 16:
+            raise ValueError("api_token must be at least 16 characters")
+        if len(self.session_secret.get_secret_value()) < 16:
+            raise ValueError("session_secret must be at least 16 characters")
+        return self
+
+    def tls_files(self) -> tuple[Path, Path, Path]:
+        """(ca, cert, key) of the operator identity; raises when any is missing."""
+        if self.ca_cert is None or self.client_cert is None or self.client_key is None:
+            raise ValueError(
+                "the console needs an operator certificate: set AMC_CONSOLE_CERTS_DIR or "
+                "AMC_CONSOLE_CA_CERT, AMC_CONSOLE_CLIENT_CERT and AMC_CONSOLE_CLIENT_KEY"
+            )
+        return self.ca_cert, self.client_cert, self.client_key
