@@ -37,7 +37,9 @@ class Stat:
 
 
 def normalize(path: str) -> str:
-    path = posixpath.normpath("/" + path.strip())
+    path = "/" + posixpath.normpath(path.strip()).lstrip("/")
+    if path == "/.":
+        path = "/"
     for alias, real in ALIASES.items():
         if path == alias or path.startswith(alias + "/"):
             path = real + path[len(alias) :]
@@ -45,7 +47,7 @@ def normalize(path: str) -> str:
 
 
 class VirtualFs:
-    """Files are bytes with a mode and mtime; directories exist explicitly or by containing files."""
+    """Files are bytes with a mode and mtime; directories are explicit (or made by writes)."""
 
     def __init__(self) -> None:
         now = int(time.time())
@@ -65,7 +67,9 @@ class VirtualFs:
         entry = self._files.get(normalize(path))
         return entry[0] if entry else None
 
-    def write(self, path: str, data: bytes, mode: int = FILE_MODE, mtime: int | None = None) -> bool:
+    def write(
+        self, path: str, data: bytes, mode: int = FILE_MODE, mtime: int | None = None
+    ) -> bool:
         """Create or replace a file; parent directories are made, as adb push does."""
         path = normalize(path)
         if path in self._dirs:

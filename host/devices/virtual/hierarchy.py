@@ -21,14 +21,15 @@ def _b(value: bool) -> str:
 def _node(node: Node, index: int, package: str, out: list[str]) -> None:
     x1, y1, x2, y2 = node.bounds
     out.append(
-        f"<node index=\"{index}\" text={quoteattr(node.text)} resource-id={quoteattr(node.resource_id)}"
+        f'<node index="{index}" text={quoteattr(node.text)}'
+        f" resource-id={quoteattr(node.resource_id)}"
         f" class={quoteattr(node.cls)} package={quoteattr(package)}"
-        f" content-desc={quoteattr(node.content_desc)} checkable=\"{_b(node.checkable)}\""
-        f" checked=\"{_b(node.checked)}\" clickable=\"{_b(node.clickable)}\""
-        f" enabled=\"{_b(node.enabled)}\" focusable=\"{_b(node.focusable)}\""
-        f" focused=\"{_b(node.focused)}\" scrollable=\"{_b(node.scrollable)}\""
-        f" long-clickable=\"{_b(node.long_clickable)}\" password=\"{_b(node.password)}\""
-        f" selected=\"{_b(node.selected)}\" bounds=\"[{x1},{y1}][{x2},{y2}]\""
+        f' content-desc={quoteattr(node.content_desc)} checkable="{_b(node.checkable)}"'
+        f' checked="{_b(node.checked)}" clickable="{_b(node.clickable)}"'
+        f' enabled="{_b(node.enabled)}" focusable="{_b(node.focusable)}"'
+        f' focused="{_b(node.focused)}" scrollable="{_b(node.scrollable)}"'
+        f' long-clickable="{_b(node.long_clickable)}" password="{_b(node.password)}"'
+        f' selected="{_b(node.selected)}" bounds="[{x1},{y1}][{x2},{y2}]"'
     )
     if not node.children:
         out.append(" />")

@@ -151,7 +151,7 @@ class VirtualPhone:
 
     # --- navigation (also what apps call, see apps.base.PhoneApi) -----------------------------
 
-    def push(self, name: str, **params: str) -> None:
+    def push(self, name: str, /, **params: str) -> None:
         with self._lock:
             app = self.apps[self._foreground]
             page = Page(name, dict(params))
@@ -167,7 +167,7 @@ class VirtualPhone:
                 # Android 12+: Back on a task's root activity moves the task behind the home screen.
                 self._foreground = LAUNCHER_PACKAGE
 
-    def replace(self, name: str, **params: str) -> None:
+    def replace(self, name: str, /, **params: str) -> None:
         with self._lock:
             self._stacks[self._foreground].pop()
             self.push(name, **params)

@@ -79,7 +79,13 @@ class Painter:
         self.p = palette
 
     def text(
-        self, d: ImageDraw.ImageDraw, box: Rect, value: str, size: int, color: RGB, align: str = "left"
+        self,
+        d: ImageDraw.ImageDraw,
+        box: Rect,
+        value: str,
+        size: int,
+        color: RGB,
+        align: str = "left",
     ) -> None:
         if not value:
             return
@@ -134,9 +140,18 @@ class Painter:
         elif role == "app_icon":
             r = 84
             top = y1 + 30
-            d.rounded_rectangle((cx - r, top, cx + r, top + 2 * r), radius=48, fill=n.color or p.accent)
+            d.rounded_rectangle(
+                (cx - r, top, cx + r, top + 2 * r), radius=48, fill=n.color or p.accent
+            )
             self.text(d, (cx - r, top, cx + r, top + 2 * r), n.hint, 88, (255, 255, 255), "center")
-            self.text(d, (x1 + 4, top + 2 * r + 10, x2 - 4, y2), n.text, n.font_size, ON_WALLPAPER, "center")
+            self.text(
+                d,
+                (x1 + 4, top + 2 * r + 10, x2 - 4, y2),
+                n.text,
+                n.font_size,
+                ON_WALLPAPER,
+                "center",
+            )
         elif role == "switch":
             h = y2 - y1
             track = (x2 - 2 * h + 20, y1 + 8, x2, y2 - 8)
@@ -191,7 +206,9 @@ class Painter:
             self.text(d, box, n.text, n.font_size, p.text, "center")
 
 
-def render(root: Node, width: int, height: int, *, dark: bool, clock: str, battery: int) -> Image.Image:
+def render(
+    root: Node, width: int, height: int, *, dark: bool, clock: str, battery: int
+) -> Image.Image:
     """The whole screen: app window, then the status bar and the 3-button navigation bar."""
     palette = DARK if dark else LIGHT
     img = Image.new("RGB", (width, height), palette.background)
@@ -201,14 +218,25 @@ def render(root: Node, width: int, height: int, *, dark: bool, clock: str, batte
     d.rectangle((0, 0, width, STATUS_BAR_H), fill=bar)
     painter = Painter(palette)
     painter.text(d, (PAD_STATUS, 0, width // 2, STATUS_BAR_H), clock, 40, palette.text)
-    painter.text(d, (width // 2, 0, width - PAD_STATUS, STATUS_BAR_H), f"{battery}%", 40, palette.text, "right")
+    painter.text(
+        d,
+        (width // 2, 0, width - PAD_STATUS, STATUS_BAR_H),
+        f"{battery}%",
+        40,
+        palette.text,
+        "right",
+    )
     top = height - NAV_BAR_H
     d.rectangle((0, top, width, height), fill=palette.surface)
     cy = top + NAV_BAR_H // 2
     for i, shape in enumerate(("back", "home", "recents")):
         cx = width * (2 * i + 1) // 6
         if shape == "back":
-            d.polygon([(cx + 22, cy - 28), (cx + 22, cy + 28), (cx - 26, cy)], outline=palette.text, width=5)
+            d.polygon(
+                [(cx + 22, cy - 28), (cx + 22, cy + 28), (cx - 26, cy)],
+                outline=palette.text,
+                width=5,
+            )
         elif shape == "home":
             d.ellipse((cx - 30, cy - 30, cx + 30, cy + 30), outline=palette.text, width=5)
         else:

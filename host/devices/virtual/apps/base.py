@@ -16,7 +16,7 @@ class PhoneApi(Protocol):
     @property
     def state(self) -> PhoneState: ...
 
-    def push(self, name: str, **params: str) -> None:
+    def push(self, name: str, /, **params: str) -> None:
         """Open a new page on top of the foreground app's stack."""
         ...
 
@@ -24,7 +24,7 @@ class PhoneApi(Protocol):
         """Close the top page (the Back key); closing the last page returns to the launcher."""
         ...
 
-    def replace(self, name: str, **params: str) -> None:
+    def replace(self, name: str, /, **params: str) -> None:
         """Swap the top page for another one (e.g. a saved editor becomes the detail view)."""
         ...
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 from fractions import Fraction
+from functools import partial
 
 from host.devices.virtual.apps.base import App, PhoneApi
 from host.devices.virtual.layout import Node
@@ -13,7 +14,12 @@ from host.devices.virtual.widgets import PAD, Geometry, button, text
 PKG = "com.android.calculator2"
 # (label, resource id, content-desc); the font has no ×/÷ glyphs, so ASCII operators are drawn.
 KEYS = [
-    [("AC", "clr", "clear"), ("DEL", "del", "delete"), ("%", "op_pct", "percent"), ("/", "op_div", "divide")],
+    [
+        ("AC", "clr", "clear"),
+        ("DEL", "del", "delete"),
+        ("%", "op_pct", "percent"),
+        ("/", "op_div", "divide"),
+    ],
     [("7", "digit_7", ""), ("8", "digit_8", ""), ("9", "digit_9", ""), ("*", "op_mul", "multiply")],
     [("4", "digit_4", ""), ("5", "digit_5", ""), ("6", "digit_6", ""), ("-", "op_sub", "minus")],
     [("1", "digit_1", ""), ("2", "digit_2", ""), ("3", "digit_3", ""), ("+", "op_add", "plus")],
@@ -92,9 +98,15 @@ class CalculatorApp(App):
             align="right",
             role="secondary",
         )
-        display = Node("android.view.ViewGroup", (0, top, w, top + display_h), resource_id=f"{PKG}:id/display")
+        display = Node(
+            "android.view.ViewGroup", (0, top, w, top + display_h), resource_id=f"{PKG}:id/display"
+        )
         display.add(formula, result)
-        pad = Node("android.view.ViewGroup", (0, top + display_h, w, geo.bottom), resource_id=f"{PKG}:id/pad_numeric")
+        pad = Node(
+            "android.view.ViewGroup",
+            (0, top + display_h, w, geo.bottom),
+            resource_id=f"{PKG}:id/pad_numeric",
+        )
         rows = len(KEYS)
         kh = (geo.bottom - top - display_h) // rows
         kw = w // 4
@@ -107,7 +119,7 @@ class CalculatorApp(App):
                     (x + 12, y + 12, x + span * kw - 12, y + kh - 12),
                     label,
                     f"{PKG}:id/{rid}",
-                    lambda lab=label: self._press(phone, lab),
+                    partial(self._press, phone, label),
                     role="key",
                 )
                 node.content_desc = desc

@@ -53,10 +53,17 @@ class ClockApp(App):
             alarms = sorted(phone.state.alarms, key=lambda a: (a.hour, a.minute))
             if alarms:
                 rows = [self._alarm_row(phone, w, alarm) for alarm in alarms]
-                nodes.append(scroll_list(PKG, "alarm_recycler_view", body, rows, page.scroll.get("list", 0)))
+                nodes.append(
+                    scroll_list(PKG, "alarm_recycler_view", body, rows, page.scroll.get("list", 0))
+                )
             else:
                 nodes.append(
-                    text((PAD, body[1] + 200, w - PAD, body[1] + 320), "No alarms", align="center", role="secondary")
+                    text(
+                        (PAD, body[1] + 200, w - PAD, body[1] + 320),
+                        "No alarms",
+                        align="center",
+                        role="secondary",
+                    )
                 )
             nodes.append(
                 fab(
@@ -69,14 +76,22 @@ class ClockApp(App):
         else:
             big = {"Clock": "12:30", "Timer": "00:00:00", "Stopwatch": "00:00.00"}[tab]
             nodes.append(text((0, body[1] + 300, w, body[1] + 500), big, size=120, align="center"))
-        bar = Node("android.widget.LinearLayout", (0, body[3], w, geo.bottom), resource_id=f"{PKG}:id/tabs")
+        bar = Node(
+            "android.widget.LinearLayout", (0, body[3], w, geo.bottom), resource_id=f"{PKG}:id/tabs"
+        )
         tw = w // len(TABS)
         for i, name in enumerate(TABS):
 
             def pick(n: str = name) -> None:
                 page.params["tab"] = n
 
-            cell = text((i * tw, body[3], (i + 1) * tw, geo.bottom), name, size=40, align="center", desc=name)
+            cell = text(
+                (i * tw, body[3], (i + 1) * tw, geo.bottom),
+                name,
+                size=40,
+                align="center",
+                desc=name,
+            )
             cell.clickable = cell.focusable = True
             cell.selected = name == tab
             cell.on_click = pick
@@ -88,9 +103,24 @@ class ClockApp(App):
     def _alarm_row(self, phone: PhoneApi, w: int, alarm: Alarm) -> RowFactory:
         def build(y: int) -> Node:
             row = Node("android.view.ViewGroup", (0, y, w, y + ALARM_ROW_H), role="row")
-            row.add(text((PAD, y + 24, w - 400, y + 160), alarm.time_text, rid=f"{PKG}:id/digital_clock", size=96))
+            row.add(
+                text(
+                    (PAD, y + 24, w - 400, y + 160),
+                    alarm.time_text,
+                    rid=f"{PKG}:id/digital_clock",
+                    size=96,
+                )
+            )
             label = alarm.label or "Alarm"
-            row.add(text((PAD, y + 160, w - 400, y + 224), label, rid=f"{PKG}:id/label", size=40, role="secondary"))
+            row.add(
+                text(
+                    (PAD, y + 160, w - 400, y + 224),
+                    label,
+                    rid=f"{PKG}:id/label",
+                    size=40,
+                    role="secondary",
+                )
+            )
 
             def toggle() -> None:
                 alarm.enabled = not alarm.enabled
@@ -164,9 +194,19 @@ class ClockApp(App):
             )
             y += 208
         if page.error:
-            nodes.append(text((PAD, y, w - PAD, y + 100), page.error, rid=f"{PKG}:id/error", role="error"))
+            nodes.append(
+                text((PAD, y, w - PAD, y + 100), page.error, rid=f"{PKG}:id/error", role="error")
+            )
         y += 140
         half = (w - 3 * PAD) // 2
-        nodes.append(button((PAD, y, PAD + half, y + 150), "Cancel", f"{PKG}:id/cancel", phone.pop, role="text_button"))
+        nodes.append(
+            button(
+                (PAD, y, PAD + half, y + 150),
+                "Cancel",
+                f"{PKG}:id/cancel",
+                phone.pop,
+                role="text_button",
+            )
+        )
         nodes.append(button((2 * PAD + half, y, w - PAD, y + 150), "OK", f"{PKG}:id/ok", save))
         return nodes

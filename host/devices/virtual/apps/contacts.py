@@ -97,7 +97,9 @@ class ContactsApp(App):
             phone.state.contacts.append(Contact(name=name, phone=number))
             phone.replace("detail", name=name)
 
-        bar = toolbar(PKG, geo, "Create contact", phone.pop, [("Save", "editor_menu_save_button", save)])
+        bar = toolbar(
+            PKG, geo, "Create contact", phone.pop, [("Save", "editor_menu_save_button", save)]
+        )
         nodes: list[Node] = [bar]
         y = geo.top + TOOLBAR_H + 64
         for key, hint in FIELDS:

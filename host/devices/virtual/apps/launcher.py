@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import partial
 
 from host.devices.virtual.apps.base import App, PhoneApi
 from host.devices.virtual.layout import Node
@@ -59,8 +60,8 @@ class Launcher(App):
                 font_size=40,
                 align="center",
                 hint=app.label[:1],
-                on_click=lambda pkg=app.package: _launch(phone, pkg),
-                on_long_click=lambda: None,
+                on_click=partial(_launch, phone, app.package),
+                on_long_click=_nothing,
                 color=app.icon_color,
             )
             root.add(icon)
@@ -69,3 +70,7 @@ class Launcher(App):
 
 def _launch(phone: PhoneApi, package: str) -> None:
     phone.launch(package)
+
+
+def _nothing() -> None:
+    """Long-pressing an icon opens shortcuts on a real launcher; here it does nothing."""

@@ -113,7 +113,11 @@ class SettingsApp(App):
 
     def build(self, phone: PhoneApi, page: Page, geo: Geometry) -> list[Node]:
         w = geo.width
-        title = "Settings" if page.name == "main" else TITLES.get(page.name, page.params.get("title", ""))
+        title = (
+            "Settings"
+            if page.name == "main"
+            else TITLES.get(page.name, page.params.get("title", ""))
+        )
         up = None if page.name == "main" else phone.pop
         bar = toolbar(PKG, geo, title, up)
         rect = (0, geo.top + TOOLBAR_H, w, geo.bottom)
@@ -130,7 +134,9 @@ class SettingsApp(App):
         lst = scroll_list(PKG, "recycler_view", rect, rows, page.scroll.get("list", 0))
         return [bar, lst]
 
-    def _switch(self, phone: PhoneApi, w: int, title: str, key: str, summary: str = "") -> RowFactory:
+    def _switch(
+        self, phone: PhoneApi, w: int, title: str, key: str, summary: str = ""
+    ) -> RowFactory:
         state = phone.state
 
         def toggle() -> None:
@@ -164,7 +170,9 @@ class SettingsApp(App):
             for e in MAIN_ENTRIES:
                 summary = e.summary
                 if e.page == "battery":
-                    summary = f"{s.battery_level}%" + (" - Battery Saver on" if s.flag("battery_saver") else "")
+                    summary = f"{s.battery_level}%" + (
+                        " - Battery Saver on" if s.flag("battery_saver") else ""
+                    )
                 elif e.page == "location":
                     summary = "On - 3 apps have access" if s.flag("location") else "Off"
                 elif e.page == "about":

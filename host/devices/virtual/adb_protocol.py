@@ -1,0 +1,69 @@
+"""Wire formats of the adb server protocol (smart socket requests, shell v2 and sync packets).
+
+Pure functions over bytes, so the server stays about connections and the framing is testable
+on its own. Reference: AOSP `packages/modules/adb/{SERVICES,SYNC,protocol}.txt`.
+"""
+
+from __future__ import annotations
+
+import struct
+
+OKAY = b"OKAY"
+FAIL = b"FAIL"
+SERVER_VERSION = 41  # adbutils switches to host:tport at >= 41
+FEATURES = "shell_v2,cmd,fixed_push_mkdir"
+
+# shell v2 packet ids
+STDIN, STDOUT, STDERR, EXIT, CLOSE_STDIN, WINDOW_SIZE = 0, 1, 2, 3, 4, 5
+SYNC_DATA_MAX = 64 * 1024
+
+
+def block(payload: str | bytes) -> bytes:
+    """A length-prefixed string: 4 lowercase hex digits, then the bytes."""
+    data = payload.encode() if isinstance(payload, str) else payload
+    return f"{len(data):04x}".encode() + data
+
+
+def okay_block(payload: str | bytes) -> bytes:
+    return OKAY + block(payload)
+
+
+def fail(message: str) -> bytes:
+    return FAIL + block(message)
+
+
+def shell_v2_packet(kind: int, data: bytes) -> bytes:
+    return struct.pack("<BI", kind, len(data)) + data
+
+
+def sync_packet(ident: bytes, *values: int) -> bytes:
+    """A sync reply: 4-byte id followed by little-endian u32 fields."""
+    return ident + struct.pack(f"<{len(values)}I", *values)
+
+
+def sync_fail(message: str) -> bytes:
+    data = message.encode()
+    return b"FAIL" + struct.pack("<I", len(data)) + data
+
+
+def sync_dent(name: str, mode: int, size: int, mtime: int) -> bytes:
+    raw = name.encode()
+    return b"DENT" + struct.pack("<IIII", mode, size, mtime, len(raw)) + raw
+
+
+def sync_data_chunks(data: bytes) -> list[bytes]:
+    return [
+        b"DATA" + struct.pack("<I", len(part)) + part
+        for part in (data[i : i + SYNC_DATA_MAX] for i in range(0, len(data), SYNC_DATA_MAX))
+    ]
+
+
+def devices_line(serial: str, state: str, *, long: bool, model: str, transport_id: int) -> str:
+    """One `adb devices[-l]` line; spaces in the model become underscores, as adb prints them."""
+    if not long:
+        return f"{serial}\t{state}\n"
+    model_tag = model.replace(" ", "_")
+    return (
+        f"{serial:<22} {state} product:amc_virtual model:{model_tag} device:amc_virtual "
+        f"transport_id:{transport_id}\n"
+    )

@@ -1,0 +1,491 @@
+"""An adb server on a loopback port that serves virtual phones to unmodified adb clients.
+
+It speaks the host side of the protocol (`host:version`, `host:devices[-l]`, transports,
+`host-serial:…` queries) and the device services drivers use (`shell:`, `shell,v2:`, `exec-out:`,
+`sync:`). Phones can be unplugged and replugged at run time: their open connections drop and
+they leave the device list, exactly what a host sees when a USB cable is pulled.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import re
+import struct
+import threading
+from collections.abc import Iterable
+
+from host.devices.virtual import adb_protocol as proto
+from host.devices.virtual.phone import VirtualPhone
+from host.devices.virtual.shell import Output, Shell
+
+log = logging.getLogger(__name__)
+
+_HOST_SERIAL = re.compile(
+    r"^host-serial:(?P<serial>.+?):(?P<cmd>features|get-state|get-serialno|get-devpath|"
+    r"list-forward|forward:.*|killforward:.*|killforward-all|wait-for-.*)$"
+)
+_HOST_TID = re.compile(r"^host-transport-id:(?P<tid>\d+):(?P<cmd>.+)$")
+
+
+class _Closed(Exception):
+    """The client went away or the phone was unplugged under us."""
+
+
+class VirtualAdbServer:
+    """The adb server for any number of virtual phones, on one asyncio event loop."""
+
+    def __init__(self, phones: Iterable[VirtualPhone] = ()) -> None:
+        self._phones: dict[str, VirtualPhone] = {}
+        self._transport_ids: dict[str, int] = {}
+        self._next_tid = 1
+        self._bound: dict[str, set[asyncio.StreamWriter]] = {}
+        self._server: asyncio.Server | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._handlers: set[asyncio.Task[None]] = set()
+        self._changed = asyncio.Event()
+        self._lock = threading.Lock()
+        for phone in phones:
+            self.add_phone(phone)
+
+    # --- fleet -------------------------------------------------------------------------------
+
+    @property
+    def phones(self) -> dict[str, VirtualPhone]:
+        return dict(self._phones)
+
+    @property
+    def port(self) -> int:
+        if self._server is None:
+            raise RuntimeError("server not started")
+        return int(self._server.sockets[0].getsockname()[1])
+
+    def add_phone(self, phone: VirtualPhone) -> None:
+        with self._lock:
+            self._phones[phone.serial] = phone
+            self._transport_ids[phone.serial] = self._next_tid
+            self._next_tid += 1
+        phone.add_unplug_listener(self._on_unplug)
+        self._notify()
+
+    def unplug(self, serial: str) -> None:
+        """Make a phone vanish: it leaves `host:devices` and its open connections are cut."""
+        self._phones[serial].unplug()
+
+    def replug(self, serial: str) -> None:
+        """Bring a phone back, with a new transport id as a real reconnect gets."""
+        phone = self._phones[serial]
+        with self._lock:
+            self._transport_ids[serial] = self._next_tid
+            self._next_tid += 1
+        phone.replug()
+        self._notify()
+
+    def _online(self) -> list[VirtualPhone]:
+        return [p for p in self._phones.values() if p.online]
+
+    def _on_unplug(self, phone: VirtualPhone) -> None:
+        loop = self._loop
+        if loop is None or loop.is_closed():
+            return
+        loop.call_soon_threadsafe(self._drop_connections, phone.serial)
+
+    def _drop_connections(self, serial: str) -> None:
+        for writer in list(self._bound.pop(serial, set())):
+            writer.transport.abort()
+        self._changed.set()
+
+    def _notify(self) -> None:
+        loop = self._loop
+        if loop is not None and not loop.is_closed():
+            loop.call_soon_threadsafe(self._changed.set)
+
+    # --- lifecycle ---------------------------------------------------------------------------
+
+    async def start(self, host: str = "127.0.0.1", port: int = 0) -> int:
+        """Listen; returns the bound port (pass port=0 for a free one)."""
+        self._loop = asyncio.get_running_loop()
+        self._changed = asyncio.Event()
+        self._server = await asyncio.start_server(self._serve, host, port)
+        return self.port
+
+    async def stop(self) -> None:
+        if self._server is None:
+            return
+        self._server.close()
+        for writers in self._bound.values():
+            for writer in writers:
+                writer.transport.abort()
+        for task in list(self._handlers):
+            task.cancel()
+        await asyncio.gather(*self._handlers, return_exceptions=True)
+        await self._server.wait_closed()
+        for phone in self._phones.values():
+            phone.remove_unplug_listener(self._on_unplug)
+        self._server = None
+
+    # --- connections -------------------------------------------------------------------------
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._handlers.add(task)
+        try:
+            await self._session(reader, writer)
+        except (_Closed, ConnectionError, asyncio.IncompleteReadError):
+            pass
+        except asyncio.CancelledError:
+            pass
+        except Exception:  # a bug here must not take the server down
+            log.exception("virtual adb connection failed")
+        finally:
+            self._handlers.discard(task)
+            for writers in self._bound.values():
+                writers.discard(writer)
+            writer.transport.abort()
+
+    async def _request(self, reader: asyncio.StreamReader) -> str:
+        header = await reader.readexactly(4)
+        length = int(header, 16)
+        return (await reader.readexactly(length)).decode("utf-8", errors="replace")
+
+    async def _send(self, writer: asyncio.StreamWriter, data: bytes) -> None:
+        if writer.transport.is_closing():
+            raise _Closed
+        writer.write(data)
+        await writer.drain()
+
+    async def _session(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while True:
+            req = await self._request(reader)
+            phone = await self._host_request(req, writer)
+            if phone is None:
+                return
+            if isinstance(phone, VirtualPhone):
+                await self._device_request(phone, await self._request(reader), reader, writer)
+                return
+
+    def _phone(self, serial: str) -> VirtualPhone | None:
+        phone = self._phones.get(serial)
+        return phone if phone is not None and phone.online else None
+
+    def _by_tid(self, tid: int) -> VirtualPhone | None:
+        for serial, t in self._transport_ids.items():
+            if t == tid:
+                return self._phone(serial)
+        return None
+
+    def _any(self) -> VirtualPhone | str:
+        online = self._online()
+        if not online:
+            return "no devices/emulators found"
+        if len(online) > 1:
+            return "more than one device/emulator"
+        return online[0]
+
+    def _bind(self, phone: VirtualPhone, writer: asyncio.StreamWriter) -> None:
+        self._bound.setdefault(phone.serial, set()).add(writer)
+
+    async def _host_request(
+        self, req: str, writer: asyncio.StreamWriter
+    ) -> VirtualPhone | bool | None:
+        """Answer a host request. Returns the phone a transport was bound to, True to read the
+        next request on this connection, or None when the connection is finished."""
+        if req == "host:version":
+            await self._send(writer, proto.okay_block(f"{proto.SERVER_VERSION:04x}"))
+            return None
+        if req in ("host:devices", "host:devices-l"):
+            await self._send(writer, proto.okay_block(self._devices(req.endswith("-l"))))
+            return None
+        if req == "host:track-devices":
+            await self._track(writer)
+            return None
+        if req == "host:kill":
+            await self._send(writer, proto.OKAY)
+            return None
+        if req in ("host:features", "host:host-features"):
+            await self._send(writer, proto.okay_block(proto.FEATURES))
+            return None
+        if req == "host:list-forward":
+            await self._send(writer, proto.okay_block(""))
+            return None
+        target: VirtualPhone | str | None = None
+        tport = False
+        if req.startswith("host:transport:"):
+            target = self._phone(req.removeprefix("host:transport:"))
+        elif req.startswith("host:tport:serial:"):
+            target, tport = self._phone(req.removeprefix("host:tport:serial:")), True
+        elif req.startswith("host:transport-id:"):
+            tid = req.removeprefix("host:transport-id:")
+            target = self._by_tid(int(tid)) if tid.isdigit() else None
+        elif req.startswith("host:tport:"):
+            target, tport = self._any(), True
+        elif req in ("host:transport-any", "host:transport-usb", "host:transport-local"):
+            target = self._any()
+        elif req.startswith(
+            ("host-serial:", "host-transport-id:", "host-usb:", "host-local:", "host:")
+        ):
+            await self._host_query(req, writer)
+            return None
+        else:
+            await self._send(writer, proto.fail(f"unknown host service '{req}'"))
+            return None
+        if isinstance(target, str):
+            await self._send(writer, proto.fail(target))
+            return None
+        if target is None:
+            name = req.rsplit(":", 1)[-1]
+            await self._send(writer, proto.fail(f"device '{name}' not found"))
+            return None
+        self._bind(target, writer)
+        reply = proto.OKAY
+        if tport:
+            reply += struct.pack("<Q", self._transport_ids[target.serial])
+        await self._send(writer, reply)
+        return target
+
+    async def _host_query(self, req: str, writer: asyncio.StreamWriter) -> None:
+        """`host-serial:SERIAL:cmd` and friends: one-shot questions about one phone."""
+        phone: VirtualPhone | str | None
+        missing: str
+        m = _HOST_SERIAL.match(req)
+        if m:
+            phone, cmd = self._phone(m["serial"]), m["cmd"]
+            missing = f"device '{m['serial']}' not found"
+        elif (t := _HOST_TID.match(req)) is not None:
+            phone, cmd = self._by_tid(int(t["tid"])), t["cmd"]
+            missing = f"device with transport id '{t['tid']}' not found"
+        else:
+            cmd = req.split(":", 1)[1]
+            phone, missing = self._any(), ""
+            if isinstance(phone, str):
+                missing, phone = phone, None
+        if cmd.startswith("wait-for-"):
+            await self._wait_for(req, cmd, writer)
+            return
+        if not isinstance(phone, VirtualPhone):
+            await self._send(writer, proto.fail(missing or f"unknown host service '{req}'"))
+            return
+        if cmd == "features":
+            await self._send(writer, proto.okay_block(proto.FEATURES))
+        elif cmd == "get-state":
+            await self._send(writer, proto.okay_block("device"))
+        elif cmd == "get-serialno":
+            await self._send(writer, proto.okay_block(phone.serial))
+        elif cmd == "get-devpath":
+            await self._send(writer, proto.okay_block("virtual"))
+        elif cmd == "list-forward":
+            await self._send(writer, proto.okay_block(""))
+        else:
+            await self._send(
+                writer, proto.fail(f"'{cmd}' is not supported by the virtual adb server")
+            )
+
+    async def _wait_for(self, req: str, cmd: str, writer: asyncio.StreamWriter) -> None:
+        m = _HOST_SERIAL.match(req)
+        serial = m["serial"] if m else None
+        want_gone = cmd.endswith("-disconnect")
+        await self._send(writer, proto.OKAY)
+        while True:
+            present = bool(self._phone(serial)) if serial else bool(self._online())
+            if present != want_gone:
+                await self._send(writer, proto.OKAY)
+                return
+            self._changed.clear()
+            await self._changed.wait()
+
+    def _devices(self, long: bool) -> str:
+        return "".join(
+            proto.devices_line(
+                p.serial,
+                "device",
+                long=long,
+                model=p.model,
+                transport_id=self._transport_ids[p.serial],
+            )
+            for p in self._online()
+        )
+
+    async def _track(self, writer: asyncio.StreamWriter) -> None:
+        await self._send(writer, proto.OKAY)
+        last = None
+        while True:
+            current = self._devices(False)
+            if current != last:
+                await self._send(writer, proto.block(current))
+                last = current
+            self._changed.clear()
+            await self._changed.wait()
+
+    # --- device services ---------------------------------------------------------------------
+
+    async def _device_request(
+        self,
+        phone: VirtualPhone,
+        req: str,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+    ) -> None:
+        if req.startswith("shell") and ":" in req:
+            opts, _, cmd = req.partition(":")
+            v2 = "v2" in opts.split(",")
+            if not cmd:
+                await self._send(
+                    writer, proto.fail("interactive shells are not supported by the virtual phone")
+                )
+                return
+            await self._send(writer, proto.OKAY)
+            await self._shell(phone, cmd, writer, v2=v2)
+        elif req.startswith(("exec:", "exec-out:")):
+            await self._send(writer, proto.OKAY)
+            await self._shell(phone, req.split(":", 1)[1], writer, v2=False)
+        elif req == "sync:":
+            await self._send(writer, proto.OKAY)
+            await self._sync(phone, reader, writer)
+        elif req == "root:":
+            await self._send(writer, proto.OKAY + b"adbd cannot run as root in production builds\n")
+        elif req.startswith("tcp:"):
+            await self._send(
+                writer, proto.fail(f"connect failed: nothing listens on {req} of the virtual phone")
+            )
+        else:
+            await self._send(writer, proto.fail(f"unknown service '{req}'"))
+
+    async def _shell(
+        self, phone: VirtualPhone, cmd: str, writer: asyncio.StreamWriter, *, v2: bool
+    ) -> None:
+        result: Output = await asyncio.to_thread(Shell(phone).run, cmd)
+        if not phone.online:
+            raise _Closed  # the cable was pulled while the command ran: the output is lost
+        if v2:
+            packets = b"".join(proto.shell_v2_packet(fd, data) for fd, data in result.chunks)
+            await self._send(
+                writer, packets + proto.shell_v2_packet(proto.EXIT, bytes([result.code & 0xFF]))
+            )
+        else:
+            await self._send(writer, result.combined)
+
+    async def _sync(
+        self, phone: VirtualPhone, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        fs = phone.files
+        while True:
+            header = await reader.readexactly(8)
+            ident, length = header[:4], struct.unpack("<I", header[4:])[0]
+            if ident == b"QUIT":
+                return
+            if length > 4096 and ident != b"SEND":
+                await self._send(writer, proto.sync_fail("path too long"))
+                return
+            path = (await reader.readexactly(length)).decode("utf-8", errors="replace")
+            if not phone.online:
+                raise _Closed
+            if ident == b"STAT":
+                st = fs.stat(path)
+                await self._send(
+                    writer,
+                    proto.sync_packet(
+                        b"STAT", *((st.mode, st.size, st.mtime) if st else (0, 0, 0))
+                    ),
+                )
+            elif ident == b"LIST":
+                entries = fs.listdir(path) or []
+                out = b"".join(
+                    proto.sync_dent(name, st.mode, st.size, st.mtime) for name, st in entries
+                )
+                await self._send(writer, out + proto.sync_packet(b"DONE", 0, 0, 0, 0))
+            elif ident == b"RECV":
+                data = fs.read(path)
+                if data is None:
+                    st = fs.stat(path)
+                    why = "Is a directory" if st and st.is_dir else "No such file or directory"
+                    await self._send(
+                        writer, proto.sync_fail(f"remote object '{path}' does not exist: {why}")
+                    )
+                    continue
+                await self._send(
+                    writer, b"".join(proto.sync_data_chunks(data)) + proto.sync_packet(b"DONE", 0)
+                )
+            elif ident == b"SEND":
+                await self._receive_file(phone, path, reader, writer)
+            else:
+                await self._send(writer, proto.sync_fail(f"unknown sync request {ident!r}"))
+                return
+
+    async def _receive_file(
+        self,
+        phone: VirtualPhone,
+        spec: str,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+    ) -> None:
+        path, _, mode_text = spec.rpartition(",")
+        if not path:
+            path, mode_text = spec, "33188"
+        parts: list[bytes] = []
+        while True:
+            header = await reader.readexactly(8)
+            ident, value = header[:4], struct.unpack("<I", header[4:])[0]
+            if ident == b"DATA":
+                parts.append(await reader.readexactly(value))
+            elif ident == b"DONE":
+                break
+            else:
+                await self._send(writer, proto.sync_fail(f"bad sync packet {ident!r} during SEND"))
+                raise _Closed
+        mode = int(mode_text) if mode_text.isdigit() else 0o100644
+        if phone.files.write(path, b"".join(parts), mode=mode, mtime=value):
+            await self._send(writer, proto.sync_packet(b"OKAY", 0))
+        else:
+            await self._send(
+                writer, proto.sync_fail(f"couldn't create file: {path}: Is a directory")
+            )
+
+
+class ThreadedAdbServer:
+    """A `VirtualAdbServer` on its own event loop thread, for synchronous callers and tests."""
+
+    def __init__(self, phones: Iterable[VirtualPhone] = ()) -> None:
+        self.server = VirtualAdbServer(phones)
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._port = 0
+
+    @property
+    def port(self) -> int:
+        return self._port
+
+    def start(self, host: str = "127.0.0.1", port: int = 0) -> int:
+        loop = asyncio.new_event_loop()
+        self._loop = loop
+        self._thread = threading.Thread(target=loop.run_forever, name="virtual-adb", daemon=True)
+        self._thread.start()
+        self._port = asyncio.run_coroutine_threadsafe(self.server.start(host, port), loop).result(
+            10
+        )
+        return self._port
+
+    def stop(self) -> None:
+        loop, thread = self._loop, self._thread
+        if loop is None or thread is None:
+            return
+        with contextlib.suppress(Exception):
+            asyncio.run_coroutine_threadsafe(self.server.stop(), loop).result(10)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(10)
+        loop.close()
+        self._loop = self._thread = None
+
+    def unplug(self, serial: str) -> None:
+        self.server.unplug(serial)
+
+    def replug(self, serial: str) -> None:
+        self.server.replug(serial)
+
+    def __enter__(self) -> ThreadedAdbServer:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

@@ -1,0 +1,361 @@
+"""The Android commands drivers run over `adb shell`: input, am, monkey, dumpsys, wm, screencap,
+uiautomator, getprop, pm, settings, svc. Output follows the real tools closely enough for the
+parsers in adbutils, uiautomator2 and our own drivers."""
+
+from __future__ import annotations
+
+import struct
+
+from host.devices.virtual.apps.launcher import LAUNCHER_PACKAGE
+from host.devices.virtual.shell import Output, Shell, tool
+
+ACTION_PAGES = {
+    "android.settings.SETTINGS": ("com.android.settings", "com.android.settings.Settings"),
+    "android.settings.WIFI_SETTINGS": (
+        "com.android.settings",
+        "com.android.settings.Settings$WifiSettingsActivity",
+    ),
+    "android.settings.DISPLAY_SETTINGS": (
+        "com.android.settings",
+        "com.android.settings.Settings$DisplaySettingsActivity",
+    ),
+    "android.settings.SOUND_SETTINGS": (
+        "com.android.settings",
+        "com.android.settings.Settings$SoundSettingsActivity",
+    ),
+    "android.settings.BATTERY_SAVER_SETTINGS": (
+        "com.android.settings",
+        "com.android.settings.Settings$PowerUsageSummaryActivity",
+    ),
+    "android.settings.DEVICE_INFO_SETTINGS": (
+        "com.android.settings",
+        "com.android.settings.Settings$MyDeviceInfoActivity",
+    ),
+}
+EXTRA_PACKAGES = [
+    "android",
+    "com.android.systemui",
+    "com.android.shell",
+    "com.android.providers.settings",
+]
+
+
+def _num(value: str) -> int:
+    return int(float(value))
+
+
+def _usage(cmd: str) -> Output:
+    return Output().err(f"Error: Invalid arguments for command: {cmd}\n", 1)
+
+
+@tool("input")
+def _input(sh: Shell, args: list[str], stdin: bytes) -> Output:
+    phone = sh.phone
+    sources = {
+        "touchscreen",
+        "touchpad",
+        "keyboard",
+        "mouse",
+        "dpad",
+        "gamepad",
+        "stylus",
+        "trackball",
+    }
+    while args and (args[0] in sources or args[0] == "-d"):
+        args = args[2:] if args[0] == "-d" else args[1:]
+    if not args:
+        return Output().err("Usage: input [<source>] [-d DISPLAY_ID] <command> [<arg>...]\n", 1)
+    cmd, rest = args[0], args[1:]
+    try:
+        if cmd == "tap" and len(rest) == 2:
+            phone.tap(_num(rest[0]), _num(rest[1]))
+        elif cmd in ("swipe", "draganddrop") and len(rest) in (4, 5):
+            x1, y1, x2, y2 = (_num(v) for v in rest[:4])
+            duration = _num(rest[4]) if len(rest) == 5 else 300
+            phone.swipe(x1, y1, x2, y2, duration)
+        elif cmd == "text" and rest:
+            phone.input_text(rest[0].replace("%s", " "))
+        elif cmd == "keyevent" and rest:
+            codes = [c for c in rest if not c.startswith("--")]
+            for code in codes:
+                if not phone.press_key(code):
+                    return Output().err(f"Error: Unknown keycode: {code}\n", 1)
+        elif cmd == "press":
+            phone.press_key("DPAD_CENTER")
+        elif cmd == "roll":
+            pass
+        else:
+            return _usage(cmd)
+    except ValueError:
+        return _usage(cmd)
+    return Output()
+
+
+@tool("wm")
+def _wm(sh: Shell, args: list[str], stdin: bytes) -> Output:
+    p = sh.phone
+    if args[:1] == ["size"]:
+        return Output().out(f"Physical size: {p.width}x{p.height}\n")
+    if args[:1] == ["density"]:
+        return Output().out("Physical density: 420\n")
+    return Output().err("usage: wm [size|density] ...\n", 255)
+
+
+@tool("screencap")
+def _screencap(sh: Shell, args: list[str], stdin: bytes) -> Output:
+    png = "-p" in args
+    files = [a for a in args if not a.startswith("-") and not a.isdigit()]
+    img = sh.phone.screenshot()
+    if files and files[0].endswith(".png"):
+        png = True
+    if png:
+        from host.devices.virtual.render import png_bytes
+
+        data = png_bytes(img)
+    else:
+        rgba = img.convert("RGBA")
+        data = struct.pack("<IIII", rgba.width, rgba.height, 1, 0) + rgba.tobytes()
+    if files:
+        sh.phone.files.write(files[0], data)
+        return Output()
+    return Output().out(data)
+
+
+@tool("uiautomator")
+def _uiautomator(sh: Shell, args: list[str], stdin: bytes) -> Output:
+    if not args or args[0] != "dump":
+        return Output().err("Usage: uiautomator <subcommand> [options]\n", 1)
+    files = [a for a in args[1:] if not a.startswith("-")]
+    target = files[0] if files else "/sdcard/window_dump.xml"
+    xml = sh.phone.dump_hierarchy().encode()
+    result = Output()
+    if target == "/dev/tty":
+        result.out(xml)
+    elif not sh.phone.files.write(target, xml):
+        return result.err(f"ERROR: could not write {target}\n", 1)
+    return result.out(f"UI hierchary dumped to: {target}\n")
+
+
+def _component(text: str) -> tuple[str, str] | None:
+    pkg, sep, cls = text.partition("/")
+    if not sep or not pkg or not cls:
+        return None
+    return pkg, (pkg + cls if cls.startswith(".") else cls)
+
+
+@tool("am")
+def _am(sh: Shell, args: list[str], stdin: bytes) -> Output:
+    phone = sh.phone
+    if not args:
+        return Output().err("usage: am [subcommand] [options]\n", 1)
+    cmd, rest = args[0], args[1:]
+    if cmd in ("force-stop", "kill"):
+        for pkg in (a for a in rest if not a.startswith("-")):
+            phone.force_stop(pkg)
+        return Output()
+    if cmd == "broadcast":
+        action = (
+            rest[rest.index("-a") + 1] if "-a" in rest and rest.index("-a") + 1 < len(rest) else ""
+        )
+        return Output().out(
+            f"Broadcasting: Intent {{ act={action} }}\nBroadcast completed: result=0\n"
+        )
+    if cmd not in ("start", "start-activity"):
+        return Output().err(f"Error: Unknown command: {cmd}\n", 1)
+    opts: dict[str, str] = {}
+    i = 0
+    while i < len(rest):
+        a = rest[i]
+        if a in ("-n", "-a", "-c", "-d", "-f", "--user", "-t"):
+            opts[a] = rest[i + 1] if i + 1 < len(rest) else ""
+            i += 2
+            continue
+        if a == "-S" and "-n" in rest:
+            comp = _component(rest[rest.index("-n") + 1])
+            if comp:
+                phone.force_stop(comp[0])
+        i += 1
+    comp = _component(opts["-n"]) if "-n" in opts else ACTION_PAGES.get(opts.get("-a", ""))
+    if comp is None:
+        return Output().err("Error: Activity not started, unable to resolve Intent\n", 1)
+    pkg, cls = comp
+    intent = f"cmp={pkg}/{cls.removeprefix(pkg)}" if "-n" in opts else f"act={opts['-a']}"
+    result = Output().out(f"Starting: Intent {{ {intent} }}\n")
+    if not phone.start_activity(pkg, cls):
+        return result.err(
+            f"Error type 3\nError: Activity class {{{pkg}/{cls}}} does not exist.\n", 1
+        )
+    return result
+
+
+@tool("monkey")
+def _monkey(sh: Shell, args: list[str], stdin: bytes) -> Output:
+    pkgs = [args[i + 1] for i, a in enumerate(args[:-1]) if a == "-p"]
+    if not pkgs:
+        return Output().err("** Error: no package given\n", 1)
+    result = Output()
+    for arg in args:
+        result.out(f"  bash arg: {arg}\n")
+    pkg = pkgs[0]
+    if pkg == LAUNCHER_PACKAGE or not sh.phone.launch(pkg):
+        return result.out("** No activities found to run, monkey aborted.\n").err("", 252)
+    return result.out(
+        "Events injected: 1\n"
+        "## Network stats: elapsed time=12ms (0ms mobile, 0ms wifi, 12ms not connected)\n"
+    )
+
+
+def _activity(sh: Shell) -> tuple[str, str]:
+    pkg = sh.phone.current_package()
+    cls = sh.phone.current_activity()
+    short = "." + cls[len(pkg) + 1 :] if cls.startswith(pkg + ".") else cls
+    return pkg, short
+
+
+@tool("dumpsys")
+def _dumpsys(sh: Shell, args: list[str], stdin: bytes) -> Output:
+    p = sh.phone
+    service = args[0] if args else ""
+    pkg, short = _activity(sh)
+    full = p.current_activity()
+    if service == "window":
+        return Output().out(
+            "WINDOW MANAGER WINDOWS (dumpsys window windows)\n"
+            f"  Window #0 Window{{7e1f0a2 u0 {pkg}/{full}}}:\n"
+            "    mDisplayId=0 rootTaskId=12 mSession=Session{4b1 4242:u0a10123}\n"
+            f"  mCurrentFocus=Window{{7e1f0a2 u0 {pkg}/{full}}}\n"
+            f"  mFocusedApp=ActivityRecord{{5c3d9e1 u0 {pkg}/{short} t12}}\n"
+        )
+    if service == "activity":
+        sub = args[1] if len(args) > 1 else "activities"
+        if sub == "top":
+            return Output().out(
+                f"TASK 12 id=12 userId=0\n  ACTIVITY {pkg}/{short} 5c3d9e1 pid=4321\n"
+            )
+        return Output().out(
+            "ACTIVITY MANAGER ACTIVITIES (dumpsys activity activities)\n"
+            "Display #0 (activities from top to bottom):\n"
+            f"  * Task{{12 #12 type=standard A=10123:{pkg} U=0 visible=true mode=fullscreen}}\n"
+            f"    mResumedActivity: ActivityRecord{{5c3d9e1 u0 {pkg}/{short} t12}}\n"
+            f"  ResumedActivity: ActivityRecord{{5c3d9e1 u0 {pkg}/{short} t12}}\n"
+        )
+    if service == "display":
+        w, h = p.width, p.height
+        return Output().out(
+            "DISPLAY MANAGER (dumpsys display)\n"
+            "  mViewports=[DisplayViewport{type=INTERNAL, valid=true, isActive=true, "
+            "displayId=0, uniqueId='local:0', physicalPort=0, orientation=0, "
+            f"logicalFrame=Rect(0, 0 - {w}, {h}), "
+            f"physicalFrame=Rect(0, 0 - {w}, {h}), deviceWidth={w}, deviceHeight={h}}}]\n"
+        )
+    if service == "power":
+        return Output().out(
+            "POWER MANAGER (dumpsys power)\n  mWakefulness=Awake\n"
+            "  mHoldingDisplaySuspendBlocker=true\n"
+        )
+    if service == "battery":
+        return Output().out(
+            "Current Battery Service state:\n  AC powered: false\n  USB powered: true\n"
+            f"  present: true\n  level: {p.state.battery_level}\n  scale: 100\n  status: 2\n"
+            "  health: 2\n  temperature: 250\n  voltage: 4100\n  technology: Li-ion\n"
+        )
+    if service == "package" and len(args) > 1 and args[1] in p.apps:
+        return Output().out(
+            f"Packages:\n  Package [{args[1]}] (1a2b3c):\n"
+            "    versionCode=34 minSdk=28 targetSdk=34\n    versionName=14\n"
+            "    pkgFlags=[ SYSTEM HAS_CODE ]\n"
+        )
+    return Output().out(f"Can't find service: {service}\n")
+
+
+def _props(sh: Shell) -> dict[str, str]:
+    p = sh.phone
+    return {
+        "ro.product.model": p.model,
+        "ro.product.brand": "amc",
+        "ro.product.manufacturer": "amc",
+        "ro.product.name": "amc_virtual",
+        "ro.product.device": "amc_virtual",
+        "ro.product.cpu.abi": "arm64-v8a",
+        "ro.build.version.sdk": str(p.sdk),
+        "ro.build.version.release": p.release,
+        "ro.build.id": "AMC.241129.001",
+        "ro.build.type": "user",
+        "ro.build.characteristics": "default",
+        "ro.build.fingerprint": (
+            f"amc/amc_virtual/amc_virtual:{p.release}/AMC.241129.001/1:user/release-keys"
+        ),
+        "ro.serialno": p.serial,
+        "sys.boot_completed": "1",
+        "ro.sf.lcd_density": "420",
+    }
+
+
+@tool("getprop")
+def _getprop(sh: Shell, args: list[str], stdin: bytes) -> Output:
+    props = _props(sh)
+    if args:
+        return Output().out(props.get(args[0], args[1] if len(args) > 1 else "") + "\n")
+    return Output().out("".join(f"[{k}]: [{v}]\n" for k, v in sorted(props.items())))
+
+
+@tool("pm")
+def _pm(sh: Shell, args: list[str], stdin: bytes) -> Output:
+    packages = sorted([*sh.phone.apps, *EXTRA_PACKAGES])
+    if args[:2] == ["list", "packages"]:
+        needle = next((a for a in args[2:] if not a.startswith("-")), "")
+        return Output().out("".join(f"package:{pkg}\n" for pkg in packages if needle in pkg))
+    if args[:1] == ["path"] and len(args) > 1:
+        if args[1] in sh.phone.apps:
+            name = args[1].rsplit(".", 1)[-1].capitalize()
+            return Output().out(f"package:/system/priv-app/{name}/{name}.apk\n")
+        return Output(code=1)
+    if args[:1] == ["clear"]:
+        return Output().out("Success\n")
+    return Output().err("Error: unsupported pm command on this phone\n", 1)
+
+
+# `settings` namespace/key → the phone setting it reads and writes ("1" on, "0" off).
+_SETTING_KEYS = {
+    ("global", "airplane_mode_on"): "airplane_mode",
+    ("global", "wifi_on"): "wifi",
+    ("global", "bluetooth_on"): "bluetooth",
+    ("global", "low_power"): "battery_saver",
+    ("global", "zen_mode"): "do_not_disturb",
+    ("system", "accelerometer_rotation"): "auto_rotate",
+    ("system", "screen_brightness_mode"): "adaptive_brightness",
+    ("secure", "accessibility_display_inversion_enabled"): "color_inversion",
+    ("secure", "ui_night_mode"): "dark_theme",
+}
+
+
+@tool("settings")
+def _settings(sh: Shell, args: list[str], stdin: bytes) -> Output:
+    if (
+        len(args) < 3
+        or args[0] not in ("get", "put")
+        or args[1] not in ("global", "system", "secure")
+    ):
+        return Output().err("usage: settings [get|put] NAMESPACE KEY [VALUE]\n", 1)
+    key = _SETTING_KEYS.get((args[1], args[2]))
+    s = sh.phone.state.settings
+    on = "2" if args[2] == "ui_night_mode" else "1"
+    off = "1" if args[2] == "ui_night_mode" else "0"
+    if args[0] == "get":
+        if key is None:
+            return Output().out("null\n")
+        return Output().out((on if s.get(key) else off) + "\n")
+    if len(args) < 4:
+        return Output().err("usage: settings put NAMESPACE KEY VALUE\n", 1)
+    if key is not None:
+        s[key] = args[3] == on
+    return Output()
+
+
+@tool("svc")
+def _svc(sh: Shell, args: list[str], stdin: bytes) -> Output:
+    keys = {"wifi": "wifi", "bluetooth": "bluetooth"}
+    if len(args) == 2 and args[0] in keys and args[1] in ("enable", "disable"):
+        sh.phone.state.settings[keys[args[0]]] = args[1] == "enable"
+        return Output()
+    return Output().err("usage: svc [wifi|bluetooth] [enable|disable]\n", 1)
