@@ -1,0 +1,465 @@
+"""The host's one bidirectional `LeaseService.Lease` stream.
+
+Host → cloud: a hello (phones, agent version, planner transport, assignments still held), then
+renewals (each with the latest progress), results and device updates. Cloud → host:
+assignments, renewals, revocations, result acks. The client:
+
+- never touches a phone before the cloud assigned a task to it;
+- renews each lease at a third of its length and, rate-limited, whenever progress changes;
+- stops a task within one step of `Revoked`;
+- keeps each result until the cloud acknowledges it (or says the lease is gone), resending it
+  after a reconnect;
+- reconnects with capped exponential backoff and full jitter, re-announcing what it holds;
+- reports phones going offline and coming back as device updates.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Protocol
+
+import grpc
+from google.protobuf import duration_pb2, timestamp_pb2
+
+from amc.v1 import lease_service_pb2, lease_service_pb2_grpc, types_pb2
+from host.agent.loop import TaskOutcome, TaskSpec
+from host.agent.progress import ProgressHolder, ProgressSnapshot, truncate
+from host.devices.registry import DeviceInfo
+
+log = logging.getLogger(__name__)
+
+RunTask = Callable[[TaskSpec, ProgressHolder, asyncio.Event], Awaitable[TaskOutcome]]
+Key = tuple[str, int]
+ChannelFactory = Callable[[], grpc.aio.Channel]
+
+DEFAULT_LEASE_S = 60.0
+
+
+class DeviceSource(Protocol):
+    """Where the lease client learns the host's phones (a `DeviceRegistry` fits)."""
+
+    def devices(self) -> list[DeviceInfo]: ...
+
+    def add_listener(self, listener: Callable[[DeviceInfo, str], None]) -> None: ...
+
+
+@dataclass(slots=True)
+class RunningTask:
+    """One assignment this host holds, from Assignment to acknowledged result."""
+
+    spec: TaskSpec
+    progress: ProgressHolder
+    cancel: asyncio.Event
+    lease_s: float
+    expires_mono: float
+    changed: asyncio.Event = field(default_factory=asyncio.Event)
+    task: asyncio.Task[TaskOutcome] | None = None
+    renewer: asyncio.Task[None] | None = None
+    revoked: types_pb2.TaskStatus.ValueType | None = None
+    revoke_reason: str = ""
+    last_renewal_mono: float = 0.0
+    outcome: TaskOutcome | None = None
+
+    @property
+    def key(self) -> Key:
+        return (self.spec.task_id, self.spec.attempt)
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseClientConfig:
+    agent_version: str = "amc-host/0.1.0"
+    planner_transport: types_pb2.PlannerTransport.ValueType = types_pb2.PLANNER_TRANSPORT_DIRECT
+    reconnect_initial_s: float = 0.5
+    reconnect_max_s: float = 30.0
+    progress_renew_min_interval_s: float = 1.0
+    #: A lease past its expiry by this much while the cloud is unreachable stops its task.
+    expiry_grace_s: float = 2.0
+
+
+def backoff_delay(attempt: int, initial: float, cap: float, rng: random.Random) -> float:
+    """Full jitter: uniform in [0, min(cap, initial * 2**attempt)], at least 50 ms."""
+    ceiling = min(cap, initial * (2 ** min(attempt, 30)))
+    return max(0.05, rng.uniform(0, ceiling))
+
+
+def _duration_s(d: duration_pb2.Duration, default: float) -> float:
+    seconds = d.ToTimedelta().total_seconds()
+    return float(seconds) if seconds > 0 else default
+
+
+def _mono_expiry(ts: timestamp_pb2.Timestamp, lease_s: float) -> float:
+    """A cloud timestamp as a monotonic deadline (immune to wall-clock steps on the host)."""
+    if ts.seconds:
+        remaining = (ts.ToDatetime(tzinfo=UTC) - datetime.now(UTC)).total_seconds()
+        return time.monotonic() + remaining
+    return time.monotonic() + lease_s
+
+
+class LeaseClient:
+    """Keeps the Lease stream up and runs the tasks the cloud assigns."""
+
+    def __init__(
+        self,
+        channel_factory: ChannelFactory,
+        devices: DeviceSource,
+        run_task: RunTask,
+        config: LeaseClientConfig | None = None,
+        rng: random.Random | None = None,
+    ) -> None:
+        self._channel_factory = channel_factory
+        self._devices = devices
+        self._run_task = run_task
+        self.config = config or LeaseClientConfig()
+        self._rng = rng or random.Random()
+        self._tasks: dict[Key, RunningTask] = {}
+        self._outbox: dict[Key, lease_service_pb2.LeaseRequest] = {}
+        self._queue: asyncio.Queue[lease_service_pb2.LeaseRequest | None] | None = None
+        self._welcomed = asyncio.Event()
+        self._renew_interval_s: float | None = None
+        self.host_id: str | None = None
+        self.connects = 0
+        self.last_error: str | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        devices.add_listener(self._on_device_change)
+
+    # --- what the console and tests read ---
+    @property
+    def connected(self) -> bool:
+        return self._welcomed.is_set()
+
+    def running(self) -> list[tuple[TaskSpec, ProgressSnapshot]]:
+        return [
+            (rt.spec, rt.progress.snapshot())
+            for rt in self._tasks.values()
+            if rt.task is not None and not rt.task.done()
+        ]
+
+    def pending_results(self) -> list[Key]:
+        return list(self._outbox)
+
+    async def wait_connected(self) -> None:
+        await self._welcomed.wait()
+
+    # --- main loop ---
+    async def run(self, stop: asyncio.Event) -> None:
+        """Connect, serve, reconnect until `stop` is set; then stop every task."""
+        self._loop = asyncio.get_running_loop()
+        failures = 0
+        try:
+            while not stop.is_set():
+                welcomed_before = self.connects
+                try:
+                    await self._session(stop)
+                except grpc.aio.AioRpcError as exc:
+                    self.last_error = f"{exc.code().name}: {exc.details()}"
+                    log.warning("lease stream lost: %s", self.last_error)
+                except (OSError, ConnectionError) as exc:
+                    self.last_error = str(exc)
+                    log.warning("lease stream lost: %s", exc)
+                self._welcomed.clear()
+                if stop.is_set():
+                    break
+                failures = 0 if self.connects > welcomed_before else failures + 1
+                delay = backoff_delay(
+                    failures,
+                    self.config.reconnect_initial_s,
+                    self.config.reconnect_max_s,
+                    self._rng,
+                )
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), delay)
+        finally:
+            self._welcomed.clear()
+            await self._shutdown_tasks()
+
+    async def _session(self, stop: asyncio.Event) -> None:
+        channel = self._channel_factory()
+        queue: asyncio.Queue[lease_service_pb2.LeaseRequest | None] = asyncio.Queue()
+        stopper: asyncio.Task[None] | None = None
+        try:
+            stub = lease_service_pb2_grpc.LeaseServiceStub(channel)
+            await queue.put(lease_service_pb2.LeaseRequest(hello=self._hello()))
+
+            async def requests() -> AsyncIterator[lease_service_pb2.LeaseRequest]:
+                while True:
+                    item = await queue.get()
+                    if item is None:
+                        return
+                    yield item
+
+            call = stub.Lease(requests())
+
+            async def stop_when_asked() -> None:
+                await stop.wait()
+                call.cancel()
+
+            stopper = asyncio.create_task(stop_when_asked())
+            self._queue = queue
+            async for response in call:
+                self._handle(response)
+        except asyncio.CancelledError:
+            if stop.is_set():
+                return
+            raise
+        finally:
+            self._queue = None
+            self._welcomed.clear()
+            queue.put_nowait(None)
+            if stopper is not None:
+                stopper.cancel()
+            await channel.close(grace=None)
+
+    # --- sending ---
+    def _send(self, request: lease_service_pb2.LeaseRequest) -> bool:
+        if self._queue is None or not self._welcomed.is_set():
+            return False
+        self._queue.put_nowait(request)
+        return True
+
+    def _hello(self) -> lease_service_pb2.HostHello:
+        held = [
+            lease_service_pb2.HeldAssignment(
+                task_id=rt.spec.task_id,
+                attempt=rt.spec.attempt,
+                lease_id=rt.spec.lease_id,
+                device_serial=rt.spec.device_serial,
+            )
+            for rt in self._tasks.values()
+            if rt.task is not None and not rt.task.done() and rt.revoked is None
+        ]
+        return lease_service_pb2.HostHello(
+            devices=[d.to_proto() for d in self._devices.devices()][:256],
+            agent_version=self.config.agent_version,
+            planner_transport=self.config.planner_transport,
+            held_assignments=held,
+        )
+
+    def _on_device_change(self, info: DeviceInfo, kind: str) -> None:
+        """Registry listener (any thread): send the whole phone list."""
+        loop = self._loop
+        if loop is None or loop.is_closed():
+            return
+
+        def send() -> None:
+            update = lease_service_pb2.DeviceUpdate(
+                devices=[d.to_proto() for d in self._devices.devices()][:256]
+            )
+            self._send(lease_service_pb2.LeaseRequest(device_update=update))
+
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is loop:
+            send()
+        else:
+            loop.call_soon_threadsafe(send)
+
+    # --- receiving ---
+    def _handle(self, response: lease_service_pb2.LeaseResponse) -> None:
+        kind = response.WhichOneof("kind")
+        if kind == "welcome":
+            self._on_welcome(response.welcome)
+        elif kind == "assignment":
+            self._on_assignment(response.assignment)
+        elif kind == "renewed":
+            r = response.renewed
+            rt = self._tasks.get((r.task_id, r.attempt))
+            if rt is not None and rt.spec.lease_id == r.lease_id:
+                rt.expires_mono = _mono_expiry(r.lease_expires_at, rt.lease_s)
+        elif kind == "revoked":
+            self._on_revoked(response.revoked)
+        elif kind == "result_ack":
+            a = response.result_ack
+            self._outbox.pop((a.task_id, a.attempt), None)
+            self._forget_if_done((a.task_id, a.attempt))
+        elif kind == "rejected":
+            rj = response.rejected
+            log.error("cloud rejected a message (code %s): %s", rj.code, rj.message)
+            # A result the cloud cannot use would be resent forever; drop it.
+            if rj.task_id:
+                for key in [k for k in self._outbox if k[0] == rj.task_id]:
+                    self._outbox.pop(key, None)
+
+    def _on_welcome(self, welcome: lease_service_pb2.Welcome) -> None:
+        self.host_id = welcome.host_id
+        self._renew_interval_s = _duration_s(welcome.renew_interval, 0.0) or None
+        self.connects += 1
+        self.last_error = None
+        self._welcomed.set()
+        for request in list(self._outbox.values()):
+            self._send(request)
+        for rt in self._tasks.values():
+            rt.changed.set()  # renew promptly on the new stream
+
+    def _on_assignment(self, a: lease_service_pb2.Assignment) -> None:
+        key = (a.task_id, a.attempt)
+        lease_s = _duration_s(a.lease_duration, DEFAULT_LEASE_S)
+        existing = self._tasks.get(key)
+        if existing is not None:
+            # A re-confirmation after a reconnect (or a duplicate): keep running, take the lease.
+            existing.expires_mono = _mono_expiry(a.lease_expires_at, lease_s)
+            existing.lease_s = lease_s
+            existing.changed.set()
+            return
+        spec = TaskSpec(a.task_id, a.attempt, a.goal, a.device_serial, a.lease_id)
+        problem = self._cannot_run(a.device_serial)
+        if problem:
+            log.warning("assignment %s on %s refused: %s", a.task_id, a.device_serial, problem)
+            self._queue_result(spec, types_pb2.TASK_STATUS_FAILED, problem, ProgressSnapshot())
+            return
+        rt = RunningTask(
+            spec=spec,
+            progress=ProgressHolder(),
+            cancel=asyncio.Event(),
+            lease_s=lease_s,
+            expires_mono=_mono_expiry(a.lease_expires_at, lease_s),
+        )
+        loop = asyncio.get_running_loop()
+
+        def on_progress(_: ProgressSnapshot) -> None:
+            loop.call_soon_threadsafe(rt.changed.set)
+
+        rt.progress.add_listener(on_progress)
+        self._tasks[key] = rt
+        rt.task = asyncio.create_task(self._execute(rt), name=f"task-{a.task_id}-{a.attempt}")
+        rt.task.add_done_callback(lambda _: rt.changed.set())  # wake the renewer to exit
+        rt.renewer = asyncio.create_task(self._renew_loop(rt), name=f"renew-{a.task_id}")
+
+    def _cannot_run(self, serial: str) -> str:
+        info = next((d for d in self._devices.devices() if d.serial == serial), None)
+        if info is None:
+            return f"phone {serial} is not attached to this host"
+        if not info.online:
+            return f"phone {serial} is offline"
+        busy = any(
+            rt.spec.device_serial == serial and rt.task is not None and not rt.task.done()
+            for rt in self._tasks.values()
+        )
+        return f"phone {serial} is busy with another task" if busy else ""
+
+    def _on_revoked(self, r: lease_service_pb2.Revoked) -> None:
+        key = (r.task_id, r.attempt)
+        rt = self._tasks.get(key)
+        if rt is not None and rt.spec.lease_id == r.lease_id:
+            rt.revoked = types_pb2.TASK_STATUS_CANCELLED
+            rt.revoke_reason = lease_service_pb2.RevokeReason.Name(r.reason)
+            rt.cancel.set()
+        # The lease is gone: a result for it will never be accepted.
+        self._outbox.pop(key, None)
+        self._forget_if_done(key)
+
+    def _forget_if_done(self, key: Key) -> None:
+        rt = self._tasks.get(key)
+        if rt is not None and rt.task is not None and rt.task.done() and key not in self._outbox:
+            self._tasks.pop(key, None)
+
+    # --- per task ---
+    async def _execute(self, rt: RunningTask) -> TaskOutcome:
+        try:
+            outcome = await self._run_task(rt.spec, rt.progress, rt.cancel)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # the runner should not raise; never let it kill the client
+            log.exception("task %s crashed", rt.spec.task_id)
+            outcome = TaskOutcome("failed", truncate(f"host error: {exc}", 2000), 0)
+        rt.outcome = outcome
+        if rt.revoked is not None:
+            # The cloud already took the lease back; it may still like a CANCELLED ack.
+            if rt.revoke_reason == "REVOKE_REASON_CANCELLED":
+                self._queue_result(
+                    rt.spec,
+                    types_pb2.TASK_STATUS_CANCELLED,
+                    outcome.summary,
+                    rt.progress.snapshot(),
+                )
+        else:
+            self._queue_result(
+                rt.spec, outcome.proto_status, outcome.summary, rt.progress.snapshot()
+            )
+        self._forget_if_done(rt.key)
+        return outcome
+
+    def _queue_result(
+        self,
+        spec: TaskSpec,
+        status: types_pb2.TaskStatus.ValueType,
+        summary: str,
+        progress: ProgressSnapshot,
+    ) -> None:
+        result = lease_service_pb2.TaskResult(
+            task_id=spec.task_id,
+            attempt=spec.attempt,
+            lease_id=spec.lease_id,
+            status=status,
+            summary=truncate(summary, 2000),
+            final_progress=progress.to_proto(),
+        )
+        request = lease_service_pb2.LeaseRequest(result=result)
+        self._outbox[(spec.task_id, spec.attempt)] = request
+        self._send(request)
+
+    def _interval(self, rt: RunningTask) -> float:
+        return self._renew_interval_s or max(1.0, rt.lease_s / 3)
+
+    async def _renew_loop(self, rt: RunningTask) -> None:
+        """Renew at a third of the lease, and soon after each progress change (at most 1/s)."""
+        assert rt.task is not None
+        next_due = time.monotonic() + self._interval(rt)
+        while not rt.task.done():
+            timeout = max(0.0, next_due - time.monotonic())
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(rt.changed.wait(), timeout)
+            if rt.task.done():
+                return
+            if rt.changed.is_set():
+                rt.changed.clear()
+                gap = self.config.progress_renew_min_interval_s - (
+                    time.monotonic() - rt.last_renewal_mono
+                )
+                if gap > 0:
+                    await asyncio.sleep(gap)
+                    if rt.task.done():
+                        return
+            now = time.monotonic()
+            if rt.revoked is not None:
+                next_due = now + 0.5  # stopping; the cloud no longer holds this lease
+            elif self._send(self._renewal(rt)):
+                rt.last_renewal_mono = now
+                next_due = now + self._interval(rt)
+            else:
+                next_due = now + 0.5
+                if now > rt.expires_mono + self.config.expiry_grace_s and not rt.cancel.is_set():
+                    log.warning("lease of %s expired while the cloud was unreachable", rt.key)
+                    rt.revoked = types_pb2.TASK_STATUS_CANCELLED
+                    rt.revoke_reason = "LEASE_EXPIRED_LOCALLY"
+                    rt.cancel.set()
+
+    @staticmethod
+    def _renewal(rt: RunningTask) -> lease_service_pb2.LeaseRequest:
+        return lease_service_pb2.LeaseRequest(
+            renewal=lease_service_pb2.LeaseRenewal(
+                task_id=rt.spec.task_id,
+                attempt=rt.spec.attempt,
+                lease_id=rt.spec.lease_id,
+                progress=rt.progress.snapshot().to_proto(),
+            )
+        )
+
+    async def _shutdown_tasks(self) -> None:
+        """Host shutdown: stop every task; unreported leases expire and the cloud retries them."""
+        for rt in self._tasks.values():
+            rt.cancel.set()
+        pending = [t for rt in self._tasks.values() for t in (rt.task, rt.renewer) if t]
+        if pending:
+            await asyncio.wait(pending, timeout=30)
+        for t in pending:
+            if not t.done():
+                t.cancel()

@@ -1,0 +1,230 @@
+"""`run_host`: wire phones, perception, planner, timeline and the lease stream, run until told.
+
+The integrator's `amc host run` builds a `HostSettings` and awaits `run_host(settings)`; the
+embedded demo can pass its own stop event, planner and virtual adb server address. `build_host`
+returns the assembled parts without starting them (the local console reads `HostApp.store`,
+`HostApp.lease.running()` and `HostApp.registry.devices()`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import grpc
+
+from amc.v1 import types_pb2
+from host.agent.loop import AgentLoop, LoopSettings, TaskOutcome, TaskSpec
+from host.agent.progress import ProgressHolder
+from host.cloud_channel import open_channel
+from host.devices.adb_driver import AdbDriver
+from host.devices.base import Driver
+from host.devices.registry import DeviceRegistry
+from host.devices.u2_driver import U2Driver
+from host.lease_client import LeaseClient, LeaseClientConfig
+from host.perception.ocr import OcrPool
+from host.perception.perceive import Perceiver
+from host.planner_client import CloudPlanner, StepPlanner
+from host.settings import HostSettings
+from host.timeline.store import TimelineStore
+
+log = logging.getLogger(__name__)
+
+DriverFactory = Callable[[str], Driver]
+
+
+@dataclass(slots=True)
+class HostApp:
+    """Everything one host process runs, assembled by `build_host`."""
+
+    settings: HostSettings
+    store: TimelineStore
+    registry: DeviceRegistry
+    perceiver: Perceiver
+    ocr: OcrPool | None
+    lease: LeaseClient
+    make_driver: DriverFactory
+    direct_planner: StepPlanner | None
+    planner_channel: grpc.aio.Channel | None = None
+    _background: list[asyncio.Task[None]] = field(default_factory=list)
+
+    def close(self) -> None:
+        if self.ocr is not None:
+            self.ocr.close()
+        self.store.close()
+
+
+def driver_factory(settings: HostSettings) -> DriverFactory:
+    """Drivers for phones behind the configured adb server (real or virtual)."""
+
+    def make(serial: str) -> Driver:
+        if settings.driver == "uiautomator2":
+            return U2Driver(serial, settings.adb_host, settings.adb_port)
+        return AdbDriver(serial, settings.adb_host, settings.adb_port)
+
+    return make
+
+
+def _transport(settings: HostSettings) -> types_pb2.PlannerTransport.ValueType:
+    if settings.planner_transport == "cloud":
+        return types_pb2.PLANNER_TRANSPORT_CLOUD
+    return types_pb2.PLANNER_TRANSPORT_DIRECT
+
+
+def build_host(
+    settings: HostSettings,
+    *,
+    planner: StepPlanner | None = None,
+    make_driver: DriverFactory | None = None,
+    channel_factory: Callable[[], grpc.aio.Channel] | None = None,
+) -> HostApp:
+    """Assemble a host. `planner` overrides the direct planner (tests, the embedded demo)."""
+    store = TimelineStore(settings.resolved_db_path, settings.resolved_artifact_dir)
+    pruned = store.prune(settings.retention_max_tasks, settings.retention_max_age_days)
+    if pruned:
+        log.info("retention removed %d old task(s) at start", len(pruned))
+    ocr = OcrPool(settings.tessdata_path, settings.ocr_language) if settings.ocr_enabled else None
+    perceiver = Perceiver(ocr, settings.hierarchy_retries, settings.hierarchy_retry_delay_s)
+    registry = DeviceRegistry(settings.adb_host, settings.adb_port, settings.device_serials)
+    make_driver = make_driver or driver_factory(settings)
+    direct: StepPlanner | None = planner
+    planner_channel: grpc.aio.Channel | None = None
+    if planner is None and settings.planner_transport == "direct":
+        from planner.planner import make_planner
+
+        direct = make_planner()
+    channels = channel_factory or (lambda: open_channel(settings))
+
+    app_ref: list[HostApp] = []
+
+    async def run_task(
+        spec: TaskSpec, progress: ProgressHolder, cancel: asyncio.Event
+    ) -> TaskOutcome:
+        return await _run_task(app_ref[0], spec, progress, cancel)
+
+    lease = LeaseClient(
+        channels,
+        registry,
+        run_task,
+        LeaseClientConfig(
+            agent_version=settings.agent_version,
+            planner_transport=_transport(settings),
+            reconnect_initial_s=settings.reconnect_initial_s,
+            reconnect_max_s=settings.reconnect_max_s,
+            progress_renew_min_interval_s=settings.progress_renew_min_interval_s,
+        ),
+    )
+    if settings.planner_transport == "cloud" and planner is None:
+        planner_channel = channels()
+    app = HostApp(
+        settings=settings,
+        store=store,
+        registry=registry,
+        perceiver=perceiver,
+        ocr=ocr,
+        lease=lease,
+        make_driver=make_driver,
+        direct_planner=direct,
+        planner_channel=planner_channel,
+    )
+    app_ref.append(app)
+    return app
+
+
+async def _run_task(
+    app: HostApp, spec: TaskSpec, progress: ProgressHolder, cancel: asyncio.Event
+) -> TaskOutcome:
+    """One assignment: a driver for its phone, a planner for its lease, the loop, retention."""
+    s = app.settings
+    planner: StepPlanner
+    if app.direct_planner is not None:
+        planner = app.direct_planner
+    else:
+        assert app.planner_channel is not None
+        planner = CloudPlanner(
+            app.planner_channel,
+            spec.task_id,
+            spec.attempt,
+            spec.lease_id,
+            send_screenshot=s.send_screenshot,
+        )
+    driver = await asyncio.to_thread(app.make_driver, spec.device_serial)
+    loop = AgentLoop(
+        driver,
+        planner,
+        app.perceiver,
+        app.store,
+        LoopSettings(
+            max_steps=s.max_steps,
+            settle_delay_s=s.settle_delay_s,
+            send_screenshot=s.send_screenshot,
+            ocr=app.ocr is not None,
+            planner_transport=s.planner_transport,
+        ),
+    )
+    outcome = await loop.run(spec, progress, cancel)
+    if outcome.device_gone:
+        app.registry.mark_offline(spec.device_serial)
+    try:
+        await asyncio.to_thread(app.store.prune, s.retention_max_tasks, s.retention_max_age_days)
+    except Exception:  # retention must never fail a task
+        log.exception("retention pass failed")
+    return outcome
+
+
+async def _poll_devices(app: HostApp, stop: asyncio.Event) -> None:
+    while not stop.is_set():
+        try:
+            await asyncio.to_thread(app.registry.refresh)
+        except Exception:
+            log.exception("device poll failed")
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), app.settings.device_poll_interval_s)
+
+
+async def serve_host(app: HostApp, stop: asyncio.Event) -> None:
+    """Run an assembled host until `stop` is set (no signal handling here)."""
+    await asyncio.to_thread(app.registry.refresh)
+    poller = asyncio.create_task(_poll_devices(app, stop))
+    try:
+        await app.lease.run(stop)
+    finally:
+        stop.set()
+        await poller
+        if app.planner_channel is not None:
+            await app.planner_channel.close(grace=None)
+        aclose = getattr(app.direct_planner, "aclose", None)
+        if aclose is not None:
+            with contextlib.suppress(Exception):
+                await aclose()
+        app.close()
+
+
+async def run_host(
+    settings: HostSettings | None = None,
+    stop: asyncio.Event | None = None,
+    *,
+    planner: StepPlanner | None = None,
+    make_driver: DriverFactory | None = None,
+) -> None:
+    """Run a host until SIGINT/SIGTERM (or `stop`), then stop its tasks and return."""
+    settings = settings or HostSettings()
+    stop = stop or asyncio.Event()
+    loop = asyncio.get_running_loop()
+    installed: list[signal.Signals] = []
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        try:
+            loop.add_signal_handler(sig, stop.set)
+            installed.append(sig)
+        except (NotImplementedError, RuntimeError, ValueError):
+            pass  # not the main thread, or not supported here
+    try:
+        app = build_host(settings, planner=planner, make_driver=make_driver)
+        await serve_host(app, stop)
+    finally:
+        for sig in installed:
+            loop.remove_signal_handler(sig)

@@ -1,0 +1,243 @@
+"""A minimal in-test `LeaseService` over real mTLS, standing in for the cloud's.
+
+The cloud's own LeaseService was not available when these tests were written; this one speaks
+the same protocol (hello → welcome, assignments, renewed, revoked, result acks, resumed held
+assignments) with just enough state for the host's lease client to be exercised over a real
+grpc.aio stream. It can cut a live stream (as a network failure would) and revoke a lease.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import grpc
+from google.protobuf import duration_pb2, timestamp_pb2
+
+from amc.v1 import lease_service_pb2, lease_service_pb2_grpc, types_pb2
+from cloud import pki
+from cloud.identity import peer_caller
+
+SERVER_OPTIONS = [
+    # The host pings every 10 s; the cloud must accept that rate (see the host report).
+    ("grpc.http2.min_recv_ping_interval_without_data_ms", 5000),
+    ("grpc.http2.min_ping_interval_without_data_ms", 5000),
+    ("grpc.keepalive_permit_without_calls", 1),
+]
+
+
+@dataclass
+class Lease:
+    task_id: str
+    attempt: int
+    lease_id: str
+    serial: str
+    goal: str
+    live: bool = True
+
+
+@dataclass
+class FakeCloud(lease_service_pb2_grpc.LeaseServiceServicer):
+    lease_s: float = 30.0
+    received: list[lease_service_pb2.LeaseRequest] = field(default_factory=list)
+    hellos: list[lease_service_pb2.HostHello] = field(default_factory=list)
+    results: list[lease_service_pb2.TaskResult] = field(default_factory=list)
+    leases: dict[tuple[str, int], Lease] = field(default_factory=dict)
+    streams: int = 0
+    host_ids: list[str] = field(default_factory=list)
+    _outbound: asyncio.Queue[lease_service_pb2.LeaseResponse | None] | None = None
+    _cut: asyncio.Event | None = None
+    changed: asyncio.Condition = field(default_factory=asyncio.Condition)
+    ack_results: bool = True
+
+    async def _note(self) -> None:
+        async with self.changed:
+            self.changed.notify_all()
+
+    async def wait_for(self, predicate: object, within: float = 20.0) -> None:
+        async def _wait() -> None:
+            async with self.changed:
+                await self.changed.wait_for(predicate)  # type: ignore[arg-type]
+
+        await asyncio.wait_for(_wait(), within)
+
+    def _expiry(self) -> timestamp_pb2.Timestamp:
+        ts = timestamp_pb2.Timestamp()
+        ts.FromDatetime(datetime.now(UTC) + timedelta(seconds=self.lease_s))
+        return ts
+
+    def _duration(self, seconds: float) -> duration_pb2.Duration:
+        d = duration_pb2.Duration()
+        d.FromTimedelta(timedelta(seconds=seconds))
+        return d
+
+    async def assign(self, task_id: str, serial: str, goal: str, attempt: int = 1) -> Lease:
+        lease = Lease(task_id, attempt, f"lease-{task_id}-{attempt}", serial, goal)
+        self.leases[(task_id, attempt)] = lease
+        assert self._outbound is not None, "no host connected"
+        await self._outbound.put(self._assignment(lease, resumed=False))
+        return lease
+
+    def _assignment(self, lease: Lease, resumed: bool) -> lease_service_pb2.LeaseResponse:
+        return lease_service_pb2.LeaseResponse(
+            assignment=lease_service_pb2.Assignment(
+                task_id=lease.task_id,
+                attempt=lease.attempt,
+                lease_id=lease.lease_id,
+                device_serial=lease.serial,
+                goal=lease.goal,
+                lease_expires_at=self._expiry(),
+                lease_duration=self._duration(self.lease_s),
+                resumed=resumed,
+            )
+        )
+
+    async def revoke(self, task_id: str, attempt: int = 1) -> None:
+        lease = self.leases[(task_id, attempt)]
+        lease.live = False
+        assert self._outbound is not None
+        await self._outbound.put(self._revoked(lease, types_pb2.TASK_STATUS_CANCELLED))
+
+    @staticmethod
+    def _revoked(lease: Lease, _: int) -> lease_service_pb2.LeaseResponse:
+        return lease_service_pb2.LeaseResponse(
+            revoked=lease_service_pb2.Revoked(
+                task_id=lease.task_id,
+                attempt=lease.attempt,
+                lease_id=lease.lease_id,
+                reason=lease_service_pb2.REVOKE_REASON_CANCELLED,
+                message="cancelled by operator",
+            )
+        )
+
+    def cut(self) -> None:
+        """Drop the current stream abruptly, as a broken network would."""
+        if self._cut is not None:
+            self._cut.set()
+
+    async def Lease(
+        self,
+        request_iterator: AsyncIterator[lease_service_pb2.LeaseRequest],
+        context: grpc.aio.ServicerContext,  # type: ignore[type-arg]
+    ) -> AsyncIterator[lease_service_pb2.LeaseResponse]:
+        caller = peer_caller(context)
+        if caller is None or caller.kind != "host":
+            await context.abort(grpc.StatusCode.PERMISSION_DENIED, "no host identity")
+        assert caller is not None
+        outbound: asyncio.Queue[lease_service_pb2.LeaseResponse | None] = asyncio.Queue()
+        cut = asyncio.Event()
+        self._outbound, self._cut = outbound, cut
+        self.streams += 1
+        self.host_ids.append(caller.name)
+
+        async def read() -> None:
+            async for req in request_iterator:
+                self.received.append(req)
+                await self._on_request(req, outbound)
+                await self._note()
+            await outbound.put(None)
+
+        reader = asyncio.create_task(read())
+        try:
+            while True:
+                getter = asyncio.ensure_future(outbound.get())
+                cutter = asyncio.ensure_future(cut.wait())
+                done, _ = await asyncio.wait({getter, cutter}, return_when=asyncio.FIRST_COMPLETED)
+                if cutter in done:
+                    getter.cancel()
+                    await context.abort(grpc.StatusCode.UNAVAILABLE, "connection cut by test")
+                cutter.cancel()
+                item = getter.result()
+                if item is None:
+                    return
+                yield item
+        finally:
+            reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await reader
+            if self._outbound is outbound:
+                self._outbound = None
+            await self._note()
+
+    async def _on_request(
+        self,
+        req: lease_service_pb2.LeaseRequest,
+        out: asyncio.Queue[lease_service_pb2.LeaseResponse | None],
+    ) -> None:
+        kind = req.WhichOneof("kind")
+        if kind == "hello":
+            self.hellos.append(req.hello)
+            await out.put(
+                lease_service_pb2.LeaseResponse(
+                    welcome=lease_service_pb2.Welcome(
+                        host_id=self.host_ids[-1],
+                        renew_interval=self._duration(self.lease_s / 3),
+                    )
+                )
+            )
+            for held in req.hello.held_assignments:
+                lease = self.leases.get((held.task_id, held.attempt))
+                if lease and lease.live and lease.lease_id == held.lease_id:
+                    await out.put(self._assignment(lease, resumed=True))
+                elif lease:
+                    await out.put(self._revoked(lease, 0))
+        elif kind == "renewal":
+            r = req.renewal
+            lease = self.leases.get((r.task_id, r.attempt))
+            if lease and lease.live and lease.lease_id == r.lease_id:
+                await out.put(
+                    lease_service_pb2.LeaseResponse(
+                        renewed=lease_service_pb2.Renewed(
+                            task_id=r.task_id,
+                            attempt=r.attempt,
+                            lease_id=r.lease_id,
+                            lease_expires_at=self._expiry(),
+                        )
+                    )
+                )
+            elif lease:
+                await out.put(self._revoked(lease, 0))
+        elif kind == "result":
+            r = req.result
+            self.results.append(r)
+            lease = self.leases.get((r.task_id, r.attempt))
+            if lease and lease.lease_id == r.lease_id and self.ack_results:
+                lease.live = False
+                await out.put(
+                    lease_service_pb2.LeaseResponse(
+                        result_ack=lease_service_pb2.ResultAck(
+                            task_id=r.task_id,
+                            attempt=r.attempt,
+                            lease_id=r.lease_id,
+                            task_status=r.status,
+                        )
+                    )
+                )
+
+
+@dataclass
+class RunningCloud:
+    cloud: FakeCloud
+    server: grpc.aio.Server
+    port: int
+    pki_dir: Path
+
+
+async def start_fake_cloud(pki_dir: Path, host_id: str, port: int = 0) -> RunningCloud:
+    pki.ensure_embedded_pki(pki_dir.parent, [host_id])
+    directory = pki_dir
+    cloud = FakeCloud()
+    server = grpc.aio.server(options=SERVER_OPTIONS)
+    lease_service_pb2_grpc.add_LeaseServiceServicer_to_server(cloud, server)
+    creds = grpc.ssl_server_credentials(
+        [((directory / "server.key").read_bytes(), (directory / "server.pem").read_bytes())],
+        root_certificates=(directory / "ca.pem").read_bytes(),
+        require_client_auth=True,
+    )
+    bound = server.add_secure_port(f"127.0.0.1:{port}", creds)
+    await server.start()
+    return RunningCloud(cloud, server, bound, directory)

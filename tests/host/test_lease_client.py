@@ -1,0 +1,274 @@
+"""The lease client over a real mTLS grpc.aio stream.
+
+The cloud's LeaseService was not in the tree yet when this was written, so the server is the
+minimal in-test implementation in `lease_fake.py` (same protocol, real TLS, real stream). The
+task body here is a stepper the test advances, so each protocol moment is reached on purpose.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+
+import pytest
+
+from amc.v1 import types_pb2
+from host.agent.loop import TaskOutcome, TaskSpec
+from host.agent.progress import ProgressHolder
+from host.cloud_channel import open_channel
+from host.devices.registry import DeviceInfo
+from host.lease_client import LeaseClient, LeaseClientConfig, backoff_delay
+from host.settings import HostSettings
+from tests.host.lease_fake import RunningCloud, start_fake_cloud
+
+HOST_ID = "h1"
+
+
+class StaticDevices:
+    """The host's phones, set by the test."""
+
+    def __init__(self, *serials: str) -> None:
+        self.infos = {
+            s: DeviceInfo(s, "test phone", types_pb2.DEVICE_STATE_ONLINE) for s in serials
+        }
+        self.listeners: list[Callable[[DeviceInfo, str], None]] = []
+
+    def devices(self) -> list[DeviceInfo]:
+        return list(self.infos.values())
+
+    def add_listener(self, listener: Callable[[DeviceInfo, str], None]) -> None:
+        self.listeners.append(listener)
+
+    def set_state(self, serial: str, state: types_pb2.DeviceState.ValueType) -> None:
+        info = DeviceInfo(serial, "test phone", state)
+        self.infos[serial] = info
+        for listener in self.listeners:
+            listener(info, "offline" if state != types_pb2.DEVICE_STATE_ONLINE else "online")
+
+
+class Stepper:
+    """A task body that runs one step each time the test calls `allow()`."""
+
+    def __init__(self, steps: int) -> None:
+        self.steps = steps
+        self.sem = asyncio.Semaphore(0)
+        self.started: list[TaskSpec] = []
+        self.done_steps = 0
+
+    def allow(self, n: int = 1) -> None:
+        for _ in range(n):
+            self.sem.release()
+
+    async def __call__(
+        self, spec: TaskSpec, progress: ProgressHolder, cancel: asyncio.Event
+    ) -> TaskOutcome:
+        self.started.append(spec)
+        for i in range(1, self.steps + 1):
+            progress.update(i, types_pb2.STEP_STATUS_ACTING, f"step {i}: tap 'Next' — go on")
+            waiter = asyncio.ensure_future(self.sem.acquire())
+            stopper = asyncio.ensure_future(cancel.wait())
+            await asyncio.wait({waiter, stopper}, return_when=asyncio.FIRST_COMPLETED)
+            stopper.cancel()
+            if cancel.is_set():
+                waiter.cancel()
+                return TaskOutcome("cancelled", "stopped: the lease was revoked", i)
+            progress.update(i, types_pb2.STEP_STATUS_SUCCEEDED, f"step {i}: done")
+            self.done_steps = i
+        return TaskOutcome("succeeded", "goal reached", self.steps)
+
+
+@pytest.fixture
+async def cloud(tmp_path: Path) -> AsyncIterator[RunningCloud]:
+    running = await start_fake_cloud(tmp_path / "pki", HOST_ID)
+    yield running
+    await running.server.stop(grace=None)
+
+
+def _client(
+    cloud: RunningCloud, devices: StaticDevices, body: Stepper, tmp_path: Path
+) -> LeaseClient:
+    settings = HostSettings(
+        cloud_address=f"127.0.0.1:{cloud.port}",
+        certs_dir=cloud.pki_dir,
+        host_id=HOST_ID,
+        data_dir=tmp_path / "host",
+    )
+    return LeaseClient(
+        lambda: open_channel(settings),
+        devices,
+        body,
+        LeaseClientConfig(reconnect_initial_s=0.05, reconnect_max_s=0.2),
+        rng=random.Random(7),
+    )
+
+
+async def _run(client: LeaseClient) -> tuple[asyncio.Event, asyncio.Task[None]]:
+    stop = asyncio.Event()
+    task = asyncio.create_task(client.run(stop))
+    await asyncio.wait_for(client.wait_connected(), 20)
+    return stop, task
+
+
+async def test_hello_identity_and_devices(cloud: RunningCloud, tmp_path: Path) -> None:
+    devices = StaticDevices("emulator-5554", "emulator-5556")
+    client = _client(cloud, devices, Stepper(1), tmp_path)
+    stop, task = await _run(client)
+    try:
+        assert client.host_id == HOST_ID  # from the certificate, never sent
+        [hello] = cloud.cloud.hellos
+        assert [d.serial for d in hello.devices] == ["emulator-5554", "emulator-5556"]
+        assert hello.agent_version.startswith("amc-host/")
+        assert hello.planner_transport == types_pb2.PLANNER_TRANSPORT_DIRECT
+        assert not hello.held_assignments
+        # A phone going offline is reported as a device update.
+        devices.set_state("emulator-5556", types_pb2.DEVICE_STATE_OFFLINE)
+        await cloud.cloud.wait_for(
+            lambda: any(r.WhichOneof("kind") == "device_update" for r in cloud.cloud.received)
+        )
+        update = next(
+            r.device_update for r in cloud.cloud.received if r.WhichOneof("kind") == "device_update"
+        )
+        states = {d.serial: d.state for d in update.devices}
+        assert states["emulator-5556"] == types_pb2.DEVICE_STATE_OFFLINE
+    finally:
+        stop.set()
+        await task
+
+
+async def test_task_runs_renews_with_progress_and_result_is_acked(
+    cloud: RunningCloud, tmp_path: Path
+) -> None:
+    body = Stepper(3)
+    client = _client(cloud, StaticDevices("emulator-5554"), body, tmp_path)
+    stop, task = await _run(client)
+    fake = cloud.cloud
+    try:
+        assert body.started == []  # nothing touches a phone before an assignment
+        await fake.assign("t1", "emulator-5554", "open settings")
+        await fake.wait_for(
+            lambda: any(
+                r.WhichOneof("kind") == "renewal" and r.renewal.progress.step_index == 1
+                for r in fake.received
+            )
+        )
+        body.allow(3)
+        await fake.wait_for(lambda: len(fake.results) == 1)
+        [result] = fake.results
+        assert result.status == types_pb2.TASK_STATUS_SUCCEEDED
+        assert result.lease_id == "lease-t1-1"
+        assert result.final_progress.step_index == 3
+        renewal = next(r.renewal for r in fake.received if r.WhichOneof("kind") == "renewal")
+        assert renewal.progress.summary.startswith("step 1: tap 'Next'")
+        assert len(renewal.progress.summary) <= 200
+        await fake.wait_for(lambda: True)
+        for _ in range(100):
+            if not client.pending_results():
+                break
+            await asyncio.sleep(0.05)
+        assert client.pending_results() == []
+    finally:
+        stop.set()
+        await task
+
+
+async def test_stream_cut_mid_task_reconnects_reannounces_and_finishes(
+    cloud: RunningCloud, tmp_path: Path
+) -> None:
+    body = Stepper(3)
+    client = _client(cloud, StaticDevices("emulator-5554"), body, tmp_path)
+    stop, task = await _run(client)
+    fake = cloud.cloud
+    try:
+        await fake.assign("t2", "emulator-5554", "add a contact")
+        body.allow(1)
+        await fake.wait_for(lambda: body.done_steps == 1 or bool(fake.results))
+        fake.cut()
+        # The client reconnects and re-announces what it holds; the cloud resumes it.
+        await fake.wait_for(lambda: len(fake.hellos) >= 2)
+        held = fake.hellos[-1].held_assignments
+        assert [(h.task_id, h.attempt, h.lease_id) for h in held] == [("t2", 1, "lease-t2-1")]
+        await asyncio.wait_for(client.wait_connected(), 20)
+        body.allow(2)
+        await fake.wait_for(lambda: len(fake.results) >= 1)
+        assert fake.results[-1].status == types_pb2.TASK_STATUS_SUCCEEDED
+        assert len(body.started) == 1  # resumed, not restarted
+        assert fake.streams >= 2
+    finally:
+        stop.set()
+        await task
+
+
+async def test_result_is_resent_after_reconnect_until_acked(
+    cloud: RunningCloud, tmp_path: Path
+) -> None:
+    body = Stepper(1)
+    client = _client(cloud, StaticDevices("emulator-5554"), body, tmp_path)
+    stop, task = await _run(client)
+    fake = cloud.cloud
+    try:
+        fake.ack_results = False
+        await fake.assign("t3", "emulator-5554", "g")
+        body.allow(1)
+        await fake.wait_for(lambda: len(fake.results) == 1)
+        assert client.pending_results() == [("t3", 1)]
+        fake.ack_results = True
+        fake.cut()
+        await fake.wait_for(lambda: len(fake.results) >= 2)
+        for _ in range(100):
+            if not client.pending_results():
+                break
+            await asyncio.sleep(0.05)
+        assert client.pending_results() == []
+    finally:
+        stop.set()
+        await task
+
+
+async def test_revoke_stops_the_task_within_a_step(cloud: RunningCloud, tmp_path: Path) -> None:
+    body = Stepper(50)
+    client = _client(cloud, StaticDevices("emulator-5554"), body, tmp_path)
+    stop, task = await _run(client)
+    fake = cloud.cloud
+    try:
+        await fake.assign("t4", "emulator-5554", "g")
+        body.allow(2)
+        await fake.wait_for(lambda: body.done_steps >= 2)
+        await fake.revoke("t4")
+        await fake.wait_for(lambda: len(fake.results) >= 1)
+        assert fake.results[-1].status == types_pb2.TASK_STATUS_CANCELLED
+        assert body.done_steps == 2  # no further step ran
+        assert client.running() == []
+    finally:
+        stop.set()
+        await task
+
+
+async def test_assignment_for_an_unknown_or_busy_phone_fails_clearly(
+    cloud: RunningCloud, tmp_path: Path
+) -> None:
+    body = Stepper(5)
+    client = _client(cloud, StaticDevices("emulator-5554"), body, tmp_path)
+    stop, task = await _run(client)
+    fake = cloud.cloud
+    try:
+        await fake.assign("t5", "emulator-9999", "g")
+        await fake.wait_for(lambda: len(fake.results) >= 1)
+        assert fake.results[-1].status == types_pb2.TASK_STATUS_FAILED
+        assert "emulator-9999" in fake.results[-1].summary
+        await fake.assign("t6", "emulator-5554", "g")
+        await fake.assign("t7", "emulator-5554", "g")
+        await fake.wait_for(lambda: any(r.task_id == "t7" for r in fake.results))
+        assert "busy" in next(r.summary for r in fake.results if r.task_id == "t7")
+        assert [s.task_id for s in body.started] == ["t6"]
+    finally:
+        stop.set()
+        await task
+
+
+def test_backoff_is_capped_and_jittered() -> None:
+    rng = random.Random(1)
+    delays = [backoff_delay(n, 0.5, 30.0, rng) for n in range(40)]
+    assert all(0.05 <= d <= 30.0 for d in delays)
+    assert len({round(d, 3) for d in delays}) > 30
