@@ -1,0 +1,60 @@
+"""How a session talks to its model: thinking configuration and the session's own knobs.
+
+These are plain values; `planner/settings.py` (owned by the planner settings class) maps the
+environment onto them: `AMC_PLANNER_MODE=session` selects session mode, and the
+`AMC_PLANNER_SESSION_*` names listed on `SessionConfig` tune it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from planner.session.anthropic_projection import ForeignReasoning
+
+ThinkingMode = Literal["off", "adaptive", "budget"]
+SessionProvider = Literal["anthropic", "openai-responses"]
+PlannerMode = Literal["compact", "session"]
+
+
+@dataclass(frozen=True, slots=True)
+class ThinkingConfig:
+    """Reasoning for a session, provider-neutral.
+
+    Anthropic: `adaptive` sends `thinking: {type: adaptive}` (+ `output_config.effort`), `budget`
+    sends `thinking: {type: enabled, budget_tokens}` with the interleaved-thinking beta header.
+    OpenAI Responses: any mode but `off` sends `reasoning: {effort, summary: auto}`.
+    """
+
+    mode: ThinkingMode = "off"
+    effort: str | None = None
+    budget_tokens: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.mode == "budget" and (self.budget_tokens is None or self.budget_tokens < 1024):
+            raise ValueError("thinking budget_tokens must be at least 1024")
+
+    @property
+    def enabled(self) -> bool:
+        return self.mode != "off"
+
+
+@dataclass(frozen=True, slots=True)
+class SessionConfig:
+    """Session-mode knobs, each with its environment name for the planner settings class.
+
+    - `keep_scenes` (`AMC_PLANNER_SESSION_KEEP_SCENES`, default 3): full observations kept;
+      older ones are condensed. None keeps every one.
+    - `keep_reasoning_turns` (`AMC_PLANNER_SESSION_KEEP_REASONING_TURNS`, default None = all):
+      reasoning of earlier turns beyond the last N is not sent back (never that of the last turn).
+    - `foreign_reasoning` (`AMC_PLANNER_SESSION_FOREIGN_REASONING`, `drop` | `text`): what happens
+      to reasoning another provider made after a provider switch.
+    - `stream` (`AMC_PLANNER_SESSION_STREAM`): stream responses and forward live thinking.
+    - `max_tokens` (`AMC_PLANNER_MAX_TOKENS`): output token limit per call.
+    """
+
+    keep_scenes: int | None = 3
+    keep_reasoning_turns: int | None = None
+    foreign_reasoning: ForeignReasoning = "drop"
+    stream: bool = False
+    max_tokens: int = 4096

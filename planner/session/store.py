@@ -1,0 +1,135 @@
+"""Where session items live between steps, restarts and attempts.
+
+`SessionStore` is the port: the host's local store implements it (`SqliteSessionStore`, one
+small table), and for the cloud transport the cloud will implement it over its own database.
+Items are stored one row each as the exact JSON of `planner.session.items`, so signatures and
+encrypted reasoning come back byte for byte and a planner built after a restart continues the
+very same conversation.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Protocol, runtime_checkable
+
+from planner.session.items import SessionItem, dumps_item, loads_item
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS planner_session_items (
+    task_id TEXT NOT NULL,
+    attempt INTEGER NOT NULL,
+    seq INTEGER NOT NULL,
+    item_type TEXT NOT NULL,
+    body TEXT NOT NULL,
+    created_at TEXT NOT NULL DEFAULT (strftime('%Y-%m-%dT%H:%M:%fZ', 'now')),
+    PRIMARY KEY (task_id, attempt, seq)
+)
+"""
+
+
+@runtime_checkable
+class SessionStore(Protocol):
+    """Append-only storage of a session's items per (task, attempt)."""
+
+    async def load(self, task_id: str, attempt: int) -> list[SessionItem]:
+        """Every item of this attempt, in the order appended (empty if none)."""
+        ...
+
+    async def append(self, task_id: str, attempt: int, items: Sequence[SessionItem]) -> None:
+        """Add items after those already stored, atomically (all or none)."""
+        ...
+
+    async def latest_attempt(self, task_id: str, *, before: int) -> int | None:
+        """The highest attempt below `before` that has items, so a new attempt can continue
+        the conversation of the last one; None if there is none."""
+        ...
+
+
+class SqliteSessionStore:
+    """`SessionStore` on one SQLite file (WAL), usable beside the host's other tables.
+
+    sqlite3 calls run in a worker thread so the event loop never blocks on disk; a lock keeps
+    the sequence numbers of concurrent appends to one file gap-free and unique.
+    """
+
+    def __init__(self, path: str | Path) -> None:
+        self._path = str(path)
+        self._lock = threading.Lock()
+        with self._connect() as conn:
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute(_SCHEMA)
+
+    def _connect(self) -> sqlite3.Connection:
+        return sqlite3.connect(self._path, timeout=30)
+
+    def _load(self, task_id: str, attempt: int) -> list[SessionItem]:
+        with self._lock, self._connect() as conn:
+            rows = conn.execute(
+                "SELECT body FROM planner_session_items WHERE task_id = ? AND attempt = ? "
+                "ORDER BY seq",
+                (task_id, attempt),
+            ).fetchall()
+        conn.close()
+        return [loads_item(body) for (body,) in rows]
+
+    def _append(self, task_id: str, attempt: int, items: Sequence[SessionItem]) -> None:
+        if not items:
+            return
+        rows = [(type(i).__name__, dumps_item(i)) for i in items]
+        with self._lock:
+            conn = self._connect()
+            try:
+                with conn:
+                    (last,) = conn.execute(
+                        "SELECT COALESCE(MAX(seq), -1) FROM planner_session_items "
+                        "WHERE task_id = ? AND attempt = ?",
+                        (task_id, attempt),
+                    ).fetchone()
+                    conn.executemany(
+                        "INSERT INTO planner_session_items "
+                        "(task_id, attempt, seq, item_type, body) VALUES (?, ?, ?, ?, ?)",
+                        [
+                            (task_id, attempt, last + 1 + n, kind, body)
+                            for n, (kind, body) in enumerate(rows)
+                        ],
+                    )
+            finally:
+                conn.close()
+
+    def _latest_attempt(self, task_id: str, before: int) -> int | None:
+        with self._lock, self._connect() as conn:
+            (value,) = conn.execute(
+                "SELECT MAX(attempt) FROM planner_session_items WHERE task_id = ? AND attempt < ?",
+                (task_id, before),
+            ).fetchone()
+        conn.close()
+        return None if value is None else int(value)
+
+    def _delete(self, task_id: str) -> int:
+        with self._lock:
+            conn = self._connect()
+            try:
+                with conn:
+                    cur = conn.execute(
+                        "DELETE FROM planner_session_items WHERE task_id = ?", (task_id,)
+                    )
+                    return cur.rowcount
+            finally:
+                conn.close()
+
+    async def load(self, task_id: str, attempt: int) -> list[SessionItem]:
+        return await asyncio.to_thread(self._load, task_id, attempt)
+
+    async def append(self, task_id: str, attempt: int, items: Sequence[SessionItem]) -> None:
+        await asyncio.to_thread(self._append, task_id, attempt, list(items))
+
+    async def latest_attempt(self, task_id: str, *, before: int) -> int | None:
+        return await asyncio.to_thread(self._latest_attempt, task_id, before)
+
+    async def delete(self, task_id: str) -> int:
+        """Remove every item of a task (retention); returns how many rows went."""
+        return await asyncio.to_thread(self._delete, task_id)
