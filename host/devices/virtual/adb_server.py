@@ -82,6 +82,10 @@ class VirtualAdbServer:
         phone.replug()
         self._notify()
 
+    def connections(self, serial: str) -> int:
+        """Open connections bound to a phone (a command may be running on each)."""
+        return len(self._bound.get(serial, ()))
+
     def _online(self) -> list[VirtualPhone]:
         return [p for p in self._phones.values() if p.online]
 
