@@ -1,0 +1,279 @@
+"""The console's JSON API against a real cloud: auth, tasks, decisions, hosts, errors, SSE."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Iterator
+
+import httpx
+import pytest
+from conftest import ADMIN, API_TOKEN, PASSWORD, HostFactory
+from console_stack import Operator, UvicornThread
+
+from amc.v1 import types_pb2
+from console.gateway import create_app
+from console.gateway.history import DIRECT_TRANSPORT, NOT_ASSIGNED_YET
+from console.settings import ConsoleSettings
+
+
+def unique(goal: str) -> str:
+    return f"{goal} {uuid.uuid4().hex[:8]}"
+
+
+def sse_events(response: httpx.Response) -> Iterator[tuple[str, str]]:
+    """(event, data) pairs of a text/event-stream response, as they arrive."""
+    event, data = "message", list[str]()
+    for line in response.iter_lines():
+        if line == "":
+            if data:
+                yield event, "\n".join(data)
+            event, data = "message", list[str]()
+        elif line.startswith("event:"):
+            event = line[6:].strip()
+        elif line.startswith("data:"):
+            data.append(line[5:].strip())
+
+
+def test_api_without_credentials_is_401(anon: httpx.Client) -> None:
+    response = anon.get("/api/tasks")
+    assert response.status_code == 401
+    assert response.headers["www-authenticate"] == "Bearer"
+    wrong = anon.get("/api/tasks", headers={"Authorization": "Bearer not-the-token"})
+    assert wrong.status_code == 401
+
+
+def test_submit_list_get_and_cancel(api: httpx.Client) -> None:
+    goal = unique("Turn on dark theme")
+    created = api.post("/api/tasks", json={"goal": goal, "host_id": "nowhere", "max_attempts": 2})
+    assert created.status_code == 201, created.text
+    task = created.json()["task"]
+    assert task["status"] == "queued"
+    assert task["max_attempts"] == 2
+    assert task["target"]["host_id"] == "nowhere"
+
+    listed = api.get("/api/tasks", params={"q": goal.split()[-1], "status": "queued"})
+    assert [t["task_id"] for t in listed.json()["tasks"]] == [task["task_id"]]
+    none = api.get("/api/tasks", params={"q": goal.split()[-1], "status": "running"})
+    assert none.json()["tasks"] == []
+
+    detail = api.get(f"/api/tasks/{task['task_id']}").json()
+    assert detail["task"]["goal"] == goal
+    assert detail["history"] == []
+    assert detail["history_note"] == NOT_ASSIGNED_YET
+
+    cancelled = api.post(f"/api/tasks/{task['task_id']}/cancel", json={"reason": "not needed"})
+    assert cancelled.status_code == 200, cancelled.text
+    assert cancelled.json()["status"] == "cancelled"
+
+    again = api.post(f"/api/tasks/{task['task_id']}/cancel", json={"reason": "twice"})
+    assert again.status_code == 409
+    assert again.json()["grpc_code"] == "FAILED_PRECONDITION"
+    assert again.json()["detail"]
+
+
+def test_paging_follows_the_cloud_tokens(api: httpx.Client) -> None:
+    tag = uuid.uuid4().hex[:8]
+    ids = [
+        api.post("/api/tasks", json={"goal": f"page {tag} {i}", "host_id": "nowhere"}).json()[
+            "task"
+        ]["task_id"]
+        for i in range(3)
+    ]
+    first = api.get("/api/tasks", params={"q": tag, "page_size": 2}).json()
+    assert len(first["tasks"]) == 2
+    assert first["next_page_token"]
+    second = api.get(
+        "/api/tasks", params={"q": tag, "page_size": 2, "page_token": first["next_page_token"]}
+    ).json()
+    seen = [t["task_id"] for t in first["tasks"] + second["tasks"]]
+    assert sorted(seen) == sorted(ids)
+    assert seen == list(reversed(ids))  # newest first
+
+
+def test_unknown_task_is_404_with_the_cloud_message(api: httpx.Client) -> None:
+    response = api.get("/api/tasks/does-not-exist")
+    assert response.status_code == 404
+    assert response.json()["grpc_code"] == "NOT_FOUND"
+    assert response.json()["detail"]
+
+
+def test_invalid_submit_is_422_with_the_cloud_message(api: httpx.Client) -> None:
+    response = api.post("/api/tasks", json={"goal": ""})
+    assert response.status_code == 422
+    body = response.json()
+    assert body["grpc_code"] == "INVALID_ARGUMENT"
+    assert body["detail"]
+
+
+def test_hosts_show_connected_sim_host(api: httpx.Client, make_host: HostFactory) -> None:
+    host = make_host(types_pb2.PLANNER_TRANSPORT_DIRECT)
+    hosts = {h["host_id"]: h for h in api.get("/api/hosts").json()["hosts"]}
+    mine = hosts[host.host_id]
+    assert mine["connected"] is True
+    assert mine["planner_transport"] == "direct"
+    assert mine["devices"] == [{"serial": "emu-1", "model": "amc virtual phone", "state": "online"}]
+    connected = api.get("/api/hosts", params={"connected_only": True}).json()["hosts"]
+    assert host.host_id in {h["host_id"] for h in connected}
+
+
+def test_detail_has_progress_and_cloud_decisions(api: httpx.Client, make_host: HostFactory) -> None:
+    host = make_host(types_pb2.PLANNER_TRANSPORT_CLOUD)
+    goal = unique("Open Display settings")
+    task = api.post("/api/tasks", json={"goal": goal, "host_id": host.host_id}).json()["task"]
+    assignment = host.assignment()
+    assert assignment.task_id == task["task_id"]
+
+    empty = api.get(f"/api/tasks/{task['task_id']}").json()
+    assert empty["history"][0]["empty_reason"] == "no step reported yet"
+
+    host.renew(assignment, 1, types_pb2.STEP_STATUS_PLANNING, "planning")
+    decision = host.decide(assignment, goal)
+    host.renew(assignment, 1, types_pb2.STEP_STATUS_ACTING, "tap 'Display'")
+
+    detail = api.get(f"/api/tasks/{task['task_id']}").json()
+    assert detail["task"]["status"] == "running"
+    assert detail["task"]["progress"]["step_index"] == 1
+    assert detail["task"]["progress"]["summary"] == "tap 'Display'"
+    [attempt] = detail["task"]["attempts"]
+    assert attempt["planner_transport"] == "cloud"
+    assert attempt["host_id"] == host.host_id
+    [history] = detail["history"]
+    assert history["empty_reason"] is None
+    [step] = history["decisions"]
+    assert step["decision_id"] == decision.decision_id
+    assert step["step_index"] == 1
+    assert step["provider"] == "offline"
+    assert step["tool_name"] == decision.tool_name
+    assert step["purpose"] == decision.purpose
+    assert step["expected_outcome"] == decision.expected_outcome
+    assert step["user_prompt"].startswith("Goal:")
+    assert step["arguments"] == json.loads(decision.arguments_json)
+
+    one = api.get(f"/api/decisions/{decision.decision_id}").json()
+    assert one["rationale"] == decision.rationale
+    page = api.get(f"/api/tasks/{task['task_id']}/decisions", params={"attempt": 1}).json()
+    assert [d["decision_id"] for d in page["decisions"]] == [decision.decision_id]
+
+
+def test_direct_transport_history_says_why_it_is_empty(
+    api: httpx.Client, make_host: HostFactory
+) -> None:
+    host = make_host(types_pb2.PLANNER_TRANSPORT_DIRECT)
+    task = api.post(
+        "/api/tasks", json={"goal": unique("Open the clock"), "host_id": host.host_id}
+    ).json()["task"]
+    assignment = host.assignment()
+    host.renew(assignment, 2, types_pb2.STEP_STATUS_ACTING, "tap 'Clock'")
+    detail = api.get(f"/api/tasks/{task['task_id']}").json()
+    assert detail["history"][0]["planner_transport"] == "direct"
+    assert detail["history"][0]["empty_reason"] == DIRECT_TRANSPORT
+    assert detail["history_note"] == DIRECT_TRANSPORT
+
+
+def test_task_events_stream_progress_until_the_task_ends(
+    gateway: str, api: httpx.Client, make_host: HostFactory
+) -> None:
+    host = make_host()
+    task = api.post(
+        "/api/tasks", json={"goal": unique("Turn on wifi"), "host_id": host.host_id}
+    ).json()["task"]
+    assignment = host.assignment()
+    headers = {"Authorization": f"Bearer {API_TOKEN}"}
+    url = f"{gateway}/api/tasks/{task['task_id']}/events"
+    with httpx.stream("GET", url, headers=headers, timeout=20) as response:
+        assert response.status_code == 200
+        assert response.headers["content-type"].startswith("text/event-stream")
+        events = sse_events(response)
+        name, data = next(events)
+        assert name == "task"
+        assert json.loads(data)["task_id"] == task["task_id"]  # the snapshot
+
+        host.renew(assignment, 3, types_pb2.STEP_STATUS_ACTING, "tap 'Wi-Fi'")
+        for name, data in events:
+            body = json.loads(data)
+            if name == "task" and body["progress"]["step_index"] == 3:
+                assert body["status"] == "running"
+                assert body["progress"]["summary"] == "tap 'Wi-Fi'"
+                break
+        else:
+            pytest.fail("the stream ended without the renewed progress")
+
+        host.finish(assignment, types_pb2.TASK_STATUS_SUCCEEDED, "Wi-Fi is on")
+        seen = [(name, json.loads(data)) for name, data in events]
+        assert seen[-1] == ("end", {"task_id": task["task_id"]})
+        assert seen[-2][1]["status"] == "succeeded"
+
+
+def test_fleet_events_carry_every_task_change(
+    gateway: str, api: httpx.Client, operator: Operator, make_host: HostFactory
+) -> None:
+    host = make_host()
+    headers = {"Authorization": f"Bearer {API_TOKEN}"}
+    with httpx.stream("GET", f"{gateway}/api/events", headers=headers, timeout=20) as response:
+        events = sse_events(response)
+        task = operator.submit(unique("Fleet-wide"), host_id=host.host_id)
+        assignment = host.assignment()
+        host.renew(assignment, 1, types_pb2.STEP_STATUS_PERCEIVING, "looking")
+        for name, data in events:
+            body = json.loads(data)
+            if (
+                name == "task"
+                and body["task_id"] == task.task_id
+                and body["progress"]["step_index"] == 1
+            ):
+                assert body["progress"]["step_status"] == "perceiving"
+                break
+        else:
+            pytest.fail("the fleet stream ended without the task's progress")
+
+
+def login(client: httpx.Client) -> str:
+    """Log in through the form; returns the session's CSRF token."""
+    page = client.get("/login")
+    token = page.text.split('name="csrf_token" value="')[1].split('"')[0]
+    done = client.post(
+        "/login",
+        data={"username": ADMIN, "password": PASSWORD, "csrf_token": token, "next": "/tasks"},
+    )
+    assert done.status_code == 303, done.text
+    tasks = client.get("/tasks")
+    return tasks.text.split('name="csrf_token" value="')[1].split('"')[0]
+
+
+def test_session_writes_to_the_api_need_the_csrf_header(anon: httpx.Client) -> None:
+    csrf = login(anon)
+    assert anon.get("/api/tasks").status_code == 200
+    body = {"goal": unique("csrf check"), "host_id": "nowhere"}
+    refused = anon.post("/api/tasks", json=body)
+    assert refused.status_code == 403
+    accepted = anon.post("/api/tasks", json=body, headers={"X-CSRF-Token": csrf})
+    assert accepted.status_code == 201, accepted.text
+
+
+def test_cloud_unreachable_is_503(console_settings: ConsoleSettings) -> None:
+    settings = console_settings.model_copy(update={"cloud_address": "127.0.0.1:1"})
+    server = UvicornThread(create_app(settings))
+    base = server.start()
+    try:
+        headers = {"Authorization": f"Bearer {API_TOKEN}"}
+        response = httpx.get(f"{base}/api/hosts", headers=headers, timeout=20)
+        assert response.status_code == 503
+        assert response.json()["grpc_code"] == "UNAVAILABLE"
+    finally:
+        server.stop()
+
+
+def test_openapi_documents_the_models(anon: httpx.Client) -> None:
+    schema = anon.get("/api/openapi.json").json()
+    assert {"TaskOut", "TaskDetailOut", "DecisionOut", "HostOut", "ErrorOut"} <= set(
+        schema["components"]["schemas"]
+    )
+    assert "/api/tasks/{task_id}/events" in schema["paths"]
+
+
+@pytest.mark.parametrize("path", ["/tasks", "/fleet", "/tasks/new", "/tasks/x"])
+def test_pages_without_session_redirect_to_login(anon: httpx.Client, path: str) -> None:
+    response = anon.get(path)
+    assert response.status_code == 303
+    assert response.headers["location"].startswith("/login?next=")

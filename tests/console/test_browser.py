@@ -1,0 +1,305 @@
+"""The console in a real browser: Debian's headless Chromium driven by Playwright (sync API).
+
+The app runs under a real uvicorn server in a thread, wired to the real cloud; hosts are
+simulated over the real LeaseService, so every change the page shows came through
+WatchProgress → server-sent events → live.js, never a reload.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from conftest import ADMIN, PASSWORD, Cloud, HostFactory
+from console_stack import Operator
+from playwright.sync_api import Browser, Page, Playwright, expect, sync_playwright
+
+from amc.v1 import lease_service_pb2, types_pb2
+from cloud.store import decisions
+from console.gateway.history import DIRECT_TRANSPORT
+from planner.decision import Decision, ThinkingBlock, Usage
+
+pytestmark = pytest.mark.browser
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
+#: Generous upper bound for a live update to show (a bound, not a timing assertion).
+LIVE_MS = 10_000
+
+
+@pytest.fixture(scope="module")
+def playwright() -> Iterator[Playwright]:
+    if not Path(CHROMIUM).exists():
+        pytest.skip("Debian's chromium is not installed")
+    with sync_playwright() as p:
+        yield p
+
+
+@pytest.fixture(scope="module")
+def browser(playwright: Playwright) -> Iterator[Browser]:
+    browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+    try:
+        yield browser
+    finally:
+        browser.close()
+
+
+def log_in(page: Page, gateway: str, path: str = "/tasks") -> None:
+    page.goto(gateway + path)
+    page.fill("input[name=username]", ADMIN)
+    page.fill("input[name=password]", PASSWORD)
+    page.click("button[type=submit]")
+    expect(page).to_have_url(re.compile(re.escape(gateway + path) + "$"))
+
+
+@pytest.fixture
+def page(browser: Browser, gateway: str) -> Iterator[Page]:
+    """A logged-in page in a fresh browser context."""
+    context = browser.new_context(viewport={"width": 1280, "height": 900})
+    page = context.new_page()
+    log_in(page, gateway)
+    try:
+        yield page
+    finally:
+        context.close()
+
+
+def unique(goal: str) -> str:
+    return f"{goal} {uuid.uuid4().hex[:8]}"
+
+
+def mark_no_reload(page: Page) -> None:
+    """Leave a marker in the page's JS state; a reload would wipe it."""
+    page.evaluate("window.__amcNoReload = 'still here'")
+
+
+def assert_not_reloaded(page: Page) -> None:
+    assert page.evaluate("window.__amcNoReload") == "still here"
+
+
+def test_no_session_redirects_to_login_then_back(browser: Browser, gateway: str) -> None:
+    context = browser.new_context()
+    try:
+        page = context.new_page()
+        page.goto(gateway + "/fleet")
+        expect(page).to_have_url(re.compile(r"/login\?next=%2Ffleet$"))
+        page.fill("input[name=username]", ADMIN)
+        page.fill("input[name=password]", "wrong password")
+        page.click("button[type=submit]")
+        expect(page.locator(".alert")).to_have_text("Wrong username or password.")
+        log_in(page, gateway, "/fleet")
+        expect(page.locator("h1")).to_have_text("Fleet")
+    finally:
+        context.close()
+
+
+def test_running_task_badge_changes_without_reload(
+    page: Page, gateway: str, operator: Operator, make_host: HostFactory
+) -> None:
+    host = make_host()
+    tag = uuid.uuid4().hex[:8]
+    task = operator.submit(f"Turn on dark theme {tag}", host_id=host.host_id)
+    assignment = host.assignment()
+    host.renew(assignment, 3, types_pb2.STEP_STATUS_ACTING, "tap 'Display'")
+
+    page.goto(f"{gateway}/tasks?q={tag}")
+    row = page.locator(f"tr[data-task-id='{task.task_id}']")
+    expect(row.locator("[data-field=progress]")).to_have_text("step 3 · acting · tap 'Display'")
+    expect(row.locator("[data-field=attempt]")).to_have_text("attempt 1 of 3")
+    expect(page.locator("#live-state")).to_have_text("live", timeout=LIVE_MS)
+    mark_no_reload(page)
+
+    host.renew(assignment, 4, types_pb2.STEP_STATUS_ACTING, "tap 'Dark theme'")
+    expect(row.locator("[data-field=progress]")).to_have_text(
+        "step 4 · acting · tap 'Dark theme'", timeout=LIVE_MS
+    )
+    expect(row.locator("[data-field=status]")).to_have_text("running")
+    assert_not_reloaded(page)
+
+    page.click(f"text=Turn on dark theme {tag}")
+    expect(page.locator("#live-state")).to_have_text("live", timeout=LIVE_MS)
+    summary = page.locator(".summary")
+    expect(summary.locator("[data-field=progress]")).to_have_text(
+        "step 4 · acting · tap 'Dark theme'"
+    )
+    mark_no_reload(page)
+    host.renew(assignment, 5, types_pb2.STEP_STATUS_SUCCEEDED, "tap 'Dark theme' done")
+    expect(summary.locator("[data-field=progress]")).to_have_text(
+        "step 5 · succeeded · tap 'Dark theme' done", timeout=LIVE_MS
+    )
+    host.finish(assignment, types_pb2.TASK_STATUS_SUCCEEDED, "Dark theme is on")
+    expect(page.locator(".summary [data-field=status]")).to_have_text("succeeded", timeout=LIVE_MS)
+    expect(page.locator(".summary [data-field=result]")).to_have_text("Dark theme is on")
+    expect(page.locator("a", has_text="Cancel task")).to_have_count(0)
+    assert_not_reloaded(page)
+
+
+def test_open_a_step_and_expand_its_thinking(
+    page: Page, gateway: str, cloud: Cloud, operator: Operator, make_host: HostFactory
+) -> None:
+    host = make_host()
+    goal = unique("Open Display settings")
+    task = operator.submit(goal, host_id=host.host_id)
+    assignment = host.assignment()
+    host.renew(assignment, 1, types_pb2.STEP_STATUS_PLANNING, "planning")
+    first = host.decide(assignment, goal)  # the offline provider: a rationale, no thinking
+    host.renew(assignment, 1, types_pb2.STEP_STATUS_ACTING, "tap 'Display'")
+
+    page.goto(f"{gateway}/tasks/{task.task_id}")
+    expect(page.locator("#live-state")).to_have_text("live", timeout=LIVE_MS)
+    steps = page.locator("details.step")
+    expect(steps).to_have_count(1)
+    mark_no_reload(page)
+
+    # The offline provider never thinks; a provider with extended thinking returns readable
+    # and redacted blocks. Append such a decision through the cloud's own decision-log store,
+    # then report the step, as the cloud planner path would.
+    thinking = Decision(
+        tool_name="tap",
+        arguments={"element_id": "e7"},
+        action=types_pb2.Action(
+            tap=types_pb2.TapAction(element_id="e7"),
+            purpose="switch dark theme on",
+            expected_outcome="the Dark theme switch is on",
+        ),
+        purpose="switch dark theme on",
+        expected_outcome="the Dark theme switch is on",
+        rationale="Display settings are open. Now the Dark theme switch.",
+        thinking=[
+            ThinkingBlock("The switch labelled Dark theme is e7; it is off."),
+            ThinkingBlock("", redacted=True),
+        ],
+        usage=Usage(input_tokens=1500, output_tokens=120, thinking_tokens=80),
+        provider="anthropic",
+        model="claude-test",
+        latency_s=1.25,
+        forced_retry=True,
+        system_prompt="system prompt text",
+        user_prompt="user prompt text",
+    )
+    cloud.loop.run(
+        decisions.append(
+            cloud.server.store, host.host_id, task.task_id, assignment.attempt, thinking
+        )
+    )
+    host.renew(assignment, 2, types_pb2.STEP_STATUS_ACTING, "tap 'Dark theme'")
+    expect(steps).to_have_count(2, timeout=LIVE_MS)  # the history refreshed itself
+    assert_not_reloaded(page)
+
+    step1, step2 = steps.nth(0), steps.nth(1)
+    expect(step1.locator("> summary")).to_contain_text("step 1")
+    expect(step1.locator("> summary")).to_contain_text(first.tool_name)
+    step1.locator("> summary").click()
+    expect(step1.locator("dd").first).to_have_text(first.rationale)
+    step1.locator("details.thinking > summary").click()
+    expect(step1.locator("details.thinking")).to_contain_text("no thinking for this step")
+
+    expect(step2.locator("> summary")).to_contain_text("forced retry")
+    step2.locator("> summary").click()
+    thinking_box = step2.locator("details.thinking")
+    expect(thinking_box.locator("pre")).not_to_be_visible()
+    thinking_box.locator("> summary").click()
+    expect(thinking_box.locator("pre")).to_have_text(
+        "The switch labelled Dark theme is e7; it is off."
+    )
+    expect(thinking_box.locator(".redacted")).to_contain_text("redacted")
+    expect(step2).to_contain_text("the Dark theme switch is on")
+    prompts = step2.locator("details.prompts")
+    expect(prompts.locator("pre").first).not_to_be_visible()
+    prompts.locator("> summary").click()
+    expect(prompts.locator("pre").first).to_have_text("system prompt text")
+
+    shots = os.environ.get("AMC_TEST_SCREENSHOTS")
+    if shots:
+        page.screenshot(path=str(Path(shots) / "task-detail.png"), full_page=True)
+
+
+def test_direct_transport_task_says_why_history_is_empty(
+    page: Page, gateway: str, operator: Operator, make_host: HostFactory
+) -> None:
+    host = make_host(types_pb2.PLANNER_TRANSPORT_DIRECT)
+    task = operator.submit(unique("Open the clock"), host_id=host.host_id)
+    assignment = host.assignment()
+    host.renew(assignment, 2, types_pb2.STEP_STATUS_ACTING, "tap 'Clock'")
+    page.goto(f"{gateway}/tasks/{task.task_id}")
+    expect(page.locator("[data-field=history-note]")).to_have_text(DIRECT_TRANSPORT)
+
+
+def test_cancel_a_running_task_with_confirmation(
+    page: Page, gateway: str, operator: Operator, make_host: HostFactory
+) -> None:
+    host = make_host()
+    task = operator.submit(unique("Call mom"), host_id=host.host_id)
+    assignment = host.assignment()
+    host.renew(assignment, 1, types_pb2.STEP_STATUS_PERCEIVING, "looking")
+
+    page.goto(f"{gateway}/tasks/{task.task_id}")
+    page.click("text=Cancel task…")
+    expect(page.locator("h1")).to_have_text("Cancel this task?")
+    page.fill("input[name=reason]", "wrong phone")
+    page.click("text=Yes, cancel the task")
+
+    expect(page).to_have_url(f"{gateway}/tasks/{task.task_id}")
+    status = page.locator(".summary [data-field=status]")
+    expect(status).to_have_text("running · cancelling")
+    expect(page.locator("#live-state")).to_have_text("live", timeout=LIVE_MS)
+    mark_no_reload(page)
+
+    revoked = host.expect("revoked").revoked
+    assert revoked.reason == lease_service_pb2.REVOKE_REASON_CANCELLED
+    host.finish(assignment, types_pb2.TASK_STATUS_CANCELLED, "stopped on request")
+    expect(status).to_have_text("cancelled", timeout=LIVE_MS)
+    assert_not_reloaded(page)
+
+
+def test_keep_it_running_leaves_the_task_alone(
+    page: Page, gateway: str, operator: Operator
+) -> None:
+    task = operator.submit(unique("Queued forever"), host_id="no-such-host")
+    page.goto(f"{gateway}/tasks/{task.task_id}/cancel")
+    page.click("text=No, keep it running")
+    expect(page).to_have_url(f"{gateway}/tasks/{task.task_id}")
+    expect(page.locator(".summary [data-field=status]")).to_have_text("queued")
+    assert operator.get(task.task_id).status == types_pb2.TASK_STATUS_QUEUED
+
+
+def test_form_without_csrf_token_is_403(page: Page, gateway: str, operator: Operator) -> None:
+    page.goto(f"{gateway}/tasks/new")
+    goal = unique("Forged submit")
+    page.fill("textarea[name=goal]", goal)
+    page.fill("input[name=host_id]", "no-such-host")
+    page.evaluate("document.querySelector('main input[name=csrf_token]').remove()")
+    with page.expect_response(f"{gateway}/tasks/new") as response:
+        page.click("main button[type=submit]")
+    assert response.value.status == 403
+    expect(page.locator(".alert")).to_contain_text("CSRF")
+
+    # With the token the same form works and lands on the new task.
+    page.goto(f"{gateway}/tasks/new")
+    page.fill("textarea[name=goal]", goal)
+    page.fill("input[name=host_id]", "no-such-host")
+    page.click("main button[type=submit]")
+    expect(page.locator("h1")).to_have_text(goal)
+    expect(page.locator(".summary [data-field=status]")).to_have_text("queued")
+
+
+def test_fleet_shows_hosts_phones_and_transport(
+    page: Page, gateway: str, make_host: HostFactory
+) -> None:
+    host = make_host(types_pb2.PLANNER_TRANSPORT_DIRECT)
+    page.goto(f"{gateway}/fleet")
+    card = page.locator(f"section[data-host-id='{host.host_id}']")
+    expect(card).to_contain_text("connected")
+    expect(card).to_contain_text("planner: direct")
+    expect(card.locator("td").first).to_have_text("emu-1")
