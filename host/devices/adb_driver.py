@@ -13,8 +13,8 @@ import uuid
 
 import adbutils
 
-from host.devices.adb_errors import mapped_errors
-from host.devices.base import DeviceError, KeyName
+from host.devices.adb_errors import mapped_errors, server_reachable
+from host.devices.base import DeviceError, DeviceGone, KeyName
 
 _KEYCODES: dict[str, str] = {
     "back": "KEYCODE_BACK",
@@ -86,6 +86,7 @@ class AdbDriver:
 
     def __init__(self, serial: str, host: str = "127.0.0.1", port: int = 5037) -> None:
         self._serial = serial
+        self._addr = (host, port)
         self._client = adbutils.AdbClient(host=host, port=port)
         self._device = self._client.device(serial=serial)
         self._size: tuple[int, int] | None = None
@@ -94,12 +95,21 @@ class AdbDriver:
     def serial(self) -> str:
         return self._serial
 
+    def _server(self, what: str) -> None:
+        if not server_reachable(*self._addr):
+            host, port = self._addr
+            raise DeviceGone(
+                f"phone {self._serial} disconnected ({what}: no adb server at {host}:{port})"
+            )
+
     def _shell(self, cmd: str, what: str) -> str:
+        self._server(what)
         with mapped_errors(self._serial, what):
             out = self._device.shell(cmd)
         return str(out)
 
     def _shell_checked(self, cmd: str, what: str) -> str:
+        self._server(what)
         with mapped_errors(self._serial, what):
             result = self._device.shell2(cmd)
         if result.returncode != 0:
@@ -112,6 +122,7 @@ class AdbDriver:
         return self._size
 
     def screenshot_png(self) -> bytes:
+        self._server("screencap")
         with mapped_errors(self._serial, "screencap"):
             conn = self._device.open_transport()
             try:

@@ -13,6 +13,7 @@ from contextlib import contextmanager
 from typing import TypeVar
 
 import adbutils
+from adbutils.errors import AdbConnectionError, AdbTimeout
 
 from host.devices.base import DeviceError, DeviceGone
 
@@ -30,9 +31,23 @@ _GONE_MARKERS = (
 )
 
 
+def server_reachable(host: str, port: int, timeout: float = 1.0) -> bool:
+    """Whether an adb server listens at host:port.
+
+    Checked before each adbutils call because adbutils, finding no server, runs
+    `adb start-server` itself — on the default port 5037, whatever port was asked for — which
+    would leave a stray daemon behind a host that drives a virtual adb server.
+    """
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
 def is_gone(exc: BaseException) -> bool:
     """True when `exc` means the phone (or its adb server) is no longer reachable."""
-    if isinstance(exc, adbutils.AdbConnectionError | adbutils.AdbTimeout):
+    if isinstance(exc, AdbConnectionError | AdbTimeout):
         return True
     if isinstance(exc, ConnectionError | socket.timeout | BrokenPipeError | EOFError):
         return True

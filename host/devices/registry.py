@@ -10,6 +10,7 @@ from typing import Literal
 import adbutils
 
 from amc.v1 import types_pb2
+from host.devices.adb_errors import server_reachable
 
 AdbState = str
 _STATE_MAP: dict[str, types_pb2.DeviceState.ValueType] = {
@@ -53,6 +54,7 @@ class DeviceRegistry:
         only_serials: list[str] | None = None,
     ) -> None:
         self._client = adbutils.AdbClient(host=host, port=port)
+        self._addr = (host, port)
         self._only = set(only_serials or [])
         self._devices: dict[str, DeviceInfo] = {}
         self._lock = threading.Lock()
@@ -78,10 +80,12 @@ class DeviceRegistry:
 
     def refresh(self) -> list[tuple[DeviceInfo, ChangeKind]]:
         """Poll the adb server once; an unreachable server makes every phone OFFLINE."""
-        try:
-            listed = {i.serial: i.state for i in self._client.list()}
-        except (adbutils.AdbError, OSError):
-            listed = {}
+        listed: dict[str, str] = {}
+        if server_reachable(*self._addr):
+            try:
+                listed = {i.serial: i.state for i in self._client.list()}
+            except (adbutils.AdbError, OSError):
+                listed = {}
         if self._only:
             listed = {s: st for s, st in listed.items() if s in self._only}
         changes: list[tuple[DeviceInfo, ChangeKind]] = []

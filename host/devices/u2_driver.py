@@ -13,10 +13,11 @@ from typing import Any, TypeVar
 
 import adbutils
 import uiautomator2 as u2
+from adbutils.errors import AdbConnectionError, AdbTimeout
 from uiautomator2 import exceptions as u2_exceptions
 
 from host.devices.adb_driver import check_package
-from host.devices.adb_errors import is_gone
+from host.devices.adb_errors import is_gone, server_reachable
 from host.devices.base import DeviceError, DeviceGone, KeyName
 
 T = TypeVar("T")
@@ -28,7 +29,7 @@ def _mapped(serial: str, what: str) -> Iterator[None]:
         yield
     except DeviceError:
         raise
-    except (u2_exceptions.ConnectError, adbutils.AdbConnectionError, adbutils.AdbTimeout) as exc:
+    except (u2_exceptions.ConnectError, AdbConnectionError, AdbTimeout) as exc:
         raise DeviceGone(f"phone {serial} disconnected ({what}: {exc})") from exc
     except (u2_exceptions.BaseException, adbutils.AdbError, OSError, EOFError) as exc:
         if is_gone(exc):
@@ -42,6 +43,7 @@ class U2Driver:
     def __init__(self, serial: str, host: str = "127.0.0.1", port: int = 5037) -> None:
         self._serial = serial
         self._adb = adbutils.AdbClient(host=host, port=port)
+        self._addr = (host, port)
         self._dev: Any = None
 
     @property
@@ -55,6 +57,8 @@ class U2Driver:
         return self._dev
 
     def _call(self, what: str, fn: Callable[[Any], T]) -> T:
+        if not server_reachable(*self._addr):
+            raise DeviceGone(f"phone {self._serial} disconnected ({what}: no adb server)")
         d = self._d()
         with _mapped(self._serial, what):
             return fn(d)

