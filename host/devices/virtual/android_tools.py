@@ -80,6 +80,9 @@ def _input(sh: Shell, args: list[str], stdin: bytes) -> Output:
             for code in codes:
                 if not phone.press_key(code):
                     return Output().err(f"Error: Unknown keycode: {code}\n", 1)
+        elif cmd == "longpress" and len(rest) in (2, 3):
+            # Not in AOSP's `input`; some vendor builds have it, and scripts use it.
+            phone.long_press(_num(rest[0]), _num(rest[1]))
         elif cmd == "press":
             phone.press_key("DPAD_CENTER")
         elif cmd == "roll":

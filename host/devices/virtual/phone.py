@@ -92,6 +92,13 @@ class VirtualPhone:
         """Sleep up to `timeout` seconds, waking early (True) if the phone is unplugged."""
         return self._gone.wait(timeout)
 
+    def reset(self) -> None:
+        """Factory state: default settings, no user data, every app closed, home screen shown."""
+        with self._lock:
+            self.state = PhoneState()
+            self._stacks = {LAUNCHER_PACKAGE: [self.launcher.root()]}
+            self._foreground = LAUNCHER_PACKAGE
+
     # --- what is on screen -------------------------------------------------------------------
 
     @property
@@ -237,10 +244,14 @@ class VirtualPhone:
                 node.on_click()
 
     def long_press(self, x: int, y: int) -> None:
+        """Like Android: a long-clickable view gets the long click; any other view under the
+        finger gets an ordinary click when the finger lifts."""
         with self._lock:
             node = hit_test(self.screen(), x, y, long_press=True)
             if node is not None and node.on_long_click is not None:
                 node.on_long_click()
+            else:
+                self.tap(x, y)
 
     def swipe(self, x1: int, y1: int, x2: int, y2: int, duration_ms: int = 300) -> None:
         """A drag: scrolls the list under its start point; one that does not move is a tap."""

@@ -146,7 +146,10 @@ def _check_wifi_off_and_home(phone: VirtualPhone) -> bool:
 SUITE: list[SuiteTask] = [
     SuiteTask("dark_theme_on", "Turn on dark theme", _settings(), _is("dark_theme", True)),
     SuiteTask(
-        "dark_theme_off", "Turn off dark theme", _settings(dark_theme=True), _is("dark_theme", False)
+        "dark_theme_off",
+        "Turn off dark theme",
+        _settings(dark_theme=True),
+        _is("dark_theme", False),
     ),
     SuiteTask("wifi_off", "Turn off Wi-Fi", _settings(), _is("wifi", False)),
     SuiteTask("wifi_on", "Turn on Wi-Fi", _settings(wifi=False), _is("wifi", True)),

@@ -13,7 +13,10 @@ from host.devices.virtual.phone import VirtualPhone
 
 @pytest.fixture
 def phones() -> list[VirtualPhone]:
-    return [VirtualPhone("virt-1"), VirtualPhone("virt-2", width=720, height=1600, model="amc tiny")]
+    return [
+        VirtualPhone("virt-1"),
+        VirtualPhone("virt-2", width=720, height=1600, model="amc tiny"),
+    ]
 
 
 @pytest.fixture
