@@ -73,7 +73,12 @@ _RELATED: dict[str, tuple[str, ...]] = {
     "date": ("system",),
     "time": ("system",),
 }
-_SETTING_WORDS = frozenset(_RELATED) | {"mode", "toggle"}
+_SETTING_WORDS = (
+    frozenset(_RELATED)
+    | frozenset(w for targets in _RELATED.values() for w in targets)
+    | {"mode", "toggle", "battery", "setting", "preference", "about", "storage", "accessibility"}
+    | {"notification", "privacy", "security", "wallpaper", "system", "timeout", "screen"}
+) - {"clock", "contacts", "people"}
 _SAVE_WORDS = ("save", "done", "ok", "create", "add", "set", "apply", "confirm")
 _FIELD_KINDS: dict[str, tuple[str, ...]] = {
     "first": ("first",),
@@ -84,6 +89,7 @@ _FIELD_KINDS: dict[str, tuple[str, ...]] = {
     "hour": ("hour",),
     "minute": ("minute",),
     "label": ("label", "title", "note", "description"),
+    "password": ("password", "pin", "passcode", "code"),
 }
 
 
@@ -154,6 +160,19 @@ class _Goal:
     want_on: bool | None
     values: dict[str, str]
     generic_values: list[str] = field(default_factory=list)
+    wants_settings: bool = False
+    delete: bool = False
+
+    @property
+    def targets(self) -> list[str]:
+        """Strings that identify the object the goal is about (a name, a time, a quoted text)."""
+        out = [self.values[k] for k in ("name", "label", "phone", "email") if k in self.values]
+        if "hour" in self.values:
+            h, m = int(self.values["hour"]), self.values["minute"]
+            h12 = h % 12 or 12
+            suffix = "AM" if h < 12 else "PM"
+            out += [f"{h:02d}:{m}", f"{h}:{m}", f"{h12}:{m} {suffix}"]
+        return out + self.generic_values
 
     @property
     def all_values(self) -> list[str]:
@@ -178,6 +197,12 @@ def _parse_goal(goal: str) -> _Goal:
     if named:
         values["name"] = named.group(1).strip("\"'")
         value_text += " " + values["name"]
+    if "name" not in values and (re.search(r"\b(delete|remove|erase|contact)", lower)):
+        # A person or item named without "named": a run of capitalized words after the first.
+        proper = re.search(r"(?<=\s)([A-Z][\w'.-]+(?:\s+[A-Z][\w'.-]+)+)", goal)
+        if proper:
+            values["name"] = proper.group(1)
+            value_text += " " + values["name"]
     phone = re.search(r"(\+?\d[\d ().-]{3,}\d)", goal)
     if phone and not re.fullmatch(r"\d{1,2}:\d{2}", phone.group(1)):
         values["phone"] = phone.group(1).strip()
@@ -209,6 +234,12 @@ def _parse_goal(goal: str) -> _Goal:
     if label:
         values["label"] = label.group(1).strip("\"'")
         value_text += " " + values["label"]
+    secret = re.search(
+        r"\b(?:password|passcode|pin|code)\s+(?:is\s+)?(\"[^\"]+\"|'[^']+'|\S+)", goal, re.I
+    )
+    if secret:
+        values["password"] = secret.group(1).strip("\"'")
+        value_text += " " + values["password"]
     generic = [q for q in quoted if q not in values.values()]
     if "name" in values and " " in values["name"]:
         first, last = values["name"].split(" ", 1)
@@ -218,13 +249,13 @@ def _parse_goal(goal: str) -> _Goal:
         value_words |= {"phone", "number", "mobile"}
     if "email" in values:
         value_words |= {"email", "mail", "address"}
-    keywords = [
-        w for w in _words(goal) if w not in _STOP and w not in value_words and not w.isdigit()
-    ]
+    keywords = [w for w in _words(goal) if w not in _STOP and w not in value_words]
     related: list[str] = []
     for w in keywords:
         related += [r for r in _RELATED.get(w, ()) if r not in keywords and r not in related]
-    return _Goal(goal, keywords, related, want_on, values, generic)
+    wants_settings = bool(re.search(r"\bsettings?\b", lower))
+    delete = bool(re.search(r"\b(delete|remove|erase)\b", lower))
+    return _Goal(goal, keywords, related, want_on, values, generic, wants_settings, delete)
 
 
 @dataclass(slots=True)
@@ -279,6 +310,11 @@ class _Agent:
         self.page = f"{self.app}: {self.title}" if self.title else self.app
         screen = parsed.scene.get("screen") or [1080, 2400]
         self.width, self.height = int(screen[0]), int(screen[1])
+        # The page's name as shown: the scene's title and the plain texts in the top bar.
+        top = int(self.height * 0.12)
+        self.headings = [self.title] + [
+            e.text for e in self.els if e.text and e.bounds[3] <= top and "clickable" not in e.flags
+        ]
 
     # -- reading the screen ---------------------------------------------------------------
     def label(self, el: _El) -> str:
@@ -305,7 +341,6 @@ class _Agent:
             and o.text not in ("ON", "OFF")
             and not o.contains(el)
             and o.bounds[1] - 60 <= mid <= o.bounds[3] + 60
-            and o.bounds[2] <= el.bounds[2]
         ]
         texts.sort(key=lambda o: o.bounds[1])
         return " — ".join(o.own_label for o in texts)
@@ -330,7 +365,13 @@ class _Agent:
             s += 3.0 if w in title else 1.5 if w in rest else 0.0
         for w in self.goal.related:
             s += 1.0 if w in title else 0.5 if w in rest else 0.0
+        if self.mentions_target(text):
+            s += 4.0
         return s
+
+    def mentions_target(self, text: str) -> bool:
+        low = text.lower()
+        return any(t.lower() in low for t in self.goal.targets)
 
     @property
     def on_launcher(self) -> bool:
@@ -363,14 +404,26 @@ class _Agent:
                 out.add(page.split(": ", 1)[-1].lower())
         return out
 
-    def trailing_swipes(self) -> int:
-        n = 0
+    def trailing_swipes(self) -> tuple[int, str]:
+        """Swipes in a row in this app (page titles may change as a list scrolls), and the
+        bottom label the last swipe started from ("" when none)."""
+        n, last_from = 0, ""
         for h in reversed(self.history):
-            if h.get("page") == self.page and (h.get("action") or {}).get("tool") == "swipe":
-                n += 1
-            else:
+            action = h.get("action") or {}
+            app = str(h.get("page") or "").split(": ", 1)[0]
+            if app != self.app or action.get("tool") != "swipe":
                 break
-        return n
+            if n == 0:
+                found = re.findall(r"'([^']+)'", str(action.get("purpose") or ""))
+                last_from = found[0] if found else ""
+            n += 1
+        return n, last_from
+
+    def bottom_label(self, container: _El) -> str:
+        inside = [
+            e for e in self.els if container.contains(e) and e.text and e.text not in ("ON", "OFF")
+        ]
+        return max(inside, key=lambda e: e.bounds[3]).text if inside else ""
 
     def typed(self) -> list[str]:
         return [
@@ -389,7 +442,7 @@ class _Agent:
         if ran is False:
             return f"The previous {action.get('tool')} failed to run; the screen is '{self.title}'."
         quoted = re.findall(r"'([^']+)'", expected)
-        if quoted and any(q.lower() in self.title.lower() for q in quoted):
+        if quoted and any(q.lower() in h.lower() for q in quoted for h in self.headings):
             verdict = "reached its expected outcome"
         elif quoted and any(q.lower() in self._screen_text() for q in quoted):
             verdict = "looks done: what it expected is on screen"
@@ -406,7 +459,16 @@ class _Agent:
     def decide(self) -> _Step:
         if len(self.history) >= MAX_STEPS:
             return self.finish(False, f"gave up after {len(self.history)} steps")
-        for attempt in (self.toggle, self.form, self.reached_page, self.navigate, self.explore):
+        steps = (
+            self.delete,
+            self.toggle,
+            self.form,
+            self.choose,
+            self.reached_page,
+            self.navigate,
+            self.explore,
+        )
+        for attempt in steps:
             step = attempt()
             if step is not None:
                 return step
@@ -432,7 +494,14 @@ class _Agent:
         if self.goal.want_on is None:
             return None
         switches = [e for e in self.els if "checkable" in e.flags]
-        scored = [(self.direct_score(self.label(e)), e) for e in switches]
+        scored = [
+            (
+                self.direct_score(self.label(e))
+                + (5.0 if self.mentions_target(f"{self.row_label(e)} {e.desc}") else 0.0),
+                e,
+            )
+            for e in switches
+        ]
         scored = [(s, e) for s, e in scored if s > 0]
         if not scored:
             return None
@@ -454,12 +523,76 @@ class _Agent:
             },
         )
 
+    def choose(self) -> _Step | None:
+        """A goal that names an option ("screen timeout 5 minutes"): select it; done once checked.
+
+        Options are checkable elements other than on/off switches (radio buttons, check marks),
+        named by their own text or the text on their row; the whole name must be in the goal.
+        """
+        if self.goal.want_on is not None or not self.goal.keywords:
+            return None
+        wanted = set(self.goal.keywords)
+        for el in self.els:
+            if "checkable" not in el.flags or "Switch" in el.cls or el.text in ("ON", "OFF"):
+                continue
+            name = el.text or self.row_label(el).split(" — ")[0]
+            words = set(_words(name))
+            if not words or not words <= wanted:
+                continue
+            if "checked" in el.flags or "selected" in el.flags:
+                return self.finish(True, f"'{name}' is selected")
+            holders = [o for o in self.els if "clickable" in o.flags and o.contains(el)]
+            target = min(holders, key=lambda o: o.bounds[3] - o.bounds[1]) if holders else el
+            return _Step(
+                f"{self.judge()} Next: select '{name}'.",
+                "tap",
+                {
+                    "element_id": target.id,
+                    "purpose": f"select '{name}'",
+                    "expected_outcome": f"'{name}' is selected",
+                },
+            )
+        return None
+
     def direct_score(self, text: str) -> float:
         words = set(_words(text.split(" — ")[0]))
         return float(sum(1 for w in self.goal.keywords if w in words))
 
+    def delete(self) -> _Step | None:
+        """Delete goals: tap a delete control for the target, or finish once it is gone."""
+        if not self.goal.delete:
+            return None
+        deleted_before = any(
+            (h.get("action") or {}).get("tool") == "tap"
+            and str((h.get("action") or {}).get("purpose") or "").startswith("delete")
+            and h.get("success") is not False
+            for h in self.history
+        )
+        visible = self.mentions_target(self._screen_text_raw())
+        if deleted_before and self.goal.targets and not visible:
+            return self.finish(True, f"'{self.goal.targets[0]}' is no longer shown")
+        page_is_target = any(self.mentions_target(h) for h in self.headings)
+        for el in self.els:
+            if "clickable" not in el.flags:
+                continue
+            words = set(_words(el.own_label))
+            if not words & {"delete", "remove", "trash"}:
+                continue
+            if not self.goal.targets or self.mentions_target(el.own_label) or page_is_target:
+                what = self.goal.targets[0] if self.goal.targets else self.title
+                return _Step(
+                    f"{self.judge()} Next: delete '{what}'.",
+                    "tap",
+                    {
+                        "element_id": el.id,
+                        "purpose": f"delete '{what}'",
+                        "expected_outcome": f"'{what}' is no longer listed",
+                    },
+                )
+        return None
+
     def form(self) -> _Step | None:
-        if not self.goal.all_values:
+        if not self.goal.all_values or self.goal.delete or self.goal.want_on is not None:
             return None
         fields = [e for e in self.els if e.editable]
         typed = self.typed()
@@ -469,6 +602,19 @@ class _Agent:
                 if el.text == value:
                     continue
                 hint = el.text or el.rid.rsplit("/", 1)[-1]
+                secret = "password" in el.flags or value == self.goal.values.get("password")
+                if secret:
+                    return _Step(
+                        f"{self.judge()} Next: enter the secret in the '{hint}' field.",
+                        "input_text",
+                        {
+                            "text": value,
+                            "sensitive": True,
+                            "element_id": el.id,
+                            "purpose": f"fill in '{hint}'",
+                            "expected_outcome": f"the '{hint}' field is filled (masked)",
+                        },
+                    )
                 return _Step(
                     f"{self.judge()} Next: enter '{value}' in the '{hint}' field.",
                     "input_text",
@@ -491,7 +637,9 @@ class _Agent:
             # The most telling value typed (the longest) shown on a page without fields: saved.
             shown = max((v for v in typed if v and v != "•••"), key=len, default="")
             if shown and shown in self._screen_text_raw():
-                return self.finish(True, f"'{shown}' is saved and shown on '{self.title}'")
+                visible = [v for v in typed if v and v != "•••" and v in self._screen_text_raw()]
+                listed = ", ".join(f"'{v}'" for v in visible)
+                return self.finish(True, f"saved: {listed} shown on '{self.title}'")
         return None
 
     def _screen_text_raw(self) -> str:
@@ -540,10 +688,10 @@ class _Agent:
         """A goal that only names a place ("open battery settings") is done when it is open."""
         if self.goal.want_on is not None or self.goal.all_values or not self.goal.keywords:
             return None
-        title_words = set(_words(self.title))
         wanted = [w for w in self.goal.keywords if w not in ("show", "view", "check", "find")]
-        if wanted and all(w in title_words for w in wanted):
-            return self.finish(True, f"the '{self.title}' page is open")
+        for heading in self.headings:
+            if wanted and all(w in set(_words(heading)) for w in wanted):
+                return self.finish(True, f"the '{heading}' page is open")
         return None
 
     def navigate(self) -> _Step | None:
@@ -562,7 +710,7 @@ class _Agent:
             name = label.split(" — ")[0]
             if not label or name in tried or name.lower() in dead:
                 continue
-            if label.split(" — ")[0].lower() == self.title.lower():
+            if name.lower() in (h.lower() for h in self.headings):
                 continue
             s = self.score(label)
             if s > 0 and (best is None or s > best[0]):
@@ -570,7 +718,11 @@ class _Agent:
         if (
             best is None
             and self.on_launcher
-            and (self.goal.want_on is not None or set(self.goal.keywords) & _SETTING_WORDS)
+            and (
+                self.goal.want_on is not None
+                or self.goal.wants_settings
+                or set(self.goal.keywords) & _SETTING_WORDS
+            )
         ):
             for e in self.els:
                 target = self.clickable_for(e)
@@ -586,7 +738,10 @@ class _Agent:
 
     def explore(self) -> _Step | None:
         scrollable = next((e for e in self.els if "scrollable" in e.flags), None)
-        if scrollable is not None and self.trailing_swipes() < MAX_SCROLLS_PER_PAGE:
+        swipes, last_from = self.trailing_swipes()
+        last_label = self.bottom_label(scrollable) if scrollable is not None else ""
+        at_end = swipes > 0 and last_label == last_from
+        if scrollable is not None and swipes < MAX_SCROLLS_PER_PAGE and not at_end:
             left, top, right, bottom = scrollable.bounds
             x = (left + right) // 2
             start_y = top + (bottom - top) * 4 // 5
@@ -599,14 +754,17 @@ class _Agent:
                     "start_y": start_y,
                     "end_x": x,
                     "end_y": end_y,
-                    "purpose": "scroll down to look for the goal's target",
-                    "expected_outcome": "more entries of the list are visible",
+                    "purpose": f"scroll down past '{last_label}' to look for the goal's target"
+                    if last_label
+                    else "scroll down to look for the goal's target",
+                    "expected_outcome": "entries below the current ones are visible",
                 },
             )
         if self.on_launcher:
             return None
+        why = "The list ends here and nothing" if at_end else "Nothing"
         return _Step(
-            f"{self.judge()} This page is a dead end for the goal; go back.",
+            f"{self.judge()} {why} on this page leads to the goal; go back.",
             "press_key",
             {
                 "key": "back",
