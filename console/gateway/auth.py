@@ -15,6 +15,7 @@ import secrets
 from typing import Annotated
 
 from fastapi import Depends, HTTPException, Request, status
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import SecretStr
 
 SESSION_USER = "user"
@@ -119,12 +120,20 @@ def _credentials(request: Request) -> Credentials:
     return creds
 
 
-async def require_api_user(request: Request) -> str:
+#: Documents the bearer scheme in the OpenAPI schema; the check itself is below.
+_bearer = HTTPBearer(
+    auto_error=False,
+    description="AMC_CONSOLE_API_TOKEN; browsers use the session cookie instead",
+)
+
+
+async def require_api_user(
+    request: Request,
+    bearer: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
+) -> str:
     """Dependency of the JSON API: a bearer token, or a session (plus CSRF header for writes)."""
-    header = request.headers.get("authorization", "")
-    scheme, _, token = header.partition(" ")
-    if scheme.lower() == "bearer" and token:
-        if _credentials(request).check_token(token.strip()):
+    if bearer is not None:
+        if _credentials(request).check_token(bearer.credentials.strip()):
             return "api-token"
         raise HTTPException(
             status.HTTP_401_UNAUTHORIZED,

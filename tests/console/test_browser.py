@@ -303,3 +303,16 @@ def test_fleet_shows_hosts_phones_and_transport(
     expect(card).to_contain_text("connected")
     expect(card).to_contain_text("planner: direct")
     expect(card.locator("td").first).to_have_text("emu-1")
+
+
+def test_new_task_appears_on_the_first_page_without_reload(
+    page: Page, gateway: str, operator: Operator
+) -> None:
+    page.goto(f"{gateway}/tasks")
+    expect(page.locator("#live-state")).to_have_text("live", timeout=LIVE_MS)
+    mark_no_reload(page)
+    task = operator.submit(unique("Appears live"), host_id="no-such-host")
+    row = page.locator(f"tr[data-task-id='{task.task_id}']")
+    expect(row.locator("[data-field=status]")).to_have_text("queued", timeout=LIVE_MS)
+    expect(row.locator("[data-field=attempt]")).to_have_text("not assigned yet (3 allowed)")
+    assert_not_reloaded(page)

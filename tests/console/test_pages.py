@@ -104,3 +104,15 @@ def test_pages_carry_security_headers(anon: httpx.Client) -> None:
     assert response.headers["x-frame-options"] == "DENY"
     assert "script-src 'self'" in response.headers["content-security-policy"]
     assert response.headers["x-content-type-options"] == "nosniff"
+
+
+def test_goals_are_escaped_on_every_page(anon: httpx.Client) -> None:
+    log_in(anon)
+    token = csrf_of(anon.get("/tasks/new").text)
+    goal = f"<script>alert('{uuid.uuid4().hex[:6]}')</script>"
+    made = anon.post("/tasks/new", data={"goal": goal, "host_id": "nowhere", "csrf_token": token})
+    detail = anon.get(made.headers["location"]).text
+    listing = anon.get("/tasks", params={"q": goal}).text
+    for html in (detail, listing):
+        assert goal not in html
+        assert "&lt;script&gt;" in html

@@ -115,7 +115,11 @@
     var source = new EventSource(url);
     source.onopen = function () { liveState("live", "on"); };
     source.onerror = function () {
-      if (source.readyState !== EventSource.CLOSED) liveState("reconnecting…", "off");
+      if (source.readyState === EventSource.CLOSED) {
+        liveState("disconnected — reload the page", "off"); // e.g. the session ended
+      } else {
+        liveState("reconnecting…", "off");
+      }
     };
     source.addEventListener("task", function (e) { onTask(JSON.parse(e.data)); });
     source.addEventListener("end", function () {
