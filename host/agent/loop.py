@@ -19,6 +19,7 @@ from typing import Literal, TypeVar
 from amc.v1 import types_pb2
 from host.agent.actions import ActionResult, action_to_record, changes_screen, describe, execute
 from host.agent.progress import ProgressHolder, status_name, truncate
+from host.agent.redact import SecretRedactor
 from host.devices.base import DeviceError, DeviceGone, Driver
 from host.perception.perceive import Observation, Perceiver
 from host.planner_client import StepPlanner
@@ -116,10 +117,18 @@ class AgentLoop:
         task.cancel()
         raise _Cancelled
 
-    async def _perceive(self, cancel: asyncio.Event) -> Observation:
-        return await self._guard(
-            cancel, asyncio.to_thread(self.perceiver.perceive, self.driver, self.settings.ocr)
-        )
+    def _observe(self, secrets: SecretRedactor) -> Observation:
+        """Perceive (in a worker thread), then scrub any secret typed earlier in this task."""
+        obs = self.perceiver.perceive(self.driver, self.settings.ocr)
+        if secrets:
+            scene, boxes = secrets.scene(obs.scene)
+            obs.scene = scene
+            obs.screenshot_png = secrets.paint(obs.screenshot_png, boxes)
+            obs.hierarchy_xml = secrets.text(obs.hierarchy_xml)
+        return obs
+
+    async def _perceive(self, cancel: asyncio.Event, secrets: SecretRedactor) -> Observation:
+        return await self._guard(cancel, asyncio.to_thread(self._observe, secrets))
 
     async def _save_png(self, spec: TaskSpec, name: str, png: bytes) -> str | None:
         if self.store is None:
@@ -187,6 +196,7 @@ class AgentLoop:
         self, spec: TaskSpec, progress: ProgressHolder, cancel: asyncio.Event
     ) -> TaskOutcome:
         history: list[WorldEvent] = []
+        secrets = SecretRedactor()
         for step in range(1, self.settings.max_steps + 1):
             record = TimelineRecord(spec.task_id, spec.attempt, step, started_at=_now())
             timings: dict[str, float] = {}
@@ -199,7 +209,7 @@ class AgentLoop:
                 f"step {step}: looking at the screen",
             )
             t = time.perf_counter()
-            before = await self._perceive(cancel)
+            before = await self._perceive(cancel, secrets)
             timings.update({f"before_{k}": v for k, v in before.timings.items()})
             record.before_screenshot_path = await self._save_png(
                 spec, f"step{step:03d}-before.png", before.screenshot_png
@@ -229,6 +239,9 @@ class AgentLoop:
                 raise _Cancelled
             self._progress(spec, progress, step, types_pb2.STEP_STATUS_ACTING, line)
             t = time.perf_counter()
+            act = decision.action
+            if act.WhichOneof("kind") == "input_text" and act.input_text.sensitive:
+                secrets.add(act.input_text.text)
             result = await asyncio.to_thread(execute, self.driver, decision.action, before.scene)
             timings["act_s"] = time.perf_counter() - t
             record.action = action_to_record(decision.action)
@@ -240,9 +253,7 @@ class AgentLoop:
             if changes_screen(decision.action):
                 if self.settings.settle_delay_s:
                     await asyncio.sleep(self.settings.settle_delay_s)
-                after = await asyncio.to_thread(
-                    self.perceiver.perceive, self.driver, self.settings.ocr
-                )
+                after = await asyncio.to_thread(self._observe, secrets)
                 record.after_screenshot_path = await self._save_png(
                     spec, f"step{step:03d}-after.png", after.screenshot_png
                 )
@@ -262,6 +273,9 @@ class AgentLoop:
             event.scene_summary = {"page_after": after_page}
             history.append(event)
             record.world_event = event.to_dict()
+            if secrets:  # belt and braces: nothing typed as sensitive is ever stored
+                record.user_prompt = secrets.text(record.user_prompt or "")
+                record.rationale = secrets.text(record.rationale) if record.rationale else None
             record.finished_at = _now()
             t = time.perf_counter()
             record.timings = timings

@@ -1,0 +1,84 @@
+"""Keep secrets the agent typed out of everything that follows: scenes, prompts, OCR, screenshots.
+
+A sensitive `input_text` is executed but never recorded. Yet a field that does not mask its
+input shows the secret on the next screen, so the next scene (and so the next prompt, the cloud's
+decision log and the timeline) would carry it. After typing a secret, every later observation of
+the task is scrubbed: matching text becomes "•••" and the matching screen areas are painted over.
+"""
+
+from __future__ import annotations
+
+import io
+import threading
+from dataclasses import replace
+
+from PIL import Image, ImageDraw
+
+from host.timeline.record import SENSITIVE_MASK
+from planner.scene import Bounds, OcrObservation, Scene
+
+MIN_SUBSTRING = 3
+
+
+class SecretRedactor:
+    """The secrets of one task run."""
+
+    def __init__(self) -> None:
+        self._secrets: set[str] = set()
+        self._lock = threading.Lock()
+
+    def add(self, secret: str) -> None:
+        if secret:
+            with self._lock:
+                self._secrets.add(secret)
+
+    def __bool__(self) -> bool:
+        return bool(self._secrets)
+
+    def text(self, value: str) -> str:
+        with self._lock:
+            secrets = sorted(self._secrets, key=len, reverse=True)
+        for s in secrets:
+            if value == s or (len(s) >= MIN_SUBSTRING and s in value):
+                value = value.replace(s, SENSITIVE_MASK)
+        return value
+
+    def scene(self, scene: Scene) -> tuple[Scene, list[Bounds]]:
+        """The scene with secrets masked, and the screen areas that showed one."""
+        boxes: list[Bounds] = []
+        elements = []
+        for e in scene.elements:
+            text, desc = self.text(e.text), self.text(e.content_desc)
+            if text != e.text or desc != e.content_desc:
+                boxes.append(e.bounds)
+                e = replace(e, text=text, content_desc=desc)
+            elements.append(e)
+        ocr: list[OcrObservation] = []
+        for o in scene.ocr:
+            masked = self.text(o.text)
+            if masked != o.text:
+                boxes.append(o.bounds)
+                o = OcrObservation(masked, o.bounds, o.confidence)
+            ocr.append(o)
+        out = Scene(
+            elements=elements,
+            package=scene.package,
+            page_title=self.text(scene.page_title),
+            screen_width=scene.screen_width,
+            screen_height=scene.screen_height,
+            ocr=ocr,
+        )
+        return out, boxes
+
+    @staticmethod
+    def paint(png: bytes, boxes: list[Bounds]) -> bytes:
+        """The screenshot with each box filled, so the secret is not readable in the image."""
+        if not boxes:
+            return png
+        img = Image.open(io.BytesIO(png)).convert("RGB")
+        draw = ImageDraw.Draw(img)
+        for b in boxes:
+            draw.rectangle((b.left, b.top, b.right, b.bottom), fill=(40, 40, 40))
+        buf = io.BytesIO()
+        img.save(buf, format="PNG")
+        return buf.getvalue()
