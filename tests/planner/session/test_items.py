@@ -9,6 +9,7 @@ import pytest
 from planner.session.items import (
     AssistantText,
     Reasoning,
+    SessionItem,
     ToolCall,
     ToolResult,
     UserObservation,
@@ -24,7 +25,7 @@ ENCRYPTED = "gAAAAABo" + "x/+=" * 50 + "\u0000\ud7ff"
 
 
 def test_round_trip_keeps_every_item_exactly() -> None:
-    items = [
+    items: list[SessionItem] = [
         UserObservation("screen A", condensed="Settings"),
         UserObservation("Call a tool.", kind="instruction"),
         Reasoning("anthropic", "msg_1", text="I think… ✓", signature=SIGNATURE),

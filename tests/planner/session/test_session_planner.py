@@ -1,0 +1,446 @@
+"""SessionPlanner end to end: the real SDKs against the enforcing fake server, a SQLite store,
+restarts, streaming, retries and provider switches. Every request must be accepted by a server
+that checks signatures, turn structure and reasoning order, so a violation fails here."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import anthropic
+import openai
+import pytest
+
+from planner.errors import PlannerUnavailable
+from planner.history import MASK
+from planner.session.config import SessionConfig, SessionProvider, ThinkingConfig
+from planner.session.items import Reasoning, ToolCall, UserObservation
+from planner.session.planner import NOT_RECORDED, NUDGE, SessionPlanner
+from planner.session.store import SqliteSessionStore
+from tests.support.fake_session_server import (
+    FakeSessionServer,
+    ScriptedTurn,
+    function_call,
+    message,
+    reasoning,
+    redacted,
+    text,
+    thinking,
+    tool_use,
+)
+
+INTENT = {"purpose": "make progress", "expected_outcome": "the next screen shows"}
+BUDGET = ThinkingConfig("budget", budget_tokens=2048)
+
+
+@pytest.fixture
+def server() -> Iterator[FakeSessionServer]:
+    with FakeSessionServer() as s:
+        yield s
+
+
+@pytest.fixture
+def db(tmp_path: Path) -> Path:
+    return tmp_path / "host.sqlite"
+
+
+class Factory:
+    """Builds planners the way a host does after every (re)start: a fresh store object and
+    client over the same database file."""
+
+    def __init__(self, server: FakeSessionServer, db: Path) -> None:
+        self.server = server
+        self.db = db
+        self.open_planners: list[SessionPlanner] = []
+
+    async def __call__(
+        self,
+        provider: SessionProvider = "anthropic",
+        *,
+        thinking: ThinkingConfig = BUDGET,
+        stream: bool = False,
+        attempt: int = 1,
+        live: list[str] | None = None,
+        foreign: str = "drop",
+    ) -> SessionPlanner:
+        client: anthropic.AsyncAnthropic | openai.AsyncOpenAI
+        if provider == "anthropic":
+            client = anthropic.AsyncAnthropic(
+                api_key="test-key", base_url=self.server.anthropic_base_url, max_retries=0
+            )
+            model = "claude-test"
+        else:
+            client = openai.AsyncOpenAI(
+                api_key="test-key", base_url=self.server.openai_base_url, max_retries=0
+            )
+            model = "gpt-test"
+        planner = await SessionPlanner.open(
+            store=SqliteSessionStore(self.db),
+            task_id="task-1",
+            attempt=attempt,
+            provider=provider,
+            model=model,
+            client=client,
+            thinking=thinking,
+            config=SessionConfig(stream=stream, foreign_reasoning=foreign),  # type: ignore[arg-type]
+            on_thinking=live.append if live is not None else None,
+            owns_client=True,
+        )
+        self.open_planners.append(planner)
+        return planner
+
+
+@pytest.fixture
+async def make(server: FakeSessionServer, db: Path) -> AsyncIterator[Factory]:
+    factory = Factory(server, db)
+    yield factory
+    for planner in factory.open_planners:
+        await planner.aclose()
+
+
+def _database_bytes(db: Path) -> bytes:
+    """The SQLite file and its WAL, where an unmasked value would have landed."""
+    return b"".join(p.read_bytes() for p in db.parent.glob(db.name + "*"))
+
+
+def _last_messages(server: FakeSessionServer) -> list[dict[str, Any]]:
+    messages: list[dict[str, Any]] = server.bodies("/v1/messages")[-1]["messages"]
+    return messages
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "sse"])
+async def test_anthropic_session_resumes_after_restart_with_signed_thinking(
+    server: FakeSessionServer, make: Factory, stream: bool
+) -> None:
+    server.anthropic_script.extend(
+        [
+            ScriptedTurn(
+                [
+                    thinking("The home screen shows the Settings icon."),
+                    redacted(),
+                    text("Home screen. Open Settings."),
+                    tool_use("launch_app", {"package_name": "com.android.settings", **INTENT}),
+                ]
+            ),
+            ScriptedTurn(
+                [
+                    thinking("Settings opened as expected; Display is row e6."),
+                    text("Settings is open. Tap Display."),
+                    tool_use("tap", {"element_id": "e6", **INTENT}),
+                ]
+            ),
+            ScriptedTurn(
+                [
+                    thinking("Display page open; dark theme toggle visible."),
+                    text("Display is open. Done for this test."),
+                    tool_use("complete", {"success": True, "reason": "reached Display"}),
+                ]
+            ),
+        ]
+    )
+    live: list[str] = []
+    planner = await make(stream=stream, live=live)
+    first = await planner.decide("screen 1: home, Settings icon e4")
+    assert first.tool_name == "launch_app"
+    assert first.arguments == {"package_name": "com.android.settings"}
+    assert (first.purpose, first.expected_outcome) == ("make progress", "the next screen shows")
+    assert first.rationale == "Home screen. Open Settings."
+    assert [(b.text, b.redacted) for b in first.thinking] == [
+        ("The home screen shows the Settings icon.", False),
+        ("", True),
+    ]
+    await planner.record_tool_result("launched")
+    second = await planner.decide("screen 2: Settings list, Display is e6")
+    assert second.arguments == {"element_id": "e6"}
+    await planner.record_tool_result("tapped e6")
+    if stream:
+        assert "".join(live) == (
+            "The home screen shows the Settings icon."
+            "Settings opened as expected; Display is row e6."
+        )
+    signed = [i for i in planner.history if isinstance(i, Reasoning) and i.signature]
+    await planner.aclose()
+    del planner  # the host stops here; only the SQLite file survives
+
+    resumed = await make(stream=stream)
+    assert [i for i in resumed.history if isinstance(i, Reasoning) and i.signature] == signed
+    third = await resumed.decide("screen 3: Display page")
+    assert third.tool_name == "complete"
+    assert server.rejections == []
+
+    messages = _last_messages(server)
+    assert [m["role"] for m in messages] == ["user", "assistant"] * 2 + ["user"]
+    assert messages[3]["content"] == [
+        {"type": "thinking", "thinking": signed[1].text, "signature": signed[1].signature},
+        {"type": "text", "text": "Settings is open. Tap Display."},
+        {
+            "type": "tool_use",
+            "id": messages[3]["content"][2]["id"],
+            "name": "tap",
+            "input": {"element_id": "e6", **INTENT},
+        },
+    ]
+    assert [b["type"] for b in messages[1]["content"]] == [
+        "thinking",
+        "redacted_thinking",
+        "text",
+        "tool_use",
+    ]
+    assert messages[4]["content"][0]["type"] == "tool_result"
+    assert messages[4]["content"][1] == {"type": "text", "text": "screen 3: Display page"}
+    request = server.bodies("/v1/messages")[-1]
+    assert request["thinking"] == {"type": "enabled", "budget_tokens": 2048}
+    assert request["tool_choice"] == {"type": "auto", "disable_parallel_tool_use": True}
+    assert server.requests[-1].headers["anthropic-beta"] == "interleaved-thinking-2025-05-14"
+
+
+async def test_interrupted_stream_commits_nothing_and_the_session_goes_on(
+    server: FakeSessionServer, make: Factory
+) -> None:
+    server.anthropic_script.extend(
+        [
+            ScriptedTurn([thinking("half a thought that never ends"), text("x")], interrupt=True),
+            ScriptedTurn(
+                [thinking("whole thought"), tool_use("press_key", {"key": "back", **INTENT})]
+            ),
+            ScriptedTurn(
+                [thinking("next"), tool_use("complete", {"success": False, "reason": "r"})]
+            ),
+        ]
+    )
+    planner = await make(stream=True)
+    with pytest.raises(PlannerUnavailable, match="stream broke off"):
+        await planner.decide("screen 1")
+    assert planner.history == (UserObservation("screen 1"),)
+    decision = await planner.decide("screen 1 again")
+    assert decision.tool_name == "press_key"
+    await planner.record_tool_result("pressed")
+    await planner.decide("screen 2")
+    assert server.rejections == []
+    thoughts = [i.text for i in planner.history if isinstance(i, Reasoning)]
+    assert thoughts == ["whole thought", "next"]
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "sse"])
+async def test_responses_session_resumes_with_encrypted_reasoning(
+    server: FakeSessionServer, make: Factory, stream: bool
+) -> None:
+    server.responses_script.extend(
+        [
+            ScriptedTurn(
+                [
+                    reasoning("Settings icon is visible."),
+                    message("Opening Settings."),
+                    function_call("launch_app", {"package_name": "com.android.settings", **INTENT}),
+                ]
+            ),
+            ScriptedTurn(
+                [
+                    reasoning("Display row is e6."),
+                    function_call("tap", {"element_id": "e6", **INTENT}),
+                ]
+            ),
+            ScriptedTurn(
+                [reasoning("Done."), function_call("complete", {"success": True, "reason": "ok"})]
+            ),
+        ]
+    )
+    live: list[str] = []
+    thinking_on = ThinkingConfig("adaptive", effort="low")
+    planner = await make("openai-responses", thinking=thinking_on, stream=stream, live=live)
+    first = await planner.decide("screen 1")
+    assert first.arguments == {"package_name": "com.android.settings"}
+    assert first.rationale == "Opening Settings."
+    assert [b.text for b in first.thinking] == ["Settings icon is visible."]
+    await planner.record_tool_result("launched")
+    await planner.decide("screen 2")
+    await planner.record_tool_result("tapped")
+    if stream:
+        assert "".join(live) == "Settings icon is visible.Display row is e6."
+    encrypted = [i.encrypted_content for i in planner.history if isinstance(i, Reasoning)]
+    await planner.aclose()
+
+    resumed = await make("openai-responses", thinking=thinking_on, stream=stream)
+    third = await resumed.decide("screen 3")
+    assert third.tool_name == "complete"
+    assert server.rejections == []
+    body = server.bodies("/v1/responses")[-1]
+    assert body["store"] is False
+    assert body["include"] == ["reasoning.encrypted_content"]
+    assert body["reasoning"] == {"effort": "low", "summary": "auto"}
+    assert body["parallel_tool_calls"] is False
+    kinds = [i.get("type", "message") for i in body["input"]]
+    assert kinds == [
+        "message",
+        "reasoning",
+        "message",
+        "function_call",
+        "function_call_output",
+        "message",
+        "reasoning",
+        "function_call",
+        "function_call_output",
+        "message",
+    ]
+    sent = [i["encrypted_content"] for i in body["input"] if i.get("type") == "reasoning"]
+    assert sent == encrypted
+
+
+async def test_forced_retry_then_thinking_turn_closes_the_unthought_loop_as_text(
+    server: FakeSessionServer, make: Factory
+) -> None:
+    server.anthropic_script.extend(
+        [
+            ScriptedTurn([thinking("I should look around."), text("Looking at the screen.")]),
+            ScriptedTurn([tool_use("press_key", {"key": "home", **INTENT})]),
+            ScriptedTurn(
+                [thinking("Home now."), tool_use("complete", {"success": True, "reason": "r"})]
+            ),
+        ]
+    )
+    planner = await make()
+    decision = await planner.decide("screen 1")
+    assert decision.forced_retry
+    assert decision.rationale == "Looking at the screen."
+    forced = server.bodies("/v1/messages")[1]
+    assert forced["tool_choice"]["type"] == "any"
+    assert "thinking" not in forced
+    assert forced["messages"][-1] == {"role": "user", "content": [{"type": "text", "text": NUDGE}]}
+    await planner.record_tool_result("went home")
+    await planner.decide("screen 2")
+    assert server.rejections == []
+    last = _last_messages(server)
+    # The forced turn had no thinking, so with thinking back on it is sent as plain text.
+    assert last[-2]["content"] == [
+        {
+            "type": "text",
+            "text": '[called tool press_key with {"expected_outcome": "the next screen shows", '
+            '"key": "home", "purpose": "make progress"}]',
+        }
+    ]
+    assert last[-1]["content"][0] == {
+        "type": "text",
+        "text": "[result of tool press_key]\nwent home",
+    }
+    assert planner.last_stats.loops_closed_as_text == 1
+
+
+async def test_corrective_retry_keeps_the_thinking_turn_intact(
+    server: FakeSessionServer, make: Factory
+) -> None:
+    server.anthropic_script.extend(
+        [
+            ScriptedTurn([thinking("Tap e99."), tool_use("tap", {"element_id": "e99", **INTENT})]),
+            ScriptedTurn([thinking("Oops, e2."), tool_use("tap", {"element_id": "e2", **INTENT})]),
+        ]
+    )
+    planner = await make()
+    decision = await planner.decide("screen 1", element_ids={"e1", "e2"})
+    assert decision.arguments == {"element_id": "e2"}
+    assert decision.corrective_retries == 1
+    assert server.rejections == []
+    retry = _last_messages(server)
+    assert retry[-2]["content"][0]["type"] == "thinking"
+    assert retry[-1]["content"][0]["is_error"] is True
+    assert "not in the current scene" in retry[-1]["content"][0]["content"]
+
+
+async def test_sensitive_text_is_executed_but_never_stored_or_sent_back(
+    server: FakeSessionServer, make: Factory, db: Path
+) -> None:
+    secret = "hunter2-secret"
+    server.anthropic_script.extend(
+        [
+            ScriptedTurn(
+                [
+                    thinking("Type the password."),
+                    tool_use("input_text", {"text": secret, "sensitive": True, **INTENT}),
+                ]
+            ),
+            ScriptedTurn(
+                [thinking("Signed in."), tool_use("complete", {"success": True, "reason": "r"})]
+            ),
+        ]
+    )
+    planner = await make()
+    decision = await planner.decide("login screen")
+    assert decision.arguments["text"] == secret
+    await planner.record_tool_result("typed")
+    await planner.decide("home screen")
+    assert server.rejections == []
+    assert secret not in json.dumps(server.bodies("/v1/messages")[-1])
+    assert secret.encode() not in _database_bytes(db)
+    calls = [i for i in planner.history if isinstance(i, ToolCall)]
+    assert calls[0].arguments["text"] == MASK
+
+
+async def test_restart_mid_step_answers_the_dangling_call(
+    server: FakeSessionServer, make: Factory
+) -> None:
+    server.anthropic_script.extend(
+        [
+            ScriptedTurn([thinking("Go back."), tool_use("press_key", {"key": "back", **INTENT})]),
+            ScriptedTurn(
+                [thinking("Fine."), tool_use("complete", {"success": True, "reason": "r"})]
+            ),
+        ]
+    )
+    planner = await make()
+    await planner.decide("screen 1")
+    await planner.aclose()  # crashed before the result was recorded
+
+    resumed = await make(attempt=2)  # the cloud re-queued the task as attempt 2
+    assert len(resumed.history) == 3  # observation, thinking, tool call: copied from attempt 1
+    await resumed.decide("screen after restart")
+    assert server.rejections == []
+    last = _last_messages(server)
+    assert last[-1]["content"][0]["content"] == NOT_RECORDED
+    assert last[-2]["content"][0]["type"] == "thinking"
+
+
+async def test_provider_switch_drops_foreign_signatures_both_ways(
+    server: FakeSessionServer, make: Factory
+) -> None:
+    server.anthropic_script.extend(
+        [
+            ScriptedTurn(
+                [thinking("A1 thought"), tool_use("press_key", {"key": "back", **INTENT})]
+            ),
+            ScriptedTurn(
+                [thinking("A2 thought"), tool_use("complete", {"success": True, "reason": "r"})]
+            ),
+        ]
+    )
+    server.responses_script.append(
+        ScriptedTurn(
+            [reasoning("O1 summary"), function_call("press_key", {"key": "home", **INTENT})]
+        )
+    )
+    first = await make()
+    await first.decide("screen 1")
+    await first.record_tool_result("back pressed")
+    await first.aclose()
+
+    switched = await make("openai-responses", thinking=ThinkingConfig("adaptive"))
+    await switched.decide("screen 2")
+    await switched.record_tool_result("home pressed")
+    body = server.bodies("/v1/responses")[-1]
+    assert "A1 thought" not in json.dumps(body)
+    assert switched.last_stats.foreign_dropped == 1
+    await switched.aclose()
+
+    back = await make(foreign="text")
+    await back.decide("screen 3")
+    assert server.rejections == []
+    messages = _last_messages(server)
+    # Anthropic's own earlier thinking goes back signed; OpenAI's reasoning only as text; the
+    # OpenAI turn that the last tool result answers is closed as text (it has no thinking).
+    assert messages[1]["content"][0]["type"] == "thinking"
+    assert messages[3]["content"][0] == {
+        "type": "text",
+        "text": "[earlier reasoning by openai]\nO1 summary",
+    }
+    assert "encrypted" not in json.dumps(messages)
+    assert back.last_stats.loops_closed_as_text == 1
