@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import posixpath
 import stat
+import threading
 import time
 from dataclasses import dataclass
 
@@ -53,8 +54,10 @@ class VirtualFs:
         now = int(time.time())
         self._dirs: dict[str, int] = {d: now for d in INITIAL_DIRS}
         self._files: dict[str, tuple[bytes, int, int]] = {}
+        # Several adb connections (threads) may touch one phone's files at once.
+        self._lock = threading.RLock()
 
-    def stat(self, path: str) -> Stat | None:
+    def _stat(self, path: str) -> Stat | None:
         path = normalize(path)
         if path in self._files:
             data, mode, mtime = self._files[path]
@@ -63,14 +66,13 @@ class VirtualFs:
             return Stat(DIR_MODE, 4096, self._dirs[path])
         return None
 
-    def read(self, path: str) -> bytes | None:
+    def _read(self, path: str) -> bytes | None:
         entry = self._files.get(normalize(path))
         return entry[0] if entry else None
 
-    def write(
+    def _write(
         self, path: str, data: bytes, mode: int = FILE_MODE, mtime: int | None = None
     ) -> bool:
-        """Create or replace a file; parent directories are made, as adb push does."""
         path = normalize(path)
         if path in self._dirs:
             return False
@@ -85,10 +87,10 @@ class VirtualFs:
         self._files[path] = (data, mode, mtime if mtime is not None else int(time.time()))
         return True
 
-    def append(self, path: str, data: bytes) -> bool:
-        return self.write(path, (self.read(path) or b"") + data)
+    def _append(self, path: str, data: bytes) -> bool:
+        return self._write(path, (self._read(path) or b"") + data)
 
-    def remove(self, path: str, *, recursive: bool = False) -> bool:
+    def _remove(self, path: str, *, recursive: bool = False) -> bool:
         path = normalize(path)
         if path in self._files:
             del self._files[path]
@@ -101,17 +103,17 @@ class VirtualFs:
             return True
         return False
 
-    def mkdir(self, path: str) -> bool:
+    def _mkdir(self, path: str) -> bool:
         path = normalize(path)
         if path in self._files:
             return False
         self._dirs.setdefault(path, int(time.time()))
         parent = posixpath.dirname(path)
         if parent != path:
-            self.mkdir(parent)
+            self._mkdir(parent)
         return True
 
-    def listdir(self, path: str) -> list[tuple[str, Stat]] | None:
+    def _listdir(self, path: str) -> list[tuple[str, Stat]] | None:
         path = normalize(path)
         if path not in self._dirs:
             return None
@@ -119,7 +121,38 @@ class VirtualFs:
         out: list[tuple[str, Stat]] = []
         for p in sorted({*self._dirs, *self._files}):
             if p != path and p.startswith(prefix) and "/" not in p[len(prefix) :]:
-                st = self.stat(p)
+                st = self._stat(p)
                 if st is not None:
                     out.append((p[len(prefix) :], st))
         return out
+
+    def stat(self, path: str) -> Stat | None:
+        with self._lock:
+            return self._stat(path)
+
+    def read(self, path: str) -> bytes | None:
+        with self._lock:
+            return self._read(path)
+
+    def write(
+        self, path: str, data: bytes, mode: int = FILE_MODE, mtime: int | None = None
+    ) -> bool:
+        """Create or replace a file; parent directories are made, as adb push does."""
+        with self._lock:
+            return self._write(path, data, mode, mtime)
+
+    def append(self, path: str, data: bytes) -> bool:
+        with self._lock:
+            return self._append(path, data)
+
+    def remove(self, path: str, *, recursive: bool = False) -> bool:
+        with self._lock:
+            return self._remove(path, recursive=recursive)
+
+    def mkdir(self, path: str) -> bool:
+        with self._lock:
+            return self._mkdir(path)
+
+    def listdir(self, path: str) -> list[tuple[str, Stat]] | None:
+        with self._lock:
+            return self._listdir(path)
