@@ -37,7 +37,8 @@ _STOP = frozenset(
         (
             "a an the to on off in of for and or with my me please turn switch set setting",
             "enable disable activate deactivate make sure that is it be go open app its this",
-            "into from at as by can you up named called number new value labeled labelled label",
+            "into from at as by can you up named called number new value labeled labelled",
+            "label page",
         )
     ).split(" ")
 )
@@ -50,6 +51,9 @@ _RELATED: dict[str, tuple[str, ...]] = {
     "brightness": ("display",),
     "font": ("display",),
     "timeout": ("display",),
+    "rotate": ("display",),
+    "autorotate": ("display",),
+    "rotation": ("display",),
     "wifi": ("network", "internet"),
     "airplane": ("network", "internet"),
     "hotspot": ("network", "internet"),
@@ -79,6 +83,72 @@ _SETTING_WORDS = (
     | {"mode", "toggle", "battery", "setting", "preference", "about", "storage", "accessibility"}
     | {"notification", "privacy", "security", "wallpaper", "system", "timeout", "screen"}
 ) - {"clock", "contacts", "people"}
+_DESTRUCTIVE = frozenset({"delete", "remove", "trash", "erase", "reset", "clear", "uninstall"})
+_HOME_GOAL = re.compile(r"\b(home screen|go home|return home|back home|launcher)\b", re.I)
+_LEAVE_GOAL = re.compile(r"^\s*(leave|exit|close|quit)\b", re.I)
+_VERBS = frozenset(
+    " ".join(
+        (
+            "turn switch enable disable set open go return create add delete remove leave exit",
+            "close use stop start make change put select show",
+        )
+    ).split(" ")
+)
+_SPLIT = re.compile(
+    r"\s*(?:,\s*(?:and\s+)?then|,\s*and|\band then|\bthen|\band also|\band|;)\s+", re.I
+)
+# Calculator words: operator name -> (symbols a key may show, words its description may use)
+_OPS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "*": (("×", "*", "x", "X"), ("multiply", "times")),
+    "/": (("÷", "/"), ("divide", "division")),
+    "+": (("+",), ("plus", "add")),
+    "-": (("−", "-", "–"), ("minus", "subtract")),
+}
+_ARITH = (
+    (
+        re.compile(r"(\d+(?:\.\d+)?)\s*(?:times|multiplied by|x|\*|×)\s*(\d+(?:\.\d+)?)", re.I),
+        "*",
+        False,
+    ),
+    (re.compile(r"divide\s+(\d+(?:\.\d+)?)\s+by\s+(\d+(?:\.\d+)?)", re.I), "/", False),
+    (re.compile(r"(\d+(?:\.\d+)?)\s*(?:divided by|/|÷)\s*(\d+(?:\.\d+)?)", re.I), "/", False),
+    (re.compile(r"multiply\s+(\d+(?:\.\d+)?)\s+(?:by|and)\s+(\d+(?:\.\d+)?)", re.I), "*", False),
+    (re.compile(r"(\d+(?:\.\d+)?)\s*(?:plus|\+)\s*(\d+(?:\.\d+)?)", re.I), "+", False),
+    (re.compile(r"add\s+(\d+(?:\.\d+)?)\s+(?:and|to)\s+(\d+(?:\.\d+)?)", re.I), "+", False),
+    (re.compile(r"(\d+(?:\.\d+)?)\s*(?:minus|-)\s*(\d+(?:\.\d+)?)", re.I), "-", False),
+    (re.compile(r"subtract\s+(\d+(?:\.\d+)?)\s+from\s+(\d+(?:\.\d+)?)", re.I), "-", True),
+)
+
+
+def split_goal(goal: str) -> list[str]:
+    """ "Do X and do Y" / "X, then Y" into parts, only where each part starts with a verb."""
+    pieces = [p.strip(" .") for p in _SPLIT.split(goal) if p and p.strip(" .")]
+    if len(pieces) < 2:
+        return [goal]
+    parts = [pieces[0]]
+    for piece in pieces[1:]:
+        if piece.split(" ", 1)[0].lower() in _VERBS:
+            parts.append(piece)
+        else:
+            parts[-1] = f"{parts[-1]} and {piece}"
+    return parts
+
+
+def _arithmetic(goal: str) -> tuple[str, str, str] | None:
+    for pattern, op, swap in _ARITH:
+        m = pattern.search(goal)
+        if m:
+            a, b = m.group(1), m.group(2)
+            return (b, op, a) if swap else (a, op, b)
+    return None
+
+
+def _result(a: str, op: str, b: str) -> str:
+    x, y = float(a), float(b)
+    value = {"*": x * y, "/": x / y if y else float("nan"), "+": x + y, "-": x - y}[op]
+    return str(int(value)) if value == int(value) else f"{value:g}"
+
+
 _SAVE_WORDS = ("save", "done", "ok", "create", "add", "set", "apply", "confirm")
 _FIELD_KINDS: dict[str, tuple[str, ...]] = {
     "first": ("first",),
@@ -281,7 +351,7 @@ class OfflineProvider:
         prompt = next((m.text for m in request.messages if isinstance(m, UserTurn)), "")
         try:
             parsed = parse_user_prompt(prompt)
-            step = _Agent(parsed).decide()
+            step = _decide(parsed)
         except ValueError as err:
             step = _Step(
                 f"I cannot read this prompt ({err}).",
@@ -297,6 +367,47 @@ class OfflineProvider:
             model=MODEL,
             stop_reason="tool_use",
         )
+
+
+_PART_DONE = re.compile(r"Part (\d+)/(\d+) done")
+
+
+def _decide(parsed: ParsedPrompt) -> _Step:
+    """Split a compound goal into parts and work on the first part not yet done.
+
+    Which parts are done is read from the agent's own earlier rationales ("Part 1/2 done: ..."),
+    which the compact history carries; each part sees only the history since it started.
+    """
+    parts = split_goal(parsed.goal)
+    if len(parts) == 1:
+        return _Agent(parsed).decide_part()
+    n = len(parts)
+    if len(parsed.history) >= MAX_STEPS:
+        return _Agent(parsed).finish(False, f"gave up after {len(parsed.history)} steps")
+    k, start = 0, 0
+    for i, record in enumerate(parsed.history):
+        for m in _PART_DONE.finditer(str(record.get("rationale") or "")):
+            if int(m.group(1)) > k:
+                k, start = int(m.group(1)), i
+    history = parsed.history[start:] if k else parsed.history
+    notes: list[str] = []
+    while True:
+        step = _Agent(ParsedPrompt(parts[k], parsed.scene, history)).decide_part()
+        done = step.tool == "complete" and step.args["success"]
+        if done and k + 1 < n:
+            notes.append(f"Part {k + 1}/{n} done: {step.args['reason']}.")
+            k, history = k + 1, []
+            continue
+        if step.tool == "complete":
+            reason = str(step.args["reason"])
+            step.args = {
+                "success": bool(step.args["success"]),
+                "reason": f"all {n} parts done ({reason})"
+                if done
+                else f"part {k + 1}/{n} '{parts[k]}': {reason}",
+            }
+        step.rationale = " ".join([*notes, f"Part {k + 1}/{n} ('{parts[k]}'): {step.rationale}"])
+        return step
 
 
 class _Agent:
@@ -456,10 +567,13 @@ class _Agent:
         return " ".join(e.own_label for e in self.els).lower()
 
     # -- deciding -------------------------------------------------------------------------
-    def decide(self) -> _Step:
+    def decide_part(self) -> _Step:
         if len(self.history) >= MAX_STEPS:
             return self.finish(False, f"gave up after {len(self.history)} steps")
         steps = (
+            self.go_home,
+            self.leave,
+            self.calculate,
             self.delete,
             self.toggle,
             self.form,
@@ -473,6 +587,84 @@ class _Agent:
             if step is not None:
                 return step
         return self.finish(False, "nothing on screen relates to the goal and there is no way back")
+
+    def go_home(self) -> _Step | None:
+        if not _HOME_GOAL.search(self.goal.text):
+            return None
+        if self.on_launcher:
+            return self.finish(True, "the home screen is shown")
+        return _Step(
+            f"{self.judge()} Next: go to the home screen.",
+            "press_key",
+            {"key": "home", "purpose": "go to the home screen", "expected_outcome": "the launcher"},
+        )
+
+    def leave(self) -> _Step | None:
+        """ "Leave the X": back out while the screen is still X, then done."""
+        if not _LEAVE_GOAL.search(self.goal.text):
+            return None
+        here = " ".join([*self.headings, self.app]).lower()
+        words = [w for w in self.goal.keywords if w not in ("leave", "exit", "close", "quit")]
+        if words and any(w in set(_words(here)) for w in words) and not self.on_launcher:
+            return _Step(
+                f"{self.judge()} Still on '{self.title}'; go back to leave it.",
+                "press_key",
+                {
+                    "key": "back",
+                    "purpose": f"leave '{self.title}'",
+                    "expected_outcome": "it closes",
+                },
+            )
+        return self.finish(True, f"left it; now on '{self.title or self.app}'")
+
+    def calculate(self) -> _Step | None:
+        """Arithmetic goals on a calculator: press the keys one by one, then read the result."""
+        problem = _arithmetic(self.goal.text)
+        if problem is None:
+            return None
+        a, op, b = problem
+        keys = [*a, op, *b, "="]
+        pressed = 0
+        for h in self.history:
+            m = re.match(
+                r"press '.+' \((\d+)/\d+\)", str((h.get("action") or {}).get("purpose") or "")
+            )
+            if m and h.get("success") is not False:
+                pressed = int(m.group(1))
+        buttons = [e for e in self.els if "clickable" in e.flags]
+        if pressed >= len(keys):
+            result = _result(a, op, b)
+            shown = any(e.text.strip() == result for e in self.els)
+            if shown:
+                return self.finish(True, f"{a} {op} {b} = {result} is shown")
+            return self.finish(False, f"pressed {' '.join(keys)} but {result} is not shown")
+        key = keys[pressed]
+        button = self.key_button(buttons, key)
+        if button is None:
+            return None  # not in a calculator yet: navigate there
+        return _Step(
+            f"{self.judge()} Next: press '{key}' (key {pressed + 1} of {len(keys)}: {a} {op} {b}).",
+            "tap",
+            {
+                "element_id": button.id,
+                "purpose": f"press '{key}' ({pressed + 1}/{len(keys)})",
+                "expected_outcome": f"the display shows the input so far with '{key}'",
+            },
+        )
+
+    @staticmethod
+    def key_button(buttons: list[_El], key: str) -> _El | None:
+        if key in _OPS:
+            symbols, names = _OPS[key]
+            for e in buttons:
+                if e.text.strip() in symbols or set(_words(e.desc)) & set(names):
+                    return e
+            return None
+        if key == "=":
+            return next(
+                (e for e in buttons if e.text.strip() == "=" or "equal" in _words(e.desc)), None
+            )
+        return next((e for e in buttons if e.text.strip() == key), None)
 
     def finish(self, success: bool, reason: str) -> _Step:
         verdict = "reached" if success else "not reachable"
@@ -708,6 +900,8 @@ class _Agent:
             seen.add(target.id)
             label = self.label(target)
             name = label.split(" — ")[0]
+            if not self.goal.delete and set(_words(target.own_label or name)) & _DESTRUCTIVE:
+                continue
             if not label or name in tried or name.lower() in dead:
                 continue
             if name.lower() in (h.lower() for h in self.headings):
