@@ -6,14 +6,14 @@ is exactly what an in-process planner would have asked.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from typing import Any, Protocol
 
 import grpc
 
-from amc.v1 import planner_service_pb2, planner_service_pb2_grpc, types_pb2
-from planner.decision import Decision, ThinkingBlock, Usage
+from amc.v1 import planner_service_pb2, planner_service_pb2_grpc
+from planner.convert import decision_from_proto
+from planner.decision import Decision
 from planner.history import WorldEvent
 from planner.prompts import SYSTEM_PROMPT, build_user_prompt
 from planner.scene import Scene
@@ -41,43 +41,6 @@ class CloudPlanError(RuntimeError):
     @property
     def lease_lost(self) -> bool:
         return bool(self.code == grpc.StatusCode.FAILED_PRECONDITION)
-
-
-def decision_from_proto(d: types_pb2.Decision) -> Decision:
-    """The cloud's logged decision as the planner library's `Decision`."""
-    try:
-        arguments: dict[str, Any] = json.loads(d.arguments_json) if d.arguments_json else {}
-    except json.JSONDecodeError:
-        arguments = {}
-    # The stored arguments mask a secret; the typed action carries what must be typed.
-    if d.action.WhichOneof("kind") == "input_text" and "text" in arguments:
-        arguments["text"] = d.action.input_text.text
-    u = d.usage
-    return Decision(
-        tool_name=d.tool_name,
-        arguments=arguments,
-        action=d.action,
-        purpose=d.purpose or d.action.purpose,
-        expected_outcome=d.expected_outcome or d.action.expected_outcome,
-        rationale=d.rationale or None,
-        thinking=[ThinkingBlock(t.text, t.redacted) for t in d.thinking],
-        usage=Usage(
-            input_tokens=u.input_tokens,
-            output_tokens=u.output_tokens,
-            cache_read_input_tokens=u.cache_read_input_tokens,
-            cache_creation_input_tokens=u.cache_creation_input_tokens,
-            thinking_tokens=u.thinking_tokens,
-        ),
-        provider=d.provider,
-        model=d.model,
-        latency_s=d.latency.ToTimedelta().total_seconds() if d.HasField("latency") else 0.0,
-        forced_retry=d.forced_retry,
-        system_prompt=d.system_prompt,
-        user_prompt=d.user_prompt,
-        corrective_retries=d.corrective_retries,
-        step_index=d.step_index or None,
-        extra={"decision_id": d.decision_id} if d.decision_id else {},
-    )
 
 
 class CloudPlanner:

@@ -14,6 +14,7 @@ import logging
 import signal
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import grpc
 
@@ -31,6 +32,9 @@ from host.perception.perceive import Perceiver
 from host.planner_client import CloudPlanner, StepPlanner
 from host.settings import HostSettings
 from host.timeline.store import TimelineStore
+
+if TYPE_CHECKING:
+    from host.devices.virtual.adb_server import ThreadedAdbServer
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +71,27 @@ def driver_factory(settings: HostSettings) -> DriverFactory:
         return AdbDriver(serial, settings.adb_host, settings.adb_port)
 
     return make
+
+
+def virtual_serials(count: int) -> list[str]:
+    """Emulator-style serials for virtual phones: emulator-5554, emulator-5556, …"""
+    return [f"emulator-{5554 + 2 * i}" for i in range(count)]
+
+
+def start_virtual_phones(settings: HostSettings) -> tuple[ThreadedAdbServer, HostSettings]:
+    """Start `settings.virtual_phones` virtual phones behind an in-process adb server.
+
+    Returns the server (stop it when done) and settings pointing the host at it, so the host
+    drives virtual phones exactly as real ones: adbutils over the adb protocol.
+    """
+    from host.devices.virtual.adb_server import ThreadedAdbServer
+    from host.devices.virtual.phone import VirtualPhone
+
+    phones = [VirtualPhone(s) for s in virtual_serials(settings.virtual_phones)]
+    server = ThreadedAdbServer(phones)
+    port = server.start(settings.adb_host)
+    updated = settings.model_copy(update={"adb_port": port, "driver": "adbutils"})
+    return server, updated
 
 
 def _transport(settings: HostSettings) -> types_pb2.PlannerTransport.ValueType:
@@ -222,9 +247,14 @@ async def run_host(
             installed.append(sig)
         except (NotImplementedError, RuntimeError, ValueError):
             pass  # not the main thread, or not supported here
+    virtual = None
     try:
+        if settings.device_source == "virtual":
+            virtual, settings = start_virtual_phones(settings)
         app = build_host(settings, planner=planner, make_driver=make_driver)
         await serve_host(app, stop)
     finally:
+        if virtual is not None:
+            await asyncio.to_thread(virtual.stop)
         for sig in installed:
             loop.remove_signal_handler(sig)

@@ -13,6 +13,7 @@ import uuid
 
 import adbutils
 
+from host.devices import adb_transport
 from host.devices.adb_errors import mapped_errors, server_reachable
 from host.devices.base import DeviceError, DeviceGone, KeyName
 
@@ -88,7 +89,6 @@ class AdbDriver:
         self._serial = serial
         self._addr = (host, port)
         self._client = adbutils.AdbClient(host=host, port=port)
-        self._device = self._client.device(serial=serial)
         self._size: tuple[int, int] | None = None
 
     @property
@@ -105,16 +105,8 @@ class AdbDriver:
     def _shell(self, cmd: str, what: str) -> str:
         self._server(what)
         with mapped_errors(self._serial, what):
-            out = self._device.shell(cmd)
-        return str(out)
-
-    def _shell_checked(self, cmd: str, what: str) -> str:
-        self._server(what)
-        with mapped_errors(self._serial, what):
-            result = self._device.shell2(cmd)
-        if result.returncode != 0:
-            raise DeviceError(f"{what} failed on {self._serial}: {result.output.strip()!r}")
-        return str(result.output)
+            out = adb_transport.run(self._client, self._serial, f"shell:{cmd}")
+        return out.decode("utf-8", errors="replace")
 
     def screen_size(self) -> tuple[int, int]:
         if self._size is None:
@@ -124,14 +116,7 @@ class AdbDriver:
     def screenshot_png(self) -> bytes:
         self._server("screencap")
         with mapped_errors(self._serial, "screencap"):
-            conn = self._device.open_transport()
-            try:
-                conn.send_command("exec-out:screencap -p")
-                conn.check_okay()
-                data = conn.read_until_close(encoding=None)
-            finally:
-                conn.close()
-        assert isinstance(data, bytes)
+            data = adb_transport.run(self._client, self._serial, "exec-out:screencap -p")
         if not data.startswith(b"\x89PNG"):
             raise DeviceError(f"screencap on {self._serial} returned no PNG ({data[:40]!r})")
         return data
@@ -142,11 +127,11 @@ class AdbDriver:
         if "ERROR" in out and "dumped" not in out:
             raise DeviceError(f"uiautomator dump failed on {self._serial}: {out.strip()!r}")
         with mapped_errors(self._serial, "pull hierarchy"):
-            data = self._device.sync.read_bytes(remote)
+            data = adb_transport.pull(self._client, self._serial, remote)
         # Best effort: leave no dump files behind on the phone.
-        with contextlib.suppress(adbutils.AdbError, OSError):
-            self._device.shell(f"rm -f {remote}")
-        return bytes(data).decode("utf-8", errors="replace")
+        with contextlib.suppress(DeviceError):
+            self._shell(f"rm -f {remote}", "remove dump")
+        return data.decode("utf-8", errors="replace")
 
     def tap(self, x: int, y: int) -> None:
         self._shell(f"input tap {int(x)} {int(y)}", "tap")

@@ -10,6 +10,7 @@ from typing import Literal
 import adbutils
 
 from amc.v1 import types_pb2
+from host.devices import adb_transport
 from host.devices.adb_errors import server_reachable
 
 AdbState = str
@@ -73,8 +74,8 @@ class DeviceRegistry:
 
     def _model(self, serial: str) -> str:
         try:
-            out = self._client.device(serial=serial).shell("getprop ro.product.model")
-            return str(out).strip() or serial
+            out = adb_transport.run(self._client, serial, "shell:getprop ro.product.model", 5.0)
+            return out.decode("utf-8", "replace").strip() or serial
         except (adbutils.AdbError, OSError):
             return serial
 

@@ -88,9 +88,6 @@ def test_current_package_parsing() -> None:
     assert parse_current_package("nothing here") == ""
 
 
-# adbutils leaves its socket unclosed when selecting a vanished phone fails (third-party leak).
-@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
-@pytest.mark.filterwarnings("ignore::ResourceWarning")
 def test_unplugged_phone_is_device_gone(adb: tuple[ThreadedAdbServer, VirtualPhone]) -> None:
     server, _ = adb
     d = AdbDriver(SERIAL, port=server.port)
@@ -102,8 +99,6 @@ def test_unplugged_phone_is_device_gone(adb: tuple[ThreadedAdbServer, VirtualPho
         d.tap(1, 1)
 
 
-@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
-@pytest.mark.filterwarnings("ignore::ResourceWarning")
 def test_registry_notices_vanish_and_return(adb: tuple[ThreadedAdbServer, VirtualPhone]) -> None:
     server, _ = adb
     registry = DeviceRegistry(port=server.port)

@@ -1,0 +1,63 @@
+"""The few adb server requests the adbutils driver needs, with sockets closed on every path.
+
+adbutils' own `shell`/`sync` leave the socket open when selecting the phone fails (the phone just
+vanished), which leaks a file descriptor per failed call on a long-running host. These helpers
+use adbutils' connection object but own its lifetime.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import adbutils
+from adbutils import AdbClient
+from adbutils._adb import AdbConnection
+
+DEFAULT_TIMEOUT_S = 30.0
+
+
+@contextmanager
+def transport(client: AdbClient, serial: str, timeout: float) -> Iterator[AdbConnection]:
+    """A connection switched to `serial` (`host:transport:`), closed however the block ends."""
+    conn = client.make_connection(timeout=timeout)
+    try:
+        conn.send_command(f"host:transport:{serial}")
+        conn.check_okay()
+        yield conn
+    finally:
+        conn.close()
+
+
+def run(client: AdbClient, serial: str, service: str, timeout: float = DEFAULT_TIMEOUT_S) -> bytes:
+    """`shell:CMD` or `exec-out:CMD`: everything the phone writes until it closes the stream."""
+    with transport(client, serial, timeout) as conn:
+        conn.send_command(service)
+        conn.check_okay()
+        data = conn.read_until_close(encoding=None)
+    assert isinstance(data, bytes)
+    return data
+
+
+def pull(client: AdbClient, serial: str, path: str, timeout: float = DEFAULT_TIMEOUT_S) -> bytes:
+    """Read one file over the sync protocol (`RECV` → `DATA`… `DONE`, or `FAIL`)."""
+    encoded = path.encode("utf-8")
+    chunks: list[bytes] = []
+    with transport(client, serial, timeout) as conn:
+        conn.send_command("sync:")
+        conn.check_okay()
+        conn.send(b"RECV" + struct.pack("<I", len(encoded)) + encoded)
+        while True:
+            head = conn.read_exact(8)
+            kind, size = head[:4], struct.unpack("<I", head[4:])[0]
+            if kind == b"DATA":
+                chunks.append(conn.read_exact(size))
+            elif kind == b"DONE":
+                break
+            elif kind == b"FAIL":
+                message = conn.read_exact(size).decode("utf-8", "replace")
+                raise adbutils.AdbError(f"pull {path}: {message}")
+            else:
+                raise adbutils.AdbError(f"pull {path}: unexpected sync reply {kind!r}")
+    return b"".join(chunks)

@@ -1,0 +1,148 @@
+"""`run_host` end to end: virtual phones behind the virtual adb server, the adbutils driver,
+the lease stream over mTLS (in-test LeaseService, see lease_fake.py), the timeline on disk."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+from amc.v1 import types_pb2
+from host.runner import build_host, serve_host, start_virtual_phones
+from host.settings import HostSettings
+from tests.host.lease_fake import start_fake_cloud
+from tests.host.scripted_planner import ScriptedPlanner, Step, by_text
+
+HOST_ID = "h1"
+
+
+def _settings(tmp_path: Path, port: int, pki_dir: Path) -> HostSettings:
+    return HostSettings(
+        data_dir=tmp_path / "host",
+        device_source="virtual",
+        virtual_phones=2,
+        cloud_address=f"127.0.0.1:{port}",
+        certs_dir=pki_dir,
+        host_id=HOST_ID,
+        ocr_enabled=False,
+        settle_delay_s=0,
+        device_poll_interval_s=0.2,
+        reconnect_initial_s=0.05,
+        reconnect_max_s=0.2,
+    )
+
+
+async def test_host_runs_an_assignment_on_a_virtual_phone(tmp_path: Path) -> None:
+    cloud = await start_fake_cloud(tmp_path / "pki", HOST_ID)
+    virtual, settings = start_virtual_phones(_settings(tmp_path, cloud.port, cloud.pki_dir))
+    planner = ScriptedPlanner(
+        [
+            Step("launch_app", {"package_name": "com.android.settings"}, "open Settings"),
+            Step("tap", by_text("Display"), "open display settings"),
+            Step("tap", by_text("Dark theme"), "turn dark theme on"),
+            Step("complete", {"success": True, "reason": "dark theme is on"}),
+        ]
+    )
+    app = build_host(settings, planner=planner)
+    stop = asyncio.Event()
+    serving = asyncio.create_task(serve_host(app, stop))
+    fake = cloud.cloud
+    try:
+        await asyncio.wait_for(app.lease.wait_connected(), 20)
+        hello = fake.hellos[0]
+        assert {d.serial for d in hello.devices} == {"emulator-5554", "emulator-5556"}
+        assert all(d.state == types_pb2.DEVICE_STATE_ONLINE for d in hello.devices)
+        await fake.assign("t1", "emulator-5554", "Turn on dark theme")
+        await fake.wait_for(lambda: len(fake.results) == 1, within=60)
+        [result] = fake.results
+        assert result.status == types_pb2.TASK_STATUS_SUCCEEDED, result.summary
+        phone = virtual.server.phones["emulator-5554"]
+        assert phone.state.flag("dark_theme")
+        assert not virtual.server.phones["emulator-5556"].state.flag("dark_theme")
+        records = app.store.steps("t1", 1)
+        assert len(records) == 4
+        assert (settings.resolved_artifact_dir / (records[1].after_screenshot_path or "")).is_file()
+
+        # A phone that vanishes is reported offline.
+        virtual.unplug("emulator-5556")
+        await fake.wait_for(
+            lambda: any(
+                r.WhichOneof("kind") == "device_update"
+                and any(
+                    d.serial == "emulator-5556" and d.state == types_pb2.DEVICE_STATE_OFFLINE
+                    for d in r.device_update.devices
+                )
+                for r in fake.received
+            ),
+            within=20,
+        )
+    finally:
+        stop.set()
+        await serving
+        virtual.stop()
+        await cloud.server.stop(grace=None)
+    assert settings.resolved_db_path.is_file()
+
+
+class PerGoal:
+    """One scripted planner per goal, so two phones can run different scripts at once."""
+
+    def __init__(self, scripts: dict[str, ScriptedPlanner]) -> None:
+        self.scripts = scripts
+
+    async def decide(self, goal: str, scene, history=(), screenshot=None):  # type: ignore[no-untyped-def]
+        return await self.scripts[goal].decide(goal, scene, history, screenshot)
+
+
+async def test_disconnected_phone_fails_its_task_and_nothing_else_stops(tmp_path: Path) -> None:
+    cloud = await start_fake_cloud(tmp_path / "pki", HOST_ID)
+    virtual, settings = start_virtual_phones(_settings(tmp_path, cloud.port, cloud.pki_dir))
+    planner = PerGoal(
+        {
+            "doomed": ScriptedPlanner(
+                [
+                    Step("launch_app", {"package_name": "com.android.settings"}),
+                    Step("tap", by_text("Display"), before=lambda: virtual.unplug("emulator-5554")),
+                    Step("complete", {"success": True, "reason": "?"}),
+                ]
+            ),
+            "Turn on dark theme": ScriptedPlanner(
+                [
+                    Step("launch_app", {"package_name": "com.android.settings"}),
+                    Step("tap", by_text("Display")),
+                    Step("tap", by_text("Dark theme")),
+                    Step("complete", {"success": True, "reason": "dark theme is on"}),
+                ]
+            ),
+        }
+    )
+    app = build_host(settings, planner=planner)  # type: ignore[arg-type]
+    stop = asyncio.Event()
+    serving = asyncio.create_task(serve_host(app, stop))
+    fake = cloud.cloud
+    try:
+        await asyncio.wait_for(app.lease.wait_connected(), 20)
+        await fake.assign("ok", "emulator-5556", "Turn on dark theme")
+        await fake.assign("bad", "emulator-5554", "doomed")
+        await fake.wait_for(lambda: len(fake.results) == 2, within=60)
+        by_task = {r.task_id: r for r in fake.results}
+        assert by_task["bad"].status == types_pb2.TASK_STATUS_FAILED
+        assert by_task["bad"].summary == "phone emulator-5554 disconnected"
+        assert by_task["ok"].status == types_pb2.TASK_STATUS_SUCCEEDED
+        assert virtual.server.phones["emulator-5556"].state.flag("dark_theme")
+        await fake.wait_for(
+            lambda: any(
+                r.WhichOneof("kind") == "device_update"
+                and any(
+                    d.serial == "emulator-5554" and d.state == types_pb2.DEVICE_STATE_OFFLINE
+                    for d in r.device_update.devices
+                )
+                for r in fake.received
+            ),
+            within=20,
+        )
+        assert app.lease.connected
+    finally:
+        stop.set()
+        await serving
+        virtual.stop()
+        await cloud.server.stop(grace=None)
