@@ -1,0 +1,337 @@
+"""`amc`: the one command line for running the stack and operating the fleet.
+
+Subcommands import their part lazily so `amc task list` does not pay for loading the host's OCR
+engine or the cloud's database drivers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, TypeVar
+
+import grpc
+import typer
+from google.protobuf.duration_pb2 import Duration
+from rich.console import Console
+
+from amc.v1 import decision_log_service_pb2, progress_service_pb2, task_service_pb2, types_pb2
+from console import formatting
+from console.client import OperatorClient, secure_channel
+
+app = typer.Typer(no_args_is_help=True, help="Agentic Mobile Control.", add_completion=False)
+cloud_app = typer.Typer(no_args_is_help=True, help="Run the control plane.")
+host_app = typer.Typer(no_args_is_help=True, help="Run a host agent.")
+console_app = typer.Typer(no_args_is_help=True, help="Run the operators' web console.")
+certs_app = typer.Typer(no_args_is_help=True, help="Manage the fleet CA and certificates.")
+task_app = typer.Typer(no_args_is_help=True, help="Submit, list, watch and cancel tasks.")
+app.add_typer(cloud_app, name="cloud")
+app.add_typer(host_app, name="host")
+app.add_typer(console_app, name="console")
+app.add_typer(certs_app, name="certs")
+app.add_typer(task_app, name="task")
+
+out = Console()
+T = TypeVar("T")
+
+DataDir = Annotated[
+    Path,
+    typer.Option(envvar="AMC_DATA_DIR", help="Where the embedded stack keeps its state."),
+]
+
+
+def _run(coro: Awaitable[T]) -> T:
+    async def main() -> T:
+        return await coro
+
+    try:
+        return asyncio.run(main())
+    except grpc.aio.AioRpcError as error:
+        out.print(f"[red]{error.code().name}[/red]: {error.details()}")
+        raise typer.Exit(2) from None
+
+
+# --- the embedded stack ----------------------------------------------------------------------
+
+
+@app.command()
+def demo(
+    data_dir: DataDir = Path(".amc/demo"),
+    goal: Annotated[
+        list[str] | None, typer.Option("--goal", "-g", help="Goal to run (repeatable).")
+    ] = None,
+    phones: Annotated[int, typer.Option(help="Virtual phones on the host.")] = 1,
+) -> None:
+    """Run the embedded stack, execute the goals with live progress, exit 0 if all succeed."""
+    from console.embedded import run_demo
+
+    goals = goal or ["Turn on dark theme"]
+    ok = _run(run_demo(data_dir, goals, phones=phones, out=out))
+    raise typer.Exit(0 if ok else 1)
+
+
+@app.command()
+def up(
+    data_dir: DataDir = Path(".amc/up"),
+    phones: Annotated[int, typer.Option(help="Virtual phones on the host.")] = 2,
+    console_port: Annotated[int, typer.Option(help="Port of the operators' console.")] = 8080,
+) -> None:
+    """Run the embedded stack (cloud, console, a host with virtual phones) until Ctrl-C."""
+    from console.embedded import run_up
+
+    _run(run_up(data_dir, phones=phones, console_port=console_port, out=out))
+
+
+# --- parts of a real deployment --------------------------------------------------------------
+
+
+@cloud_app.command("serve")
+def cloud_serve(
+    insecure: Annotated[
+        bool, typer.Option(help="Plaintext on loopback only, for local experiments.")
+    ] = False,
+) -> None:
+    """Serve every cloud gRPC service (settings from AMC_CLOUD_* variables)."""
+    from cloud.server import serve
+    from cloud.settings import CloudSettings
+
+    settings = CloudSettings()
+    if insecure:
+        settings.insecure = True
+    _run(serve(settings))
+
+
+@host_app.command("run")
+def host_run() -> None:
+    """Run a host agent: connect to the cloud, drive the phones (settings from AMC_HOST_*)."""
+    from host.runner import run_host
+    from host.settings import HostSettings
+
+    _run(run_host(HostSettings()))
+
+
+@console_app.command("serve")
+def console_serve() -> None:
+    """Serve the operators' web console and JSON API (settings from AMC_CONSOLE_*)."""
+    from console.gateway.app import serve
+    from console.settings import ConsoleSettings
+
+    _run(serve(ConsoleSettings()))
+
+
+# --- certificates ----------------------------------------------------------------------------
+
+
+@certs_app.command("init")
+def certs_init(
+    directory: Annotated[Path, typer.Argument(help="Where to write the CA and server cert.")],
+    server_name: Annotated[
+        list[str] | None, typer.Option(help="Extra DNS name of the cloud (repeatable).")
+    ] = None,
+) -> None:
+    """Create a fleet CA and a server certificate."""
+    from cloud import pki
+
+    pki.init_fleet(directory, server_names=server_name or [])
+    out.print(f"fleet CA and server certificate written to {directory}")
+
+
+@certs_app.command("host")
+def certs_host(
+    directory: Annotated[Path, typer.Argument(help="Folder holding the fleet CA.")],
+    host_id: Annotated[str, typer.Argument(help="Host id; becomes the certificate's identity.")],
+) -> None:
+    """Issue a host client certificate signed by the fleet CA."""
+    from cloud import pki
+
+    cert, key = pki.issue_host(directory, host_id)
+    out.print(f"host certificate: {cert}\nhost key: {key}")
+
+
+@certs_app.command("operator")
+def certs_operator(
+    directory: Annotated[Path, typer.Argument(help="Folder holding the fleet CA.")],
+    name: Annotated[str, typer.Argument(help="Operator name; becomes the identity.")],
+) -> None:
+    """Issue an operator client certificate signed by the fleet CA."""
+    from cloud import pki
+
+    cert, key = pki.issue_operator(directory, name)
+    out.print(f"operator certificate: {cert}\noperator key: {key}")
+
+
+# --- operating the fleet ---------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class Connection:
+    address: str
+    ca: Path
+    cert: Path
+    key: Path
+
+    def client(self) -> OperatorClient:
+        return OperatorClient.over(
+            secure_channel(self.address, ca=self.ca, cert=self.cert, key=self.key)
+        )
+
+
+_connection: Connection | None = None
+
+
+@app.callback()
+def connection_options(
+    cloud: Annotated[str, typer.Option(envvar="AMC_CLOUD", help="Cloud address host:port.")] = (
+        "127.0.0.1:7443"
+    ),
+    pki_dir: Annotated[
+        Path, typer.Option(envvar="AMC_PKI_DIR", help="Folder with ca.pem and operator certs.")
+    ] = Path(".amc/up/pki"),
+    operator: Annotated[str, typer.Option(envvar="AMC_OPERATOR", help="Operator name.")] = (
+        "admin"
+    ),
+) -> None:
+    """Connection options for the operator commands (task, decisions)."""
+    global _connection
+    _connection = Connection(
+        address=cloud,
+        ca=pki_dir / "ca.pem",
+        cert=pki_dir / f"operator-{operator}.pem",
+        key=pki_dir / f"operator-{operator}.key",
+    )
+
+
+def _with_client(action: Callable[[OperatorClient], Awaitable[T]]) -> T:
+    if _connection is None:
+        raise typer.BadParameter("no cloud connection configured")
+    connection = _connection
+
+    async def go() -> T:
+        client = connection.client()
+        try:
+            return await action(client)
+        finally:
+            await client.close()
+
+    return _run(go())
+
+
+@task_app.command("submit")
+def task_submit(
+    goal: Annotated[str, typer.Argument(help="The goal in plain language.")],
+    host: Annotated[str, typer.Option(help="Run only on this host.")] = "",
+    device: Annotated[str, typer.Option(help="Run only on this phone serial.")] = "",
+    max_attempts: Annotated[int, typer.Option(help="Attempts before failing; 0 = default.")] = 0,
+    request_id: Annotated[str, typer.Option(help="Idempotency key for retries.")] = "",
+    lease_seconds: Annotated[int, typer.Option(help="Lease length; 0 = default.")] = 0,
+) -> None:
+    """Queue a task and print its id."""
+    request = task_service_pb2.SubmitTaskRequest(
+        goal=goal,
+        target=types_pb2.TaskTarget(host_id=host, device_serial=device),
+        max_attempts=max_attempts,
+        client_request_id=request_id,
+    )
+    if lease_seconds:
+        request.lease_duration.CopyFrom(Duration(seconds=lease_seconds))
+    response = _with_client(lambda c: c.tasks.SubmitTask(request))
+    note = " (already submitted with this request id)" if response.deduplicated else ""
+    out.print(f"{response.task.task_id}{note}")
+
+
+@task_app.command("list")
+def task_list(
+    status: Annotated[
+        list[str] | None, typer.Option(help="queued, running, succeeded, ... (repeatable).")
+    ] = None,
+    host: Annotated[str, typer.Option(help="Only this host.")] = "",
+    query: Annotated[str, typer.Option("--text", help="Goal contains this text.")] = "",
+    limit: Annotated[int, typer.Option(help="Page size.")] = 50,
+) -> None:
+    """List tasks, newest first."""
+    statuses = [types_pb2.TaskStatus.Value(f"TASK_STATUS_{s.upper()}") for s in status or []]
+    request = task_service_pb2.ListTasksRequest(
+        page_size=limit, statuses=statuses, host_id=host, query=query
+    )
+    response = _with_client(lambda c: c.tasks.ListTasks(request))
+    out.print(formatting.task_table(list(response.tasks)))
+
+
+@task_app.command("show")
+def task_show(task_id: Annotated[str, typer.Argument(help="Task id.")]) -> None:
+    """Show one task with every attempt."""
+    request = task_service_pb2.GetTaskRequest(task_id=task_id)
+    response = _with_client(lambda c: c.tasks.GetTask(request))
+    task = response.task
+    out.print(formatting.task_table([task]))
+    if task.result_summary:
+        out.print(f"result: {task.result_summary}")
+    for attempt in task.attempts:
+        reason = f" — {attempt.failure_reason}" if attempt.failure_reason else ""
+        out.print(
+            f"  attempt {attempt.attempt}: {formatting.styled_status(attempt.status)} on "
+            f"{attempt.host_id}/{attempt.device_serial} "
+            f"{formatting.progress_badge(attempt.progress)}{reason}"
+        )
+
+
+@task_app.command("watch")
+def task_watch(
+    task_id: Annotated[str, typer.Argument(help="Task id; omit to watch the fleet.")] = "",
+) -> None:
+    """Stream live progress until the task ends (or Ctrl-C for the fleet)."""
+
+    async def watch(client: OperatorClient) -> None:
+        request = progress_service_pb2.WatchProgressRequest(task_id=task_id)
+        async for change in client.progress.WatchProgress(request):
+            task = change.task
+            out.print(
+                f"{task.task_id} {formatting.styled_status(task.status)} "
+                f"{formatting.progress_badge(task.progress)}"
+            )
+
+    _with_client(watch)
+
+
+@task_app.command("cancel")
+def task_cancel(
+    task_id: Annotated[str, typer.Argument(help="Task id.")],
+    reason: Annotated[str, typer.Option(help="Why; shown to operators.")] = "cancelled from CLI",
+) -> None:
+    """Cancel a task (a running one stops within one step)."""
+    request = task_service_pb2.CancelTaskRequest(task_id=task_id, reason=reason)
+    response = _with_client(lambda c: c.tasks.CancelTask(request))
+    out.print(f"{response.task.task_id}: {formatting.styled_status(response.task.status)}")
+
+
+@app.command()
+def decisions(
+    task_id: Annotated[str, typer.Argument(help="Task id.")],
+    attempt: Annotated[int, typer.Option(help="Only this attempt; 0 = all.")] = 0,
+    prompts: Annotated[bool, typer.Option(help="Also print the prompts sent.")] = False,
+) -> None:
+    """Print the per-step LLM record of a task (cloud transport only)."""
+    request = decision_log_service_pb2.ListDecisionsRequest(
+        task_id=task_id, attempt=attempt, page_size=500
+    )
+    response = _with_client(lambda c: c.decisions.ListDecisions(request))
+    if not response.decisions:
+        out.print("no decisions logged (none yet, or the host uses the direct transport)")
+    for d in response.decisions:
+        out.rule(f"attempt {d.attempt} · step {d.step_index} · {d.provider}/{d.model}")
+        out.print(f"[bold]rationale[/bold]: {d.rationale or '-'}")
+        thinking = formatting.thinking_text(d)
+        if thinking:
+            out.print(f"[bold]thinking[/bold]: {thinking}")
+        out.print(f"[bold]action[/bold]: {d.tool_name} {d.arguments_json}")
+        out.print(f"[bold]purpose[/bold]: {d.purpose}  [bold]expected[/bold]: {d.expected_outcome}")
+        latency_ms = d.latency.seconds * 1000 + d.latency.nanos // 1_000_000
+        out.print(
+            f"tokens in/out {d.usage.input_tokens}/{d.usage.output_tokens} · {latency_ms} ms"
+            + (" · forced retry" if d.forced_retry else "")
+        )
+        if prompts:
+            out.print(json.dumps({"system": d.system_prompt, "user": d.user_prompt}, indent=2))

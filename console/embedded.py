@@ -1,0 +1,234 @@
+"""The embedded stack: cloud, host, virtual phones and (for `amc up`) the console in one process.
+
+It runs exactly the parts of a real deployment — the cloud gRPC server over mTLS with a SQLite
+file, a host agent whose lease stream and planner calls go through that server, phones reached
+through the adb protocol by the real adbutils client — only wired on loopback, with certificates
+it makes for itself. Nothing here is a shortcut the production path would not take.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import shutil
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from rich.console import Console
+from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn
+
+from amc.v1 import (
+    decision_log_service_pb2,
+    progress_service_pb2,
+    task_service_pb2,
+    types_pb2,
+)
+from cloud.pki import ensure_embedded_pki
+from cloud.server import CloudServer, build_server
+from cloud.settings import CloudSettings
+from console import formatting
+from console.client import OperatorClient, secure_channel
+from host.devices.virtual.adb_server import VirtualAdbServer
+from host.devices.virtual.phone import VirtualPhone
+from host.runner import run_host
+from host.settings import HostSettings
+
+HOST_ID = "embedded-host"
+OPERATOR = "admin"
+Transport = Literal["direct", "cloud"]
+
+
+@dataclass(slots=True)
+class EmbeddedStack:
+    """Handles of a running embedded stack."""
+
+    data_dir: Path
+    pki_dir: Path
+    cloud: CloudServer
+    adb: VirtualAdbServer
+    operator: OperatorClient
+    host_stop: asyncio.Event
+    host_task: asyncio.Task[None]
+
+    @property
+    def cloud_address(self) -> str:
+        return self.cloud.address
+
+
+@contextlib.asynccontextmanager
+async def embedded_stack(
+    data_dir: Path, *, phones: int = 1, transport: Transport = "cloud", max_steps: int = 30
+) -> AsyncIterator[EmbeddedStack]:
+    """Start every part, yield, then stop them in reverse order."""
+    pki_dir = await asyncio.to_thread(ensure_embedded_pki, data_dir, [HOST_ID], operator=OPERATOR)
+    adb = VirtualAdbServer(VirtualPhone(f"virtual-{i + 1}") for i in range(phones))
+    adb_port = await adb.start()
+    cloud = await build_server(
+        CloudSettings(
+            database_url=f"sqlite+aiosqlite:///{data_dir / 'cloud.sqlite3'}",
+            listen_address="127.0.0.1:0",
+            pki_dir=pki_dir,
+        )
+    )
+    await cloud.start()
+    host_settings = HostSettings(
+        data_dir=data_dir / "host",
+        device_source="adb",
+        driver="adbutils",
+        adb_host="127.0.0.1",
+        adb_port=adb_port,
+        cloud_address=cloud.address,
+        certs_dir=pki_dir,
+        host_id=HOST_ID,
+        tls_server_name="localhost",
+        planner_transport=transport,
+        max_steps=max_steps,
+        settle_delay_s=0.05,
+        device_poll_interval_s=1.0,
+    )
+    host_stop = asyncio.Event()
+    host_task = asyncio.create_task(run_host(host_settings, host_stop), name="host")
+    operator = OperatorClient.over(
+        secure_channel(
+            cloud.address,
+            ca=pki_dir / "ca.pem",
+            cert=pki_dir / f"operator-{OPERATOR}.pem",
+            key=pki_dir / f"operator-{OPERATOR}.key",
+        )
+    )
+    stack = EmbeddedStack(data_dir, pki_dir, cloud, adb, operator, host_stop, host_task)
+    try:
+        yield stack
+    finally:
+        host_stop.set()
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(host_task, 15)
+        await operator.close()
+        await cloud.stop(grace=1)
+        await adb.stop()
+
+
+async def follow_tasks(
+    client: OperatorClient, task_ids: list[str], out: Console, max_steps: int
+) -> dict[str, types_pb2.Task]:
+    """Print every progress change of the given tasks until all of them ended."""
+    final: dict[str, types_pb2.Task] = {}
+    seen: dict[str, tuple[int, int, int, str]] = {}
+    bars = Progress(
+        SpinnerColumn(),
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TextColumn("{task.fields[badge]}"),
+        console=out,
+        transient=True,
+    )
+    with bars:
+        ids = {t: bars.add_task(t, total=max_steps, badge="queued") for t in task_ids}
+        stream = client.progress.WatchProgress(progress_service_pb2.WatchProgressRequest())
+        async for change in stream:
+            task = change.task
+            if task.task_id not in ids:
+                continue
+            key = (task.status, task.progress.step_index, task.progress.step_status, task.attempt)
+            key_full = (*key[:3], task.progress.summary)
+            if seen.get(task.task_id) != key_full:
+                seen[task.task_id] = key_full
+                badge = formatting.progress_badge(task.progress)
+                out.print(
+                    f"[dim]{task.task_id[:8]}[/dim] {formatting.styled_status(task.status)}"
+                    f" attempt {task.attempt}/{task.max_attempts}  {badge}"
+                )
+            bars.update(
+                ids[task.task_id],
+                completed=task.progress.step_index,
+                badge=formatting.status_name(task.status),
+            )
+            if task.status in formatting.TERMINAL:
+                final[task.task_id] = task
+                if len(final) == len(task_ids):
+                    stream.cancel()
+                    break
+    return final
+
+
+async def _print_decisions(client: OperatorClient, task_id: str, out: Console) -> None:
+    response = await client.decisions.ListDecisions(
+        decision_log_service_pb2.ListDecisionsRequest(task_id=task_id, page_size=500)
+    )
+    for d in response.decisions:
+        out.print(
+            f"  [bold]step {d.step_index}[/bold] {d.tool_name} {d.arguments_json}\n"
+            f"    rationale: {d.rationale or '-'}\n"
+            f"    purpose:   {d.purpose or '-'}\n"
+            f"    expected:  {d.expected_outcome or '-'}"
+        )
+
+
+async def run_demo(
+    data_dir: Path,
+    goals: list[str],
+    *,
+    phones: int = 1,
+    transport: Transport = "cloud",
+    out: Console | None = None,
+) -> bool:
+    """Run the goals on a fresh embedded stack; True when every task succeeded."""
+    out = out or Console()
+    logging.basicConfig(level=logging.WARNING)
+    # Each demo starts from an empty database and timeline; the certificates are kept.
+    for stale in ("cloud.sqlite3", "cloud.sqlite3-wal", "cloud.sqlite3-shm", "host"):
+        path = data_dir / stale
+        if path.is_dir():
+            shutil.rmtree(path)
+        else:
+            path.unlink(missing_ok=True)
+    max_steps = 30
+    async with embedded_stack(
+        data_dir, phones=phones, transport=transport, max_steps=max_steps
+    ) as stack:
+        out.print(
+            f"amc embedded stack: cloud {stack.cloud_address} (mTLS, SQLite), host {HOST_ID} "
+            f"with {phones} virtual phone(s), planner transport {transport}"
+        )
+        task_ids = []
+        for goal in goals:
+            response = await stack.operator.tasks.SubmitTask(
+                task_service_pb2.SubmitTaskRequest(goal=goal)
+            )
+            task_ids.append(response.task.task_id)
+            out.print(f"submitted {response.task.task_id}: {goal!r}")
+        final = await follow_tasks(stack.operator, task_ids, out, max_steps)
+        ok = True
+        for task_id in task_ids:
+            task = final[task_id]
+            succeeded = task.status == types_pb2.TASK_STATUS_SUCCEEDED
+            ok = ok and succeeded
+            out.rule(f"{task.goal}: {formatting.styled_status(task.status)}")
+            if transport == "cloud":
+                await _print_decisions(stack.operator, task_id, out)
+            out.print(f"result: {task.result_summary or '-'}")
+        return ok
+
+
+async def run_up(
+    data_dir: Path,
+    *,
+    phones: int = 2,
+    console_port: int = 8080,
+    transport: Transport = "cloud",
+    out: Console | None = None,
+) -> None:
+    """Keep the embedded stack running until Ctrl-C, printing where everything is."""
+    out = out or Console()
+    async with embedded_stack(data_dir, phones=phones, transport=transport) as stack:
+        out.print(f"cloud:    {stack.cloud_address} (mTLS; certificates in {stack.pki_dir})")
+        out.print(
+            f"phones:   {', '.join(stack.adb.phones)} (adb server 127.0.0.1:{stack.adb.port})"
+        )
+        out.print(
+            f"operator: amc --cloud {stack.cloud_address} --pki-dir {stack.pki_dir} task list"
+        )
+        await stack.host_task

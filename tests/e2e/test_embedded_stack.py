@@ -1,0 +1,66 @@
+"""One task end to end through every real part: cloud gRPC server (mTLS, SQLite file), host agent
+with its lease stream, the virtual phone over the adb protocol (real adbutils client), and the
+offline planner — in-process for `direct`, behind PlannerService.Decide for `cloud`."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from amc.v1 import decision_log_service_pb2, task_service_pb2, types_pb2
+from console.embedded import embedded_stack, follow_tasks
+
+
+async def _run_one(stack_dir: Path, transport: str, goal: str) -> types_pb2.Task:
+    async with embedded_stack(stack_dir, transport=transport) as stack:  # type: ignore[arg-type]
+        submitted = await stack.operator.tasks.SubmitTask(
+            task_service_pb2.SubmitTaskRequest(goal=goal)
+        )
+        task_id = submitted.task.task_id
+        await follow_tasks(stack.operator, [task_id], Console(), 30)
+        task = (
+            await stack.operator.tasks.GetTask(task_service_pb2.GetTaskRequest(task_id=task_id))
+        ).task
+        decisions = await stack.operator.decisions.ListDecisions(
+            decision_log_service_pb2.ListDecisionsRequest(task_id=task_id)
+        )
+        if transport == "cloud":
+            steps = [d.step_index for d in decisions.decisions]
+            assert steps == list(range(1, len(steps) + 1))
+            assert decisions.decisions[-1].tool_name == "complete"
+            assert all(d.purpose for d in decisions.decisions[:-1])
+            assert all(d.rationale for d in decisions.decisions)
+        else:
+            assert not decisions.decisions, "direct transport keeps prompts on the host"
+        return task
+
+
+@pytest.mark.parametrize("transport", ["cloud", "direct"])
+async def test_dark_theme_task_succeeds_with_final_progress(tmp_path: Path, transport: str) -> None:
+    task = await _run_one(tmp_path, transport, "Turn on dark theme")
+    assert task.status == types_pb2.TASK_STATUS_SUCCEEDED, task.result_summary
+    assert task.attempt == 1
+    assert task.progress.step_index >= 3
+    assert task.progress.summary
+    assert [a.status for a in task.attempts] == [types_pb2.TASK_STATUS_SUCCEEDED]
+
+
+def test_amc_demo_command_exits_zero(tmp_path: Path) -> None:
+    """The quickstart's main job, as a user runs it (a new process, the installed script)."""
+    amc = Path(sys.executable).with_name("amc")
+    result = subprocess.run(
+        [str(amc), "demo", "--data-dir", str(tmp_path / "demo")],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env={**os.environ, "COLUMNS": "200"},
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "Turn on dark theme: succeeded" in result.stdout
+    assert "purpose:" in result.stdout
+    assert (tmp_path / "demo" / "pki" / "ca.pem").exists()
