@@ -24,6 +24,9 @@ from planner.planner import Planner
 MAX_SYSTEM_PROMPT = 64 * 1024
 MAX_USER_PROMPT = 512 * 1024
 MAX_SCREENSHOT = 8 * 1024 * 1024
+# gRPC's default 4 MiB receive limit would reject a legal screenshot before `Decide` could name
+# the field: servers and clients of this service set both message limits to this.
+MAX_MESSAGE_BYTES = MAX_SCREENSHOT + MAX_USER_PROMPT + MAX_SYSTEM_PROMPT + 1024 * 1024
 
 
 class LeaseGate(Protocol):

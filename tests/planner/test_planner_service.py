@@ -1,0 +1,415 @@
+"""`PlannerService.Decide` over a real grpc.aio server on 127.0.0.1 port 0.
+
+The lease gate and the decision sink are in-test implementations of the service's ports; the
+cloud owner wires the real ones (the store's lease check and the decision log with its atomic
+step index) in `cloud/`. Most tests run plaintext and say who the caller is in metadata; one test
+runs the same servicer with mTLS, certificates from `cloud.pki` and the caller taken from the
+client certificate with `cloud.identity.peer_caller`, the way the cloud deployment serves it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections import defaultdict
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+import pytest
+
+from amc.v1 import planner_service_pb2, planner_service_pb2_grpc, types_pb2
+from planner.decision import Decision
+from planner.errors import PlannerError, PlannerRateLimited, PlannerUnavailable
+from planner.planner import Planner
+from planner.prompts import SYSTEM_PROMPT, build_user_prompt
+from planner.providers.anthropic import AnthropicProvider
+from planner.providers.base import ProviderRequest, ProviderResponse
+from planner.providers.offline import OfflineProvider
+from planner.service import MAX_MESSAGE_BYTES, PlannerServicer
+from planner.settings import PlannerSettings
+from tests.planner import scenes
+from tests.support.fake_providers import (
+    ANTHROPIC_KEY,
+    FakeProviderServer,
+    rate_limited_anthropic,
+)
+
+HOST = "host-a"
+LEASE = ("task-1", 1, "lease-1")
+OPTIONS = [
+    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+]
+
+
+class Gate:
+    """LeaseGate: a fixed set of live (host, task, attempt, lease) tuples; counts its calls."""
+
+    def __init__(self, *live: tuple[str, str, int, str]) -> None:
+        self.live = set(live)
+        self.calls = 0
+
+    async def is_live(self, host_id: str, task_id: str, attempt: int, lease_id: str) -> bool:
+        self.calls += 1
+        return (host_id, task_id, attempt, lease_id) in self.live
+
+
+class MemorySink:
+    """DecisionSink: assigns step indexes per (task, attempt) under a lock, like a transaction."""
+
+    def __init__(self) -> None:
+        self.rows: list[tuple[str, str, int, int, Decision]] = []
+        self._next: dict[tuple[str, int], int] = defaultdict(int)
+        self._lock = asyncio.Lock()
+
+    async def append(
+        self, host_id: str, task_id: str, attempt: int, decision: Decision
+    ) -> tuple[str, int]:
+        async with self._lock:
+            await asyncio.sleep(0)  # yield inside the critical section: a race would show
+            self._next[(task_id, attempt)] += 1
+            index = self._next[(task_id, attempt)]
+            self.rows.append((host_id, task_id, attempt, index, decision))
+            return f"dec-{len(self.rows)}", index
+
+
+@dataclass
+class Recording:
+    """A provider that delegates to another and records every request it got."""
+
+    inner: Any
+    requests: list[ProviderRequest] = field(default_factory=list)
+    fail_with: Exception | None = None
+
+    @property
+    def name(self) -> str:
+        return str(self.inner.name)
+
+    async def complete(self, request: ProviderRequest) -> ProviderResponse:
+        self.requests.append(request)
+        if self.fail_with is not None:
+            raise self.fail_with
+        response: ProviderResponse = await self.inner.complete(request)
+        return response
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+def metadata_host(context: Any) -> str:
+    """Test stand-in for the certificate identity on a plaintext server."""
+    return dict(context.invocation_metadata()).get("x-test-host", "")
+
+
+@dataclass
+class Running:
+    stub: Any
+    gate: Gate
+    sink: MemorySink
+    provider: Recording
+
+
+@pytest.fixture
+async def make_server() -> AsyncIterator[Callable[..., Any]]:
+    servers: list[Any] = []
+    channels: list[Any] = []
+
+    async def start(provider: Any = None, gate: Gate | None = None) -> Running:
+        gate = gate or Gate((HOST, *LEASE))
+        sink = MemorySink()
+        recording = Recording(provider or OfflineProvider())
+        server = grpc.aio.server(options=OPTIONS)
+        planner_service_pb2_grpc.add_PlannerServiceServicer_to_server(
+            PlannerServicer(
+                caller_host_id=metadata_host, lease_gate=gate, sink=sink, planner=Planner(recording)
+            ),
+            server,
+        )
+        port = server.add_insecure_port("127.0.0.1:0")
+        await server.start()
+        servers.append(server)
+        channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}", options=OPTIONS)
+        channels.append(channel)
+        return Running(planner_service_pb2_grpc.PlannerServiceStub(channel), gate, sink, recording)
+
+    yield start
+    for channel in channels:
+        await channel.close()
+    for server in servers:
+        await server.stop(grace=None)
+
+
+def request(
+    goal: str = "Turn on dark theme", scene: Any = None, **overrides: Any
+) -> planner_service_pb2.DecideRequest:
+    scene = scene or scenes.launcher()
+    values: dict[str, Any] = {
+        "task_id": LEASE[0],
+        "attempt": LEASE[1],
+        "lease_id": LEASE[2],
+        "system_prompt": SYSTEM_PROMPT,
+        "user_prompt": build_user_prompt(goal, scene, []),
+        "element_ids": [e.element_id for e in scene.elements],
+        "screen_width": scene.screen_width,
+        "screen_height": scene.screen_height,
+        **overrides,
+    }
+    return planner_service_pb2.DecideRequest(**values)
+
+
+MD = (("x-test-host", HOST),)
+
+
+async def test_decide_logs_one_row_and_returns_every_field(make_server: Callable[..., Any]) -> None:
+    srv: Running = await make_server()
+    response = await srv.stub.Decide(request(), metadata=MD)
+    d = response.decision
+
+    assert d.step_index == 1
+    assert d.decision_id == "dec-1"
+    assert (d.host_id, d.task_id, d.attempt) == (HOST, "task-1", 1)
+    assert d.provider == "offline" and d.model
+    assert d.tool_name == "tap"
+    assert json.loads(d.arguments_json) == {"element_id": "e4"}
+    assert d.action.tap.element_id == "e4"
+    assert d.purpose and d.expected_outcome and d.rationale
+    assert d.action.purpose == d.purpose
+    assert d.system_prompt == SYSTEM_PROMPT
+    assert d.usage.input_tokens > 0
+    assert d.created_at.seconds > 0
+    assert d.forced_retry is False and d.corrective_retries == 0
+    (row,) = srv.sink.rows
+    assert row[:4] == (HOST, "task-1", 1, 1)
+
+
+async def test_a_lease_that_is_not_live_is_refused_before_any_tokens(
+    make_server: Callable[..., Any],
+) -> None:
+    srv: Running = await make_server()
+    for bad in (
+        request(lease_id="lease-old"),
+        request(attempt=2),
+        request(task_id="task-other"),
+        request(lease_id="lease-old", user_prompt="x" * (600 * 1024)),  # lease before size
+    ):
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await srv.stub.Decide(bad, metadata=MD)
+        assert info.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    with pytest.raises(grpc.aio.AioRpcError) as other_host:
+        await srv.stub.Decide(request(), metadata=(("x-test-host", "host-b"),))
+    assert other_host.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "not a live lease of host 'host-b'" in (other_host.value.details() or "")
+    assert srv.provider.requests == []
+    assert srv.sink.rows == []
+
+
+@pytest.mark.parametrize(
+    ("overrides", "field_name"),
+    [
+        ({"user_prompt": "x" * (512 * 1024 + 1)}, "user_prompt"),
+        ({"system_prompt": "s" * (64 * 1024 + 1)}, "system_prompt"),
+        ({"screenshot": b"\x89PNG" + b"\0" * (8 * 1024 * 1024)}, "screenshot"),
+        ({"user_prompt": "  "}, "user_prompt"),
+    ],
+)
+async def test_oversize_input_is_invalid_argument_naming_the_field(
+    make_server: Callable[..., Any], overrides: dict[str, Any], field_name: str
+) -> None:
+    srv: Running = await make_server()
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await srv.stub.Decide(request(**overrides), metadata=MD)
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert (info.value.details() or "").startswith(field_name)
+    assert srv.provider.requests == [] and srv.sink.rows == []
+
+
+async def test_twenty_concurrent_calls_get_distinct_step_indexes(
+    make_server: Callable[..., Any],
+) -> None:
+    srv: Running = await make_server()
+    responses = await asyncio.gather(*(srv.stub.Decide(request(), metadata=MD) for _ in range(20)))
+    indexes = sorted(r.decision.step_index for r in responses)
+    assert indexes == list(range(1, 21))
+    assert len({r.decision.decision_id for r in responses}) == 20
+    assert len(srv.sink.rows) == 20
+
+
+async def test_screenshot_is_used_for_the_call_and_never_stored(
+    make_server: Callable[..., Any],
+) -> None:
+    srv: Running = await make_server()
+    shot = b"\x89PNG\r\n\x1a\n" + b"SCREENSHOT-MARKER" * 64
+    response = await srv.stub.Decide(request(screenshot=shot), metadata=MD)
+    assert response.decision.step_index == 1
+    (sent,) = srv.provider.requests
+    assert sent.messages[0].screenshot == shot  # type: ignore[union-attr]
+    (row,) = srv.sink.rows
+    stored = row[4]
+    assert b"SCREENSHOT-MARKER" not in repr(stored).encode()
+    assert "SCREENSHOT-MARKER" not in json.dumps(stored.extra)
+    assert "SCREENSHOT-MARKER".encode() not in response.SerializeToString()
+
+
+@pytest.mark.parametrize(
+    ("error", "code"),
+    [
+        (
+            PlannerRateLimited("planner: Anthropic rate limit still hit after 2 retries"),
+            grpc.StatusCode.RESOURCE_EXHAUSTED,
+        ),
+        (
+            PlannerUnavailable("planner: Anthropic is unavailable (HTTP 529)"),
+            grpc.StatusCode.UNAVAILABLE,
+        ),
+        (PlannerError("planner: Anthropic rejected the API key"), grpc.StatusCode.UNAVAILABLE),
+    ],
+)
+async def test_provider_failure_logs_nothing(
+    make_server: Callable[..., Any], error: Exception, code: grpc.StatusCode
+) -> None:
+    srv: Running = await make_server()
+    srv.provider.fail_with = error
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await srv.stub.Decide(request(), metadata=MD)
+    assert info.value.code() == code
+    assert info.value.details() == str(error)
+    assert srv.sink.rows == []
+
+
+async def test_real_sdk_rate_limit_through_decide_is_resource_exhausted(
+    make_server: Callable[..., Any], fake_server: FakeProviderServer
+) -> None:
+    settings = PlannerSettings(
+        provider="anthropic",
+        anthropic_api_key=ANTHROPIC_KEY,
+        anthropic_base_url=fake_server.anthropic_base_url,
+        model="claude-test-model",
+        max_retries=1,
+    )
+    provider = AnthropicProvider(settings)
+    srv: Running = await make_server(provider)
+    fake_server.script_anthropic(rate_limited_anthropic(), rate_limited_anthropic())
+    try:
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await srv.stub.Decide(request(), metadata=MD)
+    finally:
+        await provider.aclose()
+    assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert "rate limit" in (info.value.details() or "")
+    assert len(fake_server.requests) == 2
+    assert srv.sink.rows == []
+
+
+async def test_sensitive_text_reaches_the_host_but_is_masked_everywhere_else(
+    make_server: Callable[..., Any],
+) -> None:
+    scene = scenes.contact_editor()
+    scene.elements[3] = scenes.el(
+        4,
+        "Password",
+        (48, 336, 1032, 496),
+        clickable=True,
+        class_name="android.widget.EditText",
+        password=True,
+    )
+    srv: Running = await make_server()
+    response = await srv.stub.Decide(request("Sign in with password hunter2", scene), metadata=MD)
+    d = response.decision
+    assert d.tool_name == "input_text"
+    assert d.action.input_text.sensitive is True
+    assert d.action.input_text.text == "hunter2"  # the host must type it
+    assert json.loads(d.arguments_json)["text"] == "•••"
+    stored = srv.sink.rows[0][4]
+    assert stored.masked_arguments()["text"] == "•••"
+
+
+async def test_decide_over_mtls_takes_the_host_from_the_client_certificate(tmp_path: Any) -> None:
+    pki = pytest.importorskip("cloud.pki")
+    identity = pytest.importorskip("cloud.identity")
+    ca = pki.create_ca()
+    server_pair = pki.create_server_cert(ca)
+    host_pair = pki.create_host_cert(ca, HOST)
+    other_pair = pki.create_host_cert(ca, "host-b")
+
+    def host_from_cert(context: Any) -> str:
+        caller = identity.peer_caller(context)
+        return caller.name if caller is not None and caller.kind == "host" else ""
+
+    gate, sink = Gate((HOST, *LEASE)), MemorySink()
+    server = grpc.aio.server(options=OPTIONS)
+    planner_service_pb2_grpc.add_PlannerServiceServicer_to_server(
+        PlannerServicer(
+            caller_host_id=host_from_cert,
+            lease_gate=gate,
+            sink=sink,
+            planner=Planner(OfflineProvider()),
+        ),
+        server,
+    )
+    credentials = grpc.ssl_server_credentials(
+        [(server_pair.key_pem, server_pair.cert_pem)],
+        root_certificates=ca.cert_pem,
+        require_client_auth=True,
+    )
+    port = server.add_secure_port("127.0.0.1:0", credentials)
+    await server.start()
+    try:
+        for pair, expected in (
+            (host_pair, grpc.StatusCode.OK),
+            (other_pair, grpc.StatusCode.FAILED_PRECONDITION),
+        ):
+            creds = grpc.ssl_channel_credentials(ca.cert_pem, pair.key_pem, pair.cert_pem)
+            async with grpc.aio.secure_channel(
+                f"localhost:{port}", creds, options=OPTIONS
+            ) as channel:
+                stub = planner_service_pb2_grpc.PlannerServiceStub(channel)
+                try:
+                    response = await stub.Decide(request())
+                    code = grpc.StatusCode.OK
+                    assert response.decision.host_id == HOST
+                except grpc.aio.AioRpcError as err:
+                    code = err.code()
+                assert code == expected
+    finally:
+        await server.stop(grace=None)
+    assert [row[0] for row in sink.rows] == [HOST]
+
+
+def test_decision_proto_round_trip() -> None:
+    from planner.convert import decision_from_proto, decision_to_proto
+
+    action = types_pb2.Action(purpose="p", expected_outcome="o")
+    action.swipe.start.x, action.swipe.start.y, action.swipe.end.x, action.swipe.end.y = (
+        1,
+        900,
+        1,
+        100,
+    )
+    decision = Decision(
+        tool_name="swipe",
+        arguments={"start_x": 1, "start_y": 900, "end_x": 1, "end_y": 100},
+        action=action,
+        purpose="p",
+        expected_outcome="o",
+        rationale="r",
+        thinking=[],
+        usage=__import__("planner.decision", fromlist=["Usage"]).Usage(input_tokens=3),
+        provider="offline",
+        model="m",
+        latency_s=0.25,
+        forced_retry=True,
+        system_prompt="s",
+        user_prompt="u",
+        step_index=4,
+    )
+    back = decision_from_proto(decision_to_proto(decision, decision_id="d1"))
+    assert back.arguments == decision.arguments
+    assert (back.step_index, back.forced_retry, back.latency_s, back.usage.input_tokens) == (
+        4,
+        True,
+        0.25,
+        3,
+    )
+    assert back.extra == {"decision_id": "d1"}
