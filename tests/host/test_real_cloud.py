@@ -1,0 +1,215 @@
+"""The host against the real cloud server (cloud/server.py, SQLite): assignment to result, a
+stream cut mid-task, a revoke, and the cloud planner transport with the offline provider."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+from google.protobuf import duration_pb2
+
+from amc.v1 import (
+    decision_log_service_pb2,
+    decision_log_service_pb2_grpc,
+    task_service_pb2,
+    task_service_pb2_grpc,
+    types_pb2,
+)
+from cloud import pki
+from cloud.server import CloudServer, build_server
+from cloud.settings import CloudSettings
+from host.runner import HostApp, build_host, serve_host, start_virtual_phones
+from host.settings import HostSettings
+from tests.host.scripted_planner import ScriptedPlanner, Step, by_text
+
+HOST_ID = "h1"
+SETTINGS_APP = "com.android.settings"
+
+
+@dataclass
+class Stack:
+    cloud: CloudServer
+    pki_dir: Path
+    ops: Any
+    decisions: Any
+    ops_channel: grpc.aio.Channel
+    tmp: Path
+
+
+@pytest.fixture
+async def stack(tmp_path: Path) -> AsyncIterator[Stack]:
+    pki_dir = pki.ensure_embedded_pki(tmp_path, [HOST_ID], operator="ops")
+    settings = CloudSettings(
+        database_url=f"sqlite+aiosqlite:///{tmp_path / 'cloud.sqlite3'}",
+        listen_address="127.0.0.1:0",
+        pki_dir=pki_dir,
+        default_lease_seconds=6.0,
+        min_lease_seconds=0.2,
+        sweep_interval_seconds=0.1,
+        dispatch_interval_seconds=0.2,
+        host_heartbeat_seconds=1.0,
+        shutdown_grace_seconds=0.5,
+    )
+    cloud = await build_server(settings)
+    await cloud.start()
+    ca = (pki_dir / "ca.pem").read_bytes()
+    creds = grpc.ssl_channel_credentials(
+        root_certificates=ca,
+        private_key=(pki_dir / "operator-ops.key").read_bytes(),
+        certificate_chain=(pki_dir / "operator-ops.pem").read_bytes(),
+    )
+    ch = grpc.aio.secure_channel(cloud.address, creds)
+    yield Stack(
+        cloud,
+        pki_dir,
+        task_service_pb2_grpc.TaskServiceStub(ch),  # type: ignore[no-untyped-call]
+        decision_log_service_pb2_grpc.DecisionLogServiceStub(ch),  # type: ignore[no-untyped-call]
+        ch,
+        tmp_path,
+    )
+    await ch.close()
+    await cloud.stop(0.5)
+
+
+def _host_settings(stack: Stack, **overrides: Any) -> HostSettings:
+    values: dict[str, Any] = {
+        "data_dir": stack.tmp / "host",
+        "device_source": "virtual",
+        "virtual_phones": 1,
+        "cloud_address": stack.cloud.address,
+        "certs_dir": stack.pki_dir,
+        "host_id": HOST_ID,
+        "ocr_enabled": False,
+        "settle_delay_s": 0,
+        "device_poll_interval_s": 0.2,
+        "reconnect_initial_s": 0.05,
+        "reconnect_max_s": 0.3,
+    }
+    values.update(overrides)
+    return HostSettings(**values)
+
+
+async def _submit(stack: Stack, goal: str) -> str:
+    lease = duration_pb2.Duration()
+    lease.FromTimedelta(timedelta(seconds=6))
+    response = await stack.ops.SubmitTask(
+        task_service_pb2.SubmitTaskRequest(goal=goal, max_attempts=1, lease_duration=lease)
+    )
+    return str(response.task.task_id)
+
+
+async def _until(
+    stack: Stack, task_id: str, check: Callable[[Any], bool], within: float = 60
+) -> Any:
+    async def poll() -> Any:
+        while True:
+            task = (await stack.ops.GetTask(task_service_pb2.GetTaskRequest(task_id=task_id))).task
+            if check(task):
+                return task
+            await asyncio.sleep(0.1)
+
+    return await asyncio.wait_for(poll(), within)
+
+
+@dataclass
+class RunningHost:
+    app: HostApp
+    stop: asyncio.Event
+    task: asyncio.Task[None]
+    virtual: Any
+
+    async def close(self) -> None:
+        self.stop.set()
+        await self.task
+        await asyncio.to_thread(self.virtual.stop)
+
+
+async def _start_host(stack: Stack, planner: Any = None, **overrides: Any) -> RunningHost:
+    virtual, settings = start_virtual_phones(_host_settings(stack, **overrides))
+    app = build_host(settings, planner=planner)
+    stop = asyncio.Event()
+    task = asyncio.create_task(serve_host(app, stop))
+    await asyncio.wait_for(app.lease.wait_connected(), 20)
+    return RunningHost(app, stop, task, virtual)
+
+
+def _dark_theme(before_display: Callable[[], None] | None = None) -> ScriptedPlanner:
+    return ScriptedPlanner(
+        [
+            Step("launch_app", {"package_name": SETTINGS_APP}, "open Settings"),
+            Step("tap", by_text("Display"), "open display settings", before=before_display),
+            Step("tap", by_text("Dark theme"), "turn dark theme on"),
+            Step("complete", {"success": True, "reason": "dark theme is on"}),
+        ]
+    )
+
+
+async def test_assignment_runs_to_a_recorded_success(stack: Stack) -> None:
+    host = await _start_host(stack, _dark_theme())
+    try:
+        task_id = await _submit(stack, "Turn on dark theme")
+        task = await _until(stack, task_id, lambda t: t.status == types_pb2.TASK_STATUS_SUCCEEDED)
+        assert task.result_summary == "dark theme is on"
+        assert task.host_id == HOST_ID
+        assert task.progress.step_index == 4
+        assert host.virtual.server.phones["emulator-5554"].state.flag("dark_theme")
+        assert len(host.app.store.steps(task_id, 1)) == 4
+    finally:
+        await host.close()
+
+
+async def test_stream_cut_mid_task_reconnects_and_finishes(stack: Stack) -> None:
+    cut = lambda: stack.cloud.leases.close_all(grpc.StatusCode.UNAVAILABLE, "cut by test")  # noqa: E731
+    host = await _start_host(stack, _dark_theme(before_display=cut))
+    try:
+        task_id = await _submit(stack, "Turn on dark theme")
+        task = await _until(stack, task_id, lambda t: t.status == types_pb2.TASK_STATUS_SUCCEEDED)
+        assert task.attempt == 1  # the same attempt finished: resumed, not retried
+        assert host.app.lease.connects >= 2
+    finally:
+        await host.close()
+
+
+async def test_revoke_stops_the_task(stack: Stack) -> None:
+    planner = _dark_theme()
+    planner.steps[1] = Step("swipe", {"start_x": 540, "start_y": 1800, "end_x": 540, "end_y": 900})
+    planner.steps[2:] = [planner.steps[1]]  # swipes forever until stopped
+    host = await _start_host(stack, planner)
+    try:
+        task_id = await _submit(stack, "Scroll forever")
+        await _until(stack, task_id, lambda t: t.progress.step_index >= 2)
+        await stack.ops.CancelTask(task_service_pb2.CancelTaskRequest(task_id=task_id, reason="t"))
+        task = await _until(stack, task_id, lambda t: t.status == types_pb2.TASK_STATUS_CANCELLED)
+        assert task.status == types_pb2.TASK_STATUS_CANCELLED
+        for _ in range(100):
+            if not host.app.lease.running():
+                break
+            await asyncio.sleep(0.05)
+        assert host.app.lease.running() == []
+        local = host.app.store.get_task(task_id, 1)
+        assert local is not None
+        assert local.status == "cancelled"
+    finally:
+        await host.close()
+
+
+async def test_cloud_planner_transport_with_the_offline_provider(stack: Stack) -> None:
+    host = await _start_host(stack, None, planner_transport="cloud")
+    try:
+        task_id = await _submit(stack, "Turn on dark theme")
+        task = await _until(stack, task_id, lambda t: t.status in (4, 5, 6), within=120)
+        assert task.status == types_pb2.TASK_STATUS_SUCCEEDED, task.result_summary
+        listed = await stack.decisions.ListDecisions(
+            decision_log_service_pb2.ListDecisionsRequest(task_id=task_id)
+        )
+        local = host.app.store.steps(task_id, 1)
+        assert len(listed.decisions) == len(local)
+        assert [d.user_prompt for d in listed.decisions] == [r.user_prompt for r in local]
+    finally:
+        await host.close()
