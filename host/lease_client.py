@@ -407,7 +407,11 @@ class LeaseClient:
         self._send(request)
 
     def _interval(self, rt: RunningTask) -> float:
-        return self._renew_interval_s or max(1.0, rt.lease_s / 3)
+        """A third of this lease (or the cloud's advice, if shorter), never below 0.1 s."""
+        third = rt.lease_s / 3
+        if self._renew_interval_s:
+            third = min(third, self._renew_interval_s)
+        return max(0.1, third)
 
     async def _renew_loop(self, rt: RunningTask) -> None:
         """Renew at a third of the lease, and soon after each progress change (at most 1/s)."""

@@ -272,3 +272,30 @@ def test_backoff_is_capped_and_jittered() -> None:
     delays = [backoff_delay(n, 0.5, 30.0, rng) for n in range(40)]
     assert all(0.05 <= d <= 30.0 for d in delays)
     assert len({round(d, 3) for d in delays}) > 30
+
+
+async def test_lease_lost_while_the_cloud_is_unreachable_stops_the_task(
+    cloud: RunningCloud, tmp_path: Path
+) -> None:
+    body = Stepper(50)
+    client = _client(cloud, StaticDevices("emulator-5554"), body, tmp_path)
+    client.config = LeaseClientConfig(
+        reconnect_initial_s=0.05, reconnect_max_s=0.2, expiry_grace_s=0.1
+    )
+    stop, task = await _run(client)
+    fake = cloud.cloud
+    fake.lease_s = 0.6
+    try:
+        await fake.assign("t8", "emulator-5554", "g")
+        body.allow(1)
+        await fake.wait_for(lambda: body.done_steps >= 1)
+        await cloud.server.stop(grace=None)  # the cloud is gone; renewals cannot land
+        for _ in range(200):
+            if not client.running():
+                break
+            await asyncio.sleep(0.05)
+        assert client.running() == []
+        assert body.done_steps < 50
+    finally:
+        stop.set()
+        await task

@@ -1,0 +1,88 @@
+"""Host settings (env names, derived paths), retention at start, dump retries, u2 error mapping."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+from uiautomator2 import exceptions as u2_exceptions
+
+from host.devices.base import DeviceError, DeviceGone
+from host.devices.u2_driver import _mapped
+from host.devices.virtual.driver import VirtualDriver
+from host.devices.virtual.phone import VirtualPhone
+from host.perception.hierarchy import HierarchyError
+from host.perception.perceive import Perceiver
+from host.runner import build_host
+from host.settings import HostSettings
+from host.timeline.store import TimelineStore
+
+
+def test_env_prefix_and_legacy_db_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AMC_HOST_MAX_STEPS", "12")
+    monkeypatch.setenv("HOST_AGENT_TASK_PROGRESS_DB_PATH", str(tmp_path / "legacy" / "tp.sqlite3"))
+    s = HostSettings()
+    assert s.max_steps == 12
+    assert s.resolved_db_path == tmp_path / "legacy" / "tp.sqlite3"
+    assert s.resolved_artifact_dir == tmp_path / "legacy" / "artifacts"
+    assert (s.retention_max_tasks, s.retention_max_age_days) == (50, 7.0)
+
+
+def test_cert_paths_follow_the_pki_layout(tmp_path: Path) -> None:
+    s = HostSettings(certs_dir=tmp_path, host_id="h7", data_dir=tmp_path / "d")
+    assert s.ca_cert == tmp_path / "ca.pem"
+    assert s.client_cert == tmp_path / "host-h7.pem"
+    assert s.client_key == tmp_path / "host-h7.key"
+    assert s.resolved_db_path == tmp_path / "d" / "task_progress.sqlite3"
+
+
+def test_retention_runs_when_the_host_starts(tmp_path: Path) -> None:
+    settings = HostSettings(data_dir=tmp_path, retention_max_tasks=3, ocr_enabled=False, adb_port=1)
+    store = TimelineStore(settings.resolved_db_path, settings.resolved_artifact_dir)
+    now = datetime.now(UTC)
+    for i in range(5):
+        store.start_task(f"t{i}", 1, "g", "s", now=now - timedelta(minutes=5 - i))
+        store.save_screenshot(f"t{i}", 1, "a.png", b"x")
+        store.finish_task(f"t{i}", 1, "succeeded", "ok", now=now - timedelta(minutes=5 - i))
+    store.close()
+    app = build_host(settings, planner=object())  # type: ignore[arg-type]
+    try:
+        assert [t.task_id for t in app.store.list_tasks()] == ["t4", "t3", "t2"]
+        assert app.store.artifacts.task_dirs() == ["t2-a1", "t3-a1", "t4-a1"]
+    finally:
+        app.close()
+
+
+class FlakyDumps(VirtualDriver):
+    """A real virtual phone whose first dumps come back empty, as a settling screen's do."""
+
+    def __init__(self, phone: VirtualPhone, empty: int) -> None:
+        super().__init__(phone)
+        self.empty = empty
+        self.calls = 0
+
+    def dump_hierarchy(self) -> str:
+        self.calls += 1
+        if self.calls <= self.empty:
+            return '<?xml version="1.0" encoding="UTF-8"?><hierarchy rotation="0" />'
+        return super().dump_hierarchy()
+
+
+def test_empty_dumps_are_retried_then_reported() -> None:
+    phone = VirtualPhone("emulator-5554")
+    perceiver = Perceiver(None, retries=3, retry_delay_s=0)
+    ok = FlakyDumps(phone, empty=2)
+    assert perceiver.perceive(ok, with_ocr=False).scene.elements
+    assert ok.calls == 3
+    bad = FlakyDumps(phone, empty=5)
+    with pytest.raises(HierarchyError, match="emulator-5554 after 3 tries"):
+        perceiver.perceive(bad, with_ocr=False)
+
+
+def test_u2_errors_map_to_device_errors() -> None:
+    with pytest.raises(DeviceGone, match="phone p1 disconnected"), _mapped("p1", "tap"):
+        raise u2_exceptions.ConnectError("adb connection lost")
+    with pytest.raises(DeviceError) as err, _mapped("p1", "dump"):
+        raise u2_exceptions.HierarchyEmptyError("empty")
+    assert not isinstance(err.value, DeviceGone)
