@@ -290,7 +290,7 @@ async def test_bad_key_is_an_operator_message(fake_server: FakeProviderServer) -
 async def test_model_that_only_takes_adaptive_rejects_budget_mode(
     fake_server: FakeProviderServer,
 ) -> None:
-    with pytest.raises(PlannerError, match="rejected the request .*HTTP 400.*adaptive"):
+    with pytest.raises(PlannerError, match=r"rejected the request .*HTTP 400.*adaptive"):
         await decide(
             make(
                 fake_server, model="claude-opus-4-7", thinking="budget", thinking_budget_tokens=2048

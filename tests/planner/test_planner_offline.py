@@ -35,7 +35,9 @@ async def test_opens_settings_from_the_launcher_for_a_setting_goal() -> None:
     d = await decide("Turn on dark theme", scenes.launcher())
     assert d.tool_name == "tap"
     assert d.arguments == {"element_id": "e4"}  # Settings
-    assert d.purpose and d.expected_outcome and d.rationale
+    assert d.purpose
+    assert d.expected_outcome
+    assert d.rationale
     assert d.provider == "offline"
 
 
@@ -48,7 +50,8 @@ async def test_picks_the_settings_entry_whose_summary_matches() -> None:
     scene = scenes.settings_main()
     d = await decide("Turn on dark theme", scene)
     tapped = scene.element(d.arguments["element_id"])
-    assert tapped is not None and tapped.clickable
+    assert tapped is not None
+    assert tapped.clickable
     label = next(
         e.text
         for e in scene.elements
@@ -71,7 +74,8 @@ async def test_taps_the_named_switch_then_completes_when_it_shows_the_wanted_sta
     assert "Dark theme" in done.arguments["reason"]
 
     turned_off = await decide("Turn off dark theme", on)
-    assert turned_off.tool_name == "tap" and turned_off.arguments == {"element_id": "e6"}
+    assert turned_off.tool_name == "tap"
+    assert turned_off.arguments == {"element_id": "e6"}
 
 
 async def test_fills_a_form_from_values_in_the_goal_then_saves() -> None:
@@ -82,7 +86,8 @@ async def test_fills_a_form_from_values_in_the_goal_then_saves() -> None:
     second = await decide(goal, scenes.contact_editor(name="Ada Lovelace"))
     assert second.arguments == {"text": "555-0100", "sensitive": False, "element_id": "e5"}
     save = await decide(goal, scenes.contact_editor(name="Ada Lovelace", phone="555-0100"))
-    assert save.tool_name == "tap" and save.arguments == {"element_id": "e3"}
+    assert save.tool_name == "tap"
+    assert save.arguments == {"element_id": "e3"}
     history = [
         WorldEvent(
             action={"tool": "input_text", "text": "Ada Lovelace"},
@@ -99,7 +104,8 @@ async def test_fills_a_form_from_values_in_the_goal_then_saves() -> None:
         ),
     ]
     done = await decide(goal, scenes.contact_detail("Ada Lovelace", "555-0100"), history)
-    assert done.tool_name == "complete" and done.arguments["success"] is True
+    assert done.tool_name == "complete"
+    assert done.arguments["success"] is True
 
 
 async def test_a_password_is_typed_as_sensitive() -> None:
@@ -133,7 +139,8 @@ async def test_scrolls_when_nothing_matches_then_backs_out() -> None:
         }
     ]
     back = await decide("Turn on color inversion", scene, history)
-    assert back.tool_name == "press_key" and back.arguments == {"key": "back"}
+    assert back.tool_name == "press_key"
+    assert back.arguments == {"key": "back"}
 
 
 async def test_does_not_reenter_a_page_it_backed_out_of() -> None:
@@ -154,7 +161,8 @@ async def test_never_taps_a_delete_control_unless_the_goal_asks() -> None:
     d = await decide("Open contact Ada Lovelace settings", scene)
     assert not (d.tool_name == "tap" and d.arguments.get("element_id") == "e3")
     delete = await decide("Delete the contact Ada Lovelace", scene)
-    assert delete.tool_name == "tap" and delete.arguments == {"element_id": "e3"}
+    assert delete.tool_name == "tap"
+    assert delete.arguments == {"element_id": "e3"}
 
 
 def test_compound_goals_split_only_at_verbs() -> None:
@@ -174,7 +182,8 @@ async def test_unreadable_prompt_is_a_clean_failure_not_an_exception() -> None:
         ProviderRequest(system=SYSTEM_PROMPT, messages=[UserTurn("hello")], tools=TOOLS)
     )
     (call,) = response.tool_calls
-    assert call.name == "complete" and call.arguments is not None
+    assert call.name == "complete"
+    assert call.arguments is not None
     assert call.arguments["success"] is False
     assert "missing the ```json goal section" in call.arguments["reason"]
 
@@ -231,7 +240,9 @@ async def test_runs_goals_to_the_end_on_the_virtual_phone(goal: str, check: Any)
     assert len(run.decisions) <= 12
     for decision in run.decisions:
         if decision.tool_name != "complete":
-            assert decision.purpose and decision.expected_outcome and decision.rationale
+            assert decision.purpose
+            assert decision.expected_outcome
+            assert decision.rationale
 
 
 async def test_starts_deep_in_another_app_and_backs_out() -> None:

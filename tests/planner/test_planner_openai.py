@@ -130,7 +130,8 @@ async def test_off_screen_point_is_corrected(fake_server: FakeProviderServer) ->
     decision = await decide(make(fake_server))
     assert decision.arguments == {"x": 1079, "y": 5}
     complaint = fake_server.bodies()[1]["messages"][-1]["content"]
-    assert "off the screen" in complaint and "1080x2400" in complaint
+    assert "off the screen" in complaint
+    assert "1080x2400" in complaint
 
 
 async def test_429_then_success_and_persistent_429(fake_server: FakeProviderServer) -> None:
@@ -154,7 +155,7 @@ async def test_500_is_unavailable(fake_server: FakeProviderServer) -> None:
 
 
 async def test_bad_key(fake_server: FakeProviderServer) -> None:
-    with pytest.raises(PlannerAuthError, match="^planner: OpenAI rejected the API key"):
+    with pytest.raises(PlannerAuthError, match=r"^planner: OpenAI rejected the API key"):
         await decide(make(fake_server, openai_api_key="sk-wrong"))
 
 

@@ -170,16 +170,20 @@ async def test_decide_logs_one_row_and_returns_every_field(make_server: Callable
     assert d.step_index == 1
     assert d.decision_id == "dec-1"
     assert (d.host_id, d.task_id, d.attempt) == (HOST, "task-1", 1)
-    assert d.provider == "offline" and d.model
+    assert d.provider == "offline"
+    assert d.model
     assert d.tool_name == "tap"
     assert json.loads(d.arguments_json) == {"element_id": "e4"}
     assert d.action.tap.element_id == "e4"
-    assert d.purpose and d.expected_outcome and d.rationale
+    assert d.purpose
+    assert d.expected_outcome
+    assert d.rationale
     assert d.action.purpose == d.purpose
     assert d.system_prompt == SYSTEM_PROMPT
     assert d.usage.input_tokens > 0
     assert d.created_at.seconds > 0
-    assert d.forced_retry is False and d.corrective_retries == 0
+    assert d.forced_retry is False
+    assert d.corrective_retries == 0
     (row,) = srv.sink.rows
     assert row[:4] == (HOST, "task-1", 1, 1)
 
@@ -222,7 +226,8 @@ async def test_oversize_input_is_invalid_argument_naming_the_field(
         await srv.stub.Decide(request(**overrides), metadata=MD)
     assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert (info.value.details() or "").startswith(field_name)
-    assert srv.provider.requests == [] and srv.sink.rows == []
+    assert srv.provider.requests == []
+    assert srv.sink.rows == []
 
 
 async def test_twenty_concurrent_calls_get_distinct_step_indexes(
@@ -249,7 +254,7 @@ async def test_screenshot_is_used_for_the_call_and_never_stored(
     stored = row[4]
     assert b"SCREENSHOT-MARKER" not in repr(stored).encode()
     assert "SCREENSHOT-MARKER" not in json.dumps(stored.extra)
-    assert "SCREENSHOT-MARKER".encode() not in response.SerializeToString()
+    assert b"SCREENSHOT-MARKER" not in response.SerializeToString()
 
 
 @pytest.mark.parametrize(

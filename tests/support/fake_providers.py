@@ -431,7 +431,7 @@ class FakeProviderServer:
         effort = (body.get("output_config") or {}).get("effort")
         if effort is not None and effort not in ("low", "medium", "high", "xhigh", "max"):
             raise _bad_anthropic(
-                f"output_config.effort: Input should be 'low', 'medium', 'high', 'xhigh' or 'max'"
+                "output_config.effort: Input should be 'low', 'medium', 'high', 'xhigh' or 'max'"
             )
         thinking_on = kind in ("enabled", "adaptive")
         if thinking_on and choice in ("any", "tool"):
