@@ -14,7 +14,7 @@ import logging
 import signal
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import grpc
 
@@ -55,6 +55,33 @@ class HostApp:
     direct_planner: StepPlanner | None
     planner_channel: grpc.aio.Channel | None = None
     _background: list[asyncio.Task[None]] = field(default_factory=list)
+
+    def status(self) -> dict[str, Any]:
+        """What the local console shows live: the stream, the phones, the running tasks."""
+        return {
+            "connected": self.lease.connected,
+            "host_id": self.lease.host_id,
+            "last_error": self.lease.last_error,
+            "planner_transport": self.settings.planner_transport,
+            "devices": [
+                {"serial": d.serial, "model": d.model, "online": d.online}
+                for d in self.registry.devices()
+            ],
+            "running": [
+                {
+                    "task_id": spec.task_id,
+                    "attempt": spec.attempt,
+                    "device_serial": spec.device_serial,
+                    "goal": spec.goal,
+                    "step_index": snap.step_index,
+                    "step_status": snap.status_name,
+                    "summary": snap.summary,
+                    "updated_at": snap.updated_at.isoformat() if snap.updated_at else None,
+                }
+                for spec, snap in self.lease.running()
+            ],
+            "pending_results": [list(k) for k in self.lease.pending_results()],
+        }
 
     def close(self) -> None:
         if self.ocr is not None:

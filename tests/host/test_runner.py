@@ -60,6 +60,11 @@ async def test_host_runs_an_assignment_on_a_virtual_phone(tmp_path: Path) -> Non
         assert not virtual.server.phones["emulator-5556"].state.flag("dark_theme")
         records = app.store.steps("t1", 1)
         assert len(records) == 4
+        status = app.status()
+        assert status["connected"]
+        assert status["host_id"] == HOST_ID
+        assert status["running"] == []
+        assert {d["serial"] for d in status["devices"]} == {"emulator-5554", "emulator-5556"}
         assert (settings.resolved_artifact_dir / (records[1].after_screenshot_path or "")).is_file()
 
         # A phone that vanishes is reported offline.
