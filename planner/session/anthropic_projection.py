@@ -2,39 +2,41 @@
 
 The rules this module exists to keep (each one a known failure mode elsewhere):
 
-- One model turn is ONE assistant message: thinking and redacted_thinking blocks first, then the
-  text, then the tool_use — never split into several assistant messages, never reordered among
-  themselves. Thinking goes back unmodified with its signature (also when the text is empty: a
-  signature-only block is valid and must be kept); redacted thinking goes back as
-  `redacted_thinking` with its data; Anthropic reasoning with neither is dropped and counted.
+- One model turn is ONE assistant message, echoed exactly as the API returned it: thinking and
+  redacted_thinking blocks (which the API puts first), then the text, then the tool_use — never
+  split into several assistant messages, never reordered (a moved thinking block fails the
+  signature check just like an edited one). Thinking goes back unmodified with its signature,
+  also when its text is empty (a signature-only block is valid and must be kept); redacted
+  thinking goes back as `redacted_thinking` with its data; Anthropic reasoning with neither is
+  dropped and counted.
 - Signatures go back only to Anthropic. Reasoning another provider made is dropped, or sent as a
   plain text block, by setting (`foreign_reasoning`).
 - The tool results of a turn form one user message whose tool_result blocks come first, followed
   by the new observation.
-- With thinking on, the assistant message before the last set of tool results must start with
-  a thinking block. If that turn has none Anthropic would accept (another provider made it, or
-  the forced retry ran without thinking), the turn and its results are sent as plain text, so
-  the request no longer ends inside a tool loop instead of failing.
-- Context budget: thinking of earlier turns may be omitted (`keep_reasoning_turns`), never that
-  of the last turn; old observations are condensed (`keep_scenes`).
+- Append-only: the projection of a turn never depends on how many steps came after it, so the
+  request prefix stays byte-identical from one step to the next. Claude models with preserved
+  thinking bind each thinking block to everything before it (system, tools, earlier messages);
+  a projection that re-rendered old turns would invalidate every later thinking block.
+- With thinking on, a tool-calling turn without a thinking block Anthropic would accept
+  (another provider made it, the forced retry ran without thinking, or its reasoning fell
+  before a checkpoint) is always sent as plain text, with its results as text: the API requires
+  the assistant message before the last tool results to start with thinking, and rendering such
+  a turn the same way at every step keeps the prefix stable.
+- Context budget (`ContextCheckpoint` items, placed by the planner): observations before the
+  checkpoint's `keep_from` are condensed and reasoning made before the checkpoint is no longer
+  sent — its prefix changed, so it would be rejected. Between checkpoints nothing old changes.
+- With thinking off (the forced retry), no thinking block is sent at all.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
-from planner.session.items import Reasoning, SessionItem, ToolResult
-from planner.session.turns import (
-    ModelTurn,
-    SessionHistoryError,
-    UserSide,
-    condense_old_observations,
-    reasoning_kept_turns,
-    segment,
-)
+from planner.session.items import AssistantText, Reasoning, SessionItem, ToolResult
+from planner.session.turns import SessionHistoryError, UserSide, apply_checkpoint, segment
 
 ForeignReasoning = Literal["drop", "text"]
 
@@ -48,19 +50,12 @@ class ProjectionStats:
     foreign_as_text: int = 0
     budget_stripped: int = 0
     condensed_observations: int = 0
-    loops_closed_as_text: int = 0
+    turns_as_text: int = 0
     orphan_reasoning_dropped: int = 0
+    thinking_off_dropped: int = 0
 
     def as_dict(self) -> dict[str, int]:
-        return {
-            "unsigned_dropped": self.unsigned_dropped,
-            "foreign_dropped": self.foreign_dropped,
-            "foreign_as_text": self.foreign_as_text,
-            "budget_stripped": self.budget_stripped,
-            "condensed_observations": self.condensed_observations,
-            "loops_closed_as_text": self.loops_closed_as_text,
-            "orphan_reasoning_dropped": self.orphan_reasoning_dropped,
-        }
+        return {f.name: int(getattr(self, f.name)) for f in fields(self)}
 
 
 @dataclass(slots=True)
@@ -88,35 +83,29 @@ def result_as_text(name: str, result: ToolResult) -> str:
     return f"[{status} of tool {name}]\n{result.output}"
 
 
-def _has_deliverable_thinking(turn: ModelTurn) -> bool:
-    return any(
-        r.provider == "anthropic" and (bool(r.signature) or bool(r.redacted_data))
-        for r in turn.reasoning
-    )
+def _deliverable(r: Reasoning) -> bool:
+    return r.provider == "anthropic" and (bool(r.signature) or bool(r.redacted_data))
 
 
-def _reasoning_blocks(
-    turn: ModelTurn, *, keep: bool, foreign: ForeignReasoning, stats: ProjectionStats
-) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """(thinking blocks, foreign reasoning as text blocks) for one turn."""
-    thinking: list[dict[str, Any]] = []
-    as_text: list[dict[str, Any]] = []
-    for r in turn.reasoning:
-        if not keep:
-            stats.budget_stripped += 1
-        elif r.provider != "anthropic":
-            if foreign == "text" and r.readable:
-                as_text.append({"type": "text", "text": foreign_reasoning_text(r)})
-                stats.foreign_as_text += 1
-            else:
-                stats.foreign_dropped += 1
-        elif r.signature:
-            thinking.append({"type": "thinking", "thinking": r.text, "signature": r.signature})
-        elif r.redacted_data:
-            thinking.append({"type": "redacted_thinking", "data": r.redacted_data})
-        else:
-            stats.unsigned_dropped += 1
-    return thinking, as_text
+def _reasoning_block(
+    r: Reasoning, *, valid: bool, foreign: ForeignReasoning, stats: ProjectionStats
+) -> dict[str, Any] | None:
+    """The block one reasoning item becomes in a natively sent turn, or None."""
+    if r.provider != "anthropic":
+        if foreign == "text" and r.readable:
+            stats.foreign_as_text += 1
+            return {"type": "text", "text": foreign_reasoning_text(r)}
+        stats.foreign_dropped += 1
+        return None
+    if not valid:
+        stats.budget_stripped += 1
+        return None
+    if r.signature:
+        return {"type": "thinking", "thinking": r.text, "signature": r.signature}
+    if r.redacted_data:
+        return {"type": "redacted_thinking", "data": r.redacted_data}
+    stats.unsigned_dropped += 1
+    return None
 
 
 def project_anthropic(
@@ -124,31 +113,20 @@ def project_anthropic(
     *,
     thinking: bool,
     foreign_reasoning: ForeignReasoning = "drop",
-    keep_scenes: int | None = None,
-    keep_reasoning_turns: int | None = None,
 ) -> AnthropicProjection:
     """Project a session onto Anthropic `messages`. Raises SessionHistoryError when the history
     itself is malformed (a tool call without a result, two model turns in a row)."""
     stats = ProjectionStats()
-    budgeted, stats.condensed_observations = condense_old_observations(items, keep_scenes)
-    segments = segment(budgeted)
+    budget = apply_checkpoint(items)
+    stats.condensed_observations = budget.condensed
+    segments = segment(budget.items)
     if not segments or not isinstance(segments[0], UserSide):
         raise SessionHistoryError("a session must start with a user observation")
-    kept = reasoning_kept_turns(segments, keep_reasoning_turns)
-
-    # The turn the last tool results answer: with thinking on it must open with thinking.
-    close_index: int | None = None
-    last = segments[-1]
-    if isinstance(last, UserSide) and last.results and len(segments) >= 2:
-        tail = segments[-2]
-        assert isinstance(tail, ModelTurn)
-        if thinking and not _has_deliverable_thinking(tail):
-            close_index = len(segments) - 2
 
     messages: list[dict[str, Any]] = []
     text_calls: dict[str, str] = {}  # call id -> tool name, for calls rendered as text
     pending: dict[str, str] = {}  # call id -> tool name, waiting for a tool_result
-    for index, seg in enumerate(segments):
+    for seg in segments:
         if isinstance(seg, UserSide):
             content: list[dict[str, Any]] = []
             texts: list[dict[str, Any]] = []
@@ -185,24 +163,57 @@ def project_anthropic(
                 f"model turn {seg.turn_id!r} follows tool call(s) without a result: "
                 f"{sorted(pending)}"
             )
-        think, foreign_text = _reasoning_blocks(
-            seg, keep=index in kept, foreign=foreign_reasoning, stats=stats
-        )
-        text_blocks = [{"type": "text", "text": t.text} for t in seg.texts if t.text]
-        if index == close_index:
-            stats.loops_closed_as_text += 1
-            calls = [
-                {"type": "text", "text": call_as_text(c.name, c.arguments)} for c in seg.tool_calls
-            ]
-            text_calls.update({c.call_id: c.name for c in seg.tool_calls})
-            _append(messages, "assistant", think + foreign_text + text_blocks + calls)
+        valid = thinking and seg.start > budget.checkpoint_at
+        if not thinking:
+            stats.thinking_off_dropped += sum(1 for r in seg.reasoning if _deliverable(r))
+        sendable = valid and any(_deliverable(r) for r in seg.reasoning)
+        out: list[dict[str, Any]] = []
+        if thinking and seg.tool_calls and not sendable:
+            stats.turns_as_text += 1
+            for part in seg.items:
+                if isinstance(part, Reasoning):
+                    if (
+                        part.provider != "anthropic"
+                        and foreign_reasoning == "text"
+                        and part.readable
+                    ):
+                        out.append({"type": "text", "text": foreign_reasoning_text(part)})
+                        stats.foreign_as_text += 1
+                    elif part.provider != "anthropic":
+                        stats.foreign_dropped += 1
+                    else:
+                        stats.budget_stripped += 1
+                elif isinstance(part, AssistantText):
+                    if part.text:
+                        out.append({"type": "text", "text": part.text})
+                else:
+                    out.append({"type": "text", "text": call_as_text(part.name, part.arguments)})
+                    text_calls[part.call_id] = part.name
+            _append(messages, "assistant", out)
             continue
-        uses = [
-            {"type": "tool_use", "id": c.call_id, "name": c.name, "input": c.arguments}
-            for c in seg.tool_calls
-        ]
-        pending.update({c.call_id: c.name for c in seg.tool_calls})
-        _append(messages, "assistant", think + foreign_text + text_blocks + uses)
+        for part in seg.items:
+            if isinstance(part, Reasoning):
+                if not thinking and part.provider == "anthropic":
+                    continue
+                rendered = _reasoning_block(
+                    part, valid=valid, foreign=foreign_reasoning, stats=stats
+                )
+                if rendered is not None:
+                    out.append(rendered)
+            elif isinstance(part, AssistantText):
+                if part.text:
+                    out.append({"type": "text", "text": part.text})
+            else:
+                out.append(
+                    {
+                        "type": "tool_use",
+                        "id": part.call_id,
+                        "name": part.name,
+                        "input": part.arguments,
+                    }
+                )
+                pending[part.call_id] = part.name
+        _append(messages, "assistant", out)
     if pending:
         raise SessionHistoryError(f"tool call(s) without a result: {sorted(pending)}")
     return AnthropicProjection(messages, stats)

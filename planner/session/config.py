@@ -43,17 +43,21 @@ class ThinkingConfig:
 class SessionConfig:
     """Session-mode knobs, each with its environment name for the planner settings class.
 
-    - `keep_scenes` (`AMC_PLANNER_SESSION_KEEP_SCENES`, default 3): full observations kept;
-      older ones are condensed. None keeps every one.
+    - `keep_scenes` (`AMC_PLANNER_SESSION_KEEP_SCENES`, default 6): the context budget. Full
+      observations accumulate up to twice this number; then a checkpoint condenses all but the
+      last `keep_scenes` (and, for Anthropic, retires the reasoning made before it). Cutting in
+      steps keeps the request prefix identical in between, which preserved thinking and prompt
+      caching both need. None never condenses.
     - `keep_reasoning_turns` (`AMC_PLANNER_SESSION_KEEP_REASONING_TURNS`, default None = all):
-      reasoning of earlier turns beyond the last N is not sent back (never that of the last turn).
+      OpenAI Responses only — encrypted reasoning of turns before the last N is not sent back.
+      (Anthropic thinking is bound to its prefix, so it is only retired at checkpoints.)
     - `foreign_reasoning` (`AMC_PLANNER_SESSION_FOREIGN_REASONING`, `drop` | `text`): what happens
       to reasoning another provider made after a provider switch.
     - `stream` (`AMC_PLANNER_SESSION_STREAM`): stream responses and forward live thinking.
     - `max_tokens` (`AMC_PLANNER_MAX_TOKENS`): output token limit per call.
     """
 
-    keep_scenes: int | None = 3
+    keep_scenes: int | None = 6
     keep_reasoning_turns: int | None = None
     foreign_reasoning: ForeignReasoning = "drop"
     stream: bool = False

@@ -92,7 +92,24 @@ class ToolResult:
     is_error: bool = False
 
 
-SessionItem = UserObservation | Reasoning | AssistantText | ToolCall | ToolResult
+@dataclass(frozen=True, slots=True)
+class ContextCheckpoint:
+    """A durable context-budget decision: from here on, observations before item index
+    `keep_from` are sent in their condensed form and reasoning made before this checkpoint is
+    no longer sent to Anthropic.
+
+    It is an item (stored, never sent) rather than a rule recomputed each step because the
+    request prefix must stay byte-identical between checkpoints: Claude models with preserved
+    thinking bind every thinking block to everything before it, so a sliding window that
+    condensed one more observation each step would invalidate the thinking after it.
+    """
+
+    keep_from: int
+
+
+SessionItem = (
+    UserObservation | Reasoning | AssistantText | ToolCall | ToolResult | ContextCheckpoint
+)
 AssistantItem = Reasoning | AssistantText | ToolCall
 
 _TYPE_OF: dict[type[Any], str] = {
@@ -101,6 +118,7 @@ _TYPE_OF: dict[type[Any], str] = {
     AssistantText: "assistant_text",
     ToolCall: "tool_call",
     ToolResult: "tool_result",
+    ContextCheckpoint: "context_checkpoint",
 }
 
 
@@ -134,6 +152,8 @@ def item_from_dict(data: dict[str, Any]) -> SessionItem:
             return ToolCall(**values)
         if kind == "tool_result":
             return ToolResult(**values)
+        if kind == "context_checkpoint":
+            return ContextCheckpoint(**values)
     except TypeError as err:
         raise ValueError(f"session item of type {kind!r} is malformed: {err}") from None
     raise ValueError(f"unknown session item type {kind!r}")

@@ -28,6 +28,7 @@ from planner.session.anthropic_projection import ProjectionStats, project_anthro
 from planner.session.config import SessionConfig, SessionProvider, ThinkingConfig
 from planner.session.items import (
     AssistantText,
+    ContextCheckpoint,
     Reasoning,
     SessionItem,
     ToolCall,
@@ -38,6 +39,7 @@ from planner.session.provider_turn import TurnResult
 from planner.session.responses_projection import project_responses
 from planner.session.store import SessionStore
 from planner.session.streaming import ThinkingSink
+from planner.session.turns import next_checkpoint
 from planner.tools import TOOLS, ToolSpec, parse_tool_call
 
 NUDGE = "You answered without calling a tool. Call exactly one tool now."
@@ -181,8 +183,6 @@ class SessionPlanner:
                 self._items,
                 thinking=self.thinking.enabled and not forced,
                 foreign_reasoning=cfg.foreign_reasoning,
-                keep_scenes=cfg.keep_scenes,
-                keep_reasoning_turns=cfg.keep_reasoning_turns,
             )
             self.last_stats = projection.stats
             params = anthropic_turn.request_params(
@@ -201,7 +201,6 @@ class SessionPlanner:
             rprojection = project_responses(
                 self._items,
                 foreign_reasoning=cfg.foreign_reasoning,
-                keep_scenes=cfg.keep_scenes,
                 keep_reasoning_turns=cfg.keep_reasoning_turns,
             )
             self.last_stats = rprojection.stats
@@ -239,6 +238,9 @@ class SessionPlanner:
         opening: list[SessionItem] = [
             ToolResult(call_id, NOT_RECORDED) for call_id in unanswered_calls(self._items)
         ]
+        cut = next_checkpoint([*self._items, *opening], self.config.keep_scenes)
+        if cut is not None:
+            opening.append(ContextCheckpoint(cut))
         opening.append(UserObservation(observation_text, condensed=condensed))
         await self._commit(opening)
 

@@ -27,7 +27,7 @@ from planner.session.items import AssistantItem, AssistantText, Reasoning, Sessi
 from planner.session.turns import (
     ModelTurn,
     SessionHistoryError,
-    condense_old_observations,
+    apply_checkpoint,
     reasoning_kept_turns,
     segment,
 )
@@ -143,13 +143,19 @@ def project_responses(
     items: Sequence[SessionItem],
     *,
     foreign_reasoning: ForeignReasoning = "drop",
-    keep_scenes: int | None = None,
     keep_reasoning_turns: int | None = None,
 ) -> ResponsesProjection:
-    """Project a session onto Responses `input` items (send with `REQUEST_FLAGS`)."""
+    """Project a session onto Responses `input` items (send with `REQUEST_FLAGS`).
+
+    Observations before the latest checkpoint are condensed, as for Anthropic. Encrypted
+    reasoning is not bound to its prefix, so `keep_reasoning_turns` may strip the reasoning of
+    all but the last N turns at every step (the API ignores reasoning from before the last
+    user message anyway); the following-item rule is kept either way.
+    """
     stats = ProjectionStats()
-    budgeted, stats.condensed_observations = condense_old_observations(items, keep_scenes)
-    segments = segment(budgeted)
+    budget = apply_checkpoint(items)
+    stats.condensed_observations = budget.condensed
+    segments = segment(budget.items)
     kept = reasoning_kept_turns(segments, keep_reasoning_turns)
     out: list[dict[str, Any]] = []
     pending: set[str] = set()

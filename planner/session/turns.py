@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from planner.session.items import (
     AssistantItem,
     AssistantText,
+    ContextCheckpoint,
     ProviderName,
     Reasoning,
     SessionItem,
@@ -31,10 +32,14 @@ class SessionHistoryError(ValueError):
 
 @dataclass(slots=True)
 class ModelTurn:
-    """Every item one model response produced, in the order the provider produced them."""
+    """Every item one model response produced, in the order the provider produced them.
+
+    `start` is the index of its first item in the history (to compare with checkpoints).
+    """
 
     provider: ProviderName
     turn_id: str
+    start: int
     items: list[AssistantItem] = field(default_factory=list)
 
     @property
@@ -69,50 +74,85 @@ Segment = ModelTurn | UserSide
 
 
 def segment(items: Sequence[SessionItem]) -> list[Segment]:
-    """Group items into alternating user sides and model turns.
+    """Group items into alternating user sides and model turns (checkpoints are skipped).
 
     Two model turns can follow each other directly only if something went wrong upstream (no
     user item between them); they stay two segments and the projection rejects them.
     """
     out: list[Segment] = []
-    for item in items:
+    for index, item in enumerate(items):
+        if isinstance(item, ContextCheckpoint):
+            continue
+        last = out[-1] if out else None
         if isinstance(item, UserObservation | ToolResult):
-            last = out[-1] if out else None
             if isinstance(last, UserSide):
                 last.items.append(item)
             else:
                 out.append(UserSide([item]))
-            continue
-        last = out[-1] if out else None
-        if isinstance(last, ModelTurn) and last.turn_id == item.turn_id:
+        elif isinstance(last, ModelTurn) and last.turn_id == item.turn_id:
             last.items.append(item)
         else:
-            out.append(ModelTurn(item.provider, item.turn_id, [item]))
+            out.append(ModelTurn(item.provider, item.turn_id, index, [item]))
     return out
 
 
-def condense_old_observations(
-    items: Sequence[SessionItem], keep_scenes: int | None
-) -> tuple[list[SessionItem], int]:
-    """The items with every observation but the last `keep_scenes` replaced by its short form.
+@dataclass(frozen=True, slots=True)
+class Budgeted:
+    """The history as the latest checkpoint says to send it."""
 
-    Old observations become their `condensed` text (or a placeholder); instructions are short
-    and always kept. Returns the new list and how many observations were condensed. Only user
-    content changes here: no reasoning, tool call or tool result is touched.
+    items: list[SessionItem]
+    checkpoint_at: int  # index of the latest checkpoint, -1 if none
+    condensed: int
+
+
+def apply_checkpoint(items: Sequence[SessionItem]) -> Budgeted:
+    """Condense every observation before the latest checkpoint's `keep_from`.
+
+    Indexes are kept (items are replaced, not removed), so turn positions can be compared with
+    `checkpoint_at`. Only user content changes here; instructions are short and always kept.
     """
-    indexes = [
-        i
-        for i, item in enumerate(items)
-        if isinstance(item, UserObservation) and item.kind == "observation"
-    ]
-    old = set() if keep_scenes is None else set(indexes[: max(0, len(indexes) - keep_scenes)])
+    at, keep_from = -1, 0
+    for index, item in enumerate(items):
+        if isinstance(item, ContextCheckpoint):
+            at, keep_from = index, item.keep_from
     out: list[SessionItem] = []
-    for i, item in enumerate(items):
-        if i in old and isinstance(item, UserObservation):
-            out.append(UserObservation(item.condensed or OMITTED_SCENE, kind="observation"))
+    condensed = 0
+    for index, item in enumerate(items):
+        if index < keep_from and isinstance(item, UserObservation) and item.kind == "observation":
+            out.append(UserObservation(item.condensed or OMITTED_SCENE))
+            condensed += 1
         else:
             out.append(item)
-    return out, len(old)
+    return Budgeted(out, at, condensed)
+
+
+def next_checkpoint(items: Sequence[SessionItem], keep_scenes: int | None) -> int | None:
+    """Where a new checkpoint should cut, or None while the budget still holds.
+
+    Called before a new observation is added. The full scenes since the last cut may grow to
+    twice `keep_scenes`; then the cut moves so that only the last `keep_scenes` (counting the
+    observation about to be added) stay full. Moving in steps rather than one scene at a time
+    keeps the request prefix identical for `keep_scenes` steps in a row, which is what lets
+    thinking blocks stay valid and prompt caches hit. Returns the `keep_from` index for a
+    checkpoint appended now (followed by the new observation).
+    """
+    if keep_scenes is None:
+        return None
+    keep = max(1, keep_scenes)
+    keep_from = 0
+    for item in items:
+        if isinstance(item, ContextCheckpoint):
+            keep_from = item.keep_from
+    full = [
+        i
+        for i, item in enumerate(items)
+        if i >= keep_from and isinstance(item, UserObservation) and item.kind == "observation"
+    ]
+    if len(full) + 1 <= 2 * keep:
+        return None
+    previous = full[len(full) - (keep - 1) :] if keep > 1 else []
+    # The checkpoint lands at len(items) and the new observation right after it.
+    return previous[0] if previous else len(items) + 1
 
 
 def reasoning_kept_turns(segments: Sequence[Segment], keep_turns: int | None) -> set[int]:

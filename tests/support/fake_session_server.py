@@ -83,6 +83,50 @@ def function_call(name: str, arguments: dict[str, Any] | str) -> dict[str, Any]:
     return {"type": "function_call", "name": name, "arguments": arguments}
 
 
+def _identity(block: dict[str, Any]) -> tuple[str, str]:
+    """What identifies a content block across a round trip (tool_use input may be masked)."""
+    kind = str(block.get("type"))
+    if kind == "thinking":
+        return (kind, str(block.get("signature")))
+    if kind == "redacted_thinking":
+        return (kind, str(block.get("data")))
+    if kind == "tool_use":
+        return (kind, str(block.get("id")))
+    return (kind, json.dumps(block, sort_keys=True))
+
+
+def _normalized(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _normalized(v) for k, v in value.items() if k != "cache_control"}
+    if isinstance(value, list):
+        return [_normalized(v) for v in value]
+    return value
+
+
+def _prefix_hash(
+    body: dict[str, Any], messages: list[dict[str, Any]], partial: list[dict[str, Any]]
+) -> str:
+    """What a thinking block is bound to on models with preserved thinking: system, tools,
+    every earlier message and the blocks before it in its own message."""
+    msgs = [
+        {
+            "role": m["role"],
+            "content": m["content"]
+            if isinstance(m["content"], list)
+            else [{"type": "text", "text": m["content"]}],
+        }
+        for m in messages
+    ]
+    data = {
+        "system": body.get("system"),
+        "tools": body.get("tools"),
+        "messages": msgs,
+        "partial": partial,
+    }
+    raw = json.dumps(_normalized(data), sort_keys=True, ensure_ascii=False)
+    return hashlib.sha256(raw.encode()).hexdigest()
+
+
 @dataclass
 class ScriptedTurn:
     """One model answer. `interrupt` cuts an SSE stream off after the first thinking deltas."""
@@ -110,8 +154,11 @@ class _Emitted:
 
     thinking: set[tuple[str, str]] = field(default_factory=set)
     redacted: set[str] = field(default_factory=set)
-    # tool_use id -> (response id, reasoning blocks of that response, in order)
-    turn_of_tool_use: dict[str, tuple[str, list[dict[str, Any]]]] = field(default_factory=dict)
+    # block identity -> response id; response id -> identities of its blocks, in order
+    response_of: dict[tuple[str, str], str] = field(default_factory=dict)
+    shape: dict[str, list[tuple[str, str]]] = field(default_factory=dict)
+    # reasoning block identity -> hash of its prefix (system, tools, everything before it)
+    prefix: dict[tuple[str, str], str] = field(default_factory=dict)
     encrypted: dict[str, str] = field(default_factory=dict)
     following: dict[str, str | None] = field(default_factory=dict)
 
@@ -120,8 +167,11 @@ class FakeSessionServer:
     """Start with `with FakeSessionServer() as server:`; point the SDKs at `anthropic_base_url`
     and `openai_base_url`."""
 
-    def __init__(self, key: bytes = b"amc-fake-session-server") -> None:
+    def __init__(
+        self, key: bytes = b"amc-fake-session-server", *, prefix_binding: bool = True
+    ) -> None:
         self._key = key
+        self.prefix_binding = prefix_binding
         self.anthropic_script: deque[ScriptedTurn] = deque()
         self.responses_script: deque[ScriptedTurn] = deque()
         self.requests: list[RecordedRequest] = []
@@ -287,9 +337,13 @@ class FakeSessionServer:
                     self._emitted.thinking.add((block["thinking"], block["signature"]))
                 else:
                     self._emitted.redacted.add(block["data"])
-            for block in content:
-                if block["type"] == "tool_use":
-                    self._emitted.turn_of_tool_use[block["id"]] = (msg_id, reasoning_blocks)
+            self._emitted.shape[msg_id] = [_identity(b) for b in content]
+            for j, block in enumerate(content):
+                self._emitted.response_of[_identity(block)] = msg_id
+                if block["type"] in ("thinking", "redacted_thinking"):
+                    self._emitted.prefix[_identity(block)] = _prefix_hash(
+                        body, body.get("messages") or [], content[:j]
+                    )
         usage = {
             "input_tokens": len(json.dumps(body)) // 4,
             "output_tokens": 20,
@@ -424,9 +478,10 @@ class FakeSessionServer:
                     'messages: roles must alternate between "user" and "assistant", but found '
                     f'multiple "{m["role"]}" roles in a row'
                 )
+        for i, m in enumerate(messages):
             if m["role"] == "assistant":
                 self._check_assistant(
-                    i, contents[i], contents[i + 1] if i + 1 < len(messages) else None
+                    body, i, contents[i], contents[i + 1] if i + 1 < len(messages) else None
                 )
             else:
                 self._check_user(i, contents[i], contents[i - 1] if i else [])
@@ -441,62 +496,61 @@ class FakeSessionServer:
         return thinking_on
 
     def _check_assistant(
-        self, i: int, content: list[dict[str, Any]], after: list[dict[str, Any]] | None
+        self,
+        body: dict[str, Any],
+        i: int,
+        content: list[dict[str, Any]],
+        after: list[dict[str, Any]] | None,
     ) -> None:
-        seen_other = False
-        sent_reasoning: list[dict[str, Any]] = []
+        has_reasoning = False
         uses: list[str] = []
         for j, block in enumerate(content):
             kind = block.get("type")
-            if kind in ("thinking", "redacted_thinking"):
-                if seen_other:
+            if kind == "thinking":
+                if "signature" not in block:
+                    raise _Rejected(f"messages.{i}.content.{j}.thinking.signature: Field required")
+                pair = (block.get("thinking", ""), block["signature"])
+                if pair not in self._emitted.thinking or not self._valid(
+                    block["signature"], "thinking", pair[0]
+                ):
                     raise _Rejected(
-                        f"messages.{i}.content.{j}: `{kind}` blocks must come before `text` and "
-                        "`tool_use` blocks in an assistant message"
+                        f"messages.{i}.content.{j}: Invalid `signature` in `thinking` block"
                     )
-                if kind == "thinking":
-                    if "signature" not in block:
-                        raise _Rejected(
-                            f"messages.{i}.content.{j}.thinking.signature: Field required"
-                        )
-                    pair = (block.get("thinking", ""), block["signature"])
-                    if pair not in self._emitted.thinking or not self._valid(
-                        block["signature"], "thinking", pair[0]
-                    ):
-                        raise _Rejected(
-                            f"messages.{i}.content.{j}: Invalid `signature` in `thinking` block"
-                        )
-                    sent_reasoning.append(
-                        {"type": "thinking", "thinking": pair[0], "signature": pair[1]}
+            elif kind == "redacted_thinking":
+                data = block.get("data", "")
+                if data not in self._emitted.redacted or not self._valid(data, "redacted"):
+                    raise _Rejected(
+                        f"messages.{i}.content.{j}: Invalid `data` in `redacted_thinking` block"
                     )
-                else:
-                    data = block.get("data", "")
-                    if data not in self._emitted.redacted or not self._valid(data, "redacted"):
-                        raise _Rejected(
-                            f"messages.{i}.content.{j}: Invalid `data` in `redacted_thinking` block"
-                        )
-                    sent_reasoning.append({"type": "redacted_thinking", "data": data})
-                continue
-            seen_other = True
-            if kind == "text" and not block.get("text"):
+            elif kind == "text" and not block.get("text"):
                 raise _Rejected("messages: text content blocks must be non-empty")
-            if kind == "tool_use":
+            elif kind == "tool_use":
                 uses.append(block["id"])
+            if kind in ("thinking", "redacted_thinking"):
+                has_reasoning = True
+                if self.prefix_binding and self._emitted.prefix.get(_identity(block)) != (
+                    _prefix_hash(body, (body.get("messages") or [])[:i], content[:j])
+                ):
+                    raise _Rejected(
+                        f"messages.{i}.content.{j}: Invalid `signature` in `thinking` block. The "
+                        "block is bound to a different conversation. Remove the block, or set "
+                        '`thinking.block_binding.prefix_mismatch_behavior` to "drop_block".'
+                    )
+        identities = [_identity(b) for b in content]
         responses = {
-            self._emitted.turn_of_tool_use[u][0]
-            for u in uses
-            if u in self._emitted.turn_of_tool_use
+            self._emitted.response_of[k] for k in identities if k in self._emitted.response_of
         }
         if len(responses) > 1:
             raise _Rejected(
-                f"messages.{i}: one assistant message holds tool_use blocks of several responses"
+                f"messages.{i}: one assistant message holds blocks of several responses"
             )
-        if responses and sent_reasoning:
-            emitted = self._emitted.turn_of_tool_use[uses[0]][1]
-            if sent_reasoning != emitted:
+        if has_reasoning and responses:
+            (response,) = responses
+            if identities != self._emitted.shape[response]:
                 raise _Rejected(
-                    f"messages.{i}: thinking blocks must be passed back unmodified, complete and "
-                    "in their original order together with the tool_use of the same response"
+                    f"messages.{i}: an assistant turn with thinking must be passed back "
+                    "unmodified, complete and in its original order: thinking, text and "
+                    "tool_use of one response in one message"
                 )
         if uses:
             answered = {

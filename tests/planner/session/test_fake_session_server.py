@@ -144,15 +144,27 @@ async def test_altered_or_partial_thinking_is_rejected(
         await _send(claude, forged)
     partial = copy.deepcopy(good)
     del partial[1]["content"][2]
-    with pytest.raises(
-        anthropic.BadRequestError, match="unmodified, complete and in their original order"
-    ):
+    with pytest.raises(anthropic.BadRequestError, match="passed back unmodified, complete"):
         await _send(claude, partial)
     reordered = copy.deepcopy(good)
     blocks = reordered[1]["content"]
     blocks[0], blocks[2] = blocks[2], blocks[0]
-    with pytest.raises(anthropic.BadRequestError, match="original order"):
+    # A moved block fails its prefix binding (or, without binding, the order check).
+    with pytest.raises(anthropic.BadRequestError, match="bound to a different conversation"):
         await _send(claude, reordered)
+
+
+async def test_an_edited_earlier_message_invalidates_later_thinking(
+    server: FakeSessionServer, claude: anthropic.AsyncAnthropic
+) -> None:
+    """Preserved thinking: a sliding context window that condenses an earlier observation
+    changes the prefix the thinking block was produced under."""
+    edited = await _anthropic_turn(server, claude)
+    edited[0]["content"] = [{"type": "text", "text": "(earlier screen condensed)"}]
+    with pytest.raises(anthropic.BadRequestError, match="bound to a different conversation"):
+        await _send(claude, edited)
+    server.prefix_binding = False  # models without preserved thinking only check signatures
+    await _send(claude, edited)
 
 
 async def test_tool_results_must_answer_and_come_first(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from planner.session.items import (
     AssistantText,
+    ContextCheckpoint,
     Reasoning,
     SessionItem,
     ToolCall,
@@ -102,9 +103,10 @@ def test_budget_and_foreign_reasoning() -> None:
         Reasoning("anthropic", "m", text="thought", signature="SIG"),
         ToolCall("anthropic", "m", "toolu_1", "tap", {"x": 1, "y": 2}),
         ToolResult("toolu_1", "ok"),
+        ContextCheckpoint(keep_from=5),
         *_history()[1:],
     ]
-    projection = project_responses(items, foreign_reasoning="text", keep_scenes=2)
+    projection = project_responses(items, foreign_reasoning="text")
     assert projection.input[0] == {
         "role": "user",
         "content": [{"type": "input_text", "text": "page 1"}],

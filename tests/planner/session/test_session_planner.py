@@ -64,6 +64,7 @@ class Factory:
         attempt: int = 1,
         live: list[str] | None = None,
         foreign: str = "drop",
+        keep_scenes: int | None = 6,
     ) -> SessionPlanner:
         client: anthropic.AsyncAnthropic | openai.AsyncOpenAI
         if provider == "anthropic":
@@ -84,7 +85,11 @@ class Factory:
             model=model,
             client=client,
             thinking=thinking,
-            config=SessionConfig(stream=stream, foreign_reasoning=foreign),  # type: ignore[arg-type]
+            config=SessionConfig(
+                stream=stream,
+                foreign_reasoning=foreign,  # type: ignore[arg-type]
+                keep_scenes=keep_scenes,
+            ),
             on_thinking=live.append if live is not None else None,
             owns_client=True,
         )
@@ -324,7 +329,7 @@ async def test_forced_retry_then_thinking_turn_closes_the_unthought_loop_as_text
         "type": "text",
         "text": "[result of tool press_key]\nwent home",
     }
-    assert planner.last_stats.loops_closed_as_text == 1
+    assert planner.last_stats.turns_as_text == 1
 
 
 async def test_corrective_retry_keeps_the_thinking_turn_intact(
@@ -443,4 +448,49 @@ async def test_provider_switch_drops_foreign_signatures_both_ways(
         "text": "[earlier reasoning by openai]\nO1 summary",
     }
     assert "encrypted" not in json.dumps(messages)
-    assert back.last_stats.loops_closed_as_text == 1
+    assert back.last_stats.turns_as_text == 1
+
+
+@pytest.mark.parametrize("provider", ["anthropic", "openai-responses"])
+async def test_long_session_keeps_the_budget_with_checkpoints(
+    server: FakeSessionServer, make: Factory, provider: SessionProvider
+) -> None:
+    """Twelve steps with keep_scenes=2 against a server that binds thinking to its prefix:
+    every request is accepted, old scenes are condensed, the latest thinking still travels."""
+    steps = 12
+    for n in range(steps):
+        args = {"key": "back", **INTENT}
+        if provider == "anthropic":
+            server.anthropic_script.append(
+                ScriptedTurn(
+                    [thinking(f"thought {n}"), text(f"step {n}"), tool_use("press_key", args)]
+                )
+            )
+        else:
+            server.responses_script.append(
+                ScriptedTurn(
+                    [
+                        reasoning(f"thought {n}"),
+                        message(f"step {n}"),
+                        function_call("press_key", args),
+                    ]
+                )
+            )
+    planner = await make(provider, thinking=ThinkingConfig("adaptive"), keep_scenes=2)
+    for n in range(steps):
+        await planner.decide(f"full scene {n}", condensed=f"page {n}")
+        await planner.record_tool_result(f"pressed {n}")
+    assert server.rejections == []
+    path = "/v1/messages" if provider == "anthropic" else "/v1/responses"
+    sizes = [len(json.dumps(b)) for b in server.bodies(path)]
+    last = json.dumps(server.bodies(path)[-1])
+    assert "full scene 11" in last
+    assert "full scene 10" in last
+    assert "full scene 0" not in last
+    assert "page 0" in last
+    # The prompt stays bounded: the last request is far from twelve full scenes' worth of growth.
+    assert sizes[-1] < sizes[0] * 8
+    if provider == "anthropic":
+        messages = _last_messages(server)
+        assert messages[-2]["content"][0]["type"] == "thinking"
+        assert messages[-2]["content"][0]["thinking"] == "thought 10"
