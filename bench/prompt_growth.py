@@ -1,0 +1,142 @@
+"""Prompt size per step over a 40-step task: compact history against the old full-scene history.
+
+The old design (`_history_summary()` in the seed) serialized every past step's full WorldEvent,
+scene included, into the next prompt, so the prompt grew by a whole screen per step. The compact
+history sends one small record per step (page, action with purpose and expected outcome,
+rationale, success) and only the last `history_window` of them.
+
+The steps are real: the offline planner works through a list of goals on the in-process virtual
+phone, one long task's worth of screens and decisions, and each step's prompt is built both ways
+from the same scene and the same history.
+
+    python bench/prompt_growth.py           # 40 steps
+    python bench/prompt_growth.py --smoke   # 8 steps, for CI
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from host.agent.actions import execute
+from host.devices.virtual.driver import VirtualDriver
+from host.devices.virtual.phone import VirtualPhone
+from host.perception.perceive import Perceiver
+from planner.history import WorldEvent
+from planner.planner import Planner
+from planner.prompts import HISTORY_WINDOW, build_user_prompt
+from planner.providers.offline import OfflineProvider
+from planner.scene import Scene
+
+GOALS = [
+    "Turn on dark theme",
+    "Turn off Wi-Fi",
+    "Set the screen timeout to 5 minutes",
+    "Create a contact named Ada Lovelace with phone 555 0100",
+    "Enable battery saver",
+    "Set an alarm for 6:15 am",
+    "Turn off Bluetooth",
+    "Open About phone",
+    "Compute 45 plus 17 on the calculator",
+    "Turn on airplane mode",
+    "Turn on color inversion in the accessibility settings",
+    "Turn on Do Not Disturb",
+]
+
+
+def old_user_prompt(goal: str, scene: Scene, history: list[tuple[WorldEvent, Scene]]) -> str:
+    """The seed design's prompt: goal, scene, and every past WorldEvent with its full scene."""
+    past = []
+    for event, past_scene in history:
+        record = event.to_dict()
+        record["scene_summary"] = past_scene.to_prompt()
+        past.append(record)
+    return (
+        f"Goal: {goal}\n\nCurrent scene:\n{json.dumps(scene.to_prompt())}\n\n"
+        f"History:\n{json.dumps(past)}"
+    )
+
+
+async def collect(steps: int) -> list[tuple[str, Scene, WorldEvent]]:
+    """`steps` real (goal, scene, event) triples from the offline planner on the virtual phone."""
+    phone = VirtualPhone("bench")
+    driver = VirtualDriver(phone)
+    perceiver = Perceiver(ocr=None, retry_delay_s=0.0)
+    planner = Planner(OfflineProvider())
+    out: list[tuple[str, Scene, WorldEvent]] = []
+    goal_index = 0
+    task_history: list[WorldEvent] = []
+    while len(out) < steps:
+        goal = GOALS[goal_index % len(GOALS)]
+        scene = perceiver.perceive(driver, with_ocr=False).scene
+        decision = await planner.decide(goal, scene, task_history)
+        result = execute(driver, decision.action, scene)
+        event = WorldEvent.from_decision(decision, page=scene.page, success=result.ok)
+        out.append((goal, scene, event))
+        task_history.append(event)
+        if decision.tool_name == "complete":
+            goal_index += 1
+            task_history = []
+            phone.go_home()
+    return out
+
+
+def measure(steps: int) -> list[dict[str, Any]]:
+    trace = asyncio.run(collect(steps))
+    rows = []
+    events: list[WorldEvent] = []
+    full: list[tuple[WorldEvent, Scene]] = []
+    for i, (_goal, scene, event) in enumerate(trace, start=1):
+        goal = "Work through the maintenance checklist"
+        compact = build_user_prompt(goal, scene, events)
+        old = old_user_prompt(goal, scene, full)
+        rows.append({"step": i, "compact": len(compact), "full": len(old)})
+        events.append(event)
+        full.append((event, scene))
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--smoke", action="store_true", help="8 steps only")
+    args = parser.parse_args(argv)
+    steps = 8 if args.smoke else args.steps
+    rows = measure(steps)
+    print("User prompt size per step (characters; ~tokens = chars/4),")
+    print(f"history window {HISTORY_WINDOW} records")
+    head = ("step", "compact", "~tok", "full-scene", "~tok", "full/compact")
+    print(f"{head[0]:>4} | {head[1]:>8} {head[2]:>6} | {head[3]:>10} {head[4]:>7} | {head[5]:>12}")
+    print("-" * 62)
+    for r in rows:
+        ratio = r["full"] / r["compact"]
+        print(
+            f"{r['step']:>4} | {r['compact']:>8} {r['compact'] // 4:>6} | "
+            f"{r['full']:>10} {r['full'] // 4:>7} | {ratio:>11.1f}x"
+        )
+    total_compact = sum(r["compact"] for r in rows)
+    total_full = sum(r["full"] for r in rows)
+    last = rows[-1]
+    print("-" * 62)
+    print(
+        f"step {last['step']}: full-scene prompt is "
+        f"{last['full'] / last['compact']:.1f}x the compact one; "
+        f"over all {len(rows)} steps {total_full / total_compact:.1f}x "
+        f"({total_full // 4:,} vs {total_compact // 4:,} ~tokens)"
+    )
+    first_compact = rows[0]["compact"]
+    print(
+        f"compact growth step 1 -> {last['step']}: {first_compact} -> {last['compact']} chars "
+        f"(max {max(r['compact'] for r in rows)})"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
