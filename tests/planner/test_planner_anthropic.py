@@ -371,3 +371,29 @@ async def test_fake_rejects_a_tool_use_continuation_whose_thinking_was_dropped(
             )
     finally:
         await client.close()
+
+
+async def test_corrective_turn_after_a_forced_retry_runs_without_thinking(
+    fake_server: FakeProviderServer,
+) -> None:
+    """The forced answer carries no thinking, so the continuation must not enable it (the API
+    would reject a thinking turn whose last tool_use message does not start with thinking)."""
+    fake_server.script_anthropic(
+        anthropic_message(thinking("hmm"), text("Display next.")),
+        anthropic_message(
+            tool_use("tap", {"element_id": "e999", "purpose": "p", "expected_outcome": "o"})
+        ),
+        anthropic_message(tool_use("tap", TAP_DISPLAY)),
+    )
+    decision = await decide(make(fake_server, thinking="adaptive"))
+    first, forced, corrective = fake_server.requests
+    assert first.body["thinking"] == {"type": "adaptive"}
+    assert forced.body["tool_choice"]["type"] == "any"
+    assert "thinking" not in forced.body
+    assert corrective.status == 200
+    assert corrective.body["tool_choice"]["type"] == "auto"
+    assert "thinking" not in corrective.body
+    assert decision.forced_retry is True
+    assert decision.corrective_retries == 1
+    assert decision.arguments == {"element_id": "e17"}
+    assert decision.usage.input_tokens == 360

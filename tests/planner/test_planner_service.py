@@ -418,3 +418,14 @@ def test_decision_proto_round_trip() -> None:
         3,
     )
     assert back.extra == {"decision_id": "d1"}
+
+
+async def test_a_call_without_host_identity_is_unauthenticated(
+    make_server: Callable[..., Any],
+) -> None:
+    srv: Running = await make_server()
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await srv.stub.Decide(request())
+    assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    assert srv.gate.calls == 0
+    assert srv.sink.rows == []
