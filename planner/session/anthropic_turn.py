@@ -12,6 +12,7 @@ from planner.session.config import ThinkingConfig
 from planner.session.items import AssistantItem, AssistantText, Reasoning, ToolCall
 from planner.session.provider_turn import TurnResult, mask_sensitive, provider_error
 from planner.session.streaming import AnthropicStreamAccumulator, ThinkingSink
+from planner.settings import ANSWER_ROOM_TOKENS
 from planner.tools import ToolSpec
 
 INTERLEAVED_THINKING_BETA = "interleaved-thinking-2025-05-14"
@@ -42,7 +43,7 @@ def request_params(
     }
     if not forced and thinking.mode == "budget" and thinking.budget_tokens is not None:
         params["thinking"] = {"type": "enabled", "budget_tokens": thinking.budget_tokens}
-        params["max_tokens"] = max(max_tokens, thinking.budget_tokens + 1)
+        params["max_tokens"] = max(max_tokens, thinking.budget_tokens + ANSWER_ROOM_TOKENS)
         params["extra_headers"] = {"anthropic-beta": INTERLEAVED_THINKING_BETA}
     elif not forced and thinking.mode == "adaptive":
         params["thinking"] = {"type": "adaptive"}

@@ -1,0 +1,124 @@
+"""Session mode behind the host's StepPlanner interface, built from PlannerSettings."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from planner.decision import Decision
+from planner.history import WorldEvent
+from planner.session.factory import (
+    open_session_planner,
+    planner_mode,
+    session_config,
+    session_provider,
+)
+from planner.session.items import ToolResult
+from planner.session.step_planner import SessionStepPlanner
+from planner.session.store import SqliteSessionStore
+from planner.settings import PlannerSettings
+from tests.planner.scenes import settings_main, toggle_page
+from tests.support.fake_session_server import (
+    FakeSessionServer,
+    ScriptedTurn,
+    text,
+    thinking,
+    tool_use,
+)
+
+INTENT = {"purpose": "open display", "expected_outcome": "the Display page shows"}
+
+
+@pytest.fixture
+def server() -> Iterator[FakeSessionServer]:
+    with FakeSessionServer() as s:
+        yield s
+
+
+def _settings(server: FakeSessionServer) -> PlannerSettings:
+    return PlannerSettings(
+        provider="anthropic",
+        model="claude-test",
+        thinking="budget",
+        thinking_budget_tokens=1024,
+        anthropic_api_key="test-key",  # type: ignore[arg-type]
+        anthropic_base_url=server.anthropic_base_url,
+        max_retries=0,
+    )
+
+
+def test_mode_and_provider_mapping(server: FakeSessionServer) -> None:
+    settings = _settings(server)
+    assert planner_mode(settings) == "compact"
+    assert session_provider(settings) == "anthropic"
+    assert session_provider(PlannerSettings(provider="openai")) == "openai-responses"
+    with pytest.raises(ValueError, match="offline is compact only"):
+        session_provider(PlannerSettings(provider="offline"))
+    assert session_config(settings).max_tokens == settings.effective_max_tokens
+
+
+def _event(decision: Decision, page: str, ok: bool) -> WorldEvent:
+    event = WorldEvent.from_decision(decision, page=page, success=ok)
+    event.scene_summary = {"page_after": "com.android.settings: Display"}
+    return event
+
+
+async def test_host_loop_drives_a_session_and_resumes(
+    server: FakeSessionServer, tmp_path: Path
+) -> None:
+    server.anthropic_script.extend(
+        [
+            ScriptedTurn([thinking("Need the tree."), tool_use("get_ui_tree", {})]),
+            ScriptedTurn(
+                [
+                    thinking("Display is e16."),
+                    text("Open Display."),
+                    tool_use("tap", {"element_id": "e16", **INTENT}),
+                ]
+            ),
+            ScriptedTurn(
+                [
+                    thinking("Dark theme visible."),
+                    tool_use("complete", {"success": True, "reason": "shown"}),
+                ]
+            ),
+        ]
+    )
+    settings = _settings(server)
+    db = tmp_path / "host.sqlite"
+    goal = "open the display settings"
+    history: list[WorldEvent] = []
+
+    step = SessionStepPlanner(
+        await open_session_planner(settings, store=SqliteSessionStore(db), task_id="t", attempt=1)
+    )
+    scene = settings_main()
+    first = await step.decide(goal, scene, history)
+    assert first.tool_name == "get_ui_tree"
+    history.append(_event(first, scene.page, True))
+    second = await step.decide(goal, scene, history)
+    assert second.arguments == {"element_id": "e16"}
+    history.append(_event(second, scene.page, True))
+    await step.aclose()
+
+    # Host restart: history in memory is gone, the session is on disk.
+    resumed = SessionStepPlanner(
+        await open_session_planner(settings, store=SqliteSessionStore(db), task_id="t", attempt=1)
+    )
+    page = toggle_page("Display", [("Dark theme", False)])
+    third = await resumed.decide(goal, page, [])
+    assert third.tool_name == "complete"
+    await resumed.aclose()
+    assert server.rejections == []
+
+    bodies = server.bodies("/v1/messages")
+    assert goal in bodies[0]["messages"][0]["content"][0]["text"]
+    second_request = bodies[1]["messages"]
+    tree_result = second_request[-1]["content"][0]
+    assert tree_result["type"] == "tool_result"
+    assert '"id":"e16"' in tree_result["content"]
+    results = [i for i in resumed.session.history if isinstance(i, ToolResult)]
+    assert results[-1].output.startswith("The outcome of this action was not recorded")
+    assert goal not in bodies[2]["messages"][-1]["content"][-1]["text"]
