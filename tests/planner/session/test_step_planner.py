@@ -43,7 +43,7 @@ def _settings(server: FakeSessionServer) -> PlannerSettings:
         model="claude-test",
         thinking="budget",
         thinking_budget_tokens=1024,
-        anthropic_api_key="test-key",  # type: ignore[arg-type]
+        anthropic_api_key="test-key",
         anthropic_base_url=server.anthropic_base_url,
         max_retries=0,
     )
