@@ -113,6 +113,7 @@ async def test_budget_thinking_sends_enabled_budget_beta_header_and_raised_max_t
             redacted_thinking(),
             text("Open Display."),
             tool_use("tap", TAP_DISPLAY),
+            thinking_tokens=31,
         )
     )
     decision = await decide(
@@ -128,6 +129,7 @@ async def test_budget_thinking_sends_enabled_budget_beta_header_and_raised_max_t
         ("", True),
     ]
     assert decision.rationale == "Open Display."
+    assert decision.usage.thinking_tokens == 31
 
 
 async def test_seed_env_var_still_turns_budget_thinking_on(

@@ -105,8 +105,17 @@ def anthropic_message(
     output_tokens: int = 40,
     cache_read_input_tokens: int = 0,
     cache_creation_input_tokens: int = 0,
+    thinking_tokens: int | None = None,
 ) -> Reply:
     has_tool = any(b["type"] == "tool_use" for b in content)
+    usage: dict[str, Any] = {
+        "input_tokens": input_tokens,
+        "output_tokens": output_tokens,
+        "cache_creation_input_tokens": cache_creation_input_tokens,
+        "cache_read_input_tokens": cache_read_input_tokens,
+    }
+    if thinking_tokens is not None:
+        usage["output_tokens_details"] = {"thinking_tokens": thinking_tokens}
     return Reply(
         200,
         {
@@ -117,12 +126,7 @@ def anthropic_message(
             "content": list(content),
             "stop_reason": stop_reason or ("tool_use" if has_tool else "end_turn"),
             "stop_sequence": None,
-            "usage": {
-                "input_tokens": input_tokens,
-                "output_tokens": output_tokens,
-                "cache_creation_input_tokens": cache_creation_input_tokens,
-                "cache_read_input_tokens": cache_read_input_tokens,
-            },
+            "usage": usage,
         },
     )
 
