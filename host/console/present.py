@@ -1,0 +1,373 @@
+"""How stored records read on the pages: one `StepView` per timeline step, the phones "now".
+
+Templates only format; every decision about what a record means (which screenshot is which, what
+an older record's fields stand for, what must be masked) is made here, in typed code, so the
+page and the tests agree on it. Any record the store can load renders: every field is optional.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+from urllib.parse import quote
+
+from host.agent.progress import ProgressSnapshot
+from host.timeline.record import SENSITIVE_MASK, TimelineRecord
+from host.timeline.store import TaskRow
+
+#: Tool names whose result is a UI tree (`ui_tree` is what older hosts called it).
+UI_TREE_TOOLS = frozenset({"get_ui_tree", "ui_tree"})
+
+
+def pretty_json(value: Any) -> str:
+    return json.dumps(value, indent=2, ensure_ascii=False, sort_keys=True, default=str)
+
+
+def artifact_url(relative: str | None) -> str | None:
+    """The console URL of a stored screenshot (the route checks it stays in the folder)."""
+    if not relative:
+        return None
+    return "/artifacts/" + quote(relative, safe="/")
+
+
+def _is_sensitive(arguments: dict[str, Any], action: dict[str, Any]) -> bool:
+    it = action.get("input_text")
+    return bool(arguments.get("sensitive")) or (isinstance(it, dict) and bool(it.get("sensitive")))
+
+
+def mask_sensitive(
+    arguments: dict[str, Any], action: dict[str, Any]
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Arguments and action with a sensitive input's text as "•••", whatever the record held.
+
+    The agent loop already stores it masked; this guards records written by anything else.
+    """
+    if not _is_sensitive(arguments, action):
+        return arguments, action
+    args = dict(arguments)
+    if "text" in args:
+        args["text"] = SENSITIVE_MASK
+    act = dict(action)
+    it = act.get("input_text")
+    if isinstance(it, dict):
+        act["input_text"] = {**it, "text": SENSITIVE_MASK}
+    return args, act
+
+
+@dataclass(slots=True)
+class TreeNode:
+    """One `get_ui_tree` node, nested under the smallest node whose bounds contain it."""
+
+    node: dict[str, Any]
+    children: list[TreeNode] = field(default_factory=list)
+
+    @property
+    def label(self) -> str:
+        n = self.node
+        parts = [str(n.get("id", "?"))]
+        if n.get("cls"):
+            parts.append(str(n["cls"]))
+        text = n.get("text") or n.get("desc")
+        if text:
+            parts.append(repr(str(text)[:60]))
+        if n.get("source") == "ocr":
+            parts.append("(ocr)")
+        return " ".join(parts)
+
+    @property
+    def flags(self) -> list[str]:
+        raw = self.node.get("flags")
+        if isinstance(raw, list):
+            return [str(f) for f in raw]
+        return []
+
+
+def _bounds(node: dict[str, Any]) -> tuple[int, int, int, int] | None:
+    b = node.get("bounds")
+    if isinstance(b, list) and len(b) == 4 and all(isinstance(v, int | float) for v in b):
+        return (int(b[0]), int(b[1]), int(b[2]), int(b[3]))
+    return None
+
+
+def _contains(outer: tuple[int, int, int, int], inner: tuple[int, int, int, int]) -> bool:
+    return (
+        outer[0] <= inner[0]
+        and outer[1] <= inner[1]
+        and outer[2] >= inner[2]
+        and outer[3] >= inner[3]
+        and outer != inner
+    )
+
+
+def _area(b: tuple[int, int, int, int]) -> int:
+    return max(b[2] - b[0], 0) * max(b[3] - b[1], 0)
+
+
+def ui_tree(nodes: list[Any]) -> list[TreeNode]:
+    """Nest the flat node list `get_ui_tree` returns by bounds containment, keeping its order.
+
+    The tool returns elements in document order without parent links; the smallest earlier
+    node that contains a node's bounds is the best available parent, and nodes without bounds
+    stay at the top level.
+    """
+    placed: list[tuple[tuple[int, int, int, int] | None, TreeNode]] = []
+    roots: list[TreeNode] = []
+    for raw in nodes:
+        if not isinstance(raw, dict):
+            raw = {"value": raw}
+        item = TreeNode(raw)
+        bounds = _bounds(raw)
+        parent: TreeNode | None = None
+        best = -1
+        if bounds is not None:
+            for pb, candidate in placed:
+                if pb is not None and _contains(pb, bounds):
+                    area = _area(pb)
+                    if parent is None or area < best:
+                        parent, best = candidate, area
+        (parent.children if parent is not None else roots).append(item)
+        placed.append((bounds, item))
+    return roots
+
+
+def _action_line(record: TimelineRecord, arguments: dict[str, Any]) -> str:
+    """A short human line for the step header: "tap 'Display'", "type •••", "launch com.x"."""
+    tool = record.tool_name or next(iter(record.action), "") or "step"
+    target = None
+    event_action = record.world_event.get("action") if record.world_event else None
+    if isinstance(event_action, dict):
+        target = event_action.get("target")
+    if tool == "tap":
+        what = target or arguments.get("element_id") or (arguments.get("x"), arguments.get("y"))
+        return f"tap '{what}'" if target else f"tap {what}"
+    if tool == "input_text":
+        text = arguments.get("text", "")
+        return f"type '{text}'" if text != SENSITIVE_MASK else f"type {SENSITIVE_MASK}"
+    if tool == "launch_app":
+        return f"launch {arguments.get('package_name', '')}".strip()
+    if tool == "terminate_app":
+        return f"stop {arguments.get('package_name', '')}".strip()
+    if tool == "press_key":
+        return f"press {arguments.get('key', 'key')}"
+    if tool == "complete":
+        word = "done" if arguments.get("success") else "give up"
+        return f"{word}: {arguments.get('reason', '')}"
+    if tool in UI_TREE_TOOLS:
+        return "read the UI tree"
+    return tool
+
+
+@dataclass(slots=True)
+class StepView:
+    """Everything one step's section on the timeline page shows."""
+
+    index: int
+    tool_name: str
+    line: str
+    page: str | None
+    success: bool | None
+    error: str | None
+    started_at: str
+    finished_at: str
+    before_url: str | None
+    after_url: str | None
+    same_screen: bool
+    purpose: str | None
+    expected_outcome: str | None
+    rationale: str | None
+    thinking: list[tuple[str, bool]]
+    system_prompt: str | None
+    user_prompt: str | None
+    legacy_prompt: str | None
+    answer_json: str
+    provider: str | None
+    model: str | None
+    usage: dict[str, int]
+    latency_s: float | None
+    forced_retry: bool
+    corrective_retries: int
+    action_json: str | None
+    result_json: str | None
+    ocr: list[dict[str, Any]]
+    ocr_after: list[dict[str, Any]]
+    ui_tree: list[TreeNode] | None
+    ui_tree_json: str | None
+    timings: dict[str, float]
+    legacy_json: str | None
+
+    @property
+    def status(self) -> str:
+        if self.success is None:
+            return "unknown"
+        return "ok" if self.success else "failed"
+
+    @property
+    def redacted_thinking(self) -> bool:
+        return any(redacted for _, redacted in self.thinking)
+
+    @property
+    def total_tokens(self) -> int:
+        return sum(v for k, v in self.usage.items() if k in ("input_tokens", "output_tokens"))
+
+
+def step_view(record: TimelineRecord) -> StepView:
+    """The page's view of one stored step (new or older format)."""
+    arguments, action = mask_sensitive(dict(record.arguments), dict(record.action))
+    tool = record.tool_name or (next(iter(action), None) if action else None) or ""
+    thinking: list[tuple[str, bool]] = []
+    for block in record.thinking:
+        if isinstance(block, dict):
+            thinking.append((str(block.get("text") or ""), bool(block.get("redacted"))))
+        else:
+            thinking.append((str(block), False))
+    answer: dict[str, Any] = {"tool": tool, "arguments": arguments}
+    if record.purpose:
+        answer["purpose"] = record.purpose
+    if record.expected_outcome:
+        answer["expected_outcome"] = record.expected_outcome
+    tree: list[TreeNode] | None = None
+    tree_json: str | None = None
+    nodes = record.result.get("nodes") if isinstance(record.result, dict) else None
+    if tool in UI_TREE_TOOLS and isinstance(nodes, list):
+        tree = ui_tree(nodes)
+        tree_json = pretty_json(nodes)
+    result = record.result
+    if tree is not None:
+        result = {k: v for k, v in result.items() if k != "nodes"}
+        result["nodes"] = f"{len(nodes or [])} nodes (tree above)"
+    legacy = dict(record.legacy)
+    legacy_prompt = legacy.get("prompt")
+    before = record.before_screenshot_path
+    after = record.after_screenshot_path
+    latency = record.timings.get("planner_latency_s")
+    success = record.success
+    if success is None and isinstance(record.result.get("ok"), bool):
+        success = bool(record.result["ok"])  # older records kept only the result
+    return StepView(
+        index=record.step_index,
+        tool_name=tool or "—",
+        line=_action_line(record, arguments),
+        page=record.page,
+        success=success,
+        error=record.error,
+        started_at=record.started_at,
+        finished_at=record.finished_at,
+        before_url=artifact_url(before),
+        after_url=artifact_url(after),
+        same_screen=bool(before) and before == after,
+        purpose=record.purpose,
+        expected_outcome=record.expected_outcome,
+        rationale=record.rationale,
+        thinking=thinking,
+        system_prompt=record.system_prompt,
+        user_prompt=record.user_prompt,
+        legacy_prompt=str(legacy_prompt) if legacy_prompt else None,
+        answer_json=pretty_json(answer),
+        provider=record.provider,
+        model=record.model,
+        usage={k: int(v) for k, v in record.usage.items() if isinstance(v, int | float)},
+        latency_s=float(latency) if isinstance(latency, int | float) else None,
+        forced_retry=record.forced_retry,
+        corrective_retries=record.corrective_retries,
+        action_json=pretty_json(action) if action else None,
+        result_json=pretty_json(result) if result else None,
+        ocr=[o for o in record.ocr if isinstance(o, dict)],
+        ocr_after=[o for o in record.ocr_after if isinstance(o, dict)],
+        ui_tree=tree,
+        ui_tree_json=tree_json,
+        timings={k: float(v) for k, v in record.timings.items() if isinstance(v, int | float)},
+        legacy_json=pretty_json(legacy) if legacy else None,
+    )
+
+
+@dataclass(slots=True)
+class PhoneNow:
+    """One phone on the "now" page: what it is and what it is doing."""
+
+    serial: str
+    model: str
+    state: str
+    task_id: str | None = None
+    attempt: int | None = None
+    goal: str | None = None
+    step_index: int = 0
+    step_status: str = ""
+    summary: str = ""
+    updated_at: datetime | None = None
+
+    @property
+    def busy(self) -> bool:
+        return self.task_id is not None
+
+    @property
+    def badge(self) -> str:
+        """`step 4 · acting · tap 'Display'` (the cloud console's wording)."""
+        if not self.step_index:
+            return "starting" if self.busy else ""
+        parts = [f"step {self.step_index}"]
+        if self.step_status and self.step_status != "unspecified":
+            parts.append(self.step_status)
+        if self.summary:
+            parts.append(self.summary)
+        return " · ".join(parts)
+
+
+def with_progress(
+    phone: PhoneNow, task_id: str, attempt: int, goal: str, snap: ProgressSnapshot
+) -> PhoneNow:
+    phone.task_id = task_id
+    phone.attempt = attempt
+    phone.goal = goal
+    phone.step_index = snap.step_index
+    phone.step_status = snap.status_name
+    phone.summary = snap.summary
+    phone.updated_at = snap.updated_at
+    return phone
+
+
+def task_badge(task: TaskRow) -> str:
+    if not task.step_index:
+        return ""
+    parts = [f"step {task.step_index}"]
+    if task.step_status and task.step_status != "unspecified":
+        parts.append(task.step_status)
+    if task.progress_summary:
+        parts.append(task.progress_summary)
+    return " · ".join(parts)
+
+
+def parse_time(value: str | None) -> datetime | None:
+    if not value:
+        return None
+    try:
+        moment = datetime.fromisoformat(value)
+    except ValueError:
+        return None
+    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
+
+
+def when(value: str | datetime | None) -> str:
+    moment = parse_time(value) if isinstance(value, str) or value is None else value
+    return moment.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC") if moment else "—"
+
+
+def ago(value: str | datetime | None) -> str:
+    moment = parse_time(value) if isinstance(value, str) or value is None else value
+    if moment is None:
+        return ""
+    seconds = max(int((datetime.now(UTC) - moment).total_seconds()), 0)
+    if seconds < 60:
+        return f"{seconds}s ago"
+    if seconds < 3600:
+        return f"{seconds // 60}m ago"
+    if seconds < 86400:
+        return f"{seconds // 3600}h ago"
+    return f"{seconds // 86400}d ago"
+
+
+def seconds(value: float | None) -> str:
+    if value is None:
+        return "—"
+    return f"{value * 1000:.0f} ms" if value < 1 else f"{value:.2f} s"

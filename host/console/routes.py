@@ -1,0 +1,207 @@
+"""The console's pages: login, now (live phones), tasks, one task's timeline, screenshots.
+
+Read-only apart from logging in and out. Every page but /login needs a session; every form
+posts a CSRF token (the session and CSRF primitives are the cloud console's, shared as-is).
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Form, HTTPException, Query, Request, status
+from fastapi.responses import FileResponse, HTMLResponse, RedirectResponse, Response
+from fastapi.templating import Jinja2Templates
+from starlette.concurrency import run_in_threadpool
+
+from console.gateway.auth import (
+    CsrfChecked,
+    PageUser,
+    csrf_token,
+    log_in,
+    log_out,
+    session_user,
+)
+from host.console import present
+from host.console.login_token import OneTimeToken
+from host.console.state import HostState, cloud_link, phones_now
+from host.timeline.artifacts import ArtifactPathError
+from host.timeline.store import TaskRow, TimelineStore
+
+TEMPLATES = Jinja2Templates(directory=Path(__file__).parent / "templates")
+TEMPLATES.env.filters.update(
+    when=present.when, ago=present.ago, seconds=present.seconds, task_badge=present.task_badge
+)
+
+#: Screenshot types the artifact route serves; anything else in the folder is not for browsers.
+IMAGE_TYPES = {".png": "image/png", ".jpg": "image/jpeg", ".jpeg": "image/jpeg"}
+OPERATOR = "operator"
+
+router = APIRouter(include_in_schema=False)
+
+
+def _state(request: Request) -> HostState:
+    state: HostState = request.app.state.host
+    return state
+
+
+def _store(request: Request) -> TimelineStore:
+    return _state(request).store
+
+
+def render(
+    request: Request, name: str, context: dict[str, Any], status_code: int = 200
+) -> HTMLResponse:
+    """Render a template with what every page needs (user, CSRF token, poll interval)."""
+    base = {
+        "user": session_user(request),
+        "csrf_token": csrf_token(request),
+        "poll_ms": int(request.app.state.poll_interval_s * 1000),
+    }
+    return TEMPLATES.TemplateResponse(request, name, base | context, status_code=status_code)
+
+
+def _safe_next(target: str) -> str:
+    """Only same-site paths, so the login form cannot bounce the operator to another site."""
+    if target.startswith("/") and not target.startswith("//") and "\\" not in target:
+        return target
+    return "/now"
+
+
+@router.get("/login", response_class=HTMLResponse)
+async def login_page(request: Request, next: str = "/now", token: str = "") -> Response:
+    if session_user(request):
+        return RedirectResponse(_safe_next(next), status_code=303)
+    context = {"next": _safe_next(next), "token": token, "error": None}
+    return render(request, "login.html", context)
+
+
+@router.post("/login", response_class=HTMLResponse, dependencies=[CsrfChecked])
+async def login_submit(
+    request: Request,
+    token: Annotated[str, Form()] = "",
+    next: Annotated[str, Form()] = "/now",
+) -> Response:
+    tokens: OneTimeToken = request.app.state.login_token
+    if not tokens.redeem(token):
+        context = {
+            "next": _safe_next(next),
+            "token": "",
+            "error": "That token is not valid (each token works once; the host's log shows "
+            "the current one).",
+        }
+        return render(request, "login.html", context, status_code=401)
+    log_in(request, OPERATOR)
+    return RedirectResponse(_safe_next(next), status_code=303)
+
+
+@router.post("/logout", dependencies=[CsrfChecked])
+async def logout(request: Request) -> Response:
+    log_out(request)
+    return RedirectResponse("/login", status_code=303)
+
+
+@router.get("/")
+async def home(_: PageUser) -> Response:
+    return RedirectResponse("/now", status_code=303)
+
+
+def _now_context(request: Request) -> dict[str, Any]:
+    state = _state(request)
+    connected, link = cloud_link(state)
+    return {"phones": phones_now(state), "connected": connected, "link": link}
+
+
+@router.get("/now", response_class=HTMLResponse)
+async def now_page(request: Request, _: PageUser) -> Response:
+    return render(request, "now.html", {"nav": "now", **_now_context(request)})
+
+
+@router.get("/now/phones", response_class=HTMLResponse)
+async def now_fragment(request: Request) -> Response:
+    """The phones panel alone, which the "now" page fetches about once a second."""
+    if session_user(request) is None:  # a fetch, not a page: no redirect, the script reloads
+        raise HTTPException(status.HTTP_401_UNAUTHORIZED, "log in again")
+    response = render(request, "_phones.html", _now_context(request))
+    response.headers["Cache-Control"] = "no-store"
+    return response
+
+
+@router.get("/tasks", response_class=HTMLResponse)
+async def tasks_page(
+    request: Request, _: PageUser, page: Annotated[int, Query(ge=1, le=10_000)] = 1
+) -> Response:
+    size: int = request.app.state.page_size
+    rows = await run_in_threadpool(_store(request).list_tasks, size + 1, (page - 1) * size)
+    context = {
+        "nav": "tasks",
+        "tasks": rows[:size],
+        "page": page,
+        "has_next": len(rows) > size,
+    }
+    return render(request, "tasks.html", context)
+
+
+def _attempts(store: TimelineStore, task_id: str) -> list[TaskRow]:
+    """Every attempt of a task this host still holds, newest first."""
+    latest = store.get_task(task_id)
+    if latest is None:
+        return []
+    rows = [latest]
+    for attempt in range(latest.attempt - 1, 0, -1):
+        row = store.get_task(task_id, attempt)
+        if row is not None:
+            rows.append(row)
+    return rows
+
+
+@router.get("/tasks/{task_id}", response_class=HTMLResponse)
+async def task_page(
+    request: Request,
+    _: PageUser,
+    task_id: str,
+    attempt: Annotated[int | None, Query(ge=1)] = None,
+) -> Response:
+    store = _store(request)
+    attempts = await run_in_threadpool(_attempts, store, task_id)
+    if not attempts:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, f"no task {task_id!r} on this host")
+    chosen = (
+        attempts[0]
+        if attempt is None
+        else next((a for a in attempts if a.attempt == attempt), None)
+    )
+    if chosen is None:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, f"no attempt {attempt} of {task_id!r}")
+    records = await run_in_threadpool(store.steps, task_id, chosen.attempt)
+    context = {
+        "nav": "tasks",
+        "task": chosen,
+        "attempts": attempts,
+        "steps": [present.step_view(r) for r in records],
+    }
+    return render(request, "task.html", context)
+
+
+@router.get("/artifacts/{path:path}")
+async def artifact(request: Request, _: PageUser, path: str) -> Response:
+    """A screenshot from the artifact folder; any path that would leave it is a 404."""
+    store = _store(request)
+    try:
+        file = store.artifacts.resolve(path)
+    except ArtifactPathError:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, "no such artifact") from None
+    media = IMAGE_TYPES.get(file.suffix.lower())
+    if media is None or not await run_in_threadpool(file.is_file):
+        raise HTTPException(status.HTTP_404_NOT_FOUND, "no such artifact")
+    return FileResponse(
+        file,
+        media_type=media,
+        headers={"Cache-Control": "private, max-age=3600", "X-Content-Type-Options": "nosniff"},
+    )
+
+
+def store_closed(exc: sqlite3.ProgrammingError) -> bool:
+    """The host closed its store (it is shutting down) while a page was being served."""
+    return "closed" in str(exc).lower()

@@ -1,0 +1,157 @@
+"""Serve the local console next to the host, in the host's own event loop.
+
+`serve_console(app, settings)` is what `amc host run --console` and `amc up` await beside
+`serve_host`: it refuses a non-loopback address unless `allow_remote`, starts uvicorn on the
+running loop (so pages read the lease client's state without crossing threads), prints the URL
+and the one-time login token, and returns when `stop` is set or the task is cancelled.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import socket
+import sys
+from collections.abc import Callable, Generator
+from urllib.parse import quote
+
+import uvicorn
+
+from host.console.app import create_app
+from host.console.binding import check_bind_address
+from host.console.login_token import OneTimeToken
+from host.console.settings import HostConsoleSettings
+from host.console.state import HostState
+
+log = logging.getLogger(__name__)
+
+Announce = Callable[[str], None]
+
+
+class _EmbeddedServer(uvicorn.Server):
+    """uvicorn without its own signal handlers: the host owns SIGINT/SIGTERM and stops us."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Generator[None, None, None]:
+        yield
+
+
+def _stderr(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+class ConsoleServer:
+    """One console server: the app, its uvicorn server and its login token."""
+
+    def __init__(self, app_state: HostState, settings: HostConsoleSettings) -> None:
+        check_bind_address(settings.bind_host, settings.allow_remote)
+        self.settings = settings
+        self.login_token = OneTimeToken()
+        self.app = create_app(app_state, settings, self.login_token)
+        config = uvicorn.Config(
+            self.app,
+            host=settings.bind_host,
+            port=settings.bind_port,
+            proxy_headers=False,
+            server_header=False,
+            lifespan="off",
+            timeout_graceful_shutdown=2,
+            log_level=settings.log_level,
+        )
+        self.server = _EmbeddedServer(config)
+        self._socket: socket.socket | None = None
+
+    def bind(self) -> socket.socket:
+        """Bind the listening socket now, so a taken port is an `OSError` here.
+
+        (uvicorn binding it itself would `sys.exit` on failure, taking the host down with it.)
+        """
+        if self._socket is None:
+            host = self.settings.bind_host.strip("[]")
+            family = socket.AF_INET6 if ":" in host else socket.AF_INET
+            self._socket = socket.create_server((host, self.settings.bind_port), family=family)
+        return self._socket
+
+    @property
+    def started(self) -> bool:
+        return bool(self.server.started)
+
+    @property
+    def port(self) -> int:
+        """The port actually bound (useful with port 0)."""
+        return int(self.bind().getsockname()[1])
+
+    @property
+    def url(self) -> str:
+        host = self.settings.bind_host
+        if ":" in host and not host.startswith("["):
+            host = f"[{host}]"
+        if host in ("0.0.0.0", "[::]"):  # reachable everywhere; show the local way in
+            host = "127.0.0.1"
+        return f"http://{host}:{self.port}"
+
+    @property
+    def login_url(self) -> str:
+        """The login page with the current token filled in (the token still works once)."""
+        return f"{self.url}/login?token={quote(self.login_token.current)}"
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+
+    async def serve(
+        self,
+        stop: asyncio.Event | None = None,
+        announce: Announce | None = None,
+        ready: Callable[[ConsoleServer], None] | None = None,
+    ) -> None:
+        """Serve until `stop` is set (or cancelled); announce URL and token once listening."""
+        sock = self.bind()
+        serving = asyncio.create_task(self.server.serve([sock]), name="host-console")
+        try:
+            while not self.server.started:
+                if serving.done():
+                    break
+                await asyncio.sleep(0.02)
+            if self.server.started:
+                say = announce or _stderr
+                say(f"host console: {self.url}  (one-time login token: {self.login_token.current})")
+                say(f"host console: log in at {self.login_url}")
+                log.info("host console listening on %s", self.url)
+                if ready is not None:
+                    ready(self)
+                if stop is not None:
+                    waiter = asyncio.create_task(stop.wait())
+                    await asyncio.wait({serving, waiter}, return_when=asyncio.FIRST_COMPLETED)
+                    waiter.cancel()
+                    self.stop()
+            await serving  # returns once uvicorn has shut down; raises what broke it
+        finally:
+            self.stop()
+            if not serving.done():
+                with contextlib.suppress(asyncio.CancelledError):
+                    await asyncio.shield(serving)
+            sock.close()
+
+
+def build_console_server(
+    app_state: HostState, settings: HostConsoleSettings | None = None
+) -> ConsoleServer:
+    """A console server for a host (not started); raises `RemoteBindRefused` on a bad address."""
+    return ConsoleServer(app_state, settings or HostConsoleSettings())
+
+
+async def serve_console(
+    app_state: HostState,
+    settings: HostConsoleSettings | None = None,
+    *,
+    stop: asyncio.Event | None = None,
+    announce: Announce | None = None,
+    ready: Callable[[ConsoleServer], None] | None = None,
+) -> None:
+    """Serve the console for `app_state` in this event loop until `stop` is set or cancelled.
+
+    Prints the URL and the one-time login token (to stderr, or through `announce`); `ready`
+    is called with the running `ConsoleServer` (its `.url`, `.login_token`) once it listens.
+    """
+    await build_console_server(app_state, settings).serve(stop, announce, ready)

@@ -1,0 +1,41 @@
+"""Settings of the host's local console (env prefix `AMC_HOST_CONSOLE_`).
+
+Kept apart from `HostSettings` so the host runs the same with or without a console, and so the
+console's one dangerous switch (`allow_remote`) sits next to the address it guards.
+"""
+
+from __future__ import annotations
+
+import secrets
+
+from pydantic import Field, SecretStr, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class HostConsoleSettings(BaseSettings):
+    """Where the local console listens and how its sessions are signed."""
+
+    model_config = SettingsConfigDict(env_prefix="AMC_HOST_CONSOLE_", extra="ignore")
+
+    #: Loopback by default: the console shows screenshots and prompts of this host's phones.
+    bind_host: str = "127.0.0.1"
+    bind_port: int = Field(default=8765, ge=0, le=65535)
+    #: Required to listen on anything but a loopback address (`--allow-remote`).
+    allow_remote: bool = False
+    #: Signs the session cookie; a random one (sessions end with the process) when unset.
+    session_secret: SecretStr = Field(default_factory=lambda: SecretStr(secrets.token_urlsafe(32)))
+    session_max_age_s: int = Field(default=12 * 3600, gt=0)
+    #: Send the session cookie over HTTPS only (set it when a TLS proxy is in front).
+    cookie_secure: bool = False
+    #: How often the "now" page asks for fresh progress (at most once a second by design).
+    poll_interval_s: float = Field(default=1.0, gt=0, le=1.0)
+    #: Tasks per page on the task list.
+    page_size: int = Field(default=50, ge=1, le=500)
+    #: uvicorn's log level for the console's own server.
+    log_level: str = "warning"
+
+    @model_validator(mode="after")
+    def _check_secret(self) -> HostConsoleSettings:
+        if len(self.session_secret.get_secret_value()) < 16:
+            raise ValueError("session_secret must be at least 16 characters")
+        return self
