@@ -553,7 +553,17 @@ class _Agent:
         if ran is False:
             return f"The previous {action.get('tool')} failed to run; the screen is '{self.title}'."
         quoted = re.findall(r"'([^']+)'", expected)
-        if quoted and any(q.lower() in h.lower() for q in quoted for h in self.headings):
+        switch = re.fullmatch(r"the '(.+)' switch is (on|off)", expected)
+        state = self.switch_state(switch.group(1)) if switch else None
+        if switch and state is not None:
+            want = switch.group(2) == "on"
+            now = "on" if state else "off"
+            verdict = (
+                "reached its expected outcome"
+                if state == want
+                else f"did not reach its expected outcome (the switch is {now})"
+            )
+        elif quoted and any(q.lower() in h.lower() for q in quoted for h in self.headings):
             verdict = "reached its expected outcome"
         elif quoted and any(q.lower() in self._screen_text() for q in quoted):
             verdict = "looks done: what it expected is on screen"
@@ -562,6 +572,13 @@ class _Agent:
         else:
             verdict = "left the page as it was"
         return f"The previous step ({action.get('tool')}) {verdict}; now on '{self.title}'."
+
+    def switch_state(self, name: str) -> bool | None:
+        """Checked state of the switch whose row is named `name`, None when not on screen."""
+        for el in self.els:
+            if "checkable" in el.flags and self.label(el).split(" — ")[0] == name:
+                return "checked" in el.flags
+        return None
 
     def _screen_text(self) -> str:
         return " ".join(e.own_label for e in self.els).lower()
