@@ -23,6 +23,8 @@ def channel_options(settings: HostSettings) -> list[tuple[str, int | str]]:
     opts: list[tuple[str, int | str]] = [
         ("grpc.keepalive_time_ms", int(settings.keepalive_time_s * 1000)),
         ("grpc.keepalive_timeout_ms", int(settings.keepalive_timeout_s * 1000)),
+        # Newer gRPC cores time out unanswered pings with this (default 60 s), not the above.
+        ("grpc.http2.ping_timeout_ms", int(settings.keepalive_timeout_s * 1000)),
         ("grpc.keepalive_permit_without_calls", 1),
         ("grpc.http2.max_pings_without_data", 0),
         # Reconnect quickly after a drop; the lease client adds its own backoff on top.

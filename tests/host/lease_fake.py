@@ -227,11 +227,16 @@ class RunningCloud:
     pki_dir: Path
 
 
-async def start_fake_cloud(pki_dir: Path, host_id: str, port: int = 0) -> RunningCloud:
+async def start_fake_cloud(
+    pki_dir: Path,
+    host_id: str,
+    port: int = 0,
+    options: list[tuple[str, int]] | None = None,
+) -> RunningCloud:
     pki.ensure_embedded_pki(pki_dir.parent, [host_id])
     directory = pki_dir
     cloud = FakeCloud()
-    server = grpc.aio.server(options=SERVER_OPTIONS)
+    server = grpc.aio.server(options=options or SERVER_OPTIONS)
     lease_service_pb2_grpc.add_LeaseServiceServicer_to_server(cloud, server)
     creds = grpc.ssl_server_credentials(
         [((directory / "server.key").read_bytes(), (directory / "server.pem").read_bytes())],
@@ -241,3 +246,42 @@ async def start_fake_cloud(pki_dir: Path, host_id: str, port: int = 0) -> Runnin
     bound = server.add_secure_port(f"127.0.0.1:{port}", creds)
     await server.start()
     return RunningCloud(cloud, server, bound, directory)
+
+
+class FreezableProxy:
+    """A loopback TCP proxy that can go silent (a dead link: nothing flows, nothing closes)."""
+
+    def __init__(self, target_port: int) -> None:
+        self.target_port = target_port
+        self.frozen = False
+        self.connections = 0
+        self._server: asyncio.Server | None = None
+        self._writers: list[asyncio.StreamWriter] = []
+
+    async def start(self) -> int:
+        self._server = await asyncio.start_server(self._handle, "127.0.0.1", 0)
+        return int(self._server.sockets[0].getsockname()[1])
+
+    async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        with contextlib.suppress(ConnectionError, OSError):
+            while data := await reader.read(65536):
+                if self.frozen:
+                    continue  # swallow: the peer hears nothing, and nothing is closed
+                writer.write(data)
+                await writer.drain()
+        writer.close()
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if self.frozen:
+            self.frozen = False  # the dead link is noticed; new connections work again
+        self.connections += 1
+        up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.target_port)
+        self._writers += [writer, up_writer]
+        await asyncio.gather(self._pipe(reader, up_writer), self._pipe(up_reader, writer))
+
+    async def stop(self) -> None:
+        for w in self._writers:
+            w.close()
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()

@@ -21,7 +21,7 @@ from host.cloud_channel import open_channel
 from host.devices.registry import DeviceInfo
 from host.lease_client import LeaseClient, LeaseClientConfig, backoff_delay
 from host.settings import HostSettings
-from tests.host.lease_fake import RunningCloud, start_fake_cloud
+from tests.host.lease_fake import FreezableProxy, RunningCloud, start_fake_cloud
 
 HOST_ID = "h1"
 
@@ -299,3 +299,40 @@ async def test_lease_lost_while_the_cloud_is_unreachable_stops_the_task(
     finally:
         stop.set()
         await task
+
+
+async def test_keepalive_notices_a_silent_dead_link(tmp_path: Path) -> None:
+    # Production pings every 10 s with a 10 s timeout (dead link noticed in ~20 s); here 1 s / 1 s
+    # so the test is quick. The server must accept pings that often (see SERVER_OPTIONS).
+    fast = [
+        ("grpc.http2.min_recv_ping_interval_without_data_ms", 500),
+        ("grpc.http2.min_ping_interval_without_data_ms", 500),
+        ("grpc.keepalive_permit_without_calls", 1),
+    ]
+    cloud = await start_fake_cloud(tmp_path / "pki", HOST_ID, options=fast)
+    proxy = FreezableProxy(cloud.port)
+    proxy_port = await proxy.start()
+    settings = HostSettings(
+        cloud_address=f"127.0.0.1:{proxy_port}",
+        certs_dir=cloud.pki_dir,
+        host_id=HOST_ID,
+        data_dir=tmp_path / "host",
+        keepalive_time_s=1.0,
+        keepalive_timeout_s=1.0,
+    )
+    client = LeaseClient(
+        lambda: open_channel(settings),
+        StaticDevices("emulator-5554"),
+        Stepper(1),
+        LeaseClientConfig(reconnect_initial_s=0.05, reconnect_max_s=0.2),
+    )
+    stop, task = await _run(client)
+    try:
+        proxy.frozen = True  # the link goes silent: no FIN, no RST, no data
+        await cloud.cloud.wait_for(lambda: len(cloud.cloud.hellos) >= 2, within=30)
+        assert proxy.connections >= 2
+    finally:
+        stop.set()
+        await task
+        await proxy.stop()
+        await cloud.server.stop(grace=None)
