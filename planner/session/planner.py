@@ -13,6 +13,7 @@ Use: `decision = await planner.decide(observation)`, execute the action, then
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Collection, Sequence
 from typing import Any
@@ -50,6 +51,7 @@ NOT_RECORDED = (
 EXTRA_CALL = "Not executed: call exactly one tool per turn."
 
 Client = anthropic.AsyncAnthropic | openai.AsyncOpenAI
+log = logging.getLogger(__name__)
 
 
 class SessionStateError(PlannerError):
@@ -216,6 +218,15 @@ class SessionPlanner:
             turn = await responses_turn.responses_turn(
                 self._client, params=params, stream=cfg.stream, on_thinking=self.on_thinking
             )
+        dropped = {
+            k: v
+            for k, v in self.last_stats.as_dict().items()
+            if v and k in ("unsigned_dropped", "foreign_dropped", "orphan_reasoning_dropped")
+        }
+        if dropped:
+            log.info(
+                "session %s/%s: reasoning not sent back: %s", self.task_id, self.attempt, dropped
+            )
         await self._commit(turn.items)
         return turn
 
@@ -229,8 +240,8 @@ class SessionPlanner:
     ) -> Decision:
         """Add the observation, ask the model for one action, and return it as a Decision.
 
-        `condensed` is the short form the observation takes once it is older than the last K
-        scenes. A tool call still waiting for its result (the host restarted mid-step) is
+        `condensed` is the short form the observation takes once a context checkpoint falls
+        after it (the budget keeps the last `config.keep_scenes` … twice that many in full). A tool call still waiting for its result (the host restarted mid-step) is
         answered with a "not recorded" note first. Without a tool call the model is nudged and
         forced once; an invalid call gets one corrective retry; then a PlannerError.
         """
@@ -261,7 +272,8 @@ class SessionPlanner:
         while True:
             if not turn.tool_calls:
                 raise PlannerError(
-                    "planner: the model answered without a tool call, also when forced"
+                    "planner: the model answered without a tool call"
+                    + (" even when forced" if forced else " after a corrective retry")
                 )
             call, *extra = turn.tool_calls
             await self._commit([ToolResult(c.call_id, EXTRA_CALL, is_error=True) for c in extra])
