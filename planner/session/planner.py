@@ -241,7 +241,7 @@ class SessionPlanner:
         """Add the observation, ask the model for one action, and return it as a Decision.
 
         `condensed` is the short form the observation takes once a context checkpoint falls
-        after it (the budget keeps the last `config.keep_scenes` … twice that many in full). A tool call still waiting for its result (the host restarted mid-step) is
+        after it. A tool call still waiting for its result (the host restarted mid-step) is
         answered with a "not recorded" note first. Without a tool call the model is nudged and
         forced once; an invalid call gets one corrective retry; then a PlannerError.
         """
