@@ -340,26 +340,36 @@ class VirtualAdbServer:
                 )
                 return
             await self._send(writer, proto.OKAY)
-            await self._shell(phone, cmd, writer, v2=v2)
+            await self._shell(phone, cmd, reader, writer, v2=v2)
         elif req.startswith(("exec:", "exec-out:")):
             await self._send(writer, proto.OKAY)
-            await self._shell(phone, req.split(":", 1)[1], writer, v2=False)
+            await self._shell(phone, req.split(":", 1)[1], reader, writer, v2=False)
         elif req == "sync:":
             await self._send(writer, proto.OKAY)
             await self._sync(phone, reader, writer)
         elif req == "root:":
             await self._send(writer, proto.OKAY + b"adbd cannot run as root in production builds\n")
         elif req.startswith("tcp:"):
-            await self._send(
-                writer, proto.fail(f"connect failed: nothing listens on {req} of the virtual phone")
-            )
+            port = req.removeprefix("tcp:")
+            service = phone.tcp_services.get(int(port)) if port.isdigit() else None
+            if service is None:
+                await self._send(writer, proto.fail(f"connect failed: connection refused ({req})"))
+                return
+            await self._send(writer, proto.OKAY)
+            await service.serve(reader, writer)
         else:
             await self._send(writer, proto.fail(f"unknown service '{req}'"))
 
     async def _shell(
-        self, phone: VirtualPhone, cmd: str, writer: asyncio.StreamWriter, *, v2: bool
+        self,
+        phone: VirtualPhone,
+        cmd: str,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        *,
+        v2: bool,
     ) -> None:
-        result: Output = await asyncio.to_thread(Shell(phone).run, cmd)
+        result = await self._run_until_hangup(Shell(phone, threading.Event()), cmd, reader)
         if not phone.online:
             raise _Closed  # the cable was pulled while the command ran: the output is lost
         if v2:
@@ -369,6 +379,27 @@ class VirtualAdbServer:
             )
         else:
             await self._send(writer, result.combined)
+
+    async def _run_until_hangup(
+        self, shell: Shell, cmd: str, reader: asyncio.StreamReader
+    ) -> Output:
+        """Run a command in a worker thread; if the client hangs up first, tell the command
+        (long-running ones such as `sleep` or a started agent then stop, as on a phone)."""
+        work = asyncio.ensure_future(asyncio.to_thread(shell.run, cmd))
+        hangup = asyncio.ensure_future(reader.read(4096))
+        try:
+            while not work.done():
+                await asyncio.wait({work, hangup}, return_when=asyncio.FIRST_COMPLETED)
+                if hangup.done() and not work.done():
+                    if hangup.result() == b"":
+                        shell.cancel.set()
+                        break
+                    hangup = asyncio.ensure_future(reader.read(4096))  # stdin: ignored
+            return await work
+        finally:
+            hangup.cancel()
+            with contextlib.suppress(asyncio.CancelledError, ConnectionError):
+                await hangup
 
     async def _sync(
         self, phone: VirtualPhone, reader: asyncio.StreamReader, writer: asyncio.StreamWriter

@@ -4,7 +4,11 @@ parsers in adbutils, uiautomator2 and our own drivers."""
 
 from __future__ import annotations
 
+import base64
+import binascii
+import io
 import struct
+import zipfile
 
 from host.devices.virtual.apps.launcher import LAUNCHER_PACKAGE
 from host.devices.virtual.shell import Output, Shell, tool
@@ -156,6 +160,8 @@ def _am(sh: Shell, args: list[str], stdin: bytes) -> Output:
         for pkg in (a for a in rest if not a.startswith("-")):
             phone.force_stop(pkg)
         return Output()
+    if cmd == "broadcast" and "ADB_KEYBOARD" in " ".join(rest):
+        return _adb_keyboard(sh, rest)
     if cmd == "broadcast":
         action = (
             rest[rest.index("-a") + 1] if "-a" in rest and rest.index("-a") + 1 < len(rest) else ""
@@ -304,7 +310,14 @@ def _getprop(sh: Shell, args: list[str], stdin: bytes) -> Output:
 
 @tool("pm")
 def _pm(sh: Shell, args: list[str], stdin: bytes) -> Output:
-    packages = sorted([*sh.phone.apps, *EXTRA_PACKAGES])
+    packages = sorted([*sh.phone.apps, *EXTRA_PACKAGES, *sh.phone.installed])
+    if args[:1] == ["install"]:
+        return _pm_install(sh, args[1:])
+    if args[:1] == ["uninstall"] and len(args) > 1:
+        if args[-1] in sh.phone.installed:
+            sh.phone.installed.discard(args[-1])
+            return Output().out("Success\n")
+        return Output().out("Failure [DELETE_FAILED_INTERNAL_ERROR]\n").err("", 1)
     if args[:2] == ["list", "packages"]:
         needle = next((a for a in args[2:] if not a.startswith("-")), "")
         return Output().out("".join(f"package:{pkg}\n" for pkg in packages if needle in pkg))
@@ -332,6 +345,59 @@ _SETTING_KEYS = {
 }
 
 
+IME_LATIN = "com.android.inputmethod.latin/.LatinIME"
+IME_ADB_KEYBOARD = "com.github.uiautomator/.AdbKeyboard"
+INSTALLABLE = ["com.github.uiautomator"]  # APKs whose behaviour this phone can emulate
+
+
+def _ime_list(sh: Shell) -> list[str]:
+    imes = [IME_LATIN]
+    if "com.github.uiautomator" in sh.phone.installed:
+        imes.append(IME_ADB_KEYBOARD)
+    return imes
+
+
+@tool("ime")
+def _ime(sh: Shell, args: list[str], stdin: bytes) -> Output:
+    extra = sh.phone.extra_settings
+    if args[:1] == ["list"]:
+        return Output().out("".join(f"{ime}\n" for ime in _ime_list(sh)))
+    if len(args) == 2 and args[0] in ("enable", "disable", "set"):
+        if args[1] not in _ime_list(sh):
+            return Output().err(f"Unknown input method {args[1]} cannot be selected\n", 1)
+        if args[0] == "set":
+            extra["secure/default_input_method"] = args[1]
+            return Output().out(f"Input method {args[1]} selected for user #0\n")
+        return Output().out(f"Input method {args[1]}: {args[0]}d\n")
+    return Output().err("usage: ime [list|enable|disable|set] ...\n", 1)
+
+
+def _apk_package(data: bytes) -> str | None:
+    """The package of an APK, if it is one this phone knows how to run."""
+    try:
+        with zipfile.ZipFile(io.BytesIO(data)) as apk:
+            manifest = apk.read("AndroidManifest.xml")
+    except (zipfile.BadZipFile, KeyError):
+        return None
+    return next((p for p in INSTALLABLE if p.encode("utf-16-le") in manifest), None)
+
+
+def _pm_install(sh: Shell, args: list[str]) -> Output:
+    paths = [a for a in args if not a.startswith("-")]
+    data = sh.phone.files.read(paths[-1]) if paths else None
+    if data is None:
+        return Output().out("Failure [INSTALL_FAILED_INVALID_URI]\n").err("", 1)
+    package = _apk_package(data)
+    if package is None:
+        return (
+            Output()
+            .out("Failure [INSTALL_FAILED_INVALID_APK: the virtual phone runs only its own apps]\n")
+            .err("", 1)
+        )
+    sh.phone.installed.add(package)
+    return Output().out("Success\n")
+
+
 @tool("settings")
 def _settings(sh: Shell, args: list[str], stdin: bytes) -> Output:
     if (
@@ -344,14 +410,19 @@ def _settings(sh: Shell, args: list[str], stdin: bytes) -> Output:
     s = sh.phone.state.settings
     on = "2" if args[2] == "ui_night_mode" else "1"
     off = "1" if args[2] == "ui_night_mode" else "0"
+    generic = f"{args[1]}/{args[2]}"
+    if key is None:
+        if args[0] == "get":
+            return Output().out(sh.phone.extra_settings.get(generic, "null") + "\n")
+        if len(args) < 4:
+            return Output().err("usage: settings put NAMESPACE KEY VALUE\n", 1)
+        sh.phone.extra_settings[generic] = args[3]
+        return Output()
     if args[0] == "get":
-        if key is None:
-            return Output().out("null\n")
         return Output().out((on if s.get(key) else off) + "\n")
     if len(args) < 4:
         return Output().err("usage: settings put NAMESPACE KEY VALUE\n", 1)
-    if key is not None:
-        s[key] = args[3] == on
+    s[key] = args[3] == on
     return Output()
 
 
@@ -362,3 +433,22 @@ def _svc(sh: Shell, args: list[str], stdin: bytes) -> Output:
         sh.phone.state.settings[keys[args[0]]] = args[1] == "enable"
         return Output()
     return Output().err("usage: svc [wifi|bluetooth] [enable|disable]\n", 1)
+
+
+def _adb_keyboard(sh: Shell, args: list[str]) -> Output:
+    """What the AdbKeyboard IME's broadcast receiver does once installed and selected."""
+    action = args[args.index("-a") + 1] if "-a" in args[:-1] else ""
+    extras = {args[i + 1]: args[i + 2] for i in range(len(args) - 2) if args[i] == "--es"}
+    head = f"Broadcasting: Intent {{ act={action} flg=0x400000 (has extras) }}\n"
+    selected = sh.phone.extra_settings.get("secure/default_input_method") == IME_ADB_KEYBOARD
+    if not selected or IME_ADB_KEYBOARD not in _ime_list(sh):
+        return Output().out(head + "Broadcast completed: result=0\n")
+    if action == "ADB_KEYBOARD_INPUT_TEXT":
+        try:
+            text = base64.b64decode(extras.get("text", "")).decode()
+        except (binascii.Error, UnicodeDecodeError):
+            return Output().out(head + 'Broadcast completed: result=0, data="bad base64"\n')
+        sh.phone.input_text(text)
+    elif action == "ADB_KEYBOARD_CLEAR_TEXT":
+        sh.phone.clear_text()
+    return Output().out(head + 'Broadcast completed: result=-1, data="success"\n')

@@ -59,6 +59,7 @@ class Node:
     # Behaviour, never dumped.
     on_click: Action | None = None
     on_long_click: Action | None = None
+    on_set_text: Callable[[str], None] | None = None
     scroll_key: str = ""
     content_height: int = 0
     bounds: Rect = (0, 0, 0, 0)

@@ -6,8 +6,10 @@ threads, the in-process driver from the agent's threads, and tests set it up dir
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from collections.abc import Callable
+from typing import Protocol
 
 from PIL import Image
 
@@ -25,6 +27,14 @@ from host.devices.virtual.state import Page, PhoneState
 from host.devices.virtual.widgets import NAV_BAR_H, STATUS_BAR_H, Geometry, window
 
 LONG_PRESS_MS = 500
+
+
+class TcpService(Protocol):
+    """A server running on the phone (such as the uiautomator2 agent), reached over `tcp:PORT`."""
+
+    async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None: ...
+
+
 TOUCH_SLOP = 24
 
 
@@ -52,6 +62,11 @@ class VirtualPhone:
         self.apps[LAUNCHER_PACKAGE] = self.launcher
         self._stacks: dict[str, list[Page]] = {LAUNCHER_PACKAGE: [self.launcher.root()]}
         self._foreground = LAUNCHER_PACKAGE
+        # System plumbing that task checkers never look at:
+        self.tcp_services: dict[int, TcpService] = {}  # on-device servers, reached via tcp:PORT
+        self.installed: set[str] = set()  # packages installed at run time (e.g. an IME)
+        self.extra_settings: dict[str, str] = {}  # "namespace/key" -> value for `settings`
+        self.clipboard = ""
 
     # --- identity and connection -------------------------------------------------------------
 
@@ -282,6 +297,13 @@ class VirtualPhone:
                 return
             page.fields[page.focus] = page.fields.get(page.focus, "") + text
             page.error = ""
+
+    def clear_text(self) -> None:
+        """Empty the focused field (what an IME's clear action does)."""
+        with self._lock:
+            page = self.current_page()
+            if page.focus is not None:
+                page.fields[page.focus] = ""
 
     def press_key(self, key: str | int) -> bool:
         """Press a key by KEYCODE_ name, bare name or number; False if the key is unknown."""

@@ -9,6 +9,8 @@ from __future__ import annotations
 import hashlib
 import posixpath
 import re
+import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -19,6 +21,7 @@ if TYPE_CHECKING:
     from host.devices.virtual.phone import VirtualPhone
 
 SH = "/system/bin/sh"
+_ASSIGNMENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
 
 
 @dataclass
@@ -83,8 +86,10 @@ class _Exit(Exception):
 class Shell:
     """One `sh -c` invocation's environment: the phone and shell variables such as `$?`."""
 
-    def __init__(self, phone: VirtualPhone) -> None:
+    def __init__(self, phone: VirtualPhone, cancel: threading.Event | None = None) -> None:
         self.phone = phone
+        self.cancel = cancel or threading.Event()
+        self.env: dict[str, str] = {}
         self.variables: dict[str, str] = {
             "?": "0",
             "$": "4242",
@@ -95,6 +100,14 @@ class Shell:
             "ANDROID_DATA": "/data",
             "USER": "shell",
         }
+
+    def wait(self, seconds: float) -> bool:
+        """Block up to `seconds`; True as soon as the caller hangs up or the phone is unplugged."""
+        deadline = time.monotonic() + seconds
+        while (left := deadline - time.monotonic()) > 0:
+            if not self.phone.online or self.cancel.wait(min(left, 0.05)):
+                return True
+        return not self.phone.online or self.cancel.is_set()
 
     def run(self, line: str) -> Output:
         """Run a whole command line, like `adb shell '<line>'`."""
@@ -133,7 +146,12 @@ class Shell:
                 if data is None:
                     return Output().err(f"{SH}: {r.target}: No such file or directory\n", 1)
                 stdin = data
+        self.env = {}
+        while argv and _ASSIGNMENT.match(argv[0]):
+            key, _, value = argv.pop(0).partition("=")
+            self.env[key] = value
         if not argv:
+            self.variables.update(self.env)
             return Output()
         name = argv[0]
         if name == "exit":
@@ -196,7 +214,7 @@ def _sleep(sh: Shell, args: list[str], stdin: bytes) -> Output:
         seconds = float(args[0]) if args else 0.0
     except ValueError:
         return Output().err(f"sleep: invalid number '{args[0]}'\n", 1)
-    sh.phone.wait_unplugged(seconds)
+    sh.wait(seconds)
     return Output()
 
 
@@ -271,6 +289,14 @@ def _ls(sh: Shell, args: list[str], stdin: bytes) -> Output:
     return result
 
 
+@tool("toybox")
+def _toybox(sh: Shell, args: list[str], stdin: bytes) -> Output:
+    """`toybox CMD …` runs the built-in CMD, as on every Android since 6."""
+    if not args or args[0] not in TOOLS or args[0] == "toybox":
+        return Output().err(f"toybox: Unknown command {args[0] if args else ''}\n", 1)
+    return TOOLS[args[0]](sh, args[1:], stdin)
+
+
 @tool("md5sum")
 def _md5sum(sh: Shell, args: list[str], stdin: bytes) -> Output:
     result = Output()
@@ -327,4 +353,4 @@ def _pwd(sh: Shell, args: list[str], stdin: bytes) -> Output:
 
 
 # The Android tools register themselves into TOOLS on import.
-from host.devices.virtual import android_tools  # noqa: E402, F401
+from host.devices.virtual import android_tools, u2_agent  # noqa: E402, F401

@@ -282,6 +282,7 @@ def edit_text(
     *,
     focused: bool,
     on_click: Action,
+    on_set_text: Callable[[str], None] | None = None,
 ) -> Node:
     """An EditText. Like a real dump, an empty field reports its hint as its text."""
     return Node(
@@ -297,6 +298,7 @@ def edit_text(
         role="edit",
         font_size=48,
         on_click=on_click,
+        on_set_text=on_set_text,
     )
 
 

@@ -11,10 +11,10 @@ from pathlib import Path
 import adbutils
 import pytest
 from PIL import Image
-from virtual_adb_script import AdbScript
 
 from host.devices.virtual.adb_server import ThreadedAdbServer
 from host.devices.virtual.phone import VirtualPhone
+from tests.host.virtual.virtual_adb_script import AdbScript
 
 ATTRS = [
     "index",

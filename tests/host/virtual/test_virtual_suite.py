@@ -10,10 +10,10 @@ from collections.abc import Callable
 
 import adbutils
 import pytest
-from virtual_adb_script import AdbScript
 
 from host.devices.virtual.phone import VirtualPhone
 from host.devices.virtual.suite import SUITE, SuiteTask
+from tests.host.virtual.virtual_adb_script import AdbScript
 
 SETTINGS = "com.android.settings"
 CONTACTS = "com.android.contacts"

@@ -182,6 +182,10 @@ class ClockApp(App):
             def focus(k: str = key) -> None:
                 page.focus = k
 
+            def set_text(value: str, k: str = key) -> None:
+                page.fields[k] = value
+                page.error = ""
+
             nodes.append(
                 edit_text(
                     (PAD, y, w - PAD, y + 160),
@@ -190,6 +194,7 @@ class ClockApp(App):
                     f"{PKG}:id/{key}",
                     focused=page.focus == key,
                     on_click=focus,
+                    on_set_text=set_text,
                 )
             )
             y += 208

@@ -107,6 +107,10 @@ class ContactsApp(App):
             def focus(k: str = key) -> None:
                 page.focus = k
 
+            def set_text(value: str, k: str = key) -> None:
+                page.fields[k] = value
+                page.error = ""
+
             nodes.append(
                 edit_text(
                     (PAD, y, w - PAD, y + 160),
@@ -115,6 +119,7 @@ class ContactsApp(App):
                     f"{PKG}:id/{key}",
                     focused=page.focus == key,
                     on_click=focus,
+                    on_set_text=set_text,
                 )
             )
             y += 208

@@ -1,0 +1,359 @@
+"""The uiautomator2 on-device agent, emulated: so the real `uiautomator2` library drives the phone.
+
+uiautomator2 pushes `u2.jar`, starts it with `CLASSPATH=… app_process / com.wetest.uia2.Main -p
+PORT` over a held-open `adb shell`, then speaks HTTP JSON-RPC 2.0 to it through `tcp:PORT`. Here
+`app_process` registers an agent on the phone for as long as that shell stays open, and the agent
+answers the JSON-RPC methods the library's Device API uses.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import io
+import json
+import re
+from collections.abc import Callable
+from typing import Any
+
+from host.devices.virtual.layout import Node
+from host.devices.virtual.phone import VirtualPhone
+from host.devices.virtual.shell import Output, Shell, tool
+
+MAIN_CLASS = "com.wetest.uia2.Main"
+DEFAULT_PORT = 9008
+KEY_NAMES = {
+    "home": "HOME",
+    "back": "BACK",
+    "left": "DPAD_LEFT",
+    "right": "DPAD_RIGHT",
+    "up": "DPAD_UP",
+    "down": "DPAD_DOWN",
+    "center": "DPAD_CENTER",
+    "menu": "MENU",
+    "search": "SEARCH",
+    "enter": "ENTER",
+    "delete": "DEL",
+    "del": "DEL",
+    "recent": "APP_SWITCH",
+    "volume_up": "VOLUME_UP",
+    "volume_down": "VOLUME_DOWN",
+    "volume_mute": "VOLUME_MUTE",
+    "camera": "CAMERA",
+    "power": "POWER",
+}
+NOT_FOUND = -32002
+MAX_BODY = 16 * 1024 * 1024
+
+
+class RpcError(Exception):
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+@tool("app_process")
+def _app_process(sh: Shell, args: list[str], stdin: bytes) -> Output:
+    """Start the agent if the command line is uiautomator2's; it runs until the shell closes."""
+    classpath = sh.env.get("CLASSPATH", "")
+    if MAIN_CLASS not in args:
+        return Output().err("Error: no main class the virtual phone can run\n", 1)
+    if not classpath or sh.phone.files.read(classpath) is None:
+        return Output().err(f'Exception in thread "main" ClassNotFoundException: {MAIN_CLASS}\n', 1)
+    port = DEFAULT_PORT
+    if "-p" in args[:-1]:
+        port = int(args[args.index("-p") + 1])
+    phone = sh.phone
+    if port in phone.tcp_services:
+        return Output().err(f"java.net.BindException: Address already in use (port {port})\n", 1)
+    agent = U2Agent(phone)
+    phone.tcp_services[port] = agent
+    try:
+        sh.wait(float("inf"))
+    finally:
+        if phone.tcp_services.get(port) is agent:
+            del phone.tcp_services[port]
+    return Output().out("[server] INFO: [UiAutomator2Server] Starting Server\n")
+
+
+class U2Agent:
+    """One running agent: an HTTP server (one request per connection) for JSON-RPC calls."""
+
+    def __init__(self, phone: VirtualPhone) -> None:
+        self.phone = phone
+        self._touch_down: tuple[int, int] | None = None
+        self._methods: dict[str, Callable[..., Any]] = {
+            "deviceInfo": self.device_info,
+            "dumpWindowHierarchy": self.dump,
+            "takeScreenshot": self.screenshot,
+            "click": self.click,
+            "swipe": self.swipe,
+            "swipePoints": self.swipe_points,
+            "drag": self.drag,
+            "pressKey": self.press_key,
+            "pressKeyCode": self.press_key_code,
+            "injectInputEvent": self.inject,
+            "setClipboard": self.set_clipboard,
+            "getClipboard": lambda: self.phone.clipboard,
+            "pasteClipboard": self.paste,
+            "clearInputText": self.clear_input,
+            "wakeUp": lambda: True,
+            "sleep": lambda: True,
+            "freezeRotation": lambda *a: True,
+            "setOrientation": lambda *a: True,
+            "getLastToast": lambda *a: None,
+            "clearLastToast": lambda: True,
+            "makeToast": lambda *a: True,
+            "exist": lambda sel: self._find(sel) is not None,
+            "waitForExists": lambda sel, timeout=0: self._find(sel) is not None,
+            "waitUntilGone": lambda sel, timeout=0: self._find(sel) is None,
+            "count": lambda sel: len(self._all(sel)),
+            "objInfo": lambda sel: self._info(self._must(sel)),
+            "objInfoOfAllInstances": lambda sel: [self._info(n) for n in self._all(sel)],
+            "getText": lambda sel: self._must(sel).text,
+            "setText": self.set_text,
+            "clearTextField": lambda sel: self.set_text(sel, ""),
+        }
+
+    # --- HTTP --------------------------------------------------------------------------------
+
+    async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        head = await reader.readuntil(b"\r\n\r\n")
+        lines = head.decode("latin-1").split("\r\n")
+        method, path, _ = [*lines[0].split(" "), "", ""][:3]
+        headers = {
+            k.strip().lower(): v.strip() for k, _, v in (h.partition(":") for h in lines[1:])
+        }
+        length = int(headers.get("content-length", "0") or 0)
+        body = await reader.readexactly(min(length, MAX_BODY)) if length else b""
+        if method == "GET" and path == "/ping":
+            status, payload, ctype = 200, b"pong", "text/plain"
+        elif method == "POST" and path.startswith("/jsonrpc/0"):
+            answer = await asyncio.to_thread(self.handle_jsonrpc, body)
+            status, payload, ctype = 200, json.dumps(answer).encode(), "application/json"
+        else:
+            status, payload, ctype = 404, b"not found", "text/plain"
+        reason = "OK" if status == 200 else "Not Found"
+        writer.write(
+            f"HTTP/1.1 {status} {reason}\r\nContent-Type: {ctype}\r\n"
+            f"Content-Length: {len(payload)}\r\nConnection: close\r\n\r\n".encode()
+            + payload
+        )
+        await writer.drain()
+
+    def handle_jsonrpc(self, body: bytes) -> dict[str, Any]:
+        try:
+            request = json.loads(body)
+        except ValueError:
+            return {
+                "jsonrpc": "2.0",
+                "id": None,
+                "error": {"code": -32700, "message": "Parse error"},
+            }
+        rid = request.get("id")
+        method = self._methods.get(str(request.get("method")))
+        if method is None:
+            error = {"code": -32601, "message": f"Method not found: {request.get('method')}"}
+            return {"jsonrpc": "2.0", "id": rid, "error": error}
+        params = request.get("params") or []
+        try:
+            result = method(**params) if isinstance(params, dict) else method(*params)
+        except RpcError as exc:
+            return {
+                "jsonrpc": "2.0",
+                "id": rid,
+                "error": {"code": exc.code, "message": exc.message},
+            }
+        except (TypeError, ValueError) as exc:
+            return {"jsonrpc": "2.0", "id": rid, "error": {"code": -32602, "message": str(exc)}}
+        return {"jsonrpc": "2.0", "id": rid, "result": result}
+
+    # --- device methods ----------------------------------------------------------------------
+
+    def device_info(self) -> dict[str, Any]:
+        p = self.phone
+        return {
+            "currentPackageName": p.current_package(),
+            "displayWidth": p.width,
+            "displayHeight": p.height,
+            "displayRotation": 0,
+            "displaySizeDpX": round(p.width * 160 / 420),
+            "displaySizeDpY": round(p.height * 160 / 420),
+            "naturalOrientation": True,
+            "productName": "amc_virtual",
+            "screenOn": True,
+            "sdkInt": p.sdk,
+        }
+
+    def dump(self, compressed: bool = False, max_depth: int = 50, *rest: Any) -> str:
+        del compressed, max_depth, rest
+        return self.phone.dump_hierarchy()
+
+    def screenshot(self, scale: float = 1.0, quality: int = 80) -> str:
+        img = self.phone.screenshot()
+        if scale != 1.0:
+            img = img.resize((max(1, int(img.width * scale)), max(1, int(img.height * scale))))
+        buf = io.BytesIO()
+        img.save(buf, format="JPEG", quality=int(quality))
+        return base64.b64encode(buf.getvalue()).decode()
+
+    def click(self, x: Any, y: Any = None, duration_ms: int = 0) -> bool:
+        if isinstance(x, dict):  # click(selector): the object's centre
+            x, y = _center(self._must(x))
+        if duration_ms >= 500:
+            self.phone.long_press(int(x), int(y))
+        else:
+            self.phone.tap(int(x), int(y))
+        return True
+
+    def swipe(self, fx: int, fy: int, tx: int, ty: int, steps: int = 10) -> bool:
+        self.phone.swipe(int(fx), int(fy), int(tx), int(ty), int(steps) * 5)
+        return True
+
+    def swipe_points(self, points: list[int], steps: int = 10) -> bool:
+        if len(points) >= 4:
+            self.swipe(points[0], points[1], points[-2], points[-1], steps)
+        return True
+
+    def drag(self, sx: int, sy: int, ex: int, ey: int, steps: int = 100) -> bool:
+        return self.swipe(sx, sy, ex, ey, steps)
+
+    def press_key(self, key: str) -> bool:
+        name = KEY_NAMES.get(key.lower(), key)
+        return self.phone.press_key(name)
+
+    def press_key_code(self, code: int, meta: int = 0) -> bool:
+        del meta
+        return self.phone.press_key(int(code))
+
+    def inject(self, action: int, x: float, y: float, meta: int = 0) -> bool:
+        """Raw touch events: DOWN remembers the point, UP taps or swipes from it."""
+        del meta
+        point = (int(x), int(y))
+        if action == 0:
+            self._touch_down = point
+        elif action == 1:
+            start = self._touch_down or point
+            self._touch_down = None
+            self.phone.swipe(*start, *point, 100)
+        return True
+
+    def paste(self) -> bool:
+        self.phone.input_text(self.phone.clipboard)
+        return True
+
+    def clear_input(self) -> bool:
+        self.phone.clear_text()
+        return True
+
+    def set_clipboard(self, label: str | None, text: str) -> None:
+        del label
+        self.phone.clipboard = text
+
+    def set_text(self, selector: dict[str, Any], text: str) -> bool:
+        node = self._must(selector)
+        if node.on_set_text is None:
+            return False
+        node.on_set_text(text)
+        return True
+
+    # --- UiSelector matching -----------------------------------------------------------------
+
+    def _all(self, selector: dict[str, Any]) -> list[Node]:
+        root = self.phone.screen()
+        package = self.phone.current_package()
+        found: list[Node] = []
+
+        def visit(node: Node, index: int) -> None:
+            if _matches(node, index, package, selector):
+                found.append(node)
+            for i, child in enumerate(node.children):
+                visit(child, i)
+
+        visit(root, 0)
+        if "instance" in selector:
+            n = int(selector["instance"])
+            return found[n : n + 1]
+        return found
+
+    def _find(self, selector: dict[str, Any]) -> Node | None:
+        nodes = self._all(selector)
+        return nodes[0] if nodes else None
+
+    def _must(self, selector: dict[str, Any]) -> Node:
+        node = self._find(selector)
+        if node is None:
+            shown = {k: v for k, v in selector.items() if k not in _SELECTOR_META}
+            raise RpcError(
+                NOT_FOUND, f"androidx.test.uiautomator.UiObjectNotFoundException: {shown}"
+            )
+        return node
+
+    def _info(self, node: Node) -> dict[str, Any]:
+        x1, y1, x2, y2 = node.bounds
+        box = {"left": x1, "top": y1, "right": x2, "bottom": y2}
+        return {
+            "bounds": box,
+            "visibleBounds": box,
+            "childCount": len(node.children),
+            "className": node.cls,
+            "contentDescription": node.content_desc or None,
+            "packageName": self.phone.current_package(),
+            "resourceName": node.resource_id or None,
+            "text": node.text,
+            "checkable": node.checkable,
+            "checked": node.checked,
+            "clickable": node.clickable,
+            "enabled": node.enabled,
+            "focusable": node.focusable,
+            "focused": node.focused,
+            "longClickable": node.long_clickable,
+            "scrollable": node.scrollable,
+            "selected": node.selected,
+        }
+
+
+_SELECTOR_META = {"mask", "childOrSibling", "childOrSiblingSelector"}
+
+
+def _center(node: Node) -> tuple[int, int]:
+    x1, y1, x2, y2 = node.bounds
+    return (x1 + x2) // 2, (y1 + y2) // 2
+
+
+def _matches(node: Node, index: int, package: str, sel: dict[str, Any]) -> bool:
+    """UiSelector semantics for the fields uiautomator2 sends (instance is applied later)."""
+    checks: dict[str, Callable[[Any], bool]] = {
+        "text": lambda v: node.text == v,
+        "textContains": lambda v: v in node.text,
+        "textMatches": lambda v: re.fullmatch(v, node.text) is not None,
+        "textStartsWith": lambda v: node.text.startswith(v),
+        "className": lambda v: node.cls == v,
+        "classNameMatches": lambda v: re.fullmatch(v, node.cls) is not None,
+        "description": lambda v: node.content_desc == v,
+        "descriptionContains": lambda v: v in node.content_desc,
+        "descriptionMatches": lambda v: re.fullmatch(v, node.content_desc) is not None,
+        "descriptionStartsWith": lambda v: node.content_desc.startswith(v),
+        "checkable": lambda v: node.checkable == v,
+        "checked": lambda v: node.checked == v,
+        "clickable": lambda v: node.clickable == v,
+        "longClickable": lambda v: node.long_clickable == v,
+        "scrollable": lambda v: node.scrollable == v,
+        "enabled": lambda v: node.enabled == v,
+        "focusable": lambda v: node.focusable == v,
+        "focused": lambda v: node.focused == v,
+        "selected": lambda v: node.selected == v,
+        "packageName": lambda v: package == v,
+        "packageNameMatches": lambda v: re.fullmatch(v, package) is not None,
+        "resourceId": lambda v: node.resource_id == v,
+        "resourceIdMatches": lambda v: re.fullmatch(v, node.resource_id) is not None,
+        "index": lambda v: index == v,
+    }
+    for key, value in sel.items():
+        if key in _SELECTOR_META or key == "instance":
+            continue
+        check = checks.get(key)
+        if check is None or not check(value):
+            return False
+    return True
