@@ -1,0 +1,297 @@
+"""The host console over HTTP: login with the one-time token, sessions, CSRF, every page, the
+artifact route's confinement, older records and masked secrets.
+
+Starlette's TestClient drives the real app (the real store, filled by the real agent loop);
+the served-in-a-loop and browser tests are in the other files.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+
+from host.console import create_app
+from host.timeline.record import TimelineRecord
+from host.timeline.store import TimelineStore
+from tests.host.console.host_console_support import (
+    LEGACY_GOAL,
+    SECRET,
+    T_DARK,
+    T_LEGACY,
+    T_SECRET,
+    Filled,
+    StoreOnly,
+    csrf_of,
+    log_in,
+)
+
+BASE = "http://127.0.0.1"
+
+
+@pytest.fixture
+def anon(filled: Filled) -> Iterator[TestClient]:
+    """A client with no session (redirects not followed)."""
+    app = create_app(filled.state)
+    with TestClient(app, base_url=BASE, follow_redirects=False) as client:
+        yield client
+
+
+@pytest.fixture
+def client(anon: TestClient) -> TestClient:
+    """A logged-in client."""
+    token = anon.app.state.login_token.current  # type: ignore[attr-defined]
+    response = log_in(anon, token)
+    assert response.status_code == 303, response.text
+    assert response.headers["location"] == "/now"
+    return anon
+
+
+def _imgs(html: str) -> list[str]:
+    return re.findall(r'<img src="([^"]+)"', html)
+
+
+@pytest.mark.parametrize(
+    "path",
+    ["/", "/now", "/tasks", f"/tasks/{T_DARK}", f"/artifacts/{T_DARK}-a1/step001-before.png"],
+)
+def test_no_session_redirects_to_login(anon: TestClient, path: str) -> None:
+    response = anon.get(path)
+    assert response.status_code == 303
+    location = response.headers["location"]
+    assert location.startswith("/login?next=")
+    assert anon.get(location).status_code == 200
+
+
+def test_live_fragment_without_session_is_401_not_a_redirect(anon: TestClient) -> None:
+    assert anon.get("/now/phones").status_code == 401
+
+
+def test_login_token_works_once_and_sets_a_strict_httponly_cookie(anon: TestClient) -> None:
+    tokens = anon.app.state.login_token  # type: ignore[attr-defined]
+    first = tokens.current
+    response = log_in(anon, first)
+    assert response.status_code == 303
+    cookie = response.headers["set-cookie"].lower()
+    assert "httponly" in cookie
+    assert "samesite=strict" in cookie
+    assert anon.get("/now").status_code == 200
+    assert tokens.current != first  # consumed: a fresh one is logged for the next login
+
+    # The same token in a new browser no longer works.
+    with TestClient(anon.app, base_url=BASE, follow_redirects=False) as other:
+        again = log_in(other, first)
+        assert again.status_code == 401
+        assert "not valid" in again.text
+        assert other.get("/now").status_code == 303
+
+
+def test_wrong_token_is_refused(anon: TestClient) -> None:
+    response = log_in(anon, "not-the-token")
+    assert response.status_code == 401
+    assert anon.get("/now").status_code == 303
+
+
+def test_login_form_prefills_a_token_from_the_printed_url(anon: TestClient) -> None:
+    page = anon.get("/login", params={"token": "abc123"})
+    assert 'value="abc123"' in page.text
+
+
+def test_post_without_csrf_is_403(anon: TestClient) -> None:
+    token = anon.app.state.login_token.current  # type: ignore[attr-defined]
+    anon.get("/login")
+    assert anon.post("/login", data={"token": token}).status_code == 403
+    assert anon.post("/login", data={"token": token, "csrf_token": "forged"}).status_code == 403
+    assert anon.get("/now").status_code == 303  # and the token was not spent
+    assert log_in(anon, token).status_code == 303
+    assert anon.post("/logout").status_code == 403
+    assert anon.get("/now").status_code == 200  # still logged in
+
+
+def test_logout_with_csrf_ends_the_session(client: TestClient) -> None:
+    csrf = csrf_of(client.get("/now").text)
+    response = client.post("/logout", data={"csrf_token": csrf})
+    assert response.status_code == 303
+    assert client.get("/now").status_code == 303
+
+
+def test_login_next_stays_on_this_site(anon: TestClient) -> None:
+    token = anon.app.state.login_token.current  # type: ignore[attr-defined]
+    csrf = csrf_of(anon.get("/login").text)
+    response = anon.post(
+        "/login", data={"token": token, "csrf_token": csrf, "next": "//evil.example/x"}
+    )
+    assert response.headers["location"] == "/now"
+
+
+def test_pages_carry_security_headers(client: TestClient) -> None:
+    response = client.get("/tasks")
+    assert "script-src 'self'" in response.headers["content-security-policy"]
+    assert response.headers["x-frame-options"] == "DENY"
+
+
+def test_tasks_lists_every_task_that_ran_here(client: TestClient) -> None:
+    page = client.get("/tasks")
+    assert page.status_code == 200
+    for task_id in (T_DARK, T_SECRET, T_LEGACY):
+        assert f'data-task-id="{task_id}"' in page.text
+    assert "Turn on dark theme" in page.text
+    assert "dark theme is on" in page.text  # the result summary
+    assert "succeeded" in page.text
+
+
+def test_timeline_shows_each_step_with_before_and_after(client: TestClient, filled: Filled) -> None:
+    page = client.get(f"/tasks/{T_DARK}")
+    assert page.status_code == 200
+    html = page.text
+    records = filled.store.steps(T_DARK, 1)
+    assert [r.tool_name for r in records] == [
+        "launch_app",
+        "get_ui_tree",
+        "tap",
+        "tap",
+        "complete",
+    ]
+    assert html.count('class="step card"') == len(records)
+    tap = records[2]
+    section = html[html.index('id="step-3"') : html.index('id="step-4"')]
+    assert f'<img src="/artifacts/{tap.before_screenshot_path}"' in section
+    assert f'<img src="/artifacts/{tap.after_screenshot_path}"' in section
+    assert "tap &#39;Display&#39;" in section
+    assert "open display settings" in section  # purpose
+    assert "Display page shows" in section  # expected outcome
+    assert "Step 3: open display settings." in section  # rationale
+    assert "redacted — the provider returned this block encrypted" in section
+    assert "the row is there" in section  # the readable thinking block beside it
+    assert "Turn on dark theme" in section  # the real user prompt
+    assert "Android phone" in section  # the real system prompt
+    assert "scripted-1" in section  # the model's answer: which model
+    assert "&#34;element_id&#34;" in section  # … and its tool call
+    assert "OCR before" in section
+    assert "Display" in section
+    for src in _imgs(section):
+        shot = client.get(src)
+        assert shot.status_code == 200
+        assert shot.headers["content-type"] == "image/png"
+        assert shot.content.startswith(b"\x89PNG")
+
+
+def test_get_ui_tree_renders_as_a_tree_with_the_full_json(
+    client: TestClient, filled: Filled
+) -> None:
+    html = client.get(f"/tasks/{T_DARK}").text
+    section = html[html.index('id="step-2"') : html.index('id="step-3"')]
+    assert 'class="ui-tree"' in section
+    assert '<ul class="tree">' in section
+    nodes = filled.store.steps(T_DARK, 1)[1].result["nodes"]
+    assert nodes
+    # The full JSON sits below the tree, every node in it.
+    full = section[section.index("tree-json") :]
+    for node in nodes[:5]:
+        assert f"&#34;id&#34;: &#34;{node['id']}&#34;" in full
+    # Nodes nest by bounds: the screen-filling root holds the rest.
+    assert section.count("<details><summary>") >= 1
+    assert "same screen" in section  # get_ui_tree does not change the screen
+
+
+def test_sensitive_input_shows_as_dots_and_never_in_clear(client: TestClient) -> None:
+    html = client.get(f"/tasks/{T_SECRET}").text
+    assert "•••" in html
+    assert SECRET not in html
+    assert "type •••" in html
+
+
+def test_legacy_records_render(client: TestClient, filled: Filled) -> None:
+    page = client.get(f"/tasks/{T_LEGACY}")
+    assert page.status_code == 200
+    html = page.text
+    assert LEGACY_GOAL in html
+    assert "An older record" in html
+    assert "launch com.android.calculator2" in html
+    assert "Fields of an older record format" in html
+    legacy = filled.store.steps(T_LEGACY, 1)[0]
+    assert f'<img src="/artifacts/{legacy.after_screenshot_path}"' in html
+    assert client.get(f"/artifacts/{legacy.after_screenshot_path}").status_code == 200
+    assert 'id="step-2"' in html  # a record with nothing in it still renders
+
+
+def test_unknown_task_and_attempt_are_404(client: TestClient) -> None:
+    assert client.get("/tasks/nope").status_code == 404
+    assert client.get(f"/tasks/{T_DARK}", params={"attempt": 9}).status_code == 404
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/artifacts/../task_progress.sqlite3",
+        "/artifacts/%2e%2e/task_progress.sqlite3",
+        "/artifacts/..%2ftask_progress.sqlite3",
+        f"/artifacts/{T_DARK}-a1/..%2f..%2ftask_progress.sqlite3",
+        "/artifacts/%2fetc%2fpasswd",
+        "/artifacts//etc/passwd",
+        "/artifacts/..%5c..%5cetc%5cpasswd",
+        "/artifacts/missing.png",
+        "/artifacts/",
+    ],
+)
+def test_artifact_route_never_leaves_the_folder(client: TestClient, path: str) -> None:
+    response = client.get(path)
+    assert response.status_code in (404, 303), (path, response.status_code)
+    assert not response.content.startswith(b"SQLite")
+    assert b"root:" not in response.content
+
+
+def test_artifact_route_refuses_symlinks_out_and_non_images(
+    client: TestClient, filled: Filled, tmp_path: Path
+) -> None:
+    outside = tmp_path / "outside.png"
+    outside.write_bytes(b"\x89PNG secret outside the folder")
+    root = filled.store.artifacts.root
+    link = root / f"{T_DARK}-a1" / "escape.png"
+    link.symlink_to(outside)
+    note = root / f"{T_DARK}-a1" / "notes.txt"
+    note.write_text("not a screenshot")
+    try:
+        assert client.get(f"/artifacts/{T_DARK}-a1/escape.png").status_code == 404
+        assert client.get(f"/artifacts/{T_DARK}-a1/notes.txt").status_code == 404
+    finally:
+        link.unlink()
+        note.unlink()
+
+
+def test_a_record_holding_a_secret_in_clear_still_shows_dots(tmp_path: Path) -> None:
+    """Whatever wrote the record, a sensitive input's text never reaches the page."""
+    store = TimelineStore(tmp_path / "db.sqlite3", tmp_path / "artifacts")
+    try:
+        store.start_task("raw", 1, "log in", "emulator-5554")
+        store.append_step(
+            TimelineRecord(
+                "raw",
+                1,
+                1,
+                tool_name="input_text",
+                arguments={"text": "pa55word-in-clear", "sensitive": True},
+                action={"input_text": {"text": "pa55word-in-clear", "sensitive": True}},
+            )
+        )
+        app = create_app(StoreOnly(store))
+        with TestClient(app, base_url=BASE, follow_redirects=False) as c:
+            log_in(c, app.state.login_token.current)
+            html = c.get("/tasks/raw").text
+        assert "pa55word-in-clear" not in html
+        assert "type •••" in html
+    finally:
+        store.close()
+
+
+def test_now_without_a_lease_client_says_so(client: TestClient) -> None:
+    page = client.get("/now")
+    assert page.status_code == 200
+    assert "no cloud connection configured" in page.text
+    assert 'data-poll="/now/phones"' in page.text
+    fragment = client.get("/now/phones")
+    assert fragment.status_code == 200
+    assert fragment.headers["cache-control"] == "no-store"
