@@ -39,6 +39,7 @@ class Reasoning:
     asked to omit it), or `redacted_data` (a redacted_thinking block). OpenAI Responses:
     `item_id` + `summary` + `encrypted_content` (`text` holds the reasoning text when the API
     returned any). `provider` is who made it: a signature is only ever sent back to its maker.
+    `wire` (Responses) is the output item exactly as received, sent back verbatim.
     """
 
     provider: ProviderName
@@ -49,6 +50,7 @@ class Reasoning:
     encrypted_content: str | None = None
     item_id: str | None = None
     summary: tuple[str, ...] = ()
+    wire: dict[str, Any] | None = None
 
     @property
     def readable(self) -> str:
@@ -58,12 +60,15 @@ class Reasoning:
 
 @dataclass(frozen=True, slots=True)
 class AssistantText:
-    """Text the model wrote in a turn (the rationale). `item_id` is the Responses message id."""
+    """Text the model wrote in a turn (the rationale). For Responses, `item_id` is the message
+    item's id and `wire` the whole message item as received (with its `phase`, which newer
+    models need back); a message with several text parts gives one item per part, same wire."""
 
     provider: ProviderName
     turn_id: str
     text: str
     item_id: str | None = None
+    wire: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,7 +76,8 @@ class ToolCall:
     """A tool call of a turn. `raw_arguments` keeps the Responses JSON string exactly as sent.
 
     A sensitive `input_text` value is masked before the call is committed (it is executed from
-    the decision, never stored), so `arguments` here may differ from what was executed.
+    the decision, never stored), so `arguments` here may differ from what was executed; the
+    Responses `wire` item carries the same masked arguments.
     """
 
     provider: ProviderName
@@ -81,6 +87,7 @@ class ToolCall:
     arguments: dict[str, Any]
     raw_arguments: str | None = None
     item_id: str | None = None
+    wire: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True, slots=True)

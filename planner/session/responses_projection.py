@@ -2,6 +2,7 @@
 
 Stateless means `store=false` with `include=["reasoning.encrypted_content"]` (`REQUEST_FLAGS`):
 nothing is kept on OpenAI's side, so every earlier output item goes back in `input`, unchanged
+(the item as received when it was stored, `phase` and all; rebuilt from its fields otherwise)
 and in the order the API produced it — reasoning items with their id, summary and encrypted
 content, then the message and function_call items that followed them — and after them the
 function_call_output of each call. The API rejects a reasoning item sent without the item that
@@ -86,6 +87,8 @@ def _turn_items(
                     stats.foreign_as_text += 1
                 else:
                     stats.foreign_dropped += 1
+            elif send[i] and item.wire is not None:
+                out.append(dict(item.wire))
             elif send[i]:
                 out.append(
                     {
@@ -105,6 +108,10 @@ def _turn_items(
                     and nxt.item_id == item.item_id
                 ):
                     parts.append(nxt)
+                if item.wire is not None:
+                    out.append(dict(item.wire))
+                    i += len(parts)
+                    continue
                 out.append(
                     {
                         "type": "message",
@@ -129,6 +136,8 @@ def _turn_items(
 
 
 def _function_call(call: ToolCall, *, own: bool) -> dict[str, Any]:
+    if own and call.wire is not None:
+        return dict(call.wire)
     arguments = call.raw_arguments
     if arguments is None:
         arguments = json.dumps(call.arguments, ensure_ascii=False, separators=(",", ":"))

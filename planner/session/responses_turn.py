@@ -68,13 +68,16 @@ def items_from_response(response: dict[str, Any]) -> list[AssistantItem]:
                     encrypted_content=item.get("encrypted_content"),
                     item_id=item.get("id"),
                     summary=tuple(s.get("text", "") for s in item.get("summary") or []),
+                    wire=dict(item),
                 )
             )
         elif kind == "message":
             for part in item.get("content") or []:
                 if part.get("type") == "output_text":
                     out.append(
-                        AssistantText("openai", turn_id, part.get("text", ""), item.get("id"))
+                        AssistantText(
+                            "openai", turn_id, part.get("text", ""), item.get("id"), dict(item)
+                        )
                     )
         elif kind == "function_call":
             name = str(item.get("name") or "")
@@ -96,6 +99,7 @@ def items_from_response(response: dict[str, Any]) -> list[AssistantItem]:
                     masked,
                     raw_arguments=raw,
                     item_id=item.get("id"),
+                    wire={**item, "arguments": raw},
                 )
             )
     return out

@@ -615,11 +615,13 @@ class FakeSessionServer:
                     }
                 )
             elif kind == "message":
+                calls_follow = any(b["type"] == "function_call" for b in turn.blocks)
                 output.append(
                     {
                         "type": "message",
                         "id": self._next_id("msg_fake_"),
                         "role": "assistant",
+                        "phase": "commentary" if calls_follow else "final_answer",
                         "status": "completed",
                         "content": [
                             {"type": "output_text", "text": spec["text"], "annotations": []}

@@ -34,7 +34,13 @@ def test_round_trip_keeps_every_item_exactly() -> None:
         Reasoning(
             "openai", "resp_1", encrypted_content=ENCRYPTED, item_id="rs_1", summary=("a", "b")
         ),
-        AssistantText("openai", "resp_1", "Opening settings.", item_id="msg_9"),
+        AssistantText(
+            "openai",
+            "resp_1",
+            "Opening settings.",
+            item_id="msg_9",
+            wire={"type": "message", "id": "msg_9", "phase": "commentary", "content": []},
+        ),
         ToolCall("anthropic", "msg_1", "toolu_1", "tap", {"element_id": "e1", "x": 1.5}),
         ToolCall(
             "openai", "resp_1", "call_1", "tap", {"x": 1}, raw_arguments='{"x":1 }', item_id="fc_1"
@@ -74,6 +80,7 @@ def test_dict_form_is_flat_and_typed() -> None:
         "encrypted_content": "E",
         "item_id": "rs",
         "summary": ["s"],
+        "wire": None,
     }
     assert item_from_dict(json.loads(json.dumps(data))) == item
 

@@ -138,3 +138,31 @@ def test_budget_strips_reasoning_of_earlier_turns_only() -> None:
         "fc_1",
         "fc_2",
     ]
+
+
+def test_items_received_whole_go_back_verbatim() -> None:
+    """The message `phase` (and any field this code does not know) survives the round trip."""
+    message = {
+        "type": "message",
+        "id": "msg_1",
+        "role": "assistant",
+        "status": "completed",
+        "phase": "commentary",
+        "content": [{"type": "output_text", "text": "Tapping.", "annotations": []}],
+    }
+    call = {
+        "type": "function_call",
+        "id": "fc_1",
+        "call_id": "call_1",
+        "name": "tap",
+        "arguments": '{"x":1,"y":2}',
+        "status": "completed",
+        "namespace": "device",
+    }
+    items: list[SessionItem] = [
+        UserObservation("s"),
+        AssistantText("openai", "r", "Tapping.", "msg_1", message),
+        ToolCall("openai", "r", "call_1", "tap", {"x": 1, "y": 2}, '{"x":1,"y":2}', "fc_1", call),
+        ToolResult("call_1", "ok"),
+    ]
+    assert project_responses(items).input[1:3] == [message, call]

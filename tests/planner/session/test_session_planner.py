@@ -291,6 +291,7 @@ async def test_responses_session_resumes_with_encrypted_reasoning(
     ]
     sent = [i["encrypted_content"] for i in body["input"] if i.get("type") == "reasoning"]
     assert sent == encrypted
+    assert body["input"][2]["phase"] == "commentary"
 
 
 async def test_forced_retry_then_thinking_turn_closes_the_unthought_loop_as_text(

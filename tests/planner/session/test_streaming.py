@@ -155,10 +155,15 @@ def test_responses_items_come_from_output_item_done() -> None:
     items = items_from_response(acc.response())
     assert live == ["Plan: ", "tap."]
     assert items[0] == Reasoning(
-        "openai", "resp_1", encrypted_content="ENC-final", item_id="rs_1", summary=("Plan: tap.",)
+        "openai",
+        "resp_1",
+        encrypted_content="ENC-final",
+        item_id="rs_1",
+        summary=("Plan: tap.",),
+        wire=done_item,
     )
     assert items[1] == ToolCall(
-        "openai", "resp_1", "call_1", "tap", {"x": 1, "y": 2}, '{"x":1,"y":2}', "fc_1"
+        "openai", "resp_1", "call_1", "tap", {"x": 1, "y": 2}, '{"x":1,"y":2}', "fc_1", call
     )
 
     cut = ResponsesStreamAccumulator()
