@@ -34,6 +34,7 @@ from host.settings import HostSettings
 from host.timeline.store import TimelineStore
 
 if TYPE_CHECKING:
+    from host.console.settings import HostConsoleSettings
     from host.devices.virtual.adb_server import ThreadedAdbServer
 
 log = logging.getLogger(__name__)
@@ -262,8 +263,12 @@ async def run_host(
     *,
     planner: StepPlanner | None = None,
     make_driver: DriverFactory | None = None,
+    console: HostConsoleSettings | None = None,
 ) -> None:
-    """Run a host until SIGINT/SIGTERM (or `stop`), then stop its tasks and return."""
+    """Run a host until SIGINT/SIGTERM (or `stop`), then stop its tasks and return.
+
+    With `console` settings, the local console (host/console/) is served beside it.
+    """
     settings = settings or HostSettings()
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -279,7 +284,23 @@ async def run_host(
         if settings.device_source == "virtual":
             virtual, settings = start_virtual_phones(settings)
         app = build_host(settings, planner=planner, make_driver=make_driver)
-        await serve_host(app, stop)
+        # --- local console hook (host/console/, kept minimal): served in this loop, stopped
+        # by `stop`; a refused or taken address fails here, before the host starts. ---
+        console_task: asyncio.Task[None] | None = None
+        if console is not None:
+            from host.console.server import start_console_task
+
+            try:
+                console_task = start_console_task(app, console, stop)
+            except BaseException:
+                app.close()
+                raise
+        try:
+            await serve_host(app, stop)
+        finally:
+            if console_task is not None:
+                stop.set()
+                await console_task
     finally:
         if virtual is not None:
             await asyncio.to_thread(virtual.stop)

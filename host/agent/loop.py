@@ -253,12 +253,7 @@ class AgentLoop:
             if changes_screen(decision.action):
                 if self.settings.settle_delay_s:
                     await asyncio.sleep(self.settings.settle_delay_s)
-                after = await asyncio.to_thread(self._observe, secrets)
-                record.after_screenshot_path = await self._save_png(
-                    spec, f"step{step:03d}-after.png", after.screenshot_png
-                )
-                record.ocr_after = [o.to_dict() for o in after.scene.ocr]
-                after_page = after.scene.page
+                after_page = await self._capture_after(spec, step, record, secrets)
             else:
                 record.after_screenshot_path = record.before_screenshot_path
                 after_page = before.scene.page
@@ -300,6 +295,35 @@ class AgentLoop:
             f"step limit reached ({self.settings.max_steps} steps)",
             self.settings.max_steps,
         )
+
+    async def _capture_after(
+        self, spec: TaskSpec, step: int, record: TimelineRecord, secrets: SecretRedactor
+    ) -> str | None:
+        """The after screenshot and scene. A bad dump here does not end the task (the next
+        step's perception retries and decides); a vanished phone does."""
+        try:
+            after = await asyncio.to_thread(self._observe, secrets)
+        except DeviceGone:
+            raise
+        except DeviceError as exc:
+            record.result["after_error"] = str(exc)
+            if secrets:
+                return None  # without a scene the secret cannot be painted over: no image
+            try:
+                png = await asyncio.to_thread(self.driver.screenshot_png)
+            except DeviceGone:
+                raise
+            except DeviceError:
+                return None
+            record.after_screenshot_path = await self._save_png(
+                spec, f"step{step:03d}-after.png", png
+            )
+            return None
+        record.after_screenshot_path = await self._save_png(
+            spec, f"step{step:03d}-after.png", after.screenshot_png
+        )
+        record.ocr_after = [o.to_dict() for o in after.scene.ocr]
+        return after.scene.page
 
     @staticmethod
     def _completion(result: ActionResult, step: int) -> TaskOutcome:

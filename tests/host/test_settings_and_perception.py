@@ -86,3 +86,39 @@ def test_u2_errors_map_to_device_errors() -> None:
     with pytest.raises(DeviceError) as err, _mapped("p1", "dump"):
         raise u2_exceptions.HierarchyEmptyError("empty")
     assert not isinstance(err.value, DeviceGone)
+
+
+async def test_a_bad_after_dump_does_not_end_the_task(tmp_path: Path) -> None:
+    from host.agent.loop import AgentLoop, LoopSettings, TaskSpec
+    from tests.host.scripted_planner import ScriptedPlanner, Step
+
+    class BadAfterFirstAction(FlakyDumps):
+        """Good dump, then 3 empty ones (the after capture of step 1), then good again."""
+
+        def dump_hierarchy(self) -> str:
+            self.calls += 1
+            if 2 <= self.calls <= 4:
+                return "<hierarchy rotation='0' />"
+            return VirtualDriver.dump_hierarchy(self)
+
+    phone = VirtualPhone("emulator-5554")
+    store = TimelineStore(tmp_path / "t.sqlite3", tmp_path / "a")
+    planner = ScriptedPlanner(
+        [
+            Step("press_key", {"key": "home"}),
+            Step("complete", {"success": True, "reason": "done"}),
+        ]
+    )
+    loop = AgentLoop(
+        BadAfterFirstAction(phone, empty=0),
+        planner,
+        Perceiver(None, retries=3, retry_delay_s=0),
+        store,
+        LoopSettings(settle_delay_s=0, ocr=False),
+    )
+    outcome = await loop.run(TaskSpec("t", 1, "g", "emulator-5554"))
+    assert outcome.status == "succeeded"
+    first = store.steps("t", 1)[0]
+    assert "after_error" in first.result
+    assert first.after_screenshot_path  # the image is still kept
+    store.close()
