@@ -28,8 +28,8 @@ def request_params(
     forced: bool,
     max_tokens: int,
 ) -> dict[str, Any]:
-    """The request body. The forced retry (`tool_choice: any`) runs without thinking: that is
-    the only combination the API accepts."""
+    """The request body. The forced retry (`tool_choice: any`) runs with thinking disabled:
+    that is the only combination every model accepts."""
     params: dict[str, Any] = {
         "model": model,
         "system": system,
@@ -49,6 +49,10 @@ def request_params(
         params["thinking"] = {"type": "adaptive"}
         if thinking.effort:
             params["output_config"] = {"effort": thinking.effort}
+    else:
+        # Said explicitly: models with preserved thinking think adaptively when `thinking` is
+        # left out, and some of them reject adaptive thinking with a forced tool_choice.
+        params["thinking"] = {"type": "disabled"}
     return params
 
 

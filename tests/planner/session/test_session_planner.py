@@ -312,7 +312,8 @@ async def test_forced_retry_then_thinking_turn_closes_the_unthought_loop_as_text
     assert decision.rationale == "Looking at the screen."
     forced = server.bodies("/v1/messages")[1]
     assert forced["tool_choice"]["type"] == "any"
-    assert "thinking" not in forced
+    assert forced["thinking"] == {"type": "disabled"}
+    assert [b["type"] for b in forced["messages"][1]["content"]] == ["text"]  # no thinking sent
     assert forced["messages"][-1] == {"role": "user", "content": [{"type": "text", "text": NUDGE}]}
     await planner.record_tool_result("went home")
     await planner.decide("screen 2")
