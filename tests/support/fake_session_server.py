@@ -42,6 +42,8 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+BAD_KEY = "bad-key"  # any request with this API key gets a 401
+
 EXPECTED_THINKING = (
     "messages.{index}.content.0.type: Expected `thinking` or `redacted_thinking`, but found "
     "`{found}`. When `thinking` is enabled, a final `assistant` message must start with a "
@@ -248,6 +250,14 @@ class FakeSessionServer:
                 record = RecordedRequest(
                     path, {k.lower(): v for k, v in self.headers.items()}, body
                 )
+                key = record.headers.get("x-api-key") or record.headers.get(
+                    "authorization", ""
+                ).removeprefix("Bearer ")
+                if key == BAD_KEY:
+                    record.status, record.error = 401, "invalid x-api-key"
+                    error = {"type": "authentication_error", "message": "invalid x-api-key"}
+                    self._json(401, {"type": "error", "error": error})
+                    return
                 with server._lock:
                     server.requests.append(record)
                     try:

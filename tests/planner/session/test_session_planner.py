@@ -13,13 +13,14 @@ import anthropic
 import openai
 import pytest
 
-from planner.errors import PlannerUnavailable
+from planner.errors import PlannerAuthError, PlannerUnavailable
 from planner.history import MASK
 from planner.session.config import SessionConfig, SessionProvider, ThinkingConfig
 from planner.session.items import Reasoning, ToolCall, UserObservation
 from planner.session.planner import NOT_RECORDED, NUDGE, SessionPlanner
 from planner.session.store import SqliteSessionStore
 from tests.support.fake_session_server import (
+    BAD_KEY,
     FakeSessionServer,
     ScriptedTurn,
     function_call,
@@ -496,3 +497,30 @@ async def test_long_session_keeps_the_budget_with_checkpoints(
         messages = _last_messages(server)
         assert messages[-2]["content"][0]["type"] == "thinking"
         assert messages[-2]["content"][0]["thinking"] == "thought 10"
+
+
+@pytest.mark.parametrize("provider", ["anthropic", "openai-responses"])
+async def test_a_rejected_key_is_an_operator_readable_error(
+    server: FakeSessionServer, db: Path, provider: SessionProvider
+) -> None:
+    client: anthropic.AsyncAnthropic | openai.AsyncOpenAI
+    if provider == "anthropic":
+        client = anthropic.AsyncAnthropic(
+            api_key=BAD_KEY, base_url=server.anthropic_base_url, max_retries=0
+        )
+    else:
+        client = openai.AsyncOpenAI(api_key=BAD_KEY, base_url=server.openai_base_url, max_retries=0)
+    planner = await SessionPlanner.open(
+        store=SqliteSessionStore(db),
+        task_id="t",
+        attempt=1,
+        provider=provider,
+        model="m",
+        client=client,
+        owns_client=True,
+    )
+    label = "Anthropic" if provider == "anthropic" else "OpenAI"
+    with pytest.raises(PlannerAuthError, match=f"^planner: {label} rejected the API key$"):
+        await planner.decide("screen")
+    await planner.aclose()
+    assert planner.history == (UserObservation("screen"),)
