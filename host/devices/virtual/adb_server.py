@@ -66,7 +66,7 @@ class VirtualAdbServer:
             self._phones[phone.serial] = phone
             self._transport_ids[phone.serial] = self._next_tid
             self._next_tid += 1
-        phone.add_unplug_listener(self._on_unplug)
+        phone.add_cable_listener(self._on_cable)
         self._notify()
 
     def unplug(self, serial: str) -> None:
@@ -75,12 +75,7 @@ class VirtualAdbServer:
 
     def replug(self, serial: str) -> None:
         """Bring a phone back, with a new transport id as a real reconnect gets."""
-        phone = self._phones[serial]
-        with self._lock:
-            self._transport_ids[serial] = self._next_tid
-            self._next_tid += 1
-        phone.replug()
-        self._notify()
+        self._phones[serial].replug()
 
     def connections(self, serial: str) -> int:
         """Open connections bound to a phone (a command may be running on each)."""
@@ -89,11 +84,19 @@ class VirtualAdbServer:
     def _online(self) -> list[VirtualPhone]:
         return [p for p in self._phones.values() if p.online]
 
-    def _on_unplug(self, phone: VirtualPhone) -> None:
+    def _on_cable(self, phone: VirtualPhone) -> None:
+        """The phone was unplugged or replugged (through us or directly on the phone)."""
+        if phone.online:
+            with self._lock:
+                self._transport_ids[phone.serial] = self._next_tid
+                self._next_tid += 1
         loop = self._loop
         if loop is None or loop.is_closed():
             return
-        loop.call_soon_threadsafe(self._drop_connections, phone.serial)
+        if phone.online:
+            loop.call_soon_threadsafe(self._changed.set)
+        else:
+            loop.call_soon_threadsafe(self._drop_connections, phone.serial)
 
     def _drop_connections(self, serial: str) -> None:
         for writer in list(self._bound.pop(serial, set())):
@@ -126,7 +129,7 @@ class VirtualAdbServer:
         await asyncio.gather(*self._handlers, return_exceptions=True)
         await self._server.wait_closed()
         for phone in self._phones.values():
-            phone.remove_unplug_listener(self._on_unplug)
+            phone.remove_cable_listener(self._on_cable)
         self._server = None
 
     # --- connections -------------------------------------------------------------------------
@@ -147,11 +150,22 @@ class VirtualAdbServer:
             self._handlers.discard(task)
             for writers in self._bound.values():
                 writers.discard(writer)
-            writer.transport.abort()
+            await self._close(writer)
+
+    async def _close(self, writer: asyncio.StreamWriter) -> None:
+        """Flush what was written, then close (an unplug aborts instead: see _drop_connections)."""
+        if writer.transport.is_closing():
+            return
+        writer.close()
+        with contextlib.suppress(ConnectionError, asyncio.CancelledError):
+            await writer.wait_closed()
 
     async def _request(self, reader: asyncio.StreamReader) -> str:
         header = await reader.readexactly(4)
-        length = int(header, 16)
+        try:
+            length = int(header, 16)
+        except ValueError:
+            raise _Closed from None  # not the adb protocol: hang up, as adb does
         return (await reader.readexactly(length)).decode("utf-8", errors="replace")
 
     async def _send(self, writer: asyncio.StreamWriter, data: bytes) -> None:
@@ -161,14 +175,10 @@ class VirtualAdbServer:
         await writer.drain()
 
     async def _session(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        while True:
-            req = await self._request(reader)
-            phone = await self._host_request(req, writer)
-            if phone is None:
-                return
-            if isinstance(phone, VirtualPhone):
-                await self._device_request(phone, await self._request(reader), reader, writer)
-                return
+        """One connection: a host request, and after a transport switch one device service."""
+        phone = await self._host_request(await self._request(reader), writer)
+        if phone is not None:
+            await self._device_request(phone, await self._request(reader), reader, writer)
 
     def _phone(self, serial: str) -> VirtualPhone | None:
         phone = self._phones.get(serial)
@@ -191,11 +201,9 @@ class VirtualAdbServer:
     def _bind(self, phone: VirtualPhone, writer: asyncio.StreamWriter) -> None:
         self._bound.setdefault(phone.serial, set()).add(writer)
 
-    async def _host_request(
-        self, req: str, writer: asyncio.StreamWriter
-    ) -> VirtualPhone | bool | None:
-        """Answer a host request. Returns the phone a transport was bound to, True to read the
-        next request on this connection, or None when the connection is finished."""
+    async def _host_request(self, req: str, writer: asyncio.StreamWriter) -> VirtualPhone | None:
+        """Answer a host request. Returns the phone a transport was switched to (the next
+        request on this connection is for it), or None when the connection is finished."""
         if req == "host:version":
             await self._send(writer, proto.okay_block(f"{proto.SERVER_VERSION:04x}"))
             return None

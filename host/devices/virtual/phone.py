@@ -80,25 +80,31 @@ class VirtualPhone:
 
     def unplug(self) -> None:
         """Pull the cable: adb loses the phone and open connections to it drop."""
+        self._set_online(False)
+
+    def replug(self) -> None:
+        """Plug the cable back in: the phone reappears to adb (with a new transport id)."""
+        self._set_online(True)
+
+    def _set_online(self, online: bool) -> None:
         with self._lock:
-            if not self._online:
+            if self._online == online:
                 return
-            self._online = False
-            self._gone.set()
+            self._online = online
+            if online:
+                self._gone.clear()
+            else:
+                self._gone.set()
             listeners = list(self._listeners)
         for listener in listeners:
             listener(self)
 
-    def replug(self) -> None:
-        with self._lock:
-            self._online = True
-            self._gone.clear()
-
-    def add_unplug_listener(self, listener: Callable[[VirtualPhone], None]) -> None:
+    def add_cable_listener(self, listener: Callable[[VirtualPhone], None]) -> None:
+        """Call `listener(phone)` whenever the phone is unplugged or plugged back in."""
         with self._lock:
             self._listeners.append(listener)
 
-    def remove_unplug_listener(self, listener: Callable[[VirtualPhone], None]) -> None:
+    def remove_cable_listener(self, listener: Callable[[VirtualPhone], None]) -> None:
         with self._lock:
             if listener in self._listeners:
                 self._listeners.remove(listener)

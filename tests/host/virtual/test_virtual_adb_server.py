@@ -266,3 +266,14 @@ def test_several_phones_are_independent_and_concurrent(phones: list[VirtualPhone
             t.join(60)
         assert not errors
         assert [p.current_package() for p in fleet] == packages
+
+
+def test_cable_pulled_on_the_phone_itself(client: adbutils.AdbClient, phone: VirtualPhone) -> None:
+    before = {d.serial: d.tags["transport_id"] for d in client.list(extended=True)}
+    phone.unplug()  # not through the server: it still notices
+    assert [d.serial for d in client.list()] == ["virt-2"]
+    phone.replug()
+    after = {d.serial: d.tags["transport_id"] for d in client.list(extended=True)}
+    assert set(after) == {"virt-1", "virt-2"}
+    assert after["virt-1"] != before["virt-1"]  # a reconnect is a new transport
+    assert client.device("virt-1").shell("echo ok") == "ok"
