@@ -23,7 +23,6 @@ import openai
 
 from planner.decision import Decision, ThinkingBlock, Usage
 from planner.errors import PlannerError, ToolCallError
-from planner.prompts import SYSTEM_PROMPT
 from planner.session import anthropic_turn, responses_turn
 from planner.session.anthropic_projection import ProjectionStats, project_anthropic
 from planner.session.config import SessionConfig, SessionProvider, ThinkingConfig
@@ -36,6 +35,7 @@ from planner.session.items import (
     ToolResult,
     UserObservation,
 )
+from planner.session.prompt import SESSION_SYSTEM_PROMPT
 from planner.session.provider_turn import TurnResult
 from planner.session.responses_projection import project_responses
 from planner.session.store import SessionStore
@@ -96,7 +96,7 @@ class SessionPlanner:
         attempt: int,
         thinking: ThinkingConfig | None = None,
         config: SessionConfig | None = None,
-        system_prompt: str = SYSTEM_PROMPT,
+        system_prompt: str = SESSION_SYSTEM_PROMPT,
         tools: Sequence[ToolSpec] = TOOLS,
         on_thinking: ThinkingSink | None = None,
         history: Sequence[SessionItem] = (),
