@@ -7,34 +7,29 @@ submit to that host, so no test's task can be handed to another test's host.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
-from console_stack import LoopThread, Operator, SimHost, UvicornThread
+from tests.console.console_stack import (
+    ADMIN,
+    API_TOKEN,
+    PASSWORD,
+    Cloud,
+    HostFactory,
+    LoopThread,
+    Operator,
+    SimHost,
+    UvicornThread,
+)
 
 from amc.v1 import types_pb2
 from cloud import pki as cloud_pki
-from cloud.server import CloudServer, build_server
+from cloud.server import build_server
 from cloud.settings import CloudSettings
 from console.gateway import create_app
 from console.settings import ConsoleSettings
-
-ADMIN = "operator"
-PASSWORD = "correct horse battery staple"
-API_TOKEN = "test-api-token-0123456789abcdef"
-
-
-@dataclass
-class Cloud:
-    """The running cloud: its address, PKI folder, server object and the loop it runs on."""
-
-    address: str
-    pki: Path
-    server: CloudServer
-    loop: LoopThread
 
 
 @pytest.fixture(scope="session")
@@ -101,9 +96,6 @@ def operator(cloud: Cloud) -> Iterator[Operator]:
         yield op
     finally:
         op.close()
-
-
-HostFactory = Callable[..., SimHost]
 
 
 @pytest.fixture

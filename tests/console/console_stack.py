@@ -14,8 +14,9 @@ import asyncio
 import queue
 import threading
 import time
-from collections.abc import Coroutine, Iterator
+from collections.abc import Callable, Coroutine, Iterator
 from concurrent.futures import Future
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -32,11 +33,17 @@ from amc.v1 import (
     task_service_pb2_grpc,
     types_pb2,
 )
+from cloud.server import CloudServer
 from planner.prompts import SYSTEM_PROMPT, build_user_prompt
 from planner.scene import Bounds, Element, Scene
 
 T = TypeVar("T")
 WAIT_S = 20.0
+
+#: The console's login and API token in every test.
+ADMIN = "operator"
+PASSWORD = "correct horse battery staple"
+API_TOKEN = "test-api-token-0123456789abcdef"
 
 
 class LoopThread:
@@ -260,3 +267,17 @@ class SimHost:
         self.channel.close()
         if self._reader is not None:
             self._reader.join(WAIT_S)
+
+
+HostFactory = Callable[..., SimHost]
+"""The `make_host` fixture: connect a simulated host (optionally with a planner transport)."""
+
+
+@dataclass
+class Cloud:
+    """The running cloud: its address, PKI folder, server object and the loop it runs on."""
+
+    address: str
+    pki: Path
+    server: CloudServer
+    loop: LoopThread

@@ -8,8 +8,7 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
-from conftest import ADMIN, API_TOKEN, PASSWORD, HostFactory
-from console_stack import Operator, UvicornThread
+from tests.console.console_stack import ADMIN, API_TOKEN, PASSWORD, HostFactory, Operator, UvicornThread
 
 from amc.v1 import types_pb2
 from console.gateway import create_app

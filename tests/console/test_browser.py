@@ -14,8 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import ADMIN, PASSWORD, Cloud, HostFactory
-from console_stack import Operator
+from tests.console.console_stack import ADMIN, PASSWORD, Cloud, HostFactory, Operator
 from playwright.sync_api import Browser, Page, Playwright, expect, sync_playwright
 
 from amc.v1 import lease_service_pb2, types_pb2

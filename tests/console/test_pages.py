@@ -6,7 +6,7 @@ import re
 import uuid
 
 import httpx
-from conftest import ADMIN, PASSWORD
+from tests.console.console_stack import ADMIN, PASSWORD
 
 from console.gateway.app import SESSION_COOKIE
 
