@@ -513,8 +513,10 @@ class ThreadedAdbServer:
         loop, thread = self._loop, self._thread
         if loop is None or thread is None:
             return
-        with contextlib.suppress(Exception):
+        try:
             asyncio.run_coroutine_threadsafe(self.server.stop(), loop).result(10)
+        except Exception:  # still stop the loop and thread below
+            log.exception("virtual adb server did not stop cleanly")
         loop.call_soon_threadsafe(loop.stop)
         thread.join(10)
         loop.close()
