@@ -524,3 +524,23 @@ async def test_a_rejected_key_is_an_operator_readable_error(
         await planner.decide("screen")
     await planner.aclose()
     assert planner.history == (UserObservation("screen"),)
+
+
+async def test_interrupted_responses_stream_commits_nothing(
+    server: FakeSessionServer, make: Factory
+) -> None:
+    server.responses_script.extend(
+        [
+            ScriptedTurn([reasoning("cut off"), function_call("complete", {})], interrupt=True),
+            ScriptedTurn(
+                [reasoning("whole"), function_call("complete", {"success": True, "reason": "r"})]
+            ),
+        ]
+    )
+    planner = await make("openai-responses", thinking=ThinkingConfig("adaptive"), stream=True)
+    with pytest.raises(PlannerUnavailable, match="stream broke off"):
+        await planner.decide("screen 1")
+    assert planner.history == (UserObservation("screen 1"),)
+    decision = await planner.decide("screen 1 again")
+    assert decision.tool_name == "complete"
+    assert server.rejections == []

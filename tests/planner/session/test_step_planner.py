@@ -16,7 +16,7 @@ from planner.session.factory import (
     session_provider,
 )
 from planner.session.items import ToolResult
-from planner.session.step_planner import SessionStepPlanner
+from planner.session.step_planner import SessionStepPlanner, condensed_text, observation_text
 from planner.session.store import SqliteSessionStore
 from planner.settings import PlannerSettings
 from tests.planner.scenes import settings_main, toggle_page
@@ -122,3 +122,11 @@ async def test_host_loop_drives_a_session_and_resumes(
     results = [i for i in resumed.session.history if isinstance(i, ToolResult)]
     assert results[-1].output.startswith("The outcome of this action was not recorded")
     assert goal not in bodies[2]["messages"][-1]["content"][-1]["text"]
+
+
+def test_the_goal_survives_condensing() -> None:
+    scene = settings_main()
+    assert "open display" in observation_text("open display", scene)
+    assert condensed_text("open display", scene).startswith("Goal: open display\n")
+    assert "Goal" not in condensed_text(None, scene)
+    assert '"elements"' not in condensed_text(None, scene)
