@@ -2,7 +2,12 @@
 
 from host.console.app import create_app
 from host.console.binding import RemoteBindRefused, check_bind_address
-from host.console.server import ConsoleServer, build_console_server, serve_console
+from host.console.server import (
+    ConsoleServer,
+    build_console_server,
+    serve_console,
+    start_console_task,
+)
 from host.console.settings import HostConsoleSettings
 
 __all__ = [
@@ -13,4 +18,5 @@ __all__ = [
     "check_bind_address",
     "create_app",
     "serve_console",
+    "start_console_task",
 ]

@@ -21,6 +21,28 @@ from host.timeline.store import TaskRow
 UI_TREE_TOOLS = frozenset({"get_ui_tree", "ui_tree"})
 
 
+def badge(step_index: int, step_status: str, summary: str) -> str:
+    """`step 4 · acting · tap 'Display'` (the cloud console's wording); empty before step 1.
+
+    The agent loop's summaries start with "step N: "; that prefix is not repeated.
+    """
+    if not step_index:
+        return ""
+    parts = [f"step {step_index}"]
+    if step_status and step_status != "unspecified":
+        parts.append(step_status)
+    text = summary.removeprefix(f"step {step_index}: ")
+    if text:
+        parts.append(text)
+    return " · ".join(parts)
+
+
+def nodes_json(nodes: list[Any]) -> str:
+    """A node list as JSON, one node per line (as the prompt shows a scene): easy to scan."""
+    lines = [json.dumps(n, ensure_ascii=False, default=str) for n in nodes]
+    return "[\n" + ",\n".join(lines) + "\n]" if lines else "[]"
+
+
 def pretty_json(value: Any) -> str:
     return json.dumps(value, indent=2, ensure_ascii=False, sort_keys=True, default=str)
 
@@ -75,6 +97,17 @@ class TreeNode:
         if n.get("source") == "ocr":
             parts.append("(ocr)")
         return " ".join(parts)
+
+    @property
+    def hint(self) -> str:
+        """For a node without text of its own: the first text inside it ("Display")."""
+        if self.node.get("text") or self.node.get("desc"):
+            return ""
+        for child in self.children:
+            text = child.node.get("text") or child.node.get("desc") or child.hint
+            if text:
+                return str(text)[:60]
+        return ""
 
     @property
     def flags(self) -> list[str]:
@@ -232,7 +265,7 @@ def step_view(record: TimelineRecord) -> StepView:
     nodes = record.result.get("nodes") if isinstance(record.result, dict) else None
     if tool in UI_TREE_TOOLS and isinstance(nodes, list):
         tree = ui_tree(nodes)
-        tree_json = pretty_json(nodes)
+        tree_json = nodes_json(nodes)
     result = record.result
     if tree is not None:
         result = {k: v for k, v in result.items() if k != "nodes"}
@@ -303,15 +336,10 @@ class PhoneNow:
 
     @property
     def badge(self) -> str:
-        """`step 4 · acting · tap 'Display'` (the cloud console's wording)."""
+        """`step 4 · acting · tap 'Display'`, or "starting" before the first step."""
         if not self.step_index:
             return "starting" if self.busy else ""
-        parts = [f"step {self.step_index}"]
-        if self.step_status and self.step_status != "unspecified":
-            parts.append(self.step_status)
-        if self.summary:
-            parts.append(self.summary)
-        return " · ".join(parts)
+        return badge(self.step_index, self.step_status, self.summary)
 
 
 def with_progress(
@@ -328,14 +356,7 @@ def with_progress(
 
 
 def task_badge(task: TaskRow) -> str:
-    if not task.step_index:
-        return ""
-    parts = [f"step {task.step_index}"]
-    if task.step_status and task.step_status != "unspecified":
-        parts.append(task.step_status)
-    if task.progress_summary:
-        parts.append(task.progress_summary)
-    return " · ".join(parts)
+    return badge(task.step_index, task.step_status, task.progress_summary)
 
 
 def parse_time(value: str | None) -> datetime | None:

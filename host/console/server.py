@@ -155,3 +155,25 @@ async def serve_console(
     is called with the running `ConsoleServer` (its `.url`, `.login_token`) once it listens.
     """
     await build_console_server(app_state, settings).serve(stop, announce, ready)
+
+
+def start_console_task(
+    app_state: HostState,
+    settings: HostConsoleSettings,
+    stop: asyncio.Event,
+    announce: Announce | None = None,
+) -> asyncio.Task[None]:
+    """Serve the console beside a host: address checks and binding happen *now* (so a refused
+    or taken address fails before the host starts), serving in a task that never raises (a
+    console failure is logged and never stops the host). The task ends once `stop` is set.
+    """
+    server = build_console_server(app_state, settings)
+    server.bind()
+
+    async def run() -> None:
+        try:
+            await server.serve(stop, announce)
+        except Exception:
+            log.exception("the host console stopped")
+
+    return asyncio.create_task(run(), name="host-console")
