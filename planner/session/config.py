@@ -62,3 +62,16 @@ class SessionConfig:
     foreign_reasoning: ForeignReasoning = "drop"
     stream: bool = False
     max_tokens: int = 4096
+
+    def __post_init__(self) -> None:
+        if self.foreign_reasoning not in ("drop", "text"):
+            raise ValueError(
+                f"foreign_reasoning must be drop or text, got {self.foreign_reasoning!r}"
+            )
+        if self.keep_scenes is not None and self.keep_scenes < 1:
+            raise ValueError(f"keep_scenes must be at least 1 (or None), got {self.keep_scenes}")
+        if self.keep_reasoning_turns is not None and self.keep_reasoning_turns < 1:
+            raise ValueError(
+                "keep_reasoning_turns must be at least 1 (or None), "
+                f"got {self.keep_reasoning_turns}"
+            )

@@ -6,6 +6,8 @@ projection turns the same list into its own wire format, so the history survives
 switch and a restart. Reasoning is stored exactly as the provider returned it — Anthropic
 signatures, redacted data and OpenAI encrypted content are opaque strings that must go back byte
 for byte — so nothing here ever rewrites them, and the JSON form maps each field one to one.
+One more item, `ContextCheckpoint`, is never sent: it records a context-budget decision so that
+every later request renders the history the same way.
 """
 
 from __future__ import annotations
