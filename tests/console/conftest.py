@@ -12,6 +12,13 @@ from pathlib import Path
 
 import httpx
 import pytest
+
+from amc.v1 import types_pb2
+from cloud import pki as cloud_pki
+from cloud.server import build_server
+from cloud.settings import CloudSettings
+from console.gateway import create_app
+from console.settings import ConsoleSettings
 from tests.console.console_stack import (
     ADMIN,
     API_TOKEN,
@@ -23,13 +30,6 @@ from tests.console.console_stack import (
     SimHost,
     UvicornThread,
 )
-
-from amc.v1 import types_pb2
-from cloud import pki as cloud_pki
-from cloud.server import build_server
-from cloud.settings import CloudSettings
-from console.gateway import create_app
-from console.settings import ConsoleSettings
 
 
 @pytest.fixture(scope="session")

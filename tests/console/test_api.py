@@ -8,12 +8,19 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
-from tests.console.console_stack import ADMIN, API_TOKEN, PASSWORD, HostFactory, Operator, UvicornThread
 
 from amc.v1 import types_pb2
 from console.gateway import create_app
 from console.gateway.history import DIRECT_TRANSPORT, NOT_ASSIGNED_YET
 from console.settings import ConsoleSettings
+from tests.console.console_stack import (
+    ADMIN,
+    API_TOKEN,
+    PASSWORD,
+    HostFactory,
+    Operator,
+    UvicornThread,
+)
 
 
 def unique(goal: str) -> str:

@@ -14,13 +14,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from tests.console.console_stack import ADMIN, PASSWORD, Cloud, HostFactory, Operator
 from playwright.sync_api import Browser, Page, Playwright, expect, sync_playwright
 
 from amc.v1 import lease_service_pb2, types_pb2
 from cloud.store import decisions
-from console.gateway.history import DIRECT_TRANSPORT
+from console.gateway.history import DIRECT_TRANSPORT, NO_DECISION_YET
 from planner.decision import Decision, ThinkingBlock, Usage
+from tests.console.console_stack import ADMIN, PASSWORD, Cloud, HostFactory, Operator
 
 pytestmark = pytest.mark.browser
 
@@ -152,14 +152,16 @@ def test_open_a_step_and_expand_its_thinking(
     task = operator.submit(goal, host_id=host.host_id)
     assignment = host.assignment()
     host.renew(assignment, 1, types_pb2.STEP_STATUS_PLANNING, "planning")
-    first = host.decide(assignment, goal)  # the offline provider: a rationale, no thinking
-    host.renew(assignment, 1, types_pb2.STEP_STATUS_ACTING, "tap 'Display'")
 
     page.goto(f"{gateway}/tasks/{task.task_id}")
     expect(page.locator("#live-state")).to_have_text("live", timeout=LIVE_MS)
-    steps = page.locator("details.step")
-    expect(steps).to_have_count(1)
+    expect(page.locator("[data-field=history-note]")).to_have_text(NO_DECISION_YET)
     mark_no_reload(page)
+
+    first = host.decide(assignment, goal)  # the offline provider: a rationale, no thinking
+    host.renew(assignment, 1, types_pb2.STEP_STATUS_ACTING, "tap 'Display'")
+    steps = page.locator("details.step")
+    expect(steps).to_have_count(1, timeout=LIVE_MS)  # same step index, new step status
 
     # The offline provider never thinks; a provider with extended thinking returns readable
     # and redacted blocks. Append such a decision through the cloud's own decision-log store,

@@ -6,9 +6,9 @@ import re
 import uuid
 
 import httpx
-from tests.console.console_stack import ADMIN, PASSWORD
 
 from console.gateway.app import SESSION_COOKIE
+from tests.console.console_stack import ADMIN, PASSWORD
 
 
 def csrf_of(html: str) -> str:

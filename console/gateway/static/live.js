@@ -151,7 +151,9 @@
       var root = document.getElementById("live-task");
       if (!root) return;
       patch(root.querySelector(".summary") || root, t);
-      var step = String(t.progress ? t.progress.step_index : 0);
+      // A decision is logged while the step is planned, so every step-status change may
+      // bring a new one: re-render the attempts and history then.
+      var step = t.progress ? t.progress.step_index + "·" + t.progress.step_status : "0·unspecified";
       if (root.dataset.step !== step || root.dataset.status !== t.status ||
           root.dataset.attempt !== String(t.attempt)) {
         root.dataset.step = step;
@@ -159,7 +161,7 @@
         root.dataset.attempt = String(t.attempt);
         refresh("#live-task");
       }
-    }, function () { refresh("#live-task"); });
+    });
   } else if (mode === "fleet") {
     setInterval(function () { refresh("#live-fleet"); }, 5000);
   }
