@@ -1,0 +1,1 @@
+"""Benchmarks of amc's own code against same-run baselines (`python -m bench [--smoke]`)."""

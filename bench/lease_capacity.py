@@ -1,0 +1,262 @@
+"""Lease capacity: N simulated hosts, one mTLS Lease stream each, renewing with progress.
+
+For each store (SQLite, PostgreSQL) the cloud runs in its own process; N hosts in a few worker
+processes connect, each gets an assignment (N tasks are submitted), then:
+
+* paced: every host renews once a second for `duration` s (the real workload) — renewals handled
+  per second, acknowledgement latency p50/p99, cloud CPU-seconds per 1,000 renewals;
+* saturated: `sat` hosts renew in a closed loop (next renewal as soon as the last is acked) — the
+  most renewals per second this machine gets through the cloud.
+
+The same run measures two references on the same hosts and leases:
+(a) the old design: FastAPI + uvicorn, a JSON POST per renewal, the same fenced UPDATE via the same
+    store function, one transaction per renewal, driven by httpx;
+(b) a bare grpc.aio bidirectional stream with the same mTLS and messages, no store: the ceiling.
+
+    python -m bench.lease_capacity [--smoke] [--hosts N] [--duration S]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import math
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from bench import resources
+from bench.cloud_client import submit_many
+from bench.procstat import cpu_seconds
+from bench.report import Section, percentile
+from bench.servers import ServerProcess, server_process
+from bench.sim_hosts import Fleet, Lease, WorkerConfig, host_ids, split
+
+
+@dataclass(slots=True)
+class Measured:
+    """One phase against one server."""
+
+    hosts: int
+    per_s: float
+    p50_ms: float
+    p99_ms: float
+    cpu_per_1000: float
+    errors: int
+
+
+@dataclass(slots=True)
+class Sizes:
+    hosts: int
+    workers: int
+    duration: float
+    sat_hosts: int
+    lead: float
+
+
+FULL = Sizes(hosts=2000, workers=2, duration=20.0, sat_hosts=200, lead=2.0)
+SMOKE = Sizes(hosts=12, workers=2, duration=1.5, sat_hosts=12, lead=0.5)
+
+
+def _measure(
+    fleet: Fleet, server: ServerProcess, sizes: Sizes, interval: float, active: int
+) -> Measured:
+    workers = max(1, len(split(list(range(fleet.size)), sizes.workers)))
+    per_worker = math.ceil(active / workers)
+    start = time.time() + sizes.lead
+    cpu: list[float] = []
+
+    def sample() -> None:
+        time.sleep(max(0.0, start - time.time()))
+        cpu.append(cpu_seconds(server.pid))
+        time.sleep(max(0.0, start + sizes.duration - time.time()))
+        cpu.append(cpu_seconds(server.pid))
+
+    sampler = threading.Thread(target=sample)
+    sampler.start()
+    result = fleet.phase(start, sizes.duration, interval, per_worker)
+    sampler.join()
+    acked = len(result.latencies)
+    ms = [x * 1000 for x in result.latencies]
+    return Measured(
+        hosts=min(active, fleet.connected),
+        per_s=acked / sizes.duration,
+        p50_ms=percentile(ms, 50),
+        p99_ms=percentile(ms, 99),
+        cpu_per_1000=(cpu[1] - cpu[0]) / acked * 1000 if acked else math.nan,
+        errors=result.errors,
+    )
+
+
+def _grpc_fleet(address: str, pki_dir: Path, ids: list[str], workers: int) -> Fleet:
+    return Fleet(
+        [
+            WorkerConfig(i, "grpc", address, pki_dir, chunk)
+            for i, chunk in enumerate(split(ids, workers))
+        ]
+    )
+
+
+def _both(fleet: Fleet, server: ServerProcess, sizes: Sizes) -> tuple[Measured, Measured]:
+    paced = _measure(fleet, server, sizes, 1.0, fleet.connected)
+    sat = _measure(fleet, server, sizes, 0.0, sizes.sat_hosts)
+    return paced, sat
+
+
+def run_cloud(
+    url: str, pki_dir: Path, ids: list[str], sizes: Sizes
+) -> tuple[Measured, Measured, dict[str, Lease]]:
+    """Our cloud: connect, assign, then paced and saturated renewals."""
+    with server_process("cloud", "--db", url, "--pki", str(pki_dir)) as server:
+        fleet = _grpc_fleet(server.address, pki_dir, ids, sizes.workers)
+        try:
+            fleet.start()
+            asyncio.run(submit_many(server.address, pki_dir, fleet.connected))
+            leases = fleet.wait_assigned()
+            paced, sat = _both(fleet, server, sizes)
+        finally:
+            fleet.stop()
+    return paced, sat, leases
+
+
+def run_http(url: str, leases: dict[str, Lease], sizes: Sizes) -> tuple[Measured, Measured]:
+    """The old design on the same store and the same (still live) leases."""
+    ids = sorted(leases)
+    with server_process("http", "--db", url) as server:
+        fleet = Fleet(
+            [
+                WorkerConfig(
+                    i,
+                    "http",
+                    server.address,
+                    Path(),
+                    chunk,
+                    http_leases={h: leases[h] for h in chunk},
+                )
+                for i, chunk in enumerate(split(ids, sizes.workers))
+            ]
+        )
+        try:
+            fleet.start()
+            return _both(fleet, server, sizes)
+        finally:
+            fleet.stop()
+
+
+def run_echo(pki_dir: Path, ids: list[str], sizes: Sizes) -> tuple[Measured, Measured]:
+    """The bare grpc.aio stream."""
+    with server_process("echo", "--pki", str(pki_dir)) as server:
+        fleet = _grpc_fleet(server.address, pki_dir, ids, sizes.workers)
+        try:
+            fleet.start()
+            fleet.wait_assigned()
+            return _both(fleet, server, sizes)
+        finally:
+            fleet.stop()
+
+
+def _rows(
+    section: Section, label: str, ours: Measured, http: Measured, echo: Measured, what: str
+) -> None:
+    hosts = f"{ours.hosts} hosts"
+    section.add(
+        f"{label} {what} renewals/s",
+        round(ours.per_s, 1),
+        "/s",
+        baseline=round(http.per_s, 1),
+        baseline_name="HTTP/JSON",
+        note=hosts,
+    )
+    section.add(
+        f"{label} {what} renewals/s",
+        round(ours.per_s, 1),
+        "/s",
+        baseline=round(echo.per_s, 1),
+        baseline_name="bare gRPC echo",
+        note=hosts,
+    )
+    section.add(
+        f"{label} {what} ack p50",
+        round(ours.p50_ms, 2),
+        "ms",
+        baseline=round(http.p50_ms, 2),
+        baseline_name="HTTP/JSON",
+        note=f"echo {echo.p50_ms:.2f} ms",
+    )
+    section.add(
+        f"{label} {what} ack p99",
+        round(ours.p99_ms, 2),
+        "ms",
+        baseline=round(http.p99_ms, 2),
+        baseline_name="HTTP/JSON",
+        note=f"echo {echo.p99_ms:.2f} ms",
+    )
+    section.add(
+        f"{label} {what} CPU-s / 1,000 renewals",
+        round(ours.cpu_per_1000, 3),
+        "s",
+        baseline=round(http.cpu_per_1000, 3),
+        baseline_name="HTTP/JSON",
+        note=f"echo {echo.cpu_per_1000:.3f} s; errors ours/http {ours.errors}/{http.errors}",
+    )
+
+
+def run(smoke: bool, hosts: int | None = None, duration: float | None = None) -> Section:
+    sizes = SMOKE if smoke else FULL
+    if hosts:
+        sizes = Sizes(hosts, sizes.workers, sizes.duration, min(sizes.sat_hosts, hosts), sizes.lead)
+    if duration:
+        sizes = Sizes(sizes.hosts, sizes.workers, duration, sizes.sat_hosts, sizes.lead)
+    t0 = time.monotonic()
+    section = Section(
+        "lease_capacity",
+        "Lease capacity",
+        f"{sizes.hosts} hosts in {sizes.workers} client processes, paced 1 renewal/s/host for "
+        f"{sizes.duration:g} s, then {sizes.sat_hosts} hosts closed-loop for {sizes.duration:g} s",
+    )
+    ids = host_ids(sizes.hosts)
+    pki_dir = resources.pki(ids)
+    echo = run_echo(pki_dir, ids, sizes)
+    with tempfile.TemporaryDirectory(prefix="amc-bench-lease-") as tmp:
+        backends = [
+            ("SQLite", f"sqlite+aiosqlite:///{Path(tmp) / 'cloud.sqlite3'}"),
+            ("PostgreSQL", resources.postgres_url()),
+        ]
+        for label, url in backends:
+            paced, sat, leases = run_cloud(url, pki_dir, ids, sizes)
+            http_paced, http_sat = run_http(url, leases, sizes)
+            _rows(section, label, paced, http_paced, echo[0], "paced")
+            _rows(section, label, sat, http_sat, echo[1], "closed-loop")
+            section.notes.append(
+                f"{label}: {len(leases)} of {sizes.hosts} hosts held a lease; offered "
+                f"{len(leases)} renewals/s in the paced phase"
+            )
+    section.notes.append(
+        "Cloud, HTTP app and echo server each run in their own process; the simulated hosts run "
+        "in separate worker processes on the same machine, so client and server share its CPUs."
+    )
+    section.notes.append(
+        "CPU-s / 1,000 renewals is the server process's user+system time (from /proc) over the "
+        "measurement window divided by the acknowledged renewals."
+    )
+    section.seconds = time.monotonic() - t0
+    return section
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else "")
+    parser.add_argument("--smoke", action="store_true")
+    parser.add_argument("--hosts", type=int)
+    parser.add_argument("--duration", type=float)
+    args = parser.parse_args(argv)
+    try:
+        print(run(args.smoke, args.hosts, args.duration).text())
+    finally:
+        resources.close()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

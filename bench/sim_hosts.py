@@ -1,0 +1,395 @@
+"""Simulated hosts: many asyncio Lease streams (or HTTP renewers) per process, a few processes.
+
+Each simulated host is what the cloud sees of a real one: its own client certificate (identity
+`amc://host/<id>`), its own channel and TCP/TLS connection, one Lease stream, a hello with one
+phone. The benchmark process drives the workers through queues in phases:
+
+1. `connect`: every host opens its stream (or, for HTTP, its keep-alive connection) → "connected";
+2. the caller submits tasks; a worker whose hosts all hold an assignment reports "assigned";
+3. `phase(start, duration, interval, active)`: the first `active` hosts of each worker renew with
+   progress every `interval` seconds (0 = closed loop: next renewal as soon as the last is acked)
+   and report every acknowledgement latency;
+4. `stop`.
+
+Latency is measured per host from the write of a renewal to the arrival of its `renewed`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import multiprocessing as mp
+import queue
+import random
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from amc.v1 import lease_service_pb2 as lease_pb
+from amc.v1 import lease_service_pb2_grpc, types_pb2
+
+Lease = tuple[str, int, str]  # task id, attempt, lease id
+
+
+@dataclass(slots=True)
+class WorkerConfig:
+    """What one worker process simulates."""
+
+    worker_id: int
+    mode: str  # "grpc" or "http"
+    address: str
+    pki_dir: Path
+    host_ids: list[str]
+    wait_assignment: bool = True
+    http_leases: dict[str, Lease] = field(default_factory=dict)
+    connect_concurrency: int = 64
+
+
+@dataclass(slots=True)
+class PhaseResult:
+    """What one worker saw in one phase."""
+
+    latencies: list[float]
+    errors: int
+
+
+class _GrpcHost:
+    """One host's channel and Lease stream."""
+
+    def __init__(self, host_id: str, address: str, pki_dir: Path) -> None:
+        self.host_id = host_id
+        creds = grpc.ssl_channel_credentials(
+            root_certificates=(pki_dir / "ca.pem").read_bytes(),
+            private_key=(pki_dir / f"host-{host_id}.key").read_bytes(),
+            certificate_chain=(pki_dir / f"host-{host_id}.pem").read_bytes(),
+        )
+        # A private subchannel pool: one TCP/TLS connection per simulated host, as in reality.
+        self.channel = grpc.aio.secure_channel(
+            address,
+            creds,
+            options=[
+                ("grpc.use_local_subchannel_pool", 1),
+                ("grpc.ssl_target_name_override", "localhost"),
+            ],
+        )
+        self.call: Any = None
+        self.lease: Lease | None = None
+        self.step = 0
+
+    async def connect(self) -> None:
+        self.call = lease_service_pb2_grpc.LeaseServiceStub(self.channel).Lease()
+        await self.call.write(
+            lease_pb.LeaseRequest(
+                hello=lease_pb.HostHello(
+                    devices=[
+                        types_pb2.Device(
+                            serial="phone-0", model="bench", state=types_pb2.DEVICE_STATE_ONLINE
+                        )
+                    ],
+                    agent_version="bench",
+                    planner_transport=types_pb2.PLANNER_TRANSPORT_DIRECT,
+                )
+            )
+        )
+        while True:
+            msg = await self.call.read()
+            if msg is grpc.aio.EOF:
+                raise RuntimeError(f"{self.host_id}: stream ended before welcome")
+            if msg.WhichOneof("kind") == "welcome":
+                return
+            self._take(msg)
+
+    def _take(self, msg: lease_pb.LeaseResponse) -> None:
+        if msg.WhichOneof("kind") == "assignment":
+            a = msg.assignment
+            self.lease = (a.task_id, a.attempt, a.lease_id)
+
+    async def wait_assignment(self) -> Lease:
+        while self.lease is None:
+            msg = await self.call.read()
+            if msg is grpc.aio.EOF:
+                raise RuntimeError(f"{self.host_id}: stream ended before an assignment")
+            self._take(msg)
+        return self.lease
+
+    async def renew(self) -> bool:
+        assert self.lease is not None
+        task_id, attempt, lease_id = self.lease
+        self.step += 1
+        await self.call.write(
+            lease_pb.LeaseRequest(
+                renewal=lease_pb.LeaseRenewal(
+                    task_id=task_id,
+                    attempt=attempt,
+                    lease_id=lease_id,
+                    progress=types_pb2.Progress(
+                        step_index=self.step,
+                        step_status=types_pb2.STEP_STATUS_ACTING,
+                        summary=f"step {self.step}: tapping Dark theme",
+                    ),
+                )
+            )
+        )
+        while True:
+            msg = await self.call.read()
+            if msg is grpc.aio.EOF:
+                raise RuntimeError(f"{self.host_id}: stream ended")
+            kind = msg.WhichOneof("kind")
+            if kind == "renewed":
+                return True
+            if kind in ("revoked", "rejected"):
+                return False
+
+    async def close(self) -> None:
+        if self.call is not None:
+            with contextlib.suppress(Exception):
+                await self.call.done_writing()
+            self.call.cancel()
+        await self.channel.close()
+
+
+class _HttpHost:
+    """One host of the old design: a JSON POST per renewal on a shared keep-alive pool."""
+
+    def __init__(self, host_id: str, client: Any, lease: Lease) -> None:
+        self.host_id = host_id
+        self.client = client
+        self.lease = lease
+        self.step = 0
+
+    async def renew(self) -> bool:
+        task_id, attempt, lease_id = self.lease
+        self.step += 1
+        response = await self.client.post(
+            "/renew",
+            json={
+                "host_id": self.host_id,
+                "task_id": task_id,
+                "attempt": attempt,
+                "lease_id": lease_id,
+                "progress": {
+                    "step_index": self.step,
+                    "step_status": int(types_pb2.STEP_STATUS_ACTING),
+                    "summary": f"step {self.step}: tapping Dark theme",
+                },
+            },
+        )
+        return response.status_code == 200 and bool(response.json().get("renewed"))
+
+    async def close(self) -> None:
+        return None
+
+
+async def _renew_loop(
+    host: _GrpcHost | _HttpHost, start: float, end: float, interval: float, out: PhaseResult
+) -> None:
+    next_t = start + (random.uniform(0, interval) if interval else 0.0)
+    while True:
+        now = time.perf_counter()
+        if next_t > now:
+            await asyncio.sleep(next_t - now)
+        t0 = time.perf_counter()
+        if t0 >= end:
+            return
+        try:
+            ok = await host.renew()
+        except Exception:
+            out.errors += 1
+            await asyncio.sleep(0.1)
+            ok = False
+        else:
+            if ok:
+                out.latencies.append(time.perf_counter() - t0)
+            else:
+                out.errors += 1
+        if interval:
+            next_t = max(next_t + interval, time.perf_counter())
+        else:
+            next_t = time.perf_counter()
+
+
+async def _get(ctrl: Any) -> Any:
+    """Next command from the parent, without blocking the event loop."""
+    while True:
+        try:
+            return ctrl.get_nowait()
+        except queue.Empty:
+            await asyncio.sleep(0.05)
+
+
+async def _worker(cfg: WorkerConfig, ctrl: Any, out: Any) -> None:
+    hosts: list[_GrpcHost | _HttpHost] = []
+    client: Any = None
+    failed = 0
+    if cfg.mode == "grpc":
+        grpc_hosts = [_GrpcHost(h, cfg.address, cfg.pki_dir) for h in cfg.host_ids]
+        gate = asyncio.Semaphore(cfg.connect_concurrency)
+
+        async def connect(h: _GrpcHost) -> bool:
+            async with gate:
+                try:
+                    await asyncio.wait_for(h.connect(), 120)
+                    return True
+                except Exception:
+                    return False
+
+        oks = await asyncio.gather(*(connect(h) for h in grpc_hosts))
+        live = [h for h, ok in zip(grpc_hosts, oks, strict=True) if ok]
+        for h, ok in zip(grpc_hosts, oks, strict=True):
+            if not ok:
+                await h.close()
+        hosts = list(live)
+        failed = len(grpc_hosts) - len(live)
+        out.put(("connected", cfg.worker_id, len(live), failed))
+        if cfg.wait_assignment:
+            got = await asyncio.gather(
+                *(asyncio.wait_for(h.wait_assignment(), 600) for h in live),
+                return_exceptions=True,
+            )
+            leases = {
+                h.host_id: g
+                for h, g in zip(live, got, strict=True)
+                if not isinstance(g, BaseException)
+            }
+            # Hosts without an assignment cannot renew; keep them connected but idle.
+            hosts = [h for h in live if h.host_id in leases] + [
+                h for h in live if h.host_id not in leases
+            ]
+            out.put(("assigned", cfg.worker_id, leases))
+    else:
+        import httpx
+
+        client = httpx.AsyncClient(
+            base_url=f"http://{cfg.address}",
+            limits=httpx.Limits(
+                max_connections=len(cfg.host_ids), max_keepalive_connections=len(cfg.host_ids)
+            ),
+            timeout=60,
+        )
+        http_hosts = [_HttpHost(h, client, cfg.http_leases[h]) for h in cfg.host_ids]
+        gate = asyncio.Semaphore(cfg.connect_concurrency)
+
+        async def warm(h: _HttpHost) -> bool:
+            async with gate:
+                try:
+                    return await h.renew()
+                except Exception:
+                    return False
+
+        oks = await asyncio.gather(*(warm(h) for h in http_hosts))
+        hosts = [h for h, ok in zip(http_hosts, oks, strict=True) if ok]
+        out.put(("connected", cfg.worker_id, len(hosts), len(http_hosts) - len(hosts)))
+    try:
+        while True:
+            command = await _get(ctrl)
+            if command[0] == "stop":
+                break
+            _, start_wall, duration, interval, active = command
+            start = time.perf_counter() + (start_wall - time.time())
+            result = PhaseResult([], 0)
+            await asyncio.gather(
+                *(_renew_loop(h, start, start + duration, interval, result) for h in hosts[:active])
+            )
+            out.put(("phase", cfg.worker_id, result))
+    finally:
+        await asyncio.gather(*(h.close() for h in hosts), return_exceptions=True)
+        if client is not None:
+            await client.aclose()
+        out.put(("stopped", cfg.worker_id))
+
+
+def _worker_main(cfg: WorkerConfig, ctrl: Any, out: Any) -> None:
+    asyncio.run(_worker(cfg, ctrl, out))
+
+
+class Fleet:
+    """A set of worker processes simulating hosts, driven from the benchmark process."""
+
+    def __init__(self, configs: Sequence[WorkerConfig]) -> None:
+        ctx = mp.get_context("spawn")
+        self._out: Any = ctx.Queue()
+        self._ctrls: list[Any] = [ctx.Queue() for _ in configs]
+        self._procs = [
+            ctx.Process(target=_worker_main, args=(c, q, self._out), daemon=True)
+            for c, q in zip(configs, self._ctrls, strict=True)
+        ]
+        self.size = sum(len(c.host_ids) for c in configs)
+        self.connected = 0
+        self.failed = 0
+        self.leases: dict[str, Lease] = {}
+        self._stash: list[tuple[Any, ...]] = []
+
+    def _expect(self, kind: str, timeout: float) -> list[tuple[Any, ...]]:
+        got = [m for m in self._stash if m[0] == kind]
+        self._stash = [m for m in self._stash if m[0] != kind]
+        deadline = time.monotonic() + timeout
+        while len(got) < len(self._procs):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(f"workers did not report {kind!r} in {timeout} s")
+            try:
+                msg = self._out.get(timeout=min(left, 1.0))
+            except queue.Empty:
+                if any(p.exitcode not in (None, 0) for p in self._procs):
+                    raise RuntimeError("a host worker process died") from None
+                continue
+            if msg[0] != kind:
+                # A faster worker is already one step ahead; keep its report for later.
+                self._stash.append(msg)
+                continue
+            got.append(msg)
+        return got
+
+    def start(self, timeout: float = 300) -> None:
+        """Start the workers and wait until every host is connected."""
+        for p in self._procs:
+            p.start()
+        for _, _, ok, failed in self._expect("connected", timeout):
+            self.connected += ok
+            self.failed += failed
+
+    def wait_assigned(self, timeout: float = 600) -> dict[str, Lease]:
+        """Wait until every worker's hosts hold an assignment; returns host id → lease."""
+        for msg in self._expect("assigned", timeout):
+            self.leases.update(msg[2])
+        return self.leases
+
+    def phase(
+        self, start_wall: float, duration: float, interval: float, active: int
+    ) -> PhaseResult:
+        """Run one renewal phase on every worker (blocking) and merge what they saw."""
+        for q in self._ctrls:
+            q.put(("phase", start_wall, duration, interval, active))
+        merged = PhaseResult([], 0)
+        for msg in self._expect("phase", duration + 120 + max(0.0, start_wall - time.time())):
+            merged.latencies.extend(msg[2].latencies)
+            merged.errors += msg[2].errors
+        return merged
+
+    def stop(self) -> None:
+        """Close every stream and end the workers."""
+        for q in self._ctrls:
+            with contextlib.suppress(Exception):
+                q.put(("stop",))
+        with contextlib.suppress(Exception):
+            self._expect("stopped", 60)
+        for p in self._procs:
+            p.join(10)
+            if p.is_alive():
+                p.kill()
+                p.join()
+
+
+def split(host_ids: Sequence[str], workers: int) -> list[list[str]]:
+    """Host ids dealt round-robin to `workers` lists (none empty)."""
+    workers = max(1, min(workers, len(host_ids)))
+    return [list(host_ids[i::workers]) for i in range(workers)]
+
+
+def host_ids(n: int, prefix: str = "sim") -> list[str]:
+    """Stable simulated host ids."""
+    return [f"{prefix}-{i:05d}" for i in range(n)]
