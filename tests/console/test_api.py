@@ -298,3 +298,32 @@ def test_events_of_an_unknown_task_say_not_found(gateway: str) -> None:
 def test_openapi_declares_the_bearer_scheme(anon: httpx.Client) -> None:
     schema = anon.get("/api/openapi.json").json()
     assert schema["components"]["securitySchemes"]["HTTPBearer"]["scheme"] == "bearer"
+
+
+def test_an_expired_lease_shows_as_the_next_attempt(
+    api: httpx.Client, anon: httpx.Client, make_host: HostFactory
+) -> None:
+    """The host stops renewing; the cloud expires the lease (5 s, its minimum) and hands out
+    attempt 2. The console shows "attempt 2 of 3" and attempt 1's last progress and reason."""
+    host = make_host()
+    goal = unique("Survive a lost lease")
+    body = {"goal": goal, "host_id": host.host_id, "lease_duration_s": 5}
+    task = api.post("/api/tasks", json=body).json()["task"]
+    first = host.assignment()
+    host.renew(first, 2, types_pb2.STEP_STATUS_ACTING, "tap 'Display'")
+    second = host.assignment()  # after the first lease ran out
+    assert second.attempt == 2
+
+    detail = api.get(f"/api/tasks/{task['task_id']}").json()
+    assert detail["task"]["attempt"] == 2
+    old = next(a for a in detail["task"]["attempts"] if a["attempt"] == 1)
+    assert old["status"] == "failed"
+    assert old["failure_reason"]
+    assert old["progress"]["step_index"] == 2
+    assert [h["attempt"] for h in detail["history"]] == [2, 1]
+
+    login(anon)
+    html = anon.get(f"/tasks/{task['task_id']}").text
+    assert "attempt 2 of 3" in html
+    assert old["failure_reason"] in html
+    assert "step 2 · acting · tap &#39;Display&#39;" in html

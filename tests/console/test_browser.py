@@ -83,6 +83,13 @@ def mark_no_reload(page: Page) -> None:
     page.evaluate("window.__amcNoReload = 'still here'")
 
 
+def screenshot(page: Page, name: str) -> None:
+    """Save a full-page screenshot when AMC_TEST_SCREENSHOTS names a folder (for eyeballing)."""
+    folder = os.environ.get("AMC_TEST_SCREENSHOTS")
+    if folder:
+        page.screenshot(path=str(Path(folder) / f"{name}.png"), full_page=True)
+
+
 def assert_not_reloaded(page: Page) -> None:
     assert page.evaluate("window.__amcNoReload") == "still here"
 
@@ -125,6 +132,7 @@ def test_running_task_badge_changes_without_reload(
     )
     expect(row.locator("[data-field=status]")).to_have_text("running")
     assert_not_reloaded(page)
+    screenshot(page, "tasks")
 
     page.click(f"text=Turn on dark theme {tag}")
     expect(page.locator("#live-state")).to_have_text("live", timeout=LIVE_MS)
@@ -221,9 +229,7 @@ def test_open_a_step_and_expand_its_thinking(
     prompts.locator("> summary").click()
     expect(prompts.locator("pre").first).to_have_text("system prompt text")
 
-    shots = os.environ.get("AMC_TEST_SCREENSHOTS")
-    if shots:
-        page.screenshot(path=str(Path(shots) / "task-detail.png"), full_page=True)
+    screenshot(page, "task-detail")
 
 
 def test_direct_transport_task_says_why_history_is_empty(
@@ -248,6 +254,7 @@ def test_cancel_a_running_task_with_confirmation(
     page.goto(f"{gateway}/tasks/{task.task_id}")
     page.click("text=Cancel task…")
     expect(page.locator("h1")).to_have_text("Cancel this task?")
+    screenshot(page, "cancel")
     page.fill("input[name=reason]", "wrong phone")
     page.click("text=Yes, cancel the task")
 
@@ -304,6 +311,7 @@ def test_fleet_shows_hosts_phones_and_transport(
     expect(card).to_contain_text("connected")
     expect(card).to_contain_text("planner: direct")
     expect(card.locator("td").first).to_have_text("emu-1")
+    screenshot(page, "fleet")
 
 
 def test_new_task_appears_on_the_first_page_without_reload(
