@@ -11,6 +11,7 @@ import struct
 import zipfile
 
 from host.devices.virtual.apps.launcher import LAUNCHER_PACKAGE
+from host.devices.virtual.phone import IdleStateError
 from host.devices.virtual.shell import Output, Shell, tool
 
 ACTION_PAGES = {
@@ -134,7 +135,10 @@ def _uiautomator(sh: Shell, args: list[str], stdin: bytes) -> Output:
         return Output().err("Usage: uiautomator <subcommand> [options]\n", 1)
     files = [a for a in args[1:] if not a.startswith("-")]
     target = files[0] if files else "/sdcard/window_dump.xml"
-    xml = sh.phone.dump_hierarchy().encode()
+    try:
+        xml = sh.phone.dump_hierarchy().encode()
+    except IdleStateError:
+        return Output().err("ERROR: could not get idle state.\n")
     result = Output()
     if target == "/dev/tty":
         result.out(xml)

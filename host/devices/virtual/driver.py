@@ -7,7 +7,7 @@ It behaves like the adb drivers where it matters to the agent loop: an unplugged
 from __future__ import annotations
 
 from host.devices.base import DeviceError, DeviceGone, KeyName
-from host.devices.virtual.phone import VirtualPhone
+from host.devices.virtual.phone import IdleStateError, VirtualPhone
 
 _KEYS: dict[str, str] = {"back": "KEYCODE_BACK", "home": "KEYCODE_HOME", "enter": "KEYCODE_ENTER"}
 
@@ -39,7 +39,10 @@ class VirtualDriver:
         return self._check().screenshot_png()
 
     def dump_hierarchy(self) -> str:
-        return self._check().dump_hierarchy()
+        try:
+            return self._check().dump_hierarchy()
+        except IdleStateError as exc:
+            raise DeviceError(f"uiautomator dump failed on {self.serial}: {exc}") from exc
 
     def tap(self, x: int, y: int) -> None:
         self._check().tap(int(x), int(y))

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import Callable
-from typing import Protocol
+from typing import Literal, Protocol
 
 from PIL import Image
 
@@ -27,6 +27,13 @@ from host.devices.virtual.state import Page, PhoneState
 from host.devices.virtual.widgets import NAV_BAR_H, STATUS_BAR_H, Geometry, window
 
 LONG_PRESS_MS = 500
+
+
+DumpGlitch = Literal["empty", "idle"]
+
+
+class IdleStateError(Exception):
+    """The hierarchy could not be dumped because the screen never settled."""
 
 
 class TcpService(Protocol):
@@ -67,6 +74,7 @@ class VirtualPhone:
         self.installed: set[str] = set()  # packages installed at run time (e.g. an IME)
         self.extra_settings: dict[str, str] = {}  # "namespace/key" -> value for `settings`
         self.clipboard = ""
+        self._dump_glitches: list[DumpGlitch] = []
 
     # --- identity and connection -------------------------------------------------------------
 
@@ -167,8 +175,21 @@ class VirtualPhone:
         return render.png_bytes(self.screenshot())
 
     def dump_hierarchy(self) -> str:
+        """The uiautomator XML of the screen, or a queued glitch (see `glitch_dumps`)."""
         with self._lock:
+            glitch = self._dump_glitches.pop(0) if self._dump_glitches else None
+            if glitch == "idle":
+                raise IdleStateError("could not get idle state")
+            if glitch == "empty":
+                return hierarchy.XML_HEADER + '<hierarchy rotation="0" />'
             return hierarchy.dump_xml(self.screen(), self._foreground)
+
+    def glitch_dumps(self, kind: DumpGlitch, count: int = 1) -> None:
+        """Make the next `count` dumps fail the way real ones do while the screen settles:
+        "empty" gives `<hierarchy rotation="0" />`, "idle" fails with "could not get idle
+        state". For testing the retry logic of whoever reads the dumps."""
+        with self._lock:
+            self._dump_glitches.extend([kind] * count)
 
     def find(self, text: str) -> Node | None:
         """The first visible node whose text or content-desc is `text` (for scripts and tests)."""

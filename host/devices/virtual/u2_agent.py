@@ -17,7 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 from host.devices.virtual.layout import Node
-from host.devices.virtual.phone import VirtualPhone
+from host.devices.virtual.phone import IdleStateError, VirtualPhone
 from host.devices.virtual.shell import Output, Shell, tool
 
 MAIN_CLASS = "com.wetest.uia2.Main"
@@ -188,7 +188,10 @@ class U2Agent:
 
     def dump(self, compressed: bool = False, max_depth: int = 50, *rest: Any) -> str:
         del compressed, max_depth, rest
-        return self.phone.dump_hierarchy()
+        try:
+            return self.phone.dump_hierarchy()
+        except IdleStateError:
+            return ""  # what the real agent answers when it cannot get a settled screen
 
     def screenshot(self, scale: float = 1.0, quality: int = 80) -> str:
         img = self.phone.screenshot()

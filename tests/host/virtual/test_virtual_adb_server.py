@@ -277,3 +277,15 @@ def test_cable_pulled_on_the_phone_itself(client: adbutils.AdbClient, phone: Vir
     assert set(after) == {"virt-1", "virt-2"}
     assert after["virt-1"] != before["virt-1"]  # a reconnect is a new transport
     assert client.device("virt-1").shell("echo ok") == "ok"
+
+
+def test_dump_glitches_look_like_a_settling_screen(
+    device: adbutils.AdbDevice, phone: VirtualPhone
+) -> None:
+    phone.glitch_dumps("idle")
+    out = device.shell("uiautomator dump /sdcard/x.xml")
+    assert out == "ERROR: could not get idle state."
+    phone.glitch_dumps("empty", count=2)
+    assert device.dump_hierarchy().endswith('<hierarchy rotation="0" />')
+    assert device.dump_hierarchy().endswith('<hierarchy rotation="0" />')
+    assert len(ET.fromstring(device.dump_hierarchy())) == 1  # back to normal

@@ -64,3 +64,12 @@ def test_errors_and_unplug() -> None:
         driver.tap(1, 1)
     phone.replug()
     assert driver.current_app() == "com.android.launcher3"
+
+
+def test_unsettled_screen_dump_is_a_device_error() -> None:
+    phone = VirtualPhone("v")
+    driver = VirtualDriver(phone)
+    phone.glitch_dumps("idle")
+    with pytest.raises(DeviceError, match="idle state"):
+        driver.dump_hierarchy()
+    assert driver.dump_hierarchy().startswith("<?xml")
