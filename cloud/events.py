@@ -1,0 +1,260 @@
+"""Change events between the parts of one replica, and across replicas through PostgreSQL.
+
+Three kinds of event travel: "these tasks changed" (watchers reload them), "tasks are queued"
+(dispatchers look for idle phones), and "revoke this lease" (the replica holding the host's stream
+tells the host). In one process they are delivered directly; on PostgreSQL every replica also
+LISTENs on one channel and the publisher NOTIFYs it, batched into a few NOTIFY calls per
+flush so a burst of renewals costs a handful of round trips, not one each.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+from sqlalchemy import func, select
+from sqlalchemy.engine import make_url
+
+from cloud.store.database import Store
+
+log = logging.getLogger(__name__)
+
+CHANNEL = "amc_events"
+_MAX_PAYLOAD = 7000  # PostgreSQL refuses NOTIFY payloads of 8000 bytes or more.
+
+
+@dataclass(frozen=True, slots=True)
+class RevokeEvent:
+    """Tell `host_id` (wherever its stream is) to stop an attempt."""
+
+    host_id: str
+    task_id: str
+    attempt: int
+    lease_id: str
+    reason: int
+    message: str
+    device_serial: str = ""
+    # True when the attempt already ended in the store (expiry, deadline): the phone is free.
+    ended: bool = False
+
+
+class Subscription:
+    """A watcher's mailbox of changed task ids: coalesces, never overflows."""
+
+    def __init__(self, bus: EventBus) -> None:
+        self._bus = bus
+        self._pending: set[str] = set()
+        self._event = asyncio.Event()
+
+    def _offer(self, task_ids: list[str]) -> None:
+        self._pending.update(task_ids)
+        self._event.set()
+
+    async def next(self) -> set[str]:
+        """Wait for changes; return every task id changed since the last call."""
+        await self._event.wait()
+        self._event.clear()
+        out, self._pending = self._pending, set()
+        return out
+
+    def close(self) -> None:
+        """Stop receiving."""
+        self._bus._subs.discard(self)
+
+
+class EventBus:
+    """In-process fan-out plus, on PostgreSQL, LISTEN/NOTIFY between replicas."""
+
+    def __init__(self, store: Store, replica_id: str | None = None) -> None:
+        self.store = store
+        self.replica_id = replica_id or uuid.uuid4().hex[:12]
+        self._subs: set[Subscription] = set()
+        self.on_queued: list[Callable[[], None]] = []
+        self.on_revoke: list[Callable[[RevokeEvent], None]] = []
+        self._outbox: list[dict[str, Any]] = []
+        self._outbox_event = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+        self._listen_ready = asyncio.Event()
+
+    # ---- publishing -------------------------------------------------------------------------
+
+    def subscribe(self) -> Subscription:
+        """A new mailbox for task changes."""
+        sub = Subscription(self)
+        self._subs.add(sub)
+        return sub
+
+    def tasks_changed(self, task_ids: list[str]) -> None:
+        """Tasks changed (status, progress, attempt)."""
+        if not task_ids:
+            return
+        self._deliver_changed(task_ids)
+        self._remote({"k": "t", "ids": task_ids})
+
+    def tasks_queued(self) -> None:
+        """Work is waiting: dispatchers should look for idle phones."""
+        self._deliver_queued()
+        self._remote({"k": "q"})
+
+    def revoke(self, event: RevokeEvent) -> None:
+        """Ask whichever replica holds the host's stream to revoke a lease."""
+        self._deliver_revoke(event)
+        self._remote(
+            {
+                "k": "v",
+                "h": event.host_id,
+                "t": event.task_id,
+                "a": event.attempt,
+                "l": event.lease_id,
+                "why": event.reason,
+                "m": event.message,
+                "d": event.device_serial,
+                "e": event.ended,
+            }
+        )
+
+    def _deliver_changed(self, task_ids: list[str]) -> None:
+        for sub in list(self._subs):
+            sub._offer(task_ids)
+
+    def _deliver_queued(self) -> None:
+        for cb in self.on_queued:
+            cb()
+
+    def _deliver_revoke(self, event: RevokeEvent) -> None:
+        for cb in self.on_revoke:
+            cb(event)
+
+    def _remote(self, message: dict[str, Any]) -> None:
+        if not self.store.is_postgres:
+            return
+        self._outbox.append(message)
+        self._outbox_event.set()
+
+    # ---- cross-replica ----------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Start LISTEN and the NOTIFY flusher (PostgreSQL only)."""
+        if not self.store.is_postgres:
+            return
+        self._tasks.append(asyncio.create_task(self._listen(), name="events-listen"))
+        self._tasks.append(asyncio.create_task(self._flush_loop(), name="events-notify"))
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._listen_ready.wait(), 10)
+
+    async def stop(self) -> None:
+        """Stop background tasks (pending notifications are flushed first)."""
+        if self._outbox:
+            with contextlib.suppress(Exception):
+                await self._flush()
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        self._tasks.clear()
+
+    def _payloads(self, messages: list[dict[str, Any]]) -> list[str]:
+        """Group messages into NOTIFY payloads below the size limit (task ids merged)."""
+        ids: list[str] = []
+        others: list[dict[str, Any]] = []
+        queued = False
+        for m in messages:
+            if m["k"] == "t":
+                ids.extend(m["ids"])
+            elif m["k"] == "q":
+                queued = True
+            else:
+                others.append(m)
+        if queued:
+            others.append({"k": "q"})
+        chunks: list[dict[str, Any]] = []
+        unique = list(dict.fromkeys(ids))
+        step = 150  # 150 ids of 32 chars stay well below the payload limit
+        for i in range(0, len(unique), step):
+            chunks.append({"k": "t", "ids": unique[i : i + step]})
+        out: list[str] = []
+        batch: list[dict[str, Any]] = []
+        size = 0
+        for m in chunks + others:
+            text = json.dumps(m, separators=(",", ":"))
+            if batch and size + len(text) > _MAX_PAYLOAD:
+                out.append(json.dumps({"r": self.replica_id, "m": batch}, separators=(",", ":")))
+                batch, size = [], 0
+            batch.append(m)
+            size += len(text) + 1
+        if batch:
+            out.append(json.dumps({"r": self.replica_id, "m": batch}, separators=(",", ":")))
+        return out
+
+    async def _flush(self) -> None:
+        messages, self._outbox = self._outbox, []
+        payloads = self._payloads(messages)
+        if not payloads:
+            return
+        async with self.store.engine.connect() as conn:
+            for payload in payloads:
+                await conn.execute(select(func.pg_notify(CHANNEL, payload)))
+            await conn.commit()
+
+    async def _flush_loop(self) -> None:
+        while True:
+            await self._outbox_event.wait()
+            self._outbox_event.clear()
+            await asyncio.sleep(0.005)  # let a burst gather into one flush
+            try:
+                await self._flush()
+            except Exception:
+                log.exception("NOTIFY failed; remote replicas will catch up on their next tick")
+
+    async def _listen(self) -> None:
+        url = make_url(self.store.engine.url).set(drivername="postgresql")
+        dsn = url.render_as_string(hide_password=False)
+        while True:
+            try:
+                async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+                    await conn.execute(f"LISTEN {CHANNEL}")
+                    self._listen_ready.set()
+                    # After a reconnect anything may have been missed: wake everyone once.
+                    self._deliver_queued()
+                    async for note in conn.notifies():
+                        self._on_notify(note.payload)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("LISTEN connection lost; reconnecting")
+                await asyncio.sleep(1.0)
+
+    def _on_notify(self, payload: str) -> None:
+        try:
+            data = json.loads(payload)
+        except ValueError:
+            return
+        if data.get("r") == self.replica_id:
+            return
+        for m in data.get("m", []):
+            kind = m.get("k")
+            if kind == "t":
+                self._deliver_changed([str(i) for i in m.get("ids", [])])
+            elif kind == "q":
+                self._deliver_queued()
+            elif kind == "v":
+                self._deliver_revoke(
+                    RevokeEvent(
+                        str(m["h"]),
+                        str(m["t"]),
+                        int(m["a"]),
+                        str(m["l"]),
+                        int(m["why"]),
+                        str(m.get("m", "")),
+                        str(m.get("d", "")),
+                        bool(m.get("e", False)),
+                    )
+                )

@@ -1,0 +1,1 @@
+"""The lease protocol: host streams, push dispatch, coalesced renewals, expiry sweeps."""

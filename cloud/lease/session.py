@@ -1,0 +1,64 @@
+"""One connected host as this replica sees it: its outbox and which of its phones are busy."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import uuid
+from dataclasses import dataclass, field
+
+import grpc
+
+from amc.v1 import lease_service_pb2 as lease_pb
+from amc.v1 import types_pb2
+
+
+@dataclass(slots=True)
+class Closing:
+    """Why the stream is being ended by the server."""
+
+    code: grpc.StatusCode
+    message: str
+
+
+@dataclass(eq=False)
+class HostSession:
+    """State of one open Lease stream.
+
+    `busy` is a hint of the phones with a live attempt, kept in step with the store by claims,
+    results, sweeps and a periodic resync; the store's unique index is the real guard.
+    """
+
+    host_id: str
+    planner_transport: int
+    devices: dict[str, int] = field(default_factory=dict)
+    busy: set[str] = field(default_factory=set)
+    stream_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    outbox: asyncio.Queue[lease_pb.LeaseResponse | Closing] = field(default_factory=asyncio.Queue)
+    dispatch_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    dispatch_pending: bool = False
+    closed: bool = False
+    last_seen: dt.datetime = field(default_factory=lambda: dt.datetime.now(dt.UTC))
+
+    def set_devices(self, devices: list[types_pb2.Device]) -> None:
+        """Replace the phone list."""
+        self.devices = {d.serial: int(d.state) for d in devices}
+
+    def idle_serials(self) -> list[str]:
+        """Online phones without a live attempt, in a stable order."""
+        return sorted(
+            s
+            for s, state in self.devices.items()
+            if state == types_pb2.DEVICE_STATE_ONLINE and s not in self.busy
+        )
+
+    def send(self, message: lease_pb.LeaseResponse) -> None:
+        """Queue a message for the host (dropped once the stream is closing)."""
+        if not self.closed:
+            self.outbox.put_nowait(message)
+
+    def close(self, code: grpc.StatusCode, message: str) -> None:
+        """End the stream with `code` after what is already queued."""
+        if not self.closed:
+            self.closed = True
+            self.outbox.put_nowait(Closing(code, message))

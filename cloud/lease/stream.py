@@ -1,0 +1,167 @@
+"""LeaseService.Lease: one bidirectional stream per host, identity from the client certificate.
+
+The handler reads in one task and writes in the other (no thread): the reader validates and
+handles each host message in order, the writer drains the session's outbox, into which the reader,
+the dispatcher and revocations all put messages.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+import grpc
+
+from amc.v1 import lease_service_pb2 as lease_pb
+from amc.v1 import lease_service_pb2_grpc
+from cloud.identity import peer_caller
+from cloud.lease import validate
+from cloud.lease.manager import LeaseManager
+from cloud.lease.session import Closing, HostSession
+
+log = logging.getLogger(__name__)
+
+_INVALID = grpc.StatusCode.INVALID_ARGUMENT.value[0]
+
+
+def _rejected(message: str, task_id: str = "") -> lease_pb.LeaseResponse:
+    return lease_pb.LeaseResponse(
+        rejected=lease_pb.Rejected(code=_INVALID, message=message, task_id=task_id)
+    )
+
+
+class LeaseServicer(lease_service_pb2_grpc.LeaseServiceServicer):
+    """Serves the host streams of this replica."""
+
+    def __init__(self, manager: LeaseManager, *, insecure: bool = False) -> None:
+        self._manager = manager
+        self._insecure = insecure
+
+    async def Lease(
+        self,
+        request_iterator: object,
+        context: grpc.aio.ServicerContext[lease_pb.LeaseRequest, lease_pb.LeaseResponse],
+    ) -> None:
+        caller = peer_caller(context, insecure=self._insecure)
+        if caller is None or caller.kind != "host":
+            await context.abort(
+                grpc.StatusCode.PERMISSION_DENIED,
+                "a host certificate (amc://host/<id>) is required",
+            )
+            return
+        self._manager.stream_started()
+        try:
+            await self._serve(caller.name, context)
+        finally:
+            self._manager.stream_finished()
+
+    async def _serve(
+        self,
+        host_id: str,
+        context: grpc.aio.ServicerContext[lease_pb.LeaseRequest, lease_pb.LeaseResponse],
+    ) -> None:
+        hello = await self._await_hello(context)
+        if hello is None:
+            return
+        session = await self._manager.open(host_id, hello)
+        reader = asyncio.create_task(self._read(session, context), name=f"lease-read-{host_id}")
+        try:
+            while True:
+                item = await session.outbox.get()
+                if isinstance(item, Closing):
+                    reader.cancel()
+                    if item.code != grpc.StatusCode.OK:
+                        await context.abort(item.code, item.message)
+                    return
+                await context.write(item)
+        finally:
+            reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await reader
+            await self._manager.closed(session)
+
+    async def _await_hello(
+        self, context: grpc.aio.ServicerContext[lease_pb.LeaseRequest, lease_pb.LeaseResponse]
+    ) -> lease_pb.HostHello | None:
+        while True:
+            msg = await context.read()
+            if msg is grpc.aio.EOF:
+                return None
+            assert isinstance(msg, lease_pb.LeaseRequest)
+            if msg.WhichOneof("kind") != "hello":
+                await context.abort(
+                    grpc.StatusCode.FAILED_PRECONDITION, "the first message must be a hello"
+                )
+                return None
+            problem = validate.hello(msg.hello)
+            if problem is None:
+                return msg.hello
+            await context.write(_rejected(problem))
+
+    async def _read(
+        self,
+        session: HostSession,
+        context: grpc.aio.ServicerContext[lease_pb.LeaseRequest, lease_pb.LeaseResponse],
+    ) -> None:
+        manager = self._manager
+        try:
+            while True:
+                msg = await context.read()
+                if msg is grpc.aio.EOF:
+                    break
+                assert isinstance(msg, lease_pb.LeaseRequest)
+                manager.touch(session)
+                try:
+                    await self._handle(session, msg)
+                except asyncio.CancelledError:
+                    raise
+                except Exception:
+                    log.exception("handling a message from %s failed", session.host_id)
+                    session.send(
+                        lease_pb.LeaseResponse(
+                            rejected=lease_pb.Rejected(
+                                code=grpc.StatusCode.UNAVAILABLE.value[0],
+                                message="internal error; retry",
+                            )
+                        )
+                    )
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # the transport broke
+            log.debug("stream of %s ended: %s", session.host_id, exc)
+        # End of the host's side: finish the writer too.
+        session.close(grpc.StatusCode.OK, "")
+
+    async def _handle(self, session: HostSession, msg: lease_pb.LeaseRequest) -> None:
+        kind = msg.WhichOneof("kind")
+        manager = self._manager
+        if kind == "renewal":
+            problem = validate.renewal(msg.renewal)
+            if problem:
+                session.send(_rejected(problem, msg.renewal.task_id))
+                return
+            session.send(await manager.renew(session, msg.renewal))
+        elif kind == "result":
+            problem = validate.result(msg.result)
+            if problem:
+                session.send(_rejected(problem, msg.result.task_id))
+                return
+            session.send(await manager.result(session, msg.result))
+        elif kind == "device_update":
+            problem = validate.device_update(msg.device_update)
+            if problem:
+                session.send(_rejected(problem))
+                return
+            await manager.device_update(session, msg.device_update)
+        elif kind == "hello":
+            session.send(
+                lease_pb.LeaseResponse(
+                    rejected=lease_pb.Rejected(
+                        code=grpc.StatusCode.FAILED_PRECONDITION.value[0],
+                        message="hello: only the first message may be a hello",
+                    )
+                )
+            )
+        else:
+            session.send(_rejected("kind: exactly one of hello, renewal, result, device_update"))

@@ -1,0 +1,95 @@
+"""Checks of host messages. Each returns None or a message that names the offending field."""
+
+from __future__ import annotations
+
+from amc.v1 import lease_service_pb2 as lease_pb
+from amc.v1 import types_pb2
+
+MAX_DEVICES = 256
+MAX_ID = 128
+MAX_RESULT_SUMMARY = 2000
+_TERMINAL = (
+    types_pb2.TASK_STATUS_SUCCEEDED,
+    types_pb2.TASK_STATUS_FAILED,
+    types_pb2.TASK_STATUS_CANCELLED,
+)
+
+
+def _devices(devices: list[types_pb2.Device], field: str) -> str | None:
+    if len(devices) > MAX_DEVICES:
+        return f"{field}: at most {MAX_DEVICES} devices, got {len(devices)}"
+    seen: set[str] = set()
+    for i, d in enumerate(devices):
+        if not d.serial:
+            return f"{field}[{i}].serial: required"
+        if len(d.serial) > MAX_ID:
+            return f"{field}[{i}].serial: at most {MAX_ID} characters"
+        if d.serial in seen:
+            return f"{field}[{i}].serial: duplicate serial {d.serial!r}"
+        seen.add(d.serial)
+    return None
+
+
+def _lease_ref(prefix: str, task_id: str, attempt: int, lease_id: str) -> str | None:
+    if not task_id:
+        return f"{prefix}.task_id: required"
+    if len(task_id) > MAX_ID:
+        return f"{prefix}.task_id: at most {MAX_ID} characters"
+    if attempt < 1:
+        return f"{prefix}.attempt: must be >= 1"
+    if not lease_id:
+        return f"{prefix}.lease_id: required"
+    if len(lease_id) > MAX_ID:
+        return f"{prefix}.lease_id: at most {MAX_ID} characters"
+    return None
+
+
+def _progress(field: str, p: types_pb2.Progress) -> str | None:
+    if p.step_index < 0:
+        return f"{field}.step_index: must be >= 0"
+    if p.step_status not in types_pb2.StepStatus.values():
+        return f"{field}.step_status: unknown value {p.step_status}"
+    return None
+
+
+def hello(msg: lease_pb.HostHello) -> str | None:
+    """A hello's devices and held assignments."""
+    problem = _devices(list(msg.devices), "hello.devices")
+    if problem:
+        return problem
+    if len(msg.agent_version) > MAX_ID:
+        return f"hello.agent_version: at most {MAX_ID} characters"
+    for i, h in enumerate(msg.held_assignments):
+        problem = _lease_ref(f"hello.held_assignments[{i}]", h.task_id, h.attempt, h.lease_id)
+        if problem:
+            return problem
+    return None
+
+
+def device_update(msg: lease_pb.DeviceUpdate) -> str | None:
+    """A device update's list."""
+    return _devices(list(msg.devices), "device_update.devices")
+
+
+def renewal(msg: lease_pb.LeaseRenewal) -> str | None:
+    """A renewal's lease reference and progress (a long summary is truncated, not refused)."""
+    problem = _lease_ref("renewal", msg.task_id, msg.attempt, msg.lease_id)
+    if problem:
+        return problem
+    if msg.HasField("progress"):
+        return _progress("renewal.progress", msg.progress)
+    return None
+
+
+def result(msg: lease_pb.TaskResult) -> str | None:
+    """A result's lease reference, terminal status and summary size."""
+    problem = _lease_ref("result", msg.task_id, msg.attempt, msg.lease_id)
+    if problem:
+        return problem
+    if msg.status not in _TERMINAL:
+        return "result.status: must be SUCCEEDED, FAILED or CANCELLED"
+    if len(msg.summary) > MAX_RESULT_SUMMARY:
+        return f"result.summary: at most {MAX_RESULT_SUMMARY} characters"
+    if msg.HasField("final_progress"):
+        return _progress("result.final_progress", msg.final_progress)
+    return None

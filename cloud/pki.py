@@ -1,0 +1,245 @@
+"""The fleet's certificates: one CA, a server certificate, host and operator client certificates.
+
+Identity lives in the certificate, never in a message field: a host certificate carries the SAN URI
+`amc://host/<id>`, an operator certificate `amc://operator/<name>`. File names in a PKI directory
+are fixed (`ca.pem`, `server.pem`, `server.key`, `host-<id>.pem`, ...) so every part of the system
+finds them without configuration.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import ipaddress
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+HOST_URI_PREFIX = "amc://host/"
+OPERATOR_URI_PREFIX = "amc://operator/"
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+
+CA_FILE = "ca.pem"
+CA_KEY_FILE = "ca.key"
+SERVER_CERT_FILE = "server.pem"
+SERVER_KEY_FILE = "server.key"
+
+
+def host_files(host_id: str) -> tuple[str, str]:
+    """(certificate, key) file names of a host."""
+    return f"host-{host_id}.pem", f"host-{host_id}.key"
+
+
+def operator_files(name: str) -> tuple[str, str]:
+    """(certificate, key) file names of an operator."""
+    return f"operator-{name}.pem", f"operator-{name}.key"
+
+
+def validate_name(name: str, what: str) -> str:
+    """Host ids and operator names end up in URIs and file names, so they are kept plain."""
+    if not _NAME_RE.match(name):
+        raise ValueError(f"{what} must match {_NAME_RE.pattern!r}, got {name!r}")
+    return name
+
+
+@dataclass(frozen=True, slots=True)
+class CertPair:
+    """PEM bytes of a certificate and its private key."""
+
+    cert_pem: bytes
+    key_pem: bytes
+
+
+def _new_key() -> ec.EllipticCurvePrivateKey:
+    return ec.generate_private_key(ec.SECP256R1())
+
+
+def _key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
+    return key.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption(),
+    )
+
+
+def _now() -> dt.datetime:
+    return dt.datetime.now(dt.UTC)
+
+
+def create_ca(common_name: str = "amc fleet CA", days: int = 3650) -> CertPair:
+    """A self-signed CA that signs every server and client certificate of one fleet."""
+    key = _new_key()
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
+    now = _now()
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - dt.timedelta(minutes=5))
+        .not_valid_after(now + dt.timedelta(days=days))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=True,
+                content_commitment=False,
+                key_encipherment=False,
+                data_encipherment=False,
+                key_agreement=False,
+                key_cert_sign=True,
+                crl_sign=True,
+                encipher_only=False,
+                decipher_only=False,
+            ),
+            critical=True,
+        )
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
+        .sign(key, hashes.SHA256())
+    )
+    return CertPair(cert.public_bytes(serialization.Encoding.PEM), _key_pem(key))
+
+
+def _issue(
+    ca: CertPair,
+    common_name: str,
+    sans: list[x509.GeneralName],
+    usage: list[x509.ObjectIdentifier],
+    days: int,
+) -> CertPair:
+    ca_cert = x509.load_pem_x509_certificate(ca.cert_pem)
+    ca_key = serialization.load_pem_private_key(ca.key_pem, password=None)
+    if not isinstance(ca_key, ec.EllipticCurvePrivateKey):
+        raise TypeError("the fleet CA key must be an EC key")
+    key = _new_key()
+    now = _now()
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)]))
+        .issuer_name(ca_cert.subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - dt.timedelta(minutes=5))
+        .not_valid_after(now + dt.timedelta(days=days))
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(x509.SubjectAlternativeName(sans), critical=False)
+        .add_extension(x509.ExtendedKeyUsage(usage), critical=False)
+        .add_extension(
+            x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False
+        )
+        .sign(ca_key, hashes.SHA256())
+    )
+    return CertPair(cert.public_bytes(serialization.Encoding.PEM), _key_pem(key))
+
+
+def create_server_cert(
+    ca: CertPair, extra_names: list[str] | None = None, days: int = 825
+) -> CertPair:
+    """Server certificate for `localhost` and 127.0.0.1 plus any extra DNS names or IPs."""
+    sans: list[x509.GeneralName] = [
+        x509.DNSName("localhost"),
+        x509.IPAddress(ipaddress.ip_address("127.0.0.1")),
+    ]
+    for name in extra_names or []:
+        try:
+            sans.append(x509.IPAddress(ipaddress.ip_address(name)))
+        except ValueError:
+            sans.append(x509.DNSName(name))
+    return _issue(ca, "amc cloud", sans, [ExtendedKeyUsageOID.SERVER_AUTH], days)
+
+
+def create_host_cert(ca: CertPair, host_id: str, days: int = 365) -> CertPair:
+    """Client certificate whose only identity is the SAN URI `amc://host/<host_id>`."""
+    validate_name(host_id, "host id")
+    sans: list[x509.GeneralName] = [x509.UniformResourceIdentifier(HOST_URI_PREFIX + host_id)]
+    return _issue(ca, f"host {host_id}", sans, [ExtendedKeyUsageOID.CLIENT_AUTH], days)
+
+
+def create_operator_cert(ca: CertPair, name: str, days: int = 365) -> CertPair:
+    """Client certificate whose only identity is the SAN URI `amc://operator/<name>`."""
+    validate_name(name, "operator name")
+    sans: list[x509.GeneralName] = [x509.UniformResourceIdentifier(OPERATOR_URI_PREFIX + name)]
+    return _issue(ca, f"operator {name}", sans, [ExtendedKeyUsageOID.CLIENT_AUTH], days)
+
+
+def _write(directory: Path, cert_name: str, key_name: str, pair: CertPair) -> None:
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / cert_name).write_bytes(pair.cert_pem)
+    key_path = directory / key_name
+    # Create the key file with owner-only permissions from the start.
+    fd = os.open(key_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(pair.key_pem)
+
+
+def load_ca(directory: Path) -> CertPair:
+    """Read the CA (certificate and key) from a PKI directory."""
+    return CertPair((directory / CA_FILE).read_bytes(), (directory / CA_KEY_FILE).read_bytes())
+
+
+def init_ca(directory: Path, *, overwrite: bool = False) -> CertPair:
+    """Create the fleet CA in `directory` (keeps an existing one unless `overwrite`)."""
+    if (directory / CA_FILE).exists() and (directory / CA_KEY_FILE).exists() and not overwrite:
+        return load_ca(directory)
+    ca = create_ca()
+    _write(directory, CA_FILE, CA_KEY_FILE, ca)
+    return ca
+
+
+def write_server_cert(directory: Path, extra_names: list[str] | None = None) -> Path:
+    """Issue `server.pem`/`server.key` from the CA in `directory`; returns the certificate path."""
+    pair = create_server_cert(load_ca(directory), extra_names)
+    _write(directory, SERVER_CERT_FILE, SERVER_KEY_FILE, pair)
+    return directory / SERVER_CERT_FILE
+
+
+def write_host_cert(directory: Path, host_id: str) -> Path:
+    """Issue `host-<id>.pem`/`.key` from the CA in `directory`; returns the certificate path."""
+    cert_name, key_name = host_files(host_id)
+    _write(directory, cert_name, key_name, create_host_cert(load_ca(directory), host_id))
+    return directory / cert_name
+
+
+def write_operator_cert(directory: Path, name: str) -> Path:
+    """Issue `operator-<name>.pem`/`.key` from the CA in `directory`; returns the cert path."""
+    cert_name, key_name = operator_files(name)
+    _write(directory, cert_name, key_name, create_operator_cert(load_ca(directory), name))
+    return directory / cert_name
+
+
+def ensure_embedded_pki(
+    data_dir: Path,
+    host_ids: list[str],
+    operator: str = "local",
+    extra_server_names: list[str] | None = None,
+) -> Path:
+    """Make (once) everything the embedded stack needs under `data_dir/pki` and return that dir.
+
+    Existing files are kept, so restarting the embedded stack keeps its identities; missing host or
+    operator certificates are added.
+    """
+    directory = data_dir / "pki"
+    init_ca(directory)
+    if not (directory / SERVER_CERT_FILE).exists():
+        write_server_cert(directory, extra_server_names)
+    for host_id in host_ids:
+        if not (directory / host_files(host_id)[0]).exists():
+            write_host_cert(directory, host_id)
+    if not (directory / operator_files(operator)[0]).exists():
+        write_operator_cert(directory, operator)
+    return directory
+
+
+def uri_sans(cert_pem: bytes) -> list[str]:
+    """The URI entries of a certificate's subject alternative names."""
+    cert = x509.load_pem_x509_certificate(cert_pem)
+    try:
+        ext = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName)
+    except x509.ExtensionNotFound:
+        return []
+    return list(ext.value.get_values_for_type(x509.UniformResourceIdentifier))

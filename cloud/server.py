@@ -1,0 +1,299 @@
+"""One cloud replica: a grpc.aio server with every service, its background jobs, and `serve()`.
+
+`build_server(settings)` gives a `CloudServer` that binds at construction (so `.port` is known,
+also for port 0), starts with `start()` (migrations, LISTEN, dispatcher, sweeper, retention), and
+stops with `stop(grace)`: health goes NOT_SERVING first, host streams are ended with UNAVAILABLE
+so hosts reconnect to another replica, then in-flight RPCs get `grace` seconds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime as dt
+import importlib.util
+import ipaddress
+import logging
+import signal
+from typing import Any
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from amc.v1 import (
+    decision_log_service_pb2,
+    decision_log_service_pb2_grpc,
+    fleet_service_pb2,
+    fleet_service_pb2_grpc,
+    lease_service_pb2,
+    lease_service_pb2_grpc,
+    planner_service_pb2,
+    planner_service_pb2_grpc,
+    progress_service_pb2,
+    progress_service_pb2_grpc,
+    task_service_pb2,
+    task_service_pb2_grpc,
+)
+from cloud.events import EventBus
+from cloud.identity import peer_caller
+from cloud.lease.manager import LeaseManager
+from cloud.lease.stream import LeaseServicer
+from cloud.services.auth import require
+from cloud.services.decision_log_service import DecisionLogServicer
+from cloud.services.fleet_service import FleetServicer
+from cloud.services.progress_service import ProgressServicer
+from cloud.services.task_service import TaskServicer
+from cloud.settings import CloudSettings
+from cloud.store import decisions
+from cloud.store.database import Store
+from cloud.store.engine import upgrade
+from cloud.store.ports import StoreDecisionSink, StoreLeaseGate
+
+log = logging.getLogger(__name__)
+
+SERVICE_NAMES = (
+    task_service_pb2.DESCRIPTOR.services_by_name["TaskService"].full_name,
+    lease_service_pb2.DESCRIPTOR.services_by_name["LeaseService"].full_name,
+    progress_service_pb2.DESCRIPTOR.services_by_name["ProgressService"].full_name,
+    fleet_service_pb2.DESCRIPTOR.services_by_name["FleetService"].full_name,
+    decision_log_service_pb2.DESCRIPTOR.services_by_name["DecisionLogService"].full_name,
+    planner_service_pb2.DESCRIPTOR.services_by_name["PlannerService"].full_name,
+)
+
+
+def _is_loopback(address: str) -> bool:
+    host = address.rsplit(":", 1)[0].strip("[]")
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def server_options(settings: CloudSettings) -> list[tuple[str, Any]]:
+    """Keepalive, connection age and message size options of the grpc server."""
+    ms = lambda seconds: int(seconds * 1000)  # noqa: E731
+    return [
+        ("grpc.keepalive_time_ms", ms(settings.keepalive_time_seconds)),
+        ("grpc.keepalive_timeout_ms", ms(settings.keepalive_timeout_seconds)),
+        ("grpc.keepalive_permit_without_calls", 1),
+        (
+            "grpc.http2.min_ping_interval_without_data_ms",
+            ms(settings.min_client_ping_interval_seconds),
+        ),
+        ("grpc.http2.max_pings_without_data", 0),
+        ("grpc.max_connection_age_ms", ms(settings.max_connection_age_seconds)),
+        ("grpc.max_connection_age_grace_ms", ms(settings.max_connection_age_grace_seconds)),
+        ("grpc.max_receive_message_length", settings.max_message_bytes),
+        ("grpc.max_send_message_length", settings.max_message_bytes),
+        ("grpc.so_reuseport", 0),
+    ]
+
+
+def server_credentials(settings: CloudSettings) -> grpc.ServerCredentials:
+    """mTLS: the fleet CA must have signed the client's certificate."""
+    ca, cert, key = settings.tls_paths()
+    return grpc.ssl_server_credentials(
+        [(key.read_bytes(), cert.read_bytes())],
+        root_certificates=ca.read_bytes(),
+        require_client_auth=True,
+    )
+
+
+class _HostOnlyPlanner(planner_service_pb2_grpc.PlannerServiceServicer):
+    """Refuses operator certificates before the planner servicer sees the call."""
+
+    def __init__(self, inner: Any, insecure: bool) -> None:
+        self._inner = inner
+        self._insecure = insecure
+
+    async def Decide(
+        self,
+        request: planner_service_pb2.DecideRequest,
+        context: grpc.aio.ServicerContext[Any, Any],
+    ) -> planner_service_pb2.DecideResponse:
+        await require(context, "host", insecure=self._insecure)
+        response: planner_service_pb2.DecideResponse = await self._inner.Decide(request, context)
+        return response
+
+
+def planner_service_available() -> bool:
+    """Whether `planner/service.py` is installed (the planner is built by another part)."""
+    return importlib.util.find_spec("planner.service") is not None
+
+
+def build_planner_servicer(
+    store: Store, settings: CloudSettings
+) -> tuple[planner_service_pb2_grpc.PlannerServiceServicer, Any] | None:
+    """The planner servicer on the cloud's ports, or None when the planner is not there."""
+    if not planner_service_available():
+        return None
+    from planner.planner import make_planner
+    from planner.service import PlannerServicer
+
+    insecure = settings.insecure
+
+    def caller_host_id(context: grpc.aio.ServicerContext[Any, Any]) -> str:
+        caller = peer_caller(context, insecure=insecure)
+        return caller.name if caller is not None and caller.kind == "host" else ""
+
+    planner = make_planner()
+    inner = PlannerServicer(
+        caller_host_id=caller_host_id,
+        lease_gate=StoreLeaseGate(store),
+        sink=StoreDecisionSink(store),
+        planner=planner,
+    )
+    return _HostOnlyPlanner(inner, insecure), planner
+
+
+class CloudServer:
+    """A bound, not yet started, cloud replica."""
+
+    def __init__(self, settings: CloudSettings, store: Store | None = None) -> None:
+        self.settings = settings
+        self.store = store or Store.from_url(settings.database_url)
+        self._own_store = store is None
+        self.bus = EventBus(self.store)
+        self.leases = LeaseManager(self.store, self.bus, settings)
+        self.health = health.aio.HealthServicer()
+        self.server = grpc.aio.server(options=server_options(settings))
+        self._planner: Any = None
+        self._jobs: list[asyncio.Task[None]] = []
+        self._started = False
+        self._stopped = False
+        self._add_services()
+        self.port = self._bind()
+
+    def _add_services(self) -> None:
+        s, store, bus = self.settings, self.store, self.bus
+        task_service_pb2_grpc.add_TaskServiceServicer_to_server(
+            TaskServicer(store, bus, s), self.server
+        )
+        lease_service_pb2_grpc.add_LeaseServiceServicer_to_server(
+            LeaseServicer(self.leases, insecure=s.insecure), self.server
+        )
+        progress_service_pb2_grpc.add_ProgressServiceServicer_to_server(
+            ProgressServicer(store, bus, s), self.server
+        )
+        fleet_service_pb2_grpc.add_FleetServiceServicer_to_server(
+            FleetServicer(store, s), self.server
+        )
+        decision_log_service_pb2_grpc.add_DecisionLogServiceServicer_to_server(
+            DecisionLogServicer(store, s), self.server
+        )
+        built = build_planner_servicer(store, s)
+        if built is not None:
+            planner_servicer, self._planner = built
+            planner_service_pb2_grpc.add_PlannerServiceServicer_to_server(
+                planner_servicer, self.server
+            )
+        # Without planner/service.py the PlannerService is simply not registered: UNIMPLEMENTED.
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
+        reflection.enable_server_reflection(
+            (*SERVICE_NAMES, health.SERVICE_NAME, reflection.SERVICE_NAME), self.server
+        )
+
+    def _bind(self) -> int:
+        address = self.settings.listen_address
+        if self.settings.insecure:
+            if not _is_loopback(address):
+                raise ValueError(f"plaintext is only allowed on loopback, not {address!r}")
+            return self.server.add_insecure_port(address)
+        return self.server.add_secure_port(address, server_credentials(self.settings))
+
+    @property
+    def address(self) -> str:
+        """host:port clients should dial."""
+        host = self.settings.listen_address.rsplit(":", 1)[0]
+        if host in ("0.0.0.0", "[::]", ""):
+            host = "127.0.0.1"
+        return f"{host}:{self.port}"
+
+    async def start(self) -> None:
+        """Migrate, start background jobs and serve."""
+        if self.settings.migrate_on_start:
+            await upgrade(self.store.engine)
+        await self.bus.start()
+        self.leases.start()
+        self._jobs.append(asyncio.create_task(self._retention_loop(), name="retention"))
+        await self.server.start()
+        for name in ("", *SERVICE_NAMES):
+            await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
+        self._started = True
+
+    async def stop(self, grace: float | None = None) -> None:
+        """NOT_SERVING first, then end host streams, then stop the server within `grace`."""
+        if self._stopped:
+            return
+        self._stopped = True
+        grace = self.settings.shutdown_grace_seconds if grace is None else grace
+        await self.health.enter_graceful_shutdown()
+        self.leases.close_all(grpc.StatusCode.UNAVAILABLE, "server shutting down; reconnect")
+        await self.leases.wait_streams_closed(max(grace, 1.0))
+        await self.server.stop(grace)
+        for job in self._jobs:
+            job.cancel()
+        for job in self._jobs:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await job
+        await self.leases.stop()
+        await self.bus.stop()
+        if self._planner is not None and hasattr(self._planner, "aclose"):
+            with contextlib.suppress(Exception):
+                await self._planner.aclose()
+        if self._own_store:
+            await self.store.close()
+
+    async def wait(self) -> None:
+        """Until the server terminates."""
+        await self.server.wait_for_termination()
+
+    async def prune_decisions(self) -> int:
+        """One retention pass (also run on a schedule)."""
+        return await decisions.prune(
+            self.store,
+            dt.timedelta(days=self.settings.retention_days),
+            batch_size=self.settings.retention_batch_size,
+        )
+
+    async def _retention_loop(self) -> None:
+        while True:
+            try:
+                removed = await self.prune_decisions()
+                if removed:
+                    log.info("retention removed %d decisions", removed)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("retention pass failed")
+            await asyncio.sleep(self.settings.retention_interval_seconds)
+
+
+async def build_server(
+    settings: CloudSettings | None = None, store: Store | None = None
+) -> CloudServer:
+    """A bound cloud replica (call `start()`); `store` lets tests share one engine."""
+    return CloudServer(settings or CloudSettings(), store)
+
+
+async def serve(settings: CloudSettings | None = None) -> None:
+    """Run one replica until SIGINT/SIGTERM, then shut down gracefully."""
+    server = await build_server(settings)
+    await server.start()
+    log.info("amc cloud listening on %s", server.address)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(sig, stop.set)
+    waiter = asyncio.create_task(server.wait())
+    stopper = asyncio.create_task(stop.wait())
+    await asyncio.wait({waiter, stopper}, return_when=asyncio.FIRST_COMPLETED)
+    await server.stop()
+    for t in (waiter, stopper):
+        t.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await t

@@ -1,0 +1,1 @@
+"""The operator-facing gRPC services (tasks, progress, fleet, decision log) and their auth."""

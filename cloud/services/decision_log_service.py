@@ -1,0 +1,61 @@
+"""DecisionLogService: the durable per-step planner record. Operators only."""
+
+from __future__ import annotations
+
+import grpc
+
+from amc.v1 import decision_log_service_pb2 as pb
+from amc.v1 import decision_log_service_pb2_grpc
+from cloud.services.auth import abort, require
+from cloud.settings import CloudSettings
+from cloud.store import convert, decisions
+from cloud.store.database import Store
+
+
+class DecisionLogServicer(decision_log_service_pb2_grpc.DecisionLogServiceServicer):
+    """List and get decisions."""
+
+    def __init__(self, store: Store, settings: CloudSettings) -> None:
+        self._store = store
+        self._settings = settings
+
+    async def ListDecisions(
+        self,
+        request: pb.ListDecisionsRequest,
+        context: grpc.aio.ServicerContext[pb.ListDecisionsRequest, pb.ListDecisionsResponse],
+    ) -> pb.ListDecisionsResponse:
+        await require(context, "operator", insecure=self._settings.insecure)
+        if not request.task_id:
+            await abort(context, grpc.StatusCode.INVALID_ARGUMENT, "task_id: required")
+        if request.attempt < 0:
+            await abort(context, grpc.StatusCode.INVALID_ARGUMENT, "attempt: must be >= 0")
+        if not 0 <= request.page_size <= 500:
+            await abort(context, grpc.StatusCode.INVALID_ARGUMENT, "page_size: 0 to 500")
+        try:
+            rows, token = await decisions.list_page(
+                self._store,
+                request.task_id,
+                request.attempt,
+                request.page_size or 100,
+                request.page_token,
+            )
+        except ValueError as exc:
+            await abort(context, grpc.StatusCode.INVALID_ARGUMENT, f"page_token: {exc}")
+        return pb.ListDecisionsResponse(
+            decisions=[convert.decision(r) for r in rows], next_page_token=token
+        )
+
+    async def GetDecision(
+        self,
+        request: pb.GetDecisionRequest,
+        context: grpc.aio.ServicerContext[pb.GetDecisionRequest, pb.GetDecisionResponse],
+    ) -> pb.GetDecisionResponse:
+        await require(context, "operator", insecure=self._settings.insecure)
+        if not request.decision_id:
+            await abort(context, grpc.StatusCode.INVALID_ARGUMENT, "decision_id: required")
+        row = await decisions.get(self._store, request.decision_id)
+        if row is None:
+            await abort(
+                context, grpc.StatusCode.NOT_FOUND, f"decision {request.decision_id} not found"
+            )
+        return pb.GetDecisionResponse(decision=convert.decision(row))

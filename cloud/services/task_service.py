@@ -1,0 +1,150 @@
+"""TaskService: submit (idempotent), get, list, cancel. Operators only."""
+
+from __future__ import annotations
+
+import grpc
+
+from amc.v1 import lease_service_pb2 as lease_pb
+from amc.v1 import task_service_pb2 as pb
+from amc.v1 import task_service_pb2_grpc, types_pb2
+from cloud.events import EventBus, RevokeEvent
+from cloud.lease.validate import MAX_ID
+from cloud.services.auth import abort, require
+from cloud.settings import CloudSettings
+from cloud.store import convert, states, tasks
+from cloud.store.database import Store
+
+MAX_GOAL = 2000
+MAX_REQUEST_ID = 128
+MAX_REASON = 500
+MAX_ATTEMPTS = 20
+
+Ctx = grpc.aio.ServicerContext
+
+
+class TaskServicer(task_service_pb2_grpc.TaskServiceServicer):
+    """Operators' view of tasks."""
+
+    def __init__(self, store: Store, bus: EventBus, settings: CloudSettings) -> None:
+        self._store = store
+        self._bus = bus
+        self._settings = settings
+
+    def _spec(self, r: pb.SubmitTaskRequest) -> tasks.NewTask | str:
+        s = self._settings
+        if not r.goal.strip():
+            return "goal: required"
+        if len(r.goal) > MAX_GOAL:
+            return f"goal: at most {MAX_GOAL} characters"
+        if not 0 <= r.max_attempts <= MAX_ATTEMPTS:
+            return f"max_attempts: 0 (default) to {MAX_ATTEMPTS}"
+        lease = s.default_lease_seconds
+        if r.HasField("lease_duration"):
+            lease = r.lease_duration.ToTimedelta().total_seconds()
+            if not s.min_lease_seconds <= lease <= s.max_lease_seconds:
+                return f"lease_duration: {s.min_lease_seconds:g} s to {s.max_lease_seconds:g} s"
+        timeout = s.default_timeout_seconds
+        if r.HasField("timeout"):
+            timeout = r.timeout.ToTimedelta().total_seconds()
+            if timeout <= 0:
+                return "timeout: must be positive"
+        if len(r.client_request_id) > MAX_REQUEST_ID:
+            return f"client_request_id: at most {MAX_REQUEST_ID} characters"
+        if len(r.target.host_id) > MAX_ID:
+            return f"target.host_id: at most {MAX_ID} characters"
+        if len(r.target.device_serial) > MAX_ID:
+            return f"target.device_serial: at most {MAX_ID} characters"
+        return tasks.NewTask(
+            goal=r.goal,
+            max_attempts=r.max_attempts or s.default_max_attempts,
+            lease_seconds=lease,
+            timeout_seconds=timeout,
+            target_host_id=r.target.host_id or None,
+            target_device_serial=r.target.device_serial or None,
+            client_request_id=r.client_request_id or None,
+        )
+
+    async def SubmitTask(
+        self,
+        request: pb.SubmitTaskRequest,
+        context: Ctx[pb.SubmitTaskRequest, pb.SubmitTaskResponse],
+    ) -> pb.SubmitTaskResponse:
+        await require(context, "operator", insecure=self._settings.insecure)
+        spec = self._spec(request)
+        if isinstance(spec, str):
+            await abort(context, grpc.StatusCode.INVALID_ARGUMENT, spec)
+        view, deduplicated = await tasks.submit(self._store, spec)
+        if not deduplicated:
+            self._bus.tasks_changed([view.task.task_id])
+            self._bus.tasks_queued()
+        return pb.SubmitTaskResponse(
+            task=convert.task(view, with_attempts=True), deduplicated=deduplicated
+        )
+
+    async def GetTask(
+        self, request: pb.GetTaskRequest, context: Ctx[pb.GetTaskRequest, pb.GetTaskResponse]
+    ) -> pb.GetTaskResponse:
+        await require(context, "operator", insecure=self._settings.insecure)
+        if not request.task_id:
+            await abort(context, grpc.StatusCode.INVALID_ARGUMENT, "task_id: required")
+        view = await tasks.get(self._store, request.task_id)
+        if view is None:
+            await abort(context, grpc.StatusCode.NOT_FOUND, f"task {request.task_id} not found")
+        return pb.GetTaskResponse(task=convert.task(view, with_attempts=True))
+
+    async def ListTasks(
+        self, request: pb.ListTasksRequest, context: Ctx[pb.ListTasksRequest, pb.ListTasksResponse]
+    ) -> pb.ListTasksResponse:
+        await require(context, "operator", insecure=self._settings.insecure)
+        if not 0 <= request.page_size <= 500:
+            await abort(context, grpc.StatusCode.INVALID_ARGUMENT, "page_size: 0 to 500")
+        try:
+            statuses = tuple(states.from_proto(s) for s in request.statuses)
+        except ValueError:
+            await abort(context, grpc.StatusCode.INVALID_ARGUMENT, "statuses: unspecified status")
+        flt = tasks.TaskFilter(statuses, request.host_id, request.query)
+        try:
+            views, token = await tasks.list_page(
+                self._store, flt, request.page_size or 50, request.page_token
+            )
+        except ValueError as exc:
+            await abort(context, grpc.StatusCode.INVALID_ARGUMENT, f"page_token: {exc}")
+        return pb.ListTasksResponse(
+            tasks=[convert.task(v, with_attempts=False) for v in views], next_page_token=token
+        )
+
+    async def CancelTask(
+        self,
+        request: pb.CancelTaskRequest,
+        context: Ctx[pb.CancelTaskRequest, pb.CancelTaskResponse],
+    ) -> pb.CancelTaskResponse:
+        await require(context, "operator", insecure=self._settings.insecure)
+        if not request.task_id:
+            await abort(context, grpc.StatusCode.INVALID_ARGUMENT, "task_id: required")
+        if len(request.reason) > MAX_REASON:
+            await abort(
+                context,
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"reason: at most {MAX_REASON} characters",
+            )
+        out = await tasks.cancel(self._store, request.task_id, request.reason)
+        if out.view is None:
+            await abort(context, grpc.StatusCode.NOT_FOUND, f"task {request.task_id} not found")
+        if out.already_ended:
+            status = types_pb2.TaskStatus.Name(states.to_proto(out.view.task.status))
+            await abort(
+                context, grpc.StatusCode.FAILED_PRECONDITION, f"task already ended ({status})"
+            )
+        if out.revoke is not None:
+            self._bus.revoke(
+                RevokeEvent(
+                    out.revoke.host_id,
+                    out.revoke.task_id,
+                    out.revoke.attempt,
+                    out.revoke.lease_id,
+                    lease_pb.REVOKE_REASON_CANCELLED,
+                    out.view.task.cancel_reason or "cancelled",
+                )
+            )
+        self._bus.tasks_changed([request.task_id])
+        return pb.CancelTaskResponse(task=convert.task(out.view, with_attempts=True))

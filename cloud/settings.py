@@ -1,0 +1,66 @@
+"""Settings of a cloud replica (env prefix `AMC_CLOUD_`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class CloudSettings(BaseSettings):
+    """Everything a cloud replica reads at start. Durations are in seconds."""
+
+    model_config = SettingsConfigDict(env_prefix="AMC_CLOUD_", extra="ignore")
+
+    database_url: str = "sqlite+aiosqlite:///amc-cloud.sqlite3"
+    listen_address: str = "127.0.0.1:50051"
+    # mTLS material; pki_dir fills in any path left empty using the standard file names.
+    pki_dir: Path | None = None
+    ca_cert: Path | None = None
+    server_cert: Path | None = None
+    server_key: Path | None = None
+    # Plaintext, allowed only on a loopback listen address. Never the default.
+    insecure: bool = False
+
+    # Task and lease defaults (per task overridable through SubmitTask).
+    default_lease_seconds: float = Field(30.0, gt=0)
+    min_lease_seconds: float = Field(5.0, gt=0)
+    max_lease_seconds: float = Field(3600.0, gt=0)
+    default_max_attempts: int = Field(3, ge=1, le=20)
+    default_timeout_seconds: float = Field(3600.0, gt=0)
+
+    # Background jobs.
+    sweep_interval_seconds: float = Field(1.0, gt=0)
+    dispatch_interval_seconds: float = Field(2.0, gt=0)
+    renewal_batch_window_seconds: float = Field(0.005, ge=0)
+    renewal_batch_max: int = Field(500, ge=1)
+    host_heartbeat_seconds: float = Field(10.0, gt=0)
+    retention_days: float = Field(7.0, gt=0)
+    retention_interval_seconds: float = Field(3600.0, gt=0)
+    retention_batch_size: int = Field(1000, ge=1)
+
+    # Transport liveness (separate from leases).
+    keepalive_time_seconds: float = Field(30.0, gt=0)
+    keepalive_timeout_seconds: float = Field(10.0, gt=0)
+    min_client_ping_interval_seconds: float = Field(10.0, gt=0)
+    max_connection_age_seconds: float = Field(1800.0, gt=0)
+    max_connection_age_grace_seconds: float = Field(60.0, gt=0)
+    max_message_bytes: int = Field(16 * 1024 * 1024, gt=0)
+    shutdown_grace_seconds: float = Field(5.0, ge=0)
+
+    # Migrations at start (the CLI may run them separately and turn this off).
+    migrate_on_start: bool = True
+
+    def tls_paths(self) -> tuple[Path, Path, Path]:
+        """(ca, server cert, server key), filled from `pki_dir` where not given explicitly."""
+        base = self.pki_dir
+        ca = self.ca_cert or (base / "ca.pem" if base else None)
+        cert = self.server_cert or (base / "server.pem" if base else None)
+        key = self.server_key or (base / "server.key" if base else None)
+        if ca is None or cert is None or key is None:
+            raise ValueError(
+                "mTLS needs AMC_CLOUD_PKI_DIR or AMC_CLOUD_CA_CERT, AMC_CLOUD_SERVER_CERT and "
+                "AMC_CLOUD_SERVER_KEY (plaintext only with AMC_CLOUD_INSECURE=1 on loopback)"
+            )
+        return ca, cert, key

@@ -1,0 +1,105 @@
+"""Async engine creation and migrations for SQLite (embedded) and PostgreSQL (deployments)."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+from alembic import command
+from alembic.config import Config
+from sqlalchemy import Connection, event
+from sqlalchemy.engine import make_url
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+
+import migrations
+
+SQLITE_BUSY_TIMEOUT_MS = 10_000
+
+
+def normalize_url(url: str) -> str:
+    """Accept plain `sqlite:///`/`postgresql://` URLs and pick the async drivers we ship."""
+    parsed = make_url(url)
+    if parsed.drivername in ("sqlite", "sqlite+pysqlite"):
+        parsed = parsed.set(drivername="sqlite+aiosqlite")
+    elif parsed.drivername in ("postgresql", "postgres", "postgresql+psycopg2"):
+        parsed = parsed.set(drivername="postgresql+psycopg")
+    return parsed.render_as_string(hide_password=False)
+
+
+def _sqlite_on_connect(dbapi_connection: Any, _record: Any) -> None:
+    cursor = dbapi_connection.cursor()
+    cursor.execute("PRAGMA journal_mode=WAL")
+    cursor.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
+    cursor.execute("PRAGMA synchronous=NORMAL")
+    cursor.execute("PRAGMA foreign_keys=ON")
+    cursor.close()
+
+
+def create_engine(url: str) -> AsyncEngine:
+    """Async engine with SQLite set to WAL + busy timeout, or a pooled psycopg 3 engine."""
+    url = normalize_url(url)
+    if url.startswith("sqlite"):
+        parsed = make_url(url)
+        if parsed.database and parsed.database != ":memory:":
+            Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
+        engine = create_async_engine(url, pool_size=8, max_overflow=8)
+        event.listen(engine.sync_engine, "connect", _sqlite_on_connect)
+        return engine
+    return create_async_engine(url, pool_size=10, max_overflow=20, pool_pre_ping=True)
+
+
+def alembic_config(url: str | None = None) -> Config:
+    """Alembic configured in code: the scripts are the `migrations` package; no alembic.ini."""
+    cfg = Config()
+    cfg.set_main_option("script_location", str(Path(migrations.__file__).parent))
+    if url is not None:
+        # ConfigParser interpolation: a literal % must be doubled.
+        cfg.set_main_option("sqlalchemy.url", normalize_url(url).replace("%", "%%"))
+    return cfg
+
+
+def _run_with_connection(connection: Connection, action: str, revision: str) -> None:
+    cfg = alembic_config()
+    cfg.attributes["connection"] = connection
+    if action == "upgrade":
+        command.upgrade(cfg, revision)
+    elif action == "downgrade":
+        command.downgrade(cfg, revision)
+    elif action == "check":
+        command.check(cfg)
+    else:  # pragma: no cover - programming error
+        raise ValueError(action)
+
+
+async def _run(engine: AsyncEngine, action: str, revision: str) -> None:
+    async with engine.begin() as conn:
+        await conn.run_sync(_run_with_connection, action, revision)
+
+
+async def upgrade(engine: AsyncEngine, revision: str = "head") -> None:
+    """`alembic upgrade` on the engine's database (runs at server start)."""
+    await _run(engine, "upgrade", revision)
+
+
+async def downgrade(engine: AsyncEngine, revision: str = "base") -> None:
+    """`alembic downgrade` on the engine's database."""
+    await _run(engine, "downgrade", revision)
+
+
+async def check(engine: AsyncEngine) -> None:
+    """`alembic check`: raises when the models and the migrated schema differ."""
+    await _run(engine, "check", "head")
+
+
+def upgrade_sync(url: str, revision: str = "head") -> None:
+    """Blocking helper for CLIs that migrate before serving."""
+
+    async def go() -> None:
+        engine = create_engine(url)
+        try:
+            await upgrade(engine, revision)
+        finally:
+            await engine.dispose()
+
+    asyncio.run(go())

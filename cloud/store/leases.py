@@ -1,0 +1,609 @@
+"""Lease queries: claim, fenced renewal and result, expiry and deadline sweeps, liveness checks.
+
+Every state change that a host may attempt with a stale lease is a single conditional UPDATE whose
+WHERE clause is the fence (`task AND attempt AND lease_id AND host AND not ended AND expires_at >
+now`): a stale host matches no row and changes nothing, whatever replica it talks to.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import uuid
+from dataclasses import dataclass
+
+from sqlalchemy import ColumnElement, exists, select, update
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from amc.v1 import lease_service_pb2 as lease_pb
+from amc.v1 import types_pb2
+from cloud.store import states
+from cloud.store.database import Store
+from cloud.store.models import AttemptRow, TaskRow
+
+SUMMARY_LIMIT = 200
+ELLIPSIS = "…"
+
+RevokeReason = lease_pb.RevokeReason.ValueType
+
+
+def truncate_summary(text: str) -> str:
+    """At most 200 characters; longer summaries end in an ellipsis (never rejected)."""
+    if len(text) <= SUMMARY_LIMIT:
+        return text
+    return text[: SUMMARY_LIMIT - 1] + ELLIPSIS
+
+
+@dataclass(frozen=True, slots=True)
+class ProgressIn:
+    """A progress snapshot as the host reported it (summary already truncated)."""
+
+    step_index: int
+    step_status: int
+    summary: str
+
+    @classmethod
+    def from_proto(cls, p: types_pb2.Progress) -> ProgressIn:
+        return cls(p.step_index, int(p.step_status), truncate_summary(p.summary))
+
+
+@dataclass(frozen=True, slots=True)
+class Claimed:
+    """A fresh lease: what the Assignment message needs."""
+
+    task_id: str
+    attempt: int
+    lease_id: str
+    device_serial: str
+    goal: str
+    lease_expires_at: dt.datetime
+    lease_seconds: float
+    deadline: dt.datetime
+    last_progress: AttemptRow | None
+
+
+def _live_fence(
+    host_id: str, task_id: str, attempt: int, lease_id: str, now: dt.datetime
+) -> list[ColumnElement[bool]]:
+    return [
+        AttemptRow.task_id == task_id,
+        AttemptRow.attempt == attempt,
+        AttemptRow.lease_id == lease_id,
+        AttemptRow.host_id == host_id,
+        AttemptRow.ended_at.is_(None),
+        AttemptRow.lease_expires_at > now,
+    ]
+
+
+async def _previous_progress(session: AsyncSession, task_id: str) -> AttemptRow | None:
+    return await session.scalar(
+        select(AttemptRow)
+        .where(AttemptRow.task_id == task_id, AttemptRow.progress_updated_at.is_not(None))
+        .order_by(AttemptRow.attempt.desc())
+        .limit(1)
+    )
+
+
+async def claim(
+    store: Store, host_id: str, idle_serials: list[str], planner_transport: int
+) -> Claimed | None:
+    """Hand the oldest matching queued task to one of `idle_serials` of `host_id`, or None.
+
+    On PostgreSQL the candidate row is locked with FOR UPDATE SKIP LOCKED, so replicas claiming at
+    once pick different tasks; the UPDATE re-checks `status = QUEUED` either way, and a unique
+    index allows one live attempt per phone. A device-targeted task only goes to that device.
+    """
+    if not idle_serials:
+        return None
+    now = store.now()
+    try:
+        async with store.write() as session:
+            candidate = (
+                await session.execute(
+                    select(TaskRow.task_id, TaskRow.target_device_serial)
+                    .where(
+                        TaskRow.status == states.QUEUED,
+                        TaskRow.cancel_requested.is_(False),
+                        TaskRow.deadline > now,
+                        (TaskRow.target_host_id.is_(None)) | (TaskRow.target_host_id == host_id),
+                        (TaskRow.target_device_serial.is_(None))
+                        | (TaskRow.target_device_serial.in_(idle_serials)),
+                    )
+                    .order_by(TaskRow.created_at, TaskRow.task_id)
+                    .limit(1)
+                    .with_for_update(skip_locked=True)
+                )
+            ).first()
+            if candidate is None:
+                return None
+            task_id, target_serial = candidate
+            serial = target_serial or idle_serials[0]
+            claimed = (
+                await session.execute(
+                    update(TaskRow)
+                    .where(TaskRow.task_id == task_id, TaskRow.status == states.QUEUED)
+                    .values(
+                        status=states.ASSIGNED,
+                        attempt=TaskRow.attempt + 1,
+                        host_id=host_id,
+                        device_serial=serial,
+                        updated_at=now,
+                    )
+                    .returning(
+                        TaskRow.attempt, TaskRow.goal, TaskRow.lease_seconds, TaskRow.deadline
+                    )
+                )
+            ).first()
+            if claimed is None:
+                return None
+            attempt, goal, lease_seconds, deadline = claimed
+            previous = await _previous_progress(session, task_id)
+            expires = now + dt.timedelta(seconds=lease_seconds)
+            lease_id = uuid.uuid4().hex
+            session.add(
+                AttemptRow(
+                    task_id=task_id,
+                    attempt=attempt,
+                    host_id=host_id,
+                    device_serial=serial,
+                    lease_id=lease_id,
+                    lease_expires_at=expires,
+                    status=states.ASSIGNED,
+                    planner_transport=planner_transport,
+                    started_at=now,
+                )
+            )
+            await session.flush()
+    except IntegrityError:
+        # The phone already has a live attempt (another stream of this host got there first).
+        return None
+    return Claimed(
+        task_id=task_id,
+        attempt=attempt,
+        lease_id=lease_id,
+        device_serial=serial,
+        goal=goal,
+        lease_expires_at=expires,
+        lease_seconds=lease_seconds,
+        deadline=deadline,
+        last_progress=previous,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class RenewalIn:
+    """One renewal to write."""
+
+    host_id: str
+    task_id: str
+    attempt: int
+    lease_id: str
+    progress: ProgressIn | None
+
+
+@dataclass(frozen=True, slots=True)
+class RenewalOut:
+    """Outcome: a new expiry, or the reason the lease is gone."""
+
+    expires_at: dt.datetime | None
+    revoke_reason: RevokeReason = lease_pb.REVOKE_REASON_UNSPECIFIED
+    message: str = ""
+
+
+async def renew_batch(store: Store, items: list[RenewalIn]) -> list[RenewalOut]:
+    """Write many renewals in one transaction, each fenced by its own conditional UPDATE.
+
+    A renewal of a task whose cancel was requested is not extended (the host is revoked instead),
+    so a cancelled task ends at the latest when its current lease runs out.
+    """
+    now = store.now()
+    out: list[RenewalOut] = []
+    renewed_tasks: list[str] = []
+    async with store.write() as session:
+        rows = await session.execute(
+            select(TaskRow.task_id, TaskRow.lease_seconds).where(
+                TaskRow.task_id.in_({i.task_id for i in items})
+            )
+        )
+        lease_by_task: dict[str, float] = {task_id: seconds for task_id, seconds in rows}
+        for item in items:
+            seconds = lease_by_task.get(item.task_id)
+            if seconds is None:
+                out.append(RenewalOut(None, lease_pb.REVOKE_REASON_UNKNOWN, "unknown task"))
+                continue
+            expires = now + dt.timedelta(seconds=seconds)
+            values: dict[str, object] = {"lease_expires_at": expires, "status": states.RUNNING}
+            if item.progress is not None:
+                values.update(
+                    step_index=item.progress.step_index,
+                    step_status=item.progress.step_status,
+                    summary=item.progress.summary,
+                    progress_updated_at=now,
+                )
+            not_cancelled = ~exists().where(
+                TaskRow.task_id == AttemptRow.task_id, TaskRow.cancel_requested.is_(True)
+            )
+            row = (
+                await session.execute(
+                    update(AttemptRow)
+                    .where(
+                        *_live_fence(item.host_id, item.task_id, item.attempt, item.lease_id, now),
+                        not_cancelled,
+                    )
+                    .values(**values)
+                    .returning(AttemptRow.id)
+                )
+            ).first()
+            if row is not None:
+                out.append(RenewalOut(expires))
+                renewed_tasks.append(item.task_id)
+            else:
+                reason, message = await _classify(
+                    session, item.host_id, item.task_id, item.attempt, item.lease_id, now
+                )
+                out.append(RenewalOut(None, reason, message))
+        if renewed_tasks:
+            await session.execute(
+                update(TaskRow)
+                .where(TaskRow.task_id.in_(renewed_tasks), TaskRow.status == states.ASSIGNED)
+                .values(status=states.RUNNING)
+            )
+            await session.execute(
+                update(TaskRow).where(TaskRow.task_id.in_(renewed_tasks)).values(updated_at=now)
+            )
+    return out
+
+
+async def _classify(
+    session: AsyncSession,
+    host_id: str,
+    task_id: str,
+    attempt: int,
+    lease_id: str,
+    now: dt.datetime,
+) -> tuple[RevokeReason, str]:
+    """Why (task, attempt, lease) is not the caller's live lease."""
+    task = await session.scalar(select(TaskRow).where(TaskRow.task_id == task_id))
+    if task is None:
+        return lease_pb.REVOKE_REASON_UNKNOWN, "unknown task"
+    row = await session.scalar(
+        select(AttemptRow).where(AttemptRow.task_id == task_id, AttemptRow.attempt == attempt)
+    )
+    if row is None or row.lease_id != lease_id:
+        if task.attempt > attempt:
+            return lease_pb.REVOKE_REASON_SUPERSEDED, f"attempt {task.attempt} holds the task"
+        return lease_pb.REVOKE_REASON_UNKNOWN, "unknown lease"
+    if row.host_id != host_id:
+        # Same answer as an unknown lease: a host learns nothing about other hosts' leases.
+        return lease_pb.REVOKE_REASON_UNKNOWN, "permission denied: not this host's lease"
+    if task.cancel_requested or row.status == states.CANCELLED:
+        return lease_pb.REVOKE_REASON_CANCELLED, task.cancel_reason or "cancelled"
+    if row.ended_at is None:
+        if row.lease_expires_at <= now:
+            return lease_pb.REVOKE_REASON_EXPIRED, states.LEASE_EXPIRED
+        return lease_pb.REVOKE_REASON_UNKNOWN, "lease not live"
+    if task.attempt > attempt:
+        return lease_pb.REVOKE_REASON_SUPERSEDED, f"attempt {task.attempt} holds the task"
+    if row.failure_reason == states.LEASE_EXPIRED:
+        return lease_pb.REVOKE_REASON_EXPIRED, states.LEASE_EXPIRED
+    if row.failure_reason == states.DEADLINE_EXCEEDED:
+        return lease_pb.REVOKE_REASON_DEADLINE_EXCEEDED, states.DEADLINE_EXCEEDED
+    return lease_pb.REVOKE_REASON_FINISHED, f"attempt ended {row.status}"
+
+
+@dataclass(frozen=True, slots=True)
+class ResultOut:
+    """Outcome of a result: recorded, a duplicate of a recorded one, or refused with a reason."""
+
+    recorded: bool
+    duplicate: bool
+    task_status: str = ""
+    device_serial: str = ""
+    revoke_reason: RevokeReason = lease_pb.REVOKE_REASON_UNSPECIFIED
+    message: str = ""
+
+
+async def record_result(
+    store: Store,
+    host_id: str,
+    task_id: str,
+    attempt: int,
+    lease_id: str,
+    status: str,
+    summary: str,
+    final_progress: ProgressIn | None,
+) -> ResultOut:
+    """End an attempt with the host's result; idempotent for an identical retry."""
+    now = store.now()
+    async with store.write() as session:
+        values: dict[str, object] = {
+            "status": status,
+            "result_status": status,
+            "result_summary": summary,
+            "ended_at": now,
+        }
+        if status != states.SUCCEEDED:
+            values["failure_reason"] = summary or status.lower()
+        if final_progress is not None:
+            values.update(
+                step_index=final_progress.step_index,
+                step_status=final_progress.step_status,
+                summary=final_progress.summary,
+                progress_updated_at=now,
+            )
+        row = (
+            await session.execute(
+                update(AttemptRow)
+                .where(*_live_fence(host_id, task_id, attempt, lease_id, now))
+                .values(**values)
+                .returning(AttemptRow.device_serial)
+            )
+        ).first()
+        if row is not None:
+            task = (
+                await session.execute(
+                    update(TaskRow)
+                    .where(
+                        TaskRow.task_id == task_id,
+                        TaskRow.attempt == attempt,
+                        TaskRow.status.in_(states.LIVE),
+                    )
+                    .values(
+                        status=status,
+                        result_summary=summary,
+                        finished_at=now,
+                        updated_at=now,
+                    )
+                    .returning(TaskRow.status)
+                )
+            ).first()
+            return ResultOut(True, False, task[0] if task else status, row[0])
+        existing = await session.scalar(
+            select(AttemptRow).where(AttemptRow.task_id == task_id, AttemptRow.attempt == attempt)
+        )
+        if (
+            existing is not None
+            and existing.host_id == host_id
+            and existing.lease_id == lease_id
+            and existing.result_status == status
+        ):
+            task_status = await session.scalar(
+                select(TaskRow.status).where(TaskRow.task_id == task_id)
+            )
+            return ResultOut(False, True, task_status or status, existing.device_serial)
+        reason, message = await _classify(session, host_id, task_id, attempt, lease_id, now)
+        return ResultOut(False, False, revoke_reason=reason, message=message)
+
+
+@dataclass(frozen=True, slots=True)
+class Ended:
+    """An attempt the sweeper ended, and what became of its task."""
+
+    task_id: str
+    attempt: int
+    host_id: str
+    lease_id: str
+    device_serial: str
+    task_status: str
+    reason: RevokeReason
+
+
+async def sweep_expired(store: Store, limit: int = 500) -> list[Ended]:
+    """End attempts whose lease ran out and requeue (or fail, or cancel) their tasks.
+
+    Safe on every replica at once: rows are picked with SKIP LOCKED and ended by a conditional
+    UPDATE, so each expired attempt is handled by exactly one sweeper.
+    """
+    now = store.now()
+    ended: list[Ended] = []
+    async with store.write() as session:
+        ids = (
+            await session.scalars(
+                select(AttemptRow.id)
+                .where(AttemptRow.ended_at.is_(None), AttemptRow.lease_expires_at <= now)
+                .order_by(AttemptRow.id)
+                .limit(limit)
+                .with_for_update(skip_locked=True)
+            )
+        ).all()
+        if not ids:
+            return []
+        rows = (
+            await session.execute(
+                update(AttemptRow)
+                .where(
+                    AttemptRow.id.in_(ids),
+                    AttemptRow.ended_at.is_(None),
+                    AttemptRow.lease_expires_at <= now,
+                )
+                .values(status=states.FAILED, failure_reason=states.LEASE_EXPIRED, ended_at=now)
+                .returning(
+                    AttemptRow.task_id,
+                    AttemptRow.attempt,
+                    AttemptRow.host_id,
+                    AttemptRow.lease_id,
+                    AttemptRow.device_serial,
+                )
+            )
+        ).all()
+        for task_id, attempt, host_id, lease_id, serial in sorted(rows):
+            task = await session.scalar(
+                select(TaskRow).where(TaskRow.task_id == task_id).with_for_update()
+            )
+            if task is None or task.attempt != attempt or task.status not in states.LIVE:
+                continue
+            reason = lease_pb.REVOKE_REASON_EXPIRED
+            if task.cancel_requested:
+                task.status = states.CANCELLED
+                task.result_summary = task.cancel_reason or "cancelled"
+                task.finished_at = now
+                reason = lease_pb.REVOKE_REASON_CANCELLED
+                await session.execute(
+                    update(AttemptRow)
+                    .where(AttemptRow.task_id == task_id, AttemptRow.attempt == attempt)
+                    .values(status=states.CANCELLED, failure_reason=task.result_summary)
+                )
+            elif task.attempt >= task.max_attempts:
+                task.status = states.FAILED
+                task.result_summary = states.LEASE_EXPIRED
+                task.finished_at = now
+            else:
+                task.status = states.QUEUED
+            task.updated_at = now
+            ended.append(Ended(task_id, attempt, host_id, lease_id, serial, task.status, reason))
+    return ended
+
+
+async def sweep_deadlines(store: Store, limit: int = 500) -> list[Ended]:
+    """Fail tasks whose absolute deadline passed, ending their live attempt if any."""
+    now = store.now()
+    ended: list[Ended] = []
+    async with store.write() as session:
+        tasks = (
+            await session.scalars(
+                select(TaskRow)
+                .where(TaskRow.status.in_(states.ACTIVE), TaskRow.deadline <= now)
+                .order_by(TaskRow.task_id)
+                .limit(limit)
+                .with_for_update(skip_locked=True)
+            )
+        ).all()
+        for task in tasks:
+            if task.status not in states.ACTIVE:
+                continue
+            live = (
+                await session.execute(
+                    update(AttemptRow)
+                    .where(AttemptRow.task_id == task.task_id, AttemptRow.ended_at.is_(None))
+                    .values(
+                        status=states.FAILED,
+                        failure_reason=states.DEADLINE_EXCEEDED,
+                        ended_at=now,
+                    )
+                    .returning(
+                        AttemptRow.attempt,
+                        AttemptRow.host_id,
+                        AttemptRow.lease_id,
+                        AttemptRow.device_serial,
+                    )
+                )
+            ).first()
+            task.status = states.FAILED
+            task.result_summary = states.DEADLINE_EXCEEDED
+            task.finished_at = now
+            task.updated_at = now
+            if live is not None:
+                attempt, host_id, lease_id, serial = live
+                ended.append(
+                    Ended(
+                        task.task_id,
+                        attempt,
+                        host_id,
+                        lease_id,
+                        serial,
+                        states.FAILED,
+                        lease_pb.REVOKE_REASON_DEADLINE_EXCEEDED,
+                    )
+                )
+            else:
+                ended.append(
+                    Ended(
+                        task.task_id,
+                        task.attempt,
+                        "",
+                        "",
+                        "",
+                        states.FAILED,
+                        lease_pb.REVOKE_REASON_DEADLINE_EXCEEDED,
+                    )
+                )
+    return ended
+
+
+@dataclass(frozen=True, slots=True)
+class HeldCheck:
+    """A held assignment after a reconnect: resumed (with its lease) or revoked (with a reason)."""
+
+    held: lease_pb.HeldAssignment
+    live: AttemptRow | None
+    task: TaskRow | None
+    revoke_reason: RevokeReason = lease_pb.REVOKE_REASON_UNSPECIFIED
+    message: str = ""
+
+
+async def check_held(
+    store: Store, host_id: str, held: list[lease_pb.HeldAssignment]
+) -> list[HeldCheck]:
+    """Which re-announced assignments are still this host's live leases."""
+    now = store.now()
+    out: list[HeldCheck] = []
+    async with store.read() as session:
+        for h in held:
+            row = await session.scalar(
+                select(AttemptRow).where(
+                    *_live_fence(host_id, h.task_id, h.attempt, h.lease_id, now)
+                )
+            )
+            task = await session.scalar(select(TaskRow).where(TaskRow.task_id == h.task_id))
+            if row is not None and task is not None and not task.cancel_requested:
+                out.append(HeldCheck(h, row, task))
+            else:
+                reason, message = await _classify(
+                    session, host_id, h.task_id, h.attempt, h.lease_id, now
+                )
+                out.append(HeldCheck(h, None, task, reason, message))
+    return out
+
+
+async def expire_unannounced(store: Store, host_id: str, keep: set[tuple[str, int]]) -> int:
+    """A reconnecting host that does not re-announce a live lease has lost it: expire it now.
+
+    The sweeper then requeues the task as the next attempt, as for any expired lease.
+    """
+    now = store.now()
+    async with store.write() as session:
+        rows = (
+            await session.execute(
+                select(AttemptRow.id, AttemptRow.task_id, AttemptRow.attempt).where(
+                    AttemptRow.host_id == host_id, AttemptRow.ended_at.is_(None)
+                )
+            )
+        ).all()
+        lost = [r.id for r in rows if (r.task_id, r.attempt) not in keep]
+        if lost:
+            await session.execute(
+                update(AttemptRow)
+                .where(AttemptRow.id.in_(lost), AttemptRow.ended_at.is_(None))
+                .values(lease_expires_at=now)
+            )
+    return len(lost)
+
+
+async def live_serials(store: Store, host_id: str) -> set[str]:
+    """Phones of `host_id` that have a live (not ended) attempt."""
+    async with store.read() as session:
+        rows = await session.scalars(
+            select(AttemptRow.device_serial).where(
+                AttemptRow.host_id == host_id, AttemptRow.ended_at.is_(None)
+            )
+        )
+        return set(rows.all())
+
+
+async def is_live(store: Store, host_id: str, task_id: str, attempt: int, lease_id: str) -> bool:
+    """Whether (task, attempt, lease) is `host_id`'s live lease right now."""
+    now = store.now()
+    async with store.read() as session:
+        found = await session.scalar(
+            select(AttemptRow.id).where(*_live_fence(host_id, task_id, attempt, lease_id, now))
+        )
+        return found is not None
+
+
+async def queued_count(store: Store) -> int:
+    """How many tasks wait for a phone (lets the dispatcher skip a pass over idle hosts)."""
+    async with store.read() as session:
+        found = await session.scalar(
+            select(TaskRow.task_id).where(TaskRow.status == states.QUEUED).limit(1)
+        )
+        return 0 if found is None else 1

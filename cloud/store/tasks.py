@@ -1,0 +1,248 @@
+"""Task queries: submit (idempotent), read with attempts, list with filters and pages, cancel."""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+import json
+import uuid
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+from sqlalchemy import and_, func, or_, select, update
+from sqlalchemy.exc import IntegrityError
+
+from cloud.store import states
+from cloud.store.database import Store
+from cloud.store.models import AttemptRow, TaskRow
+
+
+@dataclass(slots=True)
+class TaskView:
+    """A task and its attempts, oldest first (attempts may be empty in list views)."""
+
+    task: TaskRow
+    attempts: list[AttemptRow] = field(default_factory=list)
+
+    def latest_progress_attempt(self) -> AttemptRow | None:
+        """The newest attempt that reported progress (a requeued task keeps its last progress)."""
+        for attempt in reversed(self.attempts):
+            if attempt.progress_updated_at is not None:
+                return attempt
+        return None
+
+    def current_attempt(self) -> AttemptRow | None:
+        """The attempt whose number is the task's current attempt, if it exists."""
+        for attempt in self.attempts:
+            if attempt.attempt == self.task.attempt:
+                return attempt
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class NewTask:
+    """A validated submission."""
+
+    goal: str
+    max_attempts: int
+    lease_seconds: float
+    timeout_seconds: float
+    target_host_id: str | None = None
+    target_device_serial: str | None = None
+    client_request_id: str | None = None
+
+
+async def submit(store: Store, spec: NewTask) -> tuple[TaskView, bool]:
+    """Queue a task; with a known client_request_id return the first task and True."""
+    if spec.client_request_id:
+        existing = await _by_request_id(store, spec.client_request_id)
+        if existing is not None:
+            return existing, True
+    now = store.now()
+    row = TaskRow(
+        task_id=uuid.uuid4().hex,
+        goal=spec.goal,
+        status=states.QUEUED,
+        attempt=0,
+        max_attempts=spec.max_attempts,
+        target_host_id=spec.target_host_id or None,
+        target_device_serial=spec.target_device_serial or None,
+        lease_seconds=spec.lease_seconds,
+        deadline=now + dt.timedelta(seconds=spec.timeout_seconds),
+        client_request_id=spec.client_request_id or None,
+        cancel_requested=False,
+        created_at=now,
+        updated_at=now,
+    )
+    try:
+        async with store.write() as session:
+            session.add(row)
+    except IntegrityError:
+        # Two submissions with one key raced; the other one won.
+        if spec.client_request_id:
+            existing = await _by_request_id(store, spec.client_request_id)
+            if existing is not None:
+                return existing, True
+        raise
+    return TaskView(row), False
+
+
+async def _by_request_id(store: Store, client_request_id: str) -> TaskView | None:
+    async with store.read() as session:
+        row = await session.scalar(
+            select(TaskRow).where(TaskRow.client_request_id == client_request_id)
+        )
+    return None if row is None else (await load_views(store, [row.task_id]))[0]
+
+
+async def load_views(store: Store, task_ids: list[str]) -> list[TaskView]:
+    """Tasks with their attempts, in the order of `task_ids` (unknown ids are skipped)."""
+    if not task_ids:
+        return []
+    async with store.read() as session:
+        tasks = (await session.scalars(select(TaskRow).where(TaskRow.task_id.in_(task_ids)))).all()
+        attempts = (
+            await session.scalars(
+                select(AttemptRow)
+                .where(AttemptRow.task_id.in_(task_ids))
+                .order_by(AttemptRow.task_id, AttemptRow.attempt)
+            )
+        ).all()
+    by_task: dict[str, list[AttemptRow]] = defaultdict(list)
+    for a in attempts:
+        by_task[a.task_id].append(a)
+    found = {t.task_id: TaskView(t, by_task[t.task_id]) for t in tasks}
+    return [found[i] for i in task_ids if i in found]
+
+
+async def get(store: Store, task_id: str) -> TaskView | None:
+    """One task with all its attempts."""
+    views = await load_views(store, [task_id])
+    return views[0] if views else None
+
+
+@dataclass(frozen=True, slots=True)
+class TaskFilter:
+    """ListTasks filters; empty means no filter."""
+
+    statuses: tuple[str, ...] = ()
+    host_id: str = ""
+    query: str = ""
+
+
+def encode_cursor(task: TaskRow) -> str:
+    """Opaque page token: the (created_at, task_id) of the last task of a page."""
+    raw = json.dumps([task.created_at.isoformat(), task.task_id]).encode()
+    return base64.urlsafe_b64encode(raw).decode()
+
+
+def decode_cursor(token: str) -> tuple[dt.datetime, str]:
+    """Inverse of encode_cursor; ValueError for anything else."""
+    try:
+        created, task_id = json.loads(base64.urlsafe_b64decode(token.encode()))
+        return dt.datetime.fromisoformat(created), str(task_id)
+    except Exception as exc:
+        raise ValueError("not a page token from this server") from exc
+
+
+async def list_page(
+    store: Store, flt: TaskFilter, page_size: int, page_token: str
+) -> tuple[list[TaskView], str]:
+    """Newest first, keyset-paged on (created_at, task_id) so pages stay stable under inserts."""
+    stmt = select(TaskRow)
+    if flt.statuses:
+        stmt = stmt.where(TaskRow.status.in_(flt.statuses))
+    if flt.host_id:
+        stmt = stmt.where(TaskRow.host_id == flt.host_id)
+    if flt.query:
+        stmt = stmt.where(func.lower(TaskRow.goal).contains(flt.query.lower(), autoescape=True))
+    if page_token:
+        created, task_id = decode_cursor(page_token)
+        stmt = stmt.where(
+            or_(
+                TaskRow.created_at < created,
+                and_(TaskRow.created_at == created, TaskRow.task_id < task_id),
+            )
+        )
+    stmt = stmt.order_by(TaskRow.created_at.desc(), TaskRow.task_id.desc()).limit(page_size + 1)
+    async with store.read() as session:
+        rows = list((await session.scalars(stmt)).all())
+    more = len(rows) > page_size
+    rows = rows[:page_size]
+    views = await load_views(store, [r.task_id for r in rows])
+    return views, (encode_cursor(rows[-1]) if more and rows else "")
+
+
+async def active_task_ids(store: Store) -> list[str]:
+    """Ids of every task that has not ended, oldest first (the fleet watch snapshot)."""
+    async with store.read() as session:
+        rows = await session.scalars(
+            select(TaskRow.task_id)
+            .where(TaskRow.status.in_(states.ACTIVE))
+            .order_by(TaskRow.created_at, TaskRow.task_id)
+        )
+        return list(rows.all())
+
+
+@dataclass(frozen=True, slots=True)
+class LiveLease:
+    """The live lease of a task, named so a revocation can reach its host."""
+
+    host_id: str
+    task_id: str
+    attempt: int
+    lease_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class CancelOutcome:
+    """What CancelTask did: `None` view for unknown tasks, `ended` for a task already ended."""
+
+    view: TaskView | None
+    already_ended: bool = False
+    revoke: LiveLease | None = None
+
+
+async def cancel(store: Store, task_id: str, reason: str) -> CancelOutcome:
+    """Cancel a queued task at once; flag a running one and name its lease for the revoke."""
+    reason = reason or "cancelled by operator"
+    now = store.now()
+    revoke: LiveLease | None = None
+    async with store.write() as session:
+        task = await session.scalar(select(TaskRow).where(TaskRow.task_id == task_id))
+        if task is None:
+            return CancelOutcome(None)
+        if task.status in states.TERMINAL:
+            ended = True
+        else:
+            ended = False
+            queued = await session.execute(
+                update(TaskRow)
+                .where(TaskRow.task_id == task_id, TaskRow.status == states.QUEUED)
+                .values(
+                    status=states.CANCELLED,
+                    cancel_requested=True,
+                    cancel_reason=reason,
+                    result_summary=reason,
+                    finished_at=now,
+                    updated_at=now,
+                )
+                .returning(TaskRow.task_id)
+            )
+            if queued.first() is None:
+                await session.execute(
+                    update(TaskRow)
+                    .where(TaskRow.task_id == task_id, TaskRow.status.in_(states.LIVE))
+                    .values(cancel_requested=True, cancel_reason=reason, updated_at=now)
+                )
+                live = await session.scalar(
+                    select(AttemptRow).where(
+                        AttemptRow.task_id == task_id,
+                        AttemptRow.attempt == task.attempt,
+                        AttemptRow.ended_at.is_(None),
+                    )
+                )
+                if live is not None:
+                    revoke = LiveLease(live.host_id, task_id, live.attempt, live.lease_id)
+    view = await get(store, task_id)
+    return CancelOutcome(view, already_ended=ended, revoke=revoke)

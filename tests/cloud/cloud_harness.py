@@ -1,0 +1,210 @@
+"""Test helpers for the cloud: mTLS channels from a PKI directory and a scripted host."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from amc.v1 import (
+    lease_service_pb2 as lease_pb,
+)
+from amc.v1 import (
+    lease_service_pb2_grpc,
+    task_service_pb2,
+    task_service_pb2_grpc,
+    types_pb2,
+)
+
+
+def channel(address: str, pki_dir: Path, identity: str | None) -> grpc.aio.Channel:
+    """mTLS channel presenting `identity` ("host-h1", "operator-ops") or no client certificate."""
+    ca = (pki_dir / "ca.pem").read_bytes()
+    if identity is None:
+        creds = grpc.ssl_channel_credentials(root_certificates=ca)
+    else:
+        creds = grpc.ssl_channel_credentials(
+            root_certificates=ca,
+            private_key=(pki_dir / f"{identity}.key").read_bytes(),
+            certificate_chain=(pki_dir / f"{identity}.pem").read_bytes(),
+        )
+    return grpc.aio.secure_channel(address, creds)
+
+
+def tasks_stub(ch: grpc.aio.Channel) -> Any:
+    return task_service_pb2_grpc.TaskServiceStub(ch)  # type: ignore[no-untyped-call]
+
+
+def device(serial: str) -> types_pb2.Device:
+    return types_pb2.Device(serial=serial, model="sim", state=types_pb2.DEVICE_STATE_ONLINE)
+
+
+def hello(
+    serials: list[str], held: list[lease_pb.HeldAssignment] | None = None
+) -> lease_pb.LeaseRequest:
+    return lease_pb.LeaseRequest(
+        hello=lease_pb.HostHello(
+            devices=[device(s) for s in serials],
+            agent_version="sim/1",
+            planner_transport=types_pb2.PLANNER_TRANSPORT_CLOUD,
+            held_assignments=held or [],
+        )
+    )
+
+
+def renewal(
+    a: lease_pb.Assignment, step: int = 1, summary: str = "working", status: int = 3
+) -> lease_pb.LeaseRequest:
+    return lease_pb.LeaseRequest(
+        renewal=lease_pb.LeaseRenewal(
+            task_id=a.task_id,
+            attempt=a.attempt,
+            lease_id=a.lease_id,
+            progress=types_pb2.Progress(step_index=step, step_status=status, summary=summary),  # type: ignore[arg-type]
+        )
+    )
+
+
+def result(
+    a: lease_pb.Assignment,
+    status: int = types_pb2.TASK_STATUS_SUCCEEDED,
+    summary: str = "done",
+    step: int = 3,
+) -> lease_pb.LeaseRequest:
+    return lease_pb.LeaseRequest(
+        result=lease_pb.TaskResult(
+            task_id=a.task_id,
+            attempt=a.attempt,
+            lease_id=a.lease_id,
+            status=status,  # type: ignore[arg-type]
+            summary=summary,
+            final_progress=types_pb2.Progress(
+                step_index=step, step_status=types_pb2.STEP_STATUS_SUCCEEDED, summary=summary
+            ),
+        )
+    )
+
+
+class ScriptedHost:
+    """One host stream driven step by step by a test."""
+
+    def __init__(self, address: str, pki_dir: Path, host_id: str, *, identity: str | None = None):
+        self.host_id = host_id
+        self._channel = channel(address, pki_dir, identity or f"host-{host_id}")
+        self._stub = lease_service_pb2_grpc.LeaseServiceStub(self._channel)  # type: ignore[no-untyped-call]
+        self.call: Any = None
+        self.inbox: asyncio.Queue[lease_pb.LeaseResponse | None] = asyncio.Queue()
+        self._reader: asyncio.Task[None] | None = None
+        self.error: grpc.aio.AioRpcError | None = None
+
+    async def connect(
+        self, serials: list[str], held: list[lease_pb.HeldAssignment] | None = None
+    ) -> lease_pb.Welcome:
+        self.call = self._stub.Lease()
+        await self.call.write(hello(serials, held))
+        self._reader = asyncio.create_task(self._read())
+        msg = await self.next("welcome")
+        return msg.welcome
+
+    async def _read(self) -> None:
+        try:
+            while True:
+                msg = await self.call.read()
+                if msg is grpc.aio.EOF:
+                    break
+                await self.inbox.put(msg)
+        except grpc.aio.AioRpcError as exc:
+            self.error = exc
+        finally:
+            await self.inbox.put(None)
+
+    async def send(self, req: lease_pb.LeaseRequest) -> None:
+        await self.call.write(req)
+
+    async def next(self, kind: str | None = None, wait: float = 10.0) -> lease_pb.LeaseResponse:
+        """The next message (asserting its kind when given)."""
+        msg = await asyncio.wait_for(self.inbox.get(), wait)
+        if msg is None:
+            raise AssertionError(f"stream ended: {self.error}")
+        if kind is not None:
+            assert msg.WhichOneof("kind") == kind, msg
+        return msg
+
+    async def close(self) -> None:
+        if self.call is not None:
+            with contextlib.suppress(Exception):
+                await self.call.done_writing()
+            self.call.cancel()
+        if self._reader is not None:
+            self._reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._reader
+        await self._channel.close()
+
+
+class AutoHost:
+    """A simulated host that runs every assignment: renew with progress, then succeed."""
+
+    def __init__(
+        self,
+        address: str,
+        pki_dir: Path,
+        host_id: str,
+        serials: list[str],
+        on_done: Callable[[str, str, int], None],
+    ) -> None:
+        self.host = ScriptedHost(address, pki_dir, host_id)
+        self.serials = serials
+        self.on_done = on_done
+        self._task: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        await self.host.connect(self.serials)
+        self._task = asyncio.create_task(self._run())
+
+    async def _run(self) -> None:
+        while True:
+            msg = await self.host.inbox.get()
+            if msg is None:
+                return
+            if msg.WhichOneof("kind") == "assignment":
+                a = msg.assignment
+                await self.host.send(renewal(a, 1, "step one"))
+                await self.host.send(result(a))
+            elif msg.WhichOneof("kind") == "result_ack":
+                ack = msg.result_ack
+                if not ack.duplicate:
+                    self.on_done(self.host.host_id, ack.task_id, ack.attempt)
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        await self.host.close()
+
+
+async def submit(
+    stub: Any, goal: str = "Turn on dark theme", **kwargs: Any
+) -> task_service_pb2.SubmitTaskResponse:
+    response: task_service_pb2.SubmitTaskResponse = await stub.SubmitTask(
+        task_service_pb2.SubmitTaskRequest(goal=goal, **kwargs)
+    )
+    return response
+
+
+async def wait_status(stub: Any, task_id: str, status: int, within: float = 10.0) -> Any:
+    """Poll GetTask until the task has `status` (no fixed sleeps; fails after `within`)."""
+    loop = asyncio.get_running_loop()
+    end = loop.time() + within
+    while True:
+        task = (await stub.GetTask(task_service_pb2.GetTaskRequest(task_id=task_id))).task
+        if task.status == status:
+            return task
+        if loop.time() > end:
+            raise AssertionError(f"task {task_id} stuck in {task.status}, wanted {status}")
+        await asyncio.sleep(0.05)

@@ -1,0 +1,87 @@
+"""Fixtures for cloud tests: certificates, one database per test on each backend, a server."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cloud import pki
+from cloud.server import CloudServer, build_server
+from cloud.settings import CloudSettings
+from tests.cloud.cloud_harness import channel, tasks_stub
+from tests.support.postgres import PostgresServer
+
+HOST_IDS = [f"h{i}" for i in range(25)] + ["a", "b"]
+
+
+@pytest.fixture(scope="session")
+def pki_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    directory = tmp_path_factory.mktemp("pki")
+    pki.init_ca(directory)
+    pki.write_server_cert(directory)
+    for host_id in HOST_IDS:
+        pki.write_host_cert(directory, host_id)
+    pki.write_operator_cert(directory, "ops")
+    return directory
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """A fresh, empty database on each backend."""
+    if request.param == "sqlite":
+        yield f"sqlite+aiosqlite:///{tmp_path / 'cloud.sqlite3'}"
+        return
+    server: PostgresServer = request.getfixturevalue("postgres_server")
+    url = server.create_database()
+    try:
+        yield url
+    finally:
+        server.drop_database(url)
+
+
+SettingsFactory = Callable[..., CloudSettings]
+
+
+@pytest.fixture
+def make_settings(db_url: str, pki_dir: Path) -> SettingsFactory:
+    """Settings for a test replica: port 0, mTLS, short leases and fast background jobs."""
+
+    def make(**overrides: Any) -> CloudSettings:
+        values: dict[str, Any] = {
+            "database_url": db_url,
+            "listen_address": "127.0.0.1:0",
+            "pki_dir": pki_dir,
+            "default_lease_seconds": 2.0,
+            "min_lease_seconds": 0.2,
+            "sweep_interval_seconds": 0.1,
+            "dispatch_interval_seconds": 0.5,
+            "host_heartbeat_seconds": 1.0,
+            "shutdown_grace_seconds": 0.5,
+        }
+        values.update(overrides)
+        return CloudSettings(**values)
+
+    return make
+
+
+@pytest.fixture
+async def cloud(make_settings: SettingsFactory) -> AsyncIterator[CloudServer]:
+    server = await build_server(make_settings())
+    await server.start()
+    try:
+        yield server
+    finally:
+        await server.stop(0.5)
+
+
+@pytest.fixture
+async def ops(cloud: CloudServer, pki_dir: Path) -> AsyncIterator[Any]:
+    """TaskService stub with the operator certificate."""
+    ch = channel(cloud.address, pki_dir, "operator-ops")
+    try:
+        yield tasks_stub(ch)
+    finally:
+        await ch.close()

@@ -1,0 +1,337 @@
+"""The lease protocol end to end over real mTLS gRPC, on SQLite and PostgreSQL."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+from google.protobuf import duration_pb2
+
+from amc.v1 import lease_service_pb2 as lease_pb
+from amc.v1 import (
+    progress_service_pb2,
+    progress_service_pb2_grpc,
+    task_service_pb2,
+    types_pb2,
+)
+from cloud.server import CloudServer
+from tests.cloud.cloud_harness import ScriptedHost, channel, renewal, result, submit, wait_status
+
+
+def secs(s: float) -> duration_pb2.Duration:
+    d = duration_pb2.Duration()
+    d.FromMilliseconds(int(s * 1000))
+    return d
+
+
+async def test_dispatch_renew_progress_result(cloud: CloudServer, ops: Any, pki_dir: Path) -> None:
+    ch = channel(cloud.address, pki_dir, "operator-ops")
+    watch_stub = progress_service_pb2_grpc.ProgressServiceStub(ch)  # type: ignore[no-untyped-call]
+    host = ScriptedHost(cloud.address, pki_dir, "h1")
+    try:
+        welcome = await host.connect(["phone-1"])
+        assert welcome.host_id == "h1"
+        task = (await submit(ops)).task
+        assert task.status == types_pb2.TASK_STATUS_QUEUED
+
+        watch = watch_stub.WatchProgress(
+            progress_service_pb2.WatchProgressRequest(task_id=task.task_id)
+        )
+        first = await watch.read()
+        assert first.snapshot
+
+        a = (await host.next("assignment")).assignment
+        assert (a.task_id, a.attempt, a.device_serial) == (task.task_id, 1, "phone-1")
+        assert not a.resumed
+
+        await host.send(renewal(a, 2, "tapping Display"))
+        renewed = (await host.next("renewed")).renewed
+        assert renewed.lease_id == a.lease_id
+
+        got = await wait_status(ops, task.task_id, types_pb2.TASK_STATUS_RUNNING)
+        assert got.progress.step_index == 2
+        assert got.progress.summary == "tapping Display"
+        assert got.attempts[0].progress.step_status == types_pb2.STEP_STATUS_ACTING
+
+        # The watcher sees the progress.
+        while True:
+            change = await asyncio.wait_for(watch.read(), 10)
+            if change.task.progress.summary == "tapping Display":
+                break
+
+        await host.send(result(a, summary="dark theme is on", step=3))
+        ack = (await host.next("result_ack")).result_ack
+        assert ack.task_status == types_pb2.TASK_STATUS_SUCCEEDED
+        assert not ack.duplicate
+
+        # The same result again is acknowledged as a duplicate and changes nothing.
+        await host.send(result(a, summary="dark theme is on", step=3))
+        ack2 = (await host.next("result_ack")).result_ack
+        assert ack2.duplicate
+
+        done = (await ops.GetTask(task_service_pb2.GetTaskRequest(task_id=task.task_id))).task
+        assert done.status == types_pb2.TASK_STATUS_SUCCEEDED
+        assert done.result_summary == "dark theme is on"
+        assert done.progress.step_index == 3
+        assert done.attempts[0].status == types_pb2.TASK_STATUS_SUCCEEDED
+        assert done.HasField("finished_at")
+
+        # The watch ends after the terminal change.
+        last = change
+        while (msg := await asyncio.wait_for(watch.read(), 10)) is not grpc.aio.EOF:
+            last = msg
+        assert last.task.status == types_pb2.TASK_STATUS_SUCCEEDED
+    finally:
+        await host.close()
+        await ch.close()
+
+
+async def test_summary_truncated_not_rejected(cloud: CloudServer, ops: Any, pki_dir: Path) -> None:
+    host = ScriptedHost(cloud.address, pki_dir, "h2")
+    try:
+        await host.connect(["p"])
+        task = (await submit(ops)).task
+        a = (await host.next("assignment")).assignment
+        await host.send(renewal(a, 1, "x" * 500))
+        await host.next("renewed")
+        got = (await ops.GetTask(task_service_pb2.GetTaskRequest(task_id=task.task_id))).task
+        assert len(got.progress.summary) == 200
+        assert got.progress.summary.endswith("…")
+    finally:
+        await host.close()
+
+
+async def test_expiry_requeues_to_other_host_and_fences_stale(
+    cloud: CloudServer, ops: Any, pki_dir: Path
+) -> None:
+    first = ScriptedHost(cloud.address, pki_dir, "h3")
+    second = ScriptedHost(cloud.address, pki_dir, "h4")
+    try:
+        await first.connect(["p"])
+        task = (await submit(ops, lease_duration=secs(0.6))).task
+        a1 = (await first.next("assignment")).assignment
+        await first.send(renewal(a1, 4, "deep in settings"))
+        await first.next("renewed")
+        # The first host vanishes without a result; its lease runs out and the task requeues.
+        await first.close()
+        await second.connect(["q"])
+        a2 = (await second.next("assignment")).assignment
+        assert (a2.task_id, a2.attempt) == (task.task_id, 2)
+        assert a2.last_progress.step_index == 4  # progress kept from attempt 1
+        got = (await ops.GetTask(task_service_pb2.GetTaskRequest(task_id=task.task_id))).task
+        assert got.attempts[0].failure_reason == "lease expired"
+        assert got.progress.summary == "deep in settings"
+
+        # The stale host comes back: its late renewal and late result change nothing.
+        stale = ScriptedHost(cloud.address, pki_dir, "h3")
+        await stale.connect(["p"])
+        try:
+            await stale.send(renewal(a1, 9, "late"))
+            r = (await stale.next("revoked")).revoked
+            assert r.reason == lease_pb.REVOKE_REASON_SUPERSEDED
+            await stale.send(result(a1, summary="late result"))
+            r = (await stale.next("revoked")).revoked
+            assert r.reason == lease_pb.REVOKE_REASON_SUPERSEDED
+        finally:
+            await stale.close()
+        got = (await ops.GetTask(task_service_pb2.GetTaskRequest(task_id=task.task_id))).task
+        assert got.status in (types_pb2.TASK_STATUS_ASSIGNED, types_pb2.TASK_STATUS_RUNNING)
+        assert got.attempt == 2
+        assert got.progress.summary == "deep in settings"
+
+        await second.send(result(a2))
+        ack = (await second.next("result_ack")).result_ack
+        assert ack.task_status == types_pb2.TASK_STATUS_SUCCEEDED
+    finally:
+        await first.close()
+        await second.close()
+
+
+async def test_attempts_run_out(cloud: CloudServer, ops: Any, pki_dir: Path) -> None:
+    host = ScriptedHost(cloud.address, pki_dir, "h5")
+    try:
+        await host.connect(["p"])
+        task = (await submit(ops, lease_duration=secs(0.3), max_attempts=2)).task
+        for n in (1, 2):
+            a = (await host.next("assignment")).assignment
+            assert a.attempt == n
+            assert (await host.next("revoked")).revoked.reason == lease_pb.REVOKE_REASON_EXPIRED
+        got = await wait_status(ops, task.task_id, types_pb2.TASK_STATUS_FAILED)
+        assert got.result_summary == "lease expired"
+        assert len(got.attempts) == 2
+    finally:
+        await host.close()
+
+
+async def test_cancel_revokes_running_task(cloud: CloudServer, ops: Any, pki_dir: Path) -> None:
+    host = ScriptedHost(cloud.address, pki_dir, "h6")
+    try:
+        await host.connect(["p"])
+        task = (await submit(ops)).task
+        a = (await host.next("assignment")).assignment
+        await host.send(renewal(a))
+        await host.next("renewed")
+        resp = await ops.CancelTask(
+            task_service_pb2.CancelTaskRequest(task_id=task.task_id, reason="not needed")
+        )
+        assert resp.task.cancel_requested
+        assert resp.task.status == types_pb2.TASK_STATUS_RUNNING
+        r = (await host.next("revoked")).revoked
+        assert (r.task_id, r.reason) == (task.task_id, lease_pb.REVOKE_REASON_CANCELLED)
+        # A renewal after the cancel is not extended.
+        await host.send(renewal(a))
+        assert (await host.next("revoked")).revoked.reason == lease_pb.REVOKE_REASON_CANCELLED
+        # The host acknowledges.
+        await host.send(result(a, status=types_pb2.TASK_STATUS_CANCELLED, summary="stopped"))
+        ack = (await host.next("result_ack")).result_ack
+        assert ack.task_status == types_pb2.TASK_STATUS_CANCELLED
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await ops.CancelTask(task_service_pb2.CancelTaskRequest(task_id=task.task_id))
+        assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    finally:
+        await host.close()
+
+
+async def test_cancel_queued_and_unacknowledged(
+    cloud: CloudServer, ops: Any, pki_dir: Path
+) -> None:
+    queued = (await submit(ops, target=types_pb2.TaskTarget(host_id="nobody"))).task
+    resp = await ops.CancelTask(task_service_pb2.CancelTaskRequest(task_id=queued.task_id))
+    assert resp.task.status == types_pb2.TASK_STATUS_CANCELLED
+
+    host = ScriptedHost(cloud.address, pki_dir, "h7")
+    try:
+        await host.connect(["p"])
+        task = (await submit(ops, lease_duration=secs(0.5))).task
+        await host.next("assignment")
+        await ops.CancelTask(task_service_pb2.CancelTaskRequest(task_id=task.task_id))
+        assert (await host.next("revoked")).revoked.reason == lease_pb.REVOKE_REASON_CANCELLED
+        # No acknowledgement: the task is CANCELLED when the lease runs out.
+        got = await wait_status(ops, task.task_id, types_pb2.TASK_STATUS_CANCELLED)
+        assert got.attempts[0].status == types_pb2.TASK_STATUS_CANCELLED
+    finally:
+        await host.close()
+
+
+async def test_reconnect_resumes_live_lease(cloud: CloudServer, ops: Any, pki_dir: Path) -> None:
+    host = ScriptedHost(cloud.address, pki_dir, "h8")
+    await host.connect(["p"])
+    task = (await submit(ops, lease_duration=secs(5))).task
+    a = (await host.next("assignment")).assignment
+    await host.send(renewal(a, 2, "half way"))
+    await host.next("renewed")
+    await host.close()
+
+    again = ScriptedHost(cloud.address, pki_dir, "h8")
+    try:
+        held = lease_pb.HeldAssignment(
+            task_id=a.task_id, attempt=a.attempt, lease_id=a.lease_id, device_serial="p"
+        )
+        bogus = lease_pb.HeldAssignment(
+            task_id="nope", attempt=1, lease_id="nope", device_serial="p"
+        )
+        await again.connect(["p"], held=[held, bogus])
+        resumed = (await again.next("assignment")).assignment
+        assert resumed.resumed
+        assert (resumed.task_id, resumed.lease_id) == (task.task_id, a.lease_id)
+        assert resumed.last_progress.summary == "half way"
+        r = (await again.next("revoked")).revoked
+        assert (r.task_id, r.reason) == ("nope", lease_pb.REVOKE_REASON_UNKNOWN)
+        await again.send(result(a))
+        assert (
+            await again.next("result_ack")
+        ).result_ack.task_status == types_pb2.TASK_STATUS_SUCCEEDED
+    finally:
+        await again.close()
+
+
+async def test_other_hosts_lease_is_refused(cloud: CloudServer, ops: Any, pki_dir: Path) -> None:
+    owner = ScriptedHost(cloud.address, pki_dir, "a")
+    thief = ScriptedHost(cloud.address, pki_dir, "b")
+    try:
+        await owner.connect(["p"])
+        task = (await submit(ops, target=types_pb2.TaskTarget(host_id="a"))).task
+        a = (await owner.next("assignment")).assignment
+        await thief.connect([])
+        await thief.send(renewal(a, 7, "hijack"))
+        r = (await thief.next("revoked")).revoked
+        assert r.reason == lease_pb.REVOKE_REASON_UNKNOWN
+        assert "permission denied" in r.message
+        await thief.send(result(a, summary="hijacked"))
+        assert (await thief.next("revoked")).revoked.reason == lease_pb.REVOKE_REASON_UNKNOWN
+        got = (await ops.GetTask(task_service_pb2.GetTaskRequest(task_id=task.task_id))).task
+        assert got.status == types_pb2.TASK_STATUS_ASSIGNED
+        assert not got.HasField("progress")
+        # The owner's lease is untouched.
+        await owner.send(renewal(a))
+        await owner.next("renewed")
+    finally:
+        await owner.close()
+        await thief.close()
+
+
+async def test_bad_messages_rejected_stream_survives(
+    cloud: CloudServer, ops: Any, pki_dir: Path
+) -> None:
+    host = ScriptedHost(cloud.address, pki_dir, "h9")
+    try:
+        await host.connect(["p"])
+        await host.send(
+            lease_pb.LeaseRequest(renewal=lease_pb.LeaseRenewal(task_id="t", attempt=1))
+        )
+        rej = (await host.next("rejected")).rejected
+        assert rej.code == grpc.StatusCode.INVALID_ARGUMENT.value[0]
+        assert "renewal.lease_id" in rej.message
+        await host.send(
+            lease_pb.LeaseRequest(
+                result=lease_pb.TaskResult(
+                    task_id="t", attempt=1, lease_id="l", status=types_pb2.TASK_STATUS_RUNNING
+                )
+            )
+        )
+        assert "result.status" in (await host.next("rejected")).rejected.message
+        await host.send(lease_pb.LeaseRequest())
+        assert "kind" in (await host.next("rejected")).rejected.message
+        # Still up: work still arrives.
+        task = (await submit(ops)).task
+        assert (await host.next("assignment")).assignment.task_id == task.task_id
+    finally:
+        await host.close()
+
+
+async def test_first_message_must_be_hello(cloud: CloudServer, pki_dir: Path) -> None:
+    host = ScriptedHost(cloud.address, pki_dir, "h10")
+    try:
+        host.call = host._stub.Lease()
+        await host.call.write(lease_pb.LeaseRequest(renewal=lease_pb.LeaseRenewal(task_id="t")))
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await host.call.read()
+        assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    finally:
+        await host.close()
+
+
+async def test_device_targeting_and_one_task_per_device(
+    cloud: CloudServer, ops: Any, pki_dir: Path
+) -> None:
+    host = ScriptedHost(cloud.address, pki_dir, "h11")
+    try:
+        await host.connect(["p1", "p2"])
+        t1 = (await submit(ops, target=types_pb2.TaskTarget(device_serial="p2"))).task
+        a1 = (await host.next("assignment")).assignment
+        assert (a1.task_id, a1.device_serial) == (t1.task_id, "p2")
+        t2 = (await submit(ops)).task
+        a2 = (await host.next("assignment")).assignment
+        assert (a2.task_id, a2.device_serial) == (t2.task_id, "p1")
+        t3 = (await submit(ops)).task
+        with pytest.raises(TimeoutError):
+            await host.next("assignment", wait=0.5)  # both phones busy
+        await host.send(result(a2))
+        await host.next("result_ack")
+        a3 = (await host.next("assignment")).assignment
+        assert (a3.task_id, a3.device_serial) == (t3.task_id, "p1")
+    finally:
+        await host.close()

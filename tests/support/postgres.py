@@ -1,0 +1,174 @@
+"""A private PostgreSQL server for the test session.
+
+PostgreSQL refuses to run as root, and the tests run as root here, so the server runs as the
+`postgres` OS user (through `runuser`) in a temporary directory it owns, listening on a free
+TCP port on 127.0.0.1 and on a unix socket in that directory. `AMC_TEST_POSTGRES_URL` points the
+tests at an existing server instead.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import pwd
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import psycopg
+
+_BIN_DIRS = ("/usr/lib/postgresql/15/bin", "/usr/local/bin", "/usr/lib/postgresql/16/bin")
+
+
+def _binary(name: str) -> str:
+    for d in _BIN_DIRS:
+        candidate = Path(d) / name
+        if candidate.exists():
+            return str(candidate)
+    found = shutil.which(name)
+    if found is None:
+        raise RuntimeError(f"PostgreSQL binary {name!r} not found (apt-get install postgresql)")
+    return found
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class PostgresServer:
+    """A running server; `url(db)` gives a SQLAlchemy URL for one of its databases."""
+
+    host: str
+    port: int
+    user: str
+    password: str
+    admin_db: str = "postgres"
+
+    def url(self, database: str) -> str:
+        return (
+            f"postgresql+psycopg://{self.user}:{self.password}@{self.host}:{self.port}/{database}"
+        )
+
+    def _admin_dsn(self) -> str:
+        return (
+            f"host={self.host} port={self.port} user={self.user} "
+            f"password={self.password} dbname={self.admin_db}"
+        )
+
+    def create_database(self, prefix: str = "amc_test") -> str:
+        """A new empty database; returns its SQLAlchemy URL."""
+        name = f"{prefix}_{uuid.uuid4().hex[:10]}"
+        with psycopg.connect(self._admin_dsn(), autocommit=True) as conn:
+            conn.execute(f'CREATE DATABASE "{name}"')
+        return self.url(name)
+
+    def drop_database(self, url: str) -> None:
+        """Drop a database made by create_database (terminating leftover connections)."""
+        name = url.rsplit("/", 1)[1]
+        with psycopg.connect(self._admin_dsn(), autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def _run_as(user: str, args: list[str], **kwargs: object) -> subprocess.CompletedProcess[str]:
+    cmd = args if os.geteuid() != 0 else ["runuser", "-u", user, "--", *args]
+    return subprocess.run(cmd, check=True, capture_output=True, text=True, **kwargs)  # type: ignore[call-overload, no-any-return]
+
+
+@contextlib.contextmanager
+def private_postgres() -> Iterator[PostgresServer]:
+    """Start a throwaway server for the duration of the context."""
+    url = os.environ.get("AMC_TEST_POSTGRES_URL")
+    if url:
+        yield _from_url(url)
+        return
+    os_user = "postgres" if os.geteuid() == 0 else pwd.getpwuid(os.geteuid()).pw_name
+    base = Path(tempfile.mkdtemp(prefix="amc-pg-"))
+    data = base / "data"
+    password = uuid.uuid4().hex
+    if os.geteuid() == 0:
+        pw = pwd.getpwnam(os_user)
+        os.chown(base, pw.pw_uid, pw.pw_gid)
+    pwfile = base / "pw"
+    pwfile.write_text(password)
+    if os.geteuid() == 0:
+        os.chown(pwfile, pw.pw_uid, pw.pw_gid)
+    port = _free_port()
+    _run_as(
+        os_user,
+        [
+            _binary("initdb"),
+            "-D",
+            str(data),
+            "-U",
+            "amc",
+            "--pwfile",
+            str(pwfile),
+            "--auth=scram-sha-256",
+            "-E",
+            "UTF8",
+            "--no-sync",
+        ],
+    )
+    log = base / "server.log"
+    options = (
+        f"-p {port} -k {base} -c listen_addresses=127.0.0.1 -c fsync=off "
+        "-c synchronous_commit=off -c full_page_writes=off -c max_connections=300"
+    )
+    _run_as(
+        os_user,
+        [
+            _binary("pg_ctl"),
+            "-D",
+            str(data),
+            "-l",
+            str(log),
+            "-o",
+            options,
+            "-w",
+            "-t",
+            "60",
+            "start",
+        ],
+    )
+    server = PostgresServer("127.0.0.1", port, "amc", password)
+    try:
+        _wait_ready(server)
+        yield server
+    finally:
+        with contextlib.suppress(Exception):
+            _run_as(os_user, [_binary("pg_ctl"), "-D", str(data), "-m", "immediate", "-w", "stop"])
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def _wait_ready(server: PostgresServer, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with psycopg.connect(server._admin_dsn(), connect_timeout=2):
+                return
+        except psycopg.OperationalError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
+
+
+def _from_url(url: str) -> PostgresServer:
+    from sqlalchemy.engine import make_url
+
+    u = make_url(url)
+    return PostgresServer(
+        u.host or "127.0.0.1",
+        u.port or 5432,
+        u.username or "postgres",
+        u.password or "",
+        u.database or "postgres",
+    )
