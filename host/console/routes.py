@@ -11,7 +11,13 @@ from pathlib import Path
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Form, HTTPException, Query, Request, status
-from fastapi.responses import FileResponse, HTMLResponse, RedirectResponse, Response
+from fastapi.responses import (
+    FileResponse,
+    HTMLResponse,
+    JSONResponse,
+    RedirectResponse,
+    Response,
+)
 from fastapi.templating import Jinja2Templates
 from starlette.concurrency import run_in_threadpool
 
@@ -182,6 +188,37 @@ async def task_page(
         "steps": [present.step_view(r) for r in records],
     }
     return render(request, "task.html", context)
+
+
+@router.get("/tasks/{task_id}/live")
+async def task_live(
+    request: Request,
+    task_id: str,
+    attempt: Annotated[int, Query(ge=1)],
+    after: Annotated[int, Query(ge=0)] = 0,
+) -> Response:
+    """What a running task's timeline page lacks: status, progress, the steps past `after`.
+
+    The page polls this (about once a second) and appends the returned sections, so a step a
+    person has opened stays open.
+    """
+    if session_user(request) is None:  # a fetch, not a page: no redirect, the script reloads
+        raise HTTPException(status.HTTP_401_UNAUTHORIZED, "log in again")
+    store = _store(request)
+    task = await run_in_threadpool(store.get_task, task_id, attempt)
+    if task is None:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, f"no attempt {attempt} of {task_id!r}")
+    records = await run_in_threadpool(store.steps, task_id, attempt)
+    template = TEMPLATES.env.get_template("_step.html")
+    html = "".join(template.render(s=present.step_view(r)) for r in records[after:])
+    body = {
+        "status": task.status,
+        "progress": present.task_badge(task) or "—",
+        "summary": task.summary,
+        "count": len(records),
+        "html": html,
+    }
+    return JSONResponse(body, headers={"Cache-Control": "no-store"})
 
 
 @router.get("/artifacts/{path:path}")

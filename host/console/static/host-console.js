@@ -1,37 +1,73 @@
-// The host console's only script: keep the "now" page's phones panel fresh (no framework).
-// It re-fetches the server-rendered panel about once a second; a lost session reloads the
-// page, which then redirects to the login form.
+// The host console's only script (no framework, no build): keeps two pages live by polling.
+// - "now": re-fetches the server-rendered phones panel about once a second;
+// - a running task's timeline: fetches the steps recorded since, appends them (so a step a
+//   person opened stays open) and updates status and progress, until the task ends.
+// A lost session (401) reloads the page, which then redirects to the login form.
 (function () {
   "use strict";
+
+  function poller(url, every, onText, onState) {
+    var busy = false;
+    var timer = null;
+    function tick() {
+      if (busy || document.hidden) return;
+      busy = true;
+      fetch(url(), { credentials: "same-origin", cache: "no-store" })
+        .then(function (r) {
+          if (r.status === 401) { window.location.reload(); return null; }
+          if (!r.ok) throw new Error("HTTP " + r.status);
+          return r.text();
+        })
+        .then(function (text) {
+          if (text === null) return;
+          if (onText(text) === false) clearInterval(timer);
+          if (onState) onState(true);
+        })
+        .catch(function () { if (onState) onState(false); })
+        .then(function () { busy = false; });
+    }
+    timer = setInterval(tick, Math.min(every || 1000, 1000));
+  }
+
+  // --- now ---
   var panel = document.getElementById("phones");
-  if (!panel) return;
-  var url = panel.dataset.poll;
-  var every = Math.min(Number(panel.dataset.pollMs) || 1000, 1000);
-  var state = document.getElementById("live-state");
-  var busy = false;
-
-  function mark(on) {
-    if (!state) return;
-    state.dataset.state = on ? "on" : "off";
-    state.textContent = on ? "live · every " + (every / 1000).toFixed(1) + " s" : "offline — retrying";
+  if (panel && panel.dataset.poll) {
+    var state = document.getElementById("live-state");
+    var every = Math.min(Number(panel.dataset.pollMs) || 1000, 1000);
+    poller(function () { return panel.dataset.poll; }, every, function (html) {
+      panel.innerHTML = html;
+    }, function (on) {
+      if (!state) return;
+      state.dataset.state = on ? "on" : "off";
+      state.textContent = on ? "live · every " + (every / 1000).toFixed(1) + " s" : "offline — retrying";
+    });
   }
 
-  function poll() {
-    if (busy || document.hidden) return;
-    busy = true;
-    fetch(url, { credentials: "same-origin", cache: "no-store", headers: { Accept: "text/html" } })
-      .then(function (r) {
-        if (r.status === 401) { window.location.reload(); return null; }
-        if (!r.ok) throw new Error("HTTP " + r.status);
-        return r.text();
-      })
-      .then(function (html) {
-        if (html === null) return;
-        panel.innerHTML = html;
-        mark(true);
-      })
-      .catch(function () { mark(false); })
-      .then(function () { busy = false; });
+  // --- a running task's timeline ---
+  var timeline = document.getElementById("timeline");
+  if (timeline && timeline.dataset.poll) {
+    var field = function (name) { return document.querySelector('[data-field="' + name + '"]'); };
+    poller(function () {
+      return timeline.dataset.poll + "&after=" + timeline.dataset.count;
+    }, Number(timeline.dataset.pollMs), function (text) {
+      var live = JSON.parse(text);
+      if (live.html) timeline.insertAdjacentHTML("beforeend", live.html);
+      timeline.dataset.count = String(live.count);
+      var el = field("steps");
+      if (el) el.textContent = String(live.count);
+      el = field("progress");
+      if (el) el.textContent = live.progress;
+      el = field("status");
+      if (el) {
+        el.textContent = live.status;
+        el.className = "pill big status-" + live.status;
+      }
+      if (live.status !== "running") {
+        el = field("live-note");
+        if (el) el.textContent = "Ended: " + (live.summary || live.status) + ".";
+        return false;
+      }
+      return true;
+    });
   }
-  setInterval(poll, every);
 })();

@@ -12,6 +12,7 @@ import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Protocol
 
 import httpx
@@ -25,6 +26,7 @@ from host.devices.virtual.driver import VirtualDriver
 from host.devices.virtual.phone import VirtualPhone
 from host.perception.ocr import OcrPool
 from host.perception.perceive import Perceiver
+from host.settings import HostSettings
 from host.timeline.store import TimelineStore
 from planner.decision import Decision, ThinkingBlock
 from planner.history import WorldEvent
@@ -159,6 +161,56 @@ def fill_timeline(store: TimelineStore, ocr: OcrPool) -> None:
 
     asyncio.run(run())
     _legacy_record(store)
+
+
+HOST_ID = "console-h1"
+#: Upper bound for something to appear (a bound, not a timing assertion).
+WITHIN_S = 30.0
+
+
+class Gate:
+    """A scripted planner that holds step 2's decision until opened, so a task stays running."""
+
+    def __init__(self, steps: list[Step]) -> None:
+        self.inner = ScriptedPlanner(steps)
+        self.opened = asyncio.Event()
+        self.calls = 0
+
+    async def decide(
+        self,
+        goal: str,
+        scene: Scene,
+        history: Sequence[WorldEvent | dict[str, Any]] = (),
+        screenshot: bytes | None = None,
+    ) -> Decision:
+        self.calls += 1
+        if self.calls == 2:
+            await self.opened.wait()
+        return await self.inner.decide(goal, scene, history, screenshot)
+
+
+DARK = [
+    Step("launch_app", {"package_name": "com.android.settings"}, "open Settings"),
+    Step("tap", by_text("Display"), "open display settings"),
+    Step("tap", by_text("Dark theme"), "turn dark theme on"),
+    Step("complete", {"success": True, "reason": "dark theme is on"}),
+]
+
+
+def host_settings(tmp_path: Path, port: int, pki_dir: Path) -> HostSettings:
+    return HostSettings(
+        data_dir=tmp_path / "host",
+        device_source="virtual",
+        virtual_phones=2,
+        cloud_address=f"127.0.0.1:{port}",
+        certs_dir=pki_dir,
+        host_id=HOST_ID,
+        ocr_enabled=False,
+        settle_delay_s=0,
+        device_poll_interval_s=0.2,
+        reconnect_initial_s=0.05,
+        reconnect_max_s=0.2,
+    )
 
 
 CSRF_RE = re.compile(r'name="csrf_token" value="([^"]+)"')

@@ -7,24 +7,34 @@ Playwright never downloads a browser here: it drives `/usr/bin/chromium`.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import re
 import shutil
-from collections.abc import Iterator
+import threading
+from collections.abc import Awaitable, Callable, Coroutine, Iterator
 from pathlib import Path
+from typing import Any, TypeVar
 
 import pytest
 from playwright.sync_api import Browser, Page, Playwright, expect, sync_playwright
 
-from host.console import create_app
+from host.console import ConsoleServer, HostConsoleSettings, create_app, serve_console
+from host.runner import build_host, serve_host, start_virtual_phones
 from tests.host.console.host_console_support import (
+    DARK,
+    HOST_ID,
     SECRET,
     T_DARK,
     T_LEGACY,
     T_SECRET,
+    WITHIN_S,
     Filled,
+    Gate,
     UvicornThread,
+    host_settings,
 )
+from tests.host.lease_fake import start_fake_cloud
 
 pytestmark = pytest.mark.browser
 
@@ -39,6 +49,9 @@ CHROMIUM_ARGS = [
 ]
 #: Where a copy of the timeline screenshot goes for a person to look at (optional).
 SCREENSHOT_COPY_ENV = "AMC_HOST_CONSOLE_SCREENSHOT"
+#: Generous upper bound for a live change to show (a bound, not a timing assertion).
+LIVE_MS = 15_000
+T = TypeVar("T")
 
 
 @pytest.fixture(scope="module")
@@ -173,3 +186,116 @@ def test_now_page_polls_and_tasks_link_to_timelines(page: Page, served: tuple[st
     page.click("nav a[href='/tasks']")
     page.click(f"tr[data-task-id='{T_DARK}'] td.goal a")
     expect(page.locator("h1")).to_have_text("Turn on dark theme")
+
+
+class LiveHost:
+    """A real host and its console in their own event loop on a thread (as `amc host run
+    --console` runs them), fed by the in-test LeaseService, for the browser to watch."""
+
+    def __init__(self, tmp_path: Path) -> None:
+        self.tmp_path = tmp_path
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, name="live-host", daemon=True)
+        self.thread.start()
+        self.stop_event: asyncio.Event | None = None
+        self.planner: Gate | None = None
+        self.console: ConsoleServer | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self._cleanup: list[Callable[[], Awaitable[None]]] = []
+        self.call(self._start())
+
+    def call(self, coro: Coroutine[Any, Any, T]) -> T:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(WITHIN_S)
+
+    async def _start(self) -> None:
+        cloud = await start_fake_cloud(self.tmp_path / "pki", HOST_ID)
+        self._cleanup.append(lambda: cloud.server.stop(grace=None))
+        self.fake = cloud.cloud
+        virtual, settings = start_virtual_phones(
+            host_settings(self.tmp_path, cloud.port, cloud.pki_dir)
+        )
+        self._cleanup.append(lambda: asyncio.to_thread(virtual.stop))
+        self.planner = Gate(list(DARK))
+        app = build_host(settings, planner=self.planner)
+        self.stop_event = asyncio.Event()
+        ready: asyncio.Future[ConsoleServer] = asyncio.get_running_loop().create_future()
+        self._tasks.append(asyncio.create_task(serve_host(app, self.stop_event)))
+        self._tasks.append(
+            asyncio.create_task(
+                serve_console(
+                    app,
+                    HostConsoleSettings(bind_port=0),
+                    stop=self.stop_event,
+                    announce=lambda _: None,
+                    ready=ready.set_result,
+                )
+            )
+        )
+        self.console = await asyncio.wait_for(ready, WITHIN_S)
+        await asyncio.wait_for(app.lease.wait_connected(), WITHIN_S)
+
+    def assign(self, task_id: str, serial: str, goal: str) -> None:
+        self.call(self.fake.assign(task_id, serial, goal))
+
+    def open_gate(self) -> None:
+        assert self.planner is not None
+        self.loop.call_soon_threadsafe(self.planner.opened.set)
+
+    async def _stop(self) -> None:
+        if self.planner is not None:
+            self.planner.opened.set()
+        if self.stop_event is not None:
+            self.stop_event.set()
+        for task in self._tasks:
+            await task
+        for cleanup in reversed(self._cleanup):
+            await cleanup()
+
+    def close(self) -> None:
+        try:
+            self.call(self._stop())
+        finally:
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self.thread.join(WITHIN_S)
+            self.loop.close()
+
+
+@pytest.fixture
+def live_host(tmp_path: Path) -> Iterator[LiveHost]:
+    host = LiveHost(tmp_path)
+    try:
+        yield host
+    finally:
+        host.close()
+
+
+def test_now_and_timeline_update_live_while_a_task_runs(page: Page, live_host: LiveHost) -> None:
+    console = live_host.console
+    assert console is not None
+    base = console.url
+    page.goto(base + "/now")
+    page.fill("input[name=token]", console.login_token.current)
+    page.click("button[type=submit]")
+    expect(page).to_have_url(base + "/now")
+    row = page.locator("tr[data-serial='emulator-5556']")
+    expect(row).to_contain_text("idle")
+    page.evaluate("window.__notReloaded = true")
+
+    live_host.assign("live-b1", "emulator-5556", "Turn on dark theme")
+    expect(row).to_contain_text("step 2 · planning", timeout=LIVE_MS)
+    expect(row).to_contain_text("Turn on dark theme")
+    assert page.evaluate("window.__notReloaded === true")
+
+    # Open the running task: one step so far, then the rest arrive without a reload.
+    row.locator("a").click()
+    expect(page.locator("[data-field=status]")).to_have_text("running")
+    expect(page.locator("section.step")).to_have_count(1)
+    page.locator("#step-1 details.prompts summary").click()  # opened, and must stay open
+    page.evaluate("window.__notReloaded = true")
+    live_host.open_gate()
+    expect(page.locator("section.step")).to_have_count(4, timeout=LIVE_MS)
+    expect(page.locator("[data-field=status]")).to_have_text("succeeded", timeout=LIVE_MS)
+    assert page.evaluate("window.__notReloaded === true")
+    expect(page.locator("#step-1 details.prompts")).to_have_attribute("open", "")
+    for which in ("before", "after"):
+        assert _loaded_width(page, f"#step-3 img[data-shot={which}]") > 0

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import re
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -27,16 +27,17 @@ from host.console import (
 )
 from host.runner import build_host, run_host, serve_host, start_virtual_phones
 from host.settings import HostSettings
-from planner.decision import Decision
-from planner.history import WorldEvent
-from planner.scene import Scene
-from tests.host.console.host_console_support import CSRF_RE, Filled
+from tests.host.console.host_console_support import (
+    CSRF_RE,
+    DARK,
+    HOST_ID,
+    WITHIN_S,
+    Filled,
+    Gate,
+    host_settings,
+)
 from tests.host.lease_fake import RunningCloud, start_fake_cloud
-from tests.host.scripted_planner import ScriptedPlanner, Step, by_text
-
-HOST_ID = "console-h1"
-#: Upper bound for something to appear (a bound, not a timing assertion).
-WITHIN_S = 30.0
+from tests.host.scripted_planner import ScriptedPlanner
 
 
 def _console(**overrides: Any) -> HostConsoleSettings:
@@ -113,51 +114,6 @@ async def test_a_taken_port_is_an_error_not_an_exit(filled: Filled) -> None:
         await first
 
 
-class Gate:
-    """A scripted planner that holds step 2's decision until opened, so a task stays running."""
-
-    def __init__(self, steps: list[Step]) -> None:
-        self.inner = ScriptedPlanner(steps)
-        self.opened = asyncio.Event()
-        self.calls = 0
-
-    async def decide(
-        self,
-        goal: str,
-        scene: Scene,
-        history: Sequence[WorldEvent | dict[str, Any]] = (),
-        screenshot: bytes | None = None,
-    ) -> Decision:
-        self.calls += 1
-        if self.calls == 2:
-            await self.opened.wait()
-        return await self.inner.decide(goal, scene, history, screenshot)
-
-
-DARK = [
-    Step("launch_app", {"package_name": "com.android.settings"}, "open Settings"),
-    Step("tap", by_text("Display"), "open display settings"),
-    Step("tap", by_text("Dark theme"), "turn dark theme on"),
-    Step("complete", {"success": True, "reason": "dark theme is on"}),
-]
-
-
-def _host_settings(tmp_path: Path, port: int, pki_dir: Path) -> HostSettings:
-    return HostSettings(
-        data_dir=tmp_path / "host",
-        device_source="virtual",
-        virtual_phones=2,
-        cloud_address=f"127.0.0.1:{port}",
-        certs_dir=pki_dir,
-        host_id=HOST_ID,
-        ocr_enabled=False,
-        settle_delay_s=0,
-        device_poll_interval_s=0.2,
-        reconnect_initial_s=0.05,
-        reconnect_max_s=0.2,
-    )
-
-
 async def _until(check: Callable[[], Awaitable[bool]], what: str) -> None:
     """Poll `check` (as the page's script does) until it holds, within a generous bound."""
     deadline = asyncio.get_running_loop().time() + WITHIN_S
@@ -176,7 +132,7 @@ async def test_now_shows_a_running_task_live_on_a_real_host(tmp_path: Path) -> N
 
 
 async def _now_live(tmp_path: Path, cloud: RunningCloud) -> None:
-    virtual, settings = start_virtual_phones(_host_settings(tmp_path, cloud.port, cloud.pki_dir))
+    virtual, settings = start_virtual_phones(host_settings(tmp_path, cloud.port, cloud.pki_dir))
     planner = Gate(list(DARK))
     app = build_host(settings, planner=planner)
     stop = asyncio.Event()
@@ -248,7 +204,7 @@ async def test_run_host_serves_the_console_beside_it(
 ) -> None:
     """The runner hook: `run_host(..., console=...)` prints the console's URL and token."""
     cloud = await start_fake_cloud(tmp_path / "pki", HOST_ID)
-    settings = _host_settings(tmp_path, cloud.port, cloud.pki_dir)
+    settings = host_settings(tmp_path, cloud.port, cloud.pki_dir)
     stop = asyncio.Event()
     running = asyncio.create_task(
         run_host(settings, stop, planner=ScriptedPlanner(list(DARK)), console=_console())
