@@ -1,0 +1,170 @@
+"""Small pure parts of the console: settings, credentials, history reasons, badges, mapping."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from pathlib import Path
+
+import grpc
+import pytest
+from google.protobuf.timestamp_pb2 import Timestamp
+from pydantic import SecretStr, ValidationError
+
+from amc.v1 import types_pb2
+from console.gateway.auth import Credentials
+from console.gateway.errors import http_status
+from console.gateway.history import (
+    DIRECT_TRANSPORT,
+    NO_DECISION_YET,
+    NO_STEP_YET,
+    NOT_ASSIGNED_YET,
+    group_history,
+)
+from console.gateway.models import DecisionOut, TaskOut
+from console.gateway.present import attempt_label, progress_badge
+from console.settings import ConsoleSettings
+
+
+def test_settings_read_the_environment_and_derive_cert_paths(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("AMC_CONSOLE_ADMIN_PASSWORD", "hunter2-but-longer")
+    monkeypatch.setenv("AMC_CONSOLE_CERTS_DIR", str(tmp_path))
+    monkeypatch.setenv("AMC_CONSOLE_OPERATOR_NAME", "ops")
+    monkeypatch.setenv("AMC_CONSOLE_CLOUD_ADDRESS", "cloud.example:443")
+    settings = ConsoleSettings()
+    assert settings.cloud_address == "cloud.example:443"
+    assert settings.tls_files() == (
+        tmp_path / "ca.pem",
+        tmp_path / "operator-ops.pem",
+        tmp_path / "operator-ops.key",
+    )
+    assert settings.bind_host == "127.0.0.1"
+    assert "hunter2" not in repr(settings)
+    assert "hunter2" not in str(settings.model_dump())
+
+
+def test_settings_refuse_empty_or_weak_secrets() -> None:
+    with pytest.raises(ValidationError):
+        ConsoleSettings(admin_password=SecretStr(""))
+    with pytest.raises(ValidationError):
+        ConsoleSettings(admin_password=SecretStr("pw"), api_token=SecretStr("short"))
+    with pytest.raises(ValidationError):
+        ConsoleSettings(admin_password=SecretStr("pw"), session_secret=SecretStr("short"))
+
+
+def test_settings_without_certificates_say_what_to_set() -> None:
+    settings = ConsoleSettings(admin_password=SecretStr("pw"))
+    with pytest.raises(ValueError, match="AMC_CONSOLE_CERTS_DIR"):
+        settings.tls_files()
+
+
+def test_credentials_compare_hashes() -> None:
+    creds = Credentials("admin", SecretStr("s3cret"), SecretStr("token-0123456789abcdef"))
+    assert creds.check_login("admin", "s3cret")
+    assert not creds.check_login("admin", "S3cret")
+    assert not creds.check_login("root", "s3cret")
+    assert creds.check_token("token-0123456789abcdef")
+    assert not creds.check_token("token-0123456789abcdeF")
+    assert not Credentials("a", SecretStr("b"), None).check_token("")
+    assert "s3cret" not in repr(vars(creds))
+
+
+@pytest.mark.parametrize(
+    ("code", "status"),
+    [
+        (grpc.StatusCode.NOT_FOUND, 404),
+        (grpc.StatusCode.INVALID_ARGUMENT, 422),
+        (grpc.StatusCode.FAILED_PRECONDITION, 409),
+        (grpc.StatusCode.UNAVAILABLE, 503),
+        (grpc.StatusCode.DEADLINE_EXCEEDED, 504),
+        (grpc.StatusCode.PERMISSION_DENIED, 502),
+        (grpc.StatusCode.INTERNAL, 502),
+    ],
+)
+def test_grpc_codes_map_to_http(code: grpc.StatusCode, status: int) -> None:
+    assert http_status(code) == status
+
+
+def _task(*attempts: types_pb2.Attempt) -> TaskOut:
+    return TaskOut.of(
+        types_pb2.Task(task_id="t1", goal="g", max_attempts=3, attempts=list(attempts))
+    )
+
+
+def _attempt(n: int, transport: int, step: int = 0, host: str = "h1") -> types_pb2.Attempt:
+    return types_pb2.Attempt(
+        attempt=n,
+        host_id=host,
+        planner_transport=transport,  # type: ignore[arg-type]
+        progress=types_pb2.Progress(step_index=step),
+    )
+
+
+def _decision(attempt: int, step: int) -> DecisionOut:
+    return DecisionOut.of(
+        types_pb2.Decision(
+            decision_id=f"d{attempt}{step}", task_id="t1", attempt=attempt, step_index=step
+        )
+    )
+
+
+def test_empty_histories_say_why() -> None:
+    history, note = group_history(_task(), [], {})
+    assert (history, note) == ([], NOT_ASSIGNED_YET)
+
+    direct = _task(_attempt(1, types_pb2.PLANNER_TRANSPORT_DIRECT, step=4))
+    history, note = group_history(direct, [], {})
+    assert history[0].empty_reason == note == DIRECT_TRANSPORT
+
+    cloud = _task(_attempt(1, types_pb2.PLANNER_TRANSPORT_CLOUD))
+    assert group_history(cloud, [], {})[1] == NO_STEP_YET
+    planning = _task(_attempt(1, types_pb2.PLANNER_TRANSPORT_CLOUD, step=1))
+    assert group_history(planning, [], {})[1] == NO_DECISION_YET
+
+    # An attempt that did not record its transport falls back to the host's current one.
+    unknown = _task(_attempt(1, types_pb2.PLANNER_TRANSPORT_UNSPECIFIED, host="h9"))
+    history, note = group_history(unknown, [], {"h9": "direct"})
+    assert history[0].planner_transport == "direct"
+    assert note == DIRECT_TRANSPORT
+
+
+def test_history_groups_by_attempt_newest_first_in_step_order() -> None:
+    task = _task(
+        _attempt(1, types_pb2.PLANNER_TRANSPORT_CLOUD, step=2),
+        _attempt(2, types_pb2.PLANNER_TRANSPORT_CLOUD, step=1),
+    )
+    decisions = [_decision(1, 2), _decision(2, 1), _decision(1, 1)]
+    history, note = group_history(task, decisions, {})
+    assert note is None
+    assert [h.attempt for h in history] == [2, 1]
+    assert [d.step_index for d in history[1].decisions] == [1, 2]
+    assert history[0].empty_reason is None
+
+
+def test_badges_read_like_the_design() -> None:
+    task = TaskOut.of(
+        types_pb2.Task(
+            attempt=2,
+            max_attempts=3,
+            progress=types_pb2.Progress(
+                step_index=4, step_status=types_pb2.STEP_STATUS_ACTING, summary="tap 'Display'"
+            ),
+        )
+    )
+    assert progress_badge(task.progress) == "step 4 · acting · tap 'Display'"
+    assert attempt_label(task) == "attempt 2 of 3"
+    fresh = TaskOut.of(types_pb2.Task(max_attempts=3))
+    assert progress_badge(fresh.progress) == ""
+    assert attempt_label(fresh) == "not assigned yet (3 allowed)"
+
+
+def test_unknown_enum_numbers_and_bad_json_do_not_break_the_view() -> None:
+    task = TaskOut.of(types_pb2.Task(status=99))  # type: ignore[arg-type]
+    assert task.status == "unspecified"
+    decision = DecisionOut.of(types_pb2.Decision(arguments_json="{not json"))
+    assert decision.arguments is None
+    assert decision.arguments_json == "{not json"
+    stamped = TaskOut.of(types_pb2.Task(created_at=Timestamp(seconds=1_800_000_000)))
+    assert stamped.created_at == datetime.fromtimestamp(1_800_000_000, UTC)
+    assert stamped.finished_at is None
