@@ -27,6 +27,7 @@ from host.devices.virtual.state import Page, PhoneState
 from host.devices.virtual.widgets import NAV_BAR_H, STATUS_BAR_H, Geometry, window
 
 LONG_PRESS_MS = 500
+FONT_SCALES = {"Small": 0.85, "Default": 1.0, "Large": 1.15, "Largest": 1.3}
 
 
 DumpGlitch = Literal["empty", "idle"]
@@ -169,6 +170,7 @@ class VirtualPhone:
                 dark=self.state.flag("dark_theme"),
                 clock="12:30",
                 battery=self.state.battery_level,
+                text_scale=FONT_SCALES.get(str(self.state.settings.get("font_size")), 1.0),
             )
 
     def screenshot_png(self) -> bytes:

@@ -75,8 +75,9 @@ def _fit(text: str, size: int, width: int) -> str:
 class Painter:
     """Draws one screen; `ox, oy` translate frames when drawing into a clipped list image."""
 
-    def __init__(self, palette: Palette) -> None:
+    def __init__(self, palette: Palette, text_scale: float = 1.0) -> None:
         self.p = palette
+        self.scale = text_scale
 
     def text(
         self,
@@ -89,6 +90,7 @@ class Painter:
     ) -> None:
         if not value:
             return
+        size = round(size * self.scale)
         x1, y1, x2, y2 = box
         value = _fit(value, size, max(1, x2 - x1))
         f = font(size)
@@ -207,12 +209,22 @@ class Painter:
 
 
 def render(
-    root: Node, width: int, height: int, *, dark: bool, clock: str, battery: int
+    root: Node,
+    width: int,
+    height: int,
+    *,
+    dark: bool,
+    clock: str,
+    battery: int,
+    text_scale: float = 1.0,
 ) -> Image.Image:
-    """The whole screen: app window, then the status bar and the 3-button navigation bar."""
+    """The whole screen: app window, then the status bar and the 3-button navigation bar.
+
+    `text_scale` is the user's font size setting: text grows inside the same layout (long
+    labels get ellipsized), which is roughly what a real phone shows before it re-flows."""
     palette = DARK if dark else LIGHT
     img = Image.new("RGB", (width, height), palette.background)
-    Painter(palette).node(img, root, 0, 0)
+    Painter(palette, text_scale).node(img, root, 0, 0)
     d = ImageDraw.Draw(img)
     bar = palette.background
     d.rectangle((0, 0, width, STATUS_BAR_H), fill=bar)

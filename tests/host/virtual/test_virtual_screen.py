@@ -107,3 +107,11 @@ def _row_of(root: ET.Element, node: ET.Element) -> ET.Element:
     while row.get("clickable") != "true" and row in parents:
         row = parents[row]
     return row
+
+
+def test_font_size_setting_changes_the_text_not_the_layout() -> None:
+    phone = _settings_phone()
+    xml, small = phone.dump_hierarchy(), phone.screenshot()
+    phone.state.settings["font_size"] = "Largest"
+    assert phone.dump_hierarchy() == xml
+    assert phone.screenshot().tobytes() != small.tobytes()
