@@ -9,7 +9,7 @@ from pathlib import Path
 from urllib.parse import urlencode
 
 from fastapi import FastAPI, Request, Response
-from fastapi.responses import RedirectResponse
+from fastapi.responses import PlainTextResponse, RedirectResponse
 from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.middleware.sessions import SessionMiddleware
@@ -27,6 +27,29 @@ _CSP = (
     "default-src 'self'; img-src 'self'; style-src 'self'; script-src 'self'; "
     "frame-ancestors 'none'; form-action 'self'; base-uri 'none'"
 )
+
+
+LOOPBACK_NAMES = frozenset({"127.0.0.1", "localhost", "::1"})
+
+
+def host_of(header: str) -> str:
+    """The name in a Host header without its port (`[::1]:8765` → `::1`)."""
+    header = header.strip().lower()
+    if header.startswith("["):
+        return header[1 : header.find("]")] if "]" in header else header
+    return header.rsplit(":", 1)[0] if header.count(":") == 1 else header
+
+
+def allowed_host_names(settings: HostConsoleSettings) -> frozenset[str] | None:
+    """Host header names the console answers to; None means any (remote, no list given).
+
+    A console on loopback answers only to loopback names, so a web page that re-points its own
+    domain at 127.0.0.1 (DNS rebinding) cannot talk to it through the visitor's browser.
+    """
+    extra = {host_of(h) for h in settings.allowed_hosts if h}
+    if settings.allow_remote and not extra:
+        return None
+    return LOOPBACK_NAMES | extra | {host_of(settings.bind_host)}
 
 
 def session_cookie_name(settings: HostConsoleSettings) -> str:
@@ -64,10 +87,14 @@ def create_app(
         https_only=settings.cookie_secure,
     )
 
+    hosts = allowed_host_names(settings)
+
     @app.middleware("http")
     async def security_headers(
         request: Request, call_next: Callable[[Request], Awaitable[Response]]
     ) -> Response:
+        if hosts is not None and host_of(request.headers.get("host", "")) not in hosts:
+            return PlainTextResponse("unknown Host header", status_code=400)
         response = await call_next(request)
         response.headers.setdefault("X-Content-Type-Options", "nosniff")
         response.headers.setdefault("Referrer-Policy", "no-referrer")

@@ -22,6 +22,9 @@ class HostConsoleSettings(BaseSettings):
     bind_port: int = Field(default=8765, ge=0, le=65535)
     #: Required to listen on anything but a loopback address (`--allow-remote`).
     allow_remote: bool = False
+    #: Host names browsers may use for the console besides the loopback ones (a rebinding
+    #: guard); with `allow_remote` and no names given, any Host header is accepted.
+    allowed_hosts: list[str] = Field(default_factory=list)
     #: Signs the session cookie; a random one (sessions end with the process) when unset.
     session_secret: SecretStr = Field(default_factory=lambda: SecretStr(secrets.token_urlsafe(32)))
     session_max_age_s: int = Field(default=12 * 3600, gt=0)

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
-from host.console import create_app
+from host.console import HostConsoleSettings, create_app
 from host.timeline.record import TimelineRecord
 from host.timeline.store import TimelineStore
 from tests.host.console.host_console_support import (
@@ -295,3 +295,53 @@ def test_now_without_a_lease_client_says_so(client: TestClient) -> None:
     fragment = client.get("/now/phones")
     assert fragment.status_code == 200
     assert fragment.headers["cache-control"] == "no-store"
+
+
+@pytest.mark.parametrize("host", ["evil.example", "evil.example:8765", "10.0.0.1", "[::2]:80"])
+def test_foreign_host_headers_are_refused(filled: Filled, host: str) -> None:
+    """A page that re-points its domain at 127.0.0.1 (DNS rebinding) gets nothing."""
+    with TestClient(create_app(filled.state), base_url=BASE) as c:
+        response = c.get("/login", headers={"host": host})
+        assert response.status_code == 400
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1:8765", "localhost", "LOCALHOST:1", "[::1]:8765"])
+def test_loopback_host_headers_are_served(filled: Filled, host: str) -> None:
+    with TestClient(create_app(filled.state), base_url=BASE) as c:
+        assert c.get("/login", headers={"host": host}).status_code == 200
+
+
+def test_remote_console_with_named_hosts_answers_to_those(filled: Filled) -> None:
+    settings = HostConsoleSettings(
+        bind_host="0.0.0.0", allow_remote=True, allowed_hosts=["phones.lab.example"]
+    )
+    with TestClient(create_app(filled.state, settings), base_url=BASE) as c:
+        assert c.get("/login", headers={"host": "phones.lab.example:8765"}).status_code == 200
+        assert c.get("/login", headers={"host": "other.example"}).status_code == 400
+
+
+def test_live_timeline_returns_steps_after_those_shown(client: TestClient, filled: Filled) -> None:
+    total = len(filled.store.steps(T_DARK, 1))
+    live = client.get(f"/tasks/{T_DARK}/live", params={"attempt": 1, "after": total - 2}).json()
+    assert live["status"] == "succeeded"
+    assert live["count"] == total
+    assert live["html"].count('class="step card"') == 2
+    assert f'id="step-{total}"' in live["html"]
+    nothing = client.get(f"/tasks/{T_DARK}/live", params={"attempt": 1, "after": total}).json()
+    assert nothing["html"] == ""
+
+
+def test_live_timeline_without_session_is_401(anon: TestClient) -> None:
+    assert anon.get(f"/tasks/{T_DARK}/live", params={"attempt": 1}).status_code == 401
+
+
+def test_task_list_pages(filled: Filled) -> None:
+    app = create_app(filled.state, HostConsoleSettings(page_size=2))
+    with TestClient(app, base_url=BASE, follow_redirects=False) as c:
+        log_in(c, app.state.login_token.current)
+        first = c.get("/tasks").text
+        second = c.get("/tasks", params={"page": 2}).text
+    assert first.count("data-task-id=") == 2
+    assert "/tasks?page=2" in first
+    assert second.count("data-task-id=") == 1
+    assert "/tasks?page=1" in second
