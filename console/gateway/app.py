@@ -12,7 +12,11 @@ from urllib.parse import urlencode
 import grpc
 import uvicorn
 from fastapi import FastAPI, Request, Response
-from fastapi.exception_handlers import http_exception_handler
+from fastapi.exception_handlers import (
+    http_exception_handler,
+    request_validation_exception_handler,
+)
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, RedirectResponse
 from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -113,6 +117,17 @@ def create_app(settings: ConsoleSettings) -> FastAPI:
             return await http_exception_handler(request, exc)
         context = {"status": exc.status_code, "message": exc.detail, "code": None}
         return pages.render(request, "error.html", context, status_code=exc.status_code)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid_request(request: Request, exc: RequestValidationError) -> Response:
+        if _is_api(request):
+            return await request_validation_exception_handler(request, exc)
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in e.get('loc', ())[1:]) or 'request'}: {e.get('msg', '')}"
+            for e in exc.errors()
+        )
+        context = {"status": 422, "message": problems, "code": None}
+        return pages.render(request, "error.html", context, status_code=422)
 
     app.include_router(api.router)
     app.include_router(pages.router)

@@ -150,15 +150,26 @@ async def submit_form(
     goal: Annotated[str, Form()] = "",
     host_id: Annotated[str, Form()] = "",
     device_serial: Annotated[str, Form()] = "",
-    max_attempts: Annotated[int, Form()] = 0,
+    max_attempts: Annotated[str, Form()] = "",
     client_request_id: Annotated[str, Form()] = "",
 ) -> Response:
+    form = {"goal": goal, "host_id": host_id, "device_serial": device_serial}
+
+    async def again(message: str, status_code: int) -> Response:
+        hosts = [HostOut.of(h) for h in await cloud.list_hosts()]
+        context = {"nav": "submit", "hosts": hosts, "form": form, "error": message}
+        return render(request, "submit.html", context, status_code=status_code)
+
+    try:
+        attempts = int(max_attempts.strip() or 0)
+    except ValueError:
+        return await again("Max attempts must be a whole number (0: the cloud's default).", 422)
     try:
         response = await cloud.submit_task(
             goal=goal,
             host_id=host_id.strip(),
             device_serial=device_serial.strip(),
-            max_attempts=max_attempts,
+            max_attempts=attempts,
             lease_duration_s=None,
             timeout_s=None,
             client_request_id=client_request_id.strip(),
@@ -167,10 +178,7 @@ async def submit_form(
         code, message, _name = describe(error)
         if code not in (409, 422):
             raise
-        hosts = [HostOut.of(h) for h in await cloud.list_hosts()]
-        form = {"goal": goal, "host_id": host_id, "device_serial": device_serial}
-        context = {"nav": "submit", "hosts": hosts, "form": form, "error": message}
-        return render(request, "submit.html", context, status_code=code)
+        return await again(message, code)
     return RedirectResponse(f"/tasks/{response.task.task_id}", status_code=303)
 
 

@@ -116,3 +116,17 @@ def test_goals_are_escaped_on_every_page(anon: httpx.Client) -> None:
     for html in (detail, listing):
         assert goal not in html
         assert "&lt;script&gt;" in html
+
+
+def test_bad_form_and_query_values_get_an_html_answer(anon: httpx.Client) -> None:
+    log_in(anon)
+    token = csrf_of(anon.get("/tasks/new").text)
+    response = anon.post(
+        "/tasks/new", data={"goal": "g", "max_attempts": "many", "csrf_token": token}
+    )
+    assert response.status_code == 422
+    assert "whole number" in response.text
+    bad_query = anon.get("/tasks", params={"page_size": "lots"})
+    assert bad_query.status_code == 422
+    assert bad_query.headers["content-type"].startswith("text/html")
+    assert "page_size" in bad_query.text
