@@ -31,7 +31,7 @@ from console.gateway.auth import (
 )
 from host.console import present
 from host.console.login_token import OneTimeToken
-from host.console.state import HostState, cloud_link, phones_now
+from host.console.state import HostState, cloud_link, phones_now, planner_transport
 from host.timeline.artifacts import ArtifactPathError
 from host.timeline.store import TaskRow, TimelineStore
 
@@ -116,7 +116,12 @@ async def home(_: PageUser) -> Response:
 def _now_context(request: Request) -> dict[str, Any]:
     state = _state(request)
     connected, link = cloud_link(state)
-    return {"phones": phones_now(state), "connected": connected, "link": link}
+    return {
+        "phones": phones_now(state),
+        "connected": connected,
+        "link": link,
+        "transport": planner_transport(state),
+    }
 
 
 @router.get("/now", response_class=HTMLResponse)

@@ -122,8 +122,12 @@ class ConsoleServer:
                     ready(self)
                 if stop is not None:
                     waiter = asyncio.create_task(stop.wait())
-                    await asyncio.wait({serving, waiter}, return_when=asyncio.FIRST_COMPLETED)
-                    waiter.cancel()
+                    try:
+                        await asyncio.wait({serving, waiter}, return_when=asyncio.FIRST_COMPLETED)
+                    finally:
+                        waiter.cancel()
+                        with contextlib.suppress(asyncio.CancelledError):
+                            await waiter
                     self.stop()
             await serving  # returns once uvicorn has shut down; raises what broke it
         finally:

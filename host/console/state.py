@@ -88,3 +88,10 @@ def cloud_link(state: HostState) -> tuple[bool | None, str]:
         return True, f"connected to the cloud as {host_id}" if host_id else "connected"
     error = getattr(lease, "last_error", None)
     return False, f"not connected to the cloud{f' ({error})' if error else ''}"
+
+
+def planner_transport(state: HostState) -> str | None:
+    """ "direct" or "cloud" when the host says (a `HostApp` has its settings), else None."""
+    settings = getattr(state, "settings", None)
+    transport = getattr(settings, "planner_transport", None)
+    return transport if isinstance(transport, str) else None
