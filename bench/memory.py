@@ -54,10 +54,16 @@ class Sizes:
     workers: int
     settle: float
     tasks_per_phone: int
+    phones: tuple[int, ...]
+    host_idle_settle: float
 
 
-FULL = Sizes(levels=[0, 500, 2000], workers=2, settle=3.0, tasks_per_phone=3)
-SMOKE = Sizes(levels=[0, 10, 40], workers=2, settle=1.0, tasks_per_phone=1)
+FULL = Sizes(
+    [0, 500, 2000], workers=2, settle=3.0, tasks_per_phone=3, phones=(1, 4), host_idle_settle=4.0
+)
+SMOKE = Sizes(
+    [0, 10, 40], workers=1, settle=0.5, tasks_per_phone=1, phones=(1,), host_idle_settle=2.0
+)
 
 
 def _settled_rss(pid: int, settle: float) -> int:
@@ -167,7 +173,7 @@ def host_rss(
     with log.open("w") as err:
         proc = subprocess.Popen([*_amc(), "host", "run"], cwd=ROOT, env=env, stderr=err, stdout=err)
     try:
-        idle = _settled_rss(proc.pid, 4.0)
+        idle = _settled_rss(proc.pid, sizes.host_idle_settle)
         if proc.poll() is not None:
             raise RuntimeError(f"host exited early:\n{log.read_text()[-3000:]}")
         goals = [GOALS[i % len(GOALS)] for i in range(phones * sizes.tasks_per_phone)]
@@ -191,7 +197,8 @@ def run(smoke: bool) -> Section:
         "memory",
         "Memory",
         f"cloud (SQLite) at {', '.join(map(str, sizes.levels))} connected idle hosts; host agent "
-        f"with 1 and 4 virtual phones, {sizes.tasks_per_phone} task(s) per phone, OCR on",
+        f"with {' and '.join(map(str, sizes.phones))} virtual phone(s), "
+        f"{sizes.tasks_per_phone} task(s) per phone, OCR on",
     )
     ids = host_ids(top)
     pki_dir = resources.pki([*ids, HOST_ID])
@@ -221,7 +228,7 @@ def run(smoke: bool) -> Section:
     with tempfile.TemporaryDirectory(prefix="amc-bench-mem-") as tmp:
         url = f"sqlite+aiosqlite:///{Path(tmp) / 'cloud.sqlite3'}"
         with server_process("cloud", "--db", url, "--pki", str(pki_dir)) as cloud:
-            for phones in (1, 4):
+            for phones in sizes.phones:
                 with server_process("adb", "--phones", str(phones)) as adb:
                     idle, peak, ok, total = host_rss(cloud, adb, pki_dir, phones, sizes)
                 note = f"{ok}/{total} tasks succeeded"

@@ -39,7 +39,7 @@ def fmt(value: float | int | str | None, digits: int = 3) -> str:
         return value
     if isinstance(value, float) and math.isnan(value):
         return "n/a"
-    if isinstance(value, int) or float(value).is_integer() and abs(value) >= 100:
+    if isinstance(value, int) or (float(value).is_integer() and abs(value) >= 100):
         return f"{int(value):,}"
     magnitude = abs(value)
     if magnitude >= 100:

@@ -57,7 +57,7 @@ class PhaseResult:
     errors: int
 
 
-class _GrpcHost:
+class GrpcHost:
     """One host's channel and Lease stream."""
 
     def __init__(self, host_id: str, address: str, pki_dir: Path) -> None:
@@ -152,7 +152,7 @@ class _GrpcHost:
         await self.channel.close()
 
 
-class _HttpHost:
+class HttpHost:
     """One host of the old design: a JSON POST per renewal on a shared keep-alive pool."""
 
     def __init__(self, host_id: str, client: Any, lease: Lease) -> None:
@@ -185,7 +185,7 @@ class _HttpHost:
 
 
 async def _renew_loop(
-    host: _GrpcHost | _HttpHost, start: float, end: float, interval: float, out: PhaseResult
+    host: GrpcHost | HttpHost, start: float, end: float, interval: float, out: PhaseResult
 ) -> None:
     next_t = start + (random.uniform(0, interval) if interval else 0.0)
     while True:
@@ -206,10 +206,8 @@ async def _renew_loop(
                 out.latencies.append(time.perf_counter() - t0)
             else:
                 out.errors += 1
-        if interval:
-            next_t = max(next_t + interval, time.perf_counter())
-        else:
-            next_t = time.perf_counter()
+        # Paced: keep the schedule, but never burst to catch up. Closed loop: go again now.
+        next_t = max(next_t + interval, time.perf_counter()) if interval else time.perf_counter()
 
 
 async def _get(ctrl: Any) -> Any:
@@ -222,14 +220,14 @@ async def _get(ctrl: Any) -> Any:
 
 
 async def _worker(cfg: WorkerConfig, ctrl: Any, out: Any) -> None:
-    hosts: list[_GrpcHost | _HttpHost] = []
+    hosts: list[GrpcHost | HttpHost] = []
     client: Any = None
     failed = 0
     if cfg.mode == "grpc":
-        grpc_hosts = [_GrpcHost(h, cfg.address, cfg.pki_dir) for h in cfg.host_ids]
+        grpc_hosts = [GrpcHost(h, cfg.address, cfg.pki_dir) for h in cfg.host_ids]
         gate = asyncio.Semaphore(cfg.connect_concurrency)
 
-        async def connect(h: _GrpcHost) -> bool:
+        async def connect(h: GrpcHost) -> bool:
             async with gate:
                 try:
                     await asyncio.wait_for(h.connect(), 120)
@@ -242,7 +240,7 @@ async def _worker(cfg: WorkerConfig, ctrl: Any, out: Any) -> None:
         for h, ok in zip(grpc_hosts, oks, strict=True):
             if not ok:
                 await h.close()
-        hosts = list(live)
+        hosts = [h for h in live]
         failed = len(grpc_hosts) - len(live)
         out.put(("connected", cfg.worker_id, len(live), failed))
         if cfg.wait_assignment:
@@ -256,9 +254,7 @@ async def _worker(cfg: WorkerConfig, ctrl: Any, out: Any) -> None:
                 if not isinstance(g, BaseException)
             }
             # Hosts without an assignment cannot renew; keep them connected but idle.
-            hosts = [h for h in live if h.host_id in leases] + [
-                h for h in live if h.host_id not in leases
-            ]
+            hosts = sorted(live, key=lambda h: h.host_id not in leases)
             out.put(("assigned", cfg.worker_id, leases))
     else:
         import httpx
@@ -270,10 +266,10 @@ async def _worker(cfg: WorkerConfig, ctrl: Any, out: Any) -> None:
             ),
             timeout=60,
         )
-        http_hosts = [_HttpHost(h, client, cfg.http_leases[h]) for h in cfg.host_ids]
+        http_hosts = [HttpHost(h, client, cfg.http_leases[h]) for h in cfg.host_ids]
         gate = asyncio.Semaphore(cfg.connect_concurrency)
 
-        async def warm(h: _HttpHost) -> bool:
+        async def warm(h: HttpHost) -> bool:
             async with gate:
                 try:
                     return await h.renew()

@@ -1,0 +1,57 @@
+"""The benchmark runner at its smoke sizes: every benchmark runs and prints its figures.
+
+No timing is asserted (these machines are noisy); the test only checks that each benchmark ran
+against its same-run baseline and printed numbers.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.support.postgres import PostgresServer
+
+ROOT = Path(__file__).resolve().parents[2]
+
+pytestmark = pytest.mark.postgres
+
+
+def test_runner_smoke_prints_figures(postgres_server: PostgresServer, tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.endswith("_API_KEY")}
+    # Reuse the test session's PostgreSQL: the runner makes its own databases on it.
+    env["AMC_TEST_POSTGRES_URL"] = postgres_server.url(postgres_server.admin_db)
+    doc = tmp_path / "benchmarks.md"
+    done = subprocess.run(
+        [sys.executable, "-m", "bench", "--smoke", "--write", "--output", str(doc)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    out = done.stdout
+    assert done.returncode == 0, out[-4000:] + done.stderr[-4000:]
+    for title in (
+        "Lease capacity",
+        "Memory",
+        "Dispatch latency",
+        "Decision log at scale",
+        "Prompt growth",
+        "Host per-step overhead",
+    ):
+        assert f"== {title}" in out, title
+    # Figures with their baselines and ratios.
+    assert re.search(r"renewals/s\s+[\d,.]+ /s\s+vs HTTP/JSON [\d,.]+ = x[\d.]+", out)
+    assert re.search(r"vs bare gRPC echo [\d,.]+ = x[\d.]+", out)
+    assert re.search(r"cloud KiB per idle stream .* KiB", out)
+    assert re.search(r"submit → assignment p99\s+[\d.]+ ms", out)
+    assert re.search(r"ListDecisions .* p50, .*[\d.]+ ms", out)
+    assert "FAILED" not in out
+    text = doc.read_text()
+    assert "<!-- bench:lease_capacity -->" in text
+    assert "| metric | value |" in text
