@@ -231,6 +231,13 @@ def test_open_a_step_and_expand_its_thinking(
 
     screenshot(page, "task-detail")
 
+    # A link to a step opens that step on a fresh page.
+    other = page.context.new_page()
+    other.goto(f"{gateway}/tasks/{task.task_id}#step-{first.decision_id}")
+    expect(other.locator(f"#step-{first.decision_id}")).to_have_attribute("open", "")
+    expect(other.locator("details.step").nth(1)).not_to_have_attribute("open", "")
+    other.close()
+
 
 def test_direct_transport_task_says_why_history_is_empty(
     page: Page, gateway: str, operator: Operator, make_host: HostFactory

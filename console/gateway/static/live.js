@@ -35,6 +35,17 @@
   }
   setInterval(tick, 1000);
 
+  // A link to a step (#step-<decision id>) opens that step.
+  function openFromHash() {
+    var target = window.location.hash && document.getElementById(window.location.hash.slice(1));
+    if (target && target.tagName === "DETAILS") {
+      target.open = true;
+      target.scrollIntoView({ block: "start" });
+    }
+  }
+  openFromHash();
+  window.addEventListener("hashchange", openFromHash);
+
   function field(root, name) {
     return root.querySelector('[data-field="' + name + '"]');
   }
