@@ -1,0 +1,1 @@
+"""Abuse suite: fuzzed messages, forged identities and a canary scan for leaked secrets."""
