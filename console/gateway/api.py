@@ -161,8 +161,8 @@ _SSE_DOC: dict[int | str, dict[str, Any]] = {
     responses=_SSE_DOC,
     summary="Live changes of every task (server-sent events)",
 )
-async def fleet_events(cloud: Cloud) -> StreamingResponse:
-    return event_stream(cloud)
+async def fleet_events(request: Request, cloud: Cloud) -> StreamingResponse:
+    return event_stream(cloud, request.app.state.streams)
 
 
 @router.get(
@@ -171,5 +171,5 @@ async def fleet_events(cloud: Cloud) -> StreamingResponse:
     responses=_SSE_DOC,
     summary="Live changes of one task (server-sent events)",
 )
-async def task_events(cloud: Cloud, task_id: str) -> StreamingResponse:
-    return event_stream(cloud, task_id)
+async def task_events(request: Request, cloud: Cloud, task_id: str) -> StreamingResponse:
+    return event_stream(cloud, request.app.state.streams, task_id)

@@ -26,7 +26,8 @@ from console.gateway import api, pages
 from console.gateway.auth import Credentials, LoginRequired
 from console.gateway.cloud import CloudClient
 from console.gateway.errors import describe
-from console.gateway.models import ErrorOut
+from console.gateway.events import StreamGauge
+from console.gateway.models import ErrorOut, HealthOut
 from console.settings import ConsoleSettings
 
 log = logging.getLogger(__name__)
@@ -72,6 +73,7 @@ def create_app(settings: ConsoleSettings) -> FastAPI:
         redoc_url=None,
         openapi_url="/api/openapi.json",
     )
+    app.state.streams = StreamGauge()
     app.state.credentials = Credentials(
         settings.admin_username, settings.admin_password, settings.api_token
     )
@@ -128,6 +130,14 @@ def create_app(settings: ConsoleSettings) -> FastAPI:
         )
         context = {"status": 422, "message": problems, "code": None}
         return pages.render(request, "error.html", context, status_code=422)
+
+    @app.get("/healthz", response_model=HealthOut, tags=["health"], summary="Gateway health")
+    async def healthz(request: Request) -> HealthOut:
+        """Unauthenticated: is the gateway up, can it reach the cloud, how many live streams."""
+        cloud: CloudClient = request.app.state.cloud
+        return HealthOut(
+            status="ok", cloud=await cloud.health(), open_streams=request.app.state.streams.open
+        )
 
     app.include_router(api.router)
     app.include_router(pages.router)

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import grpc
 from google.protobuf.duration_pb2 import Duration
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from amc.v1 import (
     decision_log_service_pb2,
@@ -66,6 +67,18 @@ class CloudClient:
         self._progress = progress_service_pb2_grpc.ProgressServiceStub(self._channel)
         self._fleet = fleet_service_pb2_grpc.FleetServiceStub(self._channel)
         self._decisions = decision_log_service_pb2_grpc.DecisionLogServiceStub(self._channel)
+        self._health = health_pb2_grpc.HealthStub(self._channel)
+
+    async def health(self, timeout_s: float = 2.0) -> str:
+        """The cloud's gRPC health ("SERVING", "NOT_SERVING", ...) or the failure's code name."""
+        try:
+            response = await self._health.Check(
+                health_pb2.HealthCheckRequest(service=""), timeout=timeout_s
+            )
+        except grpc.aio.AioRpcError as error:
+            code: grpc.StatusCode = error.code()
+            return str(code.name)
+        return str(health_pb2.HealthCheckResponse.ServingStatus.Name(response.status))
 
     async def close(self) -> None:
         """Close the channel; open watch streams end with CANCELLED."""

@@ -28,6 +28,13 @@ KEEPALIVE_S = 15.0
 RETRY_MS = 1000
 
 
+class StreamGauge:
+    """How many live-update streams are open now (reported by /healthz)."""
+
+    def __init__(self) -> None:
+        self.open = 0
+
+
 def _event(name: str, data: str) -> str:
     lines = "".join(f"data: {line}\n" for line in data.splitlines() or [""])
     return f"event: {name}\n{lines}\n"
@@ -50,9 +57,10 @@ async def _pump(cloud: CloudClient, task_id: str, queue: asyncio.Queue[str | Non
         await queue.put(None)
 
 
-async def _frames(cloud: CloudClient, task_id: str) -> AsyncIterator[str]:
+async def _frames(cloud: CloudClient, task_id: str, gauge: StreamGauge) -> AsyncIterator[str]:
     queue: asyncio.Queue[str | None] = asyncio.Queue()
     pump = asyncio.create_task(_pump(cloud, task_id, queue))
+    gauge.open += 1
     try:
         yield f"retry: {RETRY_MS}\n: connected\n\n"
         while True:
@@ -65,15 +73,16 @@ async def _frames(cloud: CloudClient, task_id: str) -> AsyncIterator[str]:
                 return
             yield frame
     finally:
+        gauge.open -= 1
         pump.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await pump
 
 
-def event_stream(cloud: CloudClient, task_id: str = "") -> StreamingResponse:
+def event_stream(cloud: CloudClient, gauge: StreamGauge, task_id: str = "") -> StreamingResponse:
     """An SSE response of one task's changes, or of the whole fleet's when task_id is empty."""
     return StreamingResponse(
-        _frames(cloud, task_id),
+        _frames(cloud, task_id, gauge),
         media_type="text/event-stream",
         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
     )

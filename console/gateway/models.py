@@ -359,3 +359,11 @@ class ErrorOut(BaseModel):
 
     detail: str
     grpc_code: str | None = None
+
+
+class HealthOut(BaseModel):
+    """The gateway is up; `cloud` is the cloud's gRPC health or the error reaching it."""
+
+    status: Literal["ok"]
+    cloud: str
+    open_streams: int

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 import uuid
 from collections.abc import Iterator
 
@@ -266,6 +267,7 @@ def test_cloud_unreachable_is_503(console_settings: ConsoleSettings) -> None:
         response = httpx.get(f"{base}/api/hosts", headers=headers, timeout=20)
         assert response.status_code == 503
         assert response.json()["grpc_code"] == "UNAVAILABLE"
+        assert httpx.get(f"{base}/healthz", timeout=20).json()["cloud"] == "UNAVAILABLE"
     finally:
         server.stop()
 
@@ -327,3 +329,23 @@ def test_an_expired_lease_shows_as_the_next_attempt(
     assert "attempt 2 of 3" in html
     assert old["failure_reason"] in html
     assert "step 2 · acting · tap &#39;Display&#39;" in html
+
+
+def test_health_and_streams_end_when_the_client_leaves(console_settings: ConsoleSettings) -> None:
+    """Closing an event stream cancels its WatchProgress call (no watcher leaks per tab)."""
+    server = UvicornThread(create_app(console_settings))
+    base = server.start()
+    try:
+        health = httpx.get(f"{base}/healthz", timeout=20).json()
+        assert health == {"status": "ok", "cloud": "SERVING", "open_streams": 0}
+        headers = {"Authorization": f"Bearer {API_TOKEN}"}
+        with httpx.stream("GET", f"{base}/api/events", headers=headers, timeout=20) as response:
+            lines = response.iter_lines()  # keep it referenced: collecting it closes the stream
+            assert next(lines) == "retry: 1000"
+            assert httpx.get(f"{base}/healthz", timeout=20).json()["open_streams"] == 1
+        deadline = time.monotonic() + 20
+        while httpx.get(f"{base}/healthz", timeout=20).json()["open_streams"]:
+            assert time.monotonic() < deadline, "the stream outlived its client"
+            time.sleep(0.05)
+    finally:
+        server.stop()
