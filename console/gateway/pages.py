@@ -39,7 +39,7 @@ PAGE_SIZES = (10, 25, 50, 100)
 def render(
     request: Request, name: str, context: dict[str, Any], status_code: int = 200
 ) -> HTMLResponse:
-    """Render a template with what every page needs (user, CSRF token, current path)."""
+    """Render a template with what every page needs (the operator and the CSRF token)."""
     base = {"user": session_user(request), "csrf_token": csrf_token(request)}
     return TEMPLATES.TemplateResponse(request, name, base | context, status_code=status_code)
 
