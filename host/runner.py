@@ -32,6 +32,10 @@ from host.perception.perceive import Perceiver
 from host.planner_client import CloudPlanner, StepPlanner
 from host.settings import HostSettings
 from host.timeline.store import TimelineStore
+from planner.session.factory import open_session_planner
+from planner.session.step_planner import SessionStepPlanner
+from planner.session.store import SqliteSessionStore
+from planner.settings import PlannerSettings
 
 if TYPE_CHECKING:
     from host.console.settings import HostConsoleSettings
@@ -55,6 +59,9 @@ class HostApp:
     make_driver: DriverFactory
     direct_planner: StepPlanner | None
     planner_channel: grpc.aio.Channel | None = None
+    #: Session mode (`AMC_PLANNER_MODE=session`, direct transport): one conversation per attempt.
+    session_store: SqliteSessionStore | None = None
+    planner_settings: PlannerSettings | None = None
     _background: list[asyncio.Task[None]] = field(default_factory=list)
 
     def status(self) -> dict[str, Any]:
@@ -146,10 +153,19 @@ def build_host(
     make_driver = make_driver or driver_factory(settings)
     direct: StepPlanner | None = planner
     planner_channel: grpc.aio.Channel | None = None
-    if planner is None and settings.planner_transport == "direct":
+    planner_settings = PlannerSettings()
+    session_store: SqliteSessionStore | None = None
+    if planner is None and planner_settings.mode == "session":
+        if settings.planner_transport != "direct":
+            raise ValueError(
+                "AMC_PLANNER_MODE=session needs AMC_HOST_PLANNER_TRANSPORT=direct: the Decide "
+                "contract carries compact prompts, not a conversation"
+            )
+        session_store = SqliteSessionStore(settings.resolved_db_path.parent / "sessions.sqlite3")
+    elif planner is None and settings.planner_transport == "direct":
         from planner.planner import make_planner
 
-        direct = make_planner()
+        direct = make_planner(planner_settings)
     channels = channel_factory or (lambda: open_channel(settings))
 
     app_ref: list[HostApp] = []
@@ -183,6 +199,8 @@ def build_host(
         make_driver=make_driver,
         direct_planner=direct,
         planner_channel=planner_channel,
+        session_store=session_store,
+        planner_settings=planner_settings,
     )
     app_ref.append(app)
     return app
@@ -194,7 +212,18 @@ async def _run_task(
     """One assignment: a driver for its phone, a planner for its lease, the loop, retention."""
     s = app.settings
     planner: StepPlanner
-    if app.direct_planner is not None:
+    session: SessionStepPlanner | None = None
+    if app.session_store is not None and app.planner_settings is not None:
+        session = SessionStepPlanner(
+            await open_session_planner(
+                app.planner_settings,
+                store=app.session_store,
+                task_id=spec.task_id,
+                attempt=spec.attempt,
+            )
+        )
+        planner = session
+    elif app.direct_planner is not None:
         planner = app.direct_planner
     else:
         assert app.planner_channel is not None
@@ -219,7 +248,11 @@ async def _run_task(
             planner_transport=s.planner_transport,
         ),
     )
-    outcome = await loop.run(spec, progress, cancel)
+    try:
+        outcome = await loop.run(spec, progress, cancel)
+    finally:
+        if session is not None:
+            await session.aclose()
     if outcome.device_gone:
         app.registry.mark_offline(spec.device_serial)
     try:

@@ -72,6 +72,14 @@ class PlannerSettings(BaseSettings):
     history_window: int = Field(default=20, ge=1)
     send_screenshot: bool = False
 
+    # Planning mode: `compact` sends one compact record per past step; `session` keeps a real
+    # multi-turn conversation (with reasoning round-tripped exactly) — see planner/session/.
+    mode: Literal["compact", "session"] = "compact"
+    session_keep_scenes: int | None = Field(default=6, ge=1)
+    session_keep_reasoning_turns: int | None = Field(default=None, ge=1)
+    session_foreign_reasoning: Literal["drop", "text"] = "drop"
+    session_stream: bool = False
+
     @model_validator(mode="after")
     def _check_thinking(self) -> PlannerSettings:
         if self.thinking is None:

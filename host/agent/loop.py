@@ -273,7 +273,7 @@ class AgentLoop:
                 record.rationale = secrets.text(record.rationale) if record.rationale else None
             record.finished_at = _now()
             t = time.perf_counter()
-            record.timings = timings
+            record.timings = {**record.timings, **timings}
             if self.store is not None:
                 await asyncio.to_thread(self.store.append_step, record)
             timings["record_s"] = time.perf_counter() - t
