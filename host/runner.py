@@ -62,6 +62,8 @@ class HostApp:
     #: Session mode (`AMC_PLANNER_MODE=session`, direct transport): one conversation per attempt.
     session_store: SqliteSessionStore | None = None
     planner_settings: PlannerSettings | None = None
+    #: Tasks pruned at start whose session rows are deleted once the loop runs.
+    pruned_at_start: list[tuple[str, int]] = field(default_factory=list)
     _background: list[asyncio.Task[None]] = field(default_factory=list)
 
     def status(self) -> dict[str, Any]:
@@ -201,6 +203,7 @@ def build_host(
         planner_channel=planner_channel,
         session_store=session_store,
         planner_settings=planner_settings,
+        pruned_at_start=pruned,
     )
     app_ref.append(app)
     return app
@@ -256,10 +259,21 @@ async def _run_task(
     if outcome.device_gone:
         app.registry.mark_offline(spec.device_serial)
     try:
-        await asyncio.to_thread(app.store.prune, s.retention_max_tasks, s.retention_max_age_days)
+        pruned = await asyncio.to_thread(
+            app.store.prune, s.retention_max_tasks, s.retention_max_age_days
+        )
+        await _forget_sessions(app, pruned)
     except Exception:  # retention must never fail a task
         log.exception("retention pass failed")
     return outcome
+
+
+async def _forget_sessions(app: HostApp, pruned: list[tuple[str, int]]) -> None:
+    """Session conversations go with their timeline rows (same retention, same moment)."""
+    if app.session_store is None:
+        return
+    for task_id in sorted({task_id for task_id, _ in pruned}):
+        await app.session_store.delete(task_id)
 
 
 async def _poll_devices(app: HostApp, stop: asyncio.Event) -> None:
@@ -274,6 +288,7 @@ async def _poll_devices(app: HostApp, stop: asyncio.Event) -> None:
 
 async def serve_host(app: HostApp, stop: asyncio.Event) -> None:
     """Run an assembled host until `stop` is set (no signal handling here)."""
+    await _forget_sessions(app, app.pruned_at_start)
     await asyncio.to_thread(app.registry.refresh)
     poller = asyncio.create_task(_poll_devices(app, stop))
     try:

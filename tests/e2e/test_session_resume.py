@@ -1,0 +1,197 @@
+"""Session mode through the whole host: a host stops mid-task, a restarted host takes the next
+attempt, and its first model request carries the earlier turns' signed thinking exactly — checked
+by a local Anthropic-compatible server that rejects altered, reordered or missing reasoning.
+
+Real parts: the cloud gRPC server (mTLS, SQLite), the host agent (lease stream, session store on
+disk), the virtual phone over the adb protocol, the official `anthropic` SDK; only the model is a
+local fake (`tests/support/fake_session_server.py`), since no real API is reachable here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import pytest
+from google.protobuf.duration_pb2 import Duration
+
+from amc.v1 import task_service_pb2, types_pb2
+from cloud.pki import ensure_embedded_pki
+from cloud.server import build_server
+from cloud.settings import CloudSettings
+from console.client import OperatorClient, secure_channel
+from host.devices.adb_driver import AdbDriver
+from host.devices.base import Driver
+from host.devices.virtual.adb_server import VirtualAdbServer
+from host.devices.virtual.phone import VirtualPhone
+from host.runner import run_host
+from host.settings import HostSettings
+from tests.support.fake_session_server import (
+    FakeSessionServer,
+    ScriptedTurn,
+    text,
+    thinking,
+    tool_use,
+)
+
+INTENT = {"purpose": "make progress", "expected_outcome": "the next screen shows"}
+
+
+class StopAfterTaps:
+    """A real adbutils driver that stops its host right after the n-th tap (a host shutdown
+    at a known point of the task, so the test is deterministic)."""
+
+    def __init__(self, inner: AdbDriver, taps: int, stop: asyncio.Event, loop: Any) -> None:
+        self._inner = inner
+        self._left = taps
+        self._stop = stop
+        self._loop = loop
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    def tap(self, x: int, y: int) -> None:
+        self._inner.tap(x, y)
+        self._left -= 1
+        if self._left == 0:
+            self._loop.call_soon_threadsafe(self._stop.set)
+
+
+async def test_restarted_host_continues_the_conversation_with_signed_thinking(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with FakeSessionServer() as model:
+        model.anthropic_script.extend(
+            [
+                ScriptedTurn(
+                    [
+                        thinking("Home screen; Settings is where the theme lives."),
+                        text("Start: open Settings."),
+                        tool_use("launch_app", {"package_name": "com.android.settings", **INTENT}),
+                    ]
+                ),
+                ScriptedTurn(
+                    [
+                        thinking("Settings list is open; Display holds the theme."),
+                        text("Settings opened. Open Display."),
+                        tool_use("tap", {"element_id": "e25", **INTENT}),
+                    ]
+                ),
+                ScriptedTurn(
+                    [
+                        thinking("Back after a restart: Display is open, toggle Dark theme."),
+                        text("Display is open. Turn Dark theme on."),
+                        tool_use("tap", {"element_id": "e14", **INTENT}),
+                    ]
+                ),
+                ScriptedTurn(
+                    [
+                        thinking("The switch shows on."),
+                        text("Dark theme is on."),
+                        tool_use("complete", {"success": True, "reason": "Dark theme is on"}),
+                    ]
+                ),
+            ]
+        )
+        monkeypatch.setenv("AMC_PLANNER_MODE", "session")
+        monkeypatch.setenv("AMC_PLANNER_PROVIDER", "anthropic")
+        monkeypatch.setenv("AMC_PLANNER_ANTHROPIC_API_KEY", "sk-ant-test")
+        monkeypatch.setenv("AMC_PLANNER_ANTHROPIC_BASE_URL", model.anthropic_base_url)
+        monkeypatch.setenv("AMC_PLANNER_THINKING", "budget")
+        monkeypatch.setenv("AMC_PLANNER_THINKING_BUDGET_TOKENS", "2048")
+
+        pki = ensure_embedded_pki(tmp_path, ["h1"], operator="op")
+        phone = VirtualPhone("virtual-1")
+        adb = VirtualAdbServer([phone])
+        adb_port = await adb.start()
+        cloud = await build_server(
+            CloudSettings(
+                database_url=f"sqlite+aiosqlite:///{tmp_path / 'cloud.sqlite3'}",
+                listen_address="127.0.0.1:0",
+                pki_dir=pki,
+            )
+        )
+        await cloud.start()
+        operator = OperatorClient.over(
+            secure_channel(
+                cloud.address,
+                ca=pki / "ca.pem",
+                cert=pki / "operator-op.pem",
+                key=pki / "operator-op.key",
+            )
+        )
+        settings = HostSettings(
+            data_dir=tmp_path / "host",
+            adb_port=adb_port,
+            cloud_address=cloud.address,
+            certs_dir=pki,
+            host_id="h1",
+            tls_server_name="localhost",
+            ocr_enabled=False,
+            settle_delay_s=0.0,
+        )
+        try:
+            submitted = await operator.tasks.SubmitTask(
+                task_service_pb2.SubmitTaskRequest(
+                    goal="Turn on dark theme", lease_duration=Duration(seconds=5)
+                )
+            )
+            task_id = submitted.task.task_id
+            loop = asyncio.get_running_loop()
+
+            first_stop = asyncio.Event()
+
+            def stopping_driver(serial: str) -> Driver:
+                return StopAfterTaps(  # type: ignore[return-value]
+                    AdbDriver(serial, "127.0.0.1", adb_port), 1, first_stop, loop
+                )
+
+            await asyncio.wait_for(run_host(settings, first_stop, make_driver=stopping_driver), 60)
+            assert len(model.bodies("/v1/messages")) == 2, "the first host made two decisions"
+
+            second_stop = asyncio.Event()
+            second = asyncio.create_task(run_host(settings, second_stop))
+            try:
+                for _ in range(600):
+                    task = (
+                        await operator.tasks.GetTask(
+                            task_service_pb2.GetTaskRequest(task_id=task_id)
+                        )
+                    ).task
+                    if task.status in (
+                        types_pb2.TASK_STATUS_SUCCEEDED,
+                        types_pb2.TASK_STATUS_FAILED,
+                    ):
+                        break
+                    await asyncio.sleep(0.1)
+            finally:
+                second_stop.set()
+                await asyncio.wait_for(second, 30)
+        finally:
+            await operator.close()
+            await cloud.stop(grace=0)
+            await adb.stop()
+
+        assert task.status == types_pb2.TASK_STATUS_SUCCEEDED, task.result_summary
+        assert task.attempt == 2
+        assert phone.state.settings["dark_theme"] is True
+        assert model.rejections == []
+        bodies = model.bodies("/v1/messages")
+        assert len(bodies) == 4
+        # The restarted host's first request replays both earlier turns, each as ONE assistant
+        # message that starts with its signed thinking block, exactly as the server sent it.
+        resumed = bodies[2]["messages"]
+        assistants = [m for m in resumed if m["role"] == "assistant"]
+        assert len(assistants) == 2
+        for turn, expected in zip(
+            assistants,
+            [
+                "Home screen; Settings is where the theme lives.",
+                "Settings list is open; Display holds the theme.",
+            ],
+            strict=True,
+        ):
+            assert [b["type"] for b in turn["content"]] == ["thinking", "text", "tool_use"]
+            assert turn["content"][0]["thinking"] == expected
+            assert turn["content"][0]["signature"]
