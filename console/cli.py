@@ -78,11 +78,20 @@ def up(
     data_dir: DataDir = Path(".amc/up"),
     phones: Annotated[int, typer.Option(help="Virtual phones on the host.")] = 2,
     console_port: Annotated[int, typer.Option(help="Port of the operators' console.")] = 8080,
+    host_console_port: Annotated[int, typer.Option(help="Port of the host's console.")] = 8765,
 ) -> None:
-    """Run the embedded stack (cloud, console, a host with virtual phones) until Ctrl-C."""
+    """Run the embedded stack (cloud, consoles, a host with virtual phones) until Ctrl-C."""
     from console.embedded import run_up
 
-    _run(run_up(data_dir, phones=phones, console_port=console_port, out=out))
+    _run(
+        run_up(
+            data_dir,
+            phones=phones,
+            console_port=console_port,
+            host_console_port=host_console_port,
+            out=out,
+        )
+    )
 
 
 # --- parts of a real deployment --------------------------------------------------------------
@@ -105,12 +114,21 @@ def cloud_serve(
 
 
 @host_app.command("run")
-def host_run() -> None:
+def host_run(
+    console: Annotated[
+        bool, typer.Option(help="Serve the host's local console (127.0.0.1:8765 by default).")
+    ] = False,
+    allow_remote: Annotated[
+        bool, typer.Option(help="Let the local console bind a non-loopback address.")
+    ] = False,
+) -> None:
     """Run a host agent: connect to the cloud, drive the phones (settings from AMC_HOST_*)."""
+    from host.console import HostConsoleSettings
     from host.runner import run_host
     from host.settings import HostSettings
 
-    _run(run_host(HostSettings()))
+    console_settings = HostConsoleSettings(allow_remote=allow_remote) if console else None
+    _run(run_host(HostSettings(), console=console_settings))
 
 
 @console_app.command("serve")
@@ -135,7 +153,8 @@ def certs_init(
     """Create a fleet CA and a server certificate."""
     from cloud import pki
 
-    pki.init_fleet(directory, server_names=server_name or [])
+    pki.init_ca(directory)
+    pki.write_server_cert(directory, server_name or [])
     out.print(f"fleet CA and server certificate written to {directory}")
 
 
@@ -147,8 +166,8 @@ def certs_host(
     """Issue a host client certificate signed by the fleet CA."""
     from cloud import pki
 
-    cert, key = pki.issue_host(directory, host_id)
-    out.print(f"host certificate: {cert}\nhost key: {key}")
+    cert = pki.write_host_cert(directory, host_id)
+    out.print(f"host certificate: {cert} (key beside it, readable by you only)")
 
 
 @certs_app.command("operator")
@@ -159,8 +178,8 @@ def certs_operator(
     """Issue an operator client certificate signed by the fleet CA."""
     from cloud import pki
 
-    cert, key = pki.issue_operator(directory, name)
-    out.print(f"operator certificate: {cert}\noperator key: {key}")
+    cert = pki.write_operator_cert(directory, name)
+    out.print(f"operator certificate: {cert} (key beside it, readable by you only)")
 
 
 # --- operating the fleet ---------------------------------------------------------------------

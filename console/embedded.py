@@ -11,12 +11,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import secrets
 import shutil
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from pydantic import SecretStr
 from rich.console import Console
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn
 
@@ -31,6 +33,9 @@ from cloud.server import CloudServer, build_server
 from cloud.settings import CloudSettings
 from console import formatting
 from console.client import OperatorClient, secure_channel
+from console.gateway.app import build_server as build_console_server
+from console.settings import ConsoleSettings
+from host.console import HostConsoleSettings
 from host.devices.virtual.adb_server import VirtualAdbServer
 from host.devices.virtual.phone import VirtualPhone
 from host.runner import run_host
@@ -60,7 +65,12 @@ class EmbeddedStack:
 
 @contextlib.asynccontextmanager
 async def embedded_stack(
-    data_dir: Path, *, phones: int = 1, transport: Transport = "cloud", max_steps: int = 30
+    data_dir: Path,
+    *,
+    phones: int = 1,
+    transport: Transport = "cloud",
+    max_steps: int = 30,
+    host_console: HostConsoleSettings | None = None,
 ) -> AsyncIterator[EmbeddedStack]:
     """Start every part, yield, then stop them in reverse order."""
     pki_dir = await asyncio.to_thread(ensure_embedded_pki, data_dir, [HOST_ID], operator=OPERATOR)
@@ -90,7 +100,9 @@ async def embedded_stack(
         device_poll_interval_s=1.0,
     )
     host_stop = asyncio.Event()
-    host_task = asyncio.create_task(run_host(host_settings, host_stop), name="host")
+    host_task = asyncio.create_task(
+        run_host(host_settings, host_stop, console=host_console), name="host"
+    )
     operator = OperatorClient.over(
         secure_channel(
             cloud.address,
@@ -213,22 +225,56 @@ async def run_demo(
         return ok
 
 
+def _console_password(data_dir: Path) -> str:
+    """The embedded console's admin password: made once, kept (0600) so restarts keep logins."""
+    path = data_dir / "console-password"
+    if not path.exists():
+        path.write_text(secrets.token_urlsafe(18))
+        path.chmod(0o600)
+    return path.read_text().strip()
+
+
 async def run_up(
     data_dir: Path,
     *,
     phones: int = 2,
     console_port: int = 8080,
+    host_console_port: int = 8765,
     transport: Transport = "cloud",
     out: Console | None = None,
 ) -> None:
-    """Keep the embedded stack running until Ctrl-C, printing where everything is."""
+    """Keep the embedded stack and both consoles running until Ctrl-C; print where they are."""
     out = out or Console()
-    async with embedded_stack(data_dir, phones=phones, transport=transport) as stack:
-        out.print(f"cloud:    {stack.cloud_address} (mTLS; certificates in {stack.pki_dir})")
-        out.print(
-            f"phones:   {', '.join(stack.adb.phones)} (adb server 127.0.0.1:{stack.adb.port})"
+    host_console = HostConsoleSettings(bind_port=host_console_port)
+    async with embedded_stack(
+        data_dir, phones=phones, transport=transport, host_console=host_console
+    ) as stack:
+        password = await asyncio.to_thread(_console_password, data_dir)
+        gateway = build_console_server(
+            ConsoleSettings(
+                cloud_address=stack.cloud_address,
+                certs_dir=stack.pki_dir,
+                operator_name=OPERATOR,
+                tls_server_name="localhost",
+                admin_password=SecretStr(password),
+                bind_port=console_port,
+            )
         )
+        gateway.config.log_level = "warning"
+        serving = asyncio.create_task(gateway.serve(), name="console")
+        out.print(
+            f"console:  http://127.0.0.1:{console_port}/  (user admin, password in "
+            f"{data_dir / 'console-password'})"
+        )
+        out.print(f"cloud:    {stack.cloud_address} (mTLS; certificates in {stack.pki_dir})")
+        phones_list = ", ".join(stack.adb.phones)
+        out.print(f"phones:   {phones_list} (adb server 127.0.0.1:{stack.adb.port})")
         out.print(
             f"operator: amc --cloud {stack.cloud_address} --pki-dir {stack.pki_dir} task list"
         )
-        await stack.host_task
+        try:
+            await asyncio.wait({serving, stack.host_task}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            gateway.should_exit = True
+            with contextlib.suppress(Exception):
+                await serving

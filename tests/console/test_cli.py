@@ -1,0 +1,80 @@
+"""The `amc` command line as an operator runs it: a new process per command, against a real
+cloud server over mTLS."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from cloud.pki import ensure_embedded_pki
+from cloud.server import build_server
+from cloud.settings import CloudSettings
+
+AMC = str(Path(sys.executable).with_name("amc"))
+ENV = {**os.environ, "COLUMNS": "200"}
+
+
+async def amc(*args: str) -> tuple[int, str]:
+    process = await asyncio.create_subprocess_exec(
+        AMC, *args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=ENV
+    )
+    output, _ = await asyncio.wait_for(process.communicate(), 60)
+    return process.returncode or 0, output.decode()
+
+
+@pytest.mark.parametrize(
+    "command", [[], ["cloud", "serve"], ["host", "run"], ["console", "serve"], ["task"]]
+)
+def test_every_part_has_help(command: list[str]) -> None:
+    result = subprocess.run(
+        [AMC, *command, "--help"], capture_output=True, text=True, env=ENV, timeout=60
+    )
+    assert result.returncode == 0, result.stderr
+    assert "Usage" in result.stdout
+
+
+def test_certs_commands_make_a_fleet(tmp_path: Path) -> None:
+    for args in (["init", "pki"], ["host", "pki", "h1"], ["operator", "pki", "alice"]):
+        subprocess.run([AMC, "certs", *args], cwd=tmp_path, check=True, env=ENV, timeout=60)
+    names = sorted(p.name for p in (tmp_path / "pki").iterdir())
+    assert names == [
+        "ca.key", "ca.pem", "host-h1.key", "host-h1.pem",
+        "operator-alice.key", "operator-alice.pem", "server.key", "server.pem",
+    ]  # fmt: skip
+    assert (tmp_path / "pki" / "host-h1.key").stat().st_mode & 0o077 == 0
+
+
+async def test_task_commands_against_a_real_cloud(tmp_path: Path) -> None:
+    pki = ensure_embedded_pki(tmp_path, [], operator="admin")
+    cloud = await build_server(
+        CloudSettings(
+            database_url=f"sqlite+aiosqlite:///{tmp_path / 'cloud.sqlite3'}",
+            listen_address="127.0.0.1:0",
+            pki_dir=pki,
+        )
+    )
+    await cloud.start()
+    conn = ["--cloud", cloud.address, "--pki-dir", str(pki)]
+    try:
+        code, out = await amc(*conn, "task", "submit", "Turn on dark theme", "--request-id", "r1")
+        assert code == 0, out
+        task_id = out.strip()
+        code, again = await amc(*conn, "task", "submit", "Turn on dark theme", "--request-id", "r1")
+        assert again.startswith(task_id) and "already submitted" in again
+        code, listing = await amc(*conn, "task", "list", "--status", "queued")
+        assert code == 0 and task_id in listing and "queued" in listing
+        code, shown = await amc(*conn, "task", "show", task_id)
+        assert code == 0 and "Turn on dark theme" in shown
+        code, cancelled = await amc(*conn, "task", "cancel", task_id)
+        assert code == 0 and "cancelled" in cancelled
+        code, missing = await amc(*conn, "task", "show", "no-such-task")
+        assert code == 2 and "NOT_FOUND" in missing
+        code, decisions = await amc(*conn, "decisions", task_id)
+        assert code == 0 and "no decisions logged" in decisions
+    finally:
+        await cloud.stop(grace=0)
