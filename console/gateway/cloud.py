@@ -24,6 +24,7 @@ from amc.v1 import (
     task_service_pb2_grpc,
     types_pb2,
 )
+from console.client import secure_channel
 
 #: Upper bound of decisions the detail view loads for one task (pages of 500).
 MAX_DECISIONS = 5_000
@@ -50,18 +51,7 @@ class CloudClient:
         server_name: str | None = None,
         timeout_s: float = 10.0,
     ) -> None:
-        credentials = grpc.ssl_channel_credentials(
-            root_certificates=ca.read_bytes(),
-            private_key=key.read_bytes(),
-            certificate_chain=cert.read_bytes(),
-        )
-        options: list[tuple[str, str | int]] = [
-            ("grpc.keepalive_time_ms", 20_000),
-            ("grpc.keepalive_timeout_ms", 10_000),
-        ]
-        if server_name:
-            options.append(("grpc.ssl_target_name_override", server_name))
-        self._channel = grpc.aio.secure_channel(address, credentials, options=options)
+        self._channel = secure_channel(address, ca=ca, cert=cert, key=key, server_name=server_name)
         self._timeout = timeout_s
         self._tasks = task_service_pb2_grpc.TaskServiceStub(self._channel)
         self._progress = progress_service_pb2_grpc.ProgressServiceStub(self._channel)
