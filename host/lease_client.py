@@ -40,6 +40,8 @@ Key = tuple[str, int]
 ChannelFactory = Callable[[], grpc.aio.Channel]
 
 DEFAULT_LEASE_S = 60.0
+#: A result the cloud answered with a retryable UNAVAILABLE rejection goes again after this long.
+RESEND_AFTER_UNAVAILABLE_S = 1.0
 
 
 class DeviceSource(Protocol):
@@ -123,6 +125,7 @@ class LeaseClient:
         self._queue: asyncio.Queue[lease_service_pb2.LeaseRequest | None] | None = None
         self._welcomed = asyncio.Event()
         self._renew_interval_s: float | None = None
+        self._resend_pending = False
         self.host_id: str | None = None
         self.connects = 0
         self.last_error: str | None = None
@@ -283,10 +286,28 @@ class LeaseClient:
         elif kind == "rejected":
             rj = response.rejected
             log.error("cloud rejected a message (code %s): %s", rj.code, rj.message)
+            if rj.code == grpc.StatusCode.UNAVAILABLE.value[0]:
+                # The cloud could not process it just now (its database is down, say): keep
+                # the results and send them again shortly; renewals repeat on their own.
+                self._schedule_resend()
+                return
             # A result the cloud cannot use would be resent forever; drop it.
             if rj.task_id:
                 for key in [k for k in self._outbox if k[0] == rj.task_id]:
                     self._outbox.pop(key, None)
+
+    def _schedule_resend(self) -> None:
+        """Send every unacknowledged result again in `RESEND_AFTER_UNAVAILABLE_S` (once)."""
+        if self._loop is None or self._resend_pending:
+            return
+        self._resend_pending = True
+
+        def resend() -> None:
+            self._resend_pending = False
+            for request in list(self._outbox.values()):
+                self._send(request)
+
+        self._loop.call_later(RESEND_AFTER_UNAVAILABLE_S, resend)
 
     def _on_welcome(self, welcome: lease_service_pb2.Welcome) -> None:
         self.host_id = welcome.host_id
