@@ -1,0 +1,98 @@
+"""A PostgreSQL server of one test's own, which the test may stop and start again.
+
+The session's shared server (`tests/support/postgres.py`) must never go down under other tests,
+so the fault suite makes its own cluster (same binaries, same `runuser` dance when running as
+root) and restarts it at will. Stopping uses `-m immediate`: the closest thing to a crash that
+still leaves the data directory reusable.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import pwd
+import shutil
+import tempfile
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+from tests.support.postgres import PostgresServer, _binary, _free_port, _run_as, _wait_ready
+
+
+class RestartablePostgres:
+    """A private cluster on a fixed port; `stop()` and `start()` as often as needed."""
+
+    def __init__(self) -> None:
+        self.os_user = "postgres" if os.geteuid() == 0 else pwd.getpwuid(os.geteuid()).pw_name
+        self.base = Path(tempfile.mkdtemp(prefix="amc-pg-fault-"))
+        self.data = self.base / "data"
+        self.port = _free_port()
+        self.password = uuid.uuid4().hex
+        self.server = PostgresServer("127.0.0.1", self.port, "amc", self.password)
+
+    def init(self) -> None:
+        pwfile = self.base / "pw"
+        pwfile.write_text(self.password)
+        if os.geteuid() == 0:
+            pw = pwd.getpwnam(self.os_user)
+            os.chown(self.base, pw.pw_uid, pw.pw_gid)
+            os.chown(pwfile, pw.pw_uid, pw.pw_gid)
+        _run_as(
+            self.os_user,
+            [
+                _binary("initdb"),
+                "-D",
+                str(self.data),
+                "-U",
+                "amc",
+                "--pwfile",
+                str(pwfile),
+                "--auth=scram-sha-256",
+                "-E",
+                "UTF8",
+                "--no-sync",
+            ],
+        )
+
+    def start(self) -> None:
+        options = (
+            f"-p {self.port} -k {self.base} -c listen_addresses=127.0.0.1 -c max_connections=200"
+        )
+        _run_as(
+            self.os_user,
+            [
+                _binary("pg_ctl"),
+                "-D",
+                str(self.data),
+                "-l",
+                str(self.base / "server.log"),
+                "-o",
+                options,
+                "-w",
+                "-t",
+                "60",
+                "start",
+            ],
+        )
+        _wait_ready(self.server)
+
+    def stop(self, mode: str = "immediate") -> None:
+        _run_as(self.os_user, [_binary("pg_ctl"), "-D", str(self.data), "-m", mode, "-w", "stop"])
+
+    def remove(self) -> None:
+        with contextlib.suppress(Exception):
+            self.stop()
+        shutil.rmtree(self.base, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def restartable_postgres() -> Iterator[RestartablePostgres]:
+    """A running private cluster, removed afterwards."""
+    pg = RestartablePostgres()
+    try:
+        pg.init()
+        pg.start()
+        yield pg
+    finally:
+        pg.remove()
