@@ -10,8 +10,19 @@ from __future__ import annotations
 import datetime as dt
 import uuid
 from dataclasses import dataclass
+from typing import cast
 
-from sqlalchemy import ColumnElement, exists, select, update
+from sqlalchemy import (
+    ColumnElement,
+    Integer,
+    String,
+    Table,
+    Update,
+    bindparam,
+    exists,
+    select,
+    update,
+)
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 
@@ -19,7 +30,7 @@ from amc.v1 import lease_service_pb2 as lease_pb
 from amc.v1 import types_pb2
 from cloud.store import states
 from cloud.store.database import Store
-from cloud.store.models import AttemptRow, TaskRow
+from cloud.store.models import AttemptRow, TaskRow, UTCDateTime
 
 SUMMARY_LIMIT = 200
 ELLIPSIS = "…"
@@ -190,6 +201,49 @@ class RenewalOut:
     message: str = ""
 
 
+def _renew_statement(with_progress: bool) -> Update:
+    """The fenced renewal UPDATE, built once with bound parameters.
+
+    Building an ORM UPDATE per renewal (and letting the ORM evaluate its WHERE clause against the
+    session) cost about a millisecond of CPU per renewal, most of the cloud's per-renewal cost
+    (bench/lease_capacity.py); this Core statement on the table is built once and only binds
+    values per renewal (~0.3 ms). The fence is the same WHERE clause as `_live_fence`.
+    """
+    values: dict[str, object] = {
+        "lease_expires_at": bindparam("r_expires", type_=UTCDateTime()),
+        "status": states.RUNNING,
+    }
+    if with_progress:
+        values.update(
+            step_index=bindparam("r_step_index", type_=Integer()),
+            step_status=bindparam("r_step_status", type_=Integer()),
+            summary=bindparam("r_summary", type_=String()),
+            progress_updated_at=bindparam("r_now", type_=UTCDateTime()),
+        )
+    attempts = cast(Table, AttemptRow.__table__)
+    tasks = cast(Table, TaskRow.__table__)
+    return (
+        update(attempts)
+        .where(
+            attempts.c.task_id == bindparam("r_task", type_=String()),
+            attempts.c.attempt == bindparam("r_attempt", type_=Integer()),
+            attempts.c.lease_id == bindparam("r_lease", type_=String()),
+            attempts.c.host_id == bindparam("r_host", type_=String()),
+            attempts.c.ended_at.is_(None),
+            attempts.c.lease_expires_at > bindparam("r_now", type_=UTCDateTime()),
+            ~exists().where(
+                tasks.c.task_id == attempts.c.task_id, tasks.c.cancel_requested.is_(True)
+            ),
+        )
+        .values(**values)
+        .returning(attempts.c.id)
+    )
+
+
+_RENEW = _renew_statement(with_progress=False)
+_RENEW_WITH_PROGRESS = _renew_statement(with_progress=True)
+
+
 async def renew_batch(store: Store, items: list[RenewalIn]) -> list[RenewalOut]:
     """Write many renewals in one transaction, each fenced by its own conditional UPDATE.
 
@@ -212,28 +266,23 @@ async def renew_batch(store: Store, items: list[RenewalIn]) -> list[RenewalOut]:
                 out.append(RenewalOut(None, lease_pb.REVOKE_REASON_UNKNOWN, "unknown task"))
                 continue
             expires = now + dt.timedelta(seconds=seconds)
-            values: dict[str, object] = {"lease_expires_at": expires, "status": states.RUNNING}
+            params: dict[str, object] = {
+                "r_task": item.task_id,
+                "r_attempt": item.attempt,
+                "r_lease": item.lease_id,
+                "r_host": item.host_id,
+                "r_now": now,
+                "r_expires": expires,
+            }
+            statement = _RENEW
             if item.progress is not None:
-                values.update(
-                    step_index=item.progress.step_index,
-                    step_status=item.progress.step_status,
-                    summary=item.progress.summary,
-                    progress_updated_at=now,
+                statement = _RENEW_WITH_PROGRESS
+                params.update(
+                    r_step_index=item.progress.step_index,
+                    r_step_status=item.progress.step_status,
+                    r_summary=item.progress.summary,
                 )
-            not_cancelled = ~exists().where(
-                TaskRow.task_id == AttemptRow.task_id, TaskRow.cancel_requested.is_(True)
-            )
-            row = (
-                await session.execute(
-                    update(AttemptRow)
-                    .where(
-                        *_live_fence(item.host_id, item.task_id, item.attempt, item.lease_id, now),
-                        not_cancelled,
-                    )
-                    .values(**values)
-                    .returning(AttemptRow.id)
-                )
-            ).first()
+            row = (await session.execute(statement, params)).first()
             if row is not None:
                 out.append(RenewalOut(expires))
                 renewed_tasks.append(item.task_id)
