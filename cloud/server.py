@@ -74,7 +74,10 @@ def _is_loopback(address: str) -> bool:
 
 def server_options(settings: CloudSettings) -> list[tuple[str, Any]]:
     """Keepalive, connection age and message size options of the grpc server."""
-    ms = lambda seconds: int(seconds * 1000)  # noqa: E731
+
+    def ms(seconds: float) -> int:
+        return int(seconds * 1000)
+
     return [
         ("grpc.keepalive_time_ms", ms(settings.keepalive_time_seconds)),
         ("grpc.keepalive_timeout_ms", ms(settings.keepalive_timeout_seconds)),
@@ -201,8 +204,8 @@ class CloudServer:
         if self.settings.insecure:
             if not _is_loopback(address):
                 raise ValueError(f"plaintext is only allowed on loopback, not {address!r}")
-            return self.server.add_insecure_port(address)
-        return self.server.add_secure_port(address, server_credentials(self.settings))
+            return int(self.server.add_insecure_port(address))
+        return int(self.server.add_secure_port(address, server_credentials(self.settings)))
 
     @property
     def address(self) -> str:

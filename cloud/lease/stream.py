@@ -38,7 +38,7 @@ class LeaseServicer(lease_service_pb2_grpc.LeaseServiceServicer):
         self._manager = manager
         self._insecure = insecure
 
-    async def Lease(
+    async def Lease(  # type: ignore[override]
         self,
         request_iterator: object,
         context: grpc.aio.ServicerContext[lease_pb.LeaseRequest, lease_pb.LeaseResponse],

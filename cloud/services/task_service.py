@@ -19,8 +19,6 @@ MAX_REQUEST_ID = 128
 MAX_REASON = 500
 MAX_ATTEMPTS = 20
 
-Ctx = grpc.aio.ServicerContext
-
 
 class TaskServicer(task_service_pb2_grpc.TaskServiceServicer):
     """Operators' view of tasks."""
@@ -67,7 +65,7 @@ class TaskServicer(task_service_pb2_grpc.TaskServiceServicer):
     async def SubmitTask(
         self,
         request: pb.SubmitTaskRequest,
-        context: Ctx[pb.SubmitTaskRequest, pb.SubmitTaskResponse],
+        context: grpc.aio.ServicerContext[pb.SubmitTaskRequest, pb.SubmitTaskResponse],
     ) -> pb.SubmitTaskResponse:
         await require(context, "operator", insecure=self._settings.insecure)
         spec = self._spec(request)
@@ -82,7 +80,9 @@ class TaskServicer(task_service_pb2_grpc.TaskServiceServicer):
         )
 
     async def GetTask(
-        self, request: pb.GetTaskRequest, context: Ctx[pb.GetTaskRequest, pb.GetTaskResponse]
+        self,
+        request: pb.GetTaskRequest,
+        context: grpc.aio.ServicerContext[pb.GetTaskRequest, pb.GetTaskResponse],
     ) -> pb.GetTaskResponse:
         await require(context, "operator", insecure=self._settings.insecure)
         if not request.task_id:
@@ -93,7 +93,9 @@ class TaskServicer(task_service_pb2_grpc.TaskServiceServicer):
         return pb.GetTaskResponse(task=convert.task(view, with_attempts=True))
 
     async def ListTasks(
-        self, request: pb.ListTasksRequest, context: Ctx[pb.ListTasksRequest, pb.ListTasksResponse]
+        self,
+        request: pb.ListTasksRequest,
+        context: grpc.aio.ServicerContext[pb.ListTasksRequest, pb.ListTasksResponse],
     ) -> pb.ListTasksResponse:
         await require(context, "operator", insecure=self._settings.insecure)
         if not 0 <= request.page_size <= 500:
@@ -116,7 +118,7 @@ class TaskServicer(task_service_pb2_grpc.TaskServiceServicer):
     async def CancelTask(
         self,
         request: pb.CancelTaskRequest,
-        context: Ctx[pb.CancelTaskRequest, pb.CancelTaskResponse],
+        context: grpc.aio.ServicerContext[pb.CancelTaskRequest, pb.CancelTaskResponse],
     ) -> pb.CancelTaskResponse:
         await require(context, "operator", insecure=self._settings.insecure)
         if not request.task_id:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import datetime as dt
 import uuid
 from dataclasses import dataclass
-from typing import cast
+from typing import TypeAlias, cast
 
 from sqlalchemy import (
     ColumnElement,
@@ -35,7 +35,7 @@ from cloud.store.models import AttemptRow, TaskRow, UTCDateTime
 SUMMARY_LIMIT = 200
 ELLIPSIS = "…"
 
-RevokeReason = lease_pb.RevokeReason.ValueType
+RevokeReason: TypeAlias = lease_pb.RevokeReason.ValueType
 
 
 def truncate_summary(text: str) -> str:

@@ -1,0 +1,147 @@
+"""Several cloud replicas sharing one PostgreSQL: no task is handed out twice, progress crosses."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import func, select
+
+from amc.v1 import progress_service_pb2, progress_service_pb2_grpc, task_service_pb2, types_pb2
+from cloud.server import CloudServer, build_server
+from cloud.settings import CloudSettings
+from cloud.store.models import AttemptRow
+from tests.cloud.cloud_harness import AutoHost, ScriptedHost, channel, renewal, submit, tasks_stub
+from tests.support.postgres import PostgresServer
+
+pytestmark = pytest.mark.postgres
+
+
+@pytest.fixture
+async def replicas(
+    postgres_server: PostgresServer, pki_dir: Path
+) -> AsyncIterator[list[CloudServer]]:
+    url = postgres_server.create_database()
+    servers: list[CloudServer] = []
+    try:
+        for _ in range(2):
+            settings = CloudSettings(
+                database_url=url,
+                listen_address="127.0.0.1:0",
+                pki_dir=pki_dir,
+                default_lease_seconds=30,
+                sweep_interval_seconds=0.2,
+                dispatch_interval_seconds=0.5,
+                shutdown_grace_seconds=0.5,
+            )
+            server = await build_server(settings)
+            await server.start()
+            servers.append(server)
+        yield servers
+    finally:
+        for server in servers:
+            await server.stop(0.5)
+
+
+async def test_two_replicas_twenty_hosts_500_tasks_each_done_once(
+    replicas: list[CloudServer], pki_dir: Path
+) -> None:
+    done: Counter[str] = Counter()
+    attempts_seen: Counter[tuple[str, int]] = Counter()
+    all_done = asyncio.Event()
+    total = 500
+
+    def on_done(host_id: str, task_id: str, attempt: int) -> None:
+        done[task_id] += 1
+        attempts_seen[(task_id, attempt)] += 1
+        if len(done) >= total:
+            all_done.set()
+
+    hosts = [
+        AutoHost(replicas[i % 2].address, pki_dir, f"h{i}", [f"h{i}-p1", f"h{i}-p2"], on_done)
+        for i in range(20)
+    ]
+    channels = [channel(r.address, pki_dir, "operator-ops") for r in replicas]
+    try:
+        await asyncio.gather(*(h.start() for h in hosts))
+        stubs = [tasks_stub(ch) for ch in channels]
+        submitted = await asyncio.gather(
+            *(submit(stubs[i % 2], goal=f"task {i}") for i in range(total))
+        )
+        ids = {s.task.task_id for s in submitted}
+        assert len(ids) == total
+        await asyncio.wait_for(all_done.wait(), 120)
+        assert set(done) == ids
+        assert max(done.values()) == 1  # every task completed exactly once
+        async with replicas[0].store.read() as session:
+            per_task = (
+                await session.execute(
+                    select(AttemptRow.task_id, func.count()).group_by(AttemptRow.task_id)
+                )
+            ).all()
+        assert len(per_task) == total
+        assert all(count == 1 for _, count in per_task)  # never handed out twice
+        listed = await stubs[1].ListTasks(
+            task_service_pb2.ListTasksRequest(
+                page_size=500, statuses=[types_pb2.TASK_STATUS_SUCCEEDED]
+            )
+        )
+        assert len(listed.tasks) == total
+    finally:
+        await asyncio.gather(*(h.stop() for h in hosts))
+        for ch in channels:
+            await ch.close()
+
+
+async def test_watch_on_one_replica_sees_progress_from_another(
+    replicas: list[CloudServer], pki_dir: Path
+) -> None:
+    a, b = replicas
+    ch_a = channel(a.address, pki_dir, "operator-ops")
+    ch_b = channel(b.address, pki_dir, "operator-ops")
+    host = ScriptedHost(a.address, pki_dir, "h20")
+    try:
+        await host.connect(["p"])
+        task = (await submit(tasks_stub(ch_a))).task
+        assignment = (await host.next("assignment")).assignment
+        watcher: Any = progress_service_pb2_grpc.ProgressServiceStub(ch_b)  # type: ignore[no-untyped-call]
+        fleet_watch = watcher.WatchProgress(progress_service_pb2.WatchProgressRequest())
+        while True:  # the snapshot holds the task
+            msg = await asyncio.wait_for(fleet_watch.read(), 10)
+            if msg.task.task_id == task.task_id:
+                break
+        await host.send(renewal(assignment, 5, "seen across replicas"))
+        await host.next("renewed")
+        while True:
+            msg = await asyncio.wait_for(fleet_watch.read(), 5)  # well within a second in practice
+            if msg.task.progress.summary == "seen across replicas":
+                assert not msg.snapshot
+                break
+        fleet_watch.cancel()
+    finally:
+        await host.close()
+        await ch_a.close()
+        await ch_b.close()
+
+
+async def test_cancel_on_one_replica_revokes_host_on_another(
+    replicas: list[CloudServer], pki_dir: Path
+) -> None:
+    a, b = replicas
+    ch_b = channel(b.address, pki_dir, "operator-ops")
+    host = ScriptedHost(a.address, pki_dir, "h21")
+    try:
+        await host.connect(["p"])
+        stub = tasks_stub(ch_b)
+        task = (await submit(stub)).task
+        await host.next("assignment")
+        await stub.CancelTask(task_service_pb2.CancelTaskRequest(task_id=task.task_id))
+        revoked = (await host.next("revoked")).revoked
+        assert revoked.task_id == task.task_id
+    finally:
+        await host.close()
+        await ch_b.close()

@@ -1,0 +1,153 @@
+"""Store behaviour on both backends: migrations, the decision log and its retention, lease gate."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+from collections.abc import AsyncIterator
+
+import pytest
+from sqlalchemy import inspect, update
+
+from amc.v1 import types_pb2
+from cloud.store import decisions, leases, states, tasks
+from cloud.store.database import Store
+from cloud.store.engine import check, downgrade, upgrade
+from cloud.store.models import TaskRow
+from cloud.store.ports import StoreDecisionSink, StoreLeaseGate
+from planner.decision import Decision, ThinkingBlock, Usage
+
+
+@pytest.fixture
+async def store(db_url: str) -> AsyncIterator[Store]:
+    s = Store.from_url(db_url)
+    await upgrade(s.engine)
+    try:
+        yield s
+    finally:
+        await s.close()
+
+
+def _tables(sync_conn: object) -> set[str]:
+    return set(inspect(sync_conn).get_table_names())
+
+
+async def test_migrations_up_down_and_check(db_url: str) -> None:
+    s = Store.from_url(db_url)
+    try:
+        await upgrade(s.engine)
+        await check(s.engine)  # models and migration agree
+        async with s.engine.connect() as conn:
+            assert {"tasks", "attempts", "hosts", "decisions"} <= await conn.run_sync(_tables)
+        await downgrade(s.engine, "base")
+        async with s.engine.connect() as conn:
+            assert not {"tasks", "attempts", "hosts", "decisions"} & await conn.run_sync(_tables)
+        await upgrade(s.engine)
+        await check(s.engine)
+    finally:
+        await s.close()
+
+
+def _decision(text: str = "tap", sensitive: bool = False) -> Decision:
+    action = types_pb2.Action(purpose="open it", expected_outcome="it opens")
+    if sensitive:
+        action.input_text.text = "hunter2"
+        action.input_text.sensitive = True
+        tool, args = "input_text", {"text": "hunter2", "sensitive": True}
+    else:
+        action.tap.element_id = "e1"
+        tool, args = "tap", {"element_id": "e1"}
+    return Decision(
+        tool_name=tool,
+        arguments=args,
+        action=action,
+        purpose="open it",
+        expected_outcome="it opens",
+        rationale=f"I will {text}",
+        thinking=[ThinkingBlock("hmm"), ThinkingBlock("", redacted=True)],
+        usage=Usage(input_tokens=10, output_tokens=5),
+        provider="offline",
+        model="m",
+        latency_s=0.25,
+        forced_retry=False,
+        system_prompt="sys",
+        user_prompt="user",
+    )
+
+
+async def _task(store: Store) -> str:
+    view, _ = await tasks.submit(
+        store, tasks.NewTask(goal="g", max_attempts=3, lease_seconds=30, timeout_seconds=3600)
+    )
+    return view.task.task_id
+
+
+async def test_decision_steps_are_unique_under_concurrency(store: Store) -> None:
+    task_id = await _task(store)
+    sink = StoreDecisionSink(store)
+    results = await asyncio.gather(
+        *(sink.append("h1", task_id, 1, _decision(str(i))) for i in range(20))
+    )
+    assert sorted(step for _, step in results) == list(range(1, 21))
+    _, other = await sink.append("h1", task_id, 2, _decision())
+    assert other == 1  # per (task, attempt)
+
+    page, token = await decisions.list_page(store, task_id, 0, 15, "")
+    assert [(d.attempt, d.step_index) for d in page] == [(1, i) for i in range(1, 16)]
+    rest, token2 = await decisions.list_page(store, task_id, 0, 15, token)
+    assert [(d.attempt, d.step_index) for d in rest] == [(1, i) for i in range(16, 21)] + [(2, 1)]
+    assert token2 == ""
+    only2, _ = await decisions.list_page(store, task_id, 2, 100, "")
+    assert len(only2) == 1
+
+
+async def test_sensitive_text_is_masked_in_the_log(store: Store) -> None:
+    task_id = await _task(store)
+    decision_id, _ = await StoreDecisionSink(store).append(
+        "h1", task_id, 1, _decision(sensitive=True)
+    )
+    row = await decisions.get(store, decision_id)
+    assert row is not None
+    assert "hunter2" not in row.arguments_json
+    assert b"hunter2" not in (row.action_pb or b"")
+    assert row.thinking == [{"text": "hmm", "redacted": False}, {"text": "", "redacted": True}]
+
+
+async def test_retention_prunes_only_old_ended_tasks(store: Store) -> None:
+    old = await _task(store)
+    recent = await _task(store)
+    running = await _task(store)
+    sink = StoreDecisionSink(store)
+    for task_id in (old, recent, running):
+        for _ in range(3):
+            await sink.append("h1", task_id, 1, _decision())
+    now = store.now()
+    async with store.write() as session:
+        await session.execute(
+            update(TaskRow)
+            .where(TaskRow.task_id == old)
+            .values(status=states.SUCCEEDED, finished_at=now - dt.timedelta(days=8))
+        )
+        await session.execute(
+            update(TaskRow)
+            .where(TaskRow.task_id == recent)
+            .values(status=states.SUCCEEDED, finished_at=now - dt.timedelta(days=1))
+        )
+    removed = await decisions.prune(store, dt.timedelta(days=7), batch_size=2)
+    assert removed == 3
+    for task_id, left in ((old, 0), (recent, 3), (running, 3)):
+        rows, _ = await decisions.list_page(store, task_id, 0, 100, "")
+        assert len(rows) == left
+
+
+async def test_lease_gate_and_claim(store: Store) -> None:
+    task_id = await _task(store)
+    claimed = await leases.claim(store, "h1", ["p"], 2)
+    assert claimed is not None and claimed.task_id == task_id
+    gate = StoreLeaseGate(store)
+    assert await gate.is_live("h1", task_id, 1, claimed.lease_id)
+    assert not await gate.is_live("h2", task_id, 1, claimed.lease_id)
+    assert not await gate.is_live("h1", task_id, 1, "other")
+    # The same phone cannot get a second live attempt.
+    await _task(store)
+    assert await leases.claim(store, "h1", ["p"], 2) is None

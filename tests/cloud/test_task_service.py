@@ -1,0 +1,118 @@
+"""TaskService and FleetService behaviour: idempotency, validation, filters, pages, hosts."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+
+from amc.v1 import fleet_service_pb2, fleet_service_pb2_grpc, task_service_pb2, types_pb2
+from cloud.server import CloudServer
+from tests.cloud.cloud_harness import ScriptedHost, channel, result, submit
+
+
+async def test_submit_is_idempotent(ops: Any) -> None:
+    first = await submit(ops, client_request_id="req-1")
+    again = await submit(ops, goal="different text, same key", client_request_id="req-1")
+    assert not first.deduplicated
+    assert again.deduplicated
+    assert again.task.task_id == first.task.task_id
+    assert again.task.goal == first.task.goal
+    other = await submit(ops, client_request_id="req-2")
+    assert other.task.task_id != first.task.task_id
+
+
+@pytest.mark.parametrize(
+    ("request_kwargs", "field"),
+    [
+        ({"goal": ""}, "goal"),
+        ({"goal": "x" * 2001}, "goal"),
+        ({"goal": "ok", "max_attempts": 21}, "max_attempts"),
+        ({"goal": "ok", "client_request_id": "k" * 129}, "client_request_id"),
+    ],
+)
+async def test_submit_validation_names_the_field(
+    ops: Any, request_kwargs: dict[str, Any], field: str
+) -> None:
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await ops.SubmitTask(task_service_pb2.SubmitTaskRequest(**request_kwargs))
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert (err.value.details() or "").startswith(field)
+
+
+async def test_get_unknown_task(ops: Any) -> None:
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await ops.GetTask(task_service_pb2.GetTaskRequest(task_id="nope"))
+    assert err.value.code() == grpc.StatusCode.NOT_FOUND
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await ops.CancelTask(task_service_pb2.CancelTaskRequest(task_id="nope"))
+    assert err.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+async def test_list_filters_and_pages(cloud: CloudServer, ops: Any, pki_dir: Path) -> None:
+    ids = [(await submit(ops, goal=f"Goal number {i}")).task.task_id for i in range(7)]
+    special = (await submit(ops, goal="Turn on DARK theme")).task.task_id
+
+    seen: list[str] = []
+    token = ""
+    while True:
+        page = await ops.ListTasks(task_service_pb2.ListTasksRequest(page_size=3, page_token=token))
+        assert len(page.tasks) <= 3
+        seen.extend(t.task_id for t in page.tasks)
+        token = page.next_page_token
+        if not token:
+            break
+    assert seen == [special, *reversed(ids)]  # newest first, no repeats
+
+    found = await ops.ListTasks(task_service_pb2.ListTasksRequest(query="dark"))
+    assert [t.task_id for t in found.tasks] == [special]
+
+    host = ScriptedHost(cloud.address, pki_dir, "h12")
+    try:
+        await host.connect(["p"])
+        a = (await host.next("assignment")).assignment
+        await host.send(result(a))
+        await host.next("result_ack")
+    finally:
+        await host.close()
+    by_host = await ops.ListTasks(task_service_pb2.ListTasksRequest(host_id="h12"))
+    assert a.task_id in [t.task_id for t in by_host.tasks]
+    assert {t.host_id for t in by_host.tasks} == {"h12"}
+    done = await ops.ListTasks(
+        task_service_pb2.ListTasksRequest(statuses=[types_pb2.TASK_STATUS_SUCCEEDED])
+    )
+    assert [t.task_id for t in done.tasks] == [a.task_id]
+    assert done.tasks[0].progress.step_index == 3
+
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await ops.ListTasks(task_service_pb2.ListTasksRequest(page_token="garbage"))
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
+async def test_list_hosts(cloud: CloudServer, pki_dir: Path) -> None:
+    ch = channel(cloud.address, pki_dir, "operator-ops")
+    fleet: Any = fleet_service_pb2_grpc.FleetServiceStub(ch)  # type: ignore[no-untyped-call]
+    online = ScriptedHost(cloud.address, pki_dir, "h13")
+    gone = ScriptedHost(cloud.address, pki_dir, "h14")
+    try:
+        await online.connect(["p1", "p2"])
+        await gone.connect(["q"])
+        await gone.close()
+        hosts = (await fleet.ListHosts(fleet_service_pb2.ListHostsRequest())).hosts
+        by_id = {h.host_id: h for h in hosts}
+        assert by_id["h13"].connected
+        assert [d.serial for d in by_id["h13"].devices] == ["p1", "p2"]
+        assert by_id["h13"].planner_transport == types_pb2.PLANNER_TRANSPORT_CLOUD
+        connected_only = await fleet.ListHosts(
+            fleet_service_pb2.ListHostsRequest(connected_only=True)
+        )
+        ids = [h.host_id for h in connected_only.hosts]
+        assert "h13" in ids
+        # h14's stream end is recorded by the server asynchronously.
+        if "h14" in by_id:
+            assert hosts[0].connected
+    finally:
+        await online.close()
+        await ch.close()
