@@ -81,6 +81,9 @@ def server_options(settings: CloudSettings) -> list[tuple[str, Any]]:
     return [
         ("grpc.keepalive_time_ms", ms(settings.keepalive_time_seconds)),
         ("grpc.keepalive_timeout_ms", ms(settings.keepalive_timeout_seconds)),
+        # gRPC core >= 1.5x times out unanswered pings with this (default 60 s), not the above:
+        # without it a half-open host connection lingers for a minute.
+        ("grpc.http2.ping_timeout_ms", ms(settings.keepalive_timeout_seconds)),
         ("grpc.keepalive_permit_without_calls", 1),
         (
             "grpc.http2.min_ping_interval_without_data_ms",

@@ -1,0 +1,5 @@
+"""The Node.js client test runs against the same real server fixtures as the cloud tests."""
+
+from tests.cloud.conftest import cloud, db_url, make_settings, pki_dir
+
+__all__ = ["cloud", "db_url", "make_settings", "pki_dir"]
