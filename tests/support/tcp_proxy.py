@@ -77,10 +77,24 @@ class TcpProxy:
                 for w in link._writers:
                     w.close()
 
+        async def drain() -> None:
+            # Let the pumps see their sockets close and finish before the loop goes.
+            current = asyncio.current_task()
+            rest = [t for t in asyncio.all_tasks() if t is not current]
+            for t in rest:
+                t.cancel()
+            await asyncio.gather(*rest, return_exceptions=True)
+            if self._server is not None:
+                await self._server.wait_closed()
+
         with contextlib.suppress(Exception):
             asyncio.run_coroutine_threadsafe(close(), self._loop).result(5)
+        with contextlib.suppress(Exception):
+            asyncio.run_coroutine_threadsafe(drain(), self._loop).result(5)
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(5)
+        if not self._thread.is_alive():
+            self._loop.close()
 
     # --- faults -------------------------------------------------------------------------------
     def blackhole(self) -> list[Link]:
