@@ -18,6 +18,7 @@ from amc.v1 import (
     types_pb2,
 )
 from cloud.server import CloudServer
+from cloud.store import leases
 from tests.cloud.cloud_harness import ScriptedHost, channel, renewal, result, submit, wait_status
 
 
@@ -333,5 +334,53 @@ async def test_device_targeting_and_one_task_per_device(
         await host.next("result_ack")
         a3 = (await host.next("assignment")).assignment
         assert (a3.task_id, a3.device_serial) == (t3.task_id, "p1")
+    finally:
+        await host.close()
+
+
+async def test_deadline_fails_task_and_revokes(cloud: CloudServer, ops: Any, pki_dir: Path) -> None:
+    host = ScriptedHost(cloud.address, pki_dir, "h17")
+    try:
+        await host.connect(["p"])
+        task = (await submit(ops, timeout=secs(0.5), lease_duration=secs(30))).task
+        await host.next("assignment")
+        r = (await host.next("revoked")).revoked
+        assert r.reason == lease_pb.REVOKE_REASON_DEADLINE_EXCEEDED
+        got = await wait_status(ops, task.task_id, types_pb2.TASK_STATUS_FAILED)
+        assert got.result_summary == "deadline exceeded"
+    finally:
+        await host.close()
+
+
+async def test_concurrent_renewals_share_one_transaction(
+    cloud: CloudServer, ops: Any, pki_dir: Path
+) -> None:
+    serials = [f"p{i}" for i in range(40)]
+    host = ScriptedHost(cloud.address, pki_dir, "h18")
+    try:
+        await host.connect(serials)
+        for _ in serials:
+            await submit(ops, lease_duration=secs(30))
+        assignments = [(await host.next("assignment")).assignment for _ in serials]
+        batcher = cloud.leases.batcher
+        before = batcher.batches_written
+        # Renewals that arrive together (as from many host streams at once) share one commit.
+        outs = await asyncio.gather(
+            *(
+                batcher.renew(leases.RenewalIn("h18", a.task_id, a.attempt, a.lease_id, None))
+                for a in assignments
+            )
+        )
+        assert all(o.expires_at is not None for o in outs)
+        assert batcher.batches_written - before == 1
+        # A stale lease in the same batch is fenced off without failing the others.
+        mixed = await asyncio.gather(
+            batcher.renew(leases.RenewalIn("h18", assignments[0].task_id, 1, "stale", None)),
+            batcher.renew(
+                leases.RenewalIn("h18", assignments[1].task_id, 1, assignments[1].lease_id, None)
+            ),
+        )
+        assert mixed[0].expires_at is None
+        assert mixed[1].expires_at is not None
     finally:
         await host.close()

@@ -1,0 +1,55 @@
+"""Certificates carry identity in SAN URIs; the embedded PKI is made once and kept."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from cryptography import x509
+
+from cloud import pki
+from cloud.identity import Caller, caller_from_auth_context, caller_from_uri
+
+
+def test_identities_in_certificates(tmp_path: Path) -> None:
+    pki.init_ca(tmp_path)
+    host_pem = pki.write_host_cert(tmp_path, "h1").read_bytes()
+    op_pem = pki.write_operator_cert(tmp_path, "alice").read_bytes()
+    assert pki.uri_sans(host_pem) == ["amc://host/h1"]
+    assert caller_from_auth_context({"x509_pem_cert": [host_pem]}) == Caller("host", "h1")
+    assert caller_from_auth_context({"x509_pem_cert": [op_pem]}) == Caller("operator", "alice")
+    assert caller_from_auth_context({}) is None
+    assert (tmp_path / "host-h1.key").stat().st_mode & 0o077 == 0
+
+
+def test_server_certificate_names(tmp_path: Path) -> None:
+    pki.init_ca(tmp_path)
+    pki.write_server_cert(tmp_path, ["cloud.example.net", "10.0.0.5"])
+    cert = x509.load_pem_x509_certificate((tmp_path / "server.pem").read_bytes())
+    san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert set(san.get_values_for_type(x509.DNSName)) == {"localhost", "cloud.example.net"}
+    assert {str(ip) for ip in san.get_values_for_type(x509.IPAddress)} == {
+        "127.0.0.1",
+        "10.0.0.5",
+    }
+
+
+def test_names_are_validated() -> None:
+    with pytest.raises(ValueError, match="host id"):
+        pki.create_host_cert(pki.create_ca(), "../etc")
+    assert caller_from_uri("amc://host/../x") is None
+    assert caller_from_uri("spiffe://host/x") is None
+
+
+def test_embedded_pki_is_made_once(tmp_path: Path) -> None:
+    d = pki.ensure_embedded_pki(tmp_path, ["h1"], "local")
+    names = {p.name for p in d.iterdir()}
+    assert {"ca.pem", "ca.key", "server.pem", "server.key", "host-h1.pem"} <= names
+    assert "operator-local.pem" in names
+    ca_before = (d / "ca.pem").read_bytes()
+    host_before = (d / "host-h1.pem").read_bytes()
+    again = pki.ensure_embedded_pki(tmp_path, ["h1", "h2"], "local")
+    assert again == d
+    assert (d / "ca.pem").read_bytes() == ca_before
+    assert (d / "host-h1.pem").read_bytes() == host_before
+    assert (d / "host-h2.pem").exists()

@@ -1,0 +1,86 @@
+"""PlannerService on the cloud: lease checked first, one decision row per call, read back."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+
+from amc.v1 import (
+    decision_log_service_pb2,
+    decision_log_service_pb2_grpc,
+    planner_service_pb2,
+    planner_service_pb2_grpc,
+)
+from cloud.server import CloudServer, build_server, planner_service_available
+from planner.prompts import SYSTEM_PROMPT, build_user_prompt
+from tests.cloud.cloud_harness import ScriptedHost, channel, submit, tasks_stub
+
+pytestmark = pytest.mark.skipif(
+    not planner_service_available(), reason="planner/service.py is not installed"
+)
+
+
+@pytest.fixture
+async def offline_cloud(make_settings: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
+    monkeypatch.setenv("AMC_PLANNER_PROVIDER", "offline")
+    server = await build_server(make_settings(default_lease_seconds=30))
+    await server.start()
+    try:
+        yield server
+    finally:
+        await server.stop(0.5)
+
+
+async def test_decide_logs_decisions_with_cloud_step_index(
+    offline_cloud: CloudServer, pki_dir: Path
+) -> None:
+    cloud = offline_cloud
+    ops_ch = channel(cloud.address, pki_dir, "operator-ops")
+    host_ch = channel(cloud.address, pki_dir, "host-h15")
+    other_ch = channel(cloud.address, pki_dir, "host-h16")
+    host = ScriptedHost(cloud.address, pki_dir, "h15")
+    try:
+        await host.connect(["p"])
+        task = (await submit(tasks_stub(ops_ch))).task
+        a = (await host.next("assignment")).assignment
+        scene = {"package": "com.android.launcher", "elements": []}
+        request = planner_service_pb2.DecideRequest(
+            task_id=a.task_id,
+            attempt=a.attempt,
+            lease_id=a.lease_id,
+            system_prompt=SYSTEM_PROMPT,
+            user_prompt=build_user_prompt(task.goal, scene),
+            screenshot=b"\x89PNG not stored",
+        )
+        planner: Any = planner_service_pb2_grpc.PlannerServiceStub(host_ch)  # type: ignore[no-untyped-call]
+        first = (await planner.Decide(request)).decision
+        second = (await planner.Decide(request)).decision
+        assert (first.step_index, second.step_index) == (1, 2)
+        assert first.host_id == "h15"
+
+        # Another host's certificate on this lease: refused before any tokens are spent.
+        thief: Any = planner_service_pb2_grpc.PlannerServiceStub(other_ch)  # type: ignore[no-untyped-call]
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await thief.Decide(request)
+        assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+
+        log: Any = decision_log_service_pb2_grpc.DecisionLogServiceStub(ops_ch)  # type: ignore[no-untyped-call]
+        listed = await log.ListDecisions(
+            decision_log_service_pb2.ListDecisionsRequest(task_id=a.task_id)
+        )
+        assert [d.step_index for d in listed.decisions] == [1, 2]
+        got = await log.GetDecision(
+            decision_log_service_pb2.GetDecisionRequest(decision_id=first.decision_id)
+        )
+        assert got.decision.user_prompt == request.user_prompt
+        assert got.decision.tool_name == first.tool_name
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await log.GetDecision(decision_log_service_pb2.GetDecisionRequest(decision_id="x"))
+        assert err.value.code() == grpc.StatusCode.NOT_FOUND
+    finally:
+        await host.close()
+        for ch in (ops_ch, host_ch, other_ch):
+            await ch.close()
