@@ -8,13 +8,16 @@ from typing import Any
 
 from alembic import command
 from alembic.config import Config
-from sqlalchemy import Connection, event
+from sqlalchemy import Connection, event, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 import migrations
 
 SQLITE_BUSY_TIMEOUT_MS = 10_000
+#: PostgreSQL advisory lock held (for the migration's transaction) while a replica migrates, so
+#: replicas started at once on a fresh database migrate one after the other, not into each other.
+MIGRATION_LOCK_KEY = 0x616D63  # "amc"
 
 
 def normalize_url(url: str) -> str:
@@ -60,6 +63,8 @@ def alembic_config(url: str | None = None) -> Config:
 
 
 def _run_with_connection(connection: Connection, action: str, revision: str) -> None:
+    if connection.dialect.name == "postgresql":
+        connection.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": MIGRATION_LOCK_KEY})
     cfg = alembic_config()
     cfg.attributes["connection"] = connection
     if action == "upgrade":
