@@ -1,0 +1,178 @@
+"""Two cloud replicas on one PostgreSQL, hosts split across them, one replica SIGKILLed.
+
+Each host reaches the cloud through a loopback TCP proxy standing in for the load balancer: hosts
+a and b prefer replica 1, hosts c and d replica 2, and a proxy sends a new connection to the other
+replica when its first choice refuses. Both replicas start at the same moment on a fresh database
+(they migrate one after the other). Proves: replica 1's hosts move to replica 2 by themselves,
+every task finishes with exactly one reported result, and no task ever ran on two phones at once
+(checked on the hosts' own timelines, the ground truth of what ran where and when).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import sqlite3
+import time
+from datetime import datetime
+from pathlib import Path
+
+import pytest
+
+from amc.v1 import task_service_pb2, types_pb2
+from tests.support.figures import record
+from tests.support.postgres import PostgresServer
+from tests.support.processes import (
+    TERMINAL,
+    cloud_process,
+    free_port,
+    get_task,
+    host_process,
+    operator,
+    wait_connected,
+    wait_serving,
+    wait_task,
+)
+from tests.support.tcp_proxy import TcpProxy
+
+pytestmark = pytest.mark.postgres
+
+GOALS = [
+    "Turn on dark theme",
+    "Turn off Wi-Fi",
+    "Turn on airplane mode",
+    "Turn on Do Not Disturb",
+    "Turn off Bluetooth",
+    "Turn off location",
+] * 3
+
+
+def _runs(db: Path, host_id: str) -> list[tuple[str, int, str, datetime, datetime]]:
+    """(task, attempt, host, first moment, last moment) of every attempt a host's timeline holds."""
+    conn = sqlite3.connect(db)
+    try:
+        rows = conn.execute(
+            "SELECT t.task_id, t.attempt, t.created_at,"
+            " MAX(COALESCE(t.finished_at, t.updated_at), COALESCE(MAX(s.created_at), ''))"
+            " FROM tasks t LEFT JOIN steps s ON s.task_id = t.task_id AND s.attempt = t.attempt"
+            " GROUP BY t.task_id, t.attempt"
+        ).fetchall()
+    finally:
+        conn.close()
+    return [
+        (task, attempt, host_id, datetime.fromisoformat(start), datetime.fromisoformat(end))
+        for task, attempt, start, end in rows
+    ]
+
+
+async def test_killed_replica_hosts_move_and_nothing_runs_twice(
+    tmp_path: Path, fault_pki: Path, postgres_server: PostgresServer
+) -> None:
+    db = postgres_server.create_database("amc_fault_replicas")
+    ports = [free_port(), free_port()]
+    replicas = [
+        cloud_process(tmp_path, f"replica-{i + 1}", database_url=db, pki_dir=fault_pki, port=p)
+        for i, p in enumerate(ports)
+    ]
+    backends = [("127.0.0.1", p) for p in ports]
+    lb = [TcpProxy(backends).start(), TcpProxy(list(reversed(backends))).start()]
+    hosts = {
+        h: host_process(
+            tmp_path,
+            h,
+            cloud_address=lb[0 if h in "ab" else 1].address,
+            pki_dir=fault_pki,
+            phones=2,
+            settle_delay_s=0.3,
+        )
+        for h in ("a", "b", "c", "d")
+    }
+    survivor = f"127.0.0.1:{ports[1]}"
+    ops = None
+    try:
+        replicas[0].start()
+        replicas[1].start()
+        await wait_serving(f"127.0.0.1:{ports[0]}", fault_pki)
+        await wait_serving(survivor, fault_pki)
+        ops = operator(survivor, fault_pki)
+        for h in hosts.values():
+            h.start()
+        await wait_connected(ops, set(hosts))
+        assert {link.backend[1] for link in lb[0].links} == {ports[0]}
+        assert {link.backend[1] for link in lb[1].links} == {ports[1]}
+        ids = [
+            (await ops.tasks.SubmitTask(task_service_pb2.SubmitTaskRequest(goal=g))).task.task_id
+            for g in GOALS
+        ]
+        deadline = time.monotonic() + 60
+        while True:  # kill replica 1 while its hosts are busy
+            tasks = [await get_task(ops, t) for t in ids]
+            busy = {t.host_id for t in tasks if t.status == types_pb2.TASK_STATUS_RUNNING}
+            if busy & {"a", "b"}:
+                break
+            assert time.monotonic() < deadline, tasks
+            await asyncio.sleep(0.05)
+        accepted = {
+            t.task_id: (t.attempt, t.result_summary, t.host_id)
+            for t in tasks
+            if t.status == types_pb2.TASK_STATUS_SUCCEEDED
+        }
+        replicas[0].kill()
+        killed_at = time.monotonic()
+
+        def moved() -> bool:
+            return any(link.backend[1] == ports[1] for link in lb[0].links_since(killed_at))
+
+        while not moved():
+            assert time.monotonic() - killed_at < 30, "hosts a, b never reached replica 2"
+            await asyncio.sleep(0.05)
+        await wait_connected(ops, set(hosts))
+        record(
+            "replica_killed", "SIGKILL to first host on the survivor", time.monotonic() - killed_at
+        )
+        final = [
+            await wait_task(ops, t, lambda x: x.status in TERMINAL, within=90, what="terminal")
+            for t in ids
+        ]
+        record("replica_killed", "SIGKILL to every task finished", time.monotonic() - killed_at)
+        for t in final:
+            if t.task_id in accepted:
+                assert (t.attempt, t.result_summary, t.host_id) == accepted[t.task_id]
+            assert t.status != types_pb2.TASK_STATUS_CANCELLED, t
+            if t.status == types_pb2.TASK_STATUS_FAILED:
+                assert "expired" not in t.result_summary.lower(), t
+            reported = [a for a in t.attempts if "lease expired" not in a.failure_reason]
+            assert [a.attempt for a in reported] == [t.attempt], t
+        record(
+            "replica_killed",
+            "tasks succeeded",
+            sum(t.status == types_pb2.TASK_STATUS_SUCCEEDED for t in final),
+            f"of {len(final)}",
+        )
+        record(
+            "replica_killed",
+            "tasks needing a second attempt",
+            sum(t.attempt > 1 for t in final),
+            "tasks",
+        )
+    finally:
+        if ops is not None:
+            await ops.close()
+        for h in hosts.values():
+            h.stop()
+        for r in replicas:
+            r.stop()
+        for p in lb:
+            p.stop()
+
+    # Ground truth from the phones' side: no two runs of one task overlap in time.
+    runs = [r for h in hosts for r in _runs(tmp_path / f"host-{h}" / "task_progress.sqlite3", h)]
+    by_task: dict[str, list[tuple[str, int, str, datetime, datetime]]] = {}
+    for run in runs:
+        by_task.setdefault(run[0], []).append(run)
+    assert set(by_task) == set(ids)
+    for task_id, task_runs in by_task.items():
+        task_runs.sort(key=lambda r: r[3])
+        for earlier, later in itertools.pairwise(task_runs):
+            assert earlier[4] <= later[3], f"task {task_id} ran twice at once: {earlier} {later}"
+    postgres_server.drop_database(db)
