@@ -27,6 +27,9 @@ from cloud.store.models import AttemptRow
 
 log = logging.getLogger(__name__)
 
+# A dispatch pass gives up on untargeted tasks after this many hosts in a row got none.
+_MAX_DISPATCH_MISSES = 16
+
 
 def _revoked(
     task_id: str, attempt: int, lease_id: str, reason: int, message: str
@@ -56,7 +59,7 @@ class LeaseManager:
         self._dispatch_wake = asyncio.Event()
         self._sweep_wake = asyncio.Event()
         self._jobs: list[asyncio.Task[None]] = []
-        self._kicks: set[asyncio.Task[None]] = set()
+        self._kicks: set[asyncio.Task[int]] = set()
         self._stopping = False
         self._open_streams = 0
         self._streams_idle = asyncio.Event()
@@ -281,28 +284,32 @@ class LeaseManager:
         self._kicks.add(task)
         task.add_done_callback(self._kicks.discard)
 
-    async def _dispatch_host(self, session: HostSession) -> None:
+    async def _dispatch_host(self, session: HostSession) -> int:
+        """Claim work for every idle phone of one host; returns how many tasks it got."""
+        got = 0
         async with session.dispatch_lock:
             session.dispatch_pending = False
             while not session.closed:
                 idle = session.idle_serials()
                 if not idle:
-                    return
+                    return got
                 try:
                     claimed = await leases.claim(
                         self.store, session.host_id, idle, session.planner_transport
                     )
                 except Exception:
                     log.exception("claim for %s failed", session.host_id)
-                    return
+                    return got
                 if claimed is None:
-                    return
+                    return got
+                got += 1
                 if session.closed or self.sessions.get(session.host_id) is not session:
                     # The stream went away mid-claim; the lease will expire and the task requeue.
-                    return
+                    return got
                 session.busy.add(claimed.device_serial)
                 session.send(self._assignment(claimed))
                 self.bus.tasks_changed([claimed.task_id])
+        return got
 
     def _assignment(self, c: leases.Claimed) -> lease_pb.LeaseResponse:
         a = lease_pb.Assignment(
@@ -340,13 +347,29 @@ class LeaseManager:
                 log.exception("dispatch pass failed")
 
     async def _dispatch_pass(self) -> None:
+        """Offer queued tasks to this replica's hosts with idle phones.
+
+        Hosts that have tasks targeted at them are always tried. For untargeted tasks the pass
+        stops after a run of hosts that got nothing (what is left needs a phone nobody here has);
+        the periodic tick tries again.
+        """
         if not any(s.idle_serials() for s in self.sessions.values()):
             return
-        if not await leases.queued_count(self.store):
+        targets = await leases.queued_by_target_host(self.store)
+        if not targets:
             return
+        any_left = targets.get(None, 0)
+        misses = 0
         for session in list(self.sessions.values()):
-            if session.idle_serials() and not session.closed:
-                await self._dispatch_host(session)
+            if session.closed or not session.idle_serials():
+                continue
+            mine = targets.get(session.host_id, 0)
+            if not mine and (any_left <= 0 or misses >= _MAX_DISPATCH_MISSES):
+                continue
+            got = await self._dispatch_host(session)
+            if not mine:
+                any_left -= got
+                misses = 0 if got else misses + 1
 
     async def _resync_busy(self) -> None:
         """Correct the busy hints from the store (one query for all local hosts)."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import grpc
+from google.protobuf import duration_pb2
 
 from amc.v1 import lease_service_pb2 as lease_pb
 from amc.v1 import task_service_pb2 as pb
@@ -18,6 +19,13 @@ MAX_GOAL = 2000
 MAX_REQUEST_ID = 128
 MAX_REASON = 500
 MAX_ATTEMPTS = 20
+#: Ten years: a task deadline further out is a mistake, and past ~10^9 days datetime overflows.
+MAX_TIMEOUT_SECONDS = 10 * 365 * 24 * 3600.0
+
+
+def _seconds(d: duration_pb2.Duration) -> float:
+    """A Duration in seconds, without the OverflowError `ToTimedelta` raises on huge values."""
+    return d.seconds + d.nanos / 1e9
 
 
 class TaskServicer(task_service_pb2_grpc.TaskServiceServicer):
@@ -38,14 +46,16 @@ class TaskServicer(task_service_pb2_grpc.TaskServiceServicer):
             return f"max_attempts: 0 (default) to {MAX_ATTEMPTS}"
         lease = s.default_lease_seconds
         if r.HasField("lease_duration"):
-            lease = r.lease_duration.ToTimedelta().total_seconds()
+            lease = _seconds(r.lease_duration)
             if not s.min_lease_seconds <= lease <= s.max_lease_seconds:
                 return f"lease_duration: {s.min_lease_seconds:g} s to {s.max_lease_seconds:g} s"
         timeout = s.default_timeout_seconds
         if r.HasField("timeout"):
-            timeout = r.timeout.ToTimedelta().total_seconds()
+            timeout = _seconds(r.timeout)
             if timeout <= 0:
                 return "timeout: must be positive"
+            if timeout > MAX_TIMEOUT_SECONDS:
+                return f"timeout: at most {MAX_TIMEOUT_SECONDS:.0f} s"
         if len(r.client_request_id) > MAX_REQUEST_ID:
             return f"client_request_id: at most {MAX_REQUEST_ID} characters"
         if len(r.target.host_id) > MAX_ID:

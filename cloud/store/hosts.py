@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import datetime as dt
-from typing import Any
+from typing import Any, cast
 
-from sqlalchemy import select, update
+from sqlalchemy import String, Table, bindparam, select, update
 
 from cloud.store.database import Store
-from cloud.store.models import HostRow
+from cloud.store.models import HostRow, UTCDateTime
 
 # A replica vouches for its streams every host_heartbeat_seconds; after this many missed beats
 # its hosts stop counting as connected (the replica probably died).
@@ -83,10 +83,20 @@ async def heartbeat(store: Store, replica_id: str, seen: dict[str, dt.datetime])
             .where(HostRow.replica_id == replica_id, HostRow.connected.is_(True))
             .values(stream_alive_at=now)
         )
-        for host_id, at in seen.items():
-            await session.execute(
-                update(HostRow).where(HostRow.host_id == host_id).values(last_seen_at=at)
+        if seen:
+            conn = await session.connection()
+            await conn.execute(
+                _TOUCH, [{"h_id": host_id, "h_at": at} for host_id, at in seen.items()]
             )
+
+
+_HOSTS = cast(Table, HostRow.__table__)
+# One statement for every host of a heartbeat (executemany), not one UPDATE built per host.
+_TOUCH = (
+    update(_HOSTS)
+    .where(_HOSTS.c.host_id == bindparam("h_id", type_=String()))
+    .values(last_seen_at=bindparam("h_at", type_=UTCDateTime()))
+)
 
 
 async def list_hosts(store: Store, heartbeat_seconds: float) -> list[tuple[HostRow, bool]]:

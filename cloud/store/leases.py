@@ -19,7 +19,9 @@ from sqlalchemy import (
     Table,
     Update,
     bindparam,
+    case,
     exists,
+    func,
     select,
     update,
 )
@@ -107,19 +109,24 @@ async def claim(
     if not idle_serials:
         return None
     now = store.now()
+    matching = (
+        TaskRow.status == states.QUEUED,
+        TaskRow.cancel_requested.is_(False),
+        TaskRow.deadline > now,
+        (TaskRow.target_host_id.is_(None)) | (TaskRow.target_host_id == host_id),
+        (TaskRow.target_device_serial.is_(None)) | (TaskRow.target_device_serial.in_(idle_serials)),
+    )
+    # A plain read first: most claims that find nothing should not take a write transaction
+    # (on SQLite that is the one writer slot every renewal batch also needs).
+    async with store.read() as session:
+        if await session.scalar(select(TaskRow.task_id).where(*matching).limit(1)) is None:
+            return None
     try:
         async with store.write() as session:
             candidate = (
                 await session.execute(
                     select(TaskRow.task_id, TaskRow.target_device_serial)
-                    .where(
-                        TaskRow.status == states.QUEUED,
-                        TaskRow.cancel_requested.is_(False),
-                        TaskRow.deadline > now,
-                        (TaskRow.target_host_id.is_(None)) | (TaskRow.target_host_id == host_id),
-                        (TaskRow.target_device_serial.is_(None))
-                        | (TaskRow.target_device_serial.in_(idle_serials)),
-                    )
+                    .where(*matching)
                     .order_by(TaskRow.created_at, TaskRow.task_id)
                     .limit(1)
                     .with_for_update(skip_locked=True)
@@ -148,7 +155,7 @@ async def claim(
             if claimed is None:
                 return None
             attempt, goal, lease_seconds, deadline = claimed
-            previous = await _previous_progress(session, task_id)
+            previous = await _previous_progress(session, task_id) if attempt > 1 else None
             expires = now + dt.timedelta(seconds=lease_seconds)
             lease_id = uuid.uuid4().hex
             session.add(
@@ -207,7 +214,8 @@ def _renew_statement(with_progress: bool) -> Update:
     Building an ORM UPDATE per renewal (and letting the ORM evaluate its WHERE clause against the
     session) cost about a millisecond of CPU per renewal, most of the cloud's per-renewal cost
     (bench/lease_capacity.py); this Core statement on the table is built once and only binds
-    values per renewal (~0.3 ms). The fence is the same WHERE clause as `_live_fence`.
+    values per renewal, and a batch runs it as one executemany. The fence is the same WHERE clause
+    as `_live_fence`, in the statement that writes.
     """
     values: dict[str, object] = {
         "lease_expires_at": bindparam("r_expires", type_=UTCDateTime()),
@@ -236,7 +244,6 @@ def _renew_statement(with_progress: bool) -> Update:
             ),
         )
         .values(**values)
-        .returning(attempts.c.id)
     )
 
 
@@ -245,14 +252,17 @@ _RENEW_WITH_PROGRESS = _renew_statement(with_progress=True)
 
 
 async def renew_batch(store: Store, items: list[RenewalIn]) -> list[RenewalOut]:
-    """Write many renewals in one transaction, each fenced by its own conditional UPDATE.
+    """Write many renewals in one transaction: one executemany of the fenced UPDATE.
 
-    A renewal of a task whose cancel was requested is not extended (the host is revoked instead),
-    so a cancelled task ends at the latest when its current lease runs out.
+    Which renewals took effect is read back in the same transaction: an accepted renewal left its
+    attempt with exactly the expiry this batch computed (every batch has its own `now`, later than
+    any expiry written before, so an old expiry never equals a new one). A renewal of a task whose
+    cancel was requested is not extended (the host is revoked instead), so a cancelled task ends
+    at the latest when its current lease runs out.
     """
     now = store.now()
-    out: list[RenewalOut] = []
-    renewed_tasks: list[str] = []
+    out: list[RenewalOut | None] = [None] * len(items)
+    renewed_tasks: set[str] = set()
     async with store.write() as session:
         rows = await session.execute(
             select(TaskRow.task_id, TaskRow.lease_seconds).where(
@@ -260,12 +270,16 @@ async def renew_batch(store: Store, items: list[RenewalIn]) -> list[RenewalOut]:
             )
         )
         lease_by_task: dict[str, float] = {task_id: seconds for task_id, seconds in rows}
-        for item in items:
+        plain: list[dict[str, object]] = []
+        with_progress: list[dict[str, object]] = []
+        expected: dict[int, dt.datetime] = {}
+        for n, item in enumerate(items):
             seconds = lease_by_task.get(item.task_id)
             if seconds is None:
-                out.append(RenewalOut(None, lease_pb.REVOKE_REASON_UNKNOWN, "unknown task"))
+                out[n] = RenewalOut(None, lease_pb.REVOKE_REASON_UNKNOWN, "unknown task")
                 continue
             expires = now + dt.timedelta(seconds=seconds)
+            expected[n] = expires
             params: dict[str, object] = {
                 "r_task": item.task_id,
                 "r_attempt": item.attempt,
@@ -274,33 +288,59 @@ async def renew_batch(store: Store, items: list[RenewalIn]) -> list[RenewalOut]:
                 "r_now": now,
                 "r_expires": expires,
             }
-            statement = _RENEW
-            if item.progress is not None:
-                statement = _RENEW_WITH_PROGRESS
+            if item.progress is None:
+                plain.append(params)
+            else:
                 params.update(
                     r_step_index=item.progress.step_index,
                     r_step_status=item.progress.step_status,
                     r_summary=item.progress.summary,
                 )
-            row = (await session.execute(statement, params)).first()
-            if row is not None:
-                out.append(RenewalOut(expires))
-                renewed_tasks.append(item.task_id)
+                with_progress.append(params)
+        conn = await session.connection()
+        if plain:
+            await conn.execute(_RENEW, plain)
+        if with_progress:
+            await conn.execute(_RENEW_WITH_PROGRESS, with_progress)
+        live: dict[tuple[str, int, str, str], dt.datetime] = {}
+        if expected:
+            found = await session.execute(
+                select(
+                    AttemptRow.task_id,
+                    AttemptRow.attempt,
+                    AttemptRow.lease_id,
+                    AttemptRow.host_id,
+                    AttemptRow.lease_expires_at,
+                ).where(
+                    AttemptRow.task_id.in_({items[n].task_id for n in expected}),
+                    AttemptRow.ended_at.is_(None),
+                )
+            )
+            live = {(t, a, lease, h): e for t, a, lease, h, e in found}
+        for n, expires in expected.items():
+            item = items[n]
+            if live.get((item.task_id, item.attempt, item.lease_id, item.host_id)) == expires:
+                out[n] = RenewalOut(expires)
+                renewed_tasks.add(item.task_id)
             else:
                 reason, message = await _classify(
                     session, item.host_id, item.task_id, item.attempt, item.lease_id, now
                 )
-                out.append(RenewalOut(None, reason, message))
+                out[n] = RenewalOut(None, reason, message)
         if renewed_tasks:
             await session.execute(
                 update(TaskRow)
-                .where(TaskRow.task_id.in_(renewed_tasks), TaskRow.status == states.ASSIGNED)
-                .values(status=states.RUNNING)
+                .where(TaskRow.task_id.in_(renewed_tasks))
+                .values(
+                    updated_at=now,
+                    status=case(
+                        (TaskRow.status == states.ASSIGNED, states.RUNNING),
+                        else_=TaskRow.status,
+                    ),
+                )
+                .execution_options(synchronize_session=False)
             )
-            await session.execute(
-                update(TaskRow).where(TaskRow.task_id.in_(renewed_tasks)).values(updated_at=now)
-            )
-    return out
+    return [o for o in out if o is not None]
 
 
 async def _classify(
@@ -649,10 +689,12 @@ async def is_live(store: Store, host_id: str, task_id: str, attempt: int, lease_
         return found is not None
 
 
-async def queued_count(store: Store) -> int:
-    """How many tasks wait for a phone (lets the dispatcher skip a pass over idle hosts)."""
+async def queued_by_target_host(store: Store) -> dict[str | None, int]:
+    """Queued tasks counted by target host (None: any host). Lets a dispatch pass skip hosts."""
     async with store.read() as session:
-        found = await session.scalar(
-            select(TaskRow.task_id).where(TaskRow.status == states.QUEUED).limit(1)
+        rows = await session.execute(
+            select(TaskRow.target_host_id, func.count())
+            .where(TaskRow.status == states.QUEUED)
+            .group_by(TaskRow.target_host_id)
         )
-        return 0 if found is None else 1
+        return {target: int(count) for target, count in rows}
