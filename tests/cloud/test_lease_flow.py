@@ -17,9 +17,17 @@ from amc.v1 import (
     task_service_pb2,
     types_pb2,
 )
-from cloud.server import CloudServer
+from cloud.server import CloudServer, build_server
 from cloud.store import leases
-from tests.cloud.cloud_harness import ScriptedHost, channel, renewal, result, submit, wait_status
+from tests.cloud.cloud_harness import (
+    ScriptedHost,
+    channel,
+    hello,
+    renewal,
+    result,
+    submit,
+    wait_status,
+)
 
 
 def secs(s: float) -> duration_pb2.Duration:
@@ -382,5 +390,40 @@ async def test_concurrent_renewals_share_one_transaction(
         )
         assert mixed[0].expires_at is None
         assert mixed[1].expires_at is not None
+    finally:
+        await host.close()
+
+
+async def test_bad_hello_is_rejected_then_a_good_one_works(
+    cloud: CloudServer, pki_dir: Path
+) -> None:
+    host = ScriptedHost(cloud.address, pki_dir, "h23")
+    try:
+        host.call = host._stub.Lease()
+        bad = hello(["dup", "dup"])
+        await host.call.write(bad)
+        msg = await host.call.read()
+        assert msg.WhichOneof("kind") == "rejected"
+        assert "hello.devices[1].serial" in msg.rejected.message
+        await host.call.write(hello(["p"]))
+        msg = await host.call.read()
+        assert msg.welcome.host_id == "h23"
+    finally:
+        await host.close()
+
+
+async def test_graceful_shutdown_ends_host_streams_unavailable(
+    make_settings: Any, pki_dir: Path
+) -> None:
+    server = await build_server(make_settings())
+    await server.start()
+    host = ScriptedHost(server.address, pki_dir, "h24")
+    try:
+        await host.connect(["p"])
+        await server.stop(1.0)
+        with pytest.raises(AssertionError, match="stream ended"):
+            await host.next(wait=10)
+        assert host.error is not None
+        assert host.error.code() == grpc.StatusCode.UNAVAILABLE
     finally:
         await host.close()
