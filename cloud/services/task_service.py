@@ -114,6 +114,15 @@ class TaskServicer(task_service_pb2_grpc.TaskServiceServicer):
             statuses = tuple(states.from_proto(s) for s in request.statuses)
         except ValueError:
             await abort(context, grpc.StatusCode.INVALID_ARGUMENT, "statuses: unspecified status")
+        if len(request.query) > MAX_GOAL:
+            # SQLite refuses a LIKE pattern past ~50 KB ("pattern too complex") as an error.
+            await abort(
+                context, grpc.StatusCode.INVALID_ARGUMENT, f"query: at most {MAX_GOAL} characters"
+            )
+        if len(request.host_id) > MAX_ID:
+            await abort(
+                context, grpc.StatusCode.INVALID_ARGUMENT, f"host_id: at most {MAX_ID} characters"
+            )
         flt = tasks.TaskFilter(statuses, request.host_id, request.query)
         try:
             views, token = await tasks.list_page(
