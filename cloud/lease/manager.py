@@ -131,6 +131,17 @@ class LeaseManager:
         """Register the stream, answer Welcome, settle held assignments, then dispatch."""
         session = HostSession(host_id=host_id, planner_transport=int(hello.planner_transport))
         session.set_devices(list(hello.devices))
+        # Welcome first, before anything can await: once the session is registered below, the
+        # sweeper or a dispatcher may queue a revoke or an assignment on it, and the contract
+        # promises the host a Welcome before anything else.
+        session.send(
+            lease_pb.LeaseResponse(
+                welcome=lease_pb.Welcome(
+                    host_id=host_id,
+                    renew_interval=convert.duration(self.settings.default_lease_seconds / 3),
+                )
+            )
+        )
         old = self.sessions.get(host_id)
         self.sessions[host_id] = session
         if old is not None:
@@ -143,14 +154,6 @@ class LeaseManager:
             int(hello.planner_transport),
             self.bus.replica_id,
             session.stream_id,
-        )
-        session.send(
-            lease_pb.LeaseResponse(
-                welcome=lease_pb.Welcome(
-                    host_id=host_id,
-                    renew_interval=convert.duration(self.settings.default_lease_seconds / 3),
-                )
-            )
         )
         keep: set[tuple[str, int]] = set()
         for check in await leases.check_held(self.store, host_id, list(hello.held_assignments)):
