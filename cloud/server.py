@@ -39,7 +39,7 @@ from cloud.events import EventBus
 from cloud.identity import peer_caller
 from cloud.lease.manager import LeaseManager
 from cloud.lease.stream import LeaseServicer
-from cloud.services.auth import require
+from cloud.services.auth import abort, require
 from cloud.services.decision_log_service import DecisionLogServicer
 from cloud.services.fleet_service import FleetServicer
 from cloud.services.progress_service import ProgressServicer
@@ -48,6 +48,7 @@ from cloud.settings import CloudSettings
 from cloud.store import decisions
 from cloud.store.database import Store
 from cloud.store.engine import upgrade
+from cloud.store.leases import lease_owner
 from cloud.store.ports import StoreDecisionSink, StoreLeaseGate
 
 log = logging.getLogger(__name__)
@@ -111,16 +112,29 @@ def server_credentials(settings: CloudSettings) -> grpc.ServerCredentials:
 class _HostOnlyPlanner(planner_service_pb2_grpc.PlannerServiceServicer):
     """Refuses operator certificates before the planner servicer sees the call."""
 
-    def __init__(self, inner: Any, insecure: bool) -> None:
+    def __init__(self, inner: Any, insecure: bool, store: Store | None = None) -> None:
         self._inner = inner
         self._insecure = insecure
+        self._store = store
 
     async def Decide(
         self,
         request: planner_service_pb2.DecideRequest,
         context: grpc.aio.ServicerContext[Any, Any],
     ) -> planner_service_pb2.DecideResponse:
-        await require(context, "host", insecure=self._insecure)
+        caller = await require(context, "host", insecure=self._insecure)
+        if self._store is not None and len(request.lease_id) <= 128:
+            # Another host's lease is not "not live" but none of this host's business.
+            owner = await lease_owner(
+                self._store, request.task_id[:128], request.attempt, request.lease_id
+            )
+            if owner is not None and owner != caller.name:
+                await abort(
+                    context,
+                    grpc.StatusCode.PERMISSION_DENIED,
+                    f"lease {request.lease_id!r} of task {request.task_id!r} belongs to "
+                    "another host",
+                )
         response: planner_service_pb2.DecideResponse = await self._inner.Decide(request, context)
         return response
 
@@ -152,7 +166,7 @@ def build_planner_servicer(
         sink=StoreDecisionSink(store),
         planner=planner,
     )
-    return _HostOnlyPlanner(inner, insecure), planner
+    return _HostOnlyPlanner(inner, insecure, store), planner
 
 
 class CloudServer:

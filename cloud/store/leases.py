@@ -689,6 +689,19 @@ async def is_live(store: Store, host_id: str, task_id: str, attempt: int, lease_
         return found is not None
 
 
+async def lease_owner(store: Store, task_id: str, attempt: int, lease_id: str) -> str | None:
+    """The host holding (or that held) this exact lease, None when there is no such lease."""
+    async with store.read() as session:
+        owner = await session.scalar(
+            select(AttemptRow.host_id).where(
+                AttemptRow.task_id == task_id,
+                AttemptRow.attempt == attempt,
+                AttemptRow.lease_id == lease_id,
+            )
+        )
+        return None if owner is None else str(owner)
+
+
 async def queued_by_target_host(store: Store) -> dict[str | None, int]:
     """Queued tasks counted by target host (None: any host). Lets a dispatch pass skip hosts."""
     async with store.read() as session:
