@@ -6,7 +6,8 @@
 * Host: VmRSS of `amc host run` (adbutils driver, OCR on, the cloud planner transport) while its
   phones run tasks, sampled every 0.2 s; the virtual phones run behind an adb server in another
   process, as real phones would be other devices. Baseline: the same host process idle
-  (connected, before any task).
+  (connected, before any task). The full size also runs 4 phones with OCR off, which shows how
+  much of the host's memory is the Tesseract engines.
 
     python -m bench.memory [--smoke]
 """
@@ -56,10 +57,17 @@ class Sizes:
     tasks_per_phone: int
     phones: tuple[int, ...]
     host_idle_settle: float
+    ocr_off_run: bool = False
 
 
 FULL = Sizes(
-    [0, 500, 2000], workers=2, settle=3.0, tasks_per_phone=3, phones=(1, 4), host_idle_settle=4.0
+    [0, 500, 2000],
+    workers=2,
+    settle=3.0,
+    tasks_per_phone=3,
+    phones=(1, 4),
+    host_idle_settle=4.0,
+    ocr_off_run=True,
 )
 SMOKE = Sizes(
     [0, 10, 40], workers=1, settle=0.5, tasks_per_phone=1, phones=(1,), host_idle_settle=2.0
@@ -149,7 +157,13 @@ async def _run_tasks(
 
 
 def host_rss(
-    cloud: ServerProcess, adb: ServerProcess, pki_dir: Path, phones: int, sizes: Sizes
+    cloud: ServerProcess,
+    adb: ServerProcess,
+    pki_dir: Path,
+    phones: int,
+    sizes: Sizes,
+    *,
+    ocr: bool = True,
 ) -> tuple[int, int, int, int]:
     """(idle KiB, peak KiB while running tasks, succeeded, submitted) of one host process."""
     data = Path(tempfile.mkdtemp(prefix="amc-bench-host-"))
@@ -165,7 +179,7 @@ def host_rss(
         AMC_HOST_HOST_ID=HOST_ID,
         AMC_HOST_TLS_SERVER_NAME="localhost",
         AMC_HOST_PLANNER_TRANSPORT="cloud",
-        AMC_HOST_OCR_ENABLED="1",
+        AMC_HOST_OCR_ENABLED="1" if ocr else "0",
         AMC_HOST_SETTLE_DELAY_S="0.05",
         AMC_HOST_MAX_STEPS="30",
     )
@@ -228,16 +242,19 @@ def run(smoke: bool) -> Section:
     with tempfile.TemporaryDirectory(prefix="amc-bench-mem-") as tmp:
         url = f"sqlite+aiosqlite:///{Path(tmp) / 'cloud.sqlite3'}"
         with server_process("cloud", "--db", url, "--pki", str(pki_dir)) as cloud:
-            for phones in sizes.phones:
+            runs = [(phones, True) for phones in sizes.phones]
+            if sizes.ocr_off_run:
+                runs.append((max(sizes.phones), False))
+            for phones, ocr in runs:
                 with server_process("adb", "--phones", str(phones)) as adb:
-                    idle, peak, ok, total = host_rss(cloud, adb, pki_dir, phones, sizes)
+                    idle, peak, ok, total = host_rss(cloud, adb, pki_dir, phones, sizes, ocr=ocr)
                 note = f"{ok}/{total} tasks succeeded"
-                if phones == 4:
-                    note += (
-                        f"; target < 250 MB: {'met' if peak * 1.024 / 1000 < 250 else 'NOT met'}"
-                    )
+                if phones == 4 and ocr:
+                    met = peak * 1.024 / 1000 < 250
+                    note += f"; target < 250 MB: {'met' if met else 'NOT met'}"
                 section.add(
-                    f"host agent peak RSS, {phones} phone(s) running tasks",
+                    f"host agent peak RSS, {phones} phone(s) running tasks"
+                    + ("" if ocr else ", OCR off"),
                     round(peak / 1024, 1),
                     "MiB",
                     baseline=round(idle / 1024, 1),
