@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 import xml.etree.ElementTree as ET
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -63,28 +64,35 @@ def parse_nodes(xml_text: str) -> tuple[str, list[RawNode]]:
         root = ET.fromstring(text.encode("utf-8"))
     except ET.ParseError as exc:
         raise HierarchyError(f"malformed hierarchy dump: {exc}") from exc
+    except RecursionError as exc:
+        raise HierarchyError("malformed hierarchy dump: nested too deeply") from exc
     if root.tag != "hierarchy":
         raise HierarchyError(f"not a uiautomator dump (root element <{root.tag}>)")
     nodes: list[RawNode] = []
 
-    def walk(el: ET.Element, depth: int, in_toolbar: bool) -> None:
-        for child in el:
-            if child.tag != "node":
-                continue
-            attrs = dict(child.attrib)
-            bounds = parse_bounds(attrs.get("bounds", ""))
-            cls = attrs.get("class", "")
-            rid = attrs.get("resource-id", "").rsplit("/", 1)[-1]
-            toolbar = (
-                in_toolbar
-                or any(cls.endswith(t) for t in _TOOLBAR_CLASSES)
-                or any(rid.endswith(t) for t in _TOOLBAR_ID_HINTS)
-            )
-            if bounds is not None:
-                nodes.append(RawNode(attrs, bounds, depth, toolbar))
-            walk(child, depth + 1, toolbar)
-
-    walk(root, 0, False)
+    # Iterative depth-first walk in document order: a dump nested thousands of levels deep
+    # (a broken or hostile dumper) must not hit Python's recursion limit.
+    stack: list[tuple[Iterator[ET.Element], int, bool]] = [(iter(root), 0, False)]
+    while stack:
+        children, depth, in_toolbar = stack[-1]
+        child = next(children, None)
+        if child is None:
+            stack.pop()
+            continue
+        if child.tag != "node":
+            continue
+        attrs = dict(child.attrib)
+        bounds = parse_bounds(attrs.get("bounds", ""))
+        cls = attrs.get("class", "")
+        rid = attrs.get("resource-id", "").rsplit("/", 1)[-1]
+        toolbar = (
+            in_toolbar
+            or any(cls.endswith(t) for t in _TOOLBAR_CLASSES)
+            or any(rid.endswith(t) for t in _TOOLBAR_ID_HINTS)
+        )
+        if bounds is not None:
+            nodes.append(RawNode(attrs, bounds, depth, toolbar))
+        stack.append((iter(child), depth + 1, toolbar))
     if not nodes:
         raise HierarchyError("hierarchy dump has no nodes (screen not ready)")
     return root.attrib.get("rotation", "0"), nodes
