@@ -71,7 +71,10 @@ class OcrEngine:
         if it is None:
             return out
         while True:
-            text = it.GetUTF8Text(level)
+            try:
+                text = it.GetUTF8Text(level)
+            except RuntimeError:  # tesserocr's "No text returned": an empty line, not an error
+                text = ""
             box = it.BoundingBox(level)
             conf = float(it.Confidence(level))
             if text and text.strip() and box is not None and conf >= min_confidence:

@@ -5,11 +5,21 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+from PIL import Image
+
 from host.devices.base import DeviceError, DeviceGone, Driver
 from host.perception.fusion import fuse_ocr
 from host.perception.hierarchy import HierarchyError, parse_scene
 from host.perception.ocr import OcrPool
 from planner.scene import Scene
+
+
+class ScreenshotError(DeviceError):
+    """The phone's screenshot is not a readable image (truncated, garbage, absurdly large)."""
+
+
+#: What Pillow raises on a corrupt, truncated or oversized image.
+_IMAGE_ERRORS = (OSError, ValueError, SyntaxError, EOFError, Image.DecompressionBombError)
 
 
 @dataclass(slots=True)
@@ -69,7 +79,13 @@ class Perceiver:
         t2 = time.perf_counter()
         timings = {"screenshot_s": t1 - t0, "hierarchy_s": t2 - t1}
         if with_ocr and self.ocr is not None:
-            observations = self.ocr.read(png)
+            try:
+                observations = self.ocr.read(png)
+            except _IMAGE_ERRORS as exc:
+                raise ScreenshotError(
+                    f"unreadable screenshot from {driver.serial} ({len(png)} bytes): "
+                    f"{type(exc).__name__}: {exc}"
+                ) from exc
             scene = fuse_ocr(scene, observations, self.ocr_min_confidence)
             timings["ocr_s"] = time.perf_counter() - t2
         return Observation(scene=scene, screenshot_png=png, hierarchy_xml=xml, timings=timings)
