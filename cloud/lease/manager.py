@@ -155,18 +155,17 @@ class LeaseManager:
             self.bus.replica_id,
             session.stream_id,
         )
-        keep: set[tuple[str, int]] = set()
         for check in await leases.check_held(self.store, host_id, list(hello.held_assignments)):
             h = check.held
             if check.live is not None and check.task is not None:
-                keep.add((h.task_id, h.attempt))
                 session.send(await self._resumed(check.live, check.task.goal, check))
             else:
                 session.send(
                     _revoked(h.task_id, h.attempt, h.lease_id, check.revoke_reason, check.message)
                 )
-        if await leases.expire_unannounced(self.store, host_id, keep):
-            self._sweep_wake.set()
+        # A live lease the host did not re-announce is left to run out rather than ended here:
+        # the host may have finished that attempt while disconnected, and its result follows the
+        # hello (held assignments list only what still runs).
         session.busy = await leases.live_serials(self.store, host_id)
         self.kick(session)
         return session

@@ -644,30 +644,6 @@ async def check_held(
     return out
 
 
-async def expire_unannounced(store: Store, host_id: str, keep: set[tuple[str, int]]) -> int:
-    """A reconnecting host that does not re-announce a live lease has lost it: expire it now.
-
-    The sweeper then requeues the task as the next attempt, as for any expired lease.
-    """
-    now = store.now()
-    async with store.write() as session:
-        rows = (
-            await session.execute(
-                select(AttemptRow.id, AttemptRow.task_id, AttemptRow.attempt).where(
-                    AttemptRow.host_id == host_id, AttemptRow.ended_at.is_(None)
-                )
-            )
-        ).all()
-        lost = [r.id for r in rows if (r.task_id, r.attempt) not in keep]
-        if lost:
-            await session.execute(
-                update(AttemptRow)
-                .where(AttemptRow.id.in_(lost), AttemptRow.ended_at.is_(None))
-                .values(lease_expires_at=now)
-            )
-    return len(lost)
-
-
 async def live_serials(store: Store, host_id: str) -> set[str]:
     """Phones of `host_id` that have a live (not ended) attempt."""
     async with store.read() as session:

@@ -14,7 +14,7 @@ from cloud.settings import CloudSettings
 from tests.cloud.cloud_harness import channel, tasks_stub
 from tests.support.postgres import PostgresServer
 
-HOST_IDS = [f"h{i}" for i in range(25)] + ["a", "b"]
+HOST_IDS = [f"h{i}" for i in range(30)] + ["a", "b"]
 
 
 @pytest.fixture(scope="session")

@@ -427,3 +427,24 @@ async def test_graceful_shutdown_ends_host_streams_unavailable(
         assert host.error.code() == grpc.StatusCode.UNAVAILABLE
     finally:
         await host.close()
+
+
+async def test_result_after_reconnect_without_held_is_accepted(
+    cloud: CloudServer, ops: Any, pki_dir: Path
+) -> None:
+    # The host finished while disconnected: its hello lists nothing held, its result follows.
+    host = ScriptedHost(cloud.address, pki_dir, "h25")
+    await host.connect(["p"])
+    task = (await submit(ops, lease_duration=secs(10))).task
+    a = (await host.next("assignment")).assignment
+    await host.close()
+    again = ScriptedHost(cloud.address, pki_dir, "h25")
+    try:
+        await again.connect(["p"])
+        await again.send(result(a, summary="finished offline"))
+        ack = (await again.next("result_ack")).result_ack
+        assert ack.task_status == types_pb2.TASK_STATUS_SUCCEEDED
+        got = (await ops.GetTask(task_service_pb2.GetTaskRequest(task_id=task.task_id))).task
+        assert [x.attempt for x in got.attempts] == [1]
+    finally:
+        await again.close()
