@@ -1,0 +1,256 @@
+"""Canary scan: a real run with a known API key and a secret typed as `sensitive`, then a search
+of everything the run wrote for either value.
+
+The embedded stack (cloud over mTLS with its SQLite file, host with OCR and its timeline store,
+the virtual phone over the adb protocol) runs with the planner on the cloud transport against the
+local fake Anthropic server: `AMC_PLANNER_PROVIDER=anthropic`, a canary key the fake *requires*
+(it refuses any other, so the key is provably used on the wire), and a script that opens
+Contacts, taps "Create contact" and types the canary secret into the Name field with
+`sensitive: true`. Name is not a password field, so the phone then shows the secret on screen:
+the host must keep it out of later scenes, OCR, screenshots and prompts too.
+
+Proves: neither the key nor the secret is found in any file the run produced (cloud SQLite with
+its WAL, host timeline SQLite and screenshot artifacts, the captured logs of every logger at
+DEBUG), as raw UTF-8, UTF-16 (both byte orders), base64 (every alignment) or percent-encoding,
+nor in the text OCR reads back from any stored screenshot; and the cloud database holds no
+PNG/JPEG bytes (raw or base64).
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import logging
+import secrets
+import urllib.parse
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import tesserocr
+from PIL import Image
+from rich.console import Console
+
+from amc.v1 import decision_log_service_pb2, task_service_pb2, types_pb2
+from console.embedded import embedded_stack, follow_tasks
+from host.perception.hierarchy import parse_scene
+from host.perception.ocr import default_tessdata_path
+from tests.support.fake_providers import FakeProviderServer, anthropic_message, text, tool_use
+
+KEY = f"sk-ant-canary-{secrets.token_hex(12)}"
+SECRET = f"Zq{secrets.randbelow(10**6):06d}Canary"
+
+IMAGE_MAGIC = {
+    "PNG": b"\x89PNG\r\n\x1a\n",
+    "PNG (base64)": b"iVBORw0KGgo",
+    "JPEG": b"\xff\xd8\xff",
+    "JPEG (base64)": b"/9j/",
+}
+
+
+def encodings(value: str) -> dict[str, bytes]:
+    """The byte forms a leak could take: raw, UTF-16, percent-encoded, base64 at each alignment."""
+    raw = value.encode()
+    forms = {
+        "utf-8": raw,
+        "utf-16-le": value.encode("utf-16-le"),
+        "utf-16-be": value.encode("utf-16-be"),
+        "percent": urllib.parse.quote(value, safe="").encode(),
+    }
+    for pad in range(3):
+        encoded = base64.b64encode(b"\x00" * pad + raw)
+        # Drop the characters that depend on the neighbouring bytes at either end.
+        core = encoded[4 if pad else 0 : -4]
+        forms[f"base64+{pad}"] = core
+        forms[f"base64url+{pad}"] = base64.urlsafe_b64encode(b"\x00" * pad + raw)[
+            4 if pad else 0 : -4
+        ]
+    return forms
+
+
+def files_under(*roots: Path) -> Iterator[Path]:
+    for root in roots:
+        if root.is_file():
+            yield root
+        elif root.is_dir():
+            yield from (p for p in sorted(root.rglob("*")) if p.is_file())
+
+
+@pytest.fixture
+def canary_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeProviderServer]:
+    with FakeProviderServer(anthropic_key=KEY) as fake:
+        for name in list(__import__("os").environ):
+            if name.startswith(("AMC_PLANNER_", "ANTHROPIC_", "OPENAI_", "AI_PLANNER_")):
+                monkeypatch.delenv(name)
+        monkeypatch.setenv("AMC_PLANNER_PROVIDER", "anthropic")
+        monkeypatch.setenv("AMC_PLANNER_ANTHROPIC_API_KEY", KEY)
+        monkeypatch.setenv("AMC_PLANNER_ANTHROPIC_BASE_URL", fake.anthropic_base_url)
+        monkeypatch.setenv("AMC_PLANNER_MAX_RETRIES", "0")
+        yield fake
+
+
+def _script(fake: FakeProviderServer) -> None:
+    intent = {"purpose": "p", "expected_outcome": "e"}
+    fake.script_anthropic(
+        anthropic_message(
+            text("Open Contacts."),
+            tool_use(
+                "launch_app",
+                {
+                    "package_name": "com.android.contacts",
+                    "purpose": "open contacts",
+                    "expected_outcome": "contacts list",
+                },
+            ),
+        ),
+        anthropic_message(
+            text("Create one."),
+            tool_use("tap", {"element_id": CREATE, **intent}),
+        ),
+        anthropic_message(
+            text("Type the secret."),
+            tool_use(
+                "input_text",
+                {"text": SECRET, "sensitive": True, "element_id": NAME_FIELD, **intent},
+            ),
+        ),
+        anthropic_message(
+            text("Typed."),
+            tool_use("complete", {"success": True, "reason": "the secret is typed"}),
+        ),
+    )
+
+
+def _probe() -> tuple[str, str, tuple[int, int, int, int]]:
+    """Ids of "Create contact" and the Name field as the host's parser numbers them, and the
+    Name field's box (inset past its border), read off a probe phone in the same state."""
+    from host.devices.virtual.phone import VirtualPhone
+
+    phone = VirtualPhone("probe")
+    phone.launch("com.android.contacts")
+    scene = parse_scene(phone.dump_hierarchy(), None, None)
+    create = next(e for e in scene.elements if e.content_desc == "Create contact")
+    b = create.bounds
+    phone.tap((b.left + b.right) // 2, (b.top + b.bottom) // 2)
+    form = parse_scene(phone.dump_hierarchy(), None, None)
+    name = next(e for e in form.elements if e.resource_id.endswith("/name"))
+    n = name.bounds
+    return (
+        create.element_id,
+        name.element_id,
+        (n.left + 20, n.top + 20, n.right - 20, n.bottom - 20),
+    )
+
+
+CREATE, NAME_FIELD, NAME_BOX = _probe()
+
+
+def _read_line(api: Any, png: bytes, box: tuple[int, int, int, int]) -> str:
+    """OCR of one text line inside `box` (a field's inside), spaces removed."""
+    image = Image.open(io.BytesIO(png)).convert("L").crop(box)
+    api.SetImage(image)
+    return str(api.GetUTF8Text()).replace(" ", "").strip()
+
+
+async def test_canary_key_and_secret_leave_no_trace(
+    canary_env: FakeProviderServer, tmp_path: Path
+) -> None:
+    fake = canary_env
+    _script(fake)
+    data_dir = tmp_path / "stack"
+    log_file = tmp_path / "run.log"
+    handler = logging.FileHandler(log_file, encoding="utf-8")
+    handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
+    root = logging.getLogger()
+    old_level = root.level
+    root.addHandler(handler)
+    root.setLevel(logging.DEBUG)
+    try:
+        async with embedded_stack(data_dir, transport="cloud") as stack:
+            submitted = await stack.operator.tasks.SubmitTask(
+                task_service_pb2.SubmitTaskRequest(goal="Create a contact with the secret name")
+            )
+            task_id = submitted.task.task_id
+            final = await follow_tasks(stack.operator, [task_id], Console(file=None), 30)
+            task = final[task_id]
+            decisions = await stack.operator.decisions.ListDecisions(
+                decision_log_service_pb2.ListDecisionsRequest(task_id=task_id)
+            )
+            phone = next(iter(stack.adb.phones.values()))
+            live_screen = phone.screenshot_png()
+            typed = [e.text for e in parse_scene(phone.dump_hierarchy(), None, None).elements]
+    finally:
+        root.removeHandler(handler)
+        root.setLevel(old_level)
+        handler.close()
+
+    # The run really happened, through the fake, with the canary key, and typed the secret.
+    assert task.status == types_pb2.TASK_STATUS_SUCCEEDED, task.result_summary
+    assert fake.pending == 0, "the scripted model answers were not all used"
+    assert fake.requests
+    for r in fake.requests:  # the fake answers 401 to any other key
+        assert KEY in (r.headers.get("x-api-key"), r.headers.get("authorization", "")[7:])
+        assert r.status == 200
+    assert [d.tool_name for d in decisions.decisions] == [
+        "launch_app",
+        "tap",
+        "input_text",
+        "complete",
+    ]
+    assert SECRET in typed, "the phone's Name field should hold the secret"
+
+    # 1. Byte scan of every file the run produced, and the captured logs.
+    produced = list(files_under(data_dir, log_file))
+    assert any(p.name == "cloud.sqlite3" for p in produced)
+    assert any(p.suffix == ".png" for p in produced), "no screenshots were stored"
+    leaks = []
+    for path in produced:
+        if path.parent.name == "pki":
+            continue  # certificates: no planner data goes there
+        blob = path.read_bytes()
+        for label, value in (("API key", KEY), ("secret", SECRET)):
+            for form, needle in encodings(value).items():
+                if needle and needle in blob:
+                    leaks.append(f"{label} ({form}) in {path.relative_to(tmp_path)}")
+    assert not leaks, leaks
+
+    # 2. No screenshot bytes in the cloud database (the planner sees them, never stores them).
+    for path in produced:
+        if path.name.startswith("cloud.sqlite3"):
+            blob = path.read_bytes()
+            found = [name for name, magic in IMAGE_MAGIC.items() if magic in blob]
+            assert not found, f"{found} in {path.name}"
+
+    # 3. What the pixels say: OCR the Name field's box on every stored screenshot. Positive
+    # control first: the same OCR reads the secret off the phone's live screen, so its absence
+    # from the stored ones means the host painted it over.
+    with tesserocr.PyTessBaseAPI(
+        path=str(default_tessdata_path()), psm=tesserocr.PSM.SINGLE_LINE
+    ) as api:
+        seen_live = _read_line(api, live_screen, NAME_BOX)
+        assert SECRET in seen_live, f"OCR cannot read the secret on the live screen: {seen_live!r}"
+        shown = []
+        screenshots = [p for p in produced if p.suffix == ".png"]
+        for path in screenshots:
+            seen = _read_line(api, path.read_bytes(), NAME_BOX)
+            if SECRET in seen or SECRET[2:10] in seen:
+                shown.append(f"{path.relative_to(tmp_path)}: {seen!r}")
+        assert not shown, f"secret readable in stored screenshots: {shown}"
+
+
+@pytest.mark.parametrize("prefix", [b"", b"x", b"xy", b'{"text": "'])
+def test_the_scan_finds_planted_values(prefix: bytes) -> None:
+    """The scanner's own positive control: every encoding of a planted value is found."""
+    raw = prefix + SECRET.encode() + b'", "more": 1}'
+    planted = [
+        raw,
+        (prefix.decode() + SECRET).encode("utf-16-le"),
+        (prefix.decode() + SECRET).encode("utf-16-be"),
+        base64.b64encode(raw),
+        base64.urlsafe_b64encode(raw),
+        urllib.parse.quote(raw.decode(), safe="").encode(),
+    ]
+    forms = encodings(SECRET).values()
+    for blob in planted:
+        assert any(needle in blob for needle in forms), blob
