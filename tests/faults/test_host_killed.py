@@ -34,9 +34,9 @@ async def test_sigkilled_host_task_is_reassigned_and_finishes_once(
         pki_dir=fault_pki,
         port=port,
     ).start()
-    # Slow steps on host a (so there is a "mid-task" to kill it in), quick ones on host b.
+    # Slow steps on host a (a wide "mid-task" to kill it in), quick ones on host b.
     host_a = host_process(
-        tmp_path, "a", cloud_address=address, pki_dir=fault_pki, settle_delay_s=1.0
+        tmp_path, "a", cloud_address=address, pki_dir=fault_pki, settle_delay_s=3.0
     )
     host_b = host_process(tmp_path, "b", cloud_address=address, pki_dir=fault_pki)
     ops = None
@@ -59,9 +59,14 @@ async def test_sigkilled_host_task_is_reassigned_and_finishes_once(
             ),
             what="running on host a at step 2",
         )
+        # Host b is up and idle before a dies, so what is measured is the lease, not a start-up.
+        host_b.start()
+        await wait_connected(ops, {"a", "b"})
+        still = await wait_task(ops, task_id, lambda t: True)
+        assert still.status == types_pb2.TASK_STATUS_RUNNING, "finished before the kill"
+        assert still.host_id == "a"
         host_a.kill()
         killed_at = time.monotonic()
-        host_b.start()
         reassigned = await wait_task(
             ops, task_id, lambda t: t.attempt == 2, what="attempt 2 assigned"
         )
