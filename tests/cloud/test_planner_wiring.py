@@ -61,10 +61,19 @@ async def test_decide_logs_decisions_with_cloud_step_index(
         assert (first.step_index, second.step_index) == (1, 2)
         assert first.host_id == "h15"
 
-        # Another host's certificate on this lease: refused before any tokens are spent.
+        # Another host's certificate on this lease: refused before any tokens are spent
+        # (issue 3: a host touching another host's lease gets PERMISSION_DENIED).
         thief: Any = planner_service_pb2_grpc.PlannerServiceStub(other_ch)  # type: ignore[no-untyped-call]
         with pytest.raises(grpc.aio.AioRpcError) as err:
             await thief.Decide(request)
+        assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED
+
+        # The caller's own task with a lease id that is not live: FAILED_PRECONDITION.
+        stale = planner_service_pb2.DecideRequest()
+        stale.CopyFrom(request)
+        stale.lease_id = "not-the-live-lease"
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await planner.Decide(stale)
         assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
 
         log: Any = decision_log_service_pb2_grpc.DecisionLogServiceStub(ops_ch)  # type: ignore[no-untyped-call]
