@@ -544,68 +544,80 @@ async def sweep_expired(store: Store, limit: int = 500) -> list[Ended]:
 
 
 async def sweep_deadlines(store: Store, limit: int = 500) -> list[Ended]:
-    """Fail tasks whose absolute deadline passed, ending their live attempt if any."""
+    """Fail tasks whose absolute deadline passed, ending their live attempt if any.
+
+    Attempts are locked before tasks, the same order renewals and results use, so a sweep never
+    deadlocks with a renewal of the same task on PostgreSQL. Both updates are conditional, so
+    sweepers on several replicas at once end each task once.
+    """
     now = store.now()
-    ended: list[Ended] = []
     async with store.write() as session:
-        tasks = (
-            await session.scalars(
-                select(TaskRow)
-                .where(TaskRow.status.in_(states.ACTIVE), TaskRow.deadline <= now)
-                .order_by(TaskRow.task_id)
-                .limit(limit)
-                .with_for_update(skip_locked=True)
-            )
-        ).all()
-        for task in tasks:
-            if task.status not in states.ACTIVE:
-                continue
-            live = (
+        due = list(
+            (
+                await session.scalars(
+                    select(TaskRow.task_id)
+                    .where(TaskRow.status.in_(states.ACTIVE), TaskRow.deadline <= now)
+                    .order_by(TaskRow.task_id)
+                    .limit(limit)
+                )
+            ).all()
+        )
+        if not due:
+            return []
+        live = {
+            task_id: (attempt, host_id, lease_id, serial)
+            for task_id, attempt, host_id, lease_id, serial in (
                 await session.execute(
                     update(AttemptRow)
-                    .where(AttemptRow.task_id == task.task_id, AttemptRow.ended_at.is_(None))
+                    .where(AttemptRow.task_id.in_(due), AttemptRow.ended_at.is_(None))
                     .values(
                         status=states.FAILED,
                         failure_reason=states.DEADLINE_EXCEEDED,
                         ended_at=now,
                     )
                     .returning(
+                        AttemptRow.task_id,
                         AttemptRow.attempt,
                         AttemptRow.host_id,
                         AttemptRow.lease_id,
                         AttemptRow.device_serial,
                     )
+                    .execution_options(synchronize_session=False)
                 )
-            ).first()
-            task.status = states.FAILED
-            task.result_summary = states.DEADLINE_EXCEEDED
-            task.finished_at = now
-            task.updated_at = now
-            if live is not None:
-                attempt, host_id, lease_id, serial = live
-                ended.append(
-                    Ended(
-                        task.task_id,
-                        attempt,
-                        host_id,
-                        lease_id,
-                        serial,
-                        states.FAILED,
-                        lease_pb.REVOKE_REASON_DEADLINE_EXCEEDED,
-                    )
+            ).all()
+        }
+        failed = (
+            await session.execute(
+                update(TaskRow)
+                .where(
+                    TaskRow.task_id.in_(due),
+                    TaskRow.status.in_(states.ACTIVE),
+                    TaskRow.deadline <= now,
                 )
-            else:
-                ended.append(
-                    Ended(
-                        task.task_id,
-                        task.attempt,
-                        "",
-                        "",
-                        "",
-                        states.FAILED,
-                        lease_pb.REVOKE_REASON_DEADLINE_EXCEEDED,
-                    )
+                .values(
+                    status=states.FAILED,
+                    result_summary=states.DEADLINE_EXCEEDED,
+                    finished_at=now,
+                    updated_at=now,
                 )
+                .returning(TaskRow.task_id, TaskRow.attempt)
+                .execution_options(synchronize_session=False)
+            )
+        ).all()
+    ended: list[Ended] = []
+    for task_id, task_attempt in failed:
+        attempt, host_id, lease_id, serial = live.get(task_id, (task_attempt, "", "", ""))
+        ended.append(
+            Ended(
+                task_id,
+                attempt,
+                host_id,
+                lease_id,
+                serial,
+                states.FAILED,
+                lease_pb.REVOKE_REASON_DEADLINE_EXCEEDED,
+            )
+        )
     return ended
 
 
