@@ -6,6 +6,7 @@ finishes, and no result the cloud had accepted before the crash is lost or chang
 
 from __future__ import annotations
 
+import asyncio
 import time
 from pathlib import Path
 
@@ -70,6 +71,7 @@ async def test_cloud_restart_loses_no_accepted_result(tmp_path: Path, fault_pki:
             if len(done) >= 2 and running:
                 break
             assert time.monotonic() < deadline, tasks
+            await asyncio.sleep(0.05)
         await ops.close()
         ops = None
         cloud.kill()
