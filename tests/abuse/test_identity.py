@@ -109,47 +109,34 @@ HOST = [x509.UniformResourceIdentifier("amc://host/a")]
 OPERATOR = [x509.UniformResourceIdentifier("amc://operator/ops")]
 
 
+DAY = dt.timedelta(days=1)
+WINDOWS = {
+    "expired": (NOW - 30 * DAY, NOW - DAY),
+    "not yet valid": (NOW + DAY, NOW + 2 * DAY),
+    "valid": (NOW - dt.timedelta(minutes=5), NOW + DAY),
+}
+
+
 @pytest.mark.parametrize(
-    ("case", "make"),
+    ("case", "signer", "window"),
     [
-        ("wrong CA", lambda ca, rogue: _issue(rogue, HOST, NOW, NOW + dt.timedelta(days=1))),
-        (
-            "expired",
-            lambda ca, rogue: _issue(
-                ca, HOST, NOW - dt.timedelta(days=30), NOW - dt.timedelta(days=1)
-            ),
-        ),
-        (
-            "not yet valid",
-            lambda ca, rogue: _issue(
-                ca, HOST, NOW + dt.timedelta(days=1), NOW + dt.timedelta(days=2)
-            ),
-        ),
+        ("wrong CA", "rogue", "valid"),
+        ("expired", "fleet", "expired"),
+        ("not yet valid", "fleet", "not yet valid"),
     ],
 )
 def test_untrusted_certificates_fail_the_handshake(
-    abuse_cloud: AbuseCloud, tmp_path: Path, case: str, make: Any
+    abuse_cloud: AbuseCloud, tmp_path: Path, case: str, signer: str, window: str
 ) -> None:
-    ca = pki.load_ca(abuse_cloud.pki_dir)
-    rogue = pki.create_ca("rogue CA")
+    ca = pki.load_ca(abuse_cloud.pki_dir) if signer == "fleet" else pki.create_ca("rogue CA")
     for name, sans in (("host-a", HOST), ("operator-ops", OPERATOR)):
-        pair = make(ca, rogue) if sans is HOST else _swap_sans(make, ca, rogue)
+        pair = _issue(ca, sans, *WINDOWS[window])
         folder = _install(abuse_cloud.pki_dir, tmp_path / name, name, pair)
         with sync_channel(abuse_cloud.address, folder, name) as ch:
             err = _get_task(ch) if name.startswith("operator") else _open_lease(ch)
             # The TLS handshake fails: the call never reaches a servicer.
             assert err.code() == grpc.StatusCode.UNAVAILABLE, (case, name, err)
     abuse_cloud.assert_serving()
-
-
-def _swap_sans(make: Any, ca: pki.CertPair, rogue: pki.CertPair) -> tuple[bytes, bytes]:
-    global HOST
-    saved = HOST
-    HOST = OPERATOR
-    try:
-        return make(ca, rogue)  # type: ignore[no-any-return]
-    finally:
-        HOST = saved
 
 
 def test_fleet_signed_certificate_without_identity_is_refused(
