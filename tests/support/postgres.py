@@ -23,12 +23,23 @@ from pathlib import Path
 
 import psycopg
 
-_BIN_DIRS = ("/usr/lib/postgresql/15/bin", "/usr/local/bin", "/usr/lib/postgresql/16/bin")
+
+def _bin_dirs() -> list[Path]:
+    """Debian's versioned server directories, newest first, then /usr/local/bin."""
+
+    def version(p: Path) -> int:
+        try:
+            return int(p.parent.name)
+        except ValueError:
+            return 0
+
+    found = sorted(Path("/usr/lib/postgresql").glob("*/bin"), key=version, reverse=True)
+    return [*found, Path("/usr/local/bin")]
 
 
 def _binary(name: str) -> str:
-    for d in _BIN_DIRS:
-        candidate = Path(d) / name
+    for d in _bin_dirs():
+        candidate = d / name
         if candidate.exists():
             return str(candidate)
     found = shutil.which(name)
