@@ -1,0 +1,76 @@
+"""WatchProgress: snapshot first, then changes; a watch of an ended task ends at once."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+
+from amc.v1 import (
+    decision_log_service_pb2,
+    decision_log_service_pb2_grpc,
+    progress_service_pb2,
+    progress_service_pb2_grpc,
+    task_service_pb2,
+    types_pb2,
+)
+from cloud.server import CloudServer
+from tests.cloud.cloud_harness import channel, submit
+
+
+async def _drain(call: Any) -> list[Any]:
+    out = []
+    while (msg := await asyncio.wait_for(call.read(), 10)) is not grpc.aio.EOF:
+        out.append(msg)
+    return out
+
+
+async def test_fleet_snapshot_then_changes_and_ended_task_watch(
+    cloud: CloudServer, ops: Any, pki_dir: Path
+) -> None:
+    ch = channel(cloud.address, pki_dir, "operator-ops")
+    try:
+        stub: Any = progress_service_pb2_grpc.ProgressServiceStub(ch)  # type: ignore[no-untyped-call]
+        live = (await submit(ops, goal="stays queued")).task
+        ended = (await submit(ops, goal="cancelled at once")).task
+        await ops.CancelTask(task_service_pb2.CancelTaskRequest(task_id=ended.task_id))
+
+        fleet = stub.WatchProgress(progress_service_pb2.WatchProgressRequest())
+        first = await asyncio.wait_for(fleet.read(), 10)
+        assert first.snapshot
+        assert first.task.task_id == live.task_id  # ended tasks are not in the fleet snapshot
+
+        newer = (await submit(ops, goal="arrives later")).task
+        change = await asyncio.wait_for(fleet.read(), 10)
+        assert not change.snapshot
+        assert change.task.task_id == newer.task_id
+        fleet.cancel()
+
+        one = stub.WatchProgress(progress_service_pb2.WatchProgressRequest(task_id=ended.task_id))
+        msgs = await _drain(one)
+        assert [m.task.status for m in msgs] == [types_pb2.TASK_STATUS_CANCELLED]
+        assert msgs[0].snapshot
+
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await _drain(stub.WatchProgress(progress_service_pb2.WatchProgressRequest(task_id="x")))
+        assert err.value.code() == grpc.StatusCode.NOT_FOUND
+    finally:
+        await ch.close()
+
+
+async def test_decision_log_arguments(cloud: CloudServer, pki_dir: Path) -> None:
+    ch = channel(cloud.address, pki_dir, "operator-ops")
+    try:
+        log: Any = decision_log_service_pb2_grpc.DecisionLogServiceStub(ch)  # type: ignore[no-untyped-call]
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await log.ListDecisions(decision_log_service_pb2.ListDecisionsRequest())
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert (err.value.details() or "").startswith("task_id")
+        empty = await log.ListDecisions(decision_log_service_pb2.ListDecisionsRequest(task_id="t"))
+        assert list(empty.decisions) == []
+        assert empty.next_page_token == ""
+    finally:
+        await ch.close()
