@@ -162,3 +162,29 @@ def test_fuzzed_lease_streams_are_refused_cleanly(abuse_cloud: AbuseCloud) -> No
 
         one()
     abuse_cloud.assert_serving()
+
+
+def test_a_message_over_the_size_limit_is_refused_and_the_replica_serves_on(
+    abuse_cloud: AbuseCloud,
+) -> None:
+    """17 MB in one message (the limit is 16 MB): RESOURCE_EXHAUSTED, never INTERNAL."""
+    huge = "x" * (17 * 1024 * 1024)
+    with abuse_cloud.channel("host-fuzz") as ch:
+        stub = lease_service_pb2_grpc.LeaseServiceStub(ch)  # type: ignore[no-untyped-call]
+        oversize = lease_pb.LeaseRequest(
+            renewal=lease_pb.LeaseRenewal(
+                task_id="t", attempt=1, lease_id="l", progress=types_pb2.Progress(summary=huge)
+            )
+        )
+        with pytest.raises(grpc.RpcError) as err:
+            list(stub.Lease(iter([_hello(), oversize]), timeout=30))
+        assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, err.value
+    with abuse_cloud.channel("operator-ops") as ch:
+        submit = ch.unary_unary(
+            "/amc.v1.TaskService/SubmitTask",
+            request_serializer=task_service_pb2.SubmitTaskRequest.SerializeToString,
+        )
+        with pytest.raises(grpc.RpcError) as err:
+            submit(task_service_pb2.SubmitTaskRequest(goal=huge), timeout=30)
+        assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, err.value
+    abuse_cloud.assert_serving()
