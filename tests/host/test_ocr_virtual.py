@@ -37,19 +37,23 @@ def test_ocr_reads_the_rendered_settings_screen() -> None:
         pool.close()
 
 
-def test_one_engine_per_thread_reused_across_steps() -> None:
+def test_engines_are_reused_across_steps_and_bounded() -> None:
     phone = _settings_phone()
     png = phone.screenshot_png()
-    pool = OcrPool()
+    pool = OcrPool(max_engines=2)
     try:
         for _ in range(3):
             pool.read(png)
         assert pool.engines_created == 1
-        assert pool.engine().images_read == 3
-        t = threading.Thread(target=pool.read, args=(png,))
-        t.start()
-        t.join()
-        assert pool.engines_created == 2
+        with pool.engine() as engine:
+            assert engine.images_read == 3
+        # Six threads reading at once share at most two engines.
+        threads = [threading.Thread(target=pool.read, args=(png,)) for _ in range(6)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert 1 <= pool.engines_created <= 2
     finally:
         pool.close()
 
