@@ -200,7 +200,7 @@ def ocr() -> Iterator[OcrPool]:
         pool.close()
 
 
-@FUZZ
+@settings(FUZZ, max_examples=50)  # each example runs OCR: fewer, still every strategy branch
 @given(
     png=SCREENSHOTS,
     dump=DUMPS,
