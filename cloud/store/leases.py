@@ -363,8 +363,8 @@ async def _classify(
             return lease_pb.REVOKE_REASON_SUPERSEDED, f"attempt {task.attempt} holds the task"
         return lease_pb.REVOKE_REASON_UNKNOWN, "unknown lease"
     if row.host_id != host_id:
-        # Same answer as an unknown lease: a host learns nothing about other hosts' leases.
-        return lease_pb.REVOKE_REASON_UNKNOWN, "permission denied: not this host's lease"
+        # Nothing about the other host's lease is revealed beyond "not yours".
+        return lease_pb.REVOKE_REASON_PERMISSION_DENIED, "permission denied: not this host's lease"
     if task.cancel_requested or row.status == states.CANCELLED:
         return lease_pb.REVOKE_REASON_CANCELLED, task.cancel_reason or "cancelled"
     if row.ended_at is None:

@@ -234,9 +234,11 @@ async def test_host_a_cannot_touch_host_b_lease(abuse_cloud: AbuseCloud) -> None
         # A names B's exact task, attempt and lease id: fenced off, stream stays up.
         await a.send(renewal(assignment, 5, "hijacked"))
         refused = (await a.next("revoked")).revoked
+        assert refused.reason == lease_service_pb2.REVOKE_REASON_PERMISSION_DENIED
         assert "permission denied" in refused.message.lower()
         await a.send(result(assignment, summary="hijacked"))
         refused = (await a.next("revoked")).revoked
+        assert refused.reason == lease_service_pb2.REVOKE_REASON_PERMISSION_DENIED
         assert "permission denied" in refused.message.lower()
 
         planner: Any = a._channel.unary_unary(

@@ -267,10 +267,11 @@ async def test_other_hosts_lease_is_refused(cloud: CloudServer, ops: Any, pki_di
         await thief.connect([])
         await thief.send(renewal(a, 7, "hijack"))
         r = (await thief.next("revoked")).revoked
-        assert r.reason == lease_pb.REVOKE_REASON_UNKNOWN
+        assert r.reason == lease_pb.REVOKE_REASON_PERMISSION_DENIED
         assert "permission denied" in r.message
         await thief.send(result(a, summary="hijacked"))
-        assert (await thief.next("revoked")).revoked.reason == lease_pb.REVOKE_REASON_UNKNOWN
+        revoked = (await thief.next("revoked")).revoked
+        assert revoked.reason == lease_pb.REVOKE_REASON_PERMISSION_DENIED
         got = (await ops.GetTask(task_service_pb2.GetTaskRequest(task_id=task.task_id))).task
         assert got.status == types_pb2.TASK_STATUS_ASSIGNED
         assert not got.HasField("progress")

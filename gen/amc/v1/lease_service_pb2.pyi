@@ -42,6 +42,8 @@ class _RevokeReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_RevokeRe
     """The task's absolute deadline passed."""
     REVOKE_REASON_FINISHED: _RevokeReason.ValueType  # 6
     """The task already ended."""
+    REVOKE_REASON_PERMISSION_DENIED: _RevokeReason.ValueType  # 7
+    """The lease belongs to another host: the in-stream form of PERMISSION_DENIED. Nothing changed."""
 
 class RevokeReason(_RevokeReason, metaclass=_RevokeReasonEnumTypeWrapper):
     """Why a lease was taken away."""
@@ -60,6 +62,8 @@ REVOKE_REASON_DEADLINE_EXCEEDED: RevokeReason.ValueType  # 5
 """The task's absolute deadline passed."""
 REVOKE_REASON_FINISHED: RevokeReason.ValueType  # 6
 """The task already ended."""
+REVOKE_REASON_PERMISSION_DENIED: RevokeReason.ValueType  # 7
+"""The lease belongs to another host: the in-stream form of PERMISSION_DENIED. Nothing changed."""
 Global___RevokeReason: _TypeAlias = RevokeReason  # noqa: Y015
 
 @_typing.final

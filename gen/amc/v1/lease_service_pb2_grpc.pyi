@@ -35,7 +35,8 @@ class LeaseServiceStub:
     result acknowledgements and rejections.
 
     A renewal or result that names a (task, attempt, lease id) that is not the caller's live lease
-    changes nothing and is answered with Revoked. A malformed message is answered with Rejected and
+    changes nothing and is answered with Revoked (reason PERMISSION_DENIED when the lease is another
+    host's). A malformed message is answered with Rejected and
     the stream stays up. The stream ends with PERMISSION_DENIED only when the caller's certificate
     does not carry a host identity, and with FAILED_PRECONDITION when the first message is not a
     hello.
@@ -58,7 +59,8 @@ class LeaseServiceAsyncStub(LeaseServiceStub):
     result acknowledgements and rejections.
 
     A renewal or result that names a (task, attempt, lease id) that is not the caller's live lease
-    changes nothing and is answered with Revoked. A malformed message is answered with Rejected and
+    changes nothing and is answered with Revoked (reason PERMISSION_DENIED when the lease is another
+    host's). A malformed message is answered with Rejected and
     the stream stays up. The stream ends with PERMISSION_DENIED only when the caller's certificate
     does not carry a host identity, and with FAILED_PRECONDITION when the first message is not a
     hello.
@@ -77,7 +79,8 @@ class LeaseServiceServicer(metaclass=_abc_1.ABCMeta):
     result acknowledgements and rejections.
 
     A renewal or result that names a (task, attempt, lease id) that is not the caller's live lease
-    changes nothing and is answered with Revoked. A malformed message is answered with Rejected and
+    changes nothing and is answered with Revoked (reason PERMISSION_DENIED when the lease is another
+    host's). A malformed message is answered with Rejected and
     the stream stays up. The stream ends with PERMISSION_DENIED only when the caller's certificate
     does not carry a host identity, and with FAILED_PRECONDITION when the first message is not a
     hello.
