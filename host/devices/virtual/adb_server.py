@@ -405,6 +405,8 @@ class VirtualAdbServer:
                     hangup = asyncio.ensure_future(reader.read(4096))  # stdin: ignored
             return await work
         finally:
+            if not work.done():  # the server is stopping: end the command like a hangup would
+                shell.cancel.set()
             hangup.cancel()
             with contextlib.suppress(asyncio.CancelledError, ConnectionError):
                 await hangup
