@@ -37,6 +37,14 @@ app.add_typer(task_app, name="task")
 out = Console()
 T = TypeVar("T")
 
+#: What `amc demo` runs, one goal per virtual phone (the first is the quickstart's job).
+DEMO_GOALS = (
+    "Turn on dark theme",
+    "Create a contact named Ada Lovelace with phone 555 0100",
+    "Set an alarm for 10:15 PM",
+    "Turn off Wi-Fi, then return to the home screen",
+)
+
 DataDir = Annotated[
     Path,
     typer.Option(envvar="AMC_DATA_DIR", help="Where the embedded stack keeps its state."),
@@ -63,12 +71,13 @@ def demo(
     goal: Annotated[
         list[str] | None, typer.Option("--goal", "-g", help="Goal to run (repeatable).")
     ] = None,
-    phones: Annotated[int, typer.Option(help="Virtual phones on the host.")] = 1,
+    phones: Annotated[int, typer.Option(help="Virtual phones on the host.", min=1)] = 3,
 ) -> None:
-    """Run the embedded stack, execute the goals with live progress, exit 0 if all succeed."""
+    """Run the embedded stack, execute the goals (by default one per phone, all at once) with
+    live progress, exit 0 if all succeed."""
     from console.embedded import run_demo
 
-    goals = goal or ["Turn on dark theme"]
+    goals = goal or list(DEMO_GOALS[:phones]) or ["Turn on dark theme"]
     ok = _run(run_demo(data_dir, goals, phones=phones, out=out))
     raise typer.Exit(0 if ok else 1)
 
