@@ -6,19 +6,26 @@ an exception reaches us, so every error here is final for this decision.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from planner.errors import PlannerAuthError, PlannerError, PlannerRateLimited, PlannerUnavailable
 
+#: Key-like tokens (`sk-…`, `sk-ant-…`, also the partly masked `sk-abc***xyz` some providers echo
+#: back in a 401 message): an error reason ends up in task results, logs and the decision log.
+_KEY_LIKE = re.compile(r"\b(sk|key)-[A-Za-z0-9_*.\-]{4,}")
+
 
 def _detail(err: BaseException) -> str:
     body: Any = getattr(err, "body", None)
+    text = None
     if isinstance(body, dict):
         inner = body.get("error", body)
         if isinstance(inner, dict) and isinstance(inner.get("message"), str):
-            return str(inner["message"])
-    message = getattr(err, "message", None)
-    return str(message or err)
+            text = str(inner["message"])
+    if text is None:
+        text = str(getattr(err, "message", None) or err)
+    return _KEY_LIKE.sub(r"\1-•••", text)
 
 
 def planner_error(err: BaseException, vendor: str, *, retries: int) -> PlannerError:
