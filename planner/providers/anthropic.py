@@ -16,7 +16,6 @@ from typing import Any
 import anthropic
 
 from planner.decision import ThinkingBlock, Usage
-from planner.errors import PlannerAuthError
 from planner.providers.base import (
     AssistantTurn,
     ProviderRequest,
@@ -26,6 +25,7 @@ from planner.providers.base import (
     UserTurn,
     image_media_type,
 )
+from planner.providers.clients import anthropic_client
 from planner.providers.failures import planner_error
 from planner.settings import PlannerSettings
 
@@ -55,18 +55,8 @@ class AnthropicProvider:
     """Claude through the official SDK; the SDK retries 429/5xx `max_retries` times."""
 
     def __init__(self, settings: PlannerSettings) -> None:
-        key = settings.anthropic_api_key.get_secret_value() if settings.anthropic_api_key else ""
-        if not key:
-            raise PlannerAuthError(
-                "planner: no Anthropic API key configured (set AMC_PLANNER_ANTHROPIC_API_KEY)"
-            )
         self._settings = settings
-        self._client = anthropic.AsyncAnthropic(
-            api_key=key,
-            base_url=settings.anthropic_base_url,
-            max_retries=settings.max_retries,
-            timeout=settings.timeout_s,
-        )
+        self._client = anthropic_client(settings)
 
     @property
     def name(self) -> str:

@@ -15,7 +15,6 @@ from typing import Any
 import openai
 
 from planner.decision import ThinkingBlock, Usage
-from planner.errors import PlannerAuthError
 from planner.providers.base import (
     AssistantTurn,
     ProviderRequest,
@@ -25,6 +24,7 @@ from planner.providers.base import (
     UserTurn,
     image_media_type,
 )
+from planner.providers.clients import openai_client
 from planner.providers.failures import planner_error
 from planner.settings import PlannerSettings
 
@@ -33,18 +33,8 @@ class OpenAIProvider:
     """GPT (or any Chat Completions server) through the official SDK."""
 
     def __init__(self, settings: PlannerSettings) -> None:
-        key = settings.openai_api_key.get_secret_value() if settings.openai_api_key else ""
-        if not key:
-            raise PlannerAuthError(
-                "planner: no OpenAI API key configured (set AMC_PLANNER_OPENAI_API_KEY)"
-            )
         self._settings = settings
-        self._client = openai.AsyncOpenAI(
-            api_key=key,
-            base_url=settings.openai_base_url,
-            max_retries=settings.max_retries,
-            timeout=settings.timeout_s,
-        )
+        self._client = openai_client(settings)
 
     @property
     def name(self) -> str:

@@ -13,6 +13,7 @@ from typing import Any
 import anthropic
 import openai
 
+from planner.providers.clients import anthropic_client, openai_client
 from planner.session.config import PlannerMode, SessionConfig, SessionProvider, ThinkingConfig
 from planner.session.planner import SessionPlanner
 from planner.session.store import SessionStore
@@ -71,20 +72,8 @@ def make_session_client(
     settings: PlannerSettings, provider: SessionProvider
 ) -> anthropic.AsyncAnthropic | openai.AsyncOpenAI:
     if provider == "anthropic":
-        key = settings.anthropic_api_key
-        return anthropic.AsyncAnthropic(
-            api_key=key.get_secret_value() if key else None,
-            base_url=settings.anthropic_base_url,
-            max_retries=settings.max_retries,
-            timeout=settings.timeout_s,
-        )
-    okey = settings.openai_api_key
-    return openai.AsyncOpenAI(
-        api_key=okey.get_secret_value() if okey else None,
-        base_url=settings.openai_base_url,
-        max_retries=settings.max_retries,
-        timeout=settings.timeout_s,
-    )
+        return anthropic_client(settings)
+    return openai_client(settings)
 
 
 async def open_session_planner(
