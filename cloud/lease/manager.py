@@ -291,6 +291,8 @@ class LeaseManager:
         got = 0
         async with session.dispatch_lock:
             session.dispatch_pending = False
+            if session.unsure_serials and not await self._send_unsure(session):
+                return got
             while not session.closed:
                 idle = session.idle_serials()
                 if not idle:
@@ -300,6 +302,9 @@ class LeaseManager:
                         self.store, session.host_id, idle, session.planner_transport
                     )
                 except Exception:
+                    # The commit may have happened even though the call failed (a database
+                    # that went away mid-commit): look on these phones again next pass.
+                    session.unsure_serials.update(idle)
                     log.exception("claim for %s failed", session.host_id)
                     return got
                 if claimed is None:
@@ -312,6 +317,27 @@ class LeaseManager:
                 session.send(self._assignment(claimed))
                 self.bus.tasks_changed([claimed.task_id])
         return got
+
+    async def _send_unsure(self, session: HostSession) -> bool:
+        """Send the leases that claims with an unknown outcome did create; False if the store is
+        still unreachable (the phones stay unsure and the next pass tries again)."""
+        try:
+            found = await leases.live_attempts_on(
+                self.store, session.host_id, session.unsure_serials
+            )
+        except Exception:
+            log.exception("checking unsure claims for %s failed", session.host_id)
+            return False
+        session.unsure_serials.clear()
+        for claimed in found:
+            log.warning(
+                "re-sending assignment %s/%d to %s: its claim failed after the commit",
+                claimed.task_id, claimed.attempt, session.host_id,
+            )  # fmt: skip
+            session.busy.add(claimed.device_serial)
+            session.send(self._assignment(claimed))
+            self.bus.tasks_changed([claimed.task_id])
+        return True
 
     def _assignment(self, c: leases.Claimed) -> lease_pb.LeaseResponse:
         a = lease_pb.Assignment(
@@ -355,6 +381,10 @@ class LeaseManager:
         stops after a run of hosts that got nothing (what is left needs a phone nobody here has);
         the periodic tick tries again.
         """
+        for session in list(self.sessions.values()):
+            if session.unsure_serials and not session.closed:
+                async with session.dispatch_lock:
+                    await self._send_unsure(session)
         if not any(s.idle_serials() for s in self.sessions.values()):
             return
         targets = await leases.queued_by_target_host(self.store)

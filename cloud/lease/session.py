@@ -37,6 +37,9 @@ class HostSession:
     outbox: asyncio.Queue[lease_pb.LeaseResponse | Closing] = field(default_factory=asyncio.Queue)
     dispatch_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     dispatch_pending: bool = False
+    #: Phones offered to a claim whose outcome is unknown (the database failed mid-commit): a
+    #: live attempt found on them later was never sent and is sent then.
+    unsure_serials: set[str] = field(default_factory=set)
     closed: bool = False
     last_seen: dt.datetime = field(default_factory=lambda: dt.datetime.now(dt.UTC))
 

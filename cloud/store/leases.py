@@ -656,6 +656,43 @@ async def check_held(
     return out
 
 
+async def live_attempts_on(store: Store, host_id: str, serials: set[str]) -> list[Claimed]:
+    """Live leases of `host_id` on these phones, as assignments (to re-send after a claim whose
+    commit outcome was unknown: the row may exist although the claim raised)."""
+    if not serials:
+        return []
+    async with store.read() as session:
+        rows = (
+            await session.execute(
+                select(AttemptRow, TaskRow.goal, TaskRow.lease_seconds, TaskRow.deadline)
+                .join(TaskRow, TaskRow.task_id == AttemptRow.task_id)
+                .where(
+                    AttemptRow.host_id == host_id,
+                    AttemptRow.device_serial.in_(serials),
+                    AttemptRow.ended_at.is_(None),
+                    AttemptRow.lease_expires_at > store.now(),
+                )
+            )
+        ).all()
+        out = []
+        for row, goal, lease_seconds, deadline in rows:
+            previous = await _previous_progress(session, row.task_id) if row.attempt > 1 else None
+            out.append(
+                Claimed(
+                    task_id=row.task_id,
+                    attempt=row.attempt,
+                    lease_id=row.lease_id,
+                    device_serial=row.device_serial,
+                    goal=goal,
+                    lease_expires_at=row.lease_expires_at,
+                    lease_seconds=lease_seconds,
+                    deadline=deadline,
+                    last_progress=previous,
+                )
+            )
+        return out
+
+
 async def live_serials(store: Store, host_id: str) -> set[str]:
     """Phones of `host_id` that have a live (not ended) attempt."""
     async with store.read() as session:

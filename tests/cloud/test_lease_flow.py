@@ -449,3 +449,36 @@ async def test_result_after_reconnect_without_held_is_accepted(
         assert [x.attempt for x in got.attempts] == [1]
     finally:
         await again.close()
+
+
+async def test_claim_that_failed_after_commit_is_still_sent(
+    cloud: CloudServer, ops: Any, pki_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A database that goes away mid-commit makes the claim call fail although the row was
+    written. The lease must still reach the host on the next dispatch pass, not sit unseen until
+    it expires and the task runs again as attempt 2. (The lost commit acknowledgement is
+    simulated by raising after the real claim: it cannot be produced on demand otherwise.)"""
+    real_claim = leases.claim
+    failures = {"left": 1}
+
+    async def claim_then_lose_the_ack(*args: Any, **kwargs: Any) -> Any:
+        claimed = await real_claim(*args, **kwargs)
+        if claimed is not None and failures["left"]:
+            failures["left"] -= 1
+            raise ConnectionError("server closed the connection unexpectedly")
+        return claimed
+
+    monkeypatch.setattr(leases, "claim", claim_then_lose_the_ack)
+    host = ScriptedHost(cloud.address, pki_dir, "h1")
+    try:
+        await host.connect(["phone-1"])
+        task = (await submit(ops, lease_duration=secs(60))).task
+        a = (await host.next("assignment")).assignment
+        assert failures["left"] == 0, "the claim did fail once"
+        assert (a.task_id, a.attempt) == (task.task_id, 1)
+        await host.send(result(a, summary="done"))
+        assert (await host.next("result_ack")).result_ack.task_status == (
+            types_pb2.TASK_STATUS_SUCCEEDED
+        )
+    finally:
+        await host.close()
