@@ -10,6 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from host.devices.virtual.layout import Action, Node, Rect
+from host.devices.virtual.state import Page
 
 STATUS_BAR_H = 96
 NAV_BAR_H = 132
@@ -329,3 +330,41 @@ def fab(frame: Rect, desc: str, rid: str, on_click: Action) -> Node:
         role="fab",
         on_click=on_click,
     )
+
+
+def form_fields(
+    page: Page, package: str, fields: list[tuple[str, str]], top: int, width: int
+) -> tuple[list[Node], int]:
+    """An editor's text fields (with the page's error line under them) from `top` down; returns
+    the nodes and the y below them. Focus and typed text live on the page, as an editor keeps
+    them across redraws."""
+    nodes: list[Node] = []
+    y = top
+    for key, hint in fields:
+
+        def focus(k: str = key) -> None:
+            page.focus = k
+
+        def set_text(value: str, k: str = key) -> None:
+            page.fields[k] = value
+            page.error = ""
+
+        nodes.append(
+            edit_text(
+                (PAD, y, width - PAD, y + 160),
+                page.fields.get(key, ""),
+                hint,
+                f"{package}:id/{key}",
+                focused=page.focus == key,
+                on_click=focus,
+                on_set_text=set_text,
+            )
+        )
+        y += 208
+    if page.error:
+        nodes.append(
+            text(
+                (PAD, y, width - PAD, y + 100), page.error, rid=f"{package}:id/error", role="error"
+            )
+        )
+    return nodes, y

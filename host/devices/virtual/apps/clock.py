@@ -11,8 +11,8 @@ from host.devices.virtual.widgets import (
     Geometry,
     RowFactory,
     button,
-    edit_text,
     fab,
+    form_fields,
     scroll_list,
     text,
     toolbar,
@@ -177,31 +177,8 @@ class ClockApp(App):
 
         nodes: list[Node] = [toolbar(PKG, geo, "Add alarm", phone.pop)]
         y = geo.top + TOOLBAR_H + 64
-        for key, hint in FIELDS:
-
-            def focus(k: str = key) -> None:
-                page.focus = k
-
-            def set_text(value: str, k: str = key) -> None:
-                page.fields[k] = value
-                page.error = ""
-
-            nodes.append(
-                edit_text(
-                    (PAD, y, w - PAD, y + 160),
-                    page.fields.get(key, ""),
-                    hint,
-                    f"{PKG}:id/{key}",
-                    focused=page.focus == key,
-                    on_click=focus,
-                    on_set_text=set_text,
-                )
-            )
-            y += 208
-        if page.error:
-            nodes.append(
-                text((PAD, y, w - PAD, y + 100), page.error, rid=f"{PKG}:id/error", role="error")
-            )
+        fields, y = form_fields(page, PKG, FIELDS, y, w)
+        nodes += fields
         y += 140
         half = (w - 3 * PAD) // 2
         nodes.append(

@@ -10,8 +10,8 @@ from host.devices.virtual.widgets import (
     TOOLBAR_H,
     Geometry,
     RowFactory,
-    edit_text,
     fab,
+    form_fields,
     scroll_list,
     text,
     toolbar,
@@ -102,31 +102,8 @@ class ContactsApp(App):
         )
         nodes: list[Node] = [bar]
         y = geo.top + TOOLBAR_H + 64
-        for key, hint in FIELDS:
-
-            def focus(k: str = key) -> None:
-                page.focus = k
-
-            def set_text(value: str, k: str = key) -> None:
-                page.fields[k] = value
-                page.error = ""
-
-            nodes.append(
-                edit_text(
-                    (PAD, y, w - PAD, y + 160),
-                    page.fields.get(key, ""),
-                    hint,
-                    f"{PKG}:id/{key}",
-                    focused=page.focus == key,
-                    on_click=focus,
-                    on_set_text=set_text,
-                )
-            )
-            y += 208
-        if page.error:
-            nodes.append(
-                text((PAD, y, w - PAD, y + 100), page.error, rid=f"{PKG}:id/error", role="error")
-            )
+        fields, y = form_fields(page, PKG, FIELDS, y, w)
+        nodes += fields
         return nodes
 
     def _detail(self, phone: PhoneApi, page: Page, geo: Geometry) -> list[Node]:
