@@ -34,6 +34,7 @@ class DecideRequest(_message.Message):
     ELEMENT_IDS_FIELD_NUMBER: _builtins.int
     SCREEN_WIDTH_FIELD_NUMBER: _builtins.int
     SCREEN_HEIGHT_FIELD_NUMBER: _builtins.int
+    SESSION_FIELD_NUMBER: _builtins.int
     task_id: _builtins.str
     """Task id."""
     attempt: _builtins.int
@@ -54,6 +55,13 @@ class DecideRequest(_message.Message):
     def element_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """Element ids of the scene in the prompt, so a tap on an id that is not there is caught."""
 
+    @_builtins.property
+    def session(self) -> Global___SessionStep:
+        """Session mode: set instead of system_prompt and user_prompt. The cloud keeps the conversation
+        of (task, attempt) in its database and continues it; a new attempt continues the latest
+        earlier attempt's conversation. Screenshots are not sent in session mode.
+        """
+
     def __init__(
         self,
         *,
@@ -66,14 +74,84 @@ class DecideRequest(_message.Message):
         element_ids: _abc.Iterable[_builtins.str] | None = ...,
         screen_width: _builtins.int = ...,
         screen_height: _builtins.int = ...,
+        session: Global___SessionStep | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["session", b"session"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "element_ids", b"element_ids", "lease_id", b"lease_id", "screen_height", b"screen_height", "screen_width", b"screen_width", "screenshot", b"screenshot", "system_prompt", b"system_prompt", "task_id", b"task_id", "user_prompt", b"user_prompt"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "element_ids", b"element_ids", "lease_id", b"lease_id", "screen_height", b"screen_height", "screen_width", b"screen_width", "screenshot", b"screenshot", "session", b"session", "system_prompt", b"system_prompt", "task_id", b"task_id", "user_prompt", b"user_prompt"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___DecideRequest: _TypeAlias = DecideRequest  # noqa: Y015
+
+@_typing.final
+class SessionStep(_message.Message):
+    """One step of a session-mode conversation as the host sees it; the cloud turns it into the
+    tool result of the previous call and the next observation, exactly as the direct transport
+    does on the host.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    GOAL_FIELD_NUMBER: _builtins.int
+    SCENE_JSON_FIELD_NUMBER: _builtins.int
+    PAGE_FIELD_NUMBER: _builtins.int
+    PREVIOUS_OUTCOME_FIELD_NUMBER: _builtins.int
+    goal: _builtins.str
+    """The task's goal (at most 16 KiB); shown in the conversation's first observation."""
+    scene_json: _builtins.str
+    """The current screen in the prompt's scene JSON form (at most 512 KiB)."""
+    page: _builtins.str
+    """The screen's page name, kept in the condensed form of this observation."""
+    @_builtins.property
+    def previous_outcome(self) -> Global___ToolOutcome:
+        """Outcome of the previous decision's tool call; unset on an attempt's first step."""
+
+    def __init__(
+        self,
+        *,
+        goal: _builtins.str = ...,
+        scene_json: _builtins.str = ...,
+        page: _builtins.str = ...,
+        previous_outcome: Global___ToolOutcome | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["previous_outcome", b"previous_outcome"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["goal", b"goal", "page", b"page", "previous_outcome", b"previous_outcome", "scene_json", b"scene_json"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SessionStep: _TypeAlias = SessionStep  # noqa: Y015
+
+@_typing.final
+class ToolOutcome(_message.Message):
+    """What executing a decided tool call did, sent back to the model as its tool result."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CALL_ID_FIELD_NUMBER: _builtins.int
+    OUTPUT_FIELD_NUMBER: _builtins.int
+    IS_ERROR_FIELD_NUMBER: _builtins.int
+    call_id: _builtins.str
+    """The call it answers (DecideResponse.session_call_id of that decision)."""
+    output: _builtins.str
+    """The tool result text (at most 512 KiB)."""
+    is_error: _builtins.bool
+    """The action failed."""
+    def __init__(
+        self,
+        *,
+        call_id: _builtins.str = ...,
+        output: _builtins.str = ...,
+        is_error: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["call_id", b"call_id", "is_error", b"is_error", "output", b"output"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ToolOutcome: _TypeAlias = ToolOutcome  # noqa: Y015
 
 @_typing.final
 class DecideResponse(_message.Message):
@@ -82,6 +160,11 @@ class DecideResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     DECISION_FIELD_NUMBER: _builtins.int
+    SESSION_CALL_ID_FIELD_NUMBER: _builtins.int
+    session_call_id: _builtins.str
+    """Session mode: the id of the decision's tool call in the conversation, for the next step's
+    ToolOutcome.call_id. Empty in compact mode.
+    """
     @_builtins.property
     def decision(self) -> _types_pb2.Decision:
         """The logged decision, with its cloud-assigned step index."""
@@ -90,10 +173,11 @@ class DecideResponse(_message.Message):
         self,
         *,
         decision: _types_pb2.Decision | None = ...,
+        session_call_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["decision", b"decision"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["decision", b"decision"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["decision", b"decision", "session_call_id", b"session_call_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -26,8 +26,9 @@ if _version_not_supported:
 
 
 class PlannerServiceStub:
-    """Planning on the cloud transport: the host sends its prompts, the cloud calls the model with
-    its own credentials and logs the decision. Callers use a host certificate.
+    """Planning on the cloud transport: the host sends its prompts (compact mode) or its step of a
+    conversation the cloud keeps (session mode), the cloud calls the model with its own
+    credentials and logs the decision. Callers use a host certificate.
     """
 
     def __init__(self, channel):
@@ -44,14 +45,18 @@ class PlannerServiceStub:
 
 
 class PlannerServiceServicer:
-    """Planning on the cloud transport: the host sends its prompts, the cloud calls the model with
-    its own credentials and logs the decision. Callers use a host certificate.
+    """Planning on the cloud transport: the host sends its prompts (compact mode) or its step of a
+    conversation the cloud keeps (session mode), the cloud calls the model with its own
+    credentials and logs the decision. Callers use a host certificate.
     """
 
     def Decide(self, request, context):
         """Choose the next action. FAILED_PRECONDITION (nothing logged, no tokens spent) when
         (task, attempt, lease id) is not the caller's live lease; UNAVAILABLE or RESOURCE_EXHAUSTED
-        when the provider fails; INVALID_ARGUMENT for oversize prompts or screenshots.
+        when the provider fails; INVALID_ARGUMENT for oversize prompts, screenshots or session
+        fields, or a previous outcome for a call the conversation does not have; UNIMPLEMENTED for
+        a session step when the cloud's provider cannot keep a conversation (offline); ABORTED when
+        another call continued the same conversation at the same time (retry).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -74,8 +79,9 @@ def add_PlannerServiceServicer_to_server(servicer, server):
 
  # This class is part of an EXPERIMENTAL API.
 class PlannerService:
-    """Planning on the cloud transport: the host sends its prompts, the cloud calls the model with
-    its own credentials and logs the decision. Callers use a host certificate.
+    """Planning on the cloud transport: the host sends its prompts (compact mode) or its step of a
+    conversation the cloud keeps (session mode), the cloud calls the model with its own
+    credentials and logs the decision. Callers use a host certificate.
     """
 
     @staticmethod

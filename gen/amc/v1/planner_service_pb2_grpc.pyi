@@ -27,8 +27,9 @@ GRPC_GENERATED_VERSION: str
 GRPC_VERSION: str
 
 class PlannerServiceStub:
-    """Planning on the cloud transport: the host sends its prompts, the cloud calls the model with
-    its own credentials and logs the decision. Callers use a host certificate.
+    """Planning on the cloud transport: the host sends its prompts (compact mode) or its step of a
+    conversation the cloud keeps (session mode), the cloud calls the model with its own
+    credentials and logs the decision. Callers use a host certificate.
     """
 
     @_typing.overload
@@ -38,25 +39,33 @@ class PlannerServiceStub:
     Decide: _grpc.UnaryUnaryMultiCallable[_planner_service_pb2.DecideRequest, _planner_service_pb2.DecideResponse]
     """Choose the next action. FAILED_PRECONDITION (nothing logged, no tokens spent) when
     (task, attempt, lease id) is not the caller's live lease; UNAVAILABLE or RESOURCE_EXHAUSTED
-    when the provider fails; INVALID_ARGUMENT for oversize prompts or screenshots.
+    when the provider fails; INVALID_ARGUMENT for oversize prompts, screenshots or session
+    fields, or a previous outcome for a call the conversation does not have; UNIMPLEMENTED for
+    a session step when the cloud's provider cannot keep a conversation (offline); ABORTED when
+    another call continued the same conversation at the same time (retry).
     """
 
 @_typing.type_check_only
 class PlannerServiceAsyncStub(PlannerServiceStub):
-    """Planning on the cloud transport: the host sends its prompts, the cloud calls the model with
-    its own credentials and logs the decision. Callers use a host certificate.
+    """Planning on the cloud transport: the host sends its prompts (compact mode) or its step of a
+    conversation the cloud keeps (session mode), the cloud calls the model with its own
+    credentials and logs the decision. Callers use a host certificate.
     """
 
     def __init__(self, channel: _aio.Channel) -> None: ...
     Decide: _aio.UnaryUnaryMultiCallable[_planner_service_pb2.DecideRequest, _planner_service_pb2.DecideResponse]  # type: ignore[assignment]
     """Choose the next action. FAILED_PRECONDITION (nothing logged, no tokens spent) when
     (task, attempt, lease id) is not the caller's live lease; UNAVAILABLE or RESOURCE_EXHAUSTED
-    when the provider fails; INVALID_ARGUMENT for oversize prompts or screenshots.
+    when the provider fails; INVALID_ARGUMENT for oversize prompts, screenshots or session
+    fields, or a previous outcome for a call the conversation does not have; UNIMPLEMENTED for
+    a session step when the cloud's provider cannot keep a conversation (offline); ABORTED when
+    another call continued the same conversation at the same time (retry).
     """
 
 class PlannerServiceServicer(metaclass=_abc_1.ABCMeta):
-    """Planning on the cloud transport: the host sends its prompts, the cloud calls the model with
-    its own credentials and logs the decision. Callers use a host certificate.
+    """Planning on the cloud transport: the host sends its prompts (compact mode) or its step of a
+    conversation the cloud keeps (session mode), the cloud calls the model with its own
+    credentials and logs the decision. Callers use a host certificate.
     """
 
     @_abc_1.abstractmethod
@@ -67,7 +76,10 @@ class PlannerServiceServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_planner_service_pb2.DecideResponse, _abc.Awaitable[_planner_service_pb2.DecideResponse]]:
         """Choose the next action. FAILED_PRECONDITION (nothing logged, no tokens spent) when
         (task, attempt, lease id) is not the caller's live lease; UNAVAILABLE or RESOURCE_EXHAUSTED
-        when the provider fails; INVALID_ARGUMENT for oversize prompts or screenshots.
+        when the provider fails; INVALID_ARGUMENT for oversize prompts, screenshots or session
+        fields, or a previous outcome for a call the conversation does not have; UNIMPLEMENTED for
+        a session step when the cloud's provider cannot keep a conversation (offline); ABORTED when
+        another call continued the same conversation at the same time (retry).
         """
 
 def add_PlannerServiceServicer_to_server(servicer: PlannerServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -165,6 +165,8 @@ class _KeyEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Key.ValueType], _
     """KEYCODE_HOME."""
     KEY_ENTER: _Key.ValueType  # 3
     """KEYCODE_ENTER."""
+    KEY_DELETE: _Key.ValueType  # 4
+    """KEYCODE_DEL: erase the character before the cursor (backspace)."""
 
 class Key(_Key, metaclass=_KeyEnumTypeWrapper):
     """Hardware and navigation keys the agent may press."""
@@ -177,6 +179,8 @@ KEY_HOME: Key.ValueType  # 2
 """KEYCODE_HOME."""
 KEY_ENTER: Key.ValueType  # 3
 """KEYCODE_ENTER."""
+KEY_DELETE: Key.ValueType  # 4
+"""KEYCODE_DEL: erase the character before the cursor (backspace)."""
 Global___Key: _TypeAlias = Key  # noqa: Y015
 
 @_typing.final
