@@ -148,6 +148,7 @@ def _arguments_from_action(action: types_pb2.Action) -> dict[str, object]:
             types_pb2.KEY_BACK: "back",
             types_pb2.KEY_HOME: "home",
             types_pb2.KEY_ENTER: "enter",
+            types_pb2.KEY_DELETE: "delete",
         }
         return {"key": names.get(action.press_key.key, "")}
     if kind == "launch_app":

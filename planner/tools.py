@@ -37,6 +37,7 @@ KEYS: dict[str, types_pb2.Key.ValueType] = {
     "back": types_pb2.KEY_BACK,
     "home": types_pb2.KEY_HOME,
     "enter": types_pb2.KEY_ENTER,
+    "delete": types_pb2.KEY_DELETE,
 }
 
 
@@ -105,7 +106,8 @@ TOOLS: tuple[ToolSpec, ...] = (
     ),
     _device_tool(
         "press_key",
-        "Press a navigation key.",
+        "Press a key: back, home, enter (submit, or move to the next field), or delete "
+        "(backspace: erase the character before the cursor in the focused field).",
         {"key": {"type": "string", "enum": sorted(KEYS)}},
         ["key"],
     ),

@@ -17,6 +17,7 @@ _KEYS: dict[int, KeyName] = {
     types_pb2.KEY_BACK: "back",
     types_pb2.KEY_HOME: "home",
     types_pb2.KEY_ENTER: "enter",
+    types_pb2.KEY_DELETE: "delete",
 }
 DEFAULT_SWIPE_MS = 300
 LONG_PRESS_MS = 800

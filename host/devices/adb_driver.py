@@ -21,6 +21,7 @@ _KEYCODES: dict[str, str] = {
     "back": "KEYCODE_BACK",
     "home": "KEYCODE_HOME",
     "enter": "KEYCODE_ENTER",
+    "delete": "KEYCODE_DEL",
 }
 _SIZE_RE = re.compile(r"(Override|Physical) size:\s*(\d+)x(\d+)")
 _FOCUS_RES = (
@@ -31,30 +32,45 @@ _FOCUS_RES = (
 )
 _PACKAGE_RE = re.compile(r"^[A-Za-z][\w]*(\.[A-Za-z_][\w]*)*$")
 _DUMP_DIR = "/data/local/tmp"
-# Characters `input text` passes to the shell; each is backslash-escaped.
+# Characters the remote shell would interpret in an `input text` argument; each is
+# backslash-escaped. `%` is not one of them (a backslash before it does nothing for `input`).
 _SHELL_SPECIAL = set("\\'\"`$&|;<>()[]{}*?!~#^")
+# Between a literal `%` and a literal `s`: where `input_text` splits its `input text` calls.
+_PERCENT_S_SPLIT = re.compile(r"(?<=%)(?=s)")
 
 
 def escape_input_text(text: str) -> str:
-    """Escape `text` for `adb shell input text`.
+    """Escape one piece of text for `adb shell input text` (see `input_text_commands`).
 
-    `input text` splits on spaces (Android wants `%s`), and the remote shell would interpret
-    quotes, `$`, `&` and friends, so each special character gets a backslash; `%` itself must
-    be written as `\\%` so it is not read as a `%s` escape.
+    `input text` takes one argument, so spaces are written as `%s` (Android's `input` turns
+    every `%s` into a space); tabs and line breaks also become `%s` (as keys they would move
+    focus or submit the form instead). The remote shell would interpret quotes, `$`, `&` and
+    friends, so each gets a backslash. A literal `%` directly followed by a literal `s` cannot
+    be written at all: callers must split the text there (`input_text_commands` does).
     """
     out: list[str] = []
     for ch in text:
-        if ch == " ":
+        if ch in " \n\r\t":
             out.append("%s")
-        elif ch == "%":
-            out.append("\\%")
         elif ch in _SHELL_SPECIAL:
             out.append("\\" + ch)
-        elif ch in "\n\r\t":
-            out.append("%s")
         else:
             out.append(ch)
     return "".join(out)
+
+
+def input_text_commands(text: str) -> list[str]:
+    """The `input text` commands that, run in order, type exactly `text` (tabs and line breaks
+    as spaces).
+
+    Android's `input text` (InputShellCommand.sendText) replaces every `%s` in its argument by
+    a space and has no escape for a literal `%s`: `\\%s` reaches it as `%s` once the shell drops
+    the backslash, and `%%s` types `% `. So text is split between each literal `%` and the `s`
+    after it ("a%sb" → `input text a%`, `input text sb`): a `%` at the end of one argument
+    has nothing after it to pair with. Spaces next to a `%` stay exact (`% ` → `%%s` → `% `).
+    """
+    parts = _PERCENT_S_SPLIT.split(text)
+    return [f"input text {escape_input_text(part)}" for part in parts if part]
 
 
 def parse_wm_size(output: str) -> tuple[int, int]:
@@ -148,8 +164,9 @@ class AdbDriver:
     def input_text(self, text: str) -> None:
         if not text:
             return
-        # The text itself never goes into an error message: it may be a secret.
-        self._shell(f"input text {escape_input_text(text)}", "input text")
+        # One shell round trip; `&&` stops at the first `input` that fails. The text itself
+        # never goes into an error message: it may be a secret.
+        self._shell(" && ".join(input_text_commands(text)), "input text")
 
     def press_key(self, key: KeyName) -> None:
         code = _KEYCODES.get(key)

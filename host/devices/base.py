@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from typing import Literal, Protocol, runtime_checkable
 
-KeyName = Literal["back", "home", "enter"]
+# "delete" is backspace (KEYCODE_DEL): it erases the character before the cursor.
+KeyName = Literal["back", "home", "enter", "delete"]
 
 
 class DeviceError(Exception):

@@ -86,9 +86,13 @@ class U2Driver:
         self._call("swipe", lambda d: d.swipe(x1, y1, x2, y2, duration=duration_ms / 1000))
 
     def input_text(self, text: str) -> None:
+        # Exact for any text: send_keys goes through the AdbKeyboard IME (base64 in a broadcast)
+        # or the clipboard and a paste, never `input text` with its `%s` rule.
         self._call("input text", lambda d: d.send_keys(text))
 
     def press_key(self, key: KeyName) -> None:
+        # Every KeyName is also a uiautomator2 key name ("delete" is UiDevice.pressDelete, i.e.
+        # KEYCODE_DEL), so it is passed through unchanged.
         self._call("press key", lambda d: d.press(key))
 
     def launch_app(self, package: str) -> None:

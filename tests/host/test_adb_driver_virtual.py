@@ -3,12 +3,19 @@
 from __future__ import annotations
 
 import time
+import xml.etree.ElementTree as ET
 from collections.abc import Iterator
 
 import pytest
 
 from amc.v1 import types_pb2
-from host.devices.adb_driver import AdbDriver, escape_input_text, parse_current_package
+from host.agent.actions import execute
+from host.devices.adb_driver import (
+    AdbDriver,
+    escape_input_text,
+    input_text_commands,
+    parse_current_package,
+)
 from host.devices.base import DeviceError, DeviceGone
 from host.devices.registry import DeviceRegistry
 from host.devices.virtual.adb_server import ThreadedAdbServer
@@ -76,10 +83,94 @@ def test_text_input_with_shell_specials(adb: tuple[ThreadedAdbServer, VirtualPho
     )
 
 
+def _focus_contact_name(d: AdbDriver) -> None:
+    """Open a new contact and focus its first text field."""
+    d.launch_app("com.android.contacts")
+    d.tap(*_element(d, "Create contact"))
+    scene = parse_scene(d.dump_hierarchy(), d.screen_size(), d.current_app())
+    field = next(e for e in scene.elements if "EditText" in e.class_name)
+    d.tap(*field.bounds.center)
+
+
+def _focused_text(d: AdbDriver) -> str:
+    """The focused field's text in a dump pulled over adb (raw: the scene strips whitespace)."""
+    root = ET.fromstring(d.dump_hierarchy())
+    return next(n.get("text", "") for n in root.iter("node") if n.get("focused") == "true")
+
+
+# Strings `input text` gets wrong when typed naively: `%s` (Android types a space for it),
+# `%` next to a space or an `s`, shell quoting, expansion, globbing and comment characters.
+TRICKY_TEXTS = [
+    "a%sb c'd\"e&f",
+    "%s",
+    "%%s%s%",
+    "100% sure, 5%s",
+    "s%",
+    "p%ss w%rd%",
+    "$HOME ${X} `id` $(id) \\n \\%s",
+    "x;y|z&&w>o<i (g) {b} [c]*?!~#^ ~u #c",
+    "  two  spaces ",
+]
+
+
+@pytest.mark.parametrize("text", TRICKY_TEXTS)
+def test_typed_text_arrives_exactly(adb: tuple[ThreadedAdbServer, VirtualPhone], text: str) -> None:
+    server, phone = adb
+    d = AdbDriver(SERIAL, port=server.port)
+    _focus_contact_name(d)
+    d.input_text(text)
+    page = phone.current_page()
+    assert page.focus is not None
+    assert page.fields[page.focus] == text
+    assert _focused_text(d) == text
+
+
+def test_delete_key_erases_characters(adb: tuple[ThreadedAdbServer, VirtualPhone]) -> None:
+    """KEY_DELETE from a planner action runs through the agent loop's executor as KEYCODE_DEL."""
+    server, phone = adb
+    d = AdbDriver(SERIAL, port=server.port)
+    _focus_contact_name(d)
+    d.input_text("Ada Lovelacex")
+    scene = parse_scene(d.dump_hierarchy(), d.screen_size(), d.current_app())
+    delete = types_pb2.Action(
+        press_key=types_pb2.PressKeyAction(key=types_pb2.KEY_DELETE),
+        purpose="erase",
+        expected_outcome="shorter",
+    )
+    assert execute(d, delete, scene).ok
+    d.press_key("delete")
+    assert _focused_text(d) == "Ada Lovelac"
+    for _ in range(20):  # more presses than characters: the field ends empty, nothing else moves
+        d.press_key("delete")
+    page = phone.current_page()
+    assert page.focus is not None
+    assert page.fields[page.focus] == ""  # (a dump shows the hint text of an empty field)
+    assert phone.current_package() == "com.android.contacts"
+
+
+def test_delete_key_with_nothing_focused_does_nothing(
+    adb: tuple[ThreadedAdbServer, VirtualPhone],
+) -> None:
+    server, phone = adb
+    d = AdbDriver(SERIAL, port=server.port)
+    d.launch_app("com.android.settings")
+    before = d.dump_hierarchy()
+    d.press_key("delete")
+    assert d.current_app() == "com.android.settings"
+    assert d.dump_hierarchy() == before
+    assert phone.current_page().name == "main"
+
+
 def test_escape_input_text() -> None:
     assert escape_input_text("a b") == "a%sb"
-    assert escape_input_text("50%") == "50\\%"
+    assert escape_input_text("50%") == "50%"
     assert escape_input_text("$HOME;rm") == "\\$HOME\\;rm"
+
+
+def test_input_text_splits_between_percent_and_s() -> None:
+    assert input_text_commands("a%sb") == ["input text a%", "input text sb"]
+    assert input_text_commands("%s%s") == ["input text %", "input text s%", "input text s"]
+    assert input_text_commands("100% x") == ["input text 100%%sx"]
 
 
 def test_current_package_parsing() -> None:

@@ -60,3 +60,25 @@ def test_unplugged_phone_is_device_gone(served: tuple[ThreadedAdbServer, Virtual
     server.unplug(SERIAL)
     with pytest.raises(DeviceGone):
         d.dump_hierarchy()
+
+
+def test_text_is_exact_and_delete_erases(served: tuple[ThreadedAdbServer, VirtualPhone]) -> None:
+    """send_keys (clipboard + paste here: no AdbKeyboard installed) types any text exactly, and
+    press("delete") reaches the phone as KEYCODE_DEL."""
+    server, phone = served
+    d = U2Driver(SERIAL, port=server.port)
+    d.launch_app("com.android.contacts")
+    scene = parse_scene(d.dump_hierarchy(), d.screen_size(), d.current_app())
+    create = next(e for e in scene.elements if "Create contact" in (e.text, e.content_desc))
+    d.tap(*create.bounds.center)
+    scene = parse_scene(d.dump_hierarchy(), d.screen_size(), d.current_app())
+    d.tap(*next(e for e in scene.elements if "EditText" in e.class_name).bounds.center)
+    page = phone.current_page()
+    assert page.focus is not None
+    for text in ["a%sb c'd\"e&f", "%%s%s%", "$HOME `id` $(id) ;|<>*?~# ", "Zoë ✓"]:
+        phone.clear_text()
+        d.input_text(text)
+        assert page.fields[page.focus] == text
+    d.press_key("delete")
+    d.press_key("delete")
+    assert page.fields[page.focus] == "Zoë"

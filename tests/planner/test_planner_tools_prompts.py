@@ -35,7 +35,12 @@ def test_every_device_tool_requires_non_empty_purpose_and_expected_outcome() -> 
         assert schema["properties"]["purpose"]["minLength"] == 1
     assert by_name["complete"].parameters["required"] == ["success", "reason"]
     assert by_name["input_text"].parameters["properties"]["sensitive"]["type"] == "boolean"
-    assert by_name["press_key"].parameters["properties"]["key"]["enum"] == ["back", "enter", "home"]
+    assert by_name["press_key"].parameters["properties"]["key"]["enum"] == [
+        "back",
+        "delete",
+        "enter",
+        "home",
+    ]
 
 
 def test_intent_is_stripped_from_executable_arguments() -> None:
@@ -102,7 +107,11 @@ def test_valid_calls_build_typed_actions(name: str, args: Any, action_field: str
             "end (0, -1) is off the screen",
         ),
         ("input_text", {"text": 5, **INTENT}, "`text` must be a string"),
-        ("press_key", {"key": "menu", **INTENT}, "must be one of ['back', 'enter', 'home']"),
+        (
+            "press_key",
+            {"key": "menu", **INTENT},
+            "must be one of ['back', 'delete', 'enter', 'home']",
+        ),
         ("complete", {"success": True}, "`reason` must be a non-empty string"),
         ("complete", {"success": "yes", "reason": "r"}, "`success` must be true or false"),
         ("tap", '{"element_id": ', "arguments are not valid JSON"),
@@ -274,3 +283,39 @@ def test_a_real_provider_without_a_key_fails_at_start_up() -> None:
 def test_key_enum_matches_proto() -> None:
     call = parse("press_key", {"key": "home", **INTENT})
     assert call.action.press_key.key == types_pb2.KEY_HOME
+
+
+def test_press_key_delete_is_backspace() -> None:
+    """The model can press "delete"; it becomes KEY_DELETE (KEYCODE_DEL on the phone)."""
+    call = parse("press_key", {"key": "Delete", **INTENT})
+    assert call.arguments == {"key": "delete"}
+    assert call.action.press_key.key == types_pb2.KEY_DELETE
+    schema = next(t for t in TOOLS if t.name == "press_key")
+    assert "delete" in schema.description
+
+
+def test_press_key_delete_survives_the_decision_record() -> None:
+    """The cloud's decision record names the key again (masked_action → arguments)."""
+    from planner.convert import decision_from_proto, decision_to_proto
+    from planner.decision import Decision, Usage
+
+    call = parse("press_key", {"key": "delete", **INTENT})
+    decision = Decision(
+        tool_name="press_key",
+        arguments=call.arguments,
+        action=call.action,
+        purpose=call.purpose,
+        expected_outcome=call.expected_outcome,
+        rationale="erase the stray character",
+        thinking=[],
+        usage=Usage(),
+        provider="offline",
+        model="m",
+        latency_s=0.1,
+        forced_retry=False,
+        system_prompt="s",
+        user_prompt="u",
+    )
+    back = decision_from_proto(decision_to_proto(decision, decision_id="d1"))
+    assert back.action.press_key.key == types_pb2.KEY_DELETE
+    assert back.arguments == {"key": "delete"}

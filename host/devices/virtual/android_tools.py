@@ -53,6 +53,16 @@ def _usage(cmd: str) -> Output:
     return Output().err(f"Error: Invalid arguments for command: {cmd}\n", 1)
 
 
+def input_text_argument(arg: str) -> str:
+    """What Android's `input text ARG` types: ARG with every `%s` turned into a space.
+
+    The same left-to-right, non-overlapping replacement as AOSP's InputShellCommand.sendText:
+    there is no escape for a literal `%s` (`%%s` types `% `), so a driver that sends one types a
+    space instead, here as on a real phone.
+    """
+    return arg.replace("%s", " ")
+
+
 @tool("input")
 def _input(sh: Shell, args: list[str], stdin: bytes) -> Output:
     phone = sh.phone
@@ -79,7 +89,7 @@ def _input(sh: Shell, args: list[str], stdin: bytes) -> Output:
             duration = _num(rest[4]) if len(rest) == 5 else 300
             phone.swipe(x1, y1, x2, y2, duration)
         elif cmd == "text" and rest:
-            phone.input_text(rest[0].replace("%s", " "))
+            phone.input_text(input_text_argument(rest[0]))
         elif cmd == "keyevent" and rest:
             codes = [c for c in rest if not c.startswith("--")]
             for code in codes:

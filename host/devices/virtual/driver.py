@@ -9,7 +9,12 @@ from __future__ import annotations
 from host.devices.base import DeviceError, DeviceGone, KeyName
 from host.devices.virtual.phone import IdleStateError, VirtualPhone
 
-_KEYS: dict[str, str] = {"back": "KEYCODE_BACK", "home": "KEYCODE_HOME", "enter": "KEYCODE_ENTER"}
+_KEYS: dict[str, str] = {
+    "back": "KEYCODE_BACK",
+    "home": "KEYCODE_HOME",
+    "enter": "KEYCODE_ENTER",
+    "delete": "KEYCODE_DEL",
+}
 
 
 class VirtualDriver:

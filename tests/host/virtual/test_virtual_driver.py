@@ -73,3 +73,18 @@ def test_unsettled_screen_dump_is_a_device_error() -> None:
     with pytest.raises(DeviceError, match="idle state"):
         driver.dump_hierarchy()
     assert driver.dump_hierarchy().startswith("<?xml")
+
+
+def test_delete_key_is_backspace() -> None:
+    phone = VirtualPhone("v")
+    driver = VirtualDriver(phone)
+    driver.press_key("delete")  # on the home screen nothing is focused: nothing happens
+    assert driver.current_app() == "com.android.launcher3"
+    driver.launch_app("com.android.contacts")
+    driver.tap(*_center(driver, "Create contact"))
+    driver.input_text("Ada!!")
+    driver.press_key("delete")
+    driver.press_key("delete")
+    page = phone.current_page()
+    assert page.focus is not None
+    assert page.fields[page.focus] == "Ada"

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import re
+import xml.etree.ElementTree as ET
+
 import adbutils
 import pytest
 
@@ -63,6 +66,52 @@ def test_android_tools() -> None:
     assert out.endswith("UI hierchary dumped to: /dev/tty\n")
     assert code == 0
     assert run(phone, "pm install /data/local/tmp/none.apk")[1] == 1
+
+
+def _new_contact(phone: VirtualPhone) -> None:
+    """Open the new-contact editor, whose first field takes focus."""
+    phone.launch("com.android.contacts")
+    for node in ET.fromstring(phone.dump_hierarchy()).iter("node"):
+        if "Create contact" in (node.get("text"), node.get("content-desc")):
+            x1, y1, x2, y2 = (int(v) for v in re.findall(r"\d+", node.get("bounds", "")))
+            phone.tap((x1 + x2) // 2, (y1 + y2) // 2)
+            return
+    raise AssertionError("no 'Create contact' on screen")
+
+
+def _focused(phone: VirtualPhone) -> str:
+    page = phone.current_page()
+    assert page.focus is not None
+    return page.fields.get(page.focus, "")
+
+
+def test_input_text_types_a_space_for_percent_s_like_android() -> None:
+    """AOSP's `input text` turns each `%s` into a space and has no escape for a literal one."""
+    phone = VirtualPhone("s")
+    _new_contact(phone)
+    for arg, typed in [
+        ("a%sb", "a b"),
+        ("a%%sb", "a% b"),
+        ("\\%s", " "),  # the shell drops the backslash before `input` sees the argument
+        ("'%s%s'", "  "),
+        ("50%", "50%"),
+        ("s", "s"),
+    ]:
+        phone.clear_text()
+        assert run(phone, f"input text {arg}") == ("", 0)
+        assert _focused(phone) == typed, arg
+
+
+def test_keyevent_del_erases_the_last_character() -> None:
+    phone = VirtualPhone("s")
+    run(phone, "input keyevent KEYCODE_DEL")  # nothing focused on the home screen: no effect
+    assert phone.current_package() == "com.android.launcher3"
+    _new_contact(phone)
+    run(phone, "input text abcd")
+    assert run(phone, "input keyevent KEYCODE_DEL && input keyevent 67") == ("", 0)
+    assert _focused(phone) == "ab"
+    run(phone, "input keyevent DEL DEL DEL")
+    assert _focused(phone) == ""
 
 
 def test_track_devices_reports_unplug(adb_server: ThreadedAdbServer) -> None:
