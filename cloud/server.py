@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime as dt
-import importlib.util
 import ipaddress
 import logging
 import signal
@@ -45,11 +44,11 @@ from cloud.services.fleet_service import FleetServicer
 from cloud.services.progress_service import ProgressServicer
 from cloud.services.task_service import TaskServicer
 from cloud.settings import CloudSettings
-from cloud.store import decisions
+from cloud.store import decisions, sessions
 from cloud.store.database import Store
 from cloud.store.engine import upgrade
 from cloud.store.leases import lease_owner
-from cloud.store.ports import StoreDecisionSink, StoreLeaseGate
+from cloud.store.ports import StoreDecisionSink, StoreLeaseGate, StoreSessionStore
 
 log = logging.getLogger(__name__)
 
@@ -139,19 +138,19 @@ class _HostOnlyPlanner(planner_service_pb2_grpc.PlannerServiceServicer):
         return response
 
 
-def planner_service_available() -> bool:
-    """Whether `planner/service.py` is installed (the planner is built by another part)."""
-    return importlib.util.find_spec("planner.service") is not None
-
-
 def build_planner_servicer(
     store: Store, settings: CloudSettings
-) -> tuple[planner_service_pb2_grpc.PlannerServiceServicer, Any] | None:
-    """The planner servicer on the cloud's ports, or None when the planner is not there."""
-    if not planner_service_available():
-        return None
+) -> tuple[planner_service_pb2_grpc.PlannerServiceServicer, list[Any]]:
+    """The planner servicer on the cloud's ports, and what must be closed with the server.
+
+    Session mode is offered when the planner settings (`AMC_PLANNER_*`, read here) name a
+    provider that keeps conversations; with the offline provider a session step is answered
+    UNIMPLEMENTED with the reason.
+    """
     from planner.planner import make_planner
     from planner.service import PlannerServicer
+    from planner.session.factory import SessionPlanners
+    from planner.settings import PlannerSettings
 
     insecure = settings.insecure
 
@@ -159,14 +158,21 @@ def build_planner_servicer(
         caller = peer_caller(context, insecure=insecure)
         return caller.name if caller is not None and caller.kind == "host" else ""
 
-    planner = make_planner()
+    planner_settings = PlannerSettings()
+    planner = make_planner(planner_settings)
+    sessions: SessionPlanners | None = None
+    if planner_settings.resolved_provider != "offline":
+        sessions = SessionPlanners(planner_settings)
     inner = PlannerServicer(
         caller_host_id=caller_host_id,
         lease_gate=StoreLeaseGate(store),
         sink=StoreDecisionSink(store),
         planner=planner,
+        sessions=sessions,
+        session_store=lambda: StoreSessionStore(store),
     )
-    return _HostOnlyPlanner(inner, insecure, store), planner
+    closeables: list[Any] = [planner] if sessions is None else [planner, sessions]
+    return _HostOnlyPlanner(inner, insecure, store), closeables
 
 
 class CloudServer:
@@ -180,7 +186,7 @@ class CloudServer:
         self.leases = LeaseManager(self.store, self.bus, settings)
         self.health = health.aio.HealthServicer()
         self.server = grpc.aio.server(options=server_options(settings))
-        self._planner: Any = None
+        self._closeables: list[Any] = []
         self._jobs: list[asyncio.Task[None]] = []
         self._started = False
         self._stopped = False
@@ -204,13 +210,8 @@ class CloudServer:
         decision_log_service_pb2_grpc.add_DecisionLogServiceServicer_to_server(
             DecisionLogServicer(store, s), self.server
         )
-        built = build_planner_servicer(store, s)
-        if built is not None:
-            planner_servicer, self._planner = built
-            planner_service_pb2_grpc.add_PlannerServiceServicer_to_server(
-                planner_servicer, self.server
-            )
-        # Without planner/service.py the PlannerService is simply not registered: UNIMPLEMENTED.
+        planner_servicer, self._closeables = build_planner_servicer(store, s)
+        planner_service_pb2_grpc.add_PlannerServiceServicer_to_server(planner_servicer, self.server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         reflection.enable_server_reflection(
             (*SERVICE_NAMES, health.SERVICE_NAME, reflection.SERVICE_NAME), self.server
@@ -261,9 +262,9 @@ class CloudServer:
                 await job
         await self.leases.stop()
         await self.bus.stop()
-        if self._planner is not None and hasattr(self._planner, "aclose"):
+        for closeable in self._closeables:
             with contextlib.suppress(Exception):
-                await self._planner.aclose()
+                await closeable.aclose()
         if self._own_store:
             await self.store.close()
 
@@ -272,12 +273,16 @@ class CloudServer:
         await self.server.wait_for_termination()
 
     async def prune_decisions(self) -> int:
-        """One retention pass (also run on a schedule)."""
-        return await decisions.prune(
-            self.store,
-            dt.timedelta(days=self.settings.retention_days),
-            batch_size=self.settings.retention_batch_size,
+        """One retention pass (also run on a schedule): decisions and session conversations of
+        tasks that ended more than the retention ago. Returns how many decisions went."""
+        older_than = dt.timedelta(days=self.settings.retention_days)
+        removed = await decisions.prune(
+            self.store, older_than, batch_size=self.settings.retention_batch_size
         )
+        items = await sessions.prune(self.store, older_than)
+        if items:
+            log.info("retention removed %d session items", items)
+        return removed
 
     async def _retention_loop(self) -> None:
         while True:

@@ -1,7 +1,8 @@
 """Planning for the agent loop: the planner library in-process, or the cloud's Decide service.
 
 Both transports build the same prompts (`planner.prompts`), so a decision logged by the cloud
-is exactly what an in-process planner would have asked.
+is exactly what an in-process planner would have asked. In session mode the cloud keeps the
+conversation and the host sends only its step of it (`CloudSessionPlanner`).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from planner.decision import Decision
 from planner.history import WorldEvent
 from planner.prompts import SYSTEM_PROMPT, build_user_prompt
 from planner.scene import Scene
+from planner.session.step_planner import outcome_of, scene_json
 
 
 class StepPlanner(Protocol):
@@ -41,6 +43,20 @@ class CloudPlanError(RuntimeError):
     @property
     def lease_lost(self) -> bool:
         return bool(self.code == grpc.StatusCode.FAILED_PRECONDITION)
+
+
+async def _decide(
+    stub: planner_service_pb2_grpc.PlannerServiceStub,
+    request: planner_service_pb2.DecideRequest,
+    timeout_s: float,
+) -> planner_service_pb2.DecideResponse:
+    try:
+        response: planner_service_pb2.DecideResponse = await stub.Decide(request, timeout=timeout_s)
+    except grpc.aio.AioRpcError as exc:
+        raise CloudPlanError(
+            f"cloud planner: {exc.code().name}: {exc.details()}", exc.code()
+        ) from exc
+    return response
 
 
 class CloudPlanner:
@@ -84,14 +100,68 @@ class CloudPlanner:
         )
         if screenshot and self.send_screenshot:
             request.screenshot = screenshot
-        try:
-            response = await self._stub.Decide(request, timeout=self.timeout_s)
-        except grpc.aio.AioRpcError as exc:
-            raise CloudPlanError(
-                f"cloud planner: {exc.code().name}: {exc.details()}", exc.code()
-            ) from exc
+        response = await _decide(self._stub, request, self.timeout_s)
         decision = decision_from_proto(response.decision)
         # What was sent is what we built, whatever the cloud echoes.
         decision.system_prompt = SYSTEM_PROMPT
         decision.user_prompt = user_prompt
+        return decision
+
+
+class CloudSessionPlanner:
+    """Session mode over `PlannerService.Decide`: the cloud keeps the conversation.
+
+    The host sends what only it knows — the goal, the current scene, and the outcome of the
+    call it last executed — and the cloud continues the stored conversation exactly as the
+    direct transport would (`planner.session.step_planner.continue_session`). Nothing of the
+    conversation is kept here, so a new attempt on any host continues it. No screenshots:
+    a conversation is stored, and screenshots never reach the cloud database.
+    """
+
+    def __init__(
+        self,
+        channel: grpc.aio.Channel,
+        task_id: str,
+        attempt: int,
+        lease_id: str,
+        timeout_s: float = 120.0,
+    ) -> None:
+        self._stub = planner_service_pb2_grpc.PlannerServiceStub(channel)
+        self.task_id = task_id
+        self.attempt = attempt
+        self.lease_id = lease_id
+        self.timeout_s = timeout_s
+        self._last_call: tuple[str, str] | None = None  # (call id, tool) this host executed
+
+    async def decide(
+        self,
+        goal: str,
+        scene: Scene,
+        history: Sequence[WorldEvent | dict[str, Any]] = (),
+        screenshot: bytes | None = None,
+    ) -> Decision:
+        step = planner_service_pb2.SessionStep(
+            goal=goal, scene_json=scene_json(scene), page=scene.page or ""
+        )
+        if self._last_call is not None:
+            outcome = outcome_of(*self._last_call, scene, history)
+            if outcome is not None:
+                step.previous_outcome.CopyFrom(
+                    planner_service_pb2.ToolOutcome(
+                        call_id=outcome.call_id, output=outcome.output, is_error=outcome.is_error
+                    )
+                )
+        request = planner_service_pb2.DecideRequest(
+            task_id=self.task_id,
+            attempt=self.attempt,
+            lease_id=self.lease_id,
+            session=step,
+            element_ids=[e.element_id for e in scene.elements],
+            screen_width=scene.screen_width,
+            screen_height=scene.screen_height,
+        )
+        response = await _decide(self._stub, request, self.timeout_s)
+        decision = decision_from_proto(response.decision)
+        if response.session_call_id:
+            self._last_call = (response.session_call_id, decision.tool_name)
         return decision

@@ -29,7 +29,7 @@ from host.devices.u2_driver import U2Driver
 from host.lease_client import LeaseClient, LeaseClientConfig
 from host.perception.ocr import OcrPool
 from host.perception.perceive import Perceiver
-from host.planner_client import CloudPlanner, StepPlanner
+from host.planner_client import CloudPlanner, CloudSessionPlanner, StepPlanner
 from host.settings import HostSettings
 from host.timeline.store import TimelineStore
 from planner.session.factory import open_session_planner
@@ -157,12 +157,11 @@ def build_host(
     planner_channel: grpc.aio.Channel | None = None
     planner_settings = PlannerSettings()
     session_store: SqliteSessionStore | None = None
-    if planner is None and planner_settings.mode == "session":
-        if settings.planner_transport != "direct":
-            raise ValueError(
-                "AMC_PLANNER_MODE=session needs AMC_HOST_PLANNER_TRANSPORT=direct: the Decide "
-                "contract carries compact prompts, not a conversation"
-            )
+    if (
+        planner is None
+        and planner_settings.mode == "session"
+        and (settings.planner_transport == "direct")
+    ):
         session_store = SqliteSessionStore(settings.resolved_db_path.parent / "sessions.sqlite3")
     elif planner is None and settings.planner_transport == "direct":
         from planner.planner import make_planner
@@ -228,6 +227,11 @@ async def _run_task(
         planner = session
     elif app.direct_planner is not None:
         planner = app.direct_planner
+    elif app.planner_settings is not None and app.planner_settings.mode == "session":
+        assert app.planner_channel is not None
+        planner = CloudSessionPlanner(
+            app.planner_channel, spec.task_id, spec.attempt, spec.lease_id
+        )
     else:
         assert app.planner_channel is not None
         planner = CloudPlanner(

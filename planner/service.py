@@ -6,6 +6,11 @@ assigns the step index atomically per (task, attempt)). Order matters and is the
 lease first (no tokens spent and nothing logged for a stale or foreign lease), then sizes, then
 the provider, then exactly one appended row. A provider failure logs nothing. The screenshot is
 passed to the model call and then dropped: it is never part of what the sink receives.
+
+Session mode (`DecideRequest.session`): the conversation lives behind a `SessionStore` the cloud
+provides (one view per call, so two calls continuing one conversation at once are caught), and
+the request carries only this step — the goal, the scene, the previous call's outcome. The
+planner turns it into the same items the direct transport would (`continue_session`).
 """
 
 from __future__ import annotations
@@ -20,10 +25,18 @@ from planner.convert import decision_to_proto
 from planner.decision import Decision
 from planner.errors import PlannerAuthError, PlannerError, PlannerRateLimited
 from planner.planner import Planner
+from planner.session.factory import SessionPlanners
+from planner.session.planner import SessionStateError
+from planner.session.step_planner import Outcome, call_id_of, continue_session
+from planner.session.store import SessionConflict, SessionStore
 
 MAX_SYSTEM_PROMPT = 64 * 1024
 MAX_USER_PROMPT = 512 * 1024
 MAX_SCREENSHOT = 8 * 1024 * 1024
+MAX_GOAL = 16 * 1024
+MAX_SCENE_JSON = 512 * 1024
+MAX_TOOL_OUTPUT = 512 * 1024
+MAX_SHORT_FIELD = 1024
 # gRPC's default 4 MiB receive limit would reject a legal screenshot before `Decide` could name
 # the field: servers and clients of this service set both message limits to this.
 MAX_MESSAGE_BYTES = MAX_SCREENSHOT + MAX_USER_PROMPT + MAX_SYSTEM_PROMPT + 1024 * 1024
@@ -50,6 +63,8 @@ class DecisionSink(Protocol):
 
 
 HostIdentity = Callable[[grpc.aio.ServicerContext], str]
+SessionStoreFactory = Callable[[], SessionStore]
+"""A fresh `SessionStore` view for one Decide call (it detects concurrent continuations)."""
 """Reads the caller's host id from the grpc.aio ServicerContext (the cloud uses the mTLS SAN)."""
 
 
@@ -63,11 +78,15 @@ class PlannerServicer(planner_service_pb2_grpc.PlannerServiceServicer):
         lease_gate: LeaseGate,
         sink: DecisionSink,
         planner: Planner,
+        sessions: SessionPlanners | None = None,
+        session_store: SessionStoreFactory | None = None,
     ) -> None:
         self._caller_host_id = caller_host_id
         self._leases = lease_gate
         self._sink = sink
         self._planner = planner
+        self._sessions = sessions
+        self._session_store = session_store
 
     async def Decide(
         self,
@@ -86,19 +105,20 @@ class PlannerServicer(planner_service_pb2_grpc.PlannerServiceServicer):
                 f"lease {request.lease_id!r} of task {request.task_id!r} attempt "
                 f"{request.attempt} is not a live lease of host {host_id!r}",
             )
-        problem = _size_problem(request)
+        session = request.HasField("session")
+        problem = _session_problem(request) if session else _size_problem(request)
         if problem:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, problem)
 
-        screen = (request.screen_width, request.screen_height)
         try:
-            decision = await self._planner.decide_from_prompts(
-                request.system_prompt,
-                request.user_prompt,
-                element_ids=list(request.element_ids) or None,
-                screen_size=screen if screen[0] > 0 and screen[1] > 0 else None,
-                screenshot=request.screenshot or None,
-            )
+            if session:
+                decision = await self._decide_session(request, context)
+            else:
+                decision = await self._decide_compact(request)
+        except SessionConflict as err:
+            await context.abort(grpc.StatusCode.ABORTED, str(err))
+        except SessionStateError as err:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
         except PlannerRateLimited as err:
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(err))
         except PlannerAuthError as err:
@@ -118,8 +138,49 @@ class PlannerServicer(planner_service_pb2_grpc.PlannerServiceServicer):
                 task_id=request.task_id,
                 attempt=request.attempt,
                 reveal_sensitive=True,
-            )
+            ),
+            session_call_id=call_id_of(decision),
         )
+
+    async def _decide_compact(self, request: planner_service_pb2.DecideRequest) -> Decision:
+        screen = (request.screen_width, request.screen_height)
+        return await self._planner.decide_from_prompts(
+            request.system_prompt,
+            request.user_prompt,
+            element_ids=list(request.element_ids) or None,
+            screen_size=screen if screen[0] > 0 and screen[1] > 0 else None,
+            screenshot=request.screenshot or None,
+        )
+
+    async def _decide_session(
+        self, request: planner_service_pb2.DecideRequest, context: Any
+    ) -> Decision:
+        if self._sessions is None or self._session_store is None:
+            await context.abort(
+                grpc.StatusCode.UNIMPLEMENTED,
+                "session mode is not offered by this cloud: its planner provider cannot keep a "
+                "conversation (session mode needs AMC_PLANNER_PROVIDER=anthropic or openai on "
+                "the cloud); run the host with AMC_PLANNER_MODE=compact",
+            )
+            raise AssertionError("abort returns only by raising")  # pragma: no cover
+        step = request.session
+        planner = await self._sessions.open(self._session_store(), request.task_id, request.attempt)
+        previous = step.previous_outcome if step.HasField("previous_outcome") else None
+        screen = (request.screen_width, request.screen_height)
+        try:
+            return await continue_session(
+                planner,
+                goal=step.goal,
+                scene=step.scene_json,
+                page=step.page,
+                element_ids=list(request.element_ids),
+                screen_size=screen if screen[0] > 0 and screen[1] > 0 else None,
+                outcome=Outcome(previous.call_id, previous.output, previous.is_error)
+                if previous is not None
+                else None,
+            )
+        finally:
+            await planner.aclose()
 
 
 def _size_problem(request: planner_service_pb2.DecideRequest) -> str | None:
@@ -136,6 +197,35 @@ def _size_problem(request: planner_service_pb2.DecideRequest) -> str | None:
         return f"user_prompt is {user_len} bytes; at most {MAX_USER_PROMPT}"
     if len(request.screenshot) > MAX_SCREENSHOT:
         return f"screenshot is {len(request.screenshot)} bytes; at most {MAX_SCREENSHOT}"
+    if request.screen_width < 0 or request.screen_height < 0:
+        return "screen_width and screen_height must not be negative"
+    return None
+
+
+def _session_problem(request: planner_service_pb2.DecideRequest) -> str | None:
+    """INVALID_ARGUMENT text for a session-mode request, naming the field, or None."""
+    step = request.session
+    if request.system_prompt or request.user_prompt:
+        return "set either session or system_prompt/user_prompt, not both"
+    if request.screenshot:
+        return "screenshot is not sent in session mode (the conversation is stored)"
+    if not step.goal.strip():
+        return "session.goal is empty"
+    checks = (
+        ("session.goal", step.goal, MAX_GOAL),
+        ("session.scene_json", step.scene_json, MAX_SCENE_JSON),
+        ("session.page", step.page, MAX_SHORT_FIELD),
+        ("session.previous_outcome.call_id", step.previous_outcome.call_id, MAX_SHORT_FIELD),
+        ("session.previous_outcome.output", step.previous_outcome.output, MAX_TOOL_OUTPUT),
+    )
+    for name, value, limit in checks:
+        size = len(value.encode("utf-8"))
+        if size > limit:
+            return f"{name} is {size} bytes; at most {limit}"
+    if not step.scene_json.strip():
+        return "session.scene_json is empty"
+    if step.HasField("previous_outcome") and not step.previous_outcome.call_id:
+        return "session.previous_outcome.call_id is empty"
     if request.screen_width < 0 or request.screen_height < 0:
         return "screen_width and screen_height must not be negative"
     return None

@@ -190,3 +190,22 @@ class DecisionRow(Base):
         UniqueConstraint("task_id", "attempt", "step_index"),
         Index("ix_decisions_created_at", "created_at"),
     )
+
+
+class SessionItemRow(Base):
+    """One item of a session-mode conversation (planner/session/items.py), as its exact JSON.
+
+    The cloud keeps these for the cloud planner transport so a new attempt, on any host and any
+    replica, continues the same conversation. `seq` is 0-based per (task, attempt); the primary
+    key refuses a second writer of the same position, which is how a concurrent continuation
+    of one conversation is detected. Screenshots are never part of an item.
+    """
+
+    __tablename__ = "planner_session_items"
+
+    task_id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    attempt: Mapped[int] = mapped_column(Integer, primary_key=True)
+    seq: Mapped[int] = mapped_column(Integer, primary_key=True)
+    item_type: Mapped[str] = mapped_column(String(32))
+    body: Mapped[str] = mapped_column(Text)
+    created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime())

@@ -1,10 +1,13 @@
-"""The planner service's ports (LeaseGate, DecisionSink) implemented on the cloud store."""
+"""The planner service's ports (LeaseGate, DecisionSink, SessionStore) on the cloud store."""
 
 from __future__ import annotations
 
-from cloud.store import decisions, leases
+from collections.abc import Sequence
+
+from cloud.store import decisions, leases, sessions
 from cloud.store.database import Store
 from planner.decision import Decision
+from planner.session.items import SessionItem, dumps_item, item_type, loads_item
 
 
 class StoreLeaseGate:
@@ -28,3 +31,32 @@ class StoreDecisionSink:
     ) -> tuple[str, int]:
         row = await decisions.append(self._store, host_id, task_id, attempt, decision)
         return row.decision_id, row.step_index
+
+
+class StoreSessionStore:
+    """`SessionStore` over the cloud database, for one Decide call.
+
+    It remembers how long each conversation was when this call read it and writes after that
+    point only, so a second call continuing the same conversation meanwhile makes this call's
+    append fail (`SessionConflict`) instead of interleaving two model turns. Make one per call.
+    """
+
+    def __init__(self, store: Store) -> None:
+        self._store = store
+        self._next: dict[tuple[str, int], int] = {}
+
+    async def load(self, task_id: str, attempt: int) -> list[SessionItem]:
+        bodies = await sessions.load(self._store, task_id, attempt)
+        self._next[(task_id, attempt)] = len(bodies)
+        return [loads_item(body) for body in bodies]
+
+    async def append(self, task_id: str, attempt: int, items: Sequence[SessionItem]) -> None:
+        key = (task_id, attempt)
+        if key not in self._next:
+            self._next[key] = await sessions.length(self._store, task_id, attempt)
+        rows = [(item_type(i), dumps_item(i)) for i in items]
+        await sessions.append(self._store, task_id, attempt, self._next[key], rows)
+        self._next[key] += len(rows)
+
+    async def latest_attempt(self, task_id: str, *, before: int) -> int | None:
+        return await sessions.latest_attempt(self._store, task_id, before)

@@ -84,8 +84,13 @@ async def open_session_planner(
     attempt: int,
     on_thinking: ThinkingSink | None = None,
     config: SessionConfig | None = None,
+    client: anthropic.AsyncAnthropic | openai.AsyncOpenAI | None = None,
 ) -> SessionPlanner:
-    """A SessionPlanner for one task attempt, with its stored conversation loaded."""
+    """A SessionPlanner for one task attempt, with its stored conversation loaded.
+
+    `client` shares one SDK client (and its connection pool) across many planners — the cloud
+    opens a planner per Decide call; without it the planner makes and owns its own.
+    """
     provider = session_provider(settings)
     return await SessionPlanner.open(
         store=store,
@@ -93,9 +98,32 @@ async def open_session_planner(
         attempt=attempt,
         provider=provider,
         model=settings.resolved_model,
-        client=make_session_client(settings, provider),
-        owns_client=True,
+        client=client or make_session_client(settings, provider),
+        owns_client=client is None,
         thinking=thinking_config(settings),
         config=config or session_config(settings),
         on_thinking=on_thinking,
     )
+
+
+class SessionPlanners:
+    """Opens session planners for one service (the cloud's Decide), sharing one SDK client.
+
+    Raises ValueError at construction when the settings' provider cannot keep a conversation
+    (offline), so a service knows up front whether it offers session mode at all.
+    """
+
+    def __init__(self, settings: PlannerSettings) -> None:
+        self.settings = settings
+        self.provider = session_provider(settings)
+        self._client = make_session_client(settings, self.provider)
+
+    async def open(self, store: SessionStore, task_id: str, attempt: int) -> SessionPlanner:
+        """The planner of one attempt with its stored conversation loaded (or continued from
+        the latest earlier attempt)."""
+        return await open_session_planner(
+            self.settings, store=store, task_id=task_id, attempt=attempt, client=self._client
+        )
+
+    async def aclose(self) -> None:
+        await self._client.close()

@@ -131,6 +131,11 @@ _TYPE_OF: dict[type[Any], str] = {
 }
 
 
+def item_type(item: SessionItem) -> str:
+    """The item's type name in its JSON form ("reasoning", "tool_call", …)."""
+    return _TYPE_OF[type(item)]
+
+
 def is_assistant(item: SessionItem) -> bool:
     """True for what a model turn produced (reasoning, text, tool call)."""
     return isinstance(item, Reasoning | AssistantText | ToolCall)

@@ -1,23 +1,29 @@
 """Session mode behind the host's `StepPlanner` interface (`decide(goal, scene, history, …)`).
 
 The agent loop stays as it is: it passes the goal, the current scene and its compact history of
-finished steps. The adapter turns the newest finished step into the tool result of the pending
-call (or, for `get_ui_tree`, the node list), and the scene into the next observation. The goal
-opens the conversation and is repeated in the condensed form of that first observation, so a
-context checkpoint never loses it.
+finished steps. The newest finished step becomes the tool result of the pending call (or, for
+`get_ui_tree`, the node list), and the scene the next observation. The goal opens the
+conversation and is repeated in the condensed form of that first observation, so a context
+checkpoint never loses it.
+
+Both transports go through `continue_session`: on the direct transport the host calls it with
+its local conversation; on the cloud transport the host sends the same pieces (goal, scene
+JSON, previous outcome) in a `SessionStep` and the cloud calls it with the conversation it keeps,
+so the two build byte-identical requests.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from planner.decision import Decision
 from planner.history import WorldEvent
 from planner.scene import Scene
 from planner.session.items import ToolCall, UserObservation
-from planner.session.planner import SessionPlanner
+from planner.session.planner import SessionPlanner, SessionStateError, unanswered_calls
 from planner.tools import ui_tree_result
 
 
@@ -25,20 +31,30 @@ def _dump(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
 
 
-def observation_text(goal: str | None, scene: Scene) -> str:
-    """One observation: the goal (first step only) and the scene in the prompt's JSON form."""
+def scene_json(scene: Scene) -> str:
+    """The scene in the prompt's JSON form, as an observation embeds it."""
+    return _dump(scene.to_prompt())
+
+
+def observation_text(goal: str | None, scene: Scene | str) -> str:
+    """One observation: the goal (first step only) and the scene (a Scene or its JSON)."""
+    body = scene if isinstance(scene, str) else scene_json(scene)
     head = f"Goal:\n```json goal\n{_dump(goal)}\n```\n\n" if goal is not None else ""
     return (
-        f"{head}Current screen:\n```json scene\n{_dump(scene.to_prompt())}\n```\n\n"
+        f"{head}Current screen:\n```json scene\n{body}\n```\n\n"
         "Judge the previous step in one or two sentences, state this step's intent, then call "
         "exactly one tool."
     )
 
 
-def condensed_text(goal: str | None, scene: Scene) -> str:
+def condensed_text(
+    goal: str | None, scene: Scene | None = None, *, page: str = "", elements: int = 0
+) -> str:
     """What an observation shrinks to after a checkpoint (the goal is never dropped)."""
+    if scene is not None:
+        page, elements = scene.page or "", len(scene.elements)
     head = f"Goal: {goal}\n" if goal is not None else ""
-    return f"{head}(earlier screen: {scene.page or 'unknown'}, {len(scene.elements)} elements)"
+    return f"{head}(earlier screen: {page or 'unknown'}, {elements} elements)"
 
 
 def step_outcome(event: WorldEvent | dict[str, Any]) -> tuple[str, bool]:
@@ -53,8 +69,77 @@ def step_outcome(event: WorldEvent | dict[str, Any]) -> tuple[str, bool]:
     return _dump(outcome), success is False
 
 
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """What executing the previous decision's tool call did: its tool result."""
+
+    call_id: str
+    output: str
+    is_error: bool = False
+
+
+def outcome_of(
+    call_id: str,
+    tool_name: str,
+    scene: Scene,
+    history: Sequence[WorldEvent | dict[str, Any]],
+) -> Outcome | None:
+    """The tool result of an executed call: the node list for `get_ui_tree` (its answer is the
+    current screen), else the newest finished step. None when no step finished this attempt
+    (the call was made before a restart; the conversation then notes it was not recorded)."""
+    if not history:
+        return None
+    if tool_name == "get_ui_tree":
+        return Outcome(call_id, _dump(ui_tree_result(scene)))
+    output, failed = step_outcome(history[-1])
+    return Outcome(call_id, output, failed)
+
+
+async def continue_session(
+    session: SessionPlanner,
+    *,
+    goal: str,
+    scene: Scene | str,
+    page: str,
+    element_ids: Sequence[str],
+    screen_size: tuple[int, int] | None,
+    outcome: Outcome | None,
+) -> Decision:
+    """Record the previous call's outcome, then decide on the next observation.
+
+    An outcome for a call that already has its result is ignored (a retried request); one for a
+    call the conversation never made raises `SessionStateError`.
+    """
+    if outcome is not None:
+        made = {i.call_id for i in session.history if isinstance(i, ToolCall)}
+        if outcome.call_id not in made:
+            raise SessionStateError(
+                f"previous outcome names call {outcome.call_id!r}, which this conversation "
+                "did not make"
+            )
+        if outcome.call_id in unanswered_calls(session.history):
+            await session.record_tool_result(
+                outcome.output, is_error=outcome.is_error, call_id=outcome.call_id
+            )
+    first = not any(
+        isinstance(i, UserObservation) and i.kind == "observation" for i in session.history
+    )
+    shown_goal = goal if first else None
+    return await session.decide(
+        observation_text(shown_goal, scene),
+        condensed=condensed_text(shown_goal, page=page, elements=len(element_ids)),
+        element_ids=list(element_ids),
+        screen_size=screen_size,
+    )
+
+
+def call_id_of(decision: Decision) -> str:
+    """The conversation's id for a session decision's tool call ("" for compact decisions)."""
+    return str(decision.extra.get("call_id", "")) if decision.extra else ""
+
+
 class SessionStepPlanner:
-    """`StepPlanner` over one task attempt's `SessionPlanner`."""
+    """`StepPlanner` over one task attempt's `SessionPlanner` (the direct transport)."""
 
     def __init__(self, session: SessionPlanner) -> None:
         self.session = session
@@ -79,17 +164,17 @@ class SessionStepPlanner:
         """The next action. `screenshot` is not used: a session stores its conversation, and
         images there would be stored too (the Decide contract never stores screenshots)."""
         pending = self._pending_call()
-        if pending is not None and history:
-            if pending.name == "get_ui_tree":
-                await self.session.record_tool_result(_dump(ui_tree_result(scene)))
-            else:
-                output, failed = step_outcome(history[-1])
-                await self.session.record_tool_result(output, is_error=failed)
-        first = not any(isinstance(i, UserObservation) for i in self.session.history)
-        shown_goal = goal if first else None
-        return await self.session.decide(
-            observation_text(shown_goal, scene),
-            condensed=condensed_text(shown_goal, scene),
+        outcome = (
+            outcome_of(pending.call_id, pending.name, scene, history)
+            if pending is not None
+            else None
+        )
+        return await continue_session(
+            self.session,
+            goal=goal,
+            scene=scene,
+            page=scene.page or "",
             element_ids=[e.element_id for e in scene.elements],
             screen_size=(scene.screen_width, scene.screen_height),
+            outcome=outcome,
         )

@@ -1,7 +1,8 @@
 """Where session items live between steps, restarts and attempts.
 
 `SessionStore` is the port: the host's local store implements it (`SqliteSessionStore`, one
-small table), and for the cloud transport the cloud will implement it over its own database.
+small table), and for the cloud transport the cloud implements it over its own database
+(`cloud/store/ports.py`).
 Items are stored one row each as the exact JSON of `planner.session.items`, so signatures and
 encrypted reasoning come back byte for byte and a planner built after a restart continues the
 very same conversation.
@@ -16,7 +17,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
-from planner.session.items import SessionItem, dumps_item, loads_item
+from planner.errors import PlannerError
+from planner.session.items import SessionItem, dumps_item, item_type, loads_item
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS planner_session_items (
@@ -31,6 +33,11 @@ CREATE TABLE IF NOT EXISTS planner_session_items (
 """
 
 
+class SessionConflict(PlannerError):
+    """Another call appended to the same conversation at the same position; this call's items
+    were not kept. Retrying continues the conversation as it now stands."""
+
+
 @runtime_checkable
 class SessionStore(Protocol):
     """Append-only storage of a session's items per (task, attempt)."""
@@ -40,7 +47,8 @@ class SessionStore(Protocol):
         ...
 
     async def append(self, task_id: str, attempt: int, items: Sequence[SessionItem]) -> None:
-        """Add items after those already stored, atomically (all or none)."""
+        """Add items after those already stored, atomically (all or none). A store shared by
+        concurrent writers raises `SessionConflict` rather than interleave them."""
         ...
 
     async def latest_attempt(self, task_id: str, *, before: int) -> int | None:
@@ -79,7 +87,7 @@ class SqliteSessionStore:
     def _append(self, task_id: str, attempt: int, items: Sequence[SessionItem]) -> None:
         if not items:
             return
-        rows = [(type(i).__name__, dumps_item(i)) for i in items]
+        rows = [(item_type(i), dumps_item(i)) for i in items]
         with self._lock:
             conn = self._connect()
             try:

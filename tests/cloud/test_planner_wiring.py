@@ -14,13 +14,9 @@ from amc.v1 import (
     planner_service_pb2,
     planner_service_pb2_grpc,
 )
-from cloud.server import CloudServer, build_server, planner_service_available
+from cloud.server import CloudServer, build_server
 from planner.prompts import SYSTEM_PROMPT, build_user_prompt
 from tests.cloud.cloud_harness import ScriptedHost, channel, submit, tasks_stub
-
-pytestmark = pytest.mark.skipif(
-    not planner_service_available(), reason="planner/service.py is not installed"
-)
 
 
 @pytest.fixture

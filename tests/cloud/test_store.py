@@ -28,6 +28,9 @@ async def store(db_url: str) -> AsyncIterator[Store]:
         await s.close()
 
 
+TABLES = ("tasks", "attempts", "hosts", "decisions", "planner_session_items")
+
+
 def _tables(sync_conn: object) -> set[str]:
     return set(inspect(sync_conn).get_table_names())
 
@@ -38,10 +41,14 @@ async def test_migrations_up_down_and_check(db_url: str) -> None:
         await upgrade(s.engine)
         await check(s.engine)  # models and migration agree
         async with s.engine.connect() as conn:
-            assert {"tasks", "attempts", "hosts", "decisions"} <= await conn.run_sync(_tables)
+            assert set(TABLES) <= await conn.run_sync(_tables)
+        # 0002 is additive: going back to 0001 drops only the session table.
+        await downgrade(s.engine, "0001")
+        async with s.engine.connect() as conn:
+            assert await conn.run_sync(_tables) & set(TABLES) == set(TABLES[:-1])
         await downgrade(s.engine, "base")
         async with s.engine.connect() as conn:
-            assert not {"tasks", "attempts", "hosts", "decisions"} & await conn.run_sync(_tables)
+            assert not set(TABLES) & await conn.run_sync(_tables)
         await upgrade(s.engine)
         await check(s.engine)
     finally:

@@ -2,6 +2,10 @@
 attempt, and its first model request carries the earlier turns' signed thinking exactly — checked
 by a local Anthropic-compatible server that rejects altered, reordered or missing reasoning.
 
+Both planner transports: `direct` keeps the conversation in the host's local store, `cloud`
+in the cloud's database (the host sends only its step; nothing of the conversation stays on
+the host).
+
 Real parts: the cloud gRPC server (mTLS, SQLite), the host agent (lease stream, session store on
 disk), the virtual phone over the adb protocol, the official `anthropic` SDK; only the model is a
 local fake (`tests/support/fake_session_server.py`), since no real API is reachable here.
@@ -16,10 +20,11 @@ from typing import Any
 import pytest
 from google.protobuf.duration_pb2 import Duration
 
-from amc.v1 import task_service_pb2, types_pb2
+from amc.v1 import decision_log_service_pb2, task_service_pb2, types_pb2
 from cloud.pki import ensure_embedded_pki
 from cloud.server import build_server
 from cloud.settings import CloudSettings
+from cloud.store import sessions
 from console.client import OperatorClient, secure_channel
 from host.devices.adb_driver import AdbDriver
 from host.devices.base import Driver
@@ -27,6 +32,7 @@ from host.devices.virtual.adb_server import VirtualAdbServer
 from host.devices.virtual.phone import VirtualPhone
 from host.runner import run_host
 from host.settings import HostSettings
+from planner.session.items import Reasoning, loads_item
 from tests.support.fake_session_server import (
     FakeSessionServer,
     ScriptedTurn,
@@ -58,8 +64,9 @@ class StopAfterTaps:
             self._loop.call_soon_threadsafe(self._stop.set)
 
 
+@pytest.mark.parametrize("transport", ["direct", "cloud"])
 async def test_restarted_host_continues_the_conversation_with_signed_thinking(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, transport: str
 ) -> None:
     with FakeSessionServer() as model:
         model.anthropic_script.extend(
@@ -130,6 +137,7 @@ async def test_restarted_host_continues_the_conversation_with_signed_thinking(
             tls_server_name="localhost",
             ocr_enabled=False,
             settle_delay_s=0.0,
+            planner_transport=transport,
         )
         try:
             submitted = await operator.tasks.SubmitTask(
@@ -168,6 +176,10 @@ async def test_restarted_host_continues_the_conversation_with_signed_thinking(
             finally:
                 second_stop.set()
                 await asyncio.wait_for(second, 30)
+            stored = await sessions.load(cloud.store, task_id, 2)
+            logged = await operator.decisions.ListDecisions(
+                decision_log_service_pb2.ListDecisionsRequest(task_id=task_id)
+            )
         finally:
             await operator.close()
             await cloud.stop(grace=0)
@@ -195,3 +207,31 @@ async def test_restarted_host_continues_the_conversation_with_signed_thinking(
             assert [b["type"] for b in turn["content"]] == ["thinking", "text", "tool_use"]
             assert turn["content"][0]["thinking"] == expected
             assert turn["content"][0]["signature"]
+
+        if transport == "cloud":
+            # The conversation lives in the cloud database, signatures byte for byte; the host
+            # kept none of it.
+            assert not (tmp_path / "host" / "sessions.sqlite3").exists()
+            items = [loads_item(body) for body in stored]
+            signed = [i for i in items if isinstance(i, Reasoning)]
+            assert len(signed) == 4
+            assert [r.signature for r in signed[:3]] == [
+                b["signature"]
+                for m in bodies[3]["messages"]
+                if m["role"] == "assistant"
+                for b in m["content"]
+                if b["type"] == "thinking"
+            ]
+            # Each decision is in the cloud's decision log, with the observation as its prompt.
+            assert [(d.attempt, d.step_index) for d in logged.decisions] == [
+                (1, 1),
+                (1, 2),
+                (2, 1),
+                (2, 2),
+            ]
+            assert [d.thinking[0].text for d in logged.decisions][2] == (
+                "Back after a restart: Display is open, toggle Dark theme."
+            )
+            assert "Current screen:" in logged.decisions[2].user_prompt
+        else:
+            assert stored == []

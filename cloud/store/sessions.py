@@ -1,0 +1,108 @@
+"""Session-mode conversations the cloud keeps for the cloud planner transport.
+
+Rows are the exact JSON of `planner.session.items`, one per item, in order. Appends name the
+position they expect to write at: the primary key (task, attempt, seq) refuses a second writer
+of the same position on either backend, so two calls continuing one conversation at once (a
+host retrying while its first call still runs, on this replica or another) cannot interleave
+their turns — the later one fails with `SessionConflict` and nothing of it is kept.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Sequence
+
+from sqlalchemy import delete, func, select
+from sqlalchemy.exc import IntegrityError
+
+from cloud.store.database import Store
+from cloud.store.models import SessionItemRow, TaskRow
+from planner.session.store import SessionConflict
+
+
+async def load(store: Store, task_id: str, attempt: int) -> list[str]:
+    """The item bodies of one attempt's conversation, in order."""
+    async with store.read() as session:
+        rows = await session.scalars(
+            select(SessionItemRow.body)
+            .where(SessionItemRow.task_id == task_id, SessionItemRow.attempt == attempt)
+            .order_by(SessionItemRow.seq)
+        )
+        return list(rows)
+
+
+async def length(store: Store, task_id: str, attempt: int) -> int:
+    """How many items one attempt's conversation has (the next append's position)."""
+    async with store.read() as session:
+        value = await session.scalar(
+            select(func.count())
+            .select_from(SessionItemRow)
+            .where(SessionItemRow.task_id == task_id, SessionItemRow.attempt == attempt)
+        )
+        return int(value or 0)
+
+
+async def append(
+    store: Store, task_id: str, attempt: int, start: int, items: Sequence[tuple[str, str]]
+) -> None:
+    """Write `(item_type, body)` pairs at positions start, start+1, … in one transaction.
+
+    Raises `SessionConflict` when any of those positions is already taken.
+    """
+    if not items:
+        return
+    now = store.now()
+    try:
+        async with store.write() as session:
+            session.add_all(
+                SessionItemRow(
+                    task_id=task_id,
+                    attempt=attempt,
+                    seq=start + n,
+                    item_type=kind,
+                    body=body,
+                    created_at=now,
+                )
+                for n, (kind, body) in enumerate(items)
+            )
+            await session.flush()
+    except IntegrityError:
+        raise SessionConflict(
+            f"the conversation of task {task_id!r} attempt {attempt} was continued by another "
+            "call at the same time; nothing of this call was kept"
+        ) from None
+
+
+async def latest_attempt(store: Store, task_id: str, before: int) -> int | None:
+    """The highest attempt below `before` with a stored conversation, if any."""
+    async with store.read() as session:
+        value = await session.scalar(
+            select(func.max(SessionItemRow.attempt)).where(
+                SessionItemRow.task_id == task_id, SessionItemRow.attempt < before
+            )
+        )
+        return None if value is None else int(value)
+
+
+async def prune(store: Store, older_than: dt.timedelta, batch_tasks: int = 100) -> int:
+    """Delete the conversations of tasks that ended before now - older_than (the decision log's
+    retention), a few tasks per short transaction. Returns how many items went."""
+    cutoff = store.now() - older_than
+    total = 0
+    while True:
+        async with store.write() as session:
+            task_ids = (
+                await session.scalars(
+                    select(SessionItemRow.task_id)
+                    .join(TaskRow, TaskRow.task_id == SessionItemRow.task_id)
+                    .where(TaskRow.finished_at.is_not(None), TaskRow.finished_at < cutoff)
+                    .distinct()
+                    .limit(batch_tasks)
+                )
+            ).all()
+            if not task_ids:
+                return total
+            result = await session.execute(
+                delete(SessionItemRow).where(SessionItemRow.task_id.in_(task_ids))
+            )
+            total += int(getattr(result, "rowcount", 0) or 0)

@@ -1,0 +1,334 @@
+"""Session mode on the cloud transport: the cloud keeps the conversation in its database.
+
+Real parts: the cloud gRPC server over mTLS on both backends (SQLite file, PostgreSQL), the
+official `anthropic` and `openai` SDKs; only the model is a local fake
+(`tests/support/fake_session_server.py`) that enforces the providers' rules for reasoning in
+tool loops, since no real API is reachable here.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+from sqlalchemy import update
+
+from amc.v1 import planner_service_pb2, planner_service_pb2_grpc
+from cloud.server import CloudServer, build_server
+from cloud.store import sessions
+from cloud.store.database import Store
+from cloud.store.engine import upgrade
+from cloud.store.models import TaskRow
+from cloud.store.ports import StoreSessionStore
+from planner.session.items import Reasoning, ToolCall, UserObservation, dumps_item
+from planner.session.store import SessionConflict
+from tests.cloud.cloud_harness import ScriptedHost, channel, submit, tasks_stub
+from tests.support.fake_session_server import (
+    FakeSessionServer,
+    ScriptedTurn,
+    function_call,
+    reasoning,
+    text,
+    thinking,
+    tool_use,
+)
+
+INTENT = {"purpose": "open it", "expected_outcome": "it opens"}
+SCENE = '{"package":"com.android.settings","page":"Settings","elements":[{"id":"e1"}]}'
+
+
+@pytest.fixture
+def model() -> Iterator[FakeSessionServer]:
+    with FakeSessionServer() as server:
+        yield server
+
+
+async def _cloud(make_settings: Any) -> AsyncIterator[CloudServer]:
+    server = await build_server(make_settings(default_lease_seconds=30))
+    await server.start()
+    try:
+        yield server
+    finally:
+        await server.stop(0.5)
+
+
+@pytest.fixture
+async def anthropic_cloud(
+    make_settings: Any, model: FakeSessionServer, monkeypatch: pytest.MonkeyPatch
+) -> AsyncIterator[CloudServer]:
+    monkeypatch.setenv("AMC_PLANNER_PROVIDER", "anthropic")
+    monkeypatch.setenv("AMC_PLANNER_ANTHROPIC_API_KEY", "sk-ant-test")
+    monkeypatch.setenv("AMC_PLANNER_ANTHROPIC_BASE_URL", model.anthropic_base_url)
+    monkeypatch.setenv("AMC_PLANNER_THINKING", "budget")
+    monkeypatch.setenv("AMC_PLANNER_THINKING_BUDGET_TOKENS", "2048")
+    monkeypatch.setenv("AMC_PLANNER_MAX_RETRIES", "0")
+    async for server in _cloud(make_settings):
+        yield server
+
+
+class Leased:
+    """A scripted host holding one task's lease, with a Decide stub on its certificate."""
+
+    def __init__(self, cloud: CloudServer, pki_dir: Path, host_id: str) -> None:
+        self.ops = channel(cloud.address, pki_dir, "operator-ops")
+        self.ch = channel(cloud.address, pki_dir, f"host-{host_id}")
+        self.host = ScriptedHost(cloud.address, pki_dir, host_id)
+        self.stub: Any = planner_service_pb2_grpc.PlannerServiceStub(self.ch)  # type: ignore[no-untyped-call]
+
+    async def __aenter__(self) -> Leased:
+        await self.host.connect(["p"])
+        self.task = (await submit(tasks_stub(self.ops))).task
+        self.assignment = (await self.host.next("assignment")).assignment
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.host.close()
+        await self.ch.close()
+        await self.ops.close()
+
+    def request(
+        self, outcome: planner_service_pb2.ToolOutcome | None = None, **step: Any
+    ) -> planner_service_pb2.DecideRequest:
+        a = self.assignment
+        session = planner_service_pb2.SessionStep(
+            goal=step.pop("goal", "Open Display"), scene_json=step.pop("scene_json", SCENE), **step
+        )
+        if outcome is not None:
+            session.previous_outcome.CopyFrom(outcome)
+        return planner_service_pb2.DecideRequest(
+            task_id=a.task_id,
+            attempt=a.attempt,
+            lease_id=a.lease_id,
+            session=session,
+            element_ids=["e1"],
+            screen_width=1080,
+            screen_height=2400,
+        )
+
+
+async def _code(call: Any) -> tuple[grpc.StatusCode, str]:
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await call
+    return err.value.code(), err.value.details() or ""
+
+
+async def test_the_cloud_keeps_the_conversation_with_signed_thinking(
+    anthropic_cloud: CloudServer, model: FakeSessionServer, pki_dir: Path
+) -> None:
+    model.anthropic_script.extend(
+        [
+            ScriptedTurn(
+                [
+                    thinking("Settings is open."),
+                    text("Tap e1."),
+                    tool_use("tap", {"element_id": "e1", **INTENT}),
+                ]
+            ),
+            ScriptedTurn(
+                [
+                    thinking("It opened."),
+                    text("Done."),
+                    tool_use("complete", {"success": True, "reason": "ok"}),
+                ]
+            ),
+        ]
+    )
+    async with Leased(anthropic_cloud, pki_dir, "h20") as leased:
+        first = await leased.stub.Decide(leased.request())
+        assert first.session_call_id
+        assert first.decision.tool_name == "tap"
+        assert first.decision.thinking[0].text == "Settings is open."
+        assert '"Open Display"' in first.decision.user_prompt  # the goal opens the conversation
+
+        outcome = planner_service_pb2.ToolOutcome(
+            call_id=first.session_call_id, output='{"ok":true}'
+        )
+        second = await leased.stub.Decide(leased.request(outcome))
+        assert second.decision.tool_name == "complete"
+        assert "Goal" not in second.decision.user_prompt  # only the first observation has it
+
+        a = leased.assignment
+        stored = await sessions.load(anthropic_cloud.store, a.task_id, a.attempt)
+
+    assert model.rejections == []
+    messages = model.bodies("/v1/messages")[1]["messages"]
+    assert [m["role"] for m in messages] == ["user", "assistant", "user"]
+    assistant = messages[1]["content"]
+    assert [b["type"] for b in assistant] == ["thinking", "text", "tool_use"]
+    assert assistant[0]["signature"]
+    results = [b for b in messages[2]["content"] if b["type"] == "tool_result"]
+    assert results[0]["tool_use_id"] == first.session_call_id
+    assert results[0]["content"] == '{"ok":true}'
+    # Stored as the exact items, signature included.
+    signatures = [b["signature"] for b in assistant if b["type"] == "thinking"]
+    assert signatures[0] in "".join(stored)
+
+
+async def test_bad_session_steps_get_clear_errors_and_lose_nothing(
+    anthropic_cloud: CloudServer, model: FakeSessionServer, pki_dir: Path
+) -> None:
+    model.anthropic_script.extend(
+        [
+            ScriptedTurn(
+                [thinking("a"), text("Tap."), tool_use("tap", {"element_id": "e1", **INTENT})]
+            ),
+            ScriptedTurn(
+                [thinking("b"), text("Back."), tool_use("press_key", {"key": "back", **INTENT})]
+            ),
+        ]
+    )
+    async with Leased(anthropic_cloud, pki_dir, "h21") as leased:
+        stub = leased.stub
+        both = leased.request()
+        both.user_prompt = "a compact prompt too"
+        assert (await _code(stub.Decide(both)))[0] == grpc.StatusCode.INVALID_ARGUMENT
+        big = leased.request(scene_json="x" * (512 * 1024 + 1))
+        code, details = await _code(stub.Decide(big))
+        assert code == grpc.StatusCode.INVALID_ARGUMENT and "session.scene_json" in details
+        shot = leased.request()
+        shot.screenshot = b"\x89PNG"
+        assert (await _code(stub.Decide(shot)))[0] == grpc.StatusCode.INVALID_ARGUMENT
+        assert (await _code(stub.Decide(leased.request(goal=" "))))[0] == (
+            grpc.StatusCode.INVALID_ARGUMENT
+        )
+        assert model.bodies("/v1/messages") == []  # no tokens spent on any of those
+
+        first = await stub.Decide(leased.request())
+        unknown = planner_service_pb2.ToolOutcome(call_id="toolu_nope", output="{}")
+        code, details = await _code(stub.Decide(leased.request(unknown)))
+        assert code == grpc.StatusCode.INVALID_ARGUMENT and "toolu_nope" in details
+
+        # A retried step (its outcome already recorded) is accepted, not recorded twice.
+        outcome = planner_service_pb2.ToolOutcome(call_id=first.session_call_id, output="{}")
+        second = await stub.Decide(leased.request(outcome))
+        assert second.decision.tool_name == "press_key"
+        a = leased.assignment
+        items = [b for b in await sessions.load(anthropic_cloud.store, a.task_id, a.attempt)]
+        assert sum('"tool_result"' in b and first.session_call_id in b for b in items) == 1
+
+        stale = leased.request()
+        stale.lease_id = "not-live"
+        assert (await _code(stub.Decide(stale)))[0] == grpc.StatusCode.FAILED_PRECONDITION
+    assert model.rejections == []
+
+
+async def test_offline_cloud_answers_session_steps_unimplemented(
+    make_settings: Any, pki_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("AMC_PLANNER_PROVIDER", "offline")
+    async for cloud in _cloud(make_settings):
+        async with Leased(cloud, pki_dir, "h22") as leased:
+            code, details = await _code(leased.stub.Decide(leased.request()))
+    assert code == grpc.StatusCode.UNIMPLEMENTED
+    assert "AMC_PLANNER_MODE=compact" in details
+
+
+async def test_responses_reasoning_goes_back_with_its_encrypted_content(
+    make_settings: Any,
+    model: FakeSessionServer,
+    pki_dir: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("AMC_PLANNER_PROVIDER", "openai")
+    monkeypatch.setenv("AMC_PLANNER_OPENAI_API_KEY", "sk-test")
+    monkeypatch.setenv("AMC_PLANNER_OPENAI_BASE_URL", model.openai_base_url)
+    monkeypatch.setenv("AMC_PLANNER_THINKING", "adaptive")
+    monkeypatch.setenv("AMC_PLANNER_MAX_RETRIES", "0")
+    model.responses_script.extend(
+        [
+            ScriptedTurn(
+                [reasoning("Tap e1."), function_call("tap", {"element_id": "e1", **INTENT})]
+            ),
+            ScriptedTurn(
+                [reasoning("Done."), function_call("complete", {"success": True, "reason": "ok"})]
+            ),
+        ]
+    )
+    async for cloud in _cloud(make_settings):
+        async with Leased(cloud, pki_dir, "h23") as leased:
+            first = await leased.stub.Decide(leased.request())
+            outcome = planner_service_pb2.ToolOutcome(call_id=first.session_call_id, output="{}")
+            second = await leased.stub.Decide(leased.request(outcome))
+    assert second.decision.tool_name == "complete"
+    assert model.rejections == []
+    sent = model.bodies("/v1/responses")[1]
+    assert sent["store"] is False
+    kinds = [item.get("type") for item in sent["input"]]
+    assert (
+        kinds.index("reasoning")
+        < kinds.index("function_call")
+        < kinds.index("function_call_output")
+    )
+    # The first answer's reasoning goes back with its encrypted content, as it was emitted.
+    assert next(i for i in sent["input"] if i.get("type") == "reasoning")["encrypted_content"]
+
+
+# --- the store underneath, on both backends ---------------------------------------------
+
+
+@pytest.fixture
+async def store(db_url: str) -> AsyncIterator[Store]:
+    s = Store.from_url(db_url)
+    await upgrade(s.engine)
+    try:
+        yield s
+    finally:
+        await s.close()
+
+
+ODD = "sig/+=\u2028\"\\'\x7f\U0001f600" * 50
+
+
+async def test_items_round_trip_byte_for_byte(store: Store) -> None:
+    items = [
+        UserObservation("screen", condensed="short"),
+        Reasoning("anthropic", "t1", text="why", signature=ODD),
+        Reasoning(
+            "openai",
+            "t2",
+            item_id="rs_1",
+            summary=("s",),
+            encrypted_content=ODD[::-1],
+            wire={"type": "reasoning", "id": "rs_1", "encrypted_content": ODD[::-1]},
+        ),
+        ToolCall("anthropic", "t1", "toolu_1", "tap", {"element_id": "e1"}),
+    ]
+    await StoreSessionStore(store).append("t", 1, items)
+    loaded = await StoreSessionStore(store).load("t", 1)
+    assert loaded == items
+    assert [dumps_item(i) for i in loaded] == [dumps_item(i) for i in items]
+    assert await StoreSessionStore(store).latest_attempt("t", before=2) == 1
+    assert await StoreSessionStore(store).latest_attempt("t", before=1) is None
+
+
+async def test_two_calls_continuing_one_conversation_cannot_interleave(store: Store) -> None:
+    await StoreSessionStore(store).append("t", 1, [UserObservation("one")])
+    a, b = StoreSessionStore(store), StoreSessionStore(store)
+    await a.load("t", 1)
+    await b.load("t", 1)
+    await a.append("t", 1, [UserObservation("two (a)")])
+    with pytest.raises(SessionConflict, match="continued by another call"):
+        await b.append("t", 1, [UserObservation("two (b)"), UserObservation("three (b)")])
+    texts = [i.text for i in await StoreSessionStore(store).load("t", 1)]  # type: ignore[union-attr]
+    assert texts == ["one", "two (a)"]  # nothing of the losing call was kept
+
+
+async def test_retention_removes_conversations_of_old_finished_tasks(store: Store) -> None:
+    from tests.cloud.test_store import _task
+
+    old, fresh = await _task(store), await _task(store)
+    for task_id in (old, fresh):
+        await StoreSessionStore(store).append(task_id, 1, [UserObservation("x")] * 3)
+    async with store.write() as session:
+        await session.execute(
+            update(TaskRow)
+            .where(TaskRow.task_id == old)
+            .values(finished_at=store.now() - dt.timedelta(days=40), status="SUCCEEDED")
+        )
+    assert await sessions.prune(store, dt.timedelta(days=30)) == 3
+    assert await sessions.load(store, old, 1) == []
+    assert len(await sessions.load(store, fresh, 1)) == 3
