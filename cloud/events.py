@@ -1,9 +1,10 @@
 """Change events between the parts of one replica, and across replicas through PostgreSQL.
 
-Three kinds of event travel: "these tasks changed" (watchers reload them), "tasks are queued"
-(dispatchers look for idle phones), and "revoke this lease" (the replica holding the host's stream
-tells the host). In one process they are delivered directly; on PostgreSQL every replica also
-LISTENs on one channel and the publisher NOTIFYs it, batched into a few NOTIFY calls per
+Four kinds of event travel: "these tasks changed" (watchers reload them), "tasks are queued"
+(dispatchers look for idle phones), "revoke this lease" (the replica holding the host's stream
+tells the host), and live thinking text of a step being planned (watchers that asked for it show
+it; it is never stored). In one process they are delivered directly; on PostgreSQL every replica
+also LISTENs on one channel and the publisher NOTIFYs it, batched into a few NOTIFY calls per
 flush so a burst of renewals costs a handful of round trips, not one each.
 """
 
@@ -28,6 +29,11 @@ log = logging.getLogger(__name__)
 
 CHANNEL = "amc_events"
 _MAX_PAYLOAD = 7000  # PostgreSQL refuses NOTIFY payloads of 8000 bytes or more.
+# Thinking text per NOTIFY message: JSON escapes a character to at most 12 bytes (a surrogate
+# pair), so 500 characters always fit one payload.
+_THINKING_CHUNK = 500
+# What a slow watcher keeps of one attempt's unread thinking: the newest text wins.
+_THINKING_BACKLOG = 16_384
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,22 +52,42 @@ class RevokeEvent:
 
 
 class Subscription:
-    """A watcher's mailbox of changed task ids: coalesces, never overflows."""
+    """A watcher's mailbox of changed task ids (and, if asked, live thinking): coalesces, never
+    overflows."""
 
-    def __init__(self, bus: EventBus) -> None:
+    def __init__(
+        self, bus: EventBus, *, thinking: bool = False, task_id: str | None = None
+    ) -> None:
         self._bus = bus
         self._pending: set[str] = set()
         self._event = asyncio.Event()
+        self._wants_thinking = thinking
+        self._task_id = task_id
+        self._thinking: dict[tuple[str, int], str] = {}
 
     def _offer(self, task_ids: list[str]) -> None:
         self._pending.update(task_ids)
         self._event.set()
 
+    def _offer_thinking(self, task_id: str, attempt: int, delta: str) -> None:
+        if not self._wants_thinking or (self._task_id and task_id != self._task_id):
+            return
+        key = (task_id, attempt)
+        self._thinking[key] = (self._thinking.get(key, "") + delta)[-_THINKING_BACKLOG:]
+        self._event.set()
+
     async def next(self) -> set[str]:
-        """Wait for changes; return every task id changed since the last call."""
+        """Wait for changes; return every task id changed since the last call (possibly none,
+        when only thinking arrived: see `take_thinking`)."""
         await self._event.wait()
         self._event.clear()
         out, self._pending = self._pending, set()
+        return out
+
+    def take_thinking(self) -> list[tuple[str, int, str]]:
+        """Live thinking received since the last call: (task id, attempt, text) in order."""
+        out = [(task_id, attempt, text) for (task_id, attempt), text in self._thinking.items()]
+        self._thinking = {}
         return out
 
     def close(self) -> None:
@@ -85,11 +111,34 @@ class EventBus:
 
     # ---- publishing -------------------------------------------------------------------------
 
-    def subscribe(self) -> Subscription:
-        """A new mailbox for task changes."""
-        sub = Subscription(self)
+    def subscribe(self, *, thinking: bool = False, task_id: str | None = None) -> Subscription:
+        """A new mailbox for task changes; with `thinking`, also for live thinking (of `task_id`
+        only, when given)."""
+        sub = Subscription(self, thinking=thinking, task_id=task_id)
         self._subs.add(sub)
         return sub
+
+    def thinking(self, task_id: str, attempt: int, delta: str) -> None:
+        """Thinking text of a step being planned, for watchers that asked for it. Consecutive
+        deltas of one attempt are joined into few NOTIFY messages."""
+        if not delta:
+            return
+        self._deliver_thinking(task_id, attempt, delta)
+        if not self.store.is_postgres:
+            return
+        last = self._outbox[-1] if self._outbox else None
+        if (
+            last is not None
+            and last["k"] == "th"
+            and (last["t"], last["a"]) == (task_id, attempt)
+            and len(last["x"]) + len(delta) <= _THINKING_CHUNK
+        ):
+            last["x"] += delta
+            return
+        for i in range(0, len(delta), _THINKING_CHUNK):
+            self._remote(
+                {"k": "th", "t": task_id, "a": attempt, "x": delta[i : i + _THINKING_CHUNK]}
+            )
 
     def tasks_changed(self, task_ids: list[str]) -> None:
         """Tasks changed (status, progress, attempt)."""
@@ -123,6 +172,10 @@ class EventBus:
     def _deliver_changed(self, task_ids: list[str]) -> None:
         for sub in list(self._subs):
             sub._offer(task_ids)
+
+    def _deliver_thinking(self, task_id: str, attempt: int, delta: str) -> None:
+        for sub in list(self._subs):
+            sub._offer_thinking(task_id, attempt, delta)
 
     def _deliver_queued(self) -> None:
         for cb in self.on_queued:
@@ -245,6 +298,8 @@ class EventBus:
                 self._deliver_changed([str(i) for i in m.get("ids", [])])
             elif kind == "q":
                 self._deliver_queued()
+            elif kind == "th":
+                self._deliver_thinking(str(m["t"]), int(m["a"]), str(m["x"]))
             elif kind == "v":
                 self._deliver_revoke(
                     RevokeEvent(

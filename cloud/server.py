@@ -139,7 +139,7 @@ class _HostOnlyPlanner(planner_service_pb2_grpc.PlannerServiceServicer):
 
 
 def build_planner_servicer(
-    store: Store, settings: CloudSettings
+    store: Store, settings: CloudSettings, bus: EventBus
 ) -> tuple[planner_service_pb2_grpc.PlannerServiceServicer, list[Any]]:
     """The planner servicer on the cloud's ports, and what must be closed with the server.
 
@@ -170,6 +170,7 @@ def build_planner_servicer(
         planner=planner,
         sessions=sessions,
         session_store=lambda: StoreSessionStore(store),
+        live_thinking=bus.thinking,
     )
     closeables: list[Any] = [planner] if sessions is None else [planner, sessions]
     return _HostOnlyPlanner(inner, insecure, store), closeables
@@ -210,7 +211,7 @@ class CloudServer:
         decision_log_service_pb2_grpc.add_DecisionLogServiceServicer_to_server(
             DecisionLogServicer(store, s), self.server
         )
-        planner_servicer, self._closeables = build_planner_servicer(store, s)
+        planner_servicer, self._closeables = build_planner_servicer(store, s, bus)
         planner_service_pb2_grpc.add_PlannerServiceServicer_to_server(planner_servicer, self.server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         reflection.enable_server_reflection(
@@ -279,7 +280,9 @@ class CloudServer:
         removed = await decisions.prune(
             self.store, older_than, batch_size=self.settings.retention_batch_size
         )
-        items = await sessions.prune(self.store, older_than)
+        items = await sessions.prune(
+            self.store, older_than, batch_size=self.settings.retention_batch_size
+        )
         if items:
             log.info("retention removed %d session items", items)
         return removed

@@ -309,12 +309,20 @@ def task_show(task_id: Annotated[str, typer.Argument(help="Task id.")]) -> None:
 @task_app.command("watch")
 def task_watch(
     task_id: Annotated[str, typer.Argument(help="Task id; omit to watch the fleet.")] = "",
+    thinking: Annotated[
+        bool, typer.Option(help="Also print the model's thinking as it streams (session mode).")
+    ] = False,
 ) -> None:
     """Stream live progress until the task ends (or Ctrl-C for the fleet)."""
 
     async def watch(client: OperatorClient) -> None:
-        request = progress_service_pb2.WatchProgressRequest(task_id=task_id)
+        request = progress_service_pb2.WatchProgressRequest(
+            task_id=task_id, include_thinking=thinking
+        )
         async for change in client.progress.WatchProgress(request):
+            if change.HasField("thinking"):
+                out.print(change.thinking.delta, end="", style="dim italic", markup=False)
+                continue
             task = change.task
             out.print(
                 f"{task.task_id} {formatting.styled_status(task.status)} "

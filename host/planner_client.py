@@ -108,6 +108,9 @@ class CloudPlanner:
         return decision
 
 
+MAX_PAGE_CHARS = 256  # the page name only labels a condensed observation
+
+
 class CloudSessionPlanner:
     """Session mode over `PlannerService.Decide`: the cloud keeps the conversation.
 
@@ -141,7 +144,7 @@ class CloudSessionPlanner:
         screenshot: bytes | None = None,
     ) -> Decision:
         step = planner_service_pb2.SessionStep(
-            goal=goal, scene_json=scene_json(scene), page=scene.page or ""
+            goal=goal, scene_json=scene_json(scene), page=(scene.page or "")[:MAX_PAGE_CHARS]
         )
         if self._last_call is not None:
             outcome = outcome_of(*self._last_call, scene, history)
@@ -160,7 +163,14 @@ class CloudSessionPlanner:
             screen_width=scene.screen_width,
             screen_height=scene.screen_height,
         )
-        response = await _decide(self._stub, request, self.timeout_s)
+        try:
+            response = await _decide(self._stub, request, self.timeout_s)
+        except CloudPlanError as err:
+            if err.code != grpc.StatusCode.ABORTED:
+                raise
+            # Another call continued the conversation meanwhile (a retry racing its original):
+            # once more on the conversation as it now stands; a repeated outcome is ignored.
+            response = await _decide(self._stub, request, self.timeout_s)
         decision = decision_from_proto(response.decision)
         if response.session_call_id:
             self._last_call = (response.session_call_id, decision.tool_name)

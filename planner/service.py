@@ -63,9 +63,11 @@ class DecisionSink(Protocol):
 
 
 HostIdentity = Callable[[grpc.aio.ServicerContext], str]
+"""Reads the caller's host id from the grpc.aio ServicerContext (the cloud uses the mTLS SAN)."""
 SessionStoreFactory = Callable[[], SessionStore]
 """A fresh `SessionStore` view for one Decide call (it detects concurrent continuations)."""
-"""Reads the caller's host id from the grpc.aio ServicerContext (the cloud uses the mTLS SAN)."""
+ThinkingFeed = Callable[[str, int, str], None]
+"""Publishes live thinking (task id, attempt, text delta) to whoever watches; never stored."""
 
 
 class PlannerServicer(planner_service_pb2_grpc.PlannerServiceServicer):
@@ -80,6 +82,7 @@ class PlannerServicer(planner_service_pb2_grpc.PlannerServiceServicer):
         planner: Planner,
         sessions: SessionPlanners | None = None,
         session_store: SessionStoreFactory | None = None,
+        live_thinking: ThinkingFeed | None = None,
     ) -> None:
         self._caller_host_id = caller_host_id
         self._leases = lease_gate
@@ -87,6 +90,7 @@ class PlannerServicer(planner_service_pb2_grpc.PlannerServiceServicer):
         self._planner = planner
         self._sessions = sessions
         self._session_store = session_store
+        self._live_thinking = live_thinking
 
     async def Decide(
         self,
@@ -164,7 +168,13 @@ class PlannerServicer(planner_service_pb2_grpc.PlannerServiceServicer):
             )
             raise AssertionError("abort returns only by raising")  # pragma: no cover
         step = request.session
-        planner = await self._sessions.open(self._session_store(), request.task_id, request.attempt)
+        feed, task_id, attempt = self._live_thinking, request.task_id, request.attempt
+        planner = await self._sessions.open(
+            self._session_store(),
+            task_id,
+            attempt,
+            on_thinking=(lambda delta: feed(task_id, attempt, delta)) if feed else None,
+        )
         previous = step.previous_outcome if step.HasField("previous_outcome") else None
         screen = (request.screen_width, request.screen_height)
         try:

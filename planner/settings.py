@@ -78,7 +78,10 @@ class PlannerSettings(BaseSettings):
     session_keep_scenes: int | None = Field(default=6, ge=1)
     session_keep_reasoning_turns: int | None = Field(default=None, ge=1)
     session_foreign_reasoning: Literal["drop", "text"] = "drop"
-    session_stream: bool = False
+    # Streaming is on by default: it is how consoles see the model think live, and the
+    # Anthropic SDK refuses non-streaming calls whose max_tokens (large thinking budgets) could
+    # run past ten minutes.
+    session_stream: bool = True
 
     @model_validator(mode="after")
     def _check_thinking(self) -> PlannerSettings:

@@ -299,7 +299,8 @@ def parse_tool_call(
     elif name == "input_text":
         text = exe.get("text")
         if not isinstance(text, str):
-            raise ToolCallError(f"input_text: `text` must be a string, got {text!r}")
+            # The value is not echoed: it may be a secret, and this message is stored.
+            raise ToolCallError(f"input_text: `text` must be a string, got {type(text).__name__}")
         sensitive = _bool(exe, "sensitive", name)
         element_id = _str(exe, "element_id", name, required=False)
         if element_id:

@@ -32,7 +32,9 @@ class ProgressServicer(progress_service_pb2_grpc.ProgressServiceServicer):
     ) -> AsyncIterator[pb.WatchProgressResponse]:
         await require(context, "operator", insecure=self._settings.insecure)
         # Subscribe before reading the snapshot so no change falls between the two.
-        sub = self._bus.subscribe()
+        sub = self._bus.subscribe(
+            thinking=request.include_thinking, task_id=request.task_id or None
+        )
         try:
             if request.task_id:
                 view = await tasks.get(self._store, request.task_id)
@@ -54,6 +56,10 @@ class ProgressServicer(progress_service_pb2_grpc.ProgressServiceServicer):
                         )
             while True:
                 changed = await sub.next()
+                for task_id, attempt, text in sub.take_thinking():
+                    yield pb.WatchProgressResponse(
+                        thinking=pb.LiveThinking(task_id=task_id, attempt=attempt, delta=text)
+                    )
                 if request.task_id:
                     if request.task_id not in changed:
                         continue

@@ -4,7 +4,8 @@ Rows are the exact JSON of `planner.session.items`, one per item, in order. Appe
 position they expect to write at: the primary key (task, attempt, seq) refuses a second writer
 of the same position on either backend, so two calls continuing one conversation at once (a
 host retrying while its first call still runs, on this replica or another) cannot interleave
-their turns — the later one fails with `SessionConflict` and nothing of it is kept.
+their turns: whichever writes second fails with `SessionConflict`, and its model turn is not
+kept (an observation it wrote before calling the model may be).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 import datetime as dt
 from collections.abc import Sequence
 
-from sqlalchemy import delete, func, select
+from sqlalchemy import delete, func, select, tuple_
 from sqlalchemy.exc import IntegrityError
 
 from cloud.store.database import Store
@@ -69,7 +70,7 @@ async def append(
     except IntegrityError:
         raise SessionConflict(
             f"the conversation of task {task_id!r} attempt {attempt} was continued by another "
-            "call at the same time; nothing of this call was kept"
+            "call at the same time; this call's model turn was not kept"
         ) from None
 
 
@@ -84,25 +85,30 @@ async def latest_attempt(store: Store, task_id: str, before: int) -> int | None:
         return None if value is None else int(value)
 
 
-async def prune(store: Store, older_than: dt.timedelta, batch_tasks: int = 100) -> int:
+async def prune(
+    store: Store, older_than: dt.timedelta, batch_size: int = 1000, max_batches: int = 1000
+) -> int:
     """Delete the conversations of tasks that ended before now - older_than (the decision log's
-    retention), a few tasks per short transaction. Returns how many items went."""
+    retention), at most `batch_size` items per short transaction so writers (lease renewals on
+    SQLite's single write lock) never wait long. Returns how many items went."""
     cutoff = store.now() - older_than
     total = 0
-    while True:
+    key = tuple_(SessionItemRow.task_id, SessionItemRow.attempt, SessionItemRow.seq)
+    for _ in range(max_batches):
         async with store.write() as session:
-            task_ids = (
-                await session.scalars(
-                    select(SessionItemRow.task_id)
+            rows = (
+                await session.execute(
+                    select(SessionItemRow.task_id, SessionItemRow.attempt, SessionItemRow.seq)
                     .join(TaskRow, TaskRow.task_id == SessionItemRow.task_id)
                     .where(TaskRow.finished_at.is_not(None), TaskRow.finished_at < cutoff)
-                    .distinct()
-                    .limit(batch_tasks)
+                    .limit(batch_size)
                 )
             ).all()
-            if not task_ids:
-                return total
-            result = await session.execute(
-                delete(SessionItemRow).where(SessionItemRow.task_id.in_(task_ids))
-            )
-            total += int(getattr(result, "rowcount", 0) or 0)
+            if rows:
+                await session.execute(
+                    delete(SessionItemRow).where(key.in_([tuple(r) for r in rows]))
+                )
+        total += len(rows)
+        if len(rows) < batch_size:
+            break
+    return total

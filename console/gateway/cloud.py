@@ -171,17 +171,20 @@ class CloudClient:
         )
         return response.decision
 
-    async def watch(self, task_id: str = "") -> AsyncIterator[types_pb2.Task]:
-        """Live task changes (snapshot first); ends when a watched single task ends.
+    async def watch(
+        self, task_id: str = "", *, thinking: bool = False
+    ) -> AsyncIterator[progress_service_pb2.WatchProgressResponse]:
+        """Live task changes (snapshot first), and with `thinking` the model's live thinking;
+        ends when a watched single task ends.
 
         No deadline: the stream lives as long as the browser listens. Closing the iterator
         cancels the call.
         """
         call = self._progress.WatchProgress(
-            progress_service_pb2.WatchProgressRequest(task_id=task_id)
+            progress_service_pb2.WatchProgressRequest(task_id=task_id, include_thinking=thinking)
         )
         try:
             async for message in call:
-                yield message.task
+                yield message
         finally:
             call.cancel()

@@ -1,7 +1,9 @@
 """Server-sent events fed by ProgressService.WatchProgress.
 
 Each change the cloud streams becomes one `task` event whose data is the task as JSON (the same
-shape as the API's TaskOut), so the page's script can patch its badges in place. A comment line
+shape as the API's TaskOut), so the page's script can patch its badges in place. A single
+task's stream also carries `thinking` events: the model's thinking as it streams (session mode),
+shown live and replaced by the decision's stored thinking once the step is decided. A comment line
 goes out every few seconds so proxies keep the connection open; when the browser leaves, the
 response is cancelled and the gRPC stream with it.
 """
@@ -43,8 +45,13 @@ def _event(name: str, data: str) -> str:
 async def _pump(cloud: CloudClient, task_id: str, queue: asyncio.Queue[str | None]) -> None:
     """Copy the gRPC stream into the queue as SSE frames; None marks its end."""
     try:
-        async for task in cloud.watch(task_id):
-            await queue.put(_event("task", TaskOut.of(task).model_dump_json()))
+        async for change in cloud.watch(task_id, thinking=bool(task_id)):
+            if change.HasField("thinking"):
+                live = change.thinking
+                data = {"task_id": live.task_id, "attempt": live.attempt, "delta": live.delta}
+                await queue.put(_event("thinking", json.dumps(data, ensure_ascii=False)))
+            else:
+                await queue.put(_event("task", TaskOut.of(change.task).model_dump_json()))
         if task_id:
             await queue.put(_event("end", json.dumps({"task_id": task_id})))
     except grpc.aio.AioRpcError as error:

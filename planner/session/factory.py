@@ -118,11 +118,23 @@ class SessionPlanners:
         self.provider = session_provider(settings)
         self._client = make_session_client(settings, self.provider)
 
-    async def open(self, store: SessionStore, task_id: str, attempt: int) -> SessionPlanner:
+    async def open(
+        self,
+        store: SessionStore,
+        task_id: str,
+        attempt: int,
+        *,
+        on_thinking: ThinkingSink | None = None,
+    ) -> SessionPlanner:
         """The planner of one attempt with its stored conversation loaded (or continued from
-        the latest earlier attempt)."""
+        the latest earlier attempt); live thinking goes to `on_thinking` when streaming."""
         return await open_session_planner(
-            self.settings, store=store, task_id=task_id, attempt=attempt, client=self._client
+            self.settings,
+            store=store,
+            task_id=task_id,
+            attempt=attempt,
+            client=self._client,
+            on_thinking=on_thinking,
         )
 
     async def aclose(self) -> None:

@@ -8,6 +8,7 @@ tool loops, since no real API is reachable here.
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -17,7 +18,13 @@ import grpc
 import pytest
 from sqlalchemy import update
 
-from amc.v1 import planner_service_pb2, planner_service_pb2_grpc
+from amc.v1 import (
+    planner_service_pb2,
+    planner_service_pb2_grpc,
+    progress_service_pb2,
+    progress_service_pb2_grpc,
+)
+from cloud.events import EventBus
 from cloud.server import CloudServer, build_server
 from cloud.store import sessions
 from cloud.store.database import Store
@@ -36,6 +43,7 @@ from tests.support.fake_session_server import (
     thinking,
     tool_use,
 )
+from tests.support.postgres import PostgresServer
 
 INTENT = {"purpose": "open it", "expected_outcome": "it opens"}
 SCENE = '{"package":"com.android.settings","page":"Settings","elements":[{"id":"e1"}]}'
@@ -332,3 +340,68 @@ async def test_retention_removes_conversations_of_old_finished_tasks(store: Stor
     assert await sessions.prune(store, dt.timedelta(days=30)) == 3
     assert await sessions.load(store, old, 1) == []
     assert len(await sessions.load(store, fresh, 1)) == 3
+
+
+# --- live thinking: streamed by the cloud's model call, watched by operators -----------------
+
+
+async def test_operators_watch_the_model_think_live(
+    anthropic_cloud: CloudServer, model: FakeSessionServer, pki_dir: Path
+) -> None:
+    thought = "The Settings list is open; Display sits second from the top, so tap it."
+    model.anthropic_script.append(
+        ScriptedTurn(
+            [thinking(thought), text("Tap."), tool_use("tap", {"element_id": "e1", **INTENT})]
+        )
+    )
+    async with Leased(anthropic_cloud, pki_dir, "h24") as leased:
+        watcher: Any = progress_service_pb2_grpc.ProgressServiceStub(leased.ops)  # type: ignore[no-untyped-call]
+        watch = watcher.WatchProgress(
+            progress_service_pb2.WatchProgressRequest(
+                task_id=leased.task.task_id, include_thinking=True
+            )
+        )
+        assert (await watch.read()).snapshot
+        decided = asyncio.ensure_future(leased.stub.Decide(leased.request()))
+        live = ""
+        while live != thought:
+            message = await asyncio.wait_for(watch.read(), 10)
+
+            if message.HasField("thinking"):
+                assert (message.thinking.task_id, message.thinking.attempt) == (
+                    leased.task.task_id,
+                    leased.assignment.attempt,
+                )
+                live += message.thinking.delta
+        watch.cancel()
+        decision = (await decided).decision
+    assert decision.thinking[0].text == thought  # what is kept is the decision's thinking
+    assert len(model.bodies("/v1/messages")) == 1 and model.bodies("/v1/messages")[0]["stream"]
+
+
+@pytest.mark.postgres
+async def test_live_thinking_crosses_replicas_in_order(postgres_server: PostgresServer) -> None:
+    """Two replicas on one PostgreSQL: the one calling the model NOTIFYs, the watcher's gets it
+    (SQLite has one replica, so there is nothing to cross there)."""
+    db_url = postgres_server.create_database()
+    store_a, store_b = Store.from_url(db_url), Store.from_url(db_url)
+    bus_a, bus_b = EventBus(store_a), EventBus(store_b)
+    await bus_a.start()
+    await bus_b.start()
+    try:
+        sub = bus_b.subscribe(thinking=True, task_id="t1")
+        deltas = ["Let me ", "look: ", "é\u2028\U0001f600" * 700, " done."]
+        for delta in deltas:
+            bus_a.thinking("t1", 2, delta)
+        bus_a.thinking("other-task", 1, "not watched")
+        received = ""
+        while received != "".join(deltas):
+            await asyncio.wait_for(sub.next(), 10)
+            for task_id, attempt, text in sub.take_thinking():
+                assert (task_id, attempt) == ("t1", 2)
+                received += text
+    finally:
+        await bus_a.stop()
+        await bus_b.stop()
+        await store_a.close()
+        await store_b.close()

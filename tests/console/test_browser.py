@@ -332,3 +332,38 @@ def test_new_task_appears_on_the_first_page_without_reload(
     expect(row.locator("[data-field=status]")).to_have_text("queued", timeout=LIVE_MS)
     expect(row.locator("[data-field=attempt]")).to_have_text("not assigned yet (3 allowed)")
     assert_not_reloaded(page)
+
+
+def test_task_page_shows_the_model_thinking_live(
+    page: Page, gateway: str, operator: Operator, make_host: HostFactory, cloud: Cloud
+) -> None:
+    """Thinking enters through the cloud's real event bus, as the Decide service's streaming
+    model call publishes it (that source is tested against the Anthropic SDK in
+    tests/cloud/test_planner_sessions.py; this console stack plans offline, which does not
+    stream): WatchProgress(include_thinking) → SSE `thinking` events → live.js."""
+    host = make_host()
+    task = operator.submit(unique("Turn on dark theme"), host_id=host.host_id)
+    assignment = host.assignment()
+    host.renew(assignment, 1, types_pb2.STEP_STATUS_PLANNING, "asking the model")
+    page.goto(f"{gateway}/tasks/{task.task_id}")
+    expect(page.locator("#live-state")).to_have_text("live", timeout=LIVE_MS)
+    box = page.locator("#live-thinking")
+    expect(box).to_be_hidden()
+    mark_no_reload(page)
+
+    def think(delta: str) -> None:
+        bus = cloud.server.bus
+        cloud.loop.loop.call_soon_threadsafe(bus.thinking, task.task_id, assignment.attempt, delta)
+
+    think("The Settings list is open; ")
+    think("Display is second <b>from</b> the top.")
+    expect(box).to_be_visible(timeout=LIVE_MS)
+    expect(box.locator("[data-field=thinking]")).to_have_text(
+        "The Settings list is open; Display is second <b>from</b> the top.", timeout=LIVE_MS
+    )
+    screenshot(page, "live-thinking")
+
+    # The step is decided and acted on: the live text gives way to the stored record.
+    host.renew(assignment, 1, types_pb2.STEP_STATUS_ACTING, "tap 'Display'")
+    expect(box).to_be_hidden(timeout=LIVE_MS)
+    assert_not_reloaded(page)

@@ -122,7 +122,26 @@
     el.className = "live-state " + cls;
   }
 
-  function listen(url, onTask, onEnd) {
+  // The model's thinking as it streams (session mode): shown while a step is planned, cleared
+  // when the step moves on (its decision, with the stored thinking, appears in the history).
+  var thinkingBox = document.getElementById("live-thinking");
+  function showThinking(t) {
+    if (!thinkingBox) return;
+    var key = t.task_id + "·" + t.attempt;
+    var pre = field(thinkingBox, "thinking");
+    if (thinkingBox.dataset.key !== key) { pre.textContent = ""; thinkingBox.dataset.key = key; }
+    pre.textContent += t.delta;
+    pre.scrollTop = pre.scrollHeight;
+    thinkingBox.hidden = false;
+  }
+  function clearThinking() {
+    if (!thinkingBox) return;
+    thinkingBox.hidden = true;
+    thinkingBox.dataset.key = "";
+    field(thinkingBox, "thinking").textContent = "";
+  }
+
+  function listen(url, onTask, onEnd, onThinking) {
     var source = new EventSource(url);
     source.onopen = function () { liveState("live", "on"); };
     source.onerror = function () {
@@ -133,6 +152,9 @@
       }
     };
     source.addEventListener("task", function (e) { onTask(JSON.parse(e.data)); });
+    if (onThinking) {
+      source.addEventListener("thinking", function (e) { onThinking(JSON.parse(e.data)); });
+    }
     source.addEventListener("end", function () {
       source.close();
       liveState("ended", "off");
@@ -170,9 +192,11 @@
         root.dataset.step = step;
         root.dataset.status = t.status;
         root.dataset.attempt = String(t.attempt);
+        // A renewal saying "planning" may arrive after the thinking began: keep the text then.
+        if (!t.progress || t.progress.step_status !== "planning") clearThinking();
         refresh("#live-task");
       }
-    });
+    }, clearThinking, showThinking);
   } else if (mode === "fleet") {
     setInterval(function () { refresh("#live-fleet"); }, 5000);
   }

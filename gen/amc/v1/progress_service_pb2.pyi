@@ -24,16 +24,22 @@ class WatchProgressRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     TASK_ID_FIELD_NUMBER: _builtins.int
+    INCLUDE_THINKING_FIELD_NUMBER: _builtins.int
     task_id: _builtins.str
     """Watch one task; empty means the whole fleet."""
+    include_thinking: _builtins.bool
+    """Also stream the model's thinking as it is generated (session mode with streaming, for
+    steps the cloud plans). Those messages carry `thinking` and no `task`.
+    """
     def __init__(
         self,
         *,
         task_id: _builtins.str = ...,
+        include_thinking: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["task_id", b"task_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["include_thinking", b"include_thinking", "task_id", b"task_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -47,22 +53,61 @@ class WatchProgressResponse(_message.Message):
 
     TASK_FIELD_NUMBER: _builtins.int
     SNAPSHOT_FIELD_NUMBER: _builtins.int
+    THINKING_FIELD_NUMBER: _builtins.int
     snapshot: _builtins.bool
     """True for messages of the initial snapshot."""
     @_builtins.property
     def task(self) -> _types_pb2.Task:
-        """The task after the change, without attempts."""
+        """The task after the change, without attempts. Unset on messages that carry `thinking`."""
+
+    @_builtins.property
+    def thinking(self) -> Global___LiveThinking:
+        """Live thinking of a step being planned (only with include_thinking)."""
 
     def __init__(
         self,
         *,
         task: _types_pb2.Task | None = ...,
         snapshot: _builtins.bool = ...,
+        thinking: Global___LiveThinking | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["task", b"task"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["task", b"task", "thinking", b"thinking"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["snapshot", b"snapshot", "task", b"task"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["snapshot", b"snapshot", "task", b"task", "thinking", b"thinking"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___WatchProgressResponse: _TypeAlias = WatchProgressResponse  # noqa: Y015
+
+@_typing.final
+class LiveThinking(_message.Message):
+    """Thinking text as the model streams it. A live view only: what is kept is the decision's
+    thinking in the decision log once the step is decided. Deltas that arrive faster than a
+    watcher reads are joined; a watcher far behind gets the newest text.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TASK_ID_FIELD_NUMBER: _builtins.int
+    ATTEMPT_FIELD_NUMBER: _builtins.int
+    DELTA_FIELD_NUMBER: _builtins.int
+    task_id: _builtins.str
+    """Task being planned."""
+    attempt: _builtins.int
+    """Its attempt."""
+    delta: _builtins.str
+    """Text that follows what earlier messages of this attempt carried."""
+    def __init__(
+        self,
+        *,
+        task_id: _builtins.str = ...,
+        attempt: _builtins.int = ...,
+        delta: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "delta", b"delta", "task_id", b"task_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___LiveThinking: _TypeAlias = LiveThinking  # noqa: Y015
