@@ -157,13 +157,10 @@ def build_host(
     planner_channel: grpc.aio.Channel | None = None
     planner_settings = PlannerSettings()
     session_store: SqliteSessionStore | None = None
-    if (
-        planner is None
-        and planner_settings.mode == "session"
-        and (settings.planner_transport == "direct")
-    ):
+    direct_transport = settings.planner_transport == "direct"
+    if planner is None and direct_transport and planner_settings.mode == "session":
         session_store = SqliteSessionStore(settings.resolved_db_path.parent / "sessions.sqlite3")
-    elif planner is None and settings.planner_transport == "direct":
+    elif planner is None and direct_transport:
         from planner.planner import make_planner
 
         direct = make_planner(planner_settings)
