@@ -22,6 +22,7 @@ import base64
 import io
 import logging
 import secrets
+import sqlite3
 import urllib.parse
 from collections.abc import Iterator
 from pathlib import Path
@@ -153,9 +154,15 @@ def _read_line(api: Any, png: bytes, box: tuple[int, int, int, int]) -> str:
     return str(api.GetUTF8Text()).replace(" ", "").strip()
 
 
+@pytest.mark.parametrize("mode", ["compact", "session"])
 async def test_canary_key_and_secret_leave_no_trace(
-    canary_env: FakeProviderServer, tmp_path: Path
+    canary_env: FakeProviderServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mode: str
 ) -> None:
+    """In session mode the cloud also stores the whole conversation (planner_session_items):
+    the scan covers it, since the model's input_text call and every later observation are in
+    there."""
+    monkeypatch.setenv("AMC_PLANNER_MODE", mode)
+    monkeypatch.setenv("AMC_PLANNER_SESSION_STREAM", "false")  # this fake answers whole messages
     fake = canary_env
     _script(fake)
     data_dir = tmp_path / "stack"
@@ -203,6 +210,10 @@ async def test_canary_key_and_secret_leave_no_trace(
     # 1. Byte scan of every file the run produced, and the captured logs.
     produced = list(files_under(data_dir, log_file))
     assert any(p.name == "cloud.sqlite3" for p in produced)
+    cloud_db = next(p for p in produced if p.name == "cloud.sqlite3")
+    with sqlite3.connect(cloud_db) as db:
+        (items,) = db.execute("SELECT COUNT(*) FROM planner_session_items").fetchone()
+    assert (items > 0) == (mode == "session"), "the conversation is (only) kept in session mode"
     assert any(p.suffix == ".png" for p in produced), "no screenshots were stored"
     leaks = []
     for path in produced:
