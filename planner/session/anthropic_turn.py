@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, cast
+from typing import Any
 
 import anthropic
 
 from planner.decision import Usage
 from planner.session.config import ThinkingConfig
 from planner.session.items import AssistantItem, AssistantText, Reasoning, ToolCall
-from planner.session.provider_turn import TurnResult, mask_sensitive, provider_error
+from planner.session.provider_turn import TurnResult, fetch_response, mask_sensitive
 from planner.session.streaming import AnthropicStreamAccumulator, ThinkingSink
 from planner.settings import ANSWER_ROOM_TOKENS
 from planner.tools import ToolSpec
@@ -109,19 +109,9 @@ async def anthropic_turn(
 ) -> TurnResult:
     """Run one call. With `stream`, live thinking goes to `on_thinking` as it arrives and the
     committed turn is built from the completed stream only."""
-    create = cast(Any, client.messages.create)
-    try:
-        if stream:
-            acc = AnthropicStreamAccumulator(on_thinking)
-            events = await create(**params, stream=True)
-            async for event in events:
-                acc.feed(event)
-            message = acc.message()
-        else:
-            response = await create(**params)
-            message = response.to_dict()
-    except Exception as err:
-        raise provider_error(err, "anthropic") from err
+    acc = AnthropicStreamAccumulator(on_thinking)
+    streamed = (acc.feed, acc.message) if stream else None
+    message = await fetch_response(client.messages.create, params, "anthropic", streamed)
     return TurnResult(
         turn_id=str(message.get("id") or ""),
         items=items_from_message(message),

@@ -8,6 +8,7 @@ sent back.
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -62,3 +63,23 @@ def provider_error(err: Exception, provider: str) -> PlannerError:
     if isinstance(err, anthropic.APIError | openai.APIError):
         return PlannerUnavailable(f"planner: {label} unreachable ({err})")
     return PlannerError(f"planner: {label} call failed: {err}")
+
+
+async def fetch_response(
+    create: Callable[..., Awaitable[Any]],
+    params: dict[str, Any],
+    provider: str,
+    stream: tuple[Callable[[Any], None], Callable[[], dict[str, Any]]] | None,
+) -> dict[str, Any]:
+    """One call's response as a wire dict. With `stream` (feed, complete) each event goes to
+    `feed` and the response is what `complete` builds once the stream has ended. Both SDKs
+    stream the same way, so both providers share this path and fail with the same errors."""
+    try:
+        if stream is None:
+            return dict((await create(**params)).to_dict())
+        feed, complete = stream
+        async for event in await create(**params, stream=True):
+            feed(event)
+        return complete()
+    except Exception as err:
+        raise provider_error(err, provider) from err

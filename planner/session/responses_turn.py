@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from typing import Any, cast
+from typing import Any
 
 import openai
 
 from planner.decision import Usage
 from planner.session.config import ThinkingConfig
 from planner.session.items import AssistantItem, AssistantText, Reasoning, ToolCall
-from planner.session.provider_turn import TurnResult, mask_sensitive, provider_error
+from planner.session.provider_turn import TurnResult, fetch_response, mask_sensitive
 from planner.session.responses_projection import REQUEST_FLAGS
 from planner.session.streaming import ResponsesStreamAccumulator, ThinkingSink
 from planner.tools import ToolSpec
@@ -125,19 +125,9 @@ async def responses_turn(
     on_thinking: ThinkingSink | None = None,
 ) -> TurnResult:
     """Run one call; with `stream`, reasoning summary deltas go to `on_thinking` live."""
-    create = cast(Any, client.responses.create)
-    try:
-        if stream:
-            acc = ResponsesStreamAccumulator(on_thinking)
-            events = await create(**params, stream=True)
-            async for event in events:
-                acc.feed(event)
-            response = acc.response()
-        else:
-            result = await create(**params)
-            response = result.to_dict()
-    except Exception as err:
-        raise provider_error(err, "openai") from err
+    acc = ResponsesStreamAccumulator(on_thinking)
+    streamed = (acc.feed, acc.response) if stream else None
+    response = await fetch_response(client.responses.create, params, "openai", streamed)
     return TurnResult(
         turn_id=str(response.get("id") or ""),
         items=items_from_response(response),

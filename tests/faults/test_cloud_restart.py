@@ -6,22 +6,25 @@ finishes, and no result the cloud had accepted before the crash is lost or chang
 
 from __future__ import annotations
 
-import asyncio
 import time
 from pathlib import Path
 
-from amc.v1 import task_service_pb2, types_pb2
 from tests.support.figures import record
 from tests.support.processes import (
-    TERMINAL,
     cloud_process,
     free_port,
-    get_task,
     host_process,
     operator,
     wait_connected,
     wait_serving,
-    wait_task,
+)
+from tests.support.task_batch import (
+    accepted,
+    check_finished_once,
+    mid_run,
+    submit,
+    wait_finished,
+    wait_tasks,
 )
 
 GOALS = [
@@ -58,25 +61,12 @@ async def test_cloud_restart_loses_no_accepted_result(tmp_path: Path, fault_pki:
         for h in hosts:
             h.start()
         await wait_connected(ops, {"a", "b"})
-        ids = [
-            (await ops.tasks.SubmitTask(task_service_pb2.SubmitTaskRequest(goal=g))).task.task_id
-            for g in GOALS
-        ]
-        # Mid-run: some results accepted, others still running.
-        deadline = time.monotonic() + 60
-        while True:
-            tasks = [await get_task(ops, t) for t in ids]
-            done = [t for t in tasks if t.status == types_pb2.TASK_STATUS_SUCCEEDED]
-            running = [t for t in tasks if t.status == types_pb2.TASK_STATUS_RUNNING]
-            if len(done) >= 2 and running:
-                break
-            assert time.monotonic() < deadline, tasks
-            await asyncio.sleep(0.05)
+        ids = await submit(ops, GOALS)
+        before = accepted(await wait_tasks(ops, ids, mid_run))
         await ops.close()
         ops = None
         cloud.kill()
         killed_at = time.monotonic()
-        accepted = {t.task_id: (t.attempt, t.result_summary, t.host_id) for t in done}
 
         cloud = new_cloud("cloud-2").start()
         await wait_serving(address, fault_pki)
@@ -84,37 +74,12 @@ async def test_cloud_restart_loses_no_accepted_result(tmp_path: Path, fault_pki:
         ops = operator(address, fault_pki)
         await wait_connected(ops, {"a", "b"})
         record("cloud_restart", "SIGKILL to both hosts reconnected", time.monotonic() - killed_at)
-        final = [
-            await wait_task(ops, t, lambda x: x.status in TERMINAL, what="terminal") for t in ids
-        ]
+        final = await wait_finished(ops, ids)
         record("cloud_restart", "SIGKILL to every task finished", time.monotonic() - killed_at)
-        # "Finished" means a host reported a result. The offline planner may give up on a phone
-        # an interrupted attempt left half-way through a page; that is the planner's verdict on
-        # the phone, not a lost lease, so it counts as finished, but never a lease running out.
-        for t in final:
-            reasons = [a.failure_reason.lower() for a in t.attempts]
-            assert t.status != types_pb2.TASK_STATUS_CANCELLED, t
-            if t.status == types_pb2.TASK_STATUS_FAILED:
-                assert "expired" not in t.result_summary.lower(), (t.goal, reasons)
-        record(
-            "cloud_restart",
-            "tasks succeeded",
-            sum(t.status == types_pb2.TASK_STATUS_SUCCEEDED for t in final),
-            f"of {len(final)}",
-        )
-        for t in final:
-            if t.task_id in accepted:
-                assert (t.attempt, t.result_summary, t.host_id) == accepted[t.task_id]
-            # Exactly one result recorded: one attempt carries the task's final status.
+        check_finished_once("cloud_restart", final, before)
+        for t in final:  # and the one attempt that reported carries the task's final status
             reported = [a for a in t.attempts if "lease expired" not in a.failure_reason]
-            assert [a.attempt for a in reported] == [t.attempt], t
             assert reported[0].status == t.status
-        record(
-            "cloud_restart",
-            "tasks needing a second attempt",
-            sum(t.attempt > 1 for t in final),
-            "tasks",
-        )
     finally:
         if ops is not None:
             await ops.close()

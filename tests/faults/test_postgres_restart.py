@@ -17,30 +17,27 @@ from google.protobuf.duration_pb2 import Duration
 from amc.v1 import task_service_pb2, types_pb2
 from tests.support.figures import record
 from tests.support.processes import (
-    TERMINAL,
     cloud_process,
     free_port,
-    get_task,
     host_process,
     operator,
     wait_connected,
     wait_serving,
-    wait_task,
 )
 from tests.support.restartable_postgres import restartable_postgres
+from tests.support.task_batch import (
+    GOALS,
+    accepted,
+    check_finished_once,
+    mid_run,
+    submit,
+    wait_finished,
+    wait_tasks,
+)
 
 pytestmark = pytest.mark.postgres
 
 LEASE_S = 12
-
-GOALS = [
-    "Turn on dark theme",
-    "Turn off Wi-Fi",
-    "Turn on airplane mode",
-    "Turn on Do Not Disturb",
-    "Turn off Bluetooth",
-    "Turn off location",
-] * 2
 
 
 async def test_postgres_restart_under_load(tmp_path: Path, fault_pki: Path) -> None:
@@ -66,24 +63,8 @@ async def test_postgres_restart_under_load(tmp_path: Path, fault_pki: Path) -> N
             for h in hosts:
                 h.start()
             await wait_connected(ops, {"a", "b", "c"})
-            ids = []
-            for goal in GOALS:
-                reply = await ops.tasks.SubmitTask(
-                    task_service_pb2.SubmitTaskRequest(
-                        goal=goal, lease_duration=Duration(seconds=LEASE_S)
-                    )
-                )
-                ids.append(reply.task.task_id)
-            deadline = time.monotonic() + 60
-            while True:
-                tasks = [await get_task(ops, t) for t in ids]
-                done = [t for t in tasks if t.status == types_pb2.TASK_STATUS_SUCCEEDED]
-                running = [t for t in tasks if t.status == types_pb2.TASK_STATUS_RUNNING]
-                if len(done) >= 2 and running:
-                    break
-                assert time.monotonic() < deadline, tasks
-                await asyncio.sleep(0.05)
-            accepted = {t.task_id: (t.attempt, t.result_summary, t.host_id) for t in done}
+            ids = await submit(ops, GOALS, lease_duration=Duration(seconds=LEASE_S))
+            before = accepted(await wait_tasks(ops, ids, mid_run))
 
             down_at = time.monotonic()
             await asyncio.to_thread(pg.stop)
@@ -92,31 +73,13 @@ async def test_postgres_restart_under_load(tmp_path: Path, fault_pki: Path) -> N
             up_at = time.monotonic()
             record("postgres_restart", "database down (stop + start)", up_at - down_at)
 
-            final = [
-                await wait_task(ops, t, lambda x: x.status in TERMINAL, what="terminal")
-                for t in ids
-            ]
+            final = await wait_finished(ops, ids)
             record(
                 "postgres_restart", "database back to every task finished", time.monotonic() - up_at
             )
             assert cloud.alive()
             assert cloud.pid == pid  # recovered without a restart
-            for t in final:
-                if t.task_id in accepted:
-                    assert (t.attempt, t.result_summary, t.host_id) == accepted[t.task_id]
-                assert t.status != types_pb2.TASK_STATUS_CANCELLED, t
-                if t.status == types_pb2.TASK_STATUS_FAILED:
-                    assert "expired" not in t.result_summary.lower(), t
-                reported = [a for a in t.attempts if "lease expired" not in a.failure_reason]
-                assert [a.attempt for a in reported] == [t.attempt], t
-            record(
-                "postgres_restart",
-                "tasks succeeded",
-                sum(t.status == types_pb2.TASK_STATUS_SUCCEEDED for t in final),
-                f"of {len(final)}",
-            )
-            retried = sum(t.attempt > 1 for t in final)
-            record("postgres_restart", "tasks needing a second attempt", retried, "tasks")
+            retried = check_finished_once("postgres_restart", final, before)
             # An outage well inside a lease costs no lease: renewals and results the cloud
             # refused with UNAVAILABLE while the database was away are sent again. (On a machine
             # so busy that the restart itself outlasts half a lease, this cannot be promised.)
@@ -129,9 +92,7 @@ async def test_postgres_restart_under_load(tmp_path: Path, fault_pki: Path) -> N
             fresh = await ops.tasks.SubmitTask(
                 task_service_pb2.SubmitTaskRequest(goal="Turn on dark theme")
             )
-            after = await wait_task(
-                ops, fresh.task.task_id, lambda x: x.status in TERMINAL, what="terminal"
-            )
+            [after] = await wait_finished(ops, [fresh.task.task_id])
             assert after.status == types_pb2.TASK_STATUS_SUCCEEDED, after
         finally:
             if ops is not None:

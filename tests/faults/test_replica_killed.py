@@ -19,32 +19,33 @@ from pathlib import Path
 
 import pytest
 
-from amc.v1 import task_service_pb2, types_pb2
+from amc.v1 import types_pb2
 from tests.support.figures import record
 from tests.support.postgres import PostgresServer
 from tests.support.processes import (
-    TERMINAL,
     cloud_process,
     free_port,
-    get_task,
     host_process,
     operator,
     wait_connected,
     wait_serving,
-    wait_task,
+)
+from tests.support.task_batch import (
+    GOALS,
+    accepted,
+    check_finished_once,
+    submit,
+    wait_finished,
+    wait_tasks,
 )
 from tests.support.tcp_proxy import TcpProxy
 
 pytestmark = pytest.mark.postgres
 
-GOALS = [
-    "Turn on dark theme",
-    "Turn off Wi-Fi",
-    "Turn on airplane mode",
-    "Turn on Do Not Disturb",
-    "Turn off Bluetooth",
-    "Turn off location",
-] * 2
+
+def _busy_on_a_or_b(tasks: list[types_pb2.Task]) -> bool:
+    """Host a or b is running a task: killing their replica now interrupts work."""
+    return any(t.status == types_pb2.TASK_STATUS_RUNNING and t.host_id in ("a", "b") for t in tasks)
 
 
 def _runs(db: Path, host_id: str) -> list[tuple[str, int, str, datetime, datetime]]:
@@ -100,23 +101,9 @@ async def test_killed_replica_hosts_move_and_nothing_runs_twice(
         await wait_connected(ops, set(hosts))
         assert {link.backend[1] for link in lb[0].links} == {ports[0]}
         assert {link.backend[1] for link in lb[1].links} == {ports[1]}
-        ids = [
-            (await ops.tasks.SubmitTask(task_service_pb2.SubmitTaskRequest(goal=g))).task.task_id
-            for g in GOALS
-        ]
-        deadline = time.monotonic() + 60
-        while True:  # kill replica 1 while its hosts are busy
-            tasks = [await get_task(ops, t) for t in ids]
-            busy = {t.host_id for t in tasks if t.status == types_pb2.TASK_STATUS_RUNNING}
-            if busy & {"a", "b"}:
-                break
-            assert time.monotonic() < deadline, tasks
-            await asyncio.sleep(0.05)
-        accepted = {
-            t.task_id: (t.attempt, t.result_summary, t.host_id)
-            for t in tasks
-            if t.status == types_pb2.TASK_STATUS_SUCCEEDED
-        }
+        ids = await submit(ops, GOALS)
+        # Kill replica 1 while its hosts are busy.
+        before = accepted(await wait_tasks(ops, ids, _busy_on_a_or_b))
         replicas[0].kill()
         killed_at = time.monotonic()
 
@@ -130,31 +117,9 @@ async def test_killed_replica_hosts_move_and_nothing_runs_twice(
             "replica_killed", "SIGKILL to hosts a, b on the survivor", time.monotonic() - killed_at
         )
         await wait_connected(ops, set(hosts))
-        final = [
-            await wait_task(ops, t, lambda x: x.status in TERMINAL, within=90, what="terminal")
-            for t in ids
-        ]
+        final = await wait_finished(ops, ids, within=90)
         record("replica_killed", "SIGKILL to every task finished", time.monotonic() - killed_at)
-        for t in final:
-            if t.task_id in accepted:
-                assert (t.attempt, t.result_summary, t.host_id) == accepted[t.task_id]
-            assert t.status != types_pb2.TASK_STATUS_CANCELLED, t
-            if t.status == types_pb2.TASK_STATUS_FAILED:
-                assert "expired" not in t.result_summary.lower(), t
-            reported = [a for a in t.attempts if "lease expired" not in a.failure_reason]
-            assert [a.attempt for a in reported] == [t.attempt], t
-        record(
-            "replica_killed",
-            "tasks succeeded",
-            sum(t.status == types_pb2.TASK_STATUS_SUCCEEDED for t in final),
-            f"of {len(final)}",
-        )
-        record(
-            "replica_killed",
-            "tasks needing a second attempt",
-            sum(t.attempt > 1 for t in final),
-            "tasks",
-        )
+        check_finished_once("replica_killed", final, before)
     finally:
         if ops is not None:
             await ops.close()
