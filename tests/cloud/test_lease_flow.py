@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 from pathlib import Path
 from typing import Any
 
 import grpc
 import pytest
 from google.protobuf import duration_pb2
+from sqlalchemy import select, update
 
 from amc.v1 import lease_service_pb2 as lease_pb
 from amc.v1 import (
@@ -19,6 +21,7 @@ from amc.v1 import (
 )
 from cloud.server import CloudServer, build_server
 from cloud.store import leases
+from cloud.store.models import AttemptRow
 from tests.cloud.cloud_harness import (
     ScriptedHost,
     channel,
@@ -391,6 +394,75 @@ async def test_concurrent_renewals_share_one_transaction(
         )
         assert mixed[0].expires_at is None
         assert mixed[1].expires_at is not None
+    finally:
+        await host.close()
+
+
+async def test_one_batch_fences_each_renewal_on_its_own(
+    cloud: CloudServer, ops: Any, pki_dir: Path
+) -> None:
+    """Every refusal reason inside one batch (the PostgreSQL path writes a batch as one
+    statement): each renewal is fenced on its own, and the accepted ones still land."""
+    host = ScriptedHost(cloud.address, pki_dir, "h26")
+    try:
+        await host.connect(["p0", "p1", "p2", "p3"])
+        tasks = [
+            (await submit(ops, lease_duration=secs(30), max_attempts=1)).task for _ in range(4)
+        ]
+        got = [(await host.next("assignment")).assignment for _ in tasks]
+        by_task = {a.task_id: a for a in got}
+        cancelled, expired, twice, stolen = (by_task[t.task_id] for t in tasks)
+        await ops.CancelTask(task_service_pb2.CancelTaskRequest(task_id=cancelled.task_id))
+        # An expired lease the sweeper may or may not have ended yet: refused either way.
+        async with cloud.leases.store.write() as db:
+            await db.execute(
+                update(AttemptRow)
+                .where(AttemptRow.task_id == expired.task_id)
+                .values(lease_expires_at=cloud.leases.store.now() - dt.timedelta(seconds=1))
+            )
+
+        def item(
+            a: lease_pb.Assignment, host_id: str = "h26", summary: str | None = None
+        ) -> leases.RenewalIn:
+            progress = None if summary is None else leases.ProgressIn(2, 3, summary)
+            return leases.RenewalIn(host_id, a.task_id, a.attempt, a.lease_id, progress)
+
+        batcher = cloud.leases.batcher
+        before = batcher.batches_written
+        outs = await asyncio.gather(
+            batcher.renew(item(cancelled)),
+            batcher.renew(item(expired)),
+            batcher.renew(item(twice, summary="first")),
+            batcher.renew(item(twice, summary="second")),
+            batcher.renew(item(stolen, host_id="h27")),
+            batcher.renew(item(stolen)),
+            batcher.renew(leases.RenewalIn("h26", "no-such-task", 1, "nope", None)),
+            batcher.renew(leases.RenewalIn("h26", twice.task_id, 1, "stale", None)),
+        )
+        assert batcher.batches_written - before == 1
+        reasons = [o.revoke_reason if o.expires_at is None else "renewed" for o in outs]
+        assert reasons == [
+            lease_pb.REVOKE_REASON_CANCELLED,
+            lease_pb.REVOKE_REASON_EXPIRED,
+            "renewed",
+            "renewed",
+            lease_pb.REVOKE_REASON_PERMISSION_DENIED,
+            "renewed",
+            lease_pb.REVOKE_REASON_UNKNOWN,
+            lease_pb.REVOKE_REASON_UNKNOWN,
+        ]
+        assert outs[2].expires_at == outs[3].expires_at
+        # The same lease twice in a batch keeps the later progress, as two UPDATEs in a row would.
+        t = (await ops.GetTask(task_service_pb2.GetTaskRequest(task_id=twice.task_id))).task
+        assert t.progress.summary == "second"
+        assert t.status == types_pb2.TASK_STATUS_RUNNING
+        # Nothing refused was extended: the cancelled lease keeps its old expiry.
+        async with cloud.leases.store.read() as db:
+            old = await db.scalar(
+                select(AttemptRow.lease_expires_at).where(AttemptRow.task_id == cancelled.task_id)
+            )
+        assert old is not None
+        assert old < outs[2].expires_at  # type: ignore[operator]
     finally:
         await host.close()
 
