@@ -32,7 +32,6 @@ from host.perception.perceive import Perceiver
 from host.planner_client import CloudPlanner, CloudSessionPlanner, StepPlanner
 from host.settings import HostSettings
 from host.timeline.store import TimelineStore
-from planner.session.factory import open_session_planner
 from planner.session.step_planner import SessionStepPlanner
 from planner.session.store import SqliteSessionStore
 from planner.settings import PlannerSettings
@@ -213,6 +212,10 @@ async def _run_task(
     planner: StepPlanner
     session: SessionStepPlanner | None = None
     if app.session_store is not None and app.planner_settings is not None:
+        # Imported here: the provider SDKs cost a host ~60 MiB, and only a host that calls the
+        # model itself (direct transport) needs them.
+        from planner.session.factory import open_session_planner
+
         session = SessionStepPlanner(
             await open_session_planner(
                 app.planner_settings,

@@ -19,6 +19,11 @@ class PlannerRateLimited(PlannerError):
     """The provider kept answering 429 after the SDK's own retries with backoff."""
 
 
+class SessionStateError(PlannerError):
+    """A session was used out of order (a tool result with no call waiting, or for a call the
+    conversation never made)."""
+
+
 class ToolCallError(ValueError):
     """A tool call the model made is unusable. The message is sent back to the model verbatim in
     the one corrective retry, so it says exactly what was wrong and how to fix it."""

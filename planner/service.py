@@ -23,10 +23,14 @@ import grpc
 from amc.v1 import planner_service_pb2, planner_service_pb2_grpc
 from planner.convert import decision_to_proto
 from planner.decision import Decision
-from planner.errors import PlannerAuthError, PlannerError, PlannerRateLimited
+from planner.errors import (
+    PlannerAuthError,
+    PlannerError,
+    PlannerRateLimited,
+    SessionStateError,
+)
 from planner.planner import Planner
 from planner.session.factory import SessionPlanners
-from planner.session.planner import SessionStateError
 from planner.session.step_planner import Outcome, call_id_of, continue_session
 from planner.session.store import SessionConflict, SessionStore
 

@@ -13,6 +13,7 @@ every later request renders the history the same way.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from typing import Any, Literal
 
@@ -139,6 +140,17 @@ def item_type(item: SessionItem) -> str:
 def is_assistant(item: SessionItem) -> bool:
     """True for what a model turn produced (reasoning, text, tool call)."""
     return isinstance(item, Reasoning | AssistantText | ToolCall)
+
+
+def unanswered_calls(items: Sequence[SessionItem]) -> list[str]:
+    """Call ids of tool calls that have no result yet, oldest first."""
+    pending: dict[str, None] = {}
+    for item in items:
+        if isinstance(item, ToolCall):
+            pending[item.call_id] = None
+        elif isinstance(item, ToolResult):
+            pending.pop(item.call_id, None)
+    return list(pending)
 
 
 def item_to_dict(item: SessionItem) -> dict[str, Any]:

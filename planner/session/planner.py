@@ -22,7 +22,7 @@ import anthropic
 import openai
 
 from planner.decision import Decision, ThinkingBlock, Usage
-from planner.errors import PlannerError, ToolCallError
+from planner.errors import PlannerError, SessionStateError, ToolCallError
 from planner.session import anthropic_turn, responses_turn
 from planner.session.anthropic_projection import ProjectionStats, project_anthropic
 from planner.session.config import SessionConfig, SessionProvider, ThinkingConfig
@@ -31,9 +31,9 @@ from planner.session.items import (
     ContextCheckpoint,
     Reasoning,
     SessionItem,
-    ToolCall,
     ToolResult,
     UserObservation,
+    unanswered_calls,
 )
 from planner.session.prompt import SESSION_SYSTEM_PROMPT
 from planner.session.provider_turn import TurnResult
@@ -54,10 +54,6 @@ Client = anthropic.AsyncAnthropic | openai.AsyncOpenAI
 log = logging.getLogger(__name__)
 
 
-class SessionStateError(PlannerError):
-    """The caller used the session out of order (e.g. a tool result with no call waiting)."""
-
-
 def make_client(
     provider: SessionProvider,
     *,
@@ -69,17 +65,6 @@ def make_client(
     if provider == "anthropic":
         return anthropic.AsyncAnthropic(api_key=api_key, base_url=base_url, max_retries=max_retries)
     return openai.AsyncOpenAI(api_key=api_key, base_url=base_url, max_retries=max_retries)
-
-
-def unanswered_calls(items: Sequence[SessionItem]) -> list[str]:
-    """Call ids of tool calls that have no result yet, oldest first."""
-    pending: dict[str, None] = {}
-    for item in items:
-        if isinstance(item, ToolCall):
-            pending[item.call_id] = None
-        elif isinstance(item, ToolResult):
-            pending.pop(item.call_id, None)
-    return list(pending)
 
 
 class SessionPlanner:

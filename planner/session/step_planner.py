@@ -17,14 +17,17 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from planner.decision import Decision
+from planner.errors import SessionStateError
 from planner.history import WorldEvent
 from planner.scene import Scene
-from planner.session.items import ToolCall, UserObservation
-from planner.session.planner import SessionPlanner, SessionStateError, unanswered_calls
+from planner.session.items import ToolCall, UserObservation, unanswered_calls
 from planner.tools import ui_tree_result
+
+if TYPE_CHECKING:  # the SDKs behind SessionPlanner are not needed by hosts that only send steps
+    from planner.session.planner import SessionPlanner
 
 
 def _dump(value: Any) -> str:
