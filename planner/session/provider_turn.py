@@ -41,8 +41,13 @@ class TurnResult:
 
 
 def mask_sensitive(name: str, arguments: dict[str, Any]) -> dict[str, Any]:
-    """Arguments safe to keep in the history: a sensitive input_text value becomes the mask."""
-    if name == "input_text" and arguments.get("sensitive") is True and "text" in arguments:
+    """Arguments safe to keep in the history: a sensitive input_text value becomes the mask.
+
+    Anything but an explicit `false` counts as sensitive (`"true"`, `1`): such a call is then
+    refused as invalid, but its arguments are stored before that, and a secret must not be.
+    """
+    sensitive = arguments.get("sensitive", False)
+    if name == "input_text" and sensitive is not False and "text" in arguments:
         return {**arguments, "text": MASK}
     return arguments
 

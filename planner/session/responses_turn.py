@@ -54,7 +54,8 @@ def request_params(
 
 def items_from_response(response: dict[str, Any]) -> list[AssistantItem]:
     """A response's output items as session items, in their order, nothing rewritten (the
-    function-call arguments string is kept byte for byte, except a masked sensitive value)."""
+    function-call arguments string is kept byte for byte, except a masked sensitive value and
+    unreadable input_text arguments, which may hold the text)."""
     turn_id = str(response.get("id") or "")
     out: list[AssistantItem] = []
     for item in response.get("output") or []:
@@ -88,7 +89,8 @@ def items_from_response(response: dict[str, Any]) -> list[AssistantItem]:
                 parsed = None
             args = parsed if isinstance(parsed, dict) else {}
             masked = mask_sensitive(name, args)
-            if masked is not args:
+            if masked is not args or (name == "input_text" and not isinstance(parsed, dict)):
+                # Unreadable input_text arguments may still hold the text: never keep them raw.
                 raw = json.dumps(masked, ensure_ascii=False)
             out.append(
                 ToolCall(

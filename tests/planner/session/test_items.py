@@ -90,3 +90,35 @@ def test_unknown_or_malformed_items_are_rejected() -> None:
         item_from_dict({"type": "message"})
     with pytest.raises(ValueError, match="malformed"):
         item_from_dict({"type": "tool_result", "output": "x"})
+
+
+# --- what a turn keeps of a sensitive input_text call --------------------------------------
+
+
+@pytest.mark.parametrize("flag", [True, "true", 1, "yes"])
+def test_any_sensitive_flag_but_false_masks_the_text(flag: object) -> None:
+    from planner.session.provider_turn import mask_sensitive
+
+    masked = mask_sensitive("input_text", {"text": "hunter2", "sensitive": flag})
+    assert masked["text"] != "hunter2"
+    plain = {"text": "hello", "sensitive": False}
+    assert mask_sensitive("input_text", plain) is plain
+    assert mask_sensitive("input_text", {"text": "hello"})["text"] == "hello"
+
+
+def test_unreadable_responses_input_text_arguments_are_not_kept_raw() -> None:
+    from planner.session.responses_turn import items_from_response
+
+    broken = '{"text": "hunter2", "sensitive": true'  # cut off: not valid JSON
+    output = [
+        {
+            "type": "function_call",
+            "id": "fc_1",
+            "call_id": "c1",
+            "name": "input_text",
+            "arguments": broken,
+        }
+    ]
+    (call,) = items_from_response({"id": "resp_1", "output": output})
+    assert isinstance(call, ToolCall)
+    assert "hunter2" not in dumps_item(call)
