@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 import grpc
 
 from amc.v1 import types_pb2
+from host.agent.live_thinking import ClearingPlanner, LiveThinking
 from host.agent.loop import AgentLoop, LoopSettings, TaskOutcome, TaskSpec
 from host.agent.progress import ProgressHolder
 from host.cloud_channel import open_channel
@@ -61,6 +62,8 @@ class HostApp:
     #: Session mode (`AMC_PLANNER_MODE=session`, direct transport): one conversation per attempt.
     session_store: SqliteSessionStore | None = None
     planner_settings: PlannerSettings | None = None
+    #: What the model is thinking right now, per attempt (direct session mode, streaming).
+    thinking: LiveThinking = field(default_factory=LiveThinking)
     #: Tasks pruned at start whose session rows are deleted once the loop runs.
     pruned_at_start: list[tuple[str, int]] = field(default_factory=list)
     _background: list[asyncio.Task[None]] = field(default_factory=list)
@@ -222,9 +225,10 @@ async def _run_task(
                 store=app.session_store,
                 task_id=spec.task_id,
                 attempt=spec.attempt,
+                on_thinking=app.thinking.sink(spec.task_id, spec.attempt),
             )
         )
-        planner = session
+        planner = ClearingPlanner(session, app.thinking, spec.task_id, spec.attempt)
     elif app.direct_planner is not None:
         planner = app.direct_planner
     elif app.planner_settings is not None and app.planner_settings.mode == "session":
@@ -258,6 +262,7 @@ async def _run_task(
     try:
         outcome = await loop.run(spec, progress, cancel)
     finally:
+        app.thinking.clear(spec.task_id, spec.attempt)
         if session is not None:
             await session.aclose()
     if outcome.device_gone:

@@ -195,6 +195,13 @@ async def task_page(
     return render(request, "task.html", context)
 
 
+def _live_thinking(request: Request, task_id: str, attempt: int) -> str:
+    """The model's thinking while this attempt's step is planned (direct session mode with
+    streaming), "" otherwise or when the console runs without a live host."""
+    live = getattr(request.app.state.host, "thinking", None)
+    return str(live.text(task_id, attempt)) if live is not None else ""
+
+
 @router.get("/tasks/{task_id}/live")
 async def task_live(
     request: Request,
@@ -222,6 +229,7 @@ async def task_live(
         "summary": task.summary,
         "count": len(records),
         "html": html,
+        "thinking": _live_thinking(request, task_id, attempt),
     }
     return JSONResponse(body, headers={"Cache-Control": "no-store"})
 

@@ -62,6 +62,12 @@
         el.textContent = live.status;
         el.className = "pill big status-" + live.status;
       }
+      var box = field("thinking-box");
+      if (box) {
+        box.hidden = !live.thinking || live.status !== "running";
+        var pre = field("thinking");
+        if (pre.textContent !== live.thinking) pre.textContent = live.thinking || "";
+      }
       if (live.status !== "running") {
         el = field("live-note");
         if (el) el.textContent = "Ended: " + (live.summary || live.status) + ".";

@@ -217,6 +217,7 @@ class LiveHost:
         self._cleanup.append(lambda: asyncio.to_thread(virtual.stop))
         self.planner = Gate(list(DARK))
         app = build_host(settings, planner=self.planner)
+        self.app = app
         self.stop_event = asyncio.Event()
         ready: asyncio.Future[ConsoleServer] = asyncio.get_running_loop().create_future()
         self._tasks.append(asyncio.create_task(serve_host(app, self.stop_event)))
@@ -236,6 +237,10 @@ class LiveHost:
 
     def assign(self, task_id: str, serial: str, goal: str) -> None:
         self.call(self.fake.assign(task_id, serial, goal))
+
+    def think(self, task_id: str, attempt: int, delta: str) -> None:
+        """Feed live thinking as a streaming session planner on this host would."""
+        self.loop.call_soon_threadsafe(self.app.thinking.sink(task_id, attempt), delta)
 
     def open_gate(self) -> None:
         assert self.planner is not None
@@ -292,9 +297,19 @@ def test_now_and_timeline_update_live_while_a_task_runs(page: Page, live_host: L
     expect(page.locator("section.step")).to_have_count(1)
     page.locator("#step-1 details.prompts summary").click()  # opened, and must stay open
     page.evaluate("window.__notReloaded = true")
+    # While step 2 is planned, the model's streamed thinking shows (direct session mode).
+    thinking = page.locator("[data-field=thinking-box]")
+    expect(thinking).to_be_hidden()
+    live_host.think("live-b1", 1, "Display is the second row; ")
+    live_host.think("live-b1", 1, "tap it.")
+    expect(thinking).to_be_visible(timeout=LIVE_MS)
+    expect(page.locator("[data-field=thinking]")).to_have_text(
+        "Display is the second row; tap it.", timeout=LIVE_MS
+    )
     live_host.open_gate()
     expect(page.locator("section.step")).to_have_count(4, timeout=LIVE_MS)
     expect(page.locator("[data-field=status]")).to_have_text("succeeded", timeout=LIVE_MS)
+    expect(thinking).to_be_hidden()  # the live view is gone with the attempt
     assert page.evaluate("window.__notReloaded === true")
     expect(page.locator("#step-1 details.prompts")).to_have_attribute("open", "")
     for which in ("before", "after"):
