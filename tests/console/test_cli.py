@@ -70,8 +70,18 @@ async def test_task_commands_against_a_real_cloud(tmp_path: Path) -> None:
         assert code == 0 and task_id in listing and "queued" in listing
         code, shown = await amc(*conn, "task", "show", task_id)
         assert code == 0 and "Turn on dark theme" in shown
+        # `task watch --thinking` prints the model's live thinking until the task ends.
+        watching = asyncio.ensure_future(amc(*conn, "task", "watch", task_id, "--thinking"))
+        for _ in range(1200):  # until it has subscribed (or gave up: see the assert below)
+            if any(sub._wants_thinking for sub in cloud.bus._subs) or watching.done():
+                break
+            await asyncio.sleep(0.05)
+        cloud.bus.thinking(task_id, 1, "Settings first, then Display.")
         code, cancelled = await amc(*conn, "task", "cancel", task_id)
         assert code == 0 and "cancelled" in cancelled
+        code, watched = await watching
+        assert code == 0 and "Settings first, then Display." in watched, watched
+        assert "cancelled" in watched
         code, missing = await amc(*conn, "task", "show", "no-such-task")
         assert code == 2 and "NOT_FOUND" in missing
         code, decisions = await amc(*conn, "decisions", task_id)
