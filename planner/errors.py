@@ -15,6 +15,11 @@ class PlannerUnavailable(PlannerError):
     """The provider failed (5xx, overloaded, network, timeout) after the SDK's own retries."""
 
 
+class PlannerRejected(PlannerError):
+    """The provider refused the request itself (HTTP 4xx other than credentials and rate
+    limits): sending it again unchanged fails the same way."""
+
+
 class PlannerRateLimited(PlannerError):
     """The provider kept answering 429 after the SDK's own retries with backoff."""
 

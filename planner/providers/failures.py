@@ -9,7 +9,13 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from planner.errors import PlannerAuthError, PlannerError, PlannerRateLimited, PlannerUnavailable
+from planner.errors import (
+    PlannerAuthError,
+    PlannerError,
+    PlannerRateLimited,
+    PlannerRejected,
+    PlannerUnavailable,
+)
 
 #: Key-like tokens (`sk-…`, `sk-ant-…`, also the partly masked `sk-abc***xyz` some providers echo
 #: back in a 401 message): an error reason ends up in task results, logs and the decision log.
@@ -44,4 +50,4 @@ def planner_error(err: BaseException, vendor: str, *, retries: int) -> PlannerEr
         )
     if status is None:
         return PlannerUnavailable(f"planner: cannot reach {vendor} ({detail})")
-    return PlannerError(f"planner: {vendor} rejected the request (HTTP {status}: {detail})")
+    return PlannerRejected(f"planner: {vendor} rejected the request (HTTP {status}: {detail})")

@@ -22,7 +22,7 @@ import anthropic
 import openai
 
 from planner.decision import Decision, ThinkingBlock, Usage
-from planner.errors import PlannerError, SessionStateError, ToolCallError
+from planner.errors import PlannerError, PlannerRejected, SessionStateError, ToolCallError
 from planner.session import anthropic_turn, responses_turn
 from planner.session.anthropic_projection import ProjectionStats, project_anthropic
 from planner.session.config import SessionConfig, SessionProvider, ThinkingConfig
@@ -215,6 +215,27 @@ class SessionPlanner:
         await self._commit(turn.items)
         return turn
 
+    async def _start_afresh(self, err: PlannerRejected) -> None:
+        """Recover from a request the provider refused, once: a checkpoint right after the
+        current observation condenses every earlier screen and retires all earlier reasoning
+        (Anthropic then gets earlier turns as plain text). A conversation the provider no longer
+        accepts — signatures it cannot verify after a model or key change, a context grown too
+        long — would otherwise fail the same way on every retry and every later attempt, since
+        a new attempt continues this conversation."""
+        current = max(
+            i
+            for i, item in enumerate(self._items)
+            if isinstance(item, UserObservation) and item.kind == "observation"
+        )
+        log.warning(
+            "session %s/%s: %s; asking once more with earlier screens condensed and earlier "
+            "reasoning retired",
+            self.task_id,
+            self.attempt,
+            err,
+        )
+        await self._commit([ContextCheckpoint(current)])
+
     async def decide(
         self,
         observation_text: str,
@@ -245,7 +266,13 @@ class SessionPlanner:
         forced = False
         corrective = 0
 
-        turn = await self._call(forced=False)
+        recovered = False
+        try:
+            turn = await self._call(forced=False)
+        except PlannerRejected as err:
+            await self._start_afresh(err)
+            recovered = True
+            turn = await self._call(forced=False)
         turns.append(turn)
         usage.add(turn.usage)
         if not turn.tool_calls:
@@ -303,5 +330,6 @@ class SessionPlanner:
                 "call_id": call.call_id,
                 "turn_ids": [t.turn_id for t in turns],
                 "projection": self.last_stats.as_dict(),
+                "started_afresh": recovered,
             },
         )

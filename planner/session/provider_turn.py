@@ -16,7 +16,13 @@ import anthropic
 import openai
 
 from planner.decision import Usage
-from planner.errors import PlannerAuthError, PlannerError, PlannerRateLimited, PlannerUnavailable
+from planner.errors import (
+    PlannerAuthError,
+    PlannerError,
+    PlannerRateLimited,
+    PlannerRejected,
+    PlannerUnavailable,
+)
 from planner.history import MASK
 from planner.session.items import AssistantItem, ToolCall
 from planner.session.streaming import IncompleteStream
@@ -64,7 +70,7 @@ def provider_error(err: Exception, provider: str) -> PlannerError:
     if isinstance(err, anthropic.APIStatusError | openai.APIStatusError):
         if err.status_code >= 500:
             return PlannerUnavailable(f"planner: {label} failed ({err.status_code})")
-        return PlannerError(f"planner: {label} rejected the request: {err.message}")
+        return PlannerRejected(f"planner: {label} rejected the request: {err.message}")
     if isinstance(err, anthropic.APIError | openai.APIError):
         return PlannerUnavailable(f"planner: {label} unreachable ({err})")
     return PlannerError(f"planner: {label} call failed: {err}")

@@ -544,3 +544,47 @@ async def test_interrupted_responses_stream_commits_nothing(
     decision = await planner.decide("screen 1 again")
     assert decision.tool_name == "complete"
     assert server.rejections == []
+
+
+async def test_a_conversation_the_provider_no_longer_accepts_starts_afresh_once(
+    server: FakeSessionServer, db: Path
+) -> None:
+    """Signatures made under one key are refused after a key change (as after a model or
+    account change). The planner asks once more with earlier reasoning retired; without that,
+    every later step and attempt of the task would be refused the same way."""
+    server.anthropic_script.append(
+        ScriptedTurn(
+            [thinking("Go home."), text("Home."), tool_use("press_key", {"key": "home", **INTENT})]
+        )
+    )
+    with FakeSessionServer(key=b"a different signing key") as rotated:
+        rotated.anthropic_script.append(
+            ScriptedTurn(
+                [
+                    thinking("Now tap Display."),
+                    text("Tap."),
+                    tool_use("tap", {"element_id": "e6", **INTENT}),
+                ]
+            )
+        )
+        first = await Factory(server, db)()
+        try:
+            await first.decide("screen one", condensed="one")
+            await first.record_tool_result('{"ok":true}')
+        finally:
+            await first.aclose()
+        second = await Factory(rotated, db)()
+        try:
+            decision = await second.decide("screen two", condensed="two")
+        finally:
+            await second.aclose()
+
+        refused, accepted = rotated.requests
+        assert refused.status == 400 and "signature" in (refused.error or "")
+        assert accepted.status == 200
+        assert decision.tool_name == "tap" and decision.extra["started_afresh"] is True
+        sent = accepted.body["messages"]
+        earlier = [b for m in sent[:-1] if m["role"] == "assistant" for b in m["content"]]
+        assert not [b for b in earlier if b["type"] == "thinking"]  # retired, sent as text
+        assert "screen one" not in json.dumps(sent)  # condensed
+        assert "screen two" in json.dumps(sent[-1])  # the current screen stays whole
