@@ -234,7 +234,11 @@ async def _run_task(
     elif app.planner_settings is not None and app.planner_settings.mode == "session":
         assert app.planner_channel is not None
         planner = CloudSessionPlanner(
-            app.planner_channel, spec.task_id, spec.attempt, spec.lease_id
+            app.planner_channel,
+            spec.task_id,
+            spec.attempt,
+            spec.lease_id,
+            timeout_s=s.planner_deadline_s,
         )
     else:
         assert app.planner_channel is not None
@@ -244,6 +248,7 @@ async def _run_task(
             spec.attempt,
             spec.lease_id,
             send_screenshot=s.send_screenshot,
+            timeout_s=s.planner_deadline_s,
         )
     driver = await asyncio.to_thread(app.make_driver, spec.device_serial)
     loop = AgentLoop(

@@ -61,6 +61,9 @@ class HostSettings(BaseSettings):
 
     # --- planner ---
     planner_transport: Literal["direct", "cloud"] = "direct"
+    #: How long one Decide call to the cloud may take: a decision may need several model calls
+    #: (a forced retry, a corrective retry), each with thinking and the SDK's own retries.
+    planner_deadline_s: float = Field(default=300.0, gt=0)
 
     # --- cloud (lease stream and cloud planner) ---
     cloud_address: str = "127.0.0.1:50051"
