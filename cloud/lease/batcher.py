@@ -1,7 +1,9 @@
 """Coalesced renewal writes: renewals that arrive within a few milliseconds share one transaction.
 
 2,000 hosts renewing every second would otherwise be 2,000 transactions a second, which SQLite
-cannot sustain. Each renewal is still its own fenced UPDATE; only the commit is shared.
+cannot sustain. Each renewal is still fenced on its own (`cloud.store.leases.renew_batch`): on
+SQLite an executemany of the fenced UPDATE, on PostgreSQL one statement for the whole batch
+(one round trip), so a stale renewal is refused without failing the others in its batch.
 """
 
 from __future__ import annotations
