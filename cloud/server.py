@@ -149,7 +149,6 @@ def build_planner_servicer(
     """
     from planner.planner import make_planner
     from planner.service import PlannerServicer
-    from planner.session.factory import SessionPlanners
     from planner.settings import PlannerSettings
 
     insecure = settings.insecure
@@ -160,8 +159,10 @@ def build_planner_servicer(
 
     planner_settings = PlannerSettings()
     planner = make_planner(planner_settings)
-    sessions: SessionPlanners | None = None
+    sessions = None
     if planner_settings.resolved_provider != "offline":
+        from planner.session.factory import SessionPlanners  # loads the provider SDKs
+
         sessions = SessionPlanners(planner_settings)
     inner = PlannerServicer(
         caller_host_id=caller_host_id,

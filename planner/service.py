@@ -16,7 +16,7 @@ planner turns it into the same items the direct transport would (`continue_sessi
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import grpc
 
@@ -30,9 +30,11 @@ from planner.errors import (
     SessionStateError,
 )
 from planner.planner import Planner
-from planner.session.factory import SessionPlanners
 from planner.session.step_planner import Outcome, call_id_of, continue_session
 from planner.session.store import SessionConflict, SessionStore
+
+if TYPE_CHECKING:  # a cloud that plans offline never loads the provider SDKs
+    from planner.session.factory import SessionPlanners
 
 MAX_SYSTEM_PROMPT = 64 * 1024
 MAX_USER_PROMPT = 512 * 1024
