@@ -18,6 +18,7 @@ from planner.decision import Decision
 from planner.history import WorldEvent
 from planner.prompts import SYSTEM_PROMPT, build_user_prompt
 from planner.scene import Scene
+from planner.service import MAX_TOOL_OUTPUT
 from planner.session.step_planner import outcome_of, scene_json
 
 
@@ -109,6 +110,17 @@ class CloudPlanner:
 
 
 MAX_PAGE_CHARS = 256  # the page name only labels a condensed observation
+TRUNCATED = "\n… (truncated to fit the Decide request)"
+
+
+def _fit(text: str, limit: int) -> str:
+    """`text` cut to at most `limit` UTF-8 bytes with a note, so a huge UI tree answers the
+    model with most of itself instead of failing the request (INVALID_ARGUMENT)."""
+    raw = text.encode("utf-8")
+    if len(raw) <= limit:
+        return text
+    room = limit - len(TRUNCATED.encode("utf-8"))
+    return raw[:room].decode("utf-8", errors="ignore") + TRUNCATED
 
 
 class CloudSessionPlanner:
@@ -151,7 +163,9 @@ class CloudSessionPlanner:
             if outcome is not None:
                 step.previous_outcome.CopyFrom(
                     planner_service_pb2.ToolOutcome(
-                        call_id=outcome.call_id, output=outcome.output, is_error=outcome.is_error
+                        call_id=outcome.call_id,
+                        output=_fit(outcome.output, MAX_TOOL_OUTPUT),
+                        is_error=outcome.is_error,
                     )
                 )
         request = planner_service_pb2.DecideRequest(

@@ -158,3 +158,15 @@ async def test_agent_loop_on_the_cloud_transport(service: Service, tmp_path: Pat
         for r, row in zip(records, service.sink.rows, strict=True)
     )
     store.close()
+
+
+def test_a_huge_tool_result_is_cut_to_fit_the_decide_request() -> None:
+    from host.planner_client import TRUNCATED, _fit
+    from planner.service import MAX_TOOL_OUTPUT
+
+    small = '{"ok":true}'
+    assert _fit(small, MAX_TOOL_OUTPUT) is small
+    huge = "é" * MAX_TOOL_OUTPUT  # two bytes each: twice the limit
+    cut = _fit(huge, MAX_TOOL_OUTPUT)
+    assert len(cut.encode("utf-8")) <= MAX_TOOL_OUTPUT  # never cut inside a character
+    assert cut.endswith(TRUNCATED) and cut.startswith("éé")
