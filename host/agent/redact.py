@@ -43,12 +43,26 @@ class SecretRedactor:
                 value = value.replace(s, SENSITIVE_MASK)
         return value
 
+    def field_text(self, value: str) -> str:
+        """`text` for what a text field holds, which may also be what is left of a secret
+        after the agent erased its end (delete key): a long enough prefix of one is masked
+        too. Only fields: a title that merely begins like a secret must stay readable."""
+        kept = value.strip()
+        with self._lock:
+            partial = any(
+                len(kept) >= max(MIN_SUBSTRING, len(s) // 2) and s.startswith(kept)
+                for s in self._secrets
+            )
+        return SENSITIVE_MASK if partial else self.text(value)
+
     def scene(self, scene: Scene) -> tuple[Scene, list[Bounds]]:
         """The scene with secrets masked, and the screen areas that showed one."""
         boxes: list[Bounds] = []
         elements = []
         for e in scene.elements:
-            text, desc = self.text(e.text), self.text(e.content_desc)
+            editable = "EditText" in e.class_name
+            text = self.field_text(e.text) if editable else self.text(e.text)
+            desc = self.text(e.content_desc)
             if text != e.text or desc != e.content_desc:
                 boxes.append(e.bounds)
                 e = replace(e, text=text, content_desc=desc)
