@@ -1,9 +1,10 @@
 """Change events between the parts of one replica, and across replicas through PostgreSQL.
 
-Four kinds of event travel: "these tasks changed" (watchers reload them), "tasks are queued"
-(dispatchers look for idle phones), "revoke this lease" (the replica holding the host's stream
-tells the host), and live thinking text of a step being planned (watchers that asked for it show
-it; it is never stored). In one process they are delivered directly; on PostgreSQL every replica
+Five kinds of event travel: "these tasks changed" (watchers reload them), "these hosts changed"
+(fleet watchers reload them: connected, disconnected, phones), "tasks are queued" (dispatchers
+look for idle phones), "revoke this lease" (the replica holding the host's stream tells the
+host), and live thinking text of a step being planned (watchers that asked for it show it; it is
+never stored). In one process they are delivered directly; on PostgreSQL every replica
 also LISTENs on one channel and the publisher NOTIFYs it, batched into a few NOTIFY calls per
 flush so a burst of renewals costs a handful of round trips, not one each.
 """
@@ -95,6 +96,41 @@ class Subscription:
         self._bus._subs.discard(self)
 
 
+class HostSubscription:
+    """A fleet watcher's mailbox of changed host ids: coalesces, never overflows."""
+
+    def __init__(self, bus: EventBus) -> None:
+        self._bus = bus
+        self._pending: set[str] = set()
+        self._all = False
+        self._event = asyncio.Event()
+
+    def _offer(self, host_ids: list[str]) -> None:
+        self._pending.update(host_ids)
+        self._event.set()
+
+    def _offer_all(self) -> None:
+        self._all = True
+        self._pending.clear()
+        self._event.set()
+
+    async def next(self) -> set[str] | None:
+        """Wait for changes; return every host id changed since the last call, or None when
+        any host may have changed (notifications from other replicas may have been lost)."""
+        await self._event.wait()
+        self._event.clear()
+        if self._all:
+            self._all = False
+            self._pending.clear()
+            return None
+        out, self._pending = self._pending, set()
+        return out
+
+    def close(self) -> None:
+        """Stop receiving."""
+        self._bus._host_subs.discard(self)
+
+
 class EventBus:
     """In-process fan-out plus, on PostgreSQL, LISTEN/NOTIFY between replicas."""
 
@@ -102,6 +138,7 @@ class EventBus:
         self.store = store
         self.replica_id = replica_id or uuid.uuid4().hex[:12]
         self._subs: set[Subscription] = set()
+        self._host_subs: set[HostSubscription] = set()
         self.on_queued: list[Callable[[], None]] = []
         self.on_revoke: list[Callable[[RevokeEvent], None]] = []
         self._outbox: list[dict[str, Any]] = []
@@ -116,6 +153,12 @@ class EventBus:
         only, when given)."""
         sub = Subscription(self, thinking=thinking, task_id=task_id)
         self._subs.add(sub)
+        return sub
+
+    def subscribe_hosts(self) -> HostSubscription:
+        """A new mailbox for host changes (FleetService.WatchHosts)."""
+        sub = HostSubscription(self)
+        self._host_subs.add(sub)
         return sub
 
     def thinking(self, task_id: str, attempt: int, delta: str) -> None:
@@ -147,6 +190,16 @@ class EventBus:
         self._deliver_changed(task_ids)
         self._remote({"k": "t", "ids": task_ids})
 
+    def hosts_changed(self, host_ids: list[str], *, local_only: bool = False) -> None:
+        """Hosts changed (hello, phones, stream closed). `local_only` for changes every replica
+        finds by itself (a host whose replica stopped vouching for it), so each tells only its
+        own watchers instead of every replica notifying every other."""
+        if not host_ids:
+            return
+        self._deliver_hosts(host_ids)
+        if not local_only:
+            self._remote({"k": "h", "ids": host_ids})
+
     def tasks_queued(self) -> None:
         """Work is waiting: dispatchers should look for idle phones."""
         self._deliver_queued()
@@ -172,6 +225,14 @@ class EventBus:
     def _deliver_changed(self, task_ids: list[str]) -> None:
         for sub in list(self._subs):
             sub._offer(task_ids)
+
+    def _deliver_hosts(self, host_ids: list[str]) -> None:
+        for sub in list(self._host_subs):
+            sub._offer(host_ids)
+
+    def _deliver_hosts_all(self) -> None:
+        for sub in list(self._host_subs):
+            sub._offer_all()
 
     def _deliver_thinking(self, task_id: str, attempt: int, delta: str) -> None:
         for sub in list(self._subs):
@@ -215,13 +276,16 @@ class EventBus:
         self._tasks.clear()
 
     def _payloads(self, messages: list[dict[str, Any]]) -> list[str]:
-        """Group messages into NOTIFY payloads below the size limit (task ids merged)."""
+        """Group messages into NOTIFY payloads below the size limit (task and host ids merged)."""
         ids: list[str] = []
+        host_ids: list[str] = []
         others: list[dict[str, Any]] = []
         queued = False
         for m in messages:
             if m["k"] == "t":
                 ids.extend(m["ids"])
+            elif m["k"] == "h":
+                host_ids.extend(m["ids"])
             elif m["k"] == "q":
                 queued = True
             else:
@@ -233,6 +297,10 @@ class EventBus:
         step = 150  # 150 ids of 32 chars stay well below the payload limit
         for i in range(0, len(unique), step):
             chunks.append({"k": "t", "ids": unique[i : i + step]})
+        unique_hosts = list(dict.fromkeys(host_ids))
+        host_step = 40  # host ids may be up to 128 characters
+        for i in range(0, len(unique_hosts), host_step):
+            chunks.append({"k": "h", "ids": unique_hosts[i : i + host_step]})
         out: list[str] = []
         batch: list[dict[str, Any]] = []
         size = 0
@@ -277,6 +345,7 @@ class EventBus:
                     self._listen_ready.set()
                     # After a reconnect anything may have been missed: wake everyone once.
                     self._deliver_queued()
+                    self._deliver_hosts_all()
                     async for note in conn.notifies():
                         self._on_notify(note.payload)
             except asyncio.CancelledError:
@@ -296,6 +365,8 @@ class EventBus:
             kind = m.get("k")
             if kind == "t":
                 self._deliver_changed([str(i) for i in m.get("ids", [])])
+            elif kind == "h":
+                self._deliver_hosts([str(i) for i in m.get("ids", [])])
             elif kind == "q":
                 self._deliver_queued()
             elif kind == "th":

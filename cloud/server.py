@@ -207,7 +207,7 @@ class CloudServer:
             ProgressServicer(store, bus, s), self.server
         )
         fleet_service_pb2_grpc.add_FleetServiceServicer_to_server(
-            FleetServicer(store, s), self.server
+            FleetServicer(store, bus, s), self.server
         )
         decision_log_service_pb2_grpc.add_DecisionLogServiceServicer_to_server(
             DecisionLogServicer(store, s), self.server

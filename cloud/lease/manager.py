@@ -60,10 +60,14 @@ class LeaseManager:
         self._sweep_wake = asyncio.Event()
         self._jobs: list[asyncio.Task[None]] = []
         self._kicks: set[asyncio.Task[int]] = set()
+        self._closings: set[asyncio.Task[None]] = set()
         self._stopping = False
         self._open_streams = 0
         self._streams_idle = asyncio.Event()
         self._streams_idle.set()
+        # Hosts recorded as connected whose replica stopped vouching for them, as last seen by
+        # this replica (None until the first look): fleet watchers hear when the set changes.
+        self._unvouched: set[str] | None = None
         bus.on_queued.append(self._dispatch_wake.set)
         bus.on_revoke.append(self._on_revoke)
 
@@ -110,8 +114,10 @@ class LeaseManager:
                 await job
         self._jobs.clear()
         await self.batcher.stop()
+        if self._closings:  # stream ends still being recorded
+            await asyncio.gather(*self._closings, return_exceptions=True)
         with contextlib.suppress(Exception):
-            await hosts.replica_gone(self.store, self.bus.replica_id)
+            self.bus.hosts_changed(await hosts.replica_gone(self.store, self.bus.replica_id))
 
     async def _forever(
         self, name: str, interval: float, step: Callable[[], Awaitable[None]]
@@ -155,6 +161,7 @@ class LeaseManager:
             self.bus.replica_id,
             session.stream_id,
         )
+        self.bus.hosts_changed([host_id])
         for check in await leases.check_held(self.store, host_id, list(hello.held_assignments)):
             h = check.held
             if check.live is not None and check.task is not None:
@@ -208,8 +215,18 @@ class LeaseManager:
         session.closed = True
         if self._stopping:
             return  # stop() marks all of this replica's hosts disconnected in one statement
+        # Shielded: when the host cancels its call, grpc cancels the handler again while this
+        # runs in its `finally`, and an unrecorded end would leave the host "connected" (this
+        # replica's heartbeat keeps vouching for rows it holds) long after it left.
+        mark = asyncio.create_task(self._mark_disconnected(session))
+        self._closings.add(mark)
+        mark.add_done_callback(self._closings.discard)
+        await asyncio.shield(mark)
+
+    async def _mark_disconnected(self, session: HostSession) -> None:
         with contextlib.suppress(Exception):
-            await hosts.disconnected(self.store, session.host_id, session.stream_id)
+            if await hosts.disconnected(self.store, session.host_id, session.stream_id):
+                self.bus.hosts_changed([session.host_id])
 
     async def device_update(self, session: HostSession, update: lease_pb.DeviceUpdate) -> None:
         """New phone list; newly idle phones may get work."""
@@ -217,6 +234,7 @@ class LeaseManager:
         await hosts.update_devices(
             self.store, session.host_id, convert.device_dicts(list(update.devices))
         )
+        self.bus.hosts_changed([session.host_id])
         self.kick(session)
 
     # ---- renewals and results -----------------------------------------------------------------
@@ -486,8 +504,19 @@ class LeaseManager:
         async def beat() -> None:
             seen = {h: s.last_seen for h, s in self.sessions.items()}
             await hosts.heartbeat(self.store, self.bus.replica_id, seen)
+            await self.check_unvouched()
 
         await self._forever("host heartbeat", self.settings.host_heartbeat_seconds, beat)
+
+    async def check_unvouched(self) -> None:
+        """Tell this replica's fleet watchers about hosts that stopped (or started again) counting
+        as connected because their replica's heartbeat stopped (or resumed): no row changes
+        then, so nothing else would publish it. Every replica looks for itself and tells only
+        its own watchers."""
+        now = await hosts.unvouched(self.store, self.settings.host_heartbeat_seconds)
+        before, self._unvouched = self._unvouched, now
+        if before is not None:
+            self.bus.hosts_changed(sorted(now ^ before), local_only=True)
 
     def touch(self, session: HostSession) -> None:
         """The host sent something."""

@@ -1,22 +1,30 @@
-"""FleetService.ListHosts. Operators only."""
+"""FleetService: ListHosts, and WatchHosts (a snapshot, then every host change). Operators only."""
 
 from __future__ import annotations
+
+from collections.abc import AsyncIterator
 
 import grpc
 
 from amc.v1 import fleet_service_pb2 as pb
-from amc.v1 import fleet_service_pb2_grpc
-from cloud.services.auth import require
+from amc.v1 import fleet_service_pb2_grpc, types_pb2
+from cloud.events import EventBus
+from cloud.lease.validate import MAX_ID
+from cloud.services.auth import abort, require
 from cloud.settings import CloudSettings
 from cloud.store import convert, hosts
 from cloud.store.database import Store
 
+# Changed hosts loaded per query.
+_CHUNK = 200
+
 
 class FleetServicer(fleet_service_pb2_grpc.FleetServiceServicer):
-    """Hosts and their phones, connected ones first."""
+    """Hosts and their phones, connected ones first; live changes to them."""
 
-    def __init__(self, store: Store, settings: CloudSettings) -> None:
+    def __init__(self, store: Store, bus: EventBus, settings: CloudSettings) -> None:
         self._store = store
+        self._bus = bus
         self._settings = settings
 
     async def ListHosts(
@@ -33,3 +41,43 @@ class FleetServicer(fleet_service_pb2_grpc.FleetServiceServicer):
                 if connected or not request.connected_only
             ]
         )
+
+    async def WatchHosts(
+        self,
+        request: pb.WatchHostsRequest,
+        context: grpc.aio.ServicerContext[pb.WatchHostsRequest, pb.WatchHostsResponse],
+    ) -> AsyncIterator[pb.WatchHostsResponse]:
+        await require(context, "operator", insecure=self._settings.insecure)
+        if len(request.host_id) > MAX_ID:
+            await abort(
+                context, grpc.StatusCode.INVALID_ARGUMENT, f"host_id: at most {MAX_ID} characters"
+            )
+        only = [request.host_id] if request.host_id else None
+        heartbeat = self._settings.host_heartbeat_seconds
+        # Subscribe before reading the snapshot so no change falls between the two.
+        sub = self._bus.subscribe_hosts()
+        # What this watcher was last sent per host: a change that leaves a host as it was (an
+        # event for a host another event already covered) is not sent twice.
+        sent: dict[str, types_pb2.Host] = {}
+        try:
+            for row, connected in await hosts.list_hosts(self._store, heartbeat, only):
+                sent[row.host_id] = convert.host(row, connected)
+                yield pb.WatchHostsResponse(host=sent[row.host_id], snapshot=True)
+            yield pb.WatchHostsResponse(snapshot_complete=True)
+            while True:
+                changed = await sub.next()
+                batches: list[list[str] | None]
+                if changed is None:  # anything may have changed: look at every watched host
+                    batches = [only]
+                else:
+                    ids = sorted(changed & set(only) if only else changed)
+                    batches = [ids[i : i + _CHUNK] for i in range(0, len(ids), _CHUNK)]
+                for batch in batches:
+                    for row, connected in await hosts.list_hosts(self._store, heartbeat, batch):
+                        host = convert.host(row, connected)
+                        if sent.get(row.host_id) == host:
+                            continue
+                        sent[row.host_id] = host
+                        yield pb.WatchHostsResponse(host=host)
+        finally:
+            sub.close()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any, cast
 
-from sqlalchemy import String, Table, bindparam, select, text, update
+from sqlalchemy import String, Table, bindparam, or_, select, text, update
 
 from cloud.store.database import Store
 from cloud.store.models import HostRow, UTCDateTime
@@ -52,26 +52,32 @@ async def update_devices(store: Store, host_id: str, devices: list[dict[str, Any
         )
 
 
-async def disconnected(store: Store, host_id: str, stream_id: str) -> None:
-    """The stream ended; only the stream that is still recorded may mark the host disconnected."""
+async def disconnected(store: Store, host_id: str, stream_id: str) -> bool:
+    """The stream ended; only the stream that is still recorded may mark the host disconnected.
+    True when it did (False: a newer stream of the host took over, nothing changed)."""
     now = store.now()
     async with store.write() as session:
-        await session.execute(
+        marked = await session.scalars(
             update(HostRow)
             .where(HostRow.host_id == host_id, HostRow.stream_id == stream_id)
             .values(connected=False, last_seen_at=now)
+            .returning(HostRow.host_id)
         )
+        return marked.first() is not None
 
 
-async def replica_gone(store: Store, replica_id: str) -> None:
-    """A replica shuts down: none of its streams is open any more."""
+async def replica_gone(store: Store, replica_id: str) -> list[str]:
+    """A replica shuts down: none of its streams is open any more. Returns the hosts it marked
+    disconnected."""
     now = store.now()
     async with store.write() as session:
-        await session.execute(
+        marked = await session.scalars(
             update(HostRow)
             .where(HostRow.replica_id == replica_id, HostRow.connected.is_(True))
             .values(connected=False, last_seen_at=now)
+            .returning(HostRow.host_id)
         )
+        return list(marked.all())
 
 
 async def heartbeat(store: Store, replica_id: str, seen: dict[str, dt.datetime]) -> None:
@@ -112,15 +118,40 @@ WHERE hosts.host_id = ANY(CAST(:h_ids AS varchar[])) AND hosts.host_id = v.host_
 )
 
 
-async def list_hosts(store: Store, heartbeat_seconds: float) -> list[tuple[HostRow, bool]]:
-    """Every host with whether a stream is open now: connected first, then by id."""
-    now = store.now()
-    stale = now - dt.timedelta(seconds=heartbeat_seconds * STALE_AFTER_BEATS)
+def _stale_before(store: Store, heartbeat_seconds: float) -> dt.datetime:
+    """Streams last vouched for before this instant no longer count as open."""
+    return store.now() - dt.timedelta(seconds=heartbeat_seconds * STALE_AFTER_BEATS)
+
+
+def _is_connected(row: HostRow, stale: dt.datetime) -> bool:
+    return bool(row.connected and row.stream_alive_at is not None and row.stream_alive_at > stale)
+
+
+async def list_hosts(
+    store: Store, heartbeat_seconds: float, host_ids: list[str] | None = None
+) -> list[tuple[HostRow, bool]]:
+    """Every host (or those of `host_ids`) with whether a stream is open now: connected first,
+    then by id."""
+    stale = _stale_before(store, heartbeat_seconds)
+    query = select(HostRow)
+    if host_ids is not None:
+        query = query.where(HostRow.host_id.in_(host_ids))
     async with store.read() as session:
-        rows = (await session.scalars(select(HostRow))).all()
-    out = [
-        (r, bool(r.connected and r.stream_alive_at is not None and r.stream_alive_at > stale))
-        for r in rows
-    ]
+        rows = (await session.scalars(query)).all()
+    out = [(r, _is_connected(r, stale)) for r in rows]
     out.sort(key=lambda pair: (not pair[1], pair[0].host_id))
     return out
+
+
+async def unvouched(store: Store, heartbeat_seconds: float) -> set[str]:
+    """Hosts still recorded as connected whose replica stopped vouching for their stream (it
+    probably died): they no longer count as connected, though their rows say so."""
+    stale = _stale_before(store, heartbeat_seconds)
+    async with store.read() as session:
+        ids = await session.scalars(
+            select(HostRow.host_id).where(
+                HostRow.connected.is_(True),
+                or_(HostRow.stream_alive_at.is_(None), HostRow.stream_alive_at <= stale),
+            )
+        )
+        return set(ids.all())

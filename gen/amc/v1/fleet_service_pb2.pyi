@@ -64,3 +64,59 @@ class ListHostsResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ListHostsResponse: _TypeAlias = ListHostsResponse  # noqa: Y015
+
+@_typing.final
+class WatchHostsRequest(_message.Message):
+    """Request of FleetService.WatchHosts."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    HOST_ID_FIELD_NUMBER: _builtins.int
+    host_id: _builtins.str
+    """Watch this host only (at most 128 characters); empty means every host. A host that has
+    never connected is not an error: its first message comes when it connects.
+    """
+    def __init__(
+        self,
+        *,
+        host_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["host_id", b"host_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___WatchHostsRequest: _TypeAlias = WatchHostsRequest  # noqa: Y015
+
+@_typing.final
+class WatchHostsResponse(_message.Message):
+    """One message of FleetService.WatchHosts."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    HOST_FIELD_NUMBER: _builtins.int
+    SNAPSHOT_FIELD_NUMBER: _builtins.int
+    SNAPSHOT_COMPLETE_FIELD_NUMBER: _builtins.int
+    snapshot: _builtins.bool
+    """True for messages of the initial snapshot."""
+    snapshot_complete: _builtins.bool
+    """True on the one message (without `host`) that follows the snapshot's last host."""
+    @_builtins.property
+    def host(self) -> _types_pb2.Host:
+        """The host as it is now. Unset on the message that ends the snapshot."""
+
+    def __init__(
+        self,
+        *,
+        host: _types_pb2.Host | None = ...,
+        snapshot: _builtins.bool = ...,
+        snapshot_complete: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["host", b"host"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["host", b"host", "snapshot", b"snapshot", "snapshot_complete", b"snapshot_complete"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___WatchHostsResponse: _TypeAlias = WatchHostsResponse  # noqa: Y015

@@ -40,6 +40,11 @@ class FleetServiceStub:
                 request_serializer=amc_dot_v1_dot_fleet__service__pb2.ListHostsRequest.SerializeToString,
                 response_deserializer=amc_dot_v1_dot_fleet__service__pb2.ListHostsResponse.FromString,
                 _registered_method=True)
+        self.WatchHosts = channel.unary_stream(
+                '/amc.v1.FleetService/WatchHosts',
+                request_serializer=amc_dot_v1_dot_fleet__service__pb2.WatchHostsRequest.SerializeToString,
+                response_deserializer=amc_dot_v1_dot_fleet__service__pb2.WatchHostsResponse.FromString,
+                _registered_method=True)
 
 
 class FleetServiceServicer:
@@ -53,6 +58,18 @@ class FleetServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def WatchHosts(self, request, context):
+        """Stream the fleet live. The stream starts with a snapshot (one message per host, as
+        ListHosts lists them), then one message marking the snapshot's end, then one message per
+        host whose state changed: it connected or disconnected (also when the replica holding its
+        stream stopped vouching for it), announced other phones, or said hello again. Changes that
+        arrive faster than the watcher reads are coalesced: the watcher gets each host's latest
+        state. The stream never ends on its own.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_FleetServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -60,6 +77,11 @@ def add_FleetServiceServicer_to_server(servicer, server):
                     servicer.ListHosts,
                     request_deserializer=amc_dot_v1_dot_fleet__service__pb2.ListHostsRequest.FromString,
                     response_serializer=amc_dot_v1_dot_fleet__service__pb2.ListHostsResponse.SerializeToString,
+            ),
+            'WatchHosts': grpc.unary_stream_rpc_method_handler(
+                    servicer.WatchHosts,
+                    request_deserializer=amc_dot_v1_dot_fleet__service__pb2.WatchHostsRequest.FromString,
+                    response_serializer=amc_dot_v1_dot_fleet__service__pb2.WatchHostsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -90,6 +112,33 @@ class FleetService:
             '/amc.v1.FleetService/ListHosts',
             amc_dot_v1_dot_fleet__service__pb2.ListHostsRequest.SerializeToString,
             amc_dot_v1_dot_fleet__service__pb2.ListHostsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WatchHosts(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/amc.v1.FleetService/WatchHosts',
+            amc_dot_v1_dot_fleet__service__pb2.WatchHostsRequest.SerializeToString,
+            amc_dot_v1_dot_fleet__service__pb2.WatchHostsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -35,6 +35,14 @@ class FleetServiceStub:
     def __new__(cls, channel: _aio.Channel) -> FleetServiceAsyncStub: ...
     ListHosts: _grpc.UnaryUnaryMultiCallable[_fleet_service_pb2.ListHostsRequest, _fleet_service_pb2.ListHostsResponse]
     """List every host that has ever connected, connected ones first."""
+    WatchHosts: _grpc.UnaryStreamMultiCallable[_fleet_service_pb2.WatchHostsRequest, _fleet_service_pb2.WatchHostsResponse]
+    """Stream the fleet live. The stream starts with a snapshot (one message per host, as
+    ListHosts lists them), then one message marking the snapshot's end, then one message per
+    host whose state changed: it connected or disconnected (also when the replica holding its
+    stream stopped vouching for it), announced other phones, or said hello again. Changes that
+    arrive faster than the watcher reads are coalesced: the watcher gets each host's latest
+    state. The stream never ends on its own.
+    """
 
 @_typing.type_check_only
 class FleetServiceAsyncStub(FleetServiceStub):
@@ -43,6 +51,14 @@ class FleetServiceAsyncStub(FleetServiceStub):
     def __init__(self, channel: _aio.Channel) -> None: ...
     ListHosts: _aio.UnaryUnaryMultiCallable[_fleet_service_pb2.ListHostsRequest, _fleet_service_pb2.ListHostsResponse]  # type: ignore[assignment]
     """List every host that has ever connected, connected ones first."""
+    WatchHosts: _aio.UnaryStreamMultiCallable[_fleet_service_pb2.WatchHostsRequest, _fleet_service_pb2.WatchHostsResponse]  # type: ignore[assignment]
+    """Stream the fleet live. The stream starts with a snapshot (one message per host, as
+    ListHosts lists them), then one message marking the snapshot's end, then one message per
+    host whose state changed: it connected or disconnected (also when the replica holding its
+    stream stopped vouching for it), announced other phones, or said hello again. Changes that
+    arrive faster than the watcher reads are coalesced: the watcher gets each host's latest
+    state. The stream never ends on its own.
+    """
 
 class FleetServiceServicer(metaclass=_abc_1.ABCMeta):
     """The fleet as the cloud sees it: hosts, their phones, whether they are connected."""
@@ -54,5 +70,19 @@ class FleetServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_fleet_service_pb2.ListHostsResponse, _abc.Awaitable[_fleet_service_pb2.ListHostsResponse]]:
         """List every host that has ever connected, connected ones first."""
+
+    @_abc_1.abstractmethod
+    def WatchHosts(
+        self,
+        request: _fleet_service_pb2.WatchHostsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_fleet_service_pb2.WatchHostsResponse], _abc.AsyncIterator[_fleet_service_pb2.WatchHostsResponse]]:
+        """Stream the fleet live. The stream starts with a snapshot (one message per host, as
+        ListHosts lists them), then one message marking the snapshot's end, then one message per
+        host whose state changed: it connected or disconnected (also when the replica holding its
+        stream stopped vouching for it), announced other phones, or said hello again. Changes that
+        arrive faster than the watcher reads are coalesced: the watcher gets each host's latest
+        state. The stream never ends on its own.
+        """
 
 def add_FleetServiceServicer_to_server(servicer: FleetServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
