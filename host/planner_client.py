@@ -46,21 +46,49 @@ class CloudPlanError(RuntimeError):
         return bool(self.code == grpc.StatusCode.FAILED_PRECONDITION)
 
 
-async def _decide(
-    stub: planner_service_pb2_grpc.PlannerServiceStub,
-    request: planner_service_pb2.DecideRequest,
-    timeout_s: float,
-) -> planner_service_pb2.DecideResponse:
-    try:
-        response: planner_service_pb2.DecideResponse = await stub.Decide(request, timeout=timeout_s)
-    except grpc.aio.AioRpcError as exc:
-        raise CloudPlanError(
-            f"cloud planner: {exc.code().name}: {exc.details()}", exc.code()
-        ) from exc
-    return response
+class _AttemptPlanner:
+    """What both cloud planners share: one attempt's identity on the Decide call, its deadline
+    and its errors."""
+
+    def __init__(
+        self,
+        channel: grpc.aio.Channel,
+        task_id: str,
+        attempt: int,
+        lease_id: str,
+        timeout_s: float = 120.0,
+    ) -> None:
+        self._stub = planner_service_pb2_grpc.PlannerServiceStub(channel)
+        self.task_id = task_id
+        self.attempt = attempt
+        self.lease_id = lease_id
+        self.timeout_s = timeout_s
+
+    def _request(self, scene: Scene, **fields: Any) -> planner_service_pb2.DecideRequest:
+        return planner_service_pb2.DecideRequest(
+            task_id=self.task_id,
+            attempt=self.attempt,
+            lease_id=self.lease_id,
+            element_ids=[e.element_id for e in scene.elements],
+            screen_width=scene.screen_width,
+            screen_height=scene.screen_height,
+            **fields,
+        )
+
+    async def _call(
+        self, request: planner_service_pb2.DecideRequest
+    ) -> planner_service_pb2.DecideResponse:
+        try:
+            response: planner_service_pb2.DecideResponse = await self._stub.Decide(
+                request, timeout=self.timeout_s
+            )
+        except grpc.aio.AioRpcError as exc:
+            message = f"cloud planner: {exc.code().name}: {exc.details()}"
+            raise CloudPlanError(message, exc.code()) from exc
+        return response
 
 
-class CloudPlanner:
+class CloudPlanner(_AttemptPlanner):
     """`StepPlanner` over `PlannerService.Decide` for one attempt (its task, attempt and lease)."""
 
     def __init__(
@@ -73,13 +101,9 @@ class CloudPlanner:
         send_screenshot: bool = False,
         timeout_s: float = 120.0,
     ) -> None:
-        self._stub = planner_service_pb2_grpc.PlannerServiceStub(channel)
-        self.task_id = task_id
-        self.attempt = attempt
-        self.lease_id = lease_id
+        super().__init__(channel, task_id, attempt, lease_id, timeout_s)
         self.history_window = history_window
         self.send_screenshot = send_screenshot
-        self.timeout_s = timeout_s
 
     async def decide(
         self,
@@ -89,19 +113,10 @@ class CloudPlanner:
         screenshot: bytes | None = None,
     ) -> Decision:
         user_prompt = build_user_prompt(goal, scene, history, history_window=self.history_window)
-        request = planner_service_pb2.DecideRequest(
-            task_id=self.task_id,
-            attempt=self.attempt,
-            lease_id=self.lease_id,
-            system_prompt=SYSTEM_PROMPT,
-            user_prompt=user_prompt,
-            element_ids=[e.element_id for e in scene.elements],
-            screen_width=scene.screen_width,
-            screen_height=scene.screen_height,
-        )
+        request = self._request(scene, system_prompt=SYSTEM_PROMPT, user_prompt=user_prompt)
         if screenshot and self.send_screenshot:
             request.screenshot = screenshot
-        response = await _decide(self._stub, request, self.timeout_s)
+        response = await self._call(request)
         decision = decision_from_proto(response.decision)
         # What was sent is what we built, whatever the cloud echoes.
         decision.system_prompt = SYSTEM_PROMPT
@@ -123,7 +138,7 @@ def _fit(text: str, limit: int) -> str:
     return raw[:room].decode("utf-8", errors="ignore") + TRUNCATED
 
 
-class CloudSessionPlanner:
+class CloudSessionPlanner(_AttemptPlanner):
     """Session mode over `PlannerService.Decide`: the cloud keeps the conversation.
 
     The host sends what only it knows — the goal, the current scene, and the outcome of the
@@ -133,20 +148,7 @@ class CloudSessionPlanner:
     a conversation is stored, and screenshots never reach the cloud database.
     """
 
-    def __init__(
-        self,
-        channel: grpc.aio.Channel,
-        task_id: str,
-        attempt: int,
-        lease_id: str,
-        timeout_s: float = 120.0,
-    ) -> None:
-        self._stub = planner_service_pb2_grpc.PlannerServiceStub(channel)
-        self.task_id = task_id
-        self.attempt = attempt
-        self.lease_id = lease_id
-        self.timeout_s = timeout_s
-        self._last_call: tuple[str, str] | None = None  # (call id, tool) this host executed
+    _last_call: tuple[str, str] | None = None  # (call id, tool) this host last executed
 
     async def decide(
         self,
@@ -168,23 +170,15 @@ class CloudSessionPlanner:
                         is_error=outcome.is_error,
                     )
                 )
-        request = planner_service_pb2.DecideRequest(
-            task_id=self.task_id,
-            attempt=self.attempt,
-            lease_id=self.lease_id,
-            session=step,
-            element_ids=[e.element_id for e in scene.elements],
-            screen_width=scene.screen_width,
-            screen_height=scene.screen_height,
-        )
+        request = self._request(scene, session=step)
         try:
-            response = await _decide(self._stub, request, self.timeout_s)
+            response = await self._call(request)
         except CloudPlanError as err:
             if err.code != grpc.StatusCode.ABORTED:
                 raise
             # Another call continued the conversation meanwhile (a retry racing its original):
             # once more on the conversation as it now stands; a repeated outcome is ignored.
-            response = await _decide(self._stub, request, self.timeout_s)
+            response = await self._call(request)
         decision = decision_from_proto(response.decision)
         if response.session_call_id:
             self._last_call = (response.session_call_id, decision.tool_name)
