@@ -11,6 +11,8 @@ import pytest
 from cloud import pki
 from cloud.server import CloudServer, build_server
 from cloud.settings import CloudSettings
+from cloud.store.database import Store
+from cloud.store.engine import upgrade
 from tests.cloud.cloud_harness import channel, tasks_stub
 from tests.support.postgres import PostgresServer
 
@@ -38,6 +40,17 @@ def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
     # Not dropped afterwards: DROP DATABASE can stall on backends still winding down, and the
     # whole throwaway cluster is deleted at the end of the session anyway.
     yield server.create_database()
+
+
+@pytest.fixture
+async def store(db_url: str) -> AsyncIterator[Store]:
+    """A migrated store on a fresh database of each backend."""
+    s = Store.from_url(db_url)
+    await upgrade(s.engine)
+    try:
+        yield s
+    finally:
+        await s.close()
 
 
 SettingsFactory = Callable[..., CloudSettings]

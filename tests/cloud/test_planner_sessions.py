@@ -28,7 +28,6 @@ from cloud.events import EventBus
 from cloud.server import CloudServer, build_server
 from cloud.store import sessions
 from cloud.store.database import Store
-from cloud.store.engine import upgrade
 from cloud.store.models import TaskRow
 from cloud.store.ports import StoreSessionStore
 from planner.session.items import Reasoning, ToolCall, UserObservation, dumps_item
@@ -276,16 +275,6 @@ async def test_responses_reasoning_goes_back_with_its_encrypted_content(
 
 
 # --- the store underneath, on both backends ---------------------------------------------
-
-
-@pytest.fixture
-async def store(db_url: str) -> AsyncIterator[Store]:
-    s = Store.from_url(db_url)
-    await upgrade(s.engine)
-    try:
-        yield s
-    finally:
-        await s.close()
 
 
 ODD = "sig/+=\u2028\"\\'\x7f\U0001f600" * 50

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
-from collections.abc import AsyncIterator
 
-import pytest
 from sqlalchemy import inspect, update
 
 from amc.v1 import types_pb2
@@ -16,17 +14,6 @@ from cloud.store.engine import check, downgrade, upgrade
 from cloud.store.models import TaskRow
 from cloud.store.ports import StoreDecisionSink, StoreLeaseGate
 from planner.decision import Decision, ThinkingBlock, Usage
-
-
-@pytest.fixture
-async def store(db_url: str) -> AsyncIterator[Store]:
-    s = Store.from_url(db_url)
-    await upgrade(s.engine)
-    try:
-        yield s
-    finally:
-        await s.close()
-
 
 TABLES = ("tasks", "attempts", "hosts", "decisions", "planner_session_items")
 
