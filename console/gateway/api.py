@@ -9,7 +9,7 @@ from starlette.responses import StreamingResponse
 
 from console.gateway.auth import require_api_user
 from console.gateway.cloud import CloudClient
-from console.gateway.events import event_stream
+from console.gateway.events import event_stream, host_event_stream
 from console.gateway.history import group_history
 from console.gateway.models import (
     TASK_STATUSES,
@@ -163,6 +163,23 @@ _SSE_DOC: dict[int | str, dict[str, Any]] = {
 )
 async def fleet_events(request: Request, cloud: Cloud) -> StreamingResponse:
     return event_stream(cloud, request.app.state.streams)
+
+
+@router.get(
+    "/hosts/events",
+    response_class=StreamingResponse,
+    responses={
+        200: {
+            "content": {"text/event-stream": {}},
+            "description": "`host` events (HostOut JSON): every host, then `snapshot-complete`, "
+            "then each host whose state changed (connected, disconnected, phones); "
+            "`cloud-error` (ErrorOut JSON) when the cloud stream failed",
+        }
+    },
+    summary="Live changes of the fleet's hosts (server-sent events)",
+)
+async def host_events(request: Request, cloud: Cloud) -> StreamingResponse:
+    return host_event_stream(cloud, request.app.state.streams)
 
 
 @router.get(

@@ -171,6 +171,18 @@ class CloudClient:
         )
         return response.decision
 
+    async def watch_hosts(self) -> AsyncIterator[fleet_service_pb2.WatchHostsResponse]:
+        """Live host changes: the snapshot, its end marker, then one message per changed host.
+
+        No deadline, like `watch`; closing the iterator cancels the call.
+        """
+        call = self._fleet.WatchHosts(fleet_service_pb2.WatchHostsRequest())
+        try:
+            async for message in call:
+                yield message
+        finally:
+            call.cancel()
+
     async def watch(
         self, task_id: str = "", *, thinking: bool = False
     ) -> AsyncIterator[progress_service_pb2.WatchProgressResponse]:

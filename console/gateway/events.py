@@ -1,7 +1,9 @@
-"""Server-sent events fed by ProgressService.WatchProgress.
+"""Server-sent events fed by ProgressService.WatchProgress and FleetService.WatchHosts.
 
 Each change the cloud streams becomes one `task` event whose data is the task as JSON (the same
-shape as the API's TaskOut), so the page's script can patch its badges in place. A single
+shape as the API's TaskOut), so the page's script can patch its badges in place. The fleet's
+stream sends one `host` event per host (HostOut JSON): the snapshot, `snapshot-complete`, then
+every host whose state changed. A single
 task's stream also carries `thinking` events: the model's thinking as it streams (session mode),
 shown live and replaced by the decision's stored thinking once the step is decided. A comment line
 goes out every few seconds so proxies keep the connection open; when the browser leaves, the
@@ -21,7 +23,7 @@ from starlette.responses import StreamingResponse
 
 from console.gateway.cloud import CloudClient
 from console.gateway.errors import describe
-from console.gateway.models import ErrorOut, TaskOut
+from console.gateway.models import ErrorOut, HostOut, TaskOut
 
 log = logging.getLogger(__name__)
 
@@ -42,21 +44,36 @@ def _event(name: str, data: str) -> str:
     return f"event: {name}\n{lines}\n"
 
 
-async def _pump(cloud: CloudClient, task_id: str, queue: asyncio.Queue[str | None]) -> None:
-    """Copy the gRPC stream into the queue as SSE frames; None marks its end."""
+async def _task_frames(cloud: CloudClient, task_id: str) -> AsyncIterator[str]:
+    """SSE frames of WatchProgress (one task's, or every task's when task_id is empty)."""
+    async for change in cloud.watch(task_id, thinking=bool(task_id)):
+        if change.HasField("thinking"):
+            live = change.thinking
+            data = {"task_id": live.task_id, "attempt": live.attempt, "delta": live.delta}
+            yield _event("thinking", json.dumps(data, ensure_ascii=False))
+        else:
+            yield _event("task", TaskOut.of(change.task).model_dump_json())
+    if task_id:
+        yield _event("end", json.dumps({"task_id": task_id}))
+
+
+async def _host_frames(cloud: CloudClient) -> AsyncIterator[str]:
+    """SSE frames of WatchHosts."""
+    async for change in cloud.watch_hosts():
+        if change.snapshot_complete:
+            yield _event("snapshot-complete", "{}")
+        else:
+            yield _event("host", HostOut.of(change.host).model_dump_json())
+
+
+async def _pump(frames: AsyncIterator[str], queue: asyncio.Queue[str | None]) -> None:
+    """Copy a gRPC stream's frames into the queue; None marks its end."""
     try:
-        async for change in cloud.watch(task_id, thinking=bool(task_id)):
-            if change.HasField("thinking"):
-                live = change.thinking
-                data = {"task_id": live.task_id, "attempt": live.attempt, "delta": live.delta}
-                await queue.put(_event("thinking", json.dumps(data, ensure_ascii=False)))
-            else:
-                await queue.put(_event("task", TaskOut.of(change.task).model_dump_json()))
-        if task_id:
-            await queue.put(_event("end", json.dumps({"task_id": task_id})))
+        async for frame in frames:
+            await queue.put(frame)
     except grpc.aio.AioRpcError as error:
         _, message, code = describe(error)
-        log.info("progress stream ended: %s %s", code, message)
+        log.info("live stream ended: %s %s", code, message)
         await queue.put(
             _event("cloud-error", ErrorOut(detail=message, grpc_code=code).model_dump_json())
         )
@@ -64,9 +81,9 @@ async def _pump(cloud: CloudClient, task_id: str, queue: asyncio.Queue[str | Non
         await queue.put(None)
 
 
-async def _frames(cloud: CloudClient, task_id: str, gauge: StreamGauge) -> AsyncIterator[str]:
+async def _frames(source: AsyncIterator[str], gauge: StreamGauge) -> AsyncIterator[str]:
     queue: asyncio.Queue[str | None] = asyncio.Queue()
-    pump = asyncio.create_task(_pump(cloud, task_id, queue))
+    pump = asyncio.create_task(_pump(source, queue))
     gauge.open += 1
     try:
         yield f"retry: {RETRY_MS}\n: connected\n\n"
@@ -88,8 +105,17 @@ async def _frames(cloud: CloudClient, task_id: str, gauge: StreamGauge) -> Async
 
 def event_stream(cloud: CloudClient, gauge: StreamGauge, task_id: str = "") -> StreamingResponse:
     """An SSE response of one task's changes, or of the whole fleet's when task_id is empty."""
+    return _sse(_frames(_task_frames(cloud, task_id), gauge))
+
+
+def host_event_stream(cloud: CloudClient, gauge: StreamGauge) -> StreamingResponse:
+    """An SSE response of every host's changes."""
+    return _sse(_frames(_host_frames(cloud), gauge))
+
+
+def _sse(frames: AsyncIterator[str]) -> StreamingResponse:
     return StreamingResponse(
-        _frames(cloud, task_id, gauge),
+        frames,
         media_type="text/event-stream",
         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
     )

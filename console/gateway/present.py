@@ -11,7 +11,7 @@ from typing import Any
 
 from jinja2 import Environment
 
-from console.gateway.models import ProgressOut, TaskOut, UsageOut
+from console.gateway.models import HostOut, ProgressOut, TaskOut, UsageOut
 
 
 def progress_badge(progress: ProgressOut) -> str:
@@ -47,6 +47,14 @@ def ago(moment: datetime | None) -> str:
     return f"{seconds // 86400}d ago"
 
 
+def host_signature(host: HostOut) -> str:
+    """What the fleet page shows of a host besides "last seen", as one string: live.js builds
+    the same from a `host` event and re-renders the fleet when the two differ."""
+    phones = ";".join(f"{d.serial}={d.state}={d.model}" for d in host.devices)
+    state = "on" if host.connected else "off"
+    return f"{state}|{host.planner_transport}|{host.agent_version}|{phones}"
+
+
 def iso(moment: datetime | None) -> str:
     return moment.isoformat() if moment else ""
 
@@ -69,6 +77,7 @@ def install(env: Environment) -> None:
     env.filters["attempt_label"] = attempt_label
     env.filters["ago"] = ago
     env.filters["iso"] = iso
+    env.filters["host_signature"] = host_signature
     env.filters["when"] = when
     env.filters["tokens"] = total_tokens
     env.filters["pretty_json"] = pretty_json

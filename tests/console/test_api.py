@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import time
 import uuid
@@ -233,6 +234,40 @@ def test_fleet_events_carry_every_task_change(
                 break
         else:
             pytest.fail("the fleet stream ended without the task's progress")
+
+
+def test_host_events_carry_hosts_connecting_and_leaving(
+    gateway: str, make_host: HostFactory
+) -> None:
+    headers = {"Authorization": f"Bearer {API_TOKEN}"}
+    with httpx.stream("GET", f"{gateway}/api/hosts/events", headers=headers, timeout=20) as r:
+        assert r.status_code == 200
+        assert r.headers["content-type"].startswith("text/event-stream")
+        events = sse_events(r)
+        names = [name for name, _ in itertools.takewhile(lambda e: e[0] == "host", events)]
+        assert len(names) == len(api_hosts(gateway))  # the snapshot: every host once
+        host = make_host()
+        for name, data in events:
+            body = json.loads(data)
+            if name == "host" and body["host_id"] == host.host_id:
+                assert body["connected"]
+                assert [d["serial"] for d in body["devices"]] == ["emu-1"]
+                break
+        host.close()
+        for name, data in events:
+            body = json.loads(data)
+            if name == "host" and body["host_id"] == host.host_id and not body["connected"]:
+                break
+        else:
+            pytest.fail("the host stream ended without the host leaving")
+
+
+def api_hosts(gateway: str) -> list[dict[str, object]]:
+    headers = {"Authorization": f"Bearer {API_TOKEN}"}
+    hosts: list[dict[str, object]] = httpx.get(
+        f"{gateway}/api/hosts", headers=headers, timeout=20
+    ).json()["hosts"]
+    return hosts
 
 
 def login(client: httpx.Client) -> str:

@@ -321,6 +321,26 @@ def test_fleet_shows_hosts_phones_and_transport(
     screenshot(page, "fleet")
 
 
+def test_fleet_shows_a_host_connect_then_disconnect_without_reload(
+    page: Page, gateway: str, make_host: HostFactory
+) -> None:
+    page.goto(f"{gateway}/fleet")
+    expect(page.locator("#live-state")).to_have_text("live", timeout=LIVE_MS)
+    mark_no_reload(page)
+
+    host = make_host()
+    card = page.locator(f"section[data-host-id='{host.host_id}']")
+    state = card.locator("h2 .pill").first
+    expect(state).to_have_text("connected", timeout=LIVE_MS)
+    expect(card.locator("td").first).to_have_text("emu-1")
+    screenshot(page, "fleet-live")
+
+    host.close()
+    expect(state).to_have_text("disconnected", timeout=LIVE_MS)
+    expect(card).to_have_class(re.compile(r"\bdisconnected\b"))
+    assert_not_reloaded(page)
+
+
 def test_new_task_appears_on_the_first_page_without_reload(
     page: Page, gateway: str, operator: Operator
 ) -> None:

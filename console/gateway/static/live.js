@@ -1,4 +1,5 @@
-// Live updates for the console pages, fed by server-sent events (ProgressService.WatchProgress).
+// Live updates for the console pages, fed by server-sent events (ProgressService.WatchProgress,
+// FleetService.WatchHosts).
 // No framework, no build: pages are server-rendered; this script only patches them in place.
 (function () {
   "use strict";
@@ -141,7 +142,15 @@
     field(thinkingBox, "thinking").textContent = "";
   }
 
-  function listen(url, onTask, onEnd, onThinking) {
+  // Same as console/gateway/present.py:host_signature.
+  function hostSignature(h) {
+    var phones = h.devices.map(function (d) { return d.serial + "=" + d.state + "=" + d.model; });
+    return (h.connected ? "on" : "off") + "|" + h.planner_transport + "|" + h.agent_version +
+      "|" + phones.join(";");
+  }
+
+  // `on` maps event names ("task", "host", "thinking", "end") to handlers of their JSON data.
+  function listen(url, on) {
     var source = new EventSource(url);
     source.onopen = function () { liveState("live", "on"); };
     source.onerror = function () {
@@ -151,14 +160,15 @@
         liveState("reconnecting…", "off");
       }
     };
-    source.addEventListener("task", function (e) { onTask(JSON.parse(e.data)); });
-    if (onThinking) {
-      source.addEventListener("thinking", function (e) { onThinking(JSON.parse(e.data)); });
-    }
+    ["task", "host", "thinking"].forEach(function (name) {
+      if (on[name]) {
+        source.addEventListener(name, function (e) { on[name](JSON.parse(e.data)); });
+      }
+    });
     source.addEventListener("end", function () {
       source.close();
       liveState("ended", "off");
-      if (onEnd) onEnd();
+      if (on.end) on.end();
     });
     source.addEventListener("cloud-error", function (e) {
       var err = JSON.parse(e.data);
@@ -173,14 +183,14 @@
 
   if (mode === "tasks") {
     var insert = body.dataset.liveInsert === "1";
-    listen("/api/events", function (t) {
+    listen("/api/events", { task: function (t) {
       var row = document.querySelector('tr[data-task-id="' + CSS.escape(t.task_id) + '"]');
       if (row) patch(row, t);
       else if (insert) refresh("#task-rows");
-    });
+    } });
   } else if (mode === "task") {
     var id = body.dataset.taskId;
-    listen("/api/tasks/" + encodeURIComponent(id) + "/events", function (t) {
+    listen("/api/tasks/" + encodeURIComponent(id) + "/events", { task: function (t) {
       var root = document.getElementById("live-task");
       if (!root) return;
       patch(root.querySelector(".summary") || root, t);
@@ -196,8 +206,23 @@
         if (!t.progress || t.progress.step_status !== "planning") clearThinking();
         refresh("#live-task");
       }
-    }, clearThinking, showThinking);
+    }, end: clearThinking, thinking: showThinking });
   } else if (mode === "fleet") {
-    setInterval(function () { refresh("#live-fleet"); }, 5000);
+    // A host's "last seen" is patched in place; anything else that differs from the card (a new
+    // host, connected or not, its phones) re-renders the fleet from the server, which also keeps
+    // the order (connected first). Each (re)connection starts with every host, so nothing that
+    // changed while the stream was down stays stale.
+    listen("/api/hosts/events", { host: function (h) {
+      var card = document.querySelector('section[data-host-id="' + CSS.escape(h.host_id) + '"]');
+      if (!card || card.dataset.sig !== hostSignature(h)) {
+        refresh("#live-fleet");
+        return;
+      }
+      var seen = card.querySelector("time[data-ago]");
+      if (seen && h.last_seen_at) {
+        seen.dataset.ago = h.last_seen_at;
+        seen.textContent = ago(h.last_seen_at);
+      }
+    } });
   }
 })();
