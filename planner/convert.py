@@ -90,6 +90,7 @@ def decision_to_proto(
         forced_retry=decision.forced_retry,
         created_at=created,
         corrective_retries=decision.corrective_retries,
+        planner_mode=decision.planner_mode,
     )
 
 
@@ -116,7 +117,10 @@ def decision_from_proto(message: types_pb2.Decision) -> Decision:
         user_prompt=message.user_prompt,
         corrective_retries=message.corrective_retries,
         step_index=message.step_index or None,
-        extra={"decision_id": message.decision_id} if message.decision_id else {},
+        extra={
+            **({"decision_id": message.decision_id} if message.decision_id else {}),
+            **({"mode": "session"} if message.planner_mode == "session" else {}),
+        },
     )
 
 

@@ -62,6 +62,12 @@ class Decision:
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
+    def planner_mode(self) -> str:
+        """ "session" when the model saw a kept conversation (`user_prompt` is then this step's
+        addition to it), else "compact" (the prompts were the whole request)."""
+        return "session" if self.extra.get("mode") == "session" else "compact"
+
+    @property
     def sensitive(self) -> bool:
         return bool(self.arguments.get("sensitive")) and self.tool_name == "input_text"
 

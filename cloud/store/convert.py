@@ -146,6 +146,7 @@ def decision(row: DecisionRow) -> types_pb2.Decision:
         forced_retry=row.forced_retry,
         created_at=ts(row.created_at),
         corrective_retries=row.corrective_retries,
+        planner_mode=row.planner_mode,
     )
     if row.action_pb:
         out.action.ParseFromString(row.action_pb)

@@ -62,6 +62,7 @@ async def append(
                     forced_retry=decision.forced_retry,
                     corrective_retries=decision.corrective_retries,
                     created_at=store.now(),
+                    planner_mode=decision.planner_mode,
                 )
                 session.add(row)
                 await session.flush()

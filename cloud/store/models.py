@@ -185,6 +185,10 @@ class DecisionRow(Base):
     forced_retry: Mapped[bool] = mapped_column(Boolean, default=False)
     corrective_retries: Mapped[int] = mapped_column(Integer, default=0)
     created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime())
+    # "compact" or "session" (user_prompt is then the step's addition to the conversation).
+    planner_mode: Mapped[str] = mapped_column(
+        String(16), default="compact", server_default="compact"
+    )
 
     __table_args__ = (
         UniqueConstraint("task_id", "attempt", "step_index"),

@@ -217,6 +217,10 @@ class DecisionOut(BaseModel):
     forced_retry: bool
     corrective_retries: int
     created_at: datetime | None
+    planner_mode: str = Field(
+        description='"compact" (the prompts were the whole request) or "session" (user_prompt '
+        "is what this step added to the conversation the cloud keeps)"
+    )
 
     @classmethod
     def of(cls, d: types_pb2.Decision) -> DecisionOut:
@@ -255,6 +259,7 @@ class DecisionOut(BaseModel):
             forced_retry=d.forced_retry,
             corrective_retries=d.corrective_retries,
             created_at=_time(d.created_at, d.HasField("created_at")),
+            planner_mode=d.planner_mode or "compact",
         )
 
 

@@ -349,6 +349,7 @@ class AgentLoop:
     def _fill_decision(record: TimelineRecord, decision: Decision) -> None:
         record.system_prompt = decision.system_prompt
         record.user_prompt = decision.user_prompt
+        record.planner_mode = decision.planner_mode
         record.rationale = decision.rationale
         record.thinking = [{"text": b.text, "redacted": b.redacted} for b in decision.thinking]
         record.tool_name = decision.tool_name

@@ -213,6 +213,7 @@ class StepView:
     thinking: list[tuple[str, bool]]
     system_prompt: str | None
     user_prompt: str | None
+    session: bool
     legacy_prompt: str | None
     answer_json: str
     provider: str | None
@@ -296,6 +297,7 @@ def step_view(record: TimelineRecord) -> StepView:
         thinking=thinking,
         system_prompt=record.system_prompt,
         user_prompt=record.user_prompt,
+        session=record.planner_mode == "session",
         legacy_prompt=str(legacy_prompt) if legacy_prompt else None,
         answer_json=pretty_json(answer),
         provider=record.provider,

@@ -28,6 +28,8 @@ class TimelineRecord:
     # The prompts actually sent for this step.
     system_prompt: str | None = None
     user_prompt: str | None = None
+    # "session": user_prompt is what this step added to a kept conversation, not the request.
+    planner_mode: str = "compact"
     # The model's answer.
     rationale: str | None = None
     thinking: list[dict[str, Any]] = field(default_factory=list)

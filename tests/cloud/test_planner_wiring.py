@@ -77,6 +77,7 @@ async def test_decide_logs_decisions_with_cloud_step_index(
             decision_log_service_pb2.ListDecisionsRequest(task_id=a.task_id)
         )
         assert [d.step_index for d in listed.decisions] == [1, 2]
+        assert {d.planner_mode for d in listed.decisions} == {"compact"}
         got = await log.GetDecision(
             decision_log_service_pb2.GetDecisionRequest(decision_id=first.decision_id)
         )

@@ -32,6 +32,7 @@ from host.devices.virtual.adb_server import VirtualAdbServer
 from host.devices.virtual.phone import VirtualPhone
 from host.runner import run_host
 from host.settings import HostSettings
+from host.timeline.store import TimelineStore
 from planner.session.items import Reasoning, loads_item
 from tests.support.fake_session_server import (
     FakeSessionServer,
@@ -233,5 +234,13 @@ async def test_restarted_host_continues_the_conversation_with_signed_thinking(
                 "Back after a restart: Display is open, toggle Dark theme."
             )
             assert "Current screen:" in logged.decisions[2].user_prompt
+            assert {d.planner_mode for d in logged.decisions} == {"session"}
         else:
             assert stored == []
+        # The host's timeline marks each step's logged prompt as a session observation.
+        timeline = TimelineStore(settings.resolved_db_path, settings.resolved_artifact_dir)
+        try:
+            steps = timeline.steps(task_id, 2)
+        finally:
+            timeline.close()
+        assert steps and {r.planner_mode for r in steps if r.tool_name} == {"session"}

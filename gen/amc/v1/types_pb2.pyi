@@ -900,6 +900,7 @@ class Decision(_message.Message):
     FORCED_RETRY_FIELD_NUMBER: _builtins.int
     CREATED_AT_FIELD_NUMBER: _builtins.int
     CORRECTIVE_RETRIES_FIELD_NUMBER: _builtins.int
+    PLANNER_MODE_FIELD_NUMBER: _builtins.int
     decision_id: _builtins.str
     """Server-assigned id."""
     host_id: _builtins.str
@@ -934,6 +935,10 @@ class Decision(_message.Message):
     """The first answer had no tool call and a forced tool call was needed."""
     corrective_retries: _builtins.int
     """Corrective retries after invalid arguments (0 when the first tool call was valid)."""
+    planner_mode: _builtins.str
+    """"compact": the two prompts were the whole request. "session": the model saw a conversation
+    the cloud keeps, and user_prompt is what this step added to it (its observation).
+    """
     @_builtins.property
     def action(self) -> Global___Action:
         """The same action, typed."""
@@ -978,10 +983,11 @@ class Decision(_message.Message):
         forced_retry: _builtins.bool = ...,
         created_at: _timestamp_pb2.Timestamp | None = ...,
         corrective_retries: _builtins.int = ...,
+        planner_mode: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["action", b"action", "created_at", b"created_at", "latency", b"latency", "usage", b"usage"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["action", b"action", "arguments_json", b"arguments_json", "attempt", b"attempt", "corrective_retries", b"corrective_retries", "created_at", b"created_at", "decision_id", b"decision_id", "expected_outcome", b"expected_outcome", "forced_retry", b"forced_retry", "host_id", b"host_id", "latency", b"latency", "model", b"model", "provider", b"provider", "purpose", b"purpose", "rationale", b"rationale", "step_index", b"step_index", "system_prompt", b"system_prompt", "task_id", b"task_id", "thinking", b"thinking", "tool_name", b"tool_name", "usage", b"usage", "user_prompt", b"user_prompt"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["action", b"action", "arguments_json", b"arguments_json", "attempt", b"attempt", "corrective_retries", b"corrective_retries", "created_at", b"created_at", "decision_id", b"decision_id", "expected_outcome", b"expected_outcome", "forced_retry", b"forced_retry", "host_id", b"host_id", "latency", b"latency", "model", b"model", "planner_mode", b"planner_mode", "provider", b"provider", "purpose", b"purpose", "rationale", b"rationale", "step_index", b"step_index", "system_prompt", b"system_prompt", "task_id", b"task_id", "thinking", b"thinking", "tool_name", b"tool_name", "usage", b"usage", "user_prompt", b"user_prompt"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
