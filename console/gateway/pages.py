@@ -34,6 +34,44 @@ present.install(TEMPLATES.env)
 router = APIRouter(include_in_schema=False)
 
 PAGE_SIZES = (10, 25, 50, 100)
+#: The tasks page remembers this many earlier pages for its "Newer" link (older ones are
+#: forgotten: from there only "First page" leads back), each token at most MAX_BACK_TOKEN long,
+#: so its URLs stay a few KB at most.
+MAX_BACK = 20
+MAX_BACK_TOKEN = 512
+
+
+def pager_links(
+    filters: list[tuple[str, str]], back: list[str], page_token: str, next_token: str
+) -> dict[str, str | None]:
+    """First, newer and older links of a page of tasks.
+
+    ListTasks pages forward only, so the links carry the way back: `back` holds the page tokens
+    of the pages this one was reached through, oldest first ("" is the first page, which has no
+    token). A "Newer" link pops the last one; an "Older" link pushes this page's token. Without
+    a remembered previous page (a shared link, or a walk longer than MAX_BACK) there is no
+    "Newer" link, only "First page".
+    """
+    if any(len(token) > MAX_BACK_TOKEN for token in back):
+        back = []
+    back = back[-MAX_BACK:]
+    first_url = "/tasks?" + urlencode(filters)
+
+    def url(token: str, trail: list[str]) -> str:
+        query = [*filters, *(("back", t) for t in trail)]
+        if token:
+            query.append(("page_token", token))
+        return "/tasks?" + urlencode(query)
+
+    newer_url = None
+    if page_token and back:
+        newer_url = first_url if back[-1] == "" else url(back[-1], back[:-1])
+    older_url = url(next_token, [*back, page_token][-MAX_BACK:]) if next_token else None
+    return {
+        "first_url": first_url if page_token and newer_url != first_url else None,
+        "newer_url": newer_url,
+        "next_url": older_url,
+    }
 
 
 def render(
@@ -99,6 +137,7 @@ async def tasks_page(
     q: str = "",
     page_token: str = "",
     page_size: Annotated[int, Query(ge=1, le=500)] = 25,
+    back: Annotated[list[str] | None, Query()] = None,
 ) -> Response:
     chosen = [s for s in status or [] if s in TASK_STATUSES]
     page = await cloud.list_tasks(
@@ -113,11 +152,6 @@ async def tasks_page(
     filters += [(k, v) for k, v in (("host", host), ("q", q)) if v]
     if page_size != 25:
         filters.append(("page_size", str(page_size)))
-    next_url = (
-        "/tasks?" + urlencode([*filters, ("page_token", page.next_page_token)])
-        if page.next_page_token
-        else None
-    )
     context = {
         "nav": "tasks",
         "tasks": [TaskOut.of(t) for t in page.tasks],
@@ -128,8 +162,7 @@ async def tasks_page(
         "q": q,
         "page_size": page_size,
         "page_sizes": PAGE_SIZES,
-        "first_url": "/tasks?" + urlencode(filters) if page_token else None,
-        "next_url": next_url,
+        **pager_links(filters, back or [], page_token, page.next_page_token),
         # New tasks are inserted live only where they would appear: an unfiltered first page.
         "live_insert": not (chosen or host or q or page_token),
     }

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import re
 import uuid
+from html import unescape
 
 import httpx
 
 from console.gateway.app import SESSION_COOKIE
-from tests.console.console_stack import ADMIN, PASSWORD
+from tests.console.console_stack import ADMIN, PASSWORD, Operator
 
 
 def csrf_of(html: str) -> str:
@@ -130,3 +131,78 @@ def test_bad_form_and_query_values_get_an_html_answer(anon: httpx.Client) -> Non
     assert bad_query.status_code == 422
     assert bad_query.headers["content-type"].startswith("text/html")
     assert "page_size" in bad_query.text
+
+
+def _link(html_text: str, rel: str) -> str | None:
+    match = re.search(rf'<a href="([^"]+)" rel="{rel}">', html_text)
+    return unescape(match.group(1)) if match else None
+
+
+def _rows(html_text: str) -> list[str]:
+    return re.findall(r'<tr[^>]* data-task-id="([^"]+)"', html_text)
+
+
+def test_task_pages_lead_back_the_way_they_came(anon: httpx.Client, operator: Operator) -> None:
+    log_in(anon)
+    tag = uuid.uuid4().hex[:8]
+    made = [operator.submit(f"page walk {tag} #{i}", host_id="nowhere").task_id for i in range(7)]
+
+    forward: list[list[str]] = []
+    urls: list[str] = []
+    url: str | None = f"/tasks?q={tag}&page_size=2"
+    while url is not None:
+        page = anon.get(url)
+        assert page.status_code == 200
+        urls.append(url)
+        forward.append(_rows(page.text))
+        url = _link(page.text, "next")
+    assert [len(rows) for rows in forward] == [2, 2, 2, 1]
+    assert sorted(t for rows in forward for t in rows) == sorted(made)  # each task once
+
+    # Back from the last page, one "Newer" at a time, through the same pages.
+    page = anon.get(urls[-1])
+    for expected in reversed(forward[:-1]):
+        newer = _link(page.text, "prev")
+        assert newer is not None
+        assert f"q={tag}" in newer and "page_size=2" in newer  # the filters stay
+        page = anon.get(newer)
+        assert page.status_code == 200
+        assert _rows(page.text) == expected
+    assert _link(page.text, "prev") is None  # the first page
+    assert "page_token" not in str(page.url)
+
+
+def test_task_pages_without_a_known_way_back_offer_the_first_page(
+    anon: httpx.Client, operator: Operator
+) -> None:
+    log_in(anon)
+    tag = uuid.uuid4().hex[:8]
+    for i in range(3):
+        operator.submit(f"shared link {tag} #{i}", host_id="nowhere")
+    first = anon.get("/tasks", params={"q": tag, "page_size": 1})
+    older = _link(first.text, "next")
+    assert older is not None
+    token = dict(httpx.URL(older).params)["page_token"]
+
+    shared = anon.get("/tasks", params={"q": tag, "page_size": 1, "page_token": token})
+    assert shared.status_code == 200
+    assert _link(shared.text, "prev") is None
+    assert "« First page" in shared.text
+
+    # An oversized trail is ignored rather than echoed into every link.
+    huge = anon.get(
+        "/tasks", params={"q": tag, "page_size": 1, "page_token": token, "back": "x" * 5000}
+    )
+    assert huge.status_code == 200
+    assert _link(huge.text, "prev") is None
+    assert "x" * 600 not in huge.text
+
+    # A forged trail token reaches the cloud only when followed, which refuses it.
+    forged = anon.get(
+        "/tasks", params={"q": tag, "page_size": 1, "page_token": token, "back": "garbage"}
+    )
+    newer = _link(forged.text, "prev")
+    assert newer is not None
+    refused = anon.get(newer)
+    assert refused.status_code == 422
+    assert "INVALID_ARGUMENT" in refused.text
