@@ -65,9 +65,15 @@ class Subscription:
         self._wants_thinking = thinking
         self._task_id = task_id
         self._thinking: dict[tuple[str, int], str] = {}
+        self._all = False
 
     def _offer(self, task_ids: list[str]) -> None:
         self._pending.update(task_ids)
+        self._event.set()
+
+    def _offer_all(self) -> None:
+        self._all = True
+        self._pending.clear()
         self._event.set()
 
     def _offer_thinking(self, task_id: str, attempt: int, delta: str) -> None:
@@ -77,11 +83,16 @@ class Subscription:
         self._thinking[key] = (self._thinking.get(key, "") + delta)[-_THINKING_BACKLOG:]
         self._event.set()
 
-    async def next(self) -> set[str]:
+    async def next(self) -> set[str] | None:
         """Wait for changes; return every task id changed since the last call (possibly none,
-        when only thinking arrived: see `take_thinking`)."""
+        when only thinking arrived: see `take_thinking`), or None when any task may have changed
+        (notifications from other replicas may have been lost while LISTEN reconnected)."""
         await self._event.wait()
         self._event.clear()
+        if self._all:
+            self._all = False
+            self._pending.clear()
+            return None
         out, self._pending = self._pending, set()
         return out
 
@@ -346,6 +357,8 @@ class EventBus:
                     # After a reconnect anything may have been missed: wake everyone once.
                     self._deliver_queued()
                     self._deliver_hosts_all()
+                    for sub in list(self._subs):
+                        sub._offer_all()
                     async for note in conn.notifies():
                         self._on_notify(note.payload)
             except asyncio.CancelledError:

@@ -61,9 +61,11 @@ class ProgressServicer(progress_service_pb2_grpc.ProgressServiceServicer):
                         thinking=pb.LiveThinking(task_id=task_id, attempt=attempt, delta=text)
                     )
                 if request.task_id:
-                    if request.task_id not in changed:
+                    if changed is not None and request.task_id not in changed:
                         continue
                     wanted = [request.task_id]
+                elif changed is None:  # anything may have changed: re-read every active task
+                    wanted = await tasks.active_task_ids(self._store)
                 else:
                     wanted = sorted(changed)
                 for i in range(0, len(wanted), _SNAPSHOT_CHUNK):

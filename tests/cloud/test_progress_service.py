@@ -8,6 +8,7 @@ from typing import Any
 
 import grpc
 import pytest
+from sqlalchemy import text
 
 from amc.v1 import (
     decision_log_service_pb2,
@@ -17,8 +18,11 @@ from amc.v1 import (
     task_service_pb2,
     types_pb2,
 )
+from cloud.events import EventBus
 from cloud.server import CloudServer
+from cloud.store.database import Store
 from tests.cloud.cloud_harness import channel, submit
+from tests.support.postgres import PostgresServer
 
 
 async def _drain(call: Any) -> list[Any]:
@@ -74,3 +78,31 @@ async def test_decision_log_arguments(cloud: CloudServer, pki_dir: Path) -> None
         assert empty.next_page_token == ""
     finally:
         await ch.close()
+
+
+@pytest.mark.postgres
+async def test_watchers_reread_everything_after_the_listen_connection_drops(
+    postgres_server: PostgresServer,
+) -> None:
+    """NOTIFYs sent while a replica's LISTEN connection was down are lost: on reconnecting, the
+    bus tells every task and fleet watcher that anything may have changed (next() is None), and
+    WatchProgress then re-reads the tasks it shows."""
+    url = postgres_server.create_database()
+    store = Store.from_url(url)
+    bus = EventBus(store)
+    await bus.start()
+    try:
+        tasks_sub, hosts_sub = bus.subscribe(), bus.subscribe_hosts()
+        async with store.engine.connect() as conn:  # drop the LISTEN connection, as a restart
+            await conn.execute(
+                text(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                    "WHERE query LIKE 'LISTEN%' AND pid <> pg_backend_pid()"
+                )
+            )
+            await conn.commit()
+        assert await asyncio.wait_for(tasks_sub.next(), 15) is None
+        assert await asyncio.wait_for(hosts_sub.next(), 15) is None
+    finally:
+        await bus.stop()
+        await store.close()
