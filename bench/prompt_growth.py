@@ -1,4 +1,5 @@
-"""Prompt size per step over a 40-step task: compact history against the old full-scene history.
+"""Prompt size per step over a 40-step task: compact history against the old full-scene history,
+and session mode's whole request with its context budget against none.
 
 The old design (`_history_summary()` in the seed) serialized every past step's full WorldEvent,
 scene included, into the next prompt, so the prompt grew by a whole screen per step. The compact
@@ -7,7 +8,11 @@ rationale, success) and only the last `history_window` of them.
 
 The steps are real: the offline planner works through a list of goals on the in-process virtual
 phone, one long task's worth of screens and decisions, and each step's prompt is built both ways
-from the same scene and the same history.
+from the same scene and the same history. Session mode sends the whole conversation each step:
+its request (the Anthropic projection's messages, thinking on) is measured with the default
+context budget (`keep_scenes` 6: older screens condensed at checkpoints) and without one; the
+model's turns are the offline decisions with a 1,000-character thinking block and signature
+standing in for a real model's.
 
     python bench/prompt_growth.py           # 40 steps
     python bench/prompt_growth.py --smoke   # 8 steps, for CI
@@ -33,6 +38,18 @@ from planner.planner import Planner
 from planner.prompts import HISTORY_WINDOW, build_user_prompt
 from planner.providers.offline import OfflineProvider
 from planner.scene import Scene
+from planner.session.anthropic_projection import project_anthropic
+from planner.session.items import (
+    AssistantText,
+    ContextCheckpoint,
+    Reasoning,
+    SessionItem,
+    ToolCall,
+    ToolResult,
+    UserObservation,
+)
+from planner.session.step_planner import condensed_text, observation_text, step_outcome
+from planner.session.turns import next_checkpoint
 
 GOALS = [
     "Turn on dark theme",
@@ -87,18 +104,60 @@ async def collect(steps: int) -> list[tuple[str, Scene, WorldEvent]]:
     return out
 
 
+class SessionTrace:
+    """One session's items as a SessionPlanner would commit them, with or without a budget."""
+
+    def __init__(self, keep_scenes: int | None) -> None:
+        self.keep_scenes = keep_scenes
+        self.items: list[SessionItem] = []
+
+    def request_size(self, goal: str | None, scene: Scene) -> int:
+        """Add this step's observation and return the size of the request it makes."""
+        cut = next_checkpoint(self.items, self.keep_scenes)
+        if cut is not None:
+            self.items.append(ContextCheckpoint(cut))
+        self.items.append(
+            UserObservation(observation_text(goal, scene), condensed=condensed_text(goal, scene))
+        )
+        messages = project_anthropic(self.items, thinking=True).messages
+        return len(json.dumps(messages, ensure_ascii=False))
+
+    def answer(self, step: int, event: WorldEvent) -> None:
+        turn, call = f"msg_{step}", f"toolu_{step}"
+        arguments = {k: v for k, v in event.action.items() if k != "tool"}
+        self.items += [
+            Reasoning("anthropic", turn, text="t" * 1000, signature="s" * 400),
+            AssistantText("anthropic", turn, event.rationale or "next step"),
+            ToolCall("anthropic", turn, call, str(event.action.get("tool")), arguments),
+        ]
+        output, failed = step_outcome(event)
+        self.items.append(ToolResult(call, output, failed))
+
+
 def measure(steps: int) -> list[dict[str, Any]]:
     trace = asyncio.run(collect(steps))
     rows = []
     events: list[WorldEvent] = []
     full: list[tuple[WorldEvent, Scene]] = []
+    budgeted, unbounded = SessionTrace(keep_scenes=6), SessionTrace(keep_scenes=None)
     for i, (_goal, scene, event) in enumerate(trace, start=1):
         goal = "Work through the maintenance checklist"
         compact = build_user_prompt(goal, scene, events)
         old = old_user_prompt(goal, scene, full)
-        rows.append({"step": i, "compact": len(compact), "full": len(old)})
+        shown = goal if i == 1 else None
+        rows.append(
+            {
+                "step": i,
+                "compact": len(compact),
+                "full": len(old),
+                "session": budgeted.request_size(shown, scene),
+                "session_unbounded": unbounded.request_size(shown, scene),
+            }
+        )
         events.append(event)
         full.append((event, scene))
+        budgeted.answer(i, event)
+        unbounded.answer(i, event)
     return rows
 
 
@@ -134,6 +193,33 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"compact growth step 1 -> {last['step']}: {first_compact} -> {last['compact']} chars "
         f"(max {max(r['compact'] for r in rows)})"
+    )
+    print()
+    print("Session mode: whole request per step (characters of the messages sent),")
+    print("context budget keep_scenes=6 against none")
+    head2 = ("step", "budget", "~tok", "no budget", "~tok", "none/budget")
+    print(
+        " | ".join(
+            [
+                f"{head2[0]:>4}",
+                f"{head2[1]:>8} {head2[2]:>6}",
+                f"{head2[3]:>10} {head2[4]:>7}",
+                f"{head2[5]:>12}",
+            ]
+        )
+    )
+    print("-" * 62)
+    for r in rows:
+        ratio = r["session_unbounded"] / r["session"]
+        print(
+            f"{r['step']:>4} | {r['session']:>8} {r['session'] // 4:>6} | "
+            f"{r['session_unbounded']:>10} {r['session_unbounded'] // 4:>7} | {ratio:>11.1f}x"
+        )
+    print("-" * 62)
+    print(
+        f"step {last['step']}: session request without a budget is "
+        f"{last['session_unbounded'] / last['session']:.1f}x the budgeted one "
+        f"(max budgeted {max(r['session'] for r in rows) // 4:,} ~tokens)"
     )
     return 0
 
