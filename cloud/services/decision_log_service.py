@@ -7,13 +7,15 @@ import grpc
 from amc.v1 import decision_log_service_pb2 as pb
 from amc.v1 import decision_log_service_pb2_grpc
 from cloud.services.auth import abort, require
+from cloud.services.conversation import conversation_item
 from cloud.settings import CloudSettings
-from cloud.store import convert, decisions
+from cloud.store import convert, decisions, sessions, tasks
 from cloud.store.database import Store
+from planner.session.items import loads_item
 
 
 class DecisionLogServicer(decision_log_service_pb2_grpc.DecisionLogServiceServicer):
-    """List and get decisions."""
+    """List and get decisions; read a session-mode attempt's conversation."""
 
     def __init__(self, store: Store, settings: CloudSettings) -> None:
         self._store = store
@@ -59,3 +61,33 @@ class DecisionLogServicer(decision_log_service_pb2_grpc.DecisionLogServiceServic
                 context, grpc.StatusCode.NOT_FOUND, f"decision {request.decision_id} not found"
             )
         return pb.GetDecisionResponse(decision=convert.decision(row))
+
+    async def GetConversation(
+        self,
+        request: pb.GetConversationRequest,
+        context: grpc.aio.ServicerContext[pb.GetConversationRequest, pb.GetConversationResponse],
+    ) -> pb.GetConversationResponse:
+        await require(context, "operator", insecure=self._settings.insecure)
+        if not request.task_id:
+            await abort(context, grpc.StatusCode.INVALID_ARGUMENT, "task_id: required")
+        if request.attempt < 1:
+            await abort(context, grpc.StatusCode.INVALID_ARGUMENT, "attempt: must be >= 1")
+        if not 0 <= request.page_size <= 500:
+            await abort(context, grpc.StatusCode.INVALID_ARGUMENT, "page_size: 0 to 500")
+        start = 0
+        if request.page_token:
+            if not request.page_token.isdigit() or len(request.page_token) > 9:
+                await abort(
+                    context, grpc.StatusCode.INVALID_ARGUMENT, "page_token: not from this call"
+                )
+            start = int(request.page_token)
+        if await tasks.get(self._store, request.task_id[:128]) is None:
+            await abort(context, grpc.StatusCode.NOT_FOUND, f"task {request.task_id} not found")
+        size = request.page_size or 100
+        rows = await sessions.page(self._store, request.task_id, request.attempt, start, size + 1)
+        more = len(rows) > size
+        rows = rows[:size]
+        return pb.GetConversationResponse(
+            items=[conversation_item(seq, loads_item(body)) for seq, body in rows],
+            next_page_token=str(rows[-1][0] + 1) if more else "",
+        )

@@ -32,6 +32,24 @@ async def load(store: Store, task_id: str, attempt: int) -> list[str]:
         return list(rows)
 
 
+async def page(
+    store: Store, task_id: str, attempt: int, start: int, limit: int
+) -> list[tuple[int, str]]:
+    """(seq, body) of up to `limit` items from position `start`, in order."""
+    async with store.read() as session:
+        rows = await session.execute(
+            select(SessionItemRow.seq, SessionItemRow.body)
+            .where(
+                SessionItemRow.task_id == task_id,
+                SessionItemRow.attempt == attempt,
+                SessionItemRow.seq >= start,
+            )
+            .order_by(SessionItemRow.seq)
+            .limit(limit)
+        )
+        return [(int(seq), str(body)) for seq, body in rows]
+
+
 async def length(store: Store, task_id: str, attempt: int) -> int:
     """How many items one attempt's conversation has (the next append's position)."""
     async with store.read() as session:

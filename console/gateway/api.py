@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Query, Request, status
+from fastapi import Path as PathParam
 from starlette.responses import StreamingResponse
 
 from console.gateway.auth import require_api_user
@@ -14,6 +15,8 @@ from console.gateway.history import group_history
 from console.gateway.models import (
     TASK_STATUSES,
     CancelIn,
+    ConversationItemOut,
+    ConversationOut,
     DecisionOut,
     DecisionPage,
     ErrorOut,
@@ -132,6 +135,20 @@ async def list_decisions(
     return DecisionPage(
         decisions=[DecisionOut.of(d) for d in page.decisions],
         next_page_token=page.next_page_token,
+    )
+
+
+@router.get(
+    "/tasks/{task_id}/attempts/{attempt}/conversation",
+    response_model=ConversationOut,
+    summary="A session-mode attempt's whole conversation with the model",
+)
+async def conversation(
+    cloud: Cloud, task_id: str, attempt: Annotated[int, PathParam(ge=1)]
+) -> ConversationOut:
+    items = await cloud.conversation(task_id, attempt)
+    return ConversationOut(
+        task_id=task_id, attempt=attempt, items=[ConversationItemOut.of(i) for i in items]
     )
 
 

@@ -164,6 +164,26 @@ class CloudClient:
                 break
         return decisions
 
+    async def conversation(
+        self, task_id: str, attempt: int
+    ) -> list[decision_log_service_pb2.ConversationItem]:
+        """Every item of a session-mode attempt's conversation (empty for compact mode)."""
+        items: list[decision_log_service_pb2.ConversationItem] = []
+        token = ""
+        while True:
+            page: decision_log_service_pb2.GetConversationResponse = (
+                await self._decisions.GetConversation(
+                    decision_log_service_pb2.GetConversationRequest(
+                        task_id=task_id, attempt=attempt, page_size=500, page_token=token
+                    ),
+                    timeout=self._timeout,
+                )
+            )
+            items.extend(page.items)
+            token = page.next_page_token
+            if not token:
+                return items
+
     async def get_decision(self, decision_id: str) -> types_pb2.Decision:
         response: decision_log_service_pb2.GetDecisionResponse = await self._decisions.GetDecision(
             decision_log_service_pb2.GetDecisionRequest(decision_id=decision_id),

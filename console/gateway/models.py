@@ -16,7 +16,7 @@ from google.protobuf.json_format import MessageToDict
 from google.protobuf.timestamp_pb2 import Timestamp
 from pydantic import BaseModel, Field
 
-from amc.v1 import types_pb2
+from amc.v1 import decision_log_service_pb2, types_pb2
 
 TaskStatusName = Literal[
     "unspecified", "queued", "assigned", "running", "succeeded", "failed", "cancelled"
@@ -261,6 +261,54 @@ class DecisionOut(BaseModel):
             created_at=_time(d.created_at, d.HasField("created_at")),
             planner_mode=d.planner_mode or "compact",
         )
+
+
+class ConversationItemOut(BaseModel):
+    """One item of a session-mode conversation, as a person reads it (no signatures or
+    encrypted reasoning; sensitive text masked)."""
+
+    seq: int
+    kind: str = Field(
+        description="observation, instruction, reasoning, assistant_text, tool_call, "
+        "tool_result or checkpoint"
+    )
+    text: str
+    tool_name: str
+    arguments: dict[str, Any] | None
+    call_id: str
+    is_error: bool
+    redacted: bool
+    provider: str
+
+    @classmethod
+    def of(cls, item: decision_log_service_pb2.ConversationItem) -> ConversationItemOut:
+        try:
+            parsed = json.loads(item.arguments_json) if item.arguments_json else None
+        except ValueError:
+            parsed = None
+        return cls(
+            seq=item.seq,
+            kind=_enum_word(
+                decision_log_service_pb2.ConversationItemKind,
+                item.kind,
+                "CONVERSATION_ITEM_KIND_",
+            ),
+            text=item.text,
+            tool_name=item.tool_name,
+            arguments=parsed if isinstance(parsed, dict) else None,
+            call_id=item.call_id,
+            is_error=item.is_error,
+            redacted=item.redacted,
+            provider=item.provider,
+        )
+
+
+class ConversationOut(BaseModel):
+    """A session-mode attempt's whole conversation; empty for compact mode."""
+
+    task_id: str
+    attempt: int
+    items: list[ConversationItemOut]
 
 
 class DecisionPage(BaseModel):

@@ -12,6 +12,7 @@ from urllib.parse import urlencode
 
 import grpc
 from fastapi import APIRouter, Form, Query, Request
+from fastapi import Path as PathParam
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from fastapi.templating import Jinja2Templates
 
@@ -26,7 +27,13 @@ from console.gateway.auth import (
     session_user,
 )
 from console.gateway.errors import describe
-from console.gateway.models import TASK_STATUSES, HostOut, TaskOut, task_status_value
+from console.gateway.models import (
+    TASK_STATUSES,
+    ConversationItemOut,
+    HostOut,
+    TaskOut,
+    task_status_value,
+)
 
 TEMPLATES = Jinja2Templates(directory=Path(__file__).parent / "templates")
 present.install(TEMPLATES.env)
@@ -219,6 +226,20 @@ async def submit_form(
 async def task_page(request: Request, _: PageUser, cloud: Cloud, task_id: str) -> Response:
     detail = await task_detail(cloud, task_id)
     return render(request, "task_detail.html", {"nav": "tasks", "detail": detail})
+
+
+@router.get("/tasks/{task_id}/attempts/{attempt}/conversation", response_class=HTMLResponse)
+async def conversation_page(
+    request: Request,
+    _: PageUser,
+    cloud: Cloud,
+    task_id: str,
+    attempt: Annotated[int, PathParam(ge=1)],
+) -> Response:
+    task = TaskOut.of(await cloud.get_task(task_id))
+    items = [ConversationItemOut.of(i) for i in await cloud.conversation(task_id, attempt)]
+    context = {"nav": "tasks", "task": task, "attempt": attempt, "items": items}
+    return render(request, "conversation.html", context)
 
 
 @router.get("/tasks/{task_id}/cancel", response_class=HTMLResponse)

@@ -19,6 +19,8 @@ import pytest
 from sqlalchemy import update
 
 from amc.v1 import (
+    decision_log_service_pb2,
+    decision_log_service_pb2_grpc,
     planner_service_pb2,
     planner_service_pb2_grpc,
     progress_service_pb2,
@@ -394,3 +396,100 @@ async def test_live_thinking_crosses_replicas_in_order(postgres_server: Postgres
         await bus_b.stop()
         await store_a.close()
         await store_b.close()
+
+
+# --- operators read the conversation back ------------------------------------------------------
+
+
+async def test_operators_read_the_conversation_without_the_opaque_material(
+    anthropic_cloud: CloudServer, model: FakeSessionServer, pki_dir: Path
+) -> None:
+    model.anthropic_script.extend(
+        [
+            ScriptedTurn(
+                [
+                    thinking("The form is open; type the PIN."),
+                    text("Type it."),
+                    tool_use("input_text", {"text": "4711-secret", "sensitive": True, **INTENT}),
+                ]
+            ),
+            ScriptedTurn(
+                [
+                    thinking("Typed."),
+                    text("Done."),
+                    tool_use("complete", {"success": True, "reason": "ok"}),
+                ]
+            ),
+        ]
+    )
+    async with Leased(anthropic_cloud, pki_dir, "h25") as leased:
+        first = await leased.stub.Decide(leased.request())
+        outcome = planner_service_pb2.ToolOutcome(
+            call_id=first.session_call_id, output='{"ok":true}'
+        )
+        await leased.stub.Decide(leased.request(outcome))
+        log: Any = decision_log_service_pb2_grpc.DecisionLogServiceStub(leased.ops)  # type: ignore[no-untyped-call]
+        a = leased.assignment
+
+        def ask(**fields: Any) -> Any:
+            request = decision_log_service_pb2.GetConversationRequest(
+                task_id=a.task_id, attempt=a.attempt, **fields
+            )
+            return log.GetConversation(request)
+
+        whole = await ask()
+        first_page = await ask(page_size=4)
+        rest = await ask(page_size=100, page_token=first_page.next_page_token)
+        host_call: Any = decision_log_service_pb2_grpc.DecisionLogServiceStub(leased.ch)  # type: ignore[no-untyped-call]
+        refusals = [
+            await _code(
+                host_call.GetConversation(
+                    decision_log_service_pb2.GetConversationRequest(task_id=a.task_id, attempt=1)
+                )
+            ),
+            await _code(ask(page_token="not-ours")),
+            await _code(
+                log.GetConversation(
+                    decision_log_service_pb2.GetConversationRequest(task_id="nope", attempt=1)
+                )
+            ),
+            await _code(
+                log.GetConversation(
+                    decision_log_service_pb2.GetConversationRequest(task_id=a.task_id)
+                )
+            ),
+        ]
+
+    kinds = decision_log_service_pb2.ConversationItemKind.Name
+    assert [kinds(i.kind).removeprefix("CONVERSATION_ITEM_KIND_") for i in whole.items] == [
+        "OBSERVATION",
+        "REASONING",
+        "ASSISTANT_TEXT",
+        "TOOL_CALL",
+        "TOOL_RESULT",
+        "OBSERVATION",
+        "REASONING",
+        "ASSISTANT_TEXT",
+        "TOOL_CALL",
+    ]
+    assert [i.seq for i in whole.items] == list(range(9))
+    assert whole.items[1].text == "The form is open; type the PIN." and whole.items[1].provider
+    assert whole.items[4].call_id == whole.items[3].call_id and whole.items[4].text == '{"ok":true}'
+    wire = whole.SerializeToString()
+    assert b"4711-secret" not in wire  # the sensitive text was masked when the call was stored
+    signatures = [
+        b["signature"]
+        for m in model.bodies("/v1/messages")[1]["messages"]
+        if m["role"] == "assistant"
+        for b in m["content"]
+        if b["type"] == "thinking"
+    ]
+    assert signatures and all(sig.encode() not in wire for sig in signatures)
+    assert list(first_page.items) + list(rest.items) == list(whole.items)
+    assert first_page.next_page_token and not rest.next_page_token
+    assert [code for code, _ in refusals] == [
+        grpc.StatusCode.PERMISSION_DENIED,
+        grpc.StatusCode.INVALID_ARGUMENT,
+        grpc.StatusCode.NOT_FOUND,
+        grpc.StatusCode.INVALID_ARGUMENT,
+    ]

@@ -7,7 +7,10 @@ import httpx
 
 from amc.v1 import types_pb2
 from cloud.store import decisions
+from cloud.store.ports import StoreSessionStore
 from planner.decision import Decision, ThinkingBlock, Usage
+from planner.history import MASK
+from planner.session.items import AssistantText, Reasoning, ToolCall, ToolResult, UserObservation
 from tests.console.console_stack import Cloud, HostFactory, Operator
 from tests.console.test_pages import log_in
 
@@ -54,3 +57,47 @@ def test_session_decisions_are_labelled_on_the_page_and_in_the_api(
     page = anon.get(f"/tasks/{task.task_id}").text
     assert page.count("Observation added") == 1  # the session step, not the compact one
     assert "Session mode: the model saw the whole conversation" in page
+
+
+def test_the_whole_conversation_of_a_session_attempt_reads_in_order(
+    anon: httpx.Client, api: httpx.Client, cloud: Cloud, operator: Operator, make_host: HostFactory
+) -> None:
+    host = make_host()
+    task = operator.submit("Type the PIN", host_id=host.host_id)
+    a = host.assignment()
+    items = [
+        UserObservation("Goal: Type the PIN\nCurrent screen: <form>", condensed="form"),
+        Reasoning("anthropic", "msg_1", text="The PIN field is e3.", signature="SIG" * 40),
+        AssistantText("anthropic", "msg_1", "Type it <now>."),
+        ToolCall("anthropic", "msg_1", "toolu_1", "input_text", {"text": MASK, "sensitive": True}),
+        ToolResult("toolu_1", '{"ok":true}'),
+        Reasoning("anthropic", "msg_2", redacted_data="opaque"),
+    ]
+    cloud.loop.run(StoreSessionStore(cloud.server.store).append(task.task_id, a.attempt, items))
+    cloud.loop.run(
+        decisions.append(
+            cloud.server.store, host.host_id, task.task_id, a.attempt, _decision("session")
+        )
+    )
+
+    got = api.get(f"/api/tasks/{task.task_id}/attempts/{a.attempt}/conversation").json()
+    assert [i["kind"] for i in got["items"]] == [
+        "observation",
+        "reasoning",
+        "assistant_text",
+        "tool_call",
+        "tool_result",
+        "reasoning",
+    ]
+    assert got["items"][3]["arguments"] == {"text": MASK, "sensitive": True}
+    assert got["items"][5]["redacted"] and not got["items"][5]["text"]
+    assert "SIG" not in str(got) and "opaque" not in str(got)
+    assert api.get(f"/api/tasks/{task.task_id}/attempts/0/conversation").status_code == 422
+    assert api.get("/api/tasks/nope/attempts/1/conversation").status_code == 404
+
+    log_in(anon, f"/tasks/{task.task_id}")
+    link = f"/tasks/{task.task_id}/attempts/{a.attempt}/conversation"
+    assert link in anon.get(f"/tasks/{task.task_id}").text  # a session attempt links to it
+    page = anon.get(link).text
+    assert "The PIN field is e3." in page and "Type it &lt;now&gt;." in page  # escaped
+    assert "redacted — the provider returned this reasoning encrypted" in page

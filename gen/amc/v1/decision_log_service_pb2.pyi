@@ -8,6 +8,7 @@ from collections import abc as _abc
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 import builtins as _builtins
 import sys
 import typing as _typing
@@ -18,6 +19,50 @@ else:
     from typing_extensions import TypeAlias as _TypeAlias, Never as _Never
 
 DESCRIPTOR: _descriptor.FileDescriptor
+
+class _ConversationItemKind:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _ConversationItemKindEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ConversationItemKind.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    CONVERSATION_ITEM_KIND_UNSPECIFIED: _ConversationItemKind.ValueType  # 0
+    """Not set."""
+    CONVERSATION_ITEM_KIND_OBSERVATION: _ConversationItemKind.ValueType  # 1
+    """A screen the host observed (the goal opens the first one)."""
+    CONVERSATION_ITEM_KIND_INSTRUCTION: _ConversationItemKind.ValueType  # 2
+    """An instruction the planner added (a nudge to call a tool)."""
+    CONVERSATION_ITEM_KIND_REASONING: _ConversationItemKind.ValueType  # 3
+    """The model's reasoning: thinking text or reasoning summary."""
+    CONVERSATION_ITEM_KIND_ASSISTANT_TEXT: _ConversationItemKind.ValueType  # 4
+    """Text the model wrote (its judgement of the last step and its intent)."""
+    CONVERSATION_ITEM_KIND_TOOL_CALL: _ConversationItemKind.ValueType  # 5
+    """A tool call the model made."""
+    CONVERSATION_ITEM_KIND_TOOL_RESULT: _ConversationItemKind.ValueType  # 6
+    """What executing a tool call did, as sent back to the model."""
+    CONVERSATION_ITEM_KIND_CHECKPOINT: _ConversationItemKind.ValueType  # 7
+    """A context-budget checkpoint: earlier screens are sent condensed from here on."""
+
+class ConversationItemKind(_ConversationItemKind, metaclass=_ConversationItemKindEnumTypeWrapper):
+    """What one conversation item is."""
+
+CONVERSATION_ITEM_KIND_UNSPECIFIED: ConversationItemKind.ValueType  # 0
+"""Not set."""
+CONVERSATION_ITEM_KIND_OBSERVATION: ConversationItemKind.ValueType  # 1
+"""A screen the host observed (the goal opens the first one)."""
+CONVERSATION_ITEM_KIND_INSTRUCTION: ConversationItemKind.ValueType  # 2
+"""An instruction the planner added (a nudge to call a tool)."""
+CONVERSATION_ITEM_KIND_REASONING: ConversationItemKind.ValueType  # 3
+"""The model's reasoning: thinking text or reasoning summary."""
+CONVERSATION_ITEM_KIND_ASSISTANT_TEXT: ConversationItemKind.ValueType  # 4
+"""Text the model wrote (its judgement of the last step and its intent)."""
+CONVERSATION_ITEM_KIND_TOOL_CALL: ConversationItemKind.ValueType  # 5
+"""A tool call the model made."""
+CONVERSATION_ITEM_KIND_TOOL_RESULT: ConversationItemKind.ValueType  # 6
+"""What executing a tool call did, as sent back to the model."""
+CONVERSATION_ITEM_KIND_CHECKPOINT: ConversationItemKind.ValueType  # 7
+"""A context-budget checkpoint: earlier screens are sent condensed from here on."""
+Global___ConversationItemKind: _TypeAlias = ConversationItemKind  # noqa: Y015
 
 @_typing.final
 class ListDecisionsRequest(_message.Message):
@@ -126,3 +171,119 @@ class GetDecisionResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___GetDecisionResponse: _TypeAlias = GetDecisionResponse  # noqa: Y015
+
+@_typing.final
+class GetConversationRequest(_message.Message):
+    """Request of DecisionLogService.GetConversation."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TASK_ID_FIELD_NUMBER: _builtins.int
+    ATTEMPT_FIELD_NUMBER: _builtins.int
+    PAGE_SIZE_FIELD_NUMBER: _builtins.int
+    PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    task_id: _builtins.str
+    """Task id (required)."""
+    attempt: _builtins.int
+    """Attempt (1 or more)."""
+    page_size: _builtins.int
+    """Items per page, 1 to 500; 0 means 100."""
+    page_token: _builtins.str
+    """Token from a previous response."""
+    def __init__(
+        self,
+        *,
+        task_id: _builtins.str = ...,
+        attempt: _builtins.int = ...,
+        page_size: _builtins.int = ...,
+        page_token: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "page_size", b"page_size", "page_token", b"page_token", "task_id", b"task_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetConversationRequest: _TypeAlias = GetConversationRequest  # noqa: Y015
+
+@_typing.final
+class GetConversationResponse(_message.Message):
+    """Response of DecisionLogService.GetConversation."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ITEMS_FIELD_NUMBER: _builtins.int
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    next_page_token: _builtins.str
+    """Token for the next page; empty on the last page."""
+    @_builtins.property
+    def items(self) -> _containers.RepeatedCompositeFieldContainer[Global___ConversationItem]:
+        """Items in conversation order."""
+
+    def __init__(
+        self,
+        *,
+        items: _abc.Iterable[Global___ConversationItem] | None = ...,
+        next_page_token: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["items", b"items", "next_page_token", b"next_page_token"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetConversationResponse: _TypeAlias = GetConversationResponse  # noqa: Y015
+
+@_typing.final
+class ConversationItem(_message.Message):
+    """One item of a session-mode conversation, as a person reads it."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SEQ_FIELD_NUMBER: _builtins.int
+    KIND_FIELD_NUMBER: _builtins.int
+    TEXT_FIELD_NUMBER: _builtins.int
+    TOOL_NAME_FIELD_NUMBER: _builtins.int
+    ARGUMENTS_JSON_FIELD_NUMBER: _builtins.int
+    CALL_ID_FIELD_NUMBER: _builtins.int
+    IS_ERROR_FIELD_NUMBER: _builtins.int
+    REDACTED_FIELD_NUMBER: _builtins.int
+    PROVIDER_FIELD_NUMBER: _builtins.int
+    seq: _builtins.int
+    """Position in the attempt's conversation, from 0."""
+    kind: Global___ConversationItemKind.ValueType
+    """What the item is."""
+    text: _builtins.str
+    """The observation, instruction, reasoning, model text or tool result text."""
+    tool_name: _builtins.str
+    """Tool name (tool calls)."""
+    arguments_json: _builtins.str
+    """Tool call arguments as a JSON object, sensitive text shown as "•••"."""
+    call_id: _builtins.str
+    """Tool call id (tool calls and their results)."""
+    is_error: _builtins.bool
+    """The tool result reported a failure."""
+    redacted: _builtins.bool
+    """Reasoning the provider returned without readable text (redacted or encrypted only)."""
+    provider: _builtins.str
+    """Provider that made a model item ("anthropic" or "openai")."""
+    def __init__(
+        self,
+        *,
+        seq: _builtins.int = ...,
+        kind: Global___ConversationItemKind.ValueType = ...,
+        text: _builtins.str = ...,
+        tool_name: _builtins.str = ...,
+        arguments_json: _builtins.str = ...,
+        call_id: _builtins.str = ...,
+        is_error: _builtins.bool = ...,
+        redacted: _builtins.bool = ...,
+        provider: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["arguments_json", b"arguments_json", "call_id", b"call_id", "is_error", b"is_error", "kind", b"kind", "provider", b"provider", "redacted", b"redacted", "seq", b"seq", "text", b"text", "tool_name", b"tool_name"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ConversationItem: _TypeAlias = ConversationItem  # noqa: Y015

@@ -45,6 +45,11 @@ class DecisionLogServiceStub:
                 request_serializer=amc_dot_v1_dot_decision__log__service__pb2.GetDecisionRequest.SerializeToString,
                 response_deserializer=amc_dot_v1_dot_decision__log__service__pb2.GetDecisionResponse.FromString,
                 _registered_method=True)
+        self.GetConversation = channel.unary_unary(
+                '/amc.v1.DecisionLogService/GetConversation',
+                request_serializer=amc_dot_v1_dot_decision__log__service__pb2.GetConversationRequest.SerializeToString,
+                response_deserializer=amc_dot_v1_dot_decision__log__service__pb2.GetConversationResponse.FromString,
+                _registered_method=True)
 
 
 class DecisionLogServiceServicer:
@@ -65,6 +70,16 @@ class DecisionLogServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetConversation(self, request, context):
+        """The conversation a session-mode attempt kept with the model, in order and readable (the
+        opaque reasoning material — signatures, encrypted content — is not sent); empty for an
+        attempt planned in compact mode. NOT_FOUND for an unknown task; INVALID_ARGUMENT for a
+        missing task id, an attempt below 1, a page size outside 0..500 or a foreign page token.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_DecisionLogServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -77,6 +92,11 @@ def add_DecisionLogServiceServicer_to_server(servicer, server):
                     servicer.GetDecision,
                     request_deserializer=amc_dot_v1_dot_decision__log__service__pb2.GetDecisionRequest.FromString,
                     response_serializer=amc_dot_v1_dot_decision__log__service__pb2.GetDecisionResponse.SerializeToString,
+            ),
+            'GetConversation': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetConversation,
+                    request_deserializer=amc_dot_v1_dot_decision__log__service__pb2.GetConversationRequest.FromString,
+                    response_serializer=amc_dot_v1_dot_decision__log__service__pb2.GetConversationResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -134,6 +154,33 @@ class DecisionLogService:
             '/amc.v1.DecisionLogService/GetDecision',
             amc_dot_v1_dot_decision__log__service__pb2.GetDecisionRequest.SerializeToString,
             amc_dot_v1_dot_decision__log__service__pb2.GetDecisionResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetConversation(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/amc.v1.DecisionLogService/GetConversation',
+            amc_dot_v1_dot_decision__log__service__pb2.GetConversationRequest.SerializeToString,
+            amc_dot_v1_dot_decision__log__service__pb2.GetConversationResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -37,6 +37,12 @@ class DecisionLogServiceStub:
     """Decisions of one task in step order, paged."""
     GetDecision: _grpc.UnaryUnaryMultiCallable[_decision_log_service_pb2.GetDecisionRequest, _decision_log_service_pb2.GetDecisionResponse]
     """One decision. NOT_FOUND for an unknown id."""
+    GetConversation: _grpc.UnaryUnaryMultiCallable[_decision_log_service_pb2.GetConversationRequest, _decision_log_service_pb2.GetConversationResponse]
+    """The conversation a session-mode attempt kept with the model, in order and readable (the
+    opaque reasoning material — signatures, encrypted content — is not sent); empty for an
+    attempt planned in compact mode. NOT_FOUND for an unknown task; INVALID_ARGUMENT for a
+    missing task id, an attempt below 1, a page size outside 0..500 or a foreign page token.
+    """
 
 @_typing.type_check_only
 class DecisionLogServiceAsyncStub(DecisionLogServiceStub):
@@ -47,6 +53,12 @@ class DecisionLogServiceAsyncStub(DecisionLogServiceStub):
     """Decisions of one task in step order, paged."""
     GetDecision: _aio.UnaryUnaryMultiCallable[_decision_log_service_pb2.GetDecisionRequest, _decision_log_service_pb2.GetDecisionResponse]  # type: ignore[assignment]
     """One decision. NOT_FOUND for an unknown id."""
+    GetConversation: _aio.UnaryUnaryMultiCallable[_decision_log_service_pb2.GetConversationRequest, _decision_log_service_pb2.GetConversationResponse]  # type: ignore[assignment]
+    """The conversation a session-mode attempt kept with the model, in order and readable (the
+    opaque reasoning material — signatures, encrypted content — is not sent); empty for an
+    attempt planned in compact mode. NOT_FOUND for an unknown task; INVALID_ARGUMENT for a
+    missing task id, an attempt below 1, a page size outside 0..500 or a foreign page token.
+    """
 
 class DecisionLogServiceServicer(metaclass=_abc_1.ABCMeta):
     """The durable per-step record of every planning decision made on the cloud transport."""
@@ -66,5 +78,17 @@ class DecisionLogServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_decision_log_service_pb2.GetDecisionResponse, _abc.Awaitable[_decision_log_service_pb2.GetDecisionResponse]]:
         """One decision. NOT_FOUND for an unknown id."""
+
+    @_abc_1.abstractmethod
+    def GetConversation(
+        self,
+        request: _decision_log_service_pb2.GetConversationRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_decision_log_service_pb2.GetConversationResponse, _abc.Awaitable[_decision_log_service_pb2.GetConversationResponse]]:
+        """The conversation a session-mode attempt kept with the model, in order and readable (the
+        opaque reasoning material — signatures, encrypted content — is not sent); empty for an
+        attempt planned in compact mode. NOT_FOUND for an unknown task; INVALID_ARGUMENT for a
+        missing task id, an attempt below 1, a page size outside 0..500 or a foreign page token.
+        """
 
 def add_DecisionLogServiceServicer_to_server(servicer: DecisionLogServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
