@@ -52,23 +52,17 @@ class RevokeEvent:
     ended: bool = False
 
 
-class Subscription:
-    """A watcher's mailbox of changed task ids (and, if asked, live thinking): coalesces, never
-    overflows."""
+class Mailbox:
+    """A watcher's mailbox of changed ids: coalesces, never overflows."""
 
-    def __init__(
-        self, bus: EventBus, *, thinking: bool = False, task_id: str | None = None
-    ) -> None:
-        self._bus = bus
+    def __init__(self, on_close: Callable[[Mailbox], None]) -> None:
+        self._on_close = on_close
         self._pending: set[str] = set()
-        self._event = asyncio.Event()
-        self._wants_thinking = thinking
-        self._task_id = task_id
-        self._thinking: dict[tuple[str, int], str] = {}
         self._all = False
+        self._event = asyncio.Event()
 
-    def _offer(self, task_ids: list[str]) -> None:
-        self._pending.update(task_ids)
+    def _offer(self, ids: list[str]) -> None:
+        self._pending.update(ids)
         self._event.set()
 
     def _offer_all(self) -> None:
@@ -76,16 +70,9 @@ class Subscription:
         self._pending.clear()
         self._event.set()
 
-    def _offer_thinking(self, task_id: str, attempt: int, delta: str) -> None:
-        if not self._wants_thinking or (self._task_id and task_id != self._task_id):
-            return
-        key = (task_id, attempt)
-        self._thinking[key] = (self._thinking.get(key, "") + delta)[-_THINKING_BACKLOG:]
-        self._event.set()
-
     async def next(self) -> set[str] | None:
-        """Wait for changes; return every task id changed since the last call (possibly none,
-        when only thinking arrived: see `take_thinking`), or None when any task may have changed
+        """Wait for changes; return every id changed since the last call (possibly none, when
+        a subclass's own kind of event woke it), or None when anything may have changed
         (notifications from other replicas may have been lost while LISTEN reconnected)."""
         await self._event.wait()
         self._event.clear()
@@ -96,50 +83,42 @@ class Subscription:
         out, self._pending = self._pending, set()
         return out
 
+    def close(self) -> None:
+        """Stop receiving."""
+        self._on_close(self)
+
+
+class Subscription(Mailbox):
+    """Changed task ids, and, if asked, live thinking (of `task_id` only, when given)."""
+
+    def __init__(
+        self,
+        on_close: Callable[[Mailbox], None],
+        *,
+        thinking: bool = False,
+        task_id: str | None = None,
+    ) -> None:
+        super().__init__(on_close)
+        self._wants_thinking = thinking
+        self._task_id = task_id
+        self._thinking: dict[tuple[str, int], str] = {}
+
+    def _offer_thinking(self, task_id: str, attempt: int, delta: str) -> None:
+        if not self._wants_thinking or (self._task_id and task_id != self._task_id):
+            return
+        key = (task_id, attempt)
+        self._thinking[key] = (self._thinking.get(key, "") + delta)[-_THINKING_BACKLOG:]
+        self._event.set()
+
     def take_thinking(self) -> list[tuple[str, int, str]]:
         """Live thinking received since the last call: (task id, attempt, text) in order."""
         out = [(task_id, attempt, text) for (task_id, attempt), text in self._thinking.items()]
         self._thinking = {}
         return out
 
-    def close(self) -> None:
-        """Stop receiving."""
-        self._bus._subs.discard(self)
 
-
-class HostSubscription:
-    """A fleet watcher's mailbox of changed host ids: coalesces, never overflows."""
-
-    def __init__(self, bus: EventBus) -> None:
-        self._bus = bus
-        self._pending: set[str] = set()
-        self._all = False
-        self._event = asyncio.Event()
-
-    def _offer(self, host_ids: list[str]) -> None:
-        self._pending.update(host_ids)
-        self._event.set()
-
-    def _offer_all(self) -> None:
-        self._all = True
-        self._pending.clear()
-        self._event.set()
-
-    async def next(self) -> set[str] | None:
-        """Wait for changes; return every host id changed since the last call, or None when
-        any host may have changed (notifications from other replicas may have been lost)."""
-        await self._event.wait()
-        self._event.clear()
-        if self._all:
-            self._all = False
-            self._pending.clear()
-            return None
-        out, self._pending = self._pending, set()
-        return out
-
-    def close(self) -> None:
-        """Stop receiving."""
-        self._bus._host_subs.discard(self)
+HostSubscription = Mailbox
+"""Changed host ids (FleetService.WatchHosts)."""
 
 
 class EventBus:
@@ -162,13 +141,13 @@ class EventBus:
     def subscribe(self, *, thinking: bool = False, task_id: str | None = None) -> Subscription:
         """A new mailbox for task changes; with `thinking`, also for live thinking (of `task_id`
         only, when given)."""
-        sub = Subscription(self, thinking=thinking, task_id=task_id)
+        sub = Subscription(self._subs.discard, thinking=thinking, task_id=task_id)
         self._subs.add(sub)
         return sub
 
     def subscribe_hosts(self) -> HostSubscription:
         """A new mailbox for host changes (FleetService.WatchHosts)."""
-        sub = HostSubscription(self)
+        sub = HostSubscription(self._host_subs.discard)
         self._host_subs.add(sub)
         return sub
 
