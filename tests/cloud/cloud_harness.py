@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +19,34 @@ from amc.v1 import (
     task_service_pb2_grpc,
     types_pb2,
 )
+from cloud.server import CloudServer, build_server
+from cloud.settings import CloudSettings
+
+
+@contextlib.asynccontextmanager
+async def start_replicas(
+    url: str, pki_dir: Path, count: int = 2, **overrides: Any
+) -> AsyncIterator[list[CloudServer]]:
+    """`count` started cloud replicas sharing the database at `url`, stopped on exit."""
+    values: dict[str, Any] = {
+        "database_url": url,
+        "listen_address": "127.0.0.1:0",
+        "pki_dir": pki_dir,
+        "sweep_interval_seconds": 0.2,
+        "dispatch_interval_seconds": 0.5,
+        "shutdown_grace_seconds": 0.5,
+        **overrides,
+    }
+    servers: list[CloudServer] = []
+    try:
+        for _ in range(count):
+            server = await build_server(CloudSettings(**values))
+            await server.start()
+            servers.append(server)
+        yield servers
+    finally:
+        for server in servers:
+            await server.stop(0.5)
 
 
 def channel(address: str, pki_dir: Path, identity: str | None) -> grpc.aio.Channel:

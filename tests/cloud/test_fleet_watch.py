@@ -14,9 +14,8 @@ import pytest
 
 from amc.v1 import fleet_service_pb2, fleet_service_pb2_grpc, types_pb2
 from amc.v1 import lease_service_pb2 as lease_pb
-from cloud.server import CloudServer, build_server
-from cloud.settings import CloudSettings
-from tests.cloud.cloud_harness import ScriptedHost, channel, device
+from cloud.server import CloudServer
+from tests.cloud.cloud_harness import ScriptedHost, channel, device, start_replicas
 from tests.support.postgres import PostgresServer
 
 #: Upper bound for one message to arrive (a bound, not a timing assertion).
@@ -142,26 +141,10 @@ async def two_replicas(
     postgres_server: PostgresServer, pki_dir: Path
 ) -> AsyncIterator[list[CloudServer]]:
     """Two replicas on one PostgreSQL with a fast host heartbeat (stale after 1.5 s)."""
-    url = postgres_server.create_database()
-    servers: list[CloudServer] = []
-    try:
-        for _ in range(2):
-            settings = CloudSettings(
-                database_url=url,
-                listen_address="127.0.0.1:0",
-                pki_dir=pki_dir,
-                host_heartbeat_seconds=0.5,
-                sweep_interval_seconds=0.2,
-                dispatch_interval_seconds=0.5,
-                shutdown_grace_seconds=0.5,
-            )
-            server = await build_server(settings)
-            await server.start()
-            servers.append(server)
+    async with start_replicas(
+        postgres_server.create_database(), pki_dir, host_heartbeat_seconds=0.5
+    ) as servers:
         yield servers
-    finally:
-        for server in servers:
-            await server.stop(0.5)
 
 
 async def stop_heartbeat(replica: CloudServer) -> None:

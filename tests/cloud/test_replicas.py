@@ -12,10 +12,17 @@ import pytest
 from sqlalchemy import func, select
 
 from amc.v1 import progress_service_pb2, progress_service_pb2_grpc, task_service_pb2, types_pb2
-from cloud.server import CloudServer, build_server
-from cloud.settings import CloudSettings
+from cloud.server import CloudServer
 from cloud.store.models import AttemptRow
-from tests.cloud.cloud_harness import AutoHost, ScriptedHost, channel, renewal, submit, tasks_stub
+from tests.cloud.cloud_harness import (
+    AutoHost,
+    ScriptedHost,
+    channel,
+    renewal,
+    start_replicas,
+    submit,
+    tasks_stub,
+)
 from tests.support.postgres import PostgresServer
 
 pytestmark = pytest.mark.postgres
@@ -25,26 +32,11 @@ pytestmark = pytest.mark.postgres
 async def replicas(
     postgres_server: PostgresServer, pki_dir: Path
 ) -> AsyncIterator[list[CloudServer]]:
-    url = postgres_server.create_database()
-    servers: list[CloudServer] = []
-    try:
-        for _ in range(2):
-            settings = CloudSettings(
-                database_url=url,
-                listen_address="127.0.0.1:0",
-                pki_dir=pki_dir,
-                default_lease_seconds=30,
-                sweep_interval_seconds=0.2,
-                dispatch_interval_seconds=0.5,
-                shutdown_grace_seconds=0.5,
-            )
-            server = await build_server(settings)
-            await server.start()
-            servers.append(server)
+    """Two replicas on one PostgreSQL."""
+    async with start_replicas(
+        postgres_server.create_database(), pki_dir, default_lease_seconds=30
+    ) as servers:
         yield servers
-    finally:
-        for server in servers:
-            await server.stop(0.5)
 
 
 async def test_two_replicas_twenty_hosts_500_tasks_each_done_once(
