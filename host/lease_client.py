@@ -381,6 +381,10 @@ class LeaseClient:
         rt = self._tasks.get(key)
         if rt is not None and rt.task is not None and rt.task.done() and key not in self._outbox:
             self._tasks.pop(key, None)
+            if rt.renewer is not None:
+                # It may still be in its pause between renewals; nothing is left to renew, and
+                # once forgotten here, shutdown would not find it to wait for.
+                rt.renewer.cancel()
 
     # --- per task ---
     async def _execute(self, rt: RunningTask) -> TaskOutcome:
