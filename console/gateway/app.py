@@ -23,6 +23,7 @@ from console.gateway.models import ErrorOut, HealthOut
 from console.settings import ConsoleSettings
 from webui.errors import error_page, install_error_handlers
 from webui.headers import add_security_headers, content_security_policy
+from webui.login import logout_router
 from webui.pages import static_files
 
 log = logging.getLogger(__name__)
@@ -105,6 +106,7 @@ def create_app(settings: ConsoleSettings) -> FastAPI:
 
     app.include_router(api.router)
     app.include_router(pages.router)
+    app.include_router(logout_router)
     app.mount("/static", static_files(Path(__file__).parent / "static"), name="static")
     return app
 

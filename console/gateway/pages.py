@@ -26,10 +26,10 @@ from console.gateway.models import (
     TaskOut,
     task_status_value,
 )
+from webui import login
 from webui.csrf import CsrfChecked
 from webui.pages import Pages
-from webui.redirects import safe_next
-from webui.sessions import PageUser, log_in, log_out, session_user
+from webui.sessions import PageUser
 
 HOME = "/tasks"
 PAGES = Pages(
@@ -82,10 +82,8 @@ def pager_links(
 
 
 @router.get("/login", response_class=HTMLResponse)
-async def login_page(request: Request, next: str = "/tasks") -> Response:
-    if session_user(request):
-        return RedirectResponse(safe_next(next, HOME), status_code=303)
-    return PAGES.render(request, "login.html", {"next": safe_next(next, HOME), "error": None})
+async def login_page(request: Request, next: str = HOME) -> Response:
+    return login.login_page(PAGES, request, next, HOME)
 
 
 @router.post("/login", response_class=HTMLResponse)
@@ -95,24 +93,17 @@ async def login_submit(
     credentials: OperatorCredentials,
     username: Annotated[str, Form()] = "",
     password: Annotated[str, Form()] = "",
-    next: Annotated[str, Form()] = "/tasks",
+    next: Annotated[str, Form()] = HOME,
 ) -> Response:
     if not credentials.check_login(username, password):
-        context = {"next": safe_next(next, HOME), "error": "Wrong username or password."}
-        return PAGES.render(request, "login.html", context, status_code=401)
-    log_in(request, username)
-    return RedirectResponse(safe_next(next, HOME), status_code=303)
-
-
-@router.post("/logout")
-async def logout(_csrf: CsrfChecked, request: Request) -> Response:
-    log_out(request)
-    return RedirectResponse("/login", status_code=303)
+        error = "Wrong username or password."
+        return login.login_form(PAGES, request, next, HOME, error=error, status_code=401)
+    return login.logged_in(request, username, next, HOME)
 
 
 @router.get("/")
 async def home(_: PageUser) -> Response:
-    return RedirectResponse("/tasks", status_code=303)
+    return RedirectResponse(HOME, status_code=303)
 
 
 @router.get("/fleet", response_class=HTMLResponse)

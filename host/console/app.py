@@ -17,6 +17,7 @@ from host.console.settings import HostConsoleSettings
 from host.console.state import HostState
 from webui.errors import error_page, install_error_handlers
 from webui.headers import add_security_headers, content_security_policy
+from webui.login import logout_router
 from webui.pages import static_files
 
 log = logging.getLogger(__name__)
@@ -99,5 +100,6 @@ def create_app(
         return error_page(routes.PAGES, request, 503, "The host is shutting down.")
 
     app.include_router(routes.router)
+    app.include_router(logout_router)
     app.mount("/static", static_files(Path(__file__).parent / "static"), name="static")
     return app

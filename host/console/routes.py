@@ -25,10 +25,10 @@ from host.console.login_token import OneTimeToken
 from host.console.state import HostState, cloud_link, phones_now, planner_transport
 from host.timeline.artifacts import ArtifactPathError
 from host.timeline.store import TaskRow, TimelineStore
+from webui import login
 from webui.csrf import CsrfChecked
 from webui.pages import Pages
-from webui.redirects import safe_next
-from webui.sessions import PageUser, log_in, log_out, session_user
+from webui.sessions import PageUser, session_user
 
 HOME = "/now"
 
@@ -64,11 +64,8 @@ def _store(request: Request) -> TimelineStore:
 
 
 @router.get("/login", response_class=HTMLResponse)
-async def login_page(request: Request, next: str = "/now", token: str = "") -> Response:
-    if session_user(request):
-        return RedirectResponse(safe_next(next, HOME), status_code=303)
-    context = {"next": safe_next(next, HOME), "token": token, "error": None}
-    return PAGES.render(request, "login.html", context)
+async def login_page(request: Request, next: str = HOME, token: str = "") -> Response:
+    return login.login_page(PAGES, request, next, HOME, token=token)
 
 
 @router.post("/login", response_class=HTMLResponse)
@@ -76,30 +73,20 @@ async def login_submit(
     _csrf: CsrfChecked,
     request: Request,
     token: Annotated[str, Form()] = "",
-    next: Annotated[str, Form()] = "/now",
+    next: Annotated[str, Form()] = HOME,
 ) -> Response:
     tokens: OneTimeToken = request.app.state.login_token
     if not tokens.redeem(token):
-        context = {
-            "next": safe_next(next, HOME),
-            "token": "",
-            "error": "That token is not valid (each token works once; the host's log shows "
-            "the current one).",
-        }
-        return PAGES.render(request, "login.html", context, status_code=401)
-    log_in(request, OPERATOR)
-    return RedirectResponse(safe_next(next, HOME), status_code=303)
-
-
-@router.post("/logout")
-async def logout(_csrf: CsrfChecked, request: Request) -> Response:
-    log_out(request)
-    return RedirectResponse("/login", status_code=303)
+        error = (
+            "That token is not valid (each token works once; the host's log shows the current one)."
+        )
+        return login.login_form(PAGES, request, next, HOME, error=error, status_code=401, token="")
+    return login.logged_in(request, OPERATOR, next, HOME)
 
 
 @router.get("/")
 async def home(_: PageUser) -> Response:
-    return RedirectResponse("/now", status_code=303)
+    return RedirectResponse(HOME, status_code=303)
 
 
 def _now_context(request: Request) -> dict[str, Any]:
