@@ -15,15 +15,14 @@ servicer reads the authorized caller with `caller()`.
 
 from __future__ import annotations
 
-import contextlib
 import contextvars
-import inspect
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
 import grpc
 
+from cloud.handlers import Before, guard, rewrap
 from cloud.identity import Caller, CallerKind, peer_caller
 
 NO_IDENTITY = "no amc identity in certificate"
@@ -95,9 +94,6 @@ def refusal(method: str, rule: Rule | None, who: Caller | None) -> str | None:
     return rule.refusal or f"this RPC needs {needed} certificate, not {_a(who.kind)} one"
 
 
-Behavior = Callable[..., Any]
-
-
 class Authorization(grpc.aio.ServerInterceptor):  # type: ignore[misc]
     """Applies `ACCESS` to every call before its servicer runs (deny by default)."""
 
@@ -114,14 +110,13 @@ class Authorization(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         if handler is None:  # no such method: gRPC answers UNIMPLEMENTED
             return None
         method: str = handler_call_details.method
-        return _guarded(handler, self._check(method, self._access.get(method)))
+        check = self._check(method, self._access.get(method))
+        return rewrap(handler, lambda behavior: guard(behavior, before=check))
 
-    def _check(
-        self, method: str, rule: Rule | None
-    ) -> Callable[[grpc.aio.ServicerContext[Any, Any]], Awaitable[None]]:
+    def _check(self, method: str, rule: Rule | None) -> Before:
         insecure = self._insecure
 
-        async def check(context: grpc.aio.ServicerContext[Any, Any]) -> None:
+        async def check(_request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> None:
             who = peer_caller(context, insecure=insecure)
             problem = refusal(method, rule, who)
             if problem is not None:
@@ -132,45 +127,3 @@ class Authorization(grpc.aio.ServerInterceptor):  # type: ignore[misc]
                 _CALLER.set(who)
 
         return check
-
-
-def _guarded(
-    handler: grpc.RpcMethodHandler,
-    check: Callable[[grpc.aio.ServicerContext[Any, Any]], Awaitable[None]],
-) -> grpc.RpcMethodHandler:
-    """`handler` with `check` run before its behavior, keeping its shape (unary or streaming,
-    coroutine or async generator) and its (de)serializers."""
-    if handler.request_streaming and handler.response_streaming:
-        wrap, behavior = grpc.stream_stream_rpc_method_handler, handler.stream_stream
-    elif handler.request_streaming:
-        wrap, behavior = grpc.stream_unary_rpc_method_handler, handler.stream_unary
-    elif handler.response_streaming:
-        wrap, behavior = grpc.unary_stream_rpc_method_handler, handler.unary_stream
-    else:
-        wrap, behavior = grpc.unary_unary_rpc_method_handler, handler.unary_unary
-    return wrap(
-        _checked(behavior, check),
-        request_deserializer=handler.request_deserializer,
-        response_serializer=handler.response_serializer,
-    )
-
-
-def _checked(
-    behavior: Behavior, check: Callable[[grpc.aio.ServicerContext[Any, Any]], Awaitable[None]]
-) -> Behavior:
-    if inspect.isasyncgenfunction(behavior):
-
-        async def stream(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
-            await check(context)
-            # Closed with this call, so the servicer's own cleanup (its `finally`) runs now.
-            async with contextlib.aclosing(behavior(request, context)) as responses:
-                async for response in responses:
-                    yield response
-
-        return stream
-
-    async def call(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
-        await check(context)
-        return await behavior(request, context)
-
-    return call

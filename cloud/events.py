@@ -24,6 +24,7 @@ import psycopg
 from sqlalchemy import func, select
 from sqlalchemy.engine import make_url
 
+from cloud.store import errors
 from cloud.store.database import Store
 
 log = logging.getLogger(__name__)
@@ -322,8 +323,8 @@ class EventBus:
             await asyncio.sleep(0.005)  # let a burst gather into one flush
             try:
                 await self._flush()
-            except Exception:
-                log.exception("NOTIFY failed; remote replicas will catch up on their next tick")
+            except Exception as exc:
+                errors.report(log, "NOTIFY failed; other replicas catch up on their tick", exc)
 
     async def _listen(self) -> None:
         url = make_url(self.store.engine.url).set(drivername="postgresql")
@@ -342,8 +343,8 @@ class EventBus:
                         self._on_notify(note.payload)
             except asyncio.CancelledError:
                 raise
-            except Exception:
-                log.exception("LISTEN connection lost; reconnecting")
+            except Exception as exc:
+                errors.report(log, "LISTEN connection lost; reconnecting", exc)
                 await asyncio.sleep(1.0)
 
     def _on_notify(self, payload: str) -> None:

@@ -36,6 +36,8 @@ from amc.v1 import (
 )
 from cloud import supervised
 from cloud.authz import Authorization
+from cloud.boundary import Boundary
+from cloud.db_probe import DatabaseProbe
 from cloud.events import EventBus
 from cloud.lease.manager import LeaseManager
 from cloud.lease.stream import LeaseServicer
@@ -117,9 +119,14 @@ class CloudServer:
         self.bus = EventBus(self.store)
         self.leases = LeaseManager(self.store, self.bus, settings)
         self.health = health.aio.HealthServicer()
+        self.database = DatabaseProbe(self.store, self._set_serving)
         self.server = grpc.aio.server(
             options=server_options(settings),
-            interceptors=[Authorization(insecure=settings.insecure)],
+            # Outermost first: who is calling, then what they sent and how a failure reads.
+            interceptors=[
+                Authorization(insecure=settings.insecure),
+                Boundary(on_unavailable=self.database.wake.set),
+            ],
         )
         self._closeables: list[Any] = []
         self._jobs: list[asyncio.Task[None]] = []
@@ -180,9 +187,27 @@ class CloudServer:
             )
         )
         await self.server.start()
-        for name in ("", *SERVICE_NAMES):
-            await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
+        await self._set_serving(True)
+        self._jobs.append(
+            supervised.start(
+                "database-probe",
+                self.database.step,
+                interval=self.settings.database_probe_interval_seconds,
+                wake=self.database.wake,
+                pause_first=True,
+            )
+        )
         self._started = True
+
+    async def _set_serving(self, serving: bool) -> None:
+        """Health of every service (after `stop()` began, it stays NOT_SERVING)."""
+        status = (
+            health_pb2.HealthCheckResponse.SERVING
+            if serving
+            else health_pb2.HealthCheckResponse.NOT_SERVING
+        )
+        for name in ("", *SERVICE_NAMES):
+            await self.health.set(name, status)
 
     async def stop(self, grace: float | None = None) -> None:
         """NOT_SERVING first, then end host streams, then stop the server within `grace`."""

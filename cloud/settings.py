@@ -39,6 +39,8 @@ class CloudSettings(BaseSettings):
     retention_days: float = Field(7.0, gt=0)
     retention_interval_seconds: float = Field(3600.0, gt=0)
     retention_batch_size: int = Field(1000, ge=1)
+    #: How often the database is probed for the health service (sooner after a failed call).
+    database_probe_interval_seconds: float = Field(2.0, gt=0)
 
     # Transport liveness (separate from leases).
     keepalive_time_seconds: float = Field(30.0, gt=0)

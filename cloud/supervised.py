@@ -1,11 +1,13 @@
-"""The replica's background loops (dispatch, sweep, host heartbeat, retention) as one helper.
+"""The replica's background loops (dispatch, sweep, host heartbeat, retention, database probe)
+as one helper.
 
 Each loop runs a step, pauses, and runs it again for as long as the replica lives, so a step
 that fails (the database restarting, a bug hit by one row) must not end it: the failure is
-logged and the step tried again after a pause that doubles while failures continue (a database
-that is down is not hammered, and its log is not flooded), and the loop says when the step
-works again. A wake event cuts any pause short: work that just arrived is worth a try. The loop
-ends only when its task is cancelled (`stop`), which is also how the replica shuts down.
+logged (a database error scrubbed of its text, `cloud.store.errors.report`) and the step tried
+again after a pause that doubles while failures continue (a database that is down is not
+hammered, and its log is not flooded), and the loop says when the step works again. A wake
+event cuts any pause short: work that just arrived is worth a try. The loop ends only when
+its task is cancelled (`stop`), which is also how the replica shuts down.
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Iterable
 from typing import NoReturn
+
+from cloud.store import errors
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +71,12 @@ async def run_forever(
             failures += 1
             seconds = pause_after(failures, interval, max_backoff)
             if failures == 1:
-                log.exception("%s failed; trying again in %.1f s", name, seconds)
+                errors.report(log, "%s failed; trying again in %.1f s", exc, name, seconds)
+            elif errors.database_error(exc) is not None:
+                log.warning(
+                    "%s failed again (%d in a row): %s; trying again in %.1f s",
+                    name, failures, errors.describe(exc), seconds,
+                )  # fmt: skip
             else:
                 log.warning(
                     "%s failed again (%d in a row): %s; trying again in %.1f s",

@@ -13,7 +13,7 @@ import logging
 from cloud.events import EventBus
 from cloud.lease import messages
 from cloud.lease.session import HostSession
-from cloud.store import leases
+from cloud.store import errors, leases
 from cloud.store.database import Store
 
 log = logging.getLogger(__name__)
@@ -65,11 +65,11 @@ class Dispatcher:
                     claimed = await leases.claim(
                         self.store, session.host_id, idle, session.planner_transport
                     )
-                except Exception:
+                except Exception as exc:
                     # The commit may have happened even though the call failed (a database
                     # that went away mid-commit): look on these phones again next pass.
                     session.unsure_serials.update(idle)
-                    log.exception("claim for %s failed", session.host_id)
+                    errors.report(log, "claim for %s failed", exc, session.host_id)
                     return got
                 if claimed is None:
                     return got
@@ -89,8 +89,8 @@ class Dispatcher:
             found = await leases.live_attempts_on(
                 self.store, session.host_id, session.unsure_serials
             )
-        except Exception:
-            log.exception("checking unsure claims for %s failed", session.host_id)
+        except Exception as exc:
+            errors.report(log, "checking unsure claims for %s failed", exc, session.host_id)
             return False
         session.unsure_serials.clear()
         for claimed in found:

@@ -220,7 +220,7 @@ class LeaseManager:
             msg.attempt,
             msg.lease_id,
             states.from_proto(msg.status),
-            msg.summary,
+            leases.truncate_summary(msg.summary, leases.RESULT_SUMMARY_LIMIT),
             final,
         )
         if out.recorded or out.duplicate:

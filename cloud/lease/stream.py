@@ -3,7 +3,8 @@
 
 The handler reads in one task and writes in the other (no thread): the reader validates and
 handles each host message in order, the writer drains the session's outbox, into which the reader,
-the dispatcher and revocations all put messages.
+the dispatcher and revocations all put messages. A message that does not parse (`wire.Malformed`)
+or fails a check is answered with `Rejected` and the stream stays up.
 """
 
 from __future__ import annotations
@@ -16,10 +17,12 @@ import grpc
 
 from amc.v1 import lease_service_pb2 as lease_pb
 from amc.v1 import lease_service_pb2_grpc
-from cloud import authz
+from cloud import authz, wire
+from cloud.boundary import status_for
 from cloud.lease import validate
 from cloud.lease.manager import LeaseManager
 from cloud.lease.session import Closing, HostSession
+from cloud.store import errors
 
 log = logging.getLogger(__name__)
 
@@ -82,6 +85,9 @@ class LeaseServicer(lease_service_pb2_grpc.LeaseServiceServicer):
             msg = await context.read()
             if msg is grpc.aio.EOF:
                 return None
+            if isinstance(msg, wire.Malformed):
+                await context.write(_rejected(msg.problem))
+                continue
             assert isinstance(msg, lease_pb.LeaseRequest)
             if msg.WhichOneof("kind") != "hello":
                 await context.abort(
@@ -104,20 +110,23 @@ class LeaseServicer(lease_service_pb2_grpc.LeaseServiceServicer):
                 msg = await context.read()
                 if msg is grpc.aio.EOF:
                     break
-                assert isinstance(msg, lease_pb.LeaseRequest)
                 manager.touch(session)
+                if isinstance(msg, wire.Malformed):
+                    session.send(_rejected(msg.problem))
+                    continue
+                assert isinstance(msg, lease_pb.LeaseRequest)
                 try:
                     await self._handle(session, msg)
                 except asyncio.CancelledError:
                     raise
-                except Exception:
-                    log.exception("handling a message from %s failed", session.host_id)
+                except Exception as exc:
+                    # The boundary's mapping, answered in-stream: UNAVAILABLE (the database is
+                    # down: the host sends it again) or INTERNAL, never the driver's text.
+                    errors.report(log, "handling a message from %s failed", exc, session.host_id)
+                    code, message = status_for(exc)
                     session.send(
                         lease_pb.LeaseResponse(
-                            rejected=lease_pb.Rejected(
-                                code=grpc.StatusCode.UNAVAILABLE.value[0],
-                                message="internal error; retry",
-                            )
+                            rejected=lease_pb.Rejected(code=code.value[0], message=message)
                         )
                     )
         except asyncio.CancelledError:

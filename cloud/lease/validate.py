@@ -1,4 +1,7 @@
-"""Checks of host messages. Each returns None or a message that names the offending field."""
+"""Checks of host messages. Each returns None or a message that names the offending field.
+
+Text that cannot be stored at all (NUL characters, invalid UTF-8) never gets here: `cloud.wire`
+refuses it as the message is parsed (or, for summaries, replaces the NULs)."""
 
 from __future__ import annotations
 
@@ -7,7 +10,6 @@ from amc.v1 import types_pb2
 
 MAX_DEVICES = 256
 MAX_ID = 128
-MAX_RESULT_SUMMARY = 2000
 _TERMINAL = (
     types_pb2.TASK_STATUS_SUCCEEDED,
     types_pb2.TASK_STATUS_FAILED,
@@ -82,14 +84,14 @@ def renewal(msg: lease_pb.LeaseRenewal) -> str | None:
 
 
 def result(msg: lease_pb.TaskResult) -> str | None:
-    """A result's lease reference, terminal status and summary size."""
+    """A result's lease reference and terminal status. Its summary is never a reason to refuse
+    it (a finished result refused once would be refused forever): the lease manager cuts a long
+    one, and `cloud.wire` has replaced any NUL."""
     problem = _lease_ref("result", msg.task_id, msg.attempt, msg.lease_id)
     if problem:
         return problem
     if msg.status not in _TERMINAL:
         return "result.status: must be SUCCEEDED, FAILED or CANCELLED"
-    if len(msg.summary) > MAX_RESULT_SUMMARY:
-        return f"result.summary: at most {MAX_RESULT_SUMMARY} characters"
     if msg.HasField("final_progress"):
         return _progress("result.final_progress", msg.final_progress)
     return None

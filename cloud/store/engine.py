@@ -40,16 +40,21 @@ def _sqlite_on_connect(dbapi_connection: Any, _record: Any) -> None:
 
 
 def create_engine(url: str) -> AsyncEngine:
-    """Async engine with SQLite set to WAL + busy timeout, or a pooled psycopg 3 engine."""
+    """Async engine with SQLite set to WAL + busy timeout, or a pooled psycopg 3 engine.
+
+    Both hide statement parameters from error messages: they hold goals and summaries, and an
+    error's text ends up in logs."""
     url = normalize_url(url)
     if url.startswith("sqlite"):
         parsed = make_url(url)
         if parsed.database and parsed.database != ":memory:":
             Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
-        engine = create_async_engine(url, pool_size=8, max_overflow=8)
+        engine = create_async_engine(url, pool_size=8, max_overflow=8, hide_parameters=True)
         event.listen(engine.sync_engine, "connect", _sqlite_on_connect)
         return engine
-    return create_async_engine(url, pool_size=10, max_overflow=20, pool_pre_ping=True)
+    return create_async_engine(
+        url, pool_size=10, max_overflow=20, pool_pre_ping=True, hide_parameters=True
+    )
 
 
 def alembic_config(url: str | None = None) -> Config:

@@ -8,7 +8,12 @@ them to the protocol's messages.
 
 from cloud.store.leases.claim import Claimed, claim, latest_progress, live_attempts_on
 from cloud.store.leases.fence import Revocation, classify, live_fence
-from cloud.store.leases.progress import SUMMARY_LIMIT, ProgressIn, truncate_summary
+from cloud.store.leases.progress import (
+    RESULT_SUMMARY_LIMIT,
+    SUMMARY_LIMIT,
+    ProgressIn,
+    truncate_summary,
+)
 from cloud.store.leases.queries import (
     HeldCheck,
     HeldLease,
@@ -24,6 +29,7 @@ from cloud.store.leases.results import ResultOut, record_result
 from cloud.store.leases.sweeps import Ended, sweep_deadlines, sweep_expired
 
 __all__ = [
+    "RESULT_SUMMARY_LIMIT",
     "SUMMARY_LIMIT",
     "Claimed",
     "Ended",

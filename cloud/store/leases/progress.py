@@ -1,6 +1,8 @@
-"""A progress snapshot as the store writes it (with renewals and results).
+"""A progress snapshot as the store writes it (with renewals and results), and the summaries'
+limits.
 
-The summary is cut, never refused: a host that writes too much still keeps its lease.
+Summaries are cut, never refused: a host that writes too much still keeps its lease, and a
+finished result is recorded rather than refused forever.
 """
 
 from __future__ import annotations
@@ -8,14 +10,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 SUMMARY_LIMIT = 200
+#: A result's summary (the agent's closing words or the failure reason).
+RESULT_SUMMARY_LIMIT = 2000
 ELLIPSIS = "…"
 
 
-def truncate_summary(text: str) -> str:
-    """At most 200 characters; longer summaries end in an ellipsis (never rejected)."""
-    if len(text) <= SUMMARY_LIMIT:
+def truncate_summary(text: str, limit: int = SUMMARY_LIMIT) -> str:
+    """At most `limit` characters; longer summaries end in an ellipsis (never rejected)."""
+    if len(text) <= limit:
         return text
-    return text[: SUMMARY_LIMIT - 1] + ELLIPSIS
+    return text[: limit - 1] + ELLIPSIS
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,115 @@
+"""The edge every RPC crosses after authorization: malformed requests refused, failures mapped.
+
+One interceptor for every servicer (the style of httpx's `map_exceptions`: one mapper per
+boundary, not one per caller):
+
+- Requests are parsed by `cloud.wire.parser`: bytes that do not parse, invalid UTF-8 and NUL
+  characters in text fields are answered INVALID_ARGUMENT naming the field before any servicer
+  runs (for streamed requests: the servicer's request iterator ends the call the same way; the
+  Lease stream reads `wire.Malformed` items itself and answers them in-stream).
+- An exception a servicer lets escape becomes a status through `status_for`: the database
+  cannot be reached → UNAVAILABLE "the cloud's database is unavailable; retry" (and the
+  database probe is woken, so health turns NOT_SERVING at once); any other failure → INTERNAL
+  "internal error; retry later" — never gRPC's UNKNOWN with Python's text, never driver text,
+  SQL, parameters, host or port. What happened is logged once, scrubbed (`errors.report`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, Final
+
+import grpc
+
+from cloud import wire
+from cloud.handlers import Behavior, Context, guard, rewrap
+from cloud.store import errors
+
+log = logging.getLogger(__name__)
+
+INTERNAL_MESSAGE: Final = "internal error; retry later (the cloud logged it)"
+
+
+def status_for(exc: BaseException) -> tuple[grpc.StatusCode, str]:
+    """The status (code, details) a client gets for a failure of the cloud's own."""
+    if errors.unavailable(exc):
+        return grpc.StatusCode.UNAVAILABLE, errors.UNAVAILABLE_MESSAGE
+    return grpc.StatusCode.INTERNAL, INTERNAL_MESSAGE
+
+
+async def refuse_malformed(request: Any, context: Context) -> None:
+    """INVALID_ARGUMENT for a request `wire.parser` could not use."""
+    if isinstance(request, wire.Malformed):
+        await context.abort(grpc.StatusCode.INVALID_ARGUMENT, request.problem)
+
+
+async def _checked(requests: AsyncIterator[Any], context: Context) -> AsyncIterator[Any]:
+    async for request in requests:
+        await refuse_malformed(request, context)
+        yield request
+
+
+def _checked_requests(behavior: Behavior) -> Behavior:
+    """A request-streaming behavior whose request iterator ends the call on a malformed
+    message (a servicer that reads with `context.read()` sees `wire.Malformed` itself)."""
+    if inspect.isasyncgenfunction(behavior):
+
+        async def stream(requests: AsyncIterator[Any], context: Context) -> Any:
+            responses = behavior(_checked(requests, context), context)
+            async with contextlib.aclosing(responses):
+                async for response in responses:
+                    yield response
+
+        return stream
+
+    async def call(requests: AsyncIterator[Any], context: Context) -> Any:
+        return await behavior(_checked(requests, context), context)
+
+    return call
+
+
+class Boundary(grpc.aio.ServerInterceptor):  # type: ignore[misc]
+    """Parses every request with `wire.parser` and maps every failure with `status_for`."""
+
+    def __init__(self, on_unavailable: Callable[[], None] | None = None) -> None:
+        #: Called when a call failed because the database is unreachable (wakes the probe).
+        self._on_unavailable = on_unavailable
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler:
+        handler = await continuation(handler_call_details)
+        if handler is None:
+            return None
+        method: str = handler_call_details.method
+        recover = self._recover(method)
+        deserialize = handler.request_deserializer
+        if handler.request_streaming:
+
+            def wrap(behavior: Behavior) -> Behavior:
+                return guard(_checked_requests(behavior), recover=recover)
+        else:
+
+            def wrap(behavior: Behavior) -> Behavior:
+                return guard(behavior, before=refuse_malformed, recover=recover)
+
+        return rewrap(
+            handler,
+            wrap,
+            request_deserializer=wire.parser(deserialize) if deserialize is not None else None,
+        )
+
+    def _recover(self, method: str) -> Callable[[Exception, Context], Awaitable[None]]:
+        async def recover(exc: Exception, context: Context) -> None:
+            errors.report(log, "%s failed", exc, method)
+            if errors.unavailable(exc) and self._on_unavailable is not None:
+                self._on_unavailable()
+            code, message = status_for(exc)
+            await context.abort(code, message)
+
+        return recover

@@ -1,0 +1,82 @@
+"""What a database failure is, said without its text.
+
+A driver's message carries the database's host and port, the SQL and, unless the engine hides
+them, its parameters (goals, summaries). None of that may reach a client or a log line, so
+failures are told apart by their type and SQLSTATE only: `unavailable` (the database cannot be
+reached or is restarting: the caller should retry) or any other database error (a bug or a
+constraint: retrying does not help). `describe` is the one safe way to name one in a log.
+"""
+
+from __future__ import annotations
+
+import logging
+import sqlite3
+from collections.abc import Iterator
+
+import psycopg
+from sqlalchemy import exc as sa_exc
+
+#: What a client is told while the database cannot be reached.
+UNAVAILABLE_MESSAGE = "the cloud's database is unavailable; retry"
+
+_UNAVAILABLE = (
+    sa_exc.OperationalError,
+    sa_exc.InterfaceError,
+    sa_exc.TimeoutError,  # no pool connection within the pool's timeout
+    sa_exc.DisconnectionError,
+    psycopg.OperationalError,
+    psycopg.InterfaceError,
+    sqlite3.OperationalError,  # "database is locked", a disk that went away
+    ConnectionError,
+)
+_DATABASE = (sa_exc.SQLAlchemyError, psycopg.Error, sqlite3.Error)
+
+
+def _chain(exc: BaseException) -> Iterator[BaseException]:
+    """`exc` and the exceptions it was raised from or during, each once."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        yield current
+        current = current.__cause__ or current.__context__
+
+
+def database_error(exc: BaseException) -> BaseException | None:
+    """The database error behind `exc` (itself or one it was raised from), if any."""
+    return next((e for e in _chain(exc) if isinstance(e, _DATABASE)), None)
+
+
+def unavailable(exc: BaseException) -> bool:
+    """True when `exc` means the database cannot be reached right now (retry later)."""
+    found = database_error(exc)
+    if found is None:
+        return False
+    if isinstance(found, sa_exc.DBAPIError) and found.connection_invalidated:
+        return True
+    return any(isinstance(e, _UNAVAILABLE) for e in _chain(found))
+
+
+def describe(exc: BaseException) -> str:
+    """A database error's kind without its text: types and SQLSTATE, e.g.
+    "OperationalError (psycopg.OperationalError, SQLSTATE 57P01)"."""
+    found = database_error(exc) or exc
+    parts: list[str] = []
+    original = getattr(found, "orig", None)
+    if isinstance(original, BaseException):
+        parts.append(f"{type(original).__module__.split('.')[0]}.{type(original).__name__}")
+        state = getattr(original, "sqlstate", None)
+        if state:
+            parts.append(f"SQLSTATE {state}")
+    inner = f" ({', '.join(parts)})" if parts else ""
+    return f"{type(found).__name__}{inner}"
+
+
+def report(logger: logging.Logger, what: str, exc: BaseException, *args: object) -> None:
+    """Log a failure: a database error as one scrubbed line (no text, SQL or parameters, and no
+    traceback, whose frames would repeat them), anything else with its traceback."""
+    if database_error(exc) is None:
+        logger.error(what, *args, exc_info=exc, stacklevel=2)
+        return
+    kind = "database unavailable" if unavailable(exc) else "database error"
+    logger.warning(f"{what}: {kind}: %s", *args, describe(exc), stacklevel=2)

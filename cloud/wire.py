@@ -1,0 +1,178 @@
+"""What arrives on the wire: request bytes parsed without surprises, text fields checked once.
+
+Every request passes here before any servicer sees it (`cloud.boundary` puts `parser(...)` in
+place of each method's deserializer), so no servicer meets bytes that do not parse or text a
+database cannot store:
+
+- bytes that are not a valid message become a `Malformed` (the boundary answers
+  INVALID_ARGUMENT): "goal: not valid UTF-8" when a text field holds invalid UTF-8 (found by
+  parsing the same bytes as a twin of the message whose text fields are bytes), else "request:
+  not a valid amc.v1.SubmitTaskRequest message";
+- a NUL character in any text field, at any depth, becomes a `Malformed` naming the field
+  ("devices[2].serial: NUL characters are not allowed"): PostgreSQL cannot store NUL in text,
+  and no amc identifier, goal or name needs one;
+- except in the fields listed in `SANITISED` — text a host reports about work it already did (a
+  result's summary, a progress summary) — where NULs are replaced by U+FFFD instead: refusing
+  those would refuse a finished result forever.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any, Final
+
+from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+from google.protobuf.descriptor import Descriptor, FieldDescriptor, FileDescriptor
+from google.protobuf.message import Message
+
+#: Text fields whose NULs are replaced (by `REPLACEMENT`), never refused.
+SANITISED: Final = frozenset({"amc.v1.TaskResult.summary", "amc.v1.Progress.summary"})
+REPLACEMENT: Final = "\ufffd"
+
+
+@dataclass(frozen=True, slots=True)
+class Malformed:
+    """A request that cannot be used, and why (naming the field when one is to blame)."""
+
+    problem: str
+
+
+def parser(deserialize: Callable[[bytes], Any]) -> Callable[[bytes], Any]:
+    """A deserializer that never raises: the message, checked, or a `Malformed`.
+
+    `deserialize` is what gRPC was given (`SomeRequest.FromString` for every generated
+    servicer); for any other callable, a failure is reported without a field name.
+    """
+    descriptor: Descriptor | None = getattr(
+        getattr(deserialize, "__self__", None), "DESCRIPTOR", None
+    )
+
+    def parse(raw: bytes) -> Any:
+        try:
+            message = deserialize(raw)
+        except Exception:
+            return Malformed(_why_unparsable(descriptor, raw))
+        if isinstance(message, Message):
+            problem = check_text(message)
+            if problem is not None:
+                return Malformed(problem)
+        return message
+
+    return parse
+
+
+def check_text(message: Message) -> str | None:
+    """The first text field holding a NUL (as "path: problem"), sanitising `SANITISED` fields
+    in place; None when every text field is fine."""
+    for path, owner, field, index in _text_fields(message, ""):
+        value: str = (
+            getattr(owner, field.name)[index] if index is not None else getattr(owner, field.name)
+        )
+        if "\x00" not in value:
+            continue
+        if field.full_name in SANITISED:
+            clean = value.replace("\x00", REPLACEMENT)
+            if index is None:
+                setattr(owner, field.name, clean)
+            else:
+                getattr(owner, field.name)[index] = clean
+            continue
+        return f"{path}: NUL characters are not allowed"
+    return None
+
+
+def _text_fields(
+    message: Message, prefix: str
+) -> Iterator[tuple[str, Message, FieldDescriptor, int | None]]:
+    """(path, owning message, field, index in a repeated field) of every set text field."""
+    for field, value in message.ListFields():
+        path = f"{prefix}{field.name}"
+        repeated = field.is_repeated
+        if field.type == FieldDescriptor.TYPE_STRING:
+            if repeated:
+                for i in range(len(value)):
+                    yield f"{path}[{i}]", message, field, i
+            else:
+                yield path, message, field, None
+        elif field.type == FieldDescriptor.TYPE_MESSAGE and not _is_map(field):
+            if repeated:
+                for i, item in enumerate(value):
+                    yield from _text_fields(item, f"{path}[{i}].")
+            else:
+                yield from _text_fields(value, f"{path}.")
+
+
+def _is_map(field: FieldDescriptor) -> bool:
+    """amc's contracts have no map fields; one from elsewhere is not walked."""
+    return field.message_type is not None and bool(field.message_type.GetOptions().map_entry)
+
+
+def _why_unparsable(descriptor: Descriptor | None, raw: bytes) -> str:
+    if descriptor is None:
+        return "request: not a valid message"
+    whole = f"request: not a valid {descriptor.full_name} message"
+    try:
+        twin = _bytes_twin(descriptor).FromString(raw)
+    except Exception:
+        return whole
+    path = _invalid_utf8(twin, "", descriptor.file.pool)
+    return f"{path}: not valid UTF-8" if path else whole
+
+
+def _invalid_utf8(
+    message: Message, prefix: str, original: descriptor_pool.DescriptorPool
+) -> str | None:
+    """The first field of a bytes twin that is text in the `original` pool and is not UTF-8."""
+    for field, value in message.ListFields():
+        path = f"{prefix}{field.name}"
+        items = list(enumerate(value)) if field.is_repeated else [(None, value)]
+        for i, item in items:
+            where = path if i is None else f"{path}[{i}]"
+            if field.type == FieldDescriptor.TYPE_BYTES and _is_text(original, field.full_name):
+                try:
+                    item.decode("utf-8")
+                except UnicodeDecodeError:
+                    return where
+            elif field.type == FieldDescriptor.TYPE_MESSAGE and not _is_map(field):
+                found = _invalid_utf8(item, f"{where}.", original)
+                if found:
+                    return found
+    return None
+
+
+def _is_text(pool: descriptor_pool.DescriptorPool, full_name: str) -> bool:
+    return bool(pool.FindFieldByName(full_name).type == FieldDescriptor.TYPE_STRING)
+
+
+@functools.cache
+def _bytes_twin(descriptor: Descriptor) -> Any:
+    """The message class of `descriptor` with every text field (its own and its nested
+    messages', across files) declared as bytes, so invalid UTF-8 parses and can be located."""
+    pool = descriptor_pool.DescriptorPool()
+    added: set[str] = set()
+
+    def add(file: FileDescriptor) -> None:
+        if file.name in added:
+            return
+        for dependency in file.dependencies:
+            add(dependency)
+        proto = descriptor_pb2.FileDescriptorProto()
+        file.CopyToProto(proto)
+        for fields in _all_fields(proto.message_type):
+            for field in fields:
+                if field.type == descriptor_pb2.FieldDescriptorProto.TYPE_STRING:
+                    field.type = descriptor_pb2.FieldDescriptorProto.TYPE_BYTES
+        pool.Add(proto)
+        added.add(file.name)
+
+    add(descriptor.file)
+    return message_factory.GetMessageClass(pool.FindMessageTypeByName(descriptor.full_name))
+
+
+def _all_fields(messages: Any) -> Iterator[Any]:
+    """The fields of every message declared in `messages`, nested ones included."""
+    for message in messages:
+        yield message.field
+        yield from _all_fields(message.nested_type)
