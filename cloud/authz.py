@@ -10,20 +10,31 @@ A refusal is PERMISSION_DENIED before the servicer runs, with one of these detai
 "no amc identity in certificate" (a fleet-signed certificate without an `amc://` identity),
 "this RPC needs an operator certificate, not a host one" (and the other way round), or the
 RPC's own refusal text (`Rule.refusal`: the Lease stream keeps the wording hosts know). A
-servicer reads the authorized caller with `caller()`.
+servicer reads the authorized caller with `caller()` (and its certificate's serial with
+`caller_serial()`).
+
+A revoked certificate (by serial) or any certificate of a revoked host id (`cloud.revocations`)
+is refused first, on every RPC, with UNAUTHENTICATED "certificate revoked (serial …)" / "host …
+revoked"; when the deny-list changes, `drop` ends the open streams it now refuses (their
+servicer is cancelled, so its cleanup runs, and the client gets that same status).
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import contextvars
-from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
+import inspect
+from collections.abc import Awaitable, Callable, Iterator, Mapping
+from dataclasses import dataclass, field
 from typing import Any, Final
 
 import grpc
 
-from cloud.handlers import Before, guard, rewrap
-from cloud.identity import Caller, CallerKind, peer_caller
+from cloud import revocations
+from cloud.handlers import Before, Behavior, Context, guard, rewrap
+from cloud.identity import Caller, CallerKind, peer_caller, peer_serial
+from cloud.store.revocations import Revoked
 
 NO_IDENTITY = "no amc identity in certificate"
 
@@ -68,12 +79,18 @@ ACCESS: Final[Mapping[str, Rule]] = {
 }
 
 _CALLER: contextvars.ContextVar[Caller] = contextvars.ContextVar("amc_caller")
+_SERIAL: contextvars.ContextVar[str | None] = contextvars.ContextVar("amc_serial", default=None)
 
 
 def caller() -> Caller:
     """The caller the current RPC was authorized as (only inside a servicer that has a rule
     naming caller kinds; elsewhere it raises LookupError)."""
     return _CALLER.get()
+
+
+def caller_serial() -> str | None:
+    """The serial of the current RPC's client certificate (None without one)."""
+    return _SERIAL.get()
 
 
 def _a(kind: str) -> str:
@@ -94,12 +111,98 @@ def refusal(method: str, rule: Rule | None, who: Caller | None) -> str | None:
     return rule.refusal or f"this RPC needs {needed} certificate, not {_a(who.kind)} one"
 
 
-class Authorization(grpc.aio.ServerInterceptor):  # type: ignore[misc]
-    """Applies `ACCESS` to every call before its servicer runs (deny by default)."""
+@dataclass(eq=False, slots=True)
+class _OpenStream:
+    who: Caller | None
+    serial: str | None
+    task: asyncio.Task[Any]
+    #: Set when the stream is being dropped: the status details its client gets.
+    dropped: str | None = field(default=None)
 
-    def __init__(self, access: Mapping[str, Rule] = ACCESS, *, insecure: bool = False) -> None:
+
+class OpenStreams:
+    """The streaming calls in progress, so a revocation can end those it now refuses."""
+
+    def __init__(self) -> None:
+        self._open: set[_OpenStream] = set()
+
+    @contextlib.contextmanager
+    def track(self) -> Iterator[_OpenStream]:
+        task = asyncio.current_task()
+        assert task is not None
+        stream = _OpenStream(_CALLER.get(None), _SERIAL.get(), task)
+        self._open.add(stream)
+        try:
+            yield stream
+        finally:
+            self._open.discard(stream)
+
+    def drop(self, revoked: Revoked) -> int:
+        """Cancel every open stream `revoked` refuses; returns how many."""
+        dropped = 0
+        for stream in list(self._open):
+            reason = revocations.refusal(revoked, stream.who, stream.serial)
+            if reason is not None and stream.dropped is None:
+                stream.dropped = reason
+                stream.task.cancel()
+                dropped += 1
+        return dropped
+
+
+def _droppable(behavior: Behavior, streams: OpenStreams) -> Behavior:
+    """A streaming behavior that `streams.drop` can end with UNAUTHENTICATED."""
+
+    async def end(stream: _OpenStream, context: Context) -> None:
+        assert stream.dropped is not None
+        # The cancel was ours, not the client's: take it back and end with the reason.
+        stream.task.uncancel()
+        await context.abort(grpc.StatusCode.UNAUTHENTICATED, stream.dropped)
+
+    if inspect.isasyncgenfunction(behavior):
+
+        async def generate(request: Any, context: Context) -> Any:
+            with streams.track() as stream:
+                try:
+                    async with contextlib.aclosing(behavior(request, context)) as responses:
+                        async for response in responses:
+                            yield response
+                except asyncio.CancelledError:
+                    if stream.dropped is None:
+                        raise
+                    await end(stream, context)
+
+        return generate
+
+    async def call(request: Any, context: Context) -> Any:
+        with streams.track() as stream:
+            try:
+                return await behavior(request, context)
+            except asyncio.CancelledError:
+                if stream.dropped is None:
+                    raise
+                await end(stream, context)
+                return None
+
+    return call
+
+
+class Authorization(grpc.aio.ServerInterceptor):  # type: ignore[misc]
+    """Applies `ACCESS` (and the deny-list) to every call before its servicer runs (deny by
+    default), and drops open streams the deny-list comes to refuse."""
+
+    def __init__(
+        self,
+        access: Mapping[str, Rule] = ACCESS,
+        *,
+        insecure: bool = False,
+        revoked: revocations.Revocations | None = None,
+    ) -> None:
         self._access = access
         self._insecure = insecure
+        self._revoked = revoked
+        self.streams = OpenStreams()
+        if revoked is not None:
+            revoked.add_listener(self.streams.drop)
 
     async def intercept_service(
         self,
@@ -111,19 +214,32 @@ class Authorization(grpc.aio.ServerInterceptor):  # type: ignore[misc]
             return None
         method: str = handler_call_details.method
         check = self._check(method, self._access.get(method))
-        return rewrap(handler, lambda behavior: guard(behavior, before=check))
+        streaming = handler.request_streaming or handler.response_streaming
+
+        def wrap(behavior: Behavior) -> Behavior:
+            inner = _droppable(behavior, self.streams) if streaming else behavior
+            return guard(inner, before=check)
+
+        return rewrap(handler, wrap)
 
     def _check(self, method: str, rule: Rule | None) -> Before:
         insecure = self._insecure
+        revoked = self._revoked
 
         async def check(_request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> None:
             who = peer_caller(context, insecure=insecure)
+            serial = peer_serial(context)
+            if revoked is not None:
+                why = revoked.refusal(who, serial)
+                if why is not None:
+                    await context.abort(grpc.StatusCode.UNAUTHENTICATED, why)
             problem = refusal(method, rule, who)
             if problem is not None:
                 await context.abort(grpc.StatusCode.PERMISSION_DENIED, problem)
+            # Each RPC runs in its own context (see grpc.aio.ServerInterceptor), so these are
+            # seen by this call's servicer and the tasks it starts, and by no other.
+            _SERIAL.set(serial)
             if who is not None:
-                # Each RPC runs in its own context (see grpc.aio.ServerInterceptor), so this
-                # is seen by this call's servicer and the tasks it starts, and by no other.
                 _CALLER.set(who)
 
         return check

@@ -1,12 +1,15 @@
 """Change events between the parts of one replica, and across replicas through PostgreSQL.
 
-Five kinds of event travel: "these tasks changed" (watchers reload them), "these hosts changed"
-(fleet watchers reload them: connected, disconnected, phones), "tasks are queued" (dispatchers
-look for idle phones), "revoke this lease" (the replica holding the host's stream tells the
-host), and live thinking text of a step being planned (watchers that asked for it show it; it is
-never stored). In one process they are delivered directly; on PostgreSQL every replica
-also LISTENs on one channel and the publisher NOTIFYs it, batched into a few NOTIFY calls per
-flush so a burst of renewals costs a handful of round trips, not one each.
+Seven kinds of event travel: "these tasks changed" (watchers reload them), "these hosts
+changed" (fleet watchers reload them: connected, disconnected, phones), "tasks are queued"
+(dispatchers look for idle phones), "revoke this lease" (the replica holding the host's stream
+tells the host), "a host has a new stream" (a replica holding an older stream of that host
+replaces or supersedes it), "certificate revocations changed" (every replica reloads its
+deny-list and drops the streams it refuses now; `amc certs revoke` sends it from outside any
+replica, with `announce`), and live thinking text of a step being planned (watchers that asked
+for it show it; it is never stored). In one process they are delivered directly; on PostgreSQL
+every replica also LISTENs on one channel and the publisher NOTIFYs it, batched into a few
+NOTIFY calls per flush so a burst of renewals costs a handful of round trips, not one each.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from typing import Any
 import psycopg
 from sqlalchemy import func, select
 from sqlalchemy.engine import make_url
+from sqlalchemy.ext.asyncio import AsyncSession
 
 from cloud.store import errors
 from cloud.store.database import Store
@@ -36,6 +40,18 @@ _MAX_PAYLOAD = 7000  # PostgreSQL refuses NOTIFY payloads of 8000 bytes or more.
 _THINKING_CHUNK = 500
 # What a slow watcher keeps of one attempt's unread thinking: the newest text wins.
 _THINKING_BACKLOG = 16_384
+
+
+#: The message every replica reloads its deny-list on.
+REVOCATIONS_CHANGED: dict[str, Any] = {"k": "c"}
+
+
+async def announce(session: AsyncSession, message: dict[str, Any], origin: str) -> None:
+    """NOTIFY every replica of `message` inside `session`'s transaction (PostgreSQL delivers it
+    on commit, so a replica that hears it reads what was committed). For writers that are not
+    a replica (`amc certs revoke`); `origin` names them in the payload."""
+    payload = json.dumps({"r": origin, "m": [message]}, separators=(",", ":"))
+    await session.execute(select(func.pg_notify(CHANNEL, payload)))
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,6 +148,10 @@ class EventBus:
         self._host_subs: set[HostSubscription] = set()
         self.on_queued: list[Callable[[], None]] = []
         self.on_revoke: list[Callable[[RevokeEvent], None]] = []
+        #: Called with (host id, stream id) when a host opened a stream on another replica.
+        self.on_new_stream: list[Callable[[str, str], None]] = []
+        #: Called when certificate revocations may have changed (or events may have been lost).
+        self.on_revocations: list[Callable[[], None]] = []
         self._outbox: list[dict[str, Any]] = []
         self._outbox_event = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
@@ -212,6 +232,19 @@ class EventBus:
                 "e": event.ended,
             }
         )
+
+    def new_stream(self, host_id: str, stream_id: str) -> None:
+        """`host_id` opened stream `stream_id` here: other replicas check their older ones."""
+        self._remote({"k": "s", "h": host_id, "s": stream_id})
+
+    def revocations_changed(self) -> None:
+        """The deny-list changed: every replica (this one too) reloads it."""
+        self._deliver_revocations()
+        self._remote(REVOCATIONS_CHANGED)
+
+    def _deliver_revocations(self) -> None:
+        for cb in self.on_revocations:
+            cb()
 
     def _deliver_changed(self, task_ids: list[str]) -> None:
         for sub in list(self._subs):
@@ -337,6 +370,7 @@ class EventBus:
                     # After a reconnect anything may have been missed: wake everyone once.
                     self._deliver_queued()
                     self._deliver_hosts_all()
+                    self._deliver_revocations()
                     for sub in list(self._subs):
                         sub._offer_all()
                     async for note in conn.notifies():
@@ -362,6 +396,11 @@ class EventBus:
                 self._deliver_hosts([str(i) for i in m.get("ids", [])])
             elif kind == "q":
                 self._deliver_queued()
+            elif kind == "s":
+                for cb in self.on_new_stream:
+                    cb(str(m["h"]), str(m["s"]))
+            elif kind == "c":
+                self._deliver_revocations()
             elif kind == "th":
                 self._deliver_thinking(str(m["t"]), int(m["a"]), str(m["x"]))
             elif kind == "v":

@@ -48,12 +48,23 @@ def _caller_from_pem(pem: bytes) -> Caller | None:
     return callers.pop() if len(callers) == 1 else None
 
 
+@functools.lru_cache(maxsize=4096)
+def _serial_from_pem(pem: bytes) -> str:
+    return pki.serial_hex(pem)
+
+
 def caller_from_auth_context(auth: dict[str, list[bytes]]) -> Caller | None:
     """Identity from a gRPC auth context: the verified peer certificate's SAN URI."""
     pems = auth.get("x509_pem_cert") or []
     if not pems:
         return None
     return _caller_from_pem(pems[0])
+
+
+def peer_serial(context: grpc.aio.ServicerContext) -> str | None:
+    """The serial (lowercase hex) of the peer's verified client certificate, if it sent one."""
+    pems = dict(context.auth_context()).get("x509_pem_cert") or []
+    return _serial_from_pem(pems[0]) if pems else None
 
 
 def peer_caller(context: grpc.aio.ServicerContext, *, insecure: bool = False) -> Caller | None:

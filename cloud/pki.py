@@ -243,3 +243,17 @@ def uri_sans(cert_pem: bytes) -> list[str]:
     except x509.ExtensionNotFound:
         return []
     return list(ext.value.get_values_for_type(x509.UniformResourceIdentifier))
+
+
+def serial_hex(cert_pem: bytes) -> str:
+    """A certificate's serial number as lowercase hex without leading zeros (how revocations
+    name a certificate: `amc certs revoke --serial`)."""
+    return format(x509.load_pem_x509_certificate(cert_pem).serial_number, "x")
+
+
+def normalize_serial(text: str) -> str:
+    """A serial typed by a person ("0x1A:2B", "1a2b", "01 A2") in `serial_hex`'s form."""
+    cleaned = text.strip().lower().removeprefix("0x").replace(":", "").replace(" ", "")
+    if not cleaned or any(c not in "0123456789abcdef" for c in cleaned):
+        raise ValueError(f"a certificate serial is hexadecimal, got {text!r}")
+    return format(int(cleaned, 16), "x")

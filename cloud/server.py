@@ -1,7 +1,8 @@
 """One cloud replica: a grpc.aio server with every service, its background jobs, and `serve()`.
 
 `build_server(settings)` gives a `CloudServer` that binds at construction (so `.port` is known,
-also for port 0), starts with `start()` (migrations, LISTEN, dispatcher, sweeper, retention), and
+also for port 0), starts with `start()` (migrations, the deny-list, LISTEN, dispatcher, sweeper,
+retention, the database probe and deny-list refresh), and
 stops with `stop(grace)`: health goes NOT_SERVING first, host streams are ended with UNAVAILABLE
 so hosts reconnect to another replica, then in-flight RPCs get `grace` seconds.
 """
@@ -41,6 +42,7 @@ from cloud.db_probe import DatabaseProbe
 from cloud.events import EventBus
 from cloud.lease.manager import LeaseManager
 from cloud.lease.stream import LeaseServicer
+from cloud.revocations import Revocations
 from cloud.services.decision_log_service import DecisionLogServicer
 from cloud.services.fleet_service import FleetServicer
 from cloud.services.planner_service import build_planner_servicer
@@ -120,11 +122,15 @@ class CloudServer:
         self.leases = LeaseManager(self.store, self.bus, settings)
         self.health = health.aio.HealthServicer()
         self.database = DatabaseProbe(self.store, self._set_serving)
+        self.revocations = Revocations(self.store)
+        self.revocations.add_listener(self.leases.on_deny_list)
+        self._revocations_wake = asyncio.Event()
+        self.bus.on_revocations.append(self._revocations_wake.set)
         self.server = grpc.aio.server(
             options=server_options(settings),
             # Outermost first: who is calling, then what they sent and how a failure reads.
             interceptors=[
-                Authorization(insecure=settings.insecure),
+                Authorization(insecure=settings.insecure, revoked=self.revocations),
                 Boundary(on_unavailable=self.database.wake.set),
             ],
         )
@@ -179,6 +185,7 @@ class CloudServer:
         """Migrate, start background jobs and serve."""
         if self.settings.migrate_on_start:
             await upgrade(self.store.engine)
+        await self.revocations.refresh()  # before the first call is served
         await self.bus.start()
         self.leases.start()
         self._jobs.append(
@@ -188,15 +195,22 @@ class CloudServer:
         )
         await self.server.start()
         await self._set_serving(True)
-        self._jobs.append(
+        self._jobs += [
             supervised.start(
                 "database-probe",
                 self.database.step,
                 interval=self.settings.database_probe_interval_seconds,
                 wake=self.database.wake,
                 pause_first=True,
-            )
-        )
+            ),
+            supervised.start(
+                "revocations",
+                self.revocations.refresh,
+                interval=self.settings.revocation_refresh_seconds,
+                wake=self._revocations_wake,
+                pause_first=True,
+            ),
+        ]
         self._started = True
 
     async def _set_serving(self, serving: bool) -> None:

@@ -10,6 +10,13 @@ assignments, renewals, revocations, result acks. The client:
 - keeps each result until the cloud acknowledges it (or says the lease is gone), resending it
   after a reconnect;
 - reconnects with capped exponential backoff and full jitter, re-announcing what it holds;
+- says which run of the agent it is (`HostHello.process_id`, new for every process), so the
+  cloud can release a dead predecessor's leases at once;
+- stops for good, without reconnecting, when the cloud says a newer process of this host took
+  its place (`Superseded`): two processes with one certificate would otherwise take the stream
+  from each other in turns;
+- waits its longest backoff between tries while the cloud refuses its certificate as revoked
+  (UNAUTHENTICATED), logging why;
 - reports phones going offline and coming back as device updates.
 """
 
@@ -20,6 +27,7 @@ import contextlib
 import logging
 import random
 import time
+import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -83,6 +91,8 @@ class LeaseClientConfig:
     progress_renew_min_interval_s: float = 1.0
     #: A lease past its expiry by this much while the cloud is unreachable stops its task.
     expiry_grace_s: float = 2.0
+    #: This run of the agent (`HostHello.process_id`); empty: a fresh random one per client.
+    process_id: str = ""
 
 
 def backoff_delay(attempt: int, initial: float, cap: float, rng: random.Random) -> float:
@@ -127,8 +137,11 @@ class LeaseClient:
         self._renew_interval_s: float | None = None
         self._resend_pending = False
         self.host_id: str | None = None
+        self.process_id = self.config.process_id or uuid.uuid4().hex
         self.connects = 0
         self.last_error: str | None = None
+        #: Why this process was superseded by a newer one of the same host (then it stops).
+        self.superseded: str | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         devices.add_listener(self._on_device_change)
 
@@ -158,16 +171,26 @@ class LeaseClient:
         try:
             while not stop.is_set():
                 welcomed_before = self.connects
+                revoked = False
                 try:
                     await self._session(stop)
                 except grpc.aio.AioRpcError as exc:
                     self.last_error = f"{exc.code().name}: {exc.details()}"
-                    log.warning("lease stream lost: %s", self.last_error)
+                    revoked = exc.code() == grpc.StatusCode.UNAUTHENTICATED
+                    if not self.superseded and not revoked:
+                        log.warning("lease stream lost: %s", self.last_error)
                 except (OSError, ConnectionError) as exc:
                     self.last_error = str(exc)
                     log.warning("lease stream lost: %s", exc)
                 self._welcomed.clear()
                 if stop.is_set():
+                    break
+                if self.superseded:
+                    log.error(
+                        "stopping: %s. Another process uses this host's certificate; this one "
+                        "does not reconnect (its tasks stop, their leases were released)",
+                        self.superseded,
+                    )
                     break
                 failures = 0 if self.connects > welcomed_before else failures + 1
                 delay = backoff_delay(
@@ -176,6 +199,13 @@ class LeaseClient:
                     self.config.reconnect_max_s,
                     self._rng,
                 )
+                if revoked:
+                    delay = self.config.reconnect_max_s
+                    log.error(
+                        "the cloud refused this host's certificate (%s); install a new "
+                        "certificate and restart the host agent. Trying again in %.0f s",
+                        self.last_error, delay,
+                    )  # fmt: skip
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stop.wait(), delay)
         finally:
@@ -242,6 +272,7 @@ class LeaseClient:
             agent_version=self.config.agent_version,
             planner_transport=self.config.planner_transport,
             held_assignments=held,
+            process_id=self.process_id,
         )
 
     def _on_device_change(self, info: DeviceInfo, kind: str) -> None:
@@ -283,6 +314,8 @@ class LeaseClient:
             a = response.result_ack
             self._outbox.pop((a.task_id, a.attempt), None)
             self._forget_if_done((a.task_id, a.attempt))
+        elif kind == "superseded":
+            self.superseded = response.superseded.message or "superseded by a newer process"
         elif kind == "rejected":
             rj = response.rejected
             log.error("cloud rejected a message (code %s): %s", rj.code, rj.message)

@@ -13,7 +13,7 @@ import logging
 from cloud.events import EventBus
 from cloud.lease import messages
 from cloud.lease.session import HostSession
-from cloud.store import errors, leases
+from cloud.store import errors, leases, states
 from cloud.store.database import Store
 
 log = logging.getLogger(__name__)
@@ -74,10 +74,14 @@ class Dispatcher:
                 if claimed is None:
                     return got
                 got += 1
+                held = leases.HeldLease(claimed.task_id, claimed.attempt, claimed.lease_id)
                 if session.closed or self.sessions.get(session.host_id) is not session:
-                    # The stream went away mid-claim; the lease will expire and the task requeue.
+                    # The stream went away mid-claim: nobody got the assignment, so nobody will
+                    # run it. Requeue it now rather than when its lease runs out.
+                    await self._release_unsent(session, held)
                     return got
                 session.busy.add(claimed.device_serial)
+                session.granted.add(held)
                 session.send(messages.assignment(claimed))
                 self.bus.tasks_changed([claimed.task_id])
         return got
@@ -99,9 +103,24 @@ class Dispatcher:
                 claimed.task_id, claimed.attempt, session.host_id,
             )  # fmt: skip
             session.busy.add(claimed.device_serial)
+            session.granted.add(
+                leases.HeldLease(claimed.task_id, claimed.attempt, claimed.lease_id)
+            )
             session.send(messages.assignment(claimed))
             self.bus.tasks_changed([claimed.task_id])
         return True
+
+    async def _release_unsent(self, session: HostSession, held: leases.HeldLease) -> None:
+        try:
+            ended = await leases.release(
+                self.store, session.host_id, states.STREAM_LOST, only={held}
+            )
+        except Exception as exc:  # it runs out and is requeued by the sweeper instead
+            errors.report(log, "releasing an unsent assignment of %s failed", exc, session.host_id)
+            return
+        if ended:
+            self.bus.tasks_changed([held.task_id])
+            self.bus.tasks_queued()
 
     async def tick(self) -> None:
         """One round of the dispatch loop: now and then a busy resync, then a pass."""

@@ -12,20 +12,27 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime as dt
+import logging
+from collections.abc import Coroutine
+from typing import Any
 
 import grpc
 
 from amc.v1 import lease_service_pb2 as lease_pb
-from cloud import supervised
+from cloud import revocations, supervised
 from cloud.events import EventBus, RevokeEvent
+from cloud.identity import Caller
 from cloud.lease import messages
 from cloud.lease.batcher import RenewalBatcher
 from cloud.lease.dispatcher import Dispatcher
 from cloud.lease.session import HostSession
 from cloud.lease.sweeper import Sweeper
 from cloud.settings import CloudSettings
-from cloud.store import convert, hosts, leases, states
+from cloud.store import convert, errors, hosts, leases, states
 from cloud.store.database import Store
+from cloud.store.revocations import Revoked
+
+log = logging.getLogger(__name__)
 
 
 class LeaseManager:
@@ -51,6 +58,7 @@ class LeaseManager:
         # this replica (None until the first look): fleet watchers hear when the set changes.
         self._unvouched: set[str] | None = None
         bus.on_revoke.append(self._on_revoke)
+        bus.on_new_stream.append(self._on_new_stream)
 
     # ---- lifecycle ----------------------------------------------------------------------------
 
@@ -107,9 +115,22 @@ class LeaseManager:
 
     # ---- sessions -----------------------------------------------------------------------------
 
-    async def open(self, host_id: str, hello: lease_pb.HostHello) -> HostSession:
-        """Register the stream, answer Welcome, settle held assignments, then dispatch."""
-        session = HostSession(host_id=host_id, planner_transport=int(hello.planner_transport))
+    async def open(
+        self, host_id: str, hello: lease_pb.HostHello, serial: str | None = None
+    ) -> HostSession:
+        """Register the stream, answer Welcome, settle held assignments, then dispatch.
+
+        One live stream per host: the newer wins. A new process (another `process_id` than the
+        hello before it) releases the previous process's leases it does not hold at once and
+        supersedes that process's stream; a reconnect of the same process keeps its leases (it
+        may have finished one while disconnected: its result follows the hello).
+        """
+        session = HostSession(
+            host_id=host_id,
+            planner_transport=int(hello.planner_transport),
+            process_id=hello.process_id,
+            serial=serial,
+        )
         session.set_devices(list(hello.devices))
         # Welcome first, before anything can await: once the session is registered below, the
         # sweeper or a dispatcher may queue a revoke or an assignment on it, and the contract
@@ -125,20 +146,37 @@ class LeaseManager:
         old = self.sessions.get(host_id)
         self.sessions[host_id] = session
         if old is not None:
-            old.close(grpc.StatusCode.ABORTED, "replaced by a newer stream of this host")
-        await hosts.upsert_hello(
-            self.store,
-            host_id,
-            convert.device_dicts(list(hello.devices)),
-            hello.agent_version,
-            int(hello.planner_transport),
-            self.bus.replica_id,
-            session.stream_id,
-        )
+            self._replace(old, session.process_id)
+        try:
+            previous = await hosts.upsert_hello(
+                self.store,
+                host_id,
+                convert.device_dicts(list(hello.devices)),
+                hello.agent_version,
+                int(hello.planner_transport),
+                self.bus.replica_id,
+                session.stream_id,
+                hello.process_id,
+            )
+        except BaseException:
+            # The handler ends with the failure's status; nothing may be sent to this session.
+            session.closed = True
+            if self.sessions.get(host_id) is session:
+                del self.sessions[host_id]
+            raise
+        session.recorded = True
         self.bus.hosts_changed([host_id])
+        self.bus.new_stream(host_id, session.stream_id)
         held = [leases.HeldLease(h.task_id, h.attempt, h.lease_id) for h in hello.held_assignments]
+        if hello.process_id and previous and previous != hello.process_id:
+            log.info(
+                "host %s: new process %s (was %s); releasing the leases it does not hold",
+                host_id, hello.process_id, previous,
+            )  # fmt: skip
+            await self._release(host_id, states.HOST_RESTARTED, keep=held)
         for check in await leases.check_held(self.store, host_id, held):
             if check.live is not None and check.task is not None:
+                session.granted.add(check.held)
                 session.send(messages.resumed(check))
             else:
                 h = check.held
@@ -147,12 +185,99 @@ class LeaseManager:
                         h.task_id, h.attempt, h.lease_id, check.revocation, check.message
                     )
                 )
-        # A live lease the host did not re-announce is left to run out rather than ended here:
-        # the host may have finished that attempt while disconnected, and its result follows the
-        # hello (held assignments list only what still runs).
+        # A live lease the same process did not re-announce is left to run out rather than
+        # ended here: the process may have finished that attempt while disconnected, and its
+        # result follows the hello (held assignments list only what still runs).
         session.busy = await leases.live_serials(self.store, host_id)
         self.dispatcher.kick(session)
         return session
+
+    def _replace(self, old: HostSession, process_id: str) -> None:
+        """End `old`, an older stream of the same host: superseded when another process
+        opened the newer one (that process must stop), quietly replaced for a reconnect."""
+        if old.process_id and process_id and old.process_id != process_id:
+            old.supersede(
+                f"superseded by a newer process of host {old.host_id} (this process "
+                f"{old.process_id}, the newer {process_id}); stop, do not reconnect"
+            )
+            if old.granted:
+                self._spawn(self._release(old.host_id, states.HOST_RESTARTED, only=old.granted))
+        else:
+            old.close(grpc.StatusCode.ABORTED, "replaced by a newer stream of this host")
+
+    async def _release(
+        self,
+        host_id: str,
+        reason: str,
+        *,
+        keep: list[leases.HeldLease] | None = None,
+        only: set[leases.HeldLease] | None = None,
+    ) -> None:
+        """End leases nobody will finish (see `leases.release`) and tell who needs to know."""
+        ended = await leases.release(
+            self.store,
+            host_id,
+            reason,
+            keep=keep or (),
+            only=None if only is None else set(only),
+        )
+        if not ended:
+            return
+        self.bus.tasks_changed(sorted({e.task_id for e in ended}))
+        if any(e.task_status == states.QUEUED for e in ended):
+            self.bus.tasks_queued()
+        session = self.sessions.get(host_id)
+        if session is not None:
+            released = {e.device_serial for e in ended}
+            session.busy -= released
+            session.granted -= {leases.HeldLease(e.task_id, e.attempt, e.lease_id) for e in ended}
+
+    def _spawn(self, job: Coroutine[Any, Any, None]) -> None:
+        """Run `job` in the background (awaited at stop), reporting its failure."""
+
+        async def run() -> None:
+            try:
+                await job
+            except Exception as exc:
+                errors.report(log, "lease manager job failed", exc)
+
+        task = asyncio.create_task(run())
+        self._closings.add(task)
+        task.add_done_callback(self._closings.discard)
+
+    # ---- other replicas' streams and revocations ---------------------------------------------
+
+    def _on_new_stream(self, host_id: str, stream_id: str) -> None:
+        """Another replica opened a stream for `host_id`: end ours if it is older."""
+        session = self.sessions.get(host_id)
+        if session is not None and session.stream_id != stream_id:
+            self._spawn(self.reconcile([host_id]))
+
+    async def reconcile(self, host_ids: list[str]) -> None:
+        """End this replica's streams of `host_ids` that the store says are not the host's
+        newest (a hello on another replica, whose event may have been lost)."""
+        recorded = {
+            h: s
+            for h in host_ids
+            if (s := self.sessions.get(h)) is not None and s.recorded and not s.closed
+        }
+        if not recorded:
+            return
+        current = await hosts.current_streams(self.store, list(recorded))
+        for host_id, session in recorded.items():
+            stream_id, process_id = current.get(host_id, ("", ""))
+            if stream_id and stream_id != session.stream_id and not session.closed:
+                if self.sessions.get(host_id) is session:
+                    del self.sessions[host_id]
+                self._replace(session, process_id)
+
+    def on_deny_list(self, revoked: Revoked) -> None:
+        """The deny-list changed: the leases of hosts whose streams it refuses now are released
+        (the authorization interceptor drops the streams themselves)."""
+        for session in list(self.sessions.values()):
+            who = Caller("host", session.host_id)
+            if revocations.refusal(revoked, who, session.serial) is not None:
+                self._spawn(self._release(session.host_id, states.CERTIFICATE_REVOKED))
 
     async def closed(self, session: HostSession) -> None:
         """The stream ended. Leases stay until they expire: the host may resume them elsewhere."""
@@ -224,6 +349,7 @@ class LeaseManager:
             final,
         )
         if out.recorded or out.duplicate:
+            session.granted.discard(leases.HeldLease(msg.task_id, msg.attempt, msg.lease_id))
             if out.recorded:
                 session.busy.discard(out.device_serial)
                 self.bus.tasks_changed([msg.task_id])
@@ -257,10 +383,12 @@ class LeaseManager:
     # ---- host heartbeat -----------------------------------------------------------------------
 
     async def _beat(self) -> None:
-        """Vouch for the hosts whose streams this replica holds, then look for unvouched ones."""
+        """Vouch for the hosts whose streams this replica holds, look for unvouched ones, and
+        end streams a newer one replaced elsewhere (should that event have been lost)."""
         seen = {h: s.last_seen for h, s in self.sessions.items()}
         await hosts.heartbeat(self.store, self.bus.replica_id, seen)
         await self.check_unvouched()
+        await self.reconcile(list(self.sessions))
 
     async def check_unvouched(self) -> None:
         """Tell this replica's fleet watchers about hosts that stopped (or started again) counting

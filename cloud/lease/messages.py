@@ -23,6 +23,8 @@ _REVOKE_REASONS: dict[leases.Revocation, RevokeReason] = {
     leases.Revocation.EXPIRED: lease_pb.REVOKE_REASON_EXPIRED,
     leases.Revocation.DEADLINE_EXCEEDED: lease_pb.REVOKE_REASON_DEADLINE_EXCEEDED,
     leases.Revocation.FINISHED: lease_pb.REVOKE_REASON_FINISHED,
+    # Released by a newer process of the host (or a revocation): the nearest reason there is.
+    leases.Revocation.RELEASED: lease_pb.REVOKE_REASON_SUPERSEDED,
 }
 
 #: What a host is told when the sweeper ended its attempt.

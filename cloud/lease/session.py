@@ -11,6 +11,7 @@ import grpc
 
 from amc.v1 import lease_service_pb2 as lease_pb
 from amc.v1 import types_pb2
+from cloud.store.leases import HeldLease
 
 
 @dataclass(slots=True)
@@ -31,6 +32,10 @@ class HostSession:
 
     host_id: str
     planner_transport: int
+    #: The host agent's run that opened this stream (`HostHello.process_id`; "" if unknown).
+    process_id: str = ""
+    #: Serial of the client certificate the stream was opened with (for revocations).
+    serial: str | None = None
     devices: dict[str, int] = field(default_factory=dict)
     busy: set[str] = field(default_factory=set)
     stream_id: str = field(default_factory=lambda: uuid.uuid4().hex)
@@ -40,6 +45,11 @@ class HostSession:
     #: Phones offered to a claim whose outcome is unknown (the database failed mid-commit): a
     #: live attempt found on them later was never sent and is sent then.
     unsure_serials: set[str] = field(default_factory=set)
+    #: Leases sent down this stream that may still be live: released if this stream's process
+    #: is superseded (its successor does not hold them).
+    granted: set[HeldLease] = field(default_factory=set)
+    #: True once the hello is in the store (the hosts row names this stream).
+    recorded: bool = False
     closed: bool = False
     last_seen: dt.datetime = field(default_factory=lambda: dt.datetime.now(dt.UTC))
 
@@ -59,6 +69,11 @@ class HostSession:
         """Queue a message for the host (dropped once the stream is closing)."""
         if not self.closed:
             self.outbox.put_nowait(message)
+
+    def supersede(self, message: str) -> None:
+        """Tell the host a newer process took its place, then end the stream (ABORTED)."""
+        self.send(lease_pb.LeaseResponse(superseded=lease_pb.Superseded(message=message)))
+        self.close(grpc.StatusCode.ABORTED, message)
 
     def close(self, code: grpc.StatusCode, message: str) -> None:
         """End the stream with `code` after what is already queued."""

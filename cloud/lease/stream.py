@@ -61,7 +61,7 @@ class LeaseServicer(lease_service_pb2_grpc.LeaseServiceServicer):
         hello = await self._await_hello(context)
         if hello is None:
             return
-        session = await self._manager.open(host_id, hello)
+        session = await self._manager.open(host_id, hello, authz.caller_serial())
         reader = asyncio.create_task(self._read(session, context), name=f"lease-read-{host_id}")
         try:
             while True:

@@ -23,14 +23,21 @@ async def upsert_hello(
     planner_transport: int,
     replica_id: str,
     stream_id: str,
-) -> None:
-    """Record a hello: the host is connected through `stream_id` on `replica_id`."""
+    process_id: str = "",
+) -> str | None:
+    """Record a hello: the host is connected through `stream_id` on `replica_id`, run by
+    `process_id` ("" when the agent does not say: the recorded one is kept). Returns the
+    process id recorded before (None: none known), read under a row lock, so of two hellos
+    at once each sees the other's or none."""
     now = store.now()
     async with store.write() as session:
-        row = await session.get(HostRow, host_id)
+        row = await session.get(HostRow, host_id, with_for_update=True)
         if row is None:
             row = HostRow(host_id=host_id)
             session.add(row)
+        previous = row.process_id
+        if process_id:
+            row.process_id = process_id
         row.devices = devices
         row.agent_version = agent_version
         row.planner_transport = planner_transport
@@ -39,6 +46,21 @@ async def upsert_hello(
         row.stream_id = stream_id
         row.stream_alive_at = now
         row.last_seen_at = now
+        return previous
+
+
+async def current_streams(store: Store, host_ids: list[str]) -> dict[str, tuple[str, str]]:
+    """The stream and process recorded for each of `host_ids` (its latest hello):
+    host id -> (stream id, process id), "" for what is not known."""
+    if not host_ids:
+        return {}
+    async with store.read() as session:
+        rows = await session.execute(
+            select(HostRow.host_id, HostRow.stream_id, HostRow.process_id).where(
+                HostRow.host_id.in_(host_ids)
+            )
+        )
+        return {h: (stream or "", process or "") for h, stream, process in rows}
 
 
 async def update_devices(store: Store, host_id: str, devices: list[dict[str, Any]]) -> None:

@@ -8,6 +8,7 @@ from typing import Any
 from sqlalchemy import (
     JSON,
     Boolean,
+    CheckConstraint,
     DateTime,
     Dialect,
     Float,
@@ -153,6 +154,27 @@ class HostRow(Base):
     stream_id: Mapped[str | None] = mapped_column(String(32))
     stream_alive_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime())
     last_seen_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime())
+    # Which run of the host agent sent the last hello (`HostHello.process_id`; None for an
+    # agent that does not say): a hello naming another one comes from a new process.
+    process_id: Mapped[str | None] = mapped_column(String(128))
+
+
+class RevocationRow(Base):
+    """A revoked client certificate (by serial, lowercase hex) or a whole revoked host id.
+
+    Exactly one of `serial` and `host_id` is set. Every replica refuses a revoked certificate,
+    or any certificate of a revoked host, on its next call and drops its open streams.
+    """
+
+    __tablename__ = "certificate_revocations"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    serial: Mapped[str | None] = mapped_column(String(64), unique=True)
+    host_id: Mapped[str | None] = mapped_column(String(128), unique=True)
+    reason: Mapped[str] = mapped_column(Text, default="")
+    revoked_at: Mapped[dt.datetime] = mapped_column(UTCDateTime())
+
+    __table_args__ = (CheckConstraint("(serial IS NULL) <> (host_id IS NULL)", name="one_target"),)
 
 
 class DecisionRow(Base):

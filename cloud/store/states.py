@@ -19,6 +19,11 @@ TERMINAL: Final = (SUCCEEDED, FAILED, CANCELLED)
 
 LEASE_EXPIRED: Final = "lease expired"
 DEADLINE_EXCEEDED: Final = "deadline exceeded"
+#: Why an attempt was released (ended without a result, before its lease ran out).
+HOST_RESTARTED: Final = "released: a new process of the host connected"
+STREAM_LOST: Final = "released: the host's stream closed before its assignment was sent"
+CERTIFICATE_REVOKED: Final = "released: the host's certificate was revoked"
+RELEASED: Final = (HOST_RESTARTED, STREAM_LOST, CERTIFICATE_REVOKED)
 
 
 def to_proto(status: str) -> types_pb2.TaskStatus.ValueType:

@@ -72,7 +72,7 @@ def device(serial: str) -> types_pb2.Device:
 
 
 def hello(
-    serials: list[str], held: list[lease_pb.HeldAssignment] | None = None
+    serials: list[str], held: list[lease_pb.HeldAssignment] | None = None, process_id: str = ""
 ) -> lease_pb.LeaseRequest:
     return lease_pb.LeaseRequest(
         hello=lease_pb.HostHello(
@@ -80,6 +80,7 @@ def hello(
             agent_version="sim/1",
             planner_transport=types_pb2.PLANNER_TRANSPORT_CLOUD,
             held_assignments=held or [],
+            process_id=process_id,
         )
     )
 
@@ -130,10 +131,13 @@ class ScriptedHost:
         self.error: grpc.aio.AioRpcError | None = None
 
     async def connect(
-        self, serials: list[str], held: list[lease_pb.HeldAssignment] | None = None
+        self,
+        serials: list[str],
+        held: list[lease_pb.HeldAssignment] | None = None,
+        process_id: str = "",
     ) -> lease_pb.Welcome:
         self.call = self._stub.Lease()
-        await self.call.write(hello(serials, held))
+        await self.call.write(hello(serials, held, process_id))
         self._reader = asyncio.create_task(self._read())
         msg = await self.next("welcome")
         return msg.welcome
@@ -152,6 +156,13 @@ class ScriptedHost:
 
     async def send(self, req: lease_pb.LeaseRequest) -> None:
         await self.call.write(req)
+
+    async def ended(self, wait: float = 10.0) -> grpc.aio.AioRpcError | None:
+        """Wait for the stream to end; the status it ended with (None: OK)."""
+        async with asyncio.timeout(wait):
+            while (msg := await self.inbox.get()) is not None:
+                pass
+        return self.error
 
     async def next(self, kind: str | None = None, wait: float = 10.0) -> lease_pb.LeaseResponse:
         """The next message (asserting its kind when given)."""

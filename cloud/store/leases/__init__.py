@@ -1,9 +1,10 @@
-"""Lease queries: claim, fenced renewal and result, expiry and deadline sweeps, liveness checks.
+"""Lease queries: claim, fenced renewal and result, expiry and deadline sweeps, releases,
+liveness checks.
 
-A package split along those jobs (`claim`, `renew`, `results`, `sweeps`, `queries`, with the
-fence in `fence` and the progress snapshot in `progress`); callers keep `leases.x`. Everything
-here returns the store's own types (rows, dataclasses, `Revocation`): the lease service maps
-them to the protocol's messages.
+A package split along those jobs (`claim`, `renew`, `results`, `sweeps`, `release`, `queries`,
+with the fence in `fence` and the progress snapshot in `progress`); callers keep `leases.x`.
+Everything here returns the store's own types (rows, dataclasses, `Revocation`): the lease
+service maps them to the protocol's messages.
 """
 
 from cloud.store.leases.claim import Claimed, claim, latest_progress, live_attempts_on
@@ -24,6 +25,7 @@ from cloud.store.leases.queries import (
     live_serials_by_host,
     queued_by_target_host,
 )
+from cloud.store.leases.release import release
 from cloud.store.leases.renew import RenewalIn, RenewalOut, renew_batch
 from cloud.store.leases.results import ResultOut, record_result
 from cloud.store.leases.sweeps import Ended, sweep_deadlines, sweep_expired
@@ -52,6 +54,7 @@ __all__ = [
     "live_serials_by_host",
     "queued_by_target_host",
     "record_result",
+    "release",
     "renew_batch",
     "sweep_deadlines",
     "sweep_expired",

@@ -36,6 +36,10 @@ class Revocation(enum.Enum):
     DEADLINE_EXCEEDED = "deadline exceeded"
     #: The attempt already ended with a result.
     FINISHED = "finished"
+    #: The attempt was released without a result: the host's process that held it was
+    #: replaced (restarted, or superseded by another process with its certificate) or its
+    #: certificate was revoked.
+    RELEASED = "released"
 
 
 def live_fence(
@@ -86,4 +90,6 @@ async def classify(
         return Revocation.EXPIRED, states.LEASE_EXPIRED
     if row.failure_reason == states.DEADLINE_EXCEEDED:
         return Revocation.DEADLINE_EXCEEDED, states.DEADLINE_EXCEEDED
+    if row.failure_reason in states.RELEASED:
+        return Revocation.RELEASED, row.failure_reason
     return Revocation.FINISHED, f"attempt ended {row.status}"

@@ -6,9 +6,11 @@ UPDATEs, so each attempt and task is ended by exactly one sweeper.
 
 from __future__ import annotations
 
+import datetime as dt
 from dataclasses import dataclass
 
 from sqlalchemy import select, update
+from sqlalchemy.ext.asyncio import AsyncSession
 
 from cloud.store import states
 from cloud.store.database import Store
@@ -18,7 +20,7 @@ from cloud.store.models import AttemptRow, TaskRow
 
 @dataclass(frozen=True, slots=True)
 class Ended:
-    """An attempt the sweeper ended, and what became of its task."""
+    """An attempt the sweeper (or a release) ended, and what became of its task."""
 
     task_id: str
     attempt: int
@@ -27,6 +29,36 @@ class Ended:
     device_serial: str
     task_status: str
     revocation: Revocation
+
+
+async def settle_task(
+    session: AsyncSession, task_id: str, attempt: int, now: dt.datetime, failure: str
+) -> tuple[str, Revocation] | None:
+    """After `attempt` ended without a result (its lease ran out, or it was released): the task
+    is requeued, or fails with `failure` when it has no attempt left, or is cancelled when a
+    cancel was requested. None when the task had already moved on (nothing to do)."""
+    task = await session.scalar(select(TaskRow).where(TaskRow.task_id == task_id).with_for_update())
+    if task is None or task.attempt != attempt or task.status not in states.LIVE:
+        return None
+    revocation = Revocation.EXPIRED if failure == states.LEASE_EXPIRED else Revocation.RELEASED
+    if task.cancel_requested:
+        task.status = states.CANCELLED
+        task.result_summary = task.cancel_reason or "cancelled"
+        task.finished_at = now
+        revocation = Revocation.CANCELLED
+        await session.execute(
+            update(AttemptRow)
+            .where(AttemptRow.task_id == task_id, AttemptRow.attempt == attempt)
+            .values(status=states.CANCELLED, failure_reason=task.result_summary)
+        )
+    elif task.attempt >= task.max_attempts:
+        task.status = states.FAILED
+        task.result_summary = failure
+        task.finished_at = now
+    else:
+        task.status = states.QUEUED
+    task.updated_at = now
+    return task.status, revocation
 
 
 async def sweep_expired(store: Store, limit: int = 500) -> list[Ended]:
@@ -68,32 +100,10 @@ async def sweep_expired(store: Store, limit: int = 500) -> list[Ended]:
             )
         ).all()
         for task_id, attempt, host_id, lease_id, serial in sorted(rows):
-            task = await session.scalar(
-                select(TaskRow).where(TaskRow.task_id == task_id).with_for_update()
-            )
-            if task is None or task.attempt != attempt or task.status not in states.LIVE:
-                continue
-            revocation = Revocation.EXPIRED
-            if task.cancel_requested:
-                task.status = states.CANCELLED
-                task.result_summary = task.cancel_reason or "cancelled"
-                task.finished_at = now
-                revocation = Revocation.CANCELLED
-                await session.execute(
-                    update(AttemptRow)
-                    .where(AttemptRow.task_id == task_id, AttemptRow.attempt == attempt)
-                    .values(status=states.CANCELLED, failure_reason=task.result_summary)
-                )
-            elif task.attempt >= task.max_attempts:
-                task.status = states.FAILED
-                task.result_summary = states.LEASE_EXPIRED
-                task.finished_at = now
-            else:
-                task.status = states.QUEUED
-            task.updated_at = now
-            ended.append(
-                Ended(task_id, attempt, host_id, lease_id, serial, task.status, revocation)
-            )
+            settled = await settle_task(session, task_id, attempt, now, states.LEASE_EXPIRED)
+            if settled is not None:
+                status, revocation = settled
+                ended.append(Ended(task_id, attempt, host_id, lease_id, serial, status, revocation))
     return ended
 
 

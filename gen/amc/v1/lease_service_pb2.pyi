@@ -122,6 +122,7 @@ class LeaseResponse(_message.Message):
     REVOKED_FIELD_NUMBER: _builtins.int
     RESULT_ACK_FIELD_NUMBER: _builtins.int
     REJECTED_FIELD_NUMBER: _builtins.int
+    SUPERSEDED_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def welcome(self) -> Global___Welcome:
         """Answer to the hello."""
@@ -146,6 +147,10 @@ class LeaseResponse(_message.Message):
     def rejected(self) -> Global___Rejected:
         """A message could not be used; the stream stays up."""
 
+    @_builtins.property
+    def superseded(self) -> Global___Superseded:
+        """A newer process of this host took its place; the stream then ends (ABORTED)."""
+
     def __init__(
         self,
         *,
@@ -155,12 +160,13 @@ class LeaseResponse(_message.Message):
         revoked: Global___Revoked | None = ...,
         result_ack: Global___ResultAck | None = ...,
         rejected: Global___Rejected | None = ...,
+        superseded: Global___Superseded | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["assignment", b"assignment", "kind", b"kind", "rejected", b"rejected", "renewed", b"renewed", "result_ack", b"result_ack", "revoked", b"revoked", "welcome", b"welcome"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["assignment", b"assignment", "kind", b"kind", "rejected", b"rejected", "renewed", b"renewed", "result_ack", b"result_ack", "revoked", b"revoked", "superseded", b"superseded", "welcome", b"welcome"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["assignment", b"assignment", "kind", b"kind", "rejected", b"rejected", "renewed", b"renewed", "result_ack", b"result_ack", "revoked", b"revoked", "welcome", b"welcome"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["assignment", b"assignment", "kind", b"kind", "rejected", b"rejected", "renewed", b"renewed", "result_ack", b"result_ack", "revoked", b"revoked", "superseded", b"superseded", "welcome", b"welcome"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_kind: _TypeAlias = _typing.Literal["welcome", "assignment", "renewed", "revoked", "result_ack", "rejected"]  # noqa: Y015
+    _WhichOneofReturnType_kind: _TypeAlias = _typing.Literal["welcome", "assignment", "renewed", "revoked", "result_ack", "rejected", "superseded"]  # noqa: Y015
     _WhichOneofArgType_kind: _TypeAlias = _typing.Literal["kind", b"kind"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_kind) -> _WhichOneofReturnType_kind | None: ...
 
@@ -210,10 +216,19 @@ class HostHello(_message.Message):
     AGENT_VERSION_FIELD_NUMBER: _builtins.int
     PLANNER_TRANSPORT_FIELD_NUMBER: _builtins.int
     HELD_ASSIGNMENTS_FIELD_NUMBER: _builtins.int
+    PROCESS_ID_FIELD_NUMBER: _builtins.int
     agent_version: _builtins.str
     """Version of the host agent."""
     planner_transport: _types_pb2.PlannerTransport.ValueType
     """Where the host sends planning calls."""
+    process_id: _builtins.str
+    """This run of the host agent: a random id made when the process starts (at most 128
+    characters), the same on every reconnect of that process. A hello whose process id differs
+    from the one recorded at this host's previous hello means a new process: the previous
+    process's live leases not listed in held_assignments are released at once, and its stream,
+    if still open anywhere, is superseded. Empty (an older host agent): nothing is released and
+    an older stream is replaced as if by a reconnect.
+    """
     @_builtins.property
     def devices(self) -> _containers.RepeatedCompositeFieldContainer[_types_pb2.Device]:
         """Every phone the host drives (at most 256)."""
@@ -231,10 +246,11 @@ class HostHello(_message.Message):
         agent_version: _builtins.str = ...,
         planner_transport: _types_pb2.PlannerTransport.ValueType = ...,
         held_assignments: _abc.Iterable[Global___HeldAssignment] | None = ...,
+        process_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_version", b"agent_version", "devices", b"devices", "held_assignments", b"held_assignments", "planner_transport", b"planner_transport"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_version", b"agent_version", "devices", b"devices", "held_assignments", b"held_assignments", "planner_transport", b"planner_transport", "process_id", b"process_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -491,7 +507,9 @@ class TaskResult(_message.Message):
     status: _types_pb2.TaskStatus.ValueType
     """SUCCEEDED, FAILED or CANCELLED."""
     summary: _builtins.str
-    """The agent's closing words or the failure reason (at most 2,000 characters)."""
+    """The agent's closing words or the failure reason. Never a reason to refuse the result: a
+    longer one is cut to 2,000 characters (ending in "…") and NUL characters become U+FFFD.
+    """
     @_builtins.property
     def final_progress(self) -> _types_pb2.Progress:
         """The last progress of the attempt."""
@@ -551,6 +569,31 @@ class ResultAck(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ResultAck: _TypeAlias = ResultAck  # noqa: Y015
+
+@_typing.final
+class Superseded(_message.Message):
+    """This stream was replaced by a newer process holding the same host certificate. The host must
+    stop (not reconnect: the two would take the stream from each other in turns); the leases it
+    held are released. The stream ends with ABORTED right after this message.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    MESSAGE_FIELD_NUMBER: _builtins.int
+    message: _builtins.str
+    """Why, for the host's log: "superseded by a newer process of host <id> …"."""
+    def __init__(
+        self,
+        *,
+        message: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["message", b"message"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Superseded: _TypeAlias = Superseded  # noqa: Y015
 
 @_typing.final
 class Rejected(_message.Message):

@@ -514,7 +514,9 @@ class Progress(_message.Message):
     step_status: Global___StepStatus.ValueType
     """What the agent is doing within that step."""
     summary: _builtins.str
-    """One line for humans, at most 200 characters (the cloud truncates longer ones with "…")."""
+    """One line for humans, at most 200 characters (the cloud truncates longer ones with "…" and
+    replaces NUL characters with U+FFFD; it never refuses a summary).
+    """
     @_builtins.property
     def updated_at(self) -> _timestamp_pb2.Timestamp:
         """When the host produced this snapshot (set by the cloud when it stores it)."""
