@@ -11,7 +11,7 @@ import json
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, TypeVar
+from typing import Annotated, Any, TypeVar
 
 import grpc
 import typer
@@ -176,7 +176,9 @@ def certs_host(
     from cloud import pki
 
     cert = pki.write_host_cert(directory, host_id)
+    serial = pki.serial_hex(cert.read_bytes())
     out.print(f"host certificate: {cert} (key beside it, readable by you only)")
+    out.print(f"serial {serial} (what `amc certs revoke --serial` names)")
 
 
 @certs_app.command("operator")
@@ -188,7 +190,96 @@ def certs_operator(
     from cloud import pki
 
     cert = pki.write_operator_cert(directory, name)
+    serial = pki.serial_hex(cert.read_bytes())
     out.print(f"operator certificate: {cert} (key beside it, readable by you only)")
+    out.print(f"serial {serial} (what `amc certs revoke --serial` names)")
+
+
+CloudDatabase = Annotated[
+    str,
+    typer.Option(
+        envvar="AMC_CLOUD_DATABASE_URL",
+        help="The cloud's database (what the replicas use); revocations are recorded there.",
+    ),
+]
+CertFile = Annotated[
+    Path | None, typer.Option("--cert", help="The certificate (PEM) to revoke, by its serial.")
+]
+Serial = Annotated[str | None, typer.Option(help="A certificate serial (hex) to revoke.")]
+HostId = Annotated[
+    str | None, typer.Option("--host", help="Revoke every certificate of this host id.")
+]
+
+
+def _revocation_target(cert: Path | None, serial: str | None, host: str | None) -> dict[str, str]:
+    from cloud import pki
+
+    given = [x for x in (cert, serial, host) if x is not None]
+    if len(given) != 1:
+        raise typer.BadParameter("name exactly one of --cert, --serial and --host")
+    if cert is not None:
+        return {"serial": pki.serial_hex(cert.read_bytes())}
+    return {"serial": serial} if serial is not None else {"host_id": str(host)}
+
+
+def _on_database(url: str, action: Callable[[Any], Awaitable[T]]) -> T:
+    from cloud.store.database import Store
+    from cloud.store.engine import upgrade
+
+    async def go() -> T:
+        store = Store.from_url(url)
+        try:
+            await upgrade(store.engine)
+            return await action(store)
+        finally:
+            await store.close()
+
+    return asyncio.run(go())
+
+
+@certs_app.command("revoke")
+def certs_revoke(
+    database_url: CloudDatabase,
+    cert: CertFile = None,
+    serial: Serial = None,
+    host: HostId = None,
+    reason: Annotated[str, typer.Option(help="Why, kept with the revocation.")] = "",
+) -> None:
+    """Revoke a certificate (by file or serial) or a whole host id, on every replica.
+
+    Replicas on PostgreSQL refuse it at once (and drop its open streams); otherwise within
+    AMC_CLOUD_REVOCATION_REFRESH_SECONDS.
+    """
+    from cloud import revocations
+
+    target = _revocation_target(cert, serial, host)
+    try:
+        added = _on_database(
+            database_url, lambda store: revocations.revoke(store, reason=reason, **target)
+        )
+    except ValueError as error:
+        raise typer.BadParameter(str(error)) from None
+    what = ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in target.items())
+    out.print(f"revoked: {what}" if added else f"already revoked: {what}")
+
+
+@certs_app.command("unrevoke")
+def certs_unrevoke(
+    database_url: CloudDatabase,
+    cert: CertFile = None,
+    serial: Serial = None,
+    host: HostId = None,
+) -> None:
+    """Lift a revocation made by mistake."""
+    from cloud import revocations
+
+    target = _revocation_target(cert, serial, host)
+    try:
+        removed = _on_database(database_url, lambda store: revocations.lift(store, **target))
+    except ValueError as error:
+        raise typer.BadParameter(str(error)) from None
+    what = ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in target.items())
+    out.print(f"revocation lifted: {what}" if removed else f"was not revoked: {what}")
 
 
 # --- operating the fleet ---------------------------------------------------------------------

@@ -160,7 +160,7 @@ class ScriptedHost:
     async def ended(self, wait: float = 10.0) -> grpc.aio.AioRpcError | None:
         """Wait for the stream to end; the status it ended with (None: OK)."""
         async with asyncio.timeout(wait):
-            while (msg := await self.inbox.get()) is not None:
+            while await self.inbox.get() is not None:
                 pass
         return self.error
 

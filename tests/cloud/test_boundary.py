@@ -12,7 +12,6 @@ status details nor the log carry driver text, SQL, parameters, host or port.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -31,6 +30,7 @@ from cloud.store import tasks
 from cloud.store.models import AttemptRow
 from tests.cloud.cloud_harness import ScriptedHost, channel, hello, result, submit, wait_status
 from tests.support.restartable_postgres import RestartablePostgres, restartable_postgres
+from tests.support.waiting import until
 
 UNAVAILABLE = "the cloud's database is unavailable; retry"
 SUBMIT = "/amc.v1.TaskService/SubmitTask"
@@ -189,10 +189,11 @@ async def _health(ch: grpc.aio.Channel) -> int:
     return int(reply.status)
 
 
-async def _health_becomes(ch: grpc.aio.Channel, status: int, within: float = 30.0) -> None:
-    async with asyncio.timeout(within):
-        while await _health(ch) != status:
-            await asyncio.sleep(0.05)
+async def _health_becomes(ch: grpc.aio.Channel, status: int) -> None:
+    async def reached() -> bool:
+        return await _health(ch) == status
+
+    await until(reached, what=f"health {status}")
 
 
 @pytest.mark.postgres
