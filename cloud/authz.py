@@ -118,6 +118,10 @@ class _OpenStream:
     task: asyncio.Task[Any]
     #: Set when the stream is being dropped: the status details its client gets.
     dropped: str | None = field(default=None)
+    #: False while an async-generator servicer is suspended at a `yield` (gRPC is sending
+    #: its message): a cancel then would land in gRPC's own code, which ends the call without
+    #: a status, so the drop waits for the generator to be resumed instead.
+    cancellable: bool = True
 
 
 class OpenStreams:
@@ -138,13 +142,15 @@ class OpenStreams:
             self._open.discard(stream)
 
     def drop(self, revoked: Revoked) -> int:
-        """Cancel every open stream `revoked` refuses; returns how many."""
+        """End every open stream `revoked` refuses (at once, or when its servicer is next
+        resumed); returns how many."""
         dropped = 0
         for stream in list(self._open):
             reason = revocations.refusal(revoked, stream.who, stream.serial)
             if reason is not None and stream.dropped is None:
                 stream.dropped = reason
-                stream.task.cancel()
+                if stream.cancellable:
+                    stream.task.cancel()
                 dropped += 1
         return dropped
 
@@ -152,24 +158,31 @@ class OpenStreams:
 def _droppable(behavior: Behavior, streams: OpenStreams) -> Behavior:
     """A streaming behavior that `streams.drop` can end with UNAUTHENTICATED."""
 
-    async def end(stream: _OpenStream, context: Context) -> None:
+    async def end(stream: _OpenStream, context: Context, *, cancelled: bool) -> None:
         assert stream.dropped is not None
-        # The cancel was ours, not the client's: take it back and end with the reason.
-        stream.task.uncancel()
+        if cancelled:  # the cancel was ours, not the client's: take it back
+            stream.task.uncancel()
         await context.abort(grpc.StatusCode.UNAUTHENTICATED, stream.dropped)
 
     if inspect.isasyncgenfunction(behavior):
 
         async def generate(request: Any, context: Context) -> Any:
             with streams.track() as stream:
-                try:
-                    async with contextlib.aclosing(behavior(request, context)) as responses:
-                        async for response in responses:
-                            yield response
-                except asyncio.CancelledError:
-                    if stream.dropped is None:
-                        raise
-                    await end(stream, context)
+                async with contextlib.aclosing(behavior(request, context)) as responses:
+                    while True:
+                        if stream.dropped is not None:
+                            await end(stream, context, cancelled=False)
+                        try:
+                            response = await anext(responses)
+                        except StopAsyncIteration:
+                            return
+                        except asyncio.CancelledError:
+                            if stream.dropped is None:
+                                raise
+                            await end(stream, context, cancelled=True)
+                        stream.cancellable = False
+                        yield response
+                        stream.cancellable = True
 
         return generate
 
@@ -180,7 +193,7 @@ def _droppable(behavior: Behavior, streams: OpenStreams) -> Behavior:
             except asyncio.CancelledError:
                 if stream.dropped is None:
                     raise
-                await end(stream, context)
+                await end(stream, context, cancelled=True)
                 return None
 
     return call

@@ -137,7 +137,11 @@ class ScriptedHost:
         process_id: str = "",
     ) -> lease_pb.Welcome:
         self.call = self._stub.Lease()
-        await self.call.write(hello(serials, held, process_id))
+        try:
+            await self.call.write(hello(serials, held, process_id))
+        except grpc.aio.AioRpcError as exc:  # refused before the hello went out
+            self.error = exc
+            raise AssertionError(f"stream ended: {exc}") from exc
         self._reader = asyncio.create_task(self._read())
         msg = await self.next("welcome")
         return msg.welcome

@@ -103,10 +103,10 @@ async def test_a_revoked_certificate_is_refused_and_its_streams_dropped(
 
         # An operator's open stream is dropped as soon as its certificate is revoked.
         watch = watcher.WatchProgress(progress_service_pb2.WatchProgressRequest())
-        assert (await watch.read()).snapshot
+        assert (await asyncio.wait_for(watch.read(), 30)).snapshot
         ops_serial = _serial(pki_dir, "operator-ops")
         await revocations.revoke(cloud.store, serial=ops_serial)
-        err = await _refused(_drain(watch))
+        err = await _refused(asyncio.wait_for(_drain(watch), 30))
         assert err.details() == f"certificate revoked (serial {ops_serial})"
         await _refused(ops.GetTask(task_service_pb2.GetTaskRequest(task_id=task.task_id)))
 
