@@ -40,14 +40,28 @@ class ConsoleSettings(BaseSettings):
     #: Signs the session cookie; a random one (sessions end with the process) when unset.
     session_secret: SecretStr = Field(default_factory=lambda: SecretStr(secrets.token_urlsafe(32)))
     session_max_age_s: int = Field(default=12 * 3600, gt=0)
-    #: Send the session cookie over HTTPS only (set it when serving behind TLS).
-    cookie_secure: bool = False
+    #: Send the session cookie over HTTPS only. Unset: on exactly when the console serves TLS
+    #: itself (`tls_cert_file`); set it to true behind a TLS-terminating proxy.
+    cookie_secure: bool | None = None
     #: `Authorization: Bearer <token>` for the JSON API; unset disables bearer access.
     api_token: SecretStr | None = None
 
     # --- where it listens ---
     bind_host: str = "127.0.0.1"
     bind_port: int = Field(default=8080, ge=0, le=65535)
+    #: Serve HTTPS with this certificate chain (PEM) and key; both or neither.
+    tls_cert_file: Path | None = None
+    tls_key_file: Path | None = None
+
+    @property
+    def secure_cookies(self) -> bool:
+        """Whether the session cookie carries `Secure` (HTTPS only)."""
+        return self.cookie_secure if self.cookie_secure is not None else self.serves_tls
+
+    @property
+    def serves_tls(self) -> bool:
+        """Whether the console itself serves HTTPS."""
+        return self.tls_cert_file is not None
 
     @model_validator(mode="after")
     def _fill_cert_paths(self) -> ConsoleSettings:
@@ -70,6 +84,8 @@ class ConsoleSettings(BaseSettings):
             raise ValueError("api_token must be at least 16 characters")
         if len(self.session_secret.get_secret_value()) < 16:
             raise ValueError("session_secret must be at least 16 characters")
+        if (self.tls_cert_file is None) != (self.tls_key_file is None):
+            raise ValueError("set both tls_cert_file and tls_key_file, or neither")
         return self
 
     def tls_files(self) -> tuple[Path, Path, Path]:

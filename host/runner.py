@@ -148,6 +148,12 @@ def build_host(
 ) -> HostApp:
     """Assemble a host. `planner` overrides the direct planner (tests, the embedded demo)."""
     store = TimelineStore(settings.resolved_db_path, settings.resolved_artifact_dir)
+    interrupted = store.mark_interrupted()
+    if interrupted:
+        log.warning(
+            "marked %d attempt(s) interrupted: the previous host process ended while they ran",
+            len(interrupted),
+        )
     pruned = store.prune(settings.retention_max_tasks, settings.retention_max_age_days)
     if pruned:
         log.info("retention removed %d old task(s) at start", len(pruned))

@@ -60,7 +60,11 @@ class HostSettings(BaseSettings):
     send_screenshot: bool = False
 
     # --- planner ---
-    planner_transport: Literal["direct", "cloud"] = "direct"
+    #: "cloud" (default): every step is planned by the cloud (`PlannerService.Decide`), so the
+    #: host holds no model key and every decision lands in the cloud's decision log, where
+    #: operators audit it. "direct": the host calls the model itself with its own key and keeps
+    #: prompts local (the cloud then sees progress only).
+    planner_transport: Literal["direct", "cloud"] = "cloud"
     #: How long one Decide call to the cloud may take: a decision may need several model calls
     #: (a forced retry, a corrective retry), each with thinking and the SDK's own retries.
     planner_deadline_s: float = Field(default=300.0, gt=0)

@@ -1,11 +1,15 @@
-"""The login flow both consoles share: the form, where a person goes after it, logging out.
+"""The login flow both consoles share: the form, a throttled attempt, where a person goes after
+it, logging out.
 
-How a person proves who they are is each console's (a password, a one-time token); the rest is
-here, so "next" is checked the same way everywhere and a login always starts a fresh session.
+How a person proves who they are is each console's (a password, a one-time token: `verify` in
+`attempt`); the rest is here, so "next" is checked the same way everywhere, failed attempts are
+throttled the same way (`webui.throttle`: 429 with Retry-After) and a login always starts a
+fresh session.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -15,6 +19,7 @@ from webui.csrf import CsrfChecked
 from webui.pages import Pages
 from webui.redirects import safe_next
 from webui.sessions import log_in, log_out, session_user
+from webui.throttle import LoginThrottle, attempt_keys, wait_message
 
 LOGIN_PAGE = "login.html"
 
@@ -50,11 +55,41 @@ def logged_in(request: Request, user: str, next_path: str, home: str) -> Respons
     return RedirectResponse(safe_next(next_path, home), status_code=303)
 
 
+def attempt(
+    pages: Pages,
+    request: Request,
+    *,
+    user: str | None,
+    verify: Callable[[], str | None],
+    next_path: str,
+    home: str,
+    error: str,
+    **fields: Any,
+) -> Response:
+    """A login attempt: refused at once while throttled (429, Retry-After, the secret not even
+    checked), else `verify()` names the user (None: wrong, 401 with `error`, and it counts)."""
+    throttle: LoginThrottle = request.app.state.login_throttle
+    keys = attempt_keys(request, user)
+    wait = throttle.retry_after(keys)
+    if wait > 0:
+        message, after = wait_message(wait)
+        page = login_form(pages, request, next_path, home, error=message, status_code=429, **fields)
+        page.headers["Retry-After"] = str(after)
+        return page
+    who = verify()
+    if who is None:
+        throttle.failed(keys)
+        return login_form(pages, request, next_path, home, error=error, status_code=401, **fields)
+    throttle.succeeded(keys)
+    return logged_in(request, who, next_path, home)
+
+
 #: POST /logout, the same on both consoles.
 logout_router = APIRouter(include_in_schema=False)
 
 
 @logout_router.post("/logout")
 async def logout(_csrf: CsrfChecked, request: Request) -> Response:
+    """End the session on the server: the cookie, even a copy of it, logs nobody in again."""
     log_out(request)
     return RedirectResponse("/login", status_code=303)

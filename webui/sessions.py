@@ -1,36 +1,126 @@
-"""Who is logged in: a signed session cookie (Starlette's SessionMiddleware) holding the user.
+"""Who is logged in: a signed session cookie naming a session this console process holds.
 
 How a person proves who they are differs per console (the operators' password, a host's one-time
 token); what happens after is the same and lives here: a fresh session on login (so a session
 made before login cannot be fixated), pages that redirect to /login without one.
+
+The cookie (Starlette's SessionMiddleware, signed) carries only a random session id; who that is,
+and whether the session still exists, is kept here on the server (`SessionStore`). Logging out
+deletes it, so a copy of the cookie taken before (a shared machine, a proxy log, a stolen
+backup) is refused afterwards, not honoured until it expires. Sessions live in the console's
+memory: a restart logs everyone out, and several console processes behind one address need
+sticky sessions.
 """
 
 from __future__ import annotations
 
-from typing import Annotated
+import secrets
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import Annotated, Literal
 
-from fastapi import Depends, Request
+from fastapi import Depends, FastAPI, Request
+from starlette.middleware.sessions import SessionMiddleware
 
 from webui.csrf import SESSION_CSRF, new_token
 
-SESSION_USER = "user"
+SESSION_ID = "sid"
+#: Sessions a console keeps at most; beyond it the least recently used one ends.
+MAX_SESSIONS = 10_000
+
+
+class SessionStore:
+    """The live sessions of one console process: id -> (user, when it ends)."""
+
+    def __init__(
+        self,
+        max_age_s: float,
+        max_sessions: int = MAX_SESSIONS,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._max_age_s = max_age_s
+        self._max = max_sessions
+        self._clock = clock
+        self._live: OrderedDict[str, tuple[str, float]] = OrderedDict()
+
+    def start(self, user: str) -> str:
+        """A new session for `user`; returns its id (what the cookie carries)."""
+        now = self._clock()
+        for sid in [s for s, (_, ends) in self._live.items() if ends <= now]:
+            del self._live[sid]
+        while len(self._live) >= self._max:
+            self._live.popitem(last=False)
+        sid = secrets.token_urlsafe(32)
+        self._live[sid] = (user, now + self._max_age_s)
+        return sid
+
+    def user(self, sid: str) -> str | None:
+        """Who session `sid` belongs to, or None when it ended (logged out, expired, unknown)."""
+        found = self._live.get(sid)
+        if found is None:
+            return None
+        user, ends = found
+        if ends <= self._clock():
+            del self._live[sid]
+            return None
+        self._live.move_to_end(sid)
+        return user
+
+    def end(self, sid: str) -> None:
+        """End session `sid` (a logout): its cookie no longer logs anyone in."""
+        self._live.pop(sid, None)
+
+    def __len__(self) -> int:
+        return len(self._live)
+
+
+def install_sessions(
+    app: FastAPI,
+    *,
+    secret: str,
+    cookie: str,
+    max_age_s: int,
+    same_site: Literal["lax", "strict", "none"],
+    https_only: bool,
+) -> SessionStore:
+    """Signed session cookies plus the server-side store (`app.state.sessions`) on `app`."""
+    app.add_middleware(
+        SessionMiddleware,
+        secret_key=secret,
+        session_cookie=cookie,
+        max_age=max_age_s,
+        same_site=same_site,
+        https_only=https_only,
+    )
+    store = SessionStore(max_age_s)
+    app.state.sessions = store
+    return store
+
+
+def _store(request: Request) -> SessionStore:
+    store: SessionStore = request.app.state.sessions
+    return store
 
 
 def session_user(request: Request) -> str | None:
-    """The logged-in user's name, or None."""
-    user = request.session.get(SESSION_USER)
-    return user if isinstance(user, str) and user else None
+    """The logged-in user's name, or None (no cookie, or its session ended)."""
+    sid = request.session.get(SESSION_ID)
+    return _store(request).user(sid) if isinstance(sid, str) and sid else None
 
 
 def log_in(request: Request, username: str) -> None:
-    """Start a fresh session (new CSRF token) so a pre-login session cannot be fixated."""
+    """Start a fresh session (new id, new CSRF token) so a pre-login session cannot be fixated."""
     request.session.clear()
-    request.session[SESSION_USER] = username
+    request.session[SESSION_ID] = _store(request).start(username)
     request.session[SESSION_CSRF] = new_token()
 
 
 def log_out(request: Request) -> None:
-    """End the session."""
+    """End the session on the server and clear the cookie."""
+    sid = request.session.get(SESSION_ID)
+    if isinstance(sid, str):
+        _store(request).end(sid)
     request.session.clear()
 
 

@@ -12,7 +12,6 @@ import grpc
 import uvicorn
 from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse
-from starlette.middleware.sessions import SessionMiddleware
 
 from console.gateway import api, pages
 from console.gateway.auth import Credentials
@@ -25,6 +24,8 @@ from webui.errors import error_page, install_error_handlers
 from webui.headers import add_security_headers, content_security_policy
 from webui.login import logout_router
 from webui.pages import static_files
+from webui.sessions import install_sessions
+from webui.throttle import install_throttle
 
 log = logging.getLogger(__name__)
 
@@ -69,14 +70,15 @@ def create_app(settings: ConsoleSettings) -> FastAPI:
     app.state.credentials = Credentials(
         settings.admin_username, settings.admin_password, settings.api_token
     )
-    app.add_middleware(
-        SessionMiddleware,
-        secret_key=settings.session_secret.get_secret_value(),
-        session_cookie=SESSION_COOKIE,
-        max_age=settings.session_max_age_s,
+    install_sessions(
+        app,
+        secret=settings.session_secret.get_secret_value(),
+        cookie=SESSION_COOKIE,
+        max_age_s=settings.session_max_age_s,
         same_site="lax",
-        https_only=settings.cookie_secure,
+        https_only=settings.secure_cookies,
     )
+    install_throttle(app)
 
     add_security_headers(
         app,
@@ -116,7 +118,8 @@ GRACEFUL_SHUTDOWN_S = 3
 
 
 def build_server(settings: ConsoleSettings) -> uvicorn.Server:
-    """A uvicorn server for the console on settings.bind_host:bind_port (port 0: any free one)."""
+    """A uvicorn server for the console on settings.bind_host:bind_port (port 0: any free one),
+    over HTTPS when a TLS certificate and key are set."""
     config = uvicorn.Config(
         create_app(settings),
         host=settings.bind_host,
@@ -125,6 +128,8 @@ def build_server(settings: ConsoleSettings) -> uvicorn.Server:
         server_header=False,
         timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
         log_level="info",
+        ssl_certfile=settings.tls_cert_file,
+        ssl_keyfile=settings.tls_key_file,
     )
     return uvicorn.Server(config)
 

@@ -95,10 +95,15 @@ async def login_submit(
     password: Annotated[str, Form()] = "",
     next: Annotated[str, Form()] = HOME,
 ) -> Response:
-    if not credentials.check_login(username, password):
-        error = "Wrong username or password."
-        return login.login_form(PAGES, request, next, HOME, error=error, status_code=401)
-    return login.logged_in(request, username, next, HOME)
+    return login.attempt(
+        PAGES,
+        request,
+        user=username,
+        verify=lambda: username if credentials.check_login(username, password) else None,
+        next_path=next,
+        home=HOME,
+        error="Wrong username or password.",
+    )
 
 
 @router.get("/")

@@ -9,7 +9,6 @@ from pathlib import Path
 
 from fastapi import FastAPI, Request, Response
 from fastapi.responses import PlainTextResponse
-from starlette.middleware.sessions import SessionMiddleware
 
 from host.console import routes
 from host.console.login_token import OneTimeToken
@@ -19,6 +18,8 @@ from webui.errors import error_page, install_error_handlers
 from webui.headers import add_security_headers, content_security_policy
 from webui.login import logout_router
 from webui.pages import static_files
+from webui.sessions import install_sessions
+from webui.throttle import install_throttle
 
 log = logging.getLogger(__name__)
 
@@ -71,14 +72,15 @@ def create_app(
     app.state.login_token = login_token or OneTimeToken()
     app.state.poll_interval_s = settings.poll_interval_s
     app.state.page_size = settings.page_size
-    app.add_middleware(
-        SessionMiddleware,
-        secret_key=settings.session_secret.get_secret_value(),
-        session_cookie=session_cookie_name(settings),
-        max_age=settings.session_max_age_s,
+    install_sessions(
+        app,
+        secret=settings.session_secret.get_secret_value(),
+        cookie=session_cookie_name(settings),
+        max_age_s=settings.session_max_age_s,
         same_site="strict",
         https_only=settings.cookie_secure,
     )
+    install_throttle(app)
 
     add_security_headers(app, csp=content_security_policy(), referrer_policy="no-referrer")
     install_error_handlers(app, routes.PAGES)

@@ -23,7 +23,6 @@ from starlette.concurrency import run_in_threadpool
 from host.console import present
 from host.console.login_token import OneTimeToken
 from host.console.state import HostState, cloud_link, phones_now, planner_transport
-from host.timeline.artifacts import ArtifactPathError
 from host.timeline.store import TaskRow, TimelineStore
 from webui import login
 from webui.csrf import CsrfChecked
@@ -76,12 +75,18 @@ async def login_submit(
     next: Annotated[str, Form()] = HOME,
 ) -> Response:
     tokens: OneTimeToken = request.app.state.login_token
-    if not tokens.redeem(token):
-        error = (
+    return login.attempt(
+        PAGES,
+        request,
+        user=None,  # one token, no user names: throttled per client address
+        verify=lambda: OPERATOR if tokens.redeem(token) else None,
+        next_path=next,
+        home=HOME,
+        error=(
             "That token is not valid (each token works once; the host's log shows the current one)."
-        )
-        return login.login_form(PAGES, request, next, HOME, error=error, status_code=401, token="")
-    return login.logged_in(request, OPERATOR, next, HOME)
+        ),
+        token="",
+    )
 
 
 @router.get("/")
@@ -214,12 +219,9 @@ async def task_live(
 async def artifact(request: Request, _: PageUser, path: str) -> Response:
     """A screenshot from the artifact folder; any path that would leave it is a 404."""
     store = _store(request)
-    try:
-        file = store.artifacts.resolve(path)
-    except ArtifactPathError:
-        raise HTTPException(status.HTTP_404_NOT_FOUND, "no such artifact") from None
-    media = IMAGE_TYPES.get(file.suffix.lower())
-    if media is None or not await run_in_threadpool(file.is_file):
+    file = await run_in_threadpool(store.artifacts.find, path)
+    media = None if file is None else IMAGE_TYPES.get(file.suffix.lower())
+    if file is None or media is None:
         raise HTTPException(status.HTTP_404_NOT_FOUND, "no such artifact")
     return FileResponse(
         file,

@@ -27,13 +27,26 @@ class ArtifactStore:
         self.root.mkdir(parents=True, exist_ok=True)
 
     def resolve(self, relative: str) -> Path:
-        """An absolute path for a stored relative one; refuses anything that escapes the root."""
-        if not relative or Path(relative).is_absolute():
-            raise ArtifactPathError(f"artifact paths are relative: {relative!r}")
-        path = (self.root / relative).resolve()
+        """An absolute path for a stored relative one; refuses anything that escapes the root
+        or that no file system path can be (a NUL character, a name too long)."""
+        if not relative or "\x00" in relative or Path(relative).is_absolute():
+            raise ArtifactPathError(f"not a relative artifact path: {relative!r}")
+        try:
+            path = (self.root / relative).resolve()
+        except (OSError, ValueError) as exc:
+            raise ArtifactPathError(f"not an artifact path: {relative!r}") from exc
         if path != self.root and not path.is_relative_to(self.root):
             raise ArtifactPathError(f"{relative!r} escapes the artifact folder")
         return path
+
+    def find(self, relative: str) -> Path | None:
+        """The file a stored relative path names, or None when there is none (or the path is
+        not one this folder can hold)."""
+        try:
+            path = self.resolve(relative)
+            return path if path.is_file() else None
+        except (ArtifactPathError, OSError):
+            return None
 
     def task_dir_name(self, task_id: str, attempt: int) -> str:
         return f"{safe_component(task_id)}-a{int(attempt)}"

@@ -48,7 +48,11 @@ CREATE INDEX IF NOT EXISTS ix_steps_task ON steps (task_id, attempt, step_index)
 CREATE INDEX IF NOT EXISTS ix_tasks_updated ON tasks (updated_at);
 """
 
-TERMINAL = ("succeeded", "failed", "cancelled")
+#: An attempt that was still "running" when the host process that ran it ended without
+#: finishing it (a crash, SIGKILL, power loss): set when the host starts again.
+INTERRUPTED = "interrupted"
+TERMINAL = ("succeeded", "failed", "cancelled", INTERRUPTED)
+INTERRUPTED_SUMMARY = "interrupted: the host process ended while this attempt ran (crash or kill)"
 
 
 def utcnow() -> datetime:
@@ -121,6 +125,18 @@ class TimelineStore:
                 " status='running', updated_at=excluded.updated_at",
                 (task_id, attempt, lease_id, device_serial, goal, planner_transport, ts, ts),
             )
+
+    def mark_interrupted(self, now: datetime | None = None) -> list[tuple[str, int]]:
+        """At start: every attempt still "running" belongs to a process that is gone (this
+        store has one writer, the host process), so it is marked interrupted. Returns them."""
+        ts = iso(now or utcnow())
+        with self._lock:
+            rows = self._db.execute(
+                "UPDATE tasks SET status=?, summary=?, finished_at=?, updated_at=?"
+                " WHERE status='running' RETURNING task_id, attempt",
+                (INTERRUPTED, INTERRUPTED_SUMMARY, ts, ts),
+            ).fetchall()
+        return sorted((r["task_id"], int(r["attempt"])) for r in rows)
 
     def update_progress(
         self, task_id: str, attempt: int, step_index: int, step_status: str, summary: str

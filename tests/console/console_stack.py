@@ -65,29 +65,32 @@ class LoopThread:
 
 
 class UvicornThread:
-    """A real uvicorn server on 127.0.0.1 port 0 in a thread."""
+    """A real uvicorn server on 127.0.0.1 port 0 in a thread (or `server`, built elsewhere)."""
 
-    def __init__(self, app: FastAPI) -> None:
-        config = uvicorn.Config(
-            app,
-            host="127.0.0.1",
-            port=0,
-            log_level="warning",
-            timeout_graceful_shutdown=1,
-            lifespan="on",
-        )
-        self.server = uvicorn.Server(config)
+    def __init__(self, app: FastAPI | None = None, server: uvicorn.Server | None = None) -> None:
+        if server is None:
+            config = uvicorn.Config(
+                app,
+                host="127.0.0.1",
+                port=0,
+                log_level="warning",
+                timeout_graceful_shutdown=1,
+                lifespan="on",
+            )
+            server = uvicorn.Server(config)
+        self.server = server
         self._thread = threading.Thread(target=self.server.run, name="uvicorn", daemon=True)
 
     def start(self) -> str:
-        """Start serving; returns the base URL."""
+        """Start serving; returns the base URL (https when the server has a certificate)."""
         self._thread.start()
         while not self.server.started and self._thread.is_alive():
             time.sleep(0.02)
         if not self.server.started:
             raise RuntimeError("uvicorn did not start")
         port = self.server.servers[0].sockets[0].getsockname()[1]
-        return f"http://127.0.0.1:{port}"
+        scheme = "https" if self.server.config.ssl_certfile else "http"
+        return f"{scheme}://127.0.0.1:{port}"
 
     def stop(self) -> None:
         self.server.should_exit = True

@@ -90,6 +90,8 @@ def _host_settings(stack: Stack, **overrides: Any) -> HostSettings:
         "device_poll_interval_s": 0.2,
         "reconnect_initial_s": 0.05,
         "reconnect_max_s": 0.3,
+        # Most tests here hand the host a scripted planner (the direct transport's place).
+        "planner_transport": "direct",
     }
     values.update(overrides)
     return HostSettings(**values)

@@ -28,6 +28,7 @@ def _settings(tmp_path: Path, port: int, pki_dir: Path) -> HostSettings:
         device_poll_interval_s=0.2,
         reconnect_initial_s=0.05,
         reconnect_max_s=0.2,
+        planner_transport="direct",  # the tests hand the host a scripted planner
     )
 
 

@@ -11,7 +11,7 @@ import pytest
 
 from host.timeline.artifacts import ArtifactPathError, ArtifactStore
 from host.timeline.record import TimelineRecord
-from host.timeline.store import TimelineStore
+from host.timeline.store import INTERRUPTED, TimelineStore
 
 
 @pytest.fixture
@@ -130,11 +130,21 @@ def test_orphan_artifact_folders_are_removed(store: TimelineStore) -> None:
     assert store.artifacts.task_dirs() == []
 
 
-@pytest.mark.parametrize("bad", ["../escape.png", "/etc/passwd", "a/../../b", ""])
+@pytest.mark.parametrize("bad", ["../escape.png", "/etc/passwd", "a/../../b", "", "x\x00.png"])
 def test_artifact_paths_cannot_escape(tmp_path: Path, bad: str) -> None:
     arts = ArtifactStore(tmp_path / "arts")
     with pytest.raises(ArtifactPathError):
         arts.resolve(bad)
+    assert arts.find(bad) is None
+
+
+def test_find_answers_none_for_what_no_file_system_holds(tmp_path: Path) -> None:
+    arts = ArtifactStore(tmp_path / "arts")
+    rel = arts.write("t", 1, "x.png", b"png")
+    assert arts.find(rel) == arts.resolve(rel)
+    assert arts.find("a" * 5000 + ".png") is None  # a name too long for the file system
+    assert arts.find("/".join(["d" * 250] * 40)) is None  # a path too long
+    assert arts.find("t-a1") is None  # a folder is not a file
 
 
 def test_hostile_task_ids_stay_inside(tmp_path: Path) -> None:
@@ -144,3 +154,26 @@ def test_hostile_task_ids_stay_inside(tmp_path: Path) -> None:
     assert ".." not in rel
     arts.delete_task("../..", 1)
     assert arts.root.is_dir()
+
+
+def test_attempts_left_running_by_a_dead_process_are_marked_interrupted(tmp_path: Path) -> None:
+    first = TimelineStore(tmp_path / "t.sqlite3", tmp_path / "a")
+    first.start_task("t1", 1, "g", "phone-1")
+    first.start_task("t2", 1, "g", "phone-2")
+    first.finish_task("t2", 1, "succeeded", "done")
+    first.start_task("t3", 2, "g", "phone-3")
+    first.close()  # the process dies here: t1 and t3 never finish
+
+    again = TimelineStore(tmp_path / "t.sqlite3", tmp_path / "a")
+    try:
+        assert again.mark_interrupted() == [("t1", 1), ("t3", 2)]
+        t1 = again.get_task("t1", 1)
+        assert t1 is not None and t1.status == INTERRUPTED and t1.finished_at
+        assert "interrupted" in t1.summary
+        t2 = again.get_task("t2", 1)
+        assert t2 is not None and t2.status == "succeeded"
+        assert again.mark_interrupted() == []  # nothing left running
+        # Interrupted attempts are pruned like finished ones (running ones never are).
+        assert set(again.prune(max_tasks=0, max_age_days=7)) == {("t1", 1), ("t2", 1), ("t3", 2)}
+    finally:
+        again.close()

@@ -10,9 +10,12 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 from pathlib import Path
+from urllib.parse import quote
 
 import pytest
 from fastapi.testclient import TestClient
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from host.console import HostConsoleSettings, create_app
 from host.timeline.record import TimelineRecord
@@ -235,6 +238,10 @@ def test_unknown_task_and_attempt_are_404(client: TestClient) -> None:
         "/artifacts/..%5c..%5cetc%5cpasswd",
         "/artifacts/missing.png",
         "/artifacts/",
+        "/artifacts/x%00.png",
+        f"/artifacts/{T_DARK}-a1/step001-before.png%00",
+        "/artifacts/" + "a" * 5000 + ".png",
+        "/artifacts/" + "/".join(["d" * 200] * 30) + ".png",
     ],
 )
 def test_artifact_route_never_leaves_the_folder(client: TestClient, path: str) -> None:
@@ -345,3 +352,53 @@ def test_task_list_pages(filled: Filled) -> None:
     assert "/tasks?page=2" in first
     assert second.count("data-task-id=") == 1
     assert "/tasks?page=1" in second
+
+
+_PATH_CHARS = st.characters(codec="utf-8", exclude_categories=("Cs",))
+
+
+@settings(
+    max_examples=300,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(
+    path=st.one_of(
+        st.text(_PATH_CHARS, max_size=300),
+        st.lists(
+            st.sampled_from(["..", ".", "%00", "%2e", "%2f", "%5c", "\x00", "/", "x.png", "é"]),
+            max_size=30,
+        ).map("".join),
+    )
+)
+def test_artifact_route_never_fails_on_any_path(client: TestClient, path: str) -> None:
+    """Whatever follows /artifacts/ — control characters, NULs raw or percent-encoded, huge or
+    deep names — the answer is a 404, a 200 for a real screenshot, or a redirect (to /login,
+    or a path the client normalised to a folder); never a 500."""
+    response = client.get("/artifacts/" + quote(path, safe="/%"))
+    assert response.status_code in (200, 303, 307, 404), (path, response.status_code)
+
+
+def test_a_replayed_cookie_after_logout_is_refused(anon: TestClient) -> None:
+    tokens = anon.app.state.login_token  # type: ignore[attr-defined]
+    assert log_in(anon, tokens.current).status_code == 303
+    cookie = next(iter(anon.cookies.jar))
+    copied = (cookie.name, cookie.value)
+    logout = anon.post("/logout", data={"csrf_token": csrf_of(anon.get("/now").text)})
+    assert logout.status_code == 303
+    anon.cookies.clear()
+    anon.cookies.set(*copied)
+    assert anon.get("/now").status_code == 303  # to /login: the session ended on the server
+    assert anon.get("/now/phones").status_code == 401
+
+
+def test_token_guessing_is_throttled(anon: TestClient) -> None:
+    tokens = anon.app.state.login_token  # type: ignore[attr-defined]
+    for _ in range(5):
+        assert log_in(anon, "guess").status_code == 401
+    right = tokens.current
+    refused = log_in(anon, right)
+    assert refused.status_code == 429
+    assert refused.headers["retry-after"] == "1"
+    assert "Too many failed attempts" in refused.text
+    assert tokens.current == right  # the real token was not even tried (so not used up)

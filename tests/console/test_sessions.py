@@ -1,0 +1,203 @@
+"""Console sessions end on the server, password guessing is throttled, cookies go HTTPS-only
+under TLS — on the operators' console served by a real uvicorn server (each test its own, so
+throttling state never leaks between tests).
+
+Proves: after logout, a copy of the old session cookie is refused (pages redirect to /login,
+the API answers 401); after `free` failed logins a user, or a client address, must wait — a
+throttled attempt gets 429 with Retry-After and the password is not even checked (no scrypt
+hash is paid for it), other users and addresses are unaffected, and once the wait is over
+(a controllable clock) a correct password works and clears the count; the throttle's delays
+double up to their cap; with a TLS certificate the gateway serves HTTPS and its cookie carries
+`Secure` (and without one it does not, unless asked to).
+"""
+
+from __future__ import annotations
+
+import ssl
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from cloud import pki as cloud_pki
+from console.gateway.app import SESSION_COOKIE, build_server, create_app
+from console.settings import ConsoleSettings
+from tests.console.console_stack import ADMIN, PASSWORD, UvicornThread
+from tests.console.test_pages import csrf_of
+from webui.throttle import LoginThrottle, install_throttle
+
+
+class Clock:
+    """A clock the test moves (the throttle's waits pass without sleeping)."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class Counting:
+    """The gateway's credentials, counting how often a password was actually checked."""
+
+    def __init__(self, inner: object) -> None:
+        self.inner = inner
+        self.checks = 0
+
+    def check_login(self, username: str, password: str) -> bool:
+        self.checks += 1
+        return bool(self.inner.check_login(username, password))  # type: ignore[attr-defined]
+
+    def check_token(self, token: str) -> bool:
+        return bool(self.inner.check_token(token))  # type: ignore[attr-defined]
+
+
+@pytest.fixture
+def own_gateway(console_settings: ConsoleSettings) -> Iterator[tuple[str, object]]:
+    app = create_app(console_settings)
+    server = UvicornThread(app)
+    base = server.start()
+    try:
+        yield base, app
+    finally:
+        server.stop()
+
+
+def _client(base: str, address: str = "127.0.0.1", **kwargs: object) -> httpx.Client:
+    transport = httpx.HTTPTransport(local_address=address, verify=kwargs.pop("verify", True))  # type: ignore[arg-type]
+    return httpx.Client(
+        base_url=base,
+        follow_redirects=False,
+        timeout=20,
+        transport=transport,
+        **kwargs,  # type: ignore[arg-type]
+    )
+
+
+def _try(client: httpx.Client, username: str, password: str) -> httpx.Response:
+    token = csrf_of(client.get("/login").text)
+    return client.post(
+        "/login",
+        data={"username": username, "password": password, "csrf_token": token, "next": "/tasks"},
+    )
+
+
+def test_logout_ends_the_session_on_the_server(own_gateway: tuple[str, object]) -> None:
+    base, _ = own_gateway
+    with _client(base) as person:
+        assert _try(person, ADMIN, PASSWORD).status_code == 303
+        stolen = person.cookies.get(SESSION_COOKIE)
+        assert stolen
+        logout_token = csrf_of(person.get("/tasks").text)
+        assert person.post("/logout", data={"csrf_token": logout_token}).status_code == 303
+    with _client(base) as replay:
+        replay.cookies.set(SESSION_COOKIE, stolen)
+        page = replay.get("/tasks")
+        assert page.status_code == 303 and page.headers["location"].startswith("/login")
+        assert replay.get("/api/tasks").status_code == 401
+
+
+def test_failed_logins_are_throttled_per_user_and_per_address(
+    own_gateway: tuple[str, object],
+) -> None:
+    base, app = own_gateway
+    clock = Clock()
+    throttle = install_throttle(app, LoginThrottle(free=5, base_s=1.0, cap_s=60.0, clock=clock))  # type: ignore[arg-type]
+    counting = Counting(app.state.credentials)  # type: ignore[attr-defined]
+    app.state.credentials = counting  # type: ignore[attr-defined]
+
+    with _client(base) as guesser:
+        for _ in range(5):
+            assert _try(guesser, ADMIN, "wrong").status_code == 401
+        assert counting.checks == 5
+        # The sixth attempt waits, even with the right password, and costs no hash.
+        refused = _try(guesser, ADMIN, PASSWORD)
+        assert refused.status_code == 429
+        assert refused.headers["retry-after"] == "1"
+        assert "Too many failed attempts. Try again in 1 s." in refused.text
+        assert counting.checks == 5
+        assert guesser.get("/tasks").status_code == 303  # not logged in
+
+    # The same user from another address: throttled too (per user).
+    with _client(base, "127.0.0.2") as elsewhere:
+        assert _try(elsewhere, ADMIN, PASSWORD).status_code == 429
+        # Another user from there is not.
+        assert _try(elsewhere, "someone-else", "wrong").status_code == 401
+
+    # One address trying many user names is throttled by its address.
+    with _client(base, "127.0.0.3") as sprayer:
+        for i in range(5):
+            assert _try(sprayer, f"user{i}", "wrong").status_code == 401
+        assert _try(sprayer, "user-new", "wrong").status_code == 429
+
+    # Once the wait is over, the right password works and clears the count.
+    clock.now += 1.0
+    with _client(base) as owner:
+        assert _try(owner, ADMIN, PASSWORD).status_code == 303
+        assert owner.get("/tasks").status_code == 200
+    assert throttle.retry_after([f"user:{ADMIN}", "addr:127.0.0.1"]) == 0
+
+
+def test_the_throttle_doubles_its_wait_up_to_its_cap() -> None:
+    clock = Clock()
+    throttle = LoginThrottle(free=2, base_s=1.0, cap_s=8.0, clock=clock)
+    keys = ["addr:x"]
+    waits = []
+    for _ in range(7):
+        throttle.failed(keys)
+        waits.append(throttle.retry_after(keys))
+    assert waits == [0, 1, 2, 4, 8, 8, 8]
+    throttle.succeeded(keys)
+    assert throttle.retry_after(keys) == 0
+    # Forgotten a cap after the last failure, once its wait is over.
+    throttle.failed(keys)
+    clock.now += 8.0
+    throttle.failed(["addr:other"])
+    assert "addr:x" not in throttle._keys
+
+
+@pytest.fixture(scope="module")
+def tls_files(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path]:
+    directory = tmp_path_factory.mktemp("console-tls")
+    cloud_pki.init_ca(directory)
+    cloud_pki.write_server_cert(directory)
+    return directory / "ca.pem", directory / "server.pem", directory / "server.key"
+
+
+@pytest.mark.parametrize(
+    ("tls", "cookie_secure", "secure"),
+    [(True, None, True), (False, None, False), (False, True, True), (True, False, False)],
+    ids=["tls", "plain", "plain-behind-a-tls-proxy", "tls-told-otherwise"],
+)
+def test_secure_cookies_follow_tls(
+    console_settings: ConsoleSettings,
+    tls_files: tuple[Path, Path, Path],
+    tls: bool,
+    cookie_secure: bool | None,
+    secure: bool,
+) -> None:
+    ca, cert, key = tls_files
+    update: dict[str, object] = {"bind_port": 0, "cookie_secure": cookie_secure}
+    if tls:
+        update |= {"tls_cert_file": cert, "tls_key_file": key}
+    settings = ConsoleSettings(**(console_settings.model_dump() | update))
+    server = UvicornThread(server=build_server(settings))
+    base = server.start()
+    try:
+        assert base.startswith("https://" if tls else "http://")
+        with _client(base, verify=ssl.create_default_context(cafile=str(ca))) as person:
+            # The login form already starts a session (for its CSRF token).
+            cookie = person.get("/login").headers["set-cookie"].lower()
+            assert cookie.startswith(SESSION_COOKIE)
+            assert ("; secure" in cookie) is secure
+            if tls:
+                assert _try(person, ADMIN, PASSWORD).status_code == 303
+                assert person.get("/tasks").status_code == 200
+    finally:
+        server.stop()
+
+
+def test_tls_needs_both_files(console_settings: ConsoleSettings, tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="both tls_cert_file and tls_key_file"):
+        ConsoleSettings(**(console_settings.model_dump() | {"tls_cert_file": tmp_path / "c"}))

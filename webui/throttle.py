@@ -1,0 +1,112 @@
+"""Failed logins slow the next try down: per user and per client address, doubling delays.
+
+Each failed attempt counts against the user it named (when the console has user names) and
+against the client's address. After `free` failures in a row on a key, the next attempt on it
+must wait `base` seconds, doubling with each further failure up to `cap`; an attempt made
+sooner is refused without checking the secret (so it also costs the console no password
+hash), and the client is told how long to wait: HTTP 429 with `Retry-After`. A successful login
+clears the user's and the address's counts. Per address stops one client trying many
+passwords; per user stops many clients sharing one guess list against one account — at the
+price that they can also slow that account's real owner down (for at most `cap` per attempt).
+
+State is in memory, bounded (`max_keys`, least recently failed forgotten first) and forgotten
+`cap` after a key's last failure.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from fastapi import FastAPI, Request
+
+
+@dataclass(slots=True)
+class _Failures:
+    count: int
+    last: float
+    allowed_at: float
+
+
+class LoginThrottle:
+    """Failures per key ("user:…", "addr:…") and when each key may try again."""
+
+    def __init__(
+        self,
+        free: int = 5,
+        base_s: float = 1.0,
+        cap_s: float = 300.0,
+        max_keys: int = 100_000,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.free, self.base_s, self.cap_s = free, base_s, cap_s
+        self._max_keys = max_keys
+        self._clock = clock
+        self._keys: OrderedDict[str, _Failures] = OrderedDict()
+
+    def retry_after(self, keys: Iterable[str]) -> float:
+        """Seconds until an attempt on all of `keys` is allowed (0: now)."""
+        now = self._clock()
+        wait = 0.0
+        for key in keys:
+            found = self._keys.get(key)
+            if found is not None:
+                wait = max(wait, found.allowed_at - now)
+        return wait
+
+    def failed(self, keys: Iterable[str]) -> None:
+        """A failed attempt on each of `keys`."""
+        now = self._clock()
+        self._forget_old(now)
+        for key in keys:
+            found = self._keys.pop(key, None) or _Failures(0, now, now)
+            found.count += 1
+            found.last = now
+            over = found.count - self.free
+            if over >= 0:
+                found.allowed_at = now + min(self.cap_s, self.base_s * 2.0**over)
+            self._keys[key] = found
+            while len(self._keys) > self._max_keys:
+                self._keys.popitem(last=False)
+
+    def succeeded(self, keys: Iterable[str]) -> None:
+        """A successful login clears the counts of `keys`."""
+        for key in keys:
+            self._keys.pop(key, None)
+
+    def _forget_old(self, now: float) -> None:
+        while self._keys:
+            key, oldest = next(iter(self._keys.items()))
+            if now - oldest.last < self.cap_s or oldest.allowed_at > now:
+                return
+            del self._keys[key]
+
+
+def install_throttle(app: FastAPI, throttle: LoginThrottle | None = None) -> LoginThrottle:
+    """The console's login throttle (`app.state.login_throttle`, which `webui.login.attempt`
+    uses)."""
+    chosen = throttle or LoginThrottle()
+    app.state.login_throttle = chosen
+    return chosen
+
+
+def attempt_keys(request: Request, user: str | None) -> list[str]:
+    """The keys a login attempt counts against: the client's address, and the user if named.
+
+    The address is the TCP peer's: the consoles run uvicorn without proxy headers, so a
+    client cannot pick its own. Behind a reverse proxy every client shares the proxy's.
+    """
+    address = request.client.host if request.client else "unknown"
+    keys = [f"addr:{address}"]
+    if user:
+        keys.append(f"user:{user}")
+    return keys
+
+
+def wait_message(seconds: float) -> tuple[str, int]:
+    """What a throttled client is told, and its Retry-After (whole seconds, at least 1)."""
+    after = max(1, math.ceil(seconds))
+    return f"Too many failed attempts. Try again in {after} s.", after
