@@ -11,7 +11,9 @@ boundary, not one per caller):
   cannot be reached → UNAVAILABLE "the cloud's database is unavailable; retry" (and the
   database probe is woken, so health turns NOT_SERVING at once); any other failure → INTERNAL
   "internal error; retry later" — never gRPC's UNKNOWN with Python's text, never driver text,
-  SQL, parameters, host or port. What happened is logged once, scrubbed (`errors.report`).
+  SQL, parameters, host or port (a generated servicer's unimplemented method, which raises
+  NotImplementedError, stays UNIMPLEMENTED). What happened is logged once, scrubbed
+  (`errors.report`).
 """
 
 from __future__ import annotations
@@ -37,6 +39,8 @@ def status_for(exc: BaseException) -> tuple[grpc.StatusCode, str]:
     """The status (code, details) a client gets for a failure of the cloud's own."""
     if errors.unavailable(exc):
         return grpc.StatusCode.UNAVAILABLE, errors.UNAVAILABLE_MESSAGE
+    if isinstance(exc, NotImplementedError):  # a generated servicer's unimplemented method
+        return grpc.StatusCode.UNIMPLEMENTED, "method not implemented"
     return grpc.StatusCode.INTERNAL, INTERNAL_MESSAGE
 
 
@@ -106,7 +110,8 @@ class Boundary(grpc.aio.ServerInterceptor):  # type: ignore[misc]
 
     def _recover(self, method: str) -> Callable[[Exception, Context], Awaitable[None]]:
         async def recover(exc: Exception, context: Context) -> None:
-            errors.report(log, "%s failed", exc, method)
+            if not isinstance(exc, NotImplementedError):
+                errors.report(log, "%s failed", exc, method)
             if errors.unavailable(exc) and self._on_unavailable is not None:
                 self._on_unavailable()
             code, message = status_for(exc)

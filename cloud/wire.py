@@ -114,7 +114,7 @@ def _why_unparsable(descriptor: Descriptor | None, raw: bytes) -> str:
         return "request: not a valid message"
     whole = f"request: not a valid {descriptor.full_name} message"
     try:
-        twin = _bytes_twin(descriptor).FromString(raw)
+        twin = bytes_twin(descriptor).FromString(raw)
     except Exception:
         return whole
     path = _invalid_utf8(twin, "", descriptor.file.pool)
@@ -147,7 +147,7 @@ def _is_text(pool: descriptor_pool.DescriptorPool, full_name: str) -> bool:
 
 
 @functools.cache
-def _bytes_twin(descriptor: Descriptor) -> Any:
+def bytes_twin(descriptor: Descriptor) -> Any:
     """The message class of `descriptor` with every text field (its own and its nested
     messages', across files) declared as bytes, so invalid UTF-8 parses and can be located."""
     pool = descriptor_pool.DescriptorPool()
@@ -172,7 +172,10 @@ def _bytes_twin(descriptor: Descriptor) -> Any:
 
 
 def _all_fields(messages: Any) -> Iterator[Any]:
-    """The fields of every message declared in `messages`, nested ones included."""
+    """The fields of every message declared in `messages`, nested ones included (not map
+    entries: a map's key cannot be bytes, and maps are not walked anyway)."""
     for message in messages:
+        if message.options.map_entry:
+            continue
         yield message.field
         yield from _all_fields(message.nested_type)

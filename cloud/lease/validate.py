@@ -61,6 +61,8 @@ def hello(msg: lease_pb.HostHello) -> str | None:
         return problem
     if len(msg.agent_version) > MAX_ID:
         return f"hello.agent_version: at most {MAX_ID} characters"
+    if len(msg.process_id) > MAX_ID:
+        return f"hello.process_id: at most {MAX_ID} characters"
     for i, h in enumerate(msg.held_assignments):
         problem = _lease_ref(f"hello.held_assignments[{i}]", h.task_id, h.attempt, h.lease_id)
         if problem:

@@ -1,4 +1,5 @@
-"""One real cloud replica (mTLS, SQLite) shared by the abuse tests, run on its own thread."""
+"""Real cloud replicas (mTLS; SQLite, and PostgreSQL for the fuzzers) shared by the abuse
+tests, each run on its own thread."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from cloud.settings import CloudSettings
+from tests.support.postgres import PostgresServer
 from tests.support.processes import make_pki
 from tests.support.server_thread import ServerThread, sync_channel
 
@@ -38,11 +40,13 @@ class AbuseCloud:
 
 
 @pytest.fixture(scope="session")
-def abuse_cloud(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AbuseCloud]:
-    base = tmp_path_factory.mktemp("abuse-cloud")
-    pki_dir = make_pki(base / "pki", HOST_IDS)
+def abuse_pki(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_pki(tmp_path_factory.mktemp("abuse-pki") / "pki", HOST_IDS)
+
+
+def _serve(database_url: str, pki_dir: Path) -> ServerThread:
     settings = CloudSettings(
-        database_url=f"sqlite+aiosqlite:///{base / 'cloud.sqlite3'}",
+        database_url=database_url,
         listen_address="127.0.0.1:0",
         pki_dir=pki_dir,
         default_lease_seconds=5.0,
@@ -52,8 +56,34 @@ def abuse_cloud(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AbuseCloud
         host_heartbeat_seconds=1.0,
         shutdown_grace_seconds=0.5,
     )
-    server = ServerThread(settings).start()
+    return ServerThread(settings).start()
+
+
+@pytest.fixture(scope="session")
+def abuse_cloud(tmp_path_factory: pytest.TempPathFactory, abuse_pki: Path) -> Iterator[AbuseCloud]:
+    """The replica on SQLite."""
+    base = tmp_path_factory.mktemp("abuse-cloud")
+    server = _serve(f"sqlite+aiosqlite:///{base / 'cloud.sqlite3'}", abuse_pki)
     try:
-        yield AbuseCloud(server, pki_dir)
+        yield AbuseCloud(server, abuse_pki)
     finally:
         server.stop()
+
+
+@pytest.fixture(scope="session")
+def abuse_cloud_postgres(postgres_server: PostgresServer, abuse_pki: Path) -> Iterator[AbuseCloud]:
+    """The replica on PostgreSQL, which refuses what SQLite stores (NUL in text, over-long
+    varchars), so text fuzzing runs here too."""
+    server = _serve(postgres_server.create_database(), abuse_pki)
+    try:
+        yield AbuseCloud(server, abuse_pki)
+    finally:
+        server.stop()
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def any_abuse_cloud(request: pytest.FixtureRequest) -> AbuseCloud:
+    """The abuse replica on each backend in turn."""
+    name = "abuse_cloud" if request.param == "sqlite" else "abuse_cloud_postgres"
+    cloud: AbuseCloud = request.getfixturevalue(name)
+    return cloud
