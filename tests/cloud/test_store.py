@@ -8,7 +8,9 @@ import datetime as dt
 from sqlalchemy import inspect, update
 
 from amc.v1 import types_pb2
+from cloud import revocations
 from cloud.store import decisions, leases, states, tasks
+from cloud.store import revocations as store_revocations
 from cloud.store.database import Store
 from cloud.store.engine import check, downgrade, upgrade
 from cloud.store.models import TaskRow
@@ -16,6 +18,7 @@ from cloud.store.ports import StoreDecisionSink, StoreLeaseGate
 from planner.decision import Decision, ThinkingBlock, Usage
 
 TABLES = ("tasks", "attempts", "hosts", "decisions", "planner_session_items")
+# (certificate_revocations, from 0004, has its own test below)
 
 
 def _tables(sync_conn: object) -> set[str]:
@@ -38,6 +41,37 @@ async def test_migrations_up_down_and_check(db_url: str) -> None:
             assert not set(TABLES) & await conn.run_sync(_tables)
         await upgrade(s.engine)
         await check(s.engine)
+    finally:
+        await s.close()
+
+
+def _host_columns(sync_conn: object) -> set[str]:
+    return {c["name"] for c in inspect(sync_conn).get_columns("hosts")}
+
+
+async def test_migration_0004_is_additive_and_reversible(db_url: str) -> None:
+    """hosts.process_id and certificate_revocations come with 0004 and go with its downgrade;
+    rows written before it are untouched."""
+    s = Store.from_url(db_url)
+    try:
+        await upgrade(s.engine, "0003")
+        await tasks.submit(
+            s, tasks.NewTask(goal="kept", max_attempts=1, lease_seconds=30, timeout_seconds=60)
+        )
+        await upgrade(s.engine)
+        async with s.engine.connect() as conn:
+            assert "certificate_revocations" in await conn.run_sync(_tables)
+            assert "process_id" in await conn.run_sync(_host_columns)
+        assert await revocations.revoke(s, serial="abc", reason="test")
+        await downgrade(s.engine, "0003")
+        async with s.engine.connect() as conn:
+            assert "certificate_revocations" not in await conn.run_sync(_tables)
+            assert "process_id" not in await conn.run_sync(_host_columns)
+        await upgrade(s.engine)
+        await check(s.engine)
+        listed, _ = await tasks.list_page(s, tasks.TaskFilter((), "", ""), 10, "")
+        assert [v.task.goal for v in listed] == ["kept"]
+        assert (await store_revocations.load(s)).serials == frozenset()
     finally:
         await s.close()
 
