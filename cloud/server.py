@@ -18,7 +18,6 @@ from typing import Any
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection
 
 from amc.v1 import (
     decision_log_service_pb2,
@@ -38,6 +37,7 @@ from cloud.events import EventBus
 from cloud.identity import peer_caller
 from cloud.lease.manager import LeaseManager
 from cloud.lease.stream import LeaseServicer
+from cloud.reflection import enable_reflection
 from cloud.services.auth import abort, require
 from cloud.services.decision_log_service import DecisionLogServicer
 from cloud.services.fleet_service import FleetServicer
@@ -48,7 +48,12 @@ from cloud.store import decisions, sessions
 from cloud.store.database import Store
 from cloud.store.engine import upgrade
 from cloud.store.leases import lease_owner
-from cloud.store.ports import StoreDecisionSink, StoreLeaseGate, StoreSessionStore
+from cloud.store.ports import (
+    StoreAttemptLog,
+    StoreDecisionSink,
+    StoreLeaseGate,
+    StoreSessionStore,
+)
 
 log = logging.getLogger(__name__)
 
@@ -143,9 +148,10 @@ def build_planner_servicer(
 ) -> tuple[planner_service_pb2_grpc.PlannerServiceServicer, list[Any]]:
     """The planner servicer on the cloud's ports, and what must be closed with the server.
 
-    Session mode is offered when the planner settings (`AMC_PLANNER_*`, read here) name a
-    provider that keeps conversations; with the offline provider a session step is answered
-    UNIMPLEMENTED with the reason.
+    The planner settings (`AMC_PLANNER_*`, read here) choose the provider and the mode hosts'
+    typed requests are planned in (`AMC_PLANNER_MODE`, compact by default). Session mode needs a
+    provider that keeps conversations: asking for it with the offline provider is a ValueError
+    naming the settings; deprecated session steps get UNIMPLEMENTED there, as before.
     """
     from planner.planner import make_planner
     from planner.service import PlannerServicer
@@ -169,6 +175,8 @@ def build_planner_servicer(
         lease_gate=StoreLeaseGate(store),
         sink=StoreDecisionSink(store),
         planner=planner,
+        attempts=StoreAttemptLog(store),
+        mode=planner_settings.mode,
         sessions=sessions,
         session_store=lambda: StoreSessionStore(store),
         live_thinking=bus.thinking,
@@ -215,9 +223,7 @@ class CloudServer:
         planner_servicer, self._closeables = build_planner_servicer(store, s, bus)
         planner_service_pb2_grpc.add_PlannerServiceServicer_to_server(planner_servicer, self.server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
-        reflection.enable_server_reflection(
-            (*SERVICE_NAMES, health.SERVICE_NAME, reflection.SERVICE_NAME), self.server
-        )
+        enable_reflection(self.server, (*SERVICE_NAMES, health.SERVICE_NAME))
 
     def _bind(self) -> int:
         address = self.settings.listen_address

@@ -144,7 +144,7 @@ class LeaseManager:
             lease_pb.LeaseResponse(
                 welcome=lease_pb.Welcome(
                     host_id=host_id,
-                    renew_interval=convert.duration(self.settings.default_lease_seconds / 3),
+                    renew_interval=convert.renew_interval(self.settings.default_lease_seconds),
                 )
             )
         )
@@ -192,6 +192,7 @@ class LeaseManager:
             lease_duration=convert.duration(task.lease_seconds),
             deadline=convert.ts(task.deadline),
             resumed=True,
+            renew_interval=convert.renew_interval(task.lease_seconds),
         )
         async with self.store.read() as session:
             last = await session.scalar(
@@ -368,6 +369,7 @@ class LeaseManager:
             lease_duration=convert.duration(c.lease_seconds),
             deadline=convert.ts(c.deadline),
             resumed=False,
+            renew_interval=convert.renew_interval(c.lease_seconds),
         )
         p = convert.progress(c.last_progress)
         if p is not None:

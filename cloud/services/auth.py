@@ -8,6 +8,8 @@ import grpc
 
 from cloud.identity import Caller, CallerKind, peer_caller
 
+_KIND: dict[CallerKind, str] = {"host": "a host", "operator": "an operator"}
+
 
 async def abort(
     context: grpc.aio.ServicerContext[Any, Any], code: grpc.StatusCode, msg: str
@@ -28,6 +30,6 @@ async def require(
         await abort(
             context,
             grpc.StatusCode.PERMISSION_DENIED,
-            f"this RPC needs an {kind} certificate, not a {caller.kind} one",
+            f"this RPC needs {_KIND[kind]} certificate, not {_KIND[caller.kind]} one",
         )
     return caller
