@@ -101,11 +101,17 @@ class CommentedReflection(reflection.aio.ReflectionServicer):  # type: ignore[mi
         return self._response(request, filename)
 
     def _file_containing_symbol(self, request: Any, fully_qualified_name: str) -> Any:
-        try:
-            name = self._pool.FindFileContainingSymbol(fully_qualified_name).name
-        except KeyError:
-            return self._not_found(request)
-        return self._response(request, name)
+        """Also for a method, field or enum value: the pool finds top-level symbols, so a
+        nested name is looked up through its parent."""
+        symbol = fully_qualified_name
+        while symbol:
+            try:
+                name = self._pool.FindFileContainingSymbol(symbol).name
+            except KeyError:
+                symbol = symbol.rpartition(".")[0]
+                continue
+            return self._response(request, name)
+        return self._not_found(request)
 
     def _file_containing_extension(
         self, request: Any, containing_type: str, extension_number: int
