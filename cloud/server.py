@@ -14,10 +14,13 @@ import datetime as dt
 import ipaddress
 import logging
 import signal
+import socket
+from collections.abc import Callable
 from typing import Any
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from sqlalchemy.engine import make_url
 
 from amc.v1 import (
     decision_log_service_pb2,
@@ -43,7 +46,7 @@ from cloud.services.decision_log_service import DecisionLogServicer
 from cloud.services.fleet_service import FleetServicer
 from cloud.services.progress_service import ProgressServicer
 from cloud.services.task_service import TaskServicer
-from cloud.settings import CloudSettings
+from cloud.settings import CloudSettings, SettingError
 from cloud.store import decisions, sessions
 from cloud.store.database import Store
 from cloud.store.engine import upgrade
@@ -56,6 +59,7 @@ from cloud.store.ports import (
 )
 
 log = logging.getLogger(__name__)
+Say = Callable[[str], None]
 
 SERVICE_NAMES = (
     task_service_pb2.DESCRIPTOR.services_by_name["TaskService"].full_name,
@@ -107,8 +111,8 @@ def server_credentials(settings: CloudSettings) -> grpc.ServerCredentials:
     """mTLS: the fleet CA must have signed the client's certificate."""
     ca, cert, key = settings.tls_paths()
     return grpc.ssl_server_credentials(
-        [(key.read_bytes(), cert.read_bytes())],
-        root_certificates=ca.read_bytes(),
+        [(settings.read_tls_file(key), settings.read_tls_file(cert))],
+        root_certificates=settings.read_tls_file(ca),
         require_client_auth=True,
     )
 
@@ -145,13 +149,14 @@ class _HostOnlyPlanner(planner_service_pb2_grpc.PlannerServiceServicer):
 
 def build_planner_servicer(
     store: Store, settings: CloudSettings, bus: EventBus
-) -> tuple[planner_service_pb2_grpc.PlannerServiceServicer, list[Any]]:
-    """The planner servicer on the cloud's ports, and what must be closed with the server.
+) -> tuple[planner_service_pb2_grpc.PlannerServiceServicer, list[Any], str]:
+    """The planner servicer on the cloud's ports, what must be closed with the server, and a
+    line saying which planner it is.
 
     The planner settings (`AMC_PLANNER_*`, read here) choose the provider and the mode hosts'
     typed requests are planned in (`AMC_PLANNER_MODE`, compact by default). Session mode needs a
-    provider that keeps conversations: asking for it with the offline provider is a ValueError
-    naming the settings; deprecated session steps get UNIMPLEMENTED there, as before.
+    provider that keeps conversations: asking for it with the offline provider is a
+    `SettingError`; deprecated session steps get UNIMPLEMENTED there, as before.
     """
     from planner.planner import make_planner
     from planner.service import PlannerServicer
@@ -170,6 +175,14 @@ def build_planner_servicer(
         from planner.session.factory import SessionPlanners  # loads the provider SDKs
 
         sessions = SessionPlanners(planner_settings)
+    closeables: list[Any] = [planner] if sessions is None else [planner, sessions]
+    if planner_settings.mode == "session" and sessions is None:
+        raise SettingError(
+            "AMC_PLANNER_MODE",
+            "session mode needs a provider that keeps a conversation, and the planner is offline",
+            "set AMC_PLANNER_PROVIDER=anthropic or openai (with its API key), or "
+            "AMC_PLANNER_MODE=compact",
+        )
     inner = PlannerServicer(
         caller_host_id=caller_host_id,
         lease_gate=StoreLeaseGate(store),
@@ -181,8 +194,37 @@ def build_planner_servicer(
         session_store=lambda: StoreSessionStore(store),
         live_thinking=bus.thinking,
     )
-    closeables: list[Any] = [planner] if sessions is None else [planner, sessions]
-    return _HostOnlyPlanner(inner, insecure, store), closeables
+    summary = (
+        f"{planner_settings.resolved_provider} (model {planner_settings.resolved_model}, "
+        f"{planner_settings.mode} mode; AMC_PLANNER_* settings)"
+    )
+    return _HostOnlyPlanner(inner, insecure, store), closeables, summary
+
+
+def _cannot_listen(address: str) -> str | None:
+    """Why `address` cannot be listened on right now (taken, not this machine's), or None."""
+    host, _, port = address.rpartition(":")
+    host = host.strip("[]") or "0.0.0.0"
+    if not port.isdigit() or int(port) == 0:
+        return None
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    try:
+        with socket.create_server((host, int(port)), family=family):
+            return None
+    except OSError as exc:
+        return exc.strerror or str(exc)
+
+
+def _open_store(url: str) -> Store:
+    """The store for AMC_CLOUD_DATABASE_URL; a URL no driver here can open is a SettingError."""
+    try:
+        return Store.from_url(url)
+    except Exception as exc:  # sqlalchemy ArgumentError / NoSuchModuleError, a missing driver
+        raise SettingError(
+            "AMC_CLOUD_DATABASE_URL",
+            f"not a database URL this cloud can open ({type(exc).__name__}: {exc})",
+            "use sqlite+aiosqlite:///path.sqlite3 or postgresql+psycopg://user:pass@host/db",
+        ) from exc
 
 
 class CloudServer:
@@ -190,13 +232,14 @@ class CloudServer:
 
     def __init__(self, settings: CloudSettings, store: Store | None = None) -> None:
         self.settings = settings
-        self.store = store or Store.from_url(settings.database_url)
+        self.store = store or _open_store(settings.database_url)
         self._own_store = store is None
         self.bus = EventBus(self.store)
         self.leases = LeaseManager(self.store, self.bus, settings)
         self.health = health.aio.HealthServicer()
         self.server = grpc.aio.server(options=server_options(settings))
         self._closeables: list[Any] = []
+        self.planner_summary = ""
         self._jobs: list[asyncio.Task[None]] = []
         self._started = False
         self._stopped = False
@@ -220,18 +263,55 @@ class CloudServer:
         decision_log_service_pb2_grpc.add_DecisionLogServiceServicer_to_server(
             DecisionLogServicer(store, s), self.server
         )
-        planner_servicer, self._closeables = build_planner_servicer(store, s, bus)
+        planner_servicer, self._closeables, self.planner_summary = build_planner_servicer(
+            store, s, bus
+        )
         planner_service_pb2_grpc.add_PlannerServiceServicer_to_server(planner_servicer, self.server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         enable_reflection(self.server, (*SERVICE_NAMES, health.SERVICE_NAME))
 
     def _bind(self) -> int:
         address = self.settings.listen_address
-        if self.settings.insecure:
-            if not _is_loopback(address):
-                raise ValueError(f"plaintext is only allowed on loopback, not {address!r}")
-            return int(self.server.add_insecure_port(address))
-        return int(self.server.add_secure_port(address, server_credentials(self.settings)))
+        taken = _cannot_listen(address)
+        if taken:  # said here: gRPC's own bind failure also logs a line of its own to stderr
+            raise SettingError(
+                "AMC_CLOUD_LISTEN_ADDRESS",
+                f"cannot listen on {address} ({taken})",
+                "pick a free port on an address of this machine, e.g. 127.0.0.1:50052",
+            )
+        try:
+            if self.settings.insecure:
+                if not _is_loopback(address):
+                    raise SettingError(
+                        "AMC_CLOUD_LISTEN_ADDRESS",
+                        f"plaintext is only allowed on loopback, not {address!r}",
+                        "listen on 127.0.0.1:<port>, or drop AMC_CLOUD_INSECURE and use mTLS",
+                    )
+                return int(self.server.add_insecure_port(address))
+            return int(self.server.add_secure_port(address, server_credentials(self.settings)))
+        except RuntimeError as exc:  # grpc: "Failed to bind to address ..."
+            raise SettingError(
+                "AMC_CLOUD_LISTEN_ADDRESS",
+                f"cannot listen on {address} ({exc})",
+                "pick a free port on an address of this machine, e.g. 127.0.0.1:50052",
+            ) from exc
+
+    def describe(self) -> list[str]:
+        """What runs, for the person who started it: address, store, planner, certificates
+        (the database password is hidden)."""
+        s = self.settings
+        url = make_url(s.database_url)
+        store = url.render_as_string(hide_password=True)
+        shared = url.get_backend_name() == "postgresql"
+        kind = "PostgreSQL: replicas may share it" if shared else "SQLite: one replica only"
+        security = "plaintext, loopback only" if s.insecure else "mTLS, fleet certificates"
+        return [
+            f"amc cloud listening on {self.address} ({security})",
+            f"  store:        {store} ({kind})",
+            f"  planner:      {self.planner_summary}",
+            f"  certificates: {s.tls_source()}",
+            "  stop with Ctrl-C",
+        ]
 
     @property
     def address(self) -> str:
@@ -314,19 +394,26 @@ async def build_server(
     return CloudServer(settings or CloudSettings(), store)
 
 
-async def serve(settings: CloudSettings | None = None) -> None:
-    """Run one replica until SIGINT/SIGTERM, then shut down gracefully."""
+async def serve(settings: CloudSettings | None = None, say: Say | None = None) -> None:
+    """Run one replica until SIGINT/SIGTERM, then shut down gracefully. `say` gets what it
+    runs (address, store, planner, certificates) once it serves."""
     server = await build_server(settings)
-    await server.start()
-    log.info("amc cloud listening on %s", server.address)
+    try:
+        await server.start()
+    except BaseException:
+        await server.stop(0)
+        raise
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         with contextlib.suppress(NotImplementedError, RuntimeError):
             loop.add_signal_handler(sig, stop.set)
+    for line in server.describe():  # after the handlers: whoever reads it may stop us at once
+        (say or log.info)(line)
     waiter = asyncio.create_task(server.wait())
     stopper = asyncio.create_task(stop.wait())
     await asyncio.wait({waiter, stopper}, return_when=asyncio.FIRST_COMPLETED)
+    (say or log.info)("amc cloud stopping")
     await server.stop()
     for t in (waiter, stopper):
         t.cancel()
