@@ -7,12 +7,18 @@ comments the way an integrator does: through the server's reflection service.
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
+import json
+import os
+import subprocess
+import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import grpc
+import grpc_tools
 import pytest
 from google.protobuf import descriptor_pb2
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
@@ -29,9 +35,12 @@ from amc.v1 import (
 )
 from amc.v1 import lease_service_pb2 as lease_pb
 from cloud.server import CloudServer, build_server
+from host.devices.virtual.phone import VirtualPhone
 from planner.observation import observation_from_scene
 from tests.cloud.cloud_harness import ScriptedHost, channel, renewal, result, submit, tasks_stub
 from tests.planner import scenes
+
+PROTO = Path(__file__).resolve().parents[2] / "proto"
 
 
 @pytest.fixture
@@ -344,3 +353,57 @@ async def test_a_certificate_of_the_wrong_kind_is_told_so_in_plain_english(
         with pytest.raises(grpc.aio.AioRpcError) as err:
             await stub.Decide(planner_service_pb2.DecideRequest())
     assert err.value.details() == "this RPC needs a host certificate, not an operator one"
+
+
+def _compile_protos(out: Path) -> Path:
+    """proto/ compiled by grpcio-tools into `out`, as any Python integrator would."""
+    out.mkdir()
+    protos = sorted(str(p.relative_to(PROTO)) for p in PROTO.rglob("*.proto"))
+    subprocess.run(
+        [
+            sys.executable, "-m", "grpc_tools.protoc",
+            f"-I{PROTO}", f"-I{Path(grpc_tools.__file__).parent / '_proto'}",
+            f"--python_out={out}", f"--grpc_python_out={out}", *protos,
+        ],
+        check=True,
+    )  # fmt: skip
+    for package in (out / "amc", out / "amc" / "v1"):  # regular packages: found before gen/'s
+        (package / "__init__.py").write_text("")
+    return out
+
+
+async def test_a_python_client_built_only_from_the_protos_plans_a_step(
+    offline_cloud: CloudServer, pki_dir: Path, tmp_path: Path
+) -> None:
+    """Compile proto/ with grpcio-tools into a folder of its own, and run a host that imports
+    only those modules (no gen/, no amc code): it parses a uiautomator dump itself, sends the
+    typed observation, and gets a planned step whose prompt the cloud built."""
+    out = await asyncio.to_thread(_compile_protos, tmp_path / "compiled")
+    phone = VirtualPhone("emulator-5554")
+    dump = tmp_path / "window_dump.xml"
+    dump.write_text(phone.dump_hierarchy())
+    ops_ch = channel(offline_cloud.address, pki_dir, "operator-ops")
+    try:
+        task = (await submit(tasks_stub(ops_ch))).task
+        process = await asyncio.create_subprocess_exec(
+            sys.executable,
+            str(Path(__file__).with_name("proto_only_client.py")),
+            offline_cloud.address, str(pki_dir), "h27", "emulator-5554", str(dump),
+            env={"PYTHONPATH": str(out), "PATH": os.environ.get("PATH", "")},
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )  # fmt: skip
+        stdout, stderr = await asyncio.wait_for(process.communicate(), 120)
+    finally:
+        await ops_ch.close()
+    assert process.returncode == 0, stderr.decode()
+    said = json.loads(stdout)
+    assert Path(said["amc_from"]).is_relative_to(out)
+    assert said["imported"] == []
+    decision = said["decision"]
+    assert decision["task_id"] == task.task_id
+    assert decision["step_index"] == 1
+    assert decision["tool_name"] == "tap"
+    assert decision["action"]["tap"]["element_id"].startswith("n")  # one of the client's ids
+    assert '"Turn on dark theme"' in decision["user_prompt"]  # the goal: the cloud's
+    assert '"desc":"Settings"' in decision["user_prompt"]  # the scene: from the client's dump
