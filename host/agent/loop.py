@@ -267,8 +267,9 @@ class AgentLoop:
                 target=target_label(decision.action, before.scene),
             )
             event.scene_summary = {"page_after": after_page}
-            event.error = result.error
-            event.driver_output = result.report()
+            # Both reach the cloud with the next Decide call: no secret typed earlier may ride.
+            event.error = secrets.text(result.error) if result.error else None
+            event.driver_output = secrets.text(result.report())
             history.append(event)
             record.world_event = event.to_dict()
             if secrets:  # belt and braces: nothing typed as sensitive is ever stored

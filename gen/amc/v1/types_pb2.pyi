@@ -1316,8 +1316,8 @@ Global___OcrBlock: _TypeAlias = OcrBlock  # noqa: Y015
 @_typing.final
 class ScreenObservation(_message.Message):
     """What the host sees on the phone's screen at one step, typed: the input a planner plans from.
-    The cloud turns it into the scene the model is shown (planner.observation on the cloud), so a
-    host in any language plans without knowing any prompt format. Limits (Decide answers
+    The cloud turns it into the scene the model is shown, so a host in any language plans without
+    knowing any prompt format. Limits (Decide answers
     INVALID_ARGUMENT naming the field): at most 1,000 elements and 1,000 OCR blocks, and at most
     1 MiB for the whole observation serialized.
     """
