@@ -130,14 +130,13 @@ def enable_reflection(server: grpc.aio.Server, service_names: Iterable[str]) -> 
     names = [*service_names, V1_SERVICE, V1ALPHA_SERVICE]
     servicer = CommentedReflection(names, served_files())
     reflection_pb2_grpc.add_ServerReflectionServicer_to_server(servicer, server)
-    v1 = grpc.method_handlers_generic_handler(
-        V1_SERVICE,
-        {
-            "ServerReflectionInfo": grpc.stream_stream_rpc_method_handler(
-                servicer.ServerReflectionInfo,
-                request_deserializer=reflection_pb2.ServerReflectionRequest.FromString,
-                response_serializer=reflection_pb2.ServerReflectionResponse.SerializeToString,
-            )
-        },
-    )
-    server.add_generic_rpc_handlers((v1,))
+    handlers = {
+        "ServerReflectionInfo": grpc.stream_stream_rpc_method_handler(
+            servicer.ServerReflectionInfo,
+            request_deserializer=reflection_pb2.ServerReflectionRequest.FromString,
+            response_serializer=reflection_pb2.ServerReflectionResponse.SerializeToString,
+        )
+    }
+    # Registered the way generated `add_*_to_server` functions register a service.
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(V1_SERVICE, handlers),))
+    server.add_registered_method_handlers(V1_SERVICE, handlers)
