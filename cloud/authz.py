@@ -75,6 +75,7 @@ ACCESS: Final[Mapping[str, Rule]] = {
     "/grpc.health.v1.Health/Check": ANY_PEER,
     "/grpc.health.v1.Health/List": ANY_PEER,
     "/grpc.health.v1.Health/Watch": ANY_PEER,
+    "/grpc.reflection.v1.ServerReflection/ServerReflectionInfo": ANY_PEER,
     "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo": ANY_PEER,
 }
 

@@ -15,11 +15,13 @@ import datetime as dt
 import ipaddress
 import logging
 import signal
+import socket
+from collections.abc import Callable
 from typing import Any
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection
+from sqlalchemy.engine import make_url
 
 from amc.v1 import (
     decision_log_service_pb2,
@@ -42,18 +44,20 @@ from cloud.db_probe import DatabaseProbe
 from cloud.events import EventBus
 from cloud.lease.manager import LeaseManager
 from cloud.lease.stream import LeaseServicer
+from cloud.reflection import enable_reflection
 from cloud.revocations import Revocations
 from cloud.services.decision_log_service import DecisionLogServicer
 from cloud.services.fleet_service import FleetServicer
 from cloud.services.planner_service import build_planner_servicer
 from cloud.services.progress_service import ProgressServicer
 from cloud.services.task_service import TaskServicer
-from cloud.settings import CloudSettings
+from cloud.settings import CloudSettings, SettingError
 from cloud.store import decisions, sessions
 from cloud.store.database import Store
 from cloud.store.engine import upgrade
 
 log = logging.getLogger(__name__)
+Say = Callable[[str], None]
 
 SERVICE_NAMES = (
     task_service_pb2.DESCRIPTOR.services_by_name["TaskService"].full_name,
@@ -105,10 +109,36 @@ def server_credentials(settings: CloudSettings) -> grpc.ServerCredentials:
     """mTLS: the fleet CA must have signed the client's certificate."""
     ca, cert, key = settings.tls_paths()
     return grpc.ssl_server_credentials(
-        [(key.read_bytes(), cert.read_bytes())],
-        root_certificates=ca.read_bytes(),
+        [(settings.read_tls_file(key), settings.read_tls_file(cert))],
+        root_certificates=settings.read_tls_file(ca),
         require_client_auth=True,
     )
+
+
+def _cannot_listen(address: str) -> str | None:
+    """Why `address` cannot be listened on right now (taken, not this machine's), or None."""
+    host, _, port = address.rpartition(":")
+    host = host.strip("[]") or "0.0.0.0"
+    if not port.isdigit() or int(port) == 0:
+        return None
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    try:
+        with socket.create_server((host, int(port)), family=family):
+            return None
+    except OSError as exc:
+        return exc.strerror or str(exc)
+
+
+def _open_store(url: str) -> Store:
+    """The store for AMC_CLOUD_DATABASE_URL; a URL no driver here can open is a SettingError."""
+    try:
+        return Store.from_url(url)
+    except Exception as exc:  # sqlalchemy ArgumentError / NoSuchModuleError, a missing driver
+        raise SettingError(
+            "AMC_CLOUD_DATABASE_URL",
+            f"not a database URL this cloud can open ({type(exc).__name__}: {exc})",
+            "use sqlite+aiosqlite:///path.sqlite3 or postgresql+psycopg://user:pass@host/db",
+        ) from exc
 
 
 class CloudServer:
@@ -116,7 +146,7 @@ class CloudServer:
 
     def __init__(self, settings: CloudSettings, store: Store | None = None) -> None:
         self.settings = settings
-        self.store = store or Store.from_url(settings.database_url)
+        self.store = store or _open_store(settings.database_url)
         self._own_store = store is None
         self.bus = EventBus(self.store)
         self.leases = LeaseManager(self.store, self.bus, settings)
@@ -135,6 +165,7 @@ class CloudServer:
             ],
         )
         self._closeables: list[Any] = []
+        self.planner_summary = ""
         self._jobs: list[asyncio.Task[None]] = []
         self._started = False
         self._stopped = False
@@ -158,20 +189,55 @@ class CloudServer:
         decision_log_service_pb2_grpc.add_DecisionLogServiceServicer_to_server(
             DecisionLogServicer(store), self.server
         )
-        planner_servicer, self._closeables = build_planner_servicer(store, bus)
+        planner_servicer, self._closeables, self.planner_summary = build_planner_servicer(
+            store, bus
+        )
         planner_service_pb2_grpc.add_PlannerServiceServicer_to_server(planner_servicer, self.server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
-        reflection.enable_server_reflection(
-            (*SERVICE_NAMES, health.SERVICE_NAME, reflection.SERVICE_NAME), self.server
-        )
+        enable_reflection(self.server, (*SERVICE_NAMES, health.SERVICE_NAME))
 
     def _bind(self) -> int:
         address = self.settings.listen_address
-        if self.settings.insecure:
-            if not _is_loopback(address):
-                raise ValueError(f"plaintext is only allowed on loopback, not {address!r}")
-            return int(self.server.add_insecure_port(address))
-        return int(self.server.add_secure_port(address, server_credentials(self.settings)))
+        taken = _cannot_listen(address)
+        if taken:  # said here: gRPC's own bind failure also logs a line of its own to stderr
+            raise SettingError(
+                "AMC_CLOUD_LISTEN_ADDRESS",
+                f"cannot listen on {address} ({taken})",
+                "pick a free port on an address of this machine, e.g. 127.0.0.1:50052",
+            )
+        try:
+            if self.settings.insecure:
+                if not _is_loopback(address):
+                    raise SettingError(
+                        "AMC_CLOUD_LISTEN_ADDRESS",
+                        f"plaintext is only allowed on loopback, not {address!r}",
+                        "listen on 127.0.0.1:<port>, or drop AMC_CLOUD_INSECURE and use mTLS",
+                    )
+                return int(self.server.add_insecure_port(address))
+            return int(self.server.add_secure_port(address, server_credentials(self.settings)))
+        except RuntimeError as exc:  # grpc: "Failed to bind to address ..."
+            raise SettingError(
+                "AMC_CLOUD_LISTEN_ADDRESS",
+                f"cannot listen on {address} ({exc})",
+                "pick a free port on an address of this machine, e.g. 127.0.0.1:50052",
+            ) from exc
+
+    def describe(self) -> list[str]:
+        """What runs, for the person who started it: address, store, planner, certificates
+        (the database password is hidden)."""
+        s = self.settings
+        url = make_url(s.database_url)
+        store = url.render_as_string(hide_password=True)
+        shared = url.get_backend_name() == "postgresql"
+        kind = "PostgreSQL: replicas may share it" if shared else "SQLite: one replica only"
+        security = "plaintext, loopback only" if s.insecure else "mTLS, fleet certificates"
+        return [
+            f"amc cloud listening on {self.address} ({security})",
+            f"  store:        {store} ({kind})",
+            f"  planner:      {self.planner_summary}",
+            f"  certificates: {s.tls_source()}",
+            "  stop with Ctrl-C",
+        ]
 
     @property
     def address(self) -> str:
@@ -273,19 +339,26 @@ async def build_server(
     return CloudServer(settings or CloudSettings(), store)
 
 
-async def serve(settings: CloudSettings | None = None) -> None:
-    """Run one replica until SIGINT/SIGTERM, then shut down gracefully."""
+async def serve(settings: CloudSettings | None = None, say: Say | None = None) -> None:
+    """Run one replica until SIGINT/SIGTERM, then shut down gracefully. `say` gets what it
+    runs (address, store, planner, certificates) once it serves."""
     server = await build_server(settings)
-    await server.start()
-    log.info("amc cloud listening on %s", server.address)
+    try:
+        await server.start()
+    except BaseException:
+        await server.stop(0)
+        raise
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         with contextlib.suppress(NotImplementedError, RuntimeError):
             loop.add_signal_handler(sig, stop.set)
+    for line in server.describe():  # after the handlers: whoever reads it may stop us at once
+        (say or log.info)(line)
     waiter = asyncio.create_task(server.wait())
     stopper = asyncio.create_task(stop.wait())
     await asyncio.wait({waiter, stopper}, return_when=asyncio.FIRST_COMPLETED)
+    (say or log.info)("amc cloud stopping")
     await server.stop()
     for t in (waiter, stopper):
         t.cancel()

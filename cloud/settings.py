@@ -1,4 +1,7 @@
-"""Settings of a cloud replica (env prefix `AMC_CLOUD_`)."""
+"""Settings of a cloud replica (env prefix `AMC_CLOUD_`), and the error a bad one raises.
+
+docs/deployment.md lists every field here as `AMC_CLOUD_<NAME>` (a test keeps the two in step).
+"""
 
 from __future__ import annotations
 
@@ -7,6 +10,20 @@ from pathlib import Path
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+#: Where a cloud listens and where every client (CLI, console, host) looks for it by default.
+DEFAULT_CLOUD_ADDRESS = "127.0.0.1:50051"
+
+
+class SettingError(ValueError):
+    """A setting keeps the cloud from starting: which one, what is wrong, how to fix it.
+
+    `amc cloud serve` prints `str(error)` as its one line (no traceback unless --debug).
+    """
+
+    def __init__(self, setting: str, problem: str, fix: str) -> None:
+        super().__init__(f"{setting}: {problem}; {fix}")
+        self.setting = setting
+
 
 class CloudSettings(BaseSettings):
     """Everything a cloud replica reads at start. Durations are in seconds."""
@@ -14,7 +31,7 @@ class CloudSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="AMC_CLOUD_", extra="ignore")
 
     database_url: str = "sqlite+aiosqlite:///amc-cloud.sqlite3"
-    listen_address: str = "127.0.0.1:50051"
+    listen_address: str = DEFAULT_CLOUD_ADDRESS
     # mTLS material; pki_dir fills in any path left empty using the standard file names.
     pki_dir: Path | None = None
     ca_cert: Path | None = None
@@ -64,8 +81,41 @@ class CloudSettings(BaseSettings):
         cert = self.server_cert or (base / "server.pem" if base else None)
         key = self.server_key or (base / "server.key" if base else None)
         if ca is None or cert is None or key is None:
-            raise ValueError(
-                "mTLS needs AMC_CLOUD_PKI_DIR or AMC_CLOUD_CA_CERT, AMC_CLOUD_SERVER_CERT and "
-                "AMC_CLOUD_SERVER_KEY (plaintext only with AMC_CLOUD_INSECURE=1 on loopback)"
+            raise SettingError(
+                "AMC_CLOUD_PKI_DIR",
+                "mTLS needs certificates and none are set (nor AMC_CLOUD_CA_CERT, "
+                "AMC_CLOUD_SERVER_CERT and AMC_CLOUD_SERVER_KEY)",
+                "run `amc certs init DIR` and set AMC_CLOUD_PKI_DIR=DIR (or AMC_CLOUD_INSECURE=1 "
+                "for plaintext on loopback, never in production)",
             )
         return ca, cert, key
+
+    def tls_source(self) -> str:
+        """Where the certificates come from, for the start-up banner."""
+        if self.insecure:
+            return "none (AMC_CLOUD_INSECURE: plaintext)"
+        ca, cert, key = self.tls_paths()
+        if self.pki_dir is not None and (ca, cert, key) == (
+            self.pki_dir / "ca.pem",
+            self.pki_dir / "server.pem",
+            self.pki_dir / "server.key",
+        ):
+            return f"AMC_CLOUD_PKI_DIR={self.pki_dir} (ca.pem, server.pem, server.key)"
+        return f"CA {ca}, server certificate {cert}, key {key}"
+
+    def read_tls_file(self, path: Path) -> bytes:
+        """A certificate or key file, or a SettingError naming the setting it came from."""
+        try:
+            return path.read_bytes()
+        except OSError as exc:
+            explicit = {
+                self.ca_cert: "AMC_CLOUD_CA_CERT",
+                self.server_cert: "AMC_CLOUD_SERVER_CERT",
+                self.server_key: "AMC_CLOUD_SERVER_KEY",
+            }
+            setting = explicit.get(path, "AMC_CLOUD_PKI_DIR")
+            raise SettingError(
+                setting,
+                f"cannot read {path} ({exc.strerror or exc})",
+                "point it at the files `amc certs init` wrote",
+            ) from exc

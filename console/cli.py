@@ -19,6 +19,7 @@ from google.protobuf.duration_pb2 import Duration
 from rich.console import Console
 
 from amc.v1 import decision_log_service_pb2, progress_service_pb2, task_service_pb2, types_pb2
+from cloud.settings import DEFAULT_CLOUD_ADDRESS
 from console import formatting
 from console.client import OperatorClient, secure_channel
 
@@ -88,6 +89,9 @@ def up(
     phones: Annotated[int, typer.Option(help="Virtual phones on the host.")] = 2,
     console_port: Annotated[int, typer.Option(help="Port of the operators' console.")] = 8080,
     host_console_port: Annotated[int, typer.Option(help="Port of the host's console.")] = 8765,
+    listen: Annotated[
+        str, typer.Option(help="Where the cloud listens (the `amc task` commands' default).")
+    ] = DEFAULT_CLOUD_ADDRESS,
 ) -> None:
     """Run the embedded stack (cloud, consoles, a host with virtual phones) until Ctrl-C."""
     from console.embedded import run_up
@@ -98,6 +102,7 @@ def up(
             phones=phones,
             console_port=console_port,
             host_console_port=host_console_port,
+            listen_address=listen,
             out=out,
         )
     )
@@ -111,15 +116,19 @@ def cloud_serve(
     insecure: Annotated[
         bool, typer.Option(help="Plaintext on loopback only, for local experiments.")
     ] = False,
+    debug: Annotated[
+        bool,
+        typer.Option(envvar="AMC_DEBUG", help="Show the full traceback when it cannot start."),
+    ] = False,
 ) -> None:
-    """Serve every cloud gRPC service (settings from AMC_CLOUD_* variables)."""
-    from cloud.server import serve
-    from cloud.settings import CloudSettings
+    """Serve every cloud gRPC service (settings from AMC_CLOUD_* and AMC_PLANNER_* variables).
 
-    settings = CloudSettings()
-    if insecure:
-        settings.insecure = True
-    _run(serve(settings))
+    Prints where it listens, the store, the planner and the certificates once it serves; a
+    setting that keeps it from starting is one line naming the setting and the fix (exit 2).
+    """
+    from cloud.startup import run
+
+    raise typer.Exit(run(insecure=insecure, debug=debug, say=lambda line: print(line, flush=True)))
 
 
 @host_app.command("run")
@@ -303,9 +312,9 @@ _connection: Connection | None = None
 
 @app.callback()
 def connection_options(
-    cloud: Annotated[str, typer.Option(envvar="AMC_CLOUD", help="Cloud address host:port.")] = (
-        "127.0.0.1:7443"
-    ),
+    cloud: Annotated[
+        str, typer.Option(envvar="AMC_CLOUD", help="Cloud address host:port.")
+    ] = DEFAULT_CLOUD_ADDRESS,
     pki_dir: Annotated[
         Path, typer.Option(envvar="AMC_PKI_DIR", help="Folder with ca.pem and operator certs.")
     ] = Path(".amc/up/pki"),

@@ -71,15 +71,17 @@ async def embedded_stack(
     transport: Transport = "cloud",
     max_steps: int = 30,
     host_console: HostConsoleSettings | None = None,
+    listen_address: str = "127.0.0.1:0",
 ) -> AsyncIterator[EmbeddedStack]:
-    """Start every part, yield, then stop them in reverse order."""
+    """Start every part, yield, then stop them in reverse order (the cloud on a free port
+    unless `listen_address` says where)."""
     pki_dir = await asyncio.to_thread(ensure_embedded_pki, data_dir, [HOST_ID], operator=OPERATOR)
     adb = VirtualAdbServer(VirtualPhone(f"virtual-{i + 1}") for i in range(phones))
     adb_port = await adb.start()
     cloud = await build_server(
         CloudSettings(
             database_url=f"sqlite+aiosqlite:///{data_dir / 'cloud.sqlite3'}",
-            listen_address="127.0.0.1:0",
+            listen_address=listen_address,
             pki_dir=pki_dir,
         )
     )
@@ -241,13 +243,18 @@ async def run_up(
     console_port: int = 8080,
     host_console_port: int = 8765,
     transport: Transport = "cloud",
+    listen_address: str = "127.0.0.1:0",
     out: Console | None = None,
 ) -> None:
     """Keep the embedded stack and both consoles running until Ctrl-C; print where they are."""
     out = out or Console()
     host_console = HostConsoleSettings(bind_port=host_console_port)
     async with embedded_stack(
-        data_dir, phones=phones, transport=transport, host_console=host_console
+        data_dir,
+        phones=phones,
+        transport=transport,
+        host_console=host_console,
+        listen_address=listen_address,
     ) as stack:
         password = await asyncio.to_thread(_console_password, data_dir)
         gateway = build_console_server(

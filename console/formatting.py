@@ -38,11 +38,13 @@ def styled_status(status: int) -> str:
 
 
 def progress_badge(progress: types_pb2.Progress) -> str:
-    """`step 4 · acting · tap 'Display'`, or an empty string before the first step."""
+    """`step 4 of at most 30 · acting · tap 'Display'`, or an empty string before the first
+    step ("of at most" only when the host says its step limit)."""
     if not progress.step_index:
         return ""
+    at_most = f" of at most {progress.max_steps}" if progress.max_steps else ""
     return (
-        f"step {progress.step_index} · {step_status_name(progress.step_status)} · "
+        f"step {progress.step_index}{at_most} · {step_status_name(progress.step_status)} · "
         f"{progress.summary}"
     )
 

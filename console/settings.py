@@ -13,6 +13,8 @@ from pathlib import Path
 from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from cloud.settings import DEFAULT_CLOUD_ADDRESS
+
 
 class ConsoleSettings(BaseSettings):
     """Configuration of one console gateway process."""
@@ -20,7 +22,7 @@ class ConsoleSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="AMC_CONSOLE_", extra="ignore")
 
     # --- the cloud it talks to ---
-    cloud_address: str = "127.0.0.1:50051"
+    cloud_address: str = DEFAULT_CLOUD_ADDRESS
     #: Folder with `ca.pem`, `operator-<name>.pem` and `operator-<name>.key` (as `cloud/pki.py`
     #: writes them); the explicit paths below win over it.
     certs_dir: Path | None = None

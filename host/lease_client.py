@@ -69,11 +69,14 @@ class RunningTask:
     cancel: asyncio.Event
     lease_s: float
     expires_mono: float
+    #: Renew at least this often (the assignment's renew_interval; a third of the lease).
+    renew_s: float = 0.0
     changed: asyncio.Event = field(default_factory=asyncio.Event)
     task: asyncio.Task[TaskOutcome] | None = None
     renewer: asyncio.Task[None] | None = None
     revoked: types_pb2.TaskStatus.ValueType | None = None
     revoke_reason: str = ""
+    revoke_message: str = ""
     last_renewal_mono: float = 0.0
     outcome: TaskOutcome | None = None
 
@@ -134,7 +137,6 @@ class LeaseClient:
         self._outbox: dict[Key, lease_service_pb2.LeaseRequest] = {}
         self._queue: asyncio.Queue[lease_service_pb2.LeaseRequest | None] | None = None
         self._welcomed = asyncio.Event()
-        self._renew_interval_s: float | None = None
         self._resend_pending = False
         self.host_id: str | None = None
         self.process_id = self.config.process_id or uuid.uuid4().hex
@@ -344,7 +346,6 @@ class LeaseClient:
 
     def _on_welcome(self, welcome: lease_service_pb2.Welcome) -> None:
         self.host_id = welcome.host_id
-        self._renew_interval_s = _duration_s(welcome.renew_interval, 0.0) or None
         self.connects += 1
         self.last_error = None
         self._welcomed.set()
@@ -361,6 +362,7 @@ class LeaseClient:
             # A re-confirmation after a reconnect (or a duplicate): keep running, take the lease.
             existing.expires_mono = _mono_expiry(a.lease_expires_at, lease_s)
             existing.lease_s = lease_s
+            existing.renew_s = _duration_s(a.renew_interval, lease_s / 3)
             existing.changed.set()
             return
         spec = TaskSpec(a.task_id, a.attempt, a.goal, a.device_serial, a.lease_id)
@@ -375,6 +377,7 @@ class LeaseClient:
             cancel=asyncio.Event(),
             lease_s=lease_s,
             expires_mono=_mono_expiry(a.lease_expires_at, lease_s),
+            renew_s=_duration_s(a.renew_interval, lease_s / 3),
         )
         loop = asyncio.get_running_loop()
 
@@ -405,6 +408,7 @@ class LeaseClient:
         if rt is not None and rt.spec.lease_id == r.lease_id:
             rt.revoked = types_pb2.TASK_STATUS_CANCELLED
             rt.revoke_reason = lease_service_pb2.RevokeReason.Name(r.reason)
+            rt.revoke_message = r.message
             rt.cancel.set()
         # The lease is gone: a result for it will never be accepted.
         self._outbox.pop(key, None)
@@ -432,10 +436,11 @@ class LeaseClient:
         if rt.revoked is not None:
             # The cloud already took the lease back; it may still like a CANCELLED ack.
             if rt.revoke_reason == "REVOKE_REASON_CANCELLED":
+                # The operator's reason (the cloud records it whatever we send; say the same).
                 self._queue_result(
                     rt.spec,
                     types_pb2.TASK_STATUS_CANCELLED,
-                    outcome.summary,
+                    rt.revoke_message or outcome.summary,
                     rt.progress.snapshot(),
                 )
         else:
@@ -464,12 +469,10 @@ class LeaseClient:
         self._outbox[(spec.task_id, spec.attempt)] = request
         self._send(request)
 
-    def _interval(self, rt: RunningTask) -> float:
-        """A third of this lease (or the cloud's advice, if shorter), never below 0.1 s."""
-        third = rt.lease_s / 3
-        if self._renew_interval_s:
-            third = min(third, self._renew_interval_s)
-        return max(0.1, third)
+    @staticmethod
+    def _interval(rt: RunningTask) -> float:
+        """The assignment's renew interval (a third of its lease), never below 0.1 s."""
+        return max(0.1, rt.renew_s or rt.lease_s / 3)
 
     async def _renew_loop(self, rt: RunningTask) -> None:
         """Renew at a third of the lease, and soon after each progress change (at most 1/s)."""

@@ -1,25 +1,32 @@
-"""Planning for the agent loop: the planner library in-process, or the cloud's Decide service.
+"""Planning for the agent loop: the planner in this process, or the cloud's Decide service.
 
-Both transports build the same prompts (`planner.prompts`), so a decision logged by the cloud
-is exactly what an in-process planner would have asked. In session mode the cloud keeps the
-conversation and the host sends only its step of it (`CloudSessionPlanner`).
+Both transports send the same typed inputs: the screen as a `ScreenObservation` (converted from
+perception's Scene) and the outcome of the previous decision as an `ActionOutcome`. On the
+cloud transport they go to `PlannerService.Decide`, and the cloud, which knows the goal, the
+attempt's history and its planning mode, builds the prompts; on the direct transport
+`DirectPlanner` hands them to `planner.plan_step.plan_step`, the function the cloud calls, with a
+history it keeps the way the cloud's decision log does. So both build byte-identical prompts.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import grpc
 
-from amc.v1 import planner_service_pb2, planner_service_pb2_grpc
+from amc.v1 import planner_service_pb2, planner_service_pb2_grpc, types_pb2
 from planner.convert import decision_from_proto
 from planner.decision import Decision
 from planner.history import WorldEvent
-from planner.prompts import SYSTEM_PROMPT, build_user_prompt
+from planner.observation import clip, observation_from_scene
+from planner.plan_step import plan_step
+from planner.planner import Planner
 from planner.scene import Scene
-from planner.service import MAX_TOOL_OUTPUT
-from planner.session.step_planner import outcome_of, scene_json
+from planner.steps import MAX_DRIVER_OUTPUT_BYTES, MAX_OUTCOME_ERROR_BYTES, PastStep, with_outcome
+
+if TYPE_CHECKING:
+    from planner.session.planner import SessionPlanner
 
 
 class StepPlanner(Protocol):
@@ -46,9 +53,34 @@ class CloudPlanError(RuntimeError):
         return bool(self.code == grpc.StatusCode.FAILED_PRECONDITION)
 
 
-class _AttemptPlanner:
-    """What both cloud planners share: one attempt's identity on the Decide call, its deadline
-    and its errors."""
+def previous_outcome(
+    step_index: int | None, history: Sequence[WorldEvent | dict[str, Any]]
+) -> types_pb2.ActionOutcome | None:
+    """The outcome of decision `step_index` from the loop's newest finished step, or None when
+    no decision of this planner has finished (the first step, or a planner made after a
+    restart)."""
+    if step_index is None or not history:
+        return None
+    event = history[-1]
+    if isinstance(event, WorldEvent):
+        success, error, output = event.success, event.error, event.driver_output
+    else:
+        success, error, output = event.get("success"), event.get("error"), None
+    return types_pb2.ActionOutcome(
+        step_index=step_index,
+        executed=bool(success),
+        error=clip(str(error or ""), MAX_OUTCOME_ERROR_BYTES),
+        driver_output=clip(str(output or ""), MAX_DRIVER_OUTPUT_BYTES),
+    )
+
+
+class CloudPlanner:
+    """`StepPlanner` over `PlannerService.Decide` for one attempt (its task, attempt, lease).
+
+    The request carries no goal, history or prompt: the cloud has them. The goal argument is
+    ignored (the cloud plans towards the task's goal); of the history only the newest step is
+    read, as the outcome of the last decision.
+    """
 
     def __init__(
         self,
@@ -56,24 +88,16 @@ class _AttemptPlanner:
         task_id: str,
         attempt: int,
         lease_id: str,
+        send_screenshot: bool = False,
         timeout_s: float = 120.0,
     ) -> None:
         self._stub = planner_service_pb2_grpc.PlannerServiceStub(channel)
         self.task_id = task_id
         self.attempt = attempt
         self.lease_id = lease_id
+        self.send_screenshot = send_screenshot
         self.timeout_s = timeout_s
-
-    def _request(self, scene: Scene, **fields: Any) -> planner_service_pb2.DecideRequest:
-        return planner_service_pb2.DecideRequest(
-            task_id=self.task_id,
-            attempt=self.attempt,
-            lease_id=self.lease_id,
-            element_ids=[e.element_id for e in scene.elements],
-            screen_width=scene.screen_width,
-            screen_height=scene.screen_height,
-            **fields,
-        )
+        self._last_step: int | None = None
 
     async def _call(
         self, request: planner_service_pb2.DecideRequest
@@ -87,24 +111,6 @@ class _AttemptPlanner:
             raise CloudPlanError(message, exc.code()) from exc
         return response
 
-
-class CloudPlanner(_AttemptPlanner):
-    """`StepPlanner` over `PlannerService.Decide` for one attempt (its task, attempt and lease)."""
-
-    def __init__(
-        self,
-        channel: grpc.aio.Channel,
-        task_id: str,
-        attempt: int,
-        lease_id: str,
-        history_window: int = 20,
-        send_screenshot: bool = False,
-        timeout_s: float = 120.0,
-    ) -> None:
-        super().__init__(channel, task_id, attempt, lease_id, timeout_s)
-        self.history_window = history_window
-        self.send_screenshot = send_screenshot
-
     async def decide(
         self,
         goal: str,
@@ -112,74 +118,64 @@ class CloudPlanner(_AttemptPlanner):
         history: Sequence[WorldEvent | dict[str, Any]] = (),
         screenshot: bytes | None = None,
     ) -> Decision:
-        user_prompt = build_user_prompt(goal, scene, history, history_window=self.history_window)
-        request = self._request(scene, system_prompt=SYSTEM_PROMPT, user_prompt=user_prompt)
+        request = planner_service_pb2.DecideRequest(
+            task_id=self.task_id,
+            attempt=self.attempt,
+            lease_id=self.lease_id,
+            observation=observation_from_scene(scene),
+        )
+        outcome = previous_outcome(self._last_step, history)
+        if outcome is not None:
+            request.previous_outcome.CopyFrom(outcome)
         if screenshot and self.send_screenshot:
             request.screenshot = screenshot
-        response = await self._call(request)
-        decision = decision_from_proto(response.decision)
-        # What was sent is what we built, whatever the cloud echoes.
-        decision.system_prompt = SYSTEM_PROMPT
-        decision.user_prompt = user_prompt
-        return decision
-
-
-MAX_PAGE_CHARS = 256  # the page name only labels a condensed observation
-TRUNCATED = "\n… (truncated to fit the Decide request)"
-
-
-def _fit(text: str, limit: int) -> str:
-    """`text` cut to at most `limit` UTF-8 bytes with a note, so a huge UI tree answers the
-    model with most of itself instead of failing the request (INVALID_ARGUMENT)."""
-    raw = text.encode("utf-8")
-    if len(raw) <= limit:
-        return text
-    room = limit - len(TRUNCATED.encode("utf-8"))
-    return raw[:room].decode("utf-8", errors="ignore") + TRUNCATED
-
-
-class CloudSessionPlanner(_AttemptPlanner):
-    """Session mode over `PlannerService.Decide`: the cloud keeps the conversation.
-
-    The host sends what only it knows — the goal, the current scene, and the outcome of the
-    call it last executed — and the cloud continues the stored conversation exactly as the
-    direct transport would (`planner.session.step_planner.continue_session`). Nothing of the
-    conversation is kept here, so a new attempt on any host continues it. No screenshots:
-    a conversation is stored, and screenshots never reach the cloud database.
-    """
-
-    _last_call: tuple[str, str] | None = None  # (call id, tool) this host last executed
-
-    async def decide(
-        self,
-        goal: str,
-        scene: Scene,
-        history: Sequence[WorldEvent | dict[str, Any]] = (),
-        screenshot: bytes | None = None,
-    ) -> Decision:
-        step = planner_service_pb2.SessionStep(
-            goal=goal, scene_json=scene_json(scene), page=(scene.page or "")[:MAX_PAGE_CHARS]
-        )
-        if self._last_call is not None:
-            outcome = outcome_of(*self._last_call, scene, history)
-            if outcome is not None:
-                step.previous_outcome.CopyFrom(
-                    planner_service_pb2.ToolOutcome(
-                        call_id=outcome.call_id,
-                        output=_fit(outcome.output, MAX_TOOL_OUTPUT),
-                        is_error=outcome.is_error,
-                    )
-                )
-        request = self._request(scene, session=step)
         try:
             response = await self._call(request)
         except CloudPlanError as err:
             if err.code != grpc.StatusCode.ABORTED:
                 raise
-            # Another call continued the conversation meanwhile (a retry racing its original):
-            # once more on the conversation as it now stands; a repeated outcome is ignored.
+            # Another call continued the session conversation meanwhile (a retry racing its
+            # original): once more on the conversation as it now stands.
             response = await self._call(request)
-        decision = decision_from_proto(response.decision)
-        if response.session_call_id:
-            self._last_call = (response.session_call_id, decision.tool_name)
+        self._last_step = response.decision.step_index or None
+        return decision_from_proto(response.decision)
+
+
+class DirectPlanner:
+    """The direct transport for one attempt: `plan_step` in this process, fed exactly what the
+    cloud would get, with the attempt's steps kept here as the cloud keeps them in its log.
+
+    `engine` is a compact `Planner` (may be shared by attempts) or this attempt's
+    `SessionPlanner` (its conversation is stored, so it survives a restart; the step records
+    here are only for compact prompts and start empty after one).
+    """
+
+    def __init__(self, engine: Planner | SessionPlanner) -> None:
+        self.engine = engine
+        self.steps: list[PastStep] = []
+
+    async def decide(
+        self,
+        goal: str,
+        scene: Scene,
+        history: Sequence[WorldEvent | dict[str, Any]] = (),
+        screenshot: bytes | None = None,
+    ) -> Decision:
+        outcome = previous_outcome(self.steps[-1].step_index if self.steps else None, history)
+        decision = await plan_step(
+            self.engine,
+            goal=goal,
+            history=self.steps,
+            observation=observation_from_scene(scene),
+            previous_outcome=outcome,
+            screenshot=screenshot,
+        )
+        self.steps = with_outcome(self.steps, outcome)
+        self.steps.append(PastStep.from_decision(decision, len(self.steps) + 1))
         return decision
+
+    async def aclose(self) -> None:
+        """Closes a session engine (its conversation is stored); a shared compact planner is
+        closed by its owner."""
+        if not isinstance(self.engine, Planner):
+            await self.engine.aclose()

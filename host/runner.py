@@ -30,16 +30,16 @@ from host.devices.u2_driver import U2Driver
 from host.lease_client import LeaseClient, LeaseClientConfig
 from host.perception.ocr import OcrPool
 from host.perception.perceive import Perceiver
-from host.planner_client import CloudPlanner, CloudSessionPlanner, StepPlanner
+from host.planner_client import CloudPlanner, DirectPlanner, StepPlanner
 from host.settings import HostSettings
 from host.timeline.store import TimelineStore
-from planner.session.step_planner import SessionStepPlanner
 from planner.session.store import SqliteSessionStore
 from planner.settings import PlannerSettings
 
 if TYPE_CHECKING:
     from host.console.settings import HostConsoleSettings
     from host.devices.virtual.adb_server import ThreadedAdbServer
+    from planner.planner import Planner
 
 log = logging.getLogger(__name__)
 
@@ -57,11 +57,14 @@ class HostApp:
     ocr: OcrPool | None
     lease: LeaseClient
     make_driver: DriverFactory
+    #: A planner given by the caller (tests, the embedded demo), used as is for every task.
     direct_planner: StepPlanner | None
     planner_channel: grpc.aio.Channel | None = None
     #: Session mode (`AMC_PLANNER_MODE=session`, direct transport): one conversation per attempt.
     session_store: SqliteSessionStore | None = None
     planner_settings: PlannerSettings | None = None
+    #: Direct transport, compact mode: the planner every attempt's `DirectPlanner` shares.
+    compact_engine: Planner | None = None
     #: What the model is thinking right now, per attempt (direct session mode, streaming).
     thinking: LiveThinking = field(default_factory=LiveThinking)
     #: Tasks pruned at start whose session rows are deleted once the loop runs.
@@ -161,17 +164,17 @@ def build_host(
     perceiver = Perceiver(ocr, settings.hierarchy_retries, settings.hierarchy_retry_delay_s)
     registry = DeviceRegistry(settings.adb_host, settings.adb_port, settings.device_serials)
     make_driver = make_driver or driver_factory(settings)
-    direct: StepPlanner | None = planner
     planner_channel: grpc.aio.Channel | None = None
     planner_settings = PlannerSettings()
     session_store: SqliteSessionStore | None = None
+    compact_engine: Planner | None = None
     direct_transport = settings.planner_transport == "direct"
     if planner is None and direct_transport and planner_settings.mode == "session":
         session_store = SqliteSessionStore(settings.resolved_db_path.parent / "sessions.sqlite3")
     elif planner is None and direct_transport:
         from planner.planner import make_planner
 
-        direct = make_planner(planner_settings)
+        compact_engine = make_planner(planner_settings)
     channels = channel_factory or (lambda: open_channel(settings))
 
     app_ref: list[HostApp] = []
@@ -203,10 +206,11 @@ def build_host(
         ocr=ocr,
         lease=lease,
         make_driver=make_driver,
-        direct_planner=direct,
+        direct_planner=planner,
         planner_channel=planner_channel,
         session_store=session_store,
         planner_settings=planner_settings,
+        compact_engine=compact_engine,
         pruned_at_start=pruned,
     )
     app_ref.append(app)
@@ -219,13 +223,13 @@ async def _run_task(
     """One assignment: a driver for its phone, a planner for its lease, the loop, retention."""
     s = app.settings
     planner: StepPlanner
-    session: SessionStepPlanner | None = None
+    session: DirectPlanner | None = None
     if app.session_store is not None and app.planner_settings is not None:
         # Imported here: the provider SDKs cost a host ~60 MiB, and only a host that calls the
         # model itself (direct transport) needs them.
         from planner.session.factory import open_session_planner
 
-        session = SessionStepPlanner(
+        session = DirectPlanner(
             await open_session_planner(
                 app.planner_settings,
                 store=app.session_store,
@@ -237,16 +241,10 @@ async def _run_task(
         planner = ClearingPlanner(session, app.thinking, spec.task_id, spec.attempt)
     elif app.direct_planner is not None:
         planner = app.direct_planner
-    elif app.planner_settings is not None and app.planner_settings.mode == "session":
-        assert app.planner_channel is not None
-        planner = CloudSessionPlanner(
-            app.planner_channel,
-            spec.task_id,
-            spec.attempt,
-            spec.lease_id,
-            timeout_s=s.planner_deadline_s,
-        )
+    elif app.compact_engine is not None:
+        planner = DirectPlanner(app.compact_engine)
     else:
+        # The cloud transport: the cloud chooses compact or session mode itself.
         assert app.planner_channel is not None
         planner = CloudPlanner(
             app.planner_channel,
@@ -318,10 +316,11 @@ async def serve_host(app: HostApp, stop: asyncio.Event) -> None:
         await poller
         if app.planner_channel is not None:
             await app.planner_channel.close(grace=None)
-        aclose = getattr(app.direct_planner, "aclose", None)
-        if aclose is not None:
-            with contextlib.suppress(Exception):
-                await aclose()
+        for owned in (app.direct_planner, app.compact_engine):
+            aclose = getattr(owned, "aclose", None)
+            if aclose is not None:
+                with contextlib.suppress(Exception):
+                    await aclose()
         app.close()
 
 

@@ -13,6 +13,8 @@ from typing import Literal
 from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from cloud.settings import DEFAULT_CLOUD_ADDRESS
+
 #: The seed design's name for the local task/timeline database path; honoured when set.
 LEGACY_DB_ENV = "HOST_AGENT_TASK_PROGRESS_DB_PATH"
 
@@ -70,7 +72,7 @@ class HostSettings(BaseSettings):
     planner_deadline_s: float = Field(default=300.0, gt=0)
 
     # --- cloud (lease stream and cloud planner) ---
-    cloud_address: str = "127.0.0.1:50051"
+    cloud_address: str = DEFAULT_CLOUD_ADDRESS
     #: Folder with `ca.pem`, `host-<id>.pem`, `host-<id>.key` (as `cloud/pki.py` writes them).
     certs_dir: Path | None = None
     ca_cert: Path | None = None

@@ -16,6 +16,26 @@ from amc.v1 import types_pb2
 from planner.decision import Decision, ThinkingBlock, Usage
 from planner.history import MASK
 
+_PROVIDERS: dict[str, types_pb2.ModelProvider.ValueType] = {
+    "anthropic": types_pb2.MODEL_PROVIDER_ANTHROPIC,
+    "openai": types_pb2.MODEL_PROVIDER_OPENAI,
+    "offline": types_pb2.MODEL_PROVIDER_OFFLINE,
+}
+_MODES: dict[str, types_pb2.PlannerMode.ValueType] = {
+    "compact": types_pb2.PLANNER_MODE_COMPACT,
+    "session": types_pb2.PLANNER_MODE_SESSION,
+}
+
+
+def provider_enum(name: str) -> types_pb2.ModelProvider.ValueType:
+    """`Decision.provider` as the typed enum (UNSPECIFIED for a name it does not know)."""
+    return _PROVIDERS.get(name, types_pb2.MODEL_PROVIDER_UNSPECIFIED)
+
+
+def mode_enum(mode: str) -> types_pb2.PlannerMode.ValueType:
+    """`Decision.planner_mode` as the typed enum."""
+    return _MODES.get(mode, types_pb2.PLANNER_MODE_UNSPECIFIED)
+
 
 def usage_to_proto(usage: Usage) -> types_pb2.Usage:
     return types_pb2.Usage(
@@ -91,6 +111,8 @@ def decision_to_proto(
         created_at=created,
         corrective_retries=decision.corrective_retries,
         planner_mode=decision.planner_mode,
+        model_provider=provider_enum(decision.provider),
+        mode=mode_enum(decision.planner_mode),
     )
 
 

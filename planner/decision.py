@@ -60,6 +60,10 @@ class Decision:
     corrective_retries: int = 0
     step_index: int | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    #: Page of the screen the decision was made on, and the label of the element its action
+    #: names: what the attempt's later history says about this step (set by `plan_step`).
+    page: str = ""
+    target: str | None = None
 
     @property
     def planner_mode(self) -> str:

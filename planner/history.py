@@ -27,9 +27,14 @@ class WorldEvent:
     thinking: str | None = None
     success: bool | None = None
     scene_summary: dict[str, Any] | None = None
+    #: Why the action failed, as the host reported it (None when it ran).
+    error: str | None = None
+    #: What the driver reported (kept for the timeline; never sent to the model).
+    driver_output: str | None = None
 
     def compact(self) -> dict[str, Any]:
-        """The prompt form: `{page, action (+ purpose, expected outcome), rationale, success}`."""
+        """The prompt form: `{page, action (+ purpose, expected outcome), rationale, success}`,
+        plus `error` when the action failed with one."""
         action = dict(self.action)
         if action.get("sensitive") and "text" in action:
             action["text"] = MASK
@@ -37,12 +42,15 @@ class WorldEvent:
             action["purpose"] = self.purpose
         if self.expected_outcome:
             action["expected_outcome"] = self.expected_outcome
-        return {
+        record = {
             "page": self.page,
             "action": action,
             "rationale": self.rationale,
             "success": self.success,
         }
+        if self.error:
+            record["error"] = self.error
+        return record
 
     def to_dict(self) -> dict[str, Any]:
         """Stored form; a sensitive input's text is masked here too (it is never recorded)."""

@@ -7,6 +7,7 @@ and must not import host code.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -110,7 +111,11 @@ class OcrObservation:
 
 @dataclass(slots=True)
 class Scene:
-    """Everything the planner may know about the current screen."""
+    """Everything the planner may know about the current screen.
+
+    `rotation` is uiautomator's quarter turns (0..3); `activity` and `keyboard_shown` are what the
+    host knows of the foreground activity and the on-screen keyboard ("" / False when unknown).
+    """
 
     elements: list[Element]
     package: str
@@ -118,6 +123,9 @@ class Scene:
     screen_width: int
     screen_height: int
     ocr: list[OcrObservation] = field(default_factory=list)
+    rotation: int = 0
+    activity: str = ""
+    keyboard_shown: bool = False
 
     def element(self, element_id: str) -> Element | None:
         return next((e for e in self.elements if e.element_id == element_id), None)
@@ -128,10 +136,47 @@ class Scene:
         return f"{self.package}: {self.page_title}" if self.page_title else self.package
 
     def to_prompt(self) -> dict[str, Any]:
-        """The scene as the model sees it. Raw OCR observations are deliberately left out."""
-        return {
+        """The scene as the model sees it. Raw OCR observations are deliberately left out;
+        rotation, activity and keyboard appear only when they say something."""
+        out: dict[str, Any] = {
             "app": self.package,
             "page": self.page_title,
             "screen": [self.screen_width, self.screen_height],
-            "elements": [e.to_prompt() for e in self.elements],
         }
+        if self.activity:
+            out["activity"] = self.activity
+        if self.rotation:
+            out["rotation"] = 90 * self.rotation
+        if self.keyboard_shown:
+            out["keyboard"] = "shown"
+        out["elements"] = [e.to_prompt() for e in self.elements]
+        return out
+
+
+_TITLE_ID_HINTS = ("action_bar_title", "toolbar_title", "title_bar", "large_title", "page_title")
+
+
+def derive_page_title(
+    elements: list[Element], height: int, toolbar_ids: Collection[str] = ()
+) -> str:
+    """A short page name: a toolbar's title, an id that says "title", or the top-most heading.
+
+    Perception passes the ids of elements inside a toolbar (it sees the tree); the cloud, which
+    gets a flat element list from a host that read no title, passes none.
+    """
+    texts = [e for e in elements if e.text.strip() and e.source == "tree"]
+    for e in texts:
+        if e.element_id in toolbar_ids and not e.clickable:
+            return e.text.strip()
+    for e in texts:
+        rid = e.resource_id.rsplit("/", 1)[-1].lower()
+        if any(rid.endswith(h) for h in _TITLE_ID_HINTS) and e.bounds.top < height // 3:
+            return e.text.strip()
+    top = [
+        e
+        for e in texts
+        if e.bounds.top < height // 5 and not e.clickable and not e.checkable and len(e.text) <= 60
+    ]
+    if top:
+        return min(top, key=lambda e: (e.bounds.top, e.bounds.left)).text.strip()
+    return ""

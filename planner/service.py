@@ -11,16 +11,22 @@ Session mode (`DecideRequest.session`): the conversation lives behind a `Session
 provides (one view per call, so two calls continuing one conversation at once are caught), and
 the request carries only this step — the goal, the scene, the previous call's outcome. The
 planner turns it into the same items the direct transport would (`continue_session`).
+
+Typed requests (`DecideRequest.observation`, the contract hosts use): the host sends only what
+it sees and what its last action did. The goal comes from the task, the history from the
+attempt's decisions (`AttemptLog`, which also records the reported outcome), and the mode is
+this service's (`mode`); `plan_step` does the rest, exactly as the direct transport does. The
+prompt-carrying forms above are deprecated and answered for one release.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import grpc
 
-from amc.v1 import planner_service_pb2, planner_service_pb2_grpc
+from amc.v1 import planner_service_pb2, planner_service_pb2_grpc, types_pb2
 from planner.convert import decision_to_proto
 from planner.decision import Decision
 from planner.errors import (
@@ -29,12 +35,16 @@ from planner.errors import (
     PlannerRateLimited,
     SessionStateError,
 )
+from planner.observation import MAX_OBSERVATION_BYTES, observation_problem
+from planner.plan_step import plan_step
 from planner.planner import Planner
 from planner.session.step_planner import Outcome, call_id_of, continue_session
 from planner.session.store import SessionConflict, SessionStore
+from planner.steps import PastStep, outcome_problem
 
 if TYPE_CHECKING:  # a cloud that plans offline never loads the provider SDKs
     from planner.session.factory import SessionPlanners
+    from planner.session.planner import SessionPlanner
 
 MAX_SYSTEM_PROMPT = 64 * 1024
 MAX_USER_PROMPT = 512 * 1024
@@ -45,7 +55,9 @@ MAX_TOOL_OUTPUT = 512 * 1024
 MAX_SHORT_FIELD = 1024
 # gRPC's default 4 MiB receive limit would reject a legal screenshot before `Decide` could name
 # the field: servers and clients of this service set both message limits to this.
-MAX_MESSAGE_BYTES = MAX_SCREENSHOT + MAX_USER_PROMPT + MAX_SYSTEM_PROMPT + 1024 * 1024
+MAX_MESSAGE_BYTES = (
+    MAX_SCREENSHOT + MAX_USER_PROMPT + MAX_SYSTEM_PROMPT + MAX_OBSERVATION_BYTES + 1024 * 1024
+)
 
 
 class LeaseGate(Protocol):
@@ -68,6 +80,21 @@ class DecisionSink(Protocol):
     ) -> tuple[str, int]: ...
 
 
+class AttemptLog(Protocol):
+    """What the cloud knows of an attempt: the task's goal, the attempt's earlier decisions
+    with their reported outcomes, and where a newly reported outcome is recorded."""
+
+    async def goal(self, task_id: str) -> str | None: ...
+
+    async def steps(self, task_id: str, attempt: int) -> list[PastStep]: ...
+
+    async def record_outcome(
+        self, task_id: str, attempt: int, outcome: types_pb2.ActionOutcome
+    ) -> None:
+        """Record on the decision `outcome.step_index` names, unless it has one already."""
+        ...
+
+
 HostIdentity = Callable[[grpc.aio.ServicerContext], str]
 """Reads the caller's host id from the grpc.aio ServicerContext (the cloud uses the mTLS SAN)."""
 SessionStoreFactory = Callable[[], SessionStore]
@@ -86,10 +113,19 @@ class PlannerServicer(planner_service_pb2_grpc.PlannerServiceServicer):
         lease_gate: LeaseGate,
         sink: DecisionSink,
         planner: Planner,
+        attempts: AttemptLog,
+        mode: Literal["compact", "session"] = "compact",
         sessions: SessionPlanners | None = None,
         session_store: SessionStoreFactory | None = None,
         live_thinking: ThinkingFeed | None = None,
     ) -> None:
+        if mode == "session" and (sessions is None or session_store is None):
+            raise ValueError(
+                "AMC_PLANNER_MODE=session needs a provider that keeps a conversation: set "
+                "AMC_PLANNER_PROVIDER=anthropic or openai on the cloud, or use compact mode"
+            )
+        self._attempts = attempts
+        self.mode = mode
         self._caller_host_id = caller_host_id
         self._leases = lease_gate
         self._sink = sink
@@ -115,13 +151,23 @@ class PlannerServicer(planner_service_pb2_grpc.PlannerServiceServicer):
                 f"lease {request.lease_id!r} of task {request.task_id!r} attempt "
                 f"{request.attempt} is not a live lease of host {host_id!r}",
             )
-        session = request.HasField("session")
-        problem = _session_problem(request) if session else _size_problem(request)
+        typed = request.HasField("observation")
+        session = not typed and request.HasField("session")
+        if typed:
+            problem = _typed_problem(request)
+        elif session:
+            problem = _session_problem(request)
+        elif not (request.system_prompt or request.user_prompt):
+            problem = "observation: required (what the screen shows now)"
+        else:
+            problem = _size_problem(request)
         if problem:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, problem)
 
         try:
-            if session:
+            if typed:
+                decision = await self._decide_typed(request, context)
+            elif session:
                 decision = await self._decide_session(request, context)
             else:
                 decision = await self._decide_compact(request)
@@ -152,6 +198,54 @@ class PlannerServicer(planner_service_pb2_grpc.PlannerServiceServicer):
             session_call_id=call_id_of(decision),
         )
 
+    async def _decide_typed(
+        self, request: planner_service_pb2.DecideRequest, context: Any
+    ) -> Decision:
+        """The contract's form: goal and history from the cloud's records, mode from its
+        settings, the screen and the last outcome from the host."""
+        task_id, attempt = request.task_id, request.attempt
+        goal = await self._attempts.goal(task_id)
+        if goal is None:  # the lease was live a moment ago: the task is being removed
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"task {task_id!r} is gone")
+            raise AssertionError("abort returns only by raising")  # pragma: no cover
+        history = await self._attempts.steps(task_id, attempt)
+        previous = request.previous_outcome if request.HasField("previous_outcome") else None
+        if previous is not None:
+            problem = outcome_problem(previous, history)
+            if problem:
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, problem)
+            await self._attempts.record_outcome(task_id, attempt, previous)
+        if self.mode == "compact":
+            return await plan_step(
+                self._planner,
+                goal=goal,
+                history=history,
+                observation=request.observation,
+                previous_outcome=previous,
+                screenshot=request.screenshot or None,
+            )
+        planner = await self._open_session(task_id, attempt)
+        try:
+            return await plan_step(
+                planner,
+                goal=goal,
+                history=history,
+                observation=request.observation,
+                previous_outcome=previous,
+            )
+        finally:
+            await planner.aclose()
+
+    async def _open_session(self, task_id: str, attempt: int) -> SessionPlanner:
+        assert self._sessions is not None and self._session_store is not None
+        feed = self._live_thinking
+        return await self._sessions.open(
+            self._session_store(),
+            task_id,
+            attempt,
+            on_thinking=(lambda delta: feed(task_id, attempt, delta)) if feed else None,
+        )
+
     async def _decide_compact(self, request: planner_service_pb2.DecideRequest) -> Decision:
         screen = (request.screen_width, request.screen_height)
         return await self._planner.decide_from_prompts(
@@ -174,13 +268,7 @@ class PlannerServicer(planner_service_pb2_grpc.PlannerServiceServicer):
             )
             raise AssertionError("abort returns only by raising")  # pragma: no cover
         step = request.session
-        feed, task_id, attempt = self._live_thinking, request.task_id, request.attempt
-        planner = await self._sessions.open(
-            self._session_store(),
-            task_id,
-            attempt,
-            on_thinking=(lambda delta: feed(task_id, attempt, delta)) if feed else None,
-        )
+        planner = await self._open_session(request.task_id, request.attempt)
         previous = step.previous_outcome if step.HasField("previous_outcome") else None
         screen = (request.screen_width, request.screen_height)
         try:
@@ -197,6 +285,17 @@ class PlannerServicer(planner_service_pb2_grpc.PlannerServiceServicer):
             )
         finally:
             await planner.aclose()
+
+
+def _typed_problem(request: planner_service_pb2.DecideRequest) -> str | None:
+    """INVALID_ARGUMENT text for a typed request, naming the field, or None."""
+    if request.system_prompt or request.user_prompt or request.HasField("session"):
+        return "set observation or the deprecated prompt/session fields, not both"
+    if len(request.screenshot) > MAX_SCREENSHOT:
+        return f"screenshot is {len(request.screenshot)} bytes; at most {MAX_SCREENSHOT}"
+    if request.HasField("previous_outcome") and request.previous_outcome.step_index < 1:
+        return "previous_outcome.step_index: must be 1 or more"
+    return observation_problem(request.observation)
 
 
 def _size_problem(request: planner_service_pb2.DecideRequest) -> str | None:

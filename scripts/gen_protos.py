@@ -2,6 +2,11 @@
 
 One script so that CI and developers produce byte-identical output; `--check` regenerates into a
 scratch folder and fails when the committed `gen/` differs, so hand edits and stale code are caught.
+
+Besides the Python modules it writes `amc/v1/descriptor_set.binpb`: every contract file with its
+imports *and its source comments* (protoc `--include_source_info`, the same FileDescriptorSet a
+`buf build` image holds). Generated `_pb2` modules drop comments; the cloud serves this set through
+reflection so `grpcurl describe` shows the documentation.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ ROOT = Path(__file__).resolve().parent.parent
 PROTO_ROOT = ROOT / "proto"
 GEN_ROOT = ROOT / "gen"
 HEADER = '"""Generated from proto/ by scripts/gen_protos.py. Do not edit."""\n'
+DESCRIPTOR_SET = Path("amc/v1/descriptor_set.binpb")
 
 
 def generate(out: Path) -> None:
@@ -27,7 +33,7 @@ def generate(out: Path) -> None:
     protos = sorted(str(p.relative_to(PROTO_ROOT)) for p in PROTO_ROOT.rglob("*.proto"))
     well_known = Path(grpc_tools.__file__).parent / "_proto"
     bin_dir = Path(sys.executable).parent
-    out.mkdir(parents=True, exist_ok=True)
+    (out / DESCRIPTOR_SET).parent.mkdir(parents=True, exist_ok=True)
     cmd = [
         sys.executable,
         "-m",
@@ -40,6 +46,9 @@ def generate(out: Path) -> None:
         f"--grpc_python_out={out}",
         f"--mypy_out={out}",
         f"--mypy_grpc_out={out}",
+        f"--descriptor_set_out={out / DESCRIPTOR_SET}",
+        "--include_source_info",
+        "--include_imports",
         *protos,
     ]
     subprocess.run(cmd, check=True, cwd=PROTO_ROOT)

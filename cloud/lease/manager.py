@@ -139,7 +139,7 @@ class LeaseManager:
             lease_pb.LeaseResponse(
                 welcome=lease_pb.Welcome(
                     host_id=host_id,
-                    renew_interval=convert.duration(self.settings.default_lease_seconds / 3),
+                    renew_interval=convert.renew_interval(self.settings.default_lease_seconds),
                 )
             )
         )

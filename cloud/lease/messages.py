@@ -47,7 +47,10 @@ def swept_message(revocation: leases.Revocation) -> str:
 def progress_in(progress: types_pb2.Progress) -> leases.ProgressIn:
     """A host's progress as the store writes it (the summary cut to its limit)."""
     return leases.ProgressIn(
-        progress.step_index, int(progress.step_status), leases.truncate_summary(progress.summary)
+        progress.step_index,
+        int(progress.step_status),
+        leases.truncate_summary(progress.summary),
+        progress.max_steps or None,
     )
 
 
@@ -86,6 +89,7 @@ def assignment(claimed: leases.Claimed) -> lease_pb.LeaseResponse:
         lease_duration=convert.duration(claimed.lease_seconds),
         deadline=convert.ts(claimed.deadline),
         resumed=False,
+        renew_interval=convert.renew_interval(claimed.lease_seconds),
     )
     p = convert.progress(claimed.last_progress)
     if p is not None:
@@ -107,6 +111,7 @@ def resumed(check: leases.HeldCheck) -> lease_pb.LeaseResponse:
         lease_duration=convert.duration(task.lease_seconds),
         deadline=convert.ts(task.deadline),
         resumed=True,
+        renew_interval=convert.renew_interval(task.lease_seconds),
     )
     p = convert.progress(check.last_progress)
     if p is not None:

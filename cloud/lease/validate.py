@@ -10,6 +10,7 @@ from amc.v1 import types_pb2
 
 MAX_DEVICES = 256
 MAX_ID = 128
+MAX_STEPS = 10_000  # Progress.max_steps
 _TERMINAL = (
     types_pb2.TASK_STATUS_SUCCEEDED,
     types_pb2.TASK_STATUS_FAILED,
@@ -51,6 +52,8 @@ def _progress(field: str, p: types_pb2.Progress) -> str | None:
         return f"{field}.step_index: must be >= 0"
     if p.step_status not in types_pb2.StepStatus.values():
         return f"{field}.step_status: unknown value {p.step_status}"
+    if not 0 <= p.max_steps <= MAX_STEPS:
+        return f"{field}.max_steps: must be 0 to {MAX_STEPS}"
     return None
 
 

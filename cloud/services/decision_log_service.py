@@ -30,6 +30,8 @@ class DecisionLogServicer(decision_log_service_pb2_grpc.DecisionLogServiceServic
             await abort(context, grpc.StatusCode.INVALID_ARGUMENT, "attempt: must be >= 0")
         if not 0 <= request.page_size <= 500:
             await abort(context, grpc.StatusCode.INVALID_ARGUMENT, "page_size: 0 to 500")
+        if await tasks.goal(self._store, request.task_id[:128]) is None:
+            await abort(context, grpc.StatusCode.NOT_FOUND, f"task {request.task_id} not found")
         try:
             rows, token = await decisions.list_page(
                 self._store,
@@ -76,7 +78,7 @@ class DecisionLogServicer(decision_log_service_pb2_grpc.DecisionLogServiceServic
                     context, grpc.StatusCode.INVALID_ARGUMENT, "page_token: not from this call"
                 )
             start = int(request.page_token)
-        if await tasks.get(self._store, request.task_id[:128]) is None:
+        if await tasks.goal(self._store, request.task_id[:128]) is None:
             await abort(context, grpc.StatusCode.NOT_FOUND, f"task {request.task_id} not found")
         size = request.page_size or 100
         rows = await sessions.page(self._store, request.task_id, request.attempt, start, size + 1)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import base64
+import json
 from collections.abc import AsyncIterator
 
 import grpc
@@ -17,6 +19,23 @@ from cloud.store.database import Store
 
 # Changed hosts loaded per query.
 _CHUNK = 200
+DEFAULT_PAGE = 100
+MAX_PAGE = 500
+
+
+def _encode(key: tuple[int, str]) -> str:
+    """A ListHosts cursor: the (disconnected?, host id) sort key of the page's last host."""
+    return base64.urlsafe_b64encode(json.dumps(list(key)).encode()).decode()
+
+
+def _decode(token: str) -> tuple[int, str] | None:
+    try:
+        rank, host_id = json.loads(base64.urlsafe_b64decode(token.encode()))
+    except (ValueError, TypeError):
+        return None
+    if rank not in (0, 1) or not isinstance(host_id, str):
+        return None
+    return int(rank), host_id
 
 
 class FleetServicer(fleet_service_pb2_grpc.FleetServiceServicer):
@@ -32,13 +51,27 @@ class FleetServicer(fleet_service_pb2_grpc.FleetServiceServicer):
         request: pb.ListHostsRequest,
         context: grpc.aio.ServicerContext[pb.ListHostsRequest, pb.ListHostsResponse],
     ) -> pb.ListHostsResponse:
+        if not 0 <= request.page_size <= MAX_PAGE:
+            await abort(context, grpc.StatusCode.INVALID_ARGUMENT, f"page_size: 0 to {MAX_PAGE}")
+        after: tuple[int, str] | None = None
+        if request.page_token:
+            after = _decode(request.page_token)
+            if after is None:
+                await abort(
+                    context, grpc.StatusCode.INVALID_ARGUMENT, "page_token: not from this server"
+                )
         rows = await hosts.list_hosts(self._store, self._settings.host_heartbeat_seconds)
+        keyed = [
+            ((0 if connected else 1, row.host_id), row, connected)
+            for row, connected in rows
+            if connected or not request.connected_only
+        ]
+        keyed = [k for k in keyed if after is None or k[0] > after]
+        size = request.page_size or DEFAULT_PAGE
+        page, more = keyed[:size], len(keyed) > size
         return pb.ListHostsResponse(
-            hosts=[
-                convert.host(row, connected)
-                for row, connected in rows
-                if connected or not request.connected_only
-            ]
+            hosts=[convert.host(row, connected) for _, row, connected in page],
+            next_page_token=_encode(page[-1][0]) if more else "",
         )
 
     async def WatchHosts(

@@ -17,9 +17,15 @@ from cloud import authz
 from cloud.events import EventBus
 from cloud.lease.validate import MAX_ID
 from cloud.services.status import abort
+from cloud.settings import SettingError
 from cloud.store import leases
 from cloud.store.database import Store
-from cloud.store.ports import StoreDecisionSink, StoreLeaseGate, StoreSessionStore
+from cloud.store.ports import (
+    StoreAttemptLog,
+    StoreDecisionSink,
+    StoreLeaseGate,
+    StoreSessionStore,
+)
 
 if TYPE_CHECKING:  # imported when the servicer is built, like the rest of the planner
     from planner.service import PlannerServicer
@@ -60,12 +66,14 @@ def _caller_host_id(context: grpc.aio.ServicerContext[Any, Any]) -> str:
 
 def build_planner_servicer(
     store: Store, bus: EventBus
-) -> tuple[planner_service_pb2_grpc.PlannerServiceServicer, list[Any]]:
-    """The planner servicer on the cloud's ports, and what must be closed with the server.
+) -> tuple[planner_service_pb2_grpc.PlannerServiceServicer, list[Any], str]:
+    """The planner servicer on the cloud's ports, what must be closed with the server, and a
+    line saying which planner it is (for the start-up banner).
 
-    Session mode is offered when the planner settings (`AMC_PLANNER_*`, read here) name a
-    provider that keeps conversations; with the offline provider a session step is answered
-    UNIMPLEMENTED with the reason.
+    The planner settings (`AMC_PLANNER_*`, read here) choose the provider and the mode hosts'
+    typed requests are planned in (`AMC_PLANNER_MODE`, compact by default). Session mode needs a
+    provider that keeps conversations: asking for it with the offline provider is a
+    `SettingError`; deprecated session steps get UNIMPLEMENTED there, as before.
     """
     from planner.planner import make_planner
     from planner.service import PlannerServicer
@@ -78,14 +86,27 @@ def build_planner_servicer(
         from planner.session.factory import SessionPlanners  # loads the provider SDKs
 
         sessions = SessionPlanners(planner_settings)
+    if planner_settings.mode == "session" and sessions is None:
+        raise SettingError(
+            "AMC_PLANNER_MODE",
+            "session mode needs a provider that keeps a conversation, and the planner is offline",
+            "set AMC_PLANNER_PROVIDER=anthropic or openai (with its API key), or "
+            "AMC_PLANNER_MODE=compact",
+        )
     inner = PlannerServicer(
         caller_host_id=_caller_host_id,
         lease_gate=StoreLeaseGate(store),
         sink=StoreDecisionSink(store),
         planner=planner,
+        attempts=StoreAttemptLog(store),
+        mode=planner_settings.mode,
         sessions=sessions,
         session_store=lambda: StoreSessionStore(store),
         live_thinking=bus.thinking,
     )
     closeables: list[Any] = [planner] if sessions is None else [planner, sessions]
-    return OwnLeasesOnly(inner, store), closeables
+    summary = (
+        f"{planner_settings.resolved_provider} (model {planner_settings.resolved_model}, "
+        f"{planner_settings.mode} mode; AMC_PLANNER_* settings)"
+    )
+    return OwnLeasesOnly(inner, store), closeables, summary

@@ -11,6 +11,7 @@ from amc.v1 import types_pb2
 from cloud.store import states
 from cloud.store.models import AttemptRow, DecisionRow, HostRow
 from cloud.store.tasks import TaskView
+from planner.convert import mode_enum, provider_enum
 
 
 def ts(value: dt.datetime) -> timestamp_pb2.Timestamp:
@@ -27,6 +28,12 @@ def duration(seconds: float) -> duration_pb2.Duration:
     return out
 
 
+def renew_interval(lease_seconds: float) -> duration_pb2.Duration:
+    """How often a host renews a lease of this length: a third of it, so two lost renewals
+    still leave the lease alive (Assignment.renew_interval)."""
+    return duration(lease_seconds / 3)
+
+
 def progress(row: AttemptRow | None) -> types_pb2.Progress | None:
     """The attempt's progress snapshot, or None when it never reported any."""
     if row is None or row.progress_updated_at is None:
@@ -36,6 +43,7 @@ def progress(row: AttemptRow | None) -> types_pb2.Progress | None:
         step_status=row.step_status or 0,  # type: ignore[arg-type]
         summary=row.summary or "",
         updated_at=ts(row.progress_updated_at),
+        max_steps=row.max_steps or 0,
     )
 
 
@@ -147,7 +155,18 @@ def decision(row: DecisionRow) -> types_pb2.Decision:
         created_at=ts(row.created_at),
         corrective_retries=row.corrective_retries,
         planner_mode=row.planner_mode,
+        model_provider=provider_enum(row.provider),
+        mode=mode_enum(row.planner_mode),
     )
+    if row.outcome_executed is not None:
+        out.outcome.CopyFrom(
+            types_pb2.ActionOutcome(
+                step_index=row.step_index,
+                executed=row.outcome_executed,
+                error=row.outcome_error or "",
+                driver_output=row.outcome_driver_output or "",
+            )
+        )
     if row.action_pb:
         out.action.ParseFromString(row.action_pb)
     for block in row.thinking or []:

@@ -1,4 +1,9 @@
-"""The decision log: append with a cloud-assigned step index, read paged, prune after retention."""
+"""The decision log: append with a cloud-assigned step index, read paged, prune after retention.
+
+It is also the attempt's memory for typed Decide calls: `attempt_steps` gives the earlier
+decisions as `planner.steps.PastStep`s, and `record_outcome` writes the outcome a host reports
+for one of them (once: a retried report changes nothing).
+"""
 
 from __future__ import annotations
 
@@ -7,12 +12,14 @@ import datetime as dt
 import json
 import uuid
 
-from sqlalchemy import and_, delete, func, or_, select
+from sqlalchemy import and_, delete, func, or_, select, update
 from sqlalchemy.exc import IntegrityError
 
+from amc.v1 import types_pb2
 from cloud.store.database import Store
 from cloud.store.models import DecisionRow, TaskRow
 from planner.decision import Decision
+from planner.steps import PastStep, StepOutcome, stored_arguments
 
 _APPEND_RETRIES = 20
 
@@ -25,7 +32,7 @@ async def append(
     Two concurrent appends may compute the same index; the unique constraint refuses the second,
     which retries. So indexes have no gaps and no repeats on either backend.
     """
-    arguments = json.dumps(decision.masked_arguments(), ensure_ascii=False, sort_keys=True)
+    arguments = stored_arguments(decision)
     thinking = [{"text": b.text, "redacted": b.redacted} for b in decision.thinking]
     last_error: Exception | None = None
     for _ in range(_APPEND_RETRIES):
@@ -63,6 +70,8 @@ async def append(
                     corrective_retries=decision.corrective_retries,
                     created_at=store.now(),
                     planner_mode=decision.planner_mode,
+                    page=decision.page,
+                    target=decision.target,
                 )
                 session.add(row)
                 await session.flush()
@@ -113,6 +122,62 @@ async def list_page(
     more = len(rows) > page_size
     rows = rows[:page_size]
     return rows, (_cursor(rows[-1]) if more and rows else "")
+
+
+def past_step(row: DecisionRow) -> PastStep:
+    """A logged decision as the planner's history remembers it."""
+    outcome = (
+        StepOutcome(row.outcome_executed, row.outcome_error or "", row.outcome_driver_output or "")
+        if row.outcome_executed is not None
+        else None
+    )
+    return PastStep(
+        step_index=row.step_index,
+        page=row.page,
+        tool_name=row.tool_name,
+        arguments_json=row.arguments_json,
+        target=row.target,
+        purpose=row.purpose,
+        expected_outcome=row.expected_outcome,
+        rationale=row.rationale,
+        outcome=outcome,
+    )
+
+
+async def attempt_steps(store: Store, task_id: str, attempt: int) -> list[PastStep]:
+    """Every decision of one attempt, in step order, with the outcomes reported so far."""
+    async with store.read() as session:
+        rows = (
+            await session.scalars(
+                select(DecisionRow)
+                .where(DecisionRow.task_id == task_id, DecisionRow.attempt == attempt)
+                .order_by(DecisionRow.step_index)
+            )
+        ).all()
+    return [past_step(r) for r in rows]
+
+
+async def record_outcome(
+    store: Store, task_id: str, attempt: int, outcome: types_pb2.ActionOutcome
+) -> bool:
+    """Record a reported outcome on the decision it names; False when that decision already
+    has one (a retried report) or does not exist."""
+    async with store.write() as session:
+        result = await session.execute(
+            update(DecisionRow)
+            .where(
+                DecisionRow.task_id == task_id,
+                DecisionRow.attempt == attempt,
+                DecisionRow.step_index == outcome.step_index,
+                DecisionRow.outcome_executed.is_(None),
+            )
+            .values(
+                outcome_executed=outcome.executed,
+                outcome_error=outcome.error,
+                outcome_driver_output=outcome.driver_output,
+            )
+        )
+        return bool(result.rowcount)  # type: ignore[attr-defined]
 
 
 async def get(store: Store, decision_id: str) -> DecisionRow | None:

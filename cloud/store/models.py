@@ -122,6 +122,8 @@ class AttemptRow(Base):
     step_status: Mapped[int | None] = mapped_column(Integer)
     summary: Mapped[str | None] = mapped_column(String(256))
     progress_updated_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime())
+    # The host's step limit for this attempt (Progress.max_steps); NULL when it did not say.
+    max_steps: Mapped[int | None] = mapped_column(Integer)
 
     __table_args__ = (
         UniqueConstraint("task_id", "attempt"),
@@ -211,6 +213,14 @@ class DecisionRow(Base):
     planner_mode: Mapped[str] = mapped_column(
         String(16), default="compact", server_default="compact"
     )
+    # What the decision saw and what became of it (typed Decide requests; see planner/steps.py):
+    # the page it was made on, the label of the element its action names, and the outcome the
+    # host reported with its next call (NULL until then, and for rows of prompt-based requests).
+    page: Mapped[str] = mapped_column(Text, default="", server_default="")
+    target: Mapped[str | None] = mapped_column(Text)
+    outcome_executed: Mapped[bool | None] = mapped_column(Boolean)
+    outcome_error: Mapped[str | None] = mapped_column(Text)
+    outcome_driver_output: Mapped[str | None] = mapped_column(Text)
 
     __table_args__ = (
         UniqueConstraint("task_id", "attempt", "step_index"),

@@ -1,13 +1,15 @@
-"""The planner service's ports (LeaseGate, DecisionSink, SessionStore) on the cloud store."""
+"""The planner service's ports (LeaseGate, DecisionSink, AttemptLog, SessionStore) on the store."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from cloud.store import decisions, leases, sessions
+from amc.v1 import types_pb2
+from cloud.store import decisions, leases, sessions, tasks
 from cloud.store.database import Store
 from planner.decision import Decision
 from planner.session.items import SessionItem, dumps_item, item_type, loads_item
+from planner.steps import PastStep
 
 
 class StoreLeaseGate:
@@ -31,6 +33,25 @@ class StoreDecisionSink:
     ) -> tuple[str, int]:
         row = await decisions.append(self._store, host_id, task_id, attempt, decision)
         return row.decision_id, row.step_index
+
+
+class StoreAttemptLog:
+    """`goal`, `steps`, `record_outcome`: the task row and the decision log as an attempt's
+    memory, so a host sends only what it sees."""
+
+    def __init__(self, store: Store) -> None:
+        self._store = store
+
+    async def goal(self, task_id: str) -> str | None:
+        return await tasks.goal(self._store, task_id)
+
+    async def steps(self, task_id: str, attempt: int) -> list[PastStep]:
+        return await decisions.attempt_steps(self._store, task_id, attempt)
+
+    async def record_outcome(
+        self, task_id: str, attempt: int, outcome: types_pb2.ActionOutcome
+    ) -> None:
+        await decisions.record_outcome(self._store, task_id, attempt, outcome)
 
 
 class StoreSessionStore:

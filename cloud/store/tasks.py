@@ -121,6 +121,12 @@ async def get(store: Store, task_id: str) -> TaskView | None:
     return views[0] if views else None
 
 
+async def goal(store: Store, task_id: str) -> str | None:
+    """A task's goal (what the planner works towards), or None for an unknown task."""
+    async with store.read() as session:
+        return await session.scalar(select(TaskRow.goal).where(TaskRow.task_id == task_id))
+
+
 @dataclass(frozen=True, slots=True)
 class TaskFilter:
     """ListTasks filters; empty means no filter."""

@@ -133,11 +133,20 @@ class CloudClient:
         return response.task
 
     async def list_hosts(self, *, connected_only: bool = False) -> list[types_pb2.Host]:
-        response: fleet_service_pb2.ListHostsResponse = await self._fleet.ListHosts(
-            fleet_service_pb2.ListHostsRequest(connected_only=connected_only),
-            timeout=self._timeout,
-        )
-        return list(response.hosts)
+        """Every host, all pages (the fleet page shows the whole fleet)."""
+        hosts: list[types_pb2.Host] = []
+        token = ""
+        while True:
+            response: fleet_service_pb2.ListHostsResponse = await self._fleet.ListHosts(
+                fleet_service_pb2.ListHostsRequest(
+                    connected_only=connected_only, page_size=500, page_token=token
+                ),
+                timeout=self._timeout,
+            )
+            hosts.extend(response.hosts)
+            token = response.next_page_token
+            if not token:
+                return hosts
 
     async def list_decisions(
         self, task_id: str, *, attempt: int, page_size: int, page_token: str

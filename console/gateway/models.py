@@ -66,6 +66,7 @@ class ProgressOut(BaseModel):
     step_status: StepStatusName
     summary: str
     updated_at: datetime | None
+    max_steps: int = Field(0, description="the attempt's step limit; 0 when the host did not say")
 
     @classmethod
     def of(cls, p: types_pb2.Progress) -> ProgressOut:
@@ -74,6 +75,7 @@ class ProgressOut(BaseModel):
             step_status=_enum_word(types_pb2.StepStatus, p.step_status, "STEP_STATUS_"),
             summary=p.summary,
             updated_at=_time(p.updated_at, p.HasField("updated_at")),
+            max_steps=p.max_steps,
         )
 
 

@@ -15,10 +15,11 @@ from console.gateway.models import HostOut, ProgressOut, TaskOut, UsageOut
 
 
 def progress_badge(progress: ProgressOut) -> str:
-    """`step 4 · acting · tap 'Display'`; empty before the first step."""
+    """`step 4 of at most 30 · acting · tap 'Display'`; empty before the first step."""
     if not progress.step_index:
         return ""
-    parts = [f"step {progress.step_index}"]
+    at_most = f" of at most {progress.max_steps}" if progress.max_steps else ""
+    parts = [f"step {progress.step_index}{at_most}"]
     if progress.step_status != "unspecified":
         parts.append(progress.step_status)
     if progress.summary:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,6 +38,12 @@ class ActionResult:
     complete: bool = False
     complete_success: bool = False
     complete_reason: str = ""
+
+    def report(self) -> str:
+        """What the driver reported, one JSON line for `ActionOutcome.driver_output` (the
+        node list of `get_ui_tree` is left out: it is the screen, which the cloud gets)."""
+        detail = {k: v for k, v in self.detail.items() if k != "nodes"}
+        return json.dumps(detail, ensure_ascii=False, sort_keys=True) if detail else ""
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"ok": self.ok, **self.detail}

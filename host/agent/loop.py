@@ -27,6 +27,7 @@ from host.timeline.record import TimelineRecord
 from host.timeline.store import TimelineStore
 from planner.decision import Decision
 from planner.history import WorldEvent
+from planner.steps import target_label
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -145,7 +146,7 @@ class AgentLoop:
         status: types_pb2.StepStatus.ValueType,
         summary: str,
     ) -> None:
-        snap = progress.update(step, status, summary)
+        snap = progress.update(step, status, summary, max_steps=self.settings.max_steps)
         if self.store is not None:
             self.store.update_progress(
                 spec.task_id, spec.attempt, snap.step_index, status_name(status), snap.summary
@@ -263,9 +264,12 @@ class AgentLoop:
                 decision,
                 page=before.scene.page,
                 success=result.ok,
-                target=self._target(decision, before),
+                target=target_label(decision.action, before.scene),
             )
             event.scene_summary = {"page_after": after_page}
+            # Both reach the cloud with the next Decide call: no secret typed earlier may ride.
+            event.error = secrets.text(result.error) if result.error else None
+            event.driver_output = secrets.text(result.report())
             history.append(event)
             record.world_event = event.to_dict()
             if secrets:  # belt and braces: nothing typed as sensitive is ever stored
@@ -331,19 +335,6 @@ class AgentLoop:
             "goal reached" if result.complete_success else "gave up"
         )
         return TaskOutcome("succeeded" if result.complete_success else "failed", reason, step)
-
-    @staticmethod
-    def _target(decision: Decision, before: Observation) -> str | None:
-        act = decision.action
-        element_id = ""
-        if act.WhichOneof("kind") == "tap" and act.tap.WhichOneof("target") == "element_id":
-            element_id = act.tap.element_id
-        elif act.WhichOneof("kind") == "input_text":
-            element_id = act.input_text.element_id
-        el = before.scene.element(element_id) if element_id else None
-        if el is None:
-            return None
-        return (el.text or el.content_desc or None) and (el.text or el.content_desc)[:60]
 
     @staticmethod
     def _fill_decision(record: TimelineRecord, decision: Decision) -> None:

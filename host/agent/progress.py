@@ -45,10 +45,15 @@ class ProgressSnapshot:
     summary: str = ""
     version: int = 0
     updated_at: datetime | None = None
+    #: The attempt's step limit ("step 3 of at most 30"); 0 when not said.
+    max_steps: int = 0
 
     def to_proto(self) -> types_pb2.Progress:
         return types_pb2.Progress(
-            step_index=self.step_index, step_status=self.step_status, summary=self.summary
+            step_index=self.step_index,
+            step_status=self.step_status,
+            summary=self.summary,
+            max_steps=self.max_steps,
         )
 
     @property
@@ -80,7 +85,14 @@ class ProgressHolder:
         with self._lock:
             return self._snap
 
-    def update(self, step_index: int, step_status: StepStatus, summary: str) -> ProgressSnapshot:
+    def update(
+        self,
+        step_index: int,
+        step_status: StepStatus,
+        summary: str,
+        max_steps: int | None = None,
+    ) -> ProgressSnapshot:
+        """A new snapshot; `max_steps` None keeps the one already set."""
         with self._lock:
             snap = replace(
                 self._snap,
@@ -89,6 +101,7 @@ class ProgressHolder:
                 summary=truncate(summary),
                 version=self._snap.version + 1,
                 updated_at=datetime.now(UTC),
+                max_steps=self._snap.max_steps if max_steps is None else max_steps,
             )
             self._snap = snap
             listeners = list(self._listeners)

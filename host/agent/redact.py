@@ -74,12 +74,11 @@ class SecretRedactor:
                 boxes.append(o.bounds)
                 o = OcrObservation(masked, o.bounds, o.confidence)
             ocr.append(o)
-        out = Scene(
+        out = replace(
+            scene,
             elements=elements,
-            package=scene.package,
             page_title=self.text(scene.page_title),
-            screen_width=scene.screen_width,
-            screen_height=scene.screen_height,
+            activity=self.text(scene.activity),
             ocr=ocr,
         )
         return out, boxes

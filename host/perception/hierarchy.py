@@ -15,11 +15,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from host.devices.base import DeviceError
-from planner.scene import Bounds, Element, Scene
+from planner.scene import Bounds, Element, Scene, derive_page_title
 
 _BOUNDS_RE = re.compile(r"\[(-?\d+),(-?\d+)\]\[(-?\d+),(-?\d+)\]")
 _SYSTEM_UI = "com.android.systemui"
-_TITLE_ID_HINTS = ("action_bar_title", "toolbar_title", "title_bar", "large_title", "page_title")
 _TOOLBAR_ID_HINTS = ("action_bar", "toolbar", "app_bar")
 _TOOLBAR_CLASSES = ("Toolbar", "ActionBar")
 _EDITABLE_HINTS = ("EditText", "AutoCompleteTextView")
@@ -134,33 +133,13 @@ def foreground_package(nodes: list[RawNode]) -> str:
     return max(candidates, key=lambda p: candidates[p])
 
 
-def _page_title(kept: list[Element], toolbar_ids: set[str], height: int) -> str:
-    """A short page name: a toolbar's title, an id that says "title", or the top-most heading."""
-    texts = [e for e in kept if e.text.strip() and e.source == "tree"]
-    for e in texts:
-        if e.element_id in toolbar_ids and not e.clickable:
-            return e.text.strip()
-    for e in texts:
-        rid = e.resource_id.rsplit("/", 1)[-1].lower()
-        if any(rid.endswith(h) for h in _TITLE_ID_HINTS) and e.bounds.top < height // 3:
-            return e.text.strip()
-    top = [
-        e
-        for e in texts
-        if e.bounds.top < height // 5 and not e.clickable and not e.checkable and len(e.text) <= 60
-    ]
-    if top:
-        return min(top, key=lambda e: (e.bounds.top, e.bounds.left)).text.strip()
-    return ""
-
-
 def parse_scene(
     xml_text: str,
     screen_size: tuple[int, int] | None = None,
     package: str | None = None,
 ) -> Scene:
     """Dump → Scene. `screen_size` and `package` (from the driver) win over the dump's own."""
-    _, nodes = parse_nodes(xml_text)
+    rotation, nodes = parse_nodes(xml_text)
     if screen_size is None:
         width = max(n.bounds.right for n in nodes)
         height = max(n.bounds.bottom for n in nodes)
@@ -206,9 +185,10 @@ def parse_scene(
     return Scene(
         elements=elements,
         package=fg,
-        page_title=_page_title(elements, toolbar_ids, height),
+        page_title=derive_page_title(elements, height, toolbar_ids),
         screen_width=width,
         screen_height=height,
+        rotation=int(rotation) if rotation in ("0", "1", "2", "3") else 0,
     )
 
 

@@ -16,6 +16,7 @@ from amc.v1 import (
     progress_service_pb2,
     progress_service_pb2_grpc,
     task_service_pb2,
+    task_service_pb2_grpc,
     types_pb2,
 )
 from cloud.events import EventBus
@@ -73,7 +74,17 @@ async def test_decision_log_arguments(cloud: CloudServer, pki_dir: Path) -> None
             await log.ListDecisions(decision_log_service_pb2.ListDecisionsRequest())
         assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
         assert (err.value.details() or "").startswith("task_id")
-        empty = await log.ListDecisions(decision_log_service_pb2.ListDecisionsRequest(task_id="t"))
+        # An unknown task is NOT_FOUND, as GetConversation says; a known one without decisions
+        # is an empty list.
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await log.ListDecisions(decision_log_service_pb2.ListDecisionsRequest(task_id="t"))
+        assert err.value.code() == grpc.StatusCode.NOT_FOUND
+        assert err.value.details() == "task t not found"
+        tasks: Any = task_service_pb2_grpc.TaskServiceStub(ch)  # type: ignore[no-untyped-call]
+        task = (await submit(tasks, "g")).task
+        empty = await log.ListDecisions(
+            decision_log_service_pb2.ListDecisionsRequest(task_id=task.task_id)
+        )
         assert list(empty.decisions) == []
         assert empty.next_page_token == ""
     finally:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+from dataclasses import replace
 
 from sqlalchemy import inspect, update
 
@@ -16,13 +17,18 @@ from cloud.store.engine import check, downgrade, upgrade
 from cloud.store.models import TaskRow
 from cloud.store.ports import StoreDecisionSink, StoreLeaseGate
 from planner.decision import Decision, ThinkingBlock, Usage
+from planner.steps import PastStep, StepOutcome
 
 TABLES = ("tasks", "attempts", "hosts", "decisions", "planner_session_items")
-# (certificate_revocations, from 0004, has its own test below)
+# (certificate_revocations, from 0005, has its own test below)
 
 
 def _tables(sync_conn: object) -> set[str]:
     return set(inspect(sync_conn).get_table_names())
+
+
+def _columns(sync_conn: object, table: str) -> set[str]:
+    return {c["name"] for c in inspect(sync_conn).get_columns(table)}
 
 
 async def test_migrations_up_down_and_check(db_url: str) -> None:
@@ -32,6 +38,17 @@ async def test_migrations_up_down_and_check(db_url: str) -> None:
         await check(s.engine)  # models and migration agree
         async with s.engine.connect() as conn:
             assert set(TABLES) <= await conn.run_sync(_tables)
+        # 0004 is additive: going back to 0003 drops only its columns.
+        await downgrade(s.engine, "0003")
+        async with s.engine.connect() as conn:
+            assert "outcome_executed" not in await conn.run_sync(_columns, "decisions")
+            assert "max_steps" not in await conn.run_sync(_columns, "attempts")
+            assert "planner_mode" in await conn.run_sync(_columns, "decisions")
+        await upgrade(s.engine)
+        async with s.engine.connect() as conn:
+            assert {"page", "target", "outcome_executed", "outcome_error"} <= (
+                await conn.run_sync(_columns, "decisions")
+            )
         # 0002 is additive: going back to 0001 drops only the session table.
         await downgrade(s.engine, "0001")
         async with s.engine.connect() as conn:
@@ -45,28 +62,24 @@ async def test_migrations_up_down_and_check(db_url: str) -> None:
         await s.close()
 
 
-def _host_columns(sync_conn: object) -> set[str]:
-    return {c["name"] for c in inspect(sync_conn).get_columns("hosts")}
-
-
-async def test_migration_0004_is_additive_and_reversible(db_url: str) -> None:
-    """hosts.process_id and certificate_revocations come with 0004 and go with its downgrade;
+async def test_migration_0005_is_additive_and_reversible(db_url: str) -> None:
+    """hosts.process_id and certificate_revocations come with 0005 and go with its downgrade;
     rows written before it are untouched."""
     s = Store.from_url(db_url)
     try:
-        await upgrade(s.engine, "0003")
+        await upgrade(s.engine, "0004")
         await tasks.submit(
             s, tasks.NewTask(goal="kept", max_attempts=1, lease_seconds=30, timeout_seconds=60)
         )
         await upgrade(s.engine)
         async with s.engine.connect() as conn:
             assert "certificate_revocations" in await conn.run_sync(_tables)
-            assert "process_id" in await conn.run_sync(_host_columns)
+            assert "process_id" in await conn.run_sync(_columns, "hosts")
         assert await revocations.revoke(s, serial="abc", reason="test")
-        await downgrade(s.engine, "0003")
+        await downgrade(s.engine, "0004")
         async with s.engine.connect() as conn:
             assert "certificate_revocations" not in await conn.run_sync(_tables)
-            assert "process_id" not in await conn.run_sync(_host_columns)
+            assert "process_id" not in await conn.run_sync(_columns, "hosts")
         await upgrade(s.engine)
         await check(s.engine)
         listed, _ = await tasks.list_page(s, tasks.TaskFilter((), "", ""), 10, "")
@@ -179,3 +192,28 @@ async def test_lease_gate_and_claim(store: Store) -> None:
     # The same phone cannot get a second live attempt.
     await _task(store)
     assert await leases.claim(store, "h1", ["p"], 2) is None
+
+
+async def test_reported_outcomes_are_recorded_once_and_rebuild_the_history(store: Store) -> None:
+    """The decision log is the attempt's memory: the steps come back as the planner recorded
+    them, with the first outcome reported for each (a retried report changes nothing)."""
+    task_id = await _task(store)
+    first, second = _decision("tap"), _decision("type", sensitive=True)
+    first.page, first.target = "com.android.settings: Settings", "Display"
+    for d in (first, second):
+        await decisions.append(store, "h1", task_id, 1, d)
+    report = types_pb2.ActionOutcome(step_index=1, executed=False, error="no element e1")
+    assert await decisions.record_outcome(store, task_id, 1, report)
+    again = types_pb2.ActionOutcome(step_index=1, executed=True)
+    assert not await decisions.record_outcome(store, task_id, 1, again)
+    assert not await decisions.record_outcome(store, task_id, 2 + 1, again)  # other attempt
+    assert not await decisions.record_outcome(
+        store, task_id, 1, types_pb2.ActionOutcome(step_index=9, executed=True)
+    )
+    steps = await decisions.attempt_steps(store, task_id, 1)
+    assert steps == [
+        replace(PastStep.from_decision(first, 1), outcome=StepOutcome(False, "no element e1")),
+        PastStep.from_decision(second, 2),
+    ]
+    assert "hunter2" not in steps[1].arguments_json  # the sensitive text stays masked
+    assert await decisions.attempt_steps(store, task_id, 2) == []

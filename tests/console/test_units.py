@@ -11,6 +11,7 @@ from google.protobuf.timestamp_pb2 import Timestamp
 from pydantic import SecretStr, ValidationError
 
 from amc.v1 import types_pb2
+from console import formatting
 from console.gateway.auth import Credentials
 from console.gateway.errors import http_status
 from console.gateway.history import (
@@ -20,7 +21,7 @@ from console.gateway.history import (
     NOT_ASSIGNED_YET,
     group_history,
 )
-from console.gateway.models import DecisionOut, TaskOut
+from console.gateway.models import DecisionOut, ProgressOut, TaskOut
 from console.gateway.present import attempt_label, progress_badge
 from console.settings import ConsoleSettings
 
@@ -156,6 +157,11 @@ def test_badges_read_like_the_design() -> None:
     assert attempt_label(task) == "attempt 2 of 3"
     fresh = TaskOut.of(types_pb2.Task(max_attempts=3))
     assert progress_badge(fresh.progress) == ""
+    limited = types_pb2.Progress(
+        step_index=3, step_status=types_pb2.STEP_STATUS_PLANNING, summary="s", max_steps=30
+    )
+    assert progress_badge(ProgressOut.of(limited)) == "step 3 of at most 30 · planning · s"
+    assert formatting.progress_badge(limited) == "step 3 of at most 30 · planning · s"
     assert attempt_label(fresh) == "not assigned yet (3 allowed)"
 
 

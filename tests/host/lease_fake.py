@@ -53,6 +53,8 @@ class FakeCloud(lease_service_pb2_grpc.LeaseServiceServicer):
     _cut: asyncio.Event | None = None
     changed: asyncio.Condition = field(default_factory=asyncio.Condition)
     ack_results: bool = True
+    #: Assignment.renew_interval to send (None: leave it unset, as an older cloud would).
+    renew_s: float | None = None
 
     async def _note(self) -> None:
         async with self.changed:
@@ -83,18 +85,19 @@ class FakeCloud(lease_service_pb2_grpc.LeaseServiceServicer):
         return lease
 
     def _assignment(self, lease: Lease, resumed: bool) -> lease_service_pb2.LeaseResponse:
-        return lease_service_pb2.LeaseResponse(
-            assignment=lease_service_pb2.Assignment(
-                task_id=lease.task_id,
-                attempt=lease.attempt,
-                lease_id=lease.lease_id,
-                device_serial=lease.serial,
-                goal=lease.goal,
-                lease_expires_at=self._expiry(),
-                lease_duration=self._duration(self.lease_s),
-                resumed=resumed,
-            )
+        assignment = lease_service_pb2.Assignment(
+            task_id=lease.task_id,
+            attempt=lease.attempt,
+            lease_id=lease.lease_id,
+            device_serial=lease.serial,
+            goal=lease.goal,
+            lease_expires_at=self._expiry(),
+            lease_duration=self._duration(self.lease_s),
+            resumed=resumed,
         )
+        if self.renew_s is not None:
+            assignment.renew_interval.CopyFrom(self._duration(self.renew_s))
+        return lease_service_pb2.LeaseResponse(assignment=assignment)
 
     async def revoke(self, task_id: str, attempt: int = 1) -> None:
         lease = self.leases[(task_id, attempt)]

@@ -1,15 +1,23 @@
-"""`CloudPlanner` against the planner's real `PlannerServicer` (offline provider) over mTLS.
+"""The two planner transports against each other: `CloudPlanner` over the planner's real
+`PlannerServicer` (mTLS, the cloud's code path) and `DirectPlanner` in-process.
 
-The lease gate and decision sink are small in-test ports (the servicer takes them as ports; the
-cloud's store-backed ones are exercised by the cloud's own tests).
+The host sends only a typed observation and the outcome of its last action; the cloud builds
+the prompts from the task's goal and its own log. Both transports go through `plan_step`, so
+the same steps must give byte-identical prompts (compact) and conversations (session).
+
+The lease gate and the decision log are small in-test ports (`tests/support/memory_log.py`;
+the servicer takes them as ports, and the cloud's store-backed ones are tested on SQLite and
+PostgreSQL in tests/cloud). Session mode talks to a local Anthropic-compatible server through
+the real SDK (`tests/support/fake_session_server.py`), since no real API is reachable here.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -23,16 +31,31 @@ from host.devices.virtual.driver import VirtualDriver
 from host.devices.virtual.phone import VirtualPhone
 from host.perception.hierarchy import parse_scene
 from host.perception.perceive import Perceiver
-from host.planner_client import CloudPlanError, CloudPlanner
+from host.planner_client import CloudPlanError, CloudPlanner, DirectPlanner, StepPlanner
 from host.settings import HostSettings
 from host.timeline.store import TimelineStore
 from planner.decision import Decision
+from planner.history import WorldEvent
 from planner.planner import make_planner
 from planner.prompts import SYSTEM_PROMPT, build_user_prompt
+from planner.scene import Scene
 from planner.service import PlannerServicer
+from planner.session.factory import SessionPlanners, open_session_planner
+from planner.session.items import SessionItem, ToolResult, UserObservation
+from planner.session.store import SqliteSessionStore
 from planner.settings import PlannerSettings
+from tests.planner.scenes import settings_main, toggle_page
+from tests.support.fake_session_server import (
+    FakeSessionServer,
+    ScriptedTurn,
+    text,
+    thinking,
+    tool_use,
+)
+from tests.support.memory_log import MemoryDecisionLog
 
 HOST_ID = "h1"
+GOAL = "Turn on dark theme"
 
 
 @dataclass
@@ -44,40 +67,23 @@ class Gate:
 
 
 @dataclass
-class Sink:
-    rows: list[tuple[str, str, int, Decision]] = field(default_factory=list)
-
-    async def append(
-        self, host_id: str, task_id: str, attempt: int, decision: Decision
-    ) -> tuple[str, int]:
-        self.rows.append((host_id, task_id, attempt, decision))
-        n = sum(1 for r in self.rows if r[1] == task_id and r[2] == attempt)
-        return f"d{len(self.rows)}", n
-
-
-@dataclass
 class Service:
     port: int
     gate: Gate
-    sink: Sink
+    log: MemoryDecisionLog
     settings: HostSettings
 
 
-@pytest.fixture
-async def service(tmp_path: Path) -> AsyncIterator[Service]:
+def _host_of(context: grpc.aio.ServicerContext) -> str:  # type: ignore[type-arg]
+    caller = peer_caller(context)
+    return caller.name if caller and caller.kind == "host" else ""
+
+
+async def _serve(tmp_path: Path, servicer: Callable[[Gate, MemoryDecisionLog], Any]) -> Any:
     pki_dir = pki.ensure_embedded_pki(tmp_path, [HOST_ID])
-    gate, sink = Gate(), Sink()
-
-    def host_of(context: grpc.aio.ServicerContext) -> str:  # type: ignore[type-arg]
-        caller = peer_caller(context)
-        return caller.name if caller and caller.kind == "host" else ""
-
-    planner = make_planner(PlannerSettings(provider="offline"))
+    gate, log = Gate(), MemoryDecisionLog({"t1": GOAL, "t2": GOAL, "t3": GOAL})
     server = grpc.aio.server()
-    planner_service_pb2_grpc.add_PlannerServiceServicer_to_server(
-        PlannerServicer(caller_host_id=host_of, lease_gate=gate, sink=sink, planner=planner),
-        server,
-    )
+    planner_service_pb2_grpc.add_PlannerServiceServicer_to_server(servicer(gate, log), server)
     creds = grpc.ssl_server_credentials(
         [((pki_dir / "server.key").read_bytes(), (pki_dir / "server.pem").read_bytes())],
         root_certificates=(pki_dir / "ca.pem").read_bytes(),
@@ -91,34 +97,51 @@ async def service(tmp_path: Path) -> AsyncIterator[Service]:
         host_id=HOST_ID,
         data_dir=tmp_path / "host",
     )
-    yield Service(port, gate, sink, settings)
+    return server, Service(port, gate, log, settings)
+
+
+@pytest.fixture
+async def service(tmp_path: Path) -> AsyncIterator[Service]:
+    planner = make_planner(PlannerSettings(provider="offline"))
+    server, svc = await _serve(
+        tmp_path,
+        lambda gate, log: PlannerServicer(
+            caller_host_id=_host_of, lease_gate=gate, sink=log, planner=planner, attempts=log
+        ),
+    )
+    yield svc
     await server.stop(grace=None)
     await planner.aclose()
 
 
-async def test_decide_sends_the_same_prompts_and_maps_the_decision(service: Service) -> None:
+def _scene(phone: VirtualPhone) -> Scene:
+    return parse_scene(phone.dump_hierarchy(), (phone.width, phone.height))
+
+
+async def test_decide_sends_an_observation_and_the_cloud_builds_the_prompts(
+    service: Service,
+) -> None:
     service.gate.live.add((HOST_ID, "t1", 1, "L1"))
-    phone = VirtualPhone("emulator-5554")
-    scene = parse_scene(phone.dump_hierarchy(), (phone.width, phone.height))
+    scene = _scene(VirtualPhone("emulator-5554"))
     channel = open_channel(service.settings)
     try:
         planner = CloudPlanner(channel, "t1", 1, "L1")
-        decision = await planner.decide("Turn on dark theme", scene, [])
+        # The goal argument is the host's copy; the cloud plans towards the task's own goal.
+        decision = await planner.decide("ignored by the cloud", scene, [])
     finally:
         await channel.close()
     assert decision.system_prompt == SYSTEM_PROMPT
-    assert decision.user_prompt == build_user_prompt("Turn on dark theme", scene, [])
+    assert decision.user_prompt == build_user_prompt(GOAL, scene, [])
     assert decision.provider == "offline"
     assert decision.step_index == 1
     assert decision.action.WhichOneof("kind")
-    [(host, task, attempt, logged)] = service.sink.rows
-    assert (host, task, attempt) == (HOST_ID, "t1", 1)
+    [(host, task, attempt, step, logged)] = service.log.rows
+    assert (host, task, attempt, step) == (HOST_ID, "t1", 1, 1)
     assert logged.user_prompt == decision.user_prompt
 
 
 async def test_stale_lease_is_refused_before_planning(service: Service) -> None:
-    phone = VirtualPhone("emulator-5554")
-    scene = parse_scene(phone.dump_hierarchy(), (phone.width, phone.height))
+    scene = _scene(VirtualPhone("emulator-5554"))
     channel = open_channel(service.settings)
     try:
         with pytest.raises(CloudPlanError) as err:
@@ -126,47 +149,171 @@ async def test_stale_lease_is_refused_before_planning(service: Service) -> None:
     finally:
         await channel.close()
     assert err.value.lease_lost
-    assert service.sink.rows == []
+    assert service.log.rows == []
 
 
-async def test_agent_loop_on_the_cloud_transport(service: Service, tmp_path: Path) -> None:
-    service.gate.live.add((HOST_ID, "t2", 1, "L2"))
+async def _run_loop(planner: StepPlanner, task_id: str, tmp_path: Path) -> list[tuple[str, str]]:
+    """Turn on dark theme on a fresh virtual phone; the prompts of every step, in order."""
     phone = VirtualPhone("emulator-5554")
-    store = TimelineStore(tmp_path / "tl.sqlite3", tmp_path / "arts")
+    store = TimelineStore(tmp_path / f"{task_id}.sqlite3", tmp_path / f"{task_id}-arts")
+    loop = AgentLoop(
+        VirtualDriver(phone),
+        planner,
+        Perceiver(None),
+        store,
+        LoopSettings(max_steps=15, settle_delay_s=0, ocr=False),
+    )
+    try:
+        outcome = await asyncio.wait_for(
+            loop.run(TaskSpec(task_id, 1, GOAL, "emulator-5554", "L")), 120
+        )
+        assert outcome.status == "succeeded", outcome.summary
+        assert phone.state.flag("dark_theme")
+        return [(r.system_prompt or "", r.user_prompt or "") for r in store.steps(task_id, 1)]
+    finally:
+        store.close()
+
+
+async def test_both_transports_send_byte_identical_compact_prompts(
+    service: Service, tmp_path: Path
+) -> None:
+    """The same task on two identical phones: once planned by the cloud from typed
+    observations, once in-process by `DirectPlanner`; every step's prompts are identical."""
+    service.gate.live.add((HOST_ID, "t2", 1, "L"))
     channel = open_channel(service.settings)
     try:
-        loop = AgentLoop(
-            VirtualDriver(phone),
-            CloudPlanner(channel, "t2", 1, "L2"),
-            Perceiver(None),
-            store,
-            LoopSettings(max_steps=15, settle_delay_s=0, ocr=False, planner_transport="cloud"),
-        )
-        outcome = await asyncio.wait_for(
-            loop.run(TaskSpec("t2", 1, "Turn on dark theme", "emulator-5554", "L2")), 120
-        )
+        cloud = await _run_loop(CloudPlanner(channel, "t2", 1, "L"), "t2", tmp_path)
     finally:
         await channel.close()
-    assert outcome.status == "succeeded"
-    assert phone.state.flag("dark_theme")
-    records = store.steps("t2", 1)
-    # Every step's decision went through the cloud and was logged there with the same prompt.
-    assert len(service.sink.rows) == len(records)
-    assert [r.decision_step_index for r in records] == list(range(1, len(records) + 1))
-    assert all(
-        r.user_prompt == row[3].user_prompt
-        for r, row in zip(records, service.sink.rows, strict=True)
+    offline = make_planner(PlannerSettings(provider="offline"))
+    try:
+        direct = await _run_loop(DirectPlanner(offline), "t2", tmp_path / "direct")
+    finally:
+        await offline.aclose()
+    assert len(cloud) >= 3
+    assert cloud == direct
+    # The later prompts carry the history the cloud rebuilt from its log.
+    assert '"success":true' in cloud[-1][1]
+    assert [row[4].user_prompt for row in service.log.rows] == [p[1] for p in cloud]
+
+
+# --- session mode --------------------------------------------------------------------------
+
+INTENT = {"purpose": "open display", "expected_outcome": "the Display page shows"}
+
+
+def _script(server: FakeSessionServer) -> None:
+    server.anthropic_script.extend(
+        [
+            ScriptedTurn([thinking("Need the tree."), tool_use("get_ui_tree", {})]),
+            ScriptedTurn(
+                [
+                    thinking("Display is e16."),
+                    text("Open it."),
+                    tool_use("tap", {"element_id": "e16", **INTENT}),
+                ]
+            ),
+            ScriptedTurn([thinking("A switch."), tool_use("tap", {"element_id": "e5", **INTENT})]),
+            ScriptedTurn(
+                [thinking("On."), tool_use("complete", {"success": True, "reason": "on"})]
+            ),
+        ]
     )
-    store.close()
 
 
-def test_a_huge_tool_result_is_cut_to_fit_the_decide_request() -> None:
-    from host.planner_client import TRUNCATED, _fit
-    from planner.service import MAX_TOOL_OUTPUT
+def _settings(server: FakeSessionServer) -> PlannerSettings:
+    return PlannerSettings(
+        provider="anthropic",
+        model="claude-test",
+        thinking="budget",
+        thinking_budget_tokens=1024,
+        anthropic_api_key="test-key",
+        anthropic_base_url=server.anthropic_base_url,
+        max_retries=0,
+        mode="session",
+        session_stream=False,
+    )
 
-    small = '{"ok":true}'
-    assert _fit(small, MAX_TOOL_OUTPUT) is small
-    huge = "é" * MAX_TOOL_OUTPUT  # two bytes each: twice the limit
-    cut = _fit(huge, MAX_TOOL_OUTPUT)
-    assert len(cut.encode("utf-8")) <= MAX_TOOL_OUTPUT  # never cut inside a character
-    assert cut.endswith(TRUNCATED) and cut.startswith("éé")
+
+async def _drive(planner: StepPlanner) -> list[Decision]:
+    """Four steps as the agent loop takes them (the tap on e5 fails on purpose)."""
+    screens = [
+        settings_main(),
+        settings_main(),
+        toggle_page("Display", [("Dark theme", False)]),
+        toggle_page("Display", [("Dark theme", True)]),
+    ]
+    results = [(True, None), (True, None), (False, "the switch did not move")]
+    history: list[WorldEvent] = []
+    decisions = []
+    for n, scene in enumerate(screens):
+        decision = await planner.decide(GOAL, scene, history)
+        decisions.append(decision)
+        if n < len(results):
+            ok, error = results[n]
+            event = WorldEvent.from_decision(decision, page=scene.page, success=ok)
+            event.error = error
+            history.append(event)
+    return decisions
+
+
+def _user_side(items: list[SessionItem]) -> list[SessionItem]:
+    return [i for i in items if isinstance(i, UserObservation | ToolResult)]
+
+
+async def test_both_transports_build_the_same_session_conversation(tmp_path: Path) -> None:
+    """Session mode: the cloud continues the conversation it keeps from typed inputs; the
+    direct transport continues its own. What the user side added — observations and tool
+    results — is identical item for item, and so are the requests' user turns."""
+    with FakeSessionServer() as cloud_model, FakeSessionServer() as direct_model:
+        _script(cloud_model)
+        _script(direct_model)
+        cloud_settings = _settings(cloud_model)
+        sessions = SessionPlanners(cloud_settings)
+        cloud_store = SqliteSessionStore(tmp_path / "cloud-sessions.sqlite3")
+        offline = make_planner(PlannerSettings(provider="offline"))
+        server, svc = await _serve(
+            tmp_path,
+            lambda gate, log: PlannerServicer(
+                caller_host_id=_host_of,
+                lease_gate=gate,
+                sink=log,
+                planner=offline,
+                attempts=log,
+                mode="session",
+                sessions=sessions,
+                session_store=lambda: cloud_store,
+            ),
+        )
+        svc.gate.live.add((HOST_ID, "t3", 1, "L"))
+        channel = open_channel(svc.settings)
+        try:
+            cloud_decisions = await _drive(CloudPlanner(channel, "t3", 1, "L"))
+        finally:
+            await channel.close()
+            await server.stop(grace=None)
+            await sessions.aclose()
+            await offline.aclose()
+        direct_store = SqliteSessionStore(tmp_path / "direct-sessions.sqlite3")
+        engine = await open_session_planner(
+            _settings(direct_model), store=direct_store, task_id="t3", attempt=1
+        )
+        direct = DirectPlanner(engine)
+        try:
+            direct_decisions = await _drive(direct)
+        finally:
+            await direct.aclose()
+        assert cloud_model.rejections == [] and direct_model.rejections == []
+        cloud_items = await cloud_store.load("t3", 1)
+        direct_items = await direct_store.load("t3", 1)
+        assert _user_side(cloud_items) == _user_side(direct_items)
+        assert len(_user_side(cloud_items)) == 7  # four screens, three tool results
+        failed = [i for i in cloud_items if isinstance(i, ToolResult) and i.is_error]
+        assert len(failed) == 1 and "the switch did not move" in failed[0].output
+        assert [d.user_prompt for d in cloud_decisions] == [d.user_prompt for d in direct_decisions]
+        assert {d.planner_mode for d in cloud_decisions} == {"session"}
+        cloud_users = [b["messages"] for b in cloud_model.bodies("/v1/messages")]
+        direct_users = [b["messages"] for b in direct_model.bodies("/v1/messages")]
+        assert [[m for m in r if m["role"] == "user"] for r in cloud_users] == [
+            [m for m in r if m["role"] == "user"] for r in direct_users
+        ]

@@ -238,8 +238,48 @@ async def test_revoke_stops_the_task_within_a_step(cloud: RunningCloud, tmp_path
         await fake.revoke("t4")
         await fake.wait_for(lambda: len(fake.results) >= 1)
         assert fake.results[-1].status == types_pb2.TASK_STATUS_CANCELLED
+        # The acknowledgement repeats the operator's reason the revoke carried.
+        assert fake.results[-1].summary == "cancelled by operator"
         assert body.done_steps == 2  # no further step ran
         assert client.running() == []
+    finally:
+        stop.set()
+        await task
+
+
+async def test_each_lease_is_renewed_at_its_assignments_interval(
+    cloud: RunningCloud, tmp_path: Path
+) -> None:
+    """The Welcome's interval is a third of the cloud's *default* lease (here 10 s); a task
+    with a short lease says its own interval, and that is the one the host keeps to."""
+    fake = cloud.cloud
+    fake.renew_s = 0.25
+    body = Stepper(1)
+    client = _client(cloud, StaticDevices("emulator-5554"), body, tmp_path)
+    stop, task = await _run(client)
+    try:
+        await fake.assign("t9", "emulator-5554", "g")
+        await fake.wait_for(lambda: len(body.started) == 1)
+        [running] = client._tasks.values()
+        assert running.renew_s == 0.25
+        assert client._interval(running) == 0.25
+        # Renewals keep coming with no progress change in between (the body is parked).
+        await fake.wait_for(
+            lambda: sum(r.WhichOneof("kind") == "renewal" for r in fake.received) >= 4
+        )
+        body.allow(1)
+        await fake.wait_for(lambda: len(fake.results) == 1)
+    finally:
+        stop.set()
+        await task
+    fake.renew_s = None  # an older cloud: a third of the lease it granted
+    client = _client(cloud, StaticDevices("emulator-5554"), Stepper(1), tmp_path / "old")
+    stop, task = await _run(client)
+    try:
+        await fake.assign("t10", "emulator-5554", "g")
+        await fake.wait_for(lambda: len(client._tasks) == 1)
+        [running] = client._tasks.values()
+        assert client._interval(running) == fake.lease_s / 3
     finally:
         stop.set()
         await task

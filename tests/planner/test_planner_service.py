@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections import defaultdict
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -22,6 +21,7 @@ import pytest
 from amc.v1 import planner_service_pb2, planner_service_pb2_grpc, types_pb2
 from planner.decision import Decision
 from planner.errors import PlannerError, PlannerRateLimited, PlannerUnavailable
+from planner.observation import observation_from_scene
 from planner.planner import Planner
 from planner.prompts import SYSTEM_PROMPT, build_user_prompt
 from planner.providers.anthropic import AnthropicProvider
@@ -35,6 +35,7 @@ from tests.support.fake_providers import (
     FakeProviderServer,
     rate_limited_anthropic,
 )
+from tests.support.memory_log import MemoryDecisionLog
 
 HOST = "host-a"
 LEASE = ("task-1", 1, "lease-1")
@@ -56,23 +57,11 @@ class Gate:
         return (host_id, task_id, attempt, lease_id) in self.live
 
 
-class MemorySink:
-    """DecisionSink: assigns step indexes per (task, attempt) under a lock, like a transaction."""
+class MemorySink(MemoryDecisionLog):
+    """The servicer's sink and attempt log, knowing the goal of the test lease's task."""
 
     def __init__(self) -> None:
-        self.rows: list[tuple[str, str, int, int, Decision]] = []
-        self._next: dict[tuple[str, int], int] = defaultdict(int)
-        self._lock = asyncio.Lock()
-
-    async def append(
-        self, host_id: str, task_id: str, attempt: int, decision: Decision
-    ) -> tuple[str, int]:
-        async with self._lock:
-            await asyncio.sleep(0)  # yield inside the critical section: a race would show
-            self._next[(task_id, attempt)] += 1
-            index = self._next[(task_id, attempt)]
-            self.rows.append((host_id, task_id, attempt, index, decision))
-            return f"dec-{len(self.rows)}", index
+        super().__init__({LEASE[0]: "Turn on dark theme"})
 
 
 @dataclass
@@ -123,7 +112,11 @@ async def make_server() -> AsyncIterator[Callable[..., Any]]:
         server = grpc.aio.server(options=OPTIONS)
         planner_service_pb2_grpc.add_PlannerServiceServicer_to_server(
             PlannerServicer(
-                caller_host_id=metadata_host, lease_gate=gate, sink=sink, planner=Planner(recording)
+                caller_host_id=metadata_host,
+                lease_gate=gate,
+                sink=sink,
+                planner=Planner(recording),
+                attempts=sink,
             ),
             server,
         )
@@ -350,6 +343,7 @@ async def test_decide_over_mtls_takes_the_host_from_the_client_certificate(tmp_p
             lease_gate=gate,
             sink=sink,
             planner=Planner(OfflineProvider()),
+            attempts=sink,
         ),
         server,
     )
@@ -429,3 +423,184 @@ async def test_a_call_without_host_identity_is_unauthenticated(
     assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED
     assert srv.gate.calls == 0
     assert srv.sink.rows == []
+
+
+# --- the typed contract: the host sends what it sees, the cloud builds the prompts ----------
+
+
+def typed(scene: Any = None, **overrides: Any) -> planner_service_pb2.DecideRequest:
+    """A Decide request as hosts send it: lease, observation and (optionally) the outcome."""
+    values: dict[str, Any] = {
+        "task_id": LEASE[0],
+        "attempt": LEASE[1],
+        "lease_id": LEASE[2],
+        "observation": observation_from_scene(scene or scenes.launcher()),
+        **overrides,
+    }
+    return planner_service_pb2.DecideRequest(**values)
+
+
+async def test_typed_request_gets_goal_and_history_from_the_cloud(
+    make_server: Callable[..., Any],
+) -> None:
+    """No prompt text on the wire: the goal comes from the task, the history from the logged
+    decisions with the outcome the next call reported (error text included)."""
+    srv: Running = await make_server()
+    first = (await srv.stub.Decide(typed(scenes.launcher()), metadata=MD)).decision
+    assert first.step_index == 1
+    assert first.tool_name == "tap"
+    assert first.system_prompt == SYSTEM_PROMPT
+    assert first.mode == types_pb2.PLANNER_MODE_COMPACT
+    assert first.model_provider == types_pb2.MODEL_PROVIDER_OFFLINE
+    assert json.dumps("Turn on dark theme") in first.user_prompt
+    assert first.user_prompt == build_user_prompt("Turn on dark theme", scenes.launcher(), [])
+
+    outcome = types_pb2.ActionOutcome(
+        step_index=1, executed=False, error="no element e4 on this screen", driver_output=""
+    )
+    second = (
+        await srv.stub.Decide(typed(scenes.launcher(), previous_outcome=outcome), metadata=MD)
+    ).decision
+    assert second.step_index == 2
+    history = second.user_prompt.split("```json history\n", 1)[1].split("\n```", 1)[0]
+    (record,) = json.loads(history)
+    assert record["success"] is False
+    assert record["error"] == "no element e4 on this screen"
+    assert record["page"] == "com.android.launcher3: Home"
+    assert record["action"]["target"] == "Settings"  # the tapped element's label
+    assert srv.sink.outcomes[("task-1", 1, 1)] == outcome
+    # A retried report of the same step changes nothing (the first report wins).
+    retry = types_pb2.ActionOutcome(step_index=1, executed=True)
+    await srv.stub.Decide(typed(scenes.launcher(), previous_outcome=retry), metadata=MD)
+    assert srv.sink.outcomes[("task-1", 1, 1)] == outcome
+
+
+def _with_element(**fields: Any) -> types_pb2.ScreenObservation:
+    observation = observation_from_scene(scenes.launcher())
+    element = observation.elements[0]
+    for name, value in fields.items():
+        if name == "bounds":
+            element.ClearField("bounds")
+            if value is not None:
+                element.bounds.CopyFrom(value)
+        else:
+            setattr(element, name, value)
+    return observation
+
+
+def _observation(**fields: Any) -> types_pb2.ScreenObservation:
+    observation = observation_from_scene(scenes.launcher())
+    for name, value in fields.items():
+        if name == "elements":
+            del observation.elements[:]
+            observation.elements.extend(value)
+        elif name == "ocr_blocks":
+            observation.ocr_blocks.extend(value)
+        else:
+            setattr(observation, name, value)
+    return observation
+
+
+def _many(n: int) -> list[types_pb2.UiElement]:
+    rect = types_pb2.Rect(left=0, top=0, right=1, bottom=1)
+    return [types_pb2.UiElement(element_id=f"e{i}", bounds=rect) for i in range(n)]
+
+
+@pytest.mark.parametrize(
+    ("request_", "field_name"),
+    [
+        (typed(observation=_with_element(text="x" * 4097)), "observation.elements[0].text"),
+        (
+            typed(observation=_with_element(content_description="é" * 2049)),
+            "observation.elements[0].content_description",
+        ),
+        (typed(observation=_with_element(element_id="")), "observation.elements[0].element_id"),
+        (
+            typed(observation=_with_element(element_id="e2")),
+            "observation.elements[1].element_id: 'e2' is used twice",
+        ),
+        (
+            typed(observation=_with_element(resource_id="r" * 257)),
+            "observation.elements[0].resource_id",
+        ),
+        (typed(observation=_with_element(bounds=None)), "observation.elements[0].bounds"),
+        (
+            typed(
+                observation=_with_element(bounds=types_pb2.Rect(left=10, top=0, right=5, bottom=5))
+            ),
+            "observation.elements[0].bounds",
+        ),
+        (typed(observation=_observation(screen_width=0)), "observation.screen_width"),
+        (typed(observation=_observation(screen_height=20000)), "observation.screen_height"),
+        (typed(observation=_observation(elements=_many(1001))), "observation.elements"),
+        (
+            typed(
+                observation=_observation(
+                    ocr_blocks=[
+                        types_pb2.OcrBlock(
+                            text="x",
+                            bounds=types_pb2.Rect(left=0, top=0, right=1, bottom=1),
+                            confidence=150,
+                        )
+                    ]
+                )
+            ),
+            "observation.ocr_blocks[0].confidence",
+        ),
+        (typed(observation=_observation(title="t" * 1025)), "observation.title"),
+        (
+            typed(observation=_observation(foreground_activity="a" * 513)),
+            "observation.foreground_activity",
+        ),
+        (
+            typed(previous_outcome=types_pb2.ActionOutcome(step_index=7, executed=True)),
+            "previous_outcome.step_index",
+        ),
+        (
+            typed(previous_outcome=types_pb2.ActionOutcome(step_index=0)),
+            "previous_outcome.step_index",
+        ),
+        (
+            typed(screenshot=b"\x89PNG" + b"\0" * (8 * 1024 * 1024)),
+            "screenshot",
+        ),
+        (
+            planner_service_pb2.DecideRequest(task_id="task-1", attempt=1, lease_id="lease-1"),
+            "observation",
+        ),
+        (typed(user_prompt="also prompts"), "set observation"),
+    ],
+    ids=lambda v: v if isinstance(v, str) else "",
+)
+async def test_bad_observation_is_invalid_argument_naming_the_field(
+    make_server: Callable[..., Any], request_: planner_service_pb2.DecideRequest, field_name: str
+) -> None:
+    srv: Running = await make_server()
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await srv.stub.Decide(request_, metadata=MD)
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert (info.value.details() or "").startswith(field_name), info.value.details()
+    assert srv.provider.requests == []
+    assert srv.sink.rows == []
+
+
+async def test_a_stale_lease_is_refused_before_the_observation_is_even_read(
+    make_server: Callable[..., Any],
+) -> None:
+    srv: Running = await make_server()
+    bad = typed(lease_id="lease-old", observation=_observation(screen_width=0))
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await srv.stub.Decide(bad, metadata=MD)
+    assert info.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+
+
+def test_session_mode_without_a_conversation_provider_is_refused_at_construction() -> None:
+    with pytest.raises(ValueError, match="AMC_PLANNER_MODE=session needs"):
+        PlannerServicer(
+            caller_host_id=metadata_host,
+            lease_gate=Gate(),
+            sink=MemorySink(),
+            planner=Planner(OfflineProvider()),
+            attempts=MemorySink(),
+            mode="session",
+        )

@@ -30,3 +30,5 @@ class ProgressIn:
     step_index: int
     step_status: int
     summary: str
+    #: The host's step limit for the attempt (Progress.max_steps); None when it did not say.
+    max_steps: int | None = None

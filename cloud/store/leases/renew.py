@@ -70,6 +70,7 @@ def _renew_statement(with_progress: bool) -> Update:
             step_index=bindparam("r_step_index", type_=Integer()),
             step_status=bindparam("r_step_status", type_=Integer()),
             summary=bindparam("r_summary", type_=String()),
+            max_steps=bindparam("r_max_steps", type_=Integer()),
             progress_updated_at=bindparam("r_now", type_=UTCDateTime()),
         )
     attempts = cast(Table, AttemptRow.__table__)
@@ -152,6 +153,7 @@ async def _renew_batch_sqlite(store: Store, items: list[RenewalIn]) -> list[Rene
                     r_step_index=item.progress.step_index,
                     r_step_status=item.progress.step_status,
                     r_summary=item.progress.summary,
+                    r_max_steps=item.progress.max_steps,
                 )
                 with_progress.append(params)
         conn = await session.connection()
@@ -217,13 +219,16 @@ _RENEW_BATCH_PG = (
     text(
         """
 WITH live AS (
-    SELECT x.id, x.lease_seconds, i.has_progress, i.step_index, i.step_status, i.summary
+    SELECT x.id, x.lease_seconds, i.has_progress, i.step_index, i.step_status, i.summary,
+           i.max_steps
     FROM unnest(
         CAST(:task_ids AS varchar[]), CAST(:attempts AS integer[]),
         CAST(:lease_ids AS varchar[]), CAST(:host_ids AS varchar[]),
         CAST(:has_progress AS boolean[]), CAST(:step_indexes AS integer[]),
-        CAST(:step_statuses AS integer[]), CAST(:summaries AS varchar[])
-    ) AS i(task_id, attempt, lease_id, host_id, has_progress, step_index, step_status, summary)
+        CAST(:step_statuses AS integer[]), CAST(:summaries AS varchar[]),
+        CAST(:max_steps AS integer[])
+    ) AS i(task_id, attempt, lease_id, host_id, has_progress, step_index, step_status, summary,
+           max_steps)
     CROSS JOIN LATERAL (
         SELECT attempts.id, tasks.lease_seconds
         FROM attempts JOIN tasks ON tasks.task_id = attempts.task_id
@@ -243,6 +248,7 @@ WITH live AS (
         step_index = CASE WHEN l.has_progress THEN l.step_index ELSE a.step_index END,
         step_status = CASE WHEN l.has_progress THEN l.step_status ELSE a.step_status END,
         summary = CASE WHEN l.has_progress THEN l.summary ELSE a.summary END,
+        max_steps = CASE WHEN l.has_progress THEN l.max_steps ELSE a.max_steps END,
         progress_updated_at = CASE WHEN l.has_progress THEN CAST(:now AS timestamptz)
                                    ELSE a.progress_updated_at END
     FROM live AS l
@@ -296,6 +302,7 @@ async def _renew_batch_pg(store: Store, items: list[RenewalIn]) -> list[RenewalO
         "step_indexes": [None if i.progress is None else i.progress.step_index for i in unique],
         "step_statuses": [None if i.progress is None else i.progress.step_status for i in unique],
         "summaries": [None if i.progress is None else i.progress.summary for i in unique],
+        "max_steps": [None if i.progress is None else i.progress.max_steps for i in unique],
     }
     async with store.write() as session:
         conn = await session.connection()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sqlalchemy import select, update
+from sqlalchemy import ScalarSelect, func, select, update
 
 from cloud.store import states
 from cloud.store.database import Store
@@ -23,6 +23,15 @@ class ResultOut:
     device_serial: str = ""
     revocation: Revocation | None = None
     message: str = ""
+
+
+def _cancel_reason(task_id: str) -> ScalarSelect[str | None]:
+    """The operator's cancel reason of a task with a cancel requested (NULL otherwise)."""
+    return (
+        select(TaskRow.cancel_reason)
+        .where(TaskRow.task_id == task_id, TaskRow.cancel_requested.is_(True))
+        .scalar_subquery()
+    )
 
 
 async def record_result(
@@ -46,11 +55,16 @@ async def record_result(
         }
         if status != states.SUCCEEDED:
             values["failure_reason"] = summary or status.lower()
+        if status == states.CANCELLED:
+            # An operator's cancel: the record keeps the operator's reason, not the host's words.
+            said = summary or "cancelled"
+            values["failure_reason"] = func.coalesce(_cancel_reason(task_id), said)
         if final_progress is not None:
             values.update(
                 step_index=final_progress.step_index,
                 step_status=final_progress.step_status,
                 summary=final_progress.summary,
+                max_steps=final_progress.max_steps,
                 progress_updated_at=now,
             )
         row = (
@@ -72,7 +86,9 @@ async def record_result(
                     )
                     .values(
                         status=status,
-                        result_summary=summary,
+                        result_summary=func.coalesce(_cancel_reason(task_id), summary)
+                        if status == states.CANCELLED
+                        else summary,
                         finished_at=now,
                         updated_at=now,
                     )

@@ -57,7 +57,9 @@ class DecisionLogServiceServicer:
     """
 
     def ListDecisions(self, request, context):
-        """Decisions of one task in step order, paged.
+        """Decisions of one task in step order, paged. NOT_FOUND for an unknown task (a known task
+        without decisions gives an empty list); INVALID_ARGUMENT for a missing task id, a negative
+        attempt, a page size outside 0..500 or a foreign page token.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

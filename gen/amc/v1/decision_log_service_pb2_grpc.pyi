@@ -34,7 +34,10 @@ class DecisionLogServiceStub:
     @_typing.overload
     def __new__(cls, channel: _aio.Channel) -> DecisionLogServiceAsyncStub: ...
     ListDecisions: _grpc.UnaryUnaryMultiCallable[_decision_log_service_pb2.ListDecisionsRequest, _decision_log_service_pb2.ListDecisionsResponse]
-    """Decisions of one task in step order, paged."""
+    """Decisions of one task in step order, paged. NOT_FOUND for an unknown task (a known task
+    without decisions gives an empty list); INVALID_ARGUMENT for a missing task id, a negative
+    attempt, a page size outside 0..500 or a foreign page token.
+    """
     GetDecision: _grpc.UnaryUnaryMultiCallable[_decision_log_service_pb2.GetDecisionRequest, _decision_log_service_pb2.GetDecisionResponse]
     """One decision. NOT_FOUND for an unknown id."""
     GetConversation: _grpc.UnaryUnaryMultiCallable[_decision_log_service_pb2.GetConversationRequest, _decision_log_service_pb2.GetConversationResponse]
@@ -50,7 +53,10 @@ class DecisionLogServiceAsyncStub(DecisionLogServiceStub):
 
     def __init__(self, channel: _aio.Channel) -> None: ...
     ListDecisions: _aio.UnaryUnaryMultiCallable[_decision_log_service_pb2.ListDecisionsRequest, _decision_log_service_pb2.ListDecisionsResponse]  # type: ignore[assignment]
-    """Decisions of one task in step order, paged."""
+    """Decisions of one task in step order, paged. NOT_FOUND for an unknown task (a known task
+    without decisions gives an empty list); INVALID_ARGUMENT for a missing task id, a negative
+    attempt, a page size outside 0..500 or a foreign page token.
+    """
     GetDecision: _aio.UnaryUnaryMultiCallable[_decision_log_service_pb2.GetDecisionRequest, _decision_log_service_pb2.GetDecisionResponse]  # type: ignore[assignment]
     """One decision. NOT_FOUND for an unknown id."""
     GetConversation: _aio.UnaryUnaryMultiCallable[_decision_log_service_pb2.GetConversationRequest, _decision_log_service_pb2.GetConversationResponse]  # type: ignore[assignment]
@@ -69,7 +75,10 @@ class DecisionLogServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _decision_log_service_pb2.ListDecisionsRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_decision_log_service_pb2.ListDecisionsResponse, _abc.Awaitable[_decision_log_service_pb2.ListDecisionsResponse]]:
-        """Decisions of one task in step order, paged."""
+        """Decisions of one task in step order, paged. NOT_FOUND for an unknown task (a known task
+        without decisions gives an empty list); INVALID_ARGUMENT for a missing task id, a negative
+        attempt, a page size outside 0..500 or a foreign page token.
+        """
 
     @_abc_1.abstractmethod
     def GetDecision(

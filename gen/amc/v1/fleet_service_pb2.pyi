@@ -26,16 +26,26 @@ class ListHostsRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     CONNECTED_ONLY_FIELD_NUMBER: _builtins.int
+    PAGE_SIZE_FIELD_NUMBER: _builtins.int
+    PAGE_TOKEN_FIELD_NUMBER: _builtins.int
     connected_only: _builtins.bool
     """Only hosts with an open Lease stream."""
+    page_size: _builtins.int
+    """Page size, 1 to 500; 0 means 100."""
+    page_token: _builtins.str
+    """Token from a previous response; empty for the first page. A host that connects or
+    disconnects between pages may be listed twice or not at all (the order depends on it).
+    """
     def __init__(
         self,
         *,
         connected_only: _builtins.bool = ...,
+        page_size: _builtins.int = ...,
+        page_token: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["connected_only", b"connected_only"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["connected_only", b"connected_only", "page_size", b"page_size", "page_token", b"page_token"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -48,6 +58,9 @@ class ListHostsResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     HOSTS_FIELD_NUMBER: _builtins.int
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    next_page_token: _builtins.str
+    """Token for the next page; empty on the last page."""
     @_builtins.property
     def hosts(self) -> _containers.RepeatedCompositeFieldContainer[_types_pb2.Host]:
         """Hosts, connected first, then by id."""
@@ -56,10 +69,11 @@ class ListHostsResponse(_message.Message):
         self,
         *,
         hosts: _abc.Iterable[_types_pb2.Host] | None = ...,
+        next_page_token: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["hosts", b"hosts"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["hosts", b"hosts", "next_page_token", b"next_page_token"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

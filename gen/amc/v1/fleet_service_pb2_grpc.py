@@ -52,7 +52,8 @@ class FleetServiceServicer:
     """
 
     def ListHosts(self, request, context):
-        """List every host that has ever connected, connected ones first.
+        """List every host that has ever connected, connected ones first, then by id, paged.
+        INVALID_ARGUMENT for a page size outside 0..500 or a page token this server did not issue.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

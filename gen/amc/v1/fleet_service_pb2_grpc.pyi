@@ -34,7 +34,9 @@ class FleetServiceStub:
     @_typing.overload
     def __new__(cls, channel: _aio.Channel) -> FleetServiceAsyncStub: ...
     ListHosts: _grpc.UnaryUnaryMultiCallable[_fleet_service_pb2.ListHostsRequest, _fleet_service_pb2.ListHostsResponse]
-    """List every host that has ever connected, connected ones first."""
+    """List every host that has ever connected, connected ones first, then by id, paged.
+    INVALID_ARGUMENT for a page size outside 0..500 or a page token this server did not issue.
+    """
     WatchHosts: _grpc.UnaryStreamMultiCallable[_fleet_service_pb2.WatchHostsRequest, _fleet_service_pb2.WatchHostsResponse]
     """Stream the fleet live. The stream starts with a snapshot (one message per host, as
     ListHosts lists them), then one message marking the snapshot's end, then one message per
@@ -50,7 +52,9 @@ class FleetServiceAsyncStub(FleetServiceStub):
 
     def __init__(self, channel: _aio.Channel) -> None: ...
     ListHosts: _aio.UnaryUnaryMultiCallable[_fleet_service_pb2.ListHostsRequest, _fleet_service_pb2.ListHostsResponse]  # type: ignore[assignment]
-    """List every host that has ever connected, connected ones first."""
+    """List every host that has ever connected, connected ones first, then by id, paged.
+    INVALID_ARGUMENT for a page size outside 0..500 or a page token this server did not issue.
+    """
     WatchHosts: _aio.UnaryStreamMultiCallable[_fleet_service_pb2.WatchHostsRequest, _fleet_service_pb2.WatchHostsResponse]  # type: ignore[assignment]
     """Stream the fleet live. The stream starts with a snapshot (one message per host, as
     ListHosts lists them), then one message marking the snapshot's end, then one message per
@@ -69,7 +73,9 @@ class FleetServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _fleet_service_pb2.ListHostsRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_fleet_service_pb2.ListHostsResponse, _abc.Awaitable[_fleet_service_pb2.ListHostsResponse]]:
-        """List every host that has ever connected, connected ones first."""
+        """List every host that has ever connected, connected ones first, then by id, paged.
+        INVALID_ARGUMENT for a page size outside 0..500 or a page token this server did not issue.
+        """
 
     @_abc_1.abstractmethod
     def WatchHosts(

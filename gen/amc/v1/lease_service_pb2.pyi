@@ -20,6 +20,11 @@ if sys.version_info >= (3, 11):
 else:
     from typing_extensions import TypeAlias as _TypeAlias, Never as _Never
 
+if sys.version_info >= (3, 13):
+    from warnings import deprecated as _deprecated
+else:
+    from typing_extensions import deprecated as _deprecated
+
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class _RevokeReason:
@@ -37,7 +42,9 @@ class _RevokeReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_RevokeRe
     REVOKE_REASON_SUPERSEDED: _RevokeReason.ValueType  # 3
     """A newer attempt holds the task."""
     REVOKE_REASON_UNKNOWN: _RevokeReason.ValueType  # 4
-    """The task or lease is not known (or belongs to another host's stream it may not see)."""
+    """The cloud knows no such task, or no such lease for that attempt (a lease id it never
+    issued). A lease it knows but that is another host's is REVOKE_REASON_PERMISSION_DENIED.
+    """
     REVOKE_REASON_DEADLINE_EXCEEDED: _RevokeReason.ValueType  # 5
     """The task's absolute deadline passed."""
     REVOKE_REASON_FINISHED: _RevokeReason.ValueType  # 6
@@ -57,7 +64,9 @@ REVOKE_REASON_EXPIRED: RevokeReason.ValueType  # 2
 REVOKE_REASON_SUPERSEDED: RevokeReason.ValueType  # 3
 """A newer attempt holds the task."""
 REVOKE_REASON_UNKNOWN: RevokeReason.ValueType  # 4
-"""The task or lease is not known (or belongs to another host's stream it may not see)."""
+"""The cloud knows no such task, or no such lease for that attempt (a lease id it never
+issued). A lease it knows but that is another host's is REVOKE_REASON_PERMISSION_DENIED.
+"""
 REVOKE_REASON_DEADLINE_EXCEEDED: RevokeReason.ValueType  # 5
 """The task's absolute deadline passed."""
 REVOKE_REASON_FINISHED: RevokeReason.ValueType  # 6
@@ -267,8 +276,11 @@ class Welcome(_message.Message):
     host_id: _builtins.str
     """The host id taken from the certificate."""
     @_builtins.property
+    @_deprecated("""This field has been marked as deprecated using proto field options.""")
     def renew_interval(self) -> _duration_pb2.Duration:
-        """How often the host should renew each lease (a third of the default lease)."""
+        """A third of the cloud's *default* lease. Deprecated: a task may ask for a shorter lease, so
+        renew each attempt at its own `Assignment.renew_interval`; this stays for older hosts.
+        """
 
     def __init__(
         self,
@@ -324,6 +336,7 @@ class Assignment(_message.Message):
     DEADLINE_FIELD_NUMBER: _builtins.int
     RESUMED_FIELD_NUMBER: _builtins.int
     LAST_PROGRESS_FIELD_NUMBER: _builtins.int
+    RENEW_INTERVAL_FIELD_NUMBER: _builtins.int
     task_id: _builtins.str
     """Task id."""
     attempt: _builtins.int
@@ -352,6 +365,12 @@ class Assignment(_message.Message):
     def last_progress(self) -> _types_pb2.Progress:
         """Last progress the cloud has for this task (from this or the previous attempt)."""
 
+    @_builtins.property
+    def renew_interval(self) -> _duration_pb2.Duration:
+        """Renew this lease at least this often: a third of `lease_duration`, so two renewals may be
+        lost before the lease runs out. Always set by the cloud.
+        """
+
     def __init__(
         self,
         *,
@@ -365,10 +384,11 @@ class Assignment(_message.Message):
         deadline: _timestamp_pb2.Timestamp | None = ...,
         resumed: _builtins.bool = ...,
         last_progress: _types_pb2.Progress | None = ...,
+        renew_interval: _duration_pb2.Duration | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["deadline", b"deadline", "last_progress", b"last_progress", "lease_duration", b"lease_duration", "lease_expires_at", b"lease_expires_at"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["deadline", b"deadline", "last_progress", b"last_progress", "lease_duration", b"lease_duration", "lease_expires_at", b"lease_expires_at", "renew_interval", b"renew_interval"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "deadline", b"deadline", "device_serial", b"device_serial", "goal", b"goal", "last_progress", b"last_progress", "lease_duration", b"lease_duration", "lease_expires_at", b"lease_expires_at", "lease_id", b"lease_id", "resumed", b"resumed", "task_id", b"task_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "deadline", b"deadline", "device_serial", b"device_serial", "goal", b"goal", "last_progress", b"last_progress", "lease_duration", b"lease_duration", "lease_expires_at", b"lease_expires_at", "lease_id", b"lease_id", "renew_interval", b"renew_interval", "resumed", b"resumed", "task_id", b"task_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -449,7 +469,8 @@ Global___Renewed: _TypeAlias = Renewed  # noqa: Y015
 @_typing.final
 class Revoked(_message.Message):
     """Stop an attempt. The host stops touching the phone within one step and may send a result
-    (CANCELLED) to acknowledge.
+    (CANCELLED) to acknowledge; for an operator's cancel the task records the operator's reason
+    (this message), whatever summary the host sends.
     """
 
     DESCRIPTOR: _descriptor.Descriptor
@@ -468,7 +489,7 @@ class Revoked(_message.Message):
     reason: Global___RevokeReason.ValueType
     """Why."""
     message: _builtins.str
-    """Human-readable detail."""
+    """Human-readable detail; for REVOKE_REASON_CANCELLED the operator's reason."""
     def __init__(
         self,
         *,

@@ -17,6 +17,11 @@ if sys.version_info >= (3, 11):
 else:
     from typing_extensions import TypeAlias as _TypeAlias, Never as _Never
 
+if sys.version_info >= (3, 13):
+    from warnings import deprecated as _deprecated
+else:
+    from typing_extensions import deprecated as _deprecated
+
 DESCRIPTOR: _descriptor.FileDescriptor
 
 @_typing.final
@@ -35,31 +40,87 @@ class DecideRequest(_message.Message):
     SCREEN_WIDTH_FIELD_NUMBER: _builtins.int
     SCREEN_HEIGHT_FIELD_NUMBER: _builtins.int
     SESSION_FIELD_NUMBER: _builtins.int
+    OBSERVATION_FIELD_NUMBER: _builtins.int
+    PREVIOUS_OUTCOME_FIELD_NUMBER: _builtins.int
     task_id: _builtins.str
-    """Task id."""
+    """Task id (from the Assignment)."""
     attempt: _builtins.int
-    """Attempt number."""
+    """Attempt number (from the Assignment)."""
     lease_id: _builtins.str
-    """Lease id of the caller's live lease."""
-    system_prompt: _builtins.str
-    """System prompt (at most 64 KiB)."""
-    user_prompt: _builtins.str
-    """User prompt (at most 512 KiB)."""
-    screenshot: _builtins.bytes
-    """Optional PNG or JPEG of the screen (at most 8 MiB). Used for the model call, never stored."""
-    screen_width: _builtins.int
-    """Screen width in pixels, so coordinates off the screen are caught."""
-    screen_height: _builtins.int
-    """Screen height in pixels."""
+    """Lease id of the caller's live lease (from the Assignment)."""
     @_builtins.property
-    def element_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
-        """Element ids of the scene in the prompt, so a tap on an id that is not there is caught."""
+    @_deprecated("""This field has been marked as deprecated using proto field options.""")
+    def system_prompt(self) -> _builtins.str:
+        """Deprecated: send `observation` instead; the cloud builds the prompts. Still answered for
+        one release: a system prompt (at most 64 KiB) the cloud sends as is.
+        """
+
+    @system_prompt.setter
+    @_deprecated("""This field has been marked as deprecated using proto field options.""")
+    def system_prompt(self, value: _builtins.str) -> None:
+        """Deprecated: send `observation` instead; the cloud builds the prompts. Still answered for
+        one release: a system prompt (at most 64 KiB) the cloud sends as is.
+        """
 
     @_builtins.property
+    @_deprecated("""This field has been marked as deprecated using proto field options.""")
+    def user_prompt(self) -> _builtins.str:
+        """Deprecated: send `observation` instead. A user prompt (at most 512 KiB) in the fenced
+        goal/scene/history format of the Python host.
+        """
+
+    @user_prompt.setter
+    @_deprecated("""This field has been marked as deprecated using proto field options.""")
+    def user_prompt(self, value: _builtins.str) -> None:
+        """Deprecated: send `observation` instead. A user prompt (at most 512 KiB) in the fenced
+        goal/scene/history format of the Python host.
+        """
+
+    screenshot: _builtins.bytes
+    """Optional PNG or JPEG of the screen (at most 8 MiB), shown to the model with the step in
+    compact mode when the cloud sends screenshots. Used for the model call, never stored.
+    """
+    @_builtins.property
+    @_deprecated("""This field has been marked as deprecated using proto field options.""")
+    def screen_width(self) -> _builtins.int:
+        """Deprecated: use `observation.screen_width`."""
+
+    @screen_width.setter
+    @_deprecated("""This field has been marked as deprecated using proto field options.""")
+    def screen_width(self, value: _builtins.int) -> None:
+        """Deprecated: use `observation.screen_width`."""
+
+    @_builtins.property
+    @_deprecated("""This field has been marked as deprecated using proto field options.""")
+    def screen_height(self) -> _builtins.int:
+        """Deprecated: use `observation.screen_height`."""
+
+    @screen_height.setter
+    @_deprecated("""This field has been marked as deprecated using proto field options.""")
+    def screen_height(self, value: _builtins.int) -> None:
+        """Deprecated: use `observation.screen_height`."""
+
+    @_builtins.property
+    @_deprecated("""This field has been marked as deprecated using proto field options.""")
+    def element_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Deprecated: the ids are in `observation.elements`."""
+
+    @_builtins.property
+    @_deprecated("""This field has been marked as deprecated using proto field options.""")
     def session(self) -> Global___SessionStep:
-        """Session mode: set instead of system_prompt and user_prompt. The cloud keeps the conversation
-        of (task, attempt) in its database and continues it; a new attempt continues the latest
-        earlier attempt's conversation. Screenshots are not sent in session mode.
+        """Deprecated: the cloud chooses the mode and keeps the conversation itself; send
+        `observation`. A session step the cloud continues as before.
+        """
+
+    @_builtins.property
+    def observation(self) -> _types_pb2.ScreenObservation:
+        """What the screen shows now (required unless a deprecated form is used)."""
+
+    @_builtins.property
+    def previous_outcome(self) -> _types_pb2.ActionOutcome:
+        """What executing the previous decision of this attempt did; unset on the attempt's first
+        step (and when the host does not know, e.g. after it restarted). Its step_index must name a
+        decision of this attempt (INVALID_ARGUMENT otherwise).
         """
 
     def __init__(
@@ -75,20 +136,23 @@ class DecideRequest(_message.Message):
         screen_width: _builtins.int = ...,
         screen_height: _builtins.int = ...,
         session: Global___SessionStep | None = ...,
+        observation: _types_pb2.ScreenObservation | None = ...,
+        previous_outcome: _types_pb2.ActionOutcome | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["session", b"session"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["observation", b"observation", "previous_outcome", b"previous_outcome", "session", b"session"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "element_ids", b"element_ids", "lease_id", b"lease_id", "screen_height", b"screen_height", "screen_width", b"screen_width", "screenshot", b"screenshot", "session", b"session", "system_prompt", b"system_prompt", "task_id", b"task_id", "user_prompt", b"user_prompt"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "element_ids", b"element_ids", "lease_id", b"lease_id", "observation", b"observation", "previous_outcome", b"previous_outcome", "screen_height", b"screen_height", "screen_width", b"screen_width", "screenshot", b"screenshot", "session", b"session", "system_prompt", b"system_prompt", "task_id", b"task_id", "user_prompt", b"user_prompt"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___DecideRequest: _TypeAlias = DecideRequest  # noqa: Y015
 
+@_deprecated("""This message has been marked as deprecated using proto message options.""")
 @_typing.final
 class SessionStep(_message.Message):
-    """One step of a session-mode conversation as the host sees it; the cloud turns it into the
-    tool result of the previous call and the next observation, exactly as the direct transport
-    does on the host.
+    """Deprecated with DecideRequest.session: one step of a session-mode conversation as the host
+    saw it; the cloud turns it into the tool result of the previous call and the next
+    observation.
     """
 
     DESCRIPTOR: _descriptor.Descriptor
@@ -123,9 +187,12 @@ class SessionStep(_message.Message):
 
 Global___SessionStep: _TypeAlias = SessionStep  # noqa: Y015
 
+@_deprecated("""This message has been marked as deprecated using proto message options.""")
 @_typing.final
 class ToolOutcome(_message.Message):
-    """What executing a decided tool call did, sent back to the model as its tool result."""
+    """Deprecated with DecideRequest.session: what executing a decided tool call did, sent back to
+    the model as its tool result.
+    """
 
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -162,8 +229,9 @@ class DecideResponse(_message.Message):
     DECISION_FIELD_NUMBER: _builtins.int
     SESSION_CALL_ID_FIELD_NUMBER: _builtins.int
     session_call_id: _builtins.str
-    """Session mode: the id of the decision's tool call in the conversation, for the next step's
-    ToolOutcome.call_id. Empty in compact mode.
+    """Session mode: the id of the decision's tool call in the conversation (the deprecated
+    ToolOutcome.call_id of the next step). Empty in compact mode. Hosts that send observations
+    need not read it: ActionOutcome names the decision by step index.
     """
     @_builtins.property
     def decision(self) -> _types_pb2.Decision:

@@ -26,9 +26,12 @@ if _version_not_supported:
 
 
 class PlannerServiceStub:
-    """Planning on the cloud transport: the host sends its prompts (compact mode) or its step of a
-    conversation the cloud keeps (session mode), the cloud calls the model with its own
-    credentials and logs the decision. Callers use a host certificate.
+    """Planning on the cloud transport. The host is sensor and hands, the cloud is the brain: the
+    host sends what it sees (a typed ScreenObservation) and what its previous action did (a typed
+    ActionOutcome); the cloud knows the task's goal, keeps the attempt's earlier decisions in its
+    decision log, chooses the planning mode (compact or session, a cloud setting), builds the
+    prompts or continues the conversation, calls the model with its own credentials, logs the
+    decision and returns it with the exact prompts it sent. Callers use a host certificate.
     """
 
     def __init__(self, channel):
@@ -45,18 +48,31 @@ class PlannerServiceStub:
 
 
 class PlannerServiceServicer:
-    """Planning on the cloud transport: the host sends its prompts (compact mode) or its step of a
-    conversation the cloud keeps (session mode), the cloud calls the model with its own
-    credentials and logs the decision. Callers use a host certificate.
+    """Planning on the cloud transport. The host is sensor and hands, the cloud is the brain: the
+    host sends what it sees (a typed ScreenObservation) and what its previous action did (a typed
+    ActionOutcome); the cloud knows the task's goal, keeps the attempt's earlier decisions in its
+    decision log, chooses the planning mode (compact or session, a cloud setting), builds the
+    prompts or continues the conversation, calls the model with its own credentials, logs the
+    decision and returns it with the exact prompts it sent. Callers use a host certificate.
     """
 
     def Decide(self, request, context):
-        """Choose the next action. FAILED_PRECONDITION (nothing logged, no tokens spent) when
-        (task, attempt, lease id) is not the caller's live lease; UNAVAILABLE or RESOURCE_EXHAUSTED
-        when the provider fails; INVALID_ARGUMENT for oversize prompts, screenshots or session
-        fields, or a previous outcome for a call the conversation does not have; UNIMPLEMENTED for
-        a session step when the cloud's provider cannot keep a conversation (offline); ABORTED when
-        another call continued the same conversation at the same time (retry).
+        """Choose the next action for a task attempt the caller holds a live lease on.
+
+        Checked in this order, and nothing is logged and no tokens are spent before the checks
+        pass: UNAUTHENTICATED when the call carries no host identity; PERMISSION_DENIED when the
+        lease is another host's (or the caller's certificate is an operator's); FAILED_PRECONDITION
+        when (task, attempt, lease id) is not a live lease (expired, revoked, superseded, unknown);
+        INVALID_ARGUMENT, naming the field, for a missing or oversize observation (see
+        ScreenObservation and UiElement for the limits), a screenshot over 8 MiB, or a
+        previous_outcome that names no decision of this attempt.
+
+        Then the cloud records previous_outcome on the decision it names and plans. UNAVAILABLE or
+        RESOURCE_EXHAUSTED when the model provider fails (nothing logged; retry later); ABORTED when
+        another call continued the same session-mode conversation at the same time (retry once).
+
+        Deprecated requests that carry prompts (system_prompt/user_prompt) or a SessionStep instead
+        of an observation are still answered for one release, as before.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -79,9 +95,12 @@ def add_PlannerServiceServicer_to_server(servicer, server):
 
  # This class is part of an EXPERIMENTAL API.
 class PlannerService:
-    """Planning on the cloud transport: the host sends its prompts (compact mode) or its step of a
-    conversation the cloud keeps (session mode), the cloud calls the model with its own
-    credentials and logs the decision. Callers use a host certificate.
+    """Planning on the cloud transport. The host is sensor and hands, the cloud is the brain: the
+    host sends what it sees (a typed ScreenObservation) and what its previous action did (a typed
+    ActionOutcome); the cloud knows the task's goal, keeps the attempt's earlier decisions in its
+    decision log, chooses the planning mode (compact or session, a cloud setting), builds the
+    prompts or continues the conversation, calls the model with its own credentials, logs the
+    decision and returns it with the exact prompts it sent. Callers use a host certificate.
     """
 
     @staticmethod

@@ -183,6 +183,126 @@ KEY_DELETE: Key.ValueType  # 4
 """KEYCODE_DEL: erase the character before the cursor (backspace)."""
 Global___Key: _TypeAlias = Key  # noqa: Y015
 
+class _ModelProvider:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _ModelProviderEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ModelProvider.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    MODEL_PROVIDER_UNSPECIFIED: _ModelProvider.ValueType  # 0
+    """Not known (a decision logged before this field existed, or a test double)."""
+    MODEL_PROVIDER_ANTHROPIC: _ModelProvider.ValueType  # 1
+    """Anthropic Messages API."""
+    MODEL_PROVIDER_OPENAI: _ModelProvider.ValueType  # 2
+    """OpenAI (Chat Completions in compact mode, Responses in session mode)."""
+    MODEL_PROVIDER_OFFLINE: _ModelProvider.ValueType  # 3
+    """The built-in offline heuristic planner (no network, no key)."""
+
+class ModelProvider(_ModelProvider, metaclass=_ModelProviderEnumTypeWrapper):
+    """Which model provider made a decision."""
+
+MODEL_PROVIDER_UNSPECIFIED: ModelProvider.ValueType  # 0
+"""Not known (a decision logged before this field existed, or a test double)."""
+MODEL_PROVIDER_ANTHROPIC: ModelProvider.ValueType  # 1
+"""Anthropic Messages API."""
+MODEL_PROVIDER_OPENAI: ModelProvider.ValueType  # 2
+"""OpenAI (Chat Completions in compact mode, Responses in session mode)."""
+MODEL_PROVIDER_OFFLINE: ModelProvider.ValueType  # 3
+"""The built-in offline heuristic planner (no network, no key)."""
+Global___ModelProvider: _TypeAlias = ModelProvider  # noqa: Y015
+
+class _PlannerMode:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _PlannerModeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_PlannerMode.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    PLANNER_MODE_UNSPECIFIED: _PlannerMode.ValueType  # 0
+    """Not known."""
+    PLANNER_MODE_COMPACT: _PlannerMode.ValueType  # 1
+    """A fresh request each step: the goal, the current screen and a compact record of earlier
+    steps. Prompt size stays flat however long a task runs.
+    """
+    PLANNER_MODE_SESSION: _PlannerMode.ValueType  # 2
+    """One continuous conversation per task, kept by whoever calls the model (the cloud on the
+    cloud transport); the model's reasoning round-trips exactly.
+    """
+
+class PlannerMode(_PlannerMode, metaclass=_PlannerModeEnumTypeWrapper):
+    """How the planner talks to the model."""
+
+PLANNER_MODE_UNSPECIFIED: PlannerMode.ValueType  # 0
+"""Not known."""
+PLANNER_MODE_COMPACT: PlannerMode.ValueType  # 1
+"""A fresh request each step: the goal, the current screen and a compact record of earlier
+steps. Prompt size stays flat however long a task runs.
+"""
+PLANNER_MODE_SESSION: PlannerMode.ValueType  # 2
+"""One continuous conversation per task, kept by whoever calls the model (the cloud on the
+cloud transport); the model's reasoning round-trips exactly.
+"""
+Global___PlannerMode: _TypeAlias = PlannerMode  # noqa: Y015
+
+class _Rotation:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _RotationEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Rotation.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    ROTATION_UNSPECIFIED: _Rotation.ValueType  # 0
+    """Not known; read as ROTATION_0."""
+    ROTATION_0: _Rotation.ValueType  # 1
+    """Natural orientation (rotation="0")."""
+    ROTATION_90: _Rotation.ValueType  # 2
+    """Turned 90 degrees (rotation="1")."""
+    ROTATION_180: _Rotation.ValueType  # 3
+    """Upside down (rotation="2")."""
+    ROTATION_270: _Rotation.ValueType  # 4
+    """Turned 270 degrees (rotation="3")."""
+
+class Rotation(_Rotation, metaclass=_RotationEnumTypeWrapper):
+    """How the screen is turned, as uiautomator's `<hierarchy rotation="N">` (N = 0..3) says."""
+
+ROTATION_UNSPECIFIED: Rotation.ValueType  # 0
+"""Not known; read as ROTATION_0."""
+ROTATION_0: Rotation.ValueType  # 1
+"""Natural orientation (rotation="0")."""
+ROTATION_90: Rotation.ValueType  # 2
+"""Turned 90 degrees (rotation="1")."""
+ROTATION_180: Rotation.ValueType  # 3
+"""Upside down (rotation="2")."""
+ROTATION_270: Rotation.ValueType  # 4
+"""Turned 270 degrees (rotation="3")."""
+Global___Rotation: _TypeAlias = Rotation  # noqa: Y015
+
+class _ElementSource:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _ElementSourceEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ElementSource.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    ELEMENT_SOURCE_UNSPECIFIED: _ElementSource.ValueType  # 0
+    """Not said; read as ELEMENT_SOURCE_HIERARCHY."""
+    ELEMENT_SOURCE_HIERARCHY: _ElementSource.ValueType  # 1
+    """A node of the uiautomator hierarchy dump."""
+    ELEMENT_SOURCE_OCR: _ElementSource.ValueType  # 2
+    """Text the host read from the screenshot (OCR) that no node of the hierarchy carries, added
+    by the host so the model can tap it by id. Its bounds are the OCR box; flags are all false.
+    """
+
+class ElementSource(_ElementSource, metaclass=_ElementSourceEnumTypeWrapper):
+    """Where an element of a screen observation comes from."""
+
+ELEMENT_SOURCE_UNSPECIFIED: ElementSource.ValueType  # 0
+"""Not said; read as ELEMENT_SOURCE_HIERARCHY."""
+ELEMENT_SOURCE_HIERARCHY: ElementSource.ValueType  # 1
+"""A node of the uiautomator hierarchy dump."""
+ELEMENT_SOURCE_OCR: ElementSource.ValueType  # 2
+"""Text the host read from the screenshot (OCR) that no node of the hierarchy carries, added
+by the host so the model can tap it by id. Its bounds are the OCR box; flags are all false.
+"""
+Global___ElementSource: _TypeAlias = ElementSource  # noqa: Y015
+
 @_typing.final
 class Point(_message.Message):
     """A point on the phone's screen in physical pixels, origin top left."""
@@ -509,6 +629,7 @@ class Progress(_message.Message):
     STEP_STATUS_FIELD_NUMBER: _builtins.int
     SUMMARY_FIELD_NUMBER: _builtins.int
     UPDATED_AT_FIELD_NUMBER: _builtins.int
+    MAX_STEPS_FIELD_NUMBER: _builtins.int
     step_index: _builtins.int
     """1-based index of the step the agent is on; 0 before the first step."""
     step_status: Global___StepStatus.ValueType
@@ -517,9 +638,15 @@ class Progress(_message.Message):
     """One line for humans, at most 200 characters (the cloud truncates longer ones with "…" and
     replaces NUL characters with U+FFFD; it never refuses a summary).
     """
+    max_steps: _builtins.int
+    """The most steps the agent will take in this attempt (the host's step limit), so a reader can
+    show "step 3 of at most 30"; 0 when the host does not say. At most 10,000.
+    """
     @_builtins.property
     def updated_at(self) -> _timestamp_pb2.Timestamp:
-        """When the host produced this snapshot (set by the cloud when it stores it)."""
+        """When the cloud stored this snapshot. Set by the cloud on every accepted renewal or result; a
+        value a host sends here is ignored.
+        """
 
     def __init__(
         self,
@@ -528,10 +655,11 @@ class Progress(_message.Message):
         step_status: Global___StepStatus.ValueType = ...,
         summary: _builtins.str = ...,
         updated_at: _timestamp_pb2.Timestamp | None = ...,
+        max_steps: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["updated_at", b"updated_at"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["step_index", b"step_index", "step_status", b"step_status", "summary", b"summary", "updated_at", b"updated_at"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["max_steps", b"max_steps", "step_index", b"step_index", "step_status", b"step_status", "summary", b"summary", "updated_at", b"updated_at"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -903,6 +1031,9 @@ class Decision(_message.Message):
     CREATED_AT_FIELD_NUMBER: _builtins.int
     CORRECTIVE_RETRIES_FIELD_NUMBER: _builtins.int
     PLANNER_MODE_FIELD_NUMBER: _builtins.int
+    MODEL_PROVIDER_FIELD_NUMBER: _builtins.int
+    MODE_FIELD_NUMBER: _builtins.int
+    OUTCOME_FIELD_NUMBER: _builtins.int
     decision_id: _builtins.str
     """Server-assigned id."""
     host_id: _builtins.str
@@ -941,6 +1072,10 @@ class Decision(_message.Message):
     """"compact": the two prompts were the whole request. "session": the model saw a conversation
     the cloud keeps, and user_prompt is what this step added to it (its observation).
     """
+    model_provider: Global___ModelProvider.ValueType
+    """`provider` as an enum (the string stays for older readers)."""
+    mode: Global___PlannerMode.ValueType
+    """`planner_mode` as an enum (the string stays for older readers)."""
     @_builtins.property
     def action(self) -> Global___Action:
         """The same action, typed."""
@@ -960,6 +1095,13 @@ class Decision(_message.Message):
     @_builtins.property
     def created_at(self) -> _timestamp_pb2.Timestamp:
         """When the decision was logged."""
+
+    @_builtins.property
+    def outcome(self) -> Global___ActionOutcome:
+        """What the host reported about executing this decision, as the next Decide call of the
+        attempt carried it (`DecideRequest.previous_outcome`). Unset until then, and for the last
+        decision of an attempt (a `complete`, or an attempt that ended).
+        """
 
     def __init__(
         self,
@@ -986,11 +1128,304 @@ class Decision(_message.Message):
         created_at: _timestamp_pb2.Timestamp | None = ...,
         corrective_retries: _builtins.int = ...,
         planner_mode: _builtins.str = ...,
+        model_provider: Global___ModelProvider.ValueType = ...,
+        mode: Global___PlannerMode.ValueType = ...,
+        outcome: Global___ActionOutcome | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["action", b"action", "created_at", b"created_at", "latency", b"latency", "usage", b"usage"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["action", b"action", "created_at", b"created_at", "latency", b"latency", "outcome", b"outcome", "usage", b"usage"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["action", b"action", "arguments_json", b"arguments_json", "attempt", b"attempt", "corrective_retries", b"corrective_retries", "created_at", b"created_at", "decision_id", b"decision_id", "expected_outcome", b"expected_outcome", "forced_retry", b"forced_retry", "host_id", b"host_id", "latency", b"latency", "model", b"model", "planner_mode", b"planner_mode", "provider", b"provider", "purpose", b"purpose", "rationale", b"rationale", "step_index", b"step_index", "system_prompt", b"system_prompt", "task_id", b"task_id", "thinking", b"thinking", "tool_name", b"tool_name", "usage", b"usage", "user_prompt", b"user_prompt"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["action", b"action", "arguments_json", b"arguments_json", "attempt", b"attempt", "corrective_retries", b"corrective_retries", "created_at", b"created_at", "decision_id", b"decision_id", "expected_outcome", b"expected_outcome", "forced_retry", b"forced_retry", "host_id", b"host_id", "latency", b"latency", "mode", b"mode", "model", b"model", "model_provider", b"model_provider", "outcome", b"outcome", "planner_mode", b"planner_mode", "provider", b"provider", "purpose", b"purpose", "rationale", b"rationale", "step_index", b"step_index", "system_prompt", b"system_prompt", "task_id", b"task_id", "thinking", b"thinking", "tool_name", b"tool_name", "usage", b"usage", "user_prompt", b"user_prompt"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___Decision: _TypeAlias = Decision  # noqa: Y015
+
+@_typing.final
+class Rect(_message.Message):
+    """A screen rectangle in physical pixels, origin top left, as uiautomator's
+    `bounds="[left,top][right,bottom]"`: right and bottom are exclusive, left <= right and
+    top <= bottom. Values may lie outside the screen (off-screen nodes); each is within
+    -100,000..100,000.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    LEFT_FIELD_NUMBER: _builtins.int
+    TOP_FIELD_NUMBER: _builtins.int
+    RIGHT_FIELD_NUMBER: _builtins.int
+    BOTTOM_FIELD_NUMBER: _builtins.int
+    left: _builtins.int
+    """Left edge, inclusive."""
+    top: _builtins.int
+    """Top edge, inclusive."""
+    right: _builtins.int
+    """Right edge, exclusive."""
+    bottom: _builtins.int
+    """Bottom edge, exclusive."""
+    def __init__(
+        self,
+        *,
+        left: _builtins.int = ...,
+        top: _builtins.int = ...,
+        right: _builtins.int = ...,
+        bottom: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["bottom", b"bottom", "left", b"left", "right", b"right", "top", b"top"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Rect: _TypeAlias = Rect  # noqa: Y015
+
+@_typing.final
+class UiElement(_message.Message):
+    """One thing on the screen the model may read or act on: a node of the uiautomator dump (or OCR
+    text the host added). The host chooses which nodes to send (the Python host sends nodes with
+    text, a description, or something a finger can do, and skips layout wrappers); the model
+    names elements by `element_id`, and the host resolves that id to these bounds when it acts.
+    Text fields are UTF-8; the limits are in bytes, and Decide answers INVALID_ARGUMENT naming
+    the field (for example `observation.elements[3].text`) when one is exceeded.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ELEMENT_ID_FIELD_NUMBER: _builtins.int
+    TEXT_FIELD_NUMBER: _builtins.int
+    CONTENT_DESCRIPTION_FIELD_NUMBER: _builtins.int
+    RESOURCE_ID_FIELD_NUMBER: _builtins.int
+    CLASS_NAME_FIELD_NUMBER: _builtins.int
+    PACKAGE_NAME_FIELD_NUMBER: _builtins.int
+    BOUNDS_FIELD_NUMBER: _builtins.int
+    CLICKABLE_FIELD_NUMBER: _builtins.int
+    LONG_CLICKABLE_FIELD_NUMBER: _builtins.int
+    CHECKABLE_FIELD_NUMBER: _builtins.int
+    CHECKED_FIELD_NUMBER: _builtins.int
+    ENABLED_FIELD_NUMBER: _builtins.int
+    FOCUSED_FIELD_NUMBER: _builtins.int
+    FOCUSABLE_FIELD_NUMBER: _builtins.int
+    SCROLLABLE_FIELD_NUMBER: _builtins.int
+    SELECTED_FIELD_NUMBER: _builtins.int
+    PASSWORD_FIELD_NUMBER: _builtins.int
+    SOURCE_FIELD_NUMBER: _builtins.int
+    element_id: _builtins.str
+    """The host's id for this element, unique within the observation: 1 to 32 characters of
+    A-Z a-z 0-9 _ . : - (the Python host uses "e1", "e2", … in document order). Actions name it.
+    """
+    text: _builtins.str
+    """The node's `text` (at most 4,096 bytes); empty when it has none."""
+    content_description: _builtins.str
+    """The node's `content-desc` (at most 4,096 bytes)."""
+    resource_id: _builtins.str
+    """The node's `resource-id`, e.g. "com.android.settings:id/title" (at most 256 bytes)."""
+    class_name: _builtins.str
+    """The node's `class`, e.g. "android.widget.Switch" (at most 256 bytes)."""
+    package_name: _builtins.str
+    """The node's `package` (at most 256 bytes)."""
+    clickable: _builtins.bool
+    """uiautomator `clickable`."""
+    long_clickable: _builtins.bool
+    """uiautomator `long-clickable`."""
+    checkable: _builtins.bool
+    """uiautomator `checkable`."""
+    checked: _builtins.bool
+    """uiautomator `checked` (a switch or checkbox that is on)."""
+    enabled: _builtins.bool
+    """uiautomator `enabled`. Note the default: an element the host marks false is disabled, so a
+    host must set true for the (usual) enabled nodes.
+    """
+    focused: _builtins.bool
+    """uiautomator `focused`."""
+    focusable: _builtins.bool
+    """uiautomator `focusable`."""
+    scrollable: _builtins.bool
+    """uiautomator `scrollable`."""
+    selected: _builtins.bool
+    """uiautomator `selected`."""
+    password: _builtins.bool
+    """uiautomator `password` (a field whose text is hidden)."""
+    source: Global___ElementSource.ValueType
+    """Hierarchy node or OCR text."""
+    @_builtins.property
+    def bounds(self) -> Global___Rect:
+        """Where it is on the screen (required)."""
+
+    def __init__(
+        self,
+        *,
+        element_id: _builtins.str = ...,
+        text: _builtins.str = ...,
+        content_description: _builtins.str = ...,
+        resource_id: _builtins.str = ...,
+        class_name: _builtins.str = ...,
+        package_name: _builtins.str = ...,
+        bounds: Global___Rect | None = ...,
+        clickable: _builtins.bool = ...,
+        long_clickable: _builtins.bool = ...,
+        checkable: _builtins.bool = ...,
+        checked: _builtins.bool = ...,
+        enabled: _builtins.bool = ...,
+        focused: _builtins.bool = ...,
+        focusable: _builtins.bool = ...,
+        scrollable: _builtins.bool = ...,
+        selected: _builtins.bool = ...,
+        password: _builtins.bool = ...,
+        source: Global___ElementSource.ValueType = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["bounds", b"bounds"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["bounds", b"bounds", "checkable", b"checkable", "checked", b"checked", "class_name", b"class_name", "clickable", b"clickable", "content_description", b"content_description", "element_id", b"element_id", "enabled", b"enabled", "focusable", b"focusable", "focused", b"focused", "long_clickable", b"long_clickable", "package_name", b"package_name", "password", b"password", "resource_id", b"resource_id", "scrollable", b"scrollable", "selected", b"selected", "source", b"source", "text", b"text"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___UiElement: _TypeAlias = UiElement  # noqa: Y015
+
+@_typing.final
+class OcrBlock(_message.Message):
+    """One block of text OCR read from the screenshot, raw (before the host decides which blocks
+    become elements). Kept beside the elements for the record and for later checks; the model is
+    shown elements, not raw blocks.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TEXT_FIELD_NUMBER: _builtins.int
+    BOUNDS_FIELD_NUMBER: _builtins.int
+    CONFIDENCE_FIELD_NUMBER: _builtins.int
+    text: _builtins.str
+    """The text read (at most 4,096 bytes)."""
+    confidence: _builtins.float
+    """The OCR engine's confidence, 0 to 100 (Tesseract's scale)."""
+    @_builtins.property
+    def bounds(self) -> Global___Rect:
+        """Where it was read, in physical pixels (required)."""
+
+    def __init__(
+        self,
+        *,
+        text: _builtins.str = ...,
+        bounds: Global___Rect | None = ...,
+        confidence: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["bounds", b"bounds"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["bounds", b"bounds", "confidence", b"confidence", "text", b"text"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___OcrBlock: _TypeAlias = OcrBlock  # noqa: Y015
+
+@_typing.final
+class ScreenObservation(_message.Message):
+    """What the host sees on the phone's screen at one step, typed: the input a planner plans from.
+    The cloud turns it into the scene the model is shown, so a host in any language plans without
+    knowing any prompt format. Limits (Decide answers
+    INVALID_ARGUMENT naming the field): at most 1,000 elements and 1,000 OCR blocks, and at most
+    1 MiB for the whole observation serialized.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ELEMENTS_FIELD_NUMBER: _builtins.int
+    SCREEN_WIDTH_FIELD_NUMBER: _builtins.int
+    SCREEN_HEIGHT_FIELD_NUMBER: _builtins.int
+    ROTATION_FIELD_NUMBER: _builtins.int
+    FOREGROUND_PACKAGE_FIELD_NUMBER: _builtins.int
+    FOREGROUND_ACTIVITY_FIELD_NUMBER: _builtins.int
+    KEYBOARD_SHOWN_FIELD_NUMBER: _builtins.int
+    OCR_BLOCKS_FIELD_NUMBER: _builtins.int
+    TITLE_FIELD_NUMBER: _builtins.int
+    screen_width: _builtins.int
+    """Screen width in physical pixels, 1 to 16,384 (as `wm size` reports it for the current
+    rotation). Taps on points off the screen are refused before they reach the host.
+    """
+    screen_height: _builtins.int
+    """Screen height in physical pixels, 1 to 16,384."""
+    rotation: Global___Rotation.ValueType
+    """How the screen is turned."""
+    foreground_package: _builtins.str
+    """Package of the app in the foreground, e.g. "com.android.settings" (at most 256 bytes);
+    empty when unknown (the cloud then takes the package that covers most of the screen).
+    """
+    foreground_activity: _builtins.str
+    """Its resumed activity, e.g. "com.android.settings/.Settings" (at most 512 bytes); empty when
+    the host does not know it.
+    """
+    keyboard_shown: _builtins.bool
+    """True when the host knows the on-screen keyboard is up (`dumpsys input_method` shows
+    `mInputShown=true`); false when it is hidden or the host does not know.
+    """
+    title: _builtins.str
+    """The screen's title as the host read it (an action bar or toolbar title), at most 1,024
+    bytes; empty lets the cloud name the page from the elements (a title-like resource id, else
+    the top-most short heading).
+    """
+    @_builtins.property
+    def elements(self) -> _containers.RepeatedCompositeFieldContainer[Global___UiElement]:
+        """The elements, in the order the host found them (document order of the dump)."""
+
+    @_builtins.property
+    def ocr_blocks(self) -> _containers.RepeatedCompositeFieldContainer[Global___OcrBlock]:
+        """Raw OCR blocks of the screenshot (see OcrBlock); empty when the host runs no OCR."""
+
+    def __init__(
+        self,
+        *,
+        elements: _abc.Iterable[Global___UiElement] | None = ...,
+        screen_width: _builtins.int = ...,
+        screen_height: _builtins.int = ...,
+        rotation: Global___Rotation.ValueType = ...,
+        foreground_package: _builtins.str = ...,
+        foreground_activity: _builtins.str = ...,
+        keyboard_shown: _builtins.bool = ...,
+        ocr_blocks: _abc.Iterable[Global___OcrBlock] | None = ...,
+        title: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["elements", b"elements", "foreground_activity", b"foreground_activity", "foreground_package", b"foreground_package", "keyboard_shown", b"keyboard_shown", "ocr_blocks", b"ocr_blocks", "rotation", b"rotation", "screen_height", b"screen_height", "screen_width", b"screen_width", "title", b"title"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ScreenObservation: _TypeAlias = ScreenObservation  # noqa: Y015
+
+@_typing.final
+class ActionOutcome(_message.Message):
+    """What executing a decided action did, reported by the host with its next Decide call."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    STEP_INDEX_FIELD_NUMBER: _builtins.int
+    EXECUTED_FIELD_NUMBER: _builtins.int
+    ERROR_FIELD_NUMBER: _builtins.int
+    DRIVER_OUTPUT_FIELD_NUMBER: _builtins.int
+    step_index: _builtins.int
+    """`Decision.step_index` of the decision this reports on (1 or more). It must be a decision
+    of the same task and attempt; the cloud records the first report for each decision and
+    ignores repeats (a retried call).
+    """
+    executed: _builtins.bool
+    """The host carried the action out without error (for `get_ui_tree`: it read the tree; for
+    `complete` no outcome is sent). False when it failed or was not attempted.
+    """
+    error: _builtins.str
+    """Why it failed, for the model and the log (at most 2,048 bytes); empty when executed."""
+    driver_output: _builtins.str
+    """What the driver reported, for the log, e.g. "tapped (540, 1212)" or the command's output
+    (at most 4,096 bytes); may be empty. Not shown to the model.
+    """
+    def __init__(
+        self,
+        *,
+        step_index: _builtins.int = ...,
+        executed: _builtins.bool = ...,
+        error: _builtins.str = ...,
+        driver_output: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["driver_output", b"driver_output", "error", b"error", "executed", b"executed", "step_index", b"step_index"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ActionOutcome: _TypeAlias = ActionOutcome  # noqa: Y015

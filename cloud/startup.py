@@ -1,0 +1,77 @@
+"""What `amc cloud serve` tells the person who starts it.
+
+Once it is up: where it listens, which store, which planner, where the certificates came from.
+When it cannot start: one line naming the setting and the fix (`SettingError`), not a
+traceback — the traceback is behind `--debug`. Settings errors are found where they arise
+(`CloudSettings.tls_paths`, the bind, the database URL) or translated here from the
+libraries' exceptions (pydantic's validation, a database that cannot be reached).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import traceback
+
+from pydantic import ValidationError
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import DBAPIError
+
+from cloud.server import Say, serve
+from cloud.settings import CloudSettings, SettingError
+
+_PREFIXES = {"CloudSettings": "AMC_CLOUD_", "PlannerSettings": "AMC_PLANNER_"}
+
+
+def _validation_line(error: ValidationError) -> str:
+    """pydantic's first complaint, as the environment variable that caused it."""
+    prefix = _PREFIXES.get(error.title, "")
+    first = error.errors()[0]
+    field = ".".join(str(part) for part in first["loc"]) or "(settings)"
+    value = first.get("input")
+    got = f" (got {value!r})" if isinstance(value, str | int | float) else ""
+    return (
+        f"{prefix}{field.upper()}: {first['msg']}{got}; fix the variable or unset it to use the "
+        "default (see docs/deployment.md)"
+    )
+
+
+def explain(exc: BaseException, settings: CloudSettings | None = None) -> str | None:
+    """One line for a startup failure a setting explains, or None for anything else."""
+    if isinstance(exc, SettingError):
+        return str(exc)
+    if isinstance(exc, ValidationError):
+        return _validation_line(exc)
+    if isinstance(exc, DBAPIError | OSError) and settings is not None:
+        url = make_url(settings.database_url).render_as_string(hide_password=True)
+        reason = str(getattr(exc, "orig", None) or exc).splitlines()[0]
+        return str(
+            SettingError(
+                "AMC_CLOUD_DATABASE_URL",
+                f"cannot open the database {url}: {reason}",
+                "check that it is reachable and the credentials are right",
+            )
+        )
+    return None
+
+
+def run(*, insecure: bool, debug: bool, say: Say) -> int:
+    """`amc cloud serve`: 0 after a clean stop, 2 when a setting keeps it from starting."""
+    settings: CloudSettings | None = None
+    try:
+        settings = CloudSettings()
+        if insecure:
+            settings.insecure = True
+        asyncio.run(serve(settings, say))
+        return 0
+    except KeyboardInterrupt:
+        return 0
+    except Exception as exc:
+        if debug:
+            traceback.print_exc()
+        line = explain(exc, settings)
+        if line is None:
+            line = f"unexpected {type(exc).__name__}: {exc}"
+        hint = "" if debug else " (run with --debug for the traceback)"
+        print(f"amc cloud serve: {line}{hint}", file=sys.stderr)
+        return 2

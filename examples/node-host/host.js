@@ -1,0 +1,286 @@
+#!/usr/bin/env node
+// An amc host in Node.js, built from proto/ alone: the example to copy when you write a host in
+// your own language.
+//
+// A host is sensor and hands; the cloud is the brain. This one
+//   1. connects to the cloud over mTLS with a host certificate and opens the Lease stream,
+//   2. says hello with the phones its adb server knows and waits for an assignment,
+//   3. per step: reads the screen over the adb protocol (`uiautomator dump`), turns it into a
+//      typed amc.v1.ScreenObservation, asks PlannerService.Decide for the next action (sending
+//      the outcome of the previous one), and carries the action out with `adb shell input`,
+//   4. renews its lease with the latest progress at the interval the assignment gives,
+//   5. reports the result.
+// It sends no prompt and no goal: the cloud knows the goal and the history and builds them.
+//
+// Settings (environment):
+//   AMC_CLOUD_ADDRESS      host:port of the cloud                  (127.0.0.1:50051)
+//   AMC_HOST_CERTS_DIR     folder with ca.pem, host-<id>.pem/.key   (required)
+//   AMC_HOST_ID            the id in the host certificate           (required)
+//   AMC_TLS_SERVER_NAME    name on the cloud's certificate          (localhost)
+//   ADB_HOST / ADB_PORT    the adb server                           (127.0.0.1 / 5037)
+//   AMC_TASKS              exit after this many tasks; 0 = run on   (0)
+//   AMC_PROTO_DIR          where amc/v1/*.proto live                (../../proto)
+'use strict';
+
+const fs = require('fs');
+const path = require('path');
+const grpc = require('@grpc/grpc-js');
+const protoLoader = require('@grpc/proto-loader');
+const { Adb } = require('@devicefarmer/adbkit');
+const { XMLParser } = require('fast-xml-parser');
+
+const env = process.env;
+const CLOUD = env.AMC_CLOUD_ADDRESS || '127.0.0.1:50051';
+const CERTS = env.AMC_HOST_CERTS_DIR;
+const HOST_ID = env.AMC_HOST_ID;
+const TASKS = Number(env.AMC_TASKS || 0);
+const MAX_STEPS = 30;
+const PROTO_DIR = env.AMC_PROTO_DIR || path.resolve(__dirname, '..', '..', 'proto');
+if (!CERTS || !HOST_ID) {
+  console.error('set AMC_HOST_CERTS_DIR and AMC_HOST_ID (see the top of this file)');
+  process.exit(2);
+}
+
+// --- the contract -------------------------------------------------------------------------
+const definition = protoLoader.loadSync(
+  ['amc/v1/lease_service.proto', 'amc/v1/planner_service.proto'].map((f) =>
+    path.join(PROTO_DIR, f),
+  ),
+  { includeDirs: [PROTO_DIR], keepCase: true, longs: Number, enums: String, defaults: true, oneofs: true },
+);
+const amc = grpc.loadPackageDefinition(definition).amc.v1;
+const read = (name) => fs.readFileSync(path.join(CERTS, name));
+const credentials = grpc.credentials.createSsl(
+  read('ca.pem'),
+  read(`host-${HOST_ID}.key`),
+  read(`host-${HOST_ID}.pem`),
+);
+const options = { 'grpc.ssl_target_name_override': env.AMC_TLS_SERVER_NAME || 'localhost' };
+const leases = new amc.LeaseService(CLOUD, credentials, options);
+const planner = new amc.PlannerService(CLOUD, credentials, options);
+
+const adb = Adb.createClient({ host: env.ADB_HOST || '127.0.0.1', port: Number(env.ADB_PORT || 5037) });
+const log = (...args) => console.error('[node-host]', ...args);
+
+// --- the phone: perceive over adb ---------------------------------------------------------
+async function shell(device, command) {
+  const stream = await device.shell(command);
+  return (await Adb.util.readAll(stream)).toString('utf8');
+}
+
+const xml = new XMLParser({ ignoreAttributes: false, attributeNamePrefix: '', isArray: (n) => n === 'node' });
+const BOUNDS = /\[(-?\d+),(-?\d+)\]\[(-?\d+),(-?\d+)\]/;
+
+// Nodes worth showing the model: text, a description, or something a finger can do.
+function* walk(nodes) {
+  for (const node of nodes || []) {
+    yield node;
+    yield* walk(node.node);
+  }
+}
+
+function elementOf(node, id) {
+  const [, left, top, right, bottom] = (node.bounds || '').match(BOUNDS) || [];
+  if (left === undefined || Number(right) <= Number(left) || Number(bottom) <= Number(top)) return null;
+  const flag = (name) => node[name] === 'true';
+  const text = (node.text || '').trim();
+  const description = (node['content-desc'] || '').trim();
+  const actionable = ['clickable', 'long-clickable', 'checkable', 'scrollable'].some(flag);
+  if (!text && !description && !actionable && !/EditText/.test(node.class || '')) return null;
+  return {
+    element_id: `e${id}`,
+    text: text.slice(0, 1000),
+    content_description: description.slice(0, 1000),
+    resource_id: node['resource-id'] || '',
+    class_name: node.class || '',
+    package_name: node.package || '',
+    bounds: { left: +left, top: +top, right: +right, bottom: +bottom },
+    clickable: flag('clickable'),
+    long_clickable: flag('long-clickable'),
+    checkable: flag('checkable'),
+    checked: flag('checked'),
+    enabled: node.enabled !== 'false',
+    focused: flag('focused'),
+    focusable: flag('focusable'),
+    scrollable: flag('scrollable'),
+    selected: flag('selected'),
+    password: flag('password'),
+    source: 'ELEMENT_SOURCE_HIERARCHY',
+  };
+}
+
+async function perceive(device) {
+  let dump = '';
+  for (let attempt = 0; attempt < 3 && !dump.includes('<node'); attempt += 1) {
+    dump = await shell(device, 'uiautomator dump /dev/tty'); // XML, then "UI hierchary dumped to…"
+  }
+  const hierarchy = xml.parse(dump.slice(dump.indexOf('<'), dump.lastIndexOf('>') + 1)).hierarchy;
+  const elements = [];
+  for (const node of walk(hierarchy.node)) {
+    const element = elementOf(node, elements.length + 1);
+    if (element) elements.push(element);
+  }
+  const [, width, height] = (await shell(device, 'wm size')).match(/(\d+)x(\d+)/);
+  const focus = (await shell(device, 'dumpsys window')).match(/mCurrentFocus=Window\{\S+ \S+ ([^\s}]+)\}/);
+  const keyboard = /mInputShown=true/.test(await shell(device, 'dumpsys input_method'));
+  const activity = focus ? focus[1] : '';
+  return {
+    elements,
+    screen_width: Number(width),
+    screen_height: Number(height),
+    rotation: ['ROTATION_0', 'ROTATION_90', 'ROTATION_180', 'ROTATION_270'][Number(hierarchy.rotation || 0)],
+    foreground_package: activity.split('/')[0],
+    foreground_activity: activity,
+    keyboard_shown: keyboard,
+  };
+}
+
+// --- the phone: act with `adb shell input` ------------------------------------------------
+const KEYS = { KEY_BACK: 'KEYCODE_BACK', KEY_HOME: 'KEYCODE_HOME', KEY_ENTER: 'KEYCODE_ENTER', KEY_DELETE: 'KEYCODE_DEL' };
+const quote = (s) => `'${String(s).replace(/'/g, `'\\''`)}'`;
+
+function center(observation, elementId) {
+  const element = observation.elements.find((e) => e.element_id === elementId);
+  if (!element) throw new Error(`no element ${elementId} on this screen`);
+  const b = element.bounds;
+  return [Math.floor((b.left + b.right) / 2), Math.floor((b.top + b.bottom) / 2)];
+}
+
+// Returns what the driver reported; throws when the action cannot run.
+async function act(device, action, observation) {
+  switch (action.kind) {
+    case 'tap': {
+      const t = action.tap;
+      const [x, y] = t.target === 'element_id' ? center(observation, t.element_id) : [t.point.x, t.point.y];
+      await shell(device, t.long_press ? `input swipe ${x} ${y} ${x} ${y} 800` : `input tap ${x} ${y}`);
+      return `tapped (${x}, ${y})`;
+    }
+    case 'input_text': {
+      const t = action.input_text;
+      if (t.element_id) await shell(device, `input tap ${center(observation, t.element_id).join(' ')}`);
+      await shell(device, `input text ${quote(t.text.replace(/ /g, '%s'))}`);
+      return t.sensitive ? 'typed •••' : `typed ${t.text.length} characters`;
+    }
+    case 'swipe': {
+      const s = action.swipe;
+      await shell(device, `input swipe ${s.start.x} ${s.start.y} ${s.end.x} ${s.end.y} ${s.duration_ms || 300}`);
+      return 'swiped';
+    }
+    case 'press_key':
+      await shell(device, `input keyevent ${KEYS[action.press_key.key]}`);
+      return `pressed ${action.press_key.key}`;
+    case 'launch_app':
+      return shell(device, `monkey -p ${quote(action.launch_app.package_name)} -c android.intent.category.LAUNCHER 1`);
+    case 'terminate_app':
+      return shell(device, `am force-stop ${quote(action.terminate_app.package_name)}`);
+    case 'get_ui_tree':
+      return 'the next observation is the tree';
+    default:
+      throw new Error(`unsupported action ${action.kind}`);
+  }
+}
+
+// --- one task -----------------------------------------------------------------------------
+const decide = (request) =>
+  new Promise((resolve, reject) =>
+    planner.Decide(request, { deadline: Date.now() + 120000 }, (err, res) => (err ? reject(err) : resolve(res))),
+  );
+const ms = (d) => (Number(d.seconds) + d.nanos / 1e9) * 1000;
+
+async function runTask(stream, a, revoked) {
+  const device = adb.getDevice(a.device_serial);
+  const progress = { step_index: 0, step_status: 'STEP_STATUS_PERCEIVING', summary: 'starting', max_steps: MAX_STEPS };
+  const lease = { task_id: a.task_id, attempt: a.attempt, lease_id: a.lease_id };
+  const renew = () => stream.write({ renewal: { ...lease, progress } });
+  const report = (step, status, summary) => {
+    Object.assign(progress, { step_index: step, step_status: status, summary: summary.slice(0, 200) });
+    renew();
+  };
+  const renewer = setInterval(renew, ms(a.renew_interval)); // the assignment says how often
+  let status = 'TASK_STATUS_FAILED';
+  let summary = `step limit reached (${MAX_STEPS} steps)`;
+  let previous = null;
+  try {
+    for (let step = 1; step <= MAX_STEPS; step += 1) {
+      if (revoked.has(a.lease_id)) {
+        [status, summary] = ['TASK_STATUS_CANCELLED', revoked.get(a.lease_id)];
+        break;
+      }
+      report(step, 'STEP_STATUS_PERCEIVING', `step ${step}: looking at the screen`);
+      const observation = await perceive(device);
+      report(step, 'STEP_STATUS_PLANNING', `step ${step}: planning`);
+      const { decision } = await decide({ ...lease, observation, previous_outcome: previous });
+      const action = decision.action;
+      report(step, 'STEP_STATUS_ACTING', `step ${step}: ${decision.tool_name} — ${decision.purpose}`);
+      log(`step ${step}: ${decision.tool_name} ${decision.arguments_json} — ${decision.rationale}`);
+      if (action.kind === 'complete') {
+        status = action.complete.success ? 'TASK_STATUS_SUCCEEDED' : 'TASK_STATUS_FAILED';
+        summary = action.complete.reason;
+        report(step, 'STEP_STATUS_SUCCEEDED', summary);
+        break;
+      }
+      previous = { step_index: decision.step_index, executed: true, error: '', driver_output: '' };
+      try {
+        previous.driver_output = String(await act(device, action, observation)).slice(0, 4000);
+        report(step, 'STEP_STATUS_SUCCEEDED', `step ${step}: done`);
+      } catch (err) {
+        Object.assign(previous, { executed: false, error: String(err.message).slice(0, 2000) });
+        report(step, 'STEP_STATUS_FAILED', `step ${step}: ${err.message}`);
+      }
+      await new Promise((r) => setTimeout(r, 300)); // let the screen settle
+    }
+  } catch (err) {
+    summary = `host error: ${err.details || err.message}`.slice(0, 2000);
+  } finally {
+    clearInterval(renewer);
+  }
+  stream.write({ result: { ...lease, status, summary, final_progress: progress } });
+  log(`task ${a.task_id}: ${status} — ${summary}`);
+}
+
+// --- the Lease stream ---------------------------------------------------------------------
+async function main() {
+  const phones = (await adb.listDevices()).filter((d) => d.type === 'device');
+  const stream = leases.Lease();
+  const revoked = new Map();
+  let done = 0;
+  stream.write({
+    hello: {
+      devices: phones.map((d) => ({ serial: d.id, model: 'adb device', state: 'DEVICE_STATE_ONLINE' })),
+      agent_version: 'amc-node-host/0.1.0',
+      planner_transport: 'PLANNER_TRANSPORT_CLOUD',
+    },
+  });
+  stream.on('data', (msg) => {
+    switch (msg.kind) {
+      case 'welcome':
+        log(`connected as ${msg.welcome.host_id} with ${phones.map((d) => d.id).join(', ')}`);
+        break;
+      case 'assignment':
+        if (!msg.assignment.resumed) runTask(stream, msg.assignment, revoked);
+        break;
+      case 'revoked':
+        revoked.set(msg.revoked.lease_id, msg.revoked.message || 'revoked');
+        break;
+      case 'result_ack':
+        done += 1;
+        if (TASKS && done >= TASKS) stream.end();
+        break;
+      case 'rejected':
+        log(`rejected: ${msg.rejected.message}`);
+        break;
+      default: // renewed
+    }
+  });
+  await new Promise((resolve, reject) => {
+    stream.on('end', resolve);
+    stream.on('error', (err) => (err.code === grpc.status.CANCELLED ? resolve() : reject(err)));
+  });
+  leases.close();
+  planner.close();
+}
+
+main().catch((err) => {
+  log(`error: ${err.code !== undefined ? `code ${err.code}: ` : ''}${err.details || err.message}`);
+  process.exit(1);
+});

@@ -1,0 +1,96 @@
+"""`plan_step`: the one typed planning entry point, for the cloud's Decide and the direct transport.
+
+Its inputs are what the contract carries — the goal, the attempt's earlier steps, the typed
+screen observation and the typed outcome of the previous decision — and the engine of the
+planning mode: a compact `Planner` (a fresh prompt with a compact history each step) or a
+`SessionPlanner` (one kept conversation). The scene the model sees is built from the observation
+by `planner.observation.scene_from_observation` and nothing else, so the cloud and a host that
+plans in-process build byte-identical prompts from the same observation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from amc.v1 import types_pb2
+from planner.decision import Decision
+from planner.observation import scene_from_observation
+from planner.planner import Planner
+from planner.scene import Scene
+from planner.session.items import ToolCall
+from planner.session.step_planner import Outcome, continue_session
+from planner.steps import (
+    PastStep,
+    history_events,
+    target_label,
+    tool_result_text,
+    with_outcome,
+)
+
+if TYPE_CHECKING:  # hosts that only send observations never load the provider SDKs
+    from planner.session.planner import SessionPlanner
+
+
+async def plan_step(
+    engine: Planner | SessionPlanner,
+    *,
+    goal: str,
+    history: Sequence[PastStep],
+    observation: types_pb2.ScreenObservation,
+    previous_outcome: types_pb2.ActionOutcome | None,
+    screenshot: bytes | None = None,
+) -> Decision:
+    """The next decision. `history` is the attempt's earlier steps as recorded before this call;
+    `previous_outcome` is applied to the step it names here (first report wins), so callers pass
+    what they have and get the same prompt either way. The decision comes back with the page it
+    was made on and the label of the element it names (`Decision.page` / `.target`)."""
+    scene = scene_from_observation(observation)
+    steps = with_outcome(history, previous_outcome)
+    if isinstance(engine, Planner):
+        decision = await engine.decide(goal, scene, history_events(steps, scene.page), screenshot)
+    else:
+        decision = await _session_step(engine, goal, scene, steps, previous_outcome)
+    decision.page = scene.page
+    decision.target = target_label(decision.action, scene)
+    return decision
+
+
+async def _session_step(
+    session: SessionPlanner,
+    goal: str,
+    scene: Scene,
+    steps: Sequence[PastStep],
+    previous: types_pb2.ActionOutcome | None,
+) -> Decision:
+    """Continue the conversation: the reported outcome of the latest decision becomes the tool
+    result of the call still waiting for one; a repeated report of an older step adds nothing
+    (its call was answered already)."""
+    outcome: Outcome | None = None
+    pending = session.pending_call_id
+    latest = steps[-1] if steps else None
+    if (
+        previous is not None
+        and pending is not None
+        and latest is not None
+        and latest.step_index == previous.step_index
+        and latest.outcome is not None
+    ):
+        tool = next(
+            (i.name for i in session.history if isinstance(i, ToolCall) and i.call_id == pending),
+            latest.tool_name,
+        )
+        outcome = Outcome(
+            pending,
+            tool_result_text(tool, latest.outcome, scene),
+            is_error=not latest.outcome.executed,
+        )
+    return await continue_session(
+        session,
+        goal=goal,
+        scene=scene,
+        page=scene.page,
+        element_ids=[e.element_id for e in scene.elements],
+        screen_size=(scene.screen_width, scene.screen_height),
+        outcome=outcome,
+    )

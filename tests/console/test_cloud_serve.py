@@ -1,0 +1,193 @@
+"""`amc cloud serve` as a newcomer meets it: a real process, configured by environment only.
+
+Up, it says where it listens, which store, which planner and where the certificates came from.
+When a setting keeps it from starting it says so in one line naming the setting and the fix,
+and the traceback appears only with --debug. The deployment guide's settings table lists every
+`AMC_CLOUD_*` setting of the settings class, and every part dials the same default address.
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+import signal
+import socket
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from cloud.server import build_server
+from cloud.settings import DEFAULT_CLOUD_ADDRESS, CloudSettings
+from console.settings import ConsoleSettings
+from host.settings import HostSettings
+from tests.support.processes import AMC, _clean_env, free_port, make_pki
+
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "deployment.md"
+
+
+def _env(tmp_path: Path, **settings: str) -> dict[str, str]:
+    env = _clean_env()
+    env.update(
+        {
+            "AMC_CLOUD_DATABASE_URL": f"sqlite+aiosqlite:///{tmp_path / 'cloud.sqlite3'}",
+            "AMC_CLOUD_LISTEN_ADDRESS": f"127.0.0.1:{free_port()}",
+            "AMC_PLANNER_PROVIDER": "offline",
+            "COLUMNS": "200",
+            **settings,
+        }
+    )
+    return env
+
+
+def _fails(env: dict[str, str], *args: str) -> tuple[int, str, str]:
+    done = subprocess.run(
+        [AMC, "cloud", "serve", *args], env=env, capture_output=True, text=True, timeout=120
+    )
+    return done.returncode, done.stdout, done.stderr
+
+
+def test_it_says_where_it_listens_what_it_uses_and_stops_on_sigterm(tmp_path: Path) -> None:
+    pki = make_pki(tmp_path / "pki", [])
+    env = _env(tmp_path, AMC_CLOUD_PKI_DIR=str(pki))
+    address = env["AMC_CLOUD_LISTEN_ADDRESS"]
+    process = subprocess.Popen(
+        [AMC, "cloud", "serve"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        assert process.stdout is not None
+        lines = []
+        for line in process.stdout:  # blocks until the banner is printed (or the process ends)
+            lines.append(line.rstrip("\n"))
+            if "stop with Ctrl-C" in line:
+                break
+        process.send_signal(signal.SIGTERM)
+        rest, err = process.communicate(timeout=60)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait(10)
+    banner = "\n".join(lines)
+    assert process.returncode == 0, err
+    assert f"amc cloud listening on {address} (mTLS" in banner
+    assert f"store:        sqlite+aiosqlite:///{tmp_path / 'cloud.sqlite3'}" in banner
+    assert "planner:      offline (model amc-offline-heuristic-1, compact mode" in banner
+    assert f"certificates: AMC_CLOUD_PKI_DIR={pki} (ca.pem, server.pem, server.key)" in banner
+    assert "amc cloud stopping" in rest
+
+
+async def test_a_password_in_the_database_url_is_not_printed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("AMC_PLANNER_PROVIDER", "offline")
+    server = await build_server(
+        CloudSettings(
+            database_url="postgresql+psycopg://amc:s3cret@127.0.0.1:1/amc",
+            listen_address="127.0.0.1:0",
+            insecure=True,
+        )
+    )
+    try:
+        lines = server.describe()
+    finally:
+        await server.stop(0)
+    assert "store:        postgresql+psycopg://amc:***@127.0.0.1:1/amc" in "\n".join(lines)
+    assert "s3cret" not in "\n".join(lines)
+    assert "plaintext" in lines[0]
+
+
+@pytest.mark.parametrize(
+    ("settings", "setting", "fix"),
+    [
+        ({"AMC_CLOUD_DEFAULT_LEASE_SECONDS": "-1"}, "AMC_CLOUD_DEFAULT_LEASE_SECONDS", "-1"),
+        ({}, "AMC_CLOUD_PKI_DIR", "amc certs init"),
+        ({"AMC_CLOUD_PKI_DIR": "/nowhere/pki"}, "AMC_CLOUD_PKI_DIR", "/nowhere/pki/"),
+        (
+            {"AMC_CLOUD_INSECURE": "1", "AMC_CLOUD_LISTEN_ADDRESS": "0.0.0.0:50999"},
+            "AMC_CLOUD_LISTEN_ADDRESS",
+            "loopback",
+        ),
+        (
+            {"AMC_CLOUD_INSECURE": "1", "AMC_CLOUD_DATABASE_URL": "mysql://x/y"},
+            "AMC_CLOUD_DATABASE_URL",
+            "postgresql+psycopg://",
+        ),
+        (
+            {"AMC_CLOUD_INSECURE": "1", "AMC_PLANNER_MODE": "session"},
+            "AMC_PLANNER_MODE",
+            "AMC_PLANNER_PROVIDER=anthropic",
+        ),
+        (
+            {"AMC_CLOUD_INSECURE": "1", "AMC_PLANNER_MODE": "chatty"},
+            "AMC_PLANNER_MODE",
+            "chatty",
+        ),
+    ],
+    ids=lambda v: v if isinstance(v, str) and v.startswith("AMC") else "",
+)
+def test_a_bad_setting_is_one_line_naming_it(
+    tmp_path: Path, settings: dict[str, str], setting: str, fix: str
+) -> None:
+    code, _, err = _fails(_env(tmp_path, **settings))
+    assert code == 2
+    assert "Traceback" not in err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith(f"amc cloud serve: {setting}:"), err
+    assert fix in lines[0]
+    assert lines[0].endswith("(run with --debug for the traceback)")
+
+
+def test_a_taken_port_names_the_listen_address(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        env = _env(tmp_path, AMC_CLOUD_INSECURE="1", AMC_CLOUD_LISTEN_ADDRESS=f"127.0.0.1:{port}")
+        code, _, err = _fails(env)
+    assert code == 2
+    assert err.startswith("amc cloud serve: AMC_CLOUD_LISTEN_ADDRESS: cannot listen on"), err
+
+
+def test_debug_shows_the_traceback(tmp_path: Path) -> None:
+    code, _, err = _fails(_env(tmp_path), "--debug")
+    assert code == 2
+    assert "Traceback (most recent call last)" in err
+    assert "amc cloud serve: AMC_CLOUD_PKI_DIR:" in err
+
+
+def test_every_part_dials_the_address_the_cloud_listens_on() -> None:
+    from console.cli import connection_options
+
+    cli_default = inspect.signature(connection_options).parameters["cloud"].default
+    assert CloudSettings.model_fields["listen_address"].default == DEFAULT_CLOUD_ADDRESS
+    assert HostSettings.model_fields["cloud_address"].default == DEFAULT_CLOUD_ADDRESS
+    assert ConsoleSettings.model_fields["cloud_address"].default == DEFAULT_CLOUD_ADDRESS
+    assert cli_default == DEFAULT_CLOUD_ADDRESS
+
+
+def _documented() -> dict[str, str]:
+    """The settings table of docs/deployment.md: name -> default cell."""
+    section = DOCS.read_text().split("## Settings (`AMC_CLOUD_…`)", 1)[1].split("\n## ", 1)[0]
+    rows = re.findall(r"^\| `(AMC_CLOUD_[A-Z_]+)` \| ([^|]+) \|", section, re.M)
+    return {name: default.strip().strip("`") for name, default in rows}
+
+
+def _shown(value: object) -> str:
+    if value is None:
+        return "–"
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return str(value)
+
+
+def test_the_deployment_guide_lists_every_cloud_setting_with_its_default() -> None:
+    documented = _documented()
+    fields = {
+        f"AMC_CLOUD_{name.upper()}": _shown(field.default)
+        for name, field in CloudSettings.model_fields.items()
+    }
+    assert sorted(documented) == sorted(fields)
+    assert documented == fields

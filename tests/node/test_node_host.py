@@ -1,0 +1,112 @@
+"""The Node.js example host (examples/node-host/host.js) completes "Turn on dark theme".
+
+Real parts: `amc cloud serve` as a separate process (SQLite, mTLS, offline planner), a virtual
+phone served over the adb protocol, and the Node host speaking gRPC (grpc-js, protos loaded from
+proto/ at run time) and adb (@devicefarmer/adbkit). The host sends typed observations of the
+dumps it parsed itself and the outcomes of its actions; the cloud builds every prompt.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from amc.v1 import decision_log_service_pb2, task_service_pb2, types_pb2
+from host.devices.virtual.adb_server import VirtualAdbServer
+from host.devices.virtual.phone import VirtualPhone
+from tests.support.processes import (
+    cloud_process,
+    free_port,
+    make_pki,
+    operator,
+    wait_serving,
+    wait_task,
+)
+
+ROOT = Path(__file__).resolve().parents[2]
+HOST = ROOT / "examples" / "node-host" / "host.js"
+HOST_ID = "node-1"
+
+
+@pytest.fixture
+def node() -> str:
+    found = shutil.which("node")
+    if found is None or not (ROOT / "node_modules" / "@devicefarmer" / "adbkit").exists():
+        pytest.fail("node and `npm ci` (node_modules/@devicefarmer/adbkit) are required")
+    return found
+
+
+async def test_the_node_host_turns_on_dark_theme(node: str, tmp_path: Path) -> None:
+    pki = make_pki(tmp_path / "pki", [HOST_ID])
+    phone = VirtualPhone("emulator-5554")
+    adb = VirtualAdbServer([phone])
+    adb_port = await adb.start()
+    port = free_port()
+    cloud = cloud_process(
+        tmp_path,
+        "cloud",
+        database_url=f"sqlite+aiosqlite:///{tmp_path / 'cloud.sqlite3'}",
+        pki_dir=pki,
+        port=port,
+        extra={"AMC_PLANNER_PROVIDER": "offline"},
+    ).start()
+    address = f"127.0.0.1:{port}"
+    client = operator(address, pki)
+    host: asyncio.subprocess.Process | None = None
+    try:
+        await wait_serving(address, pki)
+        task = (
+            await client.tasks.SubmitTask(
+                task_service_pb2.SubmitTaskRequest(goal="Turn on dark theme"), timeout=10
+            )
+        ).task
+        host = await asyncio.create_subprocess_exec(
+            node,
+            str(HOST),
+            env={
+                "PATH": os.environ.get("PATH", ""),
+                "AMC_CLOUD_ADDRESS": address,
+                "AMC_HOST_CERTS_DIR": str(pki),
+                "AMC_HOST_ID": HOST_ID,
+                "ADB_PORT": str(adb_port),
+                "AMC_TASKS": "1",
+            },
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        _, err = await asyncio.wait_for(host.communicate(), 240)
+        said = err.decode()
+        assert host.returncode == 0, said + cloud.output()
+        final = await wait_task(
+            client, task.task_id, lambda t: t.status == types_pb2.TASK_STATUS_SUCCEEDED, 10
+        )
+        decisions = (
+            await client.decisions.ListDecisions(
+                decision_log_service_pb2.ListDecisionsRequest(task_id=task.task_id), timeout=10
+            )
+        ).decisions
+    finally:
+        if host is not None and host.returncode is None:
+            host.kill()
+            await host.wait()
+        await client.close()
+        cloud.stop()
+        await adb.stop()
+
+    assert phone.state.flag("dark_theme"), said
+    assert final.host_id == HOST_ID
+    assert final.progress.max_steps == 30  # "step N of at most 30", from the Node host
+    assert len(decisions) >= 3
+    assert decisions[-1].tool_name == "complete"
+    assert {d.mode for d in decisions} == {types_pb2.PLANNER_MODE_COMPACT}
+    # The host sent no prompt: the cloud built each from the task's goal and its own log, with
+    # the outcome the host reported for every executed step.
+    assert all('"Turn on dark theme"' in d.user_prompt for d in decisions)
+    assert all(d.HasField("outcome") and d.outcome.executed for d in decisions[:-1])
+    assert decisions[0].tool_name == "tap"
+    assert decisions[0].outcome.driver_output.startswith("tapped (")  # what adb shell input did
+    assert "TASK_STATUS_SUCCEEDED" in said

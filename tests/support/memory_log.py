@@ -1,0 +1,58 @@
+"""An in-memory decision log for tests of `PlannerServicer` outside the cloud.
+
+It implements the servicer's `DecisionSink` (step indexes assigned per (task, attempt) under a
+lock, like the store's transaction) and its `AttemptLog` (the goals of known tasks, the logged
+decisions as past steps, the outcomes reported for them, first report wins). The cloud's
+store-backed ports are tested against SQLite and PostgreSQL in tests/cloud; this one lets the
+planner and host suites run the real servicer without a database.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import defaultdict
+from dataclasses import replace
+
+from amc.v1 import types_pb2
+from planner.decision import Decision
+from planner.steps import PastStep, StepOutcome
+
+
+class MemoryDecisionLog:
+    """DecisionSink + AttemptLog in memory. `rows` are (host, task, attempt, step, decision)."""
+
+    def __init__(self, goals: dict[str, str] | None = None) -> None:
+        self.rows: list[tuple[str, str, int, int, Decision]] = []
+        self.goals: dict[str, str] = dict(goals or {})
+        self.outcomes: dict[tuple[str, int, int], types_pb2.ActionOutcome] = {}
+        self._next: dict[tuple[str, int], int] = defaultdict(int)
+        self._lock = asyncio.Lock()
+
+    async def append(
+        self, host_id: str, task_id: str, attempt: int, decision: Decision
+    ) -> tuple[str, int]:
+        async with self._lock:
+            await asyncio.sleep(0)  # yield inside the critical section: a race would show
+            self._next[(task_id, attempt)] += 1
+            index = self._next[(task_id, attempt)]
+            self.rows.append((host_id, task_id, attempt, index, decision))
+            return f"dec-{len(self.rows)}", index
+
+    async def goal(self, task_id: str) -> str | None:
+        return self.goals.get(task_id)
+
+    async def steps(self, task_id: str, attempt: int) -> list[PastStep]:
+        out = []
+        for _, t, a, index, decision in self.rows:
+            if (t, a) == (task_id, attempt):
+                reported = self.outcomes.get((t, a, index))
+                step = PastStep.from_decision(decision, index)
+                out.append(
+                    replace(step, outcome=StepOutcome.from_proto(reported)) if reported else step
+                )
+        return out
+
+    async def record_outcome(
+        self, task_id: str, attempt: int, outcome: types_pb2.ActionOutcome
+    ) -> None:
+        self.outcomes.setdefault((task_id, attempt, outcome.step_index), outcome)
