@@ -54,8 +54,10 @@ FUZZ = settings(
 
 
 def _method(path: str) -> Any:
-    """The method descriptor of a full method name ("/pkg.Service/Method")."""
+    """The method descriptor of a full method name ("/pkg.Service/Method"). Reflection v1 is
+    served with v1alpha's messages (`cloud/reflection.py`), so it is looked up as v1alpha."""
     service, name = path.strip("/").split("/")
+    service = service.replace("grpc.reflection.v1.", "grpc.reflection.v1alpha.")
     return descriptor_pool.Default().FindServiceByName(service).methods_by_name[name]
 
 
@@ -191,8 +193,9 @@ def test_raw_bytes_on_the_lease_stream(any_abuse_cloud: AbuseCloud) -> None:
     any_abuse_cloud.assert_serving()
 
 
-def test_raw_bytes_on_the_reflection_stream(any_abuse_cloud: AbuseCloud) -> None:
-    path = "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo"
+@pytest.mark.parametrize("version", ["v1", "v1alpha"])
+def test_raw_bytes_on_the_reflection_stream(any_abuse_cloud: AbuseCloud, version: str) -> None:
+    path = f"/grpc.reflection.{version}.ServerReflection/ServerReflectionInfo"
     method = _method(path)
     with any_abuse_cloud.channel("operator-ops") as ch:
         call = ch.stream_stream(path)
