@@ -33,13 +33,7 @@ from host.agent.actions import execute
 from host.devices.virtual.driver import VirtualDriver
 from host.devices.virtual.phone import VirtualPhone
 from host.perception.perceive import Perceiver
-from planner.history import WorldEvent
-from planner.planner import Planner
-from planner.prompts import HISTORY_WINDOW, build_user_prompt
-from planner.providers.offline import OfflineProvider
-from planner.scene import Scene
-from planner.session.anthropic_projection import project_anthropic
-from planner.session.items import (
+from planner.conversation.items import (
     AssistantText,
     ContextCheckpoint,
     Reasoning,
@@ -48,8 +42,14 @@ from planner.session.items import (
     ToolResult,
     UserObservation,
 )
+from planner.conversation.turns import next_checkpoint
+from planner.history import WorldEvent
+from planner.planner import Planner
+from planner.prompts import HISTORY_WINDOW, build_user_prompt
+from planner.providers.offline import OfflineProvider
+from planner.scene import Scene
 from planner.session.step_planner import condensed_text, observation_text, step_outcome
-from planner.session.turns import next_checkpoint
+from planner.vendors.anthropic.projection import project_anthropic
 
 GOALS = [
     "Turn on dark theme",

@@ -163,7 +163,7 @@ def build_planner_servicer(
     if planner_settings.resolved_provider != "offline":
         from planner.session.factory import SessionPlanners  # loads the provider SDKs
 
-        sessions = SessionPlanners(planner_settings)
+        sessions = SessionPlanners(planner_settings, adapter=planner.provider)
     inner = PlannerServicer(
         caller_host_id=caller_host_id,
         lease_gate=StoreLeaseGate(store),

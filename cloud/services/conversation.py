@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 
 from amc.v1 import decision_log_service_pb2 as pb
-from planner.session.items import (
+from planner.conversation.items import (
     AssistantText,
     ContextCheckpoint,
     Reasoning,

@@ -197,7 +197,7 @@ class DecisionRow(Base):
 
 
 class SessionItemRow(Base):
-    """One item of a session-mode conversation (planner/session/items.py), as its exact JSON.
+    """One item of a session-mode conversation (planner/conversation/items.py), as its exact JSON.
 
     The cloud keeps these for the cloud planner transport so a new attempt, on any host and any
     replica, continues the same conversation. `seq` is 0-based per (task, attempt); the primary

@@ -6,8 +6,8 @@ from collections.abc import Sequence
 
 from cloud.store import decisions, leases, sessions
 from cloud.store.database import Store
+from planner.conversation.items import SessionItem, dumps_item, item_type, loads_item
 from planner.decision import Decision
-from planner.session.items import SessionItem, dumps_item, item_type, loads_item
 
 
 class StoreLeaseGate:

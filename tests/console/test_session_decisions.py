@@ -8,9 +8,15 @@ import httpx
 from amc.v1 import types_pb2
 from cloud.store import decisions
 from cloud.store.ports import StoreSessionStore
+from planner.conversation.items import (
+    AssistantText,
+    Reasoning,
+    ToolCall,
+    ToolResult,
+    UserObservation,
+)
 from planner.decision import Decision, ThinkingBlock, Usage
 from planner.history import MASK
-from planner.session.items import AssistantText, Reasoning, ToolCall, ToolResult, UserObservation
 from tests.console.console_stack import Cloud, HostFactory, Operator
 from tests.console.test_pages import log_in
 

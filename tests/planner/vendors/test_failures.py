@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from planner.errors import PlannerAuthError, PlannerRateLimited, PlannerUnavailable
-from planner.providers.failures import planner_error
+from planner.vendors.failures import planner_error
 
 
 class SdkError(Exception):

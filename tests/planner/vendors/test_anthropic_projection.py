@@ -6,8 +6,7 @@ from typing import Any
 
 import pytest
 
-from planner.session.anthropic_projection import project_anthropic
-from planner.session.items import (
+from planner.conversation.items import (
     AssistantText,
     ContextCheckpoint,
     Reasoning,
@@ -16,7 +15,8 @@ from planner.session.items import (
     ToolResult,
     UserObservation,
 )
-from planner.session.turns import SessionHistoryError, apply_checkpoint, next_checkpoint
+from planner.conversation.turns import SessionHistoryError, apply_checkpoint, next_checkpoint
+from planner.vendors.anthropic.projection import project_anthropic
 
 
 def _history() -> list[SessionItem]:

@@ -1,4 +1,4 @@
-"""Session items → the `input` array of a stateless OpenAI Responses request.
+"""Conversation items → the `input` array of a stateless OpenAI Responses request.
 
 Stateless means `store=false` with `include=["reasoning.encrypted_content"]` (`REQUEST_FLAGS`):
 nothing is kept on OpenAI's side, so every earlier output item goes back in `input`, unchanged
@@ -19,16 +19,20 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from planner.session.anthropic_projection import (
-    ForeignReasoning,
-    ProjectionStats,
-    foreign_reasoning_text,
+from planner.conversation.items import (
+    AssistantItem,
+    AssistantText,
+    Reasoning,
+    SessionItem,
+    ToolCall,
 )
-from planner.session.items import AssistantItem, AssistantText, Reasoning, SessionItem, ToolCall
-from planner.session.turns import (
+from planner.conversation.turns import (
+    ForeignReasoning,
     ModelTurn,
+    ProjectionStats,
     SessionHistoryError,
     apply_checkpoint,
+    foreign_reasoning_text,
     reasoning_kept_turns,
     segment,
 )

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from planner.session.items import (
+from planner.conversation.items import (
     AssistantText,
     ContextCheckpoint,
     Reasoning,
@@ -11,7 +11,7 @@ from planner.session.items import (
     ToolResult,
     UserObservation,
 )
-from planner.session.responses_projection import REQUEST_FLAGS, project_responses
+from planner.vendors.openai.responses_projection import REQUEST_FLAGS, project_responses
 
 
 def _history() -> list[SessionItem]:

@@ -1,11 +1,14 @@
-"""The typed items a session history is made of, and their exact JSON form.
+"""The typed items every conversation with a model is made of, and their exact JSON form.
 
-A session is a list of items, not of provider messages: what the user side said (an observation,
-a tool result) and what one model turn produced (reasoning, text, tool calls). Each provider's
-projection turns the same list into its own wire format, so the history survives a provider
-switch and a restart. Reasoning is stored exactly as the provider returned it — Anthropic
-signatures, redacted data and OpenAI encrypted content are opaque strings that must go back byte
-for byte — so nothing here ever rewrites them, and the JSON form maps each field one to one.
+Both planning modes speak in these items: a compact decision is a short conversation kept in
+memory (the prompt, and the model's answer plus a correction when one is needed); a session is a
+long one kept in a store. What the user side said (an observation, a tool result) and what one
+model turn produced (reasoning, text, tool calls) are items, not provider messages: each
+vendor's projection (`planner/vendors/`) turns the same list into its own wire format, so a
+session survives a provider switch and a restart. Reasoning is stored exactly as the provider
+returned it — Anthropic signatures, redacted data and OpenAI encrypted content are opaque
+strings that must go back byte for byte — so nothing here ever rewrites them, and the JSON form
+maps each field one to one.
 One more item, `ContextCheckpoint`, is never sent: it records a context-budget decision so that
 every later request renders the history the same way.
 """
@@ -17,8 +20,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from typing import Any, Literal
 
-ProviderName = Literal["anthropic", "openai"]
-PROVIDERS: tuple[ProviderName, ...] = ("anthropic", "openai")
+#: Who made an assistant item ("offline" for the built-in heuristic, whose turns are never kept).
+ProviderName = Literal["anthropic", "openai", "offline"]
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,8 +15,8 @@ import anthropic
 import openai
 import pytest
 
-from tests.support.fake_session_server import (
-    FakeSessionServer,
+from tests.support.fakes import (
+    FakeModelServer,
     ScriptedTurn,
     function_call,
     message,
@@ -31,13 +31,13 @@ THINKING = {"type": "enabled", "budget_tokens": 1024}
 
 
 @pytest.fixture
-def server() -> Iterator[FakeSessionServer]:
-    with FakeSessionServer() as s:
+def server() -> Iterator[FakeModelServer]:
+    with FakeModelServer() as s:
         yield s
 
 
 @pytest.fixture
-async def claude(server: FakeSessionServer) -> AsyncIterator[anthropic.AsyncAnthropic]:
+async def claude(server: FakeModelServer) -> AsyncIterator[anthropic.AsyncAnthropic]:
     client = anthropic.AsyncAnthropic(
         api_key="k", base_url=server.anthropic_base_url, max_retries=0
     )
@@ -46,14 +46,14 @@ async def claude(server: FakeSessionServer) -> AsyncIterator[anthropic.AsyncAnth
 
 
 @pytest.fixture
-async def gpt(server: FakeSessionServer) -> AsyncIterator[openai.AsyncOpenAI]:
+async def gpt(server: FakeModelServer) -> AsyncIterator[openai.AsyncOpenAI]:
     client = openai.AsyncOpenAI(api_key="k", base_url=server.openai_base_url, max_retries=0)
     yield client
     await client.close()
 
 
 async def _anthropic_turn(
-    server: FakeSessionServer, claude: anthropic.AsyncAnthropic
+    server: FakeModelServer, claude: anthropic.AsyncAnthropic
 ) -> list[dict[str, Any]]:
     """One genuine turn; returns the request's messages extended with the answer and a result."""
     server.anthropic_script.append(
@@ -93,14 +93,14 @@ async def _send(claude: anthropic.AsyncAnthropic, messages: list[dict[str, Any]]
 
 
 async def test_the_intact_turn_is_accepted(
-    server: FakeSessionServer, claude: anthropic.AsyncAnthropic
+    server: FakeModelServer, claude: anthropic.AsyncAnthropic
 ) -> None:
     await _send(claude, await _anthropic_turn(server, claude))
     assert server.rejections == []
 
 
 async def test_a_turn_split_across_assistant_messages_is_rejected(
-    server: FakeSessionServer, claude: anthropic.AsyncAnthropic
+    server: FakeModelServer, claude: anthropic.AsyncAnthropic
 ) -> None:
     messages = await _anthropic_turn(server, claude)
     blocks = messages[1]["content"]
@@ -116,7 +116,7 @@ async def test_a_turn_split_across_assistant_messages_is_rejected(
 
 
 async def test_missing_final_thinking_is_rejected(
-    server: FakeSessionServer, claude: anthropic.AsyncAnthropic
+    server: FakeModelServer, claude: anthropic.AsyncAnthropic
 ) -> None:
     messages = await _anthropic_turn(server, claude)
     messages[1]["content"] = messages[1]["content"][3:]
@@ -131,7 +131,7 @@ async def test_missing_final_thinking_is_rejected(
 
 
 async def test_altered_or_partial_thinking_is_rejected(
-    server: FakeSessionServer, claude: anthropic.AsyncAnthropic
+    server: FakeModelServer, claude: anthropic.AsyncAnthropic
 ) -> None:
     good = await _anthropic_turn(server, claude)
     tampered = copy.deepcopy(good)
@@ -155,7 +155,7 @@ async def test_altered_or_partial_thinking_is_rejected(
 
 
 async def test_an_edited_earlier_message_invalidates_later_thinking(
-    server: FakeSessionServer, claude: anthropic.AsyncAnthropic
+    server: FakeModelServer, claude: anthropic.AsyncAnthropic
 ) -> None:
     """Preserved thinking: a sliding context window that condenses an earlier observation
     changes the prefix the thinking block was produced under."""
@@ -168,7 +168,7 @@ async def test_an_edited_earlier_message_invalidates_later_thinking(
 
 
 async def test_tool_results_must_answer_and_come_first(
-    server: FakeSessionServer, claude: anthropic.AsyncAnthropic
+    server: FakeModelServer, claude: anthropic.AsyncAnthropic
 ) -> None:
     good = await _anthropic_turn(server, claude)
     late = copy.deepcopy(good)
@@ -194,9 +194,7 @@ async def test_thinking_with_a_forced_tool_choice_is_rejected(
         )
 
 
-async def _responses_turn(
-    server: FakeSessionServer, gpt: openai.AsyncOpenAI
-) -> list[dict[str, Any]]:
+async def _responses_turn(server: FakeModelServer, gpt: openai.AsyncOpenAI) -> list[dict[str, Any]]:
     server.responses_script.append(
         ScriptedTurn([reasoning("plan"), message("Tapping."), function_call("tap", {"x": 1})])
     )
@@ -226,7 +224,7 @@ async def _send_responses(gpt: openai.AsyncOpenAI, items: list[dict[str, Any]]) 
     )
 
 
-async def test_responses_rules(server: FakeSessionServer, gpt: openai.AsyncOpenAI) -> None:
+async def test_responses_rules(server: FakeModelServer, gpt: openai.AsyncOpenAI) -> None:
     good = await _responses_turn(server, gpt)
     await _send_responses(gpt, copy.deepcopy(good))
     assert server.rejections == []

@@ -14,15 +14,16 @@ import pytest
 
 from planner.errors import PlannerAuthError, PlannerError, PlannerRateLimited, PlannerUnavailable
 from planner.planner import Planner
-from planner.providers.anthropic import INTERLEAVED_THINKING_BETA, AnthropicProvider
 from planner.settings import PlannerSettings
+from planner.vendors import make_adapter
+from planner.vendors.anthropic import INTERLEAVED_THINKING_BETA
 from tests.planner.scenes import settings_main
-from tests.support.fake_providers import (
+from tests.support.fakes import (
     ANTHROPIC_KEY,
     BUDGET_TOO_SMALL,
     MAX_TOKENS_NOT_ABOVE_BUDGET,
     THINKING_WITH_FORCED_TOOL,
-    FakeProviderServer,
+    FakeModelServer,
     anthropic_error,
     anthropic_message,
     rate_limited_anthropic,
@@ -40,7 +41,7 @@ TAP_DISPLAY = {
 }
 
 
-def make(server: FakeProviderServer, **overrides: Any) -> Planner:
+def make(server: FakeModelServer, **overrides: Any) -> Planner:
     values: dict[str, Any] = {
         "provider": "anthropic",
         "anthropic_api_key": ANTHROPIC_KEY,
@@ -50,7 +51,7 @@ def make(server: FakeProviderServer, **overrides: Any) -> Planner:
         **overrides,
     }
     settings = PlannerSettings(**values)
-    return Planner(AnthropicProvider(settings), settings)
+    return Planner(make_adapter(settings), settings)
 
 
 async def decide(planner: Planner) -> Any:
@@ -61,7 +62,7 @@ async def decide(planner: Planner) -> Any:
 
 
 async def test_text_before_tool_use_is_the_rationale_and_tool_choice_is_auto(
-    fake_server: FakeProviderServer,
+    fake_server: FakeModelServer,
 ) -> None:
     fake_server.script_anthropic(
         anthropic_message(
@@ -105,7 +106,7 @@ async def test_text_before_tool_use_is_the_rationale_and_tool_choice_is_auto(
 
 
 async def test_budget_thinking_sends_enabled_budget_beta_header_and_raised_max_tokens(
-    fake_server: FakeProviderServer,
+    fake_server: FakeModelServer,
 ) -> None:
     fake_server.script_anthropic(
         anthropic_message(
@@ -133,7 +134,7 @@ async def test_budget_thinking_sends_enabled_budget_beta_header_and_raised_max_t
 
 
 async def test_seed_env_var_still_turns_budget_thinking_on(
-    fake_server: FakeProviderServer, monkeypatch: pytest.MonkeyPatch
+    fake_server: FakeModelServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("AI_PLANNER_THINKING_BUDGET_TOKENS", "2048")
     fake_server.script_anthropic(anthropic_message(thinking("hm"), tool_use("tap", TAP_DISPLAY)))
@@ -143,7 +144,7 @@ async def test_seed_env_var_still_turns_budget_thinking_on(
     assert sent.body["max_tokens"] > 2048
 
 
-async def test_adaptive_thinking_with_effort(fake_server: FakeProviderServer) -> None:
+async def test_adaptive_thinking_with_effort(fake_server: FakeModelServer) -> None:
     fake_server.script_anthropic(
         anthropic_message(thinking("adaptive"), tool_use("tap", TAP_DISPLAY))
     )
@@ -156,7 +157,7 @@ async def test_adaptive_thinking_with_effort(fake_server: FakeProviderServer) ->
 
 
 async def test_no_tool_call_gets_one_forced_retry_without_thinking(
-    fake_server: FakeProviderServer,
+    fake_server: FakeModelServer,
 ) -> None:
     fake_server.script_anthropic(
         anthropic_message(thinking("let me look"), text("I should open Display first.")),
@@ -177,7 +178,7 @@ async def test_no_tool_call_gets_one_forced_retry_without_thinking(
 
 
 async def test_invalid_tool_call_gets_one_corrective_turn_with_thinking_sent_back_intact(
-    fake_server: FakeProviderServer,
+    fake_server: FakeModelServer,
 ) -> None:
     fake_server.script_anthropic(
         anthropic_message(
@@ -212,9 +213,9 @@ async def test_invalid_tool_call_gets_one_corrective_turn_with_thinking_sent_bac
     assert second.body["thinking"]["type"] == "enabled"
 
 
-def first_thinking(first: Any, server: FakeProviderServer) -> dict[str, Any]:
+def first_thinking(first: Any, server: FakeModelServer) -> dict[str, Any]:
     """The signed thinking block the fake returned for the first request."""
-    sig = next(s for s, t in server._signatures.items() if t == "Tap the display row.")
+    sig = server.messages.signature_of("Tap the display row.")
     return {"type": "thinking", "thinking": "Tap the display row.", "signature": sig}
 
 
@@ -230,7 +231,7 @@ def first_thinking(first: Any, server: FakeProviderServer) -> dict[str, Any]:
     ],
 )
 async def test_still_invalid_after_the_corrective_turn_is_a_clear_planner_error(
-    fake_server: FakeProviderServer, bad_args: dict[str, Any], complaint: str
+    fake_server: FakeModelServer, bad_args: dict[str, Any], complaint: str
 ) -> None:
     fake_server.script_anthropic(
         anthropic_message(tool_use("tap", bad_args)),
@@ -242,7 +243,7 @@ async def test_still_invalid_after_the_corrective_turn_is_a_clear_planner_error(
     assert len(fake_server.requests) == 2
 
 
-async def test_unknown_tool_is_corrected(fake_server: FakeProviderServer) -> None:
+async def test_unknown_tool_is_corrected(fake_server: FakeModelServer) -> None:
     fake_server.script_anthropic(
         anthropic_message(tool_use("click", {"element_id": "e17"})),
         anthropic_message(tool_use("tap", TAP_DISPLAY)),
@@ -253,7 +254,7 @@ async def test_unknown_tool_is_corrected(fake_server: FakeProviderServer) -> Non
     assert "unknown tool 'click'" in tool_result["content"]
 
 
-async def test_rate_limit_is_retried_by_the_sdk(fake_server: FakeProviderServer) -> None:
+async def test_rate_limit_is_retried_by_the_sdk(fake_server: FakeModelServer) -> None:
     fake_server.script_anthropic(
         rate_limited_anthropic(), anthropic_message(tool_use("tap", TAP_DISPLAY))
     )
@@ -263,7 +264,7 @@ async def test_rate_limit_is_retried_by_the_sdk(fake_server: FakeProviderServer)
 
 
 async def test_rate_limit_that_persists_is_planner_rate_limited(
-    fake_server: FakeProviderServer,
+    fake_server: FakeModelServer,
 ) -> None:
     fake_server.script_anthropic(*[rate_limited_anthropic() for _ in range(3)])
     with pytest.raises(PlannerRateLimited, match="planner: Anthropic rate limit"):
@@ -271,7 +272,7 @@ async def test_rate_limit_that_persists_is_planner_rate_limited(
     assert len(fake_server.requests) == 3
 
 
-async def test_server_errors_are_retried_then_unavailable(fake_server: FakeProviderServer) -> None:
+async def test_server_errors_are_retried_then_unavailable(fake_server: FakeModelServer) -> None:
     boom = anthropic_error(500, "api_error", "Internal server error", retry_after_ms="5")
     overloaded = anthropic_error(529, "overloaded_error", "Overloaded", retry_after_ms="5")
     fake_server.script_anthropic(boom, anthropic_message(tool_use("tap", TAP_DISPLAY)))
@@ -282,7 +283,7 @@ async def test_server_errors_are_retried_then_unavailable(fake_server: FakeProvi
         await decide(make(fake_server, max_retries=1))
 
 
-async def test_bad_key_is_an_operator_message(fake_server: FakeProviderServer) -> None:
+async def test_bad_key_is_an_operator_message(fake_server: FakeModelServer) -> None:
     with pytest.raises(PlannerAuthError) as info:
         await decide(make(fake_server, anthropic_api_key="sk-ant-wrong"))
     assert str(info.value).startswith("planner: Anthropic rejected the API key")
@@ -290,7 +291,7 @@ async def test_bad_key_is_an_operator_message(fake_server: FakeProviderServer) -
 
 
 async def test_model_that_only_takes_adaptive_rejects_budget_mode(
-    fake_server: FakeProviderServer,
+    fake_server: FakeModelServer,
 ) -> None:
     with pytest.raises(PlannerError, match=r"rejected the request .*HTTP 400.*adaptive"):
         await decide(
@@ -322,7 +323,7 @@ async def test_model_that_only_takes_adaptive_rejects_budget_mode(
     ],
 )
 async def test_the_fake_enforces_the_documented_constraints(
-    fake_server: FakeProviderServer, kwargs: dict[str, Any], message: str
+    fake_server: FakeModelServer, kwargs: dict[str, Any], message: str
 ) -> None:
     """A client regression that sends these must fail a test, not pass against a lenient fake."""
     client = anthropic.AsyncAnthropic(
@@ -345,7 +346,7 @@ async def test_the_fake_enforces_the_documented_constraints(
 
 
 async def test_fake_rejects_a_tool_use_continuation_whose_thinking_was_dropped(
-    fake_server: FakeProviderServer,
+    fake_server: FakeModelServer,
 ) -> None:
     client = anthropic.AsyncAnthropic(
         api_key=ANTHROPIC_KEY, base_url=fake_server.anthropic_base_url, max_retries=0
@@ -376,7 +377,7 @@ async def test_fake_rejects_a_tool_use_continuation_whose_thinking_was_dropped(
 
 
 async def test_corrective_turn_after_a_forced_retry_runs_without_thinking(
-    fake_server: FakeProviderServer,
+    fake_server: FakeModelServer,
 ) -> None:
     """The forced answer carries no thinking, so the continuation must not enable it (the API
     would reject a thinking turn whose last tool_use message does not start with thinking)."""

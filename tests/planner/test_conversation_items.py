@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from planner.session.items import (
+from planner.conversation.items import (
     AssistantText,
     Reasoning,
     SessionItem,
@@ -97,7 +97,7 @@ def test_unknown_or_malformed_items_are_rejected() -> None:
 
 @pytest.mark.parametrize("flag", [True, "true", 1, "yes"])
 def test_any_sensitive_flag_but_false_masks_the_text(flag: object) -> None:
-    from planner.session.provider_turn import mask_sensitive
+    from planner.vendors.base import mask_sensitive
 
     masked = mask_sensitive("input_text", {"text": "hunter2", "sensitive": flag})
     assert masked["text"] != "hunter2"
@@ -107,7 +107,7 @@ def test_any_sensitive_flag_but_false_masks_the_text(flag: object) -> None:
 
 
 def test_unreadable_responses_input_text_arguments_are_not_kept_raw() -> None:
-    from planner.session.responses_turn import items_from_response
+    from planner.vendors.openai.responses import items_from_response
 
     broken = '{"text": "hunter2", "sensitive": true'  # cut off: not valid JSON
     output = [

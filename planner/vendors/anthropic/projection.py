@@ -1,4 +1,4 @@
-"""Session items → the `messages` array of an Anthropic Messages request.
+"""Conversation items → the `messages` array of an Anthropic Messages request (both modes).
 
 The rules this module exists to keep (each one a known failure mode elsewhere):
 
@@ -30,32 +30,29 @@ The rules this module exists to keep (each one a known failure mode elsewhere):
 
 from __future__ import annotations
 
+import base64
 import json
-from collections.abc import Sequence
-from dataclasses import dataclass, field, fields
-from typing import Any, Literal
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
 
-from planner.session.items import AssistantText, Reasoning, SessionItem, ToolResult
-from planner.session.turns import SessionHistoryError, UserSide, apply_checkpoint, segment
-
-ForeignReasoning = Literal["drop", "text"]
-
-
-@dataclass(slots=True)
-class ProjectionStats:
-    """What a projection left out or changed, so it can be logged instead of happening silently."""
-
-    unsigned_dropped: int = 0
-    foreign_dropped: int = 0
-    foreign_as_text: int = 0
-    budget_stripped: int = 0
-    condensed_observations: int = 0
-    turns_as_text: int = 0
-    orphan_reasoning_dropped: int = 0
-    thinking_off_dropped: int = 0
-
-    def as_dict(self) -> dict[str, int]:
-        return {f.name: int(getattr(self, f.name)) for f in fields(self)}
+from planner.conversation.items import (
+    AssistantText,
+    Reasoning,
+    SessionItem,
+    ToolResult,
+    UserObservation,
+)
+from planner.conversation.turns import (
+    ForeignReasoning,
+    ProjectionStats,
+    SessionHistoryError,
+    UserSide,
+    apply_checkpoint,
+    foreign_reasoning_text,
+    segment,
+)
+from planner.vendors.base import image_media_type
 
 
 @dataclass(slots=True)
@@ -64,11 +61,6 @@ class AnthropicProjection:
 
     messages: list[dict[str, Any]]
     stats: ProjectionStats = field(default_factory=ProjectionStats)
-
-
-def foreign_reasoning_text(reasoning: Reasoning) -> str:
-    """How another provider's reasoning reads as plain text (its signature never travels)."""
-    return f"[earlier reasoning by {reasoning.provider}]\n{reasoning.readable}"
 
 
 def call_as_text(name: str, arguments: dict[str, Any]) -> str:
@@ -113,10 +105,13 @@ def project_anthropic(
     *,
     thinking: bool,
     foreign_reasoning: ForeignReasoning = "drop",
+    images: Mapping[int, bytes] | None = None,
 ) -> AnthropicProjection:
-    """Project a session onto Anthropic `messages`. Raises SessionHistoryError when the history
-    itself is malformed (a tool call without a result, two model turns in a row)."""
+    """Project a conversation onto Anthropic `messages`. `images` attaches a screenshot to the
+    observation at that item index (before its text). Raises SessionHistoryError when the
+    history itself is malformed (a tool call without a result, two model turns in a row)."""
     stats = ProjectionStats()
+    shots = {id(items[i]): data for i, data in (images or {}).items() if 0 <= i < len(items)}
     budget = apply_checkpoint(items)
     stats.condensed_observations = budget.condensed
     segments = segment(budget.items)
@@ -152,6 +147,8 @@ def project_anthropic(
                         block["is_error"] = True
                     content.append(block)
                 elif item.text:
+                    if isinstance(item, UserObservation) and id(item) in shots:
+                        texts.append(_image_block(shots[id(item)]))
                     texts.append({"type": "text", "text": item.text})
             if pending:
                 raise SessionHistoryError(f"tool call(s) without a result: {sorted(pending)}")
@@ -231,3 +228,14 @@ def _append(messages: list[dict[str, Any]], role: str, content: list[dict[str, A
         messages[-1]["content"].extend(content)
         return
     messages.append({"role": role, "content": content})
+
+
+def _image_block(data: bytes) -> dict[str, Any]:
+    return {
+        "type": "image",
+        "source": {
+            "type": "base64",
+            "media_type": image_media_type(data),
+            "data": base64.b64encode(data).decode("ascii"),
+        },
+    }

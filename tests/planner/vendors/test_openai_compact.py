@@ -9,12 +9,12 @@ import pytest
 
 from planner.errors import PlannerAuthError, PlannerRateLimited, PlannerUnavailable
 from planner.planner import Planner
-from planner.providers.openai import OpenAIProvider
 from planner.settings import PlannerSettings
+from planner.vendors import make_adapter
 from tests.planner.scenes import settings_main
-from tests.support.fake_providers import (
+from tests.support.fakes import (
     OPENAI_KEY,
-    FakeProviderServer,
+    FakeModelServer,
     chat_completion,
     openai_error,
     openai_tool_call,
@@ -28,7 +28,7 @@ TAP = {
 }
 
 
-def make(server: FakeProviderServer, **overrides: Any) -> Planner:
+def make(server: FakeModelServer, **overrides: Any) -> Planner:
     values: dict[str, Any] = {
         "provider": "openai",
         "openai_api_key": OPENAI_KEY,
@@ -38,7 +38,7 @@ def make(server: FakeProviderServer, **overrides: Any) -> Planner:
         **overrides,
     }
     settings = PlannerSettings(**values)
-    return Planner(OpenAIProvider(settings), settings)
+    return Planner(make_adapter(settings), settings)
 
 
 async def decide(planner: Planner) -> Any:
@@ -49,7 +49,7 @@ async def decide(planner: Planner) -> Any:
 
 
 async def test_content_is_rationale_reasoning_content_is_thinking(
-    fake_server: FakeProviderServer,
+    fake_server: FakeModelServer,
 ) -> None:
     fake_server.script_openai(
         chat_completion(
@@ -80,7 +80,7 @@ async def test_content_is_rationale_reasoning_content_is_thinking(
     assert {"purpose", "expected_outcome"} <= set(tap["function"]["parameters"]["required"])
 
 
-async def test_no_tool_call_is_retried_with_required(fake_server: FakeProviderServer) -> None:
+async def test_no_tool_call_is_retried_with_required(fake_server: FakeModelServer) -> None:
     fake_server.script_openai(
         chat_completion("I will open Display."),
         chat_completion(None, openai_tool_call("tap", TAP)),
@@ -94,7 +94,7 @@ async def test_no_tool_call_is_retried_with_required(fake_server: FakeProviderSe
 
 
 async def test_arguments_that_are_not_json_get_a_corrective_tool_message(
-    fake_server: FakeProviderServer,
+    fake_server: FakeModelServer,
 ) -> None:
     # A compatible server that requires reasoning_content back on the tool-call message.
     fake_server.require_reasoning_content_back = True
@@ -116,7 +116,7 @@ async def test_arguments_that_are_not_json_get_a_corrective_tool_message(
     assert "not valid JSON" in tool["content"]
 
 
-async def test_off_screen_point_is_corrected(fake_server: FakeProviderServer) -> None:
+async def test_off_screen_point_is_corrected(fake_server: FakeModelServer) -> None:
     fake_server.script_openai(
         chat_completion(
             None,
@@ -134,7 +134,7 @@ async def test_off_screen_point_is_corrected(fake_server: FakeProviderServer) ->
     assert "1080x2400" in complaint
 
 
-async def test_429_then_success_and_persistent_429(fake_server: FakeProviderServer) -> None:
+async def test_429_then_success_and_persistent_429(fake_server: FakeModelServer) -> None:
     fake_server.script_openai(
         rate_limited_openai(), chat_completion(None, openai_tool_call("tap", TAP))
     )
@@ -146,7 +146,7 @@ async def test_429_then_success_and_persistent_429(fake_server: FakeProviderServ
         await decide(make(fake_server, max_retries=1))
 
 
-async def test_500_is_unavailable(fake_server: FakeProviderServer) -> None:
+async def test_500_is_unavailable(fake_server: FakeModelServer) -> None:
     boom = openai_error(500, "The server had an error", "server_error", retry_after_ms="5")
     fake_server.script_openai(boom, boom, boom)
     with pytest.raises(PlannerUnavailable, match="HTTP 500 after 2 retries"):
@@ -154,12 +154,12 @@ async def test_500_is_unavailable(fake_server: FakeProviderServer) -> None:
     assert len(fake_server.requests) == 3
 
 
-async def test_bad_key(fake_server: FakeProviderServer) -> None:
+async def test_bad_key(fake_server: FakeModelServer) -> None:
     with pytest.raises(PlannerAuthError, match=r"^planner: OpenAI rejected the API key"):
         await decide(make(fake_server, openai_api_key="sk-wrong"))
 
 
-async def test_tool_arguments_json_round_trip_is_exact(fake_server: FakeProviderServer) -> None:
+async def test_tool_arguments_json_round_trip_is_exact(fake_server: FakeModelServer) -> None:
     args = {
         "text": "hunter2",
         "sensitive": True,

@@ -1,4 +1,4 @@
-"""Grouping a flat item list into turns, and the context-budget rules both projections share.
+"""Grouping a flat item list into turns, and the rules every vendor projection shares.
 
 A model turn is every assistant item with the same `turn_id` that follows one another; the user
 side between two model turns is one user turn. Projections work on these groups so that one
@@ -9,9 +9,10 @@ items (Responses) — never split, never merged with another turn.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
+from typing import Literal
 
-from planner.session.items import (
+from planner.conversation.items import (
     AssistantItem,
     AssistantText,
     ContextCheckpoint,
@@ -24,6 +25,32 @@ from planner.session.items import (
 )
 
 OMITTED_SCENE = "(earlier screen omitted to save context)"
+
+#: What happens to reasoning another provider made, after a provider switch: dropped, or sent
+#: as plain text (its signature or encrypted content never travels to another provider).
+ForeignReasoning = Literal["drop", "text"]
+
+
+@dataclass(slots=True)
+class ProjectionStats:
+    """What a projection left out or changed, so it can be logged instead of happening silently."""
+
+    unsigned_dropped: int = 0
+    foreign_dropped: int = 0
+    foreign_as_text: int = 0
+    budget_stripped: int = 0
+    condensed_observations: int = 0
+    turns_as_text: int = 0
+    orphan_reasoning_dropped: int = 0
+    thinking_off_dropped: int = 0
+
+    def as_dict(self) -> dict[str, int]:
+        return {f.name: int(getattr(self, f.name)) for f in fields(self)}
+
+
+def foreign_reasoning_text(reasoning: Reasoning) -> str:
+    """How another provider's reasoning reads as plain text (its signature never travels)."""
+    return f"[earlier reasoning by {reasoning.provider}]\n{reasoning.readable}"
 
 
 class SessionHistoryError(ValueError):

@@ -6,14 +6,10 @@ from typing import Any
 
 import pytest
 
-from planner.session.anthropic_turn import items_from_message
-from planner.session.items import Reasoning, ToolCall
-from planner.session.responses_turn import items_from_response
-from planner.session.streaming import (
-    AnthropicStreamAccumulator,
-    IncompleteStream,
-    ResponsesStreamAccumulator,
-)
+from planner.conversation.items import Reasoning, ToolCall
+from planner.vendors.anthropic.messages import AnthropicStreamAccumulator, items_from_message
+from planner.vendors.openai.responses import ResponsesStreamAccumulator, items_from_response
+from planner.vendors.streaming import IncompleteStream
 
 
 def _anthropic_events() -> list[dict[str, Any]]:

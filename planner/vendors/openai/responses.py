@@ -1,20 +1,18 @@
-"""One stateless OpenAI Responses call of a session, streamed or not, turned into session items."""
+"""The OpenAI Responses wire format (session mode): stateless request body, reply → items,
+usage, stream events."""
 
 from __future__ import annotations
 
-import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-import openai
-
+from planner.conversation.items import AssistantItem, AssistantText, Reasoning
 from planner.decision import Usage
-from planner.session.config import ThinkingConfig
-from planner.session.items import AssistantItem, AssistantText, Reasoning, ToolCall
-from planner.session.provider_turn import TurnResult, fetch_response, mask_sensitive
-from planner.session.responses_projection import REQUEST_FLAGS
-from planner.session.streaming import ResponsesStreamAccumulator, ThinkingSink
 from planner.tools import ToolSpec
+from planner.vendors.base import ThinkingConfig, ThinkingSink
+from planner.vendors.openai.calls import function_call
+from planner.vendors.openai.responses_projection import REQUEST_FLAGS
+from planner.vendors.streaming import IncompleteStream, event_dict
 
 
 def request_params(
@@ -52,7 +50,7 @@ def request_params(
     return params
 
 
-def items_from_response(response: dict[str, Any]) -> list[AssistantItem]:
+def items_from_response(response: Mapping[str, Any]) -> list[AssistantItem]:
     """A response's output items as session items, in their order, nothing rewritten (the
     function-call arguments string is kept byte for byte, except a masked sensitive value and
     unreadable input_text arguments, which may hold the text)."""
@@ -81,33 +79,20 @@ def items_from_response(response: dict[str, Any]) -> list[AssistantItem]:
                         )
                     )
         elif kind == "function_call":
-            name = str(item.get("name") or "")
-            raw = str(item.get("arguments") or "")
-            try:
-                parsed = json.loads(raw) if raw.strip() else {}
-            except json.JSONDecodeError:
-                parsed = None
-            args = parsed if isinstance(parsed, dict) else {}
-            masked = mask_sensitive(name, args)
-            if masked is not args or (name == "input_text" and not isinstance(parsed, dict)):
-                # Unreadable input_text arguments may still hold the text: never keep them raw.
-                raw = json.dumps(masked, ensure_ascii=False)
             out.append(
-                ToolCall(
-                    "openai",
+                function_call(
                     turn_id,
-                    str(item.get("call_id") or ""),
-                    name,
-                    masked,
-                    raw_arguments=raw,
+                    call_id=str(item.get("call_id") or ""),
+                    name=str(item.get("name") or ""),
+                    raw=str(item.get("arguments") or ""),
                     item_id=item.get("id"),
-                    wire={**item, "arguments": raw},
+                    wire=dict(item),
                 )
             )
     return out
 
 
-def usage_from(usage: dict[str, Any] | None) -> Usage:
+def usage_from(usage: Mapping[str, Any] | None) -> Usage:
     u = usage or {}
     cached = (u.get("input_tokens_details") or {}).get("cached_tokens") or 0
     reasoning = (u.get("output_tokens_details") or {}).get("reasoning_tokens") or 0
@@ -119,27 +104,45 @@ def usage_from(usage: dict[str, Any] | None) -> Usage:
     )
 
 
-async def responses_turn(
-    client: openai.AsyncOpenAI,
-    *,
-    params: dict[str, Any],
-    stream: bool,
-    on_thinking: ThinkingSink | None = None,
-) -> TurnResult:
-    """Run one call; with `stream`, reasoning summary deltas go to `on_thinking` live."""
-    acc = ResponsesStreamAccumulator(on_thinking)
-    streamed = (acc.feed, acc.response) if stream else None
-    response = await fetch_response(client.responses.create, params, "openai", streamed)
-    return TurnResult(
-        turn_id=str(response.get("id") or ""),
-        items=items_from_response(response),
-        usage=usage_from(response.get("usage")),
-        model=str(response.get("model") or params["model"]),
-        stop_reason=response.get("status"),
-        request=params,
-        raw_calls={
-            str(i.get("call_id")): i.get("arguments")
-            for i in response.get("output") or []
-            if i.get("type") == "function_call"
-        },
-    )
+def raw_calls(response: Mapping[str, Any]) -> dict[str, Any]:
+    """call id → the arguments string exactly as the model sent it (for execution only)."""
+    return {
+        str(i.get("call_id")): i.get("arguments")
+        for i in response.get("output") or []
+        if i.get("type") == "function_call"
+    }
+
+
+class ResponsesStreamAccumulator:
+    """Builds a Responses response dict from its stream events.
+
+    Items are taken from `response.output_item.done` (the `…added` copy of a reasoning item may
+    carry incomplete encrypted content); the envelope (id, model, usage) from `response.completed`.
+    """
+
+    def __init__(self, on_thinking: ThinkingSink | None = None) -> None:
+        self._on_thinking = on_thinking
+        self._items: dict[int, dict[str, Any]] = {}
+        self._response: dict[str, Any] | None = None
+
+    def feed(self, event: Any) -> None:
+        data = event_dict(event)
+        kind = data.get("type")
+        if kind in ("response.reasoning_summary_text.delta", "response.reasoning_text.delta"):
+            if self._on_thinking is not None and data.get("delta"):
+                self._on_thinking(str(data["delta"]))
+        elif kind == "response.output_item.done":
+            self._items[int(data["output_index"])] = dict(data["item"])
+        elif kind in ("response.completed", "response.incomplete"):
+            self._response = dict(data["response"])
+        elif kind in ("response.failed", "error"):
+            raise IncompleteStream(f"the Responses stream failed: {data}")
+
+    def response(self) -> dict[str, Any]:
+        """The complete response. Raises IncompleteStream if `response.completed` never came."""
+        if self._response is None:
+            raise IncompleteStream(
+                "the Responses stream ended before response.completed; the partial turn is "
+                "discarded"
+            )
+        return {**self._response, "output": [self._items[i] for i in sorted(self._items)]}

@@ -1,0 +1,73 @@
+"""One adapter per model vendor (Anthropic, OpenAI) serving both planning modes.
+
+Each vendor folder holds that vendor's wire formats — request building, reply parsing into the
+one set of conversation items (`planner/conversation/items.py`), stream accumulation — and its
+adapter; failures go through the one mapper (`failures.py`). Import `make_adapter` from here; the
+SDKs are loaded only when an adapter is made, so an offline planner never loads them.
+"""
+
+from __future__ import annotations
+
+from planner.settings import PlannerSettings
+from planner.vendors.base import (
+    ModelAdapter,
+    PlannerMode,
+    ThinkingConfig,
+    ThinkingSink,
+    Turn,
+    TurnRequest,
+    mask_sensitive,
+)
+
+__all__ = [
+    "ModelAdapter",
+    "PlannerMode",
+    "ThinkingConfig",
+    "ThinkingSink",
+    "Turn",
+    "TurnRequest",
+    "make_adapter",
+    "mask_sensitive",
+    "thinking_config",
+]
+
+
+def thinking_config(settings: PlannerSettings) -> ThinkingConfig:
+    """The configured thinking (`AMC_PLANNER_THINKING`, `…_EFFORT`, `…_THINKING_BUDGET_TOKENS`)."""
+    return ThinkingConfig(
+        mode=settings.thinking_mode,
+        effort=settings.effort,
+        budget_tokens=settings.thinking_budget_tokens,
+    )
+
+
+def make_adapter(settings: PlannerSettings) -> ModelAdapter:
+    """The adapter of the vendor the settings select (anthropic or openai).
+
+    Raises `PlannerAuthError` when the vendor's API key is missing, and ValueError for the
+    offline provider (it is no vendor: see `planner.providers.make_provider`).
+    """
+    vendor = settings.resolved_provider
+    if vendor == "anthropic":
+        from planner.vendors.anthropic import AnthropicAdapter
+        from planner.vendors.clients import anthropic_client
+
+        return AnthropicAdapter(
+            anthropic_client(settings),
+            model=settings.resolved_model,
+            thinking=thinking_config(settings),
+            max_tokens=settings.max_tokens,
+            retries=settings.max_retries,
+        )
+    if vendor == "openai":
+        from planner.vendors.clients import openai_client
+        from planner.vendors.openai import OpenAIAdapter
+
+        return OpenAIAdapter(
+            openai_client(settings),
+            model=settings.resolved_model,
+            thinking=thinking_config(settings),
+            max_tokens=settings.max_tokens,
+            retries=settings.max_retries,
+        )
+    raise ValueError(f"{vendor!r} is not a model vendor")
