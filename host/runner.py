@@ -21,6 +21,7 @@ import grpc
 from amc.v1 import types_pb2
 from host.agent.live_thinking import ClearingPlanner, LiveThinking
 from host.agent.loop import AgentLoop, LoopSettings, TaskOutcome, TaskSpec
+from host.agent.planning_wait import WaitPolicy
 from host.agent.progress import ProgressHolder
 from host.cloud_channel import open_channel
 from host.devices.adb_driver import AdbDriver
@@ -262,6 +263,7 @@ async def _run_task(
             send_screenshot=s.send_screenshot,
             ocr=app.ocr is not None,
             planner_transport=s.planner_transport,
+            planner_wait=WaitPolicy(s.planner_wait_initial_s, s.planner_wait_max_s),
         ),
     )
     try:

@@ -2,9 +2,11 @@
 
 The flow of a decision:
 1. Ask with `tool_choice=auto` (thinking as configured) so rationale and thinking can appear.
-2. No tool call at all → ask once more with a forced tool choice and no thinking (the only
-   combination the providers accept); `forced_retry` is recorded. The first answer's text and
-   thinking are kept: they are the model's judgement for this step even though it did not act.
+2. No tool call at all → ask once more, in the form the model's profile allows: a forced tool
+   choice with thinking off for that call, or — where thinking cannot be turned off for one
+   call — a nudge: one more turn with thinking kept and an instruction to call exactly one tool.
+   Which retry happened is recorded. The first answer's thinking is kept: it is the model's
+   judgement for this step even though it did not act.
 3. The tool call is unusable (none, unknown tool, missing purpose/expected outcome, invalid
    arguments, an element id not on screen, a point off screen) → one corrective turn: the answer
    goes back with a tool result (or, without a call, an instruction) saying what was wrong; then
@@ -29,13 +31,16 @@ from planner.conversation.items import (
     ToolResult,
     UserObservation,
 )
-from planner.decision import Decision, ThinkingBlock, Usage
+from planner.decision import Decision, RetryKind, ThinkingBlock, ThinkingKind, Usage
 from planner.errors import PlannerError, PlannerRejected, ToolCallError
+from planner.model_profiles import RetryForm
 from planner.tools import ParsedToolCall, parse_tool_call
 from planner.vendors.base import ModelAdapter, Turn, TurnRequest
 
 NUDGE = "You answered without calling a tool. Call exactly one tool now."
 EXTRA_CALL = "Not executed: call exactly one tool per turn."
+CUT_OFF = "[cut off: the answer reached the output token limit]"
+_KIND_ORDER: tuple[ThinkingKind, ...] = ("full", "summarized", "redacted", "omitted")
 
 
 def rejected_call(error: str) -> str:
@@ -60,8 +65,8 @@ class Conversation(Protocol):
         correction needs it)."""
         ...
 
-    async def before_forced_retry(self) -> None:
-        """The answer had no tool call and the call is asked again with a forced tool choice."""
+    async def before_retry(self, form: RetryForm) -> None:
+        """The answer had no tool call; it is asked again in this form."""
         ...
 
     async def add(self, items: Sequence[SessionItem]) -> None:
@@ -92,7 +97,7 @@ async def decide(
     started = time.monotonic()
     turns: list[Turn] = []
     usage = Usage()
-    forced = False
+    retry: RetryKind = "none"
     corrective = 0
 
     async def ask(*, force: bool, first: bool = False) -> Turn:
@@ -112,9 +117,10 @@ async def decide(
     turn = await ask(force=False, first=True)
     while True:
         if not turn.tool_calls:
-            forced = True
-            await conversation.before_forced_retry()
-            turn = await ask(force=True)
+            form = adapter.retry_form
+            retry = form
+            await conversation.before_retry(form)
+            turn = await ask(force=form == "forced")
         try:
             parsed = await _parse(conversation, turn, ids, screen_size)
             break
@@ -134,7 +140,7 @@ async def decide(
         provider=adapter.name,
         model=turn.model or adapter.model,
         latency_s=time.monotonic() - started,
-        forced_retry=forced,
+        retry_kind=retry,
         corrective_retries=corrective,
         system_prompt=system_prompt,
         user_prompt=user_prompt,
@@ -173,22 +179,32 @@ def build_decision(
     provider: str,
     model: str,
     latency_s: float,
-    forced_retry: bool,
+    retry_kind: RetryKind,
     corrective_retries: int,
     system_prompt: str,
     user_prompt: str,
     extra: dict[str, Any] | None = None,
 ) -> Decision:
-    """The one place a `Decision` is made from the turns a decision needed."""
+    """The one place a `Decision` is made from the turns a decision needed.
+
+    The rationale is the text of the answer whose call is used, or — when that answer wrote
+    none (a forced call writes none) — of the latest earlier answer: a corrected answer usually
+    repeats its judgement, and it must not appear twice. Every answer's thinking is kept.
+    """
     reasoning = [i for t in turns for i in t.items if isinstance(i, Reasoning)]
-    texts = [t.text for t in turns if t.text]
+    said = next((t for t in reversed(turns) if t.text), None)
+    rationale = said.text if said is not None else None
+    if said is not None and said.truncated:
+        rationale = f"{rationale}\n{CUT_OFF}"
+    kinds = {t.thinking_kind for t in turns}
+    thinking_kind: ThinkingKind = next((k for k in _KIND_ORDER if k in kinds), "none")
     return Decision(
         tool_name=parsed.tool_name,
         arguments=parsed.arguments,
         action=parsed.action,
         purpose=parsed.purpose,
         expected_outcome=parsed.expected_outcome,
-        rationale="\n".join(texts) or None,
+        rationale=rationale,
         thinking=[
             ThinkingBlock(r.readable, redacted=r.redacted_data is not None) for r in reasoning
         ],
@@ -196,9 +212,12 @@ def build_decision(
         provider=provider,
         model=model,
         latency_s=latency_s,
-        forced_retry=forced_retry,
+        forced_retry=retry_kind != "none",
         system_prompt=system_prompt,
         user_prompt=user_prompt,
         corrective_retries=corrective_retries,
         extra=dict(extra or {}),
+        thinking_kind=thinking_kind,
+        retry_kind=retry_kind,
+        output_truncated=any(t.truncated for t in turns),
     )

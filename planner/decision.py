@@ -3,14 +3,19 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from amc.v1 import types_pb2
+
+ThinkingKind = Literal["none", "full", "summarized", "omitted", "redacted"]
+RetryKind = Literal["none", "forced", "nudge"]
 
 
 @dataclass(frozen=True, slots=True)
 class ThinkingBlock:
-    """One reasoning block. `redacted` blocks carry no readable text (redacted_thinking)."""
+    """One reasoning block. `redacted` blocks carry no readable text (redacted_thinking); a
+    block with empty text that is not redacted was omitted by the provider (a signature or
+    encrypted content only)."""
 
     text: str
     redacted: bool = False
@@ -60,6 +65,14 @@ class Decision:
     corrective_retries: int = 0
     step_index: int | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    thinking_kind: ThinkingKind = "none"
+    """What `thinking` holds: "full", "summarized", "omitted" (the provider returned no text),
+    "redacted" or "none" — so a reader never has to guess from a blank."""
+    retry_kind: RetryKind = "none"
+    """The retry the first answer without a tool call needed: "none", "forced" (forced tool
+    choice, thinking off for that call) or "nudge" (thinking kept, an instruction)."""
+    output_truncated: bool = False
+    """An answer was cut off by the output token limit (the rationale then says so)."""
 
     @property
     def planner_mode(self) -> str:

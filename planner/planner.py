@@ -14,6 +14,7 @@ from planner.conversation.items import AssistantItem, SessionItem, UserObservati
 from planner.conversation.turns import ModelTurn, segment
 from planner.decision import Decision
 from planner.history import WorldEvent
+from planner.model_profiles import RetryForm
 from planner.prompts import SYSTEM_PROMPT, build_user_prompt
 from planner.scene import Scene
 from planner.settings import PlannerSettings
@@ -24,7 +25,7 @@ from planner.vendors.base import ModelAdapter, Turn, TurnRequest
 class PromptConversation:
     """A compact decision's conversation: the prompt, then an answer and its correction only
     when one is needed. The forced retry asks the prompt again (the answer without a call is
-    not sent back)."""
+    not sent back); a nudge sends that answer back with the instruction."""
 
     def __init__(self, system: str, user_prompt: str, screenshot: bytes | None) -> None:
         self.system = system
@@ -50,8 +51,11 @@ class PromptConversation:
     async def received(self, turn: Turn) -> None:
         self._pending = list(turn.items)
 
-    async def before_forced_retry(self) -> None:
-        self._pending = []
+    async def before_retry(self, form: RetryForm) -> None:
+        if form == "forced":
+            self._pending = []
+        else:
+            await self.add([UserObservation(deciding.NUDGE, kind="instruction")])
 
     async def add(self, items: Sequence[SessionItem]) -> None:
         self.items.extend(self._pending)

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from planner.conversation.items import AssistantText, ToolCall, UserObservation
 from planner.decision import Usage
@@ -348,6 +348,10 @@ class OfflineProvider:
     @property
     def model(self) -> str:
         return MODEL
+
+    @property
+    def retry_form(self) -> Literal["forced"]:
+        return "forced"
 
     async def aclose(self) -> None:
         return None

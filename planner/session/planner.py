@@ -28,6 +28,7 @@ from planner.conversation.items import (
 from planner.conversation.turns import ProjectionStats, next_checkpoint
 from planner.decision import Decision
 from planner.errors import PlannerRejected, SessionStateError
+from planner.model_profiles import RetryForm
 from planner.session.config import SessionConfig
 from planner.session.prompt import SESSION_SYSTEM_PROMPT
 from planner.session.store import SessionStore
@@ -166,7 +167,7 @@ class SessionPlanner:
             )
         await self._commit(turn.items)
 
-    async def before_forced_retry(self) -> None:
+    async def before_retry(self, form: RetryForm) -> None:
         await self._commit([UserObservation(NUDGE, kind="instruction")])
 
     async def add(self, items: Sequence[SessionItem]) -> None:
@@ -206,16 +207,20 @@ class SessionPlanner:
 
         `condensed` is the short form the observation takes once a context checkpoint falls
         after it. A tool call still waiting for its result (the host restarted mid-step) is
-        answered with a "not recorded" note first. The retries are `planner.deciding`'s.
+        answered with a "not recorded" note first. The same observation asked again after its
+        call failed (planning was temporarily impossible) is not added twice. The retries are
+        `planner.deciding`'s.
         """
-        opening: list[SessionItem] = [
-            ToolResult(call_id, NOT_RECORDED) for call_id in unanswered_calls(self._items)
-        ]
-        cut = next_checkpoint([*self._items, *opening], self.config.keep_scenes)
-        if cut is not None:
-            opening.append(ContextCheckpoint(cut))
-        opening.append(UserObservation(observation_text, condensed=condensed))
-        await self._commit(opening)
+        observation = UserObservation(observation_text, condensed=condensed)
+        if not (self._items and self._items[-1] == observation):
+            opening: list[SessionItem] = [
+                ToolResult(call_id, NOT_RECORDED) for call_id in unanswered_calls(self._items)
+            ]
+            cut = next_checkpoint([*self._items, *opening], self.config.keep_scenes)
+            if cut is not None:
+                opening.append(ContextCheckpoint(cut))
+            opening.append(observation)
+            await self._commit(opening)
 
         self._started_afresh = False
         decision, turns = await deciding.decide(

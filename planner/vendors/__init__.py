@@ -8,6 +8,9 @@ SDKs are loaded only when an adapter is made, so an offline planner never loads 
 
 from __future__ import annotations
 
+from planner import model_profiles
+from planner.decision import ThinkingKind
+from planner.model_profiles import RetryForm
 from planner.settings import PlannerSettings
 from planner.vendors.base import (
     ModelAdapter,
@@ -22,7 +25,9 @@ from planner.vendors.base import (
 __all__ = [
     "ModelAdapter",
     "PlannerMode",
+    "RetryForm",
     "ThinkingConfig",
+    "ThinkingKind",
     "ThinkingSink",
     "Turn",
     "TurnRequest",
@@ -44,10 +49,16 @@ def thinking_config(settings: PlannerSettings) -> ThinkingConfig:
 def make_adapter(settings: PlannerSettings) -> ModelAdapter:
     """The adapter of the vendor the settings select (anthropic or openai).
 
-    Raises `PlannerAuthError` when the vendor's API key is missing, and ValueError for the
+    The request rules come from the model's profile (`planner/model_profiles.py`); a
+    configuration the model cannot take raises `PlannerConfigError` (one line naming the setting
+    to change), a missing API key `PlannerAuthError`, both before any call. ValueError for the
     offline provider (it is no vendor: see `planner.providers.make_provider`).
     """
     vendor = settings.resolved_provider
+    if vendor == "offline":
+        raise ValueError("'offline' is not a model vendor")
+    profile = model_profiles.resolve(settings)
+    model_profiles.check(profile, settings)
     if vendor == "anthropic":
         from planner.vendors.anthropic import AnthropicAdapter
         from planner.vendors.clients import anthropic_client
@@ -58,6 +69,8 @@ def make_adapter(settings: PlannerSettings) -> ModelAdapter:
             thinking=thinking_config(settings),
             max_tokens=settings.max_tokens,
             retries=settings.max_retries,
+            profile=profile,
+            prompt_cache=settings.prompt_cache,
         )
     if vendor == "openai":
         from planner.vendors.clients import openai_client
@@ -69,5 +82,6 @@ def make_adapter(settings: PlannerSettings) -> ModelAdapter:
             thinking=thinking_config(settings),
             max_tokens=settings.max_tokens,
             retries=settings.max_retries,
+            profile=profile,
         )
     raise ValueError(f"{vendor!r} is not a model vendor")

@@ -20,12 +20,12 @@ from planner.conversation.items import (
     ToolCall,
 )
 from planner.conversation.turns import ForeignReasoning, ProjectionStats
-from planner.decision import Usage
+from planner.decision import ThinkingKind, Usage
 from planner.history import MASK
+from planner.model_profiles import RetryForm, ThinkingMode
 from planner.tools import ToolSpec
 
 PlannerMode = Literal["compact", "session"]
-ThinkingMode = Literal["off", "adaptive", "budget"]
 ThinkingSink = Callable[[str], None]
 """Receives live thinking text deltas while a streamed answer arrives (never stored as such)."""
 
@@ -97,6 +97,10 @@ class Turn:
     raw_calls: dict[str, Any] = field(default_factory=dict)
     request: dict[str, Any] = field(default_factory=dict)
     projection: ProjectionStats = field(default_factory=ProjectionStats)
+    truncated: bool = False
+    """The answer was cut off by the output token limit."""
+    readable_thinking: Literal["full", "summarized"] = "summarized"
+    """What readable reasoning text of this turn is: the model's own, or a summary."""
 
     @property
     def tool_calls(self) -> list[ToolCall]:
@@ -105,6 +109,19 @@ class Turn:
     @property
     def reasoning(self) -> list[Reasoning]:
         return [i for i in self.items if isinstance(i, Reasoning)]
+
+    @property
+    def thinking_kind(self) -> ThinkingKind:
+        """What this turn's reasoning gives a reader: readable text (full or summarized), a
+        signature or encrypted content only (omitted by the provider), redacted, or none."""
+        reasoning = self.reasoning
+        if not reasoning:
+            return "none"
+        if any(r.readable for r in reasoning):
+            return self.readable_thinking
+        if any(r.redacted_data for r in reasoning):
+            return "redacted"
+        return "omitted"
 
     @property
     def text(self) -> str | None:
@@ -125,6 +142,11 @@ class ModelAdapter(Protocol):
     @property
     def model(self) -> str:
         """The configured model name."""
+        ...
+
+    @property
+    def retry_form(self) -> RetryForm:
+        """How an answer without a tool call is asked again (the model's profile decides)."""
         ...
 
     async def complete(self, request: TurnRequest) -> Turn:

@@ -21,7 +21,12 @@ import pytest
 
 from amc.v1 import planner_service_pb2, planner_service_pb2_grpc, types_pb2
 from planner.decision import Decision
-from planner.errors import PlannerError, PlannerRateLimited, PlannerUnavailable
+from planner.errors import (
+    PlannerAuthError,
+    PlannerError,
+    PlannerRateLimited,
+    PlannerUnavailable,
+)
 from planner.planner import Planner
 from planner.prompts import SYSTEM_PROMPT, build_user_prompt
 from planner.providers.offline import OfflineProvider
@@ -271,7 +276,16 @@ async def test_screenshot_is_used_for_the_call_and_never_stored(
             PlannerUnavailable("planner: Anthropic is unavailable (HTTP 529)"),
             grpc.StatusCode.UNAVAILABLE,
         ),
-        (PlannerError("planner: Anthropic rejected the API key"), grpc.StatusCode.UNAVAILABLE),
+        # Refused credentials fail fast (the host does not wait for them); no usable decision
+        # is UNKNOWN (before the error classes, both were UNAVAILABLE).
+        (
+            PlannerAuthError("planner: Anthropic rejected the API key"),
+            grpc.StatusCode.PERMISSION_DENIED,
+        ),
+        (
+            PlannerError("planner: anthropic gave an unusable tool call twice: x"),
+            grpc.StatusCode.UNKNOWN,
+        ),
     ],
 )
 async def test_provider_failure_logs_nothing(

@@ -52,11 +52,16 @@ class PlannerServiceServicer:
 
     def Decide(self, request, context):
         """Choose the next action. FAILED_PRECONDITION (nothing logged, no tokens spent) when
-        (task, attempt, lease id) is not the caller's live lease; UNAVAILABLE or RESOURCE_EXHAUSTED
-        when the provider fails; INVALID_ARGUMENT for oversize prompts, screenshots or session
-        fields, or a previous outcome for a call the conversation does not have; UNIMPLEMENTED for
-        a session step when the cloud's provider cannot keep a conversation (offline); ABORTED when
-        another call continued the same conversation at the same time (retry).
+        (task, attempt, lease id) is not the caller's live lease; UNAVAILABLE (provider overloaded,
+        failing or unreachable) or RESOURCE_EXHAUSTED (rate limited) when planning is temporarily
+        impossible: ask again later, the task has not failed; PERMISSION_DENIED when the provider
+        refuses the cloud's credentials (API key, permission, billing): an operator must fix the
+        cloud; UNKNOWN when the model gave no usable decision (an unusable tool call twice, or a
+        request the provider refused as invalid even after a checkpoint); INVALID_ARGUMENT for
+        oversize prompts, screenshots or session fields, or a previous outcome for a call the
+        conversation does not have; UNIMPLEMENTED for a session step when the cloud's provider
+        cannot keep a conversation (offline); ABORTED when another call continued the same
+        conversation at the same time (retry).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -38,11 +38,16 @@ class PlannerServiceStub:
     def __new__(cls, channel: _aio.Channel) -> PlannerServiceAsyncStub: ...
     Decide: _grpc.UnaryUnaryMultiCallable[_planner_service_pb2.DecideRequest, _planner_service_pb2.DecideResponse]
     """Choose the next action. FAILED_PRECONDITION (nothing logged, no tokens spent) when
-    (task, attempt, lease id) is not the caller's live lease; UNAVAILABLE or RESOURCE_EXHAUSTED
-    when the provider fails; INVALID_ARGUMENT for oversize prompts, screenshots or session
-    fields, or a previous outcome for a call the conversation does not have; UNIMPLEMENTED for
-    a session step when the cloud's provider cannot keep a conversation (offline); ABORTED when
-    another call continued the same conversation at the same time (retry).
+    (task, attempt, lease id) is not the caller's live lease; UNAVAILABLE (provider overloaded,
+    failing or unreachable) or RESOURCE_EXHAUSTED (rate limited) when planning is temporarily
+    impossible: ask again later, the task has not failed; PERMISSION_DENIED when the provider
+    refuses the cloud's credentials (API key, permission, billing): an operator must fix the
+    cloud; UNKNOWN when the model gave no usable decision (an unusable tool call twice, or a
+    request the provider refused as invalid even after a checkpoint); INVALID_ARGUMENT for
+    oversize prompts, screenshots or session fields, or a previous outcome for a call the
+    conversation does not have; UNIMPLEMENTED for a session step when the cloud's provider
+    cannot keep a conversation (offline); ABORTED when another call continued the same
+    conversation at the same time (retry).
     """
 
 @_typing.type_check_only
@@ -55,11 +60,16 @@ class PlannerServiceAsyncStub(PlannerServiceStub):
     def __init__(self, channel: _aio.Channel) -> None: ...
     Decide: _aio.UnaryUnaryMultiCallable[_planner_service_pb2.DecideRequest, _planner_service_pb2.DecideResponse]  # type: ignore[assignment]
     """Choose the next action. FAILED_PRECONDITION (nothing logged, no tokens spent) when
-    (task, attempt, lease id) is not the caller's live lease; UNAVAILABLE or RESOURCE_EXHAUSTED
-    when the provider fails; INVALID_ARGUMENT for oversize prompts, screenshots or session
-    fields, or a previous outcome for a call the conversation does not have; UNIMPLEMENTED for
-    a session step when the cloud's provider cannot keep a conversation (offline); ABORTED when
-    another call continued the same conversation at the same time (retry).
+    (task, attempt, lease id) is not the caller's live lease; UNAVAILABLE (provider overloaded,
+    failing or unreachable) or RESOURCE_EXHAUSTED (rate limited) when planning is temporarily
+    impossible: ask again later, the task has not failed; PERMISSION_DENIED when the provider
+    refuses the cloud's credentials (API key, permission, billing): an operator must fix the
+    cloud; UNKNOWN when the model gave no usable decision (an unusable tool call twice, or a
+    request the provider refused as invalid even after a checkpoint); INVALID_ARGUMENT for
+    oversize prompts, screenshots or session fields, or a previous outcome for a call the
+    conversation does not have; UNIMPLEMENTED for a session step when the cloud's provider
+    cannot keep a conversation (offline); ABORTED when another call continued the same
+    conversation at the same time (retry).
     """
 
 class PlannerServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -75,11 +85,16 @@ class PlannerServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_planner_service_pb2.DecideResponse, _abc.Awaitable[_planner_service_pb2.DecideResponse]]:
         """Choose the next action. FAILED_PRECONDITION (nothing logged, no tokens spent) when
-        (task, attempt, lease id) is not the caller's live lease; UNAVAILABLE or RESOURCE_EXHAUSTED
-        when the provider fails; INVALID_ARGUMENT for oversize prompts, screenshots or session
-        fields, or a previous outcome for a call the conversation does not have; UNIMPLEMENTED for
-        a session step when the cloud's provider cannot keep a conversation (offline); ABORTED when
-        another call continued the same conversation at the same time (retry).
+        (task, attempt, lease id) is not the caller's live lease; UNAVAILABLE (provider overloaded,
+        failing or unreachable) or RESOURCE_EXHAUSTED (rate limited) when planning is temporarily
+        impossible: ask again later, the task has not failed; PERMISSION_DENIED when the provider
+        refuses the cloud's credentials (API key, permission, billing): an operator must fix the
+        cloud; UNKNOWN when the model gave no usable decision (an unusable tool call twice, or a
+        request the provider refused as invalid even after a checkpoint); INVALID_ARGUMENT for
+        oversize prompts, screenshots or session fields, or a previous outcome for a call the
+        conversation does not have; UNIMPLEMENTED for a session step when the cloud's provider
+        cannot keep a conversation (offline); ABORTED when another call continued the same
+        conversation at the same time (retry).
         """
 
 def add_PlannerServiceServicer_to_server(servicer: PlannerServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -1,9 +1,10 @@
 """The Anthropic Messages wire format: request body, reply → items, usage, stream events.
 
-Both planning modes build their requests here, so a thinking rule, a header or a token floor
-lands once. Thinking is configured, not tied to a model generation: `adaptive` (with an optional
-effort in `output_config`) or `budget` (`enabled` + `budget_tokens`, max_tokens above the budget,
-the interleaved-thinking beta header). A forced tool choice (the forced retry) never carries
+Both planning modes build their requests here, from the model's profile
+(`planner/model_profiles.py`), so a thinking rule, a header or a token floor lands once: `adaptive`
+thinking (with an optional effort in `output_config`, and `display: summarized` where the model
+omits thinking text by default) or `budget` (`enabled` + `budget_tokens`, max_tokens above the
+budget, the profile's beta header). A forced tool choice (the forced retry) never carries
 thinking: the API rejects thinking with a forced tool choice.
 """
 
@@ -11,16 +12,22 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Literal
 
 from planner.conversation.items import AssistantItem, AssistantText, Reasoning, ToolCall
 from planner.decision import Usage
+from planner.model_profiles import ModelProfile
 from planner.settings import ANSWER_ROOM_TOKENS
 from planner.tools import ToolSpec
 from planner.vendors.base import ThinkingConfig, ThinkingSink, mask_sensitive
 from planner.vendors.streaming import IncompleteStream, event_dict
 
-INTERLEAVED_THINKING_BETA = "interleaved-thinking-2025-05-14"
+EPHEMERAL: dict[str, str] = {"type": "ephemeral"}
+
+Cache = Literal["off", "prompt", "conversation"]
+"""Prompt caching: `prompt` puts breakpoints on the system prompt and the tools (the part every
+request of a task repeats); `conversation` adds the request-level breakpoint, which the API puts
+on the last block, so each step of a kept conversation reads the prefix the step before wrote."""
 
 
 def request_params(
@@ -29,38 +36,57 @@ def request_params(
     system: str,
     messages: list[dict[str, Any]],
     tools: Sequence[ToolSpec],
+    profile: ModelProfile,
     thinking: ThinkingConfig,
     thinking_on: bool,
     forced: bool,
     max_tokens: int,
-    explicit_off: bool,
+    cache: Cache = "off",
 ) -> dict[str, Any]:
-    """The request body. `thinking_on` False (or `forced`) sends no thinking: omitted, or
-    `{type: disabled}` when `explicit_off` (said explicitly for models that think adaptively
-    when `thinking` is left out)."""
+    """The request body, built from the model's profile. `thinking_on` False (or `forced`)
+    sends no thinking: the field left out, or `{type: disabled}` where the profile says so."""
+    tool_defs: list[dict[str, Any]] = [
+        {"name": t.name, "description": t.description, "input_schema": t.parameters} for t in tools
+    ]
+    system_param: str | list[dict[str, Any]] = system
+    if cache != "off":
+        system_param = [{"type": "text", "text": system, "cache_control": EPHEMERAL}]
+        if tool_defs:
+            tool_defs[-1] = {**tool_defs[-1], "cache_control": EPHEMERAL}
     params: dict[str, Any] = {
         "model": model,
-        "system": system,
+        "system": system_param,
         "messages": messages,
-        "tools": [
-            {"name": t.name, "description": t.description, "input_schema": t.parameters}
-            for t in tools
-        ],
+        "tools": tool_defs,
         "tool_choice": {"type": "any" if forced else "auto", "disable_parallel_tool_use": True},
         "max_tokens": max_tokens,
     }
+    if cache == "conversation":
+        params["cache_control"] = EPHEMERAL
     mode = thinking.mode if thinking_on and not forced else "off"
+    config: dict[str, Any] | None = None
     if mode == "budget" and thinking.budget_tokens is not None:
-        params["thinking"] = {"type": "enabled", "budget_tokens": thinking.budget_tokens}
+        config = {"type": "enabled", "budget_tokens": thinking.budget_tokens}
         params["max_tokens"] = max(max_tokens, thinking.budget_tokens + ANSWER_ROOM_TOKENS)
-        params["extra_headers"] = {"anthropic-beta": INTERLEAVED_THINKING_BETA}
     elif mode == "adaptive":
-        params["thinking"] = {"type": "adaptive"}
+        config = {"type": "adaptive"}
         if thinking.effort:
             params["output_config"] = {"effort": thinking.effort}
-    elif explicit_off:
+    elif profile.thinking_off == "disabled":
         params["thinking"] = {"type": "disabled"}
+    if config is not None:
+        if profile.visible_display is not None:
+            config["display"] = profile.visible_display
+        params["thinking"] = config
+        beta = profile.beta_headers.get(mode)
+        if beta:
+            params["extra_headers"] = {"anthropic-beta": beta}
     return params
+
+
+def truncated(stop_reason: str | None) -> bool:
+    """The answer was cut off by the output token limit."""
+    return stop_reason == "max_tokens"
 
 
 def items_from_message(message: Mapping[str, Any]) -> list[AssistantItem]:

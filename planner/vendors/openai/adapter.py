@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import openai
 
+from planner.model_profiles import ModelProfile, RetryForm, profile_for
 from planner.vendors.base import ThinkingConfig, Turn, TurnRequest
+from planner.vendors.failures import planner_error
 from planner.vendors.openai import chat, responses
 from planner.vendors.openai.responses_projection import project_responses
 from planner.vendors.streaming import fetch_response
@@ -27,12 +29,14 @@ class OpenAIAdapter:
         thinking: ThinkingConfig | None = None,
         max_tokens: int = 2048,
         retries: int = 2,
+        profile: ModelProfile | None = None,
     ) -> None:
         self.client = client
         self._model = model
         self.thinking = thinking or ThinkingConfig()
         self.max_tokens = max_tokens
         self.retries = retries
+        self.profile = profile or profile_for(model, "openai")
 
     @property
     def name(self) -> str:
@@ -42,8 +46,25 @@ class OpenAIAdapter:
     def model(self) -> str:
         return self._model
 
+    @property
+    def retry_form(self) -> RetryForm:
+        return self.profile.retry_form(self.thinking.enabled)
+
+    @property
+    def _reasoning(self) -> bool:
+        """Reasoning parameters go out only to models that take them, and only when asked."""
+        return self.thinking.enabled and self.profile.reasoning
+
     async def aclose(self) -> None:
         await self.client.close()
+
+    async def probe(self) -> None:
+        """One cheap authenticated call (the model's metadata): raises a planner error while
+        the API is unreachable or failing."""
+        try:
+            await self.client.models.retrieve(self._model, timeout=10.0)
+        except Exception as err:
+            raise planner_error(err, self.name, retries=self.retries) from err
 
     async def complete(self, request: TurnRequest) -> Turn:
         if request.mode == "session":
@@ -57,6 +78,7 @@ class OpenAIAdapter:
             tools=request.tools,
             forced=request.forced,
             max_tokens=request.max_tokens or self.max_tokens,
+            reasoning_effort=(self.thinking.effort or "medium") if self._reasoning else None,
         )
         completion = await fetch_response(
             self.client.chat.completions.create, params, self.name, None, retries=self.retries
@@ -69,6 +91,8 @@ class OpenAIAdapter:
             stop_reason=chat.stop_reason(completion),
             raw_calls=chat.raw_calls(completion),
             request=params,
+            truncated=chat.stop_reason(completion) == "length",
+            readable_thinking="full",
         )
 
     async def _responses(self, request: TurnRequest) -> Turn:
@@ -83,6 +107,7 @@ class OpenAIAdapter:
             input_items=projection.input,
             tools=request.tools,
             thinking=self.thinking,
+            reasoning=self.profile.reasoning,
             forced=request.forced,
             max_tokens=request.max_tokens or self.max_tokens,
         )
@@ -100,4 +125,6 @@ class OpenAIAdapter:
             raw_calls=responses.raw_calls(response),
             request=params,
             projection=projection.stats,
+            truncated=responses.truncated(response),
+            readable_thinking=responses.readable_thinking(response),
         )

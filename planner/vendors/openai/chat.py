@@ -86,8 +86,11 @@ def request_params(
     tools: Sequence[ToolSpec],
     forced: bool,
     max_tokens: int,
+    reasoning_effort: str | None = None,
 ) -> dict[str, Any]:
-    return {
+    """The request body; `reasoning_effort` only for reasoning models with thinking on (the
+    others reject the parameter)."""
+    params: dict[str, Any] = {
         "model": model,
         "messages": messages,
         "tools": [
@@ -105,6 +108,9 @@ def request_params(
         "parallel_tool_calls": False,
         "max_completion_tokens": max_tokens,
     }
+    if reasoning_effort is not None:
+        params["reasoning_effort"] = reasoning_effort
+    return params
 
 
 def items_from_completion(completion: Mapping[str, Any]) -> list[AssistantItem]:

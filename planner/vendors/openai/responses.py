@@ -4,12 +4,13 @@ usage, stream events."""
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Literal
 
 from planner.conversation.items import AssistantItem, AssistantText, Reasoning
 from planner.decision import Usage
 from planner.tools import ToolSpec
 from planner.vendors.base import ThinkingConfig, ThinkingSink
+from planner.vendors.failures import StreamError
 from planner.vendors.openai.calls import function_call
 from planner.vendors.openai.responses_projection import REQUEST_FLAGS
 from planner.vendors.streaming import IncompleteStream, event_dict
@@ -22,10 +23,13 @@ def request_params(
     input_items: list[dict[str, Any]],
     tools: Sequence[ToolSpec],
     thinking: ThinkingConfig,
+    reasoning: bool,
     forced: bool,
     max_tokens: int,
 ) -> dict[str, Any]:
-    """The request body: stateless (`store=false`, encrypted reasoning included)."""
+    """The request body: stateless (`store=false`, encrypted reasoning included). `reasoning`
+    says whether the model takes reasoning parameters at all (non-reasoning models reject
+    them)."""
     params: dict[str, Any] = {
         "model": model,
         "instructions": system,
@@ -45,7 +49,7 @@ def request_params(
         "max_output_tokens": max_tokens,
         **{k: list(v) if isinstance(v, list) else v for k, v in REQUEST_FLAGS.items()},
     }
-    if thinking.enabled:
+    if thinking.enabled and reasoning:
         params["reasoning"] = {"effort": thinking.effort or "medium", "summary": "auto"}
     return params
 
@@ -135,8 +139,17 @@ class ResponsesStreamAccumulator:
             self._items[int(data["output_index"])] = dict(data["item"])
         elif kind in ("response.completed", "response.incomplete"):
             self._response = dict(data["response"])
-        elif kind in ("response.failed", "error"):
-            raise IncompleteStream(f"the Responses stream failed: {data}")
+        elif kind == "error":
+            raise StreamError(
+                f"the Responses stream failed: {data.get('message') or data}",
+                str(data.get("code") or data.get("type") or "") or None,
+            )
+        elif kind == "response.failed":
+            error = (data.get("response") or {}).get("error") or {}
+            raise StreamError(
+                f"the Responses stream failed: {error.get('message') or data}",
+                str(error.get("code") or "") or None,
+            )
 
     def response(self) -> dict[str, Any]:
         """The complete response. Raises IncompleteStream if `response.completed` never came."""
@@ -146,3 +159,22 @@ class ResponsesStreamAccumulator:
                 "discarded"
             )
         return {**self._response, "output": [self._items[i] for i in sorted(self._items)]}
+
+
+def truncated(response: Mapping[str, Any]) -> bool:
+    """The response stopped at the output token limit (`status: incomplete`)."""
+    details = response.get("incomplete_details") or {}
+    return response.get("status") == "incomplete" and details.get("reason") in (
+        None,
+        "max_output_tokens",
+    )
+
+
+def readable_thinking(response: Mapping[str, Any]) -> Literal["full", "summarized"]:
+    """Reasoning text (`content`) is the model's own; otherwise only summaries are readable."""
+    for item in response.get("output") or []:
+        if item.get("type") == "reasoning" and any(
+            c.get("text") for c in item.get("content") or []
+        ):
+            return "full"
+    return "summarized"

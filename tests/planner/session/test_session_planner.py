@@ -76,7 +76,7 @@ class Factory:
             client = anthropic.AsyncAnthropic(
                 api_key="test-key", base_url=self.server.anthropic_base_url, max_retries=0
             )
-            model = "claude-test"
+            model = "claude-sonnet-4-6"  # a profile that turns thinking off explicitly
         else:
             client = openai.AsyncOpenAI(
                 api_key="test-key", base_url=self.server.openai_base_url, max_retries=0

@@ -12,7 +12,13 @@ from typing import Any
 import anthropic
 import pytest
 
-from planner.errors import PlannerAuthError, PlannerError, PlannerRateLimited, PlannerUnavailable
+from planner.errors import (
+    PlannerAuthError,
+    PlannerConfigError,
+    PlannerError,
+    PlannerRateLimited,
+    PlannerUnavailable,
+)
 from planner.planner import Planner
 from planner.settings import PlannerSettings
 from planner.vendors import make_adapter
@@ -89,7 +95,12 @@ async def test_text_before_tool_use_is_the_rationale_and_tool_choice_is_auto(
     assert "thinking" not in sent.body
     assert "anthropic-beta" not in sent.headers
     assert sent.body["max_tokens"] == 2048
-    assert sent.body["system"].startswith("You control an Android phone")
+    # Prompt caching (on by default): the system prompt and the tools end in cache breakpoints.
+    (system,) = sent.body["system"]
+    assert system["text"].startswith("You control an Android phone")
+    assert system["cache_control"] == {"type": "ephemeral"}
+    assert sent.body["tools"][-1]["cache_control"] == {"type": "ephemeral"}
+    assert "cache_control" not in sent.body  # no conversation breakpoint in compact mode
     tool_names = [t["name"] for t in sent.body["tools"]]
     assert tool_names == [
         "tap",
@@ -293,12 +304,11 @@ async def test_bad_key_is_an_operator_message(fake_server: FakeModelServer) -> N
 async def test_model_that_only_takes_adaptive_rejects_budget_mode(
     fake_server: FakeModelServer,
 ) -> None:
-    with pytest.raises(PlannerError, match=r"rejected the request .*HTTP 400.*adaptive"):
-        await decide(
-            make(
-                fake_server, model="claude-opus-4-7", thinking="budget", thinking_budget_tokens=2048
-            )
-        )
+    """Refused at start by the model's profile, with the setting to change; before profiles it
+    was the provider's 400 at the first step (the fake still gives that: test_fakes.py)."""
+    with pytest.raises(PlannerConfigError, match=r"does not take budget thinking.*=adaptive"):
+        make(fake_server, model="claude-opus-4-7", thinking="budget", thinking_budget_tokens=2048)
+    assert fake_server.requests == []
 
 
 @pytest.mark.parametrize(

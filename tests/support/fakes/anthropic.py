@@ -30,6 +30,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
+from tests.support.fakes.cache import PromptCache
 from tests.support.fakes.rules import rules_for
 from tests.support.fakes.server import BAD_KEY, Answer, Rejected, Reply
 
@@ -48,9 +49,13 @@ EXPECTED_THINKING = (
     "disable `thinking`. Please consult our documentation at "
     "https://docs.claude.com/en/docs/build-with-claude/extended-thinking"
 )
-# The fake's own wording (models of Claude 4.7 and later reject `enabled` with a 400).
+# The fake's own wording (models of Claude 4.7 and later reject `enabled` and `disabled`).
 ENABLED_THINKING_UNSUPPORTED = (
     "thinking.type.enabled is not supported for this model. Use thinking.type.adaptive and "
+    "output_config.effort to control thinking behavior."
+)
+DISABLED_THINKING_UNSUPPORTED = (
+    "thinking.type.disabled is not supported for this model. Use thinking.type.adaptive and "
     "output_config.effort to control thinking behavior."
 )
 
@@ -88,13 +93,35 @@ def tool_use(name: str, arguments: dict[str, Any], id: str | None = None) -> dic
 @dataclass
 class ScriptedTurn:
     """One model answer. `interrupt` cuts an SSE stream off after the first thinking deltas.
-    `usage` overrides the computed usage fields; `model` overrides the echoed request model."""
+    `fail` (error type, message) makes a streamed answer fail after HTTP 200 with an `error`
+    event (a JSON answer then gets the matching HTTP error). `usage` overrides the computed usage
+    fields; `model` the echoed request model; `status` (Responses) may be "incomplete"."""
 
     blocks: list[dict[str, Any]]
     interrupt: bool = False
     stop_reason: str | None = None
     model: str | None = None
     usage: dict[str, Any] = field(default_factory=dict)
+    fail: tuple[str, str] | None = None
+    status: str = "completed"
+
+
+#: HTTP status of each Anthropic error type (for a failure outside a stream).
+ERROR_STATUS = {
+    "invalid_request_error": 400,
+    "authentication_error": 401,
+    "billing_error": 402,
+    "permission_error": 403,
+    "not_found_error": 404,
+    "rate_limit_error": 429,
+    "api_error": 500,
+    "overloaded_error": 529,
+}
+
+
+def overloaded() -> ScriptedTurn:
+    """A stream that starts (HTTP 200, message_start, ping) and then fails: overloaded."""
+    return ScriptedTurn([], fail=("overloaded_error", "Overloaded"))
 
 
 def anthropic_message(
@@ -215,7 +242,7 @@ class MessagesFake:
         self.prefix_binding = prefix_binding
         self.script: deque[ScriptedTurn | Reply] = deque()
         self._emitted = _Emitted()
-        self._ids = itertools.count(1)
+        self._caches: dict[str, PromptCache] = {}
 
     @property
     def pending(self) -> int:
@@ -251,6 +278,19 @@ class MessagesFake:
                 "invalid x-api-key",
             )
 
+    def outage(self, status: int) -> Reply:
+        kind = "overloaded_error" if status == 529 else "api_error"
+        message = "Overloaded" if status == 529 else "Internal server error"
+        return anthropic_error(status, kind, message, retry_after_ms="5")
+
+    def model_info(self, model: str) -> dict[str, Any]:
+        return {
+            "type": "model",
+            "id": model,
+            "display_name": model,
+            "created_at": "2026-01-01T00:00:00Z",
+        }
+
     def answer(self, path: str, headers: dict[str, str], body: dict[str, Any]) -> Answer:
         if "anthropic-version" not in headers:
             raise _bad("anthropic-version: header is required")
@@ -261,25 +301,38 @@ class MessagesFake:
         entry = self.script.popleft()
         if isinstance(entry, Reply):
             return Answer(entry.status, entry.body, entry.headers)
+        if entry.fail is not None and not body.get("stream"):
+            kind, text_ = entry.fail
+            reply = anthropic_error(ERROR_STATUS.get(kind, 500), kind, text_)
+            return Answer(reply.status, reply.body)
         message = self._render(entry, body, thinking_on)
         if body.get("stream"):
-            return Answer(events=self._events(message, interrupt=entry.interrupt))
+            events = self._events(message, interrupt=entry.interrupt)
+            if entry.fail is not None:
+                kind, text_ = entry.fail
+                error = {"type": "error", "error": {"type": kind, "message": text_}}
+                events = [*events[:2], ("error", error)]
+            return Answer(events=events)
         return Answer(body=message)
 
     def _render(
         self, turn: ScriptedTurn, body: dict[str, Any], thinking_on: bool
     ) -> dict[str, Any]:
         msg_id = f"msg_fake_{next(_ids):04d}"
+        rules = rules_for(str(body.get("model")))
+        display = (body.get("thinking") or {}).get("display") or rules.display_default
         content: list[dict[str, Any]] = []
         for spec in turn.blocks:
             kind = spec["type"]
             if kind in ("thinking", "redacted_thinking") and not thinking_on:
                 continue
             if kind == "thinking":
+                # Omitted display: the block comes back with empty text, signature kept.
+                thought = spec["thinking"] if display == "summarized" else ""
                 block = {
                     "type": "thinking",
-                    "thinking": spec["thinking"],
-                    "signature": self._token("thinking", spec["thinking"]),
+                    "thinking": thought,
+                    "signature": self._token("thinking", thought),
                 }
             elif kind == "redacted_thinking":
                 block = {"type": "redacted_thinking", "data": self._token("redacted")}
@@ -295,11 +348,13 @@ class MessagesFake:
             content.append(block)
         if not turn.interrupt:
             self._remember(msg_id, body, content)
+        cache = self._caches.setdefault(str(body.get("model")), PromptCache(rules.min_cache_tokens))
+        use = cache.account(body, total=len(json.dumps(body)) // 4)
         usage = {
-            "input_tokens": len(json.dumps(body)) // 4,
+            "input_tokens": use.input_tokens,
             "output_tokens": 20,
-            "cache_creation_input_tokens": 0,
-            "cache_read_input_tokens": 0,
+            "cache_creation_input_tokens": use.cache_creation_input_tokens,
+            "cache_read_input_tokens": use.cache_read_input_tokens,
             **turn.usage,
         }
         stop = turn.stop_reason or (
@@ -335,7 +390,10 @@ class MessagesFake:
     def _events(message: dict[str, Any], *, interrupt: bool) -> list[tuple[str, dict[str, Any]]]:
         start = {**message, "content": [], "stop_reason": None}
         start["usage"] = {**message["usage"], "output_tokens": 1}
-        events: list[dict[str, Any]] = [{"type": "message_start", "message": start}]
+        events: list[dict[str, Any]] = [
+            {"type": "message_start", "message": start},
+            {"type": "ping"},  # as the API does: a stream may hold any number of pings
+        ]
         for index, block in enumerate(message["content"]):
             kind = block["type"]
             if kind == "thinking":
@@ -402,6 +460,7 @@ class MessagesFake:
                     {"type": "content_block_start", "index": index, "content_block": block}
                 )
             events.append({"type": "content_block_stop", "index": index})
+            events.append({"type": "ping"})
         events.append(
             {
                 "type": "message_delta",
@@ -426,7 +485,14 @@ class MessagesFake:
         if kind == "enabled" and kind not in rules.thinking_types:
             raise _bad(ENABLED_THINKING_UNSUPPORTED)
         if kind is not None and kind not in rules.thinking_types:
-            raise _bad(f"thinking.type.{kind} is not supported for this model.")
+            raise _bad(
+                DISABLED_THINKING_UNSUPPORTED
+                if kind == "disabled"
+                else f"thinking.type.{kind} is not supported for this model."
+            )
+        display = config.get("display")
+        if display is not None and display not in ("summarized", "omitted"):
+            raise _bad("thinking.adaptive.display: Input should be 'summarized' or 'omitted'")
         max_tokens = int(body.get("max_tokens") or 0)
         if kind == "enabled":
             budget = config.get("budget_tokens")
@@ -440,7 +506,9 @@ class MessagesFake:
                 "output_config.effort: Input should be "
                 + ", ".join(f"'{e}'" for e in sorted(rules.efforts))
             )
-        thinking_on = kind in ("enabled", "adaptive")
+        thinking_on = kind in ("enabled", "adaptive") or (
+            kind is None and rules.thinks_when_omitted
+        )
         choice = (body.get("tool_choice") or {}).get("type", "auto")
         if choice not in ("auto", "any", "tool", "none"):
             raise _bad(f"tool_choice.type: Input tag '{choice}' found is not valid")

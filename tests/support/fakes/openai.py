@@ -26,6 +26,7 @@ from collections import deque
 from typing import Any
 
 from tests.support.fakes.anthropic import ScriptedTurn
+from tests.support.fakes.rules import rules_for
 from tests.support.fakes.server import BAD_KEY, Answer, Rejected, Reply
 
 _ids = itertools.count(1)
@@ -131,6 +132,30 @@ def _bad(message: str, param: str | None = None) -> Rejected:
     return Rejected(reply, message)
 
 
+def _check_reasoning(model: str, effort: Any, param: str) -> None:
+    """Reasoning parameters only for reasoning models, with an effort level they take."""
+    rules = rules_for(model)
+    if not rules.reasoning:
+        raise _bad(f"Unsupported parameter: '{param}' is not supported with this model.", param)
+    if effort is not None and effort not in rules.efforts:
+        raise _bad(
+            f"Invalid value: '{effort}'. Supported values are: "
+            + ", ".join(f"'{e}'" for e in sorted(rules.efforts))
+            + ".",
+            param,
+        )
+
+
+def _outage(status: int) -> Reply:
+    return openai_error(
+        status, "The server is overloaded or not ready yet.", "server_error", retry_after_ms="5"
+    )
+
+
+def _model_info(model: str) -> dict[str, Any]:
+    return {"id": model, "object": "model", "created": 1_764_000_000, "owned_by": "openai"}
+
+
 def _check_key(key: str | None, headers: dict[str, str]) -> None:
     sent = headers.get("authorization", "").removeprefix("Bearer ")
     if (key is not None and sent != key) or (key is None and sent == BAD_KEY):
@@ -164,6 +189,12 @@ class ChatFake:
     def check_key(self, headers: dict[str, str]) -> None:
         _check_key(self.key, headers)
 
+    def outage(self, status: int) -> Reply:
+        return _outage(status)
+
+    def model_info(self, model: str) -> dict[str, Any]:
+        return _model_info(model)
+
     def answer(self, path: str, headers: dict[str, str], body: dict[str, Any]) -> Answer:
         self._check(body)
         if not self.script:
@@ -191,6 +222,8 @@ class ChatFake:
         choice = body.get("tool_choice")
         if isinstance(choice, str) and choice not in ("auto", "required", "none"):
             raise _bad(f"Invalid value: '{choice}'.", "tool_choice")
+        if "reasoning_effort" in body:
+            _check_reasoning(str(body["model"]), body["reasoning_effort"], "reasoning_effort")
         pending: list[str] = []
         for i, msg in enumerate(body["messages"]):
             role = msg.get("role")
@@ -246,6 +279,12 @@ class ResponsesFake:
     def check_key(self, headers: dict[str, str]) -> None:
         _check_key(self.key, headers)
 
+    def outage(self, status: int) -> Reply:
+        return _outage(status)
+
+    def model_info(self, model: str) -> dict[str, Any]:
+        return _model_info(model)
+
     def _token(self, *parts: str) -> str:
         nonce = os.urandom(12)
         mac = hmac.new(self.signing_key, nonce + "\x00".join(parts).encode(), hashlib.sha256)
@@ -263,15 +302,28 @@ class ResponsesFake:
     def answer(self, path: str, headers: dict[str, str], body: dict[str, Any]) -> Answer:
         if body.get("store") is not False:
             raise _bad("fake server: requests must be stateless (store=false)")
+        if body.get("reasoning") is not None:
+            _check_reasoning(
+                str(body.get("model")), body["reasoning"].get("effort"), "reasoning.effort"
+            )
         self._check_input(body.get("input") or [])
         if not self.script:
             raise _bad("fake server: no scripted Responses turn left")
         entry = self.script.popleft()
         if isinstance(entry, Reply):
             return Answer(entry.status, entry.body, entry.headers)
+        if entry.fail is not None and not body.get("stream"):
+            code, text_ = entry.fail
+            reply = openai_error(500, text_, "server_error", code)
+            return Answer(reply.status, reply.body)
         response = self._render(entry, body)
         if body.get("stream"):
-            return Answer(events=self._events(response, interrupt=entry.interrupt))
+            events = self._events(response, interrupt=entry.interrupt)
+            if entry.fail is not None:
+                code, text_ = entry.fail
+                error = {"type": "error", "code": code, "message": text_, "param": None}
+                events = [*events[:1], ("error", {**error, "sequence_number": 1})]
+            return Answer(events=events)
         return Answer(body=response)
 
     def _render(self, turn: ScriptedTurn, body: dict[str, Any]) -> dict[str, Any]:
@@ -334,14 +386,16 @@ class ResponsesFake:
             "object": "response",
             "created_at": int(time.time()),
             "model": turn.model or body.get("model", "gpt-fake"),
-            "status": "completed",
+            "status": turn.status,
             "output": output,
             "parallel_tool_calls": bool(body.get("parallel_tool_calls", True)),
             "tool_choice": body.get("tool_choice", "auto"),
             "tools": body.get("tools") or [],
             "store": False,
             "error": None,
-            "incomplete_details": None,
+            "incomplete_details": {"reason": "max_output_tokens"}
+            if turn.status == "incomplete"
+            else None,
             "instructions": body.get("instructions"),
             "metadata": {},
             "temperature": 1.0,

@@ -75,6 +75,14 @@ class WireFormat(Protocol):
 
     def answer(self, path: str, headers: dict[str, str], body: dict[str, Any]) -> Answer: ...
 
+    def outage(self, status: int) -> Reply:
+        """The vendor's reply while the provider is down (`FakeServer.go_down`)."""
+        ...
+
+    def model_info(self, model: str) -> dict[str, Any]:
+        """`GET /v1/models/{model}` (what the planner's availability probe asks)."""
+        ...
+
 
 class FakeServer:
     """The HTTP listener; routes each POST to the wire format that owns its path."""
@@ -83,6 +91,8 @@ class FakeServer:
         self.formats = list(formats)
         self.requests: list[Recorded] = []
         self.lock = threading.Lock()
+        self.down_status: int | None = None
+        self.outage_hits = 0
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler_class())
         self._server.daemon_threads = True
         self._thread: threading.Thread | None = None
@@ -131,6 +141,17 @@ class FakeServer:
         """Scripted answers not used yet, over every wire format."""
         return sum(f.pending for f in self.formats)
 
+    # --- the provider going down and coming back ---
+    def go_down(self, status: int = 529) -> None:
+        """From now on every call (and probe) gets the vendor's `status` error without using
+        the script, as in a provider outage; `outage_hits` counts them."""
+        with self.lock:
+            self.down_status = status
+
+    def come_back(self) -> None:
+        with self.lock:
+            self.down_status = None
+
     # --- handling ---
     def handle(self, path: str, headers: dict[str, str], body: dict[str, Any]) -> Answer:
         record = Recorded(path, headers, body)
@@ -140,6 +161,7 @@ class FakeServer:
             try:
                 if fmt is None:
                     raise Rejected(Reply(404, {"error": {"message": f"no route {path}"}}), "404")
+                self._refuse_while_down(fmt)
                 fmt.check_key(headers)
                 answer = fmt.answer(path, headers, body)
             except Rejected as rejected:
@@ -147,6 +169,30 @@ class FakeServer:
                 answer = Answer(rejected.reply.status, rejected.reply.body, rejected.reply.headers)
         record.status = answer.status
         return answer
+
+    def handle_get(self, path: str, headers: dict[str, str]) -> Answer:
+        """`GET /v1/models/{model}` of the vendor the headers name (Anthropic sends its
+        version header)."""
+        record = Recorded(path, headers, {})
+        with self.lock:
+            self.requests.append(record)
+            fmt = self.formats[0] if "anthropic-version" in headers else self.formats[-1]
+            try:
+                if not path.startswith("/v1/models/"):
+                    raise Rejected(Reply(404, {"error": {"message": f"no route {path}"}}), "404")
+                self._refuse_while_down(fmt)
+                fmt.check_key(headers)
+                answer = Answer(body=fmt.model_info(path.removeprefix("/v1/models/")))
+            except Rejected as rejected:
+                record.error = rejected.reason
+                answer = Answer(rejected.reply.status, rejected.reply.body, rejected.reply.headers)
+        record.status = answer.status
+        return answer
+
+    def _refuse_while_down(self, fmt: WireFormat) -> None:
+        if self.down_status is not None:
+            self.outage_hits += 1
+            raise Rejected(fmt.outage(self.down_status), f"down ({self.down_status})")
 
     def _handler_class(self) -> type[BaseHTTPRequestHandler]:
         server = self
@@ -156,6 +202,10 @@ class FakeServer:
 
             def log_message(self, format: str, *args: Any) -> None:
                 return None
+
+            def do_GET(self) -> None:
+                headers = {k.lower(): v for k, v in self.headers.items()}
+                self._json(server.handle_get(self.path.split("?")[0], headers))
 
             def do_POST(self) -> None:
                 length = int(self.headers.get("content-length") or 0)
