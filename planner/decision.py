@@ -10,6 +10,25 @@ from amc.v1 import types_pb2
 ThinkingKind = Literal["none", "full", "summarized", "omitted", "redacted"]
 RetryKind = Literal["none", "forced", "nudge"]
 
+#: How every console and the CLI name a decision's thinking kind ("" = a decision recorded
+#: before the kind was): a word, never a blank.
+THINKING_WORDS: dict[str, str] = {
+    "full": "full thinking",
+    "summarized": "summarized thinking",
+    "omitted": "thinking omitted by the provider",
+    "redacted": "redacted thinking",
+    "none": "no thinking",
+    "": "thinking kind not recorded",
+}
+#: What an empty block that is not redacted means (a signature or encrypted content only).
+OMITTED_BLOCK = "omitted by the provider: it returned no text for this block, only its signature"
+RETRY_WORDS: dict[str, str] = {"forced": "forced retry", "nudge": "nudged retry"}
+
+
+def thinking_word(kind: str) -> str:
+    """The word for a thinking kind (an unknown value reads as "not recorded")."""
+    return THINKING_WORDS.get(kind, THINKING_WORDS[""])
+
 
 @dataclass(frozen=True, slots=True)
 class ThinkingBlock:

@@ -35,7 +35,8 @@ def conversation_item(seq: int, item: SessionItem) -> pb.ConversationItem:
     elif isinstance(item, Reasoning):
         out.kind = pb.CONVERSATION_ITEM_KIND_REASONING
         out.text = item.readable
-        out.redacted = not item.readable
+        out.redacted = item.redacted_data is not None
+        out.omitted = not item.readable and item.redacted_data is None
         out.provider = item.provider
     elif isinstance(item, AssistantText):
         out.kind = pb.CONVERSATION_ITEM_KIND_ASSISTANT_TEXT

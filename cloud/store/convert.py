@@ -11,6 +11,7 @@ from amc.v1 import types_pb2
 from cloud.store import states
 from cloud.store.models import AttemptRow, DecisionRow, HostRow
 from cloud.store.tasks import TaskView
+from planner.convert import retry_kind_to_proto, thinking_kind_to_proto
 
 
 def ts(value: dt.datetime) -> timestamp_pb2.Timestamp:
@@ -147,6 +148,9 @@ def decision(row: DecisionRow) -> types_pb2.Decision:
         created_at=ts(row.created_at),
         corrective_retries=row.corrective_retries,
         planner_mode=row.planner_mode,
+        thinking_kind=thinking_kind_to_proto(row.thinking_kind),
+        retry_kind=retry_kind_to_proto(row.retry_kind),
+        output_truncated=row.output_truncated,
     )
     if row.action_pb:
         out.action.ParseFromString(row.action_pb)

@@ -63,6 +63,9 @@ async def append(
                     corrective_retries=decision.corrective_retries,
                     created_at=store.now(),
                     planner_mode=decision.planner_mode,
+                    thinking_kind=decision.thinking_kind,
+                    retry_kind=decision.retry_kind,
+                    output_truncated=decision.output_truncated,
                 )
                 session.add(row)
                 await session.flush()

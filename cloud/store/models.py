@@ -19,6 +19,7 @@ from sqlalchemy import (
     Text,
     TypeDecorator,
     UniqueConstraint,
+    false,
     text,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
@@ -189,6 +190,11 @@ class DecisionRow(Base):
     planner_mode: Mapped[str] = mapped_column(
         String(16), default="compact", server_default="compact"
     )
+    # "full" | "summarized" | "omitted" | "redacted" | "none"; "" for rows from before 0004.
+    thinking_kind: Mapped[str] = mapped_column(String(16), default="", server_default="")
+    # "none" | "forced" | "nudge"; "" for rows from before 0004.
+    retry_kind: Mapped[str] = mapped_column(String(16), default="", server_default="")
+    output_truncated: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
 
     __table_args__ = (
         UniqueConstraint("task_id", "attempt", "step_index"),

@@ -395,6 +395,9 @@ class AgentLoop:
         record.model = decision.model
         record.forced_retry = decision.forced_retry
         record.corrective_retries = decision.corrective_retries
+        record.thinking_kind = decision.thinking_kind
+        record.retry_kind = decision.retry_kind
+        record.output_truncated = decision.output_truncated
         record.decision_step_index = decision.step_index
         u = decision.usage
         record.usage = {

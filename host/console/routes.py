@@ -34,11 +34,13 @@ from host.console.login_token import OneTimeToken
 from host.console.state import HostState, cloud_link, phones_now, planner_transport
 from host.timeline.artifacts import ArtifactPathError
 from host.timeline.store import TaskRow, TimelineStore
+from planner.decision import OMITTED_BLOCK
 
 TEMPLATES = Jinja2Templates(directory=Path(__file__).parent / "templates")
 TEMPLATES.env.filters.update(
     when=present.when, ago=present.ago, seconds=present.seconds, task_badge=present.task_badge
 )
+TEMPLATES.env.globals["omitted_block"] = OMITTED_BLOCK
 
 #: Screenshot types the artifact route serves; anything else in the folder is not for browsers.
 IMAGE_TYPES = {".png": "image/png", ".jpg": "image/jpeg", ".jpeg": "image/jpeg"}

@@ -245,6 +245,9 @@ async def test_responses_reasoning_goes_back_with_its_encrypted_content(
     monkeypatch.setenv("AMC_PLANNER_PROVIDER", "openai")
     monkeypatch.setenv("AMC_PLANNER_OPENAI_API_KEY", "sk-test")
     monkeypatch.setenv("AMC_PLANNER_OPENAI_BASE_URL", model.openai_base_url)
+    # A reasoning model: the default gpt-4.1-mini takes no reasoning parameters (refused at
+    # start with thinking on).
+    monkeypatch.setenv("AMC_PLANNER_MODEL", "o4-mini")
     monkeypatch.setenv("AMC_PLANNER_THINKING", "adaptive")
     monkeypatch.setenv("AMC_PLANNER_MAX_RETRIES", "0")
     model.responses_script.extend(
