@@ -26,6 +26,7 @@ from tests.support.fakes import (
     thinking,
     tool_use,
 )
+from tests.support.fakes.anthropic import overloaded
 
 THINKING = {"type": "enabled", "budget_tokens": 1024}
 
@@ -246,3 +247,110 @@ async def test_responses_rules(server: FakeModelServer, gpt: openai.AsyncOpenAI)
     no_output = copy.deepcopy(good)[:-1]
     with pytest.raises(openai.BadRequestError, match="No tool output found"):
         await _send_responses(gpt, no_output)
+
+
+# --- the per-model rules table (tests/support/fakes/rules.py) --------------------------------
+
+
+@pytest.mark.parametrize("kind", ["enabled", "disabled"])
+async def test_adaptive_only_model_refuses_enabled_and_disabled_thinking(
+    server: FakeModelServer, claude: anthropic.AsyncAnthropic, kind: str
+) -> None:
+    config: dict[str, Any] = {"type": kind}
+    if kind == "enabled":
+        config["budget_tokens"] = 1024
+    with pytest.raises(anthropic.BadRequestError, match=f"thinking.type.{kind} is not supported"):
+        await cast(Any, claude.messages.create)(
+            model="claude-opus-4-7",
+            max_tokens=4096,
+            thinking=config,
+            messages=[{"role": "user", "content": "s"}],
+        )
+
+
+@pytest.mark.parametrize(("display", "seen"), [(None, ""), ("summarized", "I see it.")])
+async def test_adaptive_only_model_omits_thinking_text_unless_summarized(
+    server: FakeModelServer,
+    claude: anthropic.AsyncAnthropic,
+    display: str | None,
+    seen: str,
+) -> None:
+    server.anthropic_script.append(ScriptedTurn([thinking("I see it."), text("Ok.")]))
+    config: dict[str, Any] = {"type": "adaptive"}
+    if display:
+        config["display"] = display
+    answer = await cast(Any, claude.messages.create)(
+        model="claude-opus-4-7",
+        max_tokens=4096,
+        thinking=config,
+        messages=[{"role": "user", "content": "s"}],
+    )
+    block = answer.content[0]
+    assert (block.type, block.thinking) == ("thinking", seen)
+    assert block.signature  # still signed: it must go back on a tool-use continuation
+
+
+async def test_mythos_thinks_when_thinking_is_left_out(
+    server: FakeModelServer, claude: anthropic.AsyncAnthropic
+) -> None:
+    with pytest.raises(anthropic.BadRequestError, match="tool_choice forces tool use"):
+        await cast(Any, claude.messages.create)(
+            model="claude-mythos-5",
+            max_tokens=4096,
+            tool_choice={"type": "any"},
+            tools=[{"name": "tap", "input_schema": {"type": "object"}}],
+            messages=[{"role": "user", "content": "s"}],
+        )
+
+
+async def test_non_reasoning_openai_model_refuses_reasoning(
+    server: FakeModelServer, gpt: openai.AsyncOpenAI
+) -> None:
+    with pytest.raises(openai.BadRequestError, match=r"Unsupported parameter: 'reasoning\.effort'"):
+        await cast(Any, gpt.responses.create)(
+            model="gpt-4.1-mini",
+            input="s",
+            store=False,
+            reasoning={"effort": "low", "summary": "auto"},
+        )
+    with pytest.raises(openai.BadRequestError, match="Unsupported parameter: 'reasoning_effort'"):
+        await cast(Any, gpt.chat.completions.create)(
+            model="gpt-4.1-mini",
+            messages=[{"role": "user", "content": "s"}],
+            reasoning_effort="low",
+        )
+
+
+async def test_a_stream_can_fail_after_http_200(
+    server: FakeModelServer, claude: anthropic.AsyncAnthropic
+) -> None:
+    """The SDK raises the in-stream error with the stream's status (200): a client must classify
+    it by its error type, not its status."""
+    server.anthropic_script.append(overloaded())
+    stream = await cast(Any, claude.messages.create)(
+        model="m", max_tokens=2048, messages=[{"role": "user", "content": "s"}], stream=True
+    )
+    with pytest.raises(anthropic.APIStatusError) as info:
+        async for _ in stream:
+            pass
+    assert info.value.status_code == 200
+    assert cast(dict[str, Any], info.value.body)["error"]["type"] == "overloaded_error"
+
+
+async def test_streams_carry_ping_events(server: FakeModelServer) -> None:
+    """Read the raw SSE (the SDK drops pings itself): a ping follows message_start and each
+    content block, as the API may send any number of them."""
+    server.anthropic_script.append(ScriptedTurn([text("Ok.")]))
+    answer = server.handle(
+        "/v1/messages",
+        {"anthropic-version": "2023-06-01", "x-api-key": "k"},
+        {
+            "model": "m",
+            "max_tokens": 10,
+            "stream": True,
+            "messages": [{"role": "user", "content": "s"}],
+        },
+    )
+    names = [name for name, _ in answer.events or []]
+    assert names[:2] == ["message_start", "ping"]
+    assert names.count("ping") == 2 and names[-1] == "message_stop"
