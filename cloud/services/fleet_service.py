@@ -10,7 +10,8 @@ from amc.v1 import fleet_service_pb2 as pb
 from amc.v1 import fleet_service_pb2_grpc, types_pb2
 from cloud.events import EventBus
 from cloud.lease.validate import MAX_ID
-from cloud.services.auth import abort, require
+from cloud.provider_health import ProviderHealth
+from cloud.services.status import abort
 from cloud.settings import CloudSettings
 from cloud.store import convert, hosts
 from cloud.store.database import Store
@@ -22,24 +23,39 @@ _CHUNK = 200
 class FleetServicer(fleet_service_pb2_grpc.FleetServiceServicer):
     """Hosts and their phones, connected ones first; live changes to them."""
 
-    def __init__(self, store: Store, bus: EventBus, settings: CloudSettings) -> None:
+    def __init__(
+        self,
+        store: Store,
+        bus: EventBus,
+        settings: CloudSettings,
+        provider: ProviderHealth | None = None,
+    ) -> None:
         self._store = store
         self._bus = bus
         self._settings = settings
+        self._provider = provider
 
     async def ListHosts(
         self,
         request: pb.ListHostsRequest,
         context: grpc.aio.ServicerContext[pb.ListHostsRequest, pb.ListHostsResponse],
     ) -> pb.ListHostsResponse:
-        await require(context, "operator", insecure=self._settings.insecure)
         rows = await hosts.list_hosts(self._store, self._settings.host_heartbeat_seconds)
         return pb.ListHostsResponse(
             hosts=[
                 convert.host(row, connected)
                 for row, connected in rows
                 if connected or not request.connected_only
-            ]
+            ],
+            dispatch=self._dispatch(),
+        )
+
+    def _dispatch(self) -> pb.DispatchStatus:
+        pause = self._provider.pause if self._provider is not None else None
+        if pause is None:
+            return pb.DispatchStatus()
+        return pb.DispatchStatus(
+            paused=True, reason=pause.describe(), since=convert.ts(pause.since)
         )
 
     async def WatchHosts(
@@ -47,7 +63,6 @@ class FleetServicer(fleet_service_pb2_grpc.FleetServiceServicer):
         request: pb.WatchHostsRequest,
         context: grpc.aio.ServicerContext[pb.WatchHostsRequest, pb.WatchHostsResponse],
     ) -> AsyncIterator[pb.WatchHostsResponse]:
-        await require(context, "operator", insecure=self._settings.insecure)
         if len(request.host_id) > MAX_ID:
             await abort(
                 context, grpc.StatusCode.INVALID_ARGUMENT, f"host_id: at most {MAX_ID} characters"

@@ -133,11 +133,15 @@ class CloudClient:
         return response.task
 
     async def list_hosts(self, *, connected_only: bool = False) -> list[types_pb2.Host]:
+        return list((await self.fleet(connected_only=connected_only)).hosts)
+
+    async def fleet(self, *, connected_only: bool = False) -> fleet_service_pb2.ListHostsResponse:
+        """The hosts and whether the cloud dispatches (and if not, why)."""
         response: fleet_service_pb2.ListHostsResponse = await self._fleet.ListHosts(
             fleet_service_pb2.ListHostsRequest(connected_only=connected_only),
             timeout=self._timeout,
         )
-        return list(response.hosts)
+        return response
 
     async def list_decisions(
         self, task_id: str, *, attempt: int, page_size: int, page_token: str

@@ -16,7 +16,7 @@ from google.protobuf.json_format import MessageToDict
 from google.protobuf.timestamp_pb2 import Timestamp
 from pydantic import BaseModel, Field
 
-from amc.v1 import decision_log_service_pb2, types_pb2
+from amc.v1 import decision_log_service_pb2, fleet_service_pb2, types_pb2
 from planner.decision import thinking_word
 
 TaskStatusName = Literal[
@@ -410,10 +410,22 @@ class HostOut(BaseModel):
         )
 
 
+class DispatchOut(BaseModel):
+    """Whether the cloud hands out new tasks (it pauses while its model provider is down)."""
+
+    paused: bool
+    reason: str = Field(description="why dispatch is paused; empty when it is not")
+
+    @classmethod
+    def of(cls, d: fleet_service_pb2.DispatchStatus) -> DispatchOut:
+        return cls(paused=d.paused, reason=d.reason)
+
+
 class HostList(BaseModel):
-    """Hosts, connected first."""
+    """Hosts, connected first, and whether new tasks are handed out."""
 
     hosts: list[HostOut]
+    dispatch: DispatchOut
 
 
 class SubmitIn(BaseModel):

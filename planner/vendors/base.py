@@ -158,6 +158,16 @@ class ModelAdapter(Protocol):
         ...
 
 
+@runtime_checkable
+class Probeable(Protocol):
+    """An adapter that can check, with one cheap call, whether its provider answers (the
+    vendor adapters; the offline provider is never down)."""
+
+    async def probe(self) -> None:
+        """Return when the provider answers; raise a planner error while it does not."""
+        ...
+
+
 def mask_sensitive(name: str, arguments: dict[str, Any]) -> dict[str, Any]:
     """Arguments safe to keep or send back: a sensitive input_text value becomes the mask.
 

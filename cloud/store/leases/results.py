@@ -1,0 +1,140 @@
+"""Results: the host's outcome ends its attempt, fenced and idempotent for an identical retry."""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass
+
+from sqlalchemy import select, update
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from cloud.store import states
+from cloud.store.database import Store
+from cloud.store.leases.fence import Revocation, classify, live_fence
+from cloud.store.leases.progress import ProgressIn
+from cloud.store.models import AttemptRow, TaskRow
+
+
+@dataclass(frozen=True, slots=True)
+class ResultOut:
+    """Outcome of a result: recorded, a duplicate of a recorded one, or refused with a reason."""
+
+    recorded: bool
+    duplicate: bool
+    task_status: str = ""
+    device_serial: str = ""
+    revocation: Revocation | None = None
+    message: str = ""
+
+
+async def record_result(
+    store: Store,
+    host_id: str,
+    task_id: str,
+    attempt: int,
+    lease_id: str,
+    status: str,
+    summary: str,
+    final_progress: ProgressIn | None,
+    *,
+    retryable: bool = False,
+) -> ResultOut:
+    """End an attempt with the host's result; idempotent for an identical retry.
+
+    A `retryable` FAILED result ended the attempt for a reason outside the task (planning stayed
+    impossible until the deadline came near): like an expired lease, the task is queued for its
+    next attempt if it has any left (cancelled if a cancel is pending, failed if none are left).
+    """
+    now = store.now()
+    async with store.write() as session:
+        values: dict[str, object] = {
+            "status": status,
+            "result_status": status,
+            "result_summary": summary,
+            "ended_at": now,
+        }
+        if status != states.SUCCEEDED:
+            values["failure_reason"] = summary or status.lower()
+        if final_progress is not None:
+            values.update(
+                step_index=final_progress.step_index,
+                step_status=final_progress.step_status,
+                summary=final_progress.summary,
+                progress_updated_at=now,
+            )
+        row = (
+            await session.execute(
+                update(AttemptRow)
+                .where(*live_fence(host_id, task_id, attempt, lease_id, now))
+                .values(**values)
+                .returning(AttemptRow.device_serial)
+            )
+        ).first()
+        if row is not None and retryable and status == states.FAILED:
+            return ResultOut(
+                True, False, await _requeue(session, task_id, attempt, summary, now), row[0]
+            )
+        if row is not None:
+            task = (
+                await session.execute(
+                    update(TaskRow)
+                    .where(
+                        TaskRow.task_id == task_id,
+                        TaskRow.attempt == attempt,
+                        TaskRow.status.in_(states.LIVE),
+                    )
+                    .values(
+                        status=status,
+                        result_summary=summary,
+                        finished_at=now,
+                        updated_at=now,
+                    )
+                    .returning(TaskRow.status)
+                )
+            ).first()
+            return ResultOut(True, False, task[0] if task else status, row[0])
+        existing = await session.scalar(
+            select(AttemptRow).where(AttemptRow.task_id == task_id, AttemptRow.attempt == attempt)
+        )
+        if (
+            existing is not None
+            and existing.host_id == host_id
+            and existing.lease_id == lease_id
+            and existing.result_status == status
+        ):
+            task_status = await session.scalar(
+                select(TaskRow.status).where(TaskRow.task_id == task_id)
+            )
+            return ResultOut(False, True, task_status or status, existing.device_serial)
+        revocation, message = await classify(session, host_id, task_id, attempt, lease_id, now)
+        return ResultOut(False, False, revocation=revocation, message=message)
+
+
+async def _requeue(
+    session: AsyncSession, task_id: str, attempt: int, summary: str, now: dt.datetime
+) -> str:
+    """The task after a retryable end of its attempt `attempt`: its next attempt queued, or
+    cancelled (a cancel is pending) or failed (no attempts left)."""
+    task = await session.scalar(
+        select(TaskRow)
+        .where(
+            TaskRow.task_id == task_id,
+            TaskRow.attempt == attempt,
+            TaskRow.status.in_(states.LIVE),
+        )
+        .with_for_update()
+    )
+    if task is None:
+        return states.FAILED
+    if task.cancel_requested:
+        task.status = states.CANCELLED
+        task.result_summary = task.cancel_reason or "cancelled"
+        task.finished_at = now
+    elif task.attempt >= task.max_attempts:
+        task.status = states.FAILED
+        task.result_summary = summary
+        task.finished_at = now
+    else:
+        task.status = states.QUEUED
+    task.updated_at = now
+    return task.status
