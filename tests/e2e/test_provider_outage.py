@@ -51,12 +51,14 @@ async def tasks(stack: EmbeddedStack, ids: list[str]) -> list[types_pb2.Task]:
 
 async def submit(stack: EmbeddedStack, goal: str) -> str:
     request = task_service_pb2.SubmitTaskRequest(goal=goal)
-    return (await stack.operator.tasks.SubmitTask(request)).task.task_id
+    response: task_service_pb2.SubmitTaskResponse = await stack.operator.tasks.SubmitTask(request)
+    return response.task.task_id
 
 
 @pytest.fixture
 def provider(monkeypatch: pytest.MonkeyPatch) -> FakeModelServer:
-    fake = FakeModelServer(anthropic_key="sk-ant-test").start()
+    fake = FakeModelServer(anthropic_key="sk-ant-test")
+    fake.start()
     monkeypatch.setenv("AMC_PLANNER_PROVIDER", "anthropic")
     monkeypatch.setenv("AMC_PLANNER_MODEL", "claude-sonnet-4-6")
     monkeypatch.setenv("AMC_PLANNER_ANTHROPIC_API_KEY", "sk-ant-test")
@@ -87,7 +89,7 @@ async def test_tasks_wait_out_an_outage_and_dispatch_pauses_until_the_provider_i
 
             async def paused() -> bool:
                 fleet = await stack.operator.fleet.ListHosts(fleet_service_pb2.ListHostsRequest())
-                return fleet.dispatch.paused
+                return bool(fleet.dispatch.paused)
 
             await until(paused, "dispatch paused")
             fleet = await stack.operator.fleet.ListHosts(fleet_service_pb2.ListHostsRequest())

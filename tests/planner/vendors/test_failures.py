@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from planner.errors import (
@@ -46,7 +48,7 @@ class StreamStatusError(SdkError):
 
     def __init__(self, kind: str) -> None:
         super().__init__(200, "stream error")
-        self.body = {"type": "error", "error": {"type": kind, "message": kind}}
+        self.body: dict[str, Any] = {"type": "error", "error": {"type": kind, "message": kind}}
 
 
 @pytest.mark.parametrize(

@@ -228,7 +228,7 @@ class _Emitted:
 class MessagesFake:
     """The Messages endpoint. `key`: the only API key accepted (None: any but BAD_KEY)."""
 
-    paths = ("/v1/messages",)
+    paths: tuple[str, ...] = ("/v1/messages",)
 
     def __init__(
         self,

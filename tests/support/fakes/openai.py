@@ -174,7 +174,7 @@ def _check_key(key: str | None, headers: dict[str, str]) -> None:
 class ChatFake:
     """The Chat Completions endpoint; answers are `Reply`s given verbatim (`chat_completion`)."""
 
-    paths = ("/v1/chat/completions",)
+    paths: tuple[str, ...] = ("/v1/chat/completions",)
 
     def __init__(self, *, key: str | None = None, require_reasoning_content_back: bool = False):
         self.key = key
@@ -263,7 +263,7 @@ class ResponsesFake:
     """The Responses endpoint; answers are `ScriptedTurn`s of reasoning / message /
     function_call specs (or `Reply`s), rendered with signed encrypted reasoning."""
 
-    paths = ("/v1/responses",)
+    paths: tuple[str, ...] = ("/v1/responses",)
 
     def __init__(self, *, key: str | None = None, signing_key: bytes = b"amc-fake-provider"):
         self.key = key
