@@ -62,7 +62,7 @@ def _run(coro: Awaitable[T]) -> T:
         out.print(f"[red]{error.code().name}[/red]: {formatting.literal(error.details() or '')}")
         raise typer.Exit(2) from None
     except PlannerConfigError as error:
-        out.print(f"[red]configuration[/red]: {formatting.literal(str(error))}")
+        out.print(f"[red]configuration[/red]: {formatting.literal(str(error))}", soft_wrap=True)
         raise typer.Exit(2) from None
 
 

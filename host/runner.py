@@ -34,6 +34,7 @@ from host.perception.perceive import Perceiver
 from host.planner_client import CloudPlanner, CloudSessionPlanner, StepPlanner
 from host.settings import HostSettings
 from host.timeline.store import TimelineStore
+from planner import model_profiles
 from planner.session.step_planner import SessionStepPlanner
 from planner.session.store import SqliteSessionStore
 from planner.settings import PlannerSettings
@@ -162,6 +163,9 @@ def build_host(
     session_store: SqliteSessionStore | None = None
     direct_transport = settings.planner_transport == "direct"
     if planner is None and direct_transport and planner_settings.mode == "session":
+        # Each attempt opens its own planner; a configuration the model cannot take is refused
+        # now, at start, not at the first task.
+        model_profiles.check(model_profiles.resolve(planner_settings), planner_settings)
         session_store = SqliteSessionStore(settings.resolved_db_path.parent / "sessions.sqlite3")
     elif planner is None and direct_transport:
         from planner.planner import make_planner
