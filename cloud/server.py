@@ -41,6 +41,7 @@ from cloud.authz import Authorization
 from cloud.events import EventBus
 from cloud.lease.manager import LeaseManager
 from cloud.lease.stream import LeaseServicer
+from cloud.provider_health import ProviderHealth
 from cloud.reflection import enable_reflection
 from cloud.services.decision_log_service import DecisionLogServicer
 from cloud.services.fleet_service import FleetServicer
@@ -146,6 +147,9 @@ class CloudServer:
         self._own_store = store is None
         self.bus = EventBus(self.store)
         self.leases = LeaseManager(self.store, self.bus, settings)
+        self.provider_health = ProviderHealth(threshold=settings.provider_down_after_failures)
+        self.leases.dispatcher.provider = self.provider_health
+        self.provider_health.on_available.append(self.leases.dispatcher.wake.set)
         self.health = health.aio.HealthServicer()
         self.server = grpc.aio.server(
             options=server_options(settings),
@@ -171,13 +175,13 @@ class CloudServer:
             ProgressServicer(store, bus), self.server
         )
         fleet_service_pb2_grpc.add_FleetServiceServicer_to_server(
-            FleetServicer(store, bus, s), self.server
+            FleetServicer(store, bus, s, self.provider_health), self.server
         )
         decision_log_service_pb2_grpc.add_DecisionLogServiceServicer_to_server(
             DecisionLogServicer(store), self.server
         )
         planner_servicer, self._closeables, self.planner_summary = build_planner_servicer(
-            store, bus
+            store, bus, self.provider_health
         )
         planner_service_pb2_grpc.add_PlannerServiceServicer_to_server(planner_servicer, self.server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
@@ -245,6 +249,14 @@ class CloudServer:
                 "retention", self._retention_pass, interval=self.settings.retention_interval_seconds
             )
         )
+        if self.provider_health.probe is not None:
+            self._jobs.append(
+                supervised.start(
+                    "provider-probe",
+                    self.provider_health.probe_step,
+                    interval=self.settings.provider_probe_seconds,
+                )
+            )
         await self.server.start()
         for name in ("", *SERVICE_NAMES):
             await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)

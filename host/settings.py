@@ -66,6 +66,11 @@ class HostSettings(BaseSettings):
     #: How long one Decide call to the cloud may take: a decision may need several model calls
     #: (a forced retry, a corrective retry), each with thinking and the SDK's own retries.
     planner_deadline_s: float = Field(default=300.0, gt=0)
+    #: While planning is temporarily impossible (the model provider or the cloud planner is
+    #: unavailable) a step waits inside its lease and asks again: first after about this long,
+    #: doubling up to `planner_wait_max_s` (with jitter), until the task's deadline comes near.
+    planner_wait_initial_s: float = Field(default=1.0, gt=0)
+    planner_wait_max_s: float = Field(default=30.0, gt=0)
 
     # --- cloud (lease stream and cloud planner) ---
     cloud_address: str = DEFAULT_CLOUD_ADDRESS

@@ -222,11 +222,14 @@ class LeaseManager:
             states.from_proto(msg.status),
             msg.summary,
             final,
+            retryable=msg.retryable,
         )
         if out.recorded or out.duplicate:
             if out.recorded:
                 session.busy.discard(out.device_serial)
                 self.bus.tasks_changed([msg.task_id])
+                if out.task_status == states.QUEUED:  # a retryable end: its next attempt waits
+                    self.bus.tasks_queued()
                 self.dispatcher.kick(session)
             return lease_pb.LeaseResponse(
                 result_ack=lease_pb.ResultAck(

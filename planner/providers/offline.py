@@ -22,11 +22,12 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
+from planner.conversation.items import AssistantText, ToolCall, UserObservation
 from planner.decision import Usage
 from planner.prompts import ParsedPrompt, parse_user_prompt
-from planner.providers.base import ProviderRequest, ProviderResponse, ToolCall, UserTurn
+from planner.vendors.base import Turn, TurnRequest
 
 MODEL = "amc-offline-heuristic-1"
 MAX_STEPS = 40
@@ -338,17 +339,25 @@ class _Step:
 
 
 class OfflineProvider:
-    """Deterministic heuristic agent behind the Provider protocol."""
+    """Deterministic heuristic agent behind the model adapter protocol."""
 
     @property
     def name(self) -> str:
         return "offline"
 
+    @property
+    def model(self) -> str:
+        return MODEL
+
+    @property
+    def retry_form(self) -> Literal["forced"]:
+        return "forced"
+
     async def aclose(self) -> None:
         return None
 
-    async def complete(self, request: ProviderRequest) -> ProviderResponse:
-        prompt = next((m.text for m in request.messages if isinstance(m, UserTurn)), "")
+    async def complete(self, request: TurnRequest) -> Turn:
+        prompt = next((m.text for m in request.items if isinstance(m, UserObservation)), "")
         try:
             parsed = parse_user_prompt(prompt)
             step = _decide(parsed)
@@ -359,13 +368,17 @@ class OfflineProvider:
                 {"success": False, "reason": f"offline planner: {err}"},
             )
         words = len(prompt.split())
-        return ProviderResponse(
-            text=[step.rationale],
-            thinking=[],
-            tool_calls=[ToolCall(id=f"offline_{len(prompt)}", name=step.tool, arguments=step.args)],
+        call_id = f"offline_{len(prompt)}"
+        return Turn(
+            turn_id=call_id,
+            items=[
+                AssistantText("offline", call_id, step.rationale),
+                ToolCall("offline", call_id, call_id, step.tool, step.args),
+            ],
             usage=Usage(input_tokens=words, output_tokens=len(step.rationale.split()) + 20),
             model=MODEL,
             stop_reason="tool_use",
+            raw_calls={call_id: step.args},
         )
 
 

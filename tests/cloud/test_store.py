@@ -59,6 +59,36 @@ async def test_migrations_up_down_and_check(db_url: str) -> None:
         await s.close()
 
 
+async def test_migration_0005_thinking_and_retry_columns_up_and_down(db_url: str) -> None:
+    """0005 is additive: three decision columns, dropped again by its downgrade without losing
+    the rows; a row from before it reads as "not recorded" (empty kinds, not truncated)."""
+    new = {"thinking_kind", "retry_kind", "output_truncated"}
+    s = Store.from_url(db_url)
+    try:
+        await upgrade(s.engine)
+        logged = _decision()
+        logged.thinking_kind, logged.retry_kind, logged.output_truncated = "omitted", "nudge", True
+        row = await decisions.append(s, "h1", "t-0004", 1, logged)
+        (stored,) = (await decisions.list_page(s, "t-0004", 0, 5, ""))[0]
+        assert (stored.thinking_kind, stored.retry_kind, stored.output_truncated) == (
+            "omitted",
+            "nudge",
+            True,
+        )
+        await downgrade(s.engine, "0004")
+        async with s.engine.connect() as conn:
+            assert not new & await conn.run_sync(_columns, "decisions")
+        await upgrade(s.engine)
+        async with s.engine.connect() as conn:
+            assert new <= await conn.run_sync(_columns, "decisions")
+        (old,) = (await decisions.list_page(s, "t-0004", 0, 5, ""))[0]
+        assert old.decision_id == row.decision_id
+        assert (old.thinking_kind, old.retry_kind, old.output_truncated) == ("", "", False)
+        await check(s.engine)
+    finally:
+        await s.close()
+
+
 def _decision(text: str = "tap", sensitive: bool = False) -> Decision:
     action = types_pb2.Action(purpose="open it", expected_outcome="it opens")
     if sensitive:

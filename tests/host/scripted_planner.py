@@ -76,6 +76,7 @@ class ScriptedPlanner:
             expected_outcome=parsed.expected_outcome,
             rationale=f"Step {index + 1}: {step.purpose}.",
             thinking=[ThinkingBlock("considering the screen")],
+            thinking_kind="summarized",
             usage=Usage(input_tokens=100, output_tokens=20),
             provider="scripted",
             model="scripted-1",

@@ -14,13 +14,14 @@ import pytest
 from host.devices.virtual import suite
 from host.devices.virtual.phone import VirtualPhone
 from host.devices.virtual.state import Alarm, Contact
+from planner.conversation.items import UserObservation
 from planner.history import WorldEvent
 from planner.planner import Planner
 from planner.prompts import SYSTEM_PROMPT, build_user_prompt
-from planner.providers.base import ProviderRequest, UserTurn
 from planner.providers.offline import OfflineProvider, split_goal
 from planner.scene import Scene
 from planner.tools import TOOLS
+from planner.vendors import TurnRequest
 from tests.planner import scenes
 from tests.planner.virtual_run import run_goal
 
@@ -179,11 +180,10 @@ def test_compound_goals_split_only_at_verbs() -> None:
 
 async def test_unreadable_prompt_is_a_clean_failure_not_an_exception() -> None:
     response = await OfflineProvider().complete(
-        ProviderRequest(system=SYSTEM_PROMPT, messages=[UserTurn("hello")], tools=TOOLS)
+        TurnRequest(system=SYSTEM_PROMPT, items=[UserObservation("hello")], tools=TOOLS)
     )
     (call,) = response.tool_calls
     assert call.name == "complete"
-    assert call.arguments is not None
     assert call.arguments["success"] is False
     assert "missing the ```json goal section" in call.arguments["reason"]
 

@@ -183,6 +183,86 @@ KEY_DELETE: Key.ValueType  # 4
 """KEYCODE_DEL: erase the character before the cursor (backspace)."""
 Global___Key: _TypeAlias = Key  # noqa: Y015
 
+class _ThinkingKind:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _ThinkingKindEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ThinkingKind.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    THINKING_KIND_UNSPECIFIED: _ThinkingKind.ValueType  # 0
+    """Not recorded (a decision logged before this field existed)."""
+    THINKING_KIND_NONE: _ThinkingKind.ValueType  # 1
+    """The model returned no thinking (thinking off, or it chose not to think)."""
+    THINKING_KIND_FULL: _ThinkingKind.ValueType  # 2
+    """The model's own reasoning text (OpenAI-compatible reasoning_content, OpenAI reasoning text)."""
+    THINKING_KIND_SUMMARIZED: _ThinkingKind.ValueType  # 3
+    """A summary of the reasoning (Claude 4 models, OpenAI reasoning summaries)."""
+    THINKING_KIND_OMITTED: _ThinkingKind.ValueType  # 4
+    """The model thought, but the provider returned no text (a signature or encrypted content
+    only, e.g. Claude Opus 4.7 when summarized thinking was not requested).
+    """
+    THINKING_KIND_REDACTED: _ThinkingKind.ValueType  # 5
+    """The provider returned the thinking encrypted (Anthropic redacted_thinking) and nothing
+    readable.
+    """
+
+class ThinkingKind(_ThinkingKind, metaclass=_ThinkingKindEnumTypeWrapper):
+    """What kind of thinking a decision carries, so a reader never has to guess from a blank."""
+
+THINKING_KIND_UNSPECIFIED: ThinkingKind.ValueType  # 0
+"""Not recorded (a decision logged before this field existed)."""
+THINKING_KIND_NONE: ThinkingKind.ValueType  # 1
+"""The model returned no thinking (thinking off, or it chose not to think)."""
+THINKING_KIND_FULL: ThinkingKind.ValueType  # 2
+"""The model's own reasoning text (OpenAI-compatible reasoning_content, OpenAI reasoning text)."""
+THINKING_KIND_SUMMARIZED: ThinkingKind.ValueType  # 3
+"""A summary of the reasoning (Claude 4 models, OpenAI reasoning summaries)."""
+THINKING_KIND_OMITTED: ThinkingKind.ValueType  # 4
+"""The model thought, but the provider returned no text (a signature or encrypted content
+only, e.g. Claude Opus 4.7 when summarized thinking was not requested).
+"""
+THINKING_KIND_REDACTED: ThinkingKind.ValueType  # 5
+"""The provider returned the thinking encrypted (Anthropic redacted_thinking) and nothing
+readable.
+"""
+Global___ThinkingKind: _TypeAlias = ThinkingKind  # noqa: Y015
+
+class _RetryKind:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _RetryKindEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_RetryKind.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    RETRY_KIND_UNSPECIFIED: _RetryKind.ValueType  # 0
+    """Not recorded (a decision logged before this field existed)."""
+    RETRY_KIND_NONE: _RetryKind.ValueType  # 1
+    """The first answer called a tool."""
+    RETRY_KIND_FORCED_TOOL_CHOICE: _RetryKind.ValueType  # 2
+    """Asked again with a forced tool choice and thinking off for that call (models that accept
+    it).
+    """
+    RETRY_KIND_NUDGE: _RetryKind.ValueType  # 3
+    """Asked again with thinking kept and an instruction to call exactly one tool (models that
+    cannot turn thinking off for one call, or refuse a forced tool choice).
+    """
+
+class RetryKind(_RetryKind, metaclass=_RetryKindEnumTypeWrapper):
+    """Which retry a decision needed when the model's first answer called no tool."""
+
+RETRY_KIND_UNSPECIFIED: RetryKind.ValueType  # 0
+"""Not recorded (a decision logged before this field existed)."""
+RETRY_KIND_NONE: RetryKind.ValueType  # 1
+"""The first answer called a tool."""
+RETRY_KIND_FORCED_TOOL_CHOICE: RetryKind.ValueType  # 2
+"""Asked again with a forced tool choice and thinking off for that call (models that accept
+it).
+"""
+RETRY_KIND_NUDGE: RetryKind.ValueType  # 3
+"""Asked again with thinking kept and an instruction to call exactly one tool (models that
+cannot turn thinking off for one call, or refuse a forced tool choice).
+"""
+Global___RetryKind: _TypeAlias = RetryKind  # noqa: Y015
+
 class _ModelProvider:
     ValueType = _typing.NewType("ValueType", _builtins.int)
     V: _TypeAlias = ValueType  # noqa: Y015
@@ -984,7 +1064,9 @@ class ThinkingBlock(_message.Message):
     TEXT_FIELD_NUMBER: _builtins.int
     REDACTED_FIELD_NUMBER: _builtins.int
     text: _builtins.str
-    """The reasoning text; empty when redacted."""
+    """The reasoning text; empty when redacted, and empty when the provider omitted it (the
+    decision's thinking_kind then says THINKING_KIND_OMITTED).
+    """
     redacted: _builtins.bool
     """The provider returned this block encrypted (Anthropic redacted_thinking); the text is unknown."""
     def __init__(
@@ -1032,6 +1114,9 @@ class Decision(_message.Message):
     MODEL_PROVIDER_FIELD_NUMBER: _builtins.int
     MODE_FIELD_NUMBER: _builtins.int
     OUTCOME_FIELD_NUMBER: _builtins.int
+    THINKING_KIND_FIELD_NUMBER: _builtins.int
+    RETRY_KIND_FIELD_NUMBER: _builtins.int
+    OUTPUT_TRUNCATED_FIELD_NUMBER: _builtins.int
     decision_id: _builtins.str
     """Server-assigned id."""
     host_id: _builtins.str
@@ -1074,6 +1159,17 @@ class Decision(_message.Message):
     """`provider` as an enum (the string stays for older readers)."""
     mode: Global___PlannerMode.ValueType
     """`planner_mode` as an enum (the string stays for older readers)."""
+    thinking_kind: Global___ThinkingKind.ValueType
+    """What kind of thinking `thinking` holds (full, summarized, omitted by the provider,
+    redacted, none).
+    """
+    retry_kind: Global___RetryKind.ValueType
+    """Which retry the decision needed; `forced_retry` is true for either kind of retry."""
+    output_truncated: _builtins.bool
+    """The model's answer was cut off by its output token limit (Anthropic stop_reason
+    max_tokens, OpenAI finish_reason length or an incomplete response); the rationale then
+    ends with a note saying so.
+    """
     @_builtins.property
     def action(self) -> Global___Action:
         """The same action, typed."""
@@ -1129,10 +1225,13 @@ class Decision(_message.Message):
         model_provider: Global___ModelProvider.ValueType = ...,
         mode: Global___PlannerMode.ValueType = ...,
         outcome: Global___ActionOutcome | None = ...,
+        thinking_kind: Global___ThinkingKind.ValueType = ...,
+        retry_kind: Global___RetryKind.ValueType = ...,
+        output_truncated: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["action", b"action", "created_at", b"created_at", "latency", b"latency", "outcome", b"outcome", "usage", b"usage"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["action", b"action", "arguments_json", b"arguments_json", "attempt", b"attempt", "corrective_retries", b"corrective_retries", "created_at", b"created_at", "decision_id", b"decision_id", "expected_outcome", b"expected_outcome", "forced_retry", b"forced_retry", "host_id", b"host_id", "latency", b"latency", "mode", b"mode", "model", b"model", "model_provider", b"model_provider", "outcome", b"outcome", "planner_mode", b"planner_mode", "provider", b"provider", "purpose", b"purpose", "rationale", b"rationale", "step_index", b"step_index", "system_prompt", b"system_prompt", "task_id", b"task_id", "thinking", b"thinking", "tool_name", b"tool_name", "usage", b"usage", "user_prompt", b"user_prompt"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["action", b"action", "arguments_json", b"arguments_json", "attempt", b"attempt", "corrective_retries", b"corrective_retries", "created_at", b"created_at", "decision_id", b"decision_id", "expected_outcome", b"expected_outcome", "forced_retry", b"forced_retry", "host_id", b"host_id", "latency", b"latency", "mode", b"mode", "model", b"model", "model_provider", b"model_provider", "outcome", b"outcome", "output_truncated", b"output_truncated", "planner_mode", b"planner_mode", "provider", b"provider", "purpose", b"purpose", "rationale", b"rationale", "retry_kind", b"retry_kind", "step_index", b"step_index", "system_prompt", b"system_prompt", "task_id", b"task_id", "thinking", b"thinking", "thinking_kind", b"thinking_kind", "tool_name", b"tool_name", "usage", b"usage", "user_prompt", b"user_prompt"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -77,7 +77,12 @@ class RedactingPlanner:
         if self.calls == 3:
             decision = dataclasses.replace(
                 decision,
-                thinking=[ThinkingBlock("", redacted=True), ThinkingBlock("the row is there")],
+                thinking=[
+                    ThinkingBlock("", redacted=True),
+                    ThinkingBlock("the row is there"),
+                    ThinkingBlock(""),  # a signature-only block: omitted, not redacted
+                ],
+                thinking_kind="summarized",
             )
         return decision
 

@@ -166,6 +166,8 @@ def test_timeline_shows_each_step_with_before_and_after(client: TestClient, fill
     assert "Step 3: open display settings." in section  # rationale
     assert "redacted — the provider returned this block encrypted" in section
     assert "the row is there" in section  # the readable thinking block beside it
+    assert "omitted by the provider: it returned no text for this block" in section
+    assert "Thinking · summarized thinking (3 blocks)" in section
     assert "Turn on dark theme" in section  # the real user prompt
     assert "Android phone" in section  # the real system prompt
     assert "scripted-1" in section  # the model's answer: which model
