@@ -9,7 +9,7 @@ LOCK := requirements.lock
 LOCK_COMPILE := pip compile -q pyproject.toml --extra test --universal --generate-hashes \
 	--custom-compile-command "make lock"
 
-.PHONY: demo up test check gen bench-smoke bench system-deps install lock lock-check
+.PHONY: demo up test test-fast check gen bench-smoke bench system-deps install lock lock-check
 
 ## The venv, exactly as the lock says (extra packages removed), then amc editable without resolving
 ## anything (its dependencies are the lock's).
@@ -57,6 +57,11 @@ up: install
 ## The test suite: installs what it needs (PostgreSQL, Chromium, Node tools) and runs pytest.
 test: system-deps install node_modules/.package-lock.json
 	$(VENV)/bin/pytest
+
+## Every test that needs neither PostgreSQL nor a browser nor Node.js (marks: tests/support/lanes.py),
+## on one pytest-xdist worker per core (the tests mostly wait on servers and phones).
+test-fast: install
+	$(VENV)/bin/pytest -m "not postgres and not browser and not node" -n auto --dist worksteal
 
 ## Static checks CI runs before the tests.
 check: install node_modules/.package-lock.json lock-check
