@@ -37,7 +37,7 @@ async def test_fleet_snapshot_then_changes_and_ended_task_watch(
 ) -> None:
     ch = channel(cloud.address, pki_dir, "operator-ops")
     try:
-        stub: Any = progress_service_pb2_grpc.ProgressServiceStub(ch)  # type: ignore[no-untyped-call]
+        stub: Any = progress_service_pb2_grpc.ProgressServiceStub(ch)
         live = (await submit(ops, goal="stays queued")).task
         ended = (await submit(ops, goal="cancelled at once")).task
         await ops.CancelTask(task_service_pb2.CancelTaskRequest(task_id=ended.task_id))
@@ -68,7 +68,7 @@ async def test_fleet_snapshot_then_changes_and_ended_task_watch(
 async def test_decision_log_arguments(cloud: CloudServer, pki_dir: Path) -> None:
     ch = channel(cloud.address, pki_dir, "operator-ops")
     try:
-        log: Any = decision_log_service_pb2_grpc.DecisionLogServiceStub(ch)  # type: ignore[no-untyped-call]
+        log: Any = decision_log_service_pb2_grpc.DecisionLogServiceStub(ch)
         with pytest.raises(grpc.aio.AioRpcError) as err:
             await log.ListDecisions(decision_log_service_pb2.ListDecisionsRequest())
         assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT

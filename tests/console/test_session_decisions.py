@@ -10,7 +10,14 @@ from cloud.store import decisions
 from cloud.store.ports import StoreSessionStore
 from planner.decision import Decision, ThinkingBlock, Usage
 from planner.history import MASK
-from planner.session.items import AssistantText, Reasoning, ToolCall, ToolResult, UserObservation
+from planner.session.items import (
+    AssistantText,
+    Reasoning,
+    SessionItem,
+    ToolCall,
+    ToolResult,
+    UserObservation,
+)
 from tests.console.console_stack import Cloud, HostFactory, Operator
 from tests.console.test_pages import log_in
 
@@ -65,7 +72,7 @@ def test_the_whole_conversation_of_a_session_attempt_reads_in_order(
     host = make_host()
     task = operator.submit("Type the PIN", host_id=host.host_id)
     a = host.assignment()
-    items = [
+    items: list[SessionItem] = [
         UserObservation("Goal: Type the PIN\nCurrent screen: <form>", condensed="form"),
         Reasoning("anthropic", "msg_1", text="The PIN field is e3.", signature="SIG" * 40),
         AssistantText("anthropic", "msg_1", "Type it <now>."),

@@ -16,6 +16,7 @@ from host.devices.virtual.phone import VirtualPhone
 from host.devices.virtual.suite import SUITE
 from host.perception.ocr import OcrPool
 from host.perception.perceive import Perceiver
+from host.planner_client import StepPlanner
 from host.timeline.store import TimelineStore
 from planner.planner import make_planner
 from planner.settings import PlannerSettings
@@ -40,14 +41,14 @@ def ocr() -> Iterator[OcrPool]:
 
 def _loop(
     phone: VirtualPhone,
-    planner: object,
+    planner: StepPlanner,
     store: TimelineStore | None,
     ocr: OcrPool | None = None,
     max_steps: int = 10,
 ) -> AgentLoop:
     return AgentLoop(
         VirtualDriver(phone),
-        planner,  # type: ignore[arg-type]
+        planner,
         Perceiver(ocr, retries=2, retry_delay_s=0),
         store,
         LoopSettings(max_steps=max_steps, settle_delay_s=0, ocr=ocr is not None),

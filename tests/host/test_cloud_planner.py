@@ -68,7 +68,7 @@ async def service(tmp_path: Path) -> AsyncIterator[Service]:
     pki_dir = pki.ensure_embedded_pki(tmp_path, [HOST_ID])
     gate, sink = Gate(), Sink()
 
-    def host_of(context: grpc.aio.ServicerContext) -> str:  # type: ignore[type-arg]
+    def host_of(context: grpc.aio.ServicerContext) -> str:
         caller = peer_caller(context)
         return caller.name if caller and caller.kind == "host" else ""
 

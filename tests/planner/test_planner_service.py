@@ -25,7 +25,7 @@ from planner.errors import PlannerError, PlannerRateLimited, PlannerUnavailable
 from planner.planner import Planner
 from planner.prompts import SYSTEM_PROMPT, build_user_prompt
 from planner.providers.anthropic import AnthropicProvider
-from planner.providers.base import ProviderRequest, ProviderResponse
+from planner.providers.base import ProviderRequest, ProviderResponse, UserTurn
 from planner.providers.offline import OfflineProvider
 from planner.service import MAX_MESSAGE_BYTES, PlannerServicer
 from planner.settings import PlannerSettings
@@ -100,7 +100,8 @@ class Recording:
 
 def metadata_host(context: Any) -> str:
     """Test stand-in for the certificate identity on a plaintext server."""
-    return dict(context.invocation_metadata()).get("x-test-host", "")
+    host: str = dict(context.invocation_metadata()).get("x-test-host", "")
+    return host
 
 
 @dataclass
@@ -249,7 +250,9 @@ async def test_screenshot_is_used_for_the_call_and_never_stored(
     response = await srv.stub.Decide(request(screenshot=shot), metadata=MD)
     assert response.decision.step_index == 1
     (sent,) = srv.provider.requests
-    assert sent.messages[0].screenshot == shot  # type: ignore[union-attr]
+    first = sent.messages[0]
+    assert isinstance(first, UserTurn)
+    assert first.screenshot == shot
     (row,) = srv.sink.rows
     stored = row[4]
     assert b"SCREENSHOT-MARKER" not in repr(stored).encode()

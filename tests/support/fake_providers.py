@@ -479,7 +479,8 @@ class FakeProviderServer:
                 uses = [b["id"] for b in blocks if b.get("type") == "tool_use"]
                 if uses:
                     nxt = messages[i + 1] if i + 1 < len(messages) else {}
-                    nxt_blocks = nxt.get("content") if isinstance(nxt.get("content"), list) else []
+                    nxt_content = nxt.get("content")
+                    nxt_blocks = nxt_content if isinstance(nxt_content, list) else []
                     answered = {
                         b.get("tool_use_id") for b in nxt_blocks if b.get("type") == "tool_result"
                     }

@@ -15,6 +15,7 @@ import pytest
 
 from planner.errors import PlannerAuthError, PlannerUnavailable
 from planner.history import MASK
+from planner.session.anthropic_projection import ForeignReasoning
 from planner.session.config import SessionConfig, SessionProvider, ThinkingConfig
 from planner.session.items import Reasoning, ToolCall, UserObservation
 from planner.session.planner import NOT_RECORDED, NUDGE, SessionPlanner
@@ -64,7 +65,7 @@ class Factory:
         stream: bool = False,
         attempt: int = 1,
         live: list[str] | None = None,
-        foreign: str = "drop",
+        foreign: ForeignReasoning = "drop",
         keep_scenes: int | None = 6,
     ) -> SessionPlanner:
         client: anthropic.AsyncAnthropic | openai.AsyncOpenAI
@@ -88,7 +89,7 @@ class Factory:
             thinking=thinking,
             config=SessionConfig(
                 stream=stream,
-                foreign_reasoning=foreign,  # type: ignore[arg-type]
+                foreign_reasoning=foreign,
                 keep_scenes=keep_scenes,
             ),
             on_thinking=live.append if live is not None else None,
