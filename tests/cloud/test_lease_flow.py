@@ -42,7 +42,7 @@ def secs(s: float) -> duration_pb2.Duration:
 
 async def test_dispatch_renew_progress_result(cloud: CloudServer, ops: Any, pki_dir: Path) -> None:
     ch = channel(cloud.address, pki_dir, "operator-ops")
-    watch_stub = progress_service_pb2_grpc.ProgressServiceStub(ch)  # type: ignore[no-untyped-call]
+    watch_stub = progress_service_pb2_grpc.ProgressServiceStub(ch)
     host = ScriptedHost(cloud.address, pki_dir, "h1")
     try:
         welcome = await host.connect(["phone-1"])
@@ -469,8 +469,9 @@ async def test_one_batch_fences_each_renewal_on_its_own(
             old = await db.scalar(
                 select(AttemptRow.lease_expires_at).where(AttemptRow.task_id == cancelled.task_id)
             )
-        assert old is not None
-        assert old < outs[2].expires_at  # type: ignore[operator]
+        renewed = outs[2].expires_at
+        assert old is not None and renewed is not None
+        assert old < renewed
     finally:
         await host.close()
 

@@ -32,7 +32,13 @@ from cloud.store import sessions
 from cloud.store.database import Store
 from cloud.store.models import TaskRow
 from cloud.store.ports import StoreSessionStore
-from planner.conversation.items import Reasoning, ToolCall, UserObservation, dumps_item
+from planner.conversation.items import (
+    Reasoning,
+    SessionItem,
+    ToolCall,
+    UserObservation,
+    dumps_item,
+)
 from planner.session.store import SessionConflict
 from tests.cloud.cloud_harness import ScriptedHost, channel, submit, tasks_stub
 from tests.support.fakes import (
@@ -86,7 +92,7 @@ class Leased:
         self.ops = channel(cloud.address, pki_dir, "operator-ops")
         self.ch = channel(cloud.address, pki_dir, f"host-{host_id}")
         self.host = ScriptedHost(cloud.address, pki_dir, host_id)
-        self.stub: Any = planner_service_pb2_grpc.PlannerServiceStub(self.ch)  # type: ignore[no-untyped-call]
+        self.stub: Any = planner_service_pb2_grpc.PlannerServiceStub(self.ch)
 
     async def __aenter__(self) -> Leased:
         await self.host.connect(["p"])
@@ -286,7 +292,7 @@ ODD = "sig/+=\u2028\"\\'\x7f\U0001f600" * 50
 
 
 async def test_items_round_trip_byte_for_byte(store: Store) -> None:
-    items = [
+    items: list[SessionItem] = [
         UserObservation("screen", condensed="short"),
         Reasoning("anthropic", "t1", text="why", signature=ODD),
         Reasoning(
@@ -315,8 +321,8 @@ async def test_two_calls_continuing_one_conversation_cannot_interleave(store: St
     await a.append("t", 1, [UserObservation("two (a)")])
     with pytest.raises(SessionConflict, match="continued by another call"):
         await b.append("t", 1, [UserObservation("two (b)"), UserObservation("three (b)")])
-    texts = [i.text for i in await StoreSessionStore(store).load("t", 1)]  # type: ignore[union-attr]
-    assert texts == ["one", "two (a)"]  # nothing of the losing call was kept
+    loaded = await StoreSessionStore(store).load("t", 1)
+    assert loaded == [UserObservation("one"), UserObservation("two (a)")]  # nothing of the loser's
 
 
 async def test_retention_removes_conversations_of_old_finished_tasks(store: Store) -> None:
@@ -349,7 +355,7 @@ async def test_operators_watch_the_model_think_live(
         )
     )
     async with Leased(anthropic_cloud, pki_dir, "h24") as leased:
-        watcher: Any = progress_service_pb2_grpc.ProgressServiceStub(leased.ops)  # type: ignore[no-untyped-call]
+        watcher: Any = progress_service_pb2_grpc.ProgressServiceStub(leased.ops)
         watch = watcher.WatchProgress(
             progress_service_pb2.WatchProgressRequest(
                 task_id=leased.task.task_id, include_thinking=True
@@ -431,7 +437,7 @@ async def test_operators_read_the_conversation_without_the_opaque_material(
             call_id=first.session_call_id, output='{"ok":true}'
         )
         await leased.stub.Decide(leased.request(outcome))
-        log: Any = decision_log_service_pb2_grpc.DecisionLogServiceStub(leased.ops)  # type: ignore[no-untyped-call]
+        log: Any = decision_log_service_pb2_grpc.DecisionLogServiceStub(leased.ops)
         a = leased.assignment
 
         def ask(**fields: Any) -> Any:
@@ -443,7 +449,7 @@ async def test_operators_read_the_conversation_without_the_opaque_material(
         whole = await ask()
         first_page = await ask(page_size=4)
         rest = await ask(page_size=100, page_token=first_page.next_page_token)
-        host_call: Any = decision_log_service_pb2_grpc.DecisionLogServiceStub(leased.ch)  # type: ignore[no-untyped-call]
+        host_call: Any = decision_log_service_pb2_grpc.DecisionLogServiceStub(leased.ch)
         refusals = [
             await _code(
                 host_call.GetConversation(

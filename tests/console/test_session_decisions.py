@@ -11,6 +11,7 @@ from cloud.store.ports import StoreSessionStore
 from planner.conversation.items import (
     AssistantText,
     Reasoning,
+    SessionItem,
     ToolCall,
     ToolResult,
     UserObservation,
@@ -71,7 +72,7 @@ def test_the_whole_conversation_of_a_session_attempt_reads_in_order(
     host = make_host()
     task = operator.submit("Type the PIN", host_id=host.host_id)
     a = host.assignment()
-    items = [
+    items: list[SessionItem] = [
         UserObservation("Goal: Type the PIN\nCurrent screen: <form>", condensed="form"),
         Reasoning("anthropic", "msg_1", text="The PIN field is e3.", signature="SIG" * 40),
         AssistantText("anthropic", "msg_1", "Type it <now>."),
@@ -123,12 +124,12 @@ def test_the_thinking_kind_is_a_word_on_the_page_never_a_blank(
     omitted.thinking_kind = "omitted"
     omitted.retry_kind, omitted.forced_retry = "nudge", True
     older = _decision("compact")
-    older.thinking_kind = ""  # type: ignore[assignment]  # as a row logged before 0004 reads
+    older.thinking_kind = ""  # type: ignore[assignment]  # as a row logged before 0005 reads
     for decision in (omitted, older):
         cloud.loop.run(
             decisions.append(cloud.server.store, host.host_id, task.task_id, a.attempt, decision)
         )
-    items = [
+    items: list[SessionItem] = [
         UserObservation("Current screen: Settings"),
         Reasoning("anthropic", "msg_1", text="", signature="SIG" * 10),
     ]

@@ -152,9 +152,7 @@ async def test_restarted_host_continues_the_conversation_with_signed_thinking(
             first_stop = asyncio.Event()
 
             def stopping_driver(serial: str) -> Driver:
-                return StopAfterTaps(  # type: ignore[return-value]
-                    AdbDriver(serial, "127.0.0.1", adb_port), 1, first_stop, loop
-                )
+                return StopAfterTaps(AdbDriver(serial, "127.0.0.1", adb_port), 1, first_stop, loop)
 
             await asyncio.wait_for(run_host(settings, first_stop, make_driver=stopping_driver), 60)
             assert len(model.bodies("/v1/messages")) == 2, "the first host made two decisions"

@@ -74,7 +74,7 @@ class Service:
     settings: HostSettings
 
 
-def _host_of(context: grpc.aio.ServicerContext) -> str:  # type: ignore[type-arg]
+def _host_of(context: grpc.aio.ServicerContext) -> str:
     caller = peer_caller(context)
     return caller.name if caller and caller.kind == "host" else ""
 

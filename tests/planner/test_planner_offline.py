@@ -7,6 +7,7 @@ against the phone's end state rather than against the path taken.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import pytest
@@ -27,9 +28,9 @@ from tests.planner.virtual_run import run_goal
 
 
 async def decide(
-    goal: str, scene: Scene, history: list[WorldEvent | dict[str, Any]] | None = None
+    goal: str, scene: Scene, history: Sequence[WorldEvent | dict[str, Any]] = ()
 ) -> Any:
-    return await Planner(OfflineProvider()).decide(goal, scene, history or [])
+    return await Planner(OfflineProvider()).decide(goal, scene, history)
 
 
 async def test_opens_settings_from_the_launcher_for_a_setting_goal() -> None:

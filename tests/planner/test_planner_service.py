@@ -26,6 +26,7 @@ from planner.errors import (
     PlannerRateLimited,
     PlannerUnavailable,
 )
+from planner.model_profiles import RetryForm
 from planner.observation import observation_from_scene
 from planner.planner import Planner
 from planner.prompts import SYSTEM_PROMPT, build_user_prompt
@@ -84,6 +85,11 @@ class Recording:
     def model(self) -> str:
         return str(self.inner.model)
 
+    @property
+    def retry_form(self) -> RetryForm:
+        form: RetryForm = self.inner.retry_form
+        return form
+
     async def complete(self, request: TurnRequest) -> Turn:
         self.requests.append(request)
         if self.fail_with is not None:
@@ -97,7 +103,8 @@ class Recording:
 
 def metadata_host(context: Any) -> str:
     """Test stand-in for the certificate identity on a plaintext server."""
-    return dict(context.invocation_metadata()).get("x-test-host", "")
+    host: str = dict(context.invocation_metadata()).get("x-test-host", "")
+    return host
 
 
 @dataclass

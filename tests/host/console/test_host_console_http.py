@@ -10,8 +10,10 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 from pathlib import Path
+from typing import cast
 
 import pytest
+from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
 from host.console import HostConsoleSettings, create_app
@@ -43,7 +45,7 @@ def anon(filled: Filled) -> Iterator[TestClient]:
 @pytest.fixture
 def client(anon: TestClient) -> TestClient:
     """A logged-in client."""
-    token = anon.app.state.login_token.current  # type: ignore[attr-defined]
+    token = cast(FastAPI, anon.app).state.login_token.current  # create_app's app
     response = log_in(anon, token)
     assert response.status_code == 303, response.text
     assert response.headers["location"] == "/now"
@@ -71,7 +73,7 @@ def test_live_fragment_without_session_is_401_not_a_redirect(anon: TestClient) -
 
 
 def test_login_token_works_once_and_sets_a_strict_httponly_cookie(anon: TestClient) -> None:
-    tokens = anon.app.state.login_token  # type: ignore[attr-defined]
+    tokens = cast(FastAPI, anon.app).state.login_token  # create_app's app
     first = tokens.current
     response = log_in(anon, first)
     assert response.status_code == 303
@@ -101,7 +103,7 @@ def test_login_form_prefills_a_token_from_the_printed_url(anon: TestClient) -> N
 
 
 def test_post_without_csrf_is_403(anon: TestClient) -> None:
-    token = anon.app.state.login_token.current  # type: ignore[attr-defined]
+    token = cast(FastAPI, anon.app).state.login_token.current  # create_app's app
     anon.get("/login")
     assert anon.post("/login", data={"token": token}).status_code == 403
     assert anon.post("/login", data={"token": token, "csrf_token": "forged"}).status_code == 403
@@ -119,7 +121,7 @@ def test_logout_with_csrf_ends_the_session(client: TestClient) -> None:
 
 
 def test_login_next_stays_on_this_site(anon: TestClient) -> None:
-    token = anon.app.state.login_token.current  # type: ignore[attr-defined]
+    token = cast(FastAPI, anon.app).state.login_token.current  # create_app's app
     csrf = csrf_of(anon.get("/login").text)
     response = anon.post(
         "/login", data={"token": token, "csrf_token": csrf, "next": "//evil.example/x"}

@@ -14,6 +14,7 @@ import openai
 import pytest
 
 from planner.conversation.items import Reasoning, ToolCall, UserObservation
+from planner.conversation.turns import ForeignReasoning
 from planner.errors import PlannerAuthError, PlannerUnavailable
 from planner.history import MASK
 from planner.session.config import SessionConfig
@@ -68,7 +69,7 @@ class Factory:
         stream: bool = False,
         attempt: int = 1,
         live: list[str] | None = None,
-        foreign: str = "drop",
+        foreign: ForeignReasoning = "drop",
         keep_scenes: int | None = 6,
     ) -> SessionPlanner:
         client: anthropic.AsyncAnthropic | openai.AsyncOpenAI
@@ -89,7 +90,7 @@ class Factory:
             adapter=adapter_for(client, model, thinking),
             config=SessionConfig(
                 stream=stream,
-                foreign_reasoning=foreign,  # type: ignore[arg-type]
+                foreign_reasoning=foreign,
                 keep_scenes=keep_scenes,
             ),
             on_thinking=live.append if live is not None else None,

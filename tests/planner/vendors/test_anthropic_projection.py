@@ -15,7 +15,12 @@ from planner.conversation.items import (
     ToolResult,
     UserObservation,
 )
-from planner.conversation.turns import SessionHistoryError, apply_checkpoint, next_checkpoint
+from planner.conversation.turns import (
+    ForeignReasoning,
+    SessionHistoryError,
+    apply_checkpoint,
+    next_checkpoint,
+)
 from planner.vendors.anthropic.projection import project_anthropic
 
 
@@ -150,12 +155,12 @@ def _grown_history() -> list[list[SessionItem]]:
 
 
 @pytest.mark.parametrize("foreign", ["drop", "text"])
-def test_projection_is_append_only(foreign: str) -> None:
+def test_projection_is_append_only(foreign: ForeignReasoning) -> None:
     """Every request starts with exactly the messages of the one before (its last user message
     may only grow): the prefix a thinking block is bound to never changes between checkpoints."""
     previous: list[dict[str, Any]] = []
     for items in _grown_history():
-        messages = project_anthropic(items, thinking=True, foreign_reasoning=foreign).messages  # type: ignore[arg-type]
+        messages = project_anthropic(items, thinking=True, foreign_reasoning=foreign).messages
         if previous:
             assert messages[: len(previous) - 1] == previous[:-1]
             last = previous[-1]
