@@ -17,8 +17,9 @@ import threading
 from collections.abc import Iterable
 
 from host.devices.virtual import adb_protocol as proto
+from host.devices.virtual.commands import Output
 from host.devices.virtual.phone import VirtualPhone
-from host.devices.virtual.shell import Output, Shell
+from host.devices.virtual.shell import Shell
 
 log = logging.getLogger(__name__)
 

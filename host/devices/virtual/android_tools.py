@@ -11,8 +11,11 @@ import struct
 import zipfile
 
 from host.devices.virtual.apps.launcher import LAUNCHER_PACKAGE
+from host.devices.virtual.commands import Output, Registry, Session
 from host.devices.virtual.phone import IdleStateError
-from host.devices.virtual.shell import Output, Shell, tool
+from host.devices.virtual.render import png_bytes
+
+registry = Registry()
 
 ACTION_PAGES = {
     "android.settings.SETTINGS": ("com.android.settings", "com.android.settings.Settings"),
@@ -63,8 +66,8 @@ def input_text_argument(arg: str) -> str:
     return arg.replace("%s", " ")
 
 
-@tool("input")
-def _input(sh: Shell, args: list[str], stdin: bytes) -> Output:
+@registry.tool("input")
+def _input(sh: Session, args: list[str], stdin: bytes) -> Output:
     phone = sh.phone
     sources = {
         "touchscreen",
@@ -109,8 +112,8 @@ def _input(sh: Shell, args: list[str], stdin: bytes) -> Output:
     return Output()
 
 
-@tool("wm")
-def _wm(sh: Shell, args: list[str], stdin: bytes) -> Output:
+@registry.tool("wm")
+def _wm(sh: Session, args: list[str], stdin: bytes) -> Output:
     p = sh.phone
     if args[:1] == ["size"]:
         return Output().out(f"Physical size: {p.width}x{p.height}\n")
@@ -119,16 +122,14 @@ def _wm(sh: Shell, args: list[str], stdin: bytes) -> Output:
     return Output().err("usage: wm [size|density] ...\n", 255)
 
 
-@tool("screencap")
-def _screencap(sh: Shell, args: list[str], stdin: bytes) -> Output:
+@registry.tool("screencap")
+def _screencap(sh: Session, args: list[str], stdin: bytes) -> Output:
     png = "-p" in args
     files = [a for a in args if not a.startswith("-") and not a.isdigit()]
     img = sh.phone.screenshot()
     if files and files[0].endswith(".png"):
         png = True
     if png:
-        from host.devices.virtual.render import png_bytes
-
         data = png_bytes(img)
     else:
         rgba = img.convert("RGBA")
@@ -139,8 +140,8 @@ def _screencap(sh: Shell, args: list[str], stdin: bytes) -> Output:
     return Output().out(data)
 
 
-@tool("uiautomator")
-def _uiautomator(sh: Shell, args: list[str], stdin: bytes) -> Output:
+@registry.tool("uiautomator")
+def _uiautomator(sh: Session, args: list[str], stdin: bytes) -> Output:
     if not args or args[0] != "dump":
         return Output().err("Usage: uiautomator <subcommand> [options]\n", 1)
     files = [a for a in args[1:] if not a.startswith("-")]
@@ -164,8 +165,8 @@ def _component(text: str) -> tuple[str, str] | None:
     return pkg, (pkg + cls if cls.startswith(".") else cls)
 
 
-@tool("am")
-def _am(sh: Shell, args: list[str], stdin: bytes) -> Output:
+@registry.tool("am")
+def _am(sh: Session, args: list[str], stdin: bytes) -> Output:
     phone = sh.phone
     if not args:
         return Output().err("usage: am [subcommand] [options]\n", 1)
@@ -211,8 +212,8 @@ def _am(sh: Shell, args: list[str], stdin: bytes) -> Output:
     return result
 
 
-@tool("monkey")
-def _monkey(sh: Shell, args: list[str], stdin: bytes) -> Output:
+@registry.tool("monkey")
+def _monkey(sh: Session, args: list[str], stdin: bytes) -> Output:
     pkgs = [args[i + 1] for i, a in enumerate(args[:-1]) if a == "-p"]
     if not pkgs:
         return Output().err("** Error: no package given\n", 1)
@@ -228,15 +229,15 @@ def _monkey(sh: Shell, args: list[str], stdin: bytes) -> Output:
     )
 
 
-def _activity(sh: Shell) -> tuple[str, str]:
+def _activity(sh: Session) -> tuple[str, str]:
     pkg = sh.phone.current_package()
     cls = sh.phone.current_activity()
     short = "." + cls[len(pkg) + 1 :] if cls.startswith(pkg + ".") else cls
     return pkg, short
 
 
-@tool("dumpsys")
-def _dumpsys(sh: Shell, args: list[str], stdin: bytes) -> Output:
+@registry.tool("dumpsys")
+def _dumpsys(sh: Session, args: list[str], stdin: bytes) -> Output:
     p = sh.phone
     service = args[0] if args else ""
     pkg, short = _activity(sh)
@@ -291,7 +292,7 @@ def _dumpsys(sh: Shell, args: list[str], stdin: bytes) -> Output:
     return Output().out(f"Can't find service: {service}\n")
 
 
-def _props(sh: Shell) -> dict[str, str]:
+def _props(sh: Session) -> dict[str, str]:
     p = sh.phone
     return {
         "ro.product.model": p.model,
@@ -314,16 +315,16 @@ def _props(sh: Shell) -> dict[str, str]:
     }
 
 
-@tool("getprop")
-def _getprop(sh: Shell, args: list[str], stdin: bytes) -> Output:
+@registry.tool("getprop")
+def _getprop(sh: Session, args: list[str], stdin: bytes) -> Output:
     props = _props(sh)
     if args:
         return Output().out(props.get(args[0], args[1] if len(args) > 1 else "") + "\n")
     return Output().out("".join(f"[{k}]: [{v}]\n" for k, v in sorted(props.items())))
 
 
-@tool("pm")
-def _pm(sh: Shell, args: list[str], stdin: bytes) -> Output:
+@registry.tool("pm")
+def _pm(sh: Session, args: list[str], stdin: bytes) -> Output:
     packages = sorted([*sh.phone.apps, *EXTRA_PACKAGES, *sh.phone.installed])
     if args[:1] == ["install"]:
         return _pm_install(sh, args[1:])
@@ -364,15 +365,15 @@ IME_ADB_KEYBOARD = "com.github.uiautomator/.AdbKeyboard"
 INSTALLABLE = ["com.github.uiautomator"]  # APKs whose behaviour this phone can emulate
 
 
-def _ime_list(sh: Shell) -> list[str]:
+def _ime_list(sh: Session) -> list[str]:
     imes = [IME_LATIN]
     if "com.github.uiautomator" in sh.phone.installed:
         imes.append(IME_ADB_KEYBOARD)
     return imes
 
 
-@tool("ime")
-def _ime(sh: Shell, args: list[str], stdin: bytes) -> Output:
+@registry.tool("ime")
+def _ime(sh: Session, args: list[str], stdin: bytes) -> Output:
     extra = sh.phone.extra_settings
     if args[:1] == ["list"]:
         return Output().out("".join(f"{ime}\n" for ime in _ime_list(sh)))
@@ -396,7 +397,7 @@ def _apk_package(data: bytes) -> str | None:
     return next((p for p in INSTALLABLE if p.encode("utf-16-le") in manifest), None)
 
 
-def _pm_install(sh: Shell, args: list[str]) -> Output:
+def _pm_install(sh: Session, args: list[str]) -> Output:
     paths = [a for a in args if not a.startswith("-")]
     data = sh.phone.files.read(paths[-1]) if paths else None
     if data is None:
@@ -412,8 +413,8 @@ def _pm_install(sh: Shell, args: list[str]) -> Output:
     return Output().out("Success\n")
 
 
-@tool("settings")
-def _settings(sh: Shell, args: list[str], stdin: bytes) -> Output:
+@registry.tool("settings")
+def _settings(sh: Session, args: list[str], stdin: bytes) -> Output:
     if (
         len(args) < 3
         or args[0] not in ("get", "put")
@@ -440,8 +441,8 @@ def _settings(sh: Shell, args: list[str], stdin: bytes) -> Output:
     return Output()
 
 
-@tool("svc")
-def _svc(sh: Shell, args: list[str], stdin: bytes) -> Output:
+@registry.tool("svc")
+def _svc(sh: Session, args: list[str], stdin: bytes) -> Output:
     keys = {"wifi": "wifi", "bluetooth": "bluetooth"}
     if len(args) == 2 and args[0] in keys and args[1] in ("enable", "disable"):
         sh.phone.state.settings[keys[args[0]]] = args[1] == "enable"
@@ -449,7 +450,7 @@ def _svc(sh: Shell, args: list[str], stdin: bytes) -> Output:
     return Output().err("usage: svc [wifi|bluetooth] [enable|disable]\n", 1)
 
 
-def _adb_keyboard(sh: Shell, args: list[str]) -> Output:
+def _adb_keyboard(sh: Session, args: list[str]) -> Output:
     """What the AdbKeyboard IME's broadcast receiver does once installed and selected."""
     action = args[args.index("-a") + 1] if "-a" in args[:-1] else ""
     extras = {args[i + 1]: args[i + 2] for i in range(len(args) - 2) if args[i] == "--es"}

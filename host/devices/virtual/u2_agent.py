@@ -16,9 +16,11 @@ import re
 from collections.abc import Callable
 from typing import Any
 
+from host.devices.virtual.commands import Output, Registry, Session
 from host.devices.virtual.layout import Node
 from host.devices.virtual.phone import IdleStateError, VirtualPhone
-from host.devices.virtual.shell import Output, Shell, tool
+
+registry = Registry()
 
 MAIN_CLASS = "com.wetest.uia2.Main"
 DEFAULT_PORT = 9008
@@ -53,8 +55,8 @@ class RpcError(Exception):
         self.message = message
 
 
-@tool("app_process")
-def _app_process(sh: Shell, args: list[str], stdin: bytes) -> Output:
+@registry.tool("app_process")
+def _app_process(sh: Session, args: list[str], stdin: bytes) -> Output:
     """Start the agent if the command line is uiautomator2's; it runs until the shell closes."""
     classpath = sh.env.get("CLASSPATH", "")
     if MAIN_CLASS not in args:
