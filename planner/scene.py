@@ -62,12 +62,17 @@ class Element:
     selected: bool = False
     password: bool = False
     source: Literal["tree", "ocr"] = "tree"
+    #: A field's hint ("Name", "Search") when the dump reports it; with no `text` the field is
+    #: empty and only shows this hint.
+    hint: str = ""
 
     def to_prompt(self) -> dict[str, Any]:
         """Compact form for the prompt: only what is set, so an element costs a few tokens."""
         out: dict[str, Any] = {"id": self.element_id}
         if self.text:
             out["text"] = self.text
+        if self.hint:
+            out["hint"] = self.hint
         if self.content_desc:
             out["desc"] = self.content_desc
         if self.resource_id:
@@ -118,6 +123,13 @@ class Scene:
     screen_width: int
     screen_height: int
     ocr: list[OcrObservation] = field(default_factory=list)
+    #: What covers the app, topmost first, as perception recognised it: "keyboard",
+    #: "permission_prompt", "app_not_responding", "app_crash", "system_dialog",
+    #: "notification_shade", "lock_screen". Empty when the app has the screen to itself.
+    overlays: list[str] = field(default_factory=list)
+    #: Elements left out to keep the scene (and so the prompt) bounded: the least telling
+    #: texts go first, actionable elements last.
+    omitted: int = 0
 
     def element(self, element_id: str) -> Element | None:
         return next((e for e in self.elements if e.element_id == element_id), None)
@@ -128,10 +140,16 @@ class Scene:
         return f"{self.package}: {self.page_title}" if self.page_title else self.package
 
     def to_prompt(self) -> dict[str, Any]:
-        """The scene as the model sees it. Raw OCR observations are deliberately left out."""
-        return {
+        """The scene as the model sees it. Raw OCR observations are deliberately left out;
+        `overlays` and `omitted` appear only when set, so an ordinary screen costs nothing more."""
+        out: dict[str, Any] = {
             "app": self.package,
             "page": self.page_title,
             "screen": [self.screen_width, self.screen_height],
-            "elements": [e.to_prompt() for e in self.elements],
         }
+        if self.overlays:
+            out["overlays"] = list(self.overlays)
+        if self.omitted:
+            out["omitted"] = self.omitted
+        out["elements"] = [e.to_prompt() for e in self.elements]
+        return out

@@ -74,14 +74,7 @@ class SecretRedactor:
                 boxes.append(o.bounds)
                 o = OcrObservation(masked, o.bounds, o.confidence)
             ocr.append(o)
-        out = Scene(
-            elements=elements,
-            package=scene.package,
-            page_title=self.text(scene.page_title),
-            screen_width=scene.screen_width,
-            screen_height=scene.screen_height,
-            ocr=ocr,
-        )
+        out = replace(scene, elements=elements, page_title=self.text(scene.page_title), ocr=ocr)
         return out, boxes
 
     @staticmethod

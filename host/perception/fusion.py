@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 from difflib import SequenceMatcher
 
 from planner.scene import Element, OcrObservation, Scene
@@ -72,11 +73,4 @@ def fuse_ocr(
             )
         )
         next_id += 1
-    return Scene(
-        elements=[*scene.elements, *added],
-        package=scene.package,
-        page_title=scene.page_title,
-        screen_width=scene.screen_width,
-        screen_height=scene.screen_height,
-        ocr=list(observations),
-    )
+    return replace(scene, elements=[*scene.elements, *added], ocr=list(observations))
