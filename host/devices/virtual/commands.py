@@ -64,6 +64,9 @@ class Session(Protocol):
     phone: VirtualPhone
     env: dict[str, str]
     cancel: threading.Event
+    #: Where a command that keeps running (`logcat` following the log) sends output as it comes,
+    #: or None when its output is collected (in a pipe or a redirect it cannot be live).
+    live: Callable[[int, bytes], None] | None
 
     def wait(self, seconds: float) -> bool:
         """Block up to `seconds`; True as soon as the caller hangs up or the phone is unplugged."""

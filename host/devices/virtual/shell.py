@@ -10,9 +10,10 @@ import posixpath
 import re
 import threading
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from host.devices.virtual import android_tools, coreutils, u2_agent
+from host.devices.virtual import android_tools, coreutils, system_tools, u2_agent
 from host.devices.virtual.commands import SH, Output, Tool
 from host.devices.virtual.shell_parser import Command, ShellSyntaxError, expand, parse
 
@@ -22,6 +23,7 @@ if TYPE_CHECKING:
 TOOLS: dict[str, Tool] = {
     **coreutils.registry.tools,
     **android_tools.registry.tools,
+    **system_tools.registry.tools,
     **u2_agent.registry.tools,
 }
 _ASSIGNMENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
@@ -35,10 +37,17 @@ class _Exit(Exception):
 class Shell:
     """One `sh -c` invocation's environment: the phone and shell variables such as `$?`."""
 
-    def __init__(self, phone: VirtualPhone, cancel: threading.Event | None = None) -> None:
+    def __init__(
+        self,
+        phone: VirtualPhone,
+        cancel: threading.Event | None = None,
+        live: Callable[[int, bytes], None] | None = None,
+    ) -> None:
         self.phone = phone
         self.cancel = cancel or threading.Event()
         self.env: dict[str, str] = {}
+        self._live_sink = live
+        self.live: Callable[[int, bytes], None] | None = None
         self.variables: dict[str, str] = {
             "?": "0",
             "$": "4242",
@@ -81,7 +90,9 @@ class Shell:
                     continue
                 data = b""
                 result = Output()
+                alone = len(pipelines) == 1 and len(pipeline.commands) == 1
                 for i, cmd in enumerate(pipeline.commands):
+                    self.live = self._live_sink if alone and not cmd.redirects else None
                     result = self._command(cmd, data)
                     if i < len(pipeline.commands) - 1:
                         data = result.stdout
