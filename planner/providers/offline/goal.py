@@ -10,71 +10,22 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-STOP = frozenset(
-    " ".join(
-        (
-            "a an the to on off in of for and or with my me please turn switch set setting",
-            "enable disable activate deactivate make sure that is it be go open app its this",
-            "into from at as by can you up named called number new value labeled labelled",
-            "label page",
-        )
-    ).split(" ")
+from planner.providers.offline.vocabulary import (
+    GENERIC,
+    OFF,
+    ON,
+    RELATED,
+    SOFT_ON,
+    STOP,
+    SYNONYMS,
+    VERBS,
 )
-ON_WORDS = re.compile(r"\b(turn on|switch on|enable|activate|start using)\b")
-OFF_WORDS = re.compile(r"\b(turn off|switch off|disable|deactivate|stop using)\b")
-# General vocabulary: where things usually live on Android (a hint, weaker than a direct match).
-RELATED: dict[str, tuple[str, ...]] = {
-    "dark": ("display", "theme"),
-    "theme": ("display",),
-    "brightness": ("display",),
-    "font": ("display",),
-    "timeout": ("display",),
-    "rotate": ("display",),
-    "autorotate": ("display",),
-    "rotation": ("display",),
-    "wifi": ("network", "internet"),
-    "airplane": ("network", "internet"),
-    "hotspot": ("network", "internet"),
-    "data": ("network", "internet"),
-    "bluetooth": ("connected", "device"),
-    "nfc": ("connected", "device"),
-    "volume": ("sound",),
-    "ringtone": ("sound",),
-    "vibrate": ("sound", "vibration"),
-    "vibration": ("sound",),
-    "disturb": ("sound",),
-    "saver": ("battery",),
-    "percentage": ("battery",),
-    "alarm": ("clock",),
-    "timer": ("clock",),
-    "stopwatch": ("clock",),
-    "contact": ("contacts", "people"),
-    "location": ("location",),
-    "gps": ("location",),
-    "language": ("system",),
-    "date": ("system",),
-    "time": ("system",),
-}
-SETTING_WORDS = (
-    frozenset(RELATED)
-    | frozenset(w for targets in RELATED.values() for w in targets)
-    | {"mode", "toggle", "battery", "setting", "preference", "about", "storage", "accessibility"}
-    | {"notification", "privacy", "security", "wallpaper", "system", "timeout", "screen"}
-) - {"clock", "contacts", "people"}
-DESTRUCTIVE = frozenset({"delete", "remove", "trash", "erase", "reset", "clear", "uninstall"})
-HOME_GOAL = re.compile(r"\b(home screen|go home|return home|back home|launcher)\b", re.I)
-LEAVE_GOAL = re.compile(r"^\s*(leave|exit|close|quit)\b", re.I)
-VERBS = frozenset(
-    " ".join(
-        (
-            "turn switch enable disable set open go return create add delete remove leave exit",
-            "close use stop start make change put select show",
-        )
-    ).split(" ")
-)
+
 SPLIT = re.compile(
     r"\s*(?:,\s*(?:and\s+)?then|,\s*and|\band then|\bthen|\band also|\band|;)\s+", re.I
 )
+# "the phone" in a goal is the device itself, never an app or a setting named Phone.
+_THE_DEVICE = re.compile(r"\b(?:the|my|this|your)\s+(?:phone|device|handy|telefon)\b", re.I)
 # Calculator words: operator name -> (symbols a key may show, words its description may use)
 OPS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "*": (("×", "*", "x", "X"), ("multiply", "times")),
@@ -127,31 +78,39 @@ def arithmetic_result(a: str, op: str, b: str) -> str:
     return str(int(value)) if value == int(value) else f"{value:g}"
 
 
-SAVE_WORDS = ("save", "done", "ok", "create", "add", "set", "apply", "confirm")
-FIELD_KINDS: dict[str, tuple[str, ...]] = {
-    "first": ("first",),
-    "last": ("last", "surname", "family"),
-    "name": ("name",),
-    "phone": ("phone", "number", "mobile", "tel"),
-    "email": ("email", "mail"),
-    "hour": ("hour",),
-    "minute": ("minute",),
-    "label": ("label", "title", "note", "description"),
-    "password": ("password", "pin", "passcode", "code"),
-}
-
-
 def norm(word: str) -> str:
+    """Lower case, no hyphens, a plural's "s" dropped: "Wi-Fi" and "wifi", "alarms" and
+    "alarm" are one word."""
     word = word.lower().replace("-", "")
     if len(word) > 4 and word.endswith("ies"):
         return word[:-3] + "y"
-    if len(word) > 3 and word.endswith("s") and not word.endswith("ss"):
+    if len(word) > 3 and word.endswith("s") and not word.endswith(("ss", "us")):
         return word[:-1]
     return word
 
 
 def words(text: str) -> list[str]:
-    return [norm(w) for w in re.findall(r"[A-Za-z0-9]+(?:-[A-Za-z0-9]+)*", text or "")]
+    """The words of a text in any script (umlauts, accents, CJK), normalised."""
+    return [norm(w) for w in re.findall(r"[^\W_]+(?:-[^\W_]+)*", text or "")]
+
+
+def variants(word: str) -> frozenset[str]:
+    """A word and the words that mean the same (`SYNONYMS`)."""
+    return frozenset({word}) | SYNONYMS.get(word, frozenset())
+
+
+def on_off(goal: str) -> tuple[bool | None, bool | None]:
+    """(explicit, soft) on/off wish of a goal. Explicit: "turn X off", "switch on X",
+    "disable X"; the earliest wording wins. Soft: "I want X", "show X", "put the phone in X
+    mode", which mean "on" for a switch the goal names and nothing else."""
+    off, on = OFF.search(goal), ON.search(goal)
+    explicit: bool | None = None
+    if off and (not on or off.start() <= on.start()):
+        explicit = False
+    elif on:
+        explicit = True
+    soft = True if SOFT_ON.search(goal) else None
+    return explicit, soft
 
 
 @dataclass(slots=True)
@@ -166,6 +125,33 @@ class Goal:
     generic_values: list[str] = field(default_factory=list)
     wants_settings: bool = False
     delete: bool = False
+    #: "I want X", "show X": on, for a switch the goal names (never a reason to fill forms).
+    soft_on: bool | None = None
+
+    @property
+    def switch_wish(self) -> bool | None:
+        """The state the goal wants a switch it names in."""
+        return self.want_on if self.want_on is not None else self.soft_on
+
+    def names(self, label: str) -> bool:
+        """Whether the goal names the thing called `label`: each of its telling words (all
+        but `GENERIC` ones, which need not all be there) is in the goal, itself or as a
+        synonym. "Battery Saver" is not named by "show the battery percentage"."""
+        wanted = set(self.keywords)
+        tokens = [w for w in words(label) if w not in STOP]
+        telling = [w for w in tokens if w not in GENERIC]
+        if not telling:
+            return False
+        return all(variants(w) & wanted for w in telling)
+
+    def weight(self, label: str) -> float:
+        """How strongly the goal's words point at `label` (telling words 1, generic 0.3)."""
+        wanted = set(self.keywords)
+        return sum(
+            (0.3 if w in GENERIC else 1.0)
+            for w in dict.fromkeys(words(label))
+            if variants(w) & wanted
+        )
 
     @property
     def targets(self) -> list[str]:
@@ -187,11 +173,7 @@ def parse_goal(goal: str) -> Goal:
     """Read a goal: on/off wording, values to enter (names, numbers, times, labels, secrets)
     and the remaining content words, with the places they usually live (`related`)."""
     lower = goal.lower()
-    want_on: bool | None = None
-    if OFF_WORDS.search(lower):
-        want_on = False
-    elif ON_WORDS.search(lower):
-        want_on = True
+    want_on, soft_on = on_off(goal)
     values: dict[str, str] = {}
     quoted = [
         q for pair in re.findall(r"\"([^\"]+)\"|“([^”]+)”|'([^']+)'", goal) for q in pair if q
@@ -240,6 +222,19 @@ def parse_goal(goal: str) -> Goal:
     if label:
         values["label"] = label.group(1).strip("\"'")
         value_text += " " + values["label"]
+    title = re.search(r"\b(?:titled|entitled|title)\s+(\"[^\"]+\"|“[^”]+”|'[^']+'|\w+)", goal, re.I)
+    if title:
+        values["title"] = title.group(1).strip("\"'“”")
+        value_text += " " + values["title"]
+    body = re.search(
+        r"\b(?:says?|saying|reads?|reading|with the text|containing)\s+"
+        r"(\"[^\"]+\"|“[^”]+”|'[^']+')",
+        goal,
+        re.I,
+    )
+    if body:
+        values["body"] = body.group(1).strip("\"'“”")
+        value_text += " " + values["body"]
     secret = re.search(
         r"\b(?:password|passcode|pin|code)\s+(?:is\s+)?(\"[^\"]+\"|'[^']+'|\S+)", goal, re.I
     )
@@ -255,10 +250,11 @@ def parse_goal(goal: str) -> Goal:
         value_words |= {"phone", "number", "mobile"}
     if "email" in values:
         value_words |= {"email", "mail", "address"}
-    keywords = [w for w in words(goal) if w not in STOP and w not in value_words]
+    content = _THE_DEVICE.sub(" ", goal)
+    keywords = [w for w in words(content) if w not in STOP and w not in value_words]
     related: list[str] = []
     for w in keywords:
         related += [r for r in RELATED.get(w, ()) if r not in keywords and r not in related]
-    wants_settings = bool(re.search(r"\bsettings?\b", lower))
-    delete = bool(re.search(r"\b(delete|remove|erase)\b", lower))
-    return Goal(goal, keywords, related, want_on, values, generic, wants_settings, delete)
+    wants_settings = bool(re.search(r"\b(settings?|einstellungen)\b", lower))
+    delete = bool(re.search(r"\b(delete|remove|erase|lösche|entferne)\b", lower))
+    return Goal(goal, keywords, related, want_on, values, generic, wants_settings, delete, soft_on)

@@ -57,20 +57,21 @@ class Memory:
                 out.add(page.split(": ", 1)[-1].lower())
         return out
 
-    def trailing_swipes(self, app: str) -> tuple[int, str]:
-        """Swipes in a row in this app (page titles may change as a list scrolls), and the
-        bottom label the last swipe started from ("" when none)."""
-        n, last_from = 0, ""
+    def trailing_swipes(self, app: str) -> list[tuple[str, str]]:
+        """The swipes in a row that end the history, in this app (page titles may change as a
+        list scrolls), oldest first: (direction, the edge label it started from), read back
+        from their purposes ("scroll down past 'About phone'")."""
+        out: list[tuple[str, str]] = []
         for h in reversed(self.history):
             action = action_of(h)
             page_app = str(h.get("page") or "").split(": ", 1)[0]
             if page_app != app or action.get("tool") != "swipe":
                 break
-            if n == 0:
-                found = _QUOTED.findall(str(action.get("purpose") or ""))
-                last_from = found[0] if found else ""
-            n += 1
-        return n, last_from
+            purpose = str(action.get("purpose") or "")
+            found = _QUOTED.findall(purpose)
+            direction = "up" if purpose.startswith("scroll up") else "down"
+            out.append((direction, found[0] if found else ""))
+        return out[::-1]
 
     def typed(self) -> list[str]:
         return [

@@ -22,10 +22,18 @@ class El:
     cls: str
     bounds: tuple[int, int, int, int]
     flags: frozenset[str]
+    #: A field's hint, when the dump reports it apart from the text (SDK 26+).
+    hint: str = ""
 
     @property
     def own_label(self) -> str:
-        return self.text or self.desc
+        return self.text or self.desc or self.hint
+
+    @property
+    def field_name(self) -> str:
+        """What a field is for: its hint, else (older dumps show an empty field's hint as its
+        text) its text."""
+        return self.hint or self.text
 
     @property
     def editable(self) -> bool:
@@ -54,6 +62,7 @@ def elements(scene: dict[str, Any]) -> list[El]:
                 cls=str(raw.get("cls", "")),
                 bounds=(int(bounds[0]), int(bounds[1]), int(bounds[2]), int(bounds[3])),
                 flags=frozenset(raw.get("flags", [])),
+                hint=str(raw.get("hint", "")),
             )
         )
     return out
@@ -67,6 +76,8 @@ class Screen:
         self.title = str(scene.get("page", ""))
         self.app = str(scene.get("app", ""))
         self.page = f"{self.app}: {self.title}" if self.title else self.app
+        #: What covers the app, topmost first ("permission_prompt", "keyboard"…).
+        self.overlays = [str(o) for o in scene.get("overlays", [])]
         size = scene.get("screen") or [1080, 2400]
         self.width, self.height = int(size[0]), int(size[1])
         # The page's name as shown: the scene's title and the plain texts in the top bar.
@@ -113,6 +124,32 @@ class Screen:
                 holders, key=lambda o: (o.bounds[2] - o.bounds[0]) * (o.bounds[3] - o.bounds[1])
             )
         return el
+
+    def toggles(self, el: El) -> bool:
+        """Whether a tap on `el` flips something: it is a switch, checkbox or tile, or a row
+        that holds one (the row takes the click on Android)."""
+        if "checkable" in el.flags:
+            return True
+        return any("checkable" in o.flags and el.contains(o) for o in self.els)
+
+    def switch_name(self, el: El) -> str:
+        """The name of a switch: its own label (a tile's), or its row's first text."""
+        if el.own_label and el.text not in SWITCH_TEXTS:
+            return el.own_label
+        return self.row_label(el).split(" — ")[0]
+
+    def container_of(self, el: El) -> El | None:
+        """The smallest element strictly around `el` (a field's picker, a row)."""
+        around = [o for o in self.els if o.contains(el)]
+        if not around:
+            return None
+        return min(around, key=lambda o: (o.bounds[2] - o.bounds[0]) * (o.bounds[3] - o.bounds[1]))
+
+    def top_label(self, container: El) -> str:
+        inside = [
+            e for e in self.els if container.contains(e) and e.text and e.text not in SWITCH_TEXTS
+        ]
+        return min(inside, key=lambda e: e.bounds[1]).text if inside else ""
 
     def row_holder(self, el: El) -> El:
         """The smallest clickable row holding `el` (the row takes the click on Android)."""

@@ -1,8 +1,11 @@
-"""Tactics: one turn's choice, tried in order (go home, leave, calculate, delete, switch,
-fill a form, choose an option, done on the named page, navigate, explore).
+"""Tactics: one turn's choice, tried in order (answer an interruption, go home, leave,
+calculate, delete, switch, fill a form, choose an option, done on the named page, navigate,
+explore).
 
 Each tactic either returns a step or passes (None) to the next one; the goal, the screen and
-the memory of earlier turns are all it reads.
+the memory of earlier turns are all it reads. Two rules hold throughout: a switch, checkbox or
+tile is only ever touched by `toggle`, and only when the goal names it (so nothing is flipped
+on the way, "as if opening a row"); and success is judged from what the screen shows.
 """
 
 from __future__ import annotations
@@ -11,24 +14,30 @@ from dataclasses import dataclass
 from typing import Any
 
 from planner.prompts import ParsedPrompt
-from planner.providers.offline.goal import (
-    DESTRUCTIVE,
-    FIELD_KINDS,
-    HOME_GOAL,
-    LEAVE_GOAL,
-    OPS,
-    SAVE_WORDS,
-    SETTING_WORDS,
-    arithmetic,
-    arithmetic_result,
-    parse_goal,
-)
+from planner.providers.offline.goal import OPS, arithmetic, arithmetic_result, parse_goal, variants
 from planner.providers.offline.goal import words as words_of
 from planner.providers.offline.memory import Memory
 from planner.providers.offline.screen import El, Screen
+from planner.providers.offline.vocabulary import (
+    ALLOW,
+    CREATIVE,
+    DENY,
+    DESTRUCTIVE,
+    DISMISS,
+    FIELD_FALLBACK,
+    FIELD_KINDS,
+    GRANT_WORDS,
+    HOME_GOAL,
+    LEAVE_GOAL,
+    SAVE_WORDS,
+    SETTING_WORDS,
+    SETTINGS_APP_NAMES,
+    WAIT,
+)
 
 MAX_STEPS = 40
-MAX_SCROLLS_PER_PAGE = 4
+#: Swipes one way on one list before the agent turns round (down first, then back up).
+MAX_SCROLLS_PER_PAGE = 6
 
 
 @dataclass(slots=True)
@@ -57,7 +66,7 @@ class Agent:
         title, rest = set(words_of(parts[0])), set(words_of(" ".join(parts[1:])))
         s = 0.0
         for w in self.goal.keywords:
-            s += 3.0 if w in title else 1.5 if w in rest else 0.0
+            s += 3.0 if variants(w) & title else 1.5 if variants(w) & rest else 0.0
         for w in self.goal.related:
             s += 1.0 if w in title else 0.5 if w in rest else 0.0
         if self.mentions_target(text):
@@ -73,6 +82,7 @@ class Agent:
         if len(self.memory) >= MAX_STEPS:
             return self.finish(False, f"gave up after {len(self.memory)} steps")
         steps = (
+            self.interruption,
             self.go_home,
             self.leave,
             self.calculate,
@@ -81,6 +91,7 @@ class Agent:
             self.form,
             self.choose,
             self.reached_page,
+            self.hide_keyboard,
             self.navigate,
             self.explore,
         )
@@ -89,6 +100,88 @@ class Agent:
             if step is not None:
                 return step
         return self.finish(False, "nothing on screen relates to the goal and there is no way back")
+
+    # -- the phone's own interruptions ----------------------------------------------------
+    def button(self, phrases: tuple[str, ...], avoid: tuple[str, ...] = ()) -> El | None:
+        """A clickable whose label is one of `phrases` (or holds one), never one that holds
+        an `avoid` phrase ("Allow" is not "Don't allow")."""
+
+        def norm(text: str) -> str:
+            return text.lower().replace("’", "'").strip()
+
+        buttons = [e for e in self.screen.els if "clickable" in e.flags and e.own_label]
+        for exact in (True, False):
+            for phrase in phrases:
+                for e in buttons:
+                    label = norm(e.own_label)
+                    if any(norm(a) in label for a in avoid):
+                        continue
+                    if (label == norm(phrase)) if exact else (norm(phrase) in label):
+                        return e
+        return None
+
+    def interruption(self) -> Step | None:
+        """What the phone put in the way: a permission prompt (declined unless the goal asks
+        to allow something), "isn't responding" (wait), another system dialog (dismissed), the
+        shade (closed, unless a tile the goal names is the way), a lock screen (stop)."""
+        overlays = [o for o in self.screen.overlays if o != "keyboard"]
+        if not overlays:
+            return None
+        top = overlays[0]
+        if top == "permission_prompt":
+            asked = self.screen.title or "a permission"
+            grant = bool(set(self.goal.keywords) & GRANT_WORDS)
+            choice = self.button(ALLOW, avoid=DENY) if grant else self.button(DENY)
+            if choice is None:
+                return self.press_back(f"answer '{asked}'", "the prompt closes")
+            why = (
+                "the goal asks to allow it"
+                if grant
+                else "the goal does not need it, so decline: the phone keeps its settings"
+            )
+            return self.tap(
+                choice,
+                f"answer the permission prompt '{asked}' with '{choice.own_label}' ({why})",
+                "the prompt closes and the app is shown",
+            )
+        if top == "app_not_responding":
+            wait = self.button(WAIT)
+            if wait is None:
+                return self.press_back(f"dismiss '{self.screen.title}'", "the dialog closes")
+            return self.tap(
+                wait,
+                f"wait on '{self.screen.title}' (closing the app could lose its state)",
+                "the dialog closes",
+            )
+        if top in ("app_crash", "system_dialog"):
+            dismiss = self.button(DISMISS)
+            if dismiss is None:
+                return self.press_back(f"dismiss '{self.screen.title}'", "the dialog closes")
+            return self.tap(dismiss, f"dismiss '{self.screen.title}'", "the dialog closes")
+        if top == "notification_shade":
+            if self.named_switch() is not None:
+                return None  # a quick settings tile the goal names: `toggle` uses it
+            return self.press_back("close the notification shade", "the app is shown again")
+        if top == "lock_screen":
+            return self.finish(False, "the phone shows its lock screen")
+        return None
+
+    def hide_keyboard(self) -> Step | None:
+        """The keyboard covers the bottom of the screen; with nothing left to type, hide it
+        (Back hides a keyboard before it leaves a page) to see what is under it."""
+        if "keyboard" not in self.screen.overlays:
+            return None
+        return self.press_back(
+            "hide the keyboard, which covers the bottom of the screen",
+            "the keyboard is gone and the whole page is visible",
+        )
+
+    def press_back(self, intent: str, expected: str) -> Step:
+        return Step(
+            f"{self.judge()} Next: {intent}.",
+            "press_key",
+            {"key": "back", "purpose": intent, "expected_outcome": expected},
+        )
 
     def go_home(self) -> Step | None:
         if not HOME_GOAL.search(self.goal.text):
@@ -178,27 +271,38 @@ class Agent:
             {"element_id": target.id, "purpose": intent, "expected_outcome": expected},
         )
 
+    # -- switches and options ---------------------------------------------------------------
+    def named_switch(self) -> El | None:
+        """The switch (or tile, or checkbox) the goal names, best named first; None when the
+        goal names none on this screen. Radio buttons are options: see `choose`."""
+        best: tuple[float, El] | None = None
+        for el in self.screen.els:
+            if "checkable" not in el.flags or "disabled" in el.flags or "Radio" in el.cls:
+                continue
+            name = self.screen.switch_name(el)
+            row = f"{self.screen.row_label(el)} {el.desc}"
+            targeted = bool(self.goal.targets) and self.mentions_target(row)
+            if not (targeted or self.goal.names(name)):
+                continue
+            weight = self.goal.weight(name) + (5.0 if targeted else 0.0)
+            if best is None or weight > best[0]:
+                best = (weight, el)
+        return best[1] if best else None
+
     def toggle(self) -> Step | None:
-        if self.goal.want_on is None:
+        """A goal that wants a switch on or off: done when the switch it names shows that
+        state, else tap it (its row, which takes the click). A switch the goal does not name
+        is never touched."""
+        want = self.goal.switch_wish
+        if want is None:
             return None
-        switches = [e for e in self.screen.els if "checkable" in e.flags]
-        scored = [
-            (
-                self.direct_score(self.screen.label(e))
-                + (5.0 if self.mentions_target(f"{self.screen.row_label(e)} {e.desc}") else 0.0),
-                e,
-            )
-            for e in switches
-        ]
-        scored = [(s, e) for s, e in scored if s > 0]
-        if not scored:
+        best = self.named_switch()
+        if best is None:
             return None
-        best = max(scored, key=lambda p: p[0])[1]
-        name = self.screen.label(best).split(" — ")[0]
-        state = "on" if self.goal.want_on else "off"
-        if ("checked" in best.flags) == self.goal.want_on:
+        name = self.screen.switch_name(best)
+        state = "on" if want else "off"
+        if ("checked" in best.flags) == want:
             return self.finish(True, f"'{name}' is {state}")
-        # Prefer the row that holds the switch (the row takes the click on Android).
         el = self.screen.row_holder(best)
         return Step(
             f"{self.judge()} Next: switch '{name}' {state}.",
@@ -224,7 +328,7 @@ class Agent:
                 continue
             name = el.text or self.screen.row_label(el).split(" — ")[0]
             words = set(words_of(name))
-            if not words or not words <= wanted:
+            if not words or not all(variants(w) & wanted for w in words):
                 continue
             if "checked" in el.flags or "selected" in el.flags:
                 return self.finish(True, f"'{name}' is selected")
@@ -240,10 +344,7 @@ class Agent:
             )
         return None
 
-    def direct_score(self, text: str) -> float:
-        words = set(words_of(text.split(" — ")[0]))
-        return float(sum(1 for w in self.goal.keywords if w in words))
-
+    # -- removing ---------------------------------------------------------------------------
     def delete(self) -> Step | None:
         """Delete goals: tap a delete control for the target, or finish once it is gone."""
         if not self.goal.delete:
@@ -257,7 +358,7 @@ class Agent:
             if "clickable" not in el.flags:
                 continue
             words = set(words_of(el.own_label))
-            if not words & {"delete", "remove", "trash"}:
+            if not words & {"delete", "remove", "trash", "löschen", "entfernen"}:
                 continue
             if not self.goal.targets or self.mentions_target(el.own_label) or page_is_target:
                 what = self.goal.targets[0] if self.goal.targets else self.screen.title
@@ -272,6 +373,24 @@ class Agent:
                 )
         return None
 
+    # -- forms ----------------------------------------------------------------------------
+    @staticmethod
+    def same_value(shown: str, value: str) -> bool:
+        """A field shows the value: the same text, or the same number ("06" is 6)."""
+        shown, value = shown.strip(), value.strip()
+        if shown == value:
+            return True
+        return shown.isdigit() and value.isdigit() and int(shown) == int(value)
+
+    def field_words(self, el: El) -> set[str]:
+        """What says what a field is for: its hint, its id, and the id of what holds it (a
+        time picker's column is `android:id/hour`)."""
+        parts = [el.field_name, el.rid.rsplit("/", 1)[-1].replace("_", " ")]
+        holder = self.screen.container_of(el)
+        if holder is not None and holder.rid:
+            parts.append(holder.rid.rsplit("/", 1)[-1].replace("_", " "))
+        return set(words_of(" ".join(parts)))
+
     def form(self) -> Step | None:
         if not self.goal.all_values or self.goal.delete or self.goal.want_on is not None:
             return None
@@ -280,9 +399,10 @@ class Agent:
         if fields:
             assigned = self.assign(fields)
             for el, value in assigned:
-                if el.text == value:
+                shown = el.text if el.hint or el.text != el.field_name else ""
+                if self.same_value(shown or el.text, value):
                     continue
-                hint = el.text or el.rid.rsplit("/", 1)[-1]
+                hint = el.field_name or el.rid.rsplit("/", 1)[-1]
                 secret = "password" in el.flags or value == self.goal.values.get("password")
                 if secret:
                     return Step(
@@ -314,42 +434,53 @@ class Agent:
                         f"save with '{self.screen.label(save)}'",
                         "the entry is saved and shown",
                     )
+                if "keyboard" in self.screen.overlays:
+                    return self.press_back(
+                        "hide the keyboard: the save button is under it",
+                        "the keyboard is gone and the save button is visible",
+                    )
         elif typed:
             # The most telling value typed (the longest) shown on a page without fields: saved.
+            shown_text = self.screen.text_raw()
             shown = max((v for v in typed if v and v != "•••"), key=len, default="")
-            if shown and shown in self.screen.text_raw():
-                visible = [v for v in typed if v and v != "•••" and v in self.screen.text_raw()]
+            if shown and shown in shown_text:
+                visible = [v for v in typed if v and v != "•••" and v in shown_text]
                 listed = ", ".join(f"'{v}'" for v in visible)
                 return self.finish(True, f"saved: {listed} shown on '{self.screen.title}'")
         return None
 
     def assign(self, fields: list[El]) -> list[tuple[El, str]]:
-        """Match each value to the field whose hint or id names its kind."""
+        """Match each value to the field whose hint or id names its kind (a value with no
+        field of its own kind goes to a related one: an alarm's label into its name field)."""
         values = dict(self.goal.values)
-        out: list[tuple[El, str]] = []
-        used: set[str] = set()
-        kinds_here: set[str] = set()
+        if "hour" in values and any("ampm" in self.field_words(f) for f in fields):
+            hour = int(values["hour"])
+            values["hour"], values["ampm"] = str(hour % 12 or 12), "AM" if hour < 12 else "PM"
+        kinds: list[str | None] = []
         for el in fields:
-            words = set(words_of(el.text + " " + el.rid.rsplit("/", 1)[-1].replace("_", " ")))
-            for kind_name, hints in FIELD_KINDS.items():
-                if words & set(hints):
-                    kinds_here.add(kind_name)
-        if {"first", "last"} <= kinds_here:
+            words = self.field_words(el)
+            kinds.append(next((k for k, hints in FIELD_KINDS.items() if words & set(hints)), None))
+        here = {k for k in kinds if k}
+        if {"first", "last"} <= here:
             values.pop("name", None)
         else:
             values.pop("first", None)
             values.pop("last", None)
+        for kind in list(values):
+            if kind not in here:
+                spare = next(
+                    (f for f in FIELD_FALLBACK.get(kind, ()) if f in here and f not in values), None
+                )
+                if spare is not None:
+                    values[spare] = values.pop(kind)
+        out: list[tuple[El, str]] = []
+        used: set[str] = set()
         generic = list(self.goal.generic_values)
-        for el in fields:
-            words = set(words_of(el.text + " " + el.rid.rsplit("/", 1)[-1].replace("_", " ")))
-            kind = next(
-                (k for k, hints in FIELD_KINDS.items() if words & set(hints) and k in values),
-                None,
-            )
-            if kind is not None and kind not in used:
-                used.add(kind)
-                out.append((el, values[kind]))
-            elif generic and kind is None and not any(words & set(h) for h in FIELD_KINDS.values()):
+        for el, field_kind in zip(fields, kinds, strict=True):
+            if field_kind is not None and field_kind in values and field_kind not in used:
+                used.add(field_kind)
+                out.append((el, values[field_kind]))
+            elif generic and field_kind is None:
                 out.append((el, generic.pop(0)))
         return out
 
@@ -362,15 +493,19 @@ class Agent:
 
     def reached_page(self) -> Step | None:
         """A goal that only names a place ("open battery settings") is done when it is open."""
-        if self.goal.want_on is not None or self.goal.all_values or not self.goal.keywords:
+        if self.goal.switch_wish is not None or self.goal.all_values or not self.goal.keywords:
             return None
         wanted = [w for w in self.goal.keywords if w not in ("show", "view", "check", "find")]
         for heading in self.screen.headings:
-            if wanted and all(w in set(words_of(heading)) for w in wanted):
+            if wanted and all(variants(w) & set(words_of(heading)) for w in wanted):
                 return self.finish(True, f"the '{heading}' page is open")
         return None
 
+    # -- moving around ----------------------------------------------------------------------
     def navigate(self) -> Step | None:
+        """Tap what the goal's words point at (an app, a settings entry, a list row). Never a
+        switch or a row holding one (`toggle` decides those), never a control that destroys
+        when the goal does not, nor one that creates when the goal removes."""
         tried = self.memory.tried_here(self.screen.page)
         dead = self.memory.dead_ends()
         best: tuple[float, El] | None = None
@@ -382,9 +517,14 @@ class Agent:
             if "clickable" not in target.flags or target.id in seen:
                 continue
             seen.add(target.id)
+            if self.screen.toggles(target):
+                continue
             label = self.screen.label(target)
             name = label.split(" — ")[0]
-            if not self.goal.delete and set(words_of(target.own_label or name)) & DESTRUCTIVE:
+            verbs = set(words_of(target.own_label or name))
+            if not self.goal.delete and verbs & DESTRUCTIVE:
+                continue
+            if self.goal.delete and verbs & CREATIVE:
                 continue
             if not label or name in tried or name.lower() in dead:
                 continue
@@ -397,7 +537,7 @@ class Agent:
             best is None
             and self.screen.on_launcher
             and (
-                self.goal.want_on is not None
+                self.goal.switch_wish is not None
                 or self.goal.wants_settings
                 or set(self.goal.keywords) & SETTING_WORDS
             )
@@ -407,7 +547,7 @@ class Agent:
                 name = self.screen.label(target).split(" — ")[0]
                 if (
                     "clickable" in target.flags
-                    and "setting" in words_of(name)
+                    and set(words_of(name)) & SETTINGS_APP_NAMES
                     and name not in tried
                 ):
                     best = (0.1, target)
@@ -419,32 +559,24 @@ class Agent:
         return self.tap(el, f"open '{name}'", f"the '{name}' page is open")
 
     def explore(self) -> Step | None:
+        """Nothing matches: scroll the list down to its end, then back up to its top (a list
+        may have been left scrolled down), then leave the page."""
         scrollable = next((e for e in self.screen.els if "scrollable" in e.flags), None)
-        swipes, last_from = self.memory.trailing_swipes(self.screen.app)
-        last_label = self.screen.bottom_label(scrollable) if scrollable is not None else ""
-        at_end = swipes > 0 and last_label == last_from
-        if scrollable is not None and swipes < MAX_SCROLLS_PER_PAGE and not at_end:
-            left, top, right, bottom = scrollable.bounds
-            x = (left + right) // 2
-            start_y = top + (bottom - top) * 4 // 5
-            end_y = top + (bottom - top) // 5
-            return Step(
-                f"{self.judge()} Nothing here matches the goal; scroll for more.",
-                "swipe",
-                {
-                    "start_x": x,
-                    "start_y": start_y,
-                    "end_x": x,
-                    "end_y": end_y,
-                    "purpose": f"scroll down past '{last_label}' to look for the goal's target"
-                    if last_label
-                    else "scroll down to look for the goal's target",
-                    "expected_outcome": "entries below the current ones are visible",
-                },
-            )
+        swipes = self.memory.trailing_swipes(self.screen.app)
+        if scrollable is not None:
+            bottom = self.screen.bottom_label(scrollable)
+            top = self.screen.top_label(scrollable)
+            downs = [label for d, label in swipes if d == "down"]
+            ups = [label for d, label in swipes if d == "up"]
+            at_bottom = bool(downs) and (swipes[-1][0] == "up" or downs[-1] == bottom)
+            at_top = bool(ups) and swipes[-1][0] == "up" and ups[-1] == top
+            if not at_bottom and len(downs) < MAX_SCROLLS_PER_PAGE:
+                return self.swipe(scrollable, "down", bottom)
+            if not at_top and len(ups) < MAX_SCROLLS_PER_PAGE:
+                return self.swipe(scrollable, "up", top)
         if self.screen.on_launcher:
             return None
-        why = "The list ends here and nothing" if at_end else "Nothing"
+        why = "The list has been seen end to end and nothing" if swipes else "Nothing"
         return Step(
             f"{self.judge()} {why} on this page leads to the goal; go back.",
             "press_key",
@@ -452,5 +584,25 @@ class Agent:
                 "key": "back",
                 "purpose": f"leave '{self.screen.title}', which does not lead to the goal",
                 "expected_outcome": "the previous page is shown",
+            },
+        )
+
+    def swipe(self, lst: El, direction: str, edge: str) -> Step:
+        left, top, right, bottom = lst.bounds
+        x = (left + right) // 2
+        low, high = top + (bottom - top) * 4 // 5, top + (bottom - top) // 5
+        start_y, end_y = (low, high) if direction == "down" else (high, low)
+        past = f" past '{edge}'" if edge else ""
+        return Step(
+            f"{self.judge()} Nothing here matches the goal; scroll {direction} for more.",
+            "swipe",
+            {
+                "start_x": x,
+                "start_y": start_y,
+                "end_x": x,
+                "end_y": end_y,
+                "purpose": f"scroll {direction}{past} to look for the goal's target",
+                "expected_outcome": f"entries {'below' if direction == 'down' else 'above'} "
+                "the current ones are visible",
             },
         )
