@@ -47,6 +47,10 @@ class AdbScript:
         x = self.width // 2
         self.d.swipe(x, int(self.height * 0.75), x, int(self.height * 0.35), 0.3)
 
+    def scroll_up(self) -> None:
+        x = self.width // 2
+        self.d.swipe(x, int(self.height * 0.35), x, int(self.height * 0.75), 0.3)
+
     def tap(self, text: str = "", *, rid: str = "", scrolls: int = 4) -> None:
         """Tap the element with this text/content-desc (or resource-id), scrolling to find it."""
         for _ in range(scrolls + 1):
