@@ -113,7 +113,7 @@ def test_dump_and_pull_give_real_format_xml(device: adbutils.AdbDevice, tmp_path
     for node in nodes:
         # SDK 34's order; AOSP's dumper puts NAF="true" first on unlabelled clickable views.
         assert [a for a in node.attrib if a != "NAF"] == ATTRS
-        assert list(node.attrib)[0] in ("NAF", "index")
+        assert next(iter(node.attrib)) in ("NAF", "index")
         assert re.fullmatch(r"\[\d+,\d+\]\[\d+,\d+\]", node.attrib["bounds"])
         assert node.attrib["package"] == "com.android.launcher3"
     assert {n.attrib["text"] for n in nodes} >= {"Settings", "Contacts", "Clock", "Calculator"}

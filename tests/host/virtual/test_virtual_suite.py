@@ -15,8 +15,8 @@ import pytest
 
 from host.devices.virtual.adb_server import ThreadedAdbServer
 from host.devices.virtual.phone import VirtualPhone
-from host.devices.virtual.suite import HELD_OUT, SUITE, SuiteTask, snapshot
 from host.devices.virtual.state import Contact
+from host.devices.virtual.suite import HELD_OUT, SUITE, SuiteTask, snapshot
 from tests.host.virtual.virtual_adb_script import AdbScript
 
 SETTINGS = "com.android.settings"
