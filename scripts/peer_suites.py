@@ -38,7 +38,7 @@ _SIOCGIFFLAGS, _SIOCSIFFLAGS, _IFF_UP = 0x8913, 0x8914, 0x1
 
 # A pytest plugin (written to a temporary directory and loaded with -p) that leaves out the
 # tests needing one of uiautomator2's demo apps: no phone here has them installed.
-_PLUGIN = '''
+_PLUGIN = """
 import pytest
 
 DEMO_APPS = {"app": "com.example.u2testdemo", "dev": "io.appium.android.apis"}
@@ -52,7 +52,7 @@ def pytest_collection_modifyitems(config, items):
             needs.append(item.module.PACKAGE)
         if needs:
             item.add_marker(pytest.mark.skip(reason="needs a demo app: " + needs[0]))
-'''
+"""
 
 # Each suite's device-test folders, one pytest run each (their conftests and some module
 # names collide between folders).
@@ -131,9 +131,7 @@ def _run_folder(folder: str, checkout: Path, plugin_dir: Path) -> tuple[dict[str
     ]
     # `python -m pytest` would put the checkout itself on sys.path and test the checkout's
     # library instead of the installed one: run from its test folder's parent with -P.
-    subprocess.run(
-        [cmd[0], "-P", *cmd[1:]], cwd=checkout, env=env, check=False, stdout=sys.stderr
-    )
+    subprocess.run([cmd[0], "-P", *cmd[1:]], cwd=checkout, env=env, check=False, stdout=sys.stderr)
     return _summary(junit)
 
 

@@ -17,11 +17,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from host.devices.virtual.suite import HELD_OUT, SUITE, SuiteTask  # noqa: E402
-from host.devices.virtual.suite_run import TaskRun, run_task  # noqa: E402
-from host.perception.ocr import OcrPool  # noqa: E402
-from planner.planner import Planner  # noqa: E402
-from planner.providers.offline import OfflineProvider  # noqa: E402
+from host.devices.virtual.suite import HELD_OUT, SUITE, SuiteTask
+from host.devices.virtual.suite_run import TaskRun, run_task
+from host.perception.ocr import OcrPool
+from planner.planner import Planner
+from planner.providers.offline import OfflineProvider
 
 
 def _line(run: TaskRun) -> str:
