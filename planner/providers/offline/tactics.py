@@ -382,6 +382,16 @@ class Agent:
             return True
         return shown.isdigit() and value.isdigit() and int(shown) == int(value)
 
+    def field_label(self, el: El) -> str:
+        """How to name a field to a reader: its hint, else what holds it (a picker's "hour"),
+        else its text (older dumps show an empty field's hint there), else its id."""
+        if el.hint:
+            return el.hint
+        holder = self.screen.container_of(el)
+        if holder is not None and holder.rid and not holder.text:
+            return holder.rid.rsplit("/", 1)[-1].replace("_", " ")
+        return el.text or el.rid.rsplit("/", 1)[-1]
+
     def field_words(self, el: El) -> set[str]:
         """What says what a field is for: its hint, its id, and the id of what holds it (a
         time picker's column is `android:id/hour`)."""
@@ -402,7 +412,7 @@ class Agent:
                 shown = el.text if el.hint or el.text != el.field_name else ""
                 if self.same_value(shown or el.text, value):
                     continue
-                hint = el.field_name or el.rid.rsplit("/", 1)[-1]
+                hint = self.field_label(el)
                 secret = "password" in el.flags or value == self.goal.values.get("password")
                 if secret:
                     return Step(
