@@ -151,6 +151,7 @@ def http_app(database_url: str) -> Any:
     """The old design's unary JSON renewal on the same store and the same fenced UPDATE."""
     from fastapi import FastAPI
 
+    from cloud.lease import messages
     from cloud.store import leases
     from cloud.store.database import Store
 
@@ -172,7 +173,8 @@ def http_app(database_url: str) -> Any:
         (out,) = await leases.renew_batch(store, [item])
         if out.expires_at is not None:
             return {"renewed": True, "lease_expires_at": out.expires_at.isoformat()}
-        return {"renewed": False, "reason": int(out.revoke_reason), "message": out.message}
+        reason = 0 if out.revocation is None else int(messages.revoke_reason(out.revocation))
+        return {"renewed": False, "reason": reason, "message": out.message}
 
     return app
 

@@ -34,21 +34,20 @@ from amc.v1 import (
     task_service_pb2,
     task_service_pb2_grpc,
 )
+from cloud import supervised
+from cloud.authz import Authorization
 from cloud.events import EventBus
-from cloud.identity import peer_caller
 from cloud.lease.manager import LeaseManager
 from cloud.lease.stream import LeaseServicer
-from cloud.services.auth import abort, require
 from cloud.services.decision_log_service import DecisionLogServicer
 from cloud.services.fleet_service import FleetServicer
+from cloud.services.planner_service import build_planner_servicer
 from cloud.services.progress_service import ProgressServicer
 from cloud.services.task_service import TaskServicer
 from cloud.settings import CloudSettings
 from cloud.store import decisions, sessions
 from cloud.store.database import Store
 from cloud.store.engine import upgrade
-from cloud.store.leases import lease_owner
-from cloud.store.ports import StoreDecisionSink, StoreLeaseGate, StoreSessionStore
 
 log = logging.getLogger(__name__)
 
@@ -108,75 +107,6 @@ def server_credentials(settings: CloudSettings) -> grpc.ServerCredentials:
     )
 
 
-class _HostOnlyPlanner(planner_service_pb2_grpc.PlannerServiceServicer):
-    """Refuses operator certificates before the planner servicer sees the call."""
-
-    def __init__(self, inner: Any, insecure: bool, store: Store | None = None) -> None:
-        self._inner = inner
-        self._insecure = insecure
-        self._store = store
-
-    async def Decide(
-        self,
-        request: planner_service_pb2.DecideRequest,
-        context: grpc.aio.ServicerContext[Any, Any],
-    ) -> planner_service_pb2.DecideResponse:
-        caller = await require(context, "host", insecure=self._insecure)
-        if self._store is not None and len(request.lease_id) <= 128:
-            # Another host's lease is not "not live" but none of this host's business.
-            owner = await lease_owner(
-                self._store, request.task_id[:128], request.attempt, request.lease_id
-            )
-            if owner is not None and owner != caller.name:
-                await abort(
-                    context,
-                    grpc.StatusCode.PERMISSION_DENIED,
-                    f"lease {request.lease_id!r} of task {request.task_id!r} belongs to "
-                    "another host",
-                )
-        response: planner_service_pb2.DecideResponse = await self._inner.Decide(request, context)
-        return response
-
-
-def build_planner_servicer(
-    store: Store, settings: CloudSettings, bus: EventBus
-) -> tuple[planner_service_pb2_grpc.PlannerServiceServicer, list[Any]]:
-    """The planner servicer on the cloud's ports, and what must be closed with the server.
-
-    Session mode is offered when the planner settings (`AMC_PLANNER_*`, read here) name a
-    provider that keeps conversations; with the offline provider a session step is answered
-    UNIMPLEMENTED with the reason.
-    """
-    from planner.planner import make_planner
-    from planner.service import PlannerServicer
-    from planner.settings import PlannerSettings
-
-    insecure = settings.insecure
-
-    def caller_host_id(context: grpc.aio.ServicerContext[Any, Any]) -> str:
-        caller = peer_caller(context, insecure=insecure)
-        return caller.name if caller is not None and caller.kind == "host" else ""
-
-    planner_settings = PlannerSettings()
-    planner = make_planner(planner_settings)
-    sessions = None
-    if planner_settings.resolved_provider != "offline":
-        from planner.session.factory import SessionPlanners  # loads the provider SDKs
-
-        sessions = SessionPlanners(planner_settings)
-    inner = PlannerServicer(
-        caller_host_id=caller_host_id,
-        lease_gate=StoreLeaseGate(store),
-        sink=StoreDecisionSink(store),
-        planner=planner,
-        sessions=sessions,
-        session_store=lambda: StoreSessionStore(store),
-        live_thinking=bus.thinking,
-    )
-    closeables: list[Any] = [planner] if sessions is None else [planner, sessions]
-    return _HostOnlyPlanner(inner, insecure, store), closeables
-
-
 class CloudServer:
     """A bound, not yet started, cloud replica."""
 
@@ -187,7 +117,10 @@ class CloudServer:
         self.bus = EventBus(self.store)
         self.leases = LeaseManager(self.store, self.bus, settings)
         self.health = health.aio.HealthServicer()
-        self.server = grpc.aio.server(options=server_options(settings))
+        self.server = grpc.aio.server(
+            options=server_options(settings),
+            interceptors=[Authorization(insecure=settings.insecure)],
+        )
         self._closeables: list[Any] = []
         self._jobs: list[asyncio.Task[None]] = []
         self._started = False
@@ -201,18 +134,18 @@ class CloudServer:
             TaskServicer(store, bus, s), self.server
         )
         lease_service_pb2_grpc.add_LeaseServiceServicer_to_server(
-            LeaseServicer(self.leases, insecure=s.insecure), self.server
+            LeaseServicer(self.leases), self.server
         )
         progress_service_pb2_grpc.add_ProgressServiceServicer_to_server(
-            ProgressServicer(store, bus, s), self.server
+            ProgressServicer(store, bus), self.server
         )
         fleet_service_pb2_grpc.add_FleetServiceServicer_to_server(
             FleetServicer(store, bus, s), self.server
         )
         decision_log_service_pb2_grpc.add_DecisionLogServiceServicer_to_server(
-            DecisionLogServicer(store, s), self.server
+            DecisionLogServicer(store), self.server
         )
-        planner_servicer, self._closeables = build_planner_servicer(store, s, bus)
+        planner_servicer, self._closeables = build_planner_servicer(store, bus)
         planner_service_pb2_grpc.add_PlannerServiceServicer_to_server(planner_servicer, self.server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         reflection.enable_server_reflection(
@@ -241,7 +174,11 @@ class CloudServer:
             await upgrade(self.store.engine)
         await self.bus.start()
         self.leases.start()
-        self._jobs.append(asyncio.create_task(self._retention_loop(), name="retention"))
+        self._jobs.append(
+            supervised.start(
+                "retention", self._retention_pass, interval=self.settings.retention_interval_seconds
+            )
+        )
         await self.server.start()
         for name in ("", *SERVICE_NAMES):
             await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
@@ -257,11 +194,7 @@ class CloudServer:
         self.leases.close_all(grpc.StatusCode.UNAVAILABLE, "server shutting down; reconnect")
         await self.leases.wait_streams_closed(max(grace, 1.0))
         await self.server.stop(grace)
-        for job in self._jobs:
-            job.cancel()
-        for job in self._jobs:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await job
+        await supervised.stop(self._jobs)
         await self.leases.stop()
         await self.bus.stop()
         for closeable in self._closeables:
@@ -288,17 +221,10 @@ class CloudServer:
             log.info("retention removed %d session items", items)
         return removed
 
-    async def _retention_loop(self) -> None:
-        while True:
-            try:
-                removed = await self.prune_decisions()
-                if removed:
-                    log.info("retention removed %d decisions", removed)
-            except asyncio.CancelledError:
-                raise
-            except Exception:
-                log.exception("retention pass failed")
-            await asyncio.sleep(self.settings.retention_interval_seconds)
+    async def _retention_pass(self) -> None:
+        removed = await self.prune_decisions()
+        if removed:
+            log.info("retention removed %d decisions", removed)
 
 
 async def build_server(

@@ -1,4 +1,5 @@
-"""LeaseService.Lease: one bidirectional stream per host, identity from the client certificate.
+"""LeaseService.Lease: one bidirectional stream per host, identity from the client certificate
+(only hosts get here: `cloud.authz`).
 
 The handler reads in one task and writes in the other (no thread): the reader validates and
 handles each host message in order, the writer drains the session's outbox, into which the reader,
@@ -15,7 +16,7 @@ import grpc
 
 from amc.v1 import lease_service_pb2 as lease_pb
 from amc.v1 import lease_service_pb2_grpc
-from cloud.identity import peer_caller
+from cloud import authz
 from cloud.lease import validate
 from cloud.lease.manager import LeaseManager
 from cloud.lease.session import Closing, HostSession
@@ -34,25 +35,18 @@ def _rejected(message: str, task_id: str = "") -> lease_pb.LeaseResponse:
 class LeaseServicer(lease_service_pb2_grpc.LeaseServiceServicer):
     """Serves the host streams of this replica."""
 
-    def __init__(self, manager: LeaseManager, *, insecure: bool = False) -> None:
+    def __init__(self, manager: LeaseManager) -> None:
         self._manager = manager
-        self._insecure = insecure
 
     async def Lease(  # type: ignore[override]
         self,
         request_iterator: object,
         context: grpc.aio.ServicerContext[lease_pb.LeaseRequest, lease_pb.LeaseResponse],
     ) -> None:
-        caller = peer_caller(context, insecure=self._insecure)
-        if caller is None or caller.kind != "host":
-            await context.abort(
-                grpc.StatusCode.PERMISSION_DENIED,
-                "a host certificate (amc://host/<id>) is required",
-            )
-            return
+        host_id = authz.caller().name
         self._manager.stream_started()
         try:
-            await self._serve(caller.name, context)
+            await self._serve(host_id, context)
         finally:
             self._manager.stream_finished()
 

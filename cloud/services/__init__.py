@@ -1,1 +1,2 @@
-"""The operator-facing gRPC services (tasks, progress, fleet, decision log) and their auth."""
+"""The gRPC services the cloud serves itself (tasks, progress, fleet, decision log, the
+planner's wiring); who may call them is `cloud.authz`."""

@@ -6,9 +6,8 @@ import grpc
 
 from amc.v1 import decision_log_service_pb2 as pb
 from amc.v1 import decision_log_service_pb2_grpc
-from cloud.services.auth import abort, require
 from cloud.services.conversation import conversation_item
-from cloud.settings import CloudSettings
+from cloud.services.status import abort
 from cloud.store import convert, decisions, sessions, tasks
 from cloud.store.database import Store
 from planner.session.items import loads_item
@@ -17,16 +16,14 @@ from planner.session.items import loads_item
 class DecisionLogServicer(decision_log_service_pb2_grpc.DecisionLogServiceServicer):
     """List and get decisions; read a session-mode attempt's conversation."""
 
-    def __init__(self, store: Store, settings: CloudSettings) -> None:
+    def __init__(self, store: Store) -> None:
         self._store = store
-        self._settings = settings
 
     async def ListDecisions(
         self,
         request: pb.ListDecisionsRequest,
         context: grpc.aio.ServicerContext[pb.ListDecisionsRequest, pb.ListDecisionsResponse],
     ) -> pb.ListDecisionsResponse:
-        await require(context, "operator", insecure=self._settings.insecure)
         if not request.task_id:
             await abort(context, grpc.StatusCode.INVALID_ARGUMENT, "task_id: required")
         if request.attempt < 0:
@@ -52,7 +49,6 @@ class DecisionLogServicer(decision_log_service_pb2_grpc.DecisionLogServiceServic
         request: pb.GetDecisionRequest,
         context: grpc.aio.ServicerContext[pb.GetDecisionRequest, pb.GetDecisionResponse],
     ) -> pb.GetDecisionResponse:
-        await require(context, "operator", insecure=self._settings.insecure)
         if not request.decision_id:
             await abort(context, grpc.StatusCode.INVALID_ARGUMENT, "decision_id: required")
         row = await decisions.get(self._store, request.decision_id)
@@ -67,7 +63,6 @@ class DecisionLogServicer(decision_log_service_pb2_grpc.DecisionLogServiceServic
         request: pb.GetConversationRequest,
         context: grpc.aio.ServicerContext[pb.GetConversationRequest, pb.GetConversationResponse],
     ) -> pb.GetConversationResponse:
-        await require(context, "operator", insecure=self._settings.insecure)
         if not request.task_id:
             await abort(context, grpc.StatusCode.INVALID_ARGUMENT, "task_id: required")
         if request.attempt < 1:

@@ -4,39 +4,31 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
-from urllib.parse import urlencode
 
 import grpc
 import uvicorn
 from fastapi import FastAPI, Request, Response
-from fastapi.exception_handlers import (
-    http_exception_handler,
-    request_validation_exception_handler,
-)
-from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, RedirectResponse
-from fastapi.staticfiles import StaticFiles
-from starlette.exceptions import HTTPException as StarletteHTTPException
+from fastapi.responses import JSONResponse
 from starlette.middleware.sessions import SessionMiddleware
 
 from console.gateway import api, pages
-from console.gateway.auth import Credentials, LoginRequired
+from console.gateway.auth import Credentials
 from console.gateway.cloud import CloudClient
 from console.gateway.errors import describe
 from console.gateway.events import StreamGauge
 from console.gateway.models import ErrorOut, HealthOut
 from console.settings import ConsoleSettings
+from webui.errors import error_page, install_error_handlers
+from webui.headers import add_security_headers, content_security_policy
+from webui.login import logout_router
+from webui.pages import static_files
 
 log = logging.getLogger(__name__)
 
 SESSION_COOKIE = "amc_console_session"
-_CSP = (
-    "default-src 'self'; img-src 'self' data:; style-src 'self'; script-src 'self'; "
-    "frame-ancestors 'none'; form-action 'self'; base-uri 'none'"
-)
 
 
 def _is_api(request: Request) -> bool:
@@ -86,21 +78,13 @@ def create_app(settings: ConsoleSettings) -> FastAPI:
         https_only=settings.cookie_secure,
     )
 
-    @app.middleware("http")
-    async def security_headers(
-        request: Request, call_next: Callable[[Request], Awaitable[Response]]
-    ) -> Response:
-        response = await call_next(request)
-        response.headers.setdefault("X-Content-Type-Options", "nosniff")
-        response.headers.setdefault("Referrer-Policy", "same-origin")
-        if not _is_api(request):
-            response.headers.setdefault("X-Frame-Options", "DENY")
-            response.headers.setdefault("Content-Security-Policy", _CSP)
-        return response
-
-    @app.exception_handler(LoginRequired)
-    async def to_login(request: Request, exc: LoginRequired) -> Response:
-        return RedirectResponse("/login?" + urlencode({"next": exc.next_path}), status_code=303)
+    add_security_headers(
+        app,
+        csp=content_security_policy("'self' data:"),
+        referrer_policy="same-origin",
+        is_api=_is_api,
+    )
+    install_error_handlers(app, pages.PAGES, is_api=_is_api)
 
     @app.exception_handler(grpc.aio.AioRpcError)
     async def cloud_error(request: Request, exc: grpc.aio.AioRpcError) -> Response:
@@ -110,26 +94,7 @@ def create_app(settings: ConsoleSettings) -> FastAPI:
         if _is_api(request):
             body = ErrorOut(detail=message, grpc_code=code).model_dump()
             return JSONResponse(body, status_code=status)
-        context = {"status": status, "message": message, "code": code}
-        return pages.render(request, "error.html", context, status_code=status)
-
-    @app.exception_handler(StarletteHTTPException)
-    async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
-        if _is_api(request):
-            return await http_exception_handler(request, exc)
-        context = {"status": exc.status_code, "message": exc.detail, "code": None}
-        return pages.render(request, "error.html", context, status_code=exc.status_code)
-
-    @app.exception_handler(RequestValidationError)
-    async def invalid_request(request: Request, exc: RequestValidationError) -> Response:
-        if _is_api(request):
-            return await request_validation_exception_handler(request, exc)
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in e.get('loc', ())[1:]) or 'request'}: {e.get('msg', '')}"
-            for e in exc.errors()
-        )
-        context = {"status": 422, "message": problems, "code": None}
-        return pages.render(request, "error.html", context, status_code=422)
+        return error_page(pages.PAGES, request, status, message, code)
 
     @app.get("/healthz", response_model=HealthOut, tags=["health"], summary="Gateway health")
     async def healthz(request: Request) -> HealthOut:
@@ -141,7 +106,8 @@ def create_app(settings: ConsoleSettings) -> FastAPI:
 
     app.include_router(api.router)
     app.include_router(pages.router)
-    app.mount("/static", StaticFiles(directory=Path(__file__).parent / "static"), name="static")
+    app.include_router(logout_router)
+    app.mount("/static", static_files(Path(__file__).parent / "static"), name="static")
     return app
 
 

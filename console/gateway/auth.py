@@ -1,8 +1,7 @@
-"""Who may use the console: operator login, session, CSRF tokens and the API bearer token.
+"""Who may use the operators' console: the operator login and the API bearer token.
 
-Pages use a signed session cookie (Starlette's SessionMiddleware: httponly, SameSite=Lax) and a
-per-session CSRF token that every form posts back. The JSON API accepts either that session (with
-the CSRF token in an `X-CSRF-Token` header for writes) or `Authorization: Bearer <token>`.
+Pages use the shared session and CSRF pieces (`webui`). The JSON API accepts either that session
+(with the CSRF token in an `X-CSRF-Token` header for writes) or `Authorization: Bearer <token>`.
 Secrets are only ever held as salted hashes and compared in constant time.
 """
 
@@ -11,18 +10,14 @@ from __future__ import annotations
 import hashlib
 import hmac
 import os
-import secrets
 from typing import Annotated
 
 from fastapi import Depends, HTTPException, Request, status
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import SecretStr
 
-SESSION_USER = "user"
-SESSION_CSRF = "csrf"
-CSRF_FIELD = "csrf_token"
-CSRF_HEADER = "x-csrf-token"
-SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+from webui.csrf import CSRF_HEADER, SAFE_METHODS, csrf_matches
+from webui.sessions import session_user
 
 
 def _digest(secret: str, salt: bytes) -> bytes:
@@ -56,69 +51,13 @@ class Credentials:
         return hmac.compare_digest(candidate, self._token)
 
 
-def csrf_token(request: Request) -> str:
-    """The session's CSRF token, created on first use (also before login, for the login form)."""
-    token = request.session.get(SESSION_CSRF)
-    if not isinstance(token, str) or not token:
-        token = secrets.token_urlsafe(32)
-        request.session[SESSION_CSRF] = token
-    return token
-
-
-def _csrf_matches(request: Request, sent: str | None) -> bool:
-    expected = request.session.get(SESSION_CSRF)
-    if not isinstance(expected, str) or not expected or not sent:
-        return False
-    return hmac.compare_digest(sent.encode(), expected.encode())
-
-
-def session_user(request: Request) -> str | None:
-    user = request.session.get(SESSION_USER)
-    return user if isinstance(user, str) and user else None
-
-
-def log_in(request: Request, username: str) -> None:
-    """Start a fresh session (new CSRF token) so a pre-login session cannot be fixated."""
-    request.session.clear()
-    request.session[SESSION_USER] = username
-    request.session[SESSION_CSRF] = secrets.token_urlsafe(32)
-
-
-def log_out(request: Request) -> None:
-    request.session.clear()
-
-
-class LoginRequired(Exception):
-    """A page was asked for without a session; the app answers with a redirect to /login."""
-
-    def __init__(self, next_path: str) -> None:
-        super().__init__(next_path)
-        self.next_path = next_path
-
-
-async def require_page_user(request: Request) -> str:
-    """Dependency of every page but /login: the logged-in operator, or a redirect."""
-    user = session_user(request)
-    if user is None:
-        target = request.url.path
-        if request.url.query:
-            target += "?" + request.url.query
-        raise LoginRequired(target)
-    return user
-
-
-async def require_csrf(request: Request) -> None:
-    """Dependency of every form POST: 403 unless the form's csrf_token matches the session's."""
-    form = await request.form()
-    sent = form.get(CSRF_FIELD)
-    if not _csrf_matches(request, sent if isinstance(sent, str) else None):
-        raise HTTPException(status.HTTP_403_FORBIDDEN, "missing or invalid CSRF token")
-
-
-def _credentials(request: Request) -> Credentials:
+def credentials_of(request: Request) -> Credentials:
+    """The gateway's credentials (set on the app by `create_app`)."""
     creds: Credentials = request.app.state.credentials
     return creds
 
+
+OperatorCredentials = Annotated[Credentials, Depends(credentials_of)]
 
 #: Documents the bearer scheme in the OpenAPI schema; the check itself is below.
 _bearer = HTTPBearer(
@@ -129,11 +68,12 @@ _bearer = HTTPBearer(
 
 async def require_api_user(
     request: Request,
+    credentials: OperatorCredentials,
     bearer: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
 ) -> str:
     """Dependency of the JSON API: a bearer token, or a session (plus CSRF header for writes)."""
     if bearer is not None:
-        if _credentials(request).check_token(bearer.credentials.strip()):
+        if credentials.check_token(bearer.credentials.strip()):
             return "api-token"
         raise HTTPException(
             status.HTTP_401_UNAUTHORIZED,
@@ -147,13 +87,8 @@ async def require_api_user(
             "log in or send Authorization: Bearer <token>",
             headers={"WWW-Authenticate": "Bearer"},
         )
-    if request.method not in SAFE_METHODS and not _csrf_matches(
+    if request.method not in SAFE_METHODS and not csrf_matches(
         request, request.headers.get(CSRF_HEADER)
     ):
         raise HTTPException(status.HTTP_403_FORBIDDEN, "missing or invalid X-CSRF-Token header")
     return user
-
-
-PageUser = Annotated[str, Depends(require_page_user)]
-ApiUser = Annotated[str, Depends(require_api_user)]
-CsrfChecked = Depends(require_csrf)

@@ -7,25 +7,17 @@ Every form posts a CSRF token; every page but /login needs a session.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 from urllib.parse import urlencode
 
 import grpc
 from fastapi import APIRouter, Form, Query, Request
 from fastapi import Path as PathParam
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
-from fastapi.templating import Jinja2Templates
 
 from console.gateway import present
 from console.gateway.api import Cloud, task_detail
-from console.gateway.auth import (
-    CsrfChecked,
-    PageUser,
-    csrf_token,
-    log_in,
-    log_out,
-    session_user,
-)
+from console.gateway.auth import OperatorCredentials
 from console.gateway.errors import describe
 from console.gateway.models import (
     TASK_STATUSES,
@@ -34,9 +26,17 @@ from console.gateway.models import (
     TaskOut,
     task_status_value,
 )
+from webui import login
+from webui.csrf import CsrfChecked
+from webui.pages import Pages
+from webui.sessions import PageUser
 
-TEMPLATES = Jinja2Templates(directory=Path(__file__).parent / "templates")
-present.install(TEMPLATES.env)
+HOME = "/tasks"
+PAGES = Pages(
+    Path(__file__).parent / "templates",
+    lambda request: {"home_url": HOME, "home_label": "Back to tasks"},
+)
+present.install(PAGES.env)
 
 router = APIRouter(include_in_schema=False)
 
@@ -81,57 +81,35 @@ def pager_links(
     }
 
 
-def render(
-    request: Request, name: str, context: dict[str, Any], status_code: int = 200
-) -> HTMLResponse:
-    """Render a template with what every page needs (the operator and the CSRF token)."""
-    base = {"user": session_user(request), "csrf_token": csrf_token(request)}
-    return TEMPLATES.TemplateResponse(request, name, base | context, status_code=status_code)
-
-
-def _safe_next(target: str) -> str:
-    """Only same-site paths, so the login form cannot bounce an operator to another site."""
-    if target.startswith("/") and not target.startswith("//") and "\\" not in target:
-        return target
-    return "/tasks"
-
-
 @router.get("/login", response_class=HTMLResponse)
-async def login_page(request: Request, next: str = "/tasks") -> Response:
-    if session_user(request):
-        return RedirectResponse(_safe_next(next), status_code=303)
-    return render(request, "login.html", {"next": _safe_next(next), "error": None})
+async def login_page(request: Request, next: str = HOME) -> Response:
+    return login.login_page(PAGES, request, next, HOME)
 
 
-@router.post("/login", response_class=HTMLResponse, dependencies=[CsrfChecked])
+@router.post("/login", response_class=HTMLResponse)
 async def login_submit(
+    _csrf: CsrfChecked,
     request: Request,
+    credentials: OperatorCredentials,
     username: Annotated[str, Form()] = "",
     password: Annotated[str, Form()] = "",
-    next: Annotated[str, Form()] = "/tasks",
+    next: Annotated[str, Form()] = HOME,
 ) -> Response:
-    if not request.app.state.credentials.check_login(username, password):
-        context = {"next": _safe_next(next), "error": "Wrong username or password."}
-        return render(request, "login.html", context, status_code=401)
-    log_in(request, username)
-    return RedirectResponse(_safe_next(next), status_code=303)
-
-
-@router.post("/logout", dependencies=[CsrfChecked])
-async def logout(request: Request) -> Response:
-    log_out(request)
-    return RedirectResponse("/login", status_code=303)
+    if not credentials.check_login(username, password):
+        error = "Wrong username or password."
+        return login.login_form(PAGES, request, next, HOME, error=error, status_code=401)
+    return login.logged_in(request, username, next, HOME)
 
 
 @router.get("/")
 async def home(_: PageUser) -> Response:
-    return RedirectResponse("/tasks", status_code=303)
+    return RedirectResponse(HOME, status_code=303)
 
 
 @router.get("/fleet", response_class=HTMLResponse)
 async def fleet_page(request: Request, _: PageUser, cloud: Cloud) -> Response:
     hosts = [HostOut.of(h) for h in await cloud.list_hosts()]
-    return render(request, "fleet.html", {"hosts": hosts, "nav": "fleet"})
+    return PAGES.render(request, "fleet.html", {"hosts": hosts, "nav": "fleet"})
 
 
 @router.get("/tasks", response_class=HTMLResponse)
@@ -173,17 +151,18 @@ async def tasks_page(
         # New tasks are inserted live only where they would appear: an unfiltered first page.
         "live_insert": not (chosen or host or q or page_token),
     }
-    return render(request, "tasks.html", context)
+    return PAGES.render(request, "tasks.html", context)
 
 
 @router.get("/tasks/new", response_class=HTMLResponse)
 async def submit_page(request: Request, _: PageUser, cloud: Cloud) -> Response:
     hosts = [HostOut.of(h) for h in await cloud.list_hosts()]
-    return render(request, "submit.html", {"nav": "submit", "hosts": hosts, "form": {}})
+    return PAGES.render(request, "submit.html", {"nav": "submit", "hosts": hosts, "form": {}})
 
 
-@router.post("/tasks/new", response_class=HTMLResponse, dependencies=[CsrfChecked])
+@router.post("/tasks/new", response_class=HTMLResponse)
 async def submit_form(
+    _csrf: CsrfChecked,
     request: Request,
     _: PageUser,
     cloud: Cloud,
@@ -198,7 +177,7 @@ async def submit_form(
     async def again(message: str, status_code: int) -> Response:
         hosts = [HostOut.of(h) for h in await cloud.list_hosts()]
         context = {"nav": "submit", "hosts": hosts, "form": form, "error": message}
-        return render(request, "submit.html", context, status_code=status_code)
+        return PAGES.render(request, "submit.html", context, status_code=status_code)
 
     try:
         attempts = int(max_attempts.strip() or 0)
@@ -225,7 +204,7 @@ async def submit_form(
 @router.get("/tasks/{task_id}", response_class=HTMLResponse)
 async def task_page(request: Request, _: PageUser, cloud: Cloud, task_id: str) -> Response:
     detail = await task_detail(cloud, task_id)
-    return render(request, "task_detail.html", {"nav": "tasks", "detail": detail})
+    return PAGES.render(request, "task_detail.html", {"nav": "tasks", "detail": detail})
 
 
 @router.get("/tasks/{task_id}/attempts/{attempt}/conversation", response_class=HTMLResponse)
@@ -239,17 +218,18 @@ async def conversation_page(
     task = TaskOut.of(await cloud.get_task(task_id))
     items = [ConversationItemOut.of(i) for i in await cloud.conversation(task_id, attempt)]
     context = {"nav": "tasks", "task": task, "attempt": attempt, "items": items}
-    return render(request, "conversation.html", context)
+    return PAGES.render(request, "conversation.html", context)
 
 
 @router.get("/tasks/{task_id}/cancel", response_class=HTMLResponse)
 async def cancel_page(request: Request, _: PageUser, cloud: Cloud, task_id: str) -> Response:
     task = TaskOut.of(await cloud.get_task(task_id))
-    return render(request, "cancel.html", {"nav": "tasks", "task": task})
+    return PAGES.render(request, "cancel.html", {"nav": "tasks", "task": task})
 
 
-@router.post("/tasks/{task_id}/cancel", dependencies=[CsrfChecked])
+@router.post("/tasks/{task_id}/cancel")
 async def cancel_submit(
+    _csrf: CsrfChecked,
     _: PageUser,
     cloud: Cloud,
     task_id: str,

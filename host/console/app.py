@@ -6,28 +6,21 @@ import logging
 import sqlite3
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from urllib.parse import urlencode
 
 from fastapi import FastAPI, Request, Response
-from fastapi.responses import PlainTextResponse, RedirectResponse
-from fastapi.staticfiles import StaticFiles
-from starlette.exceptions import HTTPException as StarletteHTTPException
+from fastapi.responses import PlainTextResponse
 from starlette.middleware.sessions import SessionMiddleware
 
-from console.gateway.auth import LoginRequired
 from host.console import routes
 from host.console.login_token import OneTimeToken
 from host.console.settings import HostConsoleSettings
 from host.console.state import HostState
+from webui.errors import error_page, install_error_handlers
+from webui.headers import add_security_headers, content_security_policy
+from webui.login import logout_router
+from webui.pages import static_files
 
 log = logging.getLogger(__name__)
-
-#: Same policy as the cloud console: nothing from elsewhere, no inline script or style.
-_CSP = (
-    "default-src 'self'; img-src 'self'; style-src 'self'; script-src 'self'; "
-    "frame-ancestors 'none'; form-action 'self'; base-uri 'none'"
-)
-
 
 LOOPBACK_NAMES = frozenset({"127.0.0.1", "localhost", "::1"})
 
@@ -87,37 +80,26 @@ def create_app(
         https_only=settings.cookie_secure,
     )
 
+    add_security_headers(app, csp=content_security_policy(), referrer_policy="no-referrer")
+    install_error_handlers(app, routes.PAGES)
     hosts = allowed_host_names(settings)
 
     @app.middleware("http")
-    async def security_headers(
+    async def known_host_only(
         request: Request, call_next: Callable[[Request], Awaitable[Response]]
     ) -> Response:
+        """Outermost: a request naming another Host (DNS rebinding) is refused before anything."""
         if hosts is not None and host_of(request.headers.get("host", "")) not in hosts:
             return PlainTextResponse("unknown Host header", status_code=400)
-        response = await call_next(request)
-        response.headers.setdefault("X-Content-Type-Options", "nosniff")
-        response.headers.setdefault("Referrer-Policy", "no-referrer")
-        response.headers.setdefault("X-Frame-Options", "DENY")
-        response.headers.setdefault("Content-Security-Policy", _CSP)
-        return response
-
-    @app.exception_handler(LoginRequired)
-    async def to_login(request: Request, exc: LoginRequired) -> Response:
-        return RedirectResponse("/login?" + urlencode({"next": exc.next_path}), status_code=303)
-
-    @app.exception_handler(StarletteHTTPException)
-    async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
-        context = {"status": exc.status_code, "message": exc.detail}
-        return routes.render(request, "error.html", context, status_code=exc.status_code)
+        return await call_next(request)
 
     @app.exception_handler(sqlite3.ProgrammingError)
     async def store_gone(request: Request, exc: sqlite3.ProgrammingError) -> Response:
         if not routes.store_closed(exc):
             raise exc
-        context = {"status": 503, "message": "The host is shutting down."}
-        return routes.render(request, "error.html", context, status_code=503)
+        return error_page(routes.PAGES, request, 503, "The host is shutting down.")
 
     app.include_router(routes.router)
-    app.mount("/static", StaticFiles(directory=Path(__file__).parent / "static"), name="static")
+    app.include_router(logout_router)
+    app.mount("/static", static_files(Path(__file__).parent / "static"), name="static")
     return app

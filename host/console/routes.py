@@ -1,7 +1,7 @@
 """The console's pages: login, now (live phones), tasks, one task's timeline, screenshots.
 
 Read-only apart from logging in and out. Every page but /login needs a session; every form
-posts a CSRF token (the session and CSRF primitives are the cloud console's, shared as-is).
+posts a CSRF token (sessions, CSRF and the login page frame are the shared `webui` pieces).
 """
 
 from __future__ import annotations
@@ -18,25 +18,32 @@ from fastapi.responses import (
     RedirectResponse,
     Response,
 )
-from fastapi.templating import Jinja2Templates
 from starlette.concurrency import run_in_threadpool
 
-from console.gateway.auth import (
-    CsrfChecked,
-    PageUser,
-    csrf_token,
-    log_in,
-    log_out,
-    session_user,
-)
 from host.console import present
 from host.console.login_token import OneTimeToken
 from host.console.state import HostState, cloud_link, phones_now, planner_transport
 from host.timeline.artifacts import ArtifactPathError
 from host.timeline.store import TaskRow, TimelineStore
+from webui import login
+from webui.csrf import CsrfChecked
+from webui.pages import Pages
+from webui.sessions import PageUser, session_user
 
-TEMPLATES = Jinja2Templates(directory=Path(__file__).parent / "templates")
-TEMPLATES.env.filters.update(
+HOME = "/now"
+
+
+def _console_context(request: Request) -> dict[str, Any]:
+    """What this console's pages add: how often they poll, where "home" is."""
+    return {
+        "poll_ms": int(request.app.state.poll_interval_s * 1000),
+        "home_url": HOME,
+        "home_label": "Back to the console",
+    }
+
+
+PAGES = Pages(Path(__file__).parent / "templates", _console_context)
+PAGES.env.filters.update(
     when=present.when, ago=present.ago, seconds=present.seconds, task_badge=present.task_badge
 )
 
@@ -56,61 +63,30 @@ def _store(request: Request) -> TimelineStore:
     return _state(request).store
 
 
-def render(
-    request: Request, name: str, context: dict[str, Any], status_code: int = 200
-) -> HTMLResponse:
-    """Render a template with what every page needs (user, CSRF token, poll interval)."""
-    base = {
-        "user": session_user(request),
-        "csrf_token": csrf_token(request),
-        "poll_ms": int(request.app.state.poll_interval_s * 1000),
-    }
-    return TEMPLATES.TemplateResponse(request, name, base | context, status_code=status_code)
-
-
-def _safe_next(target: str) -> str:
-    """Only same-site paths, so the login form cannot bounce the operator to another site."""
-    if target.startswith("/") and not target.startswith("//") and "\\" not in target:
-        return target
-    return "/now"
-
-
 @router.get("/login", response_class=HTMLResponse)
-async def login_page(request: Request, next: str = "/now", token: str = "") -> Response:
-    if session_user(request):
-        return RedirectResponse(_safe_next(next), status_code=303)
-    context = {"next": _safe_next(next), "token": token, "error": None}
-    return render(request, "login.html", context)
+async def login_page(request: Request, next: str = HOME, token: str = "") -> Response:
+    return login.login_page(PAGES, request, next, HOME, token=token)
 
 
-@router.post("/login", response_class=HTMLResponse, dependencies=[CsrfChecked])
+@router.post("/login", response_class=HTMLResponse)
 async def login_submit(
+    _csrf: CsrfChecked,
     request: Request,
     token: Annotated[str, Form()] = "",
-    next: Annotated[str, Form()] = "/now",
+    next: Annotated[str, Form()] = HOME,
 ) -> Response:
     tokens: OneTimeToken = request.app.state.login_token
     if not tokens.redeem(token):
-        context = {
-            "next": _safe_next(next),
-            "token": "",
-            "error": "That token is not valid (each token works once; the host's log shows "
-            "the current one).",
-        }
-        return render(request, "login.html", context, status_code=401)
-    log_in(request, OPERATOR)
-    return RedirectResponse(_safe_next(next), status_code=303)
-
-
-@router.post("/logout", dependencies=[CsrfChecked])
-async def logout(request: Request) -> Response:
-    log_out(request)
-    return RedirectResponse("/login", status_code=303)
+        error = (
+            "That token is not valid (each token works once; the host's log shows the current one)."
+        )
+        return login.login_form(PAGES, request, next, HOME, error=error, status_code=401, token="")
+    return login.logged_in(request, OPERATOR, next, HOME)
 
 
 @router.get("/")
 async def home(_: PageUser) -> Response:
-    return RedirectResponse("/now", status_code=303)
+    return RedirectResponse(HOME, status_code=303)
 
 
 def _now_context(request: Request) -> dict[str, Any]:
@@ -126,7 +102,7 @@ def _now_context(request: Request) -> dict[str, Any]:
 
 @router.get("/now", response_class=HTMLResponse)
 async def now_page(request: Request, _: PageUser) -> Response:
-    return render(request, "now.html", {"nav": "now", **_now_context(request)})
+    return PAGES.render(request, "now.html", {"nav": "now", **_now_context(request)})
 
 
 @router.get("/now/phones", response_class=HTMLResponse)
@@ -134,7 +110,7 @@ async def now_fragment(request: Request) -> Response:
     """The phones panel alone, which the "now" page fetches about once a second."""
     if session_user(request) is None:  # a fetch, not a page: no redirect, the script reloads
         raise HTTPException(status.HTTP_401_UNAUTHORIZED, "log in again")
-    response = render(request, "_phones.html", _now_context(request))
+    response = PAGES.render(request, "_phones.html", _now_context(request))
     response.headers["Cache-Control"] = "no-store"
     return response
 
@@ -151,7 +127,7 @@ async def tasks_page(
         "page": page,
         "has_next": len(rows) > size,
     }
-    return render(request, "tasks.html", context)
+    return PAGES.render(request, "tasks.html", context)
 
 
 def _attempts(store: TimelineStore, task_id: str) -> list[TaskRow]:
@@ -192,7 +168,7 @@ async def task_page(
         "attempts": attempts,
         "steps": [present.step_view(r) for r in records],
     }
-    return render(request, "task.html", context)
+    return PAGES.render(request, "task.html", context)
 
 
 def _live_thinking(request: Request, task_id: str, attempt: int) -> str:
@@ -221,7 +197,7 @@ async def task_live(
     if task is None:
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"no attempt {attempt} of {task_id!r}")
     records = await run_in_threadpool(store.steps, task_id, attempt)
-    template = TEMPLATES.env.get_template("_step.html")
+    template = PAGES.env.get_template("_step.html")
     html = "".join(template.render(s=present.step_view(r)) for r in records[after:])
     body = {
         "status": task.status,

@@ -19,6 +19,7 @@ from amc.v1 import (
     task_service_pb2,
     types_pb2,
 )
+from cloud.lease import messages
 from cloud.server import CloudServer, build_server
 from cloud.store import leases
 from cloud.store.models import AttemptRow
@@ -440,7 +441,14 @@ async def test_one_batch_fences_each_renewal_on_its_own(
             batcher.renew(leases.RenewalIn("h26", twice.task_id, 1, "stale", None)),
         )
         assert batcher.batches_written - before == 1
-        reasons = [o.revoke_reason if o.expires_at is None else "renewed" for o in outs]
+
+        def reason(out: leases.RenewalOut) -> object:
+            if out.expires_at is not None:
+                return "renewed"
+            assert out.revocation is not None
+            return messages.revoke_reason(out.revocation)
+
+        reasons = [reason(o) for o in outs]
         assert reasons == [
             lease_pb.REVOKE_REASON_CANCELLED,
             lease_pb.REVOKE_REASON_EXPIRED,

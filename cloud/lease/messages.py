@@ -1,0 +1,112 @@
+"""The lease protocol's messages, built from what the lease store returns (and the other way).
+
+The store answers in its own types (`leases.Claimed`, `leases.HeldCheck`, `leases.Revocation`);
+this is the one place that turns them into `LeaseResponse`s and a host's progress into the
+store's `ProgressIn`.
+"""
+
+from __future__ import annotations
+
+from typing import TypeAlias
+
+from amc.v1 import lease_service_pb2 as lease_pb
+from amc.v1 import types_pb2
+from cloud.store import convert, leases, states
+
+RevokeReason: TypeAlias = lease_pb.RevokeReason.ValueType
+
+_REVOKE_REASONS: dict[leases.Revocation, RevokeReason] = {
+    leases.Revocation.UNKNOWN: lease_pb.REVOKE_REASON_UNKNOWN,
+    leases.Revocation.SUPERSEDED: lease_pb.REVOKE_REASON_SUPERSEDED,
+    leases.Revocation.NOT_YOURS: lease_pb.REVOKE_REASON_PERMISSION_DENIED,
+    leases.Revocation.CANCELLED: lease_pb.REVOKE_REASON_CANCELLED,
+    leases.Revocation.EXPIRED: lease_pb.REVOKE_REASON_EXPIRED,
+    leases.Revocation.DEADLINE_EXCEEDED: lease_pb.REVOKE_REASON_DEADLINE_EXCEEDED,
+    leases.Revocation.FINISHED: lease_pb.REVOKE_REASON_FINISHED,
+}
+
+#: What a host is told when the sweeper ended its attempt.
+_SWEPT: dict[leases.Revocation, str] = {
+    leases.Revocation.EXPIRED: "lease expired",
+    leases.Revocation.DEADLINE_EXCEEDED: states.DEADLINE_EXCEEDED,
+}
+
+
+def revoke_reason(revocation: leases.Revocation) -> RevokeReason:
+    """The protocol's RevokeReason for the store's reason."""
+    return _REVOKE_REASONS[revocation]
+
+
+def swept_message(revocation: leases.Revocation) -> str:
+    """The message of a Revoked sent because the sweeper ended the attempt."""
+    return _SWEPT.get(revocation, "cancelled")
+
+
+def progress_in(progress: types_pb2.Progress) -> leases.ProgressIn:
+    """A host's progress as the store writes it (the summary cut to its limit)."""
+    return leases.ProgressIn(
+        progress.step_index, int(progress.step_status), leases.truncate_summary(progress.summary)
+    )
+
+
+def revoked(
+    task_id: str, attempt: int, lease_id: str, reason: int, message: str
+) -> lease_pb.LeaseResponse:
+    """Tell the host to stop an attempt (`reason`: a RevokeReason number, as events carry it)."""
+    return lease_pb.LeaseResponse(
+        revoked=lease_pb.Revoked(
+            task_id=task_id,
+            attempt=attempt,
+            lease_id=lease_id,
+            reason=lease_pb.RevokeReason.ValueType(reason),
+            message=message,
+        )
+    )
+
+
+def refused(
+    task_id: str, attempt: int, lease_id: str, revocation: leases.Revocation | None, message: str
+) -> lease_pb.LeaseResponse:
+    """A renewal, result or held assignment the store refused, as a Revoked."""
+    reason = lease_pb.REVOKE_REASON_UNSPECIFIED if revocation is None else revoke_reason(revocation)
+    return revoked(task_id, attempt, lease_id, reason, message)
+
+
+def assignment(claimed: leases.Claimed) -> lease_pb.LeaseResponse:
+    """A fresh lease for the host."""
+    a = lease_pb.Assignment(
+        task_id=claimed.task_id,
+        attempt=claimed.attempt,
+        lease_id=claimed.lease_id,
+        device_serial=claimed.device_serial,
+        goal=claimed.goal,
+        lease_expires_at=convert.ts(claimed.lease_expires_at),
+        lease_duration=convert.duration(claimed.lease_seconds),
+        deadline=convert.ts(claimed.deadline),
+        resumed=False,
+    )
+    p = convert.progress(claimed.last_progress)
+    if p is not None:
+        a.last_progress.CopyFrom(p)
+    return lease_pb.LeaseResponse(assignment=a)
+
+
+def resumed(check: leases.HeldCheck) -> lease_pb.LeaseResponse:
+    """A held assignment that is still the host's live lease, confirmed after its reconnect."""
+    live, task = check.live, check.task
+    assert live is not None and task is not None, "only a live held assignment resumes"
+    a = lease_pb.Assignment(
+        task_id=live.task_id,
+        attempt=live.attempt,
+        lease_id=live.lease_id,
+        device_serial=live.device_serial,
+        goal=task.goal,
+        lease_expires_at=convert.ts(live.lease_expires_at),
+        lease_duration=convert.duration(task.lease_seconds),
+        deadline=convert.ts(task.deadline),
+        resumed=True,
+    )
+    p = convert.progress(check.last_progress)
+    if p is not None:
+        a.last_progress.CopyFrom(p)
+    return lease_pb.LeaseResponse(assignment=a)

@@ -1,0 +1,56 @@
+"""Expiry and deadline sweeps: attempts whose lease ran out and tasks past their deadline end.
+
+Every replica sweeps (the store makes each end happen once); the host that held an ended
+attempt is told through the bus, wherever its stream is, and dispatchers hear of requeued work.
+"""
+
+from __future__ import annotations
+
+from cloud.events import EventBus, RevokeEvent
+from cloud.lease import messages
+from cloud.store import leases, states
+from cloud.store.database import Store
+
+#: Rows one sweep query ends at most; a full batch means more may be waiting.
+SWEEP_BATCH = 500
+
+
+class Sweeper:
+    """Ends expired leases and passed deadlines, and tells who needs to know."""
+
+    def __init__(self, store: Store, bus: EventBus) -> None:
+        self.store = store
+        self.bus = bus
+
+    async def sweep_once(self) -> int:
+        """End expired leases and passed deadlines; returns how many attempts/tasks it ended."""
+        ended = await leases.sweep_expired(self.store, SWEEP_BATCH) + await leases.sweep_deadlines(
+            self.store, SWEEP_BATCH
+        )
+        if not ended:
+            return 0
+        requeued = False
+        for e in ended:
+            if e.host_id:
+                self.bus.revoke(
+                    RevokeEvent(
+                        e.host_id,
+                        e.task_id,
+                        e.attempt,
+                        e.lease_id,
+                        messages.revoke_reason(e.revocation),
+                        messages.swept_message(e.revocation),
+                        e.device_serial,
+                        ended=True,
+                    )
+                )
+            requeued = requeued or e.task_status == states.QUEUED
+        self.bus.tasks_changed(sorted({e.task_id for e in ended}))
+        if requeued:
+            self.bus.tasks_queued()
+        return len(ended)
+
+    async def sweep(self) -> None:
+        """Sweep until a pass finds less than a full batch (the sweep loop's step)."""
+        while await self.sweep_once() >= SWEEP_BATCH:
+            pass

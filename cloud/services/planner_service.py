@@ -1,0 +1,91 @@
+"""PlannerService on the cloud: the planner's servicer on the cloud's ports, for hosts only.
+
+The planner (`planner.service`) knows nothing of the cloud: it is handed who the caller is, a
+`LeaseGate`, a `DecisionSink` and a session store. This wires those to the cloud's store and
+adds the one rule only the cloud can know: a host may plan only on its own leases. Who may call
+Decide at all (hosts) is `cloud.authz`.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import grpc
+
+from amc.v1 import planner_service_pb2, planner_service_pb2_grpc
+from cloud import authz
+from cloud.events import EventBus
+from cloud.lease.validate import MAX_ID
+from cloud.services.status import abort
+from cloud.store import leases
+from cloud.store.database import Store
+from cloud.store.ports import StoreDecisionSink, StoreLeaseGate, StoreSessionStore
+
+if TYPE_CHECKING:  # imported when the servicer is built, like the rest of the planner
+    from planner.service import PlannerServicer
+
+
+class OwnLeasesOnly(planner_service_pb2_grpc.PlannerServiceServicer):
+    """Refuses a Decide on another host's lease before the planner sees it (PERMISSION_DENIED:
+    "lease … of task … belongs to another host"); anything else goes to the planner."""
+
+    def __init__(self, inner: PlannerServicer, store: Store) -> None:
+        self._inner = inner
+        self._store = store
+
+    async def Decide(
+        self,
+        request: planner_service_pb2.DecideRequest,
+        context: grpc.aio.ServicerContext[Any, Any],
+    ) -> planner_service_pb2.DecideResponse:
+        if len(request.lease_id) <= MAX_ID:  # a longer one is no lease: the planner says so
+            # Another host's lease is not "not live" but none of this host's business.
+            owner = await leases.lease_owner(
+                self._store, request.task_id[:MAX_ID], request.attempt, request.lease_id
+            )
+            if owner is not None and owner != authz.caller().name:
+                await abort(
+                    context,
+                    grpc.StatusCode.PERMISSION_DENIED,
+                    f"lease {request.lease_id!r} of task {request.task_id!r} belongs to "
+                    "another host",
+                )
+        return await self._inner.Decide(request, context)
+
+
+def _caller_host_id(context: grpc.aio.ServicerContext[Any, Any]) -> str:
+    who = authz.caller()
+    return who.name if who.kind == "host" else ""
+
+
+def build_planner_servicer(
+    store: Store, bus: EventBus
+) -> tuple[planner_service_pb2_grpc.PlannerServiceServicer, list[Any]]:
+    """The planner servicer on the cloud's ports, and what must be closed with the server.
+
+    Session mode is offered when the planner settings (`AMC_PLANNER_*`, read here) name a
+    provider that keeps conversations; with the offline provider a session step is answered
+    UNIMPLEMENTED with the reason.
+    """
+    from planner.planner import make_planner
+    from planner.service import PlannerServicer
+    from planner.settings import PlannerSettings
+
+    planner_settings = PlannerSettings()
+    planner = make_planner(planner_settings)
+    sessions = None
+    if planner_settings.resolved_provider != "offline":
+        from planner.session.factory import SessionPlanners  # loads the provider SDKs
+
+        sessions = SessionPlanners(planner_settings)
+    inner = PlannerServicer(
+        caller_host_id=_caller_host_id,
+        lease_gate=StoreLeaseGate(store),
+        sink=StoreDecisionSink(store),
+        planner=planner,
+        sessions=sessions,
+        session_store=lambda: StoreSessionStore(store),
+        live_thinking=bus.thinking,
+    )
+    closeables: list[Any] = [planner] if sessions is None else [planner, sessions]
+    return OwnLeasesOnly(inner, store), closeables

@@ -1,0 +1,53 @@
+"""Lease queries: claim, fenced renewal and result, expiry and deadline sweeps, liveness checks.
+
+A package split along those jobs (`claim`, `renew`, `results`, `sweeps`, `queries`, with the
+fence in `fence` and the progress snapshot in `progress`); callers keep `leases.x`. Everything
+here returns the store's own types (rows, dataclasses, `Revocation`): the lease service maps
+them to the protocol's messages.
+"""
+
+from cloud.store.leases.claim import Claimed, claim, latest_progress, live_attempts_on
+from cloud.store.leases.fence import Revocation, classify, live_fence
+from cloud.store.leases.progress import SUMMARY_LIMIT, ProgressIn, truncate_summary
+from cloud.store.leases.queries import (
+    HeldCheck,
+    HeldLease,
+    check_held,
+    is_live,
+    lease_owner,
+    live_serials,
+    live_serials_by_host,
+    queued_by_target_host,
+)
+from cloud.store.leases.renew import RenewalIn, RenewalOut, renew_batch
+from cloud.store.leases.results import ResultOut, record_result
+from cloud.store.leases.sweeps import Ended, sweep_deadlines, sweep_expired
+
+__all__ = [
+    "SUMMARY_LIMIT",
+    "Claimed",
+    "Ended",
+    "HeldCheck",
+    "HeldLease",
+    "ProgressIn",
+    "RenewalIn",
+    "RenewalOut",
+    "ResultOut",
+    "Revocation",
+    "check_held",
+    "claim",
+    "classify",
+    "is_live",
+    "latest_progress",
+    "lease_owner",
+    "live_attempts_on",
+    "live_fence",
+    "live_serials",
+    "live_serials_by_host",
+    "queued_by_target_host",
+    "record_result",
+    "renew_batch",
+    "sweep_deadlines",
+    "sweep_expired",
+    "truncate_summary",
+]

@@ -1,0 +1,173 @@
+"""Claims: a queued task handed to an idle phone of a host as a fresh lease.
+
+Replicas claim at once without handing a task out twice: on PostgreSQL the candidate is locked
+with FOR UPDATE SKIP LOCKED, the UPDATE re-checks `status = QUEUED` either way, and a unique
+index allows one live attempt per phone.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import uuid
+from dataclasses import dataclass
+
+from sqlalchemy import select, update
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from cloud.store import states
+from cloud.store.database import Store
+from cloud.store.models import AttemptRow, TaskRow
+
+
+@dataclass(frozen=True, slots=True)
+class Claimed:
+    """A fresh lease: what the Assignment message needs."""
+
+    task_id: str
+    attempt: int
+    lease_id: str
+    device_serial: str
+    goal: str
+    lease_expires_at: dt.datetime
+    lease_seconds: float
+    deadline: dt.datetime
+    last_progress: AttemptRow | None
+
+
+async def latest_progress(session: AsyncSession, task_id: str) -> AttemptRow | None:
+    """The task's most recent attempt that reported progress (a new attempt starts from it)."""
+    return await session.scalar(
+        select(AttemptRow)
+        .where(AttemptRow.task_id == task_id, AttemptRow.progress_updated_at.is_not(None))
+        .order_by(AttemptRow.attempt.desc())
+        .limit(1)
+    )
+
+
+async def claim(
+    store: Store, host_id: str, idle_serials: list[str], planner_transport: int
+) -> Claimed | None:
+    """Hand the oldest matching queued task to one of `idle_serials` of `host_id`, or None.
+
+    On PostgreSQL the candidate row is locked with FOR UPDATE SKIP LOCKED, so replicas claiming at
+    once pick different tasks; the UPDATE re-checks `status = QUEUED` either way, and a unique
+    index allows one live attempt per phone. A device-targeted task only goes to that device.
+    """
+    if not idle_serials:
+        return None
+    now = store.now()
+    matching = (
+        TaskRow.status == states.QUEUED,
+        TaskRow.cancel_requested.is_(False),
+        TaskRow.deadline > now,
+        (TaskRow.target_host_id.is_(None)) | (TaskRow.target_host_id == host_id),
+        (TaskRow.target_device_serial.is_(None)) | (TaskRow.target_device_serial.in_(idle_serials)),
+    )
+    # A plain read first: most claims that find nothing should not take a write transaction
+    # (on SQLite that is the one writer slot every renewal batch also needs).
+    async with store.read() as session:
+        if await session.scalar(select(TaskRow.task_id).where(*matching).limit(1)) is None:
+            return None
+    try:
+        async with store.write() as session:
+            candidate = (
+                await session.execute(
+                    select(TaskRow.task_id, TaskRow.target_device_serial)
+                    .where(*matching)
+                    .order_by(TaskRow.created_at, TaskRow.task_id)
+                    .limit(1)
+                    .with_for_update(skip_locked=True)
+                )
+            ).first()
+            if candidate is None:
+                return None
+            task_id, target_serial = candidate
+            serial = target_serial or idle_serials[0]
+            claimed = (
+                await session.execute(
+                    update(TaskRow)
+                    .where(TaskRow.task_id == task_id, TaskRow.status == states.QUEUED)
+                    .values(
+                        status=states.ASSIGNED,
+                        attempt=TaskRow.attempt + 1,
+                        host_id=host_id,
+                        device_serial=serial,
+                        updated_at=now,
+                    )
+                    .returning(
+                        TaskRow.attempt, TaskRow.goal, TaskRow.lease_seconds, TaskRow.deadline
+                    )
+                )
+            ).first()
+            if claimed is None:
+                return None
+            attempt, goal, lease_seconds, deadline = claimed
+            previous = await latest_progress(session, task_id) if attempt > 1 else None
+            expires = now + dt.timedelta(seconds=lease_seconds)
+            lease_id = uuid.uuid4().hex
+            session.add(
+                AttemptRow(
+                    task_id=task_id,
+                    attempt=attempt,
+                    host_id=host_id,
+                    device_serial=serial,
+                    lease_id=lease_id,
+                    lease_expires_at=expires,
+                    status=states.ASSIGNED,
+                    planner_transport=planner_transport,
+                    started_at=now,
+                )
+            )
+            await session.flush()
+    except IntegrityError:
+        # The phone already has a live attempt (another stream of this host got there first).
+        return None
+    return Claimed(
+        task_id=task_id,
+        attempt=attempt,
+        lease_id=lease_id,
+        device_serial=serial,
+        goal=goal,
+        lease_expires_at=expires,
+        lease_seconds=lease_seconds,
+        deadline=deadline,
+        last_progress=previous,
+    )
+
+
+async def live_attempts_on(store: Store, host_id: str, serials: set[str]) -> list[Claimed]:
+    """Live leases of `host_id` on these phones, as assignments (to re-send after a claim whose
+    commit outcome was unknown: the row may exist although the claim raised)."""
+    if not serials:
+        return []
+    async with store.read() as session:
+        rows = (
+            await session.execute(
+                select(AttemptRow, TaskRow.goal, TaskRow.lease_seconds, TaskRow.deadline)
+                .join(TaskRow, TaskRow.task_id == AttemptRow.task_id)
+                .where(
+                    AttemptRow.host_id == host_id,
+                    AttemptRow.device_serial.in_(serials),
+                    AttemptRow.ended_at.is_(None),
+                    AttemptRow.lease_expires_at > store.now(),
+                )
+            )
+        ).all()
+        out = []
+        for row, goal, lease_seconds, deadline in rows:
+            previous = await latest_progress(session, row.task_id) if row.attempt > 1 else None
+            out.append(
+                Claimed(
+                    task_id=row.task_id,
+                    attempt=row.attempt,
+                    lease_id=row.lease_id,
+                    device_serial=row.device_serial,
+                    goal=goal,
+                    lease_expires_at=row.lease_expires_at,
+                    lease_seconds=lease_seconds,
+                    deadline=deadline,
+                    last_progress=previous,
+                )
+            )
+        return out

@@ -1,0 +1,89 @@
+"""The fence: which (task, attempt, lease id, host) is a live lease, and why one is not.
+
+Every state change that a host may attempt with a stale lease is a single conditional UPDATE
+whose WHERE clause is the fence (`task AND attempt AND lease_id AND host AND not ended AND
+expires_at > now`): a stale host matches no row and changes nothing, whatever replica it talks
+to. When nothing matched, `classify` says why, in the store's own words (`Revocation`); the
+lease service turns that into the protocol's RevokeReason.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import enum
+
+from sqlalchemy import ColumnElement, select
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from cloud.store import states
+from cloud.store.models import AttemptRow, TaskRow
+
+
+class Revocation(enum.Enum):
+    """Why an attempt's lease is not (or no longer) the caller's live lease."""
+
+    #: No such task, no such lease, or a lease that is not live for another reason.
+    UNKNOWN = "unknown"
+    #: A later attempt holds the task.
+    SUPERSEDED = "superseded"
+    #: The lease is another host's (nothing more about it is revealed).
+    NOT_YOURS = "not yours"
+    #: The task's cancel was requested, or the attempt was cancelled.
+    CANCELLED = "cancelled"
+    #: The lease ran out before it was renewed.
+    EXPIRED = "expired"
+    #: The task's absolute deadline passed.
+    DEADLINE_EXCEEDED = "deadline exceeded"
+    #: The attempt already ended with a result.
+    FINISHED = "finished"
+
+
+def live_fence(
+    host_id: str, task_id: str, attempt: int, lease_id: str, now: dt.datetime
+) -> list[ColumnElement[bool]]:
+    """The WHERE clause of "this is `host_id`'s live lease right now"."""
+    return [
+        AttemptRow.task_id == task_id,
+        AttemptRow.attempt == attempt,
+        AttemptRow.lease_id == lease_id,
+        AttemptRow.host_id == host_id,
+        AttemptRow.ended_at.is_(None),
+        AttemptRow.lease_expires_at > now,
+    ]
+
+
+async def classify(
+    session: AsyncSession,
+    host_id: str,
+    task_id: str,
+    attempt: int,
+    lease_id: str,
+    now: dt.datetime,
+) -> tuple[Revocation, str]:
+    """Why (task, attempt, lease) is not the caller's live lease, with a message for the host."""
+    task = await session.scalar(select(TaskRow).where(TaskRow.task_id == task_id))
+    if task is None:
+        return Revocation.UNKNOWN, "unknown task"
+    row = await session.scalar(
+        select(AttemptRow).where(AttemptRow.task_id == task_id, AttemptRow.attempt == attempt)
+    )
+    if row is None or row.lease_id != lease_id:
+        if task.attempt > attempt:
+            return Revocation.SUPERSEDED, f"attempt {task.attempt} holds the task"
+        return Revocation.UNKNOWN, "unknown lease"
+    if row.host_id != host_id:
+        # Nothing about the other host's lease is revealed beyond "not yours".
+        return Revocation.NOT_YOURS, "permission denied: not this host's lease"
+    if task.cancel_requested or row.status == states.CANCELLED:
+        return Revocation.CANCELLED, task.cancel_reason or "cancelled"
+    if row.ended_at is None:
+        if row.lease_expires_at <= now:
+            return Revocation.EXPIRED, states.LEASE_EXPIRED
+        return Revocation.UNKNOWN, "lease not live"
+    if task.attempt > attempt:
+        return Revocation.SUPERSEDED, f"attempt {task.attempt} holds the task"
+    if row.failure_reason == states.LEASE_EXPIRED:
+        return Revocation.EXPIRED, states.LEASE_EXPIRED
+    if row.failure_reason == states.DEADLINE_EXCEEDED:
+        return Revocation.DEADLINE_EXCEEDED, states.DEADLINE_EXCEEDED
+    return Revocation.FINISHED, f"attempt ended {row.status}"

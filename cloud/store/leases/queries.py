@@ -1,0 +1,121 @@
+"""Read-only lease questions: what a reconnecting host still holds, which phones are busy,
+whether a lease is live and whose it is, where queued work is waiting."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from sqlalchemy import func, select
+
+from cloud.store import states
+from cloud.store.database import Store
+from cloud.store.leases.claim import latest_progress
+from cloud.store.leases.fence import Revocation, classify, live_fence
+from cloud.store.models import AttemptRow, TaskRow
+
+
+@dataclass(frozen=True, slots=True)
+class HeldLease:
+    """An assignment a host says it still runs (re-announced after a reconnect)."""
+
+    task_id: str
+    attempt: int
+    lease_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class HeldCheck:
+    """A held assignment after a reconnect: resumed (its live attempt, its task and the latest
+    progress to resume from) or revoked (why, and a message for the host)."""
+
+    held: HeldLease
+    live: AttemptRow | None
+    task: TaskRow | None
+    revocation: Revocation | None = None
+    message: str = ""
+    last_progress: AttemptRow | None = None
+
+
+async def check_held(store: Store, host_id: str, held: Sequence[HeldLease]) -> list[HeldCheck]:
+    """Which re-announced assignments are still this host's live leases."""
+    now = store.now()
+    out: list[HeldCheck] = []
+    async with store.read() as session:
+        for h in held:
+            row = await session.scalar(
+                select(AttemptRow).where(
+                    *live_fence(host_id, h.task_id, h.attempt, h.lease_id, now)
+                )
+            )
+            task = await session.scalar(select(TaskRow).where(TaskRow.task_id == h.task_id))
+            if row is not None and task is not None and not task.cancel_requested:
+                last = await latest_progress(session, h.task_id)
+                out.append(HeldCheck(h, row, task, last_progress=last))
+            else:
+                revocation, message = await classify(
+                    session, host_id, h.task_id, h.attempt, h.lease_id, now
+                )
+                out.append(HeldCheck(h, None, task, revocation, message))
+    return out
+
+
+async def live_serials(store: Store, host_id: str) -> set[str]:
+    """Phones of `host_id` that have a live (not ended) attempt."""
+    async with store.read() as session:
+        rows = await session.scalars(
+            select(AttemptRow.device_serial).where(
+                AttemptRow.host_id == host_id, AttemptRow.ended_at.is_(None)
+            )
+        )
+        return set(rows.all())
+
+
+async def live_serials_by_host(store: Store, host_ids: Sequence[str]) -> dict[str, set[str]]:
+    """`live_serials` of many hosts in one query (every host listed, possibly with none)."""
+    busy: dict[str, set[str]] = {h: set() for h in host_ids}
+    if not busy:
+        return busy
+    async with store.read() as session:
+        rows = await session.execute(
+            select(AttemptRow.host_id, AttemptRow.device_serial).where(
+                AttemptRow.host_id.in_(busy), AttemptRow.ended_at.is_(None)
+            )
+        )
+        for host_id, serial in rows:
+            busy[host_id].add(serial)
+    return busy
+
+
+async def is_live(store: Store, host_id: str, task_id: str, attempt: int, lease_id: str) -> bool:
+    """Whether (task, attempt, lease) is `host_id`'s live lease right now."""
+    now = store.now()
+    async with store.read() as session:
+        found = await session.scalar(
+            select(AttemptRow.id).where(*live_fence(host_id, task_id, attempt, lease_id, now))
+        )
+        return found is not None
+
+
+async def lease_owner(store: Store, task_id: str, attempt: int, lease_id: str) -> str | None:
+    """The host holding (or that held) this exact lease, None when there is no such lease."""
+    async with store.read() as session:
+        owner = await session.scalar(
+            select(AttemptRow.host_id).where(
+                AttemptRow.task_id == task_id,
+                AttemptRow.attempt == attempt,
+                AttemptRow.lease_id == lease_id,
+            )
+        )
+        return None if owner is None else str(owner)
+
+
+async def queued_by_target_host(store: Store) -> dict[str | None, int]:
+    """Queued tasks counted by target host (None: any host). Lets a dispatch pass skip hosts."""
+    async with store.read() as session:
+        rows = await session.execute(
+            select(TaskRow.target_host_id, func.count())
+            .where(TaskRow.status == states.QUEUED)
+            .group_by(TaskRow.target_host_id)
+        )
+        return {target: int(count) for target, count in rows}

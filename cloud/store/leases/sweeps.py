@@ -1,0 +1,175 @@
+"""Sweeps: attempts whose lease ran out, and tasks whose deadline passed, are ended.
+
+Safe on every replica at once: rows are picked with SKIP LOCKED or ended by conditional
+UPDATEs, so each attempt and task is ended by exactly one sweeper.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sqlalchemy import select, update
+
+from cloud.store import states
+from cloud.store.database import Store
+from cloud.store.leases.fence import Revocation
+from cloud.store.models import AttemptRow, TaskRow
+
+
+@dataclass(frozen=True, slots=True)
+class Ended:
+    """An attempt the sweeper ended, and what became of its task."""
+
+    task_id: str
+    attempt: int
+    host_id: str
+    lease_id: str
+    device_serial: str
+    task_status: str
+    revocation: Revocation
+
+
+async def sweep_expired(store: Store, limit: int = 500) -> list[Ended]:
+    """End attempts whose lease ran out and requeue (or fail, or cancel) their tasks.
+
+    Safe on every replica at once: rows are picked with SKIP LOCKED and ended by a conditional
+    UPDATE, so each expired attempt is handled by exactly one sweeper.
+    """
+    now = store.now()
+    ended: list[Ended] = []
+    async with store.write() as session:
+        ids = (
+            await session.scalars(
+                select(AttemptRow.id)
+                .where(AttemptRow.ended_at.is_(None), AttemptRow.lease_expires_at <= now)
+                .order_by(AttemptRow.id)
+                .limit(limit)
+                .with_for_update(skip_locked=True)
+            )
+        ).all()
+        if not ids:
+            return []
+        rows = (
+            await session.execute(
+                update(AttemptRow)
+                .where(
+                    AttemptRow.id.in_(ids),
+                    AttemptRow.ended_at.is_(None),
+                    AttemptRow.lease_expires_at <= now,
+                )
+                .values(status=states.FAILED, failure_reason=states.LEASE_EXPIRED, ended_at=now)
+                .returning(
+                    AttemptRow.task_id,
+                    AttemptRow.attempt,
+                    AttemptRow.host_id,
+                    AttemptRow.lease_id,
+                    AttemptRow.device_serial,
+                )
+            )
+        ).all()
+        for task_id, attempt, host_id, lease_id, serial in sorted(rows):
+            task = await session.scalar(
+                select(TaskRow).where(TaskRow.task_id == task_id).with_for_update()
+            )
+            if task is None or task.attempt != attempt or task.status not in states.LIVE:
+                continue
+            revocation = Revocation.EXPIRED
+            if task.cancel_requested:
+                task.status = states.CANCELLED
+                task.result_summary = task.cancel_reason or "cancelled"
+                task.finished_at = now
+                revocation = Revocation.CANCELLED
+                await session.execute(
+                    update(AttemptRow)
+                    .where(AttemptRow.task_id == task_id, AttemptRow.attempt == attempt)
+                    .values(status=states.CANCELLED, failure_reason=task.result_summary)
+                )
+            elif task.attempt >= task.max_attempts:
+                task.status = states.FAILED
+                task.result_summary = states.LEASE_EXPIRED
+                task.finished_at = now
+            else:
+                task.status = states.QUEUED
+            task.updated_at = now
+            ended.append(
+                Ended(task_id, attempt, host_id, lease_id, serial, task.status, revocation)
+            )
+    return ended
+
+
+async def sweep_deadlines(store: Store, limit: int = 500) -> list[Ended]:
+    """Fail tasks whose absolute deadline passed, ending their live attempt if any.
+
+    Attempts are locked before tasks, the same order renewals and results use, so a sweep never
+    deadlocks with a renewal of the same task on PostgreSQL. Both updates are conditional, so
+    sweepers on several replicas at once end each task once.
+    """
+    now = store.now()
+    async with store.write() as session:
+        due = list(
+            (
+                await session.scalars(
+                    select(TaskRow.task_id)
+                    .where(TaskRow.status.in_(states.ACTIVE), TaskRow.deadline <= now)
+                    .order_by(TaskRow.task_id)
+                    .limit(limit)
+                )
+            ).all()
+        )
+        if not due:
+            return []
+        live = {
+            task_id: (attempt, host_id, lease_id, serial)
+            for task_id, attempt, host_id, lease_id, serial in (
+                await session.execute(
+                    update(AttemptRow)
+                    .where(AttemptRow.task_id.in_(due), AttemptRow.ended_at.is_(None))
+                    .values(
+                        status=states.FAILED,
+                        failure_reason=states.DEADLINE_EXCEEDED,
+                        ended_at=now,
+                    )
+                    .returning(
+                        AttemptRow.task_id,
+                        AttemptRow.attempt,
+                        AttemptRow.host_id,
+                        AttemptRow.lease_id,
+                        AttemptRow.device_serial,
+                    )
+                    .execution_options(synchronize_session=False)
+                )
+            ).all()
+        }
+        failed = (
+            await session.execute(
+                update(TaskRow)
+                .where(
+                    TaskRow.task_id.in_(due),
+                    TaskRow.status.in_(states.ACTIVE),
+                    TaskRow.deadline <= now,
+                )
+                .values(
+                    status=states.FAILED,
+                    result_summary=states.DEADLINE_EXCEEDED,
+                    finished_at=now,
+                    updated_at=now,
+                )
+                .returning(TaskRow.task_id, TaskRow.attempt)
+                .execution_options(synchronize_session=False)
+            )
+        ).all()
+    ended: list[Ended] = []
+    for task_id, task_attempt in failed:
+        attempt, host_id, lease_id, serial = live.get(task_id, (task_attempt, "", "", ""))
+        ended.append(
+            Ended(
+                task_id,
+                attempt,
+                host_id,
+                lease_id,
+                serial,
+                states.FAILED,
+                Revocation.DEADLINE_EXCEEDED,
+            )
+        )
+    return ended

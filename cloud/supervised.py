@@ -1,0 +1,112 @@
+"""The replica's background loops (dispatch, sweep, host heartbeat, retention) as one helper.
+
+Each loop runs a step, pauses, and runs it again for as long as the replica lives, so a step
+that fails (the database restarting, a bug hit by one row) must not end it: the failure is
+logged and the step tried again after a pause that doubles while failures continue (a database
+that is down is not hammered, and its log is not flooded), and the loop says when the step
+works again. A wake event cuts any pause short: work that just arrived is worth a try. The loop
+ends only when its task is cancelled (`stop`), which is also how the replica shuts down.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable, Iterable
+from typing import NoReturn
+
+log = logging.getLogger(__name__)
+
+#: The longest pause after repeated failures (unless the loop's own interval is longer).
+MAX_BACKOFF_S = 30.0
+
+Step = Callable[[], Awaitable[object]]
+
+
+def pause_after(failures: int, interval: float, max_backoff: float = MAX_BACKOFF_S) -> float:
+    """Seconds to wait before the next try: `interval` after a success or a first failure,
+    doubling with each further failure in a row, at most max(`interval`, `max_backoff`)."""
+    if failures <= 1:
+        return interval
+    return min(interval * 2.0 ** (failures - 1), max(interval, max_backoff))
+
+
+async def _pause(seconds: float, wake: asyncio.Event | None) -> None:
+    """Sleep `seconds`, or less when `wake` is set (it is cleared for the next pause)."""
+    if wake is None:
+        await asyncio.sleep(seconds)
+        return
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(wake.wait(), seconds)
+    wake.clear()
+
+
+async def run_forever(
+    name: str,
+    step: Step,
+    *,
+    interval: float,
+    wake: asyncio.Event | None = None,
+    pause_first: bool = False,
+    max_backoff: float = MAX_BACKOFF_S,
+) -> NoReturn:
+    """Run `step` every `interval` seconds (sooner when `wake` is set) until cancelled.
+
+    With `pause_first` the loop waits before its first step (a set `wake` makes that at once).
+    """
+    failures = 0
+    if pause_first:
+        await _pause(interval, wake)
+    while True:
+        try:
+            await step()
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            failures += 1
+            seconds = pause_after(failures, interval, max_backoff)
+            if failures == 1:
+                log.exception("%s failed; trying again in %.1f s", name, seconds)
+            else:
+                log.warning(
+                    "%s failed again (%d in a row): %s; trying again in %.1f s",
+                    name, failures, exc, seconds,
+                )  # fmt: skip
+        else:
+            if failures:
+                log.info("%s works again after %d failed tries", name, failures)
+            failures = 0
+            seconds = interval
+        await _pause(seconds, wake)
+
+
+def start(
+    name: str,
+    step: Step,
+    *,
+    interval: float,
+    wake: asyncio.Event | None = None,
+    pause_first: bool = False,
+    max_backoff: float = MAX_BACKOFF_S,
+) -> asyncio.Task[None]:
+    """`run_forever` as a task named `name` (stop it with `stop`)."""
+    loop = run_forever(
+        name,
+        step,
+        interval=interval,
+        wake=wake,
+        pause_first=pause_first,
+        max_backoff=max_backoff,
+    )
+    return asyncio.create_task(loop, name=name)
+
+
+async def stop(tasks: Iterable[asyncio.Task[object]]) -> None:
+    """Cancel every task and wait until each has ended (whatever it ended with)."""
+    pending = list(tasks)
+    for task in pending:
+        task.cancel()
+    for task in pending:
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await task

@@ -1,0 +1,60 @@
+"""The login flow both consoles share: the form, where a person goes after it, logging out.
+
+How a person proves who they are is each console's (a password, a one-time token); the rest is
+here, so "next" is checked the same way everywhere and a login always starts a fresh session.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import RedirectResponse, Response
+
+from webui.csrf import CsrfChecked
+from webui.pages import Pages
+from webui.redirects import safe_next
+from webui.sessions import log_in, log_out, session_user
+
+LOGIN_PAGE = "login.html"
+
+
+def login_form(
+    pages: Pages,
+    request: Request,
+    next_path: str,
+    home: str,
+    *,
+    error: str | None = None,
+    status_code: int = 200,
+    **fields: Any,
+) -> Response:
+    """The console's login page (`login.html`), coming back to `next_path` (if it is on this
+    site, else `home`); `error` says why the last try failed, `fields` prefill the form."""
+    context = {"next": safe_next(next_path, home), "error": error, **fields}
+    return pages.render(request, LOGIN_PAGE, context, status_code=status_code)
+
+
+def login_page(
+    pages: Pages, request: Request, next_path: str, home: str, **fields: Any
+) -> Response:
+    """GET /login: the form, or straight on to `next_path` for someone already logged in."""
+    if session_user(request):
+        return RedirectResponse(safe_next(next_path, home), status_code=303)
+    return login_form(pages, request, next_path, home, **fields)
+
+
+def logged_in(request: Request, user: str, next_path: str, home: str) -> Response:
+    """After a successful login: a fresh session for `user`, then on to `next_path`."""
+    log_in(request, user)
+    return RedirectResponse(safe_next(next_path, home), status_code=303)
+
+
+#: POST /logout, the same on both consoles.
+logout_router = APIRouter(include_in_schema=False)
+
+
+@logout_router.post("/logout")
+async def logout(_csrf: CsrfChecked, request: Request) -> Response:
+    log_out(request)
+    return RedirectResponse("/login", status_code=303)
