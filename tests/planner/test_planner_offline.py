@@ -127,12 +127,13 @@ async def test_a_password_is_typed_as_sensitive() -> None:
     assert "hunter2" not in (d.rationale or "") + d.purpose + d.expected_outcome
 
 
-async def test_scrolls_when_nothing_matches_then_backs_out() -> None:
+async def test_scrolls_down_then_up_when_nothing_matches_then_backs_out() -> None:
     scene = scenes.settings_main([("Apps", "Recent apps"), ("Storage", "37% used")])
     d = await decide("Turn on color inversion", scene)
     assert d.tool_name == "swipe"
     assert d.arguments["start_y"] > d.arguments["end_y"]  # scrolling down
-    # The list did not move (same last entry as before the swipe): it ends here, so go back.
+    # The list did not move (same last entry as before the swipe): it ends here. It may have
+    # been left scrolled down, so scroll back up before giving up on the page.
     history: list[WorldEvent | dict[str, Any]] = [
         {
             "page": scene.page,
@@ -140,6 +141,17 @@ async def test_scrolls_when_nothing_matches_then_backs_out() -> None:
             "success": True,
         }
     ]
+    up = await decide("Turn on color inversion", scene, history)
+    assert up.tool_name == "swipe"
+    assert up.arguments["start_y"] < up.arguments["end_y"]  # scrolling up
+    history.append(
+        {
+            "page": scene.page,
+            "action": {"tool": "swipe", **up.arguments, "purpose": up.purpose},
+            "success": True,
+        }
+    )
+    # Nor did it move up: seen end to end, so go back.
     back = await decide("Turn on color inversion", scene, history)
     assert back.tool_name == "press_key"
     assert back.arguments == {"key": "back"}

@@ -355,6 +355,52 @@ ROTATION_270: Rotation.ValueType  # 4
 """Turned 270 degrees (rotation="3")."""
 Global___Rotation: _TypeAlias = Rotation  # noqa: Y015
 
+class _Overlay:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _OverlayEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Overlay.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    OVERLAY_UNSPECIFIED: _Overlay.ValueType  # 0
+    """Not known; never sent."""
+    OVERLAY_KEYBOARD: _Overlay.ValueType  # 1
+    """The on-screen keyboard (input method window)."""
+    OVERLAY_PERMISSION_PROMPT: _Overlay.ValueType  # 2
+    """A runtime permission prompt ("Allow … to access …?")."""
+    OVERLAY_APP_NOT_RESPONDING: _Overlay.ValueType  # 3
+    """"… isn't responding" (an ANR dialog)."""
+    OVERLAY_APP_CRASH: _Overlay.ValueType  # 4
+    """"… keeps stopping" / "… has stopped" (a crash dialog)."""
+    OVERLAY_SYSTEM_DIALOG: _Overlay.ValueType  # 5
+    """Another system dialog."""
+    OVERLAY_NOTIFICATION_SHADE: _Overlay.ValueType  # 6
+    """The notification shade or quick settings, pulled down."""
+    OVERLAY_LOCK_SCREEN: _Overlay.ValueType  # 7
+    """The lock screen (keyguard)."""
+
+class Overlay(_Overlay, metaclass=_OverlayEnumTypeWrapper):
+    """Something that covers the app on the screen. A host that cannot tell what a covering
+    window is leaves it out rather than guess.
+    """
+
+OVERLAY_UNSPECIFIED: Overlay.ValueType  # 0
+"""Not known; never sent."""
+OVERLAY_KEYBOARD: Overlay.ValueType  # 1
+"""The on-screen keyboard (input method window)."""
+OVERLAY_PERMISSION_PROMPT: Overlay.ValueType  # 2
+"""A runtime permission prompt ("Allow … to access …?")."""
+OVERLAY_APP_NOT_RESPONDING: Overlay.ValueType  # 3
+""""… isn't responding" (an ANR dialog)."""
+OVERLAY_APP_CRASH: Overlay.ValueType  # 4
+""""… keeps stopping" / "… has stopped" (a crash dialog)."""
+OVERLAY_SYSTEM_DIALOG: Overlay.ValueType  # 5
+"""Another system dialog."""
+OVERLAY_NOTIFICATION_SHADE: Overlay.ValueType  # 6
+"""The notification shade or quick settings, pulled down."""
+OVERLAY_LOCK_SCREEN: Overlay.ValueType  # 7
+"""The lock screen (keyguard)."""
+Global___Overlay: _TypeAlias = Overlay  # noqa: Y015
+
 class _ElementSource:
     ValueType = _typing.NewType("ValueType", _builtins.int)
     V: _TypeAlias = ValueType  # noqa: Y015
@@ -1305,6 +1351,7 @@ class UiElement(_message.Message):
     SELECTED_FIELD_NUMBER: _builtins.int
     PASSWORD_FIELD_NUMBER: _builtins.int
     SOURCE_FIELD_NUMBER: _builtins.int
+    HINT_FIELD_NUMBER: _builtins.int
     element_id: _builtins.str
     """The host's id for this element, unique within the observation: 1 to 32 characters of
     A-Z a-z 0-9 _ . : - (the Python host uses "e1", "e2", … in document order). Actions name it.
@@ -1343,6 +1390,11 @@ class UiElement(_message.Message):
     """uiautomator `password` (a field whose text is hidden)."""
     source: Global___ElementSource.ValueType
     """Hierarchy node or OCR text."""
+    hint: _builtins.str
+    """The node's `hint` (at most 4,096 bytes): what an empty text field shows ("Name",
+    "Search"). A field whose `text` equals its hint is empty (Android 8+ reports the hint as
+    the text of an empty field); send the hint here and leave `text` empty.
+    """
     @_builtins.property
     def bounds(self) -> Global___Rect:
         """Where it is on the screen (required)."""
@@ -1368,10 +1420,11 @@ class UiElement(_message.Message):
         selected: _builtins.bool = ...,
         password: _builtins.bool = ...,
         source: Global___ElementSource.ValueType = ...,
+        hint: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["bounds", b"bounds"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["bounds", b"bounds", "checkable", b"checkable", "checked", b"checked", "class_name", b"class_name", "clickable", b"clickable", "content_description", b"content_description", "element_id", b"element_id", "enabled", b"enabled", "focusable", b"focusable", "focused", b"focused", "long_clickable", b"long_clickable", "package_name", b"package_name", "password", b"password", "resource_id", b"resource_id", "scrollable", b"scrollable", "selected", b"selected", "source", b"source", "text", b"text"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["bounds", b"bounds", "checkable", b"checkable", "checked", b"checked", "class_name", b"class_name", "clickable", b"clickable", "content_description", b"content_description", "element_id", b"element_id", "enabled", b"enabled", "focusable", b"focusable", "focused", b"focused", "hint", b"hint", "long_clickable", b"long_clickable", "package_name", b"package_name", "password", b"password", "resource_id", b"resource_id", "scrollable", b"scrollable", "selected", b"selected", "source", b"source", "text", b"text"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1432,6 +1485,8 @@ class ScreenObservation(_message.Message):
     KEYBOARD_SHOWN_FIELD_NUMBER: _builtins.int
     OCR_BLOCKS_FIELD_NUMBER: _builtins.int
     TITLE_FIELD_NUMBER: _builtins.int
+    OVERLAYS_FIELD_NUMBER: _builtins.int
+    OMITTED_ELEMENTS_FIELD_NUMBER: _builtins.int
     screen_width: _builtins.int
     """Screen width in physical pixels, 1 to 16,384 (as `wm size` reports it for the current
     rotation). Taps on points off the screen are refused before they reach the host.
@@ -1457,6 +1512,10 @@ class ScreenObservation(_message.Message):
     bytes; empty lets the cloud name the page from the elements (a title-like resource id, else
     the top-most short heading).
     """
+    omitted_elements: _builtins.int
+    """How many elements the host left out to keep the observation bounded (the least telling
+    texts first, actionable elements last); 0 when it sent everything. At most 100,000.
+    """
     @_builtins.property
     def elements(self) -> _containers.RepeatedCompositeFieldContainer[Global___UiElement]:
         """The elements, in the order the host found them (document order of the dump)."""
@@ -1464,6 +1523,13 @@ class ScreenObservation(_message.Message):
     @_builtins.property
     def ocr_blocks(self) -> _containers.RepeatedCompositeFieldContainer[Global___OcrBlock]:
         """Raw OCR blocks of the screenshot (see OcrBlock); empty when the host runs no OCR."""
+
+    @_builtins.property
+    def overlays(self) -> _containers.RepeatedScalarFieldContainer[Global___Overlay.ValueType]:
+        """What covers the app, topmost first, as the host recognised it from the windows of the
+        dump; empty when the app has the screen to itself. At most 8 entries. The elements a
+        covering window hides are not in `elements` (a finger cannot reach them).
+        """
 
     def __init__(
         self,
@@ -1477,10 +1543,12 @@ class ScreenObservation(_message.Message):
         keyboard_shown: _builtins.bool = ...,
         ocr_blocks: _abc.Iterable[Global___OcrBlock] | None = ...,
         title: _builtins.str = ...,
+        overlays: _abc.Iterable[Global___Overlay.ValueType] | None = ...,
+        omitted_elements: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["elements", b"elements", "foreground_activity", b"foreground_activity", "foreground_package", b"foreground_package", "keyboard_shown", b"keyboard_shown", "ocr_blocks", b"ocr_blocks", "rotation", b"rotation", "screen_height", b"screen_height", "screen_width", b"screen_width", "title", b"title"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["elements", b"elements", "foreground_activity", b"foreground_activity", "foreground_package", b"foreground_package", "keyboard_shown", b"keyboard_shown", "ocr_blocks", b"ocr_blocks", "omitted_elements", b"omitted_elements", "overlays", b"overlays", "rotation", b"rotation", "screen_height", b"screen_height", "screen_width", b"screen_width", "title", b"title"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
