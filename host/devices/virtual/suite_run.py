@@ -16,6 +16,7 @@ from host.devices.virtual.driver import VirtualDriver
 from host.devices.virtual.suite import SuiteTask, Verdict, snapshot
 from host.perception.ocr import OcrPool
 from host.perception.perceive import Perceiver
+from host.planner_client import DirectPlanner
 from planner.decision import Decision
 from planner.history import WorldEvent
 from planner.planner import Planner
@@ -62,6 +63,9 @@ async def run_task(
     before = snapshot(phone)
     driver = VirtualDriver(phone)
     perceiver = Perceiver(ocr=ocr, retry_delay_s=0.0)
+    # Through the typed contract, as on either transport: what perception knows must survive
+    # the ScreenObservation for the planner to decide alike in the cloud and on a host.
+    typed = DirectPlanner(planner)
     history: list[WorldEvent] = []
     trace: list[str] = []
     claimed: bool | None = None
@@ -73,7 +77,7 @@ async def run_task(
         except DeviceError as exc:
             reason = f"{type(exc).__name__}: {exc}"
             break
-        decision = await planner.decide(task.goal, scene, history)
+        decision = await typed.decide(task.goal, scene, history)
         result = execute(driver, decision.action, scene)
         history.append(
             WorldEvent.from_decision(
