@@ -1,17 +1,43 @@
 # The two quickstart commands are `make demo` and `make test`; everything else supports them.
 VENV ?= .venv
 PY := $(VENV)/bin/python
+UV := $(VENV)/bin/uv
 STAMP := $(VENV)/.installed
+# Every Python dependency (transitive too, test tools included) at one version with its hashes;
+# pyproject.toml keeps the ranges. `make lock` rewrites it (docs/conventions.md).
+LOCK := requirements.lock
+LOCK_COMPILE := pip compile -q pyproject.toml --extra test --universal --generate-hashes \
+	--custom-compile-command "make lock"
 
-.PHONY: demo up test check gen bench-smoke bench system-deps install
+.PHONY: demo up test test-fast check gen bench-smoke bench system-deps install lock lock-check
 
+## The venv, exactly as the lock says (extra packages removed), then amc editable without resolving
+## anything (its dependencies are the lock's).
 install: $(STAMP)
 
-$(STAMP): pyproject.toml
-	python3 -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[test]'
+$(STAMP): $(LOCK) pyproject.toml | $(UV)
+	$(UV) pip sync -q --python $(PY) --require-hashes $(LOCK)
+	$(UV) pip install -q --python $(PY) --no-deps --build-constraints $(LOCK) -e .
 	touch $@
+
+# uv itself, at the lock's version and hashes, installed by the venv's own pip.
+$(UV):
+	python3 -m venv $(VENV)
+	awk '/^uv==/ {p=1; print; next} p && /^ +--hash/ {print; next} {p=0}' $(LOCK) \
+		> $(VENV)/uv-requirement.txt
+	$(PY) -m pip install -q --require-hashes -r $(VENV)/uv-requirement.txt
+
+## Re-resolve the lock from pyproject.toml, keeping every pin that still fits its range.
+## Move pins on purpose: make lock LOCK_ARGS=--upgrade (all) or LOCK_ARGS="--upgrade-package openai".
+lock: | $(UV)
+	$(UV) $(LOCK_COMPILE) $(LOCK_ARGS) -o $(LOCK)
+
+## Fails when pyproject.toml changed without `make lock` (resolves a copy of the lock, needs PyPI).
+lock-check: | $(UV)
+	cp $(LOCK) $(VENV)/lock-check.txt
+	$(UV) $(LOCK_COMPILE) -o $(VENV)/lock-check.txt
+	@diff -u $(LOCK) $(VENV)/lock-check.txt \
+		|| { echo "$(LOCK) does not match pyproject.toml: run make lock" >&2; exit 1; }
 
 node_modules/.package-lock.json: package.json package-lock.json
 	npm ci --no-audit --no-fund --loglevel=error
@@ -32,8 +58,13 @@ up: install
 test: system-deps install node_modules/.package-lock.json
 	$(VENV)/bin/pytest
 
+## Every test that needs neither PostgreSQL nor a browser nor Node.js (marks: tests/support/lanes.py),
+## on one pytest-xdist worker per core (the tests mostly wait on servers and phones).
+test-fast: install
+	$(VENV)/bin/pytest -m "not postgres and not browser and not node" -n auto --dist worksteal
+
 ## Static checks CI runs before the tests.
-check: install node_modules/.package-lock.json
+check: install node_modules/.package-lock.json lock-check
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy

@@ -1,5 +1,6 @@
 """Prompt size per step over a 40-step task: compact history against the old full-scene history,
-and session mode's whole request with its context budget against none.
+session mode's whole request with its context budget against none, and the input tokens billed
+per step with Anthropic prompt caching against without.
 
 The old design (`_history_summary()` in the seed) serialized every past step's full WorldEvent,
 scene included, into the next prompt, so the prompt grew by a whole screen per step. The compact
@@ -13,6 +14,12 @@ its request (the Anthropic projection's messages, thinking on) is measured with 
 context budget (`keep_scenes` 6: older screens condensed at checkpoints) and without one; the
 model's turns are the offline decisions with a 1,000-character thinking block and signature
 standing in for a real model's.
+
+Prompt caching: each step's Anthropic request is built by the planner's own request builder
+(`planner/vendors/anthropic/messages.py`, model profile claude-4.6) with caching on (breakpoints
+on the system prompt and tools; in session mode also the request-level one on the conversation)
+and off, and priced as the API documents (`tests/support/fakes/cache.py`: reads at 0.1x, writes
+at 1.25x, a 1,024-token minimum, ~tokens = chars/4).
 
     python bench/prompt_growth.py           # 40 steps
     python bench/prompt_growth.py --smoke   # 8 steps, for CI
@@ -33,13 +40,7 @@ from host.agent.actions import execute
 from host.devices.virtual.driver import VirtualDriver
 from host.devices.virtual.phone import VirtualPhone
 from host.perception.perceive import Perceiver
-from planner.history import WorldEvent
-from planner.planner import Planner
-from planner.prompts import HISTORY_WINDOW, build_user_prompt
-from planner.providers.offline import OfflineProvider
-from planner.scene import Scene
-from planner.session.anthropic_projection import project_anthropic
-from planner.session.items import (
+from planner.conversation.items import (
     AssistantText,
     ContextCheckpoint,
     Reasoning,
@@ -48,8 +49,20 @@ from planner.session.items import (
     ToolResult,
     UserObservation,
 )
+from planner.conversation.turns import next_checkpoint
+from planner.history import WorldEvent
+from planner.model_profiles import PROFILES
+from planner.planner import Planner
+from planner.prompts import HISTORY_WINDOW, SYSTEM_PROMPT, build_user_prompt
+from planner.providers.offline import OfflineProvider
+from planner.scene import Scene
+from planner.session.prompt import SESSION_SYSTEM_PROMPT
 from planner.session.step_planner import condensed_text, observation_text, step_outcome
-from planner.session.turns import next_checkpoint
+from planner.tools import TOOLS
+from planner.vendors.anthropic.messages import Cache, request_params
+from planner.vendors.anthropic.projection import project_anthropic
+from planner.vendors.base import ThinkingConfig
+from tests.support.fakes.cache import PromptCache
 
 GOALS = [
     "Turn on dark theme",
@@ -111,16 +124,15 @@ class SessionTrace:
         self.keep_scenes = keep_scenes
         self.items: list[SessionItem] = []
 
-    def request_size(self, goal: str | None, scene: Scene) -> int:
-        """Add this step's observation and return the size of the request it makes."""
+    def request(self, goal: str | None, scene: Scene) -> list[dict[str, Any]]:
+        """Add this step's observation and return the messages of the request it makes."""
         cut = next_checkpoint(self.items, self.keep_scenes)
         if cut is not None:
             self.items.append(ContextCheckpoint(cut))
         self.items.append(
             UserObservation(observation_text(goal, scene), condensed=condensed_text(goal, scene))
         )
-        messages = project_anthropic(self.items, thinking=True).messages
-        return len(json.dumps(messages, ensure_ascii=False))
+        return project_anthropic(self.items, thinking=True).messages
 
     def answer(self, step: int, event: WorldEvent) -> None:
         turn, call = f"msg_{step}", f"toolu_{step}"
@@ -134,24 +146,66 @@ class SessionTrace:
         self.items.append(ToolResult(call, output, failed))
 
 
+PROFILE = PROFILES["claude-4.6"]
+
+
+def anthropic_body(system: str, messages: list[dict[str, Any]], cache: Cache) -> dict[str, Any]:
+    """The request the planner sends for these messages (thinking adaptive, profile 4.6)."""
+    return request_params(
+        model="claude-sonnet-4-6",
+        system=system,
+        messages=messages,
+        tools=TOOLS,
+        profile=PROFILE,
+        thinking=ThinkingConfig("adaptive"),
+        thinking_on=True,
+        forced=False,
+        max_tokens=2048,
+        cache=cache,
+    )
+
+
+class Billing:
+    """Input tokens billed per step for one stream of requests, cached and not."""
+
+    def __init__(self, system: str, cache: Cache) -> None:
+        self.system, self.cache = system, cache
+        self.prompt_cache = PromptCache(min_tokens=1024)
+
+    def bill(self, messages: list[dict[str, Any]], cache: bool) -> float:
+        body = anthropic_body(self.system, messages, self.cache if cache else "off")
+        return self.prompt_cache.account(body).billed()
+
+
 def measure(steps: int) -> list[dict[str, Any]]:
     trace = asyncio.run(collect(steps))
     rows = []
     events: list[WorldEvent] = []
     full: list[tuple[WorldEvent, Scene]] = []
     budgeted, unbounded = SessionTrace(keep_scenes=6), SessionTrace(keep_scenes=None)
+    compact_cached, compact_plain = Billing(SYSTEM_PROMPT, "prompt"), Billing(SYSTEM_PROMPT, "off")
+    session_cached = Billing(SESSION_SYSTEM_PROMPT, "conversation")
+    session_plain = Billing(SESSION_SYSTEM_PROMPT, "off")
     for i, (_goal, scene, event) in enumerate(trace, start=1):
         goal = "Work through the maintenance checklist"
         compact = build_user_prompt(goal, scene, events)
         old = old_user_prompt(goal, scene, full)
         shown = goal if i == 1 else None
+        session = budgeted.request(shown, scene)
+        compact_messages = [{"role": "user", "content": [{"type": "text", "text": compact}]}]
         rows.append(
             {
                 "step": i,
                 "compact": len(compact),
                 "full": len(old),
-                "session": budgeted.request_size(shown, scene),
-                "session_unbounded": unbounded.request_size(shown, scene),
+                "session": len(json.dumps(session, ensure_ascii=False)),
+                "session_unbounded": len(
+                    json.dumps(unbounded.request(shown, scene), ensure_ascii=False)
+                ),
+                "compact_billed": compact_plain.bill(compact_messages, cache=False),
+                "compact_billed_cached": compact_cached.bill(compact_messages, cache=True),
+                "session_billed": session_plain.bill(session, cache=False),
+                "session_billed_cached": session_cached.bill(session, cache=True),
             }
         )
         events.append(event)
@@ -221,6 +275,25 @@ def main(argv: list[str] | None = None) -> int:
         f"{last['session_unbounded'] / last['session']:.1f}x the budgeted one "
         f"(max budgeted {max(r['session'] for r in rows) // 4:,} ~tokens)"
     )
+    print()
+    print("Anthropic prompt caching: input tokens billed per step (at the normal input rate;")
+    print("cache writes 1.25x, reads 0.1x), caching off against on")
+    head3 = ("step", "compact off", "on", "session off", "on")
+    print(f"{head3[0]:>4} | {head3[1]:>11} {head3[2]:>8} | {head3[3]:>11} {head3[4]:>8}")
+    print("-" * 50)
+    for r in rows:
+        print(
+            f"{r['step']:>4} | {r['compact_billed']:>11,.0f} {r['compact_billed_cached']:>8,.0f} | "
+            f"{r['session_billed']:>11,.0f} {r['session_billed_cached']:>8,.0f}"
+        )
+    print("-" * 50)
+    for mode in ("compact", "session"):
+        plain = sum(r[f"{mode}_billed"] for r in rows)
+        cached = sum(r[f"{mode}_billed_cached"] for r in rows)
+        print(
+            f"{mode}: {plain:,.0f} billed input tokens over {len(rows)} steps without caching, "
+            f"{cached:,.0f} with ({cached / plain:.0%})"
+        )
     return 0
 
 

@@ -44,6 +44,7 @@ from cloud.db_probe import DatabaseProbe
 from cloud.events import EventBus
 from cloud.lease.manager import LeaseManager
 from cloud.lease.stream import LeaseServicer
+from cloud.provider_health import ProviderHealth
 from cloud.reflection import enable_reflection
 from cloud.revocations import Revocations
 from cloud.services.decision_log_service import DecisionLogServicer
@@ -150,6 +151,9 @@ class CloudServer:
         self._own_store = store is None
         self.bus = EventBus(self.store)
         self.leases = LeaseManager(self.store, self.bus, settings)
+        self.provider_health = ProviderHealth(threshold=settings.provider_down_after_failures)
+        self.leases.dispatcher.provider = self.provider_health
+        self.provider_health.on_available.append(self.leases.dispatcher.wake.set)
         self.health = health.aio.HealthServicer()
         self.database = DatabaseProbe(self.store, self._set_serving)
         self.revocations = Revocations(self.store)
@@ -184,13 +188,13 @@ class CloudServer:
             ProgressServicer(store, bus), self.server
         )
         fleet_service_pb2_grpc.add_FleetServiceServicer_to_server(
-            FleetServicer(store, bus, s), self.server
+            FleetServicer(store, bus, s, self.provider_health), self.server
         )
         decision_log_service_pb2_grpc.add_DecisionLogServiceServicer_to_server(
             DecisionLogServicer(store), self.server
         )
         planner_servicer, self._closeables, self.planner_summary = build_planner_servicer(
-            store, bus
+            store, bus, self.provider_health
         )
         planner_service_pb2_grpc.add_PlannerServiceServicer_to_server(planner_servicer, self.server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
@@ -259,6 +263,14 @@ class CloudServer:
                 "retention", self._retention_pass, interval=self.settings.retention_interval_seconds
             )
         )
+        if self.provider_health.probe is not None:
+            self._jobs.append(
+                supervised.start(
+                    "provider-probe",
+                    self.provider_health.probe_step,
+                    interval=self.settings.provider_probe_seconds,
+                )
+            )
         await self.server.start()
         await self._set_serving(True)
         self._jobs += [

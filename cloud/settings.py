@@ -55,6 +55,11 @@ class CloudSettings(BaseSettings):
     host_heartbeat_seconds: float = Field(10.0, gt=0)
     retention_days: float = Field(7.0, gt=0)
     retention_interval_seconds: float = Field(3600.0, gt=0)
+    # The model provider counts as down for everyone after this many Decide calls in a row
+    # found planning temporarily impossible: dispatch to cloud-transport hosts pauses until a
+    # probe call (every `provider_probe_seconds`, backing off while it fails) succeeds.
+    provider_down_after_failures: int = Field(3, ge=1)
+    provider_probe_seconds: float = Field(5.0, gt=0)
     retention_batch_size: int = Field(1000, ge=1)
     #: How often the database is probed for the health service (sooner after a failed call).
     database_probe_interval_seconds: float = Field(2.0, gt=0)

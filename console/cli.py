@@ -22,6 +22,7 @@ from amc.v1 import decision_log_service_pb2, progress_service_pb2, task_service_
 from cloud.settings import DEFAULT_CLOUD_ADDRESS
 from console import formatting
 from console.client import OperatorClient, secure_channel
+from planner.errors import PlannerConfigError
 
 app = typer.Typer(no_args_is_help=True, help="Agentic Mobile Control.", add_completion=False)
 cloud_app = typer.Typer(no_args_is_help=True, help="Run the control plane.")
@@ -59,7 +60,10 @@ def _run(coro: Awaitable[T]) -> T:
     try:
         return asyncio.run(main())
     except grpc.aio.AioRpcError as error:
-        out.print(f"[red]{error.code().name}[/red]: {error.details()}")
+        out.print(f"[red]{error.code().name}[/red]: {formatting.literal(error.details() or '')}")
+        raise typer.Exit(2) from None
+    except PlannerConfigError as error:
+        out.print(f"[red]configuration[/red]: {formatting.literal(str(error))}", soft_wrap=True)
         raise typer.Exit(2) from None
 
 
@@ -396,13 +400,15 @@ def task_show(task_id: Annotated[str, typer.Argument(help="Task id.")]) -> None:
     task = response.task
     out.print(formatting.task_table([task]))
     if task.result_summary:
-        out.print(f"result: {task.result_summary}")
+        out.print(f"result: {formatting.literal(task.result_summary)}")
     for attempt in task.attempts:
         reason = f" — {attempt.failure_reason}" if attempt.failure_reason else ""
         out.print(
             f"  attempt {attempt.attempt}: {formatting.styled_status(attempt.status)} on "
-            f"{attempt.host_id}/{attempt.device_serial} "
-            f"{formatting.progress_badge(attempt.progress)}{reason}"
+            + formatting.literal(
+                f"{attempt.host_id}/{attempt.device_serial} "
+                f"{formatting.progress_badge(attempt.progress)}{reason}"
+            )
         )
 
 
@@ -426,7 +432,7 @@ def task_watch(
             task = change.task
             out.print(
                 f"{task.task_id} {formatting.styled_status(task.status)} "
-                f"{formatting.progress_badge(task.progress)}"
+                f"{formatting.literal(formatting.progress_badge(task.progress))}"
             )
 
     _with_client(watch)
@@ -456,18 +462,30 @@ def decisions(
     response = _with_client(lambda c: c.decisions.ListDecisions(request))
     if not response.decisions:
         out.print("no decisions logged (none yet, or the host uses the direct transport)")
+    lit = formatting.literal
     for d in response.decisions:
-        out.rule(f"attempt {d.attempt} · step {d.step_index} · {d.provider}/{d.model}")
-        out.print(f"[bold]rationale[/bold]: {d.rationale or '-'}")
+        out.rule(lit(f"attempt {d.attempt} · step {d.step_index} · {d.provider}/{d.model}"))
+        out.print(f"[bold]rationale[/bold]: {lit(d.rationale or '-')}")
+        out.print(f"[bold]thinking[/bold] ({lit(formatting.thinking_kind(d))})", end="")
         thinking = formatting.thinking_text(d)
-        if thinking:
-            out.print(f"[bold]thinking[/bold]: {thinking}")
-        out.print(f"[bold]action[/bold]: {d.tool_name} {d.arguments_json}")
-        out.print(f"[bold]purpose[/bold]: {d.purpose}  [bold]expected[/bold]: {d.expected_outcome}")
-        latency_ms = d.latency.seconds * 1000 + d.latency.nanos // 1_000_000
+        out.print(f": {lit(thinking)}" if thinking else "")
+        out.print(f"[bold]action[/bold]: {lit(d.tool_name)} {lit(d.arguments_json)}")
         out.print(
-            f"tokens in/out {d.usage.input_tokens}/{d.usage.output_tokens} · {latency_ms} ms"
-            + (" · forced retry" if d.forced_retry else "")
+            f"[bold]purpose[/bold]: {lit(d.purpose)}  "
+            f"[bold]expected[/bold]: {lit(d.expected_outcome)}"
+        )
+        latency_ms = d.latency.seconds * 1000 + d.latency.nanos // 1_000_000
+        usage = d.usage
+        notes = [formatting.retry_word(d)] if d.forced_retry else []
+        if d.output_truncated:
+            notes.append("cut off at the output limit")
+        out.print(
+            f"tokens in/out {usage.input_tokens}/{usage.output_tokens} · cache read/write "
+            f"{usage.cache_read_input_tokens}/{usage.cache_creation_input_tokens} · "
+            f"{latency_ms} ms" + "".join(f" · {n}" for n in notes)
         )
         if prompts:
-            out.print(json.dumps({"system": d.system_prompt, "user": d.user_prompt}, indent=2))
+            out.print(
+                json.dumps({"system": d.system_prompt, "user": d.user_prompt}, indent=2),
+                markup=False,
+            )

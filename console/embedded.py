@@ -153,7 +153,7 @@ async def follow_tasks(
                 badge = formatting.progress_badge(task.progress)
                 out.print(
                     f"[dim]{task.task_id[:8]}[/dim] {formatting.styled_status(task.status)}"
-                    f" attempt {task.attempt}/{task.max_attempts}  {badge}"
+                    f" attempt {task.attempt}/{task.max_attempts}  {formatting.literal(badge)}"
                 )
             bars.update(
                 ids[task.task_id],
@@ -172,12 +172,14 @@ async def _print_decisions(client: OperatorClient, task_id: str, out: Console) -
     response = await client.decisions.ListDecisions(
         decision_log_service_pb2.ListDecisionsRequest(task_id=task_id, page_size=500)
     )
+    lit = formatting.literal
     for d in response.decisions:
         out.print(
-            f"  [bold]step {d.step_index}[/bold] {d.tool_name} {d.arguments_json}\n"
-            f"    rationale: {d.rationale or '-'}\n"
-            f"    purpose:   {d.purpose or '-'}\n"
-            f"    expected:  {d.expected_outcome or '-'}"
+            f"  [bold]step {d.step_index}[/bold] {lit(d.tool_name)} {lit(d.arguments_json)}\n"
+            f"    rationale: {lit(d.rationale or '-')}\n"
+            f"    purpose:   {lit(d.purpose or '-')}\n"
+            f"    expected:  {lit(d.expected_outcome or '-')}\n"
+            f"    thinking:  {lit(formatting.thinking_kind(d))}"
         )
 
 

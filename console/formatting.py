@@ -1,13 +1,23 @@
-"""How tasks, progress and decisions read in a terminal (rich), shared by every `amc` command."""
+"""How tasks, progress and decisions read in a terminal (rich), shared by every `amc` command.
+
+Rich reads `[...]` in a printed string as markup, and text from a model or an operator (a
+rationale, a goal, a progress summary) can hold anything: "[/b]" would crash the command,
+"[e12]" would vanish. Such text goes through `literal()` (or into a `Text` cell) before it is
+printed; only this module's own styles are markup.
+"""
 
 from __future__ import annotations
 
 from datetime import UTC, datetime
 
 from google.protobuf.timestamp_pb2 import Timestamp
+from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 from amc.v1 import types_pb2
+from planner.convert import retry_kind_from_proto, thinking_kind_from_proto
+from planner.decision import OMITTED_BLOCK, RETRY_WORDS, THINKING_WORDS, thinking_word
 
 STATUS_STYLE = {
     types_pb2.TASK_STATUS_QUEUED: "yellow",
@@ -22,6 +32,11 @@ TERMINAL = {
     types_pb2.TASK_STATUS_FAILED,
     types_pb2.TASK_STATUS_CANCELLED,
 }
+
+
+def literal(text: str) -> str:
+    """`text` escaped so it prints exactly as written inside a markup string."""
+    return escape(text)
 
 
 def status_name(status: int) -> str:
@@ -66,17 +81,37 @@ def task_table(tasks: list[types_pb2.Task]) -> Table:
         table.add_column(column)
     for task in tasks:
         table.add_row(
-            task.task_id,
+            Text(task.task_id),
             styled_status(task.status),
             f"{task.attempt} of {task.max_attempts}",
-            f"{task.host_id or '-'} / {task.device_serial or '-'}",
-            progress_badge(task.progress),
+            Text(f"{task.host_id or '-'} / {task.device_serial or '-'}"),
+            Text(progress_badge(task.progress)),
             ago(task.updated_at),
-            task.goal,
+            Text(task.goal),
         )
     return table
 
 
+def thinking_kind(decision: types_pb2.Decision) -> str:
+    """The decision's thinking kind as a word ("summarized thinking", …), never a blank."""
+    if decision.thinking_kind == types_pb2.THINKING_KIND_UNSPECIFIED:
+        return THINKING_WORDS[""]
+    return thinking_word(thinking_kind_from_proto(decision.thinking_kind))
+
+
+def retry_word(decision: types_pb2.Decision) -> str:
+    """ "forced retry", "nudged retry", or "" when the first answer called a tool."""
+    if not decision.forced_retry:
+        return ""
+    return RETRY_WORDS.get(retry_kind_from_proto(decision.retry_kind), "forced retry")
+
+
 def thinking_text(decision: types_pb2.Decision) -> str:
-    parts = ["[redacted thinking]" if b.redacted else b.text for b in decision.thinking]
+    """The thinking blocks as plain text (not markup): redacted and omitted blocks say so."""
+    parts = [
+        "(redacted: the provider returned this block encrypted)"
+        if b.redacted
+        else b.text or f"({OMITTED_BLOCK})"
+        for b in decision.thinking
+    ]
     return "\n".join(p for p in parts if p)

@@ -365,7 +365,8 @@ class LeaseClient:
             existing.renew_s = _duration_s(a.renew_interval, lease_s / 3)
             existing.changed.set()
             return
-        spec = TaskSpec(a.task_id, a.attempt, a.goal, a.device_serial, a.lease_id)
+        deadline = a.deadline.ToDatetime(tzinfo=UTC) if a.HasField("deadline") else None
+        spec = TaskSpec(a.task_id, a.attempt, a.goal, a.device_serial, a.lease_id, deadline)
         problem = self._cannot_run(a.device_serial)
         if problem:
             log.warning("assignment %s on %s refused: %s", a.task_id, a.device_serial, problem)
@@ -445,7 +446,11 @@ class LeaseClient:
                 )
         else:
             self._queue_result(
-                rt.spec, outcome.proto_status, outcome.summary, rt.progress.snapshot()
+                rt.spec,
+                outcome.proto_status,
+                outcome.summary,
+                rt.progress.snapshot(),
+                retryable=outcome.retryable,
             )
         self._forget_if_done(rt.key)
         return outcome
@@ -456,6 +461,8 @@ class LeaseClient:
         status: types_pb2.TaskStatus.ValueType,
         summary: str,
         progress: ProgressSnapshot,
+        *,
+        retryable: bool = False,
     ) -> None:
         result = lease_service_pb2.TaskResult(
             task_id=spec.task_id,
@@ -464,6 +471,7 @@ class LeaseClient:
             status=status,
             summary=truncate(summary, 2000),
             final_progress=progress.to_proto(),
+            retryable=retryable,
         )
         request = lease_service_pb2.LeaseRequest(result=result)
         self._outbox[(spec.task_id, spec.attempt)] = request

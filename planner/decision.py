@@ -3,14 +3,38 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from amc.v1 import types_pb2
+
+ThinkingKind = Literal["none", "full", "summarized", "omitted", "redacted"]
+RetryKind = Literal["none", "forced", "nudge"]
+
+#: How every console and the CLI name a decision's thinking kind ("" = a decision recorded
+#: before the kind was): a word, never a blank.
+THINKING_WORDS: dict[str, str] = {
+    "full": "full thinking",
+    "summarized": "summarized thinking",
+    "omitted": "thinking omitted by the provider",
+    "redacted": "redacted thinking",
+    "none": "no thinking",
+    "": "thinking kind not recorded",
+}
+#: What an empty block that is not redacted means (a signature or encrypted content only).
+OMITTED_BLOCK = "omitted by the provider: it returned no text for this block, only its signature"
+RETRY_WORDS: dict[str, str] = {"forced": "forced retry", "nudge": "nudged retry"}
+
+
+def thinking_word(kind: str) -> str:
+    """The word for a thinking kind (an unknown value reads as "not recorded")."""
+    return THINKING_WORDS.get(kind, THINKING_WORDS[""])
 
 
 @dataclass(frozen=True, slots=True)
 class ThinkingBlock:
-    """One reasoning block. `redacted` blocks carry no readable text (redacted_thinking)."""
+    """One reasoning block. `redacted` blocks carry no readable text (redacted_thinking); a
+    block with empty text that is not redacted was omitted by the provider (a signature or
+    encrypted content only)."""
 
     text: str
     redacted: bool = False
@@ -64,6 +88,14 @@ class Decision:
     #: names: what the attempt's later history says about this step (set by `plan_step`).
     page: str = ""
     target: str | None = None
+    thinking_kind: ThinkingKind = "none"
+    """What `thinking` holds: "full", "summarized", "omitted" (the provider returned no text),
+    "redacted" or "none" — so a reader never has to guess from a blank."""
+    retry_kind: RetryKind = "none"
+    """The retry the first answer without a tool call needed: "none", "forced" (forced tool
+    choice, thinking off for that call) or "nudge" (thinking kept, an instruction)."""
+    output_truncated: bool = False
+    """An answer was cut off by the output token limit (the rationale then says so)."""
 
     @property
     def planner_mode(self) -> str:

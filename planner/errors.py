@@ -1,4 +1,10 @@
-"""Planner failures, each carrying a message an operator can act on (never a stack trace)."""
+"""Planner failures, each carrying a message an operator can act on (never a stack trace).
+
+Three classes matter to whoever runs a task (`planner/vendors/failures.py` maps every provider
+error onto them): planning temporarily impossible (`PlannerTransient`: wait and ask again, the
+task has not failed), the provider refusing the credentials (`PlannerAuthError`: fail fast, an
+operator must act), and a request the provider refuses as invalid (`PlannerRejected`).
+"""
 
 from __future__ import annotations
 
@@ -7,21 +13,33 @@ class PlannerError(Exception):
     """The planner could not produce a decision. `str(err)` is the operator-facing reason."""
 
 
+class PlannerConfigError(PlannerError, ValueError):
+    """The configuration cannot work with the chosen model (found at start, before any call)."""
+
+
 class PlannerAuthError(PlannerError):
-    """The provider rejected the credentials ("planner: Anthropic rejected the API key")."""
+    """The provider refused the credentials: the API key, a permission, or billing ("planner:
+    Anthropic rejected the API key"). Retrying cannot help; an operator must act."""
 
 
-class PlannerUnavailable(PlannerError):
-    """The provider failed (5xx, overloaded, network, timeout) after the SDK's own retries."""
+class PlannerTransient(PlannerError):
+    """Planning is temporarily impossible (the provider is overloaded, failing, rate limiting
+    or unreachable, also when a stream breaks off after it started). The same request may
+    succeed later: wait and ask again; never a reason to fail a task."""
+
+
+class PlannerUnavailable(PlannerTransient):
+    """The provider failed (5xx, overloaded, an error inside a stream, network, timeout) after
+    the SDK's own retries."""
+
+
+class PlannerRateLimited(PlannerTransient):
+    """The provider kept answering 429 after the SDK's own retries with backoff."""
 
 
 class PlannerRejected(PlannerError):
     """The provider refused the request itself (HTTP 4xx other than credentials and rate
     limits): sending it again unchanged fails the same way."""
-
-
-class PlannerRateLimited(PlannerError):
-    """The provider kept answering 429 after the SDK's own retries with backoff."""
 
 
 class SessionStateError(PlannerError):

@@ -29,6 +29,19 @@ ELEMENT_ID = re.compile(r"[A-Za-z0-9_.:-]{1,32}")
 SYSTEM_UI = "com.android.systemui"
 ELLIPSIS = "…"
 
+MAX_OVERLAYS = 8
+MAX_OMITTED = 100_000
+_OVERLAYS: dict[str, types_pb2.Overlay.ValueType] = {
+    "keyboard": types_pb2.OVERLAY_KEYBOARD,
+    "permission_prompt": types_pb2.OVERLAY_PERMISSION_PROMPT,
+    "app_not_responding": types_pb2.OVERLAY_APP_NOT_RESPONDING,
+    "app_crash": types_pb2.OVERLAY_APP_CRASH,
+    "system_dialog": types_pb2.OVERLAY_SYSTEM_DIALOG,
+    "notification_shade": types_pb2.OVERLAY_NOTIFICATION_SHADE,
+    "lock_screen": types_pb2.OVERLAY_LOCK_SCREEN,
+}
+_OVERLAY_NAMES = {v: k for k, v in _OVERLAYS.items()}
+
 _ROTATIONS = (
     types_pb2.ROTATION_0,
     types_pb2.ROTATION_90,
@@ -81,6 +94,7 @@ def observation_from_scene(scene: Scene) -> types_pb2.ScreenObservation:
                 scrollable=e.scrollable,
                 selected=e.selected,
                 password=e.password,
+                hint=clip(e.hint, MAX_TEXT_BYTES),
                 source=types_pb2.ELEMENT_SOURCE_OCR
                 if e.source == "ocr"
                 else types_pb2.ELEMENT_SOURCE_HIERARCHY,
@@ -100,6 +114,10 @@ def observation_from_scene(scene: Scene) -> types_pb2.ScreenObservation:
             for o in scene.ocr[:MAX_OCR_BLOCKS]
         ],
         title=clip(scene.page_title, MAX_TITLE_BYTES),
+        overlays=[_OVERLAYS[o] for o in scene.overlays if o in _OVERLAYS][:MAX_OVERLAYS],
+        omitted_elements=min(
+            scene.omitted + max(0, len(scene.elements) - MAX_ELEMENTS), MAX_OMITTED
+        ),
     )
 
 
@@ -138,6 +156,7 @@ def scene_from_observation(observation: types_pb2.ScreenObservation) -> Scene:
             scrollable=e.scrollable,
             selected=e.selected,
             password=e.password,
+            hint=e.hint,
             source="ocr" if e.source == types_pb2.ELEMENT_SOURCE_OCR else "tree",
         )
         for e in observation.elements
@@ -155,6 +174,8 @@ def scene_from_observation(observation: types_pb2.ScreenObservation) -> Scene:
         rotation=rotation,
         activity=observation.foreground_activity,
         keyboard_shown=observation.keyboard_shown,
+        overlays=[_OVERLAY_NAMES[o] for o in observation.overlays if o in _OVERLAY_NAMES],
+        omitted=observation.omitted_elements,
     )
 
 
@@ -203,6 +224,13 @@ def observation_problem(
             return problem
     if observation.rotation not in (types_pb2.ROTATION_UNSPECIFIED, *_ROTATIONS):
         return f"{name}.rotation: unknown value {observation.rotation}"
+    if len(observation.overlays) > MAX_OVERLAYS:
+        return f"{name}.overlays: {len(observation.overlays)} entries; at most {MAX_OVERLAYS}"
+    for i, overlay in enumerate(observation.overlays):
+        if overlay not in _OVERLAY_NAMES:
+            return f"{name}.overlays[{i}]: unknown value {overlay}"
+    if not 0 <= observation.omitted_elements <= MAX_OMITTED:
+        return f"{name}.omitted_elements: must be 0 to {MAX_OMITTED}"
     seen: set[str] = set()
     for i, e in enumerate(observation.elements):
         where = f"{name}.elements[{i}]"
@@ -217,6 +245,7 @@ def observation_problem(
         for field, value, limit in (
             ("text", e.text, MAX_TEXT_BYTES),
             ("content_description", e.content_description, MAX_TEXT_BYTES),
+            ("hint", e.hint, MAX_TEXT_BYTES),
             ("resource_id", e.resource_id, MAX_NAME_BYTES),
             ("class_name", e.class_name, MAX_NAME_BYTES),
             ("package_name", e.package_name, MAX_NAME_BYTES),

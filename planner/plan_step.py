@@ -14,11 +14,11 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from amc.v1 import types_pb2
+from planner.conversation.items import ToolCall
 from planner.decision import Decision
 from planner.observation import scene_from_observation
 from planner.planner import Planner
 from planner.scene import Scene
-from planner.session.items import ToolCall
 from planner.session.step_planner import Outcome, continue_session
 from planner.steps import (
     PastStep,

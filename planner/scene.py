@@ -63,12 +63,17 @@ class Element:
     selected: bool = False
     password: bool = False
     source: Literal["tree", "ocr"] = "tree"
+    #: A field's hint ("Name", "Search") when the dump reports it; with no `text` the field is
+    #: empty and only shows this hint.
+    hint: str = ""
 
     def to_prompt(self) -> dict[str, Any]:
         """Compact form for the prompt: only what is set, so an element costs a few tokens."""
         out: dict[str, Any] = {"id": self.element_id}
         if self.text:
             out["text"] = self.text
+        if self.hint:
+            out["hint"] = self.hint
         if self.content_desc:
             out["desc"] = self.content_desc
         if self.resource_id:
@@ -126,6 +131,13 @@ class Scene:
     rotation: int = 0
     activity: str = ""
     keyboard_shown: bool = False
+    #: What covers the app, topmost first, as perception recognised it: "keyboard",
+    #: "permission_prompt", "app_not_responding", "app_crash", "system_dialog",
+    #: "notification_shade", "lock_screen". Empty when the app has the screen to itself.
+    overlays: list[str] = field(default_factory=list)
+    #: Elements left out to keep the scene (and so the prompt) bounded: the least telling
+    #: texts go first, actionable elements last.
+    omitted: int = 0
 
     def element(self, element_id: str) -> Element | None:
         return next((e for e in self.elements if e.element_id == element_id), None)
@@ -137,7 +149,8 @@ class Scene:
 
     def to_prompt(self) -> dict[str, Any]:
         """The scene as the model sees it. Raw OCR observations are deliberately left out;
-        rotation, activity and keyboard appear only when they say something."""
+        rotation, activity, keyboard, `overlays` and `omitted` appear only when they say
+        something, so an ordinary screen costs nothing more."""
         out: dict[str, Any] = {
             "app": self.package,
             "page": self.page_title,
@@ -149,6 +162,10 @@ class Scene:
             out["rotation"] = 90 * self.rotation
         if self.keyboard_shown:
             out["keyboard"] = "shown"
+        if self.overlays:
+            out["overlays"] = list(self.overlays)
+        if self.omitted:
+            out["omitted"] = self.omitted
         out["elements"] = [e.to_prompt() for e in self.elements]
         return out
 
@@ -157,9 +174,10 @@ _TITLE_ID_HINTS = ("action_bar_title", "toolbar_title", "title_bar", "large_titl
 
 
 def derive_page_title(
-    elements: list[Element], height: int, toolbar_ids: Collection[str] = ()
+    elements: list[Element], height: int, toolbar_ids: Collection[str] = (), dialog: bool = False
 ) -> str:
-    """A short page name: a toolbar's title, an id that says "title", or the top-most heading.
+    """A short page name: a toolbar's title, an id that says "title", or the top-most heading
+    (for a dialog, its first short text wherever it sits).
 
     Perception passes the ids of elements inside a toolbar (it sees the tree); the cloud, which
     gets a flat element list from a host that read no title, passes none.
@@ -177,6 +195,8 @@ def derive_page_title(
         for e in texts
         if e.bounds.top < height // 5 and not e.clickable and not e.checkable and len(e.text) <= 60
     ]
+    if not top and dialog:
+        top = [e for e in texts if not e.clickable and not e.checkable and len(e.text) <= 80]
     if top:
         return min(top, key=lambda e: (e.bounds.top, e.bounds.left)).text.strip()
     return ""

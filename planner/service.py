@@ -4,8 +4,11 @@ The servicer does not import `cloud`: the cloud passes in who the caller is (fro
 certificate), whether a lease is live (`LeaseGate`), and where decisions go (`DecisionSink`, which
 assigns the step index atomically per (task, attempt)). Order matters and is the contract:
 lease first (no tokens spent and nothing logged for a stale or foreign lease), then sizes, then
-the provider, then exactly one appended row. A provider failure logs nothing. The screenshot is
-passed to the model call and then dropped: it is never part of what the sink receives.
+the provider, then exactly one appended row. A provider failure logs nothing; its class decides
+the status code (see the proto): planning temporarily impossible is UNAVAILABLE or
+RESOURCE_EXHAUSTED (the host waits and asks again), refused credentials PERMISSION_DENIED, no
+usable decision UNKNOWN. The screenshot is passed to the model call and then dropped: it is
+never part of what the sink receives.
 
 Session mode (`DecideRequest.session`): the conversation lives behind a `SessionStore` the cloud
 provides (one view per call, so two calls continuing one conversation at once are caught), and
@@ -33,6 +36,7 @@ from planner.errors import (
     PlannerAuthError,
     PlannerError,
     PlannerRateLimited,
+    PlannerTransient,
     SessionStateError,
 )
 from planner.observation import MAX_OBSERVATION_BYTES, observation_problem
@@ -95,6 +99,28 @@ class AttemptLog(Protocol):
         ...
 
 
+class ProviderHealth(Protocol):
+    """Hears how each provider call of Decide went, so the cloud can tell an outage that hits
+    every task (and stop handing out new ones) from one task's bad luck."""
+
+    def failed(self, reason: str) -> None:
+        """A Decide found planning temporarily impossible (provider overloaded, failing, rate
+        limited, unreachable)."""
+        ...
+
+    def succeeded(self) -> None:
+        """A Decide got a decision from the provider."""
+        ...
+
+
+class _NoHealth:
+    def failed(self, reason: str) -> None:
+        return None
+
+    def succeeded(self) -> None:
+        return None
+
+
 HostIdentity = Callable[[grpc.aio.ServicerContext], str]
 """Reads the caller's host id from the grpc.aio ServicerContext (the cloud uses the mTLS SAN)."""
 SessionStoreFactory = Callable[[], SessionStore]
@@ -118,6 +144,7 @@ class PlannerServicer(planner_service_pb2_grpc.PlannerServiceServicer):
         sessions: SessionPlanners | None = None,
         session_store: SessionStoreFactory | None = None,
         live_thinking: ThinkingFeed | None = None,
+        health: ProviderHealth | None = None,
     ) -> None:
         if mode == "session" and (sessions is None or session_store is None):
             raise ValueError(
@@ -133,6 +160,7 @@ class PlannerServicer(planner_service_pb2_grpc.PlannerServiceServicer):
         self._sessions = sessions
         self._session_store = session_store
         self._live_thinking = live_thinking
+        self._health: ProviderHealth = health or _NoHealth()
 
     async def Decide(
         self,
@@ -176,11 +204,16 @@ class PlannerServicer(planner_service_pb2_grpc.PlannerServiceServicer):
         except SessionStateError as err:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
         except PlannerRateLimited as err:
+            self._health.failed(str(err))
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(err))
+        except PlannerTransient as err:
+            self._health.failed(str(err))
+            await context.abort(grpc.StatusCode.UNAVAILABLE, str(err))
         except PlannerAuthError as err:
-            await context.abort(grpc.StatusCode.UNAVAILABLE, str(err))
+            await context.abort(grpc.StatusCode.PERMISSION_DENIED, str(err))
         except PlannerError as err:
-            await context.abort(grpc.StatusCode.UNAVAILABLE, str(err))
+            await context.abort(grpc.StatusCode.UNKNOWN, str(err))
+        self._health.succeeded()
 
         decision_id, step_index = await self._sink.append(
             host_id, request.task_id, request.attempt, decision

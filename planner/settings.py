@@ -71,6 +71,12 @@ class PlannerSettings(BaseSettings):
     timeout_s: float = Field(default=60.0, gt=0)
     history_window: int = Field(default=20, ge=1)
     send_screenshot: bool = False
+    # A model profile by name (`planner/model_profiles.py`), for a model the table does not know
+    # or knows wrong; unset, the profile is looked up by the model's name.
+    model_profile: str | None = None
+    # Anthropic prompt caching: breakpoints on the system prompt and tools (both modes) and on
+    # the conversation prefix (session mode), so a long task pays full input price once.
+    prompt_cache: bool = True
 
     # Planning mode: `compact` sends one compact record per past step; `session` keeps a real
     # multi-turn conversation (with reasoning round-tripped exactly) — see planner/session/.

@@ -1,19 +1,61 @@
-"""Session-wide fixtures: a private PostgreSQL server (shared by every test that asks for one)."""
+"""Session-wide fixtures and the test lanes.
+
+A private PostgreSQL server is shared by every test that asks for one. Tests are marked by what
+they need (postgres, browser, node: tests/support/lanes.py) so `make test-fast` can leave those
+out; a test that needs one of them without its mark fails in every lane.
+"""
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 
 import pytest
 
+from tests.support import lanes
 from tests.support.postgres import PostgresServer, private_postgres
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    lanes.install_guard()
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    lanes.mark_by_fixtures(items)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_setup(item: pytest.Item) -> Generator[None, None, None]:
+    lanes.watch(item)
+    try:
+        return (yield)
+    finally:
+        lanes.watch(None)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Generator[None, None, None]:
+    lanes.watch(item)
+    try:
+        return (yield)
+    finally:
+        lanes.watch(None)
+
+
 @pytest.fixture(scope="session")
-def postgres_server() -> Iterator[PostgresServer]:
+def postgres_session() -> Iterator[PostgresServer]:
     """A running PostgreSQL. Fails loudly if it cannot start, unless AMC_TEST_SKIP_POSTGRES=1."""
     if os.environ.get("AMC_TEST_SKIP_POSTGRES") == "1":
         pytest.skip("AMC_TEST_SKIP_POSTGRES=1")
     with private_postgres() as server:
         yield server
+
+
+@pytest.fixture
+def postgres_server(request: pytest.FixtureRequest) -> PostgresServer:
+    """The session's PostgreSQL, for a test marked `postgres` only: a test that reaches it by
+    `request.getfixturevalue` (which collection cannot see) is refused, before the server starts,
+    instead of slipping into the fast lane."""
+    lanes.require(request.node, "postgres", "PostgreSQL")
+    server: PostgresServer = request.getfixturevalue("postgres_session")
+    return server

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import TypedDict
 
 import pytest
 from google.protobuf import json_format
@@ -37,8 +38,16 @@ def test_every_declaration_is_documented(path: Path) -> None:
     assert not undocumented, "\n".join(undocumented)
 
 
+class _Intent(TypedDict):
+    purpose: str
+    expected_outcome: str
+
+
 def _actions() -> list[types_pb2.Action]:
-    intent = {"purpose": "open display settings", "expected_outcome": "Display page is open"}
+    intent: _Intent = {
+        "purpose": "open display settings",
+        "expected_outcome": "Display page is open",
+    }
     return [
         types_pb2.Action(tap=types_pb2.TapAction(element_id="e12"), **intent),
         types_pb2.Action(
@@ -83,7 +92,9 @@ def _messages() -> list[Message]:
         *_actions(),
         lease_service_pb2.LeaseRequest(
             hello=lease_service_pb2.HostHello(
-                devices=[types_pb2.Device(serial="emulator-5554", state=1)],
+                devices=[
+                    types_pb2.Device(serial="emulator-5554", state=types_pb2.DEVICE_STATE_ONLINE)
+                ],
                 planner_transport=types_pb2.PLANNER_TRANSPORT_CLOUD,
                 held_assignments=[lease_service_pb2.HeldAssignment(task_id="t1", attempt=1)],
             )

@@ -10,9 +10,11 @@ from __future__ import annotations
 import asyncio
 import logging
 
+from amc.v1 import types_pb2
 from cloud.events import EventBus
 from cloud.lease import messages
 from cloud.lease.session import HostSession
+from cloud.provider_health import ProviderHealth
 from cloud.store import errors, leases, states
 from cloud.store.database import Store
 
@@ -35,7 +37,19 @@ class Dispatcher:
         self.wake = asyncio.Event()
         self._kicks: set[asyncio.Task[int]] = set()
         self._passes = 0
+        #: The model provider's state; while it is down, hosts on the cloud planner transport
+        #: get no new tasks (their steps could not be planned), see cloud/provider_health.py.
+        self.provider: ProviderHealth | None = None
         bus.on_queued.append(self.wake.set)
+
+    def paused_for(self, session: HostSession) -> bool:
+        """Whether new tasks are held back from this host (it plans through this cloud, whose
+        model provider is down)."""
+        return (
+            self.provider is not None
+            and self.provider.pause is not None
+            and session.planner_transport == types_pb2.PLANNER_TRANSPORT_CLOUD
+        )
 
     def kick(self, session: HostSession) -> None:
         """Look for work for one host soon (coalesced: at most one pending pass per host)."""
@@ -59,7 +73,7 @@ class Dispatcher:
                 return got
             while not session.closed:
                 idle = session.idle_serials()
-                if not idle:
+                if not idle or self.paused_for(session):
                     return got
                 try:
                     claimed = await leases.claim(
@@ -148,7 +162,7 @@ class Dispatcher:
         any_left = targets.get(None, 0)
         misses = 0
         for session in list(self.sessions.values()):
-            if session.closed or not session.idle_serials():
+            if session.closed or not session.idle_serials() or self.paused_for(session):
                 continue
             mine = targets.get(session.host_id, 0)
             if not mine and (any_left <= 0 or misses >= _MAX_DISPATCH_MISSES):

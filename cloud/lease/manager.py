@@ -347,12 +347,15 @@ class LeaseManager:
             states.from_proto(msg.status),
             leases.truncate_summary(msg.summary, leases.RESULT_SUMMARY_LIMIT),
             final,
+            retryable=msg.retryable,
         )
         if out.recorded or out.duplicate:
             session.granted.discard(leases.HeldLease(msg.task_id, msg.attempt, msg.lease_id))
             if out.recorded:
                 session.busy.discard(out.device_serial)
                 self.bus.tasks_changed([msg.task_id])
+                if out.task_status == states.QUEUED:  # a retryable end: its next attempt waits
+                    self.bus.tasks_queued()
                 self.dispatcher.kick(session)
             return lease_pb.LeaseResponse(
                 result_ack=lease_pb.ResultAck(

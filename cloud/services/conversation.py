@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 
 from amc.v1 import decision_log_service_pb2 as pb
-from planner.session.items import (
+from planner.conversation.items import (
     AssistantText,
     ContextCheckpoint,
     Reasoning,
@@ -35,7 +35,8 @@ def conversation_item(seq: int, item: SessionItem) -> pb.ConversationItem:
     elif isinstance(item, Reasoning):
         out.kind = pb.CONVERSATION_ITEM_KIND_REASONING
         out.text = item.readable
-        out.redacted = not item.readable
+        out.redacted = item.redacted_data is not None
+        out.omitted = not item.readable and item.redacted_data is None
         out.provider = item.provider
     elif isinstance(item, AssistantText):
         out.kind = pb.CONVERSATION_ITEM_KIND_ASSISTANT_TEXT

@@ -10,7 +10,7 @@ from cloud.services.conversation import conversation_item
 from cloud.services.status import abort
 from cloud.store import convert, decisions, sessions, tasks
 from cloud.store.database import Store
-from planner.session.items import loads_item
+from planner.conversation.items import loads_item
 
 
 class DecisionLogServicer(decision_log_service_pb2_grpc.DecisionLogServiceServicer):

@@ -12,6 +12,7 @@ from amc.v1 import fleet_service_pb2 as pb
 from amc.v1 import fleet_service_pb2_grpc, types_pb2
 from cloud.events import EventBus
 from cloud.lease.validate import MAX_ID
+from cloud.provider_health import ProviderHealth
 from cloud.services.status import abort
 from cloud.settings import CloudSettings
 from cloud.store import convert, hosts
@@ -41,10 +42,17 @@ def _decode(token: str) -> tuple[int, str] | None:
 class FleetServicer(fleet_service_pb2_grpc.FleetServiceServicer):
     """Hosts and their phones, connected ones first; live changes to them."""
 
-    def __init__(self, store: Store, bus: EventBus, settings: CloudSettings) -> None:
+    def __init__(
+        self,
+        store: Store,
+        bus: EventBus,
+        settings: CloudSettings,
+        provider: ProviderHealth | None = None,
+    ) -> None:
         self._store = store
         self._bus = bus
         self._settings = settings
+        self._provider = provider
 
     async def ListHosts(
         self,
@@ -72,6 +80,15 @@ class FleetServicer(fleet_service_pb2_grpc.FleetServiceServicer):
         return pb.ListHostsResponse(
             hosts=[convert.host(row, connected) for _, row, connected in page],
             next_page_token=_encode(page[-1][0]) if more else "",
+            dispatch=self._dispatch(),
+        )
+
+    def _dispatch(self) -> pb.DispatchStatus:
+        pause = self._provider.pause if self._provider is not None else None
+        if pause is None:
+            return pb.DispatchStatus()
+        return pb.DispatchStatus(
+            paused=True, reason=pause.describe(), since=convert.ts(pause.since)
         )
 
     async def WatchHosts(

@@ -16,6 +16,7 @@ from amc.v1 import planner_service_pb2, planner_service_pb2_grpc
 from cloud import authz
 from cloud.events import EventBus
 from cloud.lease.validate import MAX_ID
+from cloud.provider_health import ProviderHealth
 from cloud.services.status import abort
 from cloud.settings import SettingError
 from cloud.store import leases
@@ -26,6 +27,7 @@ from cloud.store.ports import (
     StoreLeaseGate,
     StoreSessionStore,
 )
+from planner.vendors.base import Probeable
 
 if TYPE_CHECKING:  # imported when the servicer is built, like the rest of the planner
     from planner.service import PlannerServicer
@@ -65,7 +67,7 @@ def _caller_host_id(context: grpc.aio.ServicerContext[Any, Any]) -> str:
 
 
 def build_planner_servicer(
-    store: Store, bus: EventBus
+    store: Store, bus: EventBus, health: ProviderHealth | None = None
 ) -> tuple[planner_service_pb2_grpc.PlannerServiceServicer, list[Any], str]:
     """The planner servicer on the cloud's ports, what must be closed with the server, and a
     line saying which planner it is (for the start-up banner).
@@ -73,7 +75,9 @@ def build_planner_servicer(
     The planner settings (`AMC_PLANNER_*`, read here) choose the provider and the mode hosts'
     typed requests are planned in (`AMC_PLANNER_MODE`, compact by default). Session mode needs a
     provider that keeps conversations: asking for it with the offline provider is a
-    `SettingError`; deprecated session steps get UNIMPLEMENTED there, as before.
+    `SettingError`; deprecated session steps get UNIMPLEMENTED there, as before. `health` hears
+    every Decide's outcome and gets the model's probe (the offline provider has none: it is
+    never down).
     """
     from planner.planner import make_planner
     from planner.service import PlannerServicer
@@ -81,11 +85,13 @@ def build_planner_servicer(
 
     planner_settings = PlannerSettings()
     planner = make_planner(planner_settings)
+    if health is not None and isinstance(planner.provider, Probeable):
+        health.probe = planner.provider.probe
     sessions = None
     if planner_settings.resolved_provider != "offline":
         from planner.session.factory import SessionPlanners  # loads the provider SDKs
 
-        sessions = SessionPlanners(planner_settings)
+        sessions = SessionPlanners(planner_settings, adapter=planner.provider)
     if planner_settings.mode == "session" and sessions is None:
         raise SettingError(
             "AMC_PLANNER_MODE",
@@ -103,6 +109,7 @@ def build_planner_servicer(
         sessions=sessions,
         session_store=lambda: StoreSessionStore(store),
         live_thinking=bus.thinking,
+        health=health,
     )
     closeables: list[Any] = [planner] if sessions is None else [planner, sessions]
     summary = (

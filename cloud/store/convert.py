@@ -11,7 +11,7 @@ from amc.v1 import types_pb2
 from cloud.store import states
 from cloud.store.models import AttemptRow, DecisionRow, HostRow
 from cloud.store.tasks import TaskView
-from planner.convert import mode_enum, provider_enum
+from planner.convert import mode_enum, provider_enum, retry_kind_to_proto, thinking_kind_to_proto
 
 
 def ts(value: dt.datetime) -> timestamp_pb2.Timestamp:
@@ -157,6 +157,9 @@ def decision(row: DecisionRow) -> types_pb2.Decision:
         planner_mode=row.planner_mode,
         model_provider=provider_enum(row.provider),
         mode=mode_enum(row.planner_mode),
+        thinking_kind=thinking_kind_to_proto(row.thinking_kind),
+        retry_kind=retry_kind_to_proto(row.retry_kind),
+        output_truncated=row.output_truncated,
     )
     if row.outcome_executed is not None:
         out.outcome.CopyFrom(

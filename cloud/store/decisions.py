@@ -72,6 +72,9 @@ async def append(
                     planner_mode=decision.planner_mode,
                     page=decision.page,
                     target=decision.target,
+                    thinking_kind=decision.thinking_kind,
+                    retry_kind=decision.retry_kind,
+                    output_truncated=decision.output_truncated,
                 )
                 session.add(row)
                 await session.flush()

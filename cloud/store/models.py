@@ -20,6 +20,7 @@ from sqlalchemy import (
     Text,
     TypeDecorator,
     UniqueConstraint,
+    false,
     text,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
@@ -221,6 +222,11 @@ class DecisionRow(Base):
     outcome_executed: Mapped[bool | None] = mapped_column(Boolean)
     outcome_error: Mapped[str | None] = mapped_column(Text)
     outcome_driver_output: Mapped[str | None] = mapped_column(Text)
+    # "full" | "summarized" | "omitted" | "redacted" | "none"; "" for rows from before 0004.
+    thinking_kind: Mapped[str] = mapped_column(String(16), default="", server_default="")
+    # "none" | "forced" | "nudge"; "" for rows from before 0004.
+    retry_kind: Mapped[str] = mapped_column(String(16), default="", server_default="")
+    output_truncated: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
 
     __table_args__ = (
         UniqueConstraint("task_id", "attempt", "step_index"),
@@ -229,7 +235,7 @@ class DecisionRow(Base):
 
 
 class SessionItemRow(Base):
-    """One item of a session-mode conversation (planner/session/items.py), as its exact JSON.
+    """One item of a session-mode conversation (planner/conversation/items.py), as its exact JSON.
 
     The cloud keeps these for the cloud planner transport so a new attempt, on any host and any
     replica, continues the same conversation. `seq` is 0-based per (task, attempt); the primary

@@ -7,8 +7,8 @@ from collections.abc import Sequence
 from amc.v1 import types_pb2
 from cloud.store import decisions, leases, sessions, tasks
 from cloud.store.database import Store
+from planner.conversation.items import SessionItem, dumps_item, item_type, loads_item
 from planner.decision import Decision
-from planner.session.items import SessionItem, dumps_item, item_type, loads_item
 from planner.steps import PastStep
 
 

@@ -1,6 +1,6 @@
 """Session-mode conversations the cloud keeps for the cloud planner transport.
 
-Rows are the exact JSON of `planner.session.items`, one per item, in order. Appends name the
+Rows are the exact JSON of `planner.conversation.items`, one per item, in order. Appends name the
 position they expect to write at: the primary key (task, attempt, seq) refuses a second writer
 of the same position on either backend, so two calls continuing one conversation at once (a
 host retrying while its first call still runs, on this replica or another) cannot interleave

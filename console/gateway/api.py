@@ -19,6 +19,7 @@ from console.gateway.models import (
     ConversationOut,
     DecisionOut,
     DecisionPage,
+    DispatchOut,
     ErrorOut,
     HostList,
     HostOut,
@@ -159,8 +160,10 @@ async def get_decision(cloud: Cloud, decision_id: str) -> DecisionOut:
 
 @router.get("/hosts", response_model=HostList, summary="Hosts and their phones")
 async def list_hosts(cloud: Cloud, connected_only: bool = False) -> HostList:
-    hosts = await cloud.list_hosts(connected_only=connected_only)
-    return HostList(hosts=[HostOut.of(h) for h in hosts])
+    fleet = await cloud.fleet(connected_only=connected_only)
+    return HostList(
+        hosts=[HostOut.of(h) for h in fleet.hosts], dispatch=DispatchOut.of(fleet.dispatch)
+    )
 
 
 _SSE_DOC: dict[int | str, dict[str, Any]] = {

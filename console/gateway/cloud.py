@@ -134,7 +134,11 @@ class CloudClient:
 
     async def list_hosts(self, *, connected_only: bool = False) -> list[types_pb2.Host]:
         """Every host, all pages (the fleet page shows the whole fleet)."""
-        hosts: list[types_pb2.Host] = []
+        return list((await self.fleet(connected_only=connected_only)).hosts)
+
+    async def fleet(self, *, connected_only: bool = False) -> fleet_service_pb2.ListHostsResponse:
+        """Every host, all pages, and whether the cloud dispatches (and if not, why)."""
+        fleet = fleet_service_pb2.ListHostsResponse()
         token = ""
         while True:
             response: fleet_service_pb2.ListHostsResponse = await self._fleet.ListHosts(
@@ -143,10 +147,12 @@ class CloudClient:
                 ),
                 timeout=self._timeout,
             )
-            hosts.extend(response.hosts)
+            fleet.hosts.extend(response.hosts)
+            if not token:
+                fleet.dispatch.CopyFrom(response.dispatch)
             token = response.next_page_token
             if not token:
-                return hosts
+                return fleet
 
     async def list_decisions(
         self, task_id: str, *, attempt: int, page_size: int, page_token: str

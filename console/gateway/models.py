@@ -16,7 +16,8 @@ from google.protobuf.json_format import MessageToDict
 from google.protobuf.timestamp_pb2 import Timestamp
 from pydantic import BaseModel, Field
 
-from amc.v1 import decision_log_service_pb2, types_pb2
+from amc.v1 import decision_log_service_pb2, fleet_service_pb2, types_pb2
+from planner.decision import thinking_word
 
 TaskStatusName = Literal[
     "unspecified", "queued", "assigned", "running", "succeeded", "failed", "cancelled"
@@ -192,6 +193,20 @@ class UsageOut(BaseModel):
     thinking_tokens: int
 
 
+_THINKING_KIND_NAMES = {
+    types_pb2.THINKING_KIND_NONE: "none",
+    types_pb2.THINKING_KIND_FULL: "full",
+    types_pb2.THINKING_KIND_SUMMARIZED: "summarized",
+    types_pb2.THINKING_KIND_OMITTED: "omitted",
+    types_pb2.THINKING_KIND_REDACTED: "redacted",
+}
+_RETRY_KIND_NAMES = {
+    types_pb2.RETRY_KIND_NONE: "none",
+    types_pb2.RETRY_KIND_FORCED_TOOL_CHOICE: "forced",
+    types_pb2.RETRY_KIND_NUDGE: "nudge",
+}
+
+
 class DecisionOut(BaseModel):
     """One planning decision: what the model was asked, what it thought, what it chose."""
 
@@ -222,6 +237,17 @@ class DecisionOut(BaseModel):
     planner_mode: str = Field(
         description='"compact" (the prompts were the whole request) or "session" (user_prompt '
         "is what this step added to the conversation the cloud keeps)"
+    )
+    thinking_kind: str = Field(
+        description='"full thinking", "summarized thinking", "thinking omitted by the provider", '
+        '"redacted thinking", "no thinking", or "thinking kind not recorded" (older decisions)'
+    )
+    retry_kind: str = Field(
+        description='"none", "forced" (forced tool choice) or "nudge" (thinking kept, an '
+        'instruction); "" for decisions recorded before the field existed'
+    )
+    output_truncated: bool = Field(
+        description="an answer was cut off by the output token limit (the rationale says so)"
     )
 
     @classmethod
@@ -260,6 +286,9 @@ class DecisionOut(BaseModel):
             latency_ms=None if latency is None else round(latency * 1000, 1),
             forced_retry=d.forced_retry,
             corrective_retries=d.corrective_retries,
+            thinking_kind=thinking_word(_THINKING_KIND_NAMES.get(d.thinking_kind, "")),
+            retry_kind=_RETRY_KIND_NAMES.get(d.retry_kind, ""),
+            output_truncated=d.output_truncated,
             created_at=_time(d.created_at, d.HasField("created_at")),
             planner_mode=d.planner_mode or "compact",
         )
@@ -280,6 +309,10 @@ class ConversationItemOut(BaseModel):
     call_id: str
     is_error: bool
     redacted: bool
+    omitted: bool = Field(
+        description="reasoning whose text the provider omitted (a signature or encrypted "
+        "content only); not redacted"
+    )
     provider: str
 
     @classmethod
@@ -301,6 +334,7 @@ class ConversationItemOut(BaseModel):
             call_id=item.call_id,
             is_error=item.is_error,
             redacted=item.redacted,
+            omitted=item.omitted,
             provider=item.provider,
         )
 
@@ -378,10 +412,22 @@ class HostOut(BaseModel):
         )
 
 
+class DispatchOut(BaseModel):
+    """Whether the cloud hands out new tasks (it pauses while its model provider is down)."""
+
+    paused: bool
+    reason: str = Field(description="why dispatch is paused; empty when it is not")
+
+    @classmethod
+    def of(cls, d: fleet_service_pb2.DispatchStatus) -> DispatchOut:
+        return cls(paused=d.paused, reason=d.reason)
+
+
 class HostList(BaseModel):
-    """Hosts, connected first."""
+    """Hosts, connected first, and whether new tasks are handed out."""
 
     hosts: list[HostOut]
+    dispatch: DispatchOut
 
 
 class SubmitIn(BaseModel):

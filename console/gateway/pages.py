@@ -22,6 +22,7 @@ from console.gateway.errors import describe
 from console.gateway.models import (
     TASK_STATUSES,
     ConversationItemOut,
+    DispatchOut,
     HostOut,
     TaskOut,
     task_status_value,
@@ -113,8 +114,12 @@ async def home(_: PageUser) -> Response:
 
 @router.get("/fleet", response_class=HTMLResponse)
 async def fleet_page(request: Request, _: PageUser, cloud: Cloud) -> Response:
-    hosts = [HostOut.of(h) for h in await cloud.list_hosts()]
-    return PAGES.render(request, "fleet.html", {"hosts": hosts, "nav": "fleet"})
+    fleet = await cloud.fleet()
+    hosts = [HostOut.of(h) for h in fleet.hosts]
+    dispatch = DispatchOut.of(fleet.dispatch)
+    return PAGES.render(
+        request, "fleet.html", {"hosts": hosts, "dispatch": dispatch, "nav": "fleet"}
+    )
 
 
 @router.get("/tasks", response_class=HTMLResponse)

@@ -12,6 +12,7 @@ from typing import Any
 from jinja2 import Environment
 
 from console.gateway.models import HostOut, ProgressOut, TaskOut, UsageOut
+from planner.decision import OMITTED_BLOCK
 
 
 def progress_badge(progress: ProgressOut) -> str:
@@ -82,3 +83,4 @@ def install(env: Environment) -> None:
     env.filters["when"] = when
     env.filters["tokens"] = total_tokens
     env.filters["pretty_json"] = pretty_json
+    env.globals["omitted_block"] = OMITTED_BLOCK

@@ -9,23 +9,26 @@ revoked) stops the loop within one step: it is checked between phases and races 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections.abc import Awaitable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Literal, TypeVar
 
 from amc.v1 import types_pb2
 from host.agent.actions import ActionResult, action_to_record, changes_screen, describe, execute
+from host.agent.planning_wait import PlanningPostponed, WaitPolicy, plan_patiently
 from host.agent.progress import ProgressHolder, status_name, truncate
 from host.agent.redact import SecretRedactor
 from host.devices.base import DeviceError, DeviceGone, Driver
 from host.perception.perceive import Observation, Perceiver
-from host.planner_client import StepPlanner
+from host.planner_client import CloudPlanError, StepPlanner
 from host.timeline.record import TimelineRecord
 from host.timeline.store import TimelineStore
 from planner.decision import Decision
+from planner.errors import PlannerError
 from planner.history import WorldEvent
 from planner.steps import target_label
 
@@ -50,6 +53,8 @@ class TaskSpec:
     goal: str
     device_serial: str
     lease_id: str = ""
+    #: The task's absolute deadline (None: none known); a wait for the planner ends before it.
+    deadline: datetime | None = None
 
 
 @dataclass(slots=True)
@@ -60,6 +65,9 @@ class TaskOutcome:
     summary: str
     steps: int
     device_gone: bool = False
+    #: A failure outside the task (planning stayed impossible until the deadline came near):
+    #: the cloud queues the next attempt if the task has any left.
+    retryable: bool = False
 
     @property
     def proto_status(self) -> types_pb2.TaskStatus.ValueType:
@@ -73,6 +81,7 @@ class LoopSettings:
     send_screenshot: bool = False
     ocr: bool = True
     planner_transport: str = "direct"
+    planner_wait: WaitPolicy = field(default_factory=WaitPolicy)
 
 
 class _Cancelled(Exception):
@@ -183,6 +192,14 @@ class AgentLoop:
             outcome = TaskOutcome(
                 "failed", f"phone {spec.device_serial} disconnected", step, device_gone=True
             )
+        except PlanningPostponed as exc:
+            step = progress.snapshot().step_index
+            log.warning("task %s: %s", spec.task_id, exc)
+            outcome = TaskOutcome("failed", truncate(str(exc), 2000), step, retryable=True)
+        except (PlannerError, CloudPlanError) as exc:
+            step = progress.snapshot().step_index
+            log.warning("task %s: %s", spec.task_id, exc)
+            outcome = TaskOutcome("failed", truncate(str(exc), 2000), step)
         except Exception as exc:
             step = progress.snapshot().step_index
             log.exception("task %s failed", spec.task_id)
@@ -228,8 +245,26 @@ class AgentLoop:
             )
             t = time.perf_counter()
             shot = before.screenshot_png if self.settings.send_screenshot else None
+            scene = before.scene
+
+            def waiting(since: datetime, reason: str, step: int = step) -> None:
+                self._progress(
+                    spec,
+                    progress,
+                    step,
+                    types_pb2.STEP_STATUS_PLANNING,
+                    f"step {step}: waiting for the model provider since {since:%H:%M:%S} UTC "
+                    f"({reason})",
+                )
+
             decision = await self._guard(
-                cancel, self.planner.decide(spec.goal, before.scene, history, shot)
+                cancel,
+                plan_patiently(
+                    functools.partial(self.planner.decide, spec.goal, scene, history, shot),
+                    on_wait=waiting,
+                    deadline=spec.deadline,
+                    policy=self.settings.planner_wait,
+                ),
             )
             timings["plan_s"] = time.perf_counter() - t
             self._fill_decision(record, decision)
@@ -351,6 +386,9 @@ class AgentLoop:
         record.model = decision.model
         record.forced_retry = decision.forced_retry
         record.corrective_retries = decision.corrective_retries
+        record.thinking_kind = decision.thinking_kind
+        record.retry_kind = decision.retry_kind
+        record.output_truncated = decision.output_truncated
         record.decision_step_index = decision.step_index
         u = decision.usage
         record.usage = {

@@ -16,6 +16,7 @@ from urllib.parse import quote
 from host.agent.progress import ProgressSnapshot
 from host.timeline.record import SENSITIVE_MASK, TimelineRecord
 from host.timeline.store import TaskRow
+from planner.decision import RETRY_WORDS, thinking_word
 
 #: Tool names whose result is a UI tree (`ui_tree` is what older hosts called it).
 UI_TREE_TOOLS = frozenset({"get_ui_tree", "ui_tree"})
@@ -222,6 +223,9 @@ class StepView:
     latency_s: float | None
     forced_retry: bool
     corrective_retries: int
+    thinking_kind: str
+    retry_kind: str
+    output_truncated: bool
     action_json: str | None
     result_json: str | None
     ocr: list[dict[str, Any]]
@@ -240,6 +244,15 @@ class StepView:
     @property
     def redacted_thinking(self) -> bool:
         return any(redacted for _, redacted in self.thinking)
+
+    @property
+    def thinking_word(self) -> str:
+        """What kind of thinking this step carries, as a word (never a blank)."""
+        return thinking_word(self.thinking_kind)
+
+    @property
+    def retry_word(self) -> str:
+        return RETRY_WORDS.get(self.retry_kind, "forced retry" if self.forced_retry else "")
 
     @property
     def total_tokens(self) -> int:
@@ -306,6 +319,9 @@ def step_view(record: TimelineRecord) -> StepView:
         latency_s=float(latency) if isinstance(latency, int | float) else None,
         forced_retry=record.forced_retry,
         corrective_retries=record.corrective_retries,
+        thinking_kind=record.thinking_kind,
+        retry_kind=record.retry_kind,
+        output_truncated=record.output_truncated,
         action_json=pretty_json(action) if action else None,
         result_json=pretty_json(result) if result else None,
         ocr=[o for o in record.ocr if isinstance(o, dict)],

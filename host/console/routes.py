@@ -24,6 +24,7 @@ from host.console import present
 from host.console.login_token import OneTimeToken
 from host.console.state import HostState, cloud_link, phones_now, planner_transport
 from host.timeline.store import TaskRow, TimelineStore
+from planner.decision import OMITTED_BLOCK
 from webui import login
 from webui.csrf import CsrfChecked
 from webui.pages import Pages
@@ -45,6 +46,7 @@ PAGES = Pages(Path(__file__).parent / "templates", _console_context)
 PAGES.env.filters.update(
     when=present.when, ago=present.ago, seconds=present.seconds, task_badge=present.task_badge
 )
+PAGES.env.globals["omitted_block"] = OMITTED_BLOCK
 
 #: Screenshot types the artifact route serves; anything else in the folder is not for browsers.
 IMAGE_TYPES = {".png": "image/png", ".jpg": "image/jpeg", ".jpeg": "image/jpeg"}

@@ -15,7 +15,8 @@ import adbutils
 
 from host.devices import adb_transport
 from host.devices.adb_errors import mapped_errors, server_reachable
-from host.devices.base import DeviceError, DeviceGone, KeyName
+from host.devices.base import DeviceBusy, DeviceError, DeviceGone, KeyName, ScreenState
+from host.devices.screen_state import SCREEN_STATE_COMMAND, parse_screen_state
 
 _KEYCODES: dict[str, str] = {
     "back": "KEYCODE_BACK",
@@ -37,6 +38,28 @@ _DUMP_DIR = "/data/local/tmp"
 _SHELL_SPECIAL = set("\\'\"`$&|;<>()[]{}*?!~#^")
 # Between a literal `%` and a literal `s`: where `input_text` splits its `input text` calls.
 _PERCENT_S_SPLIT = re.compile(r"(?<=%)(?=s)")
+# What `uiautomator dump` prints when the screen is animating or a window is changing: passing
+# states, worth another try (see `DeviceBusy`).
+_BUSY_DUMP = ("could not get idle state", "null root node returned by")
+
+
+def decode_dump(data: bytes) -> str:
+    """A dump file's bytes as text: UTF-16 when it starts with a UTF-16 byte order mark, else
+    UTF-8 (a UTF-8 byte order mark dropped, undecodable bytes replaced). The XML declaration's
+    `encoding` is not trusted: some dumpers write "utf-16" over a UTF-8 body."""
+    if data.startswith((b"\xff\xfe", b"\xfe\xff")):
+        return data.decode("utf-16", errors="replace")
+    return data.removeprefix(b"\xef\xbb\xbf").decode("utf-8", errors="replace")
+
+
+def dump_failure(serial: str, output: str) -> DeviceError | None:
+    """The error a `uiautomator dump` run reported, if any: `DeviceBusy` for the passing kinds."""
+    if "ERROR" not in output or "dumped" in output:
+        return None
+    message = f"uiautomator dump failed on {serial}: {output.strip()!r}"
+    if any(marker in output for marker in _BUSY_DUMP):
+        return DeviceBusy(message)
+    return DeviceError(message)
 
 
 def escape_input_text(text: str) -> str:
@@ -138,16 +161,29 @@ class AdbDriver:
         return data
 
     def dump_hierarchy(self) -> str:
+        """Every window's tree (`--windows`: app, keyboard, dialogs, system bars), so a
+        keyboard or a dialog over the app is seen as one; releases before the option ignore
+        it and dump the active window."""
         remote = f"{_DUMP_DIR}/amc-{uuid.uuid4().hex[:12]}.xml"
-        out = self._shell(f"uiautomator dump {remote}", "uiautomator dump")
-        if "ERROR" in out and "dumped" not in out:
-            raise DeviceError(f"uiautomator dump failed on {self._serial}: {out.strip()!r}")
+        out = self._shell(f"uiautomator dump --windows {remote}", "uiautomator dump")
+        failure = dump_failure(self._serial, out)
+        if failure is not None:
+            raise failure
         with mapped_errors(self._serial, "pull hierarchy"):
             data = adb_transport.pull(self._client, self._serial, remote)
         # Best effort: leave no dump files behind on the phone.
         with contextlib.suppress(DeviceError):
             self._shell(f"rm -f {remote}", "remove dump")
-        return data.decode("utf-8", errors="replace")
+        return decode_dump(data)
+
+    def screen_state(self) -> ScreenState:
+        return parse_screen_state(self._shell(SCREEN_STATE_COMMAND, "screen state"))
+
+    def wake(self) -> None:
+        self._shell("input keyevent KEYCODE_WAKEUP", "wake")
+
+    def dismiss_keyguard(self) -> None:
+        self._shell("wm dismiss-keyguard", "dismiss keyguard")
 
     def tap(self, x: int, y: int) -> None:
         self._shell(f"input tap {int(x)} {int(y)}", "tap")

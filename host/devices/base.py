@@ -6,6 +6,7 @@ worker thread so one host drives several phones at once without blocking its eve
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Literal, Protocol, runtime_checkable
 
 # "delete" is backspace (KEYCODE_DEL): it erases the character before the cursor.
@@ -18,6 +19,44 @@ class DeviceError(Exception):
 
 class DeviceGone(DeviceError):
     """The phone disconnected. The task on it fails; the phone is reported offline."""
+
+
+class DeviceBusy(DeviceError):
+    """The phone answered with a passing glitch: `uiautomator dump` printing "ERROR: could not
+    get idle state." while the screen animates, or "ERROR: null root node returned by
+    UiTestAutomationBridge." while a window changes. The same call a moment later usually works,
+    so readers retry it (a bounded number of times)."""
+
+
+class ScreenLocked(DeviceError):
+    """The phone shows a lock screen amc must not pass: one that needs a PIN, pattern or
+    password. A person has to unlock it (or remove the lock); amc never guesses a credential."""
+
+
+@dataclass(frozen=True, slots=True)
+class ScreenState:
+    """Whether the display is on and whether a lock screen (keyguard) is in the way."""
+
+    awake: bool
+    locked: bool
+    #: Unlocking needs a credential (PIN, pattern, password, SIM PIN); False for a swipe lock
+    #: or one a trust agent keeps open.
+    secure: bool = False
+
+
+@runtime_checkable
+class ScreenControl(Protocol):
+    """What a driver offers to get a sleeping or swipe-locked phone ready for a task."""
+
+    def screen_state(self) -> ScreenState: ...
+
+    def wake(self) -> None:
+        """Turn the display on (KEYCODE_WAKEUP: a no-op when it is already on)."""
+        ...
+
+    def dismiss_keyguard(self) -> None:
+        """Dismiss a lock screen that needs no credential (`wm dismiss-keyguard`)."""
+        ...
 
 
 @runtime_checkable

@@ -18,7 +18,8 @@ from uiautomator2 import exceptions as u2_exceptions
 
 from host.devices.adb_driver import check_package
 from host.devices.adb_errors import is_gone, server_reachable
-from host.devices.base import DeviceError, DeviceGone, KeyName
+from host.devices.base import DeviceError, DeviceGone, KeyName, ScreenState
+from host.devices.screen_state import SCREEN_STATE_COMMAND, parse_screen_state
 
 T = TypeVar("T")
 
@@ -106,3 +107,13 @@ class U2Driver:
     def current_app(self) -> str:
         info = self._call("current app", lambda d: d.app_current())
         return str(info.get("package", ""))
+
+    def screen_state(self) -> ScreenState:
+        out = self._call("screen state", lambda d: d.shell(SCREEN_STATE_COMMAND).output)
+        return parse_screen_state(str(out))
+
+    def wake(self) -> None:
+        self._call("wake", lambda d: d.screen_on())
+
+    def dismiss_keyguard(self) -> None:
+        self._call("dismiss keyguard", lambda d: d.shell("wm dismiss-keyguard"))

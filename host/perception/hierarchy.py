@@ -4,6 +4,13 @@ Only informative or actionable nodes become elements (text, a description, or so
 finger can do), so a prompt lists dozens of elements rather than hundreds of layout wrappers.
 Element ids are `e1, e2, …` in document order of the kept nodes: the same dump always yields
 the same ids, and they are short, which matters when every step re-sends the scene.
+
+Real dumps come in several shapes (see `dump_text` and `windows`): one `<hierarchy>` with one
+root per window, or `<displays><display><window><hierarchy>` from `uiautomator dump --windows`.
+What lies under a modal window (a permission prompt, an "isn't responding" dialog, the shade,
+the lock screen) or under the keyboard is out of a finger's reach and is left out; what covers
+the app is named in `Scene.overlays`. Texts are capped and the scene's total size is bounded,
+so one chat history or web page cannot blow up every prompt.
 """
 
 from __future__ import annotations
@@ -15,13 +22,31 @@ from dataclasses import dataclass
 from typing import Any
 
 from host.devices.base import DeviceError
+from host.perception.dump_text import clean_dump
+from host.perception.windows import (
+    CHROME,
+    MODAL,
+    Kind,
+    Window,
+    WindowFacts,
+    classify,
+    stacking,
+)
 from planner.scene import Bounds, Element, Scene, derive_page_title
 
 _BOUNDS_RE = re.compile(r"\[(-?\d+),(-?\d+)\]\[(-?\d+),(-?\d+)\]")
-_SYSTEM_UI = "com.android.systemui"
 _TOOLBAR_ID_HINTS = ("action_bar", "toolbar", "app_bar")
 _TOOLBAR_CLASSES = ("Toolbar", "ActionBar")
 _EDITABLE_HINTS = ("EditText", "AutoCompleteTextView")
+_ROOTS = ("hierarchy", "displays")
+_WRAPPERS = ("display", "displays", "hierarchy")
+
+#: One element's text (and description) at most this long in the scene; the rest is counted.
+TEXT_CAP = 300
+#: At most this many elements in a scene, and this many characters of text in all of them.
+MAX_ELEMENTS = 200
+MAX_SCENE_TEXT = 16_000
+KEYBOARD_LABEL = "On-screen keyboard"
 
 
 class HierarchyError(DeviceError):
@@ -30,12 +55,14 @@ class HierarchyError(DeviceError):
 
 @dataclass(frozen=True, slots=True)
 class RawNode:
-    """One `<node>` of the dump, flattened with its depth and its toolbar ancestry."""
+    """One `<node>` of the dump, flattened with its depth in its window and its toolbar
+    ancestry."""
 
     attrs: dict[str, str]
     bounds: Bounds
     depth: int
     in_toolbar: bool
+    window: int = 0
 
 
 def parse_bounds(value: str) -> Bounds | None:
@@ -50,38 +77,81 @@ def _flag(attrs: dict[str, str], name: str) -> bool:
     return attrs.get(name, "false").lower() == "true"
 
 
-def parse_nodes(xml_text: str) -> tuple[str, list[RawNode]]:
-    """All nodes in document order, with the hierarchy's rotation. Raises `HierarchyError`."""
-    text = (xml_text or "").strip()
-    if not text:
+def _window_attrs(el: ET.Element, index: int) -> Window:
+    layer = el.attrib.get("layer", "")
+    return Window(
+        index=index,
+        package="",
+        bounds=parse_bounds(el.attrib.get("bounds", "")) or Bounds(0, 0, 0, 0),
+        type=el.attrib.get("type", ""),
+        layer=int(layer) if layer.lstrip("-").isdigit() else None,
+        title=el.attrib.get("title", ""),
+    )
+
+
+def _parse_root(xml_text: str) -> ET.Element:
+    text = clean_dump(xml_text)
+    if not text.strip():
         raise HierarchyError("empty hierarchy dump")
-    # Some tools prepend a status line ("UI hierchary dumped to: …") before the XML.
-    start = text.find("<")
-    if start > 0:
-        text = text[start:]
     try:
-        root = ET.fromstring(text.encode("utf-8"))
+        root = ET.fromstring(text)
     except ET.ParseError as exc:
         raise HierarchyError(f"malformed hierarchy dump: {exc}") from exc
     except RecursionError as exc:
         raise HierarchyError("malformed hierarchy dump: nested too deeply") from exc
-    if root.tag != "hierarchy":
+    if root.tag not in _ROOTS:
         raise HierarchyError(f"not a uiautomator dump (root element <{root.tag}>)")
-    nodes: list[RawNode] = []
+    return root
 
+
+def parse_windows(xml_text: str) -> tuple[str, list[RawNode], list[Window]]:
+    """All nodes in document order with the windows they belong to, and the rotation.
+
+    Raises `HierarchyError` for an empty, malformed or node-less dump.
+    """
+    root = _parse_root(xml_text)
+    rotation = root.attrib.get("rotation", "")
+    nodes: list[RawNode] = []
+    windows: list[Window] = []
+    # A `<window>` element opens a window; in a plain `<hierarchy>` each top-level node does.
     # Iterative depth-first walk in document order: a dump nested thousands of levels deep
     # (a broken or hostile dumper) must not hit Python's recursion limit.
-    stack: list[tuple[Iterator[ET.Element], int, bool]] = [(iter(root), 0, False)]
+    stack: list[tuple[Iterator[ET.Element], int, bool, int | None]] = [(iter(root), 0, False, None)]
     while stack:
-        children, depth, in_toolbar = stack[-1]
+        children, depth, in_toolbar, window = stack[-1]
         child = next(children, None)
         if child is None:
             stack.pop()
             continue
+        if child.tag == "window":
+            windows.append(_window_attrs(child, len(windows)))
+            stack.append((iter(child), 0, False, len(windows) - 1))
+            continue
+        if child.tag in _WRAPPERS:
+            rotation = rotation or child.attrib.get("rotation", "")
+            stack.append((iter(child), depth, in_toolbar, window))
+            continue
         if child.tag != "node":
             continue
+        if window is None:
+            # A top-level node of a plain hierarchy: a window of its own.
+            windows.append(Window(index=len(windows), package="", bounds=Bounds(0, 0, 0, 0)))
+            window = len(windows) - 1
+            owner: int | None = None
+        else:
+            owner = window
         attrs = dict(child.attrib)
         bounds = parse_bounds(attrs.get("bounds", ""))
+        if depth == 0 and (bounds is not None or windows[window].package == ""):
+            w = windows[window]
+            windows[window] = Window(
+                index=w.index,
+                package=w.package or attrs.get("package", ""),
+                bounds=w.bounds if w.bounds.width > 0 else (bounds or w.bounds),
+                type=w.type,
+                layer=w.layer,
+                title=w.title,
+            )
         cls = attrs.get("class", "")
         rid = attrs.get("resource-id", "").rsplit("/", 1)[-1]
         toolbar = (
@@ -90,11 +160,17 @@ def parse_nodes(xml_text: str) -> tuple[str, list[RawNode]]:
             or any(rid.endswith(t) for t in _TOOLBAR_ID_HINTS)
         )
         if bounds is not None:
-            nodes.append(RawNode(attrs, bounds, depth, toolbar))
-        stack.append((iter(child), depth + 1, toolbar))
+            nodes.append(RawNode(attrs, bounds, depth, toolbar, window))
+        stack.append((iter(child), depth + 1, toolbar, owner if owner is not None else window))
     if not nodes:
         raise HierarchyError("hierarchy dump has no nodes (screen not ready)")
-    return root.attrib.get("rotation", "0"), nodes
+    return rotation or "0", nodes, windows
+
+
+def parse_nodes(xml_text: str) -> tuple[str, list[RawNode]]:
+    """All nodes in document order, with the hierarchy's rotation. Raises `HierarchyError`."""
+    rotation, nodes, _ = parse_windows(xml_text)
+    return rotation, nodes
 
 
 def _clip(b: Bounds, width: int, height: int) -> Bounds:
@@ -129,8 +205,63 @@ def foreground_package(nodes: list[RawNode]) -> str:
             area[pkg] = area.get(pkg, 0) + n.bounds.width * n.bounds.height
     if not area:
         return ""
-    candidates = {p: a for p, a in area.items() if p and p != _SYSTEM_UI} or area
+    candidates = {p: a for p, a in area.items() if p and p != "com.android.systemui"} or area
     return max(candidates, key=lambda p: candidates[p])
+
+
+def cap_text(value: str, cap: int = TEXT_CAP) -> str:
+    """`value` cut to `cap` characters with a marker saying how much was left out."""
+    value = value.strip()
+    if len(value) <= cap:
+        return value
+    return f"{value[:cap]}… [{len(value) - cap} more characters]"
+
+
+def _screen_from(windows: list[Window], nodes: list[RawNode]) -> tuple[int, int]:
+    """The screen's size from the windows' own bounds (the app's root spans the screen), never
+    from every node: nodes laid out off screen (pages of a pager, a list's recycled rows) would
+    stretch the "screen" and keep them all."""
+    roots = [w.bounds for w in windows if w.bounds.width > 0 and w.bounds.height > 0]
+    if not roots:
+        roots = [n.bounds for n in nodes if n.depth == 0] or [n.bounds for n in nodes]
+    return max(b.right for b in roots), max(b.bottom for b in roots)
+
+
+def _covered(b: Bounds, cover: Bounds) -> Bounds | None:
+    """What of `b` is left in view above a keyboard `cover` (None when nothing is)."""
+    if b.right <= cover.left or b.left >= cover.right or b.bottom <= cover.top:
+        return b
+    if b.top >= cover.top:
+        return None
+    return Bounds(b.left, b.top, b.right, cover.top)
+
+
+def _budget(candidates: list[tuple[RawNode, Bounds]]) -> tuple[list[tuple[RawNode, Bounds]], int]:
+    """Keep the scene bounded: actionable elements first, then texts in document order."""
+
+    def size(n: RawNode) -> int:
+        a = n.attrs
+        return min(len(a.get("text", "")), TEXT_CAP) + min(len(a.get("content-desc", "")), TEXT_CAP)
+
+    def actionable(n: RawNode) -> bool:
+        a = n.attrs
+        return any(
+            _flag(a, f) for f in ("clickable", "long-clickable", "checkable", "scrollable")
+        ) or any(h in a.get("class", "") for h in _EDITABLE_HINTS)
+
+    total = sum(size(n) for n, _ in candidates)
+    if len(candidates) <= MAX_ELEMENTS and total <= MAX_SCENE_TEXT:
+        return candidates, 0
+    order = sorted(range(len(candidates)), key=lambda i: (not actionable(candidates[i][0]), i))
+    kept: set[int] = set()
+    used = 0
+    for i in order:
+        cost = size(candidates[i][0])
+        if len(kept) >= MAX_ELEMENTS or (used + cost > MAX_SCENE_TEXT and kept):
+            continue
+        kept.add(i)
+        used += cost
+    return [c for i, c in enumerate(candidates) if i in kept], len(candidates) - len(kept)
 
 
 def parse_scene(
@@ -139,34 +270,85 @@ def parse_scene(
     package: str | None = None,
 ) -> Scene:
     """Dump → Scene. `screen_size` and `package` (from the driver) win over the dump's own."""
-    rotation, nodes = parse_nodes(xml_text)
-    if screen_size is None:
-        width = max(n.bounds.right for n in nodes)
-        height = max(n.bounds.bottom for n in nodes)
-    else:
-        width, height = screen_size
-    fg = package or foreground_package(nodes)
-    has_other = any(n.attrs.get("package", "") not in ("", _SYSTEM_UI) for n in nodes)
-    elements: list[Element] = []
-    toolbar_ids: set[str] = set()
+    rotation, nodes, windows = parse_windows(xml_text)
+    width, height = screen_size if screen_size is not None else _screen_from(windows, nodes)
+    facts: dict[int, tuple[list[str], list[str]]] = {w.index: ([], []) for w in windows}
+    for n in nodes:
+        ids, texts = facts[n.window]
+        if n.attrs.get("resource-id"):
+            ids.append(n.attrs["resource-id"])
+        if n.attrs.get("text"):
+            texts.append(n.attrs["text"])
+    kinds: dict[int, Kind] = {
+        w.index: classify(
+            w, WindowFacts(tuple(facts[w.index][0]), tuple(facts[w.index][1])), (width, height)
+        )
+        for w in windows
+    }
+    stack = sorted(windows, key=lambda w: stacking(w, kinds[w.index]))  # nearest the user last
+    # Windows under the topmost modal one are out of reach; a keyboard covers what is below it.
+    reachable = list(stack)
+    for i in range(len(stack) - 1, -1, -1):
+        if kinds[stack[i].index] in MODAL:
+            reachable = stack[i:]
+            break
+    keyboards = [w for w in reachable if kinds[w.index] == "keyboard"]
+    keyboard_top = {w.index: w for w in keyboards}
+    level = {w.index: i for i, w in enumerate(stack)}
+    shown = {w.index for w in reachable if kinds[w.index] not in CHROME}
+    overlays: list[str] = []
+    for w in reversed(reachable):
+        kind = kinds[w.index]
+        if kind in MODAL or kind == "keyboard":
+            overlays.append(kind)
+    overlays = list(dict.fromkeys(overlays))
+    modal = next((w for w in reversed(reachable) if kinds[w.index] in MODAL), None)
+
+    candidates: list[tuple[RawNode, Bounds]] = []
+    keyboard_done: set[int] = set()
     for node in nodes:
+        if node.window not in shown:
+            continue
+        if node.window in keyboard_top:
+            if node.window not in keyboard_done:
+                keyboard_done.add(node.window)
+                w = keyboard_top[node.window]
+                b = _clip(w.bounds if w.bounds.width > 0 else node.bounds, width, height)
+                attrs = {
+                    "content-desc": KEYBOARD_LABEL,
+                    "class": node.attrs.get("class", ""),
+                    "package": w.package,
+                }
+                candidates.append((RawNode(attrs, b, 0, False, node.window), b))
+            continue
         if not _is_kept(node):
             continue
+        bounds: Bounds | None = _clip(node.bounds, width, height)
+        for kb in keyboards:
+            if bounds is not None and level[kb.index] > level[node.window]:
+                bounds = _covered(bounds, _clip(kb.bounds, width, height))
+        if bounds is None or bounds.width <= 0 or bounds.height <= 0:
+            continue
+        candidates.append((node, bounds))
+    kept, omitted = _budget(candidates)
+
+    elements: list[Element] = []
+    toolbar_ids: set[str] = set()
+    for node, bounds in kept:
         a = node.attrs
-        if has_other and a.get("package") == _SYSTEM_UI:
-            continue
-        bounds = _clip(node.bounds, width, height)
-        if bounds.width <= 0 or bounds.height <= 0:
-            continue
         eid = f"e{len(elements) + 1}"
         if node.in_toolbar:
             toolbar_ids.add(eid)
+        text = cap_text(a.get("text", ""))
+        hint = cap_text(a.get("hint", ""))
+        if hint and text == hint and any(h in a.get("class", "") for h in _EDITABLE_HINTS):
+            text = ""  # an empty field reports its hint as its text (Android 8+)
         elements.append(
             Element(
                 element_id=eid,
                 bounds=bounds,
-                text=a.get("text", "").strip(),
-                content_desc=a.get("content-desc", "").strip(),
+                text=text,
+                content_desc=cap_text(a.get("content-desc", "")),
                 resource_id=a.get("resource-id", ""),
                 class_name=a.get("class", ""),
                 package=a.get("package", ""),
@@ -180,16 +362,32 @@ def parse_scene(
                 scrollable=_flag(a, "scrollable"),
                 selected=_flag(a, "selected"),
                 password=_flag(a, "password"),
+                hint=hint,
             )
         )
+    if modal is not None:
+        fg = modal.package or package or ""
+    else:
+        fg = package or _app_package(windows, kinds, nodes)
+    titled = [e for e in elements if modal is None or e.package == modal.package]
     return Scene(
         elements=elements,
         package=fg,
-        page_title=derive_page_title(elements, height, toolbar_ids),
+        page_title=derive_page_title(titled, height, toolbar_ids, dialog=modal is not None),
         screen_width=width,
         screen_height=height,
         rotation=int(rotation) if rotation in ("0", "1", "2", "3") else 0,
+        keyboard_shown="keyboard" in overlays,
+        overlays=overlays,
+        omitted=omitted,
     )
+
+
+def _app_package(windows: list[Window], kinds: dict[int, Kind], nodes: list[RawNode]) -> str:
+    apps = [w for w in windows if kinds[w.index] == "app" and w.package]
+    if apps:
+        return max(apps, key=lambda w: w.bounds.width * w.bounds.height).package
+    return foreground_package(nodes)
 
 
 def ui_tree_nodes(scene: Scene) -> list[dict[str, Any]]:

@@ -1,4 +1,12 @@
-"""One look at the phone: screenshot + hierarchy (retried while the screen settles) → Scene."""
+"""One look at the phone: a ready screen, a screenshot, a hierarchy (retried while the screen
+settles) → Scene.
+
+Real phones glitch: `uiautomator dump` says "could not get idle state" while something animates
+or returns an empty tree while a window changes. Those are retried a bounded number of times
+with a growing pause, then reported with the last reason. A phone that fell asleep is woken; a
+swipe lock screen is dismissed; a lock screen that needs a credential stops the task with a
+`ScreenLocked` error a person can act on (amc never guesses a PIN).
+"""
 
 from __future__ import annotations
 
@@ -7,7 +15,14 @@ from dataclasses import dataclass, field
 
 from PIL import Image
 
-from host.devices.base import DeviceError, DeviceGone, Driver
+from host.devices.base import (
+    DeviceBusy,
+    DeviceError,
+    DeviceGone,
+    Driver,
+    ScreenControl,
+    ScreenLocked,
+)
 from host.perception.fusion import fuse_ocr
 from host.perception.hierarchy import HierarchyError, parse_scene
 from host.perception.ocr import OcrPool
@@ -38,7 +53,7 @@ class Perceiver:
     def __init__(
         self,
         ocr: OcrPool | None = None,
-        retries: int = 3,
+        retries: int = 5,
         retry_delay_s: float = 0.5,
         ocr_min_confidence: float = 70.0,
     ) -> None:
@@ -50,21 +65,51 @@ class Perceiver:
     def scene_from_dump(
         self, driver: Driver, size: tuple[int, int], package: str | None
     ) -> tuple[Scene, str]:
-        """Dump and parse, retrying empty or malformed dumps, then a `HierarchyError`."""
-        last: HierarchyError | None = None
+        """Dump and parse, retrying passing glitches (`DeviceBusy`: an idle-state error, a null
+        root; `HierarchyError`: an empty or malformed dump) up to `retries` times with a
+        growing pause, then a `HierarchyError` naming the tries and the last reason."""
+        last: DeviceError | None = None
         for attempt in range(self.retries):
-            xml = driver.dump_hierarchy()
             try:
+                xml = driver.dump_hierarchy()
                 return parse_scene(xml, size, package or None), xml
-            except HierarchyError as exc:
+            except (HierarchyError, DeviceBusy) as exc:
                 last = exc
                 if attempt + 1 < self.retries:
-                    time.sleep(self.retry_delay_s)
+                    time.sleep(self.retry_delay_s * (attempt + 1))
         raise HierarchyError(
             f"no usable hierarchy from {driver.serial} after {self.retries} tries: {last}"
         )
 
+    @staticmethod
+    def ready_screen(driver: Driver) -> None:
+        """Wake a sleeping phone and dismiss a lock screen that needs no credential; refuse one
+        that does (`ScreenLocked`). Drivers without `ScreenControl` are taken as they are."""
+        if not isinstance(driver, ScreenControl):
+            return
+        state = driver.screen_state()
+        if not state.awake:
+            driver.wake()
+            state = driver.screen_state()
+            if not state.awake:
+                raise DeviceError(f"phone {driver.serial} did not wake up")
+        if not state.locked:
+            return
+        if state.secure:
+            raise ScreenLocked(
+                f"phone {driver.serial} shows a lock screen that needs a PIN, pattern or "
+                "password; amc does not unlock it: unlock the phone by hand (or remove its "
+                "screen lock) and run the task again"
+            )
+        driver.dismiss_keyguard()
+        state = driver.screen_state()
+        if state.locked:
+            raise ScreenLocked(
+                f"phone {driver.serial} still shows its lock screen after dismissing it"
+            )
+
     def perceive(self, driver: Driver, with_ocr: bool = True) -> Observation:
+        self.ready_screen(driver)
         t0 = time.perf_counter()
         png = driver.screenshot_png()
         t1 = time.perf_counter()

@@ -42,6 +42,11 @@ class TimelineRecord:
     forced_retry: bool = False
     corrective_retries: int = 0
     decision_step_index: int | None = None
+    # "full" | "summarized" | "omitted" | "redacted" | "none"; "" in records of older hosts.
+    thinking_kind: str = ""
+    # "none" | "forced" | "nudge"; "" in records of older hosts.
+    retry_kind: str = ""
+    output_truncated: bool = False
     # What ran and how it went.
     action: dict[str, Any] = field(default_factory=dict)
     result: dict[str, Any] = field(default_factory=dict)

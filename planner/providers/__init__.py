@@ -1,28 +1,23 @@
-"""Model providers behind one protocol: Anthropic, OpenAI (official SDKs) and the offline agent."""
+"""What answers a model call: a vendor adapter (`planner/vendors/`) or the offline heuristic."""
 
 from __future__ import annotations
 
-from planner.providers.base import Provider, ProviderRequest, ProviderResponse, ToolCall
 from planner.settings import PlannerSettings
+from planner.vendors.base import ModelAdapter
 
-__all__ = ["Provider", "ProviderRequest", "ProviderResponse", "ToolCall", "make_provider"]
+__all__ = ["make_provider"]
 
 
-def make_provider(settings: PlannerSettings) -> Provider:
-    """The provider `settings` select (see `PlannerSettings.resolved_provider`).
+def make_provider(settings: PlannerSettings) -> ModelAdapter:
+    """The model the settings select (see `PlannerSettings.resolved_provider`).
 
-    Raises `PlannerAuthError` when a real provider is selected without its API key, so a
+    Raises `PlannerAuthError` when a vendor is selected without its API key, so a
     misconfiguration shows up at start-up rather than at the first step.
     """
-    name = settings.resolved_provider
-    if name == "anthropic":
-        from planner.providers.anthropic import AnthropicProvider
+    if settings.resolved_provider == "offline":
+        from planner.providers.offline import OfflineProvider
 
-        return AnthropicProvider(settings)
-    if name == "openai":
-        from planner.providers.openai import OpenAIProvider
+        return OfflineProvider()
+    from planner.vendors import make_adapter
 
-        return OpenAIProvider(settings)
-    from planner.providers.offline import OfflineProvider
-
-    return OfflineProvider()
+    return make_adapter(settings)

@@ -1,4 +1,4 @@
-"""How a session talks to its model: thinking configuration and the session's own knobs.
+"""The session's own knobs (how a session talks to its model is its adapter's business).
 
 These are plain values; `planner/settings.py` (owned by the planner settings class) maps the
 environment onto them: `AMC_PLANNER_MODE=session` selects session mode, and the
@@ -8,35 +8,8 @@ environment onto them: `AMC_PLANNER_MODE=session` selects session mode, and the
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
 
-from planner.session.anthropic_projection import ForeignReasoning
-
-ThinkingMode = Literal["off", "adaptive", "budget"]
-SessionProvider = Literal["anthropic", "openai-responses"]
-PlannerMode = Literal["compact", "session"]
-
-
-@dataclass(frozen=True, slots=True)
-class ThinkingConfig:
-    """Reasoning for a session, provider-neutral.
-
-    Anthropic: `adaptive` sends `thinking: {type: adaptive}` (+ `output_config.effort`), `budget`
-    sends `thinking: {type: enabled, budget_tokens}` with the interleaved-thinking beta header.
-    OpenAI Responses: any mode but `off` sends `reasoning: {effort, summary: auto}`.
-    """
-
-    mode: ThinkingMode = "off"
-    effort: str | None = None
-    budget_tokens: int | None = None
-
-    def __post_init__(self) -> None:
-        if self.mode == "budget" and (self.budget_tokens is None or self.budget_tokens < 1024):
-            raise ValueError("thinking budget_tokens must be at least 1024")
-
-    @property
-    def enabled(self) -> bool:
-        return self.mode != "off"
+from planner.conversation.turns import ForeignReasoning
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,57 +14,35 @@ Use: `decision = await planner.decide(observation)`, execute the action, then
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Collection, Sequence
 from typing import Any
 
-import anthropic
-import openai
-
-from planner.decision import Decision, ThinkingBlock, Usage
-from planner.errors import PlannerError, PlannerRejected, SessionStateError, ToolCallError
-from planner.session import anthropic_turn, responses_turn
-from planner.session.anthropic_projection import ProjectionStats, project_anthropic
-from planner.session.config import SessionConfig, SessionProvider, ThinkingConfig
-from planner.session.items import (
-    AssistantText,
+from planner import deciding
+from planner.conversation.items import (
     ContextCheckpoint,
-    Reasoning,
     SessionItem,
     ToolResult,
     UserObservation,
     unanswered_calls,
 )
+from planner.conversation.turns import ProjectionStats, next_checkpoint
+from planner.decision import Decision
+from planner.errors import PlannerRejected, SessionStateError
+from planner.model_profiles import RetryForm
+from planner.session.config import SessionConfig
 from planner.session.prompt import SESSION_SYSTEM_PROMPT
-from planner.session.provider_turn import TurnResult
-from planner.session.responses_projection import project_responses
 from planner.session.store import SessionStore
-from planner.session.streaming import ThinkingSink
-from planner.session.turns import next_checkpoint
-from planner.tools import TOOLS, ToolSpec, parse_tool_call
+from planner.tools import TOOLS, ToolSpec
+from planner.vendors.base import ModelAdapter, ThinkingSink, Turn, TurnRequest
 
-NUDGE = "You answered without calling a tool. Call exactly one tool now."
+NUDGE = deciding.NUDGE
 NOT_RECORDED = (
     "The outcome of this action was not recorded (the planner restarted before it was "
     "reported). Judge it from the current screen."
 )
-EXTRA_CALL = "Not executed: call exactly one tool per turn."
+EXTRA_CALL = deciding.EXTRA_CALL
 
-Client = anthropic.AsyncAnthropic | openai.AsyncOpenAI
 log = logging.getLogger(__name__)
-
-
-def make_client(
-    provider: SessionProvider,
-    *,
-    api_key: str | None = None,
-    base_url: str | None = None,
-    max_retries: int = 2,
-) -> Client:
-    """The official SDK client for a provider (`base_url` points tests at a local server)."""
-    if provider == "anthropic":
-        return anthropic.AsyncAnthropic(api_key=api_key, base_url=base_url, max_retries=max_retries)
-    return openai.AsyncOpenAI(api_key=api_key, base_url=base_url, max_retries=max_retries)
 
 
 class SessionPlanner:
@@ -73,38 +51,29 @@ class SessionPlanner:
     def __init__(
         self,
         *,
-        provider: SessionProvider,
-        model: str,
-        client: Client,
+        adapter: ModelAdapter,
         store: SessionStore,
         task_id: str,
         attempt: int,
-        thinking: ThinkingConfig | None = None,
         config: SessionConfig | None = None,
         system_prompt: str = SESSION_SYSTEM_PROMPT,
         tools: Sequence[ToolSpec] = TOOLS,
         on_thinking: ThinkingSink | None = None,
         history: Sequence[SessionItem] = (),
-        owns_client: bool = False,
+        owns_adapter: bool = False,
     ) -> None:
-        if provider == "anthropic" and not isinstance(client, anthropic.AsyncAnthropic):
-            raise TypeError("provider anthropic needs an anthropic.AsyncAnthropic client")
-        if provider == "openai-responses" and not isinstance(client, openai.AsyncOpenAI):
-            raise TypeError("provider openai-responses needs an openai.AsyncOpenAI client")
-        self.provider = provider
-        self.model = model
-        self.thinking = thinking or ThinkingConfig()
+        self.adapter = adapter
         self.config = config or SessionConfig()
         self.system_prompt = system_prompt
         self.tools = tuple(tools)
         self.on_thinking = on_thinking
         self.task_id = task_id
         self.attempt = attempt
-        self._client = client
-        self._owns_client = owns_client
+        self._owns_adapter = owns_adapter
         self._store = store
         self._items: list[SessionItem] = list(history)
         self.last_stats = ProjectionStats()
+        self._started_afresh = False
 
     @classmethod
     async def open(
@@ -142,8 +111,8 @@ class SessionPlanner:
         return pending[-1] if pending else None
 
     async def aclose(self) -> None:
-        if self._owns_client:
-            await self._client.close()
+        if self._owns_adapter:
+            await self.adapter.aclose()
 
     async def _commit(self, items: Sequence[SessionItem]) -> None:
         """Store first, then remember: what the next request is built from is always on disk."""
@@ -163,49 +132,33 @@ class SessionPlanner:
             raise SessionStateError(f"no tool call waiting for a result (got {call_id!r})")
         await self._commit([ToolResult(target, output, is_error)])
 
-    async def _call(self, *, forced: bool) -> TurnResult:
+    # --- the conversation one decision adds to (planner.deciding.Conversation) ---
+
+    def request(self, *, forced: bool, thinking: bool) -> TurnRequest:
         cfg = self.config
-        if isinstance(self._client, anthropic.AsyncAnthropic):
-            projection = project_anthropic(
-                self._items,
-                thinking=self.thinking.enabled and not forced,
-                foreign_reasoning=cfg.foreign_reasoning,
-            )
-            self.last_stats = projection.stats
-            params = anthropic_turn.request_params(
-                model=self.model,
-                system=self.system_prompt,
-                messages=projection.messages,
-                tools=self.tools,
-                thinking=self.thinking,
-                forced=forced,
-                max_tokens=cfg.max_tokens,
-            )
-            turn = await anthropic_turn.anthropic_turn(
-                self._client, params=params, stream=cfg.stream, on_thinking=self.on_thinking
-            )
-        else:
-            rprojection = project_responses(
-                self._items,
-                foreign_reasoning=cfg.foreign_reasoning,
-                keep_reasoning_turns=cfg.keep_reasoning_turns,
-            )
-            self.last_stats = rprojection.stats
-            params = responses_turn.request_params(
-                model=self.model,
-                system=self.system_prompt,
-                input_items=rprojection.input,
-                tools=self.tools,
-                thinking=self.thinking,
-                forced=forced,
-                max_tokens=cfg.max_tokens,
-            )
-            turn = await responses_turn.responses_turn(
-                self._client, params=params, stream=cfg.stream, on_thinking=self.on_thinking
-            )
+        return TurnRequest(
+            system=self.system_prompt,
+            items=list(self._items),
+            tools=self.tools,
+            mode="session",
+            forced=forced,
+            thinking=thinking,
+            max_tokens=cfg.max_tokens,
+            stream=cfg.stream,
+            on_thinking=self.on_thinking,
+            foreign_reasoning=cfg.foreign_reasoning,
+            keep_reasoning_turns=cfg.keep_reasoning_turns,
+        )
+
+    def thinking_allowed(self) -> bool:
+        # An unthought tool-use turn is sent as text by the projection; thinking stays on.
+        return True
+
+    async def received(self, turn: Turn) -> None:
+        self.last_stats = turn.projection
         dropped = {
             k: v
-            for k, v in self.last_stats.as_dict().items()
+            for k, v in turn.projection.as_dict().items()
             if v and k in ("unsigned_dropped", "foreign_dropped", "orphan_reasoning_dropped")
         }
         if dropped:
@@ -213,7 +166,12 @@ class SessionPlanner:
                 "session %s/%s: reasoning not sent back: %s", self.task_id, self.attempt, dropped
             )
         await self._commit(turn.items)
-        return turn
+
+    async def before_retry(self, form: RetryForm) -> None:
+        await self._commit([UserObservation(NUDGE, kind="instruction")])
+
+    async def add(self, items: Sequence[SessionItem]) -> None:
+        await self._commit(items)
 
     async def _start_afresh(self, err: PlannerRejected) -> None:
         """Recover from a request the provider refused, once: a checkpoint right after the
@@ -234,6 +192,7 @@ class SessionPlanner:
             self.attempt,
             err,
         )
+        self._started_afresh = True
         await self._commit([ContextCheckpoint(current)])
 
     async def decide(
@@ -248,88 +207,36 @@ class SessionPlanner:
 
         `condensed` is the short form the observation takes once a context checkpoint falls
         after it. A tool call still waiting for its result (the host restarted mid-step) is
-        answered with a "not recorded" note first. Without a tool call the model is nudged and
-        forced once; an invalid call gets one corrective retry; then a PlannerError.
+        answered with a "not recorded" note first. The same observation asked again after its
+        call failed (planning was temporarily impossible) is not added twice. The retries are
+        `planner.deciding`'s.
         """
-        started = time.monotonic()
-        opening: list[SessionItem] = [
-            ToolResult(call_id, NOT_RECORDED) for call_id in unanswered_calls(self._items)
-        ]
-        cut = next_checkpoint([*self._items, *opening], self.config.keep_scenes)
-        if cut is not None:
-            opening.append(ContextCheckpoint(cut))
-        opening.append(UserObservation(observation_text, condensed=condensed))
-        await self._commit(opening)
+        observation = UserObservation(observation_text, condensed=condensed)
+        if not (self._items and self._items[-1] == observation):
+            opening: list[SessionItem] = [
+                ToolResult(call_id, NOT_RECORDED) for call_id in unanswered_calls(self._items)
+            ]
+            cut = next_checkpoint([*self._items, *opening], self.config.keep_scenes)
+            if cut is not None:
+                opening.append(ContextCheckpoint(cut))
+            opening.append(observation)
+            await self._commit(opening)
 
-        usage = Usage()
-        turns: list[TurnResult] = []
-        forced = False
-        corrective = 0
-
-        recovered = False
-        try:
-            turn = await self._call(forced=False)
-        except PlannerRejected as err:
-            await self._start_afresh(err)
-            recovered = True
-            turn = await self._call(forced=False)
-        turns.append(turn)
-        usage.add(turn.usage)
-        if not turn.tool_calls:
-            forced = True
-            await self._commit([UserObservation(NUDGE, kind="instruction")])
-            turn = await self._call(forced=True)
-            turns.append(turn)
-            usage.add(turn.usage)
-        while True:
-            if not turn.tool_calls:
-                raise PlannerError(
-                    "planner: the model answered without a tool call"
-                    + (" even when forced" if forced else " after a corrective retry")
-                )
-            call, *extra = turn.tool_calls
-            await self._commit([ToolResult(c.call_id, EXTRA_CALL, is_error=True) for c in extra])
-            arguments = turn.raw_calls.get(call.call_id, call.arguments)
-            try:
-                parsed = parse_tool_call(
-                    call.name, arguments, element_ids=element_ids, screen_size=screen_size
-                )
-                break
-            except ToolCallError as err:
-                await self._commit([ToolResult(call.call_id, str(err), is_error=True)])
-                if corrective >= 1:
-                    raise PlannerError(
-                        f"planner: the model's tool call stayed invalid after a corrective retry: "
-                        f"{err}"
-                    ) from None
-                corrective += 1
-                turn = await self._call(forced=False)
-                turns.append(turn)
-                usage.add(turn.usage)
-
-        reasoning = [i for t in turns for i in t.items if isinstance(i, Reasoning)]
-        texts = [i.text.strip() for t in turns for i in t.items if isinstance(i, AssistantText)]
-        return Decision(
-            tool_name=parsed.tool_name,
-            arguments=parsed.arguments,
-            action=parsed.action,
-            purpose=parsed.purpose,
-            expected_outcome=parsed.expected_outcome,
-            rationale="\n".join(t for t in texts if t) or None,
-            thinking=[ThinkingBlock(r.readable, redacted=not r.readable) for r in reasoning],
-            usage=usage,
-            provider="anthropic" if self.provider == "anthropic" else "openai",
-            model=turn.model,
-            latency_s=time.monotonic() - started,
-            forced_retry=forced,
+        self._started_afresh = False
+        decision, turns = await deciding.decide(
+            self.adapter,
+            self,
             system_prompt=self.system_prompt,
             user_prompt=observation_text,
-            corrective_retries=corrective,
-            extra={
-                "mode": "session",
-                "call_id": call.call_id,
-                "turn_ids": [t.turn_id for t in turns],
-                "projection": self.last_stats.as_dict(),
-                "started_afresh": recovered,
-            },
+            element_ids=element_ids,
+            screen_size=screen_size,
+            recover=self._start_afresh,
         )
+        decision.extra = {
+            "mode": "session",
+            "call_id": turns[-1].tool_calls[0].call_id,
+            "turn_ids": [t.turn_id for t in turns],
+            "projection": self.last_stats.as_dict(),
+            "started_afresh": self._started_afresh,
+        }
+        return decision

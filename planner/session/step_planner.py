@@ -19,11 +19,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from planner.conversation.items import ToolCall, UserObservation, unanswered_calls
 from planner.decision import Decision
 from planner.errors import SessionStateError
 from planner.history import WorldEvent
 from planner.scene import Scene
-from planner.session.items import ToolCall, UserObservation, unanswered_calls
 from planner.tools import ui_tree_result
 
 if TYPE_CHECKING:  # the SDKs behind SessionPlanner are not needed by hosts that only send steps

@@ -3,7 +3,7 @@
 `SessionStore` is the port: the host's local store implements it (`SqliteSessionStore`, one
 small table), and for the cloud transport the cloud implements it over its own database
 (`cloud/store/ports.py`).
-Items are stored one row each as the exact JSON of `planner.session.items`, so signatures and
+Items are stored one row each as the exact JSON of `planner.conversation.items`, so signatures and
 encrypted reasoning come back byte for byte and a planner built after a restart continues the
 very same conversation.
 """
@@ -17,8 +17,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
+from planner.conversation.items import SessionItem, dumps_item, item_type, loads_item
 from planner.errors import PlannerError
-from planner.session.items import SessionItem, dumps_item, item_type, loads_item
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS planner_session_items (

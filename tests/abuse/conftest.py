@@ -34,7 +34,7 @@ class AbuseCloud:
     def assert_serving(self) -> None:
         """The replica still answers: health SERVING over a fresh connection."""
         with self.channel("operator-ops") as ch:
-            stub = health_pb2_grpc.HealthStub(ch)  # type: ignore[no-untyped-call]
+            stub = health_pb2_grpc.HealthStub(ch)
             reply = stub.Check(health_pb2.HealthCheckRequest(), timeout=10)
             assert reply.status == health_pb2.HealthCheckResponse.SERVING
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TypedDict
 
 import pytest
 
@@ -23,6 +24,13 @@ from host.perception.perceive import Perceiver
 from host.timeline.store import TimelineStore
 from planner.planner import make_planner
 from planner.settings import PlannerSettings
+
+
+class Broken(TypedDict, total=False):
+    """What a BrokenPhoneDriver returns instead of the phone's own."""
+
+    png: bytes
+    dump: str
 
 
 class BrokenPhoneDriver(VirtualDriver):
@@ -62,14 +70,14 @@ def ocr() -> Iterator[OcrPool]:
     ],
 )
 async def test_a_broken_phone_fails_its_task_clearly_and_the_host_carries_on(
-    store: TimelineStore, ocr: OcrPool, broken: dict[str, object], reason: str
+    store: TimelineStore, ocr: OcrPool, broken: Broken, reason: str
 ) -> None:
     planner = make_planner(PlannerSettings(provider="offline"))
     perceiver = Perceiver(ocr, retries=2, retry_delay_s=0)
     settings = LoopSettings(max_steps=10, settle_delay_s=0, ocr=True)
 
     bad = AgentLoop(
-        BrokenPhoneDriver(VirtualPhone("emulator-5554"), **broken),  # type: ignore[arg-type]
+        BrokenPhoneDriver(VirtualPhone("emulator-5554"), **broken),
         planner,
         perceiver,
         store,

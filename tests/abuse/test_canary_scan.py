@@ -37,7 +37,7 @@ from amc.v1 import decision_log_service_pb2, task_service_pb2, types_pb2
 from console.embedded import embedded_stack, follow_tasks
 from host.perception.hierarchy import parse_scene
 from host.perception.ocr import default_tessdata_path
-from tests.support.fake_providers import FakeProviderServer, anthropic_message, text, tool_use
+from tests.support.fakes import FakeModelServer, anthropic_message, text, tool_use
 
 KEY = f"sk-ant-canary-{secrets.token_hex(12)}"
 SECRET = f"Zq{secrets.randbelow(10**6):06d}Canary"
@@ -79,8 +79,8 @@ def files_under(*roots: Path) -> Iterator[Path]:
 
 
 @pytest.fixture
-def canary_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeProviderServer]:
-    with FakeProviderServer(anthropic_key=KEY) as fake:
+def canary_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeModelServer]:
+    with FakeModelServer(anthropic_key=KEY) as fake:
         for name in list(__import__("os").environ):
             if name.startswith(("AMC_PLANNER_", "ANTHROPIC_", "OPENAI_", "AI_PLANNER_")):
                 monkeypatch.delenv(name)
@@ -91,7 +91,7 @@ def canary_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeProviderServer]:
         yield fake
 
 
-def _script(fake: FakeProviderServer) -> None:
+def _script(fake: FakeModelServer) -> None:
     intent = {"purpose": "p", "expected_outcome": "e"}
     fake.script_anthropic(
         anthropic_message(
@@ -156,7 +156,7 @@ def _read_line(api: Any, png: bytes, box: tuple[int, int, int, int]) -> str:
 
 @pytest.mark.parametrize("mode", ["compact", "session"])
 async def test_canary_key_and_secret_leave_no_trace(
-    canary_env: FakeProviderServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mode: str
+    canary_env: FakeModelServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mode: str
 ) -> None:
     """In session mode the cloud also stores the whole conversation (planner_session_items):
     the scan covers it, since the model's input_text call and every later observation are in

@@ -10,6 +10,7 @@ PERMISSION_DENIED and a reason.
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -44,7 +45,7 @@ OPERATOR_SERVICES = (
 
 def _issue(
     ca: pki.CertPair,
-    sans: list[x509.GeneralName],
+    sans: Sequence[x509.GeneralName],
     not_before: dt.datetime,
     not_after: dt.datetime,
 ) -> tuple[bytes, bytes]:

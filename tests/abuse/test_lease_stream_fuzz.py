@@ -11,7 +11,7 @@ still serves afterwards.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import grpc
 import pytest
@@ -76,7 +76,10 @@ def _sequences(task_ids: list[str]) -> st.SearchStrategy[list[lease_pb.LeaseRequ
         result,
         st.just(_hello()),
         st.just(lease_pb.LeaseRequest()),
-        messages(lease_pb.LeaseRequest.DESCRIPTOR),
+        # messages() draws instances of the descriptor's class: LeaseRequest here.
+        cast(
+            "st.SearchStrategy[lease_pb.LeaseRequest]", messages(lease_pb.LeaseRequest.DESCRIPTOR)
+        ),
     )
     body = st.lists(one, max_size=8).flatmap(
         # Repeat some messages verbatim: duplicates must be as harmless as the originals.
@@ -88,7 +91,8 @@ def _sequences(task_ids: list[str]) -> st.SearchStrategy[list[lease_pb.LeaseRequ
     )
     start = st.sampled_from(["hello", "hello", "hello", "fuzzed-hello", "none"])
     fuzzed_hello = messages(lease_pb.HostHello.DESCRIPTOR).map(
-        lambda h: lease_pb.LeaseRequest(hello=h)
+        # messages() draws instances of the descriptor's class: HostHello here.
+        lambda h: lease_pb.LeaseRequest(hello=cast(lease_pb.HostHello, h))
     )
     return st.tuples(start, fuzzed_hello, body).map(
         lambda t: (
@@ -106,7 +110,7 @@ def _check_stream(stub: Any, seq: list[lease_pb.LeaseRequest]) -> None:
         for response in call:
             responses.append(response)
     except grpc.RpcError as err:
-        code, details = err.code(), err.details() or ""  # type: ignore[attr-defined]
+        code, details = err.code(), err.details() or ""
     shown = [m.WhichOneof("kind") for m in seq]
     assert code not in INTERNALISH, f"{code} {details!r} after {shown}"
     assert code in ALLOWED_END, f"{code} {details!r} after {shown}"
@@ -125,7 +129,7 @@ def _check_stream(stub: Any, seq: list[lease_pb.LeaseRequest]) -> None:
 def test_fuzzed_lease_streams_are_refused_cleanly(any_abuse_cloud: AbuseCloud) -> None:
     abuse_cloud = any_abuse_cloud
     with abuse_cloud.channel("operator-ops") as ops_ch:
-        ops: Any = task_service_pb2_grpc.TaskServiceStub(ops_ch)  # type: ignore[no-untyped-call]
+        ops: Any = task_service_pb2_grpc.TaskServiceStub(ops_ch)
         # Queued for another host (never connected) and one for this host's phone.
         others = [
             ops.SubmitTask(
@@ -146,7 +150,7 @@ def test_fuzzed_lease_streams_are_refused_cleanly(any_abuse_cloud: AbuseCloud) -
     task_ids = [*others, mine]
 
     with abuse_cloud.channel("host-fuzz") as ch:
-        stub = lease_service_pb2_grpc.LeaseServiceStub(ch)  # type: ignore[no-untyped-call]
+        stub = lease_service_pb2_grpc.LeaseServiceStub(ch)
 
         @settings(
             max_examples=80,
@@ -171,7 +175,7 @@ def test_a_message_over_the_size_limit_is_refused_and_the_replica_serves_on(
     """17 MB in one message (the limit is 16 MB): RESOURCE_EXHAUSTED, never INTERNAL."""
     huge = "x" * (17 * 1024 * 1024)
     with abuse_cloud.channel("host-fuzz") as ch:
-        stub = lease_service_pb2_grpc.LeaseServiceStub(ch)  # type: ignore[no-untyped-call]
+        stub = lease_service_pb2_grpc.LeaseServiceStub(ch)
         oversize = lease_pb.LeaseRequest(
             renewal=lease_pb.LeaseRenewal(
                 task_id="t", attempt=1, lease_id="l", progress=types_pb2.Progress(summary=huge)

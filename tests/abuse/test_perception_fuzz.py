@@ -211,6 +211,7 @@ def test_fuzzed_screens_into_the_perceiver(
 ) -> None:
     perceiver = Perceiver(ocr, retries=2, retry_delay_s=0)
     try:
+        # FuzzDriver has what perceive() reads; the Driver protocol also asks for input methods.
         observation = perceiver.perceive(FuzzDriver(png, dump, size), with_ocr=True)  # type: ignore[arg-type]
     except Exception as exc:
         _clear(exc)

@@ -114,7 +114,7 @@ def _check(
     if err is None:
         assert parses, f"an unparsable request was accepted: {raw[:80]!r}"
         return
-    code, details = err.code(), err.details() or ""  # type: ignore[attr-defined]
+    code, details = err.code(), err.details() or ""
     # grpcio-health-checking's asyncio servicer does not implement Health.List.
     forbidden = FORBIDDEN if ours else FORBIDDEN - {grpc.StatusCode.UNIMPLEMENTED}
     assert code not in forbidden, f"{code} {details!r} for {raw[:120]!r}"

@@ -79,7 +79,7 @@ def _call(ch: grpc.Channel, method: MethodDescriptor, request: Message) -> grpc.
 def check_refusal(err: grpc.RpcError | None, names: set[str], request: Message) -> None:
     if err is None:
         return
-    code, details = err.code(), err.details() or ""  # type: ignore[attr-defined]
+    code, details = err.code(), err.details() or ""
     assert code not in FORBIDDEN, f"{code} {details!r} for {str(request)[:300]!r}"
     assert len(details.strip()) >= 5, f"{code} without a reason for {str(request)[:300]!r}"
     if code == grpc.StatusCode.INVALID_ARGUMENT:

@@ -129,7 +129,7 @@ def test_a_nul_in_any_text_field_is_refused_naming_it(
                 return  # no text field set in this example
             err = _send(ch, method, poisoned)
             assert err is not None, f"accepted a NUL: {str(poisoned)[:300]!r}"
-            code, details = err.code(), err.details() or ""  # type: ignore[attr-defined]
+            code, details = err.code(), err.details() or ""
             assert code == grpc.StatusCode.INVALID_ARGUMENT, (code, details)
             path, _, problem = details.partition(": ")
             assert problem == "NUL characters are not allowed", details

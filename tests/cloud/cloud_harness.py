@@ -64,7 +64,7 @@ def channel(address: str, pki_dir: Path, identity: str | None) -> grpc.aio.Chann
 
 
 def tasks_stub(ch: grpc.aio.Channel) -> Any:
-    return task_service_pb2_grpc.TaskServiceStub(ch)  # type: ignore[no-untyped-call]
+    return task_service_pb2_grpc.TaskServiceStub(ch)
 
 
 def device(serial: str) -> types_pb2.Device:
@@ -86,21 +86,24 @@ def hello(
 
 
 def renewal(
-    a: lease_pb.Assignment, step: int = 1, summary: str = "working", status: int = 3
+    a: lease_pb.Assignment,
+    step: int = 1,
+    summary: str = "working",
+    status: types_pb2.StepStatus.ValueType = types_pb2.STEP_STATUS_ACTING,
 ) -> lease_pb.LeaseRequest:
     return lease_pb.LeaseRequest(
         renewal=lease_pb.LeaseRenewal(
             task_id=a.task_id,
             attempt=a.attempt,
             lease_id=a.lease_id,
-            progress=types_pb2.Progress(step_index=step, step_status=status, summary=summary),  # type: ignore[arg-type]
+            progress=types_pb2.Progress(step_index=step, step_status=status, summary=summary),
         )
     )
 
 
 def result(
     a: lease_pb.Assignment,
-    status: int = types_pb2.TASK_STATUS_SUCCEEDED,
+    status: types_pb2.TaskStatus.ValueType = types_pb2.TASK_STATUS_SUCCEEDED,
     summary: str = "done",
     step: int = 3,
 ) -> lease_pb.LeaseRequest:
@@ -109,7 +112,7 @@ def result(
             task_id=a.task_id,
             attempt=a.attempt,
             lease_id=a.lease_id,
-            status=status,  # type: ignore[arg-type]
+            status=status,
             summary=summary,
             final_progress=types_pb2.Progress(
                 step_index=step, step_status=types_pb2.STEP_STATUS_SUCCEEDED, summary=summary
@@ -124,7 +127,7 @@ class ScriptedHost:
     def __init__(self, address: str, pki_dir: Path, host_id: str, *, identity: str | None = None):
         self.host_id = host_id
         self._channel = channel(address, pki_dir, identity or f"host-{host_id}")
-        self._stub = lease_service_pb2_grpc.LeaseServiceStub(self._channel)  # type: ignore[no-untyped-call]
+        self._stub = lease_service_pb2_grpc.LeaseServiceStub(self._channel)
         self.call: Any = None
         self.inbox: asyncio.Queue[lease_pb.LeaseResponse | None] = asyncio.Queue()
         self._reader: asyncio.Task[None] | None = None

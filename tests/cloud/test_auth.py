@@ -57,7 +57,7 @@ async def test_host_certificate_cannot_call_operator_services(
         with pytest.raises(grpc.aio.AioRpcError) as err:
             await tasks_stub(ch).SubmitTask(task_service_pb2.SubmitTaskRequest(goal="x"))
         assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED
-        fleet: Any = fleet_service_pb2_grpc.FleetServiceStub(ch)  # type: ignore[no-untyped-call]
+        fleet: Any = fleet_service_pb2_grpc.FleetServiceStub(ch)
         with pytest.raises(grpc.aio.AioRpcError) as err:
             await fleet.ListHosts(fleet_service_pb2.ListHostsRequest())
         assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED
@@ -70,13 +70,13 @@ async def test_operator_certificate_cannot_open_a_lease_or_plan(
 ) -> None:
     ch = channel(cloud.address, pki_dir, "operator-ops")
     try:
-        stub: Any = lease_service_pb2_grpc.LeaseServiceStub(ch)  # type: ignore[no-untyped-call]
+        stub: Any = lease_service_pb2_grpc.LeaseServiceStub(ch)
         call = stub.Lease()
         await call.write(hello(["p"]))
         with pytest.raises(grpc.aio.AioRpcError) as err:
             await call.read()
         assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED
-        planner: Any = planner_service_pb2_grpc.PlannerServiceStub(ch)  # type: ignore[no-untyped-call]
+        planner: Any = planner_service_pb2_grpc.PlannerServiceStub(ch)
         with pytest.raises(grpc.aio.AioRpcError) as err:
             await planner.Decide(planner_service_pb2.DecideRequest(task_id="t"))
         assert err.value.code() in (
@@ -90,7 +90,7 @@ async def test_operator_certificate_cannot_open_a_lease_or_plan(
 async def test_planner_refuses_a_lease_that_is_not_live(cloud: CloudServer, pki_dir: Path) -> None:
     ch = channel(cloud.address, pki_dir, "host-h1")
     try:
-        planner: Any = planner_service_pb2_grpc.PlannerServiceStub(ch)  # type: ignore[no-untyped-call]
+        planner: Any = planner_service_pb2_grpc.PlannerServiceStub(ch)
         with pytest.raises(grpc.aio.AioRpcError) as err:
             await planner.Decide(
                 planner_service_pb2.DecideRequest(

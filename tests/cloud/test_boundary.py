@@ -184,7 +184,7 @@ async def pg_cloud(private_pg: RestartablePostgres, pki_dir: Path) -> AsyncItera
 
 
 async def _health(ch: grpc.aio.Channel) -> int:
-    stub: Any = health_pb2_grpc.HealthStub(ch)  # type: ignore[no-untyped-call]
+    stub: Any = health_pb2_grpc.HealthStub(ch)
     reply = await stub.Check(health_pb2.HealthCheckRequest(), timeout=10)
     return int(reply.status)
 

@@ -69,7 +69,7 @@ async def _described(
 ) -> descriptor_pb2.FileDescriptorProto:
     """The file defining `symbol`, as reflection serves it (with its source comments)."""
     async with channel(address, pki_dir, "operator-ops") as ch:
-        stub: Any = reflection_pb2_grpc.ServerReflectionStub(ch)  # type: ignore[no-untyped-call]
+        stub: Any = reflection_pb2_grpc.ServerReflectionStub(ch)
         call = stub.ServerReflectionInfo()
         await call.write(reflection_pb2.ServerReflectionRequest(file_containing_symbol=symbol))
         response = await call.read()
@@ -171,7 +171,7 @@ async def test_decide_documents_the_codes_it_answers(
         codes = {}
         for identity, lease_id in (("host-h22", a.lease_id), ("host-h21", "not-live")):
             async with channel(cloud.address, pki_dir, identity) as ch:
-                stub: Any = planner_service_pb2_grpc.PlannerServiceStub(ch)  # type: ignore[no-untyped-call]
+                stub: Any = planner_service_pb2_grpc.PlannerServiceStub(ch)
                 probe = planner_service_pb2.DecideRequest()
                 probe.CopyFrom(request)
                 probe.lease_id = lease_id
@@ -263,7 +263,7 @@ async def test_list_hosts_is_paged(cloud: CloudServer, pki_dir: Path) -> None:
             await h.connect(["p"])
             await h.close()
         async with channel(cloud.address, pki_dir, "operator-ops") as ch:
-            fleet: Any = fleet_service_pb2_grpc.FleetServiceStub(ch)  # type: ignore[no-untyped-call]
+            fleet: Any = fleet_service_pb2_grpc.FleetServiceStub(ch)
 
             # A host that disconnects between pages may be listed twice (documented): page only
             # once the cloud has recorded both closed streams.
@@ -316,7 +316,7 @@ async def test_typed_decisions_carry_enums_and_the_reported_outcome(
         await submit(tasks_stub(ops_ch))
         a = (await h.next("assignment")).assignment
         async with channel(cloud.address, pki_dir, "host-h25") as ch:
-            stub: Any = planner_service_pb2_grpc.PlannerServiceStub(ch)  # type: ignore[no-untyped-call]
+            stub: Any = planner_service_pb2_grpc.PlannerServiceStub(ch)
             base = planner_service_pb2.DecideRequest(
                 task_id=a.task_id,
                 attempt=a.attempt,
@@ -331,7 +331,7 @@ async def test_typed_decisions_carry_enums_and_the_reported_outcome(
             )
             second = (await stub.Decide(base)).decision
         assert '"success":true' in second.user_prompt
-        log: Any = decision_log_service_pb2_grpc.DecisionLogServiceStub(ops_ch)  # type: ignore[no-untyped-call]
+        log: Any = decision_log_service_pb2_grpc.DecisionLogServiceStub(ops_ch)
         listed = (
             await log.ListDecisions(
                 decision_log_service_pb2.ListDecisionsRequest(task_id=a.task_id)
@@ -360,7 +360,7 @@ async def test_a_certificate_of_the_wrong_kind_is_told_so_in_plain_english(
     assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED
     assert err.value.details() == "this RPC needs an operator certificate, not a host one"
     async with channel(cloud.address, pki_dir, "operator-ops") as ch:
-        stub: Any = planner_service_pb2_grpc.PlannerServiceStub(ch)  # type: ignore[no-untyped-call]
+        stub: Any = planner_service_pb2_grpc.PlannerServiceStub(ch)
         with pytest.raises(grpc.aio.AioRpcError) as err:
             await stub.Decide(planner_service_pb2.DecideRequest())
     assert err.value.details() == "this RPC needs a host certificate, not an operator one"

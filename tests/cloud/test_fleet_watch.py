@@ -27,14 +27,16 @@ class Watcher:
 
     def __init__(self, address: str, pki_dir: Path, host_id: str = "") -> None:
         self.channel = channel(address, pki_dir, "operator-ops")
-        stub: Any = fleet_service_pb2_grpc.FleetServiceStub(self.channel)  # type: ignore[no-untyped-call]
+        stub: Any = fleet_service_pb2_grpc.FleetServiceStub(self.channel)
         self.call = stub.WatchHosts(fleet_service_pb2.WatchHostsRequest(host_id=host_id))
 
     async def snapshot(self) -> dict[str, types_pb2.Host]:
         """The hosts of the initial snapshot (read up to its end marker)."""
         hosts: dict[str, types_pb2.Host] = {}
         while True:
-            msg = await asyncio.wait_for(self.call.read(), WAIT_S)
+            msg: fleet_service_pb2.WatchHostsResponse = await asyncio.wait_for(
+                self.call.read(), WAIT_S
+            )
             if msg.snapshot_complete:
                 assert not msg.HasField("host")
                 return hosts
@@ -44,7 +46,9 @@ class Watcher:
     async def until(self, host_id: str, *, connected: bool) -> types_pb2.Host:
         """Read changes until `host_id` shows with this connection state."""
         while True:
-            msg = await asyncio.wait_for(self.call.read(), WAIT_S)
+            msg: fleet_service_pb2.WatchHostsResponse = await asyncio.wait_for(
+                self.call.read(), WAIT_S
+            )
             assert not msg.snapshot
             if msg.host.host_id == host_id and msg.host.connected == connected:
                 return msg.host
@@ -121,12 +125,12 @@ async def test_watch_hosts_refuses_hosts_and_overlong_ids(
     ch = channel(cloud.address, pki_dir, "host-h8")
     ops = channel(cloud.address, pki_dir, "operator-ops")
     try:
-        as_host: Any = fleet_service_pb2_grpc.FleetServiceStub(ch)  # type: ignore[no-untyped-call]
+        as_host: Any = fleet_service_pb2_grpc.FleetServiceStub(ch)
         with pytest.raises(grpc.aio.AioRpcError) as refused:
             await as_host.WatchHosts(fleet_service_pb2.WatchHostsRequest()).read()
         assert refused.value.code() == grpc.StatusCode.PERMISSION_DENIED
 
-        as_ops: Any = fleet_service_pb2_grpc.FleetServiceStub(ops)  # type: ignore[no-untyped-call]
+        as_ops: Any = fleet_service_pb2_grpc.FleetServiceStub(ops)
         with pytest.raises(grpc.aio.AioRpcError) as invalid:
             await as_ops.WatchHosts(fleet_service_pb2.WatchHostsRequest(host_id="x" * 129)).read()
         assert invalid.value.code() == grpc.StatusCode.INVALID_ARGUMENT

@@ -42,7 +42,7 @@ def secs(s: float) -> duration_pb2.Duration:
 
 async def test_dispatch_renew_progress_result(cloud: CloudServer, ops: Any, pki_dir: Path) -> None:
     ch = channel(cloud.address, pki_dir, "operator-ops")
-    watch_stub = progress_service_pb2_grpc.ProgressServiceStub(ch)  # type: ignore[no-untyped-call]
+    watch_stub = progress_service_pb2_grpc.ProgressServiceStub(ch)
     host = ScriptedHost(cloud.address, pki_dir, "h1")
     try:
         welcome = await host.connect(["phone-1"])
@@ -469,8 +469,9 @@ async def test_one_batch_fences_each_renewal_on_its_own(
             old = await db.scalar(
                 select(AttemptRow.lease_expires_at).where(AttemptRow.task_id == cancelled.task_id)
             )
-        assert old is not None
-        assert old < outs[2].expires_at  # type: ignore[operator]
+        renewed = outs[2].expires_at
+        assert old is not None and renewed is not None
+        assert old < renewed
     finally:
         await host.close()
 
@@ -560,5 +561,35 @@ async def test_claim_that_failed_after_commit_is_still_sent(
         assert (await host.next("result_ack")).result_ack.task_status == (
             types_pb2.TASK_STATUS_SUCCEEDED
         )
+    finally:
+        await host.close()
+
+
+async def test_a_retryable_result_requeues_the_task_until_its_attempts_run_out(
+    cloud: CloudServer, ops: Any, pki_dir: Path
+) -> None:
+    """The host ends an attempt whose planning stayed impossible until the deadline came near
+    (TaskResult.retryable): the task is not failed for it but queued again, as after an expired
+    lease; once the attempts are used up it fails with the host's reason."""
+    host = ScriptedHost(cloud.address, pki_dir, "h29")
+    try:
+        await host.connect(["p"])
+        task = (await submit(ops, max_attempts=2)).task
+        reason = "the model provider stayed unavailable since 12:00:00 UTC until the deadline"
+        for attempt, expected in (
+            (1, types_pb2.TASK_STATUS_QUEUED),
+            (2, types_pb2.TASK_STATUS_FAILED),
+        ):
+            a = (await host.next("assignment")).assignment
+            assert a.attempt == attempt
+            message = result(a, status=types_pb2.TASK_STATUS_FAILED, summary=reason)
+            message.result.retryable = True
+            await host.send(message)
+            ack = (await host.next("result_ack")).result_ack
+            assert ack.task_status == expected
+        got = await wait_status(ops, task.task_id, types_pb2.TASK_STATUS_FAILED)
+        assert got.result_summary == reason
+        assert [a.status for a in got.attempts] == [types_pb2.TASK_STATUS_FAILED] * 2
+        assert got.attempts[0].failure_reason == reason
     finally:
         await host.close()

@@ -2,7 +2,7 @@
 
 Real parts: the cloud gRPC server over mTLS on both backends (SQLite file, PostgreSQL), the
 official `anthropic` and `openai` SDKs; only the model is a local fake
-(`tests/support/fake_session_server.py`) that enforces the providers' rules for reasoning in
+(`tests/support/fakes/`) that enforces the providers' rules for reasoning in
 tool loops, since no real API is reachable here.
 """
 
@@ -32,11 +32,17 @@ from cloud.store import sessions
 from cloud.store.database import Store
 from cloud.store.models import TaskRow
 from cloud.store.ports import StoreSessionStore
-from planner.session.items import Reasoning, ToolCall, UserObservation, dumps_item
+from planner.conversation.items import (
+    Reasoning,
+    SessionItem,
+    ToolCall,
+    UserObservation,
+    dumps_item,
+)
 from planner.session.store import SessionConflict
 from tests.cloud.cloud_harness import ScriptedHost, channel, submit, tasks_stub
-from tests.support.fake_session_server import (
-    FakeSessionServer,
+from tests.support.fakes import (
+    FakeModelServer,
     ScriptedTurn,
     function_call,
     reasoning,
@@ -51,8 +57,8 @@ SCENE = '{"package":"com.android.settings","page":"Settings","elements":[{"id":"
 
 
 @pytest.fixture
-def model() -> Iterator[FakeSessionServer]:
-    with FakeSessionServer() as server:
+def model() -> Iterator[FakeModelServer]:
+    with FakeModelServer() as server:
         yield server
 
 
@@ -67,7 +73,7 @@ async def _cloud(make_settings: Any) -> AsyncIterator[CloudServer]:
 
 @pytest.fixture
 async def anthropic_cloud(
-    make_settings: Any, model: FakeSessionServer, monkeypatch: pytest.MonkeyPatch
+    make_settings: Any, model: FakeModelServer, monkeypatch: pytest.MonkeyPatch
 ) -> AsyncIterator[CloudServer]:
     monkeypatch.setenv("AMC_PLANNER_PROVIDER", "anthropic")
     monkeypatch.setenv("AMC_PLANNER_ANTHROPIC_API_KEY", "sk-ant-test")
@@ -86,7 +92,7 @@ class Leased:
         self.ops = channel(cloud.address, pki_dir, "operator-ops")
         self.ch = channel(cloud.address, pki_dir, f"host-{host_id}")
         self.host = ScriptedHost(cloud.address, pki_dir, host_id)
-        self.stub: Any = planner_service_pb2_grpc.PlannerServiceStub(self.ch)  # type: ignore[no-untyped-call]
+        self.stub: Any = planner_service_pb2_grpc.PlannerServiceStub(self.ch)
 
     async def __aenter__(self) -> Leased:
         await self.host.connect(["p"])
@@ -126,7 +132,7 @@ async def _code(call: Any) -> tuple[grpc.StatusCode, str]:
 
 
 async def test_the_cloud_keeps_the_conversation_with_signed_thinking(
-    anthropic_cloud: CloudServer, model: FakeSessionServer, pki_dir: Path
+    anthropic_cloud: CloudServer, model: FakeModelServer, pki_dir: Path
 ) -> None:
     model.anthropic_script.extend(
         [
@@ -178,7 +184,7 @@ async def test_the_cloud_keeps_the_conversation_with_signed_thinking(
 
 
 async def test_bad_session_steps_get_clear_errors_and_lose_nothing(
-    anthropic_cloud: CloudServer, model: FakeSessionServer, pki_dir: Path
+    anthropic_cloud: CloudServer, model: FakeModelServer, pki_dir: Path
 ) -> None:
     model.anthropic_script.extend(
         [
@@ -238,13 +244,16 @@ async def test_offline_cloud_answers_session_steps_unimplemented(
 
 async def test_responses_reasoning_goes_back_with_its_encrypted_content(
     make_settings: Any,
-    model: FakeSessionServer,
+    model: FakeModelServer,
     pki_dir: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setenv("AMC_PLANNER_PROVIDER", "openai")
     monkeypatch.setenv("AMC_PLANNER_OPENAI_API_KEY", "sk-test")
     monkeypatch.setenv("AMC_PLANNER_OPENAI_BASE_URL", model.openai_base_url)
+    # A reasoning model: the default gpt-4.1-mini takes no reasoning parameters (refused at
+    # start with thinking on).
+    monkeypatch.setenv("AMC_PLANNER_MODEL", "o4-mini")
     monkeypatch.setenv("AMC_PLANNER_THINKING", "adaptive")
     monkeypatch.setenv("AMC_PLANNER_MAX_RETRIES", "0")
     model.responses_script.extend(
@@ -283,7 +292,7 @@ ODD = "sig/+=\u2028\"\\'\x7f\U0001f600" * 50
 
 
 async def test_items_round_trip_byte_for_byte(store: Store) -> None:
-    items = [
+    items: list[SessionItem] = [
         UserObservation("screen", condensed="short"),
         Reasoning("anthropic", "t1", text="why", signature=ODD),
         Reasoning(
@@ -312,8 +321,8 @@ async def test_two_calls_continuing_one_conversation_cannot_interleave(store: St
     await a.append("t", 1, [UserObservation("two (a)")])
     with pytest.raises(SessionConflict, match="continued by another call"):
         await b.append("t", 1, [UserObservation("two (b)"), UserObservation("three (b)")])
-    texts = [i.text for i in await StoreSessionStore(store).load("t", 1)]  # type: ignore[union-attr]
-    assert texts == ["one", "two (a)"]  # nothing of the losing call was kept
+    loaded = await StoreSessionStore(store).load("t", 1)
+    assert loaded == [UserObservation("one"), UserObservation("two (a)")]  # nothing of the loser's
 
 
 async def test_retention_removes_conversations_of_old_finished_tasks(store: Store) -> None:
@@ -337,7 +346,7 @@ async def test_retention_removes_conversations_of_old_finished_tasks(store: Stor
 
 
 async def test_operators_watch_the_model_think_live(
-    anthropic_cloud: CloudServer, model: FakeSessionServer, pki_dir: Path
+    anthropic_cloud: CloudServer, model: FakeModelServer, pki_dir: Path
 ) -> None:
     thought = "The Settings list is open; Display sits second from the top, so tap it."
     model.anthropic_script.append(
@@ -346,7 +355,7 @@ async def test_operators_watch_the_model_think_live(
         )
     )
     async with Leased(anthropic_cloud, pki_dir, "h24") as leased:
-        watcher: Any = progress_service_pb2_grpc.ProgressServiceStub(leased.ops)  # type: ignore[no-untyped-call]
+        watcher: Any = progress_service_pb2_grpc.ProgressServiceStub(leased.ops)
         watch = watcher.WatchProgress(
             progress_service_pb2.WatchProgressRequest(
                 task_id=leased.task.task_id, include_thinking=True
@@ -402,7 +411,7 @@ async def test_live_thinking_crosses_replicas_in_order(postgres_server: Postgres
 
 
 async def test_operators_read_the_conversation_without_the_opaque_material(
-    anthropic_cloud: CloudServer, model: FakeSessionServer, pki_dir: Path
+    anthropic_cloud: CloudServer, model: FakeModelServer, pki_dir: Path
 ) -> None:
     model.anthropic_script.extend(
         [
@@ -428,7 +437,7 @@ async def test_operators_read_the_conversation_without_the_opaque_material(
             call_id=first.session_call_id, output='{"ok":true}'
         )
         await leased.stub.Decide(leased.request(outcome))
-        log: Any = decision_log_service_pb2_grpc.DecisionLogServiceStub(leased.ops)  # type: ignore[no-untyped-call]
+        log: Any = decision_log_service_pb2_grpc.DecisionLogServiceStub(leased.ops)
         a = leased.assignment
 
         def ask(**fields: Any) -> Any:
@@ -440,7 +449,7 @@ async def test_operators_read_the_conversation_without_the_opaque_material(
         whole = await ask()
         first_page = await ask(page_size=4)
         rest = await ask(page_size=100, page_token=first_page.next_page_token)
-        host_call: Any = decision_log_service_pb2_grpc.DecisionLogServiceStub(leased.ch)  # type: ignore[no-untyped-call]
+        host_call: Any = decision_log_service_pb2_grpc.DecisionLogServiceStub(leased.ch)
         refusals = [
             await _code(
                 host_call.GetConversation(

@@ -51,7 +51,7 @@ async def test_decide_logs_decisions_with_cloud_step_index(
             user_prompt=build_user_prompt(task.goal, scene),
             screenshot=b"\x89PNG not stored",
         )
-        planner: Any = planner_service_pb2_grpc.PlannerServiceStub(host_ch)  # type: ignore[no-untyped-call]
+        planner: Any = planner_service_pb2_grpc.PlannerServiceStub(host_ch)
         first = (await planner.Decide(request)).decision
         second = (await planner.Decide(request)).decision
         assert (first.step_index, second.step_index) == (1, 2)
@@ -59,7 +59,7 @@ async def test_decide_logs_decisions_with_cloud_step_index(
 
         # Another host's certificate on this lease: refused before any tokens are spent
         # (issue 3: a host touching another host's lease gets PERMISSION_DENIED).
-        thief: Any = planner_service_pb2_grpc.PlannerServiceStub(other_ch)  # type: ignore[no-untyped-call]
+        thief: Any = planner_service_pb2_grpc.PlannerServiceStub(other_ch)
         with pytest.raises(grpc.aio.AioRpcError) as err:
             await thief.Decide(request)
         assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED
@@ -72,7 +72,7 @@ async def test_decide_logs_decisions_with_cloud_step_index(
             await planner.Decide(stale)
         assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
 
-        log: Any = decision_log_service_pb2_grpc.DecisionLogServiceStub(ops_ch)  # type: ignore[no-untyped-call]
+        log: Any = decision_log_service_pb2_grpc.DecisionLogServiceStub(ops_ch)
         listed = await log.ListDecisions(
             decision_log_service_pb2.ListDecisionsRequest(task_id=a.task_id)
         )

@@ -38,7 +38,7 @@ async def test_fleet_snapshot_then_changes_and_ended_task_watch(
 ) -> None:
     ch = channel(cloud.address, pki_dir, "operator-ops")
     try:
-        stub: Any = progress_service_pb2_grpc.ProgressServiceStub(ch)  # type: ignore[no-untyped-call]
+        stub: Any = progress_service_pb2_grpc.ProgressServiceStub(ch)
         live = (await submit(ops, goal="stays queued")).task
         ended = (await submit(ops, goal="cancelled at once")).task
         await ops.CancelTask(task_service_pb2.CancelTaskRequest(task_id=ended.task_id))
@@ -69,7 +69,7 @@ async def test_fleet_snapshot_then_changes_and_ended_task_watch(
 async def test_decision_log_arguments(cloud: CloudServer, pki_dir: Path) -> None:
     ch = channel(cloud.address, pki_dir, "operator-ops")
     try:
-        log: Any = decision_log_service_pb2_grpc.DecisionLogServiceStub(ch)  # type: ignore[no-untyped-call]
+        log: Any = decision_log_service_pb2_grpc.DecisionLogServiceStub(ch)
         with pytest.raises(grpc.aio.AioRpcError) as err:
             await log.ListDecisions(decision_log_service_pb2.ListDecisionsRequest())
         assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
@@ -80,7 +80,7 @@ async def test_decision_log_arguments(cloud: CloudServer, pki_dir: Path) -> None
             await log.ListDecisions(decision_log_service_pb2.ListDecisionsRequest(task_id="t"))
         assert err.value.code() == grpc.StatusCode.NOT_FOUND
         assert err.value.details() == "task t not found"
-        tasks: Any = task_service_pb2_grpc.TaskServiceStub(ch)  # type: ignore[no-untyped-call]
+        tasks: Any = task_service_pb2_grpc.TaskServiceStub(ch)
         task = (await submit(tasks, "g")).task
         empty = await log.ListDecisions(
             decision_log_service_pb2.ListDecisionsRequest(task_id=task.task_id)

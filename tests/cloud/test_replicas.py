@@ -100,7 +100,7 @@ async def test_watch_on_one_replica_sees_progress_from_another(
         await host.connect(["p"])
         task = (await submit(tasks_stub(ch_a))).task
         assignment = (await host.next("assignment")).assignment
-        watcher: Any = progress_service_pb2_grpc.ProgressServiceStub(ch_b)  # type: ignore[no-untyped-call]
+        watcher: Any = progress_service_pb2_grpc.ProgressServiceStub(ch_b)
         fleet_watch = watcher.WatchProgress(progress_service_pb2.WatchProgressRequest())
         while True:  # the snapshot holds the task
             msg = await asyncio.wait_for(fleet_watch.read(), 10)

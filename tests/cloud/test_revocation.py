@@ -73,7 +73,7 @@ async def test_a_revoked_certificate_is_refused_and_its_streams_dropped(
     ops = tasks_stub(ops_ch)
     revoked_host = ScriptedHost(cloud.address, pki_dir, "h3")
     other_host = ScriptedHost(cloud.address, pki_dir, "h4")
-    watcher: Any = progress_service_pb2_grpc.ProgressServiceStub(ops_ch)  # type: ignore[no-untyped-call]
+    watcher: Any = progress_service_pb2_grpc.ProgressServiceStub(ops_ch)
     try:
         await revoked_host.connect(["h3-phone"])
         task = (await submit(ops, target=types_pb2.TaskTarget(host_id="h3"))).task

@@ -20,7 +20,7 @@ from planner.decision import Decision, ThinkingBlock, Usage
 from planner.steps import PastStep, StepOutcome
 
 TABLES = ("tasks", "attempts", "hosts", "decisions", "planner_session_items")
-# (certificate_revocations, from 0005, has its own test below)
+# (certificate_revocations, from 0006, has its own test below)
 
 
 def _tables(sync_conn: object) -> set[str]:
@@ -62,12 +62,12 @@ async def test_migrations_up_down_and_check(db_url: str) -> None:
         await s.close()
 
 
-async def test_migration_0005_is_additive_and_reversible(db_url: str) -> None:
-    """hosts.process_id and certificate_revocations come with 0005 and go with its downgrade;
+async def test_migration_0006_is_additive_and_reversible(db_url: str) -> None:
+    """hosts.process_id and certificate_revocations come with 0006 and go with its downgrade;
     rows written before it are untouched."""
     s = Store.from_url(db_url)
     try:
-        await upgrade(s.engine, "0004")
+        await upgrade(s.engine, "0005")
         await tasks.submit(
             s, tasks.NewTask(goal="kept", max_attempts=1, lease_seconds=30, timeout_seconds=60)
         )
@@ -76,7 +76,7 @@ async def test_migration_0005_is_additive_and_reversible(db_url: str) -> None:
             assert "certificate_revocations" in await conn.run_sync(_tables)
             assert "process_id" in await conn.run_sync(_columns, "hosts")
         assert await revocations.revoke(s, serial="abc", reason="test")
-        await downgrade(s.engine, "0004")
+        await downgrade(s.engine, "0005")
         async with s.engine.connect() as conn:
             assert "certificate_revocations" not in await conn.run_sync(_tables)
             assert "process_id" not in await conn.run_sync(_columns, "hosts")
@@ -85,6 +85,36 @@ async def test_migration_0005_is_additive_and_reversible(db_url: str) -> None:
         listed, _ = await tasks.list_page(s, tasks.TaskFilter((), "", ""), 10, "")
         assert [v.task.goal for v in listed] == ["kept"]
         assert (await store_revocations.load(s)).serials == frozenset()
+    finally:
+        await s.close()
+
+
+async def test_migration_0005_thinking_and_retry_columns_up_and_down(db_url: str) -> None:
+    """0005 is additive: three decision columns, dropped again by its downgrade without losing
+    the rows; a row from before it reads as "not recorded" (empty kinds, not truncated)."""
+    new = {"thinking_kind", "retry_kind", "output_truncated"}
+    s = Store.from_url(db_url)
+    try:
+        await upgrade(s.engine)
+        logged = _decision()
+        logged.thinking_kind, logged.retry_kind, logged.output_truncated = "omitted", "nudge", True
+        row = await decisions.append(s, "h1", "t-0004", 1, logged)
+        (stored,) = (await decisions.list_page(s, "t-0004", 0, 5, ""))[0]
+        assert (stored.thinking_kind, stored.retry_kind, stored.output_truncated) == (
+            "omitted",
+            "nudge",
+            True,
+        )
+        await downgrade(s.engine, "0004")
+        async with s.engine.connect() as conn:
+            assert not new & await conn.run_sync(_columns, "decisions")
+        await upgrade(s.engine)
+        async with s.engine.connect() as conn:
+            assert new <= await conn.run_sync(_columns, "decisions")
+        (old,) = (await decisions.list_page(s, "t-0004", 0, 5, ""))[0]
+        assert old.decision_id == row.decision_id
+        assert (old.thinking_kind, old.retry_kind, old.output_truncated) == ("", "", False)
+        await check(s.engine)
     finally:
         await s.close()
 

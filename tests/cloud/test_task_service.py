@@ -93,7 +93,7 @@ async def test_list_filters_and_pages(cloud: CloudServer, ops: Any, pki_dir: Pat
 
 async def test_list_hosts(cloud: CloudServer, pki_dir: Path) -> None:
     ch = channel(cloud.address, pki_dir, "operator-ops")
-    fleet: Any = fleet_service_pb2_grpc.FleetServiceStub(ch)  # type: ignore[no-untyped-call]
+    fleet: Any = fleet_service_pb2_grpc.FleetServiceStub(ch)
     online = ScriptedHost(cloud.address, pki_dir, "h13")
     gone = ScriptedHost(cloud.address, pki_dir, "h14")
     try:

@@ -28,7 +28,9 @@ def test_text_checks_name_nested_and_repeated_fields() -> None:
         )
     )
     assert wire.check_text(hello) == "hello.devices[1].serial: NUL characters are not allowed"
-    request = task_service_pb2.ListTasksRequest(statuses=[1], query="fine", host_id="h\x00")
+    request = task_service_pb2.ListTasksRequest(
+        statuses=[types_pb2.TASK_STATUS_QUEUED], query="fine", host_id="h\x00"
+    )
     assert wire.check_text(request) == "host_id: NUL characters are not allowed"
     assert wire.check_text(task_service_pb2.SubmitTaskRequest(goal="all fine ✓")) is None
 

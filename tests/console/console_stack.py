@@ -69,6 +69,7 @@ class UvicornThread:
 
     def __init__(self, app: FastAPI | None = None, server: uvicorn.Server | None = None) -> None:
         if server is None:
+            assert app is not None, "an app or a server"
             config = uvicorn.Config(
                 app,
                 host="127.0.0.1",

@@ -11,9 +11,12 @@ from pathlib import Path
 
 import pytest
 
+from amc.v1 import types_pb2
 from cloud.pki import ensure_embedded_pki
 from cloud.server import build_server
 from cloud.settings import CloudSettings
+from cloud.store import decisions
+from planner.decision import Decision, ThinkingBlock, Usage
 
 AMC = str(Path(sys.executable).with_name("amc"))
 ENV = {**os.environ, "COLUMNS": "200"}
@@ -86,5 +89,62 @@ async def test_task_commands_against_a_real_cloud(tmp_path: Path) -> None:
         assert code == 2 and "NOT_FOUND" in missing
         code, decisions = await amc(*conn, "decisions", task_id)
         assert code == 0 and "no decisions logged" in decisions
+    finally:
+        await cloud.stop(grace=0)
+
+
+async def test_decisions_print_model_text_literally(tmp_path: Path) -> None:
+    """Model text is not Rich markup: "[/b]" used to crash the command, "[e12]" vanished and
+    the redacted-thinking note printed as an empty line."""
+    pki = ensure_embedded_pki(tmp_path, [], operator="admin")
+    cloud = await build_server(
+        CloudSettings(
+            database_url=f"sqlite+aiosqlite:///{tmp_path / 'cloud.sqlite3'}",
+            listen_address="127.0.0.1:0",
+            pki_dir=pki,
+        )
+    )
+    await cloud.start()
+    conn = ["--cloud", cloud.address, "--pki-dir", str(pki)]
+    try:
+        code, out = await amc(*conn, "task", "submit", "Open [bold]Display[/bold]")
+        assert code == 0, out
+        task_id = out.strip()
+        action = types_pb2.Action(purpose="open [e12]", expected_outcome="[/b] shows")
+        action.tap.element_id = "e12"
+        await decisions.append(
+            cloud.store,
+            "h1",
+            task_id,
+            1,
+            Decision(
+                tool_name="tap",
+                arguments={"element_id": "e12"},
+                action=action,
+                purpose="open [e12]",
+                expected_outcome="[/b] shows",
+                rationale="Tapped [e12] last step [/b]; now [red]Display[/red].",
+                thinking=[ThinkingBlock("Row [e12] is [b]Display"), ThinkingBlock("", True)],
+                usage=Usage(input_tokens=10, output_tokens=5, cache_read_input_tokens=7),
+                provider="anthropic",
+                model="claude-sonnet-4-6",
+                latency_s=0.1,
+                forced_retry=True,
+                system_prompt="s",
+                user_prompt="u",
+                thinking_kind="summarized",
+                retry_kind="nudge",
+            ),
+        )
+        code, printed = await amc(*conn, "decisions", task_id)
+        assert code == 0, printed
+        assert "Tapped [e12] last step [/b]; now [red]Display[/red]." in printed
+        assert "Row [e12] is [b]Display" in printed
+        assert "(redacted: the provider returned this block encrypted)" in printed
+        assert "thinking (summarized thinking)" in printed
+        assert "purpose: open [e12]" in printed and "expected: [/b] shows" in printed
+        assert "cache read/write 7/0" in printed and "nudged retry" in printed
+        code, listing = await amc(*conn, "task", "list")
+        assert code == 0 and "Open [bold]Display[/bold]" in listing
     finally:
         await cloud.stop(grace=0)

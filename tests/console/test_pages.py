@@ -9,7 +9,7 @@ from html import unescape
 import httpx
 
 from console.gateway.app import SESSION_COOKIE
-from tests.console.console_stack import ADMIN, PASSWORD, Operator
+from tests.console.console_stack import ADMIN, PASSWORD, Cloud, Operator
 
 
 def csrf_of(html: str) -> str:
@@ -206,3 +206,31 @@ def test_task_pages_without_a_known_way_back_offer_the_first_page(
     refused = anon.get(newer)
     assert refused.status_code == 422
     assert "INVALID_ARGUMENT" in refused.text
+
+
+def test_the_fleet_page_says_why_dispatch_is_paused(
+    anon: httpx.Client, api: httpx.Client, cloud: Cloud
+) -> None:
+    """The cloud calls its model provider down (three temporarily impossible Decides in a
+    row) and holds new tasks back; the fleet page and /api/hosts say so, and stop saying it
+    once the provider answers again."""
+    health = cloud.server.provider_health
+
+    async def probe() -> None:
+        return None
+
+    health.probe = probe
+    try:
+        for _ in range(health.threshold):
+            health.failed("planner: Anthropic is unavailable (HTTP 529 after 2 retries: x)")
+        log_in(anon)
+        page = unescape(anon.get("/fleet").text)
+        assert "New tasks are not handed out: the model provider is unavailable since" in page
+        assert "HTTP 529 after 2 retries" in page
+        listed = api.get("/api/hosts").json()["dispatch"]
+        assert listed["paused"] and "model provider is unavailable" in listed["reason"]
+    finally:
+        health.succeeded()
+        health.probe = None
+    assert "New tasks are not handed out" not in anon.get("/fleet").text
+    assert api.get("/api/hosts").json()["dispatch"] == {"paused": False, "reason": ""}

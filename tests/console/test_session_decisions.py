@@ -8,9 +8,16 @@ import httpx
 from amc.v1 import types_pb2
 from cloud.store import decisions
 from cloud.store.ports import StoreSessionStore
+from planner.conversation.items import (
+    AssistantText,
+    Reasoning,
+    SessionItem,
+    ToolCall,
+    ToolResult,
+    UserObservation,
+)
 from planner.decision import Decision, ThinkingBlock, Usage
 from planner.history import MASK
-from planner.session.items import AssistantText, Reasoning, ToolCall, ToolResult, UserObservation
 from tests.console.console_stack import Cloud, HostFactory, Operator
 from tests.console.test_pages import log_in
 
@@ -65,7 +72,7 @@ def test_the_whole_conversation_of_a_session_attempt_reads_in_order(
     host = make_host()
     task = operator.submit("Type the PIN", host_id=host.host_id)
     a = host.assignment()
-    items = [
+    items: list[SessionItem] = [
         UserObservation("Goal: Type the PIN\nCurrent screen: <form>", condensed="form"),
         Reasoning("anthropic", "msg_1", text="The PIN field is e3.", signature="SIG" * 40),
         AssistantText("anthropic", "msg_1", "Type it <now>."),
@@ -101,3 +108,44 @@ def test_the_whole_conversation_of_a_session_attempt_reads_in_order(
     page = anon.get(link).text
     assert "The PIN field is e3." in page and "Type it &lt;now&gt;." in page  # escaped
     assert "redacted — the provider returned this reasoning encrypted" in page
+
+
+def test_the_thinking_kind_is_a_word_on_the_page_never_a_blank(
+    anon: httpx.Client, api: httpx.Client, cloud: Cloud, operator: Operator, make_host: HostFactory
+) -> None:
+    """A signature-only block (Claude Opus 4.7 without summarized display) reads "omitted by
+    the provider", not "redacted" and not an empty box; a decision from before the field says
+    its kind was not recorded."""
+    host = make_host()
+    task = operator.submit("Open Display", host_id=host.host_id)
+    a = host.assignment()
+    omitted = _decision("session")
+    omitted.thinking = [ThinkingBlock("")]
+    omitted.thinking_kind = "omitted"
+    omitted.retry_kind, omitted.forced_retry = "nudge", True
+    older = _decision("compact")
+    older.thinking_kind = ""  # type: ignore[assignment]  # as a row logged before 0005 reads
+    for decision in (omitted, older):
+        cloud.loop.run(
+            decisions.append(cloud.server.store, host.host_id, task.task_id, a.attempt, decision)
+        )
+    items: list[SessionItem] = [
+        UserObservation("Current screen: Settings"),
+        Reasoning("anthropic", "msg_1", text="", signature="SIG" * 10),
+    ]
+    cloud.loop.run(StoreSessionStore(cloud.server.store).append(task.task_id, a.attempt, items))
+
+    listed = api.get(f"/api/tasks/{task.task_id}/decisions").json()["decisions"]
+    assert [d["thinking_kind"] for d in listed] == [
+        "thinking omitted by the provider",
+        "thinking kind not recorded",
+    ]
+    assert [d["retry_kind"] for d in listed] == ["nudge", "none"]
+    log_in(anon, f"/tasks/{task.task_id}")
+    page = anon.get(f"/tasks/{task.task_id}").text
+    assert "Thinking · thinking omitted by the provider" in page
+    assert "omitted by the provider: it returned no text for this block" in page
+    assert "nudged retry" in page and "redacted thinking" not in page
+    conversation = api.get(f"/api/tasks/{task.task_id}/attempts/{a.attempt}/conversation")
+    reasoning = conversation.json()["items"][1]
+    assert (reasoning["omitted"], reasoning["redacted"]) == (True, False)

@@ -93,11 +93,13 @@ def _task(*attempts: types_pb2.Attempt) -> TaskOut:
     )
 
 
-def _attempt(n: int, transport: int, step: int = 0, host: str = "h1") -> types_pb2.Attempt:
+def _attempt(
+    n: int, transport: types_pb2.PlannerTransport.ValueType, step: int = 0, host: str = "h1"
+) -> types_pb2.Attempt:
     return types_pb2.Attempt(
         attempt=n,
         host_id=host,
-        planner_transport=transport,  # type: ignore[arg-type]
+        planner_transport=transport,
         progress=types_pb2.Progress(step_index=step),
     )
 
@@ -166,7 +168,7 @@ def test_badges_read_like_the_design() -> None:
 
 
 def test_unknown_enum_numbers_and_bad_json_do_not_break_the_view() -> None:
-    task = TaskOut.of(types_pb2.Task(status=99))  # type: ignore[arg-type]
+    task = TaskOut.of(types_pb2.Task(status=types_pb2.TaskStatus.ValueType(99)))
     assert task.status == "unspecified"
     decision = DecisionOut.of(types_pb2.Decision(arguments_json="{not json"))
     assert decision.arguments is None

@@ -13,19 +13,20 @@ import pytest
 from rich.console import Console
 
 from amc.v1 import decision_log_service_pb2, task_service_pb2, types_pb2
-from console.embedded import embedded_stack, follow_tasks
+from console.embedded import Transport, embedded_stack, follow_tasks
 
 
-async def _run_one(stack_dir: Path, transport: str, goal: str) -> types_pb2.Task:
-    async with embedded_stack(stack_dir, transport=transport) as stack:  # type: ignore[arg-type]
+async def _run_one(stack_dir: Path, transport: Transport, goal: str) -> types_pb2.Task:
+    async with embedded_stack(stack_dir, transport=transport) as stack:
         submitted = await stack.operator.tasks.SubmitTask(
             task_service_pb2.SubmitTaskRequest(goal=goal)
         )
         task_id = submitted.task.task_id
         await follow_tasks(stack.operator, [task_id], Console(), 30)
-        task = (
-            await stack.operator.tasks.GetTask(task_service_pb2.GetTaskRequest(task_id=task_id))
-        ).task
+        reply: task_service_pb2.GetTaskResponse = await stack.operator.tasks.GetTask(
+            task_service_pb2.GetTaskRequest(task_id=task_id)
+        )
+        task = reply.task
         decisions = await stack.operator.decisions.ListDecisions(
             decision_log_service_pb2.ListDecisionsRequest(task_id=task_id)
         )
@@ -41,7 +42,9 @@ async def _run_one(stack_dir: Path, transport: str, goal: str) -> types_pb2.Task
 
 
 @pytest.mark.parametrize("transport", ["cloud", "direct"])
-async def test_dark_theme_task_succeeds_with_final_progress(tmp_path: Path, transport: str) -> None:
+async def test_dark_theme_task_succeeds_with_final_progress(
+    tmp_path: Path, transport: Transport
+) -> None:
     task = await _run_one(tmp_path, transport, "Turn on dark theme")
     assert task.status == types_pb2.TASK_STATUS_SUCCEEDED, task.result_summary
     assert task.attempt == 1

@@ -8,7 +8,7 @@ the host).
 
 Real parts: the cloud gRPC server (mTLS, SQLite), the host agent (lease stream, session store on
 disk), the virtual phone over the adb protocol, the official `anthropic` SDK; only the model is a
-local fake (`tests/support/fake_session_server.py`), since no real API is reachable here.
+local fake (`tests/support/fakes/`), since no real API is reachable here.
 """
 
 from __future__ import annotations
@@ -33,9 +33,9 @@ from host.devices.virtual.phone import VirtualPhone
 from host.runner import run_host
 from host.settings import HostSettings
 from host.timeline.store import TimelineStore
-from planner.session.items import Reasoning, loads_item
-from tests.support.fake_session_server import (
-    FakeSessionServer,
+from planner.conversation.items import Reasoning, loads_item
+from tests.support.fakes import (
+    FakeModelServer,
     ScriptedTurn,
     text,
     thinking,
@@ -69,7 +69,7 @@ class StopAfterTaps:
 async def test_restarted_host_continues_the_conversation_with_signed_thinking(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, transport: str
 ) -> None:
-    with FakeSessionServer() as model:
+    with FakeModelServer() as model:
         model.anthropic_script.extend(
             [
                 ScriptedTurn(
@@ -152,9 +152,7 @@ async def test_restarted_host_continues_the_conversation_with_signed_thinking(
             first_stop = asyncio.Event()
 
             def stopping_driver(serial: str) -> Driver:
-                return StopAfterTaps(  # type: ignore[return-value]
-                    AdbDriver(serial, "127.0.0.1", adb_port), 1, first_stop, loop
-                )
+                return StopAfterTaps(AdbDriver(serial, "127.0.0.1", adb_port), 1, first_stop, loop)
 
             await asyncio.wait_for(run_host(settings, first_stop, make_driver=stopping_driver), 60)
             assert len(model.bodies("/v1/messages")) == 2, "the first host made two decisions"

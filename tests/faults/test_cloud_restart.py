@@ -11,6 +11,7 @@ from pathlib import Path
 
 from tests.support.figures import record
 from tests.support.processes import (
+    AmcProcess,
     cloud_process,
     free_port,
     host_process,
@@ -44,7 +45,7 @@ async def test_cloud_restart_loses_no_accepted_result(tmp_path: Path, fault_pki:
     address = f"127.0.0.1:{port}"
     db = f"sqlite+aiosqlite:///{tmp_path / 'cloud.sqlite3'}"
 
-    def new_cloud(name: str):  # type: ignore[no-untyped-def]
+    def new_cloud(name: str) -> AmcProcess:
         return cloud_process(tmp_path, name, database_url=db, pki_dir=fault_pki, port=port)
 
     cloud = new_cloud("cloud-1").start()

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from google.protobuf.duration_pb2 import Duration
@@ -34,7 +35,7 @@ KEEPALIVE_TIMEOUT_S = 2.0
 NOTICE_BOUND_S = KEEPALIVE_TIME_S + KEEPALIVE_TIMEOUT_S + 5.0
 
 
-async def _wait_for(predicate, within: float, what: str) -> None:  # type: ignore[no-untyped-def]
+async def _wait_for(predicate: Callable[[], bool], within: float, what: str) -> None:
     deadline = time.monotonic() + within
     while not predicate():
         if time.monotonic() > deadline:

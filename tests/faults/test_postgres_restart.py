@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import time
 from pathlib import Path
 
@@ -17,6 +18,7 @@ from google.protobuf.duration_pb2 import Duration
 from amc.v1 import task_service_pb2, types_pb2
 from tests.support.figures import record
 from tests.support.processes import (
+    AmcProcess,
     cloud_process,
     free_port,
     host_process,
@@ -38,6 +40,17 @@ from tests.support.task_batch import (
 pytestmark = pytest.mark.postgres
 
 LEASE_S = 12
+#: What the cloud logs when it refuses a host's report because the database is away.
+REFUSED = re.compile(r"^(handling a message from \S+ failed|renewal batch of \d+ failed)$", re.M)
+
+
+async def _until_refused(cloud: AmcProcess, since: int, within: float) -> None:
+    """Until the cloud's log (past offset `since`) shows a host's report refused: the hosts
+    reported into the outage, so the recovery below is a recovery from refused reports."""
+    deadline = time.monotonic() + within
+    while not REFUSED.search(cloud.output()[since:]):
+        assert time.monotonic() < deadline, "no host report reached the cloud during the outage"
+        await asyncio.sleep(0.05)
 
 
 async def test_postgres_restart_under_load(tmp_path: Path, fault_pki: Path) -> None:
@@ -67,8 +80,9 @@ async def test_postgres_restart_under_load(tmp_path: Path, fault_pki: Path) -> N
             before = accepted(await wait_tasks(ops, ids, mid_run))
 
             down_at = time.monotonic()
+            logged = len(cloud.output())
             await asyncio.to_thread(pg.stop)
-            await asyncio.sleep(1.0)  # hosts keep renewing and reporting into the outage
+            await _until_refused(cloud, logged, within=LEASE_S)  # hosts report into the outage
             await asyncio.to_thread(pg.start)
             up_at = time.monotonic()
             record("postgres_restart", "database down (stop + start)", up_at - down_at)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -60,10 +60,10 @@ class FakeCloud(lease_service_pb2_grpc.LeaseServiceServicer):
         async with self.changed:
             self.changed.notify_all()
 
-    async def wait_for(self, predicate: object, within: float = 20.0) -> None:
+    async def wait_for(self, predicate: Callable[[], object], within: float = 20.0) -> None:
         async def _wait() -> None:
             async with self.changed:
-                await self.changed.wait_for(predicate)  # type: ignore[arg-type]
+                await self.changed.wait_for(predicate)
 
         await asyncio.wait_for(_wait(), within)
 
@@ -125,7 +125,7 @@ class FakeCloud(lease_service_pb2_grpc.LeaseServiceServicer):
     async def Lease(
         self,
         request_iterator: AsyncIterator[lease_service_pb2.LeaseRequest],
-        context: grpc.aio.ServicerContext,  # type: ignore[type-arg]
+        context: grpc.aio.ServicerContext,
     ) -> AsyncIterator[lease_service_pb2.LeaseResponse]:
         caller = peer_caller(context)
         if caller is None or caller.kind != "host":
@@ -205,18 +205,18 @@ class FakeCloud(lease_service_pb2_grpc.LeaseServiceServicer):
             elif lease:
                 await out.put(self._revoked(lease, 0))
         elif kind == "result":
-            r = req.result
-            self.results.append(r)
-            lease = self.leases.get((r.task_id, r.attempt))
-            if lease and lease.lease_id == r.lease_id and self.ack_results:
+            res = req.result
+            self.results.append(res)
+            lease = self.leases.get((res.task_id, res.attempt))
+            if lease and lease.lease_id == res.lease_id and self.ack_results:
                 lease.live = False
                 await out.put(
                     lease_service_pb2.LeaseResponse(
                         result_ack=lease_service_pb2.ResultAck(
-                            task_id=r.task_id,
-                            attempt=r.attempt,
-                            lease_id=r.lease_id,
-                            task_status=r.status,
+                            task_id=res.task_id,
+                            attempt=res.attempt,
+                            lease_id=res.lease_id,
+                            task_status=res.status,
                         )
                     )
                 )

@@ -48,6 +48,8 @@ class ScriptedPlanner:
     seen: list[Scene] = field(default_factory=list)
     histories: list[list[WorldEvent | dict[str, Any]]] = field(default_factory=list)
     block: asyncio.Event | None = None
+    #: Set when a decide call has begun (before `block`): a test can act while planning runs.
+    planning: asyncio.Event = field(default_factory=asyncio.Event)
 
     async def decide(
         self,
@@ -56,6 +58,7 @@ class ScriptedPlanner:
         history: Sequence[WorldEvent | dict[str, Any]] = (),
         screenshot: bytes | None = None,
     ) -> Decision:
+        self.planning.set()
         if self.block is not None:
             await self.block.wait()
         index = len(self.seen)
@@ -76,6 +79,7 @@ class ScriptedPlanner:
             expected_outcome=parsed.expected_outcome,
             rationale=f"Step {index + 1}: {step.purpose}.",
             thinking=[ThinkingBlock("considering the screen")],
+            thinking_kind="summarized",
             usage=Usage(input_tokens=100, output_tokens=20),
             provider="scripted",
             model="scripted-1",

@@ -16,6 +16,7 @@ from host.devices.virtual.phone import VirtualPhone
 from host.devices.virtual.suite import SUITE
 from host.perception.ocr import OcrPool
 from host.perception.perceive import Perceiver
+from host.planner_client import StepPlanner
 from host.timeline.store import TimelineStore
 from planner.planner import make_planner
 from planner.settings import PlannerSettings
@@ -40,14 +41,14 @@ def ocr() -> Iterator[OcrPool]:
 
 def _loop(
     phone: VirtualPhone,
-    planner: object,
+    planner: StepPlanner,
     store: TimelineStore | None,
     ocr: OcrPool | None = None,
     max_steps: int = 10,
 ) -> AgentLoop:
     return AgentLoop(
         VirtualDriver(phone),
-        planner,  # type: ignore[arg-type]
+        planner,
         Perceiver(ocr, retries=2, retry_delay_s=0),
         store,
         LoopSettings(max_steps=max_steps, settle_delay_s=0, ocr=ocr is not None),
@@ -193,6 +194,8 @@ async def test_unplugged_phone_fails_only_its_task(store: TimelineStore) -> None
 
 
 async def test_cancel_stops_within_a_step(store: TimelineStore) -> None:
+    """A cancel that arrives while the step's planning call hangs ends the run at once: the
+    loop does not wait for the step to finish, and the abandoned step is not recorded."""
     phone = VirtualPhone("emulator-5554")
     planner = ScriptedPlanner(
         [Step("swipe", {"start_x": 500, "start_y": 1500, "end_x": 500, "end_y": 600})]
@@ -202,10 +205,12 @@ async def test_cancel_stops_within_a_step(store: TimelineStore) -> None:
     run = asyncio.create_task(
         _loop(phone, planner, store).run(TaskSpec("t6", 1, "g", "s"), ProgressHolder(), cancel)
     )
-    await asyncio.sleep(0.05)
+    await asyncio.wait_for(planner.planning.wait(), 10)  # the first step is planning now
+    assert not run.done()
     cancel.set()
     outcome = await asyncio.wait_for(run, 10)
     assert outcome.status == "cancelled"
+    assert planner.seen == []  # the planning call never got past its block: the step was cut
     assert store.steps("t6", 1) == []
 
 

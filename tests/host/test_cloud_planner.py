@@ -8,7 +8,7 @@ the same steps must give byte-identical prompts (compact) and conversations (ses
 The lease gate and the decision log are small in-test ports (`tests/support/memory_log.py`;
 the servicer takes them as ports, and the cloud's store-backed ones are tested on SQLite and
 PostgreSQL in tests/cloud). Session mode talks to a local Anthropic-compatible server through
-the real SDK (`tests/support/fake_session_server.py`), since no real API is reachable here.
+the real SDK (`tests/support/fakes/`), since no real API is reachable here.
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ from host.perception.perceive import Perceiver
 from host.planner_client import CloudPlanError, CloudPlanner, DirectPlanner, StepPlanner
 from host.settings import HostSettings
 from host.timeline.store import TimelineStore
+from planner.conversation.items import SessionItem, ToolResult, UserObservation
 from planner.decision import Decision
 from planner.history import WorldEvent
 from planner.planner import make_planner
@@ -41,12 +42,11 @@ from planner.prompts import SYSTEM_PROMPT, build_user_prompt
 from planner.scene import Scene
 from planner.service import PlannerServicer
 from planner.session.factory import SessionPlanners, open_session_planner
-from planner.session.items import SessionItem, ToolResult, UserObservation
 from planner.session.store import SqliteSessionStore
 from planner.settings import PlannerSettings
 from tests.planner.scenes import settings_main, toggle_page
-from tests.support.fake_session_server import (
-    FakeSessionServer,
+from tests.support.fakes import (
+    FakeModelServer,
     ScriptedTurn,
     text,
     thinking,
@@ -74,7 +74,7 @@ class Service:
     settings: HostSettings
 
 
-def _host_of(context: grpc.aio.ServicerContext) -> str:  # type: ignore[type-arg]
+def _host_of(context: grpc.aio.ServicerContext) -> str:
     caller = peer_caller(context)
     return caller.name if caller and caller.kind == "host" else ""
 
@@ -202,7 +202,7 @@ async def test_both_transports_send_byte_identical_compact_prompts(
 INTENT = {"purpose": "open display", "expected_outcome": "the Display page shows"}
 
 
-def _script(server: FakeSessionServer) -> None:
+def _script(server: FakeModelServer) -> None:
     server.anthropic_script.extend(
         [
             ScriptedTurn([thinking("Need the tree."), tool_use("get_ui_tree", {})]),
@@ -221,7 +221,7 @@ def _script(server: FakeSessionServer) -> None:
     )
 
 
-def _settings(server: FakeSessionServer) -> PlannerSettings:
+def _settings(server: FakeModelServer) -> PlannerSettings:
     return PlannerSettings(
         provider="anthropic",
         model="claude-test",
@@ -265,7 +265,7 @@ async def test_both_transports_build_the_same_session_conversation(tmp_path: Pat
     """Session mode: the cloud continues the conversation it keeps from typed inputs; the
     direct transport continues its own. What the user side added — observations and tool
     results — is identical item for item, and so are the requests' user turns."""
-    with FakeSessionServer() as cloud_model, FakeSessionServer() as direct_model:
+    with FakeModelServer() as cloud_model, FakeModelServer() as direct_model:
         _script(cloud_model)
         _script(direct_model)
         cloud_settings = _settings(cloud_model)

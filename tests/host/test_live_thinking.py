@@ -5,6 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 from host.agent.live_thinking import ClearingPlanner, LiveThinking
+from planner.scene import Scene
+
+SCENE = Scene(elements=[], package="", page_title="", screen_width=1080, screen_height=2400)
 
 
 class Thinker:
@@ -27,9 +30,9 @@ async def test_each_step_replaces_the_last_and_other_attempts_are_apart() -> Non
     planner = ClearingPlanner(inner, live, "t", 1)
     live.sink("t", 2)("another attempt")
 
-    await planner.decide("step one", None)
+    await planner.decide("step one", SCENE)
     assert live.text("t", 1) == "thinking about step one"  # readable while the step acts
-    await planner.decide("step two", None)
+    await planner.decide("step two", SCENE)
     assert inner.seen_before == ["", ""]  # cleared when each step's planning began
     assert live.text("t", 1) == "thinking about step two"
     assert live.text("t", 2) == "another attempt"

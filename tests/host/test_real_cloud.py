@@ -68,8 +68,8 @@ async def stack(tmp_path: Path) -> AsyncIterator[Stack]:
     yield Stack(
         cloud,
         pki_dir,
-        task_service_pb2_grpc.TaskServiceStub(ch),  # type: ignore[no-untyped-call]
-        decision_log_service_pb2_grpc.DecisionLogServiceStub(ch),  # type: ignore[no-untyped-call]
+        task_service_pb2_grpc.TaskServiceStub(ch),
+        decision_log_service_pb2_grpc.DecisionLogServiceStub(ch),
         ch,
         tmp_path,
     )

@@ -4,11 +4,16 @@ the lease stream over mTLS (in-test LeaseService, see lease_fake.py), the timeli
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from amc.v1 import types_pb2
 from host.runner import build_host, serve_host, start_virtual_phones
 from host.settings import HostSettings
+from planner.decision import Decision
+from planner.history import WorldEvent
+from planner.scene import Scene
 from tests.host.lease_fake import start_fake_cloud
 from tests.host.scripted_planner import ScriptedPlanner, Step, by_text
 
@@ -95,7 +100,13 @@ class PerGoal:
     def __init__(self, scripts: dict[str, ScriptedPlanner]) -> None:
         self.scripts = scripts
 
-    async def decide(self, goal: str, scene, history=(), screenshot=None):  # type: ignore[no-untyped-def]
+    async def decide(
+        self,
+        goal: str,
+        scene: Scene,
+        history: Sequence[WorldEvent | dict[str, Any]] = (),
+        screenshot: bytes | None = None,
+    ) -> Decision:
         return await self.scripts[goal].decide(goal, scene, history, screenshot)
 
 
@@ -121,7 +132,7 @@ async def test_disconnected_phone_fails_its_task_and_nothing_else_stops(tmp_path
             ),
         }
     )
-    app = build_host(settings, planner=planner)  # type: ignore[arg-type]
+    app = build_host(settings, planner=planner)
     stop = asyncio.Event()
     serving = asyncio.create_task(serve_host(app, stop))
     fake = cloud.cloud

@@ -17,6 +17,7 @@ from host.perception.perceive import Perceiver
 from host.runner import build_host
 from host.settings import HostSettings
 from host.timeline.store import TimelineStore
+from tests.host.scripted_planner import ScriptedPlanner
 
 
 def test_env_prefix_and_legacy_db_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -46,7 +47,7 @@ def test_retention_runs_when_the_host_starts(tmp_path: Path) -> None:
         store.save_screenshot(f"t{i}", 1, "a.png", b"x")
         store.finish_task(f"t{i}", 1, "succeeded", "ok", now=now - timedelta(minutes=5 - i))
     store.close()
-    app = build_host(settings, planner=object())  # type: ignore[arg-type]
+    app = build_host(settings, planner=ScriptedPlanner([]))  # never asked: no task runs
     try:
         assert [t.task_id for t in app.store.list_tasks()] == ["t4", "t3", "t2"]
         assert app.store.artifacts.task_dirs() == ["t2-a1", "t3-a1", "t4-a1"]

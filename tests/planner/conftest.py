@@ -13,12 +13,12 @@ _ROOT = Path(__file__).resolve().parents[2]
 if str(_ROOT) not in sys.path:
     sys.path.insert(0, str(_ROOT))
 
-from tests.support.fake_providers import FakeProviderServer  # noqa: E402
+from tests.support.fakes import ANTHROPIC_KEY, OPENAI_KEY, FakeModelServer  # noqa: E402
 
 
 @pytest.fixture
-def fake_server() -> Iterator[FakeProviderServer]:
-    with FakeProviderServer() as server:
+def fake_server() -> Iterator[FakeModelServer]:
+    with FakeModelServer(anthropic_key=ANTHROPIC_KEY, openai_key=OPENAI_KEY) as server:
         yield server
 
 

@@ -11,6 +11,7 @@ W, H = 1080, 2400
 def el(
     i: int, text: str = "", bounds: tuple[int, int, int, int] = (0, 0, 10, 10), **kw: object
 ) -> Element:
+    # kw: any other Element field by name (the dataclass's own keyword arguments).
     return Element(element_id=f"e{i}", bounds=Bounds(*bounds), text=text, **kw)  # type: ignore[arg-type]
 
 

@@ -7,6 +7,7 @@ against the phone's end state rather than against the path taken.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import pytest
@@ -14,21 +15,22 @@ import pytest
 from host.devices.virtual import suite
 from host.devices.virtual.phone import VirtualPhone
 from host.devices.virtual.state import Alarm, Contact
+from planner.conversation.items import UserObservation
 from planner.history import WorldEvent
 from planner.planner import Planner
 from planner.prompts import SYSTEM_PROMPT, build_user_prompt
-from planner.providers.base import ProviderRequest, UserTurn
 from planner.providers.offline import OfflineProvider, split_goal
 from planner.scene import Scene
 from planner.tools import TOOLS
+from planner.vendors import TurnRequest
 from tests.planner import scenes
 from tests.planner.virtual_run import run_goal
 
 
 async def decide(
-    goal: str, scene: Scene, history: list[WorldEvent | dict[str, Any]] | None = None
+    goal: str, scene: Scene, history: Sequence[WorldEvent | dict[str, Any]] = ()
 ) -> Any:
-    return await Planner(OfflineProvider()).decide(goal, scene, history or [])
+    return await Planner(OfflineProvider()).decide(goal, scene, history)
 
 
 async def test_opens_settings_from_the_launcher_for_a_setting_goal() -> None:
@@ -125,12 +127,13 @@ async def test_a_password_is_typed_as_sensitive() -> None:
     assert "hunter2" not in (d.rationale or "") + d.purpose + d.expected_outcome
 
 
-async def test_scrolls_when_nothing_matches_then_backs_out() -> None:
+async def test_scrolls_down_then_up_when_nothing_matches_then_backs_out() -> None:
     scene = scenes.settings_main([("Apps", "Recent apps"), ("Storage", "37% used")])
     d = await decide("Turn on color inversion", scene)
     assert d.tool_name == "swipe"
     assert d.arguments["start_y"] > d.arguments["end_y"]  # scrolling down
-    # The list did not move (same last entry as before the swipe): it ends here, so go back.
+    # The list did not move (same last entry as before the swipe): it ends here. It may have
+    # been left scrolled down, so scroll back up before giving up on the page.
     history: list[WorldEvent | dict[str, Any]] = [
         {
             "page": scene.page,
@@ -138,6 +141,17 @@ async def test_scrolls_when_nothing_matches_then_backs_out() -> None:
             "success": True,
         }
     ]
+    up = await decide("Turn on color inversion", scene, history)
+    assert up.tool_name == "swipe"
+    assert up.arguments["start_y"] < up.arguments["end_y"]  # scrolling up
+    history.append(
+        {
+            "page": scene.page,
+            "action": {"tool": "swipe", **up.arguments, "purpose": up.purpose},
+            "success": True,
+        }
+    )
+    # Nor did it move up: seen end to end, so go back.
     back = await decide("Turn on color inversion", scene, history)
     assert back.tool_name == "press_key"
     assert back.arguments == {"key": "back"}
@@ -179,11 +193,10 @@ def test_compound_goals_split_only_at_verbs() -> None:
 
 async def test_unreadable_prompt_is_a_clean_failure_not_an_exception() -> None:
     response = await OfflineProvider().complete(
-        ProviderRequest(system=SYSTEM_PROMPT, messages=[UserTurn("hello")], tools=TOOLS)
+        TurnRequest(system=SYSTEM_PROMPT, items=[UserObservation("hello")], tools=TOOLS)
     )
     (call,) = response.tool_calls
     assert call.name == "complete"
-    assert call.arguments is not None
     assert call.arguments["success"] is False
     assert "missing the ```json goal section" in call.arguments["reason"]
 

@@ -20,19 +20,24 @@ import pytest
 
 from amc.v1 import planner_service_pb2, planner_service_pb2_grpc, types_pb2
 from planner.decision import Decision
-from planner.errors import PlannerError, PlannerRateLimited, PlannerUnavailable
+from planner.errors import (
+    PlannerAuthError,
+    PlannerError,
+    PlannerRateLimited,
+    PlannerUnavailable,
+)
+from planner.model_profiles import RetryForm
 from planner.observation import observation_from_scene
 from planner.planner import Planner
 from planner.prompts import SYSTEM_PROMPT, build_user_prompt
-from planner.providers.anthropic import AnthropicProvider
-from planner.providers.base import ProviderRequest, ProviderResponse
 from planner.providers.offline import OfflineProvider
 from planner.service import MAX_MESSAGE_BYTES, PlannerServicer
 from planner.settings import PlannerSettings
+from planner.vendors import Turn, TurnRequest, make_adapter
 from tests.planner import scenes
-from tests.support.fake_providers import (
+from tests.support.fakes import (
     ANTHROPIC_KEY,
-    FakeProviderServer,
+    FakeModelServer,
     rate_limited_anthropic,
 )
 from tests.support.memory_log import MemoryDecisionLog
@@ -69,18 +74,27 @@ class Recording:
     """A provider that delegates to another and records every request it got."""
 
     inner: Any
-    requests: list[ProviderRequest] = field(default_factory=list)
+    requests: list[TurnRequest] = field(default_factory=list)
     fail_with: Exception | None = None
 
     @property
     def name(self) -> str:
         return str(self.inner.name)
 
-    async def complete(self, request: ProviderRequest) -> ProviderResponse:
+    @property
+    def model(self) -> str:
+        return str(self.inner.model)
+
+    @property
+    def retry_form(self) -> RetryForm:
+        form: RetryForm = self.inner.retry_form
+        return form
+
+    async def complete(self, request: TurnRequest) -> Turn:
         self.requests.append(request)
         if self.fail_with is not None:
             raise self.fail_with
-        response: ProviderResponse = await self.inner.complete(request)
+        response: Turn = await self.inner.complete(request)
         return response
 
     async def aclose(self) -> None:
@@ -89,7 +103,8 @@ class Recording:
 
 def metadata_host(context: Any) -> str:
     """Test stand-in for the certificate identity on a plaintext server."""
-    return dict(context.invocation_metadata()).get("x-test-host", "")
+    host: str = dict(context.invocation_metadata()).get("x-test-host", "")
+    return host
 
 
 @dataclass
@@ -242,7 +257,7 @@ async def test_screenshot_is_used_for_the_call_and_never_stored(
     response = await srv.stub.Decide(request(screenshot=shot), metadata=MD)
     assert response.decision.step_index == 1
     (sent,) = srv.provider.requests
-    assert sent.messages[0].screenshot == shot  # type: ignore[union-attr]
+    assert sent.images == {0: shot}
     (row,) = srv.sink.rows
     stored = row[4]
     assert b"SCREENSHOT-MARKER" not in repr(stored).encode()
@@ -261,7 +276,16 @@ async def test_screenshot_is_used_for_the_call_and_never_stored(
             PlannerUnavailable("planner: Anthropic is unavailable (HTTP 529)"),
             grpc.StatusCode.UNAVAILABLE,
         ),
-        (PlannerError("planner: Anthropic rejected the API key"), grpc.StatusCode.UNAVAILABLE),
+        # Refused credentials fail fast (the host does not wait for them); no usable decision
+        # is UNKNOWN (before the error classes, both were UNAVAILABLE).
+        (
+            PlannerAuthError("planner: Anthropic rejected the API key"),
+            grpc.StatusCode.PERMISSION_DENIED,
+        ),
+        (
+            PlannerError("planner: anthropic gave an unusable tool call twice: x"),
+            grpc.StatusCode.UNKNOWN,
+        ),
     ],
 )
 async def test_provider_failure_logs_nothing(
@@ -277,7 +301,7 @@ async def test_provider_failure_logs_nothing(
 
 
 async def test_real_sdk_rate_limit_through_decide_is_resource_exhausted(
-    make_server: Callable[..., Any], fake_server: FakeProviderServer
+    make_server: Callable[..., Any], fake_server: FakeModelServer
 ) -> None:
     settings = PlannerSettings(
         provider="anthropic",
@@ -286,7 +310,7 @@ async def test_real_sdk_rate_limit_through_decide_is_resource_exhausted(
         model="claude-test-model",
         max_retries=1,
     )
-    provider = AnthropicProvider(settings)
+    provider = make_adapter(settings)
     srv: Running = await make_server(provider)
     fake_server.script_anthropic(rate_limited_anthropic(), rate_limited_anthropic())
     try:

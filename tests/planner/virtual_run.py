@@ -13,6 +13,7 @@ from host.agent.actions import execute
 from host.devices.virtual.driver import VirtualDriver
 from host.devices.virtual.phone import VirtualPhone
 from host.perception.perceive import Perceiver
+from host.planner_client import DirectPlanner
 from planner.decision import Decision
 from planner.history import WorldEvent
 from planner.planner import Planner
@@ -49,10 +50,11 @@ async def run_goal(planner: Planner, phone: VirtualPhone, goal: str, max_steps: 
     driver = VirtualDriver(phone)
     perceiver = Perceiver(ocr=None, retry_delay_s=0.0)
     run = Run()
+    typed = DirectPlanner(planner)  # the typed contract's path, as on either transport
     for _ in range(max_steps):
         scene = perceiver.perceive(driver, with_ocr=False).scene
         run.scenes.append(scene)
-        decision = await planner.decide(goal, scene, run.history)
+        decision = await typed.decide(goal, scene, run.history)
         run.decisions.append(decision)
         result = execute(driver, decision.action, scene)
         run.history.append(

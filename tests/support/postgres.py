@@ -89,9 +89,9 @@ class PostgresServer:
             conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
-def _run_as(user: str, args: list[str], **kwargs: object) -> subprocess.CompletedProcess[str]:
+def _run_as(user: str, args: list[str]) -> subprocess.CompletedProcess[str]:
     cmd = args if os.geteuid() != 0 else ["runuser", "-u", user, "--", *args]
-    return subprocess.run(cmd, check=True, capture_output=True, text=True, **kwargs)  # type: ignore[call-overload, no-any-return]
+    return subprocess.run(cmd, check=True, capture_output=True, text=True)
 
 
 @contextlib.contextmanager

@@ -211,7 +211,7 @@ async def wait_serving(address: str, pki_dir: Path, within: float = 30.0) -> Non
     deadline = time.monotonic() + within
     client = operator(address, pki_dir)
     try:
-        stub: Any = health_pb2_grpc.HealthStub(client.channel)  # type: ignore[no-untyped-call]
+        stub: Any = health_pb2_grpc.HealthStub(client.channel)
         while True:
             try:
                 reply = await stub.Check(health_pb2.HealthCheckRequest(), timeout=2)
@@ -227,7 +227,9 @@ async def wait_serving(address: str, pki_dir: Path, within: float = 30.0) -> Non
 
 
 async def get_task(client: OperatorClient, task_id: str) -> types_pb2.Task:
-    reply = await client.tasks.GetTask(task_service_pb2.GetTaskRequest(task_id=task_id), timeout=5)
+    reply: task_service_pb2.GetTaskResponse = await client.tasks.GetTask(
+        task_service_pb2.GetTaskRequest(task_id=task_id), timeout=5
+    )
     return reply.task
 
 

@@ -32,7 +32,7 @@ _TRICKY_STRINGS = [
     "x" * OVERSIZE,
     "é" * (OVERSIZE // 2),
 ]
-_text = st.text(alphabet=st.characters(exclude_categories=("Cs",)), max_size=40)
+_text = st.text(alphabet=st.characters(exclude_categories=["Cs"]), max_size=40)
 STRINGS = st.one_of(st.sampled_from(_TRICKY_STRINGS), _text)
 BYTES = st.one_of(st.binary(max_size=64), st.just(b"\x00" * OVERSIZE), st.just(b"\x89PNG\r\n"))
 
@@ -66,8 +66,10 @@ def _field(field: FieldDescriptor, depth: int, overrides: dict[str, Any]) -> Any
     if field.full_name in overrides:
         return overrides[field.full_name]
     if field.type == FieldDescriptor.TYPE_MESSAGE:
+        assert field.message_type is not None  # set for every message field
         return messages(field.message_type, depth + 1, overrides)
     if field.type == FieldDescriptor.TYPE_ENUM:
+        assert field.enum_type is not None  # set for every enum field
         known = [v.number for v in field.enum_type.values]
         return st.one_of(st.sampled_from(known), st.integers(-3, 40))
     return _SCALARS[field.type]

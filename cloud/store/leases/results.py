@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import datetime as dt
 from dataclasses import dataclass
 
 from sqlalchemy import ScalarSelect, func, select, update
+from sqlalchemy.ext.asyncio import AsyncSession
 
 from cloud.store import states
 from cloud.store.database import Store
@@ -43,8 +45,15 @@ async def record_result(
     status: str,
     summary: str,
     final_progress: ProgressIn | None,
+    *,
+    retryable: bool = False,
 ) -> ResultOut:
-    """End an attempt with the host's result; idempotent for an identical retry."""
+    """End an attempt with the host's result; idempotent for an identical retry.
+
+    A `retryable` FAILED result ended the attempt for a reason outside the task (planning stayed
+    impossible until the deadline came near): like an expired lease, the task is queued for its
+    next attempt if it has any left (cancelled if a cancel is pending, failed if none are left).
+    """
     now = store.now()
     async with store.write() as session:
         values: dict[str, object] = {
@@ -75,6 +84,10 @@ async def record_result(
                 .returning(AttemptRow.device_serial)
             )
         ).first()
+        if row is not None and retryable and status == states.FAILED:
+            return ResultOut(
+                True, False, await _requeue(session, task_id, attempt, summary, now), row[0]
+            )
         if row is not None:
             task = (
                 await session.execute(
@@ -111,3 +124,33 @@ async def record_result(
             return ResultOut(False, True, task_status or status, existing.device_serial)
         revocation, message = await classify(session, host_id, task_id, attempt, lease_id, now)
         return ResultOut(False, False, revocation=revocation, message=message)
+
+
+async def _requeue(
+    session: AsyncSession, task_id: str, attempt: int, summary: str, now: dt.datetime
+) -> str:
+    """The task after a retryable end of its attempt `attempt`: its next attempt queued, or
+    cancelled (a cancel is pending) or failed (no attempts left)."""
+    task = await session.scalar(
+        select(TaskRow)
+        .where(
+            TaskRow.task_id == task_id,
+            TaskRow.attempt == attempt,
+            TaskRow.status.in_(states.LIVE),
+        )
+        .with_for_update()
+    )
+    if task is None:
+        return states.FAILED
+    if task.cancel_requested:
+        task.status = states.CANCELLED
+        task.result_summary = task.cancel_reason or "cancelled"
+        task.finished_at = now
+    elif task.attempt >= task.max_attempts:
+        task.status = states.FAILED
+        task.result_summary = summary
+        task.finished_at = now
+    else:
+        task.status = states.QUEUED
+    task.updated_at = now
+    return task.status

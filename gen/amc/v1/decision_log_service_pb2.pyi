@@ -249,6 +249,7 @@ class ConversationItem(_message.Message):
     IS_ERROR_FIELD_NUMBER: _builtins.int
     REDACTED_FIELD_NUMBER: _builtins.int
     PROVIDER_FIELD_NUMBER: _builtins.int
+    OMITTED_FIELD_NUMBER: _builtins.int
     seq: _builtins.int
     """Position in the attempt's conversation, from 0."""
     kind: Global___ConversationItemKind.ValueType
@@ -264,9 +265,14 @@ class ConversationItem(_message.Message):
     is_error: _builtins.bool
     """The tool result reported a failure."""
     redacted: _builtins.bool
-    """Reasoning the provider returned without readable text (redacted or encrypted only)."""
+    """Reasoning the provider returned encrypted (Anthropic redacted_thinking): no readable text."""
     provider: _builtins.str
     """Provider that made a model item ("anthropic" or "openai")."""
+    omitted: _builtins.bool
+    """Reasoning whose text the provider omitted: it returned only a signature or encrypted
+    content (Claude Opus 4.7 and later unless summarized thinking was asked for; OpenAI
+    reasoning without a summary). Not redacted.
+    """
     def __init__(
         self,
         *,
@@ -279,10 +285,11 @@ class ConversationItem(_message.Message):
         is_error: _builtins.bool = ...,
         redacted: _builtins.bool = ...,
         provider: _builtins.str = ...,
+        omitted: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["arguments_json", b"arguments_json", "call_id", b"call_id", "is_error", b"is_error", "kind", b"kind", "provider", b"provider", "redacted", b"redacted", "seq", b"seq", "text", b"text", "tool_name", b"tool_name"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["arguments_json", b"arguments_json", "call_id", b"call_id", "is_error", b"is_error", "kind", b"kind", "omitted", b"omitted", "provider", b"provider", "redacted", b"redacted", "seq", b"seq", "text", b"text", "tool_name", b"tool_name"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

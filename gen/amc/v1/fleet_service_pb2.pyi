@@ -7,6 +7,7 @@ from amc.v1 import types_pb2 as _types_pb2
 from collections import abc as _abc
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
+from google.protobuf import timestamp_pb2 as _timestamp_pb2
 from google.protobuf.internal import containers as _containers
 import builtins as _builtins
 import sys
@@ -59,25 +60,70 @@ class ListHostsResponse(_message.Message):
 
     HOSTS_FIELD_NUMBER: _builtins.int
     NEXT_PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    DISPATCH_FIELD_NUMBER: _builtins.int
     next_page_token: _builtins.str
     """Token for the next page; empty on the last page."""
     @_builtins.property
     def hosts(self) -> _containers.RepeatedCompositeFieldContainer[_types_pb2.Host]:
         """Hosts, connected first, then by id."""
 
+    @_builtins.property
+    def dispatch(self) -> Global___DispatchStatus:
+        """Whether the answering replica hands out new tasks, and if not, why."""
+
     def __init__(
         self,
         *,
         hosts: _abc.Iterable[_types_pb2.Host] | None = ...,
         next_page_token: _builtins.str = ...,
+        dispatch: Global___DispatchStatus | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["dispatch", b"dispatch"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["hosts", b"hosts", "next_page_token", b"next_page_token"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["dispatch", b"dispatch", "hosts", b"hosts", "next_page_token", b"next_page_token"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ListHostsResponse: _TypeAlias = ListHostsResponse  # noqa: Y015
+
+@_typing.final
+class DispatchStatus(_message.Message):
+    """Whether a replica dispatches new tasks. It pauses dispatch to hosts on the cloud planner
+    transport while the model provider fails every call it makes (queued tasks stay queued;
+    running ones wait inside their leases), and resumes when a probe call succeeds. Each replica
+    judges by its own calls; hosts on the direct transport call the provider themselves and are
+    not paused.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PAUSED_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    SINCE_FIELD_NUMBER: _builtins.int
+    paused: _builtins.bool
+    """True while dispatch is paused."""
+    reason: _builtins.str
+    """Why, for operators ("the model provider is unavailable: planner: Anthropic is unavailable
+    (HTTP 529 …)"); empty when not paused.
+    """
+    @_builtins.property
+    def since(self) -> _timestamp_pb2.Timestamp:
+        """When the pause began; unset when not paused."""
+
+    def __init__(
+        self,
+        *,
+        paused: _builtins.bool = ...,
+        reason: _builtins.str = ...,
+        since: _timestamp_pb2.Timestamp | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["since", b"since"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["paused", b"paused", "reason", b"reason", "since", b"since"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DispatchStatus: _TypeAlias = DispatchStatus  # noqa: Y015
 
 @_typing.final
 class WatchHostsRequest(_message.Message):

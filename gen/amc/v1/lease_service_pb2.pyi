@@ -519,6 +519,7 @@ class TaskResult(_message.Message):
     STATUS_FIELD_NUMBER: _builtins.int
     SUMMARY_FIELD_NUMBER: _builtins.int
     FINAL_PROGRESS_FIELD_NUMBER: _builtins.int
+    RETRYABLE_FIELD_NUMBER: _builtins.int
     task_id: _builtins.str
     """Task id."""
     attempt: _builtins.int
@@ -530,6 +531,12 @@ class TaskResult(_message.Message):
     summary: _builtins.str
     """The agent's closing words or the failure reason. Never a reason to refuse the result: a
     longer one is cut to 2,000 characters (ending in "…") and NUL characters become U+FFFD.
+    """
+    retryable: _builtins.bool
+    """FAILED only: the attempt ended for a reason outside the task (the model provider stayed
+    unavailable until the task's deadline came near), so the task is queued for its next
+    attempt, as after an expired lease, when it has attempts left; it fails only when none
+    are. Ignored for other statuses.
     """
     @_builtins.property
     def final_progress(self) -> _types_pb2.Progress:
@@ -544,10 +551,11 @@ class TaskResult(_message.Message):
         status: _types_pb2.TaskStatus.ValueType = ...,
         summary: _builtins.str = ...,
         final_progress: _types_pb2.Progress | None = ...,
+        retryable: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["final_progress", b"final_progress"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "final_progress", b"final_progress", "lease_id", b"lease_id", "status", b"status", "summary", b"summary", "task_id", b"task_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "final_progress", b"final_progress", "lease_id", b"lease_id", "retryable", b"retryable", "status", b"status", "summary", b"summary", "task_id", b"task_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -50,12 +50,18 @@ class PlannerServiceStub:
     ScreenObservation and UiElement for the limits), a screenshot over 8 MiB, or a
     previous_outcome that names no decision of this attempt.
 
-    Then the cloud records previous_outcome on the decision it names and plans. UNAVAILABLE or
-    RESOURCE_EXHAUSTED when the model provider fails (nothing logged; retry later); ABORTED when
-    another call continued the same session-mode conversation at the same time (retry once).
+    Then the cloud records previous_outcome on the decision it names and plans:
+    UNAVAILABLE (provider overloaded, failing or unreachable) or RESOURCE_EXHAUSTED (rate
+    limited) when planning is temporarily impossible: ask again later, the task has not failed
+    (nothing is logged); PERMISSION_DENIED when the provider refuses the cloud's credentials
+    (API key, permission, billing): an operator must fix the cloud; UNKNOWN when the model gave
+    no usable decision (an unusable tool call twice, or a request the provider refused as
+    invalid even after a checkpoint); ABORTED when another call continued the same
+    session-mode conversation at the same time (retry once).
 
     Deprecated requests that carry prompts (system_prompt/user_prompt) or a SessionStep instead
-    of an observation are still answered for one release, as before.
+    of an observation are still answered for one release, as before (UNIMPLEMENTED for a
+    SessionStep when the cloud's provider cannot keep a conversation).
     """
 
 @_typing.type_check_only
@@ -80,12 +86,18 @@ class PlannerServiceAsyncStub(PlannerServiceStub):
     ScreenObservation and UiElement for the limits), a screenshot over 8 MiB, or a
     previous_outcome that names no decision of this attempt.
 
-    Then the cloud records previous_outcome on the decision it names and plans. UNAVAILABLE or
-    RESOURCE_EXHAUSTED when the model provider fails (nothing logged; retry later); ABORTED when
-    another call continued the same session-mode conversation at the same time (retry once).
+    Then the cloud records previous_outcome on the decision it names and plans:
+    UNAVAILABLE (provider overloaded, failing or unreachable) or RESOURCE_EXHAUSTED (rate
+    limited) when planning is temporarily impossible: ask again later, the task has not failed
+    (nothing is logged); PERMISSION_DENIED when the provider refuses the cloud's credentials
+    (API key, permission, billing): an operator must fix the cloud; UNKNOWN when the model gave
+    no usable decision (an unusable tool call twice, or a request the provider refused as
+    invalid even after a checkpoint); ABORTED when another call continued the same
+    session-mode conversation at the same time (retry once).
 
     Deprecated requests that carry prompts (system_prompt/user_prompt) or a SessionStep instead
-    of an observation are still answered for one release, as before.
+    of an observation are still answered for one release, as before (UNIMPLEMENTED for a
+    SessionStep when the cloud's provider cannot keep a conversation).
     """
 
 class PlannerServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -113,12 +125,18 @@ class PlannerServiceServicer(metaclass=_abc_1.ABCMeta):
         ScreenObservation and UiElement for the limits), a screenshot over 8 MiB, or a
         previous_outcome that names no decision of this attempt.
 
-        Then the cloud records previous_outcome on the decision it names and plans. UNAVAILABLE or
-        RESOURCE_EXHAUSTED when the model provider fails (nothing logged; retry later); ABORTED when
-        another call continued the same session-mode conversation at the same time (retry once).
+        Then the cloud records previous_outcome on the decision it names and plans:
+        UNAVAILABLE (provider overloaded, failing or unreachable) or RESOURCE_EXHAUSTED (rate
+        limited) when planning is temporarily impossible: ask again later, the task has not failed
+        (nothing is logged); PERMISSION_DENIED when the provider refuses the cloud's credentials
+        (API key, permission, billing): an operator must fix the cloud; UNKNOWN when the model gave
+        no usable decision (an unusable tool call twice, or a request the provider refused as
+        invalid even after a checkpoint); ABORTED when another call continued the same
+        session-mode conversation at the same time (retry once).
 
         Deprecated requests that carry prompts (system_prompt/user_prompt) or a SessionStep instead
-        of an observation are still answered for one release, as before.
+        of an observation are still answered for one release, as before (UNIMPLEMENTED for a
+        SessionStep when the cloud's provider cannot keep a conversation).
         """
 
 def add_PlannerServiceServicer_to_server(servicer: PlannerServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

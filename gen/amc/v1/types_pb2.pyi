@@ -183,6 +183,86 @@ KEY_DELETE: Key.ValueType  # 4
 """KEYCODE_DEL: erase the character before the cursor (backspace)."""
 Global___Key: _TypeAlias = Key  # noqa: Y015
 
+class _ThinkingKind:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _ThinkingKindEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ThinkingKind.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    THINKING_KIND_UNSPECIFIED: _ThinkingKind.ValueType  # 0
+    """Not recorded (a decision logged before this field existed)."""
+    THINKING_KIND_NONE: _ThinkingKind.ValueType  # 1
+    """The model returned no thinking (thinking off, or it chose not to think)."""
+    THINKING_KIND_FULL: _ThinkingKind.ValueType  # 2
+    """The model's own reasoning text (OpenAI-compatible reasoning_content, OpenAI reasoning text)."""
+    THINKING_KIND_SUMMARIZED: _ThinkingKind.ValueType  # 3
+    """A summary of the reasoning (Claude 4 models, OpenAI reasoning summaries)."""
+    THINKING_KIND_OMITTED: _ThinkingKind.ValueType  # 4
+    """The model thought, but the provider returned no text (a signature or encrypted content
+    only, e.g. Claude Opus 4.7 when summarized thinking was not requested).
+    """
+    THINKING_KIND_REDACTED: _ThinkingKind.ValueType  # 5
+    """The provider returned the thinking encrypted (Anthropic redacted_thinking) and nothing
+    readable.
+    """
+
+class ThinkingKind(_ThinkingKind, metaclass=_ThinkingKindEnumTypeWrapper):
+    """What kind of thinking a decision carries, so a reader never has to guess from a blank."""
+
+THINKING_KIND_UNSPECIFIED: ThinkingKind.ValueType  # 0
+"""Not recorded (a decision logged before this field existed)."""
+THINKING_KIND_NONE: ThinkingKind.ValueType  # 1
+"""The model returned no thinking (thinking off, or it chose not to think)."""
+THINKING_KIND_FULL: ThinkingKind.ValueType  # 2
+"""The model's own reasoning text (OpenAI-compatible reasoning_content, OpenAI reasoning text)."""
+THINKING_KIND_SUMMARIZED: ThinkingKind.ValueType  # 3
+"""A summary of the reasoning (Claude 4 models, OpenAI reasoning summaries)."""
+THINKING_KIND_OMITTED: ThinkingKind.ValueType  # 4
+"""The model thought, but the provider returned no text (a signature or encrypted content
+only, e.g. Claude Opus 4.7 when summarized thinking was not requested).
+"""
+THINKING_KIND_REDACTED: ThinkingKind.ValueType  # 5
+"""The provider returned the thinking encrypted (Anthropic redacted_thinking) and nothing
+readable.
+"""
+Global___ThinkingKind: _TypeAlias = ThinkingKind  # noqa: Y015
+
+class _RetryKind:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _RetryKindEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_RetryKind.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    RETRY_KIND_UNSPECIFIED: _RetryKind.ValueType  # 0
+    """Not recorded (a decision logged before this field existed)."""
+    RETRY_KIND_NONE: _RetryKind.ValueType  # 1
+    """The first answer called a tool."""
+    RETRY_KIND_FORCED_TOOL_CHOICE: _RetryKind.ValueType  # 2
+    """Asked again with a forced tool choice and thinking off for that call (models that accept
+    it).
+    """
+    RETRY_KIND_NUDGE: _RetryKind.ValueType  # 3
+    """Asked again with thinking kept and an instruction to call exactly one tool (models that
+    cannot turn thinking off for one call, or refuse a forced tool choice).
+    """
+
+class RetryKind(_RetryKind, metaclass=_RetryKindEnumTypeWrapper):
+    """Which retry a decision needed when the model's first answer called no tool."""
+
+RETRY_KIND_UNSPECIFIED: RetryKind.ValueType  # 0
+"""Not recorded (a decision logged before this field existed)."""
+RETRY_KIND_NONE: RetryKind.ValueType  # 1
+"""The first answer called a tool."""
+RETRY_KIND_FORCED_TOOL_CHOICE: RetryKind.ValueType  # 2
+"""Asked again with a forced tool choice and thinking off for that call (models that accept
+it).
+"""
+RETRY_KIND_NUDGE: RetryKind.ValueType  # 3
+"""Asked again with thinking kept and an instruction to call exactly one tool (models that
+cannot turn thinking off for one call, or refuse a forced tool choice).
+"""
+Global___RetryKind: _TypeAlias = RetryKind  # noqa: Y015
+
 class _ModelProvider:
     ValueType = _typing.NewType("ValueType", _builtins.int)
     V: _TypeAlias = ValueType  # noqa: Y015
@@ -274,6 +354,52 @@ ROTATION_180: Rotation.ValueType  # 3
 ROTATION_270: Rotation.ValueType  # 4
 """Turned 270 degrees (rotation="3")."""
 Global___Rotation: _TypeAlias = Rotation  # noqa: Y015
+
+class _Overlay:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _OverlayEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Overlay.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    OVERLAY_UNSPECIFIED: _Overlay.ValueType  # 0
+    """Not known; never sent."""
+    OVERLAY_KEYBOARD: _Overlay.ValueType  # 1
+    """The on-screen keyboard (input method window)."""
+    OVERLAY_PERMISSION_PROMPT: _Overlay.ValueType  # 2
+    """A runtime permission prompt ("Allow … to access …?")."""
+    OVERLAY_APP_NOT_RESPONDING: _Overlay.ValueType  # 3
+    """"… isn't responding" (an ANR dialog)."""
+    OVERLAY_APP_CRASH: _Overlay.ValueType  # 4
+    """"… keeps stopping" / "… has stopped" (a crash dialog)."""
+    OVERLAY_SYSTEM_DIALOG: _Overlay.ValueType  # 5
+    """Another system dialog."""
+    OVERLAY_NOTIFICATION_SHADE: _Overlay.ValueType  # 6
+    """The notification shade or quick settings, pulled down."""
+    OVERLAY_LOCK_SCREEN: _Overlay.ValueType  # 7
+    """The lock screen (keyguard)."""
+
+class Overlay(_Overlay, metaclass=_OverlayEnumTypeWrapper):
+    """Something that covers the app on the screen. A host that cannot tell what a covering
+    window is leaves it out rather than guess.
+    """
+
+OVERLAY_UNSPECIFIED: Overlay.ValueType  # 0
+"""Not known; never sent."""
+OVERLAY_KEYBOARD: Overlay.ValueType  # 1
+"""The on-screen keyboard (input method window)."""
+OVERLAY_PERMISSION_PROMPT: Overlay.ValueType  # 2
+"""A runtime permission prompt ("Allow … to access …?")."""
+OVERLAY_APP_NOT_RESPONDING: Overlay.ValueType  # 3
+""""… isn't responding" (an ANR dialog)."""
+OVERLAY_APP_CRASH: Overlay.ValueType  # 4
+""""… keeps stopping" / "… has stopped" (a crash dialog)."""
+OVERLAY_SYSTEM_DIALOG: Overlay.ValueType  # 5
+"""Another system dialog."""
+OVERLAY_NOTIFICATION_SHADE: Overlay.ValueType  # 6
+"""The notification shade or quick settings, pulled down."""
+OVERLAY_LOCK_SCREEN: Overlay.ValueType  # 7
+"""The lock screen (keyguard)."""
+Global___Overlay: _TypeAlias = Overlay  # noqa: Y015
 
 class _ElementSource:
     ValueType = _typing.NewType("ValueType", _builtins.int)
@@ -986,7 +1112,9 @@ class ThinkingBlock(_message.Message):
     TEXT_FIELD_NUMBER: _builtins.int
     REDACTED_FIELD_NUMBER: _builtins.int
     text: _builtins.str
-    """The reasoning text; empty when redacted."""
+    """The reasoning text; empty when redacted, and empty when the provider omitted it (the
+    decision's thinking_kind then says THINKING_KIND_OMITTED).
+    """
     redacted: _builtins.bool
     """The provider returned this block encrypted (Anthropic redacted_thinking); the text is unknown."""
     def __init__(
@@ -1034,6 +1162,9 @@ class Decision(_message.Message):
     MODEL_PROVIDER_FIELD_NUMBER: _builtins.int
     MODE_FIELD_NUMBER: _builtins.int
     OUTCOME_FIELD_NUMBER: _builtins.int
+    THINKING_KIND_FIELD_NUMBER: _builtins.int
+    RETRY_KIND_FIELD_NUMBER: _builtins.int
+    OUTPUT_TRUNCATED_FIELD_NUMBER: _builtins.int
     decision_id: _builtins.str
     """Server-assigned id."""
     host_id: _builtins.str
@@ -1076,6 +1207,17 @@ class Decision(_message.Message):
     """`provider` as an enum (the string stays for older readers)."""
     mode: Global___PlannerMode.ValueType
     """`planner_mode` as an enum (the string stays for older readers)."""
+    thinking_kind: Global___ThinkingKind.ValueType
+    """What kind of thinking `thinking` holds (full, summarized, omitted by the provider,
+    redacted, none).
+    """
+    retry_kind: Global___RetryKind.ValueType
+    """Which retry the decision needed; `forced_retry` is true for either kind of retry."""
+    output_truncated: _builtins.bool
+    """The model's answer was cut off by its output token limit (Anthropic stop_reason
+    max_tokens, OpenAI finish_reason length or an incomplete response); the rationale then
+    ends with a note saying so.
+    """
     @_builtins.property
     def action(self) -> Global___Action:
         """The same action, typed."""
@@ -1131,10 +1273,13 @@ class Decision(_message.Message):
         model_provider: Global___ModelProvider.ValueType = ...,
         mode: Global___PlannerMode.ValueType = ...,
         outcome: Global___ActionOutcome | None = ...,
+        thinking_kind: Global___ThinkingKind.ValueType = ...,
+        retry_kind: Global___RetryKind.ValueType = ...,
+        output_truncated: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["action", b"action", "created_at", b"created_at", "latency", b"latency", "outcome", b"outcome", "usage", b"usage"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["action", b"action", "arguments_json", b"arguments_json", "attempt", b"attempt", "corrective_retries", b"corrective_retries", "created_at", b"created_at", "decision_id", b"decision_id", "expected_outcome", b"expected_outcome", "forced_retry", b"forced_retry", "host_id", b"host_id", "latency", b"latency", "mode", b"mode", "model", b"model", "model_provider", b"model_provider", "outcome", b"outcome", "planner_mode", b"planner_mode", "provider", b"provider", "purpose", b"purpose", "rationale", b"rationale", "step_index", b"step_index", "system_prompt", b"system_prompt", "task_id", b"task_id", "thinking", b"thinking", "tool_name", b"tool_name", "usage", b"usage", "user_prompt", b"user_prompt"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["action", b"action", "arguments_json", b"arguments_json", "attempt", b"attempt", "corrective_retries", b"corrective_retries", "created_at", b"created_at", "decision_id", b"decision_id", "expected_outcome", b"expected_outcome", "forced_retry", b"forced_retry", "host_id", b"host_id", "latency", b"latency", "mode", b"mode", "model", b"model", "model_provider", b"model_provider", "outcome", b"outcome", "output_truncated", b"output_truncated", "planner_mode", b"planner_mode", "provider", b"provider", "purpose", b"purpose", "rationale", b"rationale", "retry_kind", b"retry_kind", "step_index", b"step_index", "system_prompt", b"system_prompt", "task_id", b"task_id", "thinking", b"thinking", "thinking_kind", b"thinking_kind", "tool_name", b"tool_name", "usage", b"usage", "user_prompt", b"user_prompt"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1208,6 +1353,7 @@ class UiElement(_message.Message):
     SELECTED_FIELD_NUMBER: _builtins.int
     PASSWORD_FIELD_NUMBER: _builtins.int
     SOURCE_FIELD_NUMBER: _builtins.int
+    HINT_FIELD_NUMBER: _builtins.int
     element_id: _builtins.str
     """The host's id for this element, unique within the observation: 1 to 32 characters of
     A-Z a-z 0-9 _ . : - (the Python host uses "e1", "e2", … in document order). Actions name it.
@@ -1246,6 +1392,11 @@ class UiElement(_message.Message):
     """uiautomator `password` (a field whose text is hidden)."""
     source: Global___ElementSource.ValueType
     """Hierarchy node or OCR text."""
+    hint: _builtins.str
+    """The node's `hint` (at most 4,096 bytes): what an empty text field shows ("Name",
+    "Search"). A field whose `text` equals its hint is empty (Android 8+ reports the hint as
+    the text of an empty field); send the hint here and leave `text` empty.
+    """
     @_builtins.property
     def bounds(self) -> Global___Rect:
         """Where it is on the screen (required)."""
@@ -1271,10 +1422,11 @@ class UiElement(_message.Message):
         selected: _builtins.bool = ...,
         password: _builtins.bool = ...,
         source: Global___ElementSource.ValueType = ...,
+        hint: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["bounds", b"bounds"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["bounds", b"bounds", "checkable", b"checkable", "checked", b"checked", "class_name", b"class_name", "clickable", b"clickable", "content_description", b"content_description", "element_id", b"element_id", "enabled", b"enabled", "focusable", b"focusable", "focused", b"focused", "long_clickable", b"long_clickable", "package_name", b"package_name", "password", b"password", "resource_id", b"resource_id", "scrollable", b"scrollable", "selected", b"selected", "source", b"source", "text", b"text"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["bounds", b"bounds", "checkable", b"checkable", "checked", b"checked", "class_name", b"class_name", "clickable", b"clickable", "content_description", b"content_description", "element_id", b"element_id", "enabled", b"enabled", "focusable", b"focusable", "focused", b"focused", "hint", b"hint", "long_clickable", b"long_clickable", "package_name", b"package_name", "password", b"password", "resource_id", b"resource_id", "scrollable", b"scrollable", "selected", b"selected", "source", b"source", "text", b"text"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1335,6 +1487,8 @@ class ScreenObservation(_message.Message):
     KEYBOARD_SHOWN_FIELD_NUMBER: _builtins.int
     OCR_BLOCKS_FIELD_NUMBER: _builtins.int
     TITLE_FIELD_NUMBER: _builtins.int
+    OVERLAYS_FIELD_NUMBER: _builtins.int
+    OMITTED_ELEMENTS_FIELD_NUMBER: _builtins.int
     screen_width: _builtins.int
     """Screen width in physical pixels, 1 to 16,384 (as `wm size` reports it for the current
     rotation). Taps on points off the screen are refused before they reach the host.
@@ -1360,6 +1514,10 @@ class ScreenObservation(_message.Message):
     bytes; empty lets the cloud name the page from the elements (a title-like resource id, else
     the top-most short heading).
     """
+    omitted_elements: _builtins.int
+    """How many elements the host left out to keep the observation bounded (the least telling
+    texts first, actionable elements last); 0 when it sent everything. At most 100,000.
+    """
     @_builtins.property
     def elements(self) -> _containers.RepeatedCompositeFieldContainer[Global___UiElement]:
         """The elements, in the order the host found them (document order of the dump)."""
@@ -1367,6 +1525,13 @@ class ScreenObservation(_message.Message):
     @_builtins.property
     def ocr_blocks(self) -> _containers.RepeatedCompositeFieldContainer[Global___OcrBlock]:
         """Raw OCR blocks of the screenshot (see OcrBlock); empty when the host runs no OCR."""
+
+    @_builtins.property
+    def overlays(self) -> _containers.RepeatedScalarFieldContainer[Global___Overlay.ValueType]:
+        """What covers the app, topmost first, as the host recognised it from the windows of the
+        dump; empty when the app has the screen to itself. At most 8 entries. The elements a
+        covering window hides are not in `elements` (a finger cannot reach them).
+        """
 
     def __init__(
         self,
@@ -1380,10 +1545,12 @@ class ScreenObservation(_message.Message):
         keyboard_shown: _builtins.bool = ...,
         ocr_blocks: _abc.Iterable[Global___OcrBlock] | None = ...,
         title: _builtins.str = ...,
+        overlays: _abc.Iterable[Global___Overlay.ValueType] | None = ...,
+        omitted_elements: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["elements", b"elements", "foreground_activity", b"foreground_activity", "foreground_package", b"foreground_package", "keyboard_shown", b"keyboard_shown", "ocr_blocks", b"ocr_blocks", "rotation", b"rotation", "screen_height", b"screen_height", "screen_width", b"screen_width", "title", b"title"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["elements", b"elements", "foreground_activity", b"foreground_activity", "foreground_package", b"foreground_package", "keyboard_shown", b"keyboard_shown", "ocr_blocks", b"ocr_blocks", "omitted_elements", b"omitted_elements", "overlays", b"overlays", "rotation", b"rotation", "screen_height", b"screen_height", "screen_width", b"screen_width", "title", b"title"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

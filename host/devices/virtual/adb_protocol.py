@@ -67,3 +67,10 @@ def devices_line(serial: str, state: str, *, long: bool, model: str, transport_i
         f"{serial:<22} {state} product:amc_virtual model:{model_tag} device:amc_virtual "
         f"transport_id:{transport_id}\n"
     )
+
+
+def framebuffer(width: int, height: int, rgba: bytes) -> bytes:
+    """The `framebuffer:` service's reply after OKAY: a version 1 header (bpp, size, width,
+    height, then offset and length of red, blue, green and alpha), then the RGBA pixels."""
+    header = struct.pack("<13I", 1, 32, len(rgba), width, height, 0, 8, 16, 8, 8, 8, 24, 8)
+    return header + rgba

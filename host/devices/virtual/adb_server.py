@@ -1,9 +1,11 @@
 """An adb server on a loopback port that serves virtual phones to unmodified adb clients.
 
 It speaks the host side of the protocol (`host:version`, `host:devices[-l]`, transports,
-`host-serial:…` queries) and the device services drivers use (`shell:`, `shell,v2:`, `exec-out:`,
-`sync:`). Phones can be unplugged and replugged at run time: their open connections drop and
-they leave the device list, exactly what a host sees when a USB cable is pulled.
+`host-serial:…` queries, port forwarding) and the device services drivers use (`shell:`,
+`shell,v2:`, `exec-out:`, `sync:`, `framebuffer:`, `reverse:`, `tcp:`); a command that keeps
+running (`logcat`) streams its output. Phones can be unplugged and replugged at run time: their
+open connections drop and they leave the device list, exactly what a host sees when a USB cable
+is pulled.
 """
 
 from __future__ import annotations
@@ -17,8 +19,10 @@ import threading
 from collections.abc import Iterable
 
 from host.devices.virtual import adb_protocol as proto
+from host.devices.virtual.commands import Output
+from host.devices.virtual.forwards import Forwards
 from host.devices.virtual.phone import VirtualPhone
-from host.devices.virtual.shell import Output, Shell
+from host.devices.virtual.shell import Shell
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +50,7 @@ class VirtualAdbServer:
         self._handlers: set[asyncio.Task[None]] = set()
         self._changed = asyncio.Event()
         self._lock = threading.Lock()
+        self._forwards = Forwards()
         for phone in phones:
             self.add_phone(phone)
 
@@ -121,6 +126,7 @@ class VirtualAdbServer:
         if self._server is None:
             return
         self._server.close()
+        await self._forwards.close()
         for writers in self._bound.values():
             for writer in writers:
                 writer.transport.abort()
@@ -220,7 +226,7 @@ class VirtualAdbServer:
             await self._send(writer, proto.okay_block(proto.FEATURES))
             return None
         if req == "host:list-forward":
-            await self._send(writer, proto.okay_block(""))
+            await self._send(writer, proto.okay_block(self._forwards.listing()))
             return None
         target: VirtualPhone | str | None = None
         tport = False
@@ -288,7 +294,22 @@ class VirtualAdbServer:
         elif cmd == "get-devpath":
             await self._send(writer, proto.okay_block("virtual"))
         elif cmd == "list-forward":
-            await self._send(writer, proto.okay_block(""))
+            await self._send(writer, proto.okay_block(self._forwards.listing(phone.serial)))
+        elif cmd.startswith("forward:"):
+            spec = cmd.removeprefix("forward:")
+            norebind = spec.startswith("norebind:")
+            local, _, remote = spec.removeprefix("norebind:").partition(";")
+            error = await self._forwards.add(phone, local, remote, rebind=not norebind)
+            await self._send(writer, proto.fail(error) if error else proto.OKAY + proto.OKAY)
+        elif cmd.startswith("killforward:"):
+            local = cmd.removeprefix("killforward:")
+            if await self._forwards.remove(local):
+                await self._send(writer, proto.OKAY + proto.OKAY)
+            else:
+                await self._send(writer, proto.fail(f"listener '{local}' not found"))
+        elif cmd == "killforward-all":
+            await self._forwards.remove_all(phone.serial)
+            await self._send(writer, proto.OKAY + proto.OKAY)
         else:
             await self._send(
                 writer, proto.fail(f"'{cmd}' is not supported by the virtual adb server")
@@ -357,6 +378,19 @@ class VirtualAdbServer:
             await self._sync(phone, reader, writer)
         elif req == "root:":
             await self._send(writer, proto.OKAY + b"adbd cannot run as root in production builds\n")
+        elif req == "framebuffer:":
+            img = await asyncio.to_thread(lambda: phone.screenshot().convert("RGBA"))
+            await self._send(
+                writer, proto.OKAY + proto.framebuffer(img.width, img.height, img.tobytes())
+            )
+        elif req.startswith("reverse:"):
+            ok, reply = self._forwards.reverse(phone.serial, req.removeprefix("reverse:"))
+            if not ok:
+                await self._send(writer, proto.OKAY + proto.fail(reply))
+            elif req == "reverse:list-forward":
+                await self._send(writer, proto.okay_block(reply))
+            else:
+                await self._send(writer, proto.OKAY + proto.OKAY)
         elif req.startswith("tcp:"):
             port = req.removeprefix("tcp:")
             service = phone.tcp_services.get(int(port)) if port.isdigit() else None
@@ -377,7 +411,17 @@ class VirtualAdbServer:
         *,
         v2: bool,
     ) -> None:
-        result = await self._run_until_hangup(Shell(phone, threading.Event()), cmd, reader)
+        loop = asyncio.get_running_loop()
+
+        def live(fd: int, data: bytes) -> None:
+            """Output of a command that keeps running (`logcat`), sent as it comes."""
+            if not data:
+                return
+            framed = proto.shell_v2_packet(fd, data) if v2 else data
+            loop.call_soon_threadsafe(self._write_live, writer, framed)
+
+        shell = Shell(phone, threading.Event(), live=live)
+        result = await self._run_until_hangup(shell, cmd, reader)
         if not phone.online:
             raise _Closed  # the cable was pulled while the command ran: the output is lost
         if v2:
@@ -387,6 +431,11 @@ class VirtualAdbServer:
             )
         else:
             await self._send(writer, result.combined)
+
+    @staticmethod
+    def _write_live(writer: asyncio.StreamWriter, data: bytes) -> None:
+        if not writer.transport.is_closing():
+            writer.write(data)
 
     async def _run_until_hangup(
         self, shell: Shell, cmd: str, reader: asyncio.StreamReader

@@ -1,6 +1,7 @@
-"""The Android commands drivers run over `adb shell`: input, am, monkey, dumpsys, wm, screencap,
-uiautomator, getprop, pm, settings, svc. Output follows the real tools closely enough for the
-parsers in adbutils, uiautomator2 and our own drivers."""
+"""The Android commands drivers run over `adb shell`: input, am, monkey, wm, screencap,
+uiautomator, getprop, pm, settings, svc, ime. Output follows the real tools closely enough for
+the parsers in adbutils, uiautomator2 and our own drivers. (`dumpsys`, `cmd`, `logcat` and the
+process tools live in `system_tools`.)"""
 
 from __future__ import annotations
 
@@ -10,9 +11,12 @@ import io
 import struct
 import zipfile
 
-from host.devices.virtual.apps.launcher import LAUNCHER_PACKAGE
-from host.devices.virtual.phone import IdleStateError
-from host.devices.virtual.shell import Output, Shell, tool
+from host.devices.virtual import keyboard
+from host.devices.virtual.commands import Output, Registry, Session
+from host.devices.virtual.phone import IdleStateError, NullRootError
+from host.devices.virtual.render import png_bytes
+
+registry = Registry()
 
 ACTION_PAGES = {
     "android.settings.SETTINGS": ("com.android.settings", "com.android.settings.Settings"),
@@ -63,8 +67,8 @@ def input_text_argument(arg: str) -> str:
     return arg.replace("%s", " ")
 
 
-@tool("input")
-def _input(sh: Shell, args: list[str], stdin: bytes) -> Output:
+@registry.tool("input")
+def _input(sh: Session, args: list[str], stdin: bytes) -> Output:
     phone = sh.phone
     sources = {
         "touchscreen",
@@ -87,6 +91,8 @@ def _input(sh: Shell, args: list[str], stdin: bytes) -> Output:
         elif cmd in ("swipe", "draganddrop") and len(rest) in (4, 5):
             x1, y1, x2, y2 = (_num(v) for v in rest[:4])
             duration = _num(rest[4]) if len(rest) == 5 else 300
+            # The finger takes its time, as `input swipe` does on a phone.
+            sh.wait(max(0, duration) / 1000)
             phone.swipe(x1, y1, x2, y2, duration)
         elif cmd == "text" and rest:
             phone.input_text(input_text_argument(rest[0]))
@@ -109,26 +115,27 @@ def _input(sh: Shell, args: list[str], stdin: bytes) -> Output:
     return Output()
 
 
-@tool("wm")
-def _wm(sh: Shell, args: list[str], stdin: bytes) -> Output:
+@registry.tool("wm")
+def _wm(sh: Session, args: list[str], stdin: bytes) -> Output:
     p = sh.phone
     if args[:1] == ["size"]:
         return Output().out(f"Physical size: {p.width}x{p.height}\n")
     if args[:1] == ["density"]:
         return Output().out("Physical density: 420\n")
-    return Output().err("usage: wm [size|density] ...\n", 255)
+    if args[:1] == ["dismiss-keyguard"]:
+        p.dismiss_keyguard()
+        return Output()
+    return Output().err("usage: wm [size|density|dismiss-keyguard] ...\n", 255)
 
 
-@tool("screencap")
-def _screencap(sh: Shell, args: list[str], stdin: bytes) -> Output:
+@registry.tool("screencap")
+def _screencap(sh: Session, args: list[str], stdin: bytes) -> Output:
     png = "-p" in args
     files = [a for a in args if not a.startswith("-") and not a.isdigit()]
     img = sh.phone.screenshot()
     if files and files[0].endswith(".png"):
         png = True
     if png:
-        from host.devices.virtual.render import png_bytes
-
         data = png_bytes(img)
     else:
         rgba = img.convert("RGBA")
@@ -139,16 +146,21 @@ def _screencap(sh: Shell, args: list[str], stdin: bytes) -> Output:
     return Output().out(data)
 
 
-@tool("uiautomator")
-def _uiautomator(sh: Shell, args: list[str], stdin: bytes) -> Output:
+@registry.tool("uiautomator")
+def _uiautomator(sh: Session, args: list[str], stdin: bytes) -> Output:
     if not args or args[0] != "dump":
         return Output().err("Usage: uiautomator <subcommand> [options]\n", 1)
     files = [a for a in args[1:] if not a.startswith("-")]
     target = files[0] if files else "/sdcard/window_dump.xml"
     try:
-        xml = sh.phone.dump_hierarchy().encode()
+        if "--windows" in args[1:]:
+            xml = sh.phone.dump_windows().encode()
+        else:
+            xml = sh.phone.dump_hierarchy().encode()
     except IdleStateError:
         return Output().err("ERROR: could not get idle state.\n")
+    except NullRootError:
+        return Output().err("ERROR: null root node returned by UiTestAutomationBridge.\n")
     result = Output()
     if target == "/dev/tty":
         result.out(xml)
@@ -164,8 +176,8 @@ def _component(text: str) -> tuple[str, str] | None:
     return pkg, (pkg + cls if cls.startswith(".") else cls)
 
 
-@tool("am")
-def _am(sh: Shell, args: list[str], stdin: bytes) -> Output:
+@registry.tool("am")
+def _am(sh: Session, args: list[str], stdin: bytes) -> Output:
     phone = sh.phone
     if not args:
         return Output().err("usage: am [subcommand] [options]\n", 1)
@@ -211,8 +223,8 @@ def _am(sh: Shell, args: list[str], stdin: bytes) -> Output:
     return result
 
 
-@tool("monkey")
-def _monkey(sh: Shell, args: list[str], stdin: bytes) -> Output:
+@registry.tool("monkey")
+def _monkey(sh: Session, args: list[str], stdin: bytes) -> Output:
     pkgs = [args[i + 1] for i, a in enumerate(args[:-1]) if a == "-p"]
     if not pkgs:
         return Output().err("** Error: no package given\n", 1)
@@ -220,7 +232,7 @@ def _monkey(sh: Shell, args: list[str], stdin: bytes) -> Output:
     for arg in args:
         result.out(f"  bash arg: {arg}\n")
     pkg = pkgs[0]
-    if pkg == LAUNCHER_PACKAGE or not sh.phone.launch(pkg):
+    if pkg == sh.phone.launcher_package or not sh.phone.launch(pkg):
         return result.out("** No activities found to run, monkey aborted.\n").err("", 252)
     return result.out(
         "Events injected: 1\n"
@@ -228,70 +240,7 @@ def _monkey(sh: Shell, args: list[str], stdin: bytes) -> Output:
     )
 
 
-def _activity(sh: Shell) -> tuple[str, str]:
-    pkg = sh.phone.current_package()
-    cls = sh.phone.current_activity()
-    short = "." + cls[len(pkg) + 1 :] if cls.startswith(pkg + ".") else cls
-    return pkg, short
-
-
-@tool("dumpsys")
-def _dumpsys(sh: Shell, args: list[str], stdin: bytes) -> Output:
-    p = sh.phone
-    service = args[0] if args else ""
-    pkg, short = _activity(sh)
-    full = p.current_activity()
-    if service == "window":
-        return Output().out(
-            "WINDOW MANAGER WINDOWS (dumpsys window windows)\n"
-            f"  Window #0 Window{{7e1f0a2 u0 {pkg}/{full}}}:\n"
-            "    mDisplayId=0 rootTaskId=12 mSession=Session{4b1 4242:u0a10123}\n"
-            f"  mCurrentFocus=Window{{7e1f0a2 u0 {pkg}/{full}}}\n"
-            f"  mFocusedApp=ActivityRecord{{5c3d9e1 u0 {pkg}/{short} t12}}\n"
-        )
-    if service == "activity":
-        sub = args[1] if len(args) > 1 else "activities"
-        if sub == "top":
-            return Output().out(
-                f"TASK 12 id=12 userId=0\n  ACTIVITY {pkg}/{short} 5c3d9e1 pid=4321\n"
-            )
-        return Output().out(
-            "ACTIVITY MANAGER ACTIVITIES (dumpsys activity activities)\n"
-            "Display #0 (activities from top to bottom):\n"
-            f"  * Task{{12 #12 type=standard A=10123:{pkg} U=0 visible=true mode=fullscreen}}\n"
-            f"    mResumedActivity: ActivityRecord{{5c3d9e1 u0 {pkg}/{short} t12}}\n"
-            f"  ResumedActivity: ActivityRecord{{5c3d9e1 u0 {pkg}/{short} t12}}\n"
-        )
-    if service == "display":
-        w, h = p.width, p.height
-        return Output().out(
-            "DISPLAY MANAGER (dumpsys display)\n"
-            "  mViewports=[DisplayViewport{type=INTERNAL, valid=true, isActive=true, "
-            "displayId=0, uniqueId='local:0', physicalPort=0, orientation=0, "
-            f"logicalFrame=Rect(0, 0 - {w}, {h}), "
-            f"physicalFrame=Rect(0, 0 - {w}, {h}), deviceWidth={w}, deviceHeight={h}}}]\n"
-        )
-    if service == "power":
-        return Output().out(
-            "POWER MANAGER (dumpsys power)\n  mWakefulness=Awake\n"
-            "  mHoldingDisplaySuspendBlocker=true\n"
-        )
-    if service == "battery":
-        return Output().out(
-            "Current Battery Service state:\n  AC powered: false\n  USB powered: true\n"
-            f"  present: true\n  level: {p.state.battery_level}\n  scale: 100\n  status: 2\n"
-            "  health: 2\n  temperature: 250\n  voltage: 4100\n  technology: Li-ion\n"
-        )
-    if service == "package" and len(args) > 1 and args[1] in p.apps:
-        return Output().out(
-            f"Packages:\n  Package [{args[1]}] (1a2b3c):\n"
-            "    versionCode=34 minSdk=28 targetSdk=34\n    versionName=14\n"
-            "    pkgFlags=[ SYSTEM HAS_CODE ]\n"
-        )
-    return Output().out(f"Can't find service: {service}\n")
-
-
-def _props(sh: Shell) -> dict[str, str]:
+def _props(sh: Session) -> dict[str, str]:
     p = sh.phone
     return {
         "ro.product.model": p.model,
@@ -311,20 +260,23 @@ def _props(sh: Shell) -> dict[str, str]:
         "ro.serialno": p.serial,
         "sys.boot_completed": "1",
         "ro.sf.lcd_density": "420",
+        "persist.sys.locale": p.locale,
+        "ro.product.locale": p.locale,
+        "ro.com.android.dateformat": "MM-dd-yyyy",
     }
 
 
-@tool("getprop")
-def _getprop(sh: Shell, args: list[str], stdin: bytes) -> Output:
+@registry.tool("getprop")
+def _getprop(sh: Session, args: list[str], stdin: bytes) -> Output:
     props = _props(sh)
     if args:
         return Output().out(props.get(args[0], args[1] if len(args) > 1 else "") + "\n")
     return Output().out("".join(f"[{k}]: [{v}]\n" for k, v in sorted(props.items())))
 
 
-@tool("pm")
-def _pm(sh: Shell, args: list[str], stdin: bytes) -> Output:
-    packages = sorted([*sh.phone.apps, *EXTRA_PACKAGES, *sh.phone.installed])
+@registry.tool("pm")
+def _pm(sh: Session, args: list[str], stdin: bytes) -> Output:
+    packages = sorted({*sh.phone.apps, *EXTRA_PACKAGES, *sh.phone.installed, keyboard.PACKAGE})
     if args[:1] == ["install"]:
         return _pm_install(sh, args[1:])
     if args[:1] == ["uninstall"] and len(args) > 1:
@@ -345,18 +297,81 @@ def _pm(sh: Shell, args: list[str], stdin: bytes) -> Output:
     return Output().err("Error: unsupported pm command on this phone\n", 1)
 
 
-# `settings` namespace/key → the phone setting it reads and writes ("1" on, "0" off).
+# `settings` namespace/key → the phone setting behind it. Booleans read "1"/"0" (dark theme,
+# `ui_night_mode`, reads "2"/"1"); numbers and choices convert as the real provider stores them.
 _SETTING_KEYS = {
     ("global", "airplane_mode_on"): "airplane_mode",
     ("global", "wifi_on"): "wifi",
     ("global", "bluetooth_on"): "bluetooth",
     ("global", "low_power"): "battery_saver",
     ("global", "zen_mode"): "do_not_disturb",
+    ("global", "auto_time"): "auto_time",
     ("system", "accelerometer_rotation"): "auto_rotate",
     ("system", "screen_brightness_mode"): "adaptive_brightness",
+    ("system", "screen_brightness"): "brightness",
+    ("system", "screen_off_timeout"): "screen_timeout",
+    ("system", "font_scale"): "font_size",
+    ("system", "time_12_24"): "use_24_hour_format",
+    ("system", "status_bar_show_battery_percent"): "battery_percentage",
+    ("secure", "location_mode"): "location",
     ("secure", "accessibility_display_inversion_enabled"): "color_inversion",
     ("secure", "ui_night_mode"): "dark_theme",
 }
+_TIMEOUTS_MS = {
+    "15 seconds": 15_000,
+    "30 seconds": 30_000,
+    "1 minute": 60_000,
+    "2 minutes": 120_000,
+    "5 minutes": 300_000,
+    "10 minutes": 600_000,
+    "30 minutes": 1_800_000,
+}
+_FONT_SCALES = {"Small": "0.85", "Default": "1.0", "Large": "1.15", "Largest": "1.3"}
+_READ_ONLY = {
+    "secure/android_id": "a1b2c3d4e5f60718",
+    "global/device_name": "",
+    "global/adb_enabled": "1",
+    "global/development_settings_enabled": "1",
+    "global/stay_on_while_plugged_in": "0",
+    "secure/default_input_method": "com.android.inputmethod.latin/.LatinIME",
+    "system/volume_music": "9",
+}
+
+
+def _setting_text(key: str, value: object, name: str) -> str:
+    if key == "brightness":
+        return str(int(value))  # type: ignore[call-overload]
+    if key == "screen_timeout":
+        return str(_TIMEOUTS_MS.get(str(value), 30_000))
+    if key == "font_size":
+        return _FONT_SCALES.get(str(value), "1.0")
+    if key == "use_24_hour_format":
+        return "24" if value else "12"
+    if key == "location":
+        return "3" if value else "0"
+    if name == "ui_night_mode":
+        return "2" if value else "1"
+    return "1" if value else "0"
+
+
+def _setting_value(key: str, text: str, name: str) -> object | None:
+    """A `settings put` value as the phone stores it, or None if it is not one."""
+    try:
+        if key == "brightness":
+            return max(0, min(255, int(text)))
+        if key == "screen_timeout":
+            ms = int(text)
+            return min(_TIMEOUTS_MS, key=lambda k: abs(_TIMEOUTS_MS[k] - ms))
+        if key == "font_size":
+            scale = float(text)
+            return min(_FONT_SCALES, key=lambda k: abs(float(_FONT_SCALES[k]) - scale))
+        if key == "use_24_hour_format":
+            return text == "24"
+        if name == "ui_night_mode":
+            return text == "2"
+        return int(text) != 0
+    except ValueError:
+        return None
 
 
 IME_LATIN = "com.android.inputmethod.latin/.LatinIME"
@@ -364,15 +379,15 @@ IME_ADB_KEYBOARD = "com.github.uiautomator/.AdbKeyboard"
 INSTALLABLE = ["com.github.uiautomator"]  # APKs whose behaviour this phone can emulate
 
 
-def _ime_list(sh: Shell) -> list[str]:
+def _ime_list(sh: Session) -> list[str]:
     imes = [IME_LATIN]
     if "com.github.uiautomator" in sh.phone.installed:
         imes.append(IME_ADB_KEYBOARD)
     return imes
 
 
-@tool("ime")
-def _ime(sh: Shell, args: list[str], stdin: bytes) -> Output:
+@registry.tool("ime")
+def _ime(sh: Session, args: list[str], stdin: bytes) -> Output:
     extra = sh.phone.extra_settings
     if args[:1] == ["list"]:
         return Output().out("".join(f"{ime}\n" for ime in _ime_list(sh)))
@@ -396,7 +411,7 @@ def _apk_package(data: bytes) -> str | None:
     return next((p for p in INSTALLABLE if p.encode("utf-16-le") in manifest), None)
 
 
-def _pm_install(sh: Shell, args: list[str]) -> Output:
+def _pm_install(sh: Session, args: list[str]) -> Output:
     paths = [a for a in args if not a.startswith("-")]
     data = sh.phone.files.read(paths[-1]) if paths else None
     if data is None:
@@ -412,36 +427,49 @@ def _pm_install(sh: Shell, args: list[str]) -> Output:
     return Output().out("Success\n")
 
 
-@tool("settings")
-def _settings(sh: Shell, args: list[str], stdin: bytes) -> Output:
-    if (
-        len(args) < 3
-        or args[0] not in ("get", "put")
-        or args[1] not in ("global", "system", "secure")
-    ):
-        return Output().err("usage: settings [get|put] NAMESPACE KEY [VALUE]\n", 1)
-    key = _SETTING_KEYS.get((args[1], args[2]))
+@registry.tool("settings")
+def _settings(sh: Session, args: list[str], stdin: bytes) -> Output:
+    usage = "usage: settings [get|put|delete|list] NAMESPACE [KEY] [VALUE]\n"
+    if len(args) < 2 or args[1] not in ("global", "system", "secure"):
+        return Output().err(usage, 1)
+    verb, space = args[0], args[1]
     s = sh.phone.state.settings
-    on = "2" if args[2] == "ui_night_mode" else "1"
-    off = "1" if args[2] == "ui_night_mode" else "0"
-    generic = f"{args[1]}/{args[2]}"
-    if key is None:
-        if args[0] == "get":
-            return Output().out(sh.phone.extra_settings.get(generic, "null") + "\n")
-        if len(args) < 4:
-            return Output().err("usage: settings put NAMESPACE KEY VALUE\n", 1)
-        sh.phone.extra_settings[generic] = args[3]
-        return Output()
-    if args[0] == "get":
-        return Output().out((on if s.get(key) else off) + "\n")
+    extra = sh.phone.extra_settings
+    if verb == "list":
+        lines = dict(
+            (k.split("/", 1)[1], v)
+            for k, v in {**_READ_ONLY, **extra}.items()
+            if k.startswith(f"{space}/")
+        )
+        for (ns, listed), setting in _SETTING_KEYS.items():
+            if ns == space:
+                lines[listed] = _setting_text(setting, s.get(setting), listed)
+        return Output().out("".join(f"{k}={v}\n" for k, v in sorted(lines.items())))
+    if len(args) < 3 or verb not in ("get", "put", "delete"):
+        return Output().err(usage, 1)
+    name = args[2]
+    key = _SETTING_KEYS.get((space, name))
+    generic = f"{space}/{name}"
+    if verb == "get":
+        if key is not None:
+            return Output().out(_setting_text(key, s.get(key), name) + "\n")
+        return Output().out(extra.get(generic, _READ_ONLY.get(generic, "null")) + "\n")
+    if verb == "delete":
+        extra.pop(generic, None)
+        return Output().out("Deleted 1 rows\n")
     if len(args) < 4:
         return Output().err("usage: settings put NAMESPACE KEY VALUE\n", 1)
-    s[key] = args[3] == on
+    if key is None:
+        extra[generic] = args[3]
+        return Output()
+    value = _setting_value(key, args[3], name)
+    if value is not None:
+        s[key] = value  # type: ignore[assignment]
     return Output()
 
 
-@tool("svc")
-def _svc(sh: Shell, args: list[str], stdin: bytes) -> Output:
+@registry.tool("svc")
+def _svc(sh: Session, args: list[str], stdin: bytes) -> Output:
     keys = {"wifi": "wifi", "bluetooth": "bluetooth"}
     if len(args) == 2 and args[0] in keys and args[1] in ("enable", "disable"):
         sh.phone.state.settings[keys[args[0]]] = args[1] == "enable"
@@ -449,7 +477,7 @@ def _svc(sh: Shell, args: list[str], stdin: bytes) -> Output:
     return Output().err("usage: svc [wifi|bluetooth] [enable|disable]\n", 1)
 
 
-def _adb_keyboard(sh: Shell, args: list[str]) -> Output:
+def _adb_keyboard(sh: Session, args: list[str]) -> Output:
     """What the AdbKeyboard IME's broadcast receiver does once installed and selected."""
     action = args[args.index("-a") + 1] if "-a" in args[:-1] else ""
     extras = {args[i + 1]: args[i + 2] for i in range(len(args) - 2) if args[i] == "--es"}

@@ -6,8 +6,8 @@ It behaves like the adb drivers where it matters to the agent loop: an unplugged
 
 from __future__ import annotations
 
-from host.devices.base import DeviceError, DeviceGone, KeyName
-from host.devices.virtual.phone import IdleStateError, VirtualPhone
+from host.devices.base import DeviceBusy, DeviceError, DeviceGone, KeyName, ScreenState
+from host.devices.virtual.phone import IdleStateError, NullRootError, VirtualPhone
 
 _KEYS: dict[str, str] = {
     "back": "KEYCODE_BACK",
@@ -44,10 +44,25 @@ class VirtualDriver:
         return self._check().screenshot_png()
 
     def dump_hierarchy(self) -> str:
+        """Every window, as the adb driver's `uiautomator dump --windows` gets them."""
         try:
-            return self._check().dump_hierarchy()
-        except IdleStateError as exc:
-            raise DeviceError(f"uiautomator dump failed on {self.serial}: {exc}") from exc
+            return self._check().dump_windows()
+        except (IdleStateError, NullRootError) as exc:
+            raise DeviceBusy(f"uiautomator dump failed on {self.serial}: {exc}") from exc
+
+    def screen_state(self) -> ScreenState:
+        phone = self._check()
+        return ScreenState(
+            awake=phone.awake,
+            locked=phone.locked,
+            secure=phone.locked and phone.screen_lock == "pin",
+        )
+
+    def wake(self) -> None:
+        self._check().wake()
+
+    def dismiss_keyguard(self) -> None:
+        self._check().dismiss_keyguard()
 
     def tap(self, x: int, y: int) -> None:
         self._check().tap(int(x), int(y))

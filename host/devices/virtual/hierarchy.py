@@ -1,10 +1,25 @@
-"""The view tree as `uiautomator dump` writes it: one line, same attributes, same order."""
+"""The windows on screen as uiautomator writes them, attribute for attribute.
+
+Three shapes, each what a real SDK 34 phone produces:
+
+* `dump_active`: `uiautomator dump` — the focused window's tree only (the app, or the dialog,
+  shade or lock screen that has focus; never the keyboard or the bars).
+* `dump_windows`: `uiautomator dump --windows` — `<displays><display><window …><hierarchy>`
+  for every window, topmost first, with its title, bounds, type and layer.
+* `dump_roots`: uiautomator2's agent (androidx `dumpWindowHierarchy`) — every window's root
+  side by side under one `<hierarchy>`, the focused one first, with `visible-to-user`.
+
+Node attributes follow AOSP's AccessibilityNodeInfoDumper in order, with the SDK 34 additions
+(`drawing-order`, `hint`) and `NAF="true"` on clickable views that nothing labels.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Protocol
 from xml.sax.saxutils import escape
 
-from host.devices.virtual.layout import Node
+from host.devices.virtual.layout import Node, naf
 
 XML_HEADER = "<?xml version='1.0' encoding='UTF-8' standalone='yes' ?>"
 
@@ -18,10 +33,13 @@ def _b(value: bool) -> str:
     return "true" if value else "false"
 
 
-def _node(node: Node, index: int, package: str, out: list[str]) -> None:
+def _node(node: Node, index: int, package: str, out: list[str], *, visible: bool) -> None:
     x1, y1, x2, y2 = node.bounds
+    out.append("<node")
+    if naf(node):
+        out.append(' NAF="true"')
     out.append(
-        f'<node index="{index}" text={quoteattr(node.text)}'
+        f' index="{index}" text={quoteattr(node.text)}'
         f" resource-id={quoteattr(node.resource_id)}"
         f" class={quoteattr(node.cls)} package={quoteattr(package)}"
         f' content-desc={quoteattr(node.content_desc)} checkable="{_b(node.checkable)}"'
@@ -29,20 +47,79 @@ def _node(node: Node, index: int, package: str, out: list[str]) -> None:
         f' enabled="{_b(node.enabled)}" focusable="{_b(node.focusable)}"'
         f' focused="{_b(node.focused)}" scrollable="{_b(node.scrollable)}"'
         f' long-clickable="{_b(node.long_clickable)}" password="{_b(node.password)}"'
-        f' selected="{_b(node.selected)}" bounds="[{x1},{y1}][{x2},{y2}]"'
+        f' selected="{_b(node.selected)}"'
+    )
+    if visible:
+        out.append(' visible-to-user="true"')
+    out.append(
+        f' bounds="[{x1},{y1}][{x2},{y2}]" drawing-order="{node.drawing_order}"'
+        f" hint={quoteattr(node.hint)}"
     )
     if not node.children:
         out.append(" />")
         return
     out.append(">")
     for i, child in enumerate(node.children):
-        _node(child, i, package, out)
+        _node(child, i, package, out, visible=visible)
     out.append("</node>")
 
 
 def dump_xml(root: Node, package: str, rotation: int = 0) -> str:
-    """Serialize a finalized tree. Every node carries the foreground window's package."""
+    """One finalized tree as a `uiautomator dump` file; every node carries `package`."""
     out = [XML_HEADER, f'<hierarchy rotation="{rotation}">']
-    _node(root, 0, package, out)
+    _node(root, 0, package, out, visible=False)
+    out.append("</hierarchy>")
+    return "".join(out)
+
+
+class DumpedWindow(Protocol):
+    """What a dump needs of a window (`phone.Surface` is one)."""
+
+    @property
+    def package(self) -> str: ...
+    @property
+    def title(self) -> str: ...
+    @property
+    def type(self) -> str: ...
+    @property
+    def layer(self) -> int: ...
+    @property
+    def root(self) -> Node: ...
+    @property
+    def window_id(self) -> int: ...
+    @property
+    def focused(self) -> bool: ...
+
+
+def dump_active(windows: Sequence[DumpedWindow]) -> str:
+    focused = next(w for w in windows if w.focused)
+    return dump_xml(focused.root, focused.package)
+
+
+def dump_windows(windows: Sequence[DumpedWindow], rotation: int = 0) -> str:
+    """Bottom-first `windows` as `<displays>`, topmost first (the order accessibility lists
+    them in)."""
+    out = [XML_HEADER, '<displays><display id="0">']
+    for index, w in enumerate(reversed(windows)):
+        x1, y1, x2, y2 = w.root.bounds
+        out.append(
+            f"<window index={quoteattr(str(index))} title={quoteattr(w.title)}"
+            f' bounds="[{x1},{y1}][{x2},{y2}]" active="{_b(w.focused)}"'
+            f' focused="{_b(w.focused)}" accessibility-focused="false" id="{w.window_id}"'
+            f' layer="{w.layer}" type="{w.type}">'
+        )
+        out.append(f'<hierarchy rotation="{rotation}">')
+        _node(w.root, 0, w.package, out, visible=False)
+        out.append("</hierarchy></window>")
+    out.append("</display></displays>")
+    return "".join(out)
+
+
+def dump_roots(windows: Sequence[DumpedWindow], rotation: int = 0) -> str:
+    """Every window's root under one `<hierarchy>`: the focused one, then top to bottom."""
+    ordered = sorted(reversed(windows), key=lambda w: not w.focused)
+    out = [XML_HEADER, f'<hierarchy rotation="{rotation}">']
+    for w in ordered:
+        _node(w.root, 0, w.package, out, visible=True)
     out.append("</hierarchy>")
     return "".join(out)

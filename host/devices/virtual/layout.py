@@ -49,20 +49,27 @@ class Node:
     long_clickable: bool = False
     password: bool = False
     selected: bool = False
+    #: The accessibility hint (an EditText's hint): dumped as `hint` on SDK 34.
+    hint: str = ""
     children: list[Node] = field(default_factory=list)
     # Drawing hints, never dumped.
     role: str = "plain"
     font_size: int = 44
-    hint: str = ""
+    #: The letter or symbol an icon shows.
+    glyph: str = ""
     align: str = "left"
     color: tuple[int, int, int] | None = None
     # Behaviour, never dumped.
     on_click: Action | None = None
     on_long_click: Action | None = None
     on_set_text: Callable[[str], None] | None = None
+    #: A view that handles a drag itself (a number picker spins); gets the drag's upward pixels.
+    on_scroll: Callable[[int], None] | None = None
     scroll_key: str = ""
     content_height: int = 0
     bounds: Rect = (0, 0, 0, 0)
+    #: Order among its siblings when drawn (uiautomator's `drawing-order`), set by `finalize`.
+    drawing_order: int = 0
 
     def add(self, *nodes: Node) -> Node:
         self.children.extend(nodes)
@@ -75,15 +82,27 @@ class Node:
 
 
 def finalize(root: Node) -> Node:
-    """Clip every node to its scrolling ancestors and drop the ones scrolled out of sight."""
+    """Clip every node to its scrolling ancestors and drop the ones scrolled out of sight.
+
+    A zero-size view inside the visible area stays (real dumps are full of them: empty text
+    views, collapsed containers) with zero-size bounds; nothing can tap it.
+    """
 
     def visit(node: Node, clip: Rect) -> bool:
-        visible = intersect(node.frame, clip)
-        if visible is None:
-            return False
-        node.bounds = visible
-        inner = visible if node.scrollable else clip
+        x1, y1, x2, y2 = node.frame
+        if x2 <= x1 or y2 <= y1:
+            if not (clip[0] <= x1 <= clip[2] and clip[1] <= y1 <= clip[3]):
+                return False
+            node.bounds = (x1, y1, x1, y1)
+        else:
+            visible = intersect(node.frame, clip)
+            if visible is None:
+                return False
+            node.bounds = visible
+        inner = node.bounds if node.scrollable else clip
         node.children = [c for c in node.children if visit(c, inner)]
+        for order, child in enumerate(node.children, start=1):
+            child.drawing_order = order
         return True
 
     visit(root, root.frame)
@@ -115,3 +134,18 @@ def scroller_at(root: Node, x: int, y: int) -> Node | None:
         if node.scrollable and contains(node.bounds, x, y):
             found = node
     return found
+
+
+def naf(node: Node) -> bool:
+    """uiautomator's "Not Accessibility Friendly" mark: a clickable, enabled view with no text
+    and no description anywhere inside it (lists and grids are exempt), as AOSP's dumper
+    decides it."""
+    if node.cls.endswith(("GridView", "GridLayout", "ListView", "TableLayout")):
+        return False
+    if not (node.clickable and node.enabled and not node.text and not node.content_desc):
+        return False
+
+    def labelled(n: Node) -> bool:
+        return any(c.text or c.content_desc or labelled(c) for c in n.children)
+
+    return not labelled(node)

@@ -1,40 +1,63 @@
-"""A simulated Android phone: apps with back stacks, touch and key input, screen and dump.
+"""A simulated Android phone: apps with back stacks, system windows, touch and key input, screen
+and dump.
 
 The phone is plain, synchronous and thread-safe (one lock): the adb server calls it from worker
 threads, the in-process driver from the agent's threads, and tests set it up directly.
+
+What is on screen is a stack of windows (`Surface`s), as a real WindowManager keeps them: the
+app; a permission dialog over it; the keyboard; the status and navigation bars; the
+notification shade; an "isn't responding" dialog; the lock screen. Touches go to the topmost
+window under the finger (a modal one takes them all), the screenshot paints them bottom to top,
+and the dumps report them the way `uiautomator dump`, `uiautomator dump --windows` and
+uiautomator2 do. Tests throw interruptions at any step (`show_permission_prompt`, `show_anr`,
+`show_toast`, `open_shade`, `interrupt_after`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
 from PIL import Image
 
-from host.devices.virtual import hierarchy, render
+from host.devices.virtual import hierarchy, keyboard, render, system_ui
 from host.devices.virtual.apps.base import App
 from host.devices.virtual.apps.calculator import CalculatorApp
 from host.devices.virtual.apps.clock import ClockApp
 from host.devices.virtual.apps.contacts import ContactsApp
 from host.devices.virtual.apps.launcher import LAUNCHER_PACKAGE, Launcher
+from host.devices.virtual.apps.notes import NotesApp
 from host.devices.virtual.apps.settings import SettingsApp
+from host.devices.virtual.apps.stub import dock_apps
 from host.devices.virtual.files import VirtualFs
 from host.devices.virtual.keys import KEYCODES, typed_char
-from host.devices.virtual.layout import Node, finalize, hit_test, scroller_at
-from host.devices.virtual.state import Page, PhoneState
-from host.devices.virtual.widgets import NAV_BAR_H, STATUS_BAR_H, Geometry, window
+from host.devices.virtual.layout import Node, contains, finalize, hit_test, scroller_at
+from host.devices.virtual.logbuffer import LogBuffer
+from host.devices.virtual.processes import ProcessTable
+from host.devices.virtual.state import Page, PhoneState, permission_key
+from host.devices.virtual.strings import Strings
+from host.devices.virtual.system_ui import Prompt
+from host.devices.virtual.widgets import STATUS_BAR_H, Geometry, window
 
 LONG_PRESS_MS = 500
 FONT_SCALES = {"Small": 0.85, "Default": 1.0, "Large": 1.15, "Largest": 1.3}
+TOAST_S = 2.0
+TOUCH_SLOP = 24
 
-
-DumpGlitch = Literal["empty", "idle"]
+DumpGlitch = Literal["empty", "idle", "null_root"]
+ScreenLock = Literal["none", "swipe", "pin"]
 
 
 class IdleStateError(Exception):
     """The hierarchy could not be dumped because the screen never settled."""
+
+
+class NullRootError(Exception):
+    """The hierarchy could not be dumped: no window had a root node (a window was changing)."""
 
 
 class TcpService(Protocol):
@@ -43,14 +66,44 @@ class TcpService(Protocol):
     async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None: ...
 
 
-TOUCH_SLOP = 24
+@dataclass
+class Surface:
+    """One window on the screen, as WindowManager and accessibility report it."""
+
+    kind: Literal[
+        "app", "dialog", "keyboard", "status_bar", "shade", "navigation_bar", "anr", "keyguard"
+    ]
+    package: str
+    title: str
+    type: str  # AccessibilityWindowInfo type
+    layer: int
+    root: Node
+    modal: bool
+    window_id: int
+    activity: str = ""
+    focused: bool = False
+
+
+@dataclass
+class _Pending:
+    """An interruption to throw after some more input events (`interrupt_after`)."""
+
+    remaining: int
+    action: Callable[[], None] = field(repr=False)
 
 
 class VirtualPhone:
     """One phone. `state` holds everything a task checker looks at."""
 
     def __init__(
-        self, serial: str, width: int = 1080, height: int = 2400, model: str = "amc virtual phone"
+        self,
+        serial: str,
+        width: int = 1080,
+        height: int = 2400,
+        model: str = "amc virtual phone",
+        *,
+        locale: str = "en-US",
+        launcher: str = LAUNCHER_PACKAGE,
     ) -> None:
         self._serial = serial
         self.width = width
@@ -58,24 +111,52 @@ class VirtualPhone:
         self.model = model
         self.sdk = 34
         self.release = "14"
+        self.strings = Strings(locale)
         self.state = PhoneState()
         self.files = VirtualFs()
+        self.log = LogBuffer()
+        self.processes = ProcessTable()
         self._lock = threading.RLock()
         self._online = True
         self._gone = threading.Event()
         self._listeners: list[Callable[[VirtualPhone], None]] = []
-        apps: list[App] = [SettingsApp(model), ContactsApp(), ClockApp(), CalculatorApp()]
-        self.apps: dict[str, App] = {app.package: app for app in apps}
-        self.launcher = Launcher(apps)
-        self.apps[LAUNCHER_PACKAGE] = self.launcher
-        self._stacks: dict[str, list[Page]] = {LAUNCHER_PACKAGE: [self.launcher.root()]}
-        self._foreground = LAUNCHER_PACKAGE
+        apps: list[App] = [
+            SettingsApp(model),
+            ContactsApp(),
+            ClockApp(),
+            CalculatorApp(),
+            NotesApp(),
+        ]
+        dock = dock_apps()
+        self.apps: dict[str, App] = {app.package: app for app in [*apps, *dock]}
+        self.launcher = Launcher(apps, dock, package=launcher)
+        self.launcher_package = launcher
+        self.apps[launcher] = self.launcher
+        self._stacks: dict[str, list[Page]] = {launcher: [self.launcher.root()]}
+        self._foreground = launcher
         # System plumbing that task checkers never look at:
         self.tcp_services: dict[int, TcpService] = {}  # on-device servers, reached via tcp:PORT
         self.installed: set[str] = set()  # packages installed at run time (e.g. an IME)
         self.extra_settings: dict[str, str] = {}  # "namespace/key" -> value for `settings`
         self.clipboard = ""
+        self.traversed_text: str | None = None
         self._dump_glitches: list[DumpGlitch] = []
+        self._glitch_every: tuple[int, DumpGlitch] | None = None
+        self._dumps = 0
+        # System UI state:
+        self.keyboard_up = False
+        self.shade: Literal["", "notifications", "quick_settings"] = ""
+        self.prompts: list[Prompt] = []
+        self._toast: tuple[str, float] | None = None
+        self.last_toast: str | None = None
+        self.awake = True
+        self.screen_lock: ScreenLock = "none"
+        self.lock_pin = ""
+        self.locked = False
+        self.bouncer = False
+        self._pin_typed = ""
+        self._pending: list[_Pending] = []
+        self.log.write("I", "ActivityManager", "System now ready", pid=1100)
 
     # --- identity and connection -------------------------------------------------------------
 
@@ -123,11 +204,19 @@ class VirtualPhone:
         return self._gone.wait(timeout)
 
     def reset(self) -> None:
-        """Factory state: default settings, no user data, every app closed, home screen shown."""
+        """Factory state: default settings, no user data, every app closed, home screen shown,
+        no dialog, shade or keyboard up, screen on and unlocked."""
         with self._lock:
             self.state = PhoneState()
-            self._stacks = {LAUNCHER_PACKAGE: [self.launcher.root()]}
-            self._foreground = LAUNCHER_PACKAGE
+            self._stacks = {self.launcher_package: [self.launcher.root()]}
+            self._foreground = self.launcher_package
+            self.keyboard_up = False
+            self.shade = ""
+            self.prompts = []
+            self._toast = None
+            self.awake = True
+            self.locked = self.bouncer = False
+            self._pending = []
 
     # --- what is on screen -------------------------------------------------------------------
 
@@ -135,9 +224,20 @@ class VirtualPhone:
     def geometry(self) -> Geometry:
         return Geometry(self.width, self.height)
 
+    @property
+    def locale(self) -> str:
+        return self.strings.locale
+
     def current_package(self) -> str:
+        """The foreground app's package (the task on top, under any dialog or shade)."""
         with self._lock:
             return self._foreground
+
+    def focused_package(self) -> str:
+        """The package of the window that has input focus (what `dumpsys window` names as
+        mCurrentFocus): a dialog's, the shade's or the lock screen's when one is up."""
+        with self._lock:
+            return next(s for s in self.surfaces() if s.focused).package
 
     def current_page(self) -> Page:
         with self._lock:
@@ -154,50 +254,242 @@ class VirtualPhone:
             return [p.name for p in self._stacks.get(package or self._foreground, [])]
 
     def screen(self) -> Node:
-        """Lay out the current screen: the one tree both the screenshot and the dump come from."""
+        """The foreground app's window, laid out (the tree its screenshot and dump come from)."""
         with self._lock:
             app = self.apps[self._foreground]
             nodes = app.build(self, self.current_page(), self.geometry)
-            return finalize(window(self.geometry, nodes))
+            return finalize(window(self.geometry, nodes, compose=app.compose()))
+
+    def keyboard_shown(self) -> bool:
+        """The keyboard is up: asked for, a field focused, nothing modal over the app."""
+        with self._lock:
+            return (
+                self.keyboard_up
+                and self.current_page().focus is not None
+                and not self.prompts
+                and not self.shade
+                and not self.locked
+            )
+
+    def surfaces(self) -> list[Surface]:
+        """Every window on screen, bottom first; the topmost focusable one has the focus."""
+        with self._lock:
+            geo = self.geometry
+            tr = self.strings.tr
+            app = self.apps[self._foreground]
+            out = [
+                Surface(
+                    "app",
+                    self._foreground,
+                    tr(app.label),
+                    "TYPE_APPLICATION",
+                    1,
+                    self.screen(),
+                    False,
+                    100 + len(self._stacks.get(self._foreground, [])),
+                    activity=app.activity_for(self.current_page()),
+                )
+            ]
+            for prompt in self.prompts:
+                if prompt.kind == "permission":
+                    out.append(
+                        Surface(
+                            "dialog",
+                            prompt.package,
+                            prompt.package,
+                            "TYPE_APPLICATION",
+                            2,
+                            finalize(system_ui.prompt_window(geo, prompt, self.strings)),
+                            True,
+                            140,
+                            activity=(
+                                "com.android.permissioncontroller.permission.ui."
+                                "GrantPermissionsActivity"
+                            ),
+                        )
+                    )
+            if self.keyboard_shown():
+                out.append(
+                    Surface(
+                        "keyboard",
+                        keyboard.PACKAGE,
+                        "Android Keyboard (AOSP)",
+                        "TYPE_INPUT_METHOD",
+                        3,
+                        finalize(keyboard.build(geo, self.strings.language, self._key_press)),
+                        False,
+                        160,
+                    )
+                )
+            out.append(
+                Surface(
+                    "status_bar",
+                    system_ui.SYSTEM_UI,
+                    "StatusBar",
+                    "TYPE_SYSTEM",
+                    4,
+                    finalize(system_ui.status_bar(geo, self.state, self.strings)),
+                    False,
+                    2,
+                )
+            )
+            if self.shade:
+                out.append(
+                    Surface(
+                        "shade",
+                        system_ui.SYSTEM_UI,
+                        "NotificationShade",
+                        "TYPE_SYSTEM",
+                        5,
+                        finalize(
+                            system_ui.notification_shade(
+                                geo,
+                                self.state,
+                                self.strings,
+                                expanded=self.shade == "quick_settings",
+                                toggle=self._tile_action,
+                                open_settings=self._open_settings_from_shade,
+                            )
+                        ),
+                        True,
+                        4,
+                    )
+                )
+            out.append(
+                Surface(
+                    "navigation_bar",
+                    system_ui.SYSTEM_UI,
+                    "NavigationBar0",
+                    "TYPE_SYSTEM",
+                    6,
+                    finalize(
+                        system_ui.navigation_bar(
+                            geo,
+                            self.strings,
+                            lambda: self._press(4),
+                            lambda: self._press(3),
+                        )
+                    ),
+                    False,
+                    3,
+                )
+            )
+            for prompt in self.prompts:
+                if prompt.kind == "anr":
+                    out.append(
+                        Surface(
+                            "anr",
+                            prompt.package,
+                            prompt.package,
+                            "TYPE_SYSTEM",
+                            7,
+                            finalize(system_ui.prompt_window(geo, prompt, self.strings)),
+                            True,
+                            180,
+                        )
+                    )
+            if self.locked:
+                out.append(
+                    Surface(
+                        "keyguard",
+                        system_ui.SYSTEM_UI,
+                        "NotificationShade",
+                        "TYPE_SYSTEM",
+                        8,
+                        finalize(system_ui.lock_screen(geo, self.strings, bouncer=self.bouncer)),
+                        True,
+                        4,
+                    )
+                )
+            focusable = [s for s in out if s.kind in ("app", "dialog", "shade", "anr", "keyguard")]
+            focusable[-1].focused = True
+            return out
+
+    def toast_text(self) -> str | None:
+        """The toast on screen now, if one is."""
+        with self._lock:
+            if self._toast is None:
+                return None
+            text, until = self._toast
+            if time.monotonic() >= until:
+                self._toast = None
+                return None
+            return text
 
     def screenshot(self) -> Image.Image:
         with self._lock:
-            root = self.screen()
-            return render.render(
-                root,
+            return render.render_screen(
+                self.surfaces(),
                 self.width,
                 self.height,
                 dark=self.state.flag("dark_theme"),
-                clock="12:30",
-                battery=self.state.battery_level,
                 text_scale=FONT_SCALES.get(str(self.state.settings.get("font_size")), 1.0),
+                toast=self.toast_text() if not self.locked else None,
+                awake=self.awake,
             )
 
     def screenshot_png(self) -> bytes:
         return render.png_bytes(self.screenshot())
 
+    def _next_glitch(self) -> DumpGlitch | None:
+        self._dumps += 1
+        if self._dump_glitches:
+            return self._dump_glitches.pop(0)
+        if self._glitch_every is not None and self._dumps % self._glitch_every[0] == 0:
+            return self._glitch_every[1]
+        return None
+
+    def _check_glitch(self) -> str | None:
+        glitch = self._next_glitch()
+        if glitch == "idle":
+            raise IdleStateError("could not get idle state")
+        if glitch == "null_root":
+            raise NullRootError("null root node returned by UiTestAutomationBridge")
+        if glitch == "empty":
+            return hierarchy.XML_HEADER + '<hierarchy rotation="0" />'
+        return None
+
     def dump_hierarchy(self) -> str:
-        """The uiautomator XML of the screen, or a queued glitch (see `glitch_dumps`)."""
+        """What `uiautomator dump` writes: the focused window's tree (or a queued glitch, see
+        `glitch_dumps`)."""
         with self._lock:
-            glitch = self._dump_glitches.pop(0) if self._dump_glitches else None
-            if glitch == "idle":
-                raise IdleStateError("could not get idle state")
-            if glitch == "empty":
-                return hierarchy.XML_HEADER + '<hierarchy rotation="0" />'
-            return hierarchy.dump_xml(self.screen(), self._foreground)
+            return self._check_glitch() or hierarchy.dump_active(self.surfaces())
+
+    def dump_windows(self) -> str:
+        """What `uiautomator dump --windows` writes: every window, topmost first, with its type
+        and layer."""
+        with self._lock:
+            return self._check_glitch() or hierarchy.dump_windows(self.surfaces())
+
+    def dump_window_roots(self) -> str:
+        """What uiautomator2's agent answers: every window's root side by side in one
+        `<hierarchy>`, the focused one first."""
+        with self._lock:
+            return self._check_glitch() or hierarchy.dump_roots(self.surfaces())
 
     def glitch_dumps(self, kind: DumpGlitch, count: int = 1) -> None:
         """Make the next `count` dumps fail the way real ones do while the screen settles:
         "empty" gives `<hierarchy rotation="0" />`, "idle" fails with "could not get idle
-        state". For testing the retry logic of whoever reads the dumps."""
+        state", "null_root" with "null root node returned by UiTestAutomationBridge". For
+        testing the retry logic of whoever reads the dumps."""
         with self._lock:
             self._dump_glitches.extend([kind] * count)
 
+    def glitch_every(self, n: int, kind: DumpGlitch = "idle") -> None:
+        """From now on every `n`-th dump fails with `kind` (n=3: a third of all dumps), as
+        on a phone whose screen keeps animating. `n=0` stops it."""
+        with self._lock:
+            self._glitch_every = (n, kind) if n > 0 else None
+            self._dumps = 0
+
     def find(self, text: str) -> Node | None:
-        """The first visible node whose text or content-desc is `text` (for scripts and tests)."""
-        for node in self.screen().walk():
-            if text in (node.text, node.content_desc):
-                return node
+        """The first node on screen (topmost window first) whose text or content-desc is
+        `text` (for scripts and tests)."""
+        with self._lock:
+            for surface in reversed(self.surfaces()):
+                for node in surface.root.walk():
+                    if text in (node.text, node.content_desc):
+                        return node
         return None
 
     # --- navigation (also what apps call, see apps.base.PhoneApi) -----------------------------
@@ -208,15 +500,17 @@ class VirtualPhone:
             page = Page(name, dict(params))
             page.focus = app.first_focus(page)
             self._stacks[self._foreground].append(page)
+            self.keyboard_up = app.keyboard_on_open(page)
 
     def pop(self) -> None:
         with self._lock:
+            self.keyboard_up = False
             stack = self._stacks[self._foreground]
             if len(stack) > 1:
                 stack.pop()
-            elif self._foreground != LAUNCHER_PACKAGE:
+            elif self._foreground != self.launcher_package:
                 # Android 12+: Back on a task's root activity moves the task behind the home screen.
-                self._foreground = LAUNCHER_PACKAGE
+                self._foreground = self.launcher_package
 
     def replace(self, name: str, /, **params: str) -> None:
         with self._lock:
@@ -225,7 +519,10 @@ class VirtualPhone:
 
     def go_home(self) -> None:
         with self._lock:
-            self._foreground = LAUNCHER_PACKAGE
+            self.keyboard_up = False
+            self.shade = ""
+            self.prompts = [p for p in self.prompts if p.kind != "permission"]
+            self._foreground = self.launcher_package
 
     def launch(self, package: str) -> bool:
         """Start an app from its launcher entry: resume its task, or start it fresh."""
@@ -233,11 +530,22 @@ class VirtualPhone:
             app = self.apps.get(package)
             if app is None:
                 return False
-            if package not in self._stacks:
+            fresh = package not in self._stacks
+            if fresh:
                 root = app.root()
                 root.focus = app.first_focus(root)
                 self._stacks[package] = [root]
             self._foreground = package
+            self.keyboard_up = False
+            self.shade = ""
+            self.log.write(
+                "I",
+                "ActivityTaskManager",
+                f"START u0 {{act=android.intent.action.MAIN cat=[android.intent.category."
+                f"LAUNCHER] flg=0x10200000 cmp={package}/{app.activity}}}",
+            )
+            if fresh:
+                self._ask_permissions(app)
             return True
 
     def start_activity(self, package: str, activity: str) -> bool:
@@ -256,76 +564,282 @@ class VirtualPhone:
                 stack.append(page)
             page.focus = app.first_focus(page)
             self._foreground = package
+            self.keyboard_up = app.keyboard_on_open(page)
             return True
 
     def force_stop(self, package: str) -> None:
         with self._lock:
-            if package == LAUNCHER_PACKAGE or package not in self.apps:
+            if package == self.launcher_package or package not in self.apps:
                 return
             self._stacks.pop(package, None)
+            self.processes.app_stopped(package)
+            self.prompts = [p for p in self.prompts if p.app_package != package]
             if self._foreground == package:
-                self._foreground = LAUNCHER_PACKAGE
+                self._foreground = self.launcher_package
+                self.keyboard_up = False
 
     def running_packages(self) -> list[str]:
         with self._lock:
             return list(self._stacks)
 
+    # --- interruptions -----------------------------------------------------------------------
+
+    def show_permission_prompt(
+        self, package: str, permission: str = "android.permission.POST_NOTIFICATIONS"
+    ) -> None:
+        """A runtime permission prompt from `package` over whatever is on screen. Allow grants
+        it, Don't allow (or Back) denies it; either way `state.permissions` records it."""
+        with self._lock:
+            app = self.apps.get(package)
+            label = self.strings.tr(app.label) if app else package
+            prompt = Prompt("permission", package, label, permission)
+            key = permission_key(package, permission)
+
+            def answer(value: str) -> Callable[[], None]:
+                def done() -> None:
+                    self.state.permissions[key] = value
+                    self._remove_prompt(prompt)
+
+                return done
+
+            prompt.answers = {"allow": answer("granted"), "deny": answer("denied")}
+            self.prompts.append(prompt)
+            self.keyboard_up = False
+
+    def show_anr(self, package: str = system_ui.SYSTEM_UI, label: str = "System UI") -> None:
+        """ "<label> isn't responding" with Close app and Wait. Wait dismisses it; Close app
+        restarts the system UI (shade and keyboard go away) or force-stops an app."""
+        with self._lock:
+            prompt = Prompt("anr", package, label)
+
+            def close() -> None:
+                self._remove_prompt(prompt)
+                if package == system_ui.SYSTEM_UI:
+                    self.shade = ""
+                    self.keyboard_up = False
+                else:
+                    self.force_stop(package)
+
+            prompt.answers = {"close": close, "wait": lambda: self._remove_prompt(prompt)}
+            self.prompts.append(prompt)
+            self.keyboard_up = False
+            self.log.write("E", "ActivityManager", f"ANR in {package}", pid=1100)
+
+    def _remove_prompt(self, prompt: Prompt) -> None:
+        if prompt in self.prompts:
+            self.prompts.remove(prompt)
+
+    def show_toast(self, text: str, seconds: float = TOAST_S) -> None:
+        """A toast for `seconds` (drawn over everything, never in a hierarchy dump; its text
+        reaches uiautomator2's `last_toast`)."""
+        with self._lock:
+            self._toast = (text, time.monotonic() + seconds)
+            self.last_toast = text
+
+    def open_shade(self, quick_settings: bool = False) -> None:
+        """Pull the notification shade down (or quick settings all the way)."""
+        with self._lock:
+            if self.locked:
+                return
+            self.shade = "quick_settings" if quick_settings else "notifications"
+            self.keyboard_up = False
+
+    def close_shade(self) -> None:
+        with self._lock:
+            self.shade = ""
+
+    def interrupt_after(self, events: int, action: Callable[[], None]) -> None:
+        """Run `action` (e.g. `lambda: phone.show_anr()`) right after the `events`-th input
+        event from now: a tap, swipe, key or text. For throwing interruptions mid-task."""
+        with self._lock:
+            self._pending.append(_Pending(max(1, events), action))
+
+    def _ask_permissions(self, app: App) -> None:
+        for permission in app.runtime_permissions():
+            if permission_key(app.package, permission) not in self.state.permissions:
+                self.show_permission_prompt(app.package, permission)
+                return
+
+    def _tile_action(self, key: str) -> Callable[[], None]:
+        def toggle() -> None:
+            self.state.settings[key] = not self.state.flag(key)
+
+        return toggle
+
+    def _open_settings_from_shade(self) -> None:
+        self.shade = ""
+        self.launch("com.android.settings")
+
+    # --- power and lock ----------------------------------------------------------------------
+
+    def set_screen_lock(self, kind: ScreenLock, pin: str = "") -> None:
+        """The lock the phone shows when it sleeps: none, a swipe, or a PIN (secure)."""
+        with self._lock:
+            self.screen_lock = kind
+            self.lock_pin = pin if kind == "pin" else ""
+
+    def sleep(self) -> None:
+        """Turn the screen off (and lock it, if a screen lock is set)."""
+        with self._lock:
+            self.awake = False
+            self.keyboard_up = False
+            self.shade = ""
+            if self.screen_lock != "none":
+                self.locked = True
+                self.bouncer = False
+
+    def wake(self) -> None:
+        with self._lock:
+            self.awake = True
+
+    def dismiss_keyguard(self) -> None:
+        """`wm dismiss-keyguard`: a swipe lock goes away; a PIN lock shows its PIN pad."""
+        with self._lock:
+            if not self.locked:
+                return
+            if self.screen_lock == "pin":
+                self.bouncer = True
+            else:
+                self.locked = False
+
+    def _unlock_attempt(self) -> None:
+        if self._pin_typed == self.lock_pin and self.lock_pin:
+            self.locked = self.bouncer = False
+        self._pin_typed = ""
+
     # --- input -------------------------------------------------------------------------------
+
+    def _input_done(self) -> None:
+        """After every input event: pages settle, pending interruptions come due."""
+        app = self.apps[self._foreground]
+        app.settle(self, self.current_page())
+        due = []
+        for pending in list(self._pending):
+            pending.remaining -= 1
+            if pending.remaining <= 0:
+                self._pending.remove(pending)
+                due.append(pending.action)
+        for action in due:
+            action()
+
+    def _surface_at(self, x: int, y: int) -> Surface | None:
+        for surface in reversed(self.surfaces()):
+            if contains(surface.root.bounds, x, y) or surface.modal:
+                return surface
+        return None
 
     def tap(self, x: int, y: int) -> None:
         with self._lock:
-            if y >= self.height - NAV_BAR_H:
-                third = x * 3 // self.width
-                if third == 0:
-                    self.pop()
-                elif third == 1:
-                    self.go_home()
-                return
-            if y < STATUS_BAR_H:
-                return
-            node = hit_test(self.screen(), x, y)
-            if node is not None and node.on_click is not None:
-                node.on_click()
+            if self.awake:
+                self._tap(x, y)
+            self._input_done()
+
+    def _tap(self, x: int, y: int) -> None:
+        surface = self._surface_at(x, y)
+        if surface is None:
+            return
+        node = hit_test(surface.root, x, y)
+        if node is None or node.on_click is None:
+            return
+        node.on_click()
+        if surface.kind == "app" and node.role == "edit":
+            self.keyboard_up = True
 
     def long_press(self, x: int, y: int) -> None:
         """Like Android: a long-clickable view gets the long click; any other view under the
         finger gets an ordinary click when the finger lifts."""
         with self._lock:
-            node = hit_test(self.screen(), x, y, long_press=True)
-            if node is not None and node.on_long_click is not None:
-                node.on_long_click()
-            else:
-                self.tap(x, y)
+            if self.awake:
+                surface = self._surface_at(x, y)
+                node = hit_test(surface.root, x, y, long_press=True) if surface else None
+                if node is not None and node.on_long_click is not None:
+                    node.on_long_click()
+                else:
+                    self._tap(x, y)
+            self._input_done()
 
     def swipe(self, x1: int, y1: int, x2: int, y2: int, duration_ms: int = 300) -> None:
-        """A drag: scrolls the list under its start point; one that does not move is a tap."""
+        """A drag: pulls the shade down from the status bar, unlocks a swiped lock screen,
+        spins a picker or scrolls the list under its start point; one that does not move is a
+        tap (a long press if it lasts). The caller waits `duration_ms` (the shell's `input
+        swipe` does); the phone applies the drag at once."""
         with self._lock:
-            if abs(x2 - x1) < TOUCH_SLOP and abs(y2 - y1) < TOUCH_SLOP:
-                if duration_ms >= LONG_PRESS_MS:
-                    self.long_press(x1, y1)
-                else:
-                    self.tap(x1, y1)
-                return
-            if abs(y2 - y1) < abs(x2 - x1):
-                return  # horizontal drags move nothing on these screens
-            root = self.screen()
-            lst = scroller_at(root, x1, y1)
-            if lst is None or not lst.scroll_key:
-                return
-            page = self.current_page()
-            viewport = lst.frame[3] - lst.frame[1]
-            limit = max(0, lst.content_height - viewport)
-            current = page.scroll.get(lst.scroll_key, 0)
-            page.scroll[lst.scroll_key] = min(max(current + (y1 - y2), 0), limit)
+            if self.awake:
+                self._swipe(x1, y1, x2, y2, duration_ms)
+            self._input_done()
+
+    def _swipe(self, x1: int, y1: int, x2: int, y2: int, duration_ms: int) -> None:
+        if abs(x2 - x1) < TOUCH_SLOP and abs(y2 - y1) < TOUCH_SLOP:
+            if duration_ms >= LONG_PRESS_MS:
+                surface = self._surface_at(x1, y1)
+                node = hit_test(surface.root, x1, y1, long_press=True) if surface else None
+                if node is not None and node.on_long_click is not None:
+                    node.on_long_click()
+                    return
+            self._tap(x1, y1)
+            return
+        if abs(y2 - y1) < abs(x2 - x1):
+            return  # horizontal drags move nothing on these screens
+        down = y2 > y1
+        if self.locked:
+            if not down and not self.bouncer:
+                self.dismiss_keyguard()
+            return
+        if self.shade:
+            if down:
+                self.shade = "quick_settings"
+            else:
+                self.shade = ""
+            return
+        if down and y1 < STATUS_BAR_H:
+            self.open_shade()
+            return
+        surface = self._surface_at(x1, y1)
+        if surface is None or surface.kind != "app":
+            return
+        lst = scroller_at(surface.root, x1, y1)
+        if lst is None:
+            return
+        if lst.on_scroll is not None:
+            lst.on_scroll(y1 - y2)
+            return
+        if not lst.scroll_key:
+            return
+        page = self.current_page()
+        viewport = lst.frame[3] - lst.frame[1]
+        limit = max(0, lst.content_height - viewport)
+        current = page.scroll.get(lst.scroll_key, 0)
+        page.scroll[lst.scroll_key] = min(max(current + (y1 - y2), 0), limit)
 
     def input_text(self, text: str) -> None:
         """Type into the focused field; with no field focused the keystrokes go nowhere."""
         with self._lock:
-            page = self.current_page()
-            if page.focus is None:
-                return
-            page.fields[page.focus] = page.fields.get(page.focus, "") + text
-            page.error = ""
+            self._type(text)
+            self._input_done()
+
+    def _type(self, text: str) -> None:
+        if self.locked:
+            if self.bouncer:
+                self._pin_typed += text
+            return
+        if self.prompts or self.shade:
+            return  # a dialog or the shade has focus: it has no field to type into
+        page = self.current_page()
+        if page.focus is None:
+            return
+        current = "" if page.select_all else page.fields.get(page.focus, "")
+        page.select_all = False
+        page.fields[page.focus] = current + text
+        page.error = ""
+
+    def _key_press(self, value: str) -> None:
+        """A key of the on-screen keyboard."""
+        if value == "del":
+            self._press(67)
+        elif value == "enter":
+            self._press(66)
+        elif value:
+            self._type(value)
 
     def clear_text(self) -> None:
         """Empty the focused field (what an IME's clear action does)."""
@@ -340,25 +854,60 @@ class VirtualPhone:
             code = _keycode(key)
             if code is None:
                 return False
-            page = self.current_page()
-            if code == 4:
-                self.pop()
-            elif code == 3:
-                self.go_home()
-            elif code in (66, 61):
-                app = self.apps[self._foreground]
-                order = app.field_order(page)
-                if page.focus in order:
-                    i = order.index(page.focus)
-                    page.focus = order[i + 1] if i + 1 < len(order) else page.focus
-            elif code == 67:
-                if page.focus is not None:
-                    page.fields[page.focus] = page.fields.get(page.focus, "")[:-1]
-            else:
-                ch = typed_char(code)
-                if ch:
-                    self.input_text(ch)
+            self._press(code)
+            self._input_done()
             return True
+
+    def _press(self, code: int) -> None:
+        if code in (26, 223, 224):  # POWER toggles, SLEEP, WAKEUP
+            if code == 224 or (code == 26 and not self.awake):
+                self.wake()
+            else:
+                self.sleep()
+            return
+        if not self.awake:
+            return
+        if self.locked:
+            if code == 4 and self.bouncer:
+                self.bouncer = False
+            elif code == 66 and self.bouncer:
+                self._unlock_attempt()
+            elif code == 82 and self.screen_lock == "swipe":
+                self.locked = False
+            return
+        page = self.current_page()
+        if code == 4:
+            if self.prompts:
+                # The "isn't responding" dialog sits above a permission prompt.
+                top = next((p for p in reversed(self.prompts) if p.kind == "anr"), self.prompts[-1])
+                top.answers.get("deny" if top.kind == "permission" else "wait", lambda: None)()
+            elif self.shade:
+                self.shade = ""
+            elif self.keyboard_shown():
+                self.keyboard_up = False
+            else:
+                self.pop()
+        elif code == 3:
+            self.go_home()
+        elif code == 187:
+            self.shade = ""
+        elif self.prompts or self.shade:
+            return
+        elif code in (66, 61):
+            app = self.apps[self._foreground]
+            order = app.field_order(page)
+            if page.focus in order:
+                i = order.index(page.focus)
+                page.focus = order[i + 1] if i + 1 < len(order) else page.focus
+                page.select_all = False
+        elif code == 67:
+            if page.focus is not None:
+                page.fields[page.focus] = page.fields.get(page.focus, "")[:-1]
+                page.select_all = False
+        else:
+            ch = typed_char(code)
+            if ch:
+                self._type(ch)
 
 
 def _keycode(key: str | int) -> int | None:

@@ -7,13 +7,15 @@ font, so OCR reads the screenshot the way it reads a real phone's.
 from __future__ import annotations
 
 import io
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Protocol
 
+import font_roboto
 from PIL import Image, ImageDraw, ImageFont
 
 from host.devices.virtual.layout import Node, Rect
-from host.devices.virtual.widgets import NAV_BAR_H, STATUS_BAR_H
 
 RGB = tuple[int, int, int]
 WALLPAPER: RGB = (32, 64, 112)
@@ -59,8 +61,9 @@ DARK = Palette(
 
 @lru_cache(maxsize=32)
 def font(size: int) -> ImageFont.FreeTypeFont | ImageFont.ImageFont:
-    """Pillow's bundled TrueType font at a pixel size (a bitmap fallback without FreeType)."""
-    return ImageFont.load_default(size=size)
+    """Roboto, Android's font, at a pixel size: it has German and typographic characters
+    (’, –, …) that Pillow's bundled font draws as boxes."""
+    return ImageFont.truetype(font_roboto.Roboto, size)
 
 
 def _fit(text: str, size: int, width: int) -> str:
@@ -117,6 +120,17 @@ class Painter:
         for child in n.children:
             self.node(img, child, ox, oy)
 
+    @staticmethod
+    def nav_glyph(d: ImageDraw.ImageDraw, shape: str, cx: int, cy: int, color: RGB) -> None:
+        if shape == "back":
+            d.polygon(
+                [(cx + 22, cy - 28), (cx + 22, cy + 28), (cx - 26, cy)], outline=color, width=5
+            )
+        elif shape == "home":
+            d.ellipse((cx - 30, cy - 30, cx + 30, cy + 30), outline=color, width=5)
+        else:
+            d.rectangle((cx - 26, cy - 26, cx + 26, cy + 26), outline=color, width=5)
+
     def decorate(self, d: ImageDraw.ImageDraw, n: Node, box: Rect) -> None:
         p = self.p
         x1, y1, x2, y2 = box
@@ -138,14 +152,14 @@ class Painter:
             self.text(d, box, n.text, n.font_size, ON_WALLPAPER, n.align)
         elif role == "icon":
             d.ellipse(box, fill=p.accent)
-            self.text(d, box, n.hint, 40, p.on_accent, "center")
+            self.text(d, box, n.glyph, 40, p.on_accent, "center")
         elif role == "app_icon":
             r = 84
             top = y1 + 30
             d.rounded_rectangle(
                 (cx - r, top, cx + r, top + 2 * r), radius=48, fill=n.color or p.accent
             )
-            self.text(d, (cx - r, top, cx + r, top + 2 * r), n.hint, 88, (255, 255, 255), "center")
+            self.text(d, (cx - r, top, cx + r, top + 2 * r), n.glyph, 88, (255, 255, 255), "center")
             self.text(
                 d,
                 (x1 + 4, top + 2 * r + 10, x2 - 4, y2),
@@ -173,13 +187,14 @@ class Painter:
             color = p.accent if n.focused else p.outline
             d.rounded_rectangle(box, radius=16, outline=color, width=6 if n.focused else 3)
             inner = (x1 + 36, y1, x2 - 36, y2)
-            if n.hint:
-                self.text(d, inner, n.hint, n.font_size, p.secondary)
+            empty = bool(n.hint) and n.text == n.hint
+            if empty:
+                self.text(d, inner, n.hint, n.font_size, p.secondary, n.align)
             else:
-                self.text(d, inner, n.text, n.font_size, p.text)
-            if n.focused:
-                cursor_x = x1 + 36 + (0 if n.hint else int(font(n.font_size).getlength(n.text)) + 4)
-                cursor_x = min(cursor_x, x2 - 30)
+                self.text(d, inner, n.text, n.font_size, p.text, n.align)
+            if n.focused and n.align == "left":
+                width = 0 if empty else int(font(n.font_size).getlength(n.text)) + 4
+                cursor_x = min(x1 + 36 + width, x2 - 30)
                 d.line((cursor_x, cy - 36, cursor_x, cy + 36), fill=p.accent, width=4)
         elif role == "button":
             d.rounded_rectangle(box, radius=(y2 - y1) // 2, fill=p.accent)
@@ -206,57 +221,102 @@ class Painter:
             if n.selected:
                 d.rounded_rectangle((x1 + 20, y1 + 30, x2 - 20, y2 - 30), radius=50, fill=p.key)
             self.text(d, box, n.text, n.font_size, p.text, "center")
+        elif role == "status_bar":
+            d.rectangle(box, fill=p.background)
+        elif role == "status_icon":
+            self.text(d, box, n.glyph, 36, p.text, "center")
+        elif role == "navigation_bar":
+            d.rectangle(box, fill=p.surface)
+        elif role == "nav_button":
+            self.nav_glyph(d, n.glyph, cx, cy, p.text)
+        elif role in ("shade", "dialog_scrim"):
+            d.rectangle(box, fill=p.surface)
+        elif role == "keyguard":
+            d.rectangle(box, fill=WALLPAPER)
+        elif role == "dialog":
+            d.rounded_rectangle(box, radius=56, fill=p.surface)
+        elif role == "pill":
+            d.rounded_rectangle(box, radius=(y2 - y1) // 2, fill=p.key)
+            self.text(d, box, n.text, n.font_size, p.text, "center")
+        elif role == "tile":
+            d.rounded_rectangle(box, radius=48, fill=p.accent if n.checked else p.key)
+        elif role == "tile_icon":
+            color = p.on_accent if n.checked else p.text
+            self.text(d, box, n.glyph, 44, color, "center")
+        elif role == "card":
+            d.rounded_rectangle(box, radius=32, fill=p.surface)
+        elif role == "keyboard":
+            d.rectangle(box, fill=p.key)
+        elif role == "kb_key":
+            d.rounded_rectangle((x1 + 6, y1 + 10, x2 - 6, y2 - 10), radius=16, fill=p.background)
+            self.text(d, box, n.glyph, n.font_size, p.text, "center")
+        elif role == "picker":
+            d.line(
+                (x1 + 20, y1 + (y2 - y1) // 3, x2 - 20, y1 + (y2 - y1) // 3),
+                fill=p.outline,
+                width=3,
+            )
+            d.line(
+                (x1 + 20, y1 + 2 * (y2 - y1) // 3, x2 - 20, y1 + 2 * (y2 - y1) // 3),
+                fill=p.outline,
+                width=3,
+            )
+        elif role == "picker_neighbour":
+            self.text(d, box, n.text, n.font_size, p.secondary, "center")
+        elif role == "search_bar":
+            d.rounded_rectangle(box, radius=(y2 - y1) // 2, fill=(240, 244, 250))
+            self.text(d, (x1 + 60, y1, x2, y2), "G", 56, (66, 133, 244))
+        elif role == "icon_button":
+            d.ellipse((cx - 30, cy - 30, cx + 22, cy + 22), outline=p.text, width=6)
+            d.line((cx + 14, cy + 14, cx + 36, cy + 36), fill=p.text, width=6)
 
 
-def render(
-    root: Node,
+class PaintedWindow(Protocol):
+    """What the renderer needs of a window (`phone.Surface` is one)."""
+
+    @property
+    def kind(self) -> str: ...
+    @property
+    def root(self) -> Node: ...
+    @property
+    def modal(self) -> bool: ...
+
+
+def render_screen(
+    windows: Sequence[PaintedWindow],
     width: int,
     height: int,
     *,
     dark: bool,
-    clock: str,
-    battery: int,
     text_scale: float = 1.0,
+    toast: str | None = None,
+    awake: bool = True,
 ) -> Image.Image:
-    """The whole screen: app window, then the status bar and the 3-button navigation bar.
+    """The whole screen: each window bottom first (a dim layer under a dialog), then a toast.
 
     `text_scale` is the user's font size setting: text grows inside the same layout (long
-    labels get ellipsized), which is roughly what a real phone shows before it re-flows."""
+    labels get ellipsized), which is roughly what a real phone shows before it re-flows. A
+    phone whose screen is off shows black."""
     palette = DARK if dark else LIGHT
+    if not awake:
+        return Image.new("RGB", (width, height), (0, 0, 0))
     img = Image.new("RGB", (width, height), palette.background)
-    Painter(palette, text_scale).node(img, root, 0, 0)
-    d = ImageDraw.Draw(img)
-    bar = palette.background
-    d.rectangle((0, 0, width, STATUS_BAR_H), fill=bar)
-    painter = Painter(palette)
-    painter.text(d, (PAD_STATUS, 0, width // 2, STATUS_BAR_H), clock, 40, palette.text)
-    painter.text(
-        d,
-        (width // 2, 0, width - PAD_STATUS, STATUS_BAR_H),
-        f"{battery}%",
-        40,
-        palette.text,
-        "right",
-    )
-    top = height - NAV_BAR_H
-    d.rectangle((0, top, width, height), fill=palette.surface)
-    cy = top + NAV_BAR_H // 2
-    for i, shape in enumerate(("back", "home", "recents")):
-        cx = width * (2 * i + 1) // 6
-        if shape == "back":
-            d.polygon(
-                [(cx + 22, cy - 28), (cx + 22, cy + 28), (cx - 26, cy)],
-                outline=palette.text,
-                width=5,
-            )
-        elif shape == "home":
-            d.ellipse((cx - 30, cy - 30, cx + 30, cy + 30), outline=palette.text, width=5)
-        else:
-            d.rectangle((cx - 26, cy - 26, cx + 26, cy + 26), outline=palette.text, width=5)
+    for w in windows:
+        if w.modal and w.kind in ("dialog", "anr"):
+            dim = Image.new("RGB", (width, height), (0, 0, 0))
+            img = Image.blend(img, dim, 0.45)
+        scale = text_scale if w.kind == "app" else 1.0
+        Painter(palette, scale).node(img, w.root, 0, 0)
+    if toast:
+        d = ImageDraw.Draw(img)
+        painter = Painter(palette)
+        f = font(40)
+        tw = int(f.getlength(toast)) + 96
+        x1 = (width - tw) // 2
+        y1 = height - 420
+        d.rounded_rectangle((x1, y1, x1 + tw, y1 + 110), radius=55, fill=(60, 60, 64))
+        painter.text(d, (x1, y1, x1 + tw, y1 + 110), toast, 40, (255, 255, 255), "center")
     return img
-
-
-PAD_STATUS = 48
 
 
 def png_bytes(img: Image.Image) -> bytes:

@@ -13,12 +13,15 @@ import base64
 import io
 import json
 import re
+import time
 from collections.abc import Callable
 from typing import Any
 
+from host.devices.virtual.commands import Output, Registry, Session
 from host.devices.virtual.layout import Node
-from host.devices.virtual.phone import IdleStateError, VirtualPhone
-from host.devices.virtual.shell import Output, Shell, tool
+from host.devices.virtual.phone import IdleStateError, NullRootError, VirtualPhone
+
+registry = Registry()
 
 MAIN_CLASS = "com.wetest.uia2.Main"
 DEFAULT_PORT = 9008
@@ -53,8 +56,8 @@ class RpcError(Exception):
         self.message = message
 
 
-@tool("app_process")
-def _app_process(sh: Shell, args: list[str], stdin: bytes) -> Output:
+@registry.tool("app_process")
+def _app_process(sh: Session, args: list[str], stdin: bytes) -> Output:
     """Start the agent if the command line is uiautomator2's; it runs until the shell closes."""
     classpath = sh.env.get("CLASSPATH", "")
     if MAIN_CLASS not in args:
@@ -69,9 +72,11 @@ def _app_process(sh: Shell, args: list[str], stdin: bytes) -> Output:
         return Output().err(f"java.net.BindException: Address already in use (port {port})\n", 1)
     agent = U2Agent(phone)
     phone.tcp_services[port] = agent
+    process = phone.processes.spawn("app_process", "shell", sh.cancel)
     try:
         sh.wait(float("inf"))
     finally:
+        phone.processes.exited(process)
         if phone.tcp_services.get(port) is agent:
             del phone.tcp_services[port]
     return Output().out("[server] INFO: [UiAutomator2Server] Starting Server\n")
@@ -83,6 +88,7 @@ class U2Agent:
     def __init__(self, phone: VirtualPhone) -> None:
         self.phone = phone
         self._touch_down: tuple[int, int] | None = None
+        self._packages: dict[int, str] = {}
         self._methods: dict[str, Callable[..., Any]] = {
             "deviceInfo": self.device_info,
             "dumpWindowHierarchy": self.dump,
@@ -98,13 +104,17 @@ class U2Agent:
             "getClipboard": lambda: self.phone.clipboard,
             "pasteClipboard": self.paste,
             "clearInputText": self.clear_input,
-            "wakeUp": lambda: True,
-            "sleep": lambda: True,
+            "wakeUp": self.wake_up,
+            "sleep": self.sleep,
             "freezeRotation": lambda *a: True,
             "setOrientation": lambda *a: True,
-            "getLastToast": lambda *a: None,
-            "clearLastToast": lambda: True,
-            "makeToast": lambda *a: True,
+            "getLastToast": self.last_toast,
+            "clearLastToast": self.clear_toast,
+            "makeToast": self.make_toast,
+            "openNotification": lambda: self._shade(False),
+            "openQuickSettings": lambda: self._shade(True),
+            "getLastTraversedText": lambda: self.phone.traversed_text,
+            "clearLastTraversedText": self.clear_traversed_text,
             "exist": lambda sel: self._find(sel) is not None,
             "waitForExists": lambda sel, timeout=0: self._find(sel) is not None,
             "waitUntilGone": lambda sel, timeout=0: self._find(sel) is None,
@@ -182,16 +192,48 @@ class U2Agent:
             "displaySizeDpY": round(p.height * 160 / 420),
             "naturalOrientation": True,
             "productName": "amc_virtual",
-            "screenOn": True,
+            "screenOn": p.awake,
             "sdkInt": p.sdk,
         }
 
     def dump(self, compressed: bool = False, max_depth: int = 50, *rest: Any) -> str:
-        del compressed, max_depth, rest
+        """Every window's root (androidx `dumpWindowHierarchy`), or the active window's alone
+        when the third argument (`root_in_active`) asks for it."""
+        del compressed, max_depth
         try:
-            return self.phone.dump_hierarchy()
-        except IdleStateError:
+            if rest and rest[0]:
+                return self.phone.dump_hierarchy()
+            return self.phone.dump_window_roots()
+        except (IdleStateError, NullRootError):
             return ""  # what the real agent answers when it cannot get a settled screen
+
+    def wake_up(self) -> bool:
+        self.phone.wake()
+        return True
+
+    def sleep(self) -> bool:
+        self.phone.sleep()
+        return True
+
+    def _shade(self, quick_settings: bool) -> bool:
+        self.phone.open_shade(quick_settings)
+        return True
+
+    def last_toast(self, *args: Any) -> str | None:
+        del args
+        return self.phone.last_toast
+
+    def clear_toast(self) -> bool:
+        self.phone.last_toast = None
+        return True
+
+    def make_toast(self, text: str = "", duration: float = 1.0) -> bool:
+        self.phone.show_toast(str(text), float(duration))
+        return True
+
+    def clear_traversed_text(self) -> bool:
+        self.phone.traversed_text = None
+        return True
 
     def screenshot(self, scale: float = 1.0, quality: int = 80) -> str:
         img = self.phone.screenshot()
@@ -211,7 +253,10 @@ class U2Agent:
         return True
 
     def swipe(self, fx: int, fy: int, tx: int, ty: int, steps: int = 10) -> bool:
-        self.phone.swipe(int(fx), int(fy), int(tx), int(ty), int(steps) * 5)
+        """UiDevice.swipe: `steps` moves of 5 ms each, so the call takes that long."""
+        duration_ms = int(steps) * 5
+        time.sleep(duration_ms / 1000)
+        self.phone.swipe(int(fx), int(fy), int(tx), int(ty), duration_ms)
         return True
 
     def swipe_points(self, points: list[int], steps: int = 10) -> bool:
@@ -264,17 +309,18 @@ class U2Agent:
     # --- UiSelector matching -----------------------------------------------------------------
 
     def _all(self, selector: dict[str, Any]) -> list[Node]:
-        root = self.phone.screen()
-        package = self.phone.current_package()
+        """Matching nodes in every window, topmost window first (UiDevice searches them all)."""
         found: list[Node] = []
+        for surface in reversed(self.phone.surfaces()):
 
-        def visit(node: Node, index: int) -> None:
-            if _matches(node, index, package, selector):
-                found.append(node)
-            for i, child in enumerate(node.children):
-                visit(child, i)
+            def visit(node: Node, index: int, package: str = surface.package) -> None:
+                if _matches(node, index, package, selector):
+                    found.append(node)
+                    self._packages[id(node)] = package
+                for i, child in enumerate(node.children):
+                    visit(child, i)
 
-        visit(root, 0)
+            visit(surface.root, 0)
         if "instance" in selector:
             n = int(selector["instance"])
             return found[n : n + 1]
@@ -302,7 +348,7 @@ class U2Agent:
             "childCount": len(node.children),
             "className": node.cls,
             "contentDescription": node.content_desc or None,
-            "packageName": self.phone.current_package(),
+            "packageName": self._packages.get(id(node), self.phone.current_package()),
             "resourceName": node.resource_id or None,
             "text": node.text,
             "checkable": node.checkable,

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from host.devices.virtual.layout import Action, Node, Rect
 from host.devices.virtual.state import Page
 
+PKG_SETTINGS = "com.android.settings"
 STATUS_BAR_H = 96
 NAV_BAR_H = 132
 TOOLBAR_H = 176
@@ -61,17 +62,42 @@ def text(
     )
 
 
-def window(geo: Geometry, children: list[Node]) -> Node:
-    """The decor view chain every activity window has (DecorView > LinearLayout > content)."""
+def window(geo: Geometry, children: list[Node], *, compose: bool = False) -> Node:
+    """The decor view chain every activity window has, as a real SDK 34 dump shows it:
+    DecorView > LinearLayout > action_bar_root > content, then the status and navigation bar
+    backgrounds the system bars are drawn over. A Compose app's content is one ComposeView
+    whose nodes carry no resource ids."""
     full = (0, 0, geo.width, geo.height)
+    inner = (0, geo.top, geo.width, geo.bottom)
     content = Node(
-        "android.widget.FrameLayout",
-        (0, geo.top, geo.width, geo.bottom),
-        resource_id="android:id/content",
-        role="window",
-    ).add(*children)
+        "android.widget.FrameLayout", inner, resource_id="android:id/content", role="window"
+    )
+    if compose:
+        content.add(
+            Node("androidx.compose.ui.platform.ComposeView", inner).add(
+                Node("android.view.View", inner).add(*children)
+            )
+        )
+    else:
+        content.add(*children)
+    root = Node("android.widget.LinearLayout", inner, resource_id="android:id/action_bar_root")
     decor = Node("android.widget.FrameLayout", full, role="window").add(
-        Node("android.widget.LinearLayout", full).add(content)
+        Node("android.widget.LinearLayout", (0, 0, geo.width, geo.bottom)).add(
+            Node(
+                "android.view.ViewStub", (0, 0, 0, 0), resource_id="android:id/action_mode_bar_stub"
+            ),
+            root.add(content),
+        ),
+        Node(
+            "android.view.View",
+            (0, geo.bottom, geo.width, geo.height),
+            resource_id="android:id/navigationBarBackground",
+        ),
+        Node(
+            "android.view.View",
+            (0, 0, geo.width, geo.top),
+            resource_id="android:id/statusBarBackground",
+        ),
     )
     return decor
 
@@ -82,6 +108,7 @@ def toolbar(
     title: str,
     on_up: Action | None,
     actions: list[tuple[str, str, Action]] | None = None,
+    up_label: str = "Navigate up",
 ) -> Node:
     """An action bar: optional "Navigate up" arrow, the page title, and text action buttons."""
     y1, y2 = geo.top, geo.top + TOOLBAR_H
@@ -97,7 +124,7 @@ def toolbar(
             Node(
                 "android.widget.ImageButton",
                 (0, y1, 160, y2),
-                content_desc="Navigate up",
+                content_desc=up_label,
                 clickable=True,
                 focusable=True,
                 role="up_arrow",
@@ -173,6 +200,7 @@ def two_line_row(
     icon: str = "",
     widget: Node | None = None,
     enabled: bool = True,
+    package: str = PKG_SETTINGS,
 ) -> RowFactory:
     """A preference row: icon, title and summary on the left, an optional widget on the right."""
 
@@ -189,21 +217,29 @@ def two_line_row(
         )
         x = PAD
         if icon:
+            frame = (PAD, y + h // 2 - 52, PAD + 128, y + h // 2 + 52)
             row.add(
                 Node(
-                    "android.widget.ImageView",
-                    (PAD, y + h // 2 - 36, PAD + 72, y + h // 2 + 36),
-                    resource_id="android:id/icon",
-                    role="icon",
-                    text="",
-                    hint=icon,
+                    "android.widget.LinearLayout", frame, resource_id=f"{package}:id/icon_frame"
+                ).add(
+                    Node(
+                        "android.widget.ImageView",
+                        (PAD, y + h // 2 - 36, PAD + 72, y + h // 2 + 36),
+                        resource_id="android:id/icon",
+                        role="icon",
+                        glyph=icon,
+                    )
                 )
             )
             x = PAD + 72 + 56
         right = width - PAD
         if widget is not None:
             right = width - 220
-        box = Node("android.widget.RelativeLayout", (x, y + 24, right, y + h - 24))
+        box = Node(
+            "android.widget.RelativeLayout",
+            (x, y + 24, right, y + h - 24),
+            resource_id=f"{package}:id/text_frame",
+        )
         if summary:
             mid = y + 24 + (h - 48) // 2 + 6
             box.add(text((x, y + 24, right, mid), title, rid="android:id/title", size=50))
@@ -218,11 +254,27 @@ def two_line_row(
             )
         else:
             box.add(text((x, y + 24, right, y + h - 24), title, rid="android:id/title", size=50))
+            # An empty summary stays in the tree with no height, as SettingsLib leaves it.
+            box.add(
+                text(
+                    (x, y + h - 24, right, y + h - 24),
+                    "",
+                    rid="android:id/summary",
+                    size=40,
+                    role="secondary",
+                )
+            )
         row.add(box)
         if widget is not None:
             wy = y + h // 2
             widget.frame = (width - 200, wy - 40, width - PAD, wy + 40)
-            row.add(Node("android.widget.LinearLayout", widget.frame).add(widget))
+            row.add(
+                Node(
+                    "android.widget.LinearLayout",
+                    widget.frame,
+                    resource_id="android:id/widget_frame",
+                ).add(widget)
+            )
         return row
 
     return build
@@ -285,12 +337,13 @@ def edit_text(
     on_click: Action,
     on_set_text: Callable[[str], None] | None = None,
 ) -> Node:
-    """An EditText. Like a real dump, an empty field reports its hint as its text."""
+    """An EditText. Like a real SDK 34 dump, an empty field reports its hint as its text, and
+    the hint on its own (`hint`) whether the field is empty or not."""
     return Node(
         "android.widget.EditText",
         frame,
         text=value or hint,
-        hint=hint if not value else "",
+        hint=hint,
         resource_id=rid,
         clickable=True,
         focusable=True,

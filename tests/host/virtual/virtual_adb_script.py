@@ -34,9 +34,22 @@ class AdbScript:
                 return (x1 + x2) // 2, (y1 + y2) // 2
         return None
 
+    def nodes_with(self, *, rid: str) -> list[ET.Element]:
+        return [n for n in self.nodes() if n.get("resource-id") == rid]
+
+    def click_node(self, node: ET.Element) -> None:
+        m = _BOUNDS.fullmatch(node.get("bounds", ""))
+        assert m, node.attrib
+        x1, y1, x2, y2 = (int(v) for v in m.groups())
+        self.d.click((x1 + x2) // 2, (y1 + y2) // 2)
+
     def scroll_down(self) -> None:
         x = self.width // 2
         self.d.swipe(x, int(self.height * 0.75), x, int(self.height * 0.35), 0.3)
+
+    def scroll_up(self) -> None:
+        x = self.width // 2
+        self.d.swipe(x, int(self.height * 0.35), x, int(self.height * 0.75), 0.3)
 
     def tap(self, text: str = "", *, rid: str = "", scrolls: int = 4) -> None:
         """Tap the element with this text/content-desc (or resource-id), scrolling to find it."""

@@ -13,15 +13,20 @@ import anthropic
 import openai
 import pytest
 
+from planner.conversation.items import Reasoning, ToolCall, UserObservation
+from planner.conversation.turns import ForeignReasoning
 from planner.errors import PlannerAuthError, PlannerUnavailable
 from planner.history import MASK
-from planner.session.config import SessionConfig, SessionProvider, ThinkingConfig
-from planner.session.items import Reasoning, ToolCall, UserObservation
+from planner.session.config import SessionConfig
+from planner.session.factory import SessionProvider
 from planner.session.planner import NOT_RECORDED, NUDGE, SessionPlanner
 from planner.session.store import SqliteSessionStore
-from tests.support.fake_session_server import (
+from planner.vendors import ModelAdapter, ThinkingConfig
+from planner.vendors.anthropic import AnthropicAdapter
+from planner.vendors.openai import OpenAIAdapter
+from tests.support.fakes import (
     BAD_KEY,
-    FakeSessionServer,
+    FakeModelServer,
     ScriptedTurn,
     function_call,
     message,
@@ -37,8 +42,8 @@ BUDGET = ThinkingConfig("budget", budget_tokens=2048)
 
 
 @pytest.fixture
-def server() -> Iterator[FakeSessionServer]:
-    with FakeSessionServer() as s:
+def server() -> Iterator[FakeModelServer]:
+    with FakeModelServer() as s:
         yield s
 
 
@@ -51,7 +56,7 @@ class Factory:
     """Builds planners the way a host does after every (re)start: a fresh store object and
     client over the same database file."""
 
-    def __init__(self, server: FakeSessionServer, db: Path) -> None:
+    def __init__(self, server: FakeModelServer, db: Path) -> None:
         self.server = server
         self.db = db
         self.open_planners: list[SessionPlanner] = []
@@ -64,7 +69,7 @@ class Factory:
         stream: bool = False,
         attempt: int = 1,
         live: list[str] | None = None,
-        foreign: str = "drop",
+        foreign: ForeignReasoning = "drop",
         keep_scenes: int | None = 6,
     ) -> SessionPlanner:
         client: anthropic.AsyncAnthropic | openai.AsyncOpenAI
@@ -72,7 +77,7 @@ class Factory:
             client = anthropic.AsyncAnthropic(
                 api_key="test-key", base_url=self.server.anthropic_base_url, max_retries=0
             )
-            model = "claude-test"
+            model = "claude-sonnet-4-6"  # a profile that turns thinking off explicitly
         else:
             client = openai.AsyncOpenAI(
                 api_key="test-key", base_url=self.server.openai_base_url, max_retries=0
@@ -82,28 +87,33 @@ class Factory:
             store=SqliteSessionStore(self.db),
             task_id="task-1",
             attempt=attempt,
-            provider=provider,
-            model=model,
-            client=client,
-            thinking=thinking,
+            adapter=adapter_for(client, model, thinking),
             config=SessionConfig(
                 stream=stream,
-                foreign_reasoning=foreign,  # type: ignore[arg-type]
+                foreign_reasoning=foreign,
                 keep_scenes=keep_scenes,
             ),
             on_thinking=live.append if live is not None else None,
-            owns_client=True,
+            owns_adapter=True,
         )
         self.open_planners.append(planner)
         return planner
 
 
 @pytest.fixture
-async def make(server: FakeSessionServer, db: Path) -> AsyncIterator[Factory]:
+async def make(server: FakeModelServer, db: Path) -> AsyncIterator[Factory]:
     factory = Factory(server, db)
     yield factory
     for planner in factory.open_planners:
         await planner.aclose()
+
+
+def adapter_for(
+    client: anthropic.AsyncAnthropic | openai.AsyncOpenAI, model: str, thinking: ThinkingConfig
+) -> ModelAdapter:
+    if isinstance(client, anthropic.AsyncAnthropic):
+        return AnthropicAdapter(client, model=model, thinking=thinking, retries=0)
+    return OpenAIAdapter(client, model=model, thinking=thinking, retries=0)
 
 
 def _database_bytes(db: Path) -> bytes:
@@ -111,14 +121,14 @@ def _database_bytes(db: Path) -> bytes:
     return b"".join(p.read_bytes() for p in db.parent.glob(db.name + "*"))
 
 
-def _last_messages(server: FakeSessionServer) -> list[dict[str, Any]]:
+def _last_messages(server: FakeModelServer) -> list[dict[str, Any]]:
     messages: list[dict[str, Any]] = server.bodies("/v1/messages")[-1]["messages"]
     return messages
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["json", "sse"])
 async def test_anthropic_session_resumes_after_restart_with_signed_thinking(
-    server: FakeSessionServer, make: Factory, stream: bool
+    server: FakeModelServer, make: Factory, stream: bool
 ) -> None:
     server.anthropic_script.extend(
         [
@@ -203,7 +213,7 @@ async def test_anthropic_session_resumes_after_restart_with_signed_thinking(
 
 
 async def test_interrupted_stream_commits_nothing_and_the_session_goes_on(
-    server: FakeSessionServer, make: Factory
+    server: FakeModelServer, make: Factory
 ) -> None:
     server.anthropic_script.extend(
         [
@@ -231,7 +241,7 @@ async def test_interrupted_stream_commits_nothing_and_the_session_goes_on(
 
 @pytest.mark.parametrize("stream", [False, True], ids=["json", "sse"])
 async def test_responses_session_resumes_with_encrypted_reasoning(
-    server: FakeSessionServer, make: Factory, stream: bool
+    server: FakeModelServer, make: Factory, stream: bool
 ) -> None:
     server.responses_script.extend(
         [
@@ -296,7 +306,7 @@ async def test_responses_session_resumes_with_encrypted_reasoning(
 
 
 async def test_forced_retry_then_thinking_turn_closes_the_unthought_loop_as_text(
-    server: FakeSessionServer, make: Factory
+    server: FakeModelServer, make: Factory
 ) -> None:
     server.anthropic_script.extend(
         [
@@ -336,7 +346,7 @@ async def test_forced_retry_then_thinking_turn_closes_the_unthought_loop_as_text
 
 
 async def test_corrective_retry_keeps_the_thinking_turn_intact(
-    server: FakeSessionServer, make: Factory
+    server: FakeModelServer, make: Factory
 ) -> None:
     server.anthropic_script.extend(
         [
@@ -356,7 +366,7 @@ async def test_corrective_retry_keeps_the_thinking_turn_intact(
 
 
 async def test_sensitive_text_is_executed_but_never_stored_or_sent_back(
-    server: FakeSessionServer, make: Factory, db: Path
+    server: FakeModelServer, make: Factory, db: Path
 ) -> None:
     secret = "hunter2-secret"
     server.anthropic_script.extend(
@@ -385,7 +395,7 @@ async def test_sensitive_text_is_executed_but_never_stored_or_sent_back(
 
 
 async def test_restart_mid_step_answers_the_dangling_call(
-    server: FakeSessionServer, make: Factory
+    server: FakeModelServer, make: Factory
 ) -> None:
     server.anthropic_script.extend(
         [
@@ -409,7 +419,7 @@ async def test_restart_mid_step_answers_the_dangling_call(
 
 
 async def test_provider_switch_drops_foreign_signatures_both_ways(
-    server: FakeSessionServer, make: Factory
+    server: FakeModelServer, make: Factory
 ) -> None:
     server.anthropic_script.extend(
         [
@@ -456,7 +466,7 @@ async def test_provider_switch_drops_foreign_signatures_both_ways(
 
 @pytest.mark.parametrize("provider", ["anthropic", "openai-responses"])
 async def test_long_session_keeps_the_budget_with_checkpoints(
-    server: FakeSessionServer, make: Factory, provider: SessionProvider
+    server: FakeModelServer, make: Factory, provider: SessionProvider
 ) -> None:
     """Twelve steps with keep_scenes=2 against a server that binds thinking to its prefix:
     every request is accepted, old scenes are condensed, the latest thinking still travels."""
@@ -501,7 +511,7 @@ async def test_long_session_keeps_the_budget_with_checkpoints(
 
 @pytest.mark.parametrize("provider", ["anthropic", "openai-responses"])
 async def test_a_rejected_key_is_an_operator_readable_error(
-    server: FakeSessionServer, db: Path, provider: SessionProvider
+    server: FakeModelServer, db: Path, provider: SessionProvider
 ) -> None:
     client: anthropic.AsyncAnthropic | openai.AsyncOpenAI
     if provider == "anthropic":
@@ -514,10 +524,8 @@ async def test_a_rejected_key_is_an_operator_readable_error(
         store=SqliteSessionStore(db),
         task_id="t",
         attempt=1,
-        provider=provider,
-        model="m",
-        client=client,
-        owns_client=True,
+        adapter=adapter_for(client, "m", ThinkingConfig()),
+        owns_adapter=True,
     )
     label = "Anthropic" if provider == "anthropic" else "OpenAI"
     with pytest.raises(PlannerAuthError, match=f"^planner: {label} rejected the API key$"):
@@ -527,7 +535,7 @@ async def test_a_rejected_key_is_an_operator_readable_error(
 
 
 async def test_interrupted_responses_stream_commits_nothing(
-    server: FakeSessionServer, make: Factory
+    server: FakeModelServer, make: Factory
 ) -> None:
     server.responses_script.extend(
         [
@@ -547,7 +555,7 @@ async def test_interrupted_responses_stream_commits_nothing(
 
 
 async def test_a_conversation_the_provider_no_longer_accepts_starts_afresh_once(
-    server: FakeSessionServer, db: Path
+    server: FakeModelServer, db: Path
 ) -> None:
     """Signatures made under one key are refused after a key change (as after a model or
     account change). The planner asks once more with earlier reasoning retired; without that,
@@ -557,7 +565,7 @@ async def test_a_conversation_the_provider_no_longer_accepts_starts_afresh_once(
             [thinking("Go home."), text("Home."), tool_use("press_key", {"key": "home", **INTENT})]
         )
     )
-    with FakeSessionServer(key=b"a different signing key") as rotated:
+    with FakeModelServer(signing_key=b"a different signing key") as rotated:
         rotated.anthropic_script.append(
             ScriptedTurn(
                 [

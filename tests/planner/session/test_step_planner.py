@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from planner.conversation.items import ToolResult
 from planner.decision import Decision
 from planner.history import WorldEvent
 from planner.session.factory import (
@@ -15,13 +16,12 @@ from planner.session.factory import (
     session_config,
     session_provider,
 )
-from planner.session.items import ToolResult
 from planner.session.step_planner import SessionStepPlanner, condensed_text, observation_text
 from planner.session.store import SqliteSessionStore
 from planner.settings import PlannerSettings
 from tests.planner.scenes import settings_main, toggle_page
-from tests.support.fake_session_server import (
-    FakeSessionServer,
+from tests.support.fakes import (
+    FakeModelServer,
     ScriptedTurn,
     text,
     thinking,
@@ -32,12 +32,12 @@ INTENT = {"purpose": "open display", "expected_outcome": "the Display page shows
 
 
 @pytest.fixture
-def server() -> Iterator[FakeSessionServer]:
-    with FakeSessionServer() as s:
+def server() -> Iterator[FakeModelServer]:
+    with FakeModelServer() as s:
         yield s
 
 
-def _settings(server: FakeSessionServer) -> PlannerSettings:
+def _settings(server: FakeModelServer) -> PlannerSettings:
     return PlannerSettings(
         provider="anthropic",
         model="claude-test",
@@ -49,7 +49,7 @@ def _settings(server: FakeSessionServer) -> PlannerSettings:
     )
 
 
-def test_mode_and_provider_mapping(server: FakeSessionServer) -> None:
+def test_mode_and_provider_mapping(server: FakeModelServer) -> None:
     settings = _settings(server)
     assert planner_mode(settings) == "compact"
     assert session_provider(settings) == "anthropic"
@@ -66,7 +66,7 @@ def _event(decision: Decision, page: str, ok: bool) -> WorldEvent:
 
 
 async def test_host_loop_drives_a_session_and_resumes(
-    server: FakeSessionServer, tmp_path: Path
+    server: FakeModelServer, tmp_path: Path
 ) -> None:
     server.anthropic_script.extend(
         [

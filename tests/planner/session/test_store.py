@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from planner.session.items import (
+from planner.conversation.items import (
     Reasoning,
     SessionItem,
     ToolCall,

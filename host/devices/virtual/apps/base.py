@@ -7,6 +7,7 @@ from typing import Protocol
 
 from host.devices.virtual.layout import Node
 from host.devices.virtual.state import Page, PhoneState
+from host.devices.virtual.strings import Strings
 from host.devices.virtual.widgets import Geometry
 
 
@@ -15,6 +16,15 @@ class PhoneApi(Protocol):
 
     @property
     def state(self) -> PhoneState: ...
+
+    @property
+    def strings(self) -> Strings:
+        """The phone's locale: every string an app draws goes through `strings.tr`."""
+        ...
+
+    def show_toast(self, text: str) -> None:
+        """A toast over the app for a couple of seconds (drawn, never in the dump)."""
+        ...
 
     def push(self, name: str, /, **params: str) -> None:
         """Open a new page on top of the foreground app's stack."""
@@ -63,6 +73,25 @@ class App(ABC):
         """The field a page focuses when it opens, as editors do."""
         order = self.field_order(page)
         return order[0] if order else None
+
+    def settle(self, phone: PhoneApi, page: Page) -> None:
+        """After each input event: take what is pending (a number picker's typed value once
+        focus has left it). Most pages have nothing to settle."""
+        del phone, page
+
+    def keyboard_on_open(self, page: Page) -> bool:
+        """Whether the on-screen keyboard comes up when the page opens (an editor that asks
+        for it, `stateVisible`); otherwise it comes up when the user taps a field."""
+        del page
+        return False
+
+    def runtime_permissions(self) -> list[str]:
+        """Runtime permissions the app asks for when it starts and has no answer yet."""
+        return []
+
+    def compose(self) -> bool:
+        """A Jetpack Compose screen: one ComposeView, nodes without resource ids."""
+        return False
 
     @abstractmethod
     def build(self, phone: PhoneApi, page: Page, geo: Geometry) -> list[Node]:

@@ -122,7 +122,7 @@ class CalculatorApp(App):
                     partial(self._press, phone, label),
                     role="key",
                 )
-                node.content_desc = desc
+                node.content_desc = phone.strings.tr(desc) if desc else ""
                 node.font_size = 64
                 pad.add(node)
                 x += span * kw
@@ -138,14 +138,14 @@ class CalculatorApp(App):
             try:
                 s.calc_result = evaluate(s.calc_expression)
             except ZeroDivisionError:
-                s.calc_result = "Can't divide by 0"
+                s.calc_result = phone.strings.tr("Can't divide by 0")
             except (ValueError, IndexError):
-                s.calc_result = "Bad expression"
+                s.calc_result = phone.strings.tr("Bad expression")
         else:
             if s.calc_result:
                 done = s.calc_result
                 s.calc_result = ""
-                if key in OPERATORS and done not in ("Can't divide by 0", "Bad expression"):
+                if key in OPERATORS and not any(c.isalpha() for c in done):
                     s.calc_expression = done
                 else:
                     s.calc_expression = ""

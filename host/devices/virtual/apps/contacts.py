@@ -12,6 +12,7 @@ from host.devices.virtual.widgets import (
     RowFactory,
     fab,
     form_fields,
+    header_row,
     scroll_list,
     text,
     toolbar,
@@ -50,26 +51,51 @@ class ContactsApp(App):
             return self._detail(phone, page, geo)
         return self._list(phone, page, geo)
 
+    def keyboard_on_open(self, page: Page) -> bool:
+        return page.name == "editor"
+
     def _list(self, phone: PhoneApi, page: Page, geo: Geometry) -> list[Node]:
+        tr = phone.strings.tr
         w = geo.width
         contacts = sorted(phone.state.contacts, key=lambda c: c.name.lower())
-        bar = toolbar(PKG, geo, "Contacts", None)
+        bar = toolbar(PKG, geo, tr("Contacts"), None)
+        bar.add(
+            Node(
+                "android.widget.ImageButton",
+                (w - 160, geo.top + 16, w - 16, geo.top + TOOLBAR_H - 16),
+                resource_id=f"{PKG}:id/menu_search",
+                content_desc=tr("Search contacts"),
+                clickable=True,
+                focusable=True,
+                role="icon",
+                glyph="?",
+            )
+        )
         rect = (0, geo.top + TOOLBAR_H, w, geo.bottom)
         nodes: list[Node] = [bar]
         if contacts:
             rows: list[RowFactory] = []
+            letter = ""
             for contact in contacts:
+                initial = contact.name[:1].upper()
+                if initial != letter:
+                    letter = initial
+                    rows.append(header_row(w, initial))
 
                 def open_detail(name: str = contact.name) -> None:
                     phone.push("detail", name=name)
 
-                rows.append(two_line_row(w, contact.name, "", open_detail, icon=contact.name[:1]))
+                rows.append(
+                    two_line_row(
+                        w, contact.name, "", open_detail, icon=contact.name[:1], package=PKG
+                    )
+                )
             nodes.append(scroll_list(PKG, "contact_list", rect, rows, page.scroll.get("list", 0)))
         else:
             nodes.append(
                 text(
                     (PAD, rect[1] + 200, w - PAD, rect[1] + 320),
-                    "No contacts yet",
+                    tr("No contacts yet"),
                     rid=f"{PKG}:id/empty",
                     align="center",
                     role="secondary",
@@ -78,7 +104,7 @@ class ContactsApp(App):
         nodes.append(
             fab(
                 (w - 252, geo.bottom - 252, w - 56, geo.bottom - 56),
-                "Create contact",
+                tr("Create contact"),
                 f"{PKG}:id/floating_action_button",
                 lambda: phone.push("editor"),
             )
@@ -86,27 +112,35 @@ class ContactsApp(App):
         return nodes
 
     def _editor(self, phone: PhoneApi, page: Page, geo: Geometry) -> list[Node]:
+        tr = phone.strings.tr
         w = geo.width
 
         def save() -> None:
             name = page.fields.get("name", "").strip()
             number = page.fields.get("phone", "").strip()
             if not name:
-                page.error = "Enter a name to save this contact"
+                page.error = tr("Enter a name to save this contact")
                 return
             phone.state.contacts.append(Contact(name=name, phone=number))
             phone.replace("detail", name=name)
 
         bar = toolbar(
-            PKG, geo, "Create contact", phone.pop, [("Save", "editor_menu_save_button", save)]
+            PKG,
+            geo,
+            tr("Create contact"),
+            phone.pop,
+            [(tr("Save"), "editor_menu_save_button", save)],
+            up_label=tr("Navigate up"),
         )
         nodes: list[Node] = [bar]
         y = geo.top + TOOLBAR_H + 64
-        fields, y = form_fields(page, PKG, FIELDS, y, w)
-        nodes += fields
+        fields = [(key, tr(hint)) for key, hint in FIELDS]
+        editors, y = form_fields(page, PKG, fields, y, w)
+        nodes += editors
         return nodes
 
     def _detail(self, phone: PhoneApi, page: Page, geo: Geometry) -> list[Node]:
+        tr = phone.strings.tr
         w = geo.width
         name = page.params.get("name", "")
         contact = next((c for c in phone.state.contacts if c.name == name), None)
@@ -116,8 +150,19 @@ class ContactsApp(App):
                 phone.state.contacts.remove(contact)
             phone.pop()
 
-        bar = toolbar(PKG, geo, name, phone.pop, [("Delete", "menu_delete", delete)])
+        bar = toolbar(
+            PKG,
+            geo,
+            name,
+            phone.pop,
+            [(tr("Delete"), "menu_delete", delete)],
+            up_label=tr("Navigate up"),
+        )
         rect = (0, geo.top + TOOLBAR_H, w, geo.bottom)
         number = contact.phone if contact else ""
-        rows = [two_line_row(w, number or "No phone number", "Mobile", None, icon="#")]
+        rows = [
+            two_line_row(
+                w, number or tr("No phone number"), tr("Mobile"), None, icon="#", package=PKG
+            )
+        ]
         return [bar, scroll_list(PKG, "detail_list", rect, rows, 0)]

@@ -112,20 +112,21 @@ class SettingsApp(App):
         return super().page_for_activity(activity)
 
     def build(self, phone: PhoneApi, page: Page, geo: Geometry) -> list[Node]:
+        tr = phone.strings.tr
         w = geo.width
         title = (
-            "Settings"
+            tr("Settings")
             if page.name == "main"
-            else TITLES.get(page.name, page.params.get("title", ""))
+            else tr(TITLES.get(page.name, page.params.get("title", "")))
         )
         up = None if page.name == "main" else phone.pop
-        bar = toolbar(PKG, geo, title, up)
+        bar = toolbar(PKG, geo, title, up, up_label=tr("Navigate up"))
         rect = (0, geo.top + TOOLBAR_H, w, geo.bottom)
         rows = self._rows(phone, page, w)
         if page.name == "stub":
             body = text(
                 (PAD, rect[1] + 48, w - PAD, rect[1] + 160),
-                "Nothing to change on this page.",
+                tr("Nothing to change on this page."),
                 rid=f"{PKG}:id/empty",
                 size=44,
                 role="secondary",
@@ -138,17 +139,25 @@ class SettingsApp(App):
         self, phone: PhoneApi, w: int, title: str, key: str, summary: str = ""
     ) -> RowFactory:
         state = phone.state
+        tr = phone.strings.tr
 
         def toggle() -> None:
             state.settings[key] = not state.flag(key)
 
-        return two_line_row(w, title, summary, toggle, widget=switch_widget(state.flag(key)))
+        return two_line_row(
+            w, tr(title), tr(summary), toggle, widget=switch_widget(state.flag(key))
+        )
 
     def _link(self, phone: PhoneApi, w: int, title: str, summary: str, target: str) -> RowFactory:
         def open_page() -> None:
             phone.push(target, title=title)
 
-        return two_line_row(w, title, summary, open_page)
+        tr = phone.strings.tr
+        return two_line_row(w, tr(title), tr(summary), open_page)
+
+    def _info(self, phone: PhoneApi, w: int, title: str, summary: str) -> RowFactory:
+        tr = phone.strings.tr
+        return two_line_row(w, tr(title), tr(summary), None)
 
     def _choices(self, phone: PhoneApi, w: int, key: str, options: list[str]) -> list[RowFactory]:
         state = phone.state
@@ -159,35 +168,37 @@ class SettingsApp(App):
             def choose(value: str = option) -> None:
                 state.settings[key] = value
 
-            rows.append(radio_row(w, option, option == current, choose))
+            rows.append(radio_row(w, phone.strings.tr(option), option == current, choose))
         return rows
 
     def _rows(self, phone: PhoneApi, page: Page, w: int) -> list[RowFactory]:
         s = phone.state
+        tr = phone.strings.tr
         name = page.name
         if name == "main":
-            rows: list[RowFactory] = [two_line_row(w, "Search settings", "", None, icon="?")]
+            rows: list[RowFactory] = [two_line_row(w, tr("Search settings"), "", None, icon="?")]
             for e in MAIN_ENTRIES:
-                summary = e.summary
+                summary = tr(e.summary)
                 if e.page == "battery":
                     summary = f"{s.battery_level}%" + (
-                        " - Battery Saver on" if s.flag("battery_saver") else ""
+                        tr(" - Battery Saver on") if s.flag("battery_saver") else ""
                     )
                 elif e.page == "location":
-                    summary = "On - 3 apps have access" if s.flag("location") else "Off"
+                    summary = tr("On - 3 apps have access") if s.flag("location") else tr("Off")
                 elif e.page == "about":
                     summary = self._model
 
                 def open_entry(target: str = e.page, title: str = e.title) -> None:
                     phone.push(target, title=title)
 
-                rows.append(two_line_row(w, e.title, summary, open_entry, icon=e.title[:1]))
+                label = tr(e.title)
+                rows.append(two_line_row(w, label, summary, open_entry, icon=label[:1]))
             return rows
         if name == "network":
             wifi_summary = "HomeNetwork" if s.flag("wifi") else "Off"
             return [
                 self._switch(phone, w, "Wi-Fi", "wifi", wifi_summary),
-                two_line_row(w, "Mobile network", "Virtual Mobile", None),
+                self._info(phone, w, "Mobile network", "Virtual Mobile"),
                 self._switch(phone, w, "Airplane mode", "airplane_mode"),
                 self._link(phone, w, "Hotspot & tethering", "Off", "stub"),
                 self._switch(phone, w, "Data Saver", "data_saver"),
@@ -200,14 +211,20 @@ class SettingsApp(App):
                 self._link(phone, w, "Connection preferences", "NFC, Android Auto", "stub"),
             ]
         if name == "display":
-            timeout = f"After {s.settings['screen_timeout']} of inactivity"
+            timeout = tr("After {0} of inactivity", tr(str(s.settings["screen_timeout"])))
+            brightness = f"{round(int(s.settings['brightness']) * 100 / 255)}%"
             return [
-                header_row(w, "Brightness"),
-                two_line_row(w, "Brightness level", "50%", None),
+                header_row(w, tr("Brightness")),
+                two_line_row(w, tr("Brightness level"), brightness, None),
                 self._switch(phone, w, "Adaptive brightness", "adaptive_brightness"),
-                header_row(w, "Lock display"),
-                self._link(phone, w, "Screen timeout", timeout, "screen_timeout"),
-                header_row(w, "Appearance"),
+                header_row(w, tr("Lock display")),
+                two_line_row(
+                    w,
+                    tr("Screen timeout"),
+                    timeout,
+                    lambda: phone.push("screen_timeout", title="Screen timeout"),
+                ),
+                header_row(w, tr("Appearance")),
                 self._switch(phone, w, "Dark theme", "dark_theme"),
                 self._link(phone, w, "Font size", str(s.settings["font_size"]), "font_size"),
                 self._switch(phone, w, "Auto-rotate screen", "auto_rotate"),
@@ -218,14 +235,14 @@ class SettingsApp(App):
             return self._choices(phone, w, "screen_timeout", SCREEN_TIMEOUTS)
         if name == "sound":
             return [
-                two_line_row(w, "Media volume", "60%", None),
+                self._info(phone, w, "Media volume", "60%"),
                 self._switch(phone, w, "Do Not Disturb", "do_not_disturb"),
                 self._switch(phone, w, "Vibrate for calls", "vibrate_for_calls"),
                 self._link(phone, w, "Phone ringtone", "Virtual Bells", "stub"),
             ]
         if name == "battery":
             return [
-                two_line_row(w, "Battery level", f"{s.battery_level}%", None),
+                two_line_row(w, tr("Battery level"), f"{s.battery_level}%", None),
                 self._switch(phone, w, "Battery Saver", "battery_saver"),
                 self._switch(phone, w, "Battery percentage", "battery_percentage"),
                 self._link(phone, w, "Battery usage", "", "stub"),
@@ -256,10 +273,10 @@ class SettingsApp(App):
             ]
         if name == "about":
             return [
-                two_line_row(w, "Device name", self._model, None),
-                two_line_row(w, "Phone number", "Unknown", None),
-                two_line_row(w, "Model", self._model, None),
-                two_line_row(w, "Android version", "14", None),
-                two_line_row(w, "Build number", "AMC.241129.001", None),
+                two_line_row(w, tr("Device name"), self._model, None),
+                self._info(phone, w, "Phone number", "Unknown"),
+                two_line_row(w, tr("Model"), self._model, None),
+                self._info(phone, w, "Android version", "14"),
+                self._info(phone, w, "Build number", "AMC.241129.001"),
             ]
         return []

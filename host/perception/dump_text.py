@@ -1,0 +1,67 @@
+"""Make what real dumpers emit into well-formed XML before parsing it.
+
+Real tools produce dumps a strict XML parser refuses; each fix here is for one of them:
+
+* `adb exec-out uiautomator dump /dev/tty` prints the XML and then, on the same stream,
+  `UI hierchary dumped to: /dev/tty` (Android's own spelling): text after the root is cut off,
+  and so is anything printed before it.
+* Text nodes hold control characters, raw or as character references (`&#1;`): both are
+  invalid in XML 1.0 (AOSP's dumper turns them into ".", androidx's serializer writes `&#1;`).
+  They are removed.
+* Some dumpers declare `encoding="utf-16"` over a UTF-8 body: the declaration is dropped and
+  the text, already decoded by the driver, is parsed as it is.
+"""
+
+from __future__ import annotations
+
+import re
+
+_DECLARATION = re.compile(r"^\s*<\?xml[^>]*\?>")
+_ROOT_NAME = re.compile(r"\s*<([A-Za-z_][\w.-]*)")
+# Characters XML 1.0 does not allow (tab, line feed and carriage return are allowed).
+_INVALID_CHARS = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ud800-\udfff\ufffe\uffff]")
+_CHAR_REF = re.compile(r"&#(x[0-9A-Fa-f]+|[0-9]+);")
+
+
+def _valid_code_point(cp: int) -> bool:
+    return (
+        cp in (0x9, 0xA, 0xD)
+        or 0x20 <= cp <= 0xD7FF
+        or 0xE000 <= cp <= 0xFFFD
+        or 0x10000 <= cp <= 0x10FFFF
+    )
+
+
+def _char_ref(m: re.Match[str]) -> str:
+    body = m.group(1)
+    try:
+        cp = int(body[1:], 16) if body[0] in "xX" else int(body)
+    except ValueError:
+        return ""
+    return m.group(0) if _valid_code_point(cp) else ""
+
+
+def clean_dump(text: str) -> str:
+    """The dump's root element alone, without a declaration and without invalid characters.
+
+    Returns "" when there is no element at all (an empty dump, or only a status line).
+    """
+    text = _INVALID_CHARS.sub("", text or "")
+    text = _CHAR_REF.sub(_char_ref, text)
+    start = text.find("<")
+    if start < 0:
+        return ""
+    text = _DECLARATION.sub("", text[start:])
+    start = text.find("<")
+    if start < 0:
+        return ""
+    text = text[start:]
+    m = _ROOT_NAME.match(text)
+    if m is None:
+        return text
+    name = m.group(1)
+    close = text.rfind(f"</{name}>")
+    if close >= 0:
+        return text[: close + len(name) + 3]
+    head = re.match(rf"<{re.escape(name)}\b[^>]*/>", text)
+    return head.group(0) if head else text

@@ -1,0 +1,202 @@
+"""The typed items every conversation with a model is made of, and their exact JSON form.
+
+Both planning modes speak in these items: a compact decision is a short conversation kept in
+memory (the prompt, and the model's answer plus a correction when one is needed); a session is a
+long one kept in a store. What the user side said (an observation, a tool result) and what one
+model turn produced (reasoning, text, tool calls) are items, not provider messages: each
+vendor's projection (`planner/vendors/`) turns the same list into its own wire format, so a
+session survives a provider switch and a restart. Reasoning is stored exactly as the provider
+returned it — Anthropic signatures, redacted data and OpenAI encrypted content are opaque
+strings that must go back byte for byte — so nothing here ever rewrites them, and the JSON form
+maps each field one to one.
+One more item, `ContextCheckpoint`, is never sent: it records a context-budget decision so that
+every later request renders the history the same way.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, fields
+from typing import Any, Literal
+
+#: Who made an assistant item ("offline" for the built-in heuristic, whose turns are never kept).
+ProviderName = Literal["anthropic", "openai", "offline"]
+
+
+@dataclass(frozen=True, slots=True)
+class UserObservation:
+    """What the user side said: a screen observation, or an instruction (a nudge to call a tool).
+
+    `condensed` is the short form used once the observation is older than the last K scenes
+    (the context budget); instructions are never condensed.
+    """
+
+    text: str
+    condensed: str | None = None
+    kind: Literal["observation", "instruction"] = "observation"
+
+
+@dataclass(frozen=True, slots=True)
+class Reasoning:
+    """One reasoning block of one model turn, as received.
+
+    Anthropic: `text` + `signature` (a thinking block; the text may be empty when the model was
+    asked to omit it), or `redacted_data` (a redacted_thinking block). OpenAI Responses:
+    `item_id` + `summary` + `encrypted_content` (`text` holds the reasoning text when the API
+    returned any). `provider` is who made it: a signature is only ever sent back to its maker.
+    `wire` (Responses) is the output item exactly as received, sent back verbatim.
+    """
+
+    provider: ProviderName
+    turn_id: str
+    text: str = ""
+    signature: str | None = None
+    redacted_data: str | None = None
+    encrypted_content: str | None = None
+    item_id: str | None = None
+    summary: tuple[str, ...] = ()
+    wire: dict[str, Any] | None = None
+
+    @property
+    def readable(self) -> str:
+        """Text a person (or another provider, as plain text) can read: thinking or summary."""
+        return self.text or "\n".join(self.summary)
+
+
+@dataclass(frozen=True, slots=True)
+class AssistantText:
+    """Text the model wrote in a turn (the rationale). For Responses, `item_id` is the message
+    item's id and `wire` the whole message item as received (with its `phase`, which newer
+    models need back); a message with several text parts gives one item per part, same wire."""
+
+    provider: ProviderName
+    turn_id: str
+    text: str
+    item_id: str | None = None
+    wire: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCall:
+    """A tool call of a turn. `raw_arguments` keeps the Responses JSON string exactly as sent.
+
+    A sensitive `input_text` value is masked before the call is committed (it is executed from
+    the decision, never stored), so `arguments` here may differ from what was executed; the
+    Responses `wire` item carries the same masked arguments.
+    """
+
+    provider: ProviderName
+    turn_id: str
+    call_id: str
+    name: str
+    arguments: dict[str, Any]
+    raw_arguments: str | None = None
+    item_id: str | None = None
+    wire: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ToolResult:
+    """The outcome of one tool call, sent back to the model on the user side."""
+
+    call_id: str
+    output: str
+    is_error: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class ContextCheckpoint:
+    """A durable context-budget decision: from here on, observations before item index
+    `keep_from` are sent in their condensed form and reasoning made before this checkpoint is
+    no longer sent to Anthropic.
+
+    It is an item (stored, never sent) rather than a rule recomputed each step because the
+    request prefix must stay byte-identical between checkpoints: Claude models with preserved
+    thinking bind every thinking block to everything before it, so a sliding window that
+    condensed one more observation each step would invalidate the thinking after it.
+    """
+
+    keep_from: int
+
+
+SessionItem = (
+    UserObservation | Reasoning | AssistantText | ToolCall | ToolResult | ContextCheckpoint
+)
+AssistantItem = Reasoning | AssistantText | ToolCall
+
+_TYPE_OF: dict[type[Any], str] = {
+    UserObservation: "user_observation",
+    Reasoning: "reasoning",
+    AssistantText: "assistant_text",
+    ToolCall: "tool_call",
+    ToolResult: "tool_result",
+    ContextCheckpoint: "context_checkpoint",
+}
+
+
+def item_type(item: SessionItem) -> str:
+    """The item's type name in its JSON form ("reasoning", "tool_call", …)."""
+    return _TYPE_OF[type(item)]
+
+
+def is_assistant(item: SessionItem) -> bool:
+    """True for what a model turn produced (reasoning, text, tool call)."""
+    return isinstance(item, Reasoning | AssistantText | ToolCall)
+
+
+def unanswered_calls(items: Sequence[SessionItem]) -> list[str]:
+    """Call ids of tool calls that have no result yet, oldest first."""
+    pending: dict[str, None] = {}
+    for item in items:
+        if isinstance(item, ToolCall):
+            pending[item.call_id] = None
+        elif isinstance(item, ToolResult):
+            pending.pop(item.call_id, None)
+    return list(pending)
+
+
+def item_to_dict(item: SessionItem) -> dict[str, Any]:
+    """The JSON-ready form: `{"type": ..., **fields}`; every string field is kept verbatim."""
+    out: dict[str, Any] = {"type": _TYPE_OF[type(item)]}
+    for f in fields(item):
+        value = getattr(item, f.name)
+        out[f.name] = list(value) if isinstance(value, tuple) else value
+    return out
+
+
+def item_from_dict(data: dict[str, Any]) -> SessionItem:
+    """Inverse of `item_to_dict`. Raises ValueError on an unknown type or a missing field."""
+    kind = data.get("type")
+    values = {k: v for k, v in data.items() if k != "type"}
+    try:
+        if kind == "user_observation":
+            return UserObservation(**values)
+        if kind == "reasoning":
+            values["summary"] = tuple(values.get("summary", ()))
+            return Reasoning(**values)
+        if kind == "assistant_text":
+            return AssistantText(**values)
+        if kind == "tool_call":
+            return ToolCall(**values)
+        if kind == "tool_result":
+            return ToolResult(**values)
+        if kind == "context_checkpoint":
+            return ContextCheckpoint(**values)
+    except TypeError as err:
+        raise ValueError(f"session item of type {kind!r} is malformed: {err}") from None
+    raise ValueError(f"unknown session item type {kind!r}")
+
+
+def dumps_item(item: SessionItem) -> str:
+    """One item as compact JSON. `ensure_ascii=False` keeps the text readable; JSON string
+    escaping is lossless either way, so signatures and encrypted content load back identical."""
+    return json.dumps(item_to_dict(item), ensure_ascii=False, separators=(",", ":"))
+
+
+def loads_item(text: str) -> SessionItem:
+    """Inverse of `dumps_item`."""
+    data = json.loads(text)
+    if not isinstance(data, dict):
+        raise ValueError("a session item must be a JSON object")
+    return item_from_dict(data)

@@ -1,0 +1,223 @@
+"""One decision from a conversation, for both planning modes: the retries and the `Decision`.
+
+The flow of a decision:
+1. Ask with `tool_choice=auto` (thinking as configured) so rationale and thinking can appear.
+2. No tool call at all → ask once more, in the form the model's profile allows: a forced tool
+   choice with thinking off for that call, or — where thinking cannot be turned off for one
+   call — a nudge: one more turn with thinking kept and an instruction to call exactly one tool.
+   Which retry happened is recorded. The first answer's thinking is kept: it is the model's
+   judgement for this step even though it did not act.
+3. The tool call is unusable (none, unknown tool, missing purpose/expected outcome, invalid
+   arguments, an element id not on screen, a point off screen) → one corrective turn: the answer
+   goes back with a tool result (or, without a call, an instruction) saying what was wrong; then
+   from 1 again. Still unusable → `PlannerError`.
+Extra tool calls in one answer are answered "not executed"; the first one is used.
+Usage and latency add up over every call the decision needed.
+
+What differs between the modes is the conversation (`Conversation`): compact mode keeps it in
+memory and adds an answer only when a correction needs it; session mode stores every turn as it
+arrives.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable, Collection, Sequence
+from typing import Any, Protocol
+
+from planner.conversation.items import (
+    Reasoning,
+    SessionItem,
+    ToolResult,
+    UserObservation,
+)
+from planner.decision import Decision, RetryKind, ThinkingBlock, ThinkingKind, Usage
+from planner.errors import PlannerError, PlannerRejected, ToolCallError
+from planner.model_profiles import RetryForm
+from planner.tools import ParsedToolCall, parse_tool_call
+from planner.vendors.base import ModelAdapter, Turn, TurnRequest
+
+NUDGE = "You answered without calling a tool. Call exactly one tool now."
+EXTRA_CALL = "Not executed: call exactly one tool per turn."
+CUT_OFF = "[cut off: the answer reached the output token limit]"
+_KIND_ORDER: tuple[ThinkingKind, ...] = ("full", "summarized", "redacted", "omitted")
+
+
+def rejected_call(error: str) -> str:
+    """The tool result that sends an unusable call back to the model."""
+    return f"That tool call was rejected: {error}. Fix it and call exactly one tool."
+
+
+class Conversation(Protocol):
+    """The conversation one decision adds to, and how its calls are asked."""
+
+    def request(self, *, forced: bool, thinking: bool) -> TurnRequest:
+        """The next call over the conversation as it stands."""
+        ...
+
+    def thinking_allowed(self) -> bool:
+        """Whether the next call may think (compact: only when every answer in the
+        conversation carried thinking, as Anthropic requires of a tool-use continuation)."""
+        ...
+
+    async def received(self, turn: Turn) -> None:
+        """A model turn arrived (session: it is stored now; compact: kept aside until a
+        correction needs it)."""
+        ...
+
+    async def before_retry(self, form: RetryForm) -> None:
+        """The answer had no tool call; it is asked again in this form."""
+        ...
+
+    async def add(self, items: Sequence[SessionItem]) -> None:
+        """Add user-side items (tool results, instructions) after the latest answer."""
+        ...
+
+
+Recover = Callable[[PlannerRejected], Awaitable[None]]
+
+
+async def decide(
+    adapter: ModelAdapter,
+    conversation: Conversation,
+    *,
+    system_prompt: str,
+    user_prompt: str,
+    element_ids: Collection[str] | None = None,
+    screen_size: tuple[int, int] | None = None,
+    recover: Recover | None = None,
+) -> tuple[Decision, list[Turn]]:
+    """Ask `adapter` over `conversation` until one usable tool call comes back.
+
+    `recover`, when given, runs once if the first call is refused as invalid; the call is then
+    asked once more. Returns the decision and every turn it took, the last being the one whose
+    (first) call the decision carries.
+    """
+    ids = frozenset(element_ids) if element_ids is not None else None
+    started = time.monotonic()
+    turns: list[Turn] = []
+    usage = Usage()
+    retry: RetryKind = "none"
+    corrective = 0
+
+    async def ask(*, force: bool, first: bool = False) -> Turn:
+        thinking = not force and conversation.thinking_allowed()
+        try:
+            turn = await adapter.complete(conversation.request(forced=force, thinking=thinking))
+        except PlannerRejected as err:
+            if not first or recover is None:
+                raise
+            await recover(err)
+            turn = await adapter.complete(conversation.request(forced=force, thinking=thinking))
+        await conversation.received(turn)
+        turns.append(turn)
+        usage.add(turn.usage)
+        return turn
+
+    turn = await ask(force=False, first=True)
+    while True:
+        if not turn.tool_calls:
+            form = adapter.retry_form
+            retry = form
+            await conversation.before_retry(form)
+            turn = await ask(force=form == "forced")
+        try:
+            parsed = await _parse(conversation, turn, ids, screen_size)
+            break
+        except ToolCallError as err:
+            if corrective >= 1:
+                raise PlannerError(
+                    f"planner: {adapter.name} gave an unusable tool call twice: {err}"
+                ) from None
+            corrective += 1
+            await conversation.add(_correction(turn, str(err)))
+            turn = await ask(force=False)
+
+    decision = build_decision(
+        parsed,
+        turns,
+        usage=usage,
+        provider=adapter.name,
+        model=turn.model or adapter.model,
+        latency_s=time.monotonic() - started,
+        retry_kind=retry,
+        corrective_retries=corrective,
+        system_prompt=system_prompt,
+        user_prompt=user_prompt,
+    )
+    return decision, turns
+
+
+async def _parse(
+    conversation: Conversation,
+    turn: Turn,
+    ids: frozenset[str] | None,
+    screen_size: tuple[int, int] | None,
+) -> ParsedToolCall:
+    if not turn.tool_calls:
+        raise ToolCallError("no tool call; call exactly one tool")
+    call, *extra = turn.tool_calls
+    if extra:
+        await conversation.add([ToolResult(c.call_id, EXTRA_CALL, is_error=True) for c in extra])
+    arguments: Any = turn.raw_calls.get(call.call_id, call.arguments)
+    return parse_tool_call(call.name, arguments, element_ids=ids, screen_size=screen_size)
+
+
+def _correction(turn: Turn, error: str) -> list[SessionItem]:
+    """What goes back after an unusable answer: an error result for its (first) call, or an
+    instruction when it called nothing. Extra calls were already answered."""
+    if turn.tool_calls:
+        return [ToolResult(turn.tool_calls[0].call_id, rejected_call(error), is_error=True)]
+    return [UserObservation(NUDGE, kind="instruction")]
+
+
+def build_decision(
+    parsed: ParsedToolCall,
+    turns: Sequence[Turn],
+    *,
+    usage: Usage,
+    provider: str,
+    model: str,
+    latency_s: float,
+    retry_kind: RetryKind,
+    corrective_retries: int,
+    system_prompt: str,
+    user_prompt: str,
+    extra: dict[str, Any] | None = None,
+) -> Decision:
+    """The one place a `Decision` is made from the turns a decision needed.
+
+    The rationale is the text of the answer whose call is used, or — when that answer wrote
+    none (a forced call writes none) — of the latest earlier answer: a corrected answer usually
+    repeats its judgement, and it must not appear twice. Every answer's thinking is kept.
+    """
+    reasoning = [i for t in turns for i in t.items if isinstance(i, Reasoning)]
+    said = next((t for t in reversed(turns) if t.text), None)
+    rationale = said.text if said is not None else None
+    if said is not None and said.truncated:
+        rationale = f"{rationale}\n{CUT_OFF}"
+    kinds = {t.thinking_kind for t in turns}
+    thinking_kind: ThinkingKind = next((k for k in _KIND_ORDER if k in kinds), "none")
+    return Decision(
+        tool_name=parsed.tool_name,
+        arguments=parsed.arguments,
+        action=parsed.action,
+        purpose=parsed.purpose,
+        expected_outcome=parsed.expected_outcome,
+        rationale=rationale,
+        thinking=[
+            ThinkingBlock(r.readable, redacted=r.redacted_data is not None) for r in reasoning
+        ],
+        usage=usage,
+        provider=provider,
+        model=model,
+        latency_s=latency_s,
+        forced_retry=retry_kind != "none",
+        system_prompt=system_prompt,
+        user_prompt=user_prompt,
+        corrective_retries=corrective_retries,
+        extra=dict(extra or {}),
+        thinking_kind=thinking_kind,
+        retry_kind=retry_kind,
+        output_truncated=any(t.truncated for t in turns),
+    )

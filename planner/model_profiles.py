@@ -1,0 +1,245 @@
+"""What each model family accepts: the one table requests are built from.
+
+Providers change what their models take faster than any request code can follow: Claude Opus 4.7
+refuses the budget form of thinking (and `{type: disabled}`), returns empty thinking unless asked
+for a summary, and cannot combine a forced tool choice with thinking; OpenAI's GPT-4.1 refuses
+the reasoning parameters its o-series and GPT-5 need. Every such rule lives in `PROFILES`, and
+the vendor adapters build each request from the profile of the configured model, so a new model
+is one table row.
+
+A model the table does not know gets its vendor's conservative profile (`anthropic-unknown`,
+`openai-unknown`): the request carries what the settings ask for and nothing the table would add
+(no display field, no explicit `disabled`), and nothing is refused. An operator who knows better
+names a profile with `AMC_PLANNER_MODEL_PROFILE`. A configuration the model cannot take is
+refused at start with one line (`check`), not by the provider at the first step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Literal
+
+from planner.errors import PlannerConfigError
+from planner.settings import PlannerSettings
+
+ThinkingMode = Literal["off", "adaptive", "budget"]
+ThinkingOff = Literal["omit", "disabled"]
+Display = Literal["summarized", "omitted"]
+RetryForm = Literal["forced", "nudge"]
+
+INTERLEAVED_THINKING_BETA = "interleaved-thinking-2025-05-14"
+CLAUDE_EFFORTS = frozenset({"low", "medium", "high", "max"})
+CLAUDE_47_EFFORTS = frozenset({"low", "medium", "high", "xhigh", "max"})
+OPENAI_EFFORTS = frozenset({"minimal", "low", "medium", "high"})
+ANY_EFFORT = frozenset({"minimal", "low", "medium", "high", "xhigh", "max"})
+
+
+@dataclass(frozen=True, slots=True)
+class ModelProfile:
+    """What one model family accepts.
+
+    - `thinking_modes`: the configured thinking forms it takes (`budget`: Anthropic
+      `{type: enabled, budget_tokens}`; `adaptive`: `{type: adaptive}` for Anthropic, reasoning
+      effort for OpenAI). Empty: it does not reason at all.
+    - `thinking_off`: how a call without thinking is sent (`omit` the field, or say
+      `{type: disabled}`); None: the model always thinks (thinking "off" is refused at start).
+    - `off_per_call`: one call may run without thinking while the conversation thinks (what a
+      forced retry needs). False: the retry is a nudge with thinking kept.
+    - `forced_tool_choice`: a forced tool choice is accepted (without thinking).
+    - `display_default` / `visible_display`: what the provider does with thinking text by
+      default, and the `display` value that makes it readable (None: send nothing).
+    - `readable_thinking`: what a readable thinking block is on this model (a summary on
+      Claude 4 and later; OpenAI summaries) — recorded as the decision's thinking kind.
+    - `efforts`: accepted effort levels; `beta_headers`: per thinking mode.
+    - `reasoning`: OpenAI only — accepts `reasoning` / `reasoning_effort`.
+    - `max_output_tokens`: the model's output limit (None: not known).
+    - `prompt_cache`: Anthropic prompt caching with explicit breakpoints.
+    """
+
+    name: str
+    vendor: Literal["anthropic", "openai"]
+    thinking_modes: frozenset[ThinkingMode]
+    thinking_off: ThinkingOff | None = "omit"
+    off_per_call: bool = True
+    forced_tool_choice: bool = True
+    display_default: Display | None = None
+    visible_display: Display | None = None
+    readable_thinking: Literal["full", "summarized"] = "summarized"
+    efforts: frozenset[str] = ANY_EFFORT
+    beta_headers: Mapping[str, str] = field(default_factory=dict)
+    reasoning: bool = False
+    max_output_tokens: int | None = None
+    prompt_cache: bool = False
+
+    def retry_form(self, thinking: bool) -> RetryForm:
+        """How a turn without a tool call is asked again: a forced tool choice where the model
+        takes one (with thinking off for that call, when it thinks), else a nudge."""
+        if not self.forced_tool_choice:
+            return "nudge"
+        if thinking and self.vendor == "anthropic" and not self.off_per_call:
+            return "nudge"
+        return "forced"
+
+
+_BUDGET = {"budget": INTERLEAVED_THINKING_BETA}
+
+PROFILES: dict[str, ModelProfile] = {
+    p.name: p
+    for p in (
+        # Claude Sonnet 4.5, Opus 4.5, Haiku 4.5 and the Claude 4 models before them.
+        ModelProfile(
+            "claude-budget",
+            "anthropic",
+            frozenset({"budget"}),
+            display_default="summarized",
+            efforts=frozenset(),
+            beta_headers=_BUDGET,
+            max_output_tokens=64000,
+            prompt_cache=True,
+        ),
+        # Claude Sonnet 4.6 and Opus 4.6: adaptive (recommended) or the deprecated budget form;
+        # `{type: disabled}` is accepted and said explicitly.
+        ModelProfile(
+            "claude-4.6",
+            "anthropic",
+            frozenset({"adaptive", "budget"}),
+            thinking_off="disabled",
+            display_default="summarized",
+            efforts=CLAUDE_EFFORTS,
+            beta_headers=_BUDGET,
+            max_output_tokens=64000,
+            prompt_cache=True,
+        ),
+        # Claude Opus 4.7 and later, Fable: adaptive only; `enabled` and `disabled` are 400s, a
+        # forced tool choice cannot be combined with thinking, thinking text is omitted unless
+        # summarized display is asked for.
+        ModelProfile(
+            "claude-adaptive-only",
+            "anthropic",
+            frozenset({"adaptive"}),
+            off_per_call=False,
+            display_default="omitted",
+            visible_display="summarized",
+            efforts=CLAUDE_47_EFFORTS,
+            max_output_tokens=128000,
+            prompt_cache=True,
+        ),
+        # Claude Mythos: as the adaptive-only family, and it thinks even when `thinking` is
+        # left out, so thinking cannot be off.
+        ModelProfile(
+            "claude-always-thinks",
+            "anthropic",
+            frozenset({"adaptive"}),
+            thinking_off=None,
+            off_per_call=False,
+            display_default="omitted",
+            visible_display="summarized",
+            efforts=CLAUDE_47_EFFORTS,
+            max_output_tokens=128000,
+            prompt_cache=True,
+        ),
+        ModelProfile(
+            "anthropic-unknown",
+            "anthropic",
+            frozenset({"adaptive", "budget"}),
+            beta_headers=_BUDGET,
+            prompt_cache=True,
+        ),
+        # GPT-4.1 and GPT-4o: no reasoning parameters at all.
+        ModelProfile("gpt-4.1", "openai", frozenset(), max_output_tokens=32768),
+        ModelProfile("gpt-4o", "openai", frozenset(), max_output_tokens=16384),
+        # o-series and GPT-5: reasoning effort and summaries.
+        ModelProfile(
+            "openai-reasoning",
+            "openai",
+            frozenset({"adaptive"}),
+            efforts=OPENAI_EFFORTS,
+            reasoning=True,
+            max_output_tokens=100000,
+        ),
+        ModelProfile("openai-unknown", "openai", frozenset({"adaptive", "budget"}), reasoning=True),
+    )
+}
+
+#: Model name prefixes → profile (the longest matching prefix wins).
+FAMILIES: dict[str, str] = {
+    "claude-sonnet-4-5": "claude-budget",
+    "claude-opus-4-5": "claude-budget",
+    "claude-haiku-4-5": "claude-budget",
+    "claude-opus-4-1": "claude-budget",
+    "claude-opus-4-0": "claude-budget",
+    "claude-sonnet-4-0": "claude-budget",
+    "claude-3-7-sonnet": "claude-budget",
+    "claude-sonnet-4-6": "claude-4.6",
+    "claude-opus-4-6": "claude-4.6",
+    "claude-opus-4-7": "claude-adaptive-only",
+    "claude-opus-5": "claude-adaptive-only",
+    "claude-sonnet-5": "claude-adaptive-only",
+    "claude-fable": "claude-adaptive-only",
+    "claude-mythos": "claude-always-thinks",
+    "gpt-4.1": "gpt-4.1",
+    "gpt-4o": "gpt-4o",
+    "o1": "openai-reasoning",
+    "o3": "openai-reasoning",
+    "o4": "openai-reasoning",
+    "gpt-5": "openai-reasoning",
+}
+
+
+def profile_for(model: str, vendor: Literal["anthropic", "openai"]) -> ModelProfile:
+    """The profile of `model` by its longest listed prefix, else the vendor's conservative one."""
+    prefixes = [p for p in FAMILIES if model.startswith(p)]
+    if prefixes:
+        profile = PROFILES[FAMILIES[max(prefixes, key=len)]]
+        if profile.vendor == vendor:
+            return profile
+    return PROFILES[f"{vendor}-unknown"]
+
+
+def resolve(settings: PlannerSettings) -> ModelProfile:
+    """The profile in use: `AMC_PLANNER_MODEL_PROFILE` when set, else by the model's name."""
+    vendor = settings.resolved_provider
+    if vendor == "offline":
+        raise PlannerConfigError("planner: the offline provider has no model profile")
+    if settings.model_profile:
+        profile = PROFILES.get(settings.model_profile)
+        if profile is None or profile.vendor != vendor:
+            names = ", ".join(sorted(n for n, p in PROFILES.items() if p.vendor == vendor))
+            raise PlannerConfigError(
+                f"planner: AMC_PLANNER_MODEL_PROFILE={settings.model_profile!r} is not a "
+                f"{vendor} profile (known: {names})"
+            )
+        return profile
+    return profile_for(settings.resolved_model, vendor)
+
+
+def check(profile: ModelProfile, settings: PlannerSettings) -> None:
+    """Refuse, with one line naming the setting to change, a configuration the model cannot
+    take. Called when an adapter is made, so it fails at start rather than at the first step."""
+    model = settings.resolved_model
+    who = f"planner: model {model} (profile {profile.name})"
+    mode = settings.thinking_mode
+    if mode == "off" and profile.thinking_off is None:
+        raise PlannerConfigError(f"{who} always thinks: set AMC_PLANNER_THINKING=adaptive")
+    if mode != "off" and not profile.thinking_modes:
+        raise PlannerConfigError(
+            f"{who} does not reason: set AMC_PLANNER_THINKING=off, or choose a reasoning model"
+        )
+    if mode != "off" and mode not in profile.thinking_modes:
+        takes = " or ".join(sorted(profile.thinking_modes))
+        raise PlannerConfigError(
+            f"{who} does not take {mode} thinking: set AMC_PLANNER_THINKING={takes}"
+        )
+    if mode == "adaptive" and settings.effort and settings.effort not in profile.efforts:
+        levels = ", ".join(sorted(profile.efforts)) or "none"
+        raise PlannerConfigError(
+            f"{who} does not take effort {settings.effort!r} (it takes: {levels}): "
+            "change AMC_PLANNER_EFFORT"
+        )
+    limit = profile.max_output_tokens
+    if limit is not None and settings.effective_max_tokens > limit:
+        raise PlannerConfigError(
+            f"{who} writes at most {limit} output tokens; AMC_PLANNER_MAX_TOKENS (with the "
+            f"thinking budget) asks for {settings.effective_max_tokens}"
+        )

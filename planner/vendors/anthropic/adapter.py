@@ -1,0 +1,112 @@
+"""`AnthropicAdapter`: Claude through the official SDK, for both planning modes."""
+
+from __future__ import annotations
+
+import anthropic
+
+from planner.model_profiles import ModelProfile, RetryForm, profile_for
+from planner.vendors.anthropic.messages import (
+    AnthropicStreamAccumulator,
+    Cache,
+    items_from_message,
+    raw_calls,
+    request_params,
+    truncated,
+    usage_from,
+)
+from planner.vendors.anthropic.projection import project_anthropic
+from planner.vendors.base import ThinkingConfig, Turn, TurnRequest
+from planner.vendors.failures import planner_error
+from planner.vendors.streaming import fetch_response
+
+
+class AnthropicAdapter:
+    """Projects a conversation onto Messages, builds the request from the model's profile,
+    calls the SDK (which retries 429/5xx `retries` times), and parses the reply into items."""
+
+    def __init__(
+        self,
+        client: anthropic.AsyncAnthropic,
+        *,
+        model: str,
+        thinking: ThinkingConfig | None = None,
+        max_tokens: int = 2048,
+        retries: int = 2,
+        profile: ModelProfile | None = None,
+        prompt_cache: bool = True,
+    ) -> None:
+        self.client = client
+        self._model = model
+        self.thinking = thinking or ThinkingConfig()
+        self.max_tokens = max_tokens
+        self.retries = retries
+        self.profile = profile or profile_for(model, "anthropic")
+        self.prompt_cache = prompt_cache and self.profile.prompt_cache
+
+    @property
+    def name(self) -> str:
+        return "anthropic"
+
+    @property
+    def model(self) -> str:
+        return self._model
+
+    @property
+    def retry_form(self) -> RetryForm:
+        return self.profile.retry_form(self.thinking.enabled)
+
+    async def aclose(self) -> None:
+        await self.client.close()
+
+    async def probe(self) -> None:
+        """One cheap authenticated call (the model's metadata): raises a planner error while
+        the API is unreachable or failing."""
+        try:
+            await self.client.models.retrieve(self._model, timeout=10.0)
+        except Exception as err:
+            raise planner_error(err, self.name, retries=self.retries) from err
+
+    async def complete(self, request: TurnRequest) -> Turn:
+        # A model that cannot run one call without thinking keeps it on; the projection then
+        # sends an earlier turn that carries no thinking as text.
+        wants = request.thinking or not self.profile.off_per_call
+        thinking_on = self.thinking.enabled and wants and not request.forced
+        projection = project_anthropic(
+            request.items,
+            thinking=thinking_on,
+            foreign_reasoning=request.foreign_reasoning,
+            images=request.images,
+        )
+        cache: Cache = "off"
+        if self.prompt_cache:
+            cache = "conversation" if request.mode == "session" else "prompt"
+        params = request_params(
+            model=self._model,
+            system=request.system,
+            messages=projection.messages,
+            tools=request.tools,
+            profile=self.profile,
+            thinking=self.thinking,
+            thinking_on=wants,
+            forced=request.forced,
+            max_tokens=request.max_tokens or self.max_tokens,
+            cache=cache,
+        )
+        acc = AnthropicStreamAccumulator(request.on_thinking)
+        streamed = (acc.feed, acc.message) if request.stream else None
+        message = await fetch_response(
+            self.client.messages.create, params, self.name, streamed, retries=self.retries
+        )
+        stop = message.get("stop_reason")
+        return Turn(
+            turn_id=str(message.get("id") or ""),
+            items=items_from_message(message),
+            usage=usage_from(message.get("usage")),
+            model=str(message.get("model") or self._model),
+            stop_reason=stop,
+            raw_calls=raw_calls(message),
+            request=params,
+            projection=projection.stats,
+            truncated=truncated(stop),
+            readable_thinking=self.profile.readable_thinking,
+        )

@@ -1,0 +1,213 @@
+"""The Anthropic Messages wire format: request body, reply → items, usage, stream events.
+
+Both planning modes build their requests here, from the model's profile
+(`planner/model_profiles.py`), so a thinking rule, a header or a token floor lands once: `adaptive`
+thinking (with an optional effort in `output_config`, and `display: summarized` where the model
+omits thinking text by default) or `budget` (`enabled` + `budget_tokens`, max_tokens above the
+budget, the profile's beta header). A forced tool choice (the forced retry) never carries
+thinking: the API rejects thinking with a forced tool choice.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal
+
+from planner.conversation.items import AssistantItem, AssistantText, Reasoning, ToolCall
+from planner.decision import Usage
+from planner.model_profiles import ModelProfile
+from planner.settings import ANSWER_ROOM_TOKENS
+from planner.tools import ToolSpec
+from planner.vendors.base import ThinkingConfig, ThinkingSink, mask_sensitive
+from planner.vendors.streaming import IncompleteStream, event_dict
+
+EPHEMERAL: dict[str, str] = {"type": "ephemeral"}
+
+Cache = Literal["off", "prompt", "conversation"]
+"""Prompt caching: `prompt` puts breakpoints on the system prompt and the tools (the part every
+request of a task repeats); `conversation` adds the request-level breakpoint, which the API puts
+on the last block, so each step of a kept conversation reads the prefix the step before wrote."""
+
+
+def request_params(
+    *,
+    model: str,
+    system: str,
+    messages: list[dict[str, Any]],
+    tools: Sequence[ToolSpec],
+    profile: ModelProfile,
+    thinking: ThinkingConfig,
+    thinking_on: bool,
+    forced: bool,
+    max_tokens: int,
+    cache: Cache = "off",
+) -> dict[str, Any]:
+    """The request body, built from the model's profile. `thinking_on` False (or `forced`)
+    sends no thinking: the field left out, or `{type: disabled}` where the profile says so."""
+    tool_defs: list[dict[str, Any]] = [
+        {"name": t.name, "description": t.description, "input_schema": t.parameters} for t in tools
+    ]
+    system_param: str | list[dict[str, Any]] = system
+    if cache != "off":
+        system_param = [{"type": "text", "text": system, "cache_control": EPHEMERAL}]
+        if tool_defs:
+            tool_defs[-1] = {**tool_defs[-1], "cache_control": EPHEMERAL}
+    params: dict[str, Any] = {
+        "model": model,
+        "system": system_param,
+        "messages": messages,
+        "tools": tool_defs,
+        "tool_choice": {"type": "any" if forced else "auto", "disable_parallel_tool_use": True},
+        "max_tokens": max_tokens,
+    }
+    if cache == "conversation":
+        params["cache_control"] = EPHEMERAL
+    mode = thinking.mode if thinking_on and not forced else "off"
+    config: dict[str, Any] | None = None
+    if mode == "budget" and thinking.budget_tokens is not None:
+        config = {"type": "enabled", "budget_tokens": thinking.budget_tokens}
+        params["max_tokens"] = max(max_tokens, thinking.budget_tokens + ANSWER_ROOM_TOKENS)
+    elif mode == "adaptive":
+        config = {"type": "adaptive"}
+        if thinking.effort:
+            params["output_config"] = {"effort": thinking.effort}
+    elif profile.thinking_off == "disabled":
+        params["thinking"] = {"type": "disabled"}
+    if config is not None:
+        if profile.visible_display is not None:
+            config["display"] = profile.visible_display
+        params["thinking"] = config
+        beta = profile.beta_headers.get(mode)
+        if beta:
+            params["extra_headers"] = {"anthropic-beta": beta}
+    return params
+
+
+def truncated(stop_reason: str | None) -> bool:
+    """The answer was cut off by the output token limit."""
+    return stop_reason == "max_tokens"
+
+
+def items_from_message(message: Mapping[str, Any]) -> list[AssistantItem]:
+    """A Messages response's content blocks as items, in their order, nothing rewritten."""
+    turn_id = str(message.get("id") or "")
+    out: list[AssistantItem] = []
+    for block in message.get("content") or []:
+        kind = block.get("type")
+        if kind == "thinking":
+            out.append(
+                Reasoning(
+                    "anthropic",
+                    turn_id,
+                    text=block.get("thinking") or "",
+                    signature=block.get("signature") or None,
+                )
+            )
+        elif kind == "redacted_thinking":
+            out.append(Reasoning("anthropic", turn_id, redacted_data=block.get("data") or None))
+        elif kind == "text":
+            out.append(AssistantText("anthropic", turn_id, block.get("text") or ""))
+        elif kind == "tool_use":
+            name = str(block.get("name") or "")
+            args = block.get("input")
+            out.append(
+                ToolCall(
+                    "anthropic",
+                    turn_id,
+                    str(block.get("id") or ""),
+                    name,
+                    mask_sensitive(name, dict(args) if isinstance(args, dict) else {}),
+                )
+            )
+    return out
+
+
+def raw_calls(message: Mapping[str, Any]) -> dict[str, Any]:
+    """call id → the input exactly as the model sent it (unmasked, for execution only)."""
+    return {
+        str(b.get("id")): b.get("input")
+        for b in message.get("content") or []
+        if b.get("type") == "tool_use"
+    }
+
+
+def usage_from(usage: Mapping[str, Any] | None) -> Usage:
+    u = usage or {}
+    details = u.get("output_tokens_details") or {}
+    return Usage(
+        input_tokens=int(u.get("input_tokens") or 0),
+        output_tokens=int(u.get("output_tokens") or 0),
+        cache_read_input_tokens=int(u.get("cache_read_input_tokens") or 0),
+        cache_creation_input_tokens=int(u.get("cache_creation_input_tokens") or 0),
+        thinking_tokens=int(details.get("thinking_tokens") or 0),
+    )
+
+
+class AnthropicStreamAccumulator:
+    """Builds a Messages response dict from `message_start` … `message_stop` events."""
+
+    def __init__(self, on_thinking: ThinkingSink | None = None) -> None:
+        self._on_thinking = on_thinking
+        self._message: dict[str, Any] | None = None
+        self._blocks: dict[int, dict[str, Any]] = {}
+        self._json: dict[int, str] = {}
+        self._open: set[int] = set()
+        self._done = False
+
+    def feed(self, event: Any) -> None:
+        data = event_dict(event)
+        kind = data.get("type")
+        if kind == "message_start":
+            self._message = dict(data["message"])
+            self._message["content"] = []
+        elif kind == "content_block_start":
+            index = int(data["index"])
+            block = dict(data["content_block"])
+            if block.get("type") == "thinking":
+                block.setdefault("thinking", "")
+                block["signature"] = block.get("signature") or ""
+            if block.get("type") == "tool_use":
+                self._json[index] = ""
+            self._blocks[index] = block
+            self._open.add(index)
+        elif kind == "content_block_delta":
+            self._delta(int(data["index"]), data["delta"])
+        elif kind == "content_block_stop":
+            index = int(data["index"])
+            self._open.discard(index)
+            block = self._blocks[index]
+            if block.get("type") == "tool_use":
+                raw = self._json.pop(index, "")
+                block["input"] = json.loads(raw) if raw.strip() else block.get("input") or {}
+        elif kind == "message_delta":
+            if self._message is None:
+                raise IncompleteStream("message_delta before message_start")
+            self._message.update(data.get("delta") or {})
+            usage = dict(self._message.get("usage") or {})
+            usage.update({k: v for k, v in (data.get("usage") or {}).items() if v is not None})
+            self._message["usage"] = usage
+        elif kind == "message_stop":
+            self._done = True
+
+    def _delta(self, index: int, delta: Mapping[str, Any]) -> None:
+        block = self._blocks[index]
+        kind = delta.get("type")
+        if kind == "text_delta":
+            block["text"] = block.get("text", "") + delta["text"]
+        elif kind == "thinking_delta":
+            block["thinking"] = block.get("thinking", "") + delta["thinking"]
+            if self._on_thinking is not None and delta["thinking"]:
+                self._on_thinking(delta["thinking"])
+        elif kind == "signature_delta":
+            block["signature"] = block.get("signature", "") + delta["signature"]
+        elif kind == "input_json_delta":
+            self._json[index] = self._json.get(index, "") + delta["partial_json"]
+
+    def message(self) -> dict[str, Any]:
+        """The complete response. Raises IncompleteStream if the stream did not finish."""
+        if self._message is None or not self._done or self._open:
+            raise IncompleteStream(
+                "the Anthropic stream ended before message_stop; the partial turn is discarded"
+            )
+        return {**self._message, "content": [self._blocks[i] for i in sorted(self._blocks)]}

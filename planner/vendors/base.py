@@ -1,0 +1,189 @@
+"""What every model adapter speaks: one call in (`TurnRequest`), one model turn out (`Turn`).
+
+A planning mode (compact or session) owns the conversation as items and the retry policy; an
+adapter owns one vendor's wire formats: it projects the items onto the vendor's request, calls
+the official SDK, parses the reply back into items and maps failures to planner errors. Both
+modes go through the same adapter, so a request rule or a parsing fix lands once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol, runtime_checkable
+
+from planner.conversation.items import (
+    AssistantItem,
+    AssistantText,
+    Reasoning,
+    SessionItem,
+    ToolCall,
+)
+from planner.conversation.turns import ForeignReasoning, ProjectionStats
+from planner.decision import ThinkingKind, Usage
+from planner.history import MASK
+from planner.model_profiles import RetryForm, ThinkingMode
+from planner.tools import ToolSpec
+
+PlannerMode = Literal["compact", "session"]
+ThinkingSink = Callable[[str], None]
+"""Receives live thinking text deltas while a streamed answer arrives (never stored as such)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ThinkingConfig:
+    """Reasoning as configured, vendor-neutral.
+
+    Anthropic: `adaptive` sends `thinking: {type: adaptive}` (+ `output_config.effort`), `budget`
+    sends `thinking: {type: enabled, budget_tokens}` with the interleaved-thinking beta header.
+    OpenAI Responses: any mode but `off` sends `reasoning: {effort, summary: auto}`.
+    """
+
+    mode: ThinkingMode = "off"
+    effort: str | None = None
+    budget_tokens: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.mode == "budget" and (self.budget_tokens is None or self.budget_tokens < 1024):
+            raise ValueError("thinking budget_tokens must be at least 1024")
+
+    @property
+    def enabled(self) -> bool:
+        return self.mode != "off"
+
+
+@dataclass(frozen=True, slots=True)
+class TurnRequest:
+    """One model call: the conversation so far, and how to ask.
+
+    - `mode`: compact requests go to OpenAI Chat Completions, session requests to the stateless
+      Responses API (encrypted reasoning round-trips); Anthropic uses Messages for both.
+    - `forced`: the forced retry — the tool choice forces a tool call and thinking is off for
+      this call (the only combination the providers accept).
+    - `thinking`: False turns the configured thinking off for this call.
+    - `images`: screenshots attached to the observation at that item index (compact mode only;
+      they travel beside the items because items may be stored, screenshots never are).
+    """
+
+    system: str
+    items: Sequence[SessionItem]
+    tools: Sequence[ToolSpec]
+    mode: PlannerMode = "compact"
+    forced: bool = False
+    thinking: bool = True
+    max_tokens: int | None = None
+    images: Mapping[int, bytes] = field(default_factory=dict)
+    stream: bool = False
+    on_thinking: ThinkingSink | None = None
+    foreign_reasoning: ForeignReasoning = "drop"
+    keep_reasoning_turns: int | None = None
+
+
+@dataclass(slots=True)
+class Turn:
+    """One model response: its items in the order the vendor produced them (ready to be kept
+    as received), usage, model and stop reason.
+
+    The items carry a sensitive `input_text` value masked (it is executed, never kept or sent
+    back); `raw_calls` holds each call's arguments exactly as the model sent them, for parsing
+    and execution only.
+    """
+
+    turn_id: str
+    items: list[AssistantItem]
+    usage: Usage
+    model: str
+    stop_reason: str | None
+    raw_calls: dict[str, Any] = field(default_factory=dict)
+    request: dict[str, Any] = field(default_factory=dict)
+    projection: ProjectionStats = field(default_factory=ProjectionStats)
+    truncated: bool = False
+    """The answer was cut off by the output token limit."""
+    readable_thinking: Literal["full", "summarized"] = "summarized"
+    """What readable reasoning text of this turn is: the model's own, or a summary."""
+
+    @property
+    def tool_calls(self) -> list[ToolCall]:
+        return [i for i in self.items if isinstance(i, ToolCall)]
+
+    @property
+    def reasoning(self) -> list[Reasoning]:
+        return [i for i in self.items if isinstance(i, Reasoning)]
+
+    @property
+    def thinking_kind(self) -> ThinkingKind:
+        """What this turn's reasoning gives a reader: readable text (full or summarized), a
+        signature or encrypted content only (omitted by the provider), redacted, or none."""
+        reasoning = self.reasoning
+        if not reasoning:
+            return "none"
+        if any(r.readable for r in reasoning):
+            return self.readable_thinking
+        if any(r.redacted_data for r in reasoning):
+            return "redacted"
+        return "omitted"
+
+    @property
+    def text(self) -> str | None:
+        """The text of the turn joined: the model's judgement of the last step and its intent."""
+        parts = [i.text.strip() for i in self.items if isinstance(i, AssistantText)]
+        return "\n".join(p for p in parts if p) or None
+
+
+@runtime_checkable
+class ModelAdapter(Protocol):
+    """A model behind one vendor's wire formats (or the offline heuristic)."""
+
+    @property
+    def name(self) -> str:
+        """ "anthropic", "openai" or "offline"."""
+        ...
+
+    @property
+    def model(self) -> str:
+        """The configured model name."""
+        ...
+
+    @property
+    def retry_form(self) -> RetryForm:
+        """How an answer without a tool call is asked again (the model's profile decides)."""
+        ...
+
+    async def complete(self, request: TurnRequest) -> Turn:
+        """One model call. Raises `planner.errors.PlannerError` subclasses on provider failure."""
+        ...
+
+    async def aclose(self) -> None:
+        """Release the HTTP client."""
+        ...
+
+
+@runtime_checkable
+class Probeable(Protocol):
+    """An adapter that can check, with one cheap call, whether its provider answers (the
+    vendor adapters; the offline provider is never down)."""
+
+    async def probe(self) -> None:
+        """Return when the provider answers; raise a planner error while it does not."""
+        ...
+
+
+def mask_sensitive(name: str, arguments: dict[str, Any]) -> dict[str, Any]:
+    """Arguments safe to keep or send back: a sensitive input_text value becomes the mask.
+
+    Anything but an explicit `false` counts as sensitive (`"true"`, `1`): such a call is then
+    refused as invalid, but its arguments are kept before that, and a secret must not be.
+    """
+    sensitive = arguments.get("sensitive", False)
+    if name == "input_text" and sensitive is not False and "text" in arguments:
+        return {**arguments, "text": MASK}
+    return arguments
+
+
+def image_media_type(data: bytes) -> str:
+    """PNG or JPEG by magic number (the two formats the Decide contract allows)."""
+    if data.startswith(b"\xff\xd8\xff"):
+        return "image/jpeg"
+    if data.startswith(b"RIFF") and data[8:12] == b"WEBP":
+        return "image/webp"
+    return "image/png"

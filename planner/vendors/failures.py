@@ -1,0 +1,158 @@
+"""The one place SDK exceptions become planner errors, for every vendor and both planning modes.
+
+Every failure lands in one of three classes (`planner/errors.py`): planning temporarily
+impossible (`PlannerTransient`), the credentials refused (`PlannerAuthError`), or an invalid
+request (`PlannerRejected`). A stream that fails after HTTP 200 is classified by the error type it
+carries, never by the status: an overloaded stream is transient, not a rejection.
+
+Both official SDKs already retried 429s and 5xx with backoff (honouring retry-after) by the time
+an exception reaches us, so every error here is final for this call. The reason an operator
+reads never carries an API key: providers echo (partly masked) keys in 401 messages, and a
+reason ends up in task results, logs and the decision log.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import anthropic
+import httpx
+import httpx2
+import openai
+
+from planner.errors import (
+    PlannerAuthError,
+    PlannerError,
+    PlannerRateLimited,
+    PlannerRejected,
+    PlannerUnavailable,
+)
+
+#: Key-like tokens (`sk-…`, `sk-ant-…`, also the partly masked `sk-abc***xyz` some providers echo
+#: back in a 401 message).
+_KEY_LIKE = re.compile(r"\b(sk|key)-[A-Za-z0-9_*.\-]{4,}")
+
+
+class IncompleteStream(RuntimeError):
+    """A streamed answer ended before it was complete; the partial turn is discarded."""
+
+
+class StreamError(IncompleteStream):
+    """The provider reported an error inside a stream that had started (an `error` or
+    `response.failed` event after HTTP 200); `code` is its error type or code."""
+
+    def __init__(self, message: str, code: str | None) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def scrub(text: str) -> str:
+    """`text` with anything that looks like an API key replaced."""
+    return _KEY_LIKE.sub(r"\1-•••", text)
+
+
+def _detail(err: BaseException) -> str:
+    body: Any = getattr(err, "body", None)
+    text = None
+    if isinstance(body, dict):
+        inner = body.get("error", body)
+        if isinstance(inner, dict) and isinstance(inner.get("message"), str):
+            text = str(inner["message"])
+    if text is None:
+        text = str(getattr(err, "message", None) or err)
+    return scrub(text)
+
+
+#: Error types / codes the providers put in an error body (also inside a stream after HTTP 200).
+_AUTH_CODES = frozenset(
+    {
+        "authentication_error",
+        "permission_error",
+        "billing_error",
+        "invalid_api_key",
+        "insufficient_quota",
+        "account_deactivated",
+    }
+)
+_RATE_CODES = frozenset({"rate_limit_error", "rate_limit_exceeded"})
+_INVALID_CODES = frozenset(
+    {
+        "invalid_request_error",
+        "not_found_error",
+        "request_too_large",
+        "invalid_prompt",
+        "context_length_exceeded",
+        "model_not_found",
+    }
+)
+
+
+def _codes(err: BaseException) -> set[str]:
+    """The error type and code the provider's body names, if any."""
+    body: Any = getattr(err, "body", None)
+    inner = body.get("error", body) if isinstance(body, dict) else None
+    if isinstance(err, StreamError):
+        return {err.code} if err.code else set()
+    if not isinstance(inner, dict):
+        return set()
+    return {str(v) for v in (inner.get("type"), inner.get("code")) if v}
+
+
+def planner_error(err: BaseException, vendor: str, *, retries: int) -> PlannerError:
+    """Map an SDK exception (anthropic or openai; they share the shape) to a PlannerError of
+    one of three classes: transient (429, 5xx, 529, 408/409, an error event inside a stream
+    that had started, a broken stream, a connection failure), the credentials refused (401,
+    403, billing or quota, whatever the status says), or an invalid request (other 4xx).
+
+    `vendor` is the adapter name ("anthropic", "openai") or its label ("Anthropic", "OpenAI").
+    """
+    label = {"anthropic": "Anthropic", "openai": "OpenAI"}.get(vendor, vendor)
+    if isinstance(err, PlannerError):
+        return err
+    codes = _codes(err)
+    detail = scrub(str(err)) if isinstance(err, IncompleteStream) else _detail(err)
+    if codes & _AUTH_CODES or getattr(err, "status_code", None) in (401, 402, 403):
+        status = getattr(err, "status_code", None)
+        if status == 401 or codes & {"authentication_error", "invalid_api_key"}:
+            return PlannerAuthError(f"planner: {label} rejected the API key")
+        if status == 402 or codes & {"billing_error", "insufficient_quota"}:
+            return PlannerAuthError(f"planner: {label} refused the request for billing ({detail})")
+        return PlannerAuthError(f"planner: {label} denied permission ({detail})")
+    if isinstance(err, IncompleteStream):
+        if codes & _RATE_CODES:
+            return PlannerRateLimited(f"planner: {label} rate limit hit mid-stream ({detail})")
+        if codes & _INVALID_CODES:
+            return PlannerRejected(f"planner: {label} rejected the request ({detail})")
+        return PlannerUnavailable(f"planner: {label} stream broke off ({detail})")
+    if not hasattr(err, "status_code") and not _is_connection_error(err):
+        return PlannerError(f"planner: {label} call failed: {scrub(str(err))}")
+    status = getattr(err, "status_code", None)
+    if status == 429 or (status == 200 and codes & _RATE_CODES):
+        return PlannerRateLimited(
+            f"planner: {label} rate limit still hit after {retries} retries ({detail})"
+        )
+    if status == 200 and not codes & _INVALID_CODES:
+        # An error event inside a stream that had started: overloaded or failing, whatever
+        # status the SDK carries over from the stream's start.
+        kind = "/".join(sorted(codes)) or "error"
+        return PlannerUnavailable(f"planner: {label} failed mid-stream ({kind}: {detail})")
+    if isinstance(status, int) and (status >= 500 or status in (408, 409)):
+        return PlannerUnavailable(
+            f"planner: {label} is unavailable (HTTP {status} after {retries} retries: {detail})"
+        )
+    if status is None:
+        return PlannerUnavailable(f"planner: cannot reach {label} ({detail})")
+    return PlannerRejected(f"planner: {label} rejected the request (HTTP {status}: {detail})")
+
+
+def _is_connection_error(err: BaseException) -> bool:
+    """The SDKs' connection and timeout errors, and a transport error raised mid-stream (the
+    Anthropic SDK lets those through unwrapped while it reads the events)."""
+    return isinstance(
+        err,
+        anthropic.APIConnectionError
+        | openai.APIConnectionError
+        | httpx2.RequestError
+        | httpx.RequestError,
+    )

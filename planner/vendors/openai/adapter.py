@@ -1,0 +1,130 @@
+"""`OpenAIAdapter`: GPT through the official SDK, for both planning modes.
+
+Compact mode speaks Chat Completions (one self-contained request per step); session mode speaks
+the stateless Responses API, whose encrypted reasoning round-trips between the steps of a kept
+conversation.
+"""
+
+from __future__ import annotations
+
+import openai
+
+from planner.model_profiles import ModelProfile, RetryForm, profile_for
+from planner.vendors.base import ThinkingConfig, Turn, TurnRequest
+from planner.vendors.failures import planner_error
+from planner.vendors.openai import chat, responses
+from planner.vendors.openai.responses_projection import project_responses
+from planner.vendors.streaming import fetch_response
+
+
+class OpenAIAdapter:
+    """Projects a conversation onto Chat Completions (compact) or Responses (session), calls
+    the SDK (which retries 429/5xx `retries` times), and parses the reply into items."""
+
+    def __init__(
+        self,
+        client: openai.AsyncOpenAI,
+        *,
+        model: str,
+        thinking: ThinkingConfig | None = None,
+        max_tokens: int = 2048,
+        retries: int = 2,
+        profile: ModelProfile | None = None,
+    ) -> None:
+        self.client = client
+        self._model = model
+        self.thinking = thinking or ThinkingConfig()
+        self.max_tokens = max_tokens
+        self.retries = retries
+        self.profile = profile or profile_for(model, "openai")
+
+    @property
+    def name(self) -> str:
+        return "openai"
+
+    @property
+    def model(self) -> str:
+        return self._model
+
+    @property
+    def retry_form(self) -> RetryForm:
+        return self.profile.retry_form(self.thinking.enabled)
+
+    @property
+    def _reasoning(self) -> bool:
+        """Reasoning parameters go out only to models that take them, and only when asked."""
+        return self.thinking.enabled and self.profile.reasoning
+
+    async def aclose(self) -> None:
+        await self.client.close()
+
+    async def probe(self) -> None:
+        """One cheap authenticated call (the model's metadata): raises a planner error while
+        the API is unreachable or failing."""
+        try:
+            await self.client.models.retrieve(self._model, timeout=10.0)
+        except Exception as err:
+            raise planner_error(err, self.name, retries=self.retries) from err
+
+    async def complete(self, request: TurnRequest) -> Turn:
+        if request.mode == "session":
+            return await self._responses(request)
+        return await self._chat(request)
+
+    async def _chat(self, request: TurnRequest) -> Turn:
+        params = chat.request_params(
+            model=self._model,
+            messages=chat.project_chat(request.system, request.items, request.images),
+            tools=request.tools,
+            forced=request.forced,
+            max_tokens=request.max_tokens or self.max_tokens,
+            reasoning_effort=(self.thinking.effort or "medium") if self._reasoning else None,
+        )
+        completion = await fetch_response(
+            self.client.chat.completions.create, params, self.name, None, retries=self.retries
+        )
+        return Turn(
+            turn_id=str(completion.get("id") or ""),
+            items=chat.items_from_completion(completion),
+            usage=chat.usage_from(completion.get("usage")),
+            model=str(completion.get("model") or self._model),
+            stop_reason=chat.stop_reason(completion),
+            raw_calls=chat.raw_calls(completion),
+            request=params,
+            truncated=chat.stop_reason(completion) == "length",
+            readable_thinking="full",
+        )
+
+    async def _responses(self, request: TurnRequest) -> Turn:
+        projection = project_responses(
+            request.items,
+            foreign_reasoning=request.foreign_reasoning,
+            keep_reasoning_turns=request.keep_reasoning_turns,
+        )
+        params = responses.request_params(
+            model=self._model,
+            system=request.system,
+            input_items=projection.input,
+            tools=request.tools,
+            thinking=self.thinking,
+            reasoning=self.profile.reasoning,
+            forced=request.forced,
+            max_tokens=request.max_tokens or self.max_tokens,
+        )
+        acc = responses.ResponsesStreamAccumulator(request.on_thinking)
+        streamed = (acc.feed, acc.response) if request.stream else None
+        response = await fetch_response(
+            self.client.responses.create, params, self.name, streamed, retries=self.retries
+        )
+        return Turn(
+            turn_id=str(response.get("id") or ""),
+            items=responses.items_from_response(response),
+            usage=responses.usage_from(response.get("usage")),
+            model=str(response.get("model") or self._model),
+            stop_reason=response.get("status"),
+            raw_calls=responses.raw_calls(response),
+            request=params,
+            projection=projection.stats,
+            truncated=responses.truncated(response),
+            readable_thinking=responses.readable_thinking(response),
+        )

@@ -1,0 +1,41 @@
+"""A function call as OpenAI sends it (arguments as a JSON string), in both OpenAI wire formats."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from planner.conversation.items import ToolCall
+from planner.vendors.base import mask_sensitive
+
+
+def function_call(
+    turn_id: str,
+    *,
+    call_id: str,
+    name: str,
+    raw: str,
+    item_id: str | None = None,
+    wire: dict[str, Any] | None = None,
+) -> ToolCall:
+    """The call as an item. The arguments string is kept byte for byte (it goes back to OpenAI
+    exactly as the model wrote it), except a masked sensitive value and unreadable input_text
+    arguments, which may hold the text: those are kept as the masked JSON instead."""
+    try:
+        parsed = json.loads(raw) if raw.strip() else {}
+    except json.JSONDecodeError:
+        parsed = None
+    args = parsed if isinstance(parsed, dict) else {}
+    masked = mask_sensitive(name, args)
+    if masked is not args or (name == "input_text" and not isinstance(parsed, dict)):
+        raw = json.dumps(masked, ensure_ascii=False)
+    return ToolCall(
+        "openai",
+        turn_id,
+        call_id,
+        name,
+        masked,
+        raw_arguments=raw,
+        item_id=item_id,
+        wire={**wire, "arguments": raw} if wire is not None else None,
+    )

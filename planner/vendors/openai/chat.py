@@ -1,0 +1,170 @@
+"""The OpenAI Chat Completions wire format (compact mode): items → messages, request body,
+reply → items, usage.
+
+`tool_choice="auto"` first so `message.content` (the rationale) can come with the tool call;
+`"required"` for the forced retry. `parallel_tool_calls` is off: one action per step.
+OpenAI-compatible reasoning servers return `message.reasoning_content`; it becomes a reasoning
+item, and it is sent back on the assistant message of a follow-up turn, as some servers require.
+"""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from planner.conversation.items import (
+    AssistantItem,
+    AssistantText,
+    Reasoning,
+    SessionItem,
+    ToolResult,
+)
+from planner.conversation.turns import ModelTurn, segment
+from planner.decision import Usage
+from planner.tools import ToolSpec
+from planner.vendors.base import image_media_type
+from planner.vendors.openai.calls import function_call
+
+
+def project_chat(
+    system: str, items: Sequence[SessionItem], images: Mapping[int, bytes] | None = None
+) -> list[dict[str, Any]]:
+    """The `messages` array: the system prompt, then each item in order. A model turn is one
+    assistant message (its text, tool calls and reasoning_content); a tool result is a `tool`
+    message; an observation with a screenshot carries the image before its text."""
+    shots = {id(items[i]): data for i, data in (images or {}).items() if 0 <= i < len(items)}
+    out: list[dict[str, Any]] = [{"role": "system", "content": system}]
+    for seg in segment(items):
+        if isinstance(seg, ModelTurn):
+            out.append(_assistant(seg))
+            continue
+        for item in seg.items:
+            if isinstance(item, ToolResult):
+                content = f"ERROR: {item.output}" if item.is_error else item.output
+                out.append({"role": "tool", "tool_call_id": item.call_id, "content": content})
+            elif id(item) in shots:
+                url = f"data:{image_media_type(shots[id(item)])};base64," + base64.b64encode(
+                    shots[id(item)]
+                ).decode("ascii")
+                out.append(
+                    {
+                        "role": "user",
+                        "content": [
+                            {"type": "image_url", "image_url": {"url": url}},
+                            {"type": "text", "text": item.text},
+                        ],
+                    }
+                )
+            else:
+                out.append({"role": "user", "content": item.text})
+    return out
+
+
+def _assistant(turn: ModelTurn) -> dict[str, Any]:
+    texts = [t.text for t in turn.texts if t.text]
+    message: dict[str, Any] = {"role": "assistant", "content": "\n".join(texts) or None}
+    if turn.tool_calls:
+        message["tool_calls"] = [
+            {
+                "id": call.call_id,
+                "type": "function",
+                "function": {"name": call.name, "arguments": call.raw_arguments or ""},
+            }
+            for call in turn.tool_calls
+        ]
+    reasoning = "".join(r.text for r in turn.reasoning if r.provider == "openai")
+    if reasoning:
+        message["reasoning_content"] = reasoning
+    return message
+
+
+def request_params(
+    *,
+    model: str,
+    messages: list[dict[str, Any]],
+    tools: Sequence[ToolSpec],
+    forced: bool,
+    max_tokens: int,
+    reasoning_effort: str | None = None,
+) -> dict[str, Any]:
+    """The request body; `reasoning_effort` only for reasoning models with thinking on (the
+    others reject the parameter)."""
+    params: dict[str, Any] = {
+        "model": model,
+        "messages": messages,
+        "tools": [
+            {
+                "type": "function",
+                "function": {
+                    "name": t.name,
+                    "description": t.description,
+                    "parameters": t.parameters,
+                },
+            }
+            for t in tools
+        ],
+        "tool_choice": "required" if forced else "auto",
+        "parallel_tool_calls": False,
+        "max_completion_tokens": max_tokens,
+    }
+    if reasoning_effort is not None:
+        params["reasoning_effort"] = reasoning_effort
+    return params
+
+
+def items_from_completion(completion: Mapping[str, Any]) -> list[AssistantItem]:
+    """The first choice's message as items: reasoning_content, content, tool calls."""
+    turn_id = str(completion.get("id") or "")
+    message = (completion.get("choices") or [{}])[0].get("message") or {}
+    out: list[AssistantItem] = []
+    reasoning = message.get("reasoning_content")
+    if isinstance(reasoning, str) and reasoning:
+        out.append(Reasoning("openai", turn_id, text=reasoning))
+    content = message.get("content")
+    if isinstance(content, str) and content:
+        out.append(AssistantText("openai", turn_id, content))
+    for call in message.get("tool_calls") or []:
+        function = call.get("function")
+        if not isinstance(function, dict):
+            continue
+        out.append(
+            function_call(
+                turn_id,
+                call_id=str(call.get("id") or ""),
+                name=str(function.get("name") or ""),
+                raw=str(function.get("arguments") or ""),
+            )
+        )
+    return out
+
+
+def raw_calls(completion: Mapping[str, Any]) -> dict[str, Any]:
+    """call id → the arguments string exactly as the model sent it (for execution only)."""
+    message = (completion.get("choices") or [{}])[0].get("message") or {}
+    return {
+        str(call.get("id")): (call.get("function") or {}).get("arguments") or ""
+        for call in message.get("tool_calls") or []
+        if isinstance(call.get("function"), dict)
+    }
+
+
+def stop_reason(completion: Mapping[str, Any]) -> str | None:
+    choice = (completion.get("choices") or [{}])[0]
+    reason = choice.get("finish_reason")
+    return str(reason) if reason is not None else None
+
+
+def usage_from(usage: Mapping[str, Any] | None) -> Usage:
+    """Chat usage counts cached prompt tokens inside `prompt_tokens`: they are reported apart."""
+    u = usage or {}
+    prompt = u.get("prompt_tokens_details") or {}
+    completion = u.get("completion_tokens_details") or {}
+    cached = int(prompt.get("cached_tokens") or 0)
+    return Usage(
+        input_tokens=int(u.get("prompt_tokens") or 0) - cached,
+        output_tokens=int(u.get("completion_tokens") or 0),
+        cache_read_input_tokens=cached,
+        cache_creation_input_tokens=int(prompt.get("cache_write_tokens") or 0),
+        thinking_tokens=int(completion.get("reasoning_tokens") or 0),
+    )

@@ -1,0 +1,180 @@
+"""The OpenAI Responses wire format (session mode): stateless request body, reply → items,
+usage, stream events."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal
+
+from planner.conversation.items import AssistantItem, AssistantText, Reasoning
+from planner.decision import Usage
+from planner.tools import ToolSpec
+from planner.vendors.base import ThinkingConfig, ThinkingSink
+from planner.vendors.failures import StreamError
+from planner.vendors.openai.calls import function_call
+from planner.vendors.openai.responses_projection import REQUEST_FLAGS
+from planner.vendors.streaming import IncompleteStream, event_dict
+
+
+def request_params(
+    *,
+    model: str,
+    system: str,
+    input_items: list[dict[str, Any]],
+    tools: Sequence[ToolSpec],
+    thinking: ThinkingConfig,
+    reasoning: bool,
+    forced: bool,
+    max_tokens: int,
+) -> dict[str, Any]:
+    """The request body: stateless (`store=false`, encrypted reasoning included). `reasoning`
+    says whether the model takes reasoning parameters at all (non-reasoning models reject
+    them)."""
+    params: dict[str, Any] = {
+        "model": model,
+        "instructions": system,
+        "input": input_items,
+        "tools": [
+            {
+                "type": "function",
+                "name": t.name,
+                "description": t.description,
+                "parameters": t.parameters,
+                "strict": False,
+            }
+            for t in tools
+        ],
+        "tool_choice": "required" if forced else "auto",
+        "parallel_tool_calls": False,
+        "max_output_tokens": max_tokens,
+        **{k: list(v) if isinstance(v, list) else v for k, v in REQUEST_FLAGS.items()},
+    }
+    if thinking.enabled and reasoning:
+        params["reasoning"] = {"effort": thinking.effort or "medium", "summary": "auto"}
+    return params
+
+
+def items_from_response(response: Mapping[str, Any]) -> list[AssistantItem]:
+    """A response's output items as session items, in their order, nothing rewritten (the
+    function-call arguments string is kept byte for byte, except a masked sensitive value and
+    unreadable input_text arguments, which may hold the text)."""
+    turn_id = str(response.get("id") or "")
+    out: list[AssistantItem] = []
+    for item in response.get("output") or []:
+        kind = item.get("type")
+        if kind == "reasoning":
+            out.append(
+                Reasoning(
+                    "openai",
+                    turn_id,
+                    text="\n".join(c.get("text", "") for c in item.get("content") or []),
+                    encrypted_content=item.get("encrypted_content"),
+                    item_id=item.get("id"),
+                    summary=tuple(s.get("text", "") for s in item.get("summary") or []),
+                    wire=dict(item),
+                )
+            )
+        elif kind == "message":
+            for part in item.get("content") or []:
+                if part.get("type") == "output_text":
+                    out.append(
+                        AssistantText(
+                            "openai", turn_id, part.get("text", ""), item.get("id"), dict(item)
+                        )
+                    )
+        elif kind == "function_call":
+            out.append(
+                function_call(
+                    turn_id,
+                    call_id=str(item.get("call_id") or ""),
+                    name=str(item.get("name") or ""),
+                    raw=str(item.get("arguments") or ""),
+                    item_id=item.get("id"),
+                    wire=dict(item),
+                )
+            )
+    return out
+
+
+def usage_from(usage: Mapping[str, Any] | None) -> Usage:
+    u = usage or {}
+    cached = (u.get("input_tokens_details") or {}).get("cached_tokens") or 0
+    reasoning = (u.get("output_tokens_details") or {}).get("reasoning_tokens") or 0
+    return Usage(
+        input_tokens=int(u.get("input_tokens") or 0),
+        output_tokens=int(u.get("output_tokens") or 0),
+        cache_read_input_tokens=int(cached),
+        thinking_tokens=int(reasoning),
+    )
+
+
+def raw_calls(response: Mapping[str, Any]) -> dict[str, Any]:
+    """call id → the arguments string exactly as the model sent it (for execution only)."""
+    return {
+        str(i.get("call_id")): i.get("arguments")
+        for i in response.get("output") or []
+        if i.get("type") == "function_call"
+    }
+
+
+class ResponsesStreamAccumulator:
+    """Builds a Responses response dict from its stream events.
+
+    Items are taken from `response.output_item.done` (the `…added` copy of a reasoning item may
+    carry incomplete encrypted content); the envelope (id, model, usage) from `response.completed`.
+    """
+
+    def __init__(self, on_thinking: ThinkingSink | None = None) -> None:
+        self._on_thinking = on_thinking
+        self._items: dict[int, dict[str, Any]] = {}
+        self._response: dict[str, Any] | None = None
+
+    def feed(self, event: Any) -> None:
+        data = event_dict(event)
+        kind = data.get("type")
+        if kind in ("response.reasoning_summary_text.delta", "response.reasoning_text.delta"):
+            if self._on_thinking is not None and data.get("delta"):
+                self._on_thinking(str(data["delta"]))
+        elif kind == "response.output_item.done":
+            self._items[int(data["output_index"])] = dict(data["item"])
+        elif kind in ("response.completed", "response.incomplete"):
+            self._response = dict(data["response"])
+        elif kind == "error":
+            raise StreamError(
+                f"the Responses stream failed: {data.get('message') or data}",
+                str(data.get("code") or data.get("type") or "") or None,
+            )
+        elif kind == "response.failed":
+            error = (data.get("response") or {}).get("error") or {}
+            raise StreamError(
+                f"the Responses stream failed: {error.get('message') or data}",
+                str(error.get("code") or "") or None,
+            )
+
+    def response(self) -> dict[str, Any]:
+        """The complete response. Raises IncompleteStream if `response.completed` never came."""
+        if self._response is None:
+            raise IncompleteStream(
+                "the Responses stream ended before response.completed; the partial turn is "
+                "discarded"
+            )
+        return {**self._response, "output": [self._items[i] for i in sorted(self._items)]}
+
+
+def truncated(response: Mapping[str, Any]) -> bool:
+    """The response stopped at the output token limit (`status: incomplete`)."""
+    details = response.get("incomplete_details") or {}
+    return response.get("status") == "incomplete" and details.get("reason") in (
+        None,
+        "max_output_tokens",
+    )
+
+
+def readable_thinking(response: Mapping[str, Any]) -> Literal["full", "summarized"]:
+    """Reasoning text (`content`) is the model's own; otherwise only summaries are readable."""
+    for item in response.get("output") or []:
+        if item.get("type") == "reasoning" and any(
+            c.get("text") for c in item.get("content") or []
+        ):
+            return "full"
+    return "summarized"

@@ -1,0 +1,199 @@
+"""Conversation items → the `input` array of a stateless OpenAI Responses request.
+
+Stateless means `store=false` with `include=["reasoning.encrypted_content"]` (`REQUEST_FLAGS`):
+nothing is kept on OpenAI's side, so every earlier output item goes back in `input`, unchanged
+(the item as received when it was stored, `phase` and all; rebuilt from its fields otherwise)
+and in the order the API produced it — reasoning items with their id, summary and encrypted
+content, then the message and function_call items that followed them — and after them the
+function_call_output of each call. The API rejects a reasoning item sent without the item that
+followed it ("…was provided without its required following item"), so a reasoning item is only
+sent when its follower is; reasoning without encrypted content cannot be resolved with
+store=false and is dropped and counted. Another provider's reasoning never travels as reasoning:
+it is dropped, or sent as plain assistant text, by setting.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+from planner.conversation.items import (
+    AssistantItem,
+    AssistantText,
+    Reasoning,
+    SessionItem,
+    ToolCall,
+)
+from planner.conversation.turns import (
+    ForeignReasoning,
+    ModelTurn,
+    ProjectionStats,
+    SessionHistoryError,
+    apply_checkpoint,
+    foreign_reasoning_text,
+    reasoning_kept_turns,
+    segment,
+)
+
+REQUEST_FLAGS: Final[dict[str, Any]] = {
+    "store": False,
+    "include": ["reasoning.encrypted_content"],
+}
+
+
+@dataclass(slots=True)
+class ResponsesProjection:
+    """The `input` of the request plus what was left out."""
+
+    input: list[dict[str, Any]]
+    stats: ProjectionStats = field(default_factory=ProjectionStats)
+
+
+def _sendable(r: Reasoning, *, keep: bool, stats: ProjectionStats) -> bool:
+    if not keep:
+        stats.budget_stripped += 1
+        return False
+    if not r.encrypted_content or not r.item_id:
+        stats.unsigned_dropped += 1
+        return False
+    return True
+
+
+def _turn_items(
+    turn: ModelTurn, *, keep: bool, foreign: ForeignReasoning, stats: ProjectionStats
+) -> list[dict[str, Any]]:
+    own = turn.provider == "openai"
+    items = turn.items
+    # Decide backwards: a reasoning item goes only if the item right after it goes too.
+    send = [True] * len(items)
+    for i in range(len(items) - 1, -1, -1):
+        entry = items[i]
+        if not isinstance(entry, Reasoning) or entry.provider != "openai":
+            continue
+        ok = _sendable(entry, keep=keep, stats=stats)
+        if ok and (i + 1 >= len(items) or not send[i + 1]):
+            stats.orphan_reasoning_dropped += 1
+            ok = False
+        send[i] = ok
+
+    out: list[dict[str, Any]] = []
+    i = 0
+    while i < len(items):
+        item: AssistantItem = items[i]
+        if isinstance(item, Reasoning):
+            if item.provider != "openai":
+                if not keep:
+                    stats.budget_stripped += 1
+                elif foreign == "text" and item.readable:
+                    out.append({"role": "assistant", "content": foreign_reasoning_text(item)})
+                    stats.foreign_as_text += 1
+                else:
+                    stats.foreign_dropped += 1
+            elif send[i] and item.wire is not None:
+                out.append(dict(item.wire))
+            elif send[i]:
+                out.append(
+                    {
+                        "type": "reasoning",
+                        "id": item.item_id,
+                        "summary": [{"type": "summary_text", "text": s} for s in item.summary],
+                        "encrypted_content": item.encrypted_content,
+                    }
+                )
+            i += 1
+        elif isinstance(item, AssistantText):
+            if own and item.item_id:
+                parts = [item]
+                while (
+                    i + len(parts) < len(items)
+                    and isinstance(nxt := items[i + len(parts)], AssistantText)
+                    and nxt.item_id == item.item_id
+                ):
+                    parts.append(nxt)
+                if item.wire is not None:
+                    out.append(dict(item.wire))
+                    i += len(parts)
+                    continue
+                out.append(
+                    {
+                        "type": "message",
+                        "id": item.item_id,
+                        "role": "assistant",
+                        "status": "completed",
+                        "content": [
+                            {"type": "output_text", "text": p.text, "annotations": []}
+                            for p in parts
+                        ],
+                    }
+                )
+                i += len(parts)
+            else:
+                if item.text:
+                    out.append({"role": "assistant", "content": item.text})
+                i += 1
+        else:
+            out.append(_function_call(item, own=own))
+            i += 1
+    return out
+
+
+def _function_call(call: ToolCall, *, own: bool) -> dict[str, Any]:
+    if own and call.wire is not None:
+        return dict(call.wire)
+    arguments = call.raw_arguments
+    if arguments is None:
+        arguments = json.dumps(call.arguments, ensure_ascii=False, separators=(",", ":"))
+    out: dict[str, Any] = {"type": "function_call"}
+    if own and call.item_id:
+        out["id"] = call.item_id
+    out.update({"call_id": call.call_id, "name": call.name, "arguments": arguments})
+    return out
+
+
+def project_responses(
+    items: Sequence[SessionItem],
+    *,
+    foreign_reasoning: ForeignReasoning = "drop",
+    keep_reasoning_turns: int | None = None,
+) -> ResponsesProjection:
+    """Project a session onto Responses `input` items (send with `REQUEST_FLAGS`).
+
+    Observations before the latest checkpoint are condensed, as for Anthropic. Encrypted
+    reasoning is not bound to its prefix, so `keep_reasoning_turns` may strip the reasoning of
+    all but the last N turns at every step (the API ignores reasoning from before the last
+    user message anyway); the following-item rule is kept either way.
+    """
+    stats = ProjectionStats()
+    budget = apply_checkpoint(items)
+    stats.condensed_observations = budget.condensed
+    segments = segment(budget.items)
+    kept = reasoning_kept_turns(segments, keep_reasoning_turns)
+    out: list[dict[str, Any]] = []
+    pending: set[str] = set()
+    for index, seg in enumerate(segments):
+        if isinstance(seg, ModelTurn):
+            if pending:
+                raise SessionHistoryError(f"tool call(s) without a result: {sorted(pending)}")
+            out.extend(_turn_items(seg, keep=index in kept, foreign=foreign_reasoning, stats=stats))
+            pending.update(c.call_id for c in seg.tool_calls)
+            continue
+        for result in seg.results:
+            if result.call_id not in pending:
+                raise SessionHistoryError(
+                    f"tool result for {result.call_id!r} answers no tool call of the previous turn"
+                )
+            pending.discard(result.call_id)
+            output = f"Error: {result.output}" if result.is_error else result.output
+            out.append(
+                {"type": "function_call_output", "call_id": result.call_id, "output": output}
+            )
+        if pending:
+            raise SessionHistoryError(f"tool call(s) without a result: {sorted(pending)}")
+        for obs in seg.observations:
+            if obs.text:
+                out.append({"role": "user", "content": [{"type": "input_text", "text": obs.text}]})
+    if pending:
+        raise SessionHistoryError(f"tool call(s) without a result: {sorted(pending)}")
+    return ResponsesProjection(out, stats)

@@ -1,0 +1,165 @@
+"""The dump forms real tools produce, parsed (fixtures: see fixtures/SOURCES.md), and the
+bounds perception keeps on what reaches the prompt."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from host.devices.adb_driver import decode_dump
+from host.perception.hierarchy import (
+    KEYBOARD_LABEL,
+    MAX_ELEMENTS,
+    MAX_SCENE_TEXT,
+    TEXT_CAP,
+    parse_scene,
+)
+
+FIXTURES = Path(__file__).parent / "fixtures"
+NODE = (
+    '<node index="0" text="{text}" resource-id="{rid}" class="{cls}" package="com.example" '
+    'content-desc="" checkable="false" checked="false" clickable="{click}" enabled="true" '
+    'focusable="false" focused="false" scrollable="false" long-clickable="false" '
+    'password="false" selected="false" bounds="{b}" drawing-order="1" hint="">{kids}</node>'
+)
+
+
+def _node(b: str, text: str = "", cls: str = "android.widget.TextView", kids: str = "") -> str:
+    return NODE.format(b=b, text=text, rid="", cls=cls, click="false", kids=kids)
+
+
+def _load(name: str) -> str:
+    return (FIXTURES / name).read_text(encoding="utf-8")
+
+
+def test_xml_followed_by_the_dump_status_line_parses_like_the_xml() -> None:
+    """`adb exec-out uiautomator dump /dev/tty`: the XML, then "UI hierchary dumped to"."""
+    tty = _load("exec_out_dev_tty_settings_1080x2400.txt")
+    assert tty.rstrip().endswith("UI hierchary dumped to: /dev/tty")
+    scene = parse_scene(tty)
+    plain = parse_scene(_load("settings_home_1080x2400.xml"))
+    assert [e.to_prompt() for e in scene.elements] == [e.to_prompt() for e in plain.elements]
+    assert scene.page_title == "Settings"
+
+
+def test_control_characters_and_invalid_references_are_dropped() -> None:
+    scene = parse_scene(_load("u2_chat_control_chars_1080x2400.xml"))
+    texts = [e.text for e in scene.elements]
+    assert "Yes! 10am at the market" in texts  # was "…market&#1;"
+    assert "Bring the list please" in texts  # held a raw vertical tab
+    assert "[0mforwarded message" in texts  # was "&#27;[0m…"
+    assert all(ch >= " " or ch in "\n\t" for t in texts for ch in t)
+    assert scene.package == "com.whatsapp"
+    # The status and navigation bars (their own window roots) are chrome, not the app.
+    assert not [e for e in scene.elements if e.package == "com.android.systemui"]
+    # An empty field reports its hint as its text (Android 8+): seen as empty, with its hint.
+    entry = next(e for e in scene.elements if e.resource_id == "com.whatsapp:id/entry")
+    assert (entry.text, entry.hint) == ("", "Message")
+    assert entry.to_prompt()["hint"] == "Message"
+    assert scene.overlays == []
+
+
+def test_a_utf16_declaration_over_a_utf8_body() -> None:
+    raw = (FIXTURES / "utf16_declared_kakaotalk_1080x2400.xml").read_bytes()
+    assert b"encoding='UTF-16'" in raw[:80]
+    scene = parse_scene(decode_dump(raw))
+    texts = [e.text for e in scene.elements]
+    assert {"김민준", "이서연", "최수아 🌸"} <= set(texts)
+    assert scene.page_title == "친구"
+    descs = {e.content_desc for e in scene.elements if e.clickable}
+    assert {"채팅", "더보기"} <= descs
+
+
+def test_a_real_utf16_file_is_read_as_utf16() -> None:
+    body = _load("permission_prompt_camera_1080x2400.xml")
+    scene = parse_scene(decode_dump(body.encode("utf-16")))  # with its byte order mark
+    assert scene.page_title == "Allow Camera to take pictures and record video?"
+
+
+def test_windows_dump_keyboard_covers_the_lower_fields() -> None:
+    """`uiautomator dump --windows`: what lies under the keyboard is out of reach."""
+    scene = parse_scene(_load("windows_contacts_keyboard_1080x2400.xml"))
+    assert scene.overlays == ["keyboard"]
+    assert scene.package == "com.google.android.contacts"
+    hints = {e.hint for e in scene.elements if e.class_name.endswith("EditText")}
+    assert {"First name", "Last name", "Company"} <= hints
+    assert not {"Phone", "Email"} & hints  # laid out under the keyboard
+    first = next(e for e in scene.elements if e.hint == "First name")
+    assert (first.text, first.focused) == ("Ada", True)
+    keyboards = [e for e in scene.elements if e.content_desc == KEYBOARD_LABEL]
+    assert [k.bounds.to_list() for k in keyboards] == [[0, 1446, 1080, 2274]]
+    assert keyboards[0].package == "com.google.android.inputmethod.latin"
+    assert not [e for e in scene.elements if e.content_desc == "q"]  # keys collapse into one
+    assert not [e for e in scene.elements if e.package == "com.android.systemui"]
+    assert next(e for e in scene.elements if e.text == "Save").clickable
+
+
+def test_a_permission_prompt_is_seen_as_one() -> None:
+    scene = parse_scene(_load("permission_prompt_camera_1080x2400.xml"))
+    assert scene.overlays == ["permission_prompt"]
+    assert scene.package == "com.google.android.permissioncontroller"
+    assert scene.page_title == "Allow Camera to take pictures and record video?"
+    buttons = [e.text for e in scene.elements if e.clickable]
+    assert buttons == ["While using the app", "Only this time", "Don’t allow"]
+
+
+def test_an_anr_dialog_hides_the_app_under_it() -> None:
+    scene = parse_scene(_load("u2_anr_over_settings_1080x2400.xml"), (1080, 2400), None)
+    assert scene.overlays == ["app_not_responding"]
+    assert scene.package == "android"
+    assert scene.page_title == "System UI isn't responding"
+    assert [e.text for e in scene.elements if e.clickable] == ["Close app", "Wait"]
+    assert "Network & internet" not in [e.text for e in scene.elements]
+
+
+def test_one_elements_text_is_capped_with_a_marker() -> None:
+    chat = _load("u2_chat_control_chars_1080x2400.xml")
+    history = "msg " * 14_000  # 56,000 characters in one text node (a whole chat history)
+    scene = parse_scene(chat.replace("Are we still on for Saturday?", history))
+    long = next(e for e in scene.elements if e.text.startswith("msg msg"))
+    assert len(long.text) < TEXT_CAP + 40
+    assert long.text.endswith(f"… [{len(history.strip()) - TEXT_CAP} more characters]")
+
+
+def test_the_scene_is_bounded_keeping_what_a_finger_can_do() -> None:
+    rows = "".join(_node(f"[0,{100 + i}][1080,{101 + i}]", f"line {i} " * 20) for i in range(2000))
+    button = NODE.format(
+        b="[0,2200][1080,2300]",
+        text="Send",
+        rid="",
+        cls="android.widget.Button",
+        click="true",
+        kids="",
+    )
+    dump = (
+        "<?xml version='1.0' encoding='UTF-8' standalone='yes' ?><hierarchy rotation=\"0\">"
+        + _node("[0,0][1080,2400]", cls="android.widget.FrameLayout", kids=rows + button)
+        + "</hierarchy>"
+    )
+    scene = parse_scene(dump, (1080, 2400), "com.example")
+    assert len(scene.elements) <= MAX_ELEMENTS
+    assert sum(len(e.text) for e in scene.elements) <= MAX_SCENE_TEXT + TEXT_CAP
+    assert scene.omitted == 2001 - len(scene.elements)
+    assert "Send" in [e.text for e in scene.elements]  # actionable elements are kept first
+    assert scene.to_prompt()["omitted"] == scene.omitted
+
+
+def test_without_the_drivers_screen_size_off_screen_pages_are_not_kept() -> None:
+    """A pager's off-screen pages (bounds past the screen's right edge) must not count as
+    screen: 87 elements, not 1,740."""
+    pages = []
+    for page in range(20):
+        x = page * 1080
+        items = "".join(
+            _node(f"[{x + 10},{100 + i * 24}][{x + 1070},{120 + i * 24}]", f"p{page} item {i}")
+            for i in range(87)
+        )
+        pages.append(_node(f"[{x},0][{x + 1080},2400]", cls="android.view.ViewGroup", kids=items))
+    dump = (
+        '<hierarchy rotation="0">'
+        + _node("[0,0][1080,2400]", cls="android.widget.FrameLayout", kids="".join(pages))
+        + "</hierarchy>"
+    )
+    scene = parse_scene(dump)  # no screen size from a driver
+    assert (scene.screen_width, scene.screen_height) == (1080, 2400)
+    assert len(scene.elements) == 87
+    assert all(e.text.startswith("p0 ") for e in scene.elements)

@@ -1,0 +1,169 @@
+"""What real phones do to an agent: dumps that fail while the screen animates, a phone that fell
+asleep or shows its lock screen. Perception retries the passing failures with a bound and a
+clear final error, wakes and unlocks what needs no credential, and stops on what does.
+
+All on the virtual phone, in-process (`VirtualDriver`) and over the real adb protocol
+(`AdbDriver` against `ThreadedAdbServer`), so the driver's reading of `uiautomator dump`'s
+errors and of `dumpsys` is exercised too.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from host.agent.loop import AgentLoop, LoopSettings, TaskSpec
+from host.devices.adb_driver import AdbDriver
+from host.devices.base import DeviceBusy, ScreenLocked
+from host.devices.screen_state import parse_screen_state
+from host.devices.virtual.adb_server import ThreadedAdbServer
+from host.devices.virtual.driver import VirtualDriver
+from host.devices.virtual.phone import VirtualPhone
+from host.devices.virtual.suite import SUITE, snapshot
+from host.perception.hierarchy import HierarchyError
+from host.perception.perceive import Perceiver
+from planner.planner import make_planner
+from planner.settings import PlannerSettings
+
+
+@pytest.fixture
+def served() -> Iterator[tuple[VirtualPhone, AdbDriver]]:
+    phone = VirtualPhone("troubled-1")
+    with ThreadedAdbServer([phone]) as server:
+        yield phone, AdbDriver(phone.serial, port=server.port)
+
+
+def test_idle_state_errors_are_retried_then_reported_clearly() -> None:
+    phone = VirtualPhone("glitchy")
+    perceiver = Perceiver(None, retries=4, retry_delay_s=0)
+    phone.glitch_dumps("idle", 3)
+    assert perceiver.perceive(VirtualDriver(phone), with_ocr=False).scene.elements
+    phone.glitch_dumps("idle", 4)
+    with pytest.raises(HierarchyError, match=r"after 4 tries: .*could not get idle state"):
+        perceiver.perceive(VirtualDriver(phone), with_ocr=False)
+
+
+def test_adb_driver_reads_dump_errors_as_passing(served: tuple[VirtualPhone, AdbDriver]) -> None:
+    phone, driver = served
+    phone.glitch_dumps("idle")
+    with pytest.raises(DeviceBusy, match="could not get idle state"):
+        driver.dump_hierarchy()
+    phone.glitch_dumps("null_root")
+    with pytest.raises(DeviceBusy, match="null root node returned by UiTestAutomationBridge"):
+        driver.dump_hierarchy()
+    phone.glitch_dumps("idle", 2)
+    phone.glitch_dumps("empty", 1)
+    scene = Perceiver(None, retries=4, retry_delay_s=0).perceive(driver, with_ocr=False).scene
+    assert scene.package == "com.android.launcher3"
+
+
+async def _run_suite_task(
+    name: str, phone_driver: tuple[VirtualPhone, object] | None = None
+) -> bool:
+    task = next(t for t in SUITE if t.name == name)
+    phone = phone_driver[0] if phone_driver else task.new_phone("glitchy")
+    if phone_driver:
+        task.setup(phone)
+    driver = phone_driver[1] if phone_driver else VirtualDriver(phone)
+    phone.glitch_every(3, "idle")  # a third of all dumps fail, as on an animating screen
+    before = snapshot(phone)
+    loop = AgentLoop(
+        driver,  # type: ignore[arg-type]
+        make_planner(PlannerSettings(provider="offline")),
+        Perceiver(None, retry_delay_s=0),
+        None,
+        LoopSettings(max_steps=30, settle_delay_s=0, ocr=False),
+    )
+    outcome = await loop.run(TaskSpec(f"glitchy-{name}", 1, task.goal, phone.serial))
+    return outcome.status == "succeeded" and task.verdict(phone, before).passed
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "dark_theme_on",
+        "create_contact_ada",
+        "alarm_after_permission_prompt",
+        "delete_contact_in_long_list",
+        "calc_multiply",
+        "note_save_under_keyboard",
+    ],
+)
+async def test_a_glitchy_phone_finishes_its_tasks(name: str) -> None:
+    assert await _run_suite_task(name)
+
+
+async def test_a_glitchy_phone_over_adb_finishes_its_task(
+    served: tuple[VirtualPhone, AdbDriver],
+) -> None:
+    assert await _run_suite_task("wifi_off", served)
+
+
+def test_a_sleeping_phone_is_woken_and_a_swipe_lock_dismissed(
+    served: tuple[VirtualPhone, AdbDriver],
+) -> None:
+    phone, driver = served
+    phone.sleep()
+    assert not phone.awake
+    Perceiver(None, retry_delay_s=0).perceive(driver, with_ocr=False)
+    assert phone.awake
+    phone.set_screen_lock("swipe")
+    phone.sleep()
+    assert phone.locked
+    scene = Perceiver(None, retry_delay_s=0).perceive(driver, with_ocr=False).scene
+    assert (phone.awake, phone.locked) == (True, False)
+    assert scene.package == "com.android.launcher3"
+
+
+@pytest.mark.parametrize("over_adb", [False, True])
+def test_a_secure_lock_screen_is_a_clear_failure_never_a_guess(
+    served: tuple[VirtualPhone, AdbDriver], over_adb: bool
+) -> None:
+    phone, adb_driver = served
+    phone.set_screen_lock("pin", "2580")
+    phone.sleep()
+    driver = adb_driver if over_adb else VirtualDriver(phone)
+    with pytest.raises(ScreenLocked, match="needs a PIN, pattern or password"):
+        Perceiver(None, retry_delay_s=0).perceive(driver, with_ocr=False)
+    assert phone.awake and phone.locked  # woken, not unlocked: nothing was typed
+
+
+async def test_the_agent_loop_fails_a_task_on_a_secure_lock_with_the_reason() -> None:
+    phone = VirtualPhone("locked")
+    phone.set_screen_lock("pin", "2580")
+    phone.sleep()
+    loop = AgentLoop(
+        VirtualDriver(phone),
+        make_planner(PlannerSettings(provider="offline")),
+        Perceiver(None, retry_delay_s=0),
+        None,
+        LoopSettings(max_steps=5, settle_delay_s=0, ocr=False),
+    )
+    outcome = await loop.run(TaskSpec("locked-1", 1, "Turn on dark theme", phone.serial))
+    assert outcome.status == "failed"
+    assert "ScreenLocked" in outcome.summary and "unlock the phone by hand" in outcome.summary
+    assert not phone.state.flag("dark_theme")
+
+
+def test_screen_state_in_each_form_android_prints_it() -> None:
+    old = "  mWakefulness=Awake\n    mShowingLockscreen=true mShowingDream=false\n"
+    assert parse_screen_state(old).locked
+    asleep = "  mWakefulness=Asleep\n"
+    assert not parse_screen_state(asleep).awake
+    dozing = "  getWakefulnessLocked()=Dozing\n"
+    assert not parse_screen_state(dozing).awake
+    delegate = (
+        "    KeyguardServiceDelegate\n      showing=true\n      showingAndNotOccluded=false\n"
+        "      occluded=true\n      secure=true\n"
+    )
+    assert not parse_screen_state(delegate).locked  # an app shows over the lock screen
+    trusted = (
+        "    KeyguardServiceDelegate\n      showing=true\n      showingAndNotOccluded=true\n"
+        "      secure=true\n      KeyguardStateMonitor\n        mIsShowing=true\n"
+        "        mTrusted=true\n"
+    )
+    state = parse_screen_state(trusted)
+    assert state.locked and not state.secure  # a trust agent keeps it open: a swipe will do
+    assert parse_screen_state("") == parse_screen_state("nothing about locks here")
+    assert parse_screen_state("").awake and not parse_screen_state("").locked

@@ -1,0 +1,104 @@
+"""A step whose planning is temporarily impossible waits inside its lease instead of failing the
+attempt (direct transport: the host calls the model itself). A real virtual phone, the real
+compact planner and Anthropic SDK against the fake provider, which goes down and comes back."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from host.agent.loop import AgentLoop, LoopSettings, TaskSpec
+from host.agent.planning_wait import WaitPolicy
+from host.agent.progress import ProgressHolder, ProgressSnapshot
+from host.devices.virtual.driver import VirtualDriver
+from host.devices.virtual.phone import VirtualPhone
+from host.perception.perceive import Perceiver
+from planner.planner import Planner
+from planner.settings import PlannerSettings
+from planner.vendors import make_adapter
+from tests.support.fakes import FakeModelServer, ScriptedTurn, text, tool_use
+
+FAST = WaitPolicy(initial_s=0.02, max_s=0.1)
+DONE = ScriptedTurn(
+    [text("Nothing to do."), tool_use("complete", {"success": True, "reason": "ok"})]
+)
+
+
+@pytest.fixture
+def provider() -> Iterator[FakeModelServer]:
+    with FakeModelServer(anthropic_key="sk-ant-test") as server:
+        yield server
+
+
+@pytest.fixture
+async def planners() -> AsyncIterator[list[Planner]]:
+    made: list[Planner] = []
+    yield made
+    for planner in made:
+        await planner.aclose()
+
+
+def _loop(provider: FakeModelServer, made: list[Planner], key: str = "sk-ant-test") -> AgentLoop:
+    settings = PlannerSettings(
+        provider="anthropic",
+        model="claude-sonnet-4-6",
+        anthropic_api_key=key,
+        anthropic_base_url=provider.anthropic_base_url,
+        max_retries=0,
+    )
+    made.append(Planner(make_adapter(settings), settings))
+    return AgentLoop(
+        VirtualDriver(VirtualPhone("emulator-5554")),
+        made[-1],
+        Perceiver(None, retries=1, retry_delay_s=0),
+        None,
+        LoopSettings(max_steps=3, settle_delay_s=0, ocr=False, planner_wait=FAST),
+    )
+
+
+def _spec(deadline: datetime | None = None) -> TaskSpec:
+    return TaskSpec("t1", 1, "Do nothing", "emulator-5554", "L1", deadline)
+
+
+async def test_a_provider_outage_is_waited_out_and_the_task_finishes(
+    provider: FakeModelServer, planners: list[Planner]
+) -> None:
+    provider.script_anthropic(DONE)
+    provider.go_down(529)
+    progress = ProgressHolder()
+    waiting: list[str] = []
+
+    def watch(snap: ProgressSnapshot) -> None:
+        if "waiting for the model provider since" in snap.summary:
+            waiting.append(snap.summary)
+            if len(waiting) == 3:  # three refused asks: the provider comes back
+                provider.come_back()
+
+    progress.add_listener(watch)
+    deadline = datetime.now(UTC) + timedelta(hours=1)
+    outcome = await _loop(provider, planners).run(_spec(deadline), progress)
+    assert outcome.status == "succeeded", outcome.summary
+    assert len(waiting) == 3 and provider.outage_hits == 3
+    assert "Anthropic is unavailable (HTTP 529" in waiting[0]
+    assert waiting[0].startswith("step 1: waiting for the model provider since ")
+
+
+async def test_at_the_deadline_the_attempt_ends_retryable_not_failed_for_the_task(
+    provider: FakeModelServer, planners: list[Planner]
+) -> None:
+    provider.go_down(500)
+    outcome = await _loop(provider, planners).run(_spec(datetime.now(UTC) + timedelta(seconds=0.3)))
+    assert (outcome.status, outcome.retryable) == ("failed", True)
+    assert outcome.summary.startswith("the model provider stayed unavailable since ")
+    assert provider.outage_hits >= 1
+
+
+async def test_refused_credentials_fail_fast_without_waiting(
+    provider: FakeModelServer, planners: list[Planner]
+) -> None:
+    outcome = await _loop(provider, planners, key="sk-ant-wrong").run(_spec())
+    assert (outcome.status, outcome.retryable) == ("failed", False)
+    assert outcome.summary == "planner: Anthropic rejected the API key"
+    assert len(provider.requests) == 1

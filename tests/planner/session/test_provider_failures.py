@@ -1,0 +1,332 @@
+"""Session mode against providers as they fail and change in production: a stream that fails
+after HTTP 200, 429 / 500 / 529, answers without a tool call, replies cut off, models that take
+only adaptive thinking, non-reasoning OpenAI models. Real SDKs, the enforcing fakes, SQLite."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import anthropic
+import openai
+import pytest
+
+from planner.conversation.items import ContextCheckpoint, Reasoning, UserObservation
+from planner.deciding import CUT_OFF, NUDGE
+from planner.errors import (
+    PlannerConfigError,
+    PlannerError,
+    PlannerRateLimited,
+    PlannerUnavailable,
+)
+from planner.model_profiles import PROFILES
+from planner.session.config import SessionConfig
+from planner.session.factory import open_session_planner
+from planner.session.planner import SessionPlanner
+from planner.session.store import SqliteSessionStore
+from planner.settings import PlannerSettings
+from planner.vendors import ThinkingConfig
+from planner.vendors.anthropic import AnthropicAdapter
+from planner.vendors.openai import OpenAIAdapter
+from tests.support.fakes import (
+    FakeModelServer,
+    Reply,
+    ScriptedTurn,
+    anthropic_error,
+    function_call,
+    message,
+    rate_limited_anthropic,
+    reasoning,
+    text,
+    thinking,
+    tool_use,
+)
+from tests.support.fakes.anthropic import overloaded
+
+INTENT = {"purpose": "make progress", "expected_outcome": "the next screen shows"}
+ADAPTIVE = ThinkingConfig("adaptive")
+
+
+@pytest.fixture
+def server() -> Iterator[FakeModelServer]:
+    with FakeModelServer() as s:
+        yield s
+
+
+class Planners:
+    """Session planners over one SQLite file, closed at the end."""
+
+    def __init__(self, server: FakeModelServer, db: Path) -> None:
+        self.server, self.db = server, db
+        self.opened: list[SessionPlanner] = []
+
+    async def anthropic(
+        self,
+        model: str = "claude-sonnet-4-6",
+        *,
+        thinking: ThinkingConfig = ADAPTIVE,
+        stream: bool = True,
+        retries: int = 0,
+        **adapter: Any,
+    ) -> SessionPlanner:
+        client = anthropic.AsyncAnthropic(
+            api_key="k", base_url=self.server.anthropic_base_url, max_retries=retries
+        )
+        return await self._open(
+            AnthropicAdapter(client, model=model, thinking=thinking, retries=retries, **adapter),
+            stream,
+        )
+
+    async def openai(
+        self, model: str = "o4-mini", *, thinking: ThinkingConfig = ADAPTIVE, stream: bool = True
+    ) -> SessionPlanner:
+        client = openai.AsyncOpenAI(
+            api_key="k", base_url=self.server.openai_base_url, max_retries=0
+        )
+        return await self._open(
+            OpenAIAdapter(client, model=model, thinking=thinking, retries=0), stream
+        )
+
+    async def _open(self, adapter: Any, stream: bool) -> SessionPlanner:
+        planner = await SessionPlanner.open(
+            store=SqliteSessionStore(self.db),
+            task_id="t1",
+            attempt=1,
+            adapter=adapter,
+            owns_adapter=True,
+            config=SessionConfig(stream=stream),
+        )
+        self.opened.append(planner)
+        return planner
+
+
+@pytest.fixture
+async def planners(server: FakeModelServer, tmp_path: Path) -> AsyncIterator[Planners]:
+    made = Planners(server, tmp_path / "host.sqlite")
+    yield made
+    for planner in made.opened:
+        await planner.aclose()
+
+
+def _turn(n: int) -> ScriptedTurn:
+    return ScriptedTurn(
+        [
+            thinking(f"thought {n}"),
+            text(f"step {n}"),
+            tool_use("press_key", {"key": "back", **INTENT}),
+        ]
+    )
+
+
+async def test_overloaded_after_200_is_transient_and_never_starts_afresh(
+    server: FakeModelServer, planners: Planners
+) -> None:
+    """`event: error` (overloaded_error) inside a stream that began with HTTP 200 used to be
+    taken for a refusal: the session "started afresh", retiring every earlier thinking block."""
+    server.anthropic_script.extend([_turn(1), overloaded(), overloaded(), _turn(2)])
+    planner = await planners.anthropic()
+    await planner.decide("screen 1")
+    await planner.record_tool_result("pressed")
+    with pytest.raises(PlannerUnavailable, match="failed mid-stream"):
+        await planner.decide("screen 2")
+    assert not any(isinstance(i, ContextCheckpoint) for i in planner.history)
+    assert [r.status for r in server.requests] == [200, 200]  # only the first turn and the error
+    # Asked again (the host waits and retries): the same screen is not added twice, and the
+    # earlier thinking still travels, signed.
+    with pytest.raises(PlannerUnavailable):
+        await planner.decide("screen 2")
+    decision = await planner.decide("screen 2")
+    assert decision.extra["started_afresh"] is False
+    observations = [i for i in planner.history if isinstance(i, UserObservation)]
+    assert [o.text for o in observations] == ["screen 1", "screen 2"]
+    sent = server.bodies("/v1/messages")[-1]["messages"]
+    assert sent[1]["content"][0]["type"] == "thinking"
+    assert server.rejections == []
+
+
+@pytest.mark.parametrize(
+    ("reply", "error"),
+    [
+        (rate_limited_anthropic(), PlannerRateLimited),
+        (
+            anthropic_error(500, "api_error", "Internal server error", retry_after_ms="5"),
+            PlannerUnavailable,
+        ),
+        (
+            anthropic_error(529, "overloaded_error", "Overloaded", retry_after_ms="5"),
+            PlannerUnavailable,
+        ),
+    ],
+    ids=["429", "500", "529"],
+)
+async def test_http_failures_in_session_mode_are_transient(
+    server: FakeModelServer, planners: Planners, reply: Reply, error: type[PlannerError]
+) -> None:
+    server.anthropic_script.extend([_turn(1), reply, reply, reply, _turn(2)])
+    planner = await planners.anthropic(retries=1)
+    await planner.decide("screen 1")
+    await planner.record_tool_result("pressed")
+    with pytest.raises(error):
+        await planner.decide("screen 2")  # the SDK's own retry failed too
+    decision = await planner.decide("screen 2")  # the SDK retries past the third one
+    assert decision.tool_name == "press_key"
+    assert not any(isinstance(i, ContextCheckpoint) for i in planner.history)
+    assert [r.status for r in server.requests] == [
+        200,
+        reply.status,
+        reply.status,
+        reply.status,
+        200,
+    ]
+
+
+async def test_no_tool_call_twice_recovers_with_a_corrective_turn(
+    server: FakeModelServer, planners: Planners
+) -> None:
+    """Session mode used to fail the step here; compact mode always recovered."""
+    server.anthropic_script.extend(
+        [
+            ScriptedTurn([thinking("look"), text("Looking.")]),
+            ScriptedTurn([text("Still looking.")]),  # the forced retry, no call either
+            ScriptedTurn([thinking("act"), tool_use("press_key", {"key": "home", **INTENT})]),
+        ]
+    )
+    planner = await planners.anthropic()
+    decision = await planner.decide("screen 1")
+    assert decision.tool_name == "press_key"
+    assert (decision.retry_kind, decision.corrective_retries) == ("forced", 1)
+    assert decision.rationale == "Still looking."
+    assert server.rejections == []
+
+
+async def test_adaptive_only_model_is_nudged_and_its_thinking_asked_summarized(
+    server: FakeModelServer, planners: Planners
+) -> None:
+    """Claude Opus 4.7 refuses `thinking: {type: disabled}` (what the forced retry sent) and a
+    forced tool choice with thinking; it omits thinking text unless asked for a summary."""
+    server.anthropic_script.extend(
+        [
+            ScriptedTurn([thinking("First look around."), text("Looking.")]),
+            ScriptedTurn(
+                [thinking("Back it is."), tool_use("press_key", {"key": "back", **INTENT})]
+            ),
+        ]
+    )
+    planner = await planners.anthropic("claude-opus-4-7")
+    decision = await planner.decide("screen 1")
+    first, nudged = server.bodies("/v1/messages")
+    for body in (first, nudged):
+        assert body["thinking"] == {"type": "adaptive", "display": "summarized"}
+        assert body["tool_choice"]["type"] == "auto"
+    assert nudged["messages"][-1]["content"][-1] == {"type": "text", "text": NUDGE}
+    assert decision.retry_kind == "nudge"
+    assert [b.text for b in decision.thinking] == ["First look around.", "Back it is."]
+    assert decision.thinking_kind == "summarized"
+    assert server.rejections == []
+
+
+async def test_signature_only_thinking_is_omitted_not_redacted(
+    server: FakeModelServer, planners: Planners
+) -> None:
+    server.anthropic_script.append(
+        ScriptedTurn([thinking("unseen"), tool_use("press_key", {"key": "back", **INTENT})])
+    )
+    # The profile of an unknown model asks for no display: Opus 4.7 then omits the text.
+    planner = await planners.anthropic("claude-opus-4-7", profile=PROFILES["anthropic-unknown"])
+    decision = await planner.decide("screen 1")
+    assert [(b.text, b.redacted) for b in decision.thinking] == [("", False)]
+    assert decision.thinking_kind == "omitted"
+    (kept,) = [i for i in planner.history if isinstance(i, Reasoning)]
+    assert kept.signature and not kept.redacted_data
+
+
+async def test_a_reply_cut_off_at_max_tokens_is_marked(
+    server: FakeModelServer, planners: Planners
+) -> None:
+    server.anthropic_script.append(
+        ScriptedTurn(
+            [
+                thinking("t"),
+                text("Pressing back because"),
+                tool_use("press_key", {"key": "back", **INTENT}),
+            ],
+            stop_reason="max_tokens",
+        )
+    )
+    decision = await (await planners.anthropic()).decide("screen 1")
+    assert decision.output_truncated
+    assert decision.rationale == f"Pressing back because\n{CUT_OFF}"
+
+
+async def test_responses_incomplete_is_marked(server: FakeModelServer, planners: Planners) -> None:
+    server.responses_script.append(
+        ScriptedTurn(
+            [
+                reasoning("r"),
+                message("Going back"),
+                function_call("press_key", {"key": "back", **INTENT}),
+            ],
+            status="incomplete",
+        )
+    )
+    decision = await (await planners.openai()).decide("screen 1")
+    assert decision.output_truncated and decision.rationale == f"Going back\n{CUT_OFF}"
+    assert decision.thinking_kind == "summarized"
+
+
+async def test_a_responses_stream_error_is_transient(
+    server: FakeModelServer, planners: Planners
+) -> None:
+    server.responses_script.extend(
+        [
+            ScriptedTurn([], fail=("server_is_overloaded", "The server is overloaded.")),
+            ScriptedTurn([reasoning("r"), function_call("press_key", {"key": "back", **INTENT})]),
+        ]
+    )
+    planner = await planners.openai()
+    with pytest.raises(PlannerUnavailable, match="overloaded"):
+        await planner.decide("screen 1")
+    assert (await planner.decide("screen 1")).tool_name == "press_key"
+
+
+async def test_a_non_reasoning_openai_model_never_gets_reasoning(
+    server: FakeModelServer, planners: Planners, tmp_path: Path
+) -> None:
+    server.responses_script.append(
+        ScriptedTurn([message("Back."), function_call("press_key", {"key": "back", **INTENT})])
+    )
+    planner = await planners.openai("gpt-4.1-mini", thinking=ADAPTIVE)
+    await planner.decide("screen 1")
+    (sent,) = server.requests
+    assert sent.status == 200, sent.error
+    assert "reasoning" not in sent.body
+    # Through the settings, thinking on with that model is refused before any call.
+    settings = PlannerSettings(
+        provider="openai", openai_api_key="k", model="gpt-4.1-mini", thinking="adaptive"
+    )
+    with pytest.raises(PlannerConfigError, match="does not reason"):
+        await open_session_planner(
+            settings, store=SqliteSessionStore(tmp_path / "s.sqlite"), task_id="t", attempt=1
+        )
+
+
+async def test_the_conversation_prefix_is_read_from_the_cache(
+    server: FakeModelServer, planners: Planners
+) -> None:
+    server.anthropic_script.extend([_turn(n) for n in range(3)])
+    planner = await planners.anthropic()
+    usages = []
+    for n in range(3):
+        decision = await planner.decide(f"screen {n} " + "element " * 400)
+        await planner.record_tool_result("pressed")
+        usages.append(decision.usage)
+    assert server.bodies("/v1/messages")[0]["cache_control"] == {"type": "ephemeral"}
+    assert usages[0].cache_read_input_tokens == 0 and usages[0].cache_creation_input_tokens > 0
+    # Each step reads everything the step before wrote, and writes only what it added.
+    for before, after in itertools.pairwise(usages):
+        assert after.cache_read_input_tokens >= (
+            before.cache_read_input_tokens + before.cache_creation_input_tokens
+        )
+        assert after.cache_creation_input_tokens < before.cache_read_input_tokens + 2000

@@ -1,0 +1,110 @@
+"""Model profiles: the table, the conservative profile for unknown models, the operator's
+override, and configurations refused at start with one line."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from planner.errors import PlannerConfigError
+from planner.model_profiles import PROFILES, check, profile_for, resolve
+from planner.settings import PlannerSettings
+from planner.vendors import make_adapter
+
+
+def settings(**values: Any) -> PlannerSettings:
+    base: dict[str, Any] = {"provider": "anthropic", "anthropic_api_key": "sk-ant-x"}
+    if values.get("provider") == "openai":
+        base = {"openai_api_key": "sk-x"}
+    return PlannerSettings(**{**base, **values})
+
+
+@pytest.mark.parametrize(
+    ("model", "vendor", "profile"),
+    [
+        ("claude-sonnet-4-5", "anthropic", "claude-budget"),
+        ("claude-opus-4-5-20251101", "anthropic", "claude-budget"),
+        ("claude-sonnet-4-6", "anthropic", "claude-4.6"),
+        ("claude-opus-4-6", "anthropic", "claude-4.6"),
+        ("claude-opus-4-7", "anthropic", "claude-adaptive-only"),
+        ("claude-fable-5", "anthropic", "claude-adaptive-only"),
+        ("claude-mythos-preview", "anthropic", "claude-always-thinks"),
+        ("claude-test-model", "anthropic", "anthropic-unknown"),
+        ("gpt-4.1-mini", "openai", "gpt-4.1"),
+        ("gpt-4o", "openai", "gpt-4o"),
+        ("o4-mini", "openai", "openai-reasoning"),
+        ("gpt-5-mini", "openai", "openai-reasoning"),
+        ("gpt-test-model", "openai", "openai-unknown"),
+        # A name of the other vendor's family is no profile of this one.
+        ("gpt-4.1", "anthropic", "anthropic-unknown"),
+    ],
+)
+def test_models_map_to_their_family(model: str, vendor: Any, profile: str) -> None:
+    assert profile_for(model, vendor).name == profile
+
+
+def test_what_the_families_take() -> None:
+    budget, adaptive_only = PROFILES["claude-budget"], PROFILES["claude-adaptive-only"]
+    assert budget.thinking_modes == {"budget"} and budget.retry_form(thinking=True) == "forced"
+    assert adaptive_only.thinking_modes == {"adaptive"}
+    assert adaptive_only.visible_display == "summarized"
+    assert adaptive_only.retry_form(thinking=True) == "nudge"
+    assert PROFILES["claude-4.6"].thinking_off == "disabled"
+    assert PROFILES["claude-always-thinks"].thinking_off is None
+    assert not PROFILES["gpt-4.1"].reasoning and PROFILES["openai-reasoning"].reasoning
+    unknown = PROFILES["anthropic-unknown"]
+    # Conservative: what the settings ask for, nothing added, nothing refused.
+    assert unknown.visible_display is None and unknown.thinking_off == "omit"
+    assert unknown.thinking_modes == {"adaptive", "budget"} and unknown.max_output_tokens is None
+
+
+def test_an_operator_names_the_profile_of_a_model_the_table_does_not_know() -> None:
+    chosen = settings(model="claude-next-preview", model_profile="claude-adaptive-only")
+    assert resolve(chosen).name == "claude-adaptive-only"
+    with pytest.raises(PlannerConfigError, match=r"not a anthropic profile.*claude-budget"):
+        resolve(settings(model_profile="gpt-4.1"))
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        (
+            {"model": "claude-opus-4-7", "thinking": "budget", "thinking_budget_tokens": 2048},
+            "does not take budget thinking: set AMC_PLANNER_THINKING=adaptive",
+        ),
+        (
+            {"model": "claude-sonnet-4-5", "thinking": "adaptive"},
+            "does not take adaptive thinking: set AMC_PLANNER_THINKING=budget",
+        ),
+        ({"model": "claude-mythos-5"}, "always thinks: set AMC_PLANNER_THINKING=adaptive"),
+        (
+            {"model": "claude-sonnet-4-6", "thinking": "adaptive", "effort": "xhigh"},
+            "does not take effort 'xhigh'",
+        ),
+        (
+            {"model": "claude-sonnet-4-5", "max_tokens": 20000, "thinking_budget_tokens": 20000},
+            None,
+        ),
+        (
+            {"provider": "openai", "model": "gpt-4.1-mini", "thinking": "adaptive"},
+            "gpt-4.1-mini \\(profile gpt-4.1\\) does not reason: set AMC_PLANNER_THINKING=off",
+        ),
+    ],
+)
+def test_a_configuration_the_model_cannot_take_is_refused_at_start(
+    values: dict[str, Any], message: str | None
+) -> None:
+    chosen = settings(**values)
+    if message is None:  # within the model's limits: accepted
+        check(resolve(chosen), chosen)
+        return
+    with pytest.raises(PlannerConfigError, match=message) as info:
+        make_adapter(chosen)
+    assert "\n" not in str(info.value)  # one line
+
+
+def test_output_limit_is_checked_against_the_profile() -> None:
+    chosen = settings(model="gpt-4o", provider="openai", max_tokens=20000)
+    with pytest.raises(PlannerConfigError, match="writes at most 16384 output tokens"):
+        make_adapter(chosen)

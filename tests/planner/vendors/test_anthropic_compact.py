@@ -1,0 +1,412 @@
+"""The real `anthropic` SDK against the local fake Messages API.
+
+Assertions are on what the SDK actually sent (tool_choice, thinking, beta header, max_tokens) and
+on what the planner made of the answers. The fake enforces the API's documented constraints, so
+a request the real API would reject fails here too.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import anthropic
+import pytest
+
+from planner.errors import (
+    PlannerAuthError,
+    PlannerConfigError,
+    PlannerError,
+    PlannerRateLimited,
+    PlannerUnavailable,
+)
+from planner.planner import Planner
+from planner.settings import PlannerSettings
+from planner.vendors import make_adapter
+from planner.vendors.anthropic import INTERLEAVED_THINKING_BETA
+from tests.planner.scenes import settings_main
+from tests.support.fakes import (
+    ANTHROPIC_KEY,
+    BUDGET_TOO_SMALL,
+    MAX_TOKENS_NOT_ABOVE_BUDGET,
+    THINKING_WITH_FORCED_TOOL,
+    FakeModelServer,
+    anthropic_error,
+    anthropic_message,
+    rate_limited_anthropic,
+    redacted_thinking,
+    text,
+    thinking,
+    tool_use,
+)
+
+GOAL = "Turn on dark theme"
+TAP_DISPLAY = {
+    "element_id": "e17",
+    "purpose": "open display settings",
+    "expected_outcome": "the Display page is open",
+}
+
+
+def make(server: FakeModelServer, **overrides: Any) -> Planner:
+    values: dict[str, Any] = {
+        "provider": "anthropic",
+        "anthropic_api_key": ANTHROPIC_KEY,
+        "anthropic_base_url": server.anthropic_base_url,
+        "model": "claude-test-model",
+        "max_retries": 2,
+        **overrides,
+    }
+    settings = PlannerSettings(**values)
+    return Planner(make_adapter(settings), settings)
+
+
+async def decide(planner: Planner) -> Any:
+    try:
+        return await planner.decide(GOAL, settings_main())
+    finally:
+        await planner.aclose()
+
+
+async def test_text_before_tool_use_is_the_rationale_and_tool_choice_is_auto(
+    fake_server: FakeModelServer,
+) -> None:
+    fake_server.script_anthropic(
+        anthropic_message(
+            text("First step. Display holds the dark theme switch."),
+            tool_use("tap", TAP_DISPLAY),
+            cache_read_input_tokens=7,
+        )
+    )
+    decision = await decide(make(fake_server))
+
+    assert decision.tool_name == "tap"
+    assert decision.arguments == {"element_id": "e17"}
+    assert decision.purpose == "open display settings"
+    assert decision.expected_outcome == "the Display page is open"
+    assert decision.rationale == "First step. Display holds the dark theme switch."
+    assert decision.thinking == []
+    assert decision.forced_retry is False
+    assert decision.provider == "anthropic"
+    assert decision.model == "claude-test-model"
+    assert decision.usage.input_tokens == 120
+    assert decision.usage.cache_read_input_tokens == 7
+    (sent,) = fake_server.requests
+    assert sent.body["tool_choice"] == {"type": "auto", "disable_parallel_tool_use": True}
+    assert "thinking" not in sent.body
+    assert "anthropic-beta" not in sent.headers
+    assert sent.body["max_tokens"] == 2048
+    # Prompt caching (on by default): the system prompt and the tools end in cache breakpoints.
+    (system,) = sent.body["system"]
+    assert system["text"].startswith("You control an Android phone")
+    assert system["cache_control"] == {"type": "ephemeral"}
+    assert sent.body["tools"][-1]["cache_control"] == {"type": "ephemeral"}
+    assert "cache_control" not in sent.body  # no conversation breakpoint in compact mode
+    tool_names = [t["name"] for t in sent.body["tools"]]
+    assert tool_names == [
+        "tap",
+        "swipe",
+        "input_text",
+        "press_key",
+        "launch_app",
+        "terminate_app",
+        "complete",
+        "get_ui_tree",
+    ]
+    tap_schema = sent.body["tools"][0]["input_schema"]
+    assert {"purpose", "expected_outcome"} <= set(tap_schema["required"])
+
+
+async def test_budget_thinking_sends_enabled_budget_beta_header_and_raised_max_tokens(
+    fake_server: FakeModelServer,
+) -> None:
+    fake_server.script_anthropic(
+        anthropic_message(
+            thinking("The goal names dark theme; Settings > Display has it."),
+            redacted_thinking(),
+            text("Open Display."),
+            tool_use("tap", TAP_DISPLAY),
+            thinking_tokens=31,
+        )
+    )
+    decision = await decide(
+        make(fake_server, thinking="budget", thinking_budget_tokens=4000, max_tokens=1024)
+    )
+
+    (sent,) = fake_server.requests
+    assert sent.body["thinking"] == {"type": "enabled", "budget_tokens": 4000}
+    assert sent.body["max_tokens"] >= 4001
+    assert INTERLEAVED_THINKING_BETA in sent.headers["anthropic-beta"]
+    assert [(b.text, b.redacted) for b in decision.thinking] == [
+        ("The goal names dark theme; Settings > Display has it.", False),
+        ("", True),
+    ]
+    assert decision.rationale == "Open Display."
+    assert decision.usage.thinking_tokens == 31
+
+
+async def test_seed_env_var_still_turns_budget_thinking_on(
+    fake_server: FakeModelServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("AI_PLANNER_THINKING_BUDGET_TOKENS", "2048")
+    fake_server.script_anthropic(anthropic_message(thinking("hm"), tool_use("tap", TAP_DISPLAY)))
+    await decide(make(fake_server))
+    (sent,) = fake_server.requests
+    assert sent.body["thinking"] == {"type": "enabled", "budget_tokens": 2048}
+    assert sent.body["max_tokens"] > 2048
+
+
+async def test_adaptive_thinking_with_effort(fake_server: FakeModelServer) -> None:
+    fake_server.script_anthropic(
+        anthropic_message(thinking("adaptive"), tool_use("tap", TAP_DISPLAY))
+    )
+    decision = await decide(make(fake_server, thinking="adaptive", effort="low"))
+    (sent,) = fake_server.requests
+    assert sent.body["thinking"] == {"type": "adaptive"}
+    assert sent.body["output_config"] == {"effort": "low"}
+    assert "anthropic-beta" not in sent.headers
+    assert decision.thinking[0].text == "adaptive"
+
+
+async def test_no_tool_call_gets_one_forced_retry_without_thinking(
+    fake_server: FakeModelServer,
+) -> None:
+    fake_server.script_anthropic(
+        anthropic_message(thinking("let me look"), text("I should open Display first.")),
+        anthropic_message(tool_use("tap", TAP_DISPLAY)),
+    )
+    decision = await decide(make(fake_server, thinking="budget", thinking_budget_tokens=1024))
+
+    first, second = fake_server.requests
+    assert first.body["tool_choice"]["type"] == "auto"
+    assert first.body["thinking"]["type"] == "enabled"
+    assert second.body["tool_choice"] == {"type": "any", "disable_parallel_tool_use": True}
+    assert "thinking" not in second.body
+    assert "anthropic-beta" not in second.headers
+    assert decision.forced_retry is True
+    assert decision.rationale == "I should open Display first."
+    assert decision.thinking[0].text == "let me look"
+    assert decision.usage.input_tokens == 240
+
+
+async def test_invalid_tool_call_gets_one_corrective_turn_with_thinking_sent_back_intact(
+    fake_server: FakeModelServer,
+) -> None:
+    fake_server.script_anthropic(
+        anthropic_message(
+            thinking("Tap the display row."),
+            redacted_thinking(),
+            text("Opening Display."),
+            tool_use(
+                "tap",
+                {"x": 5000, "y": 10, "purpose": "open display", "expected_outcome": "Display"},
+            ),
+        ),
+        anthropic_message(thinking("Use the id."), tool_use("tap", TAP_DISPLAY)),
+    )
+    decision = await decide(make(fake_server, thinking="budget", thinking_budget_tokens=1024))
+
+    assert decision.corrective_retries == 1
+    assert decision.arguments == {"element_id": "e17"}
+    first, second = fake_server.requests
+    assert second.status == 200
+    assistant, result = second.body["messages"][1], second.body["messages"][2]
+    assert [b["type"] for b in assistant["content"]] == [
+        "thinking",
+        "redacted_thinking",
+        "text",
+        "tool_use",
+    ]
+    assert assistant["content"][0] == first_thinking(first, fake_server)
+    (tool_result,) = result["content"]
+    assert tool_result["type"] == "tool_result"
+    assert tool_result["is_error"] is True
+    assert "off the screen" in tool_result["content"]
+    assert second.body["thinking"]["type"] == "enabled"
+
+
+def first_thinking(first: Any, server: FakeModelServer) -> dict[str, Any]:
+    """The signed thinking block the fake returned for the first request."""
+    sig = server.messages.signature_of("Tap the display row.")
+    return {"type": "thinking", "thinking": "Tap the display row.", "signature": sig}
+
+
+@pytest.mark.parametrize(
+    ("bad_args", "complaint"),
+    [
+        (
+            {"element_id": "e999", "purpose": "p", "expected_outcome": "o"},
+            "not in the current scene",
+        ),
+        ({"element_id": "e17"}, "purpose and expected_outcome must be given"),
+        ({"element_id": "e17", "purpose": "  ", "expected_outcome": "o"}, "purpose must be given"),
+    ],
+)
+async def test_still_invalid_after_the_corrective_turn_is_a_clear_planner_error(
+    fake_server: FakeModelServer, bad_args: dict[str, Any], complaint: str
+) -> None:
+    fake_server.script_anthropic(
+        anthropic_message(tool_use("tap", bad_args)),
+        anthropic_message(tool_use("tap", bad_args)),
+    )
+    with pytest.raises(PlannerError, match=complaint) as info:
+        await decide(make(fake_server))
+    assert str(info.value).startswith("planner: anthropic gave an unusable tool call twice")
+    assert len(fake_server.requests) == 2
+
+
+async def test_unknown_tool_is_corrected(fake_server: FakeModelServer) -> None:
+    fake_server.script_anthropic(
+        anthropic_message(tool_use("click", {"element_id": "e17"})),
+        anthropic_message(tool_use("tap", TAP_DISPLAY)),
+    )
+    decision = await decide(make(fake_server))
+    assert decision.corrective_retries == 1
+    tool_result = fake_server.requests[1].body["messages"][2]["content"][0]
+    assert "unknown tool 'click'" in tool_result["content"]
+
+
+async def test_rate_limit_is_retried_by_the_sdk(fake_server: FakeModelServer) -> None:
+    fake_server.script_anthropic(
+        rate_limited_anthropic(), anthropic_message(tool_use("tap", TAP_DISPLAY))
+    )
+    decision = await decide(make(fake_server))
+    assert decision.tool_name == "tap"
+    assert [r.status for r in fake_server.requests] == [429, 200]
+
+
+async def test_rate_limit_that_persists_is_planner_rate_limited(
+    fake_server: FakeModelServer,
+) -> None:
+    fake_server.script_anthropic(*[rate_limited_anthropic() for _ in range(3)])
+    with pytest.raises(PlannerRateLimited, match="planner: Anthropic rate limit"):
+        await decide(make(fake_server, max_retries=2))
+    assert len(fake_server.requests) == 3
+
+
+async def test_server_errors_are_retried_then_unavailable(fake_server: FakeModelServer) -> None:
+    boom = anthropic_error(500, "api_error", "Internal server error", retry_after_ms="5")
+    overloaded = anthropic_error(529, "overloaded_error", "Overloaded", retry_after_ms="5")
+    fake_server.script_anthropic(boom, anthropic_message(tool_use("tap", TAP_DISPLAY)))
+    assert (await decide(make(fake_server))).tool_name == "tap"
+
+    fake_server.script_anthropic(boom, overloaded)
+    with pytest.raises(PlannerUnavailable, match="planner: Anthropic is unavailable"):
+        await decide(make(fake_server, max_retries=1))
+
+
+async def test_bad_key_is_an_operator_message(fake_server: FakeModelServer) -> None:
+    with pytest.raises(PlannerAuthError) as info:
+        await decide(make(fake_server, anthropic_api_key="sk-ant-wrong"))
+    assert str(info.value).startswith("planner: Anthropic rejected the API key")
+    assert fake_server.requests[0].status == 401
+
+
+async def test_model_that_only_takes_adaptive_rejects_budget_mode(
+    fake_server: FakeModelServer,
+) -> None:
+    """Refused at start by the model's profile, with the setting to change; before profiles it
+    was the provider's 400 at the first step (the fake still gives that: test_fakes.py)."""
+    with pytest.raises(PlannerConfigError, match=r"does not take budget thinking.*=adaptive"):
+        make(fake_server, model="claude-opus-4-7", thinking="budget", thinking_budget_tokens=2048)
+    assert fake_server.requests == []
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        (
+            {
+                "thinking": {"type": "enabled", "budget_tokens": 2048},
+                "tool_choice": {"type": "any"},
+            },
+            THINKING_WITH_FORCED_TOOL,
+        ),
+        (
+            {"thinking": {"type": "adaptive"}, "tool_choice": {"type": "tool", "name": "tap"}},
+            THINKING_WITH_FORCED_TOOL,
+        ),
+        ({"thinking": {"type": "enabled", "budget_tokens": 512}}, BUDGET_TOO_SMALL),
+        (
+            {"thinking": {"type": "enabled", "budget_tokens": 4096}, "max_tokens": 4096},
+            MAX_TOKENS_NOT_ABOVE_BUDGET,
+        ),
+    ],
+)
+async def test_the_fake_enforces_the_documented_constraints(
+    fake_server: FakeModelServer, kwargs: dict[str, Any], message: str
+) -> None:
+    """A client regression that sends these must fail a test, not pass against a lenient fake."""
+    client = anthropic.AsyncAnthropic(
+        api_key=ANTHROPIC_KEY, base_url=fake_server.anthropic_base_url, max_retries=0
+    )
+    request: dict[str, Any] = {
+        "model": "claude-test-model",
+        "max_tokens": 8192,
+        "messages": [{"role": "user", "content": "hi"}],
+        "tools": [{"name": "tap", "input_schema": {"type": "object"}}],
+        **kwargs,
+    }
+    try:
+        with pytest.raises(anthropic.BadRequestError) as info:
+            await client.messages.create(**request)
+    finally:
+        await client.close()
+    assert message in str(info.value)
+    assert fake_server.pending == 0
+
+
+async def test_fake_rejects_a_tool_use_continuation_whose_thinking_was_dropped(
+    fake_server: FakeModelServer,
+) -> None:
+    client = anthropic.AsyncAnthropic(
+        api_key=ANTHROPIC_KEY, base_url=fake_server.anthropic_base_url, max_retries=0
+    )
+    messages: list[Any] = [
+        {"role": "user", "content": "hi"},
+        {
+            "role": "assistant",
+            "content": [{"type": "tool_use", "id": "toolu_1", "name": "tap", "input": {}}],
+        },
+        {
+            "role": "user",
+            "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "ok"}],
+        },
+    ]
+    try:
+        with pytest.raises(
+            anthropic.BadRequestError, match="Expected `thinking` or `redacted_thinking`"
+        ):
+            await client.messages.create(
+                model="claude-test-model",
+                max_tokens=4096,
+                thinking={"type": "enabled", "budget_tokens": 1024},
+                messages=messages,
+            )
+    finally:
+        await client.close()
+
+
+async def test_corrective_turn_after_a_forced_retry_runs_without_thinking(
+    fake_server: FakeModelServer,
+) -> None:
+    """The forced answer carries no thinking, so the continuation must not enable it (the API
+    would reject a thinking turn whose last tool_use message does not start with thinking)."""
+    fake_server.script_anthropic(
+        anthropic_message(thinking("hmm"), text("Display next.")),
+        anthropic_message(
+            tool_use("tap", {"element_id": "e999", "purpose": "p", "expected_outcome": "o"})
+        ),
+        anthropic_message(tool_use("tap", TAP_DISPLAY)),
+    )
+    decision = await decide(make(fake_server, thinking="adaptive"))
+    first, forced, corrective = fake_server.requests
+    assert first.body["thinking"] == {"type": "adaptive"}
+    assert forced.body["tool_choice"]["type"] == "any"
+    assert "thinking" not in forced.body
+    assert corrective.status == 200
+    assert corrective.body["tool_choice"]["type"] == "auto"
+    assert "thinking" not in corrective.body
+    assert decision.forced_retry is True
+    assert decision.corrective_retries == 1
+    assert decision.arguments == {"element_id": "e17"}
+    assert decision.usage.input_tokens == 360

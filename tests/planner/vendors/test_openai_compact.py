@@ -1,0 +1,174 @@
+"""The real `openai` SDK (Chat Completions) against the local fake server."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from planner.errors import PlannerAuthError, PlannerRateLimited, PlannerUnavailable
+from planner.planner import Planner
+from planner.settings import PlannerSettings
+from planner.vendors import make_adapter
+from tests.planner.scenes import settings_main
+from tests.support.fakes import (
+    OPENAI_KEY,
+    FakeModelServer,
+    chat_completion,
+    openai_error,
+    openai_tool_call,
+    rate_limited_openai,
+)
+
+TAP = {
+    "element_id": "e17",
+    "purpose": "open display settings",
+    "expected_outcome": "the Display page is open",
+}
+
+
+def make(server: FakeModelServer, **overrides: Any) -> Planner:
+    values: dict[str, Any] = {
+        "provider": "openai",
+        "openai_api_key": OPENAI_KEY,
+        "openai_base_url": server.openai_base_url,
+        "model": "gpt-test-model",
+        "max_retries": 2,
+        **overrides,
+    }
+    settings = PlannerSettings(**values)
+    return Planner(make_adapter(settings), settings)
+
+
+async def decide(planner: Planner) -> Any:
+    try:
+        return await planner.decide("Turn on dark theme", settings_main())
+    finally:
+        await planner.aclose()
+
+
+async def test_content_is_rationale_reasoning_content_is_thinking(
+    fake_server: FakeModelServer,
+) -> None:
+    fake_server.script_openai(
+        chat_completion(
+            "Start: Display holds the switch.",
+            openai_tool_call("tap", TAP),
+            reasoning_content="dark theme lives in Display",
+            cached_tokens=50,
+            reasoning_tokens=12,
+        )
+    )
+    decision = await decide(make(fake_server))
+
+    assert decision.rationale == "Start: Display holds the switch."
+    assert [b.text for b in decision.thinking] == ["dark theme lives in Display"]
+    assert decision.arguments == {"element_id": "e17"}
+    assert decision.purpose == "open display settings"
+    assert decision.provider == "openai"
+    assert decision.model == "gpt-test-model"
+    assert decision.usage.input_tokens == 100
+    assert decision.usage.cache_read_input_tokens == 50
+    assert decision.usage.thinking_tokens == 12
+    (sent,) = fake_server.requests
+    assert sent.path == "/v1/chat/completions"
+    assert sent.body["tool_choice"] == "auto"
+    assert sent.body["parallel_tool_calls"] is False
+    assert sent.body["messages"][0]["role"] == "system"
+    tap = next(t for t in sent.body["tools"] if t["function"]["name"] == "tap")
+    assert {"purpose", "expected_outcome"} <= set(tap["function"]["parameters"]["required"])
+
+
+async def test_no_tool_call_is_retried_with_required(fake_server: FakeModelServer) -> None:
+    fake_server.script_openai(
+        chat_completion("I will open Display."),
+        chat_completion(None, openai_tool_call("tap", TAP)),
+    )
+    decision = await decide(make(fake_server))
+    first, second = fake_server.bodies()
+    assert first["tool_choice"] == "auto"
+    assert second["tool_choice"] == "required"
+    assert decision.forced_retry is True
+    assert decision.rationale == "I will open Display."
+
+
+async def test_arguments_that_are_not_json_get_a_corrective_tool_message(
+    fake_server: FakeModelServer,
+) -> None:
+    # A compatible server that requires reasoning_content back on the tool-call message.
+    fake_server.require_reasoning_content_back = True
+    bad = openai_tool_call("tap", '{"element_id": "e17", "purpose": ')
+    fake_server.script_openai(
+        chat_completion("Opening Display.", bad, reasoning_content="think"),
+        chat_completion(None, openai_tool_call("tap", TAP)),
+    )
+    decision = await decide(make(fake_server))
+
+    assert decision.corrective_retries == 1
+    second = fake_server.requests[1]
+    assert second.status == 200
+    assistant, tool = second.body["messages"][2], second.body["messages"][3]
+    assert assistant["tool_calls"][0]["id"] == bad["id"]
+    assert assistant["reasoning_content"] == "think"
+    assert tool["role"] == "tool"
+    assert tool["tool_call_id"] == bad["id"]
+    assert "not valid JSON" in tool["content"]
+
+
+async def test_off_screen_point_is_corrected(fake_server: FakeModelServer) -> None:
+    fake_server.script_openai(
+        chat_completion(
+            None,
+            openai_tool_call("tap", {"x": 1080, "y": 5, "purpose": "p", "expected_outcome": "o"}),
+        ),
+        chat_completion(
+            None,
+            openai_tool_call("tap", {"x": 1079, "y": 5, "purpose": "p", "expected_outcome": "o"}),
+        ),
+    )
+    decision = await decide(make(fake_server))
+    assert decision.arguments == {"x": 1079, "y": 5}
+    complaint = fake_server.bodies()[1]["messages"][-1]["content"]
+    assert "off the screen" in complaint
+    assert "1080x2400" in complaint
+
+
+async def test_429_then_success_and_persistent_429(fake_server: FakeModelServer) -> None:
+    fake_server.script_openai(
+        rate_limited_openai(), chat_completion(None, openai_tool_call("tap", TAP))
+    )
+    assert (await decide(make(fake_server))).tool_name == "tap"
+    assert [r.status for r in fake_server.requests] == [429, 200]
+
+    fake_server.script_openai(rate_limited_openai(), rate_limited_openai())
+    with pytest.raises(PlannerRateLimited, match="planner: OpenAI rate limit"):
+        await decide(make(fake_server, max_retries=1))
+
+
+async def test_500_is_unavailable(fake_server: FakeModelServer) -> None:
+    boom = openai_error(500, "The server had an error", "server_error", retry_after_ms="5")
+    fake_server.script_openai(boom, boom, boom)
+    with pytest.raises(PlannerUnavailable, match="HTTP 500 after 2 retries"):
+        await decide(make(fake_server))
+    assert len(fake_server.requests) == 3
+
+
+async def test_bad_key(fake_server: FakeModelServer) -> None:
+    with pytest.raises(PlannerAuthError, match=r"^planner: OpenAI rejected the API key"):
+        await decide(make(fake_server, openai_api_key="sk-wrong"))
+
+
+async def test_tool_arguments_json_round_trip_is_exact(fake_server: FakeModelServer) -> None:
+    args = {
+        "text": "hunter2",
+        "sensitive": True,
+        "purpose": "enter the password",
+        "expected_outcome": "dots shown",
+    }
+    fake_server.script_openai(
+        chat_completion(None, openai_tool_call("input_text", json.dumps(args)))
+    )
+    decision = await decide(make(fake_server))
+    assert decision.arguments == {"text": "hunter2", "sensitive": True}
+    assert decision.masked_arguments() == {"text": "•••", "sensitive": True}

@@ -1,0 +1,205 @@
+"""Requests built from the model's profile, against fakes that apply each model's own rules
+(`tests/support/fakes/rules.py`), in compact mode; session mode is in
+`tests/planner/session/test_provider_failures.py`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from planner.deciding import CUT_OFF, NUDGE
+from planner.decision import Decision
+from planner.planner import Planner
+from planner.settings import PlannerSettings
+from planner.vendors import make_adapter
+from tests.planner.scenes import settings_main
+from tests.support.fakes import (
+    ANTHROPIC_KEY,
+    OPENAI_KEY,
+    FakeModelServer,
+    ScriptedTurn,
+    anthropic_message,
+    chat_completion,
+    openai_tool_call,
+    text,
+    thinking,
+    tool_use,
+)
+
+TAP = {"element_id": "e17", "purpose": "open display", "expected_outcome": "Display opens"}
+
+
+def make(server: FakeModelServer, **overrides: Any) -> Planner:
+    values: dict[str, Any] = {
+        "provider": "anthropic",
+        "anthropic_api_key": ANTHROPIC_KEY,
+        "anthropic_base_url": server.anthropic_base_url,
+        "max_retries": 0,
+        **overrides,
+    }
+    settings = PlannerSettings(**values)
+    return Planner(make_adapter(settings), settings)
+
+
+async def decide(planner: Planner) -> Decision:
+    try:
+        return await planner.decide("Turn on dark theme", settings_main())
+    finally:
+        await planner.aclose()
+
+
+async def test_opus_47_is_asked_for_summarized_thinking_and_it_is_visible(
+    fake_server: FakeModelServer,
+) -> None:
+    fake_server.script_anthropic(
+        anthropic_message(thinking("Display holds the theme."), tool_use("tap", TAP))
+    )
+    decision = await decide(make(fake_server, model="claude-opus-4-7", thinking="adaptive"))
+    (sent,) = fake_server.requests
+    assert sent.body["thinking"] == {"type": "adaptive", "display": "summarized"}
+    assert [b.text for b in decision.thinking] == ["Display holds the theme."]
+    assert decision.thinking_kind == "summarized"
+
+
+async def test_without_summarized_display_the_thinking_is_omitted_not_redacted(
+    fake_server: FakeModelServer,
+) -> None:
+    """What the planner did before profiles (no display field): the model still thinks, the
+    provider returns a signature only, and the decision says so instead of "redacted"."""
+    fake_server.script_anthropic(anthropic_message(thinking("hidden"), tool_use("tap", TAP)))
+    decision = await decide(
+        make(
+            fake_server,
+            model="claude-opus-4-7",
+            thinking="adaptive",
+            model_profile="anthropic-unknown",
+        )
+    )
+    assert "display" not in fake_server.requests[0].body["thinking"]
+    assert [(b.text, b.redacted) for b in decision.thinking] == [("", False)]
+    assert decision.thinking_kind == "omitted"
+
+
+async def test_adaptive_only_model_gets_a_nudge_not_a_forced_tool_choice(
+    fake_server: FakeModelServer,
+) -> None:
+    fake_server.script_anthropic(
+        anthropic_message(thinking("Let me look first."), text("The list shows Display.")),
+        anthropic_message(thinking("Now act."), tool_use("tap", TAP)),
+    )
+    decision = await decide(make(fake_server, model="claude-opus-4-7", thinking="adaptive"))
+    _first, retry = fake_server.requests
+    assert retry.status == 200, retry.error
+    assert retry.body["tool_choice"]["type"] == "auto"
+    assert retry.body["thinking"] == {"type": "adaptive", "display": "summarized"}
+    assistant, nudge = retry.body["messages"][1:]
+    assert [b["type"] for b in assistant["content"]] == ["thinking", "text"]
+    assert nudge["content"][-1] == {"type": "text", "text": NUDGE}
+    assert decision.forced_retry and decision.retry_kind == "nudge"
+    assert [b.text for b in decision.thinking] == ["Let me look first.", "Now act."]
+    assert decision.rationale == "The list shows Display."
+
+
+async def test_claude_46_forced_retry_says_thinking_disabled(fake_server: FakeModelServer) -> None:
+    fake_server.script_anthropic(
+        anthropic_message(thinking("hm"), text("Display.")),
+        anthropic_message(tool_use("tap", TAP)),
+    )
+    decision = await decide(make(fake_server, model="claude-sonnet-4-6", thinking="adaptive"))
+    forced = fake_server.requests[1]
+    assert forced.body["tool_choice"]["type"] == "any"
+    assert forced.body["thinking"] == {"type": "disabled"}
+    assert decision.retry_kind == "forced"
+
+
+async def test_a_reply_cut_off_at_max_tokens_is_marked(fake_server: FakeModelServer) -> None:
+    fake_server.script_anthropic(
+        anthropic_message(
+            text("Display is the row to open because the theme"),
+            tool_use("tap", TAP),
+            stop_reason="max_tokens",
+        )
+    )
+    decision = await decide(make(fake_server, model="claude-sonnet-4-6"))
+    assert decision.output_truncated
+    assert decision.rationale == f"Display is the row to open because the theme\n{CUT_OFF}"
+
+
+async def test_the_rationale_is_not_repeated_after_a_corrective_retry(
+    fake_server: FakeModelServer,
+) -> None:
+    bad = {**TAP, "element_id": "e999"}
+    fake_server.script_anthropic(
+        anthropic_message(text("Open Display."), tool_use("tap", bad)),
+        anthropic_message(text("Open Display."), tool_use("tap", TAP)),
+    )
+    decision = await decide(make(fake_server, model="claude-sonnet-4-6"))
+    assert decision.corrective_retries == 1
+    assert decision.rationale == "Open Display."
+
+
+async def test_prompt_cache_reads_and_writes_are_recorded_per_decision(
+    fake_server: FakeModelServer,
+) -> None:
+    """Breakpoints on the system prompt and tools: the first decision writes them to the
+    cache, the next reads them (the fake prices requests as the API documents)."""
+    fake_server.script_anthropic(
+        *[ScriptedTurn([tool_use("tap", TAP)]) for _ in range(2)]  # usage priced by the fake
+    )
+    first = await decide(make(fake_server, model="claude-sonnet-4-6"))
+    second = await decide(make(fake_server, model="claude-sonnet-4-6"))
+    assert first.usage.cache_creation_input_tokens > 1000
+    assert first.usage.cache_read_input_tokens == 0
+    assert second.usage.cache_read_input_tokens == first.usage.cache_creation_input_tokens
+    assert second.usage.cache_creation_input_tokens == 0
+    assert second.usage.input_tokens < first.usage.input_tokens + 1
+
+
+async def test_without_prompt_caching_nothing_is_cached(fake_server: FakeModelServer) -> None:
+    fake_server.script_anthropic(
+        *[ScriptedTurn([tool_use("tap", TAP)]) for _ in range(2)]  # usage priced by the fake
+    )
+    for _ in range(2):
+        decision = await decide(make(fake_server, model="claude-sonnet-4-6", prompt_cache=False))
+        assert decision.usage.cache_read_input_tokens == 0
+        assert decision.usage.cache_creation_input_tokens == 0
+    assert isinstance(fake_server.requests[-1].body["system"], str)
+
+
+def _openai(server: FakeModelServer, **overrides: Any) -> Planner:
+    values: dict[str, Any] = {
+        "provider": "openai",
+        "openai_api_key": OPENAI_KEY,
+        "openai_base_url": server.openai_base_url,
+        "max_retries": 0,
+        **overrides,
+    }
+    settings = PlannerSettings(**values)
+    return Planner(make_adapter(settings), settings)
+
+
+@pytest.mark.parametrize(
+    ("model", "thinking_mode", "sent"),
+    [
+        ("gpt-4.1-mini", "off", None),
+        ("o4-mini", "adaptive", "low"),
+        ("o4-mini", "off", None),
+    ],
+)
+async def test_chat_reasoning_effort_only_for_reasoning_models(
+    fake_server: FakeModelServer, model: str, thinking_mode: str, sent: str | None
+) -> None:
+    fake_server.script_openai(chat_completion(None, openai_tool_call("tap", TAP), model=model))
+    await decide(_openai(fake_server, model=model, thinking=thinking_mode, effort="low"))
+    (request,) = fake_server.requests
+    assert request.status == 200, request.error
+    assert request.body.get("reasoning_effort") == sent
+
+
+async def test_a_chat_reply_cut_off_at_length_is_marked(fake_server: FakeModelServer) -> None:
+    fake_server.script_openai(
+        chat_completion("Open", openai_tool_call("tap", TAP), finish_reason="length")
+    )
+    decision = await decide(_openai(fake_server, model="gpt-4.1-mini"))
+    assert decision.output_truncated and decision.rationale == f"Open\n{CUT_OFF}"

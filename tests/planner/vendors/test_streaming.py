@@ -1,0 +1,169 @@
+"""Streamed turns: deltas accumulate into the committed item; live thinking goes out separately."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from planner.conversation.items import Reasoning, ToolCall
+from planner.vendors.anthropic.messages import AnthropicStreamAccumulator, items_from_message
+from planner.vendors.openai.responses import ResponsesStreamAccumulator, items_from_response
+from planner.vendors.streaming import IncompleteStream
+
+
+def _anthropic_events() -> list[dict[str, Any]]:
+    return [
+        {
+            "type": "message_start",
+            "message": {
+                "id": "msg_1",
+                "type": "message",
+                "role": "assistant",
+                "model": "m",
+                "content": [],
+                "usage": {"input_tokens": 5, "output_tokens": 1},
+            },
+        },
+        {
+            "type": "content_block_start",
+            "index": 0,
+            "content_block": {"type": "thinking", "thinking": "", "signature": ""},
+        },
+        {
+            "type": "content_block_delta",
+            "index": 0,
+            "delta": {"type": "thinking_delta", "thinking": "The list "},
+        },
+        {
+            "type": "content_block_delta",
+            "index": 0,
+            "delta": {"type": "thinking_delta", "thinking": "shows Display."},
+        },
+        {
+            "type": "content_block_delta",
+            "index": 0,
+            "delta": {"type": "signature_delta", "signature": "SIG/part1+"},
+        },
+        {
+            "type": "content_block_delta",
+            "index": 0,
+            "delta": {"type": "signature_delta", "signature": "part2=="},
+        },
+        {"type": "content_block_stop", "index": 0},
+        {
+            "type": "content_block_start",
+            "index": 1,
+            "content_block": {"type": "redacted_thinking", "data": "RED"},
+        },
+        {"type": "content_block_stop", "index": 1},
+        {"type": "content_block_start", "index": 2, "content_block": {"type": "text", "text": ""}},
+        {
+            "type": "content_block_delta",
+            "index": 2,
+            "delta": {"type": "text_delta", "text": "Open it."},
+        },
+        {"type": "content_block_stop", "index": 2},
+        {
+            "type": "content_block_start",
+            "index": 3,
+            "content_block": {"type": "tool_use", "id": "toolu_1", "name": "tap", "input": {}},
+        },
+        {
+            "type": "content_block_delta",
+            "index": 3,
+            "delta": {"type": "input_json_delta", "partial_json": '{"element_'},
+        },
+        {
+            "type": "content_block_delta",
+            "index": 3,
+            "delta": {"type": "input_json_delta", "partial_json": 'id": "e4"}'},
+        },
+        {"type": "content_block_stop", "index": 3},
+        {
+            "type": "message_delta",
+            "delta": {"stop_reason": "tool_use"},
+            "usage": {"output_tokens": 42},
+        },
+        {"type": "message_stop"},
+    ]
+
+
+def test_anthropic_deltas_accumulate_and_live_text_is_forwarded() -> None:
+    live: list[str] = []
+    acc = AnthropicStreamAccumulator(live.append)
+    for event in _anthropic_events():
+        acc.feed(event)
+    message = acc.message()
+    assert live == ["The list ", "shows Display."]
+    assert message["stop_reason"] == "tool_use"
+    assert message["usage"] == {"input_tokens": 5, "output_tokens": 42}
+    items = items_from_message(message)
+    assert items[0] == Reasoning(
+        "anthropic", "msg_1", text="The list shows Display.", signature="SIG/part1+part2=="
+    )
+    assert items[1] == Reasoning("anthropic", "msg_1", redacted_data="RED")
+    assert items[3] == ToolCall("anthropic", "msg_1", "toolu_1", "tap", {"element_id": "e4"})
+
+
+def test_an_interrupted_anthropic_stream_commits_nothing() -> None:
+    acc = AnthropicStreamAccumulator()
+    for event in _anthropic_events()[:5]:  # thinking and its signature, but no block stop
+        acc.feed(event)
+    with pytest.raises(IncompleteStream):
+        acc.message()
+
+
+def test_responses_items_come_from_output_item_done() -> None:
+    live: list[str] = []
+    acc = ResponsesStreamAccumulator(live.append)
+    done_item = {
+        "type": "reasoning",
+        "id": "rs_1",
+        "summary": [{"type": "summary_text", "text": "Plan: tap."}],
+        "encrypted_content": "ENC-final",
+    }
+    call = {
+        "type": "function_call",
+        "id": "fc_1",
+        "call_id": "call_1",
+        "name": "tap",
+        "arguments": '{"x":1,"y":2}',
+    }
+    events: list[dict[str, Any]] = [
+        {"type": "response.created", "response": {"id": "resp_1", "output": []}},
+        {
+            "type": "response.output_item.added",
+            "output_index": 0,
+            "item": {**done_item, "encrypted_content": "ENC-partial"},
+        },
+        {"type": "response.reasoning_summary_text.delta", "delta": "Plan: "},
+        {"type": "response.reasoning_summary_text.delta", "delta": "tap."},
+        {"type": "response.output_item.done", "output_index": 0, "item": done_item},
+        {"type": "response.output_item.done", "output_index": 1, "item": call},
+        {
+            "type": "response.completed",
+            "response": {"id": "resp_1", "model": "m", "output": [], "usage": {}},
+        },
+    ]
+    for event in events:
+        acc.feed(event)
+    items = items_from_response(acc.response())
+    assert live == ["Plan: ", "tap."]
+    assert items[0] == Reasoning(
+        "openai",
+        "resp_1",
+        encrypted_content="ENC-final",
+        item_id="rs_1",
+        summary=("Plan: tap.",),
+        wire=done_item,
+    )
+    assert items[1] == ToolCall(
+        "openai", "resp_1", "call_1", "tap", {"x": 1, "y": 2}, '{"x":1,"y":2}', "fc_1", call
+    )
+
+    cut = ResponsesStreamAccumulator()
+    for event in events[:5]:
+        cut.feed(event)
+    with pytest.raises(IncompleteStream):
+        cut.response()

@@ -1,0 +1,496 @@
+"""Fakes of the two OpenAI wire formats the planner speaks, enforcing their documented rules.
+
+Chat Completions (`POST /v1/chat/completions`, JSON; compact mode):
+- the API key; `model` and `messages` present; `tool_choice` / `parallel_tool_calls` only with
+  tools; every assistant `tool_calls` entry answered by `tool` messages right after it; with
+  `require_reasoning_content_back` (some compatible reasoning servers) the assistant message
+  of a tool call must carry back the `reasoning_content` it came with.
+
+Responses (`POST /v1/responses`, JSON or SSE; session mode):
+- `store` must be false; encrypted reasoning is only emitted when included; a reasoning item
+  must carry the encrypted content emitted for its id and be followed by the item that followed
+  it ("…was provided without its required following item"); every function_call has its
+  function_call_output and vice versa.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import itertools
+import json
+import os
+import time
+from collections import deque
+from typing import Any
+
+from tests.support.fakes.anthropic import ScriptedTurn
+from tests.support.fakes.rules import rules_for
+from tests.support.fakes.server import BAD_KEY, Answer, Rejected, Reply
+
+_ids = itertools.count(1)
+
+
+# --- Chat Completions builders ---------------------------------------------------------------
+
+
+def openai_tool_call(
+    name: str, arguments: dict[str, Any] | str, id: str | None = None
+) -> dict[str, Any]:
+    return {
+        "id": id or f"call_fake{next(_ids):04d}",
+        "type": "function",
+        "function": {
+            "name": name,
+            "arguments": arguments if isinstance(arguments, str) else json.dumps(arguments),
+        },
+    }
+
+
+def chat_completion(
+    content: str | None = None,
+    *tool_calls: dict[str, Any],
+    reasoning_content: str | None = None,
+    model: str = "gpt-test-model",
+    finish_reason: str | None = None,
+    prompt_tokens: int = 150,
+    completion_tokens: int = 30,
+    cached_tokens: int = 0,
+    reasoning_tokens: int = 0,
+) -> Reply:
+    message: dict[str, Any] = {"role": "assistant", "content": content, "refusal": None}
+    if tool_calls:
+        message["tool_calls"] = list(tool_calls)
+    if reasoning_content is not None:
+        message["reasoning_content"] = reasoning_content
+    return Reply(
+        200,
+        {
+            "id": f"chatcmpl-fake{next(_ids):04d}",
+            "object": "chat.completion",
+            "created": 1_764_000_000,
+            "model": model,
+            "choices": [
+                {
+                    "index": 0,
+                    "message": message,
+                    "logprobs": None,
+                    "finish_reason": finish_reason or ("tool_calls" if tool_calls else "stop"),
+                }
+            ],
+            "usage": {
+                "prompt_tokens": prompt_tokens,
+                "completion_tokens": completion_tokens,
+                "total_tokens": prompt_tokens + completion_tokens,
+                "prompt_tokens_details": {"cached_tokens": cached_tokens},
+                "completion_tokens_details": {"reasoning_tokens": reasoning_tokens},
+            },
+        },
+    )
+
+
+def openai_error(
+    status: int, message: str, kind: str, code: str | None = None, **headers: str
+) -> Reply:
+    return Reply(
+        status,
+        {"error": {"message": message, "type": kind, "param": None, "code": code}},
+        {k.replace("_", "-"): v for k, v in headers.items()},
+    )
+
+
+def rate_limited_openai() -> Reply:
+    return openai_error(
+        429,
+        "Rate limit reached for requests",
+        "requests",
+        "rate_limit_exceeded",
+        retry_after="0",
+        retry_after_ms="5",
+    )
+
+
+# --- Responses builders ----------------------------------------------------------------------
+
+
+def reasoning(*summary: str) -> dict[str, Any]:
+    return {"type": "reasoning", "summary": list(summary)}
+
+
+def message(value: str) -> dict[str, Any]:
+    return {"type": "message", "text": value}
+
+
+def function_call(name: str, arguments: dict[str, Any] | str) -> dict[str, Any]:
+    return {"type": "function_call", "name": name, "arguments": arguments}
+
+
+def _bad(message: str, param: str | None = None) -> Rejected:
+    reply = openai_error(400, message, "invalid_request_error")
+    reply.body["error"]["param"] = param
+    return Rejected(reply, message)
+
+
+def _check_reasoning(model: str, effort: Any, param: str) -> None:
+    """Reasoning parameters only for reasoning models, with an effort level they take."""
+    rules = rules_for(model)
+    if not rules.reasoning:
+        raise _bad(f"Unsupported parameter: '{param}' is not supported with this model.", param)
+    if effort is not None and effort not in rules.efforts:
+        raise _bad(
+            f"Invalid value: '{effort}'. Supported values are: "
+            + ", ".join(f"'{e}'" for e in sorted(rules.efforts))
+            + ".",
+            param,
+        )
+
+
+def _outage(status: int) -> Reply:
+    return openai_error(
+        status, "The server is overloaded or not ready yet.", "server_error", retry_after_ms="5"
+    )
+
+
+def _model_info(model: str) -> dict[str, Any]:
+    return {"id": model, "object": "model", "created": 1_764_000_000, "owned_by": "openai"}
+
+
+def _check_key(key: str | None, headers: dict[str, str]) -> None:
+    sent = headers.get("authorization", "").removeprefix("Bearer ")
+    if (key is not None and sent != key) or (key is None and sent == BAD_KEY):
+        raise Rejected(
+            openai_error(
+                401,
+                "Incorrect API key provided. You can find your API key at "
+                "https://platform.openai.com/account/api-keys.",
+                "invalid_request_error",
+                "invalid_api_key",
+            ),
+            "invalid api key",
+        )
+
+
+class ChatFake:
+    """The Chat Completions endpoint; answers are `Reply`s given verbatim (`chat_completion`)."""
+
+    paths: tuple[str, ...] = ("/v1/chat/completions",)
+
+    def __init__(self, *, key: str | None = None, require_reasoning_content_back: bool = False):
+        self.key = key
+        self.require_reasoning_content_back = require_reasoning_content_back
+        self.script: deque[Reply] = deque()
+        self._reasoning_by_call: dict[str, str] = {}
+
+    @property
+    def pending(self) -> int:
+        return len(self.script)
+
+    def check_key(self, headers: dict[str, str]) -> None:
+        _check_key(self.key, headers)
+
+    def outage(self, status: int) -> Reply:
+        return _outage(status)
+
+    def model_info(self, model: str) -> dict[str, Any]:
+        return _model_info(model)
+
+    def answer(self, path: str, headers: dict[str, str], body: dict[str, Any]) -> Answer:
+        self._check(body)
+        if not self.script:
+            raise _bad("fake server: no scripted response left")
+        reply = self.script.popleft()
+        if reply.status == 200:
+            message_ = reply.body["choices"][0]["message"]
+            for call in message_.get("tool_calls") or []:
+                if message_.get("reasoning_content"):
+                    self._reasoning_by_call[call["id"]] = message_["reasoning_content"]
+        return Answer(reply.status, reply.body, reply.headers)
+
+    def _check(self, body: dict[str, Any]) -> None:
+        for key in ("model", "messages"):
+            if key not in body:
+                raise _bad(f"Missing required parameter: '{key}'.", key)
+        tools = body.get("tools")
+        for param in ("tool_choice", "parallel_tool_calls"):
+            if param in body and not tools:
+                raise _bad(
+                    f"Invalid value for '{param}': '{param}' is only allowed when 'tools' are "
+                    "specified.",
+                    param,
+                )
+        choice = body.get("tool_choice")
+        if isinstance(choice, str) and choice not in ("auto", "required", "none"):
+            raise _bad(f"Invalid value: '{choice}'.", "tool_choice")
+        if "reasoning_effort" in body:
+            _check_reasoning(str(body["model"]), body["reasoning_effort"], "reasoning_effort")
+        pending: list[str] = []
+        for i, msg in enumerate(body["messages"]):
+            role = msg.get("role")
+            if role == "tool":
+                if msg.get("tool_call_id") not in pending:
+                    raise _bad(
+                        "Invalid parameter: messages with role 'tool' must be a response to a "
+                        "preceeding message with 'tool_calls'.",
+                        f"messages.[{i}].role",
+                    )
+                pending.remove(msg["tool_call_id"])
+                continue
+            if pending:
+                raise _bad(
+                    "An assistant message with 'tool_calls' must be followed by tool messages "
+                    "responding to each 'tool_call_id'. The following tool_call_ids did not have "
+                    f"response messages: {', '.join(pending)}",
+                    "messages",
+                )
+            if role == "assistant":
+                for call in msg.get("tool_calls") or []:
+                    pending.append(call["id"])
+                    want = self._reasoning_by_call.get(call["id"])
+                    if (
+                        self.require_reasoning_content_back
+                        and want is not None
+                        and msg.get("reasoning_content") != want
+                    ):
+                        raise _bad(
+                            "thinking is enabled but reasoning_content is missing in assistant "
+                            f"tool call message at index {i}",
+                            "messages",
+                        )
+
+
+class ResponsesFake:
+    """The Responses endpoint; answers are `ScriptedTurn`s of reasoning / message /
+    function_call specs (or `Reply`s), rendered with signed encrypted reasoning."""
+
+    paths: tuple[str, ...] = ("/v1/responses",)
+
+    def __init__(self, *, key: str | None = None, signing_key: bytes = b"amc-fake-provider"):
+        self.key = key
+        self.signing_key = signing_key
+        self.script: deque[ScriptedTurn | Reply] = deque()
+        self._encrypted: dict[str, str] = {}
+        self._following: dict[str, str | None] = {}
+
+    @property
+    def pending(self) -> int:
+        return len(self.script)
+
+    def check_key(self, headers: dict[str, str]) -> None:
+        _check_key(self.key, headers)
+
+    def outage(self, status: int) -> Reply:
+        return _outage(status)
+
+    def model_info(self, model: str) -> dict[str, Any]:
+        return _model_info(model)
+
+    def _token(self, *parts: str) -> str:
+        nonce = os.urandom(12)
+        mac = hmac.new(self.signing_key, nonce + "\x00".join(parts).encode(), hashlib.sha256)
+        return base64.b64encode(nonce + mac.digest()).decode()
+
+    def _valid(self, token: str, *parts: str) -> bool:
+        try:
+            raw = base64.b64decode(token.encode(), validate=True)
+        except (ValueError, TypeError):
+            return False
+        nonce, mac = raw[:12], raw[12:]
+        want = hmac.new(self.signing_key, nonce + "\x00".join(parts).encode(), hashlib.sha256)
+        return hmac.compare_digest(mac, want.digest())
+
+    def answer(self, path: str, headers: dict[str, str], body: dict[str, Any]) -> Answer:
+        if body.get("store") is not False:
+            raise _bad("fake server: requests must be stateless (store=false)")
+        if body.get("reasoning") is not None:
+            _check_reasoning(
+                str(body.get("model")), body["reasoning"].get("effort"), "reasoning.effort"
+            )
+        self._check_input(body.get("input") or [])
+        if not self.script:
+            raise _bad("fake server: no scripted Responses turn left")
+        entry = self.script.popleft()
+        if isinstance(entry, Reply):
+            return Answer(entry.status, entry.body, entry.headers)
+        if entry.fail is not None and not body.get("stream"):
+            code, text_ = entry.fail
+            reply = openai_error(500, text_, "server_error", code)
+            return Answer(reply.status, reply.body)
+        response = self._render(entry, body)
+        if body.get("stream"):
+            events = self._events(response, interrupt=entry.interrupt)
+            if entry.fail is not None:
+                code, text_ = entry.fail
+                error = {"type": "error", "code": code, "message": text_, "param": None}
+                events = [*events[:1], ("error", {**error, "sequence_number": 1})]
+            return Answer(events=events)
+        return Answer(body=response)
+
+    def _render(self, turn: ScriptedTurn, body: dict[str, Any]) -> dict[str, Any]:
+        reasoning_on = body.get("reasoning") is not None
+        include_encrypted = "reasoning.encrypted_content" in (body.get("include") or [])
+        output: list[dict[str, Any]] = []
+        for spec in turn.blocks:
+            kind = spec["type"]
+            if kind == "reasoning":
+                if not reasoning_on:
+                    continue
+                rid = f"rs_fake_{next(_ids):04d}"
+                output.append(
+                    {
+                        "type": "reasoning",
+                        "id": rid,
+                        "summary": [{"type": "summary_text", "text": s} for s in spec["summary"]],
+                        "encrypted_content": self._token("rs", rid) if include_encrypted else None,
+                        "status": "completed",
+                    }
+                )
+            elif kind == "message":
+                calls_follow = any(b["type"] == "function_call" for b in turn.blocks)
+                output.append(
+                    {
+                        "type": "message",
+                        "id": f"msg_fake_{next(_ids):04d}",
+                        "role": "assistant",
+                        "phase": "commentary" if calls_follow else "final_answer",
+                        "status": "completed",
+                        "content": [
+                            {"type": "output_text", "text": spec["text"], "annotations": []}
+                        ],
+                    }
+                )
+            else:
+                args = spec["arguments"]
+                output.append(
+                    {
+                        "type": "function_call",
+                        "id": f"fc_fake_{next(_ids):04d}",
+                        "call_id": f"call_fake_{next(_ids):04d}",
+                        "name": spec["name"],
+                        "arguments": args if isinstance(args, str) else json.dumps(args),
+                        "status": "completed",
+                    }
+                )
+        if not turn.interrupt:
+            for n, item in enumerate(output):
+                if item["type"] == "reasoning":
+                    if item["encrypted_content"]:
+                        self._encrypted[item["id"]] = item["encrypted_content"]
+                    self._following[item["id"]] = (
+                        output[n + 1]["id"] if n + 1 < len(output) else None
+                    )
+        reasoning_tokens = 30 * sum(1 for o in output if o["type"] == "reasoning")
+        input_tokens = len(json.dumps(body)) // 4
+        return {
+            "id": f"resp_fake_{next(_ids):04d}",
+            "object": "response",
+            "created_at": int(time.time()),
+            "model": turn.model or body.get("model", "gpt-fake"),
+            "status": turn.status,
+            "output": output,
+            "parallel_tool_calls": bool(body.get("parallel_tool_calls", True)),
+            "tool_choice": body.get("tool_choice", "auto"),
+            "tools": body.get("tools") or [],
+            "store": False,
+            "error": None,
+            "incomplete_details": {"reason": "max_output_tokens"}
+            if turn.status == "incomplete"
+            else None,
+            "instructions": body.get("instructions"),
+            "metadata": {},
+            "temperature": 1.0,
+            "top_p": 1.0,
+            "usage": {
+                "input_tokens": input_tokens,
+                "input_tokens_details": {"cached_tokens": 0},
+                "output_tokens": 20 + reasoning_tokens,
+                "output_tokens_details": {"reasoning_tokens": reasoning_tokens},
+                "total_tokens": input_tokens + 20 + reasoning_tokens,
+                **turn.usage,
+            },
+        }
+
+    @staticmethod
+    def _events(response: dict[str, Any], *, interrupt: bool) -> list[tuple[str, dict[str, Any]]]:
+        seq = itertools.count()
+        events: list[dict[str, Any]] = [
+            {
+                "type": "response.created",
+                "sequence_number": next(seq),
+                "response": {**response, "status": "in_progress", "output": []},
+            }
+        ]
+        for n, item in enumerate(response["output"]):
+            added = {**item, "status": "in_progress"}
+            if item["type"] == "reasoning":
+                added = {**added, "summary": [], "encrypted_content": None}
+            events.append(
+                {
+                    "type": "response.output_item.added",
+                    "sequence_number": next(seq),
+                    "output_index": n,
+                    "item": added,
+                }
+            )
+            if item["type"] == "reasoning":
+                for s_index, part in enumerate(item["summary"]):
+                    for i in range(0, len(part["text"]), 7):
+                        events.append(
+                            {
+                                "type": "response.reasoning_summary_text.delta",
+                                "sequence_number": next(seq),
+                                "item_id": item["id"],
+                                "output_index": n,
+                                "summary_index": s_index,
+                                "delta": part["text"][i : i + 7],
+                            }
+                        )
+                if interrupt:
+                    return [(e["type"], e) for e in events]
+            events.append(
+                {
+                    "type": "response.output_item.done",
+                    "sequence_number": next(seq),
+                    "output_index": n,
+                    "item": item,
+                }
+            )
+        final = "response.completed" if response["status"] == "completed" else "response.incomplete"
+        events.append({"type": final, "sequence_number": next(seq), "response": response})
+        return [(e["type"], e) for e in events]
+
+    def _check_input(self, items: list[dict[str, Any]]) -> None:
+        calls: list[str] = []
+        outputs: set[str] = set()
+        for n, item in enumerate(items):
+            kind = item.get("type", "message")
+            if kind == "reasoning":
+                rid = item.get("id")
+                enc = item.get("encrypted_content")
+                if not enc:
+                    raise _bad(
+                        f"Item with id '{rid}' not found. Items are not persisted when `store` is "
+                        "set to false. Try again with `store` set to true, or remove this item "
+                        "from your input."
+                    )
+                if self._encrypted.get(str(rid)) != enc or not self._valid(enc, "rs", str(rid)):
+                    raise _bad(f"The encrypted content for item {rid} could not be verified.")
+                want = self._following.get(str(rid))
+                nxt = items[n + 1] if n + 1 < len(items) else None
+                if want is None or nxt is None or nxt.get("id") != want:
+                    raise _bad(
+                        f"Item '{rid}' of type 'reasoning' was provided without its required "
+                        "following item."
+                    )
+            elif kind == "function_call":
+                calls.append(str(item.get("call_id")))
+            elif kind == "function_call_output":
+                call_id = str(item.get("call_id"))
+                if call_id not in calls:
+                    raise _bad(
+                        f"No tool call found for function call output with call_id {call_id}."
+                    )
+                outputs.add(call_id)
+        for call_id in calls:
+            if call_id not in outputs:
+                raise _bad(f"No tool output found for function call {call_id}.")

@@ -1,0 +1,88 @@
+"""What each model accepts, as the providers document it: the one rules table of the fakes.
+
+Every fake wire format looks a request's model up here (exact name, else the longest prefix
+listed), so a rule about a model family is written once. A model the table does not know gets
+`LENIENT`: the rules every model shares and nothing model-specific, so tests with made-up model
+names exercise the protocol without guessing at a family.
+
+Sources: the Anthropic docs on adaptive thinking, thinking display and prompt caching, and the
+OpenAI reasoning guide (see /work/shared/notes/provider-wire-formats.md).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+ALL_EFFORTS = frozenset({"minimal", "low", "medium", "high", "xhigh", "max"})
+CLAUDE_46_EFFORTS = frozenset({"low", "medium", "high", "max"})
+CLAUDE_47_EFFORTS = frozenset({"low", "medium", "high", "xhigh", "max"})
+OPENAI_EFFORTS = frozenset({"minimal", "low", "medium", "high"})
+
+
+@dataclass(frozen=True, slots=True)
+class ModelRules:
+    """One model family's request rules.
+
+    - `thinking_types`: the `thinking.type` values it accepts (`enabled` = budget form).
+    - `thinks_when_omitted`: adaptive thinking is on when `thinking` is left out.
+    - `display_default`: thinking text comes back `summarized`, or `omitted` (empty text, the
+      signature kept) unless the request asks for `display: "summarized"`.
+    - `efforts`: accepted `output_config.effort` / OpenAI reasoning effort levels.
+    - `reasoning`: OpenAI: accepts `reasoning` (Responses) / `reasoning_effort` (Chat).
+    - `min_cache_tokens`: the shortest prefix Anthropic caches for this model.
+    """
+
+    thinking_types: frozenset[str] = frozenset({"enabled", "adaptive", "disabled"})
+    thinks_when_omitted: bool = False
+    display_default: Literal["summarized", "omitted"] = "summarized"
+    efforts: frozenset[str] = ALL_EFFORTS
+    reasoning: bool = True
+    min_cache_tokens: int = 1024
+
+
+LENIENT = ModelRules()
+
+_BUDGET_ONLY = ModelRules(thinking_types=frozenset({"enabled", "disabled"}))
+_CLAUDE_46 = ModelRules(efforts=CLAUDE_46_EFFORTS)
+_ADAPTIVE_ONLY = ModelRules(
+    thinking_types=frozenset({"adaptive"}),
+    display_default="omitted",
+    efforts=CLAUDE_47_EFFORTS,
+    min_cache_tokens=4096,
+)
+_NO_REASONING = ModelRules(reasoning=False)
+_REASONING = ModelRules(efforts=OPENAI_EFFORTS)
+
+MODELS: dict[str, ModelRules] = {
+    "claude-sonnet-4-5": _BUDGET_ONLY,
+    "claude-opus-4-5": ModelRules(
+        thinking_types=frozenset({"enabled", "disabled"}), min_cache_tokens=4096
+    ),
+    "claude-sonnet-4-6": _CLAUDE_46,
+    "claude-opus-4-6": ModelRules(efforts=CLAUDE_46_EFFORTS, min_cache_tokens=4096),
+    # Claude Opus 4.7 and later, Fable: adaptive thinking only, its text omitted by default.
+    "claude-opus-4-7": _ADAPTIVE_ONLY,
+    "claude-fable": _ADAPTIVE_ONLY,
+    # Claude Mythos: as those, and it thinks when `thinking` is left out.
+    "claude-mythos": ModelRules(
+        thinking_types=frozenset({"adaptive"}),
+        thinks_when_omitted=True,
+        display_default="omitted",
+        efforts=CLAUDE_47_EFFORTS,
+        min_cache_tokens=4096,
+    ),
+    "gpt-4.1": _NO_REASONING,
+    "gpt-4o": _NO_REASONING,
+    "o3": _REASONING,
+    "o4-mini": _REASONING,
+    "gpt-5": _REASONING,
+}
+
+
+def rules_for(model: str) -> ModelRules:
+    """The rules of `model`: its exact entry, else its longest listed prefix, else LENIENT."""
+    if model in MODELS:
+        return MODELS[model]
+    prefixes = [name for name in MODELS if model.startswith(name)]
+    return MODELS[max(prefixes, key=len)] if prefixes else LENIENT

@@ -1,0 +1,245 @@
+"""One local HTTP server hosting a fake of each provider wire format the planner speaks.
+
+Tests point the real `anthropic` and `openai` SDKs at it (`base_url`), script the model's
+answers per wire format, and assert on the request bodies and headers the SDKs actually sent.
+Each wire format lives in its own module (`anthropic.py`: Messages; `openai.py`: Chat
+Completions and Responses) and enforces the documented rules with the real error messages, so a
+client regression fails a test instead of passing against a lenient fake; what a model accepts
+is looked up in one table (`rules.py`). A request it rejects consumes no scripted answer.
+
+It is a `http.server.ThreadingHTTPServer` on 127.0.0.1 port 0 in a daemon thread: no framework,
+nothing to mock.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, Protocol
+
+BAD_KEY = "bad-key"  # with no key configured, any request with this API key gets a 401
+
+
+@dataclass(slots=True)
+class Reply:
+    """One scripted HTTP answer (an error, or a complete body given verbatim)."""
+
+    status: int
+    body: dict[str, Any]
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class Recorded:
+    """One request as the server received it; `error` is why it was rejected, if it was."""
+
+    path: str
+    headers: dict[str, str]
+    body: dict[str, Any]
+    status: int = 0
+    error: str | None = None
+
+
+@dataclass(slots=True)
+class Answer:
+    """What a wire format answers: a JSON reply, or (for `stream`) SSE events, optionally cut
+    off before the end (`interrupted`)."""
+
+    status: int = 200
+    body: dict[str, Any] = field(default_factory=dict)
+    headers: dict[str, str] = field(default_factory=dict)
+    events: list[tuple[str, dict[str, Any]]] | None = None
+
+
+class Rejected(Exception):
+    """A request the wire format refuses; carries the vendor-shaped error reply."""
+
+    def __init__(self, reply: Reply, reason: str) -> None:
+        super().__init__(reason)
+        self.reply = reply
+        self.reason = reason
+
+
+class WireFormat(Protocol):
+    """One provider endpoint: validates a request and answers it from its script."""
+
+    paths: tuple[str, ...]
+
+    @property
+    def pending(self) -> int: ...
+
+    def check_key(self, headers: dict[str, str]) -> None: ...
+
+    def answer(self, path: str, headers: dict[str, str], body: dict[str, Any]) -> Answer: ...
+
+    def outage(self, status: int) -> Reply:
+        """The vendor's reply while the provider is down (`FakeServer.go_down`)."""
+        ...
+
+    def model_info(self, model: str) -> dict[str, Any]:
+        """`GET /v1/models/{model}` (what the planner's availability probe asks)."""
+        ...
+
+
+class FakeServer:
+    """The HTTP listener; routes each POST to the wire format that owns its path."""
+
+    def __init__(self, formats: Iterable[WireFormat]) -> None:
+        self.formats = list(formats)
+        self.requests: list[Recorded] = []
+        self.lock = threading.Lock()
+        self.down_status: int | None = None
+        self.outage_hits = 0
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler_class())
+        self._server.daemon_threads = True
+        self._thread: threading.Thread | None = None
+
+    # --- lifecycle ---
+    def start(self) -> FakeServer:
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True
+        )
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+    @property
+    def base_url(self) -> str:
+        host, port = self._server.server_address[:2]
+        return f"http://{host!s}:{port}"
+
+    @property
+    def anthropic_base_url(self) -> str:
+        """For `AsyncAnthropic(base_url=...)` (the SDK appends /v1/messages)."""
+        return self.base_url
+
+    @property
+    def openai_base_url(self) -> str:
+        """For `AsyncOpenAI(base_url=...)` (includes /v1)."""
+        return self.base_url + "/v1"
+
+    # --- what tests read ---
+    def bodies(self, path_suffix: str = "") -> list[dict[str, Any]]:
+        """Bodies of the requests (to one endpoint, by path suffix) in arrival order."""
+        return [r.body for r in self.requests if r.path.endswith(path_suffix)]
+
+    @property
+    def rejections(self) -> list[str]:
+        """Why each rejected request was rejected, in order."""
+        return [r.error for r in self.requests if r.error]
+
+    @property
+    def pending(self) -> int:
+        """Scripted answers not used yet, over every wire format."""
+        return sum(f.pending for f in self.formats)
+
+    # --- the provider going down and coming back ---
+    def go_down(self, status: int = 529) -> None:
+        """From now on every call (and probe) gets the vendor's `status` error without using
+        the script, as in a provider outage; `outage_hits` counts them."""
+        with self.lock:
+            self.down_status = status
+
+    def come_back(self) -> None:
+        with self.lock:
+            self.down_status = None
+
+    # --- handling ---
+    def handle(self, path: str, headers: dict[str, str], body: dict[str, Any]) -> Answer:
+        record = Recorded(path, headers, body)
+        with self.lock:
+            self.requests.append(record)
+            fmt = next((f for f in self.formats if path.rstrip("/") in f.paths), None)
+            try:
+                if fmt is None:
+                    raise Rejected(Reply(404, {"error": {"message": f"no route {path}"}}), "404")
+                self._refuse_while_down(fmt)
+                fmt.check_key(headers)
+                answer = fmt.answer(path, headers, body)
+            except Rejected as rejected:
+                record.error = rejected.reason
+                answer = Answer(rejected.reply.status, rejected.reply.body, rejected.reply.headers)
+        record.status = answer.status
+        return answer
+
+    def handle_get(self, path: str, headers: dict[str, str]) -> Answer:
+        """`GET /v1/models/{model}` of the vendor the headers name (Anthropic sends its
+        version header)."""
+        record = Recorded(path, headers, {})
+        with self.lock:
+            self.requests.append(record)
+            fmt = self.formats[0] if "anthropic-version" in headers else self.formats[-1]
+            try:
+                if not path.startswith("/v1/models/"):
+                    raise Rejected(Reply(404, {"error": {"message": f"no route {path}"}}), "404")
+                self._refuse_while_down(fmt)
+                fmt.check_key(headers)
+                answer = Answer(body=fmt.model_info(path.removeprefix("/v1/models/")))
+            except Rejected as rejected:
+                record.error = rejected.reason
+                answer = Answer(rejected.reply.status, rejected.reply.body, rejected.reply.headers)
+        record.status = answer.status
+        return answer
+
+    def _refuse_while_down(self, fmt: WireFormat) -> None:
+        if self.down_status is not None:
+            self.outage_hits += 1
+            raise Rejected(fmt.outage(self.down_status), f"down ({self.down_status})")
+
+    def _handler_class(self) -> type[BaseHTTPRequestHandler]:
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, format: str, *args: Any) -> None:
+                return None
+
+            def do_GET(self) -> None:
+                headers = {k.lower(): v for k, v in self.headers.items()}
+                self._json(server.handle_get(self.path.split("?")[0], headers))
+
+            def do_POST(self) -> None:
+                length = int(self.headers.get("content-length") or 0)
+                raw = self.rfile.read(length) if length else b""
+                try:
+                    body = json.loads(raw or b"{}")
+                except json.JSONDecodeError:
+                    body = {"_unparsed": raw.decode("utf-8", "replace")}
+                headers = {k.lower(): v for k, v in self.headers.items()}
+                answer = server.handle(self.path.split("?")[0], headers, body)
+                if answer.events is not None:
+                    self._sse(answer)
+                else:
+                    self._json(answer)
+
+            def _json(self, answer: Answer) -> None:
+                data = json.dumps(answer.body).encode()
+                self.send_response(answer.status)
+                self.send_header("content-type", "application/json")
+                self.send_header("content-length", str(len(data)))
+                for k, v in answer.headers.items():
+                    self.send_header(k, v)
+                self.end_headers()
+                self.wfile.write(data)
+
+            def _sse(self, answer: Answer) -> None:
+                self.send_response(200)
+                self.send_header("content-type", "text/event-stream")
+                self.send_header("connection", "close")
+                self.end_headers()
+                for name, data in answer.events or []:
+                    chunk = f"event: {name}\ndata: {json.dumps(data)}\n\n"
+                    self.wfile.write(chunk.encode())
+                    self.wfile.flush()
+                self.close_connection = True
+
+        return Handler
