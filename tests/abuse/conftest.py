@@ -71,10 +71,11 @@ def abuse_cloud(tmp_path_factory: pytest.TempPathFactory, abuse_pki: Path) -> It
 
 
 @pytest.fixture(scope="session")
-def abuse_cloud_postgres(postgres_server: PostgresServer, abuse_pki: Path) -> Iterator[AbuseCloud]:
+def abuse_cloud_postgres(postgres_session: PostgresServer, abuse_pki: Path) -> Iterator[AbuseCloud]:
     """The replica on PostgreSQL, which refuses what SQLite stores (NUL in text, over-long
-    varchars), so text fuzzing runs here too."""
-    server = _serve(postgres_server.create_database(), abuse_pki)
+    varchars), so text fuzzing runs here too (only for tests marked `postgres`: the
+    `any_abuse_cloud` parameter that asks for it carries the mark)."""
+    server = _serve(postgres_session.create_database(), abuse_pki)
     try:
         yield AbuseCloud(server, abuse_pki)
     finally:
