@@ -34,16 +34,17 @@ class BundleError(ValueError):
     """Not an amc export, or a damaged one."""
 
 
-def _names(step: Step) -> tuple[str | None, str | None]:
+def _names(step: Step, written: dict[bytes, str]) -> tuple[str | None, str | None]:
+    """File names of the step's screenshots. An image already written (a step's after is the
+    next step's before) is named again, not stored twice; `written` maps bytes to names."""
     stem = f"screenshots/a{step.attempt}-s{step.step_index:03d}"
-    before = f"{stem}-before.png" if step.before_png else None
-    if not step.after_png:
-        after = None
-    elif step.after_png == step.before_png:
-        after = before
-    else:
-        after = f"{stem}-after.png"
-    return before, after
+    out: list[str | None] = []
+    for which, png in (("before", step.before_png), ("after", step.after_png)):
+        if not png:
+            out.append(None)
+            continue
+        out.append(written.setdefault(png, f"{stem}-{which}.png"))
+    return out[0], out[1]
 
 
 def gap_notes(run: Run) -> list[str]:
@@ -70,11 +71,12 @@ def write_bundle(run: Run, out: BinaryIO) -> None:
         per_attempt[s.attempt] = per_attempt.get(s.attempt, 0) + 1
     position: dict[int, int] = {}
     lines: list[str] = []
+    written: dict[bytes, str] = {}
     with zipfile.ZipFile(out, "w", compression=zipfile.ZIP_DEFLATED) as z:
         for step in run.steps:
-            names = _names(step)
+            names = _names(step, written)
             for name, png in zip(names, (step.before_png, step.after_png), strict=True):
-                if name is not None and png is not None and name not in z.namelist():
+                if name is not None and png is not None and name not in z.NameToInfo:
                     z.writestr(name, png, compress_type=zipfile.ZIP_STORED)  # PNG: compressed
             step_id = position.get(step.attempt, 0)
             position[step.attempt] = step_id + 1
