@@ -21,7 +21,9 @@ class CloudReader(Protocol):
 
     async def get_task(self, task_id: str) -> types_pb2.Task: ...
 
-    async def all_decisions(self, task_id: str) -> list[types_pb2.Decision]: ...
+    async def all_decisions(
+        self, task_id: str, *, include_observation: bool = False
+    ) -> list[types_pb2.Decision]: ...
 
 
 class ExportError(Exception):
@@ -38,7 +40,8 @@ async def cloud_run(
 ) -> Run:
     """The task as the cloud knows it (gRPC errors propagate: NOT_FOUND for an unknown task)."""
     task = await cloud.get_task(task_id)
-    return await run_from_cloud(task, await cloud.all_decisions(task.task_id), screenshots)
+    decisions = await cloud.all_decisions(task.task_id, include_observation=True)
+    return await run_from_cloud(task, decisions, screenshots)
 
 
 async def export_task(

@@ -1,6 +1,7 @@
 """The cloud's side of a run: the task and its decision log, as an operator reads them.
 
-The cloud keeps every host's decisions but no screenshots and no screens. Screenshots come from a
+The cloud keeps every host's decisions with the screen each was made on (elements, size), but no
+screenshots. Screenshots come from a
 `ScreenshotSource`: none today (`NO_SCREENSHOTS`); once the cloud keeps step screenshots in an
 artifact store, a source that reads them is all the cloud export needs to include them. Until
 then a host's export merged in (`export/merge.py`) supplies them.
@@ -16,6 +17,7 @@ from amc.v1 import types_pb2
 from export.run import Outcome, Run, Step
 from planner.convert import thinking_kind_from_proto
 from planner.decision import ThinkingBlock, Usage
+from planner.observation import scene_from_observation
 
 Which = Literal["before", "after"]
 
@@ -75,6 +77,7 @@ def step_from_decision(d: types_pb2.Decision, attempt: types_pb2.Attempt | None)
     action.CopyFrom(d.action)
     action.ClearField("purpose")
     action.ClearField("expected_outcome")
+    screen = scene_from_observation(d.observation) if d.HasField("observation") else None
     return Step(
         attempt=d.attempt,
         step_index=d.step_index,
@@ -93,6 +96,8 @@ def step_from_decision(d: types_pb2.Decision, attempt: types_pb2.Attempt | None)
         host_id=d.host_id,
         device_serial=attempt.device_serial if attempt else "",
         started_at=d.created_at.ToJsonString() if d.HasField("created_at") else "",
+        page=screen.page if screen is not None else "",
+        screen=screen,
         usage=Usage(
             u.input_tokens,
             u.output_tokens,

@@ -27,7 +27,7 @@ def element_label(scene: Scene | None, element_id: str) -> str:
 
 
 def swipe_direction(action: types_pb2.SwipeAction) -> str:
-    """"up", "down", "left" or "right": where the finger moves (the larger axis wins)."""
+    """ "up", "down", "left" or "right": where the finger moves (the larger axis wins)."""
     dx, dy = action.end.x - action.start.x, action.end.y - action.start.y
     if abs(dy) >= abs(dx):
         return "up" if dy < 0 else "down"

@@ -2,8 +2,8 @@
 real host, virtual phone over the adb protocol, offline planner), then `amc host export`,
 `amc task export` and `amc task export --merge` as new processes.
 
-On the cloud transport the cloud has every decision and no screenshot; the host has the
-screenshots and the screens; the merge has both. On the direct transport the cloud has no
+On the cloud transport the cloud has every decision with its screen but no screenshot; the host
+has the screenshots and the screens; the merge has both. On the direct transport the cloud has no
 decision (until direct decisions are shipped to it) and the merge takes the host's steps whole.
 """
 
@@ -99,10 +99,18 @@ async def test_host_cloud_and_merged_exports(tmp_path: Path, transport: Transpor
     assert host.origin == "host" and cloud.origin == "cloud" and merged.origin == "cloud+host"
     assert host.steps and all(s.before_png and s.screen for s in host.steps)
     assert all(s.transport == transport for s in host.steps)
-    assert all(s.before_png is None and s.screen is None for s in cloud.steps)
+    assert all(s.before_png is None for s in cloud.steps)
     if transport == "cloud":
         assert [s.key for s in cloud.steps] == [s.key for s in host.steps]
         assert [s.tool_name for s in cloud.steps] == [s.tool_name for s in host.steps]
+        # The cloud keeps each decision's screen: its export places every tap without the host.
+        for c, h in zip(cloud.steps, host.steps, strict=True):
+            assert c.screen is not None and h.screen is not None
+            assert [e.element_id for e in c.screen.elements] == [
+                e.element_id for e in h.screen.elements
+            ]
+        clicks = [x for x in step_lines(tmp_path / "cloud.zip") if x.action.action_type == "click"]
+        assert clicks and all(x.action.x is not None and x.ui_elements for x in clicks)
     else:
         assert cloud.steps == []
     # The merge: the cloud's decisions (or the host's steps), every screenshot and screen.
