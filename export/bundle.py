@@ -17,6 +17,7 @@ import io
 import json
 import re
 import zipfile
+from dataclasses import replace
 from pathlib import Path
 from typing import BinaryIO
 
@@ -63,9 +64,8 @@ def gap_notes(run: Run) -> list[str]:
 
 
 def write_bundle(run: Run, out: BinaryIO) -> None:
-    """Write the export of `run` as a zip to `out`."""
-    run.sort()
-    run.notes = gap_notes(run)
+    """Write the export of `run` as a zip to `out` (`run` itself is left as it was)."""
+    run = replace(run, steps=sorted(run.steps, key=lambda s: s.key), notes=gap_notes(run))
     per_attempt: dict[int, int] = {}
     for s in run.steps:
         per_attempt[s.attempt] = per_attempt.get(s.attempt, 0) + 1

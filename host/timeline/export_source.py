@@ -84,7 +84,9 @@ def step_from_record(
         if record.after_screenshot_path == record.before_screenshot_path
         else _png(store, record.after_screenshot_path)
     )
-    verdict = record.legacy.get("verdict")
+    # The verification verdict, once the timeline records one (a field of its own, or a key
+    # of a record this version does not know, kept in `legacy`).
+    verdict = getattr(record, "verdict", None) or record.legacy.get("verdict")
     return Step(
         attempt=record.attempt,
         step_index=record.decision_step_index or record.step_index,
