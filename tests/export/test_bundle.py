@@ -210,3 +210,15 @@ def test_bad_exports_are_refused_naming_the_problem(timeline: Timeline) -> None:
 def bundle_lines(data: bytes) -> list[str]:
     with zipfile.ZipFile(io.BytesIO(data)) as z:
         return z.read("steps.jsonl").decode().splitlines()
+
+
+def test_a_verdict_shows_where_there_is_one_and_nowhere_else(timeline: Timeline) -> None:
+    run = host_run(timeline, T_DARK)
+    run.steps[2].verdict, run.steps[2].verdict_detail = "as expected", "the Display page opened"
+    with zipfile.ZipFile(io.BytesIO(bundle_bytes(run))) as z:
+        html = z.read("report.html").decode()
+        steps = lines(z)
+    assert html.count('data-field="verdict"') == 1
+    assert "verdict: as expected" in html
+    assert "the Display page opened" in html
+    assert [s.outcome.verdict for s in steps] == [None, None, "as expected", None, None]
