@@ -10,7 +10,7 @@ from sqlalchemy import inspect, update
 
 from amc.v1 import types_pb2
 from cloud import revocations
-from cloud.store import decisions, leases, states, tasks
+from cloud.store import convert, decisions, leases, states, tasks
 from cloud.store import revocations as store_revocations
 from cloud.store.database import Store
 from cloud.store.engine import check, downgrade, upgrade
@@ -20,7 +20,7 @@ from planner.decision import Decision, ThinkingBlock, Usage
 from planner.steps import PastStep, StepOutcome
 
 TABLES = ("tasks", "attempts", "hosts", "decisions", "planner_session_items")
-# (certificate_revocations, from 0006, has its own test below)
+# (certificate_revocations, from 0007, has its own test below)
 
 
 def _tables(sync_conn: object) -> set[str]:
@@ -62,12 +62,12 @@ async def test_migrations_up_down_and_check(db_url: str) -> None:
         await s.close()
 
 
-async def test_migration_0006_is_additive_and_reversible(db_url: str) -> None:
-    """hosts.process_id and certificate_revocations come with 0006 and go with its downgrade;
+async def test_migration_0007_is_additive_and_reversible(db_url: str) -> None:
+    """hosts.process_id and certificate_revocations come with 0007 and go with its downgrade;
     rows written before it are untouched."""
     s = Store.from_url(db_url)
     try:
-        await upgrade(s.engine, "0005")
+        await upgrade(s.engine, "0006")
         await tasks.submit(
             s, tasks.NewTask(goal="kept", max_attempts=1, lease_seconds=30, timeout_seconds=60)
         )
@@ -76,7 +76,7 @@ async def test_migration_0006_is_additive_and_reversible(db_url: str) -> None:
             assert "certificate_revocations" in await conn.run_sync(_tables)
             assert "process_id" in await conn.run_sync(_columns, "hosts")
         assert await revocations.revoke(s, serial="abc", reason="test")
-        await downgrade(s.engine, "0005")
+        await downgrade(s.engine, "0006")
         async with s.engine.connect() as conn:
             assert "certificate_revocations" not in await conn.run_sync(_tables)
             assert "process_id" not in await conn.run_sync(_columns, "hosts")
@@ -114,6 +114,47 @@ async def test_migration_0005_thinking_and_retry_columns_up_and_down(db_url: str
         (old,) = (await decisions.list_page(s, "t-0004", 0, 5, ""))[0]
         assert old.decision_id == row.decision_id
         assert (old.thinking_kind, old.retry_kind, old.output_truncated) == ("", "", False)
+        await check(s.engine)
+    finally:
+        await s.close()
+
+
+async def test_migration_0006_keeps_the_screen_of_each_decision(db_url: str) -> None:
+    """0006 is additive: a nullable column with the decision's observation (OCR left out),
+    read back only when asked; its downgrade drops it and keeps the rows."""
+    s = Store.from_url(db_url)
+    try:
+        await upgrade(s.engine)
+        logged = _decision()
+        logged.observation = types_pb2.ScreenObservation(
+            elements=[
+                types_pb2.UiElement(
+                    element_id="e1",
+                    bounds=types_pb2.Rect(left=0, top=200, right=1080, bottom=320),
+                    text="Display",
+                )
+            ],
+            screen_width=1080,
+            screen_height=2400,
+            foreground_package="com.android.settings",
+            ocr_blocks=[types_pb2.OcrBlock(text="Display", confidence=0.9)],
+        )
+        row = await decisions.append(s, "h1", "t-0006", 1, logged)
+        (stored,) = (await decisions.list_page(s, "t-0006", 0, 5, ""))[0]
+        kept = convert.decision(stored, include_observation=True).observation
+        assert [e.text for e in kept.elements] == ["Display"]
+        assert (kept.screen_width, kept.screen_height) == (1080, 2400)
+        assert not kept.ocr_blocks  # the raw OCR is not kept
+        assert not convert.decision(stored).HasField("observation")  # only when asked
+        plain = await decisions.append(s, "h1", "t-0006", 1, _decision("swipe"))
+        assert plain.observation_pb is None
+        await downgrade(s.engine, "0005")
+        async with s.engine.connect() as conn:
+            assert "observation_pb" not in await conn.run_sync(_columns, "decisions")
+        await upgrade(s.engine)
+        (old, _) = (await decisions.list_page(s, "t-0006", 0, 5, ""))[0]
+        assert old.decision_id == row.decision_id
+        assert old.observation_pb is None
         await check(s.engine)
     finally:
         await s.close()
