@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 from dataclasses import replace
+from unittest.mock import ANY
 
 from sqlalchemy import inspect, update
 
@@ -129,9 +130,8 @@ async def test_decision_steps_are_unique_under_concurrency(store: Store) -> None
     results = await asyncio.gather(
         *(sink.append("h1", task_id, 1, _decision(str(i))) for i in range(20))
     )
-    assert sorted(step for _, step in results) == list(range(1, 21))
-    _, other = await sink.append("h1", task_id, 2, _decision())
-    assert other == 1  # per (task, attempt)
+    assert sorted(r[1] for r in results if r is not None) == list(range(1, 21))
+    assert await sink.append("h1", task_id, 2, _decision()) == (ANY, 1)  # per (task, attempt)
 
     page, token = await decisions.list_page(store, task_id, 0, 15, "")
     assert [(d.attempt, d.step_index) for d in page] == [(1, i) for i in range(1, 16)]
@@ -144,10 +144,9 @@ async def test_decision_steps_are_unique_under_concurrency(store: Store) -> None
 
 async def test_sensitive_text_is_masked_in_the_log(store: Store) -> None:
     task_id = await _task(store)
-    decision_id, _ = await StoreDecisionSink(store).append(
-        "h1", task_id, 1, _decision(sensitive=True)
-    )
-    row = await decisions.get(store, decision_id)
+    logged = await StoreDecisionSink(store).append("h1", task_id, 1, _decision(sensitive=True))
+    assert logged is not None
+    row = await decisions.get(store, logged[0])
     assert row is not None
     assert "hunter2" not in row.arguments_json
     assert b"hunter2" not in (row.action_pb or b"")

@@ -146,7 +146,9 @@ def host_runs(workdir: Path, host_ids: Iterable[str]) -> list[Run]:
         finally:
             conn.close()
         runs += [
-            Run(task, attempt, host_id, status, datetime.fromisoformat(a), datetime.fromisoformat(b))
+            Run(
+                task, attempt, host_id, status, datetime.fromisoformat(a), datetime.fromisoformat(b)
+            )
             for task, attempt, status, a, b in rows
         ]
     return runs
