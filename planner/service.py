@@ -37,6 +37,8 @@ from amc.v1 import planner_service_pb2, planner_service_pb2_grpc, types_pb2
 from planner.convert import decision_to_proto
 from planner.decision import Decision
 from planner.errors import (
+    MODEL_PROVIDER,
+    WAITING_FOR_KEY,
     PlannerAuthError,
     PlannerError,
     PlannerRateLimited,
@@ -55,6 +57,8 @@ if TYPE_CHECKING:  # a cloud that plans offline never loads the provider SDKs
     from planner.session.factory import SessionPlanners
     from planner.session.planner import SessionPlanner
 
+#: Trailing metadata of an answer that says the model provider is what planning waits for.
+_PROVIDER_WAIT = ((WAITING_FOR_KEY, MODEL_PROVIDER),)
 MAX_SYSTEM_PROMPT = 64 * 1024
 MAX_USER_PROMPT = 512 * 1024
 MAX_SCREENSHOT = 8 * 1024 * 1024
@@ -225,10 +229,10 @@ class PlannerServicer(planner_service_pb2_grpc.PlannerServiceServicer):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
         except PlannerRateLimited as err:
             self._health.failed(str(err))
-            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(err))
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(err), _PROVIDER_WAIT)
         except PlannerTransient as err:
             self._health.failed(str(err))
-            await context.abort(grpc.StatusCode.UNAVAILABLE, str(err))
+            await context.abort(grpc.StatusCode.UNAVAILABLE, str(err), _PROVIDER_WAIT)
         except PlannerAuthError as err:
             await context.abort(grpc.StatusCode.PERMISSION_DENIED, str(err))
         except PlannerError as err:

@@ -29,6 +29,7 @@ from cloud.store.ports import (
     StoreLeaseGate,
     StoreSessionStore,
 )
+from planner.errors import WAITING_FOR_KEY
 from planner.vendors.base import Probeable
 
 if TYPE_CHECKING:  # imported when the servicer is built, like the rest of the planner
@@ -81,7 +82,12 @@ class OwnLeasesOnly(planner_service_pb2_grpc.PlannerServiceServicer):
             if not _database_unreachable(exc):
                 raise
             log.warning("Decide: the database is unavailable (%s)", type(exc).__name__)
-            await abort(context, grpc.StatusCode.UNAVAILABLE, DATABASE_UNAVAILABLE)
+            await context.abort(
+                grpc.StatusCode.UNAVAILABLE,
+                DATABASE_UNAVAILABLE,
+                ((WAITING_FOR_KEY, "the cloud's database"),),
+            )
+            raise AssertionError("abort returns only by raising") from exc  # pragma: no cover
 
     async def _decide(
         self,

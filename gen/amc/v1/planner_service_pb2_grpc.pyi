@@ -68,7 +68,9 @@ class PlannerServiceStub:
     retry") while its database cannot be reached, at any point of the call; a call cut off by a
     cloud restart or a reset connection reaches the host as UNAVAILABLE, CANCELLED or
     DEADLINE_EXCEEDED. A host asks again with backoff, with the same step_key, for as long as
-    its lease is live: the step is planned once whichever of these happened.
+    its lease is live: the step is planned once whichever of these happened. An UNAVAILABLE or
+    RESOURCE_EXHAUSTED answer carries the trailing metadata `amc-waiting-for` naming what is
+    unavailable, in words for a progress line: "the model provider" or "the cloud's database".
 
     Deprecated requests that carry prompts (system_prompt/user_prompt) or a SessionStep instead
     of an observation are still answered for one release, as before (UNIMPLEMENTED for a
@@ -115,7 +117,9 @@ class PlannerServiceAsyncStub(PlannerServiceStub):
     retry") while its database cannot be reached, at any point of the call; a call cut off by a
     cloud restart or a reset connection reaches the host as UNAVAILABLE, CANCELLED or
     DEADLINE_EXCEEDED. A host asks again with backoff, with the same step_key, for as long as
-    its lease is live: the step is planned once whichever of these happened.
+    its lease is live: the step is planned once whichever of these happened. An UNAVAILABLE or
+    RESOURCE_EXHAUSTED answer carries the trailing metadata `amc-waiting-for` naming what is
+    unavailable, in words for a progress line: "the model provider" or "the cloud's database".
 
     Deprecated requests that carry prompts (system_prompt/user_prompt) or a SessionStep instead
     of an observation are still answered for one release, as before (UNIMPLEMENTED for a
@@ -165,7 +169,9 @@ class PlannerServiceServicer(metaclass=_abc_1.ABCMeta):
         retry") while its database cannot be reached, at any point of the call; a call cut off by a
         cloud restart or a reset connection reaches the host as UNAVAILABLE, CANCELLED or
         DEADLINE_EXCEEDED. A host asks again with backoff, with the same step_key, for as long as
-        its lease is live: the step is planned once whichever of these happened.
+        its lease is live: the step is planned once whichever of these happened. An UNAVAILABLE or
+        RESOURCE_EXHAUSTED answer carries the trailing metadata `amc-waiting-for` naming what is
+        unavailable, in words for a progress line: "the model provider" or "the cloud's database".
 
         Deprecated requests that carry prompts (system_prompt/user_prompt) or a SessionStep instead
         of an observation are still answered for one release, as before (UNIMPLEMENTED for a
