@@ -90,6 +90,39 @@ async def test_migration_0005_thinking_and_retry_columns_up_and_down(db_url: str
         await s.close()
 
 
+async def test_migration_0006_step_keys_late_results_secrets_up_and_down(db_url: str) -> None:
+    """0006 is additive: decisions.step_key (unique per attempt, NULLs never collide),
+    attempts.late_result, the task_secrets table; its downgrade drops them, keeping the rows."""
+    s = Store.from_url(db_url)
+    try:
+        await upgrade(s.engine)
+        await decisions.append(s, "h1", "t-0006", 1, _decision(), "1")
+        await decisions.append(s, "h1", "t-0006", 1, _decision())
+        await decisions.append(s, "h1", "t-0006", 1, _decision())  # two NULL keys: fine
+        try:
+            await decisions.append(s, "h1", "t-0006", 1, _decision(), "1")
+        except decisions.StepKeyTaken:
+            pass
+        else:
+            raise AssertionError("a second decision under one step key was written")
+        found = await decisions.by_step_key(s, "t-0006", 1, "1")
+        assert found is not None and found.step_index == 1
+        await downgrade(s.engine, "0005")
+        async with s.engine.connect() as conn:
+            assert "step_key" not in await conn.run_sync(_columns, "decisions")
+            assert "late_result" not in await conn.run_sync(_columns, "attempts")
+            assert "task_secrets" not in await conn.run_sync(_tables)
+        await upgrade(s.engine)
+        assert len((await decisions.list_page(s, "t-0006", 0, 10, ""))[0]) == 3
+        async with s.engine.connect() as conn:
+            assert "step_key" in await conn.run_sync(_columns, "decisions")
+            assert "late_result" in await conn.run_sync(_columns, "attempts")
+            assert "task_secrets" in await conn.run_sync(_tables)
+        await check(s.engine)
+    finally:
+        await s.close()
+
+
 def _decision(text: str = "tap", sensitive: bool = False) -> Decision:
     action = types_pb2.Action(purpose="open it", expected_outcome="it opens")
     if sensitive:

@@ -142,8 +142,17 @@ SAVE_WORDS = (
     "set",
     "apply",
     "confirm",
+    "submit",
+    # The buttons that send a filled sign-in or join form ("Sign in", "Log in", "Connect").
+    "sign",
+    "login",
+    "log",
+    "connect",
+    "join",
     "speichern",
     "fertig",
+    "anmelden",
+    "verbinden",
 )
 #: What a masked field shows instead of its text: Android's password dots, the host's mask.
 MASK_CHARS = frozenset("•●*·∙")
