@@ -6,7 +6,8 @@ lease long enough to outlive the run), and every request names that lease: the f
 observation, previous outcome, step key, screenshot and deprecated fields reach the checks and
 the planner behind them. Proves: Decide answers a decision or a refusal with a reason (an
 INVALID_ARGUMENT names a field), never UNKNOWN, INTERNAL, UNAVAILABLE or UNIMPLEMENTED (but for
-the deprecated SessionStep on a cloud that plans offline, as documented); the lease stays live (never FAILED_PRECONDITION), the replica keeps serving.
+the deprecated SessionStep on a cloud that plans offline, as documented); the lease stays live
+(never FAILED_PRECONDITION), and the replica keeps serving.
 """
 
 from __future__ import annotations
@@ -122,13 +123,13 @@ def _requests(a: lease_pb.Assignment) -> st.SearchStrategy[planner_service_pb2.D
     )
     valid_ish = st.builds(
         near_valid,
-        st.none() | messages(types_pb2.ActionOutcome.DESCRIPTOR).map(
+        st.none()
+        | messages(types_pb2.ActionOutcome.DESCRIPTOR).map(
             lambda m: cast(types_pb2.ActionOutcome, m)
         ),
         STRINGS,
-        st.none() | messages(types_pb2.UiElement.DESCRIPTOR).map(
-            lambda m: cast(types_pb2.UiElement, m)
-        ),
+        st.none()
+        | messages(types_pb2.UiElement.DESCRIPTOR).map(lambda m: cast(types_pb2.UiElement, m)),
     )
     return st.one_of(
         fuzzed,

@@ -130,7 +130,8 @@ def cloud_process(
     port: int,
     extra: Mapping[str, str] | None = None,
 ) -> AmcProcess:
-    """`amc cloud serve` on 127.0.0.1:`port` with short leases and fast background jobs."""
+    """`amc cloud serve` on 127.0.0.1:`port` with short leases and fast background jobs, planning
+    with the offline provider for its cloud-transport hosts."""
     env = _clean_env()
     env.update(
         {
@@ -144,6 +145,7 @@ def cloud_process(
             "AMC_CLOUD_HOST_HEARTBEAT_SECONDS": "1",
             "AMC_CLOUD_SHUTDOWN_GRACE_SECONDS": "1",
             "AMC_CLOUD_MIN_CLIENT_PING_INTERVAL_SECONDS": "0.5",
+            "AMC_PLANNER_PROVIDER": "offline",
         }
     )
     env.update(extra or {})
@@ -158,9 +160,11 @@ def host_process(
     pki_dir: Path,
     phones: int = 1,
     settle_delay_s: float = 0.05,
+    transport: str = "cloud",
     extra: Mapping[str, str] | None = None,
 ) -> AmcProcess:
-    """`amc host run` with `phones` virtual phones, the offline direct planner and no OCR."""
+    """`amc host run` with `phones` virtual phones and no OCR, planning through the cloud (the
+    embedded stack's choice) or, with `transport="direct"`, with the offline planner itself."""
     env = _clean_env()
     data = workdir / f"host-{host_id}"
     env.update(
@@ -180,6 +184,7 @@ def host_process(
             "AMC_HOST_KEEPALIVE_TIME_S": "1",
             "AMC_HOST_KEEPALIVE_TIMEOUT_S": "2",
             "AMC_HOST_PROGRESS_RENEW_MIN_INTERVAL_S": "0.2",
+            "AMC_HOST_PLANNER_TRANSPORT": transport,
             "AMC_PLANNER_PROVIDER": "offline",
         }
     )
