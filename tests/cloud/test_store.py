@@ -10,7 +10,7 @@ from unittest.mock import ANY
 from sqlalchemy import inspect, update
 
 from amc.v1 import types_pb2
-from cloud.store import decisions, leases, states, tasks
+from cloud.store import convert, decisions, leases, states, tasks
 from cloud.store.database import Store
 from cloud.store.engine import check, downgrade, upgrade
 from cloud.store.models import TaskRow
@@ -90,30 +90,71 @@ async def test_migration_0005_thinking_and_retry_columns_up_and_down(db_url: str
         await s.close()
 
 
-async def test_migration_0006_step_keys_late_results_secrets_up_and_down(db_url: str) -> None:
-    """0006 is additive: decisions.step_key (unique per attempt, NULLs never collide),
+async def test_migration_0006_keeps_the_screen_of_each_decision(db_url: str) -> None:
+    """0006 is additive: a nullable column with the decision's observation (OCR left out),
+    read back only when asked; its downgrade drops it and keeps the rows."""
+    s = Store.from_url(db_url)
+    try:
+        await upgrade(s.engine)
+        logged = _decision()
+        logged.observation = types_pb2.ScreenObservation(
+            elements=[
+                types_pb2.UiElement(
+                    element_id="e1",
+                    bounds=types_pb2.Rect(left=0, top=200, right=1080, bottom=320),
+                    text="Display",
+                )
+            ],
+            screen_width=1080,
+            screen_height=2400,
+            foreground_package="com.android.settings",
+            ocr_blocks=[types_pb2.OcrBlock(text="Display", confidence=0.9)],
+        )
+        row = await decisions.append(s, "h1", "t-0006", 1, logged)
+        (stored,) = (await decisions.list_page(s, "t-0006", 0, 5, ""))[0]
+        kept = convert.decision(stored, include_observation=True).observation
+        assert [e.text for e in kept.elements] == ["Display"]
+        assert (kept.screen_width, kept.screen_height) == (1080, 2400)
+        assert not kept.ocr_blocks  # the raw OCR is not kept
+        assert not convert.decision(stored).HasField("observation")  # only when asked
+        plain = await decisions.append(s, "h1", "t-0006", 1, _decision("swipe"))
+        assert plain.observation_pb is None
+        await downgrade(s.engine, "0005")
+        async with s.engine.connect() as conn:
+            assert "observation_pb" not in await conn.run_sync(_columns, "decisions")
+        await upgrade(s.engine)
+        (old, _) = (await decisions.list_page(s, "t-0006", 0, 5, ""))[0]
+        assert old.decision_id == row.decision_id
+        assert old.observation_pb is None
+        await check(s.engine)
+    finally:
+        await s.close()
+
+
+async def test_migration_0007_step_keys_late_results_secrets_up_and_down(db_url: str) -> None:
+    """0007 is additive: decisions.step_key (unique per attempt, NULLs never collide),
     attempts.late_result, the task_secrets table; its downgrade drops them, keeping the rows."""
     s = Store.from_url(db_url)
     try:
         await upgrade(s.engine)
-        await decisions.append(s, "h1", "t-0006", 1, _decision(), "1")
-        await decisions.append(s, "h1", "t-0006", 1, _decision())
-        await decisions.append(s, "h1", "t-0006", 1, _decision())  # two NULL keys: fine
+        await decisions.append(s, "h1", "t-0007", 1, _decision(), "1")
+        await decisions.append(s, "h1", "t-0007", 1, _decision())
+        await decisions.append(s, "h1", "t-0007", 1, _decision())  # two NULL keys: fine
         try:
-            await decisions.append(s, "h1", "t-0006", 1, _decision(), "1")
+            await decisions.append(s, "h1", "t-0007", 1, _decision(), "1")
         except decisions.StepKeyTaken:
             pass
         else:
             raise AssertionError("a second decision under one step key was written")
-        found = await decisions.by_step_key(s, "t-0006", 1, "1")
+        found = await decisions.by_step_key(s, "t-0007", 1, "1")
         assert found is not None and found.step_index == 1
-        await downgrade(s.engine, "0005")
+        await downgrade(s.engine, "0006")
         async with s.engine.connect() as conn:
             assert "step_key" not in await conn.run_sync(_columns, "decisions")
             assert "late_result" not in await conn.run_sync(_columns, "attempts")
             assert "task_secrets" not in await conn.run_sync(_tables)
         await upgrade(s.engine)
-        assert len((await decisions.list_page(s, "t-0006", 0, 10, ""))[0]) == 3
+        assert len((await decisions.list_page(s, "t-0007", 0, 10, ""))[0]) == 3
         async with s.engine.connect() as conn:
             assert "step_key" in await conn.run_sync(_columns, "decisions")
             assert "late_result" in await conn.run_sync(_columns, "attempts")

@@ -7,8 +7,8 @@ already made instead of planning twice (NULLs never collide, on either backend).
 and was accepted. `task_secrets`: a task's secret parameters as Fernet tokens, deleted with the
 task. The downgrade drops all three.
 
-Revision ID: 0006
-Revises: 0005
+Revision ID: 0007
+Revises: 0006
 Create Date: 2026-12-20
 """
 
@@ -19,8 +19,8 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import op
 
-revision: str = "0006"
-down_revision: str | None = "0005"
+revision: str = "0007"
+down_revision: str | None = "0006"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
