@@ -37,7 +37,7 @@ from amc.v1 import (
     task_service_pb2,
     task_service_pb2_grpc,
 )
-from cloud import supervised
+from cloud import secret_box, supervised
 from cloud.authz import Authorization
 from cloud.boundary import Boundary
 from cloud.db_probe import DatabaseProbe
@@ -147,10 +147,12 @@ class CloudServer:
 
     def __init__(self, settings: CloudSettings, store: Store | None = None) -> None:
         self.settings = settings
+        key = settings.secrets_key.get_secret_value() if settings.secrets_key else None
+        self.secrets = secret_box.from_settings(key, settings.secrets_key_file)
         self.store = store or _open_store(settings.database_url)
         self._own_store = store is None
         self.bus = EventBus(self.store)
-        self.leases = LeaseManager(self.store, self.bus, settings)
+        self.leases = LeaseManager(self.store, self.bus, settings, self.secrets)
         self.provider_health = ProviderHealth(threshold=settings.provider_down_after_failures)
         self.leases.dispatcher.provider = self.provider_health
         self.provider_health.on_available.append(self.leases.dispatcher.wake.set)
@@ -179,7 +181,7 @@ class CloudServer:
     def _add_services(self) -> None:
         s, store, bus = self.settings, self.store, self.bus
         task_service_pb2_grpc.add_TaskServiceServicer_to_server(
-            TaskServicer(store, bus, s), self.server
+            TaskServicer(store, bus, s, self.secrets), self.server
         )
         lease_service_pb2_grpc.add_LeaseServiceServicer_to_server(
             LeaseServicer(self.leases), self.server
@@ -240,6 +242,12 @@ class CloudServer:
             f"  store:        {store} ({kind})",
             f"  planner:      {self.planner_summary}",
             f"  certificates: {s.tls_source()}",
+            "  secrets:      "
+            + (
+                "encrypted at rest (AMC_CLOUD_SECRETS_KEY)"
+                if self.secrets is not None
+                else "refused (no AMC_CLOUD_SECRETS_KEY: tasks with secrets cannot be submitted)"
+            ),
             "  stop with Ctrl-C",
         ]
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import Field
+from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 #: Where a cloud listens and where every client (CLI, console, host) looks for it by default.
@@ -75,6 +75,12 @@ class CloudSettings(BaseSettings):
     max_connection_age_grace_seconds: float = Field(60.0, gt=0)
     max_message_bytes: int = Field(16 * 1024 * 1024, gt=0)
     shutdown_grace_seconds: float = Field(5.0, ge=0)
+
+    # Secret parameters of tasks (cloud/secret_box.py): Fernet keys, comma separated (the first
+    # encrypts, all decrypt), or a file holding them. Without one, SubmitTask refuses secrets
+    # (FAILED_PRECONDITION) rather than store them in plain text.
+    secrets_key: SecretStr | None = None
+    secrets_key_file: Path | None = None
 
     # Migrations at start (the CLI may run them separately and turn this off).
     migrate_on_start: bool = True

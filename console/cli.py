@@ -40,6 +40,7 @@ app.add_typer(certs_app, name="certs")
 app.add_typer(task_app, name="task")
 
 out = Console()
+err = Console(stderr=True)
 T = TypeVar("T")
 
 #: What `amc demo` runs, one goal per virtual phone (the first is the quickstart's job).
@@ -322,6 +323,14 @@ def certs_unrevoke(
     out.print(f"revocation lifted: {what}" if removed else f"was not revoked: {what}")
 
 
+@certs_app.command("secrets-key")
+def certs_secrets_key() -> None:
+    """Print a new key for AMC_CLOUD_SECRETS_KEY (encrypts tasks' secret parameters)."""
+    from cloud.secret_box import new_key
+
+    print(new_key())
+
+
 # --- operating the fleet ---------------------------------------------------------------------
 
 
@@ -386,19 +395,46 @@ def task_submit(
     max_attempts: Annotated[int, typer.Option(help="Attempts before failing; 0 = default.")] = 0,
     request_id: Annotated[str, typer.Option(help="Idempotency key for retries.")] = "",
     lease_seconds: Annotated[int, typer.Option(help="Lease length; 0 = default.")] = 0,
+    secret: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="A secret parameter NAME the goal refers to as {{secret:NAME}} (repeatable). "
+            "Its value comes from the environment variable AMC_SECRET_<NAME> (upper case), "
+            "else a hidden prompt; never from the command line."
+        ),
+    ] = None,
 ) -> None:
-    """Queue a task and print its id."""
+    """Queue a task and print its id (and any warning about its goal)."""
     request = task_service_pb2.SubmitTaskRequest(
         goal=goal,
         target=types_pb2.TaskTarget(host_id=host, device_serial=device),
         max_attempts=max_attempts,
         client_request_id=request_id,
+        secrets={name: _secret_value(name) for name in secret or []},
     )
     if lease_seconds:
         request.lease_duration.CopyFrom(Duration(seconds=lease_seconds))
     response = _with_client(lambda c: c.tasks.SubmitTask(request))
     note = " (already submitted with this request id)" if response.deduplicated else ""
     out.print(f"{response.task.task_id}{note}")
+    for warning in response.warnings:
+        err.print(f"warning: {formatting.literal(warning)}")
+
+
+def _secret_value(name: str) -> str:
+    """A secret's value from AMC_SECRET_<NAME>, else a hidden prompt (a terminal only)."""
+    import getpass
+    import os
+    import sys
+
+    value = os.environ.get(f"AMC_SECRET_{name.upper()}")
+    if value is not None:
+        return value
+    if not sys.stdin.isatty():
+        raise typer.BadParameter(
+            f"set AMC_SECRET_{name.upper()} (no terminal to ask for it)", param_hint="--secret"
+        )
+    return getpass.getpass(f"value of secret {name} (not shown): ")
 
 
 @task_app.command("list")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import secrets
 import shutil
 from collections.abc import AsyncIterator
@@ -83,6 +84,7 @@ async def embedded_stack(
             database_url=f"sqlite+aiosqlite:///{data_dir / 'cloud.sqlite3'}",
             listen_address=listen_address,
             pki_dir=pki_dir,
+            secrets_key_file=await asyncio.to_thread(_secrets_key_file, data_dir),
         )
     )
     await cloud.start()
@@ -227,6 +229,19 @@ async def run_demo(
                 await _print_decisions(stack.operator, task_id, out)
             out.print(f"result: {task.result_summary or '-'}")
         return ok
+
+
+def _secrets_key_file(data_dir: Path) -> Path:
+    """The embedded cloud's key for tasks' secret parameters: made once, kept (0600) so a
+    restarted stack can still open the secrets of tasks it has not run yet."""
+    from cloud.secret_box import new_key
+
+    path = data_dir / "secrets.key"
+    if not path.exists():
+        data_dir.mkdir(parents=True, exist_ok=True)
+        with os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as f:
+            f.write(new_key())
+    return path
 
 
 def _console_password(data_dir: Path) -> str:

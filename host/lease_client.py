@@ -7,8 +7,12 @@ assignments, renewals, revocations, result acks. The client:
 - never touches a phone before the cloud assigned a task to it;
 - renews each lease at a third of its length and, rate-limited, whenever progress changes;
 - stops a task within one step of `Revoked`;
-- keeps each result until the cloud acknowledges it (or says the lease is gone), resending it
-  after a reconnect;
+- keeps each result until the cloud acknowledges it (or says another attempt holds the task),
+  resending it after a reconnect, after a retryable rejection and every `RESULT_RESEND_S`
+  without an answer; a result whose lease ran out meanwhile is still sent (the cloud accepts
+  it as late while no other attempt has started), so finished work is not run again;
+- starts an assignment for a phone whose previous attempt is still stopping (revoked, within
+  one step of its end) once that attempt has stopped, instead of refusing it;
 - reconnects with capped exponential backoff and full jitter, re-announcing what it holds;
 - says which run of the agent it is (`HostHello.process_id`, new for every process), so the
   cloud can release a dead predecessor's leases at once;
@@ -50,6 +54,9 @@ ChannelFactory = Callable[[], grpc.aio.Channel]
 DEFAULT_LEASE_S = 60.0
 #: A result the cloud answered with a retryable UNAVAILABLE rejection goes again after this long.
 RESEND_AFTER_UNAVAILABLE_S = 1.0
+#: A result neither acknowledged nor refused goes again after this long (a message lost with a
+#: stream the host has not yet noticed is dead, an answer lost on the way back).
+RESULT_RESEND_S = 5.0
 
 
 class DeviceSource(Protocol):
@@ -79,6 +86,8 @@ class RunningTask:
     revoke_message: str = ""
     last_renewal_mono: float = 0.0
     outcome: TaskOutcome | None = None
+    #: The previous attempt on this phone, still stopping when this one was assigned.
+    after: asyncio.Task[TaskOutcome] | None = None
 
     @property
     def key(self) -> Key:
@@ -135,6 +144,9 @@ class LeaseClient:
         self._rng = rng or random.Random()
         self._tasks: dict[Key, RunningTask] = {}
         self._outbox: dict[Key, lease_service_pb2.LeaseRequest] = {}
+        #: Results sent once more after the cloud said their lease expired (a late result is
+        #: accepted when no other attempt started; a second "expired" means it was not).
+        self._late_tried: set[Key] = set()
         self._queue: asyncio.Queue[lease_service_pb2.LeaseRequest | None] | None = None
         self._welcomed = asyncio.Event()
         self._resend_pending = False
@@ -314,7 +326,11 @@ class LeaseClient:
             self._on_revoked(response.revoked)
         elif kind == "result_ack":
             a = response.result_ack
+            if a.late:
+                log.info("result of %s/%d accepted late (its lease had run out)",
+                         a.task_id, a.attempt)  # fmt: skip
             self._outbox.pop((a.task_id, a.attempt), None)
+            self._late_tried.discard((a.task_id, a.attempt))
             self._forget_if_done((a.task_id, a.attempt))
         elif kind == "superseded":
             self.superseded = response.superseded.message or "superseded by a newer process"
@@ -330,6 +346,7 @@ class LeaseClient:
             if rj.task_id:
                 for key in [k for k in self._outbox if k[0] == rj.task_id]:
                     self._outbox.pop(key, None)
+                    self._forget_if_done(key)
 
     def _schedule_resend(self) -> None:
         """Send every unacknowledged result again in `RESEND_AFTER_UNAVAILABLE_S` (once)."""
@@ -366,11 +383,23 @@ class LeaseClient:
             existing.changed.set()
             return
         deadline = a.deadline.ToDatetime(tzinfo=UTC) if a.HasField("deadline") else None
-        spec = TaskSpec(a.task_id, a.attempt, a.goal, a.device_serial, a.lease_id, deadline)
+        spec = TaskSpec(
+            a.task_id,
+            a.attempt,
+            a.goal,
+            a.device_serial,
+            a.lease_id,
+            deadline,
+            secrets=dict(a.secrets),
+        )
         problem = self._cannot_run(a.device_serial)
         if problem:
+            # Not the task's fault: the cloud queues its next attempt (the phone's state was
+            # news to it, e.g. right after a reconnect).
             log.warning("assignment %s on %s refused: %s", a.task_id, a.device_serial, problem)
-            self._queue_result(spec, types_pb2.TASK_STATUS_FAILED, problem, ProgressSnapshot())
+            self._queue_result(
+                spec, types_pb2.TASK_STATUS_FAILED, problem, ProgressSnapshot(), retryable=True
+            )
             return
         rt = RunningTask(
             spec=spec,
@@ -379,6 +408,7 @@ class LeaseClient:
             lease_s=lease_s,
             expires_mono=_mono_expiry(a.lease_expires_at, lease_s),
             renew_s=_duration_s(a.renew_interval, lease_s / 3),
+            after=self._stopping_on(a.device_serial),
         )
         loop = asyncio.get_running_loop()
 
@@ -398,10 +428,27 @@ class LeaseClient:
         if not info.online:
             return f"phone {serial} is offline"
         busy = any(
-            rt.spec.device_serial == serial and rt.task is not None and not rt.task.done()
+            rt.spec.device_serial == serial
+            and rt.task is not None
+            and not rt.task.done()
+            and not rt.cancel.is_set()
             for rt in self._tasks.values()
         )
         return f"phone {serial} is busy with another task" if busy else ""
+
+    def _stopping_on(self, serial: str) -> asyncio.Task[TaskOutcome] | None:
+        """The attempt still stopping on this phone (told to stop, not yet stopped), if any."""
+        return next(
+            (
+                rt.task
+                for rt in self._tasks.values()
+                if rt.spec.device_serial == serial
+                and rt.task is not None
+                and not rt.task.done()
+                and rt.cancel.is_set()
+            ),
+            None,
+        )
 
     def _on_revoked(self, r: lease_service_pb2.Revoked) -> None:
         key = (r.task_id, r.attempt)
@@ -411,8 +458,21 @@ class LeaseClient:
             rt.revoke_reason = lease_service_pb2.RevokeReason.Name(r.reason)
             rt.revoke_message = r.message
             rt.cancel.set()
-        # The lease is gone: a result for it will never be accepted.
+        pending = self._outbox.get(key)
+        if (
+            pending is not None
+            and r.reason == lease_service_pb2.REVOKE_REASON_EXPIRED
+            and pending.result.status != types_pb2.TASK_STATUS_CANCELLED
+            and key not in self._late_tried
+        ):
+            # The lease ran out while the result waited (the cloud or its database was away):
+            # the cloud still takes it as late unless another attempt has started. Once.
+            self._late_tried.add(key)
+            self._send(pending)
+            return
+        # The lease is gone and the result, if any, will not be accepted.
         self._outbox.pop(key, None)
+        self._late_tried.discard(key)
         self._forget_if_done(key)
 
     def _forget_if_done(self, key: Key) -> None:
@@ -426,6 +486,9 @@ class LeaseClient:
 
     # --- per task ---
     async def _execute(self, rt: RunningTask) -> TaskOutcome:
+        if rt.after is not None:  # the phone's previous attempt stops within one step
+            await asyncio.wait([rt.after])
+            rt.after = None
         try:
             outcome = await self._run_task(rt.spec, rt.progress, rt.cancel)
         except asyncio.CancelledError:
@@ -434,7 +497,11 @@ class LeaseClient:
             log.exception("task %s crashed", rt.spec.task_id)
             outcome = TaskOutcome("failed", truncate(f"host error: {exc}", 2000), 0)
         rt.outcome = outcome
-        if rt.revoked is not None:
+        if outcome.lease_lost and rt.revoked is None:
+            # The cloud said the lease is not live: it ended (or will end) this attempt itself;
+            # a result would only be refused. Its Revoked, if one comes, finds nothing to do.
+            log.info("task %s/%d stopped: its lease is no longer live", *rt.key)
+        elif rt.revoked is not None:
             # The cloud already took the lease back; it may still like a CANCELLED ack.
             if rt.revoke_reason == "REVOKE_REASON_CANCELLED":
                 # The operator's reason (the cloud records it whatever we send; say the same).
@@ -474,8 +541,20 @@ class LeaseClient:
             retryable=retryable,
         )
         request = lease_service_pb2.LeaseRequest(result=result)
-        self._outbox[(spec.task_id, spec.attempt)] = request
+        key = (spec.task_id, spec.attempt)
+        self._outbox[key] = request
         self._send(request)
+        if self._loop is not None:
+            self._loop.call_later(RESULT_RESEND_S, self._resend_unanswered, key, request)
+
+    def _resend_unanswered(self, key: Key, request: lease_service_pb2.LeaseRequest) -> None:
+        """Send a result again while it is neither acknowledged nor refused (every
+        `RESULT_RESEND_S`, until the outbox no longer holds it)."""
+        if self._outbox.get(key) is not request:
+            return
+        self._send(request)
+        assert self._loop is not None
+        self._loop.call_later(RESULT_RESEND_S, self._resend_unanswered, key, request)
 
     @staticmethod
     def _interval(rt: RunningTask) -> float:

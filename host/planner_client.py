@@ -18,7 +18,8 @@ import grpc
 from amc.v1 import planner_service_pb2, planner_service_pb2_grpc, types_pb2
 from planner.convert import decision_from_proto
 from planner.decision import Decision
-from planner.history import WorldEvent
+from planner.errors import WAITING_FOR_KEY
+from planner.history import MASK, WorldEvent
 from planner.observation import clip, observation_from_scene
 from planner.plan_step import plan_step
 from planner.planner import Planner
@@ -41,12 +42,24 @@ class StepPlanner(Protocol):
     ) -> Decision: ...
 
 
-class CloudPlanError(RuntimeError):
-    """The cloud refused or failed a Decide call. `lease_lost` when the lease is not live."""
+#: What a replayed decision whose sensitive text was not kept says instead of running.
+WITHHELD = (
+    "not typed: the answer to this step was lost and repeated, and a sensitive value is never "
+    "kept, so it is masked in the repeat; plan the input again"
+)
 
-    def __init__(self, message: str, code: grpc.StatusCode | None = None) -> None:
+
+class CloudPlanError(RuntimeError):
+    """The cloud refused or failed a Decide call. `lease_lost` when the lease is not live;
+    `waiting_for` names what the cloud said is unavailable (empty when it did not say, e.g.
+    the cloud itself could not be reached)."""
+
+    def __init__(
+        self, message: str, code: grpc.StatusCode | None = None, waiting_for: str = ""
+    ) -> None:
         super().__init__(message)
         self.code = code
+        self.waiting_for = waiting_for
 
     @property
     def lease_lost(self) -> bool:
@@ -79,7 +92,10 @@ class CloudPlanner:
 
     The request carries no goal, history or prompt: the cloud has them. The goal argument is
     ignored (the cloud plans towards the task's goal); of the history only the newest step is
-    read, as the outcome of the last decision.
+    read, as the outcome of the last decision, and its length numbers the step: the step key
+    (`DecideRequest.step_key`) is the 1-based step of the attempt, so asking again for the same
+    step (the agent loop's wait after a lost answer) sends the same key and gets the decision
+    the cloud already made for it, never a second one.
     """
 
     def __init__(
@@ -108,7 +124,7 @@ class CloudPlanner:
             )
         except grpc.aio.AioRpcError as exc:
             message = f"cloud planner: {exc.code().name}: {exc.details()}"
-            raise CloudPlanError(message, exc.code()) from exc
+            raise CloudPlanError(message, exc.code(), _waiting_for(exc)) from exc
         return response
 
     async def decide(
@@ -123,6 +139,7 @@ class CloudPlanner:
             attempt=self.attempt,
             lease_id=self.lease_id,
             observation=observation_from_scene(scene),
+            step_key=str(len(history) + 1),
         )
         outcome = previous_outcome(self._last_step, history)
         if outcome is not None:
@@ -138,7 +155,24 @@ class CloudPlanner:
             # original): once more on the conversation as it now stands.
             response = await self._call(request)
         self._last_step = response.decision.step_index or None
-        return decision_from_proto(response.decision)
+        decision = decision_from_proto(response.decision)
+        action = decision.action
+        if (
+            response.replayed
+            and action.WhichOneof("kind") == "input_text"
+            and action.input_text.sensitive
+            and action.input_text.text == MASK
+        ):
+            decision.extra["withheld"] = WITHHELD
+        return decision
+
+
+def _waiting_for(exc: grpc.aio.AioRpcError) -> str:
+    """What the cloud named as unavailable in its trailing metadata, if it named anything."""
+    for key, value in exc.trailing_metadata() or ():
+        if key == WAITING_FOR_KEY and isinstance(value, str):
+            return value[:100]
+    return ""
 
 
 class DirectPlanner:

@@ -8,6 +8,11 @@ operator must act), and a request the provider refuses as invalid (`PlannerRejec
 
 from __future__ import annotations
 
+#: Trailing metadata of a Decide answered UNAVAILABLE or RESOURCE_EXHAUSTED: what is unavailable,
+#: in words for the host's progress line ("the model provider", "the cloud's database").
+WAITING_FOR_KEY = "amc-waiting-for"
+MODEL_PROVIDER = "the model provider"
+
 
 class PlannerError(Exception):
     """The planner could not produce a decision. `str(err)` is the operator-facing reason."""

@@ -34,7 +34,9 @@ Every turn:
 from the current screen), and what is this step's intent.
 2. Then call exactly one tool. Device actions need a short `purpose` and a concrete \
 `expected_outcome` (what the screen should show afterwards). Prefer tapping by element id; use \
-x/y only for targets the list lacks. Mark passwords and codes as `sensitive`.
+x/y only for targets the list lacks. Mark passwords and codes as `sensitive`. Type a secret \
+the goal names as {{secret:NAME}} by writing that reference itself as the text; a field that \
+shows only dots or ••• afterwards holds the secret (do not type it again).
 3. Call `complete` with success true only when the current screen shows the goal reached; call \
 it with success false, and say why, when the goal cannot be reached.
 """

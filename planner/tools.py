@@ -96,7 +96,9 @@ TOOLS: tuple[ToolSpec, ...] = (
     _device_tool(
         "input_text",
         "Type text into the focused field, or into element_id after focusing it. Set sensitive "
-        "for secrets (passwords, codes): the value is typed but never recorded.",
+        "for secrets (passwords, codes): the value is typed but never recorded. A secret the "
+        "goal names as {{secret:NAME}} is typed by writing exactly that reference as the text: "
+        "its value is filled in on the phone and never shown to you.",
         {
             "text": {"type": "string"},
             "sensitive": {"type": "boolean"},

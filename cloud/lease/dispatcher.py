@@ -10,11 +10,13 @@ from __future__ import annotations
 import asyncio
 import logging
 
+from amc.v1 import lease_service_pb2 as lease_pb
 from amc.v1 import types_pb2
 from cloud.events import EventBus
 from cloud.lease import messages
 from cloud.lease.session import HostSession
 from cloud.provider_health import ProviderHealth
+from cloud.secret_box import SecretBox, SecretUnreadable
 from cloud.store import errors, leases, states
 from cloud.store.database import Store
 
@@ -40,7 +42,26 @@ class Dispatcher:
         #: The model provider's state; while it is down, hosts on the cloud planner transport
         #: get no new tasks (their steps could not be planned), see cloud/provider_health.py.
         self.provider: ProviderHealth | None = None
+        #: Opens tasks' sealed secrets for their assignments (None: the cloud has no key).
+        self.secrets: SecretBox | None = None
         bus.on_queued.append(self.wake.set)
+
+    def _assignment(self, claimed: leases.Claimed) -> lease_pb.LeaseResponse:
+        """The Assignment for a claim, with the task's secrets opened for the lease holder.
+
+        A secret that cannot be opened (the key was changed or removed since the task was
+        submitted) is left out and logged by name: the host then refuses to type it, and the
+        step that needs it fails saying which secret is missing."""
+        opened: dict[str, str] = {}
+        for name, token in claimed.sealed_secrets.items():
+            try:
+                if self.secrets is None:
+                    raise SecretUnreadable("no secrets key configured")
+                opened[name] = self.secrets.open(token)
+            except SecretUnreadable as exc:
+                log.error("task %s: secret %r left out of its assignment: %s",
+                          claimed.task_id, name, exc)  # fmt: skip
+        return messages.assignment(claimed, opened)
 
     def paused_for(self, session: HostSession) -> bool:
         """Whether new tasks are held back from this host (it plans through this cloud, whose
@@ -96,7 +117,7 @@ class Dispatcher:
                     return got
                 session.busy.add(claimed.device_serial)
                 session.granted.add(held)
-                session.send(messages.assignment(claimed))
+                session.send(self._assignment(claimed))
                 self.bus.tasks_changed([claimed.task_id])
         return got
 
@@ -120,7 +141,7 @@ class Dispatcher:
             session.granted.add(
                 leases.HeldLease(claimed.task_id, claimed.attempt, claimed.lease_id)
             )
-            session.send(messages.assignment(claimed))
+            session.send(self._assignment(claimed))
             self.bus.tasks_changed([claimed.task_id])
         return True
 

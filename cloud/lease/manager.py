@@ -27,6 +27,7 @@ from cloud.lease.batcher import RenewalBatcher
 from cloud.lease.dispatcher import Dispatcher
 from cloud.lease.session import HostSession
 from cloud.lease.sweeper import Sweeper
+from cloud.secret_box import SecretBox
 from cloud.settings import CloudSettings
 from cloud.store import convert, errors, hosts, leases, states
 from cloud.store.database import Store
@@ -38,7 +39,13 @@ log = logging.getLogger(__name__)
 class LeaseManager:
     """Owns this replica's host sessions and the background jobs of the lease protocol."""
 
-    def __init__(self, store: Store, bus: EventBus, settings: CloudSettings) -> None:
+    def __init__(
+        self,
+        store: Store,
+        bus: EventBus,
+        settings: CloudSettings,
+        secrets: SecretBox | None = None,
+    ) -> None:
         self.store = store
         self.bus = bus
         self.settings = settings
@@ -47,6 +54,7 @@ class LeaseManager:
             store, bus, settings.renewal_batch_window_seconds, settings.renewal_batch_max
         )
         self.dispatcher = Dispatcher(store, bus, self.sessions)
+        self.dispatcher.secrets = secrets
         self.sweeper = Sweeper(store, bus)
         self._jobs: list[asyncio.Task[None]] = []
         self._closings: set[asyncio.Task[None]] = set()
@@ -336,7 +344,8 @@ class LeaseManager:
     async def result(
         self, session: HostSession, msg: lease_pb.TaskResult
     ) -> lease_pb.LeaseResponse:
-        """Fenced, idempotent result."""
+        """Fenced, idempotent result; a late one (lease run out, no other attempt yet) is
+        accepted and acknowledged as late."""
         final = messages.progress_in(msg.final_progress) if msg.HasField("final_progress") else None
         out = await leases.record_result(
             self.store,
@@ -364,6 +373,7 @@ class LeaseManager:
                     lease_id=msg.lease_id,
                     task_status=states.to_proto(out.task_status),
                     duplicate=out.duplicate,
+                    late=out.late,
                 )
             )
         return messages.refused(msg.task_id, msg.attempt, msg.lease_id, out.revocation, out.message)

@@ -7,6 +7,7 @@ store's `ProgressIn`.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import TypeAlias
 
 from amc.v1 import lease_service_pb2 as lease_pb
@@ -77,8 +78,10 @@ def refused(
     return revoked(task_id, attempt, lease_id, reason, message)
 
 
-def assignment(claimed: leases.Claimed) -> lease_pb.LeaseResponse:
-    """A fresh lease for the host."""
+def assignment(
+    claimed: leases.Claimed, secrets: Mapping[str, str] | None = None
+) -> lease_pb.LeaseResponse:
+    """A fresh lease for the host, with the task's secrets opened (for the lease holder only)."""
     a = lease_pb.Assignment(
         task_id=claimed.task_id,
         attempt=claimed.attempt,
@@ -90,6 +93,7 @@ def assignment(claimed: leases.Claimed) -> lease_pb.LeaseResponse:
         deadline=convert.ts(claimed.deadline),
         resumed=False,
         renew_interval=convert.renew_interval(claimed.lease_seconds),
+        secrets=secrets or {},
     )
     p = convert.progress(claimed.last_progress)
     if p is not None:

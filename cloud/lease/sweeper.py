@@ -2,13 +2,15 @@
 
 Every replica sweeps (the store makes each end happen once); the host that held an ended
 attempt is told through the bus, wherever its stream is, and dispatchers hear of requeued work.
+Each pass also deletes the secret parameters of tasks that have ended, however they ended (a
+result, an expiry, a deadline, a cancel), so a secret outlives its task by one sweep at most.
 """
 
 from __future__ import annotations
 
 from cloud.events import EventBus, RevokeEvent
 from cloud.lease import messages
-from cloud.store import leases, states
+from cloud.store import leases, secrets, states
 from cloud.store.database import Store
 
 #: Rows one sweep query ends at most; a full batch means more may be waiting.
@@ -51,6 +53,8 @@ class Sweeper:
         return len(ended)
 
     async def sweep(self) -> None:
-        """Sweep until a pass finds less than a full batch (the sweep loop's step)."""
+        """Sweep until a pass finds less than a full batch (the sweep loop's step), then delete
+        the secrets of ended tasks."""
         while await self.sweep_once() >= SWEEP_BATCH:
             pass
+        await secrets.forget_ended(self.store)

@@ -8,9 +8,11 @@ Decide at all (hosts) is `cloud.authz`.
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING, Any
 
 import grpc
+from sqlalchemy import exc as sa_exc
 
 from amc.v1 import planner_service_pb2, planner_service_pb2_grpc
 from cloud import authz
@@ -27,21 +29,67 @@ from cloud.store.ports import (
     StoreLeaseGate,
     StoreSessionStore,
 )
+from planner.errors import WAITING_FOR_KEY
 from planner.vendors.base import Probeable
 
 if TYPE_CHECKING:  # imported when the servicer is built, like the rest of the planner
     from planner.service import PlannerServicer
 
+log = logging.getLogger(__name__)
+
+#: What a host is told while the database cannot be reached: it asks again, the step waits.
+DATABASE_UNAVAILABLE = "the cloud's database is unavailable; retry"
+_UNREACHABLE = (
+    sa_exc.OperationalError,
+    sa_exc.InterfaceError,
+    sa_exc.DisconnectionError,
+    sa_exc.TimeoutError,
+    ConnectionError,
+)
+
+
+def _database_unreachable(exc: BaseException) -> bool:
+    """The database cannot be reached right now (restarting, a dropped connection, no pool
+    connection in time): retrying helps. Told by type, never by the driver's text."""
+    if isinstance(exc, sa_exc.DBAPIError) and exc.connection_invalidated:
+        return True
+    return isinstance(exc, _UNREACHABLE)
+
 
 class OwnLeasesOnly(planner_service_pb2_grpc.PlannerServiceServicer):
     """Refuses a Decide on another host's lease before the planner sees it (PERMISSION_DENIED:
-    "lease … of task … belongs to another host"); anything else goes to the planner."""
+    "lease … of task … belongs to another host"); anything else goes to the planner.
+
+    A database that cannot be reached at any point of the call is UNAVAILABLE with a generic
+    message (never the driver's text: it names the database's host and port), so the host's
+    step waits and asks again instead of failing its task.
+    """
 
     def __init__(self, inner: PlannerServicer, store: Store) -> None:
         self._inner = inner
         self._store = store
 
     async def Decide(
+        self,
+        request: planner_service_pb2.DecideRequest,
+        context: grpc.aio.ServicerContext[Any, Any],
+    ) -> planner_service_pb2.DecideResponse:
+        try:
+            return await self._decide(request, context)
+        except grpc.aio.AbortError:
+            raise
+        except Exception as exc:
+            if not _database_unreachable(exc):
+                raise
+            log.warning("Decide: the database is unavailable (%s)", type(exc).__name__)
+            await context.abort(
+                grpc.StatusCode.UNAVAILABLE,
+                DATABASE_UNAVAILABLE,
+                ((WAITING_FOR_KEY, "the cloud's database"),),
+            )
+            raise AssertionError("abort returns only by raising") from exc  # pragma: no cover
+
+    async def _decide(
         self,
         request: planner_service_pb2.DecideRequest,
         context: grpc.aio.ServicerContext[Any, Any],

@@ -1,6 +1,14 @@
-"""TaskService: submit (idempotent), get, list, cancel. Operators only."""
+"""TaskService: submit (idempotent), get, list, cancel. Operators only.
+
+A submission may carry secret parameters: they are validated against the goal's references
+(`planner.secret_refs`), sealed with the cloud's key (`cloud.secret_box`) before the store sees
+them, and never returned by any RPC. A goal that looks like it holds a credential is queued with
+a warning (`cloud.goal_warnings`).
+"""
 
 from __future__ import annotations
+
+import dataclasses
 
 import grpc
 from google.protobuf import duration_pb2
@@ -9,11 +17,14 @@ from amc.v1 import lease_service_pb2 as lease_pb
 from amc.v1 import task_service_pb2 as pb
 from amc.v1 import task_service_pb2_grpc, types_pb2
 from cloud.events import EventBus, RevokeEvent
+from cloud.goal_warnings import credential_warnings
 from cloud.lease.validate import MAX_ID
+from cloud.secret_box import NO_KEY, SecretBox
 from cloud.services.status import abort
 from cloud.settings import CloudSettings
 from cloud.store import convert, states, tasks
 from cloud.store.database import Store
+from planner import secret_refs
 
 MAX_GOAL = 2000
 MAX_REQUEST_ID = 128
@@ -31,10 +42,17 @@ def _seconds(d: duration_pb2.Duration) -> float:
 class TaskServicer(task_service_pb2_grpc.TaskServiceServicer):
     """Operators' view of tasks."""
 
-    def __init__(self, store: Store, bus: EventBus, settings: CloudSettings) -> None:
+    def __init__(
+        self,
+        store: Store,
+        bus: EventBus,
+        settings: CloudSettings,
+        secrets: SecretBox | None = None,
+    ) -> None:
         self._store = store
         self._bus = bus
         self._settings = settings
+        self._secrets = secrets
 
     def _spec(self, r: pb.SubmitTaskRequest) -> tasks.NewTask | str:
         s = self._settings
@@ -62,6 +80,9 @@ class TaskServicer(task_service_pb2_grpc.TaskServiceServicer):
             return f"target.host_id: at most {MAX_ID} characters"
         if len(r.target.device_serial) > MAX_ID:
             return f"target.device_serial: at most {MAX_ID} characters"
+        problem = secret_refs.problem(r.goal, r.secrets)
+        if problem:
+            return problem
         return tasks.NewTask(
             goal=r.goal,
             max_attempts=r.max_attempts or s.default_max_attempts,
@@ -80,12 +101,20 @@ class TaskServicer(task_service_pb2_grpc.TaskServiceServicer):
         spec = self._spec(request)
         if isinstance(spec, str):
             await abort(context, grpc.StatusCode.INVALID_ARGUMENT, spec)
+        if request.secrets:
+            if self._secrets is None:
+                await abort(context, grpc.StatusCode.FAILED_PRECONDITION, NO_KEY)
+            box = self._secrets
+            sealed = {name: box.seal(value) for name, value in request.secrets.items()}
+            spec = dataclasses.replace(spec, sealed_secrets=sealed)
         view, deduplicated = await tasks.submit(self._store, spec)
         if not deduplicated:
             self._bus.tasks_changed([view.task.task_id])
             self._bus.tasks_queued()
         return pb.SubmitTaskResponse(
-            task=convert.task(view, with_attempts=True), deduplicated=deduplicated
+            task=convert.task(view, with_attempts=True),
+            deduplicated=deduplicated,
+            warnings=credential_warnings(request.goal),
         )
 
     async def GetTask(

@@ -57,6 +57,7 @@ def attempt(row: AttemptRow) -> types_pb2.Attempt:
         failure_reason=row.failure_reason or "",
         started_at=ts(row.started_at),
         planner_transport=row.planner_transport,  # type: ignore[arg-type]
+        late_result=row.late_result,
     )
     p = progress(row)
     if p is not None:

@@ -24,13 +24,24 @@ from planner.steps import PastStep, StepOutcome, stored_arguments
 _APPEND_RETRIES = 20
 
 
+class StepKeyTaken(Exception):
+    """The attempt already logged a decision under this step key."""
+
+
 async def append(
-    store: Store, host_id: str, task_id: str, attempt: int, decision: Decision
+    store: Store,
+    host_id: str,
+    task_id: str,
+    attempt: int,
+    decision: Decision,
+    step_key: str | None = None,
 ) -> DecisionRow:
     """Append one decision; its step index is max+1 within (task, attempt).
 
     Two concurrent appends may compute the same index; the unique constraint refuses the second,
-    which retries. So indexes have no gaps and no repeats on either backend.
+    which retries. So indexes have no gaps and no repeats on either backend. With a `step_key`
+    the attempt already has a decision for (a retried Decide raced its original), nothing is
+    written and `StepKeyTaken` is raised: that decision is the step's (`by_step_key`).
     """
     arguments = stored_arguments(decision)
     thinking = [{"text": b.text, "redacted": b.redacted} for b in decision.thinking]
@@ -76,13 +87,30 @@ async def append(
                     retry_kind=decision.retry_kind,
                     output_truncated=decision.output_truncated,
                     observation_pb=_observation(decision),
+                    step_key=step_key or None,
                 )
                 session.add(row)
                 await session.flush()
             return row
         except IntegrityError as exc:
+            if step_key and await by_step_key(store, task_id, attempt, step_key) is not None:
+                raise StepKeyTaken(step_key) from exc
             last_error = exc
     raise RuntimeError("could not assign a step index") from last_error
+
+
+async def by_step_key(
+    store: Store, task_id: str, attempt: int, step_key: str
+) -> DecisionRow | None:
+    """The decision an attempt logged under a host's step key, if any."""
+    async with store.read() as session:
+        return await session.scalar(
+            select(DecisionRow).where(
+                DecisionRow.task_id == task_id,
+                DecisionRow.attempt == attempt,
+                DecisionRow.step_key == step_key,
+            )
+        )
 
 
 def _masked_action(decision: Decision) -> bytes:

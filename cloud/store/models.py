@@ -125,6 +125,9 @@ class AttemptRow(Base):
     progress_updated_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime())
     # The host's step limit for this attempt (Progress.max_steps); NULL when it did not say.
     max_steps: Mapped[int | None] = mapped_column(Integer)
+    # The host's result arrived after the lease ran out, before another attempt started, and was
+    # accepted (leases/results.py): what the host finished counts instead of running again.
+    late_result: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
 
     __table_args__ = (
         UniqueConstraint("task_id", "attempt"),
@@ -230,9 +233,14 @@ class DecisionRow(Base):
     # The screen the decision was made on: `amc.v1.ScreenObservation` bytes without OCR blocks
     # (NULL before 0006 and for prompt-based requests). Never a screenshot.
     observation_pb: Mapped[bytes | None] = mapped_column()
+    # The host's name for the planning step (DecideRequest.step_key; NULL when it sent none): a
+    # retried Decide with the same key gets this row back instead of planning again.
+    step_key: Mapped[str | None] = mapped_column(String(64))
 
     __table_args__ = (
         UniqueConstraint("task_id", "attempt", "step_index"),
+        # NULLs never collide (both backends): only keyed decisions are unique per step key.
+        UniqueConstraint("task_id", "attempt", "step_key", name="uq_decisions_step_key"),
         Index("ix_decisions_created_at", "created_at"),
     )
 
@@ -253,4 +261,21 @@ class SessionItemRow(Base):
     seq: Mapped[int] = mapped_column(Integer, primary_key=True)
     item_type: Mapped[str] = mapped_column(String(32))
     body: Mapped[str] = mapped_column(Text)
+    created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime())
+
+
+class TaskSecretRow(Base):
+    """One secret parameter of a task (SubmitTaskRequest.secrets), encrypted (`cloud/secrets.py`).
+
+    Written at submit, read only to build the assignment for the lease holder, deleted when the
+    task ends (the sweeper) and with the task. `value` is a Fernet token: never the plain value.
+    """
+
+    __tablename__ = "task_secrets"
+
+    task_id: Mapped[str] = mapped_column(
+        ForeignKey("tasks.task_id", ondelete="CASCADE"), primary_key=True
+    )
+    name: Mapped[str] = mapped_column(String(64), primary_key=True)
+    value: Mapped[str] = mapped_column(Text)
     created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime())

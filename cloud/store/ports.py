@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from amc.v1 import types_pb2
-from cloud.store import decisions, leases, sessions, tasks
+from cloud.store import convert, decisions, leases, sessions, tasks
 from cloud.store.database import Store
 from planner.conversation.items import SessionItem, dumps_item, item_type, loads_item
 from planner.decision import Decision
@@ -23,16 +23,26 @@ class StoreLeaseGate:
 
 
 class StoreDecisionSink:
-    """`append`: one decision row with a cloud-assigned, gap-free step index per (task, attempt)."""
+    """`append`: one decision row with a cloud-assigned, gap-free step index per (task, attempt);
+    `logged`: the decision already logged under a host's step key (a retried Decide)."""
 
     def __init__(self, store: Store) -> None:
         self._store = store
 
     async def append(
-        self, host_id: str, task_id: str, attempt: int, decision: Decision
-    ) -> tuple[str, int]:
-        row = await decisions.append(self._store, host_id, task_id, attempt, decision)
+        self, host_id: str, task_id: str, attempt: int, decision: Decision, step_key: str = ""
+    ) -> tuple[str, int] | None:
+        try:
+            row = await decisions.append(
+                self._store, host_id, task_id, attempt, decision, step_key or None
+            )
+        except decisions.StepKeyTaken:
+            return None
         return row.decision_id, row.step_index
+
+    async def logged(self, task_id: str, attempt: int, step_key: str) -> types_pb2.Decision | None:
+        row = await decisions.by_step_key(self._store, task_id, attempt, step_key)
+        return None if row is None else convert.decision(row)
 
 
 class StoreAttemptLog:

@@ -7,12 +7,13 @@ import datetime as dt
 import json
 import uuid
 from collections import defaultdict
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from sqlalchemy import and_, func, or_, select, update
 from sqlalchemy.exc import IntegrityError
 
-from cloud.store import states
+from cloud.store import secrets, states
 from cloud.store.database import Store
 from cloud.store.models import AttemptRow, TaskRow
 
@@ -50,6 +51,8 @@ class NewTask:
     target_host_id: str | None = None
     target_device_serial: str | None = None
     client_request_id: str | None = None
+    #: Secret parameters, name → sealed token (`cloud/secret_box.py`), never plain values.
+    sealed_secrets: Mapping[str, str] = field(default_factory=dict)
 
 
 async def submit(store: Store, spec: NewTask) -> tuple[TaskView, bool]:
@@ -77,6 +80,9 @@ async def submit(store: Store, spec: NewTask) -> tuple[TaskView, bool]:
     try:
         async with store.write() as session:
             session.add(row)
+            if spec.sealed_secrets:
+                await session.flush()  # the task row first: the secrets refer to it
+                secrets.add(session, row.task_id, spec.sealed_secrets, now)
     except IntegrityError:
         # Two submissions with one key raced; the other one won.
         if spec.client_request_id:

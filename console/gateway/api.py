@@ -102,8 +102,13 @@ async def submit_task(cloud: Cloud, body: SubmitIn) -> SubmitOut:
         lease_duration_s=body.lease_duration_s,
         timeout_s=body.timeout_s,
         client_request_id=body.client_request_id,
+        secrets=body.secrets,
     )
-    return SubmitOut(task=TaskOut.of(response.task), deduplicated=response.deduplicated)
+    return SubmitOut(
+        task=TaskOut.of(response.task),
+        deduplicated=response.deduplicated,
+        warnings=list(response.warnings),
+    )
 
 
 @router.get(

@@ -111,6 +111,7 @@ class CloudClient:
         lease_duration_s: float | None,
         timeout_s: float | None,
         client_request_id: str,
+        secrets: dict[str, str] | None = None,
     ) -> task_service_pb2.SubmitTaskResponse:
         request = task_service_pb2.SubmitTaskRequest(
             goal=goal,
@@ -119,6 +120,7 @@ class CloudClient:
             lease_duration=_duration(lease_duration_s),
             timeout=_duration(timeout_s),
             client_request_id=client_request_id,
+            secrets=secrets or {},
         )
         response: task_service_pb2.SubmitTaskResponse = await self._tasks.SubmitTask(
             request, timeout=self._timeout

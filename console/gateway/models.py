@@ -440,13 +440,21 @@ class SubmitIn(BaseModel):
     lease_duration_s: float | None = Field(default=None, description="unset: server default")
     timeout_s: float | None = Field(default=None, description="unset: server default")
     client_request_id: str = Field(default="", description="idempotency key")
+    secrets: dict[str, str] = Field(
+        default_factory=dict,
+        description="secret parameters, name → value, that the goal names as {{secret:NAME}}; "
+        "write-only: no answer or page ever shows a value",
+    )
 
 
 class SubmitOut(BaseModel):
-    """The queued task; `deduplicated` when client_request_id matched an earlier one."""
+    """The queued task; `deduplicated` when client_request_id matched an earlier one;
+    `warnings` the cloud's words about the request (a goal that looks like it holds a
+    credential), the task queued anyway."""
 
     task: TaskOut
     deduplicated: bool
+    warnings: list[str] = Field(default_factory=list)
 
 
 class CancelIn(BaseModel):

@@ -208,13 +208,29 @@ async def submit_form(
         if code not in (409, 422):
             raise
         return await again(message, code)
+    if response.warnings:  # shown once, on the task's page the redirect leads to
+        request.session[SUBMIT_WARNINGS] = {
+            "task_id": response.task.task_id,
+            "lines": list(response.warnings),
+        }
     return RedirectResponse(f"/tasks/{response.task.task_id}", status_code=303)
+
+
+#: Session key of the warnings the cloud gave a submission (SubmitTaskResponse.warnings), kept
+#: for the one page view after the redirect.
+SUBMIT_WARNINGS = "submit_warnings"
 
 
 @router.get("/tasks/{task_id}", response_class=HTMLResponse)
 async def task_page(request: Request, _: PageUser, cloud: Cloud, task_id: str) -> Response:
     detail = await task_detail(cloud, task_id)
-    return PAGES.render(request, "task_detail.html", {"nav": "tasks", "detail": detail})
+    held = request.session.get(SUBMIT_WARNINGS)
+    warnings: list[str] = []
+    if isinstance(held, dict) and held.get("task_id") == task_id:
+        warnings = [str(line) for line in held.get("lines", [])]
+        del request.session[SUBMIT_WARNINGS]
+    context = {"nav": "tasks", "detail": detail, "warnings": warnings}
+    return PAGES.render(request, "task_detail.html", context)
 
 
 @router.get("/tasks/{task_id}/export")

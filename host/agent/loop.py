@@ -4,22 +4,29 @@ Per step: screenshot + hierarchy (before) → plan → execute the typed action 
 → screenshot + hierarchy (after, also when the action failed) → record. Driver calls run in
 worker threads so one host drives several phones at once. A cancellation event (the lease was
 revoked) stops the loop within one step: it is checked between phases and races planning.
+
+Two ends are not the task's: a step that could not be planned right now waits inside the lease
+(`planning_wait`), and a lease the cloud says is no longer live stops the loop without a
+verdict (`TaskOutcome.lease_lost`: the cloud has ended or will end that attempt, and no result
+is sent for it). A task's secret parameters (`TaskSpec.secrets`) are typed where a decision's
+text refers to them (`{{secret:NAME}}`) and scrubbed from everything observed afterwards.
 """
 
 from __future__ import annotations
 
 import asyncio
 import functools
+import json
 import logging
 import time
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Literal, TypeVar
 
 from amc.v1 import types_pb2
 from host.agent.actions import ActionResult, action_to_record, changes_screen, describe, execute
-from host.agent.planning_wait import PlanningPostponed, WaitPolicy, plan_patiently
+from host.agent.planning_wait import Impossible, PlanningPostponed, WaitPolicy, plan_patiently
 from host.agent.progress import ProgressHolder, status_name, truncate
 from host.agent.redact import SecretRedactor
 from host.devices.base import DeviceError, DeviceGone, Driver
@@ -27,9 +34,11 @@ from host.perception.perceive import Observation, Perceiver
 from host.planner_client import CloudPlanError, StepPlanner
 from host.timeline.record import TimelineRecord, screen_record
 from host.timeline.store import TimelineStore
+from planner import secret_refs
 from planner.decision import Decision
 from planner.errors import PlannerError
 from planner.history import WorldEvent
+from planner.scene import Scene
 from planner.steps import target_label
 
 log = logging.getLogger(__name__)
@@ -55,6 +64,9 @@ class TaskSpec:
     lease_id: str = ""
     #: The task's absolute deadline (None: none known); a wait for the planner ends before it.
     deadline: datetime | None = None
+    #: Secret parameters, name → value (Assignment.secrets): typed where a decision's text says
+    #: `{{secret:NAME}}`, kept in memory only, never printed (left out of repr).
+    secrets: Mapping[str, str] = field(default_factory=dict, repr=False)
 
 
 @dataclass(slots=True)
@@ -68,6 +80,9 @@ class TaskOutcome:
     #: A failure outside the task (planning stayed impossible until the deadline came near):
     #: the cloud queues the next attempt if the task has any left.
     retryable: bool = False
+    #: The cloud said the lease is no longer live (expired, revoked, superseded): the attempt
+    #: stopped without a verdict on the task, and no result is sent for it.
+    lease_lost: bool = False
 
     @property
     def proto_status(self) -> types_pb2.TaskStatus.ValueType:
@@ -196,7 +211,15 @@ class AgentLoop:
             step = progress.snapshot().step_index
             log.warning("task %s: %s", spec.task_id, exc)
             outcome = TaskOutcome("failed", truncate(str(exc), 2000), step, retryable=True)
-        except (PlannerError, CloudPlanError) as exc:
+        except CloudPlanError as exc:
+            step = progress.snapshot().step_index
+            log.warning("task %s: %s", spec.task_id, exc)
+            if exc.lease_lost:
+                summary = truncate(f"stopped: the lease is no longer live ({exc})", 2000)
+                outcome = TaskOutcome("cancelled", summary, step, lease_lost=True)
+            else:
+                outcome = TaskOutcome("failed", truncate(str(exc), 2000), step)
+        except PlannerError as exc:
             step = progress.snapshot().step_index
             log.warning("task %s: %s", spec.task_id, exc)
             outcome = TaskOutcome("failed", truncate(str(exc), 2000), step)
@@ -215,6 +238,8 @@ class AgentLoop:
     ) -> TaskOutcome:
         history: list[WorldEvent] = []
         secrets = SecretRedactor()
+        for value in spec.secrets.values():  # scrubbed from every observation, typed or not
+            secrets.add(value)
         for step in range(1, self.settings.max_steps + 1):
             record = TimelineRecord(spec.task_id, spec.attempt, step, started_at=_now())
             timings: dict[str, float] = {}
@@ -248,14 +273,14 @@ class AgentLoop:
             shot = before.screenshot_png if self.settings.send_screenshot else None
             scene = before.scene
 
-            def waiting(since: datetime, reason: str, step: int = step) -> None:
+            def waiting(since: datetime, why: Impossible, step: int = step) -> None:
                 self._progress(
                     spec,
                     progress,
                     step,
                     types_pb2.STEP_STATUS_PLANNING,
-                    f"step {step}: waiting for the model provider since {since:%H:%M:%S} UTC "
-                    f"({reason})",
+                    f"step {step}: waiting for {why.waiting_for} since {since:%H:%M:%S} UTC "
+                    f"({why.reason})",
                 )
 
             decision = await self._guard(
@@ -276,10 +301,7 @@ class AgentLoop:
                 raise _Cancelled
             self._progress(spec, progress, step, types_pb2.STEP_STATUS_ACTING, line)
             t = time.perf_counter()
-            act = decision.action
-            if act.WhichOneof("kind") == "input_text" and act.input_text.sensitive:
-                secrets.add(act.input_text.text)
-            result = await asyncio.to_thread(execute, self.driver, decision.action, before.scene)
+            result = await self._act(decision, spec, before.scene, secrets)
             timings["act_s"] = time.perf_counter() - t
             record.action = action_to_record(decision.action)
             record.result = result.to_dict()
@@ -311,6 +333,10 @@ class AgentLoop:
             if secrets:  # belt and braces: nothing typed as sensitive is ever stored
                 record.user_prompt = secrets.text(record.user_prompt or "")
                 record.rationale = secrets.text(record.rationale) if record.rationale else None
+                record.error = secrets.text(record.error) if record.error else None
+                record.result = json.loads(
+                    secrets.text(json.dumps(record.result, ensure_ascii=False))
+                )
             record.finished_at = _now()
             t = time.perf_counter()
             record.timings = {**record.timings, **timings}
@@ -335,6 +361,30 @@ class AgentLoop:
             f"step limit reached ({self.settings.max_steps} steps)",
             self.settings.max_steps,
         )
+
+    async def _act(
+        self, decision: Decision, spec: TaskSpec, scene: Scene, secrets: SecretRedactor
+    ) -> ActionResult:
+        """Execute the decision's action, with the task's secrets typed in place of their
+        references; a step the host must not run (a replayed sensitive input whose value was not
+        kept, a reference to a secret the task does not carry) is a failed step, not a crash."""
+        withheld = decision.extra.get("withheld")
+        if withheld:
+            return ActionResult(ok=False, error=str(withheld))
+        action = decision.action
+        if action.WhichOneof("kind") == "input_text":
+            text = action.input_text.text
+            if secret_refs.refers(text):
+                try:
+                    typed = secret_refs.substitute(text, spec.secrets)
+                except secret_refs.MissingSecret as exc:
+                    return ActionResult(ok=False, error=str(exc))
+                action = types_pb2.Action()
+                action.CopyFrom(decision.action)
+                action.input_text.text = typed
+            elif action.input_text.sensitive:
+                secrets.add(text)
+        return await asyncio.to_thread(execute, self.driver, action, scene)
 
     async def _capture_after(
         self, spec: TaskSpec, step: int, record: TimelineRecord, secrets: SecretRedactor

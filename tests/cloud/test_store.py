@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 from dataclasses import replace
+from unittest.mock import ANY
 
 from sqlalchemy import inspect, update
 
@@ -160,6 +161,39 @@ async def test_migration_0006_keeps_the_screen_of_each_decision(db_url: str) -> 
         await s.close()
 
 
+async def test_migration_0008_step_keys_late_results_secrets_up_and_down(db_url: str) -> None:
+    """0008 is additive: decisions.step_key (unique per attempt, NULLs never collide),
+    attempts.late_result, the task_secrets table; its downgrade drops them, keeping the rows."""
+    s = Store.from_url(db_url)
+    try:
+        await upgrade(s.engine)
+        await decisions.append(s, "h1", "t-0007", 1, _decision(), "1")
+        await decisions.append(s, "h1", "t-0007", 1, _decision())
+        await decisions.append(s, "h1", "t-0007", 1, _decision())  # two NULL keys: fine
+        try:
+            await decisions.append(s, "h1", "t-0007", 1, _decision(), "1")
+        except decisions.StepKeyTaken:
+            pass
+        else:
+            raise AssertionError("a second decision under one step key was written")
+        found = await decisions.by_step_key(s, "t-0007", 1, "1")
+        assert found is not None and found.step_index == 1
+        await downgrade(s.engine, "0007")
+        async with s.engine.connect() as conn:
+            assert "step_key" not in await conn.run_sync(_columns, "decisions")
+            assert "late_result" not in await conn.run_sync(_columns, "attempts")
+            assert "task_secrets" not in await conn.run_sync(_tables)
+        await upgrade(s.engine)
+        assert len((await decisions.list_page(s, "t-0007", 0, 10, ""))[0]) == 3
+        async with s.engine.connect() as conn:
+            assert "step_key" in await conn.run_sync(_columns, "decisions")
+            assert "late_result" in await conn.run_sync(_columns, "attempts")
+            assert "task_secrets" in await conn.run_sync(_tables)
+        await check(s.engine)
+    finally:
+        await s.close()
+
+
 def _decision(text: str = "tap", sensitive: bool = False) -> Decision:
     action = types_pb2.Action(purpose="open it", expected_outcome="it opens")
     if sensitive:
@@ -200,9 +234,8 @@ async def test_decision_steps_are_unique_under_concurrency(store: Store) -> None
     results = await asyncio.gather(
         *(sink.append("h1", task_id, 1, _decision(str(i))) for i in range(20))
     )
-    assert sorted(step for _, step in results) == list(range(1, 21))
-    _, other = await sink.append("h1", task_id, 2, _decision())
-    assert other == 1  # per (task, attempt)
+    assert sorted(r[1] for r in results if r is not None) == list(range(1, 21))
+    assert await sink.append("h1", task_id, 2, _decision()) == (ANY, 1)  # per (task, attempt)
 
     page, token = await decisions.list_page(store, task_id, 0, 15, "")
     assert [(d.attempt, d.step_index) for d in page] == [(1, i) for i in range(1, 16)]
@@ -215,10 +248,9 @@ async def test_decision_steps_are_unique_under_concurrency(store: Store) -> None
 
 async def test_sensitive_text_is_masked_in_the_log(store: Store) -> None:
     task_id = await _task(store)
-    decision_id, _ = await StoreDecisionSink(store).append(
-        "h1", task_id, 1, _decision(sensitive=True)
-    )
-    row = await decisions.get(store, decision_id)
+    logged = await StoreDecisionSink(store).append("h1", task_id, 1, _decision(sensitive=True))
+    assert logged is not None
+    row = await decisions.get(store, logged[0])
     assert row is not None
     assert "hunter2" not in row.arguments_json
     assert b"hunter2" not in (row.action_pb or b"")

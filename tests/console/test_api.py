@@ -384,3 +384,16 @@ def test_health_and_streams_end_when_the_client_leaves(console_settings: Console
             time.sleep(0.05)
     finally:
         server.stop()
+
+
+def test_the_api_takes_secrets_and_says_the_warning(api: httpx.Client) -> None:
+    plain = api.post("/api/tasks", json={"goal": "Sign in with PIN 2580", "host_id": "nowhere"})
+    assert plain.status_code == 201, plain.text
+    assert "credential" in plain.json()["warnings"][0]
+    keyless = api.post(
+        "/api/tasks",
+        json={"goal": "Sign in with PIN {{secret:pin}}", "secrets": {"pin": "2580"}},
+    )
+    # This test cloud has no secrets key: refused, never stored in plain text.
+    assert keyless.status_code == 409, keyless.text
+    assert "AMC_CLOUD_SECRETS_KEY" in keyless.text and "2580" not in keyless.text

@@ -148,3 +148,53 @@ async def test_decisions_print_model_text_literally(tmp_path: Path) -> None:
         assert code == 0 and "Open [bold]Display[/bold]" in listing
     finally:
         await cloud.stop(grace=0)
+
+
+async def test_submit_with_a_secret_from_the_environment_and_a_warning(tmp_path: Path) -> None:
+    """`--secret NAME` reads the value from AMC_SECRET_<NAME> (never the command line); a goal
+    that holds a credential is queued with the cloud's warning on stderr."""
+    from cloud.secret_box import new_key
+
+    pki = ensure_embedded_pki(tmp_path, [], operator="admin")
+    cloud = await build_server(
+        CloudSettings(
+            database_url=f"sqlite+aiosqlite:///{tmp_path / 'cloud.sqlite3'}",
+            listen_address="127.0.0.1:0",
+            pki_dir=pki,
+            secrets_key=new_key(),
+        )
+    )
+    await cloud.start()
+    conn = ["--cloud", cloud.address, "--pki-dir", str(pki)]
+    try:
+        ENV["AMC_SECRET_WIFI_PASSWORD"] = "hunter22"
+        try:
+            code, out = await amc(
+                *conn,
+                "task",
+                "submit",
+                "Join HomeNet with password {{secret:wifi_password}}",
+                "--secret",
+                "wifi_password",
+            )
+        finally:
+            del ENV["AMC_SECRET_WIFI_PASSWORD"]
+        assert code == 0, out
+        assert "warning" not in out and "hunter22" not in out
+        code, out = await amc(*conn, "task", "submit", "Join HomeNet with password hunter22")
+        assert code == 0, out
+        assert "warning: the goal looks like it holds a credential" in out
+        code, out = await amc(*conn, "task", "submit", "Use {{secret:pin}}", "--secret", "pin")
+        assert code != 0 and "AMC_SECRET_PIN" in out  # no terminal to ask: says what to set
+    finally:
+        await cloud.stop(0.5)
+
+
+def test_certs_secrets_key_prints_a_fernet_key() -> None:
+    from cryptography.fernet import Fernet
+
+    result = subprocess.run(
+        [AMC, "certs", "secrets-key"], capture_output=True, text=True, env=ENV, timeout=60
+    )
+    assert result.returncode == 0, result.stderr
+    Fernet(result.stdout.strip().encode())  # a valid key

@@ -86,6 +86,21 @@ def test_submit_form_shows_the_cloud_refusal(anon: httpx.Client) -> None:
     assert 'class="alert"' in response.text
 
 
+def test_a_goal_holding_a_credential_is_queued_and_the_task_page_warns_once(
+    anon: httpx.Client,
+) -> None:
+    log_in(anon)
+    token = csrf_of(anon.get("/tasks/new").text)
+    goal = f"Join the Wi-Fi HomeNet with password hunter{uuid.uuid4().hex[:4]}7"
+    made = anon.post("/tasks/new", data={"goal": goal, "host_id": "nowhere", "csrf_token": token})
+    assert made.status_code == 303
+    page = anon.get(made.headers["location"])
+    assert 'data-field="submit-warning"' in page.text
+    assert "looks like it holds a credential" in page.text and "secret" in page.text
+    again = anon.get(made.headers["location"])  # said once
+    assert 'data-field="submit-warning"' not in again.text
+
+
 def test_logout_ends_the_session(anon: httpx.Client) -> None:
     log_in(anon)
     token = csrf_of(anon.get("/tasks").text)

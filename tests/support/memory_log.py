@@ -14,29 +14,46 @@ from collections import defaultdict
 from dataclasses import replace
 
 from amc.v1 import types_pb2
+from planner.convert import decision_to_proto
 from planner.decision import Decision
 from planner.steps import PastStep, StepOutcome
 
 
 class MemoryDecisionLog:
-    """DecisionSink + AttemptLog in memory. `rows` are (host, task, attempt, step, decision)."""
+    """DecisionSink + AttemptLog in memory. `rows` are (host, task, attempt, step, decision);
+    `keys` maps (task, attempt, step key) to the row's position, as the store's unique key."""
 
     def __init__(self, goals: dict[str, str] | None = None) -> None:
         self.rows: list[tuple[str, str, int, int, Decision]] = []
+        self.keys: dict[tuple[str, int, str], int] = {}
         self.goals: dict[str, str] = dict(goals or {})
         self.outcomes: dict[tuple[str, int, int], types_pb2.ActionOutcome] = {}
         self._next: dict[tuple[str, int], int] = defaultdict(int)
         self._lock = asyncio.Lock()
 
     async def append(
-        self, host_id: str, task_id: str, attempt: int, decision: Decision
-    ) -> tuple[str, int]:
+        self, host_id: str, task_id: str, attempt: int, decision: Decision, step_key: str = ""
+    ) -> tuple[str, int] | None:
         async with self._lock:
             await asyncio.sleep(0)  # yield inside the critical section: a race would show
+            if step_key and (task_id, attempt, step_key) in self.keys:
+                return None
             self._next[(task_id, attempt)] += 1
             index = self._next[(task_id, attempt)]
             self.rows.append((host_id, task_id, attempt, index, decision))
+            if step_key:
+                self.keys[(task_id, attempt, step_key)] = len(self.rows) - 1
             return f"dec-{len(self.rows)}", index
+
+    async def logged(self, task_id: str, attempt: int, step_key: str) -> types_pb2.Decision | None:
+        at = self.keys.get((task_id, attempt, step_key))
+        if at is None:
+            return None
+        host_id, _, _, index, decision = self.rows[at]
+        stored = replace(decision, step_index=index)
+        return decision_to_proto(
+            stored, decision_id=f"dec-{at + 1}", host_id=host_id, task_id=task_id, attempt=attempt
+        )
 
     async def goal(self, task_id: str) -> str | None:
         return self.goals.get(task_id)

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import datetime as dt
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from sqlalchemy import select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from cloud.store import states
+from cloud.store import secrets, states
 from cloud.store.database import Store
 from cloud.store.models import AttemptRow, TaskRow
 
@@ -33,6 +33,8 @@ class Claimed:
     lease_seconds: float
     deadline: dt.datetime
     last_progress: AttemptRow | None
+    #: The task's secret parameters, name → sealed token (opened only for the Assignment).
+    sealed_secrets: dict[str, str] = field(default_factory=dict)
 
 
 async def latest_progress(session: AsyncSession, task_id: str) -> AttemptRow | None:
@@ -120,6 +122,7 @@ async def claim(
                 )
             )
             await session.flush()
+            sealed = await secrets.sealed_for(session, task_id)
     except IntegrityError:
         # The phone already has a live attempt (another stream of this host got there first).
         return None
@@ -133,6 +136,7 @@ async def claim(
         lease_seconds=lease_seconds,
         deadline=deadline,
         last_progress=previous,
+        sealed_secrets=sealed,
     )
 
 
@@ -157,6 +161,7 @@ async def live_attempts_on(store: Store, host_id: str, serials: set[str]) -> lis
         out = []
         for row, goal, lease_seconds, deadline in rows:
             previous = await latest_progress(session, row.task_id) if row.attempt > 1 else None
+            sealed = await secrets.sealed_for(session, row.task_id)
             out.append(
                 Claimed(
                     task_id=row.task_id,
@@ -168,6 +173,7 @@ async def live_attempts_on(store: Store, host_id: str, serials: set[str]) -> lis
                     lease_seconds=lease_seconds,
                     deadline=deadline,
                     last_progress=previous,
+                    sealed_secrets=sealed,
                 )
             )
         return out

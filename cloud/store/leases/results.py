@@ -1,4 +1,11 @@
-"""Results: the host's outcome ends its attempt, fenced and idempotent for an identical retry."""
+"""Results: the host's outcome ends its attempt, fenced and idempotent for an identical retry.
+
+A result that arrives after its lease ran out is still the truth about work the phone did: when
+no other attempt has started yet (the task is queued again, or failed for that very expiry on
+its last attempt), it is accepted and recorded as late, so finished work is not run again for a
+lease that merely lapsed while the cloud or the network was away. Once another attempt has
+started, the fence holds: the older attempt's result is refused (SUPERSEDED).
+"""
 
 from __future__ import annotations
 
@@ -25,6 +32,8 @@ class ResultOut:
     device_serial: str = ""
     revocation: Revocation | None = None
     message: str = ""
+    #: The lease had run out when the result arrived; it was accepted all the same.
+    late: bool = False
 
 
 def _cancel_reason(task_id: str) -> ScalarSelect[str | None]:
@@ -109,6 +118,12 @@ async def record_result(
                 )
             ).first()
             return ResultOut(True, False, task[0] if task else status, row[0])
+        if status in _LATE_STATUSES and not retryable:
+            late = await _accept_late(
+                session, host_id, task_id, attempt, lease_id, status, summary, values, now
+            )
+            if late is not None:
+                return late
         existing = await session.scalar(
             select(AttemptRow).where(AttemptRow.task_id == task_id, AttemptRow.attempt == attempt)
         )
@@ -121,9 +136,81 @@ async def record_result(
             task_status = await session.scalar(
                 select(TaskRow.status).where(TaskRow.task_id == task_id)
             )
-            return ResultOut(False, True, task_status or status, existing.device_serial)
+            return ResultOut(
+                False,
+                True,
+                task_status or status,
+                existing.device_serial,
+                late=existing.late_result,
+            )
         revocation, message = await classify(session, host_id, task_id, attempt, lease_id, now)
         return ResultOut(False, False, revocation=revocation, message=message)
+
+
+#: Outcomes a late result may carry: the task's own end. (A cancel is the operator's, decided
+#: when the lease was revoked; a retryable failure already left the task to its next attempt.)
+_LATE_STATUSES = (states.SUCCEEDED, states.FAILED)
+
+
+async def _accept_late(
+    session: AsyncSession,
+    host_id: str,
+    task_id: str,
+    attempt: int,
+    lease_id: str,
+    status: str,
+    summary: str,
+    values: dict[str, object],
+    now: dt.datetime,
+) -> ResultOut | None:
+    """Record a result whose lease ran out, if no other attempt has started; None otherwise.
+
+    The attempt row is locked before the task row (the order the sweeper and the fenced path
+    use, so no deadlock with a concurrent sweep on PostgreSQL), and both are checked under their
+    locks: a claim of the next attempt either committed first (the task's attempt moved on:
+    refused) or waits and then finds the task finished.
+    """
+    row = await session.scalar(
+        select(AttemptRow)
+        .where(AttemptRow.task_id == task_id, AttemptRow.attempt == attempt)
+        .with_for_update()
+    )
+    if (
+        row is None
+        or row.host_id != host_id
+        or row.lease_id != lease_id
+        or row.result_status is not None
+    ):
+        return None
+    lapsed = (row.ended_at is None and row.lease_expires_at <= now) or (
+        row.ended_at is not None
+        and row.status == states.FAILED
+        and row.failure_reason == states.LEASE_EXPIRED
+    )
+    if not lapsed:
+        return None
+    task = await session.scalar(select(TaskRow).where(TaskRow.task_id == task_id).with_for_update())
+    if (
+        task is None
+        or task.attempt != attempt
+        or task.cancel_requested
+        or task.deadline <= now
+        or not (
+            task.status in states.ACTIVE
+            or (task.status == states.FAILED and task.result_summary == states.LEASE_EXPIRED)
+        )
+    ):
+        return None
+    for name, value in values.items():
+        setattr(row, name, value)
+    if status == states.SUCCEEDED:
+        row.failure_reason = None
+    row.late_result = True
+    task.status = status
+    task.result_summary = summary
+    task.finished_at = now
+    task.updated_at = now
+    return ResultOut(True, False, status, row.device_serial, late=True)
 
 
 async def _requeue(

@@ -326,6 +326,26 @@ class Assignment(_message.Message):
 
     DESCRIPTOR: _descriptor.Descriptor
 
+    @_typing.final
+    class SecretsEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.str
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.str = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
     TASK_ID_FIELD_NUMBER: _builtins.int
     ATTEMPT_FIELD_NUMBER: _builtins.int
     LEASE_ID_FIELD_NUMBER: _builtins.int
@@ -337,6 +357,7 @@ class Assignment(_message.Message):
     RESUMED_FIELD_NUMBER: _builtins.int
     LAST_PROGRESS_FIELD_NUMBER: _builtins.int
     RENEW_INTERVAL_FIELD_NUMBER: _builtins.int
+    SECRETS_FIELD_NUMBER: _builtins.int
     task_id: _builtins.str
     """Task id."""
     attempt: _builtins.int
@@ -371,6 +392,15 @@ class Assignment(_message.Message):
         lost before the lease runs out. Always set by the cloud.
         """
 
+    @_builtins.property
+    def secrets(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
+        """The task's secret parameters, name → value (SubmitTaskRequest.secrets), for the host to type
+        where a decision's input_text says `{{secret:NAME}}`. Sent to the lease holder only, over
+        its mTLS stream, in a fresh assignment (not repeated in a resumed one: the host still holds
+        them). The host keeps them in memory for this attempt only and never records, logs or sends
+        them anywhere else; everything it observes afterwards is scrubbed of them.
+        """
+
     def __init__(
         self,
         *,
@@ -385,10 +415,11 @@ class Assignment(_message.Message):
         resumed: _builtins.bool = ...,
         last_progress: _types_pb2.Progress | None = ...,
         renew_interval: _duration_pb2.Duration | None = ...,
+        secrets: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["deadline", b"deadline", "last_progress", b"last_progress", "lease_duration", b"lease_duration", "lease_expires_at", b"lease_expires_at", "renew_interval", b"renew_interval"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "deadline", b"deadline", "device_serial", b"device_serial", "goal", b"goal", "last_progress", b"last_progress", "lease_duration", b"lease_duration", "lease_expires_at", b"lease_expires_at", "lease_id", b"lease_id", "renew_interval", b"renew_interval", "resumed", b"resumed", "task_id", b"task_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "deadline", b"deadline", "device_serial", b"device_serial", "goal", b"goal", "last_progress", b"last_progress", "lease_duration", b"lease_duration", "lease_expires_at", b"lease_expires_at", "lease_id", b"lease_id", "renew_interval", b"renew_interval", "resumed", b"resumed", "secrets", b"secrets", "task_id", b"task_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -509,7 +540,13 @@ Global___Revoked: _TypeAlias = Revoked  # noqa: Y015
 
 @_typing.final
 class TaskResult(_message.Message):
-    """How an attempt ended."""
+    """How an attempt ended. The host keeps a result and sends it again (also on a new stream after
+    a reconnect) until a ResultAck or a Revoked for that attempt arrives. A result whose lease
+    ran out before it arrived is still accepted, and acknowledged with `late`, while no other
+    attempt of the task has started (and the task was not cancelled, and its deadline has not
+    passed): the work is done and is not run again. Once another attempt has started, a result
+    for the older one is refused (Revoked, REVOKE_REASON_SUPERSEDED) whatever it says.
+    """
 
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -572,6 +609,7 @@ class ResultAck(_message.Message):
     LEASE_ID_FIELD_NUMBER: _builtins.int
     TASK_STATUS_FIELD_NUMBER: _builtins.int
     DUPLICATE_FIELD_NUMBER: _builtins.int
+    LATE_FIELD_NUMBER: _builtins.int
     task_id: _builtins.str
     """Task id."""
     attempt: _builtins.int
@@ -582,6 +620,10 @@ class ResultAck(_message.Message):
     """Status of the task after the result."""
     duplicate: _builtins.bool
     """True when this exact result had already been recorded (a retry)."""
+    late: _builtins.bool
+    """True when the result arrived after the attempt's lease had run out, before any other
+    attempt had started: it was accepted and is recorded as late (Attempt.late_result).
+    """
     def __init__(
         self,
         *,
@@ -590,10 +632,11 @@ class ResultAck(_message.Message):
         lease_id: _builtins.str = ...,
         task_status: _types_pb2.TaskStatus.ValueType = ...,
         duplicate: _builtins.bool = ...,
+        late: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "duplicate", b"duplicate", "lease_id", b"lease_id", "task_id", b"task_id", "task_status", b"task_status"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "duplicate", b"duplicate", "late", b"late", "lease_id", b"lease_id", "task_id", b"task_id", "task_status", b"task_status"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -50,6 +50,11 @@ class PlannerServiceStub:
     ScreenObservation and UiElement for the limits), a screenshot over 8 MiB, or a
     previous_outcome that names no decision of this attempt.
 
+    A request with a `step_key` the attempt already has a logged decision for is answered with
+    that decision (same step index, `replayed` set) after the lease check, without planning
+    again: no second model call and no second decision row. This is how a host retries a call
+    whose answer it lost (a cancelled stream, a restarting cloud, DEADLINE_EXCEEDED).
+
     Then the cloud records previous_outcome on the decision it names and plans:
     UNAVAILABLE (provider overloaded, failing or unreachable) or RESOURCE_EXHAUSTED (rate
     limited) when planning is temporarily impossible: ask again later, the task has not failed
@@ -58,6 +63,14 @@ class PlannerServiceStub:
     no usable decision (an unusable tool call twice, or a request the provider refused as
     invalid even after a checkpoint); ABORTED when another call continued the same
     session-mode conversation at the same time (retry once).
+
+    Transient failures of the cloud itself: UNAVAILABLE ("the cloud's database is unavailable;
+    retry") while its database cannot be reached, at any point of the call; a call cut off by a
+    cloud restart or a reset connection reaches the host as UNAVAILABLE, CANCELLED or
+    DEADLINE_EXCEEDED. A host asks again with backoff, with the same step_key, for as long as
+    its lease is live: the step is planned once whichever of these happened. An UNAVAILABLE or
+    RESOURCE_EXHAUSTED answer carries the trailing metadata `amc-waiting-for` naming what is
+    unavailable, in words for a progress line: "the model provider" or "the cloud's database".
 
     Deprecated requests that carry prompts (system_prompt/user_prompt) or a SessionStep instead
     of an observation are still answered for one release, as before (UNIMPLEMENTED for a
@@ -86,6 +99,11 @@ class PlannerServiceAsyncStub(PlannerServiceStub):
     ScreenObservation and UiElement for the limits), a screenshot over 8 MiB, or a
     previous_outcome that names no decision of this attempt.
 
+    A request with a `step_key` the attempt already has a logged decision for is answered with
+    that decision (same step index, `replayed` set) after the lease check, without planning
+    again: no second model call and no second decision row. This is how a host retries a call
+    whose answer it lost (a cancelled stream, a restarting cloud, DEADLINE_EXCEEDED).
+
     Then the cloud records previous_outcome on the decision it names and plans:
     UNAVAILABLE (provider overloaded, failing or unreachable) or RESOURCE_EXHAUSTED (rate
     limited) when planning is temporarily impossible: ask again later, the task has not failed
@@ -94,6 +112,14 @@ class PlannerServiceAsyncStub(PlannerServiceStub):
     no usable decision (an unusable tool call twice, or a request the provider refused as
     invalid even after a checkpoint); ABORTED when another call continued the same
     session-mode conversation at the same time (retry once).
+
+    Transient failures of the cloud itself: UNAVAILABLE ("the cloud's database is unavailable;
+    retry") while its database cannot be reached, at any point of the call; a call cut off by a
+    cloud restart or a reset connection reaches the host as UNAVAILABLE, CANCELLED or
+    DEADLINE_EXCEEDED. A host asks again with backoff, with the same step_key, for as long as
+    its lease is live: the step is planned once whichever of these happened. An UNAVAILABLE or
+    RESOURCE_EXHAUSTED answer carries the trailing metadata `amc-waiting-for` naming what is
+    unavailable, in words for a progress line: "the model provider" or "the cloud's database".
 
     Deprecated requests that carry prompts (system_prompt/user_prompt) or a SessionStep instead
     of an observation are still answered for one release, as before (UNIMPLEMENTED for a
@@ -125,6 +151,11 @@ class PlannerServiceServicer(metaclass=_abc_1.ABCMeta):
         ScreenObservation and UiElement for the limits), a screenshot over 8 MiB, or a
         previous_outcome that names no decision of this attempt.
 
+        A request with a `step_key` the attempt already has a logged decision for is answered with
+        that decision (same step index, `replayed` set) after the lease check, without planning
+        again: no second model call and no second decision row. This is how a host retries a call
+        whose answer it lost (a cancelled stream, a restarting cloud, DEADLINE_EXCEEDED).
+
         Then the cloud records previous_outcome on the decision it names and plans:
         UNAVAILABLE (provider overloaded, failing or unreachable) or RESOURCE_EXHAUSTED (rate
         limited) when planning is temporarily impossible: ask again later, the task has not failed
@@ -133,6 +164,14 @@ class PlannerServiceServicer(metaclass=_abc_1.ABCMeta):
         no usable decision (an unusable tool call twice, or a request the provider refused as
         invalid even after a checkpoint); ABORTED when another call continued the same
         session-mode conversation at the same time (retry once).
+
+        Transient failures of the cloud itself: UNAVAILABLE ("the cloud's database is unavailable;
+        retry") while its database cannot be reached, at any point of the call; a call cut off by a
+        cloud restart or a reset connection reaches the host as UNAVAILABLE, CANCELLED or
+        DEADLINE_EXCEEDED. A host asks again with backoff, with the same step_key, for as long as
+        its lease is live: the step is planned once whichever of these happened. An UNAVAILABLE or
+        RESOURCE_EXHAUSTED answer carries the trailing metadata `amc-waiting-for` naming what is
+        unavailable, in words for a progress line: "the model provider" or "the cloud's database".
 
         Deprecated requests that carry prompts (system_prompt/user_prompt) or a SessionStep instead
         of an observation are still answered for one release, as before (UNIMPLEMENTED for a

@@ -26,12 +26,33 @@ class SubmitTaskRequest(_message.Message):
 
     DESCRIPTOR: _descriptor.Descriptor
 
+    @_typing.final
+    class SecretsEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.str
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.str = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
     GOAL_FIELD_NUMBER: _builtins.int
     TARGET_FIELD_NUMBER: _builtins.int
     MAX_ATTEMPTS_FIELD_NUMBER: _builtins.int
     LEASE_DURATION_FIELD_NUMBER: _builtins.int
     TIMEOUT_FIELD_NUMBER: _builtins.int
     CLIENT_REQUEST_ID_FIELD_NUMBER: _builtins.int
+    SECRETS_FIELD_NUMBER: _builtins.int
     goal: _builtins.str
     """The goal in plain language; 1 to 2,000 characters."""
     max_attempts: _builtins.int
@@ -52,6 +73,20 @@ class SubmitTaskRequest(_message.Message):
     def timeout(self) -> _duration_pb2.Duration:
         """Time the task may take from submission; unset means the server default (1 h)."""
 
+    @_builtins.property
+    def secrets(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
+        """Secret parameters, name → value (at most 16; a name is 1 to 64 of a-z, 0-9 and _ starting
+        with a letter; a value 1 to 4,096 characters, no NUL). The goal refers to one as
+        `{{secret:NAME}}` (e.g. "Join the Wi-Fi HomeNet with password {{secret:wifi_password}}"):
+        the model only ever sees the name, and the host holding the lease types the value where the
+        model's input_text says `{{secret:NAME}}`. Write-only: no RPC and no page returns a value.
+        Stored encrypted (AMC_CLOUD_SECRETS_KEY) and deleted when the task ends.
+
+        INVALID_ARGUMENT naming the field for a bad name or value, a secret the goal does not
+        refer to, or a reference in the goal to a secret not given; FAILED_PRECONDITION when the
+        cloud has no secrets key configured (it never stores a secret in plain text).
+        """
+
     def __init__(
         self,
         *,
@@ -61,10 +96,11 @@ class SubmitTaskRequest(_message.Message):
         lease_duration: _duration_pb2.Duration | None = ...,
         timeout: _duration_pb2.Duration | None = ...,
         client_request_id: _builtins.str = ...,
+        secrets: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["lease_duration", b"lease_duration", "target", b"target", "timeout", b"timeout"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["client_request_id", b"client_request_id", "goal", b"goal", "lease_duration", b"lease_duration", "max_attempts", b"max_attempts", "target", b"target", "timeout", b"timeout"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["client_request_id", b"client_request_id", "goal", b"goal", "lease_duration", b"lease_duration", "max_attempts", b"max_attempts", "secrets", b"secrets", "target", b"target", "timeout", b"timeout"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -78,21 +114,31 @@ class SubmitTaskResponse(_message.Message):
 
     TASK_FIELD_NUMBER: _builtins.int
     DEDUPLICATED_FIELD_NUMBER: _builtins.int
+    WARNINGS_FIELD_NUMBER: _builtins.int
     deduplicated: _builtins.bool
     """True when client_request_id matched an existing task."""
     @_builtins.property
     def task(self) -> _types_pb2.Task:
         """The queued (or previously created) task."""
 
+    @_builtins.property
+    def warnings(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Things about the request the operator should know, in plain words; the task was queued
+        anyway. Today: the goal looks like it holds a credential (a password, a PIN, an API key or
+        token written out), which is then stored in the task, every prompt and the decision log —
+        pass it as a secret parameter instead (`secrets`). Empty when there is nothing to say.
+        """
+
     def __init__(
         self,
         *,
         task: _types_pb2.Task | None = ...,
         deduplicated: _builtins.bool = ...,
+        warnings: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["task", b"task"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["deduplicated", b"deduplicated", "task", b"task"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["deduplicated", b"deduplicated", "task", b"task", "warnings", b"warnings"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -535,6 +535,13 @@ class InputTextAction(_message.Message):
     text: _builtins.str
     """The text to type. When `sensitive` is set, the cloud and the host keep it out of every
     prompt history, log, timeline and decision row (shown as "•••").
+
+    Secret parameters: `{{secret:NAME}}` in the text stands for the value of the task's secret
+    NAME (SubmitTaskRequest.secrets; NAME is 1 to 64 of a-z, 0-9 and _, starting with a
+    letter). The model writes the reference, never the value; only the host holding the lease
+    types the value in its place (Assignment.secrets). A reference to a secret the task does not
+    carry is not typed: the step fails with an error naming it. The reference itself is no
+    secret, so it may be stored and shown as written.
     """
     sensitive: _builtins.bool
     """Marks a secret (a password, a code). Executed, never recorded."""
@@ -947,6 +954,7 @@ class Attempt(_message.Message):
     ENDED_AT_FIELD_NUMBER: _builtins.int
     PLANNER_TRANSPORT_FIELD_NUMBER: _builtins.int
     LEASE_EXPIRES_AT_FIELD_NUMBER: _builtins.int
+    LATE_RESULT_FIELD_NUMBER: _builtins.int
     attempt: _builtins.int
     """1-based attempt number."""
     host_id: _builtins.str
@@ -959,6 +967,11 @@ class Attempt(_message.Message):
     """Why the attempt ended, for FAILED and CANCELLED."""
     planner_transport: Global___PlannerTransport.ValueType
     """Planner transport of the host at the time of the attempt."""
+    late_result: _builtins.bool
+    """The host's result arrived after the lease had run out but before any other attempt of the
+    task had started, and was accepted as the attempt's outcome (ResultAck.late): the work the
+    host finished counts instead of being run again.
+    """
     @_builtins.property
     def progress(self) -> Global___Progress:
         """Last progress the host reported for this attempt (kept after the attempt ends)."""
@@ -988,10 +1001,11 @@ class Attempt(_message.Message):
         ended_at: _timestamp_pb2.Timestamp | None = ...,
         planner_transport: Global___PlannerTransport.ValueType = ...,
         lease_expires_at: _timestamp_pb2.Timestamp | None = ...,
+        late_result: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["ended_at", b"ended_at", "lease_expires_at", b"lease_expires_at", "progress", b"progress", "started_at", b"started_at"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "device_serial", b"device_serial", "ended_at", b"ended_at", "failure_reason", b"failure_reason", "host_id", b"host_id", "lease_expires_at", b"lease_expires_at", "planner_transport", b"planner_transport", "progress", b"progress", "started_at", b"started_at", "status", b"status"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "device_serial", b"device_serial", "ended_at", b"ended_at", "failure_reason", b"failure_reason", "host_id", b"host_id", "late_result", b"late_result", "lease_expires_at", b"lease_expires_at", "planner_transport", b"planner_transport", "progress", b"progress", "started_at", b"started_at", "status", b"status"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from planner import secret_refs
 from planner.prompts import ParsedPrompt
 from planner.providers.offline.goal import OPS, arithmetic, arithmetic_result, parse_goal, variants
 from planner.providers.offline.goal import words as words_of
@@ -29,6 +30,7 @@ from planner.providers.offline.vocabulary import (
     GRANT_WORDS,
     HOME_GOAL,
     LEAVE_GOAL,
+    MASK_CHARS,
     SAVE_WORDS,
     SETTING_WORDS,
     SETTINGS_APP_NAMES,
@@ -375,6 +377,14 @@ class Agent:
 
     # -- forms ----------------------------------------------------------------------------
     @staticmethod
+    def holds_secret(shown: str) -> bool:
+        """A field showing only mask characters ("•••", "****"): it holds a secret already.
+        The phone masks a password field, and the host masks any field showing a secret it
+        typed, so such a field never shows the value typed; typing it again changes nothing."""
+        kept = shown.strip()
+        return bool(kept) and all(c in MASK_CHARS for c in kept)
+
+    @staticmethod
     def same_value(shown: str, value: str) -> bool:
         """A field shows the value: the same text, or the same number ("06" is 6)."""
         shown, value = shown.strip(), value.strip()
@@ -413,7 +423,22 @@ class Agent:
                 if self.same_value(shown or el.text, value):
                     continue
                 hint = self.field_label(el)
+                if secret_refs.refers(value):
+                    if self.holds_secret(el.text):
+                        continue
+                    return Step(
+                        f"{self.judge()} Next: type the secret {value} in the '{hint}' field.",
+                        "input_text",
+                        {
+                            "text": value,
+                            "element_id": el.id,
+                            "purpose": f"fill in '{hint}' with the secret {value}",
+                            "expected_outcome": f"the '{hint}' field holds the secret (masked)",
+                        },
+                    )
                 secret = "password" in el.flags or value == self.goal.values.get("password")
+                if secret and self.holds_secret(el.text):
+                    continue
                 if secret:
                     return Step(
                         f"{self.judge()} Next: enter the secret in the '{hint}' field.",
@@ -452,9 +477,10 @@ class Agent:
         elif typed:
             # The most telling value typed (the longest) shown on a page without fields: saved.
             shown_text = self.screen.text_raw()
-            shown = max((v for v in typed if v and v != "•••"), key=len, default="")
+            readable = [v for v in typed if v and v != "•••" and not secret_refs.refers(v)]
+            shown = max(readable, key=len, default="")
             if shown and shown in shown_text:
-                visible = [v for v in typed if v and v != "•••" and v in shown_text]
+                visible = [v for v in readable if v in shown_text]
                 listed = ", ".join(f"'{v}'" for v in visible)
                 return self.finish(True, f"saved: {listed} shown on '{self.screen.title}'")
         return None
