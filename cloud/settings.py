@@ -6,8 +6,9 @@ docs/deployment.md lists every field here as `AMC_CLOUD_<NAME>` (a test keeps th
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 #: Where a cloud listens and where every client (CLI, console, host) looks for it by default.
@@ -73,6 +74,32 @@ class CloudSettings(BaseSettings):
 
     # Migrations at start (the CLI may run them separately and turn this off).
     migrate_on_start: bool = True
+
+    # Step screenshots: where their bytes live ("directory" or "s3"; never the database).
+    artifact_store: Literal["directory", "s3"] = "directory"
+    artifact_dir: Path = Path("amc-cloud-artifacts")
+    artifact_s3_bucket: str = ""
+    # Empty: AWS itself; a URL for any S3-compatible server (MinIO, SeaweedFS, Ceph …).
+    artifact_s3_endpoint_url: str = ""
+    artifact_s3_region: str = ""
+    # Keys inside the bucket start with this ("amc/" keeps a shared bucket tidy).
+    artifact_s3_prefix: str = ""
+    # Empty: boto3's usual credential chain (AWS_* variables, shared config, instance role).
+    artifact_s3_access_key_id: str = ""
+    artifact_s3_secret_access_key: SecretStr = SecretStr("")
+    # How long after an attempt ended its host may still ship that attempt's decisions and
+    # screenshots (a host that was offline sends its backlog when it is back).
+    ship_window_seconds: float = Field(86400.0, gt=0)
+
+    def check_ship_window(self) -> None:
+        """A shipping window longer than the retention is a SettingError (checked at start)."""
+        if self.ship_window_seconds > self.retention_days * 86400:
+            raise SettingError(
+                "AMC_CLOUD_SHIP_WINDOW_SECONDS",
+                f"{self.ship_window_seconds:.0f} s is longer than the decision log's retention "
+                f"(AMC_CLOUD_RETENTION_DAYS={self.retention_days:g})",
+                "a host could ship decisions of tasks already pruned: shorten the window",
+            )
 
     def tls_paths(self) -> tuple[Path, Path, Path]:
         """(ca, server cert, server key), filled from `pki_dir` where not given explicitly."""

@@ -1275,7 +1275,8 @@ class Decision(_message.Message):
     planner_transport: Global___PlannerTransport.ValueType
     """Which transport made the decision: CLOUD (the cloud called the model in Decide) or DIRECT
     (the host called the model itself and shipped the decision with
-    DecisionLogService.ShipDecisions). UNSPECIFIED for decisions logged before this field.
+    DecisionLogService.ShipDecisions). Decisions logged before this field existed were all
+    made by the cloud and read CLOUD.
     """
     @_builtins.property
     def action(self) -> Global___Action:
