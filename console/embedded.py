@@ -83,6 +83,7 @@ async def embedded_stack(
             database_url=f"sqlite+aiosqlite:///{data_dir / 'cloud.sqlite3'}",
             listen_address=listen_address,
             pki_dir=pki_dir,
+            artifact_dir=data_dir / "cloud-artifacts",
         )
     )
     await cloud.start()
@@ -195,7 +196,7 @@ async def run_demo(
     out = out or Console()
     logging.basicConfig(level=logging.WARNING)
     # Each demo starts from an empty database and timeline; the certificates are kept.
-    for stale in ("cloud.sqlite3", "cloud.sqlite3-wal", "cloud.sqlite3-shm", "host"):
+    for stale in ("cloud.sqlite3", "cloud.sqlite3-wal", "cloud.sqlite3-shm", "cloud-artifacts", "host"):
         path = data_dir / stale
         if path.is_dir():
             shutil.rmtree(path)

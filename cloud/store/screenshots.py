@@ -92,7 +92,8 @@ def _decode(token: str) -> tuple[int, int, str]:
 async def list_page(
     store: Store, task_id: str, attempt: int, page_size: int, page_token: str
 ) -> tuple[list[StepScreenshotRow], str]:
-    """A task's screenshots by attempt, step, then phase ("after" sorts after "before")."""
+    """A task's screenshots by attempt, step, then phase, "before" first (phases sort in
+    reverse: "before" > "after")."""
     query = select(StepScreenshotRow).where(StepScreenshotRow.task_id == task_id)
     if attempt:
         query = query.where(StepScreenshotRow.attempt == attempt)
@@ -103,11 +104,11 @@ async def list_page(
             or_(
                 t.attempt > a,
                 and_(t.attempt == a, t.step_index > s),
-                and_(t.attempt == a, t.step_index == s, t.phase > p),
+                and_(t.attempt == a, t.step_index == s, t.phase < p),
             )
         )
     query = query.order_by(
-        StepScreenshotRow.attempt, StepScreenshotRow.step_index, StepScreenshotRow.phase
+        StepScreenshotRow.attempt, StepScreenshotRow.step_index, StepScreenshotRow.phase.desc()
     ).limit(page_size + 1)
     async with store.read() as session:
         rows = list((await session.scalars(query)).all())
