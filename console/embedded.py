@@ -196,7 +196,13 @@ async def run_demo(
     out = out or Console()
     logging.basicConfig(level=logging.WARNING)
     # Each demo starts from an empty database and timeline; the certificates are kept.
-    for stale in ("cloud.sqlite3", "cloud.sqlite3-wal", "cloud.sqlite3-shm", "cloud-artifacts", "host"):
+    for stale in (
+        "cloud.sqlite3",
+        "cloud.sqlite3-wal",
+        "cloud.sqlite3-shm",
+        "cloud-artifacts",
+        "host",
+    ):
         path = data_dir / stale
         if path.is_dir():
             shutil.rmtree(path)
