@@ -10,6 +10,7 @@ from typing import Literal
 
 from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
+from sqlalchemy.engine import make_url
 
 #: Where a cloud listens and where every client (CLI, console, host) looks for it by default.
 DEFAULT_CLOUD_ADDRESS = "127.0.0.1:50051"
@@ -77,7 +78,8 @@ class CloudSettings(BaseSettings):
 
     # Step screenshots: where their bytes live ("directory" or "s3"; never the database).
     artifact_store: Literal["directory", "s3"] = "directory"
-    artifact_dir: Path = Path("amc-cloud-artifacts")
+    # Empty: beside a SQLite database file (`<name>-artifacts`), else ./amc-cloud-artifacts.
+    artifact_dir: Path | None = None
     artifact_s3_bucket: str = ""
     # Empty: AWS itself; a URL for any S3-compatible server (MinIO, SeaweedFS, Ceph …).
     artifact_s3_endpoint_url: str = ""
@@ -90,6 +92,17 @@ class CloudSettings(BaseSettings):
     # How long after an attempt ended its host may still ship that attempt's decisions and
     # screenshots (a host that was offline sends its backlog when it is back).
     ship_window_seconds: float = Field(86400.0, gt=0)
+
+    @property
+    def resolved_artifact_dir(self) -> Path:
+        """`artifact_dir`, or the default: beside a SQLite file, else in the working folder."""
+        if self.artifact_dir is not None:
+            return self.artifact_dir
+        url = make_url(self.database_url)
+        if url.get_backend_name() == "sqlite" and url.database not in (None, "", ":memory:"):
+            db = Path(url.database)
+            return db.with_name(f"{db.stem}-artifacts")
+        return Path("amc-cloud-artifacts")
 
     def check_ship_window(self) -> None:
         """A shipping window longer than the retention is a SettingError (checked at start)."""

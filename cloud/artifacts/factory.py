@@ -8,10 +8,10 @@ from cloud.settings import CloudSettings, SettingError
 
 
 def open_artifact_store(settings: CloudSettings) -> ArtifactStore:
-    """`AMC_CLOUD_ARTIFACT_STORE`: "directory" (default: `AMC_CLOUD_ARTIFACT_DIR`) or "s3"
+    """`AMC_CLOUD_ARTIFACT_STORE`: "directory" (default; `AMC_CLOUD_ARTIFACT_DIR`) or "s3"
     (`AMC_CLOUD_ARTIFACT_S3_*`; the SDK is loaded only then)."""
     if settings.artifact_store == "directory":
-        return DirectoryStore(settings.artifact_dir)
+        return DirectoryStore(settings.resolved_artifact_dir)
     if not settings.artifact_s3_bucket:
         raise SettingError(
             "AMC_CLOUD_ARTIFACT_S3_BUCKET",
