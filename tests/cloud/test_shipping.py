@@ -56,7 +56,7 @@ def shipped(
     action = types_pb2.Action(purpose="open it", expected_outcome="it opens")
     if tool == "tap":
         action.tap.element_id = "e1"
-        arguments = {"element_id": "e1"}
+        arguments: dict[str, object] = {"element_id": "e1"}
     else:  # sent unmasked on purpose: the cloud must mask it anyway
         action.input_text.text = SECRET
         action.input_text.sensitive = True
@@ -260,17 +260,19 @@ async def test_a_just_ended_lease_takes_shipments_until_the_window_closes(
         # Once the attempt ended longer ago than the window: refused for good.
         loop = asyncio.get_running_loop()
         deadline = loop.time() + 10
-        while True:
+        closed: grpc.aio.AioRpcError | None = None
+        while closed is None:
             try:
                 await stub.ShipDecisions(
                     decision_log_service_pb2.ShipDecisionsRequest(entries=[shipped(a, "later")])
                 )
             except grpc.aio.AioRpcError as error:
-                assert error.code() == grpc.StatusCode.FAILED_PRECONDITION
-                assert "longer ago than the shipping window" in error.details()
-                break
+                closed = error
+                continue
             assert loop.time() < deadline, "the window never closed"
             await asyncio.sleep(0.2)
+        assert closed.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert "longer ago than the shipping window" in (closed.details() or "")
     finally:
         await host.close()
         await host_ch.close()
