@@ -60,9 +60,7 @@ def overlay(decision: DecisionOut, screen: ScreenOut) -> Overlay | None:
         return Overlay(**size, point=point, box=box, label=f"{verb} at {point[0]}, {point[1]}")
     if "swipe" in action:
         (x1, y1), (x2, y2) = _xy(action["swipe"].get("start")), _xy(action["swipe"].get("end"))
-        return Overlay(
-            **size, arrow=(x1, y1, x2, y2), label=f"swipe from {x1}, {y1} to {x2}, {y2}"
-        )
+        return Overlay(**size, arrow=(x1, y1, x2, y2), label=f"swipe from {x1}, {y1} to {x2}, {y2}")
     if "input_text" in action:
         text = str(action["input_text"].get("text", ""))
         box = (target[0], target[1], target[2], target[3]) if target else None

@@ -12,8 +12,9 @@ the host must keep it out of later scenes, OCR, screenshots and prompts too.
 Proves, on both planner transports: neither the key nor the secret is found in any file the run
 produced (cloud SQLite with its WAL and its artifact store of step screenshots, host timeline
 SQLite, outbox and screenshot artifacts, the captured logs of every logger at DEBUG), as raw
-UTF-8, UTF-16 (both byte orders), base64 (every alignment) or percent-encoding, nor in the text OCR reads back from any stored screenshot; and the cloud database holds no
-PNG/JPEG bytes (raw or base64).
+UTF-8, UTF-16 (both byte orders), base64 (every alignment) or percent-encoding, nor in the text
+OCR reads back from any stored screenshot; and the cloud database holds no PNG/JPEG bytes (raw
+or base64).
 """
 
 from __future__ import annotations

@@ -95,8 +95,10 @@ async def test_decisions_made_while_the_cloud_was_down_arrive_once_in_order(
         )
         task_id = submitted.task.task_id
 
+        first_ops = ops
+
         async def first_shipped() -> bool:
-            reply = await ops.decisions.ListDecisions(
+            reply = await first_ops.decisions.ListDecisions(
                 decision_log_service_pb2.ListDecisionsRequest(task_id=task_id)
             )
             return len(reply.decisions) >= 1
@@ -123,9 +125,10 @@ async def test_decisions_made_while_the_cloud_was_down_arrive_once_in_order(
         assert task.status == types_pb2.TASK_STATUS_SUCCEEDED, task
 
         artifacts = artifact_service_pb2_grpc.ArtifactServiceStub(ops.channel)
+        later_ops = ops
 
         async def drained() -> Any:
-            hosts = await ops.fleet.ListHosts(fleet_service_pb2.ListHostsRequest())
+            hosts = await later_ops.fleet.ListHosts(fleet_service_pb2.ListHostsRequest())
             host_row = next(h for h in hosts.hosts if h.host_id == "a")
             if not host_row.HasField("outbox") or host_row.outbox.items:
                 return None
