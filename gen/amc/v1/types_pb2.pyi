@@ -931,7 +931,7 @@ class OutboxBacklog(_message.Message):
     """Of `items`, decisions."""
     refused: _builtins.int
     """Items the cloud refused for good (their lease was too old, or the host's data was
-    malformed) since the host started; kept on the host, never sent again.
+    malformed) that the host keeps for inspection (at most its latest 1,000); never sent again.
     """
     @_builtins.property
     def oldest_at(self) -> _timestamp_pb2.Timestamp:
