@@ -10,7 +10,6 @@ from typing import Literal
 
 from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
-from sqlalchemy.engine import make_url
 
 #: Where a cloud listens and where every client (CLI, console, host) looks for it by default.
 DEFAULT_CLOUD_ADDRESS = "127.0.0.1:50051"
@@ -98,6 +97,10 @@ class CloudSettings(BaseSettings):
         """`artifact_dir`, or the default: beside a SQLite file, else in the working folder."""
         if self.artifact_dir is not None:
             return self.artifact_dir
+        # Here, not at the top: hosts import this module for its defaults, and SQLAlchemy
+        # would cost each of them ~1.5 s at start.
+        from sqlalchemy.engine import make_url
+
         url = make_url(self.database_url)
         if url.get_backend_name() == "sqlite" and url.database not in (None, "", ":memory:"):
             db = Path(url.database)

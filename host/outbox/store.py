@@ -2,8 +2,9 @@
 resend harmless, kept until the cloud took them (or refused them for good).
 
 A SQLite file of the host's own (`outbox.sqlite3` beside its timeline, WAL), so a host that
-restarts, crashes or was offline still has its backlog. Writes are one small row (a screenshot is one blob) in the
-step's path from a worker thread; the sender reads the head and deletes what the cloud took.
+restarts, crashes or was offline still has its backlog. Writes are one small row (a screenshot
+is one blob) in the step's path from a worker thread; the sender reads the head and deletes what
+the cloud took.
 Items the cloud refused for good stay, marked refused, for whoever looks at the host (the
 timeline keeps the same data anyway), and are pruned after `keep_refused` of them.
 """
