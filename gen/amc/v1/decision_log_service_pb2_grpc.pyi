@@ -61,8 +61,10 @@ class DecisionLogServiceStub:
     is another host's: both are final, a resend gets the same answer. INVALID_ARGUMENT names the
     field (`entries[2].decision.user_prompt`) for a missing or malformed id, an empty or
     oversize field (limits as Decide's: prompts 64 KiB / 512 KiB, rationale, purpose, expected
-    outcome and each thinking block 64 KiB, at most 100 entries), or a host_decision_id this
-    host already used for another attempt. Every entry is checked before any is logged.
+    outcome and each thinking block 64 KiB, at most 100 entries). Every entry is checked
+    before any is logged, except one thing found while logging: a host_decision_id this host
+    already used for another attempt is INVALID_ARGUMENT too, and the entries before it stay
+    logged (resending them is harmless).
 
     The cloud then logs each entry in order, exactly as it logs its own decisions: it assigns
     the step index (1 + the attempt's highest), masks a sensitive input_text value (the text
@@ -106,8 +108,10 @@ class DecisionLogServiceAsyncStub(DecisionLogServiceStub):
     is another host's: both are final, a resend gets the same answer. INVALID_ARGUMENT names the
     field (`entries[2].decision.user_prompt`) for a missing or malformed id, an empty or
     oversize field (limits as Decide's: prompts 64 KiB / 512 KiB, rationale, purpose, expected
-    outcome and each thinking block 64 KiB, at most 100 entries), or a host_decision_id this
-    host already used for another attempt. Every entry is checked before any is logged.
+    outcome and each thinking block 64 KiB, at most 100 entries). Every entry is checked
+    before any is logged, except one thing found while logging: a host_decision_id this host
+    already used for another attempt is INVALID_ARGUMENT too, and the entries before it stay
+    logged (resending them is harmless).
 
     The cloud then logs each entry in order, exactly as it logs its own decisions: it assigns
     the step index (1 + the attempt's highest), masks a sensitive input_text value (the text
@@ -172,8 +176,10 @@ class DecisionLogServiceServicer(metaclass=_abc_1.ABCMeta):
         is another host's: both are final, a resend gets the same answer. INVALID_ARGUMENT names the
         field (`entries[2].decision.user_prompt`) for a missing or malformed id, an empty or
         oversize field (limits as Decide's: prompts 64 KiB / 512 KiB, rationale, purpose, expected
-        outcome and each thinking block 64 KiB, at most 100 entries), or a host_decision_id this
-        host already used for another attempt. Every entry is checked before any is logged.
+        outcome and each thinking block 64 KiB, at most 100 entries). Every entry is checked
+        before any is logged, except one thing found while logging: a host_decision_id this host
+        already used for another attempt is INVALID_ARGUMENT too, and the entries before it stay
+        logged (resending them is harmless).
 
         The cloud then logs each entry in order, exactly as it logs its own decisions: it assigns
         the step index (1 + the attempt's highest), masks a sensitive input_text value (the text
