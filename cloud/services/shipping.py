@@ -23,6 +23,7 @@ from cloud.store import decisions, leases
 from cloud.store.database import Store
 from planner.convert import decision_from_proto
 from planner.decision import Decision
+from planner.observation import observation_problem
 from planner.steps import MAX_DRIVER_OUTPUT_BYTES, MAX_OUTCOME_ERROR_BYTES
 
 MAX_ENTRIES = 100
@@ -105,6 +106,10 @@ def entry_problem(i: int, entry: pb.ShippedDecision) -> str | None:
             return (
                 f"{field}.decision.thinking[{j}].text: {size} bytes; at most {MAX_THINKING_BLOCK}"
             )
+    if d.HasField("observation"):
+        problem = observation_problem(d.observation, f"{field}.decision.observation")
+        if problem:
+            return problem
     if entry.HasField("outcome"):
         for name, value, limit in (
             ("error", entry.outcome.error, MAX_OUTCOME_ERROR_BYTES),
@@ -169,4 +174,5 @@ def _decision(message: types_pb2.Decision) -> Decision:
     the host put in arguments_json is not trusted), so masking works as for the cloud's own."""
     decision = decision_from_proto(message)
     decision.step_index = None
+    decision.observation = message.observation if message.HasField("observation") else None
     return decision

@@ -147,6 +147,7 @@ async def _insert(
             output_truncated=decision.output_truncated,
             planner_transport=transport,
             host_decision_id=host_decision_id,
+            observation_pb=_observation(decision),
         )
         if outcome is not None:
             row.outcome_executed = outcome.executed
@@ -155,6 +156,17 @@ async def _insert(
         session.add(row)
         await session.flush()
     return row
+
+
+def _observation(decision: Decision) -> bytes | None:
+    """What the log keeps of the decision's screen: everything but the OCR blocks (raw text
+    boxes the planner never shows the model, and the bulk of an observation)."""
+    if decision.observation is None:
+        return None
+    kept = type(decision.observation)()
+    kept.CopyFrom(decision.observation)
+    kept.ClearField("ocr_blocks")
+    return kept.SerializeToString()
 
 
 def _cursor(row: DecisionRow) -> str:

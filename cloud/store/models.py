@@ -211,8 +211,11 @@ class DecisionRow(Base):
     # "none" | "forced" | "nudge"; "" for rows from before 0004.
     retry_kind: Mapped[str] = mapped_column(String(16), default="", server_default="")
     output_truncated: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
+    # The screen the decision was made on: `amc.v1.ScreenObservation` bytes without OCR blocks
+    # (NULL before 0006 and for prompt-based requests). Never a screenshot.
+    observation_pb: Mapped[bytes | None] = mapped_column()
     # "cloud" (Decide made it) or "direct" (a host made it and shipped it); rows from before
-    # 0006 were all the cloud's.
+    # 0007 were all the cloud's.
     planner_transport: Mapped[str] = mapped_column(
         String(16), default="cloud", server_default="cloud"
     )

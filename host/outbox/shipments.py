@@ -131,6 +131,9 @@ class Shipments:
         message.action.expected_outcome = redact(message.action.expected_outcome)
         for block in message.thinking:
             block.text = redact(block.text)
+        if decision.observation is not None:  # the screen as data, as the cloud keeps its own
+            message.observation.CopyFrom(decision.observation)
+            message.observation.ClearField("ocr_blocks")
         entry = decision_log_service_pb2.ShippedDecision(
             host_decision_id=ref.host_decision_id,
             task_id=ref.task_id,

@@ -149,7 +149,20 @@ async def refused(call: Any) -> grpc.aio.AioRpcError:
 
 async def test_shipped_decisions_are_logged_once_in_order_and_masked(held: Held) -> None:
     a = held.assignment
-    first = await ship(held, shipped(a, "d1"), shipped(a, "d2", "input_text"), shipped(a, "d3"))
+    seen = shipped(a, "d1")
+    seen.decision.observation.CopyFrom(
+        types_pb2.ScreenObservation(
+            screen_width=1080,
+            screen_height=2400,
+            elements=[
+                types_pb2.UiElement(
+                    element_id="e1", text="Display", bounds=types_pb2.Rect(right=10, bottom=10)
+                )
+            ],
+            ocr_blocks=[types_pb2.OcrBlock(text="Display", bounds=types_pb2.Rect(right=9))],
+        )
+    )
+    first = await ship(held, seen, shipped(a, "d2", "input_text"), shipped(a, "d3"))
     assert [(k.step_index, k.duplicate) for k in first.acks] == [(1, False), (2, False), (3, False)]
     # A resend (the answer was lost) and a later report of d2's outcome change nothing else.
     again = await ship(held, shipped(a, "d1"), shipped(a, "d2", "input_text", executed=True))
@@ -170,6 +183,11 @@ async def test_shipped_decisions_are_logged_once_in_order_and_masked(held: Held)
     assert all(d.host_id == "h1" for d in rows)
     assert rows[1].HasField("outcome") and rows[1].outcome.executed
     assert not rows[0].HasField("outcome")
+    with_screens = await held.ops_decisions.ListDecisions(
+        decision_log_service_pb2.ListDecisionsRequest(task_id=a.task_id, include_observation=True)
+    )
+    kept = with_screens.decisions[0].observation
+    assert [e.text for e in kept.elements] == ["Display"] and not kept.ocr_blocks
     typed = rows[1]
     assert typed.action.input_text.text == "•••"
     assert json.loads(typed.arguments_json) == {"sensitive": True, "text": "•••"}

@@ -6,8 +6,8 @@ cloud's), unique per host so a resend is found, never logged twice. `step_screen
 where each step screenshot lives in the artifact store (the image never enters the database).
 `hosts` gains the outbox backlog each host last reported. The downgrade drops all of it.
 
-Revision ID: 0006
-Revises: 0005
+Revision ID: 0007
+Revises: 0006
 Create Date: 2026-12-20
 """
 
@@ -18,8 +18,8 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import op
 
-revision: str = "0006"
-down_revision: str | None = "0005"
+revision: str = "0007"
+down_revision: str | None = "0006"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
