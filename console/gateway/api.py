@@ -149,7 +149,7 @@ async def export_download(cloud: CloudClient, task_id: str) -> Response:
     Made in a worker thread: encoding the video takes a moment per step."""
     from export.bundle import bundle_bytes
 
-    run = await cloud_run(cloud, task_id)
+    run = await cloud_run(cloud, task_id, cloud)
     data = await run_in_threadpool(bundle_bytes, run)
     return Response(
         data,
@@ -225,7 +225,7 @@ async def step_screen(
     phase: Literal["before", "after"],
 ) -> StreamingResponse:
     value = SCREENSHOT_PHASE_BEFORE if phase == "before" else SCREENSHOT_PHASE_AFTER
-    chunks = cloud.screenshot(task_id, attempt, step, value)
+    chunks = cloud.screenshot_chunks(task_id, attempt, step, value)
     try:
         first = await anext(chunks)  # a NOT_FOUND here is a 404 page, not a broken stream
     except BaseException:

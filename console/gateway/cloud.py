@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncGenerator, AsyncIterator
 from pathlib import Path
+from typing import Literal
 
 import grpc
 from google.protobuf.duration_pb2 import Duration
@@ -242,6 +243,26 @@ class CloudClient:
         return shots
 
     async def screenshot(
+        self, task_id: str, attempt: int, step_index: int, which: Literal["before", "after"]
+    ) -> bytes | None:
+        """One step screenshot's bytes from the cloud's artifact store, None when it has none
+        (an export's `ScreenshotSource`)."""
+        phase = (
+            artifact_service_pb2.SCREENSHOT_PHASE_BEFORE
+            if which == "before"
+            else artifact_service_pb2.SCREENSHOT_PHASE_AFTER
+        )
+        parts: list[bytes] = []
+        try:
+            async for chunk in self.screenshot_chunks(task_id, attempt, step_index, phase):
+                parts.append(chunk.data)
+        except grpc.aio.AioRpcError as error:
+            if error.code() == grpc.StatusCode.NOT_FOUND:
+                return None
+            raise
+        return b"".join(parts)
+
+    async def screenshot_chunks(
         self, task_id: str, attempt: int, step_index: int, phase: int
     ) -> AsyncGenerator[artifact_service_pb2.GetStepScreenshotResponse, None]:
         """One screenshot's chunks (the first carries its metadata); closing the iterator

@@ -344,7 +344,7 @@ async def _export_everything(
         key=pki_dir / "operator-admin.key",
     )
     try:
-        cloud = await cloud_run(cloud_client, task_id)
+        cloud = await cloud_run(cloud_client, task_id, cloud_client)
     finally:
         await cloud_client.close()
     host_zip = await asyncio.to_thread(bundle_bytes, host)
