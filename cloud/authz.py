@@ -68,6 +68,10 @@ ACCESS: Final[Mapping[str, Rule]] = {
     "/amc.v1.DecisionLogService/ListDecisions": OPERATORS,
     "/amc.v1.DecisionLogService/GetDecision": OPERATORS,
     "/amc.v1.DecisionLogService/GetConversation": OPERATORS,
+    "/amc.v1.DecisionLogService/ShipDecisions": HOSTS,
+    "/amc.v1.ArtifactService/UploadStepScreenshot": HOSTS,
+    "/amc.v1.ArtifactService/ListStepScreenshots": OPERATORS,
+    "/amc.v1.ArtifactService/GetStepScreenshot": OPERATORS,
     "/amc.v1.LeaseService/Lease": Rule(
         frozenset({"host"}), refusal="a host certificate (amc://host/<id>) is required"
     ),

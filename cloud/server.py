@@ -24,6 +24,8 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from sqlalchemy.engine import make_url
 
 from amc.v1 import (
+    artifact_service_pb2,
+    artifact_service_pb2_grpc,
     decision_log_service_pb2,
     decision_log_service_pb2_grpc,
     fleet_service_pb2,
@@ -38,6 +40,7 @@ from amc.v1 import (
     task_service_pb2_grpc,
 )
 from cloud import secret_box, supervised
+from cloud.artifacts import ArtifactStore, open_artifact_store
 from cloud.authz import Authorization
 from cloud.boundary import Boundary
 from cloud.db_probe import DatabaseProbe
@@ -47,13 +50,14 @@ from cloud.lease.stream import LeaseServicer
 from cloud.provider_health import ProviderHealth
 from cloud.reflection import enable_reflection
 from cloud.revocations import Revocations
+from cloud.services.artifact_service import ArtifactServicer
 from cloud.services.decision_log_service import DecisionLogServicer
 from cloud.services.fleet_service import FleetServicer
 from cloud.services.planner_service import build_planner_servicer
 from cloud.services.progress_service import ProgressServicer
 from cloud.services.task_service import TaskServicer
 from cloud.settings import CloudSettings, SettingError
-from cloud.store import decisions, sessions
+from cloud.store import decisions, screenshots, sessions
 from cloud.store.database import Store
 from cloud.store.engine import upgrade
 
@@ -67,6 +71,7 @@ SERVICE_NAMES = (
     fleet_service_pb2.DESCRIPTOR.services_by_name["FleetService"].full_name,
     decision_log_service_pb2.DESCRIPTOR.services_by_name["DecisionLogService"].full_name,
     planner_service_pb2.DESCRIPTOR.services_by_name["PlannerService"].full_name,
+    artifact_service_pb2.DESCRIPTOR.services_by_name["ArtifactService"].full_name,
 )
 
 
@@ -145,10 +150,17 @@ def _open_store(url: str) -> Store:
 class CloudServer:
     """A bound, not yet started, cloud replica."""
 
-    def __init__(self, settings: CloudSettings, store: Store | None = None) -> None:
+    def __init__(
+        self,
+        settings: CloudSettings,
+        store: Store | None = None,
+        artifacts: ArtifactStore | None = None,
+    ) -> None:
+        settings.check_ship_window()
         self.settings = settings
         key = settings.secrets_key.get_secret_value() if settings.secrets_key else None
         self.secrets = secret_box.from_settings(key, settings.secrets_key_file)
+        self.artifacts = artifacts or open_artifact_store(settings)
         self.store = store or _open_store(settings.database_url)
         self._own_store = store is None
         self.bus = EventBus(self.store)
@@ -192,8 +204,12 @@ class CloudServer:
         fleet_service_pb2_grpc.add_FleetServiceServicer_to_server(
             FleetServicer(store, bus, s, self.provider_health), self.server
         )
+        window = dt.timedelta(seconds=s.ship_window_seconds)
         decision_log_service_pb2_grpc.add_DecisionLogServiceServicer_to_server(
-            DecisionLogServicer(store), self.server
+            DecisionLogServicer(store, window), self.server
+        )
+        artifact_service_pb2_grpc.add_ArtifactServiceServicer_to_server(
+            ArtifactServicer(store, self.artifacts, s), self.server
         )
         planner_servicer, self._closeables, self.planner_summary = build_planner_servicer(
             store, bus, self.provider_health
@@ -241,6 +257,7 @@ class CloudServer:
             f"amc cloud listening on {self.address} ({security})",
             f"  store:        {store} ({kind})",
             f"  planner:      {self.planner_summary}",
+            f"  screenshots:  {self.artifacts.describe()} (AMC_CLOUD_ARTIFACT_* settings)",
             f"  certificates: {s.tls_source()}",
             "  secrets:      "
             + (
@@ -344,7 +361,24 @@ class CloudServer:
         )
         if items:
             log.info("retention removed %d session items", items)
+        shots = await self.prune_screenshots(older_than)
+        if shots:
+            log.info("retention removed %d step screenshots", shots)
         return removed
+
+    async def prune_screenshots(self, older_than: dt.timedelta) -> int:
+        """Screenshots go with their decisions: the objects first, then their rows, so a store
+        that fails midway leaves rows that the next pass deletes again (never orphan objects)."""
+        removed = 0
+        while True:
+            batch = await screenshots.expired(
+                self.store, older_than, limit=self.settings.retention_batch_size
+            )
+            if not batch:
+                return removed
+            await self.artifacts.delete([key for *_, key in batch])
+            await screenshots.forget(self.store, [(t, a, s, p) for t, a, s, p, _ in batch])
+            removed += len(batch)
 
     async def _retention_pass(self) -> None:
         removed = await self.prune_decisions()
@@ -353,10 +387,12 @@ class CloudServer:
 
 
 async def build_server(
-    settings: CloudSettings | None = None, store: Store | None = None
+    settings: CloudSettings | None = None,
+    store: Store | None = None,
+    artifacts: ArtifactStore | None = None,
 ) -> CloudServer:
     """A bound cloud replica (call `start()`); `store` lets tests share one engine."""
-    return CloudServer(settings or CloudSettings(), store)
+    return CloudServer(settings or CloudSettings(), store, artifacts)
 
 
 async def serve(settings: CloudSettings | None = None, say: Say | None = None) -> None:

@@ -6,6 +6,7 @@ docs/deployment.md lists every field here as `AMC_CLOUD_<NAME>` (a test keeps th
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -84,6 +85,48 @@ class CloudSettings(BaseSettings):
 
     # Migrations at start (the CLI may run them separately and turn this off).
     migrate_on_start: bool = True
+
+    # Step screenshots: where their bytes live ("directory" or "s3"; never the database).
+    artifact_store: Literal["directory", "s3"] = "directory"
+    # Empty: beside a SQLite database file (`<name>-artifacts`), else ./amc-cloud-artifacts.
+    artifact_dir: Path | None = None
+    artifact_s3_bucket: str = ""
+    # Empty: AWS itself; a URL for any S3-compatible server (MinIO, SeaweedFS, Ceph …).
+    artifact_s3_endpoint_url: str = ""
+    artifact_s3_region: str = ""
+    # Keys inside the bucket start with this ("amc/" keeps a shared bucket tidy).
+    artifact_s3_prefix: str = ""
+    # Empty: boto3's usual credential chain (AWS_* variables, shared config, instance role).
+    artifact_s3_access_key_id: str = ""
+    artifact_s3_secret_access_key: SecretStr = SecretStr("")
+    # How long after an attempt ended its host may still ship that attempt's decisions and
+    # screenshots (a host that was offline sends its backlog when it is back).
+    ship_window_seconds: float = Field(86400.0, gt=0)
+
+    @property
+    def resolved_artifact_dir(self) -> Path:
+        """`artifact_dir`, or the default: beside a SQLite file, else in the working folder."""
+        if self.artifact_dir is not None:
+            return self.artifact_dir
+        # Here, not at the top: hosts import this module for its defaults, and SQLAlchemy
+        # would cost each of them ~1.5 s at start.
+        from sqlalchemy.engine import make_url
+
+        url = make_url(self.database_url)
+        if url.get_backend_name() == "sqlite" and url.database not in (None, "", ":memory:"):
+            db = Path(url.database)
+            return db.with_name(f"{db.stem}-artifacts")
+        return Path("amc-cloud-artifacts")
+
+    def check_ship_window(self) -> None:
+        """A shipping window longer than the retention is a SettingError (checked at start)."""
+        if self.ship_window_seconds > self.retention_days * 86400:
+            raise SettingError(
+                "AMC_CLOUD_SHIP_WINDOW_SECONDS",
+                f"{self.ship_window_seconds:.0f} s is longer than the decision log's retention "
+                f"(AMC_CLOUD_RETENTION_DAYS={self.retention_days:g})",
+                "a host could ship decisions of tasks already pruned: shorten the window",
+            )
 
     def tls_paths(self) -> tuple[Path, Path, Path]:
         """(ca, server cert, server key), filled from `pki_dir` where not given explicitly."""

@@ -567,13 +567,17 @@ def decisions(
     attempt: Annotated[int, typer.Option(help="Only this attempt; 0 = all.")] = 0,
     prompts: Annotated[bool, typer.Option(help="Also print the prompts sent.")] = False,
 ) -> None:
-    """Print the per-step LLM record of a task (cloud transport only)."""
+    """Print the per-step LLM record of a task (either transport: direct-transport hosts ship
+    theirs from their outbox)."""
     request = decision_log_service_pb2.ListDecisionsRequest(
         task_id=task_id, attempt=attempt, page_size=500
     )
     response = _with_client(lambda c: c.decisions.ListDecisions(request))
     if not response.decisions:
-        out.print("no decisions logged (none yet, or the host uses the direct transport)")
+        out.print(
+            "no decisions logged yet (a host on the direct transport sends its own from its "
+            "outbox in the background)"
+        )
     lit = formatting.literal
     for d in response.decisions:
         out.rule(lit(f"attempt {d.attempt} · step {d.step_index} · {d.provider}/{d.model}"))

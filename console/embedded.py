@@ -85,6 +85,7 @@ async def embedded_stack(
             listen_address=listen_address,
             pki_dir=pki_dir,
             secrets_key_file=await asyncio.to_thread(_secrets_key_file, data_dir),
+            artifact_dir=data_dir / "cloud-artifacts",
         )
     )
     await cloud.start()
@@ -197,7 +198,13 @@ async def run_demo(
     out = out or Console()
     logging.basicConfig(level=logging.WARNING)
     # Each demo starts from an empty database and timeline; the certificates are kept.
-    for stale in ("cloud.sqlite3", "cloud.sqlite3-wal", "cloud.sqlite3-shm", "host"):
+    for stale in (
+        "cloud.sqlite3",
+        "cloud.sqlite3-wal",
+        "cloud.sqlite3-shm",
+        "cloud-artifacts",
+        "host",
+    ):
         path = data_dir / stale
         if path.is_dir():
             shutil.rmtree(path)

@@ -1,10 +1,11 @@
 """The cloud's side of a run: the task and its decision log, as an operator reads them.
 
-The cloud keeps every host's decisions with the screen each was made on (elements, size), but no
-screenshots. Screenshots come from a
-`ScreenshotSource`: none today (`NO_SCREENSHOTS`); once the cloud keeps step screenshots in an
-artifact store, a source that reads them is all the cloud export needs to include them. Until
-then a host's export merged in (`export/merge.py`) supplies them.
+The cloud keeps every host's decisions with the screen each was made on (elements, size), those
+of the direct transport shipped from the hosts' outboxes included, and each step's screenshots
+in its artifact store. Screenshots come from a `ScreenshotSource` (the consoles pass their
+cloud client, which reads ArtifactService; `NO_SCREENSHOTS` when there is none); a step whose
+screenshots have not arrived exports without them, and a host's export merged in
+(`export/merge.py`) supplies them.
 """
 
 from __future__ import annotations
@@ -142,7 +143,8 @@ async def run_from_cloud(
     missing = [n for n in direct if n not in logged]
     if missing:
         run.notes.append(
-            f"attempt {', '.join(map(str, missing))} ran on the direct transport: its decisions "
-            "stayed on the host; merge that host's export to include them"
+            f"attempt {', '.join(map(str, missing))} ran on the direct transport and none of its "
+            "decisions has reached the cloud yet (its host ships them from its outbox); merge "
+            "that host's export to include them"
         )
     return run

@@ -157,6 +157,10 @@ class LeaseClient:
         #: Why this process was superseded by a newer one of the same host (then it stops).
         self.superseded: str | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        #: The outbox backlog the hello carries (kept current by whoever reports it).
+        self.backlog: types_pb2.OutboxBacklog | None = None
+        #: Called on every Welcome (the cloud is reachable again: the outbox retries now).
+        self.on_welcome: list[Callable[[], None]] = []
         devices.add_listener(self._on_device_change)
 
     # --- what the console and tests read ---
@@ -281,13 +285,22 @@ class LeaseClient:
             for rt in self._tasks.values()
             if rt.task is not None and not rt.task.done() and rt.revoked is None
         ]
-        return lease_service_pb2.HostHello(
+        hello = lease_service_pb2.HostHello(
             devices=[d.to_proto() for d in self._devices.devices()][:256],
             agent_version=self.config.agent_version,
             planner_transport=self.config.planner_transport,
             held_assignments=held,
             process_id=self.process_id,
         )
+        if self.backlog is not None:
+            hello.outbox.CopyFrom(self.backlog)
+        return hello
+
+    def report_outbox(self, backlog: types_pb2.OutboxBacklog) -> None:
+        """Tell the cloud the outbox backlog now (dropped while disconnected: the next hello
+        carries the latest)."""
+        self.backlog = backlog
+        self._send(lease_service_pb2.LeaseRequest(outbox=backlog))
 
     def _on_device_change(self, info: DeviceInfo, kind: str) -> None:
         """Registry listener (any thread): send the whole phone list."""
@@ -370,6 +383,8 @@ class LeaseClient:
             self._send(request)
         for rt in self._tasks.values():
             rt.changed.set()  # renew promptly on the new stream
+        for listener in self.on_welcome:
+            listener()
 
     def _on_assignment(self, a: lease_service_pb2.Assignment) -> None:
         key = (a.task_id, a.attempt)

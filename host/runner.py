@@ -14,6 +14,7 @@ import logging
 import signal
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import UTC
 from typing import TYPE_CHECKING, Any
 
 import grpc
@@ -29,6 +30,7 @@ from host.devices.base import Driver
 from host.devices.registry import DeviceRegistry
 from host.devices.u2_driver import U2Driver
 from host.lease_client import LeaseClient, LeaseClientConfig
+from host.outbox import Backlog, OutboxSender, OutboxStore, Shipments
 from host.perception.ocr import OcrPool
 from host.perception.perceive import Perceiver
 from host.planner_client import CloudPlanner, DirectPlanner, StepPlanner
@@ -71,6 +73,10 @@ class HostApp:
     thinking: LiveThinking = field(default_factory=LiveThinking)
     #: Tasks pruned at start whose session rows are deleted once the loop runs.
     pruned_at_start: list[tuple[str, int]] = field(default_factory=list)
+    #: The durable outbox (decisions of the direct transport, step screenshots) and its sender.
+    outbox: OutboxStore | None = None
+    outbox_sender: OutboxSender | None = None
+    shipments: Shipments | None = None
     _background: list[asyncio.Task[None]] = field(default_factory=list)
 
     def status(self) -> dict[str, Any]:
@@ -98,12 +104,37 @@ class HostApp:
                 for spec, snap in self.lease.running()
             ],
             "pending_results": [list(k) for k in self.lease.pending_results()],
+            "outbox": _backlog_dict(self.lease.backlog),
         }
 
     def close(self) -> None:
         if self.ocr is not None:
             self.ocr.close()
         self.store.close()
+        if self.outbox is not None:
+            self.outbox.close()
+
+
+def backlog_proto(backlog: Backlog) -> types_pb2.OutboxBacklog:
+    """The outbox backlog as the lease stream reports it."""
+    out = types_pb2.OutboxBacklog(
+        items=backlog.items, decisions=backlog.decisions, refused=backlog.refused
+    )
+    if backlog.oldest_at is not None:
+        out.oldest_at.FromDatetime(backlog.oldest_at)
+    return out
+
+
+def _backlog_dict(backlog: types_pb2.OutboxBacklog | None) -> dict[str, Any] | None:
+    if backlog is None:
+        return None
+    oldest = backlog.oldest_at.ToDatetime(tzinfo=UTC) if backlog.HasField("oldest_at") else None
+    return {
+        "items": backlog.items,
+        "decisions": backlog.decisions,
+        "refused": backlog.refused,
+        "oldest_at": oldest.isoformat() if oldest else None,
+    }
 
 
 def driver_factory(settings: HostSettings) -> DriverFactory:
@@ -203,6 +234,14 @@ def build_host(
     )
     if settings.planner_transport == "cloud" and planner is None:
         planner_channel = channels()
+    outbox = OutboxStore(settings.resolved_outbox_path)
+    sender = OutboxSender(
+        outbox,
+        channels,
+        initial_s=settings.outbox_retry_initial_s,
+        max_s=settings.outbox_retry_max_s,
+    )
+    lease.on_welcome.append(sender.retry_now.set)
     app = HostApp(
         settings=settings,
         store=store,
@@ -217,6 +256,11 @@ def build_host(
         planner_settings=planner_settings,
         compact_engine=compact_engine,
         pruned_at_start=pruned,
+        outbox=outbox,
+        outbox_sender=sender,
+        shipments=Shipments(
+            outbox, settings.planner_transport, screenshots=settings.ship_screenshots
+        ),
     )
     app_ref.append(app)
     return app
@@ -273,6 +317,7 @@ async def _run_task(
             planner_transport=s.planner_transport,
             planner_wait=WaitPolicy(s.planner_wait_initial_s, s.planner_wait_max_s),
         ),
+        shipments=app.shipments,
     )
     try:
         outcome = await loop.run(spec, progress, cancel)
@@ -310,16 +355,52 @@ async def _poll_devices(app: HostApp, stop: asyncio.Event) -> None:
             await asyncio.wait_for(stop.wait(), app.settings.device_poll_interval_s)
 
 
+async def _report_backlog(app: HostApp, stop: asyncio.Event) -> None:
+    """Tell the cloud what the outbox still holds whenever it changes (at most about once a
+    second; the hello of each new stream carries the latest)."""
+    sender = app.outbox_sender
+    assert sender is not None and app.outbox is not None
+    while not stop.is_set():
+        waits = [asyncio.ensure_future(e.wait()) for e in (sender.changed, stop)]
+        try:
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for w in waits:
+                w.cancel()
+        if stop.is_set():
+            return
+        sender.changed.clear()
+        try:
+            backlog = await asyncio.to_thread(app.outbox.backlog)
+        except Exception:
+            log.exception("could not read the outbox backlog")
+        else:
+            app.lease.report_outbox(backlog_proto(backlog))
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), 1.0)
+
+
 async def serve_host(app: HostApp, stop: asyncio.Event) -> None:
     """Run an assembled host until `stop` is set (no signal handling here)."""
     await _forget_sessions(app, app.pruned_at_start)
     await asyncio.to_thread(app.registry.refresh)
+    if app.outbox is not None:
+        app.lease.backlog = backlog_proto(await asyncio.to_thread(app.outbox.backlog))
     poller = asyncio.create_task(_poll_devices(app, stop))
+    background: list[asyncio.Task[None]] = []
+    if app.outbox_sender is not None:
+        background = [
+            asyncio.create_task(app.outbox_sender.run(stop), name="outbox"),
+            asyncio.create_task(_report_backlog(app, stop), name="outbox-report"),
+        ]
     try:
         await app.lease.run(stop)
     finally:
         stop.set()
         await poller
+        for job in background:
+            with contextlib.suppress(Exception):
+                await job
         if app.planner_channel is not None:
             await app.planner_channel.close(grace=None)
         for owned in (app.direct_planner, app.compact_engine):

@@ -19,6 +19,7 @@ from typing import Any
 import grpc
 
 from amc.v1 import lease_service_pb2 as lease_pb
+from amc.v1 import types_pb2
 from cloud import revocations, supervised
 from cloud.events import EventBus, RevokeEvent
 from cloud.identity import Caller
@@ -173,6 +174,8 @@ class LeaseManager:
                 del self.sessions[host_id]
             raise
         session.recorded = True
+        if hello.HasField("outbox"):
+            await hosts.update_outbox(self.store, host_id, messages.backlog_in(hello.outbox))
         self.bus.hosts_changed([host_id])
         self.bus.new_stream(host_id, session.stream_id)
         held = [leases.HeldLease(h.task_id, h.attempt, h.lease_id) for h in hello.held_assignments]
@@ -315,6 +318,11 @@ class LeaseManager:
         )
         self.bus.hosts_changed([session.host_id])
         self.dispatcher.kick(session)
+
+    async def outbox(self, session: HostSession, backlog: types_pb2.OutboxBacklog) -> None:
+        """The host's outbox backlog changed: recorded for the fleet view."""
+        await hosts.update_outbox(self.store, session.host_id, messages.backlog_in(backlog))
+        self.bus.hosts_changed([session.host_id])
 
     def touch(self, session: HostSession) -> None:
         """The host sent something."""

@@ -8,11 +8,12 @@ store's `ProgressIn`.
 from __future__ import annotations
 
 from collections.abc import Mapping
+import datetime as dt
 from typing import TypeAlias
 
 from amc.v1 import lease_service_pb2 as lease_pb
 from amc.v1 import types_pb2
-from cloud.store import convert, leases, states
+from cloud.store import convert, hosts, leases, states
 
 RevokeReason: TypeAlias = lease_pb.RevokeReason.ValueType
 
@@ -121,3 +122,9 @@ def resumed(check: leases.HeldCheck) -> lease_pb.LeaseResponse:
     if p is not None:
         a.last_progress.CopyFrom(p)
     return lease_pb.LeaseResponse(assignment=a)
+
+
+def backlog_in(backlog: types_pb2.OutboxBacklog) -> hosts.Backlog:
+    """A host's outbox report as the store keeps it (`reported_at` is the cloud's own)."""
+    oldest = backlog.oldest_at.ToDatetime(tzinfo=dt.UTC) if backlog.HasField("oldest_at") else None
+    return hosts.Backlog(backlog.items, backlog.decisions, backlog.refused, oldest)

@@ -157,6 +157,12 @@ class LeaseServicer(lease_service_pb2_grpc.LeaseServiceServicer):
                 session.send(_rejected(problem))
                 return
             await manager.device_update(session, msg.device_update)
+        elif kind == "outbox":
+            problem = validate.outbox(msg.outbox, "outbox")
+            if problem:
+                session.send(_rejected(problem))
+                return
+            await manager.outbox(session, msg.outbox)
         elif kind == "hello":
             session.send(
                 lease_pb.LeaseResponse(
@@ -167,4 +173,6 @@ class LeaseServicer(lease_service_pb2_grpc.LeaseServiceServicer):
                 )
             )
         else:
-            session.send(_rejected("kind: exactly one of hello, renewal, result, device_update"))
+            session.send(
+                _rejected("kind: exactly one of hello, renewal, result, device_update, outbox")
+            )

@@ -13,6 +13,12 @@ from cloud.store.models import AttemptRow, DecisionRow, HostRow
 from cloud.store.tasks import TaskView
 from planner.convert import mode_enum, provider_enum, retry_kind_to_proto, thinking_kind_to_proto
 
+#: DecisionRow.planner_transport → the protocol's enum.
+TRANSPORTS: dict[str, int] = {
+    "cloud": types_pb2.PLANNER_TRANSPORT_CLOUD,
+    "direct": types_pb2.PLANNER_TRANSPORT_DIRECT,
+}
+
 
 def ts(value: dt.datetime) -> timestamp_pb2.Timestamp:
     """Aware datetime -> Timestamp."""
@@ -119,6 +125,17 @@ def host(row: HostRow, connected: bool) -> types_pb2.Host:
         )
     if row.last_seen_at is not None:
         out.last_seen_at.CopyFrom(ts(row.last_seen_at))
+    if row.outbox_reported_at is not None:
+        out.outbox.CopyFrom(
+            types_pb2.OutboxBacklog(
+                items=row.outbox_items,
+                decisions=row.outbox_decisions,
+                refused=row.outbox_refused,
+                reported_at=ts(row.outbox_reported_at),
+            )
+        )
+        if row.outbox_oldest_at is not None:
+            out.outbox.oldest_at.CopyFrom(ts(row.outbox_oldest_at))
     return out
 
 
@@ -161,6 +178,7 @@ def decision(row: DecisionRow, *, include_observation: bool = False) -> types_pb
         thinking_kind=thinking_kind_to_proto(row.thinking_kind),
         retry_kind=retry_kind_to_proto(row.retry_kind),
         output_truncated=row.output_truncated,
+        planner_transport=TRANSPORTS.get(row.planner_transport, 0),  # type: ignore[arg-type]
     )
     if row.outcome_executed is not None:
         out.outcome.CopyFrom(

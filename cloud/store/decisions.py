@@ -18,6 +18,7 @@ from sqlalchemy.exc import IntegrityError
 from amc.v1 import types_pb2
 from cloud.store.database import Store
 from cloud.store.models import DecisionRow, TaskRow
+from planner.convert import masked_action
 from planner.decision import Decision
 from planner.steps import PastStep, StepOutcome, stored_arguments
 
@@ -36,62 +37,19 @@ async def append(
     decision: Decision,
     step_key: str | None = None,
 ) -> DecisionRow:
-    """Append one decision; its step index is max+1 within (task, attempt).
+    """Append one decision the cloud made; its step index is max+1 within (task, attempt).
 
     Two concurrent appends may compute the same index; the unique constraint refuses the second,
     which retries. So indexes have no gaps and no repeats on either backend. With a `step_key`
     the attempt already has a decision for (a retried Decide raced its original), nothing is
     written and `StepKeyTaken` is raised: that decision is the step's (`by_step_key`).
     """
-    arguments = stored_arguments(decision)
-    thinking = [{"text": b.text, "redacted": b.redacted} for b in decision.thinking]
     last_error: Exception | None = None
     for _ in range(_APPEND_RETRIES):
         try:
-            async with store.write() as session:
-                current = await session.scalar(
-                    select(func.coalesce(func.max(DecisionRow.step_index), 0)).where(
-                        DecisionRow.task_id == task_id, DecisionRow.attempt == attempt
-                    )
-                )
-                row = DecisionRow(
-                    decision_id=uuid.uuid4().hex,
-                    host_id=host_id,
-                    task_id=task_id,
-                    attempt=attempt,
-                    step_index=int(current or 0) + 1,
-                    provider=decision.provider,
-                    model=decision.model,
-                    system_prompt=decision.system_prompt,
-                    user_prompt=decision.user_prompt,
-                    tool_name=decision.tool_name,
-                    arguments_json=arguments,
-                    action_pb=_masked_action(decision),
-                    rationale=decision.rationale,
-                    thinking=thinking,
-                    purpose=decision.purpose,
-                    expected_outcome=decision.expected_outcome,
-                    input_tokens=decision.usage.input_tokens,
-                    output_tokens=decision.usage.output_tokens,
-                    cache_read_input_tokens=decision.usage.cache_read_input_tokens,
-                    cache_creation_input_tokens=decision.usage.cache_creation_input_tokens,
-                    thinking_tokens=decision.usage.thinking_tokens,
-                    latency_seconds=decision.latency_s,
-                    forced_retry=decision.forced_retry,
-                    corrective_retries=decision.corrective_retries,
-                    created_at=store.now(),
-                    planner_mode=decision.planner_mode,
-                    page=decision.page,
-                    target=decision.target,
-                    thinking_kind=decision.thinking_kind,
-                    retry_kind=decision.retry_kind,
-                    output_truncated=decision.output_truncated,
-                    observation_pb=_observation(decision),
-                    step_key=step_key or None,
-                )
-                session.add(row)
-                await session.flush()
-            return row
+            return await _insert(
+                store, host_id, task_id, attempt, decision, "cloud", None, step_key=step_key
+            )
         except IntegrityError as exc:
             if step_key and await by_step_key(store, task_id, attempt, step_key) is not None:
                 raise StepKeyTaken(step_key) from exc
@@ -113,12 +71,122 @@ async def by_step_key(
         )
 
 
-def _masked_action(decision: Decision) -> bytes:
-    action = type(decision.action)()
-    action.CopyFrom(decision.action)
-    if decision.sensitive and action.WhichOneof("kind") == "input_text":
-        action.input_text.text = "•••"
-    return action.SerializeToString()
+class ShippedElsewhere(ValueError):
+    """A host decision id that names a decision of another attempt (the host reused an id)."""
+
+
+async def append_shipped(
+    store: Store,
+    host_id: str,
+    task_id: str,
+    attempt: int,
+    host_decision_id: str,
+    decision: Decision,
+    outcome: types_pb2.ActionOutcome | None,
+) -> tuple[DecisionRow, bool]:
+    """Log a decision a host made on the direct transport, once per (host, host decision id):
+    (the row, whether it had been logged before). A resend changes nothing but a first outcome.
+
+    The step index is assigned as for the cloud's own decisions. A resend racing its original
+    (another replica) loses on the unique index and finds the winner's row on its next turn.
+    """
+    last_error: Exception | None = None
+    for _ in range(_APPEND_RETRIES):
+        existing = await _shipped(store, host_id, host_decision_id)
+        if existing is not None:
+            if (existing.task_id, existing.attempt) != (task_id, attempt):
+                raise ShippedElsewhere(
+                    f"host_decision_id {host_decision_id!r} already names a decision of task "
+                    f"{existing.task_id!r} attempt {existing.attempt}"
+                )
+            if outcome is not None and await record_outcome_of(
+                store, existing.decision_id, outcome
+            ):
+                existing = await get(store, existing.decision_id) or existing
+            return existing, True
+        try:
+            row = await _insert(
+                store, host_id, task_id, attempt, decision, "direct", host_decision_id, outcome
+            )
+            return row, False
+        except IntegrityError as exc:
+            last_error = exc
+    raise RuntimeError("could not assign a step index") from last_error
+
+
+async def _shipped(store: Store, host_id: str, host_decision_id: str) -> DecisionRow | None:
+    async with store.read() as session:
+        return await session.scalar(
+            select(DecisionRow).where(
+                DecisionRow.host_id == host_id, DecisionRow.host_decision_id == host_decision_id
+            )
+        )
+
+
+async def _insert(
+    store: Store,
+    host_id: str,
+    task_id: str,
+    attempt: int,
+    decision: Decision,
+    transport: str,
+    host_decision_id: str | None,
+    outcome: types_pb2.ActionOutcome | None = None,
+    step_key: str | None = None,
+) -> DecisionRow:
+    """One row at the next step index of (task, attempt), masked; IntegrityError when another
+    writer took that index (or that host decision id) first."""
+    thinking = [{"text": b.text, "redacted": b.redacted} for b in decision.thinking]
+    async with store.write() as session:
+        current = await session.scalar(
+            select(func.coalesce(func.max(DecisionRow.step_index), 0)).where(
+                DecisionRow.task_id == task_id, DecisionRow.attempt == attempt
+            )
+        )
+        row = DecisionRow(
+            decision_id=uuid.uuid4().hex,
+            host_id=host_id,
+            task_id=task_id,
+            attempt=attempt,
+            step_index=int(current or 0) + 1,
+            provider=decision.provider,
+            model=decision.model,
+            system_prompt=decision.system_prompt,
+            user_prompt=decision.user_prompt,
+            tool_name=decision.tool_name,
+            arguments_json=stored_arguments(decision),
+            action_pb=masked_action(decision).SerializeToString(),
+            rationale=decision.rationale,
+            thinking=thinking,
+            purpose=decision.purpose,
+            expected_outcome=decision.expected_outcome,
+            input_tokens=decision.usage.input_tokens,
+            output_tokens=decision.usage.output_tokens,
+            cache_read_input_tokens=decision.usage.cache_read_input_tokens,
+            cache_creation_input_tokens=decision.usage.cache_creation_input_tokens,
+            thinking_tokens=decision.usage.thinking_tokens,
+            latency_seconds=decision.latency_s,
+            forced_retry=decision.forced_retry,
+            corrective_retries=decision.corrective_retries,
+            created_at=store.now(),
+            planner_mode=decision.planner_mode,
+            page=decision.page,
+            target=decision.target,
+            thinking_kind=decision.thinking_kind,
+            retry_kind=decision.retry_kind,
+            output_truncated=decision.output_truncated,
+            planner_transport=transport,
+            host_decision_id=host_decision_id,
+            observation_pb=_observation(decision),
+            step_key=step_key or None,
+        )
+        if outcome is not None:
+            row.outcome_executed = outcome.executed
+            row.outcome_error = outcome.error
+            row.outcome_driver_output = outcome.driver_output
+        session.add(row)
+        await session.flush()
+    return row
 
 
 def _observation(decision: Decision) -> bytes | None:
@@ -214,6 +282,23 @@ async def record_outcome(
                 DecisionRow.step_index == outcome.step_index,
                 DecisionRow.outcome_executed.is_(None),
             )
+            .values(
+                outcome_executed=outcome.executed,
+                outcome_error=outcome.error,
+                outcome_driver_output=outcome.driver_output,
+            )
+        )
+        return bool(result.rowcount)  # type: ignore[attr-defined]
+
+
+async def record_outcome_of(
+    store: Store, decision_id: str, outcome: types_pb2.ActionOutcome
+) -> bool:
+    """`record_outcome` for a decision named by its id (a shipped decision's later outcome)."""
+    async with store.write() as session:
+        result = await session.execute(
+            update(DecisionRow)
+            .where(DecisionRow.decision_id == decision_id, DecisionRow.outcome_executed.is_(None))
             .values(
                 outcome_executed=outcome.executed,
                 outcome_error=outcome.error,

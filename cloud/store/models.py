@@ -163,6 +163,12 @@ class HostRow(Base):
     # Which run of the host agent sent the last hello (`HostHello.process_id`; None for an
     # agent that does not say): a hello naming another one comes from a new process.
     process_id: Mapped[str | None] = mapped_column(String(128))
+    # The host's outbox backlog as it last reported it (OutboxBacklog); reported_at NULL: never.
+    outbox_items: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    outbox_decisions: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    outbox_refused: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    outbox_oldest_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime())
+    outbox_reported_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime())
 
 
 class RevocationRow(Base):
@@ -236,13 +242,48 @@ class DecisionRow(Base):
     # The host's name for the planning step (DecideRequest.step_key; NULL when it sent none): a
     # retried Decide with the same key gets this row back instead of planning again.
     step_key: Mapped[str | None] = mapped_column(String(64))
+    # "cloud" (Decide made it) or "direct" (a host made it and shipped it); rows from before
+    # 0007 were all the cloud's.
+    planner_transport: Mapped[str] = mapped_column(
+        String(16), default="cloud", server_default="cloud"
+    )
+    # The host's own id of a shipped decision (NULL for the cloud's): a resend finds it here.
+    host_decision_id: Mapped[str | None] = mapped_column(String(64))
 
     __table_args__ = (
         UniqueConstraint("task_id", "attempt", "step_index"),
         # NULLs never collide (both backends): only keyed decisions are unique per step key.
         UniqueConstraint("task_id", "attempt", "step_key", name="uq_decisions_step_key"),
         Index("ix_decisions_created_at", "created_at"),
+        # Each shipped decision is logged once per host, whatever replica a resend reaches.
+        Index("ix_decisions_host_decision_id", "host_id", "host_decision_id", unique=True),
     )
+
+
+class StepScreenshotRow(Base):
+    """Where one step screenshot lives in the artifact store, and what it is. The image itself
+    is never in the database: `object_key` names it in the store (a file or a bucket object)."""
+
+    __tablename__ = "step_screenshots"
+
+    task_id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    attempt: Mapped[int] = mapped_column(Integer, primary_key=True)
+    step_index: Mapped[int] = mapped_column(Integer, primary_key=True)
+    # "before" | "after"
+    phase: Mapped[str] = mapped_column(String(8), primary_key=True)
+    decision_id: Mapped[str] = mapped_column(String(32))
+    host_id: Mapped[str] = mapped_column(String(128))
+    object_key: Mapped[str] = mapped_column(Text)
+    content_type: Mapped[str] = mapped_column(String(32))
+    size_bytes: Mapped[int] = mapped_column(Integer)
+    width: Mapped[int] = mapped_column(Integer)
+    height: Mapped[int] = mapped_column(Integer)
+    # Bounds of the element the step's action named (ActionMarks.target); NULL when none.
+    target_left: Mapped[int | None] = mapped_column(Integer)
+    target_top: Mapped[int | None] = mapped_column(Integer)
+    target_right: Mapped[int | None] = mapped_column(Integer)
+    target_bottom: Mapped[int | None] = mapped_column(Integer)
+    uploaded_at: Mapped[dt.datetime] = mapped_column(UTCDateTime())
 
 
 class SessionItemRow(Base):

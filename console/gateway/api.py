@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from collections.abc import AsyncIterator
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, Query, Request, status
 from fastapi import Path as PathParam
 from starlette.concurrency import run_in_threadpool
 from starlette.responses import Response, StreamingResponse
 
+from amc.v1.artifact_service_pb2 import SCREENSHOT_PHASE_AFTER, SCREENSHOT_PHASE_BEFORE
 from console.exporting import cloud_run, export_name
 from console.gateway.auth import require_api_user
 from console.gateway.cloud import CloudClient
@@ -25,6 +27,7 @@ from console.gateway.models import (
     ErrorOut,
     HostList,
     HostOut,
+    ScreenOut,
     SubmitIn,
     SubmitOut,
     TaskDetailOut,
@@ -59,14 +62,40 @@ async def host_transports(cloud: CloudClient) -> dict[str, HostOut]:
 
 
 async def task_detail(cloud: CloudClient, task_id: str) -> TaskDetailOut:
-    """The task, its attempts and its decision log grouped by attempt (shared with the page)."""
+    """The task, its attempts and its decision log grouped by attempt, each step with its
+    screenshots, and which of its hosts still hold some of its record (shared with the page)."""
     task = TaskOut.of(await cloud.get_task(task_id))
     decisions = [DecisionOut.of(d) for d in await cloud.all_decisions(task_id)]
-    transports = {}
-    if any(a.planner_transport == "unspecified" for a in task.attempts):
-        transports = {k: v.planner_transport for k, v in (await host_transports(cloud)).items()}
+    screens: dict[tuple[int, int], list[ScreenOut]] = {}
+    for shot in await cloud.screenshots(task_id):
+        screens.setdefault((shot.attempt, shot.step_index), []).append(ScreenOut.of(shot))
+    for d in decisions:
+        d.screens = screens.get((d.attempt, d.step_index), [])
+    hosts = await host_transports(cloud)
+    transports = {k: v.planner_transport for k, v in hosts.items()}
     history, note = group_history(task, decisions, transports)
-    return TaskDetailOut(task=task, history=history, history_note=note)
+    used = {a.host_id for a in task.attempts}
+    notes = [outbox_note(hosts[h]) for h in sorted(used) if h in hosts and hosts[h].outbox]
+    return TaskDetailOut(
+        task=task, history=history, history_note=note, outbox_notes=[n for n in notes if n]
+    )
+
+
+def outbox_note(host: HostOut) -> str:
+    """ "host-a still has 3 decisions and 5 screenshots … in its outbox, the oldest from …", or
+    "" when its outbox is empty."""
+    o = host.outbox
+    if o is None or not o.items:
+        return ""
+    others = o.items - o.decisions
+    parts = [f"{o.decisions} decision{'s' * (o.decisions != 1)}"] if o.decisions else []
+    if others:
+        parts.append(f"{others} other item{'s' * (others != 1)} (screenshots, outcomes)")
+    since = f", the oldest written {o.oldest_at:%Y-%m-%d %H:%M:%S} UTC" if o.oldest_at else ""
+    return (
+        f"Host {host.host_id} still has {' and '.join(parts)} in its outbox{since}: "
+        "this record may be incomplete until they arrive."
+    )
 
 
 @router.get("/tasks", response_model=TaskPage, summary="List tasks, newest first")
@@ -125,7 +154,7 @@ async def export_download(cloud: CloudClient, task_id: str) -> Response:
     Made in a worker thread: encoding the video takes a moment per step."""
     from export.bundle import bundle_bytes
 
-    run = await cloud_run(cloud, task_id)
+    run = await cloud_run(cloud, task_id, cloud)
     data = await run_in_threadpool(bundle_bytes, run)
     return Response(
         data,
@@ -184,6 +213,46 @@ async def conversation(
     items = await cloud.conversation(task_id, attempt)
     return ConversationOut(
         task_id=task_id, attempt=attempt, items=[ConversationItemOut.of(i) for i in items]
+    )
+
+
+@router.get(
+    "/tasks/{task_id}/attempts/{attempt}/steps/{step}/screens/{phase}",
+    response_class=StreamingResponse,
+    responses={200: {"content": {"image/png": {}, "image/jpeg": {}}}},
+    summary="A step's before or after screenshot, from the cloud's artifact store",
+)
+async def step_screen(
+    cloud: Cloud,
+    task_id: str,
+    attempt: Annotated[int, PathParam(ge=1)],
+    step: Annotated[int, PathParam(ge=1)],
+    phase: Literal["before", "after"],
+) -> StreamingResponse:
+    value = SCREENSHOT_PHASE_BEFORE if phase == "before" else SCREENSHOT_PHASE_AFTER
+    chunks = cloud.screenshot_chunks(task_id, attempt, step, value)
+    try:
+        first = await anext(chunks)  # a NOT_FOUND here is a 404 page, not a broken stream
+    except BaseException:
+        await chunks.aclose()
+        raise
+
+    async def body() -> AsyncIterator[bytes]:
+        try:
+            yield first.data
+            async for chunk in chunks:
+                yield chunk.data
+        finally:
+            await chunks.aclose()
+
+    return StreamingResponse(
+        body(),
+        media_type=first.screenshot.content_type or "application/octet-stream",
+        headers={
+            "Content-Length": str(first.screenshot.size_bytes),
+            # The bytes of one step's screenshot never change (an upload again is the same).
+            "Cache-Control": "private, max-age=3600",
+        },
     )
 
 

@@ -6,14 +6,17 @@ deadline so a stuck cloud turns into a 503/504 page instead of a hung browser ta
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from pathlib import Path
+from typing import Literal
 
 import grpc
 from google.protobuf.duration_pb2 import Duration
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from amc.v1 import (
+    artifact_service_pb2,
+    artifact_service_pb2_grpc,
     decision_log_service_pb2,
     decision_log_service_pb2_grpc,
     fleet_service_pb2,
@@ -58,6 +61,7 @@ class CloudClient:
         self._fleet = fleet_service_pb2_grpc.FleetServiceStub(self._channel)
         self._decisions = decision_log_service_pb2_grpc.DecisionLogServiceStub(self._channel)
         self._health = health_pb2_grpc.HealthStub(self._channel)
+        self._artifacts = artifact_service_pb2_grpc.ArtifactServiceStub(self._channel)
 
     async def health(self, timeout_s: float = 2.0) -> str:
         """The cloud's gRPC health ("SERVING", "NOT_SERVING", ...) or the failure's code name."""
@@ -220,6 +224,65 @@ class CloudClient:
             token = page.next_page_token
             if not token:
                 return items
+
+    async def screenshots(self, task_id: str) -> list[artifact_service_pb2.StepScreenshot]:
+        """Every step screenshot of a task (metadata only), following the page tokens."""
+        shots: list[artifact_service_pb2.StepScreenshot] = []
+        token = ""
+        while len(shots) < 2 * MAX_DECISIONS:
+            page: artifact_service_pb2.ListStepScreenshotsResponse = (
+                await self._artifacts.ListStepScreenshots(
+                    artifact_service_pb2.ListStepScreenshotsRequest(
+                        task_id=task_id, page_size=1000, page_token=token
+                    ),
+                    timeout=self._timeout,
+                )
+            )
+            shots.extend(page.screenshots)
+            token = page.next_page_token
+            if not token:
+                break
+        return shots
+
+    async def screenshot(
+        self, task_id: str, attempt: int, step_index: int, which: Literal["before", "after"]
+    ) -> bytes | None:
+        """One step screenshot's bytes from the cloud's artifact store, None when it has none
+        (an export's `ScreenshotSource`)."""
+        phase = (
+            artifact_service_pb2.SCREENSHOT_PHASE_BEFORE
+            if which == "before"
+            else artifact_service_pb2.SCREENSHOT_PHASE_AFTER
+        )
+        parts: list[bytes] = []
+        try:
+            async for chunk in self.screenshot_chunks(task_id, attempt, step_index, phase):
+                parts.append(chunk.data)
+        except grpc.aio.AioRpcError as error:
+            if error.code() == grpc.StatusCode.NOT_FOUND:
+                return None
+            raise
+        return b"".join(parts)
+
+    async def screenshot_chunks(
+        self, task_id: str, attempt: int, step_index: int, phase: int
+    ) -> AsyncGenerator[artifact_service_pb2.GetStepScreenshotResponse, None]:
+        """One screenshot's chunks (the first carries its metadata); closing the iterator
+        cancels the call."""
+        call = self._artifacts.GetStepScreenshot(
+            artifact_service_pb2.GetStepScreenshotRequest(
+                task_id=task_id,
+                attempt=attempt,
+                step_index=step_index,
+                phase=phase,  # type: ignore[arg-type]
+            ),
+            timeout=self._timeout * 3,
+        )
+        try:
+            async for chunk in call:
+                yield chunk
+        finally:
+            call.cancel()
 
     async def get_decision(self, decision_id: str) -> types_pb2.Decision:
         response: decision_log_service_pb2.GetDecisionResponse = await self._decisions.GetDecision(

@@ -1,8 +1,8 @@
 """Group a task's decision log by attempt and say why a history is empty.
 
 An empty LLM history is ambiguous on its own: the agent may not have planned a step yet, or the
-host plans on the direct transport and its prompts never reach the cloud. Operators must not read
-the second as "it's broken", so every empty history carries one of these two reasons.
+host plans on the direct transport and its decisions are still on their way from its outbox.
+Operators must not read either as "it's broken", so every empty history carries its reason.
 """
 
 from __future__ import annotations
@@ -12,7 +12,10 @@ from console.gateway.models import AttemptHistory, DecisionOut, TaskOut, Transpo
 NO_STEP_YET = "no step reported yet"
 NO_DECISION_YET = "no decision logged yet for this attempt"
 NOT_ASSIGNED_YET = "no step reported yet: the task has not reached a host"
-DIRECT_TRANSPORT = "this host uses the direct transport, so its prompts do not reach the cloud"
+DIRECT_TRANSPORT = (
+    "this host uses the direct transport: it ships its decisions from its outbox in the "
+    "background, and none has arrived yet"
+)
 
 
 def empty_reason(transport: TransportName, step_index: int = 0) -> str:

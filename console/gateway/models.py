@@ -16,7 +16,7 @@ from google.protobuf.json_format import MessageToDict
 from google.protobuf.timestamp_pb2 import Timestamp
 from pydantic import BaseModel, Field
 
-from amc.v1 import decision_log_service_pb2, fleet_service_pb2, types_pb2
+from amc.v1 import artifact_service_pb2, decision_log_service_pb2, fleet_service_pb2, types_pb2
 from planner.decision import thinking_word
 
 TaskStatusName = Literal[
@@ -207,6 +207,42 @@ _RETRY_KIND_NAMES = {
 }
 
 
+class OutcomeOut(BaseModel):
+    """What executing a decision did, as the host reported it."""
+
+    executed: bool
+    error: str
+    driver_output: str
+
+
+class ScreenOut(BaseModel):
+    """One screenshot of a step, served by the gateway from the cloud's artifact store."""
+
+    phase: Literal["before", "after"]
+    url: str = Field(description="GET it (same login) for the image bytes")
+    content_type: str
+    width: int
+    height: int
+    target: list[int] | None = Field(
+        description="[left, top, right, bottom] of the element the action named; null if none"
+    )
+
+    @classmethod
+    def of(cls, s: artifact_service_pb2.StepScreenshot) -> ScreenOut:
+        phase: Literal["before", "after"] = (
+            "before" if s.phase == artifact_service_pb2.SCREENSHOT_PHASE_BEFORE else "after"
+        )
+        t = s.marks.target
+        return cls(
+            phase=phase,
+            url=f"/api/tasks/{s.task_id}/attempts/{s.attempt}/steps/{s.step_index}/screens/{phase}",
+            content_type=s.content_type,
+            width=s.width,
+            height=s.height,
+            target=[t.left, t.top, t.right, t.bottom] if s.marks.HasField("target") else None,
+        )
+
+
 class DecisionOut(BaseModel):
     """One planning decision: what the model was asked, what it thought, what it chose."""
 
@@ -248,6 +284,16 @@ class DecisionOut(BaseModel):
     )
     output_truncated: bool = Field(
         description="an answer was cut off by the output token limit (the rationale says so)"
+    )
+    planner_transport: TransportName = Field(
+        description='who called the model: "cloud" (Decide) or "direct" (the host, which '
+        "shipped the decision from its outbox)"
+    )
+    outcome: OutcomeOut | None = Field(
+        description="what executing it did, as the host reported it; null until reported"
+    )
+    screens: list[ScreenOut] = Field(
+        default_factory=list, description="the step's screenshots in the cloud, before first"
     )
 
     @classmethod
@@ -291,6 +337,16 @@ class DecisionOut(BaseModel):
             output_truncated=d.output_truncated,
             created_at=_time(d.created_at, d.HasField("created_at")),
             planner_mode=d.planner_mode or "compact",
+            planner_transport=_enum_word(
+                types_pb2.PlannerTransport, d.planner_transport, "PLANNER_TRANSPORT_"
+            ),
+            outcome=OutcomeOut(
+                executed=d.outcome.executed,
+                error=d.outcome.error,
+                driver_output=d.outcome.driver_output,
+            )
+            if d.HasField("outcome")
+            else None,
         )
 
 
@@ -371,6 +427,11 @@ class TaskDetailOut(BaseModel):
     task: TaskOut
     history: list[AttemptHistory]
     history_note: str | None = Field(description="why the whole history is empty, if it is")
+    outbox_notes: list[str] = Field(
+        default_factory=list,
+        description="hosts of this task that still hold decisions or screenshots in their "
+        "outbox: the record here may be incomplete until they arrive",
+    )
 
 
 class DeviceOut(BaseModel):
@@ -379,6 +440,26 @@ class DeviceOut(BaseModel):
     serial: str
     model: str
     state: DeviceStateName
+
+
+class OutboxOut(BaseModel):
+    """What a host still has to send the cloud (decisions, screenshots), as it last said."""
+
+    items: int
+    decisions: int
+    refused: int = Field(description="items the cloud refused for good (kept on the host)")
+    oldest_at: datetime | None = Field(description="when the oldest waiting item was written")
+    reported_at: datetime | None
+
+    @classmethod
+    def of(cls, o: types_pb2.OutboxBacklog) -> OutboxOut:
+        return cls(
+            items=o.items,
+            decisions=o.decisions,
+            refused=o.refused,
+            oldest_at=_time(o.oldest_at, o.HasField("oldest_at")),
+            reported_at=_time(o.reported_at, o.HasField("reported_at")),
+        )
 
 
 class HostOut(BaseModel):
@@ -390,6 +471,9 @@ class HostOut(BaseModel):
     planner_transport: TransportName
     agent_version: str
     last_seen_at: datetime | None
+    outbox: OutboxOut | None = Field(
+        default=None, description="the host's outbox backlog; null when it never reported one"
+    )
 
     @classmethod
     def of(cls, h: types_pb2.Host) -> HostOut:
@@ -409,6 +493,7 @@ class HostOut(BaseModel):
             ),
             agent_version=h.agent_version,
             last_seen_at=_time(h.last_seen_at, h.HasField("last_seen_at")),
+            outbox=OutboxOut.of(h.outbox) if h.HasField("outbox") else None,
         )
 
 

@@ -12,6 +12,7 @@ from typing import Any
 from jinja2 import Environment
 
 from console.gateway.models import HostOut, ProgressOut, TaskOut, UsageOut
+from console.gateway.overlay import overlay
 from planner.decision import OMITTED_BLOCK
 
 
@@ -54,7 +55,8 @@ def host_signature(host: HostOut) -> str:
     the same from a `host` event and re-renders the fleet when the two differ."""
     phones = ";".join(f"{d.serial}={d.state}={d.model}" for d in host.devices)
     state = "on" if host.connected else "off"
-    return f"{state}|{host.planner_transport}|{host.agent_version}|{phones}"
+    waiting = host.outbox.items if host.outbox else ""
+    return f"{state}|{host.planner_transport}|{host.agent_version}|{phones}|{waiting}"
 
 
 def iso(moment: datetime | None) -> str:
@@ -84,3 +86,4 @@ def install(env: Environment) -> None:
     env.filters["tokens"] = total_tokens
     env.filters["pretty_json"] = pretty_json
     env.globals["omitted_block"] = OMITTED_BLOCK
+    env.globals["overlay"] = overlay

@@ -19,7 +19,7 @@ import functools
 import json
 import logging
 import time
-from collections.abc import Awaitable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Literal, TypeVar
@@ -30,6 +30,7 @@ from host.agent.planning_wait import Impossible, PlanningPostponed, WaitPolicy, 
 from host.agent.progress import ProgressHolder, status_name, truncate
 from host.agent.redact import SecretRedactor
 from host.devices.base import DeviceError, DeviceGone, Driver
+from host.outbox import Shipments, StepRef
 from host.perception.perceive import Observation, Perceiver
 from host.planner_client import CloudPlanError, StepPlanner
 from host.timeline.record import TimelineRecord, screen_record
@@ -38,8 +39,9 @@ from planner import secret_refs
 from planner.decision import Decision
 from planner.errors import PlannerError
 from planner.history import WorldEvent
-from planner.scene import Scene
-from planner.steps import target_label
+from planner.observation import clip
+from planner.scene import Bounds, Scene
+from planner.steps import MAX_DRIVER_OUTPUT_BYTES, MAX_OUTCOME_ERROR_BYTES, target_label
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -117,12 +119,15 @@ class AgentLoop:
         perceiver: Perceiver,
         store: TimelineStore | None = None,
         settings: LoopSettings | None = None,
+        shipments: Shipments | None = None,
     ) -> None:
         self.driver = driver
         self.planner = planner
         self.perceiver = perceiver
         self.store = store
         self.settings = settings or LoopSettings()
+        #: The host's outbox: each step's decision (direct transport) and screenshots go there.
+        self.shipments = shipments
 
     async def _guard(self, cancel: asyncio.Event, work: Awaitable[T]) -> T:
         """Await `work` unless `cancel` fires first (then the work is abandoned)."""
@@ -294,6 +299,13 @@ class AgentLoop:
             )
             timings["plan_s"] = time.perf_counter() - t
             self._fill_decision(record, decision)
+            act = decision.action
+            if act.WhichOneof("kind") == "input_text" and act.input_text.sensitive:
+                # From now on the secret is scrubbed everywhere, the shipped decision included.
+                secrets.add(act.input_text.text)
+            ref = await self._ship(
+                self._ship_decision, spec, decision, secrets, before.screenshot_png, before.scene
+            )
 
             what = describe(decision.action, before.scene)
             line = f"step {step}: {what}" + (f" — {decision.purpose}" if decision.purpose else "")
@@ -312,10 +324,10 @@ class AgentLoop:
             if changes_screen(decision.action):
                 if self.settings.settle_delay_s:
                     await asyncio.sleep(self.settings.settle_delay_s)
-                after_page = await self._capture_after(spec, step, record, secrets)
+                after_page, after_png = await self._capture_after(spec, step, record, secrets)
             else:
                 record.after_screenshot_path = record.before_screenshot_path
-                after_page = before.scene.page
+                after_page, after_png = before.scene.page, before.screenshot_png
             timings["perceive_after_s"] = time.perf_counter() - t
 
             event = WorldEvent.from_decision(
@@ -329,6 +341,8 @@ class AgentLoop:
             event.error = secrets.text(result.error) if result.error else None
             event.driver_output = secrets.text(result.report())
             history.append(event)
+            if ref is not None:
+                await self._ship(self._ship_after, ref, decision, secrets, event, after_png)
             record.world_event = event.to_dict()
             if secrets:  # belt and braces: nothing typed as sensitive is ever stored
                 record.user_prompt = secrets.text(record.user_prompt or "")
@@ -388,8 +402,8 @@ class AgentLoop:
 
     async def _capture_after(
         self, spec: TaskSpec, step: int, record: TimelineRecord, secrets: SecretRedactor
-    ) -> str | None:
-        """The after screenshot and scene. A bad dump here does not end the task (the next
+    ) -> tuple[str | None, bytes | None]:
+        """The after page and screenshot. A bad dump here does not end the task (the next
         step's perception retries and decides); a vanished phone does."""
         try:
             after = await asyncio.to_thread(self._observe, secrets)
@@ -398,22 +412,67 @@ class AgentLoop:
         except DeviceError as exc:
             record.result["after_error"] = str(exc)
             if secrets:
-                return None  # without a scene the secret cannot be painted over: no image
+                return None, None  # without a scene the secret cannot be painted over: no image
             try:
                 png = await asyncio.to_thread(self.driver.screenshot_png)
             except DeviceGone:
                 raise
             except DeviceError:
-                return None
+                return None, None
             record.after_screenshot_path = await self._save_png(
                 spec, f"step{step:03d}-after.png", png
             )
-            return None
+            return None, png
         record.after_screenshot_path = await self._save_png(
             spec, f"step{step:03d}-after.png", after.screenshot_png
         )
         record.ocr_after = [o.to_dict() for o in after.scene.ocr]
-        return after.scene.page
+        return after.scene.page, after.screenshot_png
+
+    async def _ship(self, write: Callable[..., T], *args: object) -> T | None:
+        """An outbox write in a worker thread: one local row, no network. Shipping never fails
+        a step: a write that fails is logged (the timeline still has the step)."""
+        if self.shipments is None:
+            return None
+        try:
+            return await asyncio.to_thread(write, *args)
+        except Exception:
+            log.exception("could not write to the outbox")
+            return None
+
+    def _ship_decision(
+        self,
+        spec: TaskSpec,
+        decision: Decision,
+        secrets: SecretRedactor,
+        png: bytes,
+        scene: Scene,
+    ) -> StepRef | None:
+        assert self.shipments is not None
+        ref = self.shipments.decision(
+            spec.task_id, spec.attempt, spec.lease_id, decision, secrets.text
+        )
+        if ref is not None:
+            self.shipments.screenshot(ref, "before", png, action_target(decision.action, scene))
+        return ref
+
+    def _ship_after(
+        self,
+        ref: StepRef,
+        decision: Decision,
+        secrets: SecretRedactor,
+        event: WorldEvent,
+        png: bytes | None,
+    ) -> None:
+        assert self.shipments is not None
+        outcome = types_pb2.ActionOutcome(
+            executed=bool(event.success),
+            error=clip(event.error or "", MAX_OUTCOME_ERROR_BYTES),
+            driver_output=clip(event.driver_output or "", MAX_DRIVER_OUTPUT_BYTES),
+        )
+        self.shipments.outcome(ref, decision, secrets.text, outcome)
+        if png is not None:
+            self.shipments.screenshot(ref, "after", png)
 
     @staticmethod
     def _completion(result: ActionResult, step: int) -> TaskOutcome:
@@ -450,6 +509,19 @@ class AgentLoop:
             "thinking_tokens": u.thinking_tokens,
         }
         record.timings["planner_latency_s"] = decision.latency_s
+
+
+def action_target(action: types_pb2.Action, scene: Scene) -> Bounds | None:
+    """Bounds of the element an action names on this screen (where a tap lands, the field
+    text goes into), for drawing the action on the screenshot; None when it names none."""
+    kind = action.WhichOneof("kind")
+    element_id = ""
+    if kind == "tap" and action.tap.WhichOneof("target") == "element_id":
+        element_id = action.tap.element_id
+    elif kind == "input_text":
+        element_id = action.input_text.element_id
+    element = scene.element(element_id) if element_id else None
+    return element.bounds if element is not None else None
 
 
 __all__ = [

@@ -12,14 +12,15 @@ carries a secret parameter (`SubmitTaskRequest.secrets`, encrypted with the embe
 key) that the goal names as `{{secret:contact_phone}}`; the model writes that reference into
 the Phone field and the host types the value.
 
-Proves: neither the key, the secret nor the secret parameter's value is found in any file the
-run produced (cloud SQLite with its WAL, host timeline SQLite and screenshot artifacts, the
-captured logs of every logger at DEBUG, and every file of the run's exports — the host's, the
-cloud's and the merged one: report, video, dataset, screenshots), as raw UTF-8, UTF-16 (both
-byte orders), base64 (every alignment) or percent-encoding, nor in the text OCR reads back from
-any stored or exported screenshot; the model's requests carry the parameter's name, never its
-value; the parameter is gone from the cloud once the task ended; and the cloud database holds no
-PNG/JPEG bytes (raw or base64).
+Proves, on both planner transports: neither the key, the secret nor the secret parameter's value
+is found in any file the run produced (cloud SQLite with its WAL and its artifact store of step
+screenshots, host timeline SQLite, outbox and screenshot artifacts, the captured logs of every
+logger at DEBUG, and every file of the run's exports — the host's, the cloud's and the merged one:
+report, video, dataset, screenshots), as raw UTF-8, UTF-16 (both byte orders), base64 (every
+alignment) or percent-encoding, nor in the text OCR reads back from any stored or exported
+screenshot; the model's requests carry the parameter's name, never its value; the parameter is
+gone from the cloud once the task ended; and the cloud database holds no PNG/JPEG bytes (raw or
+base64).
 """
 
 from __future__ import annotations
@@ -35,14 +36,21 @@ import urllib.parse
 import zipfile
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import pytest
 import tesserocr
 from PIL import Image
 from rich.console import Console
 
-from amc.v1 import decision_log_service_pb2, task_service_pb2, types_pb2
+from amc.v1 import (
+    artifact_service_pb2,
+    artifact_service_pb2_grpc,
+    decision_log_service_pb2,
+    fleet_service_pb2,
+    task_service_pb2,
+    types_pb2,
+)
 from console.embedded import HOST_ID, embedded_stack, follow_tasks
 from console.exporting import cloud_run
 from console.gateway.cloud import CloudClient
@@ -186,13 +194,41 @@ def _read_line(api: Any, png: bytes, box: tuple[int, int, int, int]) -> str:
     return str(api.GetUTF8Text()).replace(" ", "").strip()
 
 
+async def _shipped(stack: Any, task_id: str, count: int) -> Any:
+    """The direct transport's decisions arrive from the host's outbox in the background: wait
+    until `count` are logged and the host reports its outbox empty."""
+    artifacts = artifact_service_pb2_grpc.ArtifactServiceStub(stack.operator.channel)
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 30
+    while True:
+        decisions = await stack.operator.decisions.ListDecisions(
+            decision_log_service_pb2.ListDecisionsRequest(task_id=task_id)
+        )
+        shots = await artifacts.ListStepScreenshots(
+            artifact_service_pb2.ListStepScreenshotsRequest(task_id=task_id)
+        )
+        hosts = await stack.operator.fleet.ListHosts(fleet_service_pb2.ListHostsRequest())
+        empty = all(h.HasField("outbox") and not h.outbox.items for h in hosts.hosts)
+        if len(decisions.decisions) == count and len(shots.screenshots) == 2 * count and empty:
+            return decisions
+        assert loop.time() < deadline, f"not shipped: {decisions} {hosts}"
+        await asyncio.sleep(0.1)
+
+
+@pytest.mark.parametrize("transport", ["cloud", "direct"])
 @pytest.mark.parametrize("mode", ["compact", "session"])
 async def test_canary_key_and_secret_leave_no_trace(
-    canary_env: FakeModelServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mode: str
+    canary_env: FakeModelServer,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    mode: str,
+    transport: Literal["cloud", "direct"],
 ) -> None:
     """In session mode the cloud also stores the whole conversation (planner_session_items):
     the scan covers it, since the model's input_text call and every later observation are in
-    there."""
+    there. On the direct transport the host calls the model and keeps the conversation itself,
+    and ships its decisions and screenshots to the cloud from its outbox: the scan covers the
+    outbox, the shipped decisions and the cloud's artifact store too."""
     monkeypatch.setenv("AMC_PLANNER_MODE", mode)
     monkeypatch.setenv("AMC_PLANNER_SESSION_STREAM", "false")  # this fake answers whole messages
     fake = canary_env
@@ -206,7 +242,7 @@ async def test_canary_key_and_secret_leave_no_trace(
     root.addHandler(handler)
     root.setLevel(logging.DEBUG)
     try:
-        async with embedded_stack(data_dir, transport="cloud") as stack:
+        async with embedded_stack(data_dir, transport=transport) as stack:
             submitted = await stack.operator.tasks.SubmitTask(
                 task_service_pb2.SubmitTaskRequest(
                     goal=f"Create a contact with the secret name and the phone {REFERENCE}",
@@ -216,9 +252,7 @@ async def test_canary_key_and_secret_leave_no_trace(
             task_id = submitted.task.task_id
             final = await follow_tasks(stack.operator, [task_id], Console(file=None), 30)
             task = final[task_id]
-            decisions = await stack.operator.decisions.ListDecisions(
-                decision_log_service_pb2.ListDecisionsRequest(task_id=task_id)
-            )
+            decisions = await _shipped(stack, task_id, 4)
             phone = next(iter(stack.adb.phones.values()))
             live_screen = phone.screenshot_png()
             exports = await _export_everything(
@@ -274,7 +308,17 @@ async def test_canary_key_and_secret_leave_no_trace(
     cloud_db = next(p for p in produced if p.name == "cloud.sqlite3")
     with sqlite3.connect(cloud_db) as db:
         (items,) = db.execute("SELECT COUNT(*) FROM planner_session_items").fetchone()
-    assert (items > 0) == (mode == "session"), "the conversation is (only) kept in session mode"
+    kept_by_cloud = mode == "session" and transport == "cloud"
+    assert (items > 0) == kept_by_cloud, "the cloud keeps the conversation (only) then"
+    expected = (
+        types_pb2.PLANNER_TRANSPORT_CLOUD
+        if transport == "cloud"
+        else (types_pb2.PLANNER_TRANSPORT_DIRECT)
+    )
+    assert {d.planner_transport for d in decisions.decisions} == {expected}
+    assert any(p.parent.parent.parent.name == "cloud-artifacts" for p in produced), (
+        "no screenshot reached the cloud's artifact store"
+    )
     assert any(p.suffix == ".png" for p in produced), "no screenshots were stored"
     leaks = []
     for path in produced:
@@ -348,7 +392,7 @@ async def _export_everything(
         key=pki_dir / "operator-admin.key",
     )
     try:
-        cloud = await cloud_run(cloud_client, task_id)
+        cloud = await cloud_run(cloud_client, task_id, cloud_client)
     finally:
         await cloud_client.close()
     host_zip = await asyncio.to_thread(bundle_bytes, host)

@@ -169,7 +169,7 @@ def test_every_part_dials_the_address_the_cloud_listens_on() -> None:
 def _documented() -> dict[str, str]:
     """The settings table of docs/deployment.md: name -> default cell."""
     section = DOCS.read_text().split("## Settings (`AMC_CLOUD_…`)", 1)[1].split("\n## ", 1)[0]
-    rows = re.findall(r"^\| `(AMC_CLOUD_[A-Z_]+)` \| ([^|]+) \|", section, re.M)
+    rows = re.findall(r"^\| `(AMC_CLOUD_[A-Z0-9_]+)` \| ([^|]+) \|", section, re.M)
     return {name: default.strip().strip("`") for name, default in rows}
 
 

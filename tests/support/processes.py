@@ -136,6 +136,7 @@ def cloud_process(
     env.update(
         {
             "AMC_CLOUD_DATABASE_URL": database_url,
+            "AMC_CLOUD_ARTIFACT_DIR": str(workdir / "cloud-artifacts"),
             "AMC_CLOUD_LISTEN_ADDRESS": f"127.0.0.1:{port}",
             "AMC_CLOUD_PKI_DIR": str(pki_dir),
             "AMC_CLOUD_DEFAULT_LEASE_SECONDS": "2.5",

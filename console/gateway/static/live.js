@@ -146,7 +146,7 @@
   function hostSignature(h) {
     var phones = h.devices.map(function (d) { return d.serial + "=" + d.state + "=" + d.model; });
     return (h.connected ? "on" : "off") + "|" + h.planner_transport + "|" + h.agent_version +
-      "|" + phones.join(";");
+      "|" + phones.join(";") + "|" + (h.outbox ? h.outbox.items : "");
   }
 
   // `on` maps event names ("task", "host", "thinking", "end") to handlers of their JSON data.

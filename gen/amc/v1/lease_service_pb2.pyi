@@ -85,6 +85,7 @@ class LeaseRequest(_message.Message):
     RENEWAL_FIELD_NUMBER: _builtins.int
     RESULT_FIELD_NUMBER: _builtins.int
     DEVICE_UPDATE_FIELD_NUMBER: _builtins.int
+    OUTBOX_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def hello(self) -> Global___HostHello:
         """First message on every stream."""
@@ -101,6 +102,12 @@ class LeaseRequest(_message.Message):
     def device_update(self) -> Global___DeviceUpdate:
         """The host's phones changed (one went offline, one came back)."""
 
+    @_builtins.property
+    def outbox(self) -> _types_pb2.OutboxBacklog:
+        """The host's outbox backlog changed (sent when it changes, at most about once a second,
+        and when it empties). Shown to operators as Host.outbox; never answered.
+        """
+
     def __init__(
         self,
         *,
@@ -108,12 +115,13 @@ class LeaseRequest(_message.Message):
         renewal: Global___LeaseRenewal | None = ...,
         result: Global___TaskResult | None = ...,
         device_update: Global___DeviceUpdate | None = ...,
+        outbox: _types_pb2.OutboxBacklog | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["device_update", b"device_update", "hello", b"hello", "kind", b"kind", "renewal", b"renewal", "result", b"result"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["device_update", b"device_update", "hello", b"hello", "kind", b"kind", "outbox", b"outbox", "renewal", b"renewal", "result", b"result"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["device_update", b"device_update", "hello", b"hello", "kind", b"kind", "renewal", b"renewal", "result", b"result"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["device_update", b"device_update", "hello", b"hello", "kind", b"kind", "outbox", b"outbox", "renewal", b"renewal", "result", b"result"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_kind: _TypeAlias = _typing.Literal["hello", "renewal", "result", "device_update"]  # noqa: Y015
+    _WhichOneofReturnType_kind: _TypeAlias = _typing.Literal["hello", "renewal", "result", "device_update", "outbox"]  # noqa: Y015
     _WhichOneofArgType_kind: _TypeAlias = _typing.Literal["kind", b"kind"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_kind) -> _WhichOneofReturnType_kind | None: ...
 
@@ -226,6 +234,7 @@ class HostHello(_message.Message):
     PLANNER_TRANSPORT_FIELD_NUMBER: _builtins.int
     HELD_ASSIGNMENTS_FIELD_NUMBER: _builtins.int
     PROCESS_ID_FIELD_NUMBER: _builtins.int
+    OUTBOX_FIELD_NUMBER: _builtins.int
     agent_version: _builtins.str
     """Version of the host agent."""
     planner_transport: _types_pb2.PlannerTransport.ValueType
@@ -248,6 +257,10 @@ class HostHello(_message.Message):
         resumed=true), others are revoked.
         """
 
+    @_builtins.property
+    def outbox(self) -> _types_pb2.OutboxBacklog:
+        """The host's outbox backlog at connect time (unset: the host keeps no outbox)."""
+
     def __init__(
         self,
         *,
@@ -256,10 +269,11 @@ class HostHello(_message.Message):
         planner_transport: _types_pb2.PlannerTransport.ValueType = ...,
         held_assignments: _abc.Iterable[Global___HeldAssignment] | None = ...,
         process_id: _builtins.str = ...,
+        outbox: _types_pb2.OutboxBacklog | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["outbox", b"outbox"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_version", b"agent_version", "devices", b"devices", "held_assignments", b"held_assignments", "planner_transport", b"planner_transport", "process_id", b"process_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_version", b"agent_version", "devices", b"devices", "held_assignments", b"held_assignments", "outbox", b"outbox", "planner_transport", b"planner_transport", "process_id", b"process_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

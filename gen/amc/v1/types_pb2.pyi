@@ -878,6 +878,7 @@ class Host(_message.Message):
     PLANNER_TRANSPORT_FIELD_NUMBER: _builtins.int
     AGENT_VERSION_FIELD_NUMBER: _builtins.int
     LAST_SEEN_AT_FIELD_NUMBER: _builtins.int
+    OUTBOX_FIELD_NUMBER: _builtins.int
     host_id: _builtins.str
     """Identity from the host's client certificate."""
     connected: _builtins.bool
@@ -894,6 +895,12 @@ class Host(_message.Message):
     def last_seen_at(self) -> _timestamp_pb2.Timestamp:
         """When the host last sent anything on its stream."""
 
+    @_builtins.property
+    def outbox(self) -> Global___OutboxBacklog:
+        """What the host still has to send the cloud from its durable outbox, as it last reported it
+        (unset when it never reported: an older host).
+        """
+
     def __init__(
         self,
         *,
@@ -903,14 +910,62 @@ class Host(_message.Message):
         planner_transport: Global___PlannerTransport.ValueType = ...,
         agent_version: _builtins.str = ...,
         last_seen_at: _timestamp_pb2.Timestamp | None = ...,
+        outbox: Global___OutboxBacklog | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["last_seen_at", b"last_seen_at"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["last_seen_at", b"last_seen_at", "outbox", b"outbox"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_version", b"agent_version", "connected", b"connected", "devices", b"devices", "host_id", b"host_id", "last_seen_at", b"last_seen_at", "planner_transport", b"planner_transport"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_version", b"agent_version", "connected", b"connected", "devices", b"devices", "host_id", b"host_id", "last_seen_at", b"last_seen_at", "outbox", b"outbox", "planner_transport", b"planner_transport"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___Host: _TypeAlias = Host  # noqa: Y015
+
+@_typing.final
+class OutboxBacklog(_message.Message):
+    """What a host still has to send the cloud from its durable outbox: decisions made on the
+    direct transport and step screenshots, written locally when made and sent in the background.
+    A backlog that does not shrink means the cloud's record of that host's tasks is incomplete.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ITEMS_FIELD_NUMBER: _builtins.int
+    DECISIONS_FIELD_NUMBER: _builtins.int
+    OLDEST_AT_FIELD_NUMBER: _builtins.int
+    REPORTED_AT_FIELD_NUMBER: _builtins.int
+    REFUSED_FIELD_NUMBER: _builtins.int
+    items: _builtins.int
+    """Items waiting to be sent (decisions and screenshots); 0 when everything was sent."""
+    decisions: _builtins.int
+    """Of `items`, decisions."""
+    refused: _builtins.int
+    """Items the cloud refused for good (their lease was too old, or the host's data was
+    malformed) that the host keeps for inspection (at most its latest 1,000); never sent again.
+    """
+    @_builtins.property
+    def oldest_at(self) -> _timestamp_pb2.Timestamp:
+        """When the oldest waiting item was written on the host; unset when nothing waits."""
+
+    @_builtins.property
+    def reported_at(self) -> _timestamp_pb2.Timestamp:
+        """When the cloud received this report. Set by the cloud; a value a host sends is ignored."""
+
+    def __init__(
+        self,
+        *,
+        items: _builtins.int = ...,
+        decisions: _builtins.int = ...,
+        oldest_at: _timestamp_pb2.Timestamp | None = ...,
+        reported_at: _timestamp_pb2.Timestamp | None = ...,
+        refused: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["oldest_at", b"oldest_at", "reported_at", b"reported_at"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["decisions", b"decisions", "items", b"items", "oldest_at", b"oldest_at", "refused", b"refused", "reported_at", b"reported_at"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___OutboxBacklog: _TypeAlias = OutboxBacklog  # noqa: Y015
 
 @_typing.final
 class TaskTarget(_message.Message):
@@ -1180,6 +1235,7 @@ class Decision(_message.Message):
     RETRY_KIND_FIELD_NUMBER: _builtins.int
     OUTPUT_TRUNCATED_FIELD_NUMBER: _builtins.int
     OBSERVATION_FIELD_NUMBER: _builtins.int
+    PLANNER_TRANSPORT_FIELD_NUMBER: _builtins.int
     decision_id: _builtins.str
     """Server-assigned id."""
     host_id: _builtins.str
@@ -1232,6 +1288,12 @@ class Decision(_message.Message):
     """The model's answer was cut off by its output token limit (Anthropic stop_reason
     max_tokens, OpenAI finish_reason length or an incomplete response); the rationale then
     ends with a note saying so.
+    """
+    planner_transport: Global___PlannerTransport.ValueType
+    """Which transport made the decision: CLOUD (the cloud called the model in Decide) or DIRECT
+    (the host called the model itself and shipped the decision with
+    DecisionLogService.ShipDecisions). Decisions logged before this field existed were all
+    made by the cloud and read CLOUD.
     """
     @_builtins.property
     def action(self) -> Global___Action:
@@ -1300,10 +1362,11 @@ class Decision(_message.Message):
         retry_kind: Global___RetryKind.ValueType = ...,
         output_truncated: _builtins.bool = ...,
         observation: Global___ScreenObservation | None = ...,
+        planner_transport: Global___PlannerTransport.ValueType = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["action", b"action", "created_at", b"created_at", "latency", b"latency", "observation", b"observation", "outcome", b"outcome", "usage", b"usage"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["action", b"action", "arguments_json", b"arguments_json", "attempt", b"attempt", "corrective_retries", b"corrective_retries", "created_at", b"created_at", "decision_id", b"decision_id", "expected_outcome", b"expected_outcome", "forced_retry", b"forced_retry", "host_id", b"host_id", "latency", b"latency", "mode", b"mode", "model", b"model", "model_provider", b"model_provider", "observation", b"observation", "outcome", b"outcome", "output_truncated", b"output_truncated", "planner_mode", b"planner_mode", "provider", b"provider", "purpose", b"purpose", "rationale", b"rationale", "retry_kind", b"retry_kind", "step_index", b"step_index", "system_prompt", b"system_prompt", "task_id", b"task_id", "thinking", b"thinking", "thinking_kind", b"thinking_kind", "tool_name", b"tool_name", "usage", b"usage", "user_prompt", b"user_prompt"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["action", b"action", "arguments_json", b"arguments_json", "attempt", b"attempt", "corrective_retries", b"corrective_retries", "created_at", b"created_at", "decision_id", b"decision_id", "expected_outcome", b"expected_outcome", "forced_retry", b"forced_retry", "host_id", b"host_id", "latency", b"latency", "mode", b"mode", "model", b"model", "model_provider", b"model_provider", "observation", b"observation", "outcome", b"outcome", "output_truncated", b"output_truncated", "planner_mode", b"planner_mode", "planner_transport", b"planner_transport", "provider", b"provider", "purpose", b"purpose", "rationale", b"rationale", "retry_kind", b"retry_kind", "step_index", b"step_index", "system_prompt", b"system_prompt", "task_id", b"task_id", "thinking", b"thinking", "thinking_kind", b"thinking_kind", "tool_name", b"tool_name", "usage", b"usage", "user_prompt", b"user_prompt"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
