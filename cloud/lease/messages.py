@@ -7,8 +7,8 @@ store's `ProgressIn`.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 import datetime as dt
+from collections.abc import Mapping
 from typing import TypeAlias
 
 from amc.v1 import lease_service_pb2 as lease_pb
