@@ -31,10 +31,16 @@ class WorldEvent:
     error: str | None = None
     #: What the driver reported (kept for the timeline; never sent to the model).
     driver_output: str | None = None
+    #: The checker's verdict on the expected outcome, as one line ("expected 'X' — not met:
+    #: the screen shows 'Y'"); None until checked.
+    verdict: str | None = None
+    #: A step of a learned flow, replayed without the model ("flow <id> step <n>").
+    replayed: str | None = None
 
     def compact(self) -> dict[str, Any]:
         """The prompt form: `{page, action (+ purpose, expected outcome), rationale, success}`,
-        plus `error` when the action failed with one."""
+        plus `error` when the action failed with one, `verdict` once the expected outcome was
+        checked, and `replayed` for a step of a learned flow."""
         action = dict(self.action)
         if action.get("sensitive") and "text" in action:
             action["text"] = MASK
@@ -50,6 +56,10 @@ class WorldEvent:
         }
         if self.error:
             record["error"] = self.error
+        if self.verdict:
+            record["verdict"] = self.verdict
+        if self.replayed:
+            record["replayed"] = self.replayed
         return record
 
     def to_dict(self) -> dict[str, Any]:

@@ -1943,8 +1943,6 @@ class FlowStep(_message.Message):
     VERDICT_FIELD_NUMBER: _builtins.int
     PAGE_BEFORE_FIELD_NUMBER: _builtins.int
     PAGE_AFTER_FIELD_NUMBER: _builtins.int
-    SCREEN_WIDTH_FIELD_NUMBER: _builtins.int
-    SCREEN_HEIGHT_FIELD_NUMBER: _builtins.int
     index: _builtins.int
     """1-based position in the flow."""
     tool_name: _builtins.str
@@ -1966,11 +1964,10 @@ class FlowStep(_message.Message):
     current screen to be this page.
     """
     page_after: _builtins.str
-    """Page the next step was decided on; empty for the last step."""
-    screen_width: _builtins.int
-    """Screen size of the original run, so a swipe is scaled to the current screen."""
-    screen_height: _builtins.int
-    """Screen height of the original run."""
+    """Page the next step was decided on (the page the flow's `complete` was decided on, for
+    the last step). Page names, expected outcomes and target texts may hold goal parameters
+    as {p1}, {p2}, ...: a replay fills them in from `Flow.parameters`.
+    """
     @_builtins.property
     def action(self) -> Global___Action:
         """The action as the original run executed it, with its element ids cleared (they mean
@@ -1981,7 +1978,8 @@ class FlowStep(_message.Message):
     @_builtins.property
     def target(self) -> Global___ElementTarget:
         """What the action names (tap, input_text into a field); unset for actions that name no
-        element. For a swipe: the scrollable element it swiped on, when there was one.
+        element. For a swipe: the scrollable element it swiped on (a replay moves the finger the
+        same way relative to that element's bounds on the current screen).
         """
 
     def __init__(
@@ -1997,12 +1995,10 @@ class FlowStep(_message.Message):
         verdict: Global___Verdict.ValueType = ...,
         page_before: _builtins.str = ...,
         page_after: _builtins.str = ...,
-        screen_width: _builtins.int = ...,
-        screen_height: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["action", b"action", "target", b"target"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["action", b"action", "expected_outcome", b"expected_outcome", "index", b"index", "page_after", b"page_after", "page_before", b"page_before", "purpose", b"purpose", "screen_height", b"screen_height", "screen_width", b"screen_width", "target", b"target", "text_parameter", b"text_parameter", "tool_name", b"tool_name", "verdict", b"verdict"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["action", b"action", "expected_outcome", b"expected_outcome", "index", b"index", "page_after", b"page_after", "page_before", b"page_before", "purpose", b"purpose", "target", b"target", "text_parameter", b"text_parameter", "tool_name", b"tool_name", "verdict", b"verdict"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
