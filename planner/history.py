@@ -13,6 +13,13 @@ if TYPE_CHECKING:
     from planner.decision import Decision
 
 MASK = "•••"
+_VERDICT_WORDS = {"met": "met", "not_met": "not met", "unknown": "unknown"}
+
+
+def verdict_line(expected: str, verdict: str, evidence: str | None) -> str:
+    """How a prompt says a checked step: "expected 'X' — not met: <evidence>"."""
+    word = _VERDICT_WORDS.get(verdict, verdict)
+    return f"expected {expected!r} — {word}: {evidence or 'no evidence recorded'}"
 
 
 @dataclass(slots=True)
@@ -31,9 +38,10 @@ class WorldEvent:
     error: str | None = None
     #: What the driver reported (kept for the timeline; never sent to the model).
     driver_output: str | None = None
-    #: The checker's verdict on the expected outcome, as one line ("expected 'X' — not met:
-    #: the screen shows 'Y'"); None until checked.
+    #: The checker's verdict on the expected outcome ("met", "not_met", "unknown"; None until
+    #: checked) and its evidence (what was looked for, what was found).
     verdict: str | None = None
+    evidence: str | None = None
     #: A step of a learned flow, replayed without the model ("flow <id> step <n>").
     replayed: str | None = None
 
@@ -57,7 +65,9 @@ class WorldEvent:
         if self.error:
             record["error"] = self.error
         if self.verdict:
-            record["verdict"] = self.verdict
+            record["verdict"] = verdict_line(
+                self.expected_outcome or "", self.verdict, self.evidence
+            )
         if self.replayed:
             record["replayed"] = self.replayed
         return record

@@ -74,7 +74,8 @@ async def plan_step(
     decision.target = target_label(decision.action, scene)
     decision.target_descriptor = describe(scene, decision.action)
     if handover is not None:
-        decision.replay_divergence = handover.line
+        decision.flow_id, decision.flow_step = handover.flow_id, handover.step
+        decision.replay_divergence = handover.reason
     return decision
 
 

@@ -157,7 +157,8 @@ class PastStep:
             success=outcome.executed if outcome is not None else None,
             error=(outcome.error or None) if outcome is not None else None,
             scene_summary={"page_after": page_after} if page_after else None,
-            verdict=self.verdict_line(),
+            verdict=outcome.verdict if outcome is not None else None,
+            evidence=(outcome.evidence or None) if outcome is not None else None,
             replayed=replayed,
         )
 

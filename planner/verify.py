@@ -23,6 +23,7 @@ from typing import Any, Literal
 
 from amc.v1 import types_pb2
 from planner import labels
+from planner.history import verdict_line
 from planner.scene import Scene
 
 VerdictName = Literal["met", "not_met", "unknown"]
@@ -98,7 +99,7 @@ class Check:
 
     def line(self, expected: str) -> str:
         """How history and tool results say it: "expected 'X' — not met: <evidence>"."""
-        return f"expected {expected!r} — {WORDS[self.verdict]}: {self.evidence}"
+        return verdict_line(expected, self.verdict, self.evidence)
 
 
 def verdict_to_proto(verdict: str | None) -> types_pb2.Verdict.ValueType:

@@ -322,6 +322,7 @@ class Assignment(_message.Message):
     LAST_PROGRESS_FIELD_NUMBER: _builtins.int
     RENEW_INTERVAL_FIELD_NUMBER: _builtins.int
     FLOW_FIELD_NUMBER: _builtins.int
+    ALTERNATIVES_FIELD_NUMBER: _builtins.int
     task_id: _builtins.str
     """Task id."""
     attempt: _builtins.int
@@ -364,6 +365,13 @@ class Assignment(_message.Message):
         enough, the task asked for no replay, or an earlier attempt of the task diverged from it.
         """
 
+    @_builtins.property
+    def alternatives(self) -> _containers.RepeatedCompositeFieldContainer[_types_pb2.Flow]:
+        """Other flows learned for the same goal that also scored above the threshold, best first
+        (at most 2): the replay starts with the first flow, of `flow` and these, whose first step
+        fits the screen (the same goal may have been learned from different starting screens).
+        """
+
     def __init__(
         self,
         *,
@@ -379,10 +387,11 @@ class Assignment(_message.Message):
         last_progress: _types_pb2.Progress | None = ...,
         renew_interval: _duration_pb2.Duration | None = ...,
         flow: _types_pb2.Flow | None = ...,
+        alternatives: _abc.Iterable[_types_pb2.Flow] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["deadline", b"deadline", "flow", b"flow", "last_progress", b"last_progress", "lease_duration", b"lease_duration", "lease_expires_at", b"lease_expires_at", "renew_interval", b"renew_interval"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "deadline", b"deadline", "device_serial", b"device_serial", "flow", b"flow", "goal", b"goal", "last_progress", b"last_progress", "lease_duration", b"lease_duration", "lease_expires_at", b"lease_expires_at", "lease_id", b"lease_id", "renew_interval", b"renew_interval", "resumed", b"resumed", "task_id", b"task_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["alternatives", b"alternatives", "attempt", b"attempt", "deadline", b"deadline", "device_serial", b"device_serial", "flow", b"flow", "goal", b"goal", "last_progress", b"last_progress", "lease_duration", b"lease_duration", "lease_expires_at", b"lease_expires_at", "lease_id", b"lease_id", "renew_interval", b"renew_interval", "resumed", b"resumed", "task_id", b"task_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

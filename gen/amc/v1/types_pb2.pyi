@@ -1355,12 +1355,17 @@ class Decision(_message.Message):
     ends with a note saying so.
     """
     flow_id: _builtins.str
-    """For a replayed step (mode PLANNER_MODE_REPLAY): the learned flow it comes from."""
+    """For a replayed step (mode PLANNER_MODE_REPLAY): the learned flow it comes from. On the
+    decision that took over from a replay (the model's first, `replay_divergence` set): the
+    flow that diverged.
+    """
     flow_step: _builtins.int
-    """For a replayed step: its 1-based position in that flow."""
+    """For a replayed step: its 1-based position in that flow (one past the last step for the
+    replayed `complete`). On the decision that took over: the flow step that diverged.
+    """
     replay_divergence: _builtins.str
-    """Set on the first decision after a replay handed over to the model: the step of the flow
-    that diverged and why, as the model's prompt said it.
+    """Set on the decision that took over from a replay: why the flow step diverged (what was
+    expected, what the screen showed), as the model's prompt said it.
     """
     @_builtins.property
     def action(self) -> Global___Action:
