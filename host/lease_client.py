@@ -333,7 +333,10 @@ class LeaseClient:
             existing.changed.set()
             return
         deadline = a.deadline.ToDatetime(tzinfo=UTC) if a.HasField("deadline") else None
-        spec = TaskSpec(a.task_id, a.attempt, a.goal, a.device_serial, a.lease_id, deadline)
+        flows = tuple([a.flow] if a.HasField("flow") else []) + tuple(a.alternatives)
+        spec = TaskSpec(
+            a.task_id, a.attempt, a.goal, a.device_serial, a.lease_id, deadline, flows=flows
+        )
         problem = self._cannot_run(a.device_serial)
         if problem:
             log.warning("assignment %s on %s refused: %s", a.task_id, a.device_serial, problem)
@@ -418,6 +421,7 @@ class LeaseClient:
                 outcome.summary,
                 rt.progress.snapshot(),
                 retryable=outcome.retryable,
+                replay=outcome.replay,
             )
         self._forget_if_done(rt.key)
         return outcome
@@ -430,6 +434,7 @@ class LeaseClient:
         progress: ProgressSnapshot,
         *,
         retryable: bool = False,
+        replay: types_pb2.FlowReplayReport | None = None,
     ) -> None:
         result = lease_service_pb2.TaskResult(
             task_id=spec.task_id,
@@ -439,6 +444,7 @@ class LeaseClient:
             summary=truncate(summary, 2000),
             final_progress=progress.to_proto(),
             retryable=retryable,
+            replay=replay,
         )
         request = lease_service_pb2.LeaseRequest(result=result)
         self._outbox[(spec.task_id, spec.attempt)] = request

@@ -22,6 +22,7 @@ from host.agent.actions import ActionResult, action_to_record, changes_screen, d
 from host.agent.planning_wait import PlanningPostponed, WaitPolicy, plan_patiently
 from host.agent.progress import ProgressHolder, status_name, truncate
 from host.agent.redact import SecretRedactor
+from host.agent.verdicts import ReplayTally, check_step
 from host.devices.base import DeviceError, DeviceGone, Driver
 from host.perception.perceive import Observation, Perceiver
 from host.planner_client import CloudPlanError, StepPlanner
@@ -30,6 +31,7 @@ from host.timeline.store import TimelineStore
 from planner.decision import Decision
 from planner.errors import PlannerError
 from planner.history import WorldEvent
+from planner.scene import Scene
 from planner.steps import target_label
 
 log = logging.getLogger(__name__)
@@ -55,6 +57,9 @@ class TaskSpec:
     lease_id: str = ""
     #: The task's absolute deadline (None: none known); a wait for the planner ends before it.
     deadline: datetime | None = None
+    #: Learned flows the cloud retrieved for the goal, best first (the assignment's `flow` and
+    #: `alternatives`): a direct-transport planner replays them (see planner/flows/replay.py).
+    flows: tuple[types_pb2.Flow, ...] = ()
 
 
 @dataclass(slots=True)
@@ -68,6 +73,8 @@ class TaskOutcome:
     #: A failure outside the task (planning stayed impossible until the deadline came near):
     #: the cloud queues the next attempt if the task has any left.
     retryable: bool = False
+    #: How replaying a learned flow went (None: no step was replayed or handed over).
+    replay: types_pb2.FlowReplayReport | None = None
 
     @property
     def proto_status(self) -> types_pb2.TaskStatus.ValueType:
@@ -215,6 +222,7 @@ class AgentLoop:
     ) -> TaskOutcome:
         history: list[WorldEvent] = []
         secrets = SecretRedactor()
+        replay = ReplayTally()
         for step in range(1, self.settings.max_steps + 1):
             record = TimelineRecord(spec.task_id, spec.attempt, step, started_at=_now())
             timings: dict[str, float] = {}
@@ -286,14 +294,22 @@ class AgentLoop:
             record.error = result.error
 
             t = time.perf_counter()
+            after: Scene | None = before.scene
             if changes_screen(decision.action):
                 if self.settings.settle_delay_s:
                     await asyncio.sleep(self.settings.settle_delay_s)
-                after_page = await self._capture_after(spec, step, record, secrets)
+                after = await self._capture_after(spec, step, record, secrets)
             else:
                 record.after_screenshot_path = record.before_screenshot_path
-                after_page = before.scene.page
+            after_page = after.page if after is not None else None
             timings["perceive_after_s"] = time.perf_counter() - t
+            check = check_step(decision, result.ok, before.scene, after)
+            if check is not None:
+                record.verdict = {
+                    "verdict": check.verdict,
+                    "evidence": secrets.text(check.evidence),
+                }
+            replay.saw(decision)
 
             event = WorldEvent.from_decision(
                 decision,
@@ -305,6 +321,8 @@ class AgentLoop:
             # Both reach the cloud with the next Decide call: no secret typed earlier may ride.
             event.error = secrets.text(result.error) if result.error else None
             event.driver_output = secrets.text(result.report())
+            if check is not None:
+                event.verdict, event.evidence = check.verdict, secrets.text(check.evidence)
             history.append(event)
             record.world_event = event.to_dict()
             if secrets:  # belt and braces: nothing typed as sensitive is ever stored
@@ -326,18 +344,21 @@ class AgentLoop:
                 line if result.ok else f"{line} (failed: {result.error})",
             )
             if result.complete:
-                return self._completion(result, step)
+                outcome = self._completion(result, step)
+                outcome.replay = replay.report()
+                return outcome
             if cancel.is_set():
                 raise _Cancelled
         return TaskOutcome(
             "failed",
             f"step limit reached ({self.settings.max_steps} steps)",
             self.settings.max_steps,
+            replay=replay.report(),
         )
 
     async def _capture_after(
         self, spec: TaskSpec, step: int, record: TimelineRecord, secrets: SecretRedactor
-    ) -> str | None:
+    ) -> Scene | None:
         """The after screenshot and scene. A bad dump here does not end the task (the next
         step's perception retries and decides); a vanished phone does."""
         try:
@@ -362,7 +383,7 @@ class AgentLoop:
             spec, f"step{step:03d}-after.png", after.screenshot_png
         )
         record.ocr_after = [o.to_dict() for o in after.scene.ocr]
-        return after.scene.page
+        return after.scene
 
     @staticmethod
     def _completion(result: ActionResult, step: int) -> TaskOutcome:
@@ -390,6 +411,17 @@ class AgentLoop:
         record.retry_kind = decision.retry_kind
         record.output_truncated = decision.output_truncated
         record.decision_step_index = decision.step_index
+        if decision.previous_step is not None:
+            record.previous_step = {
+                "verdict": decision.previous_step.verdict,
+                "note": decision.previous_step.note,
+            }
+        if decision.flow_id:
+            record.flow = {
+                "flow_id": decision.flow_id,
+                "flow_step": decision.flow_step,
+                "divergence": decision.replay_divergence,
+            }
         u = decision.usage
         record.usage = {
             "input_tokens": u.input_tokens,
