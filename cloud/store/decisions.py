@@ -20,6 +20,8 @@ from cloud.store.database import Store
 from cloud.store.models import DecisionRow, TaskRow
 from planner.decision import Decision
 from planner.steps import PastStep, StepOutcome, stored_arguments
+from planner.tools import Judgement
+from planner.verify import VerdictName, verdict_from_proto
 
 _APPEND_RETRIES = 20
 
@@ -34,6 +36,7 @@ async def append(
     """
     arguments = stored_arguments(decision)
     thinking = [{"text": b.text, "redacted": b.redacted} for b in decision.thinking]
+    judged = decision.previous_step
     last_error: Exception | None = None
     for _ in range(_APPEND_RETRIES):
         try:
@@ -75,6 +78,14 @@ async def append(
                     thinking_kind=decision.thinking_kind,
                     retry_kind=decision.retry_kind,
                     output_truncated=decision.output_truncated,
+                    previous_verdict=judged.verdict if judged is not None else None,
+                    previous_note=judged.note if judged is not None else None,
+                    target_pb=decision.target_descriptor.SerializeToString()
+                    if decision.target_descriptor is not None
+                    else None,
+                    flow_id=decision.flow_id or None,
+                    flow_step=decision.flow_step or None,
+                    replay_divergence=decision.replay_divergence or None,
                 )
                 session.add(row)
                 await session.flush()
@@ -130,7 +141,13 @@ async def list_page(
 def past_step(row: DecisionRow) -> PastStep:
     """A logged decision as the planner's history remembers it."""
     outcome = (
-        StepOutcome(row.outcome_executed, row.outcome_error or "", row.outcome_driver_output or "")
+        StepOutcome(
+            row.outcome_executed,
+            row.outcome_error or "",
+            row.outcome_driver_output or "",
+            verdict_name(row.verdict),
+            row.verdict_evidence or "",
+        )
         if row.outcome_executed is not None
         else None
     )
@@ -144,27 +161,51 @@ def past_step(row: DecisionRow) -> PastStep:
         expected_outcome=row.expected_outcome,
         rationale=row.rationale,
         outcome=outcome,
+        mode=row.planner_mode,
+        flow_id=row.flow_id or "",
+        flow_step=row.flow_step or 0,
     )
+
+
+def verdict_name(value: str | None) -> VerdictName | None:
+    """A stored verdict as the planner names it (None: not checked, or an unknown word)."""
+    for name in ("met", "not_met", "unknown"):
+        if value == name:
+            return name
+    return None
+
+
+async def attempt_rows(store: Store, task_id: str, attempt: int) -> list[DecisionRow]:
+    """Every decision row of one attempt, in step order."""
+    async with store.read() as session:
+        return list(
+            (
+                await session.scalars(
+                    select(DecisionRow)
+                    .where(DecisionRow.task_id == task_id, DecisionRow.attempt == attempt)
+                    .order_by(DecisionRow.step_index)
+                )
+            ).all()
+        )
 
 
 async def attempt_steps(store: Store, task_id: str, attempt: int) -> list[PastStep]:
     """Every decision of one attempt, in step order, with the outcomes reported so far."""
-    async with store.read() as session:
-        rows = (
-            await session.scalars(
-                select(DecisionRow)
-                .where(DecisionRow.task_id == task_id, DecisionRow.attempt == attempt)
-                .order_by(DecisionRow.step_index)
-            )
-        ).all()
-    return [past_step(r) for r in rows]
+    return [past_step(r) for r in await attempt_rows(store, task_id, attempt)]
 
 
 async def record_outcome(
-    store: Store, task_id: str, attempt: int, outcome: types_pb2.ActionOutcome
+    store: Store,
+    task_id: str,
+    attempt: int,
+    outcome: types_pb2.ActionOutcome,
+    *,
+    checked_by_cloud: bool = False,
 ) -> bool:
-    """Record a reported outcome on the decision it names; False when that decision already
-    has one (a retried report) or does not exist."""
+    """Record a reported outcome, with its verdict, on the decision it names; False when that
+    decision already has one (a retried report) or does not exist. `checked_by_cloud`: the
+    cloud ran the checker because the host sent no verdict."""
+    verdict = verdict_from_proto(outcome.verdict)
     async with store.write() as session:
         result = await session.execute(
             update(DecisionRow)
@@ -178,7 +219,29 @@ async def record_outcome(
                 outcome_executed=outcome.executed,
                 outcome_error=outcome.error,
                 outcome_driver_output=outcome.driver_output,
+                verdict=verdict,
+                verdict_evidence=outcome.evidence if verdict is not None else None,
+                verdict_by_cloud=checked_by_cloud and verdict is not None,
             )
+        )
+        return bool(result.rowcount)  # type: ignore[attr-defined]
+
+
+async def record_judgement(
+    store: Store, task_id: str, attempt: int, step_index: int, judgement: Judgement
+) -> bool:
+    """Record the model's judgement of decision `step_index` (given with the next decision);
+    the first judgement wins, like the first outcome."""
+    async with store.write() as session:
+        result = await session.execute(
+            update(DecisionRow)
+            .where(
+                DecisionRow.task_id == task_id,
+                DecisionRow.attempt == attempt,
+                DecisionRow.step_index == step_index,
+                DecisionRow.model_verdict.is_(None),
+            )
+            .values(model_verdict=judgement.verdict, model_note=judgement.note)
         )
         return bool(result.rowcount)  # type: ignore[attr-defined]
 

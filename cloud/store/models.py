@@ -14,6 +14,7 @@ from sqlalchemy import (
     ForeignKey,
     Index,
     Integer,
+    LargeBinary,
     MetaData,
     String,
     Text,
@@ -82,6 +83,8 @@ class TaskRow(Base):
     client_request_id: Mapped[str | None] = mapped_column(String(128), unique=True)
     cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
     cancel_reason: Mapped[str | None] = mapped_column(Text)
+    # Submitted with no_replay: every step is planned by the model (migration 0006).
+    no_replay: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
     result_summary: Mapped[str | None] = mapped_column(Text)
     created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime())
     updated_at: Mapped[dt.datetime] = mapped_column(UTCDateTime())
@@ -124,9 +127,23 @@ class AttemptRow(Base):
     progress_updated_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime())
     # The host's step limit for this attempt (Progress.max_steps); NULL when it did not say.
     max_steps: Mapped[int | None] = mapped_column(Integer)
+    # Learned flows (migration 0006): what retrieval decided at assignment (the flow handed
+    # over, its score and scorer, why, and every candidate handed over, best first), how the
+    # replay went, and whether the learning loop has looked at the ended attempt (NULL: not
+    # yet; "done").
+    flow_id: Mapped[str | None] = mapped_column(String(32))
+    flow_score: Mapped[float | None] = mapped_column(Float)
+    flow_scorer: Mapped[str | None] = mapped_column(String(32))
+    flow_reason: Mapped[str | None] = mapped_column(Text)
+    flow_candidates: Mapped[list[str] | None] = mapped_column(JSON)
+    replay_steps: Mapped[int | None] = mapped_column(Integer)
+    replay_diverged_step: Mapped[int | None] = mapped_column(Integer)
+    replay_divergence: Mapped[str | None] = mapped_column(Text)
+    flow_state: Mapped[str | None] = mapped_column(String(16))
 
     __table_args__ = (
         UniqueConstraint("task_id", "attempt"),
+        Index("ix_attempts_flow_state", "flow_state", "ended_at"),
         # One live attempt per phone: the database refuses a second one, whatever replica tries.
         Index(
             "uq_attempts_live_device",
@@ -205,6 +222,24 @@ class DecisionRow(Base):
     # "none" | "forced" | "nudge"; "" for rows from before 0004.
     retry_kind: Mapped[str] = mapped_column(String(16), default="", server_default="")
     output_truncated: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
+    # Verification (migration 0006): the checker's verdict on this decision's expected outcome
+    # ("met" | "not_met" | "unknown"; NULL until reported) with its evidence and whether the
+    # cloud ran it (the host sent none); the model's judgement of it (from the next decision);
+    # this decision's own judgement of the step before it.
+    verdict: Mapped[str | None] = mapped_column(String(16))
+    verdict_evidence: Mapped[str | None] = mapped_column(Text)
+    verdict_by_cloud: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
+    model_verdict: Mapped[str | None] = mapped_column(String(16))
+    model_note: Mapped[str | None] = mapped_column(Text)
+    previous_verdict: Mapped[str | None] = mapped_column(String(16))
+    previous_note: Mapped[str | None] = mapped_column(Text)
+    # The semantic target of the element the action names (amc.v1.ElementTarget, serialized).
+    target_pb: Mapped[bytes | None] = mapped_column(LargeBinary)
+    # A replayed step: its flow and 1-based step; the decision that took over from a replay:
+    # the flow step that diverged and why.
+    flow_id: Mapped[str | None] = mapped_column(String(32))
+    flow_step: Mapped[int | None] = mapped_column(Integer)
+    replay_divergence: Mapped[str | None] = mapped_column(Text)
 
     __table_args__ = (
         UniqueConstraint("task_id", "attempt", "step_index"),
@@ -229,3 +264,38 @@ class SessionItemRow(Base):
     item_type: Mapped[str] = mapped_column(String(32))
     body: Mapped[str] = mapped_column(Text)
     created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime())
+
+
+class FlowRow(Base):
+    """A learned flow (migration 0006): the steps of an attempt that succeeded, replayable
+    without the model. `flow_pb` is the `amc.v1.Flow` with its steps (its counts and status
+    are the columns here, which change); `fingerprint` makes the same path learned twice one
+    flow. `embedding` is the embedding vector of `embedding_text` as a JSON list when an
+    embedding provider made one (PostgreSQL with pgvector ranks it in SQL, see
+    cloud/flows/retrieval.py)."""
+
+    __tablename__ = "flows"
+
+    flow_id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    fingerprint: Mapped[str] = mapped_column(String(64), unique=True)
+    goal_template: Mapped[str] = mapped_column(Text)
+    flow_pb: Mapped[bytes] = mapped_column(LargeBinary)
+    embedding_text: Mapped[str] = mapped_column(Text)
+    embedding: Mapped[list[float] | None] = mapped_column(JSON)
+    embedding_model: Mapped[str | None] = mapped_column(String(128))
+    # "active" | "disabled" (an operator) | "retired" (diverged too often in a row)
+    status: Mapped[str] = mapped_column(String(16))
+    status_reason: Mapped[str] = mapped_column(Text, default="", server_default="")
+    source_task_id: Mapped[str] = mapped_column(String(32))
+    source_attempt: Mapped[int] = mapped_column(Integer)
+    uses: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    replays_completed: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    divergences: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    consecutive_divergences: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    # flow step (as a string key) -> divergences there
+    divergences_by_step: Mapped[dict[str, int]] = mapped_column(JSON, default=dict)
+    last_divergence: Mapped[str] = mapped_column(Text, default="", server_default="")
+    created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime())
+    updated_at: Mapped[dt.datetime] = mapped_column(UTCDateTime())
+
+    __table_args__ = (Index("ix_flows_status_updated_at", "status", "updated_at"),)

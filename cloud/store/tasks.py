@@ -50,6 +50,7 @@ class NewTask:
     target_host_id: str | None = None
     target_device_serial: str | None = None
     client_request_id: str | None = None
+    no_replay: bool = False
 
 
 async def submit(store: Store, spec: NewTask) -> tuple[TaskView, bool]:
@@ -71,6 +72,7 @@ async def submit(store: Store, spec: NewTask) -> tuple[TaskView, bool]:
         deadline=now + dt.timedelta(seconds=spec.timeout_seconds),
         client_request_id=spec.client_request_id or None,
         cancel_requested=False,
+        no_replay=spec.no_replay,
         created_at=now,
         updated_at=now,
     )
