@@ -30,8 +30,7 @@ from planner.flows import params
 GOAL_WEIGHT = 0.75
 _TOKEN = re.compile(r"\{p\d+\}|[\w%]+", re.UNICODE)
 STOPWORDS = frozenset(
-    "a an the to of in for my me i please and then with by it its this that is be at as from"
-    " into".split()
+    ["a", "an", "the", "to", "of", "in", "for", "my", "me", "i", "please", "and", "then", "with", "by", "it", "its", "this", "that", "is", "be", "at", "as", "from", "into"]
 )
 #: Words that decide which way a goal goes; a flow with the opposite one is never a match.
 POLARITY: dict[str, int] = {
@@ -42,7 +41,7 @@ POLARITY: dict[str, int] = {
     ),
 }
 #: Verbs nearly every goal starts with: they say little about which flow fits.
-GENERIC = frozenset("turn switch set go open make put use get want".split())
+GENERIC = frozenset(["turn", "switch", "set", "go", "open", "make", "put", "use", "get", "want"])
 
 
 def tokens(text: str) -> list[str]:
