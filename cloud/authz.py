@@ -58,6 +58,9 @@ ACCESS: Final[Mapping[str, Rule]] = {
     "/amc.v1.DecisionLogService/ListDecisions": OPERATORS,
     "/amc.v1.DecisionLogService/GetDecision": OPERATORS,
     "/amc.v1.DecisionLogService/GetConversation": OPERATORS,
+    "/amc.v1.FlowService/ListFlows": OPERATORS,
+    "/amc.v1.FlowService/GetFlow": OPERATORS,
+    "/amc.v1.FlowService/SetFlowStatus": OPERATORS,
     "/amc.v1.LeaseService/Lease": Rule(
         frozenset({"host"}), refusal="a host certificate (amc://host/<id>) is required"
     ),

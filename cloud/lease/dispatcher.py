@@ -12,6 +12,7 @@ import logging
 
 from amc.v1 import types_pb2
 from cloud.events import EventBus
+from cloud.flows.retrieval import Retriever
 from cloud.lease import messages
 from cloud.lease.session import HostSession
 from cloud.provider_health import ProviderHealth
@@ -40,6 +41,8 @@ class Dispatcher:
         #: The model provider's state; while it is down, hosts on the cloud planner transport
         #: get no new tasks (their steps could not be planned), see cloud/provider_health.py.
         self.provider: ProviderHealth | None = None
+        #: Chooses the learned flows an assignment carries (None: flows are off).
+        self.flows: Retriever | None = None
         bus.on_queued.append(self.wake.set)
 
     def paused_for(self, session: HostSession) -> bool:
@@ -92,9 +95,22 @@ class Dispatcher:
                     # The stream went away mid-claim; the lease will expire and the task requeue.
                     return got
                 session.busy.add(claimed.device_serial)
-                session.send(messages.assignment(claimed))
+                session.send(messages.assignment(claimed, await self._flows_for(claimed)))
                 self.bus.tasks_changed([claimed.task_id])
         return got
+
+    async def _flows_for(self, claimed: leases.Claimed) -> list[types_pb2.Flow]:
+        """The learned flows for a fresh attempt (recorded on it); none when retrieval fails:
+        the task then runs with the model, which is never worse than a wrong replay."""
+        if self.flows is None:
+            return []
+        try:
+            return await self.flows.for_new_attempt(
+                claimed.task_id, claimed.attempt, claimed.goal, no_replay=claimed.no_replay
+            )
+        except Exception:
+            log.exception("flow retrieval for %s/%d failed", claimed.task_id, claimed.attempt)
+            return []
 
     async def _send_unsure(self, session: HostSession) -> bool:
         """Send the leases that claims with an unknown outcome did create; False if the store is
@@ -113,7 +129,13 @@ class Dispatcher:
                 claimed.task_id, claimed.attempt, session.host_id,
             )  # fmt: skip
             session.busy.add(claimed.device_serial)
-            session.send(messages.assignment(claimed))
+            handed: list[types_pb2.Flow] = []
+            if self.flows is not None:
+                try:
+                    handed = await self.flows.handed(claimed.task_id, claimed.attempt, claimed.goal)
+                except Exception:
+                    log.exception("reading the flows of %s failed", claimed.task_id)
+            session.send(messages.assignment(claimed, handed))
             self.bus.tasks_changed([claimed.task_id])
         return True
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime as dt
+from collections.abc import Callable
 
 import grpc
 
@@ -41,6 +42,8 @@ class LeaseManager:
         )
         self.dispatcher = Dispatcher(store, bus, self.sessions)
         self.sweeper = Sweeper(store, bus)
+        #: Called when an attempt ended with a result (the flow-learning loop wakes up).
+        self.on_ended: list[Callable[[], None]] = []
         self._jobs: list[asyncio.Task[None]] = []
         self._closings: set[asyncio.Task[None]] = set()
         self._stopping = False
@@ -223,9 +226,12 @@ class LeaseManager:
             msg.summary,
             final,
             retryable=msg.retryable,
+            replay=messages.replay_in(msg.replay) if msg.HasField("replay") else None,
         )
         if out.recorded or out.duplicate:
             if out.recorded:
+                for hear in self.on_ended:
+                    hear()
                 session.busy.discard(out.device_serial)
                 self.bus.tasks_changed([msg.task_id])
                 if out.task_status == states.QUEUED:  # a retryable end: its next attempt waits

@@ -30,7 +30,33 @@ from planner.flows import params
 GOAL_WEIGHT = 0.75
 _TOKEN = re.compile(r"\{p\d+\}|[\w%]+", re.UNICODE)
 STOPWORDS = frozenset(
-    ["a", "an", "the", "to", "of", "in", "for", "my", "me", "i", "please", "and", "then", "with", "by", "it", "its", "this", "that", "is", "be", "at", "as", "from", "into"]
+    {
+        "a",
+        "an",
+        "the",
+        "to",
+        "of",
+        "in",
+        "for",
+        "my",
+        "me",
+        "i",
+        "please",
+        "and",
+        "then",
+        "with",
+        "by",
+        "it",
+        "its",
+        "this",
+        "that",
+        "is",
+        "be",
+        "at",
+        "as",
+        "from",
+        "into",
+    }
 )
 #: Words that decide which way a goal goes; a flow with the opposite one is never a match.
 POLARITY: dict[str, int] = {

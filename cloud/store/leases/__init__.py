@@ -20,7 +20,7 @@ from cloud.store.leases.queries import (
     queued_by_target_host,
 )
 from cloud.store.leases.renew import RenewalIn, RenewalOut, renew_batch
-from cloud.store.leases.results import ResultOut, record_result
+from cloud.store.leases.results import ReplayIn, ResultOut, record_result
 from cloud.store.leases.sweeps import Ended, sweep_deadlines, sweep_expired
 
 __all__ = [
@@ -32,6 +32,7 @@ __all__ = [
     "ProgressIn",
     "RenewalIn",
     "RenewalOut",
+    "ReplayIn",
     "ResultOut",
     "Revocation",
     "check_held",
