@@ -29,37 +29,42 @@ down_revision: str | None = "0005"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
-DECISION_COLUMNS: tuple[sa.Column[object], ...] = (
-    sa.Column("verdict", sa.String(length=16), nullable=True),
-    sa.Column("verdict_evidence", sa.Text(), nullable=True),
-    sa.Column("verdict_by_cloud", sa.Boolean(), server_default=sa.false(), nullable=False),
-    sa.Column("model_verdict", sa.String(length=16), nullable=True),
-    sa.Column("model_note", sa.Text(), nullable=True),
-    sa.Column("previous_verdict", sa.String(length=16), nullable=True),
-    sa.Column("previous_note", sa.Text(), nullable=True),
-    sa.Column("target_pb", sa.LargeBinary(), nullable=True),
-    sa.Column("flow_id", sa.String(length=32), nullable=True),
-    sa.Column("flow_step", sa.Integer(), nullable=True),
-    sa.Column("replay_divergence", sa.Text(), nullable=True),
-)
-ATTEMPT_COLUMNS: tuple[sa.Column[object], ...] = (
-    sa.Column("flow_id", sa.String(length=32), nullable=True),
-    sa.Column("flow_score", sa.Float(), nullable=True),
-    sa.Column("flow_scorer", sa.String(length=32), nullable=True),
-    sa.Column("flow_reason", sa.Text(), nullable=True),
-    sa.Column("flow_candidates", sa.JSON(), nullable=True),
-    sa.Column("replay_steps", sa.Integer(), nullable=True),
-    sa.Column("replay_diverged_step", sa.Integer(), nullable=True),
-    sa.Column("replay_divergence", sa.Text(), nullable=True),
-    sa.Column("flow_state", sa.String(length=16), nullable=True),
-)
+
+def _decision_columns() -> tuple[sa.Column[object], ...]:
+    return (
+        sa.Column("verdict", sa.String(length=16), nullable=True),
+        sa.Column("verdict_evidence", sa.Text(), nullable=True),
+        sa.Column("verdict_by_cloud", sa.Boolean(), server_default=sa.false(), nullable=False),
+        sa.Column("model_verdict", sa.String(length=16), nullable=True),
+        sa.Column("model_note", sa.Text(), nullable=True),
+        sa.Column("previous_verdict", sa.String(length=16), nullable=True),
+        sa.Column("previous_note", sa.Text(), nullable=True),
+        sa.Column("target_pb", sa.LargeBinary(), nullable=True),
+        sa.Column("flow_id", sa.String(length=32), nullable=True),
+        sa.Column("flow_step", sa.Integer(), nullable=True),
+        sa.Column("replay_divergence", sa.Text(), nullable=True),
+    )
+
+
+def _attempt_columns() -> tuple[sa.Column[object], ...]:
+    return (
+        sa.Column("flow_id", sa.String(length=32), nullable=True),
+        sa.Column("flow_score", sa.Float(), nullable=True),
+        sa.Column("flow_scorer", sa.String(length=32), nullable=True),
+        sa.Column("flow_reason", sa.Text(), nullable=True),
+        sa.Column("flow_candidates", sa.JSON(), nullable=True),
+        sa.Column("replay_steps", sa.Integer(), nullable=True),
+        sa.Column("replay_diverged_step", sa.Integer(), nullable=True),
+        sa.Column("replay_divergence", sa.Text(), nullable=True),
+        sa.Column("flow_state", sa.String(length=16), nullable=True),
+    )
 
 
 def upgrade() -> None:
-    for column in DECISION_COLUMNS:
-        op.add_column("decisions", column.copy())
-    for column in ATTEMPT_COLUMNS:
-        op.add_column("attempts", column.copy())
+    for column in _decision_columns():
+        op.add_column("decisions", column)
+    for column in _attempt_columns():
+        op.add_column("attempts", column)
     op.add_column(
         "tasks", sa.Column("no_replay", sa.Boolean(), server_default=sa.false(), nullable=False)
     )
@@ -100,8 +105,8 @@ def downgrade() -> None:
     with op.batch_alter_table("tasks") as batch:
         batch.drop_column("no_replay")
     with op.batch_alter_table("attempts") as batch:
-        for column in reversed(ATTEMPT_COLUMNS):
+        for column in reversed(_attempt_columns()):
             batch.drop_column(column.name)
     with op.batch_alter_table("decisions") as batch:
-        for column in reversed(DECISION_COLUMNS):
+        for column in reversed(_decision_columns()):
             batch.drop_column(column.name)
