@@ -28,7 +28,9 @@ async def _run(stack: EmbeddedStack, goal: str, *, no_replay: bool = False) -> t
     )
     task_id = submitted.task.task_id
     await follow_tasks(stack.operator, [task_id], Console(quiet=True), 30)
-    reply = await stack.operator.tasks.GetTask(task_service_pb2.GetTaskRequest(task_id=task_id))
+    reply: task_service_pb2.GetTaskResponse = await stack.operator.tasks.GetTask(
+        task_service_pb2.GetTaskRequest(task_id=task_id)
+    )
     return reply.task
 
 
