@@ -58,6 +58,7 @@ from cloud.settings import CloudSettings, SettingError
 from cloud.store import decisions, sessions
 from cloud.store.database import Store
 from cloud.store.engine import upgrade
+from planner.planner import Planner
 
 log = logging.getLogger(__name__)
 Say = Callable[[str], None]
@@ -221,6 +222,8 @@ class CloudServer:
             self.provider_health,
             self.retriever.handed if self.retriever is not None else None,
         )
+        #: The compact planner Decide plans with (benches count its provider's calls).
+        self.planner = next((c for c in self._closeables if isinstance(c, Planner)), None)
         if self.embedder is not None:
             self._closeables.append(self.embedder)
         planner_service_pb2_grpc.add_PlannerServiceServicer_to_server(planner_servicer, self.server)
