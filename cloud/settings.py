@@ -70,7 +70,7 @@ class CloudSettings(BaseSettings):
     # OpenAI key, AMC_PLANNER_OPENAI_API_KEY / OPENAI_API_KEY) and falls back to lexical when a
     # call fails. A flow that diverged on `flow_retire_after` attempts in a row is retired.
     flows_enabled: bool = True
-    flow_threshold: float = Field(0.6, gt=0, le=1)
+    flow_threshold: float = Field(0.8, gt=0, le=1)
     flow_scorer: Literal["lexical", "openai"] = "lexical"
     flow_embedding_model: str = "text-embedding-3-small"
     flow_retire_after: int = Field(3, ge=1)

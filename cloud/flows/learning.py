@@ -49,7 +49,8 @@ def replay_result(attempt: AttemptRow, rows: list[DecisionRow]) -> ReplayResult:
     replayed = [r for r in rows if r.planner_mode == REPLAY_MODE]
     handover = next((r for r in rows if r.replay_divergence), None)
     if replayed or handover is not None:
-        flow_id = (replayed[0].flow_id if replayed else handover.flow_id if handover else "") or ""
+        # the flow it ended on (a replay may go on with another flow that shares its start)
+        flow_id = (handover.flow_id if handover else replayed[-1].flow_id) or ""
         last = rows[-1] if rows else None
         completed = (
             attempt.status == states.SUCCEEDED

@@ -42,11 +42,11 @@ class ReplayTally:
 
     def saw(self, decision: Decision) -> None:
         if decision.planner_mode == REPLAY_MODE:
-            self.flow_id = self.flow_id or decision.flow_id
+            self.flow_id = decision.flow_id  # the flow it is on (it may go on with another)
             if decision.tool_name != "complete":
                 self.steps_replayed += 1
         elif decision.replay_divergence and not self.diverged_at:
-            self.flow_id = self.flow_id or decision.flow_id
+            self.flow_id = decision.flow_id
             self.diverged_at = decision.flow_step
             self.reason = decision.replay_divergence
 

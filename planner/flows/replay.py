@@ -11,7 +11,9 @@ Each call:
    the flow leaves it). None fits: hand over at step 1.
 2. Later calls check the step just replayed: it ran, the checker did not find its expected
    outcome unmet (where the original run found it met), and the page is the one the original
-   run reached. Otherwise: hand over at that step.
+   run reached. Otherwise another candidate that took the same steps so far and fits from here
+   goes on (the same goal learned with and without an interruption); if none does, hand over
+   at that step.
 3. Then the next step: its page must be open and its target resolvable (and a switch not
    already in its end state); its action is rebuilt on this screen (the element the target
    resolves to; a swipe moved relative to its list's bounds; typed text from the goal's
@@ -120,11 +122,26 @@ def replay(flows: Sequence[types_pb2.Flow], steps: Sequence[PastStep], scene: Sc
                 return move
             first_problem = first_problem or move.handover
         return Move(handover=first_problem)
-    flow: types_pb2.Flow | None = next((f for f in flows if f.flow_id == steps[0].flow_id), None)
-    if flow is None:  # the flow it began with is gone from the candidates: let the model go on
+    flow: types_pb2.Flow | None = next((f for f in flows if f.flow_id == steps[-1].flow_id), None)
+    if flow is None:  # the flow it was on is gone from the candidates: let the model go on
         return None
+    move = _next(flow, steps, scene)
+    if move.handover is None:
+        return move
+    # Another candidate that took the same steps so far may go on from here (the same goal
+    # learned twice, once with an interruption: the one that fits the screen continues).
+    for other in flows:
+        if other.flow_id != flow.flow_id and _same_path(other, flow, len(steps)):
+            switched = _next(other, steps, scene)
+            if switched.decision is not None:
+                return switched
+    return move
+
+
+def _next(flow: types_pb2.Flow, steps: Sequence[PastStep], scene: Scene) -> Move:
+    """Check the step just replayed, then the next one of `flow` (or its `complete`)."""
     done = len(steps)
-    problem = _check_previous(flow, steps[-1], scene)
+    problem = _check_previous(flow, steps[-1], scene, done)
     if problem is not None:
         return Move(handover=_handover(flow, done, problem, scene))
     if done >= len(flow.steps):
@@ -132,13 +149,34 @@ def replay(flows: Sequence[types_pb2.Flow], steps: Sequence[PastStep], scene: Sc
     return _step(flow, done, scene)
 
 
+def _shape(step: types_pb2.FlowStep) -> tuple[object, ...]:
+    """What a step does, whatever its flow: tool, target, typed text or key, app, page."""
+    return (
+        step.tool_name,
+        semantics(step.target) if step.HasField("target") else "",
+        step.text_parameter or step.action.input_text.text,
+        step.action.press_key.key,
+        step.action.launch_app.package_name or step.action.terminate_app.package_name,
+        step.page_before,
+    )
+
+
+def _same_path(a: types_pb2.Flow, b: types_pb2.Flow, count: int) -> bool:
+    """`a` begins with the same `count` steps as `b`."""
+    if len(a.steps) < count or len(b.steps) < count:
+        return False
+    return all(
+        _shape(x) == _shape(y) for x, y in zip(a.steps[:count], b.steps[:count], strict=True)
+    )
+
+
 def _handover(flow: types_pb2.Flow, step: int, reason: str, scene: Scene) -> Handover:
     return Handover(flow.flow_id, flow.goal_template, step, len(flow.steps), reason, _screen(scene))
 
 
-def _check_previous(flow: types_pb2.Flow, last: PastStep, scene: Scene) -> str | None:
-    """Why the step just replayed did not go as in the original run, or None."""
-    index = last.flow_step
+def _check_previous(flow: types_pb2.Flow, last: PastStep, scene: Scene, index: int) -> str | None:
+    """Why the step just replayed (flow step `index`) did not go as in the original run, or
+    None."""
     if not 1 <= index <= len(flow.steps):
         return f"the attempt's last replayed step names flow step {index}, which it lacks"
     step = flow.steps[index - 1]

@@ -5,12 +5,15 @@ Lexical score, 0..1, for goal g and flow f:
 * g is first bound to f's goal template (`params.bind`): "Create a contact named Alan Turing
   with phone 555 0111" becomes "Create a contact named {p1} with phone {p2}" against a flow
   learned from Ada Lovelace, so a goal that differs only in its parameters scores 1;
-* 0.75 × the TF-IDF cosine of g and the template (IDF over the flows' templates and embedding
-  texts; the words that only say which way a goal goes — on/off, enable/disable, add/delete —
-  are left to the opposite-wording rule, and generic verbs — turn, switch, set — weigh half,
-  so "Turn on Wi-Fi" does not match "Turn on dark theme" on its verb), plus
-  0.25 × how much of g's weight the flow's embedding text covers (its steps' purposes, expected
-  outcomes and target semantics: "I want dark mode" finds words its steps used).
+* 0.8 × the smaller of two coverages, by IDF weight (over the flows' templates and embedding
+  texts): how much of g the template has, and how much of the template g has — so a goal that
+  asks for more than the flow did ("Turn on dark theme and enable battery saver" against a
+  flow for "Turn on dark theme") or less scores low, however much they share; words that only
+  say which way a goal goes (on/off, enable/disable, add/delete) weigh nothing here (the
+  opposite-wording rule below decides them), generic verbs (turn, switch, set) half;
+* plus 0.2 × how much of g the flow's embedding text covers (its steps' purposes, expected
+  outcomes and target semantics: "Show the battery percentage" finds the words its steps
+  used).
 
 Shared rules, whatever scored: a flow whose template holds the opposite wording of the goal
 ("turn off" against "turn on") is never a match, and a flow that types a parameter the goal
@@ -27,7 +30,7 @@ from dataclasses import dataclass, field
 
 from planner.flows import params
 
-GOAL_WEIGHT = 0.75
+GOAL_WEIGHT = 0.8
 _TOKEN = re.compile(r"\{p\d+\}|[\w%]+", re.UNICODE)
 STOPWORDS = frozenset(
     {
@@ -145,11 +148,11 @@ class LexicalScorer:
         return {t: c * w for t, c in counts.items() if (w := self._weight(t))}
 
     @staticmethod
-    def _cosine(a: Mapping[str, float], b: Mapping[str, float]) -> float:
-        dot = sum(v * b.get(k, 0.0) for k, v in a.items())
-        na = math.sqrt(sum(v * v for v in a.values()))
-        nb = math.sqrt(sum(v * v for v in b.values()))
-        return dot / (na * nb) if na and nb else 0.0
+    def _covered(part: Mapping[str, float], whole: Iterable[str]) -> float:
+        """The share of `part`'s weight whose words `whole` has."""
+        have = set(whole)
+        total = sum(part.values())
+        return sum(v for t, v in part.items() if t in have) / total if total else 0.0
 
     def score(self, goal: str) -> list[Scored]:
         """Every candidate's score for `goal`, best first."""
@@ -157,12 +160,13 @@ class LexicalScorer:
         for c in self.candidates:
             values, why = bound(c, goal)
             query = tokens(params.slotted(goal, values) if values else goal)
+            template = tokens(c.goal_template)
             q = self._vector(query)
-            similarity = self._cosine(q, self._vector(tokens(c.goal_template)))
-            covered = set(tokens(c.goal_template + " " + c.embedding_text))
-            total = sum(q.values())
-            coverage = sum(v for t, v in q.items() if t in covered) / total if total else 0.0
-            score = GOAL_WEIGHT * similarity + (1 - GOAL_WEIGHT) * coverage
+            both_ways = min(
+                self._covered(q, template), self._covered(self._vector(template), query)
+            )
+            steps = self._covered(q, tokens(c.goal_template + " " + c.embedding_text))
+            score = GOAL_WEIGHT * both_ways + (1 - GOAL_WEIGHT) * steps
             out.append(Scored(c.flow_id, round(min(1.0, score), 4), values, why))
         out.sort(key=lambda s: s.score, reverse=True)
         return out

@@ -88,7 +88,7 @@ async def test_a_learned_flow_replays_without_the_model_and_hands_over_when_the_
         assert again.status == types_pb2.TASK_STATUS_SUCCEEDED, again.result_summary
         use = again.attempts[0].flow
         assert use.flow_id == flow.flow_id and use.score == 1.0
-        assert use.reason.startswith("score 1.00 >= 0.60 (lexical)")
+        assert use.reason.startswith("score 1.00 >= 0.80 (lexical)")
         replayed = await _decisions(stack, again.task_id)
         assert [d.mode for d in replayed] == [types_pb2.PLANNER_MODE_REPLAY] * len(replayed)
         assert all(d.usage.input_tokens == d.usage.output_tokens == 0 for d in replayed)

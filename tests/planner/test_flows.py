@@ -218,3 +218,25 @@ async def test_a_replay_hands_over_where_the_screen_differs_and_the_goal_is_stil
         toggle.flow_step - 1
     )
     assert already.state.flag("dark_theme"), "the replay must not flip it off"
+
+
+async def test_a_replay_goes_on_with_a_flow_that_shares_its_start_where_its_own_stops() -> None:
+    """The same goal learned twice (once with an interruption after step 1): the replay starts
+    on one and, where that one does not fit, goes on with the other instead of the model."""
+    learned = await _run(VirtualPhone("v"), [], CountingOffline())
+    plain = synthesize(GOAL, learned.sources).flow
+    assert plain is not None
+    plain.flow_id = "plain"
+    interrupted = types_pb2.Flow()
+    interrupted.CopyFrom(plain)
+    interrupted.flow_id = "interrupted"
+    wait = interrupted.steps[1]
+    wait.target.CopyFrom(types_pb2.ElementTarget(text="Wait", class_name="android.widget.Button"))
+    wait.purpose, wait.expected_outcome = "wait on 'System UI isn't responding'", "it closes"
+    provider = CountingOffline()
+    phone = VirtualPhone("v")
+    run = await _run(phone, [interrupted, plain], provider)
+    assert provider.calls == 0 and phone.state.flag("dark_theme")
+    assert [d.flow_id for d in run.decisions] == ["interrupted"] + ["plain"] * (
+        len(run.decisions) - 1
+    )
