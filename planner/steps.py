@@ -19,6 +19,7 @@ from planner.history import WorldEvent
 from planner.scene import Scene
 from planner.tools import ui_tree_result
 from planner.verify import (
+    MAX_EVIDENCE_BYTES,
     Check,
     VerdictName,
     verdict_from_proto,
@@ -166,9 +167,12 @@ class PastStep:
 def outcome_problem(outcome: types_pb2.ActionOutcome, steps: Sequence[PastStep]) -> str | None:
     """INVALID_ARGUMENT text for a previous outcome that names no decision of the attempt or
     is oversize, naming the field; None when it is usable."""
+    if outcome.verdict not in types_pb2.Verdict.values():
+        return f"previous_outcome.verdict: unknown value {outcome.verdict}"
     for name, value, limit in (
         ("previous_outcome.error", outcome.error, MAX_OUTCOME_ERROR_BYTES),
         ("previous_outcome.driver_output", outcome.driver_output, MAX_DRIVER_OUTPUT_BYTES),
+        ("previous_outcome.evidence", outcome.evidence, MAX_EVIDENCE_BYTES),
     ):
         size = len(value.encode("utf-8"))
         if size > limit:

@@ -9,8 +9,9 @@ step that diverged and why). `tasks` gains `no_replay`. `attempts` gains what re
 (flow, score, scorer, reason, the candidate flows in order) and how the replay went, and
 `flow_state` (NULL until the cloud's learning loop has looked at the ended attempt). A new
 `flows` table holds the learned flows with their embedding text, optional embedding vector
-(JSON), status and counts. Rows written before read as "not checked, no flow". The downgrade
-drops the table and the columns.
+(JSON), status and counts. Rows written before read as "not checked, no flow"; attempts that
+had already ended are marked as seen by the learning loop (they kept no targets to learn
+from). The downgrade drops the table and the columns.
 
 Revision ID: 0006
 Revises: 0005
@@ -69,6 +70,11 @@ def upgrade() -> None:
         "tasks", sa.Column("no_replay", sa.Boolean(), server_default=sa.false(), nullable=False)
     )
     op.create_index("ix_attempts_flow_state", "attempts", ["flow_state", "ended_at"])
+    # Attempts that ended before this migration cannot teach a flow (their decisions kept no
+    # semantic targets): the learning loop need not read them all once.
+    op.execute(
+        sa.text("UPDATE attempts SET flow_state = 'before-0006' WHERE ended_at IS NOT NULL")
+    )
     op.create_table(
         "flows",
         sa.Column("flow_id", sa.String(length=32), nullable=False),

@@ -2193,7 +2193,7 @@ class FlowReplayReport(_message.Message):
     diverged_at_step: _builtins.int
     """The 1-based flow step that diverged (0 when none did)."""
     reason: _builtins.str
-    """Why it diverged, one line (at most 512 bytes)."""
+    """Why it diverged, one line (the cloud keeps the first 512 characters)."""
     def __init__(
         self,
         *,
