@@ -49,8 +49,9 @@ async def plan_step(
     `previous_outcome` is applied to the step it names here (first report wins), so callers pass
     what they have and get the same prompt either way; when it carries no verdict, the checker
     reads its expected outcome on this observation (`planner.steps.checked`). The decision comes
-    back with the page it was made on, the label of the element it names and that element's
-    semantic target (`Decision.page` / `.target` / `.target_descriptor`).
+    back with the page it was made on, the label of the element it names, that element's
+    semantic target and the observation itself (`Decision.page` / `.target` /
+    `.target_descriptor` / `.observation`).
 
     `flows` are the learned flows retrieved for the attempt, best first: while the screen
     agrees with one, its next step is the decision and no model is called (mode "replay");
@@ -61,6 +62,7 @@ async def plan_step(
     move = replay(flows, steps, scene)
     if move is not None and move.decision is not None:
         move.decision.target = target_label(move.decision.action, scene)
+        move.decision.observation = observation
         return move.decision
     handover = move.handover if move is not None else None
     note = handover.note() if handover is not None else None
@@ -73,6 +75,7 @@ async def plan_step(
     decision.page = scene.page
     decision.target = target_label(decision.action, scene)
     decision.target_descriptor = describe(scene, decision.action)
+    decision.observation = observation
     if handover is not None:
         decision.flow_id, decision.flow_step = handover.flow_id, handover.step
         decision.replay_divergence = handover.reason

@@ -83,7 +83,7 @@ class TaskRow(Base):
     client_request_id: Mapped[str | None] = mapped_column(String(128), unique=True)
     cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
     cancel_reason: Mapped[str | None] = mapped_column(Text)
-    # Submitted with no_replay: every step is planned by the model (migration 0006).
+    # Submitted with no_replay: every step is planned by the model (migration 0007).
     no_replay: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
     result_summary: Mapped[str | None] = mapped_column(Text)
     created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime())
@@ -127,7 +127,7 @@ class AttemptRow(Base):
     progress_updated_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime())
     # The host's step limit for this attempt (Progress.max_steps); NULL when it did not say.
     max_steps: Mapped[int | None] = mapped_column(Integer)
-    # Learned flows (migration 0006): what retrieval decided at assignment (the flow handed
+    # Learned flows (migration 0007): what retrieval decided at assignment (the flow handed
     # over, its score and scorer, why, and every candidate handed over, best first), how the
     # replay went, and whether the learning loop has looked at the ended attempt (NULL: not
     # yet; "done").
@@ -222,7 +222,10 @@ class DecisionRow(Base):
     # "none" | "forced" | "nudge"; "" for rows from before 0004.
     retry_kind: Mapped[str] = mapped_column(String(16), default="", server_default="")
     output_truncated: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
-    # Verification (migration 0006): the checker's verdict on this decision's expected outcome
+    # The screen the decision was made on: `amc.v1.ScreenObservation` bytes without OCR blocks
+    # (NULL before 0006 and for prompt-based requests). Never a screenshot.
+    observation_pb: Mapped[bytes | None] = mapped_column()
+    # Verification (migration 0007): the checker's verdict on this decision's expected outcome
     # ("met" | "not_met" | "unknown"; NULL until reported) with its evidence and whether the
     # cloud ran it (the host sent none); the model's judgement of it (from the next decision);
     # this decision's own judgement of the step before it.
@@ -267,7 +270,7 @@ class SessionItemRow(Base):
 
 
 class FlowRow(Base):
-    """A learned flow (migration 0006): the steps of an attempt that succeeded, replayable
+    """A learned flow (migration 0007): the steps of an attempt that succeeded, replayable
     without the model. `flow_pb` is the `amc.v1.Flow` with its steps (its counts and status
     are the columns here, which change); `fingerprint` makes the same path learned twice one
     flow. `embedding` is the embedding vector of `embedding_text` as a JSON list when an

@@ -26,7 +26,7 @@ from host.agent.verdicts import ReplayTally, check_step
 from host.devices.base import DeviceError, DeviceGone, Driver
 from host.perception.perceive import Observation, Perceiver
 from host.planner_client import CloudPlanError, StepPlanner
-from host.timeline.record import TimelineRecord
+from host.timeline.record import TimelineRecord, screen_record
 from host.timeline.store import TimelineStore
 from planner.decision import Decision
 from planner.errors import PlannerError
@@ -242,6 +242,7 @@ class AgentLoop:
             )
             timings["perceive_before_s"] = time.perf_counter() - t
             record.page = before.scene.page
+            record.screen = screen_record(before.scene)
             record.ocr = [o.to_dict() for o in before.scene.ocr]
 
             self._progress(

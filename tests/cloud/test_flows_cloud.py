@@ -38,13 +38,13 @@ def _tables(sync_conn: object) -> set[str]:
     return set(inspect(sync_conn).get_table_names())
 
 
-async def test_migration_0006_is_additive_and_reversible(db_url: str) -> None:
+async def test_migration_0007_is_additive_and_reversible(db_url: str) -> None:
     s = Store.from_url(db_url)
     try:
         await upgrade(s.engine)
         row = await store_flow(s)
         logged = await decisions.append(s, "h1", "t-1", 1, _decision())
-        await downgrade(s.engine, "0005")
+        await downgrade(s.engine, "0006")
         async with s.engine.connect() as conn:
             assert "flows" not in await conn.run_sync(_tables)
             assert "verdict" not in await conn.run_sync(_columns, "decisions")

@@ -1295,6 +1295,7 @@ class Decision(_message.Message):
     THINKING_KIND_FIELD_NUMBER: _builtins.int
     RETRY_KIND_FIELD_NUMBER: _builtins.int
     OUTPUT_TRUNCATED_FIELD_NUMBER: _builtins.int
+    OBSERVATION_FIELD_NUMBER: _builtins.int
     VERIFICATION_FIELD_NUMBER: _builtins.int
     PREVIOUS_STEP_FIELD_NUMBER: _builtins.int
     TARGET_FIELD_NUMBER: _builtins.int
@@ -1395,6 +1396,14 @@ class Decision(_message.Message):
         """
 
     @_builtins.property
+    def observation(self) -> Global___ScreenObservation:
+        """The screen the decision was made on, as the host observed it (its OCR blocks left out).
+        Sent only when ListDecisionsRequest.include_observation is set; unset for decisions
+        logged before the cloud kept it and for prompt-based (deprecated) Decide calls. It never
+        holds a screenshot.
+        """
+
+    @_builtins.property
     def verification(self) -> Global___StepVerification:
         """Whether this decision reached its expected outcome: the checker's verdict and the model's
         judgement (given with the next decision), and whether they disagree. Unset until the next
@@ -1444,6 +1453,7 @@ class Decision(_message.Message):
         thinking_kind: Global___ThinkingKind.ValueType = ...,
         retry_kind: Global___RetryKind.ValueType = ...,
         output_truncated: _builtins.bool = ...,
+        observation: Global___ScreenObservation | None = ...,
         verification: Global___StepVerification | None = ...,
         previous_step: Global___StepJudgement | None = ...,
         target: Global___ElementTarget | None = ...,
@@ -1451,9 +1461,9 @@ class Decision(_message.Message):
         flow_step: _builtins.int = ...,
         replay_divergence: _builtins.str = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["action", b"action", "created_at", b"created_at", "latency", b"latency", "outcome", b"outcome", "previous_step", b"previous_step", "target", b"target", "usage", b"usage", "verification", b"verification"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["action", b"action", "created_at", b"created_at", "latency", b"latency", "observation", b"observation", "outcome", b"outcome", "previous_step", b"previous_step", "target", b"target", "usage", b"usage", "verification", b"verification"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["action", b"action", "arguments_json", b"arguments_json", "attempt", b"attempt", "corrective_retries", b"corrective_retries", "created_at", b"created_at", "decision_id", b"decision_id", "expected_outcome", b"expected_outcome", "flow_id", b"flow_id", "flow_step", b"flow_step", "forced_retry", b"forced_retry", "host_id", b"host_id", "latency", b"latency", "mode", b"mode", "model", b"model", "model_provider", b"model_provider", "outcome", b"outcome", "output_truncated", b"output_truncated", "planner_mode", b"planner_mode", "previous_step", b"previous_step", "provider", b"provider", "purpose", b"purpose", "rationale", b"rationale", "replay_divergence", b"replay_divergence", "retry_kind", b"retry_kind", "step_index", b"step_index", "system_prompt", b"system_prompt", "target", b"target", "task_id", b"task_id", "thinking", b"thinking", "thinking_kind", b"thinking_kind", "tool_name", b"tool_name", "usage", b"usage", "user_prompt", b"user_prompt", "verification", b"verification"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["action", b"action", "arguments_json", b"arguments_json", "attempt", b"attempt", "corrective_retries", b"corrective_retries", "created_at", b"created_at", "decision_id", b"decision_id", "expected_outcome", b"expected_outcome", "flow_id", b"flow_id", "flow_step", b"flow_step", "forced_retry", b"forced_retry", "host_id", b"host_id", "latency", b"latency", "mode", b"mode", "model", b"model", "model_provider", b"model_provider", "observation", b"observation", "outcome", b"outcome", "output_truncated", b"output_truncated", "planner_mode", b"planner_mode", "previous_step", b"previous_step", "provider", b"provider", "purpose", b"purpose", "rationale", b"rationale", "replay_divergence", b"replay_divergence", "retry_kind", b"retry_kind", "step_index", b"step_index", "system_prompt", b"system_prompt", "target", b"target", "task_id", b"task_id", "thinking", b"thinking", "thinking_kind", b"thinking_kind", "tool_name", b"tool_name", "usage", b"usage", "user_prompt", b"user_prompt", "verification", b"verification"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -13,8 +13,8 @@ step that diverged and why). `tasks` gains `no_replay`. `attempts` gains what re
 had already ended are marked as seen by the learning loop (they kept no targets to learn
 from). The downgrade drops the table and the columns.
 
-Revision ID: 0006
-Revises: 0005
+Revision ID: 0007
+Revises: 0006
 Create Date: 2026-12-20
 """
 
@@ -25,8 +25,8 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import op
 
-revision: str = "0006"
-down_revision: str | None = "0005"
+revision: str = "0007"
+down_revision: str | None = "0006"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
@@ -73,7 +73,7 @@ def upgrade() -> None:
     # Attempts that ended before this migration cannot teach a flow (their decisions kept no
     # semantic targets): the learning loop need not read them all once.
     op.execute(
-        sa.text("UPDATE attempts SET flow_state = 'before-0006' WHERE ended_at IS NOT NULL")
+        sa.text("UPDATE attempts SET flow_state = 'before-0007' WHERE ended_at IS NOT NULL")
     )
     op.create_table(
         "flows",
