@@ -19,9 +19,9 @@ from host.timeline.artifacts import ArtifactPathError
 from host.timeline.record import TimelineRecord
 from host.timeline.store import TaskRow, TimelineStore
 from planner.decision import ThinkingBlock, Usage
-from planner.verify import WORDS as VERDICT_WORDS
 from planner.observation import scene_from_observation
 from planner.scene import Scene
+from planner.verify import WORDS as VERDICT_WORDS
 
 _USAGE_KEYS = (
     "input_tokens",

@@ -72,9 +72,7 @@ def upgrade() -> None:
     op.create_index("ix_attempts_flow_state", "attempts", ["flow_state", "ended_at"])
     # Attempts that ended before this migration cannot teach a flow (their decisions kept no
     # semantic targets): the learning loop need not read them all once.
-    op.execute(
-        sa.text("UPDATE attempts SET flow_state = 'before-0007' WHERE ended_at IS NOT NULL")
-    )
+    op.execute(sa.text("UPDATE attempts SET flow_state = 'before-0007' WHERE ended_at IS NOT NULL"))
     op.create_table(
         "flows",
         sa.Column("flow_id", sa.String(length=32), nullable=False),
