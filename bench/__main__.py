@@ -53,6 +53,7 @@ BENCHMARKS: dict[str, Callable[[bool], Section]] = {
     "decision_log": decision_log.run,
     "prompt_growth": _script("prompt_growth", "Prompt growth (planner)", ["--smoke"]),
     "host_overhead": _script("host_overhead", "Host per-step overhead", ["--smoke"]),
+    "flow_replay": _script("flow_replay", "Learned flows: the suite twice", ["--smoke"]),
 }
 
 

@@ -72,6 +72,9 @@ ACCESS: Final[Mapping[str, Rule]] = {
     "/amc.v1.ArtifactService/UploadStepScreenshot": HOSTS,
     "/amc.v1.ArtifactService/ListStepScreenshots": OPERATORS,
     "/amc.v1.ArtifactService/GetStepScreenshot": OPERATORS,
+    "/amc.v1.FlowService/ListFlows": OPERATORS,
+    "/amc.v1.FlowService/GetFlow": OPERATORS,
+    "/amc.v1.FlowService/SetFlowStatus": OPERATORS,
     "/amc.v1.LeaseService/Lease": Rule(
         frozenset({"host"}), refusal="a host certificate (amc://host/<id>) is required"
     ),

@@ -30,6 +30,8 @@ from amc.v1 import (
     decision_log_service_pb2_grpc,
     fleet_service_pb2,
     fleet_service_pb2_grpc,
+    flow_service_pb2,
+    flow_service_pb2_grpc,
     lease_service_pb2,
     lease_service_pb2_grpc,
     planner_service_pb2,
@@ -45,6 +47,9 @@ from cloud.authz import Authorization
 from cloud.boundary import Boundary
 from cloud.db_probe import DatabaseProbe
 from cloud.events import EventBus
+from cloud.flows.embeddings import Embedder
+from cloud.flows.learning import FlowLearner
+from cloud.flows.retrieval import Retriever
 from cloud.lease.manager import LeaseManager
 from cloud.lease.stream import LeaseServicer
 from cloud.provider_health import ProviderHealth
@@ -53,6 +58,7 @@ from cloud.revocations import Revocations
 from cloud.services.artifact_service import ArtifactServicer
 from cloud.services.decision_log_service import DecisionLogServicer
 from cloud.services.fleet_service import FleetServicer
+from cloud.services.flow_service import FlowServicer
 from cloud.services.planner_service import build_planner_servicer
 from cloud.services.progress_service import ProgressServicer
 from cloud.services.task_service import TaskServicer
@@ -60,6 +66,7 @@ from cloud.settings import CloudSettings, SettingError
 from cloud.store import decisions, screenshots, sessions
 from cloud.store.database import Store
 from cloud.store.engine import upgrade
+from planner.planner import Planner
 
 log = logging.getLogger(__name__)
 Say = Callable[[str], None]
@@ -72,6 +79,7 @@ SERVICE_NAMES = (
     decision_log_service_pb2.DESCRIPTOR.services_by_name["DecisionLogService"].full_name,
     planner_service_pb2.DESCRIPTOR.services_by_name["PlannerService"].full_name,
     artifact_service_pb2.DESCRIPTOR.services_by_name["ArtifactService"].full_name,
+    flow_service_pb2.DESCRIPTOR.services_by_name["FlowService"].full_name,
 )
 
 
@@ -147,6 +155,25 @@ def _open_store(url: str) -> Store:
         ) from exc
 
 
+def _embedder(settings: CloudSettings) -> Embedder | None:
+    """The OpenAI embedder when `AMC_CLOUD_FLOW_SCORER=openai` (with the planner's OpenAI key;
+    a missing key is a SettingError at start), else None: lexical scoring."""
+    if not settings.flows_enabled or settings.flow_scorer != "openai":
+        return None
+    from cloud.flows.embeddings import OpenAIEmbedder
+    from planner.errors import PlannerAuthError
+    from planner.settings import PlannerSettings
+
+    try:
+        return OpenAIEmbedder(PlannerSettings(), settings.flow_embedding_model)
+    except PlannerAuthError as exc:
+        raise SettingError(
+            "AMC_CLOUD_FLOW_SCORER",
+            "openai embeddings need the planner's OpenAI key, and none is set",
+            "set AMC_PLANNER_OPENAI_API_KEY (or OPENAI_API_KEY), or AMC_CLOUD_FLOW_SCORER=lexical",
+        ) from exc
+
+
 class CloudServer:
     """A bound, not yet started, cloud replica."""
 
@@ -168,6 +195,14 @@ class CloudServer:
         self.provider_health = ProviderHealth(threshold=settings.provider_down_after_failures)
         self.leases.dispatcher.provider = self.provider_health
         self.provider_health.on_available.append(self.leases.dispatcher.wake.set)
+        self.embedder = _embedder(settings)
+        self.retriever: Retriever | None = None
+        self.learner: FlowLearner | None = None
+        if settings.flows_enabled:
+            self.retriever = Retriever(self.store, settings, self.embedder)
+            self.learner = FlowLearner(self.store, settings, self.embedder)
+            self.leases.dispatcher.flows = self.retriever
+            self.leases.on_ended.append(self.learner.wake.set)
         self.health = health.aio.HealthServicer()
         self.database = DatabaseProbe(self.store, self._set_serving)
         self.revocations = Revocations(self.store)
@@ -211,9 +246,17 @@ class CloudServer:
         artifact_service_pb2_grpc.add_ArtifactServiceServicer_to_server(
             ArtifactServicer(store, self.artifacts, s), self.server
         )
+        flow_service_pb2_grpc.add_FlowServiceServicer_to_server(FlowServicer(store), self.server)
         planner_servicer, self._closeables, self.planner_summary = build_planner_servicer(
-            store, bus, self.provider_health
+            store,
+            bus,
+            self.provider_health,
+            self.retriever.handed if self.retriever is not None else None,
         )
+        #: The compact planner Decide plans with (benches count its provider's calls).
+        self.planner = next((c for c in self._closeables if isinstance(c, Planner)), None)
+        if self.embedder is not None:
+            self._closeables.append(self.embedder)
         planner_service_pb2_grpc.add_PlannerServiceServicer_to_server(planner_servicer, self.server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         enable_reflection(self.server, (*SERVICE_NAMES, health.SERVICE_NAME))
@@ -288,6 +331,15 @@ class CloudServer:
                 "retention", self._retention_pass, interval=self.settings.retention_interval_seconds
             )
         )
+        if self.learner is not None:
+            self._jobs.append(
+                supervised.start(
+                    "flow-learning",
+                    self.learner.step,
+                    interval=self.settings.flow_learning_interval_seconds,
+                    wake=self.learner.wake,
+                )
+            )
         if self.provider_health.probe is not None:
             self._jobs.append(
                 supervised.start(

@@ -68,6 +68,19 @@ class CloudSettings(BaseSettings):
     #: announced at once; this bounds how late a lost announcement, or SQLite, can be).
     revocation_refresh_seconds: float = Field(10.0, gt=0)
 
+    # Learned flows (docs/decisions/0050-…): an attempt that succeeded on the cloud transport
+    # becomes a flow; a new task whose goal scores at least `flow_threshold` against one gets
+    # it with its assignment and replays it without the model. `flow_scorer` "lexical" needs no
+    # model; "openai" embeds goals and flows with the OpenAI embeddings API (the planner's
+    # OpenAI key, AMC_PLANNER_OPENAI_API_KEY / OPENAI_API_KEY) and falls back to lexical when a
+    # call fails. A flow that diverged on `flow_retire_after` attempts in a row is retired.
+    flows_enabled: bool = True
+    flow_threshold: float = Field(0.8, gt=0, le=1)
+    flow_scorer: Literal["lexical", "openai"] = "lexical"
+    flow_embedding_model: str = "text-embedding-3-small"
+    flow_retire_after: int = Field(3, ge=1)
+    flow_learning_interval_seconds: float = Field(2.0, gt=0)
+
     # Transport liveness (separate from leases).
     keepalive_time_seconds: float = Field(30.0, gt=0)
     keepalive_timeout_seconds: float = Field(10.0, gt=0)

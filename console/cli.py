@@ -18,7 +18,13 @@ import typer
 from google.protobuf.duration_pb2 import Duration
 from rich.console import Console
 
-from amc.v1 import decision_log_service_pb2, progress_service_pb2, task_service_pb2, types_pb2
+from amc.v1 import (
+    decision_log_service_pb2,
+    flow_service_pb2,
+    progress_service_pb2,
+    task_service_pb2,
+    types_pb2,
+)
 from cloud.settings import DEFAULT_CLOUD_ADDRESS
 from console import formatting
 from console.client import OperatorClient, secure_channel
@@ -33,11 +39,15 @@ host_app = typer.Typer(no_args_is_help=True, help="Run a host agent.")
 console_app = typer.Typer(no_args_is_help=True, help="Run the operators' web console.")
 certs_app = typer.Typer(no_args_is_help=True, help="Manage the fleet CA and certificates.")
 task_app = typer.Typer(no_args_is_help=True, help="Submit, list, watch and cancel tasks.")
+flows_app = typer.Typer(
+    no_args_is_help=True, help="Learned flows: list, show, disable and enable them."
+)
 app.add_typer(cloud_app, name="cloud")
 app.add_typer(host_app, name="host")
 app.add_typer(console_app, name="console")
 app.add_typer(certs_app, name="certs")
 app.add_typer(task_app, name="task")
+app.add_typer(flows_app, name="flows")
 
 out = Console()
 err = Console(stderr=True)
@@ -403,6 +413,9 @@ def task_submit(
             "else a hidden prompt; never from the command line."
         ),
     ] = None,
+    no_replay: Annotated[
+        bool, typer.Option("--no-replay", help="Plan every step with the model (no learned flow).")
+    ] = False,
 ) -> None:
     """Queue a task and print its id (and any warning about its goal)."""
     request = task_service_pb2.SubmitTaskRequest(
@@ -411,6 +424,7 @@ def task_submit(
         max_attempts=max_attempts,
         client_request_id=request_id,
         secrets={name: _secret_value(name) for name in secret or []},
+        no_replay=no_replay,
     )
     if lease_seconds:
         request.lease_duration.CopyFrom(Duration(seconds=lease_seconds))
@@ -473,6 +487,15 @@ def task_show(task_id: Annotated[str, typer.Argument(help="Task id.")]) -> None:
                 f"{formatting.progress_badge(attempt.progress)}{reason}"
             )
         )
+        if attempt.HasField("flow"):
+            use = attempt.flow
+            line = f"flow {use.flow_id}: " if use.flow_id else "no flow: "
+            line += use.reason
+            if use.flow_id:
+                line += f"; {use.steps_replayed} step(s) replayed"
+            if use.diverged_at_step:
+                line += f"; diverged at step {use.diverged_at_step}: {use.divergence}"
+            out.print(f"    {formatting.literal(line)}")
 
 
 @task_app.command("watch")
@@ -578,6 +601,12 @@ def decisions(
             "no decisions logged yet (a host on the direct transport sends its own from its "
             "outbox in the background)"
         )
+    else:
+        c = formatting.verdict_counts(list(response.decisions))
+        out.print(
+            f"verified steps: {c['met']} met · {c['not_met']} not met · {c['unknown']} unknown"
+            + (f" · {c['unchecked']} not checked" if c["unchecked"] else "")
+        )
     lit = formatting.literal
     for d in response.decisions:
         out.rule(lit(f"attempt {d.attempt} · step {d.step_index} · {d.provider}/{d.model}"))
@@ -590,6 +619,15 @@ def decisions(
             f"[bold]purpose[/bold]: {lit(d.purpose)}  "
             f"[bold]expected[/bold]: {lit(d.expected_outcome)}"
         )
+        if d.tool_name not in ("complete", "get_ui_tree"):
+            out.print(f"[bold]verdict[/bold]: {formatting.verdict_words(d.verification)}")
+        if d.mode == types_pb2.PLANNER_MODE_REPLAY:
+            out.print(f"[bold]replayed[/bold]: flow {lit(d.flow_id)} step {d.flow_step}")
+        elif d.replay_divergence:
+            out.print(
+                f"[bold]took over from flow {lit(d.flow_id)}[/bold] at step {d.flow_step}: "
+                f"{lit(d.replay_divergence)}"
+            )
         latency_ms = d.latency.seconds * 1000 + d.latency.nanos // 1_000_000
         usage = d.usage
         notes = [formatting.retry_word(d)] if d.forced_retry else []
@@ -605,3 +643,81 @@ def decisions(
                 json.dumps({"system": d.system_prompt, "user": d.user_prompt}, indent=2),
                 markup=False,
             )
+
+
+# --- learned flows ---------------------------------------------------------------------------
+
+
+@flows_app.command("list")
+def flows_list(
+    status: Annotated[
+        list[str] | None, typer.Option(help="active, disabled or retired (repeatable).")
+    ] = None,
+    limit: Annotated[int, typer.Option(help="Page size.")] = 50,
+) -> None:
+    """List learned flows, most recently changed first."""
+    statuses = [types_pb2.FlowStatus.Value(f"FLOW_STATUS_{s.upper()}") for s in status or []]
+    request = flow_service_pb2.ListFlowsRequest(page_size=limit, statuses=statuses)
+    response = _with_client(lambda c: c.flows.ListFlows(request))
+    if not response.flows:
+        out.print("no flows learned yet (a task that succeeds on the cloud transport teaches one)")
+        return
+    out.print(formatting.flow_table(list(response.flows)))
+
+
+@flows_app.command("show")
+def flows_show(flow_id: Annotated[str, typer.Argument(help="Flow id.")]) -> None:
+    """Show one flow: its steps, how often it was replayed, where it diverged."""
+    request = flow_service_pb2.GetFlowRequest(flow_id=flow_id)
+    flow = _with_client(lambda c: c.flows.GetFlow(request)).flow
+    lit = formatting.literal
+    out.print(
+        f"[bold]flow {lit(flow.flow_id)}[/bold] · {formatting.FLOW_STATUS_WORDS[flow.status]}"
+    )
+    out.print(f"goal: {lit(flow.goal_template)}")
+    out.print(f"apps: {lit(', '.join(flow.apps))}")
+    out.print(f"learned from task {lit(flow.source_task_id)} attempt {flow.source_attempt}")
+    out.print(f"status: {lit(flow.status_reason)}")
+    out.print(
+        f"used {flow.uses}× · replayed to the end {flow.replays_completed}× · diverged "
+        f"{flow.divergences}× ({flow.consecutive_divergences} in a row)"
+    )
+    if flow.last_divergence:
+        out.print(f"last divergence: {lit(flow.last_divergence)}")
+    for step in flow.steps:
+        where = flow.divergences_by_step.get(step.index, 0)
+        target = (
+            f" on {lit(formatting.target_words(step.target))}" if step.HasField("target") else ""
+        )
+        param = f" (types {{{lit(step.text_parameter)}}})" if step.text_parameter else ""
+        diverged = f" · [red]diverged here {where}×[/red]" if where else ""
+        out.print(f"  {step.index}. {lit(step.tool_name)}{target}{param}{diverged}")
+        out.print(f"     purpose: {lit(step.purpose)} · expected: {lit(step.expected_outcome)}")
+        out.print(f"     on {lit(step.page_before)} → {lit(step.page_after)}")
+
+
+def _set_flow_status(flow_id: str, status: types_pb2.FlowStatus.ValueType, reason: str) -> None:
+    request = flow_service_pb2.SetFlowStatusRequest(flow_id=flow_id, status=status, reason=reason)
+    flow = _with_client(lambda c: c.flows.SetFlowStatus(request)).flow
+    out.print(
+        f"{flow.flow_id}: {formatting.FLOW_STATUS_WORDS[flow.status]} "
+        f"({formatting.literal(flow.status_reason)})"
+    )
+
+
+@flows_app.command("disable")
+def flows_disable(
+    flow_id: Annotated[str, typer.Argument(help="Flow id.")],
+    reason: Annotated[str, typer.Option(help="Why; recorded with your name.")] = "",
+) -> None:
+    """Stop replaying a flow (until enabled again)."""
+    _set_flow_status(flow_id, types_pb2.FLOW_STATUS_DISABLED, reason)
+
+
+@flows_app.command("enable")
+def flows_enable(
+    flow_id: Annotated[str, typer.Argument(help="Flow id.")],
+    reason: Annotated[str, typer.Option(help="Why; recorded with your name.")] = "",
+) -> None:
+    """Replay a disabled or retired flow again (its run of divergences starts over)."""
+    _set_flow_status(flow_id, types_pb2.FLOW_STATUS_ACTIVE, reason)

@@ -18,6 +18,9 @@ from rich.text import Text
 from amc.v1 import types_pb2
 from planner.convert import retry_kind_from_proto, thinking_kind_from_proto
 from planner.decision import OMITTED_BLOCK, RETRY_WORDS, THINKING_WORDS, thinking_word
+from planner.targets import semantics
+from planner.verify import WORDS as VERDICT_WORDS
+from planner.verify import verdict_from_proto
 
 STATUS_STYLE = {
     types_pb2.TASK_STATUS_QUEUED: "yellow",
@@ -115,3 +118,66 @@ def thinking_text(decision: types_pb2.Decision) -> str:
         for b in decision.thinking
     ]
     return "\n".join(p for p in parts if p)
+
+
+_VERDICT_STYLE = {"met": "green", "not_met": "red", "unknown": "yellow"}
+FLOW_STATUS_WORDS = {
+    types_pb2.FLOW_STATUS_ACTIVE: "active",
+    types_pb2.FLOW_STATUS_DISABLED: "disabled",
+    types_pb2.FLOW_STATUS_RETIRED: "retired",
+}
+
+
+def verdict_words(verification: types_pb2.StepVerification) -> str:
+    """One line (rich markup; evidence and notes escaped) for a step's verification: the
+    checker's verdict and evidence, the model's judgement, and a disagreement."""
+    checker = verdict_from_proto(verification.verdict)
+    model = verdict_from_proto(verification.model.verdict)
+    parts = []
+    if checker is not None:
+        who = "cloud check" if verification.checked_by_cloud else "checker"
+        style = _VERDICT_STYLE[checker]
+        parts.append(
+            f"[{style}]{VERDICT_WORDS[checker]}[/{style}] ({who}: {literal(verification.evidence)})"
+        )
+    if model is not None:
+        note = f": {literal(verification.model.note)}" if verification.model.note else ""
+        parts.append(f"model says {VERDICT_WORDS[model]}{note}")
+    if verification.disagree:
+        parts.append("[bold red]checker and model disagree[/bold red]")
+    return " · ".join(parts) or "not checked"
+
+
+def verdict_counts(decisions: list[types_pb2.Decision]) -> dict[str, int]:
+    """How many steps the checker found met, not met, unknown (and how many were not checked)."""
+    counts = {"met": 0, "not_met": 0, "unknown": 0, "unchecked": 0}
+    for d in decisions:
+        if d.tool_name in ("complete", "get_ui_tree"):
+            continue
+        name = verdict_from_proto(d.verification.verdict)
+        counts[name or "unchecked"] += 1
+    return counts
+
+
+def flow_table(flows: list[types_pb2.Flow]) -> Table:
+    """Flows as `amc flows list` prints them."""
+    table = Table(show_lines=False)
+    for column in ("flow", "status", "goal", "steps", "uses", "replayed", "diverged", "updated"):
+        table.add_column(column)
+    for f in flows:
+        table.add_row(
+            f.flow_id,
+            FLOW_STATUS_WORDS.get(f.status, "?"),
+            Text(f.goal_template),
+            str(len(f.steps)),
+            str(f.uses),
+            str(f.replays_completed),
+            str(f.divergences),
+            ago(f.updated_at),
+        )
+    return table
+
+
+def target_words(target: types_pb2.ElementTarget) -> str:
+    """A semantic target as words ("'Display' title TextView")."""
+    return semantics(target)

@@ -19,6 +19,8 @@ from export.run import Outcome, Run, Step
 from planner.convert import thinking_kind_from_proto
 from planner.decision import ThinkingBlock, Usage
 from planner.observation import scene_from_observation
+from planner.verify import WORDS as VERDICT_WORDS
+from planner.verify import verdict_from_proto
 
 Which = Literal["before", "after"]
 
@@ -108,7 +110,15 @@ def step_from_decision(d: types_pb2.Decision, attempt: types_pb2.Attempt | None)
         ),
         latency_s=d.latency.ToNanoseconds() / 1e9 if d.HasField("latency") else None,
         outcome=outcome,
+        verdict=_verdict(d),
+        verdict_detail=d.verification.evidence,
     )
+
+
+def _verdict(d: types_pb2.Decision) -> str | None:
+    """The checker's verdict as a word ("met", "not met", "unknown"), None when unchecked."""
+    name = verdict_from_proto(d.verification.verdict)
+    return VERDICT_WORDS[name] if name is not None else None
 
 
 async def run_from_cloud(

@@ -398,6 +398,7 @@ class LeaseClient:
             existing.changed.set()
             return
         deadline = a.deadline.ToDatetime(tzinfo=UTC) if a.HasField("deadline") else None
+        flows = tuple([a.flow] if a.HasField("flow") else []) + tuple(a.alternatives)
         spec = TaskSpec(
             a.task_id,
             a.attempt,
@@ -406,6 +407,7 @@ class LeaseClient:
             a.lease_id,
             deadline,
             secrets=dict(a.secrets),
+            flows=flows,
         )
         problem = self._cannot_run(a.device_serial)
         if problem:
@@ -533,6 +535,7 @@ class LeaseClient:
                 outcome.summary,
                 rt.progress.snapshot(),
                 retryable=outcome.retryable,
+                replay=outcome.replay,
             )
         self._forget_if_done(rt.key)
         return outcome
@@ -545,6 +548,7 @@ class LeaseClient:
         progress: ProgressSnapshot,
         *,
         retryable: bool = False,
+        replay: types_pb2.FlowReplayReport | None = None,
     ) -> None:
         result = lease_service_pb2.TaskResult(
             task_id=spec.task_id,
@@ -554,6 +558,7 @@ class LeaseClient:
             summary=truncate(summary, 2000),
             final_progress=progress.to_proto(),
             retryable=retryable,
+            replay=replay,
         )
         request = lease_service_pb2.LeaseRequest(result=result)
         key = (spec.task_id, spec.attempt)

@@ -25,6 +25,7 @@ from planner.plan_step import plan_step
 from planner.planner import Planner
 from planner.scene import Scene
 from planner.steps import MAX_DRIVER_OUTPUT_BYTES, MAX_OUTCOME_ERROR_BYTES, PastStep, with_outcome
+from planner.verify import MAX_EVIDENCE_BYTES, verdict_to_proto
 
 if TYPE_CHECKING:
     from planner.session.planner import SessionPlanner
@@ -77,13 +78,17 @@ def previous_outcome(
     event = history[-1]
     if isinstance(event, WorldEvent):
         success, error, output = event.success, event.error, event.driver_output
+        verdict, evidence = event.verdict, event.evidence
     else:
         success, error, output = event.get("success"), event.get("error"), None
+        verdict, evidence = None, None
     return types_pb2.ActionOutcome(
         step_index=step_index,
         executed=bool(success),
         error=clip(str(error or ""), MAX_OUTCOME_ERROR_BYTES),
         driver_output=clip(str(output or ""), MAX_DRIVER_OUTPUT_BYTES),
+        verdict=verdict_to_proto(verdict),
+        evidence=clip(evidence or "", MAX_EVIDENCE_BYTES),
     )
 
 
@@ -181,11 +186,15 @@ class DirectPlanner:
 
     `engine` is a compact `Planner` (may be shared by attempts) or this attempt's
     `SessionPlanner` (its conversation is stored, so it survives a restart; the step records
-    here are only for compact prompts and start empty after one).
+    here are only for compact prompts and start empty after one). `flows` are the learned flows
+    of the assignment: `plan_step` replays them as the cloud does on its transport.
     """
 
-    def __init__(self, engine: Planner | SessionPlanner) -> None:
+    def __init__(
+        self, engine: Planner | SessionPlanner, flows: Sequence[types_pb2.Flow] = ()
+    ) -> None:
         self.engine = engine
+        self.flows = tuple(flows)
         self.steps: list[PastStep] = []
 
     async def decide(
@@ -203,6 +212,7 @@ class DirectPlanner:
             observation=observation_from_scene(scene),
             previous_outcome=outcome,
             screenshot=screenshot,
+            flows=self.flows,
         )
         self.steps = with_outcome(self.steps, outcome)
         self.steps.append(PastStep.from_decision(decision, len(self.steps) + 1))

@@ -285,13 +285,14 @@ async def _run_task(
                 task_id=spec.task_id,
                 attempt=spec.attempt,
                 on_thinking=app.thinking.sink(spec.task_id, spec.attempt),
-            )
+            ),
+            spec.flows,
         )
         planner = ClearingPlanner(session, app.thinking, spec.task_id, spec.attempt)
     elif app.direct_planner is not None:
         planner = app.direct_planner
     elif app.compact_engine is not None:
-        planner = DirectPlanner(app.compact_engine)
+        planner = DirectPlanner(app.compact_engine, spec.flows)
     else:
         # The cloud transport: the cloud chooses compact or session mode itself.
         assert app.planner_channel is not None

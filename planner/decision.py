@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from amc.v1 import types_pb2
+
+if TYPE_CHECKING:
+    from planner.tools import Judgement
 
 ThinkingKind = Literal["none", "full", "summarized", "omitted", "redacted"]
 RetryKind = Literal["none", "forced", "nudge"]
@@ -99,12 +102,25 @@ class Decision:
     observation: types_pb2.ScreenObservation | None = None
     """The screen the decision was made on (set by `plan_step`): the decision log keeps it so
     an export of the run has its screens and can place actions on them."""
+    previous_step: Judgement | None = None
+    """The model's judgement of the step before this one (its `previous_step` argument)."""
+    target_descriptor: types_pb2.ElementTarget | None = None
+    """The semantic target of the element the action names (set by `plan_step`), so a learned
+    flow can find that element again on another screen."""
+    flow_id: str = ""
+    """A replayed step: the learned flow it comes from (mode "replay")."""
+    flow_step: int = 0
+    """A replayed step: its 1-based position in that flow."""
+    replay_divergence: str = ""
+    """The first decision after a replay handed over: which flow step diverged and why."""
 
     @property
     def planner_mode(self) -> str:
         """ "session" when the model saw a kept conversation (`user_prompt` is then this step's
-        addition to it), else "compact" (the prompts were the whole request)."""
-        return "session" if self.extra.get("mode") == "session" else "compact"
+        addition to it), "replay" for a step of a learned flow (no model call), else "compact"
+        (the prompts were the whole request)."""
+        mode = self.extra.get("mode")
+        return mode if mode in ("session", "replay") else "compact"
 
     @property
     def sensitive(self) -> bool:

@@ -45,13 +45,18 @@ from planner.errors import (
     PlannerTransient,
     SessionStateError,
 )
-from planner.observation import MAX_OBSERVATION_BYTES, observation_problem
+from planner.observation import (
+    MAX_OBSERVATION_BYTES,
+    observation_problem,
+    scene_from_observation,
+)
 from planner.plan_step import plan_step
 from planner.planner import Planner
 from planner.session.step_planner import Outcome, call_id_of, continue_session
 from planner.session.store import SessionConflict, SessionStore
 from planner.step_once import StepPlans, step_key_problem
-from planner.steps import PastStep, outcome_problem
+from planner.steps import PastStep, checked, outcome_problem
+from planner.tools import Judgement
 
 if TYPE_CHECKING:  # a cloud that plans offline never loads the provider SDKs
     from planner.session.factory import SessionPlanners
@@ -109,9 +114,39 @@ class AttemptLog(Protocol):
     async def steps(self, task_id: str, attempt: int) -> list[PastStep]: ...
 
     async def record_outcome(
-        self, task_id: str, attempt: int, outcome: types_pb2.ActionOutcome
+        self,
+        task_id: str,
+        attempt: int,
+        outcome: types_pb2.ActionOutcome,
+        *,
+        checked_by_cloud: bool = False,
     ) -> None:
-        """Record on the decision `outcome.step_index` names, unless it has one already."""
+        """Record on the decision `outcome.step_index` names, unless it has one already
+        (`checked_by_cloud`: the verdict is the cloud's, the host sent none)."""
+        ...
+
+    async def record_judgement(
+        self, task_id: str, attempt: int, step_index: int, judgement: Judgement
+    ) -> None:
+        """Record the model's judgement of decision `step_index` (first one wins)."""
+        ...
+
+    async def flows(self, task_id: str, goal: str, attempt: int) -> list[types_pb2.Flow]:
+        """The learned flows the attempt was handed, best first, with the goal's parameter
+        values (empty: no replay)."""
+        ...
+
+    async def record_replay(
+        self,
+        task_id: str,
+        attempt: int,
+        *,
+        flow_id: str,
+        steps_replayed: int,
+        diverged_at: int,
+        reason: str,
+    ) -> None:
+        """How the attempt's replay stands after this decision."""
         ...
 
 
@@ -279,7 +314,14 @@ class PlannerServicer(planner_service_pb2_grpc.PlannerServiceServicer):
             problem = outcome_problem(previous, history)
             if problem:
                 await context.abort(grpc.StatusCode.INVALID_ARGUMENT, problem)
-            await self._attempts.record_outcome(task_id, attempt, previous)
+            # A host that runs no checker gets the cloud's reading of this observation.
+            scene = scene_from_observation(request.observation)
+            previous, by_cloud = checked(previous, history, scene)
+            assert previous is not None
+            await self._attempts.record_outcome(
+                task_id, attempt, previous, checked_by_cloud=by_cloud
+            )
+        flows = await self._attempts.flows(task_id, goal, attempt)
 
         async def plan() -> Decision:
             if self.mode == "compact":
@@ -290,6 +332,7 @@ class PlannerServicer(planner_service_pb2_grpc.PlannerServiceServicer):
                     observation=request.observation,
                     previous_outcome=previous,
                     screenshot=request.screenshot or None,
+                    flows=flows,
                 )
             planner = await self._open_session(task_id, attempt)
             try:
@@ -299,14 +342,46 @@ class PlannerServicer(planner_service_pb2_grpc.PlannerServiceServicer):
                     history=history,
                     observation=request.observation,
                     previous_outcome=previous,
+                    flows=flows,
                 )
             finally:
                 await planner.aclose()
 
         if not request.step_key:
-            return await plan()
-        # A retry of a step still planning (or planned, but not logged) here joins that plan.
-        return await self._plans.plan((task_id, attempt, request.step_key), plan)
+            decision = await plan()
+        else:
+            # A retry of a step still planning (or planned, but not logged) here joins that plan.
+            decision = await self._plans.plan((task_id, attempt, request.step_key), plan)
+        await self._after_decision(task_id, attempt, history, previous, decision)
+        return decision
+
+    async def _after_decision(
+        self,
+        task_id: str,
+        attempt: int,
+        history: list[PastStep],
+        previous: types_pb2.ActionOutcome | None,
+        decision: Decision,
+    ) -> None:
+        """What the decision says about earlier steps: the model's judgement of the previous
+        one, and how the attempt's replay stands."""
+        if decision.previous_step is not None and previous is not None:
+            await self._attempts.record_judgement(
+                task_id, attempt, previous.step_index, decision.previous_step
+            )
+        replaying = decision.planner_mode == "replay"
+        if replaying or decision.replay_divergence:
+            replayed = sum(1 for s in history if s.mode == "replay" and s.tool_name != "complete")
+            if replaying and decision.tool_name != "complete":
+                replayed += 1
+            await self._attempts.record_replay(
+                task_id,
+                attempt,
+                flow_id=decision.flow_id,
+                steps_replayed=replayed,
+                diverged_at=0 if replaying else decision.flow_step,
+                reason=decision.replay_divergence,
+            )
 
     async def _open_session(self, task_id: str, attempt: int) -> SessionPlanner:
         assert self._sessions is not None and self._session_store is not None

@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Sequence
 
 from amc.v1 import lease_service_pb2 as lease_pb
 from amc.v1 import types_pb2
 from cloud.events import EventBus
+from cloud.flows.retrieval import Retriever
 from cloud.lease import messages
 from cloud.lease.session import HostSession
 from cloud.provider_health import ProviderHealth
@@ -44,10 +46,15 @@ class Dispatcher:
         self.provider: ProviderHealth | None = None
         #: Opens tasks' sealed secrets for their assignments (None: the cloud has no key).
         self.secrets: SecretBox | None = None
+        #: Chooses the learned flows an assignment carries (None: flows are off).
+        self.flows: Retriever | None = None
         bus.on_queued.append(self.wake.set)
 
-    def _assignment(self, claimed: leases.Claimed) -> lease_pb.LeaseResponse:
-        """The Assignment for a claim, with the task's secrets opened for the lease holder.
+    def _assignment(
+        self, claimed: leases.Claimed, flows: Sequence[types_pb2.Flow] = ()
+    ) -> lease_pb.LeaseResponse:
+        """The Assignment for a claim, with the task's secrets opened for the lease holder and
+        the learned flows chosen for it.
 
         A secret that cannot be opened (the key was changed or removed since the task was
         submitted) is left out and logged by name: the host then refuses to type it, and the
@@ -61,7 +68,7 @@ class Dispatcher:
             except SecretUnreadable as exc:
                 log.error("task %s: secret %r left out of its assignment: %s",
                           claimed.task_id, name, exc)  # fmt: skip
-        return messages.assignment(claimed, opened)
+        return messages.assignment(claimed, opened, flows)
 
     def paused_for(self, session: HostSession) -> bool:
         """Whether new tasks are held back from this host (it plans through this cloud, whose
@@ -117,9 +124,22 @@ class Dispatcher:
                     return got
                 session.busy.add(claimed.device_serial)
                 session.granted.add(held)
-                session.send(self._assignment(claimed))
+                session.send(self._assignment(claimed, await self._flows_for(claimed)))
                 self.bus.tasks_changed([claimed.task_id])
         return got
+
+    async def _flows_for(self, claimed: leases.Claimed) -> list[types_pb2.Flow]:
+        """The learned flows for a fresh attempt (recorded on it); none when retrieval fails:
+        the task then runs with the model, which is never worse than a wrong replay."""
+        if self.flows is None:
+            return []
+        try:
+            return await self.flows.for_new_attempt(
+                claimed.task_id, claimed.attempt, claimed.goal, no_replay=claimed.no_replay
+            )
+        except Exception:
+            log.exception("flow retrieval for %s/%d failed", claimed.task_id, claimed.attempt)
+            return []
 
     async def _send_unsure(self, session: HostSession) -> bool:
         """Send the leases that claims with an unknown outcome did create; False if the store is
@@ -141,7 +161,13 @@ class Dispatcher:
             session.granted.add(
                 leases.HeldLease(claimed.task_id, claimed.attempt, claimed.lease_id)
             )
-            session.send(self._assignment(claimed))
+            handed: list[types_pb2.Flow] = []
+            if self.flows is not None:
+                try:
+                    handed = await self.flows.handed(claimed.task_id, claimed.attempt, claimed.goal)
+                except Exception:
+                    log.exception("reading the flows of %s failed", claimed.task_id)
+            session.send(self._assignment(claimed, handed))
             self.bus.tasks_changed([claimed.task_id])
         return True
 

@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 import datetime as dt
 import logging
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 import grpc
@@ -57,6 +57,8 @@ class LeaseManager:
         self.dispatcher = Dispatcher(store, bus, self.sessions)
         self.dispatcher.secrets = secrets
         self.sweeper = Sweeper(store, bus)
+        #: Called when an attempt ended with a result (the flow-learning loop wakes up).
+        self.on_ended: list[Callable[[], None]] = []
         self._jobs: list[asyncio.Task[None]] = []
         self._closings: set[asyncio.Task[None]] = set()
         self._stopping = False
@@ -365,10 +367,13 @@ class LeaseManager:
             leases.truncate_summary(msg.summary, leases.RESULT_SUMMARY_LIMIT),
             final,
             retryable=msg.retryable,
+            replay=messages.replay_in(msg.replay) if msg.HasField("replay") else None,
         )
         if out.recorded or out.duplicate:
             session.granted.discard(leases.HeldLease(msg.task_id, msg.attempt, msg.lease_id))
             if out.recorded:
+                for hear in self.on_ended:
+                    hear()
                 session.busy.discard(out.device_serial)
                 self.bus.tasks_changed([msg.task_id])
                 if out.task_status == states.QUEUED:  # a retryable end: its next attempt waits

@@ -8,7 +8,7 @@ store's `ProgressIn`.
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TypeAlias
 
 from amc.v1 import lease_service_pb2 as lease_pb
@@ -56,6 +56,16 @@ def progress_in(progress: types_pb2.Progress) -> leases.ProgressIn:
     )
 
 
+def replay_in(report: types_pb2.FlowReplayReport) -> leases.ReplayIn:
+    """A host's replay report as the store writes it (ids and reasons cut to their columns)."""
+    return leases.ReplayIn(
+        flow_id=report.flow_id[:32],
+        steps_replayed=max(0, report.steps_replayed),
+        diverged_at=max(0, report.diverged_at_step) if report.diverged else 0,
+        reason=report.reason[:512],
+    )
+
+
 def revoked(
     task_id: str, attempt: int, lease_id: str, reason: int, message: str
 ) -> lease_pb.LeaseResponse:
@@ -80,9 +90,12 @@ def refused(
 
 
 def assignment(
-    claimed: leases.Claimed, secrets: Mapping[str, str] | None = None
+    claimed: leases.Claimed,
+    secrets: Mapping[str, str] | None = None,
+    flows: Sequence[types_pb2.Flow] = (),
 ) -> lease_pb.LeaseResponse:
-    """A fresh lease for the host, with the task's secrets opened (for the lease holder only)."""
+    """A fresh lease for the host, with the task's secrets opened (for the lease holder only)
+    and the learned flows retrieval chose for it (best first)."""
     a = lease_pb.Assignment(
         task_id=claimed.task_id,
         attempt=claimed.attempt,
@@ -99,11 +112,15 @@ def assignment(
     p = convert.progress(claimed.last_progress)
     if p is not None:
         a.last_progress.CopyFrom(p)
+    if flows:
+        a.flow.CopyFrom(flows[0])
+        a.alternatives.extend(flows[1:])
     return lease_pb.LeaseResponse(assignment=a)
 
 
 def resumed(check: leases.HeldCheck) -> lease_pb.LeaseResponse:
-    """A held assignment that is still the host's live lease, confirmed after its reconnect."""
+    """A held assignment that is still the host's live lease, confirmed after its reconnect.
+    No flows: the host is still running the attempt with the ones it was handed."""
     live, task = check.live, check.task
     assert live is not None and task is not None, "only a live held assignment resumes"
     a = lease_pb.Assignment(

@@ -24,6 +24,7 @@ from cloud.settings import SettingError
 from cloud.store import leases
 from cloud.store.database import Store
 from cloud.store.ports import (
+    FlowsHanded,
     StoreAttemptLog,
     StoreDecisionSink,
     StoreLeaseGate,
@@ -115,7 +116,10 @@ def _caller_host_id(context: grpc.aio.ServicerContext[Any, Any]) -> str:
 
 
 def build_planner_servicer(
-    store: Store, bus: EventBus, health: ProviderHealth | None = None
+    store: Store,
+    bus: EventBus,
+    health: ProviderHealth | None = None,
+    handed: FlowsHanded | None = None,
 ) -> tuple[planner_service_pb2_grpc.PlannerServiceServicer, list[Any], str]:
     """The planner servicer on the cloud's ports, what must be closed with the server, and a
     line saying which planner it is (for the start-up banner).
@@ -125,7 +129,8 @@ def build_planner_servicer(
     provider that keeps conversations: asking for it with the offline provider is a
     `SettingError`; deprecated session steps get UNIMPLEMENTED there, as before. `health` hears
     every Decide's outcome and gets the model's probe (the offline provider has none: it is
-    never down).
+    never down). `handed` reads the learned flows an attempt was given (replayed inside
+    Decide); None: no replay.
     """
     from planner.planner import make_planner
     from planner.service import PlannerServicer
@@ -152,7 +157,7 @@ def build_planner_servicer(
         lease_gate=StoreLeaseGate(store),
         sink=StoreDecisionSink(store),
         planner=planner,
-        attempts=StoreAttemptLog(store),
+        attempts=StoreAttemptLog(store, handed),
         mode=planner_settings.mode,
         sessions=sessions,
         session_store=lambda: StoreSessionStore(store),

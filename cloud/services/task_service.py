@@ -91,6 +91,7 @@ class TaskServicer(task_service_pb2_grpc.TaskServiceServicer):
             target_host_id=r.target.host_id or None,
             target_device_serial=r.target.device_serial or None,
             client_request_id=r.client_request_id or None,
+            no_replay=r.no_replay,
         )
 
     async def SubmitTask(

@@ -9,9 +9,16 @@ from google.protobuf import duration_pb2, timestamp_pb2
 
 from amc.v1 import types_pb2
 from cloud.store import states
-from cloud.store.models import AttemptRow, DecisionRow, HostRow
+from cloud.store.models import AttemptRow, DecisionRow, FlowRow, HostRow
 from cloud.store.tasks import TaskView
 from planner.convert import mode_enum, provider_enum, retry_kind_to_proto, thinking_kind_to_proto
+from planner.verify import disagree, verdict_to_proto
+
+FLOW_STATUSES: dict[str, types_pb2.FlowStatus.ValueType] = {
+    "active": types_pb2.FLOW_STATUS_ACTIVE,
+    "disabled": types_pb2.FLOW_STATUS_DISABLED,
+    "retired": types_pb2.FLOW_STATUS_RETIRED,
+}
 
 #: DecisionRow.planner_transport → the protocol's enum.
 TRANSPORTS: dict[str, int] = {
@@ -72,6 +79,18 @@ def attempt(row: AttemptRow) -> types_pb2.Attempt:
         out.ended_at.CopyFrom(ts(row.ended_at))
     else:
         out.lease_expires_at.CopyFrom(ts(row.lease_expires_at))
+    if row.flow_reason is not None:
+        out.flow.CopyFrom(
+            types_pb2.FlowUse(
+                flow_id=row.flow_id or "",
+                score=row.flow_score or 0.0,
+                scorer=row.flow_scorer or "",
+                reason=row.flow_reason,
+                steps_replayed=row.replay_steps or 0,
+                diverged_at_step=row.replay_diverged_step or 0,
+                divergence=row.replay_divergence or "",
+            )
+        )
     return out
 
 
@@ -96,6 +115,7 @@ def task(view: TaskView, *, with_attempts: bool) -> types_pb2.Task:
         deadline=ts(t.deadline),
         client_request_id=t.client_request_id or "",
         cancel_requested=t.cancel_requested and t.status not in states.TERMINAL,
+        no_replay=t.no_replay,
     )
     if t.finished_at is not None:
         out.finished_at.CopyFrom(ts(t.finished_at))
@@ -136,6 +156,43 @@ def host(row: HostRow, connected: bool) -> types_pb2.Host:
         )
         if row.outbox_oldest_at is not None:
             out.outbox.oldest_at.CopyFrom(ts(row.outbox_oldest_at))
+    return out
+
+
+def verification(row: DecisionRow) -> types_pb2.StepVerification:
+    """What is known about whether a decision reached its expected outcome."""
+    return types_pb2.StepVerification(
+        verdict=verdict_to_proto(row.verdict),
+        evidence=row.verdict_evidence or "",
+        checked_by_cloud=row.verdict_by_cloud,
+        model=types_pb2.StepJudgement(
+            verdict=verdict_to_proto(row.model_verdict), note=row.model_note or ""
+        ),
+        disagree=disagree(row.verdict, row.model_verdict),
+    )
+
+
+def flow(row: FlowRow, *, with_steps: bool = True) -> types_pb2.Flow:
+    """A learned flow with its counts and status (its steps unless asked not to)."""
+    out = types_pb2.Flow()
+    out.ParseFromString(row.flow_pb)
+    if not with_steps:
+        out.ClearField("embedding_text")
+    out.flow_id = row.flow_id
+    out.status = FLOW_STATUSES.get(row.status, types_pb2.FLOW_STATUS_UNSPECIFIED)
+    out.status_reason = row.status_reason
+    out.source_task_id = row.source_task_id
+    out.source_attempt = row.source_attempt
+    out.embedding_text = row.embedding_text if with_steps else ""
+    out.uses = row.uses
+    out.replays_completed = row.replays_completed
+    out.divergences = row.divergences
+    out.consecutive_divergences = row.consecutive_divergences
+    for step, count in (row.divergences_by_step or {}).items():
+        out.divergences_by_step[int(step)] = int(count)
+    out.last_divergence = row.last_divergence
+    out.created_at.CopyFrom(ts(row.created_at))
+    out.updated_at.CopyFrom(ts(row.updated_at))
     return out
 
 
@@ -187,8 +244,26 @@ def decision(row: DecisionRow, *, include_observation: bool = False) -> types_pb
                 executed=row.outcome_executed,
                 error=row.outcome_error or "",
                 driver_output=row.outcome_driver_output or "",
+                # The host's own check only (a check the cloud ran is in `verification`).
+                verdict=types_pb2.VERDICT_UNSPECIFIED
+                if row.verdict_by_cloud
+                else verdict_to_proto(row.verdict),
+                evidence="" if row.verdict_by_cloud else (row.verdict_evidence or ""),
             )
         )
+    if row.verdict is not None or row.model_verdict is not None:
+        out.verification.CopyFrom(verification(row))
+    if row.previous_verdict is not None:
+        out.previous_step.CopyFrom(
+            types_pb2.StepJudgement(
+                verdict=verdict_to_proto(row.previous_verdict), note=row.previous_note or ""
+            )
+        )
+    if row.target_pb:
+        out.target.ParseFromString(row.target_pb)
+    out.flow_id = row.flow_id or ""
+    out.flow_step = row.flow_step or 0
+    out.replay_divergence = row.replay_divergence or ""
     if row.action_pb:
         out.action.ParseFromString(row.action_pb)
     if include_observation and row.observation_pb:

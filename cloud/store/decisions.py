@@ -21,6 +21,8 @@ from cloud.store.models import DecisionRow, TaskRow
 from planner.convert import masked_action
 from planner.decision import Decision
 from planner.steps import PastStep, StepOutcome, stored_arguments
+from planner.tools import Judgement
+from planner.verify import VerdictName, verdict_from_proto
 
 _APPEND_RETRIES = 20
 
@@ -137,6 +139,7 @@ async def _insert(
     """One row at the next step index of (task, attempt), masked; IntegrityError when another
     writer took that index (or that host decision id) first."""
     thinking = [{"text": b.text, "redacted": b.redacted} for b in decision.thinking]
+    judged = decision.previous_step
     async with store.write() as session:
         current = await session.scalar(
             select(func.coalesce(func.max(DecisionRow.step_index), 0)).where(
@@ -179,11 +182,18 @@ async def _insert(
             host_decision_id=host_decision_id,
             observation_pb=_observation(decision),
             step_key=step_key or None,
+            previous_verdict=judged.verdict if judged is not None else None,
+            previous_note=judged.note if judged is not None else None,
+            target_pb=decision.target_descriptor.SerializeToString()
+            if decision.target_descriptor is not None
+            else None,
+            flow_id=decision.flow_id or None,
+            flow_step=decision.flow_step or None,
+            replay_divergence=decision.replay_divergence or None,
         )
         if outcome is not None:
-            row.outcome_executed = outcome.executed
-            row.outcome_error = outcome.error
-            row.outcome_driver_output = outcome.driver_output
+            for name, value in _outcome_values(outcome).items():
+                setattr(row, name, value)
         session.add(row)
         await session.flush()
     return row
@@ -238,7 +248,13 @@ async def list_page(
 def past_step(row: DecisionRow) -> PastStep:
     """A logged decision as the planner's history remembers it."""
     outcome = (
-        StepOutcome(row.outcome_executed, row.outcome_error or "", row.outcome_driver_output or "")
+        StepOutcome(
+            row.outcome_executed,
+            row.outcome_error or "",
+            row.outcome_driver_output or "",
+            verdict_name(row.verdict),
+            row.verdict_evidence or "",
+        )
         if row.outcome_executed is not None
         else None
     )
@@ -252,27 +268,51 @@ def past_step(row: DecisionRow) -> PastStep:
         expected_outcome=row.expected_outcome,
         rationale=row.rationale,
         outcome=outcome,
+        mode=row.planner_mode,
+        flow_id=row.flow_id or "",
+        flow_step=row.flow_step or 0,
     )
+
+
+def verdict_name(value: str | None) -> VerdictName | None:
+    """A stored verdict as the planner names it (None: not checked, or an unknown word)."""
+    for name in ("met", "not_met", "unknown"):
+        if value == name:
+            return name
+    return None
+
+
+async def attempt_rows(store: Store, task_id: str, attempt: int) -> list[DecisionRow]:
+    """Every decision row of one attempt, in step order."""
+    async with store.read() as session:
+        return list(
+            (
+                await session.scalars(
+                    select(DecisionRow)
+                    .where(DecisionRow.task_id == task_id, DecisionRow.attempt == attempt)
+                    .order_by(DecisionRow.step_index)
+                )
+            ).all()
+        )
 
 
 async def attempt_steps(store: Store, task_id: str, attempt: int) -> list[PastStep]:
     """Every decision of one attempt, in step order, with the outcomes reported so far."""
-    async with store.read() as session:
-        rows = (
-            await session.scalars(
-                select(DecisionRow)
-                .where(DecisionRow.task_id == task_id, DecisionRow.attempt == attempt)
-                .order_by(DecisionRow.step_index)
-            )
-        ).all()
-    return [past_step(r) for r in rows]
+    return [past_step(r) for r in await attempt_rows(store, task_id, attempt)]
 
 
 async def record_outcome(
-    store: Store, task_id: str, attempt: int, outcome: types_pb2.ActionOutcome
+    store: Store,
+    task_id: str,
+    attempt: int,
+    outcome: types_pb2.ActionOutcome,
+    *,
+    checked_by_cloud: bool = False,
 ) -> bool:
-    """Record a reported outcome on the decision it names; False when that decision already
-    has one (a retried report) or does not exist."""
+    """Record a reported outcome, with its verdict, on the decision it names; False when that
+    decision already has one (a retried report) or does not exist. `checked_by_cloud`: the
+    cloud ran the checker because the host sent no verdict."""
+    verdict = verdict_from_proto(outcome.verdict)
     async with store.write() as session:
         result = await session.execute(
             update(DecisionRow)
@@ -286,9 +326,24 @@ async def record_outcome(
                 outcome_executed=outcome.executed,
                 outcome_error=outcome.error,
                 outcome_driver_output=outcome.driver_output,
+                verdict=verdict,
+                verdict_evidence=outcome.evidence if verdict is not None else None,
+                verdict_by_cloud=checked_by_cloud and verdict is not None,
             )
         )
         return bool(result.rowcount)  # type: ignore[attr-defined]
+
+
+def _outcome_values(outcome: types_pb2.ActionOutcome) -> dict[str, object]:
+    """The columns a host's reported outcome fills, its checker's verdict included."""
+    verdict = verdict_from_proto(outcome.verdict)
+    return {
+        "outcome_executed": outcome.executed,
+        "outcome_error": outcome.error,
+        "outcome_driver_output": outcome.driver_output,
+        "verdict": verdict,
+        "verdict_evidence": outcome.evidence if verdict is not None else None,
+    }
 
 
 async def record_outcome_of(
@@ -299,11 +354,26 @@ async def record_outcome_of(
         result = await session.execute(
             update(DecisionRow)
             .where(DecisionRow.decision_id == decision_id, DecisionRow.outcome_executed.is_(None))
-            .values(
-                outcome_executed=outcome.executed,
-                outcome_error=outcome.error,
-                outcome_driver_output=outcome.driver_output,
+            .values(**_outcome_values(outcome))
+        )
+    return bool(result.rowcount)  # type: ignore[attr-defined]
+
+
+async def record_judgement(
+    store: Store, task_id: str, attempt: int, step_index: int, judgement: Judgement
+) -> bool:
+    """Record the model's judgement of decision `step_index` (given with the next decision);
+    the first judgement wins, like the first outcome."""
+    async with store.write() as session:
+        result = await session.execute(
+            update(DecisionRow)
+            .where(
+                DecisionRow.task_id == task_id,
+                DecisionRow.attempt == attempt,
+                DecisionRow.step_index == step_index,
+                DecisionRow.model_verdict.is_(None),
             )
+            .values(model_verdict=judgement.verdict, model_note=judgement.note)
         )
         return bool(result.rowcount)  # type: ignore[attr-defined]
 

@@ -15,6 +15,7 @@ from sqlalchemy import (
     ForeignKey,
     Index,
     Integer,
+    LargeBinary,
     MetaData,
     String,
     Text,
@@ -83,6 +84,8 @@ class TaskRow(Base):
     client_request_id: Mapped[str | None] = mapped_column(String(128), unique=True)
     cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
     cancel_reason: Mapped[str | None] = mapped_column(Text)
+    # Submitted with no_replay: every step is planned by the model (migration 0010).
+    no_replay: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
     result_summary: Mapped[str | None] = mapped_column(Text)
     created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime())
     updated_at: Mapped[dt.datetime] = mapped_column(UTCDateTime())
@@ -128,9 +131,23 @@ class AttemptRow(Base):
     # The host's result arrived after the lease ran out, before another attempt started, and was
     # accepted (leases/results.py): what the host finished counts instead of running again.
     late_result: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
+    # Learned flows (migration 0010): what retrieval decided at assignment (the flow handed
+    # over, its score and scorer, why, and every candidate handed over, best first), how the
+    # replay went, and whether the learning loop has looked at the ended attempt (NULL: not
+    # yet; "done").
+    flow_id: Mapped[str | None] = mapped_column(String(32))
+    flow_score: Mapped[float | None] = mapped_column(Float)
+    flow_scorer: Mapped[str | None] = mapped_column(String(32))
+    flow_reason: Mapped[str | None] = mapped_column(Text)
+    flow_candidates: Mapped[list[str] | None] = mapped_column(JSON)
+    replay_steps: Mapped[int | None] = mapped_column(Integer)
+    replay_diverged_step: Mapped[int | None] = mapped_column(Integer)
+    replay_divergence: Mapped[str | None] = mapped_column(Text)
+    flow_state: Mapped[str | None] = mapped_column(String(16))
 
     __table_args__ = (
         UniqueConstraint("task_id", "attempt"),
+        Index("ix_attempts_flow_state", "flow_state", "ended_at"),
         # One live attempt per phone: the database refuses a second one, whatever replica tries.
         Index(
             "uq_attempts_live_device",
@@ -243,12 +260,30 @@ class DecisionRow(Base):
     # retried Decide with the same key gets this row back instead of planning again.
     step_key: Mapped[str | None] = mapped_column(String(64))
     # "cloud" (Decide made it) or "direct" (a host made it and shipped it); rows from before
-    # 0007 were all the cloud's.
+    # 0009 were all the cloud's.
     planner_transport: Mapped[str] = mapped_column(
         String(16), default="cloud", server_default="cloud"
     )
     # The host's own id of a shipped decision (NULL for the cloud's): a resend finds it here.
     host_decision_id: Mapped[str | None] = mapped_column(String(64))
+    # Verification (migration 0010): the checker's verdict on this decision's expected outcome
+    # ("met" | "not_met" | "unknown"; NULL until reported) with its evidence and whether the
+    # cloud ran it (the host sent none); the model's judgement of it (from the next decision);
+    # this decision's own judgement of the step before it.
+    verdict: Mapped[str | None] = mapped_column(String(16))
+    verdict_evidence: Mapped[str | None] = mapped_column(Text)
+    verdict_by_cloud: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
+    model_verdict: Mapped[str | None] = mapped_column(String(16))
+    model_note: Mapped[str | None] = mapped_column(Text)
+    previous_verdict: Mapped[str | None] = mapped_column(String(16))
+    previous_note: Mapped[str | None] = mapped_column(Text)
+    # The semantic target of the element the action names (amc.v1.ElementTarget, serialized).
+    target_pb: Mapped[bytes | None] = mapped_column(LargeBinary)
+    # A replayed step: its flow and 1-based step; the decision that took over from a replay:
+    # the flow step that diverged and why.
+    flow_id: Mapped[str | None] = mapped_column(String(32))
+    flow_step: Mapped[int | None] = mapped_column(Integer)
+    replay_divergence: Mapped[str | None] = mapped_column(Text)
 
     __table_args__ = (
         UniqueConstraint("task_id", "attempt", "step_index"),
@@ -320,3 +355,38 @@ class TaskSecretRow(Base):
     name: Mapped[str] = mapped_column(String(64), primary_key=True)
     value: Mapped[str] = mapped_column(Text)
     created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime())
+
+
+class FlowRow(Base):
+    """A learned flow (migration 0010): the steps of an attempt that succeeded, replayable
+    without the model. `flow_pb` is the `amc.v1.Flow` with its steps (its counts and status
+    are the columns here, which change); `fingerprint` makes the same path learned twice one
+    flow. `embedding` is the embedding vector of `embedding_text` as a JSON list when an
+    embedding provider made one (PostgreSQL with pgvector ranks it in SQL, see
+    cloud/flows/retrieval.py)."""
+
+    __tablename__ = "flows"
+
+    flow_id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    fingerprint: Mapped[str] = mapped_column(String(64), unique=True)
+    goal_template: Mapped[str] = mapped_column(Text)
+    flow_pb: Mapped[bytes] = mapped_column(LargeBinary)
+    embedding_text: Mapped[str] = mapped_column(Text)
+    embedding: Mapped[list[float] | None] = mapped_column(JSON)
+    embedding_model: Mapped[str | None] = mapped_column(String(128))
+    # "active" | "disabled" (an operator) | "retired" (diverged too often in a row)
+    status: Mapped[str] = mapped_column(String(16))
+    status_reason: Mapped[str] = mapped_column(Text, default="", server_default="")
+    source_task_id: Mapped[str] = mapped_column(String(32))
+    source_attempt: Mapped[int] = mapped_column(Integer)
+    uses: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    replays_completed: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    divergences: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    consecutive_divergences: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    # flow step (as a string key) -> divergences there
+    divergences_by_step: Mapped[dict[str, int]] = mapped_column(JSON, default=dict)
+    last_divergence: Mapped[str] = mapped_column(Text, default="", server_default="")
+    created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime())
+    updated_at: Mapped[dt.datetime] = mapped_column(UTCDateTime())
+
+    __table_args__ = (Index("ix_flows_status_updated_at", "status", "updated_at"),)

@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 
 from amc.v1 import types_pb2
-from cloud.store import convert, decisions, leases, sessions, tasks
+from cloud.store import convert, decisions, flows, leases, sessions, tasks
 from cloud.store.database import Store
 from planner.conversation.items import SessionItem, dumps_item, item_type, loads_item
 from planner.decision import Decision
 from planner.steps import PastStep
+from planner.tools import Judgement
 
 
 class StoreLeaseGate:
@@ -45,12 +46,18 @@ class StoreDecisionSink:
         return None if row is None else convert.decision(row)
 
 
-class StoreAttemptLog:
-    """`goal`, `steps`, `record_outcome`: the task row and the decision log as an attempt's
-    memory, so a host sends only what it sees."""
+FlowsHanded = Callable[[str, int, str], Awaitable[list[types_pb2.Flow]]]
+"""(task id, attempt, goal) -> the learned flows the attempt was handed (cloud.flows)."""
 
-    def __init__(self, store: Store) -> None:
+
+class StoreAttemptLog:
+    """`goal`, `steps`, `record_outcome`, `record_judgement`, `flows`, `record_replay`: the
+    task row, the decision log and the attempt's flow columns as an attempt's memory, so a host
+    sends only what it sees."""
+
+    def __init__(self, store: Store, handed: FlowsHanded | None = None) -> None:
         self._store = store
+        self._handed = handed
 
     async def goal(self, task_id: str) -> str | None:
         return await tasks.goal(self._store, task_id)
@@ -59,9 +66,46 @@ class StoreAttemptLog:
         return await decisions.attempt_steps(self._store, task_id, attempt)
 
     async def record_outcome(
-        self, task_id: str, attempt: int, outcome: types_pb2.ActionOutcome
+        self,
+        task_id: str,
+        attempt: int,
+        outcome: types_pb2.ActionOutcome,
+        *,
+        checked_by_cloud: bool = False,
     ) -> None:
-        await decisions.record_outcome(self._store, task_id, attempt, outcome)
+        await decisions.record_outcome(
+            self._store, task_id, attempt, outcome, checked_by_cloud=checked_by_cloud
+        )
+
+    async def record_judgement(
+        self, task_id: str, attempt: int, step_index: int, judgement: Judgement
+    ) -> None:
+        await decisions.record_judgement(self._store, task_id, attempt, step_index, judgement)
+
+    async def flows(self, task_id: str, goal: str, attempt: int) -> list[types_pb2.Flow]:
+        if self._handed is None:
+            return []
+        return await self._handed(task_id, attempt, goal)
+
+    async def record_replay(
+        self,
+        task_id: str,
+        attempt: int,
+        *,
+        flow_id: str,
+        steps_replayed: int,
+        diverged_at: int,
+        reason: str,
+    ) -> None:
+        await flows.record_replay(
+            self._store,
+            task_id,
+            attempt,
+            flow_id=flow_id,
+            steps_replayed=steps_replayed,
+            diverged_at=diverged_at,
+            reason=reason,
+        )
 
 
 class StoreSessionStore:

@@ -53,6 +53,7 @@ class NewTask:
     client_request_id: str | None = None
     #: Secret parameters, name → sealed token (`cloud/secret_box.py`), never plain values.
     sealed_secrets: Mapping[str, str] = field(default_factory=dict)
+    no_replay: bool = False
 
 
 async def submit(store: Store, spec: NewTask) -> tuple[TaskView, bool]:
@@ -74,6 +75,7 @@ async def submit(store: Store, spec: NewTask) -> tuple[TaskView, bool]:
         deadline=now + dt.timedelta(seconds=spec.timeout_seconds),
         client_request_id=spec.client_request_id or None,
         cancel_requested=False,
+        no_replay=spec.no_replay,
         created_at=now,
         updated_at=now,
     )

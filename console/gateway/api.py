@@ -25,6 +25,10 @@ from console.gateway.models import (
     DecisionPage,
     DispatchOut,
     ErrorOut,
+    FlowOut,
+    FlowPage,
+    FlowStatusIn,
+    FlowStatusName,
     HostList,
     HostOut,
     ScreenOut,
@@ -34,6 +38,7 @@ from console.gateway.models import (
     TaskOut,
     TaskPage,
     TaskStatusName,
+    flow_status_value,
     task_status_value,
 )
 
@@ -132,6 +137,7 @@ async def submit_task(cloud: Cloud, body: SubmitIn) -> SubmitOut:
         timeout_s=body.timeout_s,
         client_request_id=body.client_request_id,
         secrets=body.secrets,
+        no_replay=body.no_replay,
     )
     return SubmitOut(
         task=TaskOut.of(response.task),
@@ -259,6 +265,33 @@ async def step_screen(
 @router.get("/decisions/{decision_id}", response_model=DecisionOut, summary="One decision")
 async def get_decision(cloud: Cloud, decision_id: str) -> DecisionOut:
     return DecisionOut.of(await cloud.get_decision(decision_id))
+
+
+@router.get("/flows", response_model=FlowPage, summary="Learned flows, most recently changed first")
+async def list_flows(
+    cloud: Cloud,
+    status_: Annotated[
+        list[FlowStatusName] | None, Query(alias="status", description="repeatable")
+    ] = None,
+    page_size: Annotated[int, Query(ge=1, le=500)] = 50,
+    page_token: str = "",
+) -> FlowPage:
+    page = await cloud.list_flows(
+        statuses=[flow_status_value(s) for s in status_ or []],
+        page_size=page_size,
+        page_token=page_token,
+    )
+    return FlowPage(flows=[FlowOut.of(f) for f in page.flows], next_page_token=page.next_page_token)
+
+
+@router.get("/flows/{flow_id}", response_model=FlowOut, summary="One learned flow with its steps")
+async def get_flow(cloud: Cloud, flow_id: str) -> FlowOut:
+    return FlowOut.of(await cloud.get_flow(flow_id))
+
+
+@router.post("/flows/{flow_id}/status", response_model=FlowOut, summary="Disable or enable a flow")
+async def set_flow_status(cloud: Cloud, flow_id: str, body: FlowStatusIn) -> FlowOut:
+    return FlowOut.of(await cloud.set_flow_status(flow_id, body.active, body.reason))
 
 
 @router.get("/hosts", response_model=HostList, summary="Hosts and their phones")

@@ -21,6 +21,8 @@ from amc.v1 import (
     decision_log_service_pb2_grpc,
     fleet_service_pb2,
     fleet_service_pb2_grpc,
+    flow_service_pb2,
+    flow_service_pb2_grpc,
     progress_service_pb2,
     progress_service_pb2_grpc,
     task_service_pb2,
@@ -60,6 +62,7 @@ class CloudClient:
         self._progress = progress_service_pb2_grpc.ProgressServiceStub(self._channel)
         self._fleet = fleet_service_pb2_grpc.FleetServiceStub(self._channel)
         self._decisions = decision_log_service_pb2_grpc.DecisionLogServiceStub(self._channel)
+        self._flows = flow_service_pb2_grpc.FlowServiceStub(self._channel)
         self._health = health_pb2_grpc.HealthStub(self._channel)
         self._artifacts = artifact_service_pb2_grpc.ArtifactServiceStub(self._channel)
 
@@ -116,6 +119,7 @@ class CloudClient:
         timeout_s: float | None,
         client_request_id: str,
         secrets: dict[str, str] | None = None,
+        no_replay: bool = False,
     ) -> task_service_pb2.SubmitTaskResponse:
         request = task_service_pb2.SubmitTaskRequest(
             goal=goal,
@@ -125,11 +129,41 @@ class CloudClient:
             timeout=_duration(timeout_s),
             client_request_id=client_request_id,
             secrets=secrets or {},
+            no_replay=no_replay,
         )
         response: task_service_pb2.SubmitTaskResponse = await self._tasks.SubmitTask(
             request, timeout=self._timeout
         )
         return response
+
+    async def list_flows(
+        self,
+        *,
+        statuses: list[types_pb2.FlowStatus.ValueType] | None = None,
+        page_size: int = 100,
+        page_token: str = "",
+    ) -> flow_service_pb2.ListFlowsResponse:
+        response: flow_service_pb2.ListFlowsResponse = await self._flows.ListFlows(
+            flow_service_pb2.ListFlowsRequest(
+                statuses=statuses or [], page_size=page_size, page_token=page_token
+            ),
+            timeout=self._timeout,
+        )
+        return response
+
+    async def get_flow(self, flow_id: str) -> types_pb2.Flow:
+        response: flow_service_pb2.GetFlowResponse = await self._flows.GetFlow(
+            flow_service_pb2.GetFlowRequest(flow_id=flow_id), timeout=self._timeout
+        )
+        return response.flow
+
+    async def set_flow_status(self, flow_id: str, active: bool, reason: str) -> types_pb2.Flow:
+        status = types_pb2.FLOW_STATUS_ACTIVE if active else types_pb2.FLOW_STATUS_DISABLED
+        response: flow_service_pb2.SetFlowStatusResponse = await self._flows.SetFlowStatus(
+            flow_service_pb2.SetFlowStatusRequest(flow_id=flow_id, status=status, reason=reason),
+            timeout=self._timeout,
+        )
+        return response.flow
 
     async def cancel_task(self, task_id: str, reason: str) -> types_pb2.Task:
         response: task_service_pb2.CancelTaskResponse = await self._tasks.CancelTask(

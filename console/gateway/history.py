@@ -25,6 +25,16 @@ def empty_reason(transport: TransportName, step_index: int = 0) -> str:
     return NO_DECISION_YET if step_index else NO_STEP_YET
 
 
+def verdict_counts(decisions: list[DecisionOut]) -> dict[str, int]:
+    """How many device steps the checker found met, not met, unknown, or has not checked yet."""
+    counts = {"met": 0, "not met": 0, "unknown": 0, "unchecked": 0}
+    for d in decisions:
+        if d.tool_name in ("complete", "get_ui_tree"):
+            continue
+        counts[d.verification.verdict or "unchecked"] += 1
+    return counts
+
+
 def group_history(
     task: TaskOut,
     decisions: list[DecisionOut],
@@ -55,6 +65,7 @@ def group_history(
                 empty_reason=None
                 if steps
                 else empty_reason(transport, attempt.progress.step_index),
+                verdicts=verdict_counts(steps),
             )
         )
     for number, steps in by_attempt.items():
@@ -65,6 +76,7 @@ def group_history(
                     planner_transport="cloud",
                     decisions=sorted(steps, key=lambda d: d.step_index),
                     empty_reason=None,
+                    verdicts=verdict_counts(steps),
                 )
             )
     histories.sort(key=lambda h: h.attempt, reverse=True)

@@ -18,6 +18,7 @@ from pydantic import BaseModel, Field
 
 from amc.v1 import artifact_service_pb2, decision_log_service_pb2, fleet_service_pb2, types_pb2
 from planner.decision import thinking_word
+from planner.targets import semantics
 
 TaskStatusName = Literal[
     "unspecified", "queued", "assigned", "running", "succeeded", "failed", "cancelled"
@@ -100,6 +101,9 @@ class AttemptOut(BaseModel):
     ended_at: datetime | None
     planner_transport: TransportName
     lease_expires_at: datetime | None
+    flow: FlowUseOut | None = Field(
+        default=None, description="whether a learned flow was handed to it and how it went"
+    )
 
     @classmethod
     def of(cls, a: types_pb2.Attempt) -> AttemptOut:
@@ -116,6 +120,62 @@ class AttemptOut(BaseModel):
                 types_pb2.PlannerTransport, a.planner_transport, "PLANNER_TRANSPORT_"
             ),
             lease_expires_at=_time(a.lease_expires_at, a.HasField("lease_expires_at")),
+            flow=FlowUseOut.of(a.flow) if a.HasField("flow") else None,
+        )
+
+
+class FlowUseOut(BaseModel):
+    """What the cloud decided about replaying a learned flow on one attempt."""
+
+    flow_id: str = Field(description="the flow handed over; empty when none was")
+    score: float
+    scorer: str
+    reason: str
+    steps_replayed: int
+    diverged_at_step: int = Field(description="0: the replay did not hand over")
+    divergence: str
+
+    @classmethod
+    def of(cls, u: types_pb2.FlowUse) -> FlowUseOut:
+        return cls(
+            flow_id=u.flow_id,
+            score=round(u.score, 4),
+            scorer=u.scorer,
+            reason=u.reason,
+            steps_replayed=u.steps_replayed,
+            diverged_at_step=u.diverged_at_step,
+            divergence=u.divergence,
+        )
+
+
+VerdictWord = Literal["met", "not met", "unknown", ""]
+_VERDICTS: dict[int, VerdictWord] = {
+    types_pb2.VERDICT_MET: "met",
+    types_pb2.VERDICT_NOT_MET: "not met",
+    types_pb2.VERDICT_UNKNOWN: "unknown",
+}
+
+
+class VerificationOut(BaseModel):
+    """Whether a step reached its expected outcome: the checker's verdict and the model's
+    judgement (given with the next step)."""
+
+    verdict: VerdictWord = Field(description='the checker\'s: "" until checked')
+    evidence: str
+    checked_by_cloud: bool = Field(description="the host sent no verdict; the cloud checked")
+    model_verdict: VerdictWord = Field(description='the model\'s judgement: "" until given')
+    model_note: str
+    disagree: bool = Field(description="one said met, the other not met")
+
+    @classmethod
+    def of(cls, v: types_pb2.StepVerification) -> VerificationOut:
+        return cls(
+            verdict=_VERDICTS.get(v.verdict, ""),
+            evidence=v.evidence,
+            checked_by_cloud=v.checked_by_cloud,
+            model_verdict=_VERDICTS.get(v.model.verdict, ""),
+            model_note=v.model.note,
+            disagree=v.disagree,
         )
 
 
@@ -140,6 +200,7 @@ class TaskOut(BaseModel):
     client_request_id: str
     cancel_requested: bool
     attempts: list[AttemptOut]
+    no_replay: bool = Field(default=False, description="submitted asking for no replay")
 
     @property
     def terminal(self) -> bool:
@@ -165,6 +226,7 @@ class TaskOut(BaseModel):
             deadline=_time(t.deadline, t.HasField("deadline")),
             client_request_id=t.client_request_id,
             cancel_requested=t.cancel_requested,
+            no_replay=t.no_replay,
             attempts=[AttemptOut.of(a) for a in t.attempts],
         )
 
@@ -295,6 +357,18 @@ class DecisionOut(BaseModel):
     screens: list[ScreenOut] = Field(
         default_factory=list, description="the step's screenshots in the cloud, before first"
     )
+    verification: VerificationOut
+    previous_step: str = Field(
+        default="", description="this decision's judgement of the step before it, one line"
+    )
+    target: str = Field(default="", description="the semantic target of the element it names")
+    flow_id: str = Field(
+        default="", description="replayed step: its flow; the step that took over: the flow"
+    )
+    flow_step: int = 0
+    replay_divergence: str = Field(
+        default="", description="set on the step that took over from a replay: why"
+    )
 
     @classmethod
     def of(cls, d: types_pb2.Decision) -> DecisionOut:
@@ -347,6 +421,16 @@ class DecisionOut(BaseModel):
             )
             if d.HasField("outcome")
             else None,
+            verification=VerificationOut.of(d.verification),
+            previous_step=(
+                f"{_VERDICTS.get(d.previous_step.verdict, '')}: {d.previous_step.note}"
+                if d.HasField("previous_step")
+                else ""
+            ),
+            target=semantics(d.target) if d.HasField("target") else "",
+            flow_id=d.flow_id,
+            flow_step=d.flow_step,
+            replay_divergence=d.replay_divergence,
         )
 
 
@@ -418,6 +502,10 @@ class AttemptHistory(BaseModel):
     decisions: list[DecisionOut]
     empty_reason: str | None = Field(
         description="why there are no decisions: no step yet, or the direct transport"
+    )
+    verdicts: dict[str, int] = Field(
+        default_factory=dict,
+        description='steps the checker found "met", "not met", "unknown", and "unchecked"',
     )
 
 
@@ -530,6 +618,7 @@ class SubmitIn(BaseModel):
         description="secret parameters, name → value, that the goal names as {{secret:NAME}}; "
         "write-only: no answer or page ever shows a value",
     )
+    no_replay: bool = Field(default=False, description="plan every step with the model")
 
 
 class SubmitOut(BaseModel):
@@ -561,3 +650,97 @@ class HealthOut(BaseModel):
     status: Literal["ok"]
     cloud: str
     open_streams: int
+
+
+FlowStatusName = Literal["active", "disabled", "retired", "unspecified"]
+
+
+def flow_status_value(name: str) -> types_pb2.FlowStatus.ValueType:
+    """ "disabled" → FLOW_STATUS_DISABLED (an unknown word is UNSPECIFIED, which the cloud
+    refuses with its own message)."""
+    return types_pb2.FlowStatus.Value(f"FLOW_STATUS_{name.upper()}")
+
+
+class FlowStepOut(BaseModel):
+    """One step of a learned flow."""
+
+    index: int
+    tool_name: str
+    target: str = Field(description="its semantic target in words; empty when it names none")
+    text_parameter: str = Field(description="the goal parameter it types, if any")
+    purpose: str
+    expected_outcome: str
+    verdict: VerdictWord = Field(description="the checker's verdict in the run it came from")
+    page_before: str
+    page_after: str
+    divergences: int = Field(description="how often a replay diverged at this step")
+
+
+class FlowOut(BaseModel):
+    """A learned flow with its counts."""
+
+    flow_id: str
+    status: FlowStatusName
+    status_reason: str
+    goal_template: str
+    apps: list[str]
+    completion: str
+    source_task_id: str
+    source_attempt: int
+    uses: int
+    replays_completed: int
+    divergences: int
+    consecutive_divergences: int
+    last_divergence: str
+    created_at: datetime | None
+    updated_at: datetime | None
+    steps: list[FlowStepOut]
+
+    @classmethod
+    def of(cls, f: types_pb2.Flow) -> FlowOut:
+        return cls(
+            flow_id=f.flow_id,
+            status=_enum_word(types_pb2.FlowStatus, f.status, "FLOW_STATUS_"),
+            status_reason=f.status_reason,
+            goal_template=f.goal_template,
+            apps=list(f.apps),
+            completion=f.completion,
+            source_task_id=f.source_task_id,
+            source_attempt=f.source_attempt,
+            uses=f.uses,
+            replays_completed=f.replays_completed,
+            divergences=f.divergences,
+            consecutive_divergences=f.consecutive_divergences,
+            last_divergence=f.last_divergence,
+            created_at=_time(f.created_at, f.HasField("created_at")),
+            updated_at=_time(f.updated_at, f.HasField("updated_at")),
+            steps=[
+                FlowStepOut(
+                    index=s.index,
+                    tool_name=s.tool_name,
+                    target=semantics(s.target) if s.HasField("target") else "",
+                    text_parameter=s.text_parameter,
+                    purpose=s.purpose,
+                    expected_outcome=s.expected_outcome,
+                    verdict=_VERDICTS.get(s.verdict, ""),
+                    page_before=s.page_before,
+                    page_after=s.page_after,
+                    divergences=f.divergences_by_step.get(s.index, 0),
+                )
+                for s in f.steps
+            ],
+        )
+
+
+class FlowPage(BaseModel):
+    """One page of learned flows, most recently changed first."""
+
+    flows: list[FlowOut]
+    next_page_token: str
+
+
+class FlowStatusIn(BaseModel):
+    """Turn a flow off (active false) or on again."""
+
+    active: bool
+    reason: str = ""

@@ -1,4 +1,4 @@
-"""Server-rendered pages: login, fleet, tasks, task detail, submit and cancel.
+"""Server-rendered pages: login, fleet, tasks, task detail, submit, cancel and learned flows.
 
 Pages read the same models the API returns, so what a script sees and what a person sees agree.
 Every form posts a CSRF token; every page but /login needs a session.
@@ -23,6 +23,7 @@ from console.gateway.models import (
     TASK_STATUSES,
     ConversationItemOut,
     DispatchOut,
+    FlowOut,
     HostOut,
     TaskOut,
     task_status_value,
@@ -181,8 +182,14 @@ async def submit_form(
     device_serial: Annotated[str, Form()] = "",
     max_attempts: Annotated[str, Form()] = "",
     client_request_id: Annotated[str, Form()] = "",
+    no_replay: Annotated[str, Form()] = "",
 ) -> Response:
-    form = {"goal": goal, "host_id": host_id, "device_serial": device_serial}
+    form = {
+        "goal": goal,
+        "host_id": host_id,
+        "device_serial": device_serial,
+        "no_replay": bool(no_replay),
+    }
 
     async def again(message: str, status_code: int) -> Response:
         hosts = [HostOut.of(h) for h in await cloud.list_hosts()]
@@ -202,6 +209,7 @@ async def submit_form(
             lease_duration_s=None,
             timeout_s=None,
             client_request_id=client_request_id.strip(),
+            no_replay=bool(no_replay),
         )
     except grpc.aio.AioRpcError as error:
         code, message, _name = describe(error)
@@ -251,6 +259,36 @@ async def conversation_page(
     items = [ConversationItemOut.of(i) for i in await cloud.conversation(task_id, attempt)]
     context = {"nav": "tasks", "task": task, "attempt": attempt, "items": items}
     return PAGES.render(request, "conversation.html", context)
+
+
+@router.get("/flows", response_class=HTMLResponse)
+async def flows_page(request: Request, _: PageUser, cloud: Cloud, page_token: str = "") -> Response:
+    page = await cloud.list_flows(page_token=page_token)
+    next_url = (
+        "/flows?" + urlencode({"page_token": page.next_page_token})
+        if page.next_page_token
+        else None
+    )
+    context = {"nav": "flows", "flows": [FlowOut.of(f) for f in page.flows], "next_url": next_url}
+    return PAGES.render(request, "flows.html", context)
+
+
+@router.get("/flows/{flow_id}", response_class=HTMLResponse)
+async def flow_page(request: Request, _: PageUser, cloud: Cloud, flow_id: str) -> Response:
+    flow = FlowOut.of(await cloud.get_flow(flow_id))
+    return PAGES.render(request, "flow_detail.html", {"nav": "flows", "flow": flow})
+
+
+@router.post("/flows/{flow_id}/status")
+async def flow_status_submit(
+    _csrf: CsrfChecked,
+    _: PageUser,
+    cloud: Cloud,
+    flow_id: str,
+    active: Annotated[str, Form()] = "",
+) -> Response:
+    await cloud.set_flow_status(flow_id, active == "1", "from the console")
+    return RedirectResponse(f"/flows/{flow_id}", status_code=303)
 
 
 @router.get("/tasks/{task_id}/cancel", response_class=HTMLResponse)

@@ -29,6 +29,7 @@ from host.agent.actions import ActionResult, action_to_record, changes_screen, d
 from host.agent.planning_wait import Impossible, PlanningPostponed, WaitPolicy, plan_patiently
 from host.agent.progress import ProgressHolder, status_name, truncate
 from host.agent.redact import SecretRedactor
+from host.agent.verdicts import ReplayTally, check_step
 from host.devices.base import DeviceError, DeviceGone, Driver
 from host.outbox import Shipments, StepRef
 from host.perception.perceive import Observation, Perceiver
@@ -42,6 +43,7 @@ from planner.history import WorldEvent
 from planner.observation import clip
 from planner.scene import Bounds, Scene
 from planner.steps import MAX_DRIVER_OUTPUT_BYTES, MAX_OUTCOME_ERROR_BYTES, target_label
+from planner.verify import MAX_EVIDENCE_BYTES, verdict_to_proto
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -69,6 +71,9 @@ class TaskSpec:
     #: Secret parameters, name → value (Assignment.secrets): typed where a decision's text says
     #: `{{secret:NAME}}`, kept in memory only, never printed (left out of repr).
     secrets: Mapping[str, str] = field(default_factory=dict, repr=False)
+    #: Learned flows the cloud retrieved for the goal, best first (the assignment's `flow` and
+    #: `alternatives`): a direct-transport planner replays them (see planner/flows/replay.py).
+    flows: tuple[types_pb2.Flow, ...] = ()
 
 
 @dataclass(slots=True)
@@ -85,6 +90,8 @@ class TaskOutcome:
     #: The cloud said the lease is no longer live (expired, revoked, superseded): the attempt
     #: stopped without a verdict on the task, and no result is sent for it.
     lease_lost: bool = False
+    #: How replaying a learned flow went (None: no step was replayed or handed over).
+    replay: types_pb2.FlowReplayReport | None = None
 
     @property
     def proto_status(self) -> types_pb2.TaskStatus.ValueType:
@@ -245,6 +252,7 @@ class AgentLoop:
         secrets = SecretRedactor()
         for value in spec.secrets.values():  # scrubbed from every observation, typed or not
             secrets.add(value)
+        replay = ReplayTally()
         for step in range(1, self.settings.max_steps + 1):
             record = TimelineRecord(spec.task_id, spec.attempt, step, started_at=_now())
             timings: dict[str, float] = {}
@@ -321,14 +329,23 @@ class AgentLoop:
             record.error = result.error
 
             t = time.perf_counter()
+            after: Scene | None = before.scene
+            after_png: bytes | None = before.screenshot_png
             if changes_screen(decision.action):
                 if self.settings.settle_delay_s:
                     await asyncio.sleep(self.settings.settle_delay_s)
-                after_page, after_png = await self._capture_after(spec, step, record, secrets)
+                after, after_png = await self._capture_after(spec, step, record, secrets)
             else:
                 record.after_screenshot_path = record.before_screenshot_path
-                after_page, after_png = before.scene.page, before.screenshot_png
+            after_page = after.page if after is not None else None
             timings["perceive_after_s"] = time.perf_counter() - t
+            check = check_step(decision, result.ok, before.scene, after)
+            if check is not None:
+                record.verdict = {
+                    "verdict": check.verdict,
+                    "evidence": secrets.text(check.evidence),
+                }
+            replay.saw(decision)
 
             event = WorldEvent.from_decision(
                 decision,
@@ -340,6 +357,8 @@ class AgentLoop:
             # Both reach the cloud with the next Decide call: no secret typed earlier may ride.
             event.error = secrets.text(result.error) if result.error else None
             event.driver_output = secrets.text(result.report())
+            if check is not None:
+                event.verdict, event.evidence = check.verdict, secrets.text(check.evidence)
             history.append(event)
             if ref is not None:
                 await self._ship(self._ship_after, ref, decision, secrets, event, after_png)
@@ -367,13 +386,16 @@ class AgentLoop:
                 line if result.ok else f"{line} (failed: {result.error})",
             )
             if result.complete:
-                return self._completion(result, step)
+                outcome = self._completion(result, step)
+                outcome.replay = replay.report()
+                return outcome
             if cancel.is_set():
                 raise _Cancelled
         return TaskOutcome(
             "failed",
             f"step limit reached ({self.settings.max_steps} steps)",
             self.settings.max_steps,
+            replay=replay.report(),
         )
 
     async def _act(
@@ -402,8 +424,8 @@ class AgentLoop:
 
     async def _capture_after(
         self, spec: TaskSpec, step: int, record: TimelineRecord, secrets: SecretRedactor
-    ) -> tuple[str | None, bytes | None]:
-        """The after page and screenshot. A bad dump here does not end the task (the next
+    ) -> tuple[Scene | None, bytes | None]:
+        """The after scene and screenshot. A bad dump here does not end the task (the next
         step's perception retries and decides); a vanished phone does."""
         try:
             after = await asyncio.to_thread(self._observe, secrets)
@@ -427,7 +449,7 @@ class AgentLoop:
             spec, f"step{step:03d}-after.png", after.screenshot_png
         )
         record.ocr_after = [o.to_dict() for o in after.scene.ocr]
-        return after.scene.page, after.screenshot_png
+        return after.scene, after.screenshot_png
 
     async def _ship(self, write: Callable[..., T], *args: object) -> T | None:
         """An outbox write in a worker thread: one local row, no network. Shipping never fails
@@ -469,6 +491,8 @@ class AgentLoop:
             executed=bool(event.success),
             error=clip(event.error or "", MAX_OUTCOME_ERROR_BYTES),
             driver_output=clip(event.driver_output or "", MAX_DRIVER_OUTPUT_BYTES),
+            verdict=verdict_to_proto(event.verdict),
+            evidence=clip(event.evidence or "", MAX_EVIDENCE_BYTES),
         )
         self.shipments.outcome(ref, decision, secrets.text, outcome)
         if png is not None:
@@ -500,6 +524,17 @@ class AgentLoop:
         record.retry_kind = decision.retry_kind
         record.output_truncated = decision.output_truncated
         record.decision_step_index = decision.step_index
+        if decision.previous_step is not None:
+            record.previous_step = {
+                "verdict": decision.previous_step.verdict,
+                "note": decision.previous_step.note,
+            }
+        if decision.flow_id:
+            record.flow = {
+                "flow_id": decision.flow_id,
+                "flow_step": decision.flow_step,
+                "divergence": decision.replay_divergence,
+            }
         u = decision.usage
         record.usage = {
             "input_tokens": u.input_tokens,

@@ -17,6 +17,7 @@ from host.agent.progress import ProgressSnapshot
 from host.timeline.record import SENSITIVE_MASK, TimelineRecord
 from host.timeline.store import TaskRow
 from planner.decision import RETRY_WORDS, thinking_word
+from planner.verify import WORDS as VERDICT_WORDS
 
 #: Tool names whose result is a UI tree (`ui_tree` is what older hosts called it).
 UI_TREE_TOOLS = frozenset({"get_ui_tree", "ui_tree"})
@@ -234,6 +235,19 @@ class StepView:
     ui_tree_json: str | None
     timings: dict[str, float]
     legacy_json: str | None
+    #: The checker's verdict ("met", "not met", "unknown"; None: not checked) and evidence.
+    verdict: str | None = None
+    evidence: str = ""
+    #: The model's judgement of this step, given with the next step ("" until then).
+    model_verdict: str = ""
+    model_note: str = ""
+    #: "replayed · flow F step N", or "took over from flow F at step N: why".
+    flow_line: str = ""
+    replayed: bool = False
+
+    @property
+    def disagree(self) -> bool:
+        return {self.verdict, self.model_verdict} == {"met", "not met"}
 
     @property
     def status(self) -> str:
@@ -257,6 +271,26 @@ class StepView:
     @property
     def total_tokens(self) -> int:
         return sum(v for k, v in self.usage.items() if k in ("input_tokens", "output_tokens"))
+
+
+def _flow_line(flow: dict[str, Any] | None, mode: str) -> str:
+    if not flow:
+        return ""
+    where = f"flow {flow.get('flow_id', '?')} step {flow.get('flow_step', '?')}"
+    if mode == "replay":
+        return f"replayed · {where}"
+    return f"took over from {where}: {flow.get('divergence') or 'the screen differed'}"
+
+
+def step_views(records: list[TimelineRecord]) -> list[StepView]:
+    """The page's views of an attempt's steps, each with the model's judgement of it (which
+    the next step's record carries)."""
+    views = [step_view(r) for r in records]
+    for view, following in zip(views, records[1:], strict=False):
+        judged = following.previous_step or {}
+        view.model_verdict = VERDICT_WORDS.get(str(judged.get("verdict") or ""), "")
+        view.model_note = str(judged.get("note") or "")
+    return views
 
 
 def step_view(record: TimelineRecord) -> StepView:
@@ -328,6 +362,10 @@ def step_view(record: TimelineRecord) -> StepView:
         ocr_after=[o for o in record.ocr_after if isinstance(o, dict)],
         ui_tree=tree,
         ui_tree_json=tree_json,
+        verdict=VERDICT_WORDS.get(str((record.verdict or {}).get("verdict") or "")) or None,
+        evidence=str((record.verdict or {}).get("evidence") or ""),
+        flow_line=_flow_line(record.flow, record.planner_mode),
+        replayed=record.planner_mode == "replay",
         timings={k: float(v) for k, v in record.timings.items() if isinstance(v, int | float)},
         legacy_json=pretty_json(legacy) if legacy else None,
     )

@@ -174,7 +174,7 @@ async def task_page(
         "nav": "tasks",
         "task": chosen,
         "attempts": attempts,
-        "steps": [present.step_view(r) for r in records],
+        "steps": present.step_views(records),
     }
     return PAGES.render(request, "task.html", context)
 
@@ -232,7 +232,9 @@ async def task_live(
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"no attempt {attempt} of {task_id!r}")
     records = await run_in_threadpool(store.steps, task_id, attempt)
     template = PAGES.env.get_template("_step.html")
-    html = "".join(template.render(s=present.step_view(r)) for r in records[after:])
+    # Appended as they come: a step already shown gets the model's judgement of it (carried by
+    # the next step) when the page is loaded again.
+    html = "".join(template.render(s=v) for v in present.step_views(records)[after:])
     body = {
         "status": task.status,
         "progress": present.task_badge(task) or "—",

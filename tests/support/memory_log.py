@@ -17,6 +17,7 @@ from amc.v1 import types_pb2
 from planner.convert import decision_to_proto
 from planner.decision import Decision
 from planner.steps import PastStep, StepOutcome
+from planner.tools import Judgement
 
 
 class MemoryDecisionLog:
@@ -28,6 +29,11 @@ class MemoryDecisionLog:
         self.keys: dict[tuple[str, int, str], int] = {}
         self.goals: dict[str, str] = dict(goals or {})
         self.outcomes: dict[tuple[str, int, int], types_pb2.ActionOutcome] = {}
+        self.judgements: dict[tuple[str, int, int], Judgement] = {}
+        #: Learned flows handed to each (task, attempt), best first.
+        self.handed: dict[tuple[str, int], list[types_pb2.Flow]] = {}
+        #: The latest replay state reported per (task, attempt).
+        self.replays: dict[tuple[str, int], dict[str, object]] = {}
         self._next: dict[tuple[str, int], int] = defaultdict(int)
         self._lock = asyncio.Lock()
 
@@ -70,6 +76,34 @@ class MemoryDecisionLog:
         return out
 
     async def record_outcome(
-        self, task_id: str, attempt: int, outcome: types_pb2.ActionOutcome
+        self,
+        task_id: str,
+        attempt: int,
+        outcome: types_pb2.ActionOutcome,
+        *,
+        checked_by_cloud: bool = False,
     ) -> None:
         self.outcomes.setdefault((task_id, attempt, outcome.step_index), outcome)
+
+    async def record_judgement(
+        self, task_id: str, attempt: int, step_index: int, judgement: Judgement
+    ) -> None:
+        self.judgements.setdefault((task_id, attempt, step_index), judgement)
+
+    async def flows(self, task_id: str, goal: str, attempt: int) -> list[types_pb2.Flow]:
+        return list(self.handed.get((task_id, attempt), []))
+
+    async def record_replay(
+        self,
+        task_id: str,
+        attempt: int,
+        *,
+        flow_id: str,
+        steps_replayed: int,
+        diverged_at: int,
+        reason: str,
+    ) -> None:
+        state = self.replays.setdefault((task_id, attempt), {})
+        state.update(flow_id=flow_id, steps_replayed=steps_replayed)
+        if diverged_at:
+            state.update(diverged_at=diverged_at, reason=reason)

@@ -29,7 +29,7 @@ from cloud.store.leases.queries import (
 )
 from cloud.store.leases.release import release
 from cloud.store.leases.renew import RenewalIn, RenewalOut, renew_batch
-from cloud.store.leases.results import ResultOut, record_result
+from cloud.store.leases.results import ReplayIn, ResultOut, record_result
 from cloud.store.leases.sweeps import Ended, sweep_deadlines, sweep_expired
 
 __all__ = [
@@ -43,6 +43,7 @@ __all__ = [
     "RecentLease",
     "RenewalIn",
     "RenewalOut",
+    "ReplayIn",
     "ResultOut",
     "Revocation",
     "check_held",

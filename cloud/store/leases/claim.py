@@ -35,6 +35,8 @@ class Claimed:
     last_progress: AttemptRow | None
     #: The task's secret parameters, name → sealed token (opened only for the Assignment).
     sealed_secrets: dict[str, str] = field(default_factory=dict)
+    #: The task asked never to replay a learned flow.
+    no_replay: bool = False
 
 
 async def latest_progress(session: AsyncSession, task_id: str) -> AttemptRow | None:
@@ -98,13 +100,17 @@ async def claim(
                         updated_at=now,
                     )
                     .returning(
-                        TaskRow.attempt, TaskRow.goal, TaskRow.lease_seconds, TaskRow.deadline
+                        TaskRow.attempt,
+                        TaskRow.goal,
+                        TaskRow.lease_seconds,
+                        TaskRow.deadline,
+                        TaskRow.no_replay,
                     )
                 )
             ).first()
             if claimed is None:
                 return None
-            attempt, goal, lease_seconds, deadline = claimed
+            attempt, goal, lease_seconds, deadline, no_replay = claimed
             previous = await latest_progress(session, task_id) if attempt > 1 else None
             expires = now + dt.timedelta(seconds=lease_seconds)
             lease_id = uuid.uuid4().hex
@@ -137,6 +143,7 @@ async def claim(
         deadline=deadline,
         last_progress=previous,
         sealed_secrets=sealed,
+        no_replay=no_replay,
     )
 
 
@@ -148,7 +155,13 @@ async def live_attempts_on(store: Store, host_id: str, serials: set[str]) -> lis
     async with store.read() as session:
         rows = (
             await session.execute(
-                select(AttemptRow, TaskRow.goal, TaskRow.lease_seconds, TaskRow.deadline)
+                select(
+                    AttemptRow,
+                    TaskRow.goal,
+                    TaskRow.lease_seconds,
+                    TaskRow.deadline,
+                    TaskRow.no_replay,
+                )
                 .join(TaskRow, TaskRow.task_id == AttemptRow.task_id)
                 .where(
                     AttemptRow.host_id == host_id,
@@ -159,7 +172,7 @@ async def live_attempts_on(store: Store, host_id: str, serials: set[str]) -> lis
             )
         ).all()
         out = []
-        for row, goal, lease_seconds, deadline in rows:
+        for row, goal, lease_seconds, deadline, no_replay in rows:
             previous = await latest_progress(session, row.task_id) if row.attempt > 1 else None
             sealed = await secrets.sealed_for(session, row.task_id)
             out.append(
@@ -174,6 +187,7 @@ async def live_attempts_on(store: Store, host_id: str, serials: set[str]) -> lis
                     deadline=deadline,
                     last_progress=previous,
                     sealed_secrets=sealed,
+                    no_replay=no_replay,
                 )
             )
         return out

@@ -36,6 +36,16 @@ class ResultOut:
     late: bool = False
 
 
+@dataclass(frozen=True, slots=True)
+class ReplayIn:
+    """How a direct-transport host says its replay of a learned flow went (TaskResult.replay)."""
+
+    flow_id: str
+    steps_replayed: int
+    diverged_at: int
+    reason: str
+
+
 def _cancel_reason(task_id: str) -> ScalarSelect[str | None]:
     """The operator's cancel reason of a task with a cancel requested (NULL otherwise)."""
     return (
@@ -56,6 +66,7 @@ async def record_result(
     final_progress: ProgressIn | None,
     *,
     retryable: bool = False,
+    replay: ReplayIn | None = None,
 ) -> ResultOut:
     """End an attempt with the host's result; idempotent for an identical retry.
 
@@ -77,6 +88,14 @@ async def record_result(
             # An operator's cancel: the record keeps the operator's reason, not the host's words.
             said = summary or "cancelled"
             values["failure_reason"] = func.coalesce(_cancel_reason(task_id), said)
+        if replay is not None:  # in the same write: the learning loop reads it with the end
+            values.update(replay_steps=replay.steps_replayed)
+            if replay.flow_id:
+                values["flow_id"] = replay.flow_id
+            if replay.diverged_at:
+                values.update(
+                    replay_diverged_step=replay.diverged_at, replay_divergence=replay.reason
+                )
         if final_progress is not None:
             values.update(
                 step_index=final_progress.step_index,

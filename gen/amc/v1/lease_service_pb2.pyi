@@ -372,6 +372,8 @@ class Assignment(_message.Message):
     LAST_PROGRESS_FIELD_NUMBER: _builtins.int
     RENEW_INTERVAL_FIELD_NUMBER: _builtins.int
     SECRETS_FIELD_NUMBER: _builtins.int
+    FLOW_FIELD_NUMBER: _builtins.int
+    ALTERNATIVES_FIELD_NUMBER: _builtins.int
     task_id: _builtins.str
     """Task id."""
     attempt: _builtins.int
@@ -415,6 +417,21 @@ class Assignment(_message.Message):
         them anywhere else; everything it observes afterwards is scrubbed of them.
         """
 
+    @_builtins.property
+    def flow(self) -> _types_pb2.Flow:
+        """A learned flow the cloud retrieved for this goal, with the goal's parameter values: the
+        host's planner replays it step by step without the model (on the cloud transport the
+        cloud replays it inside Decide, so a host may ignore it). Unset when none matched well
+        enough, the task asked for no replay, or an earlier attempt of the task diverged from it.
+        """
+
+    @_builtins.property
+    def alternatives(self) -> _containers.RepeatedCompositeFieldContainer[_types_pb2.Flow]:
+        """Other flows learned for the same goal that also scored above the threshold, best first
+        (at most 2): the replay starts with the first flow, of `flow` and these, whose first step
+        fits the screen (the same goal may have been learned from different starting screens).
+        """
+
     def __init__(
         self,
         *,
@@ -430,10 +447,12 @@ class Assignment(_message.Message):
         last_progress: _types_pb2.Progress | None = ...,
         renew_interval: _duration_pb2.Duration | None = ...,
         secrets: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
+        flow: _types_pb2.Flow | None = ...,
+        alternatives: _abc.Iterable[_types_pb2.Flow] | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["deadline", b"deadline", "last_progress", b"last_progress", "lease_duration", b"lease_duration", "lease_expires_at", b"lease_expires_at", "renew_interval", b"renew_interval"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["deadline", b"deadline", "flow", b"flow", "last_progress", b"last_progress", "lease_duration", b"lease_duration", "lease_expires_at", b"lease_expires_at", "renew_interval", b"renew_interval"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "deadline", b"deadline", "device_serial", b"device_serial", "goal", b"goal", "last_progress", b"last_progress", "lease_duration", b"lease_duration", "lease_expires_at", b"lease_expires_at", "lease_id", b"lease_id", "renew_interval", b"renew_interval", "resumed", b"resumed", "secrets", b"secrets", "task_id", b"task_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["alternatives", b"alternatives", "attempt", b"attempt", "deadline", b"deadline", "device_serial", b"device_serial", "flow", b"flow", "goal", b"goal", "last_progress", b"last_progress", "lease_duration", b"lease_duration", "lease_expires_at", b"lease_expires_at", "lease_id", b"lease_id", "renew_interval", b"renew_interval", "resumed", b"resumed", "secrets", b"secrets", "task_id", b"task_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -571,6 +590,7 @@ class TaskResult(_message.Message):
     SUMMARY_FIELD_NUMBER: _builtins.int
     FINAL_PROGRESS_FIELD_NUMBER: _builtins.int
     RETRYABLE_FIELD_NUMBER: _builtins.int
+    REPLAY_FIELD_NUMBER: _builtins.int
     task_id: _builtins.str
     """Task id."""
     attempt: _builtins.int
@@ -593,6 +613,12 @@ class TaskResult(_message.Message):
     def final_progress(self) -> _types_pb2.Progress:
         """The last progress of the attempt."""
 
+    @_builtins.property
+    def replay(self) -> _types_pb2.FlowReplayReport:
+        """Direct transport: how replaying the assignment's flow went (unset when it had none). The
+        cloud counts it on the flow (replays, divergences, retirement).
+        """
+
     def __init__(
         self,
         *,
@@ -603,10 +629,11 @@ class TaskResult(_message.Message):
         summary: _builtins.str = ...,
         final_progress: _types_pb2.Progress | None = ...,
         retryable: _builtins.bool = ...,
+        replay: _types_pb2.FlowReplayReport | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["final_progress", b"final_progress"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["final_progress", b"final_progress", "replay", b"replay"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "final_progress", b"final_progress", "lease_id", b"lease_id", "retryable", b"retryable", "status", b"status", "summary", b"summary", "task_id", b"task_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "final_progress", b"final_progress", "lease_id", b"lease_id", "replay", b"replay", "retryable", b"retryable", "status", b"status", "summary", b"summary", "task_id", b"task_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -65,14 +65,18 @@ class PlannerServiceServicer:
         when (task, attempt, lease id) is not a live lease (expired, revoked, superseded, unknown);
         INVALID_ARGUMENT, naming the field, for a missing or oversize observation (see
         ScreenObservation and UiElement for the limits), a screenshot over 8 MiB, or a
-        previous_outcome that names no decision of this attempt.
+        previous_outcome that names no decision of this attempt, carries an unknown verdict or
+        an oversize error, driver output or evidence.
 
         A request with a `step_key` the attempt already has a logged decision for is answered with
         that decision (same step index, `replayed` set) after the lease check, without planning
         again: no second model call and no second decision row. This is how a host retries a call
         whose answer it lost (a cancelled stream, a restarting cloud, DEADLINE_EXCEEDED).
 
-        Then the cloud records previous_outcome on the decision it names and plans:
+        Then the cloud records previous_outcome on the decision it names (with the host's
+        verdict, or its own check of this observation when the host sent none), and plans: when
+        the attempt was handed learned flows and the screen agrees with one, its next step is the
+        decision (mode PLANNER_MODE_REPLAY, no model call); otherwise the model decides:
         UNAVAILABLE (provider overloaded, failing or unreachable) or RESOURCE_EXHAUSTED (rate
         limited) when planning is temporarily impossible: ask again later, the task has not failed
         (nothing is logged); PERMISSION_DENIED when the provider refuses the cloud's credentials

@@ -26,7 +26,7 @@ from amc.v1 import types_pb2 as amc_dot_v1_dot_types__pb2
 from google.protobuf import duration_pb2 as google_dot_protobuf_dot_duration__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19\x61mc/v1/task_service.proto\x12\x06\x61mc.v1\x1a\x12\x61mc/v1/types.proto\x1a\x1egoogle/protobuf/duration.proto\"\xbe\x02\n\x11SubmitTaskRequest\x12\x0c\n\x04goal\x18\x01 \x01(\t\x12\"\n\x06target\x18\x02 \x01(\x0b\x32\x12.amc.v1.TaskTarget\x12\x14\n\x0cmax_attempts\x18\x03 \x01(\x05\x12\x31\n\x0elease_duration\x18\x04 \x01(\x0b\x32\x19.google.protobuf.Duration\x12*\n\x07timeout\x18\x05 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x19\n\x11\x63lient_request_id\x18\x06 \x01(\t\x12\x37\n\x07secrets\x18\x07 \x03(\x0b\x32&.amc.v1.SubmitTaskRequest.SecretsEntry\x1a.\n\x0cSecretsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"X\n\x12SubmitTaskResponse\x12\x1a\n\x04task\x18\x01 \x01(\x0b\x32\x0c.amc.v1.Task\x12\x14\n\x0c\x64\x65\x64uplicated\x18\x02 \x01(\x08\x12\x10\n\x08warnings\x18\x03 \x03(\t\"!\n\x0eGetTaskRequest\x12\x0f\n\x07task_id\x18\x01 \x01(\t\"-\n\x0fGetTaskResponse\x12\x1a\n\x04task\x18\x01 \x01(\x0b\x32\x0c.amc.v1.Task\"\x7f\n\x10ListTasksRequest\x12\x11\n\tpage_size\x18\x01 \x01(\x05\x12\x12\n\npage_token\x18\x02 \x01(\t\x12$\n\x08statuses\x18\x03 \x03(\x0e\x32\x12.amc.v1.TaskStatus\x12\x0f\n\x07host_id\x18\x04 \x01(\t\x12\r\n\x05query\x18\x05 \x01(\t\"I\n\x11ListTasksResponse\x12\x1b\n\x05tasks\x18\x01 \x03(\x0b\x32\x0c.amc.v1.Task\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"4\n\x11\x43\x61ncelTaskRequest\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\"0\n\x12\x43\x61ncelTaskResponse\x12\x1a\n\x04task\x18\x01 \x01(\x0b\x32\x0c.amc.v1.Task2\x95\x02\n\x0bTaskService\x12\x43\n\nSubmitTask\x12\x19.amc.v1.SubmitTaskRequest\x1a\x1a.amc.v1.SubmitTaskResponse\x12:\n\x07GetTask\x12\x16.amc.v1.GetTaskRequest\x1a\x17.amc.v1.GetTaskResponse\x12@\n\tListTasks\x12\x18.amc.v1.ListTasksRequest\x1a\x19.amc.v1.ListTasksResponse\x12\x43\n\nCancelTask\x12\x19.amc.v1.CancelTaskRequest\x1a\x1a.amc.v1.CancelTaskResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19\x61mc/v1/task_service.proto\x12\x06\x61mc.v1\x1a\x12\x61mc/v1/types.proto\x1a\x1egoogle/protobuf/duration.proto\"\xd1\x02\n\x11SubmitTaskRequest\x12\x0c\n\x04goal\x18\x01 \x01(\t\x12\"\n\x06target\x18\x02 \x01(\x0b\x32\x12.amc.v1.TaskTarget\x12\x14\n\x0cmax_attempts\x18\x03 \x01(\x05\x12\x31\n\x0elease_duration\x18\x04 \x01(\x0b\x32\x19.google.protobuf.Duration\x12*\n\x07timeout\x18\x05 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x19\n\x11\x63lient_request_id\x18\x06 \x01(\t\x12\x37\n\x07secrets\x18\x07 \x03(\x0b\x32&.amc.v1.SubmitTaskRequest.SecretsEntry\x12\x11\n\tno_replay\x18\x08 \x01(\x08\x1a.\n\x0cSecretsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"X\n\x12SubmitTaskResponse\x12\x1a\n\x04task\x18\x01 \x01(\x0b\x32\x0c.amc.v1.Task\x12\x14\n\x0c\x64\x65\x64uplicated\x18\x02 \x01(\x08\x12\x10\n\x08warnings\x18\x03 \x03(\t\"!\n\x0eGetTaskRequest\x12\x0f\n\x07task_id\x18\x01 \x01(\t\"-\n\x0fGetTaskResponse\x12\x1a\n\x04task\x18\x01 \x01(\x0b\x32\x0c.amc.v1.Task\"\x7f\n\x10ListTasksRequest\x12\x11\n\tpage_size\x18\x01 \x01(\x05\x12\x12\n\npage_token\x18\x02 \x01(\t\x12$\n\x08statuses\x18\x03 \x03(\x0e\x32\x12.amc.v1.TaskStatus\x12\x0f\n\x07host_id\x18\x04 \x01(\t\x12\r\n\x05query\x18\x05 \x01(\t\"I\n\x11ListTasksResponse\x12\x1b\n\x05tasks\x18\x01 \x03(\x0b\x32\x0c.amc.v1.Task\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"4\n\x11\x43\x61ncelTaskRequest\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\"0\n\x12\x43\x61ncelTaskResponse\x12\x1a\n\x04task\x18\x01 \x01(\x0b\x32\x0c.amc.v1.Task2\x95\x02\n\x0bTaskService\x12\x43\n\nSubmitTask\x12\x19.amc.v1.SubmitTaskRequest\x1a\x1a.amc.v1.SubmitTaskResponse\x12:\n\x07GetTask\x12\x16.amc.v1.GetTaskRequest\x1a\x17.amc.v1.GetTaskResponse\x12@\n\tListTasks\x12\x18.amc.v1.ListTasksRequest\x1a\x19.amc.v1.ListTasksResponse\x12\x43\n\nCancelTask\x12\x19.amc.v1.CancelTaskRequest\x1a\x1a.amc.v1.CancelTaskResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -36,23 +36,23 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_SUBMITTASKREQUEST_SECRETSENTRY']._loaded_options = None
   _globals['_SUBMITTASKREQUEST_SECRETSENTRY']._serialized_options = b'8\001'
   _globals['_SUBMITTASKREQUEST']._serialized_start=90
-  _globals['_SUBMITTASKREQUEST']._serialized_end=408
-  _globals['_SUBMITTASKREQUEST_SECRETSENTRY']._serialized_start=362
-  _globals['_SUBMITTASKREQUEST_SECRETSENTRY']._serialized_end=408
-  _globals['_SUBMITTASKRESPONSE']._serialized_start=410
-  _globals['_SUBMITTASKRESPONSE']._serialized_end=498
-  _globals['_GETTASKREQUEST']._serialized_start=500
-  _globals['_GETTASKREQUEST']._serialized_end=533
-  _globals['_GETTASKRESPONSE']._serialized_start=535
-  _globals['_GETTASKRESPONSE']._serialized_end=580
-  _globals['_LISTTASKSREQUEST']._serialized_start=582
-  _globals['_LISTTASKSREQUEST']._serialized_end=709
-  _globals['_LISTTASKSRESPONSE']._serialized_start=711
-  _globals['_LISTTASKSRESPONSE']._serialized_end=784
-  _globals['_CANCELTASKREQUEST']._serialized_start=786
-  _globals['_CANCELTASKREQUEST']._serialized_end=838
-  _globals['_CANCELTASKRESPONSE']._serialized_start=840
-  _globals['_CANCELTASKRESPONSE']._serialized_end=888
-  _globals['_TASKSERVICE']._serialized_start=891
-  _globals['_TASKSERVICE']._serialized_end=1168
+  _globals['_SUBMITTASKREQUEST']._serialized_end=427
+  _globals['_SUBMITTASKREQUEST_SECRETSENTRY']._serialized_start=381
+  _globals['_SUBMITTASKREQUEST_SECRETSENTRY']._serialized_end=427
+  _globals['_SUBMITTASKRESPONSE']._serialized_start=429
+  _globals['_SUBMITTASKRESPONSE']._serialized_end=517
+  _globals['_GETTASKREQUEST']._serialized_start=519
+  _globals['_GETTASKREQUEST']._serialized_end=552
+  _globals['_GETTASKRESPONSE']._serialized_start=554
+  _globals['_GETTASKRESPONSE']._serialized_end=599
+  _globals['_LISTTASKSREQUEST']._serialized_start=601
+  _globals['_LISTTASKSREQUEST']._serialized_end=728
+  _globals['_LISTTASKSRESPONSE']._serialized_start=730
+  _globals['_LISTTASKSRESPONSE']._serialized_end=803
+  _globals['_CANCELTASKREQUEST']._serialized_start=805
+  _globals['_CANCELTASKREQUEST']._serialized_end=857
+  _globals['_CANCELTASKRESPONSE']._serialized_start=859
+  _globals['_CANCELTASKRESPONSE']._serialized_end=907
+  _globals['_TASKSERVICE']._serialized_start=910
+  _globals['_TASKSERVICE']._serialized_end=1187
 # @@protoc_insertion_point(module_scope)

@@ -53,6 +53,7 @@ class SubmitTaskRequest(_message.Message):
     TIMEOUT_FIELD_NUMBER: _builtins.int
     CLIENT_REQUEST_ID_FIELD_NUMBER: _builtins.int
     SECRETS_FIELD_NUMBER: _builtins.int
+    NO_REPLAY_FIELD_NUMBER: _builtins.int
     goal: _builtins.str
     """The goal in plain language; 1 to 2,000 characters."""
     max_attempts: _builtins.int
@@ -60,6 +61,10 @@ class SubmitTaskRequest(_message.Message):
     client_request_id: _builtins.str
     """Idempotency key chosen by the client (at most 128 characters). Retrying with the same key
     returns the first task instead of creating a second.
+    """
+    no_replay: _builtins.bool
+    """Plan every step with the model: never replay a learned flow for this task (an operator
+    who wants a fresh run).
     """
     @_builtins.property
     def target(self) -> _types_pb2.TaskTarget:
@@ -97,10 +102,11 @@ class SubmitTaskRequest(_message.Message):
         timeout: _duration_pb2.Duration | None = ...,
         client_request_id: _builtins.str = ...,
         secrets: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
+        no_replay: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["lease_duration", b"lease_duration", "target", b"target", "timeout", b"timeout"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["client_request_id", b"client_request_id", "goal", b"goal", "lease_duration", b"lease_duration", "max_attempts", b"max_attempts", "secrets", b"secrets", "target", b"target", "timeout", b"timeout"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["client_request_id", b"client_request_id", "goal", b"goal", "lease_duration", b"lease_duration", "max_attempts", b"max_attempts", "no_replay", b"no_replay", "secrets", b"secrets", "target", b"target", "timeout", b"timeout"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

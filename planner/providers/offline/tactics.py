@@ -17,7 +17,7 @@ from planner import secret_refs
 from planner.prompts import ParsedPrompt
 from planner.providers.offline.goal import OPS, arithmetic, arithmetic_result, parse_goal, variants
 from planner.providers.offline.goal import words as words_of
-from planner.providers.offline.memory import Memory
+from planner.providers.offline.memory import Memory, action_of
 from planner.providers.offline.screen import El, Screen
 from planner.providers.offline.vocabulary import (
     ALLOW,
@@ -97,11 +97,34 @@ class Agent:
             self.navigate,
             self.explore,
         )
+        unmet = self.memory.unmet_last(self.screen.page)
         for attempt in steps:
             step = attempt()
-            if step is not None:
-                return step
+            if step is None:
+                continue
+            if unmet is not None and self.same_move(step, unmet):
+                # The checker found this very move's outcome not met a moment ago: doing it
+                # again unchanged would not help. Let the next tactic choose something else.
+                continue
+            if unmet is not None:
+                step.rationale += " (The previous step's outcome was not met; not repeating it.)"
+            return step
         return self.finish(False, "nothing on screen relates to the goal and there is no way back")
+
+    def same_move(self, step: Step, record: dict[str, Any]) -> bool:
+        """Whether `step` repeats the history `record`: same tool, same target (by its label,
+        element ids change), same key, or same purpose."""
+        done = action_of(record)
+        if step.tool != done.get("tool") or step.tool == "complete":
+            return False
+        if step.tool in ("tap", "input_text") and step.args.get("element_id"):
+            el = next((e for e in self.screen.els if e.id == step.args["element_id"]), None)
+            name = self.screen.label(el).split(" — ")[0] if el is not None else ""
+            if done.get("target"):
+                return name == str(done["target"]).split(" — ")[0]
+        if step.tool == "press_key":
+            return step.args.get("key") == done.get("key")
+        return step.args.get("purpose") == done.get("purpose")
 
     # -- the phone's own interruptions ----------------------------------------------------
     def button(self, phrases: tuple[str, ...], avoid: tuple[str, ...] = ()) -> El | None:
