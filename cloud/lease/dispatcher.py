@@ -94,6 +94,7 @@ class Dispatcher:
                 session.busy.add(claimed.device_serial)
                 session.send(messages.assignment(claimed))
                 self.bus.tasks_changed([claimed.task_id])
+                self.bus.hosts_changed([session.host_id])  # a phone of it is busy now
         return got
 
     async def _send_unsure(self, session: HostSession) -> bool:

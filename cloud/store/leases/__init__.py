@@ -10,8 +10,10 @@ from cloud.store.leases.claim import Claimed, claim, latest_progress, live_attem
 from cloud.store.leases.fence import Revocation, classify, live_fence
 from cloud.store.leases.progress import SUMMARY_LIMIT, ProgressIn, truncate_summary
 from cloud.store.leases.queries import (
+    BusyPhone,
     HeldCheck,
     HeldLease,
+    busy_phones,
     check_held,
     is_live,
     lease_owner,
@@ -25,6 +27,7 @@ from cloud.store.leases.sweeps import Ended, sweep_deadlines, sweep_expired
 
 __all__ = [
     "SUMMARY_LIMIT",
+    "BusyPhone",
     "Claimed",
     "Ended",
     "HeldCheck",
@@ -34,6 +37,7 @@ __all__ = [
     "RenewalOut",
     "ResultOut",
     "Revocation",
+    "busy_phones",
     "check_held",
     "claim",
     "classify",

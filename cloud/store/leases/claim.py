@@ -17,6 +17,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from cloud.store import states
 from cloud.store.database import Store
+from cloud.store.lease_events import EventKind, new
 from cloud.store.models import AttemptRow, TaskRow
 
 
@@ -117,6 +118,17 @@ async def claim(
                     status=states.ASSIGNED,
                     planner_transport=planner_transport,
                     started_at=now,
+                )
+            )
+            session.add(
+                new(
+                    EventKind.ASSIGNED,
+                    task_id,
+                    attempt,
+                    now,
+                    host_id=host_id,
+                    device_serial=serial,
+                    task_status=states.ASSIGNED,
                 )
             )
             await session.flush()

@@ -6,14 +6,16 @@ UPDATEs, so each attempt and task is ended by exactly one sweeper.
 
 from __future__ import annotations
 
+import datetime as dt
 from dataclasses import dataclass
 
 from sqlalchemy import select, update
 
 from cloud.store import states
 from cloud.store.database import Store
+from cloud.store.lease_events import EventKind, new
 from cloud.store.leases.fence import Revocation
-from cloud.store.models import AttemptRow, TaskRow
+from cloud.store.models import AttemptRow, LeaseEventRow, TaskRow
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,10 +93,56 @@ async def sweep_expired(store: Store, limit: int = 500) -> list[Ended]:
             else:
                 task.status = states.QUEUED
             task.updated_at = now
+            session.add_all(_expiry_events(task, host_id, serial, now))
             ended.append(
                 Ended(task_id, attempt, host_id, lease_id, serial, task.status, revocation)
             )
     return ended
+
+
+def _expiry_events(
+    task: TaskRow, host_id: str, serial: str, now: dt.datetime
+) -> list[LeaseEventRow]:
+    """The lease history of an expired lease: the expiry, then the requeue or the cancel."""
+    attempt = task.attempt
+    events = [
+        new(
+            EventKind.EXPIRED,
+            task.task_id,
+            attempt,
+            now,
+            host_id=host_id,
+            device_serial=serial,
+            reason=states.LEASE_EXPIRED
+            if task.status != states.FAILED
+            else f"{states.LEASE_EXPIRED}; no attempts left ({task.max_attempts} allowed)",
+            task_status=task.status,
+        )
+    ]
+    if task.status == states.QUEUED:
+        events.append(
+            new(
+                EventKind.REQUEUED,
+                task.task_id,
+                attempt,
+                now,
+                reason=f"attempt {attempt + 1} of {task.max_attempts} waits for a phone",
+                task_status=task.status,
+            )
+        )
+    elif task.status == states.CANCELLED:
+        events.append(
+            new(
+                EventKind.CANCELLED,
+                task.task_id,
+                attempt,
+                now,
+                operator=task.cancelled_by,
+                reason=task.cancel_reason or "cancelled",
+                task_status=task.status,
+            )
+        )
+    return events
 
 
 async def sweep_deadlines(store: Store, limit: int = 500) -> list[Ended]:
@@ -158,6 +206,20 @@ async def sweep_deadlines(store: Store, limit: int = 500) -> list[Ended]:
                 .execution_options(synchronize_session=False)
             )
         ).all()
+        for task_id, task_attempt in failed:
+            _, host_id, _, serial = live.get(task_id, (task_attempt, None, None, None))
+            session.add(
+                new(
+                    EventKind.DEADLINE_EXCEEDED,
+                    task_id,
+                    task_attempt,
+                    now,
+                    host_id=host_id,
+                    device_serial=serial,
+                    reason=states.DEADLINE_EXCEEDED,
+                    task_status=states.FAILED,
+                )
+            )
     ended: list[Ended] = []
     for task_id, task_attempt in failed:
         attempt, host_id, lease_id, serial = live.get(task_id, (task_attempt, "", "", ""))

@@ -869,6 +869,7 @@ class Host(_message.Message):
     PLANNER_TRANSPORT_FIELD_NUMBER: _builtins.int
     AGENT_VERSION_FIELD_NUMBER: _builtins.int
     LAST_SEEN_AT_FIELD_NUMBER: _builtins.int
+    BUSY_PHONES_FIELD_NUMBER: _builtins.int
     host_id: _builtins.str
     """Identity from the host's client certificate."""
     connected: _builtins.bool
@@ -883,7 +884,16 @@ class Host(_message.Message):
 
     @_builtins.property
     def last_seen_at(self) -> _timestamp_pb2.Timestamp:
-        """When the host last sent anything on its stream."""
+        """When the host last sent anything on its stream (a renewal counts). Written by the replica
+        holding the stream every host heartbeat (AMC_CLOUD_HOST_HEARTBEAT_SECONDS, 10 s by
+        default), so it may lag that much behind the host's last message.
+        """
+
+    @_builtins.property
+    def busy_phones(self) -> _containers.RepeatedCompositeFieldContainer[Global___BusyPhone]:
+        """The phones of this host that hold a live lease now (the cloud's view), with their task;
+        a listed phone missing here is idle. Set by the cloud in ListHosts and WatchHosts.
+        """
 
     def __init__(
         self,
@@ -894,14 +904,49 @@ class Host(_message.Message):
         planner_transport: Global___PlannerTransport.ValueType = ...,
         agent_version: _builtins.str = ...,
         last_seen_at: _timestamp_pb2.Timestamp | None = ...,
+        busy_phones: _abc.Iterable[Global___BusyPhone] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["last_seen_at", b"last_seen_at"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_version", b"agent_version", "connected", b"connected", "devices", b"devices", "host_id", b"host_id", "last_seen_at", b"last_seen_at", "planner_transport", b"planner_transport"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_version", b"agent_version", "busy_phones", b"busy_phones", "connected", b"connected", "devices", b"devices", "host_id", b"host_id", "last_seen_at", b"last_seen_at", "planner_transport", b"planner_transport"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___Host: _TypeAlias = Host  # noqa: Y015
+
+@_typing.final
+class BusyPhone(_message.Message):
+    """A phone working on a task: it holds that task's live lease."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DEVICE_SERIAL_FIELD_NUMBER: _builtins.int
+    TASK_ID_FIELD_NUMBER: _builtins.int
+    ATTEMPT_FIELD_NUMBER: _builtins.int
+    GOAL_FIELD_NUMBER: _builtins.int
+    device_serial: _builtins.str
+    """The phone's serial (one of the host's `devices`, unless the host stopped announcing it)."""
+    task_id: _builtins.str
+    """The task it works on."""
+    attempt: _builtins.int
+    """The attempt it runs."""
+    goal: _builtins.str
+    """The task's goal, for a reader who shows what the phone is doing (at most 2,000 characters)."""
+    def __init__(
+        self,
+        *,
+        device_serial: _builtins.str = ...,
+        task_id: _builtins.str = ...,
+        attempt: _builtins.int = ...,
+        goal: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "device_serial", b"device_serial", "goal", b"goal", "task_id", b"task_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___BusyPhone: _TypeAlias = BusyPhone  # noqa: Y015
 
 @_typing.final
 class TaskTarget(_message.Message):
@@ -945,6 +990,9 @@ class Attempt(_message.Message):
     ENDED_AT_FIELD_NUMBER: _builtins.int
     PLANNER_TRANSPORT_FIELD_NUMBER: _builtins.int
     LEASE_EXPIRES_AT_FIELD_NUMBER: _builtins.int
+    RENEWALS_FIELD_NUMBER: _builtins.int
+    FIRST_RENEWED_AT_FIELD_NUMBER: _builtins.int
+    LAST_RENEWED_AT_FIELD_NUMBER: _builtins.int
     attempt: _builtins.int
     """1-based attempt number."""
     host_id: _builtins.str
@@ -957,6 +1005,10 @@ class Attempt(_message.Message):
     """Why the attempt ended, for FAILED and CANCELLED."""
     planner_transport: Global___PlannerTransport.ValueType
     """Planner transport of the host at the time of the attempt."""
+    renewals: _builtins.int
+    """How many renewals the cloud accepted for this lease (renewals are summarised, not listed:
+    TaskService.ListTaskEvents has the attempt's other lease events).
+    """
     @_builtins.property
     def progress(self) -> Global___Progress:
         """Last progress the host reported for this attempt (kept after the attempt ends)."""
@@ -973,6 +1025,14 @@ class Attempt(_message.Message):
     def lease_expires_at(self) -> _timestamp_pb2.Timestamp:
         """When the current lease runs out; unset once the attempt ended."""
 
+    @_builtins.property
+    def first_renewed_at(self) -> _timestamp_pb2.Timestamp:
+        """When the first accepted renewal arrived; unset before the first."""
+
+    @_builtins.property
+    def last_renewed_at(self) -> _timestamp_pb2.Timestamp:
+        """When the last accepted renewal arrived; unset before the first."""
+
     def __init__(
         self,
         *,
@@ -986,10 +1046,13 @@ class Attempt(_message.Message):
         ended_at: _timestamp_pb2.Timestamp | None = ...,
         planner_transport: Global___PlannerTransport.ValueType = ...,
         lease_expires_at: _timestamp_pb2.Timestamp | None = ...,
+        renewals: _builtins.int = ...,
+        first_renewed_at: _timestamp_pb2.Timestamp | None = ...,
+        last_renewed_at: _timestamp_pb2.Timestamp | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["ended_at", b"ended_at", "lease_expires_at", b"lease_expires_at", "progress", b"progress", "started_at", b"started_at"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["ended_at", b"ended_at", "first_renewed_at", b"first_renewed_at", "last_renewed_at", b"last_renewed_at", "lease_expires_at", b"lease_expires_at", "progress", b"progress", "started_at", b"started_at"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "device_serial", b"device_serial", "ended_at", b"ended_at", "failure_reason", b"failure_reason", "host_id", b"host_id", "lease_expires_at", b"lease_expires_at", "planner_transport", b"planner_transport", "progress", b"progress", "started_at", b"started_at", "status", b"status"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "device_serial", b"device_serial", "ended_at", b"ended_at", "failure_reason", b"failure_reason", "first_renewed_at", b"first_renewed_at", "host_id", b"host_id", "last_renewed_at", b"last_renewed_at", "lease_expires_at", b"lease_expires_at", "planner_transport", b"planner_transport", "progress", b"progress", "renewals", b"renewals", "started_at", b"started_at", "status", b"status"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1019,6 +1082,8 @@ class Task(_message.Message):
     CLIENT_REQUEST_ID_FIELD_NUMBER: _builtins.int
     ATTEMPTS_FIELD_NUMBER: _builtins.int
     CANCEL_REQUESTED_FIELD_NUMBER: _builtins.int
+    CANCELLED_BY_FIELD_NUMBER: _builtins.int
+    TOTALS_FIELD_NUMBER: _builtins.int
     task_id: _builtins.str
     """Server-assigned id."""
     goal: _builtins.str
@@ -1039,6 +1104,8 @@ class Task(_message.Message):
     """The client's idempotency key, if it sent one."""
     cancel_requested: _builtins.bool
     """Set when an operator asked to cancel and the host has not acknowledged yet."""
+    cancelled_by: _builtins.str
+    """The operator who asked to cancel (the name in their certificate); empty when nobody did."""
     @_builtins.property
     def target(self) -> Global___TaskTarget:
         """Where the task may run."""
@@ -1071,6 +1138,10 @@ class Task(_message.Message):
     def attempts(self) -> _containers.RepeatedCompositeFieldContainer[Global___Attempt]:
         """All attempts, oldest first. Filled by GetTask; left empty by ListTasks."""
 
+    @_builtins.property
+    def totals(self) -> Global___TaskTotals:
+        """What the task has used so far, over every attempt."""
+
     def __init__(
         self,
         *,
@@ -1092,14 +1163,63 @@ class Task(_message.Message):
         client_request_id: _builtins.str = ...,
         attempts: _abc.Iterable[Global___Attempt] | None = ...,
         cancel_requested: _builtins.bool = ...,
+        cancelled_by: _builtins.str = ...,
+        totals: Global___TaskTotals | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["created_at", b"created_at", "deadline", b"deadline", "finished_at", b"finished_at", "lease_duration", b"lease_duration", "progress", b"progress", "target", b"target", "updated_at", b"updated_at"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["created_at", b"created_at", "deadline", b"deadline", "finished_at", b"finished_at", "lease_duration", b"lease_duration", "progress", b"progress", "target", b"target", "totals", b"totals", "updated_at", b"updated_at"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "attempts", b"attempts", "cancel_requested", b"cancel_requested", "client_request_id", b"client_request_id", "created_at", b"created_at", "deadline", b"deadline", "device_serial", b"device_serial", "finished_at", b"finished_at", "goal", b"goal", "host_id", b"host_id", "lease_duration", b"lease_duration", "max_attempts", b"max_attempts", "progress", b"progress", "result_summary", b"result_summary", "status", b"status", "target", b"target", "task_id", b"task_id", "updated_at", b"updated_at"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "attempts", b"attempts", "cancel_requested", b"cancel_requested", "cancelled_by", b"cancelled_by", "client_request_id", b"client_request_id", "created_at", b"created_at", "deadline", b"deadline", "device_serial", b"device_serial", "finished_at", b"finished_at", "goal", b"goal", "host_id", b"host_id", "lease_duration", b"lease_duration", "max_attempts", b"max_attempts", "progress", b"progress", "result_summary", b"result_summary", "status", b"status", "target", b"target", "task_id", b"task_id", "totals", b"totals", "updated_at", b"updated_at"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___Task: _TypeAlias = Task  # noqa: Y015
+
+@_typing.final
+class TaskTotals(_message.Message):
+    """What a task has used over all its attempts, as of the answer (a running task's times grow)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    USAGE_FIELD_NUMBER: _builtins.int
+    DECISIONS_FIELD_NUMBER: _builtins.int
+    STEPS_FIELD_NUMBER: _builtins.int
+    WALL_TIME_FIELD_NUMBER: _builtins.int
+    RUN_TIME_FIELD_NUMBER: _builtins.int
+    decisions: _builtins.int
+    """Decisions logged for the task."""
+    steps: _builtins.int
+    """Steps the hosts reported, summed over the attempts (each attempt's last step index)."""
+    @_builtins.property
+    def usage(self) -> Global___Usage:
+        """Token usage summed over every decision the cloud logged for the task (the cloud planner
+        transport; a host on the direct transport calls the model itself and its usage is not
+        here). Kept with the task when the decision log is pruned.
+        """
+
+    @_builtins.property
+    def wall_time(self) -> _duration_pb2.Duration:
+        """From submission to the task's end, or to now while it has not ended."""
+
+    @_builtins.property
+    def run_time(self) -> _duration_pb2.Duration:
+        """Time spent under leases: each attempt's start to its end (or to now while it runs), summed."""
+
+    def __init__(
+        self,
+        *,
+        usage: Global___Usage | None = ...,
+        decisions: _builtins.int = ...,
+        steps: _builtins.int = ...,
+        wall_time: _duration_pb2.Duration | None = ...,
+        run_time: _duration_pb2.Duration | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["run_time", b"run_time", "usage", b"usage", "wall_time", b"wall_time"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["decisions", b"decisions", "run_time", b"run_time", "steps", b"steps", "usage", b"usage", "wall_time", b"wall_time"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___TaskTotals: _TypeAlias = TaskTotals  # noqa: Y015
 
 @_typing.final
 class ThinkingBlock(_message.Message):
