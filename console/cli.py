@@ -316,7 +316,7 @@ def task_show(task_id: Annotated[str, typer.Argument(help="Task id.")]) -> None:
             f"  attempt {attempt.attempt}: {formatting.styled_status(attempt.status)} on "
             + formatting.literal(
                 f"{attempt.host_id}/{attempt.device_serial} "
-                f"{formatting.progress_badge(attempt.progress)}{reason}"
+                f"{formatting.progress_badge(attempt.progress, attempt.status)}{reason}"
             )
         )
 
@@ -341,7 +341,7 @@ def task_watch(
             task = change.task
             out.print(
                 f"{task.task_id} {formatting.styled_status(task.status)} "
-                f"{formatting.literal(formatting.progress_badge(task.progress))}"
+                f"{formatting.literal(formatting.progress_badge(task.progress, task.status))}"
             )
 
     _with_client(watch)

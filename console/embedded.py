@@ -150,7 +150,7 @@ async def follow_tasks(
             key_full = (*key[:3], task.progress.summary)
             if seen.get(task.task_id) != key_full:
                 seen[task.task_id] = key_full
-                badge = formatting.progress_badge(task.progress)
+                badge = formatting.progress_badge(task.progress, task.status)
                 out.print(
                     f"[dim]{task.task_id[:8]}[/dim] {formatting.styled_status(task.status)}"
                     f" attempt {task.attempt}/{task.max_attempts}  {formatting.literal(badge)}"

@@ -16,6 +16,7 @@ from rich.table import Table
 from rich.text import Text
 
 from amc.v1 import types_pb2
+from console import wording
 from planner.convert import retry_kind_from_proto, thinking_kind_from_proto
 from planner.decision import OMITTED_BLOCK, RETRY_WORDS, THINKING_WORDS, thinking_word
 
@@ -52,15 +53,16 @@ def styled_status(status: int) -> str:
     return f"[{style}]{status_name(status)}[/{style}]"
 
 
-def progress_badge(progress: types_pb2.Progress) -> str:
-    """`step 4 of at most 30 · acting · tap 'Display'`, or an empty string before the first
-    step ("of at most" only when the host says its step limit)."""
-    if not progress.step_index:
-        return ""
-    at_most = f" of at most {progress.max_steps}" if progress.max_steps else ""
-    return (
-        f"step {progress.step_index}{at_most} · {step_status_name(progress.step_status)} · "
-        f"{progress.summary}"
+def progress_badge(progress: types_pb2.Progress, status: int) -> str:
+    """What the last step did: `step 4 of at most 30 · acting · tap 'Display'`, `last step 6 ·
+    action done · give up: …` once the task (in `status`) ended; empty before the first step.
+    Never the task's status (`console.wording.step_line`)."""
+    return wording.step_line(
+        progress.step_index,
+        step_status_name(progress.step_status),
+        progress.summary,
+        progress.max_steps,
+        terminal=status in TERMINAL,
     )
 
 
@@ -85,7 +87,7 @@ def task_table(tasks: list[types_pb2.Task]) -> Table:
             styled_status(task.status),
             f"{task.attempt} of {task.max_attempts}",
             Text(f"{task.host_id or '-'} / {task.device_serial or '-'}"),
-            Text(progress_badge(task.progress)),
+            Text(progress_badge(task.progress, task.status)),
             ago(task.updated_at),
             Text(task.goal),
         )

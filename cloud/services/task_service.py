@@ -23,6 +23,7 @@ from cloud.store.database import Store
 MAX_GOAL = 2000
 MAX_REQUEST_ID = 128
 MAX_REASON = 500
+MAX_ON_BEHALF_OF = 64
 MAX_ATTEMPTS = 20
 DEFAULT_EVENT_PAGE = 500
 MAX_EVENT_PAGE = 1000
@@ -172,7 +173,16 @@ class TaskServicer(task_service_pb2_grpc.TaskServiceServicer):
                 grpc.StatusCode.INVALID_ARGUMENT,
                 f"reason: at most {MAX_REASON} characters",
             )
-        out = await tasks.cancel(self._store, request.task_id, request.reason, authz.caller().name)
+        person = request.on_behalf_of
+        if len(person) > MAX_ON_BEHALF_OF or not person.isprintable():
+            await abort(
+                context,
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"on_behalf_of: at most {MAX_ON_BEHALF_OF} printable characters",
+            )
+        caller = authz.caller().name
+        operator = f"{person} via {caller}" if person else caller
+        out = await tasks.cancel(self._store, request.task_id, request.reason, operator)
         if out.view is None:
             await abort(context, grpc.StatusCode.NOT_FOUND, f"task {request.task_id} not found")
         if out.already_ended:

@@ -120,6 +120,9 @@ def task(view: TaskView, *, with_attempts: bool) -> types_pb2.Task:
     )
     if t.finished_at is not None:
         out.finished_at.CopyFrom(ts(t.finished_at))
+    current = view.current_attempt()
+    if current is not None and current.ended_at is None:
+        out.lease_expires_at.CopyFrom(ts(current.lease_expires_at))
     p = progress(view.latest_progress_attempt())
     if p is not None:
         out.progress.CopyFrom(p)

@@ -88,7 +88,7 @@ class TaskRow(Base):
     updated_at: Mapped[dt.datetime] = mapped_column(UTCDateTime())
     finished_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime())
     # The operator who asked to cancel (their certificate's name); NULL when nobody did.
-    cancelled_by: Mapped[str | None] = mapped_column(String(128))
+    cancelled_by: Mapped[str | None] = mapped_column(String(256))
     # Token usage of every decision logged for the task, summed as each is appended (kept when
     # the decision log is pruned): the task's totals.
     input_tokens: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
@@ -172,7 +172,7 @@ class LeaseEventRow(Base):
     at: Mapped[dt.datetime] = mapped_column(UTCDateTime())
     host_id: Mapped[str | None] = mapped_column(String(128))
     device_serial: Mapped[str | None] = mapped_column(String(128))
-    operator: Mapped[str | None] = mapped_column(String(128))
+    operator: Mapped[str | None] = mapped_column(String(256))
     reason: Mapped[str | None] = mapped_column(Text)
     result_status: Mapped[str | None] = mapped_column(String(16))
     task_status: Mapped[str | None] = mapped_column(String(16))

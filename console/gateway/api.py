@@ -8,7 +8,7 @@ from fastapi import APIRouter, Depends, Query, Request, status
 from fastapi import Path as PathParam
 from starlette.responses import StreamingResponse
 
-from console.gateway.auth import require_api_user
+from console.gateway.auth import API_TOKEN_USER, ApiUser, require_api_user
 from console.gateway.cloud import CloudClient
 from console.gateway.events import event_stream, host_event_stream
 from console.gateway.history import group_history
@@ -23,6 +23,8 @@ from console.gateway.models import (
     ErrorOut,
     HostList,
     HostOut,
+    LeaseEventOut,
+    LeaseEventPage,
     SubmitIn,
     SubmitOut,
     TaskDetailOut,
@@ -57,14 +59,16 @@ async def host_transports(cloud: CloudClient) -> dict[str, HostOut]:
 
 
 async def task_detail(cloud: CloudClient, task_id: str) -> TaskDetailOut:
-    """The task, its attempts and its decision log grouped by attempt (shared with the page)."""
+    """The task, its attempts, its lease history and its decision log grouped by attempt
+    (shared with the page)."""
     task = TaskOut.of(await cloud.get_task(task_id))
+    events = [LeaseEventOut.of(e) for e in await cloud.events(task_id)]
     decisions = [DecisionOut.of(d) for d in await cloud.all_decisions(task_id)]
     transports = {}
     if any(a.planner_transport == "unspecified" for a in task.attempts):
         transports = {k: v.planner_transport for k, v in (await host_transports(cloud)).items()}
     history, note = group_history(task, decisions, transports)
-    return TaskDetailOut(task=task, history=history, history_note=note)
+    return TaskDetailOut(task=task, events=events, history=history, history_note=note)
 
 
 @router.get("/tasks", response_model=TaskPage, summary="List tasks, newest first")
@@ -100,8 +104,13 @@ async def submit_task(cloud: Cloud, body: SubmitIn) -> SubmitOut:
         lease_duration_s=body.lease_duration_s,
         timeout_s=body.timeout_s,
         client_request_id=body.client_request_id,
+        validate_only=body.validate_only,
     )
-    return SubmitOut(task=TaskOut.of(response.task), deduplicated=response.deduplicated)
+    return SubmitOut(
+        task=TaskOut.of(response.task) if response.HasField("task") else None,
+        deduplicated=response.deduplicated,
+        warnings=list(response.warnings),
+    )
 
 
 @router.get(
@@ -113,9 +122,21 @@ async def get_task(cloud: Cloud, task_id: str) -> TaskDetailOut:
     return await task_detail(cloud, task_id)
 
 
+@router.get(
+    "/tasks/{task_id}/lease-events",
+    response_model=LeaseEventPage,
+    summary="A task's lease history (assigned, resumed, revoked, expired, cancelled, result…)",
+)
+async def task_lease_events(cloud: Cloud, task_id: str) -> LeaseEventPage:
+    return LeaseEventPage(events=[LeaseEventOut.of(e) for e in await cloud.events(task_id)])
+
+
 @router.post("/tasks/{task_id}/cancel", response_model=TaskOut, summary="Cancel a task")
-async def cancel_task(cloud: Cloud, task_id: str, body: CancelIn | None = None) -> TaskOut:
-    return TaskOut.of(await cloud.cancel_task(task_id, body.reason if body else ""))
+async def cancel_task(
+    cloud: Cloud, user: ApiUser, task_id: str, body: CancelIn | None = None
+) -> TaskOut:
+    who = "API token" if user == API_TOKEN_USER else user
+    return TaskOut.of(await cloud.cancel_task(task_id, body.reason if body else "", who))
 
 
 @router.get(

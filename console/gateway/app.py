@@ -80,7 +80,7 @@ def create_app(settings: ConsoleSettings) -> FastAPI:
 
     add_security_headers(
         app,
-        csp=content_security_policy("'self' data:"),
+        csp=content_security_policy(),
         referrer_policy="same-origin",
         is_api=_is_api,
     )

@@ -42,7 +42,7 @@ def upgrade() -> None:
         sa.Column("at", sa.DateTime(timezone=True), nullable=False),
         sa.Column("host_id", sa.String(length=128), nullable=True),
         sa.Column("device_serial", sa.String(length=128), nullable=True),
-        sa.Column("operator", sa.String(length=128), nullable=True),
+        sa.Column("operator", sa.String(length=256), nullable=True),
         sa.Column("reason", sa.Text(), nullable=True),
         sa.Column("result_status", sa.String(length=16), nullable=True),
         sa.Column("task_status", sa.String(length=16), nullable=True),
@@ -65,7 +65,7 @@ def upgrade() -> None:
     op.add_column(
         "attempts", sa.Column("last_renewed_at", sa.DateTime(timezone=True), nullable=True)
     )
-    op.add_column("tasks", sa.Column("cancelled_by", sa.String(length=128), nullable=True))
+    op.add_column("tasks", sa.Column("cancelled_by", sa.String(length=256), nullable=True))
     for column in _TOTALS:
         op.add_column(
             "tasks", sa.Column(column, sa.BigInteger(), server_default="0", nullable=False)

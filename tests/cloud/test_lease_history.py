@@ -114,6 +114,9 @@ async def test_a_finished_attempt_has_its_assignment_renewal_summary_result_and_
         for step in (1, 2, 3):
             await host.send(renewal(a, step, f"step {step}"))
             await host.next("renewed")
+        live = (await ops.GetTask(task_service_pb2.GetTaskRequest(task_id=task.task_id))).task
+        assert live.lease_expires_at == live.attempts[0].lease_expires_at
+        assert live.HasField("lease_expires_at")
         for tokens in (100, 200):
             await decisions.append(cloud.store, "h1", task.task_id, 1, _decision(tokens))
         await host.send(result(a, summary="dark theme is on", step=4))
@@ -121,6 +124,7 @@ async def test_a_finished_attempt_has_its_assignment_renewal_summary_result_and_
 
         got = (await ops.GetTask(task_service_pb2.GetTaskRequest(task_id=task.task_id))).task
         (attempt,) = got.attempts
+        assert not got.HasField("lease_expires_at")
         assert attempt.renewals == 3
         assert attempt.first_renewed_at.ToDatetime() <= attempt.last_renewed_at.ToDatetime()
         assert attempt.last_renewed_at.ToDatetime() <= attempt.ended_at.ToDatetime()
@@ -213,13 +217,22 @@ async def test_a_cancel_records_the_operator_and_the_reason(
     cloud: CloudServer, ops: Any, pki_dir: Path
 ) -> None:
     queued = (await submit(ops, target=types_pb2.TaskTarget(host_id="nobody"))).task
+    for person in ("x" * 65, "tab\there"):
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await ops.CancelTask(
+                task_service_pb2.CancelTaskRequest(task_id=queued.task_id, on_behalf_of=person)
+            )
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert err.value.details() == "on_behalf_of: at most 64 printable characters"
     response = await ops.CancelTask(
-        task_service_pb2.CancelTaskRequest(task_id=queued.task_id, reason="wrong phone")
+        task_service_pb2.CancelTaskRequest(
+            task_id=queued.task_id, reason="wrong phone", on_behalf_of="alice"
+        )
     )
-    assert response.task.cancelled_by == "ops"
+    assert response.task.cancelled_by == "alice via ops"
     (cancelled,) = await events(ops, queued.task_id)
     assert (cancelled.attempt, cancelled.kind) == (0, CANCELLED)
-    assert (cancelled.operator, cancelled.reason) == ("ops", "wrong phone")
+    assert (cancelled.operator, cancelled.reason) == ("alice via ops", "wrong phone")
 
     host = ScriptedHost(cloud.address, pki_dir, "h6")
     try:

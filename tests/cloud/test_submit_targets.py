@@ -100,7 +100,9 @@ async def test_the_fleet_shows_busy_phones_and_a_working_host_as_seen(
     host = ScriptedHost(cloud.address, pki_dir, "h23")
 
     async def h23() -> types_pb2.Host:
-        listed = await fleet.ListHosts(fleet_service_pb2.ListHostsRequest())
+        listed: fleet_service_pb2.ListHostsResponse = await fleet.ListHosts(
+            fleet_service_pb2.ListHostsRequest()
+        )
         (found,) = [h for h in listed.hosts if h.host_id == "h23"]
         return found
 

@@ -322,19 +322,27 @@ class CancelTaskRequest(_message.Message):
 
     TASK_ID_FIELD_NUMBER: _builtins.int
     REASON_FIELD_NUMBER: _builtins.int
+    ON_BEHALF_OF_FIELD_NUMBER: _builtins.int
     task_id: _builtins.str
     """Task id."""
     reason: _builtins.str
     """Why; shown to operators and recorded as the cancel reason (at most 500 characters)."""
+    on_behalf_of: _builtins.str
+    """The person the calling operator acts for, when it is a tool acting for someone (the
+    operators' console sends its logged-in user): the task records "<person> via <caller>"
+    as who cancelled; empty records the caller alone. At most 64 printable characters;
+    INVALID_ARGUMENT otherwise.
+    """
     def __init__(
         self,
         *,
         task_id: _builtins.str = ...,
         reason: _builtins.str = ...,
+        on_behalf_of: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["reason", b"reason", "task_id", b"task_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["on_behalf_of", b"on_behalf_of", "reason", b"reason", "task_id", b"task_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -1084,6 +1084,7 @@ class Task(_message.Message):
     CANCEL_REQUESTED_FIELD_NUMBER: _builtins.int
     CANCELLED_BY_FIELD_NUMBER: _builtins.int
     TOTALS_FIELD_NUMBER: _builtins.int
+    LEASE_EXPIRES_AT_FIELD_NUMBER: _builtins.int
     task_id: _builtins.str
     """Server-assigned id."""
     goal: _builtins.str
@@ -1142,6 +1143,12 @@ class Task(_message.Message):
     def totals(self) -> Global___TaskTotals:
         """What the task has used so far, over every attempt."""
 
+    @_builtins.property
+    def lease_expires_at(self) -> _timestamp_pb2.Timestamp:
+        """When the current attempt's lease runs out unless renewed; unset when no lease is live (so
+        a reader can count the live lease down without reading the attempts).
+        """
+
     def __init__(
         self,
         *,
@@ -1165,10 +1172,11 @@ class Task(_message.Message):
         cancel_requested: _builtins.bool = ...,
         cancelled_by: _builtins.str = ...,
         totals: Global___TaskTotals | None = ...,
+        lease_expires_at: _timestamp_pb2.Timestamp | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["created_at", b"created_at", "deadline", b"deadline", "finished_at", b"finished_at", "lease_duration", b"lease_duration", "progress", b"progress", "target", b"target", "totals", b"totals", "updated_at", b"updated_at"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["created_at", b"created_at", "deadline", b"deadline", "finished_at", b"finished_at", "lease_duration", b"lease_duration", "lease_expires_at", b"lease_expires_at", "progress", b"progress", "target", b"target", "totals", b"totals", "updated_at", b"updated_at"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "attempts", b"attempts", "cancel_requested", b"cancel_requested", "cancelled_by", b"cancelled_by", "client_request_id", b"client_request_id", "created_at", b"created_at", "deadline", b"deadline", "device_serial", b"device_serial", "finished_at", b"finished_at", "goal", b"goal", "host_id", b"host_id", "lease_duration", b"lease_duration", "max_attempts", b"max_attempts", "progress", b"progress", "result_summary", b"result_summary", "status", b"status", "target", b"target", "task_id", b"task_id", "totals", b"totals", "updated_at", b"updated_at"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "attempts", b"attempts", "cancel_requested", b"cancel_requested", "cancelled_by", b"cancelled_by", "client_request_id", b"client_request_id", "created_at", b"created_at", "deadline", b"deadline", "device_serial", b"device_serial", "finished_at", b"finished_at", "goal", b"goal", "host_id", b"host_id", "lease_duration", b"lease_duration", "lease_expires_at", b"lease_expires_at", "max_attempts", b"max_attempts", "progress", b"progress", "result_summary", b"result_summary", "status", b"status", "target", b"target", "task_id", b"task_id", "totals", b"totals", "updated_at", b"updated_at"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
