@@ -115,7 +115,7 @@ def create_app(settings: ConsoleSettings) -> FastAPI:
 GRACEFUL_SHUTDOWN_S = 3
 
 
-def build_server(settings: ConsoleSettings) -> uvicorn.Server:
+def build_server(settings: ConsoleSettings, *, log_level: str = "info") -> uvicorn.Server:
     """A uvicorn server for the console on settings.bind_host:bind_port (port 0: any free one)."""
     config = uvicorn.Config(
         create_app(settings),
@@ -124,7 +124,7 @@ def build_server(settings: ConsoleSettings) -> uvicorn.Server:
         proxy_headers=False,
         server_header=False,
         timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
-        log_level="info",
+        log_level=log_level,
     )
     return uvicorn.Server(config)
 

@@ -57,6 +57,9 @@ class TimelineRecord:
     after_screenshot_path: str | None = None
     ocr: list[dict[str, Any]] = field(default_factory=list)
     ocr_after: list[dict[str, Any]] = field(default_factory=list)
+    # The screen the planner was shown, as `get_ui_tree`'s node list of the before scene
+    # (secrets typed earlier already scrubbed); empty in records of older hosts.
+    ui_nodes: list[dict[str, Any]] = field(default_factory=list)
     usage: dict[str, int] = field(default_factory=dict)
     timings: dict[str, float] = field(default_factory=dict)
     world_event: dict[str, Any] = field(default_factory=dict)
