@@ -34,7 +34,7 @@ from cloud.settings import DEFAULT_CLOUD_ADDRESS
 from console import context, exit_codes, formatting, task_ids, wording
 from console.cli_errors import CloudTarget, UserError, from_rpc, run_main
 from console.cli_help import PlainCommand, PlainGroup
-from console.cli_output import err, out, print_json, print_json_line
+from console.cli_output import err, out, print_json, print_json_line, print_text
 from console.client import OperatorClient, secure_channel
 
 
@@ -948,13 +948,12 @@ def decisions(
         err.print("no decisions logged (none yet, or the host uses the direct transport)")
     for d in found:
         out.rule(f"attempt {d.attempt} · step {d.step_index} · {d.provider}/{d.model}")
-        out.print(f"rationale: {d.rationale or '-'}")
+        print_text(f"rationale: {d.rationale or '-'}")
         thinking = formatting.thinking_text(d)
-        out.print(
-            f"thinking ({formatting.thinking_kind(d)})" + (f": {thinking}" if thinking else "")
-        )
-        out.print(f"action: {d.tool_name} {d.arguments_json}")
-        out.print(f"purpose: {d.purpose}  expected: {d.expected_outcome}")
+        kind = formatting.thinking_kind(d)
+        print_text(f"thinking ({kind})" + (f": {thinking}" if thinking else ""))
+        print_text(f"action: {d.tool_name} {d.arguments_json}")
+        print_text(f"purpose: {d.purpose}  expected: {d.expected_outcome}")
         latency_ms = d.latency.seconds * 1000 + d.latency.nanos // 1_000_000
         usage = d.usage
         notes = [formatting.retry_word(d)] if d.forced_retry else []
@@ -966,13 +965,12 @@ def decisions(
             f"{latency_ms} ms" + "".join(f" · {n}" for n in notes)
         )
         if prompts:
-            added = (
-                " (what this step added to the conversation)" if d.planner_mode == "session" else ""
-            )
+            session = d.planner_mode == "session"
+            added = " (what this step added to the conversation)" if session else ""
             out.print(Text("── system prompt ──", style="bold"))
-            out.print(d.system_prompt)
+            print_text(d.system_prompt)
             out.print(Text(f"── user prompt{added} ──", style="bold"))
-            out.print(d.user_prompt)
+            print_text(d.user_prompt)
 
 
 def main() -> None:

@@ -12,6 +12,7 @@ returns.
 from __future__ import annotations
 
 import json
+import re
 import sys
 from typing import Any
 
@@ -22,6 +23,18 @@ from rich.console import Console
 out = Console(markup=False, highlight=False, emoji=False, soft_wrap=True)
 #: Standard error: warnings and notes that must not mix into a script's results.
 err = Console(stderr=True, markup=False, highlight=False, emoji=False, soft_wrap=True)
+
+
+#: Control characters other than newline and tab: shown as escapes, never sent to the
+#: terminal (a screen's text could otherwise carry terminal commands into an audit).
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def print_text(text: str) -> None:
+    """Text exactly as written (model text, prompts): tabs and line breaks kept, nothing
+    re-wrapped or expanded; only control characters are shown as escapes (`\\x1b`)."""
+    sys.stdout.write(_CONTROL.sub(lambda m: repr(m.group())[1:-1], text) + "\n")
+    sys.stdout.flush()
 
 
 def print_json(value: BaseModel | dict[str, Any] | list[Any], *, indent: int | None = 2) -> None:
