@@ -10,7 +10,8 @@
 - 70: an unexpected internal error (`--debug` prints its traceback);
 - 130: interrupted (Ctrl-C).
 
-`docs/cli.md` repeats this table; `tests/console/test_cli_scripts.py` holds the commands to it.
+`docs/cli.md` repeats this list as a table; `tests/console/test_cli_scripts.py` holds the
+commands to it.
 """
 
 from __future__ import annotations

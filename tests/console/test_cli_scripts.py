@@ -445,3 +445,16 @@ async def test_amc_up_refuses_a_taken_console_port_in_one_line(tmp_path: Path) -
     assert f"the operators' console cannot listen on 127.0.0.1:{port}" in line
     assert line.endswith("(pick another port with --console-port PORT, or stop what uses it)")
     assert not (tmp_path / "state" / "amc" / "context.json").exists()
+
+
+async def test_session_mode_on_the_offline_planner_is_refused_at_start_in_one_line(
+    tmp_path: Path,
+) -> None:
+    """The issue: such a stack "starts without a word and fails every task at step 1"."""
+    env = {**ENV, "AMC_PLANNER_MODE": "session", "XDG_STATE_HOME": str(tmp_path / "state")}
+    for command in (["demo"], ["up", "--console-port", "0", "--host-console-port", "0"]):
+        ran = await amc(*command, "--data-dir", str(tmp_path / "data"), env=env, cwd=tmp_path)
+        assert ran.code == exit_codes.USAGE, ran
+        line = one_line(ran, f"amc {command[0]}")
+        assert "AMC_PLANNER_MODE: session mode needs a provider that keeps a conversation" in line
+        assert ran.out == ""
