@@ -16,7 +16,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated, TypeVar
+from typing import TYPE_CHECKING, Annotated, TypeVar
 
 import grpc
 import typer
@@ -36,6 +36,9 @@ from console.cli_errors import CloudTarget, UserError, from_rpc, run_main
 from console.cli_help import PlainCommand, PlainGroup
 from console.cli_output import err, out, print_json, print_json_line, print_text
 from console.client import OperatorClient, secure_channel
+
+if TYPE_CHECKING:
+    from export.run import Run
 
 
 def _typer(help: str) -> typer.Typer:
@@ -485,6 +488,40 @@ def host_list(
             out.print(f"  {b.device_serial} (not announced) busy: {b.task_id} {b.goal}")
 
 
+@host_app.command(
+    "export",
+    cls=PlainCommand,
+    epilog=_examples(
+        "amc host export 3f2a9c01d2e54b6f8a7c9e0b1d2f3a4b",
+        "amc host export 3f2a9c01d2e54b6f8a7c9e0b1d2f3a4b -o dark-theme.zip",
+    ),
+)
+def host_export(
+    task_id: Annotated[
+        str, typer.Argument(metavar="TASK_ID", help="The task's full id (as this host ran it).")
+    ],
+    output: Annotated[
+        Path | None,
+        typer.Option("--output", "-o", metavar="ZIP", help="Zip to write (amc-export-ID.zip)."),
+    ] = None,
+) -> None:
+    """Export a task from this host's timeline (with screenshots) as one zip: report.html,
+    run.gif, run.mp4, steps.jsonl, screenshots/ (docs/export.md). Settings from AMC_HOST_*."""
+    from console.exporting import export_host_task
+    from host.settings import HostSettings
+
+    settings = HostSettings()
+    _export_done(
+        lambda: export_host_task(
+            settings.resolved_db_path,
+            settings.resolved_artifact_dir,
+            settings.host_id or "",
+            task_id,
+            output,
+        )
+    )
+
+
 @console_app.command("serve", cls=PlainCommand)
 def console_serve() -> None:
     """Serve the operators' web console and JSON API (settings from AMC_CONSOLE_*)."""
@@ -903,6 +940,63 @@ def task_cancel(
         return
     word = "cancelling" if task.cancel_requested else formatting.status_name(task.status)
     out.print(f"{task.task_id}: {word}")
+
+
+@task_app.command(
+    "export",
+    cls=PlainCommand,
+    epilog=_examples(
+        "amc task export 3f2a",
+        "amc task export 3f2a --merge amc-export-host.zip -o dark-theme.zip",
+    ),
+)
+def task_export(
+    task_id: TaskIdArg,
+    output: Annotated[
+        Path | None,
+        typer.Option("--output", "-o", metavar="ZIP", help="Zip to write (amc-export-ID.zip)."),
+    ] = None,
+    merge: Annotated[
+        list[Path] | None,
+        typer.Option(
+            metavar="ZIP",
+            help="A host's export of the task (amc host export) to merge in (repeatable).",
+        ),
+    ] = None,
+) -> None:
+    """Export a task from the cloud as one zip: report.html, run.gif, run.mp4, steps.jsonl
+    (docs/export.md). The cloud has no screenshots: --merge a host's export to add them."""
+    from console.exporting import export_task
+    from console.gateway.cloud import CloudClient
+
+    if _connection is None:
+        raise UserError("no cloud connection configured")
+    c = _connection
+    ca, cert, key = c.files()
+    resolved = _with_client(lambda client: task_ids.resolve(client, task_id))
+
+    async def go() -> tuple[Path, Run]:
+        cloud = CloudClient(c.address, ca=ca, cert=cert, key=key, timeout_s=60)
+        try:
+            return await export_task(cloud, resolved, output, merge or [])
+        except grpc.aio.AioRpcError as error:
+            raise from_rpc(error, c.target) from error
+        finally:
+            await cloud.close()
+
+    _export_done(lambda: _run(go()))
+
+
+def _export_done(make: Callable[[], tuple[Path, Run]]) -> None:
+    """Run an export; say where it went (stdout), or why not in one line (exit 2)."""
+    from console.exporting import ExportError
+
+    try:
+        path, run = make()
+    except ExportError as error:
+        raise UserError(f"export: {error}") from error
+    shots = sum(1 for s in run.steps if s.before_png)
+    out.print(f"{path} ({len(run.steps)} steps, {shots} with screenshots, {run.origin})")
 
 
 @app.command(

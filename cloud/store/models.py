@@ -245,6 +245,9 @@ class DecisionRow(Base):
     # "none" | "forced" | "nudge"; "" for rows from before 0004.
     retry_kind: Mapped[str] = mapped_column(String(16), default="", server_default="")
     output_truncated: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
+    # The screen the decision was made on: `amc.v1.ScreenObservation` bytes without OCR blocks
+    # (NULL before 0006 and for prompt-based requests). Never a screenshot.
+    observation_pb: Mapped[bytes | None] = mapped_column()
 
     __table_args__ = (
         UniqueConstraint("task_id", "attempt", "step_index"),

@@ -17,7 +17,7 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
 from amc.v1 import task_service_pb2
 from console.gateway import present
-from console.gateway.api import Cloud, task_detail
+from console.gateway.api import Cloud, export_download, task_detail
 from console.gateway.auth import OperatorCredentials
 from console.gateway.cloud import CloudClient
 from console.gateway.errors import describe
@@ -272,6 +272,12 @@ async def _by_prefix(cloud: CloudClient, prefix: str) -> str | None:
         statuses=[], host_id="", query="", page_size=2, page_token="", task_id_prefix=prefix
     )
     return page.tasks[0].task_id if len(page.tasks) == 1 else None
+
+
+@router.get("/tasks/{task_id}/export")
+async def export_page(_: PageUser, cloud: Cloud, task_id: str) -> Response:
+    """The "Download" link: the cloud's export of the task (a zip)."""
+    return await export_download(cloud, task_id)
 
 
 @router.get("/tasks/{task_id}/attempts/{attempt}/conversation", response_class=HTMLResponse)

@@ -23,10 +23,9 @@ from host.agent.planning_wait import PlanningPostponed, WaitPolicy, plan_patient
 from host.agent.progress import ProgressHolder, status_name, truncate
 from host.agent.redact import SecretRedactor
 from host.devices.base import DeviceError, DeviceGone, Driver
-from host.perception.hierarchy import ui_tree_nodes
 from host.perception.perceive import Observation, Perceiver
 from host.planner_client import CloudPlanError, StepPlanner
-from host.timeline.record import TimelineRecord
+from host.timeline.record import TimelineRecord, screen_record
 from host.timeline.store import TimelineStore
 from planner.decision import Decision
 from planner.errors import PlannerError
@@ -235,8 +234,8 @@ class AgentLoop:
             )
             timings["perceive_before_s"] = time.perf_counter() - t
             record.page = before.scene.page
+            record.screen = screen_record(before.scene)
             record.ocr = [o.to_dict() for o in before.scene.ocr]
-            record.ui_nodes = ui_tree_nodes(before.scene)
 
             self._progress(
                 spec,

@@ -15,10 +15,15 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
+from google.protobuf.json_format import ParseDict, ParseError
+
+from amc.v1 import types_pb2
 from host.agent.progress import ProgressSnapshot
 from host.timeline.record import SENSITIVE_MASK, TimelineRecord
 from host.timeline.store import TaskRow
 from planner.decision import RETRY_WORDS, thinking_word
+from planner.observation import scene_from_observation
+from planner.tools import ui_tree_result
 
 #: Tool names whose result is a UI tree (`ui_tree` is what older hosts called it).
 UI_TREE_TOOLS = frozenset({"get_ui_tree", "ui_tree"})
@@ -235,6 +240,24 @@ def marker(record: TimelineRecord) -> Marker | None:
     return None
 
 
+def shown_nodes(screen: dict[str, Any]) -> list[Any] | None:
+    """The node list the model was shown for a recorded screen (`TimelineRecord.screen`), in
+    `get_ui_tree`'s form; None for a record it cannot be read from."""
+    try:
+        observation = ParseDict(screen, types_pb2.ScreenObservation(), ignore_unknown_fields=True)
+    except ParseError:
+        return None
+    return ui_tree_result(scene_from_observation(observation))
+
+
+def screen_size(record: TimelineRecord) -> tuple[int, int] | None:
+    """The recorded screen's size in pixels (the coordinates an action's point uses)."""
+    width, height = record.screen.get("screen_width"), record.screen.get("screen_height")
+    if isinstance(width, int) and isinstance(height, int) and width > 0 and height > 0:
+        return width, height
+    return None
+
+
 def _action_line(record: TimelineRecord, arguments: dict[str, Any]) -> str:
     """A short human line for the step header: "tap 'Display'", "type •••", "launch com.x"."""
     tool = record.tool_name or next(iter(record.action), "") or "step"
@@ -354,8 +377,8 @@ def step_view(record: TimelineRecord, screen: tuple[int, int] | None = None) -> 
     nodes = record.result.get("nodes") if isinstance(record.result, dict) else None
     asked = tool in UI_TREE_TOOLS and isinstance(nodes, list)
     shown: list[Any] | None = nodes if asked and isinstance(nodes, list) else None
-    if shown is None and record.ui_nodes:
-        shown = list(record.ui_nodes)
+    if shown is None and record.screen:
+        shown = shown_nodes(record.screen)
     if shown is not None:
         tree = ui_tree(shown)
         tree_json = nodes_json(shown)
@@ -413,7 +436,7 @@ def step_view(record: TimelineRecord, screen: tuple[int, int] | None = None) -> 
         ),
         legacy_json=pretty_json(legacy) if legacy else None,
         marker=marker(record),
-        screen=screen,
+        screen=screen_size(record) or screen,
     )
 
 

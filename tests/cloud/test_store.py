@@ -9,7 +9,7 @@ from dataclasses import replace
 from sqlalchemy import inspect, update
 
 from amc.v1 import types_pb2
-from cloud.store import decisions, leases, states, tasks
+from cloud.store import convert, decisions, leases, states, tasks
 from cloud.store.database import Store
 from cloud.store.engine import check, downgrade, upgrade
 from cloud.store.models import TaskRow
@@ -46,7 +46,7 @@ async def test_migrations_up_down_and_check(db_url: str) -> None:
             assert {"page", "target", "outcome_executed", "outcome_error"} <= (
                 await conn.run_sync(_columns, "decisions")
             )
-        # 0002 is additive: going back to 0001 drops only the session table (and 0006's).
+        # 0002 is additive: going back to 0001 drops only the session table (and 0007's).
         await downgrade(s.engine, "0001")
         async with s.engine.connect() as conn:
             assert await conn.run_sync(_tables) & set(TABLES) == set(TABLES[:-2])
@@ -89,8 +89,49 @@ async def test_migration_0005_thinking_and_retry_columns_up_and_down(db_url: str
         await s.close()
 
 
-async def test_migration_0006_lease_history_and_totals_up_and_down(db_url: str) -> None:
-    """0006 is additive: the lease_events table, the renewal summary, who cancelled and the
+async def test_migration_0006_keeps_the_screen_of_each_decision(db_url: str) -> None:
+    """0006 is additive: a nullable column with the decision's observation (OCR left out),
+    read back only when asked; its downgrade drops it and keeps the rows."""
+    s = Store.from_url(db_url)
+    try:
+        await upgrade(s.engine)
+        logged = _decision()
+        logged.observation = types_pb2.ScreenObservation(
+            elements=[
+                types_pb2.UiElement(
+                    element_id="e1",
+                    bounds=types_pb2.Rect(left=0, top=200, right=1080, bottom=320),
+                    text="Display",
+                )
+            ],
+            screen_width=1080,
+            screen_height=2400,
+            foreground_package="com.android.settings",
+            ocr_blocks=[types_pb2.OcrBlock(text="Display", confidence=0.9)],
+        )
+        row = await decisions.append(s, "h1", "t-0006", 1, logged)
+        (stored,) = (await decisions.list_page(s, "t-0006", 0, 5, ""))[0]
+        kept = convert.decision(stored, include_observation=True).observation
+        assert [e.text for e in kept.elements] == ["Display"]
+        assert (kept.screen_width, kept.screen_height) == (1080, 2400)
+        assert not kept.ocr_blocks  # the raw OCR is not kept
+        assert not convert.decision(stored).HasField("observation")  # only when asked
+        plain = await decisions.append(s, "h1", "t-0006", 1, _decision("swipe"))
+        assert plain.observation_pb is None
+        await downgrade(s.engine, "0005")
+        async with s.engine.connect() as conn:
+            assert "observation_pb" not in await conn.run_sync(_columns, "decisions")
+        await upgrade(s.engine)
+        (old, _) = (await decisions.list_page(s, "t-0006", 0, 5, ""))[0]
+        assert old.decision_id == row.decision_id
+        assert old.observation_pb is None
+        await check(s.engine)
+    finally:
+        await s.close()
+
+
+async def test_migration_0007_lease_history_and_totals_up_and_down(db_url: str) -> None:
+    """0007 is additive: the lease_events table, the renewal summary, who cancelled and the
     token totals; its downgrade drops them keeping the rows, and its upgrade fills the totals
     of existing tasks from the decision log."""
     task_columns = {"cancelled_by", "input_tokens", "output_tokens", "decision_count"}
@@ -101,7 +142,7 @@ async def test_migration_0006_lease_history_and_totals_up_and_down(db_url: str) 
         task_id = await _task(s)
         await decisions.append(s, "h1", task_id, 1, _decision())
         await decisions.append(s, "h1", task_id, 1, _decision())
-        await downgrade(s.engine, "0005")
+        await downgrade(s.engine, "0006")
         async with s.engine.connect() as conn:
             assert "lease_events" not in await conn.run_sync(_tables)
             assert not task_columns & await conn.run_sync(_columns, "tasks")

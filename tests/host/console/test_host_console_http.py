@@ -7,7 +7,9 @@ the served-in-a-loop and browser tests are in the other files.
 
 from __future__ import annotations
 
+import io
 import re
+import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import cast
@@ -16,6 +18,7 @@ import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
+from export.bundle import read_bundle
 from host.console import HostConsoleSettings, create_app
 from host.timeline.record import TimelineRecord
 from host.timeline.store import TimelineStore
@@ -358,7 +361,7 @@ def test_each_step_shows_the_tree_the_model_was_shown_and_readable_timings(
     "timings show raw keys (before_ocr_s 1.31 s)"."""
     html = client.get(f"/tasks/{T_DARK}").text
     records = filled.store.steps(T_DARK, 1)
-    assert all(r.ui_nodes for r in records)
+    assert all(r.screen.get("elements") for r in records)
     tap = html[html.index('id="step-3"') : html.index('id="step-4"')]
     assert "UI tree the model was shown" in tap
     assert '<details class="ui-tree">' in tap  # closed: the model did not ask for it
@@ -436,3 +439,32 @@ def test_an_issued_token_expires(tmp_path: Path) -> None:
     os.utime(path, (past, past))
     assert not OneTimeToken(issued_dir=folder).redeem(stale)
     assert not path.exists()
+
+
+def test_the_task_page_links_its_export_and_it_downloads(client: TestClient) -> None:
+    """The "Download" link: this host's export of the task, screenshots included, and the
+    secret the task typed in none of its files."""
+    page = client.get(f"/tasks/{T_SECRET}")
+    link = re.search(r'<a class="button" href="([^"]+)" download data-field="export"', page.text)
+    assert link is not None
+    response = client.get(link.group(1))
+    assert response.status_code == 200
+    assert response.headers["content-type"] == "application/zip"
+    assert response.headers["content-disposition"] == (
+        f'attachment; filename="amc-export-{T_SECRET}.zip"'
+    )
+    run = read_bundle(response.content)
+    assert run.task_id == T_SECRET
+    assert run.origin == "host"
+    assert len(run.steps) == 4
+    assert all(s.before_png for s in run.steps)
+    with zipfile.ZipFile(io.BytesIO(response.content)) as z:
+        for name in z.namelist():
+            assert SECRET.encode() not in z.read(name), name
+    assert client.get("/tasks/no-such-task/export").status_code == 404
+
+
+def test_no_export_without_a_session(anon: TestClient) -> None:
+    response = anon.get(f"/tasks/{T_DARK}/export")
+    assert response.status_code == 303
+    assert response.headers["location"].startswith("/login")

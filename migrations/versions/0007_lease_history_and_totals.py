@@ -5,8 +5,8 @@ cancel, result, requeue), three renewal-summary columns on `attempts`, and on `t
 cancelling operator plus token totals summed from the decision log (filled for existing tasks
 here, so totals survive the log's pruning from now on). The downgrade drops all of it.
 
-Revision ID: 0006
-Revises: 0005
+Revision ID: 0007
+Revises: 0006
 Create Date: 2026-12-20
 """
 
@@ -17,8 +17,8 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import op
 
-revision: str = "0006"
-down_revision: str | None = "0005"
+revision: str = "0007"
+down_revision: str | None = "0006"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
