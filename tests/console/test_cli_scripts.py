@@ -330,6 +330,7 @@ COMMANDS = [
     ["host", "run"],
     ["host", "token"],
     ["host", "list"],
+    ["host", "export"],
     ["console", "serve"],
     ["certs", "init"],
     ["certs", "host"],
@@ -341,6 +342,7 @@ COMMANDS = [
     ["task", "events"],
     ["task", "watch"],
     ["task", "cancel"],
+    ["task", "export"],
 ]
 
 
