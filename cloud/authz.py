@@ -62,6 +62,7 @@ ACCESS: Final[Mapping[str, Rule]] = {
     "/amc.v1.TaskService/GetTask": OPERATORS,
     "/amc.v1.TaskService/ListTasks": OPERATORS,
     "/amc.v1.TaskService/CancelTask": OPERATORS,
+    "/amc.v1.TaskService/ListTaskEvents": OPERATORS,
     "/amc.v1.ProgressService/WatchProgress": OPERATORS,
     "/amc.v1.FleetService/ListHosts": OPERATORS,
     "/amc.v1.FleetService/WatchHosts": OPERATORS,

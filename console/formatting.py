@@ -1,9 +1,7 @@
 """How tasks, progress and decisions read in a terminal (rich), shared by every `amc` command.
 
-Rich reads `[...]` in a printed string as markup, and text from a model or an operator (a
-rationale, a goal, a progress summary) can hold anything: "[/b]" would crash the command,
-"[e12]" would vanish. Such text goes through `literal()` (or into a `Text` cell) before it is
-printed; only this module's own styles are markup.
+Styles are `rich.text.Text` spans built here; text from a model or an operator is never read
+as markup (`console.cli_output` turns markup off), so it prints exactly as written.
 """
 
 from __future__ import annotations
@@ -11,11 +9,11 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 from google.protobuf.timestamp_pb2 import Timestamp
-from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
 from amc.v1 import types_pb2
+from console import wording
 from planner.convert import retry_kind_from_proto, thinking_kind_from_proto
 from planner.decision import OMITTED_BLOCK, RETRY_WORDS, THINKING_WORDS, thinking_word
 from planner.targets import semantics
@@ -37,11 +35,6 @@ TERMINAL = {
 }
 
 
-def literal(text: str) -> str:
-    """`text` escaped so it prints exactly as written inside a markup string."""
-    return escape(text)
-
-
 def status_name(status: int) -> str:
     return types_pb2.TaskStatus.Name(status).removeprefix("TASK_STATUS_").lower()  # type: ignore[arg-type]
 
@@ -50,20 +43,20 @@ def step_status_name(status: int) -> str:
     return types_pb2.StepStatus.Name(status).removeprefix("STEP_STATUS_").lower()  # type: ignore[arg-type]
 
 
-def styled_status(status: int) -> str:
-    style = STATUS_STYLE.get(status, "white")  # type: ignore[call-overload]
-    return f"[{style}]{status_name(status)}[/{style}]"
+def styled_status(status: int) -> Text:
+    return Text(status_name(status), style=STATUS_STYLE.get(status, "white"))  # type: ignore[call-overload]
 
 
-def progress_badge(progress: types_pb2.Progress) -> str:
-    """`step 4 of at most 30 · acting · tap 'Display'`, or an empty string before the first
-    step ("of at most" only when the host says its step limit)."""
-    if not progress.step_index:
-        return ""
-    at_most = f" of at most {progress.max_steps}" if progress.max_steps else ""
-    return (
-        f"step {progress.step_index}{at_most} · {step_status_name(progress.step_status)} · "
-        f"{progress.summary}"
+def progress_badge(progress: types_pb2.Progress, status: int) -> str:
+    """What the last step did: `step 4 of at most 30 · acting · tap 'Display'`, `last step 6 ·
+    action done · give up: …` once the task (in `status`) ended; empty before the first step.
+    Never the task's status (`console.wording.step_line`)."""
+    return wording.step_line(
+        progress.step_index,
+        step_status_name(progress.step_status),
+        progress.summary,
+        progress.max_steps,
+        terminal=status in TERMINAL,
     )
 
 
@@ -78,21 +71,38 @@ def ago(ts: Timestamp) -> str:
     return f"{seconds // 3600}h ago"
 
 
-def task_table(tasks: list[types_pb2.Task]) -> Table:
-    table = Table(show_lines=False)
-    for column in ("task", "status", "attempt", "host / phone", "progress", "updated", "goal"):
-        table.add_column(column)
-    for task in tasks:
-        table.add_row(
-            Text(task.task_id),
-            styled_status(task.status),
-            f"{task.attempt} of {task.max_attempts}",
-            Text(f"{task.host_id or '-'} / {task.device_serial or '-'}"),
-            Text(progress_badge(task.progress)),
-            ago(task.updated_at),
-            Text(task.goal),
+def totals_line(totals: types_pb2.TaskTotals) -> str:
+    """`4 steps · 12.3k tokens · 1m 05s` (tokens only where decisions were logged)."""
+    parts = [f"{totals.steps} step{'' if totals.steps == 1 else 's'}"]
+    if totals.decisions:
+        u = totals.usage
+        count = (
+            u.input_tokens
+            + u.output_tokens
+            + u.cache_read_input_tokens
+            + u.cache_creation_input_tokens
         )
-    return table
+        parts.append(f"{wording.tokens(count)} tokens")
+    parts.append(wording.duration(totals.wall_time.ToTimedelta().total_seconds()))
+    return " · ".join(parts)
+
+
+def task_lines(task: types_pb2.Task) -> list[Text]:
+    """One task as a short block: the full id first (never cut, so it can be copied), status,
+    attempt, where, when; then the goal; then the last step and the totals."""
+    where = f"{task.host_id or '-'} / {task.device_serial or '-'}"
+    updated = ago(task.updated_at)
+    head = Text.assemble(
+        Text(task.task_id, style="bold"),
+        "  ",
+        styled_status(task.status),
+        f"  attempt {task.attempt} of {task.max_attempts}  {where}",
+        f"  updated {updated}" if updated else "",
+    )
+    lines = [head, Text(f"  {task.goal}")]
+    step = progress_badge(task.progress, task.status)
+    lines.append(Text(f"  {step + ' · ' if step else ''}{totals_line(task.totals)}", style="dim"))
+    return lines
 
 
 def thinking_kind(decision: types_pb2.Decision) -> str:
@@ -110,7 +120,7 @@ def retry_word(decision: types_pb2.Decision) -> str:
 
 
 def thinking_text(decision: types_pb2.Decision) -> str:
-    """The thinking blocks as plain text (not markup): redacted and omitted blocks say so."""
+    """The thinking blocks as plain text: redacted and omitted blocks say so."""
     parts = [
         "(redacted: the provider returned this block encrypted)"
         if b.redacted
@@ -128,24 +138,26 @@ FLOW_STATUS_WORDS = {
 }
 
 
-def verdict_words(verification: types_pb2.StepVerification) -> str:
-    """One line (rich markup; evidence and notes escaped) for a step's verification: the
-    checker's verdict and evidence, the model's judgement, and a disagreement."""
+def verdict_words(verification: types_pb2.StepVerification) -> Text:
+    """One line for a step's verification: the checker's verdict and evidence, the model's
+    judgement, and a disagreement (styled spans; evidence and notes as written)."""
     checker = verdict_from_proto(verification.verdict)
     model = verdict_from_proto(verification.model.verdict)
-    parts = []
+    line = Text()
     if checker is not None:
         who = "cloud check" if verification.checked_by_cloud else "checker"
-        style = _VERDICT_STYLE[checker]
-        parts.append(
-            f"[{style}]{VERDICT_WORDS[checker]}[/{style}] ({who}: {literal(verification.evidence)})"
-        )
+        line.append(VERDICT_WORDS[checker], style=_VERDICT_STYLE[checker])
+        line.append(f" ({who}: {verification.evidence})")
     if model is not None:
-        note = f": {literal(verification.model.note)}" if verification.model.note else ""
-        parts.append(f"model says {VERDICT_WORDS[model]}{note}")
+        if line:
+            line.append(" · ")
+        note = f": {verification.model.note}" if verification.model.note else ""
+        line.append(f"model says {VERDICT_WORDS[model]}{note}")
     if verification.disagree:
-        parts.append("[bold red]checker and model disagree[/bold red]")
-    return " · ".join(parts) or "not checked"
+        if line:
+            line.append(" · ")
+        line.append("checker and model disagree", style="bold red")
+    return line or Text("not checked")
 
 
 def verdict_counts(decisions: list[types_pb2.Decision]) -> dict[str, int]:

@@ -126,6 +126,7 @@ class Dispatcher:
                 session.granted.add(held)
                 session.send(self._assignment(claimed, await self._flows_for(claimed)))
                 self.bus.tasks_changed([claimed.task_id])
+                self.bus.hosts_changed([session.host_id])  # a phone of it is busy now
         return got
 
     async def _flows_for(self, claimed: leases.Claimed) -> list[types_pb2.Flow]:

@@ -30,8 +30,9 @@ from cloud.lease.session import HostSession
 from cloud.lease.sweeper import Sweeper
 from cloud.secret_box import SecretBox
 from cloud.settings import CloudSettings
-from cloud.store import convert, errors, hosts, leases, states
+from cloud.store import convert, errors, hosts, lease_events, leases, states
 from cloud.store.database import Store
+from cloud.store.models import AttemptRow, TaskRow
 from cloud.store.revocations import Revoked
 
 log = logging.getLogger(__name__)
@@ -68,6 +69,8 @@ class LeaseManager:
         # Hosts recorded as connected whose replica stopped vouching for them, as last seen by
         # this replica (None until the first look): fleet watchers hear when the set changes.
         self._unvouched: set[str] | None = None
+        # Each host's last_seen as the previous heartbeat wrote it (watchers were told).
+        self._seen_told: dict[str, dt.datetime] = {}
         bus.on_revoke.append(self._on_revoke)
         bus.on_new_stream.append(self._on_new_stream)
 
@@ -187,10 +190,12 @@ class LeaseManager:
                 host_id, hello.process_id, previous,
             )  # fmt: skip
             await self._release(host_id, states.HOST_RESTARTED, keep=held)
+        resumed: list[tuple[AttemptRow, TaskRow]] = []
         for check in await leases.check_held(self.store, host_id, held):
             if check.live is not None and check.task is not None:
                 session.granted.add(check.held)
                 session.send(messages.resumed(check))
+                resumed.append((check.live, check.task))
             else:
                 h = check.held
                 session.send(
@@ -198,6 +203,9 @@ class LeaseManager:
                         h.task_id, h.attempt, h.lease_id, check.revocation, check.message
                     )
                 )
+                await self._record_revoked(host_id, h.task_id, h.attempt, check.revocation)
+        await lease_events.record_resumed(self.store, host_id, resumed)
+        self.bus.tasks_changed([attempt.task_id for attempt, _ in resumed])
         # A live lease the same process did not re-announce is left to run out rather than
         # ended here: the process may have finished that attempt while disconnected, and its
         # result follows the hello (held assignments list only what still runs).
@@ -349,6 +357,7 @@ class LeaseManager:
                     lease_expires_at=convert.ts(out.expires_at),
                 )
             )
+        await self._record_revoked(session.host_id, msg.task_id, msg.attempt, out.revocation)
         return messages.refused(msg.task_id, msg.attempt, msg.lease_id, out.revocation, out.message)
 
     async def result(
@@ -376,6 +385,7 @@ class LeaseManager:
                     hear()
                 session.busy.discard(out.device_serial)
                 self.bus.tasks_changed([msg.task_id])
+                self.bus.hosts_changed([session.host_id])  # the phone is idle again
                 if out.task_status == states.QUEUED:  # a retryable end: its next attempt waits
                     self.bus.tasks_queued()
                 self.dispatcher.kick(session)
@@ -389,7 +399,28 @@ class LeaseManager:
                     late=out.late,
                 )
             )
+        await self._record_revoked(session.host_id, msg.task_id, msg.attempt, out.revocation)
         return messages.refused(msg.task_id, msg.attempt, msg.lease_id, out.revocation, out.message)
+
+    async def _record_revoked(
+        self, host_id: str, task_id: str, attempt: int, revocation: leases.Revocation | None
+    ) -> None:
+        """Add a refusal of the host's own lease to the task's lease history (a refusal of
+        another host's lease, or of a lease the cloud never issued, is not the task's history).
+        Best effort: the host is told either way, and a store that fails here fails loudly on
+        the host's next message."""
+        if revocation is None or revocation in (
+            leases.Revocation.UNKNOWN,
+            leases.Revocation.NOT_YOURS,
+        ):
+            return
+        try:
+            if await lease_events.record_revoked(
+                self.store, host_id, task_id, attempt, revocation.value
+            ):
+                self.bus.tasks_changed([task_id])
+        except Exception:
+            log.exception("recording the revocation of %s/%d failed", task_id, attempt)
 
     # ---- revocations --------------------------------------------------------------------------
 
@@ -410,9 +441,16 @@ class LeaseManager:
 
     async def _beat(self) -> None:
         """Vouch for the hosts whose streams this replica holds, look for unvouched ones, and
-        end streams a newer one replaced elsewhere (should that event have been lost)."""
+        end streams a newer one replaced elsewhere (should that event have been lost).
+
+        Hosts that sent anything since the last beat (a renewal counts) get their `last_seen_at`
+        written, and fleet watchers hear of them, so "last seen" stays true while a host works.
+        """
         seen = {h: s.last_seen for h, s in self.sessions.items()}
         await hosts.heartbeat(self.store, self.bus.replica_id, seen)
+        moved = sorted(h for h, at in seen.items() if self._seen_told.get(h) != at)
+        self._seen_told = seen
+        self.bus.hosts_changed(moved)
         await self.check_unvouched()
         await self.reconcile(list(self.sessions))
 

@@ -48,6 +48,7 @@ class Sweeper:
                 )
             requeued = requeued or e.task_status == states.QUEUED
         self.bus.tasks_changed(sorted({e.task_id for e in ended}))
+        self.bus.hosts_changed(sorted({e.host_id for e in ended if e.host_id}))  # phones freed
         if requeued:
             self.bus.tasks_queued()
         return len(ended)

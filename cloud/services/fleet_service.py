@@ -15,7 +15,7 @@ from cloud.lease.validate import MAX_ID
 from cloud.provider_health import ProviderHealth
 from cloud.services.status import abort
 from cloud.settings import CloudSettings
-from cloud.store import convert, hosts
+from cloud.store import convert, hosts, leases
 from cloud.store.database import Store
 
 # Changed hosts loaded per query.
@@ -77,8 +77,11 @@ class FleetServicer(fleet_service_pb2_grpc.FleetServiceServicer):
         keyed = [k for k in keyed if after is None or k[0] > after]
         size = request.page_size or DEFAULT_PAGE
         page, more = keyed[:size], len(keyed) > size
+        busy = await leases.busy_phones(self._store, [row.host_id for _, row, _ in page])
         return pb.ListHostsResponse(
-            hosts=[convert.host(row, connected) for _, row, connected in page],
+            hosts=[
+                convert.host(row, connected, busy.get(row.host_id)) for _, row, connected in page
+            ],
             next_page_token=_encode(page[-1][0]) if more else "",
             dispatch=self._dispatch(),
         )
@@ -108,9 +111,9 @@ class FleetServicer(fleet_service_pb2_grpc.FleetServiceServicer):
         # event for a host another event already covered) is not sent twice.
         sent: dict[str, types_pb2.Host] = {}
         try:
-            for row, connected in await hosts.list_hosts(self._store, heartbeat, only):
-                sent[row.host_id] = convert.host(row, connected)
-                yield pb.WatchHostsResponse(host=sent[row.host_id], snapshot=True)
+            for host in await self._load(heartbeat, only):
+                sent[host.host_id] = host
+                yield pb.WatchHostsResponse(host=host, snapshot=True)
             yield pb.WatchHostsResponse(snapshot_complete=True)
             while True:
                 changed = await sub.next()
@@ -121,11 +124,16 @@ class FleetServicer(fleet_service_pb2_grpc.FleetServiceServicer):
                     ids = sorted(changed & set(only) if only else changed)
                     batches = [ids[i : i + _CHUNK] for i in range(0, len(ids), _CHUNK)]
                 for batch in batches:
-                    for row, connected in await hosts.list_hosts(self._store, heartbeat, batch):
-                        host = convert.host(row, connected)
-                        if sent.get(row.host_id) == host:
+                    for host in await self._load(heartbeat, batch):
+                        if sent.get(host.host_id) == host:
                             continue
-                        sent[row.host_id] = host
+                        sent[host.host_id] = host
                         yield pb.WatchHostsResponse(host=host)
         finally:
             sub.close()
+
+    async def _load(self, heartbeat: float, host_ids: list[str] | None) -> list[types_pb2.Host]:
+        """Hosts (all, or these) as the API shows them, with their busy phones."""
+        rows = await hosts.list_hosts(self._store, heartbeat, host_ids)
+        busy = await leases.busy_phones(self._store, [row.host_id for row, _ in rows])
+        return [convert.host(row, connected, busy.get(row.host_id)) for row, connected in rows]

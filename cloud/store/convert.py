@@ -7,9 +7,11 @@ import json
 
 from google.protobuf import duration_pb2, timestamp_pb2
 
-from amc.v1 import types_pb2
+from amc.v1 import task_service_pb2, types_pb2
 from cloud.store import states
-from cloud.store.models import AttemptRow, DecisionRow, FlowRow, HostRow
+from cloud.store.lease_events import EventKind
+from cloud.store.leases.queries import BusyPhone
+from cloud.store.models import AttemptRow, DecisionRow, FlowRow, HostRow, LeaseEventRow
 from cloud.store.tasks import TaskView
 from planner.convert import mode_enum, provider_enum, retry_kind_to_proto, thinking_kind_to_proto
 from planner.verify import disagree, verdict_to_proto
@@ -79,6 +81,11 @@ def attempt(row: AttemptRow) -> types_pb2.Attempt:
         out.ended_at.CopyFrom(ts(row.ended_at))
     else:
         out.lease_expires_at.CopyFrom(ts(row.lease_expires_at))
+    out.renewals = row.renewals or 0
+    if row.first_renewed_at is not None:
+        out.first_renewed_at.CopyFrom(ts(row.first_renewed_at))
+    if row.last_renewed_at is not None:
+        out.last_renewed_at.CopyFrom(ts(row.last_renewed_at))
     if row.flow_reason is not None:
         out.flow.CopyFrom(
             types_pb2.FlowUse(
@@ -92,6 +99,25 @@ def attempt(row: AttemptRow) -> types_pb2.Attempt:
             )
         )
     return out
+
+
+def totals(view: TaskView, now: dt.datetime) -> types_pb2.TaskTotals:
+    """What the task used over all its attempts, as of `now` (running times grow)."""
+    t = view.task
+    run_time = sum(((a.ended_at or now) - a.started_at).total_seconds() for a in view.attempts)
+    return types_pb2.TaskTotals(
+        usage=types_pb2.Usage(
+            input_tokens=t.input_tokens or 0,
+            output_tokens=t.output_tokens or 0,
+            cache_read_input_tokens=t.cache_read_tokens or 0,
+            cache_creation_input_tokens=t.cache_write_tokens or 0,
+            thinking_tokens=t.thinking_tokens or 0,
+        ),
+        decisions=t.decision_count or 0,
+        steps=sum(a.step_index or 0 for a in view.attempts),
+        wall_time=duration(max(((t.finished_at or now) - t.created_at).total_seconds(), 0.0)),
+        run_time=duration(max(run_time, 0.0)),
+    )
 
 
 def task(view: TaskView, *, with_attempts: bool) -> types_pb2.Task:
@@ -116,9 +142,14 @@ def task(view: TaskView, *, with_attempts: bool) -> types_pb2.Task:
         client_request_id=t.client_request_id or "",
         cancel_requested=t.cancel_requested and t.status not in states.TERMINAL,
         no_replay=t.no_replay,
+        cancelled_by=t.cancelled_by or "",
+        totals=totals(view, dt.datetime.now(dt.UTC)),
     )
     if t.finished_at is not None:
         out.finished_at.CopyFrom(ts(t.finished_at))
+    current = view.current_attempt()
+    if current is not None and current.ended_at is None:
+        out.lease_expires_at.CopyFrom(ts(current.lease_expires_at))
     p = progress(view.latest_progress_attempt())
     if p is not None:
         out.progress.CopyFrom(p)
@@ -127,8 +158,8 @@ def task(view: TaskView, *, with_attempts: bool) -> types_pb2.Task:
     return out
 
 
-def host(row: HostRow, connected: bool) -> types_pb2.Host:
-    """A host with its phones."""
+def host(row: HostRow, connected: bool, busy: list[BusyPhone] | None = None) -> types_pb2.Host:
+    """A host with its phones, and which of them work on a task (`busy`)."""
     out = types_pb2.Host(
         host_id=row.host_id,
         connected=connected,
@@ -156,6 +187,12 @@ def host(row: HostRow, connected: bool) -> types_pb2.Host:
         )
         if row.outbox_oldest_at is not None:
             out.outbox.oldest_at.CopyFrom(ts(row.outbox_oldest_at))
+    for b in busy or []:
+        out.busy_phones.append(
+            types_pb2.BusyPhone(
+                device_serial=b.device_serial, task_id=b.task_id, attempt=b.attempt, goal=b.goal
+            )
+        )
     return out
 
 
@@ -194,6 +231,42 @@ def flow(row: FlowRow, *, with_steps: bool = True) -> types_pb2.Flow:
     out.created_at.CopyFrom(ts(row.created_at))
     out.updated_at.CopyFrom(ts(row.updated_at))
     return out
+
+
+_EVENT_KINDS = {
+    EventKind.ASSIGNED: task_service_pb2.LEASE_EVENT_KIND_ASSIGNED,
+    EventKind.RESUMED: task_service_pb2.LEASE_EVENT_KIND_RESUMED,
+    EventKind.REVOKED: task_service_pb2.LEASE_EVENT_KIND_REVOKED,
+    EventKind.EXPIRED: task_service_pb2.LEASE_EVENT_KIND_EXPIRED,
+    EventKind.DEADLINE_EXCEEDED: task_service_pb2.LEASE_EVENT_KIND_DEADLINE_EXCEEDED,
+    EventKind.CANCEL_REQUESTED: task_service_pb2.LEASE_EVENT_KIND_CANCEL_REQUESTED,
+    EventKind.CANCELLED: task_service_pb2.LEASE_EVENT_KIND_CANCELLED,
+    EventKind.RESULT: task_service_pb2.LEASE_EVENT_KIND_RESULT,
+    EventKind.REQUEUED: task_service_pb2.LEASE_EVENT_KIND_REQUEUED,
+}
+
+
+def _status_or_unspecified(status: str | None) -> types_pb2.TaskStatus.ValueType:
+    return states.to_proto(status) if status else types_pb2.TASK_STATUS_UNSPECIFIED
+
+
+def lease_event(row: LeaseEventRow) -> task_service_pb2.LeaseEvent:
+    """One event of a task's lease history (an unknown stored kind reads UNSPECIFIED)."""
+    try:
+        kind = _EVENT_KINDS[EventKind(row.kind)]
+    except ValueError:
+        kind = task_service_pb2.LEASE_EVENT_KIND_UNSPECIFIED
+    return task_service_pb2.LeaseEvent(
+        kind=kind,
+        at=ts(row.at),
+        attempt=row.attempt,
+        host_id=row.host_id or "",
+        device_serial=row.device_serial or "",
+        operator=row.operator or "",
+        reason=row.reason or "",
+        result_status=_status_or_unspecified(row.result_status),
+        task_status=_status_or_unspecified(row.task_status),
+    )
 
 
 def device_dicts(devices: list[types_pb2.Device]) -> list[dict[str, object]]:

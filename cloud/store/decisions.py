@@ -14,6 +14,7 @@ import uuid
 
 from sqlalchemy import and_, delete, func, or_, select, update
 from sqlalchemy.exc import IntegrityError
+from sqlalchemy.ext.asyncio import AsyncSession
 
 from amc.v1 import types_pb2
 from cloud.store.database import Store
@@ -196,7 +197,27 @@ async def _insert(
                 setattr(row, name, value)
         session.add(row)
         await session.flush()
+        await _add_to_totals(session, task_id, decision)
     return row
+
+
+async def _add_to_totals(session: AsyncSession, task_id: str, decision: Decision) -> None:
+    """Count the decision in its task's totals, in the transaction that logs it (the totals
+    outlive the log, which is pruned after the retention period)."""
+    usage = decision.usage
+    await session.execute(
+        update(TaskRow)
+        .where(TaskRow.task_id == task_id)
+        .values(
+            input_tokens=TaskRow.input_tokens + usage.input_tokens,
+            output_tokens=TaskRow.output_tokens + usage.output_tokens,
+            cache_read_tokens=TaskRow.cache_read_tokens + usage.cache_read_input_tokens,
+            cache_write_tokens=TaskRow.cache_write_tokens + usage.cache_creation_input_tokens,
+            thinking_tokens=TaskRow.thinking_tokens + usage.thinking_tokens,
+            decision_count=TaskRow.decision_count + 1,
+        )
+        .execution_options(synchronize_session=False)
+    )
 
 
 def _observation(decision: Decision) -> bytes | None:

@@ -7,6 +7,7 @@ from typing import Any
 
 from sqlalchemy import (
     JSON,
+    BigInteger,
     Boolean,
     CheckConstraint,
     DateTime,
@@ -90,6 +91,16 @@ class TaskRow(Base):
     created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime())
     updated_at: Mapped[dt.datetime] = mapped_column(UTCDateTime())
     finished_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime())
+    # The operator who asked to cancel (their certificate's name); NULL when nobody did.
+    cancelled_by: Mapped[str | None] = mapped_column(String(256))
+    # Token usage of every decision logged for the task, summed as each is appended (kept when
+    # the decision log is pruned): the task's totals.
+    input_tokens: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    output_tokens: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    cache_read_tokens: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    cache_write_tokens: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    thinking_tokens: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    decision_count: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
 
     __table_args__ = (
         Index("ix_tasks_status_created_at", "status", "created_at"),
@@ -144,6 +155,10 @@ class AttemptRow(Base):
     replay_diverged_step: Mapped[int | None] = mapped_column(Integer)
     replay_divergence: Mapped[str | None] = mapped_column(Text)
     flow_state: Mapped[str | None] = mapped_column(String(16))
+    # Renewals are summarised here rather than recorded one by one (lease_events has the rest).
+    renewals: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    first_renewed_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime())
+    last_renewed_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime())
 
     __table_args__ = (
         UniqueConstraint("task_id", "attempt"),
@@ -159,6 +174,31 @@ class AttemptRow(Base):
         ),
         Index("ix_attempts_live_expiry", "ended_at", "lease_expires_at"),
     )
+
+
+class LeaseEventRow(Base):
+    """One event of a task's lease history (append-only): assigned, resumed, revoked, expired,
+    deadline exceeded, cancel requested, cancelled, result, requeued (`cloud/store/lease_events`).
+
+    Written in the transaction that made the change it records, so the history and the state
+    never disagree. `attempt` is 0 for an event before the first attempt.
+    """
+
+    __tablename__ = "lease_events"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    task_id: Mapped[str] = mapped_column(ForeignKey("tasks.task_id", ondelete="CASCADE"))
+    attempt: Mapped[int] = mapped_column(Integer)
+    kind: Mapped[str] = mapped_column(String(24))
+    at: Mapped[dt.datetime] = mapped_column(UTCDateTime())
+    host_id: Mapped[str | None] = mapped_column(String(128))
+    device_serial: Mapped[str | None] = mapped_column(String(128))
+    operator: Mapped[str | None] = mapped_column(String(256))
+    reason: Mapped[str | None] = mapped_column(Text)
+    result_status: Mapped[str | None] = mapped_column(String(16))
+    task_status: Mapped[str | None] = mapped_column(String(16))
+
+    __table_args__ = (Index("ix_lease_events_task_id_id", "task_id", "id"),)
 
 
 class HostRow(Base):

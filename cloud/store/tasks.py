@@ -15,6 +15,8 @@ from sqlalchemy.exc import IntegrityError
 
 from cloud.store import secrets, states
 from cloud.store.database import Store
+from cloud.store.lease_events import EventKind
+from cloud.store.lease_events import new as new_event
 from cloud.store.models import AttemptRow, TaskRow
 
 
@@ -142,6 +144,8 @@ class TaskFilter:
     statuses: tuple[str, ...] = ()
     host_id: str = ""
     query: str = ""
+    #: Lower-case hexadecimal start of the task id (ids are uuid4 hex).
+    id_prefix: str = ""
 
 
 def encode_cursor(task: TaskRow) -> str:
@@ -170,6 +174,8 @@ async def list_page(
         stmt = stmt.where(TaskRow.host_id == flt.host_id)
     if flt.query:
         stmt = stmt.where(func.lower(TaskRow.goal).contains(flt.query.lower(), autoescape=True))
+    if flt.id_prefix:
+        stmt = stmt.where(TaskRow.task_id.startswith(flt.id_prefix, autoescape=True))
     if page_token:
         created, task_id = decode_cursor(page_token)
         stmt = stmt.where(
@@ -217,8 +223,12 @@ class CancelOutcome:
     revoke: LiveLease | None = None
 
 
-async def cancel(store: Store, task_id: str, reason: str) -> CancelOutcome:
-    """Cancel a queued task at once; flag a running one and name its lease for the revoke."""
+async def cancel(store: Store, task_id: str, reason: str, operator: str = "") -> CancelOutcome:
+    """Cancel a queued task at once; flag a running one and name its lease for the revoke.
+
+    Either way the lease history records who asked (`operator`, their certificate's name) and
+    why; a second request for a task already being cancelled keeps the first one's words.
+    """
     reason = reason or "cancelled by operator"
     now = store.now()
     revoke: LiveLease | None = None
@@ -230,25 +240,52 @@ async def cancel(store: Store, task_id: str, reason: str) -> CancelOutcome:
             ended = True
         else:
             ended = False
-            queued = await session.execute(
-                update(TaskRow)
-                .where(TaskRow.task_id == task_id, TaskRow.status == states.QUEUED)
-                .values(
-                    status=states.CANCELLED,
-                    cancel_requested=True,
-                    cancel_reason=reason,
-                    result_summary=reason,
-                    finished_at=now,
-                    updated_at=now,
-                )
-                .returning(TaskRow.task_id)
-            )
-            if queued.first() is None:
+            queued = (
                 await session.execute(
                     update(TaskRow)
-                    .where(TaskRow.task_id == task_id, TaskRow.status.in_(states.LIVE))
-                    .values(cancel_requested=True, cancel_reason=reason, updated_at=now)
+                    .where(TaskRow.task_id == task_id, TaskRow.status == states.QUEUED)
+                    .values(
+                        status=states.CANCELLED,
+                        cancel_requested=True,
+                        cancel_reason=reason,
+                        cancelled_by=operator or None,
+                        result_summary=reason,
+                        finished_at=now,
+                        updated_at=now,
+                    )
+                    .returning(TaskRow.task_id, TaskRow.attempt)
                 )
+            ).first()
+            if queued is not None:
+                session.add(
+                    new_event(
+                        EventKind.CANCELLED,
+                        task_id,
+                        queued[1],
+                        now,
+                        operator=operator,
+                        reason=reason,
+                        task_status=states.CANCELLED,
+                    )
+                )
+            else:
+                flagged = (
+                    await session.execute(
+                        update(TaskRow)
+                        .where(
+                            TaskRow.task_id == task_id,
+                            TaskRow.status.in_(states.LIVE),
+                            TaskRow.cancel_requested.is_(False),
+                        )
+                        .values(
+                            cancel_requested=True,
+                            cancel_reason=reason,
+                            cancelled_by=operator or None,
+                            updated_at=now,
+                        )
+                        .returning(TaskRow.status)
+                    )
+                ).first()
                 live = await session.scalar(
                     select(AttemptRow).where(
                         AttemptRow.task_id == task_id,
@@ -258,5 +295,19 @@ async def cancel(store: Store, task_id: str, reason: str) -> CancelOutcome:
                 )
                 if live is not None:
                     revoke = LiveLease(live.host_id, task_id, live.attempt, live.lease_id)
+                if flagged is not None:
+                    session.add(
+                        new_event(
+                            EventKind.CANCEL_REQUESTED,
+                            task_id,
+                            task.attempt,
+                            now,
+                            host_id=live.host_id if live is not None else None,
+                            device_serial=live.device_serial if live is not None else None,
+                            operator=operator,
+                            reason=reason,
+                            task_status=flagged[0],
+                        )
+                    )
     view = await get(store, task_id)
     return CancelOutcome(view, already_ended=ended, revoke=revoke)

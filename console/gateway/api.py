@@ -12,7 +12,7 @@ from starlette.responses import Response, StreamingResponse
 
 from amc.v1.artifact_service_pb2 import SCREENSHOT_PHASE_AFTER, SCREENSHOT_PHASE_BEFORE
 from console.exporting import cloud_run, export_name
-from console.gateway.auth import require_api_user
+from console.gateway.auth import API_TOKEN_USER, ApiUser, require_api_user
 from console.gateway.cloud import CloudClient
 from console.gateway.events import event_stream, host_event_stream
 from console.gateway.history import group_history
@@ -31,6 +31,8 @@ from console.gateway.models import (
     FlowStatusName,
     HostList,
     HostOut,
+    LeaseEventOut,
+    LeaseEventPage,
     ScreenOut,
     SubmitIn,
     SubmitOut,
@@ -67,9 +69,11 @@ async def host_transports(cloud: CloudClient) -> dict[str, HostOut]:
 
 
 async def task_detail(cloud: CloudClient, task_id: str) -> TaskDetailOut:
-    """The task, its attempts and its decision log grouped by attempt, each step with its
-    screenshots, and which of its hosts still hold some of its record (shared with the page)."""
+    """The task, its attempts, its lease history and its decision log grouped by attempt, each
+    step with its screenshots, and which of its hosts still hold some of its record (shared with
+    the page)."""
     task = TaskOut.of(await cloud.get_task(task_id))
+    events = [LeaseEventOut.of(e) for e in await cloud.events(task_id)]
     decisions = [DecisionOut.of(d) for d in await cloud.all_decisions(task_id)]
     screens: dict[tuple[int, int], list[ScreenOut]] = {}
     for shot in await cloud.screenshots(task_id):
@@ -82,7 +86,11 @@ async def task_detail(cloud: CloudClient, task_id: str) -> TaskDetailOut:
     used = {a.host_id for a in task.attempts}
     notes = [outbox_note(hosts[h]) for h in sorted(used) if h in hosts and hosts[h].outbox]
     return TaskDetailOut(
-        task=task, history=history, history_note=note, outbox_notes=[n for n in notes if n]
+        task=task,
+        events=events,
+        history=history,
+        history_note=note,
+        outbox_notes=[n for n in notes if n],
     )
 
 
@@ -138,9 +146,10 @@ async def submit_task(cloud: Cloud, body: SubmitIn) -> SubmitOut:
         client_request_id=body.client_request_id,
         secrets=body.secrets,
         no_replay=body.no_replay,
+        validate_only=body.validate_only,
     )
     return SubmitOut(
-        task=TaskOut.of(response.task),
+        task=TaskOut.of(response.task) if response.HasField("task") else None,
         deduplicated=response.deduplicated,
         warnings=list(response.warnings),
     )
@@ -153,6 +162,15 @@ async def submit_task(cloud: Cloud, body: SubmitIn) -> SubmitOut:
 )
 async def get_task(cloud: Cloud, task_id: str) -> TaskDetailOut:
     return await task_detail(cloud, task_id)
+
+
+@router.get(
+    "/tasks/{task_id}/lease-events",
+    response_model=LeaseEventPage,
+    summary="A task's lease history (assigned, resumed, revoked, expired, cancelled, result…)",
+)
+async def task_lease_events(cloud: Cloud, task_id: str) -> LeaseEventPage:
+    return LeaseEventPage(events=[LeaseEventOut.of(e) for e in await cloud.events(task_id)])
 
 
 async def export_download(cloud: CloudClient, task_id: str) -> Response:
@@ -183,8 +201,11 @@ async def export_task(cloud: Cloud, task_id: str) -> Response:
 
 
 @router.post("/tasks/{task_id}/cancel", response_model=TaskOut, summary="Cancel a task")
-async def cancel_task(cloud: Cloud, task_id: str, body: CancelIn | None = None) -> TaskOut:
-    return TaskOut.of(await cloud.cancel_task(task_id, body.reason if body else ""))
+async def cancel_task(
+    cloud: Cloud, user: ApiUser, task_id: str, body: CancelIn | None = None
+) -> TaskOut:
+    who = "API token" if user == API_TOKEN_USER else user
+    return TaskOut.of(await cloud.cancel_task(task_id, body.reason if body else "", who))
 
 
 @router.get(

@@ -89,6 +89,7 @@ class CloudClient:
         query: str,
         page_size: int,
         page_token: str,
+        task_id_prefix: str = "",
     ) -> task_service_pb2.ListTasksResponse:
         request = task_service_pb2.ListTasksRequest(
             page_size=page_size,
@@ -96,6 +97,7 @@ class CloudClient:
             statuses=statuses,  # type: ignore[arg-type]
             host_id=host_id,
             query=query,
+            task_id_prefix=task_id_prefix,
         )
         response: task_service_pb2.ListTasksResponse = await self._tasks.ListTasks(
             request, timeout=self._timeout
@@ -120,6 +122,7 @@ class CloudClient:
         client_request_id: str,
         secrets: dict[str, str] | None = None,
         no_replay: bool = False,
+        validate_only: bool = False,
     ) -> task_service_pb2.SubmitTaskResponse:
         request = task_service_pb2.SubmitTaskRequest(
             goal=goal,
@@ -130,6 +133,7 @@ class CloudClient:
             client_request_id=client_request_id,
             secrets=secrets or {},
             no_replay=no_replay,
+            validate_only=validate_only,
         )
         response: task_service_pb2.SubmitTaskResponse = await self._tasks.SubmitTask(
             request, timeout=self._timeout
@@ -165,9 +169,31 @@ class CloudClient:
         )
         return response.flow
 
-    async def cancel_task(self, task_id: str, reason: str) -> types_pb2.Task:
+    async def events(self, task_id: str) -> list[task_service_pb2.LeaseEvent]:
+        """A task's whole lease history, oldest first (every page)."""
+        events: list[task_service_pb2.LeaseEvent] = []
+        token = ""
+        while True:
+            page: task_service_pb2.ListTaskEventsResponse = await self._tasks.ListTaskEvents(
+                task_service_pb2.ListTaskEventsRequest(
+                    task_id=task_id, page_size=1000, page_token=token
+                ),
+                timeout=self._timeout,
+            )
+            events.extend(page.events)
+            token = page.next_page_token
+            if not token:
+                return events
+
+    async def cancel_task(
+        self, task_id: str, reason: str, on_behalf_of: str = ""
+    ) -> types_pb2.Task:
+        """Cancel for `on_behalf_of` (the logged-in person; the cloud records "<person> via
+        <this gateway's operator name>")."""
         response: task_service_pb2.CancelTaskResponse = await self._tasks.CancelTask(
-            task_service_pb2.CancelTaskRequest(task_id=task_id, reason=reason),
+            task_service_pb2.CancelTaskRequest(
+                task_id=task_id, reason=reason, on_behalf_of=on_behalf_of
+            ),
             timeout=self._timeout,
         )
         return response.task

@@ -16,7 +16,13 @@ from google.protobuf.json_format import MessageToDict
 from google.protobuf.timestamp_pb2 import Timestamp
 from pydantic import BaseModel, Field
 
-from amc.v1 import artifact_service_pb2, decision_log_service_pb2, fleet_service_pb2, types_pb2
+from amc.v1 import (
+    artifact_service_pb2,
+    decision_log_service_pb2,
+    fleet_service_pb2,
+    task_service_pb2,
+    types_pb2,
+)
 from planner.decision import thinking_word
 from planner.targets import semantics
 
@@ -89,7 +95,7 @@ class TargetOut(BaseModel):
 
 
 class AttemptOut(BaseModel):
-    """One lease on one phone."""
+    """One lease on one phone; renewals are summarised (count, first, last)."""
 
     attempt: int
     host_id: str
@@ -104,10 +110,16 @@ class AttemptOut(BaseModel):
     flow: FlowUseOut | None = Field(
         default=None, description="whether a learned flow was handed to it and how it went"
     )
+    renewals: int = Field(0, description="renewals the cloud accepted for this lease")
+    first_renewed_at: datetime | None = None
+    last_renewed_at: datetime | None = None
 
     @classmethod
     def of(cls, a: types_pb2.Attempt) -> AttemptOut:
         return cls(
+            renewals=a.renewals,
+            first_renewed_at=_time(a.first_renewed_at, a.HasField("first_renewed_at")),
+            last_renewed_at=_time(a.last_renewed_at, a.HasField("last_renewed_at")),
             attempt=a.attempt,
             host_id=a.host_id,
             device_serial=a.device_serial,
@@ -179,6 +191,47 @@ class VerificationOut(BaseModel):
         )
 
 
+class TotalsOut(BaseModel):
+    """What a task used over all its attempts (times as of the answer). Token counts cover the
+    decisions the cloud logged (the cloud planner transport). No cost yet: model prices are
+    not configured anywhere."""
+
+    input_tokens: int
+    output_tokens: int
+    cache_read_input_tokens: int
+    cache_creation_input_tokens: int
+    thinking_tokens: int
+    decisions: int
+    steps: int
+    wall_time_s: float = Field(description="submission to end (or to now)")
+    run_time_s: float = Field(description="time under leases, summed over attempts")
+
+    @property
+    def tokens(self) -> int:
+        """Every token the model read or wrote (cache reads and writes included)."""
+        return (
+            self.input_tokens
+            + self.output_tokens
+            + self.cache_read_input_tokens
+            + self.cache_creation_input_tokens
+        )
+
+    @classmethod
+    def of(cls, t: types_pb2.TaskTotals) -> TotalsOut:
+        u = t.usage
+        return cls(
+            input_tokens=u.input_tokens,
+            output_tokens=u.output_tokens,
+            cache_read_input_tokens=u.cache_read_input_tokens,
+            cache_creation_input_tokens=u.cache_creation_input_tokens,
+            thinking_tokens=u.thinking_tokens,
+            decisions=t.decisions,
+            steps=t.steps,
+            wall_time_s=_seconds(t.wall_time, True) or 0.0,
+            run_time_s=_seconds(t.run_time, True) or 0.0,
+        )
+
+
 class TaskOut(BaseModel):
     """A task; `attempts` is filled on the detail endpoint and empty in lists and events."""
 
@@ -199,6 +252,11 @@ class TaskOut(BaseModel):
     deadline: datetime | None
     client_request_id: str
     cancel_requested: bool
+    cancelled_by: str = Field("", description="the operator who asked to cancel")
+    lease_expires_at: datetime | None = Field(
+        None, description="when the live lease runs out unless renewed; null without one"
+    )
+    totals: TotalsOut
     attempts: list[AttemptOut]
     no_replay: bool = Field(default=False, description="submitted asking for no replay")
 
@@ -227,6 +285,9 @@ class TaskOut(BaseModel):
             client_request_id=t.client_request_id,
             cancel_requested=t.cancel_requested,
             no_replay=t.no_replay,
+            cancelled_by=t.cancelled_by,
+            lease_expires_at=_time(t.lease_expires_at, t.HasField("lease_expires_at")),
+            totals=TotalsOut.of(t.totals),
             attempts=[AttemptOut.of(a) for a in t.attempts],
         )
 
@@ -494,6 +555,54 @@ class DecisionPage(BaseModel):
     next_page_token: str
 
 
+LeaseEventKindName = Literal[
+    "unspecified",
+    "assigned",
+    "resumed",
+    "revoked",
+    "expired",
+    "deadline_exceeded",
+    "cancel_requested",
+    "cancelled",
+    "result",
+    "requeued",
+]
+
+
+class LeaseEventOut(BaseModel):
+    """One event of a task's lease history (renewals are summarised on the attempt)."""
+
+    kind: LeaseEventKindName
+    at: datetime | None
+    attempt: int = Field(description="0 for an event before the first attempt")
+    host_id: str
+    device_serial: str
+    operator: str = Field(description="who acted (cancels); empty otherwise")
+    reason: str
+    result_status: TaskStatusName
+    task_status: TaskStatusName = Field(description="the task's status right after the event")
+
+    @classmethod
+    def of(cls, e: task_service_pb2.LeaseEvent) -> LeaseEventOut:
+        return cls(
+            kind=_enum_word(task_service_pb2.LeaseEventKind, e.kind, "LEASE_EVENT_KIND_"),
+            at=_time(e.at, e.HasField("at")),
+            attempt=e.attempt,
+            host_id=e.host_id,
+            device_serial=e.device_serial,
+            operator=e.operator,
+            reason=e.reason,
+            result_status=_enum_word(types_pb2.TaskStatus, e.result_status, "TASK_STATUS_"),
+            task_status=_enum_word(types_pb2.TaskStatus, e.task_status, "TASK_STATUS_"),
+        )
+
+
+class LeaseEventPage(BaseModel):
+    """A task's whole lease history, oldest first."""
+
+    events: list[LeaseEventOut]
+
+
 class AttemptHistory(BaseModel):
     """The LLM history of one attempt, with the reason when it is empty."""
 
@@ -510,9 +619,10 @@ class AttemptHistory(BaseModel):
 
 
 class TaskDetailOut(BaseModel):
-    """A task with its attempts and, per attempt, the decision log."""
+    """A task with its attempts, its lease history and, per attempt, the decision log."""
 
     task: TaskOut
+    events: list[LeaseEventOut] = Field(description="the lease history, oldest first")
     history: list[AttemptHistory]
     history_note: str | None = Field(description="why the whole history is empty, if it is")
     outbox_notes: list[str] = Field(
@@ -550,8 +660,17 @@ class OutboxOut(BaseModel):
         )
 
 
+class BusyPhoneOut(BaseModel):
+    """A phone holding a task's live lease."""
+
+    device_serial: str
+    task_id: str
+    attempt: int
+    goal: str
+
+
 class HostOut(BaseModel):
-    """A host and its phones."""
+    """A host and its phones; `busy_phones` are those working on a task (the rest are idle)."""
 
     host_id: str
     connected: bool
@@ -562,10 +681,21 @@ class HostOut(BaseModel):
     outbox: OutboxOut | None = Field(
         default=None, description="the host's outbox backlog; null when it never reported one"
     )
+    busy_phones: list[BusyPhoneOut] = Field(default_factory=list)
+
+    def busy(self, serial: str) -> BusyPhoneOut | None:
+        """The task a phone works on, None when it is idle."""
+        return next((b for b in self.busy_phones if b.device_serial == serial), None)
 
     @classmethod
     def of(cls, h: types_pb2.Host) -> HostOut:
         return cls(
+            busy_phones=[
+                BusyPhoneOut(
+                    device_serial=b.device_serial, task_id=b.task_id, attempt=b.attempt, goal=b.goal
+                )
+                for b in h.busy_phones
+            ],
             host_id=h.host_id,
             connected=h.connected,
             devices=[
@@ -620,13 +750,17 @@ class SubmitIn(BaseModel):
     )
     no_replay: bool = Field(default=False, description="plan every step with the model")
 
+    validate_only: bool = Field(
+        default=False, description="check only (limits and fleet): nothing is queued"
+    )
+
 
 class SubmitOut(BaseModel):
-    """The queued task; `deduplicated` when client_request_id matched an earlier one;
-    `warnings` the cloud's words about the request (a goal that looks like it holds a
-    credential), the task queued anyway."""
+    """The queued task (null for validate_only); `deduplicated` when client_request_id matched
+    an earlier one; `warnings` the cloud's words about the request (an unknown target: the task
+    may wait; a goal that looks like it holds a credential), the task queued anyway."""
 
-    task: TaskOut
+    task: TaskOut | None
     deduplicated: bool
     warnings: list[str] = Field(default_factory=list)
 

@@ -20,7 +20,7 @@ from cloud.store.ports import StoreDecisionSink, StoreLeaseGate
 from planner.decision import Decision, ThinkingBlock, Usage
 from planner.steps import PastStep, StepOutcome
 
-TABLES = ("tasks", "attempts", "hosts", "decisions", "planner_session_items")
+TABLES = ("tasks", "attempts", "hosts", "decisions", "planner_session_items", "lease_events")
 # (certificate_revocations, from 0007, has its own test below)
 
 
@@ -50,10 +50,10 @@ async def test_migrations_up_down_and_check(db_url: str) -> None:
             assert {"page", "target", "outcome_executed", "outcome_error"} <= (
                 await conn.run_sync(_columns, "decisions")
             )
-        # 0002 is additive: going back to 0001 drops only the session table.
+        # 0002 is additive: going back to 0001 drops only the session table (and 0007's).
         await downgrade(s.engine, "0001")
         async with s.engine.connect() as conn:
-            assert await conn.run_sync(_tables) & set(TABLES) == set(TABLES[:-1])
+            assert await conn.run_sync(_tables) & set(TABLES) == set(TABLES[:-2])
         await downgrade(s.engine, "base")
         async with s.engine.connect() as conn:
             assert not set(TABLES) & await conn.run_sync(_tables)
@@ -189,6 +189,36 @@ async def test_migration_0008_step_keys_late_results_secrets_up_and_down(db_url:
             assert "step_key" in await conn.run_sync(_columns, "decisions")
             assert "late_result" in await conn.run_sync(_columns, "attempts")
             assert "task_secrets" in await conn.run_sync(_tables)
+        await check(s.engine)
+    finally:
+        await s.close()
+
+
+async def test_migration_0011_lease_history_and_totals_up_and_down(db_url: str) -> None:
+    """0011 is additive: the lease_events table, the renewal summary, who cancelled and the
+    token totals; its downgrade drops them keeping the rows, and its upgrade fills the totals
+    of existing tasks from the decision log."""
+    task_columns = {"cancelled_by", "input_tokens", "output_tokens", "decision_count"}
+    attempt_columns = {"renewals", "first_renewed_at", "last_renewed_at"}
+    s = Store.from_url(db_url)
+    try:
+        await upgrade(s.engine)
+        task_id = await _task(s)
+        await decisions.append(s, "h1", task_id, 1, _decision())
+        await decisions.append(s, "h1", task_id, 1, _decision())
+        await downgrade(s.engine, "0010")
+        async with s.engine.connect() as conn:
+            assert "lease_events" not in await conn.run_sync(_tables)
+            assert not task_columns & await conn.run_sync(_columns, "tasks")
+            assert not attempt_columns & await conn.run_sync(_columns, "attempts")
+        await upgrade(s.engine)
+        async with s.engine.connect() as conn:
+            assert task_columns <= await conn.run_sync(_columns, "tasks")
+            assert attempt_columns <= await conn.run_sync(_columns, "attempts")
+        view = await tasks.get(s, task_id)
+        assert view is not None
+        assert (view.task.input_tokens, view.task.output_tokens) == (20, 10)
+        assert view.task.decision_count == 2 and view.task.cancelled_by is None
         await check(s.engine)
     finally:
         await s.close()

@@ -8,7 +8,6 @@ and the traceback appears only with --debug. The deployment guide's settings tab
 
 from __future__ import annotations
 
-import inspect
 import re
 import signal
 import socket
@@ -156,14 +155,19 @@ def test_debug_shows_the_traceback(tmp_path: Path) -> None:
     assert "amc cloud serve: AMC_CLOUD_PKI_DIR:" in err
 
 
-def test_every_part_dials_the_address_the_cloud_listens_on() -> None:
-    from console.cli import connection_options
+def test_every_part_dials_the_address_the_cloud_listens_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from console import cli
 
-    cli_default = inspect.signature(connection_options).parameters["cloud"].default
+    # No `amc up` is running (no context file): the operator commands dial the default.
+    monkeypatch.setenv("AMC_CONTEXT_FILE", str(tmp_path / "none.json"))
+    cli.global_options(cloud=None, pki_dir=None, operator=None, debug=False)
+    assert cli._connection is not None
     assert CloudSettings.model_fields["listen_address"].default == DEFAULT_CLOUD_ADDRESS
     assert HostSettings.model_fields["cloud_address"].default == DEFAULT_CLOUD_ADDRESS
     assert ConsoleSettings.model_fields["cloud_address"].default == DEFAULT_CLOUD_ADDRESS
-    assert cli_default == DEFAULT_CLOUD_ADDRESS
+    assert cli._connection.address == DEFAULT_CLOUD_ADDRESS
 
 
 def _documented() -> dict[str, str]:

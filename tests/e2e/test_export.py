@@ -108,7 +108,7 @@ async def test_host_cloud_and_merged_exports(tmp_path: Path, transport: Transpor
         assert "export" in said and "not a zip file" in said
         assert not (tmp_path / "x.zip").exists()
         code, said = await amc(*conn, "task", "export", "no-such-task", cwd=tmp_path)
-        assert code == 2 and "NOT_FOUND" in said
+        assert code == 2 and "is not a task id" in said
         code, said = await amc("host", "export", "no-such-task", cwd=tmp_path, env=host_env)
         assert code == 2 and "not in this host's timeline" in said
         code, said = await amc(

@@ -16,9 +16,11 @@ from cloud.store.leases.progress import (
     truncate_summary,
 )
 from cloud.store.leases.queries import (
+    BusyPhone,
     HeldCheck,
     HeldLease,
     RecentLease,
+    busy_phones,
     check_held,
     held_recently,
     is_live,
@@ -35,6 +37,7 @@ from cloud.store.leases.sweeps import Ended, sweep_deadlines, sweep_expired
 __all__ = [
     "RESULT_SUMMARY_LIMIT",
     "SUMMARY_LIMIT",
+    "BusyPhone",
     "Claimed",
     "Ended",
     "HeldCheck",
@@ -46,6 +49,7 @@ __all__ = [
     "ReplayIn",
     "ResultOut",
     "Revocation",
+    "busy_phones",
     "check_held",
     "claim",
     "classify",

@@ -17,6 +17,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from cloud.store import secrets, states
 from cloud.store.database import Store
+from cloud.store.lease_events import EventKind, new
 from cloud.store.models import AttemptRow, TaskRow
 
 
@@ -125,6 +126,17 @@ async def claim(
                     status=states.ASSIGNED,
                     planner_transport=planner_transport,
                     started_at=now,
+                )
+            )
+            session.add(
+                new(
+                    EventKind.ASSIGNED,
+                    task_id,
+                    attempt,
+                    now,
+                    host_id=host_id,
+                    device_serial=serial,
+                    task_status=states.ASSIGNED,
                 )
             )
             await session.flush()

@@ -88,6 +88,37 @@ async def live_serials_by_host(store: Store, host_ids: Sequence[str]) -> dict[st
     return busy
 
 
+@dataclass(frozen=True, slots=True)
+class BusyPhone:
+    """A phone with a live attempt: what the fleet shows as busy, with its task."""
+
+    device_serial: str
+    task_id: str
+    attempt: int
+    goal: str
+
+
+async def busy_phones(store: Store, host_ids: Sequence[str] | None) -> dict[str, list[BusyPhone]]:
+    """The phones with a live attempt, by host (of `host_ids`, or of every host when None),
+    in serial order, in one query."""
+    stmt = (
+        select(AttemptRow.host_id, AttemptRow.device_serial, AttemptRow.task_id,
+               AttemptRow.attempt, TaskRow.goal)
+        .join(TaskRow, TaskRow.task_id == AttemptRow.task_id)
+        .where(AttemptRow.ended_at.is_(None))
+        .order_by(AttemptRow.host_id, AttemptRow.device_serial)
+    )  # fmt: skip
+    if host_ids is not None:
+        if not host_ids:
+            return {}
+        stmt = stmt.where(AttemptRow.host_id.in_(host_ids))
+    busy: dict[str, list[BusyPhone]] = {}
+    async with store.read() as session:
+        for host_id, serial, task_id, attempt, goal in await session.execute(stmt):
+            busy.setdefault(host_id, []).append(BusyPhone(serial, task_id, attempt, goal))
+    return busy
+
+
 async def is_live(store: Store, host_id: str, task_id: str, attempt: int, lease_id: str) -> bool:
     """Whether (task, attempt, lease) is `host_id`'s live lease right now."""
     now = store.now()

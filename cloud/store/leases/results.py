@@ -17,6 +17,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from cloud.store import states
 from cloud.store.database import Store
+from cloud.store.lease_events import EventKind, new
 from cloud.store.leases.fence import Revocation, classify, live_fence
 from cloud.store.leases.progress import ProgressIn
 from cloud.store.models import AttemptRow, TaskRow
@@ -113,9 +114,9 @@ async def record_result(
             )
         ).first()
         if row is not None and retryable and status == states.FAILED:
-            return ResultOut(
-                True, False, await _requeue(session, task_id, attempt, summary, now), row[0]
-            )
+            after = await _requeue(session, task_id, attempt, summary, now)
+            _result_events(session, host_id, task_id, attempt, row[0], status, summary, after, now)
+            return ResultOut(True, False, after, row[0])
         if row is not None:
             task = (
                 await session.execute(
@@ -136,7 +137,9 @@ async def record_result(
                     .returning(TaskRow.status)
                 )
             ).first()
-            return ResultOut(True, False, task[0] if task else status, row[0])
+            after = task[0] if task else status
+            _result_events(session, host_id, task_id, attempt, row[0], status, summary, after, now)
+            return ResultOut(True, False, after, row[0])
         if status in _LATE_STATUSES and not retryable:
             late = await _accept_late(
                 session, host_id, task_id, attempt, lease_id, status, summary, values, now
@@ -229,7 +232,48 @@ async def _accept_late(
     task.result_summary = summary
     task.finished_at = now
     task.updated_at = now
+    _result_events(
+        session, host_id, task_id, attempt, row.device_serial, status, summary, status, now
+    )
     return ResultOut(True, False, status, row.device_serial, late=True)
+
+
+def _result_events(
+    session: AsyncSession,
+    host_id: str,
+    task_id: str,
+    attempt: int,
+    serial: str,
+    status: str,
+    summary: str,
+    task_status: str,
+    now: dt.datetime,
+) -> None:
+    """The lease history of a recorded result: the result, and the requeue it caused."""
+    session.add(
+        new(
+            EventKind.RESULT,
+            task_id,
+            attempt,
+            now,
+            host_id=host_id,
+            device_serial=serial,
+            reason=summary,
+            result_status=status,
+            task_status=task_status,
+        )
+    )
+    if task_status == states.QUEUED:
+        session.add(
+            new(
+                EventKind.REQUEUED,
+                task_id,
+                attempt,
+                now,
+                reason=f"attempt {attempt} ended for a reason outside the task",
+                task_status=task_status,
+            )
+        )
 
 
 async def _requeue(

@@ -41,9 +41,10 @@ class FleetServiceStub:
     """Stream the fleet live. The stream starts with a snapshot (one message per host, as
     ListHosts lists them), then one message marking the snapshot's end, then one message per
     host whose state changed: it connected or disconnected (also when the replica holding its
-    stream stopped vouching for it), announced other phones, or said hello again. Changes that
-    arrive faster than the watcher reads are coalesced: the watcher gets each host's latest
-    state. The stream never ends on its own.
+    stream stopped vouching for it), announced other phones, said hello again, a phone became
+    busy or idle (`busy_phones`), or its `last_seen_at` moved (at most once per host heartbeat).
+    Changes that arrive faster than the watcher reads are coalesced: the watcher gets each
+    host's latest state. The stream never ends on its own.
     """
 
 @_typing.type_check_only
@@ -59,9 +60,10 @@ class FleetServiceAsyncStub(FleetServiceStub):
     """Stream the fleet live. The stream starts with a snapshot (one message per host, as
     ListHosts lists them), then one message marking the snapshot's end, then one message per
     host whose state changed: it connected or disconnected (also when the replica holding its
-    stream stopped vouching for it), announced other phones, or said hello again. Changes that
-    arrive faster than the watcher reads are coalesced: the watcher gets each host's latest
-    state. The stream never ends on its own.
+    stream stopped vouching for it), announced other phones, said hello again, a phone became
+    busy or idle (`busy_phones`), or its `last_seen_at` moved (at most once per host heartbeat).
+    Changes that arrive faster than the watcher reads are coalesced: the watcher gets each
+    host's latest state. The stream never ends on its own.
     """
 
 class FleetServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -86,9 +88,10 @@ class FleetServiceServicer(metaclass=_abc_1.ABCMeta):
         """Stream the fleet live. The stream starts with a snapshot (one message per host, as
         ListHosts lists them), then one message marking the snapshot's end, then one message per
         host whose state changed: it connected or disconnected (also when the replica holding its
-        stream stopped vouching for it), announced other phones, or said hello again. Changes that
-        arrive faster than the watcher reads are coalesced: the watcher gets each host's latest
-        state. The stream never ends on its own.
+        stream stopped vouching for it), announced other phones, said hello again, a phone became
+        busy or idle (`busy_phones`), or its `last_seen_at` moved (at most once per host heartbeat).
+        Changes that arrive faster than the watcher reads are coalesced: the watcher gets each
+        host's latest state. The stream never ends on its own.
         """
 
 def add_FleetServiceServicer_to_server(servicer: FleetServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -951,6 +951,7 @@ class Host(_message.Message):
     AGENT_VERSION_FIELD_NUMBER: _builtins.int
     LAST_SEEN_AT_FIELD_NUMBER: _builtins.int
     OUTBOX_FIELD_NUMBER: _builtins.int
+    BUSY_PHONES_FIELD_NUMBER: _builtins.int
     host_id: _builtins.str
     """Identity from the host's client certificate."""
     connected: _builtins.bool
@@ -965,12 +966,21 @@ class Host(_message.Message):
 
     @_builtins.property
     def last_seen_at(self) -> _timestamp_pb2.Timestamp:
-        """When the host last sent anything on its stream."""
+        """When the host last sent anything on its stream (a renewal counts). Written by the replica
+        holding the stream every host heartbeat (AMC_CLOUD_HOST_HEARTBEAT_SECONDS, 10 s by
+        default), so it may lag that much behind the host's last message.
+        """
 
     @_builtins.property
     def outbox(self) -> Global___OutboxBacklog:
         """What the host still has to send the cloud from its durable outbox, as it last reported it
         (unset when it never reported: an older host).
+        """
+
+    @_builtins.property
+    def busy_phones(self) -> _containers.RepeatedCompositeFieldContainer[Global___BusyPhone]:
+        """The phones of this host that hold a live lease now (the cloud's view), with their task;
+        a listed phone missing here is idle. Set by the cloud in ListHosts and WatchHosts.
         """
 
     def __init__(
@@ -983,10 +993,11 @@ class Host(_message.Message):
         agent_version: _builtins.str = ...,
         last_seen_at: _timestamp_pb2.Timestamp | None = ...,
         outbox: Global___OutboxBacklog | None = ...,
+        busy_phones: _abc.Iterable[Global___BusyPhone] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["last_seen_at", b"last_seen_at", "outbox", b"outbox"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_version", b"agent_version", "connected", b"connected", "devices", b"devices", "host_id", b"host_id", "last_seen_at", b"last_seen_at", "outbox", b"outbox", "planner_transport", b"planner_transport"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_version", b"agent_version", "busy_phones", b"busy_phones", "connected", b"connected", "devices", b"devices", "host_id", b"host_id", "last_seen_at", b"last_seen_at", "outbox", b"outbox", "planner_transport", b"planner_transport"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1040,6 +1051,40 @@ class OutboxBacklog(_message.Message):
 Global___OutboxBacklog: _TypeAlias = OutboxBacklog  # noqa: Y015
 
 @_typing.final
+class BusyPhone(_message.Message):
+    """A phone working on a task: it holds that task's live lease."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DEVICE_SERIAL_FIELD_NUMBER: _builtins.int
+    TASK_ID_FIELD_NUMBER: _builtins.int
+    ATTEMPT_FIELD_NUMBER: _builtins.int
+    GOAL_FIELD_NUMBER: _builtins.int
+    device_serial: _builtins.str
+    """The phone's serial (one of the host's `devices`, unless the host stopped announcing it)."""
+    task_id: _builtins.str
+    """The task it works on."""
+    attempt: _builtins.int
+    """The attempt it runs."""
+    goal: _builtins.str
+    """The task's goal, for a reader who shows what the phone is doing (at most 2,000 characters)."""
+    def __init__(
+        self,
+        *,
+        device_serial: _builtins.str = ...,
+        task_id: _builtins.str = ...,
+        attempt: _builtins.int = ...,
+        goal: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "device_serial", b"device_serial", "goal", b"goal", "task_id", b"task_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___BusyPhone: _TypeAlias = BusyPhone  # noqa: Y015
+
+@_typing.final
 class TaskTarget(_message.Message):
     """Where a task may run. Empty fields mean "any"."""
 
@@ -1083,6 +1128,9 @@ class Attempt(_message.Message):
     LEASE_EXPIRES_AT_FIELD_NUMBER: _builtins.int
     LATE_RESULT_FIELD_NUMBER: _builtins.int
     FLOW_FIELD_NUMBER: _builtins.int
+    RENEWALS_FIELD_NUMBER: _builtins.int
+    FIRST_RENEWED_AT_FIELD_NUMBER: _builtins.int
+    LAST_RENEWED_AT_FIELD_NUMBER: _builtins.int
     attempt: _builtins.int
     """1-based attempt number."""
     host_id: _builtins.str
@@ -1099,6 +1147,10 @@ class Attempt(_message.Message):
     """The host's result arrived after the lease had run out but before any other attempt of the
     task had started, and was accepted as the attempt's outcome (ResultAck.late): the work the
     host finished counts instead of being run again.
+    """
+    renewals: _builtins.int
+    """How many renewals the cloud accepted for this lease (renewals are summarised, not listed:
+    TaskService.ListTaskEvents has the attempt's other lease events).
     """
     @_builtins.property
     def progress(self) -> Global___Progress:
@@ -1122,6 +1174,14 @@ class Attempt(_message.Message):
         the cloud did not look (an attempt assigned before flows existed).
         """
 
+    @_builtins.property
+    def first_renewed_at(self) -> _timestamp_pb2.Timestamp:
+        """When the first accepted renewal arrived; unset before the first."""
+
+    @_builtins.property
+    def last_renewed_at(self) -> _timestamp_pb2.Timestamp:
+        """When the last accepted renewal arrived; unset before the first."""
+
     def __init__(
         self,
         *,
@@ -1137,10 +1197,13 @@ class Attempt(_message.Message):
         lease_expires_at: _timestamp_pb2.Timestamp | None = ...,
         late_result: _builtins.bool = ...,
         flow: Global___FlowUse | None = ...,
+        renewals: _builtins.int = ...,
+        first_renewed_at: _timestamp_pb2.Timestamp | None = ...,
+        last_renewed_at: _timestamp_pb2.Timestamp | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["ended_at", b"ended_at", "flow", b"flow", "lease_expires_at", b"lease_expires_at", "progress", b"progress", "started_at", b"started_at"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["ended_at", b"ended_at", "first_renewed_at", b"first_renewed_at", "flow", b"flow", "last_renewed_at", b"last_renewed_at", "lease_expires_at", b"lease_expires_at", "progress", b"progress", "started_at", b"started_at"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "device_serial", b"device_serial", "ended_at", b"ended_at", "failure_reason", b"failure_reason", "flow", b"flow", "host_id", b"host_id", "late_result", b"late_result", "lease_expires_at", b"lease_expires_at", "planner_transport", b"planner_transport", "progress", b"progress", "started_at", b"started_at", "status", b"status"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "device_serial", b"device_serial", "ended_at", b"ended_at", "failure_reason", b"failure_reason", "first_renewed_at", b"first_renewed_at", "flow", b"flow", "host_id", b"host_id", "last_renewed_at", b"last_renewed_at", "late_result", b"late_result", "lease_expires_at", b"lease_expires_at", "planner_transport", b"planner_transport", "progress", b"progress", "renewals", b"renewals", "started_at", b"started_at", "status", b"status"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1219,6 +1282,9 @@ class Task(_message.Message):
     ATTEMPTS_FIELD_NUMBER: _builtins.int
     CANCEL_REQUESTED_FIELD_NUMBER: _builtins.int
     NO_REPLAY_FIELD_NUMBER: _builtins.int
+    CANCELLED_BY_FIELD_NUMBER: _builtins.int
+    TOTALS_FIELD_NUMBER: _builtins.int
+    LEASE_EXPIRES_AT_FIELD_NUMBER: _builtins.int
     task_id: _builtins.str
     """Server-assigned id."""
     goal: _builtins.str
@@ -1241,6 +1307,10 @@ class Task(_message.Message):
     """Set when an operator asked to cancel and the host has not acknowledged yet."""
     no_replay: _builtins.bool
     """Submitted with no_replay: every step is planned by the model, no learned flow is used."""
+    cancelled_by: _builtins.str
+    """Who asked to cancel: the operator certificate's name, or "<person> via <name>" when a tool
+    cancelled for someone (CancelTaskRequest.on_behalf_of); empty when nobody did.
+    """
     @_builtins.property
     def target(self) -> Global___TaskTarget:
         """Where the task may run."""
@@ -1273,6 +1343,16 @@ class Task(_message.Message):
     def attempts(self) -> _containers.RepeatedCompositeFieldContainer[Global___Attempt]:
         """All attempts, oldest first. Filled by GetTask; left empty by ListTasks."""
 
+    @_builtins.property
+    def totals(self) -> Global___TaskTotals:
+        """What the task has used so far, over every attempt."""
+
+    @_builtins.property
+    def lease_expires_at(self) -> _timestamp_pb2.Timestamp:
+        """When the current attempt's lease runs out unless renewed; unset when no lease is live (so
+        a reader can count the live lease down without reading the attempts).
+        """
+
     def __init__(
         self,
         *,
@@ -1295,14 +1375,65 @@ class Task(_message.Message):
         attempts: _abc.Iterable[Global___Attempt] | None = ...,
         cancel_requested: _builtins.bool = ...,
         no_replay: _builtins.bool = ...,
+        cancelled_by: _builtins.str = ...,
+        totals: Global___TaskTotals | None = ...,
+        lease_expires_at: _timestamp_pb2.Timestamp | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["created_at", b"created_at", "deadline", b"deadline", "finished_at", b"finished_at", "lease_duration", b"lease_duration", "progress", b"progress", "target", b"target", "updated_at", b"updated_at"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["created_at", b"created_at", "deadline", b"deadline", "finished_at", b"finished_at", "lease_duration", b"lease_duration", "lease_expires_at", b"lease_expires_at", "progress", b"progress", "target", b"target", "totals", b"totals", "updated_at", b"updated_at"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "attempts", b"attempts", "cancel_requested", b"cancel_requested", "client_request_id", b"client_request_id", "created_at", b"created_at", "deadline", b"deadline", "device_serial", b"device_serial", "finished_at", b"finished_at", "goal", b"goal", "host_id", b"host_id", "lease_duration", b"lease_duration", "max_attempts", b"max_attempts", "no_replay", b"no_replay", "progress", b"progress", "result_summary", b"result_summary", "status", b"status", "target", b"target", "task_id", b"task_id", "updated_at", b"updated_at"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "attempts", b"attempts", "cancel_requested", b"cancel_requested", "cancelled_by", b"cancelled_by", "client_request_id", b"client_request_id", "created_at", b"created_at", "deadline", b"deadline", "device_serial", b"device_serial", "finished_at", b"finished_at", "goal", b"goal", "host_id", b"host_id", "lease_duration", b"lease_duration", "lease_expires_at", b"lease_expires_at", "max_attempts", b"max_attempts", "no_replay", b"no_replay", "progress", b"progress", "result_summary", b"result_summary", "status", b"status", "target", b"target", "task_id", b"task_id", "totals", b"totals", "updated_at", b"updated_at"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___Task: _TypeAlias = Task  # noqa: Y015
+
+@_typing.final
+class TaskTotals(_message.Message):
+    """What a task has used over all its attempts, as of the answer (a running task's times grow)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    USAGE_FIELD_NUMBER: _builtins.int
+    DECISIONS_FIELD_NUMBER: _builtins.int
+    STEPS_FIELD_NUMBER: _builtins.int
+    WALL_TIME_FIELD_NUMBER: _builtins.int
+    RUN_TIME_FIELD_NUMBER: _builtins.int
+    decisions: _builtins.int
+    """Decisions logged for the task."""
+    steps: _builtins.int
+    """Steps the hosts reported, summed over the attempts (each attempt's last step index)."""
+    @_builtins.property
+    def usage(self) -> Global___Usage:
+        """Token usage summed over every decision logged for the task: the cloud's own (cloud planner
+        transport) and those a direct-transport host shipped from its outbox (counted when they
+        arrive, so a host's backlog is not in it yet). Kept with the task when the decision log is
+        pruned.
+        """
+
+    @_builtins.property
+    def wall_time(self) -> _duration_pb2.Duration:
+        """From submission to the task's end, or to now while it has not ended."""
+
+    @_builtins.property
+    def run_time(self) -> _duration_pb2.Duration:
+        """Time spent under leases: each attempt's start to its end (or to now while it runs), summed."""
+
+    def __init__(
+        self,
+        *,
+        usage: Global___Usage | None = ...,
+        decisions: _builtins.int = ...,
+        steps: _builtins.int = ...,
+        wall_time: _duration_pb2.Duration | None = ...,
+        run_time: _duration_pb2.Duration | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["run_time", b"run_time", "usage", b"usage", "wall_time", b"wall_time"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["decisions", b"decisions", "run_time", b"run_time", "steps", b"steps", "usage", b"usage", "wall_time", b"wall_time"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___TaskTotals: _TypeAlias = TaskTotals  # noqa: Y015
 
 @_typing.final
 class ThinkingBlock(_message.Message):
