@@ -25,6 +25,7 @@ FORBIDDEN: dict[str, frozenset[str]] = {
     "cloud": frozenset({"host", "console", "webui"}),
     "planner": frozenset({"cloud", "host", "console", "webui"}),
     "webui": frozenset({"cloud", "host", "console", "planner"}),
+    "telemetry": frozenset({"cloud", "host", "console", "planner", "webui", "amc"}),
     "cloud/store/leases": frozenset({"amc", "grpc", "google"}),
 }
 

@@ -65,7 +65,12 @@ class PlannerServiceServicer:
         when (task, attempt, lease id) is not a live lease (expired, revoked, superseded, unknown);
         INVALID_ARGUMENT, naming the field, for a missing or oversize observation (see
         ScreenObservation and UiElement for the limits), a screenshot over 8 MiB, or a
-        previous_outcome that names no decision of this attempt.
+        previous_outcome that names no decision of this attempt; FAILED_PRECONDITION with details
+        starting "budget exhausted: " (e.g. "budget exhausted: 10,412 tokens of the task's 10,000")
+        when what the task spent has reached one of its caps (Task.budget), or today's fleet
+        spending one of the fleet's daily caps: no model call is made; end the attempt as FAILED
+        and do not retry it (every later call of the task gets the same answer until the cap is
+        raised, or the next UTC day for a daily cap).
 
         Then the cloud records previous_outcome on the decision it names and plans:
         UNAVAILABLE (provider overloaded, failing or unreachable) or RESOURCE_EXHAUSTED (rate

@@ -26,7 +26,7 @@ from amc.v1 import types_pb2 as amc_dot_v1_dot_types__pb2
 from google.protobuf import duration_pb2 as google_dot_protobuf_dot_duration__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19\x61mc/v1/task_service.proto\x12\x06\x61mc.v1\x1a\x12\x61mc/v1/types.proto\x1a\x1egoogle/protobuf/duration.proto\"\xd5\x01\n\x11SubmitTaskRequest\x12\x0c\n\x04goal\x18\x01 \x01(\t\x12\"\n\x06target\x18\x02 \x01(\x0b\x32\x12.amc.v1.TaskTarget\x12\x14\n\x0cmax_attempts\x18\x03 \x01(\x05\x12\x31\n\x0elease_duration\x18\x04 \x01(\x0b\x32\x19.google.protobuf.Duration\x12*\n\x07timeout\x18\x05 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x19\n\x11\x63lient_request_id\x18\x06 \x01(\t\"F\n\x12SubmitTaskResponse\x12\x1a\n\x04task\x18\x01 \x01(\x0b\x32\x0c.amc.v1.Task\x12\x14\n\x0c\x64\x65\x64uplicated\x18\x02 \x01(\x08\"!\n\x0eGetTaskRequest\x12\x0f\n\x07task_id\x18\x01 \x01(\t\"-\n\x0fGetTaskResponse\x12\x1a\n\x04task\x18\x01 \x01(\x0b\x32\x0c.amc.v1.Task\"\x7f\n\x10ListTasksRequest\x12\x11\n\tpage_size\x18\x01 \x01(\x05\x12\x12\n\npage_token\x18\x02 \x01(\t\x12$\n\x08statuses\x18\x03 \x03(\x0e\x32\x12.amc.v1.TaskStatus\x12\x0f\n\x07host_id\x18\x04 \x01(\t\x12\r\n\x05query\x18\x05 \x01(\t\"I\n\x11ListTasksResponse\x12\x1b\n\x05tasks\x18\x01 \x03(\x0b\x32\x0c.amc.v1.Task\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"4\n\x11\x43\x61ncelTaskRequest\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\"0\n\x12\x43\x61ncelTaskResponse\x12\x1a\n\x04task\x18\x01 \x01(\x0b\x32\x0c.amc.v1.Task2\x95\x02\n\x0bTaskService\x12\x43\n\nSubmitTask\x12\x19.amc.v1.SubmitTaskRequest\x1a\x1a.amc.v1.SubmitTaskResponse\x12:\n\x07GetTask\x12\x16.amc.v1.GetTaskRequest\x1a\x17.amc.v1.GetTaskResponse\x12@\n\tListTasks\x12\x18.amc.v1.ListTasksRequest\x1a\x19.amc.v1.ListTasksResponse\x12\x43\n\nCancelTask\x12\x19.amc.v1.CancelTaskRequest\x1a\x1a.amc.v1.CancelTaskResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19\x61mc/v1/task_service.proto\x12\x06\x61mc.v1\x1a\x12\x61mc/v1/types.proto\x1a\x1egoogle/protobuf/duration.proto\"\xf9\x01\n\x11SubmitTaskRequest\x12\x0c\n\x04goal\x18\x01 \x01(\t\x12\"\n\x06target\x18\x02 \x01(\x0b\x32\x12.amc.v1.TaskTarget\x12\x14\n\x0cmax_attempts\x18\x03 \x01(\x05\x12\x31\n\x0elease_duration\x18\x04 \x01(\x0b\x32\x19.google.protobuf.Duration\x12*\n\x07timeout\x18\x05 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x19\n\x11\x63lient_request_id\x18\x06 \x01(\t\x12\"\n\x06\x62udget\x18\x07 \x01(\x0b\x32\x12.amc.v1.TaskBudget\"F\n\x12SubmitTaskResponse\x12\x1a\n\x04task\x18\x01 \x01(\x0b\x32\x0c.amc.v1.Task\x12\x14\n\x0c\x64\x65\x64uplicated\x18\x02 \x01(\x08\"!\n\x0eGetTaskRequest\x12\x0f\n\x07task_id\x18\x01 \x01(\t\"-\n\x0fGetTaskResponse\x12\x1a\n\x04task\x18\x01 \x01(\x0b\x32\x0c.amc.v1.Task\"\x7f\n\x10ListTasksRequest\x12\x11\n\tpage_size\x18\x01 \x01(\x05\x12\x12\n\npage_token\x18\x02 \x01(\t\x12$\n\x08statuses\x18\x03 \x03(\x0e\x32\x12.amc.v1.TaskStatus\x12\x0f\n\x07host_id\x18\x04 \x01(\t\x12\r\n\x05query\x18\x05 \x01(\t\"I\n\x11ListTasksResponse\x12\x1b\n\x05tasks\x18\x01 \x03(\x0b\x32\x0c.amc.v1.Task\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"4\n\x11\x43\x61ncelTaskRequest\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\"0\n\x12\x43\x61ncelTaskResponse\x12\x1a\n\x04task\x18\x01 \x01(\x0b\x32\x0c.amc.v1.Task2\x95\x02\n\x0bTaskService\x12\x43\n\nSubmitTask\x12\x19.amc.v1.SubmitTaskRequest\x1a\x1a.amc.v1.SubmitTaskResponse\x12:\n\x07GetTask\x12\x16.amc.v1.GetTaskRequest\x1a\x17.amc.v1.GetTaskResponse\x12@\n\tListTasks\x12\x18.amc.v1.ListTasksRequest\x1a\x19.amc.v1.ListTasksResponse\x12\x43\n\nCancelTask\x12\x19.amc.v1.CancelTaskRequest\x1a\x1a.amc.v1.CancelTaskResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -34,21 +34,21 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'amc.v1.task_service_pb2', _
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_SUBMITTASKREQUEST']._serialized_start=90
-  _globals['_SUBMITTASKREQUEST']._serialized_end=303
-  _globals['_SUBMITTASKRESPONSE']._serialized_start=305
-  _globals['_SUBMITTASKRESPONSE']._serialized_end=375
-  _globals['_GETTASKREQUEST']._serialized_start=377
-  _globals['_GETTASKREQUEST']._serialized_end=410
-  _globals['_GETTASKRESPONSE']._serialized_start=412
-  _globals['_GETTASKRESPONSE']._serialized_end=457
-  _globals['_LISTTASKSREQUEST']._serialized_start=459
-  _globals['_LISTTASKSREQUEST']._serialized_end=586
-  _globals['_LISTTASKSRESPONSE']._serialized_start=588
-  _globals['_LISTTASKSRESPONSE']._serialized_end=661
-  _globals['_CANCELTASKREQUEST']._serialized_start=663
-  _globals['_CANCELTASKREQUEST']._serialized_end=715
-  _globals['_CANCELTASKRESPONSE']._serialized_start=717
-  _globals['_CANCELTASKRESPONSE']._serialized_end=765
-  _globals['_TASKSERVICE']._serialized_start=768
-  _globals['_TASKSERVICE']._serialized_end=1045
+  _globals['_SUBMITTASKREQUEST']._serialized_end=339
+  _globals['_SUBMITTASKRESPONSE']._serialized_start=341
+  _globals['_SUBMITTASKRESPONSE']._serialized_end=411
+  _globals['_GETTASKREQUEST']._serialized_start=413
+  _globals['_GETTASKREQUEST']._serialized_end=446
+  _globals['_GETTASKRESPONSE']._serialized_start=448
+  _globals['_GETTASKRESPONSE']._serialized_end=493
+  _globals['_LISTTASKSREQUEST']._serialized_start=495
+  _globals['_LISTTASKSREQUEST']._serialized_end=622
+  _globals['_LISTTASKSRESPONSE']._serialized_start=624
+  _globals['_LISTTASKSRESPONSE']._serialized_end=697
+  _globals['_CANCELTASKREQUEST']._serialized_start=699
+  _globals['_CANCELTASKREQUEST']._serialized_end=751
+  _globals['_CANCELTASKRESPONSE']._serialized_start=753
+  _globals['_CANCELTASKRESPONSE']._serialized_end=801
+  _globals['_TASKSERVICE']._serialized_start=804
+  _globals['_TASKSERVICE']._serialized_end=1081
 # @@protoc_insertion_point(module_scope)

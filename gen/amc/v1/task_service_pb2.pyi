@@ -32,6 +32,7 @@ class SubmitTaskRequest(_message.Message):
     LEASE_DURATION_FIELD_NUMBER: _builtins.int
     TIMEOUT_FIELD_NUMBER: _builtins.int
     CLIENT_REQUEST_ID_FIELD_NUMBER: _builtins.int
+    BUDGET_FIELD_NUMBER: _builtins.int
     goal: _builtins.str
     """The goal in plain language; 1 to 2,000 characters."""
     max_attempts: _builtins.int
@@ -52,6 +53,13 @@ class SubmitTaskRequest(_message.Message):
     def timeout(self) -> _duration_pb2.Duration:
         """Time the task may take from submission; unset means the server default (1 h)."""
 
+    @_builtins.property
+    def budget(self) -> _types_pb2.TaskBudget:
+        """Spending caps; a field left 0 takes the cloud's default (AMC_CLOUD_DEFAULT_TASK_MAX_TOKENS,
+        AMC_CLOUD_DEFAULT_TASK_MAX_COST_USD; no cap unless set). INVALID_ARGUMENT for a negative
+        cap.
+        """
+
     def __init__(
         self,
         *,
@@ -61,10 +69,11 @@ class SubmitTaskRequest(_message.Message):
         lease_duration: _duration_pb2.Duration | None = ...,
         timeout: _duration_pb2.Duration | None = ...,
         client_request_id: _builtins.str = ...,
+        budget: _types_pb2.TaskBudget | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["lease_duration", b"lease_duration", "target", b"target", "timeout", b"timeout"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["budget", b"budget", "lease_duration", b"lease_duration", "target", b"target", "timeout", b"timeout"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["client_request_id", b"client_request_id", "goal", b"goal", "lease_duration", b"lease_duration", "max_attempts", b"max_attempts", "target", b"target", "timeout", b"timeout"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["budget", b"budget", "client_request_id", b"client_request_id", "goal", b"goal", "lease_duration", b"lease_duration", "max_attempts", b"max_attempts", "target", b"target", "timeout", b"timeout"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
