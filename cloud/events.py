@@ -24,6 +24,7 @@ import psycopg
 from sqlalchemy import func, select
 from sqlalchemy.engine import make_url
 
+from cloud import metrics
 from cloud.store.database import Store
 
 log = logging.getLogger(__name__)
@@ -323,6 +324,7 @@ class EventBus:
             try:
                 await self._flush()
             except Exception:
+                metrics.current().notify_failures.inc()
                 log.exception("NOTIFY failed; remote replicas will catch up on their next tick")
 
     async def _listen(self) -> None:
@@ -343,6 +345,7 @@ class EventBus:
             except asyncio.CancelledError:
                 raise
             except Exception:
+                metrics.current().listen_reconnects.inc()
                 log.exception("LISTEN connection lost; reconnecting")
                 await asyncio.sleep(1.0)
 

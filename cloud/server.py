@@ -36,7 +36,7 @@ from amc.v1 import (
     task_service_pb2,
     task_service_pb2_grpc,
 )
-from cloud import supervised
+from cloud import metrics, supervised
 from cloud.authz import Authorization
 from cloud.events import EventBus
 from cloud.lease.manager import LeaseManager
@@ -52,6 +52,9 @@ from cloud.settings import CloudSettings, SettingError
 from cloud.store import decisions, sessions
 from cloud.store.database import Store
 from cloud.store.engine import upgrade
+from planner.budget import dollars
+from telemetry import logs, metrics_http, tracing
+from telemetry.metrics_http import MetricsAddressError, MetricsServer
 
 log = logging.getLogger(__name__)
 Say = Callable[[str], None]
@@ -126,6 +129,13 @@ def _cannot_listen(address: str) -> str | None:
         return exc.strerror or str(exc)
 
 
+def _caps(max_tokens: int, max_cost_usd: float) -> str:
+    """ "10,000 tokens, $5.00", or "none"."""
+    parts = [f"{max_tokens:,} tokens"] if max_tokens else []
+    parts += [dollars(max_cost_usd)] if max_cost_usd else []
+    return ", ".join(parts) or "none"
+
+
 def _open_store(url: str) -> Store:
     """The store for AMC_CLOUD_DATABASE_URL; a URL no driver here can open is a SettingError."""
     try:
@@ -151,12 +161,17 @@ class CloudServer:
         self.leases.dispatcher.provider = self.provider_health
         self.provider_health.on_available.append(self.leases.dispatcher.wake.set)
         self.health = health.aio.HealthServicer()
+        self.metrics = metrics.configure(enabled=settings.metrics_enabled)
+        self.metrics_server: MetricsServer | None = None
+        self.tracing = "off"
         self.server = grpc.aio.server(
             options=server_options(settings),
-            interceptors=[Authorization(insecure=settings.insecure)],
+            # The trace interceptor first: its server span covers the authorization check too.
+            interceptors=[tracing.server_interceptor(), Authorization(insecure=settings.insecure)],
         )
         self._closeables: list[Any] = []
         self.planner_summary = ""
+        self.metrics_note = ""
         self._jobs: list[asyncio.Task[None]] = []
         self._started = False
         self._stopped = False
@@ -181,7 +196,7 @@ class CloudServer:
             DecisionLogServicer(store), self.server
         )
         planner_servicer, self._closeables, self.planner_summary = build_planner_servicer(
-            store, bus, self.provider_health
+            store, bus, self.provider_health, s
         )
         planner_service_pb2_grpc.add_PlannerServiceServicer_to_server(planner_servicer, self.server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
@@ -222,13 +237,37 @@ class CloudServer:
         shared = url.get_backend_name() == "postgresql"
         kind = "PostgreSQL: replicas may share it" if shared else "SQLite: one replica only"
         security = "plaintext, loopback only" if s.insecure else "mTLS, fleet certificates"
+        served = self.metrics_server
+        if served is not None:
+            metric_line = f"{served.url} (AMC_CLOUD_METRICS_ADDRESS)"
+        else:
+            metric_line = self.metrics_note or "not served (AMC_CLOUD_METRICS_ADDRESS=off)"
+        caps = [
+            f"task default {_caps(s.default_task_max_tokens, s.default_task_max_cost_usd)}",
+            f"fleet daily {_caps(s.daily_max_tokens, s.daily_max_cost_usd)}",
+        ]
         return [
             f"amc cloud listening on {self.address} ({security})",
             f"  store:        {store} ({kind})",
             f"  planner:      {self.planner_summary}",
+            f"  budgets:      {'; '.join(caps)}",
             f"  certificates: {s.tls_source()}",
+            f"  metrics:      {metric_line}",
+            f"  tracing:      {self.tracing}",
+            f"  logs:         {logs.describe(logs.LogSettings().format)}",
             "  stop with Ctrl-C",
         ]
+
+    def serve_metrics(self, address: str | None = None) -> MetricsServer | None:
+        """Serve this process's cloud metrics at `address` (default: the setting). A taken or
+        bad address does not stop the replica: the banner says why there are no metrics."""
+        address = self.settings.metrics_address if address is None else address
+        try:
+            self.metrics_server = metrics_http.serve(address, metrics.REGISTRY)
+        except MetricsAddressError as exc:
+            self.metrics_note = f"NOT served: AMC_CLOUD_METRICS_ADDRESS {exc}"
+            log.warning("metrics not served: AMC_CLOUD_METRICS_ADDRESS %s", exc)
+        return self.metrics_server
 
     @property
     def address(self) -> str:
@@ -249,6 +288,12 @@ class CloudServer:
                 "retention", self._retention_pass, interval=self.settings.retention_interval_seconds
             )
         )
+        if self.metrics.enabled:
+            self._jobs.append(
+                supervised.start(
+                    "metrics", self._refresh_metrics, interval=self.settings.metrics_refresh_seconds
+                )
+            )
         if self.provider_health.probe is not None:
             self._jobs.append(
                 supervised.start(
@@ -273,6 +318,9 @@ class CloudServer:
         await self.leases.wait_streams_closed(max(grace, 1.0))
         await self.server.stop(grace)
         await supervised.stop(self._jobs)
+        if self.metrics_server is not None:
+            await asyncio.to_thread(self.metrics_server.stop)
+            self.metrics_server = None
         await self.leases.stop()
         await self.bus.stop()
         for closeable in self._closeables:
@@ -280,6 +328,10 @@ class CloudServer:
                 await closeable.aclose()
         if self._own_store:
             await self.store.close()
+
+    async def _refresh_metrics(self) -> None:
+        s = self.settings
+        await self.metrics.refresh(self.store, s.daily_max_cost_usd, s.daily_max_tokens)
 
     async def wait(self) -> None:
         """Until the server terminates."""
@@ -315,12 +367,15 @@ async def build_server(
 async def serve(settings: CloudSettings | None = None, say: Say | None = None) -> None:
     """Run one replica until SIGINT/SIGTERM, then shut down gracefully. `say` gets what it
     runs (address, store, planner, certificates) once it serves."""
+    traced = tracing.configure("amc-cloud")
     server = await build_server(settings)
+    server.tracing = traced
     try:
         await server.start()
     except BaseException:
         await server.stop(0)
         raise
+    server.serve_metrics()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):

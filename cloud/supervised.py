@@ -16,6 +16,8 @@ import logging
 from collections.abc import Awaitable, Callable, Iterable
 from typing import NoReturn
 
+from cloud import metrics
+
 log = logging.getLogger(__name__)
 
 #: The longest pause after repeated failures (unless the loop's own interval is longer).
@@ -65,6 +67,7 @@ async def run_forever(
             raise
         except Exception as exc:
             failures += 1
+            metrics.current().loop_failures.labels(loop=name).inc()
             seconds = pause_after(failures, interval, max_backoff)
             if failures == 1:
                 log.exception("%s failed; trying again in %.1f s", name, seconds)

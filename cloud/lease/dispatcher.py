@@ -11,6 +11,7 @@ import asyncio
 import logging
 
 from amc.v1 import types_pb2
+from cloud import metrics
 from cloud.events import EventBus
 from cloud.lease import messages
 from cloud.lease.session import HostSession
@@ -93,6 +94,9 @@ class Dispatcher:
                     return got
                 session.busy.add(claimed.device_serial)
                 session.send(messages.assignment(claimed))
+                if claimed.queued_since is not None:
+                    waited = (self.store.now() - claimed.queued_since).total_seconds()
+                    metrics.current().dispatch_latency.observe(max(0.0, waited))
                 self.bus.tasks_changed([claimed.task_id])
         return got
 

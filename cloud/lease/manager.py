@@ -16,7 +16,7 @@ import datetime as dt
 import grpc
 
 from amc.v1 import lease_service_pb2 as lease_pb
-from cloud import supervised
+from cloud import metrics, supervised
 from cloud.events import EventBus, RevokeEvent
 from cloud.lease import messages
 from cloud.lease.batcher import RenewalBatcher
@@ -198,6 +198,7 @@ class LeaseManager:
             leases.RenewalIn(session.host_id, msg.task_id, msg.attempt, msg.lease_id, progress)
         )
         if out.expires_at is not None:
+            metrics.current().renewal("acked")
             return lease_pb.LeaseResponse(
                 renewed=lease_pb.Renewed(
                     task_id=msg.task_id,
@@ -206,6 +207,8 @@ class LeaseManager:
                     lease_expires_at=convert.ts(out.expires_at),
                 )
             )
+        why = out.revocation.name.lower() if out.revocation is not None else "unknown"
+        metrics.current().renewal(why)
         return messages.refused(msg.task_id, msg.attempt, msg.lease_id, out.revocation, out.message)
 
     async def result(
@@ -228,7 +231,9 @@ class LeaseManager:
             if out.recorded:
                 session.busy.discard(out.device_serial)
                 self.bus.tasks_changed([msg.task_id])
+                metrics.current().result(states.from_proto(msg.status))
                 if out.task_status == states.QUEUED:  # a retryable end: its next attempt waits
+                    metrics.current().requeued.labels(cause="retryable_result").inc()
                     self.bus.tasks_queued()
                 self.dispatcher.kick(session)
             return lease_pb.LeaseResponse(

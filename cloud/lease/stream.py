@@ -16,10 +16,11 @@ import grpc
 
 from amc.v1 import lease_service_pb2 as lease_pb
 from amc.v1 import lease_service_pb2_grpc
-from cloud import authz
+from cloud import authz, metrics
 from cloud.lease import validate
 from cloud.lease.manager import LeaseManager
 from cloud.lease.session import Closing, HostSession
+from telemetry import logs
 
 log = logging.getLogger(__name__)
 
@@ -45,9 +46,13 @@ class LeaseServicer(lease_service_pb2_grpc.LeaseServiceServicer):
     ) -> None:
         host_id = authz.caller().name
         self._manager.stream_started()
+        streams = metrics.current().lease_streams
+        streams.inc()
         try:
-            await self._serve(host_id, context)
+            with logs.bound(host_id=host_id):
+                await self._serve(host_id, context)
         finally:
+            streams.dec()
             self._manager.stream_finished()
 
     async def _serve(

@@ -6,6 +6,7 @@ attempt is told through the bus, wherever its stream is, and dispatchers hear of
 
 from __future__ import annotations
 
+from cloud import metrics
 from cloud.events import EventBus, RevokeEvent
 from cloud.lease import messages
 from cloud.store import leases, states
@@ -30,7 +31,11 @@ class Sweeper:
         if not ended:
             return 0
         requeued = False
+        observed = metrics.current()
         for e in ended:
+            observed.expiries.labels(reason=e.revocation.name.lower()).inc()
+            if e.task_status == states.QUEUED:
+                observed.requeued.labels(cause="lease_expired").inc()
             if e.host_id:
                 self.bus.revoke(
                     RevokeEvent(

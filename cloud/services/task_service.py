@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import math
+
 import grpc
 from google.protobuf import duration_pb2
 
 from amc.v1 import lease_service_pb2 as lease_pb
 from amc.v1 import task_service_pb2 as pb
 from amc.v1 import task_service_pb2_grpc, types_pb2
+from cloud import metrics
 from cloud.events import EventBus, RevokeEvent
 from cloud.lease.validate import MAX_ID
 from cloud.services.status import abort
@@ -62,6 +65,11 @@ class TaskServicer(task_service_pb2_grpc.TaskServiceServicer):
             return f"target.host_id: at most {MAX_ID} characters"
         if len(r.target.device_serial) > MAX_ID:
             return f"target.device_serial: at most {MAX_ID} characters"
+        budget = r.budget
+        if budget.max_tokens < 0:
+            return "budget.max_tokens: 0 (the cloud's default) or more"
+        if not math.isfinite(budget.max_cost_usd) or budget.max_cost_usd < 0:
+            return "budget.max_cost_usd: 0 (the cloud's default) or a positive number of dollars"
         return tasks.NewTask(
             goal=r.goal,
             max_attempts=r.max_attempts or s.default_max_attempts,
@@ -70,6 +78,8 @@ class TaskServicer(task_service_pb2_grpc.TaskServiceServicer):
             target_host_id=r.target.host_id or None,
             target_device_serial=r.target.device_serial or None,
             client_request_id=r.client_request_id or None,
+            max_tokens=budget.max_tokens or s.default_task_max_tokens,
+            max_cost_usd=budget.max_cost_usd or s.default_task_max_cost_usd,
         )
 
     async def SubmitTask(
@@ -81,6 +91,7 @@ class TaskServicer(task_service_pb2_grpc.TaskServiceServicer):
         if isinstance(spec, str):
             await abort(context, grpc.StatusCode.INVALID_ARGUMENT, spec)
         view, deduplicated = await tasks.submit(self._store, spec)
+        metrics.current().submitted(deduplicated)
         if not deduplicated:
             self._bus.tasks_changed([view.task.task_id])
             self._bus.tasks_queued()

@@ -11,7 +11,14 @@ from amc.v1 import types_pb2
 from cloud.store import states
 from cloud.store.models import AttemptRow, DecisionRow, HostRow
 from cloud.store.tasks import TaskView
-from planner.convert import mode_enum, provider_enum, retry_kind_to_proto, thinking_kind_to_proto
+from planner.convert import (
+    mode_enum,
+    provider_enum,
+    retry_kind_to_proto,
+    thinking_kind_to_proto,
+    usage_to_proto,
+)
+from planner.decision import Usage
 
 
 def ts(value: dt.datetime) -> timestamp_pb2.Timestamp:
@@ -47,8 +54,8 @@ def progress(row: AttemptRow | None) -> types_pb2.Progress | None:
     )
 
 
-def attempt(row: AttemptRow) -> types_pb2.Attempt:
-    """One attempt as the API shows it."""
+def attempt(row: AttemptRow, usage: Usage | None = None) -> types_pb2.Attempt:
+    """One attempt as the API shows it, with what its decisions cost."""
     out = types_pb2.Attempt(
         attempt=row.attempt,
         host_id=row.host_id,
@@ -65,6 +72,8 @@ def attempt(row: AttemptRow) -> types_pb2.Attempt:
         out.ended_at.CopyFrom(ts(row.ended_at))
     else:
         out.lease_expires_at.CopyFrom(ts(row.lease_expires_at))
+    if usage is not None:
+        out.usage.CopyFrom(usage_to_proto(usage))
     return out
 
 
@@ -89,6 +98,8 @@ def task(view: TaskView, *, with_attempts: bool) -> types_pb2.Task:
         deadline=ts(t.deadline),
         client_request_id=t.client_request_id or "",
         cancel_requested=t.cancel_requested and t.status not in states.TERMINAL,
+        budget=types_pb2.TaskBudget(max_tokens=t.max_tokens, max_cost_usd=t.max_cost_usd),
+        usage=usage_to_proto(view.total_usage()),
     )
     if t.finished_at is not None:
         out.finished_at.CopyFrom(ts(t.finished_at))
@@ -96,7 +107,7 @@ def task(view: TaskView, *, with_attempts: bool) -> types_pb2.Task:
     if p is not None:
         out.progress.CopyFrom(p)
     if with_attempts:
-        out.attempts.extend(attempt(a) for a in view.attempts)
+        out.attempts.extend(attempt(a, view.usage.get(a.attempt)) for a in view.attempts)
     return out
 
 
@@ -149,6 +160,7 @@ def decision(row: DecisionRow) -> types_pb2.Decision:
             cache_read_input_tokens=row.cache_read_input_tokens,
             cache_creation_input_tokens=row.cache_creation_input_tokens,
             thinking_tokens=row.thinking_tokens,
+            cost_usd=row.cost_usd,
         ),
         latency=duration(row.latency_seconds),
         forced_retry=row.forced_retry,

@@ -2,7 +2,8 @@
 
 It is also the attempt's memory for typed Decide calls: `attempt_steps` gives the earlier
 decisions as `planner.steps.PastStep`s, and `record_outcome` writes the outcome a host reports
-for one of them (once: a retried report changes nothing).
+for one of them (once: a retried report changes nothing). Every row keeps its tokens and cost:
+`cloud/store/spend.py` sums them.
 """
 
 from __future__ import annotations
@@ -75,6 +76,7 @@ async def append(
                     thinking_kind=decision.thinking_kind,
                     retry_kind=decision.retry_kind,
                     output_truncated=decision.output_truncated,
+                    cost_usd=decision.usage.cost_usd,
                 )
                 session.add(row)
                 await session.flush()

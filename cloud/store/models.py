@@ -7,6 +7,7 @@ from typing import Any
 
 from sqlalchemy import (
     JSON,
+    BigInteger,
     Boolean,
     DateTime,
     Dialect,
@@ -86,6 +87,9 @@ class TaskRow(Base):
     created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime())
     updated_at: Mapped[dt.datetime] = mapped_column(UTCDateTime())
     finished_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime())
+    # Spending caps (SubmitTaskRequest.budget, or the cloud's defaults); 0 = no cap.
+    max_tokens: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    max_cost_usd: Mapped[float] = mapped_column(Float, default=0.0, server_default="0")
 
     __table_args__ = (
         Index("ix_tasks_status_created_at", "status", "created_at"),
@@ -205,6 +209,9 @@ class DecisionRow(Base):
     # "none" | "forced" | "nudge"; "" for rows from before 0004.
     retry_kind: Mapped[str] = mapped_column(String(16), default="", server_default="")
     output_truncated: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
+    # What the decision's model calls cost in US dollars (planner/prices.py); 0 for rows from
+    # before migration 0006 and for models without a price.
+    cost_usd: Mapped[float] = mapped_column(Float, default=0.0, server_default="0")
 
     __table_args__ = (
         UniqueConstraint("task_id", "attempt", "step_index"),

@@ -10,6 +10,7 @@ from cloud.store.database import Store
 from planner.conversation.items import SessionItem, dumps_item, item_type, loads_item
 from planner.decision import Decision
 from planner.steps import PastStep
+from telemetry import tracing
 
 
 class StoreLeaseGate:
@@ -31,7 +32,11 @@ class StoreDecisionSink:
     async def append(
         self, host_id: str, task_id: str, attempt: int, decision: Decision
     ) -> tuple[str, int]:
-        row = await decisions.append(self._store, host_id, task_id, attempt, decision)
+        with tracing.span(
+            "decision log write", {"amc.task_id": task_id, "amc.attempt": attempt}
+        ) as span:
+            row = await decisions.append(self._store, host_id, task_id, attempt, decision)
+            tracing.set_attributes(span, {"amc.step": row.step_index})
         return row.decision_id, row.step_index
 
 
