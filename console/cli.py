@@ -22,6 +22,7 @@ from amc.v1 import decision_log_service_pb2, progress_service_pb2, task_service_
 from cloud.settings import DEFAULT_CLOUD_ADDRESS
 from console import formatting
 from console.client import OperatorClient, secure_channel
+from planner.budget import dollars
 from planner.errors import PlannerConfigError
 
 app = typer.Typer(no_args_is_help=True, help="Agentic Mobile Control.", add_completion=False)
@@ -96,6 +97,10 @@ def up(
     listen: Annotated[
         str, typer.Option(help="Where the cloud listens (the `amc task` commands' default).")
     ] = DEFAULT_CLOUD_ADDRESS,
+    metrics: Annotated[
+        bool,
+        typer.Option(help="Serve Prometheus metrics (cloud 127.0.0.1:9471, host :9472)."),
+    ] = False,
 ) -> None:
     """Run the embedded stack (cloud, consoles, a host with virtual phones) until Ctrl-C."""
     from console.embedded import run_up
@@ -108,6 +113,7 @@ def up(
             host_console_port=host_console_port,
             listen_address=listen,
             out=out,
+            metrics=metrics,
         )
     )
 
@@ -131,7 +137,9 @@ def cloud_serve(
     setting that keeps it from starting is one line naming the setting and the fix (exit 2).
     """
     from cloud.startup import run
+    from telemetry import logs
 
+    logs.configure()
     raise typer.Exit(run(insecure=insecure, debug=debug, say=lambda line: print(line, flush=True)))
 
 
@@ -144,13 +152,24 @@ def host_run(
         bool, typer.Option(help="Let the local console bind a non-loopback address.")
     ] = False,
 ) -> None:
-    """Run a host agent: connect to the cloud, drive the phones (settings from AMC_HOST_*)."""
+    """Run a host agent: connect to the cloud, drive the phones (settings from AMC_HOST_*).
+
+    Prints what it runs (phones, planner, certificates, metrics at AMC_HOST_METRICS_ADDRESS,
+    default 127.0.0.1:9472, tracing, logs) once it is up."""
     from host.console import HostConsoleSettings
     from host.runner import run_host
     from host.settings import HostSettings
+    from telemetry import logs, tracing
 
+    logs.configure()
+    try:
+        tracing.configure("amc-host")
+    except tracing.TracingConfigError as error:
+        out.print(f"[red]tracing[/red]: {formatting.literal(str(error))}", soft_wrap=True)
+        raise typer.Exit(2) from None
     console_settings = HostConsoleSettings(allow_remote=allow_remote) if console else None
-    _run(run_host(HostSettings(), console=console_settings))
+    say = lambda line: print(line, flush=True)  # noqa: E731
+    _run(run_host(HostSettings(), console=console_settings, serve_metrics=True, say=say))
 
 
 @console_app.command("serve")
@@ -268,6 +287,12 @@ def task_submit(
     max_attempts: Annotated[int, typer.Option(help="Attempts before failing; 0 = default.")] = 0,
     request_id: Annotated[str, typer.Option(help="Idempotency key for retries.")] = "",
     lease_seconds: Annotated[int, typer.Option(help="Lease length; 0 = default.")] = 0,
+    max_tokens: Annotated[
+        int, typer.Option(help="Token budget of the task; 0 = the cloud's default.", min=0)
+    ] = 0,
+    max_cost: Annotated[
+        float, typer.Option(help="Cost budget in US dollars; 0 = the cloud's default.", min=0)
+    ] = 0.0,
 ) -> None:
     """Queue a task and print its id."""
     request = task_service_pb2.SubmitTaskRequest(
@@ -275,6 +300,7 @@ def task_submit(
         target=types_pb2.TaskTarget(host_id=host, device_serial=device),
         max_attempts=max_attempts,
         client_request_id=request_id,
+        budget=types_pb2.TaskBudget(max_tokens=max_tokens, max_cost_usd=max_cost),
     )
     if lease_seconds:
         request.lease_duration.CopyFrom(Duration(seconds=lease_seconds))
@@ -303,13 +329,21 @@ def task_list(
 
 @task_app.command("show")
 def task_show(task_id: Annotated[str, typer.Argument(help="Task id.")]) -> None:
-    """Show one task with every attempt."""
+    """Show one task with every attempt, and tokens and cost per task, attempt and step."""
     request = task_service_pb2.GetTaskRequest(task_id=task_id)
-    response = _with_client(lambda c: c.tasks.GetTask(request))
+    listing = decision_log_service_pb2.ListDecisionsRequest(task_id=task_id, page_size=500)
+
+    async def read(
+        c: OperatorClient,
+    ) -> tuple[task_service_pb2.GetTaskResponse, decision_log_service_pb2.ListDecisionsResponse]:
+        return await c.tasks.GetTask(request), await c.decisions.ListDecisions(listing)
+
+    response, logged = _with_client(read)
     task = response.task
     out.print(formatting.task_table([task]))
     if task.result_summary:
         out.print(f"result: {formatting.literal(task.result_summary)}")
+    out.print(f"spent: {formatting.spending(task.usage, task.budget)}")
     for attempt in task.attempts:
         reason = f" — {attempt.failure_reason}" if attempt.failure_reason else ""
         out.print(
@@ -318,6 +352,12 @@ def task_show(task_id: Annotated[str, typer.Argument(help="Task id.")]) -> None:
                 f"{attempt.host_id}/{attempt.device_serial} "
                 f"{formatting.progress_badge(attempt.progress)}{reason}"
             )
+            + f" · {formatting.usage_words(attempt.usage)}"
+        )
+    for d in logged.decisions:
+        out.print(
+            f"    attempt {d.attempt} step {d.step_index} {formatting.literal(d.tool_name)}: "
+            f"{formatting.usage_words(d.usage)}"
         )
 
 
@@ -391,10 +431,33 @@ def decisions(
         out.print(
             f"tokens in/out {usage.input_tokens}/{usage.output_tokens} · cache read/write "
             f"{usage.cache_read_input_tokens}/{usage.cache_creation_input_tokens} · "
+            f"{dollars(usage.cost_usd)} · "
             f"{latency_ms} ms" + "".join(f" · {n}" for n in notes)
         )
+    if response.decisions:
+        total = formatting.total_usage(response.decisions)
+        out.print(f"[bold]total[/bold]: {formatting.usage_words(total)}")
         if prompts:
             out.print(
                 json.dumps({"system": d.system_prompt, "user": d.user_prompt}, indent=2),
                 markup=False,
             )
+
+
+@app.command()
+def spend(
+    days: Annotated[int, typer.Option(help="Days back from today (UTC), 1 = today.", min=1)] = 1,
+) -> None:
+    """The fleet's model spending per day, host and model (cloud transport), and today's
+    against the daily budget."""
+    import datetime as dt
+
+    from amc.v1 import fleet_service_pb2
+
+    today = dt.datetime.now(dt.UTC).date()
+    request = fleet_service_pb2.GetSpendRequest(
+        since_day=(today - dt.timedelta(days=days - 1)).isoformat(), until_day=today.isoformat()
+    )
+    response = _with_client(lambda c: c.fleet.GetSpend(request))
+    out.print(formatting.spend_table(list(response.rows)))
+    out.print(f"today: {formatting.spending(response.today, response.daily_budget, 'daily')}")

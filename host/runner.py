@@ -12,13 +12,14 @@ import asyncio
 import contextlib
 import logging
 import signal
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import grpc
 
 from amc.v1 import types_pb2
+from host import metrics as host_metrics
 from host.agent.live_thinking import ClearingPlanner, LiveThinking
 from host.agent.loop import AgentLoop, LoopSettings, TaskOutcome, TaskSpec
 from host.agent.planning_wait import WaitPolicy
@@ -33,10 +34,13 @@ from host.perception.ocr import OcrPool
 from host.perception.perceive import Perceiver
 from host.planner_client import CloudPlanner, DirectPlanner, StepPlanner
 from host.settings import HostSettings
+from host.startup import describe
 from host.timeline.store import TimelineStore
 from planner import model_profiles
 from planner.session.store import SqliteSessionStore
 from planner.settings import PlannerSettings
+from telemetry import metrics_http, tracing
+from telemetry.metrics_http import MetricsAddressError, MetricsServer
 
 if TYPE_CHECKING:
     from host.console.settings import HostConsoleSettings
@@ -99,6 +103,12 @@ class HostApp:
             ],
             "pending_results": [list(k) for k in self.lease.pending_results()],
         }
+
+    def phone_states(self) -> Iterator[tuple[str, bool, bool]]:
+        """(serial, online, busy) of each phone, for the phones-by-state gauge."""
+        busy = {spec.device_serial for spec, _ in self.lease.running()}
+        for d in self.registry.devices():
+            yield d.serial, d.online, d.serial in busy
 
     def close(self) -> None:
         if self.ocr is not None:
@@ -196,7 +206,12 @@ def build_host(
         ),
     )
     if settings.planner_transport == "cloud" and planner is None:
-        planner_channel = channels()
+        # The planner's own channel carries the trace context of each step to the cloud.
+        planner_channel = (
+            channel_factory()
+            if channel_factory is not None
+            else open_channel(settings, tracing.client_interceptors())
+        )
     app = HostApp(
         settings=settings,
         store=store,
@@ -213,6 +228,7 @@ def build_host(
         pruned_at_start=pruned,
     )
     app_ref.append(app)
+    host_metrics.phones.watch(app, app.phone_states)
     return app
 
 
@@ -235,13 +251,15 @@ async def _run_task(
                 task_id=spec.task_id,
                 attempt=spec.attempt,
                 on_thinking=app.thinking.sink(spec.task_id, spec.attempt),
-            )
+            ),
+            spec.budget,
+            spec.spent,
         )
         planner = ClearingPlanner(session, app.thinking, spec.task_id, spec.attempt)
     elif app.direct_planner is not None:
         planner = app.direct_planner
     elif app.compact_engine is not None:
-        planner = DirectPlanner(app.compact_engine)
+        planner = DirectPlanner(app.compact_engine, spec.budget, spec.spent)
     else:
         # The cloud transport: the cloud chooses compact or session mode itself.
         assert app.planner_channel is not None
@@ -266,6 +284,7 @@ async def _run_task(
             ocr=app.ocr is not None,
             planner_transport=s.planner_transport,
             planner_wait=WaitPolicy(s.planner_wait_initial_s, s.planner_wait_max_s),
+            host_id=app.lease.host_id or s.host_id,
         ),
     )
     try:
@@ -331,10 +350,14 @@ async def run_host(
     planner: StepPlanner | None = None,
     make_driver: DriverFactory | None = None,
     console: HostConsoleSettings | None = None,
+    serve_metrics: bool = False,
+    say: Callable[[str], None] | None = None,
 ) -> None:
     """Run a host until SIGINT/SIGTERM (or `stop`), then stop its tasks and return.
 
-    With `console` settings, the local console (host/console/) is served beside it.
+    With `console` settings, the local console (host/console/) is served beside it; with
+    `serve_metrics`, Prometheus metrics at `settings.metrics_address` (`amc host run`). `say`
+    hears what runs where once it is up (the start-up banner, `host/startup.py`).
     """
     settings = settings or HostSettings()
     stop = stop or asyncio.Event()
@@ -362,9 +385,23 @@ async def run_host(
             except BaseException:
                 app.close()
                 raise
+        served: MetricsServer | None = None
+        metrics_note = ""
+        if serve_metrics:
+            try:
+                served = metrics_http.serve(settings.metrics_address, host_metrics.REGISTRY)
+            except MetricsAddressError as exc:  # metrics are not worth refusing to run for
+                metrics_note = f"NOT served: AMC_HOST_METRICS_ADDRESS {exc}"
+                log.warning("metrics not served: AMC_HOST_METRICS_ADDRESS %s", exc)
+        if say is not None:
+            await asyncio.to_thread(app.registry.refresh)  # the banner names the phones
+            for line in describe(app, metrics=served, metrics_note=metrics_note):
+                say(line)
         try:
             await serve_host(app, stop)
         finally:
+            if served is not None:
+                await asyncio.to_thread(served.stop)
             if console_task is not None:
                 stop.set()
                 await console_task

@@ -151,3 +151,14 @@ def configure(default_service: str) -> str:
         endpoint = next((os.environ[v] for v in _OTLP_ENDPOINTS if os.environ.get(v)), None)
         where = f" to {endpoint or 'http://localhost:4317'}"
     return f"on: {', '.join(names)}{where} as service {service!r}"
+
+
+def describe() -> str:
+    """Whether this process exports traces (for a start-up banner)."""
+    from opentelemetry.sdk.trace import TracerProvider
+
+    provider = trace.get_tracer_provider()
+    if isinstance(provider, TracerProvider):
+        service = provider.resource.attributes.get("service.name", "")
+        return f"on: exported as service {service!r} (OTEL_* variables)"
+    return "off (set OTEL_EXPORTER_OTLP_ENDPOINT to export traces over OTLP)"

@@ -87,6 +87,49 @@ class TargetOut(BaseModel):
     device_serial: str
 
 
+class UsageOut(BaseModel):
+    """Token usage as the provider reported it, and what it cost (list prices, US dollars)."""
+
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cache_read_input_tokens: int = 0
+    cache_creation_input_tokens: int = 0
+    thinking_tokens: int = 0
+    cost_usd: float = 0.0
+
+    @property
+    def billed_tokens(self) -> int:
+        """Input, output, cache reads and writes: what a token budget counts."""
+        return (
+            self.input_tokens
+            + self.output_tokens
+            + self.cache_read_input_tokens
+            + self.cache_creation_input_tokens
+        )
+
+    @classmethod
+    def of(cls, u: types_pb2.Usage) -> UsageOut:
+        return cls(
+            input_tokens=u.input_tokens,
+            output_tokens=u.output_tokens,
+            cache_read_input_tokens=u.cache_read_input_tokens,
+            cache_creation_input_tokens=u.cache_creation_input_tokens,
+            thinking_tokens=u.thinking_tokens,
+            cost_usd=u.cost_usd,
+        )
+
+
+class BudgetOut(BaseModel):
+    """Spending caps; 0 is no cap of that kind."""
+
+    max_tokens: int = 0
+    max_cost_usd: float = 0.0
+
+    @classmethod
+    def of(cls, b: types_pb2.TaskBudget) -> BudgetOut:
+        return cls(max_tokens=b.max_tokens, max_cost_usd=b.max_cost_usd)
+
+
 class AttemptOut(BaseModel):
     """One lease on one phone."""
 
@@ -100,6 +143,9 @@ class AttemptOut(BaseModel):
     ended_at: datetime | None
     planner_transport: TransportName
     lease_expires_at: datetime | None
+    usage: UsageOut = Field(
+        default_factory=UsageOut, description="this attempt's decisions (cloud transport)"
+    )
 
     @classmethod
     def of(cls, a: types_pb2.Attempt) -> AttemptOut:
@@ -116,6 +162,7 @@ class AttemptOut(BaseModel):
                 types_pb2.PlannerTransport, a.planner_transport, "PLANNER_TRANSPORT_"
             ),
             lease_expires_at=_time(a.lease_expires_at, a.HasField("lease_expires_at")),
+            usage=UsageOut.of(a.usage),
         )
 
 
@@ -140,6 +187,10 @@ class TaskOut(BaseModel):
     client_request_id: str
     cancel_requested: bool
     attempts: list[AttemptOut]
+    budget: BudgetOut = Field(default_factory=BudgetOut)
+    usage: UsageOut = Field(
+        default_factory=UsageOut, description="every decision of the task (cloud transport)"
+    )
 
     @property
     def terminal(self) -> bool:
@@ -166,6 +217,8 @@ class TaskOut(BaseModel):
             client_request_id=t.client_request_id,
             cancel_requested=t.cancel_requested,
             attempts=[AttemptOut.of(a) for a in t.attempts],
+            budget=BudgetOut.of(t.budget),
+            usage=UsageOut.of(t.usage),
         )
 
 
@@ -181,16 +234,6 @@ class ThinkingOut(BaseModel):
 
     text: str
     redacted: bool
-
-
-class UsageOut(BaseModel):
-    """Token usage as the provider reported it."""
-
-    input_tokens: int
-    output_tokens: int
-    cache_read_input_tokens: int
-    cache_creation_input_tokens: int
-    thinking_tokens: int
 
 
 _THINKING_KIND_NAMES = {
@@ -282,6 +325,7 @@ class DecisionOut(BaseModel):
                 cache_read_input_tokens=d.usage.cache_read_input_tokens,
                 cache_creation_input_tokens=d.usage.cache_creation_input_tokens,
                 thinking_tokens=d.usage.thinking_tokens,
+                cost_usd=d.usage.cost_usd,
             ),
             latency_ms=None if latency is None else round(latency * 1000, 1),
             forced_retry=d.forced_retry,
@@ -421,6 +465,17 @@ class DispatchOut(BaseModel):
     @classmethod
     def of(cls, d: fleet_service_pb2.DispatchStatus) -> DispatchOut:
         return cls(paused=d.paused, reason=d.reason)
+
+
+class SpendOut(BaseModel):
+    """Today's fleet spending (UTC) against the fleet's daily caps."""
+
+    today: UsageOut
+    daily_budget: BudgetOut
+
+    @classmethod
+    def of(cls, s: fleet_service_pb2.GetSpendResponse) -> SpendOut:
+        return cls(today=UsageOut.of(s.today), daily_budget=BudgetOut.of(s.daily_budget))
 
 
 class HostList(BaseModel):

@@ -12,6 +12,7 @@ from typing import Any
 from jinja2 import Environment
 
 from console.gateway.models import HostOut, ProgressOut, TaskOut, UsageOut
+from planner.budget import dollars
 from planner.decision import OMITTED_BLOCK
 
 
@@ -83,4 +84,5 @@ def install(env: Environment) -> None:
     env.filters["when"] = when
     env.filters["tokens"] = total_tokens
     env.filters["pretty_json"] = pretty_json
+    env.filters["usd"] = dollars
     env.globals["omitted_block"] = OMITTED_BLOCK

@@ -18,16 +18,19 @@ from datetime import UTC, datetime
 from typing import Literal, TypeVar
 
 from amc.v1 import types_pb2
+from host import metrics as host_metrics
 from host.agent.actions import ActionResult, action_to_record, changes_screen, describe, execute
 from host.agent.planning_wait import PlanningPostponed, WaitPolicy, plan_patiently
 from host.agent.progress import ProgressHolder, status_name, truncate
 from host.agent.redact import SecretRedactor
+from host.agent.step_telemetry import StepTelemetry
 from host.devices.base import DeviceError, DeviceGone, Driver
 from host.perception.perceive import Observation, Perceiver
 from host.planner_client import CloudPlanError, StepPlanner
 from host.timeline.record import TimelineRecord
 from host.timeline.store import TimelineStore
-from planner.decision import Decision
+from planner.budget import Budget
+from planner.decision import Decision, Usage
 from planner.errors import PlannerError
 from planner.history import WorldEvent
 from planner.steps import target_label
@@ -55,6 +58,10 @@ class TaskSpec:
     lease_id: str = ""
     #: The task's absolute deadline (None: none known); a wait for the planner ends before it.
     deadline: datetime | None = None
+    #: The task's spending caps and what it spent before this attempt (from the assignment);
+    #: the direct transport checks them before each model call.
+    budget: Budget = field(default_factory=Budget)
+    spent: Usage = field(default_factory=Usage)
 
 
 @dataclass(slots=True)
@@ -82,6 +89,8 @@ class LoopSettings:
     ocr: bool = True
     planner_transport: str = "direct"
     planner_wait: WaitPolicy = field(default_factory=WaitPolicy)
+    #: This host's id, for the attempt's log lines and spans (None: not known yet).
+    host_id: str | None = None
 
 
 class _Cancelled(Exception):
@@ -181,8 +190,10 @@ class AgentLoop:
                 self.settings.planner_transport,
             )
         step = 0
+        tel = StepTelemetry(spec.task_id, spec.attempt, self.settings.host_id)
+        outcome: TaskOutcome | None = None
         try:
-            outcome = await self._run(spec, progress, cancel)
+            outcome = await self._run_observed(spec, progress, cancel, tel)
         except _Cancelled:
             step = progress.snapshot().step_index
             outcome = TaskOutcome("cancelled", "stopped: the lease was revoked", step)
@@ -204,18 +215,33 @@ class AgentLoop:
             step = progress.snapshot().step_index
             log.exception("task %s failed", spec.task_id)
             outcome = TaskOutcome("failed", truncate(f"{type(exc).__name__}: {exc}", 2000), step)
+        finally:
+            tel.close(outcome.status if outcome is not None else "cancelled")
         if self.store is not None:
             await asyncio.to_thread(
                 self.store.finish_task, spec.task_id, spec.attempt, outcome.status, outcome.summary
             )
         return outcome
 
+    async def _run_observed(
+        self, spec: TaskSpec, progress: ProgressHolder, cancel: asyncio.Event, tel: StepTelemetry
+    ) -> TaskOutcome:
+        """`_run`, with the step that an exception ends marked as failed by it."""
+        try:
+            return await self._run(spec, progress, cancel, tel)
+        except BaseException as exc:
+            if isinstance(exc, DeviceError):
+                host_metrics.device_error(exc)
+            tel.fail(exc)
+            raise
+
     async def _run(
-        self, spec: TaskSpec, progress: ProgressHolder, cancel: asyncio.Event
+        self, spec: TaskSpec, progress: ProgressHolder, cancel: asyncio.Event, tel: StepTelemetry
     ) -> TaskOutcome:
         history: list[WorldEvent] = []
         secrets = SecretRedactor()
         for step in range(1, self.settings.max_steps + 1):
+            tel.start_step(step)
             record = TimelineRecord(spec.task_id, spec.attempt, step, started_at=_now())
             timings: dict[str, float] = {}
 
@@ -227,7 +253,8 @@ class AgentLoop:
                 f"step {step}: looking at the screen",
             )
             t = time.perf_counter()
-            before = await self._perceive(cancel, secrets)
+            with tel.phase("perceive"):
+                before = await self._perceive(cancel, secrets)
             timings.update({f"before_{k}": v for k, v in before.timings.items()})
             record.before_screenshot_path = await self._save_png(
                 spec, f"step{step:03d}-before.png", before.screenshot_png
@@ -257,16 +284,18 @@ class AgentLoop:
                     f"({reason})",
                 )
 
-            decision = await self._guard(
-                cancel,
-                plan_patiently(
-                    functools.partial(self.planner.decide, spec.goal, scene, history, shot),
-                    on_wait=waiting,
-                    deadline=spec.deadline,
-                    policy=self.settings.planner_wait,
-                ),
-            )
+            with tel.phase("plan"):
+                decision = await self._guard(
+                    cancel,
+                    plan_patiently(
+                        functools.partial(self.planner.decide, spec.goal, scene, history, shot),
+                        on_wait=waiting,
+                        deadline=spec.deadline,
+                        policy=self.settings.planner_wait,
+                    ),
+                )
             timings["plan_s"] = time.perf_counter() - t
+            tel.decided(decision)
             self._fill_decision(record, decision)
 
             what = describe(decision.action, before.scene)
@@ -278,7 +307,10 @@ class AgentLoop:
             act = decision.action
             if act.WhichOneof("kind") == "input_text" and act.input_text.sensitive:
                 secrets.add(act.input_text.text)
-            result = await asyncio.to_thread(execute, self.driver, decision.action, before.scene)
+            with tel.phase("act"):
+                result = await asyncio.to_thread(
+                    execute, self.driver, decision.action, before.scene
+                )
             timings["act_s"] = time.perf_counter() - t
             record.action = action_to_record(decision.action)
             record.result = result.to_dict()
@@ -289,7 +321,8 @@ class AgentLoop:
             if changes_screen(decision.action):
                 if self.settings.settle_delay_s:
                     await asyncio.sleep(self.settings.settle_delay_s)
-                after_page = await self._capture_after(spec, step, record, secrets)
+                with tel.phase("perceive"):
+                    after_page = await self._capture_after(spec, step, record, secrets)
             else:
                 record.after_screenshot_path = record.before_screenshot_path
                 after_page = before.scene.page
@@ -314,7 +347,8 @@ class AgentLoop:
             t = time.perf_counter()
             record.timings = {**record.timings, **timings}
             if self.store is not None:
-                await asyncio.to_thread(self.store.append_step, record)
+                with tel.phase("record"):
+                    await asyncio.to_thread(self.store.append_step, record)
             timings["record_s"] = time.perf_counter() - t
 
             status = types_pb2.STEP_STATUS_SUCCEEDED if result.ok else types_pb2.STEP_STATUS_FAILED
@@ -325,6 +359,7 @@ class AgentLoop:
                 status,
                 line if result.ok else f"{line} (failed: {result.error})",
             )
+            tel.end_step(result.ok)
             if result.complete:
                 return self._completion(result, step)
             if cancel.is_set():
@@ -345,6 +380,7 @@ class AgentLoop:
         except DeviceGone:
             raise
         except DeviceError as exc:
+            host_metrics.device_error(exc)
             record.result["after_error"] = str(exc)
             if secrets:
                 return None  # without a scene the secret cannot be painted over: no image
@@ -397,6 +433,7 @@ class AgentLoop:
             "cache_read_input_tokens": u.cache_read_input_tokens,
             "cache_creation_input_tokens": u.cache_creation_input_tokens,
             "thinking_tokens": u.thinking_tokens,
+            "cost_usd": u.cost_usd,
         }
         record.timings["planner_latency_s"] = decision.latency_s
 

@@ -169,6 +169,7 @@ async def task_page(
         "task": chosen,
         "attempts": attempts,
         "steps": [present.step_view(r) for r in records],
+        "steps_cost": present.steps_cost,
     }
     return PAGES.render(request, "task.html", context)
 
