@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import threading
 import weakref
-from collections.abc import Callable, Iterator
-from typing import Any
+from collections.abc import Iterator
+from typing import Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily
@@ -104,29 +104,33 @@ def device_error(error: DeviceError) -> None:
     device_errors.labels(kind=device_error_kind(error)).inc()
 
 
-PhoneSource = Callable[[], Iterator[tuple[str, bool, bool]]]
-"""(serial, online, busy) of each phone a host drives."""
+class PhoneSource(Protocol):
+    """A host whose phones are counted (`host.runner.HostApp`)."""
+
+    def phone_states(self) -> Iterator[tuple[str, bool, bool]]:
+        """(serial, online, busy) of each phone the host drives."""
+        ...
 
 
 class PhoneStates(Collector):
     """`amc_host_phones{state}`: online idle, busy, offline — read at scrape time from every
-    host assembled in this process (one, outside tests)."""
+    host assembled in this process (one, outside tests), for as long as it lives."""
 
     def __init__(self) -> None:
-        self._sources: weakref.WeakKeyDictionary[Any, PhoneSource] = weakref.WeakKeyDictionary()
+        self._hosts: weakref.WeakSet[PhoneSource] = weakref.WeakSet()
         self._lock = threading.Lock()
 
-    def watch(self, owner: Any, source: PhoneSource) -> None:
-        """Count `source`'s phones for as long as `owner` lives."""
+    def watch(self, host: PhoneSource) -> None:
+        """Count `host`'s phones for as long as it lives."""
         with self._lock:
-            self._sources[owner] = source
+            self._hosts.add(host)
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         counts = {"idle": 0, "busy": 0, "offline": 0}
         with self._lock:
-            sources = list(self._sources.values())
-        for source in sources:
-            for _serial, online, busy in source():
+            hosts = list(self._hosts)
+        for host in hosts:
+            for _serial, online, busy in host.phone_states():
                 counts["offline" if not online else "busy" if busy else "idle"] += 1
         family = GaugeMetricFamily(
             "amc_host_phones",

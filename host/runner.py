@@ -52,7 +52,7 @@ log = logging.getLogger(__name__)
 DriverFactory = Callable[[str], Driver]
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, weakref_slot=True, eq=False)  # counted by identity (host/metrics.py)
 class HostApp:
     """Everything one host process runs, assembled by `build_host`."""
 
@@ -228,7 +228,7 @@ def build_host(
         pruned_at_start=pruned,
     )
     app_ref.append(app)
-    host_metrics.phones.watch(app, app.phone_states)
+    host_metrics.phones.watch(app)
     return app
 
 
