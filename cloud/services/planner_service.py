@@ -10,6 +10,7 @@ host, step and model on the server span and on every log line the call writes.
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -36,6 +37,8 @@ from planner.budget import Budget, exhausted
 from planner.vendors.base import Probeable
 from planner.vendors.observed import ObservedAdapter
 from telemetry import logs, tracing
+
+log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:  # imported when the servicer is built, like the rest of the planner
     from planner.service import PlannerServicer
@@ -77,22 +80,27 @@ class OwnLeasesOnly(planner_service_pb2_grpc.PlannerServiceServicer):
                 metrics.current().decide.labels(
                     provider=self._provider, model=self._model, outcome=outcome
                 ).observe(time.perf_counter() - started)
-        d = response.decision
-        u = d.usage
-        tracing.set_attributes(
-            span,
-            {
-                "amc.step": d.step_index,
-                "gen_ai.system": d.provider,
-                "gen_ai.response.model": d.model,
-                "gen_ai.usage.input_tokens": u.input_tokens,
-                "gen_ai.usage.output_tokens": u.output_tokens,
-                "amc.usage.cache_read_tokens": u.cache_read_input_tokens,
-                "amc.usage.cache_write_tokens": u.cache_creation_input_tokens,
-                "amc.usage.thinking_tokens": u.thinking_tokens,
-                "amc.usage.cost_usd": u.cost_usd,
-            },
-        )
+            d = response.decision
+            u = d.usage
+            log.info(
+                "step %d decided: %s (%s/%s, %d tokens in, %d out, $%.4f)",
+                d.step_index, d.tool_name, d.provider, d.model, u.input_tokens, u.output_tokens,
+                u.cost_usd, extra={"step": d.step_index},
+            )  # fmt: skip
+            tracing.set_attributes(
+                span,
+                {
+                    "amc.step": d.step_index,
+                    "gen_ai.system": d.provider,
+                    "gen_ai.response.model": d.model,
+                    "gen_ai.usage.input_tokens": u.input_tokens,
+                    "gen_ai.usage.output_tokens": u.output_tokens,
+                    "amc.usage.cache_read_tokens": u.cache_read_input_tokens,
+                    "amc.usage.cache_write_tokens": u.cache_creation_input_tokens,
+                    "amc.usage.thinking_tokens": u.thinking_tokens,
+                    "amc.usage.cost_usd": u.cost_usd,
+                },
+            )
         return response
 
     async def _decide(

@@ -191,6 +191,7 @@ class AgentLoop:
             )
         step = 0
         tel = StepTelemetry(spec.task_id, spec.attempt, self.settings.host_id)
+        log.info("attempt started on phone %s", spec.device_serial)
         outcome: TaskOutcome | None = None
         try:
             outcome = await self._run_observed(spec, progress, cancel, tel)
@@ -216,6 +217,9 @@ class AgentLoop:
             log.exception("task %s failed", spec.task_id)
             outcome = TaskOutcome("failed", truncate(f"{type(exc).__name__}: {exc}", 2000), step)
         finally:
+            if outcome is not None:
+                log.info("attempt ended %s after %d step(s): %s", outcome.status, outcome.steps,
+                         outcome.summary)  # fmt: skip
             tel.close(outcome.status if outcome is not None else "cancelled")
         if self.store is not None:
             await asyncio.to_thread(
@@ -358,6 +362,10 @@ class AgentLoop:
                 step,
                 status,
                 line if result.ok else f"{line} (failed: {result.error})",
+            )
+            # The progress line: what the model chose and why, a secret typed masked ("•••").
+            log.info(
+                "%s", line if result.ok else f"{line} (failed: {secrets.text(result.error or '')})"
             )
             tel.end_step(result.ok)
             if result.complete:
