@@ -28,7 +28,7 @@ from amc.v1 import (
 )
 from cloud import metrics
 from console.embedded import Transport, embedded_stack, follow_tasks
-from tests.support.fakes import FakeModelServer, anthropic_message, tool_use
+from tests.support.fakes import FakeModelServer, ScriptedTurn, anthropic_message, tool_use
 
 KEY = "sk-ant-budget-test-key"
 
@@ -50,7 +50,7 @@ def fake_model(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeModelServer]:
         yield fake
 
 
-def _launch(package: str) -> object:
+def _launch(package: str) -> ScriptedTurn:
     return anthropic_message(
         tool_use(
             "launch_app",

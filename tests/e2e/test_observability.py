@@ -148,9 +148,7 @@ async def test_a_run_is_scraped_traced_logged_and_priced(
     step_spans = [
         s for s in spans if s.name == "step" and (s.attributes or {}).get("amc.task_id") == task_id
     ]
-    assert sorted(int((s.attributes or {})["amc.step"]) for s in step_spans) == list(
-        range(1, steps + 1)
-    )
+    assert sorted(_int(s, "amc.step") for s in step_spans) == list(range(1, steps + 1))
     for step_span in step_spans:
         assert step_span.parent is None, "each step is the root of its own trace"
         assert step_span.context is not None
@@ -158,7 +156,7 @@ async def test_a_run_is_scraped_traced_logged_and_priced(
         in_trace = [s for s in spans if s.context is not None and s.context.trace_id == trace_id]
         attrs = step_span.attributes or {}
         assert attrs["amc.attempt"] == 1 and attrs["amc.host_id"] == "embedded-host"
-        assert attrs["gen_ai.usage.input_tokens"] > 0
+        assert _int(step_span, "gen_ai.usage.input_tokens") > 0
         phases = {s.name: s for s in _children(in_trace, step_span)}
         assert {"perceive", "plan", "act"} <= set(phases)
         (client,) = [s for s in _children(in_trace, phases["plan"]) if s.name == DECIDE]
@@ -169,7 +167,7 @@ async def test_a_run_is_scraped_traced_logged_and_priced(
         server_attrs = server.attributes or {}
         step_no = attrs["amc.step"]
         assert server_attrs["amc.task_id"] == task_id and server_attrs["amc.step"] == step_no
-        assert server_attrs["gen_ai.usage.input_tokens"] > 0
+        assert _int(server, "gen_ai.usage.input_tokens") > 0
         below_server = [s.name for s in in_trace if _descends(s, server, in_trace)]
         assert "model call" in below_server and "decision log write" in below_server
         (model_call,) = [s for s in in_trace if s.name == "model call"]
@@ -196,6 +194,12 @@ async def test_a_run_is_scraped_traced_logged_and_priced(
     for d in decisions:
         cost = d.usage.cost_usd
         assert (f"${cost:,.2f}" if cost >= 1 else f"${cost:.4f}") in page
+
+
+def _int(span: ReadableSpan, key: str) -> int:
+    value = (span.attributes or {})[key]
+    assert isinstance(value, int), (key, value)
+    return value
 
 
 def _descends(span: ReadableSpan, ancestor: ReadableSpan, spans: list[ReadableSpan]) -> bool:
