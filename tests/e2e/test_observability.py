@@ -77,6 +77,7 @@ def priced_offline(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     for name in ("AMC_PLANNER_PROVIDER", "ANTHROPIC_API_KEY", "OPENAI_API_KEY"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("AMC_PLANNER_PRICES_FILE", str(prices))
+    monkeypatch.setenv("AMC_CLOUD_DAILY_MAX_COST_USD", "100")  # far from reached
     return prices
 
 
@@ -115,7 +116,7 @@ async def test_a_run_is_scraped_traced_logged_and_priced(
         task = (
             await stack.operator.tasks.GetTask(task_service_pb2.GetTaskRequest(task_id=task_id))
         ).task
-        page = await _task_page(stack.cloud_address, stack.pki_dir, task_id)
+        page, fleet = await _pages(stack.cloud_address, stack.pki_dir, task_id)
 
     steps = len(decisions)
     assert steps >= 3
@@ -194,6 +195,9 @@ async def test_a_run_is_scraped_traced_logged_and_priced(
     for d in decisions:
         cost = d.usage.cost_usd
         assert (f"${cost:,.2f}" if cost >= 1 else f"${cost:.4f}") in page
+    # The fleet page: today's spending against the daily budget.
+    assert "Model spending today" in fleet
+    assert f"{shown} / $100.00" in fleet
 
 
 def _int(span: ReadableSpan, key: str) -> int:
@@ -214,8 +218,9 @@ def _descends(span: ReadableSpan, ancestor: ReadableSpan, spans: list[ReadableSp
     return False
 
 
-async def _task_page(cloud_address: str, pki_dir: Path, task_id: str) -> str:
-    """The operators' task page, from the real gateway (uvicorn) logged in through its form."""
+async def _pages(cloud_address: str, pki_dir: Path, task_id: str) -> tuple[str, str]:
+    """The operators' task page and fleet page, from the real gateway (uvicorn) logged in
+    through its form."""
     settings = ConsoleSettings(
         cloud_address=cloud_address,
         certs_dir=pki_dir,
@@ -243,6 +248,8 @@ async def _task_page(cloud_address: str, pki_dir: Path, task_id: str) -> str:
             assert done.status_code == 303, done.text
             page = await client.get(f"/tasks/{task_id}")
             assert page.status_code == 200, page.text
-            return page.text
+            fleet = await client.get("/fleet")
+            assert fleet.status_code == 200, fleet.text
+            return page.text, fleet.text
     finally:
         server.stop()
