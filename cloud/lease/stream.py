@@ -146,7 +146,8 @@ class LeaseServicer(lease_service_pb2_grpc.LeaseServiceServicer):
             if problem:
                 session.send(_rejected(problem, msg.result.task_id))
                 return
-            session.send(await manager.result(session, msg.result))
+            with logs.bound(task_id=msg.result.task_id, attempt=msg.result.attempt):
+                session.send(await manager.result(session, msg.result))
         elif kind == "device_update":
             problem = validate.device_update(msg.device_update)
             if problem:

@@ -89,6 +89,12 @@ async def test_a_task_stops_at_its_token_budget_before_the_provider_is_called(
         metrics.REGISTRY.get_sample_value("amc_cloud_budget_refusals_total", {"scope": "task"})
         or 0.0
     )
+    outcome = {
+        "provider": "anthropic",
+        "model": "claude-sonnet-4-6",
+        "outcome": "failed_precondition",
+    }
+    failed = metrics.REGISTRY.get_sample_value("amc_cloud_decide_seconds_count", outcome) or 0.0
     task, decisions, _ = await _run(
         tmp_path / "stack", transport, types_pb2.TaskBudget(max_tokens=700)
     )
@@ -105,6 +111,9 @@ async def test_a_task_stops_at_its_token_budget_before_the_provider_is_called(
             "amc_cloud_budget_refusals_total", {"scope": "task"}
         )
         assert after == refused + 1
+        # Decide's outcome label is the status the host got.
+        seen = metrics.REGISTRY.get_sample_value("amc_cloud_decide_seconds_count", outcome)
+        assert seen == failed + 1
     else:
         assert not decisions, "the direct transport keeps its decisions on the host"
 
