@@ -34,14 +34,14 @@ def _encode(key: tuple[int, str]) -> str:
     return base64.urlsafe_b64encode(json.dumps(list(key)).encode()).decode()
 
 
-def _day(text: str) -> dt.datetime:
+def _day(field: str, text: str) -> dt.datetime:
     """A YYYY-MM-DD day as midnight UTC; ValueError naming the field otherwise."""
     try:
-        day = dt.date.fromisoformat(text)
+        day = dt.date.fromisoformat(text) if len(text) == 10 else None
     except ValueError:
-        raise ValueError(f"day {text!r}: not YYYY-MM-DD") from None
-    if len(text) != 10:
-        raise ValueError(f"day {text!r}: not YYYY-MM-DD")
+        day = None
+    if day is None:
+        raise ValueError(f"{field}: {text[:40]!r} is not a day (YYYY-MM-DD)")
     return dt.datetime(day.year, day.month, day.day, tzinfo=dt.UTC)
 
 
@@ -116,9 +116,9 @@ class FleetServicer(fleet_service_pb2_grpc.FleetServiceServicer):
         since, until = today, today
         try:
             if request.since_day:
-                since = _day(request.since_day)
+                since = _day("since_day", request.since_day)
             if request.until_day:
-                until = _day(request.until_day)
+                until = _day("until_day", request.until_day)
         except ValueError as exc:
             await abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         if since > until:

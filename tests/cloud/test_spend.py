@@ -4,14 +4,21 @@ attempt, task, host, model and UTC day; task caps stored at submission."""
 from __future__ import annotations
 
 import datetime as dt
+from pathlib import Path
+from typing import Any
 
+import grpc
+import pytest
 from sqlalchemy import update
 
+from amc.v1 import fleet_service_pb2, fleet_service_pb2_grpc, task_service_pb2, types_pb2
+from cloud.server import CloudServer
 from cloud.store import decisions, spend, tasks
 from cloud.store.database import Store
 from cloud.store.engine import check, downgrade, upgrade
 from cloud.store.models import DecisionRow
 from planner.decision import Decision, Usage
+from tests.cloud.cloud_harness import channel
 from tests.cloud.test_store import _columns, _decision
 
 
@@ -114,3 +121,56 @@ async def test_migration_0006_cost_and_caps_up_and_down(db_url: str) -> None:
         await check(s.engine)
     finally:
         await s.close()
+
+
+async def test_get_spend_and_budget_fields_through_the_services(
+    cloud: CloudServer, ops: Any, pki_dir: Path
+) -> None:
+    """GetSpend answers operators (INVALID_ARGUMENT naming the field for a bad day or range,
+    PERMISSION_DENIED for a host); SubmitTask stores caps and refuses negative ones."""
+    submitted = await ops.SubmitTask(
+        task_service_pb2.SubmitTaskRequest(
+            goal="g", budget=types_pb2.TaskBudget(max_tokens=9000, max_cost_usd=0.5)
+        )
+    )
+    assert submitted.task.budget == types_pb2.TaskBudget(max_tokens=9000, max_cost_usd=0.5)
+    for budget, field in (
+        (types_pb2.TaskBudget(max_tokens=-1), "budget.max_tokens"),
+        (types_pb2.TaskBudget(max_cost_usd=-0.5), "budget.max_cost_usd"),
+        (types_pb2.TaskBudget(max_cost_usd=float("nan")), "budget.max_cost_usd"),
+    ):
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await ops.SubmitTask(task_service_pb2.SubmitTaskRequest(goal="g", budget=budget))
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert (err.value.details() or "").startswith(field)
+
+    ch = channel(cloud.address, pki_dir, "operator-ops")
+    host = channel(cloud.address, pki_dir, "host-h1")
+    try:
+        fleet: Any = fleet_service_pb2_grpc.FleetServiceStub(ch)
+        empty = await fleet.GetSpend(fleet_service_pb2.GetSpendRequest())
+        assert list(empty.rows) == [] and empty.today == types_pb2.Usage()
+        for request, field in (
+            (fleet_service_pb2.GetSpendRequest(since_day="2026-13-01"), "since_day"),
+            (fleet_service_pb2.GetSpendRequest(until_day="yesterday"), "until_day"),
+            (
+                fleet_service_pb2.GetSpendRequest(since_day="2026-12-02", until_day="2026-12-01"),
+                "since_day",
+            ),
+            (
+                fleet_service_pb2.GetSpendRequest(since_day="2024-01-01", until_day="2026-01-01"),
+                "since_day..until_day",
+            ),
+        ):
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await fleet.GetSpend(request)
+            assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert (err.value.details() or "").startswith(field), err.value.details()
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await fleet_service_pb2_grpc.FleetServiceStub(host).GetSpend(
+                fleet_service_pb2.GetSpendRequest()
+            )
+        assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    finally:
+        await ch.close()
+        await host.close()
