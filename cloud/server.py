@@ -45,7 +45,7 @@ from cloud.provider_health import ProviderHealth
 from cloud.reflection import enable_reflection
 from cloud.services.decision_log_service import DecisionLogServicer
 from cloud.services.fleet_service import FleetServicer
-from cloud.services.planner_service import build_planner_servicer
+from cloud.services.planner_service import CloudBudgets, build_planner_servicer
 from cloud.services.progress_service import ProgressServicer
 from cloud.services.task_service import TaskServicer
 from cloud.settings import CloudSettings, SettingError
@@ -159,6 +159,8 @@ class CloudServer:
         self.leases = LeaseManager(self.store, self.bus, settings)
         self.provider_health = ProviderHealth(threshold=settings.provider_down_after_failures)
         self.leases.dispatcher.provider = self.provider_health
+        self.budgets = CloudBudgets(self.store, settings)
+        self.leases.dispatcher.budget_hold = self.budgets.daily_hold
         self.provider_health.on_available.append(self.leases.dispatcher.wake.set)
         self.health = health.aio.HealthServicer()
         self.metrics = metrics.configure(enabled=settings.metrics_enabled)
@@ -190,13 +192,13 @@ class CloudServer:
             ProgressServicer(store, bus), self.server
         )
         fleet_service_pb2_grpc.add_FleetServiceServicer_to_server(
-            FleetServicer(store, bus, s, self.provider_health), self.server
+            FleetServicer(store, bus, s, self.provider_health, self.budgets.daily_hold), self.server
         )
         decision_log_service_pb2_grpc.add_DecisionLogServiceServicer_to_server(
             DecisionLogServicer(store), self.server
         )
         planner_servicer, self._closeables, self.planner_summary = build_planner_servicer(
-            store, bus, self.provider_health, s
+            store, bus, self.provider_health, self.budgets
         )
         planner_service_pb2_grpc.add_PlannerServiceServicer_to_server(planner_servicer, self.server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)

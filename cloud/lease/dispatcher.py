@@ -8,7 +8,9 @@ on a timer, which also corrects the busy hints from the store now and then.
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 import logging
+from collections.abc import Callable
 
 from amc.v1 import types_pb2
 from cloud import metrics
@@ -41,16 +43,19 @@ class Dispatcher:
         #: The model provider's state; while it is down, hosts on the cloud planner transport
         #: get no new tasks (their steps could not be planned), see cloud/provider_health.py.
         self.provider: ProviderHealth | None = None
+        #: Set (since, why) while the fleet's daily budget is spent: the same hosts get no new
+        #: tasks until the next UTC day (their first step would be refused).
+        self.budget_hold: Callable[[], tuple[dt.datetime, str] | None] | None = None
         bus.on_queued.append(self.wake.set)
 
     def paused_for(self, session: HostSession) -> bool:
         """Whether new tasks are held back from this host (it plans through this cloud, whose
         model provider is down)."""
-        return (
-            self.provider is not None
-            and self.provider.pause is not None
-            and session.planner_transport == types_pb2.PLANNER_TRANSPORT_CLOUD
-        )
+        if session.planner_transport != types_pb2.PLANNER_TRANSPORT_CLOUD:
+            return False
+        if self.provider is not None and self.provider.pause is not None:
+            return True
+        return self.budget_hold is not None and self.budget_hold() is not None
 
     def kick(self, session: HostSession) -> None:
         """Look for work for one host soon (coalesced: at most one pending pass per host)."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 import base64
 import datetime as dt
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 import grpc
 
@@ -64,11 +64,13 @@ class FleetServicer(fleet_service_pb2_grpc.FleetServiceServicer):
         bus: EventBus,
         settings: CloudSettings,
         provider: ProviderHealth | None = None,
+        budget_hold: Callable[[], tuple[dt.datetime, str] | None] | None = None,
     ) -> None:
         self._store = store
         self._bus = bus
         self._settings = settings
         self._provider = provider
+        self._budget_hold = budget_hold
 
     async def ListHosts(
         self,
@@ -101,6 +103,15 @@ class FleetServicer(fleet_service_pb2_grpc.FleetServiceServicer):
 
     def _dispatch(self) -> pb.DispatchStatus:
         pause = self._provider.pause if self._provider is not None else None
+        held = self._budget_hold() if self._budget_hold is not None else None
+        if pause is None and held is not None:
+            since, why = held
+            return pb.DispatchStatus(
+                paused=True,
+                reason=f"the fleet's daily model budget is spent ({why}); dispatch resumes at "
+                "00:00 UTC",
+                since=convert.ts(since),
+            )
         if pause is None:
             return pb.DispatchStatus()
         return pb.DispatchStatus(

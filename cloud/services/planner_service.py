@@ -10,6 +10,7 @@ host, step and model on the server span and on every log line the call writes.
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
 import time
 from typing import TYPE_CHECKING, Any
@@ -124,11 +125,27 @@ class OwnLeasesOnly(planner_service_pb2_grpc.PlannerServiceServicer):
 
 
 class CloudBudgets:
-    """`BudgetGate` on the store: the task's own caps, then the fleet's daily ones."""
+    """`BudgetGate` on the store: the task's own caps, then the fleet's daily ones.
+
+    Once the daily cap refused a call, new tasks are held back from cloud-transport hosts for
+    the rest of that UTC day (`daily_hold`, read by the dispatcher and the fleet page): they
+    would fail at their first step, and tomorrow they can run.
+    """
 
     def __init__(self, store: Store, settings: CloudSettings) -> None:
         self._store = store
         self._daily = Budget(settings.daily_max_tokens, settings.daily_max_cost_usd)
+        self._held: tuple[dt.datetime, str] | None = None
+
+    def daily_hold(self) -> tuple[dt.datetime, str] | None:
+        """(since, why) while today's fleet budget is spent; None otherwise (and from the next
+        UTC day on)."""
+        if self._held is None:
+            return None
+        since, _why = self._held
+        if start_of_day(self._store.now()) > start_of_day(since):
+            self._held = None
+        return self._held
 
     async def refusal(self, task_id: str) -> str | None:
         caps = await tasks.budget(self._store, task_id)
@@ -143,7 +160,11 @@ class CloudBudgets:
             why = exhausted(self._daily, spent_today, whose="the fleet's daily")
             if why:
                 metrics.current().budget_refusals.labels(scope="fleet_daily").inc()
-                return f"{why} (UTC day {today:%Y-%m-%d})"
+                why = f"{why} (UTC day {today:%Y-%m-%d})"
+                if self._held is None:
+                    self._held = (self._store.now(), why)
+                    log.warning("holding new tasks back until 00:00 UTC: %s", why)
+                return why
         return None
 
 
@@ -156,7 +177,7 @@ def build_planner_servicer(
     store: Store,
     bus: EventBus,
     health: ProviderHealth | None = None,
-    settings: CloudSettings | None = None,
+    budgets: CloudBudgets | None = None,
 ) -> tuple[planner_service_pb2_grpc.PlannerServiceServicer, list[Any], str]:
     """The planner servicer on the cloud's ports, what must be closed with the server, and a
     line saying which planner it is (for the start-up banner).
@@ -201,7 +222,7 @@ def build_planner_servicer(
         session_store=lambda: StoreSessionStore(store),
         live_thinking=bus.thinking,
         health=health,
-        budget=CloudBudgets(store, settings or CloudSettings()),
+        budget=budgets or CloudBudgets(store, CloudSettings()),
     )
     closeables: list[Any] = [planner] if sessions is None else [planner, sessions]
     provider, model = planner_settings.resolved_provider, planner_settings.resolved_model

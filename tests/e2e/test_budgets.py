@@ -64,6 +64,18 @@ def _launch(package: str) -> ScriptedTurn:
 async def _run(
     data_dir: Path, transport: Transport, budget: types_pb2.TaskBudget | None = None
 ) -> tuple[types_pb2.Task, list[types_pb2.Decision], fleet_service_pb2.GetSpendResponse]:
+    task, decisions, spend, _ = await _run_and_look(data_dir, transport, budget)
+    return task, decisions, spend
+
+
+async def _run_and_look(
+    data_dir: Path, transport: Transport, budget: types_pb2.TaskBudget | None = None
+) -> tuple[
+    types_pb2.Task,
+    list[types_pb2.Decision],
+    fleet_service_pb2.GetSpendResponse,
+    tuple[fleet_service_pb2.DispatchStatus, bool],
+]:
     async with embedded_stack(data_dir, transport=transport) as stack:
         request = task_service_pb2.SubmitTaskRequest(goal="Open two apps", max_attempts=3)
         if budget is not None:
@@ -78,7 +90,10 @@ async def _run(
             await stack.operator.tasks.GetTask(task_service_pb2.GetTaskRequest(task_id=task_id))
         ).task
         assert task.status == final[task_id].status
-        return task, list(decisions.decisions), spend
+        hosts = await stack.operator.fleet.ListHosts(fleet_service_pb2.ListHostsRequest())
+        session = stack.cloud.leases.sessions["embedded-host"]
+        held = stack.cloud.leases.dispatcher.paused_for(session)
+        return task, list(decisions.decisions), spend, (hosts.dispatch, held)
 
 
 @pytest.mark.parametrize("transport", ["cloud", "direct"])
@@ -122,7 +137,10 @@ async def test_the_fleet_daily_cost_cap_stops_planning(
     tmp_path: Path, fake_model: FakeModelServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("AMC_CLOUD_DAILY_MAX_COST_USD", "0.005")
-    task, decisions, spend = await _run(tmp_path / "stack", "cloud")
+    task, decisions, spend, (dispatch, held) = await _run_and_look(tmp_path / "stack", "cloud")
+    # Queued work waits for tomorrow instead of failing at its first step.
+    assert held and dispatch.paused
+    assert dispatch.reason.startswith("the fleet's daily model budget is spent (budget exhausted")
     assert len(fake_model.bodies("/v1/messages")) == 2
     assert task.status == types_pb2.TASK_STATUS_FAILED
     assert task.result_summary.startswith("budget exhausted: $0.0060 of the fleet's daily $0.0050")

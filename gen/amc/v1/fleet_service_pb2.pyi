@@ -90,9 +90,10 @@ Global___ListHostsResponse: _TypeAlias = ListHostsResponse  # noqa: Y015
 class DispatchStatus(_message.Message):
     """Whether a replica dispatches new tasks. It pauses dispatch to hosts on the cloud planner
     transport while the model provider fails every call it makes (queued tasks stay queued;
-    running ones wait inside their leases), and resumes when a probe call succeeds. Each replica
-    judges by its own calls; hosts on the direct transport call the provider themselves and are
-    not paused.
+    running ones wait inside their leases), and resumes when a probe call succeeds; and once the
+    fleet's daily budget refused a Decide, for the rest of that UTC day (queued tasks stay
+    queued for the next day instead of failing at their first step). Each replica judges by its
+    own calls; hosts on the direct transport call the provider themselves and are not paused.
     """
 
     DESCRIPTOR: _descriptor.Descriptor
@@ -272,7 +273,8 @@ class GetSpendResponse(_message.Message):
     def daily_budget(self) -> _types_pb2.TaskBudget:
         """The fleet's daily caps (AMC_CLOUD_DAILY_MAX_TOKENS, AMC_CLOUD_DAILY_MAX_COST_USD); 0 means
         no cap of that kind. Once today's spending reaches one, Decide answers every task
-        FAILED_PRECONDITION "budget exhausted: …" until the next UTC day.
+        FAILED_PRECONDITION "budget exhausted: …" and new tasks are held back from cloud-transport
+        hosts (ListHostsResponse.dispatch says so) until the next UTC day.
         """
 
     def __init__(
