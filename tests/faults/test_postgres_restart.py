@@ -40,8 +40,11 @@ from tests.support.task_batch import (
 pytestmark = pytest.mark.postgres
 
 LEASE_S = 12
-#: What the cloud logs when it refuses a host's report because the database is away.
-REFUSED = re.compile(r"^(handling a message from \S+ failed|renewal batch of \d+ failed)$", re.M)
+#: What the cloud logs when it refuses a host's report because the database is away (the
+#: message ends the line, or is followed by its bound fields: telemetry/logs.py's text format).
+REFUSED = re.compile(
+    r": (handling a message from \S+ failed|renewal batch of \d+ failed)( \[[^]]*\])?$", re.M
+)
 
 
 async def _until_refused(cloud: AmcProcess, since: int, within: float) -> None:
