@@ -11,7 +11,7 @@ import json
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, TypeVar
+from typing import TYPE_CHECKING, Annotated, TypeVar
 
 import grpc
 import typer
@@ -24,6 +24,9 @@ from console import formatting
 from console.client import OperatorClient, secure_channel
 from planner.budget import dollars
 from planner.errors import PlannerConfigError
+
+if TYPE_CHECKING:
+    from export.run import Run
 
 app = typer.Typer(no_args_is_help=True, help="Agentic Mobile Control.", add_completion=False)
 cloud_app = typer.Typer(no_args_is_help=True, help="Run the control plane.")
@@ -170,6 +173,30 @@ def host_run(
     console_settings = HostConsoleSettings(allow_remote=allow_remote) if console else None
     say = lambda line: print(line, flush=True)  # noqa: E731
     _run(run_host(HostSettings(), console=console_settings, serve_metrics=True, say=say))
+
+
+@host_app.command("export")
+def host_export(
+    task_id: Annotated[str, typer.Argument(help="Task id.")],
+    output: Annotated[
+        Path | None, typer.Option("--output", "-o", help="Zip to write (amc-export-ID.zip).")
+    ] = None,
+) -> None:
+    """Export a task from this host's timeline (with screenshots) as one zip: report.html,
+    run.gif, run.mp4, steps.jsonl, screenshots/ (docs/export.md). Settings from AMC_HOST_*."""
+    from console.exporting import export_host_task
+    from host.settings import HostSettings
+
+    settings = HostSettings()
+    _export_done(
+        lambda: export_host_task(
+            settings.resolved_db_path,
+            settings.resolved_artifact_dir,
+            settings.host_id or "",
+            task_id,
+            output,
+        )
+    )
 
 
 @console_app.command("serve")
@@ -396,6 +423,55 @@ def task_cancel(
     request = task_service_pb2.CancelTaskRequest(task_id=task_id, reason=reason)
     response = _with_client(lambda c: c.tasks.CancelTask(request))
     out.print(f"{response.task.task_id}: {formatting.styled_status(response.task.status)}")
+
+
+@task_app.command("export")
+def task_export(
+    task_id: Annotated[str, typer.Argument(help="Task id.")],
+    output: Annotated[
+        Path | None, typer.Option("--output", "-o", help="Zip to write (amc-export-ID.zip).")
+    ] = None,
+    merge: Annotated[
+        list[Path] | None,
+        typer.Option(
+            help="A host's export of the task (amc host export) to merge in (repeatable)."
+        ),
+    ] = None,
+) -> None:
+    """Export a task from the cloud as one zip: report.html, run.gif, run.mp4, steps.jsonl
+    (docs/export.md). The cloud has no screenshots: --merge a host's export to add them."""
+    from console.exporting import export_task
+    from console.gateway.cloud import CloudClient
+
+    if _connection is None:
+        raise typer.BadParameter("no cloud connection configured")
+    c = _connection
+
+    async def go() -> tuple[Path, Run]:
+        cloud = CloudClient(c.address, ca=c.ca, cert=c.cert, key=c.key, timeout_s=60)
+        try:
+            return await export_task(cloud, task_id, output, merge or [])
+        finally:
+            await cloud.close()
+
+    _export_done(lambda: _run(go()))
+
+
+def _export_done(make: Callable[[], tuple[Path, Run]]) -> None:
+    """Run an export; say where it went, or why not in one line (exit 2)."""
+    from console.exporting import ExportError
+
+    try:
+        path, run = make()
+    except ExportError as error:
+        out.print(f"[red]export[/red]: {formatting.literal(str(error))}", soft_wrap=True)
+        raise typer.Exit(2) from None
+    shots = sum(1 for s in run.steps if s.before_png)
+    out.print(
+        formatting.literal(
+            f"{path} ({len(run.steps)} steps, {shots} with screenshots, {run.origin})"
+        )
+    )
 
 
 @app.command()

@@ -116,6 +116,9 @@ class Decision:
     choice, thinking off for that call) or "nudge" (thinking kept, an instruction)."""
     output_truncated: bool = False
     """An answer was cut off by the output token limit (the rationale then says so)."""
+    observation: types_pb2.ScreenObservation | None = None
+    """The screen the decision was made on (set by `plan_step`): the decision log keeps it so
+    an export of the run has its screens and can place actions on them."""
 
     @property
     def planner_mode(self) -> str:

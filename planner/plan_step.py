@@ -44,7 +44,8 @@ async def plan_step(
     """The next decision. `history` is the attempt's earlier steps as recorded before this call;
     `previous_outcome` is applied to the step it names here (first report wins), so callers pass
     what they have and get the same prompt either way. The decision comes back with the page it
-    was made on and the label of the element it names (`Decision.page` / `.target`)."""
+    was made on, the label of the element it names and the observation itself
+    (`Decision.page` / `.target` / `.observation`)."""
     scene = scene_from_observation(observation)
     steps = with_outcome(history, previous_outcome)
     if isinstance(engine, Planner):
@@ -53,6 +54,7 @@ async def plan_step(
         decision = await _session_step(engine, goal, scene, steps, previous_outcome)
     decision.page = scene.page
     decision.target = target_label(decision.action, scene)
+    decision.observation = observation
     return decision
 
 

@@ -43,7 +43,10 @@ class DecisionLogServicer(decision_log_service_pb2_grpc.DecisionLogServiceServic
         except ValueError as exc:
             await abort(context, grpc.StatusCode.INVALID_ARGUMENT, f"page_token: {exc}")
         return pb.ListDecisionsResponse(
-            decisions=[convert.decision(r) for r in rows], next_page_token=token
+            decisions=[
+                convert.decision(r, include_observation=request.include_observation) for r in rows
+            ],
+            next_page_token=token,
         )
 
     async def GetDecision(

@@ -137,8 +137,8 @@ def device_dicts(devices: list[types_pb2.Device]) -> list[dict[str, object]]:
     return [{"serial": d.serial, "model": d.model, "state": int(d.state)} for d in devices]
 
 
-def decision(row: DecisionRow) -> types_pb2.Decision:
-    """One logged decision."""
+def decision(row: DecisionRow, *, include_observation: bool = False) -> types_pb2.Decision:
+    """One logged decision (with the screen it was made on when asked and kept)."""
     out = types_pb2.Decision(
         decision_id=row.decision_id,
         host_id=row.host_id,
@@ -184,6 +184,8 @@ def decision(row: DecisionRow) -> types_pb2.Decision:
         )
     if row.action_pb:
         out.action.ParseFromString(row.action_pb)
+    if include_observation and row.observation_pb:
+        out.observation.ParseFromString(row.observation_pb)
     for block in row.thinking or []:
         out.thinking.append(
             types_pb2.ThinkingBlock(

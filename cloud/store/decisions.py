@@ -77,6 +77,7 @@ async def append(
                     retry_kind=decision.retry_kind,
                     output_truncated=decision.output_truncated,
                     cost_usd=decision.usage.cost_usd,
+                    observation_pb=_observation(decision),
                 )
                 session.add(row)
                 await session.flush()
@@ -92,6 +93,17 @@ def _masked_action(decision: Decision) -> bytes:
     if decision.sensitive and action.WhichOneof("kind") == "input_text":
         action.input_text.text = "•••"
     return action.SerializeToString()
+
+
+def _observation(decision: Decision) -> bytes | None:
+    """What the log keeps of the decision's screen: everything but the OCR blocks (raw text
+    boxes the planner never shows the model, and the bulk of an observation)."""
+    if decision.observation is None:
+        return None
+    kept = type(decision.observation)()
+    kept.CopyFrom(decision.observation)
+    kept.ClearField("ocr_blocks")
+    return kept.SerializeToString()
 
 
 def _cursor(row: DecisionRow) -> str:

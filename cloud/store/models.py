@@ -209,8 +209,11 @@ class DecisionRow(Base):
     # "none" | "forced" | "nudge"; "" for rows from before 0004.
     retry_kind: Mapped[str] = mapped_column(String(16), default="", server_default="")
     output_truncated: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
+    # The screen the decision was made on: `amc.v1.ScreenObservation` bytes without OCR blocks
+    # (NULL before 0006 and for prompt-based requests). Never a screenshot.
+    observation_pb: Mapped[bytes | None] = mapped_column()
     # What the decision's model calls cost in US dollars (planner/prices.py); 0 for rows from
-    # before migration 0006 and for models without a price.
+    # before migration 0007 and for models without a price.
     cost_usd: Mapped[float] = mapped_column(Float, default=0.0, server_default="0")
 
     __table_args__ = (

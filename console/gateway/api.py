@@ -6,8 +6,10 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Query, Request, status
 from fastapi import Path as PathParam
-from starlette.responses import StreamingResponse
+from starlette.concurrency import run_in_threadpool
+from starlette.responses import Response, StreamingResponse
 
+from console.exporting import cloud_run, export_name
 from console.gateway.auth import require_api_user
 from console.gateway.cloud import CloudClient
 from console.gateway.events import event_stream, host_event_stream
@@ -112,6 +114,33 @@ async def submit_task(cloud: Cloud, body: SubmitIn) -> SubmitOut:
 )
 async def get_task(cloud: Cloud, task_id: str) -> TaskDetailOut:
     return await task_detail(cloud, task_id)
+
+
+async def export_download(cloud: CloudClient, task_id: str) -> Response:
+    """The cloud's export of a task as a zip download (docs/export.md); 404 for an unknown task.
+    Made in a worker thread: encoding the video takes a moment per step."""
+    from export.bundle import bundle_bytes
+
+    run = await cloud_run(cloud, task_id)
+    data = await run_in_threadpool(bundle_bytes, run)
+    return Response(
+        data,
+        media_type="application/zip",
+        headers={
+            "Content-Disposition": f'attachment; filename="{export_name(run.task_id)}"',
+            "Cache-Control": "no-store",
+        },
+    )
+
+
+@router.get(
+    "/tasks/{task_id}/export",
+    response_class=Response,
+    summary="Export a task: a zip with report.html, run.gif, run.mp4, steps.jsonl",
+    responses={200: {"content": {"application/zip": {}}}},
+)
+async def export_task(cloud: Cloud, task_id: str) -> Response:
+    return await export_download(cloud, task_id)
 
 
 @router.post("/tasks/{task_id}/cancel", response_model=TaskOut, summary="Cancel a task")

@@ -165,24 +165,44 @@ class CloudClient:
         return response
 
     async def list_decisions(
-        self, task_id: str, *, attempt: int, page_size: int, page_token: str
+        self,
+        task_id: str,
+        *,
+        attempt: int,
+        page_size: int,
+        page_token: str,
+        include_observation: bool = False,
     ) -> decision_log_service_pb2.ListDecisionsResponse:
         response: decision_log_service_pb2.ListDecisionsResponse = (
             await self._decisions.ListDecisions(
                 decision_log_service_pb2.ListDecisionsRequest(
-                    task_id=task_id, attempt=attempt, page_size=page_size, page_token=page_token
+                    task_id=task_id,
+                    attempt=attempt,
+                    page_size=page_size,
+                    page_token=page_token,
+                    include_observation=include_observation,
                 ),
                 timeout=self._timeout,
             )
         )
         return response
 
-    async def all_decisions(self, task_id: str) -> list[types_pb2.Decision]:
-        """Every decision of a task (up to MAX_DECISIONS), following the page tokens."""
+    async def all_decisions(
+        self, task_id: str, *, include_observation: bool = False
+    ) -> list[types_pb2.Decision]:
+        """Every decision of a task (up to MAX_DECISIONS), following the page tokens; with
+        `include_observation` each carries the screen it was made on (exports want it)."""
         decisions: list[types_pb2.Decision] = []
         token = ""
+        size = 100 if include_observation else 500  # pages of screens stay a few MB
         while len(decisions) < MAX_DECISIONS:
-            page = await self.list_decisions(task_id, attempt=0, page_size=500, page_token=token)
+            page = await self.list_decisions(
+                task_id,
+                attempt=0,
+                page_size=size,
+                page_token=token,
+                include_observation=include_observation,
+            )
             decisions.extend(page.decisions)
             token = page.next_page_token
             if not token:

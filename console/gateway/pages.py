@@ -16,7 +16,7 @@ from fastapi import Path as PathParam
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
 from console.gateway import present
-from console.gateway.api import Cloud, task_detail
+from console.gateway.api import Cloud, export_download, task_detail
 from console.gateway.auth import OperatorCredentials
 from console.gateway.errors import describe
 from console.gateway.models import (
@@ -211,6 +211,12 @@ async def submit_form(
 async def task_page(request: Request, _: PageUser, cloud: Cloud, task_id: str) -> Response:
     detail = await task_detail(cloud, task_id)
     return PAGES.render(request, "task_detail.html", {"nav": "tasks", "detail": detail})
+
+
+@router.get("/tasks/{task_id}/export")
+async def export_page(_: PageUser, cloud: Cloud, task_id: str) -> Response:
+    """The "Download" link: the cloud's export of the task (a zip)."""
+    return await export_download(cloud, task_id)
 
 
 @router.get("/tasks/{task_id}/attempts/{attempt}/conversation", response_class=HTMLResponse)

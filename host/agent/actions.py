@@ -1,4 +1,5 @@
-"""Execute one typed `amc.v1.Action` on a driver, and describe it in a short human line."""
+"""Execute one typed `amc.v1.Action` on a driver (`describe`, its short human line, is the
+planner's: re-exported here for the agent loop)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from amc.v1 import types_pb2
 from host.devices.base import DeviceError, Driver, KeyName
 from host.perception.hierarchy import ui_tree_nodes
 from host.timeline.record import SENSITIVE_MASK
+from planner.describe import describe as describe
 from planner.scene import Scene
 
 _KEYS: dict[int, KeyName] = {
@@ -70,46 +72,6 @@ def action_to_record(action: types_pb2.Action) -> dict[str, Any]:
     if isinstance(it, dict) and action.input_text.sensitive:
         it["text"] = SENSITIVE_MASK
     return data
-
-
-def _element_label(scene: Scene | None, element_id: str) -> str:
-    el = scene.element(element_id) if scene else None
-    if el is None:
-        return element_id
-    label = el.text or el.content_desc or el.resource_id.rsplit("/", 1)[-1]
-    return f"'{label[:40]}'" if label else element_id
-
-
-def describe(action: types_pb2.Action, scene: Scene | None = None) -> str:
-    """Short human phrase: "tap 'Display'", "type •••", "swipe up", "launch com.x"."""
-    kind = action.WhichOneof("kind")
-    if kind == "tap":
-        t = action.tap
-        verb = "long-press" if t.long_press else "tap"
-        if t.WhichOneof("target") == "element_id":
-            return f"{verb} {_element_label(scene, t.element_id)}"
-        return f"{verb} ({t.point.x}, {t.point.y})"
-    if kind == "swipe":
-        s = action.swipe
-        dx, dy = s.end.x - s.start.x, s.end.y - s.start.y
-        if abs(dy) >= abs(dx):
-            return "swipe up" if dy < 0 else "swipe down"
-        return "swipe left" if dx < 0 else "swipe right"
-    if kind == "input_text":
-        text = SENSITIVE_MASK if action.input_text.sensitive else f"'{action.input_text.text[:40]}'"
-        return f"type {text}"
-    if kind == "press_key":
-        return f"press {_KEYS.get(action.press_key.key, 'key')}"
-    if kind == "launch_app":
-        return f"launch {action.launch_app.package_name}"
-    if kind == "terminate_app":
-        return f"stop {action.terminate_app.package_name}"
-    if kind == "get_ui_tree":
-        return "read the UI tree"
-    if kind == "complete":
-        word = "done" if action.complete.success else "give up"
-        return f"{word}: {action.complete.reason}"
-    return kind or "nothing"
 
 
 def _target(scene: Scene, element_id: str) -> tuple[int, int]:

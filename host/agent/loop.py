@@ -27,7 +27,7 @@ from host.agent.step_telemetry import StepTelemetry
 from host.devices.base import DeviceError, DeviceGone, Driver
 from host.perception.perceive import Observation, Perceiver
 from host.planner_client import CloudPlanError, StepPlanner
-from host.timeline.record import TimelineRecord
+from host.timeline.record import TimelineRecord, screen_record
 from host.timeline.store import TimelineStore
 from planner.budget import Budget
 from planner.decision import Decision, Usage
@@ -265,6 +265,7 @@ class AgentLoop:
             )
             timings["perceive_before_s"] = time.perf_counter() - t
             record.page = before.scene.page
+            record.screen = screen_record(before.scene)
             record.ocr = [o.to_dict() for o in before.scene.ocr]
 
             self._progress(

@@ -22,8 +22,8 @@ from starlette.concurrency import run_in_threadpool
 
 from host.console import present
 from host.console.login_token import OneTimeToken
-from host.console.state import HostState, cloud_link, phones_now, planner_transport
-from host.timeline.artifacts import ArtifactPathError
+from host.console.state import HostState, cloud_link, host_id, phones_now, planner_transport
+from host.timeline.artifacts import ArtifactPathError, safe_component
 from host.timeline.store import TaskRow, TimelineStore
 from planner.decision import OMITTED_BLOCK
 from webui import login
@@ -172,6 +172,32 @@ async def task_page(
         "steps_cost": present.steps_cost,
     }
     return PAGES.render(request, "task.html", context)
+
+
+def _export(store: TimelineStore, task_id: str, host: str) -> tuple[str, bytes] | None:
+    from export.bundle import bundle_bytes
+    from host.timeline.export_source import run_from_timeline
+
+    run = run_from_timeline(store, task_id, host)
+    return (run.task_id, bundle_bytes(run)) if run is not None else None
+
+
+@router.get("/tasks/{task_id}/export")
+async def task_export(request: Request, _: PageUser, task_id: str) -> Response:
+    """The "Download" link: this host's export of the task (every attempt it holds, with
+    screenshots) as a zip; 404 for a task it does not hold."""
+    made = await run_in_threadpool(_export, _store(request), task_id, host_id(_state(request)))
+    if made is None:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, f"no task {task_id!r} on this host")
+    name = safe_component(f"amc-export-{made[0]}") + ".zip"
+    return Response(
+        made[1],
+        media_type="application/zip",
+        headers={
+            "Content-Disposition": f'attachment; filename="{name}"',
+            "Cache-Control": "no-store",
+        },
+    )
 
 
 def _live_thinking(request: Request, task_id: str, attempt: int) -> str:

@@ -90,6 +90,13 @@ def cloud_link(state: HostState) -> tuple[bool | None, str]:
     return False, f"not connected to the cloud{f' ({error})' if error else ''}"
 
 
+def host_id(state: HostState) -> str:
+    """The host's id as its lease client or settings know it ("" when neither says)."""
+    lease_id = getattr(state.lease, "host_id", None) if state.lease is not None else None
+    settings = getattr(state, "settings", None)
+    return str(lease_id or getattr(settings, "host_id", None) or "")
+
+
 def planner_transport(state: HostState) -> str | None:
     """ "direct" or "cloud" when the host says (a `HostApp` has its settings), else None."""
     settings = getattr(state, "settings", None)

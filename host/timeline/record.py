@@ -10,7 +10,11 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
+from google.protobuf.json_format import MessageToDict
+
 from planner.history import WorldEvent
+from planner.observation import observation_from_scene
+from planner.scene import Scene
 
 SENSITIVE_MASK = "•••"
 
@@ -55,6 +59,9 @@ class TimelineRecord:
     # Evidence (paths relative to the artifact folder).
     before_screenshot_path: str | None = None
     after_screenshot_path: str | None = None
+    #: The screen the step was decided on, as `amc.v1.ScreenObservation` JSON without OCR
+    #: (elements, size, app): what an export's dataset and drawn actions need.
+    screen: dict[str, Any] = field(default_factory=dict)
     ocr: list[dict[str, Any]] = field(default_factory=list)
     ocr_after: list[dict[str, Any]] = field(default_factory=list)
     usage: dict[str, float] = field(default_factory=dict)
@@ -113,3 +120,11 @@ def mask_text_arguments(arguments: dict[str, Any], sensitive: bool) -> dict[str,
             out["text"] = SENSITIVE_MASK
         return out
     return dict(arguments)
+
+
+def screen_record(scene: Scene) -> dict[str, Any]:
+    """What a record keeps of a screen: the observation the planner got, OCR left out (the
+    record has it already), as proto JSON."""
+    observation = observation_from_scene(scene)
+    observation.ClearField("ocr_blocks")
+    return MessageToDict(observation, preserving_proto_field_name=True)

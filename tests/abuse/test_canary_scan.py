@@ -11,19 +11,22 @@ the host must keep it out of later scenes, OCR, screenshots and prompts too.
 
 Proves: neither the key nor the secret is found in any file the run produced (cloud SQLite with
 its WAL, host timeline SQLite and screenshot artifacts, the captured logs of every logger at
-DEBUG), as raw UTF-8, UTF-16 (both byte orders), base64 (every alignment) or percent-encoding,
-nor in the text OCR reads back from any stored screenshot; and the cloud database holds no
-PNG/JPEG bytes (raw or base64).
+DEBUG, and every file of the run's exports — the host's, the cloud's and the merged one:
+report, video, dataset, screenshots), as raw UTF-8, UTF-16 (both byte orders), base64 (every
+alignment) or percent-encoding, nor in the text OCR reads back from any stored or exported
+screenshot; and the cloud database holds no PNG/JPEG bytes (raw or base64).
 """
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import io
 import logging
 import secrets
 import sqlite3
 import urllib.parse
+import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -34,9 +37,15 @@ from PIL import Image
 from rich.console import Console
 
 from amc.v1 import decision_log_service_pb2, task_service_pb2, types_pb2
-from console.embedded import embedded_stack, follow_tasks
+from console.embedded import HOST_ID, embedded_stack, follow_tasks
+from console.exporting import cloud_run
+from console.gateway.cloud import CloudClient
+from export.bundle import bundle_bytes, read_bundle
+from export.merge import merge
 from host.perception.hierarchy import parse_scene
 from host.perception.ocr import default_tessdata_path
+from host.timeline.export_source import run_from_timeline
+from host.timeline.store import TimelineStore
 from telemetry import logs
 from tests.support.fakes import FakeModelServer, anthropic_message, text, tool_use
 
@@ -193,6 +202,9 @@ async def test_canary_key_and_secret_leave_no_trace(
             )
             phone = next(iter(stack.adb.phones.values()))
             live_screen = phone.screenshot_png()
+            exports = await _export_everything(
+                stack.cloud_address, stack.pki_dir, data_dir, task_id
+            )
             typed = [e.text for e in parse_scene(phone.dump_hierarchy(), None, None).elements]
     finally:
         for h in (handler, *structured):
@@ -218,9 +230,25 @@ async def test_canary_key_and_secret_leave_no_trace(
     ]
     assert SECRET in typed, "the phone's Name field should hold the secret"
 
-    # 1. Byte scan of every file the run produced, and the captured logs.
-    produced = list(
-        files_under(data_dir, log_file, tmp_path / "run.jsonl", tmp_path / "run-text.log")
+    # 1. Byte scan of every file the run produced, and the captured logs; the exports are
+    # unpacked first (a zip's deflated members would hide a value from a byte scan).
+    export_dir = tmp_path / "exports"
+    for name, data in exports.items():
+        (export_dir / name).mkdir(parents=True)
+        (export_dir / name / "export.zip").write_bytes(data)
+        with zipfile.ZipFile(io.BytesIO(data)) as z:
+            z.extractall(export_dir / name)
+    exported = list(files_under(export_dir))
+    assert {p.name for p in exported} >= {"report.html", "run.gif", "run.mp4", "steps.jsonl"}
+    typed = [
+        line
+        for line in (export_dir / "merged" / "steps.jsonl").read_text().splitlines()
+        if '"input_text"' in line
+    ]
+    assert typed and all('"text":"•••"' in line for line in typed), typed
+    produced = (
+        list(files_under(data_dir, log_file, tmp_path / "run.jsonl", tmp_path / "run-text.log"))
+        + exported
     )
     assert any(p.name == "cloud.sqlite3" for p in produced)
     cloud_db = next(p for p in produced if p.name == "cloud.sqlite3")
@@ -259,11 +287,44 @@ async def test_canary_key_and_secret_leave_no_trace(
         )
         shown = []
         screenshots = [p for p in produced if p.suffix == ".png"]
+        assert any(p.is_relative_to(export_dir) for p in screenshots), "no exported screenshot"
         for path in screenshots:
             seen = _read_line(api, path.read_bytes(), NAME_BOX)
             if SECRET in seen or SECRET[2:10] in seen:
                 shown.append(f"{path.relative_to(tmp_path)}: {seen!r}")
         assert not shown, f"secret readable in stored screenshots: {shown}"
+
+
+async def _export_everything(
+    cloud_address: str, pki_dir: Path, data_dir: Path, task_id: str
+) -> dict[str, bytes]:
+    """The run's three exports: the host's (from its timeline), the cloud's, and the merge."""
+    store = TimelineStore(
+        data_dir / "host" / "task_progress.sqlite3", data_dir / "host" / "artifacts"
+    )
+    try:
+        host = run_from_timeline(store, task_id, HOST_ID)
+    finally:
+        store.close()
+    assert host is not None
+    cloud_client = CloudClient(
+        cloud_address,
+        ca=pki_dir / "ca.pem",
+        cert=pki_dir / "operator-admin.pem",
+        key=pki_dir / "operator-admin.key",
+    )
+    try:
+        cloud = await cloud_run(cloud_client, task_id)
+    finally:
+        await cloud_client.close()
+    host_zip = await asyncio.to_thread(bundle_bytes, host)
+    cloud_zip = await asyncio.to_thread(bundle_bytes, cloud)
+    merged = merge(await asyncio.to_thread(read_bundle, cloud_zip), read_bundle(host_zip))
+    return {
+        "host": host_zip,
+        "cloud": cloud_zip,
+        "merged": await asyncio.to_thread(bundle_bytes, merged),
+    }
 
 
 @pytest.mark.parametrize("prefix", [b"", b"x", b"xy", b'{"text": "'])

@@ -1,4 +1,4 @@
-"""The spending ledger on both backends: cost stored per decision (migration 0006), summed per
+"""The spending ledger on both backends: cost stored per decision (migration 0007), summed per
 attempt, task, host, model and UTC day; task caps stored at submission."""
 
 from __future__ import annotations
@@ -102,15 +102,15 @@ async def test_spending_is_summed_per_attempt_task_host_model_and_day(db_url: st
         await s.close()
 
 
-async def test_migration_0006_cost_and_caps_up_and_down(db_url: str) -> None:
-    """0006 is additive: a cost per decision and two caps per task, dropped by its downgrade
+async def test_migration_0007_cost_and_caps_up_and_down(db_url: str) -> None:
+    """0007 is additive: a cost per decision and two caps per task, dropped by its downgrade
     without losing rows; a row from before it costs 0 and a task has no cap."""
     s = Store.from_url(db_url)
     try:
         await upgrade(s.engine)
         task_id = await _submit(s, max_tokens=10)
         row = await decisions.append(s, "h1", task_id, 1, _costly(10, 0.5))
-        await downgrade(s.engine, "0005")
+        await downgrade(s.engine, "0006")
         async with s.engine.connect() as conn:
             assert "cost_usd" not in await conn.run_sync(_columns, "decisions")
             assert not {"max_tokens", "max_cost_usd"} & await conn.run_sync(_columns, "tasks")

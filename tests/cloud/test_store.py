@@ -9,7 +9,7 @@ from dataclasses import replace
 from sqlalchemy import inspect, update
 
 from amc.v1 import types_pb2
-from cloud.store import decisions, leases, states, tasks
+from cloud.store import convert, decisions, leases, states, tasks
 from cloud.store.database import Store
 from cloud.store.engine import check, downgrade, upgrade
 from cloud.store.models import TaskRow
@@ -84,6 +84,47 @@ async def test_migration_0005_thinking_and_retry_columns_up_and_down(db_url: str
         (old,) = (await decisions.list_page(s, "t-0004", 0, 5, ""))[0]
         assert old.decision_id == row.decision_id
         assert (old.thinking_kind, old.retry_kind, old.output_truncated) == ("", "", False)
+        await check(s.engine)
+    finally:
+        await s.close()
+
+
+async def test_migration_0006_keeps_the_screen_of_each_decision(db_url: str) -> None:
+    """0006 is additive: a nullable column with the decision's observation (OCR left out),
+    read back only when asked; its downgrade drops it and keeps the rows."""
+    s = Store.from_url(db_url)
+    try:
+        await upgrade(s.engine)
+        logged = _decision()
+        logged.observation = types_pb2.ScreenObservation(
+            elements=[
+                types_pb2.UiElement(
+                    element_id="e1",
+                    bounds=types_pb2.Rect(left=0, top=200, right=1080, bottom=320),
+                    text="Display",
+                )
+            ],
+            screen_width=1080,
+            screen_height=2400,
+            foreground_package="com.android.settings",
+            ocr_blocks=[types_pb2.OcrBlock(text="Display", confidence=0.9)],
+        )
+        row = await decisions.append(s, "h1", "t-0006", 1, logged)
+        (stored,) = (await decisions.list_page(s, "t-0006", 0, 5, ""))[0]
+        kept = convert.decision(stored, include_observation=True).observation
+        assert [e.text for e in kept.elements] == ["Display"]
+        assert (kept.screen_width, kept.screen_height) == (1080, 2400)
+        assert not kept.ocr_blocks  # the raw OCR is not kept
+        assert not convert.decision(stored).HasField("observation")  # only when asked
+        plain = await decisions.append(s, "h1", "t-0006", 1, _decision("swipe"))
+        assert plain.observation_pb is None
+        await downgrade(s.engine, "0005")
+        async with s.engine.connect() as conn:
+            assert "observation_pb" not in await conn.run_sync(_columns, "decisions")
+        await upgrade(s.engine)
+        (old, _) = (await decisions.list_page(s, "t-0006", 0, 5, ""))[0]
+        assert old.decision_id == row.decision_id
+        assert old.observation_pb is None
         await check(s.engine)
     finally:
         await s.close()

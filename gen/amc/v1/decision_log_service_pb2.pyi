@@ -74,6 +74,7 @@ class ListDecisionsRequest(_message.Message):
     ATTEMPT_FIELD_NUMBER: _builtins.int
     PAGE_SIZE_FIELD_NUMBER: _builtins.int
     PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    INCLUDE_OBSERVATION_FIELD_NUMBER: _builtins.int
     task_id: _builtins.str
     """Task id (required)."""
     attempt: _builtins.int
@@ -82,6 +83,10 @@ class ListDecisionsRequest(_message.Message):
     """Page size, 1 to 500; 0 means 100."""
     page_token: _builtins.str
     """Token from a previous response."""
+    include_observation: _builtins.bool
+    """Also send each decision's `observation` (the screen it was made on: elements, size, app),
+    which makes a page much larger; exports ask for it, the consoles' step lists do not.
+    """
     def __init__(
         self,
         *,
@@ -89,10 +94,11 @@ class ListDecisionsRequest(_message.Message):
         attempt: _builtins.int = ...,
         page_size: _builtins.int = ...,
         page_token: _builtins.str = ...,
+        include_observation: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "page_size", b"page_size", "page_token", b"page_token", "task_id", b"task_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "include_observation", b"include_observation", "page_size", b"page_size", "page_token", b"page_token", "task_id", b"task_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

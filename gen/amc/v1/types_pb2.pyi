@@ -1224,6 +1224,7 @@ class Decision(_message.Message):
     THINKING_KIND_FIELD_NUMBER: _builtins.int
     RETRY_KIND_FIELD_NUMBER: _builtins.int
     OUTPUT_TRUNCATED_FIELD_NUMBER: _builtins.int
+    OBSERVATION_FIELD_NUMBER: _builtins.int
     decision_id: _builtins.str
     """Server-assigned id."""
     host_id: _builtins.str
@@ -1304,6 +1305,14 @@ class Decision(_message.Message):
         decision of an attempt (a `complete`, or an attempt that ended).
         """
 
+    @_builtins.property
+    def observation(self) -> Global___ScreenObservation:
+        """The screen the decision was made on, as the host observed it (its OCR blocks left out).
+        Sent only when ListDecisionsRequest.include_observation is set; unset for decisions
+        logged before the cloud kept it and for prompt-based (deprecated) Decide calls. It never
+        holds a screenshot.
+        """
+
     def __init__(
         self,
         *,
@@ -1335,10 +1344,11 @@ class Decision(_message.Message):
         thinking_kind: Global___ThinkingKind.ValueType = ...,
         retry_kind: Global___RetryKind.ValueType = ...,
         output_truncated: _builtins.bool = ...,
+        observation: Global___ScreenObservation | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["action", b"action", "created_at", b"created_at", "latency", b"latency", "outcome", b"outcome", "usage", b"usage"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["action", b"action", "created_at", b"created_at", "latency", b"latency", "observation", b"observation", "outcome", b"outcome", "usage", b"usage"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["action", b"action", "arguments_json", b"arguments_json", "attempt", b"attempt", "corrective_retries", b"corrective_retries", "created_at", b"created_at", "decision_id", b"decision_id", "expected_outcome", b"expected_outcome", "forced_retry", b"forced_retry", "host_id", b"host_id", "latency", b"latency", "mode", b"mode", "model", b"model", "model_provider", b"model_provider", "outcome", b"outcome", "output_truncated", b"output_truncated", "planner_mode", b"planner_mode", "provider", b"provider", "purpose", b"purpose", "rationale", b"rationale", "retry_kind", b"retry_kind", "step_index", b"step_index", "system_prompt", b"system_prompt", "task_id", b"task_id", "thinking", b"thinking", "thinking_kind", b"thinking_kind", "tool_name", b"tool_name", "usage", b"usage", "user_prompt", b"user_prompt"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["action", b"action", "arguments_json", b"arguments_json", "attempt", b"attempt", "corrective_retries", b"corrective_retries", "created_at", b"created_at", "decision_id", b"decision_id", "expected_outcome", b"expected_outcome", "forced_retry", b"forced_retry", "host_id", b"host_id", "latency", b"latency", "mode", b"mode", "model", b"model", "model_provider", b"model_provider", "observation", b"observation", "outcome", b"outcome", "output_truncated", b"output_truncated", "planner_mode", b"planner_mode", "provider", b"provider", "purpose", b"purpose", "rationale", b"rationale", "retry_kind", b"retry_kind", "step_index", b"step_index", "system_prompt", b"system_prompt", "task_id", b"task_id", "thinking", b"thinking", "thinking_kind", b"thinking_kind", "tool_name", b"tool_name", "usage", b"usage", "user_prompt", b"user_prompt"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -7,7 +7,9 @@ the served-in-a-loop and browser tests are in the other files.
 
 from __future__ import annotations
 
+import io
 import re
+import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import cast
@@ -16,6 +18,7 @@ import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
+from export.bundle import read_bundle
 from host.console import HostConsoleSettings, create_app
 from host.timeline.record import TimelineRecord
 from host.timeline.store import TimelineStore
@@ -352,3 +355,32 @@ def test_task_list_pages(filled: Filled) -> None:
     assert "/tasks?page=2" in first
     assert second.count("data-task-id=") == 1
     assert "/tasks?page=1" in second
+
+
+def test_the_task_page_links_its_export_and_it_downloads(client: TestClient) -> None:
+    """The "Download" link: this host's export of the task, screenshots included, and the
+    secret the task typed in none of its files."""
+    page = client.get(f"/tasks/{T_SECRET}")
+    link = re.search(r'<a class="button" href="([^"]+)" download data-field="export"', page.text)
+    assert link is not None
+    response = client.get(link.group(1))
+    assert response.status_code == 200
+    assert response.headers["content-type"] == "application/zip"
+    assert response.headers["content-disposition"] == (
+        f'attachment; filename="amc-export-{T_SECRET}.zip"'
+    )
+    run = read_bundle(response.content)
+    assert run.task_id == T_SECRET
+    assert run.origin == "host"
+    assert len(run.steps) == 4
+    assert all(s.before_png for s in run.steps)
+    with zipfile.ZipFile(io.BytesIO(response.content)) as z:
+        for name in z.namelist():
+            assert SECRET.encode() not in z.read(name), name
+    assert client.get("/tasks/no-such-task/export").status_code == 404
+
+
+def test_no_export_without_a_session(anon: TestClient) -> None:
+    response = anon.get(f"/tasks/{T_DARK}/export")
+    assert response.status_code == 303
+    assert response.headers["location"].startswith("/login")

@@ -1,0 +1,85 @@
+"""`amc task export` and `amc host export`, and the operators' console's download: a run read from
+the cloud (optionally completed by hosts' exports) or from this machine's host timeline, written
+as one zip (`export/bundle.py`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Protocol
+
+from amc.v1 import types_pb2
+from export.bundle import read_bundle, write_file
+from export.cloud_source import NO_SCREENSHOTS, ScreenshotSource, run_from_cloud
+from export.merge import merge
+from export.run import Run
+
+
+class CloudReader(Protocol):
+    """What an export reads from the cloud (`console.gateway.cloud.CloudClient` has it)."""
+
+    async def get_task(self, task_id: str) -> types_pb2.Task: ...
+
+    async def all_decisions(
+        self, task_id: str, *, include_observation: bool = False
+    ) -> list[types_pb2.Decision]: ...
+
+
+class ExportError(Exception):
+    """An export that cannot be made, in one line for the person who asked."""
+
+
+def export_name(task_id: str) -> str:
+    """The file name an export gets unless told otherwise."""
+    return f"amc-export-{task_id}.zip"
+
+
+async def cloud_run(
+    cloud: CloudReader, task_id: str, screenshots: ScreenshotSource = NO_SCREENSHOTS
+) -> Run:
+    """The task as the cloud knows it (gRPC errors propagate: NOT_FOUND for an unknown task)."""
+    task = await cloud.get_task(task_id)
+    decisions = await cloud.all_decisions(task.task_id, include_observation=True)
+    return await run_from_cloud(task, decisions, screenshots)
+
+
+async def export_task(
+    cloud: CloudReader, task_id: str, output: Path | None, merges: Sequence[Path] = ()
+) -> tuple[Path, Run]:
+    """Write the cloud's export of `task_id`, with each host export in `merges` merged in."""
+    hosts = []
+    for path in merges:
+        try:
+            hosts.append(read_bundle(path))
+        except ValueError as exc:
+            raise ExportError(f"{path}: {exc}") from None
+    run = await cloud_run(cloud, task_id)
+    if hosts:
+        try:
+            run = merge(run, *hosts)
+        except ValueError as exc:
+            raise ExportError(str(exc)) from None
+    return write_file(run, output or Path(export_name(run.task_id))), run
+
+
+def export_host_task(
+    db_path: Path, artifact_dir: Path, host_id: str, task_id: str, output: Path | None
+) -> tuple[Path, Run]:
+    """Write this host's export of `task_id` from its timeline (the host may be running)."""
+    from host.timeline.export_source import run_from_timeline
+    from host.timeline.store import TimelineStore
+
+    if not db_path.is_file():
+        raise ExportError(
+            f"no host timeline at {db_path} (set AMC_HOST_DATA_DIR or AMC_HOST_DB_PATH to the "
+            "host's)"
+        )
+    store = TimelineStore(db_path, artifact_dir)
+    try:
+        run = run_from_timeline(store, task_id, host_id)
+    finally:
+        store.close()
+    if run is None:
+        raise ExportError(f"task {task_id} is not in this host's timeline ({db_path})")
+    return write_file(run, output or Path(export_name(task_id))), run

@@ -1,0 +1,172 @@
+"""The export on disk: one zip a person can attach to a bug report or feed to a training job.
+
+    report.html          the self-contained report
+    run.gif, run.mp4     the video
+    steps.jsonl          the dataset, one line per step (docs/export.md)
+    step.schema.json     the JSON Schema of a steps.jsonl line
+    run.json             the run as a whole (goal, status, result, attempts, notes)
+    screenshots/         the original screenshots the lines name (none in a cloud-only export)
+
+`read_bundle` reads one back into a `Run` (what `merge` needs); anything that is not such an
+export is a `BundleError` naming what is wrong, and nothing is written.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+import zipfile
+from dataclasses import replace
+from pathlib import Path
+from typing import BinaryIO
+
+from pydantic import ValidationError
+
+from export import dataset, report, video
+from export.run import Run, Step
+
+_SHOT = re.compile(r"^screenshots/[A-Za-z0-9._-]{1,100}\.png$")
+#: Largest export read back (a zip bomb is refused before it is unpacked).
+MAX_READ_BYTES = 2 * 1024**3
+
+
+class BundleError(ValueError):
+    """Not an amc export, or a damaged one."""
+
+
+def _names(step: Step, written: dict[bytes, str]) -> tuple[str | None, str | None]:
+    """File names of the step's screenshots. An image already written (a step's after is the
+    next step's before) is named again, not stored twice; `written` maps bytes to names."""
+    stem = f"screenshots/a{step.attempt}-s{step.step_index:03d}"
+    out: list[str | None] = []
+    for which, png in (("before", step.before_png), ("after", step.after_png)):
+        if not png:
+            out.append(None)
+            continue
+        out.append(written.setdefault(png, f"{stem}-{which}.png"))
+    return out[0], out[1]
+
+
+def gap_notes(run: Run) -> list[str]:
+    """What the reader should know the export lacks."""
+    notes = list(run.notes)
+    bare = sum(1 for s in run.steps if not s.before_png)
+    if bare:
+        where = (
+            "the cloud keeps no screenshots: merge the host's export "
+            f"(amc task export {run.task_id} --merge <host export>.zip)"
+            if run.origin == "cloud"
+            else "the source kept none for them"
+        )
+        notes.append(f"{bare} of {len(run.steps)} steps have no screenshot ({where})")
+    return notes
+
+
+def write_bundle(run: Run, out: BinaryIO) -> None:
+    """Write the export of `run` as a zip to `out` (`run` itself is left as it was)."""
+    run = replace(run, steps=sorted(run.steps, key=lambda s: s.key), notes=gap_notes(run))
+    per_attempt: dict[int, int] = {}
+    for s in run.steps:
+        per_attempt[s.attempt] = per_attempt.get(s.attempt, 0) + 1
+    position: dict[int, int] = {}
+    lines: list[str] = []
+    written: dict[bytes, str] = {}
+    with zipfile.ZipFile(out, "w", compression=zipfile.ZIP_DEFLATED) as z:
+        for step in run.steps:
+            names = _names(step, written)
+            for name, png in zip(names, (step.before_png, step.after_png), strict=True):
+                if name is not None and png is not None and name not in z.NameToInfo:
+                    z.writestr(name, png, compress_type=zipfile.ZIP_STORED)  # PNG: compressed
+            step_id = position.get(step.attempt, 0)
+            position[step.attempt] = step_id + 1
+            record = dataset.step_record(run, step, step_id, per_attempt[step.attempt], names)
+            lines.append(record.model_dump_json())
+        z.writestr("steps.jsonl", "".join(line + "\n" for line in lines))
+        z.writestr("step.schema.json", dataset.schema_json())
+        z.writestr("run.json", dataset.run_record(run).model_dump_json(indent=2) + "\n")
+        z.writestr("report.html", report.render_report(run))
+        z.writestr("run.gif", video.gif(run), compress_type=zipfile.ZIP_STORED)
+        z.writestr("run.mp4", video.mp4(run), compress_type=zipfile.ZIP_STORED)
+
+
+def bundle_bytes(run: Run) -> bytes:
+    buf = io.BytesIO()
+    write_bundle(run, buf)
+    return buf.getvalue()
+
+
+def write_file(run: Run, path: Path) -> Path:
+    """Write the export to `path` (through a temporary file: a failure leaves no half zip)."""
+    tmp = path.with_name(path.name + ".part")
+    try:
+        with tmp.open("wb") as f:
+            write_bundle(run, f)
+        tmp.replace(path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return path
+
+
+def read_bundle(source: Path | bytes) -> Run:
+    """An export written by `write_bundle` back as a `Run`, screenshots included."""
+    try:
+        z = zipfile.ZipFile(io.BytesIO(source) if isinstance(source, bytes) else source)
+    except (OSError, zipfile.BadZipFile) as exc:
+        raise BundleError(f"not a zip file: {exc}") from None
+    with z:
+        if sum(i.file_size for i in z.infolist()) > MAX_READ_BYTES:
+            raise BundleError("the export unpacks to more than 2 GiB; refusing to read it")
+        names = set(z.namelist())
+        for needed in ("run.json", "steps.jsonl"):
+            if needed not in names:
+                raise BundleError(f"not an amc export: {needed} is missing")
+        try:
+            head = dataset.RunRecord.model_validate_json(z.read("run.json"))
+        except ValidationError as exc:
+            raise BundleError(f"run.json: {_first_error(exc)}") from None
+        run = Run(
+            task_id=head.task_id,
+            goal=head.goal,
+            status=head.status,
+            result=head.result,
+            origin=head.origin,
+            attempts={int(k): v for k, v in head.attempts.items() if k.isdigit()},
+            notes=[n for n in head.notes if "have no screenshot" not in n],
+        )
+        text = z.read("steps.jsonl").decode("utf-8", errors="replace")
+        for number, line in enumerate(text.splitlines(), start=1):
+            if not line.strip():
+                continue
+            try:
+                record = dataset.parse_line(line)
+            except ValidationError as exc:
+                raise BundleError(f"steps.jsonl line {number}: {_first_error(exc)}") from None
+            shots = [
+                _read_shot(z, names, name, number)
+                for name in (record.screenshot, record.screenshot_after)
+            ]
+            run.steps.append(dataset.step_from_record(record, *shots))
+    run.sort()
+    return run
+
+
+def _read_shot(z: zipfile.ZipFile, names: set[str], name: str | None, line: int) -> bytes | None:
+    if name is None:
+        return None
+    if not _SHOT.match(name) or name not in names:
+        raise BundleError(f"steps.jsonl line {line}: no screenshot {name!r} in the export")
+    return z.read(name)
+
+
+def _first_error(exc: ValidationError) -> str:
+    err = exc.errors()[0]
+    where = ".".join(str(p) for p in err["loc"]) or "value"
+    return f"{where}: {err['msg']}"
+
+
+def manifest(path: Path) -> dict[str, object]:
+    """run.json of an export, for a one-line summary."""
+    with zipfile.ZipFile(path) as z:
+        value = json.loads(z.read("run.json"))
+    return value if isinstance(value, dict) else {}

@@ -1,0 +1,458 @@
+"""The dataset form of a run: JSON Lines, one `StepRecord` per step, screenshots beside it.
+
+The schema (docs/export.md, `docs/export/step.schema.json` generated from these models) follows
+the public Android agent datasets where they agree: AndroidControl's episode of goal +
+screenshots + accessibility elements + JSON actions, with AndroidWorld's action vocabulary and
+keys (`action_type`, `x`, `y`, `text`, `direction`, `app_name`, `goal_status`) in screen pixels,
+and Android-in-the-Wild's `episode_id` / `step_id` / `episode_length` and touch/lift points.
+What amc knows beyond them (purpose, expected outcome, thinking, rationale, outcome, usage) rides
+in fields of its own. `read_steps` turns the file back into `Step`s, which is how a host's
+export is merged into the cloud's.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Literal
+
+from google.protobuf.json_format import MessageToDict, ParseDict
+from pydantic import BaseModel, ConfigDict, Field
+
+from amc.v1 import types_pb2
+from export.gesture import gesture
+from export.run import Outcome, Run, Step
+from planner.decision import ThinkingBlock, Usage
+from planner.scene import Bounds, Element, Scene
+
+STEP_SCHEMA: Literal["amc.export.step/1"] = "amc.export.step/1"
+RUN_SCHEMA: Literal["amc.export.run/1"] = "amc.export.run/1"
+
+ActionType = Literal[
+    "click",
+    "long_press",
+    "swipe",
+    "input_text",
+    "navigate_back",
+    "navigate_home",
+    "keyboard_enter",
+    "press_key",
+    "open_app",
+    "terminate_app",
+    "get_ui_tree",
+    "status",
+    "unknown",
+]
+
+_KEY_ACTIONS: dict[int, tuple[ActionType, str]] = {
+    types_pb2.KEY_BACK: ("navigate_back", "KEYCODE_BACK"),
+    types_pb2.KEY_HOME: ("navigate_home", "KEYCODE_HOME"),
+    types_pb2.KEY_ENTER: ("keyboard_enter", "KEYCODE_ENTER"),
+    types_pb2.KEY_DELETE: ("press_key", "KEYCODE_DEL"),
+}
+
+
+class _Record(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+class ScreenRecord(_Record):
+    """The screen the step was decided on."""
+
+    width: int = Field(description="Screen width in pixels (AndroidControl screenshot_widths).")
+    height: int = Field(description="Screen height in pixels (screenshot_heights).")
+    rotation: int = Field(description="Quarter turns, 0..3, as uiautomator reports them.")
+    app: str = Field(description="Package of the app in the foreground.")
+    activity: str = Field(description="Its activity when known, else empty.")
+    title: str = Field(description="The page's title as perception named it.")
+    keyboard_shown: bool
+    overlays: list[str] = Field(description="What covered the app (keyboard, dialogs...).")
+
+
+class UiElementRecord(_Record):
+    """One element of the screen (AndroidControl's accessibility nodes, flattened)."""
+
+    id: str = Field(description="The id the model names in its actions.")
+    bounds: list[int] = Field(description="[left, top, right, bottom] in screen pixels.")
+    center: list[int] = Field(description="[x, y]: where a tap on this element lands.")
+    text: str
+    content_desc: str
+    hint: str
+    resource_id: str
+    class_name: str
+    package: str
+    clickable: bool
+    long_clickable: bool
+    checkable: bool
+    checked: bool
+    enabled: bool
+    focusable: bool
+    focused: bool
+    scrollable: bool
+    selected: bool
+    password: bool
+    source: Literal["tree", "ocr"]
+
+
+class ActionRecord(_Record):
+    """The action in AndroidWorld's JSON action vocabulary, coordinates in screen pixels."""
+
+    action_type: ActionType
+    x: int | None = Field(None, description="Tap point, or the field tapped before typing.")
+    y: int | None = None
+    text: str | None = Field(None, description="Text typed; '•••' for a sensitive value.")
+    direction: Literal["up", "down", "left", "right"] | None = Field(
+        None, description="Swipe: where the finger moves."
+    )
+    app_name: str | None = Field(None, description="open_app / terminate_app: the package.")
+    goal_status: Literal["complete", "infeasible"] | None = Field(
+        None, description="status: the agent's own verdict on the goal."
+    )
+    keycode: str | None = Field(None, description="The Android key code of a key press.")
+    element_id: str | None = Field(None, description="The element the model named, if any.")
+    element_bounds: list[int] | None = None
+    touch: list[int] | None = Field(None, description="Swipe start [x, y] (AitW yx_touch).")
+    lift: list[int] | None = Field(None, description="Swipe end [x, y] (AitW yx_lift).")
+    duration_ms: int | None = None
+    sensitive: bool | None = Field(None, description="The text was marked sensitive.")
+
+
+class AmcActionRecord(_Record):
+    """The action as amc ran it: the tool call and the typed `amc.v1.Action` (proto JSON)."""
+
+    tool: str
+    arguments: dict[str, Any]
+    proto: dict[str, Any]
+
+
+class ThinkingRecord(_Record):
+    text: str
+    redacted: bool
+
+
+class OutcomeRecord(_Record):
+    executed: bool | None = Field(description="The action ran without error; null: not reported.")
+    error: str
+    driver_output: str
+    verdict: str | None = Field(description="A checker's verdict on the step; null: none given.")
+    verdict_detail: str
+
+
+class ModelRecord(_Record):
+    provider: str
+    model: str
+    planner_mode: str
+    transport: str = Field(description="'cloud' or 'direct': where the decision was made.")
+
+
+class UsageRecord(_Record):
+    input_tokens: int
+    output_tokens: int
+    cache_read_input_tokens: int
+    cache_creation_input_tokens: int
+    thinking_tokens: int
+
+
+class StepRecord(_Record):
+    """One line of steps.jsonl: one step of one attempt, self-contained."""
+
+    schema_version: Literal["amc.export.step/1"]
+    episode_id: str = Field(description="'<task id>-a<attempt>': one attempt is one episode.")
+    task_id: str
+    attempt: int
+    step_id: int = Field(description="0-based position in the episode (AitW step_id).")
+    step_index: int = Field(description="amc's 1-based step number within the attempt.")
+    episode_length: int = Field(description="Steps in this episode.")
+    goal: str
+    host_id: str
+    device_serial: str
+    started_at: str
+    page: str = Field(description="'<app>: <page title>' of the screen the step began on.")
+    screen: ScreenRecord | None = Field(description="null: the source kept no screen.")
+    ui_elements: list[UiElementRecord] | None
+    screenshot: str | None = Field(description="Before screenshot, relative to this file.")
+    screenshot_after: str | None
+    action: ActionRecord
+    amc_action: AmcActionRecord
+    step_instruction: str = Field(description="AndroidControl's step instruction: the purpose.")
+    purpose: str
+    expected_outcome: str
+    rationale: str
+    thinking: list[ThinkingRecord]
+    thinking_kind: str
+    outcome: OutcomeRecord
+    model: ModelRecord
+    usage: UsageRecord | None
+    latency_s: float | None
+    cost_usd: float | None
+
+
+class RunRecord(_Record):
+    """run.json: the run as a whole (the goal and result the steps belong to)."""
+
+    schema_version: Literal["amc.export.run/1"]
+    task_id: str
+    goal: str
+    status: str
+    result: str
+    origin: Literal["host", "cloud", "cloud+host"]
+    attempts: dict[str, str] = Field(description="Attempt number -> 'host/phone' it ran on.")
+    steps: int
+    notes: list[str]
+
+
+# --- Step -> record ---------------------------------------------------------------------------
+
+
+def action_record(step: Step) -> ActionRecord:
+    """The step's action in the dataset's vocabulary, element ids resolved to points."""
+    g = gesture(step)
+    action = step.action
+    kind = action.WhichOneof("kind")
+    x, y = g.point if g.point is not None else (None, None)
+    box = g.box.to_list() if g.box is not None else None
+    if kind == "tap":
+        element_id = action.tap.element_id or None
+        verb: ActionType = "long_press" if g.kind == "long_press" else "click"
+        return ActionRecord(action_type=verb, element_id=element_id, element_bounds=box, x=x, y=y)
+    if kind == "swipe":
+        s = action.swipe
+        return ActionRecord(
+            action_type="swipe",
+            direction=g.direction,  # type: ignore[arg-type]  # swipe_direction's four words
+            touch=[s.start.x, s.start.y],
+            lift=[s.end.x, s.end.y],
+            duration_ms=s.duration_ms or None,
+        )
+    if kind == "input_text":
+        it = action.input_text
+        return ActionRecord(
+            action_type="input_text",
+            text=it.text,
+            element_id=it.element_id or None,
+            element_bounds=box,
+            sensitive=step.sensitive,
+            x=x,
+            y=y,
+        )
+    if kind == "press_key":
+        verb, keycode = _KEY_ACTIONS.get(action.press_key.key, ("press_key", "KEYCODE_UNKNOWN"))
+        return ActionRecord(action_type=verb, keycode=keycode)
+    if kind == "launch_app":
+        return ActionRecord(action_type="open_app", app_name=action.launch_app.package_name)
+    if kind == "terminate_app":
+        return ActionRecord(action_type="terminate_app", app_name=action.terminate_app.package_name)
+    if kind == "get_ui_tree":
+        return ActionRecord(action_type="get_ui_tree")
+    if kind == "complete":
+        status: Literal["complete", "infeasible"] = (
+            "complete" if action.complete.success else "infeasible"
+        )
+        return ActionRecord(action_type="status", goal_status=status, text=action.complete.reason)
+    return ActionRecord(action_type="unknown")
+
+
+def _element_record(e: Element) -> UiElementRecord:
+    return UiElementRecord(
+        id=e.element_id,
+        bounds=e.bounds.to_list(),
+        center=list(e.bounds.center),
+        text=e.text,
+        content_desc=e.content_desc,
+        hint=e.hint,
+        resource_id=e.resource_id,
+        class_name=e.class_name,
+        package=e.package,
+        clickable=e.clickable,
+        long_clickable=e.long_clickable,
+        checkable=e.checkable,
+        checked=e.checked,
+        enabled=e.enabled,
+        focusable=e.focusable,
+        focused=e.focused,
+        scrollable=e.scrollable,
+        selected=e.selected,
+        password=e.password,
+        source=e.source,
+    )
+
+
+def step_record(
+    run: Run, step: Step, step_id: int, length: int, shots: tuple[str | None, str | None]
+) -> StepRecord:
+    """One line of the dataset; `shots` are the before/after file names (None: no image)."""
+    scene = step.screen
+    screen = (
+        ScreenRecord(
+            width=scene.screen_width,
+            height=scene.screen_height,
+            rotation=scene.rotation,
+            app=scene.package,
+            activity=scene.activity,
+            title=scene.page_title,
+            keyboard_shown=scene.keyboard_shown,
+            overlays=list(scene.overlays),
+        )
+        if scene is not None
+        else None
+    )
+    u = step.usage
+    return StepRecord(
+        schema_version=STEP_SCHEMA,
+        episode_id=f"{run.task_id}-a{step.attempt}",
+        task_id=run.task_id,
+        attempt=step.attempt,
+        step_id=step_id,
+        step_index=step.step_index,
+        episode_length=length,
+        goal=run.goal,
+        host_id=step.host_id,
+        device_serial=step.device_serial,
+        started_at=step.started_at,
+        page=step.page,
+        screen=screen,
+        ui_elements=[_element_record(e) for e in scene.elements] if scene is not None else None,
+        screenshot=shots[0],
+        screenshot_after=shots[1],
+        action=action_record(step),
+        amc_action=AmcActionRecord(
+            tool=step.tool_name,
+            arguments=dict(step.arguments),
+            proto=MessageToDict(step.action, preserving_proto_field_name=True),
+        ),
+        step_instruction=step.purpose,
+        purpose=step.purpose,
+        expected_outcome=step.expected_outcome,
+        rationale=step.rationale,
+        thinking=[ThinkingRecord(text=b.text, redacted=b.redacted) for b in step.thinking],
+        thinking_kind=step.thinking_kind,
+        outcome=OutcomeRecord(
+            executed=step.outcome.executed,
+            error=step.outcome.error,
+            driver_output=step.outcome.driver_output,
+            verdict=step.verdict,
+            verdict_detail=step.verdict_detail,
+        ),
+        model=ModelRecord(
+            provider=step.provider,
+            model=step.model,
+            planner_mode=step.planner_mode,
+            transport=step.transport,
+        ),
+        usage=UsageRecord(
+            input_tokens=u.input_tokens,
+            output_tokens=u.output_tokens,
+            cache_read_input_tokens=u.cache_read_input_tokens,
+            cache_creation_input_tokens=u.cache_creation_input_tokens,
+            thinking_tokens=u.thinking_tokens,
+        )
+        if u is not None
+        else None,
+        latency_s=step.latency_s,
+        cost_usd=step.cost_usd,
+    )
+
+
+def run_record(run: Run) -> RunRecord:
+    return RunRecord(
+        schema_version=RUN_SCHEMA,
+        task_id=run.task_id,
+        goal=run.goal,
+        status=run.status,
+        result=run.result,
+        origin=run.origin,
+        attempts={str(k): v for k, v in sorted(run.attempts.items())},
+        steps=len(run.steps),
+        notes=list(run.notes),
+    )
+
+
+# --- record -> Step ---------------------------------------------------------------------------
+
+
+def _scene(record: StepRecord) -> Scene | None:
+    s = record.screen
+    if s is None:
+        return None
+    elements = [
+        Element(
+            element_id=e.id,
+            bounds=Bounds(*e.bounds),
+            text=e.text,
+            content_desc=e.content_desc,
+            resource_id=e.resource_id,
+            class_name=e.class_name,
+            package=e.package,
+            clickable=e.clickable,
+            long_clickable=e.long_clickable,
+            checkable=e.checkable,
+            checked=e.checked,
+            enabled=e.enabled,
+            focusable=e.focusable,
+            focused=e.focused,
+            scrollable=e.scrollable,
+            selected=e.selected,
+            password=e.password,
+            source=e.source,
+            hint=e.hint,
+        )
+        for e in record.ui_elements or []
+    ]
+    return Scene(
+        elements=elements,
+        package=s.app,
+        page_title=s.title,
+        screen_width=s.width,
+        screen_height=s.height,
+        rotation=s.rotation,
+        activity=s.activity,
+        keyboard_shown=s.keyboard_shown,
+        overlays=list(s.overlays),
+    )
+
+
+def step_from_record(
+    record: StepRecord, before: bytes | None = None, after: bytes | None = None
+) -> Step:
+    """A dataset line back as a `Step` (with the screenshots the caller read beside it)."""
+    u = record.usage
+    return Step(
+        attempt=record.attempt,
+        step_index=record.step_index,
+        tool_name=record.amc_action.tool,
+        action=ParseDict(record.amc_action.proto, types_pb2.Action()),
+        arguments=dict(record.amc_action.arguments),
+        purpose=record.purpose,
+        expected_outcome=record.expected_outcome,
+        rationale=record.rationale,
+        thinking=[ThinkingBlock(t.text, t.redacted) for t in record.thinking],
+        thinking_kind=record.thinking_kind,
+        provider=record.model.provider,
+        model=record.model.model,
+        planner_mode=record.model.planner_mode,
+        transport=record.model.transport,
+        host_id=record.host_id,
+        device_serial=record.device_serial,
+        started_at=record.started_at,
+        page=record.page,
+        screen=_scene(record),
+        usage=Usage(**u.model_dump()) if u is not None else None,
+        latency_s=record.latency_s,
+        cost_usd=record.cost_usd,
+        outcome=Outcome(
+            record.outcome.executed, record.outcome.error, record.outcome.driver_output
+        ),
+        verdict=record.outcome.verdict,
+        verdict_detail=record.outcome.verdict_detail,
+        before_png=before,
+        after_png=after,
+    )
+
+
+def parse_line(line: str) -> StepRecord:
+    """One line of steps.jsonl, validated against the schema (ValueError names what is wrong)."""
+    return StepRecord.model_validate_json(line)
+
+
+def schema_json() -> str:
+    """The JSON Schema of a steps.jsonl line (what docs/export/step.schema.json holds)."""
+    return json.dumps(StepRecord.model_json_schema(), indent=2, sort_keys=True) + "\n"

@@ -1,0 +1,65 @@
+"""Merge a host's export into the cloud's: the cloud's record of the task, with the screenshots
+and screens the host kept, and the steps only the host has (attempts on the direct transport).
+
+Steps are matched by (attempt, step index): the host records the cloud-assigned index of each
+decision it got from the cloud, and a direct-transport decision shipped to the cloud gets the
+index the host's loop gave it. A matched pair whose tools differ is not merged (a note says so).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from export.run import Run, Step
+
+
+class MergeError(ValueError):
+    """The exports cannot be merged (another task's export)."""
+
+
+def _fill(cloud: Step, host: Step) -> Step:
+    """The cloud's decision with what only the host knew."""
+    return replace(
+        cloud,
+        screen=cloud.screen or host.screen,
+        before_png=cloud.before_png or host.before_png,
+        after_png=cloud.after_png or host.after_png,
+        page=cloud.page or host.page,
+        started_at=host.started_at or cloud.started_at,
+        device_serial=cloud.device_serial or host.device_serial,
+        outcome=cloud.outcome if cloud.outcome.executed is not None else host.outcome,
+        verdict=cloud.verdict if cloud.verdict is not None else host.verdict,
+        verdict_detail=cloud.verdict_detail or host.verdict_detail,
+        transport=cloud.transport or host.transport,
+    )
+
+
+def merge(cloud: Run, *hosts: Run) -> Run:
+    """`cloud` completed from `hosts` (their order decides between two hosts claiming one step)."""
+    by_key: dict[tuple[int, int], Step] = {}
+    for host in hosts:
+        if host.task_id != cloud.task_id:
+            raise MergeError(f"the host export is of task {host.task_id!r}, not {cloud.task_id!r}")
+        for step in host.steps:
+            by_key.setdefault(step.key, step)
+    merged = replace(cloud, steps=[], origin="cloud+host", attempts=dict(cloud.attempts))
+    merged.notes = [n for n in cloud.notes if "direct transport" not in n]
+    for step in cloud.steps:
+        host_step = by_key.pop(step.key, None)
+        if host_step is None:
+            merged.steps.append(step)
+        elif host_step.tool_name != step.tool_name:
+            merged.steps.append(step)
+            merged.notes.append(
+                f"attempt {step.attempt} step {step.step_index}: the host recorded "
+                f"{host_step.tool_name!r} where the cloud logged {step.tool_name!r}; the "
+                "host's screenshots were not attached"
+            )
+        else:
+            merged.steps.append(_fill(step, host_step))
+    merged.steps.extend(by_key.values())  # steps only a host has (direct transport)
+    for host in hosts:
+        for attempt, where in host.attempts.items():
+            merged.attempts.setdefault(attempt, where)
+    merged.sort()
+    return merged

@@ -1,0 +1,81 @@
+"""The report: one self-contained HTML file (inline CSS, images as data URIs, no script, no
+request of any kind) that a person can attach to a bug report and open anywhere."""
+
+from __future__ import annotations
+
+import base64
+from dataclasses import dataclass
+from pathlib import Path
+
+from jinja2 import Environment, FileSystemLoader, select_autoescape
+
+from export.overlay import annotated, base_image, encode, fit_width
+from export.run import Run, Step
+from planner.decision import OMITTED_BLOCK, Usage, thinking_word
+from planner.describe import describe
+
+#: Width of the screenshots in the report (pixels); they open full size in no other way, so
+#: this is a compromise between a readable screen and a file that mails well.
+IMAGE_WIDTH = 360
+
+_ENV = Environment(
+    loader=FileSystemLoader(Path(__file__).parent / "templates"),
+    autoescape=select_autoescape(default=True),
+    trim_blocks=True,
+    lstrip_blocks=True,
+)
+
+
+def data_uri(jpeg: bytes) -> str:
+    return "data:image/jpeg;base64," + base64.b64encode(jpeg).decode("ascii")
+
+
+@dataclass(slots=True)
+class StepView:
+    """What the template shows of one step."""
+
+    step: Step
+    anchor: str
+    what: str
+    before: str
+    after: str | None
+    thinking_word: str
+    tokens: int | None
+
+
+def _tokens(usage: Usage | None) -> int | None:
+    return None if usage is None else usage.input_tokens + usage.output_tokens
+
+
+def step_view(step: Step) -> StepView:
+    before = data_uri(encode(fit_width(annotated(step), IMAGE_WIDTH)))
+    after = None
+    if step.after_png and step.after_png != step.before_png:
+        after = data_uri(encode(fit_width(base_image(step, "after"), IMAGE_WIDTH)))
+    return StepView(
+        step=step,
+        anchor=f"a{step.attempt}-s{step.step_index}",
+        what=describe(step.action, step.screen),
+        before=before,
+        after=after,
+        thinking_word=thinking_word(step.thinking_kind),
+        tokens=_tokens(step.usage),
+    )
+
+
+def render_report(run: Run) -> str:
+    """The whole report as one HTML document."""
+    views = [step_view(s) for s in run.steps]
+    usage = [s.usage for s in run.steps if s.usage is not None]
+    costs = [s.cost_usd for s in run.steps if s.cost_usd is not None]
+    latencies = [s.latency_s for s in run.steps if s.latency_s is not None]
+    totals = {
+        "input_tokens": sum(u.input_tokens for u in usage),
+        "output_tokens": sum(u.output_tokens for u in usage),
+        "latency_s": sum(latencies) if latencies else None,
+        "cost_usd": sum(costs) if costs and len(costs) == len(run.steps) else None,
+    }
+    template = _ENV.get_template("report.html")
+    return template.render(
+        run=run, steps=views, totals=totals, omitted_block=OMITTED_BLOCK, has_usage=bool(usage)
+    )

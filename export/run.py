@@ -1,0 +1,114 @@
+"""One neutral record of a run, whichever side it was read from.
+
+The host's timeline has the screenshots and the screens; the cloud has the decisions of every
+host. Both become a `Run` (see `host/timeline/export_source.py` and `export/cloud_source.py`), and
+every exported file is made from a `Run` alone, so a report reads the same from either side and
+two runs of one task can be merged (`export/merge.py`).
+
+Sensitive input never enters a `Run`: the sources hand over masked actions, and `Step.__post_init__`
+masks again whatever a source forgot.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from amc.v1 import types_pb2
+from planner.decision import ThinkingBlock, Usage
+from planner.scene import Scene
+
+SENSITIVE_MASK = "•••"
+
+Origin = Literal["host", "cloud", "cloud+host"]
+
+
+@dataclass(slots=True)
+class Outcome:
+    """What executing the step's action did. `executed` is None when nobody reported it (the
+    last decision of an attempt, or a cloud record whose host never sent the outcome)."""
+
+    executed: bool | None = None
+    error: str = ""
+    #: What the driver reported (JSON from the host, e.g. `{"point": [540, 1212]}`), may be "".
+    driver_output: str = ""
+
+
+@dataclass(slots=True)
+class Step:
+    """One step of one attempt: what the model saw, thought, chose, and what came of it."""
+
+    attempt: int
+    step_index: int
+    tool_name: str
+    #: The typed action, intent stripped, a sensitive text already "•••".
+    action: types_pb2.Action
+    #: The tool call's arguments as stored (masked), purpose and expected outcome removed.
+    arguments: dict[str, object] = field(default_factory=dict)
+    purpose: str = ""
+    expected_outcome: str = ""
+    rationale: str = ""
+    thinking: list[ThinkingBlock] = field(default_factory=list)
+    #: "full" | "summarized" | "omitted" | "redacted" | "none" | "" (not recorded).
+    thinking_kind: str = ""
+    provider: str = ""
+    model: str = ""
+    #: "compact" or "session".
+    planner_mode: str = ""
+    #: "cloud" or "direct": where the decision was made ("" when the source does not say).
+    transport: str = ""
+    host_id: str = ""
+    device_serial: str = ""
+    started_at: str = ""
+    page: str = ""
+    #: The screen the decision was made on (elements, size); None when the source lacks it
+    #: (the cloud keeps no screens).
+    screen: Scene | None = None
+    usage: Usage | None = None
+    latency_s: float | None = None
+    #: US dollars for the step's model calls; None until a price is known (issue 15 adds
+    #: prices), and the files then leave it out rather than print a made-up number.
+    cost_usd: float | None = None
+    outcome: Outcome = field(default_factory=Outcome)
+    #: The verification verdict of this step, when a checker gave one (None: none given).
+    verdict: str | None = None
+    verdict_detail: str = ""
+    before_png: bytes | None = None
+    after_png: bytes | None = None
+
+    def __post_init__(self) -> None:
+        if self.sensitive:
+            self.action.input_text.text = SENSITIVE_MASK
+            if "text" in self.arguments:
+                self.arguments = {**self.arguments, "text": SENSITIVE_MASK}
+
+    @property
+    def sensitive(self) -> bool:
+        """The step typed a sensitive value (its text is never in the record)."""
+        return self.action.WhichOneof("kind") == "input_text" and (
+            self.action.input_text.sensitive or bool(self.arguments.get("sensitive"))
+        )
+
+    @property
+    def key(self) -> tuple[int, int]:
+        return (self.attempt, self.step_index)
+
+
+@dataclass(slots=True)
+class Run:
+    """A task's run as exported: its goal and result, and its steps in (attempt, step) order."""
+
+    task_id: str
+    goal: str
+    #: "succeeded", "failed", "cancelled", "running", ... as the source names it.
+    status: str
+    result: str
+    steps: list[Step] = field(default_factory=list)
+    origin: Origin = "host"
+    #: Attempts the steps come from, with where each ran: {attempt: "host/phone"}.
+    attempts: dict[int, str] = field(default_factory=dict)
+    #: What the export could not include, for the reader ("no screenshots: ...").
+    notes: list[str] = field(default_factory=list)
+
+    def sort(self) -> None:
+        self.steps.sort(key=lambda s: s.key)

@@ -1,0 +1,62 @@
+"""One short human phrase per action ("tap 'Display'", "type •••", "swipe up"): what the host's
+progress line, the consoles and every exported file call an action. Here, not in the host,
+because the exporter and the consoles need it without loading the host."""
+
+from __future__ import annotations
+
+from amc.v1 import types_pb2
+from planner.scene import Scene
+
+SENSITIVE_MASK = "•••"
+
+KEY_WORDS: dict[int, str] = {
+    types_pb2.KEY_BACK: "back",
+    types_pb2.KEY_HOME: "home",
+    types_pb2.KEY_ENTER: "enter",
+    types_pb2.KEY_DELETE: "delete",
+}
+
+
+def element_label(scene: Scene | None, element_id: str) -> str:
+    """`'Display'` for an element with a text (or description, or resource id), else its id."""
+    el = scene.element(element_id) if scene else None
+    if el is None:
+        return element_id
+    label = el.text or el.content_desc or el.resource_id.rsplit("/", 1)[-1]
+    return f"'{label[:40]}'" if label else element_id
+
+
+def swipe_direction(action: types_pb2.SwipeAction) -> str:
+    """ "up", "down", "left" or "right": where the finger moves (the larger axis wins)."""
+    dx, dy = action.end.x - action.start.x, action.end.y - action.start.y
+    if abs(dy) >= abs(dx):
+        return "up" if dy < 0 else "down"
+    return "left" if dx < 0 else "right"
+
+
+def describe(action: types_pb2.Action, scene: Scene | None = None) -> str:
+    """Short human phrase: "tap 'Display'", "type •••", "swipe up", "launch com.x"."""
+    kind = action.WhichOneof("kind")
+    if kind == "tap":
+        t = action.tap
+        verb = "long-press" if t.long_press else "tap"
+        if t.WhichOneof("target") == "element_id":
+            return f"{verb} {element_label(scene, t.element_id)}"
+        return f"{verb} ({t.point.x}, {t.point.y})"
+    if kind == "swipe":
+        return f"swipe {swipe_direction(action.swipe)}"
+    if kind == "input_text":
+        text = SENSITIVE_MASK if action.input_text.sensitive else f"'{action.input_text.text[:40]}'"
+        return f"type {text}"
+    if kind == "press_key":
+        return f"press {KEY_WORDS.get(action.press_key.key, 'key')}"
+    if kind == "launch_app":
+        return f"launch {action.launch_app.package_name}"
+    if kind == "terminate_app":
+        return f"stop {action.terminate_app.package_name}"
+    if kind == "get_ui_tree":
+        return "read the UI tree"
+    if kind == "complete":
+        word = "done" if action.complete.success else "give up"
+        return f"{word}: {action.complete.reason}"
+    return kind or "nothing"

@@ -1,0 +1,87 @@
+"""The operators' console's "Download": the cloud's export of a task over HTTP (the page link
+with a session, the API with the bearer token), refused without either, 404 for an unknown
+task. The cloud is real; a simulated cloud-transport host makes the decisions it logs."""
+
+from __future__ import annotations
+
+import io
+import re
+import uuid
+import zipfile
+
+import httpx
+
+from amc.v1 import types_pb2
+from export import dataset
+from export.bundle import read_bundle
+from tests.console.console_stack import HostFactory
+from tests.console.test_pages import log_in
+
+
+def _finished_task(api: httpx.Client, make_host: HostFactory) -> tuple[str, str, int]:
+    """A task a cloud-transport host planned twice and finished; (task id, goal, steps)."""
+    host = make_host(types_pb2.PLANNER_TRANSPORT_CLOUD)
+    goal = f"Open Display settings {uuid.uuid4().hex[:8]}"
+    task = api.post("/api/tasks", json={"goal": goal, "host_id": host.host_id}).json()["task"]
+    assignment = host.assignment()
+    host.decide(assignment, goal)
+    host.decide(assignment, goal)
+    host.finish(assignment, types_pb2.TASK_STATUS_SUCCEEDED, "display settings open")
+    return task["task_id"], goal, 2
+
+
+def test_the_task_page_links_its_export_and_it_downloads(
+    anon: httpx.Client, api: httpx.Client, make_host: HostFactory
+) -> None:
+    task_id, goal, steps = _finished_task(api, make_host)
+    log_in(anon)
+    page = anon.get(f"/tasks/{task_id}")
+    assert page.status_code == 200
+    link = re.search(r'<a class="button" href="([^"]+)" download data-field="export"', page.text)
+    assert link is not None
+    assert link.group(1) == f"/tasks/{task_id}/export"
+
+    response = anon.get(link.group(1))
+    assert response.status_code == 200
+    assert response.headers["content-type"] == "application/zip"
+    assert response.headers["content-disposition"] == (
+        f'attachment; filename="amc-export-{task_id}.zip"'
+    )
+    run = read_bundle(response.content)
+    assert run.task_id == task_id
+    assert run.goal == goal
+    assert run.status == "succeeded"
+    assert run.result == "display settings open"
+    assert run.origin == "cloud"
+    assert [s.step_index for s in run.steps] == list(range(1, steps + 1))
+    assert all(s.before_png is None and s.transport == "cloud" for s in run.steps)
+    with zipfile.ZipFile(io.BytesIO(response.content)) as z:
+        notes = dataset.RunRecord.model_validate_json(z.read("run.json")).notes
+        assert any("2 of 2 steps have no screenshot" in n and "--merge" in n for n in notes)
+        for line in z.read("steps.jsonl").decode().splitlines():
+            record = dataset.parse_line(line)
+            assert record.screenshot is None
+            assert record.model.provider == "offline"
+        assert goal in z.read("report.html").decode()
+        assert z.read("run.mp4")
+
+
+def test_the_api_exports_with_the_bearer_token(api: httpx.Client, make_host: HostFactory) -> None:
+    task_id, _, steps = _finished_task(api, make_host)
+    response = api.get(f"/api/tasks/{task_id}/export")
+    assert response.status_code == 200
+    assert len(read_bundle(response.content).steps) == steps
+
+
+def test_no_export_without_credentials_or_for_an_unknown_task(
+    anon: httpx.Client, api: httpx.Client
+) -> None:
+    page = anon.get("/tasks/whatever/export")
+    assert page.status_code == 303
+    assert page.headers["location"].startswith("/login")
+    assert anon.get("/api/tasks/whatever/export").status_code == 401
+    missing = api.get("/api/tasks/no-such-task/export")
+    assert missing.status_code == 404
+    assert "no-such-task" in missing.json()["detail"]
+    log_in(anon)
+    assert anon.get("/tasks/no-such-task/export").status_code == 404

@@ -1,0 +1,129 @@
+"""Export end to end, as an operator runs it: a task on the embedded stack (real cloud over mTLS,
+real host, virtual phone over the adb protocol, offline planner), then `amc host export`,
+`amc task export` and `amc task export --merge` as new processes.
+
+On the cloud transport the cloud has every decision with its screen but no screenshot; the host
+has the screenshots and the screens; the merge has both. On the direct transport the cloud has no
+decision (until direct decisions are shipped to it) and the merge takes the host's steps whole.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from amc.v1 import task_service_pb2, types_pb2
+from console.embedded import HOST_ID, Transport, embedded_stack, follow_tasks
+from export import dataset
+from export.bundle import read_bundle
+
+AMC = str(Path(sys.executable).with_name("amc"))
+
+
+async def amc(*args: str, cwd: Path, env: dict[str, str] | None = None) -> tuple[int, str]:
+    process = await asyncio.create_subprocess_exec(
+        AMC,
+        *args,
+        cwd=cwd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        env={**os.environ, "COLUMNS": "200", **(env or {})},
+    )
+    output, _ = await asyncio.wait_for(process.communicate(), 120)
+    return process.returncode or 0, output.decode()
+
+
+def step_lines(path: Path) -> list[dataset.StepRecord]:
+    with zipfile.ZipFile(path) as z:
+        return [dataset.parse_line(x) for x in z.read("steps.jsonl").decode().splitlines()]
+
+
+@pytest.mark.parametrize("transport", ["cloud", "direct"])
+async def test_host_cloud_and_merged_exports(tmp_path: Path, transport: Transport) -> None:
+    data = tmp_path / "stack"
+    host_env = {"AMC_HOST_DATA_DIR": str(data / "host"), "AMC_HOST_HOST_ID": HOST_ID}
+    async with embedded_stack(data, transport=transport) as stack:
+        submitted = await stack.operator.tasks.SubmitTask(
+            task_service_pb2.SubmitTaskRequest(goal="Turn on dark theme")
+        )
+        task_id = submitted.task.task_id
+        final = await follow_tasks(stack.operator, [task_id], Console(file=None), 30)
+        assert final[task_id].status == types_pb2.TASK_STATUS_SUCCEEDED
+        conn = ["--cloud", stack.cloud_address, "--pki-dir", str(stack.pki_dir)]
+
+        code, said = await amc(
+            "host", "export", task_id, "-o", "host.zip", cwd=tmp_path, env=host_env
+        )
+        assert code == 0, said
+        assert "host.zip" in said and "host" in said
+        code, said = await amc(*conn, "task", "export", task_id, "-o", "cloud.zip", cwd=tmp_path)
+        assert code == 0, said
+        code, said = await amc(
+            *conn, "task", "export", task_id, "--merge", "host.zip", cwd=tmp_path
+        )
+        assert code == 0, said
+        merged_path = tmp_path / f"amc-export-{task_id}.zip"
+        assert merged_path.is_file()
+
+        # Refusals: one line, exit 2, nothing written.
+        (tmp_path / "notes.txt").write_text("not an export")
+        code, said = await amc(
+            *conn, "task", "export", task_id, "--merge", "notes.txt", "-o", "x.zip", cwd=tmp_path
+        )
+        assert code == 2
+        assert "export" in said and "not a zip file" in said
+        assert not (tmp_path / "x.zip").exists()
+        code, said = await amc(*conn, "task", "export", "no-such-task", cwd=tmp_path)
+        assert code == 2 and "NOT_FOUND" in said
+        code, said = await amc("host", "export", "no-such-task", cwd=tmp_path, env=host_env)
+        assert code == 2 and "not in this host's timeline" in said
+        code, said = await amc(
+            "host",
+            "export",
+            task_id,
+            cwd=tmp_path,
+            env={"AMC_HOST_DATA_DIR": str(tmp_path / "nowhere")},
+        )
+        assert code == 2 and "no host timeline" in said
+
+    host = read_bundle(tmp_path / "host.zip")
+    cloud = read_bundle(tmp_path / "cloud.zip")
+    merged = read_bundle(merged_path)
+    assert host.origin == "host" and cloud.origin == "cloud" and merged.origin == "cloud+host"
+    assert host.steps and all(s.before_png and s.screen for s in host.steps)
+    assert all(s.transport == transport for s in host.steps)
+    assert all(s.before_png is None for s in cloud.steps)
+    if transport == "cloud":
+        assert [s.key for s in cloud.steps] == [s.key for s in host.steps]
+        assert [s.tool_name for s in cloud.steps] == [s.tool_name for s in host.steps]
+        # The cloud keeps each decision's screen: its export places every tap without the host.
+        for c, h in zip(cloud.steps, host.steps, strict=True):
+            assert c.screen is not None and h.screen is not None
+            assert [e.element_id for e in c.screen.elements] == [
+                e.element_id for e in h.screen.elements
+            ]
+        clicks = [x for x in step_lines(tmp_path / "cloud.zip") if x.action.action_type == "click"]
+        assert clicks and all(x.action.x is not None and x.ui_elements for x in clicks)
+    else:
+        assert cloud.steps == []
+    # The merge: the cloud's decisions (or the host's steps), every screenshot and screen.
+    assert [s.key for s in merged.steps] == [s.key for s in host.steps]
+    assert all(s.before_png and s.screen for s in merged.steps)
+    for line in step_lines(merged_path):
+        assert line.screenshot is not None
+        if line.action.action_type == "click":
+            assert line.action.x is not None and line.action.element_bounds is not None
+    with zipfile.ZipFile(merged_path) as z:
+        notes = dataset.RunRecord.model_validate_json(z.read("run.json")).notes
+    assert not any("no screenshot" in n for n in notes)
+    if transport == "direct":
+        with zipfile.ZipFile(tmp_path / "cloud.zip") as z:
+            cloud_notes = dataset.RunRecord.model_validate_json(z.read("run.json")).notes
+        assert any("direct transport" in n for n in cloud_notes)

@@ -1,0 +1,224 @@
+"""A host's export of runs the real agent loop recorded: the zip's files, the dataset against
+its documented schema, element ids resolved to points, the video decoded back, and bad exports
+refused with a clear error."""
+
+from __future__ import annotations
+
+import io
+import json
+import zipfile
+from pathlib import Path
+
+import av
+import pytest
+from PIL import Image, ImageSequence
+
+from export import dataset
+from export.bundle import BundleError, bundle_bytes, read_bundle
+from export.merge import MergeError, merge
+from export.run import Run
+from host.timeline.export_source import run_from_timeline
+from tests.export.conftest import HOST, T_GESTURES, Timeline
+from tests.host.console.host_console_support import SECRET, T_DARK, T_LEGACY, T_SECRET
+
+ROOT = Path(__file__).resolve().parents[2]
+FILES = {"report.html", "run.gif", "run.mp4", "steps.jsonl", "step.schema.json", "run.json"}
+
+
+def host_run(timeline: Timeline, task_id: str) -> Run:
+    run = run_from_timeline(timeline.store, task_id, HOST)
+    assert run is not None
+    return run
+
+
+def lines(z: zipfile.ZipFile) -> list[dataset.StepRecord]:
+    text = z.read("steps.jsonl").decode()
+    return [dataset.parse_line(line) for line in text.splitlines()]
+
+
+def test_the_schema_in_the_docs_is_the_one_the_export_writes() -> None:
+    documented = (ROOT / "docs" / "export" / "step.schema.json").read_text()
+    assert documented == dataset.schema_json(), "run: python -m export.schema > docs/..."
+
+
+@pytest.mark.parametrize("task_id", [T_DARK, T_SECRET, T_GESTURES, T_LEGACY])
+def test_every_step_is_a_valid_line_with_its_screenshots(timeline: Timeline, task_id: str) -> None:
+    run = host_run(timeline, task_id)
+    records = timeline.store.steps(task_id, 1)
+    assert len(run.steps) == len(records) > 0
+    with zipfile.ZipFile(io.BytesIO(bundle_bytes(run))) as z:
+        names = set(z.namelist())
+        assert names >= FILES
+        assert json.loads(z.read("step.schema.json")) == json.loads(dataset.schema_json())
+        steps = lines(z)
+        head = dataset.RunRecord.model_validate_json(z.read("run.json"))
+        for line in z.read("steps.jsonl").decode().splitlines():  # the documented JSON form
+            assert set(json.loads(line)) == set(dataset.StepRecord.model_fields)
+        assert head.task_id == task_id
+        assert head.steps == len(steps)
+        assert [s.step_index for s in steps] == [r.step_index for r in records]
+        assert [s.step_id for s in steps] == list(range(len(steps)))
+        assert {s.episode_length for s in steps} == {len(steps)}
+        assert {s.goal for s in steps} == {run.goal}
+        for s in steps:
+            for name in (s.screenshot, s.screenshot_after):
+                if name is not None:
+                    assert z.read(name).startswith(b"\x89PNG")
+        if task_id != T_LEGACY:
+            assert all(s.screenshot for s in steps)
+            assert all(s.screen is not None and s.ui_elements for s in steps)
+
+
+def test_taps_on_named_elements_become_the_elements_centers(timeline: Timeline) -> None:
+    with zipfile.ZipFile(io.BytesIO(bundle_bytes(host_run(timeline, T_DARK)))) as z:
+        steps = lines(z)
+    taps = [s for s in steps if s.amc_action.tool == "tap"]
+    assert len(taps) == 2
+    for s in taps:
+        assert s.action.action_type == "click"
+        element = next(e for e in s.ui_elements or [] if e.id == s.action.element_id)
+        assert [s.action.x, s.action.y] == element.center
+        assert s.action.element_bounds == element.bounds
+        b = element.bounds
+        assert b[0] <= element.center[0] <= b[2]
+        assert b[1] <= element.center[1] <= b[3]
+    assert taps[0].purpose == taps[0].step_instruction == "open display settings"
+    assert steps[0].action.action_type == "open_app"
+    assert steps[0].action.app_name == "com.android.settings"
+    assert steps[1].action.action_type == "get_ui_tree"
+    assert steps[-1].action.action_type == "status"
+    assert steps[-1].action.goal_status == "complete"
+    assert taps[0].thinking_kind == "summarized"
+    assert taps[0].usage is not None
+    assert taps[0].usage.input_tokens == 100
+    assert taps[0].outcome.executed is True
+    assert taps[0].latency_s is not None
+    # The redacted step (3rd call) keeps what kind of blocks it had.
+    assert [t.redacted for t in steps[2].thinking] == [True, False, False]
+
+
+def test_swipes_and_keys_in_the_dataset_vocabulary(timeline: Timeline) -> None:
+    with zipfile.ZipFile(io.BytesIO(bundle_bytes(host_run(timeline, T_GESTURES)))) as z:
+        steps = lines(z)
+    swipe = steps[1].action
+    assert swipe.action_type == "swipe"
+    assert swipe.direction == "up"
+    assert swipe.touch == [540, 1800]
+    assert swipe.lift == [540, 700]
+    assert swipe.duration_ms == 300
+    assert [steps[2].action.action_type, steps[3].action.action_type] == [
+        "navigate_back",
+        "navigate_home",
+    ]
+    assert steps[2].action.keycode == "KEYCODE_BACK"
+    assert steps[4].action.goal_status == "infeasible"
+
+
+def test_a_sensitive_value_is_in_no_file_of_the_export(timeline: Timeline) -> None:
+    data = bundle_bytes(host_run(timeline, T_SECRET))
+    with zipfile.ZipFile(io.BytesIO(data)) as z:
+        typed = next(s for s in lines(z) if s.amc_action.tool == "input_text")
+        assert typed.action.text == "•••"
+        assert typed.action.sensitive is True
+        assert typed.amc_action.arguments["text"] == "•••"
+        assert typed.amc_action.proto["input_text"]["text"] == "•••"
+        assert typed.action.x is not None  # the field it typed into, tapped first
+        assert "•••" in z.read("report.html").decode()
+        for name in z.namelist():
+            blob = z.read(name)
+            assert SECRET.encode() not in blob, name
+            assert SECRET.encode("utf-16-le") not in blob, name
+
+
+def test_the_video_has_a_frame_per_step(timeline: Timeline) -> None:
+    run = host_run(timeline, T_DARK)
+    with zipfile.ZipFile(io.BytesIO(bundle_bytes(run))) as z:
+        gif, mp4 = z.read("run.gif"), z.read("run.mp4")
+    with Image.open(io.BytesIO(gif)) as image:
+        assert image.format == "GIF"
+        frames_in_gif = sum(1 for _ in ImageSequence.Iterator(image))
+        assert frames_in_gif >= len(run.steps) + 2  # title, a frame per step, the result
+        size = image.size
+        assert image.info["loop"] == 0
+    with av.open(io.BytesIO(mp4), mode="r") as container:
+        stream = container.streams.video[0]
+        assert stream.codec_context.name == "h264"
+        frames = list(container.decode(video=0))
+    assert len(frames) >= len(run.steps) + 2
+    assert (frames[0].width, frames[0].height) == size
+
+
+def test_an_export_reads_back_as_the_same_run(timeline: Timeline) -> None:
+    run = host_run(timeline, T_DARK)
+    back = read_bundle(bundle_bytes(run))
+    assert back.task_id == run.task_id
+    assert back.goal == run.goal
+    assert [s.key for s in back.steps] == [s.key for s in run.steps]
+    for a, b in zip(run.steps, back.steps, strict=True):
+        assert b.action == a.action
+        assert b.before_png == a.before_png
+        assert b.after_png == a.after_png
+        assert b.screen == a.screen
+        assert b.purpose == a.purpose
+
+
+def test_merge_puts_the_hosts_screens_into_the_clouds_record(timeline: Timeline) -> None:
+    """The cloud's side has the decisions but no screens; the host's export supplies them."""
+    host = read_bundle(bundle_bytes(host_run(timeline, T_DARK)))
+    cloud = host_run(timeline, T_DARK)
+    cloud.origin = "cloud"
+    for s in cloud.steps:
+        s.before_png = s.after_png = None
+        s.screen = None
+        s.rationale = f"cloud: {s.rationale}"
+    cloud.steps[2].tool_name = "swipe"  # a step the host recorded otherwise
+    merged = merge(cloud, host)
+    assert merged.origin == "cloud+host"
+    assert [s.rationale for s in merged.steps] == [s.rationale for s in cloud.steps]
+    assert all(s.before_png for i, s in enumerate(merged.steps) if i != 2)
+    assert merged.steps[2].before_png is None
+    assert any("step 3" in n for n in merged.notes)
+    other = host_run(timeline, T_SECRET)
+    with pytest.raises(MergeError, match="task-secret"):
+        merge(cloud, other)
+
+
+def test_bad_exports_are_refused_naming_the_problem(timeline: Timeline) -> None:
+    good = bundle_bytes(host_run(timeline, T_GESTURES))
+    with pytest.raises(BundleError, match="not a zip file"):
+        read_bundle(b"plain text")
+
+    def rewrite(drop: str = "", **replace: bytes) -> bytes:
+        out = io.BytesIO()
+        with zipfile.ZipFile(io.BytesIO(good)) as z, zipfile.ZipFile(out, "w") as w:
+            for name in z.namelist():
+                if name != drop:
+                    w.writestr(name, replace.get(name.replace(".", "_"), z.read(name)))
+        return out.getvalue()
+
+    with pytest.raises(BundleError, match=r"run\.json is missing"):
+        read_bundle(rewrite(drop="run.json"))
+    steps = good_lines = bundle_lines(good)
+    broken = "\n".join([steps[0], '{"schema_version": "amc.export.step/1"}'])
+    with pytest.raises(BundleError, match=r"steps\.jsonl line 2"):
+        read_bundle(rewrite(steps_jsonl=broken.encode()))
+    escaping = good_lines[0].replace('"screenshots/', '"screenshots/../../')
+    with pytest.raises(BundleError, match="line 1: no screenshot"):
+        read_bundle(rewrite(steps_jsonl=escaping.encode()))
+
+
+def bundle_lines(data: bytes) -> list[str]:
+    with zipfile.ZipFile(io.BytesIO(data)) as z:
+        return z.read("steps.jsonl").decode().splitlines()
+
+
+def test_a_verdict_shows_where_there_is_one_and_nowhere_else(timeline: Timeline) -> None:
+    run = host_run(timeline, T_DARK)
+    run.steps[2].verdict, run.steps[2].verdict_detail = "as expected", "the Display page opened"
+    with zipfile.ZipFile(io.BytesIO(bundle_bytes(run))) as z:
+        html = z.read("report.html").decode()
+        steps = lines(z)
+    assert html.count('data-field="verdict"') == 1
+    assert "verdict: as expected" in html
+    assert "the Display page opened" in html
+    assert [s.outcome.verdict for s in steps] == [None, None, "as expected", None, None]
