@@ -48,6 +48,7 @@ def _script(name: str, title: str, smoke_args: list[str]) -> Callable[[bool], Se
 
 BENCHMARKS: dict[str, Callable[[bool], Section]] = {
     "lease_capacity": lease_capacity.run,
+    "observability_overhead": lease_capacity.run_overhead,
     "memory": memory.run,
     "dispatch_latency": dispatch_latency.run,
     "decision_log": decision_log.run,

@@ -66,6 +66,7 @@ ACCESS: Final[Mapping[str, Rule]] = {
     "/amc.v1.ProgressService/WatchProgress": OPERATORS,
     "/amc.v1.FleetService/ListHosts": OPERATORS,
     "/amc.v1.FleetService/WatchHosts": OPERATORS,
+    "/amc.v1.FleetService/GetSpend": OPERATORS,
     "/amc.v1.DecisionLogService/ListDecisions": OPERATORS,
     "/amc.v1.DecisionLogService/GetDecision": OPERATORS,
     "/amc.v1.DecisionLogService/GetConversation": OPERATORS,

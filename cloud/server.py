@@ -41,7 +41,7 @@ from amc.v1 import (
     task_service_pb2,
     task_service_pb2_grpc,
 )
-from cloud import secret_box, supervised
+from cloud import metrics, secret_box, supervised
 from cloud.artifacts import ArtifactStore, open_artifact_store
 from cloud.authz import Authorization
 from cloud.boundary import Boundary
@@ -59,14 +59,17 @@ from cloud.services.artifact_service import ArtifactServicer
 from cloud.services.decision_log_service import DecisionLogServicer
 from cloud.services.fleet_service import FleetServicer
 from cloud.services.flow_service import FlowServicer
-from cloud.services.planner_service import build_planner_servicer
+from cloud.services.planner_service import CloudBudgets, build_planner_servicer
 from cloud.services.progress_service import ProgressServicer
 from cloud.services.task_service import TaskServicer
 from cloud.settings import CloudSettings, SettingError
 from cloud.store import decisions, screenshots, sessions
 from cloud.store.database import Store
 from cloud.store.engine import upgrade
+from planner.budget import dollars
 from planner.planner import Planner
+from telemetry import logs, metrics_http, tracing
+from telemetry.metrics_http import MetricsAddressError, MetricsServer
 
 log = logging.getLogger(__name__)
 Say = Callable[[str], None]
@@ -143,6 +146,13 @@ def _cannot_listen(address: str) -> str | None:
         return exc.strerror or str(exc)
 
 
+def _caps(max_tokens: int, max_cost_usd: float) -> str:
+    """ "10,000 tokens, $5.00", or "none"."""
+    parts = [f"{max_tokens:,} tokens"] if max_tokens else []
+    parts += [dollars(max_cost_usd)] if max_cost_usd else []
+    return ", ".join(parts) or "none"
+
+
 def _open_store(url: str) -> Store:
     """The store for AMC_CLOUD_DATABASE_URL; a URL no driver here can open is a SettingError."""
     try:
@@ -194,6 +204,8 @@ class CloudServer:
         self.leases = LeaseManager(self.store, self.bus, settings, self.secrets)
         self.provider_health = ProviderHealth(threshold=settings.provider_down_after_failures)
         self.leases.dispatcher.provider = self.provider_health
+        self.budgets = CloudBudgets(self.store, settings)
+        self.leases.dispatcher.budget_hold = self.budgets.daily_hold
         self.provider_health.on_available.append(self.leases.dispatcher.wake.set)
         self.embedder = _embedder(settings)
         self.retriever: Retriever | None = None
@@ -209,16 +221,22 @@ class CloudServer:
         self.revocations.add_listener(self.leases.on_deny_list)
         self._revocations_wake = asyncio.Event()
         self.bus.on_revocations.append(self._revocations_wake.set)
+        self.metrics = metrics.configure(enabled=settings.metrics_enabled)
+        self.metrics_server: MetricsServer | None = None
+        self.tracing = "off"
         self.server = grpc.aio.server(
             options=server_options(settings),
-            # Outermost first: who is calling, then what they sent and how a failure reads.
+            # Outermost first: the trace span (it covers the authorization check too), who is
+            # calling, then what they sent and how a failure reads.
             interceptors=[
+                tracing.server_interceptor(),
                 Authorization(insecure=settings.insecure, revoked=self.revocations),
                 Boundary(on_unavailable=self.database.wake.set),
             ],
         )
         self._closeables: list[Any] = []
         self.planner_summary = ""
+        self.metrics_note = ""
         self._jobs: list[asyncio.Task[None]] = []
         self._started = False
         self._stopped = False
@@ -237,7 +255,7 @@ class CloudServer:
             ProgressServicer(store, bus), self.server
         )
         fleet_service_pb2_grpc.add_FleetServiceServicer_to_server(
-            FleetServicer(store, bus, s, self.provider_health), self.server
+            FleetServicer(store, bus, s, self.provider_health, self.budgets.daily_hold), self.server
         )
         window = dt.timedelta(seconds=s.ship_window_seconds)
         decision_log_service_pb2_grpc.add_DecisionLogServiceServicer_to_server(
@@ -251,7 +269,8 @@ class CloudServer:
             store,
             bus,
             self.provider_health,
-            self.retriever.handed if self.retriever is not None else None,
+            handed=self.retriever.handed if self.retriever is not None else None,
+            budgets=self.budgets,
         )
         #: The compact planner Decide plans with (benches count its provider's calls).
         self.planner = next((c for c in self._closeables if isinstance(c, Planner)), None)
@@ -296,11 +315,21 @@ class CloudServer:
         shared = url.get_backend_name() == "postgresql"
         kind = "PostgreSQL: replicas may share it" if shared else "SQLite: one replica only"
         security = "plaintext, loopback only" if s.insecure else "mTLS, fleet certificates"
+        served = self.metrics_server
+        if served is not None:
+            metric_line = f"{served.url} (AMC_CLOUD_METRICS_ADDRESS)"
+        else:
+            metric_line = self.metrics_note or "not served (AMC_CLOUD_METRICS_ADDRESS=off)"
+        caps = [
+            f"task default {_caps(s.default_task_max_tokens, s.default_task_max_cost_usd)}",
+            f"fleet daily {_caps(s.daily_max_tokens, s.daily_max_cost_usd)}",
+        ]
         return [
             f"amc cloud listening on {self.address} ({security})",
             f"  store:        {store} ({kind})",
             f"  planner:      {self.planner_summary}",
             f"  screenshots:  {self.artifacts.describe()} (AMC_CLOUD_ARTIFACT_* settings)",
+            f"  budgets:      {'; '.join(caps)}",
             f"  certificates: {s.tls_source()}",
             "  secrets:      "
             + (
@@ -308,8 +337,22 @@ class CloudServer:
                 if self.secrets is not None
                 else "refused (no AMC_CLOUD_SECRETS_KEY: tasks with secrets cannot be submitted)"
             ),
+            f"  metrics:      {metric_line}",
+            f"  tracing:      {self.tracing}",
+            f"  logs:         {logs.describe(logs.LogSettings().format)}",
             "  stop with Ctrl-C",
         ]
+
+    def serve_metrics(self, address: str | None = None) -> MetricsServer | None:
+        """Serve this process's cloud metrics at `address` (default: the setting). A taken or
+        bad address does not stop the replica: the banner says why there are no metrics."""
+        address = self.settings.metrics_address if address is None else address
+        try:
+            self.metrics_server = metrics_http.serve(address, metrics.REGISTRY)
+        except MetricsAddressError as exc:
+            self.metrics_note = f"NOT served: AMC_CLOUD_METRICS_ADDRESS {exc}"
+            log.warning("metrics not served: AMC_CLOUD_METRICS_ADDRESS %s", exc)
+        return self.metrics_server
 
     @property
     def address(self) -> str:
@@ -338,6 +381,12 @@ class CloudServer:
                     self.learner.step,
                     interval=self.settings.flow_learning_interval_seconds,
                     wake=self.learner.wake,
+                )
+            )
+        if self.metrics.enabled:
+            self._jobs.append(
+                supervised.start(
+                    "metrics", self._refresh_metrics, interval=self.settings.metrics_refresh_seconds
                 )
             )
         if self.provider_health.probe is not None:
@@ -389,6 +438,9 @@ class CloudServer:
         await self.leases.wait_streams_closed(max(grace, 1.0))
         await self.server.stop(grace)
         await supervised.stop(self._jobs)
+        if self.metrics_server is not None:
+            await asyncio.to_thread(self.metrics_server.stop)
+            self.metrics_server = None
         await self.leases.stop()
         await self.bus.stop()
         for closeable in self._closeables:
@@ -396,6 +448,10 @@ class CloudServer:
                 await closeable.aclose()
         if self._own_store:
             await self.store.close()
+
+    async def _refresh_metrics(self) -> None:
+        s = self.settings
+        await self.metrics.refresh(self.store, s.daily_max_cost_usd, s.daily_max_tokens)
 
     async def wait(self) -> None:
         """Until the server terminates."""
@@ -450,12 +506,15 @@ async def build_server(
 async def serve(settings: CloudSettings | None = None, say: Say | None = None) -> None:
     """Run one replica until SIGINT/SIGTERM, then shut down gracefully. `say` gets what it
     runs (address, store, planner, certificates) once it serves."""
+    traced = tracing.configure("amc-cloud")
     server = await build_server(settings)
+    server.tracing = traced
     try:
         await server.start()
     except BaseException:
         await server.stop(0)
         raise
+    server.serve_metrics()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):

@@ -13,6 +13,9 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 #: Where a cloud listens and where every client (CLI, console, host) looks for it by default.
 DEFAULT_CLOUD_ADDRESS = "127.0.0.1:50051"
+#: Where `amc cloud serve` serves Prometheus metrics unless told otherwise (loopback: a
+#: Prometheus on another machine needs AMC_CLOUD_METRICS_ADDRESS=0.0.0.0:9471).
+DEFAULT_METRICS_ADDRESS = "127.0.0.1:9471"
 
 
 class SettingError(ValueError):
@@ -140,6 +143,22 @@ class CloudSettings(BaseSettings):
                 f"(AMC_CLOUD_RETENTION_DAYS={self.retention_days:g})",
                 "a host could ship decisions of tasks already pruned: shorten the window",
             )
+
+    # Observability (docs/operations.md). Where `amc cloud serve` serves Prometheus metrics
+    # (`host:port`; "off" turns the endpoint off; the embedded stack serves none unless asked),
+    # whether the metrics are kept at all (off only to measure what they cost), and how often
+    # the gauges read from the database (tasks by status, queue depth) are refreshed.
+    metrics_address: str = DEFAULT_METRICS_ADDRESS
+    metrics_enabled: bool = True
+    metrics_refresh_seconds: float = Field(15.0, gt=0)
+
+    # Spending caps (docs/operations.md, "Cost and budgets"); 0 = no cap. A task's own caps
+    # default to these when SubmitTask leaves them 0; the daily ones bound the whole fleet's
+    # model spending per UTC day (decisions on the cloud transport).
+    default_task_max_tokens: int = Field(0, ge=0)
+    default_task_max_cost_usd: float = Field(0.0, ge=0)
+    daily_max_tokens: int = Field(0, ge=0)
+    daily_max_cost_usd: float = Field(0.0, ge=0)
 
     def tls_paths(self) -> tuple[Path, Path, Path]:
         """(ca, server cert, server key), filled from `pki_dir` where not given explicitly."""

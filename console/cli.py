@@ -37,6 +37,7 @@ from console.cli_errors import CloudTarget, UserError, from_rpc, run_main
 from console.cli_help import PlainCommand, PlainGroup
 from console.cli_output import err, out, print_json, print_json_line, print_text
 from console.client import OperatorClient, secure_channel
+from planner.budget import dollars
 
 if TYPE_CHECKING:
     from export.run import Run
@@ -301,6 +302,10 @@ def up(
             show_default=False,
         ),
     ] = None,
+    metrics: Annotated[
+        bool,
+        typer.Option(help="Serve Prometheus metrics (cloud 127.0.0.1:9471, host :9472)."),
+    ] = False,
 ) -> None:
     """Run the embedded stack (cloud, consoles, a host with virtual phones) until Ctrl-C, and
     leave a context file so `amc task …` in another terminal talks to it."""
@@ -314,6 +319,7 @@ def up(
             host_console_port=host_console_port,
             listen_address=listen,
             out=out,
+            metrics=metrics,
         )
     )
 
@@ -344,7 +350,9 @@ def cloud_serve(
     setting that keeps it from starting is one line naming the setting and the fix (exit 2).
     """
     from cloud.startup import run
+    from telemetry import logs
 
+    logs.configure()
     raise typer.Exit(
         run(insecure=insecure, debug=debug or debugging(), say=lambda line: print(line, flush=True))
     )
@@ -367,14 +375,25 @@ def host_run(
         bool, typer.Option(help="Let the local console bind a non-loopback address.")
     ] = False,
 ) -> None:
-    """Run a host agent: connect to the cloud, drive the phones (settings from AMC_HOST_*)."""
+    """Run a host agent: connect to the cloud, drive the phones (settings from AMC_HOST_*).
+
+    Prints what it runs (phones, planner, certificates, metrics at AMC_HOST_METRICS_ADDRESS,
+    default 127.0.0.1:9472, tracing, logs) once it is up."""
     from host.console import HostConsoleSettings
     from host.runner import run_host
     from host.settings import HostSettings
+    from telemetry import logs, tracing
 
-    console_settings = HostConsoleSettings(allow_remote=allow_remote) if console else None
+    logs.configure()
     try:
-        _run(run_host(HostSettings(), console=console_settings))
+        tracing.configure("amc-host")
+    except tracing.TracingConfigError as error:
+        err.print(f"tracing: {error}")
+        raise typer.Exit(2) from None
+    console_settings = HostConsoleSettings(allow_remote=allow_remote) if console else None
+    say = lambda line: print(line, flush=True)  # noqa: E731
+    try:
+        _run(run_host(HostSettings(), console=console_settings, serve_metrics=True, say=say))
     except OSError as exc:
         raise _bind_error(exc, "the host console", "AMC_HOST_CONSOLE_BIND_PORT") from exc
 
@@ -738,6 +757,16 @@ def task_submit(
     no_replay: Annotated[
         bool, typer.Option("--no-replay", help="Plan every step with the model (no learned flow).")
     ] = False,
+    max_tokens: Annotated[
+        int,
+        typer.Option(metavar="N", help="Token budget of the task; 0 = the cloud's default.", min=0),
+    ] = 0,
+    max_cost: Annotated[
+        float,
+        typer.Option(
+            metavar="USD", help="Cost budget in US dollars; 0 = the cloud's default.", min=0
+        ),
+    ] = 0.0,
     json_out: Json = False,
 ) -> None:
     """Queue a task and print its id. The cloud checks the target against the fleet: a
@@ -752,6 +781,7 @@ def task_submit(
         client_request_id=request_id,
         secrets={name: _secret_value(name) for name in secret or []},
         no_replay=no_replay,
+        budget=types_pb2.TaskBudget(max_tokens=max_tokens, max_cost_usd=max_cost),
     )
     if lease_seconds:
         request.lease_duration.CopyFrom(Duration(seconds=lease_seconds))
@@ -913,6 +943,7 @@ def task_show(task_id: TaskIdArg, json_out: Json = False) -> None:
     if line:
         out.print(f"step:    {line}")
     out.print(f"totals:  {formatting.totals_line(task.totals)}")
+    out.print(f"spent:   {formatting.spending(task.totals.usage, task.budget)}")
     if task.result_summary:
         out.print(f"result:  {task.result_summary}")
     if task.cancelled_by:
@@ -928,6 +959,7 @@ def task_show(task_id: TaskIdArg, json_out: Json = False) -> None:
                 formatting.styled_status(attempt.status),
                 f" on {attempt.host_id}/{attempt.device_serial}{reason}",
             )
+            + f" · {formatting.usage_words(attempt.usage)}"
         )
         if attempt.HasField("flow"):
             use = attempt.flow
@@ -1215,6 +1247,7 @@ def decisions(
         out.print(
             f"tokens in/out {usage.input_tokens}/{usage.output_tokens} · cache read/write "
             f"{usage.cache_read_input_tokens}/{usage.cache_creation_input_tokens} · "
+            f"{dollars(usage.cost_usd)} · "
             f"{latency_ms} ms" + "".join(f" · {n}" for n in notes)
         )
         if prompts:
@@ -1224,6 +1257,8 @@ def decisions(
             print_text(d.system_prompt)
             out.print(Text(f"── user prompt{added} ──", style="bold"))
             print_text(d.user_prompt)
+    if found:
+        out.print(f"total: {formatting.usage_words(formatting.total_usage(found))}")
 
 
 def main() -> None:
@@ -1305,3 +1340,22 @@ def flows_enable(
 ) -> None:
     """Replay a disabled or retired flow again (its run of divergences starts over)."""
     _set_flow_status(flow_id, types_pb2.FLOW_STATUS_ACTIVE, reason)
+
+
+@app.command()
+def spend(
+    days: Annotated[int, typer.Option(help="Days back from today (UTC), 1 = today.", min=1)] = 1,
+) -> None:
+    """The fleet's model spending per day, host and model (cloud transport), and today's
+    against the daily budget."""
+    import datetime as dt
+
+    from amc.v1 import fleet_service_pb2
+
+    today = dt.datetime.now(dt.UTC).date()
+    request = fleet_service_pb2.GetSpendRequest(
+        since_day=(today - dt.timedelta(days=days - 1)).isoformat(), until_day=today.isoformat()
+    )
+    response = _with_client(lambda c: c.fleet.GetSpend(request))
+    out.print(formatting.spend_table(list(response.rows)))
+    out.print(f"today: {formatting.spending(response.today, response.daily_budget, 'daily')}")

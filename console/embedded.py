@@ -33,17 +33,20 @@ from amc.v1 import (
 )
 from cloud.pki import ensure_embedded_pki
 from cloud.server import CloudServer, build_server
-from cloud.settings import DEFAULT_CLOUD_ADDRESS, CloudSettings
+from cloud.settings import DEFAULT_CLOUD_ADDRESS, DEFAULT_METRICS_ADDRESS, CloudSettings
 from console import context, formatting
 from console.cli_errors import UserError
 from console.client import OperatorClient, secure_channel
 from console.gateway.app import build_server as build_console_server
 from console.settings import ConsoleSettings
+from host import metrics as host_metrics
 from host.console import HostConsoleSettings
 from host.devices.virtual.adb_server import VirtualAdbServer
 from host.devices.virtual.phone import VirtualPhone
 from host.runner import run_host
-from host.settings import HostSettings
+from host.settings import DEFAULT_HOST_METRICS_ADDRESS, HostSettings
+from telemetry import logs, metrics_http, tracing
+from telemetry.metrics_http import MetricsServer
 
 HOST_ID = "embedded-host"
 OPERATOR = "admin"
@@ -61,6 +64,10 @@ class EmbeddedStack:
     operator: OperatorClient
     host_stop: asyncio.Event
     host_task: asyncio.Task[None]
+    #: The cloud's and the host's /metrics endpoints, when asked for (both parts run in this
+    #: process, each with its own registry on its own address, as separate processes would).
+    cloud_metrics: MetricsServer | None = None
+    host_metrics: MetricsServer | None = None
 
     @property
     def cloud_address(self) -> str:
@@ -76,9 +83,11 @@ async def embedded_stack(
     max_steps: int = 30,
     host_console: HostConsoleSettings | None = None,
     listen_address: str = "127.0.0.1:0",
+    metrics: tuple[str, str] | None = None,
 ) -> AsyncIterator[EmbeddedStack]:
     """Start every part, yield, then stop them in reverse order (the cloud on a free port
-    unless `listen_address` says where)."""
+    unless `listen_address` says where). `metrics`: the cloud's and the host's /metrics
+    addresses (none are served by default: the embedded stack keeps to its gRPC port)."""
     pki_dir = await asyncio.to_thread(ensure_embedded_pki, data_dir, [HOST_ID], operator=OPERATOR)
     # The cloud first: a setting it refuses (a taken port, session mode on the offline
     # planner) stops the stack before anything else started.
@@ -126,9 +135,14 @@ async def embedded_stack(
         )
     )
     stack = EmbeddedStack(data_dir, pki_dir, cloud, adb, operator, host_stop, host_task)
+    if metrics is not None:
+        stack.cloud_metrics = cloud.serve_metrics(metrics[0])
+        stack.host_metrics = metrics_http.serve(metrics[1], host_metrics.REGISTRY)
     try:
         yield stack
     finally:
+        if stack.host_metrics is not None:
+            await asyncio.to_thread(stack.host_metrics.stop)
         host_stop.set()
         with contextlib.suppress(Exception):
             await asyncio.wait_for(host_task, 15)
@@ -213,6 +227,7 @@ async def run_demo(
     """Run the goals on a fresh embedded stack; True when every task succeeded."""
     out = out or Console()
     logging.basicConfig(level=logging.WARNING)
+    tracing.configure("amc")
     # Each demo starts from an empty database and timeline; the certificates are kept.
     for stale in (
         "cloud.sqlite3",
@@ -318,19 +333,24 @@ async def run_up(
     transport: Transport = "cloud",
     listen_address: str | None = None,
     out: Console | None = None,
+    metrics: bool = False,
 ) -> None:
-    """Keep the embedded stack and both consoles running until Ctrl-C; print where they are,
+    """Keep the embedded stack and both consoles running until Ctrl-C; print where they are
+    (with `metrics`, the cloud's and the host's /metrics on their default loopback ports),
     and leave a context file (`console.context`) so `amc task …` elsewhere finds it.
 
     The cloud listens on `listen_address`, or by default on 127.0.0.1:50051 (any free port
     when that one is taken). A console port that is taken is refused before anything starts.
     """
     out = out or Console()
+    logs.configure()
+    traced = tracing.configure("amc")
     _check_port(console_port, "the operators' console", "--console-port")
     _check_port(host_console_port, "the host console", "--host-console-port")
     address, note = _listen_address(listen_address)
     sock = socket.create_server(("127.0.0.1", console_port))
     host_console = HostConsoleSettings(bind_port=host_console_port)
+    addresses = (DEFAULT_METRICS_ADDRESS, DEFAULT_HOST_METRICS_ADDRESS) if metrics else None
     try:
         async with embedded_stack(
             data_dir,
@@ -338,6 +358,7 @@ async def run_up(
             transport=transport,
             host_console=host_console,
             listen_address=address,
+            metrics=addresses,
         ) as stack:
             password = await asyncio.to_thread(_console_password, data_dir)
             gateway = build_console_server(
@@ -376,6 +397,10 @@ async def run_up(
                 f"operator: amc task list   (any shell finds this stack through {written}; "
                 "a new host console login: amc host token)"
             )
+            for part, served in (("cloud", stack.cloud_metrics), ("host", stack.host_metrics)):
+                if served is not None:
+                    out.print(f"metrics:  {part} {served.url}")
+            out.print(f"tracing:  {traced}")
             try:
                 await asyncio.wait({serving, stack.host_task}, return_when=asyncio.FIRST_COMPLETED)
             finally:

@@ -6,7 +6,9 @@ as markup (`console.cli_output` turns markup off), so it prints exactly as writt
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from datetime import UTC, datetime
+from typing import Any
 
 from google.protobuf.timestamp_pb2 import Timestamp
 from rich.table import Table
@@ -14,6 +16,7 @@ from rich.text import Text
 
 from amc.v1 import types_pb2
 from console import wording
+from planner.budget import dollars
 from planner.convert import retry_kind_from_proto, thinking_kind_from_proto
 from planner.decision import OMITTED_BLOCK, RETRY_WORDS, THINKING_WORDS, thinking_word
 from planner.targets import semantics
@@ -193,3 +196,60 @@ def flow_table(flows: list[types_pb2.Flow]) -> Table:
 def target_words(target: types_pb2.ElementTarget) -> str:
     """A semantic target as words ("'Display' title TextView")."""
     return semantics(target)
+
+
+def billed_tokens(usage: types_pb2.Usage) -> int:
+    """Input, output, cache reads and writes: what a token budget counts."""
+    return (
+        usage.input_tokens
+        + usage.output_tokens
+        + usage.cache_read_input_tokens
+        + usage.cache_creation_input_tokens
+    )
+
+
+def usage_words(usage: types_pb2.Usage) -> str:
+    """`1,234 tokens · $0.0123`."""
+    return f"{billed_tokens(usage):,} tokens · {dollars(usage.cost_usd)}"
+
+
+def total_usage(decisions: Iterable[types_pb2.Decision]) -> types_pb2.Usage:
+    """The decisions' usage summed."""
+    total = types_pb2.Usage()
+    for d in decisions:
+        u = d.usage
+        total.input_tokens += u.input_tokens
+        total.output_tokens += u.output_tokens
+        total.cache_read_input_tokens += u.cache_read_input_tokens
+        total.cache_creation_input_tokens += u.cache_creation_input_tokens
+        total.thinking_tokens += u.thinking_tokens
+        total.cost_usd += u.cost_usd
+    return total
+
+
+def spending(usage: types_pb2.Usage, budget: types_pb2.TaskBudget, whose: str = "task") -> str:
+    """What was spent, against the caps when there are any."""
+    caps = []
+    if budget.max_tokens:
+        caps.append(f"{billed_tokens(usage):,} of {budget.max_tokens:,} tokens")
+    if budget.max_cost_usd:
+        caps.append(f"{dollars(usage.cost_usd)} of {dollars(budget.max_cost_usd)}")
+    against = f" ({whose} budget: {'; '.join(caps)})" if caps else f" (no {whose} budget)"
+    return usage_words(usage) + against
+
+
+def spend_table(rows: list[Any]) -> Table:
+    """GetSpend rows: day, host, provider/model, decisions, tokens, cost."""
+    table = Table(show_lines=False)
+    for column in ("day", "host", "model", "decisions", "tokens", "cost"):
+        table.add_column(column)
+    for r in rows:
+        table.add_row(
+            r.day,
+            Text(r.host_id),
+            Text(f"{r.provider}/{r.model}"),
+            f"{r.decisions:,}",
+            f"{billed_tokens(r.usage):,}",
+            dollars(r.usage.cost_usd),
+        )
+    return table

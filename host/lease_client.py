@@ -41,9 +41,12 @@ import grpc
 from google.protobuf import duration_pb2, timestamp_pb2
 
 from amc.v1 import lease_service_pb2, lease_service_pb2_grpc, types_pb2
+from host import metrics
 from host.agent.loop import TaskOutcome, TaskSpec
 from host.agent.progress import ProgressHolder, ProgressSnapshot, truncate
 from host.devices.registry import DeviceInfo
+from planner.budget import Budget
+from planner.convert import usage_from_proto
 
 log = logging.getLogger(__name__)
 
@@ -200,6 +203,8 @@ class LeaseClient:
                 except (OSError, ConnectionError) as exc:
                     self.last_error = str(exc)
                     log.warning("lease stream lost: %s", exc)
+                if not stop.is_set():
+                    metrics.reconnects.inc()
                 self._welcomed.clear()
                 if stop.is_set():
                     break
@@ -333,9 +338,11 @@ class LeaseClient:
         elif kind == "renewed":
             r = response.renewed
             rt = self._tasks.get((r.task_id, r.attempt))
+            metrics.renewals.labels(outcome="acked").inc()
             if rt is not None and rt.spec.lease_id == r.lease_id:
                 rt.expires_mono = _mono_expiry(r.lease_expires_at, rt.lease_s)
         elif kind == "revoked":
+            metrics.renewals.labels(outcome="revoked").inc()
             self._on_revoked(response.revoked)
         elif kind == "result_ack":
             a = response.result_ack
@@ -408,6 +415,8 @@ class LeaseClient:
             deadline,
             secrets=dict(a.secrets),
             flows=flows,
+            budget=Budget(a.budget.max_tokens, a.budget.max_cost_usd),
+            spent=usage_from_proto(a.spent),
         )
         problem = self._cannot_run(a.device_serial)
         if problem:
@@ -604,6 +613,7 @@ class LeaseClient:
             if rt.revoked is not None:
                 next_due = now + 0.5  # stopping; the cloud no longer holds this lease
             elif self._send(self._renewal(rt)):
+                metrics.renewals.labels(outcome="sent").inc()
                 rt.last_renewal_mono = now
                 next_due = now + self._interval(rt)
             else:

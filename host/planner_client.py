@@ -10,15 +10,19 @@ history it keeps the way the cloud's decision log does. So both build byte-ident
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 import grpc
 
 from amc.v1 import planner_service_pb2, planner_service_pb2_grpc, types_pb2
+from host import metrics
+from planner import budget
+from planner.budget import Budget
 from planner.convert import decision_from_proto
-from planner.decision import Decision
-from planner.errors import WAITING_FOR_KEY
+from planner.decision import Decision, Usage
+from planner.errors import WAITING_FOR_KEY, BudgetExhausted
 from planner.history import MASK, WorldEvent
 from planner.observation import clip, observation_from_scene
 from planner.plan_step import plan_step
@@ -123,13 +127,23 @@ class CloudPlanner:
     async def _call(
         self, request: planner_service_pb2.DecideRequest
     ) -> planner_service_pb2.DecideResponse:
+        started = time.perf_counter()
         try:
             response: planner_service_pb2.DecideResponse = await self._stub.Decide(
                 request, timeout=self.timeout_s
             )
         except grpc.aio.AioRpcError as exc:
-            message = f"cloud planner: {exc.code().name}: {exc.details()}"
+            metrics.decide_seconds.labels(outcome=exc.code().name.lower()).observe(
+                time.perf_counter() - started
+            )
+            details = exc.details() or ""
+            if exc.code() == grpc.StatusCode.FAILED_PRECONDITION and details.startswith(
+                budget.PREFIX
+            ):
+                raise BudgetExhausted(details) from exc  # the task fails; never retried
+            message = f"cloud planner: {exc.code().name}: {details}"
             raise CloudPlanError(message, exc.code(), _waiting_for(exc)) from exc
+        metrics.decide_seconds.labels(outcome="ok").observe(time.perf_counter() - started)
         return response
 
     async def decide(
@@ -188,14 +202,26 @@ class DirectPlanner:
     `SessionPlanner` (its conversation is stored, so it survives a restart; the step records
     here are only for compact prompts and start empty after one). `flows` are the learned flows
     of the assignment: `plan_step` replays them as the cloud does on its transport.
+
+    The task's caps (`budget`, from the assignment) are checked before each call against what
+    the task spent before this attempt (`spent`, the cloud's tally) plus this attempt's own
+    decisions: once a cap is reached no further call is made (`BudgetExhausted`).
     """
 
     def __init__(
-        self, engine: Planner | SessionPlanner, flows: Sequence[types_pb2.Flow] = ()
+        self,
+        engine: Planner | SessionPlanner,
+        flows: Sequence[types_pb2.Flow] = (),
+        budget: Budget | None = None,
+        spent: Usage | None = None,
     ) -> None:
         self.engine = engine
         self.flows = tuple(flows)
         self.steps: list[PastStep] = []
+        self.budget = budget or Budget()
+        self.spent = Usage()
+        if spent is not None:
+            self.spent.add(spent)
 
     async def decide(
         self,
@@ -204,6 +230,10 @@ class DirectPlanner:
         history: Sequence[WorldEvent | dict[str, Any]] = (),
         screenshot: bytes | None = None,
     ) -> Decision:
+        refusal = budget.exhausted(self.budget, self.spent) if self.budget else None
+        if refusal:
+            metrics.budget_refusals.inc()
+            raise BudgetExhausted(refusal)
         outcome = previous_outcome(self.steps[-1].step_index if self.steps else None, history)
         decision = await plan_step(
             self.engine,
@@ -216,6 +246,7 @@ class DirectPlanner:
         )
         self.steps = with_outcome(self.steps, outcome)
         self.steps.append(PastStep.from_decision(decision, len(self.steps) + 1))
+        self.spent.add(decision.usage)
         return decision
 
     async def aclose(self) -> None:

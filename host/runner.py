@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import logging
 import signal
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC
 from typing import TYPE_CHECKING, Any
@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 import grpc
 
 from amc.v1 import types_pb2
+from host import metrics as host_metrics
 from host.agent.live_thinking import ClearingPlanner, LiveThinking
 from host.agent.loop import AgentLoop, LoopSettings, TaskOutcome, TaskSpec
 from host.agent.planning_wait import WaitPolicy
@@ -35,10 +36,13 @@ from host.perception.ocr import OcrPool
 from host.perception.perceive import Perceiver
 from host.planner_client import CloudPlanner, DirectPlanner, StepPlanner
 from host.settings import HostSettings
+from host.startup import describe
 from host.timeline.store import TimelineStore
 from planner import model_profiles
 from planner.session.store import SqliteSessionStore
 from planner.settings import PlannerSettings
+from telemetry import metrics_http, tracing
+from telemetry.metrics_http import MetricsAddressError, MetricsServer
 
 if TYPE_CHECKING:
     from host.console.settings import HostConsoleSettings
@@ -50,7 +54,7 @@ log = logging.getLogger(__name__)
 DriverFactory = Callable[[str], Driver]
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, weakref_slot=True, eq=False)  # counted by identity (host/metrics.py)
 class HostApp:
     """Everything one host process runs, assembled by `build_host`."""
 
@@ -106,6 +110,12 @@ class HostApp:
             "pending_results": [list(k) for k in self.lease.pending_results()],
             "outbox": _backlog_dict(self.lease.backlog),
         }
+
+    def phone_states(self) -> Iterator[tuple[str, bool, bool]]:
+        """(serial, online, busy) of each phone, for the phones-by-state gauge."""
+        busy = {spec.device_serial for spec, _ in self.lease.running()}
+        for d in self.registry.devices():
+            yield d.serial, d.online, d.serial in busy
 
     def close(self) -> None:
         if self.ocr is not None:
@@ -233,7 +243,12 @@ def build_host(
         ),
     )
     if settings.planner_transport == "cloud" and planner is None:
-        planner_channel = channels()
+        # The planner's own channel carries the trace context of each step to the cloud.
+        planner_channel = (
+            channel_factory()
+            if channel_factory is not None
+            else open_channel(settings, tracing.client_interceptors())
+        )
     outbox = OutboxStore(settings.resolved_outbox_path)
     sender = OutboxSender(
         outbox,
@@ -263,6 +278,7 @@ def build_host(
         ),
     )
     app_ref.append(app)
+    host_metrics.phones.watch(app)
     return app
 
 
@@ -286,13 +302,17 @@ async def _run_task(
                 attempt=spec.attempt,
                 on_thinking=app.thinking.sink(spec.task_id, spec.attempt),
             ),
-            spec.flows,
+            flows=spec.flows,
+            budget=spec.budget,
+            spent=spec.spent,
         )
         planner = ClearingPlanner(session, app.thinking, spec.task_id, spec.attempt)
     elif app.direct_planner is not None:
         planner = app.direct_planner
     elif app.compact_engine is not None:
-        planner = DirectPlanner(app.compact_engine, spec.flows)
+        planner = DirectPlanner(
+            app.compact_engine, spec.flows, budget=spec.budget, spent=spec.spent
+        )
     else:
         # The cloud transport: the cloud chooses compact or session mode itself.
         assert app.planner_channel is not None
@@ -317,6 +337,7 @@ async def _run_task(
             ocr=app.ocr is not None,
             planner_transport=s.planner_transport,
             planner_wait=WaitPolicy(s.planner_wait_initial_s, s.planner_wait_max_s),
+            host_id=app.lease.host_id or s.host_id,
         ),
         shipments=app.shipments,
     )
@@ -419,10 +440,14 @@ async def run_host(
     planner: StepPlanner | None = None,
     make_driver: DriverFactory | None = None,
     console: HostConsoleSettings | None = None,
+    serve_metrics: bool = False,
+    say: Callable[[str], None] | None = None,
 ) -> None:
     """Run a host until SIGINT/SIGTERM (or `stop`), then stop its tasks and return.
 
-    With `console` settings, the local console (host/console/) is served beside it.
+    With `console` settings, the local console (host/console/) is served beside it; with
+    `serve_metrics`, Prometheus metrics at `settings.metrics_address` (`amc host run`). `say`
+    hears what runs where once it is up (the start-up banner, `host/startup.py`).
     """
     settings = settings or HostSettings()
     stop = stop or asyncio.Event()
@@ -450,9 +475,23 @@ async def run_host(
             except BaseException:
                 app.close()
                 raise
+        served: MetricsServer | None = None
+        metrics_note = ""
+        if serve_metrics:
+            try:
+                served = metrics_http.serve(settings.metrics_address, host_metrics.REGISTRY)
+            except MetricsAddressError as exc:  # metrics are not worth refusing to run for
+                metrics_note = f"NOT served: AMC_HOST_METRICS_ADDRESS {exc}"
+                log.warning("metrics not served: AMC_HOST_METRICS_ADDRESS %s", exc)
+        if say is not None:
+            await asyncio.to_thread(app.registry.refresh)  # the banner names the phones
+            for line in describe(app, metrics=served, metrics_note=metrics_note):
+                say(line)
         try:
             await serve_host(app, stop)
         finally:
+            if served is not None:
+                await asyncio.to_thread(served.stop)
             if console_task is not None:
                 stop.set()
                 await console_task

@@ -17,6 +17,9 @@ from cloud.settings import DEFAULT_CLOUD_ADDRESS
 
 #: The seed design's name for the local task/timeline database path; honoured when set.
 LEGACY_DB_ENV = "HOST_AGENT_TASK_PROGRESS_DB_PATH"
+#: Where `amc host run` serves Prometheus metrics unless told otherwise (loopback; the cloud's
+#: default is the port before it).
+DEFAULT_HOST_METRICS_ADDRESS = "127.0.0.1:9472"
 
 
 class HostSettings(BaseSettings):
@@ -108,6 +111,10 @@ class HostSettings(BaseSettings):
     ship_screenshots: bool = True
 
     agent_version: str = "amc-host/0.1.0"
+
+    # --- observability (docs/operations.md) ---
+    #: Where `amc host run` serves Prometheus metrics (`host:port`; "off" turns it off).
+    metrics_address: str = DEFAULT_HOST_METRICS_ADDRESS
 
     @model_validator(mode="after")
     def _fill_paths(self) -> HostSettings:

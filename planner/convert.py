@@ -48,6 +48,7 @@ def usage_to_proto(usage: Usage) -> types_pb2.Usage:
         cache_read_input_tokens=usage.cache_read_input_tokens,
         cache_creation_input_tokens=usage.cache_creation_input_tokens,
         thinking_tokens=usage.thinking_tokens,
+        cost_usd=usage.cost_usd,
     )
 
 
@@ -58,6 +59,7 @@ def usage_from_proto(usage: types_pb2.Usage) -> Usage:
         cache_read_input_tokens=usage.cache_read_input_tokens,
         cache_creation_input_tokens=usage.cache_creation_input_tokens,
         thinking_tokens=usage.thinking_tokens,
+        cost_usd=usage.cost_usd,
     )
 
 

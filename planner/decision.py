@@ -45,13 +45,32 @@ class ThinkingBlock:
 
 @dataclass(slots=True)
 class Usage:
-    """Token usage summed over every provider call a decision needed."""
+    """Token usage summed over every provider call a decision needed, and what it cost.
+
+    `input_tokens` are the input tokens billed at the normal rate (cache reads and writes are
+    counted apart, as Anthropic reports them; the OpenAI adapters subtract cached tokens);
+    `output_tokens` include thinking (`thinking_tokens` is the part of them the provider
+    reported as reasoning). `cost_usd` is priced from the model's row of the price table
+    (`planner/prices.py`) when the call returns; 0 for a model without a price.
+    """
 
     input_tokens: int = 0
     output_tokens: int = 0
     cache_read_input_tokens: int = 0
     cache_creation_input_tokens: int = 0
     thinking_tokens: int = 0
+    cost_usd: float = 0.0
+
+    @property
+    def billed_tokens(self) -> int:
+        """Every token a provider bills: input, output, cache reads and cache writes (what a
+        token budget counts)."""
+        return (
+            self.input_tokens
+            + self.output_tokens
+            + self.cache_read_input_tokens
+            + self.cache_creation_input_tokens
+        )
 
     def add(self, other: Usage) -> None:
         self.input_tokens += other.input_tokens
@@ -59,6 +78,7 @@ class Usage:
         self.cache_read_input_tokens += other.cache_read_input_tokens
         self.cache_creation_input_tokens += other.cache_creation_input_tokens
         self.thinking_tokens += other.thinking_tokens
+        self.cost_usd += other.cost_usd
 
 
 @dataclass(slots=True)

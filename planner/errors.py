@@ -55,3 +55,9 @@ class SessionStateError(PlannerError):
 class ToolCallError(ValueError):
     """A tool call the model made is unusable. The message is sent back to the model verbatim in
     the one corrective retry, so it says exactly what was wrong and how to fix it."""
+
+
+class BudgetExhausted(PlannerError):
+    """What the task spent reached one of its caps (or today's fleet spending a daily cap): no
+    model call was made. `str(err)` starts "budget exhausted: " and says what of what; the
+    attempt fails and is not retried (`planner/budget.py`)."""

@@ -4,6 +4,7 @@ The servicer does not import `cloud`: the cloud passes in who the caller is (fro
 certificate), whether a lease is live (`LeaseGate`), and where decisions go (`DecisionSink`, which
 assigns the step index atomically per (task, attempt)). Order matters and is the contract:
 lease first (no tokens spent and nothing logged for a stale or foreign lease), then sizes, then
+the task's budget (`BudgetGate`: FAILED_PRECONDITION "budget exhausted: …", no call made), then
 the provider, then exactly one appended row. A provider failure logs nothing; its class decides
 the status code (see the proto): planning temporarily impossible is UNAVAILABLE or
 RESOURCE_EXHAUSTED (the host waits and asks again), refused credentials PERMISSION_DENIED, no
@@ -164,6 +165,14 @@ class ProviderHealth(Protocol):
         ...
 
 
+class BudgetGate(Protocol):
+    """Whether the task (and the fleet today) may spend on one more model call."""
+
+    async def refusal(self, task_id: str) -> str | None:
+        """Why not ("budget exhausted: … of …", `planner/budget.py`), or None when it may."""
+        ...
+
+
 class _NoHealth:
     def failed(self, reason: str) -> None:
         return None
@@ -196,6 +205,7 @@ class PlannerServicer(planner_service_pb2_grpc.PlannerServiceServicer):
         session_store: SessionStoreFactory | None = None,
         live_thinking: ThinkingFeed | None = None,
         health: ProviderHealth | None = None,
+        budget: BudgetGate | None = None,
     ) -> None:
         if mode == "session" and (sessions is None or session_store is None):
             raise ValueError(
@@ -213,6 +223,7 @@ class PlannerServicer(planner_service_pb2_grpc.PlannerServiceServicer):
         self._live_thinking = live_thinking
         self._health: ProviderHealth = health or _NoHealth()
         self._plans = StepPlans()
+        self._budget = budget
 
     async def Decide(
         self,
@@ -250,6 +261,10 @@ class PlannerServicer(planner_service_pb2_grpc.PlannerServiceServicer):
             stored = await self._sink.logged(request.task_id, request.attempt, step_key)
             if stored is not None:  # a retry after a lost answer: the same decision again
                 return planner_service_pb2.DecideResponse(decision=stored, replayed=True)
+        if self._budget is not None:
+            refusal = await self._budget.refusal(request.task_id)
+            if refusal:  # before any provider call: nothing is spent past a cap
+                await context.abort(grpc.StatusCode.FAILED_PRECONDITION, refusal)
 
         try:
             if typed:

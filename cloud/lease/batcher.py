@@ -11,7 +11,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 
+from cloud import metrics
 from cloud.events import EventBus
 from cloud.store import leases
 from cloud.store.database import Store
@@ -68,14 +70,19 @@ class RenewalBatcher:
     async def _write(
         self, batch: list[tuple[leases.RenewalIn, asyncio.Future[leases.RenewalOut]]]
     ) -> None:
+        observed = metrics.current()
+        started = time.perf_counter()
         try:
             outcomes = await leases.renew_batch(self._store, [item for item, _ in batch])
         except Exception as exc:
+            observed.renewal_errors(len(batch))
             log.exception("renewal batch of %d failed", len(batch))
             for _, fut in batch:
                 if not fut.done():
                     fut.set_exception(exc)
             return
+        observed.db_batch.observe(time.perf_counter() - started)
+        observed.db_batch_size.observe(len(batch))
         self.batches_written += 1
         changed: list[str] = []
         for (item, fut), out in zip(batch, outcomes, strict=True):

@@ -8,11 +8,13 @@ on a timer, which also corrects the busy hints from the store now and then.
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from amc.v1 import lease_service_pb2 as lease_pb
 from amc.v1 import types_pb2
+from cloud import metrics
 from cloud.events import EventBus
 from cloud.flows.retrieval import Retriever
 from cloud.lease import messages
@@ -48,6 +50,9 @@ class Dispatcher:
         self.secrets: SecretBox | None = None
         #: Chooses the learned flows an assignment carries (None: flows are off).
         self.flows: Retriever | None = None
+        #: Set (since, why) while the fleet's daily budget is spent: the same hosts get no new
+        #: tasks until the next UTC day (their first step would be refused).
+        self.budget_hold: Callable[[], tuple[dt.datetime, str] | None] | None = None
         bus.on_queued.append(self.wake.set)
 
     def _assignment(
@@ -73,11 +78,11 @@ class Dispatcher:
     def paused_for(self, session: HostSession) -> bool:
         """Whether new tasks are held back from this host (it plans through this cloud, whose
         model provider is down)."""
-        return (
-            self.provider is not None
-            and self.provider.pause is not None
-            and session.planner_transport == types_pb2.PLANNER_TRANSPORT_CLOUD
-        )
+        if session.planner_transport != types_pb2.PLANNER_TRANSPORT_CLOUD:
+            return False
+        if self.provider is not None and self.provider.pause is not None:
+            return True
+        return self.budget_hold is not None and self.budget_hold() is not None
 
     def kick(self, session: HostSession) -> None:
         """Look for work for one host soon (coalesced: at most one pending pass per host)."""
@@ -125,6 +130,9 @@ class Dispatcher:
                 session.busy.add(claimed.device_serial)
                 session.granted.add(held)
                 session.send(self._assignment(claimed, await self._flows_for(claimed)))
+                if claimed.queued_since is not None:
+                    waited = (self.store.now() - claimed.queued_since).total_seconds()
+                    metrics.current().dispatch_latency.observe(max(0.0, waited))
                 self.bus.tasks_changed([claimed.task_id])
                 self.bus.hosts_changed([session.host_id])  # a phone of it is busy now
         return got

@@ -20,7 +20,7 @@ import grpc
 
 from amc.v1 import lease_service_pb2 as lease_pb
 from amc.v1 import types_pb2
-from cloud import revocations, supervised
+from cloud import metrics, revocations, supervised
 from cloud.events import EventBus, RevokeEvent
 from cloud.identity import Caller
 from cloud.lease import messages
@@ -349,6 +349,7 @@ class LeaseManager:
             leases.RenewalIn(session.host_id, msg.task_id, msg.attempt, msg.lease_id, progress)
         )
         if out.expires_at is not None:
+            metrics.current().renewal("acked")
             return lease_pb.LeaseResponse(
                 renewed=lease_pb.Renewed(
                     task_id=msg.task_id,
@@ -358,6 +359,8 @@ class LeaseManager:
                 )
             )
         await self._record_revoked(session.host_id, msg.task_id, msg.attempt, out.revocation)
+        why = out.revocation.name.lower() if out.revocation is not None else "unknown"
+        metrics.current().renewal(why)
         return messages.refused(msg.task_id, msg.attempt, msg.lease_id, out.revocation, out.message)
 
     async def result(
@@ -386,7 +389,9 @@ class LeaseManager:
                 session.busy.discard(out.device_serial)
                 self.bus.tasks_changed([msg.task_id])
                 self.bus.hosts_changed([session.host_id])  # the phone is idle again
+                metrics.current().result(states.from_proto(msg.status))
                 if out.task_status == states.QUEUED:  # a retryable end: its next attempt waits
+                    metrics.current().requeued.labels(cause="retryable_result").inc()
                     self.bus.tasks_queued()
                 self.dispatcher.kick(session)
             return lease_pb.LeaseResponse(

@@ -14,6 +14,7 @@ from typing import TypeAlias
 from amc.v1 import lease_service_pb2 as lease_pb
 from amc.v1 import types_pb2
 from cloud.store import convert, hosts, leases, states
+from planner.convert import usage_to_proto
 
 RevokeReason: TypeAlias = lease_pb.RevokeReason.ValueType
 
@@ -108,6 +109,10 @@ def assignment(
         resumed=False,
         renew_interval=convert.renew_interval(claimed.lease_seconds),
         secrets=secrets or {},
+        budget=types_pb2.TaskBudget(
+            max_tokens=claimed.max_tokens, max_cost_usd=claimed.max_cost_usd
+        ),
+        spent=usage_to_proto(claimed.spent),
     )
     p = convert.progress(claimed.last_progress)
     if p is not None:
@@ -134,6 +139,7 @@ def resumed(check: leases.HeldCheck) -> lease_pb.LeaseResponse:
         deadline=convert.ts(task.deadline),
         resumed=True,
         renew_interval=convert.renew_interval(task.lease_seconds),
+        budget=types_pb2.TaskBudget(max_tokens=task.max_tokens, max_cost_usd=task.max_cost_usd),
     )
     p = convert.progress(check.last_progress)
     if p is not None:

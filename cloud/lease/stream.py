@@ -17,12 +17,13 @@ import grpc
 
 from amc.v1 import lease_service_pb2 as lease_pb
 from amc.v1 import lease_service_pb2_grpc
-from cloud import authz, wire
+from cloud import authz, metrics, wire
 from cloud.boundary import status_for
 from cloud.lease import validate
 from cloud.lease.manager import LeaseManager
 from cloud.lease.session import Closing, HostSession
 from cloud.store import errors
+from telemetry import logs
 
 log = logging.getLogger(__name__)
 
@@ -48,9 +49,13 @@ class LeaseServicer(lease_service_pb2_grpc.LeaseServiceServicer):
     ) -> None:
         host_id = authz.caller().name
         self._manager.stream_started()
+        streams = metrics.current().lease_streams
+        streams.inc()
         try:
-            await self._serve(host_id, context)
+            with logs.bound(host_id=host_id):
+                await self._serve(host_id, context)
         finally:
+            streams.dec()
             self._manager.stream_finished()
 
     async def _serve(
@@ -150,7 +155,8 @@ class LeaseServicer(lease_service_pb2_grpc.LeaseServiceServicer):
             if problem:
                 session.send(_rejected(problem, msg.result.task_id))
                 return
-            session.send(await manager.result(session, msg.result))
+            with logs.bound(task_id=msg.result.task_id, attempt=msg.result.attempt):
+                session.send(await manager.result(session, msg.result))
         elif kind == "device_update":
             problem = validate.device_update(msg.device_update)
             if problem:

@@ -8,6 +8,7 @@ result, an expiry, a deadline, a cancel), so a secret outlives its task by one s
 
 from __future__ import annotations
 
+from cloud import metrics
 from cloud.events import EventBus, RevokeEvent
 from cloud.lease import messages
 from cloud.store import leases, secrets, states
@@ -32,7 +33,11 @@ class Sweeper:
         if not ended:
             return 0
         requeued = False
+        observed = metrics.current()
         for e in ended:
+            observed.expiries.labels(reason=e.revocation.name.lower()).inc()
+            if e.task_status == states.QUEUED:
+                observed.requeued.labels(cause="lease_expired").inc()
             if e.host_id:
                 self.bus.revoke(
                     RevokeEvent(

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import base64
+import datetime as dt
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 import grpc
 
@@ -12,21 +13,36 @@ from amc.v1 import fleet_service_pb2 as pb
 from amc.v1 import fleet_service_pb2_grpc, types_pb2
 from cloud.events import EventBus
 from cloud.lease.validate import MAX_ID
+from cloud.metrics import start_of_day
 from cloud.provider_health import ProviderHealth
 from cloud.services.status import abort
 from cloud.settings import CloudSettings
-from cloud.store import convert, hosts, leases
+from cloud.store import convert, hosts, leases, spend
 from cloud.store.database import Store
+from planner.convert import usage_to_proto
 
 # Changed hosts loaded per query.
 _CHUNK = 200
 DEFAULT_PAGE = 100
 MAX_PAGE = 500
+#: GetSpend answers at most this many days at once.
+MAX_SPEND_DAYS = 366
 
 
 def _encode(key: tuple[int, str]) -> str:
     """A ListHosts cursor: the (disconnected?, host id) sort key of the page's last host."""
     return base64.urlsafe_b64encode(json.dumps(list(key)).encode()).decode()
+
+
+def _day(field: str, text: str) -> dt.datetime:
+    """A YYYY-MM-DD day as midnight UTC; ValueError naming the field otherwise."""
+    try:
+        day = dt.date.fromisoformat(text) if len(text) == 10 else None
+    except ValueError:
+        day = None
+    if day is None:
+        raise ValueError(f"{field}: {text[:40]!r} is not a day (YYYY-MM-DD)")
+    return dt.datetime(day.year, day.month, day.day, tzinfo=dt.UTC)
 
 
 def _decode(token: str) -> tuple[int, str] | None:
@@ -48,11 +64,13 @@ class FleetServicer(fleet_service_pb2_grpc.FleetServiceServicer):
         bus: EventBus,
         settings: CloudSettings,
         provider: ProviderHealth | None = None,
+        budget_hold: Callable[[], tuple[dt.datetime, str] | None] | None = None,
     ) -> None:
         self._store = store
         self._bus = bus
         self._settings = settings
         self._provider = provider
+        self._budget_hold = budget_hold
 
     async def ListHosts(
         self,
@@ -88,10 +106,61 @@ class FleetServicer(fleet_service_pb2_grpc.FleetServiceServicer):
 
     def _dispatch(self) -> pb.DispatchStatus:
         pause = self._provider.pause if self._provider is not None else None
+        held = self._budget_hold() if self._budget_hold is not None else None
+        if pause is None and held is not None:
+            since, why = held
+            return pb.DispatchStatus(
+                paused=True,
+                reason=f"the fleet's daily model budget is spent ({why}); dispatch resumes at "
+                "00:00 UTC",
+                since=convert.ts(since),
+            )
         if pause is None:
             return pb.DispatchStatus()
         return pb.DispatchStatus(
             paused=True, reason=pause.describe(), since=convert.ts(pause.since)
+        )
+
+    async def GetSpend(
+        self,
+        request: pb.GetSpendRequest,
+        context: grpc.aio.ServicerContext[pb.GetSpendRequest, pb.GetSpendResponse],
+    ) -> pb.GetSpendResponse:
+        today = start_of_day(self._store.now())
+        since, until = today, today
+        try:
+            if request.since_day:
+                since = _day("since_day", request.since_day)
+            if request.until_day:
+                until = _day("until_day", request.until_day)
+        except ValueError as exc:
+            await abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        if since > until:
+            await abort(context, grpc.StatusCode.INVALID_ARGUMENT, "since_day: after until_day")
+        if (until - since).days >= MAX_SPEND_DAYS:
+            await abort(
+                context,
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"since_day..until_day: at most {MAX_SPEND_DAYS} days",
+            )
+        rows = await spend.spend_rows(self._store, since, until + dt.timedelta(days=1))
+        s = self._settings
+        return pb.GetSpendResponse(
+            rows=[
+                pb.SpendRow(
+                    day=r.day,
+                    host_id=r.host_id,
+                    provider=r.provider,
+                    model=r.model,
+                    usage=usage_to_proto(r.usage),
+                    decisions=r.decisions,
+                )
+                for r in rows
+            ],
+            today=usage_to_proto(await spend.spent_since(self._store, today)),
+            daily_budget=types_pb2.TaskBudget(
+                max_tokens=s.daily_max_tokens, max_cost_usd=s.daily_max_cost_usd
+            ),
         )
 
     async def WatchHosts(

@@ -10,6 +10,7 @@ a warning (`cloud.goal_warnings`).
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 
 import grpc
@@ -18,7 +19,7 @@ from google.protobuf import duration_pb2
 from amc.v1 import lease_service_pb2 as lease_pb
 from amc.v1 import task_service_pb2 as pb
 from amc.v1 import task_service_pb2_grpc, types_pb2
-from cloud import authz
+from cloud import authz, metrics
 from cloud.events import EventBus, RevokeEvent
 from cloud.goal_warnings import credential_warnings
 from cloud.lease.validate import MAX_ID
@@ -88,6 +89,11 @@ class TaskServicer(task_service_pb2_grpc.TaskServiceServicer):
             return f"target.host_id: at most {MAX_ID} characters"
         if len(r.target.device_serial) > MAX_ID:
             return f"target.device_serial: at most {MAX_ID} characters"
+        budget = r.budget
+        if budget.max_tokens < 0:
+            return "budget.max_tokens: 0 (the cloud's default) or more"
+        if not math.isfinite(budget.max_cost_usd) or budget.max_cost_usd < 0:
+            return "budget.max_cost_usd: 0 (the cloud's default) or a positive number of dollars"
         problem = secret_refs.problem(r.goal, r.secrets) or targets.malformed(
             r.target.host_id, r.target.device_serial
         )
@@ -102,6 +108,8 @@ class TaskServicer(task_service_pb2_grpc.TaskServiceServicer):
             target_device_serial=r.target.device_serial or None,
             client_request_id=r.client_request_id or None,
             no_replay=r.no_replay,
+            max_tokens=budget.max_tokens or s.default_task_max_tokens,
+            max_cost_usd=budget.max_cost_usd or s.default_task_max_cost_usd,
         )
 
     async def SubmitTask(
@@ -127,6 +135,7 @@ class TaskServicer(task_service_pb2_grpc.TaskServiceServicer):
         if request.validate_only:
             return pb.SubmitTaskResponse(warnings=warnings)
         view, deduplicated = await tasks.submit(self._store, spec)
+        metrics.current().submitted(deduplicated)
         if not deduplicated:
             self._bus.tasks_changed([view.task.task_id])
             self._bus.tasks_queued()

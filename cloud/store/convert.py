@@ -13,7 +13,14 @@ from cloud.store.lease_events import EventKind
 from cloud.store.leases.queries import BusyPhone
 from cloud.store.models import AttemptRow, DecisionRow, FlowRow, HostRow, LeaseEventRow
 from cloud.store.tasks import TaskView
-from planner.convert import mode_enum, provider_enum, retry_kind_to_proto, thinking_kind_to_proto
+from planner.convert import (
+    mode_enum,
+    provider_enum,
+    retry_kind_to_proto,
+    thinking_kind_to_proto,
+    usage_to_proto,
+)
+from planner.decision import Usage
 from planner.verify import disagree, verdict_to_proto
 
 FLOW_STATUSES: dict[str, types_pb2.FlowStatus.ValueType] = {
@@ -62,8 +69,8 @@ def progress(row: AttemptRow | None) -> types_pb2.Progress | None:
     )
 
 
-def attempt(row: AttemptRow) -> types_pb2.Attempt:
-    """One attempt as the API shows it."""
+def attempt(row: AttemptRow, usage: Usage | None = None) -> types_pb2.Attempt:
+    """One attempt as the API shows it, with what its decisions cost."""
     out = types_pb2.Attempt(
         attempt=row.attempt,
         host_id=row.host_id,
@@ -98,6 +105,8 @@ def attempt(row: AttemptRow) -> types_pb2.Attempt:
                 divergence=row.replay_divergence or "",
             )
         )
+    if usage is not None:
+        out.usage.CopyFrom(usage_to_proto(usage))
     return out
 
 
@@ -112,6 +121,7 @@ def totals(view: TaskView, now: dt.datetime) -> types_pb2.TaskTotals:
             cache_read_input_tokens=t.cache_read_tokens or 0,
             cache_creation_input_tokens=t.cache_write_tokens or 0,
             thinking_tokens=t.thinking_tokens or 0,
+            cost_usd=t.cost_usd or 0.0,
         ),
         decisions=t.decision_count or 0,
         steps=sum(a.step_index or 0 for a in view.attempts),
@@ -144,6 +154,7 @@ def task(view: TaskView, *, with_attempts: bool) -> types_pb2.Task:
         no_replay=t.no_replay,
         cancelled_by=t.cancelled_by or "",
         totals=totals(view, dt.datetime.now(dt.UTC)),
+        budget=types_pb2.TaskBudget(max_tokens=t.max_tokens, max_cost_usd=t.max_cost_usd),
     )
     if t.finished_at is not None:
         out.finished_at.CopyFrom(ts(t.finished_at))
@@ -154,7 +165,7 @@ def task(view: TaskView, *, with_attempts: bool) -> types_pb2.Task:
     if p is not None:
         out.progress.CopyFrom(p)
     if with_attempts:
-        out.attempts.extend(attempt(a) for a in view.attempts)
+        out.attempts.extend(attempt(a, view.usage.get(a.attempt)) for a in view.attempts)
     return out
 
 
@@ -297,6 +308,7 @@ def decision(row: DecisionRow, *, include_observation: bool = False) -> types_pb
             cache_read_input_tokens=row.cache_read_input_tokens,
             cache_creation_input_tokens=row.cache_creation_input_tokens,
             thinking_tokens=row.thinking_tokens,
+            cost_usd=row.cost_usd,
         ),
         latency=duration(row.latency_seconds),
         forced_retry=row.forced_retry,

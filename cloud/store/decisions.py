@@ -2,7 +2,8 @@
 
 It is also the attempt's memory for typed Decide calls: `attempt_steps` gives the earlier
 decisions as `planner.steps.PastStep`s, and `record_outcome` writes the outcome a host reports
-for one of them (once: a retried report changes nothing).
+for one of them (once: a retried report changes nothing). Every row keeps its tokens and cost:
+`cloud/store/spend.py` sums them.
 """
 
 from __future__ import annotations
@@ -179,6 +180,7 @@ async def _insert(
             thinking_kind=decision.thinking_kind,
             retry_kind=decision.retry_kind,
             output_truncated=decision.output_truncated,
+            cost_usd=decision.usage.cost_usd,
             planner_transport=transport,
             host_decision_id=host_decision_id,
             observation_pb=_observation(decision),
@@ -214,6 +216,7 @@ async def _add_to_totals(session: AsyncSession, task_id: str, decision: Decision
             cache_read_tokens=TaskRow.cache_read_tokens + usage.cache_read_input_tokens,
             cache_write_tokens=TaskRow.cache_write_tokens + usage.cache_creation_input_tokens,
             thinking_tokens=TaskRow.thinking_tokens + usage.thinking_tokens,
+            cost_usd=TaskRow.cost_usd + usage.cost_usd,
             decision_count=TaskRow.decision_count + 1,
         )
         .execution_options(synchronize_session=False)

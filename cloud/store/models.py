@@ -100,7 +100,11 @@ class TaskRow(Base):
     cache_read_tokens: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
     cache_write_tokens: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
     thinking_tokens: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    cost_usd: Mapped[float] = mapped_column(Float, default=0.0, server_default="0")
     decision_count: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    # Spending caps (SubmitTaskRequest.budget, or the cloud's defaults); 0 = no cap.
+    max_tokens: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    max_cost_usd: Mapped[float] = mapped_column(Float, default=0.0, server_default="0")
 
     __table_args__ = (
         Index("ix_tasks_status_created_at", "status", "created_at"),
@@ -324,6 +328,9 @@ class DecisionRow(Base):
     flow_id: Mapped[str | None] = mapped_column(String(32))
     flow_step: Mapped[int | None] = mapped_column(Integer)
     replay_divergence: Mapped[str | None] = mapped_column(Text)
+    # What the decision's model calls cost in US dollars (planner/prices.py); 0 for rows from
+    # before migration 0012 and for models without a price.
+    cost_usd: Mapped[float] = mapped_column(Float, default=0.0, server_default="0")
 
     __table_args__ = (
         UniqueConstraint("task_id", "attempt", "step_index"),

@@ -11,6 +11,7 @@ from planner.conversation.items import SessionItem, dumps_item, item_type, loads
 from planner.decision import Decision
 from planner.steps import PastStep
 from planner.tools import Judgement
+from telemetry import tracing
 
 
 class StoreLeaseGate:
@@ -33,12 +34,16 @@ class StoreDecisionSink:
     async def append(
         self, host_id: str, task_id: str, attempt: int, decision: Decision, step_key: str = ""
     ) -> tuple[str, int] | None:
-        try:
-            row = await decisions.append(
-                self._store, host_id, task_id, attempt, decision, step_key or None
-            )
-        except decisions.StepKeyTaken:
-            return None
+        with tracing.span(
+            "decision log write", {"amc.task_id": task_id, "amc.attempt": attempt}
+        ) as span:
+            try:
+                row = await decisions.append(
+                    self._store, host_id, task_id, attempt, decision, step_key or None
+                )
+            except decisions.StepKeyTaken:
+                return None
+            tracing.set_attributes(span, {"amc.step": row.step_index})
         return row.decision_id, row.step_index
 
     async def logged(self, task_id: str, attempt: int, step_key: str) -> types_pb2.Decision | None:

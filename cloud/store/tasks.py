@@ -13,19 +13,22 @@ from dataclasses import dataclass, field
 from sqlalchemy import and_, func, or_, select, update
 from sqlalchemy.exc import IntegrityError
 
-from cloud.store import secrets, states
+from cloud.store import secrets, spend, states
 from cloud.store.database import Store
 from cloud.store.lease_events import EventKind
 from cloud.store.lease_events import new as new_event
 from cloud.store.models import AttemptRow, TaskRow
+from planner.decision import Usage
 
 
 @dataclass(slots=True)
 class TaskView:
-    """A task and its attempts, oldest first (attempts may be empty in list views)."""
+    """A task and its attempts, oldest first (attempts may be empty in list views), with what
+    each attempt's decisions cost (attempt number → usage; attempts without decisions absent)."""
 
     task: TaskRow
     attempts: list[AttemptRow] = field(default_factory=list)
+    usage: dict[int, Usage] = field(default_factory=dict)
 
     def latest_progress_attempt(self) -> AttemptRow | None:
         """The newest attempt that reported progress (a requeued task keeps its last progress)."""
@@ -56,6 +59,8 @@ class NewTask:
     #: Secret parameters, name → sealed token (`cloud/secret_box.py`), never plain values.
     sealed_secrets: Mapping[str, str] = field(default_factory=dict)
     no_replay: bool = False
+    max_tokens: int = 0
+    max_cost_usd: float = 0.0
 
 
 async def submit(store: Store, spec: NewTask) -> tuple[TaskView, bool]:
@@ -78,6 +83,8 @@ async def submit(store: Store, spec: NewTask) -> tuple[TaskView, bool]:
         client_request_id=spec.client_request_id or None,
         cancel_requested=False,
         no_replay=spec.no_replay,
+        max_tokens=spec.max_tokens,
+        max_cost_usd=spec.max_cost_usd,
         created_at=now,
         updated_at=now,
     )
@@ -121,7 +128,10 @@ async def load_views(store: Store, task_ids: list[str]) -> list[TaskView]:
     by_task: dict[str, list[AttemptRow]] = defaultdict(list)
     for a in attempts:
         by_task[a.task_id].append(a)
-    found = {t.task_id: TaskView(t, by_task[t.task_id]) for t in tasks}
+    usage: dict[str, dict[int, Usage]] = defaultdict(dict)
+    for (task_id, attempt), used in (await spend.usage_by_attempt(store, task_ids)).items():
+        usage[task_id][attempt] = used
+    found = {t.task_id: TaskView(t, by_task[t.task_id], usage[t.task_id]) for t in tasks}
     return [found[i] for i in task_ids if i in found]
 
 
@@ -311,3 +321,23 @@ async def cancel(store: Store, task_id: str, reason: str, operator: str = "") ->
                     )
     view = await get(store, task_id)
     return CancelOutcome(view, already_ended=ended, revoke=revoke)
+
+
+async def count_by_status(store: Store) -> dict[str, int]:
+    """How many tasks are in each status (the metrics' gauges)."""
+    async with store.read() as session:
+        rows = (
+            await session.execute(select(TaskRow.status, func.count()).group_by(TaskRow.status))
+        ).all()
+    return {status: int(n) for status, n in rows}
+
+
+async def budget(store: Store, task_id: str) -> tuple[int, float] | None:
+    """The task's caps (max tokens, max cost in dollars; 0 = none), or None for no such task."""
+    async with store.read() as session:
+        row = (
+            await session.execute(
+                select(TaskRow.max_tokens, TaskRow.max_cost_usd).where(TaskRow.task_id == task_id)
+            )
+        ).first()
+    return None if row is None else (int(row[0]), float(row[1]))

@@ -34,6 +34,7 @@ from console.gateway.models import (
     LeaseEventOut,
     LeaseEventPage,
     ScreenOut,
+    SpendOut,
     SubmitIn,
     SubmitOut,
     TaskDetailOut,
@@ -321,6 +322,15 @@ async def list_hosts(cloud: Cloud, connected_only: bool = False) -> HostList:
     return HostList(
         hosts=[HostOut.of(h) for h in fleet.hosts], dispatch=DispatchOut.of(fleet.dispatch)
     )
+
+
+@router.get(
+    "/spend/today",
+    response_model=SpendOut,
+    summary="Today's fleet model spending (UTC) against the daily budget",
+)
+async def spend_today(cloud: Cloud) -> SpendOut:
+    return SpendOut.of(await cloud.spend())
 
 
 _SSE_DOC: dict[int | str, dict[str, Any]] = {

@@ -220,6 +220,16 @@ class CloudClient:
             if not token:
                 return fleet
 
+    async def spend(
+        self, since_day: str = "", until_day: str = ""
+    ) -> fleet_service_pb2.GetSpendResponse:
+        """The fleet's spending per day, host and model, and today's against the daily caps."""
+        response: fleet_service_pb2.GetSpendResponse = await self._fleet.GetSpend(
+            fleet_service_pb2.GetSpendRequest(since_day=since_day, until_day=until_day),
+            timeout=self._timeout,
+        )
+        return response
+
     async def list_decisions(
         self,
         task_id: str,

@@ -94,6 +94,49 @@ class TargetOut(BaseModel):
     device_serial: str
 
 
+class UsageOut(BaseModel):
+    """Token usage as the provider reported it, and what it cost (list prices, US dollars)."""
+
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cache_read_input_tokens: int = 0
+    cache_creation_input_tokens: int = 0
+    thinking_tokens: int = 0
+    cost_usd: float = 0.0
+
+    @property
+    def billed_tokens(self) -> int:
+        """Input, output, cache reads and writes: what a token budget counts."""
+        return (
+            self.input_tokens
+            + self.output_tokens
+            + self.cache_read_input_tokens
+            + self.cache_creation_input_tokens
+        )
+
+    @classmethod
+    def of(cls, u: types_pb2.Usage) -> UsageOut:
+        return cls(
+            input_tokens=u.input_tokens,
+            output_tokens=u.output_tokens,
+            cache_read_input_tokens=u.cache_read_input_tokens,
+            cache_creation_input_tokens=u.cache_creation_input_tokens,
+            thinking_tokens=u.thinking_tokens,
+            cost_usd=u.cost_usd,
+        )
+
+
+class BudgetOut(BaseModel):
+    """Spending caps; 0 is no cap of that kind."""
+
+    max_tokens: int = 0
+    max_cost_usd: float = 0.0
+
+    @classmethod
+    def of(cls, b: types_pb2.TaskBudget) -> BudgetOut:
+        return cls(max_tokens=b.max_tokens, max_cost_usd=b.max_cost_usd)
+
+
 class AttemptOut(BaseModel):
     """One lease on one phone; renewals are summarised (count, first, last)."""
 
@@ -113,6 +156,9 @@ class AttemptOut(BaseModel):
     renewals: int = Field(0, description="renewals the cloud accepted for this lease")
     first_renewed_at: datetime | None = None
     last_renewed_at: datetime | None = None
+    usage: UsageOut = Field(
+        default_factory=UsageOut, description="this attempt's decisions (cloud transport)"
+    )
 
     @classmethod
     def of(cls, a: types_pb2.Attempt) -> AttemptOut:
@@ -132,6 +178,7 @@ class AttemptOut(BaseModel):
                 types_pb2.PlannerTransport, a.planner_transport, "PLANNER_TRANSPORT_"
             ),
             lease_expires_at=_time(a.lease_expires_at, a.HasField("lease_expires_at")),
+            usage=UsageOut.of(a.usage),
             flow=FlowUseOut.of(a.flow) if a.HasField("flow") else None,
         )
 
@@ -192,9 +239,11 @@ class VerificationOut(BaseModel):
 
 
 class TotalsOut(BaseModel):
-    """What a task used over all its attempts (times as of the answer). Token counts cover the
-    decisions the cloud logged (the cloud planner transport). No cost yet: model prices are
-    not configured anywhere."""
+    """What a task used over all its attempts (times as of the answer). Tokens and cost cover
+    every decision logged for it (the cloud's, and those direct-transport hosts shipped);
+    `usage` holds them with the cost (list prices, US dollars)."""
+
+    usage: UsageOut = Field(default_factory=UsageOut)
 
     input_tokens: int
     output_tokens: int
@@ -220,6 +269,7 @@ class TotalsOut(BaseModel):
     def of(cls, t: types_pb2.TaskTotals) -> TotalsOut:
         u = t.usage
         return cls(
+            usage=UsageOut.of(u),
             input_tokens=u.input_tokens,
             output_tokens=u.output_tokens,
             cache_read_input_tokens=u.cache_read_input_tokens,
@@ -259,6 +309,7 @@ class TaskOut(BaseModel):
     totals: TotalsOut
     attempts: list[AttemptOut]
     no_replay: bool = Field(default=False, description="submitted asking for no replay")
+    budget: BudgetOut = Field(default_factory=BudgetOut)
 
     @property
     def terminal(self) -> bool:
@@ -289,6 +340,7 @@ class TaskOut(BaseModel):
             lease_expires_at=_time(t.lease_expires_at, t.HasField("lease_expires_at")),
             totals=TotalsOut.of(t.totals),
             attempts=[AttemptOut.of(a) for a in t.attempts],
+            budget=BudgetOut.of(t.budget),
         )
 
 
@@ -304,16 +356,6 @@ class ThinkingOut(BaseModel):
 
     text: str
     redacted: bool
-
-
-class UsageOut(BaseModel):
-    """Token usage as the provider reported it."""
-
-    input_tokens: int
-    output_tokens: int
-    cache_read_input_tokens: int
-    cache_creation_input_tokens: int
-    thinking_tokens: int
 
 
 _THINKING_KIND_NAMES = {
@@ -463,6 +505,7 @@ class DecisionOut(BaseModel):
                 cache_read_input_tokens=d.usage.cache_read_input_tokens,
                 cache_creation_input_tokens=d.usage.cache_creation_input_tokens,
                 thinking_tokens=d.usage.thinking_tokens,
+                cost_usd=d.usage.cost_usd,
             ),
             latency_ms=None if latency is None else round(latency * 1000, 1),
             forced_retry=d.forced_retry,
@@ -724,6 +767,17 @@ class DispatchOut(BaseModel):
     @classmethod
     def of(cls, d: fleet_service_pb2.DispatchStatus) -> DispatchOut:
         return cls(paused=d.paused, reason=d.reason)
+
+
+class SpendOut(BaseModel):
+    """Today's fleet spending (UTC) against the fleet's daily caps."""
+
+    today: UsageOut
+    daily_budget: BudgetOut
+
+    @classmethod
+    def of(cls, s: fleet_service_pb2.GetSpendResponse) -> SpendOut:
+        return cls(today=UsageOut.of(s.today), daily_budget=BudgetOut.of(s.daily_budget))
 
 
 class HostList(BaseModel):

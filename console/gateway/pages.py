@@ -27,6 +27,7 @@ from console.gateway.models import (
     DispatchOut,
     FlowOut,
     HostOut,
+    SpendOut,
     TaskOut,
     task_status_value,
 )
@@ -120,9 +121,9 @@ async def fleet_page(request: Request, _: PageUser, cloud: Cloud) -> Response:
     fleet = await cloud.fleet()
     hosts = [HostOut.of(h) for h in fleet.hosts]
     dispatch = DispatchOut.of(fleet.dispatch)
-    return PAGES.render(
-        request, "fleet.html", {"hosts": hosts, "dispatch": dispatch, "nav": "fleet"}
-    )
+    spend = SpendOut.of(await cloud.spend())
+    context = {"hosts": hosts, "dispatch": dispatch, "spend": spend, "nav": "fleet"}
+    return PAGES.render(request, "fleet.html", context)
 
 
 @router.get("/tasks", response_class=HTMLResponse)

@@ -22,6 +22,7 @@ from console.gateway.models import (
 )
 from console.gateway.overlay import overlay
 from console.gateway.timeline import attempt_timelines
+from planner.budget import dollars
 from planner.decision import OMITTED_BLOCK
 
 
@@ -135,5 +136,6 @@ def install(env: Environment) -> None:
     env.filters["duration"] = wording.duration
     env.filters["token_count"] = wording.tokens
     env.filters["timelines"] = attempt_timelines
+    env.filters["usd"] = dollars
     env.globals["omitted_block"] = OMITTED_BLOCK
     env.globals["overlay"] = overlay

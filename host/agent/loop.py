@@ -25,10 +25,12 @@ from datetime import UTC, datetime
 from typing import Literal, TypeVar
 
 from amc.v1 import types_pb2
+from host import metrics as host_metrics
 from host.agent.actions import ActionResult, action_to_record, changes_screen, describe, execute
 from host.agent.planning_wait import Impossible, PlanningPostponed, WaitPolicy, plan_patiently
 from host.agent.progress import ProgressHolder, status_name, truncate
 from host.agent.redact import SecretRedactor
+from host.agent.step_telemetry import StepTelemetry
 from host.agent.verdicts import ReplayTally, check_step
 from host.devices.base import DeviceError, DeviceGone, Driver
 from host.outbox import Shipments, StepRef
@@ -37,7 +39,8 @@ from host.planner_client import CloudPlanError, StepPlanner
 from host.timeline.record import TimelineRecord, screen_record
 from host.timeline.store import TimelineStore
 from planner import secret_refs
-from planner.decision import Decision
+from planner.budget import Budget
+from planner.decision import Decision, Usage
 from planner.errors import PlannerError
 from planner.history import WorldEvent
 from planner.observation import clip
@@ -74,6 +77,10 @@ class TaskSpec:
     #: Learned flows the cloud retrieved for the goal, best first (the assignment's `flow` and
     #: `alternatives`): a direct-transport planner replays them (see planner/flows/replay.py).
     flows: tuple[types_pb2.Flow, ...] = ()
+    #: The task's spending caps and what it spent before this attempt (from the assignment);
+    #: the direct transport checks them before each model call.
+    budget: Budget = field(default_factory=Budget)
+    spent: Usage = field(default_factory=Usage)
 
 
 @dataclass(slots=True)
@@ -106,6 +113,8 @@ class LoopSettings:
     ocr: bool = True
     planner_transport: str = "direct"
     planner_wait: WaitPolicy = field(default_factory=WaitPolicy)
+    #: This host's id, for the attempt's log lines and spans (None: not known yet).
+    host_id: str | None = None
 
 
 class _Cancelled(Exception):
@@ -208,8 +217,11 @@ class AgentLoop:
                 self.settings.planner_transport,
             )
         step = 0
+        tel = StepTelemetry(spec.task_id, spec.attempt, self.settings.host_id)
+        log.info("attempt started on phone %s", spec.device_serial)
+        outcome: TaskOutcome | None = None
         try:
-            outcome = await self._run(spec, progress, cancel)
+            outcome = await self._run_observed(spec, progress, cancel, tel)
         except _Cancelled:
             step = progress.snapshot().step_index
             outcome = TaskOutcome("cancelled", "stopped: the lease was revoked", step)
@@ -239,14 +251,31 @@ class AgentLoop:
             step = progress.snapshot().step_index
             log.exception("task %s failed", spec.task_id)
             outcome = TaskOutcome("failed", truncate(f"{type(exc).__name__}: {exc}", 2000), step)
+        finally:
+            if outcome is not None:
+                log.info("attempt ended %s after %d step(s): %s", outcome.status, outcome.steps,
+                         outcome.summary)  # fmt: skip
+            tel.close(outcome.status if outcome is not None else "cancelled")
         if self.store is not None:
             await asyncio.to_thread(
                 self.store.finish_task, spec.task_id, spec.attempt, outcome.status, outcome.summary
             )
         return outcome
 
+    async def _run_observed(
+        self, spec: TaskSpec, progress: ProgressHolder, cancel: asyncio.Event, tel: StepTelemetry
+    ) -> TaskOutcome:
+        """`_run`, with the step that an exception ends marked as failed by it."""
+        try:
+            return await self._run(spec, progress, cancel, tel)
+        except BaseException as exc:
+            if isinstance(exc, DeviceError):
+                host_metrics.device_error(exc)
+            tel.fail(exc)
+            raise
+
     async def _run(
-        self, spec: TaskSpec, progress: ProgressHolder, cancel: asyncio.Event
+        self, spec: TaskSpec, progress: ProgressHolder, cancel: asyncio.Event, tel: StepTelemetry
     ) -> TaskOutcome:
         history: list[WorldEvent] = []
         secrets = SecretRedactor()
@@ -254,6 +283,7 @@ class AgentLoop:
             secrets.add(value)
         replay = ReplayTally()
         for step in range(1, self.settings.max_steps + 1):
+            tel.start_step(step)
             record = TimelineRecord(spec.task_id, spec.attempt, step, started_at=_now())
             timings: dict[str, float] = {}
 
@@ -265,7 +295,8 @@ class AgentLoop:
                 f"step {step}: looking at the screen",
             )
             t = time.perf_counter()
-            before = await self._perceive(cancel, secrets)
+            with tel.phase("perceive"):
+                before = await self._perceive(cancel, secrets)
             timings.update({f"before_{k}": v for k, v in before.timings.items()})
             record.before_screenshot_path = await self._save_png(
                 spec, f"step{step:03d}-before.png", before.screenshot_png
@@ -296,16 +327,18 @@ class AgentLoop:
                     f"({why.reason})",
                 )
 
-            decision = await self._guard(
-                cancel,
-                plan_patiently(
-                    functools.partial(self.planner.decide, spec.goal, scene, history, shot),
-                    on_wait=waiting,
-                    deadline=spec.deadline,
-                    policy=self.settings.planner_wait,
-                ),
-            )
+            with tel.phase("plan"):
+                decision = await self._guard(
+                    cancel,
+                    plan_patiently(
+                        functools.partial(self.planner.decide, spec.goal, scene, history, shot),
+                        on_wait=waiting,
+                        deadline=spec.deadline,
+                        policy=self.settings.planner_wait,
+                    ),
+                )
             timings["plan_s"] = time.perf_counter() - t
+            tel.decided(decision)
             self._fill_decision(record, decision)
             act = decision.action
             if act.WhichOneof("kind") == "input_text" and act.input_text.sensitive:
@@ -321,7 +354,8 @@ class AgentLoop:
                 raise _Cancelled
             self._progress(spec, progress, step, types_pb2.STEP_STATUS_ACTING, line)
             t = time.perf_counter()
-            result = await self._act(decision, spec, before.scene, secrets)
+            with tel.phase("act"):
+                result = await self._act(decision, spec, before.scene, secrets)
             timings["act_s"] = time.perf_counter() - t
             record.action = action_to_record(decision.action)
             record.result = result.to_dict()
@@ -334,7 +368,8 @@ class AgentLoop:
             if changes_screen(decision.action):
                 if self.settings.settle_delay_s:
                     await asyncio.sleep(self.settings.settle_delay_s)
-                after, after_png = await self._capture_after(spec, step, record, secrets)
+                with tel.phase("perceive"):
+                    after, after_png = await self._capture_after(spec, step, record, secrets)
             else:
                 record.after_screenshot_path = record.before_screenshot_path
             after_page = after.page if after is not None else None
@@ -374,7 +409,8 @@ class AgentLoop:
             t = time.perf_counter()
             record.timings = {**record.timings, **timings}
             if self.store is not None:
-                await asyncio.to_thread(self.store.append_step, record)
+                with tel.phase("record"):
+                    await asyncio.to_thread(self.store.append_step, record)
             timings["record_s"] = time.perf_counter() - t
 
             status = types_pb2.STEP_STATUS_SUCCEEDED if result.ok else types_pb2.STEP_STATUS_FAILED
@@ -385,6 +421,11 @@ class AgentLoop:
                 status,
                 line if result.ok else f"{line} (failed: {result.error})",
             )
+            # The progress line: what the model chose and why, a secret typed masked ("•••").
+            log.info(
+                "%s", line if result.ok else f"{line} (failed: {secrets.text(result.error or '')})"
+            )
+            tel.end_step(result.ok)
             if result.complete:
                 outcome = self._completion(result, step)
                 outcome.replay = replay.report()
@@ -432,6 +473,7 @@ class AgentLoop:
         except DeviceGone:
             raise
         except DeviceError as exc:
+            host_metrics.device_error(exc)
             record.result["after_error"] = str(exc)
             if secrets:
                 return None, None  # without a scene the secret cannot be painted over: no image
@@ -542,6 +584,7 @@ class AgentLoop:
             "cache_read_input_tokens": u.cache_read_input_tokens,
             "cache_creation_input_tokens": u.cache_creation_input_tokens,
             "thinking_tokens": u.thinking_tokens,
+            "cost_usd": u.cost_usd,
         }
         record.timings["planner_latency_s"] = decision.latency_s
 

@@ -21,6 +21,7 @@ from amc.v1 import types_pb2
 from host.agent.progress import ProgressSnapshot
 from host.timeline.record import SENSITIVE_MASK, TimelineRecord
 from host.timeline.store import TaskRow
+from planner.budget import dollars
 from planner.decision import RETRY_WORDS, thinking_word
 from planner.observation import scene_from_observation
 from planner.tools import ui_tree_result
@@ -312,7 +313,7 @@ class StepView:
     answer_json: str
     provider: str | None
     model: str | None
-    usage: dict[str, int]
+    usage: dict[str, float]
     latency_s: float | None
     forced_retry: bool
     corrective_retries: int
@@ -367,7 +368,18 @@ class StepView:
 
     @property
     def total_tokens(self) -> int:
-        return sum(v for k, v in self.usage.items() if k in ("input_tokens", "output_tokens"))
+        return int(sum(v for k, v in self.usage.items() if k in ("input_tokens", "output_tokens")))
+
+    @property
+    def cost_usd(self) -> float:
+        """What the step's model calls cost (list prices; 0 for steps recorded before)."""
+        return float(self.usage.get("cost_usd", 0.0))
+
+
+def steps_cost(steps: list[StepView]) -> str:
+    """Tokens and cost of the steps together, as the task page shows them."""
+    tokens = sum(s.total_tokens for s in steps)
+    return f"{tokens:,} tokens · {dollars(sum(s.cost_usd for s in steps))}"
 
 
 def _flow_line(flow: dict[str, Any] | None, mode: str) -> str:
@@ -454,7 +466,11 @@ def step_view(record: TimelineRecord, screen: tuple[int, int] | None = None) -> 
         answer_json=pretty_json(answer),
         provider=record.provider,
         model=record.model,
-        usage={k: int(v) for k, v in record.usage.items() if isinstance(v, int | float)},
+        usage={
+            k: (float(v) if k == "cost_usd" else int(v))
+            for k, v in record.usage.items()
+            if isinstance(v, int | float)
+        },
         latency_s=float(latency) if isinstance(latency, int | float) else None,
         forced_retry=record.forced_retry,
         corrective_retries=record.corrective_retries,

@@ -170,7 +170,13 @@ async def task_page(
     if chosen is None:
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"no attempt {attempt} of {task_id!r}")
     _count, steps = await run_in_threadpool(_step_views, store, task_id, chosen.attempt, 0)
-    context = {"nav": "tasks", "task": chosen, "attempts": attempts, "steps": steps}
+    context = {
+        "nav": "tasks",
+        "task": chosen,
+        "attempts": attempts,
+        "steps": steps,
+        "steps_cost": present.steps_cost,
+    }
     return PAGES.render(request, "task.html", context)
 
 

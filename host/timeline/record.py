@@ -72,7 +72,7 @@ class TimelineRecord:
     screen: dict[str, Any] = field(default_factory=dict)
     ocr: list[dict[str, Any]] = field(default_factory=list)
     ocr_after: list[dict[str, Any]] = field(default_factory=list)
-    usage: dict[str, int] = field(default_factory=dict)
+    usage: dict[str, float] = field(default_factory=dict)
     timings: dict[str, float] = field(default_factory=dict)
     world_event: dict[str, Any] = field(default_factory=dict)
     # Fields of older record formats, kept verbatim so nothing is lost on load.

@@ -60,6 +60,7 @@ from host.perception.hierarchy import parse_scene
 from host.perception.ocr import default_tessdata_path
 from host.timeline.export_source import run_from_timeline
 from host.timeline.store import TimelineStore
+from telemetry import logs
 from tests.support.fakes import FakeModelServer, anthropic_message, text, tool_use
 
 KEY = f"sk-ant-canary-{secrets.token_hex(12)}"
@@ -237,9 +238,15 @@ async def test_canary_key_and_secret_leave_no_trace(
     log_file = tmp_path / "run.log"
     handler = logging.FileHandler(log_file, encoding="utf-8")
     handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
+    # The structured logs too: the JSON lines (with every bound field and the trace ids) and
+    # the readable ones with their context suffix.
+    json_lines = (tmp_path / "run.jsonl").open("w", encoding="utf-8")
+    text_lines = (tmp_path / "run-text.log").open("w", encoding="utf-8")
+    structured = [logs.handler("json", json_lines), logs.handler("text", text_lines)]
     root = logging.getLogger()
     old_level = root.level
-    root.addHandler(handler)
+    for h in (handler, *structured):
+        root.addHandler(h)
     root.setLevel(logging.DEBUG)
     try:
         async with embedded_stack(data_dir, transport=transport) as stack:
@@ -261,9 +268,13 @@ async def test_canary_key_and_secret_leave_no_trace(
             typed = [e.text for e in parse_scene(phone.dump_hierarchy(), None, None).elements]
             await _until_no_secret_rows(data_dir / "cloud.sqlite3")
     finally:
-        root.removeHandler(handler)
+        for h in (handler, *structured):
+            root.removeHandler(h)
         root.setLevel(old_level)
         handler.close()
+        json_lines.close()
+        text_lines.close()
+    assert "task_id" in (tmp_path / "run.jsonl").read_text(), "the structured logs were written"
 
     # The run really happened, through the fake, with the canary key, and typed the secret.
     assert task.status == types_pb2.TASK_STATUS_SUCCEEDED, task.result_summary
@@ -303,7 +314,10 @@ async def test_canary_key_and_secret_leave_no_trace(
     assert typed and all(
         '"text":"•••"' in line or f'"text":"{REFERENCE}"' in line for line in typed
     ), typed
-    produced = list(files_under(data_dir, log_file)) + exported
+    produced = (
+        list(files_under(data_dir, log_file, tmp_path / "run.jsonl", tmp_path / "run-text.log"))
+        + exported
+    )
     assert any(p.name == "cloud.sqlite3" for p in produced)
     cloud_db = next(p for p in produced if p.name == "cloud.sqlite3")
     with sqlite3.connect(cloud_db) as db:

@@ -199,3 +199,71 @@ def test_certs_secrets_key_prints_a_fernet_key() -> None:
     )
     assert result.returncode == 0, result.stderr
     Fernet(result.stdout.strip().encode())  # a valid key
+
+
+async def test_tokens_and_cost_per_step_task_and_day(tmp_path: Path) -> None:
+    """`amc task show`, `amc decisions` and `amc spend` print what the model calls cost, per
+    step, attempt, task and day, against the task's and the fleet's budgets."""
+    pki = ensure_embedded_pki(tmp_path, [], operator="admin")
+    cloud = await build_server(
+        CloudSettings(
+            database_url=f"sqlite+aiosqlite:///{tmp_path / 'cloud.sqlite3'}",
+            listen_address="127.0.0.1:0",
+            pki_dir=pki,
+            daily_max_cost_usd=10.0,
+        )
+    )
+    await cloud.start()
+    conn = ["--cloud", cloud.address, "--pki-dir", str(pki)]
+    try:
+        code, out = await amc(
+            *conn,
+            "task",
+            "submit",
+            "Turn on dark theme",
+            "--max-tokens",
+            "5000",
+            "--max-cost",
+            "2.5",
+        )
+        assert code == 0, out
+        task_id = out.strip()
+        for cost in (0.125, 0.25):
+            action = types_pb2.Action(purpose="p", expected_outcome="e")
+            action.tap.element_id = "e1"
+            await decisions.append(
+                cloud.store,
+                "h1",
+                task_id,
+                1,
+                Decision(
+                    tool_name="tap",
+                    arguments={"element_id": "e1"},
+                    action=action,
+                    purpose="p",
+                    expected_outcome="e",
+                    rationale="r",
+                    thinking=[],
+                    usage=Usage(input_tokens=15, output_tokens=5, cost_usd=cost),
+                    provider="anthropic",
+                    model="claude-sonnet-4-6",
+                    latency_s=0.1,
+                    forced_retry=False,
+                    system_prompt="s",
+                    user_prompt="u",
+                ),
+            )
+        code, shown = await amc(*conn, "task", "show", task_id)
+        assert code == 0, shown
+        assert (
+            "spent:   40 tokens · $0.3750 (task budget: 40 of 5,000 tokens; $0.3750 of $2.50)"
+            in shown
+        )
+        code, printed = await amc(*conn, "decisions", task_id)
+        assert code == 0 and "$0.1250" in printed and "total: 40 tokens · $0.3750" in printed
+        code, spent = await amc(*conn, "spend", "--days", "2")
+        assert code == 0, spent
+        assert "anthropic/claude-sonnet-4-6" in spent and "$0.3750" in spent
+        assert "today: 40 tokens · $0.3750 (daily budget: $0.3750 of $10.00)" in spent
+    finally:
+        await cloud.stop(grace=0)

@@ -14,6 +14,7 @@ import socket
 import subprocess
 from pathlib import Path
 
+import httpx
 import pytest
 
 from cloud.server import build_server
@@ -32,6 +33,8 @@ def _env(tmp_path: Path, **settings: str) -> dict[str, str]:
             "AMC_CLOUD_DATABASE_URL": f"sqlite+aiosqlite:///{tmp_path / 'cloud.sqlite3'}",
             "AMC_CLOUD_LISTEN_ADDRESS": f"127.0.0.1:{free_port()}",
             "AMC_PLANNER_PROVIDER": "offline",
+            # A free port: the default (127.0.0.1:9471) may be taken by a neighbour's run.
+            "AMC_CLOUD_METRICS_ADDRESS": "127.0.0.1:0",
             "COLUMNS": "200",
             **settings,
         }
@@ -44,6 +47,66 @@ def _fails(env: dict[str, str], *args: str) -> tuple[int, str, str]:
         [AMC, "cloud", "serve", *args], env=env, capture_output=True, text=True, timeout=120
     )
     return done.returncode, done.stdout, done.stderr
+
+
+def _banner(env: dict[str, str]) -> tuple[str, str, str, int]:
+    """Start `amc cloud serve`, read its banner, scrape its /metrics if it serves them, stop it
+    with SIGTERM: (banner, scrape, what it printed after, exit code)."""
+    process = subprocess.Popen(
+        [AMC, "cloud", "serve"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    scraped = ""
+    try:
+        assert process.stdout is not None
+        lines = []
+        for line in process.stdout:  # blocks until the banner is printed (or the process ends)
+            lines.append(line.rstrip("\n"))
+            if "stop with Ctrl-C" in line:
+                break
+        url = re.search(r"metrics:\s+(http://\S+/metrics)", "\n".join(lines))
+        if url:
+            scraped = httpx.get(url.group(1), timeout=10).raise_for_status().text
+        process.send_signal(signal.SIGTERM)
+        rest, _err = process.communicate(timeout=60)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait(10)
+    return "\n".join(lines), scraped, rest, process.returncode
+
+
+def test_it_serves_its_metrics_says_where_and_a_taken_port_does_not_stop_it(
+    tmp_path: Path,
+) -> None:
+    pki = make_pki(tmp_path / "pki", [])
+    banner, scraped, _, code = _banner(_env(tmp_path, AMC_CLOUD_PKI_DIR=str(pki)))
+    assert code == 0
+    assert re.search(
+        r"metrics:\s+http://127\.0\.0\.1:\d+/metrics \(AMC_CLOUD_METRICS_ADDRESS\)", banner
+    )
+    assert "amc_cloud_lease_streams 0.0" in scraped
+    assert "tracing:      off (set OTEL_EXPORTER_OTLP_ENDPOINT" in banner
+    assert "logs:         text on stderr" in banner
+    assert "budgets:      task default none; fleet daily none" in banner
+    assert "prices:       $0 in / $0 out" in banner
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        env = _env(
+            tmp_path,
+            AMC_CLOUD_PKI_DIR=str(pki),
+            AMC_CLOUD_METRICS_ADDRESS=f"127.0.0.1:{port}",
+            AMC_CLOUD_DAILY_MAX_COST_USD="25",
+        )
+        banner, scraped, _, code = _banner(env)
+    assert code == 0, "a taken metrics port does not keep the replica from serving"
+    assert (
+        f"metrics:      NOT served: AMC_CLOUD_METRICS_ADDRESS cannot listen on 127.0.0.1:{port}"
+        in banner
+    )
+    assert "fleet daily $25.00" in banner
+    assert scraped == ""
 
 
 def test_it_says_where_it_listens_what_it_uses_and_stops_on_sigterm(tmp_path: Path) -> None:

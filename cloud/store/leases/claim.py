@@ -15,10 +15,11 @@ from sqlalchemy import select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from cloud.store import secrets, states
+from cloud.store import secrets, spend, states
 from cloud.store.database import Store
 from cloud.store.lease_events import EventKind, new
 from cloud.store.models import AttemptRow, TaskRow
+from planner.decision import Usage
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,6 +39,12 @@ class Claimed:
     sealed_secrets: dict[str, str] = field(default_factory=dict)
     #: The task asked never to replay a learned flow.
     no_replay: bool = False
+    #: When the task was queued for this attempt (None when not known: a re-sent assignment).
+    queued_since: dt.datetime | None = None
+    #: The task's caps (0 = none) and what its earlier attempts' decisions cost.
+    max_tokens: int = 0
+    max_cost_usd: float = 0.0
+    spent: Usage = field(default_factory=Usage)
 
 
 async def latest_progress(session: AsyncSession, task_id: str) -> AttemptRow | None:
@@ -78,7 +85,7 @@ async def claim(
         async with store.write() as session:
             candidate = (
                 await session.execute(
-                    select(TaskRow.task_id, TaskRow.target_device_serial)
+                    select(TaskRow.task_id, TaskRow.target_device_serial, TaskRow.updated_at)
                     .where(*matching)
                     .order_by(TaskRow.created_at, TaskRow.task_id)
                     .limit(1)
@@ -87,7 +94,7 @@ async def claim(
             ).first()
             if candidate is None:
                 return None
-            task_id, target_serial = candidate
+            task_id, target_serial, queued_since = candidate
             serial = target_serial or idle_serials[0]
             claimed = (
                 await session.execute(
@@ -106,13 +113,16 @@ async def claim(
                         TaskRow.lease_seconds,
                         TaskRow.deadline,
                         TaskRow.no_replay,
+                        TaskRow.max_tokens,
+                        TaskRow.max_cost_usd,
                     )
                 )
             ).first()
             if claimed is None:
                 return None
-            attempt, goal, lease_seconds, deadline, no_replay = claimed
+            attempt, goal, lease_seconds, deadline, no_replay, max_tokens, max_cost_usd = claimed
             previous = await latest_progress(session, task_id) if attempt > 1 else None
+            spent = await spend.spent_in(session, task_id, attempt) if attempt > 1 else Usage()
             expires = now + dt.timedelta(seconds=lease_seconds)
             lease_id = uuid.uuid4().hex
             session.add(
@@ -156,6 +166,10 @@ async def claim(
         last_progress=previous,
         sealed_secrets=sealed,
         no_replay=no_replay,
+        queued_since=queued_since,
+        max_tokens=max_tokens,
+        max_cost_usd=max_cost_usd,
+        spent=spent,
     )
 
 
@@ -173,6 +187,8 @@ async def live_attempts_on(store: Store, host_id: str, serials: set[str]) -> lis
                     TaskRow.lease_seconds,
                     TaskRow.deadline,
                     TaskRow.no_replay,
+                    TaskRow.max_tokens,
+                    TaskRow.max_cost_usd,
                 )
                 .join(TaskRow, TaskRow.task_id == AttemptRow.task_id)
                 .where(
@@ -184,9 +200,10 @@ async def live_attempts_on(store: Store, host_id: str, serials: set[str]) -> lis
             )
         ).all()
         out = []
-        for row, goal, lease_seconds, deadline, no_replay in rows:
+        for row, goal, lease_seconds, deadline, no_replay, max_tokens, max_cost_usd in rows:
             previous = await latest_progress(session, row.task_id) if row.attempt > 1 else None
             sealed = await secrets.sealed_for(session, row.task_id)
+            spent = await spend.spent_in(session, row.task_id, row.attempt)
             out.append(
                 Claimed(
                     task_id=row.task_id,
@@ -200,6 +217,9 @@ async def live_attempts_on(store: Store, host_id: str, serials: set[str]) -> lis
                     last_progress=previous,
                     sealed_secrets=sealed,
                     no_replay=no_replay,
+                    max_tokens=max_tokens,
+                    max_cost_usd=max_cost_usd,
+                    spent=spent,
                 )
             )
         return out

@@ -46,6 +46,12 @@ class FleetServiceStub:
     Changes that arrive faster than the watcher reads are coalesced: the watcher gets each
     host's latest state. The stream never ends on its own.
     """
+    GetSpend: _grpc.UnaryUnaryMultiCallable[_fleet_service_pb2.GetSpendRequest, _fleet_service_pb2.GetSpendResponse]
+    """What the fleet spent on model calls (cloud transport: the decision log), per UTC day, host,
+    provider and model, with today's total against the fleet's daily budget. Callers sum the
+    rows by what they want to see (per host, per model, per day). INVALID_ARGUMENT for a day
+    that is not YYYY-MM-DD, a `since_day` after `until_day`, or a range of more than 366 days.
+    """
 
 @_typing.type_check_only
 class FleetServiceAsyncStub(FleetServiceStub):
@@ -64,6 +70,12 @@ class FleetServiceAsyncStub(FleetServiceStub):
     busy or idle (`busy_phones`), or its `last_seen_at` moved (at most once per host heartbeat).
     Changes that arrive faster than the watcher reads are coalesced: the watcher gets each
     host's latest state. The stream never ends on its own.
+    """
+    GetSpend: _aio.UnaryUnaryMultiCallable[_fleet_service_pb2.GetSpendRequest, _fleet_service_pb2.GetSpendResponse]  # type: ignore[assignment]
+    """What the fleet spent on model calls (cloud transport: the decision log), per UTC day, host,
+    provider and model, with today's total against the fleet's daily budget. Callers sum the
+    rows by what they want to see (per host, per model, per day). INVALID_ARGUMENT for a day
+    that is not YYYY-MM-DD, a `since_day` after `until_day`, or a range of more than 366 days.
     """
 
 class FleetServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -92,6 +104,18 @@ class FleetServiceServicer(metaclass=_abc_1.ABCMeta):
         busy or idle (`busy_phones`), or its `last_seen_at` moved (at most once per host heartbeat).
         Changes that arrive faster than the watcher reads are coalesced: the watcher gets each
         host's latest state. The stream never ends on its own.
+        """
+
+    @_abc_1.abstractmethod
+    def GetSpend(
+        self,
+        request: _fleet_service_pb2.GetSpendRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_fleet_service_pb2.GetSpendResponse, _abc.Awaitable[_fleet_service_pb2.GetSpendResponse]]:
+        """What the fleet spent on model calls (cloud transport: the decision log), per UTC day, host,
+        provider and model, with today's total against the fleet's daily budget. Callers sum the
+        rows by what they want to see (per host, per model, per day). INVALID_ARGUMENT for a day
+        that is not YYYY-MM-DD, a `since_day` after `until_day`, or a range of more than 366 days.
         """
 
 def add_FleetServiceServicer_to_server(servicer: FleetServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

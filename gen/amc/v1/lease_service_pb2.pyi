@@ -374,6 +374,8 @@ class Assignment(_message.Message):
     SECRETS_FIELD_NUMBER: _builtins.int
     FLOW_FIELD_NUMBER: _builtins.int
     ALTERNATIVES_FIELD_NUMBER: _builtins.int
+    BUDGET_FIELD_NUMBER: _builtins.int
+    SPENT_FIELD_NUMBER: _builtins.int
     task_id: _builtins.str
     """Task id."""
     attempt: _builtins.int
@@ -432,6 +434,18 @@ class Assignment(_message.Message):
         fits the screen (the same goal may have been learned from different starting screens).
         """
 
+    @_builtins.property
+    def budget(self) -> _types_pb2.TaskBudget:
+        """The task's spending caps (0: no cap of that kind). A host that calls the model itself
+        (direct transport) checks them before each call; on the cloud transport the cloud does.
+        """
+
+    @_builtins.property
+    def spent(self) -> _types_pb2.Usage:
+        """What the cloud's decision log says the task spent before this assignment (earlier
+        attempts on the cloud transport); a direct-transport host adds its own spending to it.
+        """
+
     def __init__(
         self,
         *,
@@ -449,10 +463,12 @@ class Assignment(_message.Message):
         secrets: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
         flow: _types_pb2.Flow | None = ...,
         alternatives: _abc.Iterable[_types_pb2.Flow] | None = ...,
+        budget: _types_pb2.TaskBudget | None = ...,
+        spent: _types_pb2.Usage | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["deadline", b"deadline", "flow", b"flow", "last_progress", b"last_progress", "lease_duration", b"lease_duration", "lease_expires_at", b"lease_expires_at", "renew_interval", b"renew_interval"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["budget", b"budget", "deadline", b"deadline", "flow", b"flow", "last_progress", b"last_progress", "lease_duration", b"lease_duration", "lease_expires_at", b"lease_expires_at", "renew_interval", b"renew_interval", "spent", b"spent"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["alternatives", b"alternatives", "attempt", b"attempt", "deadline", b"deadline", "device_serial", b"device_serial", "flow", b"flow", "goal", b"goal", "last_progress", b"last_progress", "lease_duration", b"lease_duration", "lease_expires_at", b"lease_expires_at", "lease_id", b"lease_id", "renew_interval", b"renew_interval", "resumed", b"resumed", "secrets", b"secrets", "task_id", b"task_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["alternatives", b"alternatives", "attempt", b"attempt", "budget", b"budget", "deadline", b"deadline", "device_serial", b"device_serial", "flow", b"flow", "goal", b"goal", "last_progress", b"last_progress", "lease_duration", b"lease_duration", "lease_expires_at", b"lease_expires_at", "lease_id", b"lease_id", "renew_interval", b"renew_interval", "resumed", b"resumed", "secrets", b"secrets", "spent", b"spent", "task_id", b"task_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

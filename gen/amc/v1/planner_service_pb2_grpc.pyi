@@ -49,7 +49,12 @@ class PlannerServiceStub:
     INVALID_ARGUMENT, naming the field, for a missing or oversize observation (see
     ScreenObservation and UiElement for the limits), a screenshot over 8 MiB, or a
     previous_outcome that names no decision of this attempt, carries an unknown verdict or
-    an oversize error, driver output or evidence.
+    an oversize error, driver output or evidence; FAILED_PRECONDITION with details
+    starting "budget exhausted: " (e.g. "budget exhausted: 10,412 tokens of the task's 10,000")
+    when what the task spent has reached one of its caps (Task.budget), or today's fleet
+    spending one of the fleet's daily caps: no model call is made; end the attempt as FAILED
+    and do not retry it (every later call of the task gets the same answer until the cap is
+    raised, or the next UTC day for a daily cap).
 
     A request with a `step_key` the attempt already has a logged decision for is answered with
     that decision (same step index, `replayed` set) after the lease check, without planning
@@ -102,7 +107,12 @@ class PlannerServiceAsyncStub(PlannerServiceStub):
     INVALID_ARGUMENT, naming the field, for a missing or oversize observation (see
     ScreenObservation and UiElement for the limits), a screenshot over 8 MiB, or a
     previous_outcome that names no decision of this attempt, carries an unknown verdict or
-    an oversize error, driver output or evidence.
+    an oversize error, driver output or evidence; FAILED_PRECONDITION with details
+    starting "budget exhausted: " (e.g. "budget exhausted: 10,412 tokens of the task's 10,000")
+    when what the task spent has reached one of its caps (Task.budget), or today's fleet
+    spending one of the fleet's daily caps: no model call is made; end the attempt as FAILED
+    and do not retry it (every later call of the task gets the same answer until the cap is
+    raised, or the next UTC day for a daily cap).
 
     A request with a `step_key` the attempt already has a logged decision for is answered with
     that decision (same step index, `replayed` set) after the lease check, without planning
@@ -158,7 +168,12 @@ class PlannerServiceServicer(metaclass=_abc_1.ABCMeta):
         INVALID_ARGUMENT, naming the field, for a missing or oversize observation (see
         ScreenObservation and UiElement for the limits), a screenshot over 8 MiB, or a
         previous_outcome that names no decision of this attempt, carries an unknown verdict or
-        an oversize error, driver output or evidence.
+        an oversize error, driver output or evidence; FAILED_PRECONDITION with details
+        starting "budget exhausted: " (e.g. "budget exhausted: 10,412 tokens of the task's 10,000")
+        when what the task spent has reached one of its caps (Task.budget), or today's fleet
+        spending one of the fleet's daily caps: no model call is made; end the attempt as FAILED
+        and do not retry it (every later call of the task gets the same answer until the cap is
+        raised, or the next UTC day for a daily cap).
 
         A request with a `step_key` the attempt already has a logged decision for is answered with
         that decision (same step index, `replayed` set) after the lease check, without planning

@@ -127,6 +127,7 @@ class SubmitTaskRequest(_message.Message):
     SECRETS_FIELD_NUMBER: _builtins.int
     NO_REPLAY_FIELD_NUMBER: _builtins.int
     VALIDATE_ONLY_FIELD_NUMBER: _builtins.int
+    BUDGET_FIELD_NUMBER: _builtins.int
     goal: _builtins.str
     """The goal in plain language; 1 to 2,000 characters."""
     max_attempts: _builtins.int
@@ -170,6 +171,13 @@ class SubmitTaskRequest(_message.Message):
         cloud has no secrets key configured (it never stores a secret in plain text).
         """
 
+    @_builtins.property
+    def budget(self) -> _types_pb2.TaskBudget:
+        """Spending caps; a field left 0 takes the cloud's default (AMC_CLOUD_DEFAULT_TASK_MAX_TOKENS,
+        AMC_CLOUD_DEFAULT_TASK_MAX_COST_USD; no cap unless set). INVALID_ARGUMENT for a negative
+        cap.
+        """
+
     def __init__(
         self,
         *,
@@ -182,10 +190,11 @@ class SubmitTaskRequest(_message.Message):
         secrets: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
         no_replay: _builtins.bool = ...,
         validate_only: _builtins.bool = ...,
+        budget: _types_pb2.TaskBudget | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["lease_duration", b"lease_duration", "target", b"target", "timeout", b"timeout"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["budget", b"budget", "lease_duration", b"lease_duration", "target", b"target", "timeout", b"timeout"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["client_request_id", b"client_request_id", "goal", b"goal", "lease_duration", b"lease_duration", "max_attempts", b"max_attempts", "no_replay", b"no_replay", "secrets", b"secrets", "target", b"target", "timeout", b"timeout", "validate_only", b"validate_only"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["budget", b"budget", "client_request_id", b"client_request_id", "goal", b"goal", "lease_duration", b"lease_duration", "max_attempts", b"max_attempts", "no_replay", b"no_replay", "secrets", b"secrets", "target", b"target", "timeout", b"timeout", "validate_only", b"validate_only"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

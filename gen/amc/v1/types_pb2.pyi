@@ -881,6 +881,7 @@ class Usage(_message.Message):
     CACHE_READ_INPUT_TOKENS_FIELD_NUMBER: _builtins.int
     CACHE_CREATION_INPUT_TOKENS_FIELD_NUMBER: _builtins.int
     THINKING_TOKENS_FIELD_NUMBER: _builtins.int
+    COST_USD_FIELD_NUMBER: _builtins.int
     input_tokens: _builtins.int
     """Input tokens billed at the normal rate."""
     output_tokens: _builtins.int
@@ -891,6 +892,12 @@ class Usage(_message.Message):
     """Input tokens written to the provider's prompt cache."""
     thinking_tokens: _builtins.int
     """Reasoning tokens, where the provider reports them separately (0 otherwise)."""
+    cost_usd: _builtins.float
+    """What these tokens cost in US dollars, priced when the call returned from the model's row
+    of the cloud's price table (planner/prices.py, overridable with AMC_PLANNER_PRICES_FILE);
+    0 for a model without a price (and the offline planner). An estimate from list prices:
+    the provider's invoice is the authority.
+    """
     def __init__(
         self,
         *,
@@ -899,14 +906,46 @@ class Usage(_message.Message):
         cache_read_input_tokens: _builtins.int = ...,
         cache_creation_input_tokens: _builtins.int = ...,
         thinking_tokens: _builtins.int = ...,
+        cost_usd: _builtins.float = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["cache_creation_input_tokens", b"cache_creation_input_tokens", "cache_read_input_tokens", b"cache_read_input_tokens", "input_tokens", b"input_tokens", "output_tokens", b"output_tokens", "thinking_tokens", b"thinking_tokens"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cache_creation_input_tokens", b"cache_creation_input_tokens", "cache_read_input_tokens", b"cache_read_input_tokens", "cost_usd", b"cost_usd", "input_tokens", b"input_tokens", "output_tokens", b"output_tokens", "thinking_tokens", b"thinking_tokens"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___Usage: _TypeAlias = Usage  # noqa: Y015
+
+@_typing.final
+class TaskBudget(_message.Message):
+    """Spending caps of one task. A cap of 0 is no cap of that kind. The cloud checks them before
+    every model call it makes for the task (PlannerService.Decide) and a host on the direct
+    transport before each of its own; once what the task spent reaches a cap no further model
+    call is made and the attempt fails with "budget exhausted: … of …" (the call that crossed
+    the cap had already been paid for; nothing is spent after it).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    MAX_TOKENS_FIELD_NUMBER: _builtins.int
+    MAX_COST_USD_FIELD_NUMBER: _builtins.int
+    max_tokens: _builtins.int
+    """Most tokens the task may spend (input, output, cache reads and writes, over every attempt)."""
+    max_cost_usd: _builtins.float
+    """Most US dollars the task may spend (as Usage.cost_usd prices them, over every attempt)."""
+    def __init__(
+        self,
+        *,
+        max_tokens: _builtins.int = ...,
+        max_cost_usd: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["max_cost_usd", b"max_cost_usd", "max_tokens", b"max_tokens"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___TaskBudget: _TypeAlias = TaskBudget  # noqa: Y015
 
 @_typing.final
 class Device(_message.Message):
@@ -1131,6 +1170,7 @@ class Attempt(_message.Message):
     RENEWALS_FIELD_NUMBER: _builtins.int
     FIRST_RENEWED_AT_FIELD_NUMBER: _builtins.int
     LAST_RENEWED_AT_FIELD_NUMBER: _builtins.int
+    USAGE_FIELD_NUMBER: _builtins.int
     attempt: _builtins.int
     """1-based attempt number."""
     host_id: _builtins.str
@@ -1182,6 +1222,12 @@ class Attempt(_message.Message):
     def last_renewed_at(self) -> _timestamp_pb2.Timestamp:
         """When the last accepted renewal arrived; unset before the first."""
 
+    @_builtins.property
+    def usage(self) -> Global___Usage:
+        """Tokens and cost of this attempt's decisions in the decision log (cloud transport); zero
+        for an attempt planned on the host (direct transport). Filled by GetTask.
+        """
+
     def __init__(
         self,
         *,
@@ -1200,10 +1246,11 @@ class Attempt(_message.Message):
         renewals: _builtins.int = ...,
         first_renewed_at: _timestamp_pb2.Timestamp | None = ...,
         last_renewed_at: _timestamp_pb2.Timestamp | None = ...,
+        usage: Global___Usage | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["ended_at", b"ended_at", "first_renewed_at", b"first_renewed_at", "flow", b"flow", "last_renewed_at", b"last_renewed_at", "lease_expires_at", b"lease_expires_at", "progress", b"progress", "started_at", b"started_at"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["ended_at", b"ended_at", "first_renewed_at", b"first_renewed_at", "flow", b"flow", "last_renewed_at", b"last_renewed_at", "lease_expires_at", b"lease_expires_at", "progress", b"progress", "started_at", b"started_at", "usage", b"usage"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "device_serial", b"device_serial", "ended_at", b"ended_at", "failure_reason", b"failure_reason", "first_renewed_at", b"first_renewed_at", "flow", b"flow", "host_id", b"host_id", "last_renewed_at", b"last_renewed_at", "late_result", b"late_result", "lease_expires_at", b"lease_expires_at", "planner_transport", b"planner_transport", "progress", b"progress", "renewals", b"renewals", "started_at", b"started_at", "status", b"status"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "device_serial", b"device_serial", "ended_at", b"ended_at", "failure_reason", b"failure_reason", "first_renewed_at", b"first_renewed_at", "flow", b"flow", "host_id", b"host_id", "last_renewed_at", b"last_renewed_at", "late_result", b"late_result", "lease_expires_at", b"lease_expires_at", "planner_transport", b"planner_transport", "progress", b"progress", "renewals", b"renewals", "started_at", b"started_at", "status", b"status", "usage", b"usage"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1285,6 +1332,7 @@ class Task(_message.Message):
     CANCELLED_BY_FIELD_NUMBER: _builtins.int
     TOTALS_FIELD_NUMBER: _builtins.int
     LEASE_EXPIRES_AT_FIELD_NUMBER: _builtins.int
+    BUDGET_FIELD_NUMBER: _builtins.int
     task_id: _builtins.str
     """Server-assigned id."""
     goal: _builtins.str
@@ -1353,6 +1401,10 @@ class Task(_message.Message):
         a reader can count the live lease down without reading the attempts).
         """
 
+    @_builtins.property
+    def budget(self) -> Global___TaskBudget:
+        """The task's spending caps (the submitted ones, or the cloud's defaults at submission)."""
+
     def __init__(
         self,
         *,
@@ -1378,10 +1430,11 @@ class Task(_message.Message):
         cancelled_by: _builtins.str = ...,
         totals: Global___TaskTotals | None = ...,
         lease_expires_at: _timestamp_pb2.Timestamp | None = ...,
+        budget: Global___TaskBudget | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["created_at", b"created_at", "deadline", b"deadline", "finished_at", b"finished_at", "lease_duration", b"lease_duration", "lease_expires_at", b"lease_expires_at", "progress", b"progress", "target", b"target", "totals", b"totals", "updated_at", b"updated_at"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["budget", b"budget", "created_at", b"created_at", "deadline", b"deadline", "finished_at", b"finished_at", "lease_duration", b"lease_duration", "lease_expires_at", b"lease_expires_at", "progress", b"progress", "target", b"target", "totals", b"totals", "updated_at", b"updated_at"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "attempts", b"attempts", "cancel_requested", b"cancel_requested", "cancelled_by", b"cancelled_by", "client_request_id", b"client_request_id", "created_at", b"created_at", "deadline", b"deadline", "device_serial", b"device_serial", "finished_at", b"finished_at", "goal", b"goal", "host_id", b"host_id", "lease_duration", b"lease_duration", "lease_expires_at", b"lease_expires_at", "max_attempts", b"max_attempts", "no_replay", b"no_replay", "progress", b"progress", "result_summary", b"result_summary", "status", b"status", "target", b"target", "task_id", b"task_id", "totals", b"totals", "updated_at", b"updated_at"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "attempts", b"attempts", "budget", b"budget", "cancel_requested", b"cancel_requested", "cancelled_by", b"cancelled_by", "client_request_id", b"client_request_id", "created_at", b"created_at", "deadline", b"deadline", "device_serial", b"device_serial", "finished_at", b"finished_at", "goal", b"goal", "host_id", b"host_id", "lease_duration", b"lease_duration", "lease_expires_at", b"lease_expires_at", "max_attempts", b"max_attempts", "no_replay", b"no_replay", "progress", b"progress", "result_summary", b"result_summary", "status", b"status", "target", b"target", "task_id", b"task_id", "totals", b"totals", "updated_at", b"updated_at"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1404,10 +1457,10 @@ class TaskTotals(_message.Message):
     """Steps the hosts reported, summed over the attempts (each attempt's last step index)."""
     @_builtins.property
     def usage(self) -> Global___Usage:
-        """Token usage summed over every decision logged for the task: the cloud's own (cloud planner
-        transport) and those a direct-transport host shipped from its outbox (counted when they
-        arrive, so a host's backlog is not in it yet). Kept with the task when the decision log is
-        pruned.
+        """Tokens and cost (Usage.cost_usd) summed over every decision logged for the task: the
+        cloud's own (cloud planner transport) and those a direct-transport host shipped from its
+        outbox (counted when they arrive, so a host's backlog is not in it yet). Kept with the task
+        when the decision log is pruned.
         """
 
     @_builtins.property

@@ -176,6 +176,9 @@ def test_timeline_shows_each_step_with_before_and_after(client: TestClient, fill
     assert "the row is there" in section  # the readable thinking block beside it
     assert "omitted by the provider: it returned no text for this block" in section
     assert "Thinking · summarized thinking (3 blocks)" in section
+    assert '<td colspan="3" data-field="step-cost">$0.1250' in section  # what the step cost
+    tokens = sum(r.usage.get("input_tokens", 0) + r.usage.get("output_tokens", 0) for r in records)
+    assert f'<dd data-field="cost">{int(tokens):,} tokens · $0.1250</dd>' in html  # the attempt
     assert "Turn on dark theme" in section  # the real user prompt
     assert "Android phone" in section  # the real system prompt
     assert "scripted-1" in section  # the model's answer: which model
