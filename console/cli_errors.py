@@ -65,7 +65,12 @@ def from_rpc(error: grpc.aio.AioRpcError, target: CloudTarget) -> UserError:
             exit_codes.CLOUD,
         )
     if code is grpc.StatusCode.NOT_FOUND:
-        return UserError(details or "not found", "list tasks with `amc task list`")
+        listing = (
+            "flows with `amc flows list`"
+            if details.startswith("flow ")
+            else ("tasks with `amc task list`")
+        )
+        return UserError(details or "not found", f"list {listing}")
     if code in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.OUT_OF_RANGE):
         return UserError(f"the cloud refused the request: {details}")
     if code in (grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.ALREADY_EXISTS):

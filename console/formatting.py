@@ -75,17 +75,13 @@ def ago(ts: Timestamp) -> str:
 
 
 def totals_line(totals: types_pb2.TaskTotals) -> str:
-    """`4 steps · 12.3k tokens · 1m 05s` (tokens only where decisions were logged)."""
+    """`4 steps · 12.3k tokens · $0.0412 · 1m 05s` (tokens and cost only where decisions were
+    logged; cost only where the models have a price)."""
     parts = [f"{totals.steps} step{'' if totals.steps == 1 else 's'}"]
     if totals.decisions:
-        u = totals.usage
-        count = (
-            u.input_tokens
-            + u.output_tokens
-            + u.cache_read_input_tokens
-            + u.cache_creation_input_tokens
-        )
-        parts.append(f"{wording.tokens(count)} tokens")
+        parts.append(f"{wording.tokens(billed_tokens(totals.usage))} tokens")
+        if totals.usage.cost_usd:
+            parts.append(dollars(totals.usage.cost_usd))
     parts.append(wording.duration(totals.wall_time.ToTimedelta().total_seconds()))
     return " · ".join(parts)
 

@@ -211,10 +211,10 @@ class ArtifactServicer(artifact_service_pb2_grpc.ArtifactServiceServicer):
     ) -> AsyncIterator[pb.GetStepScreenshotResponse]:
         if not request.task_id:
             await abort(context, grpc.StatusCode.INVALID_ARGUMENT, "task_id: required")
-        if request.attempt < 1 or request.step_index < 1:
-            await abort(
-                context, grpc.StatusCode.INVALID_ARGUMENT, "attempt and step_index: 1 or more"
-            )
+        if request.attempt < 1:
+            await abort(context, grpc.StatusCode.INVALID_ARGUMENT, "attempt: 1 or more")
+        if request.step_index < 1:
+            await abort(context, grpc.StatusCode.INVALID_ARGUMENT, "step_index: 1 or more")
         if request.phase not in PHASES:
             await abort(
                 context,

@@ -108,10 +108,13 @@ def total_tokens(usage: UsageOut) -> int:
 
 
 def totals_line(totals: TotalsOut) -> str:
-    """`4 steps · 12.3k tokens · 1m 05s` (tokens only where decisions were logged)."""
+    """`4 steps · 12.3k tokens · $0.0412 · 1m 05s` (tokens and cost only where decisions were
+    logged; cost only where the models have a price)."""
     parts = [f"{totals.steps} step{'' if totals.steps == 1 else 's'}"]
     if totals.decisions:
         parts.append(f"{wording.tokens(totals.tokens)} tokens")
+        if totals.usage.cost_usd:
+            parts.append(dollars(totals.usage.cost_usd))
     parts.append(wording.duration(totals.wall_time_s))
     return " · ".join(parts)
 

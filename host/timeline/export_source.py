@@ -79,6 +79,9 @@ def step_from_record(
 ) -> Step:
     """One timeline record as an export `Step`."""
     usage = Usage(**{k: int(record.usage.get(k, 0)) for k in _USAGE_KEYS}) if record.usage else None
+    cost = record.usage.get("cost_usd") if record.usage else None
+    if usage is not None and cost is not None:
+        usage.cost_usd = float(cost)
     before = _png(store, record.before_screenshot_path)
     after = (
         before
@@ -113,6 +116,7 @@ def step_from_record(
         page=record.page or "",
         screen=_screen(record),
         usage=usage,
+        cost_usd=float(cost) if cost is not None else None,
         latency_s=_latency(record),
         outcome=_outcome(record),
         verdict=verdict,

@@ -259,7 +259,7 @@ async def test_canary_key_and_secret_leave_no_trace(
             task_id = submitted.task.task_id
             final = await follow_tasks(stack.operator, [task_id], Console(file=None), 30)
             task = final[task_id]
-            decisions = await _shipped(stack, task_id, 4)
+            decisions = await _shipped(stack, task_id, 5)
             phone = next(iter(stack.adb.phones.values()))
             live_screen = phone.screenshot_png()
             exports = await _export_everything(

@@ -44,7 +44,7 @@ async def test_flows_commands_and_verdicts(tmp_path: Path) -> None:
         code, on = await amc(*conn, "flows", "enable", row.flow_id)
         assert code == 0 and f"{row.flow_id}: active" in on
         code, missing = await amc(*conn, "flows", "show", "nope")
-        assert code != 0 and "NOT_FOUND" in missing
+        assert code != 0 and "flow nope not found" in missing and "amc flows list" in missing
 
         code, out = await amc(*conn, "task", "submit", "Open Display", "--no-replay")
         assert code == 0, out

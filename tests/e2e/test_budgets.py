@@ -130,7 +130,10 @@ async def test_a_task_stops_at_its_token_budget_before_the_provider_is_called(
         seen = metrics.REGISTRY.get_sample_value("amc_cloud_decide_seconds_count", outcome)
         assert seen == failed + 1
     else:
-        assert not decisions, "the direct transport keeps its decisions on the host"
+        # The host made these calls itself; what reached the cloud (from its outbox, in the
+        # background) is marked as shipped, and nothing past the cap was ever made.
+        assert all(d.planner_transport == types_pb2.PLANNER_TRANSPORT_DIRECT for d in decisions)
+        assert len(decisions) <= 2
 
 
 async def test_the_fleet_daily_cost_cap_stops_planning(

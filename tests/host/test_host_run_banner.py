@@ -26,6 +26,7 @@ def test_amc_host_run_says_what_it_runs_and_serves_its_metrics(tmp_path: Path) -
         "AMC_HOST_HOST_ID": "lab-1",
         "AMC_HOST_METRICS_ADDRESS": "127.0.0.1:0",
         "AMC_PLANNER_PROVIDER": "offline",
+        "AMC_HOST_PLANNER_TRANSPORT": "direct",  # the banner's planner line is the direct one's
     }
     process = subprocess.Popen(
         [AMC, "host", "run"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
