@@ -78,7 +78,14 @@ async def test_decisions_made_while_the_cloud_was_down_arrive_once_in_order(
 
     cloud = new_cloud("cloud-1").start()
     # A slow settle keeps the task running across the outage (each step ~1 s).
-    host = host_process(tmp_path, "a", cloud_address=address, pki_dir=fault_pki, settle_delay_s=1.0)
+    host = host_process(
+        tmp_path,
+        "a",
+        cloud_address=address,
+        pki_dir=fault_pki,
+        settle_delay_s=1.0,
+        transport="direct",  # it plans itself, so it goes on while the cloud is down
+    )
     outbox_path = tmp_path / "host-a" / "outbox.sqlite3"
     ops = None
     try:
