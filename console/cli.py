@@ -1346,7 +1346,7 @@ def flows_enable(
 def spend(
     days: Annotated[int, typer.Option(help="Days back from today (UTC), 1 = today.", min=1)] = 1,
 ) -> None:
-    """The fleet's model spending per day, host and model (cloud transport), and today's
+    """The fleet's model spending per day, host and model (every logged decision), and today's
     against the daily budget."""
     import datetime as dt
 

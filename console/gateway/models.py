@@ -157,7 +157,7 @@ class AttemptOut(BaseModel):
     first_renewed_at: datetime | None = None
     last_renewed_at: datetime | None = None
     usage: UsageOut = Field(
-        default_factory=UsageOut, description="this attempt's decisions (cloud transport)"
+        default_factory=UsageOut, description="this attempt's logged decisions (the cloud's, and those its host shipped)"
     )
 
     @classmethod

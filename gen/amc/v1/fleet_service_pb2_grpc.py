@@ -78,8 +78,9 @@ class FleetServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def GetSpend(self, request, context):
-        """What the fleet spent on model calls (cloud transport: the decision log), per UTC day, host,
-        provider and model, with today's total against the fleet's daily budget. Callers sum the
+        """What the fleet spent on model calls (the decision log: the cloud's decisions and those
+        direct-transport hosts shipped), per UTC day, host, provider and model, with today's total
+        against the fleet's daily budget. Callers sum the
         rows by what they want to see (per host, per model, per day). INVALID_ARGUMENT for a day
         that is not YYYY-MM-DD, a `since_day` after `until_day`, or a range of more than 366 days.
         """

@@ -47,8 +47,9 @@ class FleetServiceStub:
     host's latest state. The stream never ends on its own.
     """
     GetSpend: _grpc.UnaryUnaryMultiCallable[_fleet_service_pb2.GetSpendRequest, _fleet_service_pb2.GetSpendResponse]
-    """What the fleet spent on model calls (cloud transport: the decision log), per UTC day, host,
-    provider and model, with today's total against the fleet's daily budget. Callers sum the
+    """What the fleet spent on model calls (the decision log: the cloud's decisions and those
+    direct-transport hosts shipped), per UTC day, host, provider and model, with today's total
+    against the fleet's daily budget. Callers sum the
     rows by what they want to see (per host, per model, per day). INVALID_ARGUMENT for a day
     that is not YYYY-MM-DD, a `since_day` after `until_day`, or a range of more than 366 days.
     """
@@ -72,8 +73,9 @@ class FleetServiceAsyncStub(FleetServiceStub):
     host's latest state. The stream never ends on its own.
     """
     GetSpend: _aio.UnaryUnaryMultiCallable[_fleet_service_pb2.GetSpendRequest, _fleet_service_pb2.GetSpendResponse]  # type: ignore[assignment]
-    """What the fleet spent on model calls (cloud transport: the decision log), per UTC day, host,
-    provider and model, with today's total against the fleet's daily budget. Callers sum the
+    """What the fleet spent on model calls (the decision log: the cloud's decisions and those
+    direct-transport hosts shipped), per UTC day, host, provider and model, with today's total
+    against the fleet's daily budget. Callers sum the
     rows by what they want to see (per host, per model, per day). INVALID_ARGUMENT for a day
     that is not YYYY-MM-DD, a `since_day` after `until_day`, or a range of more than 366 days.
     """
@@ -112,8 +114,9 @@ class FleetServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _fleet_service_pb2.GetSpendRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_fleet_service_pb2.GetSpendResponse, _abc.Awaitable[_fleet_service_pb2.GetSpendResponse]]:
-        """What the fleet spent on model calls (cloud transport: the decision log), per UTC day, host,
-        provider and model, with today's total against the fleet's daily budget. Callers sum the
+        """What the fleet spent on model calls (the decision log: the cloud's decisions and those
+        direct-transport hosts shipped), per UTC day, host, provider and model, with today's total
+        against the fleet's daily budget. Callers sum the
         rows by what they want to see (per host, per model, per day). INVALID_ARGUMENT for a day
         that is not YYYY-MM-DD, a `since_day` after `until_day`, or a range of more than 366 days.
         """

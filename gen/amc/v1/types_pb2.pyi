@@ -1224,8 +1224,9 @@ class Attempt(_message.Message):
 
     @_builtins.property
     def usage(self) -> Global___Usage:
-        """Tokens and cost of this attempt's decisions in the decision log (cloud transport); zero
-        for an attempt planned on the host (direct transport). Filled by GetTask.
+        """Tokens and cost of this attempt's decisions in the decision log: the cloud's own, and on
+        the direct transport those the host shipped so far (a host's outbox backlog is not in it
+        yet). Filled by GetTask.
         """
 
     def __init__(
