@@ -157,7 +157,8 @@ class AttemptOut(BaseModel):
     first_renewed_at: datetime | None = None
     last_renewed_at: datetime | None = None
     usage: UsageOut = Field(
-        default_factory=UsageOut, description="this attempt's logged decisions (the cloud's, and those its host shipped)"
+        default_factory=UsageOut,
+        description="this attempt's logged decisions (the cloud's, and those its host shipped)",
     )
 
     @classmethod
