@@ -156,6 +156,16 @@ class CloudMetrics:
             "What model calls cost in US dollars (list prices, planner/prices.py)",
             ("provider", "model"),
         )
+        self.flow_steps_replayed = make(
+            Counter,
+            "amc_cloud_flow_steps_replayed",
+            "Steps Decide answered from a learned flow, with no model call (cloud transport)",
+        )
+        self.flow_divergences = make(
+            Counter,
+            "amc_cloud_flow_divergences",
+            "Replays of a learned flow that handed over to the model (the screen differed)",
+        )
         self.budget_refusals = make(
             Counter,
             "amc_cloud_budget_refusals",

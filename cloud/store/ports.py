@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Sequence
 
 from amc.v1 import types_pb2
+from cloud import metrics
 from cloud.store import convert, decisions, flows, leases, sessions, tasks
 from cloud.store.database import Store
 from planner.conversation.items import SessionItem, dumps_item, item_type, loads_item
@@ -111,6 +112,10 @@ class StoreAttemptLog:
             diverged_at=diverged_at,
             reason=reason,
         )
+        if diverged_at:
+            metrics.current().flow_divergences.inc()
+        else:
+            metrics.current().flow_steps_replayed.inc()
 
 
 class StoreSessionStore:

@@ -3,8 +3,8 @@
 Every decision row keeps its tokens and its cost (`DecisionRow.cost_usd`, priced when the model
 answered), so every total is a query over the decision log: a task's spending (its budget is
 checked against it before each Decide), the fleet's today (the daily cap, the metrics), each
-attempt's (GetTask), and the rows of FleetService.GetSpend. Decisions on the direct transport
-stay on their host and are not counted here.
+attempt's (GetTask), and the rows of FleetService.GetSpend. Decisions made on the direct
+transport count once their host has shipped them from its outbox.
 """
 
 from __future__ import annotations

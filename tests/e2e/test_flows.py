@@ -16,10 +16,16 @@ from amc.v1 import (
     task_service_pb2,
     types_pb2,
 )
+from cloud import metrics
 from console.embedded import EmbeddedStack, Transport, embedded_stack, follow_tasks
 from host.devices.virtual.suite import SETTINGS
 
 GOAL = "Turn on dark theme"
+
+
+def _metric(name: str) -> float:
+    """A cloud counter's value in this process (the embedded stack's cloud records here)."""
+    return metrics.REGISTRY.get_sample_value(name) or 0.0
 
 
 async def _run(stack: EmbeddedStack, goal: str, *, no_replay: bool = False) -> types_pb2.Task:
@@ -84,6 +90,7 @@ async def test_a_learned_flow_replays_without_the_model_and_hands_over_when_the_
         assert flow.status == types_pb2.FLOW_STATUS_ACTIVE
 
         _fresh(stack)
+        replayed_before = _metric("amc_cloud_flow_steps_replayed_total")
         again = await _run(stack, GOAL)
         assert again.status == types_pb2.TASK_STATUS_SUCCEEDED, again.result_summary
         use = again.attempts[0].flow
@@ -96,10 +103,13 @@ async def test_a_learned_flow_replays_without_the_model_and_hands_over_when_the_
         assert replayed[-1].tool_name == "complete"
         assert len(replayed) == len(learned)
         assert use.steps_replayed == len(replayed) - 1 and use.diverged_at_step == 0
+        # The replayed steps are counted for Prometheus (each Decide answered without the model).
+        assert _metric("amc_cloud_flow_steps_replayed_total") - replayed_before >= len(replayed)
 
         # Settings left scrolled down: the flow's first step (open Settings from home) does
         # not fit, the model takes over and still reaches the goal
         _scrolled_settings(stack)
+        divergences_before = _metric("amc_cloud_flow_divergences_total")
         diverged = await _run(stack, GOAL)
         assert diverged.status == types_pb2.TASK_STATUS_SUCCEEDED, diverged.result_summary
         took_over = (await _decisions(stack, diverged.task_id))[0]
@@ -109,6 +119,7 @@ async def test_a_learned_flow_replays_without_the_model_and_hands_over_when_the_
         assert f"flow {flow.flow_id}" in took_over.user_prompt
         assert "Step 1 diverged" in took_over.user_prompt
         assert diverged.attempts[0].flow.diverged_at_step == 1
+        assert _metric("amc_cloud_flow_divergences_total") == divergences_before + 1
         flows = await _flows_when(stack, 2, uses=2)
         counted = next(f for f in flows if f.flow_id == flow.flow_id)
         got = await stack.operator.flows.GetFlow(
