@@ -1282,7 +1282,7 @@ def flows_list(
     request = flow_service_pb2.ListFlowsRequest(page_size=limit, statuses=statuses)
     response = _with_client(lambda c: c.flows.ListFlows(request))
     if not response.flows:
-        err.print("no flows learned yet (a task that succeeds on the cloud transport teaches one)")
+        err.print("no flows learned yet (every task that succeeds teaches one)")
         return
     out.print(formatting.flow_table(list(response.flows)))
 

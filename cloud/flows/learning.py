@@ -8,8 +8,14 @@ one), and for each:
 1. if it was handed flows: counts the use on the flow it replayed (completed, or diverged and
    where; a flow diverging `flow_retire_after` attempts in a row is retired);
 2. if it succeeded and was not a complete replay: synthesises a flow from its decisions (the
-   cloud transport's decision log; a direct-transport attempt has none in the cloud and teaches
-   nothing yet) and stores it with its embedding text (and vector, when an embedder is set).
+   decision log: the cloud's own, or those a direct-transport host shipped) and stores it with
+   its embedding text (and vector, when an embedder is set).
+
+A direct-transport host ships its decisions from its outbox in the background, so its result
+can arrive before its last decisions: a succeeded attempt whose log does not end in its
+`complete` yet is left "awaiting-ship", and the next decision shipped for it hands it back to
+this loop (`decisions.append_shipped`). How a direct attempt's replay went is what its host
+reported with its result (the log may still be partial).
 """
 
 from __future__ import annotations
@@ -44,8 +50,15 @@ class ReplayResult:
     completed: bool = False
 
 
+#: The mark of a succeeded direct-transport attempt whose decisions have not all arrived.
+AWAITING_SHIP = "awaiting-ship"
+
+
 def replay_result(attempt: AttemptRow, rows: list[DecisionRow]) -> ReplayResult:
-    """From the attempt's decisions (cloud transport), else from what its host reported."""
+    """From the attempt's decisions (cloud transport), else from what its host reported (the
+    direct transport: its shipped log may still be partial)."""
+    if attempt.planner_transport == types_pb2.PLANNER_TRANSPORT_DIRECT:
+        rows = []
     replayed = [r for r in rows if r.planner_mode == REPLAY_MODE]
     handover = next((r for r in rows if r.replay_divergence), None)
     if replayed or handover is not None:
@@ -145,6 +158,10 @@ class FlowLearner:
             return "ended"
         if result.completed:
             return "replayed"
+        if attempt.planner_transport == types_pb2.PLANNER_TRANSPORT_DIRECT and (
+            not rows or rows[-1].tool_name != "complete"
+        ):
+            return AWAITING_SHIP  # its host's outbox is behind: a shipped decision wakes it
         if not rows:
             return "no-decisions"
         goal = await tasks.goal(self.store, attempt.task_id)

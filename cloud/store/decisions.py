@@ -19,7 +19,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from amc.v1 import types_pb2
 from cloud.store.database import Store
-from cloud.store.models import DecisionRow, TaskRow
+from cloud.store.models import AttemptRow, DecisionRow, TaskRow
 from planner.convert import masked_action
 from planner.decision import Decision
 from planner.steps import PastStep, StepOutcome, stored_arguments
@@ -112,10 +112,25 @@ async def append_shipped(
             row = await _insert(
                 store, host_id, task_id, attempt, decision, "direct", host_decision_id, outcome
             )
+            await _learn_again(store, task_id, attempt)
             return row, False
         except IntegrityError as exc:
             last_error = exc
     raise RuntimeError("could not assign a step index") from last_error
+
+
+async def _learn_again(store: Store, task_id: str, attempt: int) -> None:
+    """Hand an attempt the learning loop left waiting for its shipped decisions back to it."""
+    async with store.write() as session:
+        await session.execute(
+            update(AttemptRow)
+            .where(
+                AttemptRow.task_id == task_id,
+                AttemptRow.attempt == attempt,
+                AttemptRow.flow_state == "awaiting-ship",  # cloud.flows.learning.AWAITING_SHIP
+            )
+            .values(flow_state=None)
+        )
 
 
 async def _shipped(store: Store, host_id: str, host_decision_id: str) -> DecisionRow | None:

@@ -166,3 +166,20 @@ async def test_a_host_on_the_direct_transport_replays_the_same_flow(tmp_path: Pa
     use = task.attempts[0].flow
     assert use.flow_id == flow_id and use.steps_replayed >= 3 and use.diverged_at_step == 0
     assert task.result_summary.startswith(f"replayed learned flow {flow_id}")
+
+
+async def test_a_success_on_the_direct_transport_teaches_a_flow_once_its_decisions_arrive(
+    tmp_path: Path,
+) -> None:
+    """A direct-transport host plans itself and ships its decisions in the background: the
+    learning loop waits for the log to end in the attempt's `complete`, then learns the same
+    flow a cloud-transport success would teach."""
+    async with embedded_stack(tmp_path, transport="direct") as stack:
+        first = await _run(stack, GOAL)
+        assert first.status == types_pb2.TASK_STATUS_SUCCEEDED, first.result_summary
+        (flow,) = await _flows_when(stack, 1)
+        assert flow.goal_template == GOAL and flow.status == types_pb2.FLOW_STATUS_ACTIVE
+        assert flow.source_task_id == first.task_id
+        shipped = await _decisions(stack, first.task_id)
+        assert shipped[-1].tool_name == "complete"
+        assert len(flow.steps) == len(shipped) - 1  # every step but the `complete`
