@@ -614,15 +614,22 @@ CloudDatabase = Annotated[
     str,
     typer.Option(
         envvar="AMC_CLOUD_DATABASE_URL",
+        metavar="URL",
         help="The cloud's database (what the replicas use); revocations are recorded there.",
     ),
 ]
 CertFile = Annotated[
-    Path | None, typer.Option("--cert", help="The certificate (PEM) to revoke, by its serial.")
+    Path | None,
+    typer.Option(
+        "--cert", metavar="PEM_FILE", help="The certificate (PEM) to revoke, by its serial."
+    ),
 ]
-Serial = Annotated[str | None, typer.Option(help="A certificate serial (hex) to revoke.")]
+Serial = Annotated[
+    str | None, typer.Option(metavar="HEX", help="A certificate serial (hex) to revoke.")
+]
 HostId = Annotated[
-    str | None, typer.Option("--host", help="Revoke every certificate of this host id.")
+    str | None,
+    typer.Option("--host", metavar="HOST_ID", help="Revoke every certificate of this host id."),
 ]
 
 
@@ -652,13 +659,22 @@ def _on_database(url: str, action: Callable[[Any], Awaitable[T]]) -> T:
     return asyncio.run(go())
 
 
-@certs_app.command("revoke")
+@certs_app.command(
+    "revoke",
+    cls=PlainCommand,
+    epilog=_examples(
+        "amc certs revoke --cert pki/host-h7.pem --reason 'laptop stolen'",
+        "amc certs revoke --host h7",
+    ),
+)
 def certs_revoke(
     database_url: CloudDatabase,
     cert: CertFile = None,
     serial: Serial = None,
     host: HostId = None,
-    reason: Annotated[str, typer.Option(help="Why, kept with the revocation.")] = "",
+    reason: Annotated[
+        str, typer.Option(metavar="TEXT", help="Why, kept with the revocation.")
+    ] = "",
 ) -> None:
     """Revoke a certificate (by file or serial) or a whole host id, on every replica.
 
@@ -678,7 +694,9 @@ def certs_revoke(
     out.print(f"revoked: {what}" if added else f"already revoked: {what}")
 
 
-@certs_app.command("unrevoke")
+@certs_app.command(
+    "unrevoke", cls=PlainCommand, epilog=_examples("amc certs unrevoke --serial 4f1c2a")
+)
 def certs_unrevoke(
     database_url: CloudDatabase,
     cert: CertFile = None,
@@ -1270,92 +1288,179 @@ def main() -> None:
 # --- learned flows ---------------------------------------------------------------------------
 
 
-@flows_app.command("list")
+class FlowStatus(StrEnum):
+    """What `--status` accepts for flows."""
+
+    active = "active"
+    disabled = "disabled"
+    retired = "retired"
+
+
+FlowIdArg = Annotated[
+    str,
+    typer.Argument(metavar="FLOW_ID", help="A flow id, or a unique prefix of one."),
+]
+Reason = Annotated[str, typer.Option(metavar="TEXT", help="Why; recorded with your name.")]
+
+
+async def _flow_id(client: OperatorClient, text: str) -> str:
+    """The one flow id `text` is, or is a unique prefix of (flows are few: read them all)."""
+    found: list[str] = []
+    token = ""
+    while True:
+        page: flow_service_pb2.ListFlowsResponse = await client.flows.ListFlows(
+            flow_service_pb2.ListFlowsRequest(page_size=500, page_token=token)
+        )
+        found += [f.flow_id for f in page.flows if f.flow_id.startswith(text)]
+        token = page.next_page_token
+        if not token:
+            break
+    if text in found:
+        return text
+    if len(found) == 1:
+        return found[0]
+    if not found:
+        raise UserError(f"flow {text} not found", "list flows with `amc flows list`")
+    raise UserError(f"{text!r} is the start of {len(found)} flow ids", "give more of the id")
+
+
+@flows_app.command(
+    "list",
+    cls=PlainCommand,
+    epilog=_examples(
+        "amc flows list --status active", "amc flows list --json | jq '.flows[].goal_template'"
+    ),
+)
 def flows_list(
     status: Annotated[
-        list[str] | None, typer.Option(help="active, disabled or retired (repeatable).")
+        list[FlowStatus] | None,
+        typer.Option(
+            metavar="STATUS",
+            help="active, disabled or retired (repeatable).",
+            case_sensitive=False,
+        ),
     ] = None,
-    limit: Annotated[int, typer.Option(help="Page size.")] = 50,
+    limit: Annotated[int, typer.Option(metavar="N", help="At most this many (1 to 500).")] = 50,
+    json_out: Json = False,
 ) -> None:
-    """List learned flows, most recently changed first."""
-    statuses = [types_pb2.FlowStatus.Value(f"FLOW_STATUS_{s.upper()}") for s in status or []]
+    """List learned flows, most recently changed first, with their full ids."""
+    from console.gateway.models import FlowOut, FlowPage
+
+    if not 1 <= limit <= 500:
+        raise typer.BadParameter("1 to 500", param_hint="'--limit'")
+    statuses = [types_pb2.FlowStatus.Value(f"FLOW_STATUS_{s.value.upper()}") for s in status or []]
     request = flow_service_pb2.ListFlowsRequest(page_size=limit, statuses=statuses)
     response = _with_client(lambda c: c.flows.ListFlows(request))
+    if json_out:
+        print_json(
+            FlowPage(
+                flows=[FlowOut.of(f) for f in response.flows],
+                next_page_token=response.next_page_token,
+            )
+        )
+        return
     if not response.flows:
         err.print("no flows learned yet (every task that succeeds teaches one)")
         return
     out.print(formatting.flow_table(list(response.flows)))
 
 
-@flows_app.command("show")
-def flows_show(flow_id: Annotated[str, typer.Argument(help="Flow id.")]) -> None:
+@flows_app.command(
+    "show",
+    cls=PlainCommand,
+    epilog=_examples("amc flows show 9c2e", "amc flows show 9c2e41d0 --json | jq .steps"),
+)
+def flows_show(flow_id: FlowIdArg, json_out: Json = False) -> None:
     """Show one flow: its steps, how often it was replayed, where it diverged."""
-    request = flow_service_pb2.GetFlowRequest(flow_id=flow_id)
-    flow = _with_client(lambda c: c.flows.GetFlow(request)).flow
+    from console.gateway.models import FlowOut
+
+    async def read(c: OperatorClient) -> types_pb2.Flow:
+        request = flow_service_pb2.GetFlowRequest(flow_id=await _flow_id(c, flow_id))
+        response: flow_service_pb2.GetFlowResponse = await c.flows.GetFlow(request)
+        return response.flow
+
+    flow = _with_client(read)
+    if json_out:
+        print_json(FlowOut.of(flow))
+        return
     out.print(
         Text(f"flow {flow.flow_id}", style="bold")
         + f" · {formatting.FLOW_STATUS_WORDS[flow.status]}"
     )
-    print_text(f"goal: {(flow.goal_template)}")
-    print_text(f"apps: {(', '.join(flow.apps))}")
-    print_text(f"learned from task {(flow.source_task_id)} attempt {flow.source_attempt}")
-    print_text(f"status: {(flow.status_reason)}")
+    print_text(f"goal: {flow.goal_template}")
+    print_text(f"apps: {', '.join(flow.apps)}")
+    print_text(f"learned from task {flow.source_task_id} attempt {flow.source_attempt}")
+    print_text(f"status: {flow.status_reason}")
     out.print(
         f"used {flow.uses}× · replayed to the end {flow.replays_completed}× · diverged "
         f"{flow.divergences}× ({flow.consecutive_divergences} in a row)"
     )
     if flow.last_divergence:
-        print_text(f"last divergence: {(flow.last_divergence)}")
+        print_text(f"last divergence: {flow.last_divergence}")
     for step in flow.steps:
         where = flow.divergences_by_step.get(step.index, 0)
-        target = f" on {(formatting.target_words(step.target))}" if step.HasField("target") else ""
-        param = f" (types {{{(step.text_parameter)}}})" if step.text_parameter else ""
+        target = f" on {formatting.target_words(step.target)}" if step.HasField("target") else ""
+        param = f" (types {{{step.text_parameter}}})" if step.text_parameter else ""
         diverged = f" · diverged here {where}×" if where else ""
-        print_text(f"  {step.index}. {(step.tool_name)}{target}{param}{diverged}")
-        print_text(f"     purpose: {(step.purpose)} · expected: {(step.expected_outcome)}")
-        print_text(f"     on {(step.page_before)} → {(step.page_after)}")
+        print_text(f"  {step.index}. {step.tool_name}{target}{param}{diverged}")
+        print_text(f"     purpose: {step.purpose} · expected: {step.expected_outcome}")
+        print_text(f"     on {step.page_before} → {step.page_after}")
 
 
 def _set_flow_status(flow_id: str, status: types_pb2.FlowStatus.ValueType, reason: str) -> None:
-    request = flow_service_pb2.SetFlowStatusRequest(flow_id=flow_id, status=status, reason=reason)
-    flow = _with_client(lambda c: c.flows.SetFlowStatus(request)).flow
+    async def change(c: OperatorClient) -> types_pb2.Flow:
+        request = flow_service_pb2.SetFlowStatusRequest(
+            flow_id=await _flow_id(c, flow_id), status=status, reason=reason
+        )
+        response: flow_service_pb2.SetFlowStatusResponse = await c.flows.SetFlowStatus(request)
+        return response.flow
+
+    flow = _with_client(change)
     print_text(
         f"{flow.flow_id}: {formatting.FLOW_STATUS_WORDS[flow.status]} ({flow.status_reason})"
     )
 
 
-@flows_app.command("disable")
-def flows_disable(
-    flow_id: Annotated[str, typer.Argument(help="Flow id.")],
-    reason: Annotated[str, typer.Option(help="Why; recorded with your name.")] = "",
-) -> None:
+@flows_app.command(
+    "disable",
+    cls=PlainCommand,
+    epilog=_examples("amc flows disable 9c2e --reason 'the Settings app changed'"),
+)
+def flows_disable(flow_id: FlowIdArg, reason: Reason = "") -> None:
     """Stop replaying a flow (until enabled again)."""
     _set_flow_status(flow_id, types_pb2.FLOW_STATUS_DISABLED, reason)
 
 
-@flows_app.command("enable")
-def flows_enable(
-    flow_id: Annotated[str, typer.Argument(help="Flow id.")],
-    reason: Annotated[str, typer.Option(help="Why; recorded with your name.")] = "",
-) -> None:
+@flows_app.command("enable", cls=PlainCommand, epilog=_examples("amc flows enable 9c2e"))
+def flows_enable(flow_id: FlowIdArg, reason: Reason = "") -> None:
     """Replay a disabled or retired flow again (its run of divergences starts over)."""
     _set_flow_status(flow_id, types_pb2.FLOW_STATUS_ACTIVE, reason)
 
 
-@app.command()
+@app.command(
+    cls=PlainCommand,
+    epilog=_examples("amc spend", "amc spend --days 7 --json | jq '.rows[].usage.cost_usd'"),
+)
 def spend(
-    days: Annotated[int, typer.Option(help="Days back from today (UTC), 1 = today.", min=1)] = 1,
+    days: Annotated[
+        int, typer.Option(metavar="N", help="Days back from today (UTC), 1 = today.", min=1)
+    ] = 1,
+    json_out: Json = False,
 ) -> None:
     """The fleet's model spending per day, host and model (every logged decision), and today's
     against the daily budget."""
     import datetime as dt
 
     from amc.v1 import fleet_service_pb2
+    from console.gateway.models import SpendOut
 
     today = dt.datetime.now(dt.UTC).date()
     request = fleet_service_pb2.GetSpendRequest(
         since_day=(today - dt.timedelta(days=days - 1)).isoformat(), until_day=today.isoformat()
     )
     response = _with_client(lambda c: c.fleet.GetSpend(request))
+    if json_out:
+        print_json(SpendOut.of(response, rows=True))
+        return
     out.print(formatting.spend_table(list(response.rows)))
     out.print(f"today: {formatting.spending(response.today, response.daily_budget, 'daily')}")

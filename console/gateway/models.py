@@ -770,15 +770,43 @@ class DispatchOut(BaseModel):
         return cls(paused=d.paused, reason=d.reason)
 
 
+class SpendRowOut(BaseModel):
+    """Spending of one (UTC day, host, provider, model)."""
+
+    day: str
+    host_id: str
+    provider: str
+    model: str
+    decisions: int
+    usage: UsageOut
+
+    @classmethod
+    def of(cls, r: fleet_service_pb2.SpendRow) -> SpendRowOut:
+        return cls(
+            day=r.day,
+            host_id=r.host_id,
+            provider=r.provider,
+            model=r.model,
+            decisions=r.decisions,
+            usage=UsageOut.of(r.usage),
+        )
+
+
 class SpendOut(BaseModel):
-    """Today's fleet spending (UTC) against the fleet's daily caps."""
+    """Today's fleet spending (UTC) against the fleet's daily caps; `rows` per day, host and
+    model when a range was asked for (empty otherwise)."""
 
     today: UsageOut
     daily_budget: BudgetOut
+    rows: list[SpendRowOut] = Field(default_factory=list)
 
     @classmethod
-    def of(cls, s: fleet_service_pb2.GetSpendResponse) -> SpendOut:
-        return cls(today=UsageOut.of(s.today), daily_budget=BudgetOut.of(s.daily_budget))
+    def of(cls, s: fleet_service_pb2.GetSpendResponse, *, rows: bool = False) -> SpendOut:
+        return cls(
+            today=UsageOut.of(s.today),
+            daily_budget=BudgetOut.of(s.daily_budget),
+            rows=[SpendRowOut.of(r) for r in s.rows] if rows else [],
+        )
 
 
 class HostList(BaseModel):

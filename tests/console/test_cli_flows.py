@@ -3,6 +3,7 @@ operator runs them: a new process per command against a real cloud server over m
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from amc.v1 import types_pb2
@@ -35,6 +36,13 @@ async def test_flows_commands_and_verdicts(tmp_path: Path) -> None:
         assert code == 0 and row.flow_id in listing and "Turn on dark theme" in listing
         code, shown = await amc(*conn, "flows", "show", row.flow_id)
         assert code == 0, shown
+        code, by_prefix = await amc(*conn, "flows", "show", row.flow_id[:6], "--json")
+        assert code == 0, by_prefix
+        assert json.loads(by_prefix)["flow_id"] == row.flow_id  # a unique prefix, as JSON
+        code, listed = await amc(*conn, "flows", "list", "--json")
+        assert code == 0 and [f["flow_id"] for f in json.loads(listed)["flows"]] == [row.flow_id]
+        code, bogus = await amc(*conn, "flows", "list", "--status", "bogus")
+        assert code == 2 and "'bogus' is not one of" in bogus
         assert "3. tap on" in shown and "'Dark theme'" in shown
         assert "expected: the 'Dark theme' switch is on" in shown
         code, off = await amc(*conn, "flows", "disable", row.flow_id, "--reason", "moved [x]")

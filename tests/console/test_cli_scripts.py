@@ -343,6 +343,14 @@ COMMANDS = [
     ["task", "watch"],
     ["task", "cancel"],
     ["task", "export"],
+    ["flows"],
+    ["flows", "list"],
+    ["flows", "show"],
+    ["flows", "disable"],
+    ["flows", "enable"],
+    ["spend"],
+    ["certs", "revoke"],
+    ["certs", "unrevoke"],
 ]
 
 
@@ -353,9 +361,12 @@ def test_help_shows_placeholders_and_examples(command: list[str]) -> None:
     )
     assert ran.returncode == 0, ran.stderr
     assert ran.stdout.startswith("Usage: amc")
-    assert not re.search(r"<(str|int|bool|float|path|list\[[a-z]+\])>", ran.stdout), ran.stdout
-    if (len(command) == 2 and command[0] in ("task", "certs")) or command in (
+    assert not re.search(
+        r"<(str|int|bool|float|path|list\[[a-z]+\]|int range|float range)>", ran.stdout
+    ), ran.stdout
+    if (len(command) == 2 and command[0] in ("task", "certs", "flows")) or command in (
         ["demo"],
+        ["spend"],
         ["up"],
         ["decisions"],
         ["host", "token"],
