@@ -121,6 +121,9 @@ async def claim(
             if claimed is None:
                 return None
             attempt, goal, lease_seconds, deadline, no_replay, max_tokens, max_cost_usd = claimed
+            # Read again now the task row is ours: `now` may predate a task submitted while this
+            # claim was starting, and an attempt never starts before its task was created.
+            now = store.now()
             previous = await latest_progress(session, task_id) if attempt > 1 else None
             spent = await spend.spent_in(session, task_id, attempt) if attempt > 1 else Usage()
             expires = now + dt.timedelta(seconds=lease_seconds)
