@@ -14,6 +14,7 @@ import io
 import os
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -126,14 +127,17 @@ class OcrPool:
         self._idle: list[OcrEngine] = []
         self._all: list[OcrEngine] = []
         self._available = threading.Condition()
+        self._closed = False
         limit_malloc_arenas()
 
     @contextlib.contextmanager
     def engine(self) -> Iterator[OcrEngine]:
         """Borrow an engine for this thread; it goes back to the pool on exit."""
         with self._available:
-            while not self._idle and len(self._all) >= self._max:
+            while not self._closed and not self._idle and len(self._all) >= self._max:
                 self._available.wait()
+            if self._closed:
+                raise OcrUnavailable("the OCR pool is closed (the host is stopping)")
             if self._idle:
                 eng = self._idle.pop()
             else:
@@ -155,9 +159,18 @@ class OcrPool:
         with self.engine() as eng, metrics.ocr_seconds.time():
             return eng.read(png, min_confidence)
 
-    def close(self) -> None:
-        """Free every engine (call at shutdown, when no worker uses them any more)."""
+    def close(self, wait_s: float = 10.0) -> None:
+        """Free every engine at shutdown. An engine a worker thread is still reading with is
+        waited for (up to `wait_s`), and left alone after that: ending a Tesseract engine under
+        a running read crashes the process, while one left to the process's exit costs nothing.
+        """
+        deadline = time.monotonic() + wait_s
         with self._available:
-            engines, self._all, self._idle = self._all, [], []
-        for eng in engines:
+            self._closed = True
+            self._available.notify_all()
+            while len(self._idle) < len(self._all) and time.monotonic() < deadline:
+                self._available.wait(deadline - time.monotonic())
+            idle, self._idle = self._idle, []
+            self._all = [e for e in self._all if e not in idle]
+        for eng in idle:
             eng.close()

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import threading
 
+import pytest
+
 from host.devices.virtual.driver import VirtualDriver
 from host.devices.virtual.phone import VirtualPhone
 from host.perception.fusion import fuse_ocr
 from host.perception.hierarchy import parse_scene
-from host.perception.ocr import OcrPool, default_tessdata_path
+from host.perception.ocr import OcrPool, OcrUnavailable, default_tessdata_path
 from host.perception.perceive import Perceiver
 from planner.scene import Scene
 
@@ -56,6 +58,33 @@ def test_engines_are_reused_across_steps_and_bounded() -> None:
         assert 1 <= pool.engines_created <= 2
     finally:
         pool.close()
+
+
+def test_closing_the_pool_never_ends_an_engine_a_thread_still_reads_with() -> None:
+    """Shutdown used to end every engine while a worker thread was mid-read: Tesseract then
+    crashed the process (SIGSEGV). A busy engine is waited for, then left alone; a new borrow
+    after close is refused."""
+    pool = OcrPool(max_engines=1)
+    borrowed = threading.Event()
+    release = threading.Event()
+    words: list[str] = []
+
+    def reader() -> None:
+        with pool.engine() as engine:
+            borrowed.set()
+            release.wait(10)
+            # After close: this read crashed the process when close had ended the engine.
+            words.extend(o.text for o in engine.read(_settings_phone().screenshot_png()))
+
+    thread = threading.Thread(target=reader)
+    thread.start()
+    assert borrowed.wait(10)
+    pool.close(wait_s=0.2)  # the reader holds its engine past the wait: it is left alone
+    release.set()
+    thread.join(30)
+    assert words  # the read finished on its engine
+    with pytest.raises(OcrUnavailable, match="closed"), pool.engine():
+        pass
 
 
 def test_text_the_tree_lacks_is_added_and_raw_ocr_stays_out_of_the_prompt() -> None:
