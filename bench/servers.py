@@ -266,12 +266,18 @@ class ServerProcess:
 
 
 @contextlib.contextmanager
-def server_process(kind: str, *args: str, timeout: float = 120.0) -> Iterator[ServerProcess]:
-    """Start a server child, wait for READY, yield it, then SIGTERM it (SIGKILL if it hangs)."""
+def server_process(
+    kind: str, *args: str, timeout: float = 120.0, cpus: str = ""
+) -> Iterator[ServerProcess]:
+    """Start a server child, wait for READY, yield it, then SIGTERM it (SIGKILL if it hangs).
+
+    `cpus` (a `taskset -c` list, e.g. "0") pins the server and every thread it starts, so that
+    simulated hosts pinned elsewhere do not spend its CPU."""
     log = Path(tempfile.mkstemp(prefix=f"amc-bench-{kind}-", suffix=".log")[1])
+    pin = ["taskset", "-c", cpus] if cpus else []
     with log.open("w") as err:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "bench.servers", kind, *args],
+            [*pin, sys.executable, "-m", "bench.servers", kind, *args],
             stdout=subprocess.PIPE,
             stderr=err,
             text=True,

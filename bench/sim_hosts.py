@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import multiprocessing as mp
+import os
 import queue
 import random
 import time
@@ -47,6 +48,11 @@ class WorkerConfig:
     wait_assignment: bool = True
     http_leases: dict[str, Lease] = field(default_factory=dict)
     connect_concurrency: int = 64
+    #: Renewals per progress change: 1 = a new step on every renewal (every renewal must be
+    #: written); 5 at 1 Hz = an agent step every 5 s, the progress repeated in between.
+    step_every: int = 1
+    #: CPUs the worker runs on (`os.sched_setaffinity`); None = wherever the OS puts it.
+    cpus: frozenset[int] | None = None
 
 
 @dataclass(slots=True)
@@ -60,7 +66,9 @@ class PhaseResult:
 class GrpcHost:
     """One host's channel and Lease stream."""
 
-    def __init__(self, host_id: str, address: str, pki_dir: Path) -> None:
+    def __init__(self, host_id: str, address: str, pki_dir: Path, step_every: int = 1) -> None:
+        self.step_every = max(1, step_every)
+        self.renewals = 0
         self.host_id = host_id
         creds = grpc.ssl_channel_credentials(
             root_certificates=(pki_dir / "ca.pem").read_bytes(),
@@ -119,7 +127,9 @@ class GrpcHost:
     async def renew(self) -> bool:
         assert self.lease is not None
         task_id, attempt, lease_id = self.lease
-        self.step += 1
+        if self.renewals % self.step_every == 0:
+            self.step += 1
+        self.renewals += 1
         await self.call.write(
             lease_pb.LeaseRequest(
                 renewal=lease_pb.LeaseRenewal(
@@ -224,7 +234,7 @@ async def _worker(cfg: WorkerConfig, ctrl: Any, out: Any) -> None:
     client: Any = None
     failed = 0
     if cfg.mode == "grpc":
-        grpc_hosts = [GrpcHost(h, cfg.address, cfg.pki_dir) for h in cfg.host_ids]
+        grpc_hosts = [GrpcHost(h, cfg.address, cfg.pki_dir, cfg.step_every) for h in cfg.host_ids]
         gate = asyncio.Semaphore(cfg.connect_concurrency)
 
         async def connect(h: GrpcHost) -> bool:
@@ -299,6 +309,8 @@ async def _worker(cfg: WorkerConfig, ctrl: Any, out: Any) -> None:
 
 
 def _worker_main(cfg: WorkerConfig, ctrl: Any, out: Any) -> None:
+    if cfg.cpus:
+        os.sched_setaffinity(0, cfg.cpus)
     asyncio.run(_worker(cfg, ctrl, out))
 
 
