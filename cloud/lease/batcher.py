@@ -1,9 +1,12 @@
-"""Coalesced renewal writes: renewals that arrive within a few milliseconds share one transaction.
+"""Coalesced renewals: renewals that arrive within a few milliseconds share one read and at most
+one transaction.
 
 2,000 hosts renewing every second would otherwise be 2,000 transactions a second, which SQLite
-cannot sustain. Each renewal is still fenced on its own (`cloud.store.leases.renew_batch`): on
-SQLite an executemany of the fenced UPDATE, on PostgreSQL one statement for the whole batch
-(one round trip), so a stale renewal is refused without failing the others in its batch.
+cannot sustain. Each renewal is still fenced on its own (`cloud.store.leases.renew_batch`): the
+batch is read in one statement, the renewals that change nothing but a far-off expiry are
+answered from that read (decision 0070), and the rest are written, on SQLite as an executemany of
+the fenced UPDATE, on PostgreSQL as one statement for the whole batch, so a stale renewal is
+refused without failing the others in its batch.
 """
 
 from __future__ import annotations
@@ -22,8 +25,16 @@ log = logging.getLogger(__name__)
 class RenewalBatcher:
     """Queue renewals, write them in batches, resolve each caller with its own outcome."""
 
-    def __init__(self, store: Store, bus: EventBus, window_s: float, max_batch: int) -> None:
+    def __init__(
+        self,
+        store: Store,
+        bus: EventBus,
+        window_s: float,
+        max_batch: int,
+        write_below: float = leases.ALWAYS_WRITE,
+    ) -> None:
         self._store = store
+        self._write_below = write_below
         self._bus = bus
         self._window = window_s
         self._max = max_batch
@@ -69,7 +80,9 @@ class RenewalBatcher:
         self, batch: list[tuple[leases.RenewalIn, asyncio.Future[leases.RenewalOut]]]
     ) -> None:
         try:
-            outcomes = await leases.renew_batch(self._store, [item for item, _ in batch])
+            outcomes = await leases.renew_batch(
+                self._store, [item for item, _ in batch], self._write_below
+            )
         except Exception as exc:
             log.exception("renewal batch of %d failed", len(batch))
             for _, fut in batch:
@@ -79,7 +92,7 @@ class RenewalBatcher:
         self.batches_written += 1
         changed: list[str] = []
         for (item, fut), out in zip(batch, outcomes, strict=True):
-            if out.expires_at is not None:
+            if out.written:  # a renewal answered from the read changed nothing a watcher shows
                 changed.append(item.task_id)
             if not fut.done():
                 fut.set_result(out)

@@ -26,11 +26,12 @@ from cloud.store.leases.queries import (
     queued_by_target_host,
 )
 from cloud.store.leases.release import release
-from cloud.store.leases.renew import RenewalIn, RenewalOut, renew_batch
+from cloud.store.leases.renew import ALWAYS_WRITE, RenewalIn, RenewalOut, renew_batch
 from cloud.store.leases.results import ResultOut, record_result
 from cloud.store.leases.sweeps import Ended, sweep_deadlines, sweep_expired
 
 __all__ = [
+    "ALWAYS_WRITE",
     "RESULT_SUMMARY_LIMIT",
     "SUMMARY_LIMIT",
     "Claimed",

@@ -1,18 +1,27 @@
-"""Fenced renewals, written in batches: one transaction for many hosts' renewals.
+"""Fenced renewals, in batches: one read for many hosts' renewals, a write only where needed.
 
-On PostgreSQL a batch is one statement (`_renew_batch_pg`); on SQLite an executemany of the
-fenced UPDATE (`_renew_batch_sqlite`). Both apply the same fence (`fence.live_fence`) to each
-renewal on its own, so a stale one is refused without failing the others in its batch.
+A batch is first read (`_read_live`: one statement, no transaction to commit, no lock): a renewal
+whose lease the read finds live, far from expiry (at least `write_below` of its length left),
+already running and with the progress it carries already stored is acknowledged with the stored
+expiry and writes nothing (docs/decisions/0070-renewals-without-writes.md). Every other renewal is
+written, fenced: on PostgreSQL one statement for the batch (`_renew_batch_pg`), on SQLite an
+executemany of the fenced UPDATE (`_renew_batch_sqlite`). Both apply the same fence
+(`fence.live_fence`) to each renewal on its own, so a stale one is refused (and classified)
+without failing the others in its batch.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import json
 from dataclasses import dataclass
-from typing import cast
+from typing import Any, cast
 
 from sqlalchemy import (
+    Boolean,
+    Float,
     Integer,
+    Row,
     String,
     Table,
     Update,
@@ -50,6 +59,8 @@ class RenewalOut:
     expires_at: dt.datetime | None
     revocation: Revocation | None = None
     message: str = ""
+    #: The renewal changed the stored attempt (expiry, progress or status): watchers may care.
+    written: bool = False
 
 
 def _renew_statement(with_progress: bool) -> Update:
@@ -96,17 +107,123 @@ _RENEW = _renew_statement(with_progress=False)
 _RENEW_WITH_PROGRESS = _renew_statement(with_progress=True)
 
 
-async def renew_batch(store: Store, items: list[RenewalIn]) -> list[RenewalOut]:
-    """Write many renewals in one transaction; each caller gets its own outcome, in order.
+#: Every renewal writes (the behaviour before decision 0070): a `write_below` of 1.0 never finds
+#: a lease with more than its whole length left.
+ALWAYS_WRITE = 1.0
 
-    On PostgreSQL the whole batch is one statement (`_renew_batch_pg`); on SQLite it is an
-    executemany of the fenced UPDATE (`_renew_batch_sqlite`). Both apply the same fence.
+# The live attempts of a batch's tasks with what a renewal is compared against, in one statement
+# of constant text (the task ids are one parameter: a JSON array on SQLite, an array on
+# PostgreSQL), so it is prepared once and its compiled form cached.
+_LIVE_COLUMNS = (
+    column("task_id", String()),
+    column("attempt", Integer()),
+    column("lease_id", String()),
+    column("host_id", String()),
+    column("lease_expires_at", UTCDateTime()),
+    column("status", String()),
+    column("step_index", Integer()),
+    column("step_status", Integer()),
+    column("summary", String()),
+    column("max_steps", Integer()),
+    column("lease_seconds", Float()),
+    column("cancel_requested", Boolean()),
+)
+_LIVE_SELECT = """
+SELECT a.task_id, a.attempt, a.lease_id, a.host_id, a.lease_expires_at, a.status, a.step_index,
+       a.step_status, a.summary, a.max_steps, t.lease_seconds, t.cancel_requested
+FROM attempts AS a JOIN tasks AS t ON t.task_id = a.task_id
+WHERE a.ended_at IS NULL AND a.task_id {match}
+"""
+_LIVE_SQLITE = text(
+    _LIVE_SELECT.format(match="IN (SELECT value FROM json_each(:task_ids))")
+).columns(*_LIVE_COLUMNS)
+_LIVE_PG = text(_LIVE_SELECT.format(match="= ANY(CAST(:task_ids AS varchar[]))")).columns(
+    *_LIVE_COLUMNS
+)
+
+_Key = tuple[str, int, str, str]
+
+
+def _key(item: RenewalIn) -> _Key:
+    return (item.task_id, item.attempt, item.lease_id, item.host_id)
+
+
+async def _read_live(store: Store, task_ids: list[str]) -> dict[str, Row[Any]]:
+    """The live attempt of each of `task_ids` (at most one per task), as one committed snapshot.
+
+    Not a write transaction: on SQLite it does not wait for the store's write lock (WAL readers
+    never block the writer), on PostgreSQL it runs in autocommit (no BEGIN/COMMIT round trips)."""
+    async with store.engine.connect() as conn:
+        if store.is_postgres:
+            conn = await conn.execution_options(isolation_level="AUTOCOMMIT")
+            rows = await conn.execute(_LIVE_PG, {"task_ids": task_ids})
+        else:
+            rows = await conn.execute(_LIVE_SQLITE, {"task_ids": json.dumps(task_ids)})
+        return {row.task_id: row for row in rows}
+
+
+def _unchanged(row: Row[Any], item: RenewalIn, now: dt.datetime, write_below: float) -> bool:
+    """True when acknowledging `item` needs no write: `row` is its live lease (the full fence:
+    lease, host, not ended, not expired, no cancel requested), already RUNNING, with at least
+    `write_below` of its length left, and the progress the renewal carries is the one stored."""
+    if (
+        row.attempt != item.attempt
+        or row.lease_id != item.lease_id
+        or row.host_id != item.host_id
+        or row.cancel_requested
+        or row.status != states.RUNNING
+        or (row.lease_expires_at - now).total_seconds() < write_below * row.lease_seconds
+    ):
+        return False
+    p = item.progress
+    return p is None or (
+        (row.step_index, row.step_status, row.summary, row.max_steps)
+        == (p.step_index, p.step_status, p.summary, p.max_steps)
+    )
+
+
+async def renew_batch(
+    store: Store, items: list[RenewalIn], write_below: float = ALWAYS_WRITE
+) -> list[RenewalOut]:
+    """Renew many leases; each caller gets its own outcome, in order.
+
+    With `write_below` < 1, the batch is read first and a renewal that would change nothing but
+    a far-off expiry is answered from the read (`_unchanged`: the stored expiry, no write); the
+    rest are written in one transaction: on PostgreSQL one statement (`_renew_batch_pg`), on
+    SQLite an executemany of the fenced UPDATE (`_renew_batch_sqlite`). Both apply the same
+    fence. When one lease appears more than once in a batch and any of its renewals must be
+    written, all of them are, so the last progress acknowledged is the one stored.
     """
     if not items:
         return []
-    if store.is_postgres:
-        return await _renew_batch_pg(store, items)
-    return await _renew_batch_sqlite(store, items)
+    out: list[RenewalOut | None] = [None] * len(items)
+    to_write = list(range(len(items)))
+    if write_below < ALWAYS_WRITE:
+        now = store.now()
+        live = await _read_live(store, sorted({i.task_id for i in items}))
+        must: set[_Key] = set()
+        kept: dict[int, dt.datetime] = {}
+        for n, item in enumerate(items):
+            row = live.get(item.task_id)
+            if row is not None and _unchanged(row, item, now, write_below):
+                kept[n] = row.lease_expires_at
+            else:
+                must.add(_key(item))
+        to_write = []
+        for n, item in enumerate(items):
+            if n in kept and _key(item) not in must:
+                out[n] = RenewalOut(kept[n])
+            else:
+                to_write.append(n)
+    if to_write:
+        subset = [items[n] for n in to_write]
+        if store.is_postgres:
+            written = await _renew_batch_pg(store, subset)
+        else:
+            written = await _renew_batch_sqlite(store, subset)
+        for n, o in zip(to_write, written, strict=True):
+            out[n] = o
+    return [o for o in out if o is not None]
 
 
 async def _renew_batch_sqlite(store: Store, items: list[RenewalIn]) -> list[RenewalOut]:
@@ -179,7 +296,7 @@ async def _renew_batch_sqlite(store: Store, items: list[RenewalIn]) -> list[Rene
         for n, expires in expected.items():
             item = items[n]
             if live.get((item.task_id, item.attempt, item.lease_id, item.host_id)) == expires:
-                out[n] = RenewalOut(expires)
+                out[n] = RenewalOut(expires, written=True)
                 renewed_tasks.add(item.task_id)
             else:
                 reason, message = await classify(
@@ -313,7 +430,7 @@ async def _renew_batch_pg(store: Store, items: list[RenewalIn]) -> list[RenewalO
         for item in items:
             expires = renewed.get((item.task_id, item.attempt, item.lease_id, item.host_id))
             if expires is not None:
-                out.append(RenewalOut(expires))
+                out.append(RenewalOut(expires, written=True))
                 continue
             reason, message = await classify(
                 session, item.host_id, item.task_id, item.attempt, item.lease_id, now
