@@ -311,9 +311,11 @@ def server_process(
 
 
 @contextlib.asynccontextmanager
-async def async_server_process(kind: str, *args: str) -> AsyncIterator[ServerProcess]:
+async def async_server_process(
+    kind: str, *args: str, cpus: str = ""
+) -> AsyncIterator[ServerProcess]:
     """`server_process` for async callers (the blocking start runs in a thread)."""
-    cm = server_process(kind, *args)
+    cm = server_process(kind, *args, cpus=cpus)
     handle = await asyncio.to_thread(cm.__enter__)
     try:
         yield handle

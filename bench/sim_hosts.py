@@ -87,6 +87,9 @@ class GrpcHost:
         self.call: Any = None
         self.lease: Lease | None = None
         self.step = 0
+        #: Wall-clock times (time.time()) when the hello was written and of the assignment's arrival.
+        self.hello_at = 0.0
+        self.assigned_at = 0.0
 
     async def connect(self) -> None:
         self.call = lease_service_pb2_grpc.LeaseServiceStub(self.channel).Lease()
@@ -103,6 +106,7 @@ class GrpcHost:
                 )
             )
         )
+        self.hello_at = time.time()  # written (the connection and its TLS handshake are up)
         while True:
             msg = await self.call.read()
             if msg is grpc.aio.EOF:
@@ -114,6 +118,8 @@ class GrpcHost:
     def _take(self, msg: lease_pb.LeaseResponse) -> None:
         if msg.WhichOneof("kind") == "assignment":
             a = msg.assignment
+            if self.lease is None:
+                self.assigned_at = time.time()
             self.lease = (a.task_id, a.attempt, a.lease_id)
 
     async def wait_assignment(self) -> Lease:
