@@ -53,6 +53,9 @@ class WorkerConfig:
     step_every: int = 1
     #: CPUs the worker runs on (`os.sched_setaffinity`); None = wherever the OS puts it.
     cpus: frozenset[int] | None = None
+    #: Every `hot_every`-th host (0 = none) is "hot": a new step on every renewal, its summary
+    #: stamped with the wall-clock time it was sent (`sent_at`), for watchers to time.
+    hot_every: int = 0
 
 
 @dataclass(slots=True)
@@ -66,8 +69,11 @@ class PhaseResult:
 class GrpcHost:
     """One host's channel and Lease stream."""
 
-    def __init__(self, host_id: str, address: str, pki_dir: Path, step_every: int = 1) -> None:
-        self.step_every = max(1, step_every)
+    def __init__(
+        self, host_id: str, address: str, pki_dir: Path, step_every: int = 1, hot: bool = False
+    ) -> None:
+        self.step_every = 1 if hot else max(1, step_every)
+        self.hot = hot
         self.renewals = 0
         self.host_id = host_id
         creds = grpc.ssl_channel_credentials(
@@ -87,7 +93,7 @@ class GrpcHost:
         self.call: Any = None
         self.lease: Lease | None = None
         self.step = 0
-        #: Wall-clock times (time.time()) when the hello was written and of the assignment's arrival.
+        #: Wall-clock times (time.time()): the hello written, the first assignment received.
         self.hello_at = 0.0
         self.assigned_at = 0.0
 
@@ -145,7 +151,11 @@ class GrpcHost:
                     progress=types_pb2.Progress(
                         step_index=self.step,
                         step_status=types_pb2.STEP_STATUS_ACTING,
-                        summary=f"step {self.step}: tapping Dark theme",
+                        summary=(
+                            f"step {self.step} @{time.time():.3f}"
+                            if self.hot
+                            else f"step {self.step}: tapping Dark theme"
+                        ),
                     ),
                 )
             )
@@ -240,7 +250,16 @@ async def _worker(cfg: WorkerConfig, ctrl: Any, out: Any) -> None:
     client: Any = None
     failed = 0
     if cfg.mode == "grpc":
-        grpc_hosts = [GrpcHost(h, cfg.address, cfg.pki_dir, cfg.step_every) for h in cfg.host_ids]
+        grpc_hosts = [
+            GrpcHost(
+                h,
+                cfg.address,
+                cfg.pki_dir,
+                cfg.step_every,
+                hot=bool(cfg.hot_every) and n % cfg.hot_every == 0,
+            )
+            for n, h in enumerate(cfg.host_ids)
+        ]
         gate = asyncio.Semaphore(cfg.connect_concurrency)
 
         async def connect(h: GrpcHost) -> bool:
@@ -396,6 +415,15 @@ class Fleet:
             if p.is_alive():
                 p.kill()
                 p.join()
+
+
+def sent_at(summary: str) -> float | None:
+    """The send time a hot host stamped into its progress summary (None if not stamped)."""
+    _, at, stamp = summary.rpartition(" @")
+    try:
+        return float(stamp) if at else None
+    except ValueError:
+        return None
 
 
 def split(host_ids: Sequence[str], workers: int) -> list[list[str]]:
