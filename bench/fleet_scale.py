@@ -28,8 +28,9 @@ import os
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 import psycopg
 from sqlalchemy.engine import make_url
@@ -144,8 +145,9 @@ class Watcher:
     def __init__(self, address: str, pki_dir: Path) -> None:
         self.delays: list[float] = []
         self._address, self._pki = address, pki_dir
-        self._stop = threading.Event()
         self._ready = threading.Event()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._call: Any = None
         self._thread = threading.Thread(target=lambda: asyncio.run(self._run()), daemon=True)
 
     def __enter__(self) -> Watcher:
@@ -154,24 +156,23 @@ class Watcher:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self._stop.set()
+        if self._loop is not None and self._call is not None:
+            self._loop.call_soon_threadsafe(self._call.cancel)
         self._thread.join(30)
 
     async def _run(self) -> None:
         client = operator(self._address, self._pki)
-        call = client.progress.WatchProgress(progress_service_pb2.WatchProgressRequest())
+        self._loop = asyncio.get_running_loop()
+        self._call = client.progress.WatchProgress(progress_service_pb2.WatchProgressRequest())
         self._ready.set()
         try:
-            while not self._stop.is_set():
-                with contextlib.suppress(TimeoutError):
-                    msg = await asyncio.wait_for(call.read(), 0.5)
-                    if msg is None or not hasattr(msg, "task"):
-                        return
-                    at = sent_at(msg.task.progress.summary)
-                    if at is not None and not msg.snapshot:
-                        self.delays.append(time.time() - at)
+            async for msg in self._call:
+                at = sent_at(msg.task.progress.summary)
+                if at is not None and not msg.snapshot:
+                    self.delays.append(time.time() - at)
+        except asyncio.CancelledError:
+            pass  # __exit__ cancelled the call
         finally:
-            call.cancel()
             await client.close()
 
 
@@ -333,12 +334,12 @@ def run(
     parts: tuple[str, ...] = ("scale", "replicas"),
 ) -> Section:
     sizes = SMOKE if smoke else FULL
-    if hosts:
-        sizes.hosts = hosts
-    if interval:
-        sizes.interval = interval
-    if duration:
-        sizes.duration = duration
+    sizes = replace(
+        sizes,
+        hosts=hosts or sizes.hosts,
+        interval=interval or sizes.interval,
+        duration=duration or sizes.duration,
+    )
     pin = len(os.sched_getaffinity(0)) > 1
     t0 = time.monotonic()
     section = Section(

@@ -69,9 +69,7 @@ HOST_CPUS = frozenset({1})
 
 
 FULL = Sizes(hosts=2000, workers=2, duration=20.0, sat_hosts=200, lead=2.0, pin=True)
-SMOKE = Sizes(
-    hosts=12, workers=1, duration=1.0, sat_hosts=12, lead=0.3, http=False, stores=("SQLite",)
-)
+SMOKE = Sizes(hosts=12, workers=1, duration=1.0, sat_hosts=12, lead=0.3, stores=("SQLite",))
 
 
 def _measure(
