@@ -770,8 +770,10 @@ class Progress(_message.Message):
     """
     @_builtins.property
     def updated_at(self) -> _timestamp_pb2.Timestamp:
-        """When the cloud stored this snapshot. Set by the cloud on every accepted renewal or result; a
-        value a host sends here is ignored.
+        """When the cloud stored this snapshot. Set by the cloud when an accepted renewal or result is
+        written; a renewal that repeats the stored progress while its lease is far from its end is
+        acknowledged without a write and does not move it (decision 0070). A value a host sends
+        here is ignored.
         """
 
     def __init__(
