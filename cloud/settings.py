@@ -54,8 +54,11 @@ class CloudSettings(BaseSettings):
     renewal_batch_max: int = Field(500, ge=1)
     # A renewal is written to the store when its lease has less than this fraction of its length
     # left (or its progress changed, or its attempt is not yet running); otherwise it is answered
-    # with the stored expiry after a read. 1 = every renewal writes. See decision 0070.
-    renewal_write_below: float = Field(0.5, gt=0, le=1)
+    # with the stored expiry after a read. 1 = every renewal writes. The default keeps what a
+    # written renewal promised: hosts renew every third of a lease, and 0.85 - 1/3 > 1/2, so after
+    # a renewal answered from a read the lease still outlives a lost renewal, or a database outage
+    # of half a lease. See decision 0070.
+    renewal_write_below: float = Field(0.85, gt=0, le=1)
     host_heartbeat_seconds: float = Field(10.0, gt=0)
     retention_days: float = Field(7.0, gt=0)
     retention_interval_seconds: float = Field(3600.0, gt=0)

@@ -15,11 +15,12 @@ from collections.abc import AsyncIterator
 import pytest
 from sqlalchemy import select, update
 
-from cloud.store import leases, states, tasks
+from cloud.settings import CloudSettings
+from cloud.store import convert, leases, states, tasks
 from cloud.store.database import Store
 from cloud.store.models import AttemptRow, TaskRow
 
-#: The replica's default: write when less than half the lease is left.
+#: Write when less than half the lease is left (the tests set the margin themselves).
 HALF = 0.5
 LEASE_S = 30.0
 
@@ -226,3 +227,12 @@ async def test_always_write_keeps_the_old_behaviour(store: Store) -> None:
     (again,) = await leases.renew_batch(store, [_item(c)], leases.ALWAYS_WRITE)
     assert again.written and again.expires_at is not None and out.expires_at is not None
     assert again.expires_at > out.expires_at
+
+
+def test_the_default_keeps_half_a_lease_after_a_missed_renewal() -> None:
+    """Decision 0070's margin: after a renewal answered from the read, the lease outlives the
+    next renewal interval (a third of the lease) by more than half a lease, as after a written
+    renewal — what tests/faults/test_postgres_restart.py relies on for a database outage."""
+    interval = convert.renew_interval(LEASE_S).ToTimedelta().total_seconds()
+    left_at_ack = CloudSettings().renewal_write_below * LEASE_S
+    assert left_at_ack - interval > LEASE_S / 2
