@@ -1,12 +1,15 @@
-"""Coalesced renewals: renewals that arrive within a few milliseconds share one read and at most
-one transaction.
+"""Coalesced renewals in two stages: one read per batch answers what changes nothing, and the
+rest are written together, without holding up the next read.
 
 2,000 hosts renewing every second would otherwise be 2,000 transactions a second, which SQLite
-cannot sustain. Each renewal is still fenced on its own (`cloud.store.leases.renew_batch`): the
-batch is read in one statement, the renewals that change nothing but a far-off expiry are
-answered from that read (decision 0070), and the rest are written, on SQLite as an executemany of
-the fenced UPDATE, on PostgreSQL as one statement for the whole batch, so a stale renewal is
-refused without failing the others in its batch.
+cannot sustain. Renewals that arrive within a few milliseconds form a batch. Stage one reads the
+batch's leases in one statement and answers each renewal that would change nothing but a
+far-off expiry with the stored expiry (decision 0070). Stage two writes the others, fenced each
+on its own (`cloud.store.leases.write_renewals`: on SQLite an executemany of the fenced UPDATE,
+on PostgreSQL one statement), so a stale renewal is refused without failing the others in its
+batch. The stages run side by side: while a write waits (for SQLite's one writer, say, behind a
+heartbeat), unchanged renewals are still answered. A lease with a renewal queued for writing is
+written again, never answered from a read, so a lease's renewals land in the order they came.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections import Counter
 
 from cloud.events import EventBus
 from cloud.store import leases
@@ -21,9 +25,11 @@ from cloud.store.database import Store
 
 log = logging.getLogger(__name__)
 
+_Waiting = list[tuple[leases.RenewalIn, asyncio.Future[leases.RenewalOut]]]
+
 
 class RenewalBatcher:
-    """Queue renewals, write them in batches, resolve each caller with its own outcome."""
+    """Queue renewals, answer or write them in batches, resolve each caller with its outcome."""
 
     def __init__(
         self,
@@ -34,33 +40,44 @@ class RenewalBatcher:
         write_below: float = leases.ALWAYS_WRITE,
     ) -> None:
         self._store = store
-        self._write_below = write_below
         self._bus = bus
         self._window = window_s
         self._max = max_batch
-        self._queue: list[tuple[leases.RenewalIn, asyncio.Future[leases.RenewalOut]]] = []
+        self._write_below = write_below
+        self._queue: _Waiting = []
+        self._writes: _Waiting = []
+        #: Leases with renewals queued for writing or being written (how many of each).
+        self._pending: Counter[tuple[str, int, str, str]] = Counter()
         self._wake = asyncio.Event()
-        self._task: asyncio.Task[None] | None = None
+        self._write_wake = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+        #: Write transactions so far (stage two).
         self.batches_written = 0
 
     def start(self) -> None:
-        """Start the writer task."""
-        self._task = asyncio.create_task(self._run(), name="renewal-batcher")
+        """Start the two stages."""
+        self._tasks = [
+            asyncio.create_task(self._run(), name="renewal-reads"),
+            asyncio.create_task(self._run_writes(), name="renewal-writes"),
+        ]
 
     async def stop(self) -> None:
-        """Stop the writer; queued renewals fail with CancelledError."""
-        if self._task is not None:
-            self._task.cancel()
+        """Stop both stages; queued renewals fail with CancelledError."""
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
             with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
-        for _, fut in self._queue:
+                await task
+        self._tasks = []
+        for _, fut in (*self._queue, *self._writes):
             if not fut.done():
                 fut.cancel()
         self._queue.clear()
+        self._writes.clear()
+        self._pending.clear()
 
     async def renew(self, item: leases.RenewalIn) -> leases.RenewalOut:
-        """Write one renewal as part of the next batch."""
+        """Answer one renewal as part of the next batch."""
         fut: asyncio.Future[leases.RenewalOut] = asyncio.get_running_loop().create_future()
         self._queue.append((item, fut))
         self._wake.set()
@@ -74,26 +91,64 @@ class RenewalBatcher:
                 await asyncio.sleep(self._window)
             while self._queue:
                 batch, self._queue = self._queue[: self._max], self._queue[self._max :]
-                await self._write(batch)
+                await self._answer(batch)
 
-    async def _write(
-        self, batch: list[tuple[leases.RenewalIn, asyncio.Future[leases.RenewalOut]]]
-    ) -> None:
+    async def _answer(self, batch: _Waiting) -> None:
+        """Stage one: answer from one read what needs no write, queue the rest for stage two."""
+        items = [item for item, _ in batch]
+        if self._write_below >= leases.ALWAYS_WRITE:
+            outcomes: list[leases.RenewalOut | None] = [None] * len(batch)
+        else:
+            try:
+                outcomes = await leases.answer_from_read(
+                    self._store, items, self._write_below, self._pending
+                )
+            except Exception as exc:
+                self._fail(batch, exc)
+                return
+        for (item, fut), out in zip(batch, outcomes, strict=True):
+            if out is None:
+                self._pending[leases.lease_key(item)] += 1
+                self._writes.append((item, fut))
+            elif not fut.done():
+                fut.set_result(out)
+        if self._writes:
+            self._write_wake.set()
+
+    async def _run_writes(self) -> None:
+        while True:
+            await self._write_wake.wait()
+            self._write_wake.clear()
+            while self._writes:
+                batch, self._writes = self._writes[: self._max], self._writes[self._max :]
+                try:
+                    await self._write(batch)
+                finally:
+                    for item, _ in batch:
+                        key = leases.lease_key(item)
+                        self._pending[key] -= 1
+                        if self._pending[key] <= 0:
+                            del self._pending[key]
+
+    async def _write(self, batch: _Waiting) -> None:
+        """Stage two: one fenced write transaction; watchers hear of what it changed."""
         try:
-            outcomes = await leases.renew_batch(
-                self._store, [item for item, _ in batch], self._write_below
-            )
+            outcomes = await leases.write_renewals(self._store, [item for item, _ in batch])
         except Exception as exc:
-            log.exception("renewal batch of %d failed", len(batch))
-            for _, fut in batch:
-                if not fut.done():
-                    fut.set_exception(exc)
+            self._fail(batch, exc)
             return
         self.batches_written += 1
         changed: list[str] = []
         for (item, fut), out in zip(batch, outcomes, strict=True):
-            if out.written:  # a renewal answered from the read changed nothing a watcher shows
+            if out.written:
                 changed.append(item.task_id)
             if not fut.done():
                 fut.set_result(out)
         self._bus.tasks_changed(changed)
+
+    @staticmethod
+    def _fail(batch: _Waiting, exc: Exception) -> None:
+        log.exception("renewal batch of %d failed", len(batch))
+        for _, fut in batch:
+            if not fut.done():
+                fut.set_exception(exc)

@@ -146,6 +146,21 @@ async def test_changed_progress_is_stored_before_the_ack(store: Store, other: St
     assert d.written and (await _row(store, c.task_id)).max_steps == 40
 
 
+async def test_a_lease_with_a_write_queued_is_not_answered_from_the_read(store: Store) -> None:
+    """Invariant 3, across batches: while a renewal of a lease waits to be written (the
+    replica's write stage), a later renewal of it is written too, after it, never answered from
+    a read of the row the pending write is about to change."""
+    c = await _lease(store)
+    p = leases.ProgressIn(1, 2, "stored")
+    (stored,) = await leases.renew_batch(store, [_item(c, progress=p)], HALF)
+    assert stored.written
+    (free,) = await leases.answer_from_read(store, [_item(c, progress=p)], HALF)
+    assert free is not None and free.expires_at is not None
+    pending = {leases.lease_key(_item(c))}
+    (held,) = await leases.answer_from_read(store, [_item(c, progress=p)], HALF, pending)
+    assert held is None
+
+
 async def test_the_first_renewal_makes_the_attempt_running(store: Store) -> None:
     """Invariant 4: an attempt not yet RUNNING (just assigned) is always written, so the task
     leaves ASSIGNED at its first renewal however far its expiry is."""

@@ -26,7 +26,15 @@ from cloud.store.leases.queries import (
     queued_by_target_host,
 )
 from cloud.store.leases.release import release
-from cloud.store.leases.renew import ALWAYS_WRITE, RenewalIn, RenewalOut, renew_batch
+from cloud.store.leases.renew import (
+    ALWAYS_WRITE,
+    RenewalIn,
+    RenewalOut,
+    answer_from_read,
+    lease_key,
+    renew_batch,
+    write_renewals,
+)
 from cloud.store.leases.results import ResultOut, record_result
 from cloud.store.leases.sweeps import Ended, sweep_deadlines, sweep_expired
 
@@ -43,11 +51,13 @@ __all__ = [
     "RenewalOut",
     "ResultOut",
     "Revocation",
+    "answer_from_read",
     "check_held",
     "claim",
     "classify",
     "is_live",
     "latest_progress",
+    "lease_key",
     "lease_owner",
     "live_attempts_on",
     "live_fence",
@@ -60,4 +70,5 @@ __all__ = [
     "sweep_deadlines",
     "sweep_expired",
     "truncate_summary",
+    "write_renewals",
 ]

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+from collections.abc import Container
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -144,10 +145,6 @@ _LIVE_PG = text(_LIVE_SELECT.format(match="= ANY(CAST(:task_ids AS varchar[]))")
 _Key = tuple[str, int, str, str]
 
 
-def _key(item: RenewalIn) -> _Key:
-    return (item.task_id, item.attempt, item.lease_id, item.host_id)
-
-
 async def _read_live(store: Store, task_ids: list[str]) -> dict[str, Row[Any]]:
     """The live attempt of each of `task_ids` (at most one per task), as one committed snapshot.
 
@@ -182,47 +179,75 @@ def _unchanged(row: Row[Any], item: RenewalIn, now: dt.datetime, write_below: fl
     )
 
 
+def lease_key(item: RenewalIn) -> tuple[str, int, str, str]:
+    """Which lease a renewal is for: (task, attempt, lease id, host)."""
+    return (item.task_id, item.attempt, item.lease_id, item.host_id)
+
+
+async def answer_from_read(
+    store: Store,
+    items: list[RenewalIn],
+    write_below: float,
+    pending: Container[tuple[str, int, str, str]] = (),
+) -> list[RenewalOut | None]:
+    """Read the batch's live attempts once; each renewal's outcome if it needs no write
+    (`_unchanged`: the stored expiry, nothing written), None if it must be written.
+
+    A renewal of a lease in `pending` (renewals of it queued for writing) or of a lease that
+    another renewal in this batch must write is written too: a lease's renewals are written in
+    the order they came, so the last progress acknowledged is the one stored.
+    """
+    if not items:
+        return []
+    now = store.now()
+    live = await _read_live(store, sorted({i.task_id for i in items}))
+    must: set[_Key] = set()
+    kept: dict[int, dt.datetime] = {}
+    for n, item in enumerate(items):
+        row = live.get(item.task_id)
+        key = lease_key(item)
+        if key not in pending and row is not None and _unchanged(row, item, now, write_below):
+            kept[n] = row.lease_expires_at
+        else:
+            must.add(key)
+    return [
+        RenewalOut(kept[n]) if n in kept and lease_key(item) not in must else None
+        for n, item in enumerate(items)
+    ]
+
+
+async def write_renewals(store: Store, items: list[RenewalIn]) -> list[RenewalOut]:
+    """Write many renewals in one transaction, each fenced on its own; outcomes in order.
+
+    On PostgreSQL one statement (`_renew_batch_pg`), on SQLite an executemany of the fenced
+    UPDATE (`_renew_batch_sqlite`). Both apply the same fence; a refused renewal is classified.
+    """
+    if not items:
+        return []
+    if store.is_postgres:
+        return await _renew_batch_pg(store, items)
+    return await _renew_batch_sqlite(store, items)
+
+
 async def renew_batch(
     store: Store, items: list[RenewalIn], write_below: float = ALWAYS_WRITE
 ) -> list[RenewalOut]:
     """Renew many leases; each caller gets its own outcome, in order.
 
-    With `write_below` < 1, the batch is read first and a renewal that would change nothing but
-    a far-off expiry is answered from the read (`_unchanged`: the stored expiry, no write); the
-    rest are written in one transaction: on PostgreSQL one statement (`_renew_batch_pg`), on
-    SQLite an executemany of the fenced UPDATE (`_renew_batch_sqlite`). Both apply the same
-    fence. When one lease appears more than once in a batch and any of its renewals must be
-    written, all of them are, so the last progress acknowledged is the one stored.
+    With `write_below` < 1 the batch is read first (`answer_from_read`) and only the renewals
+    that must be written are (`write_renewals`); with 1 every renewal is written. The lease
+    service does the same in two stages (`cloud.lease.batcher`), so that reads never wait
+    behind writes.
     """
     if not items:
         return []
     out: list[RenewalOut | None] = [None] * len(items)
-    to_write = list(range(len(items)))
     if write_below < ALWAYS_WRITE:
-        now = store.now()
-        live = await _read_live(store, sorted({i.task_id for i in items}))
-        must: set[_Key] = set()
-        kept: dict[int, dt.datetime] = {}
-        for n, item in enumerate(items):
-            row = live.get(item.task_id)
-            if row is not None and _unchanged(row, item, now, write_below):
-                kept[n] = row.lease_expires_at
-            else:
-                must.add(_key(item))
-        to_write = []
-        for n, item in enumerate(items):
-            if n in kept and _key(item) not in must:
-                out[n] = RenewalOut(kept[n])
-            else:
-                to_write.append(n)
-    if to_write:
-        subset = [items[n] for n in to_write]
-        if store.is_postgres:
-            written = await _renew_batch_pg(store, subset)
-        else:
-            written = await _renew_batch_sqlite(store, subset)
-        for n, o in zip(to_write, written, strict=True):
-            out[n] = o
+        out = await answer_from_read(store, items, write_below)
+    to_write = [n for n, o in enumerate(out) if o is None]
+    written = await write_renewals(store, [items[n] for n in to_write])
+    for n, o in zip(to_write, written, strict=True):
+        out[n] = o
     return [o for o in out if o is not None]
 
 
