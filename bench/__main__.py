@@ -57,6 +57,7 @@ def _script(name: str, title: str, smoke_args: list[str]) -> Callable[[bool], Se
 
 BENCHMARKS: dict[str, Callable[[bool], Section]] = {
     "lease_capacity": lease_capacity.run,
+    "observability_overhead": lease_capacity.run_overhead,
     "memory": memory.run,
     "dispatch_latency": dispatch_latency.run,
     "dispatch_burst": dispatch_burst.run,
@@ -64,6 +65,7 @@ BENCHMARKS: dict[str, Callable[[bool], Section]] = {
     "decision_log": decision_log.run,
     "prompt_growth": _script("prompt_growth", "Prompt growth (planner)", ["--smoke"]),
     "host_overhead": _script("host_overhead", "Host per-step overhead", ["--smoke"]),
+    "flow_replay": _script("flow_replay", "Learned flows: the suite twice", ["--smoke"]),
 }
 
 

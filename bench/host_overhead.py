@@ -6,6 +6,9 @@ overhead):
 * perception without OCR: screenshot + hierarchy dump + parse, through the in-process driver;
 * perception with OCR: the same plus OCR of the screenshot and fusion into the scene;
 * recording: two screenshots to the artifact folder and one timeline row into SQLite;
+* outbox: what a direct-transport step writes for the cloud in its own path (the decision, the
+  decision again with its outcome, two screenshots: four durable SQLite rows), as a ratio to
+  recording measured in the same run;
 * OCR alone, three ways: the host's reused engine (one per worker thread), a new tesserocr engine
   per image, and — when the `tesseract` binary is installed — one `tesseract` process per image,
   as pytesseract does. Without the binary the per-image engine is the baseline (reported so).
@@ -27,12 +30,15 @@ from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 
+from amc.v1 import types_pb2
 from host.devices.virtual.driver import VirtualDriver
 from host.devices.virtual.phone import VirtualPhone
+from host.outbox import OutboxStore, Shipments
 from host.perception.ocr import OcrEngine, OcrPool, default_tessdata_path
 from host.perception.perceive import Perceiver
 from host.timeline.record import TimelineRecord
 from host.timeline.store import TimelineStore
+from planner.decision import Decision, Usage
 
 SCREENS = [
     ("home", None, []),
@@ -53,6 +59,27 @@ def _phones() -> list[VirtualPhone]:
                 phone.push(page)
         phones.append(phone)
     return phones
+
+
+def _decision() -> Decision:
+    action = types_pb2.Action(purpose="open it", expected_outcome="it opens")
+    action.tap.element_id = "e1"
+    return Decision(
+        tool_name="tap",
+        arguments={"element_id": "e1"},
+        action=action,
+        purpose="open it",
+        expected_outcome="it opens",
+        rationale="r" * 400,
+        thinking=[],
+        usage=Usage(input_tokens=3000, output_tokens=120),
+        provider="offline",
+        model="bench",
+        latency_s=0.1,
+        forced_retry=False,
+        system_prompt="s" * 4000,
+        user_prompt="u" * 6000,
+    )
 
 
 def _time(fn: Callable[[], object], repeat: int) -> list[float]:
@@ -113,6 +140,26 @@ def run(repeat: int) -> dict[str, object]:
 
             results["recording"] = _ms(_time(record, repeat * len(SCREENS)))
             store.close()
+
+            outbox = OutboxStore(Path(tmp) / "outbox.sqlite3")
+            shipments = Shipments(outbox, "direct")
+            decision = _decision()
+            outcome = types_pb2.ActionOutcome(executed=True, driver_output='{"point": [1, 2]}')
+
+            def ship() -> None:
+                i = next(counter)
+                png = pngs[i % len(pngs)]
+                ref = shipments.decision("bench", 1, "lease", decision, str)
+                assert ref is not None
+                shipments.screenshot(ref, "before", png)
+                shipments.outcome(ref, decision, str, outcome)
+                shipments.screenshot(ref, "after", png)
+
+            results["outbox_writes"] = _ms(_time(ship, repeat * len(SCREENS)))
+            outbox.close()
+            rec, out = results["recording"], results["outbox_writes"]
+            assert isinstance(rec, dict) and isinstance(out, dict)
+            results["outbox_vs_recording"] = round(out["median_ms"] / rec["median_ms"], 2)
 
         reused = [t for png in pngs for t in _time(partial(pool.read, png), repeat)]
         results["ocr_reused_engine"] = _ms(reused)

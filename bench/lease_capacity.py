@@ -28,6 +28,8 @@ import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+import httpx
+
 from bench import resources
 from bench.cloud_client import submit_many
 from bench.procstat import cpu_seconds
@@ -146,6 +148,83 @@ def run_cloud(
     return paced, sat, leases
 
 
+def _scrape_every_second(url: str, stop: threading.Event) -> None:
+    """What a Prometheus would do, far more often than its usual 15 s."""
+    with httpx.Client(timeout=5) as client:
+        while not stop.wait(1.0):
+            client.get(url).raise_for_status()
+
+
+def run_observability(db: Path, pki_dir: Path, ids: list[str], sizes: Sizes, mode: str) -> Measured:
+    """Paced renewals against a fresh store with observability `mode` ("on": metrics recorded
+    and scraped every second, every span traced through a batch exporter; "off": neither)."""
+    url = f"sqlite+aiosqlite:///{db}"
+    with server_process(
+        "cloud", "--db", url, "--pki", str(pki_dir), "--observability", mode, cpus=_cpus(sizes)
+    ) as server:
+        fleet = _grpc_fleet(server.address, pki_dir, ids, sizes)
+        stop = threading.Event()
+        scraper = None
+        if server.metrics_url:
+            scraper = threading.Thread(target=_scrape_every_second, args=(server.metrics_url, stop))
+            scraper.start()
+        try:
+            fleet.start()
+            asyncio.run(submit_many(server.address, pki_dir, fleet.connected))
+            fleet.wait_assigned()
+            return _measure(fleet, server, sizes, 1.0, fleet.connected)
+        finally:
+            stop.set()
+            if scraper is not None:
+                scraper.join()
+            fleet.stop()
+
+
+def overhead(pki_dir: Path, ids: list[str], sizes: Sizes, rounds: int) -> Section:
+    """Observability on vs off, alternated (off, on, off, on, …) so drift in the machine's load
+    hits both alike; each run on its own fresh SQLite store."""
+    section = Section(
+        "observability_overhead",
+        "Observability overhead",
+        f"{len(ids)} hosts paced at 1 renewal/s for {sizes.duration:g} s, {rounds} runs each "
+        "with metrics and tracing off and on, alternated, SQLite",
+    )
+    t0 = time.monotonic()
+    runs: dict[str, list[Measured]] = {"off": [], "on": []}
+    with tempfile.TemporaryDirectory(prefix="amc-bench-obs-") as tmp:
+        for i in range(rounds):
+            for mode in ("off", "on"):
+                runs[mode].append(
+                    run_observability(Path(tmp) / f"{mode}-{i}.sqlite3", pki_dir, ids, sizes, mode)
+                )
+    off = sum(m.cpu_per_1000 for m in runs["off"]) / rounds
+    on = sum(m.cpu_per_1000 for m in runs["on"]) / rounds
+    section.add(
+        "cloud CPU-s / 1,000 renewals, observability on",
+        round(on, 3),
+        "s",
+        baseline=round(off, 3),
+        baseline_name="off",
+        note=f"{(on / off - 1) * 100:+.1f} % (target <= +5 %)" if off else "",
+    )
+    for mode in ("off", "on"):
+        section.add(
+            f"renewals acked /s, observability {mode}",
+            round(sum(m.per_s for m in runs[mode]) / rounds, 1),
+            "/s",
+            note="runs: " + ", ".join(f"{m.cpu_per_1000:.3f}" for m in runs[mode]) + " CPU-s/1,000",
+        )
+    section.notes.append(
+        "On: every metric recorded (renewal outcomes, batch latency, …), /metrics scraped every "
+        "second, an SDK tracer provider with a batch span processor over an exporter that drops "
+        "what it gets (a collector's network cost is not in the cloud process). Off: "
+        "AMC_CLOUD_METRICS_ENABLED=false and no tracer provider. Renewals themselves are not "
+        "traced (the Lease stream is excluded): tracing's share is the SubmitTask spans."
+    )
+    section.seconds = time.monotonic() - t0
+    return section
+
+
 def run_http(url: str, leases: dict[str, Lease], sizes: Sizes) -> tuple[Measured, Measured]:
     """The old design on the same store and the same (still live) leases."""
     ids = sorted(leases)
@@ -232,16 +311,16 @@ def _rows(
     )
 
 
-def run(
+def _sizes(
     smoke: bool,
-    hosts: int | None = None,
-    duration: float | None = None,
+    hosts: int | None,
+    duration: float | None,
     *,
     step_every: int | None = None,
     pin: bool | None = None,
     http: bool | None = None,
     stores: tuple[str, ...] | None = None,
-) -> Section:
+) -> Sizes:
     sizes = SMOKE if smoke else FULL
     if hosts:
         sizes = replace(sizes, hosts=hosts, sat_hosts=min(sizes.sat_hosts, hosts))
@@ -255,7 +334,20 @@ def run(
         sizes = replace(sizes, http=http)
     if stores:
         sizes = replace(sizes, stores=stores)
-    sizes = replace(sizes, pin=sizes.pin and len(os.sched_getaffinity(0)) > 1)
+    return replace(sizes, pin=sizes.pin and len(os.sched_getaffinity(0)) > 1)
+
+
+def run(
+    smoke: bool,
+    hosts: int | None = None,
+    duration: float | None = None,
+    *,
+    step_every: int | None = None,
+    pin: bool | None = None,
+    http: bool | None = None,
+    stores: tuple[str, ...] | None = None,
+) -> Section:
+    sizes = _sizes(smoke, hosts, duration, step_every=step_every, pin=pin, http=http, stores=stores)
     t0 = time.monotonic()
     section = Section(
         "lease_capacity",
@@ -301,6 +393,14 @@ def run(
     return section
 
 
+def run_overhead(smoke: bool) -> Section:
+    """The overhead benchmark as `python -m bench` runs it: 500 hosts, 15 s, 2 runs of each
+    (smoke: 12 hosts, 1 s, one run of each)."""
+    sizes = _sizes(smoke, None if smoke else 500, None if smoke else 15.0)
+    ids = host_ids(sizes.hosts)
+    return overhead(resources.pki(ids), ids, sizes, 1 if smoke else 2)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else "")
     parser.add_argument("--smoke", action="store_true")
@@ -310,8 +410,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pin", action=argparse.BooleanOptionalAction, default=None)
     parser.add_argument("--http", action=argparse.BooleanOptionalAction, default=None)
     parser.add_argument("--store", action="append", choices=["SQLite", "PostgreSQL"])
+    parser.add_argument(
+        "--overhead",
+        type=int,
+        metavar="ROUNDS",
+        help="only measure observability on vs off, this many runs of each",
+    )
     args = parser.parse_args(argv)
     try:
+        if args.overhead:
+            sizes = _sizes(args.smoke, args.hosts, args.duration)
+            ids = host_ids(sizes.hosts)
+            print(overhead(resources.pki(ids), ids, sizes, args.overhead).text())
+            return 0
         section = run(
             args.smoke,
             args.hosts,

@@ -120,7 +120,7 @@ def _amc() -> list[str]:
     script = Path(sys.executable).parent / "amc"
     if script.exists():
         return [str(script)]
-    return [sys.executable, "-c", "from console.cli import app; app()"]
+    return [sys.executable, "-c", "from console.cli import main; main()"]
 
 
 async def _run_tasks(

@@ -56,21 +56,56 @@ def _ready(address: str) -> None:
     print(f"READY {address}", flush=True)
 
 
-async def serve_cloud(database_url: str, pki_dir: Path, retention_days: float) -> None:
-    """The real cloud replica."""
+class _DiscardingExporter:
+    """A span exporter that takes every batch and keeps nothing: tracing's whole cost in this
+    process (spans made, batched, handed to an exporter) without a collector to send to."""
+
+    def export(self, spans: Any) -> Any:
+        from opentelemetry.sdk.trace.export import SpanExportResult
+
+        return SpanExportResult.SUCCESS
+
+    def shutdown(self) -> None:
+        return None
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        return True
+
+
+def _trace_everything() -> None:
+    """An SDK tracer provider exporting in batches, as `OTEL_EXPORTER_OTLP_ENDPOINT` would."""
+    from opentelemetry import trace
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+    provider = TracerProvider()
+    provider.add_span_processor(BatchSpanProcessor(_DiscardingExporter()))  # type: ignore[arg-type]  # duck-typed exporter
+    trace.set_tracer_provider(provider)
+
+
+async def serve_cloud(
+    database_url: str, pki_dir: Path, retention_days: float, observability: str = "default"
+) -> None:
+    """The real cloud replica. `observability`: "on" records metrics, serves them (the READY
+    line's third word is the /metrics URL) and traces every span through a batch exporter;
+    "off" records no metric and traces nothing; "default" records metrics, serves none."""
     from cloud.server import build_server
     from cloud.settings import CloudSettings
 
+    if observability == "on":
+        _trace_everything()
     server = await build_server(
         CloudSettings(
             database_url=database_url,
             listen_address="127.0.0.1:0",
             pki_dir=pki_dir,
             retention_days=retention_days,
+            metrics_enabled=observability != "off",
         )
     )
     await server.start()
-    _ready(server.address)
+    served = server.serve_metrics("127.0.0.1:0") if observability == "on" else None
+    _ready(f"{server.address} {served.url}" if served is not None else server.address)
     await _until_terminated()
     await server.stop(grace=1)
 
@@ -220,10 +255,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--db", default="")
     parser.add_argument("--pki", default="")
     parser.add_argument("--retention-days", type=float, default=36500.0)
+    parser.add_argument("--observability", choices=["default", "on", "off"], default="default")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
     if args.kind == "cloud":
-        asyncio.run(serve_cloud(args.db, Path(args.pki), args.retention_days))
+        asyncio.run(serve_cloud(args.db, Path(args.pki), args.retention_days, args.observability))
     elif args.kind == "echo":
         asyncio.run(serve_echo(Path(args.pki)))
     elif args.kind == "adb":
@@ -250,10 +286,14 @@ def server_env() -> dict[str, str]:
 class ServerProcess:
     """A running `python -m bench.servers` child: its address and pid."""
 
-    def __init__(self, proc: subprocess.Popen[str], address: str, log_path: Path) -> None:
+    def __init__(
+        self, proc: subprocess.Popen[str], address: str, log_path: Path, metrics_url: str = ""
+    ) -> None:
         self.proc = proc
         self.address = address
         self.log_path = log_path
+        #: The /metrics URL when the server serves one (cloud with --observability on).
+        self.metrics_url = metrics_url
 
     @property
     def pid(self) -> int:
@@ -291,7 +331,8 @@ def server_process(
         while handle is None:
             line = proc.stdout.readline()
             if line.startswith("READY "):
-                handle = ServerProcess(proc, line.split()[1], log)
+                words = line.split()
+                handle = ServerProcess(proc, words[1], log, words[2] if len(words) > 2 else "")
             elif not line and proc.poll() is not None:
                 raise RuntimeError(
                     f"{kind} server exited with {proc.returncode}:\n{log.read_text()[-3000:]}"

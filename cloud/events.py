@@ -28,6 +28,7 @@ from sqlalchemy import func, select
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from cloud import metrics
 from cloud.store import errors
 from cloud.store.database import Store
 
@@ -357,6 +358,7 @@ class EventBus:
             try:
                 await self._flush()
             except Exception as exc:
+                metrics.current().notify_failures.inc()
                 errors.report(log, "NOTIFY failed; other replicas catch up on their tick", exc)
 
     async def _listen(self) -> None:
@@ -378,6 +380,7 @@ class EventBus:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
+                metrics.current().listen_reconnects.inc()
                 errors.report(log, "LISTEN connection lost; reconnecting", exc)
                 await asyncio.sleep(1.0)
 

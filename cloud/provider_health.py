@@ -20,6 +20,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
+from cloud import metrics
+
 log = logging.getLogger(__name__)
 
 Probe = Callable[[], Awaitable[None]]
@@ -64,6 +66,7 @@ class ProviderHealth:
         self._failures += 1
         if self._pause is None and self._failures >= self.threshold and self.probe is not None:
             self._pause = DispatchPause(self._clock(), reason)
+            metrics.current().dispatch_paused.set(1)
             log.warning("pausing dispatch: %s", self._pause.describe())
 
     def succeeded(self) -> None:
@@ -73,6 +76,7 @@ class ProviderHealth:
             return
         log.warning("the model provider answers again: dispatch resumes")
         self._pause = None
+        metrics.current().dispatch_paused.set(0)
         for callback in self.on_available:
             callback()
 

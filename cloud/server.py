@@ -24,10 +24,14 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from sqlalchemy.engine import make_url
 
 from amc.v1 import (
+    artifact_service_pb2,
+    artifact_service_pb2_grpc,
     decision_log_service_pb2,
     decision_log_service_pb2_grpc,
     fleet_service_pb2,
     fleet_service_pb2_grpc,
+    flow_service_pb2,
+    flow_service_pb2_grpc,
     lease_service_pb2,
     lease_service_pb2_grpc,
     planner_service_pb2,
@@ -37,25 +41,35 @@ from amc.v1 import (
     task_service_pb2,
     task_service_pb2_grpc,
 )
-from cloud import supervised
+from cloud import metrics, secret_box, supervised
+from cloud.artifacts import ArtifactStore, open_artifact_store
 from cloud.authz import Authorization
 from cloud.boundary import Boundary
 from cloud.db_probe import DatabaseProbe
 from cloud.events import EventBus
+from cloud.flows.embeddings import Embedder
+from cloud.flows.learning import FlowLearner
+from cloud.flows.retrieval import Retriever
 from cloud.lease.manager import LeaseManager
 from cloud.lease.stream import LeaseServicer
 from cloud.provider_health import ProviderHealth
 from cloud.reflection import enable_reflection
 from cloud.revocations import Revocations
+from cloud.services.artifact_service import ArtifactServicer
 from cloud.services.decision_log_service import DecisionLogServicer
 from cloud.services.fleet_service import FleetServicer
-from cloud.services.planner_service import build_planner_servicer
+from cloud.services.flow_service import FlowServicer
+from cloud.services.planner_service import CloudBudgets, build_planner_servicer
 from cloud.services.progress_service import ProgressServicer
 from cloud.services.task_service import TaskServicer
 from cloud.settings import CloudSettings, SettingError
-from cloud.store import decisions, sessions
+from cloud.store import decisions, screenshots, sessions
 from cloud.store.database import Store
 from cloud.store.engine import upgrade
+from planner.budget import dollars
+from planner.planner import Planner
+from telemetry import logs, metrics_http, tracing
+from telemetry.metrics_http import MetricsAddressError, MetricsServer
 
 log = logging.getLogger(__name__)
 Say = Callable[[str], None]
@@ -67,6 +81,8 @@ SERVICE_NAMES = (
     fleet_service_pb2.DESCRIPTOR.services_by_name["FleetService"].full_name,
     decision_log_service_pb2.DESCRIPTOR.services_by_name["DecisionLogService"].full_name,
     planner_service_pb2.DESCRIPTOR.services_by_name["PlannerService"].full_name,
+    artifact_service_pb2.DESCRIPTOR.services_by_name["ArtifactService"].full_name,
+    flow_service_pb2.DESCRIPTOR.services_by_name["FlowService"].full_name,
 )
 
 
@@ -130,6 +146,13 @@ def _cannot_listen(address: str) -> str | None:
         return exc.strerror or str(exc)
 
 
+def _caps(max_tokens: int, max_cost_usd: float) -> str:
+    """ "10,000 tokens, $5.00", or "none"."""
+    parts = [f"{max_tokens:,} tokens"] if max_tokens else []
+    parts += [dollars(max_cost_usd)] if max_cost_usd else []
+    return ", ".join(parts) or "none"
+
+
 def _open_store(url: str) -> Store:
     """The store for AMC_CLOUD_DATABASE_URL; a URL no driver here can open is a SettingError."""
     try:
@@ -142,34 +165,78 @@ def _open_store(url: str) -> Store:
         ) from exc
 
 
+def _embedder(settings: CloudSettings) -> Embedder | None:
+    """The OpenAI embedder when `AMC_CLOUD_FLOW_SCORER=openai` (with the planner's OpenAI key;
+    a missing key is a SettingError at start), else None: lexical scoring."""
+    if not settings.flows_enabled or settings.flow_scorer != "openai":
+        return None
+    from cloud.flows.embeddings import OpenAIEmbedder
+    from planner.errors import PlannerAuthError
+    from planner.settings import PlannerSettings
+
+    try:
+        return OpenAIEmbedder(PlannerSettings(), settings.flow_embedding_model)
+    except PlannerAuthError as exc:
+        raise SettingError(
+            "AMC_CLOUD_FLOW_SCORER",
+            "openai embeddings need the planner's OpenAI key, and none is set",
+            "set AMC_PLANNER_OPENAI_API_KEY (or OPENAI_API_KEY), or AMC_CLOUD_FLOW_SCORER=lexical",
+        ) from exc
+
+
 class CloudServer:
     """A bound, not yet started, cloud replica."""
 
-    def __init__(self, settings: CloudSettings, store: Store | None = None) -> None:
+    def __init__(
+        self,
+        settings: CloudSettings,
+        store: Store | None = None,
+        artifacts: ArtifactStore | None = None,
+    ) -> None:
+        settings.check_ship_window()
         self.settings = settings
+        key = settings.secrets_key.get_secret_value() if settings.secrets_key else None
+        self.secrets = secret_box.from_settings(key, settings.secrets_key_file)
+        self.artifacts = artifacts or open_artifact_store(settings)
         self.store = store or _open_store(settings.database_url)
         self._own_store = store is None
         self.bus = EventBus(self.store)
-        self.leases = LeaseManager(self.store, self.bus, settings)
+        self.leases = LeaseManager(self.store, self.bus, settings, self.secrets)
         self.provider_health = ProviderHealth(threshold=settings.provider_down_after_failures)
         self.leases.dispatcher.provider = self.provider_health
+        self.budgets = CloudBudgets(self.store, settings)
+        self.leases.dispatcher.budget_hold = self.budgets.daily_hold
         self.provider_health.on_available.append(self.leases.dispatcher.wake.set)
+        self.embedder = _embedder(settings)
+        self.retriever: Retriever | None = None
+        self.learner: FlowLearner | None = None
+        if settings.flows_enabled:
+            self.retriever = Retriever(self.store, settings, self.embedder)
+            self.learner = FlowLearner(self.store, settings, self.embedder)
+            self.leases.dispatcher.flows = self.retriever
+            self.leases.on_ended.append(self.learner.wake.set)
         self.health = health.aio.HealthServicer()
         self.database = DatabaseProbe(self.store, self._set_serving)
         self.revocations = Revocations(self.store)
         self.revocations.add_listener(self.leases.on_deny_list)
         self._revocations_wake = asyncio.Event()
         self.bus.on_revocations.append(self._revocations_wake.set)
+        self.metrics = metrics.configure(enabled=settings.metrics_enabled)
+        self.metrics_server: MetricsServer | None = None
+        self.tracing = "off"
         self.server = grpc.aio.server(
             options=server_options(settings),
-            # Outermost first: who is calling, then what they sent and how a failure reads.
+            # Outermost first: the trace span (it covers the authorization check too), who is
+            # calling, then what they sent and how a failure reads.
             interceptors=[
+                tracing.server_interceptor(),
                 Authorization(insecure=settings.insecure, revoked=self.revocations),
                 Boundary(on_unavailable=self.database.wake.set),
             ],
         )
         self._closeables: list[Any] = []
         self.planner_summary = ""
+        self.metrics_note = ""
         self._jobs: list[asyncio.Task[None]] = []
         self._started = False
         self._stopped = False
@@ -179,7 +246,7 @@ class CloudServer:
     def _add_services(self) -> None:
         s, store, bus = self.settings, self.store, self.bus
         task_service_pb2_grpc.add_TaskServiceServicer_to_server(
-            TaskServicer(store, bus, s), self.server
+            TaskServicer(store, bus, s, self.secrets), self.server
         )
         lease_service_pb2_grpc.add_LeaseServiceServicer_to_server(
             LeaseServicer(self.leases), self.server
@@ -188,14 +255,27 @@ class CloudServer:
             ProgressServicer(store, bus), self.server
         )
         fleet_service_pb2_grpc.add_FleetServiceServicer_to_server(
-            FleetServicer(store, bus, s, self.provider_health), self.server
+            FleetServicer(store, bus, s, self.provider_health, self.budgets.daily_hold), self.server
         )
+        window = dt.timedelta(seconds=s.ship_window_seconds)
         decision_log_service_pb2_grpc.add_DecisionLogServiceServicer_to_server(
-            DecisionLogServicer(store), self.server
+            DecisionLogServicer(store, window), self.server
         )
+        artifact_service_pb2_grpc.add_ArtifactServiceServicer_to_server(
+            ArtifactServicer(store, self.artifacts, s), self.server
+        )
+        flow_service_pb2_grpc.add_FlowServiceServicer_to_server(FlowServicer(store), self.server)
         planner_servicer, self._closeables, self.planner_summary = build_planner_servicer(
-            store, bus, self.provider_health
+            store,
+            bus,
+            self.provider_health,
+            handed=self.retriever.handed if self.retriever is not None else None,
+            budgets=self.budgets,
         )
+        #: The compact planner Decide plans with (benches count its provider's calls).
+        self.planner = next((c for c in self._closeables if isinstance(c, Planner)), None)
+        if self.embedder is not None:
+            self._closeables.append(self.embedder)
         planner_service_pb2_grpc.add_PlannerServiceServicer_to_server(planner_servicer, self.server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         enable_reflection(self.server, (*SERVICE_NAMES, health.SERVICE_NAME))
@@ -235,13 +315,44 @@ class CloudServer:
         shared = url.get_backend_name() == "postgresql"
         kind = "PostgreSQL: replicas may share it" if shared else "SQLite: one replica only"
         security = "plaintext, loopback only" if s.insecure else "mTLS, fleet certificates"
+        served = self.metrics_server
+        if served is not None:
+            metric_line = f"{served.url} (AMC_CLOUD_METRICS_ADDRESS)"
+        else:
+            metric_line = self.metrics_note or "not served (AMC_CLOUD_METRICS_ADDRESS=off)"
+        caps = [
+            f"task default {_caps(s.default_task_max_tokens, s.default_task_max_cost_usd)}",
+            f"fleet daily {_caps(s.daily_max_tokens, s.daily_max_cost_usd)}",
+        ]
         return [
             f"amc cloud listening on {self.address} ({security})",
             f"  store:        {store} ({kind})",
             f"  planner:      {self.planner_summary}",
+            f"  screenshots:  {self.artifacts.describe()} (AMC_CLOUD_ARTIFACT_* settings)",
+            f"  budgets:      {'; '.join(caps)}",
             f"  certificates: {s.tls_source()}",
+            "  secrets:      "
+            + (
+                "encrypted at rest (AMC_CLOUD_SECRETS_KEY)"
+                if self.secrets is not None
+                else "refused (no AMC_CLOUD_SECRETS_KEY: tasks with secrets cannot be submitted)"
+            ),
+            f"  metrics:      {metric_line}",
+            f"  tracing:      {self.tracing}",
+            f"  logs:         {logs.describe(logs.LogSettings().format)}",
             "  stop with Ctrl-C",
         ]
+
+    def serve_metrics(self, address: str | None = None) -> MetricsServer | None:
+        """Serve this process's cloud metrics at `address` (default: the setting). A taken or
+        bad address does not stop the replica: the banner says why there are no metrics."""
+        address = self.settings.metrics_address if address is None else address
+        try:
+            self.metrics_server = metrics_http.serve(address, metrics.REGISTRY)
+        except MetricsAddressError as exc:
+            self.metrics_note = f"NOT served: AMC_CLOUD_METRICS_ADDRESS {exc}"
+            log.warning("metrics not served: AMC_CLOUD_METRICS_ADDRESS %s", exc)
+        return self.metrics_server
 
     @property
     def address(self) -> str:
@@ -263,6 +374,21 @@ class CloudServer:
                 "retention", self._retention_pass, interval=self.settings.retention_interval_seconds
             )
         )
+        if self.learner is not None:
+            self._jobs.append(
+                supervised.start(
+                    "flow-learning",
+                    self.learner.step,
+                    interval=self.settings.flow_learning_interval_seconds,
+                    wake=self.learner.wake,
+                )
+            )
+        if self.metrics.enabled:
+            self._jobs.append(
+                supervised.start(
+                    "metrics", self._refresh_metrics, interval=self.settings.metrics_refresh_seconds
+                )
+            )
         if self.provider_health.probe is not None:
             self._jobs.append(
                 supervised.start(
@@ -312,6 +438,9 @@ class CloudServer:
         await self.leases.wait_streams_closed(max(grace, 1.0))
         await self.server.stop(grace)
         await supervised.stop(self._jobs)
+        if self.metrics_server is not None:
+            await asyncio.to_thread(self.metrics_server.stop)
+            self.metrics_server = None
         await self.leases.stop()
         await self.bus.stop()
         for closeable in self._closeables:
@@ -319,6 +448,10 @@ class CloudServer:
                 await closeable.aclose()
         if self._own_store:
             await self.store.close()
+
+    async def _refresh_metrics(self) -> None:
+        s = self.settings
+        await self.metrics.refresh(self.store, s.daily_max_cost_usd, s.daily_max_tokens)
 
     async def wait(self) -> None:
         """Until the server terminates."""
@@ -336,7 +469,24 @@ class CloudServer:
         )
         if items:
             log.info("retention removed %d session items", items)
+        shots = await self.prune_screenshots(older_than)
+        if shots:
+            log.info("retention removed %d step screenshots", shots)
         return removed
+
+    async def prune_screenshots(self, older_than: dt.timedelta) -> int:
+        """Screenshots go with their decisions: the objects first, then their rows, so a store
+        that fails midway leaves rows that the next pass deletes again (never orphan objects)."""
+        removed = 0
+        while True:
+            batch = await screenshots.expired(
+                self.store, older_than, limit=self.settings.retention_batch_size
+            )
+            if not batch:
+                return removed
+            await self.artifacts.delete([key for *_, key in batch])
+            await screenshots.forget(self.store, [(t, a, s, p) for t, a, s, p, _ in batch])
+            removed += len(batch)
 
     async def _retention_pass(self) -> None:
         removed = await self.prune_decisions()
@@ -345,21 +495,26 @@ class CloudServer:
 
 
 async def build_server(
-    settings: CloudSettings | None = None, store: Store | None = None
+    settings: CloudSettings | None = None,
+    store: Store | None = None,
+    artifacts: ArtifactStore | None = None,
 ) -> CloudServer:
     """A bound cloud replica (call `start()`); `store` lets tests share one engine."""
-    return CloudServer(settings or CloudSettings(), store)
+    return CloudServer(settings or CloudSettings(), store, artifacts)
 
 
 async def serve(settings: CloudSettings | None = None, say: Say | None = None) -> None:
     """Run one replica until SIGINT/SIGTERM, then shut down gracefully. `say` gets what it
     runs (address, store, planner, certificates) once it serves."""
+    traced = tracing.configure("amc-cloud")
     server = await build_server(settings)
+    server.tracing = traced
     try:
         await server.start()
     except BaseException:
         await server.stop(0)
         raise
+    server.serve_metrics()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):

@@ -6,12 +6,16 @@ docs/deployment.md lists every field here as `AMC_CLOUD_<NAME>` (a test keeps th
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 #: Where a cloud listens and where every client (CLI, console, host) looks for it by default.
 DEFAULT_CLOUD_ADDRESS = "127.0.0.1:50051"
+#: Where `amc cloud serve` serves Prometheus metrics unless told otherwise (loopback: a
+#: Prometheus on another machine needs AMC_CLOUD_METRICS_ADDRESS=0.0.0.0:9471).
+DEFAULT_METRICS_ADDRESS = "127.0.0.1:9471"
 
 
 class SettingError(ValueError):
@@ -74,6 +78,19 @@ class CloudSettings(BaseSettings):
     #: announced at once; this bounds how late a lost announcement, or SQLite, can be).
     revocation_refresh_seconds: float = Field(10.0, gt=0)
 
+    # Learned flows (docs/decisions/0050-…): an attempt that succeeded on the cloud transport
+    # becomes a flow; a new task whose goal scores at least `flow_threshold` against one gets
+    # it with its assignment and replays it without the model. `flow_scorer` "lexical" needs no
+    # model; "openai" embeds goals and flows with the OpenAI embeddings API (the planner's
+    # OpenAI key, AMC_PLANNER_OPENAI_API_KEY / OPENAI_API_KEY) and falls back to lexical when a
+    # call fails. A flow that diverged on `flow_retire_after` attempts in a row is retired.
+    flows_enabled: bool = True
+    flow_threshold: float = Field(0.8, gt=0, le=1)
+    flow_scorer: Literal["lexical", "openai"] = "lexical"
+    flow_embedding_model: str = "text-embedding-3-small"
+    flow_retire_after: int = Field(3, ge=1)
+    flow_learning_interval_seconds: float = Field(2.0, gt=0)
+
     # Transport liveness (separate from leases).
     keepalive_time_seconds: float = Field(30.0, gt=0)
     keepalive_timeout_seconds: float = Field(10.0, gt=0)
@@ -83,8 +100,72 @@ class CloudSettings(BaseSettings):
     max_message_bytes: int = Field(16 * 1024 * 1024, gt=0)
     shutdown_grace_seconds: float = Field(5.0, ge=0)
 
+    # Secret parameters of tasks (cloud/secret_box.py): Fernet keys, comma separated (the first
+    # encrypts, all decrypt), or a file holding them. Without one, SubmitTask refuses secrets
+    # (FAILED_PRECONDITION) rather than store them in plain text.
+    secrets_key: SecretStr | None = None
+    secrets_key_file: Path | None = None
+
     # Migrations at start (the CLI may run them separately and turn this off).
     migrate_on_start: bool = True
+
+    # Step screenshots: where their bytes live ("directory" or "s3"; never the database).
+    artifact_store: Literal["directory", "s3"] = "directory"
+    # Empty: beside a SQLite database file (`<name>-artifacts`), else ./amc-cloud-artifacts.
+    artifact_dir: Path | None = None
+    artifact_s3_bucket: str = ""
+    # Empty: AWS itself; a URL for any S3-compatible server (MinIO, SeaweedFS, Ceph …).
+    artifact_s3_endpoint_url: str = ""
+    artifact_s3_region: str = ""
+    # Keys inside the bucket start with this ("amc/" keeps a shared bucket tidy).
+    artifact_s3_prefix: str = ""
+    # Empty: boto3's usual credential chain (AWS_* variables, shared config, instance role).
+    artifact_s3_access_key_id: str = ""
+    artifact_s3_secret_access_key: SecretStr = SecretStr("")
+    # How long after an attempt ended its host may still ship that attempt's decisions and
+    # screenshots (a host that was offline sends its backlog when it is back).
+    ship_window_seconds: float = Field(86400.0, gt=0)
+
+    @property
+    def resolved_artifact_dir(self) -> Path:
+        """`artifact_dir`, or the default: beside a SQLite file, else in the working folder."""
+        if self.artifact_dir is not None:
+            return self.artifact_dir
+        # Here, not at the top: hosts import this module for its defaults, and SQLAlchemy
+        # would cost each of them ~1.5 s at start.
+        from sqlalchemy.engine import make_url
+
+        url = make_url(self.database_url)
+        if url.get_backend_name() == "sqlite" and url.database not in (None, "", ":memory:"):
+            db = Path(url.database)
+            return db.with_name(f"{db.stem}-artifacts")
+        return Path("amc-cloud-artifacts")
+
+    def check_ship_window(self) -> None:
+        """A shipping window longer than the retention is a SettingError (checked at start)."""
+        if self.ship_window_seconds > self.retention_days * 86400:
+            raise SettingError(
+                "AMC_CLOUD_SHIP_WINDOW_SECONDS",
+                f"{self.ship_window_seconds:.0f} s is longer than the decision log's retention "
+                f"(AMC_CLOUD_RETENTION_DAYS={self.retention_days:g})",
+                "a host could ship decisions of tasks already pruned: shorten the window",
+            )
+
+    # Observability (docs/operations.md). Where `amc cloud serve` serves Prometheus metrics
+    # (`host:port`; "off" turns the endpoint off; the embedded stack serves none unless asked),
+    # whether the metrics are kept at all (off only to measure what they cost), and how often
+    # the gauges read from the database (tasks by status, queue depth) are refreshed.
+    metrics_address: str = DEFAULT_METRICS_ADDRESS
+    metrics_enabled: bool = True
+    metrics_refresh_seconds: float = Field(15.0, gt=0)
+
+    # Spending caps (docs/operations.md, "Cost and budgets"); 0 = no cap. A task's own caps
+    # default to these when SubmitTask leaves them 0; the daily ones bound the whole fleet's
+    # model spending per UTC day (decisions on the cloud transport).
+    default_task_max_tokens: int = Field(0, ge=0)
+    default_task_max_cost_usd: float = Field(0.0, ge=0)
+    daily_max_tokens: int = Field(0, ge=0)
+    daily_max_cost_usd: float = Field(0.0, ge=0)
 
     def tls_paths(self) -> tuple[Path, Path, Path]:
         """(ca, server cert, server key), filled from `pki_dir` where not given explicitly."""

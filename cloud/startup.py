@@ -19,6 +19,8 @@ from sqlalchemy.exc import DBAPIError
 
 from cloud.server import Say, serve
 from cloud.settings import CloudSettings, SettingError
+from planner.errors import PlannerConfigError
+from telemetry.tracing import TracingConfigError
 
 _PREFIXES = {"CloudSettings": "AMC_CLOUD_", "PlannerSettings": "AMC_PLANNER_"}
 
@@ -38,8 +40,10 @@ def _validation_line(error: ValidationError) -> str:
 
 def explain(exc: BaseException, settings: CloudSettings | None = None) -> str | None:
     """One line for a startup failure a setting explains, or None for anything else."""
-    if isinstance(exc, SettingError):
+    if isinstance(exc, SettingError | PlannerConfigError):
         return str(exc)
+    if isinstance(exc, TracingConfigError):
+        return f"tracing: {exc}"
     if isinstance(exc, ValidationError):
         return _validation_line(exc)
     if isinstance(exc, DBAPIError | OSError) and settings is not None:

@@ -18,6 +18,7 @@ import logging
 from collections.abc import Awaitable, Callable, Iterable
 from typing import NoReturn
 
+from cloud import metrics
 from cloud.store import errors
 
 log = logging.getLogger(__name__)
@@ -69,6 +70,7 @@ async def run_forever(
             raise
         except Exception as exc:
             failures += 1
+            metrics.current().loop_failures.labels(loop=name).inc()
             seconds = pause_after(failures, interval, max_backoff)
             if failures == 1:
                 errors.report(log, "%s failed; trying again in %.1f s", exc, name, seconds)

@@ -1,45 +1,73 @@
 """`amc`: the one command line for running the stack and operating the fleet.
 
 Subcommands import their part lazily so `amc task list` does not pay for loading the host's OCR
-engine or the cloud's database drivers.
+engine or the cloud's database drivers. Built to be scripted: full task ids (a unique prefix
+is accepted anywhere an id is), `--json` on every read command, exit codes that say how a
+watched task ended (`console.exit_codes`), text printed exactly as written, and every error one
+line with a hint (`console.cli_errors`; `--debug` adds the traceback).
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
+import os
+import sys
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import grpc
 import typer
 from google.protobuf.duration_pb2 import Duration
-from rich.console import Console
+from rich.text import Text
 
-from amc.v1 import decision_log_service_pb2, progress_service_pb2, task_service_pb2, types_pb2
+from amc.v1 import (
+    decision_log_service_pb2,
+    fleet_service_pb2,
+    flow_service_pb2,
+    progress_service_pb2,
+    task_service_pb2,
+    types_pb2,
+)
 from cloud.settings import DEFAULT_CLOUD_ADDRESS
-from console import formatting
+from console import context, exit_codes, formatting, task_ids, wording
+from console.cli_errors import CloudTarget, UserError, from_rpc, run_main
+from console.cli_help import PlainCommand, PlainGroup
+from console.cli_output import err, out, print_json, print_json_line, print_text
 from console.client import OperatorClient, secure_channel
-from planner.errors import PlannerConfigError
+from planner.budget import dollars
 
 if TYPE_CHECKING:
     from export.run import Run
 
-app = typer.Typer(no_args_is_help=True, help="Agentic Mobile Control.", add_completion=False)
-cloud_app = typer.Typer(no_args_is_help=True, help="Run the control plane.")
-host_app = typer.Typer(no_args_is_help=True, help="Run a host agent.")
-console_app = typer.Typer(no_args_is_help=True, help="Run the operators' web console.")
-certs_app = typer.Typer(no_args_is_help=True, help="Manage the fleet CA and certificates.")
-task_app = typer.Typer(no_args_is_help=True, help="Submit, list, watch and cancel tasks.")
+
+def _typer(help: str) -> typer.Typer:
+    return typer.Typer(
+        no_args_is_help=True,
+        help=help,
+        add_completion=False,
+        rich_markup_mode=None,
+        pretty_exceptions_enable=False,
+        cls=PlainGroup,
+    )
+
+
+app = _typer("Agentic Mobile Control: run the stack and operate the fleet.")
+cloud_app = _typer("Run the control plane.")
+host_app = _typer("Run a host agent, log in to its console, list the fleet's hosts.")
+console_app = _typer("Run the operators' web console.")
+certs_app = _typer("Manage the fleet CA and certificates.")
+task_app = _typer("Submit, list, show, watch and cancel tasks; read their lease history.")
+flows_app = _typer("Learned flows: list, show, disable and enable them.")
 app.add_typer(cloud_app, name="cloud")
 app.add_typer(host_app, name="host")
 app.add_typer(console_app, name="console")
 app.add_typer(certs_app, name="certs")
 app.add_typer(task_app, name="task")
+app.add_typer(flows_app, name="flows")
 
-out = Console()
 T = TypeVar("T")
 
 #: What `amc demo` runs, one goal per virtual phone (the first is the quickstart's job).
@@ -49,58 +77,238 @@ DEMO_GOALS = (
     "Set an alarm for 10:15 PM",
     "Turn off Wi-Fi, then return to the home screen",
 )
+#: Where `amc up` keeps its state, and so where the operator commands look by default.
+UP_DIR = Path(".amc/up")
 
 DataDir = Annotated[
     Path,
-    typer.Option(envvar="AMC_DATA_DIR", help="Where the embedded stack keeps its state."),
+    typer.Option(
+        envvar="AMC_DATA_DIR", metavar="DIR", help="Where the embedded stack keeps its state."
+    ),
 ]
+Json = Annotated[bool, typer.Option("--json", help="Print JSON (the console API's shapes).")]
+TaskIdArg = Annotated[
+    str,
+    typer.Argument(metavar="TASK_ID", help="A task id, or any unique prefix of one."),
+]
+
+
+def _examples(*lines: str) -> str:
+    """A command's epilog: examples, kept as written (click's `\\b` stops re-wrapping)."""
+    return "Examples:\n\n\b\n" + "\n".join(f"  {line}" for line in lines)
 
 
 def _run(coro: Awaitable[T]) -> T:
     async def main() -> T:
         return await coro
 
-    try:
-        return asyncio.run(main())
-    except grpc.aio.AioRpcError as error:
-        out.print(f"[red]{error.code().name}[/red]: {formatting.literal(error.details() or '')}")
-        raise typer.Exit(2) from None
-    except PlannerConfigError as error:
-        out.print(f"[red]configuration[/red]: {formatting.literal(str(error))}", soft_wrap=True)
-        raise typer.Exit(2) from None
+    return asyncio.run(main())
 
 
-# --- the embedded stack ----------------------------------------------------------------------
+class Status(StrEnum):
+    """Task statuses as `--status` takes them."""
+
+    queued = "queued"
+    assigned = "assigned"
+    running = "running"
+    succeeded = "succeeded"
+    failed = "failed"
+    cancelled = "cancelled"
 
 
-@app.command()
+# --- global options ----------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class Connection:
+    """Where the operator commands go and as whom (options > environment > `amc up`'s
+    context file > the defaults of `amc up`)."""
+
+    address: str
+    pki_dir: Path
+    operator: str
+    #: Where the values came from, said after a missing folder (": no `amc up` is running…").
+    source: str
+
+    @property
+    def target(self) -> CloudTarget:
+        return CloudTarget(self.address, self.operator)
+
+    def files(self) -> tuple[Path, Path, Path]:
+        """(ca, cert, key), or a UserError saying which is missing and how to get it."""
+        ca = self.pki_dir / "ca.pem"
+        cert = self.pki_dir / f"operator-{self.operator}.pem"
+        key = self.pki_dir / f"operator-{self.operator}.key"
+        if not self.pki_dir.is_dir():
+            raise UserError(
+                f"no certificate folder {self.pki_dir}{self.source}",
+                "start the stack with `amc up`, or pass --pki-dir DIR (AMC_PKI_DIR) with the "
+                "fleet CA and operator certificates",
+            )
+        if not ca.is_file():
+            raise UserError(
+                f"no fleet CA certificate ca.pem in {self.pki_dir}",
+                "pass --pki-dir DIR with the folder `amc certs init DIR` wrote",
+            )
+        if not cert.is_file() or not key.is_file():
+            raise UserError(
+                f"no certificate for operator {self.operator!r} in {self.pki_dir} "
+                f"(operator-{self.operator}.pem and .key)",
+                f"issue one with `amc certs operator {self.pki_dir} {self.operator}`, or pass "
+                "--operator NAME of one that exists",
+            )
+        return ca, cert, key
+
+    def client(self) -> OperatorClient:
+        ca, cert, key = self.files()
+        return OperatorClient.over(secure_channel(self.address, ca=ca, cert=cert, key=key))
+
+
+_connection: Connection | None = None
+_debug = False
+
+
+def debugging() -> bool:
+    return _debug or os.environ.get("AMC_DEBUG", "").lower() in ("1", "true", "yes")
+
+
+@app.callback()
+def global_options(
+    cloud: Annotated[
+        str | None,
+        typer.Option(
+            envvar="AMC_CLOUD",
+            metavar="HOST:PORT",
+            help=f"Cloud address (default: the running `amc up`, else {DEFAULT_CLOUD_ADDRESS}).",
+            show_default=False,
+        ),
+    ] = None,
+    pki_dir: Annotated[
+        Path | None,
+        typer.Option(
+            envvar="AMC_PKI_DIR",
+            metavar="DIR",
+            help="Folder with ca.pem and the operator's certificate (default: the running "
+            "`amc up`'s, else .amc/up/pki).",
+            show_default=False,
+        ),
+    ] = None,
+    operator: Annotated[
+        str | None,
+        typer.Option(
+            envvar="AMC_OPERATOR",
+            metavar="NAME",
+            help="Operator certificate to use: operator-NAME.pem in the PKI folder "
+            "(default: admin).",
+            show_default=False,
+        ),
+    ] = None,
+    debug: Annotated[
+        bool,
+        typer.Option(envvar="AMC_DEBUG", help="Print the traceback of an error, too."),
+    ] = False,
+) -> None:
+    """Operator commands (task, decisions, host list) find the cloud from these options, the
+    AMC_* variables, or the context file a running `amc up` writes."""
+    global _connection, _debug
+    _debug = debug
+    running = context.read() if cloud is None or pki_dir is None else None
+    source = ""
+    if pki_dir is None:
+        source = (
+            f", named by the running `amc up` in {context.path()}"
+            if running is not None
+            else ": no `amc up` is running here and neither --pki-dir nor AMC_PKI_DIR is set"
+        )
+    _connection = Connection(
+        address=cloud or (running.cloud if running else DEFAULT_CLOUD_ADDRESS),
+        pki_dir=pki_dir or (Path(running.pki_dir) if running else UP_DIR / "pki"),
+        operator=operator or (running.operator if running else "admin"),
+        source=source,
+    )
+
+
+def _with_client(action: Callable[[OperatorClient], Awaitable[T]]) -> T:
+    """Run `action` with an operator client; gRPC failures become one-line UserErrors."""
+    if _connection is None:
+        raise UserError("no cloud connection configured")
+    connection = _connection
+
+    async def go() -> T:
+        client = connection.client()
+        try:
+            return await action(client)
+        except grpc.aio.AioRpcError as error:
+            raise from_rpc(error, connection.target) from error
+        finally:
+            await client.close()
+
+    return _run(go())
+
+
+# --- the embedded stack ------------------------------------------------------------------------
+
+
+@app.command(
+    cls=PlainCommand,
+    epilog=_examples(
+        "amc demo",
+        'amc demo -g "Turn on dark theme" -g "Set an alarm for 7:30 AM" --phones 2',
+    ),
+)
 def demo(
     data_dir: DataDir = Path(".amc/demo"),
     goal: Annotated[
-        list[str] | None, typer.Option("--goal", "-g", help="Goal to run (repeatable).")
+        list[str] | None,
+        typer.Option("--goal", "-g", metavar="GOAL", help="Goal to run (repeatable)."),
     ] = None,
-    phones: Annotated[int, typer.Option(help="Virtual phones on the host.", min=1)] = 3,
+    phones: Annotated[
+        int, typer.Option(metavar="N", help="Virtual phones on the host.", min=1)
+    ] = 3,
 ) -> None:
     """Run the embedded stack, execute the goals (by default one per phone, all at once) with
-    live progress, exit 0 if all succeed."""
+    live progress; exit 0 if all succeed, 1 if one did not."""
     from console.embedded import run_demo
 
     goals = goal or list(DEMO_GOALS[:phones]) or ["Turn on dark theme"]
     ok = _run(run_demo(data_dir, goals, phones=phones, out=out))
-    raise typer.Exit(0 if ok else 1)
+    raise typer.Exit(exit_codes.OK if ok else exit_codes.TASK_FAILED)
 
 
-@app.command()
+@app.command(
+    cls=PlainCommand,
+    epilog=_examples(
+        "amc up                      # then, in another terminal: amc task list",
+        "amc up --console-port 9090 --phones 3",
+    ),
+)
 def up(
-    data_dir: DataDir = Path(".amc/up"),
-    phones: Annotated[int, typer.Option(help="Virtual phones on the host.")] = 2,
-    console_port: Annotated[int, typer.Option(help="Port of the operators' console.")] = 8080,
-    host_console_port: Annotated[int, typer.Option(help="Port of the host's console.")] = 8765,
+    data_dir: DataDir = UP_DIR,
+    phones: Annotated[
+        int, typer.Option(metavar="N", help="Virtual phones on the host.", min=1)
+    ] = 2,
+    console_port: Annotated[
+        int, typer.Option(metavar="PORT", help="Port of the operators' console.")
+    ] = 8080,
+    host_console_port: Annotated[
+        int, typer.Option(metavar="PORT", help="Port of the host's console.")
+    ] = 8765,
     listen: Annotated[
-        str, typer.Option(help="Where the cloud listens (the `amc task` commands' default).")
-    ] = DEFAULT_CLOUD_ADDRESS,
+        str | None,
+        typer.Option(
+            metavar="HOST:PORT",
+            help=f"Where the cloud listens (default: {DEFAULT_CLOUD_ADDRESS}, or any free port "
+            "when that one is taken; the context file tells the other commands which).",
+            show_default=False,
+        ),
+    ] = None,
+    metrics: Annotated[
+        bool,
+        typer.Option(help="Serve Prometheus metrics (cloud 127.0.0.1:9471, host :9472)."),
+    ] = False,
 ) -> None:
-    """Run the embedded stack (cloud, consoles, a host with virtual phones) until Ctrl-C."""
+    """Run the embedded stack (cloud, consoles, a host with virtual phones) until Ctrl-C, and
+    leave a context file so `amc task …` in another terminal talks to it."""
     from console.embedded import run_up
 
     _run(
@@ -111,14 +319,22 @@ def up(
             host_console_port=host_console_port,
             listen_address=listen,
             out=out,
+            metrics=metrics,
         )
     )
 
 
-# --- parts of a real deployment --------------------------------------------------------------
+# --- parts of a real deployment ----------------------------------------------------------------
 
 
-@cloud_app.command("serve")
+@cloud_app.command(
+    "serve",
+    cls=PlainCommand,
+    epilog=_examples(
+        "AMC_CLOUD_PKI_DIR=pki amc cloud serve",
+        "AMC_CLOUD_DATABASE_URL=postgresql+psycopg://amc@db/amc amc cloud serve",
+    ),
+)
 def cloud_serve(
     insecure: Annotated[
         bool, typer.Option(help="Plaintext on loopback only, for local experiments.")
@@ -134,11 +350,23 @@ def cloud_serve(
     setting that keeps it from starting is one line naming the setting and the fix (exit 2).
     """
     from cloud.startup import run
+    from telemetry import logs
 
-    raise typer.Exit(run(insecure=insecure, debug=debug, say=lambda line: print(line, flush=True)))
+    logs.configure()
+    raise typer.Exit(
+        run(insecure=insecure, debug=debug or debugging(), say=lambda line: print(line, flush=True))
+    )
 
 
-@host_app.command("run")
+@host_app.command(
+    "run",
+    cls=PlainCommand,
+    epilog=_examples(
+        "AMC_HOST_CLOUD_ADDRESS=cloud:50051 AMC_HOST_CERTS_DIR=pki AMC_HOST_HOST_ID=h1 \\",
+        "  amc host run",
+        "amc host run --console",
+    ),
+)
 def host_run(
     console: Annotated[
         bool, typer.Option(help="Serve the host's local console (127.0.0.1:8765 by default).")
@@ -147,20 +375,156 @@ def host_run(
         bool, typer.Option(help="Let the local console bind a non-loopback address.")
     ] = False,
 ) -> None:
-    """Run a host agent: connect to the cloud, drive the phones (settings from AMC_HOST_*)."""
+    """Run a host agent: connect to the cloud, drive the phones (settings from AMC_HOST_*).
+
+    Prints what it runs (phones, planner, certificates, metrics at AMC_HOST_METRICS_ADDRESS,
+    default 127.0.0.1:9472, tracing, logs) once it is up."""
     from host.console import HostConsoleSettings
     from host.runner import run_host
     from host.settings import HostSettings
+    from telemetry import logs, tracing
 
+    logs.configure()
+    try:
+        tracing.configure("amc-host")
+    except tracing.TracingConfigError as error:
+        err.print(f"tracing: {error}")
+        raise typer.Exit(2) from None
     console_settings = HostConsoleSettings(allow_remote=allow_remote) if console else None
-    _run(run_host(HostSettings(), console=console_settings))
+    say = lambda line: print(line, flush=True)  # noqa: E731
+    try:
+        _run(run_host(HostSettings(), console=console_settings, serve_metrics=True, say=say))
+    except OSError as exc:
+        raise _bind_error(exc, "the host console", "AMC_HOST_CONSOLE_BIND_PORT") from exc
 
 
-@host_app.command("export")
+def _bind_error(exc: OSError, what: str, setting: str) -> UserError | OSError:
+    """A port that is taken (or an address not on this machine) as one line, else `exc`."""
+    import errno
+
+    if exc.errno in (errno.EADDRINUSE, errno.EADDRNOTAVAIL, errno.EACCES):
+        return UserError(
+            f"{what} cannot listen: {exc.strerror or exc}",
+            f"pick another port ({setting}) or stop what uses it",
+        )
+    return exc
+
+
+@host_app.command(
+    "token",
+    cls=PlainCommand,
+    epilog=_examples(
+        "amc host token                          # the host of a running `amc up`",
+        "amc host token --data-dir /var/lib/amc-host",
+    ),
+)
+def host_token(
+    data_dir: Annotated[
+        Path | None,
+        typer.Option(
+            envvar="AMC_HOST_DATA_DIR",
+            metavar="DIR",
+            help="The host's data folder (default: the running `amc up`'s host, else "
+            "amc_host_data).",
+            show_default=False,
+        ),
+    ] = None,
+) -> None:
+    """Print a fresh one-time login link for the host's local console (valid 10 minutes,
+    good for one login). Anyone who can write the host's data folder can make one."""
+    from host.console.login_token import ISSUED_TTL_S, issue, served_url, token_dir
+
+    running = context.read()
+    folder = data_dir or (Path(running.host_data_dir) if running else Path("amc_host_data"))
+    if not folder.is_dir():
+        raise UserError(
+            f"no host data folder {folder}",
+            "pass --data-dir DIR (AMC_HOST_DATA_DIR) of the host whose console you want",
+        )
+    tokens = token_dir(folder)
+    token = issue(tokens)
+    url = served_url(tokens)
+    minutes = int(ISSUED_TTL_S // 60)
+    if url is None:
+        out.print(token)
+        err.print(
+            f"note: no host console serves from {folder} now; the token works for {minutes} "
+            "minutes once one does (`amc host run --console`)"
+        )
+        return
+    out.print(f"{url}/login?token={token}")
+    err.print(f"one login, within {minutes} minutes")
+
+
+@host_app.command(
+    "list",
+    cls=PlainCommand,
+    epilog=_examples("amc host list", "amc host list --connected --json | jq '.hosts[].host_id'"),
+)
+def host_list(
+    connected: Annotated[bool, typer.Option(help="Only hosts connected now.")] = False,
+    json_out: Json = False,
+) -> None:
+    """List the fleet's hosts: connected or not, last seen, each phone busy (with its task)
+    or idle."""
+    from console.gateway.models import DispatchOut, HostList, HostOut
+
+    async def fetch(client: OperatorClient) -> fleet_service_pb2.ListHostsResponse:
+        fleet = fleet_service_pb2.ListHostsResponse()
+        token = ""
+        while True:
+            page: fleet_service_pb2.ListHostsResponse = await client.fleet.ListHosts(
+                fleet_service_pb2.ListHostsRequest(
+                    connected_only=connected, page_size=500, page_token=token
+                )
+            )
+            fleet.hosts.extend(page.hosts)
+            if not token:
+                fleet.dispatch.CopyFrom(page.dispatch)
+            token = page.next_page_token
+            if not token:
+                return fleet
+
+    fleet = _with_client(fetch)
+    hosts = [HostOut.of(h) for h in fleet.hosts]
+    if json_out:
+        print_json(HostList(hosts=hosts, dispatch=DispatchOut.of(fleet.dispatch)))
+        return
+    if fleet.dispatch.paused:
+        err.print(f"dispatch paused: {fleet.dispatch.reason}")
+    if not hosts:
+        out.print("no host has connected yet")
+    for host in fleet.hosts:
+        state = Text("connected", style="green") if host.connected else Text("disconnected")
+        seen = formatting.ago(host.last_seen_at) or "never"
+        out.print(
+            Text.assemble(Text(host.host_id, style="bold"), " ", state, f" · last seen {seen}")
+        )
+        busy = {b.device_serial: b for b in host.busy_phones}
+        for device in host.devices:
+            word = types_pb2.DeviceState.Name(device.state).removeprefix("DEVICE_STATE_").lower()
+            b = busy.pop(device.serial, None)
+            now = f"busy: {b.task_id} {b.goal}" if b else "idle"
+            out.print(f"  {device.serial} ({device.model or '-'}, {word}) {now}")
+        for b in busy.values():
+            out.print(f"  {b.device_serial} (not announced) busy: {b.task_id} {b.goal}")
+
+
+@host_app.command(
+    "export",
+    cls=PlainCommand,
+    epilog=_examples(
+        "amc host export 3f2a9c01d2e54b6f8a7c9e0b1d2f3a4b",
+        "amc host export 3f2a9c01d2e54b6f8a7c9e0b1d2f3a4b -o dark-theme.zip",
+    ),
+)
 def host_export(
-    task_id: Annotated[str, typer.Argument(help="Task id.")],
+    task_id: Annotated[
+        str, typer.Argument(metavar="TASK_ID", help="The task's full id (as this host ran it).")
+    ],
     output: Annotated[
-        Path | None, typer.Option("--output", "-o", help="Zip to write (amc-export-ID.zip).")
+        Path | None,
+        typer.Option("--output", "-o", metavar="ZIP", help="Zip to write (amc-export-ID.zip)."),
     ] = None,
 ) -> None:
     """Export a task from this host's timeline (with screenshots) as one zip: report.html,
@@ -180,23 +544,30 @@ def host_export(
     )
 
 
-@console_app.command("serve")
+@console_app.command("serve", cls=PlainCommand)
 def console_serve() -> None:
     """Serve the operators' web console and JSON API (settings from AMC_CONSOLE_*)."""
     from console.gateway.app import serve
     from console.settings import ConsoleSettings
 
-    _run(serve(ConsoleSettings()))
+    settings = ConsoleSettings()
+    try:
+        _run(serve(settings))
+    except OSError as exc:
+        raise _bind_error(exc, "the console", "AMC_CONSOLE_BIND_PORT") from exc
 
 
-# --- certificates ----------------------------------------------------------------------------
+# --- certificates ------------------------------------------------------------------------------
 
 
-@certs_app.command("init")
+@certs_app.command("init", cls=PlainCommand, epilog=_examples("amc certs init pki"))
 def certs_init(
-    directory: Annotated[Path, typer.Argument(help="Where to write the CA and server cert.")],
+    directory: Annotated[
+        Path, typer.Argument(metavar="DIR", help="Where to write the CA and server cert.")
+    ],
     server_name: Annotated[
-        list[str] | None, typer.Option(help="Extra DNS name of the cloud (repeatable).")
+        list[str] | None,
+        typer.Option(metavar="NAME", help="Extra DNS name of the cloud (repeatable)."),
     ] = None,
 ) -> None:
     """Create a fleet CA and a server certificate."""
@@ -207,29 +578,33 @@ def certs_init(
     out.print(f"fleet CA and server certificate written to {directory}")
 
 
-@certs_app.command("host")
+@certs_app.command("host", cls=PlainCommand, epilog=_examples("amc certs host pki lab-host-1"))
 def certs_host(
-    directory: Annotated[Path, typer.Argument(help="Folder holding the fleet CA.")],
-    host_id: Annotated[str, typer.Argument(help="Host id; becomes the certificate's identity.")],
+    directory: Annotated[Path, typer.Argument(metavar="DIR", help="Folder holding the fleet CA.")],
+    host_id: Annotated[
+        str, typer.Argument(metavar="HOST_ID", help="Host id; becomes the certificate's identity.")
+    ],
 ) -> None:
     """Issue a host client certificate signed by the fleet CA."""
     from cloud import pki
 
-    cert = pki.write_host_cert(directory, host_id)
+    cert = _certificate(lambda: pki.write_host_cert(directory, host_id), directory)
     serial = pki.serial_hex(cert.read_bytes())
     out.print(f"host certificate: {cert} (key beside it, readable by you only)")
     out.print(f"serial {serial} (what `amc certs revoke --serial` names)")
 
 
-@certs_app.command("operator")
+@certs_app.command("operator", cls=PlainCommand, epilog=_examples("amc certs operator pki alice"))
 def certs_operator(
-    directory: Annotated[Path, typer.Argument(help="Folder holding the fleet CA.")],
-    name: Annotated[str, typer.Argument(help="Operator name; becomes the identity.")],
+    directory: Annotated[Path, typer.Argument(metavar="DIR", help="Folder holding the fleet CA.")],
+    name: Annotated[
+        str, typer.Argument(metavar="NAME", help="Operator name; becomes the identity.")
+    ],
 ) -> None:
     """Issue an operator client certificate signed by the fleet CA."""
     from cloud import pki
 
-    cert = pki.write_operator_cert(directory, name)
+    cert = _certificate(lambda: pki.write_operator_cert(directory, name), directory)
     serial = pki.serial_hex(cert.read_bytes())
     out.print(f"operator certificate: {cert} (key beside it, readable by you only)")
     out.print(f"serial {serial} (what `amc certs revoke --serial` names)")
@@ -322,170 +697,444 @@ def certs_unrevoke(
     out.print(f"revocation lifted: {what}" if removed else f"was not revoked: {what}")
 
 
-# --- operating the fleet ---------------------------------------------------------------------
+@certs_app.command("secrets-key")
+def certs_secrets_key() -> None:
+    """Print a new key for AMC_CLOUD_SECRETS_KEY (encrypts tasks' secret parameters)."""
+    from cloud.secret_box import new_key
+
+    print(new_key())
 
 
-@dataclass(slots=True)
-class Connection:
-    address: str
-    ca: Path
-    cert: Path
-    key: Path
-
-    def client(self) -> OperatorClient:
-        return OperatorClient.over(
-            secure_channel(self.address, ca=self.ca, cert=self.cert, key=self.key)
-        )
-
-
-_connection: Connection | None = None
+def _certificate(write: Callable[[], Path], directory: Path) -> Path:
+    """Issue a certificate; a missing CA or a bad name is a UserError."""
+    try:
+        return write()
+    except FileNotFoundError as exc:
+        raise UserError(
+            f"no fleet CA in {directory} ({exc.filename})",
+            f"create one with `amc certs init {directory}`",
+        ) from exc
+    except ValueError as exc:
+        raise UserError(str(exc)) from exc
 
 
-@app.callback()
-def connection_options(
-    cloud: Annotated[
-        str, typer.Option(envvar="AMC_CLOUD", help="Cloud address host:port.")
-    ] = DEFAULT_CLOUD_ADDRESS,
-    pki_dir: Annotated[
-        Path, typer.Option(envvar="AMC_PKI_DIR", help="Folder with ca.pem and operator certs.")
-    ] = Path(".amc/up/pki"),
-    operator: Annotated[str, typer.Option(envvar="AMC_OPERATOR", help="Operator name.")] = (
-        "admin"
+# --- operating the fleet -----------------------------------------------------------------------
+
+
+@task_app.command(
+    "submit",
+    cls=PlainCommand,
+    epilog=_examples(
+        'amc task submit "Turn on dark theme"',
+        'id=$(amc task submit "Set an alarm for 7:30 AM" --host lab-1) && amc task watch "$id"',
+        'amc task submit "Open the clock" --request-id nightly-42 --json',
     ),
-) -> None:
-    """Connection options for the operator commands (task, decisions)."""
-    global _connection
-    _connection = Connection(
-        address=cloud,
-        ca=pki_dir / "ca.pem",
-        cert=pki_dir / f"operator-{operator}.pem",
-        key=pki_dir / f"operator-{operator}.key",
-    )
-
-
-def _with_client(action: Callable[[OperatorClient], Awaitable[T]]) -> T:
-    if _connection is None:
-        raise typer.BadParameter("no cloud connection configured")
-    connection = _connection
-
-    async def go() -> T:
-        client = connection.client()
-        try:
-            return await action(client)
-        finally:
-            await client.close()
-
-    return _run(go())
-
-
-@task_app.command("submit")
+)
 def task_submit(
-    goal: Annotated[str, typer.Argument(help="The goal in plain language.")],
-    host: Annotated[str, typer.Option(help="Run only on this host.")] = "",
-    device: Annotated[str, typer.Option(help="Run only on this phone serial.")] = "",
-    max_attempts: Annotated[int, typer.Option(help="Attempts before failing; 0 = default.")] = 0,
-    request_id: Annotated[str, typer.Option(help="Idempotency key for retries.")] = "",
-    lease_seconds: Annotated[int, typer.Option(help="Lease length; 0 = default.")] = 0,
+    goal: Annotated[str, typer.Argument(metavar="GOAL", help="The goal in plain language.")],
+    host: Annotated[str, typer.Option(metavar="HOST_ID", help="Run only on this host.")] = "",
+    device: Annotated[
+        str, typer.Option(metavar="SERIAL", help="Run only on this phone serial.")
+    ] = "",
+    max_attempts: Annotated[
+        int, typer.Option(metavar="N", help="Attempts before failing; 0 = the cloud's default.")
+    ] = 0,
+    request_id: Annotated[
+        str, typer.Option(metavar="KEY", help="Idempotency key: a retry returns the same task.")
+    ] = "",
+    lease_seconds: Annotated[
+        int, typer.Option(metavar="SECONDS", help="Lease length; 0 = the cloud's default.")
+    ] = 0,
+    secret: Annotated[
+        list[str] | None,
+        typer.Option(
+            metavar="NAME",
+            help="A secret parameter NAME the goal refers to as {{secret:NAME}} (repeatable). "
+            "Its value comes from the environment variable AMC_SECRET_<NAME> (upper case), "
+            "else a hidden prompt; never from the command line.",
+        ),
+    ] = None,
+    no_replay: Annotated[
+        bool, typer.Option("--no-replay", help="Plan every step with the model (no learned flow).")
+    ] = False,
+    max_tokens: Annotated[
+        int,
+        typer.Option(metavar="N", help="Token budget of the task; 0 = the cloud's default.", min=0),
+    ] = 0,
+    max_cost: Annotated[
+        float,
+        typer.Option(
+            metavar="USD", help="Cost budget in US dollars; 0 = the cloud's default.", min=0
+        ),
+    ] = 0.0,
+    json_out: Json = False,
 ) -> None:
-    """Queue a task and print its id."""
+    """Queue a task and print its id. The cloud checks the target against the fleet: a
+    malformed host or phone is refused, one it never saw is queued with a warning (stderr), as
+    is a goal that looks like it holds a credential (pass it with --secret instead)."""
+    from console.gateway.models import SubmitOut, TaskOut
+
     request = task_service_pb2.SubmitTaskRequest(
         goal=goal,
         target=types_pb2.TaskTarget(host_id=host, device_serial=device),
         max_attempts=max_attempts,
         client_request_id=request_id,
+        secrets={name: _secret_value(name) for name in secret or []},
+        no_replay=no_replay,
+        budget=types_pb2.TaskBudget(max_tokens=max_tokens, max_cost_usd=max_cost),
     )
     if lease_seconds:
         request.lease_duration.CopyFrom(Duration(seconds=lease_seconds))
     response = _with_client(lambda c: c.tasks.SubmitTask(request))
-    note = " (already submitted with this request id)" if response.deduplicated else ""
-    out.print(f"{response.task.task_id}{note}")
+    if json_out:
+        task = TaskOut.of(response.task) if response.HasField("task") else None
+        print_json(
+            SubmitOut(
+                task=task, deduplicated=response.deduplicated, warnings=list(response.warnings)
+            )
+        )
+        return
+    for warning in response.warnings:
+        err.print(f"warning: {warning}")
+    if response.deduplicated:
+        err.print("note: already submitted with this request id; this is the first task")
+    out.print(response.task.task_id)
 
 
-@task_app.command("list")
+def _secret_value(name: str) -> str:
+    """A secret's value from AMC_SECRET_<NAME>, else a hidden prompt (a terminal only)."""
+    import getpass
+    import os
+    import sys
+
+    value = os.environ.get(f"AMC_SECRET_{name.upper()}")
+    if value is not None:
+        return value
+    if not sys.stdin.isatty():
+        raise typer.BadParameter(
+            f"set AMC_SECRET_{name.upper()} (no terminal to ask for it)", param_hint="--secret"
+        )
+    return getpass.getpass(f"value of secret {name} (not shown): ")
+
+
+@task_app.command(
+    "list",
+    cls=PlainCommand,
+    epilog=_examples(
+        "amc task list --status running --status queued",
+        "amc task list --host lab-1 --text alarm",
+        "amc task list --json | jq -r '.tasks[].task_id'",
+    ),
+)
 def task_list(
     status: Annotated[
-        list[str] | None, typer.Option(help="queued, running, succeeded, ... (repeatable).")
+        list[Status] | None,
+        typer.Option(
+            metavar="STATUS",
+            help="queued, assigned, running, succeeded, failed or cancelled (repeatable).",
+            case_sensitive=False,
+        ),
     ] = None,
-    host: Annotated[str, typer.Option(help="Only this host.")] = "",
-    query: Annotated[str, typer.Option("--text", help="Goal contains this text.")] = "",
-    limit: Annotated[int, typer.Option(help="Page size.")] = 50,
+    host: Annotated[str, typer.Option(metavar="HOST_ID", help="Only this host.")] = "",
+    query: Annotated[
+        str, typer.Option("--text", metavar="TEXT", help="Goal contains this text.")
+    ] = "",
+    limit: Annotated[int, typer.Option(metavar="N", help="At most this many (1 to 500).")] = 50,
+    json_out: Json = False,
 ) -> None:
-    """List tasks, newest first."""
-    statuses = [types_pb2.TaskStatus.Value(f"TASK_STATUS_{s.upper()}") for s in status or []]
+    """List tasks, newest first, with their full ids."""
+    from console.gateway.models import TaskOut, TaskPage
+
+    if not 1 <= limit <= 500:
+        raise typer.BadParameter("1 to 500", param_hint="'--limit'")
+    statuses = [types_pb2.TaskStatus.Value(f"TASK_STATUS_{s.value.upper()}") for s in status or []]
     request = task_service_pb2.ListTasksRequest(
         page_size=limit, statuses=statuses, host_id=host, query=query
     )
     response = _with_client(lambda c: c.tasks.ListTasks(request))
-    out.print(formatting.task_table(list(response.tasks)))
+    if json_out:
+        print_json(
+            TaskPage(
+                tasks=[TaskOut.of(t) for t in response.tasks],
+                next_page_token=response.next_page_token,
+            )
+        )
+        return
+    if not response.tasks:
+        filtered = bool(status or host or query)
+        out.print("no tasks match these filters" if filtered else "no tasks yet")
+        return
+    for task in response.tasks:
+        for line in formatting.task_lines(task):
+            out.print(line)
 
 
-@task_app.command("show")
-def task_show(task_id: Annotated[str, typer.Argument(help="Task id.")]) -> None:
-    """Show one task with every attempt."""
-    request = task_service_pb2.GetTaskRequest(task_id=task_id)
-    response = _with_client(lambda c: c.tasks.GetTask(request))
-    task = response.task
-    out.print(formatting.task_table([task]))
+async def _task_and_events(
+    client: OperatorClient, text: str
+) -> tuple[types_pb2.Task, list[task_service_pb2.LeaseEvent]]:
+    task_id = await task_ids.resolve(client, text)
+    got: task_service_pb2.GetTaskResponse = await client.tasks.GetTask(
+        task_service_pb2.GetTaskRequest(task_id=task_id)
+    )
+    events = await _all_events(client, task_id)
+    return got.task, events
+
+
+async def _all_events(client: OperatorClient, task_id: str) -> list[task_service_pb2.LeaseEvent]:
+    events: list[task_service_pb2.LeaseEvent] = []
+    token = ""
+    while True:
+        page: task_service_pb2.ListTaskEventsResponse = await client.tasks.ListTaskEvents(
+            task_service_pb2.ListTaskEventsRequest(
+                task_id=task_id, page_size=1000, page_token=token
+            )
+        )
+        events.extend(page.events)
+        token = page.next_page_token
+        if not token:
+            return events
+
+
+def _event_word(event: task_service_pb2.LeaseEvent) -> str:
+    kind = task_service_pb2.LeaseEventKind.Name(event.kind).removeprefix("LEASE_EVENT_KIND_")
+    result = formatting.status_name(event.result_status) if event.result_status else ""
+    after = formatting.status_name(event.task_status) if event.task_status else ""
+    return wording.event_line(
+        kind.lower(),
+        host_id=event.host_id,
+        device_serial=event.device_serial,
+        operator=event.operator,
+        reason=event.reason,
+        result_status=result,
+        task_status=after,
+    )
+
+
+def _print_events(events: list[task_service_pb2.LeaseEvent], attempt: int) -> None:
+    for event in events:
+        if event.attempt == attempt:
+            at = event.at.ToDatetime().strftime("%H:%M:%S")
+            out.print(f"    {at} {_event_word(event)}")
+
+
+@task_app.command(
+    "show",
+    cls=PlainCommand,
+    epilog=_examples("amc task show 3f2a", "amc task show 3f2a9c01 --json | jq .task.status"),
+)
+def task_show(task_id: TaskIdArg, json_out: Json = False) -> None:
+    """Show one task: status, totals, and every attempt with its lease history."""
+    from console.gateway.models import LeaseEventOut, TaskOut
+
+    task, events = _with_client(lambda c: _task_and_events(c, task_id))
+    if json_out:
+        print_json(
+            {
+                "task": TaskOut.of(task).model_dump(mode="json"),
+                "events": [LeaseEventOut.of(e).model_dump(mode="json") for e in events],
+            }
+        )
+        return
+    out.print(
+        Text.assemble(Text(task.task_id, style="bold"), " ", formatting.styled_status(task.status))
+    )
+    out.print(f"goal:    {task.goal}")
+    line = formatting.progress_badge(task.progress, task.status)
+    if line:
+        out.print(f"step:    {line}")
+    out.print(f"totals:  {formatting.totals_line(task.totals)}")
+    out.print(f"spent:   {formatting.spending(task.totals.usage, task.budget)}")
     if task.result_summary:
-        out.print(f"result: {formatting.literal(task.result_summary)}")
+        out.print(f"result:  {task.result_summary}")
+    if task.cancelled_by:
+        out.print(f"cancel asked by {task.cancelled_by}")
+    if any(e.attempt == 0 for e in events):
+        out.print("  before the first attempt:")
+        _print_events(events, 0)
     for attempt in task.attempts:
         reason = f" — {attempt.failure_reason}" if attempt.failure_reason else ""
         out.print(
-            f"  attempt {attempt.attempt}: {formatting.styled_status(attempt.status)} on "
-            + formatting.literal(
-                f"{attempt.host_id}/{attempt.device_serial} "
-                f"{formatting.progress_badge(attempt.progress)}{reason}"
+            Text.assemble(
+                f"  attempt {attempt.attempt}: ",
+                formatting.styled_status(attempt.status),
+                f" on {attempt.host_id}/{attempt.device_serial}{reason}",
             )
+            + f" · {formatting.usage_words(attempt.usage)}"
         )
+        if attempt.HasField("flow"):
+            use = attempt.flow
+            line = f"flow {use.flow_id}: " if use.flow_id else "no flow: "
+            line += use.reason
+            if use.flow_id:
+                line += f"; {use.steps_replayed} step(s) replayed"
+            if use.diverged_at_step:
+                line += f"; diverged at step {use.diverged_at_step}: {use.divergence}"
+            print_text(f"    {line}")
+        _print_events(events, attempt.attempt)
+        if attempt.renewals:
+            out.print(
+                f"    lease renewed {attempt.renewals} time{'s' if attempt.renewals > 1 else ''}"
+            )
 
 
-@task_app.command("watch")
+@task_app.command(
+    "events",
+    cls=PlainCommand,
+    epilog=_examples("amc task events 3f2a", "amc task events 3f2a --json"),
+)
+def task_events(
+    task_id: TaskIdArg,
+    attempt: Annotated[int, typer.Option(metavar="N", help="Only this attempt; 0 = all.")] = 0,
+    json_out: Json = False,
+) -> None:
+    """Print a task's lease history: assigned, resumed, revoked, expired, cancel requested (by
+    whom, why), result, requeued — oldest first."""
+    from console.gateway.models import LeaseEventOut, LeaseEventPage
+
+    async def fetch(client: OperatorClient) -> list[task_service_pb2.LeaseEvent]:
+        return await _all_events(client, await task_ids.resolve(client, task_id))
+
+    events = [e for e in _with_client(fetch) if not attempt or e.attempt == attempt]
+    if json_out:
+        print_json(LeaseEventPage(events=[LeaseEventOut.of(e) for e in events]))
+        return
+    for event in events:
+        at = event.at.ToDatetime().strftime("%Y-%m-%d %H:%M:%S")
+        out.print(f"{at}  attempt {event.attempt}  {_event_word(event)}")
+
+
+#: How a watched task's end becomes the exit code.
+_ENDINGS = {
+    types_pb2.TASK_STATUS_SUCCEEDED: exit_codes.OK,
+    types_pb2.TASK_STATUS_FAILED: exit_codes.TASK_FAILED,
+    types_pb2.TASK_STATUS_CANCELLED: exit_codes.TASK_CANCELLED,
+}
+
+
+@task_app.command(
+    "watch",
+    cls=PlainCommand,
+    epilog=_examples(
+        "amc task watch 3f2a && echo succeeded",
+        "amc task watch 3f2a --json | jq -r .task.status",
+        "amc task watch                 # the whole fleet, until Ctrl-C",
+    )
+    + "\n\nExit codes: 0 succeeded, 1 failed, 3 cancelled (see docs/cli.md).",
+)
 def task_watch(
-    task_id: Annotated[str, typer.Argument(help="Task id; omit to watch the fleet.")] = "",
+    task_id: Annotated[
+        str,
+        typer.Argument(
+            metavar="[TASK_ID]", help="A task id or unique prefix; omit to watch the fleet."
+        ),
+    ] = "",
     thinking: Annotated[
         bool, typer.Option(help="Also print the model's thinking as it streams (session mode).")
     ] = False,
+    json_out: Json = False,
 ) -> None:
-    """Stream live progress until the task ends (or Ctrl-C for the fleet)."""
+    """Stream live progress until the task ends (or Ctrl-C for the fleet); the exit code says
+    how the task ended."""
+    from console.gateway.models import TaskOut
 
-    async def watch(client: OperatorClient) -> None:
+    async def watch(client: OperatorClient) -> int:
+        resolved = await task_ids.resolve(client, task_id) if task_id else ""
         request = progress_service_pb2.WatchProgressRequest(
-            task_id=task_id, include_thinking=thinking
+            task_id=resolved, include_thinking=thinking
         )
+        last: types_pb2.Task | None = None
         async for change in client.progress.WatchProgress(request):
             if change.HasField("thinking"):
-                out.print(change.thinking.delta, end="", style="dim italic", markup=False)
+                live = change.thinking
+                if json_out:
+                    print_json_line(
+                        {
+                            "thinking": {
+                                "task_id": live.task_id,
+                                "attempt": live.attempt,
+                                "delta": live.delta,
+                            }
+                        }
+                    )
+                else:
+                    out.print(Text(live.delta, style="dim italic"), end="")
                 continue
-            task = change.task
+            task = last = change.task
+            if json_out:
+                print_json_line({"task": TaskOut.of(task).model_dump(mode="json")})
+                continue
             out.print(
-                f"{task.task_id} {formatting.styled_status(task.status)} "
-                f"{formatting.literal(formatting.progress_badge(task.progress))}"
+                Text.assemble(
+                    task.task_id,
+                    " ",
+                    formatting.styled_status(task.status),
+                    " ",
+                    formatting.progress_badge(task.progress, task.status),
+                )
             )
+        if not resolved:
+            return exit_codes.OK
+        if last is None or last.status not in _ENDINGS:
+            raise UserError(
+                "the watch ended before the task did",
+                "watch it again; the cloud may have restarted",
+                exit_codes.CLOUD,
+            )
+        return _ENDINGS[last.status]
 
-    _with_client(watch)
+    raise typer.Exit(_with_client(watch))
 
 
-@task_app.command("cancel")
+@task_app.command(
+    "cancel",
+    cls=PlainCommand,
+    epilog=_examples('amc task cancel 3f2a --reason "wrong phone"'),
+)
 def task_cancel(
-    task_id: Annotated[str, typer.Argument(help="Task id.")],
-    reason: Annotated[str, typer.Option(help="Why; shown to operators.")] = "cancelled from CLI",
+    task_id: TaskIdArg,
+    reason: Annotated[
+        str, typer.Option(metavar="TEXT", help="Why; recorded and shown to operators.")
+    ] = "cancelled from the command line",
+    json_out: Json = False,
 ) -> None:
-    """Cancel a task (a running one stops within one step)."""
-    request = task_service_pb2.CancelTaskRequest(task_id=task_id, reason=reason)
-    response = _with_client(lambda c: c.tasks.CancelTask(request))
-    out.print(f"{response.task.task_id}: {formatting.styled_status(response.task.status)}")
+    """Cancel a task (a queued one at once; a running one when its host stops, within one step,
+    or when its lease runs out)."""
+    from console.gateway.models import TaskOut
+
+    async def cancel(client: OperatorClient) -> types_pb2.Task:
+        resolved = await task_ids.resolve(client, task_id)
+        response: task_service_pb2.CancelTaskResponse = await client.tasks.CancelTask(
+            task_service_pb2.CancelTaskRequest(task_id=resolved, reason=reason)
+        )
+        return response.task
+
+    task = _with_client(cancel)
+    if json_out:
+        print_json(TaskOut.of(task))
+        return
+    word = "cancelling" if task.cancel_requested else formatting.status_name(task.status)
+    out.print(f"{task.task_id}: {word}")
 
 
-@task_app.command("export")
+@task_app.command(
+    "export",
+    cls=PlainCommand,
+    epilog=_examples(
+        "amc task export 3f2a",
+        "amc task export 3f2a --merge amc-export-host.zip -o dark-theme.zip",
+    ),
+)
 def task_export(
-    task_id: Annotated[str, typer.Argument(help="Task id.")],
+    task_id: TaskIdArg,
     output: Annotated[
-        Path | None, typer.Option("--output", "-o", help="Zip to write (amc-export-ID.zip).")
+        Path | None,
+        typer.Option("--output", "-o", metavar="ZIP", help="Zip to write (amc-export-ID.zip)."),
     ] = None,
     merge: Annotated[
         list[Path] | None,
         typer.Option(
-            help="A host's export of the task (amc host export) to merge in (repeatable)."
+            metavar="ZIP",
+            help="A host's export of the task (amc host export) to merge in (repeatable).",
         ),
     ] = None,
 ) -> None:
@@ -495,13 +1144,17 @@ def task_export(
     from console.gateway.cloud import CloudClient
 
     if _connection is None:
-        raise typer.BadParameter("no cloud connection configured")
+        raise UserError("no cloud connection configured")
     c = _connection
+    ca, cert, key = c.files()
+    resolved = _with_client(lambda client: task_ids.resolve(client, task_id))
 
     async def go() -> tuple[Path, Run]:
-        cloud = CloudClient(c.address, ca=c.ca, cert=c.cert, key=c.key, timeout_s=60)
+        cloud = CloudClient(c.address, ca=ca, cert=cert, key=key, timeout_s=60)
         try:
-            return await export_task(cloud, task_id, output, merge or [])
+            return await export_task(cloud, resolved, output, merge or [])
+        except grpc.aio.AioRpcError as error:
+            raise from_rpc(error, c.target) from error
         finally:
             await cloud.close()
 
@@ -509,47 +1162,83 @@ def task_export(
 
 
 def _export_done(make: Callable[[], tuple[Path, Run]]) -> None:
-    """Run an export; say where it went, or why not in one line (exit 2)."""
+    """Run an export; say where it went (stdout), or why not in one line (exit 2)."""
     from console.exporting import ExportError
 
     try:
         path, run = make()
     except ExportError as error:
-        out.print(f"[red]export[/red]: {formatting.literal(str(error))}", soft_wrap=True)
-        raise typer.Exit(2) from None
+        raise UserError(f"export: {error}") from error
     shots = sum(1 for s in run.steps if s.before_png)
-    out.print(
-        formatting.literal(
-            f"{path} ({len(run.steps)} steps, {shots} with screenshots, {run.origin})"
-        )
-    )
+    out.print(f"{path} ({len(run.steps)} steps, {shots} with screenshots, {run.origin})")
 
 
-@app.command()
+@app.command(
+    cls=PlainCommand,
+    epilog=_examples(
+        "amc decisions 3f2a",
+        "amc decisions 3f2a --attempt 2 --prompts",
+        "amc decisions 3f2a --json | jq '.decisions[].usage'",
+    ),
+)
 def decisions(
-    task_id: Annotated[str, typer.Argument(help="Task id.")],
-    attempt: Annotated[int, typer.Option(help="Only this attempt; 0 = all.")] = 0,
-    prompts: Annotated[bool, typer.Option(help="Also print the prompts sent.")] = False,
+    task_id: TaskIdArg,
+    attempt: Annotated[int, typer.Option(metavar="N", help="Only this attempt; 0 = all.")] = 0,
+    prompts: Annotated[bool, typer.Option(help="Also print the prompts sent, as sent.")] = False,
+    json_out: Json = False,
 ) -> None:
-    """Print the per-step LLM record of a task (cloud transport only)."""
-    request = decision_log_service_pb2.ListDecisionsRequest(
-        task_id=task_id, attempt=attempt, page_size=500
-    )
-    response = _with_client(lambda c: c.decisions.ListDecisions(request))
-    if not response.decisions:
-        out.print("no decisions logged (none yet, or the host uses the direct transport)")
-    lit = formatting.literal
-    for d in response.decisions:
-        out.rule(lit(f"attempt {d.attempt} · step {d.step_index} · {d.provider}/{d.model}"))
-        out.print(f"[bold]rationale[/bold]: {lit(d.rationale or '-')}")
-        out.print(f"[bold]thinking[/bold] ({lit(formatting.thinking_kind(d))})", end="")
-        thinking = formatting.thinking_text(d)
-        out.print(f": {lit(thinking)}" if thinking else "")
-        out.print(f"[bold]action[/bold]: {lit(d.tool_name)} {lit(d.arguments_json)}")
-        out.print(
-            f"[bold]purpose[/bold]: {lit(d.purpose)}  "
-            f"[bold]expected[/bold]: {lit(d.expected_outcome)}"
+    """Print the per-step LLM record of a task (either transport: direct-transport hosts ship
+    theirs from their outbox), text as the model wrote it."""
+    from console.gateway.models import DecisionOut, DecisionPage
+
+    async def fetch(client: OperatorClient) -> list[types_pb2.Decision]:
+        resolved = await task_ids.resolve(client, task_id)
+        found: list[types_pb2.Decision] = []
+        token = ""
+        while True:
+            page: decision_log_service_pb2.ListDecisionsResponse = (
+                await client.decisions.ListDecisions(
+                    decision_log_service_pb2.ListDecisionsRequest(
+                        task_id=resolved, attempt=attempt, page_size=500, page_token=token
+                    )
+                )
+            )
+            found.extend(page.decisions)
+            token = page.next_page_token
+            if not token:
+                return found
+
+    found = _with_client(fetch)
+    if json_out:
+        print_json(DecisionPage(decisions=[DecisionOut.of(d) for d in found], next_page_token=""))
+        return
+    if not found:
+        err.print(
+            "no decisions logged yet (a host on the direct transport sends its own from its "
+            "outbox in the background)"
         )
+    else:
+        c = formatting.verdict_counts(found)
+        out.print(
+            f"verified steps: {c['met']} met · {c['not_met']} not met · {c['unknown']} unknown"
+            + (f" · {c['unchecked']} not checked" if c["unchecked"] else "")
+        )
+    for d in found:
+        out.rule(f"attempt {d.attempt} · step {d.step_index} · {d.provider}/{d.model}")
+        print_text(f"rationale: {d.rationale or '-'}")
+        thinking = formatting.thinking_text(d)
+        kind = formatting.thinking_kind(d)
+        print_text(f"thinking ({kind})" + (f": {thinking}" if thinking else ""))
+        print_text(f"action: {d.tool_name} {d.arguments_json}")
+        print_text(f"purpose: {d.purpose}  expected: {d.expected_outcome}")
+        if d.tool_name not in ("complete", "get_ui_tree"):
+            out.print(Text("verdict: ") + formatting.verdict_words(d.verification))
+        if d.mode == types_pb2.PLANNER_MODE_REPLAY:
+            print_text(f"replayed: flow {d.flow_id} step {d.flow_step}")
+        elif d.replay_divergence:
+            print_text(
+                f"took over from flow {d.flow_id} at step {d.flow_step}: {d.replay_divergence}"
+            )
         latency_ms = d.latency.seconds * 1000 + d.latency.nanos // 1_000_000
         usage = d.usage
         notes = [formatting.retry_word(d)] if d.forced_retry else []
@@ -558,10 +1247,115 @@ def decisions(
         out.print(
             f"tokens in/out {usage.input_tokens}/{usage.output_tokens} · cache read/write "
             f"{usage.cache_read_input_tokens}/{usage.cache_creation_input_tokens} · "
+            f"{dollars(usage.cost_usd)} · "
             f"{latency_ms} ms" + "".join(f" · {n}" for n in notes)
         )
         if prompts:
-            out.print(
-                json.dumps({"system": d.system_prompt, "user": d.user_prompt}, indent=2),
-                markup=False,
-            )
+            session = d.planner_mode == "session"
+            added = " (what this step added to the conversation)" if session else ""
+            out.print(Text("── system prompt ──", style="bold"))
+            print_text(d.system_prompt)
+            out.print(Text(f"── user prompt{added} ──", style="bold"))
+            print_text(d.user_prompt)
+    if found:
+        out.print(f"total: {formatting.usage_words(formatting.total_usage(found))}")
+
+
+def main() -> None:
+    """The `amc` console script: the commands, with their failures as one line each."""
+    code = run_main(lambda: app(standalone_mode=False), sys.argv[1:], debug=debugging)
+    sys.exit(code)
+
+
+# --- learned flows ---------------------------------------------------------------------------
+
+
+@flows_app.command("list")
+def flows_list(
+    status: Annotated[
+        list[str] | None, typer.Option(help="active, disabled or retired (repeatable).")
+    ] = None,
+    limit: Annotated[int, typer.Option(help="Page size.")] = 50,
+) -> None:
+    """List learned flows, most recently changed first."""
+    statuses = [types_pb2.FlowStatus.Value(f"FLOW_STATUS_{s.upper()}") for s in status or []]
+    request = flow_service_pb2.ListFlowsRequest(page_size=limit, statuses=statuses)
+    response = _with_client(lambda c: c.flows.ListFlows(request))
+    if not response.flows:
+        err.print("no flows learned yet (every task that succeeds teaches one)")
+        return
+    out.print(formatting.flow_table(list(response.flows)))
+
+
+@flows_app.command("show")
+def flows_show(flow_id: Annotated[str, typer.Argument(help="Flow id.")]) -> None:
+    """Show one flow: its steps, how often it was replayed, where it diverged."""
+    request = flow_service_pb2.GetFlowRequest(flow_id=flow_id)
+    flow = _with_client(lambda c: c.flows.GetFlow(request)).flow
+    out.print(
+        Text(f"flow {flow.flow_id}", style="bold")
+        + f" · {formatting.FLOW_STATUS_WORDS[flow.status]}"
+    )
+    print_text(f"goal: {(flow.goal_template)}")
+    print_text(f"apps: {(', '.join(flow.apps))}")
+    print_text(f"learned from task {(flow.source_task_id)} attempt {flow.source_attempt}")
+    print_text(f"status: {(flow.status_reason)}")
+    out.print(
+        f"used {flow.uses}× · replayed to the end {flow.replays_completed}× · diverged "
+        f"{flow.divergences}× ({flow.consecutive_divergences} in a row)"
+    )
+    if flow.last_divergence:
+        print_text(f"last divergence: {(flow.last_divergence)}")
+    for step in flow.steps:
+        where = flow.divergences_by_step.get(step.index, 0)
+        target = f" on {(formatting.target_words(step.target))}" if step.HasField("target") else ""
+        param = f" (types {{{(step.text_parameter)}}})" if step.text_parameter else ""
+        diverged = f" · diverged here {where}×" if where else ""
+        print_text(f"  {step.index}. {(step.tool_name)}{target}{param}{diverged}")
+        print_text(f"     purpose: {(step.purpose)} · expected: {(step.expected_outcome)}")
+        print_text(f"     on {(step.page_before)} → {(step.page_after)}")
+
+
+def _set_flow_status(flow_id: str, status: types_pb2.FlowStatus.ValueType, reason: str) -> None:
+    request = flow_service_pb2.SetFlowStatusRequest(flow_id=flow_id, status=status, reason=reason)
+    flow = _with_client(lambda c: c.flows.SetFlowStatus(request)).flow
+    print_text(
+        f"{flow.flow_id}: {formatting.FLOW_STATUS_WORDS[flow.status]} ({flow.status_reason})"
+    )
+
+
+@flows_app.command("disable")
+def flows_disable(
+    flow_id: Annotated[str, typer.Argument(help="Flow id.")],
+    reason: Annotated[str, typer.Option(help="Why; recorded with your name.")] = "",
+) -> None:
+    """Stop replaying a flow (until enabled again)."""
+    _set_flow_status(flow_id, types_pb2.FLOW_STATUS_DISABLED, reason)
+
+
+@flows_app.command("enable")
+def flows_enable(
+    flow_id: Annotated[str, typer.Argument(help="Flow id.")],
+    reason: Annotated[str, typer.Option(help="Why; recorded with your name.")] = "",
+) -> None:
+    """Replay a disabled or retired flow again (its run of divergences starts over)."""
+    _set_flow_status(flow_id, types_pb2.FLOW_STATUS_ACTIVE, reason)
+
+
+@app.command()
+def spend(
+    days: Annotated[int, typer.Option(help="Days back from today (UTC), 1 = today.", min=1)] = 1,
+) -> None:
+    """The fleet's model spending per day, host and model (every logged decision), and today's
+    against the daily budget."""
+    import datetime as dt
+
+    from amc.v1 import fleet_service_pb2
+
+    today = dt.datetime.now(dt.UTC).date()
+    request = fleet_service_pb2.GetSpendRequest(
+        since_day=(today - dt.timedelta(days=days - 1)).isoformat(), until_day=today.isoformat()
+    )
+    response = _with_client(lambda c: c.fleet.GetSpend(request))
+    out.print(formatting.spend_table(list(response.rows)))
+    out.print(f"today: {formatting.spending(response.today, response.daily_budget, 'daily')}")

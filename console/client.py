@@ -14,6 +14,7 @@ import grpc
 from amc.v1 import (
     decision_log_service_pb2_grpc,
     fleet_service_pb2_grpc,
+    flow_service_pb2_grpc,
     progress_service_pb2_grpc,
     task_service_pb2_grpc,
 )
@@ -51,6 +52,7 @@ class OperatorClient:
     progress: progress_service_pb2_grpc.ProgressServiceStub
     fleet: fleet_service_pb2_grpc.FleetServiceStub
     decisions: decision_log_service_pb2_grpc.DecisionLogServiceStub
+    flows: flow_service_pb2_grpc.FlowServiceStub
 
     @classmethod
     def over(cls, channel: grpc.aio.Channel) -> OperatorClient:
@@ -60,6 +62,7 @@ class OperatorClient:
             progress=progress_service_pb2_grpc.ProgressServiceStub(channel),
             fleet=fleet_service_pb2_grpc.FleetServiceStub(channel),
             decisions=decision_log_service_pb2_grpc.DecisionLogServiceStub(channel),
+            flows=flow_service_pb2_grpc.FlowServiceStub(channel),
         )
 
     async def close(self) -> None:

@@ -11,8 +11,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import secrets
 import shutil
+import socket
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +23,7 @@ from typing import Literal
 from pydantic import SecretStr
 from rich.console import Console
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn
+from rich.text import Text
 
 from amc.v1 import (
     decision_log_service_pb2,
@@ -30,16 +33,20 @@ from amc.v1 import (
 )
 from cloud.pki import ensure_embedded_pki
 from cloud.server import CloudServer, build_server
-from cloud.settings import CloudSettings
-from console import formatting
+from cloud.settings import DEFAULT_CLOUD_ADDRESS, DEFAULT_METRICS_ADDRESS, CloudSettings
+from console import context, formatting
+from console.cli_errors import UserError
 from console.client import OperatorClient, secure_channel
 from console.gateway.app import build_server as build_console_server
 from console.settings import ConsoleSettings
+from host import metrics as host_metrics
 from host.console import HostConsoleSettings
 from host.devices.virtual.adb_server import VirtualAdbServer
 from host.devices.virtual.phone import VirtualPhone
 from host.runner import run_host
-from host.settings import HostSettings
+from host.settings import DEFAULT_HOST_METRICS_ADDRESS, HostSettings
+from telemetry import logs, metrics_http, tracing
+from telemetry.metrics_http import MetricsServer
 
 HOST_ID = "embedded-host"
 OPERATOR = "admin"
@@ -57,6 +64,10 @@ class EmbeddedStack:
     operator: OperatorClient
     host_stop: asyncio.Event
     host_task: asyncio.Task[None]
+    #: The cloud's and the host's /metrics endpoints, when asked for (both parts run in this
+    #: process, each with its own registry on its own address, as separate processes would).
+    cloud_metrics: MetricsServer | None = None
+    host_metrics: MetricsServer | None = None
 
     @property
     def cloud_address(self) -> str:
@@ -72,20 +83,30 @@ async def embedded_stack(
     max_steps: int = 30,
     host_console: HostConsoleSettings | None = None,
     listen_address: str = "127.0.0.1:0",
+    metrics: tuple[str, str] | None = None,
 ) -> AsyncIterator[EmbeddedStack]:
     """Start every part, yield, then stop them in reverse order (the cloud on a free port
-    unless `listen_address` says where)."""
+    unless `listen_address` says where). `metrics`: the cloud's and the host's /metrics
+    addresses (none are served by default: the embedded stack keeps to its gRPC port)."""
     pki_dir = await asyncio.to_thread(ensure_embedded_pki, data_dir, [HOST_ID], operator=OPERATOR)
-    adb = VirtualAdbServer(VirtualPhone(f"virtual-{i + 1}") for i in range(phones))
-    adb_port = await adb.start()
+    # The cloud first: a setting it refuses (a taken port, session mode on the offline
+    # planner) stops the stack before anything else started.
     cloud = await build_server(
         CloudSettings(
             database_url=f"sqlite+aiosqlite:///{data_dir / 'cloud.sqlite3'}",
             listen_address=listen_address,
             pki_dir=pki_dir,
+            secrets_key_file=await asyncio.to_thread(_secrets_key_file, data_dir),
+            artifact_dir=data_dir / "cloud-artifacts",
         )
     )
     await cloud.start()
+    adb = VirtualAdbServer(VirtualPhone(f"virtual-{i + 1}") for i in range(phones))
+    try:
+        adb_port = await adb.start()
+    except BaseException:
+        await cloud.stop(grace=0)
+        raise
     host_settings = HostSettings(
         data_dir=data_dir / "host",
         device_source="adb",
@@ -114,9 +135,14 @@ async def embedded_stack(
         )
     )
     stack = EmbeddedStack(data_dir, pki_dir, cloud, adb, operator, host_stop, host_task)
+    if metrics is not None:
+        stack.cloud_metrics = cloud.serve_metrics(metrics[0])
+        stack.host_metrics = metrics_http.serve(metrics[1], host_metrics.REGISTRY)
     try:
         yield stack
     finally:
+        if stack.host_metrics is not None:
+            await asyncio.to_thread(stack.host_metrics.stop)
         host_stop.set()
         with contextlib.suppress(Exception):
             await asyncio.wait_for(host_task, 15)
@@ -150,10 +176,14 @@ async def follow_tasks(
             key_full = (*key[:3], task.progress.summary)
             if seen.get(task.task_id) != key_full:
                 seen[task.task_id] = key_full
-                badge = formatting.progress_badge(task.progress)
+                badge = formatting.progress_badge(task.progress, task.status)
                 out.print(
-                    f"[dim]{task.task_id[:8]}[/dim] {formatting.styled_status(task.status)}"
-                    f" attempt {task.attempt}/{task.max_attempts}  {formatting.literal(badge)}"
+                    Text.assemble(
+                        Text(task.task_id, style="dim"),
+                        " ",
+                        formatting.styled_status(task.status),
+                        f" attempt {task.attempt}/{task.max_attempts}  {badge}",
+                    )
                 )
             bars.update(
                 ids[task.task_id],
@@ -172,14 +202,17 @@ async def _print_decisions(client: OperatorClient, task_id: str, out: Console) -
     response = await client.decisions.ListDecisions(
         decision_log_service_pb2.ListDecisionsRequest(task_id=task_id, page_size=500)
     )
-    lit = formatting.literal
     for d in response.decisions:
         out.print(
-            f"  [bold]step {d.step_index}[/bold] {lit(d.tool_name)} {lit(d.arguments_json)}\n"
-            f"    rationale: {lit(d.rationale or '-')}\n"
-            f"    purpose:   {lit(d.purpose or '-')}\n"
-            f"    expected:  {lit(d.expected_outcome or '-')}\n"
-            f"    thinking:  {lit(formatting.thinking_kind(d))}"
+            Text.assemble(
+                Text(f"  step {d.step_index}", style="bold"), f" {d.tool_name} {d.arguments_json}"
+            )
+        )
+        out.print(
+            f"    rationale: {d.rationale or '-'}\n"
+            f"    purpose:   {d.purpose or '-'}\n"
+            f"    expected:  {d.expected_outcome or '-'}\n"
+            f"    thinking:  {formatting.thinking_kind(d)}"
         )
 
 
@@ -194,8 +227,15 @@ async def run_demo(
     """Run the goals on a fresh embedded stack; True when every task succeeded."""
     out = out or Console()
     logging.basicConfig(level=logging.WARNING)
+    tracing.configure("amc")
     # Each demo starts from an empty database and timeline; the certificates are kept.
-    for stale in ("cloud.sqlite3", "cloud.sqlite3-wal", "cloud.sqlite3-shm", "host"):
+    for stale in (
+        "cloud.sqlite3",
+        "cloud.sqlite3-wal",
+        "cloud.sqlite3-shm",
+        "cloud-artifacts",
+        "host",
+    ):
         path = data_dir / stale
         if path.is_dir():
             shutil.rmtree(path)
@@ -222,11 +262,24 @@ async def run_demo(
             task = final[task_id]
             succeeded = task.status == types_pb2.TASK_STATUS_SUCCEEDED
             ok = ok and succeeded
-            out.rule(f"{task.goal}: {formatting.styled_status(task.status)}")
+            out.rule(f"{task.goal}: {formatting.status_name(task.status)}")
             if transport == "cloud":
                 await _print_decisions(stack.operator, task_id, out)
             out.print(f"result: {task.result_summary or '-'}")
         return ok
+
+
+def _secrets_key_file(data_dir: Path) -> Path:
+    """The embedded cloud's key for tasks' secret parameters: made once, kept (0600) so a
+    restarted stack can still open the secrets of tasks it has not run yet."""
+    from cloud.secret_box import new_key
+
+    path = data_dir / "secrets.key"
+    if not path.exists():
+        data_dir.mkdir(parents=True, exist_ok=True)
+        with os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as f:
+            f.write(new_key())
+    return path
 
 
 def _console_password(data_dir: Path) -> str:
@@ -238,6 +291,39 @@ def _console_password(data_dir: Path) -> str:
     return path.read_text().strip()
 
 
+def _cannot_listen(port: int) -> str | None:
+    """Why 127.0.0.1:`port` cannot be listened on (None: it can), checked by binding it."""
+    try:
+        with socket.create_server(("127.0.0.1", port)):
+            return None
+    except OSError as exc:
+        return exc.strerror or str(exc)
+
+
+def _listen_address(requested: str | None) -> tuple[str, str]:
+    """(address for the cloud, a note): the requested one as is, else the default port while
+    it is free, else any free port (the context file says which)."""
+    if requested is not None:
+        return requested, ""
+    host, port = DEFAULT_CLOUD_ADDRESS.rsplit(":", 1)
+    taken = _cannot_listen(int(port))
+    if taken is None:
+        return DEFAULT_CLOUD_ADDRESS, ""
+    return f"{host}:0", f" ({DEFAULT_CLOUD_ADDRESS} is taken: {taken})"
+
+
+def _check_port(port: int, what: str, option: str) -> None:
+    """A console port that is taken is one line, said before anything starts."""
+    if port == 0:
+        return
+    taken = _cannot_listen(port)
+    if taken is not None:
+        raise UserError(
+            f"{what} cannot listen on 127.0.0.1:{port} ({taken})",
+            f"pick another port with {option} PORT, or stop what uses it",
+        )
+
+
 async def run_up(
     data_dir: Path,
     *,
@@ -245,45 +331,84 @@ async def run_up(
     console_port: int = 8080,
     host_console_port: int = 8765,
     transport: Transport = "cloud",
-    listen_address: str = "127.0.0.1:0",
+    listen_address: str | None = None,
     out: Console | None = None,
+    metrics: bool = False,
 ) -> None:
-    """Keep the embedded stack and both consoles running until Ctrl-C; print where they are."""
+    """Keep the embedded stack and both consoles running until Ctrl-C; print where they are
+    (with `metrics`, the cloud's and the host's /metrics on their default loopback ports),
+    and leave a context file (`console.context`) so `amc task …` elsewhere finds it.
+
+    The cloud listens on `listen_address`, or by default on 127.0.0.1:50051 (any free port
+    when that one is taken). A console port that is taken is refused before anything starts.
+    """
     out = out or Console()
+    logs.configure()
+    traced = tracing.configure("amc")
+    _check_port(console_port, "the operators' console", "--console-port")
+    _check_port(host_console_port, "the host console", "--host-console-port")
+    address, note = _listen_address(listen_address)
+    sock = socket.create_server(("127.0.0.1", console_port))
     host_console = HostConsoleSettings(bind_port=host_console_port)
-    async with embedded_stack(
-        data_dir,
-        phones=phones,
-        transport=transport,
-        host_console=host_console,
-        listen_address=listen_address,
-    ) as stack:
-        password = await asyncio.to_thread(_console_password, data_dir)
-        gateway = build_console_server(
-            ConsoleSettings(
-                cloud_address=stack.cloud_address,
-                certs_dir=stack.pki_dir,
-                operator_name=OPERATOR,
-                tls_server_name="localhost",
-                admin_password=SecretStr(password),
-                bind_port=console_port,
+    addresses = (DEFAULT_METRICS_ADDRESS, DEFAULT_HOST_METRICS_ADDRESS) if metrics else None
+    try:
+        async with embedded_stack(
+            data_dir,
+            phones=phones,
+            transport=transport,
+            host_console=host_console,
+            listen_address=address,
+            metrics=addresses,
+        ) as stack:
+            password = await asyncio.to_thread(_console_password, data_dir)
+            gateway = build_console_server(
+                ConsoleSettings(
+                    cloud_address=stack.cloud_address,
+                    certs_dir=stack.pki_dir,
+                    operator_name=OPERATOR,
+                    tls_server_name="localhost",
+                    admin_password=SecretStr(password),
+                    bind_port=sock.getsockname()[1],
+                ),
+                log_level="warning",
             )
-        )
-        gateway.config.log_level = "warning"
-        serving = asyncio.create_task(gateway.serve(), name="console")
-        out.print(
-            f"console:  http://127.0.0.1:{console_port}/  (user admin, password in "
-            f"{data_dir / 'console-password'})"
-        )
-        out.print(f"cloud:    {stack.cloud_address} (mTLS; certificates in {stack.pki_dir})")
-        phones_list = ", ".join(stack.adb.phones)
-        out.print(f"phones:   {phones_list} (adb server 127.0.0.1:{stack.adb.port})")
-        out.print(
-            f"operator: amc --cloud {stack.cloud_address} --pki-dir {stack.pki_dir} task list"
-        )
-        try:
-            await asyncio.wait({serving, stack.host_task}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            gateway.should_exit = True
-            with contextlib.suppress(Exception):
-                await serving
+            serving = asyncio.create_task(gateway.serve(sockets=[sock]), name="console")
+            console_url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+            written = context.write(
+                context.Context(
+                    cloud=stack.cloud_address,
+                    pki_dir=str(stack.pki_dir.resolve()),
+                    operator=OPERATOR,
+                    console_url=console_url,
+                    host_data_dir=str((data_dir / "host").resolve()),
+                    pid=os.getpid(),
+                )
+            )
+            out.print(
+                f"console:  {console_url}/  (user admin, password in "
+                f"{data_dir / 'console-password'})"
+            )
+            out.print(
+                f"cloud:    {stack.cloud_address}{note} (mTLS; certificates in {stack.pki_dir})"
+            )
+            phones_list = ", ".join(stack.adb.phones)
+            out.print(f"phones:   {phones_list} (adb server 127.0.0.1:{stack.adb.port})")
+            out.print(
+                f"operator: amc task list   (any shell finds this stack through {written}; "
+                "a new host console login: amc host token)"
+            )
+            for part, served in (("cloud", stack.cloud_metrics), ("host", stack.host_metrics)):
+                if served is not None:
+                    out.print(f"metrics:  {part} {served.url}")
+            out.print(f"tracing:  {traced}")
+            try:
+                await asyncio.wait({serving, stack.host_task}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                context.remove(os.getpid())
+                gateway.should_exit = True
+                with contextlib.suppress(Exception):
+                    await serving
+            if stack.host_task.done() and not stack.host_task.cancelled():
+                stack.host_task.result()  # the host stopped on its own: say why
+    finally:
+        sock.close()

@@ -16,8 +16,9 @@ from export.merge import merge
 from export.run import Run
 
 
-class CloudReader(Protocol):
-    """What an export reads from the cloud (`console.gateway.cloud.CloudClient` has it)."""
+class CloudReader(ScreenshotSource, Protocol):
+    """What an export reads from the cloud (`console.gateway.cloud.CloudClient` has it): the
+    task, its decisions, and its steps' screenshots from the cloud's artifact store."""
 
     async def get_task(self, task_id: str) -> types_pb2.Task: ...
 
@@ -54,7 +55,7 @@ async def export_task(
             hosts.append(read_bundle(path))
         except ValueError as exc:
             raise ExportError(f"{path}: {exc}") from None
-    run = await cloud_run(cloud, task_id)
+    run = await cloud_run(cloud, task_id, cloud)
     if hosts:
         try:
             run = merge(run, *hosts)

@@ -1,23 +1,27 @@
 """How tasks, progress and decisions read in a terminal (rich), shared by every `amc` command.
 
-Rich reads `[...]` in a printed string as markup, and text from a model or an operator (a
-rationale, a goal, a progress summary) can hold anything: "[/b]" would crash the command,
-"[e12]" would vanish. Such text goes through `literal()` (or into a `Text` cell) before it is
-printed; only this module's own styles are markup.
+Styles are `rich.text.Text` spans built here; text from a model or an operator is never read
+as markup (`console.cli_output` turns markup off), so it prints exactly as written.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from datetime import UTC, datetime
+from typing import Any
 
 from google.protobuf.timestamp_pb2 import Timestamp
-from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
 from amc.v1 import types_pb2
+from console import wording
+from planner.budget import dollars
 from planner.convert import retry_kind_from_proto, thinking_kind_from_proto
 from planner.decision import OMITTED_BLOCK, RETRY_WORDS, THINKING_WORDS, thinking_word
+from planner.targets import semantics
+from planner.verify import WORDS as VERDICT_WORDS
+from planner.verify import verdict_from_proto
 
 STATUS_STYLE = {
     types_pb2.TASK_STATUS_QUEUED: "yellow",
@@ -34,11 +38,6 @@ TERMINAL = {
 }
 
 
-def literal(text: str) -> str:
-    """`text` escaped so it prints exactly as written inside a markup string."""
-    return escape(text)
-
-
 def status_name(status: int) -> str:
     return types_pb2.TaskStatus.Name(status).removeprefix("TASK_STATUS_").lower()  # type: ignore[arg-type]
 
@@ -47,20 +46,20 @@ def step_status_name(status: int) -> str:
     return types_pb2.StepStatus.Name(status).removeprefix("STEP_STATUS_").lower()  # type: ignore[arg-type]
 
 
-def styled_status(status: int) -> str:
-    style = STATUS_STYLE.get(status, "white")  # type: ignore[call-overload]
-    return f"[{style}]{status_name(status)}[/{style}]"
+def styled_status(status: int) -> Text:
+    return Text(status_name(status), style=STATUS_STYLE.get(status, "white"))  # type: ignore[call-overload]
 
 
-def progress_badge(progress: types_pb2.Progress) -> str:
-    """`step 4 of at most 30 · acting · tap 'Display'`, or an empty string before the first
-    step ("of at most" only when the host says its step limit)."""
-    if not progress.step_index:
-        return ""
-    at_most = f" of at most {progress.max_steps}" if progress.max_steps else ""
-    return (
-        f"step {progress.step_index}{at_most} · {step_status_name(progress.step_status)} · "
-        f"{progress.summary}"
+def progress_badge(progress: types_pb2.Progress, status: int) -> str:
+    """What the last step did: `step 4 of at most 30 · acting · tap 'Display'`, `last step 6 ·
+    action done · give up: …` once the task (in `status`) ended; empty before the first step.
+    Never the task's status (`console.wording.step_line`)."""
+    return wording.step_line(
+        progress.step_index,
+        step_status_name(progress.step_status),
+        progress.summary,
+        progress.max_steps,
+        terminal=status in TERMINAL,
     )
 
 
@@ -75,21 +74,34 @@ def ago(ts: Timestamp) -> str:
     return f"{seconds // 3600}h ago"
 
 
-def task_table(tasks: list[types_pb2.Task]) -> Table:
-    table = Table(show_lines=False)
-    for column in ("task", "status", "attempt", "host / phone", "progress", "updated", "goal"):
-        table.add_column(column)
-    for task in tasks:
-        table.add_row(
-            Text(task.task_id),
-            styled_status(task.status),
-            f"{task.attempt} of {task.max_attempts}",
-            Text(f"{task.host_id or '-'} / {task.device_serial or '-'}"),
-            Text(progress_badge(task.progress)),
-            ago(task.updated_at),
-            Text(task.goal),
-        )
-    return table
+def totals_line(totals: types_pb2.TaskTotals) -> str:
+    """`4 steps · 12.3k tokens · $0.0412 · 1m 05s` (tokens and cost only where decisions were
+    logged; cost only where the models have a price)."""
+    parts = [f"{totals.steps} step{'' if totals.steps == 1 else 's'}"]
+    if totals.decisions:
+        parts.append(f"{wording.tokens(billed_tokens(totals.usage))} tokens")
+        if totals.usage.cost_usd:
+            parts.append(dollars(totals.usage.cost_usd))
+    parts.append(wording.duration(totals.wall_time.ToTimedelta().total_seconds()))
+    return " · ".join(parts)
+
+
+def task_lines(task: types_pb2.Task) -> list[Text]:
+    """One task as a short block: the full id first (never cut, so it can be copied), status,
+    attempt, where, when; then the goal; then the last step and the totals."""
+    where = f"{task.host_id or '-'} / {task.device_serial or '-'}"
+    updated = ago(task.updated_at)
+    head = Text.assemble(
+        Text(task.task_id, style="bold"),
+        "  ",
+        styled_status(task.status),
+        f"  attempt {task.attempt} of {task.max_attempts}  {where}",
+        f"  updated {updated}" if updated else "",
+    )
+    lines = [head, Text(f"  {task.goal}")]
+    step = progress_badge(task.progress, task.status)
+    lines.append(Text(f"  {step + ' · ' if step else ''}{totals_line(task.totals)}", style="dim"))
+    return lines
 
 
 def thinking_kind(decision: types_pb2.Decision) -> str:
@@ -107,7 +119,7 @@ def retry_word(decision: types_pb2.Decision) -> str:
 
 
 def thinking_text(decision: types_pb2.Decision) -> str:
-    """The thinking blocks as plain text (not markup): redacted and omitted blocks say so."""
+    """The thinking blocks as plain text: redacted and omitted blocks say so."""
     parts = [
         "(redacted: the provider returned this block encrypted)"
         if b.redacted
@@ -115,3 +127,125 @@ def thinking_text(decision: types_pb2.Decision) -> str:
         for b in decision.thinking
     ]
     return "\n".join(p for p in parts if p)
+
+
+_VERDICT_STYLE = {"met": "green", "not_met": "red", "unknown": "yellow"}
+FLOW_STATUS_WORDS = {
+    types_pb2.FLOW_STATUS_ACTIVE: "active",
+    types_pb2.FLOW_STATUS_DISABLED: "disabled",
+    types_pb2.FLOW_STATUS_RETIRED: "retired",
+}
+
+
+def verdict_words(verification: types_pb2.StepVerification) -> Text:
+    """One line for a step's verification: the checker's verdict and evidence, the model's
+    judgement, and a disagreement (styled spans; evidence and notes as written)."""
+    checker = verdict_from_proto(verification.verdict)
+    model = verdict_from_proto(verification.model.verdict)
+    line = Text()
+    if checker is not None:
+        who = "cloud check" if verification.checked_by_cloud else "checker"
+        line.append(VERDICT_WORDS[checker], style=_VERDICT_STYLE[checker])
+        line.append(f" ({who}: {verification.evidence})")
+    if model is not None:
+        if line:
+            line.append(" · ")
+        note = f": {verification.model.note}" if verification.model.note else ""
+        line.append(f"model says {VERDICT_WORDS[model]}{note}")
+    if verification.disagree:
+        if line:
+            line.append(" · ")
+        line.append("checker and model disagree", style="bold red")
+    return line or Text("not checked")
+
+
+def verdict_counts(decisions: list[types_pb2.Decision]) -> dict[str, int]:
+    """How many steps the checker found met, not met, unknown (and how many were not checked)."""
+    counts = {"met": 0, "not_met": 0, "unknown": 0, "unchecked": 0}
+    for d in decisions:
+        if d.tool_name in ("complete", "get_ui_tree"):
+            continue
+        name = verdict_from_proto(d.verification.verdict)
+        counts[name or "unchecked"] += 1
+    return counts
+
+
+def flow_table(flows: list[types_pb2.Flow]) -> Table:
+    """Flows as `amc flows list` prints them."""
+    table = Table(show_lines=False)
+    for column in ("flow", "status", "goal", "steps", "uses", "replayed", "diverged", "updated"):
+        table.add_column(column)
+    for f in flows:
+        table.add_row(
+            f.flow_id,
+            FLOW_STATUS_WORDS.get(f.status, "?"),
+            Text(f.goal_template),
+            str(len(f.steps)),
+            str(f.uses),
+            str(f.replays_completed),
+            str(f.divergences),
+            ago(f.updated_at),
+        )
+    return table
+
+
+def target_words(target: types_pb2.ElementTarget) -> str:
+    """A semantic target as words ("'Display' title TextView")."""
+    return semantics(target)
+
+
+def billed_tokens(usage: types_pb2.Usage) -> int:
+    """Input, output, cache reads and writes: what a token budget counts."""
+    return (
+        usage.input_tokens
+        + usage.output_tokens
+        + usage.cache_read_input_tokens
+        + usage.cache_creation_input_tokens
+    )
+
+
+def usage_words(usage: types_pb2.Usage) -> str:
+    """`1,234 tokens · $0.0123`."""
+    return f"{billed_tokens(usage):,} tokens · {dollars(usage.cost_usd)}"
+
+
+def total_usage(decisions: Iterable[types_pb2.Decision]) -> types_pb2.Usage:
+    """The decisions' usage summed."""
+    total = types_pb2.Usage()
+    for d in decisions:
+        u = d.usage
+        total.input_tokens += u.input_tokens
+        total.output_tokens += u.output_tokens
+        total.cache_read_input_tokens += u.cache_read_input_tokens
+        total.cache_creation_input_tokens += u.cache_creation_input_tokens
+        total.thinking_tokens += u.thinking_tokens
+        total.cost_usd += u.cost_usd
+    return total
+
+
+def spending(usage: types_pb2.Usage, budget: types_pb2.TaskBudget, whose: str = "task") -> str:
+    """What was spent, against the caps when there are any."""
+    caps = []
+    if budget.max_tokens:
+        caps.append(f"{billed_tokens(usage):,} of {budget.max_tokens:,} tokens")
+    if budget.max_cost_usd:
+        caps.append(f"{dollars(usage.cost_usd)} of {dollars(budget.max_cost_usd)}")
+    against = f" ({whose} budget: {'; '.join(caps)})" if caps else f" (no {whose} budget)"
+    return usage_words(usage) + against
+
+
+def spend_table(rows: list[Any]) -> Table:
+    """GetSpend rows: day, host, provider/model, decisions, tokens, cost."""
+    table = Table(show_lines=False)
+    for column in ("day", "host", "model", "decisions", "tokens", "cost"):
+        table.add_column(column)
+    for r in rows:
+        table.add_row(
+            r.day,
+            Text(r.host_id),
+            Text(f"{r.provider}/{r.model}"),
+            f"{r.decisions:,}",
+            f"{billed_tokens(r.usage):,}",
+            dollars(r.usage.cost_usd),
+        )
+    return table

@@ -1,10 +1,11 @@
 """The cloud's side of a run: the task and its decision log, as an operator reads them.
 
-The cloud keeps every host's decisions with the screen each was made on (elements, size), but no
-screenshots. Screenshots come from a
-`ScreenshotSource`: none today (`NO_SCREENSHOTS`); once the cloud keeps step screenshots in an
-artifact store, a source that reads them is all the cloud export needs to include them. Until
-then a host's export merged in (`export/merge.py`) supplies them.
+The cloud keeps every host's decisions with the screen each was made on (elements, size), those
+of the direct transport shipped from the hosts' outboxes included, and each step's screenshots
+in its artifact store. Screenshots come from a `ScreenshotSource` (the consoles pass their
+cloud client, which reads ArtifactService; `NO_SCREENSHOTS` when there is none); a step whose
+screenshots have not arrived exports without them, and a host's export merged in
+(`export/merge.py`) supplies them.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ from export.run import Outcome, Run, Step
 from planner.convert import thinking_kind_from_proto
 from planner.decision import ThinkingBlock, Usage
 from planner.observation import scene_from_observation
+from planner.verify import WORDS as VERDICT_WORDS
+from planner.verify import verdict_from_proto
 
 Which = Literal["before", "after"]
 
@@ -104,10 +107,20 @@ def step_from_decision(d: types_pb2.Decision, attempt: types_pb2.Attempt | None)
             u.cache_read_input_tokens,
             u.cache_creation_input_tokens,
             u.thinking_tokens,
+            u.cost_usd,
         ),
+        cost_usd=u.cost_usd,
         latency_s=d.latency.ToNanoseconds() / 1e9 if d.HasField("latency") else None,
         outcome=outcome,
+        verdict=_verdict(d),
+        verdict_detail=d.verification.evidence,
     )
+
+
+def _verdict(d: types_pb2.Decision) -> str | None:
+    """The checker's verdict as a word ("met", "not met", "unknown"), None when unchecked."""
+    name = verdict_from_proto(d.verification.verdict)
+    return VERDICT_WORDS[name] if name is not None else None
 
 
 async def run_from_cloud(
@@ -142,7 +155,8 @@ async def run_from_cloud(
     missing = [n for n in direct if n not in logged]
     if missing:
         run.notes.append(
-            f"attempt {', '.join(map(str, missing))} ran on the direct transport: its decisions "
-            "stayed on the host; merge that host's export to include them"
+            f"attempt {', '.join(map(str, missing))} ran on the direct transport and none of its "
+            "decisions has reached the cloud yet (its host ships them from its outbox); merge "
+            "that host's export to include them"
         )
     return run

@@ -8,6 +8,7 @@ cloud must allow: `grpc.http2.min_ping_interval_without_data_ms` <= 10000 and
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 import grpc
@@ -56,8 +57,14 @@ def credentials(settings: HostSettings) -> grpc.ChannelCredentials:
     )
 
 
-def open_channel(settings: HostSettings) -> grpc.aio.Channel:
-    """A new secure channel to `settings.cloud_address` (the caller closes it)."""
+def open_channel(
+    settings: HostSettings, interceptors: Sequence[grpc.aio.ClientInterceptor] | None = None
+) -> grpc.aio.Channel:
+    """A new secure channel to `settings.cloud_address` (the caller closes it); `interceptors`
+    for the planner's channel (trace propagation, `telemetry.tracing.client_interceptors`)."""
     return grpc.aio.secure_channel(
-        settings.cloud_address, credentials(settings), options=channel_options(settings)
+        settings.cloud_address,
+        credentials(settings),
+        options=channel_options(settings),
+        interceptors=interceptors,
     )

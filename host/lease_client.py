@@ -7,8 +7,12 @@ assignments, renewals, revocations, result acks. The client:
 - never touches a phone before the cloud assigned a task to it;
 - renews each lease at a third of its length and, rate-limited, whenever progress changes;
 - stops a task within one step of `Revoked`;
-- keeps each result until the cloud acknowledges it (or says the lease is gone), resending it
-  after a reconnect;
+- keeps each result until the cloud acknowledges it (or says another attempt holds the task),
+  resending it after a reconnect, after a retryable rejection and every `RESULT_RESEND_S`
+  without an answer; a result whose lease ran out meanwhile is still sent (the cloud accepts
+  it as late while no other attempt has started), so finished work is not run again;
+- starts an assignment for a phone whose previous attempt is still stopping (revoked, within
+  one step of its end) once that attempt has stopped, instead of refusing it;
 - reconnects with capped exponential backoff and full jitter, re-announcing what it holds;
 - says which run of the agent it is (`HostHello.process_id`, new for every process), so the
   cloud can release a dead predecessor's leases at once;
@@ -37,9 +41,12 @@ import grpc
 from google.protobuf import duration_pb2, timestamp_pb2
 
 from amc.v1 import lease_service_pb2, lease_service_pb2_grpc, types_pb2
+from host import metrics
 from host.agent.loop import TaskOutcome, TaskSpec
 from host.agent.progress import ProgressHolder, ProgressSnapshot, truncate
 from host.devices.registry import DeviceInfo
+from planner.budget import Budget
+from planner.convert import usage_from_proto
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +57,9 @@ ChannelFactory = Callable[[], grpc.aio.Channel]
 DEFAULT_LEASE_S = 60.0
 #: A result the cloud answered with a retryable UNAVAILABLE rejection goes again after this long.
 RESEND_AFTER_UNAVAILABLE_S = 1.0
+#: A result neither acknowledged nor refused goes again after this long (a message lost with a
+#: stream the host has not yet noticed is dead, an answer lost on the way back).
+RESULT_RESEND_S = 5.0
 
 
 class DeviceSource(Protocol):
@@ -79,6 +89,8 @@ class RunningTask:
     revoke_message: str = ""
     last_renewal_mono: float = 0.0
     outcome: TaskOutcome | None = None
+    #: The previous attempt on this phone, still stopping when this one was assigned.
+    after: asyncio.Task[TaskOutcome] | None = None
 
     @property
     def key(self) -> Key:
@@ -135,6 +147,9 @@ class LeaseClient:
         self._rng = rng or random.Random()
         self._tasks: dict[Key, RunningTask] = {}
         self._outbox: dict[Key, lease_service_pb2.LeaseRequest] = {}
+        #: Results sent once more after the cloud said their lease expired (a late result is
+        #: accepted when no other attempt started; a second "expired" means it was not).
+        self._late_tried: set[Key] = set()
         self._queue: asyncio.Queue[lease_service_pb2.LeaseRequest | None] | None = None
         self._welcomed = asyncio.Event()
         self._resend_pending = False
@@ -145,6 +160,10 @@ class LeaseClient:
         #: Why this process was superseded by a newer one of the same host (then it stops).
         self.superseded: str | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        #: The outbox backlog the hello carries (kept current by whoever reports it).
+        self.backlog: types_pb2.OutboxBacklog | None = None
+        #: Called on every Welcome (the cloud is reachable again: the outbox retries now).
+        self.on_welcome: list[Callable[[], None]] = []
         devices.add_listener(self._on_device_change)
 
     # --- what the console and tests read ---
@@ -184,6 +203,8 @@ class LeaseClient:
                 except (OSError, ConnectionError) as exc:
                     self.last_error = str(exc)
                     log.warning("lease stream lost: %s", exc)
+                if not stop.is_set():
+                    metrics.reconnects.inc()
                 self._welcomed.clear()
                 if stop.is_set():
                     break
@@ -269,13 +290,22 @@ class LeaseClient:
             for rt in self._tasks.values()
             if rt.task is not None and not rt.task.done() and rt.revoked is None
         ]
-        return lease_service_pb2.HostHello(
+        hello = lease_service_pb2.HostHello(
             devices=[d.to_proto() for d in self._devices.devices()][:256],
             agent_version=self.config.agent_version,
             planner_transport=self.config.planner_transport,
             held_assignments=held,
             process_id=self.process_id,
         )
+        if self.backlog is not None:
+            hello.outbox.CopyFrom(self.backlog)
+        return hello
+
+    def report_outbox(self, backlog: types_pb2.OutboxBacklog) -> None:
+        """Tell the cloud the outbox backlog now (dropped while disconnected: the next hello
+        carries the latest)."""
+        self.backlog = backlog
+        self._send(lease_service_pb2.LeaseRequest(outbox=backlog))
 
     def _on_device_change(self, info: DeviceInfo, kind: str) -> None:
         """Registry listener (any thread): send the whole phone list."""
@@ -308,13 +338,19 @@ class LeaseClient:
         elif kind == "renewed":
             r = response.renewed
             rt = self._tasks.get((r.task_id, r.attempt))
+            metrics.renewals.labels(outcome="acked").inc()
             if rt is not None and rt.spec.lease_id == r.lease_id:
                 rt.expires_mono = _mono_expiry(r.lease_expires_at, rt.lease_s)
         elif kind == "revoked":
+            metrics.renewals.labels(outcome="revoked").inc()
             self._on_revoked(response.revoked)
         elif kind == "result_ack":
             a = response.result_ack
+            if a.late:
+                log.info("result of %s/%d accepted late (its lease had run out)",
+                         a.task_id, a.attempt)  # fmt: skip
             self._outbox.pop((a.task_id, a.attempt), None)
+            self._late_tried.discard((a.task_id, a.attempt))
             self._forget_if_done((a.task_id, a.attempt))
         elif kind == "superseded":
             self.superseded = response.superseded.message or "superseded by a newer process"
@@ -330,6 +366,7 @@ class LeaseClient:
             if rj.task_id:
                 for key in [k for k in self._outbox if k[0] == rj.task_id]:
                     self._outbox.pop(key, None)
+                    self._forget_if_done(key)
 
     def _schedule_resend(self) -> None:
         """Send every unacknowledged result again in `RESEND_AFTER_UNAVAILABLE_S` (once)."""
@@ -353,6 +390,8 @@ class LeaseClient:
             self._send(request)
         for rt in self._tasks.values():
             rt.changed.set()  # renew promptly on the new stream
+        for listener in self.on_welcome:
+            listener()
 
     def _on_assignment(self, a: lease_service_pb2.Assignment) -> None:
         key = (a.task_id, a.attempt)
@@ -366,11 +405,27 @@ class LeaseClient:
             existing.changed.set()
             return
         deadline = a.deadline.ToDatetime(tzinfo=UTC) if a.HasField("deadline") else None
-        spec = TaskSpec(a.task_id, a.attempt, a.goal, a.device_serial, a.lease_id, deadline)
+        flows = tuple([a.flow] if a.HasField("flow") else []) + tuple(a.alternatives)
+        spec = TaskSpec(
+            a.task_id,
+            a.attempt,
+            a.goal,
+            a.device_serial,
+            a.lease_id,
+            deadline,
+            secrets=dict(a.secrets),
+            flows=flows,
+            budget=Budget(a.budget.max_tokens, a.budget.max_cost_usd),
+            spent=usage_from_proto(a.spent),
+        )
         problem = self._cannot_run(a.device_serial)
         if problem:
+            # Not the task's fault: the cloud queues its next attempt (the phone's state was
+            # news to it, e.g. right after a reconnect).
             log.warning("assignment %s on %s refused: %s", a.task_id, a.device_serial, problem)
-            self._queue_result(spec, types_pb2.TASK_STATUS_FAILED, problem, ProgressSnapshot())
+            self._queue_result(
+                spec, types_pb2.TASK_STATUS_FAILED, problem, ProgressSnapshot(), retryable=True
+            )
             return
         rt = RunningTask(
             spec=spec,
@@ -379,6 +434,7 @@ class LeaseClient:
             lease_s=lease_s,
             expires_mono=_mono_expiry(a.lease_expires_at, lease_s),
             renew_s=_duration_s(a.renew_interval, lease_s / 3),
+            after=self._stopping_on(a.device_serial),
         )
         loop = asyncio.get_running_loop()
 
@@ -398,10 +454,27 @@ class LeaseClient:
         if not info.online:
             return f"phone {serial} is offline"
         busy = any(
-            rt.spec.device_serial == serial and rt.task is not None and not rt.task.done()
+            rt.spec.device_serial == serial
+            and rt.task is not None
+            and not rt.task.done()
+            and not rt.cancel.is_set()
             for rt in self._tasks.values()
         )
         return f"phone {serial} is busy with another task" if busy else ""
+
+    def _stopping_on(self, serial: str) -> asyncio.Task[TaskOutcome] | None:
+        """The attempt still stopping on this phone (told to stop, not yet stopped), if any."""
+        return next(
+            (
+                rt.task
+                for rt in self._tasks.values()
+                if rt.spec.device_serial == serial
+                and rt.task is not None
+                and not rt.task.done()
+                and rt.cancel.is_set()
+            ),
+            None,
+        )
 
     def _on_revoked(self, r: lease_service_pb2.Revoked) -> None:
         key = (r.task_id, r.attempt)
@@ -411,8 +484,21 @@ class LeaseClient:
             rt.revoke_reason = lease_service_pb2.RevokeReason.Name(r.reason)
             rt.revoke_message = r.message
             rt.cancel.set()
-        # The lease is gone: a result for it will never be accepted.
+        pending = self._outbox.get(key)
+        if (
+            pending is not None
+            and r.reason == lease_service_pb2.REVOKE_REASON_EXPIRED
+            and pending.result.status != types_pb2.TASK_STATUS_CANCELLED
+            and key not in self._late_tried
+        ):
+            # The lease ran out while the result waited (the cloud or its database was away):
+            # the cloud still takes it as late unless another attempt has started. Once.
+            self._late_tried.add(key)
+            self._send(pending)
+            return
+        # The lease is gone and the result, if any, will not be accepted.
         self._outbox.pop(key, None)
+        self._late_tried.discard(key)
         self._forget_if_done(key)
 
     def _forget_if_done(self, key: Key) -> None:
@@ -426,6 +512,9 @@ class LeaseClient:
 
     # --- per task ---
     async def _execute(self, rt: RunningTask) -> TaskOutcome:
+        if rt.after is not None:  # the phone's previous attempt stops within one step
+            await asyncio.wait([rt.after])
+            rt.after = None
         try:
             outcome = await self._run_task(rt.spec, rt.progress, rt.cancel)
         except asyncio.CancelledError:
@@ -434,7 +523,11 @@ class LeaseClient:
             log.exception("task %s crashed", rt.spec.task_id)
             outcome = TaskOutcome("failed", truncate(f"host error: {exc}", 2000), 0)
         rt.outcome = outcome
-        if rt.revoked is not None:
+        if outcome.lease_lost and rt.revoked is None:
+            # The cloud said the lease is not live: it ended (or will end) this attempt itself;
+            # a result would only be refused. Its Revoked, if one comes, finds nothing to do.
+            log.info("task %s/%d stopped: its lease is no longer live", *rt.key)
+        elif rt.revoked is not None:
             # The cloud already took the lease back; it may still like a CANCELLED ack.
             if rt.revoke_reason == "REVOKE_REASON_CANCELLED":
                 # The operator's reason (the cloud records it whatever we send; say the same).
@@ -451,6 +544,7 @@ class LeaseClient:
                 outcome.summary,
                 rt.progress.snapshot(),
                 retryable=outcome.retryable,
+                replay=outcome.replay,
             )
         self._forget_if_done(rt.key)
         return outcome
@@ -463,6 +557,7 @@ class LeaseClient:
         progress: ProgressSnapshot,
         *,
         retryable: bool = False,
+        replay: types_pb2.FlowReplayReport | None = None,
     ) -> None:
         result = lease_service_pb2.TaskResult(
             task_id=spec.task_id,
@@ -472,10 +567,23 @@ class LeaseClient:
             summary=truncate(summary, 2000),
             final_progress=progress.to_proto(),
             retryable=retryable,
+            replay=replay,
         )
         request = lease_service_pb2.LeaseRequest(result=result)
-        self._outbox[(spec.task_id, spec.attempt)] = request
+        key = (spec.task_id, spec.attempt)
+        self._outbox[key] = request
         self._send(request)
+        if self._loop is not None:
+            self._loop.call_later(RESULT_RESEND_S, self._resend_unanswered, key, request)
+
+    def _resend_unanswered(self, key: Key, request: lease_service_pb2.LeaseRequest) -> None:
+        """Send a result again while it is neither acknowledged nor refused (every
+        `RESULT_RESEND_S`, until the outbox no longer holds it)."""
+        if self._outbox.get(key) is not request:
+            return
+        self._send(request)
+        assert self._loop is not None
+        self._loop.call_later(RESULT_RESEND_S, self._resend_unanswered, key, request)
 
     @staticmethod
     def _interval(rt: RunningTask) -> float:
@@ -505,6 +613,7 @@ class LeaseClient:
             if rt.revoked is not None:
                 next_due = now + 0.5  # stopping; the cloud no longer holds this lease
             elif self._send(self._renewal(rt)):
+                metrics.renewals.labels(outcome="sent").inc()
                 rt.last_renewal_mono = now
                 next_due = now + self._interval(rt)
             else:

@@ -10,20 +10,26 @@ history it keeps the way the cloud's decision log does. So both build byte-ident
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 import grpc
 
 from amc.v1 import planner_service_pb2, planner_service_pb2_grpc, types_pb2
+from host import metrics
+from planner import budget
+from planner.budget import Budget
 from planner.convert import decision_from_proto
-from planner.decision import Decision
-from planner.history import WorldEvent
+from planner.decision import Decision, Usage
+from planner.errors import WAITING_FOR_KEY, BudgetExhausted
+from planner.history import MASK, WorldEvent
 from planner.observation import clip, observation_from_scene
 from planner.plan_step import plan_step
 from planner.planner import Planner
 from planner.scene import Scene
 from planner.steps import MAX_DRIVER_OUTPUT_BYTES, MAX_OUTCOME_ERROR_BYTES, PastStep, with_outcome
+from planner.verify import MAX_EVIDENCE_BYTES, verdict_to_proto
 
 if TYPE_CHECKING:
     from planner.session.planner import SessionPlanner
@@ -41,12 +47,24 @@ class StepPlanner(Protocol):
     ) -> Decision: ...
 
 
-class CloudPlanError(RuntimeError):
-    """The cloud refused or failed a Decide call. `lease_lost` when the lease is not live."""
+#: What a replayed decision whose sensitive text was not kept says instead of running.
+WITHHELD = (
+    "not typed: the answer to this step was lost and repeated, and a sensitive value is never "
+    "kept, so it is masked in the repeat; plan the input again"
+)
 
-    def __init__(self, message: str, code: grpc.StatusCode | None = None) -> None:
+
+class CloudPlanError(RuntimeError):
+    """The cloud refused or failed a Decide call. `lease_lost` when the lease is not live;
+    `waiting_for` names what the cloud said is unavailable (empty when it did not say, e.g.
+    the cloud itself could not be reached)."""
+
+    def __init__(
+        self, message: str, code: grpc.StatusCode | None = None, waiting_for: str = ""
+    ) -> None:
         super().__init__(message)
         self.code = code
+        self.waiting_for = waiting_for
 
     @property
     def lease_lost(self) -> bool:
@@ -64,13 +82,17 @@ def previous_outcome(
     event = history[-1]
     if isinstance(event, WorldEvent):
         success, error, output = event.success, event.error, event.driver_output
+        verdict, evidence = event.verdict, event.evidence
     else:
         success, error, output = event.get("success"), event.get("error"), None
+        verdict, evidence = None, None
     return types_pb2.ActionOutcome(
         step_index=step_index,
         executed=bool(success),
         error=clip(str(error or ""), MAX_OUTCOME_ERROR_BYTES),
         driver_output=clip(str(output or ""), MAX_DRIVER_OUTPUT_BYTES),
+        verdict=verdict_to_proto(verdict),
+        evidence=clip(evidence or "", MAX_EVIDENCE_BYTES),
     )
 
 
@@ -79,7 +101,10 @@ class CloudPlanner:
 
     The request carries no goal, history or prompt: the cloud has them. The goal argument is
     ignored (the cloud plans towards the task's goal); of the history only the newest step is
-    read, as the outcome of the last decision.
+    read, as the outcome of the last decision, and its length numbers the step: the step key
+    (`DecideRequest.step_key`) is the 1-based step of the attempt, so asking again for the same
+    step (the agent loop's wait after a lost answer) sends the same key and gets the decision
+    the cloud already made for it, never a second one.
     """
 
     def __init__(
@@ -102,13 +127,23 @@ class CloudPlanner:
     async def _call(
         self, request: planner_service_pb2.DecideRequest
     ) -> planner_service_pb2.DecideResponse:
+        started = time.perf_counter()
         try:
             response: planner_service_pb2.DecideResponse = await self._stub.Decide(
                 request, timeout=self.timeout_s
             )
         except grpc.aio.AioRpcError as exc:
-            message = f"cloud planner: {exc.code().name}: {exc.details()}"
-            raise CloudPlanError(message, exc.code()) from exc
+            metrics.decide_seconds.labels(outcome=exc.code().name.lower()).observe(
+                time.perf_counter() - started
+            )
+            details = exc.details() or ""
+            if exc.code() == grpc.StatusCode.FAILED_PRECONDITION and details.startswith(
+                budget.PREFIX
+            ):
+                raise BudgetExhausted(details) from exc  # the task fails; never retried
+            message = f"cloud planner: {exc.code().name}: {details}"
+            raise CloudPlanError(message, exc.code(), _waiting_for(exc)) from exc
+        metrics.decide_seconds.labels(outcome="ok").observe(time.perf_counter() - started)
         return response
 
     async def decide(
@@ -123,6 +158,7 @@ class CloudPlanner:
             attempt=self.attempt,
             lease_id=self.lease_id,
             observation=observation_from_scene(scene),
+            step_key=str(len(history) + 1),
         )
         outcome = previous_outcome(self._last_step, history)
         if outcome is not None:
@@ -138,7 +174,24 @@ class CloudPlanner:
             # original): once more on the conversation as it now stands.
             response = await self._call(request)
         self._last_step = response.decision.step_index or None
-        return decision_from_proto(response.decision)
+        decision = decision_from_proto(response.decision)
+        action = decision.action
+        if (
+            response.replayed
+            and action.WhichOneof("kind") == "input_text"
+            and action.input_text.sensitive
+            and action.input_text.text == MASK
+        ):
+            decision.extra["withheld"] = WITHHELD
+        return decision
+
+
+def _waiting_for(exc: grpc.aio.AioRpcError) -> str:
+    """What the cloud named as unavailable in its trailing metadata, if it named anything."""
+    for key, value in exc.trailing_metadata() or ():
+        if key == WAITING_FOR_KEY and isinstance(value, str):
+            return value[:100]
+    return ""
 
 
 class DirectPlanner:
@@ -147,12 +200,28 @@ class DirectPlanner:
 
     `engine` is a compact `Planner` (may be shared by attempts) or this attempt's
     `SessionPlanner` (its conversation is stored, so it survives a restart; the step records
-    here are only for compact prompts and start empty after one).
+    here are only for compact prompts and start empty after one). `flows` are the learned flows
+    of the assignment: `plan_step` replays them as the cloud does on its transport.
+
+    The task's caps (`budget`, from the assignment) are checked before each call against what
+    the task spent before this attempt (`spent`, the cloud's tally) plus this attempt's own
+    decisions: once a cap is reached no further call is made (`BudgetExhausted`).
     """
 
-    def __init__(self, engine: Planner | SessionPlanner) -> None:
+    def __init__(
+        self,
+        engine: Planner | SessionPlanner,
+        flows: Sequence[types_pb2.Flow] = (),
+        budget: Budget | None = None,
+        spent: Usage | None = None,
+    ) -> None:
         self.engine = engine
+        self.flows = tuple(flows)
         self.steps: list[PastStep] = []
+        self.budget = budget or Budget()
+        self.spent = Usage()
+        if spent is not None:
+            self.spent.add(spent)
 
     async def decide(
         self,
@@ -161,6 +230,10 @@ class DirectPlanner:
         history: Sequence[WorldEvent | dict[str, Any]] = (),
         screenshot: bytes | None = None,
     ) -> Decision:
+        refusal = budget.exhausted(self.budget, self.spent) if self.budget else None
+        if refusal:
+            metrics.budget_refusals.inc()
+            raise BudgetExhausted(refusal)
         outcome = previous_outcome(self.steps[-1].step_index if self.steps else None, history)
         decision = await plan_step(
             self.engine,
@@ -169,9 +242,11 @@ class DirectPlanner:
             observation=observation_from_scene(scene),
             previous_outcome=outcome,
             screenshot=screenshot,
+            flows=self.flows,
         )
         self.steps = with_outcome(self.steps, outcome)
         self.steps.append(PastStep.from_decision(decision, len(self.steps) + 1))
+        self.spent.add(decision.usage)
         return decision
 
     async def aclose(self) -> None:

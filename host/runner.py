@@ -12,13 +12,15 @@ import asyncio
 import contextlib
 import logging
 import signal
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from datetime import UTC
 from typing import TYPE_CHECKING, Any
 
 import grpc
 
 from amc.v1 import types_pb2
+from host import metrics as host_metrics
 from host.agent.live_thinking import ClearingPlanner, LiveThinking
 from host.agent.loop import AgentLoop, LoopSettings, TaskOutcome, TaskSpec
 from host.agent.planning_wait import WaitPolicy
@@ -29,14 +31,18 @@ from host.devices.base import Driver
 from host.devices.registry import DeviceRegistry
 from host.devices.u2_driver import U2Driver
 from host.lease_client import LeaseClient, LeaseClientConfig
+from host.outbox import Backlog, OutboxSender, OutboxStore, Shipments
 from host.perception.ocr import OcrPool
 from host.perception.perceive import Perceiver
 from host.planner_client import CloudPlanner, DirectPlanner, StepPlanner
 from host.settings import HostSettings
+from host.startup import describe
 from host.timeline.store import TimelineStore
 from planner import model_profiles
 from planner.session.store import SqliteSessionStore
 from planner.settings import PlannerSettings
+from telemetry import metrics_http, tracing
+from telemetry.metrics_http import MetricsAddressError, MetricsServer
 
 if TYPE_CHECKING:
     from host.console.settings import HostConsoleSettings
@@ -48,7 +54,7 @@ log = logging.getLogger(__name__)
 DriverFactory = Callable[[str], Driver]
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, weakref_slot=True, eq=False)  # counted by identity (host/metrics.py)
 class HostApp:
     """Everything one host process runs, assembled by `build_host`."""
 
@@ -71,6 +77,10 @@ class HostApp:
     thinking: LiveThinking = field(default_factory=LiveThinking)
     #: Tasks pruned at start whose session rows are deleted once the loop runs.
     pruned_at_start: list[tuple[str, int]] = field(default_factory=list)
+    #: The durable outbox (decisions of the direct transport, step screenshots) and its sender.
+    outbox: OutboxStore | None = None
+    outbox_sender: OutboxSender | None = None
+    shipments: Shipments | None = None
     _background: list[asyncio.Task[None]] = field(default_factory=list)
 
     def status(self) -> dict[str, Any]:
@@ -98,12 +108,43 @@ class HostApp:
                 for spec, snap in self.lease.running()
             ],
             "pending_results": [list(k) for k in self.lease.pending_results()],
+            "outbox": _backlog_dict(self.lease.backlog),
         }
+
+    def phone_states(self) -> Iterator[tuple[str, bool, bool]]:
+        """(serial, online, busy) of each phone, for the phones-by-state gauge."""
+        busy = {spec.device_serial for spec, _ in self.lease.running()}
+        for d in self.registry.devices():
+            yield d.serial, d.online, d.serial in busy
 
     def close(self) -> None:
         if self.ocr is not None:
             self.ocr.close()
         self.store.close()
+        if self.outbox is not None:
+            self.outbox.close()
+
+
+def backlog_proto(backlog: Backlog) -> types_pb2.OutboxBacklog:
+    """The outbox backlog as the lease stream reports it."""
+    out = types_pb2.OutboxBacklog(
+        items=backlog.items, decisions=backlog.decisions, refused=backlog.refused
+    )
+    if backlog.oldest_at is not None:
+        out.oldest_at.FromDatetime(backlog.oldest_at)
+    return out
+
+
+def _backlog_dict(backlog: types_pb2.OutboxBacklog | None) -> dict[str, Any] | None:
+    if backlog is None:
+        return None
+    oldest = backlog.oldest_at.ToDatetime(tzinfo=UTC) if backlog.HasField("oldest_at") else None
+    return {
+        "items": backlog.items,
+        "decisions": backlog.decisions,
+        "refused": backlog.refused,
+        "oldest_at": oldest.isoformat() if oldest else None,
+    }
 
 
 def driver_factory(settings: HostSettings) -> DriverFactory:
@@ -202,7 +243,20 @@ def build_host(
         ),
     )
     if settings.planner_transport == "cloud" and planner is None:
-        planner_channel = channels()
+        # The planner's own channel carries the trace context of each step to the cloud.
+        planner_channel = (
+            channel_factory()
+            if channel_factory is not None
+            else open_channel(settings, tracing.client_interceptors())
+        )
+    outbox = OutboxStore(settings.resolved_outbox_path)
+    sender = OutboxSender(
+        outbox,
+        channels,
+        initial_s=settings.outbox_retry_initial_s,
+        max_s=settings.outbox_retry_max_s,
+    )
+    lease.on_welcome.append(sender.retry_now.set)
     app = HostApp(
         settings=settings,
         store=store,
@@ -217,8 +271,14 @@ def build_host(
         planner_settings=planner_settings,
         compact_engine=compact_engine,
         pruned_at_start=pruned,
+        outbox=outbox,
+        outbox_sender=sender,
+        shipments=Shipments(
+            outbox, settings.planner_transport, screenshots=settings.ship_screenshots
+        ),
     )
     app_ref.append(app)
+    host_metrics.phones.watch(app)
     return app
 
 
@@ -241,13 +301,18 @@ async def _run_task(
                 task_id=spec.task_id,
                 attempt=spec.attempt,
                 on_thinking=app.thinking.sink(spec.task_id, spec.attempt),
-            )
+            ),
+            flows=spec.flows,
+            budget=spec.budget,
+            spent=spec.spent,
         )
         planner = ClearingPlanner(session, app.thinking, spec.task_id, spec.attempt)
     elif app.direct_planner is not None:
         planner = app.direct_planner
     elif app.compact_engine is not None:
-        planner = DirectPlanner(app.compact_engine)
+        planner = DirectPlanner(
+            app.compact_engine, spec.flows, budget=spec.budget, spent=spec.spent
+        )
     else:
         # The cloud transport: the cloud chooses compact or session mode itself.
         assert app.planner_channel is not None
@@ -272,7 +337,9 @@ async def _run_task(
             ocr=app.ocr is not None,
             planner_transport=s.planner_transport,
             planner_wait=WaitPolicy(s.planner_wait_initial_s, s.planner_wait_max_s),
+            host_id=app.lease.host_id or s.host_id,
         ),
+        shipments=app.shipments,
     )
     try:
         outcome = await loop.run(spec, progress, cancel)
@@ -310,16 +377,52 @@ async def _poll_devices(app: HostApp, stop: asyncio.Event) -> None:
             await asyncio.wait_for(stop.wait(), app.settings.device_poll_interval_s)
 
 
+async def _report_backlog(app: HostApp, stop: asyncio.Event) -> None:
+    """Tell the cloud what the outbox still holds whenever it changes (at most about once a
+    second; the hello of each new stream carries the latest)."""
+    sender = app.outbox_sender
+    assert sender is not None and app.outbox is not None
+    while not stop.is_set():
+        waits = [asyncio.ensure_future(e.wait()) for e in (sender.changed, stop)]
+        try:
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for w in waits:
+                w.cancel()
+        if stop.is_set():
+            return
+        sender.changed.clear()
+        try:
+            backlog = await asyncio.to_thread(app.outbox.backlog)
+        except Exception:
+            log.exception("could not read the outbox backlog")
+        else:
+            app.lease.report_outbox(backlog_proto(backlog))
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), 1.0)
+
+
 async def serve_host(app: HostApp, stop: asyncio.Event) -> None:
     """Run an assembled host until `stop` is set (no signal handling here)."""
     await _forget_sessions(app, app.pruned_at_start)
     await asyncio.to_thread(app.registry.refresh)
+    if app.outbox is not None:
+        app.lease.backlog = backlog_proto(await asyncio.to_thread(app.outbox.backlog))
     poller = asyncio.create_task(_poll_devices(app, stop))
+    background: list[asyncio.Task[None]] = []
+    if app.outbox_sender is not None:
+        background = [
+            asyncio.create_task(app.outbox_sender.run(stop), name="outbox"),
+            asyncio.create_task(_report_backlog(app, stop), name="outbox-report"),
+        ]
     try:
         await app.lease.run(stop)
     finally:
         stop.set()
         await poller
+        for job in background:
+            with contextlib.suppress(Exception):
+                await job
         if app.planner_channel is not None:
             await app.planner_channel.close(grace=None)
         for owned in (app.direct_planner, app.compact_engine):
@@ -337,10 +440,14 @@ async def run_host(
     planner: StepPlanner | None = None,
     make_driver: DriverFactory | None = None,
     console: HostConsoleSettings | None = None,
+    serve_metrics: bool = False,
+    say: Callable[[str], None] | None = None,
 ) -> None:
     """Run a host until SIGINT/SIGTERM (or `stop`), then stop its tasks and return.
 
-    With `console` settings, the local console (host/console/) is served beside it.
+    With `console` settings, the local console (host/console/) is served beside it; with
+    `serve_metrics`, Prometheus metrics at `settings.metrics_address` (`amc host run`). `say`
+    hears what runs where once it is up (the start-up banner, `host/startup.py`).
     """
     settings = settings or HostSettings()
     stop = stop or asyncio.Event()
@@ -368,9 +475,23 @@ async def run_host(
             except BaseException:
                 app.close()
                 raise
+        served: MetricsServer | None = None
+        metrics_note = ""
+        if serve_metrics:
+            try:
+                served = metrics_http.serve(settings.metrics_address, host_metrics.REGISTRY)
+            except MetricsAddressError as exc:  # metrics are not worth refusing to run for
+                metrics_note = f"NOT served: AMC_HOST_METRICS_ADDRESS {exc}"
+                log.warning("metrics not served: AMC_HOST_METRICS_ADDRESS %s", exc)
+        if say is not None:
+            await asyncio.to_thread(app.registry.refresh)  # the banner names the phones
+            for line in describe(app, metrics=served, metrics_note=metrics_note):
+                say(line)
         try:
             await serve_host(app, stop)
         finally:
+            if served is not None:
+                await asyncio.to_thread(served.stop)
             if console_task is not None:
                 stop.set()
                 await console_task

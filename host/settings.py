@@ -17,6 +17,9 @@ from cloud.settings import DEFAULT_CLOUD_ADDRESS
 
 #: The seed design's name for the local task/timeline database path; honoured when set.
 LEGACY_DB_ENV = "HOST_AGENT_TASK_PROGRESS_DB_PATH"
+#: Where `amc host run` serves Prometheus metrics unless told otherwise (loopback; the cloud's
+#: default is the port before it).
+DEFAULT_HOST_METRICS_ADDRESS = "127.0.0.1:9472"
 
 
 class HostSettings(BaseSettings):
@@ -95,7 +98,23 @@ class HostSettings(BaseSettings):
     #: At most one progress-driven renewal per task per this many seconds.
     progress_renew_min_interval_s: float = Field(default=1.0, ge=0)
 
+    # --- outbox (decisions of the direct transport and step screenshots, sent to the cloud) ---
+    #: SQLite path of the outbox; defaults to `outbox.sqlite3` beside the timeline database.
+    outbox_path: Path | None = None
+    #: Backoff of the background sender while the cloud cannot take an item: full jitter,
+    #: doubling from `outbox_retry_initial_s` up to `outbox_retry_max_s` (cut short when the
+    #: lease stream reconnects).
+    outbox_retry_initial_s: float = Field(default=0.5, gt=0)
+    outbox_retry_max_s: float = Field(default=30.0, gt=0)
+    #: Ship step screenshots to the cloud (both transports); decisions of the direct
+    #: transport are always shipped.
+    ship_screenshots: bool = True
+
     agent_version: str = "amc-host/0.1.0"
+
+    # --- observability (docs/operations.md) ---
+    #: Where `amc host run` serves Prometheus metrics (`host:port`; "off" turns it off).
+    metrics_address: str = DEFAULT_HOST_METRICS_ADDRESS
 
     @model_validator(mode="after")
     def _fill_paths(self) -> HostSettings:
@@ -104,6 +123,8 @@ class HostSettings(BaseSettings):
             self.db_path = Path(legacy) if legacy else self.data_dir / "task_progress.sqlite3"
         if self.artifact_dir is None:
             self.artifact_dir = self.db_path.parent / "artifacts"
+        if self.outbox_path is None:
+            self.outbox_path = self.db_path.parent / "outbox.sqlite3"
         if self.certs_dir is not None and self.host_id:
             self.ca_cert = self.ca_cert or self.certs_dir / "ca.pem"
             self.client_cert = self.client_cert or self.certs_dir / f"host-{self.host_id}.pem"
@@ -114,6 +135,11 @@ class HostSettings(BaseSettings):
     def resolved_db_path(self) -> Path:
         assert self.db_path is not None
         return self.db_path
+
+    @property
+    def resolved_outbox_path(self) -> Path:
+        assert self.outbox_path is not None
+        return self.outbox_path
 
     @property
     def resolved_artifact_dir(self) -> Path:

@@ -16,6 +16,8 @@ from google.protobuf import duration_pb2, timestamp_pb2
 from amc.v1 import types_pb2
 from planner.decision import Decision, RetryKind, ThinkingBlock, ThinkingKind, Usage
 from planner.history import MASK
+from planner.tools import Judgement
+from planner.verify import verdict_from_proto, verdict_to_proto
 
 _PROVIDERS: dict[str, types_pb2.ModelProvider.ValueType] = {
     "anthropic": types_pb2.MODEL_PROVIDER_ANTHROPIC,
@@ -25,6 +27,7 @@ _PROVIDERS: dict[str, types_pb2.ModelProvider.ValueType] = {
 _MODES: dict[str, types_pb2.PlannerMode.ValueType] = {
     "compact": types_pb2.PLANNER_MODE_COMPACT,
     "session": types_pb2.PLANNER_MODE_SESSION,
+    "replay": types_pb2.PLANNER_MODE_REPLAY,
 }
 
 
@@ -45,6 +48,7 @@ def usage_to_proto(usage: Usage) -> types_pb2.Usage:
         cache_read_input_tokens=usage.cache_read_input_tokens,
         cache_creation_input_tokens=usage.cache_creation_input_tokens,
         thinking_tokens=usage.thinking_tokens,
+        cost_usd=usage.cost_usd,
     )
 
 
@@ -55,6 +59,7 @@ def usage_from_proto(usage: types_pb2.Usage) -> Usage:
         cache_read_input_tokens=usage.cache_read_input_tokens,
         cache_creation_input_tokens=usage.cache_creation_input_tokens,
         thinking_tokens=usage.thinking_tokens,
+        cost_usd=usage.cost_usd,
     )
 
 
@@ -155,7 +160,24 @@ def decision_to_proto(
         thinking_kind=thinking_kind_to_proto(decision.thinking_kind),
         retry_kind=retry_kind_to_proto(decision.retry_kind),
         output_truncated=decision.output_truncated,
+        previous_step=judgement_to_proto(decision.previous_step),
+        target=decision.target_descriptor,
+        flow_id=decision.flow_id,
+        flow_step=decision.flow_step,
+        replay_divergence=decision.replay_divergence,
     )
+
+
+def judgement_to_proto(judgement: Judgement | None) -> types_pb2.StepJudgement | None:
+    """The model's `previous_step` on the wire; None when it gave none."""
+    if judgement is None:
+        return None
+    return types_pb2.StepJudgement(verdict=verdict_to_proto(judgement.verdict), note=judgement.note)
+
+
+def judgement_from_proto(message: types_pb2.StepJudgement) -> Judgement | None:
+    verdict = verdict_from_proto(message.verdict)
+    return Judgement(verdict, message.note) if verdict is not None else None
 
 
 def decision_from_proto(message: types_pb2.Decision) -> Decision:
@@ -183,11 +205,22 @@ def decision_from_proto(message: types_pb2.Decision) -> Decision:
         step_index=message.step_index or None,
         extra={
             **({"decision_id": message.decision_id} if message.decision_id else {}),
-            **({"mode": "session"} if message.planner_mode == "session" else {}),
+            **(
+                {"mode": message.planner_mode}
+                if message.planner_mode in ("session", "replay")
+                else {}
+            ),
         },
         thinking_kind=thinking_kind_from_proto(message.thinking_kind),
         retry_kind=retry_kind_from_proto(message.retry_kind),
         output_truncated=message.output_truncated,
+        previous_step=judgement_from_proto(message.previous_step)
+        if message.HasField("previous_step")
+        else None,
+        target_descriptor=message.target if message.HasField("target") else None,
+        flow_id=message.flow_id,
+        flow_step=message.flow_step,
+        replay_divergence=message.replay_divergence,
     )
 
 

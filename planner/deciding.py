@@ -220,4 +220,5 @@ def build_decision(
         thinking_kind=thinking_kind,
         retry_kind=retry_kind,
         output_truncated=any(t.truncated for t in turns),
+        previous_step=parsed.previous_step,
     )

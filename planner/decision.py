@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from amc.v1 import types_pb2
+
+if TYPE_CHECKING:
+    from planner.tools import Judgement
 
 ThinkingKind = Literal["none", "full", "summarized", "omitted", "redacted"]
 RetryKind = Literal["none", "forced", "nudge"]
@@ -42,13 +45,32 @@ class ThinkingBlock:
 
 @dataclass(slots=True)
 class Usage:
-    """Token usage summed over every provider call a decision needed."""
+    """Token usage summed over every provider call a decision needed, and what it cost.
+
+    `input_tokens` are the input tokens billed at the normal rate (cache reads and writes are
+    counted apart, as Anthropic reports them; the OpenAI adapters subtract cached tokens);
+    `output_tokens` include thinking (`thinking_tokens` is the part of them the provider
+    reported as reasoning). `cost_usd` is priced from the model's row of the price table
+    (`planner/prices.py`) when the call returns; 0 for a model without a price.
+    """
 
     input_tokens: int = 0
     output_tokens: int = 0
     cache_read_input_tokens: int = 0
     cache_creation_input_tokens: int = 0
     thinking_tokens: int = 0
+    cost_usd: float = 0.0
+
+    @property
+    def billed_tokens(self) -> int:
+        """Every token a provider bills: input, output, cache reads and cache writes (what a
+        token budget counts)."""
+        return (
+            self.input_tokens
+            + self.output_tokens
+            + self.cache_read_input_tokens
+            + self.cache_creation_input_tokens
+        )
 
     def add(self, other: Usage) -> None:
         self.input_tokens += other.input_tokens
@@ -56,6 +78,7 @@ class Usage:
         self.cache_read_input_tokens += other.cache_read_input_tokens
         self.cache_creation_input_tokens += other.cache_creation_input_tokens
         self.thinking_tokens += other.thinking_tokens
+        self.cost_usd += other.cost_usd
 
 
 @dataclass(slots=True)
@@ -99,12 +122,25 @@ class Decision:
     observation: types_pb2.ScreenObservation | None = None
     """The screen the decision was made on (set by `plan_step`): the decision log keeps it so
     an export of the run has its screens and can place actions on them."""
+    previous_step: Judgement | None = None
+    """The model's judgement of the step before this one (its `previous_step` argument)."""
+    target_descriptor: types_pb2.ElementTarget | None = None
+    """The semantic target of the element the action names (set by `plan_step`), so a learned
+    flow can find that element again on another screen."""
+    flow_id: str = ""
+    """A replayed step: the learned flow it comes from (mode "replay")."""
+    flow_step: int = 0
+    """A replayed step: its 1-based position in that flow."""
+    replay_divergence: str = ""
+    """The first decision after a replay handed over: which flow step diverged and why."""
 
     @property
     def planner_mode(self) -> str:
         """ "session" when the model saw a kept conversation (`user_prompt` is then this step's
-        addition to it), else "compact" (the prompts were the whole request)."""
-        return "session" if self.extra.get("mode") == "session" else "compact"
+        addition to it), "replay" for a step of a learned flow (no model call), else "compact"
+        (the prompts were the whole request)."""
+        mode = self.extra.get("mode")
+        return mode if mode in ("session", "replay") else "compact"
 
     @property
     def sensitive(self) -> bool:

@@ -8,6 +8,11 @@ operator must act), and a request the provider refuses as invalid (`PlannerRejec
 
 from __future__ import annotations
 
+#: Trailing metadata of a Decide answered UNAVAILABLE or RESOURCE_EXHAUSTED: what is unavailable,
+#: in words for the host's progress line ("the model provider", "the cloud's database").
+WAITING_FOR_KEY = "amc-waiting-for"
+MODEL_PROVIDER = "the model provider"
+
 
 class PlannerError(Exception):
     """The planner could not produce a decision. `str(err)` is the operator-facing reason."""
@@ -50,3 +55,9 @@ class SessionStateError(PlannerError):
 class ToolCallError(ValueError):
     """A tool call the model made is unusable. The message is sent back to the model verbatim in
     the one corrective retry, so it says exactly what was wrong and how to fix it."""
+
+
+class BudgetExhausted(PlannerError):
+    """What the task spent reached one of its caps (or today's fleet spending a daily cap): no
+    model call was made. `str(err)` starts "budget exhausted: " and says what of what; the
+    attempt fails and is not retried (`planner/budget.py`)."""

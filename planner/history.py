@@ -13,6 +13,13 @@ if TYPE_CHECKING:
     from planner.decision import Decision
 
 MASK = "•••"
+_VERDICT_WORDS = {"met": "met", "not_met": "not met", "unknown": "unknown"}
+
+
+def verdict_line(expected: str, verdict: str, evidence: str | None) -> str:
+    """How a prompt says a checked step: "expected 'X' — not met: <evidence>"."""
+    word = _VERDICT_WORDS.get(verdict, verdict)
+    return f"expected {expected!r} — {word}: {evidence or 'no evidence recorded'}"
 
 
 @dataclass(slots=True)
@@ -31,10 +38,17 @@ class WorldEvent:
     error: str | None = None
     #: What the driver reported (kept for the timeline; never sent to the model).
     driver_output: str | None = None
+    #: The checker's verdict on the expected outcome ("met", "not_met", "unknown"; None until
+    #: checked) and its evidence (what was looked for, what was found).
+    verdict: str | None = None
+    evidence: str | None = None
+    #: A step of a learned flow, replayed without the model ("flow <id> step <n>").
+    replayed: str | None = None
 
     def compact(self) -> dict[str, Any]:
         """The prompt form: `{page, action (+ purpose, expected outcome), rationale, success}`,
-        plus `error` when the action failed with one."""
+        plus `error` when the action failed with one, `verdict` once the expected outcome was
+        checked, and `replayed` for a step of a learned flow."""
         action = dict(self.action)
         if action.get("sensitive") and "text" in action:
             action["text"] = MASK
@@ -50,6 +64,12 @@ class WorldEvent:
         }
         if self.error:
             record["error"] = self.error
+        if self.verdict:
+            record["verdict"] = verdict_line(
+                self.expected_outcome or "", self.verdict, self.evidence
+            )
+        if self.replayed:
+            record["replayed"] = self.replayed
         return record
 
     def to_dict(self) -> dict[str, Any]:

@@ -16,17 +16,20 @@ from typing import TYPE_CHECKING
 from amc.v1 import types_pb2
 from planner.conversation.items import ToolCall
 from planner.decision import Decision
+from planner.flows.replay import replay
 from planner.observation import scene_from_observation
 from planner.planner import Planner
 from planner.scene import Scene
 from planner.session.step_planner import Outcome, continue_session
 from planner.steps import (
     PastStep,
+    checked,
     history_events,
     target_label,
     tool_result_text,
     with_outcome,
 )
+from planner.targets import describe
 
 if TYPE_CHECKING:  # hosts that only send observations never load the provider SDKs
     from planner.session.planner import SessionPlanner
@@ -40,21 +43,42 @@ async def plan_step(
     observation: types_pb2.ScreenObservation,
     previous_outcome: types_pb2.ActionOutcome | None,
     screenshot: bytes | None = None,
+    flows: Sequence[types_pb2.Flow] = (),
 ) -> Decision:
     """The next decision. `history` is the attempt's earlier steps as recorded before this call;
     `previous_outcome` is applied to the step it names here (first report wins), so callers pass
-    what they have and get the same prompt either way. The decision comes back with the page it
-    was made on, the label of the element it names and the observation itself
-    (`Decision.page` / `.target` / `.observation`)."""
+    what they have and get the same prompt either way; when it carries no verdict, the checker
+    reads its expected outcome on this observation (`planner.steps.checked`). The decision comes
+    back with the page it was made on, the label of the element it names, that element's
+    semantic target and the observation itself (`Decision.page` / `.target` /
+    `.target_descriptor` / `.observation`).
+
+    `flows` are the learned flows retrieved for the attempt, best first: while the screen
+    agrees with one, its next step is the decision and no model is called (mode "replay");
+    when it stops agreeing, the model decides, told which step diverged and why."""
     scene = scene_from_observation(observation)
+    previous_outcome, _ = checked(previous_outcome, history, scene)
     steps = with_outcome(history, previous_outcome)
+    move = replay(flows, steps, scene)
+    if move is not None and move.decision is not None:
+        move.decision.target = target_label(move.decision.action, scene)
+        move.decision.observation = observation
+        return move.decision
+    handover = move.handover if move is not None else None
+    note = handover.note() if handover is not None else None
     if isinstance(engine, Planner):
-        decision = await engine.decide(goal, scene, history_events(steps, scene.page), screenshot)
+        decision = await engine.decide(
+            goal, scene, history_events(steps, scene.page), screenshot, note=note
+        )
     else:
-        decision = await _session_step(engine, goal, scene, steps, previous_outcome)
+        decision = await _session_step(engine, goal, scene, steps, previous_outcome, note)
     decision.page = scene.page
     decision.target = target_label(decision.action, scene)
+    decision.target_descriptor = describe(scene, decision.action)
     decision.observation = observation
+    if handover is not None:
+        decision.flow_id, decision.flow_step = handover.flow_id, handover.step
+        decision.replay_divergence = handover.reason
     return decision
 
 
@@ -64,6 +88,7 @@ async def _session_step(
     scene: Scene,
     steps: Sequence[PastStep],
     previous: types_pb2.ActionOutcome | None,
+    note: str | None = None,
 ) -> Decision:
     """Continue the conversation: the reported outcome of the latest decision becomes the tool
     result of the call still waiting for one; a repeated report of an older step adds nothing
@@ -84,7 +109,7 @@ async def _session_step(
         )
         outcome = Outcome(
             pending,
-            tool_result_text(tool, latest.outcome, scene),
+            tool_result_text(tool, latest.outcome, scene, latest.verdict_line()),
             is_error=not latest.outcome.executed,
         )
     return await continue_session(
@@ -95,4 +120,5 @@ async def _session_step(
         element_ids=[e.element_id for e in scene.elements],
         screen_size=(scene.screen_width, scene.screen_height),
         outcome=outcome,
+        note=note,
     )

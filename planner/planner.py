@@ -79,10 +79,12 @@ class Planner:
         scene: Scene,
         history: Sequence[WorldEvent | dict[str, Any]] = (),
         screenshot: bytes | None = None,
+        note: str | None = None,
     ) -> Decision:
-        """The next action for `goal` on `scene`, given the compact `history` of earlier steps."""
+        """The next action for `goal` on `scene`, given the compact `history` of earlier steps
+        (and a `note` for the prompt: a replay handing over)."""
         user_prompt = build_user_prompt(
-            goal, scene, history, history_window=self.settings.history_window
+            goal, scene, history, history_window=self.settings.history_window, note=note
         )
         return await self.decide_from_prompts(
             SYSTEM_PROMPT,

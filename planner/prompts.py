@@ -32,9 +32,15 @@ action ran).
 Every turn:
 1. First write one or two sentences: did the previous step reach its expected outcome (judge it \
 from the current screen), and what is this step's intent.
-2. Then call exactly one tool. Device actions need a short `purpose` and a concrete \
-`expected_outcome` (what the screen should show afterwards). Prefer tapping by element id; use \
-x/y only for targets the list lacks. Mark passwords and codes as `sensitive`.
+2. Then call exactly one tool. Device actions need a short `purpose`, a concrete \
+`expected_outcome` (what the screen should show afterwards: name the page, the switch state, the \
+text shown, so it can be checked) and `previous_step`: your verdict on the previous step (met, \
+not_met or unknown; unknown on the first step) with one line of evidence. Each step in the \
+history carries the checker's `verdict` on its expected outcome; do not repeat a step whose \
+outcome was not met without changing something. Prefer tapping by element id; use x/y only for \
+targets the list lacks. Mark passwords and codes as `sensitive`. Type a secret the goal names as \
+{{secret:NAME}} by writing that reference itself as the text; a field that shows only dots or \
+••• afterwards holds the secret (do not type it again).
 3. Call `complete` with success true only when the current screen shows the goal reached; call \
 it with success false, and say why, when the goal cannot be reached.
 """
@@ -74,14 +80,16 @@ def build_user_prompt(
     history: Sequence[WorldEvent | dict[str, Any]] = (),
     *,
     history_window: int = HISTORY_WINDOW,
+    note: str | None = None,
 ) -> str:
-    """Goal, current scene and compact history as fenced JSON sections."""
+    """Goal, current scene and compact history as fenced JSON sections; `note` (a replay that
+    handed over, see planner/flows/replay.py) goes between the history and the instruction."""
     records = compact_history(history)
     omitted = max(0, len(records) - history_window)
     shown = records[omitted:]
     for offset, record in enumerate(shown, start=omitted + 1):
         record["step"] = offset
-    note = f" {omitted} earlier steps omitted." if omitted else ""
+    omitted_note = f" {omitted} earlier steps omitted." if omitted else ""
     history_lines = ",\n".join(_dump(r) for r in shown)
     history_json = f"[\n{history_lines}\n]" if shown else "[]"
     return (
@@ -89,9 +97,10 @@ def build_user_prompt(
         f"```json goal\n{_dump(goal)}\n```\n\n"
         "Current screen:\n"
         f"```json scene\n{_scene_block(scene)}\n```\n\n"
-        f"Steps so far (oldest first; {len(records)} in total.{note}):\n"
+        f"Steps so far (oldest first; {len(records)} in total.{omitted_note}):\n"
         f"```json history\n{history_json}\n```\n\n"
-        "Judge the previous step in one or two sentences, state this step's intent, then call "
+        + (f"{note}\n\n" if note else "")
+        + "Judge the previous step in one or two sentences, state this step's intent, then call "
         "exactly one tool."
     )
 

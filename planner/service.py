@@ -4,6 +4,7 @@ The servicer does not import `cloud`: the cloud passes in who the caller is (fro
 certificate), whether a lease is live (`LeaseGate`), and where decisions go (`DecisionSink`, which
 assigns the step index atomically per (task, attempt)). Order matters and is the contract:
 lease first (no tokens spent and nothing logged for a stale or foreign lease), then sizes, then
+the task's budget (`BudgetGate`: FAILED_PRECONDITION "budget exhausted: …", no call made), then
 the provider, then exactly one appended row. A provider failure logs nothing; its class decides
 the status code (see the proto): planning temporarily impossible is UNAVAILABLE or
 RESOURCE_EXHAUSTED (the host waits and asks again), refused credentials PERMISSION_DENIED, no
@@ -20,6 +21,10 @@ it sees and what its last action did. The goal comes from the task, the history 
 attempt's decisions (`AttemptLog`, which also records the reported outcome), and the mode is
 this service's (`mode`); `plan_step` does the rest, exactly as the direct transport does. The
 prompt-carrying forms above are deprecated and answered for one release.
+
+A typed request may name its step (`step_key`): a retry after a lost answer then gets the
+decision already logged under that key (`replayed`), or joins the plan still running for it on
+this replica (`planner.step_once`), so one step is planned once and logged once.
 """
 
 from __future__ import annotations
@@ -33,23 +38,33 @@ from amc.v1 import planner_service_pb2, planner_service_pb2_grpc, types_pb2
 from planner.convert import decision_to_proto
 from planner.decision import Decision
 from planner.errors import (
+    MODEL_PROVIDER,
+    WAITING_FOR_KEY,
     PlannerAuthError,
     PlannerError,
     PlannerRateLimited,
     PlannerTransient,
     SessionStateError,
 )
-from planner.observation import MAX_OBSERVATION_BYTES, observation_problem
+from planner.observation import (
+    MAX_OBSERVATION_BYTES,
+    observation_problem,
+    scene_from_observation,
+)
 from planner.plan_step import plan_step
 from planner.planner import Planner
 from planner.session.step_planner import Outcome, call_id_of, continue_session
 from planner.session.store import SessionConflict, SessionStore
-from planner.steps import PastStep, outcome_problem
+from planner.step_once import StepPlans, step_key_problem
+from planner.steps import PastStep, checked, outcome_problem
+from planner.tools import Judgement
 
 if TYPE_CHECKING:  # a cloud that plans offline never loads the provider SDKs
     from planner.session.factory import SessionPlanners
     from planner.session.planner import SessionPlanner
 
+#: Trailing metadata of an answer that says the model provider is what planning waits for.
+_PROVIDER_WAIT = ((WAITING_FOR_KEY, MODEL_PROVIDER),)
 MAX_SYSTEM_PROMPT = 64 * 1024
 MAX_USER_PROMPT = 512 * 1024
 MAX_SCREENSHOT = 8 * 1024 * 1024
@@ -71,7 +86,8 @@ class LeaseGate(Protocol):
 
 
 class DecisionSink(Protocol):
-    """Appends one decision row and returns (decision_id, step_index).
+    """Appends one decision row and returns (decision_id, step_index); finds a logged one by the
+    host's step key.
 
     The step index is 1-based per (task, attempt), assigned atomically with the insert so
     concurrent appends never share or skip an index. The decision's `user_prompt` is already
@@ -80,8 +96,14 @@ class DecisionSink(Protocol):
     """
 
     async def append(
-        self, host_id: str, task_id: str, attempt: int, decision: Decision
-    ) -> tuple[str, int]: ...
+        self, host_id: str, task_id: str, attempt: int, decision: Decision, step_key: str = ""
+    ) -> tuple[str, int] | None:
+        """None when `step_key` is set and the attempt already logged a decision under it."""
+        ...
+
+    async def logged(self, task_id: str, attempt: int, step_key: str) -> types_pb2.Decision | None:
+        """The decision logged under `step_key` (as stored: a sensitive value masked)."""
+        ...
 
 
 class AttemptLog(Protocol):
@@ -93,9 +115,39 @@ class AttemptLog(Protocol):
     async def steps(self, task_id: str, attempt: int) -> list[PastStep]: ...
 
     async def record_outcome(
-        self, task_id: str, attempt: int, outcome: types_pb2.ActionOutcome
+        self,
+        task_id: str,
+        attempt: int,
+        outcome: types_pb2.ActionOutcome,
+        *,
+        checked_by_cloud: bool = False,
     ) -> None:
-        """Record on the decision `outcome.step_index` names, unless it has one already."""
+        """Record on the decision `outcome.step_index` names, unless it has one already
+        (`checked_by_cloud`: the verdict is the cloud's, the host sent none)."""
+        ...
+
+    async def record_judgement(
+        self, task_id: str, attempt: int, step_index: int, judgement: Judgement
+    ) -> None:
+        """Record the model's judgement of decision `step_index` (first one wins)."""
+        ...
+
+    async def flows(self, task_id: str, goal: str, attempt: int) -> list[types_pb2.Flow]:
+        """The learned flows the attempt was handed, best first, with the goal's parameter
+        values (empty: no replay)."""
+        ...
+
+    async def record_replay(
+        self,
+        task_id: str,
+        attempt: int,
+        *,
+        flow_id: str,
+        steps_replayed: int,
+        diverged_at: int,
+        reason: str,
+    ) -> None:
+        """How the attempt's replay stands after this decision."""
         ...
 
 
@@ -110,6 +162,14 @@ class ProviderHealth(Protocol):
 
     def succeeded(self) -> None:
         """A Decide got a decision from the provider."""
+        ...
+
+
+class BudgetGate(Protocol):
+    """Whether the task (and the fleet today) may spend on one more model call."""
+
+    async def refusal(self, task_id: str) -> str | None:
+        """Why not ("budget exhausted: … of …", `planner/budget.py`), or None when it may."""
         ...
 
 
@@ -145,6 +205,7 @@ class PlannerServicer(planner_service_pb2_grpc.PlannerServiceServicer):
         session_store: SessionStoreFactory | None = None,
         live_thinking: ThinkingFeed | None = None,
         health: ProviderHealth | None = None,
+        budget: BudgetGate | None = None,
     ) -> None:
         if mode == "session" and (sessions is None or session_store is None):
             raise ValueError(
@@ -161,6 +222,8 @@ class PlannerServicer(planner_service_pb2_grpc.PlannerServiceServicer):
         self._session_store = session_store
         self._live_thinking = live_thinking
         self._health: ProviderHealth = health or _NoHealth()
+        self._plans = StepPlans()
+        self._budget = budget
 
     async def Decide(
         self,
@@ -183,6 +246,8 @@ class PlannerServicer(planner_service_pb2_grpc.PlannerServiceServicer):
         session = not typed and request.HasField("session")
         if typed:
             problem = _typed_problem(request)
+        elif request.step_key:
+            problem = "step_key: only with observation (not with the deprecated forms)"
         elif session:
             problem = _session_problem(request)
         elif not (request.system_prompt or request.user_prompt):
@@ -191,6 +256,15 @@ class PlannerServicer(planner_service_pb2_grpc.PlannerServiceServicer):
             problem = _size_problem(request)
         if problem:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, problem)
+        step_key = request.step_key
+        if step_key:
+            stored = await self._sink.logged(request.task_id, request.attempt, step_key)
+            if stored is not None:  # a retry after a lost answer: the same decision again
+                return planner_service_pb2.DecideResponse(decision=stored, replayed=True)
+        if self._budget is not None:
+            refusal = await self._budget.refusal(request.task_id)
+            if refusal:  # before any provider call: nothing is spent past a cap
+                await context.abort(grpc.StatusCode.FAILED_PRECONDITION, refusal)
 
         try:
             if typed:
@@ -205,19 +279,27 @@ class PlannerServicer(planner_service_pb2_grpc.PlannerServiceServicer):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
         except PlannerRateLimited as err:
             self._health.failed(str(err))
-            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(err))
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(err), _PROVIDER_WAIT)
         except PlannerTransient as err:
             self._health.failed(str(err))
-            await context.abort(grpc.StatusCode.UNAVAILABLE, str(err))
+            await context.abort(grpc.StatusCode.UNAVAILABLE, str(err), _PROVIDER_WAIT)
         except PlannerAuthError as err:
             await context.abort(grpc.StatusCode.PERMISSION_DENIED, str(err))
         except PlannerError as err:
             await context.abort(grpc.StatusCode.UNKNOWN, str(err))
         self._health.succeeded()
 
-        decision_id, step_index = await self._sink.append(
-            host_id, request.task_id, request.attempt, decision
+        logged = await self._sink.append(
+            host_id, request.task_id, request.attempt, decision, step_key
         )
+        step = (request.task_id, request.attempt, step_key)
+        if logged is None:  # a retry on another replica logged this step first: answer with it
+            self._plans.logged(step)
+            stored = await self._sink.logged(request.task_id, request.attempt, step_key)
+            assert stored is not None, "append refuses a step key only when it is logged"
+            return planner_service_pb2.DecideResponse(decision=stored, replayed=True)
+        self._plans.logged(step)
+        decision_id, step_index = logged
         decision.step_index = step_index
         return planner_service_pb2.DecideResponse(
             decision=decision_to_proto(
@@ -247,27 +329,74 @@ class PlannerServicer(planner_service_pb2_grpc.PlannerServiceServicer):
             problem = outcome_problem(previous, history)
             if problem:
                 await context.abort(grpc.StatusCode.INVALID_ARGUMENT, problem)
-            await self._attempts.record_outcome(task_id, attempt, previous)
-        if self.mode == "compact":
-            return await plan_step(
-                self._planner,
-                goal=goal,
-                history=history,
-                observation=request.observation,
-                previous_outcome=previous,
-                screenshot=request.screenshot or None,
+            # A host that runs no checker gets the cloud's reading of this observation.
+            scene = scene_from_observation(request.observation)
+            previous, by_cloud = checked(previous, history, scene)
+            assert previous is not None
+            await self._attempts.record_outcome(
+                task_id, attempt, previous, checked_by_cloud=by_cloud
             )
-        planner = await self._open_session(task_id, attempt)
-        try:
-            return await plan_step(
-                planner,
-                goal=goal,
-                history=history,
-                observation=request.observation,
-                previous_outcome=previous,
+        flows = await self._attempts.flows(task_id, goal, attempt)
+
+        async def plan() -> Decision:
+            if self.mode == "compact":
+                return await plan_step(
+                    self._planner,
+                    goal=goal,
+                    history=history,
+                    observation=request.observation,
+                    previous_outcome=previous,
+                    screenshot=request.screenshot or None,
+                    flows=flows,
+                )
+            planner = await self._open_session(task_id, attempt)
+            try:
+                return await plan_step(
+                    planner,
+                    goal=goal,
+                    history=history,
+                    observation=request.observation,
+                    previous_outcome=previous,
+                    flows=flows,
+                )
+            finally:
+                await planner.aclose()
+
+        if not request.step_key:
+            decision = await plan()
+        else:
+            # A retry of a step still planning (or planned, but not logged) here joins that plan.
+            decision = await self._plans.plan((task_id, attempt, request.step_key), plan)
+        await self._after_decision(task_id, attempt, history, previous, decision)
+        return decision
+
+    async def _after_decision(
+        self,
+        task_id: str,
+        attempt: int,
+        history: list[PastStep],
+        previous: types_pb2.ActionOutcome | None,
+        decision: Decision,
+    ) -> None:
+        """What the decision says about earlier steps: the model's judgement of the previous
+        one, and how the attempt's replay stands."""
+        if decision.previous_step is not None and previous is not None:
+            await self._attempts.record_judgement(
+                task_id, attempt, previous.step_index, decision.previous_step
             )
-        finally:
-            await planner.aclose()
+        replaying = decision.planner_mode == "replay"
+        if replaying or decision.replay_divergence:
+            replayed = sum(1 for s in history if s.mode == "replay" and s.tool_name != "complete")
+            if replaying and decision.tool_name != "complete":
+                replayed += 1
+            await self._attempts.record_replay(
+                task_id,
+                attempt,
+                flow_id=decision.flow_id,
+                steps_replayed=replayed,
+                diverged_at=0 if replaying else decision.flow_step,
+                reason=decision.replay_divergence,
+            )
 
     async def _open_session(self, task_id: str, attempt: int) -> SessionPlanner:
         assert self._sessions is not None and self._session_store is not None
@@ -328,7 +457,7 @@ def _typed_problem(request: planner_service_pb2.DecideRequest) -> str | None:
         return f"screenshot is {len(request.screenshot)} bytes; at most {MAX_SCREENSHOT}"
     if request.HasField("previous_outcome") and request.previous_outcome.step_index < 1:
         return "previous_outcome.step_index: must be 1 or more"
-    return observation_problem(request.observation)
+    return step_key_problem(request.step_key) or observation_problem(request.observation)
 
 
 def _size_problem(request: planner_service_pb2.DecideRequest) -> str | None:

@@ -13,6 +13,7 @@ selects `budget`.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Literal
 
 from pydantic import AliasChoices, Field, SecretStr, model_validator
@@ -77,6 +78,10 @@ class PlannerSettings(BaseSettings):
     # Anthropic prompt caching: breakpoints on the system prompt and tools (both modes) and on
     # the conversation prefix (session mode), so a long task pays full input price once.
     prompt_cache: bool = True
+    # Prices per model (planner/prices.py) are list prices; a TOML or JSON file of
+    # `models."<name prefix>" = {input, output, cache_read, cache_write}` rows (USD per million
+    # tokens) overrides or adds rows.
+    prices_file: Path | None = None
 
     # Planning mode: `compact` sends one compact record per past step; `session` keeps a real
     # multi-turn conversation (with reasoning round-tripped exactly) — see planner/session/.

@@ -18,6 +18,14 @@ from planner.decision import Decision
 from planner.history import WorldEvent
 from planner.scene import Scene
 from planner.tools import ui_tree_result
+from planner.verify import (
+    MAX_EVIDENCE_BYTES,
+    Check,
+    VerdictName,
+    verdict_from_proto,
+    verdict_to_proto,
+    verify,
+)
 
 MAX_OUTCOME_ERROR_BYTES = 2048
 MAX_DRIVER_OUTPUT_BYTES = 4096
@@ -49,15 +57,24 @@ def target_label(action: types_pb2.Action, scene: Scene) -> str | None:
 
 @dataclass(frozen=True, slots=True)
 class StepOutcome:
-    """What the host reported about executing one decision (`amc.v1.ActionOutcome`)."""
+    """What the host reported about executing one decision (`amc.v1.ActionOutcome`), with the
+    checker's verdict on its expected outcome (None: not checked)."""
 
     executed: bool
     error: str = ""
     driver_output: str = ""
+    verdict: VerdictName | None = None
+    evidence: str = ""
 
     @classmethod
     def from_proto(cls, outcome: types_pb2.ActionOutcome) -> StepOutcome:
-        return cls(outcome.executed, outcome.error, outcome.driver_output)
+        return cls(
+            outcome.executed,
+            outcome.error,
+            outcome.driver_output,
+            verdict_from_proto(outcome.verdict),
+            outcome.evidence,
+        )
 
     def to_proto(self, step_index: int) -> types_pb2.ActionOutcome:
         return types_pb2.ActionOutcome(
@@ -65,7 +82,13 @@ class StepOutcome:
             executed=self.executed,
             error=self.error,
             driver_output=self.driver_output,
+            verdict=verdict_to_proto(self.verdict),
+            evidence=self.evidence,
         )
+
+    @property
+    def check(self) -> Check | None:
+        return Check(self.verdict, self.evidence) if self.verdict is not None else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,6 +108,11 @@ class PastStep:
     expected_outcome: str
     rationale: str | None
     outcome: StepOutcome | None = None
+    #: "compact", "session" or "replay" (a step of a learned flow, no model call).
+    mode: str = "compact"
+    #: For a replayed step: its flow and 1-based position in it.
+    flow_id: str = ""
+    flow_step: int = 0
 
     @classmethod
     def from_decision(cls, decision: Decision, step_index: int) -> PastStep:
@@ -97,7 +125,22 @@ class PastStep:
             purpose=decision.purpose,
             expected_outcome=decision.expected_outcome,
             rationale=decision.rationale,
+            mode=decision.planner_mode,
+            flow_id=decision.flow_id,
+            flow_step=decision.flow_step,
         )
+
+    @property
+    def arguments(self) -> dict[str, Any]:
+        value = json.loads(self.arguments_json or "{}")
+        return value if isinstance(value, dict) else {}
+
+    def verdict_line(self) -> str | None:
+        """ "expected 'X' — not met: <evidence>", once a checked outcome was reported."""
+        check = self.outcome.check if self.outcome is not None else None
+        if check is None or not self.expected_outcome:
+            return None
+        return check.line(self.expected_outcome)
 
     def event(self, page_after: str | None) -> WorldEvent:
         """The compact history record of this step."""
@@ -105,6 +148,7 @@ class PastStep:
         if self.target:
             action["target"] = self.target
         outcome = self.outcome
+        replayed = f"flow {self.flow_id} step {self.flow_step}" if self.mode == "replay" else None
         return WorldEvent(
             action=action,
             page=self.page,
@@ -114,15 +158,21 @@ class PastStep:
             success=outcome.executed if outcome is not None else None,
             error=(outcome.error or None) if outcome is not None else None,
             scene_summary={"page_after": page_after} if page_after else None,
+            verdict=outcome.verdict if outcome is not None else None,
+            evidence=(outcome.evidence or None) if outcome is not None else None,
+            replayed=replayed,
         )
 
 
 def outcome_problem(outcome: types_pb2.ActionOutcome, steps: Sequence[PastStep]) -> str | None:
     """INVALID_ARGUMENT text for a previous outcome that names no decision of the attempt or
     is oversize, naming the field; None when it is usable."""
+    if outcome.verdict not in types_pb2.Verdict.values():
+        return f"previous_outcome.verdict: unknown value {outcome.verdict}"
     for name, value, limit in (
         ("previous_outcome.error", outcome.error, MAX_OUTCOME_ERROR_BYTES),
         ("previous_outcome.driver_output", outcome.driver_output, MAX_DRIVER_OUTPUT_BYTES),
+        ("previous_outcome.evidence", outcome.evidence, MAX_EVIDENCE_BYTES),
     ):
         size = len(value.encode("utf-8"))
         if size > limit:
@@ -134,6 +184,27 @@ def outcome_problem(outcome: types_pb2.ActionOutcome, steps: Sequence[PastStep])
             f"attempt (its decisions: {known})"
         )
     return None
+
+
+def checked(
+    outcome: types_pb2.ActionOutcome | None,
+    steps: Sequence[PastStep],
+    scene: Scene,
+) -> tuple[types_pb2.ActionOutcome | None, bool]:
+    """`outcome` with a verdict: as the host sent it, or — when it sent none (a host that runs
+    no checker) — the checker's reading of the current screen alone (`scene`, the screen after
+    the action). Returns the outcome and whether this function ran the check."""
+    if outcome is None or outcome.verdict != types_pb2.VERDICT_UNSPECIFIED:
+        return outcome, False
+    step = next((s for s in steps if s.step_index == outcome.step_index), None)
+    if step is None or not step.expected_outcome or not outcome.executed:
+        return outcome, False
+    check = verify(step.expected_outcome, step.tool_name, step.arguments, scene)
+    filled = types_pb2.ActionOutcome()
+    filled.CopyFrom(outcome)
+    filled.verdict = verdict_to_proto(check.verdict)
+    filled.evidence = check.evidence
+    return filled, True
 
 
 def with_outcome(
@@ -156,9 +227,12 @@ def history_events(steps: Sequence[PastStep], current_page: str) -> list[WorldEv
     return [step.event(page_after) for step, page_after in zip(steps, pages, strict=False)]
 
 
-def tool_result_text(tool_name: str, outcome: StepOutcome, scene: Scene) -> str:
+def tool_result_text(
+    tool_name: str, outcome: StepOutcome, scene: Scene, verdict: str | None = None
+) -> str:
     """A session-mode tool result for an executed call: the node list for `get_ui_tree` (its
-    answer is the current screen), else whether it ran, its error, and the page it led to."""
+    answer is the current screen), else whether it ran, its error, the page it led to and the
+    checker's verdict on its expected outcome ("expected 'X' — not met: the screen shows Y")."""
     if tool_name == "get_ui_tree" and outcome.executed:
         return _dump(ui_tree_result(scene))
     result: dict[str, Any] = {"ok": outcome.executed}
@@ -166,4 +240,6 @@ def tool_result_text(tool_name: str, outcome: StepOutcome, scene: Scene) -> str:
         result["page_after"] = scene.page
     if outcome.error:
         result["error"] = outcome.error
+    if verdict:
+        result["verdict"] = verdict
     return _dump(result)

@@ -31,6 +31,26 @@ _INTENT_PROPERTIES: dict[str, Any] = {
     },
 }
 _INTENT_REQUIRED = ["purpose", "expected_outcome"]
+#: The model's judgement of the step before this one, checked with the host's verdict.
+VERDICTS = ("met", "not_met", "unknown")
+MAX_NOTE_CHARS = 512
+_PREVIOUS_STEP: dict[str, Any] = {
+    "previous_step": {
+        "type": "object",
+        "description": "Your judgement of the previous step: did the current screen reach its "
+        "expected outcome? met, not_met, or unknown (also on the first step, when there is none).",
+        "properties": {
+            "verdict": {"type": "string", "enum": list(VERDICTS)},
+            "note": {
+                "type": "string",
+                "description": "One line: what you see that decides it "
+                '("the switch is still off").',
+            },
+        },
+        "required": ["verdict", "note"],
+        "additionalProperties": False,
+    }
+}
 
 DEVICE_TOOLS = frozenset({"tap", "swipe", "input_text", "press_key", "launch_app", "terminate_app"})
 KEYS: dict[str, types_pb2.Key.ValueType] = {
@@ -58,8 +78,8 @@ def _device_tool(
         description=description,
         parameters={
             "type": "object",
-            "properties": {**props, **_INTENT_PROPERTIES},
-            "required": [*required, *_INTENT_REQUIRED],
+            "properties": {**props, **_INTENT_PROPERTIES, **_PREVIOUS_STEP},
+            "required": [*required, *_INTENT_REQUIRED, "previous_step"],
             "additionalProperties": False,
         },
     )
@@ -96,7 +116,9 @@ TOOLS: tuple[ToolSpec, ...] = (
     _device_tool(
         "input_text",
         "Type text into the focused field, or into element_id after focusing it. Set sensitive "
-        "for secrets (passwords, codes): the value is typed but never recorded.",
+        "for secrets (passwords, codes): the value is typed but never recorded. A secret the "
+        "goal names as {{secret:NAME}} is typed by writing exactly that reference as the text: "
+        "its value is filled in on the phone and never shown to you.",
         {
             "text": {"type": "string"},
             "sensitive": {"type": "boolean"},
@@ -132,6 +154,7 @@ TOOLS: tuple[ToolSpec, ...] = (
             "properties": {
                 "success": {"type": "boolean"},
                 "reason": {"type": "string", "minLength": 1},
+                **_PREVIOUS_STEP,
             },
             "required": ["success", "reason"],
             "additionalProperties": False,
@@ -140,7 +163,11 @@ TOOLS: tuple[ToolSpec, ...] = (
     ToolSpec(
         name="get_ui_tree",
         description="Return the structured node list of the current screen. Changes nothing.",
-        parameters={"type": "object", "properties": {}, "additionalProperties": False},
+        parameters={
+            "type": "object",
+            "properties": {**_PREVIOUS_STEP},
+            "additionalProperties": False,
+        },
     ),
 )
 TOOL_NAMES = frozenset(t.name for t in TOOLS)
@@ -156,6 +183,41 @@ class ParsedToolCall:
     action: types_pb2.Action
     purpose: str
     expected_outcome: str
+    #: The model's judgement of the previous step, None when it gave none.
+    previous_step: Judgement | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Judgement:
+    """The model's `previous_step` argument: a verdict of `VERDICTS` and one line."""
+
+    verdict: str
+    note: str
+
+
+def _judgement(name: str, value: Any) -> Judgement | None:
+    """`previous_step` checked for shape. Absent is allowed (recorded as no judgement): a
+    missing bookkeeping field is not worth a corrective model call; a malformed one is an
+    error the model is told about, like any other argument."""
+    if value is None:
+        return None
+    if not isinstance(value, Mapping):
+        raise ToolCallError(f"{name}: `previous_step` must be an object with verdict and note")
+    verdict = value.get("verdict")
+    if verdict not in VERDICTS:
+        raise ToolCallError(
+            f"{name}: `previous_step.verdict` must be one of {', '.join(VERDICTS)}, got {verdict!r}"
+        )
+    note = value.get("note", "")
+    if not isinstance(note, str):
+        raise ToolCallError(f"{name}: `previous_step.note` must be a string")
+    note = " ".join(note.split())
+    if len(note) > MAX_NOTE_CHARS:
+        note = note[: MAX_NOTE_CHARS - 1] + "…"
+    extra = sorted(set(value) - {"verdict", "note"})
+    if extra:
+        raise ToolCallError(f"{name}: `previous_step` has unknown key(s) {', '.join(extra)}")
+    return Judgement(str(verdict), note)
 
 
 def _int(args: Mapping[str, Any], key: str, tool: str) -> int:
@@ -259,7 +321,8 @@ def parse_tool_call(
             )
         purpose = _str(args, "purpose", name).strip()
         expected = _str(args, "expected_outcome", name).strip()
-    exe = {k: v for k, v in args.items() if k not in _INTENT_REQUIRED}
+    judgement = _judgement(name, args.get("previous_step"))
+    exe = {k: v for k, v in args.items() if k not in (*_INTENT_REQUIRED, "previous_step")}
     check = _Checker(element_ids, screen_size)
     action = types_pb2.Action(purpose=purpose, expected_outcome=expected)
 
@@ -330,7 +393,7 @@ def parse_tool_call(
     else:  # get_ui_tree
         action.get_ui_tree.SetInParent()
         exe = {}
-    return ParsedToolCall(name, exe, action, purpose, expected)
+    return ParsedToolCall(name, exe, action, purpose, expected, judgement)
 
 
 def ui_tree_result(scene: Scene) -> list[dict[str, Any]]:

@@ -59,3 +59,13 @@ def postgres_server(request: pytest.FixtureRequest) -> PostgresServer:
     lanes.require(request.node, "postgres", "PostgreSQL")
     server: PostgresServer = request.getfixturevalue("postgres_session")
     return server
+
+
+@pytest.fixture(scope="session", autouse=True)
+def cloud_artifacts_in_tmp(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """A cloud built without an artifact directory (PostgreSQL tests, say) keeps its step
+    screenshots under the session's temporary folder, never in the working tree."""
+    with pytest.MonkeyPatch.context() as patch:
+        if "AMC_CLOUD_ARTIFACT_DIR" not in os.environ:
+            patch.setenv("AMC_CLOUD_ARTIFACT_DIR", str(tmp_path_factory.mktemp("cloud-artifacts")))
+        yield

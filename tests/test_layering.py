@@ -27,6 +27,7 @@ FORBIDDEN: dict[str, frozenset[str]] = {
     "webui": frozenset({"cloud", "host", "console", "planner", "export"}),
     # Exports are made from a neutral record both sides fill (docs/decisions/0040).
     "export": frozenset({"cloud", "host", "console", "webui"}),
+    "telemetry": frozenset({"cloud", "host", "console", "planner", "webui", "export", "amc"}),
     "cloud/store/leases": frozenset({"amc", "grpc", "google"}),
 }
 

@@ -17,8 +17,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections import Counter
 
+from cloud import metrics
 from cloud.events import EventBus
 from cloud.store import leases
 from cloud.store.database import Store
@@ -132,11 +134,15 @@ class RenewalBatcher:
 
     async def _write(self, batch: _Waiting) -> None:
         """Stage two: one fenced write transaction; watchers hear of what it changed."""
+        observed = metrics.current()
+        started = time.perf_counter()
         try:
             outcomes = await leases.write_renewals(self._store, [item for item, _ in batch])
         except Exception as exc:
             self._fail(batch, exc)
             return
+        observed.db_batch.observe(time.perf_counter() - started)
+        observed.db_batch_size.observe(len(batch))
         self.batches_written += 1
         changed: list[str] = []
         for (item, fut), out in zip(batch, outcomes, strict=True):
@@ -148,6 +154,8 @@ class RenewalBatcher:
 
     @staticmethod
     def _fail(batch: _Waiting, exc: Exception) -> None:
+        """Every renewal of the batch is told "internal error; retry" (the boundary's words)."""
+        metrics.current().renewal_errors(len(batch))
         log.exception("renewal batch of %d failed", len(batch))
         for _, fut in batch:
             if not fut.done():

@@ -8,13 +8,19 @@ on a timer, which also corrects the busy hints from the store now and then.
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 import logging
+from collections.abc import Callable, Sequence
 
+from amc.v1 import lease_service_pb2 as lease_pb
 from amc.v1 import types_pb2
+from cloud import metrics
 from cloud.events import EventBus
+from cloud.flows.retrieval import Retriever
 from cloud.lease import messages
 from cloud.lease.session import HostSession
 from cloud.provider_health import ProviderHealth
+from cloud.secret_box import SecretBox, SecretUnreadable
 from cloud.store import errors, leases, states
 from cloud.store.database import Store
 
@@ -40,16 +46,43 @@ class Dispatcher:
         #: The model provider's state; while it is down, hosts on the cloud planner transport
         #: get no new tasks (their steps could not be planned), see cloud/provider_health.py.
         self.provider: ProviderHealth | None = None
+        #: Opens tasks' sealed secrets for their assignments (None: the cloud has no key).
+        self.secrets: SecretBox | None = None
+        #: Chooses the learned flows an assignment carries (None: flows are off).
+        self.flows: Retriever | None = None
+        #: Set (since, why) while the fleet's daily budget is spent: the same hosts get no new
+        #: tasks until the next UTC day (their first step would be refused).
+        self.budget_hold: Callable[[], tuple[dt.datetime, str] | None] | None = None
         bus.on_queued.append(self.wake.set)
+
+    def _assignment(
+        self, claimed: leases.Claimed, flows: Sequence[types_pb2.Flow] = ()
+    ) -> lease_pb.LeaseResponse:
+        """The Assignment for a claim, with the task's secrets opened for the lease holder and
+        the learned flows chosen for it.
+
+        A secret that cannot be opened (the key was changed or removed since the task was
+        submitted) is left out and logged by name: the host then refuses to type it, and the
+        step that needs it fails saying which secret is missing."""
+        opened: dict[str, str] = {}
+        for name, token in claimed.sealed_secrets.items():
+            try:
+                if self.secrets is None:
+                    raise SecretUnreadable("no secrets key configured")
+                opened[name] = self.secrets.open(token)
+            except SecretUnreadable as exc:
+                log.error("task %s: secret %r left out of its assignment: %s",
+                          claimed.task_id, name, exc)  # fmt: skip
+        return messages.assignment(claimed, opened, flows)
 
     def paused_for(self, session: HostSession) -> bool:
         """Whether new tasks are held back from this host (it plans through this cloud, whose
         model provider is down)."""
-        return (
-            self.provider is not None
-            and self.provider.pause is not None
-            and session.planner_transport == types_pb2.PLANNER_TRANSPORT_CLOUD
-        )
+        if session.planner_transport != types_pb2.PLANNER_TRANSPORT_CLOUD:
+            return False
+        if self.provider is not None and self.provider.pause is not None:
+            return True
+        return self.budget_hold is not None and self.budget_hold() is not None
 
     def kick(self, session: HostSession) -> None:
         """Look for work for one host soon (coalesced: at most one pending pass per host)."""
@@ -96,9 +129,26 @@ class Dispatcher:
                     return got
                 session.busy.add(claimed.device_serial)
                 session.granted.add(held)
-                session.send(messages.assignment(claimed))
+                session.send(self._assignment(claimed, await self._flows_for(claimed)))
+                if claimed.queued_since is not None:
+                    waited = (self.store.now() - claimed.queued_since).total_seconds()
+                    metrics.current().dispatch_latency.observe(max(0.0, waited))
                 self.bus.tasks_changed([claimed.task_id])
+                self.bus.hosts_changed([session.host_id])  # a phone of it is busy now
         return got
+
+    async def _flows_for(self, claimed: leases.Claimed) -> list[types_pb2.Flow]:
+        """The learned flows for a fresh attempt (recorded on it); none when retrieval fails:
+        the task then runs with the model, which is never worse than a wrong replay."""
+        if self.flows is None:
+            return []
+        try:
+            return await self.flows.for_new_attempt(
+                claimed.task_id, claimed.attempt, claimed.goal, no_replay=claimed.no_replay
+            )
+        except Exception:
+            log.exception("flow retrieval for %s/%d failed", claimed.task_id, claimed.attempt)
+            return []
 
     async def _send_unsure(self, session: HostSession) -> bool:
         """Send the leases that claims with an unknown outcome did create; False if the store is
@@ -120,7 +170,13 @@ class Dispatcher:
             session.granted.add(
                 leases.HeldLease(claimed.task_id, claimed.attempt, claimed.lease_id)
             )
-            session.send(messages.assignment(claimed))
+            handed: list[types_pb2.Flow] = []
+            if self.flows is not None:
+                try:
+                    handed = await self.flows.handed(claimed.task_id, claimed.attempt, claimed.goal)
+                except Exception:
+                    log.exception("reading the flows of %s failed", claimed.task_id)
+            session.send(self._assignment(claimed, handed))
             self.bus.tasks_changed([claimed.task_id])
         return True
 

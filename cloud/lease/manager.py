@@ -13,13 +13,14 @@ import asyncio
 import contextlib
 import datetime as dt
 import logging
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 import grpc
 
 from amc.v1 import lease_service_pb2 as lease_pb
-from cloud import revocations, supervised
+from amc.v1 import types_pb2
+from cloud import metrics, revocations, supervised
 from cloud.events import EventBus, RevokeEvent
 from cloud.identity import Caller
 from cloud.lease import messages
@@ -27,9 +28,11 @@ from cloud.lease.batcher import RenewalBatcher
 from cloud.lease.dispatcher import Dispatcher
 from cloud.lease.session import HostSession
 from cloud.lease.sweeper import Sweeper
+from cloud.secret_box import SecretBox
 from cloud.settings import CloudSettings
-from cloud.store import convert, errors, hosts, leases, states
+from cloud.store import convert, errors, hosts, lease_events, leases, states
 from cloud.store.database import Store
+from cloud.store.models import AttemptRow, TaskRow
 from cloud.store.revocations import Revoked
 
 log = logging.getLogger(__name__)
@@ -38,7 +41,13 @@ log = logging.getLogger(__name__)
 class LeaseManager:
     """Owns this replica's host sessions and the background jobs of the lease protocol."""
 
-    def __init__(self, store: Store, bus: EventBus, settings: CloudSettings) -> None:
+    def __init__(
+        self,
+        store: Store,
+        bus: EventBus,
+        settings: CloudSettings,
+        secrets: SecretBox | None = None,
+    ) -> None:
         self.store = store
         self.bus = bus
         self.settings = settings
@@ -51,7 +60,10 @@ class LeaseManager:
             settings.renewal_write_below,
         )
         self.dispatcher = Dispatcher(store, bus, self.sessions)
+        self.dispatcher.secrets = secrets
         self.sweeper = Sweeper(store, bus)
+        #: Called when an attempt ended with a result (the flow-learning loop wakes up).
+        self.on_ended: list[Callable[[], None]] = []
         self._jobs: list[asyncio.Task[None]] = []
         self._closings: set[asyncio.Task[None]] = set()
         self._stopping = False
@@ -61,6 +73,8 @@ class LeaseManager:
         # Hosts recorded as connected whose replica stopped vouching for them, as last seen by
         # this replica (None until the first look): fleet watchers hear when the set changes.
         self._unvouched: set[str] | None = None
+        # Each host's last_seen as the previous heartbeat wrote it (watchers were told).
+        self._seen_told: dict[str, dt.datetime] = {}
         bus.on_revoke.append(self._on_revoke)
         bus.on_new_stream.append(self._on_new_stream)
 
@@ -169,6 +183,8 @@ class LeaseManager:
                 del self.sessions[host_id]
             raise
         session.recorded = True
+        if hello.HasField("outbox"):
+            await hosts.update_outbox(self.store, host_id, messages.backlog_in(hello.outbox))
         self.bus.hosts_changed([host_id])
         self.bus.new_stream(host_id, session.stream_id)
         held = [leases.HeldLease(h.task_id, h.attempt, h.lease_id) for h in hello.held_assignments]
@@ -178,10 +194,12 @@ class LeaseManager:
                 host_id, hello.process_id, previous,
             )  # fmt: skip
             await self._release(host_id, states.HOST_RESTARTED, keep=held)
+        resumed: list[tuple[AttemptRow, TaskRow]] = []
         for check in await leases.check_held(self.store, host_id, held):
             if check.live is not None and check.task is not None:
                 session.granted.add(check.held)
                 session.send(messages.resumed(check))
+                resumed.append((check.live, check.task))
             else:
                 h = check.held
                 session.send(
@@ -189,6 +207,9 @@ class LeaseManager:
                         h.task_id, h.attempt, h.lease_id, check.revocation, check.message
                     )
                 )
+                await self._record_revoked(host_id, h.task_id, h.attempt, check.revocation)
+        await lease_events.record_resumed(self.store, host_id, resumed)
+        self.bus.tasks_changed([attempt.task_id for attempt, _ in resumed])
         # A live lease the same process did not re-announce is left to run out rather than
         # ended here: the process may have finished that attempt while disconnected, and its
         # result follows the hello (held assignments list only what still runs).
@@ -312,6 +333,11 @@ class LeaseManager:
         self.bus.hosts_changed([session.host_id])
         self.dispatcher.kick(session)
 
+    async def outbox(self, session: HostSession, backlog: types_pb2.OutboxBacklog) -> None:
+        """The host's outbox backlog changed: recorded for the fleet view."""
+        await hosts.update_outbox(self.store, session.host_id, messages.backlog_in(backlog))
+        self.bus.hosts_changed([session.host_id])
+
     def touch(self, session: HostSession) -> None:
         """The host sent something."""
         session.last_seen = dt.datetime.now(dt.UTC)
@@ -327,6 +353,7 @@ class LeaseManager:
             leases.RenewalIn(session.host_id, msg.task_id, msg.attempt, msg.lease_id, progress)
         )
         if out.expires_at is not None:
+            metrics.current().renewal("acked")
             return lease_pb.LeaseResponse(
                 renewed=lease_pb.Renewed(
                     task_id=msg.task_id,
@@ -335,12 +362,16 @@ class LeaseManager:
                     lease_expires_at=convert.ts(out.expires_at),
                 )
             )
+        await self._record_revoked(session.host_id, msg.task_id, msg.attempt, out.revocation)
+        why = out.revocation.name.lower() if out.revocation is not None else "unknown"
+        metrics.current().renewal(why)
         return messages.refused(msg.task_id, msg.attempt, msg.lease_id, out.revocation, out.message)
 
     async def result(
         self, session: HostSession, msg: lease_pb.TaskResult
     ) -> lease_pb.LeaseResponse:
-        """Fenced, idempotent result."""
+        """Fenced, idempotent result; a late one (lease run out, no other attempt yet) is
+        accepted and acknowledged as late."""
         final = messages.progress_in(msg.final_progress) if msg.HasField("final_progress") else None
         out = await leases.record_result(
             self.store,
@@ -352,13 +383,19 @@ class LeaseManager:
             leases.truncate_summary(msg.summary, leases.RESULT_SUMMARY_LIMIT),
             final,
             retryable=msg.retryable,
+            replay=messages.replay_in(msg.replay) if msg.HasField("replay") else None,
         )
         if out.recorded or out.duplicate:
             session.granted.discard(leases.HeldLease(msg.task_id, msg.attempt, msg.lease_id))
             if out.recorded:
+                for hear in self.on_ended:
+                    hear()
                 session.busy.discard(out.device_serial)
                 self.bus.tasks_changed([msg.task_id])
+                self.bus.hosts_changed([session.host_id])  # the phone is idle again
+                metrics.current().result(states.from_proto(msg.status))
                 if out.task_status == states.QUEUED:  # a retryable end: its next attempt waits
+                    metrics.current().requeued.labels(cause="retryable_result").inc()
                     self.bus.tasks_queued()
                 self.dispatcher.kick(session)
             return lease_pb.LeaseResponse(
@@ -368,9 +405,31 @@ class LeaseManager:
                     lease_id=msg.lease_id,
                     task_status=states.to_proto(out.task_status),
                     duplicate=out.duplicate,
+                    late=out.late,
                 )
             )
+        await self._record_revoked(session.host_id, msg.task_id, msg.attempt, out.revocation)
         return messages.refused(msg.task_id, msg.attempt, msg.lease_id, out.revocation, out.message)
+
+    async def _record_revoked(
+        self, host_id: str, task_id: str, attempt: int, revocation: leases.Revocation | None
+    ) -> None:
+        """Add a refusal of the host's own lease to the task's lease history (a refusal of
+        another host's lease, or of a lease the cloud never issued, is not the task's history).
+        Best effort: the host is told either way, and a store that fails here fails loudly on
+        the host's next message."""
+        if revocation is None or revocation in (
+            leases.Revocation.UNKNOWN,
+            leases.Revocation.NOT_YOURS,
+        ):
+            return
+        try:
+            if await lease_events.record_revoked(
+                self.store, host_id, task_id, attempt, revocation.value
+            ):
+                self.bus.tasks_changed([task_id])
+        except Exception:
+            log.exception("recording the revocation of %s/%d failed", task_id, attempt)
 
     # ---- revocations --------------------------------------------------------------------------
 
@@ -391,9 +450,16 @@ class LeaseManager:
 
     async def _beat(self) -> None:
         """Vouch for the hosts whose streams this replica holds, look for unvouched ones, and
-        end streams a newer one replaced elsewhere (should that event have been lost)."""
+        end streams a newer one replaced elsewhere (should that event have been lost).
+
+        Hosts that sent anything since the last beat (a renewal counts) get their `last_seen_at`
+        written, and fleet watchers hear of them, so "last seen" stays true while a host works.
+        """
         seen = {h: s.last_seen for h, s in self.sessions.items()}
         await hosts.heartbeat(self.store, self.bus.replica_id, seen)
+        moved = sorted(h for h, at in seen.items() if self._seen_told.get(h) != at)
+        self._seen_told = seen
+        self.bus.hosts_changed(moved)
         await self.check_unvouched()
         await self.reconcile(list(self.sessions))
 

@@ -7,11 +7,14 @@ store's `ProgressIn`.
 
 from __future__ import annotations
 
+import datetime as dt
+from collections.abc import Mapping, Sequence
 from typing import TypeAlias
 
 from amc.v1 import lease_service_pb2 as lease_pb
 from amc.v1 import types_pb2
-from cloud.store import convert, leases, states
+from cloud.store import convert, hosts, leases, states
+from planner.convert import usage_to_proto
 
 RevokeReason: TypeAlias = lease_pb.RevokeReason.ValueType
 
@@ -54,6 +57,16 @@ def progress_in(progress: types_pb2.Progress) -> leases.ProgressIn:
     )
 
 
+def replay_in(report: types_pb2.FlowReplayReport) -> leases.ReplayIn:
+    """A host's replay report as the store writes it (ids and reasons cut to their columns)."""
+    return leases.ReplayIn(
+        flow_id=report.flow_id[:32],
+        steps_replayed=max(0, report.steps_replayed),
+        diverged_at=max(0, report.diverged_at_step) if report.diverged else 0,
+        reason=report.reason[:512],
+    )
+
+
 def revoked(
     task_id: str, attempt: int, lease_id: str, reason: int, message: str
 ) -> lease_pb.LeaseResponse:
@@ -77,8 +90,13 @@ def refused(
     return revoked(task_id, attempt, lease_id, reason, message)
 
 
-def assignment(claimed: leases.Claimed) -> lease_pb.LeaseResponse:
-    """A fresh lease for the host."""
+def assignment(
+    claimed: leases.Claimed,
+    secrets: Mapping[str, str] | None = None,
+    flows: Sequence[types_pb2.Flow] = (),
+) -> lease_pb.LeaseResponse:
+    """A fresh lease for the host, with the task's secrets opened (for the lease holder only)
+    and the learned flows retrieval chose for it (best first)."""
     a = lease_pb.Assignment(
         task_id=claimed.task_id,
         attempt=claimed.attempt,
@@ -90,15 +108,24 @@ def assignment(claimed: leases.Claimed) -> lease_pb.LeaseResponse:
         deadline=convert.ts(claimed.deadline),
         resumed=False,
         renew_interval=convert.renew_interval(claimed.lease_seconds),
+        secrets=secrets or {},
+        budget=types_pb2.TaskBudget(
+            max_tokens=claimed.max_tokens, max_cost_usd=claimed.max_cost_usd
+        ),
+        spent=usage_to_proto(claimed.spent),
     )
     p = convert.progress(claimed.last_progress)
     if p is not None:
         a.last_progress.CopyFrom(p)
+    if flows:
+        a.flow.CopyFrom(flows[0])
+        a.alternatives.extend(flows[1:])
     return lease_pb.LeaseResponse(assignment=a)
 
 
 def resumed(check: leases.HeldCheck) -> lease_pb.LeaseResponse:
-    """A held assignment that is still the host's live lease, confirmed after its reconnect."""
+    """A held assignment that is still the host's live lease, confirmed after its reconnect.
+    No flows: the host is still running the attempt with the ones it was handed."""
     live, task = check.live, check.task
     assert live is not None and task is not None, "only a live held assignment resumes"
     a = lease_pb.Assignment(
@@ -112,8 +139,15 @@ def resumed(check: leases.HeldCheck) -> lease_pb.LeaseResponse:
         deadline=convert.ts(task.deadline),
         resumed=True,
         renew_interval=convert.renew_interval(task.lease_seconds),
+        budget=types_pb2.TaskBudget(max_tokens=task.max_tokens, max_cost_usd=task.max_cost_usd),
     )
     p = convert.progress(check.last_progress)
     if p is not None:
         a.last_progress.CopyFrom(p)
     return lease_pb.LeaseResponse(assignment=a)
+
+
+def backlog_in(backlog: types_pb2.OutboxBacklog) -> hosts.Backlog:
+    """A host's outbox report as the store keeps it (`reported_at` is the cloud's own)."""
+    oldest = backlog.oldest_at.ToDatetime(tzinfo=dt.UTC) if backlog.HasField("oldest_at") else None
+    return hosts.Backlog(backlog.items, backlog.decisions, backlog.refused, oldest)

@@ -17,12 +17,13 @@ import grpc
 
 from amc.v1 import lease_service_pb2 as lease_pb
 from amc.v1 import lease_service_pb2_grpc
-from cloud import authz, wire
+from cloud import authz, metrics, wire
 from cloud.boundary import status_for
 from cloud.lease import validate
 from cloud.lease.manager import LeaseManager
 from cloud.lease.session import Closing, HostSession
 from cloud.store import errors
+from telemetry import logs
 
 log = logging.getLogger(__name__)
 
@@ -48,9 +49,13 @@ class LeaseServicer(lease_service_pb2_grpc.LeaseServiceServicer):
     ) -> None:
         host_id = authz.caller().name
         self._manager.stream_started()
+        streams = metrics.current().lease_streams
+        streams.inc()
         try:
-            await self._serve(host_id, context)
+            with logs.bound(host_id=host_id):
+                await self._serve(host_id, context)
         finally:
+            streams.dec()
             self._manager.stream_finished()
 
     async def _serve(
@@ -150,13 +155,20 @@ class LeaseServicer(lease_service_pb2_grpc.LeaseServiceServicer):
             if problem:
                 session.send(_rejected(problem, msg.result.task_id))
                 return
-            session.send(await manager.result(session, msg.result))
+            with logs.bound(task_id=msg.result.task_id, attempt=msg.result.attempt):
+                session.send(await manager.result(session, msg.result))
         elif kind == "device_update":
             problem = validate.device_update(msg.device_update)
             if problem:
                 session.send(_rejected(problem))
                 return
             await manager.device_update(session, msg.device_update)
+        elif kind == "outbox":
+            problem = validate.outbox(msg.outbox, "outbox")
+            if problem:
+                session.send(_rejected(problem))
+                return
+            await manager.outbox(session, msg.outbox)
         elif kind == "hello":
             session.send(
                 lease_pb.LeaseResponse(
@@ -167,4 +179,6 @@ class LeaseServicer(lease_service_pb2_grpc.LeaseServiceServicer):
                 )
             )
         else:
-            session.send(_rejected("kind: exactly one of hello, renewal, result, device_update"))
+            session.send(
+                _rejected("kind: exactly one of hello, renewal, result, device_update, outbox")
+            )

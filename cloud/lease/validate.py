@@ -70,6 +70,28 @@ def hello(msg: lease_pb.HostHello) -> str | None:
         problem = _lease_ref(f"hello.held_assignments[{i}]", h.task_id, h.attempt, h.lease_id)
         if problem:
             return problem
+    if msg.HasField("outbox"):
+        return outbox(msg.outbox, "hello.outbox")
+    return None
+
+
+MAX_OUTBOX = 100_000_000
+_MAX_TIMESTAMP_S = 253_402_300_799  # 9999-12-31T23:59:59Z
+
+
+def outbox(msg: types_pb2.OutboxBacklog, field: str) -> str | None:
+    """An outbox report's counts."""
+    for name in ("items", "decisions", "refused"):
+        value = getattr(msg, name)
+        if not 0 <= value <= MAX_OUTBOX:
+            return f"{field}.{name}: must be 0 to {MAX_OUTBOX}"
+    if msg.decisions > msg.items:
+        return f"{field}.decisions: more than {field}.items"
+    ts = msg.oldest_at
+    if msg.HasField("oldest_at") and not (
+        0 <= ts.seconds <= _MAX_TIMESTAMP_S and 0 <= ts.nanos < 1_000_000_000
+    ):
+        return f"{field}.oldest_at: not a time between 1970 and 9999"
     return None
 
 

@@ -1,12 +1,17 @@
-"""DecisionLogService: the durable per-step planner record. Operators only."""
+"""DecisionLogService: the durable per-step planner record. Operators read it; hosts on the
+direct transport ship their decisions into it (`shipping.ship_decisions`)."""
 
 from __future__ import annotations
+
+import datetime as dt
 
 import grpc
 
 from amc.v1 import decision_log_service_pb2 as pb
 from amc.v1 import decision_log_service_pb2_grpc
+from cloud import authz
 from cloud.services.conversation import conversation_item
+from cloud.services.shipping import ship_decisions
 from cloud.services.status import abort
 from cloud.store import convert, decisions, sessions, tasks
 from cloud.store.database import Store
@@ -14,10 +19,20 @@ from planner.conversation.items import loads_item
 
 
 class DecisionLogServicer(decision_log_service_pb2_grpc.DecisionLogServiceServicer):
-    """List and get decisions; read a session-mode attempt's conversation."""
+    """List and get decisions; read a session-mode attempt's conversation; take shipped ones."""
 
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: Store, ship_window: dt.timedelta = dt.timedelta(days=1)) -> None:
         self._store = store
+        self._ship_window = ship_window
+
+    async def ShipDecisions(
+        self,
+        request: pb.ShipDecisionsRequest,
+        context: grpc.aio.ServicerContext[pb.ShipDecisionsRequest, pb.ShipDecisionsResponse],
+    ) -> pb.ShipDecisionsResponse:
+        return await ship_decisions(
+            context, self._store, self._ship_window, authz.caller().name, request
+        )
 
     async def ListDecisions(
         self,

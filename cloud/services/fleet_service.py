@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import base64
+import datetime as dt
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 import grpc
 
@@ -12,21 +13,36 @@ from amc.v1 import fleet_service_pb2 as pb
 from amc.v1 import fleet_service_pb2_grpc, types_pb2
 from cloud.events import EventBus
 from cloud.lease.validate import MAX_ID
+from cloud.metrics import start_of_day
 from cloud.provider_health import ProviderHealth
 from cloud.services.status import abort
 from cloud.settings import CloudSettings
-from cloud.store import convert, hosts
+from cloud.store import convert, hosts, leases, spend
 from cloud.store.database import Store
+from planner.convert import usage_to_proto
 
 # Changed hosts loaded per query.
 _CHUNK = 200
 DEFAULT_PAGE = 100
 MAX_PAGE = 500
+#: GetSpend answers at most this many days at once.
+MAX_SPEND_DAYS = 366
 
 
 def _encode(key: tuple[int, str]) -> str:
     """A ListHosts cursor: the (disconnected?, host id) sort key of the page's last host."""
     return base64.urlsafe_b64encode(json.dumps(list(key)).encode()).decode()
+
+
+def _day(field: str, text: str) -> dt.datetime:
+    """A YYYY-MM-DD day as midnight UTC; ValueError naming the field otherwise."""
+    try:
+        day = dt.date.fromisoformat(text) if len(text) == 10 else None
+    except ValueError:
+        day = None
+    if day is None:
+        raise ValueError(f"{field}: {text[:40]!r} is not a day (YYYY-MM-DD)")
+    return dt.datetime(day.year, day.month, day.day, tzinfo=dt.UTC)
 
 
 def _decode(token: str) -> tuple[int, str] | None:
@@ -48,11 +64,13 @@ class FleetServicer(fleet_service_pb2_grpc.FleetServiceServicer):
         bus: EventBus,
         settings: CloudSettings,
         provider: ProviderHealth | None = None,
+        budget_hold: Callable[[], tuple[dt.datetime, str] | None] | None = None,
     ) -> None:
         self._store = store
         self._bus = bus
         self._settings = settings
         self._provider = provider
+        self._budget_hold = budget_hold
 
     async def ListHosts(
         self,
@@ -77,18 +95,72 @@ class FleetServicer(fleet_service_pb2_grpc.FleetServiceServicer):
         keyed = [k for k in keyed if after is None or k[0] > after]
         size = request.page_size or DEFAULT_PAGE
         page, more = keyed[:size], len(keyed) > size
+        busy = await leases.busy_phones(self._store, [row.host_id for _, row, _ in page])
         return pb.ListHostsResponse(
-            hosts=[convert.host(row, connected) for _, row, connected in page],
+            hosts=[
+                convert.host(row, connected, busy.get(row.host_id)) for _, row, connected in page
+            ],
             next_page_token=_encode(page[-1][0]) if more else "",
             dispatch=self._dispatch(),
         )
 
     def _dispatch(self) -> pb.DispatchStatus:
         pause = self._provider.pause if self._provider is not None else None
+        held = self._budget_hold() if self._budget_hold is not None else None
+        if pause is None and held is not None:
+            since, why = held
+            return pb.DispatchStatus(
+                paused=True,
+                reason=f"the fleet's daily model budget is spent ({why}); dispatch resumes at "
+                "00:00 UTC",
+                since=convert.ts(since),
+            )
         if pause is None:
             return pb.DispatchStatus()
         return pb.DispatchStatus(
             paused=True, reason=pause.describe(), since=convert.ts(pause.since)
+        )
+
+    async def GetSpend(
+        self,
+        request: pb.GetSpendRequest,
+        context: grpc.aio.ServicerContext[pb.GetSpendRequest, pb.GetSpendResponse],
+    ) -> pb.GetSpendResponse:
+        today = start_of_day(self._store.now())
+        since, until = today, today
+        try:
+            if request.since_day:
+                since = _day("since_day", request.since_day)
+            if request.until_day:
+                until = _day("until_day", request.until_day)
+        except ValueError as exc:
+            await abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        if since > until:
+            await abort(context, grpc.StatusCode.INVALID_ARGUMENT, "since_day: after until_day")
+        if (until - since).days >= MAX_SPEND_DAYS:
+            await abort(
+                context,
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"since_day..until_day: at most {MAX_SPEND_DAYS} days",
+            )
+        rows = await spend.spend_rows(self._store, since, until + dt.timedelta(days=1))
+        s = self._settings
+        return pb.GetSpendResponse(
+            rows=[
+                pb.SpendRow(
+                    day=r.day,
+                    host_id=r.host_id,
+                    provider=r.provider,
+                    model=r.model,
+                    usage=usage_to_proto(r.usage),
+                    decisions=r.decisions,
+                )
+                for r in rows
+            ],
+            today=usage_to_proto(await spend.spent_since(self._store, today)),
+            daily_budget=types_pb2.TaskBudget(
+                max_tokens=s.daily_max_tokens, max_cost_usd=s.daily_max_cost_usd
+            ),
         )
 
     async def WatchHosts(
@@ -108,9 +180,9 @@ class FleetServicer(fleet_service_pb2_grpc.FleetServiceServicer):
         # event for a host another event already covered) is not sent twice.
         sent: dict[str, types_pb2.Host] = {}
         try:
-            for row, connected in await hosts.list_hosts(self._store, heartbeat, only):
-                sent[row.host_id] = convert.host(row, connected)
-                yield pb.WatchHostsResponse(host=sent[row.host_id], snapshot=True)
+            for host in await self._load(heartbeat, only):
+                sent[host.host_id] = host
+                yield pb.WatchHostsResponse(host=host, snapshot=True)
             yield pb.WatchHostsResponse(snapshot_complete=True)
             while True:
                 changed = await sub.next()
@@ -121,11 +193,16 @@ class FleetServicer(fleet_service_pb2_grpc.FleetServiceServicer):
                     ids = sorted(changed & set(only) if only else changed)
                     batches = [ids[i : i + _CHUNK] for i in range(0, len(ids), _CHUNK)]
                 for batch in batches:
-                    for row, connected in await hosts.list_hosts(self._store, heartbeat, batch):
-                        host = convert.host(row, connected)
-                        if sent.get(row.host_id) == host:
+                    for host in await self._load(heartbeat, batch):
+                        if sent.get(host.host_id) == host:
                             continue
-                        sent[row.host_id] = host
+                        sent[host.host_id] = host
                         yield pb.WatchHostsResponse(host=host)
         finally:
             sub.close()
+
+    async def _load(self, heartbeat: float, host_ids: list[str] | None) -> list[types_pb2.Host]:
+        """Hosts (all, or these) as the API shows them, with their busy phones."""
+        rows = await hosts.list_hosts(self._store, heartbeat, host_ids)
+        busy = await leases.busy_phones(self._store, [row.host_id for row, _ in rows])
+        return [convert.host(row, connected, busy.get(row.host_id)) for row, connected in rows]

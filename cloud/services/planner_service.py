@@ -1,47 +1,160 @@
 """PlannerService on the cloud: the planner's servicer on the cloud's ports, for hosts only.
 
 The planner (`planner.service`) knows nothing of the cloud: it is handed who the caller is, a
-`LeaseGate`, a `DecisionSink` and a session store. This wires those to the cloud's store and
-adds the one rule only the cloud can know: a host may plan only on its own leases. Who may call
-Decide at all (hosts) is `cloud.authz`.
+`LeaseGate`, a `DecisionSink`, a `BudgetGate` and a session store. This wires those to the
+cloud's store and adds the one rule only the cloud can know: a host may plan only on its own
+leases. Who may call Decide at all (hosts) is `cloud.authz`. It is also where each Decide is
+observed as a whole: its latency and outcome (`amc_cloud_decide_seconds`), the task, attempt,
+host, step and model on the server span and on every log line the call writes.
 """
 
 from __future__ import annotations
 
+import datetime as dt
+import logging
+import time
 from typing import TYPE_CHECKING, Any
 
 import grpc
+from opentelemetry import trace
+from sqlalchemy import exc as sa_exc
 
 from amc.v1 import planner_service_pb2, planner_service_pb2_grpc
-from cloud import authz
+from cloud import authz, metrics
 from cloud.events import EventBus
 from cloud.lease.validate import MAX_ID
+from cloud.metrics import start_of_day
 from cloud.provider_health import ProviderHealth
 from cloud.services.status import abort
-from cloud.settings import SettingError
-from cloud.store import leases
+from cloud.settings import CloudSettings, SettingError
+from cloud.store import leases, spend, tasks
 from cloud.store.database import Store
 from cloud.store.ports import (
+    FlowsHanded,
     StoreAttemptLog,
     StoreDecisionSink,
     StoreLeaseGate,
     StoreSessionStore,
 )
+from planner.budget import Budget, exhausted
+from planner.errors import WAITING_FOR_KEY
 from planner.vendors.base import Probeable
+from planner.vendors.observed import ObservedAdapter
+from telemetry import logs, tracing
+
+log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:  # imported when the servicer is built, like the rest of the planner
     from planner.service import PlannerServicer
 
+log = logging.getLogger(__name__)
+
+#: What a host is told while the database cannot be reached: it asks again, the step waits.
+DATABASE_UNAVAILABLE = "the cloud's database is unavailable; retry"
+_UNREACHABLE = (
+    sa_exc.OperationalError,
+    sa_exc.InterfaceError,
+    sa_exc.DisconnectionError,
+    sa_exc.TimeoutError,
+    ConnectionError,
+)
+
+
+def _database_unreachable(exc: BaseException) -> bool:
+    """The database cannot be reached right now (restarting, a dropped connection, no pool
+    connection in time): retrying helps. Told by type, never by the driver's text."""
+    if isinstance(exc, sa_exc.DBAPIError) and exc.connection_invalidated:
+        return True
+    return isinstance(exc, _UNREACHABLE)
+
 
 class OwnLeasesOnly(planner_service_pb2_grpc.PlannerServiceServicer):
     """Refuses a Decide on another host's lease before the planner sees it (PERMISSION_DENIED:
-    "lease … of task … belongs to another host"); anything else goes to the planner."""
+    "lease … of task … belongs to another host"); anything else goes to the planner.
 
-    def __init__(self, inner: PlannerServicer, store: Store) -> None:
+    A database that cannot be reached at any point of the call is UNAVAILABLE with a generic
+    message (never the driver's text: it names the database's host and port), so the host's
+    step waits and asks again instead of failing its task.
+    """
+
+    def __init__(
+        self, inner: PlannerServicer, store: Store, provider: str = "", model: str = ""
+    ) -> None:
         self._inner = inner
         self._store = store
+        self._provider = provider
+        self._model = model
 
     async def Decide(
+        self,
+        request: planner_service_pb2.DecideRequest,
+        context: grpc.aio.ServicerContext[Any, Any],
+    ) -> planner_service_pb2.DecideResponse:
+        host_id = authz.caller().name
+        task_id, attempt = request.task_id[:MAX_ID], request.attempt
+        span = trace.get_current_span()
+        tracing.set_attributes(
+            span, {"amc.task_id": task_id, "amc.attempt": attempt, "amc.host_id": host_id}
+        )
+        started = time.perf_counter()
+        outcome = "ok"
+        with logs.bound(task_id=task_id, attempt=attempt, host_id=host_id):
+            try:
+                response = await self._decide_or_unavailable(request, context)
+            except BaseException:
+                code = context.code()
+                outcome = code.name.lower() if code is not None else "error"
+                raise
+            finally:
+                metrics.current().decide.labels(
+                    provider=self._provider, model=self._model, outcome=outcome
+                ).observe(time.perf_counter() - started)
+            d = response.decision
+            u = d.usage
+            log.info(
+                "step %d decided: %s (%s/%s, %d tokens in, %d out, $%.4f)",
+                d.step_index, d.tool_name, d.provider, d.model, u.input_tokens, u.output_tokens,
+                u.cost_usd, extra={"step": d.step_index},
+            )  # fmt: skip
+            tracing.set_attributes(
+                span,
+                {
+                    "amc.step": d.step_index,
+                    "gen_ai.system": d.provider,
+                    "gen_ai.response.model": d.model,
+                    "gen_ai.usage.input_tokens": u.input_tokens,
+                    "gen_ai.usage.output_tokens": u.output_tokens,
+                    "amc.usage.cache_read_tokens": u.cache_read_input_tokens,
+                    "amc.usage.cache_write_tokens": u.cache_creation_input_tokens,
+                    "amc.usage.thinking_tokens": u.thinking_tokens,
+                    "amc.usage.cost_usd": u.cost_usd,
+                },
+            )
+        return response
+
+    async def _decide_or_unavailable(
+        self,
+        request: planner_service_pb2.DecideRequest,
+        context: grpc.aio.ServicerContext[Any, Any],
+    ) -> planner_service_pb2.DecideResponse:
+        """`_decide`, with a database the cloud cannot reach answered as UNAVAILABLE (the host
+        waits inside its lease and asks again) rather than as an unknown error."""
+        try:
+            return await self._decide(request, context)
+        except grpc.aio.AbortError:
+            raise
+        except Exception as exc:
+            if not _database_unreachable(exc):
+                raise
+            log.warning("Decide: the database is unavailable (%s)", type(exc).__name__)
+            await context.abort(
+                grpc.StatusCode.UNAVAILABLE,
+                DATABASE_UNAVAILABLE,
+                ((WAITING_FOR_KEY, "the cloud's database"),),
+            )
+            raise AssertionError("abort returns only by raising") from exc  # pragma: no cover
+
+    async def _decide(
         self,
         request: planner_service_pb2.DecideRequest,
         context: grpc.aio.ServicerContext[Any, Any],
@@ -61,13 +174,61 @@ class OwnLeasesOnly(planner_service_pb2_grpc.PlannerServiceServicer):
         return await self._inner.Decide(request, context)
 
 
+class CloudBudgets:
+    """`BudgetGate` on the store: the task's own caps, then the fleet's daily ones.
+
+    Once the daily cap refused a call, new tasks are held back from cloud-transport hosts for
+    the rest of that UTC day (`daily_hold`, read by the dispatcher and the fleet page): they
+    would fail at their first step, and tomorrow they can run.
+    """
+
+    def __init__(self, store: Store, settings: CloudSettings) -> None:
+        self._store = store
+        self._daily = Budget(settings.daily_max_tokens, settings.daily_max_cost_usd)
+        self._held: tuple[dt.datetime, str] | None = None
+
+    def daily_hold(self) -> tuple[dt.datetime, str] | None:
+        """(since, why) while today's fleet budget is spent; None otherwise (and from the next
+        UTC day on)."""
+        if self._held is None:
+            return None
+        since, _why = self._held
+        if start_of_day(self._store.now()) > start_of_day(since):
+            self._held = None
+        return self._held
+
+    async def refusal(self, task_id: str) -> str | None:
+        caps = await tasks.budget(self._store, task_id)
+        if caps is not None and Budget(*caps):
+            why = exhausted(Budget(*caps), await spend.spent(self._store, task_id))
+            if why:
+                metrics.current().budget_refusals.labels(scope="task").inc()
+                return why
+        if self._daily:
+            today = start_of_day(self._store.now())
+            spent_today = await spend.spent_since(self._store, today)
+            why = exhausted(self._daily, spent_today, whose="the fleet's daily")
+            if why:
+                metrics.current().budget_refusals.labels(scope="fleet_daily").inc()
+                why = f"{why} (UTC day {today:%Y-%m-%d})"
+                if self._held is None:
+                    self._held = (self._store.now(), why)
+                    log.warning("holding new tasks back until 00:00 UTC: %s", why)
+                return why
+        return None
+
+
 def _caller_host_id(context: grpc.aio.ServicerContext[Any, Any]) -> str:
     who = authz.caller()
     return who.name if who.kind == "host" else ""
 
 
 def build_planner_servicer(
-    store: Store, bus: EventBus, health: ProviderHealth | None = None
+    store: Store,
+    bus: EventBus,
+    health: ProviderHealth | None = None,
+    handed: FlowsHanded | None = None,
+    budgets: CloudBudgets | None = None,
 ) -> tuple[planner_service_pb2_grpc.PlannerServiceServicer, list[Any], str]:
     """The planner servicer on the cloud's ports, what must be closed with the server, and a
     line saying which planner it is (for the start-up banner).
@@ -77,7 +238,8 @@ def build_planner_servicer(
     provider that keeps conversations: asking for it with the offline provider is a
     `SettingError`; deprecated session steps get UNIMPLEMENTED there, as before. `health` hears
     every Decide's outcome and gets the model's probe (the offline provider has none: it is
-    never down).
+    never down). `handed` reads the learned flows an attempt was given (replayed inside
+    Decide); None: no replay.
     """
     from planner.planner import make_planner
     from planner.service import PlannerServicer
@@ -87,6 +249,8 @@ def build_planner_servicer(
     planner = make_planner(planner_settings)
     if health is not None and isinstance(planner.provider, Probeable):
         health.probe = planner.provider.probe
+    if isinstance(planner.provider, ObservedAdapter):  # the cloud counts every model call
+        planner.provider.observer = metrics.MODEL_CALLS
     sessions = None
     if planner_settings.resolved_provider != "offline":
         from planner.session.factory import SessionPlanners  # loads the provider SDKs
@@ -104,16 +268,17 @@ def build_planner_servicer(
         lease_gate=StoreLeaseGate(store),
         sink=StoreDecisionSink(store),
         planner=planner,
-        attempts=StoreAttemptLog(store),
+        attempts=StoreAttemptLog(store, handed),
         mode=planner_settings.mode,
         sessions=sessions,
         session_store=lambda: StoreSessionStore(store),
         live_thinking=bus.thinking,
         health=health,
+        budget=budgets or CloudBudgets(store, CloudSettings()),
     )
     closeables: list[Any] = [planner] if sessions is None else [planner, sessions]
-    summary = (
-        f"{planner_settings.resolved_provider} (model {planner_settings.resolved_model}, "
-        f"{planner_settings.mode} mode; AMC_PLANNER_* settings)"
-    )
-    return OwnLeasesOnly(inner, store), closeables, summary
+    provider, model = planner_settings.resolved_provider, planner_settings.resolved_model
+    summary = f"{provider} (model {model}, {planner_settings.mode} mode; AMC_PLANNER_* settings)"
+    if isinstance(planner.provider, ObservedAdapter):
+        summary += f"\n  prices:       {planner.provider.prices.describe(model)}"
+    return OwnLeasesOnly(inner, store, provider, model), closeables, summary

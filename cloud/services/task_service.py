@@ -1,6 +1,17 @@
-"""TaskService: submit (idempotent), get, list, cancel. Operators only."""
+"""TaskService: submit (idempotent, target checked against the fleet), get, list, cancel, and
+the lease history of a task. Operators only.
+
+A submission may carry secret parameters: they are validated against the goal's references
+(`planner.secret_refs`), sealed with the cloud's key (`cloud.secret_box`) before the store sees
+them, and never returned by any RPC. A goal that looks like it holds a credential is queued with
+a warning (`cloud.goal_warnings`).
+"""
 
 from __future__ import annotations
+
+import dataclasses
+import math
+import re
 
 import grpc
 from google.protobuf import duration_pb2
@@ -8,17 +19,26 @@ from google.protobuf import duration_pb2
 from amc.v1 import lease_service_pb2 as lease_pb
 from amc.v1 import task_service_pb2 as pb
 from amc.v1 import task_service_pb2_grpc, types_pb2
+from cloud import authz, metrics
 from cloud.events import EventBus, RevokeEvent
+from cloud.goal_warnings import credential_warnings
 from cloud.lease.validate import MAX_ID
+from cloud.secret_box import NO_KEY, SecretBox
+from cloud.services import targets
 from cloud.services.status import abort
 from cloud.settings import CloudSettings
-from cloud.store import convert, states, tasks
+from cloud.store import convert, lease_events, states, tasks
 from cloud.store.database import Store
+from planner import secret_refs
 
 MAX_GOAL = 2000
 MAX_REQUEST_ID = 128
 MAX_REASON = 500
+MAX_ON_BEHALF_OF = 64
 MAX_ATTEMPTS = 20
+DEFAULT_EVENT_PAGE = 500
+MAX_EVENT_PAGE = 1000
+_TASK_ID_PREFIX = re.compile(r"^[0-9a-f]{1,32}$")
 #: Ten years: a task deadline further out is a mistake, and past ~10^9 days datetime overflows.
 MAX_TIMEOUT_SECONDS = 10 * 365 * 24 * 3600.0
 
@@ -31,10 +51,17 @@ def _seconds(d: duration_pb2.Duration) -> float:
 class TaskServicer(task_service_pb2_grpc.TaskServiceServicer):
     """Operators' view of tasks."""
 
-    def __init__(self, store: Store, bus: EventBus, settings: CloudSettings) -> None:
+    def __init__(
+        self,
+        store: Store,
+        bus: EventBus,
+        settings: CloudSettings,
+        secrets: SecretBox | None = None,
+    ) -> None:
         self._store = store
         self._bus = bus
         self._settings = settings
+        self._secrets = secrets
 
     def _spec(self, r: pb.SubmitTaskRequest) -> tasks.NewTask | str:
         s = self._settings
@@ -62,6 +89,16 @@ class TaskServicer(task_service_pb2_grpc.TaskServiceServicer):
             return f"target.host_id: at most {MAX_ID} characters"
         if len(r.target.device_serial) > MAX_ID:
             return f"target.device_serial: at most {MAX_ID} characters"
+        budget = r.budget
+        if budget.max_tokens < 0:
+            return "budget.max_tokens: 0 (the cloud's default) or more"
+        if not math.isfinite(budget.max_cost_usd) or budget.max_cost_usd < 0:
+            return "budget.max_cost_usd: 0 (the cloud's default) or a positive number of dollars"
+        problem = secret_refs.problem(r.goal, r.secrets) or targets.malformed(
+            r.target.host_id, r.target.device_serial
+        )
+        if problem:
+            return problem
         return tasks.NewTask(
             goal=r.goal,
             max_attempts=r.max_attempts or s.default_max_attempts,
@@ -70,6 +107,9 @@ class TaskServicer(task_service_pb2_grpc.TaskServiceServicer):
             target_host_id=r.target.host_id or None,
             target_device_serial=r.target.device_serial or None,
             client_request_id=r.client_request_id or None,
+            no_replay=r.no_replay,
+            max_tokens=budget.max_tokens or s.default_task_max_tokens,
+            max_cost_usd=budget.max_cost_usd or s.default_task_max_cost_usd,
         )
 
     async def SubmitTask(
@@ -80,12 +120,29 @@ class TaskServicer(task_service_pb2_grpc.TaskServiceServicer):
         spec = self._spec(request)
         if isinstance(spec, str):
             await abort(context, grpc.StatusCode.INVALID_ARGUMENT, spec)
+        if request.secrets:
+            if self._secrets is None:
+                await abort(context, grpc.StatusCode.FAILED_PRECONDITION, NO_KEY)
+            box = self._secrets
+            sealed = {name: box.seal(value) for name, value in request.secrets.items()}
+            spec = dataclasses.replace(spec, sealed_secrets=sealed)
+        warnings = credential_warnings(request.goal) + await targets.warnings(
+            self._store,
+            self._settings.host_heartbeat_seconds,
+            request.target.host_id,
+            request.target.device_serial,
+        )
+        if request.validate_only:
+            return pb.SubmitTaskResponse(warnings=warnings)
         view, deduplicated = await tasks.submit(self._store, spec)
+        metrics.current().submitted(deduplicated)
         if not deduplicated:
             self._bus.tasks_changed([view.task.task_id])
             self._bus.tasks_queued()
         return pb.SubmitTaskResponse(
-            task=convert.task(view, with_attempts=True), deduplicated=deduplicated
+            task=convert.task(view, with_attempts=True),
+            deduplicated=deduplicated,
+            warnings=warnings,
         )
 
     async def GetTask(
@@ -120,7 +177,14 @@ class TaskServicer(task_service_pb2_grpc.TaskServiceServicer):
             await abort(
                 context, grpc.StatusCode.INVALID_ARGUMENT, f"host_id: at most {MAX_ID} characters"
             )
-        flt = tasks.TaskFilter(statuses, request.host_id, request.query)
+        prefix = request.task_id_prefix.lower()
+        if prefix and not _TASK_ID_PREFIX.match(prefix):
+            await abort(
+                context,
+                grpc.StatusCode.INVALID_ARGUMENT,
+                "task_id_prefix: 1 to 32 hexadecimal digits",
+            )
+        flt = tasks.TaskFilter(statuses, request.host_id, request.query, prefix)
         try:
             views, token = await tasks.list_page(
                 self._store, flt, request.page_size or 50, request.page_token
@@ -144,7 +208,16 @@ class TaskServicer(task_service_pb2_grpc.TaskServiceServicer):
                 grpc.StatusCode.INVALID_ARGUMENT,
                 f"reason: at most {MAX_REASON} characters",
             )
-        out = await tasks.cancel(self._store, request.task_id, request.reason)
+        person = request.on_behalf_of
+        if len(person) > MAX_ON_BEHALF_OF or not person.isprintable():
+            await abort(
+                context,
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"on_behalf_of: at most {MAX_ON_BEHALF_OF} printable characters",
+            )
+        caller = authz.caller().name
+        operator = f"{person} via {caller}" if person else caller
+        out = await tasks.cancel(self._store, request.task_id, request.reason, operator)
         if out.view is None:
             await abort(context, grpc.StatusCode.NOT_FOUND, f"task {request.task_id} not found")
         if out.already_ended:
@@ -165,3 +238,32 @@ class TaskServicer(task_service_pb2_grpc.TaskServiceServicer):
             )
         self._bus.tasks_changed([request.task_id])
         return pb.CancelTaskResponse(task=convert.task(out.view, with_attempts=True))
+
+    async def ListTaskEvents(
+        self,
+        request: pb.ListTaskEventsRequest,
+        context: grpc.aio.ServicerContext[pb.ListTaskEventsRequest, pb.ListTaskEventsResponse],
+    ) -> pb.ListTaskEventsResponse:
+        if not request.task_id:
+            await abort(context, grpc.StatusCode.INVALID_ARGUMENT, "task_id: required")
+        if request.attempt < 0:
+            await abort(context, grpc.StatusCode.INVALID_ARGUMENT, "attempt: must be >= 0")
+        if not 0 <= request.page_size <= MAX_EVENT_PAGE:
+            await abort(
+                context, grpc.StatusCode.INVALID_ARGUMENT, f"page_size: 0 to {MAX_EVENT_PAGE}"
+            )
+        if await tasks.goal(self._store, request.task_id) is None:
+            await abort(context, grpc.StatusCode.NOT_FOUND, f"task {request.task_id} not found")
+        try:
+            rows, token = await lease_events.list_page(
+                self._store,
+                request.task_id,
+                request.attempt,
+                request.page_size or DEFAULT_EVENT_PAGE,
+                request.page_token,
+            )
+        except ValueError as exc:
+            await abort(context, grpc.StatusCode.INVALID_ARGUMENT, f"page_token: {exc}")
+        return pb.ListTaskEventsResponse(
+            events=[convert.lease_event(r) for r in rows], next_page_token=token
+        )

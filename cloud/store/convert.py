@@ -7,11 +7,33 @@ import json
 
 from google.protobuf import duration_pb2, timestamp_pb2
 
-from amc.v1 import types_pb2
+from amc.v1 import task_service_pb2, types_pb2
 from cloud.store import states
-from cloud.store.models import AttemptRow, DecisionRow, HostRow
+from cloud.store.lease_events import EventKind
+from cloud.store.leases.queries import BusyPhone
+from cloud.store.models import AttemptRow, DecisionRow, FlowRow, HostRow, LeaseEventRow
 from cloud.store.tasks import TaskView
-from planner.convert import mode_enum, provider_enum, retry_kind_to_proto, thinking_kind_to_proto
+from planner.convert import (
+    mode_enum,
+    provider_enum,
+    retry_kind_to_proto,
+    thinking_kind_to_proto,
+    usage_to_proto,
+)
+from planner.decision import Usage
+from planner.verify import disagree, verdict_to_proto
+
+FLOW_STATUSES: dict[str, types_pb2.FlowStatus.ValueType] = {
+    "active": types_pb2.FLOW_STATUS_ACTIVE,
+    "disabled": types_pb2.FLOW_STATUS_DISABLED,
+    "retired": types_pb2.FLOW_STATUS_RETIRED,
+}
+
+#: DecisionRow.planner_transport → the protocol's enum.
+TRANSPORTS: dict[str, int] = {
+    "cloud": types_pb2.PLANNER_TRANSPORT_CLOUD,
+    "direct": types_pb2.PLANNER_TRANSPORT_DIRECT,
+}
 
 
 def ts(value: dt.datetime) -> timestamp_pb2.Timestamp:
@@ -47,8 +69,8 @@ def progress(row: AttemptRow | None) -> types_pb2.Progress | None:
     )
 
 
-def attempt(row: AttemptRow) -> types_pb2.Attempt:
-    """One attempt as the API shows it."""
+def attempt(row: AttemptRow, usage: Usage | None = None) -> types_pb2.Attempt:
+    """One attempt as the API shows it, with what its decisions cost."""
     out = types_pb2.Attempt(
         attempt=row.attempt,
         host_id=row.host_id,
@@ -57,6 +79,7 @@ def attempt(row: AttemptRow) -> types_pb2.Attempt:
         failure_reason=row.failure_reason or "",
         started_at=ts(row.started_at),
         planner_transport=row.planner_transport,  # type: ignore[arg-type]
+        late_result=row.late_result,
     )
     p = progress(row)
     if p is not None:
@@ -65,7 +88,46 @@ def attempt(row: AttemptRow) -> types_pb2.Attempt:
         out.ended_at.CopyFrom(ts(row.ended_at))
     else:
         out.lease_expires_at.CopyFrom(ts(row.lease_expires_at))
+    out.renewals = row.renewals or 0
+    if row.first_renewed_at is not None:
+        out.first_renewed_at.CopyFrom(ts(row.first_renewed_at))
+    if row.last_renewed_at is not None:
+        out.last_renewed_at.CopyFrom(ts(row.last_renewed_at))
+    if row.flow_reason is not None:
+        out.flow.CopyFrom(
+            types_pb2.FlowUse(
+                flow_id=row.flow_id or "",
+                score=row.flow_score or 0.0,
+                scorer=row.flow_scorer or "",
+                reason=row.flow_reason,
+                steps_replayed=row.replay_steps or 0,
+                diverged_at_step=row.replay_diverged_step or 0,
+                divergence=row.replay_divergence or "",
+            )
+        )
+    if usage is not None:
+        out.usage.CopyFrom(usage_to_proto(usage))
     return out
+
+
+def totals(view: TaskView, now: dt.datetime) -> types_pb2.TaskTotals:
+    """What the task used over all its attempts, as of `now` (running times grow)."""
+    t = view.task
+    run_time = sum(((a.ended_at or now) - a.started_at).total_seconds() for a in view.attempts)
+    return types_pb2.TaskTotals(
+        usage=types_pb2.Usage(
+            input_tokens=t.input_tokens or 0,
+            output_tokens=t.output_tokens or 0,
+            cache_read_input_tokens=t.cache_read_tokens or 0,
+            cache_creation_input_tokens=t.cache_write_tokens or 0,
+            thinking_tokens=t.thinking_tokens or 0,
+            cost_usd=t.cost_usd or 0.0,
+        ),
+        decisions=t.decision_count or 0,
+        steps=sum(a.step_index or 0 for a in view.attempts),
+        wall_time=duration(max(((t.finished_at or now) - t.created_at).total_seconds(), 0.0)),
+        run_time=duration(max(run_time, 0.0)),
+    )
 
 
 def task(view: TaskView, *, with_attempts: bool) -> types_pb2.Task:
@@ -89,19 +151,26 @@ def task(view: TaskView, *, with_attempts: bool) -> types_pb2.Task:
         deadline=ts(t.deadline),
         client_request_id=t.client_request_id or "",
         cancel_requested=t.cancel_requested and t.status not in states.TERMINAL,
+        no_replay=t.no_replay,
+        cancelled_by=t.cancelled_by or "",
+        totals=totals(view, dt.datetime.now(dt.UTC)),
+        budget=types_pb2.TaskBudget(max_tokens=t.max_tokens, max_cost_usd=t.max_cost_usd),
     )
     if t.finished_at is not None:
         out.finished_at.CopyFrom(ts(t.finished_at))
+    current = view.current_attempt()
+    if current is not None and current.ended_at is None:
+        out.lease_expires_at.CopyFrom(ts(current.lease_expires_at))
     p = progress(view.latest_progress_attempt())
     if p is not None:
         out.progress.CopyFrom(p)
     if with_attempts:
-        out.attempts.extend(attempt(a) for a in view.attempts)
+        out.attempts.extend(attempt(a, view.usage.get(a.attempt)) for a in view.attempts)
     return out
 
 
-def host(row: HostRow, connected: bool) -> types_pb2.Host:
-    """A host with its phones."""
+def host(row: HostRow, connected: bool, busy: list[BusyPhone] | None = None) -> types_pb2.Host:
+    """A host with its phones, and which of them work on a task (`busy`)."""
     out = types_pb2.Host(
         host_id=row.host_id,
         connected=connected,
@@ -118,7 +187,97 @@ def host(row: HostRow, connected: bool) -> types_pb2.Host:
         )
     if row.last_seen_at is not None:
         out.last_seen_at.CopyFrom(ts(row.last_seen_at))
+    if row.outbox_reported_at is not None:
+        out.outbox.CopyFrom(
+            types_pb2.OutboxBacklog(
+                items=row.outbox_items,
+                decisions=row.outbox_decisions,
+                refused=row.outbox_refused,
+                reported_at=ts(row.outbox_reported_at),
+            )
+        )
+        if row.outbox_oldest_at is not None:
+            out.outbox.oldest_at.CopyFrom(ts(row.outbox_oldest_at))
+    for b in busy or []:
+        out.busy_phones.append(
+            types_pb2.BusyPhone(
+                device_serial=b.device_serial, task_id=b.task_id, attempt=b.attempt, goal=b.goal
+            )
+        )
     return out
+
+
+def verification(row: DecisionRow) -> types_pb2.StepVerification:
+    """What is known about whether a decision reached its expected outcome."""
+    return types_pb2.StepVerification(
+        verdict=verdict_to_proto(row.verdict),
+        evidence=row.verdict_evidence or "",
+        checked_by_cloud=row.verdict_by_cloud,
+        model=types_pb2.StepJudgement(
+            verdict=verdict_to_proto(row.model_verdict), note=row.model_note or ""
+        ),
+        disagree=disagree(row.verdict, row.model_verdict),
+    )
+
+
+def flow(row: FlowRow, *, with_steps: bool = True) -> types_pb2.Flow:
+    """A learned flow with its counts and status (its steps unless asked not to)."""
+    out = types_pb2.Flow()
+    out.ParseFromString(row.flow_pb)
+    if not with_steps:
+        out.ClearField("embedding_text")
+    out.flow_id = row.flow_id
+    out.status = FLOW_STATUSES.get(row.status, types_pb2.FLOW_STATUS_UNSPECIFIED)
+    out.status_reason = row.status_reason
+    out.source_task_id = row.source_task_id
+    out.source_attempt = row.source_attempt
+    out.embedding_text = row.embedding_text if with_steps else ""
+    out.uses = row.uses
+    out.replays_completed = row.replays_completed
+    out.divergences = row.divergences
+    out.consecutive_divergences = row.consecutive_divergences
+    for step, count in (row.divergences_by_step or {}).items():
+        out.divergences_by_step[int(step)] = int(count)
+    out.last_divergence = row.last_divergence
+    out.created_at.CopyFrom(ts(row.created_at))
+    out.updated_at.CopyFrom(ts(row.updated_at))
+    return out
+
+
+_EVENT_KINDS = {
+    EventKind.ASSIGNED: task_service_pb2.LEASE_EVENT_KIND_ASSIGNED,
+    EventKind.RESUMED: task_service_pb2.LEASE_EVENT_KIND_RESUMED,
+    EventKind.REVOKED: task_service_pb2.LEASE_EVENT_KIND_REVOKED,
+    EventKind.EXPIRED: task_service_pb2.LEASE_EVENT_KIND_EXPIRED,
+    EventKind.DEADLINE_EXCEEDED: task_service_pb2.LEASE_EVENT_KIND_DEADLINE_EXCEEDED,
+    EventKind.CANCEL_REQUESTED: task_service_pb2.LEASE_EVENT_KIND_CANCEL_REQUESTED,
+    EventKind.CANCELLED: task_service_pb2.LEASE_EVENT_KIND_CANCELLED,
+    EventKind.RESULT: task_service_pb2.LEASE_EVENT_KIND_RESULT,
+    EventKind.REQUEUED: task_service_pb2.LEASE_EVENT_KIND_REQUEUED,
+}
+
+
+def _status_or_unspecified(status: str | None) -> types_pb2.TaskStatus.ValueType:
+    return states.to_proto(status) if status else types_pb2.TASK_STATUS_UNSPECIFIED
+
+
+def lease_event(row: LeaseEventRow) -> task_service_pb2.LeaseEvent:
+    """One event of a task's lease history (an unknown stored kind reads UNSPECIFIED)."""
+    try:
+        kind = _EVENT_KINDS[EventKind(row.kind)]
+    except ValueError:
+        kind = task_service_pb2.LEASE_EVENT_KIND_UNSPECIFIED
+    return task_service_pb2.LeaseEvent(
+        kind=kind,
+        at=ts(row.at),
+        attempt=row.attempt,
+        host_id=row.host_id or "",
+        device_serial=row.device_serial or "",
+        operator=row.operator or "",
+        reason=row.reason or "",
+        result_status=_status_or_unspecified(row.result_status),
+        task_status=_status_or_unspecified(row.task_status),
+    )
 
 
 def device_dicts(devices: list[types_pb2.Device]) -> list[dict[str, object]]:
@@ -149,6 +308,7 @@ def decision(row: DecisionRow, *, include_observation: bool = False) -> types_pb
             cache_read_input_tokens=row.cache_read_input_tokens,
             cache_creation_input_tokens=row.cache_creation_input_tokens,
             thinking_tokens=row.thinking_tokens,
+            cost_usd=row.cost_usd,
         ),
         latency=duration(row.latency_seconds),
         forced_retry=row.forced_retry,
@@ -160,6 +320,7 @@ def decision(row: DecisionRow, *, include_observation: bool = False) -> types_pb
         thinking_kind=thinking_kind_to_proto(row.thinking_kind),
         retry_kind=retry_kind_to_proto(row.retry_kind),
         output_truncated=row.output_truncated,
+        planner_transport=TRANSPORTS.get(row.planner_transport, 0),  # type: ignore[arg-type]
     )
     if row.outcome_executed is not None:
         out.outcome.CopyFrom(
@@ -168,8 +329,26 @@ def decision(row: DecisionRow, *, include_observation: bool = False) -> types_pb
                 executed=row.outcome_executed,
                 error=row.outcome_error or "",
                 driver_output=row.outcome_driver_output or "",
+                # The host's own check only (a check the cloud ran is in `verification`).
+                verdict=types_pb2.VERDICT_UNSPECIFIED
+                if row.verdict_by_cloud
+                else verdict_to_proto(row.verdict),
+                evidence="" if row.verdict_by_cloud else (row.verdict_evidence or ""),
             )
         )
+    if row.verdict is not None or row.model_verdict is not None:
+        out.verification.CopyFrom(verification(row))
+    if row.previous_verdict is not None:
+        out.previous_step.CopyFrom(
+            types_pb2.StepJudgement(
+                verdict=verdict_to_proto(row.previous_verdict), note=row.previous_note or ""
+            )
+        )
+    if row.target_pb:
+        out.target.ParseFromString(row.target_pb)
+    out.flow_id = row.flow_id or ""
+    out.flow_step = row.flow_step or 0
+    out.replay_divergence = row.replay_divergence or ""
     if row.action_pb:
         out.action.ParseFromString(row.action_pb)
     if include_observation and row.observation_pb:

@@ -2,7 +2,8 @@
 
 It is also the attempt's memory for typed Decide calls: `attempt_steps` gives the earlier
 decisions as `planner.steps.PastStep`s, and `record_outcome` writes the outcome a host reports
-for one of them (once: a retried report changes nothing).
+for one of them (once: a retried report changes nothing). Every row keeps its tokens and cost:
+`cloud/store/spend.py` sums them.
 """
 
 from __future__ import annotations
@@ -14,83 +15,227 @@ import uuid
 
 from sqlalchemy import and_, delete, func, or_, select, update
 from sqlalchemy.exc import IntegrityError
+from sqlalchemy.ext.asyncio import AsyncSession
 
 from amc.v1 import types_pb2
 from cloud.store.database import Store
-from cloud.store.models import DecisionRow, TaskRow
+from cloud.store.models import AttemptRow, DecisionRow, TaskRow
+from planner.convert import masked_action
 from planner.decision import Decision
 from planner.steps import PastStep, StepOutcome, stored_arguments
+from planner.tools import Judgement
+from planner.verify import VerdictName, verdict_from_proto
 
 _APPEND_RETRIES = 20
 
 
+class StepKeyTaken(Exception):
+    """The attempt already logged a decision under this step key."""
+
+
 async def append(
-    store: Store, host_id: str, task_id: str, attempt: int, decision: Decision
+    store: Store,
+    host_id: str,
+    task_id: str,
+    attempt: int,
+    decision: Decision,
+    step_key: str | None = None,
 ) -> DecisionRow:
-    """Append one decision; its step index is max+1 within (task, attempt).
+    """Append one decision the cloud made; its step index is max+1 within (task, attempt).
 
     Two concurrent appends may compute the same index; the unique constraint refuses the second,
-    which retries. So indexes have no gaps and no repeats on either backend.
+    which retries. So indexes have no gaps and no repeats on either backend. With a `step_key`
+    the attempt already has a decision for (a retried Decide raced its original), nothing is
+    written and `StepKeyTaken` is raised: that decision is the step's (`by_step_key`).
     """
-    arguments = stored_arguments(decision)
-    thinking = [{"text": b.text, "redacted": b.redacted} for b in decision.thinking]
     last_error: Exception | None = None
     for _ in range(_APPEND_RETRIES):
         try:
-            async with store.write() as session:
-                current = await session.scalar(
-                    select(func.coalesce(func.max(DecisionRow.step_index), 0)).where(
-                        DecisionRow.task_id == task_id, DecisionRow.attempt == attempt
-                    )
+            return await _insert(
+                store, host_id, task_id, attempt, decision, "cloud", None, step_key=step_key
+            )
+        except IntegrityError as exc:
+            if step_key and await by_step_key(store, task_id, attempt, step_key) is not None:
+                raise StepKeyTaken(step_key) from exc
+            last_error = exc
+    raise RuntimeError("could not assign a step index") from last_error
+
+
+async def by_step_key(
+    store: Store, task_id: str, attempt: int, step_key: str
+) -> DecisionRow | None:
+    """The decision an attempt logged under a host's step key, if any."""
+    async with store.read() as session:
+        return await session.scalar(
+            select(DecisionRow).where(
+                DecisionRow.task_id == task_id,
+                DecisionRow.attempt == attempt,
+                DecisionRow.step_key == step_key,
+            )
+        )
+
+
+class ShippedElsewhere(ValueError):
+    """A host decision id that names a decision of another attempt (the host reused an id)."""
+
+
+async def append_shipped(
+    store: Store,
+    host_id: str,
+    task_id: str,
+    attempt: int,
+    host_decision_id: str,
+    decision: Decision,
+    outcome: types_pb2.ActionOutcome | None,
+) -> tuple[DecisionRow, bool]:
+    """Log a decision a host made on the direct transport, once per (host, host decision id):
+    (the row, whether it had been logged before). A resend changes nothing but a first outcome.
+
+    The step index is assigned as for the cloud's own decisions. A resend racing its original
+    (another replica) loses on the unique index and finds the winner's row on its next turn.
+    """
+    last_error: Exception | None = None
+    for _ in range(_APPEND_RETRIES):
+        existing = await _shipped(store, host_id, host_decision_id)
+        if existing is not None:
+            if (existing.task_id, existing.attempt) != (task_id, attempt):
+                raise ShippedElsewhere(
+                    f"host_decision_id {host_decision_id!r} already names a decision of task "
+                    f"{existing.task_id!r} attempt {existing.attempt}"
                 )
-                row = DecisionRow(
-                    decision_id=uuid.uuid4().hex,
-                    host_id=host_id,
-                    task_id=task_id,
-                    attempt=attempt,
-                    step_index=int(current or 0) + 1,
-                    provider=decision.provider,
-                    model=decision.model,
-                    system_prompt=decision.system_prompt,
-                    user_prompt=decision.user_prompt,
-                    tool_name=decision.tool_name,
-                    arguments_json=arguments,
-                    action_pb=_masked_action(decision),
-                    rationale=decision.rationale,
-                    thinking=thinking,
-                    purpose=decision.purpose,
-                    expected_outcome=decision.expected_outcome,
-                    input_tokens=decision.usage.input_tokens,
-                    output_tokens=decision.usage.output_tokens,
-                    cache_read_input_tokens=decision.usage.cache_read_input_tokens,
-                    cache_creation_input_tokens=decision.usage.cache_creation_input_tokens,
-                    thinking_tokens=decision.usage.thinking_tokens,
-                    latency_seconds=decision.latency_s,
-                    forced_retry=decision.forced_retry,
-                    corrective_retries=decision.corrective_retries,
-                    created_at=store.now(),
-                    planner_mode=decision.planner_mode,
-                    page=decision.page,
-                    target=decision.target,
-                    thinking_kind=decision.thinking_kind,
-                    retry_kind=decision.retry_kind,
-                    output_truncated=decision.output_truncated,
-                    observation_pb=_observation(decision),
-                )
-                session.add(row)
-                await session.flush()
-            return row
+            if outcome is not None and await record_outcome_of(
+                store, existing.decision_id, outcome
+            ):
+                existing = await get(store, existing.decision_id) or existing
+            return existing, True
+        try:
+            row = await _insert(
+                store, host_id, task_id, attempt, decision, "direct", host_decision_id, outcome
+            )
+            await _learn_again(store, task_id, attempt)
+            return row, False
         except IntegrityError as exc:
             last_error = exc
     raise RuntimeError("could not assign a step index") from last_error
 
 
-def _masked_action(decision: Decision) -> bytes:
-    action = type(decision.action)()
-    action.CopyFrom(decision.action)
-    if decision.sensitive and action.WhichOneof("kind") == "input_text":
-        action.input_text.text = "•••"
-    return action.SerializeToString()
+async def _learn_again(store: Store, task_id: str, attempt: int) -> None:
+    """Hand an attempt the learning loop left waiting for its shipped decisions back to it."""
+    async with store.write() as session:
+        await session.execute(
+            update(AttemptRow)
+            .where(
+                AttemptRow.task_id == task_id,
+                AttemptRow.attempt == attempt,
+                AttemptRow.flow_state == "awaiting-ship",  # cloud.flows.learning.AWAITING_SHIP
+            )
+            .values(flow_state=None)
+        )
+
+
+async def _shipped(store: Store, host_id: str, host_decision_id: str) -> DecisionRow | None:
+    async with store.read() as session:
+        return await session.scalar(
+            select(DecisionRow).where(
+                DecisionRow.host_id == host_id, DecisionRow.host_decision_id == host_decision_id
+            )
+        )
+
+
+async def _insert(
+    store: Store,
+    host_id: str,
+    task_id: str,
+    attempt: int,
+    decision: Decision,
+    transport: str,
+    host_decision_id: str | None,
+    outcome: types_pb2.ActionOutcome | None = None,
+    step_key: str | None = None,
+) -> DecisionRow:
+    """One row at the next step index of (task, attempt), masked; IntegrityError when another
+    writer took that index (or that host decision id) first."""
+    thinking = [{"text": b.text, "redacted": b.redacted} for b in decision.thinking]
+    judged = decision.previous_step
+    async with store.write() as session:
+        current = await session.scalar(
+            select(func.coalesce(func.max(DecisionRow.step_index), 0)).where(
+                DecisionRow.task_id == task_id, DecisionRow.attempt == attempt
+            )
+        )
+        row = DecisionRow(
+            decision_id=uuid.uuid4().hex,
+            host_id=host_id,
+            task_id=task_id,
+            attempt=attempt,
+            step_index=int(current or 0) + 1,
+            provider=decision.provider,
+            model=decision.model,
+            system_prompt=decision.system_prompt,
+            user_prompt=decision.user_prompt,
+            tool_name=decision.tool_name,
+            arguments_json=stored_arguments(decision),
+            action_pb=masked_action(decision).SerializeToString(),
+            rationale=decision.rationale,
+            thinking=thinking,
+            purpose=decision.purpose,
+            expected_outcome=decision.expected_outcome,
+            input_tokens=decision.usage.input_tokens,
+            output_tokens=decision.usage.output_tokens,
+            cache_read_input_tokens=decision.usage.cache_read_input_tokens,
+            cache_creation_input_tokens=decision.usage.cache_creation_input_tokens,
+            thinking_tokens=decision.usage.thinking_tokens,
+            latency_seconds=decision.latency_s,
+            forced_retry=decision.forced_retry,
+            corrective_retries=decision.corrective_retries,
+            created_at=store.now(),
+            planner_mode=decision.planner_mode,
+            page=decision.page,
+            target=decision.target,
+            thinking_kind=decision.thinking_kind,
+            retry_kind=decision.retry_kind,
+            output_truncated=decision.output_truncated,
+            cost_usd=decision.usage.cost_usd,
+            planner_transport=transport,
+            host_decision_id=host_decision_id,
+            observation_pb=_observation(decision),
+            step_key=step_key or None,
+            previous_verdict=judged.verdict if judged is not None else None,
+            previous_note=judged.note if judged is not None else None,
+            target_pb=decision.target_descriptor.SerializeToString()
+            if decision.target_descriptor is not None
+            else None,
+            flow_id=decision.flow_id or None,
+            flow_step=decision.flow_step or None,
+            replay_divergence=decision.replay_divergence or None,
+        )
+        if outcome is not None:
+            for name, value in _outcome_values(outcome).items():
+                setattr(row, name, value)
+        session.add(row)
+        await session.flush()
+        await _add_to_totals(session, task_id, decision)
+    return row
+
+
+async def _add_to_totals(session: AsyncSession, task_id: str, decision: Decision) -> None:
+    """Count the decision in its task's totals, in the transaction that logs it (the totals
+    outlive the log, which is pruned after the retention period)."""
+    usage = decision.usage
+    await session.execute(
+        update(TaskRow)
+        .where(TaskRow.task_id == task_id)
+        .values(
+            input_tokens=TaskRow.input_tokens + usage.input_tokens,
+            output_tokens=TaskRow.output_tokens + usage.output_tokens,
+            cache_read_tokens=TaskRow.cache_read_tokens + usage.cache_read_input_tokens,
+            cache_write_tokens=TaskRow.cache_write_tokens + usage.cache_creation_input_tokens,
+            thinking_tokens=TaskRow.thinking_tokens + usage.thinking_tokens,
+            cost_usd=TaskRow.cost_usd + usage.cost_usd,
+            decision_count=TaskRow.decision_count + 1,
+        )
+        .execution_options(synchronize_session=False)
+    )
 
 
 def _observation(decision: Decision) -> bytes | None:
@@ -142,7 +287,13 @@ async def list_page(
 def past_step(row: DecisionRow) -> PastStep:
     """A logged decision as the planner's history remembers it."""
     outcome = (
-        StepOutcome(row.outcome_executed, row.outcome_error or "", row.outcome_driver_output or "")
+        StepOutcome(
+            row.outcome_executed,
+            row.outcome_error or "",
+            row.outcome_driver_output or "",
+            verdict_name(row.verdict),
+            row.verdict_evidence or "",
+        )
         if row.outcome_executed is not None
         else None
     )
@@ -156,27 +307,51 @@ def past_step(row: DecisionRow) -> PastStep:
         expected_outcome=row.expected_outcome,
         rationale=row.rationale,
         outcome=outcome,
+        mode=row.planner_mode,
+        flow_id=row.flow_id or "",
+        flow_step=row.flow_step or 0,
     )
+
+
+def verdict_name(value: str | None) -> VerdictName | None:
+    """A stored verdict as the planner names it (None: not checked, or an unknown word)."""
+    for name in ("met", "not_met", "unknown"):
+        if value == name:
+            return name
+    return None
+
+
+async def attempt_rows(store: Store, task_id: str, attempt: int) -> list[DecisionRow]:
+    """Every decision row of one attempt, in step order."""
+    async with store.read() as session:
+        return list(
+            (
+                await session.scalars(
+                    select(DecisionRow)
+                    .where(DecisionRow.task_id == task_id, DecisionRow.attempt == attempt)
+                    .order_by(DecisionRow.step_index)
+                )
+            ).all()
+        )
 
 
 async def attempt_steps(store: Store, task_id: str, attempt: int) -> list[PastStep]:
     """Every decision of one attempt, in step order, with the outcomes reported so far."""
-    async with store.read() as session:
-        rows = (
-            await session.scalars(
-                select(DecisionRow)
-                .where(DecisionRow.task_id == task_id, DecisionRow.attempt == attempt)
-                .order_by(DecisionRow.step_index)
-            )
-        ).all()
-    return [past_step(r) for r in rows]
+    return [past_step(r) for r in await attempt_rows(store, task_id, attempt)]
 
 
 async def record_outcome(
-    store: Store, task_id: str, attempt: int, outcome: types_pb2.ActionOutcome
+    store: Store,
+    task_id: str,
+    attempt: int,
+    outcome: types_pb2.ActionOutcome,
+    *,
+    checked_by_cloud: bool = False,
 ) -> bool:
-    """Record a reported outcome on the decision it names; False when that decision already
-    has one (a retried report) or does not exist."""
+    """Record a reported outcome, with its verdict, on the decision it names; False when that
+    decision already has one (a retried report) or does not exist. `checked_by_cloud`: the
+    cloud ran the checker because the host sent no verdict."""
+    verdict = verdict_from_proto(outcome.verdict)
     async with store.write() as session:
         result = await session.execute(
             update(DecisionRow)
@@ -190,7 +365,54 @@ async def record_outcome(
                 outcome_executed=outcome.executed,
                 outcome_error=outcome.error,
                 outcome_driver_output=outcome.driver_output,
+                verdict=verdict,
+                verdict_evidence=outcome.evidence if verdict is not None else None,
+                verdict_by_cloud=checked_by_cloud and verdict is not None,
             )
+        )
+        return bool(result.rowcount)  # type: ignore[attr-defined]
+
+
+def _outcome_values(outcome: types_pb2.ActionOutcome) -> dict[str, object]:
+    """The columns a host's reported outcome fills, its checker's verdict included."""
+    verdict = verdict_from_proto(outcome.verdict)
+    return {
+        "outcome_executed": outcome.executed,
+        "outcome_error": outcome.error,
+        "outcome_driver_output": outcome.driver_output,
+        "verdict": verdict,
+        "verdict_evidence": outcome.evidence if verdict is not None else None,
+    }
+
+
+async def record_outcome_of(
+    store: Store, decision_id: str, outcome: types_pb2.ActionOutcome
+) -> bool:
+    """`record_outcome` for a decision named by its id (a shipped decision's later outcome)."""
+    async with store.write() as session:
+        result = await session.execute(
+            update(DecisionRow)
+            .where(DecisionRow.decision_id == decision_id, DecisionRow.outcome_executed.is_(None))
+            .values(**_outcome_values(outcome))
+        )
+    return bool(result.rowcount)  # type: ignore[attr-defined]
+
+
+async def record_judgement(
+    store: Store, task_id: str, attempt: int, step_index: int, judgement: Judgement
+) -> bool:
+    """Record the model's judgement of decision `step_index` (given with the next decision);
+    the first judgement wins, like the first outcome."""
+    async with store.write() as session:
+        result = await session.execute(
+            update(DecisionRow)
+            .where(
+                DecisionRow.task_id == task_id,
+                DecisionRow.attempt == attempt,
+                DecisionRow.step_index == step_index,
+                DecisionRow.model_verdict.is_(None),
+            )
+            .values(model_verdict=judgement.verdict, model_note=judgement.note)
         )
         return bool(result.rowcount)  # type: ignore[attr-defined]
 

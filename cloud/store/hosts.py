@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+from dataclasses import dataclass
 from typing import Any, cast
 
 from sqlalchemy import String, Table, bindparam, or_, select, text, update
@@ -72,6 +73,34 @@ async def update_devices(store: Store, host_id: str, devices: list[dict[str, Any
             update(HostRow)
             .where(HostRow.host_id == host_id)
             .values(devices=devices, last_seen_at=now)
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Backlog:
+    """A host's outbox backlog as it reported it (`amc.v1.OutboxBacklog`)."""
+
+    items: int
+    decisions: int
+    refused: int
+    oldest_at: dt.datetime | None
+
+
+async def update_outbox(store: Store, host_id: str, backlog: Backlog) -> None:
+    """Record the host's outbox backlog (and that it spoke)."""
+    now = store.now()
+    async with store.write() as session:
+        await session.execute(
+            update(HostRow)
+            .where(HostRow.host_id == host_id)
+            .values(
+                outbox_items=backlog.items,
+                outbox_decisions=backlog.decisions,
+                outbox_refused=backlog.refused,
+                outbox_oldest_at=backlog.oldest_at,
+                outbox_reported_at=now,
+                last_seen_at=now,
+            )
         )
 
 

@@ -7,6 +7,7 @@ from typing import Any
 
 from sqlalchemy import (
     JSON,
+    BigInteger,
     Boolean,
     CheckConstraint,
     DateTime,
@@ -15,6 +16,7 @@ from sqlalchemy import (
     ForeignKey,
     Index,
     Integer,
+    LargeBinary,
     MetaData,
     String,
     Text,
@@ -83,10 +85,26 @@ class TaskRow(Base):
     client_request_id: Mapped[str | None] = mapped_column(String(128), unique=True)
     cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
     cancel_reason: Mapped[str | None] = mapped_column(Text)
+    # Submitted with no_replay: every step is planned by the model (migration 0010).
+    no_replay: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
     result_summary: Mapped[str | None] = mapped_column(Text)
     created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime())
     updated_at: Mapped[dt.datetime] = mapped_column(UTCDateTime())
     finished_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime())
+    # The operator who asked to cancel (their certificate's name); NULL when nobody did.
+    cancelled_by: Mapped[str | None] = mapped_column(String(256))
+    # Token usage of every decision logged for the task, summed as each is appended (kept when
+    # the decision log is pruned): the task's totals.
+    input_tokens: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    output_tokens: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    cache_read_tokens: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    cache_write_tokens: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    thinking_tokens: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    cost_usd: Mapped[float] = mapped_column(Float, default=0.0, server_default="0")
+    decision_count: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    # Spending caps (SubmitTaskRequest.budget, or the cloud's defaults); 0 = no cap.
+    max_tokens: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    max_cost_usd: Mapped[float] = mapped_column(Float, default=0.0, server_default="0")
 
     __table_args__ = (
         Index("ix_tasks_status_created_at", "status", "created_at"),
@@ -125,9 +143,30 @@ class AttemptRow(Base):
     progress_updated_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime())
     # The host's step limit for this attempt (Progress.max_steps); NULL when it did not say.
     max_steps: Mapped[int | None] = mapped_column(Integer)
+    # The host's result arrived after the lease ran out, before another attempt started, and was
+    # accepted (leases/results.py): what the host finished counts instead of running again.
+    late_result: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
+    # Learned flows (migration 0010): what retrieval decided at assignment (the flow handed
+    # over, its score and scorer, why, and every candidate handed over, best first), how the
+    # replay went, and whether the learning loop has looked at the ended attempt (NULL: not
+    # yet; "done").
+    flow_id: Mapped[str | None] = mapped_column(String(32))
+    flow_score: Mapped[float | None] = mapped_column(Float)
+    flow_scorer: Mapped[str | None] = mapped_column(String(32))
+    flow_reason: Mapped[str | None] = mapped_column(Text)
+    flow_candidates: Mapped[list[str] | None] = mapped_column(JSON)
+    replay_steps: Mapped[int | None] = mapped_column(Integer)
+    replay_diverged_step: Mapped[int | None] = mapped_column(Integer)
+    replay_divergence: Mapped[str | None] = mapped_column(Text)
+    flow_state: Mapped[str | None] = mapped_column(String(16))
+    # Renewals are summarised here rather than recorded one by one (lease_events has the rest).
+    renewals: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    first_renewed_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime())
+    last_renewed_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime())
 
     __table_args__ = (
         UniqueConstraint("task_id", "attempt"),
+        Index("ix_attempts_flow_state", "flow_state", "ended_at"),
         # One live attempt per phone: the database refuses a second one, whatever replica tries.
         Index(
             "uq_attempts_live_device",
@@ -139,6 +178,31 @@ class AttemptRow(Base):
         ),
         Index("ix_attempts_live_expiry", "ended_at", "lease_expires_at"),
     )
+
+
+class LeaseEventRow(Base):
+    """One event of a task's lease history (append-only): assigned, resumed, revoked, expired,
+    deadline exceeded, cancel requested, cancelled, result, requeued (`cloud/store/lease_events`).
+
+    Written in the transaction that made the change it records, so the history and the state
+    never disagree. `attempt` is 0 for an event before the first attempt.
+    """
+
+    __tablename__ = "lease_events"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    task_id: Mapped[str] = mapped_column(ForeignKey("tasks.task_id", ondelete="CASCADE"))
+    attempt: Mapped[int] = mapped_column(Integer)
+    kind: Mapped[str] = mapped_column(String(24))
+    at: Mapped[dt.datetime] = mapped_column(UTCDateTime())
+    host_id: Mapped[str | None] = mapped_column(String(128))
+    device_serial: Mapped[str | None] = mapped_column(String(128))
+    operator: Mapped[str | None] = mapped_column(String(256))
+    reason: Mapped[str | None] = mapped_column(Text)
+    result_status: Mapped[str | None] = mapped_column(String(16))
+    task_status: Mapped[str | None] = mapped_column(String(16))
+
+    __table_args__ = (Index("ix_lease_events_task_id_id", "task_id", "id"),)
 
 
 class HostRow(Base):
@@ -160,6 +224,12 @@ class HostRow(Base):
     # Which run of the host agent sent the last hello (`HostHello.process_id`; None for an
     # agent that does not say): a hello naming another one comes from a new process.
     process_id: Mapped[str | None] = mapped_column(String(128))
+    # The host's outbox backlog as it last reported it (OutboxBacklog); reported_at NULL: never.
+    outbox_items: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    outbox_decisions: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    outbox_refused: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    outbox_oldest_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime())
+    outbox_reported_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime())
 
 
 class RevocationRow(Base):
@@ -230,11 +300,72 @@ class DecisionRow(Base):
     # The screen the decision was made on: `amc.v1.ScreenObservation` bytes without OCR blocks
     # (NULL before 0006 and for prompt-based requests). Never a screenshot.
     observation_pb: Mapped[bytes | None] = mapped_column()
+    # The host's name for the planning step (DecideRequest.step_key; NULL when it sent none): a
+    # retried Decide with the same key gets this row back instead of planning again.
+    step_key: Mapped[str | None] = mapped_column(String(64))
+    # "cloud" (Decide made it) or "direct" (a host made it and shipped it); rows from before
+    # 0009 were all the cloud's.
+    planner_transport: Mapped[str] = mapped_column(
+        String(16), default="cloud", server_default="cloud"
+    )
+    # The host's own id of a shipped decision (NULL for the cloud's): a resend finds it here.
+    host_decision_id: Mapped[str | None] = mapped_column(String(64))
+    # Verification (migration 0010): the checker's verdict on this decision's expected outcome
+    # ("met" | "not_met" | "unknown"; NULL until reported) with its evidence and whether the
+    # cloud ran it (the host sent none); the model's judgement of it (from the next decision);
+    # this decision's own judgement of the step before it.
+    verdict: Mapped[str | None] = mapped_column(String(16))
+    verdict_evidence: Mapped[str | None] = mapped_column(Text)
+    verdict_by_cloud: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
+    model_verdict: Mapped[str | None] = mapped_column(String(16))
+    model_note: Mapped[str | None] = mapped_column(Text)
+    previous_verdict: Mapped[str | None] = mapped_column(String(16))
+    previous_note: Mapped[str | None] = mapped_column(Text)
+    # The semantic target of the element the action names (amc.v1.ElementTarget, serialized).
+    target_pb: Mapped[bytes | None] = mapped_column(LargeBinary)
+    # A replayed step: its flow and 1-based step; the decision that took over from a replay:
+    # the flow step that diverged and why.
+    flow_id: Mapped[str | None] = mapped_column(String(32))
+    flow_step: Mapped[int | None] = mapped_column(Integer)
+    replay_divergence: Mapped[str | None] = mapped_column(Text)
+    # What the decision's model calls cost in US dollars (planner/prices.py); 0 for rows from
+    # before migration 0012 and for models without a price.
+    cost_usd: Mapped[float] = mapped_column(Float, default=0.0, server_default="0")
 
     __table_args__ = (
         UniqueConstraint("task_id", "attempt", "step_index"),
+        # NULLs never collide (both backends): only keyed decisions are unique per step key.
+        UniqueConstraint("task_id", "attempt", "step_key", name="uq_decisions_step_key"),
         Index("ix_decisions_created_at", "created_at"),
+        # Each shipped decision is logged once per host, whatever replica a resend reaches.
+        Index("ix_decisions_host_decision_id", "host_id", "host_decision_id", unique=True),
     )
+
+
+class StepScreenshotRow(Base):
+    """Where one step screenshot lives in the artifact store, and what it is. The image itself
+    is never in the database: `object_key` names it in the store (a file or a bucket object)."""
+
+    __tablename__ = "step_screenshots"
+
+    task_id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    attempt: Mapped[int] = mapped_column(Integer, primary_key=True)
+    step_index: Mapped[int] = mapped_column(Integer, primary_key=True)
+    # "before" | "after"
+    phase: Mapped[str] = mapped_column(String(8), primary_key=True)
+    decision_id: Mapped[str] = mapped_column(String(32))
+    host_id: Mapped[str] = mapped_column(String(128))
+    object_key: Mapped[str] = mapped_column(Text)
+    content_type: Mapped[str] = mapped_column(String(32))
+    size_bytes: Mapped[int] = mapped_column(Integer)
+    width: Mapped[int] = mapped_column(Integer)
+    height: Mapped[int] = mapped_column(Integer)
+    # Bounds of the element the step's action named (ActionMarks.target); NULL when none.
+    target_left: Mapped[int | None] = mapped_column(Integer)
+    target_top: Mapped[int | None] = mapped_column(Integer)
+    target_right: Mapped[int | None] = mapped_column(Integer)
+    target_bottom: Mapped[int | None] = mapped_column(Integer)
+    uploaded_at: Mapped[dt.datetime] = mapped_column(UTCDateTime())
 
 
 class SessionItemRow(Base):
@@ -254,3 +385,55 @@ class SessionItemRow(Base):
     item_type: Mapped[str] = mapped_column(String(32))
     body: Mapped[str] = mapped_column(Text)
     created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime())
+
+
+class TaskSecretRow(Base):
+    """One secret parameter of a task (SubmitTaskRequest.secrets), encrypted (`cloud/secrets.py`).
+
+    Written at submit, read only to build the assignment for the lease holder, deleted when the
+    task ends (the sweeper) and with the task. `value` is a Fernet token: never the plain value.
+    """
+
+    __tablename__ = "task_secrets"
+
+    task_id: Mapped[str] = mapped_column(
+        ForeignKey("tasks.task_id", ondelete="CASCADE"), primary_key=True
+    )
+    name: Mapped[str] = mapped_column(String(64), primary_key=True)
+    value: Mapped[str] = mapped_column(Text)
+    created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime())
+
+
+class FlowRow(Base):
+    """A learned flow (migration 0010): the steps of an attempt that succeeded, replayable
+    without the model. `flow_pb` is the `amc.v1.Flow` with its steps (its counts and status
+    are the columns here, which change); `fingerprint` makes the same path learned twice one
+    flow. `embedding` is the embedding vector of `embedding_text` as a JSON list when an
+    embedding provider made one (PostgreSQL with pgvector ranks it in SQL, see
+    cloud/flows/retrieval.py)."""
+
+    __tablename__ = "flows"
+
+    flow_id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    fingerprint: Mapped[str] = mapped_column(String(64), unique=True)
+    goal_template: Mapped[str] = mapped_column(Text)
+    flow_pb: Mapped[bytes] = mapped_column(LargeBinary)
+    embedding_text: Mapped[str] = mapped_column(Text)
+    embedding: Mapped[list[float] | None] = mapped_column(JSON)
+    embedding_model: Mapped[str | None] = mapped_column(String(128))
+    # "active" | "disabled" (an operator) | "retired" (diverged too often in a row)
+    status: Mapped[str] = mapped_column(String(16))
+    status_reason: Mapped[str] = mapped_column(Text, default="", server_default="")
+    source_task_id: Mapped[str] = mapped_column(String(32))
+    source_attempt: Mapped[int] = mapped_column(Integer)
+    uses: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    replays_completed: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    divergences: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    consecutive_divergences: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    # flow step (as a string key) -> divergences there
+    divergences_by_step: Mapped[dict[str, int]] = mapped_column(JSON, default=dict)
+    last_divergence: Mapped[str] = mapped_column(Text, default="", server_default="")
+    created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime())
+    updated_at: Mapped[dt.datetime] = mapped_column(UTCDateTime())
+
+    __table_args__ = (Index("ix_flows_status_updated_at", "status", "updated_at"),)

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 
 from amc.v1 import types_pb2
-from cloud.store import decisions, leases, sessions, tasks
+from cloud import metrics
+from cloud.store import convert, decisions, flows, leases, sessions, tasks
 from cloud.store.database import Store
 from planner.conversation.items import SessionItem, dumps_item, item_type, loads_item
 from planner.decision import Decision
 from planner.steps import PastStep
+from planner.tools import Judgement
+from telemetry import tracing
 
 
 class StoreLeaseGate:
@@ -23,24 +26,44 @@ class StoreLeaseGate:
 
 
 class StoreDecisionSink:
-    """`append`: one decision row with a cloud-assigned, gap-free step index per (task, attempt)."""
+    """`append`: one decision row with a cloud-assigned, gap-free step index per (task, attempt);
+    `logged`: the decision already logged under a host's step key (a retried Decide)."""
 
     def __init__(self, store: Store) -> None:
         self._store = store
 
     async def append(
-        self, host_id: str, task_id: str, attempt: int, decision: Decision
-    ) -> tuple[str, int]:
-        row = await decisions.append(self._store, host_id, task_id, attempt, decision)
+        self, host_id: str, task_id: str, attempt: int, decision: Decision, step_key: str = ""
+    ) -> tuple[str, int] | None:
+        with tracing.span(
+            "decision log write", {"amc.task_id": task_id, "amc.attempt": attempt}
+        ) as span:
+            try:
+                row = await decisions.append(
+                    self._store, host_id, task_id, attempt, decision, step_key or None
+                )
+            except decisions.StepKeyTaken:
+                return None
+            tracing.set_attributes(span, {"amc.step": row.step_index})
         return row.decision_id, row.step_index
+
+    async def logged(self, task_id: str, attempt: int, step_key: str) -> types_pb2.Decision | None:
+        row = await decisions.by_step_key(self._store, task_id, attempt, step_key)
+        return None if row is None else convert.decision(row)
+
+
+FlowsHanded = Callable[[str, int, str], Awaitable[list[types_pb2.Flow]]]
+"""(task id, attempt, goal) -> the learned flows the attempt was handed (cloud.flows)."""
 
 
 class StoreAttemptLog:
-    """`goal`, `steps`, `record_outcome`: the task row and the decision log as an attempt's
-    memory, so a host sends only what it sees."""
+    """`goal`, `steps`, `record_outcome`, `record_judgement`, `flows`, `record_replay`: the
+    task row, the decision log and the attempt's flow columns as an attempt's memory, so a host
+    sends only what it sees."""
 
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: Store, handed: FlowsHanded | None = None) -> None:
         self._store = store
+        self._handed = handed
 
     async def goal(self, task_id: str) -> str | None:
         return await tasks.goal(self._store, task_id)
@@ -49,9 +72,50 @@ class StoreAttemptLog:
         return await decisions.attempt_steps(self._store, task_id, attempt)
 
     async def record_outcome(
-        self, task_id: str, attempt: int, outcome: types_pb2.ActionOutcome
+        self,
+        task_id: str,
+        attempt: int,
+        outcome: types_pb2.ActionOutcome,
+        *,
+        checked_by_cloud: bool = False,
     ) -> None:
-        await decisions.record_outcome(self._store, task_id, attempt, outcome)
+        await decisions.record_outcome(
+            self._store, task_id, attempt, outcome, checked_by_cloud=checked_by_cloud
+        )
+
+    async def record_judgement(
+        self, task_id: str, attempt: int, step_index: int, judgement: Judgement
+    ) -> None:
+        await decisions.record_judgement(self._store, task_id, attempt, step_index, judgement)
+
+    async def flows(self, task_id: str, goal: str, attempt: int) -> list[types_pb2.Flow]:
+        if self._handed is None:
+            return []
+        return await self._handed(task_id, attempt, goal)
+
+    async def record_replay(
+        self,
+        task_id: str,
+        attempt: int,
+        *,
+        flow_id: str,
+        steps_replayed: int,
+        diverged_at: int,
+        reason: str,
+    ) -> None:
+        await flows.record_replay(
+            self._store,
+            task_id,
+            attempt,
+            flow_id=flow_id,
+            steps_replayed=steps_replayed,
+            diverged_at=diverged_at,
+            reason=reason,
+        )
+        if diverged_at:
+            metrics.current().flow_divergences.inc()
+        else:
+            metrics.current().flow_steps_replayed.inc()
 
 
 class StoreSessionStore:

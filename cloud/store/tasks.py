@@ -7,22 +7,28 @@ import datetime as dt
 import json
 import uuid
 from collections import defaultdict
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from sqlalchemy import and_, func, or_, select, update
 from sqlalchemy.exc import IntegrityError
 
-from cloud.store import states
+from cloud.store import secrets, spend, states
 from cloud.store.database import Store
+from cloud.store.lease_events import EventKind
+from cloud.store.lease_events import new as new_event
 from cloud.store.models import AttemptRow, TaskRow
+from planner.decision import Usage
 
 
 @dataclass(slots=True)
 class TaskView:
-    """A task and its attempts, oldest first (attempts may be empty in list views)."""
+    """A task and its attempts, oldest first (attempts may be empty in list views), with what
+    each attempt's decisions cost (attempt number → usage; attempts without decisions absent)."""
 
     task: TaskRow
     attempts: list[AttemptRow] = field(default_factory=list)
+    usage: dict[int, Usage] = field(default_factory=dict)
 
     def latest_progress_attempt(self) -> AttemptRow | None:
         """The newest attempt that reported progress (a requeued task keeps its last progress)."""
@@ -50,6 +56,11 @@ class NewTask:
     target_host_id: str | None = None
     target_device_serial: str | None = None
     client_request_id: str | None = None
+    #: Secret parameters, name → sealed token (`cloud/secret_box.py`), never plain values.
+    sealed_secrets: Mapping[str, str] = field(default_factory=dict)
+    no_replay: bool = False
+    max_tokens: int = 0
+    max_cost_usd: float = 0.0
 
 
 async def submit(store: Store, spec: NewTask) -> tuple[TaskView, bool]:
@@ -71,12 +82,18 @@ async def submit(store: Store, spec: NewTask) -> tuple[TaskView, bool]:
         deadline=now + dt.timedelta(seconds=spec.timeout_seconds),
         client_request_id=spec.client_request_id or None,
         cancel_requested=False,
+        no_replay=spec.no_replay,
+        max_tokens=spec.max_tokens,
+        max_cost_usd=spec.max_cost_usd,
         created_at=now,
         updated_at=now,
     )
     try:
         async with store.write() as session:
             session.add(row)
+            if spec.sealed_secrets:
+                await session.flush()  # the task row first: the secrets refer to it
+                secrets.add(session, row.task_id, spec.sealed_secrets, now)
     except IntegrityError:
         # Two submissions with one key raced; the other one won.
         if spec.client_request_id:
@@ -111,7 +128,10 @@ async def load_views(store: Store, task_ids: list[str]) -> list[TaskView]:
     by_task: dict[str, list[AttemptRow]] = defaultdict(list)
     for a in attempts:
         by_task[a.task_id].append(a)
-    found = {t.task_id: TaskView(t, by_task[t.task_id]) for t in tasks}
+    usage: dict[str, dict[int, Usage]] = defaultdict(dict)
+    for (task_id, attempt), used in (await spend.usage_by_attempt(store, task_ids)).items():
+        usage[task_id][attempt] = used
+    found = {t.task_id: TaskView(t, by_task[t.task_id], usage[t.task_id]) for t in tasks}
     return [found[i] for i in task_ids if i in found]
 
 
@@ -134,6 +154,8 @@ class TaskFilter:
     statuses: tuple[str, ...] = ()
     host_id: str = ""
     query: str = ""
+    #: Lower-case hexadecimal start of the task id (ids are uuid4 hex).
+    id_prefix: str = ""
 
 
 def encode_cursor(task: TaskRow) -> str:
@@ -162,6 +184,8 @@ async def list_page(
         stmt = stmt.where(TaskRow.host_id == flt.host_id)
     if flt.query:
         stmt = stmt.where(func.lower(TaskRow.goal).contains(flt.query.lower(), autoescape=True))
+    if flt.id_prefix:
+        stmt = stmt.where(TaskRow.task_id.startswith(flt.id_prefix, autoescape=True))
     if page_token:
         created, task_id = decode_cursor(page_token)
         stmt = stmt.where(
@@ -209,8 +233,12 @@ class CancelOutcome:
     revoke: LiveLease | None = None
 
 
-async def cancel(store: Store, task_id: str, reason: str) -> CancelOutcome:
-    """Cancel a queued task at once; flag a running one and name its lease for the revoke."""
+async def cancel(store: Store, task_id: str, reason: str, operator: str = "") -> CancelOutcome:
+    """Cancel a queued task at once; flag a running one and name its lease for the revoke.
+
+    Either way the lease history records who asked (`operator`, their certificate's name) and
+    why; a second request for a task already being cancelled keeps the first one's words.
+    """
     reason = reason or "cancelled by operator"
     now = store.now()
     revoke: LiveLease | None = None
@@ -222,25 +250,52 @@ async def cancel(store: Store, task_id: str, reason: str) -> CancelOutcome:
             ended = True
         else:
             ended = False
-            queued = await session.execute(
-                update(TaskRow)
-                .where(TaskRow.task_id == task_id, TaskRow.status == states.QUEUED)
-                .values(
-                    status=states.CANCELLED,
-                    cancel_requested=True,
-                    cancel_reason=reason,
-                    result_summary=reason,
-                    finished_at=now,
-                    updated_at=now,
-                )
-                .returning(TaskRow.task_id)
-            )
-            if queued.first() is None:
+            queued = (
                 await session.execute(
                     update(TaskRow)
-                    .where(TaskRow.task_id == task_id, TaskRow.status.in_(states.LIVE))
-                    .values(cancel_requested=True, cancel_reason=reason, updated_at=now)
+                    .where(TaskRow.task_id == task_id, TaskRow.status == states.QUEUED)
+                    .values(
+                        status=states.CANCELLED,
+                        cancel_requested=True,
+                        cancel_reason=reason,
+                        cancelled_by=operator or None,
+                        result_summary=reason,
+                        finished_at=now,
+                        updated_at=now,
+                    )
+                    .returning(TaskRow.task_id, TaskRow.attempt)
                 )
+            ).first()
+            if queued is not None:
+                session.add(
+                    new_event(
+                        EventKind.CANCELLED,
+                        task_id,
+                        queued[1],
+                        now,
+                        operator=operator,
+                        reason=reason,
+                        task_status=states.CANCELLED,
+                    )
+                )
+            else:
+                flagged = (
+                    await session.execute(
+                        update(TaskRow)
+                        .where(
+                            TaskRow.task_id == task_id,
+                            TaskRow.status.in_(states.LIVE),
+                            TaskRow.cancel_requested.is_(False),
+                        )
+                        .values(
+                            cancel_requested=True,
+                            cancel_reason=reason,
+                            cancelled_by=operator or None,
+                            updated_at=now,
+                        )
+                        .returning(TaskRow.status)
+                    )
+                ).first()
                 live = await session.scalar(
                     select(AttemptRow).where(
                         AttemptRow.task_id == task_id,
@@ -250,5 +305,39 @@ async def cancel(store: Store, task_id: str, reason: str) -> CancelOutcome:
                 )
                 if live is not None:
                     revoke = LiveLease(live.host_id, task_id, live.attempt, live.lease_id)
+                if flagged is not None:
+                    session.add(
+                        new_event(
+                            EventKind.CANCEL_REQUESTED,
+                            task_id,
+                            task.attempt,
+                            now,
+                            host_id=live.host_id if live is not None else None,
+                            device_serial=live.device_serial if live is not None else None,
+                            operator=operator,
+                            reason=reason,
+                            task_status=flagged[0],
+                        )
+                    )
     view = await get(store, task_id)
     return CancelOutcome(view, already_ended=ended, revoke=revoke)
+
+
+async def count_by_status(store: Store) -> dict[str, int]:
+    """How many tasks are in each status (the metrics' gauges)."""
+    async with store.read() as session:
+        rows = (
+            await session.execute(select(TaskRow.status, func.count()).group_by(TaskRow.status))
+        ).all()
+    return {status: int(n) for status, n in rows}
+
+
+async def budget(store: Store, task_id: str) -> tuple[int, float] | None:
+    """The task's caps (max tokens, max cost in dollars; 0 = none), or None for no such task."""
+    async with store.read() as session:
+        row = (
+            await session.execute(
+                select(TaskRow.max_tokens, TaskRow.max_cost_usd).where(TaskRow.task_id == task_id)
+            )
+        ).first()
+    return None if row is None else (int(row[0]), float(row[1]))

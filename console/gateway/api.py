@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from collections.abc import AsyncIterator
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, Query, Request, status
 from fastapi import Path as PathParam
 from starlette.concurrency import run_in_threadpool
 from starlette.responses import Response, StreamingResponse
 
+from amc.v1.artifact_service_pb2 import SCREENSHOT_PHASE_AFTER, SCREENSHOT_PHASE_BEFORE
 from console.exporting import cloud_run, export_name
-from console.gateway.auth import require_api_user
+from console.gateway.auth import API_TOKEN_USER, ApiUser, require_api_user
 from console.gateway.cloud import CloudClient
 from console.gateway.events import event_stream, host_event_stream
 from console.gateway.history import group_history
@@ -23,14 +25,23 @@ from console.gateway.models import (
     DecisionPage,
     DispatchOut,
     ErrorOut,
+    FlowOut,
+    FlowPage,
+    FlowStatusIn,
+    FlowStatusName,
     HostList,
     HostOut,
+    LeaseEventOut,
+    LeaseEventPage,
+    ScreenOut,
+    SpendOut,
     SubmitIn,
     SubmitOut,
     TaskDetailOut,
     TaskOut,
     TaskPage,
     TaskStatusName,
+    flow_status_value,
     task_status_value,
 )
 
@@ -59,14 +70,46 @@ async def host_transports(cloud: CloudClient) -> dict[str, HostOut]:
 
 
 async def task_detail(cloud: CloudClient, task_id: str) -> TaskDetailOut:
-    """The task, its attempts and its decision log grouped by attempt (shared with the page)."""
+    """The task, its attempts, its lease history and its decision log grouped by attempt, each
+    step with its screenshots, and which of its hosts still hold some of its record (shared with
+    the page)."""
     task = TaskOut.of(await cloud.get_task(task_id))
+    events = [LeaseEventOut.of(e) for e in await cloud.events(task_id)]
     decisions = [DecisionOut.of(d) for d in await cloud.all_decisions(task_id)]
-    transports = {}
-    if any(a.planner_transport == "unspecified" for a in task.attempts):
-        transports = {k: v.planner_transport for k, v in (await host_transports(cloud)).items()}
+    screens: dict[tuple[int, int], list[ScreenOut]] = {}
+    for shot in await cloud.screenshots(task_id):
+        screens.setdefault((shot.attempt, shot.step_index), []).append(ScreenOut.of(shot))
+    for d in decisions:
+        d.screens = screens.get((d.attempt, d.step_index), [])
+    hosts = await host_transports(cloud)
+    transports = {k: v.planner_transport for k, v in hosts.items()}
     history, note = group_history(task, decisions, transports)
-    return TaskDetailOut(task=task, history=history, history_note=note)
+    used = {a.host_id for a in task.attempts}
+    notes = [outbox_note(hosts[h]) for h in sorted(used) if h in hosts and hosts[h].outbox]
+    return TaskDetailOut(
+        task=task,
+        events=events,
+        history=history,
+        history_note=note,
+        outbox_notes=[n for n in notes if n],
+    )
+
+
+def outbox_note(host: HostOut) -> str:
+    """ "host-a still has 3 decisions and 5 screenshots … in its outbox, the oldest from …", or
+    "" when its outbox is empty."""
+    o = host.outbox
+    if o is None or not o.items:
+        return ""
+    others = o.items - o.decisions
+    parts = [f"{o.decisions} decision{'s' * (o.decisions != 1)}"] if o.decisions else []
+    if others:
+        parts.append(f"{others} other item{'s' * (others != 1)} (screenshots, outcomes)")
+    since = f", the oldest written {o.oldest_at:%Y-%m-%d %H:%M:%S} UTC" if o.oldest_at else ""
+    return (
+        f"Host {host.host_id} still has {' and '.join(parts)} in its outbox{since}: "
+        "this record may be incomplete until they arrive."
+    )
 
 
 @router.get("/tasks", response_model=TaskPage, summary="List tasks, newest first")
@@ -102,8 +145,15 @@ async def submit_task(cloud: Cloud, body: SubmitIn) -> SubmitOut:
         lease_duration_s=body.lease_duration_s,
         timeout_s=body.timeout_s,
         client_request_id=body.client_request_id,
+        secrets=body.secrets,
+        no_replay=body.no_replay,
+        validate_only=body.validate_only,
     )
-    return SubmitOut(task=TaskOut.of(response.task), deduplicated=response.deduplicated)
+    return SubmitOut(
+        task=TaskOut.of(response.task) if response.HasField("task") else None,
+        deduplicated=response.deduplicated,
+        warnings=list(response.warnings),
+    )
 
 
 @router.get(
@@ -115,12 +165,21 @@ async def get_task(cloud: Cloud, task_id: str) -> TaskDetailOut:
     return await task_detail(cloud, task_id)
 
 
+@router.get(
+    "/tasks/{task_id}/lease-events",
+    response_model=LeaseEventPage,
+    summary="A task's lease history (assigned, resumed, revoked, expired, cancelled, result…)",
+)
+async def task_lease_events(cloud: Cloud, task_id: str) -> LeaseEventPage:
+    return LeaseEventPage(events=[LeaseEventOut.of(e) for e in await cloud.events(task_id)])
+
+
 async def export_download(cloud: CloudClient, task_id: str) -> Response:
     """The cloud's export of a task as a zip download (docs/export.md); 404 for an unknown task.
     Made in a worker thread: encoding the video takes a moment per step."""
     from export.bundle import bundle_bytes
 
-    run = await cloud_run(cloud, task_id)
+    run = await cloud_run(cloud, task_id, cloud)
     data = await run_in_threadpool(bundle_bytes, run)
     return Response(
         data,
@@ -143,8 +202,11 @@ async def export_task(cloud: Cloud, task_id: str) -> Response:
 
 
 @router.post("/tasks/{task_id}/cancel", response_model=TaskOut, summary="Cancel a task")
-async def cancel_task(cloud: Cloud, task_id: str, body: CancelIn | None = None) -> TaskOut:
-    return TaskOut.of(await cloud.cancel_task(task_id, body.reason if body else ""))
+async def cancel_task(
+    cloud: Cloud, user: ApiUser, task_id: str, body: CancelIn | None = None
+) -> TaskOut:
+    who = "API token" if user == API_TOKEN_USER else user
+    return TaskOut.of(await cloud.cancel_task(task_id, body.reason if body else "", who))
 
 
 @router.get(
@@ -182,9 +244,76 @@ async def conversation(
     )
 
 
+@router.get(
+    "/tasks/{task_id}/attempts/{attempt}/steps/{step}/screens/{phase}",
+    response_class=StreamingResponse,
+    responses={200: {"content": {"image/png": {}, "image/jpeg": {}}}},
+    summary="A step's before or after screenshot, from the cloud's artifact store",
+)
+async def step_screen(
+    cloud: Cloud,
+    task_id: str,
+    attempt: Annotated[int, PathParam(ge=1)],
+    step: Annotated[int, PathParam(ge=1)],
+    phase: Literal["before", "after"],
+) -> StreamingResponse:
+    value = SCREENSHOT_PHASE_BEFORE if phase == "before" else SCREENSHOT_PHASE_AFTER
+    chunks = cloud.screenshot_chunks(task_id, attempt, step, value)
+    try:
+        first = await anext(chunks)  # a NOT_FOUND here is a 404 page, not a broken stream
+    except BaseException:
+        await chunks.aclose()
+        raise
+
+    async def body() -> AsyncIterator[bytes]:
+        try:
+            yield first.data
+            async for chunk in chunks:
+                yield chunk.data
+        finally:
+            await chunks.aclose()
+
+    return StreamingResponse(
+        body(),
+        media_type=first.screenshot.content_type or "application/octet-stream",
+        headers={
+            "Content-Length": str(first.screenshot.size_bytes),
+            # The bytes of one step's screenshot never change (an upload again is the same).
+            "Cache-Control": "private, max-age=3600",
+        },
+    )
+
+
 @router.get("/decisions/{decision_id}", response_model=DecisionOut, summary="One decision")
 async def get_decision(cloud: Cloud, decision_id: str) -> DecisionOut:
     return DecisionOut.of(await cloud.get_decision(decision_id))
+
+
+@router.get("/flows", response_model=FlowPage, summary="Learned flows, most recently changed first")
+async def list_flows(
+    cloud: Cloud,
+    status_: Annotated[
+        list[FlowStatusName] | None, Query(alias="status", description="repeatable")
+    ] = None,
+    page_size: Annotated[int, Query(ge=1, le=500)] = 50,
+    page_token: str = "",
+) -> FlowPage:
+    page = await cloud.list_flows(
+        statuses=[flow_status_value(s) for s in status_ or []],
+        page_size=page_size,
+        page_token=page_token,
+    )
+    return FlowPage(flows=[FlowOut.of(f) for f in page.flows], next_page_token=page.next_page_token)
+
+
+@router.get("/flows/{flow_id}", response_model=FlowOut, summary="One learned flow with its steps")
+async def get_flow(cloud: Cloud, flow_id: str) -> FlowOut:
+    return FlowOut.of(await cloud.get_flow(flow_id))
+
+
+@router.post("/flows/{flow_id}/status", response_model=FlowOut, summary="Disable or enable a flow")
+async def set_flow_status(cloud: Cloud, flow_id: str, body: FlowStatusIn) -> FlowOut:
+    return FlowOut.of(await cloud.set_flow_status(flow_id, body.active, body.reason))
 
 
 @router.get("/hosts", response_model=HostList, summary="Hosts and their phones")
@@ -193,6 +322,15 @@ async def list_hosts(cloud: Cloud, connected_only: bool = False) -> HostList:
     return HostList(
         hosts=[HostOut.of(h) for h in fleet.hosts], dispatch=DispatchOut.of(fleet.dispatch)
     )
+
+
+@router.get(
+    "/spend/today",
+    response_model=SpendOut,
+    summary="Today's fleet model spending (UTC) against the daily budget",
+)
+async def spend_today(cloud: Cloud) -> SpendOut:
+    return SpendOut.of(await cloud.spend())
 
 
 _SSE_DOC: dict[int | str, dict[str, Any]] = {

@@ -82,7 +82,7 @@ def create_app(settings: ConsoleSettings) -> FastAPI:
 
     add_security_headers(
         app,
-        csp=content_security_policy("'self' data:"),
+        csp=content_security_policy(),
         referrer_policy="same-origin",
         is_api=_is_api,
     )
@@ -117,7 +117,7 @@ def create_app(settings: ConsoleSettings) -> FastAPI:
 GRACEFUL_SHUTDOWN_S = 3
 
 
-def build_server(settings: ConsoleSettings) -> uvicorn.Server:
+def build_server(settings: ConsoleSettings, *, log_level: str = "info") -> uvicorn.Server:
     """A uvicorn server for the console on settings.bind_host:bind_port (port 0: any free one),
     over HTTPS when a TLS certificate and key are set."""
     config = uvicorn.Config(
@@ -127,7 +127,7 @@ def build_server(settings: ConsoleSettings) -> uvicorn.Server:
         proxy_headers=False,
         server_header=False,
         timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
-        log_level="info",
+        log_level=log_level,
         ssl_certfile=settings.tls_cert_file,
         ssl_keyfile=settings.tls_key_file,
     )

@@ -74,7 +74,7 @@ async def require_api_user(
     """Dependency of the JSON API: a bearer token, or a session (plus CSRF header for writes)."""
     if bearer is not None:
         if credentials.check_token(bearer.credentials.strip()):
-            return "api-token"
+            return API_TOKEN_USER
         raise HTTPException(
             status.HTTP_401_UNAUTHORIZED,
             "invalid bearer token",
@@ -92,3 +92,8 @@ async def require_api_user(
     ):
         raise HTTPException(status.HTTP_403_FORBIDDEN, "missing or invalid X-CSRF-Token header")
     return user
+
+
+#: Who `require_api_user` says called with the bearer token (it names no person).
+API_TOKEN_USER = "api-token"
+ApiUser = Annotated[str, Depends(require_api_user)]

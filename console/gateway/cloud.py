@@ -6,18 +6,23 @@ deadline so a stuck cloud turns into a 503/504 page instead of a hung browser ta
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from pathlib import Path
+from typing import Literal
 
 import grpc
 from google.protobuf.duration_pb2 import Duration
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from amc.v1 import (
+    artifact_service_pb2,
+    artifact_service_pb2_grpc,
     decision_log_service_pb2,
     decision_log_service_pb2_grpc,
     fleet_service_pb2,
     fleet_service_pb2_grpc,
+    flow_service_pb2,
+    flow_service_pb2_grpc,
     progress_service_pb2,
     progress_service_pb2_grpc,
     task_service_pb2,
@@ -57,7 +62,9 @@ class CloudClient:
         self._progress = progress_service_pb2_grpc.ProgressServiceStub(self._channel)
         self._fleet = fleet_service_pb2_grpc.FleetServiceStub(self._channel)
         self._decisions = decision_log_service_pb2_grpc.DecisionLogServiceStub(self._channel)
+        self._flows = flow_service_pb2_grpc.FlowServiceStub(self._channel)
         self._health = health_pb2_grpc.HealthStub(self._channel)
+        self._artifacts = artifact_service_pb2_grpc.ArtifactServiceStub(self._channel)
 
     async def health(self, timeout_s: float = 2.0) -> str:
         """The cloud's gRPC health ("SERVING", "NOT_SERVING", ...) or the failure's code name."""
@@ -82,6 +89,7 @@ class CloudClient:
         query: str,
         page_size: int,
         page_token: str,
+        task_id_prefix: str = "",
     ) -> task_service_pb2.ListTasksResponse:
         request = task_service_pb2.ListTasksRequest(
             page_size=page_size,
@@ -89,6 +97,7 @@ class CloudClient:
             statuses=statuses,  # type: ignore[arg-type]
             host_id=host_id,
             query=query,
+            task_id_prefix=task_id_prefix,
         )
         response: task_service_pb2.ListTasksResponse = await self._tasks.ListTasks(
             request, timeout=self._timeout
@@ -111,6 +120,9 @@ class CloudClient:
         lease_duration_s: float | None,
         timeout_s: float | None,
         client_request_id: str,
+        secrets: dict[str, str] | None = None,
+        no_replay: bool = False,
+        validate_only: bool = False,
     ) -> task_service_pb2.SubmitTaskResponse:
         request = task_service_pb2.SubmitTaskRequest(
             goal=goal,
@@ -119,15 +131,69 @@ class CloudClient:
             lease_duration=_duration(lease_duration_s),
             timeout=_duration(timeout_s),
             client_request_id=client_request_id,
+            secrets=secrets or {},
+            no_replay=no_replay,
+            validate_only=validate_only,
         )
         response: task_service_pb2.SubmitTaskResponse = await self._tasks.SubmitTask(
             request, timeout=self._timeout
         )
         return response
 
-    async def cancel_task(self, task_id: str, reason: str) -> types_pb2.Task:
+    async def list_flows(
+        self,
+        *,
+        statuses: list[types_pb2.FlowStatus.ValueType] | None = None,
+        page_size: int = 100,
+        page_token: str = "",
+    ) -> flow_service_pb2.ListFlowsResponse:
+        response: flow_service_pb2.ListFlowsResponse = await self._flows.ListFlows(
+            flow_service_pb2.ListFlowsRequest(
+                statuses=statuses or [], page_size=page_size, page_token=page_token
+            ),
+            timeout=self._timeout,
+        )
+        return response
+
+    async def get_flow(self, flow_id: str) -> types_pb2.Flow:
+        response: flow_service_pb2.GetFlowResponse = await self._flows.GetFlow(
+            flow_service_pb2.GetFlowRequest(flow_id=flow_id), timeout=self._timeout
+        )
+        return response.flow
+
+    async def set_flow_status(self, flow_id: str, active: bool, reason: str) -> types_pb2.Flow:
+        status = types_pb2.FLOW_STATUS_ACTIVE if active else types_pb2.FLOW_STATUS_DISABLED
+        response: flow_service_pb2.SetFlowStatusResponse = await self._flows.SetFlowStatus(
+            flow_service_pb2.SetFlowStatusRequest(flow_id=flow_id, status=status, reason=reason),
+            timeout=self._timeout,
+        )
+        return response.flow
+
+    async def events(self, task_id: str) -> list[task_service_pb2.LeaseEvent]:
+        """A task's whole lease history, oldest first (every page)."""
+        events: list[task_service_pb2.LeaseEvent] = []
+        token = ""
+        while True:
+            page: task_service_pb2.ListTaskEventsResponse = await self._tasks.ListTaskEvents(
+                task_service_pb2.ListTaskEventsRequest(
+                    task_id=task_id, page_size=1000, page_token=token
+                ),
+                timeout=self._timeout,
+            )
+            events.extend(page.events)
+            token = page.next_page_token
+            if not token:
+                return events
+
+    async def cancel_task(
+        self, task_id: str, reason: str, on_behalf_of: str = ""
+    ) -> types_pb2.Task:
+        """Cancel for `on_behalf_of` (the logged-in person; the cloud records "<person> via
+        <this gateway's operator name>")."""
         response: task_service_pb2.CancelTaskResponse = await self._tasks.CancelTask(
-            task_service_pb2.CancelTaskRequest(task_id=task_id, reason=reason),
+            task_service_pb2.CancelTaskRequest(
+                task_id=task_id, reason=reason, on_behalf_of=on_behalf_of
+            ),
             timeout=self._timeout,
         )
         return response.task
@@ -153,6 +219,16 @@ class CloudClient:
             token = response.next_page_token
             if not token:
                 return fleet
+
+    async def spend(
+        self, since_day: str = "", until_day: str = ""
+    ) -> fleet_service_pb2.GetSpendResponse:
+        """The fleet's spending per day, host and model, and today's against the daily caps."""
+        response: fleet_service_pb2.GetSpendResponse = await self._fleet.GetSpend(
+            fleet_service_pb2.GetSpendRequest(since_day=since_day, until_day=until_day),
+            timeout=self._timeout,
+        )
+        return response
 
     async def list_decisions(
         self,
@@ -218,6 +294,65 @@ class CloudClient:
             token = page.next_page_token
             if not token:
                 return items
+
+    async def screenshots(self, task_id: str) -> list[artifact_service_pb2.StepScreenshot]:
+        """Every step screenshot of a task (metadata only), following the page tokens."""
+        shots: list[artifact_service_pb2.StepScreenshot] = []
+        token = ""
+        while len(shots) < 2 * MAX_DECISIONS:
+            page: artifact_service_pb2.ListStepScreenshotsResponse = (
+                await self._artifacts.ListStepScreenshots(
+                    artifact_service_pb2.ListStepScreenshotsRequest(
+                        task_id=task_id, page_size=1000, page_token=token
+                    ),
+                    timeout=self._timeout,
+                )
+            )
+            shots.extend(page.screenshots)
+            token = page.next_page_token
+            if not token:
+                break
+        return shots
+
+    async def screenshot(
+        self, task_id: str, attempt: int, step_index: int, which: Literal["before", "after"]
+    ) -> bytes | None:
+        """One step screenshot's bytes from the cloud's artifact store, None when it has none
+        (an export's `ScreenshotSource`)."""
+        phase = (
+            artifact_service_pb2.SCREENSHOT_PHASE_BEFORE
+            if which == "before"
+            else artifact_service_pb2.SCREENSHOT_PHASE_AFTER
+        )
+        parts: list[bytes] = []
+        try:
+            async for chunk in self.screenshot_chunks(task_id, attempt, step_index, phase):
+                parts.append(chunk.data)
+        except grpc.aio.AioRpcError as error:
+            if error.code() == grpc.StatusCode.NOT_FOUND:
+                return None
+            raise
+        return b"".join(parts)
+
+    async def screenshot_chunks(
+        self, task_id: str, attempt: int, step_index: int, phase: int
+    ) -> AsyncGenerator[artifact_service_pb2.GetStepScreenshotResponse, None]:
+        """One screenshot's chunks (the first carries its metadata); closing the iterator
+        cancels the call."""
+        call = self._artifacts.GetStepScreenshot(
+            artifact_service_pb2.GetStepScreenshotRequest(
+                task_id=task_id,
+                attempt=attempt,
+                step_index=step_index,
+                phase=phase,  # type: ignore[arg-type]
+            ),
+            timeout=self._timeout * 3,
+        )
+        try:
+            async for chunk in call:
+                yield chunk
+        finally:
+            call.cancel()
 
     async def get_decision(self, decision_id: str) -> types_pb2.Decision:
         response: decision_log_service_pb2.GetDecisionResponse = await self._decisions.GetDecision(

@@ -1,8 +1,8 @@
 """Group a task's decision log by attempt and say why a history is empty.
 
 An empty LLM history is ambiguous on its own: the agent may not have planned a step yet, or the
-host plans on the direct transport and its prompts never reach the cloud. Operators must not read
-the second as "it's broken", so every empty history carries one of these two reasons.
+host plans on the direct transport and its decisions are still on their way from its outbox.
+Operators must not read either as "it's broken", so every empty history carries its reason.
 """
 
 from __future__ import annotations
@@ -12,7 +12,10 @@ from console.gateway.models import AttemptHistory, DecisionOut, TaskOut, Transpo
 NO_STEP_YET = "no step reported yet"
 NO_DECISION_YET = "no decision logged yet for this attempt"
 NOT_ASSIGNED_YET = "no step reported yet: the task has not reached a host"
-DIRECT_TRANSPORT = "this host uses the direct transport, so its prompts do not reach the cloud"
+DIRECT_TRANSPORT = (
+    "this host uses the direct transport: it ships its decisions from its outbox in the "
+    "background, and none has arrived yet"
+)
 
 
 def empty_reason(transport: TransportName, step_index: int = 0) -> str:
@@ -20,6 +23,16 @@ def empty_reason(transport: TransportName, step_index: int = 0) -> str:
     if transport == "direct":
         return DIRECT_TRANSPORT
     return NO_DECISION_YET if step_index else NO_STEP_YET
+
+
+def verdict_counts(decisions: list[DecisionOut]) -> dict[str, int]:
+    """How many device steps the checker found met, not met, unknown, or has not checked yet."""
+    counts = {"met": 0, "not met": 0, "unknown": 0, "unchecked": 0}
+    for d in decisions:
+        if d.tool_name in ("complete", "get_ui_tree"):
+            continue
+        counts[d.verification.verdict or "unchecked"] += 1
+    return counts
 
 
 def group_history(
@@ -52,6 +65,7 @@ def group_history(
                 empty_reason=None
                 if steps
                 else empty_reason(transport, attempt.progress.step_index),
+                verdicts=verdict_counts(steps),
             )
         )
     for number, steps in by_attempt.items():
@@ -62,6 +76,7 @@ def group_history(
                     planner_transport="cloud",
                     decisions=sorted(steps, key=lambda d: d.step_index),
                     empty_reason=None,
+                    verdicts=verdict_counts(steps),
                 )
             )
     histories.sort(key=lambda h: h.attempt, reverse=True)

@@ -16,8 +16,15 @@ from google.protobuf.json_format import MessageToDict
 from google.protobuf.timestamp_pb2 import Timestamp
 from pydantic import BaseModel, Field
 
-from amc.v1 import decision_log_service_pb2, fleet_service_pb2, types_pb2
+from amc.v1 import (
+    artifact_service_pb2,
+    decision_log_service_pb2,
+    fleet_service_pb2,
+    task_service_pb2,
+    types_pb2,
+)
 from planner.decision import thinking_word
+from planner.targets import semantics
 
 TaskStatusName = Literal[
     "unspecified", "queued", "assigned", "running", "succeeded", "failed", "cancelled"
@@ -87,8 +94,51 @@ class TargetOut(BaseModel):
     device_serial: str
 
 
+class UsageOut(BaseModel):
+    """Token usage as the provider reported it, and what it cost (list prices, US dollars)."""
+
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cache_read_input_tokens: int = 0
+    cache_creation_input_tokens: int = 0
+    thinking_tokens: int = 0
+    cost_usd: float = 0.0
+
+    @property
+    def billed_tokens(self) -> int:
+        """Input, output, cache reads and writes: what a token budget counts."""
+        return (
+            self.input_tokens
+            + self.output_tokens
+            + self.cache_read_input_tokens
+            + self.cache_creation_input_tokens
+        )
+
+    @classmethod
+    def of(cls, u: types_pb2.Usage) -> UsageOut:
+        return cls(
+            input_tokens=u.input_tokens,
+            output_tokens=u.output_tokens,
+            cache_read_input_tokens=u.cache_read_input_tokens,
+            cache_creation_input_tokens=u.cache_creation_input_tokens,
+            thinking_tokens=u.thinking_tokens,
+            cost_usd=u.cost_usd,
+        )
+
+
+class BudgetOut(BaseModel):
+    """Spending caps; 0 is no cap of that kind."""
+
+    max_tokens: int = 0
+    max_cost_usd: float = 0.0
+
+    @classmethod
+    def of(cls, b: types_pb2.TaskBudget) -> BudgetOut:
+        return cls(max_tokens=b.max_tokens, max_cost_usd=b.max_cost_usd)
+
+
 class AttemptOut(BaseModel):
-    """One lease on one phone."""
+    """One lease on one phone; renewals are summarised (count, first, last)."""
 
     attempt: int
     host_id: str
@@ -100,10 +150,23 @@ class AttemptOut(BaseModel):
     ended_at: datetime | None
     planner_transport: TransportName
     lease_expires_at: datetime | None
+    flow: FlowUseOut | None = Field(
+        default=None, description="whether a learned flow was handed to it and how it went"
+    )
+    renewals: int = Field(0, description="renewals the cloud accepted for this lease")
+    first_renewed_at: datetime | None = None
+    last_renewed_at: datetime | None = None
+    usage: UsageOut = Field(
+        default_factory=UsageOut,
+        description="this attempt's logged decisions (the cloud's, and those its host shipped)",
+    )
 
     @classmethod
     def of(cls, a: types_pb2.Attempt) -> AttemptOut:
         return cls(
+            renewals=a.renewals,
+            first_renewed_at=_time(a.first_renewed_at, a.HasField("first_renewed_at")),
+            last_renewed_at=_time(a.last_renewed_at, a.HasField("last_renewed_at")),
             attempt=a.attempt,
             host_id=a.host_id,
             device_serial=a.device_serial,
@@ -116,6 +179,107 @@ class AttemptOut(BaseModel):
                 types_pb2.PlannerTransport, a.planner_transport, "PLANNER_TRANSPORT_"
             ),
             lease_expires_at=_time(a.lease_expires_at, a.HasField("lease_expires_at")),
+            usage=UsageOut.of(a.usage),
+            flow=FlowUseOut.of(a.flow) if a.HasField("flow") else None,
+        )
+
+
+class FlowUseOut(BaseModel):
+    """What the cloud decided about replaying a learned flow on one attempt."""
+
+    flow_id: str = Field(description="the flow handed over; empty when none was")
+    score: float
+    scorer: str
+    reason: str
+    steps_replayed: int
+    diverged_at_step: int = Field(description="0: the replay did not hand over")
+    divergence: str
+
+    @classmethod
+    def of(cls, u: types_pb2.FlowUse) -> FlowUseOut:
+        return cls(
+            flow_id=u.flow_id,
+            score=round(u.score, 4),
+            scorer=u.scorer,
+            reason=u.reason,
+            steps_replayed=u.steps_replayed,
+            diverged_at_step=u.diverged_at_step,
+            divergence=u.divergence,
+        )
+
+
+VerdictWord = Literal["met", "not met", "unknown", ""]
+_VERDICTS: dict[int, VerdictWord] = {
+    types_pb2.VERDICT_MET: "met",
+    types_pb2.VERDICT_NOT_MET: "not met",
+    types_pb2.VERDICT_UNKNOWN: "unknown",
+}
+
+
+class VerificationOut(BaseModel):
+    """Whether a step reached its expected outcome: the checker's verdict and the model's
+    judgement (given with the next step)."""
+
+    verdict: VerdictWord = Field(description='the checker\'s: "" until checked')
+    evidence: str
+    checked_by_cloud: bool = Field(description="the host sent no verdict; the cloud checked")
+    model_verdict: VerdictWord = Field(description='the model\'s judgement: "" until given')
+    model_note: str
+    disagree: bool = Field(description="one said met, the other not met")
+
+    @classmethod
+    def of(cls, v: types_pb2.StepVerification) -> VerificationOut:
+        return cls(
+            verdict=_VERDICTS.get(v.verdict, ""),
+            evidence=v.evidence,
+            checked_by_cloud=v.checked_by_cloud,
+            model_verdict=_VERDICTS.get(v.model.verdict, ""),
+            model_note=v.model.note,
+            disagree=v.disagree,
+        )
+
+
+class TotalsOut(BaseModel):
+    """What a task used over all its attempts (times as of the answer). Tokens and cost cover
+    every decision logged for it (the cloud's, and those direct-transport hosts shipped);
+    `usage` holds them with the cost (list prices, US dollars)."""
+
+    usage: UsageOut = Field(default_factory=UsageOut)
+
+    input_tokens: int
+    output_tokens: int
+    cache_read_input_tokens: int
+    cache_creation_input_tokens: int
+    thinking_tokens: int
+    decisions: int
+    steps: int
+    wall_time_s: float = Field(description="submission to end (or to now)")
+    run_time_s: float = Field(description="time under leases, summed over attempts")
+
+    @property
+    def tokens(self) -> int:
+        """Every token the model read or wrote (cache reads and writes included)."""
+        return (
+            self.input_tokens
+            + self.output_tokens
+            + self.cache_read_input_tokens
+            + self.cache_creation_input_tokens
+        )
+
+    @classmethod
+    def of(cls, t: types_pb2.TaskTotals) -> TotalsOut:
+        u = t.usage
+        return cls(
+            usage=UsageOut.of(u),
+            input_tokens=u.input_tokens,
+            output_tokens=u.output_tokens,
+            cache_read_input_tokens=u.cache_read_input_tokens,
+            cache_creation_input_tokens=u.cache_creation_input_tokens,
+            thinking_tokens=u.thinking_tokens,
+            decisions=t.decisions,
+            steps=t.steps,
+            wall_time_s=_seconds(t.wall_time, True) or 0.0,
+            run_time_s=_seconds(t.run_time, True) or 0.0,
         )
 
 
@@ -139,7 +303,14 @@ class TaskOut(BaseModel):
     deadline: datetime | None
     client_request_id: str
     cancel_requested: bool
+    cancelled_by: str = Field("", description="the operator who asked to cancel")
+    lease_expires_at: datetime | None = Field(
+        None, description="when the live lease runs out unless renewed; null without one"
+    )
+    totals: TotalsOut
     attempts: list[AttemptOut]
+    no_replay: bool = Field(default=False, description="submitted asking for no replay")
+    budget: BudgetOut = Field(default_factory=BudgetOut)
 
     @property
     def terminal(self) -> bool:
@@ -165,7 +336,12 @@ class TaskOut(BaseModel):
             deadline=_time(t.deadline, t.HasField("deadline")),
             client_request_id=t.client_request_id,
             cancel_requested=t.cancel_requested,
+            no_replay=t.no_replay,
+            cancelled_by=t.cancelled_by,
+            lease_expires_at=_time(t.lease_expires_at, t.HasField("lease_expires_at")),
+            totals=TotalsOut.of(t.totals),
             attempts=[AttemptOut.of(a) for a in t.attempts],
+            budget=BudgetOut.of(t.budget),
         )
 
 
@@ -183,16 +359,6 @@ class ThinkingOut(BaseModel):
     redacted: bool
 
 
-class UsageOut(BaseModel):
-    """Token usage as the provider reported it."""
-
-    input_tokens: int
-    output_tokens: int
-    cache_read_input_tokens: int
-    cache_creation_input_tokens: int
-    thinking_tokens: int
-
-
 _THINKING_KIND_NAMES = {
     types_pb2.THINKING_KIND_NONE: "none",
     types_pb2.THINKING_KIND_FULL: "full",
@@ -205,6 +371,42 @@ _RETRY_KIND_NAMES = {
     types_pb2.RETRY_KIND_FORCED_TOOL_CHOICE: "forced",
     types_pb2.RETRY_KIND_NUDGE: "nudge",
 }
+
+
+class OutcomeOut(BaseModel):
+    """What executing a decision did, as the host reported it."""
+
+    executed: bool
+    error: str
+    driver_output: str
+
+
+class ScreenOut(BaseModel):
+    """One screenshot of a step, served by the gateway from the cloud's artifact store."""
+
+    phase: Literal["before", "after"]
+    url: str = Field(description="GET it (same login) for the image bytes")
+    content_type: str
+    width: int
+    height: int
+    target: list[int] | None = Field(
+        description="[left, top, right, bottom] of the element the action named; null if none"
+    )
+
+    @classmethod
+    def of(cls, s: artifact_service_pb2.StepScreenshot) -> ScreenOut:
+        phase: Literal["before", "after"] = (
+            "before" if s.phase == artifact_service_pb2.SCREENSHOT_PHASE_BEFORE else "after"
+        )
+        t = s.marks.target
+        return cls(
+            phase=phase,
+            url=f"/api/tasks/{s.task_id}/attempts/{s.attempt}/steps/{s.step_index}/screens/{phase}",
+            content_type=s.content_type,
+            width=s.width,
+            height=s.height,
+            target=[t.left, t.top, t.right, t.bottom] if s.marks.HasField("target") else None,
+        )
 
 
 class DecisionOut(BaseModel):
@@ -249,6 +451,28 @@ class DecisionOut(BaseModel):
     output_truncated: bool = Field(
         description="an answer was cut off by the output token limit (the rationale says so)"
     )
+    planner_transport: TransportName = Field(
+        description='who called the model: "cloud" (Decide) or "direct" (the host, which '
+        "shipped the decision from its outbox)"
+    )
+    outcome: OutcomeOut | None = Field(
+        description="what executing it did, as the host reported it; null until reported"
+    )
+    screens: list[ScreenOut] = Field(
+        default_factory=list, description="the step's screenshots in the cloud, before first"
+    )
+    verification: VerificationOut
+    previous_step: str = Field(
+        default="", description="this decision's judgement of the step before it, one line"
+    )
+    target: str = Field(default="", description="the semantic target of the element it names")
+    flow_id: str = Field(
+        default="", description="replayed step: its flow; the step that took over: the flow"
+    )
+    flow_step: int = 0
+    replay_divergence: str = Field(
+        default="", description="set on the step that took over from a replay: why"
+    )
 
     @classmethod
     def of(cls, d: types_pb2.Decision) -> DecisionOut:
@@ -282,6 +506,7 @@ class DecisionOut(BaseModel):
                 cache_read_input_tokens=d.usage.cache_read_input_tokens,
                 cache_creation_input_tokens=d.usage.cache_creation_input_tokens,
                 thinking_tokens=d.usage.thinking_tokens,
+                cost_usd=d.usage.cost_usd,
             ),
             latency_ms=None if latency is None else round(latency * 1000, 1),
             forced_retry=d.forced_retry,
@@ -291,6 +516,26 @@ class DecisionOut(BaseModel):
             output_truncated=d.output_truncated,
             created_at=_time(d.created_at, d.HasField("created_at")),
             planner_mode=d.planner_mode or "compact",
+            planner_transport=_enum_word(
+                types_pb2.PlannerTransport, d.planner_transport, "PLANNER_TRANSPORT_"
+            ),
+            outcome=OutcomeOut(
+                executed=d.outcome.executed,
+                error=d.outcome.error,
+                driver_output=d.outcome.driver_output,
+            )
+            if d.HasField("outcome")
+            else None,
+            verification=VerificationOut.of(d.verification),
+            previous_step=(
+                f"{_VERDICTS.get(d.previous_step.verdict, '')}: {d.previous_step.note}"
+                if d.HasField("previous_step")
+                else ""
+            ),
+            target=semantics(d.target) if d.HasField("target") else "",
+            flow_id=d.flow_id,
+            flow_step=d.flow_step,
+            replay_divergence=d.replay_divergence,
         )
 
 
@@ -354,6 +599,54 @@ class DecisionPage(BaseModel):
     next_page_token: str
 
 
+LeaseEventKindName = Literal[
+    "unspecified",
+    "assigned",
+    "resumed",
+    "revoked",
+    "expired",
+    "deadline_exceeded",
+    "cancel_requested",
+    "cancelled",
+    "result",
+    "requeued",
+]
+
+
+class LeaseEventOut(BaseModel):
+    """One event of a task's lease history (renewals are summarised on the attempt)."""
+
+    kind: LeaseEventKindName
+    at: datetime | None
+    attempt: int = Field(description="0 for an event before the first attempt")
+    host_id: str
+    device_serial: str
+    operator: str = Field(description="who acted (cancels); empty otherwise")
+    reason: str
+    result_status: TaskStatusName
+    task_status: TaskStatusName = Field(description="the task's status right after the event")
+
+    @classmethod
+    def of(cls, e: task_service_pb2.LeaseEvent) -> LeaseEventOut:
+        return cls(
+            kind=_enum_word(task_service_pb2.LeaseEventKind, e.kind, "LEASE_EVENT_KIND_"),
+            at=_time(e.at, e.HasField("at")),
+            attempt=e.attempt,
+            host_id=e.host_id,
+            device_serial=e.device_serial,
+            operator=e.operator,
+            reason=e.reason,
+            result_status=_enum_word(types_pb2.TaskStatus, e.result_status, "TASK_STATUS_"),
+            task_status=_enum_word(types_pb2.TaskStatus, e.task_status, "TASK_STATUS_"),
+        )
+
+
+class LeaseEventPage(BaseModel):
+    """A task's whole lease history, oldest first."""
+
+    events: list[LeaseEventOut]
+
+
 class AttemptHistory(BaseModel):
     """The LLM history of one attempt, with the reason when it is empty."""
 
@@ -363,14 +656,24 @@ class AttemptHistory(BaseModel):
     empty_reason: str | None = Field(
         description="why there are no decisions: no step yet, or the direct transport"
     )
+    verdicts: dict[str, int] = Field(
+        default_factory=dict,
+        description='steps the checker found "met", "not met", "unknown", and "unchecked"',
+    )
 
 
 class TaskDetailOut(BaseModel):
-    """A task with its attempts and, per attempt, the decision log."""
+    """A task with its attempts, its lease history and, per attempt, the decision log."""
 
     task: TaskOut
+    events: list[LeaseEventOut] = Field(description="the lease history, oldest first")
     history: list[AttemptHistory]
     history_note: str | None = Field(description="why the whole history is empty, if it is")
+    outbox_notes: list[str] = Field(
+        default_factory=list,
+        description="hosts of this task that still hold decisions or screenshots in their "
+        "outbox: the record here may be incomplete until they arrive",
+    )
 
 
 class DeviceOut(BaseModel):
@@ -381,8 +684,37 @@ class DeviceOut(BaseModel):
     state: DeviceStateName
 
 
+class OutboxOut(BaseModel):
+    """What a host still has to send the cloud (decisions, screenshots), as it last said."""
+
+    items: int
+    decisions: int
+    refused: int = Field(description="items the cloud refused for good (kept on the host)")
+    oldest_at: datetime | None = Field(description="when the oldest waiting item was written")
+    reported_at: datetime | None
+
+    @classmethod
+    def of(cls, o: types_pb2.OutboxBacklog) -> OutboxOut:
+        return cls(
+            items=o.items,
+            decisions=o.decisions,
+            refused=o.refused,
+            oldest_at=_time(o.oldest_at, o.HasField("oldest_at")),
+            reported_at=_time(o.reported_at, o.HasField("reported_at")),
+        )
+
+
+class BusyPhoneOut(BaseModel):
+    """A phone holding a task's live lease."""
+
+    device_serial: str
+    task_id: str
+    attempt: int
+    goal: str
+
+
 class HostOut(BaseModel):
-    """A host and its phones."""
+    """A host and its phones; `busy_phones` are those working on a task (the rest are idle)."""
 
     host_id: str
     connected: bool
@@ -390,10 +722,24 @@ class HostOut(BaseModel):
     planner_transport: TransportName
     agent_version: str
     last_seen_at: datetime | None
+    outbox: OutboxOut | None = Field(
+        default=None, description="the host's outbox backlog; null when it never reported one"
+    )
+    busy_phones: list[BusyPhoneOut] = Field(default_factory=list)
+
+    def busy(self, serial: str) -> BusyPhoneOut | None:
+        """The task a phone works on, None when it is idle."""
+        return next((b for b in self.busy_phones if b.device_serial == serial), None)
 
     @classmethod
     def of(cls, h: types_pb2.Host) -> HostOut:
         return cls(
+            busy_phones=[
+                BusyPhoneOut(
+                    device_serial=b.device_serial, task_id=b.task_id, attempt=b.attempt, goal=b.goal
+                )
+                for b in h.busy_phones
+            ],
             host_id=h.host_id,
             connected=h.connected,
             devices=[
@@ -409,6 +755,7 @@ class HostOut(BaseModel):
             ),
             agent_version=h.agent_version,
             last_seen_at=_time(h.last_seen_at, h.HasField("last_seen_at")),
+            outbox=OutboxOut.of(h.outbox) if h.HasField("outbox") else None,
         )
 
 
@@ -421,6 +768,17 @@ class DispatchOut(BaseModel):
     @classmethod
     def of(cls, d: fleet_service_pb2.DispatchStatus) -> DispatchOut:
         return cls(paused=d.paused, reason=d.reason)
+
+
+class SpendOut(BaseModel):
+    """Today's fleet spending (UTC) against the fleet's daily caps."""
+
+    today: UsageOut
+    daily_budget: BudgetOut
+
+    @classmethod
+    def of(cls, s: fleet_service_pb2.GetSpendResponse) -> SpendOut:
+        return cls(today=UsageOut.of(s.today), daily_budget=BudgetOut.of(s.daily_budget))
 
 
 class HostList(BaseModel):
@@ -440,13 +798,26 @@ class SubmitIn(BaseModel):
     lease_duration_s: float | None = Field(default=None, description="unset: server default")
     timeout_s: float | None = Field(default=None, description="unset: server default")
     client_request_id: str = Field(default="", description="idempotency key")
+    secrets: dict[str, str] = Field(
+        default_factory=dict,
+        description="secret parameters, name → value, that the goal names as {{secret:NAME}}; "
+        "write-only: no answer or page ever shows a value",
+    )
+    no_replay: bool = Field(default=False, description="plan every step with the model")
+
+    validate_only: bool = Field(
+        default=False, description="check only (limits and fleet): nothing is queued"
+    )
 
 
 class SubmitOut(BaseModel):
-    """The queued task; `deduplicated` when client_request_id matched an earlier one."""
+    """The queued task (null for validate_only); `deduplicated` when client_request_id matched
+    an earlier one; `warnings` the cloud's words about the request (an unknown target: the task
+    may wait; a goal that looks like it holds a credential), the task queued anyway."""
 
-    task: TaskOut
+    task: TaskOut | None
     deduplicated: bool
+    warnings: list[str] = Field(default_factory=list)
 
 
 class CancelIn(BaseModel):
@@ -468,3 +839,97 @@ class HealthOut(BaseModel):
     status: Literal["ok"]
     cloud: str
     open_streams: int
+
+
+FlowStatusName = Literal["active", "disabled", "retired", "unspecified"]
+
+
+def flow_status_value(name: str) -> types_pb2.FlowStatus.ValueType:
+    """ "disabled" → FLOW_STATUS_DISABLED (an unknown word is UNSPECIFIED, which the cloud
+    refuses with its own message)."""
+    return types_pb2.FlowStatus.Value(f"FLOW_STATUS_{name.upper()}")
+
+
+class FlowStepOut(BaseModel):
+    """One step of a learned flow."""
+
+    index: int
+    tool_name: str
+    target: str = Field(description="its semantic target in words; empty when it names none")
+    text_parameter: str = Field(description="the goal parameter it types, if any")
+    purpose: str
+    expected_outcome: str
+    verdict: VerdictWord = Field(description="the checker's verdict in the run it came from")
+    page_before: str
+    page_after: str
+    divergences: int = Field(description="how often a replay diverged at this step")
+
+
+class FlowOut(BaseModel):
+    """A learned flow with its counts."""
+
+    flow_id: str
+    status: FlowStatusName
+    status_reason: str
+    goal_template: str
+    apps: list[str]
+    completion: str
+    source_task_id: str
+    source_attempt: int
+    uses: int
+    replays_completed: int
+    divergences: int
+    consecutive_divergences: int
+    last_divergence: str
+    created_at: datetime | None
+    updated_at: datetime | None
+    steps: list[FlowStepOut]
+
+    @classmethod
+    def of(cls, f: types_pb2.Flow) -> FlowOut:
+        return cls(
+            flow_id=f.flow_id,
+            status=_enum_word(types_pb2.FlowStatus, f.status, "FLOW_STATUS_"),
+            status_reason=f.status_reason,
+            goal_template=f.goal_template,
+            apps=list(f.apps),
+            completion=f.completion,
+            source_task_id=f.source_task_id,
+            source_attempt=f.source_attempt,
+            uses=f.uses,
+            replays_completed=f.replays_completed,
+            divergences=f.divergences,
+            consecutive_divergences=f.consecutive_divergences,
+            last_divergence=f.last_divergence,
+            created_at=_time(f.created_at, f.HasField("created_at")),
+            updated_at=_time(f.updated_at, f.HasField("updated_at")),
+            steps=[
+                FlowStepOut(
+                    index=s.index,
+                    tool_name=s.tool_name,
+                    target=semantics(s.target) if s.HasField("target") else "",
+                    text_parameter=s.text_parameter,
+                    purpose=s.purpose,
+                    expected_outcome=s.expected_outcome,
+                    verdict=_VERDICTS.get(s.verdict, ""),
+                    page_before=s.page_before,
+                    page_after=s.page_after,
+                    divergences=f.divergences_by_step.get(s.index, 0),
+                )
+                for s in f.steps
+            ],
+        )
+
+
+class FlowPage(BaseModel):
+    """One page of learned flows, most recently changed first."""
+
+    flows: list[FlowOut]
+    next_page_token: str
+
+
+class FlowStatusIn(BaseModel):
+    """Turn a flow off (active false) or on again."""
+
+    active: bool
+    reason: str = ""

@@ -1,4 +1,4 @@
-"""Server-rendered pages: login, fleet, tasks, task detail, submit and cancel.
+"""Server-rendered pages: login, fleet, tasks, task detail, submit, cancel and learned flows.
 
 Pages read the same models the API returns, so what a script sees and what a person sees agree.
 Every form posts a CSRF token; every page but /login needs a session.
@@ -15,15 +15,19 @@ from fastapi import APIRouter, Form, Query, Request
 from fastapi import Path as PathParam
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
+from amc.v1 import task_service_pb2
 from console.gateway import present
 from console.gateway.api import Cloud, export_download, task_detail
 from console.gateway.auth import OperatorCredentials
+from console.gateway.cloud import CloudClient
 from console.gateway.errors import describe
 from console.gateway.models import (
     TASK_STATUSES,
     ConversationItemOut,
     DispatchOut,
+    FlowOut,
     HostOut,
+    SpendOut,
     TaskOut,
     task_status_value,
 )
@@ -117,9 +121,9 @@ async def fleet_page(request: Request, _: PageUser, cloud: Cloud) -> Response:
     fleet = await cloud.fleet()
     hosts = [HostOut.of(h) for h in fleet.hosts]
     dispatch = DispatchOut.of(fleet.dispatch)
-    return PAGES.render(
-        request, "fleet.html", {"hosts": hosts, "dispatch": dispatch, "nav": "fleet"}
-    )
+    spend = SpendOut.of(await cloud.spend())
+    context = {"hosts": hosts, "dispatch": dispatch, "spend": spend, "nav": "fleet"}
+    return PAGES.render(request, "fleet.html", context)
 
 
 @router.get("/tasks", response_class=HTMLResponse)
@@ -160,6 +164,8 @@ async def tasks_page(
         **pager_links(filters, back or [], page_token, page.next_page_token),
         # New tasks are inserted live only where they would appear: an unfiltered first page.
         "live_insert": not (chosen or host or q or page_token),
+        # An empty page says "no tasks yet" only when nothing narrowed it.
+        "filtered": bool(chosen or host or q or page_token),
     }
     return PAGES.render(request, "tasks.html", context)
 
@@ -181,40 +187,101 @@ async def submit_form(
     device_serial: Annotated[str, Form()] = "",
     max_attempts: Annotated[str, Form()] = "",
     client_request_id: Annotated[str, Form()] = "",
+    no_replay: Annotated[str, Form()] = "",
+    confirmed: Annotated[str, Form()] = "",
 ) -> Response:
-    form = {"goal": goal, "host_id": host_id, "device_serial": device_serial}
+    host_id, device_serial = host_id.strip(), device_serial.strip()
+    form = {
+        "goal": goal,
+        "host_id": host_id,
+        "device_serial": device_serial,
+        "no_replay": bool(no_replay),
+        "max_attempts": max_attempts,
+    }
+    target = _target_key(host_id, device_serial)
 
-    async def again(message: str, status_code: int) -> Response:
+    async def again(message: str, status_code: int, warnings: list[str] | None = None) -> Response:
         hosts = [HostOut.of(h) for h in await cloud.list_hosts()]
-        context = {"nav": "submit", "hosts": hosts, "form": form, "error": message}
+        context = {
+            "nav": "submit",
+            "hosts": hosts,
+            "form": form,
+            "error": message,
+            "warnings": warnings or [],
+            "confirmation": target,
+        }
         return PAGES.render(request, "submit.html", context, status_code=status_code)
 
     try:
         attempts = int(max_attempts.strip() or 0)
     except ValueError:
         return await again("Max attempts must be a whole number (0: the cloud's default).", 422)
-    try:
-        response = await cloud.submit_task(
+
+    async def submit(validate_only: bool) -> task_service_pb2.SubmitTaskResponse:
+        return await cloud.submit_task(
             goal=goal,
-            host_id=host_id.strip(),
-            device_serial=device_serial.strip(),
+            host_id=host_id,
+            device_serial=device_serial,
             max_attempts=attempts,
             lease_duration_s=None,
             timeout_s=None,
             client_request_id=client_request_id.strip(),
+            no_replay=bool(no_replay),
+            validate_only=validate_only,
         )
+
+    try:
+        # The cloud checks the target against the fleet; warnings are shown before anything
+        # is queued, and "Submit anyway" (for this same target) queues it.
+        if confirmed != target:
+            checked = await submit(validate_only=True)
+            if checked.warnings:
+                return await again("", 200, list(checked.warnings))
+        response = await submit(validate_only=False)
     except grpc.aio.AioRpcError as error:
         code, message, _name = describe(error)
         if code not in (409, 422):
             raise
         return await again(message, code)
+    if response.warnings:
+        request.session[_WARNINGS] = {response.task.task_id: list(response.warnings)}
     return RedirectResponse(f"/tasks/{response.task.task_id}", status_code=303)
+
+
+#: Session key of the warnings a submission got, shown once on the new task's page.
+_WARNINGS = "submit_warnings"
+
+
+def _target_key(host_id: str, device_serial: str) -> str:
+    """What "Submit anyway" confirms: this host and phone (another target is checked again)."""
+    return f"{host_id}/{device_serial}"
 
 
 @router.get("/tasks/{task_id}", response_class=HTMLResponse)
 async def task_page(request: Request, _: PageUser, cloud: Cloud, task_id: str) -> Response:
-    detail = await task_detail(cloud, task_id)
-    return PAGES.render(request, "task_detail.html", {"nav": "tasks", "detail": detail})
+    try:
+        detail = await task_detail(cloud, task_id)
+    except grpc.aio.AioRpcError as error:
+        # A unique prefix of an id (as a terminal shows it) leads to the task.
+        full = (
+            await _by_prefix(cloud, task_id) if error.code() == grpc.StatusCode.NOT_FOUND else None
+        )
+        if full is None:
+            raise
+        return RedirectResponse(f"/tasks/{full}", status_code=307)
+    flashed = request.session.pop(_WARNINGS, None) or {}
+    context = {"nav": "tasks", "detail": detail, "warnings": flashed.get(task_id, [])}
+    return PAGES.render(request, "task_detail.html", context)
+
+
+async def _by_prefix(cloud: CloudClient, prefix: str) -> str | None:
+    """The one task whose id starts with `prefix`, None when none or several do."""
+    if not 1 <= len(prefix) < 32 or any(c not in "0123456789abcdefABCDEF" for c in prefix):
+        return None
+    page = await cloud.list_tasks(
+        statuses=[], host_id="", query="", page_size=2, page_token="", task_id_prefix=prefix
+    )
+    return page.tasks[0].task_id if len(page.tasks) == 1 else None
 
 
 @router.get("/tasks/{task_id}/export")
@@ -237,6 +304,36 @@ async def conversation_page(
     return PAGES.render(request, "conversation.html", context)
 
 
+@router.get("/flows", response_class=HTMLResponse)
+async def flows_page(request: Request, _: PageUser, cloud: Cloud, page_token: str = "") -> Response:
+    page = await cloud.list_flows(page_token=page_token)
+    next_url = (
+        "/flows?" + urlencode({"page_token": page.next_page_token})
+        if page.next_page_token
+        else None
+    )
+    context = {"nav": "flows", "flows": [FlowOut.of(f) for f in page.flows], "next_url": next_url}
+    return PAGES.render(request, "flows.html", context)
+
+
+@router.get("/flows/{flow_id}", response_class=HTMLResponse)
+async def flow_page(request: Request, _: PageUser, cloud: Cloud, flow_id: str) -> Response:
+    flow = FlowOut.of(await cloud.get_flow(flow_id))
+    return PAGES.render(request, "flow_detail.html", {"nav": "flows", "flow": flow})
+
+
+@router.post("/flows/{flow_id}/status")
+async def flow_status_submit(
+    _csrf: CsrfChecked,
+    _: PageUser,
+    cloud: Cloud,
+    flow_id: str,
+    active: Annotated[str, Form()] = "",
+) -> Response:
+    await cloud.set_flow_status(flow_id, active == "1", "from the console")
+    return RedirectResponse(f"/flows/{flow_id}", status_code=303)
+
+
 @router.get("/tasks/{task_id}/cancel", response_class=HTMLResponse)
 async def cancel_page(request: Request, _: PageUser, cloud: Cloud, task_id: str) -> Response:
     task = TaskOut.of(await cloud.get_task(task_id))
@@ -246,10 +343,10 @@ async def cancel_page(request: Request, _: PageUser, cloud: Cloud, task_id: str)
 @router.post("/tasks/{task_id}/cancel")
 async def cancel_submit(
     _csrf: CsrfChecked,
-    _: PageUser,
+    user: PageUser,
     cloud: Cloud,
     task_id: str,
     reason: Annotated[str, Form()] = "",
 ) -> Response:
-    await cloud.cancel_task(task_id, reason.strip() or "cancelled from the console")
+    await cloud.cancel_task(task_id, reason.strip() or "cancelled from the console", user)
     return RedirectResponse(f"/tasks/{task_id}", status_code=303)

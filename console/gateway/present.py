@@ -7,25 +7,46 @@ from __future__ import annotations
 
 import json
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Protocol
 
 from jinja2 import Environment
 
-from console.gateway.models import HostOut, ProgressOut, TaskOut, UsageOut
+from console import wording
+from console.gateway.models import (
+    TERMINAL_STATUSES,
+    HostOut,
+    ProgressOut,
+    TaskOut,
+    TotalsOut,
+    UsageOut,
+)
+from console.gateway.overlay import overlay
+from console.gateway.timeline import attempt_timelines
+from planner.budget import dollars
 from planner.decision import OMITTED_BLOCK
 
 
-def progress_badge(progress: ProgressOut) -> str:
-    """`step 4 of at most 30 · acting · tap 'Display'`; empty before the first step."""
-    if not progress.step_index:
-        return ""
-    at_most = f" of at most {progress.max_steps}" if progress.max_steps else ""
-    parts = [f"step {progress.step_index}{at_most}"]
-    if progress.step_status != "unspecified":
-        parts.append(progress.step_status)
-    if progress.summary:
-        parts.append(progress.summary)
-    return " · ".join(parts)
+class HasProgress(Protocol):
+    """A task or an attempt: a status and its latest progress."""
+
+    @property
+    def status(self) -> str: ...
+
+    @property
+    def progress(self) -> ProgressOut: ...
+
+
+def progress_badge(item: HasProgress) -> str:
+    """What the last step did (`step 4 of at most 30 · acting · tap 'Display'`, `last step 6 ·
+    action done · give up: …` once ended), never the task's status; empty before step 1."""
+    p = item.progress
+    return wording.step_line(
+        p.step_index,
+        p.step_status,
+        p.summary,
+        p.max_steps,
+        terminal=item.status in TERMINAL_STATUSES,
+    )
 
 
 def attempt_label(task: TaskOut) -> str:
@@ -51,10 +72,27 @@ def ago(moment: datetime | None) -> str:
 
 def host_signature(host: HostOut) -> str:
     """What the fleet page shows of a host besides "last seen", as one string: live.js builds
-    the same from a `host` event and re-renders the fleet when the two differ."""
+    the same from a `host` event and re-renders the host's card when the two differ."""
     phones = ";".join(f"{d.serial}={d.state}={d.model}" for d in host.devices)
+    busy = ";".join(f"{b.device_serial}={b.task_id}={b.attempt}" for b in host.busy_phones)
     state = "on" if host.connected else "off"
-    return f"{state}|{host.planner_transport}|{host.agent_version}|{phones}"
+    waiting = host.outbox.items if host.outbox else ""
+    return f"{state}|{host.planner_transport}|{host.agent_version}|{phones}|{busy}|{waiting}"
+
+
+def until(moment: datetime | None) -> str:
+    """`in 23s`, or `2s ago` once passed, for the first paint; live.js keeps it counting."""
+    if moment is None:
+        return ""
+    seconds = int((moment - datetime.now(UTC)).total_seconds())
+    if seconds >= 0:
+        return f"in {wording.duration(seconds) if seconds else '0 s'}"
+    return f"{wording.duration(-seconds)} ago"
+
+
+def clock(moment: datetime | None) -> str:
+    """`14:03:07` (UTC; the full date is in the element's title)."""
+    return moment.strftime("%H:%M:%S") if moment else "—"
 
 
 def iso(moment: datetime | None) -> str:
@@ -69,6 +107,18 @@ def total_tokens(usage: UsageOut) -> int:
     return usage.input_tokens + usage.output_tokens + usage.cache_read_input_tokens
 
 
+def totals_line(totals: TotalsOut) -> str:
+    """`4 steps · 12.3k tokens · $0.0412 · 1m 05s` (tokens and cost only where decisions were
+    logged; cost only where the models have a price)."""
+    parts = [f"{totals.steps} step{'' if totals.steps == 1 else 's'}"]
+    if totals.decisions:
+        parts.append(f"{wording.tokens(totals.tokens)} tokens")
+        if totals.usage.cost_usd:
+            parts.append(dollars(totals.usage.cost_usd))
+    parts.append(wording.duration(totals.wall_time_s))
+    return " · ".join(parts)
+
+
 def pretty_json(value: Any) -> str:
     return json.dumps(value, indent=2, ensure_ascii=False, sort_keys=True)
 
@@ -78,9 +128,17 @@ def install(env: Environment) -> None:
     env.filters["badge"] = progress_badge
     env.filters["attempt_label"] = attempt_label
     env.filters["ago"] = ago
+    env.filters["until"] = until
+    env.filters["clock"] = clock
     env.filters["iso"] = iso
     env.filters["host_signature"] = host_signature
     env.filters["when"] = when
     env.filters["tokens"] = total_tokens
     env.filters["pretty_json"] = pretty_json
+    env.filters["totals"] = totals_line
+    env.filters["duration"] = wording.duration
+    env.filters["token_count"] = wording.tokens
+    env.filters["timelines"] = attempt_timelines
+    env.filters["usd"] = dollars
     env.globals["omitted_block"] = OMITTED_BLOCK
+    env.globals["overlay"] = overlay

@@ -140,10 +140,12 @@ def execute(driver: Driver, action: types_pb2.Action, scene: Scene) -> ActionRes
     except ActionError as exc:
         return ActionResult(ok=False, error=str(exc))
     except DeviceError as exc:
+        from host import metrics
         from host.devices.base import DeviceGone
 
         if isinstance(exc, DeviceGone):
             raise
+        metrics.device_error(exc)
         return ActionResult(ok=False, error=str(exc))
 
 

@@ -4,33 +4,49 @@ Per step: screenshot + hierarchy (before) → plan → execute the typed action 
 → screenshot + hierarchy (after, also when the action failed) → record. Driver calls run in
 worker threads so one host drives several phones at once. A cancellation event (the lease was
 revoked) stops the loop within one step: it is checked between phases and races planning.
+
+Two ends are not the task's: a step that could not be planned right now waits inside the lease
+(`planning_wait`), and a lease the cloud says is no longer live stops the loop without a
+verdict (`TaskOutcome.lease_lost`: the cloud has ended or will end that attempt, and no result
+is sent for it). A task's secret parameters (`TaskSpec.secrets`) are typed where a decision's
+text refers to them (`{{secret:NAME}}`) and scrubbed from everything observed afterwards.
 """
 
 from __future__ import annotations
 
 import asyncio
 import functools
+import json
 import logging
 import time
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Literal, TypeVar
 
 from amc.v1 import types_pb2
+from host import metrics as host_metrics
 from host.agent.actions import ActionResult, action_to_record, changes_screen, describe, execute
-from host.agent.planning_wait import PlanningPostponed, WaitPolicy, plan_patiently
+from host.agent.planning_wait import Impossible, PlanningPostponed, WaitPolicy, plan_patiently
 from host.agent.progress import ProgressHolder, status_name, truncate
 from host.agent.redact import SecretRedactor
+from host.agent.step_telemetry import StepTelemetry
+from host.agent.verdicts import ReplayTally, check_step
 from host.devices.base import DeviceError, DeviceGone, Driver
+from host.outbox import Shipments, StepRef
 from host.perception.perceive import Observation, Perceiver
 from host.planner_client import CloudPlanError, StepPlanner
 from host.timeline.record import TimelineRecord, screen_record
 from host.timeline.store import TimelineStore
-from planner.decision import Decision
+from planner import secret_refs
+from planner.budget import Budget
+from planner.decision import Decision, Usage
 from planner.errors import PlannerError
 from planner.history import WorldEvent
-from planner.steps import target_label
+from planner.observation import clip
+from planner.scene import Bounds, Scene
+from planner.steps import MAX_DRIVER_OUTPUT_BYTES, MAX_OUTCOME_ERROR_BYTES, target_label
+from planner.verify import MAX_EVIDENCE_BYTES, verdict_to_proto
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -55,6 +71,16 @@ class TaskSpec:
     lease_id: str = ""
     #: The task's absolute deadline (None: none known); a wait for the planner ends before it.
     deadline: datetime | None = None
+    #: Secret parameters, name → value (Assignment.secrets): typed where a decision's text says
+    #: `{{secret:NAME}}`, kept in memory only, never printed (left out of repr).
+    secrets: Mapping[str, str] = field(default_factory=dict, repr=False)
+    #: Learned flows the cloud retrieved for the goal, best first (the assignment's `flow` and
+    #: `alternatives`): a direct-transport planner replays them (see planner/flows/replay.py).
+    flows: tuple[types_pb2.Flow, ...] = ()
+    #: The task's spending caps and what it spent before this attempt (from the assignment);
+    #: the direct transport checks them before each model call.
+    budget: Budget = field(default_factory=Budget)
+    spent: Usage = field(default_factory=Usage)
 
 
 @dataclass(slots=True)
@@ -68,6 +94,11 @@ class TaskOutcome:
     #: A failure outside the task (planning stayed impossible until the deadline came near):
     #: the cloud queues the next attempt if the task has any left.
     retryable: bool = False
+    #: The cloud said the lease is no longer live (expired, revoked, superseded): the attempt
+    #: stopped without a verdict on the task, and no result is sent for it.
+    lease_lost: bool = False
+    #: How replaying a learned flow went (None: no step was replayed or handed over).
+    replay: types_pb2.FlowReplayReport | None = None
 
     @property
     def proto_status(self) -> types_pb2.TaskStatus.ValueType:
@@ -82,6 +113,8 @@ class LoopSettings:
     ocr: bool = True
     planner_transport: str = "direct"
     planner_wait: WaitPolicy = field(default_factory=WaitPolicy)
+    #: This host's id, for the attempt's log lines and spans (None: not known yet).
+    host_id: str | None = None
 
 
 class _Cancelled(Exception):
@@ -102,12 +135,15 @@ class AgentLoop:
         perceiver: Perceiver,
         store: TimelineStore | None = None,
         settings: LoopSettings | None = None,
+        shipments: Shipments | None = None,
     ) -> None:
         self.driver = driver
         self.planner = planner
         self.perceiver = perceiver
         self.store = store
         self.settings = settings or LoopSettings()
+        #: The host's outbox: each step's decision (direct transport) and screenshots go there.
+        self.shipments = shipments
 
     async def _guard(self, cancel: asyncio.Event, work: Awaitable[T]) -> T:
         """Await `work` unless `cancel` fires first (then the work is abandoned)."""
@@ -181,8 +217,11 @@ class AgentLoop:
                 self.settings.planner_transport,
             )
         step = 0
+        tel = StepTelemetry(spec.task_id, spec.attempt, self.settings.host_id)
+        log.info("attempt started on phone %s", spec.device_serial)
+        outcome: TaskOutcome | None = None
         try:
-            outcome = await self._run(spec, progress, cancel)
+            outcome = await self._run_observed(spec, progress, cancel, tel)
         except _Cancelled:
             step = progress.snapshot().step_index
             outcome = TaskOutcome("cancelled", "stopped: the lease was revoked", step)
@@ -196,7 +235,15 @@ class AgentLoop:
             step = progress.snapshot().step_index
             log.warning("task %s: %s", spec.task_id, exc)
             outcome = TaskOutcome("failed", truncate(str(exc), 2000), step, retryable=True)
-        except (PlannerError, CloudPlanError) as exc:
+        except CloudPlanError as exc:
+            step = progress.snapshot().step_index
+            log.warning("task %s: %s", spec.task_id, exc)
+            if exc.lease_lost:
+                summary = truncate(f"stopped: the lease is no longer live ({exc})", 2000)
+                outcome = TaskOutcome("cancelled", summary, step, lease_lost=True)
+            else:
+                outcome = TaskOutcome("failed", truncate(str(exc), 2000), step)
+        except PlannerError as exc:
             step = progress.snapshot().step_index
             log.warning("task %s: %s", spec.task_id, exc)
             outcome = TaskOutcome("failed", truncate(str(exc), 2000), step)
@@ -204,18 +251,39 @@ class AgentLoop:
             step = progress.snapshot().step_index
             log.exception("task %s failed", spec.task_id)
             outcome = TaskOutcome("failed", truncate(f"{type(exc).__name__}: {exc}", 2000), step)
+        finally:
+            if outcome is not None:
+                log.info("attempt ended %s after %d step(s): %s", outcome.status, outcome.steps,
+                         outcome.summary)  # fmt: skip
+            tel.close(outcome.status if outcome is not None else "cancelled")
         if self.store is not None:
             await asyncio.to_thread(
                 self.store.finish_task, spec.task_id, spec.attempt, outcome.status, outcome.summary
             )
         return outcome
 
+    async def _run_observed(
+        self, spec: TaskSpec, progress: ProgressHolder, cancel: asyncio.Event, tel: StepTelemetry
+    ) -> TaskOutcome:
+        """`_run`, with the step that an exception ends marked as failed by it."""
+        try:
+            return await self._run(spec, progress, cancel, tel)
+        except BaseException as exc:
+            if isinstance(exc, DeviceError):
+                host_metrics.device_error(exc)
+            tel.fail(exc)
+            raise
+
     async def _run(
-        self, spec: TaskSpec, progress: ProgressHolder, cancel: asyncio.Event
+        self, spec: TaskSpec, progress: ProgressHolder, cancel: asyncio.Event, tel: StepTelemetry
     ) -> TaskOutcome:
         history: list[WorldEvent] = []
         secrets = SecretRedactor()
+        for value in spec.secrets.values():  # scrubbed from every observation, typed or not
+            secrets.add(value)
+        replay = ReplayTally()
         for step in range(1, self.settings.max_steps + 1):
+            tel.start_step(step)
             record = TimelineRecord(spec.task_id, spec.attempt, step, started_at=_now())
             timings: dict[str, float] = {}
 
@@ -227,7 +295,8 @@ class AgentLoop:
                 f"step {step}: looking at the screen",
             )
             t = time.perf_counter()
-            before = await self._perceive(cancel, secrets)
+            with tel.phase("perceive"):
+                before = await self._perceive(cancel, secrets)
             timings.update({f"before_{k}": v for k, v in before.timings.items()})
             record.before_screenshot_path = await self._save_png(
                 spec, f"step{step:03d}-before.png", before.screenshot_png
@@ -248,27 +317,36 @@ class AgentLoop:
             shot = before.screenshot_png if self.settings.send_screenshot else None
             scene = before.scene
 
-            def waiting(since: datetime, reason: str, step: int = step) -> None:
+            def waiting(since: datetime, why: Impossible, step: int = step) -> None:
                 self._progress(
                     spec,
                     progress,
                     step,
                     types_pb2.STEP_STATUS_PLANNING,
-                    f"step {step}: waiting for the model provider since {since:%H:%M:%S} UTC "
-                    f"({reason})",
+                    f"step {step}: waiting for {why.waiting_for} since {since:%H:%M:%S} UTC "
+                    f"({why.reason})",
                 )
 
-            decision = await self._guard(
-                cancel,
-                plan_patiently(
-                    functools.partial(self.planner.decide, spec.goal, scene, history, shot),
-                    on_wait=waiting,
-                    deadline=spec.deadline,
-                    policy=self.settings.planner_wait,
-                ),
-            )
+            with tel.phase("plan"):
+                decision = await self._guard(
+                    cancel,
+                    plan_patiently(
+                        functools.partial(self.planner.decide, spec.goal, scene, history, shot),
+                        on_wait=waiting,
+                        deadline=spec.deadline,
+                        policy=self.settings.planner_wait,
+                    ),
+                )
             timings["plan_s"] = time.perf_counter() - t
+            tel.decided(decision)
             self._fill_decision(record, decision)
+            act = decision.action
+            if act.WhichOneof("kind") == "input_text" and act.input_text.sensitive:
+                # From now on the secret is scrubbed everywhere, the shipped decision included.
+                secrets.add(act.input_text.text)
+            ref = await self._ship(
+                self._ship_decision, spec, decision, secrets, before.screenshot_png, before.scene
+            )
 
             what = describe(decision.action, before.scene)
             line = f"step {step}: {what}" + (f" — {decision.purpose}" if decision.purpose else "")
@@ -276,10 +354,8 @@ class AgentLoop:
                 raise _Cancelled
             self._progress(spec, progress, step, types_pb2.STEP_STATUS_ACTING, line)
             t = time.perf_counter()
-            act = decision.action
-            if act.WhichOneof("kind") == "input_text" and act.input_text.sensitive:
-                secrets.add(act.input_text.text)
-            result = await asyncio.to_thread(execute, self.driver, decision.action, before.scene)
+            with tel.phase("act"):
+                result = await self._act(decision, spec, before.scene, secrets)
             timings["act_s"] = time.perf_counter() - t
             record.action = action_to_record(decision.action)
             record.result = result.to_dict()
@@ -287,14 +363,24 @@ class AgentLoop:
             record.error = result.error
 
             t = time.perf_counter()
+            after: Scene | None = before.scene
+            after_png: bytes | None = before.screenshot_png
             if changes_screen(decision.action):
                 if self.settings.settle_delay_s:
                     await asyncio.sleep(self.settings.settle_delay_s)
-                after_page = await self._capture_after(spec, step, record, secrets)
+                with tel.phase("perceive"):
+                    after, after_png = await self._capture_after(spec, step, record, secrets)
             else:
                 record.after_screenshot_path = record.before_screenshot_path
-                after_page = before.scene.page
+            after_page = after.page if after is not None else None
             timings["perceive_after_s"] = time.perf_counter() - t
+            check = check_step(decision, result.ok, before.scene, after)
+            if check is not None:
+                record.verdict = {
+                    "verdict": check.verdict,
+                    "evidence": secrets.text(check.evidence),
+                }
+            replay.saw(decision)
 
             event = WorldEvent.from_decision(
                 decision,
@@ -306,16 +392,25 @@ class AgentLoop:
             # Both reach the cloud with the next Decide call: no secret typed earlier may ride.
             event.error = secrets.text(result.error) if result.error else None
             event.driver_output = secrets.text(result.report())
+            if check is not None:
+                event.verdict, event.evidence = check.verdict, secrets.text(check.evidence)
             history.append(event)
+            if ref is not None:
+                await self._ship(self._ship_after, ref, decision, secrets, event, after_png)
             record.world_event = event.to_dict()
             if secrets:  # belt and braces: nothing typed as sensitive is ever stored
                 record.user_prompt = secrets.text(record.user_prompt or "")
                 record.rationale = secrets.text(record.rationale) if record.rationale else None
+                record.error = secrets.text(record.error) if record.error else None
+                record.result = json.loads(
+                    secrets.text(json.dumps(record.result, ensure_ascii=False))
+                )
             record.finished_at = _now()
             t = time.perf_counter()
             record.timings = {**record.timings, **timings}
             if self.store is not None:
-                await asyncio.to_thread(self.store.append_step, record)
+                with tel.phase("record"):
+                    await asyncio.to_thread(self.store.append_step, record)
             timings["record_s"] = time.perf_counter() - t
 
             status = types_pb2.STEP_STATUS_SUCCEEDED if result.ok else types_pb2.STEP_STATUS_FAILED
@@ -326,44 +421,124 @@ class AgentLoop:
                 status,
                 line if result.ok else f"{line} (failed: {result.error})",
             )
+            # The progress line: what the model chose and why, a secret typed masked ("•••").
+            log.info(
+                "%s", line if result.ok else f"{line} (failed: {secrets.text(result.error or '')})"
+            )
+            tel.end_step(result.ok)
             if result.complete:
-                return self._completion(result, step)
+                outcome = self._completion(result, step)
+                outcome.replay = replay.report()
+                return outcome
             if cancel.is_set():
                 raise _Cancelled
         return TaskOutcome(
             "failed",
             f"step limit reached ({self.settings.max_steps} steps)",
             self.settings.max_steps,
+            replay=replay.report(),
         )
+
+    async def _act(
+        self, decision: Decision, spec: TaskSpec, scene: Scene, secrets: SecretRedactor
+    ) -> ActionResult:
+        """Execute the decision's action, with the task's secrets typed in place of their
+        references; a step the host must not run (a replayed sensitive input whose value was not
+        kept, a reference to a secret the task does not carry) is a failed step, not a crash."""
+        withheld = decision.extra.get("withheld")
+        if withheld:
+            return ActionResult(ok=False, error=str(withheld))
+        action = decision.action
+        if action.WhichOneof("kind") == "input_text":
+            text = action.input_text.text
+            if secret_refs.refers(text):
+                try:
+                    typed = secret_refs.substitute(text, spec.secrets)
+                except secret_refs.MissingSecret as exc:
+                    return ActionResult(ok=False, error=str(exc))
+                action = types_pb2.Action()
+                action.CopyFrom(decision.action)
+                action.input_text.text = typed
+            elif action.input_text.sensitive:
+                secrets.add(text)
+        return await asyncio.to_thread(execute, self.driver, action, scene)
 
     async def _capture_after(
         self, spec: TaskSpec, step: int, record: TimelineRecord, secrets: SecretRedactor
-    ) -> str | None:
-        """The after screenshot and scene. A bad dump here does not end the task (the next
+    ) -> tuple[Scene | None, bytes | None]:
+        """The after scene and screenshot. A bad dump here does not end the task (the next
         step's perception retries and decides); a vanished phone does."""
         try:
             after = await asyncio.to_thread(self._observe, secrets)
         except DeviceGone:
             raise
         except DeviceError as exc:
+            host_metrics.device_error(exc)
             record.result["after_error"] = str(exc)
             if secrets:
-                return None  # without a scene the secret cannot be painted over: no image
+                return None, None  # without a scene the secret cannot be painted over: no image
             try:
                 png = await asyncio.to_thread(self.driver.screenshot_png)
             except DeviceGone:
                 raise
             except DeviceError:
-                return None
+                return None, None
             record.after_screenshot_path = await self._save_png(
                 spec, f"step{step:03d}-after.png", png
             )
-            return None
+            return None, png
         record.after_screenshot_path = await self._save_png(
             spec, f"step{step:03d}-after.png", after.screenshot_png
         )
         record.ocr_after = [o.to_dict() for o in after.scene.ocr]
-        return after.scene.page
+        return after.scene, after.screenshot_png
+
+    async def _ship(self, write: Callable[..., T], *args: object) -> T | None:
+        """An outbox write in a worker thread: one local row, no network. Shipping never fails
+        a step: a write that fails is logged (the timeline still has the step)."""
+        if self.shipments is None:
+            return None
+        try:
+            return await asyncio.to_thread(write, *args)
+        except Exception:
+            log.exception("could not write to the outbox")
+            return None
+
+    def _ship_decision(
+        self,
+        spec: TaskSpec,
+        decision: Decision,
+        secrets: SecretRedactor,
+        png: bytes,
+        scene: Scene,
+    ) -> StepRef | None:
+        assert self.shipments is not None
+        ref = self.shipments.decision(
+            spec.task_id, spec.attempt, spec.lease_id, decision, secrets.text
+        )
+        if ref is not None:
+            self.shipments.screenshot(ref, "before", png, action_target(decision.action, scene))
+        return ref
+
+    def _ship_after(
+        self,
+        ref: StepRef,
+        decision: Decision,
+        secrets: SecretRedactor,
+        event: WorldEvent,
+        png: bytes | None,
+    ) -> None:
+        assert self.shipments is not None
+        outcome = types_pb2.ActionOutcome(
+            executed=bool(event.success),
+            error=clip(event.error or "", MAX_OUTCOME_ERROR_BYTES),
+            driver_output=clip(event.driver_output or "", MAX_DRIVER_OUTPUT_BYTES),
+            verdict=verdict_to_proto(event.verdict),
+            evidence=clip(event.evidence or "", MAX_EVIDENCE_BYTES),
+        )
+        self.shipments.outcome(ref, decision, secrets.text, outcome)
+        if png is not None:
+            self.shipments.screenshot(ref, "after", png)
 
     @staticmethod
     def _completion(result: ActionResult, step: int) -> TaskOutcome:
@@ -391,6 +566,17 @@ class AgentLoop:
         record.retry_kind = decision.retry_kind
         record.output_truncated = decision.output_truncated
         record.decision_step_index = decision.step_index
+        if decision.previous_step is not None:
+            record.previous_step = {
+                "verdict": decision.previous_step.verdict,
+                "note": decision.previous_step.note,
+            }
+        if decision.flow_id:
+            record.flow = {
+                "flow_id": decision.flow_id,
+                "flow_step": decision.flow_step,
+                "divergence": decision.replay_divergence,
+            }
         u = decision.usage
         record.usage = {
             "input_tokens": u.input_tokens,
@@ -398,8 +584,22 @@ class AgentLoop:
             "cache_read_input_tokens": u.cache_read_input_tokens,
             "cache_creation_input_tokens": u.cache_creation_input_tokens,
             "thinking_tokens": u.thinking_tokens,
+            "cost_usd": u.cost_usd,
         }
         record.timings["planner_latency_s"] = decision.latency_s
+
+
+def action_target(action: types_pb2.Action, scene: Scene) -> Bounds | None:
+    """Bounds of the element an action names on this screen (where a tap lands, the field
+    text goes into), for drawing the action on the screenshot; None when it names none."""
+    kind = action.WhichOneof("kind")
+    element_id = ""
+    if kind == "tap" and action.tap.WhichOneof("target") == "element_id":
+        element_id = action.tap.element_id
+    elif kind == "input_text":
+        element_id = action.input_text.element_id
+    element = scene.element(element_id) if element_id else None
+    return element.bounds if element is not None else None
 
 
 __all__ = [

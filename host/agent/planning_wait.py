@@ -1,17 +1,20 @@
 """Planning that is temporarily impossible, and how a step waits it out inside its lease.
 
 A step can fail to get a decision for reasons that say nothing about its task: the model
-provider is overloaded or down, it rate-limits, or the planner behind the cloud is unreachable.
-Failing the attempt for that would spend the task's attempts on an outage (a ten-minute provider
-incident would fail every running task). So such a step "could not be planned right now" — a
-state distinct from "the task failed": the step waits with backoff and jitter, the lease stays
-renewed (the loop's progress says "waiting for the model provider since …"), and it asks again.
-Only the lease (revoked, lost) or the task's deadline ends the wait; at the deadline the attempt
-ends with a retryable outcome, so the task keeps its remaining attempts.
+provider is overloaded or down, it rate-limits, the cloud planning for the host is restarting or
+unreachable, its database is away, or the answer was lost on the way back (a reset stream, a
+call past its deadline). Failing the attempt for that would spend the task's attempts on an
+outage (a ten-minute provider incident, or a rolling deploy of the cloud, would fail every
+running task). So such a step "could not be planned right now" — a state distinct from "the
+task failed": the step waits with backoff and jitter, the lease stays renewed (the loop's
+progress says "waiting for the model provider since …", or the cloud, or its database), and it
+asks again. Asking again is safe on the cloud transport: the request names its step
+(`DecideRequest.step_key`), so a decision already made for it is returned, not made twice.
+Only the lease (revoked, lost, run out) or the task's deadline ends the wait; at the deadline
+the attempt ends with a retryable outcome, so the task keeps its remaining attempts.
 
 This module is the one place that decides what counts as temporarily impossible, for every
-planner transport and every cause; a new cause (a cloud restarting, say) is one more case in
-`temporarily_impossible`.
+planner transport and every cause: `temporarily_impossible`.
 """
 
 from __future__ import annotations
@@ -27,26 +30,54 @@ from typing import TypeVar
 import grpc
 
 from host.planner_client import CloudPlanError
-from planner.errors import PlannerTransient
+from planner.errors import MODEL_PROVIDER, PlannerTransient
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
-#: What the cloud answers while planning is temporarily impossible (and what gRPC itself
-#: reports while the cloud cannot be reached).
-_RETRY_LATER = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED})
+#: What the cloud answers while planning is temporarily impossible (UNAVAILABLE also while it
+#: cannot be reached or its database is away), and what gRPC reports when an answer was lost:
+#: the call cancelled by a restarting cloud or a reset stream, or past its deadline. ABORTED is
+#: a session-mode conversation continued by another call at the same moment: ask again.
+_RETRY_LATER = frozenset(
+    {
+        grpc.StatusCode.UNAVAILABLE,
+        grpc.StatusCode.RESOURCE_EXHAUSTED,
+        grpc.StatusCode.CANCELLED,
+        grpc.StatusCode.DEADLINE_EXCEEDED,
+        grpc.StatusCode.ABORTED,
+    }
+)
+#: gRPC reports a stream the peer reset mid-call as INTERNAL with this in its details; any
+#: other INTERNAL is a fault of the cloud that asking again would only repeat.
+_RESET_STREAM = "RST_STREAM"
 
 
-def temporarily_impossible(exc: BaseException) -> str | None:
+@dataclass(frozen=True, slots=True)
+class Impossible:
+    """Why planning cannot happen right now: what is unavailable (for the progress line) and the
+    error's own words."""
+
+    waiting_for: str
+    reason: str
+
+
+def temporarily_impossible(exc: BaseException) -> Impossible | None:
     """Why planning cannot happen right now, or None when `exc` is a real failure.
 
     Direct transport: the planner's transient class (provider overloaded, failing, rate
-    limited, unreachable). Cloud transport: Decide answered UNAVAILABLE or RESOURCE_EXHAUSTED.
+    limited, unreachable). Cloud transport: Decide answered UNAVAILABLE or RESOURCE_EXHAUSTED
+    (the cloud says what is unavailable in its trailing metadata; without it, the cloud itself
+    could not be reached), or the answer was lost (CANCELLED, DEADLINE_EXCEEDED, a reset
+    stream), or a session conversation was busy (ABORTED).
     """
     if isinstance(exc, PlannerTransient):
-        return str(exc)
-    if isinstance(exc, CloudPlanError) and exc.code in _RETRY_LATER:
-        return str(exc)
+        return Impossible(MODEL_PROVIDER, str(exc))
+    if not isinstance(exc, CloudPlanError):
+        return None
+    reset = exc.code == grpc.StatusCode.INTERNAL and _RESET_STREAM in str(exc)
+    if exc.code in _RETRY_LATER or reset:
+        return Impossible(exc.waiting_for or "the cloud", str(exc))
     return None
 
 
@@ -54,12 +85,12 @@ class PlanningPostponed(Exception):
     """Planning stayed impossible until the task's deadline came near: this attempt ends with a
     retryable outcome (the task is not failed for it)."""
 
-    def __init__(self, reason: str, since: datetime) -> None:
+    def __init__(self, impossible: Impossible, since: datetime) -> None:
         super().__init__(
-            f"the model provider stayed unavailable since {since:%H:%M:%S} UTC until the "
-            f"deadline came near: {reason}"
+            f"{impossible.waiting_for} stayed unavailable since {since:%H:%M:%S} UTC until the "
+            f"deadline came near: {impossible.reason}"
         )
-        self.reason = reason
+        self.reason = impossible.reason
         self.since = since
 
 
@@ -76,8 +107,8 @@ class WaitPolicy:
         return float(base / 2 + rng.uniform(0, base / 2))
 
 
-OnWait = Callable[[datetime, str], None]
-"""Told (waiting since, reason) before each wait: the loop reports it as the step's progress."""
+OnWait = Callable[[datetime, Impossible], None]
+"""Told (waiting since, why) before each wait: the loop reports it as the step's progress."""
 
 
 async def plan_patiently(
@@ -100,15 +131,17 @@ async def plan_patiently(
         try:
             return await plan()
         except Exception as exc:
-            reason = temporarily_impossible(exc)
-            if reason is None:
+            impossible = temporarily_impossible(exc)
+            if impossible is None:
                 raise
         now = clock()
         since = since or now
         delay = policy.delay(waits, rng)
         waits += 1
         if deadline is not None and now + timedelta(seconds=delay) >= deadline:
-            raise PlanningPostponed(reason, since)
-        log.warning("planning impossible right now (wait %d, %.1fs): %s", waits, delay, reason)
-        on_wait(since, reason)
+            raise PlanningPostponed(impossible, since)
+        log.warning(
+            "planning impossible right now (wait %d, %.1fs): %s", waits, delay, impossible.reason
+        )
+        on_wait(since, impossible)
         await sleep(delay)

@@ -8,15 +8,24 @@ page and the tests agree on it. Any record the store can load renders: every fie
 from __future__ import annotations
 
 import json
+import struct
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
+from google.protobuf.json_format import ParseDict, ParseError
+
+from amc.v1 import types_pb2
 from host.agent.progress import ProgressSnapshot
 from host.timeline.record import SENSITIVE_MASK, TimelineRecord
 from host.timeline.store import TaskRow
+from planner.budget import dollars
 from planner.decision import RETRY_WORDS, thinking_word
+from planner.observation import scene_from_observation
+from planner.tools import ui_tree_result
+from planner.verify import WORDS as VERDICT_WORDS
 
 #: Tool names whose result is a UI tree (`ui_tree` is what older hosts called it).
 UI_TREE_TOOLS = frozenset({"get_ui_tree", "ui_tree"})
@@ -166,6 +175,91 @@ def ui_tree(nodes: list[Any]) -> list[TreeNode]:
     return roots
 
 
+#: Timing keys as a person reads them, in the order the step spends them. The agent loop
+#: records `<phase>_s` keys (`before_…` are perception's parts of the first look); a key not
+#: listed here reads as its own words.
+TIMING_NAMES: dict[str, str] = {
+    "perceive_before_s": "Looking at the screen (before)",
+    "before_screenshot_s": "· screenshot",
+    "before_hierarchy_s": "· UI hierarchy dump",
+    "before_ocr_s": "· text recognition (OCR)",
+    "plan_s": "Planning (until the decision arrived)",
+    "planner_latency_s": "· the model's answer",
+    "act_s": "Acting on the phone",
+    "perceive_after_s": "Looking at the screen (after)",
+    "record_s": "Recording the step",
+}
+
+
+def timing_rows(timings: dict[str, float]) -> list[tuple[str, float]]:
+    """(readable name, seconds) in step order; unknown keys last, in their own words."""
+    known = [(TIMING_NAMES[k], timings[k]) for k in TIMING_NAMES if k in timings]
+    other = [
+        (k.removesuffix("_s").replace("_", " ").capitalize(), v)
+        for k, v in sorted(timings.items())
+        if k not in TIMING_NAMES
+    ]
+    return known + other
+
+
+@dataclass(frozen=True, slots=True)
+class Marker:
+    """Where the action touched the screen, in screen pixels, to draw over the screenshot:
+    a tap (or the tap that focused a field) is a point, a swipe a line from start to end."""
+
+    kind: str  # "tap" | "swipe"
+    x: int
+    y: int
+    x2: int = 0
+    y2: int = 0
+
+
+def _pair(value: Any) -> tuple[int, int] | None:
+    pair = isinstance(value, list | tuple) and len(value) == 2
+    if pair and all(isinstance(v, int | float) for v in value):
+        return int(value[0]), int(value[1])
+    if isinstance(value, dict) and isinstance(value.get("x", 0), int | float):
+        return int(value.get("x", 0)), int(value.get("y", 0))
+    return None
+
+
+def marker(record: TimelineRecord) -> Marker | None:
+    """The point a tap hit (as executed: the element's centre), or a swipe's path."""
+    for key in ("point", "focused"):
+        point = _pair(record.result.get(key)) if isinstance(record.result, dict) else None
+        if point is not None:
+            return Marker("tap", *point)
+    tap = record.action.get("tap")
+    if isinstance(tap, dict):
+        point = _pair(tap.get("point"))
+        if point is not None:
+            return Marker("tap", *point)
+    swipe = record.action.get("swipe")
+    if isinstance(swipe, dict):
+        start, end = _pair(swipe.get("start") or {}), _pair(swipe.get("end") or {})
+        if start is not None and end is not None:
+            return Marker("swipe", *start, *end)
+    return None
+
+
+def shown_nodes(screen: dict[str, Any]) -> list[Any] | None:
+    """The node list the model was shown for a recorded screen (`TimelineRecord.screen`), in
+    `get_ui_tree`'s form; None for a record it cannot be read from."""
+    try:
+        observation = ParseDict(screen, types_pb2.ScreenObservation(), ignore_unknown_fields=True)
+    except ParseError:
+        return None
+    return ui_tree_result(scene_from_observation(observation))
+
+
+def screen_size(record: TimelineRecord) -> tuple[int, int] | None:
+    """The recorded screen's size in pixels (the coordinates an action's point uses)."""
+    width, height = record.screen.get("screen_width"), record.screen.get("screen_height")
+    if isinstance(width, int) and isinstance(height, int) and width > 0 and height > 0:
+        return width, height
+    return None
+
+
 def _action_line(record: TimelineRecord, arguments: dict[str, Any]) -> str:
     """A short human line for the step header: "tap 'Display'", "type •••", "launch com.x"."""
     tool = record.tool_name or next(iter(record.action), "") or "step"
@@ -219,7 +313,7 @@ class StepView:
     answer_json: str
     provider: str | None
     model: str | None
-    usage: dict[str, int]
+    usage: dict[str, float]
     latency_s: float | None
     forced_retry: bool
     corrective_retries: int
@@ -232,8 +326,26 @@ class StepView:
     ocr_after: list[dict[str, Any]]
     ui_tree: list[TreeNode] | None
     ui_tree_json: str | None
-    timings: dict[str, float]
+    #: The tree came from the model's own `get_ui_tree` call (else: the screen it was shown).
+    ui_tree_asked: bool
+    timings: list[tuple[str, float]]
     legacy_json: str | None
+    marker: Marker | None = None
+    #: (width, height) of the before screenshot, to scale the marker onto it; None: unknown.
+    screen: tuple[int, int] | None = None
+    #: The checker's verdict ("met", "not met", "unknown"; None: not checked) and evidence.
+    verdict: str | None = None
+    evidence: str = ""
+    #: The model's judgement of this step, given with the next step ("" until then).
+    model_verdict: str = ""
+    model_note: str = ""
+    #: "replayed · flow F step N", or "took over from flow F at step N: why".
+    flow_line: str = ""
+    replayed: bool = False
+
+    @property
+    def disagree(self) -> bool:
+        return {self.verdict, self.model_verdict} == {"met", "not met"}
 
     @property
     def status(self) -> str:
@@ -256,11 +368,46 @@ class StepView:
 
     @property
     def total_tokens(self) -> int:
-        return sum(v for k, v in self.usage.items() if k in ("input_tokens", "output_tokens"))
+        return int(sum(v for k, v in self.usage.items() if k in ("input_tokens", "output_tokens")))
+
+    @property
+    def cost_usd(self) -> float:
+        """What the step's model calls cost (list prices; 0 for steps recorded before)."""
+        return float(self.usage.get("cost_usd", 0.0))
 
 
-def step_view(record: TimelineRecord) -> StepView:
-    """The page's view of one stored step (new or older format)."""
+def steps_cost(steps: list[StepView]) -> str:
+    """Tokens and cost of the steps together, as the task page shows them."""
+    tokens = sum(s.total_tokens for s in steps)
+    return f"{tokens:,} tokens · {dollars(sum(s.cost_usd for s in steps))}"
+
+
+def _flow_line(flow: dict[str, Any] | None, mode: str) -> str:
+    if not flow:
+        return ""
+    where = f"flow {flow.get('flow_id', '?')} step {flow.get('flow_step', '?')}"
+    if mode == "replay":
+        return f"replayed · {where}"
+    return f"took over from {where}: {flow.get('divergence') or 'the screen differed'}"
+
+
+def step_views(
+    records: list[TimelineRecord], screens: list[tuple[int, int] | None] | None = None
+) -> list[StepView]:
+    """The page's views of an attempt's steps, each with the model's judgement of it (which
+    the next step's record carries); `screens` the before screenshots' sizes, in order."""
+    sizes = screens if screens is not None else [None] * len(records)
+    views = [step_view(r, size) for r, size in zip(records, sizes, strict=True)]
+    for view, following in zip(views, records[1:], strict=False):
+        judged = following.previous_step or {}
+        view.model_verdict = VERDICT_WORDS.get(str(judged.get("verdict") or ""), "")
+        view.model_note = str(judged.get("note") or "")
+    return views
+
+
+def step_view(record: TimelineRecord, screen: tuple[int, int] | None = None) -> StepView:
+    """The page's view of one stored step (new or older format); `screen` is the before
+    screenshot's size in pixels (`png_size`), which places the action's marker on it."""
     arguments, action = mask_sensitive(dict(record.arguments), dict(record.action))
     tool = record.tool_name or (next(iter(action), None) if action else None) or ""
     thinking: list[tuple[str, bool]] = []
@@ -277,13 +424,17 @@ def step_view(record: TimelineRecord) -> StepView:
     tree: list[TreeNode] | None = None
     tree_json: str | None = None
     nodes = record.result.get("nodes") if isinstance(record.result, dict) else None
-    if tool in UI_TREE_TOOLS and isinstance(nodes, list):
-        tree = ui_tree(nodes)
-        tree_json = nodes_json(nodes)
+    asked = tool in UI_TREE_TOOLS and isinstance(nodes, list)
+    shown: list[Any] | None = nodes if asked and isinstance(nodes, list) else None
+    if shown is None and record.screen:
+        shown = shown_nodes(record.screen)
+    if shown is not None:
+        tree = ui_tree(shown)
+        tree_json = nodes_json(shown)
     result = record.result
-    if tree is not None:
+    if asked:
         result = {k: v for k, v in result.items() if k != "nodes"}
-        result["nodes"] = f"{len(nodes or [])} nodes (tree above)"
+        result["nodes"] = f"{len(nodes or [])} nodes (the UI tree below)"
     legacy = dict(record.legacy)
     legacy_prompt = legacy.get("prompt")
     before = record.before_screenshot_path
@@ -315,7 +466,11 @@ def step_view(record: TimelineRecord) -> StepView:
         answer_json=pretty_json(answer),
         provider=record.provider,
         model=record.model,
-        usage={k: int(v) for k, v in record.usage.items() if isinstance(v, int | float)},
+        usage={
+            k: (float(v) if k == "cost_usd" else int(v))
+            for k, v in record.usage.items()
+            if isinstance(v, int | float)
+        },
         latency_s=float(latency) if isinstance(latency, int | float) else None,
         forced_retry=record.forced_retry,
         corrective_retries=record.corrective_retries,
@@ -328,8 +483,17 @@ def step_view(record: TimelineRecord) -> StepView:
         ocr_after=[o for o in record.ocr_after if isinstance(o, dict)],
         ui_tree=tree,
         ui_tree_json=tree_json,
-        timings={k: float(v) for k, v in record.timings.items() if isinstance(v, int | float)},
+        verdict=VERDICT_WORDS.get(str((record.verdict or {}).get("verdict") or "")) or None,
+        evidence=str((record.verdict or {}).get("evidence") or ""),
+        flow_line=_flow_line(record.flow, record.planner_mode),
+        replayed=record.planner_mode == "replay",
+        ui_tree_asked=asked,
+        timings=timing_rows(
+            {k: float(v) for k, v in record.timings.items() if isinstance(v, int | float)}
+        ),
         legacy_json=pretty_json(legacy) if legacy else None,
+        marker=marker(record),
+        screen=screen_size(record) or screen,
     )
 
 
@@ -410,3 +574,20 @@ def seconds(value: float | None) -> str:
     if value is None:
         return "—"
     return f"{value * 1000:.0f} ms" if value < 1 else f"{value:.2f} s"
+
+
+def png_size(path: Path) -> tuple[int, int] | None:
+    """(width, height) from a PNG's header (its first 24 bytes), None for anything else.
+
+    The host saves screenshots as the phone captured them, so this is the screen's size in
+    the pixels the action's coordinates use.
+    """
+    try:
+        with path.open("rb") as f:
+            head = f.read(24)
+    except OSError:
+        return None
+    if len(head) < 24 or head[:8] != b"\x89PNG\r\n\x1a\n" or head[12:16] != b"IHDR":
+        return None
+    width, height = struct.unpack(">II", head[16:24])
+    return (width, height) if width and height else None

@@ -169,14 +169,37 @@ async def task_page(
     )
     if chosen is None:
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"no attempt {attempt} of {task_id!r}")
-    records = await run_in_threadpool(store.steps, task_id, chosen.attempt)
+    _count, steps = await run_in_threadpool(_step_views, store, task_id, chosen.attempt, 0)
     context = {
         "nav": "tasks",
         "task": chosen,
         "attempts": attempts,
-        "steps": [present.step_view(r) for r in records],
+        "steps": steps,
+        "steps_cost": present.steps_cost,
     }
     return PAGES.render(request, "task.html", context)
+
+
+def _screen_size(store: TimelineStore, relative: str | None) -> tuple[int, int] | None:
+    """The size of a stored screenshot (its PNG header), None when it cannot be read."""
+    path = store.artifacts.find(relative) if relative else None
+    return present.png_size(path) if path is not None else None
+
+
+def _step_views(
+    store: TimelineStore, task_id: str, attempt: int, after: int
+) -> tuple[int, list[present.StepView]]:
+    """How many steps the attempt has, and those past the first `after` as the page shows
+    them (in a worker thread: it reads the store and each screenshot's header)."""
+    records = store.steps(task_id, attempt)
+    shown = records[after:]
+    sizes = [
+        None if present.screen_size(r) else _screen_size(store, r.before_screenshot_path)
+        for r in shown
+    ]
+    # A step gets the model's judgement of it from the next step's record; one appended by a
+    # live poll before its next step existed shows it when the page is loaded again.
+    return len(records), present.step_views(shown, sizes)
 
 
 def _export(store: TimelineStore, task_id: str, host: str) -> tuple[str, bytes] | None:
@@ -230,14 +253,14 @@ async def task_live(
     task = await run_in_threadpool(store.get_task, task_id, attempt)
     if task is None:
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"no attempt {attempt} of {task_id!r}")
-    records = await run_in_threadpool(store.steps, task_id, attempt)
+    count, steps = await run_in_threadpool(_step_views, store, task_id, attempt, after)
     template = PAGES.env.get_template("_step.html")
-    html = "".join(template.render(s=present.step_view(r)) for r in records[after:])
+    html = "".join(template.render(s=view) for view in steps)
     body = {
         "status": task.status,
         "progress": present.task_badge(task) or "—",
         "summary": task.summary,
-        "count": len(records),
+        "count": count,
         "html": html,
         "thinking": _live_thinking(request, task_id, attempt),
     }

@@ -14,13 +14,14 @@ import logging
 import socket
 import sys
 from collections.abc import Callable, Generator
+from pathlib import Path
 from urllib.parse import quote
 
 import uvicorn
 
 from host.console.app import create_app
 from host.console.binding import check_bind_address
-from host.console.login_token import OneTimeToken
+from host.console.login_token import URL_FILE, OneTimeToken, served_url, token_dir
 from host.console.settings import HostConsoleSettings
 from host.console.state import HostState
 
@@ -47,7 +48,8 @@ class ConsoleServer:
     def __init__(self, app_state: HostState, settings: HostConsoleSettings) -> None:
         check_bind_address(settings.bind_host, settings.allow_remote)
         self.settings = settings
-        self.login_token = OneTimeToken()
+        self.token_dir = settings.token_dir or _host_token_dir(app_state)
+        self.login_token = OneTimeToken(issued_dir=self.token_dir)
         self.app = create_app(app_state, settings, self.login_token)
         config = uvicorn.Config(
             self.app,
@@ -61,6 +63,7 @@ class ConsoleServer:
         )
         self.server = _EmbeddedServer(config)
         self._socket: socket.socket | None = None
+        self._published: str | None = None
 
     def bind(self) -> socket.socket:
         """Bind the listening socket now, so a taken port is an `OSError` here.
@@ -117,6 +120,10 @@ class ConsoleServer:
                 say = announce or _stderr
                 say(f"host console: {self.url}  (one-time login token: {self.login_token.current})")
                 say(f"host console: log in at {self.login_url}")
+                self.login_token.on_rotate = lambda _token: say(
+                    f"host console: a login token was used; the next login: {self.login_url}"
+                )
+                self._publish_url()
                 log.info("host console listening on %s", self.url)
                 if ready is not None:
                     ready(self)
@@ -136,6 +143,36 @@ class ConsoleServer:
                 with contextlib.suppress(asyncio.CancelledError):
                     await asyncio.shield(serving)
             sock.close()
+            self._unpublish_url()
+
+    def _publish_url(self) -> None:
+        """Say where this console serves, in its token folder: `amc host token` prints a login
+        link with it (best effort: a read-only folder only costs that link)."""
+        if self.token_dir is None:
+            return
+        try:
+            self.token_dir.mkdir(parents=True, exist_ok=True)
+            self.token_dir.chmod(0o700)
+            (self.token_dir / URL_FILE).write_text(self.url + "\n")
+            self._published = self.url
+        except OSError as exc:
+            log.warning("cannot write the console's URL into %s: %s", self.token_dir, exc)
+
+    def _unpublish_url(self) -> None:
+        """Remove the URL this console wrote (another console's, written since, stays)."""
+        if self.token_dir is None or self._published is None:
+            return
+        if served_url(self.token_dir) == self._published:
+            with contextlib.suppress(OSError):
+                (self.token_dir / URL_FILE).unlink()
+        self._published = None
+
+
+def _host_token_dir(app_state: HostState) -> Path | None:
+    """The token folder in the data folder of the host being served (None: no host settings,
+    e.g. a console over a bare store in tests)."""
+    data_dir = getattr(getattr(app_state, "settings", None), "data_dir", None)
+    return token_dir(Path(data_dir)) if data_dir is not None else None
 
 
 def build_console_server(

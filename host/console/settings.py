@@ -7,6 +7,7 @@ console's one dangerous switch (`allow_remote`) sits next to the address it guar
 from __future__ import annotations
 
 import secrets
+from pathlib import Path
 
 from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -36,6 +37,9 @@ class HostConsoleSettings(BaseSettings):
     page_size: int = Field(default=50, ge=1, le=500)
     #: uvicorn's log level for the console's own server.
     log_level: str = "warning"
+    #: Folder of the one-time tokens `amc host token` issues (and of the console's URL, for
+    #: it to print); by default `<AMC_HOST_DATA_DIR>/console-tokens` of the host it serves.
+    token_dir: Path | None = None
 
     @model_validator(mode="after")
     def _check_secret(self) -> HostConsoleSettings:

@@ -21,6 +21,7 @@ from typing import Any
 import tesserocr
 from PIL import Image
 
+from host import metrics
 from planner.scene import Bounds, OcrObservation
 
 
@@ -151,7 +152,7 @@ class OcrPool:
             return len(self._all)
 
     def read(self, png: bytes | Image.Image, min_confidence: float = 0.0) -> list[OcrObservation]:
-        with self.engine() as eng:
+        with self.engine() as eng, metrics.ocr_seconds.time():
             return eng.read(png, min_confidence)
 
     def close(self) -> None:

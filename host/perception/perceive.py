@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 from PIL import Image
 
+from host import metrics
 from host.devices.base import (
     DeviceBusy,
     DeviceError,
@@ -74,6 +75,7 @@ class Perceiver:
                 xml = driver.dump_hierarchy()
                 return parse_scene(xml, size, package or None), xml
             except (HierarchyError, DeviceBusy) as exc:
+                metrics.device_error(exc)
                 last = exc
                 if attempt + 1 < self.retries:
                     time.sleep(self.retry_delay_s * (attempt + 1))

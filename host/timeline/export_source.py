@@ -21,6 +21,7 @@ from host.timeline.store import TaskRow, TimelineStore
 from planner.decision import ThinkingBlock, Usage
 from planner.observation import scene_from_observation
 from planner.scene import Scene
+from planner.verify import WORDS as VERDICT_WORDS
 
 _USAGE_KEYS = (
     "input_tokens",
@@ -78,15 +79,19 @@ def step_from_record(
 ) -> Step:
     """One timeline record as an export `Step`."""
     usage = Usage(**{k: int(record.usage.get(k, 0)) for k in _USAGE_KEYS}) if record.usage else None
+    cost = record.usage.get("cost_usd") if record.usage else None
+    if usage is not None and cost is not None:
+        usage.cost_usd = float(cost)
     before = _png(store, record.before_screenshot_path)
     after = (
         before
         if record.after_screenshot_path == record.before_screenshot_path
         else _png(store, record.after_screenshot_path)
     )
-    # The verification verdict, once the timeline records one (a field of its own, or a key
-    # of a record this version does not know, kept in `legacy`).
-    verdict = getattr(record, "verdict", None) or record.legacy.get("verdict")
+    # The checker's verdict ({"verdict": "not_met", "evidence": …}), as a word and its evidence.
+    checked = record.verdict or {}
+    name = str(checked.get("verdict") or "")
+    verdict = VERDICT_WORDS.get(name) if name else None
     return Step(
         attempt=record.attempt,
         step_index=record.decision_step_index or record.step_index,
@@ -111,9 +116,11 @@ def step_from_record(
         page=record.page or "",
         screen=_screen(record),
         usage=usage,
+        cost_usd=float(cost) if cost is not None else None,
         latency_s=_latency(record),
         outcome=_outcome(record),
-        verdict=str(verdict) if verdict is not None else None,
+        verdict=verdict,
+        verdict_detail=str(checked.get("evidence") or ""),
         before_png=before,
         after_png=after,
     )

@@ -51,11 +51,19 @@ class TimelineRecord:
     # "none" | "forced" | "nudge"; "" in records of older hosts.
     retry_kind: str = ""
     output_truncated: bool = False
+    # The model's judgement of the step before this one ({"verdict", "note"}), when it gave one.
+    previous_step: dict[str, Any] | None = None
+    # A replayed step of a learned flow, or the step that took over from one:
+    # {"flow_id", "flow_step", "divergence"} (divergence set on the one that took over).
+    flow: dict[str, Any] | None = None
     # What ran and how it went.
     action: dict[str, Any] = field(default_factory=dict)
     result: dict[str, Any] = field(default_factory=dict)
     success: bool | None = None
     error: str | None = None
+    # The checker's verdict on the expected outcome: {"verdict": "met" | "not_met" | "unknown",
+    # "evidence": "..."}; None when the step was not checked (it did not run, or it is a read).
+    verdict: dict[str, str] | None = None
     # Evidence (paths relative to the artifact folder).
     before_screenshot_path: str | None = None
     after_screenshot_path: str | None = None
@@ -64,7 +72,7 @@ class TimelineRecord:
     screen: dict[str, Any] = field(default_factory=dict)
     ocr: list[dict[str, Any]] = field(default_factory=list)
     ocr_after: list[dict[str, Any]] = field(default_factory=list)
-    usage: dict[str, int] = field(default_factory=dict)
+    usage: dict[str, float] = field(default_factory=dict)
     timings: dict[str, float] = field(default_factory=dict)
     world_event: dict[str, Any] = field(default_factory=dict)
     # Fields of older record formats, kept verbatim so nothing is lost on load.

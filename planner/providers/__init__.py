@@ -15,9 +15,11 @@ def make_provider(settings: PlannerSettings) -> ModelAdapter:
     misconfiguration shows up at start-up rather than at the first step.
     """
     if settings.resolved_provider == "offline":
+        from planner.prices import PriceTable
         from planner.providers.offline import OfflineProvider
+        from planner.vendors.observed import observed
 
-        return OfflineProvider()
+        return observed(OfflineProvider(), PriceTable.load(settings.prices_file))
     from planner.vendors import make_adapter
 
     return make_adapter(settings)

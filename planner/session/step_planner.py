@@ -39,13 +39,15 @@ def scene_json(scene: Scene) -> str:
     return _dump(scene.to_prompt())
 
 
-def observation_text(goal: str | None, scene: Scene | str) -> str:
-    """One observation: the goal (first step only) and the scene (a Scene or its JSON)."""
+def observation_text(goal: str | None, scene: Scene | str, note: str | None = None) -> str:
+    """One observation: the goal (first step only), the scene (a Scene or its JSON) and a
+    `note` (a replay handing over)."""
     body = scene if isinstance(scene, str) else scene_json(scene)
     head = f"Goal:\n```json goal\n{_dump(goal)}\n```\n\n" if goal is not None else ""
     return (
         f"{head}Current screen:\n```json scene\n{body}\n```\n\n"
-        "Judge the previous step in one or two sentences, state this step's intent, then call "
+        + (f"{note}\n\n" if note else "")
+        + "Judge the previous step in one or two sentences, state this step's intent, then call "
         "exactly one tool."
     )
 
@@ -107,8 +109,10 @@ async def continue_session(
     element_ids: Sequence[str],
     screen_size: tuple[int, int] | None,
     outcome: Outcome | None,
+    note: str | None = None,
 ) -> Decision:
-    """Record the previous call's outcome, then decide on the next observation.
+    """Record the previous call's outcome, then decide on the next observation (with `note`,
+    a replay handing over, in it).
 
     An outcome for a call that already has its result is ignored (a retried request); one for a
     call the conversation never made raises `SessionStateError`.
@@ -129,7 +133,7 @@ async def continue_session(
     )
     shown_goal = goal if first else None
     return await session.decide(
-        observation_text(shown_goal, scene),
+        observation_text(shown_goal, scene, note),
         condensed=condensed_text(shown_goal, page=page, elements=len(element_ids)),
         element_ids=list(element_ids),
         screen_size=screen_size,

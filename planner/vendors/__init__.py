@@ -11,6 +11,7 @@ from __future__ import annotations
 from planner import model_profiles
 from planner.decision import ThinkingKind
 from planner.model_profiles import RetryForm
+from planner.prices import PriceTable
 from planner.settings import PlannerSettings
 from planner.vendors.base import (
     ModelAdapter,
@@ -21,6 +22,7 @@ from planner.vendors.base import (
     TurnRequest,
     mask_sensitive,
 )
+from planner.vendors.observed import observed
 
 __all__ = [
     "ModelAdapter",
@@ -52,13 +54,23 @@ def make_adapter(settings: PlannerSettings) -> ModelAdapter:
     The request rules come from the model's profile (`planner/model_profiles.py`); a
     configuration the model cannot take raises `PlannerConfigError` (one line naming the setting
     to change), a missing API key `PlannerAuthError`, both before any call. ValueError for the
-    offline provider (it is no vendor: see `planner.providers.make_provider`).
+    offline provider (it is no vendor: see `planner.providers.make_provider`). The adapter comes
+    observed (`planner/vendors/observed.py`: priced, traced), prices from
+    `AMC_PLANNER_PRICES_FILE` over the defaults.
     """
     vendor = settings.resolved_provider
     if vendor == "offline":
         raise ValueError("'offline' is not a model vendor")
     profile = model_profiles.resolve(settings)
     model_profiles.check(profile, settings)
+    return observed(
+        _vendor_adapter(settings, vendor, profile), PriceTable.load(settings.prices_file)
+    )
+
+
+def _vendor_adapter(
+    settings: PlannerSettings, vendor: str, profile: model_profiles.ModelProfile
+) -> ModelAdapter:
     if vendor == "anthropic":
         from planner.vendors.anthropic import AnthropicAdapter
         from planner.vendors.clients import anthropic_client

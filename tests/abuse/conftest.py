@@ -16,7 +16,7 @@ from tests.support.postgres import PostgresServer
 from tests.support.processes import make_pki
 from tests.support.server_thread import ServerThread, sync_channel
 
-HOST_IDS = ["fuzz", "other", "a", "b"]
+HOST_IDS = ["fuzz", "other", "a", "b", "decider"]
 
 
 @dataclass

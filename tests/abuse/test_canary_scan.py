@@ -7,14 +7,20 @@ local fake Anthropic server: `AMC_PLANNER_PROVIDER=anthropic`, a canary key the 
 (it refuses any other, so the key is provably used on the wire), and a script that opens
 Contacts, taps "Create contact" and types the canary secret into the Name field with
 `sensitive: true`. Name is not a password field, so the phone then shows the secret on screen:
-the host must keep it out of later scenes, OCR, screenshots and prompts too.
+the host must keep it out of later scenes, OCR, screenshots and prompts too. The task also
+carries a secret parameter (`SubmitTaskRequest.secrets`, encrypted with the embedded stack's
+key) that the goal names as `{{secret:contact_phone}}`; the model writes that reference into
+the Phone field and the host types the value.
 
-Proves: neither the key nor the secret is found in any file the run produced (cloud SQLite with
-its WAL, host timeline SQLite and screenshot artifacts, the captured logs of every logger at
-DEBUG, and every file of the run's exports — the host's, the cloud's and the merged one:
+Proves, on both planner transports: neither the key, the secret nor the secret parameter's value
+is found in any file the run produced (cloud SQLite with its WAL and its artifact store of step
+screenshots, host timeline SQLite, outbox and screenshot artifacts, the captured logs of every
+logger at DEBUG, and every file of the run's exports — the host's, the cloud's and the merged one:
 report, video, dataset, screenshots), as raw UTF-8, UTF-16 (both byte orders), base64 (every
 alignment) or percent-encoding, nor in the text OCR reads back from any stored or exported
-screenshot; and the cloud database holds no PNG/JPEG bytes (raw or base64).
+screenshot; the model's requests carry the parameter's name, never its value; the parameter is
+gone from the cloud once the task ended; and the cloud database holds no PNG/JPEG bytes (raw or
+base64).
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import io
+import json
 import logging
 import secrets
 import sqlite3
@@ -29,14 +36,21 @@ import urllib.parse
 import zipfile
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import pytest
 import tesserocr
 from PIL import Image
 from rich.console import Console
 
-from amc.v1 import decision_log_service_pb2, task_service_pb2, types_pb2
+from amc.v1 import (
+    artifact_service_pb2,
+    artifact_service_pb2_grpc,
+    decision_log_service_pb2,
+    fleet_service_pb2,
+    task_service_pb2,
+    types_pb2,
+)
 from console.embedded import HOST_ID, embedded_stack, follow_tasks
 from console.exporting import cloud_run
 from console.gateway.cloud import CloudClient
@@ -46,10 +60,14 @@ from host.perception.hierarchy import parse_scene
 from host.perception.ocr import default_tessdata_path
 from host.timeline.export_source import run_from_timeline
 from host.timeline.store import TimelineStore
+from telemetry import logs
 from tests.support.fakes import FakeModelServer, anthropic_message, text, tool_use
 
 KEY = f"sk-ant-canary-{secrets.token_hex(12)}"
 SECRET = f"Zq{secrets.randbelow(10**6):06d}Canary"
+#: The secret parameter's value: only the phone may ever hold it.
+PARAM = f"Kx{secrets.randbelow(10**6):06d}Param"
+REFERENCE = "{{secret:contact_phone}}"
 
 IMAGE_MAGIC = {
     "PNG": b"\x89PNG\r\n\x1a\n",
@@ -126,34 +144,48 @@ def _script(fake: FakeModelServer) -> None:
             ),
         ),
         anthropic_message(
+            text("Now the phone number the task carries as a secret."),
+            tool_use("input_text", {"text": REFERENCE, "element_id": PHONE_FIELD, **intent}),
+        ),
+        anthropic_message(
             text("Typed."),
             tool_use("complete", {"success": True, "reason": "the secret is typed"}),
         ),
     )
 
 
-def _probe() -> tuple[str, str, tuple[int, int, int, int]]:
-    """Ids of "Create contact" and the Name field as the host's parser numbers them, and the
-    Name field's box (inset past its border), read off a probe phone in the same state."""
+Box = tuple[int, int, int, int]
+
+
+def _probe() -> tuple[str, str, Box, str, Box]:
+    """Ids of "Create contact", the Name and the Phone fields as the host numbers them (its
+    perception: the on-screen keyboard is an element too), and the fields' boxes (inset past
+    their borders), read off a probe phone in the same state."""
+    from host.devices.virtual.driver import VirtualDriver
     from host.devices.virtual.phone import VirtualPhone
+    from host.perception.perceive import Perceiver
 
     phone = VirtualPhone("probe")
+    perceiver = Perceiver(None, retry_delay_s=0)
     phone.launch("com.android.contacts")
-    scene = parse_scene(phone.dump_hierarchy(), None, None)
+    scene = perceiver.perceive(VirtualDriver(phone), with_ocr=False).scene
     create = next(e for e in scene.elements if e.content_desc == "Create contact")
     b = create.bounds
     phone.tap((b.left + b.right) // 2, (b.top + b.bottom) // 2)
-    form = parse_scene(phone.dump_hierarchy(), None, None)
+    form = perceiver.perceive(VirtualDriver(phone), with_ocr=False).scene
     name = next(e for e in form.elements if e.resource_id.endswith("/name"))
-    n = name.bounds
+    number = next(e for e in form.elements if e.resource_id.endswith("/phone"))
+    n, p = name.bounds, number.bounds
     return (
         create.element_id,
         name.element_id,
         (n.left + 20, n.top + 20, n.right - 20, n.bottom - 20),
+        number.element_id,
+        (p.left + 20, p.top + 20, p.right - 20, p.bottom - 20),
     )
 
 
-CREATE, NAME_FIELD, NAME_BOX = _probe()
+CREATE, NAME_FIELD, NAME_BOX, PHONE_FIELD, PHONE_BOX = _probe()
 
 
 def _read_line(api: Any, png: bytes, box: tuple[int, int, int, int]) -> str:
@@ -163,13 +195,41 @@ def _read_line(api: Any, png: bytes, box: tuple[int, int, int, int]) -> str:
     return str(api.GetUTF8Text()).replace(" ", "").strip()
 
 
+async def _shipped(stack: Any, task_id: str, count: int) -> Any:
+    """The direct transport's decisions arrive from the host's outbox in the background: wait
+    until `count` are logged and the host reports its outbox empty."""
+    artifacts = artifact_service_pb2_grpc.ArtifactServiceStub(stack.operator.channel)
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 30
+    while True:
+        decisions = await stack.operator.decisions.ListDecisions(
+            decision_log_service_pb2.ListDecisionsRequest(task_id=task_id)
+        )
+        shots = await artifacts.ListStepScreenshots(
+            artifact_service_pb2.ListStepScreenshotsRequest(task_id=task_id)
+        )
+        hosts = await stack.operator.fleet.ListHosts(fleet_service_pb2.ListHostsRequest())
+        empty = all(h.HasField("outbox") and not h.outbox.items for h in hosts.hosts)
+        if len(decisions.decisions) == count and len(shots.screenshots) == 2 * count and empty:
+            return decisions
+        assert loop.time() < deadline, f"not shipped: {decisions} {hosts}"
+        await asyncio.sleep(0.1)
+
+
+@pytest.mark.parametrize("transport", ["cloud", "direct"])
 @pytest.mark.parametrize("mode", ["compact", "session"])
 async def test_canary_key_and_secret_leave_no_trace(
-    canary_env: FakeModelServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mode: str
+    canary_env: FakeModelServer,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    mode: str,
+    transport: Literal["cloud", "direct"],
 ) -> None:
     """In session mode the cloud also stores the whole conversation (planner_session_items):
     the scan covers it, since the model's input_text call and every later observation are in
-    there."""
+    there. On the direct transport the host calls the model and keeps the conversation itself,
+    and ships its decisions and screenshots to the cloud from its outbox: the scan covers the
+    outbox, the shipped decisions and the cloud's artifact store too."""
     monkeypatch.setenv("AMC_PLANNER_MODE", mode)
     monkeypatch.setenv("AMC_PLANNER_SESSION_STREAM", "false")  # this fake answers whole messages
     fake = canary_env
@@ -178,31 +238,43 @@ async def test_canary_key_and_secret_leave_no_trace(
     log_file = tmp_path / "run.log"
     handler = logging.FileHandler(log_file, encoding="utf-8")
     handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
+    # The structured logs too: the JSON lines (with every bound field and the trace ids) and
+    # the readable ones with their context suffix.
+    json_lines = (tmp_path / "run.jsonl").open("w", encoding="utf-8")
+    text_lines = (tmp_path / "run-text.log").open("w", encoding="utf-8")
+    structured = [logs.handler("json", json_lines), logs.handler("text", text_lines)]
     root = logging.getLogger()
     old_level = root.level
-    root.addHandler(handler)
+    for h in (handler, *structured):
+        root.addHandler(h)
     root.setLevel(logging.DEBUG)
     try:
-        async with embedded_stack(data_dir, transport="cloud") as stack:
+        async with embedded_stack(data_dir, transport=transport) as stack:
             submitted = await stack.operator.tasks.SubmitTask(
-                task_service_pb2.SubmitTaskRequest(goal="Create a contact with the secret name")
+                task_service_pb2.SubmitTaskRequest(
+                    goal=f"Create a contact with the secret name and the phone {REFERENCE}",
+                    secrets={"contact_phone": PARAM},
+                )
             )
             task_id = submitted.task.task_id
             final = await follow_tasks(stack.operator, [task_id], Console(file=None), 30)
             task = final[task_id]
-            decisions = await stack.operator.decisions.ListDecisions(
-                decision_log_service_pb2.ListDecisionsRequest(task_id=task_id)
-            )
+            decisions = await _shipped(stack, task_id, 5)
             phone = next(iter(stack.adb.phones.values()))
             live_screen = phone.screenshot_png()
             exports = await _export_everything(
                 stack.cloud_address, stack.pki_dir, data_dir, task_id
             )
             typed = [e.text for e in parse_scene(phone.dump_hierarchy(), None, None).elements]
+            await _until_no_secret_rows(data_dir / "cloud.sqlite3")
     finally:
-        root.removeHandler(handler)
+        for h in (handler, *structured):
+            root.removeHandler(h)
         root.setLevel(old_level)
         handler.close()
+        json_lines.close()
+        text_lines.close()
+    assert "task_id" in (tmp_path / "run.jsonl").read_text(), "the structured logs were written"
 
     # The run really happened, through the fake, with the canary key, and typed the secret.
     assert task.status == types_pb2.TASK_STATUS_SUCCEEDED, task.result_summary
@@ -215,9 +287,14 @@ async def test_canary_key_and_secret_leave_no_trace(
         "launch_app",
         "tap",
         "input_text",
+        "input_text",
         "complete",
     ]
     assert SECRET in typed, "the phone's Name field should hold the secret"
+    assert PARAM in typed, "the phone's Phone field should hold the secret parameter's value"
+    assert REFERENCE in decisions.decisions[3].arguments_json  # the log keeps the name
+    sent = json.dumps([r.body for r in fake.requests], ensure_ascii=False)
+    assert REFERENCE in sent and PARAM not in sent  # the model saw the name, never the value
 
     # 1. Byte scan of every file the run produced, and the captured logs; the exports are
     # unpacked first (a zip's deflated members would hide a value from a byte scan).
@@ -234,20 +311,35 @@ async def test_canary_key_and_secret_leave_no_trace(
         for line in (export_dir / "merged" / "steps.jsonl").read_text().splitlines()
         if '"input_text"' in line
     ]
-    assert typed and all('"text":"•••"' in line for line in typed), typed
-    produced = list(files_under(data_dir, log_file)) + exported
+    assert typed and all(
+        '"text":"•••"' in line or f'"text":"{REFERENCE}"' in line for line in typed
+    ), typed
+    produced = (
+        list(files_under(data_dir, log_file, tmp_path / "run.jsonl", tmp_path / "run-text.log"))
+        + exported
+    )
     assert any(p.name == "cloud.sqlite3" for p in produced)
     cloud_db = next(p for p in produced if p.name == "cloud.sqlite3")
     with sqlite3.connect(cloud_db) as db:
         (items,) = db.execute("SELECT COUNT(*) FROM planner_session_items").fetchone()
-    assert (items > 0) == (mode == "session"), "the conversation is (only) kept in session mode"
+    kept_by_cloud = mode == "session" and transport == "cloud"
+    assert (items > 0) == kept_by_cloud, "the cloud keeps the conversation (only) then"
+    expected = (
+        types_pb2.PLANNER_TRANSPORT_CLOUD
+        if transport == "cloud"
+        else (types_pb2.PLANNER_TRANSPORT_DIRECT)
+    )
+    assert {d.planner_transport for d in decisions.decisions} == {expected}
+    assert any(p.parent.parent.parent.name == "cloud-artifacts" for p in produced), (
+        "no screenshot reached the cloud's artifact store"
+    )
     assert any(p.suffix == ".png" for p in produced), "no screenshots were stored"
     leaks = []
     for path in produced:
         if path.parent.name == "pki":
             continue  # certificates: no planner data goes there
         blob = path.read_bytes()
-        for label, value in (("API key", KEY), ("secret", SECRET)):
+        for label, value in (("API key", KEY), ("secret", SECRET), ("secret parameter", PARAM)):
             for form, needle in encodings(value).items():
                 if needle and needle in blob:
                     leaks.append(f"{label} ({form}) in {path.relative_to(tmp_path)}")
@@ -260,9 +352,9 @@ async def test_canary_key_and_secret_leave_no_trace(
             found = [name for name, magic in IMAGE_MAGIC.items() if magic in blob]
             assert not found, f"{found} in {path.name}"
 
-    # 3. What the pixels say: OCR the Name field's box on every stored screenshot. Positive
-    # control first: the same OCR reads the secret off the phone's live screen, so its absence
-    # from the stored ones means the host painted it over.
+    # 3. What the pixels say: OCR the Name and Phone fields' boxes on every stored screenshot.
+    # Positive control first: the same OCR reads each value off the phone's live screen, so its
+    # absence from the stored ones means the host painted it over.
     with tesserocr.PyTessBaseAPI(
         path=str(default_tessdata_path()), psm=tesserocr.PSM.SINGLE_LINE
     ) as api:
@@ -271,14 +363,28 @@ async def test_canary_key_and_secret_leave_no_trace(
         assert SECRET[2:] in seen_live, (
             f"OCR cannot read the secret on the live screen: {seen_live!r}"
         )
+        seen_param = _read_line(api, live_screen, PHONE_BOX)
+        assert PARAM[2:] in seen_param, f"OCR cannot read the parameter live: {seen_param!r}"
         shown = []
         screenshots = [p for p in produced if p.suffix == ".png"]
         assert any(p.is_relative_to(export_dir) for p in screenshots), "no exported screenshot"
         for path in screenshots:
-            seen = _read_line(api, path.read_bytes(), NAME_BOX)
-            if SECRET in seen or SECRET[2:10] in seen:
-                shown.append(f"{path.relative_to(tmp_path)}: {seen!r}")
+            for value, box in ((SECRET, NAME_BOX), (PARAM, PHONE_BOX)):
+                seen = _read_line(api, path.read_bytes(), box)
+                if value in seen or value[2:10] in seen:
+                    shown.append(f"{path.relative_to(tmp_path)}: {seen!r}")
         assert not shown, f"secret readable in stored screenshots: {shown}"
+
+
+async def _until_no_secret_rows(cloud_db: Path) -> None:
+    """The task ended: the cloud's next sweep deletes its secret parameters (sealed or not)."""
+    for _ in range(200):
+        with sqlite3.connect(cloud_db) as db:
+            (left,) = db.execute("SELECT COUNT(*) FROM task_secrets").fetchone()
+        if not left:
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError("the task's secret parameters outlived it")
 
 
 async def _export_everything(
@@ -300,7 +406,7 @@ async def _export_everything(
         key=pki_dir / "operator-admin.key",
     )
     try:
-        cloud = await cloud_run(cloud_client, task_id)
+        cloud = await cloud_run(cloud_client, task_id, cloud_client)
     finally:
         await cloud_client.close()
     host_zip = await asyncio.to_thread(bundle_bytes, host)

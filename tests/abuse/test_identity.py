@@ -22,6 +22,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from amc.v1 import (
+    artifact_service_pb2,
     decision_log_service_pb2,
     fleet_service_pb2,
     lease_service_pb2,
@@ -31,6 +32,7 @@ from amc.v1 import (
     types_pb2,
 )
 from cloud import pki
+from cloud.authz import ACCESS
 from tests.abuse.conftest import AbuseCloud
 from tests.cloud.cloud_harness import ScriptedHost, hello, renewal, result
 from tests.support.server_thread import sync_channel
@@ -40,6 +42,7 @@ OPERATOR_SERVICES = (
     progress_service_pb2,
     fleet_service_pb2,
     decision_log_service_pb2,
+    artifact_service_pb2,
 )
 
 
@@ -162,11 +165,14 @@ def test_fleet_signed_certificate_without_identity_is_refused(
 
 
 def _methods(modules: tuple[Any, ...]) -> list[Any]:
+    """The operators' RPCs of these services (the access table says which: a service may also
+    have a host's RPC, as DecisionLogService.ShipDecisions)."""
     return [
         m
         for module in modules
         for service in module.DESCRIPTOR.services_by_name.values()
         for m in service.methods
+        if ACCESS[f"/{service.full_name}/{m.name}"].allowed == frozenset({"operator"})
     ]
 
 
@@ -203,6 +209,22 @@ def test_host_rpcs_refuse_an_operator_certificate(abuse_cloud: AbuseCloud) -> No
             )(planner_service_pb2.DecideRequest(task_id="x", attempt=1, lease_id="y"), timeout=5)
         assert refused.value.code() == grpc.StatusCode.PERMISSION_DENIED
         assert "host" in (refused.value.details() or "")
+        for path, message in (
+            (
+                "/amc.v1.DecisionLogService/ShipDecisions",
+                decision_log_service_pb2.ShipDecisionsRequest(),
+            ),
+            (
+                "/amc.v1.ArtifactService/UploadStepScreenshot",
+                artifact_service_pb2.UploadStepScreenshotRequest(task_id="x"),
+            ),
+        ):
+            with pytest.raises(grpc.RpcError) as refused:
+                ch.unary_unary(path, request_serializer=type(message).SerializeToString)(
+                    message, timeout=5
+                )
+            assert refused.value.code() == grpc.StatusCode.PERMISSION_DENIED, path
+            assert "host" in (refused.value.details() or ""), path
 
 
 async def test_host_a_cannot_touch_host_b_lease(abuse_cloud: AbuseCloud) -> None:

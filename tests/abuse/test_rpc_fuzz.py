@@ -18,12 +18,15 @@ from google.protobuf.message import Message
 from hypothesis import HealthCheck, given, settings
 
 from amc.v1 import (
+    artifact_service_pb2,
     decision_log_service_pb2,
     fleet_service_pb2,
+    flow_service_pb2,
     planner_service_pb2,
     progress_service_pb2,
     task_service_pb2,
 )
+from cloud.authz import ACCESS, HOSTS
 from tests.abuse.conftest import AbuseCloud
 from tests.support.proto_strategies import field_names, messages
 
@@ -42,17 +45,21 @@ FORBIDDEN = {
 
 # (method, identity that may call it)
 METHODS: list[tuple[MethodDescriptor, str]] = []
-for module, identity in (
-    (task_service_pb2, "operator-ops"),
-    (progress_service_pb2, "operator-ops"),
-    (fleet_service_pb2, "operator-ops"),
-    (decision_log_service_pb2, "operator-ops"),
-    (planner_service_pb2, "host-fuzz"),
+for module in (
+    task_service_pb2,
+    progress_service_pb2,
+    fleet_service_pb2,
+    decision_log_service_pb2,
+    planner_service_pb2,
+    artifact_service_pb2,
+    flow_service_pb2,
 ):
     for service in module.DESCRIPTOR.services_by_name.values():
         for method in service.methods:
             if not method.client_streaming:
-                METHODS.append((method, identity))
+                # Called as whom the authorization table lets call it (a host for hosts' RPCs).
+                rule = ACCESS[f"/{service.full_name}/{method.name}"]
+                METHODS.append((method, "host-fuzz" if rule is HOSTS else "operator-ops"))
 
 
 def _call(ch: grpc.Channel, method: MethodDescriptor, request: Message) -> grpc.RpcError | None:

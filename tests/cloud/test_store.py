@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 from dataclasses import replace
+from unittest.mock import ANY
 
 from sqlalchemy import inspect, select, update
 
@@ -19,7 +20,7 @@ from cloud.store.ports import StoreDecisionSink, StoreLeaseGate
 from planner.decision import Decision, ThinkingBlock, Usage
 from planner.steps import PastStep, StepOutcome
 
-TABLES = ("tasks", "attempts", "hosts", "decisions", "planner_session_items")
+TABLES = ("tasks", "attempts", "hosts", "decisions", "planner_session_items", "lease_events")
 # (certificate_revocations, from 0007, has its own test below)
 
 
@@ -49,10 +50,10 @@ async def test_migrations_up_down_and_check(db_url: str) -> None:
             assert {"page", "target", "outcome_executed", "outcome_error"} <= (
                 await conn.run_sync(_columns, "decisions")
             )
-        # 0002 is additive: going back to 0001 drops only the session table.
+        # 0002 is additive: going back to 0001 drops only the session table (and 0007's).
         await downgrade(s.engine, "0001")
         async with s.engine.connect() as conn:
-            assert await conn.run_sync(_tables) & set(TABLES) == set(TABLES[:-1])
+            assert await conn.run_sync(_tables) & set(TABLES) == set(TABLES[:-2])
         await downgrade(s.engine, "base")
         async with s.engine.connect() as conn:
             assert not set(TABLES) & await conn.run_sync(_tables)
@@ -64,14 +65,14 @@ async def test_migrations_up_down_and_check(db_url: str) -> None:
 
 async def test_migration_0007_is_additive_and_reversible(db_url: str) -> None:
     """hosts.process_id and certificate_revocations come with 0007 and go with its downgrade;
-    rows written before it are untouched."""
+    other rows are untouched by the round trip (a task is written with today's model, so at the
+    head revision, and must survive down to 0006 and back)."""
     s = Store.from_url(db_url)
     try:
-        await upgrade(s.engine, "0006")
+        await upgrade(s.engine)
         await tasks.submit(
             s, tasks.NewTask(goal="kept", max_attempts=1, lease_seconds=30, timeout_seconds=60)
         )
-        await upgrade(s.engine)
         async with s.engine.connect() as conn:
             assert "certificate_revocations" in await conn.run_sync(_tables)
             assert "process_id" in await conn.run_sync(_columns, "hosts")
@@ -160,6 +161,69 @@ async def test_migration_0006_keeps_the_screen_of_each_decision(db_url: str) -> 
         await s.close()
 
 
+async def test_migration_0008_step_keys_late_results_secrets_up_and_down(db_url: str) -> None:
+    """0008 is additive: decisions.step_key (unique per attempt, NULLs never collide),
+    attempts.late_result, the task_secrets table; its downgrade drops them, keeping the rows."""
+    s = Store.from_url(db_url)
+    try:
+        await upgrade(s.engine)
+        await decisions.append(s, "h1", "t-0007", 1, _decision(), "1")
+        await decisions.append(s, "h1", "t-0007", 1, _decision())
+        await decisions.append(s, "h1", "t-0007", 1, _decision())  # two NULL keys: fine
+        try:
+            await decisions.append(s, "h1", "t-0007", 1, _decision(), "1")
+        except decisions.StepKeyTaken:
+            pass
+        else:
+            raise AssertionError("a second decision under one step key was written")
+        found = await decisions.by_step_key(s, "t-0007", 1, "1")
+        assert found is not None and found.step_index == 1
+        await downgrade(s.engine, "0007")
+        async with s.engine.connect() as conn:
+            assert "step_key" not in await conn.run_sync(_columns, "decisions")
+            assert "late_result" not in await conn.run_sync(_columns, "attempts")
+            assert "task_secrets" not in await conn.run_sync(_tables)
+        await upgrade(s.engine)
+        assert len((await decisions.list_page(s, "t-0007", 0, 10, ""))[0]) == 3
+        async with s.engine.connect() as conn:
+            assert "step_key" in await conn.run_sync(_columns, "decisions")
+            assert "late_result" in await conn.run_sync(_columns, "attempts")
+            assert "task_secrets" in await conn.run_sync(_tables)
+        await check(s.engine)
+    finally:
+        await s.close()
+
+
+async def test_migration_0011_lease_history_and_totals_up_and_down(db_url: str) -> None:
+    """0011 is additive: the lease_events table, the renewal summary, who cancelled and the
+    token totals; its downgrade drops them keeping the rows, and its upgrade fills the totals
+    of existing tasks from the decision log."""
+    task_columns = {"cancelled_by", "input_tokens", "output_tokens", "decision_count"}
+    attempt_columns = {"renewals", "first_renewed_at", "last_renewed_at"}
+    s = Store.from_url(db_url)
+    try:
+        await upgrade(s.engine)
+        task_id = await _task(s)
+        await decisions.append(s, "h1", task_id, 1, _decision())
+        await decisions.append(s, "h1", task_id, 1, _decision())
+        await downgrade(s.engine, "0010")
+        async with s.engine.connect() as conn:
+            assert "lease_events" not in await conn.run_sync(_tables)
+            assert not task_columns & await conn.run_sync(_columns, "tasks")
+            assert not attempt_columns & await conn.run_sync(_columns, "attempts")
+        await upgrade(s.engine)
+        async with s.engine.connect() as conn:
+            assert task_columns <= await conn.run_sync(_columns, "tasks")
+            assert attempt_columns <= await conn.run_sync(_columns, "attempts")
+        view = await tasks.get(s, task_id)
+        assert view is not None
+        assert (view.task.input_tokens, view.task.output_tokens) == (20, 10)
+        assert view.task.decision_count == 2 and view.task.cancelled_by is None
+        await check(s.engine)
+    finally:
+        await s.close()
+
+
 def _decision(text: str = "tap", sensitive: bool = False) -> Decision:
     action = types_pb2.Action(purpose="open it", expected_outcome="it opens")
     if sensitive:
@@ -200,9 +264,8 @@ async def test_decision_steps_are_unique_under_concurrency(store: Store) -> None
     results = await asyncio.gather(
         *(sink.append("h1", task_id, 1, _decision(str(i))) for i in range(20))
     )
-    assert sorted(step for _, step in results) == list(range(1, 21))
-    _, other = await sink.append("h1", task_id, 2, _decision())
-    assert other == 1  # per (task, attempt)
+    assert sorted(r[1] for r in results if r is not None) == list(range(1, 21))
+    assert await sink.append("h1", task_id, 2, _decision()) == (ANY, 1)  # per (task, attempt)
 
     page, token = await decisions.list_page(store, task_id, 0, 15, "")
     assert [(d.attempt, d.step_index) for d in page] == [(1, i) for i in range(1, 16)]
@@ -215,10 +278,9 @@ async def test_decision_steps_are_unique_under_concurrency(store: Store) -> None
 
 async def test_sensitive_text_is_masked_in_the_log(store: Store) -> None:
     task_id = await _task(store)
-    decision_id, _ = await StoreDecisionSink(store).append(
-        "h1", task_id, 1, _decision(sensitive=True)
-    )
-    row = await decisions.get(store, decision_id)
+    logged = await StoreDecisionSink(store).append("h1", task_id, 1, _decision(sensitive=True))
+    assert logged is not None
+    row = await decisions.get(store, logged[0])
     assert row is not None
     assert "hunter2" not in row.arguments_json
     assert b"hunter2" not in (row.action_pb or b"")

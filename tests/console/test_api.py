@@ -59,6 +59,12 @@ def test_submit_list_get_and_cancel(api: httpx.Client) -> None:
     assert task["status"] == "queued"
     assert task["max_attempts"] == 2
     assert task["target"]["host_id"] == "nowhere"
+    assert created.json()["warnings"] == [
+        "host nowhere has never connected to this cloud: the task waits until it does, or "
+        "until its deadline passes"
+    ]
+    assert task["totals"]["steps"] == 0 and task["totals"]["decisions"] == 0
+    assert task["lease_expires_at"] is None and task["cancelled_by"] == ""
 
     listed = api.get("/api/tasks", params={"q": goal.split()[-1], "status": "queued"})
     assert [t["task_id"] for t in listed.json()["tasks"]] == [task["task_id"]]
@@ -73,11 +79,32 @@ def test_submit_list_get_and_cancel(api: httpx.Client) -> None:
     cancelled = api.post(f"/api/tasks/{task['task_id']}/cancel", json={"reason": "not needed"})
     assert cancelled.status_code == 200, cancelled.text
     assert cancelled.json()["status"] == "cancelled"
+    assert cancelled.json()["cancelled_by"] == "API token via console"
+    history = api.get(f"/api/tasks/{task['task_id']}/lease-events").json()["events"]
+    assert [(e["kind"], e["attempt"], e["operator"], e["reason"]) for e in history] == [
+        ("cancelled", 0, "API token via console", "not needed")
+    ]
+    assert api.get(f"/api/tasks/{task['task_id']}").json()["events"] == history
 
     again = api.post(f"/api/tasks/{task['task_id']}/cancel", json={"reason": "twice"})
     assert again.status_code == 409
     assert again.json()["grpc_code"] == "FAILED_PRECONDITION"
     assert again.json()["detail"]
+
+
+def test_validate_only_checks_without_queueing(api: httpx.Client) -> None:
+    goal = unique("Only checked")
+    checked = api.post(
+        "/api/tasks", json={"goal": goal, "host_id": "nowhere", "validate_only": True}
+    )
+    assert checked.status_code == 201, checked.text
+    assert checked.json()["task"] is None
+    assert checked.json()["warnings"][0].startswith("host nowhere has never connected")
+    assert api.get("/api/tasks", params={"q": goal}).json()["tasks"] == []
+    malformed = api.post("/api/tasks", json={"goal": goal, "device_serial": "has space"})
+    assert malformed.status_code == 422
+    assert malformed.json()["detail"].startswith("target.device_serial: 'has space'")
+    assert api.get("/api/tasks/no-such-task/lease-events").status_code == 404
 
 
 def test_paging_follows_the_cloud_tokens(api: httpx.Client) -> None:
@@ -384,3 +411,16 @@ def test_health_and_streams_end_when_the_client_leaves(console_settings: Console
             time.sleep(0.05)
     finally:
         server.stop()
+
+
+def test_the_api_takes_secrets_and_says_the_warning(api: httpx.Client) -> None:
+    plain = api.post("/api/tasks", json={"goal": "Sign in with PIN 2580", "host_id": "nowhere"})
+    assert plain.status_code == 201, plain.text
+    assert "credential" in plain.json()["warnings"][0]
+    keyless = api.post(
+        "/api/tasks",
+        json={"goal": "Sign in with PIN {{secret:pin}}", "secrets": {"pin": "2580"}},
+    )
+    # This test cloud has no secrets key: refused, never stored in plain text.
+    assert keyless.status_code == 409, keyless.text
+    assert "AMC_CLOUD_SECRETS_KEY" in keyless.text and "2580" not in keyless.text

@@ -21,37 +21,23 @@ from cloud.store import decisions
 from console.gateway.history import DIRECT_TRANSPORT, NO_DECISION_YET
 from planner.decision import Decision, ThinkingBlock, Usage
 from tests.console.console_stack import ADMIN, PASSWORD, Cloud, HostFactory, Operator
+from tests.support.browser import open_browser
 
 pytestmark = pytest.mark.browser
 
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-]
 #: Generous upper bound for a live update to show (a bound, not a timing assertion).
 LIVE_MS = 10_000
 
 
 @pytest.fixture(scope="module")
 def playwright() -> Iterator[Playwright]:
-    if not Path(CHROMIUM).exists():
-        pytest.skip("Debian's chromium is not installed")
     with sync_playwright() as p:
         yield p
 
 
 @pytest.fixture(scope="module")
 def browser(playwright: Playwright) -> Iterator[Browser]:
-    browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-    try:
-        yield browser
-    finally:
-        browser.close()
+    yield from open_browser(playwright)
 
 
 def log_in(page: Page, gateway: str, path: str = "/tasks") -> None:
@@ -143,7 +129,7 @@ def test_running_task_badge_changes_without_reload(
     mark_no_reload(page)
     host.renew(assignment, 5, types_pb2.STEP_STATUS_SUCCEEDED, "tap 'Dark theme' done")
     expect(summary.locator("[data-field=progress]")).to_have_text(
-        "step 5 · succeeded · tap 'Dark theme' done", timeout=LIVE_MS
+        "step 5 · action done · tap 'Dark theme' done", timeout=LIVE_MS
     )
     host.finish(assignment, types_pb2.TASK_STATUS_SUCCEEDED, "Dark theme is on")
     expect(page.locator(".summary [data-field=status]")).to_have_text("succeeded", timeout=LIVE_MS)
@@ -300,11 +286,16 @@ def test_form_without_csrf_token_is_403(page: Page, gateway: str, operator: Oper
     assert response.value.status == 403
     expect(page.locator(".alert")).to_contain_text("CSRF")
 
-    # With the token the same form works and lands on the new task.
+    # With the token the same form works: the cloud warns about the unknown host first, and
+    # "Submit anyway" lands on the new task.
     page.goto(f"{gateway}/tasks/new")
     page.fill("textarea[name=goal]", goal)
     page.fill("input[name=host_id]", "no-such-host")
     page.click("main button[type=submit]")
+    expect(page.locator("#submit-warnings")).to_contain_text(
+        "host no-such-host has never connected to this cloud"
+    )
+    page.click("text=Submit anyway")
     expect(page.locator("h1")).to_have_text(goal)
     expect(page.locator(".summary [data-field=status]")).to_have_text("queued")
 

@@ -19,7 +19,8 @@ from cloud.store import decisions
 from planner.decision import Decision, ThinkingBlock, Usage
 
 AMC = str(Path(sys.executable).with_name("amc"))
-ENV = {**os.environ, "COLUMNS": "200"}
+#: No `amc up` context leaks in from the machine running the tests.
+ENV = {**os.environ, "COLUMNS": "200", "AMC_CONTEXT_FILE": "/nonexistent/amc-context.json"}
 
 
 async def amc(*args: str) -> tuple[int, str]:
@@ -68,7 +69,7 @@ async def test_task_commands_against_a_real_cloud(tmp_path: Path) -> None:
         assert code == 0, out
         task_id = out.strip()
         code, again = await amc(*conn, "task", "submit", "Turn on dark theme", "--request-id", "r1")
-        assert again.startswith(task_id) and "already submitted" in again
+        assert task_id in again.splitlines() and "already submitted" in again
         code, listing = await amc(*conn, "task", "list", "--status", "queued")
         assert code == 0 and task_id in listing and "queued" in listing
         code, shown = await amc(*conn, "task", "show", task_id)
@@ -83,10 +84,10 @@ async def test_task_commands_against_a_real_cloud(tmp_path: Path) -> None:
         code, cancelled = await amc(*conn, "task", "cancel", task_id)
         assert code == 0 and "cancelled" in cancelled
         code, watched = await watching
-        assert code == 0 and "Settings first, then Display." in watched, watched
+        assert code == 3 and "Settings first, then Display." in watched, watched  # cancelled
         assert "cancelled" in watched
         code, missing = await amc(*conn, "task", "show", "no-such-task")
-        assert code == 2 and "NOT_FOUND" in missing
+        assert code == 2 and "'no-such-task' is not a task id" in missing
         code, decisions = await amc(*conn, "decisions", task_id)
         assert code == 0 and "no decisions logged" in decisions
     finally:
@@ -146,5 +147,123 @@ async def test_decisions_print_model_text_literally(tmp_path: Path) -> None:
         assert "cache read/write 7/0" in printed and "nudged retry" in printed
         code, listing = await amc(*conn, "task", "list")
         assert code == 0 and "Open [bold]Display[/bold]" in listing
+    finally:
+        await cloud.stop(grace=0)
+
+
+async def test_submit_with_a_secret_from_the_environment_and_a_warning(tmp_path: Path) -> None:
+    """`--secret NAME` reads the value from AMC_SECRET_<NAME> (never the command line); a goal
+    that holds a credential is queued with the cloud's warning on stderr."""
+    from cloud.secret_box import new_key
+
+    pki = ensure_embedded_pki(tmp_path, [], operator="admin")
+    cloud = await build_server(
+        CloudSettings(
+            database_url=f"sqlite+aiosqlite:///{tmp_path / 'cloud.sqlite3'}",
+            listen_address="127.0.0.1:0",
+            pki_dir=pki,
+            secrets_key=new_key(),
+        )
+    )
+    await cloud.start()
+    conn = ["--cloud", cloud.address, "--pki-dir", str(pki)]
+    try:
+        ENV["AMC_SECRET_WIFI_PASSWORD"] = "hunter22"
+        try:
+            code, out = await amc(
+                *conn,
+                "task",
+                "submit",
+                "Join HomeNet with password {{secret:wifi_password}}",
+                "--secret",
+                "wifi_password",
+            )
+        finally:
+            del ENV["AMC_SECRET_WIFI_PASSWORD"]
+        assert code == 0, out
+        assert "warning" not in out and "hunter22" not in out
+        code, out = await amc(*conn, "task", "submit", "Join HomeNet with password hunter22")
+        assert code == 0, out
+        assert "warning: the goal looks like it holds a credential" in out
+        code, out = await amc(*conn, "task", "submit", "Use {{secret:pin}}", "--secret", "pin")
+        assert code != 0 and "AMC_SECRET_PIN" in out  # no terminal to ask: says what to set
+    finally:
+        await cloud.stop(0.5)
+
+
+def test_certs_secrets_key_prints_a_fernet_key() -> None:
+    from cryptography.fernet import Fernet
+
+    result = subprocess.run(
+        [AMC, "certs", "secrets-key"], capture_output=True, text=True, env=ENV, timeout=60
+    )
+    assert result.returncode == 0, result.stderr
+    Fernet(result.stdout.strip().encode())  # a valid key
+
+
+async def test_tokens_and_cost_per_step_task_and_day(tmp_path: Path) -> None:
+    """`amc task show`, `amc decisions` and `amc spend` print what the model calls cost, per
+    step, attempt, task and day, against the task's and the fleet's budgets."""
+    pki = ensure_embedded_pki(tmp_path, [], operator="admin")
+    cloud = await build_server(
+        CloudSettings(
+            database_url=f"sqlite+aiosqlite:///{tmp_path / 'cloud.sqlite3'}",
+            listen_address="127.0.0.1:0",
+            pki_dir=pki,
+            daily_max_cost_usd=10.0,
+        )
+    )
+    await cloud.start()
+    conn = ["--cloud", cloud.address, "--pki-dir", str(pki)]
+    try:
+        code, out = await amc(
+            *conn,
+            "task",
+            "submit",
+            "Turn on dark theme",
+            "--max-tokens",
+            "5000",
+            "--max-cost",
+            "2.5",
+        )
+        assert code == 0, out
+        task_id = out.strip()
+        for cost in (0.125, 0.25):
+            action = types_pb2.Action(purpose="p", expected_outcome="e")
+            action.tap.element_id = "e1"
+            await decisions.append(
+                cloud.store,
+                "h1",
+                task_id,
+                1,
+                Decision(
+                    tool_name="tap",
+                    arguments={"element_id": "e1"},
+                    action=action,
+                    purpose="p",
+                    expected_outcome="e",
+                    rationale="r",
+                    thinking=[],
+                    usage=Usage(input_tokens=15, output_tokens=5, cost_usd=cost),
+                    provider="anthropic",
+                    model="claude-sonnet-4-6",
+                    latency_s=0.1,
+                    forced_retry=False,
+                    system_prompt="s",
+                    user_prompt="u",
+                ),
+            )
+        code, shown = await amc(*conn, "task", "show", task_id)
+        assert code == 0, shown
+        assert (
+            "spent:   40 tokens · $0.3750 (task budget: 40 of 5,000 tokens; $0.3750 of $2.50)"
+            in shown
+        )
+        code, printed = await amc(*conn, "decisions", task_id)
+        assert code == 0 and "$0.1250" in printed and "total: 40 tokens · $0.3750" in printed
+        code, spent = await amc(*conn, "spend", "--days", "2")
+        assert code == 0, spent
+        assert "anthropic/claude-sonnet-4-6" in spent and "$0.3750" in spent
+        assert "today: 40 tokens · $0.3750 (daily budget: $0.3750 of $10.00)" in spent
     finally:
         await cloud.stop(grace=0)

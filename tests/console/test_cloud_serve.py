@@ -8,13 +8,13 @@ and the traceback appears only with --debug. The deployment guide's settings tab
 
 from __future__ import annotations
 
-import inspect
 import re
 import signal
 import socket
 import subprocess
 from pathlib import Path
 
+import httpx
 import pytest
 
 from cloud.server import build_server
@@ -33,6 +33,8 @@ def _env(tmp_path: Path, **settings: str) -> dict[str, str]:
             "AMC_CLOUD_DATABASE_URL": f"sqlite+aiosqlite:///{tmp_path / 'cloud.sqlite3'}",
             "AMC_CLOUD_LISTEN_ADDRESS": f"127.0.0.1:{free_port()}",
             "AMC_PLANNER_PROVIDER": "offline",
+            # A free port: the default (127.0.0.1:9471) may be taken by a neighbour's run.
+            "AMC_CLOUD_METRICS_ADDRESS": "127.0.0.1:0",
             "COLUMNS": "200",
             **settings,
         }
@@ -45,6 +47,66 @@ def _fails(env: dict[str, str], *args: str) -> tuple[int, str, str]:
         [AMC, "cloud", "serve", *args], env=env, capture_output=True, text=True, timeout=120
     )
     return done.returncode, done.stdout, done.stderr
+
+
+def _banner(env: dict[str, str]) -> tuple[str, str, str, int]:
+    """Start `amc cloud serve`, read its banner, scrape its /metrics if it serves them, stop it
+    with SIGTERM: (banner, scrape, what it printed after, exit code)."""
+    process = subprocess.Popen(
+        [AMC, "cloud", "serve"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    scraped = ""
+    try:
+        assert process.stdout is not None
+        lines = []
+        for line in process.stdout:  # blocks until the banner is printed (or the process ends)
+            lines.append(line.rstrip("\n"))
+            if "stop with Ctrl-C" in line:
+                break
+        url = re.search(r"metrics:\s+(http://\S+/metrics)", "\n".join(lines))
+        if url:
+            scraped = httpx.get(url.group(1), timeout=10).raise_for_status().text
+        process.send_signal(signal.SIGTERM)
+        rest, _err = process.communicate(timeout=60)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait(10)
+    return "\n".join(lines), scraped, rest, process.returncode
+
+
+def test_it_serves_its_metrics_says_where_and_a_taken_port_does_not_stop_it(
+    tmp_path: Path,
+) -> None:
+    pki = make_pki(tmp_path / "pki", [])
+    banner, scraped, _, code = _banner(_env(tmp_path, AMC_CLOUD_PKI_DIR=str(pki)))
+    assert code == 0
+    assert re.search(
+        r"metrics:\s+http://127\.0\.0\.1:\d+/metrics \(AMC_CLOUD_METRICS_ADDRESS\)", banner
+    )
+    assert "amc_cloud_lease_streams 0.0" in scraped
+    assert "tracing:      off (set OTEL_EXPORTER_OTLP_ENDPOINT" in banner
+    assert "logs:         text on stderr" in banner
+    assert "budgets:      task default none; fleet daily none" in banner
+    assert "prices:       $0 in / $0 out" in banner
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        env = _env(
+            tmp_path,
+            AMC_CLOUD_PKI_DIR=str(pki),
+            AMC_CLOUD_METRICS_ADDRESS=f"127.0.0.1:{port}",
+            AMC_CLOUD_DAILY_MAX_COST_USD="25",
+        )
+        banner, scraped, _, code = _banner(env)
+    assert code == 0, "a taken metrics port does not keep the replica from serving"
+    assert (
+        f"metrics:      NOT served: AMC_CLOUD_METRICS_ADDRESS cannot listen on 127.0.0.1:{port}"
+        in banner
+    )
+    assert "fleet daily $25.00" in banner
+    assert scraped == ""
 
 
 def test_it_says_where_it_listens_what_it_uses_and_stops_on_sigterm(tmp_path: Path) -> None:
@@ -156,20 +218,25 @@ def test_debug_shows_the_traceback(tmp_path: Path) -> None:
     assert "amc cloud serve: AMC_CLOUD_PKI_DIR:" in err
 
 
-def test_every_part_dials_the_address_the_cloud_listens_on() -> None:
-    from console.cli import connection_options
+def test_every_part_dials_the_address_the_cloud_listens_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from console import cli
 
-    cli_default = inspect.signature(connection_options).parameters["cloud"].default
+    # No `amc up` is running (no context file): the operator commands dial the default.
+    monkeypatch.setenv("AMC_CONTEXT_FILE", str(tmp_path / "none.json"))
+    cli.global_options(cloud=None, pki_dir=None, operator=None, debug=False)
+    assert cli._connection is not None
     assert CloudSettings.model_fields["listen_address"].default == DEFAULT_CLOUD_ADDRESS
     assert HostSettings.model_fields["cloud_address"].default == DEFAULT_CLOUD_ADDRESS
     assert ConsoleSettings.model_fields["cloud_address"].default == DEFAULT_CLOUD_ADDRESS
-    assert cli_default == DEFAULT_CLOUD_ADDRESS
+    assert cli._connection.address == DEFAULT_CLOUD_ADDRESS
 
 
 def _documented() -> dict[str, str]:
     """The settings table of docs/deployment.md: name -> default cell."""
     section = DOCS.read_text().split("## Settings (`AMC_CLOUD_…`)", 1)[1].split("\n## ", 1)[0]
-    rows = re.findall(r"^\| `(AMC_CLOUD_[A-Z_]+)` \| ([^|]+) \|", section, re.M)
+    rows = re.findall(r"^\| `(AMC_CLOUD_[A-Z0-9_]+)` \| ([^|]+) \|", section, re.M)
     return {name: default.strip().strip("`") for name, default in rows}
 
 

@@ -73,9 +73,43 @@ def test_every_form_needs_the_csrf_token(anon: httpx.Client) -> None:
     assert wrong.status_code == 403
 
     token = csrf_of(anon.get("/tasks/new").text)
-    made = anon.post("/tasks/new", data={"goal": goal, "host_id": "nowhere", "csrf_token": token})
+    made = anon.post(
+        "/tasks/new",
+        data={"goal": goal, "host_id": "nowhere", "confirmed": "nowhere/", "csrf_token": token},
+    )
     assert made.status_code == 303
     assert made.headers["location"].startswith("/tasks/")
+
+
+def test_submit_warns_about_an_unknown_target_before_queueing(
+    anon: httpx.Client, api: httpx.Client
+) -> None:
+    """The cloud checks the target against the fleet: the form shows its warning and queues
+    nothing until "Submit anyway" (for the same target); a malformed host is refused."""
+    log_in(anon)
+    token = csrf_of(anon.get("/tasks/new").text)
+    goal = f"warned {uuid.uuid4().hex[:8]}"
+    form = {"goal": goal, "host_id": "never-seen", "csrf_token": token}
+    warned = anon.post("/tasks/new", data=form)
+    assert warned.status_code == 200
+    assert "host never-seen has never connected to this cloud" in warned.text
+    assert "Submit anyway" in warned.text
+    assert 'name="confirmed" value="never-seen/"' in warned.text
+    assert api.get("/api/tasks", params={"q": goal}).json()["tasks"] == []
+    # Another target is checked again; the confirmed one is queued.
+    other = anon.post(
+        "/tasks/new", data={**form, "host_id": "other-host", "confirmed": "never-seen/"}
+    )
+    assert "host other-host has never connected" in other.text
+    made = anon.post("/tasks/new", data={**form, "confirmed": "never-seen/"})
+    assert made.status_code == 303
+    page = anon.get(made.headers["location"]).text
+    assert "host never-seen has never connected" in page  # said once more on the task page
+    assert "host never-seen has never connected" not in anon.get(made.headers["location"]).text
+    assert [t["goal"] for t in api.get("/api/tasks", params={"q": goal}).json()["tasks"]] == [goal]
+    refused = anon.post("/tasks/new", data={**form, "host_id": "bad host"})
+    assert refused.status_code == 422
+    assert "target.host_id: &#39;bad host&#39; is not a host id" in refused.text
 
 
 def test_submit_form_shows_the_cloud_refusal(anon: httpx.Client) -> None:
@@ -84,6 +118,25 @@ def test_submit_form_shows_the_cloud_refusal(anon: httpx.Client) -> None:
     response = anon.post("/tasks/new", data={"goal": "", "csrf_token": token})
     assert response.status_code == 422
     assert 'class="alert"' in response.text
+
+
+def test_a_goal_holding_a_credential_is_warned_before_queueing_and_once_on_the_task_page(
+    anon: httpx.Client,
+) -> None:
+    log_in(anon)
+    token = csrf_of(anon.get("/tasks/new").text)
+    goal = f"Join the Wi-Fi HomeNet with password hunter{uuid.uuid4().hex[:4]}7"
+    form = {"goal": goal, "host_id": "nowhere", "csrf_token": token}
+    checked = anon.post("/tasks/new", data=form)
+    assert checked.status_code == 200  # nothing queued yet: the warnings come first
+    assert "looks like it holds a credential" in checked.text
+    made = anon.post("/tasks/new", data={**form, "confirmed": "nowhere/"})
+    assert made.status_code == 303
+    page = anon.get(made.headers["location"])
+    assert 'data-field="submit-warning"' in page.text
+    assert "looks like it holds a credential" in page.text and "secret" in page.text
+    again = anon.get(made.headers["location"])  # said once
+    assert 'data-field="submit-warning"' not in again.text
 
 
 def test_logout_ends_the_session(anon: httpx.Client) -> None:
@@ -111,7 +164,10 @@ def test_goals_are_escaped_on_every_page(anon: httpx.Client) -> None:
     log_in(anon)
     token = csrf_of(anon.get("/tasks/new").text)
     goal = f"<script>alert('{uuid.uuid4().hex[:6]}')</script>"
-    made = anon.post("/tasks/new", data={"goal": goal, "host_id": "nowhere", "csrf_token": token})
+    made = anon.post(
+        "/tasks/new",
+        data={"goal": goal, "host_id": "nowhere", "confirmed": "nowhere/", "csrf_token": token},
+    )
     detail = anon.get(made.headers["location"]).text
     listing = anon.get("/tasks", params={"q": goal}).text
     for html in (detail, listing):

@@ -21,7 +21,7 @@ from console.gateway.history import (
     NOT_ASSIGNED_YET,
     group_history,
 )
-from console.gateway.models import DecisionOut, ProgressOut, TaskOut
+from console.gateway.models import DecisionOut, TaskOut
 from console.gateway.present import attempt_label, progress_badge
 from console.settings import ConsoleSettings
 
@@ -150,21 +150,48 @@ def test_badges_read_like_the_design() -> None:
         types_pb2.Task(
             attempt=2,
             max_attempts=3,
+            status=types_pb2.TASK_STATUS_RUNNING,
             progress=types_pb2.Progress(
                 step_index=4, step_status=types_pb2.STEP_STATUS_ACTING, summary="tap 'Display'"
             ),
         )
     )
-    assert progress_badge(task.progress) == "step 4 · acting · tap 'Display'"
+    assert progress_badge(task) == "step 4 · acting · tap 'Display'"
     assert attempt_label(task) == "attempt 2 of 3"
     fresh = TaskOut.of(types_pb2.Task(max_attempts=3))
-    assert progress_badge(fresh.progress) == ""
+    assert progress_badge(fresh) == ""
     limited = types_pb2.Progress(
         step_index=3, step_status=types_pb2.STEP_STATUS_PLANNING, summary="s", max_steps=30
     )
-    assert progress_badge(ProgressOut.of(limited)) == "step 3 of at most 30 · planning · s"
-    assert formatting.progress_badge(limited) == "step 3 of at most 30 · planning · s"
+    running = TaskOut.of(types_pb2.Task(status=types_pb2.TASK_STATUS_RUNNING, progress=limited))
+    assert progress_badge(running) == "step 3 of at most 30 · planning · s"
+    assert (
+        formatting.progress_badge(limited, types_pb2.TASK_STATUS_RUNNING)
+        == "step 3 of at most 30 · planning · s"
+    )
     assert attempt_label(fresh) == "not assigned yet (3 allowed)"
+
+
+def test_the_progress_line_never_says_the_task_succeeded_when_it_failed() -> None:
+    """The issue's "step 6 · succeeded · step 6: give up …" on a failed task: the step's own
+    state reads as what the action did, the loop's "step N:" prefix is not repeated, and the
+    task's status stays in its own pill."""
+    gave_up = types_pb2.Progress(
+        step_index=6,
+        step_status=types_pb2.STEP_STATUS_SUCCEEDED,
+        summary="step 6: give up: the setting is missing",
+        max_steps=30,
+    )
+    failed = TaskOut.of(types_pb2.Task(status=types_pb2.TASK_STATUS_FAILED, progress=gave_up))
+    line = "last step 6 · action done · give up: the setting is missing"
+    assert progress_badge(failed) == line
+    assert formatting.progress_badge(gave_up, types_pb2.TASK_STATUS_FAILED) == line
+    assert "succeeded" not in line
+    broken = types_pb2.Progress(
+        step_index=2, step_status=types_pb2.STEP_STATUS_FAILED, summary="step 2: tap 'X'"
+    )
+    running = TaskOut.of(types_pb2.Task(status=types_pb2.TASK_STATUS_RUNNING, progress=broken))
+    assert progress_badge(running) == "step 2 · action failed · tap 'X'"
 
 
 def test_unknown_enum_numbers_and_bad_json_do_not_break_the_view() -> None:

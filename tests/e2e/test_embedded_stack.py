@@ -4,6 +4,7 @@ offline planner — in-process for `direct`, behind PlannerService.Decide for `c
 
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
 import sys
@@ -27,17 +28,27 @@ async def _run_one(stack_dir: Path, transport: Transport, goal: str) -> types_pb
             task_service_pb2.GetTaskRequest(task_id=task_id)
         )
         task = reply.task
-        decisions = await stack.operator.decisions.ListDecisions(
-            decision_log_service_pb2.ListDecisionsRequest(task_id=task_id)
+        # On the direct transport the host ships its decisions from its outbox, in the
+        # background: they arrive (all of them, once) shortly after the task ended.
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 30
+        while True:
+            decisions = await stack.operator.decisions.ListDecisions(
+                decision_log_service_pb2.ListDecisionsRequest(task_id=task_id)
+            )
+            if decisions.decisions and decisions.decisions[-1].tool_name == "complete":
+                break
+            assert loop.time() < deadline, decisions
+            await asyncio.sleep(0.05)
+        steps = [d.step_index for d in decisions.decisions]
+        assert steps == list(range(1, len(steps) + 1))
+        assert steps[-1] == task.progress.step_index
+        assert all(d.purpose for d in decisions.decisions[:-1])
+        assert all(d.rationale for d in decisions.decisions)
+        expected = {"cloud": types_pb2.PLANNER_TRANSPORT_CLOUD}.get(
+            transport, types_pb2.PLANNER_TRANSPORT_DIRECT
         )
-        if transport == "cloud":
-            steps = [d.step_index for d in decisions.decisions]
-            assert steps == list(range(1, len(steps) + 1))
-            assert decisions.decisions[-1].tool_name == "complete"
-            assert all(d.purpose for d in decisions.decisions[:-1])
-            assert all(d.rationale for d in decisions.decisions)
-        else:
-            assert not decisions.decisions, "direct transport keeps prompts on the host"
+        assert {d.planner_transport for d in decisions.decisions} == {expected}
         return task
 
 

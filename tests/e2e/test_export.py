@@ -2,9 +2,9 @@
 real host, virtual phone over the adb protocol, offline planner), then `amc host export`,
 `amc task export` and `amc task export --merge` as new processes.
 
-On the cloud transport the cloud has every decision with its screen but no screenshot; the host
-has the screenshots and the screens; the merge has both. On the direct transport the cloud has no
-decision (until direct decisions are shipped to it) and the merge takes the host's steps whole.
+On either transport the cloud has every decision with its screen (the direct transport's shipped
+from the host's outbox) and every step's screenshots (shipped from the outbox too); the host has
+the screenshots and the screens; the merge has both.
 """
 
 from __future__ import annotations
@@ -15,11 +15,18 @@ import subprocess
 import sys
 import zipfile
 from pathlib import Path
+from typing import Any
 
 import pytest
 from rich.console import Console
 
-from amc.v1 import task_service_pb2, types_pb2
+from amc.v1 import (
+    artifact_service_pb2,
+    artifact_service_pb2_grpc,
+    decision_log_service_pb2,
+    task_service_pb2,
+    types_pb2,
+)
 from console.embedded import HOST_ID, Transport, embedded_stack, follow_tasks
 from export import dataset
 from export.bundle import read_bundle
@@ -40,6 +47,25 @@ async def amc(*args: str, cwd: Path, env: dict[str, str] | None = None) -> tuple
     return process.returncode or 0, output.decode()
 
 
+async def shipped(operator: Any, task_id: str) -> None:
+    """Until the host's outbox delivered every decision and both screenshots of each step."""
+    artifacts = artifact_service_pb2_grpc.ArtifactServiceStub(operator.channel)
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 30
+    while True:
+        decisions = await operator.decisions.ListDecisions(
+            decision_log_service_pb2.ListDecisionsRequest(task_id=task_id)
+        )
+        shots = await artifacts.ListStepScreenshots(
+            artifact_service_pb2.ListStepScreenshotsRequest(task_id=task_id)
+        )
+        done = decisions.decisions and decisions.decisions[-1].tool_name == "complete"
+        if done and len(shots.screenshots) == 2 * len(decisions.decisions):
+            return
+        assert loop.time() < deadline, (decisions, shots)
+        await asyncio.sleep(0.05)
+
+
 def step_lines(path: Path) -> list[dataset.StepRecord]:
     with zipfile.ZipFile(path) as z:
         return [dataset.parse_line(x) for x in z.read("steps.jsonl").decode().splitlines()]
@@ -56,6 +82,7 @@ async def test_host_cloud_and_merged_exports(tmp_path: Path, transport: Transpor
         task_id = submitted.task.task_id
         final = await follow_tasks(stack.operator, [task_id], Console(file=None), 30)
         assert final[task_id].status == types_pb2.TASK_STATUS_SUCCEEDED
+        await shipped(stack.operator, task_id)
         conn = ["--cloud", stack.cloud_address, "--pki-dir", str(stack.pki_dir)]
 
         code, said = await amc(
@@ -81,7 +108,7 @@ async def test_host_cloud_and_merged_exports(tmp_path: Path, transport: Transpor
         assert "export" in said and "not a zip file" in said
         assert not (tmp_path / "x.zip").exists()
         code, said = await amc(*conn, "task", "export", "no-such-task", cwd=tmp_path)
-        assert code == 2 and "NOT_FOUND" in said
+        assert code == 2 and "is not a task id" in said
         code, said = await amc("host", "export", "no-such-task", cwd=tmp_path, env=host_env)
         assert code == 2 and "not in this host's timeline" in said
         code, said = await amc(
@@ -99,20 +126,19 @@ async def test_host_cloud_and_merged_exports(tmp_path: Path, transport: Transpor
     assert host.origin == "host" and cloud.origin == "cloud" and merged.origin == "cloud+host"
     assert host.steps and all(s.before_png and s.screen for s in host.steps)
     assert all(s.transport == transport for s in host.steps)
-    assert all(s.before_png is None for s in cloud.steps)
-    if transport == "cloud":
-        assert [s.key for s in cloud.steps] == [s.key for s in host.steps]
-        assert [s.tool_name for s in cloud.steps] == [s.tool_name for s in host.steps]
-        # The cloud keeps each decision's screen: its export places every tap without the host.
-        for c, h in zip(cloud.steps, host.steps, strict=True):
-            assert c.screen is not None and h.screen is not None
-            assert [e.element_id for e in c.screen.elements] == [
-                e.element_id for e in h.screen.elements
-            ]
-        clicks = [x for x in step_lines(tmp_path / "cloud.zip") if x.action.action_type == "click"]
-        assert clicks and all(x.action.x is not None and x.ui_elements for x in clicks)
-    else:
-        assert cloud.steps == []
+    # The cloud's export has the screenshots the host shipped to its artifact store.
+    assert all(s.before_png and s.after_png for s in cloud.steps)
+    assert [s.before_png for s in cloud.steps] == [s.before_png for s in host.steps]
+    assert [s.key for s in cloud.steps] == [s.key for s in host.steps]
+    assert [s.tool_name for s in cloud.steps] == [s.tool_name for s in host.steps]
+    # The cloud keeps each decision's screen: its export places every tap without the host.
+    for c, h in zip(cloud.steps, host.steps, strict=True):
+        assert c.screen is not None and h.screen is not None
+        assert [e.element_id for e in c.screen.elements] == [
+            e.element_id for e in h.screen.elements
+        ]
+    clicks = [x for x in step_lines(tmp_path / "cloud.zip") if x.action.action_type == "click"]
+    assert clicks and all(x.action.x is not None and x.ui_elements for x in clicks)
     # The merge: the cloud's decisions (or the host's steps), every screenshot and screen.
     assert [s.key for s in merged.steps] == [s.key for s in host.steps]
     assert all(s.before_png and s.screen for s in merged.steps)
@@ -123,7 +149,6 @@ async def test_host_cloud_and_merged_exports(tmp_path: Path, transport: Transpor
     with zipfile.ZipFile(merged_path) as z:
         notes = dataset.RunRecord.model_validate_json(z.read("run.json")).notes
     assert not any("no screenshot" in n for n in notes)
-    if transport == "direct":
-        with zipfile.ZipFile(tmp_path / "cloud.zip") as z:
-            cloud_notes = dataset.RunRecord.model_validate_json(z.read("run.json")).notes
-        assert any("direct transport" in n for n in cloud_notes)
+    with zipfile.ZipFile(tmp_path / "cloud.zip") as z:
+        cloud_notes = dataset.RunRecord.model_validate_json(z.read("run.json")).notes
+    assert not any("direct transport" in n for n in cloud_notes)

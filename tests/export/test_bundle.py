@@ -214,6 +214,8 @@ def bundle_lines(data: bytes) -> list[str]:
 
 def test_a_verdict_shows_where_there_is_one_and_nowhere_else(timeline: Timeline) -> None:
     run = host_run(timeline, T_DARK)
+    for step in run.steps:  # the fixture's steps carry the host checker's verdicts: start bare
+        step.verdict, step.verdict_detail = None, ""
     run.steps[2].verdict, run.steps[2].verdict_detail = "as expected", "the Display page opened"
     with zipfile.ZipFile(io.BytesIO(bundle_bytes(run))) as z:
         html = z.read("report.html").decode()
@@ -222,3 +224,18 @@ def test_a_verdict_shows_where_there_is_one_and_nowhere_else(timeline: Timeline)
     assert "verdict: as expected" in html
     assert "the Display page opened" in html
     assert [s.outcome.verdict for s in steps] == [None, None, "as expected", None, None]
+
+
+def test_a_priced_step_carries_its_cost_into_the_report_and_the_dataset(
+    timeline: Timeline,
+) -> None:
+    """The timeline keeps what each model call cost (the fixture prices its third call at
+    $0.125): the export's step, its report and its dataset record say so."""
+    run = host_run(timeline, T_DARK)
+    priced = [s for s in run.steps if s.cost_usd]
+    assert [s.cost_usd for s in priced] == [0.125]
+    with zipfile.ZipFile(io.BytesIO(bundle_bytes(run))) as z:
+        html = z.read("report.html").decode()
+        steps = lines(z)
+    assert 'data-field="cost">$0.1250' in html
+    assert [s.cost_usd for s in steps if s.cost_usd] == [0.125]

@@ -2,6 +2,9 @@
 
 Proves: no goodbye is needed for the cloud to take work back; the task's second attempt runs on
 another host; exactly one result is recorded (attempt 1 ended by expiry, attempt 2 succeeded).
+On both planner transports. And one host killed again and again while a batch runs (started
+again each time, as a supervisor would): every task still succeeds, each with one reported
+result; only the killed host's attempts end by expiry.
 """
 
 from __future__ import annotations
@@ -9,9 +12,13 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+import pytest
+
 from amc.v1 import task_service_pb2, types_pb2
 from tests.support.figures import record
 from tests.support.processes import (
+    TERMINAL,
+    AmcProcess,
     cloud_process,
     free_port,
     host_process,
@@ -20,10 +27,12 @@ from tests.support.processes import (
     wait_serving,
     wait_task,
 )
+from tests.support.task_batch import check_finished_once, submit, wait_finished, wait_tasks
 
 
+@pytest.mark.parametrize("transport", ["cloud", "direct"])
 async def test_sigkilled_host_task_is_reassigned_and_finishes_once(
-    tmp_path: Path, fault_pki: Path
+    transport: str, tmp_path: Path, fault_pki: Path
 ) -> None:
     port = free_port()
     address = f"127.0.0.1:{port}"
@@ -36,9 +45,16 @@ async def test_sigkilled_host_task_is_reassigned_and_finishes_once(
     ).start()
     # Slow steps on host a (a wide "mid-task" to kill it in), quick ones on host b.
     host_a = host_process(
-        tmp_path, "a", cloud_address=address, pki_dir=fault_pki, settle_delay_s=3.0
+        tmp_path,
+        "a",
+        cloud_address=address,
+        pki_dir=fault_pki,
+        settle_delay_s=3.0,
+        transport=transport,
     )
-    host_b = host_process(tmp_path, "b", cloud_address=address, pki_dir=fault_pki)
+    host_b = host_process(
+        tmp_path, "b", cloud_address=address, pki_dir=fault_pki, transport=transport
+    )
     ops = None
     try:
         await wait_serving(address, fault_pki)
@@ -70,7 +86,8 @@ async def test_sigkilled_host_task_is_reassigned_and_finishes_once(
         reassigned = await wait_task(
             ops, task_id, lambda t: t.attempt == 2, what="attempt 2 assigned"
         )
-        record("host_killed", "SIGKILL to attempt 2 assigned", time.monotonic() - killed_at)
+        figure = f"host_killed_{transport}"
+        record(figure, "SIGKILL to attempt 2 assigned", time.monotonic() - killed_at)
         assert reassigned.host_id == "b"
         done = await wait_task(
             ops,
@@ -78,7 +95,7 @@ async def test_sigkilled_host_task_is_reassigned_and_finishes_once(
             lambda t: t.status == types_pb2.TASK_STATUS_SUCCEEDED,
             what="succeeded",
         )
-        record("host_killed", "SIGKILL to task succeeded", time.monotonic() - killed_at)
+        record(figure, "SIGKILL to task succeeded", time.monotonic() - killed_at)
         assert [a.attempt for a in done.attempts] == [1, 2]
         first, second = done.attempts
         assert first.host_id == "a"
@@ -94,4 +111,82 @@ async def test_sigkilled_host_task_is_reassigned_and_finishes_once(
             await ops.close()
         host_a.kill()
         host_b.stop()
+        cloud.stop()
+
+
+KILLS = 3
+BATCH = [
+    "Turn on dark theme",
+    "Turn off Wi-Fi",
+    "Turn on airplane mode",
+    "Turn on Do Not Disturb",
+    "Turn off Bluetooth",
+    "Turn off location",
+]
+
+
+async def test_a_host_killed_again_and_again_loses_no_task(tmp_path: Path, fault_pki: Path) -> None:
+    """The only host (2 phones, cloud transport) is SIGKILLed whenever it runs something, three
+    times, and started again each time, as a supervisor would: its killed attempts run out and
+    come back to it; every task still succeeds with one reported result."""
+    port = free_port()
+    address = f"127.0.0.1:{port}"
+    cloud = cloud_process(
+        tmp_path,
+        "cloud",
+        database_url=f"sqlite+aiosqlite:///{tmp_path / 'cloud.sqlite3'}",
+        pki_dir=fault_pki,
+        port=port,
+    ).start()
+
+    def host_a() -> AmcProcess:
+        return host_process(
+            tmp_path, "a", cloud_address=address, pki_dir=fault_pki, phones=2, settle_delay_s=0.5
+        )
+
+    a = host_a()
+    ops = None
+    try:
+        await wait_serving(address, fault_pki)
+        ops = operator(address, fault_pki)
+        a.start()
+        await wait_connected(ops, {"a"})
+        ids = await submit(ops, BATCH, max_attempts=KILLS + 2)
+        started = time.monotonic()
+        kills = 0
+        killed: set[tuple[str, int]] = set()  # attempts of dead processes (until they run out)
+
+        def live_work(ts: list[types_pb2.Task]) -> bool:
+            return any(
+                t.status == types_pb2.TASK_STATUS_RUNNING
+                and (t.task_id, t.attempt) not in killed
+                and t.progress.step_index >= 1
+                for t in ts
+            )
+
+        while kills < KILLS:
+            tasks = await wait_tasks(
+                ops, ids, lambda ts: all(t.status in TERMINAL for t in ts) or live_work(ts), 90
+            )
+            if all(t.status in TERMINAL for t in tasks):
+                break  # nothing left to interrupt
+            a.kill()
+            kills += 1
+            killed |= {
+                (t.task_id, t.attempt) for t in tasks if t.status != types_pb2.TASK_STATUS_SUCCEEDED
+            }
+            a = host_a().start()  # its supervisor starts it again at once
+        final = await wait_finished(ops, ids, within=120)
+        record("host_killed_repeatedly", "first task to last finished", time.monotonic() - started)
+        failed = [t for t in final if t.status != types_pb2.TASK_STATUS_SUCCEEDED]
+        assert not failed, [(t.goal, t.result_summary) for t in failed]
+        check_finished_once("host_killed_repeatedly", final, {})
+        expired = [x for t in final for x in t.attempts if "expired" in x.failure_reason]
+        record("host_killed_repeatedly", "kills", kills, "kills")
+        record("host_killed_repeatedly", "attempts ended by a kill", len(expired), "attempts")
+        assert kills == KILLS and len(expired) >= KILLS
+    finally:
+        if ops is not None:
+            await ops.close()
+        a.kill()
         cloud.stop()

@@ -117,6 +117,25 @@ class FakeCloud(lease_service_pb2_grpc.LeaseServiceServicer):
             )
         )
 
+    async def send(self, response: lease_service_pb2.LeaseResponse) -> None:
+        """Send any message down the current stream (a test scripting the cloud's side)."""
+        assert self._outbound is not None, "no host connected"
+        await self._outbound.put(response)
+
+    def expired(self, task_id: str, attempt: int = 1) -> lease_service_pb2.LeaseResponse:
+        """The Revoked a cloud's sweeper sends when a lease ran out."""
+        lease = self.leases[(task_id, attempt)]
+        lease.live = False
+        return lease_service_pb2.LeaseResponse(
+            revoked=lease_service_pb2.Revoked(
+                task_id=task_id,
+                attempt=attempt,
+                lease_id=lease.lease_id,
+                reason=lease_service_pb2.REVOKE_REASON_EXPIRED,
+                message="lease expired",
+            )
+        )
+
     def cut(self) -> None:
         """Drop the current stream abruptly, as a broken network would."""
         if self._cut is not None:

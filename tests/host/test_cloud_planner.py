@@ -26,12 +26,21 @@ from amc.v1 import planner_service_pb2_grpc
 from cloud import pki
 from cloud.identity import peer_caller
 from host.agent.loop import AgentLoop, LoopSettings, TaskSpec
-from host.cloud_channel import open_channel
+from host.agent.planning_wait import WaitPolicy
+from host.agent.progress import ProgressHolder
+from host.agent.redact import SecretRedactor
+from host.cloud_channel import channel_options, credentials, open_channel
 from host.devices.virtual.driver import VirtualDriver
 from host.devices.virtual.phone import VirtualPhone
 from host.perception.hierarchy import parse_scene
 from host.perception.perceive import Perceiver
-from host.planner_client import CloudPlanError, CloudPlanner, DirectPlanner, StepPlanner
+from host.planner_client import (
+    WITHHELD,
+    CloudPlanError,
+    CloudPlanner,
+    DirectPlanner,
+    StepPlanner,
+)
 from host.settings import HostSettings
 from host.timeline.store import TimelineStore
 from planner.conversation.items import SessionItem, ToolResult, UserObservation
@@ -44,7 +53,7 @@ from planner.service import PlannerServicer
 from planner.session.factory import SessionPlanners, open_session_planner
 from planner.session.store import SqliteSessionStore
 from planner.settings import PlannerSettings
-from tests.planner.scenes import settings_main, toggle_page
+from tests.planner.scenes import login_form, settings_main, toggle_page
 from tests.support.fakes import (
     FakeModelServer,
     ScriptedTurn,
@@ -317,3 +326,94 @@ async def test_both_transports_build_the_same_session_conversation(tmp_path: Pat
         assert [[m for m in r if m["role"] == "user"] for r in cloud_users] == [
             [m for m in r if m["role"] == "user"] for r in direct_users
         ]
+
+
+# --- answers lost on the way back --------------------------------------------------------------
+
+
+class LoseFirstAnswer(grpc.aio.UnaryUnaryClientInterceptor):  # type: ignore[misc]
+    """Lets each step's first Decide reach the cloud (which plans and logs it), then drops the
+    answer the way a reset stream, a restarting cloud or a passed deadline would: the host gets
+    an error instead. Codes taken in turn from `codes`. A client interceptor stands in for the
+    network here: a real link cannot be told to lose exactly one answer."""
+
+    def __init__(self, codes: list[grpc.StatusCode]) -> None:
+        self.codes = codes
+        self.lost: list[str] = []
+
+    async def intercept_unary_unary(
+        self, continuation: Any, client_call_details: Any, request: Any
+    ) -> Any:
+        call = await continuation(client_call_details, request)
+        response = await call
+        if request.step_key not in self.lost:
+            code = self.codes[len(self.lost) % len(self.codes)]
+            self.lost.append(request.step_key)
+            raise grpc.aio.AioRpcError(
+                code, grpc.aio.Metadata(), grpc.aio.Metadata(), details="answer lost"
+            )
+        return response
+
+
+async def test_a_lost_answer_is_asked_again_and_the_step_planned_once(
+    service: Service, tmp_path: Path
+) -> None:
+    service.gate.live.add((HOST_ID, "t1", 1, "L1"))
+    lose = LoseFirstAnswer(
+        [grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED, grpc.StatusCode.DEADLINE_EXCEEDED]
+    )
+    s = service.settings
+    channel = grpc.aio.secure_channel(
+        s.cloud_address, credentials(s), options=channel_options(s), interceptors=[lose]
+    )
+    phone = VirtualPhone("emulator-5554")
+    waits: list[str] = []
+    progress = ProgressHolder()
+    progress.add_listener(
+        lambda snap: waits.append(snap.summary) if "waiting" in snap.summary else None
+    )
+    loop = AgentLoop(
+        VirtualDriver(phone),
+        CloudPlanner(channel, "t1", 1, "L1"),
+        Perceiver(None),
+        None,
+        LoopSettings(
+            max_steps=15,
+            settle_delay_s=0,
+            ocr=False,
+            planner_wait=WaitPolicy(initial_s=0.01, max_s=0.05),
+        ),
+    )
+    try:
+        outcome = await loop.run(TaskSpec("t1", 1, GOAL, "emulator-5554", "L1"), progress)
+    finally:
+        await channel.close()
+    assert outcome.status == "succeeded", outcome.summary
+    assert phone.state.flag("dark_theme")
+    steps = [row[3] for row in service.log.rows]
+    assert steps == list(range(1, outcome.steps + 1))  # one row per step: none planned twice
+    assert lose.lost == [str(n) for n in steps]  # every step's first answer was lost
+    assert waits and all("waiting for the cloud since" in w for w in waits)
+
+
+async def test_a_replayed_sensitive_input_is_not_typed(service: Service) -> None:
+    """The repeat of a logged decision cannot carry a sensitive value (it is never stored): the
+    host does not type "•••", it reports the step as not executed and plans it again."""
+    service.gate.live.add((HOST_ID, "t1", 1, "L1"))
+    service.log.goals["t1"] = "Log in with the password hunter22"
+    phone = VirtualPhone("emulator-5554")
+    channel = open_channel(service.settings)
+    try:
+        planner = CloudPlanner(channel, "t1", 1, "L1")
+        scene = login_form()
+        first = await planner.decide(GOAL, scene, [])
+        assert first.action.input_text.text == "hunter22" and "withheld" not in first.extra
+        again = await planner.decide(GOAL, scene, [])  # the same step asked again
+        assert again.extra["withheld"] == WITHHELD
+        loop = AgentLoop(VirtualDriver(phone), planner, Perceiver(None), None, LoopSettings())
+        result = await loop._act(
+            again, TaskSpec("t1", 1, GOAL, phone.serial), scene, SecretRedactor()
+        )
+        assert (result.ok, result.error) == (False, WITHHELD)
+    finally:
+        await channel.close()

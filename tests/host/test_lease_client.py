@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from amc.v1 import types_pb2
+from amc.v1 import lease_service_pb2, types_pb2
+from host import lease_client
 from host.agent.loop import TaskOutcome, TaskSpec
 from host.agent.progress import ProgressHolder
 from host.cloud_channel import open_channel
@@ -300,8 +301,11 @@ async def test_assignment_for_an_unknown_or_busy_phone_fails_clearly(
         await fake.assign("t6", "emulator-5554", "g")
         await fake.assign("t7", "emulator-5554", "g")
         await fake.wait_for(lambda: any(r.task_id == "t7" for r in fake.results))
-        assert "busy" in next(r.summary for r in fake.results if r.task_id == "t7")
+        refused = next(r for r in fake.results if r.task_id == "t7")
+        assert "busy" in refused.summary
         assert [s.task_id for s in body.started] == ["t6"]
+        # Not the task's fault: its next attempt is queued (TaskResult.retryable).
+        assert refused.retryable and fake.results[0].retryable
     finally:
         stop.set()
         await task
@@ -376,3 +380,147 @@ async def test_keepalive_notices_a_silent_dead_link(tmp_path: Path) -> None:
         await task
         await proxy.stop()
         await cloud.server.stop(grace=None)
+
+
+# --- results kept until answered; phones still stopping; leases the cloud says are lost ------
+
+
+async def _drained(client: LeaseClient) -> None:
+    for _ in range(200):
+        if not client.pending_results():
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"results still pending: {client.pending_results()}")
+
+
+async def test_an_unanswered_result_is_sent_again_until_acknowledged(
+    cloud: RunningCloud, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No ack and no refusal (an answer lost on a stream that still looks up): sent again."""
+    monkeypatch.setattr(lease_client, "RESULT_RESEND_S", 0.1)
+    body = Stepper(1)
+    client = _client(cloud, StaticDevices("emulator-5554"), body, tmp_path)
+    stop, task = await _run(client)
+    fake = cloud.cloud
+    try:
+        fake.ack_results = False
+        await fake.assign("t11", "emulator-5554", "g")
+        body.allow(1)
+        await fake.wait_for(lambda: len(fake.results) >= 3)  # the same stream, again and again
+        assert fake.streams == 1
+        assert {(r.task_id, r.status) for r in fake.results} == {
+            ("t11", types_pb2.TASK_STATUS_SUCCEEDED)
+        }
+        fake.ack_results = True
+        await _drained(client)
+    finally:
+        stop.set()
+        await task
+
+
+async def test_a_result_whose_lease_ran_out_is_sent_once_more_for_a_late_ack(
+    cloud: RunningCloud, tmp_path: Path
+) -> None:
+    """The sweeper's "expired" reached the host after it finished: the result still goes (the
+    cloud accepts it late while no other attempt started); a second "expired" drops it."""
+    body = Stepper(1)
+    client = _client(cloud, StaticDevices("emulator-5554"), body, tmp_path)
+    stop, task = await _run(client)
+    fake = cloud.cloud
+    try:
+        fake.ack_results = False
+        await fake.assign("t12", "emulator-5554", "g")
+        body.allow(1)
+        await fake.wait_for(lambda: len(fake.results) == 1)
+        await fake.send(fake.expired("t12"))
+        await fake.wait_for(lambda: len(fake.results) == 2)
+        assert client.pending_results() == [("t12", 1)]
+        await fake.send(fake.expired("t12"))  # the cloud did not take it: the result is dropped
+        await _drained(client)
+        # A late ack ends it the normal way.
+        await fake.assign("t13", "emulator-5554", "g")
+        body.allow(1)
+        await fake.wait_for(lambda: any(r.task_id == "t13" for r in fake.results))
+        await fake.send(
+            lease_service_pb2.LeaseResponse(
+                result_ack=lease_service_pb2.ResultAck(
+                    task_id="t13", attempt=1, lease_id="lease-t13-1", late=True
+                )
+            )
+        )
+        await _drained(client)
+    finally:
+        stop.set()
+        await task
+
+
+class SlowToStop(Stepper):
+    """A task body whose last step takes until the test lets it end, even when cancelled."""
+
+    def __init__(self, steps: int) -> None:
+        super().__init__(steps)
+        self.stopped = asyncio.Event()
+        self.may_stop = asyncio.Event()
+
+    async def __call__(
+        self, spec: TaskSpec, progress: ProgressHolder, cancel: asyncio.Event
+    ) -> TaskOutcome:
+        if spec.task_id != "slow":
+            return await super().__call__(spec, progress, cancel)
+        self.started.append(spec)
+        await cancel.wait()
+        await self.may_stop.wait()
+        self.stopped.set()
+        return TaskOutcome("cancelled", "stopped: the lease was revoked", 1)
+
+
+async def test_an_assignment_waits_for_the_phones_stopping_attempt(
+    cloud: RunningCloud, tmp_path: Path
+) -> None:
+    """Right after a reconnect the cloud may give a phone new work while the attempt it revoked
+    there is still within its last step: the new one starts once the old one stopped."""
+    body = SlowToStop(1)
+    client = _client(cloud, StaticDevices("emulator-5554"), body, tmp_path)
+    stop, task = await _run(client)
+    fake = cloud.cloud
+    try:
+        await fake.assign("slow", "emulator-5554", "g")
+        await fake.wait_for(lambda: len(body.started) == 1)
+        await fake.send(fake.expired("slow"))
+        await fake.assign("next", "emulator-5554", "g")
+        await fake.wait_for(lambda: len(client._tasks) == 2)
+        assert [s.task_id for s in body.started] == ["slow"]  # waiting, not refused
+        assert not fake.results
+        body.may_stop.set()
+        await fake.wait_for(lambda: len(body.started) == 2)
+        assert body.stopped.is_set()
+        body.allow(1)
+        await fake.wait_for(lambda: len(fake.results) == 1)
+        [done] = fake.results
+        assert (done.task_id, done.status) == ("next", types_pb2.TASK_STATUS_SUCCEEDED)
+    finally:
+        stop.set()
+        await task
+
+
+async def test_a_lease_the_cloud_says_is_lost_sends_no_result(
+    cloud: RunningCloud, tmp_path: Path
+) -> None:
+    async def lost(spec: TaskSpec, progress: ProgressHolder, cancel: asyncio.Event) -> TaskOutcome:
+        return TaskOutcome("cancelled", "stopped: the lease is no longer live", 2, lease_lost=True)
+
+    client = _client(cloud, StaticDevices("emulator-5554"), Stepper(1), tmp_path)
+    client._run_task = lost
+    stop, task = await _run(client)
+    fake = cloud.cloud
+    try:
+        await fake.assign("t14", "emulator-5554", "g")
+        for _ in range(100):
+            if not client._tasks:
+                break
+            await asyncio.sleep(0.05)
+        assert not client._tasks and client.pending_results() == []
+        assert not fake.results
+    finally:
+        stop.set()
+        await task

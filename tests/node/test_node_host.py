@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from amc.v1 import decision_log_service_pb2, task_service_pb2, types_pb2
+from amc.v1 import decision_log_service_pb2, flow_service_pb2, task_service_pb2, types_pb2
 from host.devices.virtual.adb_server import VirtualAdbServer
 from host.devices.virtual.phone import VirtualPhone
 from tests.support.processes import (
@@ -40,6 +40,33 @@ def node() -> str:
     return found
 
 
+async def _run_node(node: str, address: str, pki: Path, adb_port: int) -> str:
+    """One Node host process running one task to its end; returns what it said."""
+    host = await asyncio.create_subprocess_exec(
+        node,
+        str(HOST),
+        env={
+            "PATH": os.environ.get("PATH", ""),
+            "AMC_CLOUD_ADDRESS": address,
+            "AMC_HOST_CERTS_DIR": str(pki),
+            "AMC_HOST_ID": HOST_ID,
+            "ADB_PORT": str(adb_port),
+            "AMC_TASKS": "1",
+        },
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    try:
+        _, err = await asyncio.wait_for(host.communicate(), 240)
+    finally:
+        if host.returncode is None:
+            host.kill()
+            await host.wait()
+    said = err.decode()
+    assert host.returncode == 0, said
+    return said
+
+
 async def test_the_node_host_turns_on_dark_theme(node: str, tmp_path: Path) -> None:
     pki = make_pki(tmp_path / "pki", [HOST_ID])
     phone = VirtualPhone("emulator-5554")
@@ -56,7 +83,6 @@ async def test_the_node_host_turns_on_dark_theme(node: str, tmp_path: Path) -> N
     ).start()
     address = f"127.0.0.1:{port}"
     client = operator(address, pki)
-    host: asyncio.subprocess.Process | None = None
     try:
         await wait_serving(address, pki)
         task = (
@@ -64,23 +90,7 @@ async def test_the_node_host_turns_on_dark_theme(node: str, tmp_path: Path) -> N
                 task_service_pb2.SubmitTaskRequest(goal="Turn on dark theme"), timeout=10
             )
         ).task
-        host = await asyncio.create_subprocess_exec(
-            node,
-            str(HOST),
-            env={
-                "PATH": os.environ.get("PATH", ""),
-                "AMC_CLOUD_ADDRESS": address,
-                "AMC_HOST_CERTS_DIR": str(pki),
-                "AMC_HOST_ID": HOST_ID,
-                "ADB_PORT": str(adb_port),
-                "AMC_TASKS": "1",
-            },
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-        )
-        _, err = await asyncio.wait_for(host.communicate(), 240)
-        said = err.decode()
-        assert host.returncode == 0, said + cloud.output()
+        said = await _run_node(node, address, pki, adb_port)
         final = await wait_task(
             client, task.task_id, lambda t: t.status == types_pb2.TASK_STATUS_SUCCEEDED, 10
         )
@@ -89,15 +99,39 @@ async def test_the_node_host_turns_on_dark_theme(node: str, tmp_path: Path) -> N
                 decision_log_service_pb2.ListDecisionsRequest(task_id=task.task_id), timeout=10
             )
         ).decisions
+        assert phone.state.flag("dark_theme"), said
+
+        # The same goal again on a fresh phone: the cloud learned the first run as a flow and
+        # replays it inside Decide; the Node host executes replayed steps like any decision.
+        for _ in range(200):
+            flows = (await client.flows.ListFlows(flow_service_pb2.ListFlowsRequest())).flows
+            if flows:
+                break
+            await asyncio.sleep(0.1)
+        assert flows, cloud.output()
+        phone.reset()
+        again = (
+            await client.tasks.SubmitTask(
+                task_service_pb2.SubmitTaskRequest(goal="Turn on dark theme"), timeout=10
+            )
+        ).task
+        await _run_node(node, address, pki, adb_port)
+        await wait_task(
+            client, again.task_id, lambda t: t.status == types_pb2.TASK_STATUS_SUCCEEDED, 10
+        )
+        replayed = (
+            await client.decisions.ListDecisions(
+                decision_log_service_pb2.ListDecisionsRequest(task_id=again.task_id), timeout=10
+            )
+        ).decisions
     finally:
-        if host is not None and host.returncode is None:
-            host.kill()
-            await host.wait()
         await client.close()
         cloud.stop()
         await adb.stop()
 
-    assert phone.state.flag("dark_theme"), said
+    assert phone.state.flag("dark_theme")
+    assert {d.mode for d in replayed} == {types_pb2.PLANNER_MODE_REPLAY}
+    assert all(d.flow_id == flows[0].flow_id for d in replayed)
     assert final.host_id == HOST_ID
     assert final.progress.max_steps == 30  # "step N of at most 30", from the Node host
     assert len(decisions) >= 3
@@ -107,6 +141,8 @@ async def test_the_node_host_turns_on_dark_theme(node: str, tmp_path: Path) -> N
     # the outcome the host reported for every executed step.
     assert all('"Turn on dark theme"' in d.user_prompt for d in decisions)
     assert all(d.HasField("outcome") and d.outcome.executed for d in decisions[:-1])
+    # It runs no checker: the cloud checked each step on the next observation itself.
+    assert all(d.verification.checked_by_cloud for d in decisions[:-1])
     assert decisions[0].tool_name == "tap"
     assert decisions[0].outcome.driver_output.startswith("tapped (")  # what adb shell input did
     assert "TASK_STATUS_SUCCEEDED" in said

@@ -126,3 +126,23 @@ def contact_detail(name: str, phone: str) -> Scene:
         el(5, "Mobile", (176, 380, 1000, 440)),
     ]
     return Scene(elements, "com.android.contacts", name, W, H)
+
+
+def login_form(password_shown: str = "") -> Scene:
+    """A sign-in page: a user field, a password field (masked: it shows dots once filled, as
+    Android's password fields do), and a Sign in button."""
+    elements = [
+        el(1, "Sign in", (48, 96, 700, 272)),
+        el(
+            2,
+            password_shown,
+            (48, 336, 1032, 496),
+            clickable=True,
+            class_name="android.widget.EditText",
+            resource_id="com.example.app:id/password",
+            password=True,
+            hint="Password",
+        ),
+        el(3, "Sign in", (48, 544, 1032, 704), clickable=True, class_name="android.widget.Button"),
+    ]
+    return Scene(elements, "com.example.app", "Sign in", W, H)

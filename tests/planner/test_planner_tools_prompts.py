@@ -15,6 +15,7 @@ from planner.providers import make_provider
 from planner.providers.offline import OfflineProvider
 from planner.settings import PlannerSettings
 from planner.tools import DEVICE_TOOLS, TOOLS, parse_tool_call, ui_tree_result
+from planner.vendors.observed import ObservedAdapter
 from tests.planner import scenes
 
 IDS = {"e1", "e2"}
@@ -242,7 +243,9 @@ def test_offline_is_the_default_without_keys() -> None:
     assert settings.resolved_provider == "offline"
     assert settings.thinking_mode == "off"
     assert settings.transport == "direct"
-    assert isinstance(make_provider(settings), OfflineProvider)
+    provider = make_provider(settings)
+    assert isinstance(provider, ObservedAdapter)  # priced and traced like every adapter
+    assert isinstance(provider.inner, OfflineProvider)
 
 
 def test_a_key_selects_its_provider(monkeypatch: pytest.MonkeyPatch) -> None:

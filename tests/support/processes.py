@@ -130,11 +130,13 @@ def cloud_process(
     port: int,
     extra: Mapping[str, str] | None = None,
 ) -> AmcProcess:
-    """`amc cloud serve` on 127.0.0.1:`port` with short leases and fast background jobs."""
+    """`amc cloud serve` on 127.0.0.1:`port` with short leases and fast background jobs, planning
+    with the offline provider for its cloud-transport hosts."""
     env = _clean_env()
     env.update(
         {
             "AMC_CLOUD_DATABASE_URL": database_url,
+            "AMC_CLOUD_ARTIFACT_DIR": str(workdir / "cloud-artifacts"),
             "AMC_CLOUD_LISTEN_ADDRESS": f"127.0.0.1:{port}",
             "AMC_CLOUD_PKI_DIR": str(pki_dir),
             "AMC_CLOUD_DEFAULT_LEASE_SECONDS": "2.5",
@@ -144,6 +146,7 @@ def cloud_process(
             "AMC_CLOUD_HOST_HEARTBEAT_SECONDS": "1",
             "AMC_CLOUD_SHUTDOWN_GRACE_SECONDS": "1",
             "AMC_CLOUD_MIN_CLIENT_PING_INTERVAL_SECONDS": "0.5",
+            "AMC_PLANNER_PROVIDER": "offline",
         }
     )
     env.update(extra or {})
@@ -158,11 +161,12 @@ def host_process(
     pki_dir: Path,
     phones: int = 1,
     settle_delay_s: float = 0.05,
+    transport: str = "cloud",
     extra: Mapping[str, str] | None = None,
     name: str | None = None,
 ) -> AmcProcess:
-    """`amc host run` with `phones` virtual phones, the offline planner on the direct transport
-    and no OCR."""
+    """`amc host run` with `phones` virtual phones and no OCR, planning through the cloud (the
+    embedded stack's choice) or, with `transport="direct"`, with the offline planner itself."""
     env = _clean_env()
     name = name or f"host-{host_id}"  # two processes of one host id need two names
     data = workdir / name
@@ -183,11 +187,8 @@ def host_process(
             "AMC_HOST_KEEPALIVE_TIME_S": "1",
             "AMC_HOST_KEEPALIVE_TIMEOUT_S": "2",
             "AMC_HOST_PROGRESS_RENEW_MIN_INTERVAL_S": "0.2",
+            "AMC_HOST_PLANNER_TRANSPORT": transport,
             "AMC_PLANNER_PROVIDER": "offline",
-            # The host's default is the cloud transport; the fault suite's figures were measured
-            # on the direct one, and moving it to the cloud transport (with Decide surviving a
-            # cloud restart) is the rest of issue 20. A test may override it through `extra`.
-            "AMC_HOST_PLANNER_TRANSPORT": "direct",
         }
     )
     env.update(extra or {})

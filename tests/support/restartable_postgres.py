@@ -55,7 +55,7 @@ class RestartablePostgres:
             ],
         )
 
-    def start(self) -> None:
+    def _pg_ctl(self, *args: str) -> None:
         options = (
             f"-p {self.port} -k {self.base} -c listen_addresses=127.0.0.1 -c max_connections=200"
         )
@@ -72,10 +72,18 @@ class RestartablePostgres:
                 "-w",
                 "-t",
                 "60",
-                "start",
+                *args,
             ],
         )
         _wait_ready(self.server)
+
+    def start(self) -> None:
+        self._pg_ctl("start")
+
+    def restart(self) -> None:
+        """`pg_ctl restart -m immediate`: every connection dropped at once, no checkpoint (a
+        crash), then the server starts again on the same data and port."""
+        self._pg_ctl("-m", "immediate", "restart")
 
     def stop(self, mode: str = "immediate") -> None:
         _run_as(self.os_user, [_binary("pg_ctl"), "-D", str(self.data), "-m", mode, "-w", "stop"])

@@ -7,8 +7,12 @@ steps: submit, wait until mid-run, note what was accepted, fault, wait, check ea
 from __future__ import annotations
 
 import asyncio
+import sqlite3
 import time
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
 from typing import Any
 
 from amc.v1 import task_service_pb2, types_pb2
@@ -101,3 +105,50 @@ def check_finished_once(test: str, final: list[types_pb2.Task], before: Accepted
     retried = sum(t.attempt > 1 for t in final)
     record(test, "tasks needing a second attempt", retried, "tasks")
     return retried
+
+
+@dataclass(frozen=True, slots=True)
+class Run:
+    """One attempt as a host's own timeline recorded it: the ground truth of what ran on a phone."""
+
+    task_id: str
+    attempt: int
+    host_id: str
+    #: The host's word for how it ended ("succeeded", "failed", "cancelled", "running", …).
+    status: str
+    started: datetime
+    #: Its last moment: when it finished, else its last step or update.
+    ended: datetime
+
+    def finished_before(self, other: Run) -> bool:
+        """This run of the same task reached the task's end (succeeded or failed) before `other`
+        began: `other` repeated work a host had finished."""
+        return (
+            self is not other
+            and self.task_id == other.task_id
+            and self.status in ("succeeded", "failed")
+            and self.ended <= other.started
+        )
+
+
+def host_runs(workdir: Path, host_ids: Iterable[str]) -> list[Run]:
+    """Every attempt the timelines of these hosts (`host_process` data dirs) hold."""
+    runs: list[Run] = []
+    for host_id in host_ids:
+        conn = sqlite3.connect(workdir / f"host-{host_id}" / "task_progress.sqlite3")
+        try:
+            rows = conn.execute(
+                "SELECT t.task_id, t.attempt, t.status, t.created_at,"
+                " MAX(COALESCE(t.finished_at, t.updated_at), COALESCE(MAX(s.created_at), ''))"
+                " FROM tasks t LEFT JOIN steps s ON s.task_id = t.task_id AND s.attempt = t.attempt"
+                " GROUP BY t.task_id, t.attempt"
+            ).fetchall()
+        finally:
+            conn.close()
+        runs += [
+            Run(
+                task, attempt, host_id, status, datetime.fromisoformat(a), datetime.fromisoformat(b)
+            )
+            for task, attempt, status, a, b in rows
+        ]
+    return runs

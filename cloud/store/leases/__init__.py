@@ -16,9 +16,13 @@ from cloud.store.leases.progress import (
     truncate_summary,
 )
 from cloud.store.leases.queries import (
+    BusyPhone,
     HeldCheck,
     HeldLease,
+    RecentLease,
+    busy_phones,
     check_held,
+    held_recently,
     is_live,
     lease_owner,
     live_serials,
@@ -35,26 +39,31 @@ from cloud.store.leases.renew import (
     renew_batch,
     write_renewals,
 )
-from cloud.store.leases.results import ResultOut, record_result
+from cloud.store.leases.results import ReplayIn, ResultOut, record_result
 from cloud.store.leases.sweeps import Ended, sweep_deadlines, sweep_expired
 
 __all__ = [
     "ALWAYS_WRITE",
     "RESULT_SUMMARY_LIMIT",
     "SUMMARY_LIMIT",
+    "BusyPhone",
     "Claimed",
     "Ended",
     "HeldCheck",
     "HeldLease",
     "ProgressIn",
+    "RecentLease",
     "RenewalIn",
     "RenewalOut",
+    "ReplayIn",
     "ResultOut",
     "Revocation",
     "answer_from_read",
+    "busy_phones",
     "check_held",
     "claim",
     "classify",
+    "held_recently",
     "is_live",
     "latest_progress",
     "lease_key",

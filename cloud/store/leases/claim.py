@@ -9,15 +9,17 @@ from __future__ import annotations
 
 import datetime as dt
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from sqlalchemy import select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from cloud.store import states
+from cloud.store import secrets, spend, states
 from cloud.store.database import Store
+from cloud.store.lease_events import EventKind, new
 from cloud.store.models import AttemptRow, TaskRow
+from planner.decision import Usage
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,6 +35,16 @@ class Claimed:
     lease_seconds: float
     deadline: dt.datetime
     last_progress: AttemptRow | None
+    #: The task's secret parameters, name → sealed token (opened only for the Assignment).
+    sealed_secrets: dict[str, str] = field(default_factory=dict)
+    #: The task asked never to replay a learned flow.
+    no_replay: bool = False
+    #: When the task was queued for this attempt (None when not known: a re-sent assignment).
+    queued_since: dt.datetime | None = None
+    #: The task's caps (0 = none) and what its earlier attempts' decisions cost.
+    max_tokens: int = 0
+    max_cost_usd: float = 0.0
+    spent: Usage = field(default_factory=Usage)
 
 
 async def latest_progress(session: AsyncSession, task_id: str) -> AttemptRow | None:
@@ -73,7 +85,7 @@ async def claim(
         async with store.write() as session:
             candidate = (
                 await session.execute(
-                    select(TaskRow.task_id, TaskRow.target_device_serial)
+                    select(TaskRow.task_id, TaskRow.target_device_serial, TaskRow.updated_at)
                     .where(*matching)
                     .order_by(TaskRow.created_at, TaskRow.task_id)
                     .limit(1)
@@ -82,7 +94,7 @@ async def claim(
             ).first()
             if candidate is None:
                 return None
-            task_id, target_serial = candidate
+            task_id, target_serial, queued_since = candidate
             serial = target_serial or idle_serials[0]
             claimed = (
                 await session.execute(
@@ -96,14 +108,21 @@ async def claim(
                         updated_at=now,
                     )
                     .returning(
-                        TaskRow.attempt, TaskRow.goal, TaskRow.lease_seconds, TaskRow.deadline
+                        TaskRow.attempt,
+                        TaskRow.goal,
+                        TaskRow.lease_seconds,
+                        TaskRow.deadline,
+                        TaskRow.no_replay,
+                        TaskRow.max_tokens,
+                        TaskRow.max_cost_usd,
                     )
                 )
             ).first()
             if claimed is None:
                 return None
-            attempt, goal, lease_seconds, deadline = claimed
+            attempt, goal, lease_seconds, deadline, no_replay, max_tokens, max_cost_usd = claimed
             previous = await latest_progress(session, task_id) if attempt > 1 else None
+            spent = await spend.spent_in(session, task_id, attempt) if attempt > 1 else Usage()
             expires = now + dt.timedelta(seconds=lease_seconds)
             lease_id = uuid.uuid4().hex
             session.add(
@@ -119,7 +138,19 @@ async def claim(
                     started_at=now,
                 )
             )
+            session.add(
+                new(
+                    EventKind.ASSIGNED,
+                    task_id,
+                    attempt,
+                    now,
+                    host_id=host_id,
+                    device_serial=serial,
+                    task_status=states.ASSIGNED,
+                )
+            )
             await session.flush()
+            sealed = await secrets.sealed_for(session, task_id)
     except IntegrityError:
         # The phone already has a live attempt (another stream of this host got there first).
         return None
@@ -133,6 +164,12 @@ async def claim(
         lease_seconds=lease_seconds,
         deadline=deadline,
         last_progress=previous,
+        sealed_secrets=sealed,
+        no_replay=no_replay,
+        queued_since=queued_since,
+        max_tokens=max_tokens,
+        max_cost_usd=max_cost_usd,
+        spent=spent,
     )
 
 
@@ -144,7 +181,15 @@ async def live_attempts_on(store: Store, host_id: str, serials: set[str]) -> lis
     async with store.read() as session:
         rows = (
             await session.execute(
-                select(AttemptRow, TaskRow.goal, TaskRow.lease_seconds, TaskRow.deadline)
+                select(
+                    AttemptRow,
+                    TaskRow.goal,
+                    TaskRow.lease_seconds,
+                    TaskRow.deadline,
+                    TaskRow.no_replay,
+                    TaskRow.max_tokens,
+                    TaskRow.max_cost_usd,
+                )
                 .join(TaskRow, TaskRow.task_id == AttemptRow.task_id)
                 .where(
                     AttemptRow.host_id == host_id,
@@ -155,8 +200,10 @@ async def live_attempts_on(store: Store, host_id: str, serials: set[str]) -> lis
             )
         ).all()
         out = []
-        for row, goal, lease_seconds, deadline in rows:
+        for row, goal, lease_seconds, deadline, no_replay, max_tokens, max_cost_usd in rows:
             previous = await latest_progress(session, row.task_id) if row.attempt > 1 else None
+            sealed = await secrets.sealed_for(session, row.task_id)
+            spent = await spend.spent_in(session, row.task_id, row.attempt)
             out.append(
                 Claimed(
                     task_id=row.task_id,
@@ -168,6 +215,11 @@ async def live_attempts_on(store: Store, host_id: str, serials: set[str]) -> lis
                     lease_seconds=lease_seconds,
                     deadline=deadline,
                     last_progress=previous,
+                    sealed_secrets=sealed,
+                    no_replay=no_replay,
+                    max_tokens=max_tokens,
+                    max_cost_usd=max_cost_usd,
+                    spent=spent,
                 )
             )
         return out

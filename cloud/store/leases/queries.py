@@ -3,6 +3,7 @@ whether a lease is live and whose it is, where queued work is waiting."""
 
 from __future__ import annotations
 
+import datetime as dt
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -88,6 +89,37 @@ async def live_serials_by_host(store: Store, host_ids: Sequence[str]) -> dict[st
     return busy
 
 
+@dataclass(frozen=True, slots=True)
+class BusyPhone:
+    """A phone with a live attempt: what the fleet shows as busy, with its task."""
+
+    device_serial: str
+    task_id: str
+    attempt: int
+    goal: str
+
+
+async def busy_phones(store: Store, host_ids: Sequence[str] | None) -> dict[str, list[BusyPhone]]:
+    """The phones with a live attempt, by host (of `host_ids`, or of every host when None),
+    in serial order, in one query."""
+    stmt = (
+        select(AttemptRow.host_id, AttemptRow.device_serial, AttemptRow.task_id,
+               AttemptRow.attempt, TaskRow.goal)
+        .join(TaskRow, TaskRow.task_id == AttemptRow.task_id)
+        .where(AttemptRow.ended_at.is_(None))
+        .order_by(AttemptRow.host_id, AttemptRow.device_serial)
+    )  # fmt: skip
+    if host_ids is not None:
+        if not host_ids:
+            return {}
+        stmt = stmt.where(AttemptRow.host_id.in_(host_ids))
+    busy: dict[str, list[BusyPhone]] = {}
+    async with store.read() as session:
+        for host_id, serial, task_id, attempt, goal in await session.execute(stmt):
+            busy.setdefault(host_id, []).append(BusyPhone(serial, task_id, attempt, goal))
+    return busy
+
+
 async def is_live(store: Store, host_id: str, task_id: str, attempt: int, lease_id: str) -> bool:
     """Whether (task, attempt, lease) is `host_id`'s live lease right now."""
     now = store.now()
@@ -120,3 +152,37 @@ async def queued_by_target_host(store: Store) -> dict[str | None, int]:
             .group_by(TaskRow.target_host_id)
         )
         return {target: int(count) for target, count in rows}
+
+
+@dataclass(frozen=True, slots=True)
+class RecentLease:
+    """Whether a host holds, or lately held, a lease: what it may still ship records for."""
+
+    ok: bool
+    #: The lease is another host's (nothing more about it is said).
+    not_yours: bool = False
+    message: str = ""
+
+
+async def held_recently(
+    store: Store, host_id: str, task_id: str, attempt: int, lease_id: str, window: dt.timedelta
+) -> RecentLease:
+    """Whether (task, attempt, lease id) was granted to `host_id` and has not ended, or ended
+    less than `window` ago: the leases a host may still ship decisions and screenshots for."""
+    now = store.now()
+    async with store.read() as session:
+        row = await session.scalar(
+            select(AttemptRow).where(AttemptRow.task_id == task_id, AttemptRow.attempt == attempt)
+        )
+    where = f"lease {lease_id!r} of task {task_id!r} attempt {attempt}"
+    if row is None or row.lease_id != lease_id:
+        return RecentLease(False, message=f"{where} is unknown")
+    if row.host_id != host_id:
+        return RecentLease(False, not_yours=True, message=f"{where} belongs to another host")
+    if row.ended_at is not None and row.ended_at <= now - window:
+        return RecentLease(
+            False,
+            message=f"{where} ended at {row.ended_at:%Y-%m-%d %H:%M:%S} UTC, longer ago than the "
+            f"shipping window ({window.total_seconds():.0f} s)",
+        )
+    return RecentLease(True)

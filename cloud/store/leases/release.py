@@ -65,7 +65,7 @@ async def release(
             ).first()
             if done is None:
                 continue
-            settled = await settle_task(session, task_id, attempt, now, reason)
+            settled = await settle_task(session, task_id, attempt, now, reason, host_id, serial)
             if settled is not None:
                 status, revocation = settled
                 ended.append(Ended(task_id, attempt, host_id, lease_id, serial, status, revocation))

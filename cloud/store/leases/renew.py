@@ -30,6 +30,7 @@ from sqlalchemy import (
     case,
     column,
     exists,
+    func,
     select,
     text,
     update,
@@ -73,9 +74,17 @@ def _renew_statement(with_progress: bool) -> Update:
     values per renewal, and a batch runs it as one executemany. The fence is the same WHERE clause
     as `fence.live_fence`, in the statement that writes.
     """
+    attempts = cast(Table, AttemptRow.__table__)
+    tasks = cast(Table, TaskRow.__table__)
     values: dict[str, object] = {
         "lease_expires_at": bindparam("r_expires", type_=UTCDateTime()),
         "status": states.RUNNING,
+        # The renewal summary (renewals are counted, not recorded one by one).
+        "renewals": attempts.c.renewals + 1,
+        "first_renewed_at": func.coalesce(
+            attempts.c.first_renewed_at, bindparam("r_now", type_=UTCDateTime())
+        ),
+        "last_renewed_at": bindparam("r_now", type_=UTCDateTime()),
     }
     if with_progress:
         values.update(
@@ -85,8 +94,6 @@ def _renew_statement(with_progress: bool) -> Update:
             max_steps=bindparam("r_max_steps", type_=Integer()),
             progress_updated_at=bindparam("r_now", type_=UTCDateTime()),
         )
-    attempts = cast(Table, AttemptRow.__table__)
-    tasks = cast(Table, TaskRow.__table__)
     return (
         update(attempts)
         .where(
@@ -387,6 +394,9 @@ WITH live AS (
     UPDATE attempts AS a
     SET lease_expires_at = CAST(:now AS timestamptz) + make_interval(secs => l.lease_seconds),
         status = :running,
+        renewals = a.renewals + 1,
+        first_renewed_at = COALESCE(a.first_renewed_at, CAST(:now AS timestamptz)),
+        last_renewed_at = CAST(:now AS timestamptz),
         step_index = CASE WHEN l.has_progress THEN l.step_index ELSE a.step_index END,
         step_status = CASE WHEN l.has_progress THEN l.step_status ELSE a.step_status END,
         summary = CASE WHEN l.has_progress THEN l.summary ELSE a.summary END,

@@ -1,4 +1,11 @@
-"""Results: the host's outcome ends its attempt, fenced and idempotent for an identical retry."""
+"""Results: the host's outcome ends its attempt, fenced and idempotent for an identical retry.
+
+A result that arrives after its lease ran out is still the truth about work the phone did: when
+no other attempt has started yet (the task is queued again, or failed for that very expiry on
+its last attempt), it is accepted and recorded as late, so finished work is not run again for a
+lease that merely lapsed while the cloud or the network was away. Once another attempt has
+started, the fence holds: the older attempt's result is refused (SUPERSEDED).
+"""
 
 from __future__ import annotations
 
@@ -10,6 +17,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from cloud.store import states
 from cloud.store.database import Store
+from cloud.store.lease_events import EventKind, new
 from cloud.store.leases.fence import Revocation, classify, live_fence
 from cloud.store.leases.progress import ProgressIn
 from cloud.store.models import AttemptRow, TaskRow
@@ -25,6 +33,18 @@ class ResultOut:
     device_serial: str = ""
     revocation: Revocation | None = None
     message: str = ""
+    #: The lease had run out when the result arrived; it was accepted all the same.
+    late: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class ReplayIn:
+    """How a direct-transport host says its replay of a learned flow went (TaskResult.replay)."""
+
+    flow_id: str
+    steps_replayed: int
+    diverged_at: int
+    reason: str
 
 
 def _cancel_reason(task_id: str) -> ScalarSelect[str | None]:
@@ -47,6 +67,7 @@ async def record_result(
     final_progress: ProgressIn | None,
     *,
     retryable: bool = False,
+    replay: ReplayIn | None = None,
 ) -> ResultOut:
     """End an attempt with the host's result; idempotent for an identical retry.
 
@@ -68,6 +89,14 @@ async def record_result(
             # An operator's cancel: the record keeps the operator's reason, not the host's words.
             said = summary or "cancelled"
             values["failure_reason"] = func.coalesce(_cancel_reason(task_id), said)
+        if replay is not None:  # in the same write: the learning loop reads it with the end
+            values.update(replay_steps=replay.steps_replayed)
+            if replay.flow_id:
+                values["flow_id"] = replay.flow_id
+            if replay.diverged_at:
+                values.update(
+                    replay_diverged_step=replay.diverged_at, replay_divergence=replay.reason
+                )
         if final_progress is not None:
             values.update(
                 step_index=final_progress.step_index,
@@ -85,9 +114,9 @@ async def record_result(
             )
         ).first()
         if row is not None and retryable and status == states.FAILED:
-            return ResultOut(
-                True, False, await _requeue(session, task_id, attempt, summary, now), row[0]
-            )
+            after = await _requeue(session, task_id, attempt, summary, now)
+            _result_events(session, host_id, task_id, attempt, row[0], status, summary, after, now)
+            return ResultOut(True, False, after, row[0])
         if row is not None:
             task = (
                 await session.execute(
@@ -108,7 +137,15 @@ async def record_result(
                     .returning(TaskRow.status)
                 )
             ).first()
-            return ResultOut(True, False, task[0] if task else status, row[0])
+            after = task[0] if task else status
+            _result_events(session, host_id, task_id, attempt, row[0], status, summary, after, now)
+            return ResultOut(True, False, after, row[0])
+        if status in _LATE_STATUSES and not retryable:
+            late = await _accept_late(
+                session, host_id, task_id, attempt, lease_id, status, summary, values, now
+            )
+            if late is not None:
+                return late
         existing = await session.scalar(
             select(AttemptRow).where(AttemptRow.task_id == task_id, AttemptRow.attempt == attempt)
         )
@@ -121,9 +158,122 @@ async def record_result(
             task_status = await session.scalar(
                 select(TaskRow.status).where(TaskRow.task_id == task_id)
             )
-            return ResultOut(False, True, task_status or status, existing.device_serial)
+            return ResultOut(
+                False,
+                True,
+                task_status or status,
+                existing.device_serial,
+                late=existing.late_result,
+            )
         revocation, message = await classify(session, host_id, task_id, attempt, lease_id, now)
         return ResultOut(False, False, revocation=revocation, message=message)
+
+
+#: Outcomes a late result may carry: the task's own end. (A cancel is the operator's, decided
+#: when the lease was revoked; a retryable failure already left the task to its next attempt.)
+_LATE_STATUSES = (states.SUCCEEDED, states.FAILED)
+
+
+async def _accept_late(
+    session: AsyncSession,
+    host_id: str,
+    task_id: str,
+    attempt: int,
+    lease_id: str,
+    status: str,
+    summary: str,
+    values: dict[str, object],
+    now: dt.datetime,
+) -> ResultOut | None:
+    """Record a result whose lease ran out, if no other attempt has started; None otherwise.
+
+    The attempt row is locked before the task row (the order the sweeper and the fenced path
+    use, so no deadlock with a concurrent sweep on PostgreSQL), and both are checked under their
+    locks: a claim of the next attempt either committed first (the task's attempt moved on:
+    refused) or waits and then finds the task finished.
+    """
+    row = await session.scalar(
+        select(AttemptRow)
+        .where(AttemptRow.task_id == task_id, AttemptRow.attempt == attempt)
+        .with_for_update()
+    )
+    if (
+        row is None
+        or row.host_id != host_id
+        or row.lease_id != lease_id
+        or row.result_status is not None
+    ):
+        return None
+    lapsed = (row.ended_at is None and row.lease_expires_at <= now) or (
+        row.ended_at is not None
+        and row.status == states.FAILED
+        and row.failure_reason == states.LEASE_EXPIRED
+    )
+    if not lapsed:
+        return None
+    task = await session.scalar(select(TaskRow).where(TaskRow.task_id == task_id).with_for_update())
+    if (
+        task is None
+        or task.attempt != attempt
+        or task.cancel_requested
+        or task.deadline <= now
+        or not (
+            task.status in states.ACTIVE
+            or (task.status == states.FAILED and task.result_summary == states.LEASE_EXPIRED)
+        )
+    ):
+        return None
+    for name, value in values.items():
+        setattr(row, name, value)
+    if status == states.SUCCEEDED:
+        row.failure_reason = None
+    row.late_result = True
+    task.status = status
+    task.result_summary = summary
+    task.finished_at = now
+    task.updated_at = now
+    _result_events(
+        session, host_id, task_id, attempt, row.device_serial, status, summary, status, now
+    )
+    return ResultOut(True, False, status, row.device_serial, late=True)
+
+
+def _result_events(
+    session: AsyncSession,
+    host_id: str,
+    task_id: str,
+    attempt: int,
+    serial: str,
+    status: str,
+    summary: str,
+    task_status: str,
+    now: dt.datetime,
+) -> None:
+    """The lease history of a recorded result: the result, and the requeue it caused."""
+    session.add(
+        new(
+            EventKind.RESULT,
+            task_id,
+            attempt,
+            now,
+            host_id=host_id,
+            device_serial=serial,
+            reason=summary,
+            result_status=status,
+            task_status=task_status,
+        )
+    )
+    if task_status == states.QUEUED:
+        session.add(
+            new(
+                EventKind.REQUEUED,
+                task_id,
+                attempt,
+                now,
+                reason=f"attempt {attempt} ended for a reason outside the task",
+                task_status=task_status,
+            )
+        )
 
 
 async def _requeue(

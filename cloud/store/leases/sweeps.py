@@ -14,8 +14,9 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from cloud.store import states
 from cloud.store.database import Store
+from cloud.store.lease_events import EventKind, new
 from cloud.store.leases.fence import Revocation
-from cloud.store.models import AttemptRow, TaskRow
+from cloud.store.models import AttemptRow, LeaseEventRow, TaskRow
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,11 +33,18 @@ class Ended:
 
 
 async def settle_task(
-    session: AsyncSession, task_id: str, attempt: int, now: dt.datetime, failure: str
+    session: AsyncSession,
+    task_id: str,
+    attempt: int,
+    now: dt.datetime,
+    failure: str,
+    host_id: str,
+    serial: str,
 ) -> tuple[str, Revocation] | None:
     """After `attempt` ended without a result (its lease ran out, or it was released): the task
     is requeued, or fails with `failure` when it has no attempt left, or is cancelled when a
-    cancel was requested. None when the task had already moved on (nothing to do)."""
+    cancel was requested, and the lease history says so. None when the task had already moved
+    on (nothing to do)."""
     task = await session.scalar(select(TaskRow).where(TaskRow.task_id == task_id).with_for_update())
     if task is None or task.attempt != attempt or task.status not in states.LIVE:
         return None
@@ -58,6 +66,7 @@ async def settle_task(
     else:
         task.status = states.QUEUED
     task.updated_at = now
+    session.add_all(_end_events(task, host_id, serial, now, failure))
     return task.status, revocation
 
 
@@ -100,11 +109,59 @@ async def sweep_expired(store: Store, limit: int = 500) -> list[Ended]:
             )
         ).all()
         for task_id, attempt, host_id, lease_id, serial in sorted(rows):
-            settled = await settle_task(session, task_id, attempt, now, states.LEASE_EXPIRED)
+            settled = await settle_task(
+                session, task_id, attempt, now, states.LEASE_EXPIRED, host_id, serial
+            )
             if settled is not None:
                 status, revocation = settled
                 ended.append(Ended(task_id, attempt, host_id, lease_id, serial, status, revocation))
     return ended
+
+
+def _end_events(
+    task: TaskRow, host_id: str, serial: str, now: dt.datetime, failure: str
+) -> list[LeaseEventRow]:
+    """The lease history of a lease that ended without a result (it expired, or the cloud
+    released it): that end, then the requeue or the cancel."""
+    attempt = task.attempt
+    events = [
+        new(
+            EventKind.EXPIRED if failure == states.LEASE_EXPIRED else EventKind.REVOKED,
+            task.task_id,
+            attempt,
+            now,
+            host_id=host_id,
+            device_serial=serial,
+            reason=failure
+            if task.status != states.FAILED
+            else f"{failure}; no attempts left ({task.max_attempts} allowed)",
+            task_status=task.status,
+        )
+    ]
+    if task.status == states.QUEUED:
+        events.append(
+            new(
+                EventKind.REQUEUED,
+                task.task_id,
+                attempt,
+                now,
+                reason=f"attempt {attempt + 1} of {task.max_attempts} waits for a phone",
+                task_status=task.status,
+            )
+        )
+    elif task.status == states.CANCELLED:
+        events.append(
+            new(
+                EventKind.CANCELLED,
+                task.task_id,
+                attempt,
+                now,
+                operator=task.cancelled_by,
+                reason=task.cancel_reason or "cancelled",
+                task_status=task.status,
+            )
+        )
+    return events
 
 
 async def sweep_deadlines(store: Store, limit: int = 500) -> list[Ended]:
@@ -168,6 +225,20 @@ async def sweep_deadlines(store: Store, limit: int = 500) -> list[Ended]:
                 .execution_options(synchronize_session=False)
             )
         ).all()
+        for task_id, task_attempt in failed:
+            _, host_id, _, serial = live.get(task_id, (task_attempt, None, None, None))
+            session.add(
+                new(
+                    EventKind.DEADLINE_EXCEEDED,
+                    task_id,
+                    task_attempt,
+                    now,
+                    host_id=host_id,
+                    device_serial=serial,
+                    reason=states.DEADLINE_EXCEEDED,
+                    task_status=states.FAILED,
+                )
+            )
     ended: list[Ended] = []
     for task_id, task_attempt in failed:
         attempt, host_id, lease_id, serial = live.get(task_id, (task_attempt, "", "", ""))

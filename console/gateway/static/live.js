@@ -1,26 +1,81 @@
 // Live updates for the console pages, fed by server-sent events (ProgressService.WatchProgress,
-// FleetService.WatchHosts).
-// No framework, no build: pages are server-rendered; this script only patches them in place.
+// FleetService.WatchHosts). No framework, no build: pages are server-rendered; this script
+// patches them in place. Fields are patched from the event; a section that needs the server
+// (a new task row, a new attempt or step, a host's phones) is fetched and merged block by
+// block (blocks keyed by id), so the header is never redrawn, unchanged blocks are left alone,
+// open <details> stay open and keyboard focus stays where it was. Status changes are said in
+// the page's polite live region (#announcer) for screen readers.
 (function () {
   "use strict";
 
   var body = document.body;
   var mode = body.dataset.live;
 
-  // Same wording as console/gateway/present.py:progress_badge.
-  function badge(p) {
+  // --- wording: the same as console/wording.py and console/gateway/present.py -------------
+
+  var STEP_WORDS = {
+    perceiving: "looking at the screen",
+    planning: "planning",
+    acting: "acting",
+    succeeded: "action done",
+    failed: "action failed"
+  };
+  var TERMINAL = { succeeded: true, failed: true, cancelled: true };
+
+  // wording.step_line: what the step did, never the task's status.
+  function stepLine(p, status) {
     if (!p || !p.step_index) return "";
-    var parts = ["step " + p.step_index];
-    if (p.step_status && p.step_status !== "unspecified") parts.push(p.step_status);
-    if (p.summary) parts.push(p.summary);
+    var terminal = !!TERMINAL[status];
+    var head = terminal ? "last step " + p.step_index
+      : "step " + p.step_index + (p.max_steps ? " of at most " + p.max_steps : "");
+    var parts = [head];
+    if (STEP_WORDS[p.step_status]) parts.push(STEP_WORDS[p.step_status]);
+    var prefix = "step " + p.step_index + ": ";
+    var text = p.summary || "";
+    if (text.indexOf(prefix) === 0) text = text.slice(prefix.length);
+    if (text) parts.push(text);
     return parts.join(" · ");
   }
 
+  function pad2(n) { return (n < 10 ? "0" : "") + n; }
+
+  // wording.duration
+  function duration(seconds) {
+    if (seconds === null || seconds === undefined) return "—";
+    if (seconds < 1) return Math.round(seconds * 1000) + " ms";
+    var whole = Math.floor(seconds);
+    if (whole < 60) return whole + " s";
+    if (whole < 3600) return Math.floor(whole / 60) + "m " + pad2(whole % 60) + "s";
+    return Math.floor(whole / 3600) + "h " + pad2(Math.floor((whole % 3600) / 60)) + "m";
+  }
+
+  // wording.tokens
+  function tokens(n) {
+    if (n < 1000) return String(n);
+    if (n < 1000000) return (n / 1000).toFixed(1) + "k";
+    return (n / 1000000).toFixed(1) + "M";
+  }
+
+  function totalTokens(t) {
+    return t.input_tokens + t.output_tokens + t.cache_read_input_tokens +
+      t.cache_creation_input_tokens;
+  }
+
+  // present.totals_line
+  function totalsLine(t) {
+    var parts = [t.steps + " step" + (t.steps === 1 ? "" : "s")];
+    if (t.decisions) parts.push(tokens(totalTokens(t)) + " tokens");
+    parts.push(duration(t.wall_time_s));
+    return parts.join(" · ");
+  }
+
+  // present.attempt_label
   function attemptLabel(t) {
     if (!t.attempt) return "not assigned yet (" + t.max_attempts + " allowed)";
     return "attempt " + t.attempt + " of " + t.max_attempts;
   }
 
+  // present.ago
   function ago(iso) {
     var s = Math.max(0, Math.floor((Date.now() - Date.parse(iso)) / 1000));
     if (s < 60) return s + "s ago";
@@ -29,87 +84,221 @@
     return Math.floor(s / 86400) + "d ago";
   }
 
-  function tick() {
-    document.querySelectorAll("time[data-ago]").forEach(function (el) {
+  // present.until
+  function until(iso) {
+    var s = Math.trunc((Date.parse(iso) - Date.now()) / 1000);
+    if (s >= 0) return "in " + (s ? duration(s) : "0 s");
+    return duration(-s) + " ago";
+  }
+
+  // Keep every relative time on the page (or in a fetched fragment) current.
+  function tick(root) {
+    (root || document).querySelectorAll("time[data-ago]").forEach(function (el) {
       if (el.dataset.ago) el.textContent = ago(el.dataset.ago);
+    });
+    (root || document).querySelectorAll("time[data-until]").forEach(function (el) {
+      if (el.dataset.until) el.textContent = until(el.dataset.until);
     });
   }
   setInterval(tick, 1000);
 
-  // A link to a step (#step-<decision id>) opens that step.
-  function openFromHash() {
-    var target = window.location.hash && document.getElementById(window.location.hash.slice(1));
-    if (target && target.tagName === "DETAILS") {
-      target.open = true;
-      target.scrollIntoView({ block: "start" });
-    }
+  // --- screen readers -----------------------------------------------------------------------
+
+  var announcer = document.getElementById("announcer");
+  function announce(text) {
+    if (!announcer) return;
+    // A repeat of the same words is still read: clear first, then say it on the next frame.
+    announcer.textContent = "";
+    window.requestAnimationFrame(function () { announcer.textContent = text; });
   }
-  openFromHash();
-  window.addEventListener("hashchange", openFromHash);
+
+  // --- keyboard focus across a merge ----------------------------------------------------------
+
+  // Where focus is, as (closest id, tag, index among that tag inside it): found again after
+  // the block around it was replaced by a fresh copy.
+  function focusKey() {
+    var el = document.activeElement;
+    if (!el || el === document.body) return null;
+    var anchor = el.id ? el : el.closest("[id]");
+    if (!anchor) return null;
+    var index = el === anchor ? -1
+      : Array.prototype.indexOf.call(anchor.querySelectorAll(el.tagName), el);
+    return { id: anchor.id, tag: el.tagName, index: index };
+  }
+
+  function restoreFocus(key) {
+    if (!key) return;
+    var active = document.activeElement;
+    if (active && active !== document.body && document.contains(active)) return;
+    var anchor = document.getElementById(key.id);
+    if (!anchor) return;
+    var el = key.index < 0 ? anchor : anchor.querySelectorAll(key.tag)[key.index];
+    if (el && el.focus) el.focus({ preventScroll: true });
+  }
+
+  // --- merging a fresh copy of a section --------------------------------------------------------
+
+  // The fresh copy keeps the operator's open/closed <details>.
+  function keepOpen(current, fresh) {
+    fresh.querySelectorAll("details[id]").forEach(function (d) {
+      var mine = document.getElementById(d.id);
+      if (mine && current.contains(mine)) d.open = mine.open;
+    });
+    if (fresh.tagName === "DETAILS" && current.tagName === "DETAILS") fresh.open = current.open;
+  }
+
+  // Make `current` look like `fresh`: children of a [data-keyed] element are matched by id
+  // (new ones inserted in place, gone ones removed, the rest merged); any other element is
+  // replaced only when it differs. `insertOnly` leaves existing keyed children as they are.
+  function merge(current, fresh, insertOnly) {
+    if (current.hasAttribute("data-keyed")) {
+      mergeChildren(current, fresh, insertOnly);
+      return current;
+    }
+    keepOpen(current, fresh);
+    if (current.isEqualNode(fresh)) return current;
+    var copy = document.importNode(fresh, true);
+    current.replaceWith(copy);
+    return copy;
+  }
+
+  function mergeChildren(current, fresh, insertOnly) {
+    var existing = {};
+    Array.prototype.forEach.call(current.children, function (child) {
+      if (child.id) existing[child.id] = child;
+    });
+    var wanted = {};
+    var previous = null;
+    Array.prototype.forEach.call(fresh.children, function (freshChild) {
+      var node = freshChild.id ? existing[freshChild.id] : null;
+      if (node) {
+        if (!insertOnly) node = merge(node, freshChild, false);
+      } else {
+        node = document.importNode(freshChild, true);
+      }
+      if (freshChild.id) wanted[freshChild.id] = true;
+      var place = previous ? previous.nextElementSibling : current.firstElementChild;
+      if (node !== place) current.insertBefore(node, place);
+      previous = node;
+    });
+    Array.prototype.slice.call(current.children).forEach(function (child) {
+      if (!child.id || !wanted[child.id]) child.remove();
+    });
+  }
+
+  // Fetch this page again and merge the given sections (coalesced: one fetch at a time, and
+  // one more if asked meanwhile).
+  var fetching = false;
+  var again = null;
+  function refresh(selectors, insertOnly, done) {
+    if (fetching) { again = [selectors, insertOnly, done]; return; }
+    fetching = true;
+    fetch(window.location.href, { headers: { Accept: "text/html" }, credentials: "same-origin" })
+      .then(function (r) { return r.ok ? r.text() : null; })
+      .then(function (html) {
+        if (!html) return;
+        var doc = new DOMParser().parseFromString(html, "text/html");
+        tick(doc);
+        var key = focusKey();
+        selectors.forEach(function (selector) {
+          var current = document.querySelector(selector);
+          var fresh = doc.querySelector(selector);
+          if (current && fresh) merge(current, fresh, insertOnly);
+        });
+        restoreFocus(key);
+        if (done) done();
+      })
+      .catch(function () { /* the next event retries */ })
+      .finally(function () {
+        fetching = false;
+        if (again) { var next = again; again = null; refresh(next[0], next[1], next[2]); }
+      });
+  }
+
+  // --- patching one task's fields -------------------------------------------------------------
 
   function field(root, name) {
     return root.querySelector('[data-field="' + name + '"]');
   }
 
-  // Patch every field of one task shown under `root`.
+  function setText(root, name, text) {
+    var el = field(root, name);
+    if (el && el.textContent !== text) el.textContent = text;
+    return el;
+  }
+
+  function timeUntil(iso) {
+    var el = document.createElement("time");
+    el.dataset.until = iso;
+    el.textContent = until(iso);
+    return el;
+  }
+
+  // Patch every field of one task shown under `root` (a list row or the task page's summary);
+  // returns true when its status changed.
   function patch(root, t) {
+    var changed = root.dataset.status !== t.status;
+    root.dataset.status = t.status;
     var el = field(root, "status");
     if (el) {
       el.className = "pill status-" + t.status;
-      el.textContent = t.status + (t.cancel_requested ? " · cancelling" : "");
+      setText(root, "status", t.status + (t.cancel_requested ? " · cancelling" : ""));
     }
     el = field(root, "progress");
     if (el) {
-      var text = badge(t.progress);
-      el.textContent = text || "no step yet";
+      var text = stepLine(t.progress, t.status);
+      setText(root, "progress", text || "no step yet");
       el.classList.toggle("empty", !text);
     }
-    el = field(root, "attempt");
-    if (el) el.textContent = attemptLabel(t);
-    el = field(root, "host");
-    if (el) el.textContent = t.host_id || "—";
-    el = field(root, "device");
-    if (el) el.textContent = t.device_serial || (root.tagName === "TR" ? "" : "—");
+    setText(root, "attempt", attemptLabel(t));
+    setText(root, "host", t.host_id || "—");
+    setText(root, "device", t.device_serial || (root.tagName === "TR" ? "" : "—"));
     el = field(root, "updated");
     if (el && t.updated_at) {
       el.dataset.ago = t.updated_at;
       el.textContent = ago(t.updated_at);
     }
+    if (t.totals) {
+      setText(root, "totals", totalsLine(t.totals));
+      setText(root, "steps", String(t.totals.steps));
+      setText(root, "decisions", String(t.totals.decisions));
+      setText(root, "wall", duration(t.totals.wall_time_s));
+      setText(root, "run", duration(t.totals.run_time_s));
+      el = field(root, "tokens");
+      if (el && t.totals.decisions) {
+        var tt = t.totals;
+        el.textContent = tokens(totalTokens(tt)) + " ";
+        var detail = document.createElement("span");
+        detail.className = "muted small";
+        detail.textContent = "(in " + tokens(tt.input_tokens) + " · out " +
+          tokens(tt.output_tokens) + " · cache " + tokens(tt.cache_read_input_tokens) + ")";
+        el.appendChild(detail);
+      }
+    }
+    el = field(root, "lease");
+    if (el) {
+      el.textContent = "";
+      if (t.lease_expires_at) {
+        el.append("runs out ", timeUntil(t.lease_expires_at), " unless renewed");
+      } else {
+        el.textContent = "none live";
+      }
+    }
     el = field(root, "result");
-    if (el && t.result_summary) el.textContent = t.result_summary;
-    root.classList.remove("flash");
-    void root.offsetWidth; // restart the highlight animation
-    root.classList.add("flash");
+    if (el) {
+      el.hidden = !t.result_summary;
+      if (t.result_summary) setText(root, "result", t.result_summary);
+      el.className = "result status-" + t.status;
+    }
+    if (changed && root.tagName === "TR") {
+      root.classList.remove("flash");
+      void root.offsetWidth; // restart the highlight animation
+      root.classList.add("flash");
+    }
+    return changed;
   }
 
-  // Re-render one section from the server, keeping the operator's open <details>.
-  var busy = {};
-  function refresh(selector) {
-    if (busy[selector]) { busy[selector] = "again"; return; }
-    busy[selector] = true;
-    fetch(window.location.href, { headers: { Accept: "text/html" }, credentials: "same-origin" })
-      .then(function (r) { return r.ok ? r.text() : null; })
-      .then(function (html) {
-        if (!html) return;
-        var fresh = new DOMParser().parseFromString(html, "text/html").querySelector(selector);
-        var current = document.querySelector(selector);
-        if (!fresh || !current) return;
-        var open = [];
-        current.querySelectorAll("details[open][id]").forEach(function (d) { open.push(d.id); });
-        current.replaceWith(fresh);
-        open.forEach(function (id) {
-          var d = document.getElementById(id);
-          if (d) d.open = true;
-        });
-        tick();
-      })
-      .catch(function () { /* the next event retries */ })
-      .finally(function () {
-        var again = busy[selector] === "again";
-        busy[selector] = false;
-        if (again) refresh(selector);
-      });
-  }
+  // --- connection state -------------------------------------------------------------------------
 
   function liveState(text, cls) {
     var el = document.getElementById("live-state");
@@ -121,32 +310,6 @@
     }
     el.textContent = text;
     el.className = "live-state " + cls;
-  }
-
-  // The model's thinking as it streams (session mode): shown while a step is planned, cleared
-  // when the step moves on (its decision, with the stored thinking, appears in the history).
-  var thinkingBox = document.getElementById("live-thinking");
-  function showThinking(t) {
-    if (!thinkingBox) return;
-    var key = t.task_id + "·" + t.attempt;
-    var pre = field(thinkingBox, "thinking");
-    if (thinkingBox.dataset.key !== key) { pre.textContent = ""; thinkingBox.dataset.key = key; }
-    pre.textContent += t.delta;
-    pre.scrollTop = pre.scrollHeight;
-    thinkingBox.hidden = false;
-  }
-  function clearThinking() {
-    if (!thinkingBox) return;
-    thinkingBox.hidden = true;
-    thinkingBox.dataset.key = "";
-    field(thinkingBox, "thinking").textContent = "";
-  }
-
-  // Same as console/gateway/present.py:host_signature.
-  function hostSignature(h) {
-    var phones = h.devices.map(function (d) { return d.serial + "=" + d.state + "=" + d.model; });
-    return (h.connected ? "on" : "off") + "|" + h.planner_transport + "|" + h.agent_version +
-      "|" + phones.join(";");
   }
 
   // `on` maps event names ("task", "host", "thinking", "end") to handlers of their JSON data.
@@ -181,41 +344,111 @@
     return source;
   }
 
+  // --- a link to a step (#step-<decision id>) opens that step ---------------------------------
+
+  function openFromHash() {
+    var target = window.location.hash && document.getElementById(window.location.hash.slice(1));
+    if (target && target.tagName === "DETAILS") {
+      target.open = true;
+      target.scrollIntoView({ block: "start" });
+    }
+  }
+  openFromHash();
+  window.addEventListener("hashchange", openFromHash);
+
+  // --- the model's thinking as it streams (session mode) ----------------------------------------
+
+  // Shown while a step is planned, cleared when the step moves on (its decision, with the
+  // stored thinking, appears in the history).
+  var thinkingBox = document.getElementById("live-thinking");
+  function showThinking(t) {
+    if (!thinkingBox) return;
+    var key = t.task_id + "·" + t.attempt;
+    var pre = field(thinkingBox, "thinking");
+    if (thinkingBox.dataset.key !== key) { pre.textContent = ""; thinkingBox.dataset.key = key; }
+    pre.textContent += t.delta;
+    pre.scrollTop = pre.scrollHeight;
+    thinkingBox.hidden = false;
+  }
+  function clearThinking() {
+    if (!thinkingBox) return;
+    thinkingBox.hidden = true;
+    thinkingBox.dataset.key = "";
+    field(thinkingBox, "thinking").textContent = "";
+  }
+
+  // present.host_signature
+  function hostSignature(h) {
+    var phones = h.devices.map(function (d) { return d.serial + "=" + d.state + "=" + d.model; });
+    var busy = (h.busy_phones || []).map(function (b) {
+      return b.device_serial + "=" + b.task_id + "=" + b.attempt;
+    });
+    return (h.connected ? "on" : "off") + "|" + h.planner_transport + "|" + h.agent_version +
+      "|" + phones.join(";") + "|" + busy.join(";") + "|" + (h.outbox ? h.outbox.items : "");
+  }
+
+  // --- the pages ------------------------------------------------------------------------------
+
   if (mode === "tasks") {
     var insert = body.dataset.liveInsert === "1";
     listen("/api/events", { task: function (t) {
-      var row = document.querySelector('tr[data-task-id="' + CSS.escape(t.task_id) + '"]');
-      if (row) patch(row, t);
-      else if (insert) refresh("#task-rows");
+      var row = document.getElementById("task-" + t.task_id);
+      if (row) {
+        if (patch(row, t)) announce(row.dataset.goal + ": " + t.status);
+      } else if (insert) {
+        refresh(["#task-rows"], true, function () {
+          if (document.getElementById("task-" + t.task_id)) {
+            announce("New task: " + t.goal + " (" + t.status + ")");
+          }
+        });
+      }
     } });
   } else if (mode === "task") {
     var id = body.dataset.taskId;
+    var summary = document.getElementById("summary");
+    var live = document.getElementById("live-task");
     listen("/api/tasks/" + encodeURIComponent(id) + "/events", { task: function (t) {
-      var root = document.getElementById("live-task");
-      if (!root) return;
-      patch(root.querySelector(".summary") || root, t);
-      // A decision is logged while the step is planned, so every step-status change may
-      // bring a new one: re-render the attempts and history then.
+      if (summary && patch(summary, t)) {
+        announce("Task " + t.status + (t.result_summary ? ": " + t.result_summary : ""));
+      }
+      if (TERMINAL[t.status]) {
+        var cancel = document.querySelector('[data-field="cancel"]');
+        if (cancel) {
+          var hadFocus = document.activeElement === cancel;
+          cancel.remove();
+          if (hadFocus) document.getElementById("task-title").focus({ preventScroll: true });
+        }
+      }
+      if (!live) return;
       var step = t.progress ? t.progress.step_index + "·" + t.progress.step_status : "0·unspecified";
-      if (root.dataset.step !== step || root.dataset.status !== t.status ||
-          root.dataset.attempt !== String(t.attempt)) {
-        root.dataset.step = step;
-        root.dataset.status = t.status;
-        root.dataset.attempt = String(t.attempt);
+      if (live.dataset.step !== step) {
         // A renewal saying "planning" may arrive after the thinking began: keep the text then.
         if (!t.progress || t.progress.step_status !== "planning") clearThinking();
-        refresh("#live-task");
       }
+      live.dataset.step = step;
+      live.dataset.status = t.status;
+      live.dataset.attempt = String(t.attempt);
+      live.dataset.decisions = String(t.totals ? t.totals.decisions : 0);
+      // Every change may bring a lease event, a renewal or a decision: merge the attempts and
+      // the history from the server (blocks that did not change stay as they are).
+      refresh(["#attempts", "#history"], false);
     }, end: clearThinking, thinking: showThinking });
   } else if (mode === "fleet") {
-    // A host's "last seen" is patched in place; anything else that differs from the card (a new
-    // host, connected or not, its phones) re-renders the fleet from the server, which also keeps
-    // the order (connected first). Each (re)connection starts with every host, so nothing that
-    // changed while the stream was down stays stale.
+    // A host's "last seen" is patched in place; anything else that differs from its card (a
+    // new host, connected or not, its phones, busy or idle) merges the fleet from the server,
+    // which also keeps the order (connected first). Each (re)connection starts with every
+    // host, so nothing that changed while the stream was down stays stale.
     listen("/api/hosts/events", { host: function (h) {
-      var card = document.querySelector('section[data-host-id="' + CSS.escape(h.host_id) + '"]');
-      if (!card || card.dataset.sig !== hostSignature(h)) {
-        refresh("#live-fleet");
+      var card = document.getElementById("host-" + h.host_id);
+      var signature = hostSignature(h);
+      if (!card || card.dataset.sig !== signature) {
+        var was = card ? card.dataset.sig.split("|")[0] : null;
+        var now = h.connected ? "on" : "off";
+        refresh(["#live-fleet"], false, function () {
+          if (was !== null && was !== now) {
+            announce("Host " + h.host_id + (h.connected ? " connected" : " disconnected"));
+          }
+        });
         return;
       }
       var seen = card.querySelector("time[data-ago]");

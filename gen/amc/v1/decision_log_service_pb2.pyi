@@ -300,3 +300,143 @@ class ConversationItem(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ConversationItem: _TypeAlias = ConversationItem  # noqa: Y015
+
+@_typing.final
+class ShippedDecision(_message.Message):
+    """One decision a host on the direct transport made, or a later report of its outcome."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    HOST_DECISION_ID_FIELD_NUMBER: _builtins.int
+    TASK_ID_FIELD_NUMBER: _builtins.int
+    ATTEMPT_FIELD_NUMBER: _builtins.int
+    LEASE_ID_FIELD_NUMBER: _builtins.int
+    DECISION_FIELD_NUMBER: _builtins.int
+    OUTCOME_FIELD_NUMBER: _builtins.int
+    host_decision_id: _builtins.str
+    """The host's own id for the decision: 1 to 64 characters of A-Z a-z 0-9 _ - (the Python
+    host uses a random UUID in hex), unique among this host's decisions. The cloud logs each id
+    once; a resend with the same id is acknowledged, not logged again.
+    """
+    task_id: _builtins.str
+    """Task of the decision (from the Assignment)."""
+    attempt: _builtins.int
+    """Attempt of the decision (from the Assignment)."""
+    lease_id: _builtins.str
+    """Lease id of that attempt (from the Assignment); see ShipDecisions for which leases count."""
+    @_builtins.property
+    def decision(self) -> _types_pb2.Decision:
+        """The decision as the host's planner made it, already masked (a sensitive input_text as
+        "•••"; the cloud masks it again). The cloud sets decision_id, host_id, task_id, attempt,
+        step_index, created_at, outcome and planner_transport itself and ignores what is sent there.
+        tool_name is required and names the action's kind; `observation` (optional, the screen the
+        decision was made on, limits as Decide's) is kept without its OCR blocks.
+        """
+
+    @_builtins.property
+    def outcome(self) -> _types_pb2.ActionOutcome:
+        """What executing the decision did, when the host knows it (the host ships a decision as soon
+        as it is made, and again with its outcome once the action ran). step_index is ignored. The
+        first outcome the cloud receives for a decision is kept, later ones are ignored. error at
+        most 2,048 bytes, driver_output at most 4,096 bytes.
+        """
+
+    def __init__(
+        self,
+        *,
+        host_decision_id: _builtins.str = ...,
+        task_id: _builtins.str = ...,
+        attempt: _builtins.int = ...,
+        lease_id: _builtins.str = ...,
+        decision: _types_pb2.Decision | None = ...,
+        outcome: _types_pb2.ActionOutcome | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["decision", b"decision", "outcome", b"outcome"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "decision", b"decision", "host_decision_id", b"host_decision_id", "lease_id", b"lease_id", "outcome", b"outcome", "task_id", b"task_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ShippedDecision: _TypeAlias = ShippedDecision  # noqa: Y015
+
+@_typing.final
+class ShipDecisionsRequest(_message.Message):
+    """Request of DecisionLogService.ShipDecisions."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ENTRIES_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def entries(self) -> _containers.RepeatedCompositeFieldContainer[Global___ShippedDecision]:
+        """Decisions in the order the host made them (1 to 100 entries); several attempts may mix."""
+
+    def __init__(
+        self,
+        *,
+        entries: _abc.Iterable[Global___ShippedDecision] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["entries", b"entries"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ShipDecisionsRequest: _TypeAlias = ShipDecisionsRequest  # noqa: Y015
+
+@_typing.final
+class ShippedDecisionAck(_message.Message):
+    """How the cloud logged one shipped decision."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    HOST_DECISION_ID_FIELD_NUMBER: _builtins.int
+    DECISION_ID_FIELD_NUMBER: _builtins.int
+    STEP_INDEX_FIELD_NUMBER: _builtins.int
+    DUPLICATE_FIELD_NUMBER: _builtins.int
+    host_decision_id: _builtins.str
+    """The host's id of the decision."""
+    decision_id: _builtins.str
+    """The cloud's id of the logged decision (Decision.decision_id)."""
+    step_index: _builtins.int
+    """The step index the cloud assigned."""
+    duplicate: _builtins.bool
+    """True when this id had been logged before (a resend): nothing was logged again."""
+    def __init__(
+        self,
+        *,
+        host_decision_id: _builtins.str = ...,
+        decision_id: _builtins.str = ...,
+        step_index: _builtins.int = ...,
+        duplicate: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["decision_id", b"decision_id", "duplicate", b"duplicate", "host_decision_id", b"host_decision_id", "step_index", b"step_index"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ShippedDecisionAck: _TypeAlias = ShippedDecisionAck  # noqa: Y015
+
+@_typing.final
+class ShipDecisionsResponse(_message.Message):
+    """Response of DecisionLogService.ShipDecisions."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ACKS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def acks(self) -> _containers.RepeatedCompositeFieldContainer[Global___ShippedDecisionAck]:
+        """One acknowledgement per entry, in the request's order."""
+
+    def __init__(
+        self,
+        *,
+        acks: _abc.Iterable[Global___ShippedDecisionAck] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["acks", b"acks"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ShipDecisionsResponse: _TypeAlias = ShipDecisionsResponse  # noqa: Y015

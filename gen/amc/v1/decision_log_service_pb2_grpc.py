@@ -26,7 +26,8 @@ if _version_not_supported:
 
 
 class DecisionLogServiceStub:
-    """The durable per-step record of every planning decision made on the cloud transport.
+    """The durable per-step record of every planning decision: those the cloud made itself (cloud
+    transport) and those hosts on the direct transport made and shipped (ShipDecisions).
     """
 
     def __init__(self, channel):
@@ -50,10 +51,16 @@ class DecisionLogServiceStub:
                 request_serializer=amc_dot_v1_dot_decision__log__service__pb2.GetConversationRequest.SerializeToString,
                 response_deserializer=amc_dot_v1_dot_decision__log__service__pb2.GetConversationResponse.FromString,
                 _registered_method=True)
+        self.ShipDecisions = channel.unary_unary(
+                '/amc.v1.DecisionLogService/ShipDecisions',
+                request_serializer=amc_dot_v1_dot_decision__log__service__pb2.ShipDecisionsRequest.SerializeToString,
+                response_deserializer=amc_dot_v1_dot_decision__log__service__pb2.ShipDecisionsResponse.FromString,
+                _registered_method=True)
 
 
 class DecisionLogServiceServicer:
-    """The durable per-step record of every planning decision made on the cloud transport.
+    """The durable per-step record of every planning decision: those the cloud made itself (cloud
+    transport) and those hosts on the direct transport made and shipped (ShipDecisions).
     """
 
     def ListDecisions(self, request, context):
@@ -82,6 +89,36 @@ class DecisionLogServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ShipDecisions(self, request, context):
+        """A host on the direct transport (planner in the host process) ships the decisions it made,
+        in the order it made them, so the log holds them like the cloud's own. Host certificates
+        only (PERMISSION_DENIED for an operator's).
+
+        Each entry must name a lease of the calling host that is live or just ended: the attempt
+        (task_id, attempt) was granted to this host under this lease_id, and it has not ended or
+        ended less than the cloud's shipping window ago (AMC_CLOUD_SHIP_WINDOW_SECONDS, 24 hours by
+        default; never longer than the decision log's retention). FAILED_PRECONDITION otherwise
+        (unknown task or lease, or an attempt that ended longer ago), PERMISSION_DENIED when the lease
+        is another host's: both are final, a resend gets the same answer. INVALID_ARGUMENT names the
+        field (`entries[2].decision.user_prompt`) for a missing or malformed id, an empty or
+        oversize field (limits as Decide's: prompts 64 KiB / 512 KiB, rationale, purpose, expected
+        outcome and each thinking block 64 KiB, at most 100 entries). Every entry is checked
+        before any is logged, except one thing found while logging: a host_decision_id this host
+        already used for another attempt is INVALID_ARGUMENT too, and the entries before it stay
+        logged (resending them is harmless).
+
+        The cloud then logs each entry in order, exactly as it logs its own decisions: it assigns
+        the step index (1 + the attempt's highest), masks a sensitive input_text value (the text
+        of an action marked sensitive is stored as "•••", whatever the host sent), never stores a
+        screenshot, and records the transport (Decision.planner_transport = DIRECT). An entry whose
+        host_decision_id is logged already changes nothing but a first outcome (a resend is harmless:
+        each id is logged exactly once) and is acknowledged with its existing index. UNAVAILABLE
+        when the database cannot be reached: resend later.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_DecisionLogServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -100,6 +137,11 @@ def add_DecisionLogServiceServicer_to_server(servicer, server):
                     request_deserializer=amc_dot_v1_dot_decision__log__service__pb2.GetConversationRequest.FromString,
                     response_serializer=amc_dot_v1_dot_decision__log__service__pb2.GetConversationResponse.SerializeToString,
             ),
+            'ShipDecisions': grpc.unary_unary_rpc_method_handler(
+                    servicer.ShipDecisions,
+                    request_deserializer=amc_dot_v1_dot_decision__log__service__pb2.ShipDecisionsRequest.FromString,
+                    response_serializer=amc_dot_v1_dot_decision__log__service__pb2.ShipDecisionsResponse.SerializeToString,
+            ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
             'amc.v1.DecisionLogService', rpc_method_handlers)
@@ -109,7 +151,8 @@ def add_DecisionLogServiceServicer_to_server(servicer, server):
 
  # This class is part of an EXPERIMENTAL API.
 class DecisionLogService:
-    """The durable per-step record of every planning decision made on the cloud transport.
+    """The durable per-step record of every planning decision: those the cloud made itself (cloud
+    transport) and those hosts on the direct transport made and shipped (ShipDecisions).
     """
 
     @staticmethod
@@ -183,6 +226,33 @@ class DecisionLogService:
             '/amc.v1.DecisionLogService/GetConversation',
             amc_dot_v1_dot_decision__log__service__pb2.GetConversationRequest.SerializeToString,
             amc_dot_v1_dot_decision__log__service__pb2.GetConversationResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ShipDecisions(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/amc.v1.DecisionLogService/ShipDecisions',
+            amc_dot_v1_dot_decision__log__service__pb2.ShipDecisionsRequest.SerializeToString,
+            amc_dot_v1_dot_decision__log__service__pb2.ShipDecisionsResponse.FromString,
             options,
             channel_credentials,
             insecure,

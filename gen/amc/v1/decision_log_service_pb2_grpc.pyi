@@ -27,7 +27,9 @@ GRPC_GENERATED_VERSION: str
 GRPC_VERSION: str
 
 class DecisionLogServiceStub:
-    """The durable per-step record of every planning decision made on the cloud transport."""
+    """The durable per-step record of every planning decision: those the cloud made itself (cloud
+    transport) and those hosts on the direct transport made and shipped (ShipDecisions).
+    """
 
     @_typing.overload
     def __new__(cls, channel: _grpc.Channel) -> _Self: ...
@@ -46,10 +48,38 @@ class DecisionLogServiceStub:
     attempt planned in compact mode. NOT_FOUND for an unknown task; INVALID_ARGUMENT for a
     missing task id, an attempt below 1, a page size outside 0..500 or a foreign page token.
     """
+    ShipDecisions: _grpc.UnaryUnaryMultiCallable[_decision_log_service_pb2.ShipDecisionsRequest, _decision_log_service_pb2.ShipDecisionsResponse]
+    """A host on the direct transport (planner in the host process) ships the decisions it made,
+    in the order it made them, so the log holds them like the cloud's own. Host certificates
+    only (PERMISSION_DENIED for an operator's).
+
+    Each entry must name a lease of the calling host that is live or just ended: the attempt
+    (task_id, attempt) was granted to this host under this lease_id, and it has not ended or
+    ended less than the cloud's shipping window ago (AMC_CLOUD_SHIP_WINDOW_SECONDS, 24 hours by
+    default; never longer than the decision log's retention). FAILED_PRECONDITION otherwise
+    (unknown task or lease, or an attempt that ended longer ago), PERMISSION_DENIED when the lease
+    is another host's: both are final, a resend gets the same answer. INVALID_ARGUMENT names the
+    field (`entries[2].decision.user_prompt`) for a missing or malformed id, an empty or
+    oversize field (limits as Decide's: prompts 64 KiB / 512 KiB, rationale, purpose, expected
+    outcome and each thinking block 64 KiB, at most 100 entries). Every entry is checked
+    before any is logged, except one thing found while logging: a host_decision_id this host
+    already used for another attempt is INVALID_ARGUMENT too, and the entries before it stay
+    logged (resending them is harmless).
+
+    The cloud then logs each entry in order, exactly as it logs its own decisions: it assigns
+    the step index (1 + the attempt's highest), masks a sensitive input_text value (the text
+    of an action marked sensitive is stored as "•••", whatever the host sent), never stores a
+    screenshot, and records the transport (Decision.planner_transport = DIRECT). An entry whose
+    host_decision_id is logged already changes nothing but a first outcome (a resend is harmless:
+    each id is logged exactly once) and is acknowledged with its existing index. UNAVAILABLE
+    when the database cannot be reached: resend later.
+    """
 
 @_typing.type_check_only
 class DecisionLogServiceAsyncStub(DecisionLogServiceStub):
-    """The durable per-step record of every planning decision made on the cloud transport."""
+    """The durable per-step record of every planning decision: those the cloud made itself (cloud
+    transport) and those hosts on the direct transport made and shipped (ShipDecisions).
+    """
 
     def __init__(self, channel: _aio.Channel) -> None: ...
     ListDecisions: _aio.UnaryUnaryMultiCallable[_decision_log_service_pb2.ListDecisionsRequest, _decision_log_service_pb2.ListDecisionsResponse]  # type: ignore[assignment]
@@ -65,9 +95,37 @@ class DecisionLogServiceAsyncStub(DecisionLogServiceStub):
     attempt planned in compact mode. NOT_FOUND for an unknown task; INVALID_ARGUMENT for a
     missing task id, an attempt below 1, a page size outside 0..500 or a foreign page token.
     """
+    ShipDecisions: _aio.UnaryUnaryMultiCallable[_decision_log_service_pb2.ShipDecisionsRequest, _decision_log_service_pb2.ShipDecisionsResponse]  # type: ignore[assignment]
+    """A host on the direct transport (planner in the host process) ships the decisions it made,
+    in the order it made them, so the log holds them like the cloud's own. Host certificates
+    only (PERMISSION_DENIED for an operator's).
+
+    Each entry must name a lease of the calling host that is live or just ended: the attempt
+    (task_id, attempt) was granted to this host under this lease_id, and it has not ended or
+    ended less than the cloud's shipping window ago (AMC_CLOUD_SHIP_WINDOW_SECONDS, 24 hours by
+    default; never longer than the decision log's retention). FAILED_PRECONDITION otherwise
+    (unknown task or lease, or an attempt that ended longer ago), PERMISSION_DENIED when the lease
+    is another host's: both are final, a resend gets the same answer. INVALID_ARGUMENT names the
+    field (`entries[2].decision.user_prompt`) for a missing or malformed id, an empty or
+    oversize field (limits as Decide's: prompts 64 KiB / 512 KiB, rationale, purpose, expected
+    outcome and each thinking block 64 KiB, at most 100 entries). Every entry is checked
+    before any is logged, except one thing found while logging: a host_decision_id this host
+    already used for another attempt is INVALID_ARGUMENT too, and the entries before it stay
+    logged (resending them is harmless).
+
+    The cloud then logs each entry in order, exactly as it logs its own decisions: it assigns
+    the step index (1 + the attempt's highest), masks a sensitive input_text value (the text
+    of an action marked sensitive is stored as "•••", whatever the host sent), never stores a
+    screenshot, and records the transport (Decision.planner_transport = DIRECT). An entry whose
+    host_decision_id is logged already changes nothing but a first outcome (a resend is harmless:
+    each id is logged exactly once) and is acknowledged with its existing index. UNAVAILABLE
+    when the database cannot be reached: resend later.
+    """
 
 class DecisionLogServiceServicer(metaclass=_abc_1.ABCMeta):
-    """The durable per-step record of every planning decision made on the cloud transport."""
+    """The durable per-step record of every planning decision: those the cloud made itself (cloud
+    transport) and those hosts on the direct transport made and shipped (ShipDecisions).
+    """
 
     @_abc_1.abstractmethod
     def ListDecisions(
@@ -98,6 +156,38 @@ class DecisionLogServiceServicer(metaclass=_abc_1.ABCMeta):
         opaque reasoning material — signatures, encrypted content — is not sent); empty for an
         attempt planned in compact mode. NOT_FOUND for an unknown task; INVALID_ARGUMENT for a
         missing task id, an attempt below 1, a page size outside 0..500 or a foreign page token.
+        """
+
+    @_abc_1.abstractmethod
+    def ShipDecisions(
+        self,
+        request: _decision_log_service_pb2.ShipDecisionsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_decision_log_service_pb2.ShipDecisionsResponse, _abc.Awaitable[_decision_log_service_pb2.ShipDecisionsResponse]]:
+        """A host on the direct transport (planner in the host process) ships the decisions it made,
+        in the order it made them, so the log holds them like the cloud's own. Host certificates
+        only (PERMISSION_DENIED for an operator's).
+
+        Each entry must name a lease of the calling host that is live or just ended: the attempt
+        (task_id, attempt) was granted to this host under this lease_id, and it has not ended or
+        ended less than the cloud's shipping window ago (AMC_CLOUD_SHIP_WINDOW_SECONDS, 24 hours by
+        default; never longer than the decision log's retention). FAILED_PRECONDITION otherwise
+        (unknown task or lease, or an attempt that ended longer ago), PERMISSION_DENIED when the lease
+        is another host's: both are final, a resend gets the same answer. INVALID_ARGUMENT names the
+        field (`entries[2].decision.user_prompt`) for a missing or malformed id, an empty or
+        oversize field (limits as Decide's: prompts 64 KiB / 512 KiB, rationale, purpose, expected
+        outcome and each thinking block 64 KiB, at most 100 entries). Every entry is checked
+        before any is logged, except one thing found while logging: a host_decision_id this host
+        already used for another attempt is INVALID_ARGUMENT too, and the entries before it stay
+        logged (resending them is harmless).
+
+        The cloud then logs each entry in order, exactly as it logs its own decisions: it assigns
+        the step index (1 + the attempt's highest), masks a sensitive input_text value (the text
+        of an action marked sensitive is stored as "•••", whatever the host sent), never stores a
+        screenshot, and records the transport (Decision.planner_transport = DIRECT). An entry whose
+        host_decision_id is logged already changes nothing but a first outcome (a resend is harmless:
+        each id is logged exactly once) and is acknowledged with its existing index. UNAVAILABLE
+        when the database cannot be reached: resend later.
         """
 
 def add_DecisionLogServiceServicer_to_server(servicer: DecisionLogServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -90,9 +90,10 @@ Global___ListHostsResponse: _TypeAlias = ListHostsResponse  # noqa: Y015
 class DispatchStatus(_message.Message):
     """Whether a replica dispatches new tasks. It pauses dispatch to hosts on the cloud planner
     transport while the model provider fails every call it makes (queued tasks stay queued;
-    running ones wait inside their leases), and resumes when a probe call succeeds. Each replica
-    judges by its own calls; hosts on the direct transport call the provider themselves and are
-    not paused.
+    running ones wait inside their leases), and resumes when a probe call succeeds; and once the
+    fleet's daily budget refused a Decide, for the rest of that UTC day (queued tasks stay
+    queued for the next day instead of failing at their first step). Each replica judges by its
+    own calls; hosts on the direct transport call the provider themselves and are not paused.
     """
 
     DESCRIPTOR: _descriptor.Descriptor
@@ -180,3 +181,113 @@ class WatchHostsResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___WatchHostsResponse: _TypeAlias = WatchHostsResponse  # noqa: Y015
+
+@_typing.final
+class GetSpendRequest(_message.Message):
+    """Request of FleetService.GetSpend."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SINCE_DAY_FIELD_NUMBER: _builtins.int
+    UNTIL_DAY_FIELD_NUMBER: _builtins.int
+    since_day: _builtins.str
+    """First UTC day (YYYY-MM-DD) of the rows; empty means today."""
+    until_day: _builtins.str
+    """Last UTC day (YYYY-MM-DD), inclusive; empty means today."""
+    def __init__(
+        self,
+        *,
+        since_day: _builtins.str = ...,
+        until_day: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["since_day", b"since_day", "until_day", b"until_day"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetSpendRequest: _TypeAlias = GetSpendRequest  # noqa: Y015
+
+@_typing.final
+class SpendRow(_message.Message):
+    """Spending of one (UTC day, host, provider, model)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DAY_FIELD_NUMBER: _builtins.int
+    HOST_ID_FIELD_NUMBER: _builtins.int
+    PROVIDER_FIELD_NUMBER: _builtins.int
+    MODEL_FIELD_NUMBER: _builtins.int
+    USAGE_FIELD_NUMBER: _builtins.int
+    DECISIONS_FIELD_NUMBER: _builtins.int
+    day: _builtins.str
+    """The UTC day, YYYY-MM-DD."""
+    host_id: _builtins.str
+    """Host that asked for the decisions."""
+    provider: _builtins.str
+    """"anthropic", "openai" or "offline"."""
+    model: _builtins.str
+    """Model name the provider answered with."""
+    decisions: _builtins.int
+    """How many decisions."""
+    @_builtins.property
+    def usage(self) -> _types_pb2.Usage:
+        """Tokens and cost summed over these decisions."""
+
+    def __init__(
+        self,
+        *,
+        day: _builtins.str = ...,
+        host_id: _builtins.str = ...,
+        provider: _builtins.str = ...,
+        model: _builtins.str = ...,
+        usage: _types_pb2.Usage | None = ...,
+        decisions: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["usage", b"usage"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["day", b"day", "decisions", b"decisions", "host_id", b"host_id", "model", b"model", "provider", b"provider", "usage", b"usage"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SpendRow: _TypeAlias = SpendRow  # noqa: Y015
+
+@_typing.final
+class GetSpendResponse(_message.Message):
+    """Response of FleetService.GetSpend."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ROWS_FIELD_NUMBER: _builtins.int
+    TODAY_FIELD_NUMBER: _builtins.int
+    DAILY_BUDGET_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def rows(self) -> _containers.RepeatedCompositeFieldContainer[Global___SpendRow]:
+        """One row per (day, host, provider, model) with spending, by day, then host, provider, model."""
+
+    @_builtins.property
+    def today(self) -> _types_pb2.Usage:
+        """The whole fleet's spending today (UTC), whatever range was asked for."""
+
+    @_builtins.property
+    def daily_budget(self) -> _types_pb2.TaskBudget:
+        """The fleet's daily caps (AMC_CLOUD_DAILY_MAX_TOKENS, AMC_CLOUD_DAILY_MAX_COST_USD); 0 means
+        no cap of that kind. Once today's spending reaches one, Decide answers every task
+        FAILED_PRECONDITION "budget exhausted: …" and new tasks are held back from cloud-transport
+        hosts (ListHostsResponse.dispatch says so) until the next UTC day.
+        """
+
+    def __init__(
+        self,
+        *,
+        rows: _abc.Iterable[Global___SpendRow] | None = ...,
+        today: _types_pb2.Usage | None = ...,
+        daily_budget: _types_pb2.TaskBudget | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["daily_budget", b"daily_budget", "today", b"today"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["daily_budget", b"daily_budget", "rows", b"rows", "today", b"today"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetSpendResponse: _TypeAlias = GetSpendResponse  # noqa: Y015

@@ -45,6 +45,11 @@ class FleetServiceStub:
                 request_serializer=amc_dot_v1_dot_fleet__service__pb2.WatchHostsRequest.SerializeToString,
                 response_deserializer=amc_dot_v1_dot_fleet__service__pb2.WatchHostsResponse.FromString,
                 _registered_method=True)
+        self.GetSpend = channel.unary_unary(
+                '/amc.v1.FleetService/GetSpend',
+                request_serializer=amc_dot_v1_dot_fleet__service__pb2.GetSpendRequest.SerializeToString,
+                response_deserializer=amc_dot_v1_dot_fleet__service__pb2.GetSpendResponse.FromString,
+                _registered_method=True)
 
 
 class FleetServiceServicer:
@@ -63,9 +68,21 @@ class FleetServiceServicer:
         """Stream the fleet live. The stream starts with a snapshot (one message per host, as
         ListHosts lists them), then one message marking the snapshot's end, then one message per
         host whose state changed: it connected or disconnected (also when the replica holding its
-        stream stopped vouching for it), announced other phones, or said hello again. Changes that
-        arrive faster than the watcher reads are coalesced: the watcher gets each host's latest
-        state. The stream never ends on its own.
+        stream stopped vouching for it), announced other phones, said hello again, a phone became
+        busy or idle (`busy_phones`), or its `last_seen_at` moved (at most once per host heartbeat).
+        Changes that arrive faster than the watcher reads are coalesced: the watcher gets each
+        host's latest state. The stream never ends on its own.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetSpend(self, request, context):
+        """What the fleet spent on model calls (the decision log: the cloud's decisions and those
+        direct-transport hosts shipped), per UTC day, host, provider and model, with today's total
+        against the fleet's daily budget. Callers sum the
+        rows by what they want to see (per host, per model, per day). INVALID_ARGUMENT for a day
+        that is not YYYY-MM-DD, a `since_day` after `until_day`, or a range of more than 366 days.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -83,6 +100,11 @@ def add_FleetServiceServicer_to_server(servicer, server):
                     servicer.WatchHosts,
                     request_deserializer=amc_dot_v1_dot_fleet__service__pb2.WatchHostsRequest.FromString,
                     response_serializer=amc_dot_v1_dot_fleet__service__pb2.WatchHostsResponse.SerializeToString,
+            ),
+            'GetSpend': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetSpend,
+                    request_deserializer=amc_dot_v1_dot_fleet__service__pb2.GetSpendRequest.FromString,
+                    response_serializer=amc_dot_v1_dot_fleet__service__pb2.GetSpendResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -140,6 +162,33 @@ class FleetService:
             '/amc.v1.FleetService/WatchHosts',
             amc_dot_v1_dot_fleet__service__pb2.WatchHostsRequest.SerializeToString,
             amc_dot_v1_dot_fleet__service__pb2.WatchHostsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetSpend(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/amc.v1.FleetService/GetSpend',
+            amc_dot_v1_dot_fleet__service__pb2.GetSpendRequest.SerializeToString,
+            amc_dot_v1_dot_fleet__service__pb2.GetSpendResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -41,9 +41,17 @@ class FleetServiceStub:
     """Stream the fleet live. The stream starts with a snapshot (one message per host, as
     ListHosts lists them), then one message marking the snapshot's end, then one message per
     host whose state changed: it connected or disconnected (also when the replica holding its
-    stream stopped vouching for it), announced other phones, or said hello again. Changes that
-    arrive faster than the watcher reads are coalesced: the watcher gets each host's latest
-    state. The stream never ends on its own.
+    stream stopped vouching for it), announced other phones, said hello again, a phone became
+    busy or idle (`busy_phones`), or its `last_seen_at` moved (at most once per host heartbeat).
+    Changes that arrive faster than the watcher reads are coalesced: the watcher gets each
+    host's latest state. The stream never ends on its own.
+    """
+    GetSpend: _grpc.UnaryUnaryMultiCallable[_fleet_service_pb2.GetSpendRequest, _fleet_service_pb2.GetSpendResponse]
+    """What the fleet spent on model calls (the decision log: the cloud's decisions and those
+    direct-transport hosts shipped), per UTC day, host, provider and model, with today's total
+    against the fleet's daily budget. Callers sum the
+    rows by what they want to see (per host, per model, per day). INVALID_ARGUMENT for a day
+    that is not YYYY-MM-DD, a `since_day` after `until_day`, or a range of more than 366 days.
     """
 
 @_typing.type_check_only
@@ -59,9 +67,17 @@ class FleetServiceAsyncStub(FleetServiceStub):
     """Stream the fleet live. The stream starts with a snapshot (one message per host, as
     ListHosts lists them), then one message marking the snapshot's end, then one message per
     host whose state changed: it connected or disconnected (also when the replica holding its
-    stream stopped vouching for it), announced other phones, or said hello again. Changes that
-    arrive faster than the watcher reads are coalesced: the watcher gets each host's latest
-    state. The stream never ends on its own.
+    stream stopped vouching for it), announced other phones, said hello again, a phone became
+    busy or idle (`busy_phones`), or its `last_seen_at` moved (at most once per host heartbeat).
+    Changes that arrive faster than the watcher reads are coalesced: the watcher gets each
+    host's latest state. The stream never ends on its own.
+    """
+    GetSpend: _aio.UnaryUnaryMultiCallable[_fleet_service_pb2.GetSpendRequest, _fleet_service_pb2.GetSpendResponse]  # type: ignore[assignment]
+    """What the fleet spent on model calls (the decision log: the cloud's decisions and those
+    direct-transport hosts shipped), per UTC day, host, provider and model, with today's total
+    against the fleet's daily budget. Callers sum the
+    rows by what they want to see (per host, per model, per day). INVALID_ARGUMENT for a day
+    that is not YYYY-MM-DD, a `since_day` after `until_day`, or a range of more than 366 days.
     """
 
 class FleetServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -86,9 +102,23 @@ class FleetServiceServicer(metaclass=_abc_1.ABCMeta):
         """Stream the fleet live. The stream starts with a snapshot (one message per host, as
         ListHosts lists them), then one message marking the snapshot's end, then one message per
         host whose state changed: it connected or disconnected (also when the replica holding its
-        stream stopped vouching for it), announced other phones, or said hello again. Changes that
-        arrive faster than the watcher reads are coalesced: the watcher gets each host's latest
-        state. The stream never ends on its own.
+        stream stopped vouching for it), announced other phones, said hello again, a phone became
+        busy or idle (`busy_phones`), or its `last_seen_at` moved (at most once per host heartbeat).
+        Changes that arrive faster than the watcher reads are coalesced: the watcher gets each
+        host's latest state. The stream never ends on its own.
+        """
+
+    @_abc_1.abstractmethod
+    def GetSpend(
+        self,
+        request: _fleet_service_pb2.GetSpendRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_fleet_service_pb2.GetSpendResponse, _abc.Awaitable[_fleet_service_pb2.GetSpendResponse]]:
+        """What the fleet spent on model calls (the decision log: the cloud's decisions and those
+        direct-transport hosts shipped), per UTC day, host, provider and model, with today's total
+        against the fleet's daily budget. Callers sum the
+        rows by what they want to see (per host, per model, per day). INVALID_ARGUMENT for a day
+        that is not YYYY-MM-DD, a `since_day` after `until_day`, or a range of more than 366 days.
         """
 
 def add_FleetServiceServicer_to_server(servicer: FleetServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -27,7 +27,7 @@ from google.protobuf import duration_pb2 as google_dot_protobuf_dot_duration__pb
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1a\x61mc/v1/lease_service.proto\x12\x06\x61mc.v1\x1a\x12\x61mc/v1/types.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xb8\x01\n\x0cLeaseRequest\x12\"\n\x05hello\x18\x01 \x01(\x0b\x32\x11.amc.v1.HostHelloH\x00\x12\'\n\x07renewal\x18\x02 \x01(\x0b\x32\x14.amc.v1.LeaseRenewalH\x00\x12$\n\x06result\x18\x03 \x01(\x0b\x32\x12.amc.v1.TaskResultH\x00\x12-\n\rdevice_update\x18\x04 \x01(\x0b\x32\x14.amc.v1.DeviceUpdateH\x00\x42\x06\n\x04kind\"\xa6\x02\n\rLeaseResponse\x12\"\n\x07welcome\x18\x01 \x01(\x0b\x32\x0f.amc.v1.WelcomeH\x00\x12(\n\nassignment\x18\x02 \x01(\x0b\x32\x12.amc.v1.AssignmentH\x00\x12\"\n\x07renewed\x18\x03 \x01(\x0b\x32\x0f.amc.v1.RenewedH\x00\x12\"\n\x07revoked\x18\x04 \x01(\x0b\x32\x0f.amc.v1.RevokedH\x00\x12\'\n\nresult_ack\x18\x05 \x01(\x0b\x32\x11.amc.v1.ResultAckH\x00\x12$\n\x08rejected\x18\x06 \x01(\x0b\x32\x10.amc.v1.RejectedH\x00\x12(\n\nsuperseded\x18\x07 \x01(\x0b\x32\x12.amc.v1.SupersededH\x00\x42\x06\n\x04kind\"[\n\x0eHeldAssignment\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x02 \x01(\x05\x12\x10\n\x08lease_id\x18\x03 \x01(\t\x12\x15\n\rdevice_serial\x18\x04 \x01(\t\"\xbe\x01\n\tHostHello\x12\x1f\n\x07\x64\x65vices\x18\x01 \x03(\x0b\x32\x0e.amc.v1.Device\x12\x15\n\ragent_version\x18\x02 \x01(\t\x12\x33\n\x11planner_transport\x18\x03 \x01(\x0e\x32\x18.amc.v1.PlannerTransport\x12\x30\n\x10held_assignments\x18\x04 \x03(\x0b\x32\x16.amc.v1.HeldAssignment\x12\x12\n\nprocess_id\x18\x05 \x01(\t\"Q\n\x07Welcome\x12\x0f\n\x07host_id\x18\x01 \x01(\t\x12\x35\n\x0erenew_interval\x18\x02 \x01(\x0b\x32\x19.google.protobuf.DurationB\x02\x18\x01\"/\n\x0c\x44\x65viceUpdate\x12\x1f\n\x07\x64\x65vices\x18\x01 \x03(\x0b\x32\x0e.amc.v1.Device\"\xe9\x02\n\nAssignment\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x02 \x01(\x05\x12\x10\n\x08lease_id\x18\x03 \x01(\t\x12\x15\n\rdevice_serial\x18\x04 \x01(\t\x12\x0c\n\x04goal\x18\x05 \x01(\t\x12\x34\n\x10lease_expires_at\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x31\n\x0elease_duration\x18\x07 \x01(\x0b\x32\x19.google.protobuf.Duration\x12,\n\x08\x64\x65\x61\x64line\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0f\n\x07resumed\x18\t \x01(\x08\x12\'\n\rlast_progress\x18\n \x01(\x0b\x32\x10.amc.v1.Progress\x12\x31\n\x0erenew_interval\x18\x0b \x01(\x0b\x32\x19.google.protobuf.Duration\"f\n\x0cLeaseRenewal\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x02 \x01(\x05\x12\x10\n\x08lease_id\x18\x03 \x01(\t\x12\"\n\x08progress\x18\x04 \x01(\x0b\x32\x10.amc.v1.Progress\"s\n\x07Renewed\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x02 \x01(\x05\x12\x10\n\x08lease_id\x18\x03 \x01(\t\x12\x34\n\x10lease_expires_at\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"t\n\x07Revoked\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x02 \x01(\x05\x12\x10\n\x08lease_id\x18\x03 \x01(\t\x12$\n\x06reason\x18\x04 \x01(\x0e\x32\x14.amc.v1.RevokeReason\x12\x0f\n\x07message\x18\x05 \x01(\t\"\xb2\x01\n\nTaskResult\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x02 \x01(\x05\x12\x10\n\x08lease_id\x18\x03 \x01(\t\x12\"\n\x06status\x18\x04 \x01(\x0e\x32\x12.amc.v1.TaskStatus\x12\x0f\n\x07summary\x18\x05 \x01(\t\x12(\n\x0e\x66inal_progress\x18\x06 \x01(\x0b\x32\x10.amc.v1.Progress\x12\x11\n\tretryable\x18\x07 \x01(\x08\"{\n\tResultAck\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x02 \x01(\x05\x12\x10\n\x08lease_id\x18\x03 \x01(\t\x12\'\n\x0btask_status\x18\x04 \x01(\x0e\x32\x12.amc.v1.TaskStatus\x12\x11\n\tduplicate\x18\x05 \x01(\x08\"\x1d\n\nSuperseded\x12\x0f\n\x07message\x18\x01 \x01(\t\":\n\x08Rejected\x12\x0c\n\x04\x63ode\x18\x01 \x01(\x05\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\x0f\n\x07task_id\x18\x03 \x01(\t*\x84\x02\n\x0cRevokeReason\x12\x1d\n\x19REVOKE_REASON_UNSPECIFIED\x10\x00\x12\x1b\n\x17REVOKE_REASON_CANCELLED\x10\x01\x12\x19\n\x15REVOKE_REASON_EXPIRED\x10\x02\x12\x1c\n\x18REVOKE_REASON_SUPERSEDED\x10\x03\x12\x19\n\x15REVOKE_REASON_UNKNOWN\x10\x04\x12#\n\x1fREVOKE_REASON_DEADLINE_EXCEEDED\x10\x05\x12\x1a\n\x16REVOKE_REASON_FINISHED\x10\x06\x12#\n\x1fREVOKE_REASON_PERMISSION_DENIED\x10\x07\x32H\n\x0cLeaseService\x12\x38\n\x05Lease\x12\x14.amc.v1.LeaseRequest\x1a\x15.amc.v1.LeaseResponse(\x01\x30\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1a\x61mc/v1/lease_service.proto\x12\x06\x61mc.v1\x1a\x12\x61mc/v1/types.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xe1\x01\n\x0cLeaseRequest\x12\"\n\x05hello\x18\x01 \x01(\x0b\x32\x11.amc.v1.HostHelloH\x00\x12\'\n\x07renewal\x18\x02 \x01(\x0b\x32\x14.amc.v1.LeaseRenewalH\x00\x12$\n\x06result\x18\x03 \x01(\x0b\x32\x12.amc.v1.TaskResultH\x00\x12-\n\rdevice_update\x18\x04 \x01(\x0b\x32\x14.amc.v1.DeviceUpdateH\x00\x12\'\n\x06outbox\x18\x05 \x01(\x0b\x32\x15.amc.v1.OutboxBacklogH\x00\x42\x06\n\x04kind\"\xa6\x02\n\rLeaseResponse\x12\"\n\x07welcome\x18\x01 \x01(\x0b\x32\x0f.amc.v1.WelcomeH\x00\x12(\n\nassignment\x18\x02 \x01(\x0b\x32\x12.amc.v1.AssignmentH\x00\x12\"\n\x07renewed\x18\x03 \x01(\x0b\x32\x0f.amc.v1.RenewedH\x00\x12\"\n\x07revoked\x18\x04 \x01(\x0b\x32\x0f.amc.v1.RevokedH\x00\x12\'\n\nresult_ack\x18\x05 \x01(\x0b\x32\x11.amc.v1.ResultAckH\x00\x12$\n\x08rejected\x18\x06 \x01(\x0b\x32\x10.amc.v1.RejectedH\x00\x12(\n\nsuperseded\x18\x07 \x01(\x0b\x32\x12.amc.v1.SupersededH\x00\x42\x06\n\x04kind\"[\n\x0eHeldAssignment\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x02 \x01(\x05\x12\x10\n\x08lease_id\x18\x03 \x01(\t\x12\x15\n\rdevice_serial\x18\x04 \x01(\t\"\xe5\x01\n\tHostHello\x12\x1f\n\x07\x64\x65vices\x18\x01 \x03(\x0b\x32\x0e.amc.v1.Device\x12\x15\n\ragent_version\x18\x02 \x01(\t\x12\x33\n\x11planner_transport\x18\x03 \x01(\x0e\x32\x18.amc.v1.PlannerTransport\x12\x30\n\x10held_assignments\x18\x04 \x03(\x0b\x32\x16.amc.v1.HeldAssignment\x12\x12\n\nprocess_id\x18\x05 \x01(\t\x12%\n\x06outbox\x18\x06 \x01(\x0b\x32\x15.amc.v1.OutboxBacklog\"Q\n\x07Welcome\x12\x0f\n\x07host_id\x18\x01 \x01(\t\x12\x35\n\x0erenew_interval\x18\x02 \x01(\x0b\x32\x19.google.protobuf.DurationB\x02\x18\x01\"/\n\x0c\x44\x65viceUpdate\x12\x1f\n\x07\x64\x65vices\x18\x01 \x03(\x0b\x32\x0e.amc.v1.Device\"\xcd\x04\n\nAssignment\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x02 \x01(\x05\x12\x10\n\x08lease_id\x18\x03 \x01(\t\x12\x15\n\rdevice_serial\x18\x04 \x01(\t\x12\x0c\n\x04goal\x18\x05 \x01(\t\x12\x34\n\x10lease_expires_at\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x31\n\x0elease_duration\x18\x07 \x01(\x0b\x32\x19.google.protobuf.Duration\x12,\n\x08\x64\x65\x61\x64line\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0f\n\x07resumed\x18\t \x01(\x08\x12\'\n\rlast_progress\x18\n \x01(\x0b\x32\x10.amc.v1.Progress\x12\x31\n\x0erenew_interval\x18\x0b \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x30\n\x07secrets\x18\x0c \x03(\x0b\x32\x1f.amc.v1.Assignment.SecretsEntry\x12\x1a\n\x04\x66low\x18\r \x01(\x0b\x32\x0c.amc.v1.Flow\x12\"\n\x0c\x61lternatives\x18\x0e \x03(\x0b\x32\x0c.amc.v1.Flow\x12\"\n\x06\x62udget\x18\x0f \x01(\x0b\x32\x12.amc.v1.TaskBudget\x12\x1c\n\x05spent\x18\x10 \x01(\x0b\x32\r.amc.v1.Usage\x1a.\n\x0cSecretsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"f\n\x0cLeaseRenewal\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x02 \x01(\x05\x12\x10\n\x08lease_id\x18\x03 \x01(\t\x12\"\n\x08progress\x18\x04 \x01(\x0b\x32\x10.amc.v1.Progress\"s\n\x07Renewed\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x02 \x01(\x05\x12\x10\n\x08lease_id\x18\x03 \x01(\t\x12\x34\n\x10lease_expires_at\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"t\n\x07Revoked\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x02 \x01(\x05\x12\x10\n\x08lease_id\x18\x03 \x01(\t\x12$\n\x06reason\x18\x04 \x01(\x0e\x32\x14.amc.v1.RevokeReason\x12\x0f\n\x07message\x18\x05 \x01(\t\"\xdc\x01\n\nTaskResult\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x02 \x01(\x05\x12\x10\n\x08lease_id\x18\x03 \x01(\t\x12\"\n\x06status\x18\x04 \x01(\x0e\x32\x12.amc.v1.TaskStatus\x12\x0f\n\x07summary\x18\x05 \x01(\t\x12(\n\x0e\x66inal_progress\x18\x06 \x01(\x0b\x32\x10.amc.v1.Progress\x12\x11\n\tretryable\x18\x07 \x01(\x08\x12(\n\x06replay\x18\x08 \x01(\x0b\x32\x18.amc.v1.FlowReplayReport\"\x89\x01\n\tResultAck\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x02 \x01(\x05\x12\x10\n\x08lease_id\x18\x03 \x01(\t\x12\'\n\x0btask_status\x18\x04 \x01(\x0e\x32\x12.amc.v1.TaskStatus\x12\x11\n\tduplicate\x18\x05 \x01(\x08\x12\x0c\n\x04late\x18\x06 \x01(\x08\"\x1d\n\nSuperseded\x12\x0f\n\x07message\x18\x01 \x01(\t\":\n\x08Rejected\x12\x0c\n\x04\x63ode\x18\x01 \x01(\x05\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\x0f\n\x07task_id\x18\x03 \x01(\t*\x84\x02\n\x0cRevokeReason\x12\x1d\n\x19REVOKE_REASON_UNSPECIFIED\x10\x00\x12\x1b\n\x17REVOKE_REASON_CANCELLED\x10\x01\x12\x19\n\x15REVOKE_REASON_EXPIRED\x10\x02\x12\x1c\n\x18REVOKE_REASON_SUPERSEDED\x10\x03\x12\x19\n\x15REVOKE_REASON_UNKNOWN\x10\x04\x12#\n\x1fREVOKE_REASON_DEADLINE_EXCEEDED\x10\x05\x12\x1a\n\x16REVOKE_REASON_FINISHED\x10\x06\x12#\n\x1fREVOKE_REASON_PERMISSION_DENIED\x10\x07\x32H\n\x0cLeaseService\x12\x38\n\x05Lease\x12\x14.amc.v1.LeaseRequest\x1a\x15.amc.v1.LeaseResponse(\x01\x30\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -36,36 +36,40 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_WELCOME'].fields_by_name['renew_interval']._loaded_options = None
   _globals['_WELCOME'].fields_by_name['renew_interval']._serialized_options = b'\030\001'
-  _globals['_REVOKEREASON']._serialized_start=2126
-  _globals['_REVOKEREASON']._serialized_end=2386
+  _globals['_ASSIGNMENT_SECRETSENTRY']._loaded_options = None
+  _globals['_ASSIGNMENT_SECRETSENTRY']._serialized_options = b'8\001'
+  _globals['_REVOKEREASON']._serialized_start=2491
+  _globals['_REVOKEREASON']._serialized_end=2751
   _globals['_LEASEREQUEST']._serialized_start=124
-  _globals['_LEASEREQUEST']._serialized_end=308
-  _globals['_LEASERESPONSE']._serialized_start=311
-  _globals['_LEASERESPONSE']._serialized_end=605
-  _globals['_HELDASSIGNMENT']._serialized_start=607
-  _globals['_HELDASSIGNMENT']._serialized_end=698
-  _globals['_HOSTHELLO']._serialized_start=701
-  _globals['_HOSTHELLO']._serialized_end=891
-  _globals['_WELCOME']._serialized_start=893
-  _globals['_WELCOME']._serialized_end=974
-  _globals['_DEVICEUPDATE']._serialized_start=976
-  _globals['_DEVICEUPDATE']._serialized_end=1023
-  _globals['_ASSIGNMENT']._serialized_start=1026
-  _globals['_ASSIGNMENT']._serialized_end=1387
-  _globals['_LEASERENEWAL']._serialized_start=1389
-  _globals['_LEASERENEWAL']._serialized_end=1491
-  _globals['_RENEWED']._serialized_start=1493
-  _globals['_RENEWED']._serialized_end=1608
-  _globals['_REVOKED']._serialized_start=1610
-  _globals['_REVOKED']._serialized_end=1726
-  _globals['_TASKRESULT']._serialized_start=1729
-  _globals['_TASKRESULT']._serialized_end=1907
-  _globals['_RESULTACK']._serialized_start=1909
-  _globals['_RESULTACK']._serialized_end=2032
-  _globals['_SUPERSEDED']._serialized_start=2034
-  _globals['_SUPERSEDED']._serialized_end=2063
-  _globals['_REJECTED']._serialized_start=2065
-  _globals['_REJECTED']._serialized_end=2123
-  _globals['_LEASESERVICE']._serialized_start=2388
-  _globals['_LEASESERVICE']._serialized_end=2460
+  _globals['_LEASEREQUEST']._serialized_end=349
+  _globals['_LEASERESPONSE']._serialized_start=352
+  _globals['_LEASERESPONSE']._serialized_end=646
+  _globals['_HELDASSIGNMENT']._serialized_start=648
+  _globals['_HELDASSIGNMENT']._serialized_end=739
+  _globals['_HOSTHELLO']._serialized_start=742
+  _globals['_HOSTHELLO']._serialized_end=971
+  _globals['_WELCOME']._serialized_start=973
+  _globals['_WELCOME']._serialized_end=1054
+  _globals['_DEVICEUPDATE']._serialized_start=1056
+  _globals['_DEVICEUPDATE']._serialized_end=1103
+  _globals['_ASSIGNMENT']._serialized_start=1106
+  _globals['_ASSIGNMENT']._serialized_end=1695
+  _globals['_ASSIGNMENT_SECRETSENTRY']._serialized_start=1649
+  _globals['_ASSIGNMENT_SECRETSENTRY']._serialized_end=1695
+  _globals['_LEASERENEWAL']._serialized_start=1697
+  _globals['_LEASERENEWAL']._serialized_end=1799
+  _globals['_RENEWED']._serialized_start=1801
+  _globals['_RENEWED']._serialized_end=1916
+  _globals['_REVOKED']._serialized_start=1918
+  _globals['_REVOKED']._serialized_end=2034
+  _globals['_TASKRESULT']._serialized_start=2037
+  _globals['_TASKRESULT']._serialized_end=2257
+  _globals['_RESULTACK']._serialized_start=2260
+  _globals['_RESULTACK']._serialized_end=2397
+  _globals['_SUPERSEDED']._serialized_start=2399
+  _globals['_SUPERSEDED']._serialized_end=2428
+  _globals['_REJECTED']._serialized_start=2430
+  _globals['_REJECTED']._serialized_end=2488
+  _globals['_LEASESERVICE']._serialized_start=2753
+  _globals['_LEASESERVICE']._serialized_end=2825
 # @@protoc_insertion_point(module_scope)

@@ -85,6 +85,7 @@ class LeaseRequest(_message.Message):
     RENEWAL_FIELD_NUMBER: _builtins.int
     RESULT_FIELD_NUMBER: _builtins.int
     DEVICE_UPDATE_FIELD_NUMBER: _builtins.int
+    OUTBOX_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def hello(self) -> Global___HostHello:
         """First message on every stream."""
@@ -101,6 +102,12 @@ class LeaseRequest(_message.Message):
     def device_update(self) -> Global___DeviceUpdate:
         """The host's phones changed (one went offline, one came back)."""
 
+    @_builtins.property
+    def outbox(self) -> _types_pb2.OutboxBacklog:
+        """The host's outbox backlog changed (sent when it changes, at most about once a second,
+        and when it empties). Shown to operators as Host.outbox; never answered.
+        """
+
     def __init__(
         self,
         *,
@@ -108,12 +115,13 @@ class LeaseRequest(_message.Message):
         renewal: Global___LeaseRenewal | None = ...,
         result: Global___TaskResult | None = ...,
         device_update: Global___DeviceUpdate | None = ...,
+        outbox: _types_pb2.OutboxBacklog | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["device_update", b"device_update", "hello", b"hello", "kind", b"kind", "renewal", b"renewal", "result", b"result"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["device_update", b"device_update", "hello", b"hello", "kind", b"kind", "outbox", b"outbox", "renewal", b"renewal", "result", b"result"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["device_update", b"device_update", "hello", b"hello", "kind", b"kind", "renewal", b"renewal", "result", b"result"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["device_update", b"device_update", "hello", b"hello", "kind", b"kind", "outbox", b"outbox", "renewal", b"renewal", "result", b"result"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_kind: _TypeAlias = _typing.Literal["hello", "renewal", "result", "device_update"]  # noqa: Y015
+    _WhichOneofReturnType_kind: _TypeAlias = _typing.Literal["hello", "renewal", "result", "device_update", "outbox"]  # noqa: Y015
     _WhichOneofArgType_kind: _TypeAlias = _typing.Literal["kind", b"kind"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_kind) -> _WhichOneofReturnType_kind | None: ...
 
@@ -226,6 +234,7 @@ class HostHello(_message.Message):
     PLANNER_TRANSPORT_FIELD_NUMBER: _builtins.int
     HELD_ASSIGNMENTS_FIELD_NUMBER: _builtins.int
     PROCESS_ID_FIELD_NUMBER: _builtins.int
+    OUTBOX_FIELD_NUMBER: _builtins.int
     agent_version: _builtins.str
     """Version of the host agent."""
     planner_transport: _types_pb2.PlannerTransport.ValueType
@@ -248,6 +257,10 @@ class HostHello(_message.Message):
         resumed=true), others are revoked.
         """
 
+    @_builtins.property
+    def outbox(self) -> _types_pb2.OutboxBacklog:
+        """The host's outbox backlog at connect time (unset: the host keeps no outbox)."""
+
     def __init__(
         self,
         *,
@@ -256,10 +269,11 @@ class HostHello(_message.Message):
         planner_transport: _types_pb2.PlannerTransport.ValueType = ...,
         held_assignments: _abc.Iterable[Global___HeldAssignment] | None = ...,
         process_id: _builtins.str = ...,
+        outbox: _types_pb2.OutboxBacklog | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["outbox", b"outbox"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_version", b"agent_version", "devices", b"devices", "held_assignments", b"held_assignments", "planner_transport", b"planner_transport", "process_id", b"process_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_version", b"agent_version", "devices", b"devices", "held_assignments", b"held_assignments", "outbox", b"outbox", "planner_transport", b"planner_transport", "process_id", b"process_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -326,6 +340,26 @@ class Assignment(_message.Message):
 
     DESCRIPTOR: _descriptor.Descriptor
 
+    @_typing.final
+    class SecretsEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.str
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.str = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
     TASK_ID_FIELD_NUMBER: _builtins.int
     ATTEMPT_FIELD_NUMBER: _builtins.int
     LEASE_ID_FIELD_NUMBER: _builtins.int
@@ -337,6 +371,11 @@ class Assignment(_message.Message):
     RESUMED_FIELD_NUMBER: _builtins.int
     LAST_PROGRESS_FIELD_NUMBER: _builtins.int
     RENEW_INTERVAL_FIELD_NUMBER: _builtins.int
+    SECRETS_FIELD_NUMBER: _builtins.int
+    FLOW_FIELD_NUMBER: _builtins.int
+    ALTERNATIVES_FIELD_NUMBER: _builtins.int
+    BUDGET_FIELD_NUMBER: _builtins.int
+    SPENT_FIELD_NUMBER: _builtins.int
     task_id: _builtins.str
     """Task id."""
     attempt: _builtins.int
@@ -371,6 +410,42 @@ class Assignment(_message.Message):
         lost before the lease runs out. Always set by the cloud.
         """
 
+    @_builtins.property
+    def secrets(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
+        """The task's secret parameters, name → value (SubmitTaskRequest.secrets), for the host to type
+        where a decision's input_text says `{{secret:NAME}}`. Sent to the lease holder only, over
+        its mTLS stream, in a fresh assignment (not repeated in a resumed one: the host still holds
+        them). The host keeps them in memory for this attempt only and never records, logs or sends
+        them anywhere else; everything it observes afterwards is scrubbed of them.
+        """
+
+    @_builtins.property
+    def flow(self) -> _types_pb2.Flow:
+        """A learned flow the cloud retrieved for this goal, with the goal's parameter values: the
+        host's planner replays it step by step without the model (on the cloud transport the
+        cloud replays it inside Decide, so a host may ignore it). Unset when none matched well
+        enough, the task asked for no replay, or an earlier attempt of the task diverged from it.
+        """
+
+    @_builtins.property
+    def alternatives(self) -> _containers.RepeatedCompositeFieldContainer[_types_pb2.Flow]:
+        """Other flows learned for the same goal that also scored above the threshold, best first
+        (at most 2): the replay starts with the first flow, of `flow` and these, whose first step
+        fits the screen (the same goal may have been learned from different starting screens).
+        """
+
+    @_builtins.property
+    def budget(self) -> _types_pb2.TaskBudget:
+        """The task's spending caps (0: no cap of that kind). A host that calls the model itself
+        (direct transport) checks them before each call; on the cloud transport the cloud does.
+        """
+
+    @_builtins.property
+    def spent(self) -> _types_pb2.Usage:
+        """What the cloud's decision log says the task spent before this assignment (earlier
+        attempts on the cloud transport); a direct-transport host adds its own spending to it.
+        """
+
     def __init__(
         self,
         *,
@@ -385,10 +460,15 @@ class Assignment(_message.Message):
         resumed: _builtins.bool = ...,
         last_progress: _types_pb2.Progress | None = ...,
         renew_interval: _duration_pb2.Duration | None = ...,
+        secrets: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
+        flow: _types_pb2.Flow | None = ...,
+        alternatives: _abc.Iterable[_types_pb2.Flow] | None = ...,
+        budget: _types_pb2.TaskBudget | None = ...,
+        spent: _types_pb2.Usage | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["deadline", b"deadline", "last_progress", b"last_progress", "lease_duration", b"lease_duration", "lease_expires_at", b"lease_expires_at", "renew_interval", b"renew_interval"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["budget", b"budget", "deadline", b"deadline", "flow", b"flow", "last_progress", b"last_progress", "lease_duration", b"lease_duration", "lease_expires_at", b"lease_expires_at", "renew_interval", b"renew_interval", "spent", b"spent"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "deadline", b"deadline", "device_serial", b"device_serial", "goal", b"goal", "last_progress", b"last_progress", "lease_duration", b"lease_duration", "lease_expires_at", b"lease_expires_at", "lease_id", b"lease_id", "renew_interval", b"renew_interval", "resumed", b"resumed", "task_id", b"task_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["alternatives", b"alternatives", "attempt", b"attempt", "budget", b"budget", "deadline", b"deadline", "device_serial", b"device_serial", "flow", b"flow", "goal", b"goal", "last_progress", b"last_progress", "lease_duration", b"lease_duration", "lease_expires_at", b"lease_expires_at", "lease_id", b"lease_id", "renew_interval", b"renew_interval", "resumed", b"resumed", "secrets", b"secrets", "spent", b"spent", "task_id", b"task_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -509,7 +589,13 @@ Global___Revoked: _TypeAlias = Revoked  # noqa: Y015
 
 @_typing.final
 class TaskResult(_message.Message):
-    """How an attempt ended."""
+    """How an attempt ended. The host keeps a result and sends it again (also on a new stream after
+    a reconnect) until a ResultAck or a Revoked for that attempt arrives. A result whose lease
+    ran out before it arrived is still accepted, and acknowledged with `late`, while no other
+    attempt of the task has started (and the task was not cancelled, and its deadline has not
+    passed): the work is done and is not run again. Once another attempt has started, a result
+    for the older one is refused (Revoked, REVOKE_REASON_SUPERSEDED) whatever it says.
+    """
 
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -520,6 +606,7 @@ class TaskResult(_message.Message):
     SUMMARY_FIELD_NUMBER: _builtins.int
     FINAL_PROGRESS_FIELD_NUMBER: _builtins.int
     RETRYABLE_FIELD_NUMBER: _builtins.int
+    REPLAY_FIELD_NUMBER: _builtins.int
     task_id: _builtins.str
     """Task id."""
     attempt: _builtins.int
@@ -542,6 +629,12 @@ class TaskResult(_message.Message):
     def final_progress(self) -> _types_pb2.Progress:
         """The last progress of the attempt."""
 
+    @_builtins.property
+    def replay(self) -> _types_pb2.FlowReplayReport:
+        """Direct transport: how replaying the assignment's flow went (unset when it had none). The
+        cloud counts it on the flow (replays, divergences, retirement).
+        """
+
     def __init__(
         self,
         *,
@@ -552,10 +645,11 @@ class TaskResult(_message.Message):
         summary: _builtins.str = ...,
         final_progress: _types_pb2.Progress | None = ...,
         retryable: _builtins.bool = ...,
+        replay: _types_pb2.FlowReplayReport | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["final_progress", b"final_progress"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["final_progress", b"final_progress", "replay", b"replay"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "final_progress", b"final_progress", "lease_id", b"lease_id", "retryable", b"retryable", "status", b"status", "summary", b"summary", "task_id", b"task_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "final_progress", b"final_progress", "lease_id", b"lease_id", "replay", b"replay", "retryable", b"retryable", "status", b"status", "summary", b"summary", "task_id", b"task_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -572,6 +666,7 @@ class ResultAck(_message.Message):
     LEASE_ID_FIELD_NUMBER: _builtins.int
     TASK_STATUS_FIELD_NUMBER: _builtins.int
     DUPLICATE_FIELD_NUMBER: _builtins.int
+    LATE_FIELD_NUMBER: _builtins.int
     task_id: _builtins.str
     """Task id."""
     attempt: _builtins.int
@@ -582,6 +677,10 @@ class ResultAck(_message.Message):
     """Status of the task after the result."""
     duplicate: _builtins.bool
     """True when this exact result had already been recorded (a retry)."""
+    late: _builtins.bool
+    """True when the result arrived after the attempt's lease had run out, before any other
+    attempt had started: it was accepted and is recorded as late (Attempt.late_result).
+    """
     def __init__(
         self,
         *,
@@ -590,10 +689,11 @@ class ResultAck(_message.Message):
         lease_id: _builtins.str = ...,
         task_status: _types_pb2.TaskStatus.ValueType = ...,
         duplicate: _builtins.bool = ...,
+        late: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "duplicate", b"duplicate", "lease_id", b"lease_id", "task_id", b"task_id", "task_status", b"task_status"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "duplicate", b"duplicate", "late", b"late", "lease_id", b"lease_id", "task_id", b"task_id", "task_status", b"task_status"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

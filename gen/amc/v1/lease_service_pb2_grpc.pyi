@@ -30,8 +30,8 @@ class LeaseServiceStub:
     """The one stream between a host and the cloud. The host's identity is the identity in its client
     certificate; no field of any message can claim another host.
 
-    Host -> cloud: a HostHello first, then renewals (each with the latest progress), results and
-    device updates in any order. Cloud -> host: Welcome, then assignments, renewals, revocations,
+    Host -> cloud: a HostHello first, then renewals (each with the latest progress), results,
+    device updates and outbox reports in any order. Cloud -> host: Welcome, then assignments, renewals, revocations,
     result acknowledgements and rejections.
 
     A renewal or result that names a (task, attempt, lease id) that is not the caller's live lease
@@ -54,8 +54,8 @@ class LeaseServiceAsyncStub(LeaseServiceStub):
     """The one stream between a host and the cloud. The host's identity is the identity in its client
     certificate; no field of any message can claim another host.
 
-    Host -> cloud: a HostHello first, then renewals (each with the latest progress), results and
-    device updates in any order. Cloud -> host: Welcome, then assignments, renewals, revocations,
+    Host -> cloud: a HostHello first, then renewals (each with the latest progress), results,
+    device updates and outbox reports in any order. Cloud -> host: Welcome, then assignments, renewals, revocations,
     result acknowledgements and rejections.
 
     A renewal or result that names a (task, attempt, lease id) that is not the caller's live lease
@@ -74,8 +74,8 @@ class LeaseServiceServicer(metaclass=_abc_1.ABCMeta):
     """The one stream between a host and the cloud. The host's identity is the identity in its client
     certificate; no field of any message can claim another host.
 
-    Host -> cloud: a HostHello first, then renewals (each with the latest progress), results and
-    device updates in any order. Cloud -> host: Welcome, then assignments, renewals, revocations,
+    Host -> cloud: a HostHello first, then renewals (each with the latest progress), results,
+    device updates and outbox reports in any order. Cloud -> host: Welcome, then assignments, renewals, revocations,
     result acknowledgements and rejections.
 
     A renewal or result that names a (task, attempt, lease id) that is not the caller's live lease

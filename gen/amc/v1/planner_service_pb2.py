@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from amc.v1 import types_pb2 as amc_dot_v1_dot_types__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1c\x61mc/v1/planner_service.proto\x12\x06\x61mc.v1\x1a\x12\x61mc/v1/types.proto\"\xe4\x02\n\rDecideRequest\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x02 \x01(\x05\x12\x10\n\x08lease_id\x18\x03 \x01(\t\x12\x19\n\rsystem_prompt\x18\x04 \x01(\tB\x02\x18\x01\x12\x17\n\x0buser_prompt\x18\x05 \x01(\tB\x02\x18\x01\x12\x12\n\nscreenshot\x18\x06 \x01(\x0c\x12\x17\n\x0b\x65lement_ids\x18\x07 \x03(\tB\x02\x18\x01\x12\x18\n\x0cscreen_width\x18\x08 \x01(\x05\x42\x02\x18\x01\x12\x19\n\rscreen_height\x18\t \x01(\x05\x42\x02\x18\x01\x12(\n\x07session\x18\n \x01(\x0b\x32\x13.amc.v1.SessionStepB\x02\x18\x01\x12.\n\x0bobservation\x18\x0b \x01(\x0b\x32\x19.amc.v1.ScreenObservation\x12/\n\x10previous_outcome\x18\x0c \x01(\x0b\x32\x15.amc.v1.ActionOutcome\"p\n\x0bSessionStep\x12\x0c\n\x04goal\x18\x01 \x01(\t\x12\x12\n\nscene_json\x18\x02 \x01(\t\x12\x0c\n\x04page\x18\x03 \x01(\t\x12-\n\x10previous_outcome\x18\x04 \x01(\x0b\x32\x13.amc.v1.ToolOutcome:\x02\x18\x01\"D\n\x0bToolOutcome\x12\x0f\n\x07\x63\x61ll_id\x18\x01 \x01(\t\x12\x0e\n\x06output\x18\x02 \x01(\t\x12\x10\n\x08is_error\x18\x03 \x01(\x08:\x02\x18\x01\"M\n\x0e\x44\x65\x63ideResponse\x12\"\n\x08\x64\x65\x63ision\x18\x01 \x01(\x0b\x32\x10.amc.v1.Decision\x12\x17\n\x0fsession_call_id\x18\x02 \x01(\t2I\n\x0ePlannerService\x12\x37\n\x06\x44\x65\x63ide\x12\x15.amc.v1.DecideRequest\x1a\x16.amc.v1.DecideResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1c\x61mc/v1/planner_service.proto\x12\x06\x61mc.v1\x1a\x12\x61mc/v1/types.proto\"\xf6\x02\n\rDecideRequest\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x02 \x01(\x05\x12\x10\n\x08lease_id\x18\x03 \x01(\t\x12\x19\n\rsystem_prompt\x18\x04 \x01(\tB\x02\x18\x01\x12\x17\n\x0buser_prompt\x18\x05 \x01(\tB\x02\x18\x01\x12\x12\n\nscreenshot\x18\x06 \x01(\x0c\x12\x17\n\x0b\x65lement_ids\x18\x07 \x03(\tB\x02\x18\x01\x12\x18\n\x0cscreen_width\x18\x08 \x01(\x05\x42\x02\x18\x01\x12\x19\n\rscreen_height\x18\t \x01(\x05\x42\x02\x18\x01\x12(\n\x07session\x18\n \x01(\x0b\x32\x13.amc.v1.SessionStepB\x02\x18\x01\x12.\n\x0bobservation\x18\x0b \x01(\x0b\x32\x19.amc.v1.ScreenObservation\x12/\n\x10previous_outcome\x18\x0c \x01(\x0b\x32\x15.amc.v1.ActionOutcome\x12\x10\n\x08step_key\x18\r \x01(\t\"p\n\x0bSessionStep\x12\x0c\n\x04goal\x18\x01 \x01(\t\x12\x12\n\nscene_json\x18\x02 \x01(\t\x12\x0c\n\x04page\x18\x03 \x01(\t\x12-\n\x10previous_outcome\x18\x04 \x01(\x0b\x32\x13.amc.v1.ToolOutcome:\x02\x18\x01\"D\n\x0bToolOutcome\x12\x0f\n\x07\x63\x61ll_id\x18\x01 \x01(\t\x12\x0e\n\x06output\x18\x02 \x01(\t\x12\x10\n\x08is_error\x18\x03 \x01(\x08:\x02\x18\x01\"_\n\x0e\x44\x65\x63ideResponse\x12\"\n\x08\x64\x65\x63ision\x18\x01 \x01(\x0b\x32\x10.amc.v1.Decision\x12\x17\n\x0fsession_call_id\x18\x02 \x01(\t\x12\x10\n\x08replayed\x18\x03 \x01(\x08\x32I\n\x0ePlannerService\x12\x37\n\x06\x44\x65\x63ide\x12\x15.amc.v1.DecideRequest\x1a\x16.amc.v1.DecideResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -49,13 +49,13 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_TOOLOUTCOME']._loaded_options = None
   _globals['_TOOLOUTCOME']._serialized_options = b'\030\001'
   _globals['_DECIDEREQUEST']._serialized_start=61
-  _globals['_DECIDEREQUEST']._serialized_end=417
-  _globals['_SESSIONSTEP']._serialized_start=419
-  _globals['_SESSIONSTEP']._serialized_end=531
-  _globals['_TOOLOUTCOME']._serialized_start=533
-  _globals['_TOOLOUTCOME']._serialized_end=601
-  _globals['_DECIDERESPONSE']._serialized_start=603
-  _globals['_DECIDERESPONSE']._serialized_end=680
-  _globals['_PLANNERSERVICE']._serialized_start=682
-  _globals['_PLANNERSERVICE']._serialized_end=755
+  _globals['_DECIDEREQUEST']._serialized_end=435
+  _globals['_SESSIONSTEP']._serialized_start=437
+  _globals['_SESSIONSTEP']._serialized_end=549
+  _globals['_TOOLOUTCOME']._serialized_start=551
+  _globals['_TOOLOUTCOME']._serialized_end=619
+  _globals['_DECIDERESPONSE']._serialized_start=621
+  _globals['_DECIDERESPONSE']._serialized_end=716
+  _globals['_PLANNERSERVICE']._serialized_start=718
+  _globals['_PLANNERSERVICE']._serialized_end=791
 # @@protoc_insertion_point(module_scope)

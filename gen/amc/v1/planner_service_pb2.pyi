@@ -42,6 +42,7 @@ class DecideRequest(_message.Message):
     SESSION_FIELD_NUMBER: _builtins.int
     OBSERVATION_FIELD_NUMBER: _builtins.int
     PREVIOUS_OUTCOME_FIELD_NUMBER: _builtins.int
+    STEP_KEY_FIELD_NUMBER: _builtins.int
     task_id: _builtins.str
     """Task id (from the Assignment)."""
     attempt: _builtins.int
@@ -100,6 +101,13 @@ class DecideRequest(_message.Message):
     def screen_height(self, value: _builtins.int) -> None:
         """Deprecated: use `observation.screen_height`."""
 
+    step_key: _builtins.str
+    """Names this planning step of the attempt, so a retry is planned once (see Decide). Any 1 to
+    64 printable ASCII characters without spaces, unique per step within the attempt; a retry of
+    the same step sends the same key (the Python host sends the 1-based number of the step in
+    the attempt: "1", "2", …). Only with `observation` (INVALID_ARGUMENT with the deprecated
+    forms, or for a key outside these limits). Empty: every call plans anew, as before.
+    """
     @_builtins.property
     @_deprecated("""This field has been marked as deprecated using proto field options.""")
     def element_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
@@ -138,10 +146,11 @@ class DecideRequest(_message.Message):
         session: Global___SessionStep | None = ...,
         observation: _types_pb2.ScreenObservation | None = ...,
         previous_outcome: _types_pb2.ActionOutcome | None = ...,
+        step_key: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["observation", b"observation", "previous_outcome", b"previous_outcome", "session", b"session"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "element_ids", b"element_ids", "lease_id", b"lease_id", "observation", b"observation", "previous_outcome", b"previous_outcome", "screen_height", b"screen_height", "screen_width", b"screen_width", "screenshot", b"screenshot", "session", b"session", "system_prompt", b"system_prompt", "task_id", b"task_id", "user_prompt", b"user_prompt"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "element_ids", b"element_ids", "lease_id", b"lease_id", "observation", b"observation", "previous_outcome", b"previous_outcome", "screen_height", b"screen_height", "screen_width", b"screen_width", "screenshot", b"screenshot", "session", b"session", "step_key", b"step_key", "system_prompt", b"system_prompt", "task_id", b"task_id", "user_prompt", b"user_prompt"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -228,10 +237,17 @@ class DecideResponse(_message.Message):
 
     DECISION_FIELD_NUMBER: _builtins.int
     SESSION_CALL_ID_FIELD_NUMBER: _builtins.int
+    REPLAYED_FIELD_NUMBER: _builtins.int
     session_call_id: _builtins.str
     """Session mode: the id of the decision's tool call in the conversation (the deprecated
     ToolOutcome.call_id of the next step). Empty in compact mode. Hosts that send observations
-    need not read it: ActionOutcome names the decision by step index.
+    need not read it: ActionOutcome names the decision by step index. Empty when `replayed`.
+    """
+    replayed: _builtins.bool
+    """This answer repeats the decision already logged under the request's step_key (a retry after
+    a lost answer); the host executes it as if it were the first answer. A sensitive
+    input_text value is never stored, so a replayed decision carries it as "•••": the host does
+    not type that, and reports the step as not executed (the next call plans again).
     """
     @_builtins.property
     def decision(self) -> _types_pb2.Decision:
@@ -242,10 +258,11 @@ class DecideResponse(_message.Message):
         *,
         decision: _types_pb2.Decision | None = ...,
         session_call_id: _builtins.str = ...,
+        replayed: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["decision", b"decision"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["decision", b"decision", "session_call_id", b"session_call_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["decision", b"decision", "replayed", b"replayed", "session_call_id", b"session_call_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -65,9 +65,23 @@ class PlannerServiceServicer:
         when (task, attempt, lease id) is not a live lease (expired, revoked, superseded, unknown);
         INVALID_ARGUMENT, naming the field, for a missing or oversize observation (see
         ScreenObservation and UiElement for the limits), a screenshot over 8 MiB, or a
-        previous_outcome that names no decision of this attempt.
+        previous_outcome that names no decision of this attempt, carries an unknown verdict or
+        an oversize error, driver output or evidence; FAILED_PRECONDITION with details
+        starting "budget exhausted: " (e.g. "budget exhausted: 10,412 tokens of the task's 10,000")
+        when what the task spent has reached one of its caps (Task.budget), or today's fleet
+        spending one of the fleet's daily caps: no model call is made; end the attempt as FAILED
+        and do not retry it (every later call of the task gets the same answer until the cap is
+        raised, or the next UTC day for a daily cap).
 
-        Then the cloud records previous_outcome on the decision it names and plans:
+        A request with a `step_key` the attempt already has a logged decision for is answered with
+        that decision (same step index, `replayed` set) after the lease check, without planning
+        again: no second model call and no second decision row. This is how a host retries a call
+        whose answer it lost (a cancelled stream, a restarting cloud, DEADLINE_EXCEEDED).
+
+        Then the cloud records previous_outcome on the decision it names (with the host's
+        verdict, or its own check of this observation when the host sent none), and plans: when
+        the attempt was handed learned flows and the screen agrees with one, its next step is the
+        decision (mode PLANNER_MODE_REPLAY, no model call); otherwise the model decides:
         UNAVAILABLE (provider overloaded, failing or unreachable) or RESOURCE_EXHAUSTED (rate
         limited) when planning is temporarily impossible: ask again later, the task has not failed
         (nothing is logged); PERMISSION_DENIED when the provider refuses the cloud's credentials
@@ -75,6 +89,14 @@ class PlannerServiceServicer:
         no usable decision (an unusable tool call twice, or a request the provider refused as
         invalid even after a checkpoint); ABORTED when another call continued the same
         session-mode conversation at the same time (retry once).
+
+        Transient failures of the cloud itself: UNAVAILABLE ("the cloud's database is unavailable;
+        retry") while its database cannot be reached, at any point of the call; a call cut off by a
+        cloud restart or a reset connection reaches the host as UNAVAILABLE, CANCELLED or
+        DEADLINE_EXCEEDED. A host asks again with backoff, with the same step_key, for as long as
+        its lease is live: the step is planned once whichever of these happened. An UNAVAILABLE or
+        RESOURCE_EXHAUSTED answer carries the trailing metadata `amc-waiting-for` naming what is
+        unavailable, in words for a progress line: "the model provider" or "the cloud's database".
 
         Deprecated requests that carry prompts (system_prompt/user_prompt) or a SessionStep instead
         of an observation are still answered for one release, as before (UNIMPLEMENTED for a

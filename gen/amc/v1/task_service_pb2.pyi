@@ -8,7 +8,9 @@ from collections import abc as _abc
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import duration_pb2 as _duration_pb2
 from google.protobuf import message as _message
+from google.protobuf import timestamp_pb2 as _timestamp_pb2
 from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 import builtins as _builtins
 import sys
 import typing as _typing
@@ -20,11 +22,101 @@ else:
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class _LeaseEventKind:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _LeaseEventKindEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_LeaseEventKind.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    LEASE_EVENT_KIND_UNSPECIFIED: _LeaseEventKind.ValueType  # 0
+    """Never sent by the server; a client that reads it is talking to a newer server."""
+    LEASE_EVENT_KIND_ASSIGNED: _LeaseEventKind.ValueType  # 1
+    """The task was handed to `host_id`'s phone `device_serial` under a new lease (this attempt)."""
+    LEASE_EVENT_KIND_RESUMED: _LeaseEventKind.ValueType  # 2
+    """The host reconnected, re-announced the lease, and the cloud let it go on."""
+    LEASE_EVENT_KIND_REVOKED: _LeaseEventKind.ValueType  # 3
+    """The cloud refused the host's lease (a renewal, a result or a re-announced assignment) and
+    told it to stop; `reason` says why ("cancelled", "expired", "superseded", "deadline
+    exceeded", "finished"). Repeats of the same refusal are recorded once.
+    """
+    LEASE_EVENT_KIND_EXPIRED: _LeaseEventKind.ValueType  # 4
+    """The lease ran out before a renewal arrived; `task_status` says what became of the task
+    (queued again, failed with no attempts left, or cancelled when a cancel was pending).
+    """
+    LEASE_EVENT_KIND_DEADLINE_EXCEEDED: _LeaseEventKind.ValueType  # 5
+    """The task's deadline passed; the task failed (and its live attempt, if any, ended)."""
+    LEASE_EVENT_KIND_CANCEL_REQUESTED: _LeaseEventKind.ValueType  # 6
+    """An operator (`operator`) asked to cancel a running task, for `reason`; the host is told."""
+    LEASE_EVENT_KIND_CANCELLED: _LeaseEventKind.ValueType  # 7
+    """The task ended cancelled without a result from a host: it was queued when the operator
+    cancelled it, or its lease ran out while the cancel was pending.
+    """
+    LEASE_EVENT_KIND_RESULT: _LeaseEventKind.ValueType  # 8
+    """The host reported how the attempt ended: `result_status` and its summary in `reason`."""
+    LEASE_EVENT_KIND_REQUEUED: _LeaseEventKind.ValueType  # 9
+    """The task went back to the queue for its next attempt (after an expiry, or a result that
+    ended the attempt for a reason outside the task).
+    """
+
+class LeaseEventKind(_LeaseEventKind, metaclass=_LeaseEventKindEnumTypeWrapper):
+    """What happened to a lease (or to the task between leases)."""
+
+LEASE_EVENT_KIND_UNSPECIFIED: LeaseEventKind.ValueType  # 0
+"""Never sent by the server; a client that reads it is talking to a newer server."""
+LEASE_EVENT_KIND_ASSIGNED: LeaseEventKind.ValueType  # 1
+"""The task was handed to `host_id`'s phone `device_serial` under a new lease (this attempt)."""
+LEASE_EVENT_KIND_RESUMED: LeaseEventKind.ValueType  # 2
+"""The host reconnected, re-announced the lease, and the cloud let it go on."""
+LEASE_EVENT_KIND_REVOKED: LeaseEventKind.ValueType  # 3
+"""The cloud refused the host's lease (a renewal, a result or a re-announced assignment) and
+told it to stop; `reason` says why ("cancelled", "expired", "superseded", "deadline
+exceeded", "finished"). Repeats of the same refusal are recorded once.
+"""
+LEASE_EVENT_KIND_EXPIRED: LeaseEventKind.ValueType  # 4
+"""The lease ran out before a renewal arrived; `task_status` says what became of the task
+(queued again, failed with no attempts left, or cancelled when a cancel was pending).
+"""
+LEASE_EVENT_KIND_DEADLINE_EXCEEDED: LeaseEventKind.ValueType  # 5
+"""The task's deadline passed; the task failed (and its live attempt, if any, ended)."""
+LEASE_EVENT_KIND_CANCEL_REQUESTED: LeaseEventKind.ValueType  # 6
+"""An operator (`operator`) asked to cancel a running task, for `reason`; the host is told."""
+LEASE_EVENT_KIND_CANCELLED: LeaseEventKind.ValueType  # 7
+"""The task ended cancelled without a result from a host: it was queued when the operator
+cancelled it, or its lease ran out while the cancel was pending.
+"""
+LEASE_EVENT_KIND_RESULT: LeaseEventKind.ValueType  # 8
+"""The host reported how the attempt ended: `result_status` and its summary in `reason`."""
+LEASE_EVENT_KIND_REQUEUED: LeaseEventKind.ValueType  # 9
+"""The task went back to the queue for its next attempt (after an expiry, or a result that
+ended the attempt for a reason outside the task).
+"""
+Global___LeaseEventKind: _TypeAlias = LeaseEventKind  # noqa: Y015
+
 @_typing.final
 class SubmitTaskRequest(_message.Message):
     """Request of TaskService.SubmitTask."""
 
     DESCRIPTOR: _descriptor.Descriptor
+
+    @_typing.final
+    class SecretsEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.str
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.str = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
 
     GOAL_FIELD_NUMBER: _builtins.int
     TARGET_FIELD_NUMBER: _builtins.int
@@ -32,6 +124,10 @@ class SubmitTaskRequest(_message.Message):
     LEASE_DURATION_FIELD_NUMBER: _builtins.int
     TIMEOUT_FIELD_NUMBER: _builtins.int
     CLIENT_REQUEST_ID_FIELD_NUMBER: _builtins.int
+    SECRETS_FIELD_NUMBER: _builtins.int
+    NO_REPLAY_FIELD_NUMBER: _builtins.int
+    VALIDATE_ONLY_FIELD_NUMBER: _builtins.int
+    BUDGET_FIELD_NUMBER: _builtins.int
     goal: _builtins.str
     """The goal in plain language; 1 to 2,000 characters."""
     max_attempts: _builtins.int
@@ -39,6 +135,15 @@ class SubmitTaskRequest(_message.Message):
     client_request_id: _builtins.str
     """Idempotency key chosen by the client (at most 128 characters). Retrying with the same key
     returns the first task instead of creating a second.
+    """
+    no_replay: _builtins.bool
+    """Plan every step with the model: never replay a learned flow for this task (an operator
+    who wants a fresh run).
+    """
+    validate_only: _builtins.bool
+    """Check the request against the limits and the fleet and answer with the warnings, without
+    queueing anything (the response then has no task). Refusals are the same as for a real
+    submission.
     """
     @_builtins.property
     def target(self) -> _types_pb2.TaskTarget:
@@ -52,6 +157,27 @@ class SubmitTaskRequest(_message.Message):
     def timeout(self) -> _duration_pb2.Duration:
         """Time the task may take from submission; unset means the server default (1 h)."""
 
+    @_builtins.property
+    def secrets(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
+        """Secret parameters, name → value (at most 16; a name is 1 to 64 of a-z, 0-9 and _ starting
+        with a letter; a value 1 to 4,096 characters, no NUL). The goal refers to one as
+        `{{secret:NAME}}` (e.g. "Join the Wi-Fi HomeNet with password {{secret:wifi_password}}"):
+        the model only ever sees the name, and the host holding the lease types the value where the
+        model's input_text says `{{secret:NAME}}`. Write-only: no RPC and no page returns a value.
+        Stored encrypted (AMC_CLOUD_SECRETS_KEY) and deleted when the task ends.
+
+        INVALID_ARGUMENT naming the field for a bad name or value, a secret the goal does not
+        refer to, or a reference in the goal to a secret not given; FAILED_PRECONDITION when the
+        cloud has no secrets key configured (it never stores a secret in plain text).
+        """
+
+    @_builtins.property
+    def budget(self) -> _types_pb2.TaskBudget:
+        """Spending caps; a field left 0 takes the cloud's default (AMC_CLOUD_DEFAULT_TASK_MAX_TOKENS,
+        AMC_CLOUD_DEFAULT_TASK_MAX_COST_USD; no cap unless set). INVALID_ARGUMENT for a negative
+        cap.
+        """
+
     def __init__(
         self,
         *,
@@ -61,10 +187,14 @@ class SubmitTaskRequest(_message.Message):
         lease_duration: _duration_pb2.Duration | None = ...,
         timeout: _duration_pb2.Duration | None = ...,
         client_request_id: _builtins.str = ...,
+        secrets: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
+        no_replay: _builtins.bool = ...,
+        validate_only: _builtins.bool = ...,
+        budget: _types_pb2.TaskBudget | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["lease_duration", b"lease_duration", "target", b"target", "timeout", b"timeout"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["budget", b"budget", "lease_duration", b"lease_duration", "target", b"target", "timeout", b"timeout"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["client_request_id", b"client_request_id", "goal", b"goal", "lease_duration", b"lease_duration", "max_attempts", b"max_attempts", "target", b"target", "timeout", b"timeout"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["budget", b"budget", "client_request_id", b"client_request_id", "goal", b"goal", "lease_duration", b"lease_duration", "max_attempts", b"max_attempts", "no_replay", b"no_replay", "secrets", b"secrets", "target", b"target", "timeout", b"timeout", "validate_only", b"validate_only"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -72,27 +202,48 @@ Global___SubmitTaskRequest: _TypeAlias = SubmitTaskRequest  # noqa: Y015
 
 @_typing.final
 class SubmitTaskResponse(_message.Message):
-    """Response of TaskService.SubmitTask."""
+    """Response of TaskService.SubmitTask.
+
+    The target is checked against the fleet. A malformed one is refused with INVALID_ARGUMENT
+    naming the field: `target.host_id` must be a certificate identity (a letter or digit, then
+    letters, digits, ".", "_" or "-", at most 128 characters); `target.device_serial` must be
+    printable ASCII without spaces, at most 128 characters. A well-formed target the fleet does
+    not know is accepted with a warning (a host may connect later): a host that never connected,
+    a phone no host (or not the target host) announced.
+    """
 
     DESCRIPTOR: _descriptor.Descriptor
 
     TASK_FIELD_NUMBER: _builtins.int
     DEDUPLICATED_FIELD_NUMBER: _builtins.int
+    WARNINGS_FIELD_NUMBER: _builtins.int
     deduplicated: _builtins.bool
     """True when client_request_id matched an existing task."""
     @_builtins.property
     def task(self) -> _types_pb2.Task:
-        """The queued (or previously created) task."""
+        """The queued (or previously created) task; unset for validate_only."""
+
+    @_builtins.property
+    def warnings(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Things about the request the operator should know, in plain words, one sentence each; the
+        task was queued anyway (or, with validate_only, would be). Today: the goal looks like it
+        holds a credential (a password, a PIN, an API key or token written out), which is then
+        stored in the task, every prompt and the decision log — pass it as a secret parameter
+        instead (`secrets`); or the task may wait for a long time or never run ("host h9 has never
+        connected to this cloud: the task waits until it does or its deadline passes"). Empty when
+        there is nothing to say.
+        """
 
     def __init__(
         self,
         *,
         task: _types_pb2.Task | None = ...,
         deduplicated: _builtins.bool = ...,
+        warnings: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["task", b"task"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["deduplicated", b"deduplicated", "task", b"task"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["deduplicated", b"deduplicated", "task", b"task", "warnings", b"warnings"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -155,6 +306,7 @@ class ListTasksRequest(_message.Message):
     STATUSES_FIELD_NUMBER: _builtins.int
     HOST_ID_FIELD_NUMBER: _builtins.int
     QUERY_FIELD_NUMBER: _builtins.int
+    TASK_ID_PREFIX_FIELD_NUMBER: _builtins.int
     page_size: _builtins.int
     """Page size, 1 to 500; 0 means 50."""
     page_token: _builtins.str
@@ -163,6 +315,10 @@ class ListTasksRequest(_message.Message):
     """Only tasks whose current or last attempt ran on this host."""
     query: _builtins.str
     """Only tasks whose goal contains this text (case-insensitive)."""
+    task_id_prefix: _builtins.str
+    """Only tasks whose id starts with this (1 to 32 hexadecimal digits, case-insensitive), so a
+    client can accept a short unique prefix of an id. INVALID_ARGUMENT for anything else.
+    """
     @_builtins.property
     def statuses(self) -> _containers.RepeatedScalarFieldContainer[_types_pb2.TaskStatus.ValueType]:
         """Only tasks in these statuses; empty means all."""
@@ -175,10 +331,11 @@ class ListTasksRequest(_message.Message):
         statuses: _abc.Iterable[_types_pb2.TaskStatus.ValueType] | None = ...,
         host_id: _builtins.str = ...,
         query: _builtins.str = ...,
+        task_id_prefix: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["host_id", b"host_id", "page_size", b"page_size", "page_token", b"page_token", "query", b"query", "statuses", b"statuses"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["host_id", b"host_id", "page_size", b"page_size", "page_token", b"page_token", "query", b"query", "statuses", b"statuses", "task_id_prefix", b"task_id_prefix"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -220,19 +377,27 @@ class CancelTaskRequest(_message.Message):
 
     TASK_ID_FIELD_NUMBER: _builtins.int
     REASON_FIELD_NUMBER: _builtins.int
+    ON_BEHALF_OF_FIELD_NUMBER: _builtins.int
     task_id: _builtins.str
     """Task id."""
     reason: _builtins.str
     """Why; shown to operators and recorded as the cancel reason (at most 500 characters)."""
+    on_behalf_of: _builtins.str
+    """The person the calling operator acts for, when it is a tool acting for someone (the
+    operators' console sends its logged-in user): the task records "<person> via <caller>"
+    as who cancelled; empty records the caller alone. At most 64 printable characters;
+    INVALID_ARGUMENT otherwise.
+    """
     def __init__(
         self,
         *,
         task_id: _builtins.str = ...,
         reason: _builtins.str = ...,
+        on_behalf_of: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["reason", b"reason", "task_id", b"task_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["on_behalf_of", b"on_behalf_of", "reason", b"reason", "task_id", b"task_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -261,3 +426,123 @@ class CancelTaskResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___CancelTaskResponse: _TypeAlias = CancelTaskResponse  # noqa: Y015
+
+@_typing.final
+class ListTaskEventsRequest(_message.Message):
+    """Request of TaskService.ListTaskEvents."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TASK_ID_FIELD_NUMBER: _builtins.int
+    ATTEMPT_FIELD_NUMBER: _builtins.int
+    PAGE_SIZE_FIELD_NUMBER: _builtins.int
+    PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    task_id: _builtins.str
+    """Task id (required)."""
+    attempt: _builtins.int
+    """Only this attempt's events; 0 means every attempt (and the events before the first)."""
+    page_size: _builtins.int
+    """Page size, 1 to 1000; 0 means 500."""
+    page_token: _builtins.str
+    """Token from a previous response; empty for the first page."""
+    def __init__(
+        self,
+        *,
+        task_id: _builtins.str = ...,
+        attempt: _builtins.int = ...,
+        page_size: _builtins.int = ...,
+        page_token: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "page_size", b"page_size", "page_token", b"page_token", "task_id", b"task_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListTaskEventsRequest: _TypeAlias = ListTaskEventsRequest  # noqa: Y015
+
+@_typing.final
+class ListTaskEventsResponse(_message.Message):
+    """Response of TaskService.ListTaskEvents."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    EVENTS_FIELD_NUMBER: _builtins.int
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    next_page_token: _builtins.str
+    """Token for the next page; empty on the last page."""
+    @_builtins.property
+    def events(self) -> _containers.RepeatedCompositeFieldContainer[Global___LeaseEvent]:
+        """Events, oldest first."""
+
+    def __init__(
+        self,
+        *,
+        events: _abc.Iterable[Global___LeaseEvent] | None = ...,
+        next_page_token: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["events", b"events", "next_page_token", b"next_page_token"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListTaskEventsResponse: _TypeAlias = ListTaskEventsResponse  # noqa: Y015
+
+@_typing.final
+class LeaseEvent(_message.Message):
+    """One event of a task's lease history."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    KIND_FIELD_NUMBER: _builtins.int
+    AT_FIELD_NUMBER: _builtins.int
+    ATTEMPT_FIELD_NUMBER: _builtins.int
+    HOST_ID_FIELD_NUMBER: _builtins.int
+    DEVICE_SERIAL_FIELD_NUMBER: _builtins.int
+    OPERATOR_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    RESULT_STATUS_FIELD_NUMBER: _builtins.int
+    TASK_STATUS_FIELD_NUMBER: _builtins.int
+    kind: Global___LeaseEventKind.ValueType
+    """What happened."""
+    attempt: _builtins.int
+    """The attempt it belongs to; 0 for an event before the first attempt (a queued task cancelled)."""
+    host_id: _builtins.str
+    """The host holding the lease, when there was one."""
+    device_serial: _builtins.str
+    """Its phone, when there was one."""
+    operator: _builtins.str
+    """The operator who acted (CANCEL_REQUESTED, CANCELLED); empty otherwise."""
+    reason: _builtins.str
+    """Why, in words: the revocation reason, the operator's cancel reason, or the host's summary
+    (at most 500 characters).
+    """
+    result_status: _types_pb2.TaskStatus.ValueType
+    """RESULT: the status the host reported."""
+    task_status: _types_pb2.TaskStatus.ValueType
+    """The task's status right after the event."""
+    @_builtins.property
+    def at(self) -> _timestamp_pb2.Timestamp:
+        """When the cloud recorded it."""
+
+    def __init__(
+        self,
+        *,
+        kind: Global___LeaseEventKind.ValueType = ...,
+        at: _timestamp_pb2.Timestamp | None = ...,
+        attempt: _builtins.int = ...,
+        host_id: _builtins.str = ...,
+        device_serial: _builtins.str = ...,
+        operator: _builtins.str = ...,
+        reason: _builtins.str = ...,
+        result_status: _types_pb2.TaskStatus.ValueType = ...,
+        task_status: _types_pb2.TaskStatus.ValueType = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["at", b"at"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["at", b"at", "attempt", b"attempt", "device_serial", b"device_serial", "host_id", b"host_id", "kind", b"kind", "operator", b"operator", "reason", b"reason", "result_status", b"result_status", "task_status", b"task_status"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___LeaseEvent: _TypeAlias = LeaseEvent  # noqa: Y015

@@ -55,6 +55,11 @@ class TaskServiceStub:
                 request_serializer=amc_dot_v1_dot_task__service__pb2.CancelTaskRequest.SerializeToString,
                 response_deserializer=amc_dot_v1_dot_task__service__pb2.CancelTaskResponse.FromString,
                 _registered_method=True)
+        self.ListTaskEvents = channel.unary_unary(
+                '/amc.v1.TaskService/ListTaskEvents',
+                request_serializer=amc_dot_v1_dot_task__service__pb2.ListTaskEventsRequest.SerializeToString,
+                response_deserializer=amc_dot_v1_dot_task__service__pb2.ListTaskEventsResponse.FromString,
+                _registered_method=True)
 
 
 class TaskServiceServicer:
@@ -90,6 +95,18 @@ class TaskServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListTaskEvents(self, request, context):
+        """What happened to a task's leases, oldest first: each attempt's assignment, resumption after
+        a host reconnected, revocation (with the reason), expiry, the operator's cancel (name and
+        reason), the host's result, and the task going back to the queue. Renewals are not listed
+        one by one: each Attempt counts them (`renewals`, first and last). NOT_FOUND for an unknown
+        task; INVALID_ARGUMENT for a missing task id, a negative attempt, a page size outside
+        0..1000 or a page token this server did not issue.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_TaskServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -112,6 +129,11 @@ def add_TaskServiceServicer_to_server(servicer, server):
                     servicer.CancelTask,
                     request_deserializer=amc_dot_v1_dot_task__service__pb2.CancelTaskRequest.FromString,
                     response_serializer=amc_dot_v1_dot_task__service__pb2.CancelTaskResponse.SerializeToString,
+            ),
+            'ListTaskEvents': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListTaskEvents,
+                    request_deserializer=amc_dot_v1_dot_task__service__pb2.ListTaskEventsRequest.FromString,
+                    response_serializer=amc_dot_v1_dot_task__service__pb2.ListTaskEventsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -223,6 +245,33 @@ class TaskService:
             '/amc.v1.TaskService/CancelTask',
             amc_dot_v1_dot_task__service__pb2.CancelTaskRequest.SerializeToString,
             amc_dot_v1_dot_task__service__pb2.CancelTaskResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListTaskEvents(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/amc.v1.TaskService/ListTaskEvents',
+            amc_dot_v1_dot_task__service__pb2.ListTaskEventsRequest.SerializeToString,
+            amc_dot_v1_dot_task__service__pb2.ListTaskEventsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -43,6 +43,14 @@ class TaskServiceStub:
     """Cancel a task. Queued tasks end at once; running ones when the host acknowledges the revoke
     or the lease runs out. FAILED_PRECONDITION for a task that already ended.
     """
+    ListTaskEvents: _grpc.UnaryUnaryMultiCallable[_task_service_pb2.ListTaskEventsRequest, _task_service_pb2.ListTaskEventsResponse]
+    """What happened to a task's leases, oldest first: each attempt's assignment, resumption after
+    a host reconnected, revocation (with the reason), expiry, the operator's cancel (name and
+    reason), the host's result, and the task going back to the queue. Renewals are not listed
+    one by one: each Attempt counts them (`renewals`, first and last). NOT_FOUND for an unknown
+    task; INVALID_ARGUMENT for a missing task id, a negative attempt, a page size outside
+    0..1000 or a page token this server did not issue.
+    """
 
 @_typing.type_check_only
 class TaskServiceAsyncStub(TaskServiceStub):
@@ -58,6 +66,14 @@ class TaskServiceAsyncStub(TaskServiceStub):
     CancelTask: _aio.UnaryUnaryMultiCallable[_task_service_pb2.CancelTaskRequest, _task_service_pb2.CancelTaskResponse]  # type: ignore[assignment]
     """Cancel a task. Queued tasks end at once; running ones when the host acknowledges the revoke
     or the lease runs out. FAILED_PRECONDITION for a task that already ended.
+    """
+    ListTaskEvents: _aio.UnaryUnaryMultiCallable[_task_service_pb2.ListTaskEventsRequest, _task_service_pb2.ListTaskEventsResponse]  # type: ignore[assignment]
+    """What happened to a task's leases, oldest first: each attempt's assignment, resumption after
+    a host reconnected, revocation (with the reason), expiry, the operator's cancel (name and
+    reason), the host's result, and the task going back to the queue. Renewals are not listed
+    one by one: each Attempt counts them (`renewals`, first and last). NOT_FOUND for an unknown
+    task; INVALID_ARGUMENT for a missing task id, a negative attempt, a page size outside
+    0..1000 or a page token this server did not issue.
     """
 
 class TaskServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -95,6 +111,20 @@ class TaskServiceServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_task_service_pb2.CancelTaskResponse, _abc.Awaitable[_task_service_pb2.CancelTaskResponse]]:
         """Cancel a task. Queued tasks end at once; running ones when the host acknowledges the revoke
         or the lease runs out. FAILED_PRECONDITION for a task that already ended.
+        """
+
+    @_abc_1.abstractmethod
+    def ListTaskEvents(
+        self,
+        request: _task_service_pb2.ListTaskEventsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_task_service_pb2.ListTaskEventsResponse, _abc.Awaitable[_task_service_pb2.ListTaskEventsResponse]]:
+        """What happened to a task's leases, oldest first: each attempt's assignment, resumption after
+        a host reconnected, revocation (with the reason), expiry, the operator's cancel (name and
+        reason), the host's result, and the task going back to the queue. Renewals are not listed
+        one by one: each Attempt counts them (`renewals`, first and last). NOT_FOUND for an unknown
+        task; INVALID_ARGUMENT for a missing task id, a negative attempt, a page size outside
+        0..1000 or a page token this server did not issue.
         """
 
 def add_TaskServiceServicer_to_server(servicer: TaskServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

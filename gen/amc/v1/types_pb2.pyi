@@ -307,6 +307,10 @@ class _PlannerModeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_PlannerMo
     """One continuous conversation per task, kept by whoever calls the model (the cloud on the
     cloud transport); the model's reasoning round-trips exactly.
     """
+    PLANNER_MODE_REPLAY: _PlannerMode.ValueType  # 3
+    """No model call: a step of a learned flow replayed (provider "replay", zero tokens,
+    `Decision.flow_id` and `flow_step` say which).
+    """
 
 class PlannerMode(_PlannerMode, metaclass=_PlannerModeEnumTypeWrapper):
     """How the planner talks to the model."""
@@ -320,6 +324,10 @@ steps. Prompt size stays flat however long a task runs.
 PLANNER_MODE_SESSION: PlannerMode.ValueType  # 2
 """One continuous conversation per task, kept by whoever calls the model (the cloud on the
 cloud transport); the model's reasoning round-trips exactly.
+"""
+PLANNER_MODE_REPLAY: PlannerMode.ValueType  # 3
+"""No model call: a step of a learned flow replayed (provider "replay", zero tokens,
+`Decision.flow_id` and `flow_step` say which).
 """
 Global___PlannerMode: _TypeAlias = PlannerMode  # noqa: Y015
 
@@ -429,6 +437,70 @@ by the host so the model can tap it by id. Its bounds are the OCR box; flags are
 """
 Global___ElementSource: _TypeAlias = ElementSource  # noqa: Y015
 
+class _Verdict:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _VerdictEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Verdict.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    VERDICT_UNSPECIFIED: _Verdict.ValueType  # 0
+    """Not judged (no check ran, or the model gave no judgement)."""
+    VERDICT_MET: _Verdict.ValueType  # 1
+    """The screen shows what the step expected."""
+    VERDICT_NOT_MET: _Verdict.ValueType  # 2
+    """The screen shows something else than the step expected."""
+    VERDICT_UNKNOWN: _Verdict.ValueType  # 3
+    """The expected outcome cannot be judged from the screen (a wording no rule reads, an effect
+    that is not visible).
+    """
+
+class Verdict(_Verdict, metaclass=_VerdictEnumTypeWrapper):
+    """Whether a step reached the outcome it expected."""
+
+VERDICT_UNSPECIFIED: Verdict.ValueType  # 0
+"""Not judged (no check ran, or the model gave no judgement)."""
+VERDICT_MET: Verdict.ValueType  # 1
+"""The screen shows what the step expected."""
+VERDICT_NOT_MET: Verdict.ValueType  # 2
+"""The screen shows something else than the step expected."""
+VERDICT_UNKNOWN: Verdict.ValueType  # 3
+"""The expected outcome cannot be judged from the screen (a wording no rule reads, an effect
+that is not visible).
+"""
+Global___Verdict: _TypeAlias = Verdict  # noqa: Y015
+
+class _FlowStatus:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _FlowStatusEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_FlowStatus.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    FLOW_STATUS_UNSPECIFIED: _FlowStatus.ValueType  # 0
+    """Not said."""
+    FLOW_STATUS_ACTIVE: _FlowStatus.ValueType  # 1
+    """Retrieved for new tasks whose goal matches it."""
+    FLOW_STATUS_DISABLED: _FlowStatus.ValueType  # 2
+    """An operator turned it off (`amc flows disable`); never retrieved until enabled again."""
+    FLOW_STATUS_RETIRED: _FlowStatus.ValueType  # 3
+    """Retired by the cloud after it diverged on several attempts in a row; never retrieved until
+    an operator enables it again (which resets the count).
+    """
+
+class FlowStatus(_FlowStatus, metaclass=_FlowStatusEnumTypeWrapper):
+    """Whether a learned flow may be replayed."""
+
+FLOW_STATUS_UNSPECIFIED: FlowStatus.ValueType  # 0
+"""Not said."""
+FLOW_STATUS_ACTIVE: FlowStatus.ValueType  # 1
+"""Retrieved for new tasks whose goal matches it."""
+FLOW_STATUS_DISABLED: FlowStatus.ValueType  # 2
+"""An operator turned it off (`amc flows disable`); never retrieved until enabled again."""
+FLOW_STATUS_RETIRED: FlowStatus.ValueType  # 3
+"""Retired by the cloud after it diverged on several attempts in a row; never retrieved until
+an operator enables it again (which resets the count).
+"""
+Global___FlowStatus: _TypeAlias = FlowStatus  # noqa: Y015
+
 @_typing.final
 class Point(_message.Message):
     """A point on the phone's screen in physical pixels, origin top left."""
@@ -535,6 +607,13 @@ class InputTextAction(_message.Message):
     text: _builtins.str
     """The text to type. When `sensitive` is set, the cloud and the host keep it out of every
     prompt history, log, timeline and decision row (shown as "•••").
+
+    Secret parameters: `{{secret:NAME}}` in the text stands for the value of the task's secret
+    NAME (SubmitTaskRequest.secrets; NAME is 1 to 64 of a-z, 0-9 and _, starting with a
+    letter). The model writes the reference, never the value; only the host holding the lease
+    types the value in its place (Assignment.secrets). A reference to a secret the task does not
+    carry is not typed: the step fails with an error naming it. The reference itself is no
+    secret, so it may be stored and shown as written.
     """
     sensitive: _builtins.bool
     """Marks a secret (a password, a code). Executed, never recorded."""
@@ -804,6 +883,7 @@ class Usage(_message.Message):
     CACHE_READ_INPUT_TOKENS_FIELD_NUMBER: _builtins.int
     CACHE_CREATION_INPUT_TOKENS_FIELD_NUMBER: _builtins.int
     THINKING_TOKENS_FIELD_NUMBER: _builtins.int
+    COST_USD_FIELD_NUMBER: _builtins.int
     input_tokens: _builtins.int
     """Input tokens billed at the normal rate."""
     output_tokens: _builtins.int
@@ -814,6 +894,12 @@ class Usage(_message.Message):
     """Input tokens written to the provider's prompt cache."""
     thinking_tokens: _builtins.int
     """Reasoning tokens, where the provider reports them separately (0 otherwise)."""
+    cost_usd: _builtins.float
+    """What these tokens cost in US dollars, priced when the call returned from the model's row
+    of the cloud's price table (planner/prices.py, overridable with AMC_PLANNER_PRICES_FILE);
+    0 for a model without a price (and the offline planner). An estimate from list prices:
+    the provider's invoice is the authority.
+    """
     def __init__(
         self,
         *,
@@ -822,14 +908,46 @@ class Usage(_message.Message):
         cache_read_input_tokens: _builtins.int = ...,
         cache_creation_input_tokens: _builtins.int = ...,
         thinking_tokens: _builtins.int = ...,
+        cost_usd: _builtins.float = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["cache_creation_input_tokens", b"cache_creation_input_tokens", "cache_read_input_tokens", b"cache_read_input_tokens", "input_tokens", b"input_tokens", "output_tokens", b"output_tokens", "thinking_tokens", b"thinking_tokens"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cache_creation_input_tokens", b"cache_creation_input_tokens", "cache_read_input_tokens", b"cache_read_input_tokens", "cost_usd", b"cost_usd", "input_tokens", b"input_tokens", "output_tokens", b"output_tokens", "thinking_tokens", b"thinking_tokens"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___Usage: _TypeAlias = Usage  # noqa: Y015
+
+@_typing.final
+class TaskBudget(_message.Message):
+    """Spending caps of one task. A cap of 0 is no cap of that kind. The cloud checks them before
+    every model call it makes for the task (PlannerService.Decide) and a host on the direct
+    transport before each of its own; once what the task spent reaches a cap no further model
+    call is made and the attempt fails with "budget exhausted: … of …" (the call that crossed
+    the cap had already been paid for; nothing is spent after it).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    MAX_TOKENS_FIELD_NUMBER: _builtins.int
+    MAX_COST_USD_FIELD_NUMBER: _builtins.int
+    max_tokens: _builtins.int
+    """Most tokens the task may spend (input, output, cache reads and writes, over every attempt)."""
+    max_cost_usd: _builtins.float
+    """Most US dollars the task may spend (as Usage.cost_usd prices them, over every attempt)."""
+    def __init__(
+        self,
+        *,
+        max_tokens: _builtins.int = ...,
+        max_cost_usd: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["max_cost_usd", b"max_cost_usd", "max_tokens", b"max_tokens"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___TaskBudget: _TypeAlias = TaskBudget  # noqa: Y015
 
 @_typing.final
 class Device(_message.Message):
@@ -873,6 +991,8 @@ class Host(_message.Message):
     PLANNER_TRANSPORT_FIELD_NUMBER: _builtins.int
     AGENT_VERSION_FIELD_NUMBER: _builtins.int
     LAST_SEEN_AT_FIELD_NUMBER: _builtins.int
+    OUTBOX_FIELD_NUMBER: _builtins.int
+    BUSY_PHONES_FIELD_NUMBER: _builtins.int
     host_id: _builtins.str
     """Identity from the host's client certificate."""
     connected: _builtins.bool
@@ -887,7 +1007,22 @@ class Host(_message.Message):
 
     @_builtins.property
     def last_seen_at(self) -> _timestamp_pb2.Timestamp:
-        """When the host last sent anything on its stream."""
+        """When the host last sent anything on its stream (a renewal counts). Written by the replica
+        holding the stream every host heartbeat (AMC_CLOUD_HOST_HEARTBEAT_SECONDS, 10 s by
+        default), so it may lag that much behind the host's last message.
+        """
+
+    @_builtins.property
+    def outbox(self) -> Global___OutboxBacklog:
+        """What the host still has to send the cloud from its durable outbox, as it last reported it
+        (unset when it never reported: an older host).
+        """
+
+    @_builtins.property
+    def busy_phones(self) -> _containers.RepeatedCompositeFieldContainer[Global___BusyPhone]:
+        """The phones of this host that hold a live lease now (the cloud's view), with their task;
+        a listed phone missing here is idle. Set by the cloud in ListHosts and WatchHosts.
+        """
 
     def __init__(
         self,
@@ -898,14 +1033,97 @@ class Host(_message.Message):
         planner_transport: Global___PlannerTransport.ValueType = ...,
         agent_version: _builtins.str = ...,
         last_seen_at: _timestamp_pb2.Timestamp | None = ...,
+        outbox: Global___OutboxBacklog | None = ...,
+        busy_phones: _abc.Iterable[Global___BusyPhone] | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["last_seen_at", b"last_seen_at"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["last_seen_at", b"last_seen_at", "outbox", b"outbox"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_version", b"agent_version", "connected", b"connected", "devices", b"devices", "host_id", b"host_id", "last_seen_at", b"last_seen_at", "planner_transport", b"planner_transport"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_version", b"agent_version", "busy_phones", b"busy_phones", "connected", b"connected", "devices", b"devices", "host_id", b"host_id", "last_seen_at", b"last_seen_at", "outbox", b"outbox", "planner_transport", b"planner_transport"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___Host: _TypeAlias = Host  # noqa: Y015
+
+@_typing.final
+class OutboxBacklog(_message.Message):
+    """What a host still has to send the cloud from its durable outbox: decisions made on the
+    direct transport and step screenshots, written locally when made and sent in the background.
+    A backlog that does not shrink means the cloud's record of that host's tasks is incomplete.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ITEMS_FIELD_NUMBER: _builtins.int
+    DECISIONS_FIELD_NUMBER: _builtins.int
+    OLDEST_AT_FIELD_NUMBER: _builtins.int
+    REPORTED_AT_FIELD_NUMBER: _builtins.int
+    REFUSED_FIELD_NUMBER: _builtins.int
+    items: _builtins.int
+    """Items waiting to be sent (decisions and screenshots); 0 when everything was sent."""
+    decisions: _builtins.int
+    """Of `items`, decisions."""
+    refused: _builtins.int
+    """Items the cloud refused for good (their lease was too old, or the host's data was
+    malformed) that the host keeps for inspection (at most its latest 1,000); never sent again.
+    """
+    @_builtins.property
+    def oldest_at(self) -> _timestamp_pb2.Timestamp:
+        """When the oldest waiting item was written on the host; unset when nothing waits."""
+
+    @_builtins.property
+    def reported_at(self) -> _timestamp_pb2.Timestamp:
+        """When the cloud received this report. Set by the cloud; a value a host sends is ignored."""
+
+    def __init__(
+        self,
+        *,
+        items: _builtins.int = ...,
+        decisions: _builtins.int = ...,
+        oldest_at: _timestamp_pb2.Timestamp | None = ...,
+        reported_at: _timestamp_pb2.Timestamp | None = ...,
+        refused: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["oldest_at", b"oldest_at", "reported_at", b"reported_at"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["decisions", b"decisions", "items", b"items", "oldest_at", b"oldest_at", "refused", b"refused", "reported_at", b"reported_at"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___OutboxBacklog: _TypeAlias = OutboxBacklog  # noqa: Y015
+
+@_typing.final
+class BusyPhone(_message.Message):
+    """A phone working on a task: it holds that task's live lease."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DEVICE_SERIAL_FIELD_NUMBER: _builtins.int
+    TASK_ID_FIELD_NUMBER: _builtins.int
+    ATTEMPT_FIELD_NUMBER: _builtins.int
+    GOAL_FIELD_NUMBER: _builtins.int
+    device_serial: _builtins.str
+    """The phone's serial (one of the host's `devices`, unless the host stopped announcing it)."""
+    task_id: _builtins.str
+    """The task it works on."""
+    attempt: _builtins.int
+    """The attempt it runs."""
+    goal: _builtins.str
+    """The task's goal, for a reader who shows what the phone is doing (at most 2,000 characters)."""
+    def __init__(
+        self,
+        *,
+        device_serial: _builtins.str = ...,
+        task_id: _builtins.str = ...,
+        attempt: _builtins.int = ...,
+        goal: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "device_serial", b"device_serial", "goal", b"goal", "task_id", b"task_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___BusyPhone: _TypeAlias = BusyPhone  # noqa: Y015
 
 @_typing.final
 class TaskTarget(_message.Message):
@@ -949,6 +1167,12 @@ class Attempt(_message.Message):
     ENDED_AT_FIELD_NUMBER: _builtins.int
     PLANNER_TRANSPORT_FIELD_NUMBER: _builtins.int
     LEASE_EXPIRES_AT_FIELD_NUMBER: _builtins.int
+    LATE_RESULT_FIELD_NUMBER: _builtins.int
+    FLOW_FIELD_NUMBER: _builtins.int
+    RENEWALS_FIELD_NUMBER: _builtins.int
+    FIRST_RENEWED_AT_FIELD_NUMBER: _builtins.int
+    LAST_RENEWED_AT_FIELD_NUMBER: _builtins.int
+    USAGE_FIELD_NUMBER: _builtins.int
     attempt: _builtins.int
     """1-based attempt number."""
     host_id: _builtins.str
@@ -961,6 +1185,15 @@ class Attempt(_message.Message):
     """Why the attempt ended, for FAILED and CANCELLED."""
     planner_transport: Global___PlannerTransport.ValueType
     """Planner transport of the host at the time of the attempt."""
+    late_result: _builtins.bool
+    """The host's result arrived after the lease had run out but before any other attempt of the
+    task had started, and was accepted as the attempt's outcome (ResultAck.late): the work the
+    host finished counts instead of being run again.
+    """
+    renewals: _builtins.int
+    """How many renewals the cloud accepted for this lease (renewals are summarised, not listed:
+    TaskService.ListTaskEvents has the attempt's other lease events).
+    """
     @_builtins.property
     def progress(self) -> Global___Progress:
         """Last progress the host reported for this attempt (kept after the attempt ends)."""
@@ -977,6 +1210,27 @@ class Attempt(_message.Message):
     def lease_expires_at(self) -> _timestamp_pb2.Timestamp:
         """When the current lease runs out; unset once the attempt ended."""
 
+    @_builtins.property
+    def flow(self) -> Global___FlowUse:
+        """Whether a learned flow was looked for, found and replayed on this attempt; unset when
+        the cloud did not look (an attempt assigned before flows existed).
+        """
+
+    @_builtins.property
+    def first_renewed_at(self) -> _timestamp_pb2.Timestamp:
+        """When the first accepted renewal arrived; unset before the first."""
+
+    @_builtins.property
+    def last_renewed_at(self) -> _timestamp_pb2.Timestamp:
+        """When the last accepted renewal arrived; unset before the first."""
+
+    @_builtins.property
+    def usage(self) -> Global___Usage:
+        """Tokens and cost of this attempt's decisions in the decision log: the cloud's own, and on
+        the direct transport those the host shipped so far (a host's outbox backlog is not in it
+        yet). Filled by GetTask.
+        """
+
     def __init__(
         self,
         *,
@@ -990,14 +1244,68 @@ class Attempt(_message.Message):
         ended_at: _timestamp_pb2.Timestamp | None = ...,
         planner_transport: Global___PlannerTransport.ValueType = ...,
         lease_expires_at: _timestamp_pb2.Timestamp | None = ...,
+        late_result: _builtins.bool = ...,
+        flow: Global___FlowUse | None = ...,
+        renewals: _builtins.int = ...,
+        first_renewed_at: _timestamp_pb2.Timestamp | None = ...,
+        last_renewed_at: _timestamp_pb2.Timestamp | None = ...,
+        usage: Global___Usage | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["ended_at", b"ended_at", "lease_expires_at", b"lease_expires_at", "progress", b"progress", "started_at", b"started_at"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["ended_at", b"ended_at", "first_renewed_at", b"first_renewed_at", "flow", b"flow", "last_renewed_at", b"last_renewed_at", "lease_expires_at", b"lease_expires_at", "progress", b"progress", "started_at", b"started_at", "usage", b"usage"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "device_serial", b"device_serial", "ended_at", b"ended_at", "failure_reason", b"failure_reason", "host_id", b"host_id", "lease_expires_at", b"lease_expires_at", "planner_transport", b"planner_transport", "progress", b"progress", "started_at", b"started_at", "status", b"status"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "device_serial", b"device_serial", "ended_at", b"ended_at", "failure_reason", b"failure_reason", "first_renewed_at", b"first_renewed_at", "flow", b"flow", "host_id", b"host_id", "last_renewed_at", b"last_renewed_at", "late_result", b"late_result", "lease_expires_at", b"lease_expires_at", "planner_transport", b"planner_transport", "progress", b"progress", "renewals", b"renewals", "started_at", b"started_at", "status", b"status", "usage", b"usage"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___Attempt: _TypeAlias = Attempt  # noqa: Y015
+
+@_typing.final
+class FlowUse(_message.Message):
+    """What the cloud decided about replaying a learned flow on one attempt, and how it went."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    FLOW_ID_FIELD_NUMBER: _builtins.int
+    SCORE_FIELD_NUMBER: _builtins.int
+    SCORER_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    STEPS_REPLAYED_FIELD_NUMBER: _builtins.int
+    DIVERGED_AT_STEP_FIELD_NUMBER: _builtins.int
+    DIVERGENCE_FIELD_NUMBER: _builtins.int
+    flow_id: _builtins.str
+    """The flow handed to the attempt; empty when none was."""
+    score: _builtins.float
+    """The best score found (0..1), also when it was below the threshold."""
+    scorer: _builtins.str
+    """How the score was computed: "lexical", "openai-embedding" or "pgvector"."""
+    reason: _builtins.str
+    """Why the flow was or was not used, one line ("score 0.91 >= 0.60", "best score 0.32 <
+    0.60", "the task asked for no replay", "attempt 1 diverged from it").
+    """
+    steps_replayed: _builtins.int
+    """Steps replayed without the model so far."""
+    diverged_at_step: _builtins.int
+    """The 1-based flow step at which the replay handed over to the model (0: it did not)."""
+    divergence: _builtins.str
+    """Why it handed over."""
+    def __init__(
+        self,
+        *,
+        flow_id: _builtins.str = ...,
+        score: _builtins.float = ...,
+        scorer: _builtins.str = ...,
+        reason: _builtins.str = ...,
+        steps_replayed: _builtins.int = ...,
+        diverged_at_step: _builtins.int = ...,
+        divergence: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["diverged_at_step", b"diverged_at_step", "divergence", b"divergence", "flow_id", b"flow_id", "reason", b"reason", "score", b"score", "scorer", b"scorer", "steps_replayed", b"steps_replayed"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___FlowUse: _TypeAlias = FlowUse  # noqa: Y015
 
 @_typing.final
 class Task(_message.Message):
@@ -1023,6 +1331,11 @@ class Task(_message.Message):
     CLIENT_REQUEST_ID_FIELD_NUMBER: _builtins.int
     ATTEMPTS_FIELD_NUMBER: _builtins.int
     CANCEL_REQUESTED_FIELD_NUMBER: _builtins.int
+    NO_REPLAY_FIELD_NUMBER: _builtins.int
+    CANCELLED_BY_FIELD_NUMBER: _builtins.int
+    TOTALS_FIELD_NUMBER: _builtins.int
+    LEASE_EXPIRES_AT_FIELD_NUMBER: _builtins.int
+    BUDGET_FIELD_NUMBER: _builtins.int
     task_id: _builtins.str
     """Server-assigned id."""
     goal: _builtins.str
@@ -1043,6 +1356,12 @@ class Task(_message.Message):
     """The client's idempotency key, if it sent one."""
     cancel_requested: _builtins.bool
     """Set when an operator asked to cancel and the host has not acknowledged yet."""
+    no_replay: _builtins.bool
+    """Submitted with no_replay: every step is planned by the model, no learned flow is used."""
+    cancelled_by: _builtins.str
+    """Who asked to cancel: the operator certificate's name, or "<person> via <name>" when a tool
+    cancelled for someone (CancelTaskRequest.on_behalf_of); empty when nobody did.
+    """
     @_builtins.property
     def target(self) -> Global___TaskTarget:
         """Where the task may run."""
@@ -1075,6 +1394,20 @@ class Task(_message.Message):
     def attempts(self) -> _containers.RepeatedCompositeFieldContainer[Global___Attempt]:
         """All attempts, oldest first. Filled by GetTask; left empty by ListTasks."""
 
+    @_builtins.property
+    def totals(self) -> Global___TaskTotals:
+        """What the task has used so far, over every attempt."""
+
+    @_builtins.property
+    def lease_expires_at(self) -> _timestamp_pb2.Timestamp:
+        """When the current attempt's lease runs out unless renewed; unset when no lease is live (so
+        a reader can count the live lease down without reading the attempts).
+        """
+
+    @_builtins.property
+    def budget(self) -> Global___TaskBudget:
+        """The task's spending caps (the submitted ones, or the cloud's defaults at submission)."""
+
     def __init__(
         self,
         *,
@@ -1096,14 +1429,67 @@ class Task(_message.Message):
         client_request_id: _builtins.str = ...,
         attempts: _abc.Iterable[Global___Attempt] | None = ...,
         cancel_requested: _builtins.bool = ...,
+        no_replay: _builtins.bool = ...,
+        cancelled_by: _builtins.str = ...,
+        totals: Global___TaskTotals | None = ...,
+        lease_expires_at: _timestamp_pb2.Timestamp | None = ...,
+        budget: Global___TaskBudget | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["created_at", b"created_at", "deadline", b"deadline", "finished_at", b"finished_at", "lease_duration", b"lease_duration", "progress", b"progress", "target", b"target", "updated_at", b"updated_at"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["budget", b"budget", "created_at", b"created_at", "deadline", b"deadline", "finished_at", b"finished_at", "lease_duration", b"lease_duration", "lease_expires_at", b"lease_expires_at", "progress", b"progress", "target", b"target", "totals", b"totals", "updated_at", b"updated_at"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "attempts", b"attempts", "cancel_requested", b"cancel_requested", "client_request_id", b"client_request_id", "created_at", b"created_at", "deadline", b"deadline", "device_serial", b"device_serial", "finished_at", b"finished_at", "goal", b"goal", "host_id", b"host_id", "lease_duration", b"lease_duration", "max_attempts", b"max_attempts", "progress", b"progress", "result_summary", b"result_summary", "status", b"status", "target", b"target", "task_id", b"task_id", "updated_at", b"updated_at"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "attempts", b"attempts", "budget", b"budget", "cancel_requested", b"cancel_requested", "cancelled_by", b"cancelled_by", "client_request_id", b"client_request_id", "created_at", b"created_at", "deadline", b"deadline", "device_serial", b"device_serial", "finished_at", b"finished_at", "goal", b"goal", "host_id", b"host_id", "lease_duration", b"lease_duration", "lease_expires_at", b"lease_expires_at", "max_attempts", b"max_attempts", "no_replay", b"no_replay", "progress", b"progress", "result_summary", b"result_summary", "status", b"status", "target", b"target", "task_id", b"task_id", "totals", b"totals", "updated_at", b"updated_at"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___Task: _TypeAlias = Task  # noqa: Y015
+
+@_typing.final
+class TaskTotals(_message.Message):
+    """What a task has used over all its attempts, as of the answer (a running task's times grow)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    USAGE_FIELD_NUMBER: _builtins.int
+    DECISIONS_FIELD_NUMBER: _builtins.int
+    STEPS_FIELD_NUMBER: _builtins.int
+    WALL_TIME_FIELD_NUMBER: _builtins.int
+    RUN_TIME_FIELD_NUMBER: _builtins.int
+    decisions: _builtins.int
+    """Decisions logged for the task."""
+    steps: _builtins.int
+    """Steps the hosts reported, summed over the attempts (each attempt's last step index)."""
+    @_builtins.property
+    def usage(self) -> Global___Usage:
+        """Tokens and cost (Usage.cost_usd) summed over every decision logged for the task: the
+        cloud's own (cloud planner transport) and those a direct-transport host shipped from its
+        outbox (counted when they arrive, so a host's backlog is not in it yet). Kept with the task
+        when the decision log is pruned.
+        """
+
+    @_builtins.property
+    def wall_time(self) -> _duration_pb2.Duration:
+        """From submission to the task's end, or to now while it has not ended."""
+
+    @_builtins.property
+    def run_time(self) -> _duration_pb2.Duration:
+        """Time spent under leases: each attempt's start to its end (or to now while it runs), summed."""
+
+    def __init__(
+        self,
+        *,
+        usage: Global___Usage | None = ...,
+        decisions: _builtins.int = ...,
+        steps: _builtins.int = ...,
+        wall_time: _duration_pb2.Duration | None = ...,
+        run_time: _duration_pb2.Duration | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["run_time", b"run_time", "usage", b"usage", "wall_time", b"wall_time"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["decisions", b"decisions", "run_time", b"run_time", "steps", b"steps", "usage", b"usage", "wall_time", b"wall_time"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___TaskTotals: _TypeAlias = TaskTotals  # noqa: Y015
 
 @_typing.final
 class ThinkingBlock(_message.Message):
@@ -1168,6 +1554,13 @@ class Decision(_message.Message):
     RETRY_KIND_FIELD_NUMBER: _builtins.int
     OUTPUT_TRUNCATED_FIELD_NUMBER: _builtins.int
     OBSERVATION_FIELD_NUMBER: _builtins.int
+    PLANNER_TRANSPORT_FIELD_NUMBER: _builtins.int
+    VERIFICATION_FIELD_NUMBER: _builtins.int
+    PREVIOUS_STEP_FIELD_NUMBER: _builtins.int
+    TARGET_FIELD_NUMBER: _builtins.int
+    FLOW_ID_FIELD_NUMBER: _builtins.int
+    FLOW_STEP_FIELD_NUMBER: _builtins.int
+    REPLAY_DIVERGENCE_FIELD_NUMBER: _builtins.int
     decision_id: _builtins.str
     """Server-assigned id."""
     host_id: _builtins.str
@@ -1221,6 +1614,25 @@ class Decision(_message.Message):
     max_tokens, OpenAI finish_reason length or an incomplete response); the rationale then
     ends with a note saying so.
     """
+    planner_transport: Global___PlannerTransport.ValueType
+    """Which transport made the decision: CLOUD (the cloud called the model in Decide) or DIRECT
+    (the host called the model itself and shipped the decision with
+    DecisionLogService.ShipDecisions). Decisions logged before this field existed were all
+    made by the cloud and read CLOUD.
+    """
+    flow_id: _builtins.str
+    """For a replayed step (mode PLANNER_MODE_REPLAY): the learned flow it comes from. On the
+    decision that took over from a replay (the model's first, `replay_divergence` set): the
+    flow that diverged.
+    """
+    flow_step: _builtins.int
+    """For a replayed step: its 1-based position in that flow (one past the last step for the
+    replayed `complete`). On the decision that took over: the flow step that diverged.
+    """
+    replay_divergence: _builtins.str
+    """Set on the decision that took over from a replay: why the flow step diverged (what was
+    expected, what the screen showed), as the model's prompt said it.
+    """
     @_builtins.property
     def action(self) -> Global___Action:
         """The same action, typed."""
@@ -1256,6 +1668,25 @@ class Decision(_message.Message):
         holds a screenshot.
         """
 
+    @_builtins.property
+    def verification(self) -> Global___StepVerification:
+        """Whether this decision reached its expected outcome: the checker's verdict and the model's
+        judgement (given with the next decision), and whether they disagree. Unset until the next
+        Decide call of the attempt reported the outcome.
+        """
+
+    @_builtins.property
+    def previous_step(self) -> Global___StepJudgement:
+        """This decision's judgement of the step before it (its `previous_step` tool argument); unset
+        for the first step and when the model gave none.
+        """
+
+    @_builtins.property
+    def target(self) -> Global___ElementTarget:
+        """The semantic target of the element the action names (tap, input_text with a field), for
+        learned flows; unset for actions that name no element.
+        """
+
     def __init__(
         self,
         *,
@@ -1288,10 +1719,17 @@ class Decision(_message.Message):
         retry_kind: Global___RetryKind.ValueType = ...,
         output_truncated: _builtins.bool = ...,
         observation: Global___ScreenObservation | None = ...,
+        planner_transport: Global___PlannerTransport.ValueType = ...,
+        verification: Global___StepVerification | None = ...,
+        previous_step: Global___StepJudgement | None = ...,
+        target: Global___ElementTarget | None = ...,
+        flow_id: _builtins.str = ...,
+        flow_step: _builtins.int = ...,
+        replay_divergence: _builtins.str = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["action", b"action", "created_at", b"created_at", "latency", b"latency", "observation", b"observation", "outcome", b"outcome", "usage", b"usage"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["action", b"action", "created_at", b"created_at", "latency", b"latency", "observation", b"observation", "outcome", b"outcome", "previous_step", b"previous_step", "target", b"target", "usage", b"usage", "verification", b"verification"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["action", b"action", "arguments_json", b"arguments_json", "attempt", b"attempt", "corrective_retries", b"corrective_retries", "created_at", b"created_at", "decision_id", b"decision_id", "expected_outcome", b"expected_outcome", "forced_retry", b"forced_retry", "host_id", b"host_id", "latency", b"latency", "mode", b"mode", "model", b"model", "model_provider", b"model_provider", "observation", b"observation", "outcome", b"outcome", "output_truncated", b"output_truncated", "planner_mode", b"planner_mode", "provider", b"provider", "purpose", b"purpose", "rationale", b"rationale", "retry_kind", b"retry_kind", "step_index", b"step_index", "system_prompt", b"system_prompt", "task_id", b"task_id", "thinking", b"thinking", "thinking_kind", b"thinking_kind", "tool_name", b"tool_name", "usage", b"usage", "user_prompt", b"user_prompt"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["action", b"action", "arguments_json", b"arguments_json", "attempt", b"attempt", "corrective_retries", b"corrective_retries", "created_at", b"created_at", "decision_id", b"decision_id", "expected_outcome", b"expected_outcome", "flow_id", b"flow_id", "flow_step", b"flow_step", "forced_retry", b"forced_retry", "host_id", b"host_id", "latency", b"latency", "mode", b"mode", "model", b"model", "model_provider", b"model_provider", "observation", b"observation", "outcome", b"outcome", "output_truncated", b"output_truncated", "planner_mode", b"planner_mode", "planner_transport", b"planner_transport", "previous_step", b"previous_step", "provider", b"provider", "purpose", b"purpose", "rationale", b"rationale", "replay_divergence", b"replay_divergence", "retry_kind", b"retry_kind", "step_index", b"step_index", "system_prompt", b"system_prompt", "target", b"target", "task_id", b"task_id", "thinking", b"thinking", "thinking_kind", b"thinking_kind", "tool_name", b"tool_name", "usage", b"usage", "user_prompt", b"user_prompt", "verification", b"verification"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1578,6 +2016,8 @@ class ActionOutcome(_message.Message):
     EXECUTED_FIELD_NUMBER: _builtins.int
     ERROR_FIELD_NUMBER: _builtins.int
     DRIVER_OUTPUT_FIELD_NUMBER: _builtins.int
+    VERDICT_FIELD_NUMBER: _builtins.int
+    EVIDENCE_FIELD_NUMBER: _builtins.int
     step_index: _builtins.int
     """`Decision.step_index` of the decision this reports on (1 or more). It must be a decision
     of the same task and attempt; the cloud records the first report for each decision and
@@ -1593,6 +2033,16 @@ class ActionOutcome(_message.Message):
     """What the driver reported, for the log, e.g. "tapped (540, 1212)" or the command's output
     (at most 4,096 bytes); may be empty. Not shown to the model.
     """
+    verdict: Global___Verdict.ValueType
+    """The host's deterministic check of the decision's expected outcome against the screen after
+    the action (planner/verify.py): met, not met or unknown. UNSPECIFIED when the host did not
+    check (an older host, a host in another language): the cloud then checks the expected
+    outcome against the observation of this Decide call alone.
+    """
+    evidence: _builtins.str
+    """One line of evidence for `verdict`: what was looked for and what was found (at most 512
+    bytes), e.g. "looked for the 'Dark theme' switch on: it is off".
+    """
     def __init__(
         self,
         *,
@@ -1600,11 +2050,439 @@ class ActionOutcome(_message.Message):
         executed: _builtins.bool = ...,
         error: _builtins.str = ...,
         driver_output: _builtins.str = ...,
+        verdict: Global___Verdict.ValueType = ...,
+        evidence: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["driver_output", b"driver_output", "error", b"error", "executed", b"executed", "step_index", b"step_index"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["driver_output", b"driver_output", "error", b"error", "evidence", b"evidence", "executed", b"executed", "step_index", b"step_index", "verdict", b"verdict"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ActionOutcome: _TypeAlias = ActionOutcome  # noqa: Y015
+
+@_typing.final
+class StepJudgement(_message.Message):
+    """The model's own judgement of the step before a decision: the required `previous_step` tool
+    argument of every device action (verdict plus one line).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    VERDICT_FIELD_NUMBER: _builtins.int
+    NOTE_FIELD_NUMBER: _builtins.int
+    verdict: Global___Verdict.ValueType
+    """What the model judged (UNSPECIFIED: it gave no judgement)."""
+    note: _builtins.str
+    """Its one line on it (at most 512 characters; longer notes are cut with "…")."""
+    def __init__(
+        self,
+        *,
+        verdict: Global___Verdict.ValueType = ...,
+        note: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["note", b"note", "verdict", b"verdict"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___StepJudgement: _TypeAlias = StepJudgement  # noqa: Y015
+
+@_typing.final
+class StepVerification(_message.Message):
+    """Everything known about whether one decision reached its expected outcome."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    VERDICT_FIELD_NUMBER: _builtins.int
+    EVIDENCE_FIELD_NUMBER: _builtins.int
+    CHECKED_BY_CLOUD_FIELD_NUMBER: _builtins.int
+    MODEL_FIELD_NUMBER: _builtins.int
+    DISAGREE_FIELD_NUMBER: _builtins.int
+    verdict: Global___Verdict.ValueType
+    """The deterministic checker's verdict: the host's (`ActionOutcome.verdict`), or the cloud's
+    own check of the next observation when the host sent none. UNSPECIFIED until the next
+    Decide call of the attempt reported the outcome, and for decisions without an expected
+    outcome (complete, get_ui_tree).
+    """
+    evidence: _builtins.str
+    """What the checker looked for and what it found."""
+    checked_by_cloud: _builtins.bool
+    """True when the cloud ran the check (the host sent no verdict): it saw only the screen after
+    the action, not the one before.
+    """
+    disagree: _builtins.bool
+    """The checker and the model disagree: one said met and the other not met."""
+    @_builtins.property
+    def model(self) -> Global___StepJudgement:
+        """The model's judgement of this step, given with the next decision (`previous_step`)."""
+
+    def __init__(
+        self,
+        *,
+        verdict: Global___Verdict.ValueType = ...,
+        evidence: _builtins.str = ...,
+        checked_by_cloud: _builtins.bool = ...,
+        model: Global___StepJudgement | None = ...,
+        disagree: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["model", b"model"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["checked_by_cloud", b"checked_by_cloud", "disagree", b"disagree", "evidence", b"evidence", "model", b"model", "verdict", b"verdict"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___StepVerification: _TypeAlias = StepVerification  # noqa: Y015
+
+@_typing.final
+class ElementTarget(_message.Message):
+    """The semantic target of an action: what names an element on any screen that shows it, so a
+    learned flow finds it again where element ids and coordinates have changed. Never raw
+    coordinates alone: `bounds` only breaks ties between equally good matches.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RESOURCE_ID_FIELD_NUMBER: _builtins.int
+    TEXT_FIELD_NUMBER: _builtins.int
+    CONTENT_DESCRIPTION_FIELD_NUMBER: _builtins.int
+    CLASS_NAME_FIELD_NUMBER: _builtins.int
+    HINT_FIELD_NUMBER: _builtins.int
+    INDEX_AMONG_ALIKE_FIELD_NUMBER: _builtins.int
+    ALIKE_COUNT_FIELD_NUMBER: _builtins.int
+    BOUNDS_FIELD_NUMBER: _builtins.int
+    CHECKABLE_FIELD_NUMBER: _builtins.int
+    CHECKED_FIELD_NUMBER: _builtins.int
+    ROW_LABEL_FIELD_NUMBER: _builtins.int
+    resource_id: _builtins.str
+    """The element's resource id ("com.android.settings:id/title"); empty when it has none."""
+    text: _builtins.str
+    """Its text (at most 256 bytes); empty for a text the task's goal gave or a sensitive field."""
+    content_description: _builtins.str
+    """Its content description (at most 256 bytes)."""
+    class_name: _builtins.str
+    """Its class ("android.widget.Switch")."""
+    hint: _builtins.str
+    """The hint of a text field ("Name")."""
+    index_among_alike: _builtins.int
+    """Its position among the elements of the screen that share its resource id and class, 0
+    first, in document order ("the third row of the list").
+    """
+    alike_count: _builtins.int
+    """How many elements shared its resource id and class on that screen."""
+    checkable: _builtins.bool
+    """It was checkable (a switch, checkbox, radio button)."""
+    checked: _builtins.bool
+    """Its checked state when the action was decided (a replay does not tap a switch that is
+    already in the state the flow leaves it in).
+    """
+    row_label: _builtins.str
+    """The label of the row it sits on, when it has none of its own (a switch beside "Dark
+    theme").
+    """
+    @_builtins.property
+    def bounds(self) -> Global___Rect:
+        """Where it was, for tie-breaking only."""
+
+    def __init__(
+        self,
+        *,
+        resource_id: _builtins.str = ...,
+        text: _builtins.str = ...,
+        content_description: _builtins.str = ...,
+        class_name: _builtins.str = ...,
+        hint: _builtins.str = ...,
+        index_among_alike: _builtins.int = ...,
+        alike_count: _builtins.int = ...,
+        bounds: Global___Rect | None = ...,
+        checkable: _builtins.bool = ...,
+        checked: _builtins.bool = ...,
+        row_label: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["bounds", b"bounds"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["alike_count", b"alike_count", "bounds", b"bounds", "checkable", b"checkable", "checked", b"checked", "class_name", b"class_name", "content_description", b"content_description", "hint", b"hint", "index_among_alike", b"index_among_alike", "resource_id", b"resource_id", "row_label", b"row_label", "text", b"text"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ElementTarget: _TypeAlias = ElementTarget  # noqa: Y015
+
+@_typing.final
+class FlowStep(_message.Message):
+    """One step of a learned flow: the action with a semantic target, and what it expected."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    INDEX_FIELD_NUMBER: _builtins.int
+    TOOL_NAME_FIELD_NUMBER: _builtins.int
+    ACTION_FIELD_NUMBER: _builtins.int
+    TARGET_FIELD_NUMBER: _builtins.int
+    TEXT_PARAMETER_FIELD_NUMBER: _builtins.int
+    PURPOSE_FIELD_NUMBER: _builtins.int
+    EXPECTED_OUTCOME_FIELD_NUMBER: _builtins.int
+    VERDICT_FIELD_NUMBER: _builtins.int
+    PAGE_BEFORE_FIELD_NUMBER: _builtins.int
+    PAGE_AFTER_FIELD_NUMBER: _builtins.int
+    index: _builtins.int
+    """1-based position in the flow."""
+    tool_name: _builtins.str
+    """The tool the original run called ("tap", "input_text", "swipe", "press_key",
+    "launch_app", "terminate_app").
+    """
+    text_parameter: _builtins.str
+    """input_text only: the goal parameter whose value is typed ("p1"), from
+    `Flow.parameters`; empty when the text is stored in `action` as is.
+    """
+    purpose: _builtins.str
+    """Why the original run took it."""
+    expected_outcome: _builtins.str
+    """What it expected the screen to show afterwards (checked after a replayed step)."""
+    verdict: Global___Verdict.ValueType
+    """The checker's verdict on it in the original run."""
+    page_before: _builtins.str
+    """Page the step was decided on ("com.android.settings: Display"): a replay requires the
+    current screen to be this page.
+    """
+    page_after: _builtins.str
+    """Page the next step was decided on (the page the flow's `complete` was decided on, for
+    the last step). Page names, expected outcomes and target texts may hold goal parameters
+    as {p1}, {p2}, ...: a replay fills them in from `Flow.parameters`.
+    """
+    @_builtins.property
+    def action(self) -> Global___Action:
+        """The action as the original run executed it, with its element ids cleared (they mean
+        nothing on another screen) and, for a parameter, its text cleared. A replay names the
+        element `target` resolves to on the current screen.
+        """
+
+    @_builtins.property
+    def target(self) -> Global___ElementTarget:
+        """What the action names (tap, input_text into a field); unset for actions that name no
+        element. For a swipe: the scrollable element it swiped on (a replay moves the finger the
+        same way relative to that element's bounds on the current screen).
+        """
+
+    def __init__(
+        self,
+        *,
+        index: _builtins.int = ...,
+        tool_name: _builtins.str = ...,
+        action: Global___Action | None = ...,
+        target: Global___ElementTarget | None = ...,
+        text_parameter: _builtins.str = ...,
+        purpose: _builtins.str = ...,
+        expected_outcome: _builtins.str = ...,
+        verdict: Global___Verdict.ValueType = ...,
+        page_before: _builtins.str = ...,
+        page_after: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["action", b"action", "target", b"target"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["action", b"action", "expected_outcome", b"expected_outcome", "index", b"index", "page_after", b"page_after", "page_before", b"page_before", "purpose", b"purpose", "target", b"target", "text_parameter", b"text_parameter", "tool_name", b"tool_name", "verdict", b"verdict"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___FlowStep: _TypeAlias = FlowStep  # noqa: Y015
+
+@_typing.final
+class Flow(_message.Message):
+    """A learned flow: the path an attempt that succeeded took, replayable without the model."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    @_typing.final
+    class ParametersEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.str
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.str = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    @_typing.final
+    class DivergencesByStepEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.int
+        value: _builtins.int
+        def __init__(
+            self,
+            *,
+            key: _builtins.int = ...,
+            value: _builtins.int = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    FLOW_ID_FIELD_NUMBER: _builtins.int
+    GOAL_TEMPLATE_FIELD_NUMBER: _builtins.int
+    APPS_FIELD_NUMBER: _builtins.int
+    STEPS_FIELD_NUMBER: _builtins.int
+    COMPLETION_FIELD_NUMBER: _builtins.int
+    PARAMETERS_FIELD_NUMBER: _builtins.int
+    STATUS_FIELD_NUMBER: _builtins.int
+    SOURCE_TASK_ID_FIELD_NUMBER: _builtins.int
+    SOURCE_ATTEMPT_FIELD_NUMBER: _builtins.int
+    SCORE_FIELD_NUMBER: _builtins.int
+    SCORER_FIELD_NUMBER: _builtins.int
+    EMBEDDING_TEXT_FIELD_NUMBER: _builtins.int
+    USES_FIELD_NUMBER: _builtins.int
+    REPLAYS_COMPLETED_FIELD_NUMBER: _builtins.int
+    DIVERGENCES_FIELD_NUMBER: _builtins.int
+    CONSECUTIVE_DIVERGENCES_FIELD_NUMBER: _builtins.int
+    DIVERGENCES_BY_STEP_FIELD_NUMBER: _builtins.int
+    LAST_DIVERGENCE_FIELD_NUMBER: _builtins.int
+    CREATED_AT_FIELD_NUMBER: _builtins.int
+    UPDATED_AT_FIELD_NUMBER: _builtins.int
+    STATUS_REASON_FIELD_NUMBER: _builtins.int
+    flow_id: _builtins.str
+    """Server-assigned id."""
+    goal_template: _builtins.str
+    """The goal of the attempt it was learned from, with each goal parameter shown as {p1},
+    {p2}, ... (a sensitive value is never stored).
+    """
+    completion: _builtins.str
+    """How the flow closed the task (the original `complete` reason)."""
+    status: Global___FlowStatus.ValueType
+    """Whether it may be replayed."""
+    source_task_id: _builtins.str
+    """The task and attempt it was learned from."""
+    source_attempt: _builtins.int
+    """Attempt of that task."""
+    score: _builtins.float
+    """How well it matched this task's goal (0..1; in an Assignment), or 0."""
+    scorer: _builtins.str
+    """How the score was computed: "lexical", "openai-embedding" or "pgvector"."""
+    embedding_text: _builtins.str
+    """The text its retrieval is scored against: the goal template and each step's purpose,
+    expected outcome and target semantics.
+    """
+    uses: _builtins.int
+    """Attempts it was handed to."""
+    replays_completed: _builtins.int
+    """Attempts that replayed every step and succeeded without the model."""
+    divergences: _builtins.int
+    """Attempts on which a replay diverged and handed over to the model."""
+    consecutive_divergences: _builtins.int
+    """Divergences since the last completed replay (retirement counts these)."""
+    last_divergence: _builtins.str
+    """Why the last divergence happened (the step and what the screen showed)."""
+    status_reason: _builtins.str
+    """Who or what set the status last ("operator admin", "retired after 3 divergences in a
+    row").
+    """
+    @_builtins.property
+    def apps(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Apps the flow touched (package names)."""
+
+    @_builtins.property
+    def steps(self) -> _containers.RepeatedCompositeFieldContainer[Global___FlowStep]:
+        """The steps, in order."""
+
+    @_builtins.property
+    def parameters(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
+        """In an Assignment: the values of the goal parameters for this task, read from its goal
+        (name -> value). In FlowService answers: empty.
+        """
+
+    @_builtins.property
+    def divergences_by_step(self) -> _containers.ScalarMap[_builtins.int, _builtins.int]:
+        """Divergences per flow step (step index -> count): where it diverges."""
+
+    @_builtins.property
+    def created_at(self) -> _timestamp_pb2.Timestamp:
+        """When it was learned."""
+
+    @_builtins.property
+    def updated_at(self) -> _timestamp_pb2.Timestamp:
+        """When it last changed (used, diverged, its status set)."""
+
+    def __init__(
+        self,
+        *,
+        flow_id: _builtins.str = ...,
+        goal_template: _builtins.str = ...,
+        apps: _abc.Iterable[_builtins.str] | None = ...,
+        steps: _abc.Iterable[Global___FlowStep] | None = ...,
+        completion: _builtins.str = ...,
+        parameters: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
+        status: Global___FlowStatus.ValueType = ...,
+        source_task_id: _builtins.str = ...,
+        source_attempt: _builtins.int = ...,
+        score: _builtins.float = ...,
+        scorer: _builtins.str = ...,
+        embedding_text: _builtins.str = ...,
+        uses: _builtins.int = ...,
+        replays_completed: _builtins.int = ...,
+        divergences: _builtins.int = ...,
+        consecutive_divergences: _builtins.int = ...,
+        divergences_by_step: _abc.Mapping[_builtins.int, _builtins.int] | None = ...,
+        last_divergence: _builtins.str = ...,
+        created_at: _timestamp_pb2.Timestamp | None = ...,
+        updated_at: _timestamp_pb2.Timestamp | None = ...,
+        status_reason: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["created_at", b"created_at", "updated_at", b"updated_at"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["apps", b"apps", "completion", b"completion", "consecutive_divergences", b"consecutive_divergences", "created_at", b"created_at", "divergences", b"divergences", "divergences_by_step", b"divergences_by_step", "embedding_text", b"embedding_text", "flow_id", b"flow_id", "goal_template", b"goal_template", "last_divergence", b"last_divergence", "parameters", b"parameters", "replays_completed", b"replays_completed", "score", b"score", "scorer", b"scorer", "source_attempt", b"source_attempt", "source_task_id", b"source_task_id", "status", b"status", "status_reason", b"status_reason", "steps", b"steps", "updated_at", b"updated_at", "uses", b"uses"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Flow: _TypeAlias = Flow  # noqa: Y015
+
+@_typing.final
+class FlowReplayReport(_message.Message):
+    """How a replay went on one attempt, as a host on the direct transport reports it with its
+    result (a cloud-transport attempt's replay is known from its decisions).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    FLOW_ID_FIELD_NUMBER: _builtins.int
+    STEPS_REPLAYED_FIELD_NUMBER: _builtins.int
+    DIVERGED_FIELD_NUMBER: _builtins.int
+    DIVERGED_AT_STEP_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    flow_id: _builtins.str
+    """The flow replayed."""
+    steps_replayed: _builtins.int
+    """Steps replayed without the model."""
+    diverged: _builtins.bool
+    """The replay handed over to the model."""
+    diverged_at_step: _builtins.int
+    """The 1-based flow step that diverged (0 when none did)."""
+    reason: _builtins.str
+    """Why it diverged, one line (the cloud keeps the first 512 characters)."""
+    def __init__(
+        self,
+        *,
+        flow_id: _builtins.str = ...,
+        steps_replayed: _builtins.int = ...,
+        diverged: _builtins.bool = ...,
+        diverged_at_step: _builtins.int = ...,
+        reason: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["diverged", b"diverged", "diverged_at_step", b"diverged_at_step", "flow_id", b"flow_id", "reason", b"reason", "steps_replayed", b"steps_replayed"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___FlowReplayReport: _TypeAlias = FlowReplayReport  # noqa: Y015

@@ -2,7 +2,8 @@
 
 The loop is the host's in miniature: perceive with the host's `Perceiver` (through the
 `VirtualDriver`, so the scene is what the host would see), ask the planner, execute with the
-host's `execute`, record a `WorldEvent`. No lease, store or timeline: this is for measuring a
+host's `execute`, check the expected outcome on the screen after it (the host's checker),
+record a `WorldEvent`. No lease, store or timeline: this is for measuring a
 planner (tests and `scripts/suite_report.py`), not for running tasks.
 """
 
@@ -10,7 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from host.agent.actions import execute
+from host.agent.actions import changes_screen, execute
+from host.agent.verdicts import check_step
 from host.devices.base import DeviceError
 from host.devices.virtual.driver import VirtualDriver
 from host.devices.virtual.suite import SuiteTask, Verdict, snapshot
@@ -79,11 +81,18 @@ async def run_task(
             break
         decision = await typed.decide(task.goal, scene, history)
         result = execute(driver, decision.action, scene)
-        history.append(
-            WorldEvent.from_decision(
-                decision, page=scene.page, success=result.ok, target=_target(decision, scene)
-            )
+        event = WorldEvent.from_decision(
+            decision, page=scene.page, success=result.ok, target=_target(decision, scene)
         )
+        if result.ok and changes_screen(decision.action):
+            try:
+                after = perceiver.perceive(driver, with_ocr=ocr is not None).scene
+            except DeviceError:
+                after = None
+            check = check_step(decision, result.ok, scene, after)
+            if check is not None:
+                event.verdict, event.evidence = check.verdict, check.evidence
+        history.append(event)
         trace.append(f"{steps:2d} [{scene.page}] {history[-1].action} — {decision.rationale}")
         if decision.tool_name == "complete":
             claimed = bool(decision.arguments.get("success"))

@@ -10,7 +10,9 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from planner import secret_refs
 from planner.providers.offline.vocabulary import (
+    FIELD_KINDS,
     GENERIC,
     OFF,
     ON,
@@ -169,9 +171,25 @@ class Goal:
         return [*self.values.values(), *self.generic_values]
 
 
+def secret_values(goal: str) -> dict[str, str]:
+    """The goal's secret parameters as values to type: each `{{secret:NAME}}` reference under
+    the field kind its name says ("wifi_password" a password, "phone_number" a phone), a
+    password when it says none. The value is the reference itself: the host types the secret."""
+    out: dict[str, str] = {}
+    for name in secret_refs.names_in(goal):
+        parts = set(name.split("_"))
+        kind = next((k for k, hints in FIELD_KINDS.items() if parts & set(hints)), "password")
+        out.setdefault(kind, secret_refs.reference(name))
+    return out
+
+
 def parse_goal(goal: str) -> Goal:
     """Read a goal: on/off wording, values to enter (names, numbers, times, labels, secrets)
-    and the remaining content words, with the places they usually live (`related`)."""
+    and the remaining content words, with the places they usually live (`related`). A secret
+    parameter's reference is a value (`secret_values`), never words to look for."""
+    text = goal
+    secrets = secret_values(goal)
+    goal = secret_refs.REFERENCE.sub(" ", goal)
     lower = goal.lower()
     want_on, soft_on = on_off(goal)
     values: dict[str, str] = {}
@@ -238,9 +256,10 @@ def parse_goal(goal: str) -> Goal:
     secret = re.search(
         r"\b(?:password|passcode|pin|code)\s+(?:is\s+)?(\"[^\"]+\"|'[^']+'|\S+)", goal, re.I
     )
-    if secret:
+    if secret and "password" not in secrets:
         values["password"] = secret.group(1).strip("\"'")
         value_text += " " + values["password"]
+    values.update(secrets)
     generic = [q for q in quoted if q not in values.values()]
     if "name" in values and " " in values["name"]:
         first, last = values["name"].split(" ", 1)
@@ -257,4 +276,4 @@ def parse_goal(goal: str) -> Goal:
         related += [r for r in RELATED.get(w, ()) if r not in keywords and r not in related]
     wants_settings = bool(re.search(r"\b(settings?|einstellungen)\b", lower))
     delete = bool(re.search(r"\b(delete|remove|erase|lösche|entferne)\b", lower))
-    return Goal(goal, keywords, related, want_on, values, generic, wants_settings, delete, soft_on)
+    return Goal(text, keywords, related, want_on, values, generic, wants_settings, delete, soft_on)

@@ -97,6 +97,30 @@ class Memory:
             for h in self.history
         )
 
+    def unmet_last(self, page: str) -> dict[str, Any] | None:
+        """The last step, when it was made on `page` and the checker found its expected outcome
+        not met (its history record says "— not met:"), else None."""
+        if not self.history:
+            return None
+        last = self.history[-1]
+        if last.get("page") != page or " — not met:" not in str(last.get("verdict") or ""):
+            return None
+        return last
+
+    def judgement(self, screen: Screen) -> dict[str, str]:
+        """The `previous_step` argument: this agent's own verdict on the previous step (from
+        what the screen shows now, as `judge` reads it) and its one line."""
+        line = self.judge(screen)
+        if not self.history:
+            return {"verdict": "unknown", "note": "first step: nothing to judge"}
+        if "failed to run" in line or "did not reach" in line:
+            verdict = "not_met"
+        elif "reached its expected outcome" in line or "looks done" in line:
+            verdict = "met"
+        else:
+            verdict = "unknown"
+        return {"verdict": verdict, "note": line}
+
     def judge(self, screen: Screen) -> str:
         """One sentence on the previous step: did the screen reach its expected outcome?"""
         if not self.history:

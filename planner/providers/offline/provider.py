@@ -9,7 +9,8 @@ from planner.conversation.items import AssistantText, ToolCall, UserObservation
 from planner.decision import Usage
 from planner.prompts import ParsedPrompt, parse_user_prompt
 from planner.providers.offline.goal import split_goal
-from planner.providers.offline.memory import parts_done
+from planner.providers.offline.memory import Memory, parts_done
+from planner.providers.offline.screen import Screen
 from planner.providers.offline.tactics import MAX_STEPS, Agent, Step
 from planner.vendors.base import Turn, TurnRequest
 
@@ -39,6 +40,7 @@ class OfflineProvider:
         try:
             parsed = parse_user_prompt(prompt)
             step = decide(parsed)
+            step.args["previous_step"] = Memory(parsed.history).judgement(Screen(parsed.scene))
         except ValueError as err:
             step = Step(
                 f"I cannot read this prompt ({err}).",

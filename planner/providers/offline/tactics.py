@@ -13,10 +13,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from planner import secret_refs
 from planner.prompts import ParsedPrompt
 from planner.providers.offline.goal import OPS, arithmetic, arithmetic_result, parse_goal, variants
 from planner.providers.offline.goal import words as words_of
-from planner.providers.offline.memory import Memory
+from planner.providers.offline.memory import Memory, action_of
 from planner.providers.offline.screen import El, Screen
 from planner.providers.offline.vocabulary import (
     ALLOW,
@@ -29,6 +30,7 @@ from planner.providers.offline.vocabulary import (
     GRANT_WORDS,
     HOME_GOAL,
     LEAVE_GOAL,
+    MASK_CHARS,
     SAVE_WORDS,
     SETTING_WORDS,
     SETTINGS_APP_NAMES,
@@ -95,11 +97,34 @@ class Agent:
             self.navigate,
             self.explore,
         )
+        unmet = self.memory.unmet_last(self.screen.page)
         for attempt in steps:
             step = attempt()
-            if step is not None:
-                return step
+            if step is None:
+                continue
+            if unmet is not None and self.same_move(step, unmet):
+                # The checker found this very move's outcome not met a moment ago: doing it
+                # again unchanged would not help. Let the next tactic choose something else.
+                continue
+            if unmet is not None:
+                step.rationale += " (The previous step's outcome was not met; not repeating it.)"
+            return step
         return self.finish(False, "nothing on screen relates to the goal and there is no way back")
+
+    def same_move(self, step: Step, record: dict[str, Any]) -> bool:
+        """Whether `step` repeats the history `record`: same tool, same target (by its label,
+        element ids change), same key, or same purpose."""
+        done = action_of(record)
+        if step.tool != done.get("tool") or step.tool == "complete":
+            return False
+        if step.tool in ("tap", "input_text") and step.args.get("element_id"):
+            el = next((e for e in self.screen.els if e.id == step.args["element_id"]), None)
+            name = self.screen.label(el).split(" — ")[0] if el is not None else ""
+            if done.get("target"):
+                return name == str(done["target"]).split(" — ")[0]
+        if step.tool == "press_key":
+            return step.args.get("key") == done.get("key")
+        return step.args.get("purpose") == done.get("purpose")
 
     # -- the phone's own interruptions ----------------------------------------------------
     def button(self, phrases: tuple[str, ...], avoid: tuple[str, ...] = ()) -> El | None:
@@ -375,6 +400,14 @@ class Agent:
 
     # -- forms ----------------------------------------------------------------------------
     @staticmethod
+    def holds_secret(shown: str) -> bool:
+        """A field showing only mask characters ("•••", "****"): it holds a secret already.
+        The phone masks a password field, and the host masks any field showing a secret it
+        typed, so such a field never shows the value typed; typing it again changes nothing."""
+        kept = shown.strip()
+        return bool(kept) and all(c in MASK_CHARS for c in kept)
+
+    @staticmethod
     def same_value(shown: str, value: str) -> bool:
         """A field shows the value: the same text, or the same number ("06" is 6)."""
         shown, value = shown.strip(), value.strip()
@@ -413,7 +446,22 @@ class Agent:
                 if self.same_value(shown or el.text, value):
                     continue
                 hint = self.field_label(el)
+                if secret_refs.refers(value):
+                    if self.holds_secret(el.text):
+                        continue
+                    return Step(
+                        f"{self.judge()} Next: type the secret {value} in the '{hint}' field.",
+                        "input_text",
+                        {
+                            "text": value,
+                            "element_id": el.id,
+                            "purpose": f"fill in '{hint}' with the secret {value}",
+                            "expected_outcome": f"the '{hint}' field holds the secret (masked)",
+                        },
+                    )
                 secret = "password" in el.flags or value == self.goal.values.get("password")
+                if secret and self.holds_secret(el.text):
+                    continue
                 if secret:
                     return Step(
                         f"{self.judge()} Next: enter the secret in the '{hint}' field.",
@@ -452,9 +500,10 @@ class Agent:
         elif typed:
             # The most telling value typed (the longest) shown on a page without fields: saved.
             shown_text = self.screen.text_raw()
-            shown = max((v for v in typed if v and v != "•••"), key=len, default="")
+            readable = [v for v in typed if v and v != "•••" and not secret_refs.refers(v)]
+            shown = max(readable, key=len, default="")
             if shown and shown in shown_text:
-                visible = [v for v in typed if v and v != "•••" and v in shown_text]
+                visible = [v for v in readable if v in shown_text]
                 listed = ", ".join(f"'{v}'" for v in visible)
                 return self.finish(True, f"saved: {listed} shown on '{self.screen.title}'")
         return None

@@ -142,9 +142,20 @@ SAVE_WORDS = (
     "set",
     "apply",
     "confirm",
+    "submit",
+    # The buttons that send a filled sign-in or join form ("Sign in", "Log in", "Connect").
+    "sign",
+    "login",
+    "log",
+    "connect",
+    "join",
     "speichern",
     "fertig",
+    "anmelden",
+    "verbinden",
 )
+#: What a masked field shows instead of its text: Android's password dots, the host's mask.
+MASK_CHARS = frozenset("•●*·∙")
 #: A field's kind from the words of its hint, id or label.
 FIELD_KINDS: dict[str, tuple[str, ...]] = {
     "first": ("first", "vorname"),

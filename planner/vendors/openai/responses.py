@@ -100,8 +100,10 @@ def usage_from(usage: Mapping[str, Any] | None) -> Usage:
     u = usage or {}
     cached = (u.get("input_tokens_details") or {}).get("cached_tokens") or 0
     reasoning = (u.get("output_tokens_details") or {}).get("reasoning_tokens") or 0
+    # Responses counts cached tokens inside `input_tokens`: they are reported apart (as Chat's
+    # usage is, and Anthropic's), so each input token is priced once, at its own rate.
     return Usage(
-        input_tokens=int(u.get("input_tokens") or 0),
+        input_tokens=int(u.get("input_tokens") or 0) - int(cached),
         output_tokens=int(u.get("output_tokens") or 0),
         cache_read_input_tokens=int(cached),
         thinking_tokens=int(reasoning),

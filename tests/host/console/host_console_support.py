@@ -29,7 +29,7 @@ from host.perception.perceive import Perceiver
 from host.planner_client import StepPlanner
 from host.settings import HostSettings
 from host.timeline.store import TimelineStore
-from planner.decision import Decision, ThinkingBlock
+from planner.decision import Decision, ThinkingBlock, Usage
 from planner.history import WorldEvent
 from planner.scene import Scene
 from tests.host.scripted_planner import ScriptedPlanner, Step, by_text
@@ -84,6 +84,8 @@ class RedactingPlanner:
                     ThinkingBlock(""),  # a signature-only block: omitted, not redacted
                 ],
                 thinking_kind="summarized",
+                # A priced step: the page shows its cost and the attempt's total.
+                usage=Usage(input_tokens=100, output_tokens=20, cost_usd=0.125),
             )
         return decision
 

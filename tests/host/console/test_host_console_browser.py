@@ -36,6 +36,7 @@ from tests.host.console.host_console_support import (
     host_settings,
 )
 from tests.host.lease_fake import start_fake_cloud
+from tests.support.browser import PageReport
 
 pytestmark = pytest.mark.browser
 
@@ -317,3 +318,39 @@ def test_now_and_timeline_update_live_while_a_task_runs(page: Page, live_host: L
     expect(page.locator("#step-1 details.prompts")).to_have_attribute("open", "")
     for which in ("before", "after"):
         assert _loaded_width(page, f"#step-3 img[data-shot={which}]") > 0
+
+
+def test_the_tap_marker_sits_on_the_tapped_element_and_no_page_breaks_the_policy(
+    browser: Browser, served: tuple[str, FastAPI]
+) -> None:
+    """The tap is drawn where it landed (the marker's centre over the element's centre in the
+    rendered screenshot), and every page loads inside the console's Content-Security-Policy:
+    the favicon is a file now, not a `data:` URL the policy refused on every page."""
+    context = browser.new_context(viewport={"width": 1400, "height": 1000})
+    report = PageReport(context.new_page())
+    page = report.page
+    try:
+        log_in(page, served, f"/tasks/{T_DARK}")
+        for path in ("/now", "/tasks", f"/tasks/{T_SECRET}", f"/tasks/{T_DARK}"):
+            page.goto(served[0] + path)
+            expect(page.locator("h1").first).to_be_visible()
+            assert report.violations() == [], path
+        _loaded_width(page, "#step-3 img[data-shot=before]")
+        tap = served[1].state.host.store.steps(T_DARK, 1)[2]  # what this console serves
+        x, y = tap.result["point"]
+        img = page.locator("#step-3 img[data-shot=before]").bounding_box()
+        dot = page.locator("#step-3 svg.marker circle").first.bounding_box()
+        assert img is not None and dot is not None
+        # The screenshot is drawn "contain" inside its box: its scale and offsets.
+        natural = page.locator("#step-3 img[data-shot=before]").evaluate(
+            "(i) => [i.naturalWidth, i.naturalHeight]"
+        )
+        scale = min(img["width"] / natural[0], img["height"] / natural[1])
+        left = img["x"] + (img["width"] - natural[0] * scale) / 2
+        top = img["y"] + (img["height"] - natural[1] * scale) / 2
+        centre = (dot["x"] + dot["width"] / 2, dot["y"] + dot["height"] / 2)
+        assert abs(centre[0] - (left + x * scale)) < 3
+        assert abs(centre[1] - (top + y * scale)) < 3
+        report.assert_clean()
+    finally:
+        context.close()

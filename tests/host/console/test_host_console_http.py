@@ -176,6 +176,9 @@ def test_timeline_shows_each_step_with_before_and_after(client: TestClient, fill
     assert "the row is there" in section  # the readable thinking block beside it
     assert "omitted by the provider: it returned no text for this block" in section
     assert "Thinking · summarized thinking (3 blocks)" in section
+    assert '<td colspan="3" data-field="step-cost">$0.1250' in section  # what the step cost
+    tokens = sum(r.usage.get("input_tokens", 0) + r.usage.get("output_tokens", 0) for r in records)
+    assert f'<dd data-field="cost">{int(tokens):,} tokens · $0.1250</dd>' in html  # the attempt
     assert "Turn on dark theme" in section  # the real user prompt
     assert "Android phone" in section  # the real system prompt
     assert "scripted-1" in section  # the model's answer: which model
@@ -409,6 +412,93 @@ def test_token_guessing_is_throttled(anon: TestClient) -> None:
     assert refused.headers["retry-after"] == "1"
     assert "Too many failed attempts" in refused.text
     assert tokens.current == right  # the real token was not even tried (so not used up)
+
+
+def test_each_step_shows_the_tree_the_model_was_shown_and_readable_timings(
+    client: TestClient, filled: Filled
+) -> None:
+    """The issue: "the UI tree section did not appear" (only a `get_ui_tree` step had one) and
+    "timings show raw keys (before_ocr_s 1.31 s)"."""
+    html = client.get(f"/tasks/{T_DARK}").text
+    records = filled.store.steps(T_DARK, 1)
+    assert all(r.screen.get("elements") for r in records)
+    tap = html[html.index('id="step-3"') : html.index('id="step-4"')]
+    assert "UI tree the model was shown" in tap
+    assert '<details class="ui-tree">' in tap  # closed: the model did not ask for it
+    asked = html[html.index('id="step-2"') : html.index('id="step-3"')]
+    assert '<details class="ui-tree" open>' in asked and "UI tree the model asked for" in asked
+    assert "Looking at the screen (before)" in tap
+    assert "Planning (until the decision arrived)" in tap
+    assert "Acting on the phone" in tap
+    assert "· text recognition (OCR)" in tap
+    for raw in ("before_ocr_s", "perceive_before_s", "plan_s", "act_s"):
+        assert raw not in tap
+
+
+def test_the_tap_is_drawn_on_the_before_screenshot(client: TestClient, filled: Filled) -> None:
+    html = client.get(f"/tasks/{T_DARK}").text
+    tap = filled.store.steps(T_DARK, 1)[2]
+    x, y = tap.result["point"]
+    section = html[html.index('id="step-3"') : html.index('id="step-4"')]
+    svg = section[section.index("<svg") : section.index("</svg>")]
+    assert 'viewBox="0 0 1080 2400"' in svg  # the screenshot's own pixels
+    assert f'<circle cx="{x}" cy="{y}"' in svg
+    assert 'data-marker="tap"' in svg
+    assert f"tap ({x}, {y})" in section
+    launch = html[html.index('id="step-1"') : html.index('id="step-2"')]
+    assert "<svg" not in launch  # launching an app touches no point
+
+
+def test_a_swipe_is_drawn_as_a_line() -> None:
+    from host.console import present
+
+    record = TimelineRecord(
+        "t",
+        1,
+        1,
+        action={"swipe": {"start": {"x": 500, "y": 1800}, "end": {"x": 500, "y": 400}}},
+    )
+    assert present.marker(record) == present.Marker("swipe", 500, 1800, 500, 400)
+    old = TimelineRecord("t", 1, 2, action={"tap": {"point": {"x": 3, "y": 4}}})
+    assert present.marker(old) == present.Marker("tap", 3, 4)
+    assert present.marker(TimelineRecord("t", 1, 3, action={"press_key": {"key": 1}})) is None
+    assert present.png_size(Path("/nonexistent.png")) is None
+
+
+def test_a_token_from_amc_host_token_logs_in_once(filled: Filled, tmp_path: Path) -> None:
+    """`amc host token` runs in another process: it leaves the token's hash in the console's
+    token folder; the console takes it once, and prints the token for the next login."""
+    from host.console.login_token import OneTimeToken, issue
+
+    folder = tmp_path / "console-tokens"
+    told: list[str] = []
+    tokens = OneTimeToken(issued_dir=folder, on_rotate=told.append)
+    issued = issue(folder)
+    assert folder.stat().st_mode & 0o077 == 0
+    assert issued not in "".join(p.name for p in folder.iterdir())  # only its hash is on disk
+    app = create_app(filled.state, login_token=tokens)
+    with TestClient(app, base_url=BASE, follow_redirects=False) as browser:
+        assert log_in(browser, issued).status_code == 303
+        assert told == [tokens.current]  # the next login's token, printed after this one
+    with TestClient(app, base_url=BASE, follow_redirects=False) as other:
+        assert log_in(other, issued).status_code == 401
+        assert log_in(other, tokens.current).status_code == 303
+    assert len(told) == 2 and told[1] == tokens.current
+
+
+def test_an_issued_token_expires(tmp_path: Path) -> None:
+    import os
+    import time
+
+    from host.console.login_token import ISSUED_TTL_S, OneTimeToken, issue
+
+    folder = tmp_path / "console-tokens"
+    stale = issue(folder)
+    (path,) = folder.iterdir()
+    past = time.time() - ISSUED_TTL_S - 1
+    os.utime(path, (past, past))
+    assert not OneTimeToken(issued_dir=folder).redeem(stale)
+    assert not path.exists()
 
 
 def test_the_task_page_links_its_export_and_it_downloads(client: TestClient) -> None:

@@ -74,17 +74,30 @@ async def _log_in(client: httpx.AsyncClient, token: str) -> httpx.Response:
     return await client.post("/login", data={"token": token, "csrf_token": match.group(1)})
 
 
-async def test_serve_console_prints_url_and_token_and_stops_on_stop(filled: Filled) -> None:
+async def test_serve_console_prints_url_and_token_and_stops_on_stop(
+    filled: Filled, tmp_path: Path
+) -> None:
+    """Also: after each login the next token is printed (the issue: "after the first login no
+    new token is ever printed"), and the console says where it serves in its token folder,
+    for `amc host token`, until it stops."""
+    from host.console.login_token import issue, served_url
+
     lines: list[str] = []
     ready: asyncio.Future[ConsoleServer] = asyncio.get_running_loop().create_future()
     stop = asyncio.Event()
+    tokens = tmp_path / "console-tokens"
     serving = asyncio.create_task(
         serve_console(
-            filled.state, _console(), stop=stop, announce=lines.append, ready=ready.set_result
+            filled.state,
+            _console(token_dir=tokens),
+            stop=stop,
+            announce=lines.append,
+            ready=ready.set_result,
         )
     )
     server = await asyncio.wait_for(ready, WITHIN_S)
     assert server.url.startswith("http://127.0.0.1:")
+    assert served_url(tokens) == server.url
     token = server.login_token.current
     assert any(server.url in line and token in line for line in lines)
     assert any(server.login_url in line for line in lines)
@@ -92,9 +105,15 @@ async def test_serve_console_prints_url_and_token_and_stops_on_stop(filled: Fill
         assert (await client.get("/now")).status_code == 303
         assert (await _log_in(client, token)).status_code == 303
         assert (await client.get("/tasks")).status_code == 200
+    assert lines[-1] == f"host console: a login token was used; the next login: {server.login_url}"
+    assert server.login_token.current != token
+    async with httpx.AsyncClient(base_url=server.url) as second:
+        assert (await _log_in(second, issue(tokens))).status_code == 303
+    assert len([line for line in lines if "a login token was used" in line]) == 2
     stop.set()
     await asyncio.wait_for(serving, WITHIN_S)
     assert serving.done()
+    assert served_url(tokens) is None
 
 
 async def test_a_taken_port_is_an_error_not_an_exit(filled: Filled) -> None:

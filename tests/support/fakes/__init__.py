@@ -29,6 +29,7 @@ from tests.support.fakes.anthropic import (
 )
 from tests.support.fakes.openai import (
     ChatFake,
+    EmbeddingsFake,
     ResponsesFake,
     chat_completion,
     function_call,
@@ -98,7 +99,9 @@ class FakeModelServer(FakeServer):
             key=openai_key, require_reasoning_content_back=require_reasoning_content_back
         )
         self.responses = ResponsesFake(key=openai_key, signing_key=signing_key)
-        super().__init__([self.messages, self.chat, self.responses])
+        self.embeddings = EmbeddingsFake(key=openai_key)
+        # the OpenAI models endpoint answers from the last format: Responses stays last
+        super().__init__([self.messages, self.chat, self.embeddings, self.responses])
 
     def __enter__(self) -> FakeModelServer:
         self.start()

@@ -21,6 +21,7 @@ import hmac
 import itertools
 import json
 import os
+import struct
 import time
 from collections import deque
 from typing import Any
@@ -494,3 +495,83 @@ class ResponsesFake:
         for call_id in calls:
             if call_id not in outputs:
                 raise _bad(f"No tool output found for function call {call_id}.")
+
+
+#: Embedding models the fake knows, with their vector length (the real ones are far longer:
+#: text-embedding-3-small has 1536; a short vector keeps the tests fast and changes nothing).
+EMBEDDING_MODELS = {"text-embedding-3-small": 64, "text-embedding-3-large": 128}
+MAX_EMBEDDING_INPUTS = 2048
+
+
+def fake_embedding(text: str, size: int) -> list[float]:
+    """A deterministic unit vector: each lower-case word adds to a few hashed dimensions, so
+    texts that share words point the same way (what retrieval relies on), and the same text
+    always gets the same vector."""
+    vector = [0.0] * size
+    for word in "".join(c.lower() if c.isalnum() else " " for c in text).split():
+        digest = hashlib.sha256(word.encode()).digest()
+        for i in range(3):
+            vector[digest[i] % size] += 1.0 if digest[i + 3] % 2 else -1.0
+    norm = sum(v * v for v in vector) ** 0.5 or 1.0
+    return [v / norm for v in vector]
+
+
+class EmbeddingsFake:
+    """`POST /v1/embeddings` as documented: `input` a string or a list of 1 to 2048 non-empty
+    strings, `model` an embedding model, `encoding_format` "float" or "base64" (the Python SDK
+    asks for base64 unless told otherwise: little-endian float32, base64-encoded). Counts the
+    texts it embedded (`embedded`)."""
+
+    paths: tuple[str, ...] = ("/v1/embeddings",)
+
+    def __init__(self, *, key: str | None = None) -> None:
+        self.key = key
+        self.embedded: list[str] = []
+
+    @property
+    def pending(self) -> int:
+        return 0
+
+    def check_key(self, headers: dict[str, str]) -> None:
+        _check_key(self.key, headers)
+
+    def outage(self, status: int) -> Reply:
+        return _outage(status)
+
+    def model_info(self, model: str) -> dict[str, Any]:
+        return _model_info(model)
+
+    def answer(self, path: str, headers: dict[str, str], body: dict[str, Any]) -> Answer:
+        for key in ("model", "input"):
+            if key not in body:
+                raise _bad(f"Missing required parameter: '{key}'.", key)
+        model = body["model"]
+        if model not in EMBEDDING_MODELS:
+            raise _bad(f"The model `{model}` does not exist or you do not have access to it.")
+        texts = body["input"] if isinstance(body["input"], list) else [body["input"]]
+        if not texts or len(texts) > MAX_EMBEDDING_INPUTS:
+            raise _bad(f"'input' must have 1 to {MAX_EMBEDDING_INPUTS} items.", "input")
+        if any(not isinstance(t, str) or not t for t in texts):
+            raise _bad("'$.input' is invalid. Please check the API reference.", "input")
+        fmt = body.get("encoding_format", "float")
+        if fmt not in ("float", "base64"):
+            raise _bad(f"Invalid value: '{fmt}'.", "encoding_format")
+        size = EMBEDDING_MODELS[model]
+        data = []
+        for i, text in enumerate(texts):
+            vector = fake_embedding(text, size)
+            encoded: Any = vector
+            if fmt == "base64":
+                encoded = base64.b64encode(struct.pack(f"<{size}f", *vector)).decode()
+            data.append({"object": "embedding", "index": i, "embedding": encoded})
+        self.embedded.extend(texts)
+        tokens = sum(len(t.split()) for t in texts)
+        return Answer(
+            200,
+            {
+                "object": "list",
+                "data": data,
+                "model": model,
+                "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+            },
+        )

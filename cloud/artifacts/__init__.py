@@ -1,0 +1,13 @@
+"""The artifact store: step screenshots as objects in a directory or an S3-compatible bucket."""
+
+from cloud.artifacts.base import ArtifactStore, ArtifactStoreUnavailable, object_key
+from cloud.artifacts.directory import DirectoryStore
+from cloud.artifacts.factory import open_artifact_store
+
+__all__ = [
+    "ArtifactStore",
+    "ArtifactStoreUnavailable",
+    "DirectoryStore",
+    "object_key",
+    "open_artifact_store",
+]

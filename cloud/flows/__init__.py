@@ -1,0 +1,1 @@
+"""Learned flows on the cloud: embeddings, retrieval at assignment, the learning loop."""

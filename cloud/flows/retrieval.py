@@ -1,0 +1,215 @@
+"""Retrieval: which learned flows a new attempt gets with its assignment, and why.
+
+At assignment (`Dispatcher`, after the claim committed) the cloud scores the goal against the
+active flows and hands over those at or above the threshold, best first (at most
+`MAX_HANDED`: the same goal may have been learned from different starting screens, and the
+replay starts with the first whose first step fits). The decision — the flows, the best score,
+the scorer and a one-line reason — is written on the attempt, where GetTask, the consoles and
+`amc task show` read it; the Decide calls of the attempt read the same flows from there.
+
+Scorers: the local lexical one always (planner/flows/scoring.py); with `flow_scorer=openai` the
+goal is embedded and compared with each flow's stored embedding (cosine) — in SQL with pgvector
+when the PostgreSQL server has the `vector` extension, in Python otherwise; a flow without an
+embedding, or a failed embedding call, is scored lexically. Rules every scorer obeys: opposite
+wording and missing parameters make a flow unusable (`scoring.bound`).
+
+No flow is handed over when the task asked for no replay, or when an earlier attempt of the task
+diverged from a replay (the next attempt plans with the model from the start).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+
+from sqlalchemy import text
+
+from amc.v1 import types_pb2
+from cloud.flows.embeddings import Embedder
+from cloud.settings import CloudSettings
+from cloud.store import convert, flows
+from cloud.store.database import Store
+from cloud.store.models import FlowRow
+from planner.flows import params
+from planner.flows.scoring import Candidate, LexicalScorer, Scored, bound, cosine
+from planner.flows.synthesis import needed_parameters
+
+log = logging.getLogger(__name__)
+MAX_HANDED = 3
+#: Embedding cosines of unrelated texts sit higher than lexical scores: their own threshold.
+EMBEDDING_THRESHOLD = 0.85
+
+
+@dataclass(frozen=True, slots=True)
+class _Ranked:
+    row: FlowRow
+    scored: Scored
+    scorer: str
+
+
+def _candidate(row: FlowRow) -> Candidate:
+    flow = convert.flow(row)
+    return Candidate(
+        row.flow_id, row.goal_template, row.embedding_text, tuple(needed_parameters(flow))
+    )
+
+
+class Retriever:
+    """Scores goals against the store's active flows (see the module docstring)."""
+
+    def __init__(
+        self, store: Store, settings: CloudSettings, embedder: Embedder | None = None
+    ) -> None:
+        self.store = store
+        self.settings = settings
+        self.embedder = embedder
+        self._pgvector: bool | None = None
+
+    def threshold(self, scorer: str) -> float:
+        return EMBEDDING_THRESHOLD if scorer != "lexical" else self.settings.flow_threshold
+
+    async def for_new_attempt(
+        self, task_id: str, attempt: int, goal: str, *, no_replay: bool
+    ) -> list[types_pb2.Flow]:
+        """Choose, record the choice on the attempt, and return the flows to hand over."""
+        choice, handed = await self._choose(task_id, attempt, goal, no_replay)
+        await flows.record_choice(self.store, task_id, attempt, choice)
+        return handed
+
+    async def handed(self, task_id: str, attempt: int, goal: str) -> list[types_pb2.Flow]:
+        """The flows this attempt was handed (a resumed assignment, a Decide call), with the
+        goal's parameter values."""
+        return [
+            as_handed(row, goal, 0.0, "")
+            for row in await flows.candidates(self.store, task_id, attempt)
+        ]
+
+    async def _choose(
+        self, task_id: str, attempt: int, goal: str, no_replay: bool
+    ) -> tuple[flows.Choice, list[types_pb2.Flow]]:
+        if no_replay:
+            return flows.Choice([], 0.0, "", "the task asked for no replay"), []
+        earlier = await flows.diverged_before(self.store, task_id, attempt) if attempt > 1 else None
+        if earlier is not None:
+            reason = f"attempt {earlier} diverged from a replay: planning with the model"
+            return flows.Choice([], 0.0, "", reason), []
+        rows = await flows.active(self.store)
+        if not rows:
+            return flows.Choice([], 0.0, "", "no flow learned yet"), []
+        ranked = await self.rank(goal, rows)
+        best = ranked[0]
+        usable = [
+            r for r in ranked if r.scored.usable and r.scored.score >= self.threshold(r.scorer)
+        ][:MAX_HANDED]
+        if not usable:
+            if not best.scored.usable:
+                reason = (
+                    f"flow {best.row.flow_id} scored {best.scored.score:.2f} but {best.scored.why}"
+                )
+            else:
+                reason = (
+                    f"best score {best.scored.score:.2f} < {self.threshold(best.scorer):.2f} "
+                    f"({best.scorer}, flow {best.row.flow_id})"
+                )
+            return flows.Choice([], best.scored.score, best.scorer, reason), []
+        top = usable[0]
+        reason = f"score {top.scored.score:.2f} >= {self.threshold(top.scorer):.2f} ({top.scorer})"
+        if len(usable) > 1:
+            reason += f"; {len(usable) - 1} more flow(s) for other starting screens"
+        handed = [as_handed(r.row, goal, r.scored.score, r.scorer) for r in usable]
+        return flows.Choice(
+            [r.row.flow_id for r in usable], top.scored.score, top.scorer, reason
+        ), handed
+
+    async def rank(self, goal: str, rows: list[FlowRow]) -> list[_Ranked]:
+        """Every flow's score for `goal`, best first (ties: the flow that replayed best, then
+        the most recently changed)."""
+        lexical = {s.flow_id: s for s in LexicalScorer([_candidate(r) for r in rows]).score(goal)}
+        embedded = await self._embedding_scores(goal, rows)
+        out: list[_Ranked] = []
+        for row in rows:
+            scored = lexical[row.flow_id]
+            if row.flow_id in embedded:
+                score, scorer = embedded[row.flow_id]
+                scored = Scored(row.flow_id, round(score, 4), scored.values, scored.why)
+                out.append(_Ranked(row, scored, scorer))
+            else:
+                out.append(_Ranked(row, scored, "lexical"))
+        out.sort(
+            key=lambda r: (
+                r.scored.usable,
+                r.scored.score,
+                r.row.replays_completed - r.row.divergences,
+                r.row.updated_at,
+            ),
+            reverse=True,
+        )
+        return out
+
+    async def _embedding_scores(
+        self, goal: str, rows: list[FlowRow]
+    ) -> dict[str, tuple[float, str]]:
+        if self.embedder is None:
+            return {}
+        model = self.embedder.model
+        if not any(r.embedding and r.embedding_model == model for r in rows):
+            return {}
+        vectors = await self.embedder.embed([goal])
+        if not vectors:
+            return {}
+        query = vectors[0]
+        if await self._has_pgvector():
+            try:
+                return await self._pgvector_scores(query, model)
+            except Exception:  # the query path is not exercised here (see docs/benchmarks.md)
+                log.exception("pgvector ranking failed; ranking in Python")
+        return {
+            r.flow_id: (cosine(query, r.embedding or []), "openai-embedding")
+            for r in rows
+            if r.embedding and r.embedding_model == model
+        }
+
+    async def _has_pgvector(self) -> bool:
+        """Whether the database is PostgreSQL with the `vector` extension installed."""
+        if self._pgvector is None:
+            self._pgvector = False
+            if self.store.engine.dialect.name == "postgresql":
+                async with self.store.read() as session:
+                    found = await session.scalar(
+                        text("SELECT 1 FROM pg_extension WHERE extname = 'vector'")
+                    )
+                self._pgvector = found is not None
+        return self._pgvector
+
+    async def _pgvector_scores(
+        self, query: list[float], model: str
+    ) -> dict[str, tuple[float, str]]:
+        """Cosine similarity computed by pgvector: the stored JSON array is pgvector's text
+        form, so it casts to `vector` as is (no extra column; no index either: a sequential
+        scan, fine for thousands of flows)."""
+        sql = text(
+            "SELECT flow_id, 1 - (CAST(CAST(embedding AS text) AS vector) <=> "
+            "CAST(:query AS vector)) AS score FROM flows "
+            "WHERE status = 'active' AND embedding IS NOT NULL AND embedding_model = :model "
+            "ORDER BY score DESC LIMIT :limit"
+        )
+        async with self.store.read() as session:
+            rows = (
+                await session.execute(
+                    sql, {"query": json.dumps(query), "model": model, "limit": 50}
+                )
+            ).all()
+        return {str(flow_id): (float(score), "pgvector") for flow_id, score in rows}
+
+
+def as_handed(row: FlowRow, goal: str, score: float, scorer: str) -> types_pb2.Flow:
+    """A flow as an assignment carries it: its steps, the goal's parameter values, its score."""
+    flow = convert.flow(row)
+    values, _ = bound(_candidate(row), goal)
+    for name, value in (values or params.bind(row.goal_template, goal) or {}).items():
+        flow.parameters[name] = value
+    flow.score = score
+    flow.scorer = scorer
+    flow.ClearField("embedding_text")
+    return flow

@@ -1,0 +1,178 @@
+"""What a host may ship after the fact: its direct-transport decisions and its step screenshots.
+
+One rule for both (`check_lease`): the calling host's own lease of that attempt, live or ended
+less than the shipping window ago — so a host that was offline can send its backlog when it is
+back, and nobody can write into another host's attempts. `ship_decisions` is
+DecisionLogService.ShipDecisions: every entry is checked first, then each is logged in order
+through the decision log's own append (step index, masking), once per host decision id.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+from typing import Any, TypeAlias
+
+import grpc
+
+from amc.v1 import decision_log_service_pb2 as pb
+from amc.v1 import types_pb2
+from cloud.lease.validate import MAX_ID
+from cloud.services.status import abort
+from cloud.store import decisions, leases
+from cloud.store.database import Store
+from planner.convert import decision_from_proto
+from planner.decision import Decision
+from planner.observation import observation_problem
+from planner.steps import MAX_DRIVER_OUTPUT_BYTES, MAX_OUTCOME_ERROR_BYTES
+
+MAX_ENTRIES = 100
+HOST_DECISION_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
+#: Field size limits in bytes (the prompts' as Decide's).
+_LIMITS = {
+    "system_prompt": 64 * 1024,
+    "user_prompt": 512 * 1024,
+    "rationale": 64 * 1024,
+    "purpose": 64 * 1024,
+    "expected_outcome": 64 * 1024,
+    "provider": 32,
+    "model": 128,
+    "tool_name": 64,
+}
+MAX_THINKING_BLOCK = 64 * 1024
+MAX_THINKING_BLOCKS = 64
+Context: TypeAlias = grpc.aio.ServicerContext[Any, Any]
+
+
+async def check_lease(
+    context: Context,
+    store: Store,
+    window: dt.timedelta,
+    host_id: str,
+    task_id: str,
+    attempt: int,
+    lease_id: str,
+    field: str = "",
+) -> None:
+    """Abort unless (task, attempt, lease id) is `host_id`'s, live or lately ended:
+    PERMISSION_DENIED for another host's lease, FAILED_PRECONDITION for anything else."""
+    held = await leases.held_recently(store, host_id, task_id, attempt, lease_id, window)
+    if held.ok:
+        return
+    where = f"{field}: " if field else ""
+    code = (
+        grpc.StatusCode.PERMISSION_DENIED if held.not_yours else grpc.StatusCode.FAILED_PRECONDITION
+    )
+    await abort(context, code, where + held.message)
+
+
+def lease_ref_problem(field: str, task_id: str, attempt: int, lease_id: str) -> str | None:
+    """The INVALID_ARGUMENT text for a malformed (task, attempt, lease id), or None."""
+    prefix = f"{field}." if field else ""
+    if not task_id or len(task_id) > MAX_ID:
+        return f"{prefix}task_id: required, at most {MAX_ID} characters"
+    if attempt < 1:
+        return f"{prefix}attempt: must be 1 or more"
+    if not lease_id or len(lease_id) > MAX_ID:
+        return f"{prefix}lease_id: required, at most {MAX_ID} characters"
+    return None
+
+
+def entry_problem(i: int, entry: pb.ShippedDecision) -> str | None:
+    """The INVALID_ARGUMENT text for one entry, naming the field (`entries[i].…`), or None."""
+    field = f"entries[{i}]"
+    if not HOST_DECISION_ID.fullmatch(entry.host_decision_id):
+        return f"{field}.host_decision_id: 1 to 64 characters of A-Z a-z 0-9 _ -"
+    problem = lease_ref_problem(field, entry.task_id, entry.attempt, entry.lease_id)
+    if problem:
+        return problem
+    if not entry.HasField("decision"):
+        return f"{field}.decision: required"
+    d = entry.decision
+    for name, limit in _LIMITS.items():
+        size = len(getattr(d, name).encode("utf-8"))
+        if size > limit:
+            return f"{field}.decision.{name}: {size} bytes; at most {limit}"
+    if not d.tool_name:
+        return f"{field}.decision.tool_name: required"
+    kind = d.action.WhichOneof("kind")
+    if kind != d.tool_name:
+        return f"{field}.decision.tool_name: {d.tool_name!r} but the action is {kind or 'unset'}"
+    if len(d.thinking) > MAX_THINKING_BLOCKS:
+        return f"{field}.decision.thinking: at most {MAX_THINKING_BLOCKS} blocks"
+    for j, block in enumerate(d.thinking):
+        size = len(block.text.encode("utf-8"))
+        if size > MAX_THINKING_BLOCK:
+            return (
+                f"{field}.decision.thinking[{j}].text: {size} bytes; at most {MAX_THINKING_BLOCK}"
+            )
+    if d.HasField("observation"):
+        problem = observation_problem(d.observation, f"{field}.decision.observation")
+        if problem:
+            return problem
+    if entry.HasField("outcome"):
+        for name, value, limit in (
+            ("error", entry.outcome.error, MAX_OUTCOME_ERROR_BYTES),
+            ("driver_output", entry.outcome.driver_output, MAX_DRIVER_OUTPUT_BYTES),
+        ):
+            size = len(value.encode("utf-8"))
+            if size > limit:
+                return f"{field}.outcome.{name}: {size} bytes; at most {limit}"
+    return None
+
+
+async def ship_decisions(
+    context: Context,
+    store: Store,
+    window: dt.timedelta,
+    host_id: str,
+    request: pb.ShipDecisionsRequest,
+) -> pb.ShipDecisionsResponse:
+    """DecisionLogService.ShipDecisions (see the proto): check every entry, then log each."""
+    if not request.entries:
+        await abort(context, grpc.StatusCode.INVALID_ARGUMENT, "entries: at least one")
+    if len(request.entries) > MAX_ENTRIES:
+        await abort(context, grpc.StatusCode.INVALID_ARGUMENT, f"entries: at most {MAX_ENTRIES}")
+    for i, entry in enumerate(request.entries):
+        problem = entry_problem(i, entry)
+        if problem:
+            await abort(context, grpc.StatusCode.INVALID_ARGUMENT, problem)
+    checked: set[tuple[str, int, str]] = set()
+    for i, entry in enumerate(request.entries):
+        ref = (entry.task_id, entry.attempt, entry.lease_id)
+        if ref not in checked:
+            await check_lease(context, store, window, host_id, *ref, field=f"entries[{i}]")
+            checked.add(ref)
+    response = pb.ShipDecisionsResponse()
+    for i, entry in enumerate(request.entries):
+        outcome = entry.outcome if entry.HasField("outcome") else None
+        try:
+            row, duplicate = await decisions.append_shipped(
+                store,
+                host_id,
+                entry.task_id,
+                entry.attempt,
+                entry.host_decision_id,
+                _decision(entry.decision),
+                outcome,
+            )
+        except decisions.ShippedElsewhere as exc:
+            await abort(context, grpc.StatusCode.INVALID_ARGUMENT, f"entries[{i}]: {exc}")
+        response.acks.append(
+            pb.ShippedDecisionAck(
+                host_decision_id=entry.host_decision_id,
+                decision_id=row.decision_id,
+                step_index=row.step_index,
+                duplicate=duplicate,
+            )
+        )
+    return response
+
+
+def _decision(message: types_pb2.Decision) -> Decision:
+    """The host's decision as the planner's type: arguments rebuilt from the typed action (what
+    the host put in arguments_json is not trusted), so masking works as for the cloud's own."""
+    decision = decision_from_proto(message)
+    decision.step_index = None
+    decision.observation = message.observation if message.HasField("observation") else None
+    return decision

@@ -1,0 +1,320 @@
+"""Learned flows in the store: add (one per fingerprint), read, list, status, counts; and the
+flow columns of attempts (what retrieval chose, how the replay went, the learning loop's mark).
+
+The counts move in one place, `count_use`, so the rules hold on both backends: a replay that
+finished counts as completed and ends the run of divergences; a divergence counts where it
+happened, and a flow that diverged `retire_after` attempts in a row is retired (reversible: an
+operator's enable sets it active and clears the run).
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+import json
+import uuid
+from dataclasses import dataclass
+
+from sqlalchemy import and_, or_, select, update
+from sqlalchemy.exc import IntegrityError
+
+from amc.v1 import types_pb2
+from cloud.store import states
+from cloud.store.database import Store
+from cloud.store.models import AttemptRow, FlowRow
+
+ACTIVE, DISABLED, RETIRED = "active", "disabled", "retired"
+#: How many flows retrieval reads at most (most recently changed first).
+MAX_CANDIDATES = 2000
+
+
+async def add(
+    store: Store,
+    flow: types_pb2.Flow,
+    fingerprint: str,
+    source_task_id: str,
+    source_attempt: int,
+    *,
+    embedding: list[float] | None = None,
+    embedding_model: str | None = None,
+) -> tuple[FlowRow, bool]:
+    """Store a flow; with a known fingerprint the existing flow comes back and False."""
+    existing = await by_fingerprint(store, fingerprint)
+    if existing is not None:
+        return existing, False
+    now = store.now()
+    stored = types_pb2.Flow()
+    stored.CopyFrom(flow)
+    for name in ("flow_id", "parameters", "status", "score", "scorer", "status_reason"):
+        stored.ClearField(name)
+    row = FlowRow(
+        flow_id=uuid.uuid4().hex[:16],
+        fingerprint=fingerprint,
+        goal_template=flow.goal_template,
+        flow_pb=stored.SerializeToString(),
+        embedding_text=flow.embedding_text,
+        embedding=embedding,
+        embedding_model=embedding_model,
+        status=ACTIVE,
+        status_reason=f"learned from task {source_task_id} attempt {source_attempt}",
+        source_task_id=source_task_id,
+        source_attempt=source_attempt,
+        divergences_by_step={},
+        created_at=now,
+        updated_at=now,
+    )
+    try:
+        async with store.write() as session:
+            session.add(row)
+    except IntegrityError:  # another replica stored the same path a moment ago
+        existing = await by_fingerprint(store, fingerprint)
+        if existing is None:
+            raise
+        return existing, False
+    return row, True
+
+
+async def by_fingerprint(store: Store, fingerprint: str) -> FlowRow | None:
+    async with store.read() as session:
+        return await session.scalar(select(FlowRow).where(FlowRow.fingerprint == fingerprint))
+
+
+async def get(store: Store, flow_id: str) -> FlowRow | None:
+    """One flow by id, or None."""
+    async with store.read() as session:
+        return await session.get(FlowRow, flow_id)
+
+
+async def by_ids(store: Store, flow_ids: list[str]) -> list[FlowRow]:
+    """The flows with these ids, in the order given (unknown ids are left out)."""
+    if not flow_ids:
+        return []
+    async with store.read() as session:
+        rows = {
+            r.flow_id: r
+            for r in (
+                await session.scalars(select(FlowRow).where(FlowRow.flow_id.in_(flow_ids)))
+            ).all()
+        }
+    return [rows[i] for i in flow_ids if i in rows]
+
+
+async def active(store: Store, limit: int = MAX_CANDIDATES) -> list[FlowRow]:
+    """Flows retrieval may choose from, most recently changed first."""
+    async with store.read() as session:
+        return list(
+            (
+                await session.scalars(
+                    select(FlowRow)
+                    .where(FlowRow.status == ACTIVE)
+                    .order_by(FlowRow.updated_at.desc(), FlowRow.flow_id)
+                    .limit(limit)
+                )
+            ).all()
+        )
+
+
+def _cursor(row: FlowRow) -> str:
+    return base64.urlsafe_b64encode(
+        json.dumps([row.updated_at.isoformat(), row.flow_id]).encode()
+    ).decode()
+
+
+def _decode(token: str) -> tuple[dt.datetime, str]:
+    try:
+        when, flow_id = json.loads(base64.urlsafe_b64decode(token.encode()))
+        return dt.datetime.fromisoformat(when), str(flow_id)
+    except Exception as exc:
+        raise ValueError("not a page token from this server") from exc
+
+
+async def list_page(
+    store: Store, statuses: tuple[str, ...], page_size: int, page_token: str
+) -> tuple[list[FlowRow], str]:
+    """Flows, most recently changed first; raises ValueError for a foreign page token."""
+    stmt = select(FlowRow)
+    if statuses:
+        stmt = stmt.where(FlowRow.status.in_(statuses))
+    if page_token:
+        when, flow_id = _decode(page_token)
+        stmt = stmt.where(
+            or_(
+                FlowRow.updated_at < when,
+                and_(FlowRow.updated_at == when, FlowRow.flow_id > flow_id),
+            )
+        )
+    stmt = stmt.order_by(FlowRow.updated_at.desc(), FlowRow.flow_id).limit(page_size + 1)
+    async with store.read() as session:
+        rows = list((await session.scalars(stmt)).all())
+    more = len(rows) > page_size
+    rows = rows[:page_size]
+    return rows, (_cursor(rows[-1]) if more and rows else "")
+
+
+async def set_status(store: Store, flow_id: str, status: str, reason: str) -> FlowRow | None:
+    """Set a flow's status (an operator's disable or enable; enabling clears the run of
+    divergences so a retired flow gets another chance). None for an unknown flow."""
+    values: dict[str, object] = {
+        "status": status,
+        "status_reason": reason,
+        "updated_at": store.now(),
+    }
+    if status == ACTIVE:
+        values["consecutive_divergences"] = 0
+    async with store.write() as session:
+        result = await session.execute(
+            update(FlowRow).where(FlowRow.flow_id == flow_id).values(**values)
+        )
+        if not result.rowcount:  # type: ignore[attr-defined]
+            return None
+    return await get(store, flow_id)
+
+
+@dataclass(frozen=True, slots=True)
+class Choice:
+    """What retrieval decided for one attempt."""
+
+    flow_ids: list[str]
+    score: float
+    scorer: str
+    reason: str
+
+
+async def record_choice(store: Store, task_id: str, attempt: int, choice: Choice) -> None:
+    """Write retrieval's decision on the attempt (the first flow is the one handed over)."""
+    async with store.write() as session:
+        await session.execute(
+            update(AttemptRow)
+            .where(AttemptRow.task_id == task_id, AttemptRow.attempt == attempt)
+            .values(
+                flow_id=choice.flow_ids[0] if choice.flow_ids else None,
+                flow_score=choice.score,
+                flow_scorer=choice.scorer,
+                flow_reason=choice.reason,
+                flow_candidates=list(choice.flow_ids),
+            )
+        )
+
+
+async def candidates(store: Store, task_id: str, attempt: int) -> list[FlowRow]:
+    """The flows retrieval handed to this attempt, best first (none: no replay)."""
+    async with store.read() as session:
+        ids = await session.scalar(
+            select(AttemptRow.flow_candidates).where(
+                AttemptRow.task_id == task_id, AttemptRow.attempt == attempt
+            )
+        )
+    return await by_ids(store, list(ids or []))
+
+
+async def diverged_before(store: Store, task_id: str, before: int) -> int | None:
+    """The latest earlier attempt of the task whose replay diverged, or None."""
+    async with store.read() as session:
+        return await session.scalar(
+            select(AttemptRow.attempt)
+            .where(
+                AttemptRow.task_id == task_id,
+                AttemptRow.attempt < before,
+                AttemptRow.replay_diverged_step.is_not(None),
+            )
+            .order_by(AttemptRow.attempt.desc())
+            .limit(1)
+        )
+
+
+async def record_replay(
+    store: Store,
+    task_id: str,
+    attempt: int,
+    *,
+    flow_id: str,
+    steps_replayed: int,
+    diverged_at: int,
+    reason: str,
+) -> None:
+    """How the attempt's replay went (the cloud transport's Decide calls, or a direct-transport
+    host's report with its result): replayed steps so far and, once, where it handed over."""
+    values: dict[str, object] = {"replay_steps": steps_replayed}
+    if flow_id:
+        values["flow_id"] = flow_id
+    if diverged_at:
+        values.update(replay_diverged_step=diverged_at, replay_divergence=reason)
+    async with store.write() as session:
+        await session.execute(
+            update(AttemptRow)
+            .where(AttemptRow.task_id == task_id, AttemptRow.attempt == attempt)
+            .values(**values)
+        )
+
+
+async def claim_ended_attempt(store: Store) -> AttemptRow | None:
+    """An ended attempt the learning loop has not looked at yet, marked as taken ("working");
+    two replicas never take the same one (the UPDATE re-checks the mark)."""
+    for _ in range(5):
+        async with store.read() as session:
+            row = await session.scalar(
+                select(AttemptRow)
+                .where(AttemptRow.flow_state.is_(None), AttemptRow.ended_at.is_not(None))
+                .order_by(AttemptRow.ended_at, AttemptRow.id)
+                .limit(1)
+            )
+        if row is None:
+            return None
+        async with store.write() as session:
+            taken = await session.execute(
+                update(AttemptRow)
+                .where(AttemptRow.id == row.id, AttemptRow.flow_state.is_(None))
+                .values(flow_state="working")
+            )
+            if taken.rowcount:  # type: ignore[attr-defined]
+                row.flow_state = "working"
+                return row
+    return None
+
+
+async def mark_attempt(store: Store, attempt_id: int, state: str) -> None:
+    """The learning loop is done with an attempt ("done", or why it learned nothing)."""
+    async with store.write() as session:
+        await session.execute(
+            update(AttemptRow).where(AttemptRow.id == attempt_id).values(flow_state=state[:16])
+        )
+
+
+async def count_use(
+    store: Store,
+    flow_id: str,
+    *,
+    completed: bool,
+    diverged_at: int,
+    reason: str,
+    retire_after: int,
+) -> FlowRow | None:
+    """Count one attempt that was handed the flow: completed by replay, diverged at a step, or
+    neither (it ended otherwise). Retires the flow after `retire_after` divergences in a row."""
+    async with store.write() as session:
+        row = await session.get(FlowRow, flow_id, with_for_update=True)
+        if row is None:
+            return None
+        row.uses += 1
+        if completed:
+            row.replays_completed += 1
+            row.consecutive_divergences = 0
+        if diverged_at:
+            row.divergences += 1
+            row.consecutive_divergences += 1
+            by_step = dict(row.divergences_by_step or {})
+            by_step[str(diverged_at)] = int(by_step.get(str(diverged_at), 0)) + 1
+            row.divergences_by_step = by_step
+            row.last_divergence = f"step {diverged_at}: {reason}"[:2000]
+            if row.status == ACTIVE and row.consecutive_divergences >= retire_after:
+                row.status = RETIRED
+                row.status_reason = (
+                    f"retired after {row.consecutive_divergences} divergences in a row "
+                    f"(last at step {diverged_at})"
+                )
+        row.updated_at = store.now()
+        return row
+
+
+def ended_ok(row: AttemptRow) -> bool:
+    return row.status == states.SUCCEEDED

@@ -1,0 +1,168 @@
+"""Every way an `amc` command can fail, as one line with a hint, and the exit code it means.
+
+Commands raise what they hit (a gRPC status, a missing certificate file, a setting the cloud
+refuses, a usage error from click) or a `UserError` of their own; `run_main` turns each into
+`amc <command>: <what happened> (<what to do>)` on stderr with the code from
+`console.exit_codes`. Only `--debug` (or AMC_DEBUG=1) adds the traceback, and only an
+unexpected error gets the "run with --debug" note.
+"""
+
+from __future__ import annotations
+
+import sys
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import grpc
+import typer
+from pydantic import ValidationError
+
+# Typer ships its own copy of click (typer._click); its usage errors are of these classes.
+from typer._click import exceptions as click_errors
+
+from console import exit_codes
+
+
+class UserError(Exception):
+    """Something the person can fix: `message` says what is wrong, `hint` what to do."""
+
+    def __init__(self, message: str, hint: str = "", code: int = exit_codes.USAGE) -> None:
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+        self.code = code
+
+    def line(self) -> str:
+        return f"{self.message} ({self.hint})" if self.hint else self.message
+
+
+@dataclass(frozen=True, slots=True)
+class CloudTarget:
+    """Where the failed call went and as whom: it makes a gRPC failure actionable."""
+
+    address: str
+    operator: str
+
+
+def from_rpc(error: grpc.aio.AioRpcError, target: CloudTarget) -> UserError:
+    """A gRPC failure as the person at the terminal can act on it."""
+    code: grpc.StatusCode = error.code()
+    details = (error.details() or "").strip()
+    if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+        why = "did not answer in time" if code is grpc.StatusCode.DEADLINE_EXCEEDED else "is down"
+        reason = details.splitlines()[0] if details else why
+        return UserError(
+            f"cannot reach the cloud at {target.address}: {reason}",
+            "is it running? `amc up` starts one on this machine; point at another with "
+            "--cloud HOST:PORT or AMC_CLOUD",
+            exit_codes.CLOUD,
+        )
+    if code in (grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.UNAUTHENTICATED):
+        return UserError(
+            f"the cloud at {target.address} refused operator {target.operator!r}: {details}",
+            "use an operator certificate of this fleet: --operator NAME and --pki-dir DIR",
+            exit_codes.CLOUD,
+        )
+    if code is grpc.StatusCode.NOT_FOUND:
+        listing = (
+            "flows with `amc flows list`"
+            if details.startswith("flow ")
+            else ("tasks with `amc task list`")
+        )
+        return UserError(details or "not found", f"list {listing}")
+    if code in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.OUT_OF_RANGE):
+        return UserError(f"the cloud refused the request: {details}")
+    if code in (grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.ALREADY_EXISTS):
+        return UserError(details or code.name.lower())
+    return UserError(
+        f"the cloud answered {code.name}: {details}",
+        "try again; run with --debug for the full error",
+        exit_codes.CLOUD,
+    )
+
+
+#: Settings classes → the environment prefix their fields are read from.
+_PREFIXES = {
+    "CloudSettings": "AMC_CLOUD_",
+    "PlannerSettings": "AMC_PLANNER_",
+    "HostSettings": "AMC_HOST_",
+    "HostConsoleSettings": "AMC_HOST_CONSOLE_",
+    "ConsoleSettings": "AMC_CONSOLE_",
+}
+
+
+def from_validation(error: ValidationError) -> UserError:
+    """pydantic's first complaint about a settings class, as the variable that caused it."""
+    prefix = _PREFIXES.get(error.title, "")
+    first = error.errors()[0]
+    field = ".".join(str(part) for part in first["loc"]) or "(settings)"
+    value = first.get("input")
+    got = f" (got {value!r})" if isinstance(value, str | int | float) else ""
+    return UserError(
+        f"{prefix}{field.upper()}: {first['msg']}{got}",
+        "fix the variable or unset it to use the default",
+    )
+
+
+def explain(exc: BaseException) -> UserError | None:
+    """The one line for a failure a person can fix, or None for a bug."""
+    from cloud.settings import SettingError
+    from planner.errors import PlannerConfigError
+
+    if isinstance(exc, UserError):
+        return exc
+    if isinstance(exc, click_errors.UsageError):
+        command = exc.ctx.command_path if exc.ctx is not None else "amc"
+        # Typer checks values with pydantic, whose message starts "Value error, ".
+        message = exc.format_message().replace("Value error, ", "")
+        return UserError(message, f"see `{command} --help`")
+    if isinstance(exc, SettingError | PlannerConfigError):
+        return UserError(str(exc))
+    if isinstance(exc, ValidationError):
+        return from_validation(exc)
+    return None
+
+
+#: Command groups (a second word names the command) and global options taking a value.
+_GROUPS = frozenset({"cloud", "host", "console", "certs", "task"})
+_VALUED = frozenset({"--cloud", "--pki-dir", "--operator"})
+
+
+def _prefix(argv: list[str]) -> str:
+    """`amc task list` for the message prefix: the command's words, options skipped."""
+    words = ["amc"]
+    skip = False
+    for word in argv:
+        if skip:
+            skip = False
+            continue
+        if word.startswith("-"):
+            skip = word in _VALUED
+            continue
+        words.append(word)
+        if len(words) == 3 or words[1] not in _GROUPS:
+            break
+    return " ".join(words)
+
+
+def run_main(main: Callable[[], int | None], argv: list[str], *, debug: Callable[[], bool]) -> int:
+    """Run the command line and turn what it raised into one line and an exit code."""
+    try:
+        return main() or exit_codes.OK
+    except KeyboardInterrupt:
+        return exit_codes.INTERRUPTED
+    except typer.Abort:
+        return exit_codes.INTERRUPTED
+    except typer.Exit as done:
+        return int(done.exit_code)
+    except Exception as exc:
+        if debug():
+            traceback.print_exc()
+        problem = explain(exc)
+        if problem is None:
+            note = "" if debug() else " (run with --debug for the traceback)"
+            print(f"{_prefix(argv)}: unexpected {type(exc).__name__}: {exc}{note}", file=sys.stderr)
+            return exit_codes.INTERNAL
+        print(f"{_prefix(argv)}: {problem.line()}", file=sys.stderr)
+        return problem.code

@@ -1,0 +1,27 @@
+"""What `amc` exits with, so a script can tell how a command (or a watched task) ended.
+
+- 0: done; for `amc task watch TASK_ID` and `amc demo`: the task (every task) succeeded;
+- 1: the watched task failed (`amc task watch`), or a demo goal did not succeed;
+- 2: the command was used wrongly or named something that is not there: a bad option or
+  value, an unknown or ambiguous task id, a missing certificate, a setting that keeps a
+  server from starting, a port that is taken;
+- 3: the watched task was cancelled;
+- 4: the cloud could not be reached, refused the operator's certificate, or did not answer;
+- 70: an unexpected internal error (`--debug` prints its traceback);
+- 130: interrupted (Ctrl-C).
+
+`docs/cli.md` repeats this list as a table; `tests/console/test_cli_scripts.py` holds the
+commands to it.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+OK: Final = 0
+TASK_FAILED: Final = 1
+USAGE: Final = 2
+TASK_CANCELLED: Final = 3
+CLOUD: Final = 4
+INTERNAL: Final = 70
+INTERRUPTED: Final = 130

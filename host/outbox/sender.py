@@ -1,0 +1,211 @@
+"""Sends the outbox in the background: oldest first, with backoff and jitter, never in a step.
+
+Items go strictly in the order they were written (a screenshot after the decision it belongs
+to; a decision's outcome after the decision), in batches of one kind. A failure that may pass
+(the cloud is down or busy: UNAVAILABLE, DEADLINE_EXCEEDED, …) keeps the batch at the head and
+waits — tenacity's full-jitter exponential backoff, cut short when the lease stream reconnects
+(`retry_now`) — so the backlog goes as soon as the cloud is back. A refusal for good (the
+cloud says the item can never be taken: INVALID_ARGUMENT, FAILED_PRECONDITION, …) marks the
+item refused and moves on; a refused batch is split so one bad item does not take its
+neighbours down with it. Every item carries its own id, so a batch the cloud took but whose
+answer was lost is simply taken again without effect.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import grpc
+from google.protobuf.message import DecodeError
+from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, wait_random_exponential
+
+from host.outbox.kinds import KINDS, Kind
+from host.outbox.store import OutboxItem, OutboxStore
+
+log = logging.getLogger(__name__)
+
+#: Codes after which the same request may succeed later.
+TRANSIENT = frozenset(
+    {
+        grpc.StatusCode.UNAVAILABLE,
+        grpc.StatusCode.DEADLINE_EXCEEDED,
+        grpc.StatusCode.RESOURCE_EXHAUSTED,
+        grpc.StatusCode.ABORTED,
+        grpc.StatusCode.INTERNAL,
+        grpc.StatusCode.UNKNOWN,
+        grpc.StatusCode.CANCELLED,
+    }
+)
+HEAD = 200
+
+
+class _Stopped(Exception):
+    """The host is stopping: leave the batch where it is (it is durable)."""
+
+
+def transient(exc: BaseException) -> bool:
+    """Whether the same request may work later."""
+    if isinstance(exc, grpc.aio.AioRpcError):
+        return exc.code() in TRANSIENT
+    return not isinstance(exc, DecodeError | ValueError)
+
+
+def _describe(exc: BaseException) -> str:
+    if isinstance(exc, grpc.aio.AioRpcError):
+        return f"{exc.code().name}: {exc.details()}"
+    return f"{type(exc).__name__}: {exc}"
+
+
+def batch_of(items: Sequence[OutboxItem], kinds: dict[str, Kind]) -> list[OutboxItem]:
+    """The head run of one kind, within that kind's item and byte limits (at least one item)."""
+    kind = kinds[items[0].kind]
+    batch = [items[0]]
+    size = len(items[0].body)
+    for item in items[1:]:
+        if item.kind != kind.name or len(batch) >= kind.batch_items:
+            break
+        if size + len(item.body) > kind.batch_bytes:
+            break
+        batch.append(item)
+        size += len(item.body)
+    return batch
+
+
+class OutboxSender:
+    """One background task per host: drains the outbox to the cloud."""
+
+    def __init__(
+        self,
+        store: OutboxStore,
+        channel_factory: Callable[[], Any],
+        *,
+        kinds: dict[str, Kind] | None = None,
+        initial_s: float = 0.5,
+        max_s: float = 30.0,
+    ) -> None:
+        self.store = store
+        self._channel_factory = channel_factory
+        self._kinds = kinds or KINDS
+        self._initial_s = initial_s
+        self._max_s = max_s
+        self._loop: asyncio.AbstractEventLoop | None = None
+        #: Something was written (set from any thread through `notify`).
+        self.wake = asyncio.Event()
+        #: Try the waiting batch now (the lease stream just reconnected: the cloud is back).
+        self.retry_now = asyncio.Event()
+        #: The backlog changed (written, sent or refused): whoever reports it looks again.
+        self.changed = asyncio.Event()
+        self.last_error: str | None = None
+        store.add_listener(self.notify)
+
+    def notify(self) -> None:
+        """An item was written (any thread): wake the sender, tell the backlog reporter."""
+        loop = self._loop
+        if loop is None or loop.is_closed():
+            return
+
+        def wake() -> None:
+            self.wake.set()
+            self.changed.set()
+
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is loop:
+            wake()
+        else:
+            loop.call_soon_threadsafe(wake)
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Send until `stop`; what is left stays in the store for the next start."""
+        self._loop = asyncio.get_running_loop()
+        self.changed.set()
+        channel = self._channel_factory()
+        try:
+            while not stop.is_set():
+                self.wake.clear()
+                items = await asyncio.to_thread(self.store.head, HEAD)
+                if not items:
+                    await self._idle(stop)
+                    continue
+                try:
+                    await self._deliver(channel, batch_of(items, self._kinds), stop)
+                except _Stopped:
+                    return
+        finally:
+            await channel.close(grace=None)
+
+    async def _idle(self, stop: asyncio.Event) -> None:
+        waits = [asyncio.ensure_future(e.wait()) for e in (self.wake, stop)]
+        try:
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for w in waits:
+                w.cancel()
+
+    def _pause(self, stop: asyncio.Event) -> Callable[[float], Any]:
+        """tenacity's sleep: wait `seconds`, less when the cloud is back, raise when stopping."""
+
+        async def pause(seconds: float) -> None:
+            self.retry_now.clear()
+            waits = [asyncio.ensure_future(e.wait()) for e in (stop, self.retry_now)]
+            try:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(
+                        asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED), seconds
+                    )
+            finally:
+                for w in waits:
+                    w.cancel()
+            if stop.is_set():
+                raise _Stopped
+
+        return pause
+
+    async def _deliver(self, channel: Any, batch: list[OutboxItem], stop: asyncio.Event) -> None:
+        kind = self._kinds[batch[0].kind]
+        seqs = [i.seq for i in batch]
+
+        async def note_failure(state: RetryCallState) -> None:
+            exc = state.outcome.exception() if state.outcome else None
+            self.last_error = _describe(exc) if exc else "unknown"
+            log.info(
+                "outbox: %d %s item(s) not sent yet (try %d): %s",
+                len(batch),
+                kind.name,
+                state.attempt_number,
+                self.last_error,
+            )
+            await asyncio.to_thread(self.store.failed, seqs, self.last_error)
+
+        retrying = AsyncRetrying(
+            retry=retry_if_exception(transient),
+            wait=wait_random_exponential(multiplier=self._initial_s, max=self._max_s),
+            sleep=self._pause(stop),
+            before_sleep=note_failure,
+            reraise=True,
+        )
+        try:
+            async for attempt in retrying:
+                with attempt:
+                    await kind.send(channel, batch)
+        except _Stopped:
+            raise
+        except Exception as exc:  # refused for good
+            if len(batch) > 1:  # find the one the cloud cannot take; send the others
+                for item in batch:
+                    await self._deliver(channel, [item], stop)
+                return
+            reason = _describe(exc)
+            log.warning("outbox: the cloud refused %s %s: %s", kind.name, batch[0].item_id, reason)
+            await asyncio.to_thread(self.store.refused, batch[0].seq, reason)
+            self.changed.set()
+            return
+        self.last_error = None
+        await asyncio.to_thread(self.store.sent, seqs)
+        self.changed.set()

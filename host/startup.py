@@ -1,0 +1,66 @@
+"""What `amc host run` tells the person who starts it, once the host is assembled.
+
+Who it is, where its cloud is and where its certificates come from, which phones it drives and
+how, where planning happens (the cloud, or a model it calls itself, with the model's price),
+where its timeline is kept, and where its metrics, traces and logs go. No secret is printed:
+certificate and key paths, never their contents; the provider, never its key.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from telemetry import logs, tracing
+from telemetry.metrics_http import MetricsServer
+
+if TYPE_CHECKING:
+    from host.runner import HostApp
+
+
+def _planner(app: HostApp) -> str:
+    s = app.settings
+    if s.planner_transport == "cloud":
+        return "cloud transport: the cloud plans each step (PlannerService.Decide)"
+    if app.direct_planner is not None:
+        return "direct transport: a planner given by the caller"
+    ps = app.planner_settings
+    if ps is None:
+        return "direct transport"
+    line = (
+        f"direct transport: {ps.resolved_provider} (model {ps.resolved_model}, {ps.mode} mode; "
+        "AMC_PLANNER_* settings)"
+    )
+    from planner.prices import PriceTable
+
+    return f"{line}; {PriceTable.load(ps.prices_file).describe(ps.resolved_model)}"
+
+
+def describe(
+    app: HostApp, *, metrics: MetricsServer | None = None, metrics_note: str = ""
+) -> list[str]:
+    """The banner's lines."""
+    s = app.settings
+    phones = [d.serial for d in app.registry.devices()]
+    if s.device_source == "virtual":
+        source = f"{s.virtual_phones} virtual phone(s) behind adb {s.adb_host}:{s.adb_port}"
+    else:
+        source = f"adb server {s.adb_host}:{s.adb_port} ({s.driver})"
+    certs = (
+        f"CA {s.ca_cert}, certificate {s.client_cert}, key {s.client_key}"
+        if s.client_cert
+        else "none configured (AMC_HOST_CERTS_DIR + AMC_HOST_HOST_ID)"
+    )
+    if metrics is not None:
+        metric_line = f"{metrics.url} (AMC_HOST_METRICS_ADDRESS)"
+    else:
+        metric_line = metrics_note or "not served"
+    return [
+        f"amc host {s.host_id or '(id from its certificate)'} for cloud {s.cloud_address}",
+        f"  phones:       {', '.join(phones) or 'none attached yet'} via {source}",
+        f"  planner:      {_planner(app)}",
+        f"  certificates: {certs}",
+        f"  timeline:     {s.resolved_db_path} (screenshots in {s.resolved_artifact_dir})",
+        f"  metrics:      {metric_line}",
+        f"  tracing:      {tracing.describe()}",
+        f"  logs:         {logs.describe(logs.LogSettings().format)}",
+    ]

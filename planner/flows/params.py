@@ -1,0 +1,83 @@
+"""Goal parameters: text a run typed that came from its goal becomes a slot ({p1}, {p2}, …).
+
+"Create a contact named Ada Lovelace with phone 555 0100" typed "Ada Lovelace" and "555 0100":
+the flow keeps the goal template "Create a contact named {p1} with phone {p2}" and types {p1}
+and {p2}. A new goal is bound to a template by matching it, so "Create a contact named Alan
+Turing with phone 555 0111" gives p1 = "Alan Turing", p2 = "555 0111"; a goal that does not
+match supplies no values, and a flow that needs one is not used. A sensitive value is never
+stored: its step names a parameter no template slot can fill (`SECRET_PREFIX`), so such a flow
+is kept for the record but replayed only once the task supplies that value some other way.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+
+SLOT = re.compile(r"\{(p\d+)\}")
+SECRET_PREFIX = "secret"
+_SPACE = re.compile(r"\s+")
+
+
+def _boundary(value: str) -> str:
+    """`value` as a regex matching it as whole words (not inside a longer word or number)."""
+    return rf"(?<![\w]){re.escape(value)}(?![\w])"
+
+
+def template_goal(goal: str, typed: Iterable[str]) -> tuple[str, dict[str, str]]:
+    """The goal with each typed value it contains replaced by a slot, and value -> slot name.
+
+    Values are taken longest first (so "555 0100" is not cut by "5"), each value once; a value
+    not found in the goal as whole words stays literal text of its step.
+    """
+    template = goal
+    found: dict[str, str] = {}
+    for value in sorted({v.strip() for v in typed if v and v.strip()}, key=len, reverse=True):
+        pattern = re.compile(_boundary(value), re.I)
+        if not pattern.search(template):
+            continue
+        temp = f"q{len(found)}"
+        found[temp] = value
+        template = pattern.sub("{" + temp + "}", template)
+    # Number the slots in the order they appear in the goal.
+    order = list(dict.fromkeys(re.findall(r"\{(q\d+)\}", template)))
+    names = {temp: f"p{i}" for i, temp in enumerate(order, start=1)}
+    template = re.sub(r"\{(q\d+)\}", lambda m: "{" + names[m.group(1)] + "}", template)
+    return template, {found[temp]: name for temp, name in names.items()}
+
+
+def bind(template: str, goal: str) -> dict[str, str] | None:
+    """The slot values `goal` gives `template`, or None when it does not match it.
+
+    Matching ignores case and runs of spaces; each slot takes at least one character, and a
+    slot used twice must take the same value both times.
+    """
+    parts = SLOT.split(_SPACE.sub(" ", template.strip()))
+    pattern = ""
+    seen: set[str] = set()
+    for i, part in enumerate(parts):
+        if i % 2 == 0:
+            pattern += r"\s+".join(re.escape(w) for w in part.split(" "))
+        elif part in seen:
+            pattern += f"(?P={part})"
+        else:
+            seen.add(part)
+            pattern += f"(?P<{part}>.+?)"
+    m = re.fullmatch(pattern, _SPACE.sub(" ", goal.strip()), re.I)
+    if m is None:
+        return None
+    values = {k: v.strip() for k, v in m.groupdict().items()}
+    return values if all(values.values()) else None
+
+
+def slotted(goal: str, values: Mapping[str, str]) -> str:
+    """`goal` with its bound values written as their slots (what the lexical scorer compares)."""
+    out = goal
+    for name, value in sorted(values.items(), key=lambda kv: len(kv[1]), reverse=True):
+        out = re.sub(_boundary(value), "{" + name + "}", out, flags=re.I)
+    return out
+
+
+def missing(needed: Iterable[str], values: Mapping[str, str]) -> list[str]:
+    """The parameters a flow's steps type that `values` does not supply, in order."""
+    return [n for n in dict.fromkeys(needed) if n and n not in values]

@@ -1,0 +1,369 @@
+"""Replay a learned flow inside `plan_step`: no model call while the screen agrees with it.
+
+Stateless by design: where the replay stands is read from the attempt's earlier steps (a
+replayed step is a decision of mode "replay" with its flow id and step), so the cloud (history
+from its decision log) and a host on the direct transport (history in memory) replay alike,
+and a retried call replays the same step.
+
+Each call:
+1. The first call picks the flow: the first candidate (best score first) whose first step fits
+   the screen (its page is open, its target is there, a switch it flips is not already where
+   the flow leaves it). None fits: hand over at step 1.
+2. Later calls check the step just replayed: it ran, the checker did not find its expected
+   outcome unmet (where the original run found it met), and the page is the one the original
+   run reached. Otherwise another candidate that took the same steps so far and fits from here
+   goes on (the same goal learned with and without an interruption); if none does, hand over
+   at that step.
+3. Then the next step: its page must be open and its target resolvable (and a switch not
+   already in its end state); its action is rebuilt on this screen (the element the target
+   resolves to; a swipe moved relative to its list's bounds; typed text from the goal's
+   parameters). Otherwise: hand over at that step.
+4. After the last step: `complete` with success, saying which flow was replayed.
+
+A handover is the model's turn: its prompt says which flow was being replayed, which step
+diverged and what the screen showed (`Handover.note`). Once the model has decided, the
+replay is over for the attempt.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from amc.v1 import types_pb2
+from planner import labels
+from planner.decision import Decision, Usage
+from planner.flows import params
+from planner.scene import Scene
+from planner.steps import PastStep
+from planner.targets import describe, resolve, semantics
+from planner.tools import KEYS
+
+MODE = "replay"
+PROVIDER = "replay"
+SHOWN_LABELS = 8
+_KEY_NAMES = {v: k for k, v in KEYS.items()}
+
+
+@dataclass(frozen=True, slots=True)
+class Handover:
+    """Where a replay stopped and why, for the model's prompt and the flow's counts."""
+
+    flow_id: str
+    goal_template: str
+    step: int
+    total: int
+    reason: str
+    screen: str
+
+    @property
+    def line(self) -> str:
+        """One line: "flow f1 step 2 of 5: <reason>"."""
+        return f"flow {self.flow_id} step {self.step} of {self.total}: {self.reason}"
+
+    def note(self) -> str:
+        """What the model's prompt says about the replay it takes over."""
+        done = (
+            f"steps 1 to {self.step - 1} were replayed without you (they are in the steps so far)"
+            if self.step > 1
+            else "no step was replayed"
+        )
+        return (
+            f"A learned flow was being replayed for this goal: flow {self.flow_id} "
+            f"({self.goal_template!r}, {self.total} steps); {done}. Step {self.step} diverged: "
+            f"{self.reason}. The screen shows {self.screen}. The flow is set aside: decide the "
+            "next step yourself."
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Move:
+    """A replayed decision, or a handover to the model (exactly one is set)."""
+
+    decision: Decision | None = None
+    handover: Handover | None = None
+
+
+def _screen(scene: Scene) -> str:
+    shown = [t for t in labels.screen_texts(scene) if t.strip()][:SHOWN_LABELS]
+    what = ", ".join(repr(t[:40]) for t in shown)
+    return f"{scene.page or 'an unnamed screen'!r}" + (f" with {what}" if what else "")
+
+
+def _fill(text: str, values: Mapping[str, str]) -> str:
+    return params.SLOT.sub(lambda m: values.get(m.group(1), m.group(0)), text)
+
+
+def _same_page(expected: str, scene: Scene) -> bool:
+    """The screen is the page the flow recorded: the same app, and the same title unless a
+    title holds digits (a launcher's date, a clock, a counter: it changes by itself, so the
+    app alone must do; the step's target still has to be found on it)."""
+    package, _, title = expected.partition(": ")
+    if package.strip() != scene.package:
+        return False
+    now = scene.page_title
+    if any(c.isdigit() for c in title + now):
+        return True
+    return " ".join(title.split()).lower() == " ".join(now.split()).lower()
+
+
+def replay(flows: Sequence[types_pb2.Flow], steps: Sequence[PastStep], scene: Scene) -> Move | None:
+    """The replay's move for this call, or None when there is no replay (no flow, or the model
+    has taken over already). `steps` carry the outcome of the latest step when it is known."""
+    if not flows or any(s.mode != MODE for s in steps):
+        return None
+    if not steps:
+        first_problem: Handover | None = None
+        for candidate in flows:
+            move = _step(candidate, 0, scene)
+            if move.decision is not None:
+                return move
+            first_problem = first_problem or move.handover
+        return Move(handover=first_problem)
+    flow: types_pb2.Flow | None = next((f for f in flows if f.flow_id == steps[-1].flow_id), None)
+    if flow is None:  # the flow it was on is gone from the candidates: let the model go on
+        return None
+    move = _next(flow, steps, scene)
+    if move.handover is None:
+        return move
+    # Another candidate that took the same steps so far may go on from here (the same goal
+    # learned twice, once with an interruption: the one that fits the screen continues).
+    for other in flows:
+        if other.flow_id != flow.flow_id and _same_path(other, flow, len(steps)):
+            switched = _next(other, steps, scene)
+            if switched.decision is not None:
+                return switched
+    return move
+
+
+def _next(flow: types_pb2.Flow, steps: Sequence[PastStep], scene: Scene) -> Move:
+    """Check the step just replayed, then the next one of `flow` (or its `complete`)."""
+    done = len(steps)
+    problem = _check_previous(flow, steps[-1], scene, done)
+    if problem is not None:
+        return Move(handover=_handover(flow, done, problem, scene))
+    if done >= len(flow.steps):
+        return Move(decision=_complete(flow, scene))
+    return _step(flow, done, scene)
+
+
+def _shape(step: types_pb2.FlowStep) -> tuple[object, ...]:
+    """What a step does, whatever its flow: tool, target, typed text or key, app, page."""
+    return (
+        step.tool_name,
+        semantics(step.target) if step.HasField("target") else "",
+        step.text_parameter or step.action.input_text.text,
+        step.action.press_key.key,
+        step.action.launch_app.package_name or step.action.terminate_app.package_name,
+        step.page_before,
+    )
+
+
+def _same_path(a: types_pb2.Flow, b: types_pb2.Flow, count: int) -> bool:
+    """`a` begins with the same `count` steps as `b`."""
+    if len(a.steps) < count or len(b.steps) < count:
+        return False
+    return all(
+        _shape(x) == _shape(y) for x, y in zip(a.steps[:count], b.steps[:count], strict=True)
+    )
+
+
+def _handover(flow: types_pb2.Flow, step: int, reason: str, scene: Scene) -> Handover:
+    return Handover(flow.flow_id, flow.goal_template, step, len(flow.steps), reason, _screen(scene))
+
+
+def _check_previous(flow: types_pb2.Flow, last: PastStep, scene: Scene, index: int) -> str | None:
+    """Why the step just replayed (flow step `index`) did not go as in the original run, or
+    None."""
+    if not 1 <= index <= len(flow.steps):
+        return f"the attempt's last replayed step names flow step {index}, which it lacks"
+    step = flow.steps[index - 1]
+    outcome = last.outcome
+    if outcome is None:
+        return None  # not reported (a host that sends no outcomes): the page check below decides
+    if not outcome.executed:
+        return f"step {index} did not run ({outcome.error or 'no reason given'})"
+    original_met = step.verdict == types_pb2.VERDICT_MET
+    if outcome.verdict == "not_met" and original_met:
+        return f"step {index}'s expected outcome was not met: {outcome.evidence}"
+    expected_page = _fill(step.page_after, flow.parameters)
+    if expected_page and not _same_page(expected_page, scene):
+        return f"after step {index} the flow reached {expected_page!r}, not this screen"
+    return None
+
+
+def _step(flow: types_pb2.Flow, index: int, scene: Scene) -> Move:
+    """Replay flow step `index` (0-based) on `scene`, or hand over at it."""
+    step = flow.steps[index]
+    number = index + 1
+    page = _fill(step.page_before, flow.parameters)
+    if page and not _same_page(page, scene):
+        return Move(handover=_handover(flow, number, f"the flow expects {page!r} here", scene))
+    try:
+        arguments, action, found = _rebuild(flow, step, scene)
+    except _Diverged as diverged:
+        return Move(handover=_handover(flow, number, str(diverged), scene))
+    purpose = _fill(step.purpose, flow.parameters)
+    expected = _fill(step.expected_outcome, flow.parameters)
+    action.purpose, action.expected_outcome = purpose, expected
+    rationale = (
+        f"Replaying learned flow {flow.flow_id}, step {number} of {len(flow.steps)}: {purpose}."
+    )
+    if found:
+        rationale += f" Target: {found}."
+    decision = _decision(
+        flow, number, step.tool_name, arguments, action, purpose, expected, rationale
+    )
+    decision.page = scene.page
+    decision.target_descriptor = describe(scene, action)
+    return Move(decision=decision)
+
+
+class _Diverged(Exception):
+    """The step cannot be replayed on this screen (the message says why)."""
+
+
+def _rebuild(
+    flow: types_pb2.Flow, step: types_pb2.FlowStep, scene: Scene
+) -> tuple[dict[str, Any], types_pb2.Action, str]:
+    """The step's arguments and typed action on this screen, and how its target was found."""
+    action = types_pb2.Action()
+    action.CopyFrom(step.action)
+    kind = action.WhichOneof("kind")
+    found = ""
+    element_id = ""
+    if step.HasField("target") and kind in ("tap", "input_text", "swipe"):
+        target = types_pb2.ElementTarget()
+        target.CopyFrom(step.target)
+        if target.text:
+            target.text = _fill(target.text, flow.parameters)
+        resolved = resolve(scene, target)
+        if resolved.element is None:
+            raise _Diverged(f"its target is not here: {resolved.why}")
+        element = resolved.element
+        element_id, found = element.element_id, resolved.why
+        switch = labels.holding_checkable(scene, element)
+        if target.checkable and switch is not None and switch.checked != target.checked:
+            state = "on" if switch.checked else "off"
+            raise _Diverged(
+                f"{semantics(target)} is already {state}, so tapping it would undo what the "
+                "flow does"
+            )
+    if kind == "tap":
+        if action.tap.WhichOneof("target") == "element_id":
+            if not element_id:
+                raise _Diverged("it taps an element the flow cannot name")
+            action.tap.element_id = element_id
+            arguments: dict[str, Any] = {"element_id": element_id}
+        else:
+            point = action.tap.point
+            if not (0 <= point.x < scene.screen_width and 0 <= point.y < scene.screen_height):
+                raise _Diverged(f"its point ({point.x}, {point.y}) is off this screen")
+            arguments = {"x": point.x, "y": point.y}
+        if action.tap.long_press:
+            arguments["long_press"] = True
+        return arguments, action, found
+    if kind == "input_text":
+        text = action.input_text.text
+        if step.text_parameter:
+            if step.text_parameter not in flow.parameters:
+                raise _Diverged(f"it types parameter {step.text_parameter}, which the goal lacks")
+            text = flow.parameters[step.text_parameter]
+        action.input_text.text = text
+        action.input_text.element_id = element_id
+        arguments = {"text": text, "sensitive": action.input_text.sensitive}
+        if element_id:
+            arguments["element_id"] = element_id
+        return arguments, action, found
+    if kind == "swipe":
+        if not step.HasField("target") or not element_id:
+            raise _Diverged("it swipes outside any list, which cannot be placed on this screen")
+        was, now = step.target.bounds, scene.element(element_id)
+        assert now is not None
+        sw = action.swipe
+
+        def place(x: int, y: int) -> tuple[int, int]:
+            fx = (x - was.left) / max(1, was.right - was.left)
+            fy = (y - was.top) / max(1, was.bottom - was.top)
+            b = now.bounds
+            return (
+                min(b.right - 1, max(b.left, round(b.left + fx * b.width))),
+                min(b.bottom - 1, max(b.top, round(b.top + fy * b.height))),
+            )
+
+        (sw.start.x, sw.start.y), (sw.end.x, sw.end.y) = (
+            place(sw.start.x, sw.start.y),
+            place(sw.end.x, sw.end.y),
+        )
+        arguments = {
+            "start_x": sw.start.x,
+            "start_y": sw.start.y,
+            "end_x": sw.end.x,
+            "end_y": sw.end.y,
+        }
+        if sw.duration_ms:
+            arguments["duration_ms"] = sw.duration_ms
+        return arguments, action, found
+    if kind == "press_key":
+        return {"key": _KEY_NAMES.get(action.press_key.key, "")}, action, found
+    if kind == "launch_app":
+        return {"package_name": action.launch_app.package_name}, action, found
+    if kind == "terminate_app":
+        return {"package_name": action.terminate_app.package_name}, action, found
+    raise _Diverged(f"it is a {kind or 'empty'} action, which a flow does not replay")
+
+
+def _decision(
+    flow: types_pb2.Flow,
+    number: int,
+    tool_name: str,
+    arguments: dict[str, Any],
+    action: types_pb2.Action,
+    purpose: str,
+    expected: str,
+    rationale: str,
+) -> Decision:
+    return Decision(
+        tool_name=tool_name,
+        arguments=arguments,
+        action=action,
+        purpose=purpose,
+        expected_outcome=expected,
+        rationale=rationale,
+        thinking=[],
+        usage=Usage(),
+        provider=PROVIDER,
+        model=f"flow {flow.flow_id}",
+        latency_s=0.0,
+        forced_retry=False,
+        system_prompt="",
+        user_prompt="",
+        extra={"mode": MODE},
+        flow_id=flow.flow_id,
+        flow_step=number,
+    )
+
+
+def _complete(flow: types_pb2.Flow, scene: Scene) -> Decision:
+    reason = f"replayed learned flow {flow.flow_id} ({len(flow.steps)} steps)"
+    if flow.completion:
+        reason += f": {_fill(flow.completion, flow.parameters)}"
+    reason = re.sub(r"\s+", " ", reason)[:2000]
+    action = types_pb2.Action()
+    action.complete.success = True
+    action.complete.reason = reason
+    decision = _decision(
+        flow,
+        len(flow.steps) + 1,
+        "complete",
+        {"success": True, "reason": reason},
+        action,
+        "",
+        "",
+        f"Every step of learned flow {flow.flow_id} was replayed and checked; the goal is "
+        "reached as in the run it was learned from.",
+    )
+    decision.page = scene.page
+    return decision

@@ -1,0 +1,182 @@
+"""How well a new goal matches learned flows: the local lexical scorer (no model, no download)
+and the rules every scorer shares (goal parameters, opposite wording).
+
+Lexical score, 0..1, for goal g and flow f:
+* g is first bound to f's goal template (`params.bind`): "Create a contact named Alan Turing
+  with phone 555 0111" becomes "Create a contact named {p1} with phone {p2}" against a flow
+  learned from Ada Lovelace, so a goal that differs only in its parameters scores 1;
+* 0.8 × the smaller of two coverages, by IDF weight (over the flows' templates and embedding
+  texts): how much of g the template has, and how much of the template g has — so a goal that
+  asks for more than the flow did ("Turn on dark theme and enable battery saver" against a
+  flow for "Turn on dark theme") or less scores low, however much they share; words that only
+  say which way a goal goes (on/off, enable/disable, add/delete) weigh nothing here (the
+  opposite-wording rule below decides them), generic verbs (turn, switch, set) half;
+* plus 0.2 × how much of g the flow's embedding text covers (its steps' purposes, expected
+  outcomes and target semantics: "Show the battery percentage" finds the words its steps
+  used).
+
+Shared rules, whatever scored: a flow whose template holds the opposite wording of the goal
+("turn off" against "turn on") is never a match, and a flow that types a parameter the goal
+does not supply (a `secret…`, or a slot the goal does not fill) is not usable.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from planner.flows import params
+
+GOAL_WEIGHT = 0.8
+_TOKEN = re.compile(r"\{p\d+\}|[\w%]+", re.UNICODE)
+STOPWORDS = frozenset(
+    {
+        "a",
+        "an",
+        "the",
+        "to",
+        "of",
+        "in",
+        "for",
+        "my",
+        "me",
+        "i",
+        "please",
+        "and",
+        "then",
+        "with",
+        "by",
+        "it",
+        "its",
+        "this",
+        "that",
+        "is",
+        "be",
+        "at",
+        "as",
+        "from",
+        "into",
+    }
+)
+#: Words that decide which way a goal goes; a flow with the opposite one is never a match.
+POLARITY: dict[str, int] = {
+    **dict.fromkeys(("on", "enable", "enabled", "activate", "show", "add", "create", "allow"), 1),
+    **dict.fromkeys(
+        ("off", "disable", "disabled", "deactivate", "hide", "delete", "remove", "deny", "stop"),
+        -1,
+    ),
+}
+#: Verbs nearly every goal starts with: they say little about which flow fits.
+GENERIC = frozenset(["turn", "switch", "set", "go", "open", "make", "put", "use", "get", "want"])
+
+
+def tokens(text: str) -> list[str]:
+    """Lower-case words and {pN} slots of `text`, stop words left out."""
+    return [t.lower() for t in _TOKEN.findall(text) if t.lower() not in STOPWORDS]
+
+
+def polarity(text: str) -> set[int]:
+    """Which ways the text goes (+1 on/enable/add…, -1 off/disable/delete…)."""
+    return {POLARITY[t] for t in tokens(text) if t in POLARITY}
+
+
+def opposite(goal: str, template: str) -> bool:
+    """The goal goes one way and the template only the other ("turn on" vs "turn off")."""
+    g, t = polarity(goal), polarity(template)
+    return bool(g and t and not g & t)
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    """One flow as retrieval sees it."""
+
+    flow_id: str
+    goal_template: str
+    embedding_text: str
+    needed: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Scored:
+    """A flow's score for a goal and whether it may be used (`why` when not)."""
+
+    flow_id: str
+    score: float
+    values: dict[str, str] = field(default_factory=dict)
+    why: str = ""
+
+    @property
+    def usable(self) -> bool:
+        return not self.why
+
+
+def bound(candidate: Candidate, goal: str) -> tuple[dict[str, str], str]:
+    """The parameter values `goal` gives the flow, and why it is unusable ("" when usable)."""
+    values = params.bind(candidate.goal_template, goal) or {}
+    if opposite(goal, candidate.goal_template):
+        return values, "the goal asks the opposite of what the flow did"
+    missing = params.missing(candidate.needed, values)
+    if missing:
+        return values, f"it needs {', '.join(missing)}, which the goal does not give"
+    return values, ""
+
+
+class LexicalScorer:
+    """TF-IDF over the candidates' templates and embedding texts; see the module docstring."""
+
+    name = "lexical"
+
+    def __init__(self, candidates: Sequence[Candidate]) -> None:
+        self.candidates = list(candidates)
+        docs = [set(tokens(c.goal_template + " " + c.embedding_text)) for c in self.candidates]
+        df = Counter(t for d in docs for t in d)
+        n = len(docs)
+        self._idf = {t: math.log((n + 1) / (c + 1)) + 1.0 for t, c in df.items()}
+        self._default_idf = math.log(n + 1) + 1.0
+
+    def _weight(self, token: str) -> float:
+        if token in POLARITY:
+            return 0.0
+        scale = 0.5 if token in GENERIC else 1.0
+        return self._idf.get(token, self._default_idf) * scale
+
+    def _vector(self, words: Iterable[str]) -> dict[str, float]:
+        counts = Counter(words)
+        return {t: c * w for t, c in counts.items() if (w := self._weight(t))}
+
+    @staticmethod
+    def _covered(part: Mapping[str, float], whole: Iterable[str]) -> float:
+        """The share of `part`'s weight whose words `whole` has."""
+        have = set(whole)
+        total = sum(part.values())
+        return sum(v for t, v in part.items() if t in have) / total if total else 0.0
+
+    def score(self, goal: str) -> list[Scored]:
+        """Every candidate's score for `goal`, best first."""
+        out: list[Scored] = []
+        for c in self.candidates:
+            values, why = bound(c, goal)
+            query = tokens(params.slotted(goal, values) if values else goal)
+            template = tokens(c.goal_template)
+            q = self._vector(query)
+            both_ways = min(
+                self._covered(q, template), self._covered(self._vector(template), query)
+            )
+            steps = self._covered(q, tokens(c.goal_template + " " + c.embedding_text))
+            score = GOAL_WEIGHT * both_ways + (1 - GOAL_WEIGHT) * steps
+            out.append(Scored(c.flow_id, round(min(1.0, score), 4), values, why))
+        out.sort(key=lambda s: s.score, reverse=True)
+        return out
+
+
+def cosine(a: Sequence[float], b: Sequence[float]) -> float:
+    """Cosine similarity of two embedding vectors (0 when either is empty or mismatched)."""
+    if not a or len(a) != len(b):
+        return 0.0
+    dot = sum(x * y for x, y in zip(a, b, strict=True))
+    na = math.sqrt(sum(x * x for x in a))
+    nb = math.sqrt(sum(y * y for y in b))
+    return dot / (na * nb) if na and nb else 0.0

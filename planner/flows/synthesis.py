@@ -1,0 +1,168 @@
+"""A learned flow from the steps of an attempt that succeeded.
+
+Input is what the decision log keeps per decision (`SourceStep`): the tool and its masked
+arguments, the typed action, the semantic target of the element it named, purpose, expected
+outcome, the checker's verdict and the page it was decided on. Output is an `amc.v1.Flow`:
+
+* steps that ran and changed something, in order (`get_ui_tree` reads and a step that failed
+  to run are left out), up to the `complete` that ended the attempt with success;
+* element ids cleared: a replay finds the element again by its semantic target;
+* typed text from the goal becomes a goal parameter ({p1}, …) in the step, and in the goal
+  template, page names, purposes, expected outcomes and target texts that repeat it; sensitive
+  text is never stored: its step types a `secret…` parameter no goal can fill;
+* the embedding text: the goal template and each step's purpose, expected outcome and target
+  semantics — what retrieval scores a new goal against.
+
+Nothing here touches a database: the cloud feeds it rows and stores the result.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from amc.v1 import types_pb2
+from planner.flows import params
+from planner.targets import semantics
+from planner.verify import VerdictName, verdict_to_proto
+
+#: Tools a flow replays (reads and the closing `complete` are not steps of their own).
+REPLAYED_TOOLS = frozenset(
+    {"tap", "swipe", "input_text", "press_key", "launch_app", "terminate_app"}
+)
+
+
+@dataclass(frozen=True, slots=True)
+class SourceStep:
+    """One decision of the attempt, as the decision log keeps it."""
+
+    step_index: int
+    tool_name: str
+    arguments: Mapping[str, Any]
+    action: types_pb2.Action
+    target: types_pb2.ElementTarget | None
+    purpose: str
+    expected_outcome: str
+    page: str
+    verdict: VerdictName | None = None
+    executed: bool | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Synthesis:
+    """The flow, or why none was made; `fingerprint` identifies the same path learned twice."""
+
+    flow: types_pb2.Flow | None
+    why: str
+    fingerprint: str = ""
+
+
+def package_of(page: str) -> str:
+    """The app of a page name ("com.android.settings: Display" → com.android.settings)."""
+    return page.split(": ", 1)[0].strip()
+
+
+def _fill_slots(text: str, slots: Mapping[str, str]) -> str:
+    """`text` with every known parameter value written as its slot."""
+    return params.slotted(text, {name: value for value, name in slots.items()})
+
+
+def synthesize(goal: str, steps: Sequence[SourceStep]) -> Synthesis:
+    """The flow an attempt's steps make, or None with the reason (no successful `complete`,
+    nothing replayable)."""
+    if not steps or steps[-1].tool_name != "complete":
+        return Synthesis(None, "the attempt did not end with a complete")
+    if not steps[-1].arguments.get("success"):
+        return Synthesis(None, "the attempt's complete did not claim success")
+    kept = [s for s in steps[:-1] if s.tool_name in REPLAYED_TOOLS and s.executed is not False]
+    if not kept:
+        return Synthesis(None, "no device action to replay")
+    typed = [
+        str(s.arguments.get("text") or "")
+        for s in kept
+        if s.tool_name == "input_text" and not s.arguments.get("sensitive")
+    ]
+    template, slots = params.template_goal(goal, typed)
+    pages_after = [s.page for s in steps[1:]]
+    flow = types_pb2.Flow(
+        goal_template=template,
+        completion=str(steps[-1].arguments.get("reason") or ""),
+        status=types_pb2.FLOW_STATUS_ACTIVE,
+    )
+    secrets = 0
+    apps: list[str] = []
+    for source in kept:
+        index = steps.index(source)
+        step = flow.steps.add(
+            index=len(flow.steps) + 1,
+            tool_name=source.tool_name,
+            purpose=_fill_slots(source.purpose, slots),
+            expected_outcome=_fill_slots(source.expected_outcome, slots),
+            verdict=verdict_to_proto(source.verdict),
+            page_before=_fill_slots(source.page, slots),
+            page_after=_fill_slots(pages_after[index], slots),
+        )
+        step.action.CopyFrom(source.action)
+        step.action.ClearField("purpose")
+        step.action.ClearField("expected_outcome")
+        if source.target is not None:
+            step.target.CopyFrom(source.target)
+            if step.target.text:
+                step.target.text = _fill_slots(step.target.text, slots)
+        kind = step.action.WhichOneof("kind")
+        if kind == "tap" and step.action.tap.WhichOneof("target") == "element_id":
+            step.action.tap.element_id = ""
+        elif kind == "input_text":
+            text = str(source.arguments.get("text") or "")
+            step.action.input_text.element_id = ""
+            if source.arguments.get("sensitive"):
+                secrets += 1
+                step.text_parameter = f"{params.SECRET_PREFIX}{secrets}"
+                step.action.input_text.text = ""
+            elif text.strip() in slots:
+                step.text_parameter = slots[text.strip()]
+                step.action.input_text.text = ""
+        elif kind == "launch_app":
+            apps.append(step.action.launch_app.package_name)
+        for page in (source.page, pages_after[index]):
+            package = package_of(page)
+            if package:
+                apps.append(package)
+    flow.apps.extend(dict.fromkeys(a for a in apps if a))
+    flow.embedding_text = embedding_text(flow)
+    return Synthesis(flow, f"{len(flow.steps)} steps", fingerprint(flow))
+
+
+def embedding_text(flow: types_pb2.Flow) -> str:
+    """What retrieval scores a goal against: the goal template, then per step its purpose,
+    expected outcome and target semantics (one line each)."""
+    lines = [flow.goal_template]
+    for step in flow.steps:
+        target = f" on {semantics(step.target)}" if step.HasField("target") else ""
+        lines.append(f"{step.tool_name}{target}: {step.purpose}. {step.expected_outcome}")
+    return "\n".join(lines)
+
+
+def fingerprint(flow: types_pb2.Flow) -> str:
+    """Same goal template, same steps (tool, what they name, what they type, where) → same
+    fingerprint: the second success of a path adds no second flow."""
+    shape = [flow.goal_template] + [
+        [
+            s.tool_name,
+            semantics(s.target) if s.HasField("target") else "",
+            s.text_parameter or s.action.input_text.text,
+            s.action.press_key.key,
+            s.action.launch_app.package_name or s.action.terminate_app.package_name,
+            s.page_before,
+        ]
+        for s in flow.steps
+    ]
+    return hashlib.sha256(json.dumps(shape, ensure_ascii=False).encode()).hexdigest()[:32]
+
+
+def needed_parameters(flow: types_pb2.Flow) -> list[str]:
+    """The parameters the flow's steps type, in order (goal slots and secrets)."""
+    return list(dict.fromkeys(s.text_parameter for s in flow.steps if s.text_parameter))

@@ -1,0 +1,195 @@
+"""What a model call costs: one price row per model family, in US dollars per million tokens.
+
+Beside `model_profiles.py` (what a model *accepts*) and apart from it: prices change on their
+own schedule, and an operator with a negotiated rate overrides them without touching what a
+request may carry. A model is looked up by its longest listed name prefix, so a dated model
+name ("claude-sonnet-4-6-20260301") gets its family's row.
+
+Four rates per row, as the providers bill them: input (uncached), output (thinking included),
+cache read and cache write (Anthropic's 5-minute writes; OpenAI bills no writes). `Usage` counts
+each input token in exactly one of the three input kinds, so a call costs
+`input·in + output·out + cache_read·read + cache_write·write`, divided by a million.
+
+The defaults are list prices for the Claude API and the OpenAI API as their pricing pages
+showed them on 2026-12-01 (standard tier; batch, priority, regional and long-prompt surcharges
+are not modelled: Claude Haiku 5.5's rates above a 100k-token prompt, for one, are not). They
+are an estimate, not an invoice. `AMC_PLANNER_PRICES_FILE` (TOML or JSON) overrides rows or
+adds models:
+
+    [models."claude-sonnet-4-6"]          # a name prefix, as in the table below
+    input = 3.0
+    output = 15.0
+    cache_read = 0.3
+    cache_write = 3.75
+
+A model with no row costs 0 and the start-up banner says so.
+"""
+
+from __future__ import annotations
+
+import json
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from planner.decision import Usage
+from planner.errors import PlannerConfigError
+
+PRICES_AS_OF = "2026-12-01"
+_MILLION = 1_000_000
+
+
+@dataclass(frozen=True, slots=True)
+class Price:
+    """US dollars per million tokens."""
+
+    input: float
+    output: float
+    cache_read: float = 0.0
+    cache_write: float = 0.0
+
+    def cost(self, usage: Usage) -> float:
+        """What `usage` costs at these rates."""
+        return (
+            usage.input_tokens * self.input
+            + usage.output_tokens * self.output
+            + usage.cache_read_input_tokens * self.cache_read
+            + usage.cache_creation_input_tokens * self.cache_write
+        ) / _MILLION
+
+
+def _claude(input: float, output: float, cache_read: float) -> Price:
+    """A Claude row: 5-minute cache writes cost 1.25× input."""
+    return Price(input, output, cache_read, input * 1.25)
+
+
+#: Model name prefix → list price (as of PRICES_AS_OF). Longest matching prefix wins.
+DEFAULT_PRICES: Mapping[str, Price] = {
+    # Anthropic (platform.claude.com/docs/en/about-claude/pricing).
+    "claude-fable-5-1": _claude(10.0, 50.0, 0.25),
+    "claude-fable": _claude(10.0, 50.0, 1.0),
+    "claude-mythos-5-1": _claude(10.0, 50.0, 0.25),
+    "claude-mythos": _claude(10.0, 50.0, 1.0),
+    "claude-opus-5-5": Price(4.0, 20.0, 0.20, 5.0),
+    "claude-opus-5": _claude(5.0, 25.0, 0.50),
+    "claude-opus-4-8": _claude(5.0, 25.0, 0.50),
+    "claude-opus-4-7": _claude(5.0, 25.0, 0.50),
+    "claude-opus-4-6": _claude(5.0, 25.0, 0.50),
+    "claude-opus-4-5": _claude(5.0, 25.0, 0.50),
+    "claude-opus-4-1": _claude(15.0, 75.0, 1.50),
+    "claude-opus-4-0": _claude(15.0, 75.0, 1.50),
+    "claude-opus-4-2": _claude(15.0, 75.0, 1.50),  # claude-opus-4-20250514, Opus 4
+    "claude-sonnet-5-5": _claude(2.0, 10.0, 0.10),
+    "claude-sonnet-5": _claude(2.0, 10.0, 0.20),
+    "claude-sonnet-4": _claude(3.0, 15.0, 0.30),  # 4, 4.5 and 4.6
+    "claude-3-7-sonnet": _claude(3.0, 15.0, 0.30),
+    "claude-haiku-5-5": Price(0.10, 0.50, 0.01, 0.125),  # prompts up to 100k tokens
+    "claude-haiku-4-5": _claude(1.0, 5.0, 0.10),
+    "claude-3-5-haiku": _claude(0.80, 4.0, 0.08),
+    # OpenAI (platform.openai.com/docs/pricing): cached input is a cache read, no write charge.
+    "gpt-5-nano": Price(0.05, 0.40, 0.005),
+    "gpt-5-mini": Price(0.25, 2.0, 0.025),
+    "gpt-5-pro": Price(15.0, 120.0),
+    "gpt-5": Price(1.25, 10.0, 0.125),  # gpt-5 and gpt-5.1
+    "gpt-4.1-nano": Price(0.10, 0.40, 0.025),
+    "gpt-4.1-mini": Price(0.40, 1.60, 0.10),
+    "gpt-4.1": Price(2.0, 8.0, 0.50),
+    "gpt-4o-mini": Price(0.15, 0.60, 0.075),
+    "gpt-4o": Price(2.50, 10.0, 1.25),
+    "o4-mini": Price(1.10, 4.40, 0.275),
+    "o3-mini": Price(1.10, 4.40, 0.55),
+    "o3-pro": Price(20.0, 80.0),
+    "o3": Price(2.0, 8.0, 0.50),
+    "o1-mini": Price(1.10, 4.40, 0.55),
+    "o1": Price(15.0, 60.0, 7.50),
+    # The built-in offline planner calls no provider.
+    "amc-offline": Price(0.0, 0.0),
+}
+
+
+class PricesFileError(PlannerConfigError):
+    """The operator's price file cannot be read or has a bad row (one line naming it)."""
+
+
+class PriceTable:
+    """The default prices with the operator's rows on top."""
+
+    def __init__(
+        self, overrides: Mapping[str, Price] | None = None, source: str | None = None
+    ) -> None:
+        self._rows: dict[str, Price] = {**DEFAULT_PRICES, **(overrides or {})}
+        self.source = source or f"list prices as of {PRICES_AS_OF}"
+
+    def price(self, model: str) -> Price | None:
+        """The row of `model`'s longest listed prefix, or None."""
+        prefixes = [p for p in self._rows if model.startswith(p)]
+        return self._rows[max(prefixes, key=len)] if prefixes else None
+
+    def cost(self, model: str, usage: Usage) -> float:
+        """What `usage` of `model` costs (0 for a model without a price)."""
+        price = self.price(model)
+        return price.cost(usage) if price is not None else 0.0
+
+    def describe(self, model: str) -> str:
+        """The start-up banner's words for the price of `model`."""
+        price = self.price(model)
+        if price is None:
+            return (
+                f"no price known for {model}: its cost is counted as 0 "
+                "(add it with AMC_PLANNER_PRICES_FILE)"
+            )
+        return (
+            f"${price.input:g} in / ${price.output:g} out / ${price.cache_read:g} cache read / "
+            f"${price.cache_write:g} cache write per million tokens ({self.source})"
+        )
+
+    @classmethod
+    def load(cls, path: Path | None) -> PriceTable:
+        """The defaults, overridden by the file at `path` (TOML or JSON by its suffix)."""
+        if path is None:
+            return cls()
+        try:
+            text = path.read_text(encoding="utf-8")
+        except OSError as exc:
+            raise PricesFileError(
+                f"AMC_PLANNER_PRICES_FILE: cannot read {path} ({exc.strerror or exc})"
+            ) from exc
+        try:
+            data = json.loads(text) if path.suffix == ".json" else tomllib.loads(text)
+        except (ValueError, tomllib.TOMLDecodeError) as exc:
+            kind = "JSON" if path.suffix == ".json" else "TOML"
+            raise PricesFileError(
+                f"AMC_PLANNER_PRICES_FILE: {path} is not valid {kind} ({exc})"
+            ) from exc
+        return cls(_rows_of(data, path), source=f"list prices as of {PRICES_AS_OF}, {path}")
+
+
+def _rows_of(data: Any, path: Path) -> dict[str, Price]:
+    models = data.get("models") if isinstance(data, dict) else None
+    if not isinstance(models, dict) or not models:
+        raise PricesFileError(
+            f'AMC_PLANNER_PRICES_FILE: {path} has no "models" table of name prefix → prices'
+        )
+    rows: dict[str, Price] = {}
+    for name, row in models.items():
+        if not isinstance(row, dict) or "input" not in row or "output" not in row:
+            raise PricesFileError(
+                f"AMC_PLANNER_PRICES_FILE: models.{name} needs input and output (USD per "
+                "million tokens; cache_read and cache_write are optional)"
+            )
+        unknown = set(row) - {"input", "output", "cache_read", "cache_write"}
+        if unknown:
+            raise PricesFileError(
+                f"AMC_PLANNER_PRICES_FILE: models.{name} has unknown fields {sorted(unknown)}"
+            )
+        values = {k: row.get(k, 0.0) for k in ("input", "output", "cache_read", "cache_write")}
+        bad = {k: v for k, v in values.items() if not isinstance(v, int | float) or v < 0}
+        if bad or isinstance(values["input"], bool):
+            raise PricesFileError(
+                f"AMC_PLANNER_PRICES_FILE: models.{name}: prices must be numbers >= 0 "
+                f"(got {bad or values})"
+            )
+        rows[str(name)] = Price(**{k: float(v) for k, v in values.items()})
+    return rows

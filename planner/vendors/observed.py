@@ -1,0 +1,127 @@
+"""Every model call, observed: a span, the turn's usage priced, and whoever listens told.
+
+The one seam all model calls pass through is the adapter's `complete` (both planning modes, every
+retry and correction, on the cloud and on a host), so `make_adapter` and `make_provider` wrap each
+adapter in `ObservedAdapter`. It prices the turn (`planner/prices.py`: `Turn.usage.cost_usd`,
+which `Usage.add` then sums into the decision's usage), opens a span for the call (provider,
+model, mode, tokens, cost; an error status when the call fails) and tells its `observer` — the
+cloud's metrics, when the cloud set one — how the call went. It changes nothing else: the turn
+is returned as the adapter made it.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Protocol
+
+from opentelemetry.trace import Status, StatusCode
+
+from planner.decision import Usage
+from planner.model_profiles import RetryForm
+from planner.prices import PriceTable
+from planner.vendors.base import ModelAdapter, Turn, TurnRequest
+from telemetry import tracing
+
+
+class CallObserver(Protocol):
+    """Hears how each model call went (the cloud's metrics implement it)."""
+
+    def call_finished(
+        self,
+        provider: str,
+        model: str,
+        seconds: float,
+        usage: Usage | None,
+        error: BaseException | None,
+    ) -> None:
+        """`usage` is the priced usage of a call that answered; `error` what a failed one
+        raised (a `planner.errors.PlannerError` subclass, or anything unexpected)."""
+        ...
+
+
+class ObservedAdapter:
+    """A `ModelAdapter` that observes the calls of the adapter it wraps."""
+
+    def __init__(
+        self,
+        inner: ModelAdapter,
+        prices: PriceTable | None = None,
+        observer: CallObserver | None = None,
+    ) -> None:
+        self.inner = inner
+        self.prices = prices or PriceTable()
+        self.observer = observer
+
+    @property
+    def name(self) -> str:
+        return self.inner.name
+
+    @property
+    def model(self) -> str:
+        return self.inner.model
+
+    @property
+    def retry_form(self) -> RetryForm:
+        return self.inner.retry_form
+
+    async def complete(self, request: TurnRequest) -> Turn:
+        attributes = {
+            "gen_ai.system": self.inner.name,
+            "gen_ai.request.model": self.inner.model,
+            "amc.planner.mode": request.mode,
+            "amc.planner.forced": request.forced,
+        }
+        with tracing.span("model call", attributes) as span:
+            started = time.perf_counter()
+            try:
+                turn = await self.inner.complete(request)
+            except BaseException as err:
+                seconds = time.perf_counter() - started
+                span.set_status(Status(StatusCode.ERROR, type(err).__name__))
+                if self.observer is not None and isinstance(err, Exception):
+                    self.observer.call_finished(
+                        self.inner.name, self.inner.model, seconds, None, err
+                    )
+                raise
+            seconds = time.perf_counter() - started
+            model = turn.model or self.inner.model
+            turn.usage.cost_usd = self.prices.cost(model, turn.usage)
+            u = turn.usage
+            tracing.set_attributes(
+                span,
+                {
+                    "gen_ai.response.model": model,
+                    "gen_ai.usage.input_tokens": u.input_tokens,
+                    "gen_ai.usage.output_tokens": u.output_tokens,
+                    "amc.usage.cache_read_tokens": u.cache_read_input_tokens,
+                    "amc.usage.cache_write_tokens": u.cache_creation_input_tokens,
+                    "amc.usage.thinking_tokens": u.thinking_tokens,
+                    "amc.usage.cost_usd": u.cost_usd,
+                },
+            )
+            if self.observer is not None:
+                self.observer.call_finished(self.inner.name, model, seconds, u, None)
+            return turn
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+    def __getattr__(self, name: str) -> Any:
+        """Anything else is the wrapped adapter's (its client, its profile)."""
+        return getattr(self.inner, name)
+
+
+class ObservedProbeableAdapter(ObservedAdapter):
+    """The same, for an adapter that can probe its provider (`planner.vendors.base.Probeable`)."""
+
+    async def probe(self) -> None:
+        await self.inner.probe()  # type: ignore[attr-defined]  # only made for probeable ones
+
+
+def observed(adapter: ModelAdapter, prices: PriceTable | None = None) -> ObservedAdapter:
+    """`adapter` wrapped (once: an observed adapter is returned as it is)."""
+    if isinstance(adapter, ObservedAdapter):
+        return adapter
+    if callable(getattr(adapter, "probe", None)):
+        return ObservedProbeableAdapter(adapter, prices)
+    return ObservedAdapter(adapter, prices)

@@ -1,0 +1,149 @@
+"""Decide through the real cloud when an answer was lost or the database went away.
+
+A retried step (same `step_key`) gets the decision already logged, on both backends, with one
+row in the decision log; while PostgreSQL is down Decide answers UNAVAILABLE with a generic
+message and the trailing metadata naming the database (never the driver's text: it names the
+database's host and port), and the same step asked again once it is back is planned once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+
+from amc.v1 import (
+    decision_log_service_pb2,
+    decision_log_service_pb2_grpc,
+    planner_service_pb2,
+    planner_service_pb2_grpc,
+    types_pb2,
+)
+from cloud.server import CloudServer, build_server
+from cloud.settings import CloudSettings
+from planner.observation import observation_from_scene
+from tests.cloud.cloud_harness import ScriptedHost, channel, submit, tasks_stub
+from tests.planner import scenes
+from tests.support.restartable_postgres import restartable_postgres
+
+
+@pytest.fixture
+async def offline_cloud(make_settings: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
+    monkeypatch.setenv("AMC_PLANNER_PROVIDER", "offline")
+    server = await build_server(make_settings(default_lease_seconds=30))
+    await server.start()
+    try:
+        yield server
+    finally:
+        await server.stop(0.5)
+
+
+def _request(a: Any, step_key: str, **fields: Any) -> planner_service_pb2.DecideRequest:
+    return planner_service_pb2.DecideRequest(
+        task_id=a.task_id,
+        attempt=a.attempt,
+        lease_id=a.lease_id,
+        observation=observation_from_scene(scenes.launcher()),
+        step_key=step_key,
+        **fields,
+    )
+
+
+async def test_a_retried_step_is_answered_from_the_decision_log(
+    offline_cloud: CloudServer, pki_dir: Path
+) -> None:
+    cloud = offline_cloud
+    ops_ch = channel(cloud.address, pki_dir, "operator-ops")
+    host_ch = channel(cloud.address, pki_dir, "host-h17")
+    host = ScriptedHost(cloud.address, pki_dir, "h17")
+    try:
+        await host.connect(["p"])
+        await submit(tasks_stub(ops_ch))
+        a = (await host.next("assignment")).assignment
+        planner: Any = planner_service_pb2_grpc.PlannerServiceStub(host_ch)
+        first = await planner.Decide(_request(a, "1"))
+        again = await planner.Decide(_request(a, "1"))
+        assert (first.replayed, again.replayed) == (False, True)
+        assert again.decision.decision_id == first.decision.decision_id
+        assert again.decision.step_index == 1
+        assert again.decision.action == first.decision.action
+        outcome = types_pb2.ActionOutcome(step_index=1, executed=True)
+        second = await planner.Decide(_request(a, "2", previous_outcome=outcome))
+        assert second.decision.step_index == 2 and not second.replayed
+
+        log: Any = decision_log_service_pb2_grpc.DecisionLogServiceStub(ops_ch)
+        listed = await log.ListDecisions(
+            decision_log_service_pb2.ListDecisionsRequest(task_id=a.task_id)
+        )
+        assert [d.step_index for d in listed.decisions] == [1, 2]
+        assert listed.decisions[0].outcome.executed  # the retry did not lose the outcome
+    finally:
+        await host.close()
+        await ops_ch.close()
+        await host_ch.close()
+
+
+@pytest.mark.postgres
+async def test_decide_while_the_database_is_down_is_unavailable_then_planned_once(
+    pki_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if os.environ.get("AMC_TEST_SKIP_POSTGRES") == "1":
+        pytest.skip("AMC_TEST_SKIP_POSTGRES=1")
+    monkeypatch.setenv("AMC_PLANNER_PROVIDER", "offline")
+    with restartable_postgres() as pg:
+        url = pg.server.create_database("amc_decide")
+        cloud = await build_server(
+            CloudSettings(
+                database_url=url,
+                listen_address="127.0.0.1:0",
+                pki_dir=pki_dir,
+                default_lease_seconds=60,
+                shutdown_grace_seconds=0.5,
+            )
+        )
+        await cloud.start()
+        ops_ch = channel(cloud.address, pki_dir, "operator-ops")
+        host_ch = channel(cloud.address, pki_dir, "host-h18")
+        host = ScriptedHost(cloud.address, pki_dir, "h18")
+        try:
+            await host.connect(["p"])
+            await submit(tasks_stub(ops_ch))
+            a = (await host.next("assignment")).assignment
+            planner: Any = planner_service_pb2_grpc.PlannerServiceStub(host_ch)
+            await asyncio.to_thread(pg.stop)
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await planner.Decide(_request(a, "1"))
+            assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+            assert err.value.details() == "the cloud's database is unavailable; retry"
+            assert ("amc-waiting-for", "the cloud's database") in tuple(
+                err.value.trailing_metadata() or ()
+            )
+            await asyncio.to_thread(pg.start)
+            answer = await _until_served(planner, _request(a, "1"))
+            assert answer.decision.step_index == 1
+            again = await planner.Decide(_request(a, "1"))
+            assert again.replayed and again.decision.decision_id == answer.decision.decision_id
+        finally:
+            await host.close()
+            await ops_ch.close()
+            await host_ch.close()
+            await cloud.stop(0.5)
+
+
+async def _until_served(
+    planner: Any, request: planner_service_pb2.DecideRequest
+) -> planner_service_pb2.DecideResponse:
+    """Decide until the cloud's pool has its database again (each try a real call)."""
+    for _ in range(200):
+        try:
+            answer: planner_service_pb2.DecideResponse = await planner.Decide(request)
+            return answer
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() != grpc.StatusCode.UNAVAILABLE:
+                raise
+            await asyncio.sleep(0.05)
+    raise AssertionError("the cloud never planned again after its database came back")

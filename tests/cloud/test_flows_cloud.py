@@ -1,0 +1,275 @@
+"""Learned flows in the cloud on both backends: the migration, the store's counts and
+retirement, verdicts and judgements in the decision log, FlowService's answers and status
+codes, and retrieval at assignment (a scripted host reads the flow from its Assignment, reports
+a direct-transport replay with its result, and the learning loop counts it)."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+from sqlalchemy import inspect
+
+from amc.v1 import (
+    flow_service_pb2,
+    flow_service_pb2_grpc,
+    lease_service_pb2,
+    task_service_pb2,
+    types_pb2,
+)
+from cloud.server import CloudServer
+from cloud.store import convert, decisions, flows
+from cloud.store.database import Store
+from cloud.store.engine import check, downgrade, upgrade
+from planner.decision import Decision, Usage
+from planner.tools import Judgement
+from tests.cloud.cloud_harness import ScriptedHost, channel, result, submit, wait_status
+from tests.support.flows import store_flow
+
+
+def _columns(sync_conn: object, table: str) -> set[str]:
+    return {c["name"] for c in inspect(sync_conn).get_columns(table)}
+
+
+def _tables(sync_conn: object) -> set[str]:
+    return set(inspect(sync_conn).get_table_names())
+
+
+async def test_migration_0010_is_additive_and_reversible(db_url: str) -> None:
+    s = Store.from_url(db_url)
+    try:
+        await upgrade(s.engine)
+        row = await store_flow(s)
+        logged = await decisions.append(s, "h1", "t-1", 1, _decision())
+        await downgrade(s.engine, "0009")
+        async with s.engine.connect() as conn:
+            assert "flows" not in await conn.run_sync(_tables)
+            assert "verdict" not in await conn.run_sync(_columns, "decisions")
+            assert "flow_state" not in await conn.run_sync(_columns, "attempts")
+            assert "no_replay" not in await conn.run_sync(_columns, "tasks")
+        await upgrade(s.engine)
+        await check(s.engine)
+        (old,) = (await decisions.list_page(s, "t-1", 0, 5, ""))[0]
+        assert old.decision_id == logged.decision_id and old.verdict is None
+        assert await flows.get(s, row.flow_id) is None  # the table went with the downgrade
+    finally:
+        await s.close()
+
+
+def _decision(judged: Judgement | None = None) -> Decision:
+    action = types_pb2.Action(purpose="open it", expected_outcome="the 'Display' page is open")
+    action.tap.element_id = "e1"
+    return Decision(
+        tool_name="tap",
+        arguments={"element_id": "e1"},
+        action=action,
+        purpose="open it",
+        expected_outcome="the 'Display' page is open",
+        rationale="r",
+        thinking=[],
+        usage=Usage(),
+        provider="offline",
+        model="m",
+        latency_s=0.0,
+        forced_retry=False,
+        system_prompt="s",
+        user_prompt="u",
+        previous_step=judged,
+        target_descriptor=types_pb2.ElementTarget(text="Display", alike_count=1),
+    )
+
+
+async def test_verdicts_and_judgements_are_kept_and_disagreement_is_said(store: Store) -> None:
+    first = await decisions.append(store, "h1", "t-v", 1, _decision())
+    report = types_pb2.ActionOutcome(
+        step_index=1,
+        executed=True,
+        verdict=types_pb2.VERDICT_MET,
+        evidence="looked for the 'Display' page: 'Display' is open",
+    )
+    assert await decisions.record_outcome(store, "t-v", 1, report)
+    second = await decisions.append(
+        store, "h1", "t-v", 1, _decision(Judgement("not_met", "still on Settings"))
+    )
+    assert await decisions.record_judgement(
+        store, "t-v", 1, 1, Judgement("not_met", "still on Settings")
+    )
+    assert not await decisions.record_judgement(store, "t-v", 1, 1, Judgement("met", "later"))
+    rows, _ = await decisions.list_page(store, "t-v", 0, 10, "")
+    judged, judging = (convert.decision(r) for r in rows)
+    assert judged.decision_id == first.decision_id and judging.decision_id == second.decision_id
+    assert judged.verification.verdict == types_pb2.VERDICT_MET
+    assert judged.verification.model.verdict == types_pb2.VERDICT_NOT_MET
+    assert judged.verification.disagree and not judged.verification.checked_by_cloud
+    assert judged.outcome.verdict == types_pb2.VERDICT_MET
+    assert judged.target.text == "Display"
+    assert judging.previous_step.note == "still on Settings"
+    # the planner's memory of the step carries the verdict into the next prompt
+    (step, _) = await decisions.attempt_steps(store, "t-v", 1)
+    assert step.outcome is not None and step.outcome.verdict == "met"
+
+
+async def test_counts_retire_a_flow_that_keeps_diverging_and_enable_restores_it(
+    store: Store,
+) -> None:
+    row = await store_flow(store)
+    again, created = await flows.add(store, convert.flow(row), row.fingerprint, "t-other", 1)
+    assert not created and again.flow_id == row.flow_id  # the same path learned twice
+    done = await flows.count_use(
+        store, row.flow_id, completed=True, diverged_at=0, reason="", retire_after=2
+    )
+    assert done is not None and done.replays_completed == 1
+    await flows.count_use(
+        store, row.flow_id, completed=False, diverged_at=2, reason="x", retire_after=2
+    )
+    last = await flows.count_use(
+        store, row.flow_id, completed=False, diverged_at=2, reason="y", retire_after=2
+    )
+    assert last is not None and last.status == flows.RETIRED
+    assert last.divergences_by_step == {"2": 2} and last.last_divergence == "step 2: y"
+    assert "retired after 2 divergences in a row" in last.status_reason
+    assert [r.flow_id for r in await flows.active(store)] == []
+    back = await flows.set_status(store, row.flow_id, flows.ACTIVE, "try again")
+    assert back is not None and back.status == flows.ACTIVE and back.consecutive_divergences == 0
+    assert await flows.set_status(store, "nope", flows.DISABLED, "x") is None
+
+
+@pytest.fixture
+async def flow_stub(cloud: CloudServer, pki_dir: Path) -> Any:
+    ch = channel(cloud.address, pki_dir, "operator-ops")
+    try:
+        yield flow_service_pb2_grpc.FlowServiceStub(ch)
+    finally:
+        await ch.close()
+
+
+async def test_flow_service_answers_and_refuses_with_the_documented_codes(
+    cloud: CloudServer, flow_stub: Any, pki_dir: Path
+) -> None:
+    row = await store_flow(cloud.store)
+    listed = await flow_stub.ListFlows(flow_service_pb2.ListFlowsRequest())
+    (listed_flow,) = listed.flows
+    assert listed_flow.flow_id == row.flow_id and not listed_flow.embedding_text
+    got = (await flow_stub.GetFlow(flow_service_pb2.GetFlowRequest(flow_id=row.flow_id))).flow
+    assert [s.tool_name for s in got.steps] == ["tap", "tap", "tap"] and got.embedding_text
+    off = await flow_stub.SetFlowStatus(
+        flow_service_pb2.SetFlowStatusRequest(
+            flow_id=row.flow_id, status=types_pb2.FLOW_STATUS_DISABLED, reason="wrong app"
+        )
+    )
+    assert off.flow.status == types_pb2.FLOW_STATUS_DISABLED
+    assert off.flow.status_reason == "disabled by operator ops: wrong app"
+    only_active = await flow_stub.ListFlows(
+        flow_service_pb2.ListFlowsRequest(statuses=[types_pb2.FLOW_STATUS_ACTIVE])
+    )
+    assert not only_active.flows
+    for call, request, code, detail in [
+        (
+            flow_stub.GetFlow,
+            flow_service_pb2.GetFlowRequest(flow_id="nope"),
+            "NOT_FOUND",
+            "flow nope",
+        ),
+        (flow_stub.GetFlow, flow_service_pb2.GetFlowRequest(), "INVALID_ARGUMENT", "flow_id"),
+        (
+            flow_stub.SetFlowStatus,
+            flow_service_pb2.SetFlowStatusRequest(
+                flow_id=row.flow_id, status=types_pb2.FLOW_STATUS_RETIRED
+            ),
+            "INVALID_ARGUMENT",
+            "status",
+        ),
+        (
+            flow_stub.ListFlows,
+            flow_service_pb2.ListFlowsRequest(page_token="not-ours"),
+            "INVALID_ARGUMENT",
+            "page_token",
+        ),
+        (
+            flow_stub.ListFlows,
+            flow_service_pb2.ListFlowsRequest(page_size=501),
+            "INVALID_ARGUMENT",
+            "page_size",
+        ),
+    ]:
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await call(request)
+        assert err.value.code().name == code
+        assert (err.value.details() or "").startswith(detail)
+    # hosts may not read or change flows
+    host_channel = channel(cloud.address, pki_dir, "host-h1")
+    try:
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await flow_service_pb2_grpc.FlowServiceStub(host_channel).ListFlows(
+                flow_service_pb2.ListFlowsRequest()
+            )
+        assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    finally:
+        await host_channel.close()
+
+
+async def _flows_used(store: Store, flow_id: str, uses: int) -> Any:
+    for _ in range(400):
+        row = await flows.get(store, flow_id)
+        if row is not None and row.uses >= uses:
+            return row
+        await asyncio.sleep(0.05)
+    raise AssertionError("the learning loop did not count the use")
+
+
+async def test_an_assignment_carries_the_flow_and_a_reported_replay_is_counted(
+    cloud: CloudServer, ops: Any, pki_dir: Path
+) -> None:
+    row = await store_flow(cloud.store)
+    await store_flow(cloud.store, goal="Turn off dark theme", task_id="t-off")
+    host = ScriptedHost(cloud.address, pki_dir, "h1")
+    await host.connect(["s1"])
+    try:
+        task = (await submit(ops, goal="Turn on dark theme")).task
+        a = (await host.next("assignment")).assignment
+        assert a.task_id == task.task_id
+        assert a.flow.flow_id == row.flow_id and a.flow.score == 1.0
+        assert a.flow.scorer == "lexical" and len(a.flow.steps) == 3
+        assert not a.alternatives  # the "off" flow is the opposite goal
+        report = result(a)
+        report.result.replay.CopyFrom(
+            types_pb2.FlowReplayReport(flow_id=row.flow_id, steps_replayed=3)
+        )
+        await host.send(report)
+        assert (await host.next("result_ack")).result_ack.task_status == (
+            types_pb2.TASK_STATUS_SUCCEEDED
+        )
+        counted = await _flows_used(cloud.store, row.flow_id, 1)
+        assert counted.replays_completed == 1
+        shown = await wait_status(ops, task.task_id, types_pb2.TASK_STATUS_SUCCEEDED)
+        got = (await ops.GetTask(task_service_pb2.GetTaskRequest(task_id=task.task_id))).task
+        assert got.attempts[0].flow.flow_id == row.flow_id
+        assert got.attempts[0].flow.steps_replayed == 3
+        assert shown.task_id == task.task_id
+
+        # no replay on request; and a diverged report counts where it diverged
+        plain = (await submit(ops, goal="Turn on dark theme", no_replay=True)).task
+        b = (await host.next("assignment")).assignment
+        assert b.task_id == plain.task_id and not b.HasField("flow")
+        third = (await submit(ops, goal="Turn on dark theme")).task
+        await host.send(result(b))
+        await host.next("result_ack")
+        c = (await host.next("assignment")).assignment
+        assert c.task_id == third.task_id and c.flow.flow_id == row.flow_id
+        diverged = result(c)
+        diverged.result.replay.CopyFrom(
+            types_pb2.FlowReplayReport(
+                flow_id=row.flow_id, steps_replayed=1, diverged=True, diverged_at_step=2,
+                reason="its target is not here",
+            )
+        )  # fmt: skip
+        await host.send(diverged)
+        await host.next("result_ack")
+        counted = await _flows_used(cloud.store, row.flow_id, 2)
+        assert counted.divergences == 1 and counted.divergences_by_step == {"2": 1}
+    finally:
+        await host.close()
+    assert isinstance(lease_service_pb2.Assignment().flow, types_pb2.Flow)

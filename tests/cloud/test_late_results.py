@@ -1,0 +1,175 @@
+"""Late results: a host's result that arrives after its lease ran out, on both backends.
+
+Accepted (and recorded as late) while no other attempt of the task has started, whether or not
+the sweeper has ended the attempt yet, also when that expiry failed the task on its last
+attempt; refused once another attempt started, after a cancel, past the deadline, and for the
+outcomes that are not the task's own end (a cancel, a retryable failure). Then the same over a
+real Lease stream: the ack says `late` and the task's attempt says `late_result`.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import update
+
+from amc.v1 import types_pb2
+from cloud.server import CloudServer
+from cloud.store import leases, states, tasks
+from cloud.store.database import Store
+from cloud.store.models import AttemptRow, TaskRow
+from tests.cloud.cloud_harness import ScriptedHost, result, submit, wait_status
+
+HOST = "h1"
+
+
+async def _claimed(store: Store, max_attempts: int = 3, serial: str = "p1") -> leases.Claimed:
+    await tasks.submit(
+        store,
+        tasks.NewTask(goal="g", max_attempts=max_attempts, lease_seconds=30, timeout_seconds=3600),
+    )
+    claimed = await leases.claim(store, HOST, [serial], 0)
+    assert claimed is not None
+    return claimed
+
+
+async def _lapse(store: Store, c: leases.Claimed) -> None:
+    """The lease ran out (as if no renewal reached the cloud for a lease length)."""
+    async with store.write() as session:
+        await session.execute(
+            update(AttemptRow)
+            .where(AttemptRow.task_id == c.task_id, AttemptRow.attempt == c.attempt)
+            .values(lease_expires_at=store.now() - dt.timedelta(seconds=1))
+        )
+
+
+async def _result(
+    store: Store, c: leases.Claimed, status: str = states.SUCCEEDED, **kw: Any
+) -> leases.ResultOut:
+    return await leases.record_result(
+        store, HOST, c.task_id, c.attempt, c.lease_id, status, "done", None, **kw
+    )
+
+
+async def _task(store: Store, task_id: str) -> tasks.TaskView:
+    view = await tasks.get(store, task_id)
+    assert view is not None
+    return view
+
+
+async def test_a_result_after_the_sweep_is_accepted_as_late(store: Store) -> None:
+    c = await _claimed(store)
+    await _lapse(store, c)
+    (ended,) = await leases.sweep_expired(store)
+    assert ended.task_status == states.QUEUED  # requeued: the next attempt may start any time
+    out = await _result(store, c)
+    assert (out.recorded, out.late, out.task_status) == (True, True, states.SUCCEEDED)
+    view = await _task(store, c.task_id)
+    assert view.task.status == states.SUCCEEDED and view.task.result_summary == "done"
+    (attempt,) = view.attempts
+    assert (attempt.status, attempt.late_result, attempt.failure_reason) == (
+        states.SUCCEEDED,
+        True,
+        None,
+    )
+    # Nothing is left to hand out, and the same result again is a duplicate, still late.
+    assert await leases.claim(store, HOST, ["p1"], 0) is None
+    again = await _result(store, c)
+    assert (again.recorded, again.duplicate, again.late) == (False, True, True)
+
+
+async def test_a_result_before_the_sweep_is_accepted_as_late(store: Store) -> None:
+    c = await _claimed(store)
+    await _lapse(store, c)
+    out = await _result(store, c, states.FAILED)
+    assert (out.recorded, out.late, out.task_status) == (True, True, states.FAILED)
+    assert await leases.sweep_expired(store) == []  # the attempt had ended: nothing to sweep
+    (attempt,) = (await _task(store, c.task_id)).attempts
+    assert (attempt.status, attempt.failure_reason, attempt.late_result) == (
+        states.FAILED,
+        "done",
+        True,
+    )
+
+
+async def test_an_expiry_that_failed_the_last_attempt_gives_way_to_its_late_result(
+    store: Store,
+) -> None:
+    c = await _claimed(store, max_attempts=1)
+    await _lapse(store, c)
+    await leases.sweep_expired(store)
+    assert (await _task(store, c.task_id)).task.status == states.FAILED
+    out = await _result(store, c)
+    assert (out.recorded, out.late) == (True, True)
+    assert (await _task(store, c.task_id)).task.status == states.SUCCEEDED
+
+
+async def test_once_another_attempt_started_the_old_result_is_refused(store: Store) -> None:
+    c = await _claimed(store)
+    await _lapse(store, c)
+    await leases.sweep_expired(store)
+    second = await leases.claim(store, HOST, ["p2"], 0)
+    assert second is not None and second.attempt == 2
+    out = await _result(store, c)
+    assert not out.recorded and out.revocation == leases.Revocation.SUPERSEDED
+    view = await _task(store, c.task_id)
+    assert view.task.status == states.ASSIGNED
+    assert [a.late_result for a in view.attempts] == [False, False]
+    assert view.attempts[0].failure_reason == states.LEASE_EXPIRED
+
+
+async def test_no_late_result_after_a_cancel_a_deadline_or_for_another_outcome(
+    store: Store,
+) -> None:
+    cancelled = await _claimed(store)
+    await _lapse(store, cancelled)
+    await leases.sweep_expired(store)
+    await tasks.cancel(store, cancelled.task_id, "stop")
+    assert not (await _result(store, cancelled)).recorded
+
+    late = await _claimed(store, serial="p2")
+    await _lapse(store, late)
+    async with store.write() as session:
+        await session.execute(
+            update(TaskRow)
+            .where(TaskRow.task_id == late.task_id)
+            .values(deadline=store.now() - dt.timedelta(seconds=1))
+        )
+    assert not (await _result(store, late)).recorded
+
+    other = await _claimed(store, serial="p3")
+    await _lapse(store, other)
+    assert not (await _result(store, other, states.CANCELLED)).recorded
+    assert not (await _result(store, other, states.FAILED, retryable=True)).recorded
+    view = await _task(store, other.task_id)
+    assert not view.attempts[0].late_result and view.task.status == states.ASSIGNED
+
+
+async def test_a_late_result_over_the_lease_stream_is_acknowledged_as_late(
+    cloud: CloudServer, ops: Any, pki_dir: Path
+) -> None:
+    """The host goes away mid-task (its phone with it, so the requeued task waits), the lease
+    runs out, it comes back and sends the result it finished meanwhile."""
+    host = ScriptedHost(cloud.address, pki_dir, HOST)
+    try:
+        await host.connect(["p1"])
+        task = (await submit(ops)).task
+        a = (await host.next("assignment")).assignment
+        await host.close()
+        queued = await wait_status(ops, task.task_id, types_pb2.TASK_STATUS_QUEUED)
+        assert queued.attempts[0].failure_reason == "lease expired"
+
+        host = ScriptedHost(cloud.address, pki_dir, HOST)
+        await host.connect([])  # its phone is not back yet: the queued task stays queued
+        await host.send(result(a, summary="dark theme is on"))
+        ack = (await host.next("result_ack")).result_ack
+        assert (ack.late, ack.duplicate) == (True, False)
+        assert ack.task_status == types_pb2.TASK_STATUS_SUCCEEDED
+        done = await wait_status(ops, task.task_id, types_pb2.TASK_STATUS_SUCCEEDED)
+        (attempt,) = done.attempts
+        assert attempt.late_result and attempt.status == types_pb2.TASK_STATUS_SUCCEEDED
+        assert done.result_summary == "dark theme is on"
+    finally:
+        await host.close()

@@ -1,0 +1,499 @@
+"""Direct-transport decisions and step screenshots shipped into the cloud, on both backends.
+
+A scripted host holds a real lease from the real cloud (mTLS, every service) and ships what a
+host on the direct transport ships: its decisions (DecisionLogService.ShipDecisions) and its
+screenshots (ArtifactService.UploadStepScreenshot, directory store). Proves exactly-once
+logging by the host's id, the cloud's step index, masking, the transport recorded, the lease
+rule (own live or just-ended lease), the refusals with their codes and the field they name, the
+retention of screenshots, and the outbox backlog on the lease stream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import io
+import json
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+from PIL import Image
+
+from amc.v1 import (
+    artifact_service_pb2,
+    artifact_service_pb2_grpc,
+    decision_log_service_pb2,
+    decision_log_service_pb2_grpc,
+    fleet_service_pb2,
+    fleet_service_pb2_grpc,
+    types_pb2,
+)
+from amc.v1 import lease_service_pb2 as lease_pb
+from cloud.server import CloudServer, build_server
+from cloud.store.database import Store
+from cloud.store.engine import check, downgrade, upgrade
+from tests.cloud.cloud_harness import ScriptedHost, channel, result, submit, tasks_stub
+from tests.cloud.conftest import SettingsFactory
+
+SECRET = "hunter2-canary"
+PHASE = artifact_service_pb2
+
+
+def png(width: int = 108, height: int = 240, color: str = "navy") -> bytes:
+    buf = io.BytesIO()
+    Image.new("RGB", (width, height), color).save(buf, format="PNG")
+    return buf.getvalue()
+
+
+def shipped(
+    a: lease_pb.Assignment, host_decision_id: str, tool: str = "tap", **outcome: Any
+) -> decision_log_service_pb2.ShippedDecision:
+    """One decision as a direct-transport host ships it (`tool`: tap or a sensitive input)."""
+    action = types_pb2.Action(purpose="open it", expected_outcome="it opens")
+    if tool == "tap":
+        action.tap.element_id = "e1"
+        arguments: dict[str, object] = {"element_id": "e1"}
+    else:  # sent unmasked on purpose: the cloud must mask it anyway
+        action.input_text.text = SECRET
+        action.input_text.sensitive = True
+        arguments = {"text": SECRET, "sensitive": True}
+    entry = decision_log_service_pb2.ShippedDecision(
+        host_decision_id=host_decision_id,
+        task_id=a.task_id,
+        attempt=a.attempt,
+        lease_id=a.lease_id,
+        decision=types_pb2.Decision(
+            tool_name=tool,
+            action=action,
+            arguments_json=json.dumps(arguments),
+            provider="offline",
+            model="m",
+            system_prompt="sys",
+            user_prompt="screen",
+            rationale="because",
+            purpose="open it",
+            expected_outcome="it opens",
+            step_index=99,  # ignored: the cloud assigns it
+            planner_transport=types_pb2.PLANNER_TRANSPORT_CLOUD,  # ignored too
+        ),
+    )
+    if outcome:
+        entry.outcome.CopyFrom(types_pb2.ActionOutcome(**outcome))
+    return entry
+
+
+@dataclass
+class Held:
+    """A host holding a lease, and its stubs."""
+
+    cloud: CloudServer
+    host: ScriptedHost
+    assignment: lease_pb.Assignment
+    decisions: Any
+    artifacts: Any
+    ops_decisions: Any
+    ops_artifacts: Any
+    ops_fleet: Any
+    ops: Any
+
+
+@pytest.fixture
+async def held(cloud: CloudServer, pki_dir: Path) -> AsyncIterator[Held]:
+    host_ch = channel(cloud.address, pki_dir, "host-h1")
+    ops_ch = channel(cloud.address, pki_dir, "operator-ops")
+    host = ScriptedHost(cloud.address, pki_dir, "h1")
+    ops = tasks_stub(ops_ch)
+    try:
+        await host.connect(["s1"])
+        await submit(ops, target=types_pb2.TaskTarget(host_id="h1"))
+        assignment = (await host.next("assignment")).assignment
+        yield Held(
+            cloud,
+            host,
+            assignment,
+            decision_log_service_pb2_grpc.DecisionLogServiceStub(host_ch),
+            artifact_service_pb2_grpc.ArtifactServiceStub(host_ch),
+            decision_log_service_pb2_grpc.DecisionLogServiceStub(ops_ch),
+            artifact_service_pb2_grpc.ArtifactServiceStub(ops_ch),
+            fleet_service_pb2_grpc.FleetServiceStub(ops_ch),
+            ops,
+        )
+    finally:
+        await host.close()
+        await host_ch.close()
+        await ops_ch.close()
+
+
+async def ship(held: Held, *entries: decision_log_service_pb2.ShippedDecision) -> Any:
+    return await held.decisions.ShipDecisions(
+        decision_log_service_pb2.ShipDecisionsRequest(entries=list(entries))
+    )
+
+
+async def logged(held: Held) -> list[types_pb2.Decision]:
+    reply = await held.ops_decisions.ListDecisions(
+        decision_log_service_pb2.ListDecisionsRequest(task_id=held.assignment.task_id)
+    )
+    return list(reply.decisions)
+
+
+async def refused(call: Any) -> grpc.aio.AioRpcError:
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await call
+    return caught.value
+
+
+async def test_shipped_decisions_are_logged_once_in_order_and_masked(held: Held) -> None:
+    a = held.assignment
+    seen = shipped(a, "d1")
+    seen.decision.observation.CopyFrom(
+        types_pb2.ScreenObservation(
+            screen_width=1080,
+            screen_height=2400,
+            elements=[
+                types_pb2.UiElement(
+                    element_id="e1", text="Display", bounds=types_pb2.Rect(right=10, bottom=10)
+                )
+            ],
+            ocr_blocks=[types_pb2.OcrBlock(text="Display", bounds=types_pb2.Rect(right=9))],
+        )
+    )
+    first = await ship(held, seen, shipped(a, "d2", "input_text"), shipped(a, "d3"))
+    assert [(k.step_index, k.duplicate) for k in first.acks] == [(1, False), (2, False), (3, False)]
+    # A resend (the answer was lost) and a later report of d2's outcome change nothing else.
+    again = await ship(held, shipped(a, "d1"), shipped(a, "d2", "input_text", executed=True))
+    assert [(k.decision_id, k.step_index, k.duplicate) for k in again.acks] == [
+        (first.acks[0].decision_id, 1, True),
+        (first.acks[1].decision_id, 2, True),
+    ]
+    # A second outcome for d2 is ignored: the first report wins.
+    await ship(held, shipped(a, "d2", "input_text", executed=False, error="late"))
+
+    rows = await logged(held)
+    assert [(d.step_index, d.tool_name) for d in rows] == [
+        (1, "tap"),
+        (2, "input_text"),
+        (3, "tap"),
+    ]
+    assert {d.planner_transport for d in rows} == {types_pb2.PLANNER_TRANSPORT_DIRECT}
+    assert all(d.host_id == "h1" for d in rows)
+    assert rows[1].HasField("outcome") and rows[1].outcome.executed
+    assert not rows[0].HasField("outcome")
+    with_screens = await held.ops_decisions.ListDecisions(
+        decision_log_service_pb2.ListDecisionsRequest(task_id=a.task_id, include_observation=True)
+    )
+    kept = with_screens.decisions[0].observation
+    assert [e.text for e in kept.elements] == ["Display"] and not kept.ocr_blocks
+    typed = rows[1]
+    assert typed.action.input_text.text == "•••"
+    assert json.loads(typed.arguments_json) == {"sensitive": True, "text": "•••"}
+    assert SECRET not in str(rows)
+
+
+async def test_ship_refusals_name_the_problem(
+    held: Held, cloud: CloudServer, pki_dir: Path
+) -> None:
+    a = held.assignment
+    bad_tool = shipped(a, "x1")
+    bad_tool.decision.tool_name = "swipe"
+    cases = [
+        (shipped(a, "no spaces"), "entries[0].host_decision_id"),
+        (bad_tool, "entries[0].decision.tool_name"),
+        (decision_log_service_pb2.ShippedDecision(host_decision_id="x2"), "entries[0].task_id"),
+    ]
+    for entry, field in cases:
+        error = await refused(ship(held, entry))
+        assert error.code() == grpc.StatusCode.INVALID_ARGUMENT, error
+        assert error.details().startswith(field), error.details()
+    error = await refused(ship(held))
+    assert (error.code(), error.details()) == (
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "entries: at least one",
+    )
+    # A lease this host never held: FAILED_PRECONDITION; nothing is logged.
+    unknown = shipped(a, "x3")
+    unknown.lease_id = "not-a-lease"
+    error = await refused(ship(held, shipped(a, "ok1"), unknown))
+    assert error.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert error.details().startswith("entries[1]: lease 'not-a-lease'")
+    assert await logged(held) == []
+    # Another host's lease: PERMISSION_DENIED (and its existence is all it learns).
+    other_ch = channel(cloud.address, pki_dir, "host-h2")
+    try:
+        other = decision_log_service_pb2_grpc.DecisionLogServiceStub(other_ch)
+        error = await refused(
+            other.ShipDecisions(decision_log_service_pb2.ShipDecisionsRequest(entries=[unknown]))
+        )
+        assert error.code() == grpc.StatusCode.FAILED_PRECONDITION
+        error = await refused(
+            other.ShipDecisions(
+                decision_log_service_pb2.ShipDecisionsRequest(entries=[shipped(a, "o1")])
+            )
+        )
+        assert error.code() == grpc.StatusCode.PERMISSION_DENIED
+        assert "belongs to another host" in error.details()
+    finally:
+        await other_ch.close()
+    # Operators read the log; they do not write into it.
+    error = await refused(
+        held.ops_decisions.ShipDecisions(
+            decision_log_service_pb2.ShipDecisionsRequest(entries=[shipped(a, "p1")])
+        )
+    )
+    assert error.code() == grpc.StatusCode.PERMISSION_DENIED
+    # An id reused for another attempt of another task is refused, naming the entry.
+    await ship(held, shipped(a, "reused"))
+    await submit(held.ops, target=types_pb2.TaskTarget(host_id="h1"))
+    await held.host.send(result(a))
+    await held.host.next("result_ack")
+    b = (await held.host.next("assignment")).assignment
+    error = await refused(ship(held, shipped(b, "reused")))
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert error.details().startswith("entries[0]: host_decision_id 'reused' already names")
+
+
+async def test_a_just_ended_lease_takes_shipments_until_the_window_closes(
+    make_settings: SettingsFactory, pki_dir: Path
+) -> None:
+    server = await build_server(make_settings(ship_window_seconds=1.0))
+    await server.start()
+    host = ScriptedHost(server.address, pki_dir, "h1")
+    host_ch = channel(server.address, pki_dir, "host-h1")
+    ops_ch = channel(server.address, pki_dir, "operator-ops")
+    try:
+        stub = decision_log_service_pb2_grpc.DecisionLogServiceStub(host_ch)
+        await host.connect(["s1"])
+        await submit(tasks_stub(ops_ch), target=types_pb2.TaskTarget(host_id="h1"))
+        a = (await host.next("assignment")).assignment
+        await host.send(result(a))
+        await host.next("result_ack")
+        request = decision_log_service_pb2.ShipDecisionsRequest(entries=[shipped(a, "late")])
+        # Just ended: still this host's to ship for (its outbox may hold the last steps).
+        reply = await stub.ShipDecisions(request)
+        assert reply.acks[0].step_index == 1
+        # Once the attempt ended longer ago than the window: refused for good.
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 10
+        closed: grpc.aio.AioRpcError | None = None
+        while closed is None:
+            try:
+                await stub.ShipDecisions(
+                    decision_log_service_pb2.ShipDecisionsRequest(entries=[shipped(a, "later")])
+                )
+            except grpc.aio.AioRpcError as error:
+                closed = error
+                continue
+            assert loop.time() < deadline, "the window never closed"
+            await asyncio.sleep(0.2)
+        assert closed.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert "longer ago than the shipping window" in (closed.details() or "")
+    finally:
+        await host.close()
+        await host_ch.close()
+        await ops_ch.close()
+        await server.stop(0.5)
+
+
+async def upload(
+    held: Held, phase: int, data: bytes, *, content_type: str = "image/png", **step: str
+) -> Any:
+    a = held.assignment
+    return await held.artifacts.UploadStepScreenshot(
+        artifact_service_pb2.UploadStepScreenshotRequest(
+            task_id=a.task_id,
+            attempt=a.attempt,
+            lease_id=a.lease_id,
+            phase=phase,  # type: ignore[arg-type]
+            content_type=content_type,
+            data=data,
+            marks=artifact_service_pb2.ActionMarks(
+                target=types_pb2.Rect(left=1, top=2, right=30, bottom=40)
+            ),
+            **step,
+        )
+    )
+
+
+async def fetch(held: Held, step: int, phase: int) -> tuple[Any, bytes]:
+    a = held.assignment
+    call = held.ops_artifacts.GetStepScreenshot(
+        artifact_service_pb2.GetStepScreenshotRequest(
+            task_id=a.task_id,
+            attempt=a.attempt,
+            step_index=step,
+            phase=phase,  # type: ignore[arg-type]
+        )
+    )
+    chunks = [c async for c in call]
+    return chunks[0].screenshot, b"".join(c.data for c in chunks)
+
+
+async def test_step_screenshots_are_stored_listed_served_and_pruned(held: Held) -> None:
+    a = held.assignment
+    await ship(held, shipped(a, "s1"), shipped(a, "s2"))
+    big = png(1080, 2400, "white")
+    after = await upload(held, PHASE.SCREENSHOT_PHASE_AFTER, png(), host_decision_id="s1")
+    before = await upload(held, PHASE.SCREENSHOT_PHASE_BEFORE, big, host_decision_id="s1")
+    await upload(held, PHASE.SCREENSHOT_PHASE_BEFORE, png(color="red"), host_decision_id="s2")
+    assert (before.screenshot.step_index, before.screenshot.width, before.screenshot.height) == (
+        1,
+        1080,
+        2400,
+    )
+    assert after.screenshot.decision_id == before.screenshot.decision_id
+    # Uploading again replaces (an outbox resend is harmless).
+    await upload(held, PHASE.SCREENSHOT_PHASE_BEFORE, big, host_decision_id="s1")
+
+    listed = await held.ops_artifacts.ListStepScreenshots(
+        artifact_service_pb2.ListStepScreenshotsRequest(task_id=a.task_id, page_size=2)
+    )
+    rest = await held.ops_artifacts.ListStepScreenshots(
+        artifact_service_pb2.ListStepScreenshotsRequest(
+            task_id=a.task_id, page_token=listed.next_page_token
+        )
+    )
+    order = [(s.step_index, s.phase) for s in [*listed.screenshots, *rest.screenshots]]
+    assert order == [
+        (1, PHASE.SCREENSHOT_PHASE_BEFORE),
+        (1, PHASE.SCREENSHOT_PHASE_AFTER),
+        (2, PHASE.SCREENSHOT_PHASE_BEFORE),
+    ]
+    meta, data = await fetch(held, 1, PHASE.SCREENSHOT_PHASE_BEFORE)
+    assert data == big and meta.content_type == "image/png" and meta.size_bytes == len(big)
+    assert (meta.marks.target.left, meta.marks.target.bottom) == (1, 40)
+
+    # Retention: the task ends, its screenshots go with its decisions (objects, then rows).
+    store = held.cloud.artifacts
+    key = f"{a.task_id}/{a.attempt}/00001-before.png"
+    assert await store.get(key) == big
+    await held.host.send(result(a))
+    await held.host.next("result_ack")
+    assert await held.cloud.prune_screenshots(dt.timedelta(0)) == 3
+    assert await store.get(key) is None
+    error = await refused(fetch(held, 1, PHASE.SCREENSHOT_PHASE_BEFORE))
+    assert error.code() == grpc.StatusCode.NOT_FOUND
+
+
+async def test_screenshot_refusals_name_the_field(
+    held: Held, cloud: CloudServer, pki_dir: Path
+) -> None:
+    a = held.assignment
+    await ship(held, shipped(a, "r1"))
+    before = PHASE.SCREENSHOT_PHASE_BEFORE
+    jpeg = io.BytesIO()
+    Image.new("RGB", (10, 10)).save(jpeg, format="JPEG")
+    cases: list[tuple[Any, str]] = [
+        (
+            upload(held, before, png(), content_type="image/gif", host_decision_id="r1"),
+            "content_type: image/png or image/jpeg",
+        ),
+        (
+            upload(held, before, jpeg.getvalue(), host_decision_id="r1"),
+            "content_type: image/png but the data is JPEG",
+        ),
+        (
+            upload(held, before, b"\x89PNG\r\n\x1a\nnot really", host_decision_id="r1"),
+            "data: not a readable image",
+        ),
+        (
+            upload(held, before, b"x" * (8 * 1024 * 1024 + 1), host_decision_id="r1"),
+            "data: 8388609 bytes; at most 8388608",
+        ),
+        (upload(held, 0, png(), host_decision_id="r1"), "phase:"),
+        (upload(held, before, png()), "decision_id or host_decision_id: one is required"),
+    ]
+    for call, start in cases:
+        error = await refused(call)
+        assert error.code() == grpc.StatusCode.INVALID_ARGUMENT, error
+        assert error.details().startswith(start), error.details()
+    # A decision the cloud has not logged (yet): ship it first.
+    error = await refused(upload(held, before, png(), host_decision_id="never-shipped"))
+    assert error.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "ship the decision first" in error.details()
+    # Another host may not upload into this attempt.
+    other_ch = channel(cloud.address, pki_dir, "host-h2")
+    try:
+        other = artifact_service_pb2_grpc.ArtifactServiceStub(other_ch)
+        error = await refused(
+            other.UploadStepScreenshot(
+                artifact_service_pb2.UploadStepScreenshotRequest(
+                    task_id=a.task_id,
+                    attempt=a.attempt,
+                    lease_id=a.lease_id,
+                    host_decision_id="r1",
+                    phase=before,
+                    content_type="image/png",
+                    data=png(),
+                )
+            )
+        )
+        assert error.code() == grpc.StatusCode.PERMISSION_DENIED
+    finally:
+        await other_ch.close()
+    # Operators read screenshots; unknown tasks are NOT_FOUND.
+    error = await refused(
+        held.ops_artifacts.ListStepScreenshots(
+            artifact_service_pb2.ListStepScreenshotsRequest(task_id="nope")
+        )
+    )
+    assert error.code() == grpc.StatusCode.NOT_FOUND
+
+
+async def test_the_outbox_backlog_reaches_the_fleet_view(held: Held) -> None:
+    oldest = types_pb2.OutboxBacklog(items=7, decisions=3, refused=1)
+    oldest.oldest_at.FromDatetime(dt.datetime(2026, 1, 2, 3, 4, 5))
+    await held.host.send(lease_pb.LeaseRequest(outbox=oldest))
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 10
+    while True:
+        hosts = await held.ops_fleet.ListHosts(fleet_service_pb2.ListHostsRequest())
+        host = next(h for h in hosts.hosts if h.host_id == "h1")
+        if host.outbox.items == 7:
+            break
+        assert loop.time() < deadline, host
+        await asyncio.sleep(0.05)
+    assert (host.outbox.decisions, host.outbox.refused) == (3, 1)
+    assert host.outbox.oldest_at.ToDatetime() == dt.datetime(2026, 1, 2, 3, 4, 5)
+    assert host.outbox.HasField("reported_at")
+    # A malformed report is rejected on the stream, which stays up.
+    await held.host.send(
+        lease_pb.LeaseRequest(outbox=types_pb2.OutboxBacklog(items=1, decisions=2))
+    )
+    rejected = await held.host.next("rejected")
+    assert rejected.rejected.message == "outbox.decisions: more than outbox.items"
+
+
+async def test_migration_0009_up_and_down(db_url: str) -> None:
+    """0009 is additive: its columns, index and table go with its downgrade, and come back."""
+    import sqlalchemy
+
+    def shape(c: sqlalchemy.Connection) -> tuple[set[str], set[str], set[str]]:
+        inspector = sqlalchemy.inspect(c)
+        return (
+            set(inspector.get_table_names()),
+            {col["name"] for col in inspector.get_columns("decisions")},
+            {col["name"] for col in inspector.get_columns("hosts")},
+        )
+
+    s = Store.from_url(db_url)
+    try:
+        await upgrade(s.engine)
+        await downgrade(s.engine, "0008")
+        async with s.engine.connect() as conn:
+            tables, decision_cols, host_cols = await conn.run_sync(shape)
+        assert "step_screenshots" not in tables
+        assert not {"planner_transport", "host_decision_id"} & decision_cols
+        assert not {c for c in host_cols if c.startswith("outbox_")}
+        await upgrade(s.engine)
+        async with s.engine.connect() as conn:
+            tables, decision_cols, host_cols = await conn.run_sync(shape)
+        assert "step_screenshots" in tables
+        assert {"planner_transport", "host_decision_id"} <= decision_cols
+        assert "outbox_items" in host_cols
+        await check(s.engine)
+    finally:
+        await s.close()

@@ -1,0 +1,178 @@
+"""The spending ledger on both backends: cost stored per decision (migration 0012), summed per
+attempt, task, host, model and UTC day; task caps stored at submission."""
+
+from __future__ import annotations
+
+import datetime as dt
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+from sqlalchemy import update
+
+from amc.v1 import fleet_service_pb2, fleet_service_pb2_grpc, task_service_pb2, types_pb2
+from cloud.server import CloudServer
+from cloud.store import decisions, spend, tasks
+from cloud.store.database import Store
+from cloud.store.engine import check, downgrade, upgrade
+from cloud.store.models import DecisionRow
+from planner.decision import Decision, Usage
+from tests.cloud.cloud_harness import channel
+from tests.cloud.test_store import _columns, _decision
+
+
+def _costly(input_tokens: int, cost: float, model: str = "m") -> Decision:
+    decision = _decision()
+    decision.usage = Usage(
+        input_tokens=input_tokens,
+        output_tokens=10,
+        cache_read_input_tokens=5,
+        cache_creation_input_tokens=1,
+        thinking_tokens=2,
+        cost_usd=cost,
+    )
+    decision.model = model
+    return decision
+
+
+async def _submit(store: Store, max_tokens: int = 0, max_cost_usd: float = 0.0) -> str:
+    view, _ = await tasks.submit(
+        store,
+        tasks.NewTask(
+            goal="g",
+            max_attempts=3,
+            lease_seconds=30,
+            timeout_seconds=3600,
+            max_tokens=max_tokens,
+            max_cost_usd=max_cost_usd,
+        ),
+    )
+    return view.task.task_id
+
+
+async def test_spending_is_summed_per_attempt_task_host_model_and_day(db_url: str) -> None:
+    s = Store.from_url(db_url)
+    try:
+        await upgrade(s.engine)
+        task_id = await _submit(s, max_tokens=5000, max_cost_usd=1.5)
+        other = await _submit(s)
+        a1 = await decisions.append(s, "h1", task_id, 1, _costly(100, 0.25))
+        await decisions.append(s, "h1", task_id, 1, _costly(200, 0.5))
+        await decisions.append(s, "h2", task_id, 2, _costly(300, 1.0, "n"))
+        await decisions.append(s, "h2", other, 1, _costly(50, 0.125))
+        yesterday = s.now() - dt.timedelta(days=1)
+        async with s.write() as session:
+            await session.execute(
+                update(DecisionRow)
+                .where(DecisionRow.decision_id == a1.decision_id)
+                .values(created_at=yesterday)
+            )
+
+        total = await spend.spent(s, task_id)
+        assert (total.input_tokens, total.output_tokens, total.cost_usd) == (600, 30, 1.75)
+        assert total.billed_tokens == 600 + 30 + 15 + 3
+        assert (await spend.spent(s, "no-such-task")) == Usage()
+
+        by_attempt = await spend.usage_by_attempt(s, [task_id, other])
+        assert by_attempt[(task_id, 1)].cost_usd == 0.75
+        assert by_attempt[(task_id, 2)].cost_usd == 1.0
+        assert by_attempt[(other, 1)].input_tokens == 50
+
+        view = await tasks.get(s, task_id)
+        assert view is not None
+        assert (view.task.max_tokens, view.task.max_cost_usd) == (5000, 1.5)
+        assert view.task.cost_usd == 1.75  # the task's cost total, kept as decisions are logged
+        assert await tasks.budget(s, task_id) == (5000, 1.5)
+        assert await tasks.budget(s, "no-such-task") is None
+
+        today = s.now().astimezone(dt.UTC).replace(hour=0, minute=0, second=0, microsecond=0)
+        assert (await spend.spent_since(s, today)).cost_usd == 1.625
+        rows = await spend.spend_rows(s, today - dt.timedelta(days=1), today + dt.timedelta(days=1))
+        keyed = {(r.day, r.host_id, r.model): (r.decisions, r.usage.cost_usd) for r in rows}
+        day0, day1 = f"{yesterday:%Y-%m-%d}", f"{today:%Y-%m-%d}"
+        assert keyed == {
+            (day0, "h1", "m"): (1, 0.25),
+            (day1, "h1", "m"): (1, 0.5),
+            (day1, "h2", "m"): (1, 0.125),
+            (day1, "h2", "n"): (1, 1.0),
+        }
+        assert [r.day for r in rows] == sorted(r.day for r in rows)
+    finally:
+        await s.close()
+
+
+async def test_migration_0012_cost_and_caps_up_and_down(db_url: str) -> None:
+    """0012 is additive: a cost per decision, a cost total and two caps per task, dropped by its
+    downgrade without losing rows; a row from before it costs 0 and a task has no cap."""
+    s = Store.from_url(db_url)
+    try:
+        await upgrade(s.engine)
+        task_id = await _submit(s, max_tokens=10)
+        row = await decisions.append(s, "h1", task_id, 1, _costly(10, 0.5))
+        await downgrade(s.engine, "0011")
+        async with s.engine.connect() as conn:
+            assert "cost_usd" not in await conn.run_sync(_columns, "decisions")
+            assert not {"max_tokens", "max_cost_usd", "cost_usd"} & await conn.run_sync(
+                _columns, "tasks"
+            )
+        await upgrade(s.engine)
+        (old,) = (await decisions.list_page(s, task_id, 0, 5, ""))[0]
+        assert old.decision_id == row.decision_id and old.cost_usd == 0.0
+        assert await tasks.budget(s, task_id) == (0, 0.0)
+        await check(s.engine)
+    finally:
+        await s.close()
+
+
+async def test_get_spend_and_budget_fields_through_the_services(
+    cloud: CloudServer, ops: Any, pki_dir: Path
+) -> None:
+    """GetSpend answers operators (INVALID_ARGUMENT naming the field for a bad day or range,
+    PERMISSION_DENIED for a host); SubmitTask stores caps and refuses negative ones."""
+    submitted = await ops.SubmitTask(
+        task_service_pb2.SubmitTaskRequest(
+            goal="g", budget=types_pb2.TaskBudget(max_tokens=9000, max_cost_usd=0.5)
+        )
+    )
+    assert submitted.task.budget == types_pb2.TaskBudget(max_tokens=9000, max_cost_usd=0.5)
+    for budget, field in (
+        (types_pb2.TaskBudget(max_tokens=-1), "budget.max_tokens"),
+        (types_pb2.TaskBudget(max_cost_usd=-0.5), "budget.max_cost_usd"),
+        (types_pb2.TaskBudget(max_cost_usd=float("nan")), "budget.max_cost_usd"),
+    ):
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await ops.SubmitTask(task_service_pb2.SubmitTaskRequest(goal="g", budget=budget))
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert (err.value.details() or "").startswith(field)
+
+    ch = channel(cloud.address, pki_dir, "operator-ops")
+    host = channel(cloud.address, pki_dir, "host-h1")
+    try:
+        fleet: Any = fleet_service_pb2_grpc.FleetServiceStub(ch)
+        empty = await fleet.GetSpend(fleet_service_pb2.GetSpendRequest())
+        assert list(empty.rows) == [] and empty.today == types_pb2.Usage()
+        for request, field in (
+            (fleet_service_pb2.GetSpendRequest(since_day="2026-13-01"), "since_day"),
+            (fleet_service_pb2.GetSpendRequest(until_day="yesterday"), "until_day"),
+            (
+                fleet_service_pb2.GetSpendRequest(since_day="2026-12-02", until_day="2026-12-01"),
+                "since_day",
+            ),
+            (
+                fleet_service_pb2.GetSpendRequest(since_day="2024-01-01", until_day="2026-01-01"),
+                "since_day..until_day",
+            ),
+        ):
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await fleet.GetSpend(request)
+            assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert (err.value.details() or "").startswith(field), err.value.details()
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await fleet_service_pb2_grpc.FleetServiceStub(host).GetSpend(
+                fleet_service_pb2.GetSpendRequest()
+            )
+        assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    finally:
+        await ch.close()
+        await host.close()

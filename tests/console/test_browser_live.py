@@ -1,0 +1,465 @@
+"""The operators' console in Chromium, for issue 19: live updates patch the page in place
+(keyboard focus kept, status changes announced to screen readers), the attempt history with
+the live lease counting down, totals, a progress line that never contradicts the status, the
+fleet's busy and idle phones, submit warnings, phones 390 px wide, and no CSP violation.
+
+Hosts are simulated over the real LeaseService against the real cloud, so every change the
+page shows came through WatchProgress / WatchHosts → server-sent events → live.js.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from playwright.sync_api import (
+    Browser,
+    Page,
+    Playwright,
+    ViewportSize,
+    expect,
+    sync_playwright,
+)
+
+from amc.v1 import types_pb2
+from cloud.server import build_server
+from cloud.settings import CloudSettings
+from cloud.store import decisions
+from console.gateway import create_app
+from console.settings import ConsoleSettings
+from planner.decision import Decision, Usage
+from tests.console.console_stack import (
+    ADMIN,
+    PASSWORD,
+    Cloud,
+    HostFactory,
+    LoopThread,
+    Operator,
+    UvicornThread,
+)
+from tests.support.browser import PageReport, open_browser, overflow_x
+
+pytestmark = pytest.mark.browser
+
+#: Generous upper bound for a live update to show (a bound, not a timing assertion).
+LIVE_MS = 10_000
+PHONE: ViewportSize = {"width": 390, "height": 844}
+
+
+@pytest.fixture(scope="module")
+def playwright() -> Iterator[Playwright]:
+    with sync_playwright() as p:
+        yield p
+
+
+@pytest.fixture(scope="module")
+def browser(playwright: Playwright) -> Iterator[Browser]:
+    yield from open_browser(playwright)
+
+
+def log_in(page: Page, gateway: str, path: str = "/tasks") -> None:
+    page.goto(gateway + "/login?next=" + path)
+    page.fill("input[name=username]", ADMIN)
+    page.fill("input[name=password]", PASSWORD)
+    page.click("button[type=submit]")
+    expect(page).to_have_url(re.compile(re.escape(gateway + path) + "$"))
+
+
+@pytest.fixture
+def report(browser: Browser, gateway: str) -> Iterator[PageReport]:
+    """A logged-in page (1280 px wide) whose CSP violations and console errors are recorded."""
+    context = browser.new_context(viewport={"width": 1280, "height": 900})
+    watched = PageReport(context.new_page())
+    log_in(watched.page, gateway)
+    try:
+        yield watched
+    finally:
+        context.close()
+
+
+@pytest.fixture
+def phone(browser: Browser, gateway: str) -> Iterator[PageReport]:
+    """A logged-in page 390 px wide (a phone held upright)."""
+    context = browser.new_context(viewport=PHONE, device_scale_factor=2, is_mobile=True)
+    watched = PageReport(context.new_page())
+    log_in(watched.page, gateway)
+    try:
+        yield watched
+    finally:
+        context.close()
+
+
+def unique(goal: str) -> str:
+    return f"{goal} {uuid.uuid4().hex[:8]}"
+
+
+def screenshot(page: Page, name: str) -> None:
+    """Save a full-page screenshot when AMC_TEST_SCREENSHOTS names a folder (for eyeballing)."""
+    folder = os.environ.get("AMC_TEST_SCREENSHOTS")
+    if folder:
+        page.screenshot(path=str(Path(folder) / f"{name}.png"), full_page=True)
+
+
+def mark_no_reload(page: Page) -> None:
+    page.evaluate("window.__amcNoReload = 'still here'")
+
+
+def assert_not_reloaded(page: Page) -> None:
+    assert page.evaluate("window.__amcNoReload") == "still here"
+
+
+def _decision(step: str) -> Decision:
+    action = types_pb2.Action(purpose=f"do {step}", expected_outcome=f"{step} done")
+    action.tap.element_id = "e2"
+    return Decision(
+        tool_name="tap",
+        arguments={"element_id": "e2"},
+        action=action,
+        purpose=f"do {step}",
+        expected_outcome=f"{step} done",
+        rationale=f"{step} [is next]",
+        thinking=[],
+        usage=Usage(input_tokens=1200, output_tokens=300),
+        provider="anthropic",
+        model="claude-test",
+        latency_s=0.5,
+        forced_retry=False,
+        system_prompt="s",
+        user_prompt="u",
+    )
+
+
+def test_focus_stays_on_cancel_across_live_updates_and_status_is_announced(
+    report: PageReport, gateway: str, cloud: Cloud, operator: Operator, make_host: HostFactory
+) -> None:
+    """The issue: "keyboard focus on 'Cancel task…' is lost within 2 s". Renewals, a new
+    decision (the history grows) and a new step all arrive while the link has focus."""
+    page = report.page
+    host = make_host()
+    task = operator.submit(unique("Turn on dark theme"), host_id=host.host_id)
+    a = host.assignment()
+    host.renew(a, 1, types_pb2.STEP_STATUS_PLANNING, "step 1: planning on Settings")
+    page.goto(f"{gateway}/tasks/{task.task_id}")
+    expect(page.locator("#live-state")).to_have_text("live", timeout=LIVE_MS)
+    mark_no_reload(page)
+    cancel = page.locator("[data-field=cancel]")
+    cancel.focus()
+    expect(cancel).to_be_focused()
+
+    for step in range(1, 4):
+        cloud.loop.run(
+            decisions.append(
+                cloud.server.store, host.host_id, task.task_id, 1, _decision(f"s{step}")
+            )
+        )
+        host.renew(a, step, types_pb2.STEP_STATUS_ACTING, f"step {step}: tap 'Row {step}'")
+        expect(page.locator("details.step")).to_have_count(step, timeout=LIVE_MS)
+        expect(page.locator("#summary [data-field=progress]")).to_have_text(
+            f"step {step} · acting · tap 'Row {step}'", timeout=LIVE_MS
+        )
+        expect(cancel).to_be_focused()
+    # The attempts block was merged too (its renewal count moved), focus still on the link.
+    expect(page.locator("#attempt-1 .kind-renewals")).to_contain_text("renewed", timeout=LIVE_MS)
+    expect(cancel).to_be_focused()
+    # Focus inside a re-merged block (the attempt's link to its history) is found again.
+    link = page.locator("#attempt-1 a", has_text="LLM history of attempt 1")
+    link.focus()
+    host.renew(a, 4, types_pb2.STEP_STATUS_ACTING, "step 4: tap 'Row 4'")
+    expect(page.locator("#summary [data-field=progress]")).to_have_text(
+        "step 4 · acting · tap 'Row 4'", timeout=LIVE_MS
+    )
+    # Five renewals were sent and acknowledged: one before the page opened, three in the loop.
+    expect(page.locator("#attempt-1 .kind-renewals")).to_contain_text("5 times", timeout=LIVE_MS)
+    expect(page.locator("#attempt-1 a", has_text="LLM history of attempt 1")).to_be_focused()
+
+    # The end is announced politely; the cancel link goes and focus moves to the heading.
+    cancel.focus()
+    host.finish(a, types_pb2.TASK_STATUS_FAILED, "gave up: no such setting")
+    expect(page.locator("#announcer")).to_have_text(
+        "Task failed: gave up: no such setting", timeout=LIVE_MS
+    )
+    expect(page.locator("#announcer")).to_have_attribute("aria-live", "polite")
+    expect(page.locator("[data-field=cancel]")).to_have_count(0)
+    expect(page.locator("#task-title")).to_be_focused()
+    # What the step did and what became of the task, separately.
+    expect(page.locator("#summary [data-field=status]")).to_have_text("failed")
+    expect(page.locator("#summary [data-field=progress]")).to_have_text(
+        "last step 4 · acting · tap 'Row 4'"
+    )
+    assert_not_reloaded(page)
+    report.assert_clean()
+
+
+def test_the_attempt_history_counts_the_live_lease_down_and_lists_each_event(
+    report: PageReport, gateway: str, operator: Operator, make_host: HostFactory
+) -> None:
+    page = report.page
+    host = make_host()
+    goal = unique("Open the clock")
+    task = operator.submit(goal, host_id=host.host_id)
+    a = host.assignment()
+    host.renew(a, 1, types_pb2.STEP_STATUS_ACTING, "step 1: tap 'Clock'")
+    page.goto(f"{gateway}/tasks/{task.task_id}")
+    expect(page.locator("#live-state")).to_have_text("live", timeout=LIVE_MS)
+    timeline = page.locator("#attempt-1 ol.timeline")
+    expect(timeline.locator(".kind-assigned")).to_contain_text(
+        f"assigned to {host.host_id} / emu-1"
+    )
+    expect(timeline.locator(".kind-renewals")).to_contain_text("lease renewed once")
+    countdown = page.locator("#summary [data-field=lease] time")
+    first = countdown.inner_text()
+    assert re.fullmatch(r"in \d+ s|in \dm \d\ds", first), first
+    expect(countdown).not_to_have_text(first, timeout=LIVE_MS)  # it counts down in the page
+    expect(timeline.locator(".live")).to_contain_text("lease runs out in")
+
+    page.goto(f"{gateway}/tasks/{task.task_id}/cancel")
+    page.fill("input[name=reason]", "wrong [phone]")
+    page.click("text=Yes, cancel the task")
+    expect(timeline.locator(".kind-cancel_requested")).to_have_text(
+        re.compile(rf"cancel requested by {ADMIN} via console: wrong \[phone\]$")
+    )
+    host.expect("revoked")
+    host.finish(a, types_pb2.TASK_STATUS_CANCELLED, "stopped on request")
+    expect(timeline.locator(".kind-result")).to_contain_text(
+        "result: cancelled — stopped on request", timeout=LIVE_MS
+    )
+    expect(page.locator("#summary [data-field=lease]")).to_have_text("none live")
+    expect(timeline.locator(".live")).to_have_count(0)
+    expect(page.locator("[data-field=cancelled-by]")).to_have_text(
+        f"Cancel asked by {ADMIN} via console."
+    )
+    report.assert_clean()
+
+
+def test_totals_and_the_progress_line_in_the_list_and_on_the_page(
+    report: PageReport, gateway: str, cloud: Cloud, operator: Operator, make_host: HostFactory
+) -> None:
+    page = report.page
+    host = make_host()
+    tag = uuid.uuid4().hex[:8]
+    task = operator.submit(f"Totals {tag}", host_id=host.host_id)
+    a = host.assignment()
+    for step in (1, 2):
+        cloud.loop.run(
+            decisions.append(
+                cloud.server.store, host.host_id, task.task_id, 1, _decision(f"s{step}")
+            )
+        )
+    host.renew(a, 2, types_pb2.STEP_STATUS_SUCCEEDED, "step 2: give up: the setting is missing")
+    host.finish(a, types_pb2.TASK_STATUS_FAILED, "the setting is missing")
+    page.goto(f"{gateway}/tasks?q={tag}")
+    row = page.locator(f"#task-{task.task_id}")
+    expect(row.locator("[data-field=status]")).to_have_text("failed")
+    # Not "succeeded" on a failed task: the step's action ran, the task failed.
+    expect(row.locator("[data-field=progress]")).to_have_text(
+        "last step 2 · action done · give up: the setting is missing"
+    )
+    expect(row.locator("[data-field=totals]")).to_have_text(
+        re.compile(r"^2 steps · 3\.0k tokens · ")
+    )
+    page.click(f"text=Totals {tag}")
+    expect(page.locator("#summary [data-field=steps]")).to_have_text("2")
+    expect(page.locator("#summary [data-field=decisions]")).to_have_text("2")
+    expect(page.locator("#summary [data-field=tokens]")).to_contain_text("3.0k")
+    expect(page.locator("#summary [data-field=tokens]")).to_contain_text("in 2.4k · out 600")
+    expect(page.locator("#summary [data-field=wall]")).not_to_have_text("—")
+    # The full id is shown and selectable (a terminal's prefix of it leads here too).
+    expect(page.locator(".task-id")).to_have_text(task.task_id)
+    page.goto(f"{gateway}/tasks/{task.task_id[:12]}")
+    expect(page).to_have_url(f"{gateway}/tasks/{task.task_id}")
+    report.assert_clean()
+
+
+def test_columns_do_not_jump_when_a_row_changes_live(
+    report: PageReport, gateway: str, operator: Operator, make_host: HostFactory
+) -> None:
+    page = report.page
+    host = make_host()
+    tag = uuid.uuid4().hex[:8]
+    task = operator.submit(f"Columns {tag}", host_id=host.host_id)
+    a = host.assignment()
+    host.renew(a, 1, types_pb2.STEP_STATUS_ACTING, "step 1: tap")
+    page.goto(f"{gateway}/tasks?q={tag}")
+    expect(page.locator("#live-state")).to_have_text("live", timeout=LIVE_MS)
+    widths = page.eval_on_selector_all("table.tasks th", "ths => ths.map(t => t.offsetWidth)")
+    long = "tap 'A much longer label that would widen an automatic column considerably' " * 2
+    host.renew(a, 12, types_pb2.STEP_STATUS_ACTING, f"step 12: {long.strip()}")
+    expect(page.locator(f"#task-{task.task_id} [data-field=progress]")).to_contain_text(
+        "step 12", timeout=LIVE_MS
+    )
+    after = page.eval_on_selector_all("table.tasks th", "ths => ths.map(t => t.offsetWidth)")
+    assert after == widths
+
+
+def test_a_new_task_row_is_inserted_without_taking_focus_away(
+    report: PageReport, gateway: str, operator: Operator
+) -> None:
+    page = report.page
+    page.goto(f"{gateway}/tasks")
+    expect(page.locator("#live-state")).to_have_text("live", timeout=LIVE_MS)
+    mark_no_reload(page)
+    page.locator("input[name=q]").focus()
+    page.keyboard.type("dark")
+    goal = unique("Inserted live")
+    task = operator.submit(goal, host_id="no-such-host")
+    expect(page.locator(f"#task-{task.task_id} [data-field=status]")).to_have_text(
+        "queued", timeout=LIVE_MS
+    )
+    expect(page.locator("input[name=q]")).to_be_focused()
+    expect(page.locator("input[name=q]")).to_have_value("dark")
+    expect(page.locator("#announcer")).to_have_text(f"New task: {goal} (queued)")
+    assert_not_reloaded(page)
+    report.assert_clean()
+
+
+def test_no_tasks_match_is_not_no_tasks_yet(report: PageReport, gateway: str) -> None:
+    page = report.page
+    page.goto(f"{gateway}/tasks?q=nothing-has-this-{uuid.uuid4().hex}")
+    expect(page.locator("#no-tasks")).to_have_text("No tasks match these filters.")
+
+
+def test_an_empty_cloud_says_no_tasks_yet(browser: Browser, tmp_path: Path, pki_dir: Path) -> None:
+    loop = LoopThread("empty-cloud")
+    server = loop.run(
+        build_server(
+            CloudSettings(
+                database_url=f"sqlite+aiosqlite:///{tmp_path / 'empty.sqlite3'}",
+                listen_address="127.0.0.1:0",
+                pki_dir=pki_dir,
+            )
+        )
+    )
+    loop.run(server.start())
+    gateway = UvicornThread(
+        create_app(
+            ConsoleSettings(
+                cloud_address=server.address,
+                certs_dir=pki_dir,
+                operator_name="console",
+                admin_username=ADMIN,
+                admin_password=PASSWORD,
+            )
+        )
+    )
+    base = gateway.start()
+    context = browser.new_context()
+    try:
+        page = context.new_page()
+        log_in(page, base)
+        expect(page.locator("#no-tasks")).to_contain_text("No tasks yet.")
+        page.goto(f"{base}/fleet")
+        expect(page.locator("#no-hosts")).to_have_text("No host has connected yet.")
+    finally:
+        context.close()
+        gateway.stop()
+        loop.run(server.stop(0))
+        loop.stop()
+
+
+def test_the_fleet_shows_busy_and_idle_phones_with_their_task(
+    report: PageReport, gateway: str, operator: Operator, make_host: HostFactory, cloud: Cloud
+) -> None:
+    page = report.page
+    page.goto(f"{gateway}/fleet")
+    expect(page.locator("#live-state")).to_have_text("live", timeout=LIVE_MS)
+    mark_no_reload(page)
+    host = make_host()
+    card = page.locator(f"#host-{host.host_id}")
+    phone_row = card.locator("tr[data-serial='emu-1']")
+    expect(phone_row).to_contain_text("idle", timeout=LIVE_MS)
+    goal = unique("Busy phone")
+    task = operator.submit(goal, host_id=host.host_id)
+    a = host.assignment()
+    expect(phone_row).to_contain_text("busy", timeout=LIVE_MS)
+    link = phone_row.locator("a")
+    expect(link).to_have_text(goal)
+    expect(link).to_have_attribute("href", f"/tasks/{task.task_id}")
+    expect(card).to_contain_text("1 of 1 phone busy")
+    expect(card.locator("a", has_text="tasks on this host")).to_have_attribute(
+        "href", f"/tasks?host={host.host_id}"
+    )
+    link.focus()
+    host.renew(a, 1, types_pb2.STEP_STATUS_ACTING, "step 1: tap")
+    host.finish(a, types_pb2.TASK_STATUS_SUCCEEDED, "done")
+    expect(phone_row).to_contain_text("idle", timeout=LIVE_MS)
+    assert_not_reloaded(page)
+    report.assert_clean()
+
+
+def test_at_390_px_the_pages_fit_and_tables_become_cards(
+    phone: PageReport, gateway: str, cloud: Cloud, operator: Operator, make_host: HostFactory
+) -> None:
+    """The issue measured 746 px (tasks) and 651 px (detail) at a 390 px viewport."""
+    page = phone.page
+    host = make_host()
+    goal = unique("Turn on dark theme and then check the notification shade for new alerts")
+    task = operator.submit(goal, host_id=host.host_id)
+    a = host.assignment()
+    cloud.loop.run(
+        decisions.append(cloud.server.store, host.host_id, task.task_id, 1, _decision("s1"))
+    )
+    host.renew(a, 3, types_pb2.STEP_STATUS_ACTING, "step 3: tap 'Display' — open display settings")
+    for name, path in (
+        ("tasks", "/tasks"),
+        ("detail", f"/tasks/{task.task_id}"),
+        ("fleet", "/fleet"),
+        ("submit", "/tasks/new"),
+    ):
+        page.goto(gateway + path)
+        expect(page.locator("h1").first).to_be_visible()
+        screenshot(page, f"390-{name}")
+        assert overflow_x(page) == 0, path
+    page.goto(f"{gateway}/tasks")
+    row = page.locator(f"#task-{task.task_id}")
+    assert row.evaluate("r => getComputedStyle(r).display") == "block"
+    assert page.locator("table.tasks thead").evaluate("h => getComputedStyle(h).display") == "none"
+    label = row.locator("td[data-label=Progress]").evaluate(
+        "td => getComputedStyle(td, '::before').content"
+    )
+    assert label == '"Progress"'
+    page.goto(f"{gateway}/tasks/{task.task_id}")
+    page.locator("details.step > summary").first.click()
+    page.locator("details.prompts > summary").first.click()
+    assert overflow_x(page) == 0
+    phone.assert_clean()
+
+
+def test_every_page_loads_inside_its_content_security_policy(
+    report: PageReport, gateway: str, operator: Operator
+) -> None:
+    """No `data:` favicon any more: the icon is a file the policy allows, and nothing on any
+    page is refused by the policy or logs an error."""
+    page = report.page
+    task = operator.submit(unique("CSP"), host_id="no-such-host")
+    for path in ("/tasks", f"/tasks/{task.task_id}", "/fleet", "/tasks/new", "/login"):
+        page.goto(gateway + path)
+        expect(page.locator("h1").first).to_be_visible()
+        assert report.violations() == [], path
+    icon = page.locator("link[rel=icon]").get_attribute("href") or ""
+    assert icon.endswith("/static/favicon.svg")
+    response = page.request.get(gateway + "/static/favicon.svg")
+    assert response.status == 200 and response.headers["content-type"].startswith("image/svg")
+    csp = page.request.get(gateway + "/login").headers["content-security-policy"]
+    assert "data:" not in csp and "img-src 'self'" in csp
+    report.assert_clean()
+
+
+def test_the_conversation_page_is_linked_from_the_attempt(
+    report: PageReport, gateway: str, cloud: Cloud, operator: Operator, make_host: HostFactory
+) -> None:
+    page = report.page
+    host = make_host()
+    task = operator.submit(unique("Session"), host_id=host.host_id)
+    host.assignment()
+    session = _decision("s1")
+    session.extra = {"mode": "session"}
+    cloud.loop.run(decisions.append(cloud.server.store, host.host_id, task.task_id, 1, session))
+    page.goto(f"{gateway}/tasks/{task.task_id}")
+    link = page.locator("#attempt-1 a", has_text="whole conversation")
+    expect(link).to_have_attribute("href", f"/tasks/{task.task_id}/attempts/1/conversation")
+    link.click()
+    expect(page.locator("h1")).to_have_text("Conversation of attempt 1")

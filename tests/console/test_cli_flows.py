@@ -1,0 +1,94 @@
+"""`amc flows …`, `amc task submit --no-replay` and the verdicts in `amc decisions`, as an
+operator runs them: a new process per command against a real cloud server over mTLS."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from amc.v1 import types_pb2
+from cloud.pki import ensure_embedded_pki
+from cloud.server import build_server
+from cloud.settings import CloudSettings
+from cloud.store import decisions, tasks
+from planner.decision import Decision, Usage
+from planner.tools import Judgement
+from tests.console.test_cli import amc
+from tests.support.flows import store_flow
+
+
+async def test_flows_commands_and_verdicts(tmp_path: Path) -> None:
+    pki = ensure_embedded_pki(tmp_path, [], operator="admin")
+    cloud = await build_server(
+        CloudSettings(
+            database_url=f"sqlite+aiosqlite:///{tmp_path / 'cloud.sqlite3'}",
+            listen_address="127.0.0.1:0",
+            pki_dir=pki,
+        )
+    )
+    await cloud.start()
+    conn = ["--cloud", cloud.address, "--pki-dir", str(pki)]
+    try:
+        code, empty = await amc(*conn, "flows", "list")
+        assert code == 0 and "no flows learned yet" in empty
+        row = await store_flow(cloud.store)
+        code, listing = await amc(*conn, "flows", "list")
+        assert code == 0 and row.flow_id in listing and "Turn on dark theme" in listing
+        code, shown = await amc(*conn, "flows", "show", row.flow_id)
+        assert code == 0, shown
+        assert "3. tap on" in shown and "'Dark theme'" in shown
+        assert "expected: the 'Dark theme' switch is on" in shown
+        code, off = await amc(*conn, "flows", "disable", row.flow_id, "--reason", "moved [x]")
+        assert code == 0 and "disabled (disabled by operator admin: moved [x])" in off
+        code, listing = await amc(*conn, "flows", "list", "--status", "active")
+        assert row.flow_id not in listing
+        code, on = await amc(*conn, "flows", "enable", row.flow_id)
+        assert code == 0 and f"{row.flow_id}: active" in on
+        code, missing = await amc(*conn, "flows", "show", "nope")
+        assert code != 0 and "flow nope not found" in missing and "amc flows list" in missing
+
+        code, out = await amc(*conn, "task", "submit", "Open Display", "--no-replay")
+        assert code == 0, out
+        task_id = out.strip()
+        view = await tasks.get(cloud.store, task_id)
+        assert view is not None and view.task.no_replay
+
+        action = types_pb2.Action(purpose="open it", expected_outcome="the 'Display' page is open")
+        action.tap.element_id = "e2"
+        decision = Decision(
+            tool_name="tap",
+            arguments={"element_id": "e2"},
+            action=action,
+            purpose="open it",
+            expected_outcome="the 'Display' page is open",
+            rationale="r",
+            thinking=[],
+            usage=Usage(),
+            provider="offline",
+            model="m",
+            latency_s=0.0,
+            forced_retry=False,
+            system_prompt="s",
+            user_prompt="u",
+        )
+        await decisions.append(cloud.store, "h1", task_id, 1, decision)
+        await decisions.record_outcome(
+            cloud.store,
+            task_id,
+            1,
+            types_pb2.ActionOutcome(
+                step_index=1,
+                executed=True,
+                verdict=types_pb2.VERDICT_NOT_MET,
+                evidence="looked for the 'Display' page: the screen shows 'Settings'",
+            ),
+        )
+        await decisions.record_judgement(cloud.store, task_id, 1, 1, Judgement("met", "[b]ok"))
+        code, printed = await amc(*conn, "decisions", task_id)
+        assert code == 0, printed
+        assert "verified steps: 0 met · 1 not met · 0 unknown" in printed
+        assert "not met (checker: looked for the 'Display' page: the screen shows 'Settings')" in (
+            printed
+        )
+        assert "model says met: [b]ok" in printed and "checker and model disagree" in printed
+    finally:
+        await cloud.stop(grace=0)

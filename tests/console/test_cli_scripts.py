@@ -1,0 +1,462 @@
+"""`amc` as a script uses it (issue 19): full ids and unique prefixes, `--json` on every read
+command, exit codes that say how a watched task ended, text printed as written, every user
+error one line with a hint (the traceback only with --debug), help with placeholders and
+examples, and `amc up`'s context file that a bare `amc task …` finds.
+
+Every command is a new `amc` process against a real cloud over mTLS; hosts are scripted over
+the real LeaseService (tests/cloud/cloud_harness.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+
+from amc.v1 import task_service_pb2, types_pb2
+from cloud.pki import ensure_embedded_pki
+from cloud.server import CloudServer, build_server
+from cloud.settings import CloudSettings
+from cloud.store import decisions
+from console import exit_codes
+from console.client import OperatorClient, secure_channel
+from planner.decision import Decision, ThinkingBlock, Usage
+from tests.cloud.cloud_harness import ScriptedHost, renewal, result
+
+AMC = str(Path(sys.executable).with_name("amc"))
+#: An 80-column terminal, and no `amc up` context from the machine running the tests.
+ENV = {
+    **{k: v for k, v in os.environ.items() if not k.startswith("AMC_")},
+    "COLUMNS": "80",
+    "AMC_CONTEXT_FILE": "/nonexistent/amc-context.json",
+}
+HOST = "h1"
+TRACEBACK = "Traceback (most recent call last)"
+
+
+@dataclass
+class Ran:
+    """One finished `amc` process."""
+
+    code: int
+    out: str
+    err: str
+
+
+async def amc(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None) -> Ran:
+    process = await asyncio.create_subprocess_exec(
+        AMC,
+        *args,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env or ENV,
+        cwd=cwd,
+    )
+    out, err = await asyncio.wait_for(process.communicate(), 120)
+    return Ran(process.returncode or 0, out.decode(), err.decode())
+
+
+@dataclass
+class Stack:
+    """A real cloud, its certificates, and the options that reach it."""
+
+    cloud: CloudServer
+    pki: Path
+    ops: OperatorClient
+
+    @property
+    def conn(self) -> list[str]:
+        return ["--cloud", self.cloud.address, "--pki-dir", str(self.pki)]
+
+    async def submit(self, goal: str, host: str = "nobody") -> str:
+        response: task_service_pb2.SubmitTaskResponse = await self.ops.tasks.SubmitTask(
+            task_service_pb2.SubmitTaskRequest(goal=goal, target=types_pb2.TaskTarget(host_id=host))
+        )
+        return response.task.task_id
+
+
+@pytest.fixture
+async def stack(tmp_path: Path) -> AsyncIterator[Stack]:
+    pki = ensure_embedded_pki(tmp_path, [HOST], operator="admin")
+    cloud = await build_server(
+        CloudSettings(
+            database_url=f"sqlite+aiosqlite:///{tmp_path / 'cloud.sqlite3'}",
+            listen_address="127.0.0.1:0",
+            pki_dir=pki,
+            sweep_interval_seconds=0.2,
+            dispatch_interval_seconds=0.2,
+        )
+    )
+    await cloud.start()
+    ops = OperatorClient.over(
+        secure_channel(
+            cloud.address,
+            ca=pki / "ca.pem",
+            cert=pki / "operator-admin.pem",
+            key=pki / "operator-admin.key",
+        )
+    )
+    try:
+        yield Stack(cloud, pki, ops)
+    finally:
+        await ops.close()
+        await cloud.stop(grace=0)
+
+
+def one_line(ran: Ran, command: str) -> str:
+    """The single stderr line of a failed command, checked to be one line, no traceback."""
+    lines = ran.err.strip().splitlines()
+    assert len(lines) == 1, ran.err
+    assert TRACEBACK not in ran.err
+    assert lines[0].startswith(f"{command}: "), lines[0]
+    return lines[0]
+
+
+async def test_ids_are_printed_whole_and_any_unique_prefix_names_a_task(stack: Stack) -> None:
+    ids = [await stack.submit(f"Prefix test {i}") for i in range(18)]
+    listed = await amc(*stack.conn, "task", "list", "--limit", "500")
+    assert listed.code == 0
+    for task_id in ids:  # whole, on an 80-column terminal
+        assert task_id in listed.out.split()
+    first = ids[0]
+    for command in (["task", "show"], ["task", "events"], ["decisions"]):
+        ran = await amc(*stack.conn, *command, first[:7])
+        assert ran.code == 0, ran.err
+    shown = await amc(*stack.conn, "task", "show", first[:7].upper())
+    assert first in shown.out
+    # 18 ids over 16 first digits: some first digit is shared (the ambiguous case).
+    shared = next(c for c in "0123456789abcdef" if sum(i.startswith(c) for i in ids) > 1)
+    ambiguous = await amc(*stack.conn, "task", "show", shared)
+    assert ambiguous.code == exit_codes.USAGE
+    line = one_line(ambiguous, "amc task show")
+    assert f"task id prefix {shared} is ambiguous: " in line
+    assert sum(i in line for i in ids if i.startswith(shared)) >= 2
+    assert line.endswith("(give more characters of the id)")
+    for bad, words in (("zzz", "'zzz' is not a task id"), ("0" * 31, "no task id starts with")):
+        ran = await amc(*stack.conn, "decisions", bad)
+        assert ran.code == exit_codes.USAGE
+        assert words in one_line(ran, "amc decisions")
+    cancelled = await amc(*stack.conn, "task", "cancel", first[:9], "--reason", "done testing")
+    assert cancelled.code == 0 and cancelled.out.strip() == f"{first}: cancelled"
+
+
+async def test_every_read_command_speaks_json(stack: Stack) -> None:
+    host = ScriptedHost(stack.cloud.address, stack.pki, HOST)
+    try:
+        await host.connect(["phone-1"])
+        task_id = await stack.submit("Turn on dark theme", host=HOST)
+        a = (await host.next("assignment")).assignment
+        await host.send(renewal(a, 2, "step 2: tap 'Display'"))
+        await host.next("renewed")
+        await decisions.append(stack.cloud.store, HOST, task_id, 1, _decision("plain"))
+        listed = json.loads((await amc(*stack.conn, "task", "list", "--json")).out)
+        assert [t["task_id"] for t in listed["tasks"]] == [task_id]
+        assert listed["tasks"][0]["totals"]["decisions"] == 1
+        shown = json.loads((await amc(*stack.conn, "task", "show", task_id[:6], "--json")).out)
+        assert shown["task"]["status"] == "running"
+        assert shown["task"]["attempts"][0]["renewals"] == 1
+        assert [e["kind"] for e in shown["events"]] == ["assigned"]
+        events = json.loads((await amc(*stack.conn, "task", "events", task_id, "--json")).out)
+        assert events["events"] == shown["events"]
+        logged = json.loads((await amc(*stack.conn, "decisions", task_id, "--json")).out)
+        assert logged["decisions"][0]["rationale"] == "plain [e1] :smile:"
+        hosts = json.loads((await amc(*stack.conn, "host", "list", "--json")).out)
+        (mine,) = [h for h in hosts["hosts"] if h["host_id"] == HOST]
+        assert mine["busy_phones"][0]["task_id"] == task_id
+        watching = asyncio.ensure_future(amc(*stack.conn, "task", "watch", task_id, "--json"))
+        await host.send(result(a, types_pb2.TASK_STATUS_SUCCEEDED, "Dark theme is on", step=3))
+        await host.next("result_ack")
+        watched = await watching
+        assert watched.code == exit_codes.OK
+        lines = [json.loads(line) for line in watched.out.splitlines()]
+        assert lines[-1]["task"]["status"] == "succeeded"
+        assert all(set(line) == {"task"} for line in lines)
+    finally:
+        await host.close()
+
+
+@pytest.mark.parametrize(
+    ("status", "code"),
+    [
+        (types_pb2.TASK_STATUS_SUCCEEDED, exit_codes.OK),
+        (types_pb2.TASK_STATUS_FAILED, exit_codes.TASK_FAILED),
+        (types_pb2.TASK_STATUS_CANCELLED, exit_codes.TASK_CANCELLED),
+    ],
+)
+async def test_watch_exits_with_how_the_task_ended(
+    stack: Stack, status: types_pb2.TaskStatus.ValueType, code: int
+) -> None:
+    host = ScriptedHost(stack.cloud.address, stack.pki, HOST)
+    try:
+        await host.connect(["phone-1"])
+        task_id = await stack.submit("Watch me", host=HOST)
+        a = (await host.next("assignment")).assignment
+        watching = asyncio.ensure_future(amc(*stack.conn, "task", "watch", task_id[:10]))
+        await host.send(renewal(a, 6, "step 6: give up: no such setting"))
+        await host.next("renewed")
+        await host.send(result(a, status, "ended", step=6))
+        await host.next("result_ack")
+        watched = await watching
+        assert watched.code == code, watched
+        # The last line says the step and the task's status apart.
+        assert watched.out.splitlines()[-1].startswith(f"{task_id} ")
+        if status == types_pb2.TASK_STATUS_FAILED:
+            assert "failed last step 6 · action done" in watched.out
+            assert "succeeded" not in watched.out
+    finally:
+        await host.close()
+
+
+def _decision(rationale: str) -> Decision:
+    action = types_pb2.Action(purpose="open [e12]", expected_outcome="[/b] shows")
+    action.tap.element_id = "e1"
+    return Decision(
+        tool_name="tap",
+        arguments={"element_id": "e1"},
+        action=action,
+        purpose="open [e12]",
+        expected_outcome="[/b] shows",
+        rationale=f"{rationale} [e1] :smile:",
+        thinking=[ThinkingBlock("[red]no colour[/red]")],
+        usage=Usage(input_tokens=10, output_tokens=5),
+        provider="anthropic",
+        model="claude-test",
+        latency_s=0.1,
+        forced_retry=False,
+        system_prompt="Each element has bounds [left, top, right, bottom] in pixels.\nLine two.",
+        user_prompt='Goal:\n"Open [bold]Display[/bold]"\n\tindented \x1b[31mred',
+    )
+
+
+async def test_text_is_printed_as_written_and_prompts_are_readable(stack: Stack) -> None:
+    task_id = await stack.submit("Open [bold]Display[/bold] :smile:")
+    await decisions.append(stack.cloud.store, HOST, task_id, 1, _decision("Tapped"))
+    shown = await amc(*stack.conn, "decisions", task_id, "--prompts")
+    assert shown.code == 0, shown.err
+    out = shown.out
+    assert "Tapped [e1] :smile:" in out and "😄" not in out
+    assert "[red]no colour[/red]" in out
+    assert "purpose: open [e12]  expected: [/b] shows" in out
+    # The prompts as sent: real lines, brackets kept, no JSON escapes.
+    assert "Each element has bounds [left, top, right, bottom] in pixels.\nLine two.\n" in out
+    assert 'Goal:\n"Open [bold]Display[/bold]"\n\tindented \\x1b[31mred\n' in out
+    assert "\x1b" not in out  # a control character is shown, never sent to the terminal
+    assert "\\n" not in out
+    for command in (["task", "list"], ["task", "show", task_id]):
+        ran = await amc(*stack.conn, *command)
+        assert "Open [bold]Display[/bold] :smile:" in ran.out
+
+
+async def test_every_user_error_is_one_line_with_a_hint(stack: Stack, tmp_path: Path) -> None:
+    cases = [
+        (
+            ["--pki-dir", str(tmp_path / "nope"), "task", "list"],
+            "amc task list",
+            f"no certificate folder {tmp_path / 'nope'} (start the stack with `amc up`",
+            exit_codes.USAGE,
+        ),
+        (
+            [*stack.conn, "--operator", "mallory", "task", "list"],
+            "amc task list",
+            "no certificate for operator 'mallory' in",
+            exit_codes.USAGE,
+        ),
+        (
+            [*stack.conn, "task", "list", "--status", "bogus"],
+            "amc task list",
+            "Invalid value for '--status': 'bogus' is not one of 'queued', 'assigned'",
+            exit_codes.USAGE,
+        ),
+        (
+            ["--cloud", f"127.0.0.1:{_free_port()}", "--pki-dir", str(stack.pki), "task", "list"],
+            "amc task list",
+            "cannot reach the cloud at 127.0.0.1:",
+            exit_codes.CLOUD,
+        ),
+        (
+            [*stack.conn, "task", "submit", "x", "--host", "bad host"],
+            "amc task submit",
+            "the cloud refused the request: target.host_id: 'bad host' is not a host id",
+            exit_codes.USAGE,
+        ),
+        (["certs", "host", str(tmp_path / "no-ca"), "h9"], "amc certs host", "no fleet CA in", 2),
+    ]
+    for args, command, words, code in cases:
+        ran = await amc(*args)
+        assert ran.code == code, (args, ran)
+        line = one_line(ran, command)
+        assert words in line, line
+        assert line.endswith(")"), line  # the hint
+    debugged = await amc("--debug", "--pki-dir", str(tmp_path / "nope"), "task", "list")
+    assert debugged.code == exit_codes.USAGE
+    assert TRACEBACK in debugged.err
+    assert debugged.err.strip().splitlines()[-1].startswith("amc task list: no certificate folder")
+
+
+async def test_an_unknown_host_is_a_warning_on_stderr_and_the_id_stays_alone_on_stdout(
+    stack: Stack,
+) -> None:
+    ran = await amc(*stack.conn, "task", "submit", "Somewhere", "--host", "lab-9")
+    assert ran.code == 0
+    assert re.fullmatch(r"[0-9a-f]{32}\n", ran.out)
+    assert ran.err.startswith("warning: host lab-9 has never connected to this cloud")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+COMMANDS = [
+    [],
+    ["demo"],
+    ["up"],
+    ["decisions"],
+    ["cloud", "serve"],
+    ["host"],
+    ["host", "run"],
+    ["host", "token"],
+    ["host", "list"],
+    ["host", "export"],
+    ["console", "serve"],
+    ["certs", "init"],
+    ["certs", "host"],
+    ["certs", "operator"],
+    ["task"],
+    ["task", "submit"],
+    ["task", "list"],
+    ["task", "show"],
+    ["task", "events"],
+    ["task", "watch"],
+    ["task", "cancel"],
+    ["task", "export"],
+]
+
+
+@pytest.mark.parametrize("command", COMMANDS, ids=lambda c: " ".join(c) or "amc")
+def test_help_shows_placeholders_and_examples(command: list[str]) -> None:
+    ran = subprocess.run(
+        [AMC, *command, "--help"], capture_output=True, text=True, env=ENV, timeout=60
+    )
+    assert ran.returncode == 0, ran.stderr
+    assert ran.stdout.startswith("Usage: amc")
+    assert not re.search(r"<(str|int|bool|float|path|list\[[a-z]+\])>", ran.stdout), ran.stdout
+    if (len(command) == 2 and command[0] in ("task", "certs")) or command in (
+        ["demo"],
+        ["up"],
+        ["decisions"],
+        ["host", "token"],
+        ["host", "list"],
+    ):
+        assert "Examples:" in ran.stdout
+
+
+async def test_amc_up_leaves_a_context_that_bare_commands_find(tmp_path: Path) -> None:
+    """`amc up` with the cloud's default port taken falls back to a free one; a bare `amc task
+    submit`/`list` (no --cloud, no --pki-dir) reaches it through the context file; `amc host
+    token` prints a login link that works once; Ctrl-C removes the context."""
+    state = tmp_path / "state"
+    env = {**ENV, "XDG_STATE_HOME": str(state)}
+    env.pop("AMC_CONTEXT_FILE")
+    context_file = state / "amc" / "context.json"
+    up = await asyncio.create_subprocess_exec(
+        AMC,
+        "up",
+        "--console-port",
+        "0",
+        "--host-console-port",
+        "0",
+        "--phones",
+        "1",
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        env=env,
+        cwd=tmp_path,
+    )
+    assert up.stdout is not None
+    seen: list[str] = []
+    try:
+        while not any(line.startswith("operator:") for line in seen):
+            line = (await asyncio.wait_for(up.stdout.readline(), 120)).decode()
+            assert line, "".join(seen)
+            seen.append(line)
+        assert context_file.exists()
+        written = json.loads(context_file.read_text())
+        assert written["pid"] == up.pid and written["operator"] == "admin"
+
+        submitted = await amc("task", "submit", "Turn on dark theme", env=env, cwd=state)
+        assert submitted.code == 0, submitted
+        task_id = submitted.out.strip()
+        listed = await amc("task", "list", env=env, cwd=state)
+        assert listed.code == 0 and task_id in listed.out
+
+        token = await amc("host", "token", env=env, cwd=state)
+        assert token.code == 0, token
+        login_url = token.out.strip()
+        assert re.fullmatch(r"http://127\.0\.0\.1:\d+/login\?token=\S+", login_url), login_url
+        assert _logs_in(login_url) and not _logs_in(login_url)  # once only
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            up.send_signal(signal.SIGINT)
+        rest = await asyncio.wait_for(up.stdout.read(), 60)
+        await asyncio.wait_for(up.wait(), 60)
+    assert up.returncode in (0, exit_codes.INTERRUPTED), "".join(seen) + rest.decode()
+    assert TRACEBACK not in rest.decode()
+    assert not context_file.exists()
+    after = await amc("task", "list", env=env, cwd=state)
+    assert after.code == exit_codes.USAGE
+    assert "no `amc up` is running here" in one_line(after, "amc task list")
+
+
+def _logs_in(login_url: str) -> bool:
+    """Log in to the host console with the link's token (the form and its CSRF token)."""
+    base, token = login_url.split("/login?token=")
+    with httpx.Client(base_url=base, follow_redirects=False, timeout=20) as browser:
+        form = browser.get(f"/login?token={token}").text
+        match = re.search(r'name="csrf_token" value="([^"]+)"', form)
+        assert match, form
+        sent = browser.post(
+            "/login", data={"csrf_token": match.group(1), "token": token, "next": "/now"}
+        )
+        return sent.status_code == 303
+
+
+async def test_amc_up_refuses_a_taken_console_port_in_one_line(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        env = {**ENV, "XDG_STATE_HOME": str(tmp_path / "state")}
+        ran = await amc("up", "--console-port", str(port), env=env, cwd=tmp_path)
+    assert ran.code == exit_codes.USAGE
+    assert ran.out == ""  # no banner
+    line = one_line(ran, "amc up")
+    assert f"the operators' console cannot listen on 127.0.0.1:{port}" in line
+    assert line.endswith("(pick another port with --console-port PORT, or stop what uses it)")
+    assert not (tmp_path / "state" / "amc" / "context.json").exists()
+
+
+async def test_session_mode_on_the_offline_planner_is_refused_at_start_in_one_line(
+    tmp_path: Path,
+) -> None:
+    """The issue: such a stack "starts without a word and fails every task at step 1"."""
+    env = {**ENV, "AMC_PLANNER_MODE": "session", "XDG_STATE_HOME": str(tmp_path / "state")}
+    for command in (["demo"], ["up", "--console-port", "0", "--host-console-port", "0"]):
+        ran = await amc(*command, "--data-dir", str(tmp_path / "data"), env=env, cwd=tmp_path)
+        assert ran.code == exit_codes.USAGE, ran
+        line = one_line(ran, f"amc {command[0]}")
+        assert "AMC_PLANNER_MODE: session mode needs a provider that keeps a conversation" in line
+        assert ran.out == ""

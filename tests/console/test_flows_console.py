@@ -1,0 +1,142 @@
+"""The operators' console and flows: the flows pages (list, steps, disable/enable with CSRF),
+the API, "no replay" on the submit form, and verdict badges with the counts on a task page."""
+
+from __future__ import annotations
+
+import re
+import uuid
+from html import unescape
+
+import httpx
+
+from amc.v1 import types_pb2
+from cloud.store import decisions
+from planner.decision import Decision, Usage
+from planner.tools import Judgement
+from tests.console.console_stack import Cloud, HostFactory, Operator
+from tests.console.test_pages import csrf_of, log_in
+from tests.support.flows import store_flow
+
+
+def _flow(cloud: Cloud) -> str:
+    goal = f"Turn on dark theme {uuid.uuid4().hex[:6]}"
+    row = cloud.loop.run(store_flow(cloud.server.store, goal=goal, task_id="t-console"))
+    return row.flow_id
+
+
+def test_the_flows_pages_list_show_and_disable_a_flow(anon: httpx.Client, cloud: Cloud) -> None:
+    flow_id = _flow(cloud)
+    log_in(anon)
+    listing = anon.get("/flows")
+    assert listing.status_code == 200
+    assert f'href="/flows/{flow_id}"' in listing.text
+    page = anon.get(f"/flows/{flow_id}")
+    assert page.status_code == 200
+    text = unescape(page.text)
+    assert "the 'Dark theme' switch is on" in text and "turn 'Dark theme' on" in text
+    assert re.search(r'data-field="status">active<', page.text)
+    # without the CSRF token the form is refused; with it the flow is disabled
+    assert anon.post(f"/flows/{flow_id}/status", data={"active": "0"}).status_code == 403
+    done = anon.post(
+        f"/flows/{flow_id}/status", data={"active": "0", "csrf_token": csrf_of(page.text)}
+    )
+    assert done.status_code == 303
+    again = anon.get(f"/flows/{flow_id}")
+    assert re.search(r'data-field="status">disabled<', again.text)
+    assert "disabled by operator console: from the console" in unescape(again.text)
+    assert anon.get("/flows/no-such-flow").status_code == 404
+
+
+def test_the_api_reads_flows_and_sets_their_status(api: httpx.Client, cloud: Cloud) -> None:
+    flow_id = _flow(cloud)
+    got = api.get(f"/api/flows/{flow_id}").json()
+    assert [s["tool_name"] for s in got["steps"]] == ["tap", "tap", "tap"]
+    assert got["steps"][2]["target"] == "'Dark theme' LinearLayout"
+    listed = api.get("/api/flows", params={"status": "active"}).json()
+    assert flow_id in {f["flow_id"] for f in listed["flows"]}
+    off = api.post(f"/api/flows/{flow_id}/status", json={"active": False, "reason": "x"})
+    assert off.status_code == 200 and off.json()["status"] == "disabled"
+    assert api.get("/api/flows", params={"status": "nonsense"}).status_code == 422
+    assert api.get("/api/flows/nope").status_code == 404
+
+
+def test_submit_with_no_replay_and_verdicts_on_the_task_page(
+    anon: httpx.Client, cloud: Cloud, operator: Operator, make_host: HostFactory
+) -> None:
+    host = make_host()
+    log_in(anon)
+    form = anon.get("/tasks/new")
+    assert 'name="no_replay"' in form.text
+    posted = anon.post(
+        "/tasks/new",
+        data={
+            "goal": "Open Display",
+            "host_id": host.host_id,
+            "no_replay": "1",
+            "csrf_token": csrf_of(form.text),
+        },
+    )
+    assert posted.status_code == 303
+    task_id = posted.headers["location"].rsplit("/", 1)[-1]
+    assert operator.get(task_id).no_replay
+    a = host.assignment()
+    assert a.task_id == task_id and not a.HasField("flow")
+    host.renew(a, 1, types_pb2.STEP_STATUS_PLANNING, "step 1")
+    store = cloud.server.store
+    for index, (verdict, judged) in enumerate(
+        [
+            (types_pb2.VERDICT_MET, None),
+            (types_pb2.VERDICT_NOT_MET, Judgement("met", "looks open")),
+        ],
+        start=1,
+    ):
+        action = types_pb2.Action(
+            purpose="open Display", expected_outcome="the 'Display' page is open"
+        )
+        action.tap.element_id = "e2"
+        cloud.loop.run(
+            decisions.append(
+                store,
+                host.host_id,
+                task_id,
+                a.attempt,
+                Decision(
+                    tool_name="tap",
+                    arguments={"element_id": "e2"},
+                    action=action,
+                    purpose="open Display",
+                    expected_outcome="the 'Display' page is open",
+                    rationale="r",
+                    thinking=[],
+                    usage=Usage(),
+                    provider="offline",
+                    model="m",
+                    latency_s=0.0,
+                    forced_retry=False,
+                    system_prompt="s",
+                    user_prompt="u",
+                    previous_step=judged,
+                ),
+            )
+        )
+        cloud.loop.run(
+            decisions.record_outcome(
+                store,
+                task_id,
+                a.attempt,
+                types_pb2.ActionOutcome(
+                    step_index=index, executed=True, verdict=verdict, evidence=f"evidence {index}"
+                ),
+            )
+        )
+    cloud.loop.run(
+        decisions.record_judgement(store, task_id, a.attempt, 2, Judgement("met", "looks open"))
+    )
+    page = unescape(anon.get(f"/tasks/{task_id}").text)
+    assert "1 met" in page and "1 not met" in page and "0 unknown" in page
+    assert "not met — evidence 2" in page
+    assert "The model (next step) says met: looks open" in page
+    assert "The checker and the model disagree." in page
+    assert "not allowed (submitted with no replay)" in page
+    assert "the task asked for no replay" in page
+    host.finish(a, types_pb2.TASK_STATUS_SUCCEEDED, "done")

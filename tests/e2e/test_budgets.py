@@ -1,0 +1,160 @@
+"""A task stopped by its budget before the provider is called, on both planner transports, and
+the fleet's daily cap stopping planning for everyone.
+
+Every real part runs (the embedded stack: cloud over mTLS with SQLite, host, virtual phone over
+the adb protocol); the model is the real Anthropic SDK against the local fake Messages server,
+which counts every request it gets. Each scripted answer reports 500 input and 100 output
+tokens (claude-sonnet-4-6: $3 / $15 per million, so $0.003 a call). With a cap of 700 tokens
+the first call (600 spent) and the second (1,200) are made, the third is not: the attempt fails
+with "budget exhausted: 1,200 tokens of the task's 700", the task is FAILED (not retried), and
+the fake saw exactly two requests.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from amc.v1 import (
+    decision_log_service_pb2,
+    fleet_service_pb2,
+    task_service_pb2,
+    types_pb2,
+)
+from cloud import metrics
+from console.embedded import Transport, embedded_stack, follow_tasks
+from tests.support.fakes import FakeModelServer, ScriptedTurn, anthropic_message, tool_use
+
+KEY = "sk-ant-budget-test-key"
+
+
+@pytest.fixture
+def fake_model(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeModelServer]:
+    with FakeModelServer(anthropic_key=KEY) as fake:
+        for name in list(os.environ):
+            if name.startswith(("AMC_PLANNER_", "ANTHROPIC_", "OPENAI_", "AI_PLANNER_")):
+                monkeypatch.delenv(name)
+        monkeypatch.setenv("AMC_PLANNER_PROVIDER", "anthropic")
+        monkeypatch.setenv("AMC_PLANNER_MODEL", "claude-sonnet-4-6")
+        monkeypatch.setenv("AMC_PLANNER_ANTHROPIC_API_KEY", KEY)
+        monkeypatch.setenv("AMC_PLANNER_ANTHROPIC_BASE_URL", fake.anthropic_base_url)
+        monkeypatch.setenv("AMC_PLANNER_MAX_RETRIES", "0")
+        fake.script_anthropic(
+            *[_launch(p) for p in ("com.android.settings", "com.android.contacts")]
+        )
+        yield fake
+
+
+def _launch(package: str) -> ScriptedTurn:
+    return anthropic_message(
+        tool_use(
+            "launch_app",
+            {"package_name": package, "purpose": "open it", "expected_outcome": "it opens"},
+        ),
+        input_tokens=500,
+        output_tokens=100,
+    )
+
+
+async def _run(
+    data_dir: Path, transport: Transport, budget: types_pb2.TaskBudget | None = None
+) -> tuple[types_pb2.Task, list[types_pb2.Decision], fleet_service_pb2.GetSpendResponse]:
+    task, decisions, spend, _ = await _run_and_look(data_dir, transport, budget)
+    return task, decisions, spend
+
+
+async def _run_and_look(
+    data_dir: Path, transport: Transport, budget: types_pb2.TaskBudget | None = None
+) -> tuple[
+    types_pb2.Task,
+    list[types_pb2.Decision],
+    fleet_service_pb2.GetSpendResponse,
+    tuple[fleet_service_pb2.DispatchStatus, bool],
+]:
+    async with embedded_stack(data_dir, transport=transport) as stack:
+        request = task_service_pb2.SubmitTaskRequest(goal="Open two apps", max_attempts=3)
+        if budget is not None:
+            request.budget.CopyFrom(budget)
+        task_id = (await stack.operator.tasks.SubmitTask(request)).task.task_id
+        final = await follow_tasks(stack.operator, [task_id], Console(file=io.StringIO()), 30)
+        decisions = await stack.operator.decisions.ListDecisions(
+            decision_log_service_pb2.ListDecisionsRequest(task_id=task_id)
+        )
+        spend = await stack.operator.fleet.GetSpend(fleet_service_pb2.GetSpendRequest())
+        task = (
+            await stack.operator.tasks.GetTask(task_service_pb2.GetTaskRequest(task_id=task_id))
+        ).task
+        assert task.status == final[task_id].status
+        hosts = await stack.operator.fleet.ListHosts(fleet_service_pb2.ListHostsRequest())
+        session = stack.cloud.leases.sessions["embedded-host"]
+        held = stack.cloud.leases.dispatcher.paused_for(session)
+        return task, list(decisions.decisions), spend, (hosts.dispatch, held)
+
+
+@pytest.mark.parametrize("transport", ["cloud", "direct"])
+async def test_a_task_stops_at_its_token_budget_before_the_provider_is_called(
+    tmp_path: Path, fake_model: FakeModelServer, transport: Transport
+) -> None:
+    refused = (
+        metrics.REGISTRY.get_sample_value("amc_cloud_budget_refusals_total", {"scope": "task"})
+        or 0.0
+    )
+    outcome = {
+        "provider": "anthropic",
+        "model": "claude-sonnet-4-6",
+        "outcome": "failed_precondition",
+    }
+    failed = metrics.REGISTRY.get_sample_value("amc_cloud_decide_seconds_count", outcome) or 0.0
+    task, decisions, _ = await _run(
+        tmp_path / "stack", transport, types_pb2.TaskBudget(max_tokens=700)
+    )
+    assert len(fake_model.bodies("/v1/messages")) == 2, "no model call after the cap"
+    assert task.status == types_pb2.TASK_STATUS_FAILED
+    assert task.result_summary == "budget exhausted: 1,200 tokens of the task's 700"
+    assert task.attempt == 1, "a spent budget is not retried as another attempt"
+    assert task.budget.max_tokens == 700
+    if transport == "cloud":
+        assert [d.usage.input_tokens for d in decisions] == [500, 500]
+        assert [d.usage.cost_usd for d in decisions] == pytest.approx([0.003, 0.003])
+        assert task.totals.usage.cost_usd == pytest.approx(0.006)
+        after = metrics.REGISTRY.get_sample_value(
+            "amc_cloud_budget_refusals_total", {"scope": "task"}
+        )
+        assert after == refused + 1
+        # Decide's outcome label is the status the host got.
+        seen = metrics.REGISTRY.get_sample_value("amc_cloud_decide_seconds_count", outcome)
+        assert seen == failed + 1
+    else:
+        # The host made these calls itself; what reached the cloud (from its outbox, in the
+        # background) is marked as shipped, and nothing past the cap was ever made.
+        assert all(d.planner_transport == types_pb2.PLANNER_TRANSPORT_DIRECT for d in decisions)
+        assert len(decisions) <= 2
+
+
+async def test_the_fleet_daily_cost_cap_stops_planning(
+    tmp_path: Path, fake_model: FakeModelServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("AMC_CLOUD_DAILY_MAX_COST_USD", "0.005")
+    task, decisions, spend, (dispatch, held) = await _run_and_look(tmp_path / "stack", "cloud")
+    # Queued work waits for tomorrow instead of failing at its first step.
+    assert held and dispatch.paused
+    assert dispatch.reason.startswith("the fleet's daily model budget is spent (budget exhausted")
+    assert len(fake_model.bodies("/v1/messages")) == 2
+    assert task.status == types_pb2.TASK_STATUS_FAILED
+    assert task.result_summary.startswith("budget exhausted: $0.0060 of the fleet's daily $0.0050")
+    assert len(decisions) == 2
+    assert spend.daily_budget.max_cost_usd == pytest.approx(0.005)
+    assert spend.today.cost_usd == pytest.approx(0.006)
+    (row,) = spend.rows
+    assert (row.host_id, row.provider, row.model, row.decisions) == (
+        "embedded-host",
+        "anthropic",
+        "claude-sonnet-4-6",
+        2,
+    )
+    assert row.usage.input_tokens == 1000 and row.usage.cost_usd == pytest.approx(0.006)

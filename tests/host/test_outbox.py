@@ -1,0 +1,156 @@
+"""The host's outbox: durable order, the backlog it reports, and its sender against the real
+cloud — waiting with backoff while the cloud is down, sending the backlog once it is back
+(exactly once in the log), and setting aside what the cloud refuses for good."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime as dt
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+
+from amc.v1 import decision_log_service_pb2, decision_log_service_pb2_grpc, types_pb2
+from cloud import pki
+from cloud.server import CloudServer, build_server
+from cloud.settings import CloudSettings
+from host.outbox import OutboxSender, OutboxStore
+from host.outbox.kinds import DECISION, SCREENSHOT
+from tests.cloud.cloud_harness import ScriptedHost, channel, submit, tasks_stub
+from tests.cloud.test_shipping import shipped
+from tests.support.processes import free_port
+
+
+def test_items_keep_their_order_across_a_restart(tmp_path: Path) -> None:
+    path = tmp_path / "outbox.sqlite3"
+    store = OutboxStore(path, keep_refused=2)
+    early = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+    store.put(DECISION, "d1", b"decision one", now=early)
+    store.put(SCREENSHOT, "d1-before", b"png")
+    store.put(DECISION, "d1", b"decision one with its outcome")
+    store.put(DECISION, "d2", b"decision two")
+    store.close()
+
+    store = OutboxStore(path, keep_refused=2)  # a host restart: the backlog is still there
+    items = store.head(10)
+    assert [(i.kind, i.item_id, i.body) for i in items] == [
+        (DECISION, "d1", b"decision one"),
+        (SCREENSHOT, "d1-before", b"png"),
+        (DECISION, "d1", b"decision one with its outcome"),
+        (DECISION, "d2", b"decision two"),
+    ]
+    backlog = store.backlog()
+    assert (backlog.items, backlog.decisions, backlog.oldest_at, backlog.refused) == (
+        4,
+        2,
+        early,
+        0,
+    )
+    store.sent([items[0].seq, items[1].seq])
+    store.failed([items[2].seq], "UNAVAILABLE: down")
+    store.refused(items[3].seq, "FAILED_PRECONDITION: too old")
+    assert [(i.item_id, i.tries) for i in store.head(10)] == [("d1", 1)]
+    assert store.backlog().refused == 1
+    assert store.refusals() == [(DECISION, "d2", "FAILED_PRECONDITION: too old")]
+    for n in range(3):  # refusals are kept, the latest `keep_refused` of them
+        store.refused(store.put(DECISION, f"r{n}", b"x"), "refused")
+    assert store.backlog().refused == 2
+    store.close()
+
+
+def _settings(tmp_path: Path, pki_dir: Path, port: int) -> CloudSettings:
+    return CloudSettings(
+        database_url=f"sqlite+aiosqlite:///{tmp_path / 'cloud.sqlite3'}",
+        listen_address=f"127.0.0.1:{port}",
+        pki_dir=pki_dir,
+        default_lease_seconds=60,
+        dispatch_interval_seconds=0.2,
+        shutdown_grace_seconds=0.2,
+    )
+
+
+async def _until(condition: Callable[[], Any], what: str, within: float = 20.0) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + within
+    while not await asyncio.to_thread(condition):
+        assert loop.time() < deadline, f"{what} not within {within}s"
+        await asyncio.sleep(0.05)
+
+
+@contextlib.asynccontextmanager
+async def _cloud(settings: CloudSettings) -> AsyncIterator[CloudServer]:
+    server = await build_server(settings)
+    await server.start()
+    try:
+        yield server
+    finally:
+        await server.stop(0.2)
+
+
+async def test_the_backlog_waits_for_the_cloud_and_is_logged_once(tmp_path: Path) -> None:
+    pki_dir = pki.ensure_embedded_pki(tmp_path, ["h1"], operator="ops")
+    port = free_port()
+    settings = _settings(tmp_path, pki_dir, port)
+    address = f"127.0.0.1:{port}"
+    store = OutboxStore(tmp_path / "outbox.sqlite3")
+    sender = OutboxSender(
+        store, lambda: channel(address, pki_dir, "host-h1"), initial_s=0.05, max_s=0.5
+    )
+    stop = asyncio.Event()
+    # A lease the host holds, from a cloud that then goes down.
+    async with _cloud(settings) as cloud:
+        host = ScriptedHost(cloud.address, pki_dir, "h1")
+        ops_ch = channel(cloud.address, pki_dir, "operator-ops")
+        await host.connect(["s1"])
+        await submit(tasks_stub(ops_ch), target=types_pb2.TaskTarget(host_id="h1"))
+        a = (await host.next("assignment")).assignment
+        await host.close()
+        await ops_ch.close()
+    running = asyncio.create_task(sender.run(stop))
+    try:
+        for n in range(1, 4):
+            store.put(DECISION, f"d{n}", shipped(a, f"d{n}").SerializeToString())
+        store.put(DECISION, "d1", shipped(a, "d1", executed=True).SerializeToString())
+        # Nothing listens: the batch stays at the head and its tries are counted.
+        await _until(lambda: store.head(1)[0].tries >= 2, "retries while the cloud is down")
+        assert store.backlog().items == 4
+        assert sender.last_error is not None and sender.last_error.startswith("UNAVAILABLE")
+
+        async with _cloud(settings) as cloud:  # back, on the same database
+            sender.retry_now.set()  # what a lease stream's Welcome does
+            await _until(lambda: store.backlog().items == 0, "the backlog sent")
+            ops_ch = channel(cloud.address, pki_dir, "operator-ops")
+            try:
+                rows = await decision_log_service_pb2_grpc.DecisionLogServiceStub(
+                    ops_ch
+                ).ListDecisions(decision_log_service_pb2.ListDecisionsRequest(task_id=a.task_id))
+            finally:
+                await ops_ch.close()
+            assert [d.step_index for d in rows.decisions] == [1, 2, 3]
+            assert rows.decisions[0].outcome.executed
+
+            # A refusal for good (a lease this host never held) is set aside; the next goes.
+            bad = shipped(a, "bad")
+            bad.lease_id = "forged"
+            store.put(DECISION, "bad", bad.SerializeToString())
+            store.put(DECISION, "d4", shipped(a, "d4").SerializeToString())
+            await _until(lambda: store.backlog().items == 0, "the good item sent")
+            assert store.backlog().refused == 1
+            ((kind, item, reason),) = store.refusals()
+            assert (kind, item) == (DECISION, "bad")
+            assert reason.startswith("FAILED_PRECONDITION: entries[0]: lease 'forged'")
+    finally:
+        stop.set()
+        await running
+        store.close()
+
+
+@pytest.mark.parametrize("code", [grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.INVALID_ARGUMENT])
+def test_which_failures_are_retried(code: grpc.StatusCode) -> None:
+    from host.outbox.sender import TRANSIENT
+
+    assert (code in TRANSIENT) == (code == grpc.StatusCode.UNAVAILABLE)

@@ -1,0 +1,242 @@
+"""Learned flows in the planner: goal parameters, synthesis, the lexical scorer, and replay
+inside `plan_step` on the virtual phone (learned from a real offline run, replayed on a fresh
+phone with no model call, handed over where the screen differs)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from amc.v1 import types_pb2
+from host.agent.actions import changes_screen, execute
+from host.agent.verdicts import check_step
+from host.devices.virtual.driver import VirtualDriver
+from host.devices.virtual.phone import VirtualPhone
+from host.devices.virtual.suite import SETTINGS, snapshot
+from host.perception.perceive import Perceiver
+from host.planner_client import DirectPlanner
+from planner.decision import Decision, Usage
+from planner.flows import params
+from planner.flows.scoring import Candidate, LexicalScorer
+from planner.flows.synthesis import SourceStep, fingerprint, needed_parameters, synthesize
+from planner.history import WorldEvent
+from planner.planner import Planner
+from planner.providers.offline import OfflineProvider
+from tests.support.flows import contact_steps, dark_theme_flow, dark_theme_steps
+
+GOAL = "Turn on dark theme"
+
+
+class CountingOffline(OfflineProvider):
+    """The offline provider, counting the model calls it answers."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    async def complete(self, request):  # type: ignore[no-untyped-def]
+        self.calls += 1
+        return await super().complete(request)
+
+
+@dataclass
+class Run:
+    decisions: list[Decision] = field(default_factory=list)
+    sources: list[SourceStep] = field(default_factory=list)
+
+
+async def _run(
+    phone: VirtualPhone, flows: list[types_pb2.Flow], provider: OfflineProvider, goal: str = GOAL
+) -> Run:
+    """The host's loop in miniature (perceive, plan through the typed contract, execute, check
+    the outcome on the screen after), keeping what the decision log would keep."""
+    driver, perceiver = VirtualDriver(phone), Perceiver(ocr=None, retry_delay_s=0.0)
+    planner = DirectPlanner(Planner(provider), flows)
+    history: list[WorldEvent] = []
+    run = Run()
+    for index in range(1, 31):
+        scene = perceiver.perceive(driver, False).scene
+        decision = await planner.decide(goal, scene, history)
+        result = execute(driver, decision.action, scene)
+        event = WorldEvent.from_decision(decision, page=scene.page, success=result.ok)
+        verdict = None
+        if result.ok and changes_screen(decision.action):
+            check = check_step(decision, True, scene, perceiver.perceive(driver, False).scene)
+            if check is not None:
+                event.verdict, event.evidence, verdict = (
+                    check.verdict,
+                    check.evidence,
+                    check.verdict,
+                )
+        history.append(event)
+        run.decisions.append(decision)
+        run.sources.append(
+            SourceStep(
+                index,
+                decision.tool_name,
+                decision.masked_arguments(),
+                decision.action,
+                decision.target_descriptor,
+                decision.purpose,
+                decision.expected_outcome,
+                scene.page,
+                verdict,
+                result.ok,
+            )
+        )
+        if decision.tool_name == "complete":
+            break
+    return run
+
+
+def test_goal_parameters_are_slots_a_new_goal_fills() -> None:
+    template, slots = params.template_goal(
+        "Create a contact named Ada Lovelace with phone 555 0100", ["Ada Lovelace", "555 0100"]
+    )
+    assert template == "Create a contact named {p1} with phone {p2}"
+    assert slots == {"Ada Lovelace": "p1", "555 0100": "p2"}
+    assert params.bind(template, "create a contact named  Alan Turing with phone 555 0111") == {
+        "p1": "Alan Turing",
+        "p2": "555 0111",
+    }
+    assert params.bind(template, "Turn on dark theme") is None
+    alarm, _ = params.template_goal("Set an alarm for 10:15 PM", ["15", "10", "PM"])
+    assert alarm == "Set an alarm for {p1}:{p2} {p3}"
+    assert params.missing(["p1", "secret1"], {"p1": "x"}) == ["secret1"]
+
+
+def test_synthesis_keeps_semantics_parameters_and_never_a_secret() -> None:
+    made = synthesize("Create a contact named Ada Lovelace with phone 555 0100", contact_steps())
+    flow = made.flow
+    assert flow is not None
+    assert flow.goal_template == "Create a contact named {p1} with phone {p2}"
+    assert [s.text_parameter for s in flow.steps] == ["", "p1", "p2", "secret1"]
+    assert needed_parameters(flow) == ["p1", "p2", "secret1"]
+    assert all(s.action.input_text.text == "" for s in flow.steps[1:])
+    assert flow.steps[1].expected_outcome == "the 'Name' field shows '{p1}'"
+    assert flow.steps[-1].page_after == "com.android.contacts: {p1}"
+    assert not any(s.action.tap.element_id for s in flow.steps)
+    wire = flow.SerializeToString()
+    assert b"hunter2" not in wire and b"Ada" not in wire and b"0100" not in wire
+    assert "fill in 'Name'" in flow.embedding_text and "{p1}" in flow.embedding_text
+    assert (
+        synthesize(
+            "Create a contact named Ada Lovelace with phone 555 0100", contact_steps()
+        ).fingerprint
+        == made.fingerprint
+        == fingerprint(flow)
+    )
+
+
+def test_synthesis_needs_a_successful_end_and_skips_what_did_not_run() -> None:
+    steps = dark_theme_steps()
+    assert synthesize(GOAL, steps[:-1]).flow is None
+    page = "com.android.settings: Settings"  # a tap that failed left the screen as it was
+    failed = SourceStep(9, "tap", {"element_id": "e9"}, steps[0].action, None, "x", "y", page,
+                        executed=False)  # fmt: skip
+    made = synthesize(GOAL, [steps[0], failed, *steps[1:]])
+    assert made.flow is not None and len(made.flow.steps) == 3
+    assert made.flow.steps[0].page_after == "com.android.settings: Settings"
+
+
+def test_the_lexical_scorer_matches_the_goal_not_its_verb_nor_its_opposite() -> None:
+    dark = dark_theme_flow()
+    contact = synthesize("Create a contact named Ada Lovelace with phone 555 0100", contact_steps())
+    assert contact.flow is not None
+    scorer = LexicalScorer(
+        [
+            Candidate("dark", dark.goal_template, dark.embedding_text),
+            Candidate("off", "Turn off dark theme", ""),
+            Candidate(
+                "contact",
+                contact.flow.goal_template,
+                contact.flow.embedding_text,
+                tuple(needed_parameters(contact.flow)),
+            ),
+        ]
+    )
+    ranked = {s.flow_id: s for s in scorer.score(GOAL)}
+    assert ranked["dark"].score == 1.0 and ranked["dark"].usable
+    assert not ranked["off"].usable and "opposite" in ranked["off"].why
+    wifi = {s.flow_id: s for s in scorer.score("Turn on Wi-Fi")}
+    assert wifi["dark"].score < 0.3
+    person = {s.flow_id: s for s in scorer.score("Create a contact named Alan with phone 1")}
+    assert person["contact"].score == 1.0
+    assert "secret1" in person["contact"].why  # a secret no goal supplies: never replayed
+
+
+async def test_a_flow_learned_on_the_virtual_phone_replays_with_no_model_call() -> None:
+    learn_provider = CountingOffline()
+    learned = await _run(VirtualPhone("v"), [], learn_provider)
+    assert learned.decisions[-1].tool_name == "complete" and learn_provider.calls >= 3
+    made = synthesize(GOAL, learned.sources)
+    assert made.flow is not None, made.why
+    flow = made.flow
+    flow.flow_id = "f1"
+
+    # the launcher's title is today's date: another day is still the home screen
+    flow.steps[0].page_before = flow.steps[0].page_before.split(": ")[0] + ": Monday, Jan 1"
+    phone = VirtualPhone("v")
+    before = snapshot(phone)
+    provider = CountingOffline()
+    replayed = await _run(phone, [flow], provider)
+    assert provider.calls == 0
+    assert {d.planner_mode for d in replayed.decisions} == {"replay"}
+    assert all(d.usage == Usage() for d in replayed.decisions)
+    assert [d.flow_step for d in replayed.decisions] == list(range(1, len(flow.steps) + 2))
+    assert replayed.decisions[-1].arguments["success"] is True
+    assert phone.state.flag("dark_theme")
+    changed = {k for k, v in snapshot(phone).items() if before.get(k) != v}
+    assert changed == {"settings.dark_theme"}
+
+
+async def test_a_replay_hands_over_where_the_screen_differs_and_the_goal_is_still_reached() -> None:
+    learned = await _run(VirtualPhone("v"), [], CountingOffline())
+    flow = synthesize(GOAL, learned.sources).flow
+    assert flow is not None
+    flow.flow_id = "f1"
+
+    # Settings left scrolled down: the first step does not fit
+    scrolled = VirtualPhone("v")
+    scrolled.launch(SETTINGS)
+    scrolled.current_page().scroll["list"] = 10_000
+    provider = CountingOffline()
+    run = await _run(scrolled, [flow], provider)
+    first = run.decisions[0]
+    assert first.planner_mode == "compact" and provider.calls > 0
+    assert (first.flow_id, first.flow_step) == ("f1", 1)
+    assert "the flow expects" in first.replay_divergence
+    assert "flow f1" in first.user_prompt and "Step 1 diverged" in first.user_prompt
+    assert run.decisions[-1].arguments["success"] is True and scrolled.state.flag("dark_theme")
+
+    # dark theme already on: the flow would undo it at its switch step; it hands over there
+    already = VirtualPhone("v")
+    already.state.settings["dark_theme"] = True
+    run = await _run(already, [flow], CountingOffline())
+    toggle = next(d for d in run.decisions if d.replay_divergence)
+    assert "already on" in toggle.replay_divergence
+    assert toggle.flow_step == len(flow.steps)
+    assert [d.planner_mode for d in run.decisions[: toggle.flow_step - 1]] == ["replay"] * (
+        toggle.flow_step - 1
+    )
+    assert already.state.flag("dark_theme"), "the replay must not flip it off"
+
+
+async def test_a_replay_goes_on_with_a_flow_that_shares_its_start_where_its_own_stops() -> None:
+    """The same goal learned twice (once with an interruption after step 1): the replay starts
+    on one and, where that one does not fit, goes on with the other instead of the model."""
+    learned = await _run(VirtualPhone("v"), [], CountingOffline())
+    plain = synthesize(GOAL, learned.sources).flow
+    assert plain is not None
+    plain.flow_id = "plain"
+    interrupted = types_pb2.Flow()
+    interrupted.CopyFrom(plain)
+    interrupted.flow_id = "interrupted"
+    wait = interrupted.steps[1]
+    wait.target.CopyFrom(types_pb2.ElementTarget(text="Wait", class_name="android.widget.Button"))
+    wait.purpose, wait.expected_outcome = "wait on 'System UI isn't responding'", "it closes"
+    provider = CountingOffline()
+    phone = VirtualPhone("v")
+    run = await _run(phone, [interrupted, plain], provider)
+    assert provider.calls == 0 and phone.state.flag("dark_theme")
+    assert [d.flow_id for d in run.decisions] == ["interrupted"] + ["plain"] * (
+        len(run.decisions) - 1
+    )

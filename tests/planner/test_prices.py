@@ -1,0 +1,127 @@
+"""The price table: list prices per model family, an operator's file over them, and a model call
+priced once as it returns (the decision's usage sums the calls)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from planner.decision import Usage
+from planner.model_profiles import FAMILIES
+from planner.prices import DEFAULT_PRICES, Price, PricesFileError, PriceTable
+from planner.providers import make_provider
+from planner.settings import DEFAULT_MODELS, PlannerSettings
+from planner.vendors.base import TurnRequest
+from planner.vendors.observed import ObservedAdapter
+
+
+def test_every_model_family_the_planner_knows_and_each_default_model_has_a_price() -> None:
+    table = PriceTable()
+    examples = {"o4": "o4-mini"}  # the o4 family has one model
+    for prefix in [*FAMILIES, *DEFAULT_MODELS.values()]:
+        assert table.price(examples.get(prefix, prefix)) is not None, prefix
+    # A dated model name finds its family's row; the longest prefix wins.
+    assert table.price("claude-sonnet-4-6-20260301") == DEFAULT_PRICES["claude-sonnet-4"]
+    assert table.price("gpt-4.1-mini-2025-04-14") == DEFAULT_PRICES["gpt-4.1-mini"]
+    assert table.price("claude-sonnet-5-5") != table.price("claude-sonnet-5")
+    assert table.price("llama-3") is None
+
+
+def test_a_call_costs_each_kind_of_token_at_its_rate() -> None:
+    usage = Usage(
+        input_tokens=1_000_000,
+        output_tokens=100_000,
+        cache_read_input_tokens=2_000_000,
+        cache_creation_input_tokens=400_000,
+        thinking_tokens=50_000,  # part of output: not billed twice
+    )
+    assert Price(3.0, 15.0, 0.3, 3.75).cost(usage) == pytest.approx(3 + 1.5 + 0.6 + 1.5)
+    table = PriceTable()
+    assert table.cost("claude-sonnet-4-6", usage) == pytest.approx(6.6)
+    assert table.cost("unknown-model", usage) == 0.0
+    assert "no price known for unknown-model" in table.describe("unknown-model")
+
+
+@pytest.mark.parametrize(
+    ("name", "text"),
+    [
+        (
+            "prices.toml",
+            '[models."claude-sonnet-4-6"]\ninput = 2.0\noutput = 10.0\ncache_read = 0.2\n',
+        ),
+        (
+            "prices.json",
+            '{"models": {"claude-sonnet-4-6": {"input": 2.0, "output": 10.0, "cache_read": 0.2}}}',
+        ),
+    ],
+)
+def test_an_operator_file_overrides_a_row_and_adds_models(
+    tmp_path: Path, name: str, text: str
+) -> None:
+    path = tmp_path / name
+    path.write_text(text)
+    table = PriceTable.load(path)
+    assert table.price("claude-sonnet-4-6-20260301") == Price(2.0, 10.0, 0.2, 0.0)
+    assert table.price("claude-sonnet-4-5") == DEFAULT_PRICES["claude-sonnet-4"]  # untouched
+    assert str(path) in table.describe("claude-sonnet-4-6")
+
+
+@pytest.mark.parametrize(
+    ("text", "words"),
+    [
+        ("models = 3", 'has no "models" table'),
+        ('[models."m"]\ninput = 1.0\n', "models.m needs input and output"),
+        ('[models."m"]\ninput = 1.0\noutput = -2\n', "prices must be numbers >= 0"),
+        ('[models."m"]\ninput = 1.0\noutput = "x"\n', "prices must be numbers >= 0"),
+        ('[models."m"]\ninput = 1.0\noutput = 2\nbatch = 1\n', "unknown fields ['batch']"),
+        ("[models", "is not valid TOML"),
+    ],
+)
+def test_a_bad_price_file_is_one_line_naming_the_setting(
+    tmp_path: Path, text: str, words: str
+) -> None:
+    path = tmp_path / "prices.toml"
+    path.write_text(text)
+    with pytest.raises(PricesFileError) as caught:
+        PriceTable.load(path)
+    assert str(caught.value).startswith("AMC_PLANNER_PRICES_FILE: ")
+    assert words in str(caught.value)
+    with pytest.raises(PricesFileError, match="cannot read"):
+        PriceTable.load(tmp_path / "missing.toml")
+
+
+async def test_each_model_call_is_priced_as_it_returns(tmp_path: Path) -> None:
+    path = tmp_path / "prices.toml"
+    path.write_text('[models."amc-offline"]\ninput = 1000.0\noutput = 2000.0\n')
+    adapter = make_provider(PlannerSettings(provider="offline", prices_file=path))
+    assert isinstance(adapter, ObservedAdapter)
+    heard: list[tuple[str, str, Usage | None]] = []
+
+    class Observer:
+        def call_finished(
+            self,
+            provider: str,
+            model: str,
+            seconds: float,
+            usage: Usage | None,
+            error: BaseException | None,
+        ) -> None:
+            heard.append((provider, model, usage))
+
+    adapter.observer = Observer()
+    from planner.conversation.items import UserObservation
+    from planner.prompts import SYSTEM_PROMPT
+    from planner.tools import TOOLS
+
+    turn = await adapter.complete(
+        TurnRequest(
+            system=SYSTEM_PROMPT,
+            items=[UserObservation("Goal: Turn on dark theme\nScreen: launcher")],
+            tools=TOOLS,
+        )
+    )
+    u = turn.usage
+    assert u.cost_usd == pytest.approx((u.input_tokens * 1000 + u.output_tokens * 2000) / 1e6)
+    assert u.cost_usd > 0
+    assert heard == [("offline", turn.model, u)]

@@ -1,0 +1,131 @@
+"""The checker on real screens of the virtual phone (perceived as the host perceives them):
+it says met or not met only when the screen shows it, with one line of evidence."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from amc.v1 import types_pb2
+from host.devices.virtual.driver import VirtualDriver
+from host.devices.virtual.phone import VirtualPhone
+from host.devices.virtual.state import Contact
+from host.devices.virtual.suite import CONTACTS, SETTINGS
+from host.perception.perceive import Perceiver
+from planner.observation import observation_from_scene
+from planner.scene import Scene
+from planner.steps import PastStep, StepOutcome, checked
+from planner.verify import Check, disagree, verify
+
+
+def _scene(phone: VirtualPhone) -> Scene:
+    return Perceiver(ocr=None, retry_delay_s=0.0).perceive(VirtualDriver(phone), False).scene
+
+
+def _display(dark: bool = False) -> tuple[VirtualPhone, Scene]:
+    phone = VirtualPhone("v")
+    phone.state.settings["dark_theme"] = dark
+    phone.launch(SETTINGS)
+    phone.push("display")
+    return phone, _scene(phone)
+
+
+def test_a_switch_named_in_the_outcome_is_read_on_or_off() -> None:
+    _, off = _display(dark=False)
+    _, on = _display(dark=True)
+    expected = "the 'Dark theme' switch is on"
+    assert verify(expected, "tap", {"element_id": "e1"}, on) == Check(
+        "met", "looked for the 'Dark theme' switch on: it is on"
+    )
+    assert verify(expected, "tap", {"element_id": "e1"}, off) == Check(
+        "not_met", "looked for the 'Dark theme' switch on: it is off"
+    )
+    # the model's own wording, unquoted
+    assert verify("Dark theme is enabled", "tap", {}, on).verdict == "met"
+
+
+def test_a_page_named_in_the_outcome_is_open_or_the_screen_says_which_is() -> None:
+    phone = VirtualPhone("v")
+    phone.launch(SETTINGS)
+    settings = _scene(phone)
+    _, display = _display()
+    check = verify("the 'Display' page is open", "tap", {"element_id": "e3"}, settings)
+    assert check.verdict == "not_met"
+    assert check.evidence == "looked for the 'Display' page: the screen shows 'Settings'"
+    assert verify("the 'Display' page is open", "tap", {}, display).verdict == "met"
+    assert verify("The Display settings page opens", "tap", {}, display).verdict == "met"
+
+
+def test_a_removed_entry_is_gone_or_still_listed() -> None:
+    phone = VirtualPhone("v")
+    phone.state.contacts.extend([Contact("Alice Jones", "555 0001"), Contact("Bob Smith", "1")])
+    phone.launch(CONTACTS)
+    listed = _scene(phone)
+    phone.state.contacts.pop()
+    gone = _scene(phone)
+    expected = "'Bob Smith' is no longer listed"
+    assert verify(expected, "tap", {}, listed) == Check(
+        "not_met", "looked for 'Bob Smith' to be gone: it is still shown"
+    )
+    assert verify(expected, "tap", {}, gone).verdict == "met"
+
+
+def test_typed_text_is_compared_but_a_secret_never_is() -> None:
+    phone = VirtualPhone("v")
+    phone.launch(CONTACTS)
+    phone.push("edit")
+    empty = _scene(phone)
+    check = verify("the 'Name' field shows 'Ada'", "input_text", {"text": "Ada"}, empty)
+    assert check.verdict == "not_met" and "'Ada'" in check.evidence
+    secret = verify("the PIN is entered", "input_text", {"text": "•••", "sensitive": True}, empty)
+    assert secret.verdict == "unknown" and "•••" not in secret.evidence
+
+
+def test_what_no_rule_reads_is_unknown_and_the_check_is_deterministic() -> None:
+    _, display = _display()
+    first = verify("something pleasant happens", "tap", {}, display)
+    assert first.verdict == "unknown" and "no rule reads this outcome" in first.evidence
+    assert verify("something pleasant happens", "tap", {}, display) == first
+    assert verify("anything", "complete", {}, display).verdict == "unknown"
+    launched = verify("Settings opens", "launch_app", {"package_name": SETTINGS}, display)
+    assert launched.verdict == "met"
+    other = verify("Clock opens", "launch_app", {"package_name": "com.x"}, display)
+    assert other.verdict == "not_met"
+
+
+def test_a_scroll_needs_the_screen_before_to_be_judged() -> None:
+    _, display = _display()
+    expected = "entries below the current ones are visible"
+    assert verify(expected, "swipe", {}, display).verdict == "unknown"
+    assert verify(expected, "swipe", {}, display, before=display).verdict == "not_met"
+
+
+def test_disagreement_is_met_against_not_met_only() -> None:
+    assert disagree("met", "not_met") and disagree("not_met", "met")
+    assert not disagree("met", "unknown") and not disagree(None, "not_met")
+
+
+def test_the_cloud_checks_an_outcome_a_host_sent_without_a_verdict() -> None:
+    _, off = _display(dark=False)
+    step = PastStep(
+        step_index=3,
+        page="com.android.settings: Display",
+        tool_name="tap",
+        arguments_json='{"element_id": "e9"}',
+        target="Dark theme",
+        purpose="turn 'Dark theme' on",
+        expected_outcome="the 'Dark theme' switch is on",
+        rationale=None,
+    )
+    bare = types_pb2.ActionOutcome(step_index=3, executed=True)
+    filled, by_cloud = checked(bare, [step], off)
+    assert by_cloud and filled is not None
+    assert filled.verdict == types_pb2.VERDICT_NOT_MET
+    assert "it is off" in filled.evidence
+    host_said = types_pb2.ActionOutcome(step_index=3, executed=True, verdict=types_pb2.VERDICT_MET)
+    assert checked(host_said, [step], off) == (host_said, False)
+    # and the compact history shows the model the verdict
+    event = replace(step, outcome=StepOutcome.from_proto(filled)).event(off.page)
+    assert event.compact()["verdict"].startswith(
+        "expected \"the 'Dark theme' switch is on\" — not met: looked for"
+    )
+    assert observation_from_scene(off).title == "Display"

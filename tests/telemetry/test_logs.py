@@ -1,0 +1,91 @@
+"""Log fields bound in a context reach every line of that context: asyncio tasks started from
+it and worker threads of `asyncio.to_thread`, never a neighbouring task; JSON and text formats."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+import logging
+
+from telemetry import logs
+from tests.support.tracing import memory_exporter
+
+
+def _logger(fmt: logs.LogFormat) -> tuple[logging.Logger, io.StringIO]:
+    buffer = io.StringIO()
+    logger = logging.getLogger(f"tests.telemetry.{fmt}")
+    logger.handlers = [logs.handler(fmt, buffer)]
+    logger.propagate = False
+    logger.setLevel(logging.INFO)
+    return logger, buffer
+
+
+async def test_bound_fields_follow_tasks_and_worker_threads_but_not_neighbours() -> None:
+    logger, buffer = _logger("json")
+
+    async def attempt(task_id: str, step: int) -> None:
+        with logs.bound(task_id=task_id, attempt=1, host_id="h1"):
+            logger.info("in the task")
+            await asyncio.to_thread(logger.info, "in a worker thread")
+            with logs.bound(step=step):
+                await asyncio.create_task(asyncio.sleep(0))
+                logger.info("in a step")
+            logger.info("after the step")
+
+    await asyncio.gather(attempt("t1", 3), attempt("t2", 7))
+    logger.info("outside")
+    lines = [json.loads(line) for line in buffer.getvalue().splitlines()]
+    by_message: dict[str, list[dict[str, object]]] = {}
+    for line in lines:
+        by_message.setdefault(str(line["message"]), []).append(line)
+    for message in ("in the task", "in a worker thread", "after the step"):
+        assert sorted(str(line["task_id"]) for line in by_message[message]) == ["t1", "t2"]
+        assert all("step" not in line for line in by_message[message])
+    steps = {line["task_id"]: line["step"] for line in by_message["in a step"]}
+    assert steps == {"t1": 3, "t2": 7}
+    (outside,) = by_message["outside"]
+    assert not set(logs.FIELDS) & set(outside)
+    assert {"time", "level", "logger", "message"} <= set(outside)
+    assert logs.current() == {}
+
+
+def test_text_lines_end_with_the_bound_fields_and_a_traceback_stays_below() -> None:
+    logger, buffer = _logger("text")
+    with logs.bound(task_id="t9", attempt=2, host_id="h1", step=4):
+        try:
+            raise ValueError("boom")
+        except ValueError:
+            logger.exception("step failed")
+    first, *rest = buffer.getvalue().splitlines()
+    assert first.endswith("step failed [task=t9 attempt=2 host=h1 step=4]")
+    assert any("ValueError: boom" in line for line in rest)
+
+
+def test_a_line_inside_a_span_carries_its_trace_and_span_ids() -> None:
+    memory_exporter()  # an SDK tracer provider: spans are real
+    logger, buffer = _logger("json")
+    from telemetry import tracing
+
+    with tracing.span("work") as span:
+        logger.info("traced")
+    line = json.loads(buffer.getvalue())
+    assert line["trace_id"] == format(span.get_span_context().trace_id, "032x")
+    assert line["span_id"] == format(span.get_span_context().span_id, "016x")
+
+
+def test_configure_replaces_only_its_own_handler() -> None:
+    root = logging.getLogger()
+    before = list(root.handlers)
+    level = root.level
+    try:
+        logs.configure(logs.LogSettings(format="json", level="WARNING"), io.StringIO())
+        logs.configure(logs.LogSettings(format="text", level="INFO"), io.StringIO())
+        ours = [h for h in root.handlers if getattr(h, "_amc_handler", False)]
+        assert len(ours) == 1 and isinstance(ours[0].formatter, logs.TextFormatter)
+        assert [h for h in root.handlers if h not in ours] == before
+        assert root.level == logging.INFO
+    finally:
+        for h in [h for h in root.handlers if getattr(h, "_amc_handler", False)]:
+            root.removeHandler(h)
+        root.setLevel(level)
