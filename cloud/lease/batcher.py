@@ -10,6 +10,8 @@ on PostgreSQL one statement), so a stale renewal is refused without failing the 
 batch. The stages run side by side: while a write waits (for SQLite's one writer, say, behind a
 heartbeat), unchanged renewals are still answered. A lease with a renewal queued for writing is
 written again, never answered from a read, so a lease's renewals land in the order they came.
+Renewals answered from a read are counted in the attempt's `renewals` by the lease's next write
+(`RenewalIn.counts`); those after its last write are not counted when the attempt ends first.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import contextlib
 import logging
 import time
 from collections import Counter
+from dataclasses import replace
 
 from cloud import metrics
 from cloud.events import EventBus
@@ -28,6 +31,9 @@ from cloud.store.database import Store
 log = logging.getLogger(__name__)
 
 _Waiting = list[tuple[leases.RenewalIn, asyncio.Future[leases.RenewalOut]]]
+#: Leases with uncounted renewals kept at most (the entries of leases that ended between two
+#: writes are dropped with the rest when there are more; those renewals stay uncounted).
+_MAX_UNCOUNTED = 100_000
 
 
 class RenewalBatcher:
@@ -50,6 +56,8 @@ class RenewalBatcher:
         self._writes: _Waiting = []
         #: Leases with renewals queued for writing or being written (how many of each).
         self._pending: Counter[tuple[str, int, str, str]] = Counter()
+        #: Renewals answered from a read, per lease, not yet in the attempt's count.
+        self._uncounted: Counter[tuple[str, int, str, str]] = Counter()
         self._wake = asyncio.Event()
         self._write_wake = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
@@ -77,6 +85,7 @@ class RenewalBatcher:
         self._queue.clear()
         self._writes.clear()
         self._pending.clear()
+        self._uncounted.clear()
 
     async def renew(self, item: leases.RenewalIn) -> leases.RenewalOut:
         """Answer one renewal as part of the next batch."""
@@ -109,11 +118,16 @@ class RenewalBatcher:
                 self._fail(batch, exc)
                 return
         for (item, fut), out in zip(batch, outcomes, strict=True):
+            key = leases.lease_key(item)
             if out is None:
-                self._pending[leases.lease_key(item)] += 1
-                self._writes.append((item, fut))
-            elif not fut.done():
+                self._pending[key] += 1
+                self._writes.append((replace(item, counts=1 + self._uncounted.pop(key, 0)), fut))
+                continue
+            self._uncounted[key] += 1
+            if not fut.done():
                 fut.set_result(out)
+        if len(self._uncounted) > _MAX_UNCOUNTED:  # leases that ended between writes
+            self._uncounted.clear()
         if self._writes:
             self._write_wake.set()
 
@@ -146,6 +160,8 @@ class RenewalBatcher:
         self.batches_written += 1
         changed: list[str] = []
         for (item, fut), out in zip(batch, outcomes, strict=True):
+            if out.expires_at is None:
+                self._uncounted.pop(leases.lease_key(item), None)
             if out.written:
                 changed.append(item.task_id)
             if not fut.done():

@@ -15,6 +15,8 @@ from collections.abc import AsyncIterator
 import pytest
 from sqlalchemy import select, update
 
+from cloud.events import EventBus
+from cloud.lease.batcher import RenewalBatcher
 from cloud.settings import CloudSettings
 from cloud.store import convert, leases, states, tasks
 from cloud.store.database import Store
@@ -251,3 +253,33 @@ def test_the_default_keeps_half_a_lease_after_a_missed_renewal() -> None:
     interval = convert.renew_interval(LEASE_S).ToTimedelta().total_seconds()
     left_at_ack = CloudSettings().renewal_write_below * LEASE_S
     assert left_at_ack - interval > LEASE_S / 2
+
+
+async def test_renewals_answered_from_the_read_are_counted_at_the_next_write(store: Store) -> None:
+    """Invariant 6: the attempt's renewal count (`renewals`) includes the renewals answered
+    from a read: the replica carries them to the lease's next write (`RenewalIn.counts`),
+    summed when one batch holds the same lease twice."""
+    c = await _lease(store)  # one written renewal
+    batcher = RenewalBatcher(store, EventBus(store), 0.0, 500, HALF)
+    batcher.start()
+    try:
+        same = leases.ProgressIn(1, 2, "same")
+        first = await batcher.renew(_item(c, progress=same))
+        assert first.written
+        for _ in range(3):
+            out = await batcher.renew(_item(c, progress=same))
+            assert out.expires_at is not None and not out.written
+        assert (await _row(store, c.task_id)).renewals == 2  # the three are not written yet
+        changed = await batcher.renew(_item(c, progress=leases.ProgressIn(2, 2, "next")))
+        assert changed.written
+        assert (await _row(store, c.task_id)).renewals == 6
+    finally:
+        await batcher.stop()
+    # The same lease twice in one written batch: both counted, with what each carries.
+    twice = [
+        _item(c, progress=leases.ProgressIn(3, 2, "a")),
+        leases.RenewalIn("h1", c.task_id, c.attempt, c.lease_id, None, counts=2),
+    ]
+    outs = await leases.write_renewals(store, twice)
+    assert all(o.written for o in outs)
+    assert (await _row(store, c.task_id)).renewals == 9

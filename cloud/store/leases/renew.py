@@ -52,6 +52,9 @@ class RenewalIn:
     attempt: int
     lease_id: str
     progress: ProgressIn | None
+    #: Renewals this write stands for in the attempt's count (`renewals`): itself and those of
+    #: its lease answered from a read since its last write (decision 0070).
+    counts: int = 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,7 +83,7 @@ def _renew_statement(with_progress: bool) -> Update:
         "lease_expires_at": bindparam("r_expires", type_=UTCDateTime()),
         "status": states.RUNNING,
         # The renewal summary (renewals are counted, not recorded one by one).
-        "renewals": attempts.c.renewals + 1,
+        "renewals": attempts.c.renewals + bindparam("r_counts", type_=Integer()),
         "first_renewed_at": func.coalesce(
             attempts.c.first_renewed_at, bindparam("r_now", type_=UTCDateTime())
         ),
@@ -294,6 +297,7 @@ async def _renew_batch_sqlite(store: Store, items: list[RenewalIn]) -> list[Rene
                 "r_host": item.host_id,
                 "r_now": now,
                 "r_expires": expires,
+                "r_counts": item.counts,
             }
             if item.progress is None:
                 plain.append(params)
@@ -369,15 +373,15 @@ _RENEW_BATCH_PG = (
         """
 WITH live AS (
     SELECT x.id, x.lease_seconds, i.has_progress, i.step_index, i.step_status, i.summary,
-           i.max_steps
+           i.max_steps, i.counts
     FROM unnest(
         CAST(:task_ids AS varchar[]), CAST(:attempts AS integer[]),
         CAST(:lease_ids AS varchar[]), CAST(:host_ids AS varchar[]),
         CAST(:has_progress AS boolean[]), CAST(:step_indexes AS integer[]),
         CAST(:step_statuses AS integer[]), CAST(:summaries AS varchar[]),
-        CAST(:max_steps AS integer[])
+        CAST(:max_steps AS integer[]), CAST(:counts AS integer[])
     ) AS i(task_id, attempt, lease_id, host_id, has_progress, step_index, step_status, summary,
-           max_steps)
+           max_steps, counts)
     CROSS JOIN LATERAL (
         SELECT attempts.id, tasks.lease_seconds
         FROM attempts JOIN tasks ON tasks.task_id = attempts.task_id
@@ -394,7 +398,7 @@ WITH live AS (
     UPDATE attempts AS a
     SET lease_expires_at = CAST(:now AS timestamptz) + make_interval(secs => l.lease_seconds),
         status = :running,
-        renewals = a.renewals + 1,
+        renewals = a.renewals + l.counts,
         first_renewed_at = COALESCE(a.first_renewed_at, CAST(:now AS timestamptz)),
         last_renewed_at = CAST(:now AS timestamptz),
         step_index = CASE WHEN l.has_progress THEN l.step_index ELSE a.step_index END,
@@ -436,12 +440,16 @@ async def _renew_batch_pg(store: Store, items: list[RenewalIn]) -> list[RenewalO
     A renewal is accepted when the statement returned its (task, attempt, lease, host); every
     other one is classified (expired, revoked, superseded, cancelled, unknown...) in the same
     transaction, as on SQLite. The same lease twice in one batch is written once, with the last
-    progress (as the executemany's second UPDATE would leave it), and both callers get the expiry.
+    progress (as the executemany's second UPDATE would leave it) and both renewals counted, and
+    both callers get the expiry.
     """
     now = store.now()
     last: dict[tuple[str, int, str, str], RenewalIn] = {}
+    counts: dict[tuple[str, int, str, str], int] = {}
     for item in items:
-        last[(item.task_id, item.attempt, item.lease_id, item.host_id)] = item
+        key = lease_key(item)
+        last[key] = item
+        counts[key] = counts.get(key, 0) + item.counts
     # Sorted, so concurrent batches (other replicas) lock shared rows in the same order.
     unique = [last[key] for key in sorted(last)]
     params: dict[str, object] = {
@@ -455,6 +463,7 @@ async def _renew_batch_pg(store: Store, items: list[RenewalIn]) -> list[RenewalO
         "step_statuses": [None if i.progress is None else i.progress.step_status for i in unique],
         "summaries": [None if i.progress is None else i.progress.summary for i in unique],
         "max_steps": [None if i.progress is None else i.progress.max_steps for i in unique],
+        "counts": [counts[lease_key(i)] for i in unique],
     }
     async with store.write() as session:
         conn = await session.connection()
