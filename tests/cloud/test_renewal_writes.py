@@ -249,7 +249,7 @@ async def test_always_write_keeps_the_old_behaviour(store: Store) -> None:
 def test_the_default_keeps_half_a_lease_after_a_missed_renewal() -> None:
     """Decision 0070's margin: after a renewal answered from the read, the lease outlives the
     next renewal interval (a third of the lease) by more than half a lease, as after a written
-    renewal — what tests/faults/test_postgres_restart.py relies on for a database outage."""
+    renewal — the time a database restart (tests/faults/test_restarts.py) has."""
     interval = convert.renew_interval(LEASE_S).ToTimedelta().total_seconds()
     left_at_ack = CloudSettings().renewal_write_below * LEASE_S
     assert left_at_ack - interval > LEASE_S / 2
