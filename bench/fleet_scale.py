@@ -360,8 +360,9 @@ def run(
         f"{sizes.interval:g} s, and a renewal that changes nothing is answered from a read "
         "(decision 0070)."
         + (
-            " Replicas pinned to CPU 0, simulated hosts to CPU 1 (taskset / sched_setaffinity); "
-            "PostgreSQL and the benchmark's own watcher unpinned."
+            " Replicas pinned to CPU 0 (two replicas share it), simulated hosts to CPU 1 "
+            "(taskset / sched_setaffinity); PostgreSQL and the benchmark's own watcher unpinned: "
+            "on two CPUs, two replicas cannot show that they add up."
             if pin
             else ""
         )
