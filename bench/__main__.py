@@ -20,7 +20,16 @@ import traceback
 from collections.abc import Callable
 from pathlib import Path
 
-from bench import decision_log, dispatch_latency, lease_capacity, machine, memory, resources
+from bench import (
+    decision_log,
+    dispatch_burst,
+    dispatch_latency,
+    fleet_scale,
+    lease_capacity,
+    machine,
+    memory,
+    resources,
+)
 from bench.report import Section
 from bench.servers import ROOT, server_env
 
@@ -51,6 +60,8 @@ BENCHMARKS: dict[str, Callable[[bool], Section]] = {
     "observability_overhead": lease_capacity.run_overhead,
     "memory": memory.run,
     "dispatch_latency": dispatch_latency.run,
+    "dispatch_burst": dispatch_burst.run,
+    "fleet_scale": fleet_scale.run,
     "decision_log": decision_log.run,
     "prompt_growth": _script("prompt_growth", "Prompt growth (planner)", ["--smoke"]),
     "host_overhead": _script("host_overhead", "Host per-step overhead", ["--smoke"]),

@@ -306,12 +306,18 @@ class ServerProcess:
 
 
 @contextlib.contextmanager
-def server_process(kind: str, *args: str, timeout: float = 120.0) -> Iterator[ServerProcess]:
-    """Start a server child, wait for READY, yield it, then SIGTERM it (SIGKILL if it hangs)."""
+def server_process(
+    kind: str, *args: str, timeout: float = 120.0, cpus: str = ""
+) -> Iterator[ServerProcess]:
+    """Start a server child, wait for READY, yield it, then SIGTERM it (SIGKILL if it hangs).
+
+    `cpus` (a `taskset -c` list, e.g. "0") pins the server and every thread it starts, so that
+    simulated hosts pinned elsewhere do not spend its CPU."""
     log = Path(tempfile.mkstemp(prefix=f"amc-bench-{kind}-", suffix=".log")[1])
+    pin = ["taskset", "-c", cpus] if cpus else []
     with log.open("w") as err:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "bench.servers", kind, *args],
+            [*pin, sys.executable, "-m", "bench.servers", kind, *args],
             stdout=subprocess.PIPE,
             stderr=err,
             text=True,
@@ -346,9 +352,11 @@ def server_process(kind: str, *args: str, timeout: float = 120.0) -> Iterator[Se
 
 
 @contextlib.asynccontextmanager
-async def async_server_process(kind: str, *args: str) -> AsyncIterator[ServerProcess]:
+async def async_server_process(
+    kind: str, *args: str, cpus: str = ""
+) -> AsyncIterator[ServerProcess]:
     """`server_process` for async callers (the blocking start runs in a thread)."""
-    cm = server_process(kind, *args)
+    cm = server_process(kind, *args, cpus=cpus)
     handle = await asyncio.to_thread(cm.__enter__)
     try:
         yield handle

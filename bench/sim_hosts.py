@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import multiprocessing as mp
+import os
 import queue
 import random
 import time
@@ -47,6 +48,14 @@ class WorkerConfig:
     wait_assignment: bool = True
     http_leases: dict[str, Lease] = field(default_factory=dict)
     connect_concurrency: int = 64
+    #: Renewals per progress change: 1 = a new step on every renewal (every renewal must be
+    #: written); 5 at 1 Hz = an agent step every 5 s, the progress repeated in between.
+    step_every: int = 1
+    #: CPUs the worker runs on (`os.sched_setaffinity`); None = wherever the OS puts it.
+    cpus: frozenset[int] | None = None
+    #: Every `hot_every`-th host (0 = none) is "hot": a new step on every renewal, its summary
+    #: stamped with the wall-clock time it was sent (`sent_at`), for watchers to time.
+    hot_every: int = 0
 
 
 @dataclass(slots=True)
@@ -60,7 +69,12 @@ class PhaseResult:
 class GrpcHost:
     """One host's channel and Lease stream."""
 
-    def __init__(self, host_id: str, address: str, pki_dir: Path) -> None:
+    def __init__(
+        self, host_id: str, address: str, pki_dir: Path, step_every: int = 1, hot: bool = False
+    ) -> None:
+        self.step_every = 1 if hot else max(1, step_every)
+        self.hot = hot
+        self.renewals = 0
         self.host_id = host_id
         creds = grpc.ssl_channel_credentials(
             root_certificates=(pki_dir / "ca.pem").read_bytes(),
@@ -79,6 +93,9 @@ class GrpcHost:
         self.call: Any = None
         self.lease: Lease | None = None
         self.step = 0
+        #: Wall-clock times (time.time()): the hello written, the first assignment received.
+        self.hello_at = 0.0
+        self.assigned_at = 0.0
 
     async def connect(self) -> None:
         self.call = lease_service_pb2_grpc.LeaseServiceStub(self.channel).Lease()
@@ -95,6 +112,7 @@ class GrpcHost:
                 )
             )
         )
+        self.hello_at = time.time()  # written (the connection and its TLS handshake are up)
         while True:
             msg = await self.call.read()
             if msg is grpc.aio.EOF:
@@ -106,6 +124,8 @@ class GrpcHost:
     def _take(self, msg: lease_pb.LeaseResponse) -> None:
         if msg.WhichOneof("kind") == "assignment":
             a = msg.assignment
+            if self.lease is None:
+                self.assigned_at = time.time()
             self.lease = (a.task_id, a.attempt, a.lease_id)
 
     async def wait_assignment(self) -> Lease:
@@ -119,7 +139,9 @@ class GrpcHost:
     async def renew(self) -> bool:
         assert self.lease is not None
         task_id, attempt, lease_id = self.lease
-        self.step += 1
+        if self.renewals % self.step_every == 0:
+            self.step += 1
+        self.renewals += 1
         await self.call.write(
             lease_pb.LeaseRequest(
                 renewal=lease_pb.LeaseRenewal(
@@ -129,7 +151,11 @@ class GrpcHost:
                     progress=types_pb2.Progress(
                         step_index=self.step,
                         step_status=types_pb2.STEP_STATUS_ACTING,
-                        summary=f"step {self.step}: tapping Dark theme",
+                        summary=(
+                            f"step {self.step} @{time.time():.3f}"
+                            if self.hot
+                            else f"step {self.step}: tapping Dark theme"
+                        ),
                     ),
                 )
             )
@@ -224,7 +250,16 @@ async def _worker(cfg: WorkerConfig, ctrl: Any, out: Any) -> None:
     client: Any = None
     failed = 0
     if cfg.mode == "grpc":
-        grpc_hosts = [GrpcHost(h, cfg.address, cfg.pki_dir) for h in cfg.host_ids]
+        grpc_hosts = [
+            GrpcHost(
+                h,
+                cfg.address,
+                cfg.pki_dir,
+                cfg.step_every,
+                hot=bool(cfg.hot_every) and n % cfg.hot_every == 0,
+            )
+            for n, h in enumerate(cfg.host_ids)
+        ]
         gate = asyncio.Semaphore(cfg.connect_concurrency)
 
         async def connect(h: GrpcHost) -> bool:
@@ -299,6 +334,8 @@ async def _worker(cfg: WorkerConfig, ctrl: Any, out: Any) -> None:
 
 
 def _worker_main(cfg: WorkerConfig, ctrl: Any, out: Any) -> None:
+    if cfg.cpus:
+        os.sched_setaffinity(0, cfg.cpus)
     asyncio.run(_worker(cfg, ctrl, out))
 
 
@@ -378,6 +415,15 @@ class Fleet:
             if p.is_alive():
                 p.kill()
                 p.join()
+
+
+def sent_at(summary: str) -> float | None:
+    """The send time a hot host stamped into its progress summary (None if not stamped)."""
+    _, at, stamp = summary.rpartition(" @")
+    try:
+        return float(stamp) if at else None
+    except ValueError:
+        return None
 
 
 def split(host_ids: Sequence[str], workers: int) -> list[list[str]]:

@@ -56,6 +56,13 @@ class CloudSettings(BaseSettings):
     dispatch_interval_seconds: float = Field(2.0, gt=0)
     renewal_batch_window_seconds: float = Field(0.005, ge=0)
     renewal_batch_max: int = Field(500, ge=1)
+    # A renewal is written to the store when its lease has less than this fraction of its length
+    # left (or its progress changed, or its attempt is not yet running); otherwise it is answered
+    # with the stored expiry after a read. 1 = every renewal writes. The default keeps what a
+    # written renewal promised: hosts renew every third of a lease, and 0.85 - 1/3 > 1/2, so after
+    # a renewal answered from a read the lease still outlives a lost renewal, or a database outage
+    # of half a lease. See decision 0070.
+    renewal_write_below: float = Field(0.85, gt=0, le=1)
     host_heartbeat_seconds: float = Field(10.0, gt=0)
     retention_days: float = Field(7.0, gt=0)
     retention_interval_seconds: float = Field(3600.0, gt=0)

@@ -1,9 +1,17 @@
-"""Coalesced renewal writes: renewals that arrive within a few milliseconds share one transaction.
+"""Coalesced renewals in two stages: one read per batch answers what changes nothing, and the
+rest are written together, without holding up the next read.
 
 2,000 hosts renewing every second would otherwise be 2,000 transactions a second, which SQLite
-cannot sustain. Each renewal is still fenced on its own (`cloud.store.leases.renew_batch`): on
-SQLite an executemany of the fenced UPDATE, on PostgreSQL one statement for the whole batch
-(one round trip), so a stale renewal is refused without failing the others in its batch.
+cannot sustain. Renewals that arrive within a few milliseconds form a batch. Stage one reads the
+batch's leases in one statement and answers each renewal that would change nothing but a
+far-off expiry with the stored expiry (decision 0070). Stage two writes the others, fenced each
+on its own (`cloud.store.leases.write_renewals`: on SQLite an executemany of the fenced UPDATE,
+on PostgreSQL one statement), so a stale renewal is refused without failing the others in its
+batch. The stages run side by side: while a write waits (for SQLite's one writer, say, behind a
+heartbeat), unchanged renewals are still answered. A lease with a renewal queued for writing is
+written again, never answered from a read, so a lease's renewals land in the order they came.
+Renewals answered from a read are counted in the attempt's `renewals` by the lease's next write
+(`RenewalIn.counts`); those after its last write are not counted when the attempt ends first.
 """
 
 from __future__ import annotations
@@ -12,6 +20,8 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections import Counter
+from dataclasses import replace
 
 from cloud import metrics
 from cloud.events import EventBus
@@ -20,38 +30,65 @@ from cloud.store.database import Store
 
 log = logging.getLogger(__name__)
 
+_Waiting = list[tuple[leases.RenewalIn, asyncio.Future[leases.RenewalOut]]]
+#: Leases with uncounted renewals kept at most (the entries of leases that ended between two
+#: writes are dropped with the rest when there are more; those renewals stay uncounted).
+_MAX_UNCOUNTED = 100_000
+
 
 class RenewalBatcher:
-    """Queue renewals, write them in batches, resolve each caller with its own outcome."""
+    """Queue renewals, answer or write them in batches, resolve each caller with its outcome."""
 
-    def __init__(self, store: Store, bus: EventBus, window_s: float, max_batch: int) -> None:
+    def __init__(
+        self,
+        store: Store,
+        bus: EventBus,
+        window_s: float,
+        max_batch: int,
+        write_below: float = leases.ALWAYS_WRITE,
+    ) -> None:
         self._store = store
         self._bus = bus
         self._window = window_s
         self._max = max_batch
-        self._queue: list[tuple[leases.RenewalIn, asyncio.Future[leases.RenewalOut]]] = []
+        self._write_below = write_below
+        self._queue: _Waiting = []
+        self._writes: _Waiting = []
+        #: Leases with renewals queued for writing or being written (how many of each).
+        self._pending: Counter[tuple[str, int, str, str]] = Counter()
+        #: Renewals answered from a read, per lease, not yet in the attempt's count.
+        self._uncounted: Counter[tuple[str, int, str, str]] = Counter()
         self._wake = asyncio.Event()
-        self._task: asyncio.Task[None] | None = None
+        self._write_wake = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+        #: Write transactions so far (stage two).
         self.batches_written = 0
 
     def start(self) -> None:
-        """Start the writer task."""
-        self._task = asyncio.create_task(self._run(), name="renewal-batcher")
+        """Start the two stages."""
+        self._tasks = [
+            asyncio.create_task(self._run(), name="renewal-reads"),
+            asyncio.create_task(self._run_writes(), name="renewal-writes"),
+        ]
 
     async def stop(self) -> None:
-        """Stop the writer; queued renewals fail with CancelledError."""
-        if self._task is not None:
-            self._task.cancel()
+        """Stop both stages; queued renewals fail with CancelledError."""
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
             with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
-        for _, fut in self._queue:
+                await task
+        self._tasks = []
+        for _, fut in (*self._queue, *self._writes):
             if not fut.done():
                 fut.cancel()
         self._queue.clear()
+        self._writes.clear()
+        self._pending.clear()
+        self._uncounted.clear()
 
     async def renew(self, item: leases.RenewalIn) -> leases.RenewalOut:
-        """Write one renewal as part of the next batch."""
+        """Answer one renewal as part of the next batch."""
         fut: asyncio.Future[leases.RenewalOut] = asyncio.get_running_loop().create_future()
         self._queue.append((item, fut))
         self._wake.set()
@@ -65,29 +102,77 @@ class RenewalBatcher:
                 await asyncio.sleep(self._window)
             while self._queue:
                 batch, self._queue = self._queue[: self._max], self._queue[self._max :]
-                await self._write(batch)
+                await self._answer(batch)
 
-    async def _write(
-        self, batch: list[tuple[leases.RenewalIn, asyncio.Future[leases.RenewalOut]]]
-    ) -> None:
+    async def _answer(self, batch: _Waiting) -> None:
+        """Stage one: answer from one read what needs no write, queue the rest for stage two."""
+        items = [item for item, _ in batch]
+        if self._write_below >= leases.ALWAYS_WRITE:
+            outcomes: list[leases.RenewalOut | None] = [None] * len(batch)
+        else:
+            try:
+                outcomes = await leases.answer_from_read(
+                    self._store, items, self._write_below, self._pending
+                )
+            except Exception as exc:
+                self._fail(batch, exc)
+                return
+        for (item, fut), out in zip(batch, outcomes, strict=True):
+            key = leases.lease_key(item)
+            if out is None:
+                self._pending[key] += 1
+                self._writes.append((replace(item, counts=1 + self._uncounted.pop(key, 0)), fut))
+                continue
+            self._uncounted[key] += 1
+            if not fut.done():
+                fut.set_result(out)
+        if len(self._uncounted) > _MAX_UNCOUNTED:  # leases that ended between writes
+            self._uncounted.clear()
+        if self._writes:
+            self._write_wake.set()
+
+    async def _run_writes(self) -> None:
+        while True:
+            await self._write_wake.wait()
+            self._write_wake.clear()
+            while self._writes:
+                batch, self._writes = self._writes[: self._max], self._writes[self._max :]
+                try:
+                    await self._write(batch)
+                finally:
+                    for item, _ in batch:
+                        key = leases.lease_key(item)
+                        self._pending[key] -= 1
+                        if self._pending[key] <= 0:
+                            del self._pending[key]
+
+    async def _write(self, batch: _Waiting) -> None:
+        """Stage two: one fenced write transaction; watchers hear of what it changed."""
         observed = metrics.current()
         started = time.perf_counter()
         try:
-            outcomes = await leases.renew_batch(self._store, [item for item, _ in batch])
+            outcomes = await leases.write_renewals(self._store, [item for item, _ in batch])
         except Exception as exc:
-            observed.renewal_errors(len(batch))
-            log.exception("renewal batch of %d failed", len(batch))
-            for _, fut in batch:
-                if not fut.done():
-                    fut.set_exception(exc)
+            self._fail(batch, exc)
             return
         observed.db_batch.observe(time.perf_counter() - started)
         observed.db_batch_size.observe(len(batch))
         self.batches_written += 1
         changed: list[str] = []
         for (item, fut), out in zip(batch, outcomes, strict=True):
-            if out.expires_at is not None:
+            if out.expires_at is None:
+                self._uncounted.pop(leases.lease_key(item), None)
+            if out.written:
                 changed.append(item.task_id)
             if not fut.done():
                 fut.set_result(out)
         self._bus.tasks_changed(changed)
+
+    @staticmethod
+    def _fail(batch: _Waiting, exc: Exception) -> None:
+        """Every renewal of the batch is told "internal error; retry" (the boundary's words)."""
+        metrics.current().renewal_errors(len(batch))
+        log.exception("renewal batch of %d failed", len(batch))
+        for _, fut in batch:
+            if not fut.done():
+                fut.set_exception(exc)

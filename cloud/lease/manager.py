@@ -53,7 +53,11 @@ class LeaseManager:
         self.settings = settings
         self.sessions: dict[str, HostSession] = {}
         self.batcher = RenewalBatcher(
-            store, bus, settings.renewal_batch_window_seconds, settings.renewal_batch_max
+            store,
+            bus,
+            settings.renewal_batch_window_seconds,
+            settings.renewal_batch_max,
+            settings.renewal_write_below,
         )
         self.dispatcher = Dispatcher(store, bus, self.sessions)
         self.dispatcher.secrets = secrets

@@ -9,6 +9,7 @@ from typing import Any, cast
 from sqlalchemy import String, Table, bindparam, or_, select, text, update
 
 from cloud.store.database import Store
+from cloud.store.idlists import among
 from cloud.store.models import HostRow, UTCDateTime
 
 # A replica vouches for its streams every host_heartbeat_seconds; after this many missed beats
@@ -58,7 +59,7 @@ async def current_streams(store: Store, host_ids: list[str]) -> dict[str, tuple[
     async with store.read() as session:
         rows = await session.execute(
             select(HostRow.host_id, HostRow.stream_id, HostRow.process_id).where(
-                HostRow.host_id.in_(host_ids)
+                among(store, HostRow.host_id, host_ids)
             )
         )
         return {h: (stream or "", process or "") for h, stream, process in rows}

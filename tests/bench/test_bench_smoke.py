@@ -40,6 +40,8 @@ def test_runner_smoke_prints_figures(postgres_server: PostgresServer, tmp_path: 
         "Lease capacity",
         "Memory",
         "Dispatch latency",
+        "Dispatch burst",
+        "Fleet scale (PostgreSQL)",
         "Decision log at scale",
         "Prompt growth",
         "Host per-step overhead",
@@ -50,6 +52,10 @@ def test_runner_smoke_prints_figures(postgres_server: PostgresServer, tmp_path: 
     assert re.search(r"vs bare gRPC echo [\d,.]+ = x[\d.]+", out)
     assert re.search(r"cloud KiB per idle stream .* KiB", out)
     assert re.search(r"submit → assignment p99\s+[\d.]+ ms", out)
+    assert "exactly once met" in out
+    assert re.search(r"last assignment after the last hello\s+[\d,.]+ ms", out)
+    assert re.search(r"scale: renewals acknowledged\s+[\d,]+", out)
+    assert re.search(r"replicas: two replicas, closed-loop renewals/s\s+[\d,.]+ /s", out)
     assert re.search(r"ListDecisions .* p50, .*[\d.]+ ms", out)
     assert "FAILED" not in out
     text = doc.read_text()

@@ -7,11 +7,11 @@ import datetime as dt
 from dataclasses import replace
 from unittest.mock import ANY
 
-from sqlalchemy import inspect, update
+from sqlalchemy import inspect, select, update
 
 from amc.v1 import types_pb2
 from cloud import revocations
-from cloud.store import convert, decisions, leases, states, tasks
+from cloud.store import convert, decisions, idlists, leases, states, tasks
 from cloud.store import revocations as store_revocations
 from cloud.store.database import Store
 from cloud.store.engine import check, downgrade, upgrade
@@ -350,3 +350,21 @@ async def test_reported_outcomes_are_recorded_once_and_rebuild_the_history(store
     ]
     assert "hunter2" not in steps[1].arguments_json  # the sensitive text stays masked
     assert await decisions.attempt_steps(store, task_id, 2) == []
+
+
+async def test_an_id_list_is_one_parameter_on_both_backends(store: Store) -> None:
+    """`idlists.among`: the same rows as `IN (…)`, for no id, one, and thousands (one bound
+    parameter however many), ids with quotes and non-ASCII text included."""
+    ids = [await _task(store) for _ in range(3)]
+    odd = ["it's", 'say "hi"', "héllo", "x" * 100]
+    many = [f"missing-{i}" for i in range(5000)]
+    for wanted in ([], ids[:1], ids, [*ids[1:], *odd, *many]):
+        async with store.read() as db:
+            found = set(
+                await db.scalars(
+                    select(TaskRow.task_id).where(idlists.among(store, TaskRow.task_id, wanted))
+                )
+            )
+        assert found == set(wanted) & set(ids)
+    statement = select(TaskRow.task_id).where(idlists.among(store, TaskRow.task_id, many))
+    assert len(statement.compile().params) == 1

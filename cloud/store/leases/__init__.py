@@ -30,11 +30,20 @@ from cloud.store.leases.queries import (
     queued_by_target_host,
 )
 from cloud.store.leases.release import release
-from cloud.store.leases.renew import RenewalIn, RenewalOut, renew_batch
+from cloud.store.leases.renew import (
+    ALWAYS_WRITE,
+    RenewalIn,
+    RenewalOut,
+    answer_from_read,
+    lease_key,
+    renew_batch,
+    write_renewals,
+)
 from cloud.store.leases.results import ReplayIn, ResultOut, record_result
 from cloud.store.leases.sweeps import Ended, sweep_deadlines, sweep_expired
 
 __all__ = [
+    "ALWAYS_WRITE",
     "RESULT_SUMMARY_LIMIT",
     "SUMMARY_LIMIT",
     "BusyPhone",
@@ -49,6 +58,7 @@ __all__ = [
     "ReplayIn",
     "ResultOut",
     "Revocation",
+    "answer_from_read",
     "busy_phones",
     "check_held",
     "claim",
@@ -56,6 +66,7 @@ __all__ = [
     "held_recently",
     "is_live",
     "latest_progress",
+    "lease_key",
     "lease_owner",
     "live_attempts_on",
     "live_fence",
@@ -68,4 +79,5 @@ __all__ = [
     "sweep_deadlines",
     "sweep_expired",
     "truncate_summary",
+    "write_renewals",
 ]

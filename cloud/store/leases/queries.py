@@ -11,6 +11,7 @@ from sqlalchemy import func, select
 
 from cloud.store import states
 from cloud.store.database import Store
+from cloud.store.idlists import among
 from cloud.store.leases.claim import latest_progress
 from cloud.store.leases.fence import Revocation, classify, live_fence
 from cloud.store.models import AttemptRow, TaskRow
@@ -80,7 +81,7 @@ async def live_serials_by_host(store: Store, host_ids: Sequence[str]) -> dict[st
     async with store.read() as session:
         rows = await session.execute(
             select(AttemptRow.host_id, AttemptRow.device_serial).where(
-                AttemptRow.host_id.in_(busy), AttemptRow.ended_at.is_(None)
+                among(store, AttemptRow.host_id, busy), AttemptRow.ended_at.is_(None)
             )
         )
         for host_id, serial in rows:

@@ -1,18 +1,28 @@
-"""Fenced renewals, written in batches: one transaction for many hosts' renewals.
+"""Fenced renewals, in batches: one read for many hosts' renewals, a write only where needed.
 
-On PostgreSQL a batch is one statement (`_renew_batch_pg`); on SQLite an executemany of the
-fenced UPDATE (`_renew_batch_sqlite`). Both apply the same fence (`fence.live_fence`) to each
-renewal on its own, so a stale one is refused without failing the others in its batch.
+A batch is first read (`_read_live`: one statement, no transaction to commit, no lock): a renewal
+whose lease the read finds live, far from expiry (at least `write_below` of its length left),
+already running and with the progress it carries already stored is acknowledged with the stored
+expiry and writes nothing (docs/decisions/0070-renewals-without-writes.md). Every other renewal is
+written, fenced: on PostgreSQL one statement for the batch (`_renew_batch_pg`), on SQLite an
+executemany of the fenced UPDATE (`_renew_batch_sqlite`). Both apply the same fence
+(`fence.live_fence`) to each renewal on its own, so a stale one is refused (and classified)
+without failing the others in its batch.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import json
+from collections.abc import Container
 from dataclasses import dataclass
-from typing import cast
+from typing import Any, cast
 
 from sqlalchemy import (
+    Boolean,
+    Float,
     Integer,
+    Row,
     String,
     Table,
     Update,
@@ -42,6 +52,9 @@ class RenewalIn:
     attempt: int
     lease_id: str
     progress: ProgressIn | None
+    #: Renewals this write stands for in the attempt's count (`renewals`): itself and those of
+    #: its lease answered from a read since its last write (decision 0070).
+    counts: int = 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +64,8 @@ class RenewalOut:
     expires_at: dt.datetime | None
     revocation: Revocation | None = None
     message: str = ""
+    #: The renewal changed the stored attempt (expiry, progress or status): watchers may care.
+    written: bool = False
 
 
 def _renew_statement(with_progress: bool) -> Update:
@@ -68,7 +83,7 @@ def _renew_statement(with_progress: bool) -> Update:
         "lease_expires_at": bindparam("r_expires", type_=UTCDateTime()),
         "status": states.RUNNING,
         # The renewal summary (renewals are counted, not recorded one by one).
-        "renewals": attempts.c.renewals + 1,
+        "renewals": attempts.c.renewals + bindparam("r_counts", type_=Integer()),
         "first_renewed_at": func.coalesce(
             attempts.c.first_renewed_at, bindparam("r_now", type_=UTCDateTime())
         ),
@@ -103,17 +118,147 @@ _RENEW = _renew_statement(with_progress=False)
 _RENEW_WITH_PROGRESS = _renew_statement(with_progress=True)
 
 
-async def renew_batch(store: Store, items: list[RenewalIn]) -> list[RenewalOut]:
-    """Write many renewals in one transaction; each caller gets its own outcome, in order.
+#: Every renewal writes (the behaviour before decision 0070): a `write_below` of 1.0 never finds
+#: a lease with more than its whole length left.
+ALWAYS_WRITE = 1.0
 
-    On PostgreSQL the whole batch is one statement (`_renew_batch_pg`); on SQLite it is an
-    executemany of the fenced UPDATE (`_renew_batch_sqlite`). Both apply the same fence.
+# The live attempts of a batch's tasks with what a renewal is compared against, in one statement
+# of constant text (the task ids are one parameter: a JSON array on SQLite, an array on
+# PostgreSQL), so it is prepared once and its compiled form cached.
+_LIVE_COLUMNS = (
+    column("task_id", String()),
+    column("attempt", Integer()),
+    column("lease_id", String()),
+    column("host_id", String()),
+    column("lease_expires_at", UTCDateTime()),
+    column("status", String()),
+    column("step_index", Integer()),
+    column("step_status", Integer()),
+    column("summary", String()),
+    column("max_steps", Integer()),
+    column("lease_seconds", Float()),
+    column("cancel_requested", Boolean()),
+)
+_LIVE_SELECT = """
+SELECT a.task_id, a.attempt, a.lease_id, a.host_id, a.lease_expires_at, a.status, a.step_index,
+       a.step_status, a.summary, a.max_steps, t.lease_seconds, t.cancel_requested
+FROM attempts AS a JOIN tasks AS t ON t.task_id = a.task_id
+WHERE a.ended_at IS NULL AND a.task_id {match}
+"""
+_LIVE_SQLITE = text(
+    _LIVE_SELECT.format(match="IN (SELECT value FROM json_each(:task_ids))")
+).columns(*_LIVE_COLUMNS)
+_LIVE_PG = text(_LIVE_SELECT.format(match="= ANY(CAST(:task_ids AS varchar[]))")).columns(
+    *_LIVE_COLUMNS
+)
+
+_Key = tuple[str, int, str, str]
+
+
+async def _read_live(store: Store, task_ids: list[str]) -> dict[str, Row[Any]]:
+    """The live attempt of each of `task_ids` (at most one per task), as one committed snapshot.
+
+    Not a write transaction: on SQLite it does not wait for the store's write lock (WAL readers
+    never block the writer), on PostgreSQL it runs in autocommit (no BEGIN/COMMIT round trips)."""
+    async with store.engine.connect() as conn:
+        if store.is_postgres:
+            conn = await conn.execution_options(isolation_level="AUTOCOMMIT")
+            rows = await conn.execute(_LIVE_PG, {"task_ids": task_ids})
+        else:
+            rows = await conn.execute(_LIVE_SQLITE, {"task_ids": json.dumps(task_ids)})
+        return {row.task_id: row for row in rows}
+
+
+def _unchanged(row: Row[Any], item: RenewalIn, now: dt.datetime, write_below: float) -> bool:
+    """True when acknowledging `item` needs no write: `row` is its live lease (the full fence:
+    lease, host, not ended, not expired, no cancel requested), already RUNNING, with at least
+    `write_below` of its length left, and the progress the renewal carries is the one stored."""
+    if (
+        row.attempt != item.attempt
+        or row.lease_id != item.lease_id
+        or row.host_id != item.host_id
+        or row.cancel_requested
+        or row.status != states.RUNNING
+        or (row.lease_expires_at - now).total_seconds() < write_below * row.lease_seconds
+    ):
+        return False
+    p = item.progress
+    return p is None or (
+        (row.step_index, row.step_status, row.summary, row.max_steps)
+        == (p.step_index, p.step_status, p.summary, p.max_steps)
+    )
+
+
+def lease_key(item: RenewalIn) -> tuple[str, int, str, str]:
+    """Which lease a renewal is for: (task, attempt, lease id, host)."""
+    return (item.task_id, item.attempt, item.lease_id, item.host_id)
+
+
+async def answer_from_read(
+    store: Store,
+    items: list[RenewalIn],
+    write_below: float,
+    pending: Container[tuple[str, int, str, str]] = (),
+) -> list[RenewalOut | None]:
+    """Read the batch's live attempts once; each renewal's outcome if it needs no write
+    (`_unchanged`: the stored expiry, nothing written), None if it must be written.
+
+    A renewal of a lease in `pending` (renewals of it queued for writing) or of a lease that
+    another renewal in this batch must write is written too: a lease's renewals are written in
+    the order they came, so the last progress acknowledged is the one stored.
+    """
+    if not items:
+        return []
+    now = store.now()
+    live = await _read_live(store, sorted({i.task_id for i in items}))
+    must: set[_Key] = set()
+    kept: dict[int, dt.datetime] = {}
+    for n, item in enumerate(items):
+        row = live.get(item.task_id)
+        key = lease_key(item)
+        if key not in pending and row is not None and _unchanged(row, item, now, write_below):
+            kept[n] = row.lease_expires_at
+        else:
+            must.add(key)
+    return [
+        RenewalOut(kept[n]) if n in kept and lease_key(item) not in must else None
+        for n, item in enumerate(items)
+    ]
+
+
+async def write_renewals(store: Store, items: list[RenewalIn]) -> list[RenewalOut]:
+    """Write many renewals in one transaction, each fenced on its own; outcomes in order.
+
+    On PostgreSQL one statement (`_renew_batch_pg`), on SQLite an executemany of the fenced
+    UPDATE (`_renew_batch_sqlite`). Both apply the same fence; a refused renewal is classified.
     """
     if not items:
         return []
     if store.is_postgres:
         return await _renew_batch_pg(store, items)
     return await _renew_batch_sqlite(store, items)
+
+
+async def renew_batch(
+    store: Store, items: list[RenewalIn], write_below: float = ALWAYS_WRITE
+) -> list[RenewalOut]:
+    """Renew many leases; each caller gets its own outcome, in order.
+
+    With `write_below` < 1 the batch is read first (`answer_from_read`) and only the renewals
+    that must be written are (`write_renewals`); with 1 every renewal is written. The lease
+    service does the same in two stages (`cloud.lease.batcher`), so that reads never wait
+    behind writes.
+    """
+    if not items:
+        return []
+    out: list[RenewalOut | None] = [None] * len(items)
+    if write_below < ALWAYS_WRITE:
+        out = await answer_from_read(store, items, write_below)
+    to_write = [n for n, o in enumerate(out) if o is None]
+    written = await write_renewals(store, [items[n] for n in to_write])
+    for n, o in zip(to_write, written, strict=True):
+        out[n] = o
+    return [o for o in out if o is not None]
 
 
 async def _renew_batch_sqlite(store: Store, items: list[RenewalIn]) -> list[RenewalOut]:
@@ -152,6 +297,7 @@ async def _renew_batch_sqlite(store: Store, items: list[RenewalIn]) -> list[Rene
                 "r_host": item.host_id,
                 "r_now": now,
                 "r_expires": expires,
+                "r_counts": item.counts,
             }
             if item.progress is None:
                 plain.append(params)
@@ -186,7 +332,7 @@ async def _renew_batch_sqlite(store: Store, items: list[RenewalIn]) -> list[Rene
         for n, expires in expected.items():
             item = items[n]
             if live.get((item.task_id, item.attempt, item.lease_id, item.host_id)) == expires:
-                out[n] = RenewalOut(expires)
+                out[n] = RenewalOut(expires, written=True)
                 renewed_tasks.add(item.task_id)
             else:
                 reason, message = await classify(
@@ -227,15 +373,15 @@ _RENEW_BATCH_PG = (
         """
 WITH live AS (
     SELECT x.id, x.lease_seconds, i.has_progress, i.step_index, i.step_status, i.summary,
-           i.max_steps
+           i.max_steps, i.counts
     FROM unnest(
         CAST(:task_ids AS varchar[]), CAST(:attempts AS integer[]),
         CAST(:lease_ids AS varchar[]), CAST(:host_ids AS varchar[]),
         CAST(:has_progress AS boolean[]), CAST(:step_indexes AS integer[]),
         CAST(:step_statuses AS integer[]), CAST(:summaries AS varchar[]),
-        CAST(:max_steps AS integer[])
+        CAST(:max_steps AS integer[]), CAST(:counts AS integer[])
     ) AS i(task_id, attempt, lease_id, host_id, has_progress, step_index, step_status, summary,
-           max_steps)
+           max_steps, counts)
     CROSS JOIN LATERAL (
         SELECT attempts.id, tasks.lease_seconds
         FROM attempts JOIN tasks ON tasks.task_id = attempts.task_id
@@ -252,7 +398,7 @@ WITH live AS (
     UPDATE attempts AS a
     SET lease_expires_at = CAST(:now AS timestamptz) + make_interval(secs => l.lease_seconds),
         status = :running,
-        renewals = a.renewals + 1,
+        renewals = a.renewals + l.counts,
         first_renewed_at = COALESCE(a.first_renewed_at, CAST(:now AS timestamptz)),
         last_renewed_at = CAST(:now AS timestamptz),
         step_index = CASE WHEN l.has_progress THEN l.step_index ELSE a.step_index END,
@@ -294,12 +440,16 @@ async def _renew_batch_pg(store: Store, items: list[RenewalIn]) -> list[RenewalO
     A renewal is accepted when the statement returned its (task, attempt, lease, host); every
     other one is classified (expired, revoked, superseded, cancelled, unknown...) in the same
     transaction, as on SQLite. The same lease twice in one batch is written once, with the last
-    progress (as the executemany's second UPDATE would leave it), and both callers get the expiry.
+    progress (as the executemany's second UPDATE would leave it) and both renewals counted, and
+    both callers get the expiry.
     """
     now = store.now()
     last: dict[tuple[str, int, str, str], RenewalIn] = {}
+    counts: dict[tuple[str, int, str, str], int] = {}
     for item in items:
-        last[(item.task_id, item.attempt, item.lease_id, item.host_id)] = item
+        key = lease_key(item)
+        last[key] = item
+        counts[key] = counts.get(key, 0) + item.counts
     # Sorted, so concurrent batches (other replicas) lock shared rows in the same order.
     unique = [last[key] for key in sorted(last)]
     params: dict[str, object] = {
@@ -313,6 +463,7 @@ async def _renew_batch_pg(store: Store, items: list[RenewalIn]) -> list[RenewalO
         "step_statuses": [None if i.progress is None else i.progress.step_status for i in unique],
         "summaries": [None if i.progress is None else i.progress.summary for i in unique],
         "max_steps": [None if i.progress is None else i.progress.max_steps for i in unique],
+        "counts": [counts[lease_key(i)] for i in unique],
     }
     async with store.write() as session:
         conn = await session.connection()
@@ -323,7 +474,7 @@ async def _renew_batch_pg(store: Store, items: list[RenewalIn]) -> list[RenewalO
         for item in items:
             expires = renewed.get((item.task_id, item.attempt, item.lease_id, item.host_id))
             if expires is not None:
-                out.append(RenewalOut(expires))
+                out.append(RenewalOut(expires, written=True))
                 continue
             reason, message = await classify(
                 session, item.host_id, item.task_id, item.attempt, item.lease_id, now

@@ -849,8 +849,10 @@ class Progress(_message.Message):
     """
     @_builtins.property
     def updated_at(self) -> _timestamp_pb2.Timestamp:
-        """When the cloud stored this snapshot. Set by the cloud on every accepted renewal or result; a
-        value a host sends here is ignored.
+        """When the cloud stored this snapshot. Set by the cloud when an accepted renewal or result is
+        written; a renewal that repeats the stored progress while its lease is far from its end is
+        acknowledged without a write and does not move it (decision 0070). A value a host sends
+        here is ignored.
         """
 
     def __init__(
@@ -1190,7 +1192,10 @@ class Attempt(_message.Message):
     """
     renewals: _builtins.int
     """How many renewals the cloud accepted for this lease (renewals are summarised, not listed:
-    TaskService.ListTaskEvents has the attempt's other lease events).
+    TaskService.ListTaskEvents has the attempt's other lease events). A renewal acknowledged
+    without a write (same progress, lease far from its end: decision 0070) is added at the
+    lease's next write, so the count may lag behind by those, and the ones after the last
+    write are not counted when the attempt ends first.
     """
     @_builtins.property
     def progress(self) -> Global___Progress:
@@ -1220,7 +1225,9 @@ class Attempt(_message.Message):
 
     @_builtins.property
     def last_renewed_at(self) -> _timestamp_pb2.Timestamp:
-        """When the last accepted renewal arrived; unset before the first."""
+        """When the last written renewal arrived (renewals acknowledged without a write, decision
+        0070, do not move it); unset before the first.
+        """
 
     @_builtins.property
     def usage(self) -> Global___Usage:

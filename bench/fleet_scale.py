@@ -1,0 +1,397 @@
+"""Fleet scale: many hosts on one replica at the default renewal interval, and replicas that add up.
+
+Part 1 (`scale`): N simulated hosts (full: as many as `--hosts`, 10,000 asked by issue 21), one
+mTLS stream each, hold a lease on one PostgreSQL-backed replica and renew every `interval` s
+(the default renewal interval, a third of a 30 s lease) with progress; one host in ten is "hot"
+(a new step on every renewal, its summary stamped with the time it was sent) and a fleet-wide
+`WatchProgress` watcher times how long after the send each hot step reaches it. Figures: renewals
+acknowledged, p50/p99, refusals (a refused renewal = a lost lease), cloud RSS, cloud CPU per 1,000
+renewals, watcher delay p50/p99, and what the database did (its CPU, WAL bytes, commits).
+
+Part 2 (`replicas`): the same closed-loop load (hosts renewing as fast as they are acknowledged)
+against one replica, then against two replicas on the same PostgreSQL, the hosts split between
+them: renewals/s of each, with the database's CPU, WAL and connections beside them.
+
+The replicas are pinned to CPU 0 (`taskset`), the simulated hosts to CPU 1 when the machine has
+two CPUs; PostgreSQL is not pinned (it shares both).
+
+    python -m bench.fleet_scale [--smoke] [--hosts N] [--interval S] [--duration S]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import math
+import os
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import psycopg
+from sqlalchemy.engine import make_url
+
+from amc.v1 import progress_service_pb2
+from bench import resources
+from bench.cloud_client import operator, submit_many
+from bench.procstat import cpu_seconds, rss_kb
+from bench.report import Section, percentile
+from bench.servers import ServerProcess, server_process
+from bench.sim_hosts import Fleet, WorkerConfig, host_ids, sent_at, split
+
+SERVER_CPUS = "0"
+HOST_CPUS = frozenset({1})
+
+
+@dataclass(slots=True)
+class Sizes:
+    hosts: int
+    workers: int
+    interval: float
+    duration: float
+    sat_hosts: int
+    sat_duration: float
+    hot_every: int = 10
+
+
+FULL = Sizes(
+    hosts=10_000, workers=4, interval=10.0, duration=60.0, sat_hosts=400, sat_duration=20.0
+)
+SMOKE = Sizes(hosts=20, workers=1, interval=1.0, duration=2.0, sat_hosts=10, sat_duration=1.0)
+
+
+class Database:
+    """What the benchmark's PostgreSQL did: its processes' CPU, WAL written, commits."""
+
+    def __init__(self, url: str) -> None:
+        self.dsn = make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
+        with psycopg.connect(self.dsn, autocommit=True) as conn:
+            pid = conn.execute("SELECT pg_backend_pid()").fetchone()
+            assert pid is not None
+        self.postmaster = _ppid(int(pid[0]))
+
+    def cpu(self) -> float:
+        """CPU seconds of the postmaster and its live children (backends, WAL writer...)."""
+        total = 0.0
+        for entry in Path("/proc").iterdir():
+            if entry.name.isdigit():
+                with contextlib.suppress(OSError, ValueError):
+                    pid = int(entry.name)
+                    if pid == self.postmaster or _ppid(pid) == self.postmaster:
+                        total += cpu_seconds(pid)
+        return total
+
+    def stats(self) -> tuple[int, int, int]:
+        """(WAL position in bytes, commits in this database, connections to it)."""
+        with psycopg.connect(self.dsn, autocommit=True) as conn:
+            row = conn.execute(
+                "SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')::bigint, xact_commit, "
+                "numbackends FROM pg_stat_database WHERE datname = current_database()"
+            ).fetchone()
+        assert row is not None
+        return int(row[0]), int(row[1]), int(row[2])
+
+
+def _ppid(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("PPid:"):
+            return int(line.split()[1])
+    return 0
+
+
+@dataclass(slots=True)
+class Window:
+    """CPU and database counters over one measured window."""
+
+    seconds: float
+    cloud_cpu: float = 0.0
+    db_cpu: float = 0.0
+    wal_bytes: int = 0
+    commits: int = 0
+    connections: int = 0
+    rss_kib: list[int] = field(default_factory=list)
+
+
+@contextlib.contextmanager
+def _window(
+    servers: list[ServerProcess], db: Database, start: float, seconds: float
+) -> Iterator[Window]:
+    """Sample the servers and the database at `start` and `start + seconds` (a thread)."""
+    w = Window(seconds)
+    marks: list[tuple[float, float, tuple[int, int, int]]] = []
+
+    def sample() -> None:
+        for at in (start, start + seconds):
+            time.sleep(max(0.0, at - time.time()))
+            marks.append((sum(cpu_seconds(s.pid) for s in servers), db.cpu(), db.stats()))
+
+    sampler = threading.Thread(target=sample)
+    sampler.start()
+    yield w
+    sampler.join()
+    (c0, d0, (wal0, com0, _)), (c1, d1, (wal1, com1, conns)) = marks
+    w.cloud_cpu, w.db_cpu = c1 - c0, d1 - d0
+    w.wal_bytes, w.commits, w.connections = wal1 - wal0, com1 - com0, conns
+    w.rss_kib = [rss_kb(s.pid) for s in servers]
+
+
+class Watcher:
+    """A fleet-wide WatchProgress stream in its own thread, timing hot hosts' stamped steps."""
+
+    def __init__(self, address: str, pki_dir: Path) -> None:
+        self.delays: list[float] = []
+        self._address, self._pki = address, pki_dir
+        self._ready = threading.Event()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._call: Any = None
+        self._thread = threading.Thread(target=lambda: asyncio.run(self._run()), daemon=True)
+
+    def __enter__(self) -> Watcher:
+        self._thread.start()
+        self._ready.wait(30)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._loop is not None and self._call is not None:
+            self._loop.call_soon_threadsafe(self._call.cancel)
+        self._thread.join(30)
+
+    async def _run(self) -> None:
+        client = operator(self._address, self._pki)
+        self._loop = asyncio.get_running_loop()
+        self._call = client.progress.WatchProgress(progress_service_pb2.WatchProgressRequest())
+        self._ready.set()
+        try:
+            async for msg in self._call:
+                at = sent_at(msg.task.progress.summary)
+                if at is not None and not msg.snapshot:
+                    self.delays.append(time.time() - at)
+        except asyncio.CancelledError:
+            pass  # __exit__ cancelled the call
+        finally:
+            await client.close()
+
+
+def _fleet(addresses: list[str], pki_dir: Path, ids: list[str], sizes: Sizes, pin: bool) -> Fleet:
+    workers = max(len(addresses), sizes.workers)
+    return Fleet(
+        [
+            WorkerConfig(
+                i,
+                "grpc",
+                addresses[i % len(addresses)],
+                pki_dir,
+                chunk,
+                step_every=1_000_000,  # cold hosts repeat their progress
+                hot_every=sizes.hot_every,
+                cpus=HOST_CPUS if pin else None,
+                connect_concurrency=128,
+            )
+            for i, chunk in enumerate(split(ids, workers))
+        ]
+    )
+
+
+def _cloud(url: str, pki_dir: Path, pin: bool) -> contextlib.AbstractContextManager[ServerProcess]:
+    return server_process(
+        "cloud", "--db", url, "--pki", str(pki_dir), cpus=SERVER_CPUS if pin else ""
+    )
+
+
+def scale(section: Section, url: str, pki_dir: Path, sizes: Sizes, pin: bool) -> None:
+    """Part 1: N hosts on one replica at the default interval, a watcher timing hot steps."""
+    ids = host_ids(sizes.hosts, "fleet")
+    db = Database(url)
+    with _cloud(url, pki_dir, pin) as cloud:
+        fleet = _fleet([cloud.address], pki_dir, ids, sizes, pin)
+        try:
+            t0 = time.monotonic()
+            fleet.start(timeout=900)
+            connect_s = time.monotonic() - t0
+            asyncio.run(submit_many(cloud.address, pki_dir, fleet.connected))
+            leases = fleet.wait_assigned(timeout=900)
+            rss_idle = rss_kb(cloud.pid)
+            with Watcher(cloud.address, pki_dir) as watcher:
+                start = time.time() + 2.0
+                with _window([cloud], db, start, sizes.duration) as w:
+                    result = fleet.phase(start, sizes.duration, sizes.interval, sizes.hosts)
+                time.sleep(1.0)  # the last hot steps reach the watcher
+        finally:
+            fleet.stop()
+    acked = len(result.latencies)
+    offered = len(leases) * sizes.duration / sizes.interval
+    ms = [x * 1000 for x in result.latencies]
+    delays = [x * 1000 for x in watcher.delays]
+    n = f"{len(leases):,} hosts"
+    section.add(
+        "scale: hosts connected with a lease",
+        len(leases),
+        "",
+        note=(
+            f"of {sizes.hosts:,}; connected in {connect_s:.0f} s; failed to connect {fleet.failed}"
+        ),
+    )
+    section.add(
+        "scale: renewals acknowledged",
+        acked,
+        "",
+        note=f"{n} every {sizes.interval:g} s for {sizes.duration:g} s: ~{offered:,.0f} offered",
+    )
+    section.add(
+        "scale: renewals refused or failed", result.errors, "", note="a refusal = a lost lease"
+    )
+    section.add("scale: ack p50", round(percentile(ms, 50), 2), "ms")
+    section.add(
+        "scale: ack p99",
+        round(percentile(ms, 99), 2),
+        "ms",
+        note="target < 100 ms: " + ("met" if percentile(ms, 99) < 100 else "NOT met"),
+    )
+    section.add(
+        "scale: cloud RSS",
+        round(w.rss_kib[0] / 1024, 1),
+        "MiB",
+        baseline=round(rss_idle / 1024, 1),
+        baseline_name="same hosts before the phase",
+        note="target < 1,536 MiB: " + ("met" if w.rss_kib[0] < 1536 * 1024 else "NOT met"),
+    )
+    section.add(
+        "scale: cloud CPU-s / 1,000 renewals",
+        round(w.cloud_cpu / acked * 1000, 3) if acked else math.nan,
+        "s",
+        note=f"cloud CPU {w.cloud_cpu / w.seconds:.0%} of one core",
+    )
+    section.add(
+        "scale: progress → watcher p50",
+        round(percentile(delays, 50), 1),
+        "ms",
+        note=f"{len(delays):,} hot steps seen",
+    )
+    section.add(
+        "scale: progress → watcher p99",
+        round(percentile(delays, 99), 1),
+        "ms",
+        note="target < 1,000 ms: " + ("met" if percentile(delays, 99) < 1000 else "NOT met"),
+    )
+    section.add(
+        "scale: database CPU",
+        round(w.db_cpu / w.seconds * 100, 1),
+        "% of a core",
+        note=f"WAL {w.wal_bytes / w.seconds / 1024:,.0f} KiB/s, {w.commits / w.seconds:,.0f} "
+        f"commits/s, {w.connections} connections",
+    )
+
+
+def _sat(
+    url: str, pki_dir: Path, ids: list[str], sizes: Sizes, pin: bool, replicas: int
+) -> tuple[float, float, Window]:
+    """Closed loop against `replicas` replicas: (renewals/s, p99 ms, window)."""
+    db = Database(url)
+    with contextlib.ExitStack() as stack:
+        clouds = [stack.enter_context(_cloud(url, pki_dir, pin)) for _ in range(replicas)]
+        fleet = _fleet([c.address for c in clouds], pki_dir, ids, sizes, pin)
+        try:
+            fleet.start(timeout=300)
+            asyncio.run(submit_many(clouds[0].address, pki_dir, fleet.connected))
+            fleet.wait_assigned(timeout=300)
+            start = time.time() + 2.0
+            with _window(clouds, db, start, sizes.sat_duration) as w:
+                result = fleet.phase(start, sizes.sat_duration, 0.0, len(ids))
+        finally:
+            fleet.stop()
+    ms = [x * 1000 for x in result.latencies]
+    return len(result.latencies) / sizes.sat_duration, percentile(ms, 99), w
+
+
+def replicas(section: Section, pki_dir: Path, sizes: Sizes, pin: bool) -> None:
+    """Part 2: one replica, then two on one PostgreSQL, the same closed-loop hosts."""
+    ids = host_ids(sizes.sat_hosts, "repl")
+    resources.pki(ids)
+    one = _sat(resources.postgres_url(), pki_dir, ids, sizes, pin, 1)
+    two = _sat(resources.postgres_url(), pki_dir, ids, sizes, pin, 2)
+    for label, (per_s, p99, w) in (("one replica", one), ("two replicas", two)):
+        section.add(
+            f"replicas: {label}, closed-loop renewals/s",
+            round(per_s, 1),
+            "/s",
+            baseline=round(one[0], 1),
+            baseline_name="one replica",
+            note=f"p99 {p99:,.0f} ms; replicas' CPU {w.cloud_cpu / w.seconds:.0%} of one core; "
+            f"database CPU {w.db_cpu / w.seconds:.0%}, WAL {w.wal_bytes / w.seconds / 1024:,.0f} "
+            f"KiB/s, {w.commits / w.seconds:,.0f} commits/s, {w.connections} connections",
+        )
+
+
+def run(
+    smoke: bool,
+    hosts: int | None = None,
+    interval: float | None = None,
+    duration: float | None = None,
+    parts: tuple[str, ...] = ("scale", "replicas"),
+) -> Section:
+    sizes = SMOKE if smoke else FULL
+    sizes = replace(
+        sizes,
+        hosts=hosts or sizes.hosts,
+        interval=interval or sizes.interval,
+        duration=duration or sizes.duration,
+    )
+    pin = len(os.sched_getaffinity(0)) > 1
+    t0 = time.monotonic()
+    section = Section(
+        "fleet_scale",
+        "Fleet scale (PostgreSQL)",
+        f"{sizes.hosts:,} hosts renewing every {sizes.interval:g} s for {sizes.duration:g} s, one "
+        f"in {sizes.hot_every} changing progress every renewal; then {sizes.sat_hosts} hosts "
+        f"closed-loop for {sizes.sat_duration:g} s against one and two replicas",
+    )
+    pki_dir = resources.pki(host_ids(sizes.hosts, "fleet"))
+    if "scale" in parts:
+        scale(section, resources.postgres_url(), pki_dir, sizes, pin)
+    if "replicas" in parts:
+        replicas(section, pki_dir, sizes, pin)
+    section.notes.append(
+        "Leases are an hour long (as in the lease benchmark) so that connecting the fleet, which "
+        "takes minutes here, does not expire them before the phase; renewals then go every "
+        f"{sizes.interval:g} s, and a renewal that changes nothing is answered from a read "
+        "(decision 0070)."
+        + (
+            " Replicas pinned to CPU 0 (two replicas share it), simulated hosts to CPU 1 "
+            "(taskset / sched_setaffinity); PostgreSQL and the benchmark's own watcher unpinned: "
+            "on two CPUs, two replicas cannot show that they add up."
+            if pin
+            else ""
+        )
+    )
+    section.seconds = time.monotonic() - t0
+    return section
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else "")
+    parser.add_argument("--smoke", action="store_true")
+    parser.add_argument("--hosts", type=int)
+    parser.add_argument("--interval", type=float)
+    parser.add_argument("--duration", type=float)
+    parser.add_argument("--part", action="append", choices=["scale", "replicas"])
+    args = parser.parse_args(argv)
+    try:
+        section = run(
+            args.smoke,
+            args.hosts,
+            args.interval,
+            args.duration,
+            tuple(args.part) if args.part else ("scale", "replicas"),
+        )
+        print(section.text())
+    finally:
+        resources.close()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,285 @@
+"""Renewals that write nothing (decision 0070): one test per invariant, on both backends.
+
+A renewal whose lease is live, far from expiry, already running and whose progress is already
+stored is answered from a read. Each test below states the invariant it holds, and drives
+`leases.renew_batch` with `write_below` set as the replica sets it, so the read path is the one
+deciding. "Another replica" is a second Store on the same database: its own engine and pool,
+as a second cloud process on the same PostgreSQL (or SQLite file) has.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import AsyncIterator
+
+import pytest
+from sqlalchemy import select, update
+
+from cloud.events import EventBus
+from cloud.lease.batcher import RenewalBatcher
+from cloud.settings import CloudSettings
+from cloud.store import convert, leases, states, tasks
+from cloud.store.database import Store
+from cloud.store.models import AttemptRow, TaskRow
+
+#: Write when less than half the lease is left (the tests set the margin themselves).
+HALF = 0.5
+LEASE_S = 30.0
+
+
+@pytest.fixture
+async def other(store: Store, db_url: str) -> AsyncIterator[Store]:
+    """Another replica's store on the same database."""
+    s = Store.from_url(db_url)
+    try:
+        yield s
+    finally:
+        await s.close()
+
+
+async def _lease(store: Store, host_id: str = "h1", serial: str = "p") -> leases.Claimed:
+    """A submitted task claimed by `host_id`, its first renewal written (status RUNNING)."""
+    await tasks.submit(
+        store,
+        tasks.NewTask(goal="g", max_attempts=3, lease_seconds=LEASE_S, timeout_seconds=3600),
+    )
+    claimed = await leases.claim(store, host_id, [serial], 2)
+    assert claimed is not None
+    (first,) = await leases.renew_batch(store, [_item(claimed, host_id)], HALF)
+    assert first.expires_at is not None and first.written
+    return claimed
+
+
+def _item(
+    c: leases.Claimed,
+    host_id: str = "h1",
+    progress: leases.ProgressIn | None = None,
+    lease_id: str | None = None,
+) -> leases.RenewalIn:
+    return leases.RenewalIn(
+        host_id, c.task_id, c.attempt, c.lease_id if lease_id is None else lease_id, progress
+    )
+
+
+async def _row(store: Store, task_id: str) -> AttemptRow:
+    async with store.read() as db:
+        row = await db.scalar(
+            select(AttemptRow).where(AttemptRow.task_id == task_id).order_by(AttemptRow.attempt)
+        )
+    assert row is not None
+    return row
+
+
+async def _set_expiry(store: Store, task_id: str, left_s: float) -> dt.datetime:
+    at = store.now() + dt.timedelta(seconds=left_s)
+    async with store.write() as db:
+        await db.execute(
+            update(AttemptRow).where(AttemptRow.task_id == task_id).values(lease_expires_at=at)
+        )
+    return at
+
+
+async def test_an_unchanged_renewal_far_from_expiry_writes_nothing(store: Store) -> None:
+    """The point of it: no write, and the stored rows keep every column as they were."""
+    c = await _lease(store, "h1")
+    p = leases.ProgressIn(1, 2, "step 1")
+    (written,) = await leases.renew_batch(store, [_item(c, progress=p)], HALF)
+    assert written.written
+    before = await _row(store, c.task_id)
+    async with store.read() as db:
+        touched = await db.scalar(select(TaskRow.updated_at).where(TaskRow.task_id == c.task_id))
+    (out,) = await leases.renew_batch(store, [_item(c, progress=p)], HALF)
+    assert out.expires_at is not None and not out.written
+    after = await _row(store, c.task_id)
+    assert (after.lease_expires_at, after.progress_updated_at) == (
+        before.lease_expires_at,
+        before.progress_updated_at,
+    )
+    async with store.read() as db:
+        assert (
+            await db.scalar(select(TaskRow.updated_at).where(TaskRow.task_id == c.task_id))
+            == touched
+        )
+
+
+async def test_the_acknowledged_expiry_is_the_stored_one(store: Store) -> None:
+    """Invariant 1: a renewal answered without a write is told the expiry the database holds
+    (which every replica's sweeper goes by), never a later one."""
+    c = await _lease(store)
+    (out,) = await leases.renew_batch(store, [_item(c)], HALF)
+    assert not out.written
+    assert out.expires_at == (await _row(store, c.task_id)).lease_expires_at
+
+
+async def test_a_lease_near_expiry_is_written(store: Store) -> None:
+    """Invariant 2: a lease with less than `write_below` of its length left is extended in the
+    database before the renewal is acknowledged."""
+    c = await _lease(store)
+    near = await _set_expiry(store, c.task_id, LEASE_S * HALF - 1)
+    (out,) = await leases.renew_batch(store, [_item(c)], HALF)
+    assert out.written and out.expires_at is not None and out.expires_at > near
+    assert (await _row(store, c.task_id)).lease_expires_at == out.expires_at
+
+
+async def test_changed_progress_is_stored_before_the_ack(store: Store, other: Store) -> None:
+    """Invariant 3: no acknowledged progress is lost. Progress that differs from the stored
+    one is written, whichever replica wrote the stored one; the same lease twice in a batch
+    stores the later progress even when the later one equals what was stored."""
+    c = await _lease(store)
+    first, second = leases.ProgressIn(1, 2, "first"), leases.ProgressIn(2, 2, "second")
+    (a,) = await leases.renew_batch(store, [_item(c, progress=first)], HALF)
+    assert a.written
+    # The host moved to another replica, which stored newer progress ...
+    (b,) = await leases.renew_batch(other, [_item(c, progress=second)], HALF)
+    assert b.written
+    # ... and came back reporting `first` again (a new report): it must not be taken as stored.
+    (again,) = await leases.renew_batch(store, [_item(c, progress=first)], HALF)
+    assert again.written
+    assert (await _row(store, c.task_id)).summary == "first"
+    # In one batch: a change and then a return to the stored progress: the later one is kept.
+    outs = await leases.renew_batch(
+        store, [_item(c, progress=second), _item(c, progress=first)], HALF
+    )
+    assert all(o.expires_at is not None for o in outs)
+    assert (await _row(store, c.task_id)).summary == "first"
+    # max_steps is part of the progress too.
+    capped = leases.ProgressIn(1, 2, "first", max_steps=40)
+    (d,) = await leases.renew_batch(store, [_item(c, progress=capped)], HALF)
+    assert d.written and (await _row(store, c.task_id)).max_steps == 40
+
+
+async def test_a_lease_with_a_write_queued_is_not_answered_from_the_read(store: Store) -> None:
+    """Invariant 3, across batches: while a renewal of a lease waits to be written (the
+    replica's write stage), a later renewal of it is written too, after it, never answered from
+    a read of the row the pending write is about to change."""
+    c = await _lease(store)
+    p = leases.ProgressIn(1, 2, "stored")
+    (stored,) = await leases.renew_batch(store, [_item(c, progress=p)], HALF)
+    assert stored.written
+    (free,) = await leases.answer_from_read(store, [_item(c, progress=p)], HALF)
+    assert free is not None and free.expires_at is not None
+    pending = {leases.lease_key(_item(c))}
+    (held,) = await leases.answer_from_read(store, [_item(c, progress=p)], HALF, pending)
+    assert held is None
+
+
+async def test_the_first_renewal_makes_the_attempt_running(store: Store) -> None:
+    """Invariant 4: an attempt not yet RUNNING (just assigned) is always written, so the task
+    leaves ASSIGNED at its first renewal however far its expiry is."""
+    await tasks.submit(
+        store,
+        tasks.NewTask(goal="g", max_attempts=3, lease_seconds=LEASE_S, timeout_seconds=3600),
+    )
+    c = await leases.claim(store, "h1", ["p"], 2)
+    assert c is not None
+    (out,) = await leases.renew_batch(store, [_item(c)], HALF)
+    assert out.written
+    assert (await _row(store, c.task_id)).status == states.RUNNING
+    view = await tasks.get(store, c.task_id)
+    assert view is not None and view.task.status == states.RUNNING
+
+
+async def test_a_cancel_on_another_replica_is_refused_at_once(store: Store, other: Store) -> None:
+    """Invariant 5 (fencing, across replicas): a renewal of a lease whose cancel was requested
+    anywhere is refused as CANCELLED, though its expiry is far and nothing else changed."""
+    c = await _lease(store)
+    (ok,) = await leases.renew_batch(store, [_item(c)], HALF)
+    assert ok.expires_at is not None and not ok.written
+    await tasks.cancel(other, c.task_id, "stop it")
+    (out,) = await leases.renew_batch(store, [_item(c)], HALF)
+    assert out.expires_at is None and out.revocation is leases.Revocation.CANCELLED
+
+
+async def test_an_expired_lease_is_refused(store: Store, other: Store) -> None:
+    """Invariant 5: an expired lease is refused, whether or not a sweeper (on any replica)
+    ended it yet; the lease is not revived."""
+    c = await _lease(store)
+    await _set_expiry(store, c.task_id, -1)
+    (out,) = await leases.renew_batch(store, [_item(c)], HALF)
+    assert out.expires_at is None and out.revocation is leases.Revocation.EXPIRED
+    assert await leases.sweep_expired(other)
+    (swept,) = await leases.renew_batch(store, [_item(c)], HALF)
+    assert swept.expires_at is None and swept.revocation is leases.Revocation.EXPIRED
+
+
+async def test_a_superseded_or_finished_lease_is_refused(store: Store, other: Store) -> None:
+    """Invariant 5: once another replica ended the attempt (a result; the lease ran out and a
+    later attempt holds the task), its renewals are refused, never answered from a read."""
+    c = await _lease(store)
+    await _set_expiry(store, c.task_id, -1)
+    assert await leases.sweep_expired(other)
+    again = await leases.claim(other, "h2", ["q"], 2)
+    assert again is not None and again.task_id == c.task_id and again.attempt == 2
+    (out,) = await leases.renew_batch(store, [_item(c)], HALF)
+    assert out.expires_at is None and out.revocation is leases.Revocation.SUPERSEDED
+    # The new attempt's host finishes it on the other replica: its renewal is refused here.
+    (run,) = await leases.renew_batch(store, [_item(again, "h2")], HALF)
+    assert run.expires_at is not None
+    done = await leases.record_result(
+        other, "h2", again.task_id, 2, again.lease_id, states.SUCCEEDED, "ok", None
+    )
+    assert done.recorded
+    (late,) = await leases.renew_batch(store, [_item(again, "h2")], HALF)
+    assert late.expires_at is None and late.revocation is leases.Revocation.FINISHED
+
+
+async def test_another_hosts_or_a_stale_lease_is_refused(store: Store) -> None:
+    """Invariant 5: the read compares the whole fence: another host presenting the lease, or
+    the right host with another lease id, is refused as before (and writes nothing)."""
+    c = await _lease(store)
+    before = await _row(store, c.task_id)
+    stolen, stale = await leases.renew_batch(
+        store, [_item(c, host_id="h2"), _item(c, lease_id="stale")], HALF
+    )
+    assert stolen.expires_at is None and stolen.revocation is leases.Revocation.NOT_YOURS
+    assert stale.expires_at is None and stale.revocation is leases.Revocation.UNKNOWN
+    assert (await _row(store, c.task_id)).lease_expires_at == before.lease_expires_at
+
+
+async def test_always_write_keeps_the_old_behaviour(store: Store) -> None:
+    """`write_below` = 1 (ALWAYS_WRITE): every accepted renewal is written, as before 0070."""
+    c = await _lease(store)
+    (out,) = await leases.renew_batch(store, [_item(c)], leases.ALWAYS_WRITE)
+    assert out.written
+    (again,) = await leases.renew_batch(store, [_item(c)], leases.ALWAYS_WRITE)
+    assert again.written and again.expires_at is not None and out.expires_at is not None
+    assert again.expires_at > out.expires_at
+
+
+def test_the_default_keeps_half_a_lease_after_a_missed_renewal() -> None:
+    """Decision 0070's margin: after a renewal answered from the read, the lease outlives the
+    next renewal interval (a third of the lease) by more than half a lease, as after a written
+    renewal — the time a database restart (tests/faults/test_restarts.py) has."""
+    interval = convert.renew_interval(LEASE_S).ToTimedelta().total_seconds()
+    left_at_ack = CloudSettings().renewal_write_below * LEASE_S
+    assert left_at_ack - interval > LEASE_S / 2
+
+
+async def test_renewals_answered_from_the_read_are_counted_at_the_next_write(store: Store) -> None:
+    """Invariant 6: the attempt's renewal count (`renewals`) includes the renewals answered
+    from a read: the replica carries them to the lease's next write (`RenewalIn.counts`),
+    summed when one batch holds the same lease twice."""
+    c = await _lease(store)  # one written renewal
+    batcher = RenewalBatcher(store, EventBus(store), 0.0, 500, HALF)
+    batcher.start()
+    try:
+        same = leases.ProgressIn(1, 2, "same")
+        first = await batcher.renew(_item(c, progress=same))
+        assert first.written
+        for _ in range(3):
+            out = await batcher.renew(_item(c, progress=same))
+            assert out.expires_at is not None and not out.written
+        assert (await _row(store, c.task_id)).renewals == 2  # the three are not written yet
+        changed = await batcher.renew(_item(c, progress=leases.ProgressIn(2, 2, "next")))
+        assert changed.written
+        assert (await _row(store, c.task_id)).renewals == 6
+    finally:
+        await batcher.stop()
+    # The same lease twice in one written batch: both counted, with what each carries.
+    twice = [
+        _item(c, progress=leases.ProgressIn(3, 2, "a")),
+        leases.RenewalIn("h1", c.task_id, c.attempt, c.lease_id, None, counts=2),
+    ]
+    outs = await leases.write_renewals(store, twice)
+    assert all(o.written for o in outs)
+    assert (await _row(store, c.task_id)).renewals == 9
