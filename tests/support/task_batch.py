@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from amc.v1 import task_service_pb2, types_pb2
+from cloud.store import states
 from console.client import OperatorClient
 from tests.support.figures import record
 from tests.support.processes import TERMINAL, get_task, wait_task
@@ -90,7 +91,8 @@ def check_finished_once(test: str, final: list[types_pb2.Task], before: Accepted
 
     "Finished" means a host reported a result. The offline planner may give up on a phone an
     interrupted attempt left half-way through a page; that is its verdict on the phone, not a
-    lost lease, so it counts, but a lease running out never does. Exactly one attempt reports.
+    lost lease, so it counts, but a lease running out (or released when a killed host's new
+    process connected) never does. Exactly one attempt reports.
     """
     for t in final:
         if t.task_id in before:
@@ -98,7 +100,13 @@ def check_finished_once(test: str, final: list[types_pb2.Task], before: Accepted
         assert t.status != types_pb2.TASK_STATUS_CANCELLED, t
         if t.status == types_pb2.TASK_STATUS_FAILED:
             assert "expired" not in t.result_summary.lower(), t
-        reported = [a for a in t.attempts if "lease expired" not in a.failure_reason]
+        # An attempt no host reported: its lease ran out, or a restarted host's new process
+        # released what the dead one held.
+        reported = [
+            a
+            for a in t.attempts
+            if "lease expired" not in a.failure_reason and a.failure_reason not in states.RELEASED
+        ]
         assert [a.attempt for a in reported] == [t.attempt], t
     succeeded = sum(t.status == types_pb2.TASK_STATUS_SUCCEEDED for t in final)
     record(test, "tasks succeeded", succeeded, f"of {len(final)}")
