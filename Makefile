@@ -9,7 +9,7 @@ LOCK := requirements.lock
 LOCK_COMPILE := pip compile -q pyproject.toml --extra test --universal --generate-hashes \
 	--custom-compile-command "make lock"
 
-.PHONY: demo up test test-fast check gen bench-smoke bench system-deps install lock lock-check
+.PHONY: demo up test test-serial test-fast check gen bench-smoke bench system-deps install lock lock-check
 
 ## The venv, exactly as the lock says (extra packages removed), then amc editable without resolving
 ## anything (its dependencies are the lock's).
@@ -54,8 +54,13 @@ demo: install
 up: install
 	$(VENV)/bin/amc up
 
-## The test suite: installs what it needs (PostgreSQL, Chromium, Node tools) and runs pytest.
+## The test suite: installs what it needs (PostgreSQL, Chromium, Node tools) and runs pytest on
+## two xdist workers (the tests mostly wait on servers, processes and phones: two halve the wall
+## time on a 2-core machine; more starve the fault suite's timing). `make test-serial`: one.
 test: system-deps install node_modules/.package-lock.json
+	$(VENV)/bin/pytest -n 2 --dist worksteal
+
+test-serial: system-deps install node_modules/.package-lock.json
 	$(VENV)/bin/pytest
 
 ## Every test that needs neither PostgreSQL nor a browser nor Node.js (marks: tests/support/lanes.py),
