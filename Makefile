@@ -56,9 +56,11 @@ up: install
 
 ## The test suite: installs what it needs (PostgreSQL, Chromium, Node tools) and runs pytest on
 ## two xdist workers (the tests mostly wait on servers, processes and phones: two halve the wall
-## time on a 2-core machine; more starve the fault suite's timing). `make test-serial`: one.
+## time on a 2-core machine; more starve the fault suite's timing), then the benchmarks' smoke
+## run alone (it pins processes to CPUs and measures them). `make test-serial`: one worker.
 test: system-deps install node_modules/.package-lock.json
-	$(VENV)/bin/pytest -n 2 --dist worksteal
+	$(VENV)/bin/pytest -n 2 --dist worksteal --ignore=tests/bench
+	$(VENV)/bin/pytest tests/bench
 
 test-serial: system-deps install node_modules/.package-lock.json
 	$(VENV)/bin/pytest

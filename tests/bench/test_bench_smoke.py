@@ -35,7 +35,9 @@ def test_runner_smoke_prints_figures(postgres_server: PostgresServer, tmp_path: 
         timeout=600,
     )
     out = done.stdout
-    assert done.returncode == 0, out[-4000:] + done.stderr[-4000:]
+    # A failed benchmark prints "== name: FAILED" and its traceback; show those, not the tail.
+    failed = out[out.find(": FAILED\n") - 200 :] if ": FAILED\n" in out else out[-4000:]
+    assert done.returncode == 0, failed[:6000] + done.stderr[-4000:]
     for title in (
         "Lease capacity",
         "Memory",
