@@ -161,6 +161,9 @@ class LeaseManager:
                 )
             )
         )
+        # Attempts that start from here on are this session's: a new process's hello releases
+        # only what started before it (a release racing a claim for this session spares it).
+        hello_at = self.store.now()
         old = self.sessions.get(host_id)
         self.sessions[host_id] = session
         if old is not None:
@@ -193,7 +196,7 @@ class LeaseManager:
                 "host %s: new process %s (was %s); releasing the leases it does not hold",
                 host_id, hello.process_id, previous,
             )  # fmt: skip
-            await self._release(host_id, states.HOST_RESTARTED, keep=held)
+            await self._release(host_id, states.HOST_RESTARTED, keep=held, started_before=hello_at)
         resumed: list[tuple[AttemptRow, TaskRow]] = []
         for check in await leases.check_held(self.store, host_id, held):
             if check.live is not None and check.task is not None:
@@ -237,6 +240,7 @@ class LeaseManager:
         *,
         keep: list[leases.HeldLease] | None = None,
         only: set[leases.HeldLease] | None = None,
+        started_before: dt.datetime | None = None,
     ) -> None:
         """End leases nobody will finish (see `leases.release`) and tell who needs to know."""
         ended = await leases.release(
@@ -245,6 +249,7 @@ class LeaseManager:
             reason,
             keep=keep or (),
             only=None if only is None else set(only),
+            started_before=started_before,
         )
         if not ended:
             return

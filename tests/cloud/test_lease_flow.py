@@ -124,7 +124,7 @@ async def test_expiry_requeues_to_other_host_and_fences_stale(
     second = ScriptedHost(cloud.address, pki_dir, "h4")
     try:
         await first.connect(["p"])
-        task = (await submit(ops, lease_duration=secs(0.6))).task
+        task = (await submit(ops, lease_duration=secs(2.0))).task
         a1 = (await first.next("assignment")).assignment
         await first.send(renewal(a1, 4, "deep in settings"))
         await first.next("renewed")

@@ -9,6 +9,7 @@ conditional UPDATE (`ended_at IS NULL`), so a release racing a sweep or a result
 
 from __future__ import annotations
 
+import datetime as dt
 from collections.abc import Collection
 
 from sqlalchemy import select, update
@@ -27,10 +28,12 @@ async def release(
     *,
     keep: Collection[HeldLease] = (),
     only: Collection[HeldLease] | None = None,
+    started_before: dt.datetime | None = None,
 ) -> list[Ended]:
-    """End `host_id`'s live attempts — all but `keep`, or just those in `only` — with
-    `reason` (one of `states.RELEASED`) and requeue their tasks (or fail them with `reason`
-    when no attempt is left, or cancel them when a cancel was requested)."""
+    """End `host_id`'s live attempts — all but `keep`, or just those in `only`, and with
+    `started_before` only those that started before it — with `reason` (one of
+    `states.RELEASED`) and requeue their tasks (or fail them with `reason` when no attempt is
+    left, or cancel them when a cancel was requested)."""
     if only is not None and not only:
         return []
     now = store.now()
@@ -47,7 +50,11 @@ async def release(
                     AttemptRow.lease_id,
                     AttemptRow.device_serial,
                 )
-                .where(AttemptRow.host_id == host_id, AttemptRow.ended_at.is_(None))
+                .where(
+                    AttemptRow.host_id == host_id,
+                    AttemptRow.ended_at.is_(None),
+                    *(() if started_before is None else (AttemptRow.started_at < started_before,)),
+                )
                 .order_by(AttemptRow.task_id)
             )
         ).all()
