@@ -161,7 +161,7 @@ async def test_expiry_requeue_and_a_stale_host_revoked_once(
     stale = ScriptedHost(cloud.address, pki_dir, "h3")
     try:
         await first.connect(["p"])
-        task = (await submit(ops, lease_duration=secs(0.6))).task
+        task = (await submit(ops, lease_duration=secs(2.0))).task
         a1 = (await first.next("assignment")).assignment
         await first.close()  # gone without a word: the lease runs out
         await second.connect(["q"])
