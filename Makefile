@@ -59,8 +59,8 @@ up: install
 ## time on a 2-core machine; more starve the fault suite's timing), then the benchmarks' smoke
 ## run alone (it pins processes to CPUs and measures them). `make test-serial`: one worker.
 test: system-deps install node_modules/.package-lock.json
-	$(VENV)/bin/pytest -n 2 --dist worksteal --ignore=tests/bench
-	$(VENV)/bin/pytest tests/bench
+	$(VENV)/bin/pytest -n 2 --dist worksteal --ignore=tests/bench --durations=15
+	$(VENV)/bin/pytest tests/bench --durations=5
 
 test-serial: system-deps install node_modules/.package-lock.json
 	$(VENV)/bin/pytest

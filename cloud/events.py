@@ -28,7 +28,7 @@ from sqlalchemy import func, select
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from cloud import metrics
+from cloud import metrics, supervised
 from cloud.store import errors
 from cloud.store.database import Store
 
@@ -286,18 +286,15 @@ class EventBus:
         self._tasks.append(asyncio.create_task(self._listen(), name="events-listen"))
         self._tasks.append(asyncio.create_task(self._flush_loop(), name="events-notify"))
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._listen_ready.wait(), 10)
+            async with asyncio.timeout(10):
+                await self._listen_ready.wait()
 
     async def stop(self) -> None:
         """Stop background tasks (pending notifications are flushed first)."""
         if self._outbox:
             with contextlib.suppress(Exception):
                 await self._flush()
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+        await supervised.stop(self._tasks)
         self._tasks.clear()
 
     def _payloads(self, messages: list[dict[str, Any]]) -> list[str]:

@@ -43,7 +43,8 @@ async def _pause(seconds: float, wake: asyncio.Event | None) -> None:
         await asyncio.sleep(seconds)
         return
     with contextlib.suppress(TimeoutError):
-        await asyncio.wait_for(wake.wait(), seconds)
+        async with asyncio.timeout(seconds):
+            await wake.wait()
     wake.clear()
 
 
@@ -115,9 +116,18 @@ def start(
 
 async def stop(tasks: Iterable[asyncio.Task[object]]) -> None:
     """Cancel every task and wait until each has ended (whatever it ended with)."""
-    pending = list(tasks)
-    for task in pending:
-        task.cancel()
-    for task in pending:
-        with contextlib.suppress(asyncio.CancelledError, Exception):
-            await task
+    every = list(tasks)
+    pending = [task for task in every if not task.done()]
+    while pending:
+        for task in pending:
+            task.cancel()
+        # Cancelled again until it ends: code that loses one cancellation (as `asyncio.wait_for`
+        # did before Python 3.12 when its awaitable finished at the same moment) must not leave
+        # shutdown waiting forever.
+        await asyncio.wait(pending, timeout=1.0)
+        pending = [task for task in pending if not task.done()]
+        if pending:
+            log.warning("still stopping %s", ", ".join(task.get_name() for task in pending))
+    for task in every:
+        if not task.cancelled():
+            task.exception()  # retrieved: a loop that failed as it stopped ends quietly

@@ -230,7 +230,8 @@ class LeaseClient:
                         self.last_error, delay,
                     )  # fmt: skip
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stop.wait(), delay)
+                    async with asyncio.timeout(delay):
+                        await stop.wait()
         finally:
             self._welcomed.clear()
             await self._shutdown_tasks()
@@ -597,7 +598,8 @@ class LeaseClient:
         while not rt.task.done():
             timeout = max(0.0, next_due - time.monotonic())
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(rt.changed.wait(), timeout)
+                async with asyncio.timeout(timeout):
+                    await rt.changed.wait()
             if rt.task.done():
                 return
             if rt.changed.is_set():

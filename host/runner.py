@@ -374,7 +374,8 @@ async def _poll_devices(app: HostApp, stop: asyncio.Event) -> None:
         except Exception:
             log.exception("device poll failed")
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(stop.wait(), app.settings.device_poll_interval_s)
+            async with asyncio.timeout(app.settings.device_poll_interval_s):
+                await stop.wait()
 
 
 async def _report_backlog(app: HostApp, stop: asyncio.Event) -> None:
@@ -399,7 +400,8 @@ async def _report_backlog(app: HostApp, stop: asyncio.Event) -> None:
         else:
             app.lease.report_outbox(backlog_proto(backlog))
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(stop.wait(), 1.0)
+            async with asyncio.timeout(1.0):
+                await stop.wait()
 
 
 async def serve_host(app: HostApp, stop: asyncio.Event) -> None:

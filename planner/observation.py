@@ -51,10 +51,17 @@ _ROTATIONS = (
 
 
 def clip(text: str, limit: int) -> str:
-    """`text` cut to at most `limit` UTF-8 bytes, ending in "…" when cut."""
-    raw = text.encode("utf-8")
+    """`text` cut to at most `limit` UTF-8 bytes, ending in "…" when cut.
+
+    Also made sendable: a NUL becomes U+FFFD and an unpaired surrogate "?". Real phones' dumps
+    and driver output can hold either, and the contract refuses NULs in every text field (a
+    step whose screen showed one could never be planned), while a surrogate cannot be encoded.
+    """
+    if "\x00" in text:
+        text = text.replace("\x00", "\ufffd")
+    raw = text.encode("utf-8", errors="replace")
     if len(raw) <= limit:
-        return text
+        return raw.decode("utf-8")
     room = limit - len(ELLIPSIS.encode("utf-8"))
     return raw[:room].decode("utf-8", errors="ignore") + ELLIPSIS
 

@@ -17,13 +17,12 @@ Renewals answered from a read are counted in the attempt's `renewals` by the lea
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections import Counter
 from dataclasses import replace
 
-from cloud import metrics
+from cloud import metrics, supervised
 from cloud.events import EventBus
 from cloud.store import leases
 from cloud.store.database import Store
@@ -73,11 +72,7 @@ class RenewalBatcher:
 
     async def stop(self) -> None:
         """Stop both stages; queued renewals fail with CancelledError."""
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await supervised.stop(self._tasks)
         self._tasks = []
         for _, fut in (*self._queue, *self._writes):
             if not fut.done():

@@ -119,7 +119,8 @@ class LeaseManager:
     async def wait_streams_closed(self, within: float) -> None:
         """Wait (bounded) until every Lease handler of this replica has returned."""
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._streams_idle.wait(), within)
+            async with asyncio.timeout(within):
+                await self._streams_idle.wait()
 
     async def stop(self) -> None:
         """Stop the background jobs."""

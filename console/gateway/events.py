@@ -89,7 +89,8 @@ async def _frames(source: AsyncIterator[str], gauge: StreamGauge) -> AsyncIterat
         yield f"retry: {RETRY_MS}\n: connected\n\n"
         while True:
             try:
-                frame = await asyncio.wait_for(queue.get(), timeout=KEEPALIVE_S)
+                async with asyncio.timeout(KEEPALIVE_S):
+                    frame = await queue.get()
             except TimeoutError:
                 yield ": keepalive\n\n"
                 continue

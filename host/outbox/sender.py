@@ -14,7 +14,6 @@ answer was lost is simply taken again without effect.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -155,10 +154,7 @@ class OutboxSender:
             self.retry_now.clear()
             waits = [asyncio.ensure_future(e.wait()) for e in (stop, self.retry_now)]
             try:
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(
-                        asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED), seconds
-                    )
+                await asyncio.wait(waits, timeout=seconds, return_when=asyncio.FIRST_COMPLETED)
             finally:
                 for w in waits:
                     w.cancel()

@@ -22,9 +22,9 @@ from typing import TYPE_CHECKING, Any
 from planner.conversation.items import ToolCall, UserObservation, unanswered_calls
 from planner.decision import Decision
 from planner.errors import SessionStateError
-from planner.history import WorldEvent
+from planner.history import WorldEvent, verdict_line
 from planner.scene import Scene
-from planner.tools import ui_tree_result
+from planner.tools import VERDICTS, ui_tree_result
 
 if TYPE_CHECKING:  # the SDKs behind SessionPlanner are not needed by hosts that only send steps
     from planner.session.planner import SessionPlanner
@@ -63,15 +63,27 @@ def condensed_text(
 
 
 def step_outcome(event: WorldEvent | dict[str, Any]) -> tuple[str, bool]:
-    """The tool result text for a finished step, and whether it failed."""
-    if isinstance(event, WorldEvent):
-        success, summary = event.success, event.scene_summary or {}
-    else:
-        success, summary = event.get("success"), event.get("scene_summary") or {}
-    outcome: dict[str, Any] = {"ok": success}
+    """The tool result text for a finished step, and whether it failed.
+
+    The keys are those the cloud transport sends (`planner.steps.tool_result_text`): whether it
+    ran, the page it led to, its error and the checker's verdict ("expected 'X' — not met: the
+    screen shows Y"), so a session reads the same whichever transport its host plans over.
+    """
+    if not isinstance(event, WorldEvent):
+        event = WorldEvent.from_dict(event)
+    outcome: dict[str, Any] = {"ok": event.success}
+    summary = event.scene_summary or {}
     if isinstance(summary, dict) and summary.get("page_after"):
         outcome["page_after"] = summary["page_after"]
-    return _dump(outcome), success is False
+    if event.error:
+        outcome["error"] = event.error
+    if event.verdict in VERDICTS:
+        outcome["verdict"] = verdict_line(
+            event.expected_outcome or "", event.verdict, event.evidence
+        )
+    elif event.verdict:  # a compact record: the line itself
+        outcome["verdict"] = event.verdict
+    return _dump(outcome), event.success is False
 
 
 @dataclass(frozen=True, slots=True)

@@ -2,12 +2,15 @@
 
 Proves: a failing step does not end the loop, and the loop says so (the first failure with its
 traceback, later ones in a line, and when the step works again); pauses double while failures
-continue, up to a cap; a wake cuts a pause short; cancelling the task ends the loop cleanly.
+continue, up to a cap; a wake cuts a pause short; cancelling the task ends the loop
+cleanly, even one woken at that moment, and a task that ignores a cancellation is cancelled
+again.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 
 import pytest
@@ -109,3 +112,46 @@ async def test_stop_ends_the_loop_even_mid_step() -> None:
     await asyncio.wait_for(inside.wait(), 10)
     await supervised.stop([job])
     assert job.cancelled()
+
+
+@pytest.mark.parametrize("turns", range(4))
+async def test_stop_ends_a_loop_woken_as_it_is_cancelled(turns: int) -> None:
+    """A wake set in the same moment as the cancellation: the pause must not swallow it (the
+    `asyncio.wait_for` of Python 3.11 did, three times in four, and a replica's shutdown then
+    waited forever; CI hung on it)."""
+    wake = asyncio.Event()
+    stepped = asyncio.Event()
+
+    async def step() -> None:
+        stepped.set()
+
+    job = supervised.start("woken", step, interval=60.0, wake=wake)
+    await stepped.wait()
+    await asyncio.sleep(0)  # into the pause
+    wake.set()
+    for _ in range(turns):
+        await asyncio.sleep(0)
+    # Not wait_for around stop(): its own timeout would cancel the job a second time.
+    stopping = asyncio.create_task(supervised.stop([job]))
+    try:
+        await asyncio.wait({stopping}, timeout=10)
+        assert stopping.done(), "stop() did not return"
+    finally:
+        job.cancel()
+        await asyncio.gather(stopping, return_exceptions=True)
+
+
+async def test_stop_cancels_again_a_task_that_ignored_one_cancellation(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    async def stubborn() -> None:
+        with contextlib.suppress(asyncio.CancelledError):  # lost, as some library code does
+            await asyncio.Event().wait()
+        await asyncio.Event().wait()
+
+    job = asyncio.create_task(stubborn(), name="stubborn")
+    await asyncio.sleep(0)
+    with caplog.at_level(logging.WARNING, logger="cloud.supervised"):
+        await asyncio.wait_for(supervised.stop([job]), 10)
+    assert job.cancelled()
+    assert "still stopping stubborn" in caplog.text

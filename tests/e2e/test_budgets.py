@@ -1,5 +1,6 @@
-"""A task stopped by its budget before the provider is called, on both planner transports, and
-the fleet's daily cap stopping planning for everyone.
+"""A task stopped by its budget before the provider is called, on both planner transports (its
+own cap or the replica's default for tasks submitted without one), and the fleet's daily caps
+(cost and tokens) stopping planning for everyone.
 
 Every real part runs (the embedded stack: cloud over mTLS with SQLite, host, virtual phone over
 the adb protocol); the model is the real Anthropic SDK against the local fake Messages server,
@@ -158,3 +159,29 @@ async def test_the_fleet_daily_cost_cap_stops_planning(
         2,
     )
     assert row.usage.input_tokens == 1000 and row.usage.cost_usd == pytest.approx(0.006)
+
+
+async def test_the_default_task_cap_applies_when_a_submission_sets_none(
+    tmp_path: Path, fake_model: FakeModelServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("AMC_CLOUD_DEFAULT_TASK_MAX_TOKENS", "700")
+    task, _, _ = await _run(tmp_path / "stack", "cloud")
+    assert task.budget.max_tokens == 700, "the default is stored with the task"
+    assert len(fake_model.bodies("/v1/messages")) == 2
+    assert task.status == types_pb2.TASK_STATUS_FAILED
+    assert task.result_summary == "budget exhausted: 1,200 tokens of the task's 700"
+
+
+async def test_the_fleet_daily_token_cap_stops_planning(
+    tmp_path: Path, fake_model: FakeModelServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("AMC_CLOUD_DAILY_MAX_TOKENS", "700")
+    task, decisions, spend, (dispatch, held) = await _run_and_look(tmp_path / "stack", "cloud")
+    assert held and dispatch.paused
+    assert len(fake_model.bodies("/v1/messages")) == 2
+    assert task.status == types_pb2.TASK_STATUS_FAILED
+    assert task.result_summary.startswith(
+        "budget exhausted: 1,200 tokens of the fleet's daily 700 (UTC day "
+    )
+    assert len(decisions) == 2
+    assert spend.daily_budget.max_tokens == 700

@@ -6,6 +6,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from amc.v1 import types_pb2
+from cloud.wire import check_text
 from host.perception.hierarchy import parse_scene
 from planner.observation import (
     MAX_ELEMENTS,
@@ -80,3 +81,23 @@ def test_the_prompt_mentions_rotation_activity_and_keyboard_only_when_known() ->
     observation = observation_from_scene(replace(scenes.launcher(), rotation=3))
     assert observation.rotation == types_pb2.ROTATION_270
     assert scene_from_observation(observation).rotation == 3
+
+
+def test_nul_and_unpaired_surrogates_from_a_phone_are_replaced_not_refused() -> None:
+    """A real dump's text can hold a NUL, which the contract refuses in every text field: the
+    host replaces it, so the step can still be planned (and the model sees where it was)."""
+    scene = Scene(
+        [Element("e1", Bounds(0, 0, 10, 10), text="Wi\x00Fi", content_desc="bad \ud800 half")],
+        "pkg",
+        "t",
+        1080,
+        2400,
+        ocr=[OcrObservation("o\x00cr", Bounds(0, 0, 5, 5), 80.0)],
+    )
+    observation = observation_from_scene(scene)
+    assert check_text(observation) is None
+    assert observation_problem(observation) is None
+    assert observation.elements[0].text == "Wi\ufffdFi"
+    assert observation.elements[0].content_description == "bad ? half"
+    assert observation.ocr_blocks[0].text == "o\ufffdcr"
+    observation.SerializeToString()  # encodable

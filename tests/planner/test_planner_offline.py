@@ -21,6 +21,7 @@ from planner.planner import Planner
 from planner.prompts import SYSTEM_PROMPT, build_user_prompt
 from planner.providers.offline import OfflineProvider, split_goal
 from planner.scene import Scene
+from planner.steps import target_label
 from planner.tools import TOOLS
 from planner.vendors import TurnRequest
 from tests.planner import scenes
@@ -283,3 +284,24 @@ async def test_task_suite_success_rate() -> None:
         (passed if task.check(phone) else failed).append(task.name)
         del run
     assert len(passed) >= 0.9 * len(suite.SUITE), f"failed: {failed}"
+
+
+async def test_a_step_whose_outcome_was_not_met_is_not_repeated_blindly() -> None:
+    """The checker's "not met" verdict in the history record (as the host builds it) makes the
+    offline agent choose another move on the same page, and say why."""
+    scene = scenes.settings_main()
+    first = await decide("Turn on dark theme", scene)
+    assert first.tool_name == "tap"
+    event = WorldEvent.from_decision(
+        first, page=scene.page, success=True, target=target_label(first.action, scene)
+    )
+    event.verdict, event.evidence = "not_met", "looked for 'Display' page; the screen is unchanged"
+    again = await decide("Turn on dark theme", scene, [event])
+    assert again.arguments != first.arguments or again.tool_name != first.tool_name
+    assert "not met; not repeating it" in again.rationale
+
+    met = WorldEvent.from_decision(
+        first, page=scene.page, success=True, target=target_label(first.action, scene)
+    )
+    met.verdict, met.evidence = "met", "the page changed"
+    assert "not repeating it" not in (await decide("Turn on dark theme", scene, [met])).rationale

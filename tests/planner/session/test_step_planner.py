@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -130,3 +131,44 @@ def test_the_goal_survives_condensing() -> None:
     assert condensed_text("open display", scene).startswith("Goal: open display\n")
     assert "Goal" not in condensed_text(None, scene)
     assert '"elements"' not in condensed_text(None, scene)
+
+
+async def test_the_checkers_verdict_reaches_the_model_in_the_tool_result(
+    server: FakeModelServer, tmp_path: Path
+) -> None:
+    """Session mode: the model reads "expected X — not met: <evidence>" in the result of the
+    call it made, as the compact history record says it."""
+    server.anthropic_script.extend(
+        [
+            ScriptedTurn(
+                [thinking("Display is e16."), tool_use("tap", {"element_id": "e16", **INTENT})]
+            ),
+            ScriptedTurn(
+                [thinking("Not met."), tool_use("complete", {"success": False, "reason": "x"})]
+            ),
+        ]
+    )
+    step = SessionStepPlanner(
+        await open_session_planner(
+            _settings(server),
+            store=SqliteSessionStore(tmp_path / "h.sqlite"),
+            task_id="t",
+            attempt=1,
+        )
+    )
+    scene = settings_main()
+    tap = await step.decide("open the display settings", scene, [])
+    event = _event(tap, scene.page, True)
+    event.verdict, event.evidence = (
+        "not_met",
+        "looked for page 'Display'; the screen shows 'Settings'",
+    )
+    await step.decide("open the display settings", scene, [event])
+    await step.aclose()
+
+    result = server.bodies("/v1/messages")[1]["messages"][-1]["content"][0]
+    assert result["type"] == "tool_result"
+    assert (
+        "expected 'the Display page shows' — not met: looked for page 'Display'; "
+        "the screen shows 'Settings'"
+    ) in json.loads(result["content"])["verdict"]
