@@ -63,7 +63,7 @@ from cloud.services.planner_service import CloudBudgets, build_planner_servicer
 from cloud.services.progress_service import ProgressServicer
 from cloud.services.task_service import TaskServicer
 from cloud.settings import CloudSettings, SettingError
-from cloud.store import decisions, screenshots, sessions
+from cloud.store import decisions, hosts, leases, screenshots, sessions
 from cloud.store.database import Store
 from cloud.store.engine import upgrade
 from planner.budget import dollars
@@ -368,6 +368,7 @@ class CloudServer:
             await upgrade(self.store.engine)
         await self.revocations.refresh()  # before the first call is served
         await self.bus.start()
+        await self._after_outage()
         self.leases.start()
         self._jobs.append(
             supervised.start(
@@ -416,6 +417,15 @@ class CloudServer:
             ),
         ]
         self._started = True
+
+    async def _after_outage(self) -> None:
+        """A replica that starts with no other alive starts after the whole cloud was down:
+        live leases get a new term before the first sweep (`leases.extend_after_outage`)."""
+        if await hosts.another_replica_alive(self.store, self.settings.host_heartbeat_seconds):
+            return
+        extended = await leases.extend_after_outage(self.store)
+        if extended:
+            log.info("no other replica was up: %d live lease(s) get a new term", extended)
 
     async def _set_serving(self, serving: bool) -> None:
         """Health of every service (after `stop()` began, it stays NOT_SERVING)."""

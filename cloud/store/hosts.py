@@ -207,3 +207,22 @@ async def unvouched(store: Store, heartbeat_seconds: float) -> set[str]:
             )
         )
         return set(ids.all())
+
+
+async def another_replica_alive(store: Store, heartbeat_seconds: float) -> bool:
+    """Whether some replica vouched for a host stream lately (a PostgreSQL deployment with
+    replicas; on SQLite there is only ever one). A replica that starts while none did starts
+    after an outage of the whole cloud, and gives live leases a new term (`leases.sweeps.
+    extend_after_outage`). The rows of a replica that was killed a moment ago still count as
+    alive: a replica restarted that quickly gives no new term (its hosts' leases mostly have
+    time left)."""
+    if not store.is_postgres:
+        return False
+    stale = _stale_before(store, heartbeat_seconds)
+    async with store.read() as session:
+        found = await session.scalar(
+            select(HostRow.host_id)
+            .where(HostRow.connected.is_(True), HostRow.stream_alive_at > stale)
+            .limit(1)
+        )
+    return found is not None

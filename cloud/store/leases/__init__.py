@@ -40,7 +40,12 @@ from cloud.store.leases.renew import (
     write_renewals,
 )
 from cloud.store.leases.results import ReplayIn, ResultOut, record_result
-from cloud.store.leases.sweeps import Ended, sweep_deadlines, sweep_expired
+from cloud.store.leases.sweeps import (
+    Ended,
+    extend_after_outage,
+    sweep_deadlines,
+    sweep_expired,
+)
 
 __all__ = [
     "ALWAYS_WRITE",
@@ -63,6 +68,7 @@ __all__ = [
     "check_held",
     "claim",
     "classify",
+    "extend_after_outage",
     "held_recently",
     "is_live",
     "latest_progress",

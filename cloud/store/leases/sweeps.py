@@ -254,3 +254,31 @@ async def sweep_deadlines(store: Store, limit: int = 500) -> list[Ended]:
             )
         )
     return ended
+
+
+async def extend_after_outage(store: Store) -> int:
+    """Give every live lease a full term from now (never shortening one); returns how many got
+    one. Called by a replica that starts while no other is alive: while the whole cloud was
+    down no host could renew, so leases ran out for nothing, and the first sweep would requeue
+    work that hosts kept doing (on the direct transport they may even have finished it, and a
+    result that arrives after another attempt started is refused: the work runs twice). With a
+    new term, hosts reconnect, renew and deliver; a host that really died is swept one term
+    later. Fencing is untouched: lease ids, ended attempts and cancellations stay as they are.
+    """
+    now = store.now()
+    async with store.write() as session:
+        live = (
+            await session.execute(
+                select(AttemptRow.id, AttemptRow.lease_expires_at, TaskRow.lease_seconds)
+                .join(TaskRow, TaskRow.task_id == AttemptRow.task_id)
+                .where(AttemptRow.ended_at.is_(None))
+            )
+        ).all()
+        terms = [
+            {"id": row_id, "lease_expires_at": now + dt.timedelta(seconds=seconds)}
+            for row_id, expires, seconds in live
+            if expires is None or expires < now + dt.timedelta(seconds=seconds)
+        ]
+        if terms:
+            await session.execute(update(AttemptRow), terms)
+    return len(terms)

@@ -1,0 +1,91 @@
+"""A replica that starts while no other is alive gives live leases a new term, on both
+backends: while the whole cloud was down no host could renew, so the first sweep would otherwise
+requeue work hosts kept doing (and, on the direct transport, may have finished: its result is
+refused once another attempt started, and the work runs twice)."""
+
+from __future__ import annotations
+
+import datetime as dt
+from pathlib import Path
+
+from sqlalchemy import select, update
+
+from cloud.server import build_server
+from cloud.settings import CloudSettings
+from cloud.store import hosts, leases, states, tasks
+from cloud.store.database import Store
+from cloud.store.models import AttemptRow
+from tests.cloud.test_late_results import _claimed, _lapse, _result
+
+
+async def _expiry(store: Store, c: leases.Claimed) -> dt.datetime:
+    async with store.read() as session:
+        value = await session.scalar(
+            select(AttemptRow.lease_expires_at).where(
+                AttemptRow.task_id == c.task_id, AttemptRow.attempt == c.attempt
+            )
+        )
+    assert value is not None
+    return value
+
+
+async def test_live_leases_get_a_new_term_and_none_is_shortened(store: Store) -> None:
+    lapsed = await _claimed(store, serial="p1")
+    await _lapse(store, lapsed)
+    long = await _claimed(store, serial="p2")
+    far = store.now() + dt.timedelta(hours=1)
+    async with store.write() as session:
+        await session.execute(
+            update(AttemptRow)
+            .where(AttemptRow.task_id == long.task_id)
+            .values(lease_expires_at=far)
+        )
+    ended = await _claimed(store, serial="p3")
+    assert (await _result(store, ended)).recorded
+
+    before = store.now()
+    assert await leases.extend_after_outage(store) == 1
+    assert await _expiry(store, lapsed) >= before + dt.timedelta(seconds=30)  # its lease_seconds
+    assert await _expiry(store, long) == far
+    assert await leases.sweep_expired(store) == []
+    # The host renews as if nothing happened, and its result is on time, not late.
+    out = await _result(store, lapsed)
+    assert (out.recorded, out.late) == (True, False)
+    view = await tasks.get(store, ended.task_id)
+    assert view is not None and view.task.status == states.SUCCEEDED
+
+
+async def test_only_a_replica_alone_gives_the_new_term(store: Store) -> None:
+    """On SQLite a replica is always alone; on PostgreSQL another replica vouching for a host
+    stream lately means the cloud was not down (that replica sweeps as usual)."""
+    assert not await hosts.another_replica_alive(store, 10.0)
+    await hosts.upsert_hello(store, "h9", [], "v", 0, "replica-b", "stream-1", "proc-1")
+    await hosts.heartbeat(store, "replica-b", {"h9": store.now()})
+    assert await hosts.another_replica_alive(store, 10.0) == store.is_postgres
+
+
+async def test_a_replica_started_after_an_outage_does_not_sweep_what_hosts_kept(
+    db_url: str, pki_dir: Path
+) -> None:
+    settings = CloudSettings(
+        database_url=db_url,
+        listen_address="127.0.0.1:0",
+        pki_dir=pki_dir,
+        sweep_interval_seconds=0.05,
+    )
+    first = await build_server(settings)
+    await first.start()
+    try:
+        c = await _claimed(first.store)
+        await _lapse(first.store, c)  # the cloud was down for longer than the lease
+    finally:
+        await first.stop(0)
+    again = await build_server(settings)
+    await again.start()
+    try:
+        await again.leases.sweeper.sweep()  # what its first sweep would do
+        view = await tasks.get(again.store, c.task_id)
+        assert view is not None
+        assert view.task.status == states.ASSIGNED and view.attempts[0].ended_at is None
+    finally:
+        await again.stop(0)
