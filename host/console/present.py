@@ -382,6 +382,18 @@ def steps_cost(steps: list[StepView]) -> str:
     return f"{tokens:,} tokens · {dollars(sum(s.cost_usd for s in steps))}"
 
 
+def verdict_counts(steps: list[StepView]) -> dict[str, int]:
+    """How many device steps the checker found met, not met, unknown, or did not check (the
+    same counts as the cloud console's task page; `complete` and UI-tree reads are no device
+    steps)."""
+    counts = {"met": 0, "not met": 0, "unknown": 0, "unchecked": 0}
+    for step in steps:
+        if step.tool_name == "complete" or step.tool_name in UI_TREE_TOOLS:
+            continue
+        counts[step.verdict or "unchecked"] += 1
+    return counts
+
+
 def _flow_line(flow: dict[str, Any] | None, mode: str) -> str:
     if not flow:
         return ""

@@ -176,6 +176,7 @@ async def task_page(
         "attempts": attempts,
         "steps": steps,
         "steps_cost": present.steps_cost,
+        "verdicts": present.verdict_counts(steps),
     }
     return PAGES.render(request, "task.html", context)
 

@@ -64,3 +64,18 @@ def test_the_model_judgement_comes_from_the_next_step_and_disagreement_is_shown(
     assert views[1].flow_line == "replayed · flow f1 step 2" and views[1].replayed
     assert views[2].flow_line == "took over from flow f1 step 3: its target is not here"
     assert views[2].verdict is None and not views[2].disagree
+
+
+def test_the_task_page_counts_the_verified_steps(client: TestClient, filled: Filled) -> None:
+    records = filled.state.store.steps(T_DARK, 1)
+    device = [r for r in records if r.tool_name not in ("complete", "get_ui_tree")]
+    words = {"met": "met", "not_met": "not met", "unknown": "unknown"}
+    expected = {"met": 0, "not met": 0, "unknown": 0, "unchecked": 0}
+    for r in device:
+        expected[words[r.verdict["verdict"]] if r.verdict else "unchecked"] += 1
+    assert sum(expected.values()) == len(device) and device
+    page = client.get(f"/tasks/{T_DARK}").text
+    counts = page[page.index('data-field="verdict-counts"') :].split("</dd>")[0]
+    for word in ("met", "not met", "unknown"):
+        assert f">{expected[word]} {word}</span>" in counts
+    assert ("not checked" in counts) == bool(expected["unchecked"])
