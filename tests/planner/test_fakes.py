@@ -319,6 +319,14 @@ async def test_non_reasoning_openai_model_refuses_reasoning(
             messages=[{"role": "user", "content": "s"}],
             reasoning_effort="low",
         )
+    with pytest.raises(openai.BadRequestError, match="Encrypted content is not supported") as info:
+        await cast(Any, gpt.responses.create)(
+            model="gpt-4.1-mini",
+            input="s",
+            store=False,
+            include=["reasoning.encrypted_content"],
+        )
+    assert cast(dict[str, Any], info.value.body)["param"] == "include"
 
 
 async def test_a_stream_can_fail_after_http_200(

@@ -12,7 +12,7 @@ from planner.tools import ToolSpec
 from planner.vendors.base import ThinkingConfig, ThinkingSink
 from planner.vendors.failures import StreamError
 from planner.vendors.openai.calls import function_call
-from planner.vendors.openai.responses_projection import REQUEST_FLAGS
+from planner.vendors.openai.responses_projection import request_flags
 from planner.vendors.streaming import IncompleteStream, event_dict
 
 
@@ -27,9 +27,10 @@ def request_params(
     forced: bool,
     max_tokens: int,
 ) -> dict[str, Any]:
-    """The request body: stateless (`store=false`, encrypted reasoning included). `reasoning`
-    says whether the model takes reasoning parameters at all (non-reasoning models reject
-    them)."""
+    """The request body: stateless (`store=false`; encrypted reasoning included when the request
+    reasons). `reasoning` says whether the model takes reasoning parameters at all
+    (non-reasoning models reject them, and the include with them)."""
+    reasons = thinking.enabled and reasoning
     params: dict[str, Any] = {
         "model": model,
         "instructions": system,
@@ -47,9 +48,9 @@ def request_params(
         "tool_choice": "required" if forced else "auto",
         "parallel_tool_calls": False,
         "max_output_tokens": max_tokens,
-        **{k: list(v) if isinstance(v, list) else v for k, v in REQUEST_FLAGS.items()},
+        **request_flags(reasoning=reasons),
     }
-    if thinking.enabled and reasoning:
+    if reasons:
         params["reasoning"] = {"effort": thinking.effort or "medium", "summary": "auto"}
     return params
 

@@ -302,6 +302,9 @@ async def test_a_non_reasoning_openai_model_never_gets_reasoning(
     (sent,) = server.requests
     assert sent.status == 200, sent.error
     assert "reasoning" not in sent.body
+    # The model rejects the encrypted-reasoning include (400 "Encrypted content is not
+    # supported with this model."); the request stays stateless without it.
+    assert sent.body["store"] is False and "include" not in sent.body
     # Through the settings, thinking on with that model is refused before any call.
     settings = PlannerSettings(
         provider="openai", openai_api_key="k", model="gpt-4.1-mini", thinking="adaptive"

@@ -11,7 +11,7 @@ from planner.conversation.items import (
     ToolResult,
     UserObservation,
 )
-from planner.vendors.openai.responses_projection import REQUEST_FLAGS, project_responses
+from planner.vendors.openai.responses_projection import project_responses, request_flags
 
 
 def _history() -> list[SessionItem]:
@@ -76,7 +76,11 @@ def test_exact_input_items_in_api_order() -> None:
         {"type": "function_call_output", "call_id": "call_2", "output": "Error: no effect"},
         {"role": "user", "content": [{"type": "input_text", "text": "scene 3"}]},
     ]
-    assert REQUEST_FLAGS == {"store": False, "include": ["reasoning.encrypted_content"]}
+    assert request_flags(reasoning=True) == {
+        "store": False,
+        "include": ["reasoning.encrypted_content"],
+    }
+    assert request_flags(reasoning=False) == {"store": False}
 
 
 def test_reasoning_never_goes_without_its_following_item() -> None:

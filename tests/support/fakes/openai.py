@@ -7,10 +7,11 @@ Chat Completions (`POST /v1/chat/completions`, JSON; compact mode):
   of a tool call must carry back the `reasoning_content` it came with.
 
 Responses (`POST /v1/responses`, JSON or SSE; session mode):
-- `store` must be false; encrypted reasoning is only emitted when included; a reasoning item
-  must carry the encrypted content emitted for its id and be followed by the item that followed
-  it ("…was provided without its required following item"); every function_call has its
-  function_call_output and vice versa.
+- `store` must be false; encrypted reasoning is only emitted when included, and only a
+  reasoning model takes the include ("Encrypted content is not supported with this model."); a
+  reasoning item must carry the encrypted content emitted for its id and be followed by the item
+  that followed it ("…was provided without its required following item"); every function_call
+  has its function_call_output and vice versa.
 """
 
 from __future__ import annotations
@@ -303,6 +304,12 @@ class ResponsesFake:
     def answer(self, path: str, headers: dict[str, str], body: dict[str, Any]) -> Answer:
         if body.get("store") is not False:
             raise _bad("fake server: requests must be stateless (store=false)")
+        include = body.get("include") or []
+        if (
+            "reasoning.encrypted_content" in include
+            and not rules_for(str(body.get("model"))).reasoning
+        ):
+            raise _bad("Encrypted content is not supported with this model.", "include")
         if body.get("reasoning") is not None:
             _check_reasoning(
                 str(body.get("model")), body["reasoning"].get("effort"), "reasoning.effort"
