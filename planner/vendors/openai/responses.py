@@ -143,9 +143,13 @@ class ResponsesStreamAccumulator:
         elif kind in ("response.completed", "response.incomplete"):
             self._response = dict(data["response"])
         elif kind == "error":
+            # Documented flat (`code`, `message` on the event); the live API nests them in
+            # `error` (`{"type": "error", "error": {"type", "code", "message"}}`).
+            nested = data.get("error")
+            error = nested if isinstance(nested, dict) else data
             raise StreamError(
-                f"the Responses stream failed: {data.get('message') or data}",
-                str(data.get("code") or data.get("type") or "") or None,
+                f"the Responses stream failed: {error.get('message') or data}",
+                str(error.get("code") or error.get("type") or "") or None,
             )
         elif kind == "response.failed":
             error = (data.get("response") or {}).get("error") or {}

@@ -16,9 +16,12 @@ import pytest
 from planner.conversation.items import ContextCheckpoint, Reasoning, UserObservation
 from planner.deciding import CUT_OFF, NUDGE
 from planner.errors import (
+    PlannerAuthError,
     PlannerConfigError,
     PlannerError,
     PlannerRateLimited,
+    PlannerRejected,
+    PlannerTransient,
     PlannerUnavailable,
 )
 from planner.model_profiles import PROFILES
@@ -276,19 +279,41 @@ async def test_responses_incomplete_is_marked(server: FakeModelServer, planners:
     assert decision.thinking_kind == "summarized"
 
 
-async def test_a_responses_stream_error_is_transient(
-    server: FakeModelServer, planners: Planners
+@pytest.mark.parametrize("shape", ["nested", "flat"])
+@pytest.mark.parametrize(
+    ("code", "error"),
+    [
+        ("server_is_overloaded", PlannerUnavailable),
+        ("server_error", PlannerUnavailable),
+        ("rate_limit_exceeded", PlannerRateLimited),
+        ("context_length_exceeded", PlannerRejected),
+        ("invalid_api_key", PlannerAuthError),
+    ],
+)
+async def test_a_responses_stream_error_is_classified_by_its_code(
+    server: FakeModelServer, planners: Planners, shape: str, code: str, error: type[PlannerError]
 ) -> None:
+    """The live API nests the error event's fields (`{"type": "error", "error": {…}}`), which
+    the SDK raises as an APIError without a status; that used to be a bare PlannerError, so a
+    mid-stream overload or rate limit failed the task instead of waiting."""
+    server.responses.error_event_shape = shape  # type: ignore[assignment]
     server.responses_script.extend(
         [
-            ScriptedTurn([], fail=("server_is_overloaded", "The server is overloaded.")),
+            ScriptedTurn([], fail=(code, f"The stream failed: {code}.")),
             ScriptedTurn([reasoning("r"), function_call("press_key", {"key": "back", **INTENT})]),
         ]
     )
     planner = await planners.openai()
-    with pytest.raises(PlannerUnavailable, match="overloaded"):
+    if error is PlannerRejected:
+        # An invalid request starts the session afresh once, then is asked again.
+        decision = await planner.decide("screen 1")
+        assert decision.extra["started_afresh"] is True
+        return
+    with pytest.raises(error, match=code if error is not PlannerAuthError else "API key") as info:
         await planner.decide("screen 1")
-    assert (await planner.decide("screen 1")).tool_name == "press_key"
+    assert type(info.value) is error
+    if issubclass(error, PlannerTransient):
+        assert (await planner.decide("screen 1")).tool_name == "press_key"
 
 
 async def test_a_non_reasoning_openai_model_never_gets_reasoning(

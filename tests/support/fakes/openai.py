@@ -25,13 +25,14 @@ import os
 import struct
 import time
 from collections import deque
-from typing import Any
+from typing import Any, Literal
 
 from tests.support.fakes.anthropic import ScriptedTurn
 from tests.support.fakes.rules import rules_for
 from tests.support.fakes.server import BAD_KEY, Answer, Rejected, Reply
 
 _ids = itertools.count(1)
+_INVALID_STREAM_CODES = frozenset({"context_length_exceeded", "invalid_prompt"})
 
 
 # --- Chat Completions builders ---------------------------------------------------------------
@@ -270,6 +271,7 @@ class ResponsesFake:
     def __init__(self, *, key: str | None = None, signing_key: bytes = b"amc-fake-provider"):
         self.key = key
         self.signing_key = signing_key
+        self.error_event_shape: Literal["nested", "flat"] = "nested"
         self.script: deque[ScriptedTurn | Reply] = deque()
         self._encrypted: dict[str, str] = {}
         self._following: dict[str, str | None] = {}
@@ -328,11 +330,29 @@ class ResponsesFake:
         if body.get("stream"):
             events = self._events(response, interrupt=entry.interrupt)
             if entry.fail is not None:
-                code, text_ = entry.fail
-                error = {"type": "error", "code": code, "message": text_, "param": None}
-                events = [*events[:1], ("error", {**error, "sequence_number": 1})]
+                events = [*events[:1], ("error", self._error_event(*entry.fail))]
             return Answer(events=events)
         return Answer(body=response)
+
+    def _error_event(self, code: str, text_: str) -> dict[str, Any]:
+        """The `error` event of a stream failing after HTTP 200. The API reference documents
+        it flat (`code`, `message`, `param` on the event); the live API nests them under
+        `error` (captured frames in openai/openai-dotnet#881, Effect-TS/effect#7262), which the
+        SDK raises as an APIError without a status. `error_event_shape` picks one."""
+        if self.error_event_shape == "flat":
+            return {
+                "type": "error",
+                "sequence_number": 1,
+                "code": code,
+                "message": text_,
+                "param": None,
+            }
+        kind = "invalid_request_error" if code in _INVALID_STREAM_CODES else "server_error"
+        return {
+            "type": "error",
+            "sequence_number": 1,
+            "error": {"type": kind, "code": code, "message": text_, "param": None},
+        }
 
     def _render(self, turn: ScriptedTurn, body: dict[str, Any]) -> dict[str, Any]:
         reasoning_on = body.get("reasoning") is not None
