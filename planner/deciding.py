@@ -160,7 +160,12 @@ async def _parse(
     if extra:
         await conversation.add([ToolResult(c.call_id, EXTRA_CALL, is_error=True) for c in extra])
     arguments: Any = turn.raw_calls.get(call.call_id, call.arguments)
-    return parse_tool_call(call.name, arguments, element_ids=ids, screen_size=screen_size)
+    try:
+        return parse_tool_call(call.name, arguments, element_ids=ids, screen_size=screen_size)
+    except ToolCallError as err:
+        if turn.truncated:
+            raise ToolCallError(f"{err} (your answer reached the output token limit)") from None
+        raise
 
 
 def _correction(turn: Turn, error: str) -> list[SessionItem]:

@@ -263,6 +263,33 @@ async def test_a_reply_cut_off_at_max_tokens_is_marked(
     assert decision.rationale == f"Pressing back because\n{CUT_OFF}"
 
 
+async def test_a_stream_cut_off_inside_a_tool_call_gets_the_corrective_turn(
+    server: FakeModelServer, planners: Planners
+) -> None:
+    """max_tokens reached inside a tool_use: its streamed input JSON is incomplete. That used
+    to escape as a JSONDecodeError (a bare PlannerError: the task failed)."""
+    server.anthropic_script.extend(
+        [
+            ScriptedTurn(
+                [thinking("long thought"), tool_use("input_text", {"text": "secret", **INTENT})],
+                cut_in_tool=True,
+            ),
+            ScriptedTurn([thinking("again"), tool_use("press_key", {"key": "back", **INTENT})]),
+        ]
+    )
+    planner = await planners.anthropic()
+    decision = await planner.decide("screen 1")
+    assert decision.tool_name == "press_key"
+    assert decision.corrective_retries == 1 and decision.output_truncated
+    retried = server.bodies("/v1/messages")[-1]["messages"]
+    cut_call = retried[1]["content"][-1]
+    assert cut_call["type"] == "tool_use" and cut_call["input"] == {}
+    (result,) = retried[2]["content"]
+    assert result["type"] == "tool_result" and result["is_error"] is True
+    assert "output token limit" in str(result["content"])
+    assert server.rejections == []
+
+
 async def test_responses_incomplete_is_marked(server: FakeModelServer, planners: Planners) -> None:
     server.responses_script.append(
         ScriptedTurn(

@@ -102,6 +102,9 @@ class ScriptedTurn:
     usage: dict[str, Any] = field(default_factory=dict)
     fail: tuple[str, str] | None = None
     status: str = "completed"
+    cut_in_tool: bool = False
+    """Anthropic, streamed: max_tokens is reached inside the last tool_use — its input JSON
+    stops halfway, then the stream ends properly with stop_reason "max_tokens"."""
 
 
 #: HTTP status of each Anthropic error type (for a failure outside a stream).
@@ -308,7 +311,7 @@ class MessagesFake:
             return Answer(reply.status, reply.body)
         message = self._render(entry, body, thinking_on)
         if body.get("stream"):
-            events = self._events(message, interrupt=entry.interrupt)
+            events = self._events(message, interrupt=entry.interrupt, cut=entry.cut_in_tool)
             if entry.fail is not None:
                 kind, text_ = entry.fail
                 error = {"type": "error", "error": {"type": kind, "message": text_}}
@@ -359,7 +362,11 @@ class MessagesFake:
             **turn.usage,
         }
         stop = turn.stop_reason or (
-            "tool_use" if any(b["type"] == "tool_use" for b in content) else "end_turn"
+            "max_tokens"
+            if turn.cut_in_tool
+            else "tool_use"
+            if any(b["type"] == "tool_use" for b in content)
+            else "end_turn"
         )
         return {
             "id": msg_id,
@@ -388,7 +395,9 @@ class MessagesFake:
                 )
 
     @staticmethod
-    def _events(message: dict[str, Any], *, interrupt: bool) -> list[tuple[str, dict[str, Any]]]:
+    def _events(
+        message: dict[str, Any], *, interrupt: bool, cut: bool = False
+    ) -> list[tuple[str, dict[str, Any]]]:
         start = {**message, "content": [], "stop_reason": None}
         start["usage"] = {**message["usage"], "output_tokens": 1}
         events: list[dict[str, Any]] = [
@@ -448,7 +457,8 @@ class MessagesFake:
                 )
                 raw = json.dumps(block["input"])
                 half = len(raw) // 2
-                for part in (raw[:half], raw[half:]):
+                last = index == len(message["content"]) - 1
+                for part in (raw[:half],) if cut and last else (raw[:half], raw[half:]):
                     events.append(
                         {
                             "type": "content_block_delta",
