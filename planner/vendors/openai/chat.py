@@ -62,7 +62,7 @@ def project_chat(
 
 
 def _assistant(turn: ModelTurn) -> dict[str, Any]:
-    texts = [t.text for t in turn.texts if t.text]
+    texts = [t.text for t in turn.texts if t.text.strip()]
     message: dict[str, Any] = {"role": "assistant", "content": "\n".join(texts) or None}
     if turn.tool_calls:
         message["tool_calls"] = [

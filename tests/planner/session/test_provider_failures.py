@@ -290,6 +290,29 @@ async def test_a_stream_cut_off_inside_a_tool_call_gets_the_corrective_turn(
     assert server.rejections == []
 
 
+async def test_a_whitespace_only_text_block_is_not_sent_back(
+    server: FakeModelServer, planners: Planners
+) -> None:
+    """Claude may answer a text block of only newlines; the API refuses it on the way back
+    ("text content blocks must contain non-whitespace text"), and the stored turn used to
+    poison every later step of the task."""
+    server.anthropic_script.extend(
+        [
+            ScriptedTurn(
+                [thinking("t"), text("\n\n"), tool_use("press_key", {"key": "back", **INTENT})]
+            ),
+            _turn(2),
+        ]
+    )
+    planner = await planners.anthropic()
+    await planner.decide("screen 1")
+    await planner.record_tool_result("pressed")
+    await planner.decide("screen 2")
+    sent = server.bodies("/v1/messages")[-1]["messages"][1]["content"]
+    assert [b["type"] for b in sent] == ["thinking", "tool_use"]
+    assert server.rejections == []
+
+
 async def test_responses_incomplete_is_marked(server: FakeModelServer, planners: Planners) -> None:
     server.responses_script.append(
         ScriptedTurn(

@@ -172,3 +172,16 @@ async def test_tool_arguments_json_round_trip_is_exact(fake_server: FakeModelSer
     decision = await decide(make(fake_server))
     assert decision.arguments == {"text": "hunter2", "sensitive": True}
     assert decision.masked_arguments() == {"text": "•••", "sensitive": True}
+
+
+async def test_whitespace_only_content_is_not_sent_back(fake_server: FakeModelServer) -> None:
+    """As for Claude (whose API refuses it), a content of only whitespace is no rationale and
+    does not go back on the assistant message of the corrective turn."""
+    bad = openai_tool_call("tap", {"element_id": "e17"})
+    fake_server.script_openai(
+        chat_completion("\n\n", bad), chat_completion(None, openai_tool_call("tap", TAP))
+    )
+    decision = await decide(make(fake_server))
+    assert decision.corrective_retries == 1 and decision.rationale is None
+    assistant = fake_server.requests[1].body["messages"][2]
+    assert assistant["role"] == "assistant" and assistant["content"] is None

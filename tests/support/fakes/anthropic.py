@@ -10,8 +10,9 @@ the real API gives. Enforced:
 - roles alternate (one model turn is one message), the first message is the user's;
 - every thinking block carries a signature it emitted, every redacted_thinking block data it
   emitted; an assistant message carries either none of one response's thinking or all of it,
-  exactly and in order, bound to the same prefix (system, tools, earlier messages); with thinking
-  on, the assistant message before the last tool results must start with thinking;
+  exactly and in order (text blocks may be left out; a whitespace-only one is refused), bound to
+  the same prefix (system, tools, earlier messages); with thinking on, the assistant message
+  before the last tool results must start with thinking;
 - tool_use ids answered by tool_result blocks in the next message, tool results first.
 
 Answers are scripted: `ScriptedTurn`s (built with `thinking()`, `tool_use()`, … below, or
@@ -182,6 +183,11 @@ def _identity(block: dict[str, Any]) -> tuple[str, str]:
     if kind == "tool_use":
         return (kind, str(block.get("id")))
     return (kind, json.dumps(block, sort_keys=True))
+
+
+def _kept(identities: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """The identities a round trip must keep as they were: every block but text."""
+    return [k for k in identities if k[0] != "text"]
 
 
 def _normalized(value: Any) -> Any:
@@ -582,6 +588,8 @@ class MessagesFake:
                     )
             elif kind == "text" and not block.get("text"):
                 raise _bad("messages: text content blocks must be non-empty")
+            elif kind == "text" and not str(block.get("text")).strip():
+                raise _bad("messages: text content blocks must contain non-whitespace text")
             elif kind == "tool_use":
                 uses.append(block["id"])
             if kind in ("thinking", "redacted_thinking"):
@@ -599,12 +607,15 @@ class MessagesFake:
         if len(responses) > 1:
             raise _bad(f"messages.{i}: one assistant message holds blocks of several responses")
         if has_reasoning and responses:
+            # The documented rule is about the thinking blocks (and the tool_use they lead to):
+            # complete, unmodified, in order, in one message. Text may be left out (a client
+            # must drop a whitespace-only block the model wrote).
             (response,) = responses
-            if identities != emitted.shape[response]:
+            if _kept(identities) != _kept(emitted.shape[response]):
                 raise _bad(
                     f"messages.{i}: an assistant turn with thinking must be passed back "
-                    "unmodified, complete and in its original order: thinking, text and "
-                    "tool_use of one response in one message"
+                    "unmodified, complete and in its original order: thinking and tool_use of "
+                    "one response in one message"
                 )
         if uses:
             answered = {
