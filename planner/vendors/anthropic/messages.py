@@ -87,9 +87,14 @@ def request_params(
     return params
 
 
+#: Stop reasons of an answer cut off: at `max_tokens`, or where the response filled the
+#: model's context window ("Treat the response as truncated", handling-stop-reasons docs).
+TRUNCATED_STOPS = frozenset({"max_tokens", "model_context_window_exceeded"})
+
+
 def truncated(stop_reason: str | None) -> bool:
-    """The answer was cut off by the output token limit."""
-    return stop_reason == "max_tokens"
+    """The answer was cut off by the output token limit or the context window."""
+    return stop_reason in TRUNCATED_STOPS
 
 
 def items_from_message(message: Mapping[str, Any]) -> list[AssistantItem]:

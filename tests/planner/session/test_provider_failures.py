@@ -245,9 +245,11 @@ async def test_signature_only_thinking_is_omitted_not_redacted(
     assert kept.signature and not kept.redacted_data
 
 
+@pytest.mark.parametrize("stop", ["max_tokens", "model_context_window_exceeded"])
 async def test_a_reply_cut_off_at_max_tokens_is_marked(
-    server: FakeModelServer, planners: Planners
+    server: FakeModelServer, planners: Planners, stop: str
 ) -> None:
+    """Both stop reasons mean a cut-off answer (the docs: "Treat the response as truncated")."""
     server.anthropic_script.append(
         ScriptedTurn(
             [
@@ -255,7 +257,7 @@ async def test_a_reply_cut_off_at_max_tokens_is_marked(
                 text("Pressing back because"),
                 tool_use("press_key", {"key": "back", **INTENT}),
             ],
-            stop_reason="max_tokens",
+            stop_reason=stop,
         )
     )
     decision = await (await planners.anthropic()).decide("screen 1")
