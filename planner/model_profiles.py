@@ -53,6 +53,9 @@ class ModelProfile:
       Claude 4 and later; OpenAI summaries) — recorded as the decision's thinking kind.
     - `efforts`: accepted effort levels; `beta_headers`: per thinking mode.
     - `reasoning`: OpenAI only — accepts `reasoning` / `reasoning_effort`.
+    - `parallel_tool_calls`: OpenAI Chat Completions — accepts the `parallel_tool_calls`
+      parameter (the o-series answer it with 400 "Unsupported parameter"; it is then left out
+      and an extra call is answered "not executed").
     - `max_output_tokens`: the model's output limit (None: not known).
     - `prompt_cache`: Anthropic prompt caching with explicit breakpoints.
     """
@@ -69,6 +72,7 @@ class ModelProfile:
     efforts: frozenset[str] = ANY_EFFORT
     beta_headers: Mapping[str, str] = field(default_factory=dict)
     reasoning: bool = False
+    parallel_tool_calls: bool = True
     max_output_tokens: int | None = None
     prompt_cache: bool = False
 
@@ -149,13 +153,23 @@ PROFILES: dict[str, ModelProfile] = {
         # GPT-4.1 and GPT-4o: no reasoning parameters at all.
         ModelProfile("gpt-4.1", "openai", frozenset(), max_output_tokens=32768),
         ModelProfile("gpt-4o", "openai", frozenset(), max_output_tokens=16384),
-        # o-series and GPT-5: reasoning effort and summaries.
+        # GPT-5: reasoning effort and summaries.
         ModelProfile(
             "openai-reasoning",
             "openai",
             frozenset({"adaptive"}),
             efforts=OPENAI_EFFORTS,
             reasoning=True,
+            max_output_tokens=100000,
+        ),
+        # o1, o3, o4-mini: as GPT-5, and Chat Completions refuses `parallel_tool_calls`.
+        ModelProfile(
+            "openai-o-series",
+            "openai",
+            frozenset({"adaptive"}),
+            efforts=OPENAI_EFFORTS,
+            reasoning=True,
+            parallel_tool_calls=False,
             max_output_tokens=100000,
         ),
         ModelProfile("openai-unknown", "openai", frozenset({"adaptive", "budget"}), reasoning=True),
@@ -180,9 +194,9 @@ FAMILIES: dict[str, str] = {
     "claude-mythos": "claude-always-thinks",
     "gpt-4.1": "gpt-4.1",
     "gpt-4o": "gpt-4o",
-    "o1": "openai-reasoning",
-    "o3": "openai-reasoning",
-    "o4": "openai-reasoning",
+    "o1": "openai-o-series",
+    "o3": "openai-o-series",
+    "o4": "openai-o-series",
     "gpt-5": "openai-reasoning",
 }
 

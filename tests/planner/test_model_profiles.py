@@ -33,7 +33,8 @@ def settings(**values: Any) -> PlannerSettings:
         ("claude-test-model", "anthropic", "anthropic-unknown"),
         ("gpt-4.1-mini", "openai", "gpt-4.1"),
         ("gpt-4o", "openai", "gpt-4o"),
-        ("o4-mini", "openai", "openai-reasoning"),
+        ("o4-mini", "openai", "openai-o-series"),
+        ("o3", "openai", "openai-o-series"),
         ("gpt-5-mini", "openai", "openai-reasoning"),
         ("gpt-test-model", "openai", "openai-unknown"),
         # A name of the other vendor's family is no profile of this one.

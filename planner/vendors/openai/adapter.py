@@ -79,6 +79,7 @@ class OpenAIAdapter:
             forced=request.forced,
             max_tokens=request.max_tokens or self.max_tokens,
             reasoning_effort=(self.thinking.effort or "medium") if self._reasoning else None,
+            parallel_tool_calls=self.profile.parallel_tool_calls,
         )
         completion = await fetch_response(
             self.client.chat.completions.create, params, self.name, None, retries=self.retries

@@ -2,9 +2,10 @@
 
 Chat Completions (`POST /v1/chat/completions`, JSON; compact mode):
 - the API key; `model` and `messages` present; `tool_choice` / `parallel_tool_calls` only with
-  tools; every assistant `tool_calls` entry answered by `tool` messages right after it; with
-  `require_reasoning_content_back` (some compatible reasoning servers) the assistant message
-  of a tool call must carry back the `reasoning_content` it came with.
+  tools, the latter not for the o-series; every assistant `tool_calls` entry answered by `tool`
+  messages right after it; with `require_reasoning_content_back` (some compatible reasoning
+  servers) the assistant message of a tool call must carry back the `reasoning_content` it
+  came with.
 
 Responses (`POST /v1/responses`, JSON or SSE; session mode):
 - `store` must be false; encrypted reasoning is only emitted when included, and only a
@@ -225,6 +226,17 @@ class ChatFake:
         choice = body.get("tool_choice")
         if isinstance(choice, str) and choice not in ("auto", "required", "none"):
             raise _bad(f"Invalid value: '{choice}'.", "tool_choice")
+        if "parallel_tool_calls" in body and not rules_for(str(body["model"])).parallel_tool_calls:
+            raise Rejected(
+                openai_error(
+                    400,
+                    "Unsupported parameter: 'parallel_tool_calls' is not supported with this "
+                    "model.",
+                    "invalid_request_error",
+                    "unsupported_parameter",
+                ),
+                "unsupported parameter: parallel_tool_calls",
+            )
         if "reasoning_effort" in body:
             _check_reasoning(str(body["model"]), body["reasoning_effort"], "reasoning_effort")
         pending: list[str] = []

@@ -30,6 +30,9 @@ class ModelRules:
       signature kept) unless the request asks for `display: "summarized"`.
     - `efforts`: accepted `output_config.effort` / OpenAI reasoning effort levels.
     - `reasoning`: OpenAI: accepts `reasoning` (Responses) / `reasoning_effort` (Chat).
+    - `parallel_tool_calls`: OpenAI Chat: accepts `parallel_tool_calls` (the o-series answer
+      it with 400 "Unsupported parameter: 'parallel_tool_calls' is not supported with this
+      model.").
     - `min_cache_tokens`: the shortest prefix Anthropic caches for this model.
     """
 
@@ -38,6 +41,7 @@ class ModelRules:
     display_default: Literal["summarized", "omitted"] = "summarized"
     efforts: frozenset[str] = ALL_EFFORTS
     reasoning: bool = True
+    parallel_tool_calls: bool = True
     min_cache_tokens: int = 1024
 
 
@@ -53,6 +57,7 @@ _ADAPTIVE_ONLY = ModelRules(
 )
 _NO_REASONING = ModelRules(reasoning=False)
 _REASONING = ModelRules(efforts=OPENAI_EFFORTS)
+_O_SERIES = ModelRules(efforts=OPENAI_EFFORTS, parallel_tool_calls=False)
 
 MODELS: dict[str, ModelRules] = {
     "claude-sonnet-4-5": _BUDGET_ONLY,
@@ -74,8 +79,9 @@ MODELS: dict[str, ModelRules] = {
     ),
     "gpt-4.1": _NO_REASONING,
     "gpt-4o": _NO_REASONING,
-    "o3": _REASONING,
-    "o4-mini": _REASONING,
+    "o1": _O_SERIES,
+    "o3": _O_SERIES,
+    "o4-mini": _O_SERIES,
     "gpt-5": _REASONING,
 }
 
