@@ -101,6 +101,9 @@ class Turn:
     """The answer was cut off by the output token limit."""
     readable_thinking: Literal["full", "summarized"] = "summarized"
     """What readable reasoning text of this turn is: the model's own, or a summary."""
+    refusal: str | None = None
+    """The model declined to answer: why, in the provider's words (Anthropic's stop_details
+    category and explanation, OpenAI's refusal text). None for an answer."""
 
     @property
     def tool_calls(self) -> list[ToolCall]:

@@ -10,6 +10,7 @@ from planner.vendors.anthropic.messages import (
     Cache,
     items_from_message,
     raw_calls,
+    refusal,
     request_params,
     truncated,
     usage_from,
@@ -109,4 +110,5 @@ class AnthropicAdapter:
             projection=projection.stats,
             truncated=truncated(stop),
             readable_thinking=self.profile.readable_thinking,
+            refusal=refusal(message),
         )

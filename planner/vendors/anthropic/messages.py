@@ -97,6 +97,17 @@ def truncated(stop_reason: str | None) -> bool:
     return stop_reason in TRUNCATED_STOPS
 
 
+def refusal(message: Mapping[str, Any]) -> str | None:
+    """Why the model declined (`stop_reason: "refusal"`), from `stop_details` (category,
+    explanation; either may be null), or None when it did not."""
+    if message.get("stop_reason") != "refusal":
+        return None
+    details = message.get("stop_details") or {}
+    category, explanation = details.get("category"), details.get("explanation")
+    parts = [f"category {category}" if category else "", str(explanation or "")]
+    return ": ".join(p for p in parts if p) or "no reason given"
+
+
 def items_from_message(message: Mapping[str, Any]) -> list[AssistantItem]:
     """A Messages response's content blocks as items, in their order, nothing rewritten."""
     turn_id = str(message.get("id") or "")

@@ -94,6 +94,7 @@ class OpenAIAdapter:
             request=params,
             truncated=chat.stop_reason(completion) == "length",
             readable_thinking="full",
+            refusal=chat.refusal(completion),
         )
 
     async def _responses(self, request: TurnRequest) -> Turn:
@@ -128,4 +129,5 @@ class OpenAIAdapter:
             projection=projection.stats,
             truncated=responses.truncated(response),
             readable_thinking=responses.readable_thinking(response),
+            refusal=responses.refusal(response),
         )

@@ -153,6 +153,15 @@ def raw_calls(completion: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
+def refusal(completion: Mapping[str, Any]) -> str | None:
+    """The first choice's `message.refusal` (the model declined), or None."""
+    message = (completion.get("choices") or [{}])[0].get("message") or {}
+    text = message.get("refusal")
+    if not isinstance(text, str):
+        return None
+    return text.strip() or "no reason given"
+
+
 def stop_reason(completion: Mapping[str, Any]) -> str | None:
     choice = (completion.get("choices") or [{}])[0]
     reason = choice.get("finish_reason")

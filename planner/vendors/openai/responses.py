@@ -97,6 +97,20 @@ def items_from_response(response: Mapping[str, Any]) -> list[AssistantItem]:
     return out
 
 
+def refusal(response: Mapping[str, Any]) -> str | None:
+    """The text of the response's `refusal` content parts (the model declined), or None."""
+    texts = [
+        str(part.get("refusal") or "").strip()
+        for item in response.get("output") or []
+        if item.get("type") == "message"
+        for part in item.get("content") or []
+        if part.get("type") == "refusal"
+    ]
+    if not texts:
+        return None
+    return "; ".join(t for t in texts if t) or "no reason given"
+
+
 def usage_from(usage: Mapping[str, Any] | None) -> Usage:
     u = usage or {}
     cached = (u.get("input_tokens_details") or {}).get("cached_tokens") or 0

@@ -103,6 +103,9 @@ class ScriptedTurn:
     usage: dict[str, Any] = field(default_factory=dict)
     fail: tuple[str, str] | None = None
     status: str = "completed"
+    stop_details: dict[str, Any] | None = None
+    """Anthropic: the message's `stop_details` (with stop_reason "refusal": `{"type":
+    "refusal", "category": …, "explanation": …}`), on the message and on `message_delta`."""
     cut_in_tool: bool = False
     """Anthropic, streamed: max_tokens is reached inside the last tool_use — its input JSON
     stops halfway, then the stream ends properly with stop_reason "max_tokens"."""
@@ -382,6 +385,7 @@ class MessagesFake:
             "content": content,
             "stop_reason": stop,
             "stop_sequence": None,
+            "stop_details": turn.stop_details,
             "usage": usage,
         }
 
@@ -404,7 +408,7 @@ class MessagesFake:
     def _events(
         message: dict[str, Any], *, interrupt: bool, cut: bool = False
     ) -> list[tuple[str, dict[str, Any]]]:
-        start = {**message, "content": [], "stop_reason": None}
+        start = {**message, "content": [], "stop_reason": None, "stop_details": None}
         start["usage"] = {**message["usage"], "output_tokens": 1}
         events: list[dict[str, Any]] = [
             {"type": "message_start", "message": start},
@@ -481,7 +485,11 @@ class MessagesFake:
         events.append(
             {
                 "type": "message_delta",
-                "delta": {"stop_reason": message["stop_reason"], "stop_sequence": None},
+                "delta": {
+                    "stop_reason": message["stop_reason"],
+                    "stop_sequence": None,
+                    "stop_details": message["stop_details"],
+                },
                 "usage": {"output_tokens": message["usage"]["output_tokens"]},
             }
         )

@@ -56,6 +56,7 @@ def chat_completion(
     content: str | None = None,
     *tool_calls: dict[str, Any],
     reasoning_content: str | None = None,
+    refusal: str | None = None,
     model: str = "gpt-test-model",
     finish_reason: str | None = None,
     prompt_tokens: int = 150,
@@ -63,7 +64,7 @@ def chat_completion(
     cached_tokens: int = 0,
     reasoning_tokens: int = 0,
 ) -> Reply:
-    message: dict[str, Any] = {"role": "assistant", "content": content, "refusal": None}
+    message: dict[str, Any] = {"role": "assistant", "content": content, "refusal": refusal}
     if tool_calls:
         message["tool_calls"] = list(tool_calls)
     if reasoning_content is not None:
@@ -124,6 +125,11 @@ def reasoning(*summary: str) -> dict[str, Any]:
 
 def message(value: str) -> dict[str, Any]:
     return {"type": "message", "text": value}
+
+
+def refusal(value: str) -> dict[str, Any]:
+    """A message whose content is a `refusal` part (the model declined)."""
+    return {"type": "message", "refusal": value}
 
 
 def function_call(name: str, arguments: dict[str, Any] | str) -> dict[str, Any]:
@@ -395,7 +401,9 @@ class ResponsesFake:
                         "phase": "commentary" if calls_follow else "final_answer",
                         "status": "completed",
                         "content": [
-                            {"type": "output_text", "text": spec["text"], "annotations": []}
+                            {"type": "refusal", "refusal": spec["refusal"]}
+                            if "refusal" in spec
+                            else {"type": "output_text", "text": spec["text"], "annotations": []}
                         ],
                     }
                 )
