@@ -6,7 +6,8 @@ block or redacted data that comes back altered, invented or reordered is rejecte
 the real API gives. Enforced:
 - the API key and the `anthropic-version` header; `model`, `max_tokens`, `messages` present;
 - thinking config: the model's accepted forms (`rules.py`), budget >= 1024 and < max_tokens,
-  effort levels, no thinking with a forced tool_choice;
+  effort levels, no thinking with a forced tool_choice (and no forced tool_choice at all on the
+  models that refuse it);
 - roles alternate (one model turn is one message), the first message is the user's;
 - every thinking block carries a signature it emitted, every redacted_thinking block data it
   emitted; an assistant message carries either none of one response's thinking or all of it,
@@ -54,6 +55,10 @@ EXPECTED_THINKING = (
 ENABLED_THINKING_UNSUPPORTED = (
     "thinking.type.enabled is not supported for this model. Use thinking.type.adaptive and "
     "output_config.effort to control thinking behavior."
+)
+# The fake's own wording (Claude Opus 5.5, Sonnet 5.5, Fable 5.1 refuse any forced tool choice).
+FORCED_TOOL_UNSUPPORTED = (
+    "tool_choice.type: forced tool use is not supported for this model; use tool_choice auto"
 )
 DISABLED_THINKING_UNSUPPORTED = (
     "thinking.type.disabled is not supported for this model. Use thinking.type.adaptive and "
@@ -537,6 +542,8 @@ class MessagesFake:
         choice = (body.get("tool_choice") or {}).get("type", "auto")
         if choice not in ("auto", "any", "tool", "none"):
             raise _bad(f"tool_choice.type: Input tag '{choice}' found is not valid")
+        if not rules.forced_tool_choice and choice in ("any", "tool"):
+            raise _bad(FORCED_TOOL_UNSUPPORTED)
         if thinking_on and choice in ("any", "tool"):
             raise _bad(THINKING_WITH_FORCED_TOOL)
         self._check_messages(body, thinking_on)
