@@ -6,7 +6,8 @@ the embedded stack runs anywhere and a key is all it takes to use a real model.
 
 Thinking (Anthropic): `off` (default), `adaptive` (`thinking: {type: adaptive}` plus the optional
 `effort`, the form newer Claude models require) or `budget` (`thinking: {type: enabled,
-budget_tokens: N}` for models that still take it). The seed design's
+budget_tokens: N}` for models that still take it); OpenAI takes `adaptive` as its reasoning
+effort, with summaries unless `AMC_PLANNER_REASONING_SUMMARY=off`. The seed design's
 `AI_PLANNER_THINKING_BUDGET_TOKENS` still works: it sets the budget and, when no mode is given,
 selects `budget`.
 """
@@ -47,6 +48,11 @@ class PlannerSettings(BaseSettings):
     model: str | None = None
     thinking: ThinkingMode | None = None
     effort: Effort | None = None
+    # OpenAI reasoning summaries (session mode, Responses): `auto` asks for them (readable
+    # thinking in the decision log); `off` does not — what an organisation OpenAI has not
+    # verified needs (it gets 400 "Your organization must be verified to generate reasoning
+    # summaries" otherwise). The encrypted reasoning round-trips either way.
+    reasoning_summary: Literal["auto", "off"] = "auto"
     thinking_budget_tokens: int | None = Field(
         default=None,
         validation_alias=AliasChoices(

@@ -36,12 +36,15 @@ class ThinkingConfig:
 
     Anthropic: `adaptive` sends `thinking: {type: adaptive}` (+ `output_config.effort`), `budget`
     sends `thinking: {type: enabled, budget_tokens}` with the interleaved-thinking beta header.
-    OpenAI Responses: any mode but `off` sends `reasoning: {effort, summary: auto}`.
+    OpenAI Responses: any mode but `off` sends `reasoning: {effort, summary: auto}`, without
+    `summary` when `summaries` is False (an organisation OpenAI has not verified gets a 400 for
+    asking for reasoning summaries).
     """
 
     mode: ThinkingMode = "off"
     effort: str | None = None
     budget_tokens: int | None = None
+    summaries: bool = True
 
     def __post_init__(self) -> None:
         if self.mode == "budget" and (self.budget_tokens is None or self.budget_tokens < 1024):

@@ -51,7 +51,9 @@ def request_params(
         **request_flags(reasoning=reasons),
     }
     if reasons:
-        params["reasoning"] = {"effort": thinking.effort or "medium", "summary": "auto"}
+        params["reasoning"] = {"effort": thinking.effort or "medium"}
+        if thinking.summaries:
+            params["reasoning"]["summary"] = "auto"
     return params
 
 

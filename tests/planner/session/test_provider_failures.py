@@ -30,7 +30,7 @@ from planner.session.factory import open_session_planner
 from planner.session.planner import SessionPlanner
 from planner.session.store import SqliteSessionStore
 from planner.settings import PlannerSettings
-from planner.vendors import ThinkingConfig
+from planner.vendors import ThinkingConfig, thinking_config
 from planner.vendors.anthropic import AnthropicAdapter
 from planner.vendors.openai import OpenAIAdapter
 from tests.support.fakes import (
@@ -366,6 +366,33 @@ async def test_a_responses_stream_error_is_classified_by_its_code(
     assert type(info.value) is error
     if issubclass(error, PlannerTransient):
         assert (await planner.decide("screen 1")).tool_name == "press_key"
+
+
+async def test_reasoning_summaries_can_be_turned_off(
+    server: FakeModelServer, planners: Planners
+) -> None:
+    """An organisation OpenAI has not verified gets a 400 for `reasoning.summary`; every
+    session step with thinking on failed, and nothing let an operator turn summaries off."""
+    server.responses.summaries_allowed = False
+    server.responses_script.extend(
+        [
+            ScriptedTurn([reasoning("r1"), function_call("press_key", {"key": "back", **INTENT})]),
+            ScriptedTurn([reasoning("r2"), function_call("press_key", {"key": "back", **INTENT})]),
+        ]
+    )
+    with pytest.raises(PlannerRejected, match="verified to generate reasoning summaries"):
+        await (await planners.openai()).decide("screen 1")
+    settings = PlannerSettings(
+        provider="openai", openai_api_key="k", thinking="adaptive", reasoning_summary="off"
+    )
+    planner = await planners.openai(thinking=thinking_config(settings))
+    decision = await planner.decide("screen 1")
+    sent = server.bodies("/v1/responses")[-1]
+    assert sent["reasoning"] == {"effort": "medium"}
+    assert sent["include"] == ["reasoning.encrypted_content"]
+    assert decision.thinking_kind == "omitted"  # encrypted reasoning, no readable summary
+    await planner.record_tool_result("pressed")
+    assert (await planner.decide("screen 2")).tool_name == "press_key"
 
 
 async def test_a_non_reasoning_openai_model_never_gets_reasoning(

@@ -290,6 +290,8 @@ class ResponsesFake:
         self.key = key
         self.signing_key = signing_key
         self.error_event_shape: Literal["nested", "flat"] = "nested"
+        # False: the organisation is not verified, and asking for reasoning summaries is a 400.
+        self.summaries_allowed = True
         self.script: deque[ScriptedTurn | Reply] = deque()
         self._encrypted: dict[str, str] = {}
         self._following: dict[str, str | None] = {}
@@ -334,6 +336,17 @@ class ResponsesFake:
             _check_reasoning(
                 str(body.get("model")), body["reasoning"].get("effort"), "reasoning.effort"
             )
+            if body["reasoning"].get("summary") is not None and not self.summaries_allowed:
+                unverified = openai_error(
+                    400,
+                    "Your organization must be verified to generate reasoning summaries. Please "
+                    "go to: https://platform.openai.com/settings/organization/general and click "
+                    "on Verify Organization.",
+                    "invalid_request_error",
+                    "unsupported_value",
+                )
+                unverified.body["error"]["param"] = "reasoning.summary"
+                raise Rejected(unverified, "organization not verified for reasoning summaries")
         self._check_input(body.get("input") or [])
         if not self.script:
             raise _bad("fake server: no scripted Responses turn left")
@@ -374,6 +387,7 @@ class ResponsesFake:
 
     def _render(self, turn: ScriptedTurn, body: dict[str, Any]) -> dict[str, Any]:
         reasoning_on = body.get("reasoning") is not None
+        summaries = reasoning_on and body["reasoning"].get("summary") is not None
         include_encrypted = "reasoning.encrypted_content" in (body.get("include") or [])
         output: list[dict[str, Any]] = []
         for spec in turn.blocks:
@@ -386,7 +400,10 @@ class ResponsesFake:
                     {
                         "type": "reasoning",
                         "id": rid,
-                        "summary": [{"type": "summary_text", "text": s} for s in spec["summary"]],
+                        "summary": [
+                            {"type": "summary_text", "text": s}
+                            for s in (spec["summary"] if summaries else [])
+                        ],
                         "encrypted_content": self._token("rs", rid) if include_encrypted else None,
                         "status": "completed",
                     }
