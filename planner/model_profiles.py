@@ -192,6 +192,8 @@ PROFILES: dict[str, ModelProfile] = {
         # GPT-4.1 and GPT-4o: no reasoning parameters at all.
         ModelProfile("gpt-4.1", "openai", frozenset(), max_output_tokens=32768),
         ModelProfile("gpt-4o", "openai", frozenset(), max_output_tokens=16384),
+        # gpt-5-chat(-latest): a GPT-5 name without reasoning parameters.
+        ModelProfile("gpt-5-chat", "openai", frozenset()),
         # GPT-5: reasoning effort and summaries.
         ModelProfile(
             "openai-reasoning",
@@ -240,6 +242,7 @@ FAMILIES: dict[str, str] = {
     "o3": "openai-o-series",
     "o4": "openai-o-series",
     "gpt-5": "openai-reasoning",
+    "gpt-5-chat": "gpt-5-chat",
 }
 
 

@@ -50,6 +50,7 @@ def settings(**values: Any) -> PlannerSettings:
         ("o4-mini", "openai", "openai-o-series"),
         ("o3", "openai", "openai-o-series"),
         ("gpt-5-mini", "openai", "openai-reasoning"),
+        ("gpt-5-chat-latest", "openai", "gpt-5-chat"),
         ("gpt-test-model", "openai", "openai-unknown"),
         # A name of the other vendor's family is no profile of this one.
         ("gpt-4.1", "anthropic", "anthropic-unknown"),
@@ -107,6 +108,10 @@ def test_an_operator_names_the_profile_of_a_model_the_table_does_not_know() -> N
         (
             {"provider": "openai", "model": "gpt-4.1-mini", "thinking": "adaptive"},
             "gpt-4.1-mini \\(profile gpt-4.1\\) does not reason: set AMC_PLANNER_THINKING=off",
+        ),
+        (
+            {"provider": "openai", "model": "gpt-5-chat-latest", "thinking": "adaptive"},
+            "\\(profile gpt-5-chat\\) does not reason",
         ),
     ],
 )

@@ -4,7 +4,8 @@ Stateless means `store=false`, with `include=["reasoning.encrypted_content"]` wh
 reasons (`request_flags`; a model without reasoning rejects the include: 400 "Encrypted content is
 not supported with this model."): nothing is kept on OpenAI's side, so every earlier output item
 goes back in `input`, unchanged
-(the item as received when it was stored, `phase` and all; rebuilt from its fields otherwise)
+(the item as received when it was stored, `phase` and all — but a reasoning item's `status`;
+rebuilt from its fields otherwise)
 and in the order the API produced it — reasoning items with their id, summary and encrypted
 content, then the message and function_call items that followed them — and after them the
 function_call_output of each call. The API rejects a reasoning item sent without the item that
@@ -103,7 +104,9 @@ def _turn_items(
                 else:
                     stats.foreign_dropped += 1
             elif send[i] and item.wire is not None:
-                out.append(dict(item.wire))
+                # As received but its `status`: a replayed reasoning item carrying one was
+                # refused by the API in the wild ("Unknown parameter: 'input[3].status'").
+                out.append({k: v for k, v in item.wire.items() if k != "status"})
             elif send[i]:
                 out.append(
                     {

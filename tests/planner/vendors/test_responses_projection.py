@@ -170,3 +170,23 @@ def test_items_received_whole_go_back_verbatim() -> None:
         ToolResult("call_1", "ok"),
     ]
     assert project_responses(items).input[1:3] == [message, call]
+
+
+def test_a_replayed_reasoning_item_goes_back_without_its_status() -> None:
+    """The item is echoed as received, but a reasoning item's `status` was refused on the way
+    back by the API in the wild ("Unknown parameter: 'input[3].status'")."""
+    wire = {
+        "type": "reasoning",
+        "id": "rs_1",
+        "summary": [],
+        "encrypted_content": "ENC1",
+        "status": "completed",
+    }
+    items: list[SessionItem] = [
+        UserObservation("s"),
+        Reasoning("openai", "r", encrypted_content="ENC1", item_id="rs_1", wire=wire),
+        ToolCall("openai", "r", "call_1", "get_ui_tree", {}, "{}", "fc_1"),
+        ToolResult("call_1", "[]"),
+    ]
+    (sent,) = [i for i in project_responses(items).input if i.get("type") == "reasoning"]
+    assert sent == {k: v for k, v in wire.items() if k != "status"}

@@ -114,6 +114,7 @@ MODELS: dict[str, ModelRules] = {
     "o3": _O_SERIES,
     "o4-mini": _O_SERIES,
     "gpt-5": _REASONING,
+    "gpt-5-chat": _NO_REASONING,
 }
 
 
