@@ -39,7 +39,7 @@ CYBER = {"type": "refusal", "category": "cyber", "explanation": "Exploit develop
 
 def _compact(server: FakeModelServer, provider: str, model: str) -> Planner:
     settings = PlannerSettings(
-        provider=provider,  # type: ignore[arg-type]
+        provider=provider,
         anthropic_api_key=ANTHROPIC_KEY,
         openai_api_key=OPENAI_KEY,
         anthropic_base_url=server.anthropic_base_url,
