@@ -12,6 +12,8 @@ The flow of a decision:
    goes back with a tool result (or, without a call, an instruction) saying what was wrong; then
    from 1 again. Still unusable → `PlannerError`.
 Extra tool calls in one answer are answered "not executed"; the first one is used.
+A refusal (the model declined: Anthropic `stop_reason: "refusal"`, an OpenAI refusal) ends the
+decision at once with `PlannerRefused`, before the turn is kept: no retry, no corrective turn.
 Usage and latency add up over every call the decision needed.
 
 What differs between the modes is the conversation (`Conversation`): compact mode keeps it in
@@ -32,7 +34,7 @@ from planner.conversation.items import (
     UserObservation,
 )
 from planner.decision import Decision, RetryKind, ThinkingBlock, ThinkingKind, Usage
-from planner.errors import PlannerError, PlannerRejected, ToolCallError
+from planner.errors import PlannerError, PlannerRefused, PlannerRejected, ToolCallError
 from planner.model_profiles import RetryForm
 from planner.tools import ParsedToolCall, parse_tool_call
 from planner.vendors.base import ModelAdapter, Turn, TurnRequest
@@ -109,6 +111,12 @@ async def decide(
                 raise
             await recover(err)
             turn = await adapter.complete(conversation.request(forced=force, thinking=thinking))
+        if turn.refusal is not None:
+            # Never kept, never asked again: the same conversation gets the same refusal.
+            raise PlannerRefused(
+                f"planner: {adapter.name} model {turn.model or adapter.model} refused to answer "
+                f"({turn.refusal})"
+            )
         await conversation.received(turn)
         turns.append(turn)
         usage.add(turn.usage)
@@ -160,7 +168,12 @@ async def _parse(
     if extra:
         await conversation.add([ToolResult(c.call_id, EXTRA_CALL, is_error=True) for c in extra])
     arguments: Any = turn.raw_calls.get(call.call_id, call.arguments)
-    return parse_tool_call(call.name, arguments, element_ids=ids, screen_size=screen_size)
+    try:
+        return parse_tool_call(call.name, arguments, element_ids=ids, screen_size=screen_size)
+    except ToolCallError as err:
+        if turn.truncated:
+            raise ToolCallError(f"{err} (your answer reached the output token limit)") from None
+        raise
 
 
 def _correction(turn: Turn, error: str) -> list[SessionItem]:

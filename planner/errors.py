@@ -47,6 +47,14 @@ class PlannerRejected(PlannerError):
     limits): sending it again unchanged fails the same way."""
 
 
+class PlannerRefused(PlannerError):
+    """The model declined to answer (Anthropic `stop_reason: "refusal"`, an OpenAI refusal).
+    `str(err)` names the provider's category and explanation, or the refusal text. Asking
+    again unchanged gets the same (Anthropic: "continuing without resetting will result in
+    continued refusals"), so it is never retried: the attempt fails with the reason, and a
+    session keeps nothing of the refused turn."""
+
+
 class SessionStateError(PlannerError):
     """A session was used out of order (a tool result with no call waiting, or for a call the
     conversation never made)."""

@@ -2,20 +2,25 @@
 
 Providers change what their models take faster than any request code can follow: Claude Opus 4.7
 refuses the budget form of thinking (and `{type: disabled}`), returns empty thinking unless asked
-for a summary, and cannot combine a forced tool choice with thinking; OpenAI's GPT-4.1 refuses
-the reasoning parameters its o-series and GPT-5 need. Every such rule lives in `PROFILES`, and
-the vendor adapters build each request from the profile of the configured model, so a new model
-is one table row.
+for a summary, and cannot combine a forced tool choice with thinking; Claude Opus 5 thinks
+unless told `{type: disabled}`; Opus 5.5 always thinks and refuses any forced tool choice;
+OpenAI's GPT-4.1 refuses the reasoning parameters its o-series and GPT-5 need. Every such rule
+lives in `PROFILES`, and the vendor adapters build each request from the profile of the
+configured model, so a new model is one table row.
 
-A model the table does not know gets its vendor's conservative profile (`anthropic-unknown`,
-`openai-unknown`): the request carries what the settings ask for and nothing the table would add
-(no display field, no explicit `disabled`), and nothing is refused. An operator who knows better
-names a profile with `AMC_PLANNER_MODEL_PROFILE`. A configuration the model cannot take is
-refused at start with one line (`check`), not by the provider at the first step.
+A versioned Claude name newer than every listed version of its family gets `claude-newer` (as
+the newest documented models: adaptive only, always thinking, no forced tool choice), one
+between listed versions the profile of the nearest one below. Any other model the table does
+not know gets its vendor's conservative profile (`anthropic-unknown`, `openai-unknown`): the
+request carries what the settings ask for and nothing the table would add (no display field,
+no explicit `disabled`), and nothing is refused. An operator who knows better names a profile
+with `AMC_PLANNER_MODEL_PROFILE`. A configuration the model cannot take is refused at start
+with one line (`check`), not by the provider at the first step.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
@@ -53,6 +58,9 @@ class ModelProfile:
       Claude 4 and later; OpenAI summaries) — recorded as the decision's thinking kind.
     - `efforts`: accepted effort levels; `beta_headers`: per thinking mode.
     - `reasoning`: OpenAI only — accepts `reasoning` / `reasoning_effort`.
+    - `parallel_tool_calls`: OpenAI Chat Completions — accepts the `parallel_tool_calls`
+      parameter (the o-series answer it with 400 "Unsupported parameter"; it is then left out
+      and an extra call is answered "not executed").
     - `max_output_tokens`: the model's output limit (None: not known).
     - `prompt_cache`: Anthropic prompt caching with explicit breakpoints.
     """
@@ -69,6 +77,7 @@ class ModelProfile:
     efforts: frozenset[str] = ANY_EFFORT
     beta_headers: Mapping[str, str] = field(default_factory=dict)
     reasoning: bool = False
+    parallel_tool_calls: bool = True
     max_output_tokens: int | None = None
     prompt_cache: bool = False
 
@@ -111,9 +120,9 @@ PROFILES: dict[str, ModelProfile] = {
             max_output_tokens=64000,
             prompt_cache=True,
         ),
-        # Claude Opus 4.7 and later, Fable: adaptive only; `enabled` and `disabled` are 400s, a
-        # forced tool choice cannot be combined with thinking, thinking text is omitted unless
-        # summarized display is asked for.
+        # Claude Opus 4.7 and 4.8: adaptive only; `enabled` and `disabled` are 400s, a forced
+        # tool choice cannot be combined with thinking, thinking text is omitted unless
+        # summarized display is asked for. Left out, thinking is off.
         ModelProfile(
             "claude-adaptive-only",
             "anthropic",
@@ -125,18 +134,52 @@ PROFILES: dict[str, ModelProfile] = {
             max_output_tokens=128000,
             prompt_cache=True,
         ),
-        # Claude Mythos: as the adaptive-only family, and it thinks even when `thinking` is
-        # left out, so thinking cannot be off.
+        # Claude Opus 5 and Sonnet 5: adaptive thinking is on when `thinking` is left out
+        # ("thinking on by default"), `enabled` is a 400, and thinking is turned off only by
+        # saying `{type: disabled}` (on Opus 5 accepted at effort high or below — the default —
+        # so one call of a thinking conversation does not turn it off: the retry is a nudge).
+        ModelProfile(
+            "claude-5",
+            "anthropic",
+            frozenset({"adaptive"}),
+            thinking_off="disabled",
+            off_per_call=False,
+            display_default="omitted",
+            visible_display="summarized",
+            efforts=CLAUDE_47_EFFORTS,
+            max_output_tokens=128000,
+            prompt_cache=True,
+        ),
+        # Claude Opus 5.5, Sonnet 5.5, Fable, Mythos: adaptive thinking always on (also when
+        # `thinking` is left out; `disabled` and `enabled` are 400s), so thinking "off" is
+        # refused at start; a forced tool choice is an error whatever the thinking.
         ModelProfile(
             "claude-always-thinks",
             "anthropic",
             frozenset({"adaptive"}),
             thinking_off=None,
             off_per_call=False,
+            forced_tool_choice=False,
             display_default="omitted",
             visible_display="summarized",
             efforts=CLAUDE_47_EFFORTS,
             max_output_tokens=128000,
+            prompt_cache=True,
+        ),
+        # A Claude version newer than this table (claude-opus-5-7, claude-haiku-6): treated as
+        # the newest documented models behave (as `claude-always-thinks`), so a model that
+        # thinks although told nothing is never taken for one that does not. An operator who
+        # knows it can run without thinking names another profile.
+        ModelProfile(
+            "claude-newer",
+            "anthropic",
+            frozenset({"adaptive"}),
+            thinking_off=None,
+            off_per_call=False,
+            forced_tool_choice=False,
+            display_default="omitted",
+            visible_display="summarized",
+            efforts=CLAUDE_47_EFFORTS,
             prompt_cache=True,
         ),
         ModelProfile(
@@ -149,13 +192,25 @@ PROFILES: dict[str, ModelProfile] = {
         # GPT-4.1 and GPT-4o: no reasoning parameters at all.
         ModelProfile("gpt-4.1", "openai", frozenset(), max_output_tokens=32768),
         ModelProfile("gpt-4o", "openai", frozenset(), max_output_tokens=16384),
-        # o-series and GPT-5: reasoning effort and summaries.
+        # gpt-5-chat(-latest): a GPT-5 name without reasoning parameters.
+        ModelProfile("gpt-5-chat", "openai", frozenset()),
+        # GPT-5: reasoning effort and summaries.
         ModelProfile(
             "openai-reasoning",
             "openai",
             frozenset({"adaptive"}),
             efforts=OPENAI_EFFORTS,
             reasoning=True,
+            max_output_tokens=100000,
+        ),
+        # o1, o3, o4-mini: as GPT-5, and Chat Completions refuses `parallel_tool_calls`.
+        ModelProfile(
+            "openai-o-series",
+            "openai",
+            frozenset({"adaptive"}),
+            efforts=OPENAI_EFFORTS,
+            reasoning=True,
+            parallel_tool_calls=False,
             max_output_tokens=100000,
         ),
         ModelProfile("openai-unknown", "openai", frozenset({"adaptive", "budget"}), reasoning=True),
@@ -174,21 +229,66 @@ FAMILIES: dict[str, str] = {
     "claude-sonnet-4-6": "claude-4.6",
     "claude-opus-4-6": "claude-4.6",
     "claude-opus-4-7": "claude-adaptive-only",
-    "claude-opus-5": "claude-adaptive-only",
-    "claude-sonnet-5": "claude-adaptive-only",
-    "claude-fable": "claude-adaptive-only",
+    "claude-opus-4-8": "claude-adaptive-only",
+    "claude-opus-5": "claude-5",
+    "claude-sonnet-5": "claude-5",
+    "claude-opus-5-5": "claude-always-thinks",
+    "claude-sonnet-5-5": "claude-always-thinks",
+    "claude-fable": "claude-always-thinks",
     "claude-mythos": "claude-always-thinks",
     "gpt-4.1": "gpt-4.1",
     "gpt-4o": "gpt-4o",
-    "o1": "openai-reasoning",
-    "o3": "openai-reasoning",
-    "o4": "openai-reasoning",
+    "o1": "openai-o-series",
+    "o3": "openai-o-series",
+    "o4": "openai-o-series",
     "gpt-5": "openai-reasoning",
+    "gpt-5-chat": "gpt-5-chat",
 }
 
 
+#: `claude-<family>-<major>[-<minor>]` (a date suffix may follow; a minor has one or two digits).
+_CLAUDE_VERSION = re.compile(r"^claude-([a-z]+)-(\d{1,2})(?:-(\d{1,2}))?(?=-|$)")
+
+
+def _claude_version(model: str) -> tuple[str, tuple[int, int]] | None:
+    match = _CLAUDE_VERSION.match(model)
+    if match is None:
+        return None
+    family, major, minor = match.groups()
+    return family, (int(major), int(minor or 0))
+
+
+def _by_version(model: str) -> ModelProfile | None:
+    """A versioned Claude name the table does not list: the profile of the nearest listed
+    version below it in its family (claude-opus-4-9 → 4.8's), or `claude-newer` above every
+    listed version of the family (claude-opus-5-7, claude-haiku-5-5)."""
+    parsed = _claude_version(model)
+    if parsed is None:
+        return None
+    family, version = parsed
+    listed: dict[tuple[int, int], str] = {}
+    for prefix, name in FAMILIES.items():
+        row = _claude_version(prefix)
+        if row is not None and row[0] == family:
+            listed[row[1]] = name
+    if not listed:
+        return None
+    if version in listed:
+        return PROFILES[listed[version]]
+    below = [v for v in listed if v < version]
+    if len(below) == len(listed):
+        return PROFILES["claude-newer"]
+    return PROFILES[listed[max(below)]] if below else None
+
+
 def profile_for(model: str, vendor: Literal["anthropic", "openai"]) -> ModelProfile:
-    """The profile of `model` by its longest listed prefix, else the vendor's conservative one."""
+    """The profile of `model`: for a versioned Claude name by its version (exact, the nearest
+    listed version below, or `claude-newer` past the table), else by its longest listed prefix,
+    else the vendor's conservative one."""
+    if vendor == "anthropic":
+        versioned = _by_version(model)
+        if versioned is not None:
+            return versioned
     prefixes = [p for p in FAMILIES if model.startswith(p)]
     if prefixes:
         profile = PROFILES[FAMILIES[max(prefixes, key=len)]]
@@ -221,7 +321,17 @@ def check(profile: ModelProfile, settings: PlannerSettings) -> None:
     who = f"planner: model {model} (profile {profile.name})"
     mode = settings.thinking_mode
     if mode == "off" and profile.thinking_off is None:
-        raise PlannerConfigError(f"{who} always thinks: set AMC_PLANNER_THINKING=adaptive")
+        newer = (
+            "; it is newer than the model table, and newer Claude models think although told "
+            "nothing — if it can run without thinking, name a profile with "
+            "AMC_PLANNER_MODEL_PROFILE (e.g. claude-adaptive-only)"
+            if profile.name == "claude-newer"
+            else ""
+        )
+        raise PlannerConfigError(
+            f"{who} always thinks (thinking cannot be off): set AMC_PLANNER_THINKING=adaptive"
+            + newer
+        )
     if mode != "off" and not profile.thinking_modes:
         raise PlannerConfigError(
             f"{who} does not reason: set AMC_PLANNER_THINKING=off, or choose a reasoning model"

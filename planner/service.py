@@ -8,8 +8,9 @@ the task's budget (`BudgetGate`: FAILED_PRECONDITION "budget exhausted: …", no
 the provider, then exactly one appended row. A provider failure logs nothing; its class decides
 the status code (see the proto): planning temporarily impossible is UNAVAILABLE or
 RESOURCE_EXHAUSTED (the host waits and asks again), refused credentials PERMISSION_DENIED, no
-usable decision UNKNOWN. The screenshot is passed to the model call and then dropped: it is
-never part of what the sink receives.
+usable decision (a model refusal included: `PlannerRefused`, never retried) UNKNOWN. The
+screenshot is passed to the model call and then dropped: it is never part of what the sink
+receives.
 
 Session mode (`DecideRequest.session`): the conversation lives behind a `SessionStore` the cloud
 provides (one view per call, so two calls continuing one conversation at once are caught), and

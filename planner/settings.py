@@ -6,7 +6,8 @@ the embedded stack runs anywhere and a key is all it takes to use a real model.
 
 Thinking (Anthropic): `off` (default), `adaptive` (`thinking: {type: adaptive}` plus the optional
 `effort`, the form newer Claude models require) or `budget` (`thinking: {type: enabled,
-budget_tokens: N}` for models that still take it). The seed design's
+budget_tokens: N}` for models that still take it); OpenAI takes `adaptive` as its reasoning
+effort, with summaries unless `AMC_PLANNER_REASONING_SUMMARY=off`. The seed design's
 `AI_PLANNER_THINKING_BUDGET_TOKENS` still works: it sets the budget and, when no mode is given,
 selects `budget`.
 """
@@ -29,8 +30,11 @@ DEFAULT_MODELS: dict[str, str] = {
     "offline": "amc-offline-heuristic-1",
 }
 MIN_THINKING_BUDGET = 1024
-# Non-streaming calls: the Anthropic SDK refuses max_tokens it expects to take over 10 minutes
-# (about 21k), so budget + the answer's room must stay below that.
+# Compact mode does not stream. Its calls get a timeout derived from max_tokens the way the
+# Anthropic SDK estimates one (an hour per 128k output tokens; planner/vendors/streaming.py),
+# and budget + the answer's room stays below ~21k tokens so that estimate stays under ten
+# minutes. (The SDK's own refusal of such calls applies only to a client on its default
+# timeout, which the planner's clients never are.)
 MAX_THINKING_BUDGET = 20000
 ANSWER_ROOM_TOKENS = 1024
 
@@ -44,6 +48,11 @@ class PlannerSettings(BaseSettings):
     model: str | None = None
     thinking: ThinkingMode | None = None
     effort: Effort | None = None
+    # OpenAI reasoning summaries (session mode, Responses): `auto` asks for them (readable
+    # thinking in the decision log); `off` does not — what an organisation OpenAI has not
+    # verified needs (it gets 400 "Your organization must be verified to generate reasoning
+    # summaries" otherwise). The encrypted reasoning round-trips either way.
+    reasoning_summary: Literal["auto", "off"] = "auto"
     thinking_budget_tokens: int | None = Field(
         default=None,
         validation_alias=AliasChoices(
@@ -89,9 +98,8 @@ class PlannerSettings(BaseSettings):
     session_keep_scenes: int | None = Field(default=6, ge=1)
     session_keep_reasoning_turns: int | None = Field(default=None, ge=1)
     session_foreign_reasoning: Literal["drop", "text"] = "drop"
-    # Streaming is on by default: it is how consoles see the model think live, and the
-    # Anthropic SDK refuses non-streaming calls whose max_tokens (large thinking budgets) could
-    # run past ten minutes.
+    # Streaming is on by default: it is how consoles see the model think live. Off, each call
+    # gets the timeout its max_tokens may need (as compact calls do).
     session_stream: bool = True
 
     @model_validator(mode="after")

@@ -40,11 +40,13 @@ __all__ = [
 
 
 def thinking_config(settings: PlannerSettings) -> ThinkingConfig:
-    """The configured thinking (`AMC_PLANNER_THINKING`, `…_EFFORT`, `…_THINKING_BUDGET_TOKENS`)."""
+    """The configured thinking (`AMC_PLANNER_THINKING`, `…_EFFORT`, `…_THINKING_BUDGET_TOKENS`,
+    `…_REASONING_SUMMARY`)."""
     return ThinkingConfig(
         mode=settings.thinking_mode,
         effort=settings.effort,
         budget_tokens=settings.thinking_budget_tokens,
+        summaries=settings.reasoning_summary == "auto",
     )
 
 

@@ -36,12 +36,15 @@ class ThinkingConfig:
 
     Anthropic: `adaptive` sends `thinking: {type: adaptive}` (+ `output_config.effort`), `budget`
     sends `thinking: {type: enabled, budget_tokens}` with the interleaved-thinking beta header.
-    OpenAI Responses: any mode but `off` sends `reasoning: {effort, summary: auto}`.
+    OpenAI Responses: any mode but `off` sends `reasoning: {effort, summary: auto}`, without
+    `summary` when `summaries` is False (an organisation OpenAI has not verified gets a 400 for
+    asking for reasoning summaries).
     """
 
     mode: ThinkingMode = "off"
     effort: str | None = None
     budget_tokens: int | None = None
+    summaries: bool = True
 
     def __post_init__(self) -> None:
         if self.mode == "budget" and (self.budget_tokens is None or self.budget_tokens < 1024):
@@ -101,6 +104,9 @@ class Turn:
     """The answer was cut off by the output token limit."""
     readable_thinking: Literal["full", "summarized"] = "summarized"
     """What readable reasoning text of this turn is: the model's own, or a summary."""
+    refusal: str | None = None
+    """The model declined to answer: why, in the provider's words (Anthropic's stop_details
+    category and explanation, OpenAI's refusal text). None for an answer."""
 
     @property
     def tool_calls(self) -> list[ToolCall]:

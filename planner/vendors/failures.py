@@ -102,8 +102,10 @@ def _codes(err: BaseException) -> set[str]:
 def planner_error(err: BaseException, vendor: str, *, retries: int) -> PlannerError:
     """Map an SDK exception (anthropic or openai; they share the shape) to a PlannerError of
     one of three classes: transient (429, 5xx, 529, 408/409, an error event inside a stream
-    that had started, a broken stream, a connection failure), the credentials refused (401,
-    403, billing or quota, whatever the status says), or an invalid request (other 4xx).
+    that had started — with the stream's status 200 or, as the OpenAI SDK raises the live
+    API's nested error event, with none — a broken stream, a connection failure), the
+    credentials refused (401, 403, billing or quota, whatever the status says), or an invalid
+    request (other 4xx, or an invalid-request code mid-stream).
 
     `vendor` is the adapter name ("anthropic", "openai") or its label ("Anthropic", "OpenAI").
     """
@@ -112,6 +114,15 @@ def planner_error(err: BaseException, vendor: str, *, retries: int) -> PlannerEr
         return err
     codes = _codes(err)
     detail = scrub(str(err)) if isinstance(err, IncompleteStream) else _detail(err)
+    # An SDK error without an HTTP status that is no connection failure: the SDK met an error
+    # event inside a stream that had started (the OpenAI SDK raises the live API's nested
+    # `{"type": "error", "error": {…}}` event as a bare APIError). Classified like a broken
+    # stream, by the code it carries.
+    mid_stream = isinstance(err, IncompleteStream) or (
+        isinstance(err, anthropic.APIError | openai.APIError)
+        and not hasattr(err, "status_code")
+        and not _is_connection_error(err)
+    )
     if codes & _AUTH_CODES or getattr(err, "status_code", None) in (401, 402, 403):
         status = getattr(err, "status_code", None)
         if status == 401 or codes & {"authentication_error", "invalid_api_key"}:
@@ -119,12 +130,15 @@ def planner_error(err: BaseException, vendor: str, *, retries: int) -> PlannerEr
         if status == 402 or codes & {"billing_error", "insufficient_quota"}:
             return PlannerAuthError(f"planner: {label} refused the request for billing ({detail})")
         return PlannerAuthError(f"planner: {label} denied permission ({detail})")
-    if isinstance(err, IncompleteStream):
+    if mid_stream:
         if codes & _RATE_CODES:
             return PlannerRateLimited(f"planner: {label} rate limit hit mid-stream ({detail})")
         if codes & _INVALID_CODES:
             return PlannerRejected(f"planner: {label} rejected the request ({detail})")
-        return PlannerUnavailable(f"planner: {label} stream broke off ({detail})")
+        if isinstance(err, IncompleteStream):
+            return PlannerUnavailable(f"planner: {label} stream broke off ({detail})")
+        kind = "/".join(sorted(codes)) or "error"
+        return PlannerUnavailable(f"planner: {label} failed mid-stream ({kind}: {detail})")
     if not hasattr(err, "status_code") and not _is_connection_error(err):
         return PlannerError(f"planner: {label} call failed: {scrub(str(err))}")
     status = getattr(err, "status_code", None)

@@ -16,7 +16,21 @@ from typing import Any
 
 from planner.vendors.failures import IncompleteStream, planner_error
 
-__all__ = ["IncompleteStream", "event_dict", "fetch_response"]
+__all__ = ["IncompleteStream", "call_timeout", "event_dict", "fetch_response"]
+
+#: The Anthropic SDK's own estimate of how long a non-streamed call may take: an hour for
+#: 128,000 output tokens (`_calculate_nonstreaming_timeout`); used for both vendors.
+SECONDS_PER_OUTPUT_TOKEN = 3600 / 128_000
+
+
+def call_timeout(configured: object, max_tokens: int) -> float | None:
+    """The timeout of one non-streamed call: the client's (`AMC_PLANNER_TIMEOUT_S`), raised to
+    what `max_tokens` of output may take, so a long thought is not cut off (and paid for) at
+    60 s — 2,048 tokens may take ~58 s, the 21,024 of the largest thinking budget ~590 s. None
+    (the SDK decides) when the client has no single number of seconds."""
+    if isinstance(configured, bool) or not isinstance(configured, int | float):
+        return None
+    return max(float(configured), SECONDS_PER_OUTPUT_TOKEN * max_tokens)
 
 
 def event_dict(event: Any) -> dict[str, Any]:
@@ -38,13 +52,17 @@ async def fetch_response(
     stream: tuple[Callable[[Any], None], Callable[[], dict[str, Any]]] | None,
     *,
     retries: int,
+    call_seconds: float | None = None,
 ) -> dict[str, Any]:
     """One call's response as a wire dict. With `stream` (feed, complete) each event goes to
     `feed` and the response is what `complete` builds once the stream has ended. Both SDKs
-    stream the same way, so every vendor shares this path and fails through the one mapper."""
+    stream the same way, so every vendor shares this path and fails through the one mapper.
+    `call_seconds` is a non-streamed call's timeout (a stream's read timeout is between
+    events)."""
     try:
         if stream is None:
-            return dict((await create(**params)).to_dict())
+            extra = {"timeout": call_seconds} if call_seconds is not None else {}
+            return dict((await create(**params, **extra)).to_dict())
         feed, complete = stream
         async for event in await create(**params, stream=True):
             feed(event)

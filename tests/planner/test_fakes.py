@@ -155,6 +155,22 @@ async def test_altered_or_partial_thinking_is_rejected(
         await _send(claude, reordered)
 
 
+async def test_whitespace_only_text_is_refused_and_text_may_be_left_out(
+    server: FakeModelServer, claude: anthropic.AsyncAnthropic
+) -> None:
+    """The API refuses a text block holding only whitespace; only the thinking blocks must come
+    back unmodified, so a client may leave a text block out."""
+    good = await _anthropic_turn(server, claude)
+    blank = copy.deepcopy(good)
+    blank[1]["content"][3]["text"] = "\n\n"
+    with pytest.raises(anthropic.BadRequestError, match="must contain non-whitespace text"):
+        await _send(claude, blank)
+    without_text = copy.deepcopy(good)
+    del without_text[1]["content"][3]
+    await _send(claude, without_text)
+    assert server.rejections == ["messages: text content blocks must contain non-whitespace text"]
+
+
 async def test_an_edited_earlier_message_invalidates_later_thinking(
     server: FakeModelServer, claude: anthropic.AsyncAnthropic
 ) -> None:
@@ -319,6 +335,14 @@ async def test_non_reasoning_openai_model_refuses_reasoning(
             messages=[{"role": "user", "content": "s"}],
             reasoning_effort="low",
         )
+    with pytest.raises(openai.BadRequestError, match="Encrypted content is not supported") as info:
+        await cast(Any, gpt.responses.create)(
+            model="gpt-4.1-mini",
+            input="s",
+            store=False,
+            include=["reasoning.encrypted_content"],
+        )
+    assert cast(dict[str, Any], info.value.body)["param"] == "include"
 
 
 async def test_a_stream_can_fail_after_http_200(

@@ -28,13 +28,29 @@ def settings(**values: Any) -> PlannerSettings:
         ("claude-sonnet-4-6", "anthropic", "claude-4.6"),
         ("claude-opus-4-6", "anthropic", "claude-4.6"),
         ("claude-opus-4-7", "anthropic", "claude-adaptive-only"),
-        ("claude-fable-5", "anthropic", "claude-adaptive-only"),
+        ("claude-opus-4-8", "anthropic", "claude-adaptive-only"),
+        ("claude-opus-5", "anthropic", "claude-5"),
+        ("claude-sonnet-5", "anthropic", "claude-5"),
+        ("claude-opus-5-5", "anthropic", "claude-always-thinks"),
+        ("claude-sonnet-5-5", "anthropic", "claude-always-thinks"),
+        ("claude-fable-5-1", "anthropic", "claude-always-thinks"),
         ("claude-mythos-preview", "anthropic", "claude-always-thinks"),
+        # Forward-compatible: a version between listed ones takes the one below it, a version
+        # past the table the profile of the newest documented behaviour (never the unknown).
+        ("claude-opus-4-9", "anthropic", "claude-adaptive-only"),
+        ("claude-opus-5-7", "anthropic", "claude-newer"),
+        ("claude-haiku-5-5", "anthropic", "claude-newer"),
+        ("claude-sonnet-6", "anthropic", "claude-newer"),
+        # Date suffixes are no versions.
+        ("claude-sonnet-4-20250514", "anthropic", "claude-budget"),
+        ("claude-haiku-4-5-20251001", "anthropic", "claude-budget"),
         ("claude-test-model", "anthropic", "anthropic-unknown"),
         ("gpt-4.1-mini", "openai", "gpt-4.1"),
         ("gpt-4o", "openai", "gpt-4o"),
-        ("o4-mini", "openai", "openai-reasoning"),
+        ("o4-mini", "openai", "openai-o-series"),
+        ("o3", "openai", "openai-o-series"),
         ("gpt-5-mini", "openai", "openai-reasoning"),
+        ("gpt-5-chat-latest", "openai", "gpt-5-chat"),
         ("gpt-test-model", "openai", "openai-unknown"),
         # A name of the other vendor's family is no profile of this one.
         ("gpt-4.1", "anthropic", "anthropic-unknown"),
@@ -77,7 +93,10 @@ def test_an_operator_names_the_profile_of_a_model_the_table_does_not_know() -> N
             {"model": "claude-sonnet-4-5", "thinking": "adaptive"},
             "does not take adaptive thinking: set AMC_PLANNER_THINKING=budget",
         ),
-        ({"model": "claude-mythos-5"}, "always thinks: set AMC_PLANNER_THINKING=adaptive"),
+        ({"model": "claude-mythos-5"}, "always thinks .*: set AMC_PLANNER_THINKING=adaptive"),
+        ({"model": "claude-opus-5-5"}, "always thinks .*: set AMC_PLANNER_THINKING=adaptive"),
+        ({"model": "claude-opus-5-7"}, "newer than the model table.*AMC_PLANNER_MODEL_PROFILE"),
+        ({"model": "claude-opus-5"}, None),  # thinking off is said: `disabled`
         (
             {"model": "claude-sonnet-4-6", "thinking": "adaptive", "effort": "xhigh"},
             "does not take effort 'xhigh'",
@@ -89,6 +108,10 @@ def test_an_operator_names_the_profile_of_a_model_the_table_does_not_know() -> N
         (
             {"provider": "openai", "model": "gpt-4.1-mini", "thinking": "adaptive"},
             "gpt-4.1-mini \\(profile gpt-4.1\\) does not reason: set AMC_PLANNER_THINKING=off",
+        ),
+        (
+            {"provider": "openai", "model": "gpt-5-chat-latest", "thinking": "adaptive"},
+            "\\(profile gpt-5-chat\\) does not reason",
         ),
     ],
 )

@@ -38,7 +38,9 @@ from tests.planner import scenes
 from tests.support.fakes import (
     ANTHROPIC_KEY,
     FakeModelServer,
+    ScriptedTurn,
     rate_limited_anthropic,
+    text,
 )
 from tests.support.memory_log import MemoryDecisionLog
 
@@ -321,6 +323,38 @@ async def test_real_sdk_rate_limit_through_decide_is_resource_exhausted(
     assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
     assert "rate limit" in (info.value.details() or "")
     assert len(fake_server.requests) == 2
+    assert srv.sink.rows == []
+
+
+async def test_a_model_refusal_through_decide_is_unknown_and_asked_once(
+    make_server: Callable[..., Any], fake_server: FakeModelServer
+) -> None:
+    """A refusal is a non-retryable planner failure: UNKNOWN naming the refusal's category,
+    one provider call, nothing logged (the host fails the attempt and does not ask again)."""
+    settings = PlannerSettings(
+        provider="anthropic",
+        anthropic_api_key=ANTHROPIC_KEY,
+        anthropic_base_url=fake_server.anthropic_base_url,
+        model="claude-sonnet-4-6",
+        max_retries=1,
+    )
+    provider = make_adapter(settings)
+    srv: Running = await make_server(provider)
+    fake_server.script_anthropic(
+        ScriptedTurn(
+            [text("I can't help with that.")],
+            stop_reason="refusal",
+            stop_details={"type": "refusal", "category": "bio", "explanation": None},
+        )
+    )
+    try:
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await srv.stub.Decide(request(), metadata=MD)
+    finally:
+        await provider.aclose()
+    assert info.value.code() == grpc.StatusCode.UNKNOWN
+    assert "refused to answer (category bio)" in (info.value.details() or "")
+    assert len(fake_server.requests) == 1
     assert srv.sink.rows == []
 
 

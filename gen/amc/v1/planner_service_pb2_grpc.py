@@ -86,8 +86,10 @@ class PlannerServiceServicer:
         limited) when planning is temporarily impossible: ask again later, the task has not failed
         (nothing is logged); PERMISSION_DENIED when the provider refuses the cloud's credentials
         (API key, permission, billing): an operator must fix the cloud; UNKNOWN when the model gave
-        no usable decision (an unusable tool call twice, or a request the provider refused as
-        invalid even after a checkpoint); ABORTED when another call continued the same
+        no usable decision (an unusable tool call twice, a request the provider refused as invalid
+        even after a checkpoint, or the model declined to answer: details "planner: <provider>
+        model <model> refused to answer (<category: explanation, or its refusal text>)", asked
+        once, never retried, nothing of it kept); ABORTED when another call continued the same
         session-mode conversation at the same time (retry once).
 
         Transient failures of the cloud itself: UNAVAILABLE ("the cloud's database is unavailable;

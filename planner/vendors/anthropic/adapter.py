@@ -10,6 +10,7 @@ from planner.vendors.anthropic.messages import (
     Cache,
     items_from_message,
     raw_calls,
+    refusal,
     request_params,
     truncated,
     usage_from,
@@ -17,7 +18,7 @@ from planner.vendors.anthropic.messages import (
 from planner.vendors.anthropic.projection import project_anthropic
 from planner.vendors.base import ThinkingConfig, Turn, TurnRequest
 from planner.vendors.failures import planner_error
-from planner.vendors.streaming import fetch_response
+from planner.vendors.streaming import call_timeout, fetch_response
 
 
 class AnthropicAdapter:
@@ -95,7 +96,12 @@ class AnthropicAdapter:
         acc = AnthropicStreamAccumulator(request.on_thinking)
         streamed = (acc.feed, acc.message) if request.stream else None
         message = await fetch_response(
-            self.client.messages.create, params, self.name, streamed, retries=self.retries
+            self.client.messages.create,
+            params,
+            self.name,
+            streamed,
+            retries=self.retries,
+            call_seconds=call_timeout(self.client.timeout, params["max_tokens"]),
         )
         stop = message.get("stop_reason")
         return Turn(
@@ -109,4 +115,5 @@ class AnthropicAdapter:
             projection=projection.stats,
             truncated=truncated(stop),
             readable_thinking=self.profile.readable_thinking,
+            refusal=refusal(message),
         )

@@ -23,6 +23,9 @@ from planner.vendors.base import ThinkingConfig, ThinkingSink, mask_sensitive
 from planner.vendors.streaming import IncompleteStream, event_dict
 
 EPHEMERAL: dict[str, str] = {"type": "ephemeral"}
+#: Key of a streamed tool_use block whose input JSON was cut off (never sent back: the block's
+#: `input` is then empty; `raw_calls` hands the partial text to parsing, which refuses it).
+PARTIAL_INPUT = "amc_partial_input_json"
 
 Cache = Literal["off", "prompt", "conversation"]
 """Prompt caching: `prompt` puts breakpoints on the system prompt and the tools (the part every
@@ -84,9 +87,25 @@ def request_params(
     return params
 
 
+#: Stop reasons of an answer cut off: at `max_tokens`, or where the response filled the
+#: model's context window ("Treat the response as truncated", handling-stop-reasons docs).
+TRUNCATED_STOPS = frozenset({"max_tokens", "model_context_window_exceeded"})
+
+
 def truncated(stop_reason: str | None) -> bool:
-    """The answer was cut off by the output token limit."""
-    return stop_reason == "max_tokens"
+    """The answer was cut off by the output token limit or the context window."""
+    return stop_reason in TRUNCATED_STOPS
+
+
+def refusal(message: Mapping[str, Any]) -> str | None:
+    """Why the model declined (`stop_reason: "refusal"`), from `stop_details` (category,
+    explanation; either may be null), or None when it did not."""
+    if message.get("stop_reason") != "refusal":
+        return None
+    details = message.get("stop_details") or {}
+    category, explanation = details.get("category"), details.get("explanation")
+    parts = [f"category {category}" if category else "", str(explanation or "")]
+    return ": ".join(p for p in parts if p) or "no reason given"
 
 
 def items_from_message(message: Mapping[str, Any]) -> list[AssistantItem]:
@@ -124,9 +143,10 @@ def items_from_message(message: Mapping[str, Any]) -> list[AssistantItem]:
 
 
 def raw_calls(message: Mapping[str, Any]) -> dict[str, Any]:
-    """call id → the input exactly as the model sent it (unmasked, for execution only)."""
+    """call id → the input exactly as the model sent it (unmasked, for execution only); the
+    partial JSON text of a call the output limit cut off."""
     return {
-        str(b.get("id")): b.get("input")
+        str(b.get("id")): b.get(PARTIAL_INPUT, b.get("input"))
         for b in message.get("content") or []
         if b.get("type") == "tool_use"
     }
@@ -179,7 +199,14 @@ class AnthropicStreamAccumulator:
             block = self._blocks[index]
             if block.get("type") == "tool_use":
                 raw = self._json.pop(index, "")
-                block["input"] = json.loads(raw) if raw.strip() else block.get("input") or {}
+                try:
+                    block["input"] = json.loads(raw) if raw.strip() else block.get("input") or {}
+                except json.JSONDecodeError:
+                    # Cut off by max_tokens inside the call (thinking counts toward the limit):
+                    # nothing of it may run. Kept as an empty input; the partial text goes to
+                    # parsing only, which refuses it, and the corrective turn follows.
+                    block["input"] = {}
+                    block[PARTIAL_INPUT] = raw
         elif kind == "message_delta":
             if self._message is None:
                 raise IncompleteStream("message_delta before message_start")

@@ -26,6 +26,9 @@ The rules this module exists to keep (each one a known failure mode elsewhere):
   checkpoint's `keep_from` are condensed and reasoning made before the checkpoint is no longer
   sent — its prefix changed, so it would be rejected. Between checkpoints nothing old changes.
 - With thinking off (the forced retry), no thinking block is sent at all.
+- A text block holding only whitespace (Claude does answer "\n\n") is not sent back: the API
+  rejects it ("text content blocks must contain non-whitespace text"). Only the thinking blocks
+  must come back unmodified, so leaving it out is allowed.
 """
 
 from __future__ import annotations
@@ -181,7 +184,7 @@ def project_anthropic(
                     else:
                         stats.budget_stripped += 1
                 elif isinstance(part, AssistantText):
-                    if part.text:
+                    if part.text.strip():
                         out.append({"type": "text", "text": part.text})
                 else:
                     out.append({"type": "text", "text": call_as_text(part.name, part.arguments)})
@@ -198,7 +201,7 @@ def project_anthropic(
                 if rendered is not None:
                     out.append(rendered)
             elif isinstance(part, AssistantText):
-                if part.text:
+                if part.text.strip():
                     out.append({"type": "text", "text": part.text})
             else:
                 out.append(

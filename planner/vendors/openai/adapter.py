@@ -14,7 +14,7 @@ from planner.vendors.base import ThinkingConfig, Turn, TurnRequest
 from planner.vendors.failures import planner_error
 from planner.vendors.openai import chat, responses
 from planner.vendors.openai.responses_projection import project_responses
-from planner.vendors.streaming import fetch_response
+from planner.vendors.streaming import call_timeout, fetch_response
 
 
 class OpenAIAdapter:
@@ -79,9 +79,15 @@ class OpenAIAdapter:
             forced=request.forced,
             max_tokens=request.max_tokens or self.max_tokens,
             reasoning_effort=(self.thinking.effort or "medium") if self._reasoning else None,
+            parallel_tool_calls=self.profile.parallel_tool_calls,
         )
         completion = await fetch_response(
-            self.client.chat.completions.create, params, self.name, None, retries=self.retries
+            self.client.chat.completions.create,
+            params,
+            self.name,
+            None,
+            retries=self.retries,
+            call_seconds=call_timeout(self.client.timeout, params["max_completion_tokens"]),
         )
         return Turn(
             turn_id=str(completion.get("id") or ""),
@@ -93,6 +99,7 @@ class OpenAIAdapter:
             request=params,
             truncated=chat.stop_reason(completion) == "length",
             readable_thinking="full",
+            refusal=chat.refusal(completion),
         )
 
     async def _responses(self, request: TurnRequest) -> Turn:
@@ -114,7 +121,12 @@ class OpenAIAdapter:
         acc = responses.ResponsesStreamAccumulator(request.on_thinking)
         streamed = (acc.feed, acc.response) if request.stream else None
         response = await fetch_response(
-            self.client.responses.create, params, self.name, streamed, retries=self.retries
+            self.client.responses.create,
+            params,
+            self.name,
+            streamed,
+            retries=self.retries,
+            call_seconds=call_timeout(self.client.timeout, params["max_output_tokens"]),
         )
         return Turn(
             turn_id=str(response.get("id") or ""),
@@ -127,4 +139,5 @@ class OpenAIAdapter:
             projection=projection.stats,
             truncated=responses.truncated(response),
             readable_thinking=responses.readable_thinking(response),
+            refusal=responses.refusal(response),
         )

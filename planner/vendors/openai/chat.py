@@ -2,7 +2,8 @@
 reply → items, usage.
 
 `tool_choice="auto"` first so `message.content` (the rationale) can come with the tool call;
-`"required"` for the forced retry. `parallel_tool_calls` is off: one action per step.
+`"required"` for the forced retry. `parallel_tool_calls` is off (one action per step) where the
+model takes the parameter; the o-series refuse it, and get none.
 OpenAI-compatible reasoning servers return `message.reasoning_content`; it becomes a reasoning
 item, and it is sent back on the assistant message of a follow-up turn, as some servers require.
 """
@@ -62,7 +63,7 @@ def project_chat(
 
 
 def _assistant(turn: ModelTurn) -> dict[str, Any]:
-    texts = [t.text for t in turn.texts if t.text]
+    texts = [t.text for t in turn.texts if t.text.strip()]
     message: dict[str, Any] = {"role": "assistant", "content": "\n".join(texts) or None}
     if turn.tool_calls:
         message["tool_calls"] = [
@@ -87,9 +88,11 @@ def request_params(
     forced: bool,
     max_tokens: int,
     reasoning_effort: str | None = None,
+    parallel_tool_calls: bool = True,
 ) -> dict[str, Any]:
     """The request body; `reasoning_effort` only for reasoning models with thinking on (the
-    others reject the parameter)."""
+    others reject the parameter); `parallel_tool_calls: false` only where the model takes the
+    parameter (extra calls are answered "not executed" either way)."""
     params: dict[str, Any] = {
         "model": model,
         "messages": messages,
@@ -105,9 +108,10 @@ def request_params(
             for t in tools
         ],
         "tool_choice": "required" if forced else "auto",
-        "parallel_tool_calls": False,
         "max_completion_tokens": max_tokens,
     }
+    if parallel_tool_calls:
+        params["parallel_tool_calls"] = False
     if reasoning_effort is not None:
         params["reasoning_effort"] = reasoning_effort
     return params
@@ -147,6 +151,15 @@ def raw_calls(completion: Mapping[str, Any]) -> dict[str, Any]:
         for call in message.get("tool_calls") or []
         if isinstance(call.get("function"), dict)
     }
+
+
+def refusal(completion: Mapping[str, Any]) -> str | None:
+    """The first choice's `message.refusal` (the model declined), or None."""
+    message = (completion.get("choices") or [{}])[0].get("message") or {}
+    text = message.get("refusal")
+    if not isinstance(text, str):
+        return None
+    return text.strip() or "no reason given"
 
 
 def stop_reason(completion: Mapping[str, Any]) -> str | None:

@@ -12,7 +12,7 @@ from planner.tools import ToolSpec
 from planner.vendors.base import ThinkingConfig, ThinkingSink
 from planner.vendors.failures import StreamError
 from planner.vendors.openai.calls import function_call
-from planner.vendors.openai.responses_projection import REQUEST_FLAGS
+from planner.vendors.openai.responses_projection import request_flags
 from planner.vendors.streaming import IncompleteStream, event_dict
 
 
@@ -27,9 +27,10 @@ def request_params(
     forced: bool,
     max_tokens: int,
 ) -> dict[str, Any]:
-    """The request body: stateless (`store=false`, encrypted reasoning included). `reasoning`
-    says whether the model takes reasoning parameters at all (non-reasoning models reject
-    them)."""
+    """The request body: stateless (`store=false`; encrypted reasoning included when the request
+    reasons). `reasoning` says whether the model takes reasoning parameters at all
+    (non-reasoning models reject them, and the include with them)."""
+    reasons = thinking.enabled and reasoning
     params: dict[str, Any] = {
         "model": model,
         "instructions": system,
@@ -47,10 +48,12 @@ def request_params(
         "tool_choice": "required" if forced else "auto",
         "parallel_tool_calls": False,
         "max_output_tokens": max_tokens,
-        **{k: list(v) if isinstance(v, list) else v for k, v in REQUEST_FLAGS.items()},
+        **request_flags(reasoning=reasons),
     }
-    if thinking.enabled and reasoning:
-        params["reasoning"] = {"effort": thinking.effort or "medium", "summary": "auto"}
+    if reasons:
+        params["reasoning"] = {"effort": thinking.effort or "medium"}
+        if thinking.summaries:
+            params["reasoning"]["summary"] = "auto"
     return params
 
 
@@ -94,6 +97,20 @@ def items_from_response(response: Mapping[str, Any]) -> list[AssistantItem]:
                 )
             )
     return out
+
+
+def refusal(response: Mapping[str, Any]) -> str | None:
+    """The text of the response's `refusal` content parts (the model declined), or None."""
+    texts = [
+        str(part.get("refusal") or "").strip()
+        for item in response.get("output") or []
+        if item.get("type") == "message"
+        for part in item.get("content") or []
+        if part.get("type") == "refusal"
+    ]
+    if not texts:
+        return None
+    return "; ".join(t for t in texts if t) or "no reason given"
 
 
 def usage_from(usage: Mapping[str, Any] | None) -> Usage:
@@ -142,9 +159,13 @@ class ResponsesStreamAccumulator:
         elif kind in ("response.completed", "response.incomplete"):
             self._response = dict(data["response"])
         elif kind == "error":
+            # Documented flat (`code`, `message` on the event); the live API nests them in
+            # `error` (`{"type": "error", "error": {"type", "code", "message"}}`).
+            nested = data.get("error")
+            error = nested if isinstance(nested, dict) else data
             raise StreamError(
-                f"the Responses stream failed: {data.get('message') or data}",
-                str(data.get("code") or data.get("type") or "") or None,
+                f"the Responses stream failed: {error.get('message') or data}",
+                str(error.get("code") or error.get("type") or "") or None,
             )
         elif kind == "response.failed":
             error = (data.get("response") or {}).get("error") or {}

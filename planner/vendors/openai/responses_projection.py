@@ -1,8 +1,11 @@
 """Conversation items → the `input` array of a stateless OpenAI Responses request.
 
-Stateless means `store=false` with `include=["reasoning.encrypted_content"]` (`REQUEST_FLAGS`):
-nothing is kept on OpenAI's side, so every earlier output item goes back in `input`, unchanged
-(the item as received when it was stored, `phase` and all; rebuilt from its fields otherwise)
+Stateless means `store=false`, with `include=["reasoning.encrypted_content"]` when the request
+reasons (`request_flags`; a model without reasoning rejects the include: 400 "Encrypted content is
+not supported with this model."): nothing is kept on OpenAI's side, so every earlier output item
+goes back in `input`, unchanged
+(the item as received when it was stored, `phase` and all — but a reasoning item's `status`;
+rebuilt from its fields otherwise)
 and in the order the API produced it — reasoning items with their id, summary and encrypted
 content, then the message and function_call items that followed them — and after them the
 function_call_output of each call. The API rejects a reasoning item sent without the item that
@@ -37,10 +40,19 @@ from planner.conversation.turns import (
     segment,
 )
 
-REQUEST_FLAGS: Final[dict[str, Any]] = {
-    "store": False,
-    "include": ["reasoning.encrypted_content"],
-}
+ENCRYPTED_REASONING: Final = "reasoning.encrypted_content"
+
+
+def request_flags(*, reasoning: bool) -> dict[str, Any]:
+    """What makes a Responses request stateless: `store=false` always, and the encrypted
+    reasoning included only when the request reasons — models without reasoning (GPT-4.1,
+    GPT-4o, gpt-5-chat) answer the include with 400 "Encrypted content is not supported with
+    this model.". Without the include a reasoning model's items come back without encrypted
+    content; the projection then leaves them out (counted), and the conversation still works."""
+    flags: dict[str, Any] = {"store": False}
+    if reasoning:
+        flags["include"] = [ENCRYPTED_REASONING]
+    return flags
 
 
 @dataclass(slots=True)
@@ -92,7 +104,9 @@ def _turn_items(
                 else:
                     stats.foreign_dropped += 1
             elif send[i] and item.wire is not None:
-                out.append(dict(item.wire))
+                # As received but its `status`: a replayed reasoning item carrying one was
+                # refused by the API in the wild ("Unknown parameter: 'input[3].status'").
+                out.append({k: v for k, v in item.wire.items() if k != "status"})
             elif send[i]:
                 out.append(
                     {
@@ -158,7 +172,7 @@ def project_responses(
     foreign_reasoning: ForeignReasoning = "drop",
     keep_reasoning_turns: int | None = None,
 ) -> ResponsesProjection:
-    """Project a session onto Responses `input` items (send with `REQUEST_FLAGS`).
+    """Project a session onto Responses `input` items (send with `request_flags`).
 
     Observations before the latest checkpoint are condensed, as for Anthropic. Encrypted
     reasoning is not bound to its prefix, so `keep_reasoning_turns` may strip the reasoning of

@@ -16,9 +16,12 @@ import pytest
 from planner.conversation.items import ContextCheckpoint, Reasoning, UserObservation
 from planner.deciding import CUT_OFF, NUDGE
 from planner.errors import (
+    PlannerAuthError,
     PlannerConfigError,
     PlannerError,
     PlannerRateLimited,
+    PlannerRejected,
+    PlannerTransient,
     PlannerUnavailable,
 )
 from planner.model_profiles import PROFILES
@@ -27,7 +30,7 @@ from planner.session.factory import open_session_planner
 from planner.session.planner import SessionPlanner
 from planner.session.store import SqliteSessionStore
 from planner.settings import PlannerSettings
-from planner.vendors import ThinkingConfig
+from planner.vendors import ThinkingConfig, thinking_config
 from planner.vendors.anthropic import AnthropicAdapter
 from planner.vendors.openai import OpenAIAdapter
 from tests.support.fakes import (
@@ -242,9 +245,11 @@ async def test_signature_only_thinking_is_omitted_not_redacted(
     assert kept.signature and not kept.redacted_data
 
 
+@pytest.mark.parametrize("stop", ["max_tokens", "model_context_window_exceeded"])
 async def test_a_reply_cut_off_at_max_tokens_is_marked(
-    server: FakeModelServer, planners: Planners
+    server: FakeModelServer, planners: Planners, stop: str
 ) -> None:
+    """Both stop reasons mean a cut-off answer (the docs: "Treat the response as truncated")."""
     server.anthropic_script.append(
         ScriptedTurn(
             [
@@ -252,12 +257,62 @@ async def test_a_reply_cut_off_at_max_tokens_is_marked(
                 text("Pressing back because"),
                 tool_use("press_key", {"key": "back", **INTENT}),
             ],
-            stop_reason="max_tokens",
+            stop_reason=stop,
         )
     )
     decision = await (await planners.anthropic()).decide("screen 1")
     assert decision.output_truncated
     assert decision.rationale == f"Pressing back because\n{CUT_OFF}"
+
+
+async def test_a_stream_cut_off_inside_a_tool_call_gets_the_corrective_turn(
+    server: FakeModelServer, planners: Planners
+) -> None:
+    """max_tokens reached inside a tool_use: its streamed input JSON is incomplete. That used
+    to escape as a JSONDecodeError (a bare PlannerError: the task failed)."""
+    server.anthropic_script.extend(
+        [
+            ScriptedTurn(
+                [thinking("long thought"), tool_use("input_text", {"text": "secret", **INTENT})],
+                cut_in_tool=True,
+            ),
+            ScriptedTurn([thinking("again"), tool_use("press_key", {"key": "back", **INTENT})]),
+        ]
+    )
+    planner = await planners.anthropic()
+    decision = await planner.decide("screen 1")
+    assert decision.tool_name == "press_key"
+    assert decision.corrective_retries == 1 and decision.output_truncated
+    retried = server.bodies("/v1/messages")[-1]["messages"]
+    cut_call = retried[1]["content"][-1]
+    assert cut_call["type"] == "tool_use" and cut_call["input"] == {}
+    (result,) = retried[2]["content"]
+    assert result["type"] == "tool_result" and result["is_error"] is True
+    assert "output token limit" in str(result["content"])
+    assert server.rejections == []
+
+
+async def test_a_whitespace_only_text_block_is_not_sent_back(
+    server: FakeModelServer, planners: Planners
+) -> None:
+    """Claude may answer a text block of only newlines; the API refuses it on the way back
+    ("text content blocks must contain non-whitespace text"), and the stored turn used to
+    poison every later step of the task."""
+    server.anthropic_script.extend(
+        [
+            ScriptedTurn(
+                [thinking("t"), text("\n\n"), tool_use("press_key", {"key": "back", **INTENT})]
+            ),
+            _turn(2),
+        ]
+    )
+    planner = await planners.anthropic()
+    await planner.decide("screen 1")
+    await planner.record_tool_result("pressed")
+    await planner.decide("screen 2")
+    sent = server.bodies("/v1/messages")[-1]["messages"][1]["content"]
+    assert [b["type"] for b in sent] == ["thinking", "tool_use"]
+    assert server.rejections == []
 
 
 async def test_responses_incomplete_is_marked(server: FakeModelServer, planners: Planners) -> None:
@@ -276,19 +331,68 @@ async def test_responses_incomplete_is_marked(server: FakeModelServer, planners:
     assert decision.thinking_kind == "summarized"
 
 
-async def test_a_responses_stream_error_is_transient(
-    server: FakeModelServer, planners: Planners
+@pytest.mark.parametrize("shape", ["nested", "flat"])
+@pytest.mark.parametrize(
+    ("code", "error"),
+    [
+        ("server_is_overloaded", PlannerUnavailable),
+        ("server_error", PlannerUnavailable),
+        ("rate_limit_exceeded", PlannerRateLimited),
+        ("context_length_exceeded", PlannerRejected),
+        ("invalid_api_key", PlannerAuthError),
+    ],
+)
+async def test_a_responses_stream_error_is_classified_by_its_code(
+    server: FakeModelServer, planners: Planners, shape: str, code: str, error: type[PlannerError]
 ) -> None:
+    """The live API nests the error event's fields (`{"type": "error", "error": {…}}`), which
+    the SDK raises as an APIError without a status; that used to be a bare PlannerError, so a
+    mid-stream overload or rate limit failed the task instead of waiting."""
+    server.responses.error_event_shape = shape  # type: ignore[assignment]
     server.responses_script.extend(
         [
-            ScriptedTurn([], fail=("server_is_overloaded", "The server is overloaded.")),
+            ScriptedTurn([], fail=(code, f"The stream failed: {code}.")),
             ScriptedTurn([reasoning("r"), function_call("press_key", {"key": "back", **INTENT})]),
         ]
     )
     planner = await planners.openai()
-    with pytest.raises(PlannerUnavailable, match="overloaded"):
+    if error is PlannerRejected:
+        # An invalid request starts the session afresh once, then is asked again.
+        decision = await planner.decide("screen 1")
+        assert decision.extra["started_afresh"] is True
+        return
+    with pytest.raises(error, match=code if error is not PlannerAuthError else "API key") as info:
         await planner.decide("screen 1")
-    assert (await planner.decide("screen 1")).tool_name == "press_key"
+    assert type(info.value) is error
+    if issubclass(error, PlannerTransient):
+        assert (await planner.decide("screen 1")).tool_name == "press_key"
+
+
+async def test_reasoning_summaries_can_be_turned_off(
+    server: FakeModelServer, planners: Planners
+) -> None:
+    """An organisation OpenAI has not verified gets a 400 for `reasoning.summary`; every
+    session step with thinking on failed, and nothing let an operator turn summaries off."""
+    server.responses.summaries_allowed = False
+    server.responses_script.extend(
+        [
+            ScriptedTurn([reasoning("r1"), function_call("press_key", {"key": "back", **INTENT})]),
+            ScriptedTurn([reasoning("r2"), function_call("press_key", {"key": "back", **INTENT})]),
+        ]
+    )
+    with pytest.raises(PlannerRejected, match="verified to generate reasoning summaries"):
+        await (await planners.openai()).decide("screen 1")
+    settings = PlannerSettings(
+        provider="openai", openai_api_key="k", thinking="adaptive", reasoning_summary="off"
+    )
+    planner = await planners.openai(thinking=thinking_config(settings))
+    decision = await planner.decide("screen 1")
+    sent = server.bodies("/v1/responses")[-1]
+    assert sent["reasoning"] == {"effort": "medium"}
+    assert sent["include"] == ["reasoning.encrypted_content"]
+    assert decision.thinking_kind == "omitted"  # encrypted reasoning, no readable summary
+    await planner.record_tool_result("pressed")
+    assert (await planner.decide("screen 2")).tool_name == "press_key"
 
 
 async def test_a_non_reasoning_openai_model_never_gets_reasoning(
@@ -302,6 +406,9 @@ async def test_a_non_reasoning_openai_model_never_gets_reasoning(
     (sent,) = server.requests
     assert sent.status == 200, sent.error
     assert "reasoning" not in sent.body
+    # The model rejects the encrypted-reasoning include (400 "Encrypted content is not
+    # supported with this model."); the request stays stateless without it.
+    assert sent.body["store"] is False and "include" not in sent.body
     # Through the settings, thinking on with that model is refused before any call.
     settings = PlannerSettings(
         provider="openai", openai_api_key="k", model="gpt-4.1-mini", thinking="adaptive"

@@ -410,3 +410,23 @@ async def test_corrective_turn_after_a_forced_retry_runs_without_thinking(
     assert decision.corrective_retries == 1
     assert decision.arguments == {"element_id": "e17"}
     assert decision.usage.input_tokens == 360
+
+
+@pytest.mark.parametrize(
+    ("overrides", "seconds"),
+    [
+        ({}, 60.0),  # 2,048 tokens may take ~58 s: the configured 60 s stands
+        ({"thinking": "budget", "thinking_budget_tokens": 20000}, 3600 * 21024 / 128_000),
+        ({"thinking": "budget", "thinking_budget_tokens": 20000, "timeout_s": 900.0}, 900.0),
+    ],
+)
+async def test_a_non_streamed_call_gets_the_time_its_max_tokens_may_need(
+    fake_server: FakeModelServer, overrides: dict[str, Any], seconds: float
+) -> None:
+    """A compact call is not streamed: with a large thinking budget the 60 s default cut it off
+    (and was paid for) although the SDK itself expects ~590 s for 21,024 tokens. The SDK says
+    the timeout it applied in a request header."""
+    fake_server.script_anthropic(anthropic_message(tool_use("tap", TAP_DISPLAY)))
+    await decide(make(fake_server, **{"timeout_s": 60.0, **overrides}))
+    (sent,) = fake_server.requests
+    assert float(sent.headers["x-stainless-read-timeout"]) == pytest.approx(seconds)

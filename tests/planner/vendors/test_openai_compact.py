@@ -172,3 +172,30 @@ async def test_tool_arguments_json_round_trip_is_exact(fake_server: FakeModelSer
     decision = await decide(make(fake_server))
     assert decision.arguments == {"text": "hunter2", "sensitive": True}
     assert decision.masked_arguments() == {"text": "•••", "sensitive": True}
+
+
+async def test_whitespace_only_content_is_not_sent_back(fake_server: FakeModelServer) -> None:
+    """As for Claude (whose API refuses it), a content of only whitespace is no rationale and
+    does not go back on the assistant message of the corrective turn."""
+    bad = openai_tool_call("tap", {"element_id": "e17"})
+    fake_server.script_openai(
+        chat_completion("\n\n", bad), chat_completion(None, openai_tool_call("tap", TAP))
+    )
+    decision = await decide(make(fake_server))
+    assert decision.corrective_retries == 1 and decision.rationale is None
+    assistant = fake_server.requests[1].body["messages"][2]
+    assert assistant["role"] == "assistant" and assistant["content"] is None
+
+
+@pytest.mark.parametrize(("model", "sent"), [("o4-mini", False), ("gpt-4.1-mini", True)])
+async def test_parallel_tool_calls_only_where_the_model_takes_it(
+    fake_server: FakeModelServer, model: str, sent: bool
+) -> None:
+    """The o-series answer `parallel_tool_calls` with 400 "Unsupported parameter": every
+    compact step used to be refused."""
+    fake_server.script_openai(chat_completion(None, openai_tool_call("tap", TAP)))
+    decision = await decide(make(fake_server, model=model))
+    assert decision.tool_name == "tap"
+    (request,) = fake_server.requests
+    assert ("parallel_tool_calls" in request.body) is sent
+    assert fake_server.rejections == []

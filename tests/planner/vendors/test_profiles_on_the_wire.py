@@ -101,6 +101,48 @@ async def test_adaptive_only_model_gets_a_nudge_not_a_forced_tool_choice(
     assert decision.rationale == "The list shows Display."
 
 
+@pytest.mark.parametrize("model", ["claude-opus-5-5", "claude-sonnet-5-5", "claude-fable-5-1"])
+async def test_models_that_always_think_are_nudged_and_asked_for_summaries(
+    fake_server: FakeModelServer, model: str
+) -> None:
+    """They refuse a forced tool choice whatever the thinking, and think when told nothing."""
+    fake_server.script_anthropic(
+        anthropic_message(thinking("Look first."), text("The list shows Display.")),
+        anthropic_message(thinking("Now act."), tool_use("tap", TAP)),
+    )
+    decision = await decide(make(fake_server, model=model, thinking="adaptive"))
+    assert [r.body["tool_choice"]["type"] for r in fake_server.requests] == ["auto", "auto"]
+    for sent in fake_server.requests:
+        assert sent.body["thinking"] == {"type": "adaptive", "display": "summarized"}
+    assert decision.retry_kind == "nudge" and fake_server.rejections == []
+    assert [b.text for b in decision.thinking] == ["Look first.", "Now act."]
+
+
+async def test_opus_5_with_thinking_off_says_disabled_and_can_be_forced(
+    fake_server: FakeModelServer,
+) -> None:
+    """Opus 5 thinks when `thinking` is left out: "off" used to omit it, so the model thought
+    anyway and the forced retry (thinking with a forced tool choice) was refused."""
+    fake_server.script_anthropic(
+        anthropic_message(text("Display.")), anthropic_message(tool_use("tap", TAP))
+    )
+    decision = await decide(make(fake_server, model="claude-opus-5"))
+    first, forced = fake_server.requests
+    assert first.body["thinking"] == {"type": "disabled"}
+    assert forced.body["thinking"] == {"type": "disabled"}
+    assert forced.body["tool_choice"]["type"] == "any"
+    assert decision.retry_kind == "forced" and fake_server.rejections == []
+    assert decision.thinking_kind == "none"
+
+
+async def test_opus_48_is_asked_for_summarized_thinking(fake_server: FakeModelServer) -> None:
+    """Unknown to the table before, it got no display field: its thinking came back empty."""
+    fake_server.script_anthropic(anthropic_message(thinking("Visible."), tool_use("tap", TAP)))
+    decision = await decide(make(fake_server, model="claude-opus-4-8", thinking="adaptive"))
+    assert fake_server.requests[0].body["thinking"]["display"] == "summarized"
+    assert decision.thinking_kind == "summarized"
+
+
 async def test_claude_46_forced_retry_says_thinking_disabled(fake_server: FakeModelServer) -> None:
     fake_server.script_anthropic(
         anthropic_message(thinking("hm"), text("Display.")),

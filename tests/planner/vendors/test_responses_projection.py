@@ -11,7 +11,7 @@ from planner.conversation.items import (
     ToolResult,
     UserObservation,
 )
-from planner.vendors.openai.responses_projection import REQUEST_FLAGS, project_responses
+from planner.vendors.openai.responses_projection import project_responses, request_flags
 
 
 def _history() -> list[SessionItem]:
@@ -76,7 +76,11 @@ def test_exact_input_items_in_api_order() -> None:
         {"type": "function_call_output", "call_id": "call_2", "output": "Error: no effect"},
         {"role": "user", "content": [{"type": "input_text", "text": "scene 3"}]},
     ]
-    assert REQUEST_FLAGS == {"store": False, "include": ["reasoning.encrypted_content"]}
+    assert request_flags(reasoning=True) == {
+        "store": False,
+        "include": ["reasoning.encrypted_content"],
+    }
+    assert request_flags(reasoning=False) == {"store": False}
 
 
 def test_reasoning_never_goes_without_its_following_item() -> None:
@@ -166,3 +170,23 @@ def test_items_received_whole_go_back_verbatim() -> None:
         ToolResult("call_1", "ok"),
     ]
     assert project_responses(items).input[1:3] == [message, call]
+
+
+def test_a_replayed_reasoning_item_goes_back_without_its_status() -> None:
+    """The item is echoed as received, but a reasoning item's `status` was refused on the way
+    back by the API in the wild ("Unknown parameter: 'input[3].status'")."""
+    wire = {
+        "type": "reasoning",
+        "id": "rs_1",
+        "summary": [],
+        "encrypted_content": "ENC1",
+        "status": "completed",
+    }
+    items: list[SessionItem] = [
+        UserObservation("s"),
+        Reasoning("openai", "r", encrypted_content="ENC1", item_id="rs_1", wire=wire),
+        ToolCall("openai", "r", "call_1", "get_ui_tree", {}, "{}", "fc_1"),
+        ToolResult("call_1", "[]"),
+    ]
+    (sent,) = [i for i in project_responses(items).input if i.get("type") == "reasoning"]
+    assert sent == {k: v for k, v in wire.items() if k != "status"}

@@ -8,6 +8,7 @@ import pytest
 
 from planner.conversation.items import Reasoning, ToolCall
 from planner.vendors.anthropic.messages import AnthropicStreamAccumulator, items_from_message
+from planner.vendors.failures import StreamError
 from planner.vendors.openai.responses import ResponsesStreamAccumulator, items_from_response
 from planner.vendors.streaming import IncompleteStream
 
@@ -167,3 +168,24 @@ def test_responses_items_come_from_output_item_done() -> None:
         cut.feed(event)
     with pytest.raises(IncompleteStream):
         cut.response()
+
+
+@pytest.mark.parametrize(
+    "event",
+    [
+        {"type": "error", "sequence_number": 2, "code": "rate_limit_exceeded", "message": "slow"},
+        {
+            "type": "error",
+            "sequence_number": 2,
+            "error": {"type": "tokens", "code": "rate_limit_exceeded", "message": "slow"},
+        },
+    ],
+    ids=["flat", "nested"],
+)
+def test_responses_error_event_is_read_flat_or_nested(event: dict[str, Any]) -> None:
+    """A proxy may pass the live API's nested error event through to the accumulator."""
+    acc = ResponsesStreamAccumulator()
+    with pytest.raises(StreamError) as info:
+        acc.feed(event)
+    assert info.value.code == "rate_limit_exceeded"
+    assert "slow" in str(info.value)

@@ -38,6 +38,7 @@ from tests.support.fakes.openai import (
     openai_tool_call,
     rate_limited_openai,
     reasoning,
+    refusal,
 )
 from tests.support.fakes.server import BAD_KEY, FakeServer, Recorded, Reply
 
@@ -69,6 +70,7 @@ __all__ = [
     "reasoning",
     "redacted",
     "redacted_thinking",
+    "refusal",
     "text",
     "thinking",
     "tool_use",

@@ -6,12 +6,14 @@ block or redacted data that comes back altered, invented or reordered is rejecte
 the real API gives. Enforced:
 - the API key and the `anthropic-version` header; `model`, `max_tokens`, `messages` present;
 - thinking config: the model's accepted forms (`rules.py`), budget >= 1024 and < max_tokens,
-  effort levels, no thinking with a forced tool_choice;
+  effort levels, no thinking with a forced tool_choice (and no forced tool_choice at all on the
+  models that refuse it);
 - roles alternate (one model turn is one message), the first message is the user's;
 - every thinking block carries a signature it emitted, every redacted_thinking block data it
   emitted; an assistant message carries either none of one response's thinking or all of it,
-  exactly and in order, bound to the same prefix (system, tools, earlier messages); with thinking
-  on, the assistant message before the last tool results must start with thinking;
+  exactly and in order (text blocks may be left out; a whitespace-only one is refused), bound to
+  the same prefix (system, tools, earlier messages); with thinking on, the assistant message
+  before the last tool results must start with thinking;
 - tool_use ids answered by tool_result blocks in the next message, tool results first.
 
 Answers are scripted: `ScriptedTurn`s (built with `thinking()`, `tool_use()`, … below, or
@@ -53,6 +55,10 @@ EXPECTED_THINKING = (
 ENABLED_THINKING_UNSUPPORTED = (
     "thinking.type.enabled is not supported for this model. Use thinking.type.adaptive and "
     "output_config.effort to control thinking behavior."
+)
+# The fake's own wording (Claude Opus 5.5, Sonnet 5.5, Fable 5.1 refuse any forced tool choice).
+FORCED_TOOL_UNSUPPORTED = (
+    "tool_choice.type: forced tool use is not supported for this model; use tool_choice auto"
 )
 DISABLED_THINKING_UNSUPPORTED = (
     "thinking.type.disabled is not supported for this model. Use thinking.type.adaptive and "
@@ -102,6 +108,12 @@ class ScriptedTurn:
     usage: dict[str, Any] = field(default_factory=dict)
     fail: tuple[str, str] | None = None
     status: str = "completed"
+    stop_details: dict[str, Any] | None = None
+    """Anthropic: the message's `stop_details` (with stop_reason "refusal": `{"type":
+    "refusal", "category": …, "explanation": …}`), on the message and on `message_delta`."""
+    cut_in_tool: bool = False
+    """Anthropic, streamed: max_tokens is reached inside the last tool_use — its input JSON
+    stops halfway, then the stream ends properly with stop_reason "max_tokens"."""
 
 
 #: HTTP status of each Anthropic error type (for a failure outside a stream).
@@ -179,6 +191,11 @@ def _identity(block: dict[str, Any]) -> tuple[str, str]:
     if kind == "tool_use":
         return (kind, str(block.get("id")))
     return (kind, json.dumps(block, sort_keys=True))
+
+
+def _kept(identities: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """The identities a round trip must keep as they were: every block but text."""
+    return [k for k in identities if k[0] != "text"]
 
 
 def _normalized(value: Any) -> Any:
@@ -308,7 +325,7 @@ class MessagesFake:
             return Answer(reply.status, reply.body)
         message = self._render(entry, body, thinking_on)
         if body.get("stream"):
-            events = self._events(message, interrupt=entry.interrupt)
+            events = self._events(message, interrupt=entry.interrupt, cut=entry.cut_in_tool)
             if entry.fail is not None:
                 kind, text_ = entry.fail
                 error = {"type": "error", "error": {"type": kind, "message": text_}}
@@ -359,7 +376,11 @@ class MessagesFake:
             **turn.usage,
         }
         stop = turn.stop_reason or (
-            "tool_use" if any(b["type"] == "tool_use" for b in content) else "end_turn"
+            "max_tokens"
+            if turn.cut_in_tool
+            else "tool_use"
+            if any(b["type"] == "tool_use" for b in content)
+            else "end_turn"
         )
         return {
             "id": msg_id,
@@ -369,6 +390,7 @@ class MessagesFake:
             "content": content,
             "stop_reason": stop,
             "stop_sequence": None,
+            "stop_details": turn.stop_details,
             "usage": usage,
         }
 
@@ -388,8 +410,10 @@ class MessagesFake:
                 )
 
     @staticmethod
-    def _events(message: dict[str, Any], *, interrupt: bool) -> list[tuple[str, dict[str, Any]]]:
-        start = {**message, "content": [], "stop_reason": None}
+    def _events(
+        message: dict[str, Any], *, interrupt: bool, cut: bool = False
+    ) -> list[tuple[str, dict[str, Any]]]:
+        start = {**message, "content": [], "stop_reason": None, "stop_details": None}
         start["usage"] = {**message["usage"], "output_tokens": 1}
         events: list[dict[str, Any]] = [
             {"type": "message_start", "message": start},
@@ -448,7 +472,8 @@ class MessagesFake:
                 )
                 raw = json.dumps(block["input"])
                 half = len(raw) // 2
-                for part in (raw[:half], raw[half:]):
+                last = index == len(message["content"]) - 1
+                for part in (raw[:half],) if cut and last else (raw[:half], raw[half:]):
                     events.append(
                         {
                             "type": "content_block_delta",
@@ -465,7 +490,11 @@ class MessagesFake:
         events.append(
             {
                 "type": "message_delta",
-                "delta": {"stop_reason": message["stop_reason"], "stop_sequence": None},
+                "delta": {
+                    "stop_reason": message["stop_reason"],
+                    "stop_sequence": None,
+                    "stop_details": message["stop_details"],
+                },
                 "usage": {"output_tokens": message["usage"]["output_tokens"]},
             }
         )
@@ -513,6 +542,8 @@ class MessagesFake:
         choice = (body.get("tool_choice") or {}).get("type", "auto")
         if choice not in ("auto", "any", "tool", "none"):
             raise _bad(f"tool_choice.type: Input tag '{choice}' found is not valid")
+        if not rules.forced_tool_choice and choice in ("any", "tool"):
+            raise _bad(FORCED_TOOL_UNSUPPORTED)
         if thinking_on and choice in ("any", "tool"):
             raise _bad(THINKING_WITH_FORCED_TOOL)
         self._check_messages(body, thinking_on)
@@ -572,6 +603,8 @@ class MessagesFake:
                     )
             elif kind == "text" and not block.get("text"):
                 raise _bad("messages: text content blocks must be non-empty")
+            elif kind == "text" and not str(block.get("text")).strip():
+                raise _bad("messages: text content blocks must contain non-whitespace text")
             elif kind == "tool_use":
                 uses.append(block["id"])
             if kind in ("thinking", "redacted_thinking"):
@@ -589,12 +622,15 @@ class MessagesFake:
         if len(responses) > 1:
             raise _bad(f"messages.{i}: one assistant message holds blocks of several responses")
         if has_reasoning and responses:
+            # The documented rule is about the thinking blocks (and the tool_use they lead to):
+            # complete, unmodified, in order, in one message. Text may be left out (a client
+            # must drop a whitespace-only block the model wrote).
             (response,) = responses
-            if identities != emitted.shape[response]:
+            if _kept(identities) != _kept(emitted.shape[response]):
                 raise _bad(
                     f"messages.{i}: an assistant turn with thinking must be passed back "
-                    "unmodified, complete and in its original order: thinking, text and "
-                    "tool_use of one response in one message"
+                    "unmodified, complete and in its original order: thinking and tool_use of "
+                    "one response in one message"
                 )
         if uses:
             answered = {

@@ -2,15 +2,17 @@
 
 Chat Completions (`POST /v1/chat/completions`, JSON; compact mode):
 - the API key; `model` and `messages` present; `tool_choice` / `parallel_tool_calls` only with
-  tools; every assistant `tool_calls` entry answered by `tool` messages right after it; with
-  `require_reasoning_content_back` (some compatible reasoning servers) the assistant message
-  of a tool call must carry back the `reasoning_content` it came with.
+  tools, the latter not for the o-series; every assistant `tool_calls` entry answered by `tool`
+  messages right after it; with `require_reasoning_content_back` (some compatible reasoning
+  servers) the assistant message of a tool call must carry back the `reasoning_content` it
+  came with.
 
 Responses (`POST /v1/responses`, JSON or SSE; session mode):
-- `store` must be false; encrypted reasoning is only emitted when included; a reasoning item
-  must carry the encrypted content emitted for its id and be followed by the item that followed
-  it ("…was provided without its required following item"); every function_call has its
-  function_call_output and vice versa.
+- `store` must be false; encrypted reasoning is only emitted when included, and only a
+  reasoning model takes the include ("Encrypted content is not supported with this model."); a
+  reasoning item must carry the encrypted content emitted for its id and be followed by the item
+  that followed it ("…was provided without its required following item"); every function_call
+  has its function_call_output and vice versa.
 """
 
 from __future__ import annotations
@@ -24,13 +26,14 @@ import os
 import struct
 import time
 from collections import deque
-from typing import Any
+from typing import Any, Literal
 
 from tests.support.fakes.anthropic import ScriptedTurn
 from tests.support.fakes.rules import rules_for
 from tests.support.fakes.server import BAD_KEY, Answer, Rejected, Reply
 
 _ids = itertools.count(1)
+_INVALID_STREAM_CODES = frozenset({"context_length_exceeded", "invalid_prompt"})
 
 
 # --- Chat Completions builders ---------------------------------------------------------------
@@ -53,6 +56,7 @@ def chat_completion(
     content: str | None = None,
     *tool_calls: dict[str, Any],
     reasoning_content: str | None = None,
+    refusal: str | None = None,
     model: str = "gpt-test-model",
     finish_reason: str | None = None,
     prompt_tokens: int = 150,
@@ -60,7 +64,7 @@ def chat_completion(
     cached_tokens: int = 0,
     reasoning_tokens: int = 0,
 ) -> Reply:
-    message: dict[str, Any] = {"role": "assistant", "content": content, "refusal": None}
+    message: dict[str, Any] = {"role": "assistant", "content": content, "refusal": refusal}
     if tool_calls:
         message["tool_calls"] = list(tool_calls)
     if reasoning_content is not None:
@@ -121,6 +125,11 @@ def reasoning(*summary: str) -> dict[str, Any]:
 
 def message(value: str) -> dict[str, Any]:
     return {"type": "message", "text": value}
+
+
+def refusal(value: str) -> dict[str, Any]:
+    """A message whose content is a `refusal` part (the model declined)."""
+    return {"type": "message", "refusal": value}
 
 
 def function_call(name: str, arguments: dict[str, Any] | str) -> dict[str, Any]:
@@ -223,6 +232,17 @@ class ChatFake:
         choice = body.get("tool_choice")
         if isinstance(choice, str) and choice not in ("auto", "required", "none"):
             raise _bad(f"Invalid value: '{choice}'.", "tool_choice")
+        if "parallel_tool_calls" in body and not rules_for(str(body["model"])).parallel_tool_calls:
+            raise Rejected(
+                openai_error(
+                    400,
+                    "Unsupported parameter: 'parallel_tool_calls' is not supported with this "
+                    "model.",
+                    "invalid_request_error",
+                    "unsupported_parameter",
+                ),
+                "unsupported parameter: parallel_tool_calls",
+            )
         if "reasoning_effort" in body:
             _check_reasoning(str(body["model"]), body["reasoning_effort"], "reasoning_effort")
         pending: list[str] = []
@@ -269,6 +289,9 @@ class ResponsesFake:
     def __init__(self, *, key: str | None = None, signing_key: bytes = b"amc-fake-provider"):
         self.key = key
         self.signing_key = signing_key
+        self.error_event_shape: Literal["nested", "flat"] = "nested"
+        # False: the organisation is not verified, and asking for reasoning summaries is a 400.
+        self.summaries_allowed = True
         self.script: deque[ScriptedTurn | Reply] = deque()
         self._encrypted: dict[str, str] = {}
         self._following: dict[str, str | None] = {}
@@ -303,10 +326,27 @@ class ResponsesFake:
     def answer(self, path: str, headers: dict[str, str], body: dict[str, Any]) -> Answer:
         if body.get("store") is not False:
             raise _bad("fake server: requests must be stateless (store=false)")
+        include = body.get("include") or []
+        if (
+            "reasoning.encrypted_content" in include
+            and not rules_for(str(body.get("model"))).reasoning
+        ):
+            raise _bad("Encrypted content is not supported with this model.", "include")
         if body.get("reasoning") is not None:
             _check_reasoning(
                 str(body.get("model")), body["reasoning"].get("effort"), "reasoning.effort"
             )
+            if body["reasoning"].get("summary") is not None and not self.summaries_allowed:
+                unverified = openai_error(
+                    400,
+                    "Your organization must be verified to generate reasoning summaries. Please "
+                    "go to: https://platform.openai.com/settings/organization/general and click "
+                    "on Verify Organization.",
+                    "invalid_request_error",
+                    "unsupported_value",
+                )
+                unverified.body["error"]["param"] = "reasoning.summary"
+                raise Rejected(unverified, "organization not verified for reasoning summaries")
         self._check_input(body.get("input") or [])
         if not self.script:
             raise _bad("fake server: no scripted Responses turn left")
@@ -321,14 +361,33 @@ class ResponsesFake:
         if body.get("stream"):
             events = self._events(response, interrupt=entry.interrupt)
             if entry.fail is not None:
-                code, text_ = entry.fail
-                error = {"type": "error", "code": code, "message": text_, "param": None}
-                events = [*events[:1], ("error", {**error, "sequence_number": 1})]
+                events = [*events[:1], ("error", self._error_event(*entry.fail))]
             return Answer(events=events)
         return Answer(body=response)
 
+    def _error_event(self, code: str, text_: str) -> dict[str, Any]:
+        """The `error` event of a stream failing after HTTP 200. The API reference documents
+        it flat (`code`, `message`, `param` on the event); the live API nests them under
+        `error` (captured frames in openai/openai-dotnet#881, Effect-TS/effect#7262), which the
+        SDK raises as an APIError without a status. `error_event_shape` picks one."""
+        if self.error_event_shape == "flat":
+            return {
+                "type": "error",
+                "sequence_number": 1,
+                "code": code,
+                "message": text_,
+                "param": None,
+            }
+        kind = "invalid_request_error" if code in _INVALID_STREAM_CODES else "server_error"
+        return {
+            "type": "error",
+            "sequence_number": 1,
+            "error": {"type": kind, "code": code, "message": text_, "param": None},
+        }
+
     def _render(self, turn: ScriptedTurn, body: dict[str, Any]) -> dict[str, Any]:
         reasoning_on = body.get("reasoning") is not None
+        summaries = reasoning_on and body["reasoning"].get("summary") is not None
         include_encrypted = "reasoning.encrypted_content" in (body.get("include") or [])
         output: list[dict[str, Any]] = []
         for spec in turn.blocks:
@@ -341,7 +400,10 @@ class ResponsesFake:
                     {
                         "type": "reasoning",
                         "id": rid,
-                        "summary": [{"type": "summary_text", "text": s} for s in spec["summary"]],
+                        "summary": [
+                            {"type": "summary_text", "text": s}
+                            for s in (spec["summary"] if summaries else [])
+                        ],
                         "encrypted_content": self._token("rs", rid) if include_encrypted else None,
                         "status": "completed",
                     }
@@ -356,7 +418,9 @@ class ResponsesFake:
                         "phase": "commentary" if calls_follow else "final_answer",
                         "status": "completed",
                         "content": [
-                            {"type": "output_text", "text": spec["text"], "annotations": []}
+                            {"type": "refusal", "refusal": spec["refusal"]}
+                            if "refusal" in spec
+                            else {"type": "output_text", "text": spec["text"], "annotations": []}
                         ],
                     }
                 )

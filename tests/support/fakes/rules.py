@@ -26,18 +26,25 @@ class ModelRules:
 
     - `thinking_types`: the `thinking.type` values it accepts (`enabled` = budget form).
     - `thinks_when_omitted`: adaptive thinking is on when `thinking` is left out.
+    - `forced_tool_choice`: a forced tool choice (`any` / `tool`) is accepted at all (without
+      thinking); Claude Opus 5.5, Sonnet 5.5 and Fable 5.1 refuse it whatever the thinking.
     - `display_default`: thinking text comes back `summarized`, or `omitted` (empty text, the
       signature kept) unless the request asks for `display: "summarized"`.
     - `efforts`: accepted `output_config.effort` / OpenAI reasoning effort levels.
     - `reasoning`: OpenAI: accepts `reasoning` (Responses) / `reasoning_effort` (Chat).
+    - `parallel_tool_calls`: OpenAI Chat: accepts `parallel_tool_calls` (the o-series answer
+      it with 400 "Unsupported parameter: 'parallel_tool_calls' is not supported with this
+      model.").
     - `min_cache_tokens`: the shortest prefix Anthropic caches for this model.
     """
 
     thinking_types: frozenset[str] = frozenset({"enabled", "adaptive", "disabled"})
     thinks_when_omitted: bool = False
+    forced_tool_choice: bool = True
     display_default: Literal["summarized", "omitted"] = "summarized"
     efforts: frozenset[str] = ALL_EFFORTS
     reasoning: bool = True
+    parallel_tool_calls: bool = True
     min_cache_tokens: int = 1024
 
 
@@ -51,8 +58,17 @@ _ADAPTIVE_ONLY = ModelRules(
     efforts=CLAUDE_47_EFFORTS,
     min_cache_tokens=4096,
 )
+_ALWAYS_THINKS = ModelRules(
+    thinking_types=frozenset({"adaptive"}),
+    thinks_when_omitted=True,
+    forced_tool_choice=False,
+    display_default="omitted",
+    efforts=CLAUDE_47_EFFORTS,
+    min_cache_tokens=4096,
+)
 _NO_REASONING = ModelRules(reasoning=False)
 _REASONING = ModelRules(efforts=OPENAI_EFFORTS)
+_O_SERIES = ModelRules(efforts=OPENAI_EFFORTS, parallel_tool_calls=False)
 
 MODELS: dict[str, ModelRules] = {
     "claude-sonnet-4-5": _BUDGET_ONLY,
@@ -61,10 +77,30 @@ MODELS: dict[str, ModelRules] = {
     ),
     "claude-sonnet-4-6": _CLAUDE_46,
     "claude-opus-4-6": ModelRules(efforts=CLAUDE_46_EFFORTS, min_cache_tokens=4096),
-    # Claude Opus 4.7 and later, Fable: adaptive thinking only, its text omitted by default.
+    # Claude Opus 4.7 and 4.8: adaptive thinking only, its text omitted by default.
     "claude-opus-4-7": _ADAPTIVE_ONLY,
-    "claude-fable": _ADAPTIVE_ONLY,
-    # Claude Mythos: as those, and it thinks when `thinking` is left out.
+    "claude-opus-4-8": _ADAPTIVE_ONLY,
+    # Claude Opus 5 and Sonnet 5: thinking on by default; `disabled` turns it off, `enabled` is
+    # refused. (Opus 5 caches prompts from 512 tokens.)
+    "claude-opus-5": ModelRules(
+        thinking_types=frozenset({"adaptive", "disabled"}),
+        thinks_when_omitted=True,
+        display_default="omitted",
+        efforts=CLAUDE_47_EFFORTS,
+        min_cache_tokens=512,
+    ),
+    "claude-sonnet-5": ModelRules(
+        thinking_types=frozenset({"adaptive", "disabled"}),
+        thinks_when_omitted=True,
+        display_default="omitted",
+        efforts=CLAUDE_47_EFFORTS,
+    ),
+    # Claude Opus 5.5, Sonnet 5.5, Fable: thinking always on (also when left out), forced tool
+    # use refused.
+    "claude-opus-5-5": _ALWAYS_THINKS,
+    "claude-sonnet-5-5": _ALWAYS_THINKS,
+    "claude-fable": _ALWAYS_THINKS,
+    # Claude Mythos: adaptive only, and it thinks when `thinking` is left out.
     "claude-mythos": ModelRules(
         thinking_types=frozenset({"adaptive"}),
         thinks_when_omitted=True,
@@ -74,9 +110,11 @@ MODELS: dict[str, ModelRules] = {
     ),
     "gpt-4.1": _NO_REASONING,
     "gpt-4o": _NO_REASONING,
-    "o3": _REASONING,
-    "o4-mini": _REASONING,
+    "o1": _O_SERIES,
+    "o3": _O_SERIES,
+    "o4-mini": _O_SERIES,
     "gpt-5": _REASONING,
+    "gpt-5-chat": _NO_REASONING,
 }
 
 

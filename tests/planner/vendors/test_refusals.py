@@ -1,0 +1,129 @@
+"""A model that declines (Anthropic `stop_reason: "refusal"`, OpenAI refusal content or
+`message.refusal`) ends the decision at once with `PlannerRefused` naming why: no forced retry,
+no corrective turn (they used to cost three more billed calls and end in "no tool call"), and in
+session mode nothing of the refused turn is kept. Real SDKs against the fakes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import anthropic
+import openai
+import pytest
+
+from planner.conversation.items import AssistantItem, UserObservation
+from planner.errors import PlannerRefused
+from planner.planner import Planner
+from planner.session.config import SessionConfig
+from planner.session.planner import SessionPlanner
+from planner.session.store import SqliteSessionStore
+from planner.settings import PlannerSettings
+from planner.vendors import ThinkingConfig, make_adapter
+from planner.vendors.anthropic import AnthropicAdapter
+from planner.vendors.openai import OpenAIAdapter
+from tests.planner.scenes import settings_main
+from tests.support.fakes import (
+    ANTHROPIC_KEY,
+    OPENAI_KEY,
+    FakeModelServer,
+    ScriptedTurn,
+    chat_completion,
+    refusal,
+    text,
+    thinking,
+)
+
+CYBER = {"type": "refusal", "category": "cyber", "explanation": "Exploit development."}
+
+
+def _compact(server: FakeModelServer, provider: str, model: str) -> Planner:
+    settings = PlannerSettings(
+        provider=provider,
+        anthropic_api_key=ANTHROPIC_KEY,
+        openai_api_key=OPENAI_KEY,
+        anthropic_base_url=server.anthropic_base_url,
+        openai_base_url=server.openai_base_url,
+        model=model,
+        max_retries=0,
+    )
+    return Planner(make_adapter(settings), settings)
+
+
+async def _decide(planner: Planner) -> Any:
+    try:
+        return await planner.decide("Turn on dark theme", settings_main())
+    finally:
+        await planner.aclose()
+
+
+async def test_an_anthropic_refusal_stops_at_once_naming_the_category(
+    fake_server: FakeModelServer,
+) -> None:
+    fake_server.script_anthropic(
+        ScriptedTurn([text("I can't help with that.")], stop_reason="refusal", stop_details=CYBER)
+    )
+    with pytest.raises(PlannerRefused, match=r"refused to answer \(category cyber: Exploit"):
+        await _decide(_compact(fake_server, "anthropic", "claude-sonnet-4-6"))
+    assert len(fake_server.requests) == 1 and fake_server.pending == 0
+
+
+async def test_a_chat_refusal_stops_at_once(fake_server: FakeModelServer) -> None:
+    fake_server.script_openai(chat_completion(None, refusal="I can't assist with that."))
+    with pytest.raises(PlannerRefused, match="I can't assist with that"):
+        await _decide(_compact(fake_server, "openai", "gpt-4.1-mini"))
+    assert len(fake_server.requests) == 1
+
+
+async def _session(adapter: Any, db: Path) -> SessionPlanner:
+    return await SessionPlanner.open(
+        store=SqliteSessionStore(db),
+        task_id="t1",
+        attempt=1,
+        adapter=adapter,
+        owns_adapter=True,
+        config=SessionConfig(stream=True),
+    )
+
+
+@pytest.mark.parametrize("vendor", ["anthropic", "openai"])
+async def test_a_refused_turn_is_not_kept_in_the_session(
+    fake_server: FakeModelServer, tmp_path: Path, vendor: str
+) -> None:
+    """Anthropic: "you must reset the conversation context before continuing"; a refused turn
+    kept in the session would be sent again by every later step and attempt."""
+    db = tmp_path / "s.sqlite"
+    adaptive = ThinkingConfig("adaptive")
+
+    def adapter() -> Any:
+        if vendor == "anthropic":
+            client = anthropic.AsyncAnthropic(
+                api_key=ANTHROPIC_KEY, base_url=fake_server.anthropic_base_url, max_retries=0
+            )
+            return AnthropicAdapter(client, model="claude-sonnet-4-6", thinking=adaptive)
+        gpt = openai.AsyncOpenAI(
+            api_key=OPENAI_KEY, base_url=fake_server.openai_base_url, max_retries=0
+        )
+        return OpenAIAdapter(gpt, model="o4-mini", thinking=adaptive)
+
+    if vendor == "anthropic":
+        fake_server.script_anthropic(
+            ScriptedTurn([thinking("hmm"), text("No.")], stop_reason="refusal", stop_details=CYBER)
+        )
+        reason = "category cyber"
+    else:
+        fake_server.script_responses(ScriptedTurn([refusal("I can't help with that.")]))
+        reason = "I can't help with that"
+    planner = await _session(adapter(), db)
+    try:
+        with pytest.raises(PlannerRefused, match=reason):
+            await planner.decide("screen 1")
+        assert [type(i) for i in planner.history] == [UserObservation]
+    finally:
+        await planner.aclose()
+    reopened = await _session(adapter(), db)
+    try:
+        assert not any(isinstance(i, AssistantItem) for i in reopened.history)
+    finally:
+        await reopened.aclose()
+    assert len(fake_server.requests) == 1 and fake_server.rejections == []
