@@ -25,6 +25,12 @@ _KEYCODES: dict[str, str] = {
     "delete": "KEYCODE_DEL",
 }
 _SIZE_RE = re.compile(r"(Override|Physical) size:\s*(\d+)x(\d+)")
+# The default display's viewport in `dumpsys display` (its `orientation=` is the surface
+# rotation, 0-3); any `orientation=N` when no viewport names display 0 (what adbutils reads).
+_ROTATION_RES = (
+    re.compile(r"DisplayViewport\{[^}]*?displayId=0\b[^}]*?\borientation=([0-3])\b"),
+    re.compile(r"\borientation=([0-3])\b"),
+)
 _FOCUS_RES = (
     re.compile(r"mCurrentFocus=Window\{[^}]*\s([\w.]+)/[\w.$]+\}"),
     re.compile(r"mFocusedApp=.*?\s([\w.]+)/[\w.$]+"),
@@ -105,6 +111,22 @@ def parse_wm_size(output: str) -> tuple[int, int]:
     return size
 
 
+def parse_rotation(dumpsys_display: str) -> int:
+    """The default display's rotation (0-3 quarter turns; 1 and 3 are landscape) from
+    `dumpsys display`, the same source adbutils' `rotation()` (and so the u2 driver) reads."""
+    for pattern in _ROTATION_RES:
+        m = pattern.search(dumpsys_display)
+        if m:
+            return int(m.group(1))
+    raise DeviceError("cannot read the display rotation from 'dumpsys display'")
+
+
+def current_size(natural: tuple[int, int], rotation: int) -> tuple[int, int]:
+    """The screen size in the current rotation: `wm size` always gives the natural one."""
+    width, height = natural
+    return (height, width) if rotation % 2 else (width, height)
+
+
 def parse_current_package(dumpsys: str) -> str:
     """The foreground package from `dumpsys window` (or `dumpsys activity`) output."""
     for pattern in _FOCUS_RES:
@@ -128,7 +150,7 @@ class AdbDriver:
         self._serial = serial
         self._addr = (host, port)
         self._client = adbutils.AdbClient(host=host, port=port)
-        self._size: tuple[int, int] | None = None
+        self._natural: tuple[int, int] | None = None
 
     @property
     def serial(self) -> str:
@@ -148,9 +170,13 @@ class AdbDriver:
         return out.decode("utf-8", errors="replace")
 
     def screen_size(self) -> tuple[int, int]:
-        if self._size is None:
-            self._size = parse_wm_size(self._shell("wm size", "wm size"))
-        return self._size
+        """The size in the current rotation (dumps and `input` use it): the natural size from
+        `wm size` (asked once) swapped while the phone is in landscape (asked every time:
+        a phone turns whenever its user or an app wants)."""
+        if self._natural is None:
+            self._natural = parse_wm_size(self._shell("wm size", "wm size"))
+        rotation = parse_rotation(self._shell("dumpsys display", "dumpsys display"))
+        return current_size(self._natural, rotation)
 
     def screenshot_png(self) -> bytes:
         self._server("screencap")

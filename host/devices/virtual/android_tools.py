@@ -119,7 +119,8 @@ def _input(sh: Session, args: list[str], stdin: bytes) -> Output:
 def _wm(sh: Session, args: list[str], stdin: bytes) -> Output:
     p = sh.phone
     if args[:1] == ["size"]:
-        return Output().out(f"Physical size: {p.width}x{p.height}\n")
+        # The natural size in every rotation, as on a real phone (dumps and `input` rotate).
+        return Output().out(f"Physical size: {p.natural_width}x{p.natural_height}\n")
     if args[:1] == ["density"]:
         return Output().out("Physical density: 420\n")
     if args[:1] == ["dismiss-keyguard"]:

@@ -91,9 +91,9 @@ class DumpedWindow(Protocol):
     def focused(self) -> bool: ...
 
 
-def dump_active(windows: Sequence[DumpedWindow]) -> str:
+def dump_active(windows: Sequence[DumpedWindow], rotation: int = 0) -> str:
     focused = next(w for w in windows if w.focused)
-    return dump_xml(focused.root, focused.package)
+    return dump_xml(focused.root, focused.package, rotation)
 
 
 def dump_windows(windows: Sequence[DumpedWindow], rotation: int = 0) -> str:

