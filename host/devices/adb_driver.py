@@ -44,6 +44,7 @@ _DUMP_DIR = "/data/local/tmp"
 _SHELL_SPECIAL = set("\\'\"`$&|;<>()[]{}*?!~#^")
 # Between a literal `%` and a literal `s`: where `input_text` splits its `input text` calls.
 _PERCENT_S_SPLIT = re.compile(r"(?<=%)(?=s)")
+_PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 # What `uiautomator dump` prints when the screen is animating or a window is changing: passing
 # states, worth another try (see `DeviceBusy`).
 _BUSY_DUMP = ("could not get idle state", "null root node returned by")
@@ -66,6 +67,16 @@ def dump_failure(serial: str, output: str) -> DeviceError | None:
     if any(marker in output for marker in _BUSY_DUMP):
         return DeviceBusy(message)
     return DeviceError(message)
+
+
+def png_from_screencap(serial: str, data: bytes) -> bytes:
+    """The PNG in `screencap -p` output. On a phone with several displays (a foldable's cover
+    screen, a cast display) screencap first prints a "[Warning] Multiple displays were found…"
+    text on the same stream; the image after it is whole, so it is cut at the PNG signature."""
+    start = data.find(_PNG_SIGNATURE)
+    if start < 0:
+        raise DeviceError(f"screencap on {serial} returned no PNG ({data[:40]!r})")
+    return data[start:]
 
 
 def escape_input_text(text: str) -> str:
@@ -182,9 +193,7 @@ class AdbDriver:
         self._server("screencap")
         with mapped_errors(self._serial, "screencap"):
             data = adb_transport.run(self._client, self._serial, "exec-out:screencap -p")
-        if not data.startswith(b"\x89PNG"):
-            raise DeviceError(f"screencap on {self._serial} returned no PNG ({data[:40]!r})")
-        return data
+        return png_from_screencap(self._serial, data)
 
     def dump_hierarchy(self) -> str:
         """Every window's tree (`--windows`: app, keyboard, dialogs, system bars), so a

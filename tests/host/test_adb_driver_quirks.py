@@ -5,12 +5,14 @@ read that times out."""
 
 from __future__ import annotations
 
+import io
 from collections.abc import Iterator
 
 import adbutils
 import pytest
+from PIL import Image
 
-from host.devices.adb_driver import AdbDriver, current_size, parse_rotation
+from host.devices.adb_driver import AdbDriver, current_size, parse_rotation, png_from_screencap
 from host.devices.base import DeviceError
 from host.devices.u2_driver import U2Driver
 from host.devices.virtual.adb_server import ThreadedAdbServer
@@ -96,3 +98,25 @@ def test_rotation_parsing() -> None:
         parse_rotation("Can't find service: display\n")
     assert current_size((1080, 2400), 1) == (2400, 1080)
     assert current_size((1080, 2400), 2) == (1080, 2400)
+
+
+# --- screencap on a phone with several displays --------------------------------------------------
+
+
+def test_screenshot_behind_the_multi_display_warning(
+    adb: tuple[ThreadedAdbServer, VirtualPhone],
+) -> None:
+    server, phone = adb
+    phone.multi_display = True
+    device = adbutils.AdbClient(host="127.0.0.1", port=server.port).device(SERIAL)
+    raw = device.shell("screencap -p", encoding=None)
+    assert isinstance(raw, bytes)
+    assert raw.startswith(b"[Warning] Multiple displays were found")
+    png = AdbDriver(SERIAL, port=server.port).screenshot_png()
+    assert png.startswith(b"\x89PNG\r\n\x1a\n")
+    assert Image.open(io.BytesIO(png)).size == (1080, 2400)
+
+
+def test_screencap_without_any_png_is_refused() -> None:
+    with pytest.raises(DeviceError, match="returned no PNG"):
+        png_from_screencap(SERIAL, b"/system/bin/sh: screencap: inaccessible or not found\n")

@@ -129,10 +129,24 @@ def _wm(sh: Session, args: list[str], stdin: bytes) -> Output:
     return Output().err("usage: wm [size|density|dismiss-keyguard] ...\n", 255)
 
 
+# What AOSP's screencap writes (to stderr, which `exec-out` and plain `shell` merge into the
+# image's stream) when several displays exist and no `-d` picks one.
+MULTI_DISPLAY_WARNING = (
+    "[Warning] Multiple displays were found, but no display id was specified! Defaulting to "
+    "the first display found, however this default is not guaranteed to be consistent across "
+    "captures. A display id should be specified.\n"
+    "A display ID can be specified with the [-d display-id] option.\n"
+    'See "dumpsys SurfaceFlinger --display-id" for valid display IDs.\n'
+)
+
+
 @registry.tool("screencap")
 def _screencap(sh: Session, args: list[str], stdin: bytes) -> Output:
     png = "-p" in args
     files = [a for a in args if not a.startswith("-") and not a.isdigit()]
+    result = Output()
+    if sh.phone.multi_display and "-d" not in args:
+        result.err(MULTI_DISPLAY_WARNING)
     img = sh.phone.screenshot()
     if files and files[0].endswith(".png"):
         png = True
@@ -143,8 +157,8 @@ def _screencap(sh: Session, args: list[str], stdin: bytes) -> Output:
         data = struct.pack("<IIII", rgba.width, rgba.height, 1, 0) + rgba.tobytes()
     if files:
         sh.phone.files.write(files[0], data)
-        return Output()
-    return Output().out(data)
+        return result
+    return result.out(data)
 
 
 @registry.tool("uiautomator")

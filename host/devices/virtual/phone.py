@@ -111,6 +111,9 @@ class VirtualPhone:
         self.natural_height = height
         #: Surface rotation, 0-3 (quarter turns): 1 and 3 are landscape (`rotate`).
         self.rotation = 0
+        #: A second display is attached (a foldable's cover screen, a cast display):
+        #: `screencap` without `-d` then warns first, on the same stream as the image.
+        self.multi_display = False
         self.model = model
         self.sdk = 34
         self.release = "14"
