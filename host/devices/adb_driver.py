@@ -47,7 +47,10 @@ _PERCENT_S_SPLIT = re.compile(r"(?<=%)(?=s)")
 _PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 # What `uiautomator dump` prints when the screen is animating or a window is changing: passing
 # states, worth another try (see `DeviceBusy`).
-_BUSY_DUMP = ("could not get idle state", "null root node returned by")
+_BUSY_DUMP = ("could not get idle state", "null root node returned by", "Killed")
+# What a sync pull of a file that is not there fails with (adbd: "open failed: No such file or
+# directory"; older servers word it "does not exist").
+_MISSING_FILE = ("No such file or directory", "does not exist")
 
 
 def decode_dump(data: bytes) -> str:
@@ -60,10 +63,22 @@ def decode_dump(data: bytes) -> str:
 
 
 def dump_failure(serial: str, output: str) -> DeviceError | None:
-    """The error a `uiautomator dump` run reported, if any: `DeviceBusy` for the passing kinds."""
-    if "ERROR" not in output or "dumped" in output:
+    """The error a `uiautomator dump` run reported, if any: `DeviceBusy` for the passing kinds.
+
+    Only output saying "dumped to" is a dump (AOSP's DumpCommand prints it last); anything
+    else failed. "ERROR: could not get idle state." / "null root node" and a dumper the
+    low-memory killer took ("Killed") pass; "… already registered!" means another
+    UiAutomation client holds the accessibility bridge, which no retry fixes."""
+    if "dumped to" in output:
         return None
-    message = f"uiautomator dump failed on {serial}: {output.strip()!r}"
+    shown = output.strip()[-300:]
+    message = f"uiautomator dump failed on {serial}: {shown!r}"
+    if "already registered" in output:
+        return DeviceError(
+            f"uiautomator dump failed on {serial}: another UiAutomation client (a uiautomator2 "
+            "server, Appium, weditor, a monkey tool) holds the accessibility bridge on this "
+            "phone; stop it (or use the u2 driver) and run the task again"
+        )
     if any(marker in output for marker in _BUSY_DUMP):
         return DeviceBusy(message)
     return DeviceError(message)
@@ -204,8 +219,19 @@ class AdbDriver:
         failure = dump_failure(self._serial, out)
         if failure is not None:
             raise failure
-        with mapped_errors(self._serial, "pull hierarchy"):
-            data = adb_transport.pull(self._client, self._serial, remote)
+        try:
+            with mapped_errors(self._serial, "pull hierarchy"):
+                data = adb_transport.pull(self._client, self._serial, remote)
+        except DeviceGone:
+            raise
+        except DeviceError as exc:
+            if any(marker in str(exc) for marker in _MISSING_FILE):
+                # "dumped to" but no file: the accessibility window list was still empty
+                # (system_server fills it lazily for a new client); a moment later it is not.
+                raise DeviceBusy(
+                    f"uiautomator dump on {self._serial} wrote no file (no windows listed yet)"
+                ) from exc
+            raise
         # Best effort: leave no dump files behind on the phone.
         with contextlib.suppress(DeviceError):
             self._shell(f"rm -f {remote}", "remove dump")

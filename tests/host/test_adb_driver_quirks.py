@@ -12,11 +12,18 @@ import adbutils
 import pytest
 from PIL import Image
 
-from host.devices.adb_driver import AdbDriver, current_size, parse_rotation, png_from_screencap
-from host.devices.base import DeviceError
+from host.devices.adb_driver import (
+    AdbDriver,
+    current_size,
+    dump_failure,
+    parse_rotation,
+    png_from_screencap,
+)
+from host.devices.base import DeviceBusy, DeviceError
 from host.devices.u2_driver import U2Driver
 from host.devices.virtual.adb_server import ThreadedAdbServer
 from host.devices.virtual.phone import VirtualPhone
+from host.perception.hierarchy import HierarchyError, parse_scene
 from host.perception.perceive import Perceiver
 from planner.scene import Scene
 
@@ -120,3 +127,84 @@ def test_screenshot_behind_the_multi_display_warning(
 def test_screencap_without_any_png_is_refused() -> None:
     with pytest.raises(DeviceError, match="returned no PNG"):
         png_from_screencap(SERIAL, b"/system/bin/sh: screencap: inaccessible or not found\n")
+
+
+# --- `uiautomator dump --windows` failures --------------------------------------------------------
+
+
+@pytest.mark.parametrize("glitch", ["no_windows", "killed"])
+def test_passing_dump_failures_are_busy_and_retried(
+    adb: tuple[ThreadedAdbServer, VirtualPhone], glitch: str
+) -> None:
+    server, phone = adb
+    d = AdbDriver(SERIAL, port=server.port)
+    phone.glitch_dumps(glitch)  # type: ignore[arg-type]
+    with pytest.raises(DeviceBusy):
+        d.dump_hierarchy()
+    phone.glitch_dumps(glitch, 2)  # type: ignore[arg-type]
+    scene, _ = Perceiver(retries=3, retry_delay_s=0).scene_from_dump(d, d.screen_size(), None)
+    assert any(e.text == "Settings" for e in scene.elements)
+
+
+def test_no_windows_dump_prints_dumped_but_writes_nothing(
+    adb: tuple[ThreadedAdbServer, VirtualPhone],
+) -> None:
+    server, phone = adb
+    phone.glitch_dumps("no_windows")
+    out = _shell(server, "uiautomator dump --windows /data/local/tmp/w.xml")
+    assert "dumped to: /data/local/tmp/w.xml" in out
+    assert phone.files.read("/data/local/tmp/w.xml") is None
+    phone.glitch_dumps("no_windows")
+    with pytest.raises(DeviceBusy, match="wrote no file"):
+        AdbDriver(SERIAL, port=server.port).dump_hierarchy()
+
+
+def test_rootless_app_window_is_retried_not_an_empty_screen(
+    adb: tuple[ThreadedAdbServer, VirtualPhone],
+) -> None:
+    server, phone = adb
+    d = AdbDriver(SERIAL, port=server.port)
+    d.launch_app("com.android.settings")
+    phone.glitch_dumps("rootless_window")
+    xml = d.dump_hierarchy()
+    assert "<window" in xml and 'type="TYPE_APPLICATION"><hierarchy' not in xml
+    with pytest.raises(HierarchyError, match="no tree yet"):
+        parse_scene(xml, d.screen_size())
+    phone.glitch_dumps("rootless_window", 2)
+    scene, _ = Perceiver(retries=3, retry_delay_s=0).scene_from_dump(d, d.screen_size(), None)
+    assert any(e.text == "Network & internet" for e in scene.elements)
+
+
+def test_a_taken_accessibility_bridge_is_named_and_not_retried(
+    adb: tuple[ThreadedAdbServer, VirtualPhone],
+) -> None:
+    server, phone = adb
+    d = AdbDriver(SERIAL, port=server.port)
+    phone.glitch_dumps("bridge_taken", 5)
+    with pytest.raises(DeviceError, match="another UiAutomation client") as raised:
+        Perceiver(retries=5, retry_delay_s=0).scene_from_dump(d, d.screen_size(), None)
+    assert not isinstance(raised.value, DeviceBusy)
+    # Not retried: the four other queued failures are still waiting.
+    with pytest.raises(DeviceError, match="another UiAutomation client"):
+        d.dump_hierarchy()
+
+
+def test_dump_output_without_dumped_to_is_a_failure() -> None:
+    assert dump_failure(SERIAL, "UI hierchary dumped to: /data/local/tmp/x.xml\n") is None
+    for output in ("", "Segmentation fault\n", "uiautomator: inaccessible or not found\n"):
+        failure = dump_failure(SERIAL, output)
+        assert isinstance(failure, DeviceError) and not isinstance(failure, DeviceBusy)
+    assert isinstance(dump_failure(SERIAL, "Killed\n"), DeviceBusy)
+
+
+def test_a_rootless_system_window_alone_is_no_failure() -> None:
+    xml = (
+        '<?xml version="1.0" ?><displays><display id="0">'
+        '<window title="StatusBar" type="TYPE_SYSTEM" active="false" focused="false" '
+        'bounds="[0,0][1080,96]" />'
+        '<window title="Settings" type="TYPE_APPLICATION" active="true" focused="true" '
+        'bounds="[0,0][1080,2400]"><hierarchy rotation="0"><node text="Wi-Fi" '
+        'package="com.android.settings" class="android.widget.TextView" '
+        'bounds="[0,300][1080,400]" /></hierarchy></window></display></displays>'
+    )
+    assert [e.text for e in parse_scene(xml, (1080, 2400)).elements] == ["Wi-Fi"]

@@ -494,9 +494,8 @@ class VirtualAdbServer:
                 if data is None:
                     st = fs.stat(path)
                     why = "Is a directory" if st and st.is_dir else "No such file or directory"
-                    await self._send(
-                        writer, proto.sync_fail(f"remote object '{path}' does not exist: {why}")
-                    )
+                    # adbd's do_recv: SendSyncFailErrno(s, "open failed").
+                    await self._send(writer, proto.sync_fail(f"open failed: {why}"))
                     continue
                 await self._send(
                     writer, b"".join(proto.sync_data_chunks(data)) + proto.sync_packet(b"DONE", 0)

@@ -13,7 +13,13 @@ import zipfile
 
 from host.devices.virtual import keyboard
 from host.devices.virtual.commands import Output, Registry, Session
-from host.devices.virtual.phone import IdleStateError, NullRootError
+from host.devices.virtual.phone import (
+    BridgeTaken,
+    DumpKilled,
+    IdleStateError,
+    NoWindowsError,
+    NullRootError,
+)
 from host.devices.virtual.render import png_bytes
 
 registry = Registry()
@@ -161,6 +167,21 @@ def _screencap(sh: Session, args: list[str], stdin: bytes) -> Output:
     return result.out(data)
 
 
+# What `uiautomator dump` dies with while another UiAutomation client (a uiautomator2 server,
+# Appium) holds the accessibility bridge (Android's own missing space before "already").
+_BRIDGE_TAKEN = (
+    "java.lang.IllegalStateException: UiAutomationService "
+    "android.accessibilityservice.IAccessibilityServiceClient$Stub$Proxy@4ec8a91"
+    "already registered!\n"
+    "\tat android.app.UiAutomationConnection.connect(UiAutomationConnection.java:101)\n"
+    "\tat android.app.UiAutomation.connect(UiAutomation.java:262)\n"
+    "\tat com.android.uiautomator.core.UiAutomationShellWrapper.connect"
+    "(UiAutomationShellWrapper.java:27)\n"
+    "\tat com.android.commands.uiautomator.DumpCommand.run(DumpCommand.java:84)\n"
+    "\tat com.android.commands.uiautomator.Launcher.main(Launcher.java:83)\n"
+)
+
+
 @registry.tool("uiautomator")
 def _uiautomator(sh: Session, args: list[str], stdin: bytes) -> Output:
     if not args or args[0] != "dump":
@@ -176,6 +197,13 @@ def _uiautomator(sh: Session, args: list[str], stdin: bytes) -> Output:
         return Output().err("ERROR: could not get idle state.\n")
     except NullRootError:
         return Output().err("ERROR: null root node returned by UiTestAutomationBridge.\n")
+    except NoWindowsError:
+        # AOSP's dumpWindowsToFile returns before creating the file; DumpCommand still reports.
+        return Output().out(f"UI hierchary dumped to: {target}\n")
+    except DumpKilled:
+        return Output().err("Killed\n", 137)
+    except BridgeTaken:
+        return Output().err(_BRIDGE_TAKEN, 1)
     result = Output()
     if target == "/dev/tty":
         result.out(xml)

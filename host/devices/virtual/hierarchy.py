@@ -96,9 +96,12 @@ def dump_active(windows: Sequence[DumpedWindow], rotation: int = 0) -> str:
     return dump_xml(focused.root, focused.package, rotation)
 
 
-def dump_windows(windows: Sequence[DumpedWindow], rotation: int = 0) -> str:
+def dump_windows(
+    windows: Sequence[DumpedWindow], rotation: int = 0, *, rootless_focus: bool = False
+) -> str:
     """Bottom-first `windows` as `<displays>`, topmost first (the order accessibility lists
-    them in)."""
+    them in). `rootless_focus`: the focused window's root is null (it is changing), so its
+    `<window>` comes without a `<hierarchy>`, as AOSP's dumpWindowRec writes it."""
     out = [XML_HEADER, '<displays><display id="0">']
     for index, w in enumerate(reversed(windows)):
         x1, y1, x2, y2 = w.root.bounds
@@ -108,9 +111,11 @@ def dump_windows(windows: Sequence[DumpedWindow], rotation: int = 0) -> str:
             f' focused="{_b(w.focused)}" accessibility-focused="false" id="{w.window_id}"'
             f' layer="{w.layer}" type="{w.type}">'
         )
-        out.append(f'<hierarchy rotation="{rotation}">')
-        _node(w.root, 0, w.package, out, visible=False)
-        out.append("</hierarchy></window>")
+        if not (rootless_focus and w.focused):
+            out.append(f'<hierarchy rotation="{rotation}">')
+            _node(w.root, 0, w.package, out, visible=False)
+            out.append("</hierarchy>")
+        out.append("</window>")
     out.append("</display></displays>")
     return "".join(out)
 

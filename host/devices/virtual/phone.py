@@ -48,7 +48,9 @@ FONT_SCALES = {"Small": 0.85, "Default": 1.0, "Large": 1.15, "Largest": 1.3}
 TOAST_S = 2.0
 TOUCH_SLOP = 24
 
-DumpGlitch = Literal["empty", "idle", "null_root"]
+DumpGlitch = Literal[
+    "empty", "idle", "null_root", "no_windows", "rootless_window", "killed", "bridge_taken"
+]
 ScreenLock = Literal["none", "swipe", "pin"]
 
 
@@ -58,6 +60,22 @@ class IdleStateError(Exception):
 
 class NullRootError(Exception):
     """The hierarchy could not be dumped: no window had a root node (a window was changing)."""
+
+
+class NoWindowsError(Exception):
+    """`uiautomator dump --windows` found an empty window list (system_server fills it lazily
+    right after a client asks for interactive windows): AOSP's dumper then writes no file at
+    all, yet the command still prints "dumped to"."""
+
+
+class DumpKilled(Exception):
+    """The dumping process was killed (the low-memory killer): the shell prints "Killed"."""
+
+
+class BridgeTaken(Exception):
+    """Another UiAutomation client (a uiautomator2 server, Appium) holds the accessibility
+    bridge: `uiautomator dump` dies with "IllegalStateException: UiAutomationService …
+    already registered!"."""
 
 
 class TcpService(Protocol):
@@ -466,11 +484,22 @@ class VirtualPhone:
             return self._glitch_every[1]
         return None
 
-    def _check_glitch(self) -> str | None:
+    def _check_glitch(self, windows: bool = False) -> str | DumpGlitch | None:
+        """Raise the queued dump failure, or return the empty dump or (for `windows`) the
+        "rootless_window" state for the caller to write; None when this dump goes through."""
         glitch = self._next_glitch()
         if glitch == "idle":
             raise IdleStateError("could not get idle state")
-        if glitch == "null_root":
+        if glitch == "killed":
+            raise DumpKilled("Killed")
+        if glitch == "bridge_taken":
+            raise BridgeTaken("UiAutomationService already registered")
+        if glitch == "no_windows" and windows:
+            raise NoWindowsError("no windows listed")
+        if glitch == "rootless_window" and windows:
+            return glitch
+        if glitch in ("null_root", "no_windows", "rootless_window"):
+            # Without --windows the dumper only asks for the active window's root: null.
             raise NullRootError("null root node returned by UiTestAutomationBridge")
         if glitch == "empty":
             return hierarchy.XML_HEADER + '<hierarchy rotation="0" />'
@@ -486,7 +515,12 @@ class VirtualPhone:
         """What `uiautomator dump --windows` writes: every window, topmost first, with its type
         and layer."""
         with self._lock:
-            return self._check_glitch() or hierarchy.dump_windows(self.surfaces(), self.rotation)
+            glitch = self._check_glitch(windows=True)
+            if glitch is not None and glitch != "rootless_window":
+                return glitch
+            return hierarchy.dump_windows(
+                self.surfaces(), self.rotation, rootless_focus=glitch == "rootless_window"
+            )
 
     def dump_window_roots(self) -> str:
         """What uiautomator2's agent answers: every window's root side by side in one
@@ -497,8 +531,13 @@ class VirtualPhone:
     def glitch_dumps(self, kind: DumpGlitch, count: int = 1) -> None:
         """Make the next `count` dumps fail the way real ones do while the screen settles:
         "empty" gives `<hierarchy rotation="0" />`, "idle" fails with "could not get idle
-        state", "null_root" with "null root node returned by UiTestAutomationBridge". For
-        testing the retry logic of whoever reads the dumps."""
+        state", "null_root" with "null root node returned by UiTestAutomationBridge".
+        `uiautomator dump --windows` also knows "no_windows" (an empty window list: "dumped
+        to" printed, no file written) and "rootless_window" (the focused window's `<window>`
+        comes without its `<hierarchy>`: its root is null while it changes); the other dump
+        forms report both as a null root. "killed" (the shell prints "Killed") and
+        "bridge_taken" (another UiAutomation client holds the bridge: "… already
+        registered!") fail any `uiautomator dump`. For testing whoever reads the dumps."""
         with self._lock:
             self._dump_glitches.extend([kind] * count)
 

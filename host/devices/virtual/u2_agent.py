@@ -19,7 +19,13 @@ from typing import Any
 
 from host.devices.virtual.commands import Output, Registry, Session
 from host.devices.virtual.layout import Node
-from host.devices.virtual.phone import IdleStateError, NullRootError, VirtualPhone
+from host.devices.virtual.phone import (
+    BridgeTaken,
+    DumpKilled,
+    IdleStateError,
+    NullRootError,
+    VirtualPhone,
+)
 
 registry = Registry()
 
@@ -204,7 +210,7 @@ class U2Agent:
             if rest and rest[0]:
                 return self.phone.dump_hierarchy()
             return self.phone.dump_window_roots()
-        except (IdleStateError, NullRootError):
+        except (IdleStateError, NullRootError, DumpKilled, BridgeTaken):
             return ""  # what the real agent answers when it cannot get a settled screen
 
     def wake_up(self) -> bool:
