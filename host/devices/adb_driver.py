@@ -44,6 +44,11 @@ _DUMP_DIR = "/data/local/tmp"
 _SHELL_SPECIAL = set("\\'\"`$&|;<>()[]{}*?!~#^")
 # Between a literal `%` and a literal `s`: where `input_text` splits its `input text` calls.
 _PERCENT_S_SPLIT = re.compile(r"(?<=%)(?=s)")
+# What `input` prints when it fails: "Exception occurred while executing 'text':" + a Java
+# stack trace (Android 11+), "Error: Unknown keycode: …", a usage text after "Error: Invalid
+# arguments…".
+_INPUT_FAILED = ("Exception", "Error:")
+_EXCEPTION_RE = re.compile(r"\b(?:[a-z]\w*\.)+[A-Z]\w*(?:Exception|Error)\b")
 _PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 # What `uiautomator dump` prints when the screen is animating or a window is changing: passing
 # states, worth another try (see `DeviceBusy`).
@@ -241,35 +246,61 @@ class AdbDriver:
         return parse_screen_state(self._shell(SCREEN_STATE_COMMAND, "screen state"))
 
     def wake(self) -> None:
-        self._shell("input keyevent KEYCODE_WAKEUP", "wake")
+        self._input("input keyevent KEYCODE_WAKEUP", "wake")
 
     def dismiss_keyguard(self) -> None:
         self._shell("wm dismiss-keyguard", "dismiss keyguard")
 
     def tap(self, x: int, y: int) -> None:
-        self._shell(f"input tap {int(x)} {int(y)}", "tap")
+        self._input(f"input tap {int(x)} {int(y)}", "tap")
 
     def long_press(self, x: int, y: int, duration_ms: int = 800) -> None:
         # A swipe that does not move is a long press on every Android version.
-        self._shell(f"input swipe {x} {y} {x} {y} {int(duration_ms)}", "long press")
+        self._input(f"input swipe {x} {y} {x} {y} {int(duration_ms)}", "long press")
 
     def swipe(self, x1: int, y1: int, x2: int, y2: int, duration_ms: int = 300) -> None:
-        self._shell(
+        self._input(
             f"input swipe {int(x1)} {int(y1)} {int(x2)} {int(y2)} {int(duration_ms)}", "swipe"
         )
+
+    def _input(self, cmd: str, what: str, *, quote: bool = True) -> None:
+        """Run an `input …` command and raise `DeviceError` when its output reports a failure
+        (the exit code of a plain `shell:` is not seen, and `input` printed its exception
+        with exit status 0 on older releases). The message quotes the output's first failure
+        line, or with `quote=False` only a Java exception's class name: typed text may be a
+        secret and must not reach an error message."""
+        out = self._shell(cmd, what)
+        if not any(marker in out for marker in _INPUT_FAILED):
+            return
+        m = _EXCEPTION_RE.search(out)
+        if quote:
+            line = next(ln for ln in out.splitlines() if any(k in ln for k in _INPUT_FAILED))
+            cause = repr(line.strip()[:200])
+        else:
+            cause = m.group(0) if m else "an error"
+        raise DeviceError(f"{what} failed on {self._serial}: Android's input reported {cause}")
 
     def input_text(self, text: str) -> None:
         if not text:
             return
+        if not text.isascii():
+            # `input text` maps characters through the virtual keyboard's key map, which has
+            # none for é, ß, CJK, emoji…: it throws and types nothing of the chunk. Refused
+            # up front, the text kept out of the message (it may be a secret).
+            raise DeviceError(
+                f"input text failed on {self._serial}: adb's 'input text' can type ASCII "
+                "only and this text has other characters (nothing was typed); use the u2 "
+                "driver for it"
+            )
         # One shell round trip; `&&` stops at the first `input` that fails. The text itself
         # never goes into an error message: it may be a secret.
-        self._shell(" && ".join(input_text_commands(text)), "input text")
+        self._input(" && ".join(input_text_commands(text)), "input text", quote=False)
 
     def press_key(self, key: KeyName) -> None:
         code = _KEYCODES.get(key)
         if code is None:
             raise DeviceError(f"unknown key {key!r}")
-        self._shell(f"input keyevent {code}", "press key")
+        self._input(f"input keyevent {code}", "press key")
 
     def launch_app(self, package: str) -> None:
         pkg = check_package(package)

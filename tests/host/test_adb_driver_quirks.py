@@ -12,6 +12,8 @@ import adbutils
 import pytest
 from PIL import Image
 
+from amc.v1 import types_pb2
+from host.agent.actions import execute
 from host.devices.adb_driver import (
     AdbDriver,
     current_size,
@@ -25,6 +27,10 @@ from host.devices.virtual.adb_server import ThreadedAdbServer
 from host.devices.virtual.phone import VirtualPhone
 from host.perception.hierarchy import HierarchyError, parse_scene
 from host.perception.perceive import Perceiver
+from host.planner_client import DirectPlanner
+from planner.history import WorldEvent
+from planner.planner import Planner
+from planner.providers.offline import OfflineProvider
 from planner.scene import Scene
 
 SERIAL = "emulator-5554"
@@ -208,3 +214,80 @@ def test_a_rootless_system_window_alone_is_no_failure() -> None:
         'bounds="[0,300][1080,400]" /></hierarchy></window></display></displays>'
     )
     assert [e.text for e in parse_scene(xml, (1080, 2400)).elements] == ["Wi-Fi"]
+
+
+# --- text `input` cannot type ---------------------------------------------------------------------
+
+
+def test_virtual_input_text_fails_on_non_ascii_as_a_phone_does(
+    adb: tuple[ThreadedAdbServer, VirtualPhone],
+) -> None:
+    server, phone = adb
+    device = adbutils.AdbClient(host="127.0.0.1", port=server.port).device(SERIAL)
+    phone.launch("com.amc.notes")
+    result = device.shell2("input text Grüße")
+    assert result.returncode == 255
+    assert "java.lang.NullPointerException" in result.output
+
+
+def _new_contact(d: AdbDriver) -> Scene:
+    d.launch_app("com.android.contacts")
+    scene = _scene(d)
+    d.tap(*next(e for e in scene.elements if e.content_desc == "Create contact").bounds.center)
+    return _scene(d)
+
+
+def test_non_ascii_text_is_refused_without_echoing_it(
+    adb: tuple[ThreadedAdbServer, VirtualPhone],
+) -> None:
+    server, phone = adb
+    d = AdbDriver(SERIAL, port=server.port)
+    scene = _new_contact(d)
+    field = next(e for e in scene.elements if "EditText" in e.class_name)
+    action = types_pb2.Action(
+        input_text=types_pb2.InputTextAction(text="Grüße 你好", element_id=field.element_id)
+    )
+    result = execute(d, action, scene)
+    assert not result.ok
+    assert "ASCII only" in result.error and "nothing was typed" in result.error
+    assert "Grüße" not in result.error and "你好" not in result.error
+    assert not any(phone.current_page().fields.values())
+    d.input_text("plain ascii")
+    assert "plain ascii" in phone.current_page().fields.values()
+
+
+def test_input_output_reporting_a_failure_raises(
+    adb: tuple[ThreadedAdbServer, VirtualPhone],
+) -> None:
+    server, _ = adb
+    d = AdbDriver(SERIAL, port=server.port)
+    with pytest.raises(DeviceError, match="Unknown keycode"):
+        d._input("input keyevent KEYCODE_NOT_A_KEY", "press key")
+    # Typed text never reaches the message, only the exception's class.
+    with pytest.raises(DeviceError) as raised:
+        d._input("input text Straße", "input text", quote=False)
+    assert "java.lang.NullPointerException" in str(raised.value)
+    assert "Stra" not in str(raised.value)
+
+
+async def test_the_offline_planner_sees_the_failed_input_and_never_claims_success(
+    adb: tuple[ThreadedAdbServer, VirtualPhone],
+) -> None:
+    server, phone = adb
+    d = AdbDriver(SERIAL, port=server.port)
+    planner = DirectPlanner(Planner(OfflineProvider()))
+    history: list[WorldEvent] = []
+    failed: list[str] = []
+    for _ in range(8):
+        scene = _scene(d)
+        decision = await planner.decide(
+            'Create a note titled "Grüße" that says "milk and eggs"', scene, history
+        )
+        assert not (decision.tool_name == "complete" and decision.arguments.get("success"))
+        result = execute(d, decision.action, scene)
+        if decision.tool_name == "input_text":
+            assert not result.ok
+            failed.append(result.error)
+        history.append(WorldEvent.from_decision(decision, page=scene.page, success=result.ok))
+    assert failed and all("ASCII only" in e for e in failed)
+    assert phone.state.notes == []

@@ -73,6 +73,19 @@ def input_text_argument(arg: str) -> str:
     return arg.replace("%s", " ")
 
 
+# What Android 11+'s `input text` dies with when a character has no key on the virtual
+# keyboard's key map (KeyCharacterMap.getEvents returns null): é, ß, CJK, emoji…
+_TEXT_NPE = (
+    "Exception occurred while executing 'text':\n"
+    "java.lang.NullPointerException: Attempt to get length of null array\n"
+    "\tat com.android.server.input.InputShellCommand.sendText(InputShellCommand.java:339)\n"
+    "\tat com.android.server.input.InputShellCommand.runText(InputShellCommand.java:322)\n"
+    "\tat com.android.server.input.InputShellCommand.onCommand(InputShellCommand.java:163)\n"
+    "\tat com.android.modules.utils.BasicShellCommandHandler.exec"
+    "(BasicShellCommandHandler.java:97)\n"
+)
+
+
 @registry.tool("input")
 def _input(sh: Session, args: list[str], stdin: bytes) -> Output:
     phone = sh.phone
@@ -101,6 +114,9 @@ def _input(sh: Session, args: list[str], stdin: bytes) -> Output:
             sh.wait(max(0, duration) / 1000)
             phone.swipe(x1, y1, x2, y2, duration)
         elif cmd == "text" and rest:
+            if not rest[0].isascii():
+                # The virtual keyboard's key map has no keys for it: nothing is typed.
+                return Output().err(_TEXT_NPE, 255)
             phone.input_text(input_text_argument(rest[0]))
         elif cmd == "keyevent" and rest:
             codes = [c for c in rest if not c.startswith("--")]
