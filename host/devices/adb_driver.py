@@ -177,9 +177,17 @@ def check_package(package: str) -> str:
 class AdbDriver:
     """`Driver` over `adbutils`: shell `input`, `uiautomator dump` + sync pull, `screencap -p`."""
 
-    def __init__(self, serial: str, host: str = "127.0.0.1", port: int = 5037) -> None:
+    def __init__(
+        self,
+        serial: str,
+        host: str = "127.0.0.1",
+        port: int = 5037,
+        timeout_s: float = adb_transport.DEFAULT_TIMEOUT_S,
+    ) -> None:
         self._serial = serial
         self._addr = (host, port)
+        #: How long one read may wait for the phone before the call fails as `DeviceBusy`.
+        self.timeout_s = timeout_s
         self._client = adbutils.AdbClient(host=host, port=port)
         self._natural: tuple[int, int] | None = None
 
@@ -197,7 +205,7 @@ class AdbDriver:
     def _shell(self, cmd: str, what: str) -> str:
         self._server(what)
         with mapped_errors(self._serial, what):
-            out = adb_transport.run(self._client, self._serial, f"shell:{cmd}")
+            out = adb_transport.run(self._client, self._serial, f"shell:{cmd}", self.timeout_s)
         return out.decode("utf-8", errors="replace")
 
     def screen_size(self) -> tuple[int, int]:
@@ -212,7 +220,9 @@ class AdbDriver:
     def screenshot_png(self) -> bytes:
         self._server("screencap")
         with mapped_errors(self._serial, "screencap"):
-            data = adb_transport.run(self._client, self._serial, "exec-out:screencap -p")
+            data = adb_transport.run(
+                self._client, self._serial, "exec-out:screencap -p", self.timeout_s
+            )
         return png_from_screencap(self._serial, data)
 
     def dump_hierarchy(self) -> str:
@@ -226,7 +236,7 @@ class AdbDriver:
             raise failure
         try:
             with mapped_errors(self._serial, "pull hierarchy"):
-                data = adb_transport.pull(self._client, self._serial, remote)
+                data = adb_transport.pull(self._client, self._serial, remote, self.timeout_s)
         except DeviceGone:
             raise
         except DeviceError as exc:

@@ -17,7 +17,7 @@ from adbutils.errors import AdbConnectionError, AdbTimeout
 from uiautomator2 import exceptions as u2_exceptions
 
 from host.devices.adb_driver import check_package
-from host.devices.adb_errors import is_gone, server_reachable
+from host.devices.adb_errors import is_gone, server_reachable, timed_out
 from host.devices.base import DeviceError, DeviceGone, KeyName, ScreenState
 from host.devices.screen_state import SCREEN_STATE_COMMAND, parse_screen_state
 
@@ -30,7 +30,9 @@ def _mapped(serial: str, what: str) -> Iterator[None]:
         yield
     except DeviceError:
         raise
-    except (u2_exceptions.ConnectError, AdbConnectionError, AdbTimeout) as exc:
+    except AdbTimeout as exc:
+        raise timed_out(serial, what, exc) from exc
+    except (u2_exceptions.ConnectError, AdbConnectionError) as exc:
         raise DeviceGone(f"phone {serial} disconnected ({what}: {exc})") from exc
     except (u2_exceptions.BaseException, adbutils.AdbError, OSError, EOFError) as exc:
         if is_gone(exc):

@@ -10,6 +10,7 @@ from collections.abc import Iterator
 
 import adbutils
 import pytest
+from adbutils.errors import AdbError, AdbTimeout
 from PIL import Image
 
 from amc.v1 import types_pb2
@@ -21,7 +22,8 @@ from host.devices.adb_driver import (
     parse_rotation,
     png_from_screencap,
 )
-from host.devices.base import DeviceBusy, DeviceError
+from host.devices.adb_errors import is_gone
+from host.devices.base import DeviceBusy, DeviceError, DeviceGone
 from host.devices.u2_driver import U2Driver
 from host.devices.virtual.adb_server import ThreadedAdbServer
 from host.devices.virtual.phone import VirtualPhone
@@ -291,3 +293,26 @@ async def test_the_offline_planner_sees_the_failed_input_and_never_claims_succes
         history.append(WorldEvent.from_decision(decision, page=scene.page, success=result.ok))
     assert failed and all("ASCII only" in e for e in failed)
     assert phone.state.notes == []
+
+
+# --- a slow phone is not a gone phone -------------------------------------------------------------
+
+
+def test_a_read_timeout_is_busy_not_disconnected(
+    adb: tuple[ThreadedAdbServer, VirtualPhone],
+) -> None:
+    server, phone = adb
+    d = AdbDriver(SERIAL, port=server.port, timeout_s=0.5)
+    # `input swipe` takes its duration on the phone: far longer than this driver's reads wait.
+    with pytest.raises(DeviceBusy, match="timed out") as raised:
+        d.swipe(500, 1500, 500, 500, 60_000)
+    assert not isinstance(raised.value, DeviceGone)
+    assert phone.online
+    assert d.current_app() == phone.current_package()
+
+
+def test_timeouts_are_not_gone() -> None:
+    assert not is_gone(AdbTimeout("adb read timeout"))
+    assert not is_gone(TimeoutError("timed out"))
+    assert is_gone(AdbError("device 'x' not found"))
+    assert is_gone(ConnectionResetError("reset"))
