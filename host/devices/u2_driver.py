@@ -22,6 +22,9 @@ from host.devices.base import DeviceError, DeviceGone, KeyName, ScreenState
 from host.devices.screen_state import SCREEN_STATE_COMMAND, parse_screen_state
 
 T = TypeVar("T")
+#: How deep uiautomator2's server walks each window's tree (its own default is 50; Appium's 70;
+#: real apps reach ~90 levels).
+MAX_DEPTH = 120
 
 
 @contextmanager
@@ -77,7 +80,9 @@ class U2Driver:
         return buf.getvalue()
 
     def dump_hierarchy(self) -> str:
-        return str(self._call("dump hierarchy", lambda d: d.dump_hierarchy()))
+        # uiautomator2 leaves out every node deeper than its `max_depth` (default 50, against
+        # stack overflows in its server); WebView and React Native screens go deeper.
+        return str(self._call("dump hierarchy", lambda d: d.dump_hierarchy(max_depth=MAX_DEPTH)))
 
     def tap(self, x: int, y: int) -> None:
         self._call("tap", lambda d: d.click(x, y))

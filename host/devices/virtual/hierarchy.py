@@ -33,7 +33,16 @@ def _b(value: bool) -> str:
     return "true" if value else "false"
 
 
-def _node(node: Node, index: int, package: str, out: list[str], *, visible: bool) -> None:
+def _node(
+    node: Node,
+    index: int,
+    package: str,
+    out: list[str],
+    *,
+    visible: bool,
+    depth: int = 0,
+    max_depth: int | None = None,
+) -> None:
     x1, y1, x2, y2 = node.bounds
     out.append("<node")
     if naf(node):
@@ -55,12 +64,13 @@ def _node(node: Node, index: int, package: str, out: list[str], *, visible: bool
         f' bounds="[{x1},{y1}][{x2},{y2}]" drawing-order="{node.drawing_order}"'
         f" hint={quoteattr(node.hint)}"
     )
-    if not node.children:
+    # uiautomator2's agent leaves out every node deeper than its `max_depth` argument.
+    if not node.children or (max_depth is not None and depth + 1 >= max_depth):
         out.append(" />")
         return
     out.append(">")
     for i, child in enumerate(node.children):
-        _node(child, i, package, out, visible=visible)
+        _node(child, i, package, out, visible=visible, depth=depth + 1, max_depth=max_depth)
     out.append("</node>")
 
 
@@ -120,11 +130,14 @@ def dump_windows(
     return "".join(out)
 
 
-def dump_roots(windows: Sequence[DumpedWindow], rotation: int = 0) -> str:
-    """Every window's root under one `<hierarchy>`: the focused one, then top to bottom."""
+def dump_roots(
+    windows: Sequence[DumpedWindow], rotation: int = 0, max_depth: int | None = None
+) -> str:
+    """Every window's root under one `<hierarchy>`: the focused one, then top to bottom;
+    nodes `max_depth` levels or more below a root left out (uiautomator2's limit)."""
     ordered = sorted(reversed(windows), key=lambda w: not w.focused)
     out = [XML_HEADER, f'<hierarchy rotation="{rotation}">']
     for w in ordered:
-        _node(w.root, 0, w.package, out, visible=True)
+        _node(w.root, 0, w.package, out, visible=True, max_depth=max_depth)
     out.append("</hierarchy>")
     return "".join(out)

@@ -522,11 +522,13 @@ class VirtualPhone:
                 self.surfaces(), self.rotation, rootless_focus=glitch == "rootless_window"
             )
 
-    def dump_window_roots(self) -> str:
+    def dump_window_roots(self, max_depth: int | None = None) -> str:
         """What uiautomator2's agent answers: every window's root side by side in one
-        `<hierarchy>`, the focused one first."""
+        `<hierarchy>`, the focused one first, cut `max_depth` levels down when given."""
         with self._lock:
-            return self._check_glitch() or hierarchy.dump_roots(self.surfaces(), self.rotation)
+            return self._check_glitch() or hierarchy.dump_roots(
+                self.surfaces(), self.rotation, max_depth
+            )
 
     def glitch_dumps(self, kind: DumpGlitch, count: int = 1) -> None:
         """Make the next `count` dumps fail the way real ones do while the screen settles:

@@ -205,11 +205,11 @@ class U2Agent:
     def dump(self, compressed: bool = False, max_depth: int = 50, *rest: Any) -> str:
         """Every window's root (androidx `dumpWindowHierarchy`), or the active window's alone
         when the third argument (`root_in_active`) asks for it."""
-        del compressed, max_depth
+        del compressed
         try:
             if rest and rest[0]:
                 return self.phone.dump_hierarchy()
-            return self.phone.dump_window_roots()
+            return self.phone.dump_window_roots(int(max_depth))
         except (IdleStateError, NullRootError, DumpKilled, BridgeTaken):
             return ""  # what the real agent answers when it cannot get a settled screen
 
