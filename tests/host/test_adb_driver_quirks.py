@@ -24,6 +24,7 @@ from host.devices.adb_driver import (
 )
 from host.devices.adb_errors import is_gone
 from host.devices.base import DeviceBusy, DeviceError, DeviceGone
+from host.devices.registry import DeviceRegistry
 from host.devices.u2_driver import U2Driver
 from host.devices.virtual.adb_server import ThreadedAdbServer
 from host.devices.virtual.phone import VirtualPhone
@@ -316,3 +317,30 @@ def test_timeouts_are_not_gone() -> None:
     assert not is_gone(TimeoutError("timed out"))
     assert is_gone(AdbError("device 'x' not found"))
     assert is_gone(ConnectionResetError("reset"))
+
+
+# --- a device poll that fails ----------------------------------------------------------------
+
+
+def test_a_failed_device_poll_keeps_the_last_states_for_a_while(
+    adb: tuple[ThreadedAdbServer, VirtualPhone],
+) -> None:
+    server, _ = adb
+    registry = DeviceRegistry(port=server.port, offline_after_failed_polls=3)
+    seen: list[tuple[str, str]] = []
+    registry.refresh()
+    registry.add_listener(lambda info, kind: seen.append((info.serial, kind)))
+    server.fail_device_lists(2)
+    assert registry.refresh() == [] and registry.refresh() == []
+    assert seen == []
+    assert [d.online for d in registry.devices()] == [True]
+    assert registry.refresh() == []  # the list answers again: still online, nothing to say
+    # Three failures in a row: the phones are reported offline, and online when it answers.
+    server.fail_device_lists(3)
+    registry.refresh()
+    registry.refresh()
+    assert seen == []
+    registry.refresh()
+    assert seen == [(SERIAL, "offline")]
+    registry.refresh()
+    assert seen[-1] == (SERIAL, "online")
