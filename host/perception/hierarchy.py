@@ -147,6 +147,9 @@ def parse_windows(xml_text: str) -> tuple[str, list[RawNode], list[Window]]:
             windows.append(_window_attrs(child, len(windows)))
             stack.append((iter(child), 0, False, len(windows) - 1))
             continue
+        if child.tag == "display" and child.attrib.get("id", "0") != "0":
+            # A cast, presentation or foldable cover display: not where the driver taps.
+            continue
         if child.tag in _WRAPPERS:
             rotation = rotation or child.attrib.get("rotation", "")
             stack.append((iter(child), depth, in_toolbar, window))

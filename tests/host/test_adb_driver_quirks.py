@@ -133,6 +133,21 @@ def test_screenshot_behind_the_multi_display_warning(
     assert Image.open(io.BytesIO(png)).size == (1080, 2400)
 
 
+def test_windows_of_a_second_display_are_left_out(
+    adb: tuple[ThreadedAdbServer, VirtualPhone],
+) -> None:
+    server, phone = adb
+    phone.multi_display = True
+    d = AdbDriver(SERIAL, port=server.port)
+    d.launch_app("com.android.settings")
+    xml = d.dump_hierarchy()
+    assert '<display id="2">' in xml and "Presentation screen" in xml
+    scene = _scene(d)
+    assert scene.package == "com.android.settings"
+    assert "Presentation screen" not in [e.text for e in scene.elements]
+    assert any(e.text == "Network & internet" for e in scene.elements)
+
+
 def test_screencap_without_any_png_is_refused() -> None:
     with pytest.raises(DeviceError, match="returned no PNG"):
         png_from_screencap(SERIAL, b"/system/bin/sh: screencap: inaccessible or not found\n")

@@ -107,11 +107,17 @@ def dump_active(windows: Sequence[DumpedWindow], rotation: int = 0) -> str:
 
 
 def dump_windows(
-    windows: Sequence[DumpedWindow], rotation: int = 0, *, rootless_focus: bool = False
+    windows: Sequence[DumpedWindow],
+    rotation: int = 0,
+    *,
+    rootless_focus: bool = False,
+    second_display: bool = False,
 ) -> str:
     """Bottom-first `windows` as `<displays>`, topmost first (the order accessibility lists
     them in). `rootless_focus`: the focused window's root is null (it is changing), so its
-    `<window>` comes without a `<hierarchy>`, as AOSP's dumpWindowRec writes it."""
+    `<window>` comes without a `<hierarchy>`, as AOSP's dumpWindowRec writes it.
+    `second_display`: a cast or presentation display (id 2) shows a window of its own, which
+    `--windows` lists under its own `<display>`."""
     out = [XML_HEADER, '<displays><display id="0">']
     for index, w in enumerate(reversed(windows)):
         x1, y1, x2, y2 = w.root.bounds
@@ -126,7 +132,28 @@ def dump_windows(
             _node(w.root, 0, w.package, out, visible=False)
             out.append("</hierarchy>")
         out.append("</window>")
-    out.append("</display></displays>")
+    out.append("</display>")
+    if second_display:
+        out.append(
+            '<display id="2"><window index="0" title="Presentation" bounds="[0,0][1920,1080]"'
+            ' active="false" focused="false" accessibility-focused="false" id="300"'
+            ' layer="1" type="TYPE_APPLICATION"><hierarchy rotation="0">'
+        )
+        _node(
+            Node(
+                "android.widget.Button",
+                (0, 0, 1920, 1080),
+                text="Presentation screen",
+                clickable=True,
+                bounds=(0, 0, 1920, 1080),
+            ),
+            0,
+            "com.example.presentation",
+            out,
+            visible=False,
+        )
+        out.append("</hierarchy></window></display>")
+    out.append("</displays>")
     return "".join(out)
 
 

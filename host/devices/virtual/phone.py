@@ -130,7 +130,8 @@ class VirtualPhone:
         #: Surface rotation, 0-3 (quarter turns): 1 and 3 are landscape (`rotate`).
         self.rotation = 0
         #: A second display is attached (a foldable's cover screen, a cast display):
-        #: `screencap` without `-d` then warns first, on the same stream as the image.
+        #: `screencap` without `-d` then warns first, on the same stream as the image, and
+        #: `uiautomator dump --windows` lists its window under `<display id="2">`.
         self.multi_display = False
         self.model = model
         self.sdk = 34
@@ -519,7 +520,10 @@ class VirtualPhone:
             if glitch is not None and glitch != "rootless_window":
                 return glitch
             return hierarchy.dump_windows(
-                self.surfaces(), self.rotation, rootless_focus=glitch == "rootless_window"
+                self.surfaces(),
+                self.rotation,
+                rootless_focus=glitch == "rootless_window",
+                second_display=self.multi_display,
             )
 
     def dump_window_roots(self, max_depth: int | None = None) -> str:
