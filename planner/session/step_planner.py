@@ -1,10 +1,9 @@
-"""Session mode behind the host's `StepPlanner` interface (`decide(goal, scene, history, …)`).
+"""One step of session mode: the previous call's tool result, then the next observation.
 
-The agent loop stays as it is: it passes the goal, the current scene and its compact history of
-finished steps. The newest finished step becomes the tool result of the pending call (or, for
-`get_ui_tree`, the node list), and the scene the next observation. The goal opens the
-conversation and is repeated in the condensed form of that first observation, so a context
-checkpoint never loses it.
+The newest finished step becomes the tool result of the pending call (or, for `get_ui_tree`,
+the node list), and the scene the next observation. The goal opens the conversation and is
+repeated in the condensed form of that first observation, so a context checkpoint never loses
+it.
 
 Both transports go through `continue_session`: on the direct transport the host calls it with
 its local conversation; on the cloud transport the host sends the same pieces (goal, scene
@@ -24,7 +23,7 @@ from planner.decision import Decision
 from planner.errors import SessionStateError
 from planner.history import WorldEvent, verdict_line
 from planner.scene import Scene
-from planner.tools import VERDICTS, ui_tree_result
+from planner.tools import VERDICTS
 
 if TYPE_CHECKING:  # the SDKs behind SessionPlanner are not needed by hosts that only send steps
     from planner.session.planner import SessionPlanner
@@ -95,23 +94,6 @@ class Outcome:
     is_error: bool = False
 
 
-def outcome_of(
-    call_id: str,
-    tool_name: str,
-    scene: Scene,
-    history: Sequence[WorldEvent | dict[str, Any]],
-) -> Outcome | None:
-    """The tool result of an executed call: the node list for `get_ui_tree` (its answer is the
-    current screen), else the newest finished step. None when no step finished this attempt
-    (the call was made before a restart; the conversation then notes it was not recorded)."""
-    if not history:
-        return None
-    if tool_name == "get_ui_tree":
-        return Outcome(call_id, _dump(ui_tree_result(scene)))
-    output, failed = step_outcome(history[-1])
-    return Outcome(call_id, output, failed)
-
-
 async def continue_session(
     session: SessionPlanner,
     *,
@@ -155,45 +137,3 @@ async def continue_session(
 def call_id_of(decision: Decision) -> str:
     """The conversation's id for a session decision's tool call ("" for compact decisions)."""
     return str(decision.extra.get("call_id", "")) if decision.extra else ""
-
-
-class SessionStepPlanner:
-    """`StepPlanner` over one task attempt's `SessionPlanner` (the direct transport)."""
-
-    def __init__(self, session: SessionPlanner) -> None:
-        self.session = session
-
-    async def aclose(self) -> None:
-        await self.session.aclose()
-
-    def _pending_call(self) -> ToolCall | None:
-        call_id = self.session.pending_call_id
-        for item in reversed(self.session.history):
-            if isinstance(item, ToolCall) and item.call_id == call_id:
-                return item
-        return None
-
-    async def decide(
-        self,
-        goal: str,
-        scene: Scene,
-        history: Sequence[WorldEvent | dict[str, Any]] = (),
-        screenshot: bytes | None = None,
-    ) -> Decision:
-        """The next action. `screenshot` is not used: a session stores its conversation, and
-        images there would be stored too (the Decide contract never stores screenshots)."""
-        pending = self._pending_call()
-        outcome = (
-            outcome_of(pending.call_id, pending.name, scene, history)
-            if pending is not None
-            else None
-        )
-        return await continue_session(
-            self.session,
-            goal=goal,
-            scene=scene,
-            page=scene.page or "",
-            element_ids=[e.element_id for e in scene.elements],
-            screen_size=(scene.screen_width, scene.screen_height),
-            outcome=outcome,
-        )

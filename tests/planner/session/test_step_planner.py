@@ -1,4 +1,4 @@
-"""Session mode behind the host's StepPlanner interface, built from PlannerSettings."""
+"""Session mode built from PlannerSettings, as the host uses it (`DirectPlanner` over a session)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from planner.conversation.items import ToolResult
+from host.planner_client import DirectPlanner
 from planner.decision import Decision
 from planner.history import WorldEvent
 from planner.session.factory import (
@@ -17,14 +17,13 @@ from planner.session.factory import (
     session_config,
     session_provider,
 )
-from planner.session.step_planner import SessionStepPlanner, condensed_text, observation_text
+from planner.session.step_planner import condensed_text, observation_text
 from planner.session.store import SqliteSessionStore
 from planner.settings import PlannerSettings
-from tests.planner.scenes import settings_main, toggle_page
+from tests.planner.scenes import settings_main
 from tests.support.fakes import (
     FakeModelServer,
     ScriptedTurn,
-    text,
     thinking,
     tool_use,
 )
@@ -66,65 +65,6 @@ def _event(decision: Decision, page: str, ok: bool) -> WorldEvent:
     return event
 
 
-async def test_host_loop_drives_a_session_and_resumes(
-    server: FakeModelServer, tmp_path: Path
-) -> None:
-    server.anthropic_script.extend(
-        [
-            ScriptedTurn([thinking("Need the tree."), tool_use("get_ui_tree", {})]),
-            ScriptedTurn(
-                [
-                    thinking("Display is e16."),
-                    text("Open Display."),
-                    tool_use("tap", {"element_id": "e16", **INTENT}),
-                ]
-            ),
-            ScriptedTurn(
-                [
-                    thinking("Dark theme visible."),
-                    tool_use("complete", {"success": True, "reason": "shown"}),
-                ]
-            ),
-        ]
-    )
-    settings = _settings(server)
-    db = tmp_path / "host.sqlite"
-    goal = "open the display settings"
-    history: list[WorldEvent] = []
-
-    step = SessionStepPlanner(
-        await open_session_planner(settings, store=SqliteSessionStore(db), task_id="t", attempt=1)
-    )
-    scene = settings_main()
-    first = await step.decide(goal, scene, history)
-    assert first.tool_name == "get_ui_tree"
-    history.append(_event(first, scene.page, True))
-    second = await step.decide(goal, scene, history)
-    assert second.arguments == {"element_id": "e16"}
-    history.append(_event(second, scene.page, True))
-    await step.aclose()
-
-    # Host restart: history in memory is gone, the session is on disk.
-    resumed = SessionStepPlanner(
-        await open_session_planner(settings, store=SqliteSessionStore(db), task_id="t", attempt=1)
-    )
-    page = toggle_page("Display", [("Dark theme", False)])
-    third = await resumed.decide(goal, page, [])
-    assert third.tool_name == "complete"
-    await resumed.aclose()
-    assert server.rejections == []
-
-    bodies = server.bodies("/v1/messages")
-    assert goal in bodies[0]["messages"][0]["content"][0]["text"]
-    second_request = bodies[1]["messages"]
-    tree_result = second_request[-1]["content"][0]
-    assert tree_result["type"] == "tool_result"
-    assert '"id":"e16"' in tree_result["content"]
-    results = [i for i in resumed.session.history if isinstance(i, ToolResult)]
-    assert results[-1].output.startswith("The outcome of this action was not recorded")
-    assert goal not in bodies[2]["messages"][-1]["content"][-1]["text"]
-
-
 def test_the_goal_survives_condensing() -> None:
     scene = settings_main()
     assert "open display" in observation_text("open display", scene)
@@ -136,8 +76,8 @@ def test_the_goal_survives_condensing() -> None:
 async def test_the_checkers_verdict_reaches_the_model_in_the_tool_result(
     server: FakeModelServer, tmp_path: Path
 ) -> None:
-    """Session mode: the model reads "expected X — not met: <evidence>" in the result of the
-    call it made, as the compact history record says it."""
+    """Session mode on the direct transport (the host's own path): the model reads "expected X
+    — not met: <evidence>" in the result of the call it made, as the compact record says it."""
     server.anthropic_script.extend(
         [
             ScriptedTurn(
@@ -148,7 +88,7 @@ async def test_the_checkers_verdict_reaches_the_model_in_the_tool_result(
             ),
         ]
     )
-    step = SessionStepPlanner(
+    step = DirectPlanner(
         await open_session_planner(
             _settings(server),
             store=SqliteSessionStore(tmp_path / "h.sqlite"),
