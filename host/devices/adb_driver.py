@@ -25,6 +25,12 @@ _KEYCODES: dict[str, str] = {
     "delete": "KEYCODE_DEL",
 }
 _SIZE_RE = re.compile(r"(Override|Physical) size:\s*(\d+)x(\d+)")
+# The default display's viewport in `dumpsys display` (its `orientation=` is the surface
+# rotation, 0-3); any `orientation=N` when no viewport names display 0 (what adbutils reads).
+_ROTATION_RES = (
+    re.compile(r"DisplayViewport\{[^}]*?displayId=0\b[^}]*?\borientation=([0-3])\b"),
+    re.compile(r"\borientation=([0-3])\b"),
+)
 _FOCUS_RES = (
     re.compile(r"mCurrentFocus=Window\{[^}]*\s([\w.]+)/[\w.$]+\}"),
     re.compile(r"mFocusedApp=.*?\s([\w.]+)/[\w.$]+"),
@@ -38,9 +44,18 @@ _DUMP_DIR = "/data/local/tmp"
 _SHELL_SPECIAL = set("\\'\"`$&|;<>()[]{}*?!~#^")
 # Between a literal `%` and a literal `s`: where `input_text` splits its `input text` calls.
 _PERCENT_S_SPLIT = re.compile(r"(?<=%)(?=s)")
+# What `input` prints when it fails: "Exception occurred while executing 'text':" + a Java
+# stack trace (Android 11+), "Error: Unknown keycode: …", a usage text after "Error: Invalid
+# arguments…".
+_INPUT_FAILED = ("Exception", "Error:")
+_EXCEPTION_RE = re.compile(r"\b(?:[a-z]\w*\.)+[A-Z]\w*(?:Exception|Error)\b")
+_PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 # What `uiautomator dump` prints when the screen is animating or a window is changing: passing
 # states, worth another try (see `DeviceBusy`).
-_BUSY_DUMP = ("could not get idle state", "null root node returned by")
+_BUSY_DUMP = ("could not get idle state", "null root node returned by", "Killed")
+# What a sync pull of a file that is not there fails with (adbd: "open failed: No such file or
+# directory"; older servers word it "does not exist").
+_MISSING_FILE = ("No such file or directory", "does not exist")
 
 
 def decode_dump(data: bytes) -> str:
@@ -53,13 +68,35 @@ def decode_dump(data: bytes) -> str:
 
 
 def dump_failure(serial: str, output: str) -> DeviceError | None:
-    """The error a `uiautomator dump` run reported, if any: `DeviceBusy` for the passing kinds."""
-    if "ERROR" not in output or "dumped" in output:
+    """The error a `uiautomator dump` run reported, if any: `DeviceBusy` for the passing kinds.
+
+    Only output saying "dumped to" is a dump (AOSP's DumpCommand prints it last); anything
+    else failed. "ERROR: could not get idle state." / "null root node" and a dumper the
+    low-memory killer took ("Killed") pass; "… already registered!" means another
+    UiAutomation client holds the accessibility bridge, which no retry fixes."""
+    if "dumped to" in output:
         return None
-    message = f"uiautomator dump failed on {serial}: {output.strip()!r}"
+    shown = output.strip()[-300:]
+    message = f"uiautomator dump failed on {serial}: {shown!r}"
+    if "already registered" in output:
+        return DeviceError(
+            f"uiautomator dump failed on {serial}: another UiAutomation client (a uiautomator2 "
+            "server, Appium, weditor, a monkey tool) holds the accessibility bridge on this "
+            "phone; stop it (or use the u2 driver) and run the task again"
+        )
     if any(marker in output for marker in _BUSY_DUMP):
         return DeviceBusy(message)
     return DeviceError(message)
+
+
+def png_from_screencap(serial: str, data: bytes) -> bytes:
+    """The PNG in `screencap -p` output. On a phone with several displays (a foldable's cover
+    screen, a cast display) screencap first prints a "[Warning] Multiple displays were found…"
+    text on the same stream; the image after it is whole, so it is cut at the PNG signature."""
+    start = data.find(_PNG_SIGNATURE)
+    if start < 0:
+        raise DeviceError(f"screencap on {serial} returned no PNG ({data[:40]!r})")
+    return data[start:]
 
 
 def escape_input_text(text: str) -> str:
@@ -105,6 +142,22 @@ def parse_wm_size(output: str) -> tuple[int, int]:
     return size
 
 
+def parse_rotation(dumpsys_display: str) -> int:
+    """The default display's rotation (0-3 quarter turns; 1 and 3 are landscape) from
+    `dumpsys display`, the same source adbutils' `rotation()` (and so the u2 driver) reads."""
+    for pattern in _ROTATION_RES:
+        m = pattern.search(dumpsys_display)
+        if m:
+            return int(m.group(1))
+    raise DeviceError("cannot read the display rotation from 'dumpsys display'")
+
+
+def current_size(natural: tuple[int, int], rotation: int) -> tuple[int, int]:
+    """The screen size in the current rotation: `wm size` always gives the natural one."""
+    width, height = natural
+    return (height, width) if rotation % 2 else (width, height)
+
+
 def parse_current_package(dumpsys: str) -> str:
     """The foreground package from `dumpsys window` (or `dumpsys activity`) output."""
     for pattern in _FOCUS_RES:
@@ -124,11 +177,19 @@ def check_package(package: str) -> str:
 class AdbDriver:
     """`Driver` over `adbutils`: shell `input`, `uiautomator dump` + sync pull, `screencap -p`."""
 
-    def __init__(self, serial: str, host: str = "127.0.0.1", port: int = 5037) -> None:
+    def __init__(
+        self,
+        serial: str,
+        host: str = "127.0.0.1",
+        port: int = 5037,
+        timeout_s: float = adb_transport.DEFAULT_TIMEOUT_S,
+    ) -> None:
         self._serial = serial
         self._addr = (host, port)
+        #: How long one read may wait for the phone before the call fails as `DeviceBusy`.
+        self.timeout_s = timeout_s
         self._client = adbutils.AdbClient(host=host, port=port)
-        self._size: tuple[int, int] | None = None
+        self._natural: tuple[int, int] | None = None
 
     @property
     def serial(self) -> str:
@@ -144,21 +205,25 @@ class AdbDriver:
     def _shell(self, cmd: str, what: str) -> str:
         self._server(what)
         with mapped_errors(self._serial, what):
-            out = adb_transport.run(self._client, self._serial, f"shell:{cmd}")
+            out = adb_transport.run(self._client, self._serial, f"shell:{cmd}", self.timeout_s)
         return out.decode("utf-8", errors="replace")
 
     def screen_size(self) -> tuple[int, int]:
-        if self._size is None:
-            self._size = parse_wm_size(self._shell("wm size", "wm size"))
-        return self._size
+        """The size in the current rotation (dumps and `input` use it): the natural size from
+        `wm size` (asked once) swapped while the phone is in landscape (asked every time:
+        a phone turns whenever its user or an app wants)."""
+        if self._natural is None:
+            self._natural = parse_wm_size(self._shell("wm size", "wm size"))
+        rotation = parse_rotation(self._shell("dumpsys display", "dumpsys display"))
+        return current_size(self._natural, rotation)
 
     def screenshot_png(self) -> bytes:
         self._server("screencap")
         with mapped_errors(self._serial, "screencap"):
-            data = adb_transport.run(self._client, self._serial, "exec-out:screencap -p")
-        if not data.startswith(b"\x89PNG"):
-            raise DeviceError(f"screencap on {self._serial} returned no PNG ({data[:40]!r})")
-        return data
+            data = adb_transport.run(
+                self._client, self._serial, "exec-out:screencap -p", self.timeout_s
+            )
+        return png_from_screencap(self._serial, data)
 
     def dump_hierarchy(self) -> str:
         """Every window's tree (`--windows`: app, keyboard, dialogs, system bars), so a
@@ -169,8 +234,19 @@ class AdbDriver:
         failure = dump_failure(self._serial, out)
         if failure is not None:
             raise failure
-        with mapped_errors(self._serial, "pull hierarchy"):
-            data = adb_transport.pull(self._client, self._serial, remote)
+        try:
+            with mapped_errors(self._serial, "pull hierarchy"):
+                data = adb_transport.pull(self._client, self._serial, remote, self.timeout_s)
+        except DeviceGone:
+            raise
+        except DeviceError as exc:
+            if any(marker in str(exc) for marker in _MISSING_FILE):
+                # "dumped to" but no file: the accessibility window list was still empty
+                # (system_server fills it lazily for a new client); a moment later it is not.
+                raise DeviceBusy(
+                    f"uiautomator dump on {self._serial} wrote no file (no windows listed yet)"
+                ) from exc
+            raise
         # Best effort: leave no dump files behind on the phone.
         with contextlib.suppress(DeviceError):
             self._shell(f"rm -f {remote}", "remove dump")
@@ -180,35 +256,61 @@ class AdbDriver:
         return parse_screen_state(self._shell(SCREEN_STATE_COMMAND, "screen state"))
 
     def wake(self) -> None:
-        self._shell("input keyevent KEYCODE_WAKEUP", "wake")
+        self._input("input keyevent KEYCODE_WAKEUP", "wake")
 
     def dismiss_keyguard(self) -> None:
         self._shell("wm dismiss-keyguard", "dismiss keyguard")
 
     def tap(self, x: int, y: int) -> None:
-        self._shell(f"input tap {int(x)} {int(y)}", "tap")
+        self._input(f"input tap {int(x)} {int(y)}", "tap")
 
     def long_press(self, x: int, y: int, duration_ms: int = 800) -> None:
         # A swipe that does not move is a long press on every Android version.
-        self._shell(f"input swipe {x} {y} {x} {y} {int(duration_ms)}", "long press")
+        self._input(f"input swipe {x} {y} {x} {y} {int(duration_ms)}", "long press")
 
     def swipe(self, x1: int, y1: int, x2: int, y2: int, duration_ms: int = 300) -> None:
-        self._shell(
+        self._input(
             f"input swipe {int(x1)} {int(y1)} {int(x2)} {int(y2)} {int(duration_ms)}", "swipe"
         )
+
+    def _input(self, cmd: str, what: str, *, quote: bool = True) -> None:
+        """Run an `input …` command and raise `DeviceError` when its output reports a failure
+        (the exit code of a plain `shell:` is not seen, and `input` printed its exception
+        with exit status 0 on older releases). The message quotes the output's first failure
+        line, or with `quote=False` only a Java exception's class name: typed text may be a
+        secret and must not reach an error message."""
+        out = self._shell(cmd, what)
+        if not any(marker in out for marker in _INPUT_FAILED):
+            return
+        m = _EXCEPTION_RE.search(out)
+        if quote:
+            line = next(ln for ln in out.splitlines() if any(k in ln for k in _INPUT_FAILED))
+            cause = repr(line.strip()[:200])
+        else:
+            cause = m.group(0) if m else "an error"
+        raise DeviceError(f"{what} failed on {self._serial}: Android's input reported {cause}")
 
     def input_text(self, text: str) -> None:
         if not text:
             return
+        if not text.isascii():
+            # `input text` maps characters through the virtual keyboard's key map, which has
+            # none for é, ß, CJK, emoji…: it throws and types nothing of the chunk. Refused
+            # up front, the text kept out of the message (it may be a secret).
+            raise DeviceError(
+                f"input text failed on {self._serial}: adb's 'input text' can type ASCII "
+                "only and this text has other characters (nothing was typed); use the u2 "
+                "driver for it"
+            )
         # One shell round trip; `&&` stops at the first `input` that fails. The text itself
         # never goes into an error message: it may be a secret.
-        self._shell(" && ".join(input_text_commands(text)), "input text")
+        self._input(" && ".join(input_text_commands(text)), "input text", quote=False)
 
     def press_key(self, key: KeyName) -> None:
         code = _KEYCODES.get(key)
         if code is None:
             raise DeviceError(f"unknown key {key!r}")
-        self._shell(f"input keyevent {code}", "press key")
+        self._input(f"input keyevent {code}", "press key")
 
     def launch_app(self, package: str) -> None:
         pkg = check_package(package)

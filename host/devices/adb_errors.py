@@ -1,8 +1,8 @@
 """Translate adb client failures into the driver interface's two errors.
 
 A phone that vanished (unplugged, emulator killed, adb server gone) must become `DeviceGone` so
-the task on it fails with a clear reason while other phones carry on; everything else stays a
-`DeviceError`.
+the task on it fails with a clear reason while other phones carry on; a call that timed out is
+`DeviceBusy` (a slow phone is not a gone one); everything else stays a `DeviceError`.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import TypeVar
 import adbutils
 from adbutils.errors import AdbConnectionError, AdbTimeout
 
-from host.devices.base import DeviceError, DeviceGone
+from host.devices.base import DeviceBusy, DeviceError, DeviceGone
 
 T = TypeVar("T")
 
@@ -45,14 +45,32 @@ def server_reachable(host: str, port: int, timeout: float = 1.0) -> bool:
         return False
 
 
+def is_timeout(exc: BaseException) -> bool:
+    """A read (or connect) that waited longer than the socket timeout. The phone is most
+    likely still there and busy (a system_server ANR, a huge `dumpsys`, a `uiautomator dump`
+    that spent its idle wait): not a disconnection. Whether it is gone is the device registry's
+    poll's call."""
+    return isinstance(exc, AdbTimeout | TimeoutError)
+
+
 def is_gone(exc: BaseException) -> bool:
     """True when `exc` means the phone (or its adb server) is no longer reachable."""
-    if isinstance(exc, AdbConnectionError | AdbTimeout):
+    if is_timeout(exc):
+        return False
+    if isinstance(exc, AdbConnectionError):
         return True
-    if isinstance(exc, ConnectionError | socket.timeout | BrokenPipeError | EOFError):
+    if isinstance(exc, ConnectionError | BrokenPipeError | EOFError):
         return True
     text = str(exc).lower()
     return any(marker in text for marker in _GONE_MARKERS)
+
+
+def timed_out(serial: str, what: str, exc: BaseException) -> DeviceBusy:
+    """The error for a call that timed out: `DeviceBusy`, naming the timeout."""
+    return DeviceBusy(
+        f"{what} on {serial} timed out ({exc}): the phone is slow or busy; "
+        "it is still listed by adb unless the device poll says otherwise"
+    )
 
 
 @contextmanager
@@ -63,6 +81,8 @@ def mapped_errors(serial: str, what: str) -> Iterator[None]:
     except DeviceError:
         raise
     except (adbutils.AdbError, OSError, EOFError) as exc:
+        if is_timeout(exc):
+            raise timed_out(serial, what, exc) from exc
         if is_gone(exc):
             raise DeviceGone(f"phone {serial} disconnected ({what}: {exc})") from exc
         raise DeviceError(f"{what} failed on {serial}: {exc}") from exc

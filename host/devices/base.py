@@ -67,7 +67,8 @@ class Driver(Protocol):
     def serial(self) -> str: ...
 
     def screen_size(self) -> tuple[int, int]:
-        """Physical (width, height) in pixels."""
+        """(width, height) in pixels in the current rotation: the coordinate space of the
+        hierarchy dump and of `tap`/`swipe` (swapped from the natural size in landscape)."""
         ...
 
     def screenshot_png(self) -> bytes: ...

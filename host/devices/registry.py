@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -12,6 +13,8 @@ import adbutils
 from amc.v1 import types_pb2
 from host.devices import adb_transport
 from host.devices.adb_errors import server_reachable
+
+log = logging.getLogger(__name__)
 
 AdbState = str
 _STATE_MAP: dict[str, types_pb2.DeviceState.ValueType] = {
@@ -53,6 +56,7 @@ class DeviceRegistry:
         host: str = "127.0.0.1",
         port: int = 5037,
         only_serials: list[str] | None = None,
+        offline_after_failed_polls: int = 3,
     ) -> None:
         self._client = adbutils.AdbClient(host=host, port=port)
         self._addr = (host, port)
@@ -60,6 +64,10 @@ class DeviceRegistry:
         self._devices: dict[str, DeviceInfo] = {}
         self._lock = threading.Lock()
         self._listeners: list[Listener] = []
+        #: Polls in a row whose device list failed on a reachable server (an adb server
+        #: restarting, a timeout): the last states stand until this many have failed.
+        self._failed_polls = 0
+        self._offline_after = max(1, offline_after_failed_polls)
 
     def add_listener(self, listener: Listener) -> None:
         self._listeners.append(listener)
@@ -80,12 +88,20 @@ class DeviceRegistry:
             return serial
 
     def refresh(self) -> list[tuple[DeviceInfo, ChangeKind]]:
-        """Poll the adb server once; an unreachable server makes every phone OFFLINE."""
+        """Poll the adb server once; an unreachable server makes every phone OFFLINE. A device
+        list that fails on a reachable server keeps the last states (no change reported) until
+        `offline_after_failed_polls` polls in a row have failed, so one glitch does not flap
+        the whole fleet offline and back."""
         listed: dict[str, str] = {}
         if server_reachable(*self._addr):
             try:
                 listed = {i.serial: i.state for i in self._client.list()}
-            except (adbutils.AdbError, OSError):
+                self._failed_polls = 0
+            except (adbutils.AdbError, OSError) as exc:
+                self._failed_polls += 1
+                log.warning("adb device list failed (%d in a row): %s", self._failed_polls, exc)
+                if self._failed_polls < self._offline_after:
+                    return []
                 listed = {}
         if self._only:
             listed = {s: st for s, st in listed.items() if s in self._only}

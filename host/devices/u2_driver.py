@@ -17,11 +17,14 @@ from adbutils.errors import AdbConnectionError, AdbTimeout
 from uiautomator2 import exceptions as u2_exceptions
 
 from host.devices.adb_driver import check_package
-from host.devices.adb_errors import is_gone, server_reachable
+from host.devices.adb_errors import is_gone, server_reachable, timed_out
 from host.devices.base import DeviceError, DeviceGone, KeyName, ScreenState
 from host.devices.screen_state import SCREEN_STATE_COMMAND, parse_screen_state
 
 T = TypeVar("T")
+#: How deep uiautomator2's server walks each window's tree (its own default is 50; Appium's 70;
+#: real apps reach ~90 levels).
+MAX_DEPTH = 120
 
 
 @contextmanager
@@ -30,7 +33,9 @@ def _mapped(serial: str, what: str) -> Iterator[None]:
         yield
     except DeviceError:
         raise
-    except (u2_exceptions.ConnectError, AdbConnectionError, AdbTimeout) as exc:
+    except AdbTimeout as exc:
+        raise timed_out(serial, what, exc) from exc
+    except (u2_exceptions.ConnectError, AdbConnectionError) as exc:
         raise DeviceGone(f"phone {serial} disconnected ({what}: {exc})") from exc
     except (u2_exceptions.BaseException, adbutils.AdbError, OSError, EOFError) as exc:
         if is_gone(exc):
@@ -75,7 +80,9 @@ class U2Driver:
         return buf.getvalue()
 
     def dump_hierarchy(self) -> str:
-        return str(self._call("dump hierarchy", lambda d: d.dump_hierarchy()))
+        # uiautomator2 leaves out every node deeper than its `max_depth` (default 50, against
+        # stack overflows in its server); WebView and React Native screens go deeper.
+        return str(self._call("dump hierarchy", lambda d: d.dump_hierarchy(max_depth=MAX_DEPTH)))
 
     def tap(self, x: int, y: int) -> None:
         self._call("tap", lambda d: d.click(x, y))

@@ -8,6 +8,8 @@ Real tools produce dumps a strict XML parser refuses; each fix here is for one o
 * Text nodes hold control characters, raw or as character references (`&#1;`): both are
   invalid in XML 1.0 (AOSP's dumper turns them into ".", androidx's serializer writes `&#1;`).
   They are removed.
+* A dumper that escapes UTF-16 units one by one writes an emoji as two surrogate
+  references (`&#55357;&#56832;`): the pair is joined into one character first.
 * Some dumpers declare `encoding="utf-16"` over a UTF-8 body: the declaration is dropped and
   the text, already decoded by the driver, is parsed as it is.
 """
@@ -32,13 +34,46 @@ def _valid_code_point(cp: int) -> bool:
     )
 
 
-def _char_ref(m: re.Match[str]) -> str:
-    body = m.group(1)
+def _code_point(body: str) -> int | None:
     try:
-        cp = int(body[1:], 16) if body[0] in "xX" else int(body)
+        return int(body[1:], 16) if body[0] in "xX" else int(body)
     except ValueError:
-        return ""
-    return m.group(0) if _valid_code_point(cp) else ""
+        return None
+
+
+def _char_ref(m: re.Match[str]) -> str:
+    cp = _code_point(m.group(1))
+    return m.group(0) if cp is not None and _valid_code_point(cp) else ""
+
+
+def join_surrogate_refs(text: str) -> str:
+    """A high and a low surrogate written as two references (`&#55357;&#56832;`, what a
+    dumper escaping UTF-16 units one by one writes for 😀) as the one reference to the
+    character they encode (`&#128512;`); alone, each is an invalid code point and dropped."""
+    out: list[str] = []
+    pos = 0
+    matches = list(_CHAR_REF.finditer(text))
+    i = 0
+    while i < len(matches) - 1:
+        hi, lo = matches[i], matches[i + 1]
+        high, low = _code_point(hi.group(1)), _code_point(lo.group(1))
+        if (
+            lo.start() == hi.end()
+            and high is not None
+            and low is not None
+            and 0xD800 <= high <= 0xDBFF
+            and 0xDC00 <= low <= 0xDFFF
+        ):
+            out.append(text[pos : hi.start()])
+            out.append(f"&#{0x10000 + ((high - 0xD800) << 10) + (low - 0xDC00)};")
+            pos = lo.end()
+            i += 2
+        else:
+            i += 1
+    if not out:
+        return text
+    out.append(text[pos:])
+    return "".join(out)
 
 
 def clean_dump(text: str) -> str:
@@ -47,7 +82,7 @@ def clean_dump(text: str) -> str:
     Returns "" when there is no element at all (an empty dump, or only a status line).
     """
     text = _INVALID_CHARS.sub("", text or "")
-    text = _CHAR_REF.sub(_char_ref, text)
+    text = _CHAR_REF.sub(_char_ref, join_surrogate_refs(text))
     start = text.find("<")
     if start < 0:
         return ""

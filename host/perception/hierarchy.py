@@ -89,6 +89,25 @@ def _window_attrs(el: ET.Element, index: int) -> Window:
     )
 
 
+def _check_window_has_tree(el: ET.Element) -> None:
+    """An app's or the focused window's `<window>` without a `<hierarchy>`: its root node was
+    null (the `--windows` form of "null root node returned by UiTestAutomationBridge": the
+    window is changing). Raising `HierarchyError` gets the dump retried instead of showing the
+    planner an empty screen built from the system bars alone."""
+    if el.find("hierarchy") is not None:
+        return
+    a = el.attrib
+    if (
+        a.get("active") == "true"
+        or a.get("focused") == "true"
+        or a.get("type") == "TYPE_APPLICATION"
+    ):
+        title = a.get("title", "")
+        raise HierarchyError(
+            f"window {title!r} ({a.get('type', 'unknown type')}) has no tree yet (null root)"
+        )
+
+
 def _parse_root(xml_text: str) -> ET.Element:
     text = clean_dump(xml_text)
     if not text.strip():
@@ -124,8 +143,12 @@ def parse_windows(xml_text: str) -> tuple[str, list[RawNode], list[Window]]:
             stack.pop()
             continue
         if child.tag == "window":
+            _check_window_has_tree(child)
             windows.append(_window_attrs(child, len(windows)))
             stack.append((iter(child), 0, False, len(windows) - 1))
+            continue
+        if child.tag == "display" and child.attrib.get("id", "0") != "0":
+            # A cast, presentation or foldable cover display: not where the driver taps.
             continue
         if child.tag in _WRAPPERS:
             rotation = rotation or child.attrib.get("rotation", "")

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from host.devices.adb_driver import decode_dump
+from host.perception.dump_text import join_surrogate_refs
 from host.perception.hierarchy import (
     KEYBOARD_LABEL,
     MAX_ELEMENTS,
@@ -163,3 +164,16 @@ def test_without_the_drivers_screen_size_off_screen_pages_are_not_kept() -> None
     assert (scene.screen_width, scene.screen_height) == (1080, 2400)
     assert len(scene.elements) == 87
     assert all(e.text.startswith("p0 ") for e in scene.elements)
+
+
+def test_surrogate_pair_references_become_one_character() -> None:
+    xml = (
+        '<hierarchy rotation="0"><node text="hi &#55357;&#56832; &#xD83D;&#xDE00;'
+        ' lone &#55357; x" class="android.widget.TextView" package="p"'
+        ' bounds="[0,0][100,100]" /></hierarchy>'
+    )
+    scene = parse_scene(xml, (1080, 2400))
+    assert scene.elements[0].text == "hi 😀 😀 lone  x"
+    # Already whole references and text without any are left alone.
+    assert join_surrogate_refs("a &#128512; &#10;&#65;") == "a &#128512; &#10;&#65;"
+    assert join_surrogate_refs("&#65;&#55357;&#56832;") == "&#65;&#128512;"

@@ -11,7 +11,12 @@ import pytest
 from host.devices.base import DeviceGone
 from host.devices.u2_driver import U2Driver
 from host.devices.virtual.adb_server import ThreadedAdbServer
+from host.devices.virtual.apps.base import PhoneApi
+from host.devices.virtual.apps.stub import StubApp
+from host.devices.virtual.layout import Node
 from host.devices.virtual.phone import VirtualPhone
+from host.devices.virtual.state import Page
+from host.devices.virtual.widgets import Geometry
 from host.perception.hierarchy import parse_scene
 
 SERIAL = "emulator-5554"
@@ -82,3 +87,33 @@ def test_text_is_exact_and_delete_erases(served: tuple[ThreadedAdbServer, Virtua
     d.press_key("delete")
     d.press_key("delete")
     assert page.fields[page.focus] == "Zoë"
+
+
+class _DeepApp(StubApp):
+    """A screen nested like a WebView or React Native page: its button sits 80 levels down."""
+
+    def build(self, phone: PhoneApi, page: Page, geo: Geometry) -> list[Node]:
+        del phone, page
+        frame = (0, geo.top, geo.width, geo.bottom)
+        leaf = Node(
+            "android.widget.Button", (100, 1000, 600, 1150), text="Deep button", clickable=True
+        )
+        node = leaf
+        for _ in range(80):
+            node = Node("android.view.ViewGroup", frame, children=[node])
+        return [node]
+
+
+def test_deep_trees_are_dumped_past_uiautomator2s_default_depth(
+    served: tuple[ThreadedAdbServer, VirtualPhone],
+) -> None:
+    server, phone = served
+    app = _DeepApp("com.example.deep", "Deep", "com.example.deep.Main", (0, 0, 0))
+    phone.apps[app.package] = app
+    assert phone.launch(app.package)
+    d = U2Driver(SERIAL, port=server.port)
+    # uiautomator2's own default (50 levels) loses the button; the driver asks for more.
+    assert "Deep button" not in d._d().dump_hierarchy()
+    scene = parse_scene(d.dump_hierarchy(), d.screen_size(), d.current_app())
+    button = next(e for e in scene.elements if e.text == "Deep button")
+    assert button.clickable

@@ -51,6 +51,7 @@ class VirtualAdbServer:
         self._changed = asyncio.Event()
         self._lock = threading.Lock()
         self._forwards = Forwards()
+        self._failing_lists = 0
         for phone in phones:
             self.add_phone(phone)
 
@@ -81,6 +82,12 @@ class VirtualAdbServer:
     def replug(self, serial: str) -> None:
         """Bring a phone back, with a new transport id as a real reconnect gets."""
         self._phones[serial].replug()
+
+    def fail_device_lists(self, count: int = 1) -> None:
+        """Hang up on the next `count` `host:devices` requests without an answer, as an adb
+        server that is restarting or wedged does (its phones are still plugged in)."""
+        with self._lock:
+            self._failing_lists += count
 
     def connections(self, serial: str) -> int:
         """Open connections bound to a phone (a command may be running on each)."""
@@ -214,6 +221,10 @@ class VirtualAdbServer:
             await self._send(writer, proto.okay_block(f"{proto.SERVER_VERSION:04x}"))
             return None
         if req in ("host:devices", "host:devices-l"):
+            with self._lock:
+                failing, self._failing_lists = self._failing_lists, max(0, self._failing_lists - 1)
+            if failing:
+                raise _Closed
             await self._send(writer, proto.okay_block(self._devices(req.endswith("-l"))))
             return None
         if req == "host:track-devices":
@@ -494,9 +505,8 @@ class VirtualAdbServer:
                 if data is None:
                     st = fs.stat(path)
                     why = "Is a directory" if st and st.is_dir else "No such file or directory"
-                    await self._send(
-                        writer, proto.sync_fail(f"remote object '{path}' does not exist: {why}")
-                    )
+                    # adbd's do_recv: SendSyncFailErrno(s, "open failed").
+                    await self._send(writer, proto.sync_fail(f"open failed: {why}"))
                     continue
                 await self._send(
                     writer, b"".join(proto.sync_data_chunks(data)) + proto.sync_packet(b"DONE", 0)
@@ -575,6 +585,9 @@ class ThreadedAdbServer:
 
     def unplug(self, serial: str) -> None:
         self.server.unplug(serial)
+
+    def fail_device_lists(self, count: int = 1) -> None:
+        self.server.fail_device_lists(count)
 
     def replug(self, serial: str) -> None:
         self.server.replug(serial)

@@ -13,7 +13,13 @@ import zipfile
 
 from host.devices.virtual import keyboard
 from host.devices.virtual.commands import Output, Registry, Session
-from host.devices.virtual.phone import IdleStateError, NullRootError
+from host.devices.virtual.phone import (
+    BridgeTaken,
+    DumpKilled,
+    IdleStateError,
+    NoWindowsError,
+    NullRootError,
+)
 from host.devices.virtual.render import png_bytes
 
 registry = Registry()
@@ -67,6 +73,19 @@ def input_text_argument(arg: str) -> str:
     return arg.replace("%s", " ")
 
 
+# What Android 11+'s `input text` dies with when a character has no key on the virtual
+# keyboard's key map (KeyCharacterMap.getEvents returns null): é, ß, CJK, emoji…
+_TEXT_NPE = (
+    "Exception occurred while executing 'text':\n"
+    "java.lang.NullPointerException: Attempt to get length of null array\n"
+    "\tat com.android.server.input.InputShellCommand.sendText(InputShellCommand.java:339)\n"
+    "\tat com.android.server.input.InputShellCommand.runText(InputShellCommand.java:322)\n"
+    "\tat com.android.server.input.InputShellCommand.onCommand(InputShellCommand.java:163)\n"
+    "\tat com.android.modules.utils.BasicShellCommandHandler.exec"
+    "(BasicShellCommandHandler.java:97)\n"
+)
+
+
 @registry.tool("input")
 def _input(sh: Session, args: list[str], stdin: bytes) -> Output:
     phone = sh.phone
@@ -95,6 +114,9 @@ def _input(sh: Session, args: list[str], stdin: bytes) -> Output:
             sh.wait(max(0, duration) / 1000)
             phone.swipe(x1, y1, x2, y2, duration)
         elif cmd == "text" and rest:
+            if not rest[0].isascii():
+                # The virtual keyboard's key map has no keys for it: nothing is typed.
+                return Output().err(_TEXT_NPE, 255)
             phone.input_text(input_text_argument(rest[0]))
         elif cmd == "keyevent" and rest:
             codes = [c for c in rest if not c.startswith("--")]
@@ -119,7 +141,8 @@ def _input(sh: Session, args: list[str], stdin: bytes) -> Output:
 def _wm(sh: Session, args: list[str], stdin: bytes) -> Output:
     p = sh.phone
     if args[:1] == ["size"]:
-        return Output().out(f"Physical size: {p.width}x{p.height}\n")
+        # The natural size in every rotation, as on a real phone (dumps and `input` rotate).
+        return Output().out(f"Physical size: {p.natural_width}x{p.natural_height}\n")
     if args[:1] == ["density"]:
         return Output().out("Physical density: 420\n")
     if args[:1] == ["dismiss-keyguard"]:
@@ -128,10 +151,24 @@ def _wm(sh: Session, args: list[str], stdin: bytes) -> Output:
     return Output().err("usage: wm [size|density|dismiss-keyguard] ...\n", 255)
 
 
+# What AOSP's screencap writes (to stderr, which `exec-out` and plain `shell` merge into the
+# image's stream) when several displays exist and no `-d` picks one.
+MULTI_DISPLAY_WARNING = (
+    "[Warning] Multiple displays were found, but no display id was specified! Defaulting to "
+    "the first display found, however this default is not guaranteed to be consistent across "
+    "captures. A display id should be specified.\n"
+    "A display ID can be specified with the [-d display-id] option.\n"
+    'See "dumpsys SurfaceFlinger --display-id" for valid display IDs.\n'
+)
+
+
 @registry.tool("screencap")
 def _screencap(sh: Session, args: list[str], stdin: bytes) -> Output:
     png = "-p" in args
     files = [a for a in args if not a.startswith("-") and not a.isdigit()]
+    result = Output()
+    if sh.phone.multi_display and "-d" not in args:
+        result.err(MULTI_DISPLAY_WARNING)
     img = sh.phone.screenshot()
     if files and files[0].endswith(".png"):
         png = True
@@ -142,8 +179,23 @@ def _screencap(sh: Session, args: list[str], stdin: bytes) -> Output:
         data = struct.pack("<IIII", rgba.width, rgba.height, 1, 0) + rgba.tobytes()
     if files:
         sh.phone.files.write(files[0], data)
-        return Output()
-    return Output().out(data)
+        return result
+    return result.out(data)
+
+
+# What `uiautomator dump` dies with while another UiAutomation client (a uiautomator2 server,
+# Appium) holds the accessibility bridge (Android's own missing space before "already").
+_BRIDGE_TAKEN = (
+    "java.lang.IllegalStateException: UiAutomationService "
+    "android.accessibilityservice.IAccessibilityServiceClient$Stub$Proxy@4ec8a91"
+    "already registered!\n"
+    "\tat android.app.UiAutomationConnection.connect(UiAutomationConnection.java:101)\n"
+    "\tat android.app.UiAutomation.connect(UiAutomation.java:262)\n"
+    "\tat com.android.uiautomator.core.UiAutomationShellWrapper.connect"
+    "(UiAutomationShellWrapper.java:27)\n"
+    "\tat com.android.commands.uiautomator.DumpCommand.run(DumpCommand.java:84)\n"
+    "\tat com.android.commands.uiautomator.Launcher.main(Launcher.java:83)\n"
+)
 
 
 @registry.tool("uiautomator")
@@ -161,6 +213,13 @@ def _uiautomator(sh: Session, args: list[str], stdin: bytes) -> Output:
         return Output().err("ERROR: could not get idle state.\n")
     except NullRootError:
         return Output().err("ERROR: null root node returned by UiTestAutomationBridge.\n")
+    except NoWindowsError:
+        # AOSP's dumpWindowsToFile returns before creating the file; DumpCommand still reports.
+        return Output().out(f"UI hierchary dumped to: {target}\n")
+    except DumpKilled:
+        return Output().err("Killed\n", 137)
+    except BridgeTaken:
+        return Output().err(_BRIDGE_TAKEN, 1)
     result = Output()
     if target == "/dev/tty":
         result.out(xml)

@@ -7,7 +7,14 @@ It behaves like the adb drivers where it matters to the agent loop: an unplugged
 from __future__ import annotations
 
 from host.devices.base import DeviceBusy, DeviceError, DeviceGone, KeyName, ScreenState
-from host.devices.virtual.phone import IdleStateError, NullRootError, VirtualPhone
+from host.devices.virtual.phone import (
+    BridgeTaken,
+    DumpKilled,
+    IdleStateError,
+    NoWindowsError,
+    NullRootError,
+    VirtualPhone,
+)
 
 _KEYS: dict[str, str] = {
     "back": "KEYCODE_BACK",
@@ -47,8 +54,10 @@ class VirtualDriver:
         """Every window, as the adb driver's `uiautomator dump --windows` gets them."""
         try:
             return self._check().dump_windows()
-        except (IdleStateError, NullRootError) as exc:
+        except (IdleStateError, NullRootError, NoWindowsError, DumpKilled) as exc:
             raise DeviceBusy(f"uiautomator dump failed on {self.serial}: {exc}") from exc
+        except BridgeTaken as exc:
+            raise DeviceError(f"uiautomator dump failed on {self.serial}: {exc}") from exc
 
     def screen_state(self) -> ScreenState:
         phone = self._check()

@@ -33,7 +33,16 @@ def _b(value: bool) -> str:
     return "true" if value else "false"
 
 
-def _node(node: Node, index: int, package: str, out: list[str], *, visible: bool) -> None:
+def _node(
+    node: Node,
+    index: int,
+    package: str,
+    out: list[str],
+    *,
+    visible: bool,
+    depth: int = 0,
+    max_depth: int | None = None,
+) -> None:
     x1, y1, x2, y2 = node.bounds
     out.append("<node")
     if naf(node):
@@ -55,12 +64,13 @@ def _node(node: Node, index: int, package: str, out: list[str], *, visible: bool
         f' bounds="[{x1},{y1}][{x2},{y2}]" drawing-order="{node.drawing_order}"'
         f" hint={quoteattr(node.hint)}"
     )
-    if not node.children:
+    # uiautomator2's agent leaves out every node deeper than its `max_depth` argument.
+    if not node.children or (max_depth is not None and depth + 1 >= max_depth):
         out.append(" />")
         return
     out.append(">")
     for i, child in enumerate(node.children):
-        _node(child, i, package, out, visible=visible)
+        _node(child, i, package, out, visible=visible, depth=depth + 1, max_depth=max_depth)
     out.append("</node>")
 
 
@@ -91,14 +101,23 @@ class DumpedWindow(Protocol):
     def focused(self) -> bool: ...
 
 
-def dump_active(windows: Sequence[DumpedWindow]) -> str:
+def dump_active(windows: Sequence[DumpedWindow], rotation: int = 0) -> str:
     focused = next(w for w in windows if w.focused)
-    return dump_xml(focused.root, focused.package)
+    return dump_xml(focused.root, focused.package, rotation)
 
 
-def dump_windows(windows: Sequence[DumpedWindow], rotation: int = 0) -> str:
+def dump_windows(
+    windows: Sequence[DumpedWindow],
+    rotation: int = 0,
+    *,
+    rootless_focus: bool = False,
+    second_display: bool = False,
+) -> str:
     """Bottom-first `windows` as `<displays>`, topmost first (the order accessibility lists
-    them in)."""
+    them in). `rootless_focus`: the focused window's root is null (it is changing), so its
+    `<window>` comes without a `<hierarchy>`, as AOSP's dumpWindowRec writes it.
+    `second_display`: a cast or presentation display (id 2) shows a window of its own, which
+    `--windows` lists under its own `<display>`."""
     out = [XML_HEADER, '<displays><display id="0">']
     for index, w in enumerate(reversed(windows)):
         x1, y1, x2, y2 = w.root.bounds
@@ -108,18 +127,44 @@ def dump_windows(windows: Sequence[DumpedWindow], rotation: int = 0) -> str:
             f' focused="{_b(w.focused)}" accessibility-focused="false" id="{w.window_id}"'
             f' layer="{w.layer}" type="{w.type}">'
         )
-        out.append(f'<hierarchy rotation="{rotation}">')
-        _node(w.root, 0, w.package, out, visible=False)
-        out.append("</hierarchy></window>")
-    out.append("</display></displays>")
+        if not (rootless_focus and w.focused):
+            out.append(f'<hierarchy rotation="{rotation}">')
+            _node(w.root, 0, w.package, out, visible=False)
+            out.append("</hierarchy>")
+        out.append("</window>")
+    out.append("</display>")
+    if second_display:
+        out.append(
+            '<display id="2"><window index="0" title="Presentation" bounds="[0,0][1920,1080]"'
+            ' active="false" focused="false" accessibility-focused="false" id="300"'
+            ' layer="1" type="TYPE_APPLICATION"><hierarchy rotation="0">'
+        )
+        _node(
+            Node(
+                "android.widget.Button",
+                (0, 0, 1920, 1080),
+                text="Presentation screen",
+                clickable=True,
+                bounds=(0, 0, 1920, 1080),
+            ),
+            0,
+            "com.example.presentation",
+            out,
+            visible=False,
+        )
+        out.append("</hierarchy></window></display>")
+    out.append("</displays>")
     return "".join(out)
 
 
-def dump_roots(windows: Sequence[DumpedWindow], rotation: int = 0) -> str:
-    """Every window's root under one `<hierarchy>`: the focused one, then top to bottom."""
+def dump_roots(
+    windows: Sequence[DumpedWindow], rotation: int = 0, max_depth: int | None = None
+) -> str:
+    """Every window's root under one `<hierarchy>`: the focused one, then top to bottom;
+    nodes `max_depth` levels or more below a root left out (uiautomator2's limit)."""
     ordered = sorted(reversed(windows), key=lambda w: not w.focused)
     out = [XML_HEADER, f'<hierarchy rotation="{rotation}">']
     for w in ordered:
-        _node(w.root, 0, w.package, out, visible=True)
+        _node(w.root, 0, w.package, out, visible=True, max_depth=max_depth)
     out.append("</hierarchy>")
     return "".join(out)

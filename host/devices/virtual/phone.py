@@ -48,7 +48,9 @@ FONT_SCALES = {"Small": 0.85, "Default": 1.0, "Large": 1.15, "Largest": 1.3}
 TOAST_S = 2.0
 TOUCH_SLOP = 24
 
-DumpGlitch = Literal["empty", "idle", "null_root"]
+DumpGlitch = Literal[
+    "empty", "idle", "null_root", "no_windows", "rootless_window", "killed", "bridge_taken"
+]
 ScreenLock = Literal["none", "swipe", "pin"]
 
 
@@ -58,6 +60,22 @@ class IdleStateError(Exception):
 
 class NullRootError(Exception):
     """The hierarchy could not be dumped: no window had a root node (a window was changing)."""
+
+
+class NoWindowsError(Exception):
+    """`uiautomator dump --windows` found an empty window list (system_server fills it lazily
+    right after a client asks for interactive windows): AOSP's dumper then writes no file at
+    all, yet the command still prints "dumped to"."""
+
+
+class DumpKilled(Exception):
+    """The dumping process was killed (the low-memory killer): the shell prints "Killed"."""
+
+
+class BridgeTaken(Exception):
+    """Another UiAutomation client (a uiautomator2 server, Appium) holds the accessibility
+    bridge: `uiautomator dump` dies with "IllegalStateException: UiAutomationService …
+    already registered!"."""
 
 
 class TcpService(Protocol):
@@ -106,8 +124,15 @@ class VirtualPhone:
         launcher: str = LAUNCHER_PACKAGE,
     ) -> None:
         self._serial = serial
-        self.width = width
-        self.height = height
+        #: The display's natural (portrait) size, what `wm size` reports in any rotation.
+        self.natural_width = width
+        self.natural_height = height
+        #: Surface rotation, 0-3 (quarter turns): 1 and 3 are landscape (`rotate`).
+        self.rotation = 0
+        #: A second display is attached (a foldable's cover screen, a cast display):
+        #: `screencap` without `-d` then warns first, on the same stream as the image, and
+        #: `uiautomator dump --windows` lists its window under `<display id="2">`.
+        self.multi_display = False
         self.model = model
         self.sdk = 34
         self.release = "14"
@@ -205,7 +230,7 @@ class VirtualPhone:
 
     def reset(self) -> None:
         """Factory state: default settings, no user data, every app closed, home screen shown,
-        no dialog, shade or keyboard up, screen on and unlocked."""
+        no dialog, shade or keyboard up, screen on, unlocked and upright."""
         with self._lock:
             self.state = PhoneState()
             self._stacks = {self.launcher_package: [self.launcher.root()]}
@@ -217,8 +242,29 @@ class VirtualPhone:
             self.awake = True
             self.locked = self.bouncer = False
             self._pending = []
+            self.rotation = 0
 
     # --- what is on screen -------------------------------------------------------------------
+
+    @property
+    def width(self) -> int:
+        """Width in the current rotation: what dumps, screenshots and `input` use."""
+        return self.natural_height if self.rotation % 2 else self.natural_width
+
+    @property
+    def height(self) -> int:
+        """Height in the current rotation."""
+        return self.natural_width if self.rotation % 2 else self.natural_height
+
+    def rotate(self, rotation: int) -> None:
+        """Turn the phone (0-3 quarter turns, 1 and 3 landscape), as a user holding it sideways
+        with auto-rotate on: apps lay out again at the rotated size; dumps say
+        `rotation="N"` with rotated bounds; screenshots and `input` coordinates are rotated;
+        `wm size` still reports the natural size, as on a real phone."""
+        if rotation not in (0, 1, 2, 3):
+            raise ValueError(f"rotation must be 0-3, not {rotation!r}")
+        with self._lock:
+            self.rotation = rotation
 
     @property
     def geometry(self) -> Geometry:
@@ -439,11 +485,22 @@ class VirtualPhone:
             return self._glitch_every[1]
         return None
 
-    def _check_glitch(self) -> str | None:
+    def _check_glitch(self, windows: bool = False) -> str | DumpGlitch | None:
+        """Raise the queued dump failure, or return the empty dump or (for `windows`) the
+        "rootless_window" state for the caller to write; None when this dump goes through."""
         glitch = self._next_glitch()
         if glitch == "idle":
             raise IdleStateError("could not get idle state")
-        if glitch == "null_root":
+        if glitch == "killed":
+            raise DumpKilled("Killed")
+        if glitch == "bridge_taken":
+            raise BridgeTaken("UiAutomationService already registered")
+        if glitch == "no_windows" and windows:
+            raise NoWindowsError("no windows listed")
+        if glitch == "rootless_window" and windows:
+            return glitch
+        if glitch in ("null_root", "no_windows", "rootless_window"):
+            # Without --windows the dumper only asks for the active window's root: null.
             raise NullRootError("null root node returned by UiTestAutomationBridge")
         if glitch == "empty":
             return hierarchy.XML_HEADER + '<hierarchy rotation="0" />'
@@ -453,25 +510,40 @@ class VirtualPhone:
         """What `uiautomator dump` writes: the focused window's tree (or a queued glitch, see
         `glitch_dumps`)."""
         with self._lock:
-            return self._check_glitch() or hierarchy.dump_active(self.surfaces())
+            return self._check_glitch() or hierarchy.dump_active(self.surfaces(), self.rotation)
 
     def dump_windows(self) -> str:
         """What `uiautomator dump --windows` writes: every window, topmost first, with its type
         and layer."""
         with self._lock:
-            return self._check_glitch() or hierarchy.dump_windows(self.surfaces())
+            glitch = self._check_glitch(windows=True)
+            if glitch is not None and glitch != "rootless_window":
+                return glitch
+            return hierarchy.dump_windows(
+                self.surfaces(),
+                self.rotation,
+                rootless_focus=glitch == "rootless_window",
+                second_display=self.multi_display,
+            )
 
-    def dump_window_roots(self) -> str:
+    def dump_window_roots(self, max_depth: int | None = None) -> str:
         """What uiautomator2's agent answers: every window's root side by side in one
-        `<hierarchy>`, the focused one first."""
+        `<hierarchy>`, the focused one first, cut `max_depth` levels down when given."""
         with self._lock:
-            return self._check_glitch() or hierarchy.dump_roots(self.surfaces())
+            return self._check_glitch() or hierarchy.dump_roots(
+                self.surfaces(), self.rotation, max_depth
+            )
 
     def glitch_dumps(self, kind: DumpGlitch, count: int = 1) -> None:
         """Make the next `count` dumps fail the way real ones do while the screen settles:
         "empty" gives `<hierarchy rotation="0" />`, "idle" fails with "could not get idle
-        state", "null_root" with "null root node returned by UiTestAutomationBridge". For
-        testing the retry logic of whoever reads the dumps."""
+        state", "null_root" with "null root node returned by UiTestAutomationBridge".
+        `uiautomator dump --windows` also knows "no_windows" (an empty window list: "dumped
+        to" printed, no file written) and "rootless_window" (the focused window's `<window>`
+        comes without its `<hierarchy>`: its root is null while it changes); the other dump
+        forms report both as a null root. "killed" (the shell prints "Killed") and
+        "bridge_taken" (another UiAutomation client holds the bridge: "… already
+        registered!") fail any `uiautomator dump`. For testing whoever reads the dumps."""
         with self._lock:
             self._dump_glitches.extend([kind] * count)
 

@@ -107,11 +107,12 @@ def _dumpsys(sh: Session, args: list[str], stdin: bytes) -> Output:
             f"  ResumedActivity: ActivityRecord{{5c3d9e1 u0 {pkg}/{short} t12}}\n"
         )
     if service == "display":
+        # The viewport in the current rotation (what adbutils' `rotation()` reads).
         w, h = p.width, p.height
         return Output().out(
             "DISPLAY MANAGER (dumpsys display)\n"
             "  mViewports=[DisplayViewport{type=INTERNAL, valid=true, isActive=true, "
-            "displayId=0, uniqueId='local:0', physicalPort=0, orientation=0, "
+            f"displayId=0, uniqueId='local:0', physicalPort=0, orientation={p.rotation}, "
             f"logicalFrame=Rect(0, 0 - {w}, {h}), "
             f"physicalFrame=Rect(0, 0 - {w}, {h}), deviceWidth={w}, deviceHeight={h}}}]\n"
             f"  mScreenState={'ON' if p.awake else 'OFF'}\n"

@@ -19,7 +19,13 @@ from typing import Any
 
 from host.devices.virtual.commands import Output, Registry, Session
 from host.devices.virtual.layout import Node
-from host.devices.virtual.phone import IdleStateError, NullRootError, VirtualPhone
+from host.devices.virtual.phone import (
+    BridgeTaken,
+    DumpKilled,
+    IdleStateError,
+    NullRootError,
+    VirtualPhone,
+)
 
 registry = Registry()
 
@@ -187,7 +193,7 @@ class U2Agent:
             "currentPackageName": p.current_package(),
             "displayWidth": p.width,
             "displayHeight": p.height,
-            "displayRotation": 0,
+            "displayRotation": p.rotation,
             "displaySizeDpX": round(p.width * 160 / 420),
             "displaySizeDpY": round(p.height * 160 / 420),
             "naturalOrientation": True,
@@ -199,12 +205,12 @@ class U2Agent:
     def dump(self, compressed: bool = False, max_depth: int = 50, *rest: Any) -> str:
         """Every window's root (androidx `dumpWindowHierarchy`), or the active window's alone
         when the third argument (`root_in_active`) asks for it."""
-        del compressed, max_depth
+        del compressed
         try:
             if rest and rest[0]:
                 return self.phone.dump_hierarchy()
-            return self.phone.dump_window_roots()
-        except (IdleStateError, NullRootError):
+            return self.phone.dump_window_roots(int(max_depth))
+        except (IdleStateError, NullRootError, DumpKilled, BridgeTaken):
             return ""  # what the real agent answers when it cannot get a settled screen
 
     def wake_up(self) -> bool:

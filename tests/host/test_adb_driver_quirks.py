@@ -1,0 +1,361 @@
+"""What real phones do that the plain happy path does not show, through the real adbutils
+client against the virtual phone's adb server: a phone held sideways, a multi-display
+screencap warning, `uiautomator dump --windows` failures, text `input` cannot type, and an adb
+read that times out."""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Iterator
+
+import adbutils
+import pytest
+from adbutils.errors import AdbError, AdbTimeout
+from PIL import Image
+
+from amc.v1 import types_pb2
+from host.agent.actions import execute
+from host.devices.adb_driver import (
+    AdbDriver,
+    current_size,
+    dump_failure,
+    parse_rotation,
+    png_from_screencap,
+)
+from host.devices.adb_errors import is_gone
+from host.devices.base import DeviceBusy, DeviceError, DeviceGone
+from host.devices.registry import DeviceRegistry
+from host.devices.u2_driver import U2Driver
+from host.devices.virtual.adb_server import ThreadedAdbServer
+from host.devices.virtual.phone import VirtualPhone
+from host.perception.hierarchy import HierarchyError, parse_scene
+from host.perception.perceive import Perceiver
+from host.planner_client import DirectPlanner
+from planner.history import WorldEvent
+from planner.planner import Planner
+from planner.providers.offline import OfflineProvider
+from planner.scene import Scene
+
+SERIAL = "emulator-5554"
+
+
+@pytest.fixture
+def adb() -> Iterator[tuple[ThreadedAdbServer, VirtualPhone]]:
+    phone = VirtualPhone(SERIAL)
+    server = ThreadedAdbServer([phone])
+    server.start()
+    yield server, phone
+    server.stop()
+
+
+def _shell(server: ThreadedAdbServer, cmd: str) -> str:
+    device = adbutils.AdbClient(host="127.0.0.1", port=server.port).device(SERIAL)
+    return str(device.shell(cmd))
+
+
+def _scene(driver: AdbDriver) -> Scene:
+    return Perceiver(retry_delay_s=0).perceive(driver, with_ocr=False).scene
+
+
+# --- a phone held sideways -----------------------------------------------------------------------
+
+
+def test_landscape_keeps_the_right_half_and_taps_it(
+    adb: tuple[ThreadedAdbServer, VirtualPhone],
+) -> None:
+    server, phone = adb
+    d = AdbDriver(SERIAL, port=server.port)
+    d.launch_app("com.android.settings")
+    assert d.screen_size() == (1080, 2400)
+    phone.rotate(1)
+    # `wm size` still says portrait, as on a real phone; the driver swaps it.
+    assert "1080x2400" in _shell(server, "wm size")
+    assert d.screen_size() == (2400, 1080)
+    scene = _scene(d)
+    assert (scene.screen_width, scene.screen_height, scene.rotation) == (2400, 1080, 1)
+    d.tap(*next(e for e in scene.elements if e.text == "Network & internet").bounds.center)
+    scene = _scene(d)
+    airplane = next(
+        e
+        for e in scene.elements
+        if e.resource_id == "android:id/switch_widget" and e.text == "OFF" and e.bounds.top > 700
+    )
+    # The switch sits at the far right of the landscape screen, past portrait's 1080.
+    assert airplane.bounds.left > 1080
+    assert phone.state.settings["airplane_mode"] is False
+    d.tap(*airplane.bounds.center)
+    assert phone.state.settings["airplane_mode"] is True
+    phone.rotate(0)
+    assert d.screen_size() == (1080, 2400)
+
+
+def test_u2_driver_agrees_on_the_landscape_size(
+    adb: tuple[ThreadedAdbServer, VirtualPhone],
+) -> None:
+    server, phone = adb
+    phone.rotate(3)
+    assert U2Driver(SERIAL, port=server.port).screen_size() == (2400, 1080)
+    assert AdbDriver(SERIAL, port=server.port).screen_size() == (2400, 1080)
+
+
+def test_rotation_parsing() -> None:
+    # Shaped like an Android 14 `dumpsys display` in landscape (abridged).
+    out = (
+        "DISPLAY MANAGER (dumpsys display)\n  mOnlyCore=false\n"
+        "  mViewports=[DisplayViewport{type=EXTERNAL, valid=true, isActive=true, displayId=2, "
+        "uniqueId='local:1', physicalPort=1, orientation=0, deviceWidth=1920, "
+        "deviceHeight=1080}, DisplayViewport{type=INTERNAL, valid=true, isActive=true, "
+        "displayId=0, uniqueId='local:0', physicalPort=0, orientation=1, "
+        "logicalFrame=Rect(0, 0 - 2400, 1080), deviceWidth=2400, deviceHeight=1080}]\n"
+    )
+    assert parse_rotation(out) == 1
+    assert parse_rotation("x orientation=3, y") == 3
+    with pytest.raises(DeviceError, match="rotation"):
+        parse_rotation("Can't find service: display\n")
+    assert current_size((1080, 2400), 1) == (2400, 1080)
+    assert current_size((1080, 2400), 2) == (1080, 2400)
+
+
+# --- screencap on a phone with several displays --------------------------------------------------
+
+
+def test_screenshot_behind_the_multi_display_warning(
+    adb: tuple[ThreadedAdbServer, VirtualPhone],
+) -> None:
+    server, phone = adb
+    phone.multi_display = True
+    device = adbutils.AdbClient(host="127.0.0.1", port=server.port).device(SERIAL)
+    raw = device.shell("screencap -p", encoding=None)
+    assert isinstance(raw, bytes)
+    assert raw.startswith(b"[Warning] Multiple displays were found")
+    png = AdbDriver(SERIAL, port=server.port).screenshot_png()
+    assert png.startswith(b"\x89PNG\r\n\x1a\n")
+    assert Image.open(io.BytesIO(png)).size == (1080, 2400)
+
+
+def test_windows_of_a_second_display_are_left_out(
+    adb: tuple[ThreadedAdbServer, VirtualPhone],
+) -> None:
+    server, phone = adb
+    phone.multi_display = True
+    d = AdbDriver(SERIAL, port=server.port)
+    d.launch_app("com.android.settings")
+    xml = d.dump_hierarchy()
+    assert '<display id="2">' in xml and "Presentation screen" in xml
+    scene = _scene(d)
+    assert scene.package == "com.android.settings"
+    assert "Presentation screen" not in [e.text for e in scene.elements]
+    assert any(e.text == "Network & internet" for e in scene.elements)
+
+
+def test_screencap_without_any_png_is_refused() -> None:
+    with pytest.raises(DeviceError, match="returned no PNG"):
+        png_from_screencap(SERIAL, b"/system/bin/sh: screencap: inaccessible or not found\n")
+
+
+# --- `uiautomator dump --windows` failures --------------------------------------------------------
+
+
+@pytest.mark.parametrize("glitch", ["no_windows", "killed"])
+def test_passing_dump_failures_are_busy_and_retried(
+    adb: tuple[ThreadedAdbServer, VirtualPhone], glitch: str
+) -> None:
+    server, phone = adb
+    d = AdbDriver(SERIAL, port=server.port)
+    phone.glitch_dumps(glitch)  # type: ignore[arg-type]
+    with pytest.raises(DeviceBusy):
+        d.dump_hierarchy()
+    phone.glitch_dumps(glitch, 2)  # type: ignore[arg-type]
+    scene, _ = Perceiver(retries=3, retry_delay_s=0).scene_from_dump(d, d.screen_size(), None)
+    assert any(e.text == "Settings" for e in scene.elements)
+
+
+def test_no_windows_dump_prints_dumped_but_writes_nothing(
+    adb: tuple[ThreadedAdbServer, VirtualPhone],
+) -> None:
+    server, phone = adb
+    phone.glitch_dumps("no_windows")
+    out = _shell(server, "uiautomator dump --windows /data/local/tmp/w.xml")
+    assert "dumped to: /data/local/tmp/w.xml" in out
+    assert phone.files.read("/data/local/tmp/w.xml") is None
+    phone.glitch_dumps("no_windows")
+    with pytest.raises(DeviceBusy, match="wrote no file"):
+        AdbDriver(SERIAL, port=server.port).dump_hierarchy()
+
+
+def test_rootless_app_window_is_retried_not_an_empty_screen(
+    adb: tuple[ThreadedAdbServer, VirtualPhone],
+) -> None:
+    server, phone = adb
+    d = AdbDriver(SERIAL, port=server.port)
+    d.launch_app("com.android.settings")
+    phone.glitch_dumps("rootless_window")
+    xml = d.dump_hierarchy()
+    assert "<window" in xml and 'type="TYPE_APPLICATION"><hierarchy' not in xml
+    with pytest.raises(HierarchyError, match="no tree yet"):
+        parse_scene(xml, d.screen_size())
+    phone.glitch_dumps("rootless_window", 2)
+    scene, _ = Perceiver(retries=3, retry_delay_s=0).scene_from_dump(d, d.screen_size(), None)
+    assert any(e.text == "Network & internet" for e in scene.elements)
+
+
+def test_a_taken_accessibility_bridge_is_named_and_not_retried(
+    adb: tuple[ThreadedAdbServer, VirtualPhone],
+) -> None:
+    server, phone = adb
+    d = AdbDriver(SERIAL, port=server.port)
+    phone.glitch_dumps("bridge_taken", 5)
+    with pytest.raises(DeviceError, match="another UiAutomation client") as raised:
+        Perceiver(retries=5, retry_delay_s=0).scene_from_dump(d, d.screen_size(), None)
+    assert not isinstance(raised.value, DeviceBusy)
+    # Not retried: the four other queued failures are still waiting.
+    with pytest.raises(DeviceError, match="another UiAutomation client"):
+        d.dump_hierarchy()
+
+
+def test_dump_output_without_dumped_to_is_a_failure() -> None:
+    assert dump_failure(SERIAL, "UI hierchary dumped to: /data/local/tmp/x.xml\n") is None
+    for output in ("", "Segmentation fault\n", "uiautomator: inaccessible or not found\n"):
+        failure = dump_failure(SERIAL, output)
+        assert isinstance(failure, DeviceError) and not isinstance(failure, DeviceBusy)
+    assert isinstance(dump_failure(SERIAL, "Killed\n"), DeviceBusy)
+
+
+def test_a_rootless_system_window_alone_is_no_failure() -> None:
+    xml = (
+        '<?xml version="1.0" ?><displays><display id="0">'
+        '<window title="StatusBar" type="TYPE_SYSTEM" active="false" focused="false" '
+        'bounds="[0,0][1080,96]" />'
+        '<window title="Settings" type="TYPE_APPLICATION" active="true" focused="true" '
+        'bounds="[0,0][1080,2400]"><hierarchy rotation="0"><node text="Wi-Fi" '
+        'package="com.android.settings" class="android.widget.TextView" '
+        'bounds="[0,300][1080,400]" /></hierarchy></window></display></displays>'
+    )
+    assert [e.text for e in parse_scene(xml, (1080, 2400)).elements] == ["Wi-Fi"]
+
+
+# --- text `input` cannot type ---------------------------------------------------------------------
+
+
+def test_virtual_input_text_fails_on_non_ascii_as_a_phone_does(
+    adb: tuple[ThreadedAdbServer, VirtualPhone],
+) -> None:
+    server, phone = adb
+    device = adbutils.AdbClient(host="127.0.0.1", port=server.port).device(SERIAL)
+    phone.launch("com.amc.notes")
+    result = device.shell2("input text Grüße")
+    assert result.returncode == 255
+    assert "java.lang.NullPointerException" in result.output
+
+
+def _new_contact(d: AdbDriver) -> Scene:
+    d.launch_app("com.android.contacts")
+    scene = _scene(d)
+    d.tap(*next(e for e in scene.elements if e.content_desc == "Create contact").bounds.center)
+    return _scene(d)
+
+
+def test_non_ascii_text_is_refused_without_echoing_it(
+    adb: tuple[ThreadedAdbServer, VirtualPhone],
+) -> None:
+    server, phone = adb
+    d = AdbDriver(SERIAL, port=server.port)
+    scene = _new_contact(d)
+    field = next(e for e in scene.elements if "EditText" in e.class_name)
+    action = types_pb2.Action(
+        input_text=types_pb2.InputTextAction(text="Grüße 你好", element_id=field.element_id)
+    )
+    result = execute(d, action, scene)
+    assert not result.ok and result.error is not None
+    assert "ASCII only" in result.error and "nothing was typed" in result.error
+    assert "Grüße" not in result.error and "你好" not in result.error
+    assert not any(phone.current_page().fields.values())
+    d.input_text("plain ascii")
+    assert "plain ascii" in phone.current_page().fields.values()
+
+
+def test_input_output_reporting_a_failure_raises(
+    adb: tuple[ThreadedAdbServer, VirtualPhone],
+) -> None:
+    server, _ = adb
+    d = AdbDriver(SERIAL, port=server.port)
+    with pytest.raises(DeviceError, match="Unknown keycode"):
+        d._input("input keyevent KEYCODE_NOT_A_KEY", "press key")
+    # Typed text never reaches the message, only the exception's class.
+    with pytest.raises(DeviceError) as raised:
+        d._input("input text Straße", "input text", quote=False)
+    assert "java.lang.NullPointerException" in str(raised.value)
+    assert "Stra" not in str(raised.value)
+
+
+async def test_the_offline_planner_sees_the_failed_input_and_never_claims_success(
+    adb: tuple[ThreadedAdbServer, VirtualPhone],
+) -> None:
+    server, phone = adb
+    d = AdbDriver(SERIAL, port=server.port)
+    planner = DirectPlanner(Planner(OfflineProvider()))
+    history: list[WorldEvent] = []
+    failed: list[str] = []
+    for _ in range(8):
+        scene = _scene(d)
+        decision = await planner.decide(
+            'Create a note titled "Grüße" that says "milk and eggs"', scene, history
+        )
+        assert not (decision.tool_name == "complete" and decision.arguments.get("success"))
+        result = execute(d, decision.action, scene)
+        if decision.tool_name == "input_text":
+            assert not result.ok and result.error is not None
+            failed.append(result.error)
+        history.append(WorldEvent.from_decision(decision, page=scene.page, success=result.ok))
+    assert failed and all("ASCII only" in e for e in failed)
+    assert phone.state.notes == []
+
+
+# --- a slow phone is not a gone phone -------------------------------------------------------------
+
+
+def test_a_read_timeout_is_busy_not_disconnected(
+    adb: tuple[ThreadedAdbServer, VirtualPhone],
+) -> None:
+    server, phone = adb
+    d = AdbDriver(SERIAL, port=server.port, timeout_s=0.5)
+    # `input swipe` takes its duration on the phone: far longer than this driver's reads wait.
+    with pytest.raises(DeviceBusy, match="timed out") as raised:
+        d.swipe(500, 1500, 500, 500, 60_000)
+    assert not isinstance(raised.value, DeviceGone)
+    assert phone.online
+    assert d.current_app() == phone.current_package()
+
+
+def test_timeouts_are_not_gone() -> None:
+    assert not is_gone(AdbTimeout("adb read timeout"))
+    assert not is_gone(TimeoutError("timed out"))
+    assert is_gone(AdbError("device 'x' not found"))
+    assert is_gone(ConnectionResetError("reset"))
+
+
+# --- a device poll that fails ----------------------------------------------------------------
+
+
+def test_a_failed_device_poll_keeps_the_last_states_for_a_while(
+    adb: tuple[ThreadedAdbServer, VirtualPhone],
+) -> None:
+    server, _ = adb
+    registry = DeviceRegistry(port=server.port, offline_after_failed_polls=3)
+    seen: list[tuple[str, str]] = []
+    registry.refresh()
+    registry.add_listener(lambda info, kind: seen.append((info.serial, kind)))
+    server.fail_device_lists(2)
+    assert registry.refresh() == [] and registry.refresh() == []
+    assert seen == []
+    assert [d.online for d in registry.devices()] == [True]
+    assert registry.refresh() == []  # the list answers again: still online, nothing to say
+    # Three failures in a row: the phones are reported offline, and online when it answers.
+    server.fail_device_lists(3)
+    registry.refresh()
+    registry.refresh()
+    assert seen == []
+    registry.refresh()
+    assert seen == [(SERIAL, "offline")]
+    registry.refresh()
+    assert seen[-1] == (SERIAL, "online")
