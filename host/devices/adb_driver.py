@@ -7,6 +7,7 @@ speaks the adb server protocol.
 from __future__ import annotations
 
 import contextlib
+import logging
 import re
 import time
 import uuid
@@ -17,6 +18,8 @@ from host.devices import adb_transport
 from host.devices.adb_errors import mapped_errors, server_reachable
 from host.devices.base import DeviceBusy, DeviceError, DeviceGone, KeyName, ScreenState
 from host.devices.screen_state import SCREEN_STATE_COMMAND, parse_screen_state
+
+log = logging.getLogger(__name__)
 
 _KEYCODES: dict[str, str] = {
     "back": "KEYCODE_BACK",
@@ -31,6 +34,7 @@ _ROTATION_RES = (
     re.compile(r"DisplayViewport\{[^}]*?displayId=0\b[^}]*?\borientation=([0-3])\b"),
     re.compile(r"\borientation=([0-3])\b"),
 )
+_SURFACE_ORIENTATION_RE = re.compile(r"SurfaceOrientation:\s*([0-3])\b")
 _FOCUS_RES = (
     re.compile(r"mCurrentFocus=Window\{[^}]*\s([\w.]+)/[\w.$]+\}"),
     re.compile(r"mFocusedApp=.*?\s([\w.]+)/[\w.$]+"),
@@ -142,14 +146,22 @@ def parse_wm_size(output: str) -> tuple[int, int]:
     return size
 
 
-def parse_rotation(dumpsys_display: str) -> int:
+def parse_rotation(dumpsys_display: str) -> int | None:
     """The default display's rotation (0-3 quarter turns; 1 and 3 are landscape) from
-    `dumpsys display`, the same source adbutils' `rotation()` (and so the u2 driver) reads."""
+    `dumpsys display`, the same source adbutils' `rotation()` (and so the u2 driver) reads;
+    None when it does not say."""
     for pattern in _ROTATION_RES:
         m = pattern.search(dumpsys_display)
         if m:
             return int(m.group(1))
-    raise DeviceError("cannot read the display rotation from 'dumpsys display'")
+    return None
+
+
+def parse_surface_orientation(dumpsys_input: str) -> int | None:
+    """The rotation from `dumpsys input` ("SurfaceOrientation: 1"), the older source; None
+    when it does not say."""
+    m = _SURFACE_ORIENTATION_RE.search(dumpsys_input)
+    return int(m.group(1)) if m else None
 
 
 def current_size(natural: tuple[int, int], rotation: int) -> tuple[int, int]:
@@ -190,6 +202,7 @@ class AdbDriver:
         self.timeout_s = timeout_s
         self._client = adbutils.AdbClient(host=host, port=port)
         self._natural: tuple[int, int] | None = None
+        self._rotation_unknown = False
 
     @property
     def serial(self) -> str:
@@ -215,6 +228,19 @@ class AdbDriver:
         if self._natural is None:
             self._natural = parse_wm_size(self._shell("wm size", "wm size"))
         rotation = parse_rotation(self._shell("dumpsys display", "dumpsys display"))
+        if rotation is None:
+            rotation = parse_surface_orientation(self._shell("dumpsys input", "dumpsys input"))
+        if rotation is None:
+            # A phone that says neither is taken as upright (as before rotation was read): a
+            # landscape screen then loses what lies past the natural width; said once.
+            if not self._rotation_unknown:
+                log.warning(
+                    "%s: neither 'dumpsys display' nor 'dumpsys input' says the rotation; "
+                    "taking the screen as upright",
+                    self._serial,
+                )
+                self._rotation_unknown = True
+            rotation = 0
         return current_size(self._natural, rotation)
 
     def screenshot_png(self) -> bytes:

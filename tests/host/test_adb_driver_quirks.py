@@ -20,6 +20,7 @@ from host.devices.adb_driver import (
     current_size,
     dump_failure,
     parse_rotation,
+    parse_surface_orientation,
     png_from_screencap,
 )
 from host.devices.adb_errors import is_gone
@@ -110,8 +111,9 @@ def test_rotation_parsing() -> None:
     )
     assert parse_rotation(out) == 1
     assert parse_rotation("x orientation=3, y") == 3
-    with pytest.raises(DeviceError, match="rotation"):
-        parse_rotation("Can't find service: display\n")
+    assert parse_rotation("Can't find service: display\n") is None
+    assert parse_surface_orientation("  Viewport INTERNAL: ...\n    SurfaceOrientation: 3\n") == 3
+    assert parse_surface_orientation("nothing") is None
     assert current_size((1080, 2400), 1) == (2400, 1080)
     assert current_size((1080, 2400), 2) == (1080, 2400)
 

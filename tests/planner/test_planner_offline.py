@@ -300,6 +300,14 @@ async def test_a_step_whose_outcome_was_not_met_is_not_repeated_blindly() -> Non
     assert again.arguments != first.arguments or again.tool_name != first.tool_name
     assert "not met; not repeating it" in again.rationale
 
+    failed = WorldEvent.from_decision(
+        first, page=scene.page, success=False, target=target_label(first.action, scene)
+    )
+    failed.error = "the phone cannot type this text"
+    after_failure = await decide("Turn on dark theme", scene, [failed])
+    assert (after_failure.tool_name, after_failure.arguments) != (first.tool_name, first.arguments)
+    assert "failed; not repeating it" in after_failure.rationale
+
     met = WorldEvent.from_decision(
         first, page=scene.page, success=True, target=target_label(first.action, scene)
     )

@@ -98,14 +98,17 @@ class Memory:
         )
 
     def unmet_last(self, page: str) -> dict[str, Any] | None:
-        """The last step, when it was made on `page` and the checker found its expected outcome
-        not met (its history record says "— not met:"), else None."""
+        """The last step, when it was made on `page` and failed to run (an error: a phone that
+        cannot type the text, say) or the checker found its expected outcome not met (its
+        history record says "— not met:"), else None."""
         if not self.history:
             return None
         last = self.history[-1]
-        if last.get("page") != page or " — not met:" not in str(last.get("verdict") or ""):
+        if last.get("page") != page:
             return None
-        return last
+        if last.get("success") is False or " — not met:" in str(last.get("verdict") or ""):
+            return last
+        return None
 
     def judgement(self, screen: Screen) -> dict[str, str]:
         """The `previous_step` argument: this agent's own verdict on the previous step (from

@@ -107,7 +107,8 @@ class Agent:
                 # again unchanged would not help. Let the next tactic choose something else.
                 continue
             if unmet is not None:
-                step.rationale += " (The previous step's outcome was not met; not repeating it.)"
+                why = "failed" if unmet.get("success") is False else "outcome was not met"
+                step.rationale += f" (The previous step {why}; not repeating it.)"
             return step
         return self.finish(False, "nothing on screen relates to the goal and there is no way back")
 
