@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from planner.errors import PlannerConfigError
@@ -93,6 +93,23 @@ class ModelProfile:
 
 _BUDGET = {"budget": INTERLEAVED_THINKING_BETA}
 
+# Claude Opus 5.5, Sonnet 5.5, Fable, Mythos: adaptive thinking always on (also when `thinking`
+# is left out; `disabled` and `enabled` are 400s), so thinking "off" is refused at start; a
+# forced tool choice is an error whatever the thinking.
+_ALWAYS_THINKS = ModelProfile(
+    "claude-always-thinks",
+    "anthropic",
+    frozenset({"adaptive"}),
+    thinking_off=None,
+    off_per_call=False,
+    forced_tool_choice=False,
+    display_default="omitted",
+    visible_display="summarized",
+    efforts=CLAUDE_47_EFFORTS,
+    max_output_tokens=128000,
+    prompt_cache=True,
+)
+
 PROFILES: dict[str, ModelProfile] = {
     p.name: p
     for p in (
@@ -150,38 +167,12 @@ PROFILES: dict[str, ModelProfile] = {
             max_output_tokens=128000,
             prompt_cache=True,
         ),
-        # Claude Opus 5.5, Sonnet 5.5, Fable, Mythos: adaptive thinking always on (also when
-        # `thinking` is left out; `disabled` and `enabled` are 400s), so thinking "off" is
-        # refused at start; a forced tool choice is an error whatever the thinking.
-        ModelProfile(
-            "claude-always-thinks",
-            "anthropic",
-            frozenset({"adaptive"}),
-            thinking_off=None,
-            off_per_call=False,
-            forced_tool_choice=False,
-            display_default="omitted",
-            visible_display="summarized",
-            efforts=CLAUDE_47_EFFORTS,
-            max_output_tokens=128000,
-            prompt_cache=True,
-        ),
+        _ALWAYS_THINKS,
         # A Claude version newer than this table (claude-opus-5-7, claude-haiku-6): treated as
         # the newest documented models behave (as `claude-always-thinks`), so a model that
         # thinks although told nothing is never taken for one that does not. An operator who
         # knows it can run without thinking names another profile.
-        ModelProfile(
-            "claude-newer",
-            "anthropic",
-            frozenset({"adaptive"}),
-            thinking_off=None,
-            off_per_call=False,
-            forced_tool_choice=False,
-            display_default="omitted",
-            visible_display="summarized",
-            efforts=CLAUDE_47_EFFORTS,
-            prompt_cache=True,
-        ),
+        replace(_ALWAYS_THINKS, name="claude-newer", max_output_tokens=None),
         ModelProfile(
             "anthropic-unknown",
             "anthropic",
