@@ -89,6 +89,7 @@ async def serve_cloud(
     """The real cloud replica. `observability`: "on" records metrics, serves them (the READY
     line's third word is the /metrics URL) and traces every span through a batch exporter;
     "off" records no metric and traces nothing; "default" records metrics, serves none."""
+    from cloud import gc_policy, supervised
     from cloud.server import build_server
     from cloud.settings import CloudSettings
 
@@ -104,10 +105,14 @@ async def serve_cloud(
         )
     )
     await server.start()
+    # What `amc cloud serve` adds around the server: the garbage collector's policy.
+    collector = gc_policy.start(server.settings.gc_freeze_seconds, server.settings.gc_thaw_seconds)
     served = server.serve_metrics("127.0.0.1:0") if observability == "on" else None
     _ready(f"{server.address} {served.url}" if served is not None else server.address)
     await _until_terminated()
     await server.stop(grace=1)
+    if collector is not None:
+        await supervised.stop([collector])
 
 
 class EchoLease(lease_service_pb2_grpc.LeaseServiceServicer):

@@ -210,6 +210,13 @@ class CloudMetrics:
             "Failed steps of the replica's background loops (dispatch, sweep, ...)",
             ("loop",),
         )
+        self.gc_pause = make(
+            Histogram,
+            "amc_cloud_gc_pause_seconds",
+            "Garbage collections (the event loop stands still during each), by generation",
+            ("generation",),
+            buckets=_DB,
+        )
         self.dispatch_paused = make(
             Gauge,
             "amc_cloud_dispatch_paused",

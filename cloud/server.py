@@ -41,7 +41,7 @@ from amc.v1 import (
     task_service_pb2,
     task_service_pb2_grpc,
 )
-from cloud import metrics, secret_box, supervised
+from cloud import gc_policy, metrics, secret_box, supervised
 from cloud.artifacts import ArtifactStore, open_artifact_store
 from cloud.authz import Authorization
 from cloud.boundary import Boundary
@@ -525,6 +525,7 @@ async def serve(settings: CloudSettings | None = None, say: Say | None = None) -
         await server.stop(0)
         raise
     server.serve_metrics()
+    collector = gc_policy.start(server.settings.gc_freeze_seconds, server.settings.gc_thaw_seconds)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -537,6 +538,8 @@ async def serve(settings: CloudSettings | None = None, say: Say | None = None) -
     await asyncio.wait({waiter, stopper}, return_when=asyncio.FIRST_COMPLETED)
     (say or log.info)("amc cloud stopping")
     await server.stop()
+    if collector is not None:
+        await supervised.stop([collector])
     for t in (waiter, stopper):
         t.cancel()
         with contextlib.suppress(asyncio.CancelledError):
