@@ -7,9 +7,10 @@ import datetime as dt
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
+from sqlalchemy import Engine
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
-from cloud.store.engine import create_engine
+from cloud.store.engine import create_engine, sqlite_loop_reader
 
 
 class Store:
@@ -26,6 +27,8 @@ class Store:
         self.is_postgres = engine.dialect.name == "postgresql"
         self._write_lock = asyncio.Lock() if self.is_sqlite else None
         self._sessions = async_sessionmaker(engine, expire_on_commit=False, autoflush=False)
+        #: SQLite file only: reads on the loop's own thread (`engine.sqlite_loop_reader`).
+        self.loop_reader: Engine | None = sqlite_loop_reader(engine)
 
     @classmethod
     def from_url(cls, url: str) -> Store:
@@ -55,4 +58,6 @@ class Store:
 
     async def close(self) -> None:
         """Dispose of the engine's pool."""
+        if self.loop_reader is not None:
+            self.loop_reader.dispose()
         await self.engine.dispose()

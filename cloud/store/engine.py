@@ -8,13 +8,17 @@ from typing import Any
 
 from alembic import command
 from alembic.config import Config
-from sqlalchemy import Connection, event, text
+from sqlalchemy import Connection, Engine, StaticPool, event, text
+from sqlalchemy import create_engine as create_sync_engine
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 import migrations
 
 SQLITE_BUSY_TIMEOUT_MS = 10_000
+#: How long a read on the event loop's own thread may wait for SQLite (`sqlite_loop_reader`):
+#: the loop stands still meanwhile, so briefly, and the caller reads the usual way instead.
+SQLITE_LOOP_READ_TIMEOUT_MS = 20
 #: PostgreSQL advisory lock held (for the migration's transaction) while a replica migrates, so
 #: replicas started at once on a fresh database migrate one after the other, not into each other.
 MIGRATION_LOCK_KEY = 0x616D63  # "amc"
@@ -55,6 +59,37 @@ def create_engine(url: str) -> AsyncEngine:
     return create_async_engine(
         url, pool_size=10, max_overflow=20, pool_pre_ping=True, hide_parameters=True
     )
+
+
+def _sqlite_reader_on_connect(dbapi_connection: Any, _record: Any) -> None:
+    cursor = dbapi_connection.cursor()
+    cursor.execute(f"PRAGMA busy_timeout={SQLITE_LOOP_READ_TIMEOUT_MS}")
+    cursor.execute("PRAGMA query_only=ON")
+    cursor.close()
+
+
+def sqlite_loop_reader(engine: AsyncEngine) -> Engine | None:
+    """A synchronous, read-only connection to `engine`'s SQLite file, for the event loop's own
+    thread; None for PostgreSQL or an in-memory database.
+
+    aiosqlite runs every statement in a worker thread: the statement, its cursor and the result
+    each cross threads, and with the loop busy the worker waits for the GIL at each crossing
+    (up to the 5 ms switch interval). For the renewal batch's one short read (decision 0070) that
+    handoff cost more than the read. A WAL reader never waits for the writer, so reading on
+    the loop thread does not stall it behind a write; `SQLITE_LOOP_READ_TIMEOUT_MS` bounds the
+    rare wait (a checkpoint), after which the caller reads through the async engine.
+    """
+    url = engine.url
+    if engine.dialect.name != "sqlite" or not url.database or url.database == ":memory:":
+        return None
+    reader = create_sync_engine(
+        url.set(drivername="sqlite+pysqlite"),
+        poolclass=StaticPool,
+        connect_args={"check_same_thread": False},
+        hide_parameters=True,
+    )
+    event.listen(reader, "connect", _sqlite_reader_on_connect)
+    return reader
 
 
 def alembic_config(url: str | None = None) -> Config:

@@ -11,15 +11,18 @@ from __future__ import annotations
 
 import datetime as dt
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import pytest
-from sqlalchemy import select, update
+from sqlalchemy import create_engine, select, update
+from sqlalchemy.ext.asyncio import create_async_engine
 
 from cloud.events import EventBus
 from cloud.lease.batcher import RenewalBatcher
 from cloud.settings import CloudSettings
 from cloud.store import convert, leases, states, tasks
 from cloud.store.database import Store
+from cloud.store.engine import sqlite_loop_reader
 from cloud.store.models import AttemptRow, TaskRow
 
 #: Write when less than half the lease is left (the tests set the margin themselves).
@@ -283,3 +286,31 @@ async def test_renewals_answered_from_the_read_are_counted_at_the_next_write(sto
     outs = await leases.write_renewals(store, twice)
     assert all(o.written for o in outs)
     assert (await _row(store, c.task_id)).renewals == 9
+
+
+async def test_sqlite_reads_on_the_loop_thread_and_falls_back_when_it_cannot(
+    store: Store, tmp_path: Path
+) -> None:
+    """On a SQLite file the batch's read runs on the loop's own thread (`Store.loop_reader`);
+    when that connection cannot read (here: its file cannot be opened, a real SQLite error),
+    the read goes through the async engine and the answer is the same. PostgreSQL has none."""
+    if store.is_postgres:
+        assert store.loop_reader is None
+        return
+    assert store.loop_reader is not None
+    c = await _lease(store)
+    (direct,) = await leases.answer_from_read(store, [_item(c)], HALF)
+    assert direct is not None
+    assert direct.expires_at == (await _row(store, c.task_id)).lease_expires_at
+    working, store.loop_reader = store.loop_reader, create_engine(f"sqlite:///{tmp_path}")
+    try:
+        (fallback,) = await leases.answer_from_read(store, [_item(c)], HALF)
+    finally:
+        store.loop_reader.dispose()
+        store.loop_reader = working
+    assert fallback == direct
+
+
+def test_an_in_memory_sqlite_database_has_no_loop_reader() -> None:
+    """A second connection would see another (empty) in-memory database: no loop reader."""
+    assert sqlite_loop_reader(create_async_engine("sqlite+aiosqlite://")) is None

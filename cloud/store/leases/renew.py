@@ -12,6 +12,7 @@ without failing the others in its batch.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import json
 from collections.abc import Container
@@ -35,6 +36,7 @@ from sqlalchemy import (
     text,
     update,
 )
+from sqlalchemy.exc import OperationalError
 
 from cloud.store import states
 from cloud.store.database import Store
@@ -159,7 +161,13 @@ async def _read_live(store: Store, task_ids: list[str]) -> dict[str, Row[Any]]:
     """The live attempt of each of `task_ids` (at most one per task), as one committed snapshot.
 
     Not a write transaction: on SQLite it does not wait for the store's write lock (WAL readers
-    never block the writer), on PostgreSQL it runs in autocommit (no BEGIN/COMMIT round trips)."""
+    never block the writer) and runs on the loop's own thread (`Store.loop_reader`), on
+    PostgreSQL it runs in autocommit (no BEGIN/COMMIT round trips)."""
+    if store.loop_reader is not None:
+        # Busy for a moment (OperationalError): read the usual way below.
+        with contextlib.suppress(OperationalError), store.loop_reader.connect() as sync:
+            found = sync.execute(_LIVE_SQLITE, {"task_ids": json.dumps(task_ids)})
+            return {row.task_id: row for row in found}
     async with store.engine.connect() as conn:
         if store.is_postgres:
             conn = await conn.execution_options(isolation_level="AUTOCOMMIT")
