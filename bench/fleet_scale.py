@@ -36,7 +36,7 @@ import psycopg
 from sqlalchemy.engine import make_url
 
 from amc.v1 import progress_service_pb2
-from bench import resources
+from bench import cpu_quota, resources
 from bench.cloud_client import operator, submit_many
 from bench.procstat import cpu_seconds, rss_kb
 from bench.report import Section, percentile
@@ -45,6 +45,9 @@ from bench.sim_hosts import Fleet, WorkerConfig, host_ids, sent_at, split
 
 SERVER_CPUS = "0"
 HOST_CPUS = frozenset({1})
+#: The share of CPU 0 each replica gets in the replicas part (`bench.cpu_quota`): two replicas
+#: then use at most 0.8 of it, as two small machines would, and the hosts keep CPU 1.
+REPLICA_CPUS = 0.4
 
 
 @dataclass(slots=True)
@@ -300,12 +303,22 @@ def scale(section: Section, url: str, pki_dir: Path, sizes: Sizes, pin: bool) ->
 
 
 def _sat(
-    url: str, pki_dir: Path, ids: list[str], sizes: Sizes, pin: bool, replicas: int
+    url: str,
+    pki_dir: Path,
+    ids: list[str],
+    sizes: Sizes,
+    pin: bool,
+    replicas: int,
+    quota: float | None,
 ) -> tuple[float, float, Window]:
-    """Closed loop against `replicas` replicas: (renewals/s, p99 ms, window)."""
+    """Closed loop against `replicas` replicas, each under a CPU `quota` when given:
+    (renewals/s, p99 ms, window)."""
     db = Database(url)
     with contextlib.ExitStack() as stack:
         clouds = [stack.enter_context(_cloud(url, pki_dir, pin)) for _ in range(replicas)]
+        if quota is not None:
+            for i, c in enumerate(clouds):
+                stack.enter_context(cpu_quota.limited(c.pid, quota, f"replica{i}"))
         fleet = _fleet([c.address for c in clouds], pki_dir, ids, sizes, pin)
         try:
             fleet.start(timeout=300)
@@ -324,8 +337,9 @@ def replicas(section: Section, pki_dir: Path, sizes: Sizes, pin: bool) -> None:
     """Part 2: one replica, then two on one PostgreSQL, the same closed-loop hosts."""
     ids = host_ids(sizes.sat_hosts, "repl")
     resources.pki(ids)
-    one = _sat(resources.postgres_url(), pki_dir, ids, sizes, pin, 1)
-    two = _sat(resources.postgres_url(), pki_dir, ids, sizes, pin, 2)
+    quota = REPLICA_CPUS if pin and cpu_quota.available() else None
+    one = _sat(resources.postgres_url(), pki_dir, ids, sizes, pin, 1, quota)
+    two = _sat(resources.postgres_url(), pki_dir, ids, sizes, pin, 2, quota)
     for label, (per_s, p99, w) in (("one replica", one), ("two replicas", two)):
         section.add(
             f"replicas: {label}, closed-loop renewals/s",
@@ -333,9 +347,25 @@ def replicas(section: Section, pki_dir: Path, sizes: Sizes, pin: bool) -> None:
             "/s",
             baseline=round(one[0], 1),
             baseline_name="one replica",
-            note=f"p99 {p99:,.0f} ms; replicas' CPU {w.cloud_cpu / w.seconds:.0%} of one core; "
+            note=f"p99 {p99:,.0f} ms; replicas' CPU {w.cloud_cpu / w.seconds:.0%} of one core"
+            + (f" (each at most {quota:.0%}: a CFS quota)" if quota is not None else "")
+            + f"; RSS {' + '.join(f'{k / 1024:,.0f}' for k in w.rss_kib)} MiB; "
             f"database CPU {w.db_cpu / w.seconds:.0%}, WAL {w.wal_bytes / w.seconds / 1024:,.0f} "
             f"KiB/s, {w.commits / w.seconds:,.0f} commits/s, {w.connections} connections",
+        )
+    per_s, _, w = two
+    renewals = per_s * w.seconds
+    if renewals and w.db_cpu > 0:
+        db_cpu_per_k = w.db_cpu / renewals * 1000
+        section.add(
+            "replicas: database CPU-s / 1,000 renewals",
+            round(db_cpu_per_k, 3),
+            "s",
+            note=f"WAL {w.wal_bytes / renewals:,.0f} B and {w.commits / renewals:.2f} commits per "
+            f"renewal (two replicas): one database core is used up near "
+            f"{1000 / db_cpu_per_k:,.0f} renewals/s of this mix (1 host in "
+            f"{sizes.hot_every} changing progress), and each replica holds up to 31 connections "
+            "(pool 10 + 20 overflow, LISTEN)",
         )
 
 
@@ -373,11 +403,22 @@ def run(
         f"{sizes.interval:g} s, and a renewal that changes nothing is answered from a read "
         "(decision 0070)."
         + (
-            " Replicas pinned to CPU 0 (two replicas share it), simulated hosts to CPU 1 "
-            "(taskset / sched_setaffinity); PostgreSQL and the benchmark's own watcher unpinned: "
-            "on two CPUs, two replicas cannot show that they add up."
+            " Replicas pinned to CPU 0, simulated hosts to CPU 1 (taskset / sched_setaffinity); "
+            "PostgreSQL and the benchmark's own watcher unpinned."
             if pin
             else ""
+        )
+        + (
+            f" In the replicas part each replica runs under a CFS quota of {REPLICA_CPUS:.0%} of "
+            "a CPU (its own cgroup, `bench/cpu_quota.py`): a small machine per replica, so that "
+            "two replicas have twice the CPU of one on a machine with two cores."
+            if pin and cpu_quota.available() and "replicas" in parts
+            else (
+                " No writable cgroup cpu controller: the replicas share CPU 0 and cannot show "
+                "that they add up."
+                if "replicas" in parts
+                else ""
+            )
         )
     )
     section.seconds = time.monotonic() - t0
