@@ -28,9 +28,13 @@ def _root() -> tuple[Path, bool] | None:
     """(the directory new groups go in, whether it is cgroup v2), if writable."""
     if (_V1 / "cpu.cfs_quota_us").exists() and os.access(_V1, os.W_OK):
         return _V1, False
-    if (_V2 / "cgroup.controllers").exists() and os.access(_V2, os.W_OK):
-        if "cpu" in (_V2 / "cgroup.controllers").read_text().split():
-            return _V2, True
+    controllers = _V2 / "cgroup.controllers"
+    if (
+        controllers.exists()
+        and os.access(_V2, os.W_OK)
+        and "cpu" in controllers.read_text().split()
+    ):
+        return _V2, True
     return None
 
 
@@ -64,4 +68,3 @@ def limited(pid: int, cpus: float, name: str) -> Iterator[None]:
             (root / "cgroup.procs").write_text(str(pid))
         with contextlib.suppress(OSError):
             group.rmdir()
-
