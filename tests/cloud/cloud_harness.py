@@ -143,8 +143,12 @@ class ScriptedHost:
         try:
             await self.call.write(hello(serials, held, process_id))
         except grpc.aio.AioRpcError as exc:  # refused before the hello went out
+            # A write that races the server ending the call fails with the transport's own
+            # error ("Internal error from Core"); the call's status is what the server said.
             self.error = exc
-            raise AssertionError(f"stream ended: {exc}") from exc
+            async with asyncio.timeout(10):
+                code, details = await self.call.code(), await self.call.details()
+            raise AssertionError(f"stream ended: {code} {details} ({exc})") from exc
         self._reader = asyncio.create_task(self._read())
         msg = await self.next("welcome")
         return msg.welcome
