@@ -1,4 +1,5 @@
-"""One connected host as this replica sees it: its outbox and which of its phones are busy."""
+"""One connected host as this replica sees it: its outbox (what the cloud pushes unasked) and
+which of its phones are busy."""
 
 from __future__ import annotations
 
@@ -40,6 +41,8 @@ class HostSession:
     busy: set[str] = field(default_factory=set)
     stream_id: str = field(default_factory=lambda: uuid.uuid4().hex)
     outbox: asyncio.Queue[lease_pb.LeaseResponse | Closing] = field(default_factory=asyncio.Queue)
+    #: Held around each write: the reader answers and the outbox's pushes share the stream.
+    write_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     dispatch_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     dispatch_pending: bool = False
     #: Phones offered to a claim whose outcome is unknown (the database failed mid-commit): a
@@ -66,7 +69,8 @@ class HostSession:
         )
 
     def send(self, message: lease_pb.LeaseResponse) -> None:
-        """Queue a message for the host (dropped once the stream is closing)."""
+        """Push a message to the host (dropped once the stream is closing); answers to the host's
+        own messages are written by the stream's reader, not queued here."""
         if not self.closed:
             self.outbox.put_nowait(message)
 

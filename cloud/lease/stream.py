@@ -1,10 +1,14 @@
 """LeaseService.Lease: one bidirectional stream per host, identity from the client certificate
 (only hosts get here: `cloud.authz`).
 
-The handler reads in one task and writes in the other (no thread): the reader validates and
-handles each host message in order, the writer drains the session's outbox, into which the reader,
-the dispatcher and revocations all put messages. A message that does not parse (`wire.Malformed`)
-or fails a check is answered with `Rejected` and the stream stays up.
+Two tasks per stream, no thread. The reader validates and handles each host message in order
+and writes its answer itself (a renewal's `Renewed` goes out from the task that read the
+renewal: no hand-off per message, which was a tenth of a renewal's cost); the handler's own task
+drains the session's outbox, where the dispatcher, revocations and shutdown put what the cloud
+pushes unasked. Both write under the session's write lock (gRPC takes one message at a time). The
+host hears the Welcome and what its hello settled before any answer, answers in the order of its
+messages, and each push after everything decided before it. A message that does not parse
+(`wire.Malformed`) or fails a check is answered with `Rejected` and the stream stays up.
 """
 
 from __future__ import annotations
@@ -28,6 +32,14 @@ from telemetry import logs
 log = logging.getLogger(__name__)
 
 _INVALID = grpc.StatusCode.INVALID_ARGUMENT.value[0]
+
+
+async def _finish(task: asyncio.Task[None] | None) -> None:
+    """Cancel `task` and wait until it has ended (it may hold the write lock)."""
+    if task is not None and not task.done():
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await task
 
 
 def _rejected(message: str, task_id: str = "") -> lease_pb.LeaseResponse:
@@ -67,20 +79,25 @@ class LeaseServicer(lease_service_pb2_grpc.LeaseServiceServicer):
         if hello is None:
             return
         session = await self._manager.open(host_id, hello, authz.caller_serial())
-        reader = asyncio.create_task(self._read(session, context), name=f"lease-read-{host_id}")
+        reader: asyncio.Task[None] | None = None
         try:
             while True:
+                # What the hello settled (Welcome, resumed and refused leases) goes out before
+                # the reader starts answering.
+                if reader is None and session.outbox.empty():
+                    reader = asyncio.create_task(
+                        self._read(session, context), name=f"lease-read-{host_id}"
+                    )
                 item = await session.outbox.get()
                 if isinstance(item, Closing):
-                    reader.cancel()
+                    await _finish(reader)  # no answer half-written under the status
                     if item.code != grpc.StatusCode.OK:
                         await context.abort(item.code, item.message)
                     return
-                await context.write(item)
+                async with session.write_lock:
+                    await context.write(item)
         finally:
-            reader.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await reader
+            await _finish(reader)
             await self._manager.closed(session)
 
     async def _await_hello(
@@ -110,6 +127,7 @@ class LeaseServicer(lease_service_pb2_grpc.LeaseServiceServicer):
         context: grpc.aio.ServicerContext[lease_pb.LeaseRequest, lease_pb.LeaseResponse],
     ) -> None:
         manager = self._manager
+        lock = session.write_lock
         try:
             while True:
                 msg = await context.read()
@@ -117,23 +135,26 @@ class LeaseServicer(lease_service_pb2_grpc.LeaseServiceServicer):
                     break
                 manager.touch(session)
                 if isinstance(msg, wire.Malformed):
-                    session.send(_rejected(msg.problem))
-                    continue
-                assert isinstance(msg, lease_pb.LeaseRequest)
-                try:
-                    await self._handle(session, msg)
-                except asyncio.CancelledError:
-                    raise
-                except Exception as exc:
-                    # The boundary's mapping, answered in-stream: UNAVAILABLE (the database is
-                    # down: the host sends it again) or INTERNAL, never the driver's text.
-                    errors.report(log, "handling a message from %s failed", exc, session.host_id)
-                    code, message = status_for(exc)
-                    session.send(
-                        lease_pb.LeaseResponse(
+                    reply: lease_pb.LeaseResponse | None = _rejected(msg.problem)
+                else:
+                    assert isinstance(msg, lease_pb.LeaseRequest)
+                    try:
+                        reply = await self._handle(session, msg)
+                    except asyncio.CancelledError:
+                        raise
+                    except Exception as exc:
+                        # The boundary's mapping, answered in-stream: UNAVAILABLE (the database
+                        # is down: the host sends it again) or INTERNAL, never the driver's text.
+                        errors.report(
+                            log, "handling a message from %s failed", exc, session.host_id
+                        )
+                        code, message = status_for(exc)
+                        reply = lease_pb.LeaseResponse(
                             rejected=lease_pb.Rejected(code=code.value[0], message=message)
                         )
-                    )
+                if reply is not None and not session.closed:
+                    async with lock:
+                        await context.write(reply)
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # the transport broke
@@ -141,44 +162,40 @@ class LeaseServicer(lease_service_pb2_grpc.LeaseServiceServicer):
         # End of the host's side: finish the writer too.
         session.close(grpc.StatusCode.OK, "")
 
-    async def _handle(self, session: HostSession, msg: lease_pb.LeaseRequest) -> None:
+    async def _handle(
+        self, session: HostSession, msg: lease_pb.LeaseRequest
+    ) -> lease_pb.LeaseResponse | None:
+        """The answer to one host message (None: it needs none)."""
         kind = msg.WhichOneof("kind")
         manager = self._manager
         if kind == "renewal":
             problem = validate.renewal(msg.renewal)
             if problem:
-                session.send(_rejected(problem, msg.renewal.task_id))
-                return
-            session.send(await manager.renew(session, msg.renewal))
-        elif kind == "result":
+                return _rejected(problem, msg.renewal.task_id)
+            return await manager.renew(session, msg.renewal)
+        if kind == "result":
             problem = validate.result(msg.result)
             if problem:
-                session.send(_rejected(problem, msg.result.task_id))
-                return
+                return _rejected(problem, msg.result.task_id)
             with logs.bound(task_id=msg.result.task_id, attempt=msg.result.attempt):
-                session.send(await manager.result(session, msg.result))
-        elif kind == "device_update":
+                return await manager.result(session, msg.result)
+        if kind == "device_update":
             problem = validate.device_update(msg.device_update)
             if problem:
-                session.send(_rejected(problem))
-                return
+                return _rejected(problem)
             await manager.device_update(session, msg.device_update)
-        elif kind == "outbox":
+            return None
+        if kind == "outbox":
             problem = validate.outbox(msg.outbox, "outbox")
             if problem:
-                session.send(_rejected(problem))
-                return
+                return _rejected(problem)
             await manager.outbox(session, msg.outbox)
-        elif kind == "hello":
-            session.send(
-                lease_pb.LeaseResponse(
-                    rejected=lease_pb.Rejected(
-                        code=grpc.StatusCode.FAILED_PRECONDITION.value[0],
-                        message="hello: only the first message may be a hello",
-                    )
+            return None
+        if kind == "hello":
+            return lease_pb.LeaseResponse(
+                rejected=lease_pb.Rejected(
+                    code=grpc.StatusCode.FAILED_PRECONDITION.value[0],
+                    message="hello: only the first message may be a hello",
                 )
             )
-        else:
-            session.send(
-                _rejected("kind: exactly one of hello, renewal, result, device_update, outbox")
-            )
+        return _rejected("kind: exactly one of hello, renewal, result, device_update, outbox")

@@ -176,7 +176,14 @@ class AttemptRow(Base):
             sqlite_where=text("ended_at IS NULL"),
             postgresql_where=text("ended_at IS NULL"),
         ),
-        Index("ix_attempts_live_expiry", "ended_at", "lease_expires_at"),
+        # The expiry sweep's walk of live leases. Partial, so that `ended_at IS NULL` alone never
+        # sends a query naming a few tasks or hosts through every live attempt (migration 0013).
+        Index(
+            "ix_attempts_live_expiry",
+            "lease_expires_at",
+            sqlite_where=text("ended_at IS NULL"),
+            postgresql_where=text("ended_at IS NULL"),
+        ),
     )
 
 
