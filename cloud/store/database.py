@@ -4,13 +4,18 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from typing import TypeVar
 
 from sqlalchemy import Engine
+from sqlalchemy.exc import OperationalError
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
+from sqlalchemy.orm import Session, sessionmaker
 
-from cloud.store.engine import create_engine, sqlite_loop_reader
+from cloud.store.engine import create_engine, sqlite_loop_reader, sqlite_loop_writer
+
+T = TypeVar("T")
 
 
 class Store:
@@ -29,6 +34,13 @@ class Store:
         self._sessions = async_sessionmaker(engine, expire_on_commit=False, autoflush=False)
         #: SQLite file only: reads on the loop's own thread (`engine.sqlite_loop_reader`).
         self.loop_reader: Engine | None = sqlite_loop_reader(engine)
+        #: SQLite file only: short writes on the loop's own thread (`write_on_loop`).
+        self.loop_writer: Engine | None = sqlite_loop_writer(engine)
+        self._loop_sessions = (
+            sessionmaker(self.loop_writer, expire_on_commit=False, autoflush=False)
+            if self.loop_writer is not None
+            else None
+        )
 
     @classmethod
     def from_url(cls, url: str) -> Store:
@@ -50,6 +62,27 @@ class Store:
         async with self._write_lock, self._sessions.begin() as session:
             yield session
 
+    async def write_on_loop(self, work: Callable[[Session], T]) -> T:
+        """`work` in a write transaction (committed if it returns, rolled back if it raises).
+
+        On a SQLite file it runs on the loop's own thread (`engine.sqlite_loop_writer`), under
+        the store's write lock: for short, hot transactions only (the loop stands still while
+        it runs). Should SQLite refuse there (another process writing past the short timeout,
+        any OperationalError), the transaction is rolled back and `work` runs again through
+        the async engine, whose errors are the caller's. Elsewhere it always runs that way.
+        """
+        if self._loop_sessions is None or self._write_lock is None:
+            async with self.write() as session:
+                return await session.run_sync(work)
+        async with self._write_lock:
+            try:
+                with self._loop_sessions.begin() as sync:
+                    return work(sync)
+            except OperationalError:
+                pass
+            async with self._sessions.begin() as session:
+                return await session.run_sync(work)
+
     @asynccontextmanager
     async def read(self) -> AsyncIterator[AsyncSession]:
         """A session for reads only."""
@@ -58,6 +91,7 @@ class Store:
 
     async def close(self) -> None:
         """Dispose of the engine's pool."""
-        if self.loop_reader is not None:
-            self.loop_reader.dispose()
+        for engine in (self.loop_reader, self.loop_writer):
+            if engine is not None:
+                engine.dispose()
         await self.engine.dispose()

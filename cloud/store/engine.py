@@ -19,6 +19,9 @@ SQLITE_BUSY_TIMEOUT_MS = 10_000
 #: How long a read on the event loop's own thread may wait for SQLite (`sqlite_loop_reader`):
 #: the loop stands still meanwhile, so briefly, and the caller reads the usual way instead.
 SQLITE_LOOP_READ_TIMEOUT_MS = 20
+#: The same bound for a write on the loop's thread (`sqlite_loop_writer`): in-process writers
+#: are serialised before SQLite sees them, so only another process's write makes it wait.
+SQLITE_LOOP_WRITE_TIMEOUT_MS = 20
 #: PostgreSQL advisory lock held (for the migration's transaction) while a replica migrates, so
 #: replicas started at once on a fresh database migrate one after the other, not into each other.
 MIGRATION_LOCK_KEY = 0x616D63  # "amc"
@@ -90,6 +93,43 @@ def sqlite_loop_reader(engine: AsyncEngine) -> Engine | None:
     )
     event.listen(reader, "connect", _sqlite_reader_on_connect)
     return reader
+
+
+def _sqlite_writer_on_connect(dbapi_connection: Any, _record: Any) -> None:
+    cursor = dbapi_connection.cursor()
+    cursor.execute(f"PRAGMA busy_timeout={SQLITE_LOOP_WRITE_TIMEOUT_MS}")
+    cursor.execute("PRAGMA synchronous=NORMAL")
+    cursor.execute("PRAGMA foreign_keys=ON")
+    # A checkpoint copies the WAL into the database file and syncs it: the store's other
+    # connections do that on their commits, off the loop's thread.
+    cursor.execute("PRAGMA wal_autocheckpoint=0")
+    cursor.close()
+
+
+def sqlite_loop_writer(engine: AsyncEngine) -> Engine | None:
+    """A synchronous connection to `engine`'s SQLite file for short write transactions on the
+    event loop's own thread (the renewal batch's); None for PostgreSQL or an in-memory database.
+
+    Through aiosqlite each statement of a write batch crossed to the worker thread and back,
+    waiting for the GIL at each crossing while the loop served thousands of streams: a batch
+    of renewals took 45 ms (p50) for about a millisecond of SQLite's work, and the renewals
+    waiting on it made the acknowledgement tail (bench/lease_capacity.py). With synchronous=
+    NORMAL a WAL commit does not sync, and this connection never checkpoints, so its
+    transactions do not wait on the disk. `Store.write_on_loop` takes the store's write lock
+    first (no in-process writer holds SQLite's), so only another process can make it wait, for
+    at most `SQLITE_LOOP_WRITE_TIMEOUT_MS`, after which the work runs through the async engine.
+    """
+    url = engine.url
+    if engine.dialect.name != "sqlite" or not url.database or url.database == ":memory:":
+        return None
+    writer = create_sync_engine(
+        url.set(drivername="sqlite+pysqlite"),
+        poolclass=StaticPool,
+        connect_args={"check_same_thread": False},
+        hide_parameters=True,
+    )
+    event.listen(writer, "connect", _sqlite_writer_on_connect)
+    return writer
 
 
 def alembic_config(url: str | None = None) -> Config:

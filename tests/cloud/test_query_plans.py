@@ -39,10 +39,8 @@ def _capture(store: Store) -> list[tuple[str, Any]]:
     ) -> None:
         sent.append((statement, parameters[0] if many and parameters else parameters))
 
-    engines = [store.engine.sync_engine]
-    if store.loop_reader is not None:
-        engines.append(store.loop_reader)
-    for engine in engines:
+    for engine in (store.engine.sync_engine, store.loop_reader, store.loop_writer):
+        assert engine is not None
         event.listen(engine, "before_cursor_execute", seen)
     return sent
 

@@ -14,8 +14,9 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-from sqlalchemy import create_engine, select, update
+from sqlalchemy import create_engine, event, select, update
 from sqlalchemy.ext.asyncio import create_async_engine
+from sqlalchemy.orm import sessionmaker
 
 from cloud.events import EventBus
 from cloud.lease.batcher import RenewalBatcher
@@ -314,3 +315,37 @@ async def test_sqlite_reads_on_the_loop_thread_and_falls_back_when_it_cannot(
 def test_an_in_memory_sqlite_database_has_no_loop_reader() -> None:
     """A second connection would see another (empty) in-memory database: no loop reader."""
     assert sqlite_loop_reader(create_async_engine("sqlite+aiosqlite://")) is None
+
+
+async def test_sqlite_writes_renewals_on_the_loop_thread_and_falls_back_when_it_cannot(
+    store: Store, tmp_path: Path
+) -> None:
+    """On a SQLite file the renewal batch's write transaction runs on the loop's own thread
+    (`Store.write_on_loop`); when that connection cannot write (here: its file cannot be
+    opened, a real SQLite error), the transaction runs through the async engine instead, with
+    the same outcome. PostgreSQL has no loop writer."""
+    if store.is_postgres:
+        assert store.loop_writer is None
+        return
+    assert store.loop_writer is not None
+    sent: list[str] = []
+    event.listen(store.loop_writer, "before_cursor_execute", lambda *a: sent.append(a[2]))
+    c = await _lease(store)
+    assert any(s.startswith("UPDATE attempts") for s in sent)
+    (on_loop,) = await leases.write_renewals(store, [_item(c)])
+    assert on_loop.written and on_loop.expires_at == (await _row(store, c.task_id)).lease_expires_at
+    sent.clear()
+    working = store.loop_writer
+    broken = create_engine(f"sqlite:///{tmp_path}")  # a directory: SQLite cannot open it
+    store._loop_sessions = sessionmaker(broken)
+    try:
+        (fallback,) = await leases.write_renewals(store, [_item(c)])
+        (stale,) = await leases.write_renewals(store, [_item(c, lease_id="stale")])
+    finally:
+        broken.dispose()
+        store._loop_sessions = sessionmaker(working, expire_on_commit=False, autoflush=False)
+    assert not sent
+    assert fallback.written and fallback.expires_at is not None
+    assert fallback.expires_at > on_loop.expires_at
+    assert fallback.expires_at == (await _row(store, c.task_id)).lease_expires_at
+    assert stale.expires_at is None and stale.revocation == leases.Revocation.UNKNOWN

@@ -14,6 +14,7 @@ import enum
 
 from sqlalchemy import ColumnElement, select
 from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy.orm import Session
 
 from cloud.store import states
 from cloud.store.models import AttemptRow, TaskRow
@@ -64,11 +65,26 @@ async def classify(
     lease_id: str,
     now: dt.datetime,
 ) -> tuple[Revocation, str]:
-    """Why (task, attempt, lease) is not the caller's live lease, with a message for the host."""
-    task = await session.scalar(select(TaskRow).where(TaskRow.task_id == task_id))
+    """`classify_sync` in an async session."""
+    return await session.run_sync(
+        lambda sync: classify_sync(sync, host_id, task_id, attempt, lease_id, now)
+    )
+
+
+def classify_sync(
+    session: Session,
+    host_id: str,
+    task_id: str,
+    attempt: int,
+    lease_id: str,
+    now: dt.datetime,
+) -> tuple[Revocation, str]:
+    """Why (task, attempt, lease) is not the caller's live lease, with a message for the host
+    (in a synchronous session: the renewal batch's loop-thread write on SQLite)."""
+    task = session.scalar(select(TaskRow).where(TaskRow.task_id == task_id))
     if task is None:
         return Revocation.UNKNOWN, "unknown task"
-    row = await session.scalar(
+    row = session.scalar(
         select(AttemptRow).where(AttemptRow.task_id == task_id, AttemptRow.attempt == attempt)
     )
     if row is None or row.lease_id != lease_id:

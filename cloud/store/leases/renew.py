@@ -37,10 +37,11 @@ from sqlalchemy import (
     update,
 )
 from sqlalchemy.exc import OperationalError
+from sqlalchemy.orm import Session
 
 from cloud.store import states
 from cloud.store.database import Store
-from cloud.store.leases.fence import Revocation, classify
+from cloud.store.leases.fence import Revocation, classify, classify_sync
 from cloud.store.leases.progress import ProgressIn
 from cloud.store.models import AttemptRow, TaskRow, UTCDateTime
 
@@ -280,6 +281,13 @@ async def renew_batch(
 
 
 async def _renew_batch_sqlite(store: Store, items: list[RenewalIn]) -> list[RenewalOut]:
+    """`_renew_sqlite` in one write transaction, on the loop's own thread when it can
+    (`Store.write_on_loop`)."""
+    now = store.now()
+    return await store.write_on_loop(lambda session: _renew_sqlite(session, items, now))
+
+
+def _renew_sqlite(session: Session, items: list[RenewalIn], now: dt.datetime) -> list[RenewalOut]:
     """Write many renewals in one transaction: one executemany of the fenced UPDATE.
 
     Which renewals took effect is read back in the same transaction: an accepted renewal left its
@@ -288,88 +296,86 @@ async def _renew_batch_sqlite(store: Store, items: list[RenewalIn]) -> list[Rene
     cancel was requested is not extended (the host is revoked instead), so a cancelled task ends
     at the latest when its current lease runs out.
     """
-    now = store.now()
     out: list[RenewalOut | None] = [None] * len(items)
     renewed_tasks: set[str] = set()
-    async with store.write() as session:
-        rows = await session.execute(
-            select(TaskRow.task_id, TaskRow.lease_seconds).where(
-                TaskRow.task_id.in_({i.task_id for i in items})
+    rows = session.execute(
+        select(TaskRow.task_id, TaskRow.lease_seconds).where(
+            TaskRow.task_id.in_({i.task_id for i in items})
+        )
+    )
+    lease_by_task: dict[str, float] = {task_id: seconds for task_id, seconds in rows}
+    plain: list[dict[str, object]] = []
+    with_progress: list[dict[str, object]] = []
+    expected: dict[int, dt.datetime] = {}
+    for n, item in enumerate(items):
+        seconds = lease_by_task.get(item.task_id)
+        if seconds is None:
+            out[n] = RenewalOut(None, Revocation.UNKNOWN, "unknown task")
+            continue
+        expires = now + dt.timedelta(seconds=seconds)
+        expected[n] = expires
+        params: dict[str, object] = {
+            "r_task": item.task_id,
+            "r_attempt": item.attempt,
+            "r_lease": item.lease_id,
+            "r_host": item.host_id,
+            "r_now": now,
+            "r_expires": expires,
+            "r_counts": item.counts,
+        }
+        if item.progress is None:
+            plain.append(params)
+        else:
+            params.update(
+                r_step_index=item.progress.step_index,
+                r_step_status=item.progress.step_status,
+                r_summary=item.progress.summary,
+                r_max_steps=item.progress.max_steps,
+            )
+            with_progress.append(params)
+    conn = session.connection()
+    if plain:
+        conn.execute(_RENEW, plain)
+    if with_progress:
+        conn.execute(_RENEW_WITH_PROGRESS, with_progress)
+    live: dict[tuple[str, int, str, str], dt.datetime] = {}
+    if expected:
+        found = session.execute(
+            select(
+                AttemptRow.task_id,
+                AttemptRow.attempt,
+                AttemptRow.lease_id,
+                AttemptRow.host_id,
+                AttemptRow.lease_expires_at,
+            ).where(
+                AttemptRow.task_id.in_({items[n].task_id for n in expected}),
+                AttemptRow.ended_at.is_(None),
             )
         )
-        lease_by_task: dict[str, float] = {task_id: seconds for task_id, seconds in rows}
-        plain: list[dict[str, object]] = []
-        with_progress: list[dict[str, object]] = []
-        expected: dict[int, dt.datetime] = {}
-        for n, item in enumerate(items):
-            seconds = lease_by_task.get(item.task_id)
-            if seconds is None:
-                out[n] = RenewalOut(None, Revocation.UNKNOWN, "unknown task")
-                continue
-            expires = now + dt.timedelta(seconds=seconds)
-            expected[n] = expires
-            params: dict[str, object] = {
-                "r_task": item.task_id,
-                "r_attempt": item.attempt,
-                "r_lease": item.lease_id,
-                "r_host": item.host_id,
-                "r_now": now,
-                "r_expires": expires,
-                "r_counts": item.counts,
-            }
-            if item.progress is None:
-                plain.append(params)
-            else:
-                params.update(
-                    r_step_index=item.progress.step_index,
-                    r_step_status=item.progress.step_status,
-                    r_summary=item.progress.summary,
-                    r_max_steps=item.progress.max_steps,
-                )
-                with_progress.append(params)
-        conn = await session.connection()
-        if plain:
-            await conn.execute(_RENEW, plain)
-        if with_progress:
-            await conn.execute(_RENEW_WITH_PROGRESS, with_progress)
-        live: dict[tuple[str, int, str, str], dt.datetime] = {}
-        if expected:
-            found = await session.execute(
-                select(
-                    AttemptRow.task_id,
-                    AttemptRow.attempt,
-                    AttemptRow.lease_id,
-                    AttemptRow.host_id,
-                    AttemptRow.lease_expires_at,
-                ).where(
-                    AttemptRow.task_id.in_({items[n].task_id for n in expected}),
-                    AttemptRow.ended_at.is_(None),
-                )
+        live = {(t, a, lease, h): e for t, a, lease, h, e in found}
+    for n, expires in expected.items():
+        item = items[n]
+        if live.get((item.task_id, item.attempt, item.lease_id, item.host_id)) == expires:
+            out[n] = RenewalOut(expires, written=True)
+            renewed_tasks.add(item.task_id)
+        else:
+            reason, message = classify_sync(
+                session, item.host_id, item.task_id, item.attempt, item.lease_id, now
             )
-            live = {(t, a, lease, h): e for t, a, lease, h, e in found}
-        for n, expires in expected.items():
-            item = items[n]
-            if live.get((item.task_id, item.attempt, item.lease_id, item.host_id)) == expires:
-                out[n] = RenewalOut(expires, written=True)
-                renewed_tasks.add(item.task_id)
-            else:
-                reason, message = await classify(
-                    session, item.host_id, item.task_id, item.attempt, item.lease_id, now
-                )
-                out[n] = RenewalOut(None, reason, message)
-        if renewed_tasks:
-            await session.execute(
-                update(TaskRow)
-                .where(TaskRow.task_id.in_(renewed_tasks))
-                .values(
-                    updated_at=now,
-                    status=case(
-                        (TaskRow.status == states.ASSIGNED, states.RUNNING),
-                        else_=TaskRow.status,
-                    ),
-                )
-                .execution_options(synchronize_session=False)
+            out[n] = RenewalOut(None, reason, message)
+    if renewed_tasks:
+        session.execute(
+            update(TaskRow)
+            .where(TaskRow.task_id.in_(renewed_tasks))
+            .values(
+                updated_at=now,
+                status=case(
+                    (TaskRow.status == states.ASSIGNED, states.RUNNING),
+                    else_=TaskRow.status,
+                ),
             )
+            .execution_options(synchronize_session=False)
+        )
     return [o for o in out if o is not None]
 
 
