@@ -3,12 +3,12 @@
 
 Two tasks per stream, no thread. The reader validates and handles each host message in order
 and writes its answer itself (a renewal's `Renewed` goes out from the task that read the
-renewal: no hand-off per message, which was a tenth of a renewal's cost); the handler's own task
-drains the session's outbox, where the dispatcher, revocations and shutdown put what the cloud
-pushes unasked. Both write under the session's write lock (gRPC takes one message at a time). The
-host hears the Welcome and what its hello settled before any answer, answers in the order of its
-messages, and each push after everything decided before it. A message that does not parse
-(`wire.Malformed`) or fails a check is answered with `Rejected` and the stream stays up.
+renewal, with no hand-off through a queue); the handler's own task drains the session's outbox,
+where the dispatcher, revocations and shutdown put what the cloud pushes unasked. Both write
+under the session's write lock (gRPC takes one message at a time). The host hears the Welcome
+and what its hello settled before any answer, answers in the order of its messages, and each
+push after everything decided before it. A message that does not parse (`wire.Malformed`) or
+fails a check is answered with `Rejected` and the stream stays up.
 """
 
 from __future__ import annotations
