@@ -75,7 +75,8 @@ class Database:
         with psycopg.connect(self.dsn, autocommit=True) as conn:
             pid = conn.execute("SELECT pg_backend_pid()").fetchone()
             assert pid is not None
-        self.postmaster = _ppid(int(pid[0]))
+            # While the connection is open: its backend process exits with it.
+            self.postmaster = _ppid(int(pid[0]))
 
     def cpu(self) -> float:
         """CPU seconds of the postmaster and its live children (backends, WAL writer...)."""
