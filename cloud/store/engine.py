@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -82,17 +83,7 @@ def sqlite_loop_reader(engine: AsyncEngine) -> Engine | None:
     the loop thread does not stall it behind a write; `SQLITE_LOOP_READ_TIMEOUT_MS` bounds the
     rare wait (a checkpoint), after which the caller reads through the async engine.
     """
-    url = engine.url
-    if engine.dialect.name != "sqlite" or not url.database or url.database == ":memory:":
-        return None
-    reader = create_sync_engine(
-        url.set(drivername="sqlite+pysqlite"),
-        poolclass=StaticPool,
-        connect_args={"check_same_thread": False},
-        hide_parameters=True,
-    )
-    event.listen(reader, "connect", _sqlite_reader_on_connect)
-    return reader
+    return _sqlite_loop_engine(engine, _sqlite_reader_on_connect)
 
 
 def _sqlite_writer_on_connect(dbapi_connection: Any, _record: Any) -> None:
@@ -119,17 +110,26 @@ def sqlite_loop_writer(engine: AsyncEngine) -> Engine | None:
     first (no in-process writer holds SQLite's), so only another process can make it wait, for
     at most `SQLITE_LOOP_WRITE_TIMEOUT_MS`, after which the work runs through the async engine.
     """
+    return _sqlite_loop_engine(engine, _sqlite_writer_on_connect)
+
+
+def _sqlite_loop_engine(
+    engine: AsyncEngine, on_connect: Callable[[Any, Any], None]
+) -> Engine | None:
+    """One pysqlite connection to `engine`'s SQLite file, set up by `on_connect`, usable from the
+    loop's thread; None for PostgreSQL or an in-memory database (a second connection would see
+    another, empty, database)."""
     url = engine.url
     if engine.dialect.name != "sqlite" or not url.database or url.database == ":memory:":
         return None
-    writer = create_sync_engine(
+    sync = create_sync_engine(
         url.set(drivername="sqlite+pysqlite"),
         poolclass=StaticPool,
         connect_args={"check_same_thread": False},
         hide_parameters=True,
     )
-    event.listen(writer, "connect", _sqlite_writer_on_connect)
-    return writer
+    event.listen(sync, "connect", on_connect)
+    return sync
 
 
 def alembic_config(url: str | None = None) -> Config:
