@@ -1,13 +1,15 @@
 """Change events between the parts of one replica, and across replicas through PostgreSQL.
 
-Seven kinds of event travel: "these tasks changed" (watchers reload them), "these hosts
-changed" (fleet watchers reload them: connected, disconnected, phones), "tasks are queued"
-(dispatchers look for idle phones), "revoke this lease" (the replica holding the host's stream
-tells the host), "a host has a new stream" (a replica holding an older stream of that host
-replaces or supersedes it), "certificate revocations changed" (every replica reloads its
-deny-list and drops the streams it refuses now; `amc certs revoke` sends it from outside any
-replica, with `announce`), and live thinking text of a step being planned (watchers that asked
-for it show it; it is never stored). In one process they are delivered directly; on PostgreSQL
+Eight kinds of event travel: "these tasks changed" (watchers reload them), "these leases were
+extended, nothing else changed" (watchers on this replica show the new expiry; to other
+replicas it travels as a task change), "these hosts changed" (fleet watchers reload them:
+connected, disconnected, phones), "tasks are queued" (dispatchers look for idle phones),
+"revoke this lease" (the replica holding the host's stream tells the host), "a host has a new
+stream" (a replica holding an older stream of that host replaces or supersedes it),
+"certificate revocations changed" (every replica reloads its deny-list and drops the streams
+it refuses now; `amc certs revoke` sends it from outside any replica, with `announce`), and
+live thinking text of a step being planned (watchers that asked for it show it; it is never
+stored). In one process they are delivered directly; on PostgreSQL
 every replica also LISTENs on one channel and the publisher NOTIFYs it, batched into a few
 NOTIFY calls per flush so a burst of renewals costs a handful of round trips, not one each.
 """
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime as dt
 import json
 import logging
 import uuid
@@ -70,6 +73,15 @@ class RevokeEvent:
     ended: bool = False
 
 
+@dataclass(frozen=True, slots=True)
+class Extension:
+    """A lease renewed with nothing else about its task changed: its new expiry, and when."""
+
+    task_id: str
+    expires_at: dt.datetime
+    renewed_at: dt.datetime
+
+
 class Mailbox:
     """A watcher's mailbox of changed ids: coalesces, never overflows."""
 
@@ -120,6 +132,19 @@ class Subscription(Mailbox):
         self._wants_thinking = thinking
         self._task_id = task_id
         self._thinking: dict[tuple[str, int], str] = {}
+        self._extended: dict[str, Extension] = {}
+
+    def _offer_extended(self, extended: list[Extension]) -> None:
+        for e in extended:
+            if not self._task_id or e.task_id == self._task_id:
+                self._extended[e.task_id] = e
+                self._event.set()
+
+    def take_extended(self) -> list[Extension]:
+        """Lease extensions received since the last call, the newest of each task."""
+        out = list(self._extended.values())
+        self._extended = {}
+        return out
 
     def _offer_thinking(self, task_id: str, attempt: int, delta: str) -> None:
         if not self._wants_thinking or (self._task_id and task_id != self._task_id):
@@ -201,6 +226,16 @@ class EventBus:
             return
         self._deliver_changed(task_ids)
         self._remote({"k": "t", "ids": task_ids})
+
+    def leases_extended(self, extended: list[Extension]) -> None:
+        """Leases were extended and nothing else about their tasks changed: watchers here
+        show the new expiry without reloading the tasks (nearly every renewal write at the
+        default interval is one); other replicas' watchers reload them (a task change)."""
+        if not extended:
+            return
+        for sub in list(self._subs):
+            sub._offer_extended(extended)
+        self._remote({"k": "t", "ids": [e.task_id for e in extended]})
 
     def hosts_changed(self, host_ids: list[str], *, local_only: bool = False) -> None:
         """Hosts changed (hello, phones, stream closed). `local_only` for changes every replica

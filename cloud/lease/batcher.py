@@ -12,6 +12,9 @@ heartbeat), unchanged renewals are still answered. A lease with a renewal queued
 written again, never answered from a read, so a lease's renewals land in the order they came.
 Renewals answered from a read are counted in the attempt's `renewals` by the lease's next write
 (`RenewalIn.counts`); those after its last write are not counted when the attempt ends first.
+Watchers reload the tasks whose writes were news; a write that only extended a lease tells them
+its new expiry instead (`EventBus.leases_extended`), which at the default renewal interval is
+nearly every write.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from collections import Counter
 from dataclasses import replace
 
 from cloud import metrics, supervised
-from cloud.events import EventBus
+from cloud.events import EventBus, Extension
 from cloud.store import leases
 from cloud.store.database import Store
 
@@ -103,7 +106,7 @@ class RenewalBatcher:
         """Stage one: answer from one read what needs no write, queue the rest for stage two."""
         items = [item for item, _ in batch]
         if self._write_below >= leases.ALWAYS_WRITE:
-            outcomes: list[leases.RenewalOut | None] = [None] * len(batch)
+            outcomes: list[leases.RenewalOut | leases.Must] = [leases.Must.NEWS] * len(batch)
         else:
             try:
                 outcomes = await leases.answer_from_read(
@@ -114,9 +117,11 @@ class RenewalBatcher:
                 return
         for (item, fut), out in zip(batch, outcomes, strict=True):
             key = leases.lease_key(item)
-            if out is None:
+            if isinstance(out, leases.Must):
                 self._pending[key] += 1
-                self._writes.append((replace(item, counts=1 + self._uncounted.pop(key, 0)), fut))
+                counts = 1 + self._uncounted.pop(key, 0)
+                extend_only = out is leases.Must.EXTEND
+                self._writes.append((replace(item, counts=counts, extend_only=extend_only), fut))
                 continue
             self._uncounted[key] += 1
             if not fut.done():
@@ -154,14 +159,18 @@ class RenewalBatcher:
         observed.db_batch_size.observe(len(batch))
         self.batches_written += 1
         changed: list[str] = []
+        extended: list[Extension] = []
         for (item, fut), out in zip(batch, outcomes, strict=True):
             if out.expires_at is None:
                 self._uncounted.pop(leases.lease_key(item), None)
-            if out.written:
+            elif out.written and item.extend_only and out.renewed_at is not None:
+                extended.append(Extension(item.task_id, out.expires_at, out.renewed_at))
+            elif out.written:
                 changed.append(item.task_id)
             if not fut.done():
                 fut.set_result(out)
         self._bus.tasks_changed(changed)
+        self._bus.leases_extended(extended)
 
     @staticmethod
     def _fail(batch: _Waiting, exc: Exception) -> None:

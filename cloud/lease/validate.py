@@ -47,10 +47,14 @@ def _lease_ref(prefix: str, task_id: str, attempt: int, lease_id: str) -> str | 
     return None
 
 
+#: Built once: `StepStatus.values()` makes a new list on every call (every renewal's progress).
+_STEP_STATUSES = frozenset(types_pb2.StepStatus.values())
+
+
 def _progress(field: str, p: types_pb2.Progress) -> str | None:
     if p.step_index < 0:
         return f"{field}.step_index: must be >= 0"
-    if p.step_status not in types_pb2.StepStatus.values():
+    if p.step_status not in _STEP_STATUSES:
         return f"{field}.step_status: unknown value {p.step_status}"
     if not 0 <= p.max_steps <= MAX_STEPS:
         return f"{field}.max_steps: must be 0 to {MAX_STEPS}"

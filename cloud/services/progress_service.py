@@ -7,17 +7,57 @@ from collections.abc import AsyncIterator
 import grpc
 
 from amc.v1 import progress_service_pb2 as pb
-from amc.v1 import progress_service_pb2_grpc
-from cloud.events import EventBus
+from amc.v1 import progress_service_pb2_grpc, types_pb2
+from cloud.events import EventBus, Extension
 from cloud.services.status import abort
 from cloud.store import convert, states, tasks
 from cloud.store.database import Store
+from cloud.store.tasks import TaskView
 
 _SNAPSHOT_CHUNK = 200
 
 
+class _Shown:
+    """The live tasks as one stream last sent them, to apply lease extensions to."""
+
+    def __init__(self) -> None:
+        self._tasks: dict[str, types_pb2.Task] = {}
+
+    def keep(self, view: TaskView) -> types_pb2.Task:
+        """`view` as the stream sends it, remembered while the task is not finished."""
+        task = convert.task(view, with_attempts=False)
+        if view.task.status in states.TERMINAL:
+            self._tasks.pop(task.task_id, None)
+        else:
+            self._tasks[task.task_id] = task
+        return task
+
+    def extend(self, e: Extension) -> types_pb2.Task | None:
+        """The task as sent with the extension applied (and remembered), or None when it must
+        be reloaded: not sent yet, or sent without a live lease. An extension no later than the
+        expiry sent (it raced a reload that read a newer one) leaves the task as sent."""
+        shown = self._tasks.get(e.task_id)
+        if shown is None or not shown.HasField("lease_expires_at"):
+            return None
+        expires = convert.ts(e.expires_at)
+        if expires.ToNanoseconds() <= shown.lease_expires_at.ToNanoseconds():
+            return shown
+        task = types_pb2.Task()
+        task.CopyFrom(shown)
+        task.lease_expires_at.CopyFrom(expires)
+        task.updated_at.CopyFrom(convert.ts(e.renewed_at))
+        self._tasks[e.task_id] = task
+        return task
+
+
 class ProgressServicer(progress_service_pb2_grpc.ProgressServiceServicer):
-    """Streams task changes; changes arriving faster than a watcher reads are coalesced."""
+    """Streams task changes; changes arriving faster than a watcher reads are coalesced.
+
+    A lease extension with nothing else changed (`EventBus.leases_extended`) is applied to the
+    task as this stream last sent it, not reloaded: at the default renewal interval nearly every
+    renewal extends a lease, and reloading each of those tasks was most of a 10,000-host
+    replica's watcher work (docs/benchmarks.md). A task this stream has not sent, or whose sent
+    form has no live lease, is reloaded."""
 
     def __init__(self, store: Store, bus: EventBus) -> None:
         self._store = store
@@ -32,6 +72,7 @@ class ProgressServicer(progress_service_pb2_grpc.ProgressServiceServicer):
         sub = self._bus.subscribe(
             thinking=request.include_thinking, task_id=request.task_id or None
         )
+        shown = _Shown()
         try:
             if request.task_id:
                 view = await tasks.get(self._store, request.task_id)
@@ -39,37 +80,44 @@ class ProgressServicer(progress_service_pb2_grpc.ProgressServiceServicer):
                     await abort(
                         context, grpc.StatusCode.NOT_FOUND, f"task {request.task_id} not found"
                     )
-                yield pb.WatchProgressResponse(
-                    task=convert.task(view, with_attempts=False), snapshot=True
-                )
+                yield pb.WatchProgressResponse(task=shown.keep(view), snapshot=True)
                 if view.task.status in states.TERMINAL:
                     return
             else:
                 ids = await tasks.active_task_ids(self._store)
                 for i in range(0, len(ids), _SNAPSHOT_CHUNK):
                     for view in await tasks.load_views(self._store, ids[i : i + _SNAPSHOT_CHUNK]):
-                        yield pb.WatchProgressResponse(
-                            task=convert.task(view, with_attempts=False), snapshot=True
-                        )
+                        yield pb.WatchProgressResponse(task=shown.keep(view), snapshot=True)
             while True:
                 changed = await sub.next()
+                extended = sub.take_extended()
                 for task_id, attempt, text in sub.take_thinking():
                     yield pb.WatchProgressResponse(
                         thinking=pb.LiveThinking(task_id=task_id, attempt=attempt, delta=text)
                     )
-                if request.task_id:
-                    if changed is not None and request.task_id not in changed:
-                        continue
-                    wanted = [request.task_id]
-                elif changed is None:  # anything may have changed: re-read every active task
-                    wanted = await tasks.active_task_ids(self._store)
+                if changed is None:  # anything may have changed: re-read (every active task)
+                    wanted = (
+                        [request.task_id]
+                        if request.task_id
+                        else await tasks.active_task_ids(self._store)
+                    )
                 else:
+                    if request.task_id:
+                        changed &= {request.task_id}
                     wanted = sorted(changed)
+                    for e in extended:  # of `request.task_id` only, when given
+                        if e.task_id in changed:
+                            continue  # reloaded below
+                        patched = shown.extend(e)
+                        if patched is None:
+                            wanted.append(e.task_id)
+                        else:
+                            yield pb.WatchProgressResponse(task=patched)
                 for i in range(0, len(wanted), _SNAPSHOT_CHUNK):
                     for view in await tasks.load_views(
                         self._store, wanted[i : i + _SNAPSHOT_CHUNK]
                     ):
-                        yield pb.WatchProgressResponse(task=convert.task(view, with_attempts=False))
+                        yield pb.WatchProgressResponse(task=shown.keep(view))
                         if request.task_id and view.task.status in states.TERMINAL:
                             return
         finally:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import sqlite3
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import TypeVar
@@ -78,8 +79,8 @@ class Store:
             try:
                 with self._loop_sessions.begin() as sync:
                     return work(sync)
-            except OperationalError:
-                pass
+            except (OperationalError, sqlite3.OperationalError):
+                pass  # SQLAlchemy's or, from work that uses the driver directly, sqlite3's
             async with self._sessions.begin() as session:
                 return await session.run_sync(work)
 

@@ -12,7 +12,7 @@ from sqlalchemy.orm import Session
 
 from cloud.store.database import Store
 from cloud.store.idlists import among
-from cloud.store.models import HostRow
+from cloud.store.models import HostRow, sqlite_text
 
 # A replica vouches for its streams every host_heartbeat_seconds; after this many missed beats
 # its hosts stop counting as connected (the replica probably died).
@@ -147,7 +147,7 @@ async def heartbeat(store: Store, replica_id: str, seen: dict[str, dt.datetime])
     # SQLite: one statement over a JSON array, on the loop's own thread (`Store.write_on_loop`).
     # An executemany through aiosqlite held the store's write lock for 0.2-0.6 s at 2,000 hosts
     # while its rows were converted and crossed threads, and renewal writes queued behind it.
-    touched = json.dumps([[host_id, _sqlite_text(at)] for host_id, at in seen.items()])
+    touched = json.dumps([[host_id, sqlite_text(at)] for host_id, at in seen.items()])
 
     def beat(session: Session) -> None:
         session.execute(_vouch(replica_id, now))
@@ -174,11 +174,6 @@ FROM json_each(:touched) AS t
 WHERE hosts.host_id = json_extract(t.value, '$[0]')
 """
 )
-
-
-def _sqlite_text(at: dt.datetime) -> str:
-    """An aware datetime as `UTCDateTime` stores it on SQLite (naive UTC, SQLAlchemy's text)."""
-    return at.astimezone(dt.UTC).strftime("%Y-%m-%d %H:%M:%S.%f")
 
 
 # On PostgreSQL the same update as one statement over two arrays: one round trip and one bound

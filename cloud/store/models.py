@@ -60,6 +60,12 @@ class UTCDateTime(TypeDecorator[dt.datetime]):
         return value.astimezone(dt.UTC)
 
 
+def sqlite_text(at: dt.datetime) -> str:
+    """An aware datetime as `UTCDateTime` stores it on SQLite (naive UTC, SQLAlchemy's text),
+    for statements that bind it themselves (the hot paths that bypass SQLAlchemy's binding)."""
+    return at.astimezone(dt.UTC).strftime("%Y-%m-%d %H:%M:%S.%f")
+
+
 class Base(DeclarativeBase):
     """Declarative base with a naming convention so migrations name constraints stably."""
 

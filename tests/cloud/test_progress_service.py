@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 from pathlib import Path
 from typing import Any
 
 import grpc
 import pytest
-from sqlalchemy import text
+from google.protobuf.duration_pb2 import Duration
+from sqlalchemy import text, update
 
 from amc.v1 import (
     decision_log_service_pb2,
@@ -21,8 +23,10 @@ from amc.v1 import (
 )
 from cloud.events import EventBus
 from cloud.server import CloudServer
+from cloud.store import tasks
 from cloud.store.database import Store
-from tests.cloud.cloud_harness import channel, submit
+from cloud.store.models import AttemptRow
+from tests.cloud.cloud_harness import ScriptedHost, channel, renewal, submit
 from tests.support.postgres import PostgresServer
 
 
@@ -117,3 +121,66 @@ async def test_watchers_reread_everything_after_the_listen_connection_drops(
     finally:
         await bus.stop()
         await store.close()
+
+
+async def test_a_lease_extension_reaches_watchers_without_reloading_the_task(
+    cloud: CloudServer, ops: Any, pki_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A renewal that only extends its lease (its progress as stored, the lease near expiry) is
+    shown to a fleet watcher and to a task watcher as the new expiry applied to the task they
+    were sent, without reloading the task; a renewal with new progress is reloaded. What both
+    show is what GetTask says. (`load_views` is wrapped only to count the reloads: every call
+    still reads the store.)"""
+    reloads: list[list[str]] = []
+    load_views = tasks.load_views
+
+    async def counted(store: Store, ids: list[str]) -> list[tasks.TaskView]:
+        reloads.append(list(ids))
+        return await load_views(store, ids)
+
+    monkeypatch.setattr(tasks, "load_views", counted)
+    host = ScriptedHost(cloud.address, pki_dir, "h1")
+    ch = channel(cloud.address, pki_dir, "operator-ops")
+    try:
+        stub: Any = progress_service_pb2_grpc.ProgressServiceStub(ch)
+        await host.connect(["p1"])
+        task = (await submit(ops, goal="renews", lease_duration=Duration(seconds=30))).task
+        a = (await host.next("assignment")).assignment
+        await host.send(renewal(a, 1, "step one"))  # ASSIGNED -> RUNNING: news
+        await host.next("renewed")
+        fleet = stub.WatchProgress(progress_service_pb2.WatchProgressRequest())
+        one = stub.WatchProgress(progress_service_pb2.WatchProgressRequest(task_id=task.task_id))
+        for call in (fleet, one):
+            first = await asyncio.wait_for(call.read(), 10)
+            assert first.snapshot and first.task.status == types_pb2.TASK_STATUS_RUNNING
+        reloads.clear()
+
+        near = cloud.store.now() + dt.timedelta(seconds=10)  # a third of the lease left
+        async with cloud.store.write() as db:
+            await db.execute(
+                update(AttemptRow)
+                .where(AttemptRow.task_id == task.task_id)
+                .values(lease_expires_at=near)
+            )
+        await host.send(renewal(a, 1, "step one"))
+        renewed = (await host.next("renewed")).renewed
+        assert renewed.lease_expires_at.ToDatetime(dt.UTC) > near
+        shown = [(await asyncio.wait_for(call.read(), 10)).task for call in (fleet, one)]
+        assert reloads == []
+        got = (await ops.GetTask(task_service_pb2.GetTaskRequest(task_id=task.task_id))).task
+        for t in shown:
+            assert t.lease_expires_at == renewed.lease_expires_at == got.lease_expires_at
+            assert t.updated_at == got.updated_at
+            assert (t.status, t.progress.summary) == (got.status, "step one")
+        reloads.clear()  # GetTask's
+
+        await host.send(renewal(a, 2, "step two"))
+        await host.next("renewed")
+        for call in (fleet, one):
+            assert (await asyncio.wait_for(call.read(), 10)).task.progress.summary == "step two"
+        assert sorted(reloads) == [[task.task_id], [task.task_id]]
+        fleet.cancel()
+        one.cancel()
+    finally:
+        await host.close()
+        await ch.close()

@@ -12,6 +12,7 @@ the same check there would test the row counts of the test, not the statement.
 from __future__ import annotations
 
 import sqlite3
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,7 @@ from sqlalchemy import event, inspect
 from cloud.store import leases, tasks
 from cloud.store.database import Store
 from cloud.store.engine import downgrade, upgrade
+from tests.cloud.sqlite_trace import trace
 
 HOSTS = 6
 
@@ -30,19 +32,22 @@ def sqlite_file(tmp_path: Path) -> Path:
     return tmp_path / "cloud.sqlite3"
 
 
-def _capture(store: Store) -> list[tuple[str, Any]]:
-    """Every statement (with its first parameter set) the store's engines send from now on."""
+def _capture(store: Store) -> Callable[[], list[tuple[str, Any]]]:
+    """What the store's engines send from now on: each statement with its first parameter set
+    (the loop-thread engines' as SQLite ran them, parameters inlined)."""
     sent: list[tuple[str, Any]] = []
+    ran: list[str] = []
 
     def seen(
         _conn: Any, _cursor: Any, statement: str, parameters: Any, _ctx: Any, many: bool
     ) -> None:
         sent.append((statement, parameters[0] if many and parameters else parameters))
 
-    for engine in (store.engine.sync_engine, store.loop_reader, store.loop_writer):
+    event.listen(store.engine.sync_engine, "before_cursor_execute", seen)
+    for engine in (store.loop_reader, store.loop_writer):
         assert engine is not None
-        event.listen(engine, "before_cursor_execute", seen)
-    return sent
+        trace(engine, ran)
+    return lambda: [*sent, *((statement, ()) for statement in ran)]
 
 
 def _walks_live_attempts(db: Path, statement: str, parameters: Any) -> list[str]:
@@ -73,7 +78,7 @@ async def test_renewal_batches_and_busy_phones_look_up_their_own_rows(sqlite_fil
     try:
         await upgrade(store.engine)
         claimed = await _leases(store)
-        sent = _capture(store)
+        captured = _capture(store)
         items = [
             leases.RenewalIn(f"h{i}", c.task_id, c.attempt, c.lease_id, None)
             for i, c in enumerate(claimed)
@@ -89,7 +94,7 @@ async def test_renewal_batches_and_busy_phones_look_up_their_own_rows(sqlite_fil
         assert busy == {f"h{i}": {"p"} for i in range(HOSTS)}
     finally:
         await store.close()
-    on_attempts = [(s, p) for s, p in sent if "attempts" in s and not s.startswith("INSERT")]
+    on_attempts = [(s, p) for s, p in captured() if "attempts" in s and not s.startswith("INSERT")]
     assert len(on_attempts) >= 4  # the read, the writes, the check after them, busy phones
     walks = {s: w for s, p in on_attempts if (w := _walks_live_attempts(sqlite_file, s, p))}
     assert not walks, walks

@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-from sqlalchemy import create_engine, event, select, update
+from sqlalchemy import create_engine, select, update
 from sqlalchemy.ext.asyncio import create_async_engine
 from sqlalchemy.orm import sessionmaker
 
@@ -25,6 +25,7 @@ from cloud.store import convert, leases, states, tasks
 from cloud.store.database import Store
 from cloud.store.engine import sqlite_loop_reader
 from cloud.store.models import AttemptRow, TaskRow
+from tests.cloud.sqlite_trace import trace
 
 #: Write when less than half the lease is left (the tests set the margin themselves).
 HALF = 0.5
@@ -152,6 +153,51 @@ async def test_changed_progress_is_stored_before_the_ack(store: Store, other: St
     assert d.written and (await _row(store, c.task_id)).max_steps == 40
 
 
+async def test_the_read_tells_a_mere_extension_from_news(store: Store) -> None:
+    """What watchers are told rests on this: a renewal whose write only moves the expiry is
+    `Must.EXTEND`; one that changes progress or status, or whose lease has a write pending or
+    news elsewhere in the batch, is `Must.NEWS`."""
+    fresh = await tasks.submit(
+        store,
+        tasks.NewTask(goal="g", max_attempts=3, lease_seconds=LEASE_S, timeout_seconds=3600),
+    )
+    assigned = await leases.claim(store, "h2", ["q"], 2)  # never renewed: still ASSIGNED
+    assert assigned is not None and assigned.task_id == fresh[0].task.task_id
+    c = await _lease(store)
+    p = leases.ProgressIn(1, 2, "one")
+    await leases.renew_batch(store, [_item(c, progress=p)], HALF)
+    await _set_expiry(store, c.task_id, LEASE_S * HALF - 1)
+    same, moved = _item(c, progress=p), _item(c, progress=leases.ProgressIn(2, 2, "two"))
+    read = leases.answer_from_read
+    assert await read(store, [same], HALF) == [leases.Must.EXTEND]
+    assert await read(store, [_item(c)], HALF) == [leases.Must.EXTEND]  # no progress: as stored
+    assert await read(store, [moved], HALF) == [leases.Must.NEWS]
+    assert await read(store, [same, moved], HALF) == [leases.Must.NEWS] * 2
+    assert await read(store, [same], HALF, {leases.lease_key(same)}) == [leases.Must.NEWS]
+    assert await read(store, [_item(assigned, "h2")], HALF) == [leases.Must.NEWS]
+    assert await read(store, [_item(c, lease_id="stale")], HALF) == [leases.Must.NEWS]
+    (far,) = await read(store, [same], 0.1)
+    assert isinstance(far, leases.RenewalOut) and not far.written
+
+
+async def test_a_written_renewal_without_progress_keeps_the_stored_progress(store: Store) -> None:
+    """A renewal that carries no progress extends the lease and counts itself, and leaves every
+    progress column as the last report stored it."""
+    c = await _lease(store)
+    p = leases.ProgressIn(3, 2, "third", max_steps=9)
+    (a,) = await leases.renew_batch(store, [_item(c, progress=p)], HALF)
+    before = await _row(store, c.task_id)
+    await _set_expiry(store, c.task_id, LEASE_S * HALF - 1)
+    (b,) = await leases.renew_batch(store, [_item(c)], HALF)
+    assert a.written and b.written and b.expires_at is not None
+    after = await _row(store, c.task_id)
+    progress = ("step_index", "step_status", "summary", "max_steps", "progress_updated_at")
+    assert [getattr(after, f) for f in progress] == [getattr(before, f) for f in progress]
+    assert (after.lease_expires_at, after.renewals) == (b.expires_at, before.renewals + 1)
+    assert before.last_renewed_at is not None and after.last_renewed_at is not None
+    assert after.last_renewed_at > before.last_renewed_at
+
+
 async def test_a_lease_with_a_write_queued_is_not_answered_from_the_read(store: Store) -> None:
     """Invariant 3, across batches: while a renewal of a lease waits to be written (the
     replica's write stage), a later renewal of it is written too, after it, never answered from
@@ -161,10 +207,10 @@ async def test_a_lease_with_a_write_queued_is_not_answered_from_the_read(store: 
     (stored,) = await leases.renew_batch(store, [_item(c, progress=p)], HALF)
     assert stored.written
     (free,) = await leases.answer_from_read(store, [_item(c, progress=p)], HALF)
-    assert free is not None and free.expires_at is not None
+    assert isinstance(free, leases.RenewalOut) and free.expires_at is not None
     pending = {leases.lease_key(_item(c))}
     (held,) = await leases.answer_from_read(store, [_item(c, progress=p)], HALF, pending)
-    assert held is None
+    assert held is leases.Must.NEWS
 
 
 async def test_the_first_renewal_makes_the_attempt_running(store: Store) -> None:
@@ -301,7 +347,7 @@ async def test_sqlite_reads_on_the_loop_thread_and_falls_back_when_it_cannot(
     assert store.loop_reader is not None
     c = await _lease(store)
     (direct,) = await leases.answer_from_read(store, [_item(c)], HALF)
-    assert direct is not None
+    assert isinstance(direct, leases.RenewalOut)
     assert direct.expires_at == (await _row(store, c.task_id)).lease_expires_at
     working, store.loop_reader = store.loop_reader, create_engine(f"sqlite:///{tmp_path}")
     try:
@@ -329,7 +375,7 @@ async def test_sqlite_writes_renewals_on_the_loop_thread_and_falls_back_when_it_
         return
     assert store.loop_writer is not None
     sent: list[str] = []
-    event.listen(store.loop_writer, "before_cursor_execute", lambda *a: sent.append(a[2]))
+    trace(store.loop_writer, sent)
     c = await _lease(store)
     assert any(s.startswith("UPDATE attempts") for s in sent)
     (on_loop,) = await leases.write_renewals(store, [_item(c)])

@@ -32,6 +32,7 @@ from cloud.store.leases.queries import (
 from cloud.store.leases.release import release
 from cloud.store.leases.renew import (
     ALWAYS_WRITE,
+    Must,
     RenewalIn,
     RenewalOut,
     answer_from_read,
@@ -56,6 +57,7 @@ __all__ = [
     "Ended",
     "HeldCheck",
     "HeldLease",
+    "Must",
     "ProgressIn",
     "RecentLease",
     "RenewalIn",

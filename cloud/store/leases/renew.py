@@ -14,10 +14,12 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import enum
 import json
+import sqlite3
 from collections.abc import Container
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any, NamedTuple
 
 from sqlalchemy import (
     Boolean,
@@ -25,16 +27,9 @@ from sqlalchemy import (
     Integer,
     Row,
     String,
-    Table,
-    Update,
     bindparam,
-    case,
     column,
-    exists,
-    func,
-    select,
     text,
-    update,
 )
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session
@@ -43,7 +38,7 @@ from cloud.store import states
 from cloud.store.database import Store
 from cloud.store.leases.fence import Revocation, classify, classify_sync
 from cloud.store.leases.progress import ProgressIn
-from cloud.store.models import AttemptRow, TaskRow, UTCDateTime
+from cloud.store.models import UTCDateTime, sqlite_text
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +53,18 @@ class RenewalIn:
     #: Renewals this write stands for in the attempt's count (`renewals`): itself and those of
     #: its lease answered from a read since its last write (decision 0070).
     counts: int = 1
+    #: Writing it changes nothing a watcher shows but the lease's expiry (`Must.EXTEND`).
+    extend_only: bool = False
+
+
+class Must(enum.Enum):
+    """Why a renewal must be written (`answer_from_read`)."""
+
+    #: Its progress or its attempt's status changes, or the read cannot tell (a write of its
+    #: lease is pending): watchers reload the task.
+    NEWS = "news"
+    #: Only its lease's expiry moves: watchers are told the new expiry, nothing to reload.
+    EXTEND = "extend"
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,58 +76,40 @@ class RenewalOut:
     message: str = ""
     #: The renewal changed the stored attempt (expiry, progress or status): watchers may care.
     written: bool = False
+    #: When a written renewal was written (the task's `updated_at`).
+    renewed_at: dt.datetime | None = None
 
 
-def _renew_statement(with_progress: bool) -> Update:
-    """The fenced renewal UPDATE, built once with bound parameters.
-
-    Building an ORM UPDATE per renewal (and letting the ORM evaluate its WHERE clause against the
-    session) cost about a millisecond of CPU per renewal, most of the cloud's per-renewal cost
-    (bench/lease_capacity.py); this Core statement on the table is built once and only binds
-    values per renewal, and a batch runs it as one executemany. The fence is the same WHERE clause
-    as `fence.live_fence`, in the statement that writes.
-    """
-    attempts = cast(Table, AttemptRow.__table__)
-    tasks = cast(Table, TaskRow.__table__)
-    values: dict[str, object] = {
-        "lease_expires_at": bindparam("r_expires", type_=UTCDateTime()),
-        "status": states.RUNNING,
-        # The renewal summary (renewals are counted, not recorded one by one).
-        "renewals": attempts.c.renewals + bindparam("r_counts", type_=Integer()),
-        "first_renewed_at": func.coalesce(
-            attempts.c.first_renewed_at, bindparam("r_now", type_=UTCDateTime())
-        ),
-        "last_renewed_at": bindparam("r_now", type_=UTCDateTime()),
-    }
-    if with_progress:
-        values.update(
-            step_index=bindparam("r_step_index", type_=Integer()),
-            step_status=bindparam("r_step_status", type_=Integer()),
-            summary=bindparam("r_summary", type_=String()),
-            max_steps=bindparam("r_max_steps", type_=Integer()),
-            progress_updated_at=bindparam("r_now", type_=UTCDateTime()),
-        )
-    return (
-        update(attempts)
-        .where(
-            attempts.c.task_id == bindparam("r_task", type_=String()),
-            attempts.c.attempt == bindparam("r_attempt", type_=Integer()),
-            attempts.c.lease_id == bindparam("r_lease", type_=String()),
-            attempts.c.host_id == bindparam("r_host", type_=String()),
-            attempts.c.ended_at.is_(None),
-            attempts.c.lease_expires_at > bindparam("r_now", type_=UTCDateTime()),
-            ~exists().where(
-                tasks.c.task_id == attempts.c.task_id, tasks.c.cancel_requested.is_(True)
-            ),
-        )
-        .values(**values)
-    )
-
-
-_RENEW = _renew_statement(with_progress=False)
-_RENEW_WITH_PROGRESS = _renew_statement(with_progress=True)
-
-
+# SQLite's renewal write in the driver's own SQL, each statement prepared once by sqlite3 and
+# bound in C. Through SQLAlchemy (statements built and compiled per batch, parameters processed
+# in Python, ORM result rows) a batch of four written renewals cost ~1 ms of CPU on the loop's
+# thread for ~0.25 ms of SQLite work (bench/lease_capacity.py). The fence is `fence.live_fence`
+# plus "no cancel requested", in the statement that writes.
+_SQLITE_LEASE_SECONDS = """
+SELECT t.task_id, t.lease_seconds
+FROM json_each(?) AS b CROSS JOIN tasks AS t ON t.task_id = b.value
+"""
+_SQLITE_RENEW = f"""
+UPDATE attempts
+SET lease_expires_at = :expires, status = '{states.RUNNING}', renewals = renewals + :counts,
+    first_renewed_at = coalesce(first_renewed_at, :now), last_renewed_at = :now,
+    step_index = CASE WHEN :progress THEN :step_index ELSE step_index END,
+    step_status = CASE WHEN :progress THEN :step_status ELSE step_status END,
+    summary = CASE WHEN :progress THEN :summary ELSE summary END,
+    max_steps = CASE WHEN :progress THEN :max_steps ELSE max_steps END,
+    progress_updated_at = CASE WHEN :progress THEN :now ELSE progress_updated_at END
+WHERE task_id = :task AND attempt = :attempt AND lease_id = :lease AND host_id = :host
+  AND ended_at IS NULL AND lease_expires_at > :now
+  AND NOT EXISTS (
+    SELECT 1 FROM tasks WHERE tasks.task_id = attempts.task_id AND tasks.cancel_requested IS 1
+  )
+"""
+_SQLITE_TOUCH_TASKS = f"""
+UPDATE tasks
+SET updated_at = ?,
+    status = CASE WHEN status = '{states.ASSIGNED}' THEN '{states.RUNNING}' ELSE status END
+WHERE task_id IN (SELECT value FROM json_each(?))
+"""
 #: Every renewal writes (the behaviour before decision 0070): a `write_below` of 1.0 never finds
 #: a lease with more than its whole length left.
 ALWAYS_WRITE = 1.0
@@ -150,14 +139,15 @@ SELECT a.task_id, a.attempt, a.lease_id, a.host_id, a.lease_expires_at, a.status
 # Left to itself, SQLite's planner (no statistics) took `ended_at IS NULL` to the live-expiry
 # index and read every live attempt of the fleet for each batch: 23 us per renewal at 2,000
 # live leases, growing with the fleet, against 3 us this way (bench/lease_capacity.py).
-_LIVE_SQLITE = text(
-    _LIVE_SELECT
-    + """FROM json_each(:task_ids) AS batch
+_LIVE_SQLITE_FROM = """FROM json_each({ids}) AS batch
 CROSS JOIN attempts AS a ON a.task_id = batch.value
 JOIN tasks AS t ON t.task_id = a.task_id
 WHERE a.ended_at IS NULL
 """
-).columns(*_LIVE_COLUMNS)
+_LIVE_SQLITE = text(_LIVE_SELECT + _LIVE_SQLITE_FROM.format(ids=":task_ids")).columns(
+    *_LIVE_COLUMNS
+)
+_LIVE_SQLITE_TEXT = _LIVE_SELECT + _LIVE_SQLITE_FROM.format(ids="?")
 _LIVE_PG = text(
     _LIVE_SELECT
     + """FROM attempts AS a JOIN tasks AS t ON t.task_id = a.task_id
@@ -168,37 +158,68 @@ WHERE a.ended_at IS NULL AND a.task_id = ANY(CAST(:task_ids AS varchar[]))
 _Key = tuple[str, int, str, str]
 
 
-async def _read_live(store: Store, task_ids: list[str]) -> dict[str, Row[Any]]:
+class _Live(NamedTuple):
+    """A live attempt as `_LIVE_SELECT` reads it (the fields of its SQLAlchemy row)."""
+
+    task_id: str
+    attempt: int
+    lease_id: str
+    host_id: str
+    lease_expires_at: dt.datetime
+    status: str
+    step_index: int | None
+    step_status: int | None
+    summary: str | None
+    max_steps: int | None
+    lease_seconds: float
+    cancel_requested: bool
+
+
+def _live_from_sqlite(row: tuple[Any, ...]) -> _Live:
+    """A driver row of `_LIVE_SQLITE` with SQLite's text and integers made the columns' types."""
+    fields = list(row)
+    fields[4] = dt.datetime.fromisoformat(fields[4]).replace(tzinfo=dt.UTC)  # lease_expires_at
+    fields[11] = bool(fields[11])  # cancel_requested
+    return _Live._make(fields)
+
+
+async def _read_live(store: Store, task_ids: list[str]) -> dict[str, _Live | Row[Any]]:
     """The live attempt of each of `task_ids` (at most one per task), as one committed snapshot.
 
     Not a write transaction: on SQLite it does not wait for the store's write lock (WAL readers
-    never block the writer) and runs on the loop's own thread (`Store.loop_reader`), on
-    PostgreSQL it runs in autocommit (no BEGIN/COMMIT round trips)."""
+    never block the writer) and runs on the loop's own thread (`Store.loop_reader`) in the
+    driver's own terms (SQLAlchemy's row processing cost more than the read), on PostgreSQL in
+    autocommit (no BEGIN/COMMIT round trips)."""
+    ids = json.dumps(task_ids)
     if store.loop_reader is not None:
         # Busy for a moment (OperationalError): read the usual way below.
-        with contextlib.suppress(OperationalError), store.loop_reader.connect() as sync:
-            found = sync.execute(_LIVE_SQLITE, {"task_ids": json.dumps(task_ids)})
-            return {row.task_id: row for row in found}
+        with contextlib.suppress(OperationalError, sqlite3.OperationalError):
+            raw = store.loop_reader.raw_connection()
+            try:
+                cursor = raw.cursor()
+                cursor.execute(_LIVE_SQLITE_TEXT, (ids,))
+                return {row[0]: _live_from_sqlite(row) for row in cursor.fetchall()}
+            finally:
+                raw.close()
     async with store.engine.connect() as conn:
         if store.is_postgres:
             conn = await conn.execution_options(isolation_level="AUTOCOMMIT")
             rows = await conn.execute(_LIVE_PG, {"task_ids": task_ids})
         else:
-            rows = await conn.execute(_LIVE_SQLITE, {"task_ids": json.dumps(task_ids)})
+            rows = await conn.execute(_LIVE_SQLITE, {"task_ids": ids})
         return {row.task_id: row for row in rows}
 
 
-def _unchanged(row: Row[Any], item: RenewalIn, now: dt.datetime, write_below: float) -> bool:
-    """True when acknowledging `item` needs no write: `row` is its live lease (the full fence:
-    lease, host, not ended, not expired, no cancel requested), already RUNNING, with at least
-    `write_below` of its length left, and the progress the renewal carries is the one stored."""
+def _same(row: _Live | Row[Any], item: RenewalIn) -> bool:
+    """True when `row` is `item`'s live lease (lease, host, not ended, no cancel requested; the
+    read found it unexpired), already RUNNING, and the progress the renewal carries is the one
+    stored: acknowledging it changes at most the lease's expiry."""
     if (
         row.attempt != item.attempt
         or row.lease_id != item.lease_id
         or row.host_id != item.host_id
         or row.cancel_requested
         or row.status != states.RUNNING
-        or (row.lease_expires_at - now).total_seconds() < write_below * row.lease_seconds
     ):
         return False
     p = item.progress
@@ -206,6 +227,11 @@ def _unchanged(row: Row[Any], item: RenewalIn, now: dt.datetime, write_below: fl
         (row.step_index, row.step_status, row.summary, row.max_steps)
         == (p.step_index, p.step_status, p.summary, p.max_steps)
     )
+
+
+def _far(row: _Live | Row[Any], now: dt.datetime, write_below: float) -> bool:
+    """At least `write_below` of the lease's length is left."""
+    return (row.lease_expires_at - now).total_seconds() >= write_below * row.lease_seconds
 
 
 def lease_key(item: RenewalIn) -> tuple[str, int, str, str]:
@@ -218,31 +244,43 @@ async def answer_from_read(
     items: list[RenewalIn],
     write_below: float,
     pending: Container[tuple[str, int, str, str]] = (),
-) -> list[RenewalOut | None]:
+) -> list[RenewalOut | Must]:
     """Read the batch's live attempts once; each renewal's outcome if it needs no write
-    (`_unchanged`: the stored expiry, nothing written), None if it must be written.
+    (`_same` and `_far`: the stored expiry, nothing written), else why it must be written:
+    `Must.EXTEND` when only its expiry is near, `Must.NEWS` otherwise.
 
     A renewal of a lease in `pending` (renewals of it queued for writing) or of a lease that
     another renewal in this batch must write is written too: a lease's renewals are written in
-    the order they came, so the last progress acknowledged is the one stored.
+    the order they came, so the last progress acknowledged is the one stored. Such a renewal is
+    news unless every renewal of its lease in the batch only extends it (a pending write may
+    change the row this read saw).
     """
     if not items:
         return []
     now = store.now()
     live = await _read_live(store, sorted({i.task_id for i in items}))
-    must: set[_Key] = set()
+    extend: set[_Key] = set()
+    news: set[_Key] = set()
     kept: dict[int, dt.datetime] = {}
     for n, item in enumerate(items):
         row = live.get(item.task_id)
         key = lease_key(item)
-        if key not in pending and row is not None and _unchanged(row, item, now, write_below):
+        if key in pending or row is None or not _same(row, item):
+            news.add(key)
+        elif _far(row, now, write_below):
             kept[n] = row.lease_expires_at
         else:
-            must.add(key)
-    return [
-        RenewalOut(kept[n]) if n in kept and lease_key(item) not in must else None
-        for n, item in enumerate(items)
-    ]
+            extend.add(key)
+    out: list[RenewalOut | Must] = []
+    for n, item in enumerate(items):
+        key = lease_key(item)
+        if key in news:
+            out.append(Must.NEWS)
+        elif key in extend:
+            out.append(Must.EXTEND)
+        else:
+            out.append(RenewalOut(kept[n]))
+    return out
 
 
 async def write_renewals(store: Store, items: list[RenewalIn]) -> list[RenewalOut]:
@@ -270,14 +308,14 @@ async def renew_batch(
     """
     if not items:
         return []
-    out: list[RenewalOut | None] = [None] * len(items)
+    out: list[RenewalOut | Must] = [Must.NEWS] * len(items)
     if write_below < ALWAYS_WRITE:
         out = await answer_from_read(store, items, write_below)
-    to_write = [n for n, o in enumerate(out) if o is None]
+    to_write = [n for n, o in enumerate(out) if isinstance(o, Must)]
     written = await write_renewals(store, [items[n] for n in to_write])
     for n, o in zip(to_write, written, strict=True):
         out[n] = o
-    return [o for o in out if o is not None]
+    return [o for o in out if isinstance(o, RenewalOut)]
 
 
 async def _renew_batch_sqlite(store: Store, items: list[RenewalIn]) -> list[RenewalOut]:
@@ -288,94 +326,60 @@ async def _renew_batch_sqlite(store: Store, items: list[RenewalIn]) -> list[Rene
 
 
 def _renew_sqlite(session: Session, items: list[RenewalIn], now: dt.datetime) -> list[RenewalOut]:
-    """Write many renewals in one transaction: one executemany of the fenced UPDATE.
+    """Write many renewals in one transaction, each fenced on its own (`_SQLITE_RENEW`), in
+    the order they came: a renewal took effect when its UPDATE changed its attempt's row.
 
-    Which renewals took effect is read back in the same transaction: an accepted renewal left its
-    attempt with exactly the expiry this batch computed (every batch has its own `now`, later than
-    any expiry written before, so an old expiry never equals a new one). A renewal of a task whose
-    cancel was requested is not extended (the host is revoked instead), so a cancelled task ends
-    at the latest when its current lease runs out.
+    A renewal of a task whose cancel was requested is not extended (the host is revoked
+    instead), so a cancelled task ends at the latest when its current lease runs out.
     """
-    out: list[RenewalOut | None] = [None] * len(items)
-    renewed_tasks: set[str] = set()
-    rows = session.execute(
-        select(TaskRow.task_id, TaskRow.lease_seconds).where(
-            TaskRow.task_id.in_({i.task_id for i in items})
-        )
-    )
-    lease_by_task: dict[str, float] = {task_id: seconds for task_id, seconds in rows}
-    plain: list[dict[str, object]] = []
-    with_progress: list[dict[str, object]] = []
-    expected: dict[int, dt.datetime] = {}
+    cursor = session.connection().connection.cursor()
+    try:
+        cursor.execute(_SQLITE_LEASE_SECONDS, (json.dumps(sorted({i.task_id for i in items})),))
+        lease_by_task: dict[str, float] = dict(cursor.fetchall())
+        now_text = sqlite_text(now)
+        expiry: dict[float, tuple[dt.datetime, str]] = {}  # by lease length: usually one
+        out: list[RenewalOut | None] = [None] * len(items)
+        renewed: set[str] = set()
+        for n, item in enumerate(items):
+            seconds = lease_by_task.get(item.task_id)
+            if seconds is None:
+                out[n] = RenewalOut(None, Revocation.UNKNOWN, "unknown task")
+                continue
+            if seconds not in expiry:
+                expires = now + dt.timedelta(seconds=seconds)
+                expiry[seconds] = (expires, sqlite_text(expires))
+            expires, expires_text = expiry[seconds]
+            p = item.progress
+            cursor.execute(
+                _SQLITE_RENEW,
+                {
+                    "task": item.task_id,
+                    "attempt": item.attempt,
+                    "lease": item.lease_id,
+                    "host": item.host_id,
+                    "now": now_text,
+                    "expires": expires_text,
+                    "counts": item.counts,
+                    "progress": p is not None,
+                    "step_index": None if p is None else p.step_index,
+                    "step_status": None if p is None else p.step_status,
+                    "summary": None if p is None else p.summary,
+                    "max_steps": None if p is None else p.max_steps,
+                },
+            )
+            if cursor.rowcount == 1:
+                out[n] = RenewalOut(expires, written=True, renewed_at=now)
+                renewed.add(item.task_id)
+        if renewed:
+            cursor.execute(_SQLITE_TOUCH_TASKS, (now_text, json.dumps(sorted(renewed))))
+    finally:
+        cursor.close()
     for n, item in enumerate(items):
-        seconds = lease_by_task.get(item.task_id)
-        if seconds is None:
-            out[n] = RenewalOut(None, Revocation.UNKNOWN, "unknown task")
-            continue
-        expires = now + dt.timedelta(seconds=seconds)
-        expected[n] = expires
-        params: dict[str, object] = {
-            "r_task": item.task_id,
-            "r_attempt": item.attempt,
-            "r_lease": item.lease_id,
-            "r_host": item.host_id,
-            "r_now": now,
-            "r_expires": expires,
-            "r_counts": item.counts,
-        }
-        if item.progress is None:
-            plain.append(params)
-        else:
-            params.update(
-                r_step_index=item.progress.step_index,
-                r_step_status=item.progress.step_status,
-                r_summary=item.progress.summary,
-                r_max_steps=item.progress.max_steps,
-            )
-            with_progress.append(params)
-    conn = session.connection()
-    if plain:
-        conn.execute(_RENEW, plain)
-    if with_progress:
-        conn.execute(_RENEW_WITH_PROGRESS, with_progress)
-    live: dict[tuple[str, int, str, str], dt.datetime] = {}
-    if expected:
-        found = session.execute(
-            select(
-                AttemptRow.task_id,
-                AttemptRow.attempt,
-                AttemptRow.lease_id,
-                AttemptRow.host_id,
-                AttemptRow.lease_expires_at,
-            ).where(
-                AttemptRow.task_id.in_({items[n].task_id for n in expected}),
-                AttemptRow.ended_at.is_(None),
-            )
-        )
-        live = {(t, a, lease, h): e for t, a, lease, h, e in found}
-    for n, expires in expected.items():
-        item = items[n]
-        if live.get((item.task_id, item.attempt, item.lease_id, item.host_id)) == expires:
-            out[n] = RenewalOut(expires, written=True)
-            renewed_tasks.add(item.task_id)
-        else:
+        if out[n] is None:
             reason, message = classify_sync(
                 session, item.host_id, item.task_id, item.attempt, item.lease_id, now
             )
             out[n] = RenewalOut(None, reason, message)
-    if renewed_tasks:
-        session.execute(
-            update(TaskRow)
-            .where(TaskRow.task_id.in_(renewed_tasks))
-            .values(
-                updated_at=now,
-                status=case(
-                    (TaskRow.status == states.ASSIGNED, states.RUNNING),
-                    else_=TaskRow.status,
-                ),
-            )
-            .execution_options(synchronize_session=False)
-        )
     return [o for o in out if o is not None]
 
 
@@ -498,7 +502,7 @@ async def _renew_batch_pg(store: Store, items: list[RenewalIn]) -> list[RenewalO
         for item in items:
             expires = renewed.get((item.task_id, item.attempt, item.lease_id, item.host_id))
             if expires is not None:
-                out.append(RenewalOut(expires, written=True))
+                out.append(RenewalOut(expires, written=True, renewed_at=now))
                 continue
             reason, message = await classify(
                 session, item.host_id, item.task_id, item.attempt, item.lease_id, now
