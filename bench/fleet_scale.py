@@ -147,7 +147,8 @@ class Watcher:
     """A fleet-wide WatchProgress stream in its own thread, timing hot hosts' stamped steps."""
 
     def __init__(self, address: str, pki_dir: Path, snapshot: int) -> None:
-        self.delays: list[float] = []
+        #: (when the host sent the step, seconds until it reached the watcher), time.time().
+        self.delays: list[tuple[float, float]] = []
         #: Seconds from the call to the last of the `snapshot` tasks it starts with.
         self.snapshot_s = math.nan
         self._expected = snapshot
@@ -185,7 +186,7 @@ class Watcher:
                         self._snapshot_done.set()
                 at = sent_at(msg.task.progress.summary)
                 if at is not None and not msg.snapshot:
-                    self.delays.append(time.time() - at)
+                    self.delays.append((at, time.time() - at))
         except asyncio.CancelledError:
             pass  # __exit__ cancelled the call
         finally:
@@ -241,7 +242,10 @@ def scale(section: Section, url: str, pki_dir: Path, sizes: Sizes, pin: bool) ->
     acked = len(result.latencies)
     offered = len(leases) * sizes.duration / sizes.interval
     ms = [x * 1000 for x in result.latencies]
-    delays = [x * 1000 for x in watcher.delays]
+    delays = [d * 1000 for _, d in watcher.delays]
+    # The phase's first interval is also the fleet's start: every task's first renewal turns it
+    # RUNNING (news for every watcher), so 10x the steady rate of task changes reaches watchers.
+    steady = [d * 1000 for at, d in watcher.delays if at >= start + sizes.interval]
     n = f"{len(leases):,} hosts"
     section.add(
         "scale: hosts connected with a lease",
@@ -293,6 +297,13 @@ def scale(section: Section, url: str, pki_dir: Path, sizes: Sizes, pin: bool) ->
         round(percentile(delays, 99), 1),
         "ms",
         note="target < 1,000 ms: " + ("met" if percentile(delays, 99) < 1000 else "NOT met"),
+    )
+    section.add(
+        "scale: progress → watcher p99 after the first interval",
+        round(percentile(steady, 99), 1),
+        "ms",
+        note=f"{len(steady):,} hot steps; in the first {sizes.interval:g} s every task's first "
+        "renewal also turns it RUNNING (the fleet's start), a change each watcher shows",
     )
     section.add(
         "scale: database CPU",

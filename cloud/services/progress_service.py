@@ -86,7 +86,8 @@ class ProgressServicer(progress_service_pb2_grpc.ProgressServiceServicer):
             else:
                 ids = await tasks.active_task_ids(self._store)
                 for i in range(0, len(ids), _SNAPSHOT_CHUNK):
-                    for view in await tasks.load_views(self._store, ids[i : i + _SNAPSHOT_CHUNK]):
+                    chunk = ids[i : i + _SNAPSHOT_CHUNK]
+                    for view in await tasks.load_views(self._store, chunk, usage=False):
                         yield pb.WatchProgressResponse(task=shown.keep(view), snapshot=True)
             while True:
                 changed = await sub.next()
@@ -114,9 +115,8 @@ class ProgressServicer(progress_service_pb2_grpc.ProgressServiceServicer):
                         else:
                             yield pb.WatchProgressResponse(task=patched)
                 for i in range(0, len(wanted), _SNAPSHOT_CHUNK):
-                    for view in await tasks.load_views(
-                        self._store, wanted[i : i + _SNAPSHOT_CHUNK]
-                    ):
+                    chunk = wanted[i : i + _SNAPSHOT_CHUNK]
+                    for view in await tasks.load_views(self._store, chunk, usage=False):
                         yield pb.WatchProgressResponse(task=shown.keep(view))
                         if request.task_id and view.task.status in states.TERMINAL:
                             return

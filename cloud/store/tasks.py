@@ -112,8 +112,10 @@ async def _by_request_id(store: Store, client_request_id: str) -> TaskView | Non
     return None if row is None else (await load_views(store, [row.task_id]))[0]
 
 
-async def load_views(store: Store, task_ids: list[str]) -> list[TaskView]:
-    """Tasks with their attempts, in the order of `task_ids` (unknown ids are skipped)."""
+async def load_views(store: Store, task_ids: list[str], *, usage: bool = True) -> list[TaskView]:
+    """Tasks with their attempts, in the order of `task_ids` (unknown ids are skipped); without
+    `usage`, no attempt's decision costs (`TaskView.usage` empty): for readers that show no
+    attempts (a task's totals come from its own row), such as progress watchers."""
     if not task_ids:
         return []
     async with store.read() as session:
@@ -128,10 +130,11 @@ async def load_views(store: Store, task_ids: list[str]) -> list[TaskView]:
     by_task: dict[str, list[AttemptRow]] = defaultdict(list)
     for a in attempts:
         by_task[a.task_id].append(a)
-    usage: dict[str, dict[int, Usage]] = defaultdict(dict)
-    for (task_id, attempt), used in (await spend.usage_by_attempt(store, task_ids)).items():
-        usage[task_id][attempt] = used
-    found = {t.task_id: TaskView(t, by_task[t.task_id], usage[t.task_id]) for t in tasks}
+    costs: dict[str, dict[int, Usage]] = defaultdict(dict)
+    if usage:
+        for (task_id, attempt), used in (await spend.usage_by_attempt(store, task_ids)).items():
+            costs[task_id][attempt] = used
+    found = {t.task_id: TaskView(t, by_task[t.task_id], costs[t.task_id]) for t in tasks}
     return [found[i] for i in task_ids if i in found]
 
 

@@ -134,9 +134,9 @@ async def test_a_lease_extension_reaches_watchers_without_reloading_the_task(
     reloads: list[list[str]] = []
     load_views = tasks.load_views
 
-    async def counted(store: Store, ids: list[str]) -> list[tasks.TaskView]:
+    async def counted(store: Store, ids: list[str], *, usage: bool = True) -> list[tasks.TaskView]:
         reloads.append(list(ids))
-        return await load_views(store, ids)
+        return await load_views(store, ids, usage=usage)
 
     monkeypatch.setattr(tasks, "load_views", counted)
     host = ScriptedHost(cloud.address, pki_dir, "h1")
