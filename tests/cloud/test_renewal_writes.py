@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-from sqlalchemy import create_engine, select, update
+from sqlalchemy import create_engine, select, text, update
 from sqlalchemy.ext.asyncio import create_async_engine
 from sqlalchemy.orm import sessionmaker
 
@@ -356,6 +356,32 @@ async def test_sqlite_reads_on_the_loop_thread_and_falls_back_when_it_cannot(
         store.loop_reader.dispose()
         store.loop_reader = working
     assert fallback == direct
+
+
+async def test_postgres_reads_on_its_own_connection_and_falls_back_when_it_cannot(
+    store: Store,
+) -> None:
+    """On PostgreSQL the batch's read runs on the store's own connection (`Store.read_direct`);
+    when that connection breaks (here: its backend is terminated, as a server restart would),
+    the read goes through the pool with the same outcome, and the connection is reopened
+    later. SQLite has none."""
+    if not store.is_postgres:
+        assert await store.read_direct("SELECT 1", ()) is None
+        return
+    c = await _lease(store)
+    (direct,) = await leases.answer_from_read(store, [_item(c)], HALF)
+    assert isinstance(direct, leases.RenewalOut)
+    assert direct.expires_at == (await _row(store, c.task_id)).lease_expires_at
+    assert store._direct is not None
+    backend = store._direct.info.backend_pid
+    async with store.write() as db:
+        await db.execute(text("SELECT pg_terminate_backend(:pid)"), {"pid": backend})
+    (fallback,) = await leases.answer_from_read(store, [_item(c)], HALF)
+    assert fallback == direct
+    assert store._direct is None and await store.read_direct("SELECT 1", ()) is None
+    store._direct_retry_at = 0.0
+    assert await store.read_direct("SELECT 1", ()) == [(1,)]
+    assert store._direct is not None and store._direct.info.backend_pid != backend
 
 
 def test_an_in_memory_sqlite_database_has_no_loop_reader() -> None:

@@ -148,12 +148,11 @@ _LIVE_SQLITE = text(_LIVE_SELECT + _LIVE_SQLITE_FROM.format(ids=":task_ids")).co
     *_LIVE_COLUMNS
 )
 _LIVE_SQLITE_TEXT = _LIVE_SELECT + _LIVE_SQLITE_FROM.format(ids="?")
-_LIVE_PG = text(
-    _LIVE_SELECT
-    + """FROM attempts AS a JOIN tasks AS t ON t.task_id = a.task_id
-WHERE a.ended_at IS NULL AND a.task_id = ANY(CAST(:task_ids AS varchar[]))
+_LIVE_PG_FROM = """FROM attempts AS a JOIN tasks AS t ON t.task_id = a.task_id
+WHERE a.ended_at IS NULL AND a.task_id = ANY(CAST({ids} AS varchar[]))
 """
-).columns(*_LIVE_COLUMNS)
+_LIVE_PG = text(_LIVE_SELECT + _LIVE_PG_FROM.format(ids=":task_ids")).columns(*_LIVE_COLUMNS)
+_LIVE_PG_TEXT = _LIVE_SELECT + _LIVE_PG_FROM.format(ids="%s")
 
 _Key = tuple[str, int, str, str]
 
@@ -187,9 +186,13 @@ async def _read_live(store: Store, task_ids: list[str]) -> dict[str, _Live | Row
     """The live attempt of each of `task_ids` (at most one per task), as one committed snapshot.
 
     Not a write transaction: on SQLite it does not wait for the store's write lock (WAL readers
-    never block the writer) and runs on the loop's own thread (`Store.loop_reader`) in the
-    driver's own terms (SQLAlchemy's row processing cost more than the read), on PostgreSQL in
-    autocommit (no BEGIN/COMMIT round trips)."""
+    never block the writer) and runs on the loop's own thread (`Store.loop_reader`), on
+    PostgreSQL in autocommit on the store's own connection (`Store.read_direct`); both in the
+    driver's own terms (SQLAlchemy's statement and row handling cost more than the read)."""
+    if store.is_postgres:
+        found = await store.read_direct(_LIVE_PG_TEXT, (task_ids,))
+        if found is not None:
+            return {row[0]: _Live._make(row) for row in found}
     ids = json.dumps(task_ids)
     if store.loop_reader is not None:
         # Busy for a moment (OperationalError): read the usual way below.
