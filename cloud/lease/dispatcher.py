@@ -210,7 +210,7 @@ class Dispatcher:
             if session.unsure_serials and not session.closed:
                 async with session.dispatch_lock:
                     await self._send_unsure(session)
-        if not any(s.idle_serials() for s in self.sessions.values()):
+        if not any(s.has_idle() for s in self.sessions.values()):
             return
         targets = await leases.queued_by_target_host(self.store)
         if not targets:
@@ -218,7 +218,7 @@ class Dispatcher:
         any_left = targets.get(None, 0)
         misses = 0
         for session in list(self.sessions.values()):
-            if session.closed or not session.idle_serials() or self.paused_for(session):
+            if session.closed or not session.has_idle() or self.paused_for(session):
                 continue
             mine = targets.get(session.host_id, 0)
             if not mine and (any_left <= 0 or misses >= _MAX_DISPATCH_MISSES):

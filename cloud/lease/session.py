@@ -68,6 +68,15 @@ class HostSession:
             if state == types_pb2.DEVICE_STATE_ONLINE and s not in self.busy
         )
 
+    def has_idle(self) -> bool:
+        """Whether any phone is idle (`idle_serials` without the list: the dispatcher asks it of
+        every session of the replica on every pass)."""
+        busy = self.busy
+        return any(
+            state == types_pb2.DEVICE_STATE_ONLINE and s not in busy
+            for s, state in self.devices.items()
+        )
+
     def send(self, message: lease_pb.LeaseResponse) -> None:
         """Push a message to the host (dropped once the stream is closing); answers to the host's
         own messages are written by the stream's reader, not queued here."""

@@ -3,20 +3,18 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import datetime as dt
 import sqlite3
-import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from typing import Any, TypeVar
+from typing import TypeVar
 
-import psycopg
 from sqlalchemy import Engine, make_url
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 from sqlalchemy.orm import Session, sessionmaker
 
+from cloud.store.direct import DirectConnection
 from cloud.store.engine import create_engine, sqlite_loop_reader, sqlite_loop_writer
 
 T = TypeVar("T")
@@ -51,10 +49,10 @@ class Store:
             if self.loop_writer is not None
             else None
         )
-        #: PostgreSQL only: the connection of `read_direct`, opened on first use.
-        self._direct: psycopg.AsyncConnection[tuple[Any, ...]] | None = None
-        self._direct_lock = asyncio.Lock()
-        self._direct_retry_at = 0.0
+        #: PostgreSQL only: the renewal batch's read and its write, each on a connection of
+        #: its own (`cloud.store.direct`), so that neither waits for the other.
+        self.direct_reads = DirectConnection(_libpq_dsn(engine)) if self.is_postgres else None
+        self.direct_writes = DirectConnection(_libpq_dsn(engine)) if self.is_postgres else None
 
     @classmethod
     def from_url(cls, url: str) -> Store:
@@ -97,39 +95,6 @@ class Store:
             async with self._sessions.begin() as session:
                 return await session.run_sync(work)
 
-    async def read_direct(self, sql: str, params: Sequence[Any]) -> list[tuple[Any, ...]] | None:
-        """PostgreSQL only: the rows of one short read on the store's own autocommit connection,
-        past SQLAlchemy and its pool, or None when that cannot be (another store, the connection
-        busy with another read, or broken: it is reopened a second later); read the usual way
-        then, which reports a real outage. For the renewal batch's read, hundreds a second:
-        a pool checkout pings the server first, and SQLAlchemy's statement and row handling
-        cost more CPU than the read itself (bench/lease_capacity.py)."""
-        if not self.is_postgres or self._direct_lock.locked():
-            return None
-        if time.monotonic() < self._direct_retry_at:
-            return None
-        async with self._direct_lock:
-            try:
-                if self._direct is None or self._direct.closed:
-                    self._direct = await psycopg.AsyncConnection.connect(
-                        _libpq_dsn(self.engine),
-                        autocommit=True,
-                        connect_timeout=2,
-                        options="-c TimeZone=UTC",
-                    )
-                cursor = await self._direct.execute(sql, params)
-                return await cursor.fetchall()
-            except psycopg.Error:
-                await self._close_direct()
-                self._direct_retry_at = time.monotonic() + 1.0
-                return None
-
-    async def _close_direct(self) -> None:
-        direct, self._direct = self._direct, None
-        if direct is not None:
-            with contextlib.suppress(Exception):
-                await direct.close()
-
     @asynccontextmanager
     async def read(self) -> AsyncIterator[AsyncSession]:
         """A session for reads only."""
@@ -141,5 +106,7 @@ class Store:
         for engine in (self.loop_reader, self.loop_writer):
             if engine is not None:
                 engine.dispose()
-        await self._close_direct()
+        for direct in (self.direct_reads, self.direct_writes):
+            if direct is not None:
+                await direct.close()
         await self.engine.dispose()

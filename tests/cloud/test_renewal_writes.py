@@ -13,6 +13,7 @@ import datetime as dt
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import psycopg
 import pytest
 from sqlalchemy import create_engine, select, text, update
 from sqlalchemy.ext.asyncio import create_async_engine
@@ -358,30 +359,66 @@ async def test_sqlite_reads_on_the_loop_thread_and_falls_back_when_it_cannot(
     assert fallback == direct
 
 
+async def _terminate(store: Store, backend: int) -> None:
+    """End a server process of the store's database, as a server restart would."""
+    async with store.write() as db:
+        await db.execute(text("SELECT pg_terminate_backend(:pid)"), {"pid": backend})
+
+
 async def test_postgres_reads_on_its_own_connection_and_falls_back_when_it_cannot(
     store: Store,
 ) -> None:
-    """On PostgreSQL the batch's read runs on the store's own connection (`Store.read_direct`);
-    when that connection breaks (here: its backend is terminated, as a server restart would),
-    the read goes through the pool with the same outcome, and the connection is reopened
-    later. SQLite has none."""
-    if not store.is_postgres:
-        assert await store.read_direct("SELECT 1", ()) is None
+    """On PostgreSQL the batch's read runs on the store's own connection
+    (`Store.direct_reads`); when that connection breaks (its backend is terminated, as a server
+    restart would), the read goes through the pool with the same outcome, and the connection is
+    opened again later. SQLite has none."""
+    if store.direct_reads is None:
+        assert not store.is_postgres
         return
     c = await _lease(store)
     (direct,) = await leases.answer_from_read(store, [_item(c)], HALF)
     assert isinstance(direct, leases.RenewalOut)
     assert direct.expires_at == (await _row(store, c.task_id)).lease_expires_at
-    assert store._direct is not None
-    backend = store._direct.info.backend_pid
-    async with store.write() as db:
-        await db.execute(text("SELECT pg_terminate_backend(:pid)"), {"pid": backend})
+    backend = store.direct_reads.backend_pid
+    assert backend is not None
+    await _terminate(store, backend)
     (fallback,) = await leases.answer_from_read(store, [_item(c)], HALF)
     assert fallback == direct
-    assert store._direct is None and await store.read_direct("SELECT 1", ()) is None
-    store._direct_retry_at = 0.0
-    assert await store.read_direct("SELECT 1", ()) == [(1,)]
-    assert store._direct is not None and store._direct.info.backend_pid != backend
+    assert store.direct_reads.backend_pid is None  # closed, not retried at once
+    store.direct_reads.retry_now()
+    assert await store.direct_reads.run("SELECT 1", (), resend=True) == [(1,)]
+    assert store.direct_reads.backend_pid not in (None, backend)
+
+
+async def test_postgres_writes_on_its_own_connection_and_fails_loudly_when_it_breaks(
+    store: Store,
+) -> None:
+    """On PostgreSQL the batch's write is one statement on the store's own connection
+    (`Store.direct_writes`), committed by itself. When that connection breaks the batch fails
+    with the driver's OperationalError (the write may have committed: it is not sent again;
+    the lease service answers UNAVAILABLE and the hosts renew again), the next batch goes
+    through the pool, and a refused renewal is still classified either way."""
+    if store.direct_writes is None:
+        assert not store.is_postgres
+        return
+    c = await _lease(store)
+    (first,) = await leases.write_renewals(store, [_item(c)])
+    assert first.written and first.expires_at == (await _row(store, c.task_id)).lease_expires_at
+    backend = store.direct_writes.backend_pid
+    assert backend is not None
+    await _terminate(store, backend)
+    with pytest.raises(psycopg.OperationalError):
+        await leases.write_renewals(store, [_item(c)])
+    pooled, stale = await leases.write_renewals(store, [_item(c), _item(c, lease_id="stale")])
+    assert store.direct_writes.backend_pid is None
+    assert pooled.written and pooled.expires_at is not None and first.expires_at is not None
+    assert pooled.expires_at > first.expires_at
+    assert pooled.expires_at == (await _row(store, c.task_id)).lease_expires_at
+    assert stale.expires_at is None and stale.revocation == leases.Revocation.UNKNOWN
+    store.direct_writes.retry_now()
+    (again,) = await leases.write_renewals(store, [_item(c, lease_id="stale")])
+    assert again.revocation == leases.Revocation.UNKNOWN
+    assert store.direct_writes.backend_pid not in (None, backend)
 
 
 def test_an_in_memory_sqlite_database_has_no_loop_reader() -> None:

@@ -27,11 +27,11 @@ from sqlalchemy import (
     Integer,
     Row,
     String,
-    bindparam,
     column,
     text,
 )
 from sqlalchemy.exc import OperationalError
+from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import Session
 
 from cloud.store import states
@@ -187,10 +187,10 @@ async def _read_live(store: Store, task_ids: list[str]) -> dict[str, _Live | Row
 
     Not a write transaction: on SQLite it does not wait for the store's write lock (WAL readers
     never block the writer) and runs on the loop's own thread (`Store.loop_reader`), on
-    PostgreSQL in autocommit on the store's own connection (`Store.read_direct`); both in the
+    PostgreSQL in autocommit on the store's own connection (`Store.direct_reads`); both in the
     driver's own terms (SQLAlchemy's statement and row handling cost more than the read)."""
-    if store.is_postgres:
-        found = await store.read_direct(_LIVE_PG_TEXT, (task_ids,))
+    if store.direct_reads is not None:
+        found = await store.direct_reads.run(_LIVE_PG_TEXT, (task_ids,), resend=True)
         if found is not None:
             return {row[0]: _Live._make(row) for row in found}
     ids = json.dumps(task_ids)
@@ -399,18 +399,19 @@ def _renew_sqlite(session: Session, items: list[RenewalIn], now: dt.datetime) ->
 # hash join over the whole table) and RETURNs them: the authoritative list of accepted
 # renewals, no read-back needed. `touched` updates the renewed tasks (updated_at, ASSIGNED ->
 # RUNNING) by primary key after their attempts, the lock order every writer uses.
-_RENEW_BATCH_PG = (
-    text(
-        """
+# In psycopg's placeholders: the same text runs on the store's own connection
+# (`Store.direct_writes`: in autocommit one round trip, its own transaction) or, when that
+# cannot be used, through the pool in a transaction (`exec_driver_sql`).
+_RENEW_BATCH_PG = """
 WITH live AS (
     SELECT x.id, x.lease_seconds, i.has_progress, i.step_index, i.step_status, i.summary,
            i.max_steps, i.counts
     FROM unnest(
-        CAST(:task_ids AS varchar[]), CAST(:attempts AS integer[]),
-        CAST(:lease_ids AS varchar[]), CAST(:host_ids AS varchar[]),
-        CAST(:has_progress AS boolean[]), CAST(:step_indexes AS integer[]),
-        CAST(:step_statuses AS integer[]), CAST(:summaries AS varchar[]),
-        CAST(:max_steps AS integer[]), CAST(:counts AS integer[])
+        CAST(%(task_ids)s AS varchar[]), CAST(%(attempts)s AS integer[]),
+        CAST(%(lease_ids)s AS varchar[]), CAST(%(host_ids)s AS varchar[]),
+        CAST(%(has_progress)s AS boolean[]), CAST(%(step_indexes)s AS integer[]),
+        CAST(%(step_statuses)s AS integer[]), CAST(%(summaries)s AS varchar[]),
+        CAST(%(max_steps)s AS integer[]), CAST(%(counts)s AS integer[])
     ) AS i(task_id, attempt, lease_id, host_id, has_progress, step_index, step_status, summary,
            max_steps, counts)
     CROSS JOIN LATERAL (
@@ -421,58 +422,46 @@ WITH live AS (
           AND attempts.lease_id = i.lease_id
           AND attempts.host_id = i.host_id
           AND attempts.ended_at IS NULL
-          AND attempts.lease_expires_at > CAST(:now AS timestamptz)
+          AND attempts.lease_expires_at > CAST(%(now)s AS timestamptz)
           AND tasks.cancel_requested IS NOT TRUE
         FOR UPDATE OF attempts
     ) AS x
 ), renewed AS (
     UPDATE attempts AS a
-    SET lease_expires_at = CAST(:now AS timestamptz) + make_interval(secs => l.lease_seconds),
-        status = :running,
+    SET lease_expires_at = CAST(%(now)s AS timestamptz) + make_interval(secs => l.lease_seconds),
+        status = %(running)s,
         renewals = a.renewals + l.counts,
-        first_renewed_at = COALESCE(a.first_renewed_at, CAST(:now AS timestamptz)),
-        last_renewed_at = CAST(:now AS timestamptz),
+        first_renewed_at = COALESCE(a.first_renewed_at, CAST(%(now)s AS timestamptz)),
+        last_renewed_at = CAST(%(now)s AS timestamptz),
         step_index = CASE WHEN l.has_progress THEN l.step_index ELSE a.step_index END,
         step_status = CASE WHEN l.has_progress THEN l.step_status ELSE a.step_status END,
         summary = CASE WHEN l.has_progress THEN l.summary ELSE a.summary END,
         max_steps = CASE WHEN l.has_progress THEN l.max_steps ELSE a.max_steps END,
-        progress_updated_at = CASE WHEN l.has_progress THEN CAST(:now AS timestamptz)
+        progress_updated_at = CASE WHEN l.has_progress THEN CAST(%(now)s AS timestamptz)
                                    ELSE a.progress_updated_at END
     FROM live AS l
     WHERE a.id = ANY(ARRAY(SELECT id FROM live)) AND a.id = l.id
     RETURNING a.task_id, a.attempt, a.lease_id, a.host_id, a.lease_expires_at
 ), touched AS (
     UPDATE tasks
-    SET updated_at = CAST(:now AS timestamptz),
-        status = CASE WHEN tasks.status = :assigned THEN :running ELSE tasks.status END
+    SET updated_at = CAST(%(now)s AS timestamptz),
+        status = CASE WHEN tasks.status = %(assigned)s THEN %(running)s ELSE tasks.status END
     WHERE tasks.task_id = ANY(ARRAY(SELECT task_id FROM renewed))
 )
 SELECT task_id, attempt, lease_id, host_id, lease_expires_at FROM renewed
 """
-    )
-    .bindparams(
-        bindparam("now", type_=UTCDateTime()),
-        bindparam("running", value=states.RUNNING, type_=String()),
-        bindparam("assigned", value=states.ASSIGNED, type_=String()),
-    )
-    .columns(
-        column("task_id", String()),
-        column("attempt", Integer()),
-        column("lease_id", String()),
-        column("host_id", String()),
-        column("lease_expires_at", UTCDateTime()),
-    )
-)
 
 
 async def _renew_batch_pg(store: Store, items: list[RenewalIn]) -> list[RenewalOut]:
-    """The batch as one round trip: `_RENEW_BATCH_PG` with the items as arrays.
+    """The batch as one statement: `_RENEW_BATCH_PG` with the items as arrays, on the store's
+    own connection when it can (one round trip), else through the pool.
 
     A renewal is accepted when the statement returned its (task, attempt, lease, host); every
-    other one is classified (expired, revoked, superseded, cancelled, unknown...) in the same
-    transaction, as on SQLite. The same lease twice in one batch is written once, with the last
-    progress (as the executemany's second UPDATE would leave it) and both renewals counted, and
-    both callers get the expiry.
+    other one is classified (expired, revoked, superseded, cancelled, unknown...) afterwards,
+    in the pool's transaction or (on the store's own connection, where the statement committed
+    by itself) in a read of its own. The same lease twice in one batch is written once, with
+    the last progress (as the executemany's second UPDATE would leave it) and both renewals
+    counted, and both callers get the expiry.
     """
     now = store.now()
     last: dict[tuple[str, int, str, str], RenewalIn] = {}
@@ -495,20 +484,34 @@ async def _renew_batch_pg(store: Store, items: list[RenewalIn]) -> list[RenewalO
         "summaries": [None if i.progress is None else i.progress.summary for i in unique],
         "max_steps": [None if i.progress is None else i.progress.max_steps for i in unique],
         "counts": [counts[lease_key(i)] for i in unique],
+        "running": states.RUNNING,
+        "assigned": states.ASSIGNED,
     }
+    direct = store.direct_writes
+    rows = None if direct is None else await direct.run(_RENEW_BATCH_PG, params, resend=False)
+    if rows is not None:
+        async with store.read() as session:
+            return await _renewed_or_why(session, items, rows, now)
     async with store.write() as session:
         conn = await session.connection()
-        renewed: dict[tuple[str, int, str, str], dt.datetime] = {
-            (t, a, lease, h): e for t, a, lease, h, e in await conn.execute(_RENEW_BATCH_PG, params)
-        }
-        out: list[RenewalOut] = []
-        for item in items:
-            expires = renewed.get((item.task_id, item.attempt, item.lease_id, item.host_id))
-            if expires is not None:
-                out.append(RenewalOut(expires, written=True, renewed_at=now))
-                continue
-            reason, message = await classify(
-                session, item.host_id, item.task_id, item.attempt, item.lease_id, now
-            )
-            out.append(RenewalOut(None, reason, message))
+        found = (await conn.exec_driver_sql(_RENEW_BATCH_PG, params)).all()
+        return await _renewed_or_why(session, items, [tuple(row) for row in found], now)
+
+
+async def _renewed_or_why(
+    session: AsyncSession, items: list[RenewalIn], rows: list[tuple[Any, ...]], now: dt.datetime
+) -> list[RenewalOut]:
+    """Each item's outcome from the rows `_RENEW_BATCH_PG` returned: the new expiry, or why its
+    lease is not live (`classify`, in `session`)."""
+    renewed = {(t, a, lease, h): e.astimezone(dt.UTC) for t, a, lease, h, e in rows}
+    out: list[RenewalOut] = []
+    for item in items:
+        expires = renewed.get((item.task_id, item.attempt, item.lease_id, item.host_id))
+        if expires is not None:
+            out.append(RenewalOut(expires, written=True, renewed_at=now))
+            continue
+        reason, message = await classify(
+            session, item.host_id, item.task_id, item.attempt, item.lease_id, now
+        )
+        out.append(RenewalOut(None, reason, message))
     return out
