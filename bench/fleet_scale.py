@@ -376,8 +376,8 @@ def replicas(section: Section, pki_dir: Path, sizes: Sizes, pin: bool) -> None:
             note=f"WAL {w.wal_bytes / renewals:,.0f} B and {w.commits / renewals:.2f} commits per "
             f"renewal (two replicas): one database core is used up near "
             f"{1000 / db_cpu_per_k:,.0f} renewals/s of this mix (1 host in "
-            f"{sizes.hot_every} changing progress), and each replica holds up to 31 connections "
-            "(pool 10 + 20 overflow, LISTEN)",
+            f"{sizes.hot_every} changing progress), and each replica holds up to 33 connections "
+            "(pool 10 + 20 overflow, LISTEN, the renewal batches' own two)",
         )
 
 

@@ -5,8 +5,8 @@ rest are written together, without holding up the next read.
 cannot sustain. Renewals that arrive within a few milliseconds form a batch. Stage one reads the
 batch's leases in one statement and answers each renewal that would change nothing but a
 far-off expiry with the stored expiry (decision 0070). Stage two writes the others, fenced each
-on its own (`cloud.store.leases.write_renewals`: on SQLite an executemany of the fenced UPDATE,
-on PostgreSQL one statement), so a stale renewal is refused without failing the others in its
+on its own (`cloud.store.leases.write_renewals`: on SQLite one fenced UPDATE per renewal, on
+PostgreSQL one statement), so a stale renewal is refused without failing the others in its
 batch. The stages run side by side: while a write waits (for SQLite's one writer, say, behind a
 heartbeat), unchanged renewals are still answered. A lease with a renewal queued for writing is
 written again, never answered from a read, so a lease's renewals land in the order they came.

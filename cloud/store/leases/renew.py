@@ -4,10 +4,12 @@ A batch is first read (`_read_live`: one statement, no transaction to commit, no
 whose lease the read finds live, far from expiry (at least `write_below` of its length left),
 already running and with the progress it carries already stored is acknowledged with the stored
 expiry and writes nothing (docs/decisions/0070-renewals-without-writes.md). Every other renewal is
-written, fenced: on PostgreSQL one statement for the batch (`_renew_batch_pg`), on SQLite an
-executemany of the fenced UPDATE (`_renew_batch_sqlite`). Both apply the same fence
+written, fenced: on PostgreSQL one statement for the batch (`_renew_batch_pg`), on SQLite one
+fenced UPDATE per renewal in one transaction (`_renew_batch_sqlite`), both in the driver's own
+terms on connections of the store's own (decision 0073). Both apply the same fence
 (`fence.live_fence`) to each renewal on its own, so a stale one is refused (and classified)
-without failing the others in its batch.
+without failing the others in its batch. The read also says whether a write only extends the
+lease (`Must.EXTEND`), which watchers are told without reloading the task.
 """
 
 from __future__ import annotations
@@ -289,8 +291,8 @@ async def answer_from_read(
 async def write_renewals(store: Store, items: list[RenewalIn]) -> list[RenewalOut]:
     """Write many renewals in one transaction, each fenced on its own; outcomes in order.
 
-    On PostgreSQL one statement (`_renew_batch_pg`), on SQLite an executemany of the fenced
-    UPDATE (`_renew_batch_sqlite`). Both apply the same fence; a refused renewal is classified.
+    On PostgreSQL one statement (`_renew_batch_pg`), on SQLite one fenced UPDATE per renewal
+    (`_renew_batch_sqlite`). Both apply the same fence; a refused renewal is classified.
     """
     if not items:
         return []
@@ -460,7 +462,7 @@ async def _renew_batch_pg(store: Store, items: list[RenewalIn]) -> list[RenewalO
     other one is classified (expired, revoked, superseded, cancelled, unknown...) afterwards,
     in the pool's transaction or (on the store's own connection, where the statement committed
     by itself) in a read of its own. The same lease twice in one batch is written once, with
-    the last progress (as the executemany's second UPDATE would leave it) and both renewals
+    the last progress (as SQLite's second UPDATE would leave it) and both renewals
     counted, and both callers get the expiry.
     """
     now = store.now()
