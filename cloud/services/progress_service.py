@@ -54,10 +54,10 @@ class ProgressServicer(progress_service_pb2_grpc.ProgressServiceServicer):
     """Streams task changes; changes arriving faster than a watcher reads are coalesced.
 
     A lease extension with nothing else changed (`EventBus.leases_extended`) is applied to the
-    task as this stream last sent it, not reloaded: at the default renewal interval nearly every
-    renewal extends a lease, and reloading each of those tasks was most of a 10,000-host
-    replica's watcher work (docs/benchmarks.md). A task this stream has not sent, or whose sent
-    form has no live lease, is reloaded."""
+    task as this stream last sent it, not reloaded: with the default lease, renewal interval and
+    write margin nearly every renewal is written only to extend its lease, and each would cost
+    every watcher a reload. A task this stream has not sent, or whose sent form has no live
+    lease, is reloaded."""
 
     def __init__(self, store: Store, bus: EventBus) -> None:
         self._store = store
