@@ -27,7 +27,7 @@ import math
 import os
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -118,20 +118,29 @@ class Window:
     commits: int = 0
     connections: int = 0
     rss_kib: list[int] = field(default_factory=list)
+    #: CPU-seconds of the simulated hosts' worker processes (when their pids were given).
+    hosts_cpu: float = 0.0
 
 
 @contextlib.contextmanager
 def _window(
-    servers: list[ServerProcess], db: Database, start: float, seconds: float
+    servers: list[ServerProcess],
+    db: Database,
+    start: float,
+    seconds: float,
+    hosts: Sequence[int] = (),
 ) -> Iterator[Window]:
-    """Sample the servers and the database at `start` and `start + seconds` (a thread)."""
+    """Sample the servers, the database and the `hosts` worker processes at `start` and
+    `start + seconds` (a thread)."""
     w = Window(seconds)
     marks: list[tuple[float, float, tuple[int, int, int]]] = []
+    host_marks: list[float] = []
 
     def sample() -> None:
         for at in (start, start + seconds):
             time.sleep(max(0.0, at - time.time()))
             marks.append((sum(cpu_seconds(s.pid) for s in servers), db.cpu(), db.stats()))
+            host_marks.append(sum(cpu_seconds(pid) for pid in hosts))
 
     sampler = threading.Thread(target=sample)
     sampler.start()
@@ -141,6 +150,7 @@ def _window(
     w.cloud_cpu, w.db_cpu = c1 - c0, d1 - d0
     w.wal_bytes, w.commits, w.connections = wal1 - wal0, com1 - com0, conns
     w.rss_kib = [rss_kb(s.pid) for s in servers]
+    w.hosts_cpu = host_marks[1] - host_marks[0]
 
 
 class Watcher:
@@ -337,7 +347,7 @@ def _sat(
             asyncio.run(submit_many(clouds[0].address, pki_dir, fleet.connected))
             fleet.wait_assigned(timeout=300)
             start = time.time() + 2.0
-            with _window(clouds, db, start, sizes.sat_duration) as w:
+            with _window(clouds, db, start, sizes.sat_duration, fleet.pids) as w:
                 result = fleet.phase(start, sizes.sat_duration, 0.0, len(ids))
         finally:
             fleet.stop()
@@ -363,7 +373,9 @@ def replicas(section: Section, pki_dir: Path, sizes: Sizes, pin: bool) -> None:
             + (f" (each at most {quota:.0%}: a CFS quota)" if quota is not None else "")
             + f"; RSS {' + '.join(f'{k / 1024:,.0f}' for k in w.rss_kib)} MiB; "
             f"database CPU {w.db_cpu / w.seconds:.0%}, WAL {w.wal_bytes / w.seconds / 1024:,.0f} "
-            f"KiB/s, {w.commits / w.seconds:,.0f} commits/s, {w.connections} connections",
+            f"KiB/s, {w.commits / w.seconds:,.0f} commits/s, {w.connections} connections; "
+            f"the simulated hosts' CPU {w.hosts_cpu / w.seconds:.0%} of one core"
+            + (f" (theirs: CPU {','.join(map(str, sorted(HOST_CPUS)))})" if pin else ""),
         )
     per_s, _, w = two
     renewals = per_s * w.seconds

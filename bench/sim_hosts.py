@@ -377,6 +377,11 @@ class Fleet:
             got.append(msg)
         return got
 
+    @property
+    def pids(self) -> list[int]:
+        """The worker processes' pids (once started), to measure what the hosts themselves use."""
+        return [p.pid for p in self._procs if p.pid is not None]
+
     def start(self, timeout: float = 300) -> None:
         """Start the workers and wait until every host is connected."""
         for p in self._procs:
