@@ -13,6 +13,11 @@ The same run measures two references on the same hosts and leases:
     store function, one transaction per renewal, driven by httpx;
 (b) a bare grpc.aio bidirectional stream with the same mTLS and messages, no store: the ceiling.
 
+The echo server and its hosts stay up beside each cloud, and the paced phase alternates between
+the two (echo, cloud, cloud, echo, echo, cloud, … for `rounds` rounds) so that drift in this
+machine's load reaches both alike; each figure pools its rounds, and the CPU row lists every
+round's ratio.
+
     python -m bench.lease_capacity [--smoke] [--hosts N] [--duration S]
 """
 
@@ -20,11 +25,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import math
 import os
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -40,7 +47,7 @@ from bench.sim_hosts import Fleet, Lease, WorkerConfig, host_ids, split
 
 @dataclass(slots=True)
 class Measured:
-    """One phase against one server."""
+    """One or more phases against one server, pooled."""
 
     hosts: int
     per_s: float
@@ -48,6 +55,37 @@ class Measured:
     p99_ms: float
     cpu_per_1000: float
     errors: int
+    #: Each phase's CPU-s per 1,000 renewals, in the order measured.
+    rounds: tuple[float, ...] = ()
+
+
+@dataclass(slots=True)
+class _Phase:
+    """What one phase saw: acknowledgement latencies (s), the server's CPU-s, errors."""
+
+    hosts: int
+    seconds: float
+    latencies: list[float]
+    cpu: float
+    errors: int
+
+    @property
+    def cpu_per_1000(self) -> float:
+        return self.cpu / len(self.latencies) * 1000 if self.latencies else math.nan
+
+
+def _pooled(phases: list[_Phase]) -> Measured:
+    latencies = [x * 1000 for p in phases for x in p.latencies]
+    acked = len(latencies)
+    return Measured(
+        hosts=phases[0].hosts,
+        per_s=acked / sum(p.seconds for p in phases),
+        p50_ms=percentile(latencies, 50),
+        p99_ms=percentile(latencies, 99),
+        cpu_per_1000=sum(p.cpu for p in phases) / acked * 1000 if acked else math.nan,
+        errors=sum(p.errors for p in phases),
+        rounds=tuple(p.cpu_per_1000 for p in phases),
+    )
 
 
 @dataclass(slots=True)
@@ -57,6 +95,8 @@ class Sizes:
     duration: float
     sat_hosts: int
     lead: float
+    #: Paced phases of each server, alternated with the echo stream's (drift reaches both).
+    rounds: int = 1
     #: Renewals per progress change in the simulated hosts (1 = a new step every renewal).
     step_every: int = 5
     #: Pin the servers under test to CPU 0 and the simulated hosts to CPU 1 (`taskset`).
@@ -71,13 +111,15 @@ SERVER_CPUS = "0"
 HOST_CPUS = frozenset({1})
 
 
-FULL = Sizes(hosts=2000, workers=2, duration=20.0, sat_hosts=200, lead=2.0, pin=True, http=False)
+FULL = Sizes(
+    hosts=2000, workers=2, duration=15.0, sat_hosts=200, lead=2.0, rounds=3, pin=True, http=False
+)
 SMOKE = Sizes(hosts=12, workers=1, duration=1.0, sat_hosts=12, lead=0.3, stores=("SQLite",))
 
 
-def _measure(
+def _phase(
     fleet: Fleet, server: ServerProcess, sizes: Sizes, interval: float, active: int
-) -> Measured:
+) -> _Phase:
     workers = max(1, min(sizes.workers, fleet.size))
     per_worker = math.ceil(active / workers)
     start = time.time() + sizes.lead
@@ -93,16 +135,34 @@ def _measure(
     sampler.start()
     result = fleet.phase(start, sizes.duration, interval, per_worker)
     sampler.join()
-    acked = len(result.latencies)
-    ms = [x * 1000 for x in result.latencies]
-    return Measured(
-        hosts=min(active, fleet.connected),
-        per_s=acked / sizes.duration,
-        p50_ms=percentile(ms, 50),
-        p99_ms=percentile(ms, 99),
-        cpu_per_1000=(cpu[1] - cpu[0]) / acked * 1000 if acked else math.nan,
-        errors=result.errors,
+    return _Phase(
+        min(active, fleet.connected),
+        sizes.duration,
+        result.latencies,
+        cpu[1] - cpu[0],
+        result.errors,
     )
+
+
+def _measure(
+    fleet: Fleet, server: ServerProcess, sizes: Sizes, interval: float, active: int
+) -> Measured:
+    return _pooled([_phase(fleet, server, sizes, interval, active)])
+
+
+Target = tuple[Fleet, ServerProcess]
+
+
+def _alternated(echo: Target, ours: Target, sizes: Sizes) -> tuple[Measured, Measured]:
+    """`sizes.rounds` paced phases of each, in the order echo, ours, ours, echo, echo, … (a
+    drift in the machine's load that is linear in time reaches both alike)."""
+    phases: dict[int, list[_Phase]] = {0: [], 1: []}
+    targets = (echo, ours)
+    for n in range(sizes.rounds):
+        for which in (0, 1) if n % 2 == 0 else (1, 0):
+            fleet, server = targets[which]
+            phases[which].append(_phase(fleet, server, sizes, 1.0, fleet.connected))
+    return _pooled(phases[0]), _pooled(phases[1])
 
 
 def _grpc_fleet(address: str, pki_dir: Path, ids: list[str], sizes: Sizes) -> Fleet:
@@ -132,20 +192,33 @@ def _both(fleet: Fleet, server: ServerProcess, sizes: Sizes) -> tuple[Measured, 
     return paced, sat
 
 
+@dataclass(slots=True)
+class _Pair:
+    """A cloud's paced and closed-loop figures with the echo stream's, measured beside them."""
+
+    paced: Measured
+    sat: Measured
+    echo_paced: Measured
+    echo_sat: Measured
+
+
 def run_cloud(
-    url: str, pki_dir: Path, ids: list[str], sizes: Sizes
-) -> tuple[Measured, Measured, dict[str, Lease]]:
-    """Our cloud: connect, assign, then paced and saturated renewals."""
+    url: str, pki_dir: Path, ids: list[str], sizes: Sizes, echo: Target
+) -> tuple[_Pair, dict[str, Lease]]:
+    """Our cloud: connect, assign, then paced renewals alternated with the echo stream's
+    (`_alternated`), then closed-loop renewals of each."""
     with server_process("cloud", "--db", url, "--pki", str(pki_dir), cpus=_cpus(sizes)) as server:
         fleet = _grpc_fleet(server.address, pki_dir, ids, sizes)
         try:
             fleet.start()
             asyncio.run(submit_many(server.address, pki_dir, fleet.connected))
             leases = fleet.wait_assigned()
-            paced, sat = _both(fleet, server, sizes)
+            echo_paced, paced = _alternated(echo, (fleet, server), sizes)
+            echo_sat = _measure(*echo, sizes, 0.0, sizes.sat_hosts)
+            sat = _measure(fleet, server, sizes, 0.0, sizes.sat_hosts)
         finally:
             fleet.stop()
-    return paced, sat, leases
+    return _Pair(paced, sat, echo_paced, echo_sat), leases
 
 
 def _scrape_every_second(url: str, stop: threading.Event) -> None:
@@ -250,14 +323,15 @@ def run_http(url: str, leases: dict[str, Lease], sizes: Sizes) -> tuple[Measured
             fleet.stop()
 
 
-def run_echo(pki_dir: Path, ids: list[str], sizes: Sizes) -> tuple[Measured, Measured]:
-    """The bare grpc.aio stream."""
+@contextlib.contextmanager
+def echo_stream(pki_dir: Path, ids: list[str], sizes: Sizes) -> Iterator[Target]:
+    """The bare grpc.aio stream with its hosts connected, measured beside each cloud."""
     with server_process("echo", "--pki", str(pki_dir), cpus=_cpus(sizes)) as server:
         fleet = _grpc_fleet(server.address, pki_dir, ids, sizes)
         try:
             fleet.start()
             fleet.wait_assigned()
-            return _both(fleet, server, sizes)
+            yield fleet, server
         finally:
             fleet.stop()
 
@@ -301,13 +375,17 @@ def _rows(
             baseline=round(base, 2),
             baseline_name="bare gRPC echo",
         )
+    rounds = ""
+    if len(ours.rounds) > 1:
+        ratios = ", ".join(f"x{o / e:.2f}" for o, e in zip(ours.rounds, echo.rounds, strict=True))
+        rounds = f"; by round {ratios}"
     section.add(
         f"{label} {what} CPU-s / 1,000 renewals",
         round(ours.cpu_per_1000, 3),
         "s",
         baseline=round(echo.cpu_per_1000, 3),
         baseline_name="bare gRPC echo",
-        note=f"errors {ours.errors}",
+        note=f"errors {ours.errors}{rounds}",
     )
 
 
@@ -320,6 +398,7 @@ def _sizes(
     pin: bool | None = None,
     http: bool | None = None,
     stores: tuple[str, ...] | None = None,
+    rounds: int | None = None,
 ) -> Sizes:
     sizes = SMOKE if smoke else FULL
     if hosts:
@@ -334,6 +413,8 @@ def _sizes(
         sizes = replace(sizes, http=http)
     if stores:
         sizes = replace(sizes, stores=stores)
+    if rounds:
+        sizes = replace(sizes, rounds=rounds)
     return replace(sizes, pin=sizes.pin and len(os.sched_getaffinity(0)) > 1)
 
 
@@ -346,30 +427,43 @@ def run(
     pin: bool | None = None,
     http: bool | None = None,
     stores: tuple[str, ...] | None = None,
+    rounds: int | None = None,
 ) -> Section:
-    sizes = _sizes(smoke, hosts, duration, step_every=step_every, pin=pin, http=http, stores=stores)
+    sizes = _sizes(
+        smoke,
+        hosts,
+        duration,
+        step_every=step_every,
+        pin=pin,
+        http=http,
+        stores=stores,
+        rounds=rounds,
+    )
     t0 = time.monotonic()
     section = Section(
         "lease_capacity",
         "Lease capacity",
         f"{sizes.hosts} hosts in {sizes.workers} client processes, paced 1 renewal/s/host for "
-        f"{sizes.duration:g} s (progress changes every {sizes.step_every} renewals), then "
-        f"{sizes.sat_hosts} hosts closed-loop for {sizes.duration:g} s",
+        f"{sizes.rounds} x {sizes.duration:g} s alternated with the echo stream's (progress "
+        f"changes every {sizes.step_every} renewals), then {sizes.sat_hosts} hosts closed-loop "
+        f"for {sizes.duration:g} s",
     )
     ids = host_ids(sizes.hosts)
     pki_dir = resources.pki(ids)
-    echo = run_echo(pki_dir, ids, sizes)
-    with tempfile.TemporaryDirectory(prefix="amc-bench-lease-") as tmp:
+    with (
+        tempfile.TemporaryDirectory(prefix="amc-bench-lease-") as tmp,
+        echo_stream(pki_dir, ids, sizes) as echo,
+    ):
         backends = []
         if "SQLite" in sizes.stores:
             backends.append(("SQLite", f"sqlite+aiosqlite:///{Path(tmp) / 'cloud.sqlite3'}"))
         if "PostgreSQL" in sizes.stores:
             backends.append(("PostgreSQL", resources.postgres_url()))
         for label, url in backends:
-            paced, sat, leases = run_cloud(url, pki_dir, ids, sizes)
+            pair, leases = run_cloud(url, pki_dir, ids, sizes, echo)
             http_paced, http_sat = run_http(url, leases, sizes) if sizes.http else (None, None)
-            _rows(section, label, paced, http_paced, echo[0], "paced")
-            _rows(section, label, sat, http_sat, echo[1], "closed-loop")
+            _rows(section, label, pair.paced, http_paced, pair.echo_paced, "paced")
+            _rows(section, label, pair.sat, http_sat, pair.echo_sat, "closed-loop")
             section.notes.append(
                 f"{label}: {len(leases)} of {sizes.hosts} hosts held a lease; offered "
                 f"{len(leases)} renewals/s in the paced phase"
@@ -410,6 +504,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pin", action=argparse.BooleanOptionalAction, default=None)
     parser.add_argument("--http", action=argparse.BooleanOptionalAction, default=None)
     parser.add_argument("--store", action="append", choices=["SQLite", "PostgreSQL"])
+    parser.add_argument("--rounds", type=int, help="paced phases of each, alternated with echo's")
     parser.add_argument(
         "--overhead",
         type=int,
@@ -431,6 +526,7 @@ def main(argv: list[str] | None = None) -> int:
             pin=args.pin,
             http=args.http,
             stores=tuple(args.store) if args.store else None,
+            rounds=args.rounds,
         )
         print(section.text())
     finally:
