@@ -15,7 +15,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 from sqlalchemy.orm import Session, sessionmaker
 
 from cloud.store.direct import DirectConnection
-from cloud.store.engine import create_engine, sqlite_loop_reader, sqlite_loop_writer
+from cloud.store.engine import create_engine, sqlite_loop_connection
 
 T = TypeVar("T")
 
@@ -40,13 +40,12 @@ class Store:
         self.is_postgres = engine.dialect.name == "postgresql"
         self._write_lock = asyncio.Lock() if self.is_sqlite else None
         self._sessions = async_sessionmaker(engine, expire_on_commit=False, autoflush=False)
-        #: SQLite file only: reads on the loop's own thread (`engine.sqlite_loop_reader`).
-        self.loop_reader: Engine | None = sqlite_loop_reader(engine)
-        #: SQLite file only: short writes on the loop's own thread (`write_on_loop`).
-        self.loop_writer: Engine | None = sqlite_loop_writer(engine)
+        #: SQLite file only: the renewal batch's read and its short write transactions
+        #: (`write_on_loop`) on the loop's own thread (`engine.sqlite_loop_connection`).
+        self.loop_connection: Engine | None = sqlite_loop_connection(engine)
         self._loop_sessions = (
-            sessionmaker(self.loop_writer, expire_on_commit=False, autoflush=False)
-            if self.loop_writer is not None
+            sessionmaker(self.loop_connection, expire_on_commit=False, autoflush=False)
+            if self.loop_connection is not None
             else None
         )
         #: PostgreSQL only: the renewal batch's read and its write, each on a connection of
@@ -77,7 +76,7 @@ class Store:
     async def write_on_loop(self, work: Callable[[Session], T]) -> T:
         """`work` in a write transaction (committed if it returns, rolled back if it raises).
 
-        On a SQLite file it runs on the loop's own thread (`engine.sqlite_loop_writer`), under
+        On a SQLite file it runs on the loop's own thread (`engine.sqlite_loop_connection`), under
         the store's write lock: for short, hot transactions only (the loop stands still while
         it runs). Should SQLite refuse there (another process writing past the short timeout,
         any OperationalError), the transaction is rolled back and `work` runs again through
@@ -103,9 +102,8 @@ class Store:
 
     async def close(self) -> None:
         """Dispose of the engine's pool."""
-        for engine in (self.loop_reader, self.loop_writer):
-            if engine is not None:
-                engine.dispose()
+        if self.loop_connection is not None:
+            self.loop_connection.dispose()
         for direct in (self.direct_reads, self.direct_writes):
             if direct is not None:
                 await direct.close()

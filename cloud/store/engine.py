@@ -17,12 +17,11 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 import migrations
 
 SQLITE_BUSY_TIMEOUT_MS = 10_000
-#: How long a read on the event loop's own thread may wait for SQLite (`sqlite_loop_reader`):
-#: the loop stands still meanwhile, so briefly, and the caller reads the usual way instead.
-SQLITE_LOOP_READ_TIMEOUT_MS = 20
-#: The same bound for a write on the loop's thread (`sqlite_loop_writer`): in-process writers
-#: are serialised before SQLite sees them, so only another process's write makes it wait.
-SQLITE_LOOP_WRITE_TIMEOUT_MS = 20
+#: How long a statement on the event loop's own thread may wait for SQLite
+#: (`sqlite_loop_connection`): the loop stands still meanwhile, so briefly, and the caller goes
+#: the usual way instead. In-process writers are serialised before SQLite sees them, so only
+#: another process's write makes a write wait; a WAL reader rarely waits at all.
+SQLITE_LOOP_TIMEOUT_MS = 20
 #: PostgreSQL advisory lock held (for the migration's transaction) while a replica migrates, so
 #: replicas started at once on a fresh database migrate one after the other, not into each other.
 MIGRATION_LOCK_KEY = 0x616D63  # "amc"
@@ -65,30 +64,9 @@ def create_engine(url: str) -> AsyncEngine:
     )
 
 
-def _sqlite_reader_on_connect(dbapi_connection: Any, _record: Any) -> None:
+def _sqlite_loop_on_connect(dbapi_connection: Any, _record: Any) -> None:
     cursor = dbapi_connection.cursor()
-    cursor.execute(f"PRAGMA busy_timeout={SQLITE_LOOP_READ_TIMEOUT_MS}")
-    cursor.execute("PRAGMA query_only=ON")
-    cursor.close()
-
-
-def sqlite_loop_reader(engine: AsyncEngine) -> Engine | None:
-    """A synchronous, read-only connection to `engine`'s SQLite file, for the event loop's own
-    thread; None for PostgreSQL or an in-memory database.
-
-    aiosqlite runs every statement in a worker thread: the statement, its cursor and the result
-    each cross threads, and with the loop busy the worker waits for the GIL at each crossing
-    (up to the 5 ms switch interval). For the renewal batch's one short read (decision 0070) that
-    handoff cost more than the read. A WAL reader never waits for the writer, so reading on
-    the loop thread does not stall it behind a write; `SQLITE_LOOP_READ_TIMEOUT_MS` bounds the
-    rare wait (a checkpoint), after which the caller reads through the async engine.
-    """
-    return _sqlite_loop_engine(engine, _sqlite_reader_on_connect)
-
-
-def _sqlite_writer_on_connect(dbapi_connection: Any, _record: Any) -> None:
-    cursor = dbapi_connection.cursor()
-    cursor.execute(f"PRAGMA busy_timeout={SQLITE_LOOP_WRITE_TIMEOUT_MS}")
+    cursor.execute(f"PRAGMA busy_timeout={SQLITE_LOOP_TIMEOUT_MS}")
     cursor.execute("PRAGMA synchronous=NORMAL")
     cursor.execute("PRAGMA foreign_keys=ON")
     # A checkpoint copies the WAL into the database file and syncs it: the store's other
@@ -97,20 +75,29 @@ def _sqlite_writer_on_connect(dbapi_connection: Any, _record: Any) -> None:
     cursor.close()
 
 
-def sqlite_loop_writer(engine: AsyncEngine) -> Engine | None:
-    """A synchronous connection to `engine`'s SQLite file for short write transactions on the
-    event loop's own thread (the renewal batch's); None for PostgreSQL or an in-memory database.
+def sqlite_loop_connection(engine: AsyncEngine) -> Engine | None:
+    """One synchronous connection to `engine`'s SQLite file for the event loop's own thread:
+    the renewal batch's read and its short write transactions; None for PostgreSQL or an
+    in-memory database.
 
-    Through aiosqlite each statement of a write batch crossed to the worker thread and back,
-    waiting for the GIL at each crossing while the loop served thousands of streams: a batch
-    of renewals took 45 ms (p50) for about a millisecond of SQLite's work, and the renewals
-    waiting on it made the acknowledgement tail (bench/lease_capacity.py). With synchronous=
-    NORMAL a WAL commit does not sync, and this connection never checkpoints, so its
-    transactions do not wait on the disk. `Store.write_on_loop` takes the store's write lock
-    first (no in-process writer holds SQLite's), so only another process can make it wait, for
-    at most `SQLITE_LOOP_WRITE_TIMEOUT_MS`, after which the work runs through the async engine.
+    aiosqlite runs every statement in a worker thread: the statement, its cursor and the result
+    each cross threads, and with the loop busy the worker waits for the GIL at each crossing
+    (up to the 5 ms switch interval). A batch of renewals took 45 ms (p50) that way for about a
+    millisecond of SQLite's work, and the renewals waiting on it made the acknowledgement tail
+    (bench/lease_capacity.py). With synchronous=NORMAL a WAL commit does not sync, and this
+    connection never checkpoints, so its transactions do not wait on the disk.
+    `Store.write_on_loop` takes the store's write lock first (no in-process writer holds
+    SQLite's), so only another process can make it wait, for at most `SQLITE_LOOP_TIMEOUT_MS`,
+    after which the work runs through the async engine; a read that waits that long (a WAL
+    reader waits only in rare cases) is made through the async engine too.
+
+    Reads and writes share the connection because SQLite keeps a connection's page cache
+    across its own commits but drops it when another connection wrote: a separate reader
+    re-read every page of the batch's rows (through the WAL) after each write batch, 12-23 us
+    per row against 7-9 us here. Everything on it runs to completion inside one callback of
+    the loop (no await within a transaction), so a read never sees a write half done.
     """
-    return _sqlite_loop_engine(engine, _sqlite_writer_on_connect)
+    return _sqlite_loop_engine(engine, _sqlite_loop_on_connect)
 
 
 def _sqlite_loop_engine(

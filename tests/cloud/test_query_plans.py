@@ -44,9 +44,8 @@ def _capture(store: Store) -> Callable[[], list[tuple[str, Any]]]:
         sent.append((statement, parameters[0] if many and parameters else parameters))
 
     event.listen(store.engine.sync_engine, "before_cursor_execute", seen)
-    for engine in (store.loop_reader, store.loop_writer):
-        assert engine is not None
-        trace(engine, ran)
+    assert store.loop_connection is not None
+    trace(store.loop_connection, ran)
     return lambda: [*sent, *((statement, ()) for statement in ran)]
 
 

@@ -24,7 +24,7 @@ from cloud.lease.batcher import RenewalBatcher
 from cloud.settings import CloudSettings
 from cloud.store import convert, leases, states, tasks
 from cloud.store.database import Store
-from cloud.store.engine import sqlite_loop_reader
+from cloud.store.engine import sqlite_loop_connection
 from cloud.store.models import AttemptRow, TaskRow
 from tests.cloud.sqlite_trace import trace
 
@@ -339,23 +339,23 @@ async def test_renewals_answered_from_the_read_are_counted_at_the_next_write(sto
 async def test_sqlite_reads_on_the_loop_thread_and_falls_back_when_it_cannot(
     store: Store, tmp_path: Path
 ) -> None:
-    """On a SQLite file the batch's read runs on the loop's own thread (`Store.loop_reader`);
+    """On a SQLite file the batch's read runs on the loop's own thread (`Store.loop_connection`);
     when that connection cannot read (here: its file cannot be opened, a real SQLite error),
     the read goes through the async engine and the answer is the same. PostgreSQL has none."""
     if store.is_postgres:
-        assert store.loop_reader is None
+        assert store.loop_connection is None
         return
-    assert store.loop_reader is not None
+    assert store.loop_connection is not None
     c = await _lease(store)
     (direct,) = await leases.answer_from_read(store, [_item(c)], HALF)
     assert isinstance(direct, leases.RenewalOut)
     assert direct.expires_at == (await _row(store, c.task_id)).lease_expires_at
-    working, store.loop_reader = store.loop_reader, create_engine(f"sqlite:///{tmp_path}")
+    working, store.loop_connection = store.loop_connection, create_engine(f"sqlite:///{tmp_path}")
     try:
         (fallback,) = await leases.answer_from_read(store, [_item(c)], HALF)
     finally:
-        store.loop_reader.dispose()
-        store.loop_reader = working
+        store.loop_connection.dispose()
+        store.loop_connection = working
     assert fallback == direct
 
 
@@ -421,9 +421,9 @@ async def test_postgres_writes_on_its_own_connection_and_fails_loudly_when_it_br
     assert store.direct_writes.backend_pid not in (None, backend)
 
 
-def test_an_in_memory_sqlite_database_has_no_loop_reader() -> None:
-    """A second connection would see another (empty) in-memory database: no loop reader."""
-    assert sqlite_loop_reader(create_async_engine("sqlite+aiosqlite://")) is None
+def test_an_in_memory_sqlite_database_has_no_loop_connection() -> None:
+    """A second connection would see another (empty) in-memory database: no loop connection."""
+    assert sqlite_loop_connection(create_async_engine("sqlite+aiosqlite://")) is None
 
 
 async def test_sqlite_writes_renewals_on_the_loop_thread_and_falls_back_when_it_cannot(
@@ -432,19 +432,19 @@ async def test_sqlite_writes_renewals_on_the_loop_thread_and_falls_back_when_it_
     """On a SQLite file the renewal batch's write transaction runs on the loop's own thread
     (`Store.write_on_loop`); when that connection cannot write (here: its file cannot be
     opened, a real SQLite error), the transaction runs through the async engine instead, with
-    the same outcome. PostgreSQL has no loop writer."""
+    the same outcome. PostgreSQL has no loop connection."""
     if store.is_postgres:
-        assert store.loop_writer is None
+        assert store.loop_connection is None
         return
-    assert store.loop_writer is not None
+    assert store.loop_connection is not None
     sent: list[str] = []
-    trace(store.loop_writer, sent)
+    trace(store.loop_connection, sent)
     c = await _lease(store)
     assert any(s.startswith("UPDATE attempts") for s in sent)
     (on_loop,) = await leases.write_renewals(store, [_item(c)])
     assert on_loop.written and on_loop.expires_at == (await _row(store, c.task_id)).lease_expires_at
     sent.clear()
-    working = store.loop_writer
+    working = store.loop_connection
     broken = create_engine(f"sqlite:///{tmp_path}")  # a directory: SQLite cannot open it
     store._loop_sessions = sessionmaker(broken)
     try:

@@ -188,7 +188,7 @@ async def _read_live(store: Store, task_ids: list[str]) -> dict[str, _Live | Row
     """The live attempt of each of `task_ids` (at most one per task), as one committed snapshot.
 
     Not a write transaction: on SQLite it does not wait for the store's write lock (WAL readers
-    never block the writer) and runs on the loop's own thread (`Store.loop_reader`), on
+    never block the writer) and runs on the loop's own thread (`Store.loop_connection`), on
     PostgreSQL in autocommit on the store's own connection (`Store.direct_reads`); both in the
     driver's own terms (SQLAlchemy's statement and row handling cost more than the read)."""
     if store.direct_reads is not None:
@@ -196,10 +196,10 @@ async def _read_live(store: Store, task_ids: list[str]) -> dict[str, _Live | Row
         if found is not None:
             return {row[0]: _Live._make(row) for row in found}
     ids = json.dumps(task_ids)
-    if store.loop_reader is not None:
+    if store.loop_connection is not None:
         # Busy for a moment (OperationalError): read the usual way below.
         with contextlib.suppress(OperationalError, sqlite3.OperationalError):
-            raw = store.loop_reader.raw_connection()
+            raw = store.loop_connection.raw_connection()
             try:
                 cursor = raw.cursor()
                 cursor.execute(_LIVE_SQLITE_TEXT, (ids,))
