@@ -9,8 +9,10 @@ acknowledged, p50/p99, refusals (a refused renewal = a lost lease), cloud RSS, c
 renewals, watcher delay p50/p99, and what the database did (its CPU, WAL bytes, commits).
 
 Part 2 (`replicas`): the same closed-loop load (hosts renewing as fast as they are acknowledged)
-against one replica, then against two replicas on the same PostgreSQL, the hosts split between
-them: renewals/s of each, with the database's CPU, WAL and connections beside them.
+against one replica and, with as many other hosts split between them, against two replicas on
+the same PostgreSQL: renewals/s of each, with the database's CPU, WAL and connections beside
+them. All three replicas and both sets of hosts stay up; the phases alternate (one, two, two,
+one, one, two in the full run) so that drift in the machine's load reaches both alike.
 
 The replicas are pinned to CPU 0 (`taskset`), the simulated hosts to CPU 1 when the machine has
 two CPUs; PostgreSQL is not pinned (it shares both).
@@ -59,10 +61,18 @@ class Sizes:
     sat_hosts: int
     sat_duration: float
     hot_every: int = 10
+    #: Closed-loop phases of one and of two replicas, alternated.
+    rounds: int = 1
 
 
 FULL = Sizes(
-    hosts=10_000, workers=4, interval=10.0, duration=60.0, sat_hosts=400, sat_duration=20.0
+    hosts=10_000,
+    workers=4,
+    interval=10.0,
+    duration=60.0,
+    sat_hosts=400,
+    sat_duration=15.0,
+    rounds=3,
 )
 SMOKE = Sizes(hosts=20, workers=1, interval=1.0, duration=2.0, sat_hosts=10, sat_duration=1.0)
 
@@ -324,44 +334,84 @@ def scale(section: Section, url: str, pki_dir: Path, sizes: Sizes, pin: bool) ->
     )
 
 
-def _sat(
+@dataclass(slots=True)
+class _Setup:
+    """Replicas on the benchmark's PostgreSQL with their closed-loop hosts connected."""
+
+    clouds: list[ServerProcess]
+    fleet: Fleet
+    hosts: int
+
+
+def _setup(
+    stack: contextlib.ExitStack,
     url: str,
     pki_dir: Path,
     ids: list[str],
     sizes: Sizes,
     pin: bool,
-    replicas: int,
     quota: float | None,
-) -> tuple[float, float, Window]:
-    """Closed loop against `replicas` replicas, each under a CPU `quota` when given:
-    (renewals/s, p99 ms, window)."""
-    db = Database(url)
-    with contextlib.ExitStack() as stack:
-        clouds = [stack.enter_context(_cloud(url, pki_dir, pin)) for _ in range(replicas)]
-        if quota is not None:
-            for i, c in enumerate(clouds):
-                stack.enter_context(cpu_quota.limited(c.pid, quota, f"replica{i}"))
-        fleet = _fleet([c.address for c in clouds], pki_dir, ids, sizes, pin)
-        try:
-            fleet.start(timeout=300)
-            asyncio.run(submit_many(clouds[0].address, pki_dir, fleet.connected))
-            fleet.wait_assigned(timeout=300)
-            start = time.time() + 2.0
-            with _window(clouds, db, start, sizes.sat_duration, fleet.pids) as w:
-                result = fleet.phase(start, sizes.sat_duration, 0.0, len(ids))
-        finally:
-            fleet.stop()
-    ms = [x * 1000 for x in result.latencies]
-    return len(result.latencies) / sizes.sat_duration, percentile(ms, 99), w
+    replicas: int,
+) -> _Setup:
+    """`replicas` replicas, each under a CPU `quota` when given, and `ids` connected to them."""
+    clouds = [stack.enter_context(_cloud(url, pki_dir, pin)) for _ in range(replicas)]
+    if quota is not None:
+        for i, c in enumerate(clouds):
+            stack.enter_context(cpu_quota.limited(c.pid, quota, f"replicas{replicas}-{i}"))
+    fleet = _fleet([c.address for c in clouds], pki_dir, ids, sizes, pin)
+    stack.callback(fleet.stop)
+    fleet.start(timeout=300)
+    return _Setup(clouds, fleet, len(ids))
+
+
+def _sat(setup: _Setup, db: Database, sizes: Sizes) -> tuple[list[float], Window]:
+    """One closed-loop phase of `setup`'s hosts: acknowledgement latencies (s) and the window."""
+    start = time.time() + 2.0
+    with _window(setup.clouds, db, start, sizes.sat_duration, setup.fleet.pids) as w:
+        result = setup.fleet.phase(start, sizes.sat_duration, 0.0, setup.hosts)
+    return result.latencies, w
+
+
+def _pooled(phases: list[tuple[list[float], Window]]) -> tuple[float, float, Window]:
+    """(renewals/s, p99 ms, the windows summed) over `phases`."""
+    ms = [x * 1000 for latencies, _ in phases for x in latencies]
+    windows = [w for _, w in phases]
+    total = Window(
+        sum(w.seconds for w in windows),
+        cloud_cpu=sum(w.cloud_cpu for w in windows),
+        db_cpu=sum(w.db_cpu for w in windows),
+        wal_bytes=sum(w.wal_bytes for w in windows),
+        commits=sum(w.commits for w in windows),
+        connections=windows[-1].connections,
+        rss_kib=windows[-1].rss_kib,
+        hosts_cpu=sum(w.hosts_cpu for w in windows),
+    )
+    return len(ms) / total.seconds, percentile(ms, 99), total
 
 
 def replicas(section: Section, pki_dir: Path, sizes: Sizes, pin: bool) -> None:
-    """Part 2: one replica, then two on one PostgreSQL, the same closed-loop hosts."""
-    ids = host_ids(sizes.sat_hosts, "repl")
-    resources.pki(ids)
+    """Part 2: one replica and two on one PostgreSQL, each with its own closed-loop hosts, all
+    connected throughout; their phases alternate (one, two, two, one, …) so that drift in the
+    machine's load reaches both alike."""
+    ids = {n: host_ids(sizes.sat_hosts, f"repl{n}-") for n in (1, 2)}
+    resources.pki([*ids[1], *ids[2]])
     quota = REPLICA_CPUS if pin and cpu_quota.available() else None
-    one = _sat(resources.postgres_url(), pki_dir, ids, sizes, pin, 1, quota)
-    two = _sat(resources.postgres_url(), pki_dir, ids, sizes, pin, 2, quota)
+    url = resources.postgres_url()
+    db = Database(url)
+    phases: dict[int, list[tuple[list[float], Window]]] = {1: [], 2: []}
+    with contextlib.ExitStack() as stack:
+        setups = {n: _setup(stack, url, pki_dir, ids[n], sizes, pin, quota, n) for n in (1, 2)}
+        connected = sum(s.fleet.connected for s in setups.values())
+        asyncio.run(submit_many(setups[1].clouds[0].address, pki_dir, connected))
+        for s in setups.values():
+            s.fleet.wait_assigned(timeout=300)
+        for r in range(sizes.rounds):
+            for n in (1, 2) if r % 2 == 0 else (2, 1):
+                phases[n].append(_sat(setups[n], db, sizes))
+    one, two = _pooled(phases[1]), _pooled(phases[2])
+    by_round = ", ".join(
+        f"x{len(b[0]) / len(a[0]):.2f}" for a, b in zip(phases[1], phases[2], strict=True) if a[0]
+    )
     for label, (per_s, p99, w) in (("one replica", one), ("two replicas", two)):
         section.add(
             f"replicas: {label}, closed-loop renewals/s",
@@ -369,7 +419,8 @@ def replicas(section: Section, pki_dir: Path, sizes: Sizes, pin: bool) -> None:
             "/s",
             baseline=round(one[0], 1),
             baseline_name="one replica",
-            note=f"p99 {p99:,.0f} ms; replicas' CPU {w.cloud_cpu / w.seconds:.0%} of one core"
+            note=(f"by round {by_round}; " if label == "two replicas" and sizes.rounds > 1 else "")
+            + f"p99 {p99:,.0f} ms; replicas' CPU {w.cloud_cpu / w.seconds:.0%} of one core"
             + (f" (each at most {quota:.0%}: a CFS quota)" if quota is not None else "")
             + f"; RSS {' + '.join(f'{k / 1024:,.0f}' for k in w.rss_kib)} MiB; "
             f"database CPU {w.db_cpu / w.seconds:.0%}, WAL {w.wal_bytes / w.seconds / 1024:,.0f} "
@@ -414,7 +465,8 @@ def run(
         "Fleet scale (PostgreSQL)",
         f"{sizes.hosts:,} hosts renewing every {sizes.interval:g} s for {sizes.duration:g} s, one "
         f"in {sizes.hot_every} changing progress every renewal; then {sizes.sat_hosts} hosts "
-        f"closed-loop for {sizes.sat_duration:g} s against one and two replicas",
+        f"closed-loop against one replica and {sizes.sat_hosts} others against two, "
+        f"{sizes.rounds} x {sizes.sat_duration:g} s each, alternated",
     )
     pki_dir = resources.pki(host_ids(sizes.hosts, "fleet"))
     if "scale" in parts:
