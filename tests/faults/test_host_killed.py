@@ -44,13 +44,14 @@ async def test_sigkilled_host_task_is_reassigned_and_finishes_once(
         pki_dir=fault_pki,
         port=port,
     ).start()
-    # Slow steps on host a (a wide "mid-task" to kill it in), quick ones on host b.
+    # Slow steps on host a (a wide "mid-task" to kill it in: host b's start-up, which took long
+    # enough on a slow machine for 3 s steps to finish the task first), quick ones on host b.
     host_a = host_process(
         tmp_path,
         "a",
         cloud_address=address,
         pki_dir=fault_pki,
-        settle_delay_s=3.0,
+        settle_delay_s=6.0,
         transport=transport,
     )
     host_b = host_process(
