@@ -12,9 +12,9 @@ heartbeat), unchanged renewals are still answered. A lease with a renewal queued
 written again, never answered from a read, so a lease's renewals land in the order they came.
 Renewals answered from a read are counted in the attempt's `renewals` by the lease's next write
 (`RenewalIn.counts`); those after its last write are not counted when the attempt ends first.
-Watchers reload the tasks whose writes were news; a write that only extended a lease tells them
-its new expiry instead (`EventBus.leases_extended`), which at the default renewal interval is
-nearly every write.
+Watchers reload the tasks whose writes were news; a write that only extended a lease, or only
+brought new progress, tells them its new expiry and progress instead
+(`EventBus.leases_extended`): at the default renewal interval that is nearly every write.
 """
 
 from __future__ import annotations
@@ -120,8 +120,7 @@ class RenewalBatcher:
             if isinstance(out, leases.Must):
                 self._pending[key] += 1
                 counts = 1 + self._uncounted.pop(key, 0)
-                extend_only = out is leases.Must.EXTEND
-                self._writes.append((replace(item, counts=counts, extend_only=extend_only), fut))
+                self._writes.append((replace(item, counts=counts, must=out), fut))
                 continue
             self._uncounted[key] += 1
             if not fut.done():
@@ -163,8 +162,11 @@ class RenewalBatcher:
         for (item, fut), out in zip(batch, outcomes, strict=True):
             if out.expires_at is None:
                 self._uncounted.pop(leases.lease_key(item), None)
-            elif out.written and item.extend_only and out.renewed_at is not None:
-                extended.append(Extension(item.task_id, out.expires_at, out.renewed_at))
+            elif out.written and item.must is not leases.Must.NEWS and out.renewed_at is not None:
+                shown = item.progress if item.must is leases.Must.PROGRESS else None
+                extended.append(
+                    Extension(item.task_id, out.expires_at, out.renewed_at, item.attempt, shown)
+                )
             elif out.written:
                 changed.append(item.task_id)
             if not fut.done():

@@ -52,6 +52,9 @@ class Store:
         #: its own (`cloud.store.direct`), so that neither waits for the other.
         self.direct_reads = DirectConnection(_libpq_dsn(engine)) if self.is_postgres else None
         self.direct_writes = DirectConnection(_libpq_dsn(engine)) if self.is_postgres else None
+        #: PostgreSQL only: the event bus's NOTIFYs (`cloud.events`), a flush every few
+        #: milliseconds while renewals change tasks.
+        self.direct_notify = DirectConnection(_libpq_dsn(engine)) if self.is_postgres else None
 
     @classmethod
     def from_url(cls, url: str) -> Store:
@@ -104,7 +107,7 @@ class Store:
         """Dispose of the engine's pool."""
         if self.loop_connection is not None:
             self.loop_connection.dispose()
-        for direct in (self.direct_reads, self.direct_writes):
+        for direct in (self.direct_reads, self.direct_writes, self.direct_notify):
             if direct is not None:
                 await direct.close()
         await self.engine.dispose()

@@ -21,9 +21,10 @@ from amc.v1 import (
     task_service_pb2_grpc,
     types_pb2,
 )
-from cloud.events import EventBus
+from cloud.events import EventBus, Extension
 from cloud.server import CloudServer
-from cloud.store import tasks
+from cloud.services.progress_service import _Shown
+from cloud.store import leases, tasks
 from cloud.store.database import Store
 from cloud.store.models import AttemptRow
 from tests.cloud.cloud_harness import ScriptedHost, channel, renewal, submit
@@ -128,8 +129,9 @@ async def test_a_lease_extension_reaches_watchers_without_reloading_the_task(
 ) -> None:
     """A renewal that only extends its lease (its progress as stored, the lease near expiry) is
     shown to a fleet watcher and to a task watcher as the new expiry applied to the task they
-    were sent, without reloading the task; a renewal with new progress is reloaded. What both
-    show is what GetTask says. (`load_views` is wrapped only to count the reloads: every call
+    were sent, without reloading the task; so is a renewal that brings only new progress, with
+    its progress and step count. What both show is what GetTask says. A status change (the
+    attempt ending) is reloaded. (`load_views` is wrapped only to count the reloads: every call
     still reads the store.)"""
     reloads: list[list[str]] = []
     load_views = tasks.load_views
@@ -176,11 +178,83 @@ async def test_a_lease_extension_reaches_watchers_without_reloading_the_task(
 
         await host.send(renewal(a, 2, "step two"))
         await host.next("renewed")
+        shown = [(await asyncio.wait_for(call.read(), 10)).task for call in (fleet, one)]
+        assert reloads == []
+        got = (await ops.GetTask(task_service_pb2.GetTaskRequest(task_id=task.task_id))).task
+        for t in shown:
+            assert t.progress == got.progress
+            assert t.progress.summary == "step two" and t.progress.step_index == 2
+            assert (t.lease_expires_at, t.updated_at) == (got.lease_expires_at, got.updated_at)
+            assert t.totals.steps == got.totals.steps == 2
+        reloads.clear()  # GetTask's
+
+        # A cancel request is news (only a reload can show it).
+        await ops.CancelTask(task_service_pb2.CancelTaskRequest(task_id=task.task_id))
         for call in (fleet, one):
-            assert (await asyncio.wait_for(call.read(), 10)).task.progress.summary == "step two"
-        assert sorted(reloads) == [[task.task_id], [task.task_id]]
+            assert (await asyncio.wait_for(call.read(), 10)).task.cancel_requested
+        assert reloads.count([task.task_id]) >= 2
         fleet.cancel()
         one.cancel()
     finally:
         await host.close()
         await ch.close()
+
+
+async def test_new_progress_of_another_attempt_than_the_one_shown_is_reloaded(
+    store: Store,
+) -> None:
+    """A watcher applies new progress only to the attempt it showed as current: progress of
+    any other attempt (the task was requeued since) makes it reload the task. An extension or
+    progress no later than what it showed changes nothing."""
+    await tasks.submit(
+        store, tasks.NewTask(goal="g", max_attempts=3, lease_seconds=30, timeout_seconds=3600)
+    )
+    c = await leases.claim(store, "h1", ["p"], 2)
+    assert c is not None
+    (out,) = await leases.renew_batch(
+        store, [leases.RenewalIn("h1", c.task_id, c.attempt, c.lease_id, None)]
+    )
+    assert out.expires_at is not None and out.renewed_at is not None
+    view = await tasks.get(store, c.task_id)
+    assert view is not None
+    shown = _Shown()
+    sent = shown.keep(view)
+    later = out.expires_at + dt.timedelta(seconds=5)
+    step = leases.ProgressIn(4, 2, "four")
+    assert shown.extend(Extension(c.task_id, later, later, c.attempt + 1, step)) is None
+    assert shown.extend(Extension(c.task_id, out.expires_at, later, c.attempt, step)) == sent
+    patched = shown.extend(Extension(c.task_id, later, later, c.attempt, step))
+    assert patched is not None
+    assert (patched.progress.step_index, patched.progress.summary) == (4, "four")
+    assert patched.totals.steps == 4
+
+
+@pytest.mark.postgres
+async def test_notifications_travel_on_the_stores_own_connection_or_through_the_pool(
+    postgres_server: PostgresServer,
+) -> None:
+    """A replica's NOTIFYs go out as one statement on its store's own connection; while that
+    connection cannot be used (it failed a moment ago) they go through the pool, and the other
+    replica hears them either way."""
+    url = postgres_server.create_database()
+    stores = [Store.from_url(url), Store.from_url(url)]
+    buses = [EventBus(s) for s in stores]
+    for bus in buses:
+        await bus.start()
+    try:
+        sub = buses[1].subscribe()
+        direct = stores[0].direct_notify
+        assert direct is not None
+        buses[0].tasks_changed(["t1"])
+        assert await asyncio.wait_for(sub.next(), 10) == {"t1"}
+        assert direct.backend_pid is not None  # it went the direct way
+        await direct.close()
+        direct._retry_at = float("inf")  # as after a failure: not tried for a while
+        buses[0].tasks_changed(["t2"])
+        assert await asyncio.wait_for(sub.next(), 10) == {"t2"}
+        assert direct.backend_pid is None
+    finally:
+        for bus in buses:
+            await bus.stop()
+        for s in stores:
+            await s.close()

@@ -9,7 +9,8 @@ fenced UPDATE per renewal in one transaction (`_renew_batch_sqlite`), both in th
 terms on connections of the store's own (decision 0073). Both apply the same fence
 (`fence.live_fence`) to each renewal on its own, so a stale one is refused (and classified)
 without failing the others in its batch. The read also says whether a write only extends the
-lease (`Must.EXTEND`), which watchers are told without reloading the task.
+lease (`Must.EXTEND`) or only brings new progress (`Must.PROGRESS`), which watchers are told
+without reloading the task.
 """
 
 from __future__ import annotations
@@ -43,6 +44,18 @@ from cloud.store.leases.progress import ProgressIn
 from cloud.store.models import UTCDateTime, sqlite_text
 
 
+class Must(enum.Enum):
+    """Why a renewal must be written (`answer_from_read`)."""
+
+    #: Its attempt's status changes, or the read cannot tell (a write of its lease is pending,
+    #: or its lease renews twice in the batch with new progress): watchers reload the task.
+    NEWS = "news"
+    #: Only its progress and its lease's expiry move: watchers are told both, nothing to reload.
+    PROGRESS = "progress"
+    #: Only its lease's expiry moves: watchers are told the new expiry, nothing to reload.
+    EXTEND = "extend"
+
+
 @dataclass(frozen=True, slots=True)
 class RenewalIn:
     """One renewal to write."""
@@ -55,18 +68,8 @@ class RenewalIn:
     #: Renewals this write stands for in the attempt's count (`renewals`): itself and those of
     #: its lease answered from a read since its last write (decision 0070).
     counts: int = 1
-    #: Writing it changes nothing a watcher shows but the lease's expiry (`Must.EXTEND`).
-    extend_only: bool = False
-
-
-class Must(enum.Enum):
-    """Why a renewal must be written (`answer_from_read`)."""
-
-    #: Its progress or its attempt's status changes, or the read cannot tell (a write of its
-    #: lease is pending): watchers reload the task.
-    NEWS = "news"
-    #: Only its lease's expiry moves: watchers are told the new expiry, nothing to reload.
-    EXTEND = "extend"
+    #: Why it is written (`answer_from_read`): what watchers are told of it.
+    must: Must = Must.NEWS
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,8 +153,12 @@ _LIVE_SQLITE = text(_LIVE_SELECT + _LIVE_SQLITE_FROM.format(ids=":task_ids")).co
     *_LIVE_COLUMNS
 )
 _LIVE_SQLITE_TEXT = _LIVE_SELECT + _LIVE_SQLITE_FROM.format(ids="?")
+# PostgreSQL: the ids as one comma-joined text, split by the server. As an array parameter
+# psycopg dumped each id in Python: 4 % of a 10,000-host replica's CPU for batches of five
+# (bench/fleet_scale.py). An id with a comma in it (none is ever stored) is looked up in
+# pieces and found under no id of the batch, so its renewal is written, fenced, as unknown.
 _LIVE_PG_FROM = """FROM attempts AS a JOIN tasks AS t ON t.task_id = a.task_id
-WHERE a.ended_at IS NULL AND a.task_id = ANY(CAST({ids} AS varchar[]))
+WHERE a.ended_at IS NULL AND a.task_id = ANY(string_to_array(CAST({ids} AS text), ','))
 """
 _LIVE_PG = text(_LIVE_SELECT + _LIVE_PG_FROM.format(ids=":task_ids")).columns(*_LIVE_COLUMNS)
 _LIVE_PG_TEXT = _LIVE_SELECT + _LIVE_PG_FROM.format(ids="%s")
@@ -192,7 +199,7 @@ async def _read_live(store: Store, task_ids: list[str]) -> dict[str, _Live | Row
     PostgreSQL in autocommit on the store's own connection (`Store.direct_reads`); both in the
     driver's own terms (SQLAlchemy's statement and row handling cost more than the read)."""
     if store.direct_reads is not None:
-        found = await store.direct_reads.run(_LIVE_PG_TEXT, (task_ids,), resend=True)
+        found = await store.direct_reads.run(_LIVE_PG_TEXT, (",".join(task_ids),), resend=True)
         if found is not None:
             return {row[0]: _Live._make(row) for row in found}
     ids = json.dumps(task_ids)
@@ -209,24 +216,26 @@ async def _read_live(store: Store, task_ids: list[str]) -> dict[str, _Live | Row
     async with store.engine.connect() as conn:
         if store.is_postgres:
             conn = await conn.execution_options(isolation_level="AUTOCOMMIT")
-            rows = await conn.execute(_LIVE_PG, {"task_ids": task_ids})
+            rows = await conn.execute(_LIVE_PG, {"task_ids": ",".join(task_ids)})
         else:
             rows = await conn.execute(_LIVE_SQLITE, {"task_ids": ids})
         return {row.task_id: row for row in rows}
 
 
-def _same(row: _Live | Row[Any], item: RenewalIn) -> bool:
+def _running(row: _Live | Row[Any], item: RenewalIn) -> bool:
     """True when `row` is `item`'s live lease (lease, host, not ended, no cancel requested; the
-    read found it unexpired), already RUNNING, and the progress the renewal carries is the one
-    stored: acknowledging it changes at most the lease's expiry."""
-    if (
-        row.attempt != item.attempt
-        or row.lease_id != item.lease_id
-        or row.host_id != item.host_id
-        or row.cancel_requested
-        or row.status != states.RUNNING
-    ):
-        return False
+    read found it unexpired) and already RUNNING: writing it changes no status."""
+    return (
+        row.attempt == item.attempt
+        and row.lease_id == item.lease_id
+        and row.host_id == item.host_id
+        and not row.cancel_requested
+        and row.status == states.RUNNING
+    )
+
+
+def _same_progress(row: _Live | Row[Any], item: RenewalIn) -> bool:
+    """The progress the renewal carries (if any) is the one stored."""
     p = item.progress
     return p is None or (
         (row.step_index, row.step_status, row.summary, row.max_steps)
@@ -251,36 +260,50 @@ async def answer_from_read(
     pending: Container[tuple[str, int, str, str]] = (),
 ) -> list[RenewalOut | Must]:
     """Read the batch's live attempts once; each renewal's outcome if it needs no write
-    (`_same` and `_far`: the stored expiry, nothing written), else why it must be written:
-    `Must.EXTEND` when only its expiry is near, `Must.NEWS` otherwise.
+    (`_running`, `_same_progress` and `_far`: the stored expiry, nothing written), else why it
+    must be written: `Must.EXTEND` when only its expiry is near, `Must.PROGRESS` when its
+    progress is new and nothing else changes, `Must.NEWS` otherwise.
 
     A renewal of a lease in `pending` (renewals of it queued for writing) or of a lease that
     another renewal in this batch must write is written too: a lease's renewals are written in
     the order they came, so the last progress acknowledged is the one stored. Such a renewal is
-    news unless every renewal of its lease in the batch only extends it (a pending write may
-    change the row this read saw).
+    news if a pending write may change the row this read saw, or if its lease has new progress
+    and more than one renewal in the batch (which of them a watcher last hears of would then
+    depend on the order of the events, not of the writes); otherwise it is a progress change if
+    any renewal of its lease in the batch is one, else an extension.
     """
     if not items:
         return []
     now = store.now()
     live = await _read_live(store, sorted({i.task_id for i in items}))
     extend: set[_Key] = set()
+    progress: set[_Key] = set()
     news: set[_Key] = set()
     kept: dict[int, dt.datetime] = {}
+    seen: set[_Key] = set()
+    twice: set[_Key] = set()
     for n, item in enumerate(items):
         row = live.get(item.task_id)
         key = lease_key(item)
-        if key in pending or row is None or not _same(row, item):
+        if key in seen:
+            twice.add(key)
+        seen.add(key)
+        if key in pending or row is None or not _running(row, item):
             news.add(key)
+        elif not _same_progress(row, item):
+            progress.add(key)
         elif _far(row, now, write_below):
             kept[n] = row.lease_expires_at
         else:
             extend.add(key)
+    news |= progress & twice
     out: list[RenewalOut | Must] = []
     for n, item in enumerate(items):
         key = lease_key(item)
         if key in news:
             out.append(Must.NEWS)
+        elif key in progress:
+            out.append(Must.PROGRESS)
         elif key in extend:
             out.append(Must.EXTEND)
         else:
