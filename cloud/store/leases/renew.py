@@ -411,34 +411,32 @@ def _renew_sqlite(session: Session, items: list[RenewalIn], now: dt.datetime) ->
     return [o for o in out if o is not None]
 
 
-# One statement for a whole renewal batch on PostgreSQL. The batch arrives as parallel arrays
-# (one bound parameter each, whatever the batch size, so the statement text never changes and
-# is prepared once per connection). Each item finds its attempt through a LATERAL lookup on the
-# unique (task_id, attempt) index with the full fence (lease, host, not ended, not expired; its
-# task exists and has no cancel requested) and locks it FOR UPDATE, which re-checks the fence on
-# the newest row version if a sweeper or result got there first. The LATERAL form makes every
-# plan item-driven: a plain UPDATE ... FROM unnest(...) join was planned (generic plan, live
-# attempts estimated at 1 row) as a nested loop over all live attempts rescanning the whole
-# batch for each, ~60 ms per batch of 500 (pg_stat_statements, auto_explain). The UPDATE then
-# writes the locked rows by primary key (`= ANY(ARRAY(...))` keeps that an index scan, not a
-# hash join over the whole table) and RETURNs them: the authoritative list of accepted
+# One statement for a whole renewal batch on PostgreSQL. The batch arrives as one JSON array of
+# items (one bound parameter whatever the batch size, so the statement text never changes and is
+# prepared once per connection; as ten array parameters psycopg dumped every element in Python,
+# for each batch). Each item finds its attempt through
+# a LATERAL lookup on the unique (task_id, attempt) index with the full fence (lease, host, not
+# ended, not expired; its task exists and has no cancel requested) and locks it FOR UPDATE, which
+# re-checks the fence on the newest row version if a sweeper or result got there first. The
+# LATERAL form makes every plan item-driven: a plain UPDATE ... FROM unnest(...) join was planned
+# (generic plan, live attempts estimated at 1 row) as a nested loop over all live attempts
+# rescanning the whole batch for each, ~60 ms per batch of 500 (pg_stat_statements, auto_explain).
+# The UPDATE then writes the locked rows by primary key (`= ANY(ARRAY(...))` keeps that an index
+# scan, not a hash join over the whole table) and RETURNs them: the authoritative list of accepted
 # renewals, no read-back needed. `touched` updates the renewed tasks (updated_at, ASSIGNED ->
 # RUNNING) by primary key after their attempts, the lock order every writer uses.
 # In psycopg's placeholders: the same text runs on the store's own connection
-# (`Store.direct_writes`: in autocommit one round trip, its own transaction) or, when that
-# cannot be used, through the pool in a transaction (`exec_driver_sql`).
+# (`Store.direct_writes`: in autocommit one round trip, its own transaction) or, when that cannot
+# be used, through the pool in a transaction (`exec_driver_sql`).
 _RENEW_BATCH_PG = """
 WITH live AS (
     SELECT x.id, x.lease_seconds, i.has_progress, i.step_index, i.step_status, i.summary,
            i.max_steps, i.counts
-    FROM unnest(
-        CAST(%(task_ids)s AS varchar[]), CAST(%(attempts)s AS integer[]),
-        CAST(%(lease_ids)s AS varchar[]), CAST(%(host_ids)s AS varchar[]),
-        CAST(%(has_progress)s AS boolean[]), CAST(%(step_indexes)s AS integer[]),
-        CAST(%(step_statuses)s AS integer[]), CAST(%(summaries)s AS varchar[]),
-        CAST(%(max_steps)s AS integer[]), CAST(%(counts)s AS integer[])
-    ) AS i(task_id, attempt, lease_id, host_id, has_progress, step_index, step_status, summary,
-           max_steps, counts)
+    FROM json_to_recordset(CAST(%(items)s AS json)) AS i(
+        task_id varchar, attempt integer, lease_id varchar, host_id varchar,
+        has_progress boolean, step_index integer, step_status integer, summary varchar,
+        max_steps integer, counts integer
+    )
     CROSS JOIN LATERAL (
         SELECT attempts.id, tasks.lease_seconds
         FROM attempts JOIN tasks ON tasks.task_id = attempts.task_id
@@ -497,26 +495,34 @@ async def _renew_batch_pg(store: Store, items: list[RenewalIn]) -> list[RenewalO
         counts[key] = counts.get(key, 0) + item.counts
     # Sorted, so concurrent batches (other replicas) lock shared rows in the same order.
     unique = [last[key] for key in sorted(last)]
+    rows: list[dict[str, object]] = []
+    for i in unique:
+        p = i.progress
+        rows.append(
+            {
+                "task_id": i.task_id,
+                "attempt": i.attempt,
+                "lease_id": i.lease_id,
+                "host_id": i.host_id,
+                "has_progress": p is not None,
+                "step_index": None if p is None else p.step_index,
+                "step_status": None if p is None else p.step_status,
+                "summary": None if p is None else p.summary,
+                "max_steps": None if p is None else p.max_steps,
+                "counts": counts[lease_key(i)],
+            }
+        )
     params: dict[str, object] = {
         "now": now,
-        "task_ids": [i.task_id for i in unique],
-        "attempts": [i.attempt for i in unique],
-        "lease_ids": [i.lease_id for i in unique],
-        "host_ids": [i.host_id for i in unique],
-        "has_progress": [i.progress is not None for i in unique],
-        "step_indexes": [None if i.progress is None else i.progress.step_index for i in unique],
-        "step_statuses": [None if i.progress is None else i.progress.step_status for i in unique],
-        "summaries": [None if i.progress is None else i.progress.summary for i in unique],
-        "max_steps": [None if i.progress is None else i.progress.max_steps for i in unique],
-        "counts": [counts[lease_key(i)] for i in unique],
+        "items": json.dumps(rows, ensure_ascii=False, separators=(",", ":")),
         "running": states.RUNNING,
         "assigned": states.ASSIGNED,
     }
     direct = store.direct_writes
-    rows = None if direct is None else await direct.run(_RENEW_BATCH_PG, params, resend=False)
-    if rows is not None:
+    done = None if direct is None else await direct.run(_RENEW_BATCH_PG, params, resend=False)
+    if done is not None:
         async with store.read() as session:
-            return await _renewed_or_why(session, items, rows, now)
+            return await _renewed_or_why(session, items, done, now)
     async with store.write() as session:
         conn = await session.connection()
         found = (await conn.exec_driver_sql(_RENEW_BATCH_PG, params)).all()
