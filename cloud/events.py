@@ -81,7 +81,8 @@ class RevokeEvent:
 @dataclass(frozen=True, slots=True)
 class Extension:
     """A lease renewed with nothing else about its task changed but, when given, its attempt's
-    progress: its new expiry, when, and the progress stored with it."""
+    progress and start: its new expiry, when, the progress stored with it, and whether the
+    task turned RUNNING."""
 
     task_id: str
     expires_at: dt.datetime
@@ -90,6 +91,8 @@ class Extension:
     attempt: int = 0
     #: The attempt's new progress; None when it did not change.
     progress: ProgressIn | None = None
+    #: The attempt's first renewal: it and its task turned RUNNING.
+    started: bool = False
 
 
 class Mailbox:

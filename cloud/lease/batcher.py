@@ -12,8 +12,8 @@ heartbeat), unchanged renewals are still answered. A lease with a renewal queued
 written again, never answered from a read, so a lease's renewals land in the order they came.
 Renewals answered from a read are counted in the attempt's `renewals` by the lease's next write
 (`RenewalIn.counts`); those after its last write are not counted when the attempt ends first.
-Watchers reload the tasks whose writes were news; a write that only extended a lease, or only
-brought new progress, tells them its new expiry and progress instead
+Watchers reload the tasks whose writes were news; a write that only extended a lease, brought
+new progress or started the attempt tells them its new expiry, progress and status instead
 (`EventBus.leases_extended`): at the default renewal interval that is nearly every write.
 """
 
@@ -163,9 +163,15 @@ class RenewalBatcher:
             if out.expires_at is None:
                 self._uncounted.pop(leases.lease_key(item), None)
             elif out.written and item.must is not leases.Must.NEWS and out.renewed_at is not None:
-                shown = item.progress if item.must is leases.Must.PROGRESS else None
                 extended.append(
-                    Extension(item.task_id, out.expires_at, out.renewed_at, item.attempt, shown)
+                    Extension(
+                        item.task_id,
+                        out.expires_at,
+                        out.renewed_at,
+                        item.attempt,
+                        None if item.must is leases.Must.EXTEND else item.progress,
+                        started=item.must is leases.Must.START,
+                    )
                 )
             elif out.written:
                 changed.append(item.task_id)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from typing import Final, Literal
 
 import grpc
 
@@ -15,6 +16,8 @@ from cloud.store.database import Store
 from cloud.store.tasks import TaskView
 
 _SNAPSHOT_CHUNK = 200
+#: `_Shown.extend`: the task stays as sent.
+KEPT: Final = "kept"
 
 
 class _Shown:
@@ -38,24 +41,27 @@ class _Shown:
             )
         return task
 
-    def extend(self, e: Extension) -> types_pb2.Task | None:
-        """The task as sent with the extension (and its progress) applied and remembered, or
-        None when it must be reloaded: not sent yet, sent without a live lease, or, for new
-        progress, sent with another attempt current. An extension no later than the expiry
-        sent (it raced a reload that read a newer one) leaves the task as sent."""
+    def extend(self, e: Extension) -> types_pb2.Task | Literal["kept"] | None:
+        """The task as sent with the extension (its progress, its start) applied and remembered, or
+        None when it must be reloaded: not sent yet, sent without a live lease, or, for new progress
+        or a start, sent with another attempt current. An extension no later than the expiry sent
+        (it raced a reload that read a newer one) leaves the task as sent: `KEPT`, nothing to
+        send."""
         shown = self._tasks.get(e.task_id)
         if shown is None or not shown.HasField("lease_expires_at"):
             return None
-        if e.progress is not None and shown.attempt != e.attempt:
+        if (e.progress is not None or e.started) and shown.attempt != e.attempt:
             return None
         expires = convert.ts(e.expires_at)
         if expires.ToNanoseconds() <= shown.lease_expires_at.ToNanoseconds():
-            return shown
+            return KEPT
         task = types_pb2.Task()
         task.CopyFrom(shown)
         task.lease_expires_at.CopyFrom(expires)
         renewed_at = convert.ts(e.renewed_at)
         task.updated_at.CopyFrom(renewed_at)
+        if e.started:
+            task.status = types_pb2.TASK_STATUS_RUNNING
         p = e.progress
         if p is not None:
             # As `convert.progress` shows the row the renewal wrote.
@@ -76,13 +82,13 @@ class _Shown:
 class ProgressServicer(progress_service_pb2_grpc.ProgressServiceServicer):
     """Streams task changes; changes arriving faster than a watcher reads are coalesced.
 
-    A lease extension with nothing else changed but, perhaps, the attempt's progress
-    (`EventBus.leases_extended`) is applied to the task as this stream last sent it, not
-    reloaded: with the default lease, renewal interval and write margin nearly every renewal
-    is written only to extend its lease or to store a new step, and each would cost every
-    watcher a reload (~1 ms of the replica's loop; at 10,000 hosts the watcher's reloads were a
-    tenth of its CPU). A task this stream has not sent, or whose sent form has no live lease or
-    another current attempt, is reloaded."""
+    A lease extension with nothing else changed but, perhaps, the attempt's progress or its start
+    (`EventBus.leases_extended`) is applied to the task as this stream last sent it, not reloaded:
+    with the default lease, renewal interval and write margin nearly every renewal is written only
+    to extend its lease or to store a new step, a fleet's start is every attempt's first renewal,
+    and each would cost every watcher a reload (~1 ms of the replica's loop; at 10,000 hosts the
+    watcher's reloads were a tenth of its CPU). A task this stream has not sent, or whose sent form
+    has no live lease or another current attempt, is reloaded."""
 
     def __init__(self, store: Store, bus: EventBus) -> None:
         self._store = store
@@ -135,6 +141,8 @@ class ProgressServicer(progress_service_pb2_grpc.ProgressServiceServicer):
                         if e.task_id in changed:
                             continue  # reloaded below
                         patched = shown.extend(e)
+                        if patched == KEPT:
+                            continue
                         if patched is None:
                             wanted.append(e.task_id)
                         else:

@@ -23,7 +23,7 @@ from amc.v1 import (
 )
 from cloud.events import EventBus, Extension
 from cloud.server import CloudServer
-from cloud.services.progress_service import _Shown
+from cloud.services.progress_service import KEPT, _Shown
 from cloud.store import leases, tasks
 from cloud.store.database import Store
 from cloud.store.models import AttemptRow
@@ -130,8 +130,8 @@ async def test_a_lease_extension_reaches_watchers_without_reloading_the_task(
     """A renewal that only extends its lease (its progress as stored, the lease near expiry) is
     shown to a fleet watcher and to a task watcher as the new expiry applied to the task they
     were sent, without reloading the task; so is a renewal that brings only new progress, with
-    its progress and step count. What both show is what GetTask says. A status change (the
-    attempt ending) is reloaded. (`load_views` is wrapped only to count the reloads: every call
+    its progress and step count. What both show is what GetTask says. A cancel request is
+    reloaded. (`load_views` is wrapped only to count the reloads: every call
     still reads the store.)"""
     reloads: list[list[str]] = []
     load_views = tasks.load_views
@@ -218,13 +218,13 @@ async def test_new_progress_of_another_attempt_than_the_one_shown_is_reloaded(
     view = await tasks.get(store, c.task_id)
     assert view is not None
     shown = _Shown()
-    sent = shown.keep(view)
+    shown.keep(view)
     later = out.expires_at + dt.timedelta(seconds=5)
     step = leases.ProgressIn(4, 2, "four")
     assert shown.extend(Extension(c.task_id, later, later, c.attempt + 1, step)) is None
-    assert shown.extend(Extension(c.task_id, out.expires_at, later, c.attempt, step)) == sent
+    assert shown.extend(Extension(c.task_id, out.expires_at, later, c.attempt, step)) == KEPT
     patched = shown.extend(Extension(c.task_id, later, later, c.attempt, step))
-    assert patched is not None
+    assert isinstance(patched, types_pb2.Task)
     assert (patched.progress.step_index, patched.progress.summary) == (4, "four")
     assert patched.totals.steps == 4
 
@@ -258,3 +258,47 @@ async def test_notifications_travel_on_the_stores_own_connection_or_through_the_
             await bus.stop()
         for s in stores:
             await s.close()
+
+
+async def test_an_attempts_start_reaches_watchers_without_reloading_the_task(
+    cloud: CloudServer, ops: Any, pki_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An attempt's first renewal turns it and its task RUNNING: watchers that were sent the
+    task ASSIGNED show it RUNNING, with the renewal's progress and expiry, as GetTask does,
+    without reloading it (a fleet's start is every task's first renewal at once)."""
+    reloads: list[list[str]] = []
+    load_views = tasks.load_views
+
+    async def counted(store: Store, ids: list[str], *, usage: bool = True) -> list[tasks.TaskView]:
+        reloads.append(list(ids))
+        return await load_views(store, ids, usage=usage)
+
+    host = ScriptedHost(cloud.address, pki_dir, "h1")
+    ch = channel(cloud.address, pki_dir, "operator-ops")
+    try:
+        stub: Any = progress_service_pb2_grpc.ProgressServiceStub(ch)
+        await host.connect(["p1"])
+        task = (await submit(ops, goal="starts", lease_duration=Duration(seconds=30))).task
+        a = (await host.next("assignment")).assignment
+        fleet = stub.WatchProgress(progress_service_pb2.WatchProgressRequest())
+        one = stub.WatchProgress(progress_service_pb2.WatchProgressRequest(task_id=task.task_id))
+        for call in (fleet, one):
+            first = await asyncio.wait_for(call.read(), 10)
+            assert first.snapshot and first.task.status == types_pb2.TASK_STATUS_ASSIGNED
+        monkeypatch.setattr(tasks, "load_views", counted)
+
+        await host.send(renewal(a, 1, "step one"))
+        await host.next("renewed")
+        shown = [(await asyncio.wait_for(call.read(), 10)).task for call in (fleet, one)]
+        assert reloads == []
+        got = (await ops.GetTask(task_service_pb2.GetTaskRequest(task_id=task.task_id))).task
+        for t in shown:
+            assert t.status == got.status == types_pb2.TASK_STATUS_RUNNING
+            assert t.progress == got.progress and t.progress.summary == "step one"
+            assert (t.lease_expires_at, t.updated_at) == (got.lease_expires_at, got.updated_at)
+            assert t.totals.steps == got.totals.steps == 1
+        fleet.cancel()
+        one.cancel()
+    finally:
+        await host.close()
+        await ch.close()

@@ -156,10 +156,10 @@ async def test_changed_progress_is_stored_before_the_ack(store: Store, other: St
 
 async def test_the_read_tells_a_mere_extension_from_news(store: Store) -> None:
     """What watchers are told rests on this: a renewal whose write only moves the expiry is
-    `Must.EXTEND`; one that only brings new progress is `Must.PROGRESS` (so is a renewal of the
-    same lease far from expiry, and one near it that only extends it); one that changes status,
-    whose lease has a write pending or news elsewhere in the batch, or whose lease has new
-    progress and renews twice in the batch, is `Must.NEWS`."""
+    `Must.EXTEND`; one that only brings new progress is `Must.PROGRESS` (far from expiry too);
+    an attempt's first renewal (it and its task turn RUNNING) is `Must.START`; one whose lease
+    has a write pending or news elsewhere in the batch, or whose lease has new progress or
+    starts and renews twice in the batch, is `Must.NEWS`."""
     fresh = await tasks.submit(
         store,
         tasks.NewTask(goal="g", max_attempts=3, lease_seconds=LEASE_S, timeout_seconds=3600),
@@ -180,7 +180,9 @@ async def test_the_read_tells_a_mere_extension_from_news(store: Store) -> None:
     assert await read(store, [moved, moved], HALF) == [leases.Must.NEWS] * 2
     assert await read(store, [moved], HALF, {leases.lease_key(moved)}) == [leases.Must.NEWS]
     assert await read(store, [same], HALF, {leases.lease_key(same)}) == [leases.Must.NEWS]
-    assert await read(store, [_item(assigned, "h2")], HALF) == [leases.Must.NEWS]
+    first = _item(assigned, "h2")
+    assert await read(store, [first], HALF) == [leases.Must.START]
+    assert await read(store, [first, first], HALF) == [leases.Must.NEWS] * 2
     assert await read(store, [_item(c, lease_id="stale")], HALF) == [leases.Must.NEWS]
     (far,) = await read(store, [same], 0.1)
     assert isinstance(far, leases.RenewalOut) and not far.written

@@ -9,8 +9,8 @@ fenced UPDATE per renewal in one transaction (`_renew_batch_sqlite`), both in th
 terms on connections of the store's own (decision 0073). Both apply the same fence
 (`fence.live_fence`) to each renewal on its own, so a stale one is refused (and classified)
 without failing the others in its batch. The read also says whether a write only extends the
-lease (`Must.EXTEND`) or only brings new progress (`Must.PROGRESS`), which watchers are told
-without reloading the task.
+lease (`Must.EXTEND`), only brings new progress (`Must.PROGRESS`) or starts the attempt
+(`Must.START`), which watchers are told without reloading the task.
 """
 
 from __future__ import annotations
@@ -47,9 +47,12 @@ from cloud.store.models import UTCDateTime, sqlite_text
 class Must(enum.Enum):
     """Why a renewal must be written (`answer_from_read`)."""
 
-    #: Its attempt's status changes, or the read cannot tell (a write of its lease is pending,
-    #: or its lease renews twice in the batch with new progress): watchers reload the task.
+    #: Something else may change, or the read cannot tell (a write of its lease is pending, or
+    #: its lease renews twice in the batch with news): watchers reload the task.
     NEWS = "news"
+    #: The first renewal of its attempt: the attempt and its task turn RUNNING, its progress
+    #: (if it carries any) and expiry move; watchers are told all of it, nothing to reload.
+    START = "start"
     #: Only its progress and its lease's expiry move: watchers are told both, nothing to reload.
     PROGRESS = "progress"
     #: Only its lease's expiry moves: watchers are told the new expiry, nothing to reload.
@@ -135,10 +138,12 @@ _LIVE_COLUMNS = (
     column("max_steps", Integer()),
     column("lease_seconds", Float()),
     column("cancel_requested", Boolean()),
+    column("task_status", String()),
 )
 _LIVE_SELECT = """
 SELECT a.task_id, a.attempt, a.lease_id, a.host_id, a.lease_expires_at, a.status, a.step_index,
-       a.step_status, a.summary, a.max_steps, t.lease_seconds, t.cancel_requested
+       a.step_status, a.summary, a.max_steps, t.lease_seconds, t.cancel_requested,
+       t.status AS task_status
 """
 # SQLite: the batch's ids drive the join (the left side of a CROSS JOIN is SQLite's outer loop).
 # Left to itself, SQLite's planner (no statistics) took `ended_at IS NULL` to the live-expiry
@@ -181,6 +186,7 @@ class _Live(NamedTuple):
     max_steps: int | None
     lease_seconds: float
     cancel_requested: bool
+    task_status: str
 
 
 def _live_from_sqlite(row: tuple[Any, ...]) -> _Live:
@@ -222,16 +228,20 @@ async def _read_live(store: Store, task_ids: list[str]) -> dict[str, _Live | Row
         return {row.task_id: row for row in rows}
 
 
-def _running(row: _Live | Row[Any], item: RenewalIn) -> bool:
+def _mine(row: _Live | Row[Any], item: RenewalIn) -> bool:
     """True when `row` is `item`'s live lease (lease, host, not ended, no cancel requested; the
-    read found it unexpired) and already RUNNING: writing it changes no status."""
+    read found it unexpired)."""
     return (
         row.attempt == item.attempt
         and row.lease_id == item.lease_id
         and row.host_id == item.host_id
         and not row.cancel_requested
-        and row.status == states.RUNNING
     )
+
+
+def _starts(row: _Live | Row[Any]) -> bool:
+    """The lease's first renewal: its attempt and task are still ASSIGNED (both turn RUNNING)."""
+    return row.status == states.ASSIGNED and row.task_status == states.ASSIGNED
 
 
 def _same_progress(row: _Live | Row[Any], item: RenewalIn) -> bool:
@@ -260,17 +270,18 @@ async def answer_from_read(
     pending: Container[tuple[str, int, str, str]] = (),
 ) -> list[RenewalOut | Must]:
     """Read the batch's live attempts once; each renewal's outcome if it needs no write
-    (`_running`, `_same_progress` and `_far`: the stored expiry, nothing written), else why it
-    must be written: `Must.EXTEND` when only its expiry is near, `Must.PROGRESS` when its
-    progress is new and nothing else changes, `Must.NEWS` otherwise.
+    (`_mine`, RUNNING, `_same_progress` and `_far`: the stored expiry, nothing written), else
+    why it must be written: `Must.EXTEND` when only its expiry is near, `Must.PROGRESS` when its
+    progress is new and nothing else changes, `Must.START` when it is its attempt's first,
+    `Must.NEWS` otherwise.
 
     A renewal of a lease in `pending` (renewals of it queued for writing) or of a lease that
     another renewal in this batch must write is written too: a lease's renewals are written in
     the order they came, so the last progress acknowledged is the one stored. Such a renewal is
-    news if a pending write may change the row this read saw, or if its lease has new progress
-    and more than one renewal in the batch (which of them a watcher last hears of would then
-    depend on the order of the events, not of the writes); otherwise it is a progress change if
-    any renewal of its lease in the batch is one, else an extension.
+    news if a pending write may change the row this read saw, or if its lease starts or has new
+    progress and more than one renewal in the batch (which of them a watcher last hears of would
+    then depend on the order of the events, not of the writes); otherwise it is a start or a
+    progress change if any renewal of its lease in the batch is one, else an extension.
     """
     if not items:
         return []
@@ -278,6 +289,7 @@ async def answer_from_read(
     live = await _read_live(store, sorted({i.task_id for i in items}))
     extend: set[_Key] = set()
     progress: set[_Key] = set()
+    start: set[_Key] = set()
     news: set[_Key] = set()
     kept: dict[int, dt.datetime] = {}
     seen: set[_Key] = set()
@@ -288,7 +300,11 @@ async def answer_from_read(
         if key in seen:
             twice.add(key)
         seen.add(key)
-        if key in pending or row is None or not _running(row, item):
+        if key in pending or row is None or not _mine(row, item):
+            news.add(key)
+        elif _starts(row):
+            start.add(key)
+        elif row.status != states.RUNNING:
             news.add(key)
         elif not _same_progress(row, item):
             progress.add(key)
@@ -296,12 +312,14 @@ async def answer_from_read(
             kept[n] = row.lease_expires_at
         else:
             extend.add(key)
-    news |= progress & twice
+    news |= (start | progress) & twice
     out: list[RenewalOut | Must] = []
     for n, item in enumerate(items):
         key = lease_key(item)
         if key in news:
             out.append(Must.NEWS)
+        elif key in start:
+            out.append(Must.START)
         elif key in progress:
             out.append(Must.PROGRESS)
         elif key in extend:
