@@ -21,7 +21,7 @@ from cloud.lease import messages
 from cloud.lease.session import HostSession
 from cloud.provider_health import ProviderHealth
 from cloud.secret_box import SecretBox, SecretUnreadable
-from cloud.store import errors, leases, states
+from cloud.store import errors, idlists, leases, states
 from cloud.store.database import Store
 
 log = logging.getLogger(__name__)
@@ -229,9 +229,10 @@ class Dispatcher:
                 misses = 0 if got else misses + 1
 
     async def _resync_busy(self) -> None:
-        """Correct the busy hints from the store (one query for all local hosts)."""
-        busy = await leases.live_serials_by_host(self.store, list(self.sessions))
-        for host_id, serials in busy.items():
-            session = self.sessions.get(host_id)
-            if session is not None:
-                session.busy = serials
+        """Correct the busy hints from the store (one query per `idlists.CHUNK` local hosts)."""
+        for chunk in idlists.chunked(list(self.sessions)):
+            busy = await leases.live_serials_by_host(self.store, chunk)
+            for host_id, serials in busy.items():
+                session = self.sessions.get(host_id)
+                if session is not None:
+                    session.busy = serials

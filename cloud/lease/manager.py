@@ -30,7 +30,7 @@ from cloud.lease.session import HostSession
 from cloud.lease.sweeper import Sweeper
 from cloud.secret_box import SecretBox
 from cloud.settings import CloudSettings
-from cloud.store import convert, errors, hosts, lease_events, leases, states
+from cloud.store import convert, errors, hosts, idlists, lease_events, leases, states
 from cloud.store.database import Store
 from cloud.store.models import AttemptRow, TaskRow
 from cloud.store.revocations import Revoked
@@ -294,7 +294,9 @@ class LeaseManager:
         }
         if not recorded:
             return
-        current = await hosts.current_streams(self.store, list(recorded))
+        current: dict[str, tuple[str, str]] = {}
+        for chunk in idlists.chunked(list(recorded)):
+            current.update(await hosts.current_streams(self.store, chunk))
         for host_id, session in recorded.items():
             stream_id, process_id = current.get(host_id, ("", ""))
             if stream_id and stream_id != session.stream_id and not session.closed:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -53,7 +54,7 @@ async def upsert_hello(
         return previous
 
 
-async def current_streams(store: Store, host_ids: list[str]) -> dict[str, tuple[str, str]]:
+async def current_streams(store: Store, host_ids: Sequence[str]) -> dict[str, tuple[str, str]]:
     """The stream and process recorded for each of `host_ids` (its latest hello):
     host id -> (stream id, process id), "" for what is not known."""
     if not host_ids:
@@ -141,8 +142,8 @@ async def heartbeat(store: Store, replica_id: str, seen: dict[str, dt.datetime])
         async with store.write() as session:
             await session.execute(_vouch(replica_id, now))
             if seen:
-                conn = await session.connection()
-                await conn.execute(_TOUCH_PG, {"h_ids": list(seen), "h_ats": list(seen.values())})
+                touched = json.dumps([[host_id, at.isoformat()] for host_id, at in seen.items()])
+                await session.execute(_TOUCH_PG, {"touched": touched})
         return
     # SQLite: one statement over a JSON array, on the loop's own thread (`Store.write_on_loop`).
     # An executemany through aiosqlite held the store's write lock for 0.2-0.6 s at 2,000 hosts
@@ -176,14 +177,15 @@ WHERE hosts.host_id = json_extract(t.value, '$[0]')
 )
 
 
-# On PostgreSQL the same update as one statement over two arrays: one round trip and one bound
-# parameter per array instead of an executemany of thousands of rows (each bound and converted
-# in Python while the event loop serves the host streams). `= ANY` keeps it on the primary key.
+# On PostgreSQL the same update over the same JSON text: one round trip and one bound
+# parameter instead of an executemany of thousands of rows. As two array parameters (ids and
+# times) psycopg dumped all 20,000 elements in Python, a 60-70 ms stop of the event loop every
+# heartbeat at 10,000 hosts (bench/fleet_scale.py, issue 21); json.dumps is C.
 _TOUCH_PG = text(
     """
-UPDATE hosts SET last_seen_at = v.at
-FROM unnest(CAST(:h_ids AS varchar[]), CAST(:h_ats AS timestamptz[])) AS v(host_id, at)
-WHERE hosts.host_id = ANY(CAST(:h_ids AS varchar[])) AND hosts.host_id = v.host_id
+UPDATE hosts SET last_seen_at = CAST(t.value ->> 1 AS timestamptz)
+FROM json_array_elements(CAST(:touched AS json)) AS t
+WHERE hosts.host_id = t.value ->> 0
 """
 )
 
