@@ -38,6 +38,20 @@ async def _drain(call: Any) -> list[Any]:
     return out
 
 
+def _count_reloads(monkeypatch: pytest.MonkeyPatch) -> list[list[str]]:
+    """From now on, the ids of every `tasks.load_views` call (a watcher's reload), in order.
+    The wrapper only counts: every call still reads the store."""
+    reloads: list[list[str]] = []
+    load_views = tasks.load_views
+
+    async def counted(store: Store, ids: list[str], *, usage: bool = True) -> list[tasks.TaskView]:
+        reloads.append(list(ids))
+        return await load_views(store, ids, usage=usage)
+
+    monkeypatch.setattr(tasks, "load_views", counted)
+    return reloads
+
+
 async def test_fleet_snapshot_then_changes_and_ended_task_watch(
     cloud: CloudServer, ops: Any, pki_dir: Path
 ) -> None:
@@ -133,14 +147,7 @@ async def test_a_lease_extension_reaches_watchers_without_reloading_the_task(
     its progress and step count. What both show is what GetTask says. A cancel request is
     reloaded. (`load_views` is wrapped only to count the reloads: every call
     still reads the store.)"""
-    reloads: list[list[str]] = []
-    load_views = tasks.load_views
-
-    async def counted(store: Store, ids: list[str], *, usage: bool = True) -> list[tasks.TaskView]:
-        reloads.append(list(ids))
-        return await load_views(store, ids, usage=usage)
-
-    monkeypatch.setattr(tasks, "load_views", counted)
+    reloads = _count_reloads(monkeypatch)
     host = ScriptedHost(cloud.address, pki_dir, "h1")
     ch = channel(cloud.address, pki_dir, "operator-ops")
     try:
@@ -266,13 +273,6 @@ async def test_an_attempts_start_reaches_watchers_without_reloading_the_task(
     """An attempt's first renewal turns it and its task RUNNING: watchers that were sent the
     task ASSIGNED show it RUNNING, with the renewal's progress and expiry, as GetTask does,
     without reloading it (a fleet's start is every task's first renewal at once)."""
-    reloads: list[list[str]] = []
-    load_views = tasks.load_views
-
-    async def counted(store: Store, ids: list[str], *, usage: bool = True) -> list[tasks.TaskView]:
-        reloads.append(list(ids))
-        return await load_views(store, ids, usage=usage)
-
     host = ScriptedHost(cloud.address, pki_dir, "h1")
     ch = channel(cloud.address, pki_dir, "operator-ops")
     try:
@@ -285,7 +285,7 @@ async def test_an_attempts_start_reaches_watchers_without_reloading_the_task(
         for call in (fleet, one):
             first = await asyncio.wait_for(call.read(), 10)
             assert first.snapshot and first.task.status == types_pb2.TASK_STATUS_ASSIGNED
-        monkeypatch.setattr(tasks, "load_views", counted)
+        reloads = _count_reloads(monkeypatch)
 
         await host.send(renewal(a, 1, "step one"))
         await host.next("renewed")
