@@ -15,9 +15,7 @@ them. All three replicas and both sets of hosts stay up; the phases alternate (o
 one, one, two in the full run) so that drift in the machine's load reaches both alike.
 
 The replicas are pinned to CPU 0 (`taskset`), the simulated hosts to CPU 1 when the machine has
-two CPUs. In part 1 PostgreSQL and this process (the watcher) are pinned beside the hosts, so the
-replica's core is its own (a descheduled replica makes ack tails that are not its own); in part 2
-PostgreSQL shares both CPUs, since where the database becomes the limit is what it measures.
+two CPUs; PostgreSQL is not pinned (it shares both).
 
     python -m bench.fleet_scale [--smoke] [--hosts N] [--interval S] [--duration S]
 """
@@ -93,36 +91,13 @@ class Database:
     def cpu(self) -> float:
         """CPU seconds of the postmaster and its live children (backends, WAL writer...)."""
         total = 0.0
-        for pid in self._processes():
-            with contextlib.suppress(OSError, ValueError):
-                total += cpu_seconds(pid)
-        return total
-
-    def _processes(self) -> list[int]:
-        """The postmaster and its live children."""
-        found = []
         for entry in Path("/proc").iterdir():
             if entry.name.isdigit():
                 with contextlib.suppress(OSError, ValueError):
                     pid = int(entry.name)
                     if pid == self.postmaster or _ppid(pid) == self.postmaster:
-                        found.append(pid)
-        return found
-
-    @contextlib.contextmanager
-    def pinned(self, cpus: frozenset[int]) -> Iterator[None]:
-        """PostgreSQL on `cpus` only (the postmaster and its children; backends forked meanwhile
-        inherit it), all CPUs again afterwards."""
-        every = os.sched_getaffinity(0) | set(cpus)
-        for pid in self._processes():
-            with contextlib.suppress(OSError):
-                os.sched_setaffinity(pid, cpus)
-        try:
-            yield
-        finally:
-            for pid in self._processes():
-                with contextlib.suppress(OSError):
-                    os.sched_setaffinity(pid, every)
+                        total += cpu_seconds(pid)
+        return total
 
     def stats(self) -> tuple[int, int, int]:
         """(WAL position in bytes, commits in this database, connections to it)."""
@@ -268,33 +243,6 @@ def scale(section: Section, url: str, pki_dir: Path, sizes: Sizes, pin: bool) ->
     """Part 1: N hosts on one replica at the default interval, a watcher timing hot steps."""
     ids = host_ids(sizes.hosts, "fleet")
     db = Database(url)
-    with contextlib.ExitStack() as pins:
-        if pin:
-            pins.enter_context(db.pinned(HOST_CPUS))
-            pins.enter_context(_self_pinned(HOST_CPUS))
-        _scale(section, url, db, ids, pki_dir, sizes, pin)
-
-
-@contextlib.contextmanager
-def _self_pinned(cpus: frozenset[int]) -> Iterator[None]:
-    """This process (the watcher's thread, the samplers) on `cpus`, as before afterwards."""
-    before = os.sched_getaffinity(0)
-    os.sched_setaffinity(0, cpus)
-    try:
-        yield
-    finally:
-        os.sched_setaffinity(0, before)
-
-
-def _scale(
-    section: Section,
-    url: str,
-    db: Database,
-    ids: list[str],
-    pki_dir: Path,
-    sizes: Sizes,
-    pin: bool,
-) -> None:
     with _cloud(url, pki_dir, pin) as cloud:
         fleet = _fleet([cloud.address], pki_dir, ids, sizes, pin)
         try:
@@ -532,8 +480,7 @@ def run(
         "(decision 0070)."
         + (
             " Replicas pinned to CPU 0, simulated hosts to CPU 1 (taskset / sched_setaffinity); "
-            "in the scale part PostgreSQL and the benchmark's own watcher run on CPU 1 too, so "
-            "the replica's core is its own; in the replicas part PostgreSQL is unpinned."
+            "PostgreSQL and the benchmark's own watcher unpinned."
             if pin
             else ""
         )
