@@ -7,7 +7,9 @@ loop for 1.2-1.7 s each: every renewal waiting behind such a pause made the ack 
 took 14 CPU-seconds in 7 minutes. Objects that have survived a while are nearly always still
 live (a stream lasts hours), so every `freeze_every` seconds the policy runs a young collection
 (fresh garbage is not frozen along) and then `gc.freeze()`: what exists now leaves the
-collector's sight, and full collections walk only what is newer than the last freeze.
+collector's sight, and full collections walk only what is newer than the last freeze. While it
+runs, young collections between its steps wait for `YOUNG_THRESHOLD` net allocations, so the
+streams' short-lived but live objects are walked once per step rather than dozens of times.
 
 What freezing costs: garbage in a reference cycle among frozen objects (a stream that ended in
 one) is not reclaimed while frozen. Every `thaw_every` seconds the policy unfreezes everything
@@ -29,6 +31,19 @@ from typing import Any
 from cloud import metrics, supervised
 
 log = logging.getLogger(__name__)
+
+
+#: Net allocations of tracked objects that start a young collection between the policy's own
+#: (CPython's default is 700). A replica's young objects are mostly alive, not garbage: each
+#: host stream's pending read (its coroutine, future and callbacks) lives until the host's next
+#: message, and the renewals in flight until their batch is answered. At 700 the collector
+#: walked them again and again before they died or were frozen: about 30 young collections a
+#: second at 2,000 renewals/s, each walking thousands of live objects (8,000-30,000 on a busy
+#: replica) and finding next to nothing. At this threshold they are walked once, by the
+#: policy's own young collection every `freeze_every` seconds: a third of the collector's time
+#: in the lease benchmark's paced phase (docs/benchmarks.md, issue 21). The collector still
+#: runs by itself should something allocate this much between two of the policy's steps.
+YOUNG_THRESHOLD = 100_000
 
 
 class GcPolicy:
@@ -69,9 +84,12 @@ class GcPolicy:
             self.step()
 
         gc.callbacks.append(self._timed)
+        thresholds = gc.get_threshold()
+        gc.set_threshold(YOUNG_THRESHOLD, *thresholds[1:])
         try:
             await supervised.run_forever("gc", step, interval=self.freeze_every, pause_first=True)
         finally:
+            gc.set_threshold(*thresholds)
             gc.callbacks.remove(self._timed)
             gc.unfreeze()
 

@@ -4,7 +4,8 @@ Proves: a step freezes what is alive (full collections stop walking it); garbage
 objects is not reclaimed by an ordinary collection but is by the thaw that comes every
 `thaw_every` seconds; a step first collects young garbage, so a cycle that died before the
 freeze is never frozen; the running policy times every collection's pause into
-`amc_cloud_gc_pause_seconds`, and cancelling it unfreezes everything and removes its hook.
+`amc_cloud_gc_pause_seconds`, and cancelling it unfreezes everything and removes its hook; while
+it runs, young collections wait for its own (up to `YOUNG_THRESHOLD` net allocations).
 These are the real collector's behaviours: nothing is mocked.
 """
 
@@ -97,3 +98,34 @@ async def test_running_policy_times_pauses_and_unfreezes_when_stopped() -> None:
         await task
     assert gc.get_freeze_count() == 0
     assert len(gc.callbacks) == hooks
+
+
+async def test_young_collections_wait_for_the_policy_but_not_forever() -> None:
+    """While the policy runs, thousands of young survivors (a fleet's pending reads) start no
+    collection; `YOUNG_THRESHOLD` of them do. The process's threshold is restored after."""
+    default = gc.get_threshold()
+    task = gc_policy.start(3600, 3600)  # no step of its own during the test
+    assert task is not None
+    await asyncio.sleep(0)
+    young: list[int] = []
+
+    def count(phase: str, info: dict[str, int]) -> None:
+        if phase == "start" and info["generation"] == 0:
+            young.append(1)
+
+    gc.callbacks.append(count)
+    try:
+        assert gc.get_threshold()[0] == gc_policy.YOUNG_THRESHOLD
+        gc.collect(0)
+        young.clear()
+        alive = [[n] for n in range(5_000)]
+        assert not young, "5,000 survivors started no young collection"
+        alive += [[n] for n in range(gc_policy.YOUNG_THRESHOLD)]
+        assert young, "the threshold's worth did"
+        del alive
+    finally:
+        gc.callbacks.remove(count)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+    assert gc.get_threshold() == default
