@@ -161,7 +161,7 @@ class CloudSettings(BaseSettings):
     # The garbage collector (`cloud.gc_policy`, `amc cloud serve` only): how often objects that
     # survived are frozen out of its full passes (0: CPython's own policy), and how often
     # everything is thawed for one full collection that reclaims frozen garbage.
-    gc_freeze_seconds: float = Field(2.0, ge=0)
+    gc_freeze_seconds: float = Field(1.0, ge=0)
     gc_thaw_seconds: float = Field(900.0, gt=0)
 
     # Spending caps (docs/operations.md, "Cost and budgets"); 0 = no cap. A task's own caps
