@@ -5,7 +5,7 @@ and its gateway); the cloud serves hosts and operators alike; the planner is a l
 use; `webui` is the shared web toolkit of both consoles; the lease store answers in its own
 types and leaves the protocol's messages to the lease service. Two checks: every import
 statement in the source (also the ones inside functions), and what importing every host module
-really loads.
+really loads. A third keeps the provider SDKs out of every process's start.
 """
 
 from __future__ import annotations
@@ -80,6 +80,22 @@ def test_loading_every_host_module_loads_no_console() -> None:
         text=True,
         timeout=300,
         check=False,
+    )
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.split() == []
+
+
+@pytest.mark.parametrize("module", ["cloud.startup", "host.runner", "console.embedded"])
+def test_a_process_start_loads_no_provider_sdk(module: str) -> None:
+    """The two SDKs cost about 2.7 s of CPU to import: a cloud or host whose planner is offline
+    (or on the other transport) must not pay it at every start. They load when a provider's
+    client is built."""
+    script = (
+        f"import sys, {module}\n"
+        "print('\\n'.join(m for m in ('anthropic', 'openai') if m in sys.modules))\n"
+    )
+    run = subprocess.run(
+        [sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=300
     )
     assert run.returncode == 0, run.stderr
     assert run.stdout.split() == []

@@ -10,10 +10,7 @@ from __future__ import annotations
 import logging
 from typing import Protocol
 
-import openai
-
 from planner.settings import PlannerSettings
-from planner.vendors.clients import openai_client
 
 log = logging.getLogger(__name__)
 #: An embedding call may hold up an assignment this long at most.
@@ -34,7 +31,14 @@ class OpenAIEmbedder:
     """`client.embeddings.create(model=…, input=[…])` through the official SDK."""
 
     def __init__(self, settings: PlannerSettings, model: str) -> None:
+        # The SDKs are imported here, not with the module: every cloud imports this module for
+        # `Embedder`, and the two SDKs are most of a process's start (about 2.7 s of CPU).
+        import openai
+
+        from planner.vendors.clients import openai_client
+
         self.model = model
+        self._error: type[Exception] = openai.OpenAIError
         self._client = openai_client(
             settings.model_copy(update={"timeout_s": TIMEOUT_S, "max_retries": 0})
         )
@@ -45,7 +49,7 @@ class OpenAIEmbedder:
             return []
         try:
             response = await self._client.embeddings.create(model=self.model, input=texts)
-        except openai.OpenAIError as exc:
+        except self._error as exc:
             kind = type(exc).__name__
             if kind not in self._failed:
                 self._failed.add(kind)
