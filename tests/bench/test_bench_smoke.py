@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.postgres
 
 
-# Every benchmark at its smoke size, one after the other: about 2.5 minutes on an idle 2-core
+# Every benchmark at its smoke size, one after the other: about 2 minutes on an idle 2-core
 # machine, so it gets more than the suite's 300 s per test.
 @pytest.mark.timeout(900)
 def test_runner_smoke_prints_figures(postgres_server: PostgresServer, tmp_path: Path) -> None:
