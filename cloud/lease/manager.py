@@ -462,12 +462,14 @@ class LeaseManager:
 
         Hosts that sent anything since the last beat (a renewal counts) get their `last_seen_at`
         written, and fleet watchers hear of them, so "last seen" stays true while a host works.
+        Only those: an idle host's row is not rewritten every beat (should a beat fail, nothing
+        is marked told, and the next one writes them all).
         """
         seen = {h: s.last_seen for h, s in self.sessions.items()}
-        await hosts.heartbeat(self.store, self.bus.replica_id, seen)
-        moved = sorted(h for h, at in seen.items() if self._seen_told.get(h) != at)
+        moved = {h: at for h, at in seen.items() if self._seen_told.get(h) != at}
+        await hosts.heartbeat(self.store, self.bus.replica_id, moved)
         self._seen_told = seen
-        self.bus.hosts_changed(moved)
+        self.bus.hosts_changed(sorted(moved))
         await self.check_unvouched()
         await self.reconcile(list(self.sessions))
 

@@ -8,12 +8,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Update, or_, select, text, update
+from sqlalchemy import ColumnElement, Update, case, literal, or_, select, text, update
 from sqlalchemy.orm import Session
 
 from cloud.store.database import Store
 from cloud.store.idlists import among
-from cloud.store.models import HostRow, sqlite_text
+from cloud.store.models import HostRow, UTCDateTime, sqlite_text
 
 # A replica vouches for its streams every host_heartbeat_seconds; after this many missed beats
 # its hosts stop counting as connected (the replica probably died).
@@ -50,8 +50,18 @@ async def upsert_hello(
         row.replica_id = replica_id
         row.stream_id = stream_id
         row.stream_alive_at = now
-        row.last_seen_at = now
+        if row.last_seen_at is None or row.last_seen_at < now:
+            row.last_seen_at = now
         return previous
+
+
+def _seen(now: dt.datetime) -> ColumnElement[dt.datetime]:
+    """`last_seen_at` set to `now` unless it is later already. Writers take their time before
+    they wait for the write lock (and the heartbeat writes when each host last spoke), so they
+    commit out of order: without this "last seen" could step back by microseconds, and a fleet
+    watcher would have shown a time the database no longer holds."""
+    at = literal(now, UTCDateTime())
+    return case((HostRow.last_seen_at > at, HostRow.last_seen_at), else_=at)
 
 
 async def current_streams(store: Store, host_ids: Sequence[str]) -> dict[str, tuple[str, str]]:
@@ -75,7 +85,7 @@ async def update_devices(store: Store, host_id: str, devices: list[dict[str, Any
         await session.execute(
             update(HostRow)
             .where(HostRow.host_id == host_id)
-            .values(devices=devices, last_seen_at=now)
+            .values(devices=devices, last_seen_at=_seen(now))
         )
 
 
@@ -102,7 +112,7 @@ async def update_outbox(store: Store, host_id: str, backlog: Backlog) -> None:
                 outbox_refused=backlog.refused,
                 outbox_oldest_at=backlog.oldest_at,
                 outbox_reported_at=now,
-                last_seen_at=now,
+                last_seen_at=_seen(now),
             )
         )
 
@@ -115,7 +125,7 @@ async def disconnected(store: Store, host_id: str, stream_id: str) -> bool:
         marked = await session.scalars(
             update(HostRow)
             .where(HostRow.host_id == host_id, HostRow.stream_id == stream_id)
-            .values(connected=False, last_seen_at=now)
+            .values(connected=False, last_seen_at=_seen(now))
             .returning(HostRow.host_id)
         )
         return marked.first() is not None
@@ -129,14 +139,15 @@ async def replica_gone(store: Store, replica_id: str) -> list[str]:
         marked = await session.scalars(
             update(HostRow)
             .where(HostRow.replica_id == replica_id, HostRow.connected.is_(True))
-            .values(connected=False, last_seen_at=now)
+            .values(connected=False, last_seen_at=_seen(now))
             .returning(HostRow.host_id)
         )
         return list(marked.all())
 
 
 async def heartbeat(store: Store, replica_id: str, seen: dict[str, dt.datetime]) -> None:
-    """The replica vouches for the streams it holds, and records when each host last spoke."""
+    """The replica vouches for the streams it holds, and records when each host of `seen` last
+    spoke (a time already later in the row is kept)."""
     now = store.now()
     if store.is_postgres:
         async with store.write() as session:
@@ -167,12 +178,13 @@ def _vouch(replica_id: str, now: dt.datetime) -> Update:
 
 
 # SQLite: (host id, UTCDateTime's stored text) pairs as one JSON parameter, each host found by
-# its primary key.
+# its primary key. That text sorts as the times do, so `<` keeps `last_seen_at` monotonic.
 _TOUCH_SQLITE = text(
     """
 UPDATE hosts SET last_seen_at = json_extract(t.value, '$[1]')
 FROM json_each(:touched) AS t
 WHERE hosts.host_id = json_extract(t.value, '$[0]')
+  AND (hosts.last_seen_at IS NULL OR hosts.last_seen_at < json_extract(t.value, '$[1]'))
 """
 )
 
@@ -186,6 +198,7 @@ _TOUCH_PG = text(
 UPDATE hosts SET last_seen_at = CAST(t.value ->> 1 AS timestamptz)
 FROM json_array_elements(CAST(:touched AS json)) AS t
 WHERE hosts.host_id = t.value ->> 0
+  AND (hosts.last_seen_at IS NULL OR hosts.last_seen_at < CAST(t.value ->> 1 AS timestamptz))
 """
 )
 

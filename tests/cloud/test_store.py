@@ -378,7 +378,7 @@ async def test_the_heartbeat_records_each_hosts_last_seen_exactly(store: Store) 
 
     for h in ("h.1", "h-2", "h3"):
         await hosts.upsert_hello(store, h, [], "v", 0, "r1", f"s-{h}", "p")
-    base = dt.datetime(2026, 12, 2, 4, 0, 0, 123456, tzinfo=dt.UTC)
+    base = store.now().replace(microsecond=123456) + dt.timedelta(hours=1)
     seen = {"h.1": base, "h-2": base + dt.timedelta(microseconds=1)}
     async with store.read() as db:
         untouched = await db.scalar(select(HostRow.last_seen_at).where(HostRow.host_id == "h3"))
@@ -386,3 +386,40 @@ async def test_the_heartbeat_records_each_hosts_last_seen_exactly(store: Store) 
     async with store.read() as db:
         rows = {h: at for h, at in await db.execute(select(HostRow.host_id, HostRow.last_seen_at))}
     assert rows == {**seen, "h3": untouched}
+
+
+async def test_last_seen_never_steps_back_when_writers_commit_out_of_order(store: Store) -> None:
+    """Every writer of `last_seen_at` (hello, devices, outbox, the heartbeat, a stream's end,
+    a replica's end) takes its time before it waits for the write lock, so a later time can
+    commit first. The row keeps the latest time whatever the order: a fleet watcher never
+    shows a time the database has already gone back from."""
+    from cloud.store import hosts
+    from cloud.store.models import HostRow
+
+    async def last_seen() -> dt.datetime | None:
+        async with store.read() as db:
+            return await db.scalar(select(HostRow.last_seen_at).where(HostRow.host_id == "h1"))
+
+    await hosts.upsert_hello(store, "h1", [], "v", 0, "r1", "s1", "p")
+    hello_at = await last_seen()
+    assert hello_at is not None
+    # The heartbeat of a time before the hello (when the host's first message arrived).
+    await hosts.heartbeat(store, "r1", {"h1": hello_at - dt.timedelta(microseconds=52)})
+    assert await last_seen() == hello_at
+    later = store.now() + dt.timedelta(hours=1)
+    await hosts.heartbeat(store, "r1", {"h1": later})
+    assert await last_seen() == later
+    await hosts.update_devices(store, "h1", [])
+    await hosts.update_outbox(store, "h1", hosts.Backlog(1, 0, 0, None))
+    await hosts.upsert_hello(store, "h1", [], "v", 0, "r1", "s2", "p")
+    await hosts.heartbeat(store, "r1", {"h1": later - dt.timedelta(microseconds=1)})
+    assert await last_seen() == later
+    assert await hosts.disconnected(store, "h1", "s2")
+    assert await last_seen() == later
+    await hosts.upsert_hello(store, "h1", [], "v", 0, "r1", "s3", "p")
+    assert await hosts.replica_gone(store, "r1") == ["h1"]
+    assert await last_seen() == later
+    # A time later than the row's still moves it.
+    latest = later + dt.timedelta(microseconds=1)
+    await hosts.heartbeat(store, "r1", {"h1": latest})
+    assert await last_seen() == latest
