@@ -275,10 +275,18 @@ def test_the_fleet_page_says_why_dispatch_is_paused(
     async def probe() -> None:
         return None
 
-    health.probe = probe
-    try:
+    # The health record wakes the dispatcher's loop: it is called there, as the planner does.
+    async def fail() -> None:
+        health.probe = probe
         for _ in range(health.threshold):
             health.failed("planner: Anthropic is unavailable (HTTP 529 after 2 retries: x)")
+
+    async def recover() -> None:
+        health.succeeded()
+        health.probe = None
+
+    cloud.loop.run(fail())
+    try:
         log_in(anon)
         page = unescape(anon.get("/fleet").text)
         assert "New tasks are not handed out: the model provider is unavailable since" in page
@@ -286,7 +294,6 @@ def test_the_fleet_page_says_why_dispatch_is_paused(
         listed = api.get("/api/hosts").json()["dispatch"]
         assert listed["paused"] and "model provider is unavailable" in listed["reason"]
     finally:
-        health.succeeded()
-        health.probe = None
+        cloud.loop.run(recover())
     assert "New tasks are not handed out" not in anon.get("/fleet").text
     assert api.get("/api/hosts").json()["dispatch"] == {"paused": False, "reason": ""}
