@@ -25,11 +25,11 @@ from tests.console.console_stack import (
     PASSWORD,
     Cloud,
     HostFactory,
-    LoopThread,
     Operator,
     SimHost,
     UvicornThread,
 )
+from tests.support.loop_thread import LoopThread
 
 
 @pytest.fixture(scope="session")

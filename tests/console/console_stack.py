@@ -10,12 +10,10 @@ the agent loop and of phones.
 
 from __future__ import annotations
 
-import asyncio
 import queue
 import threading
 import time
-from collections.abc import Callable, Coroutine, Iterator
-from concurrent.futures import Future
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -36,6 +34,7 @@ from amc.v1 import (
 from cloud.server import CloudServer
 from planner.prompts import SYSTEM_PROMPT, build_user_prompt
 from planner.scene import Bounds, Element, Scene
+from tests.support.loop_thread import LoopThread
 
 T = TypeVar("T")
 WAIT_S = 20.0
@@ -44,24 +43,6 @@ WAIT_S = 20.0
 ADMIN = "operator"
 PASSWORD = "correct horse battery staple"
 API_TOKEN = "test-api-token-0123456789abcdef"
-
-
-class LoopThread:
-    """An asyncio event loop running in a daemon thread; coroutines are submitted to it."""
-
-    def __init__(self, name: str) -> None:
-        self.loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self.loop.run_forever, name=name, daemon=True)
-        self._thread.start()
-
-    def run(self, coro: Coroutine[Any, Any, T], timeout: float = WAIT_S) -> T:
-        future: Future[T] = asyncio.run_coroutine_threadsafe(coro, self.loop)
-        return future.result(timeout)
-
-    def stop(self) -> None:
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self._thread.join(WAIT_S)
-        self.loop.close()
 
 
 class UvicornThread:

@@ -37,11 +37,11 @@ from tests.console.console_stack import (
     PASSWORD,
     Cloud,
     HostFactory,
-    LoopThread,
     Operator,
     UvicornThread,
 )
 from tests.support.browser import PageReport, open_browser, overflow_x
+from tests.support.loop_thread import LoopThread
 
 pytestmark = pytest.mark.browser
 

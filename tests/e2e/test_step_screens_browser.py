@@ -30,7 +30,8 @@ from amc.v1 import (
 from console.embedded import HOST_ID, OPERATOR, EmbeddedStack, embedded_stack, follow_tasks
 from console.gateway import create_app
 from console.settings import ConsoleSettings
-from tests.console.console_stack import LoopThread, UvicornThread
+from tests.console.console_stack import UvicornThread
+from tests.support.loop_thread import LoopThread
 
 CHROMIUM = "/usr/bin/chromium"
 PASSWORD = "step-view-password-123"

@@ -8,8 +8,6 @@ talk to it over real mTLS with synchronous gRPC channels.
 
 from __future__ import annotations
 
-import asyncio
-import threading
 from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any, TypeVar
@@ -18,6 +16,7 @@ import grpc
 
 from cloud.server import CloudServer, build_server
 from cloud.settings import CloudSettings
+from tests.support.loop_thread import LoopThread
 
 T = TypeVar("T")
 
@@ -27,15 +26,15 @@ class ServerThread:
 
     def __init__(self, settings: CloudSettings) -> None:
         self.settings = settings
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
+        self._loop: LoopThread | None = None
         self.server: CloudServer | None = None
 
     def run(self, coro: Coroutine[Any, Any, T], timeout: float = 60.0) -> T:
-        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
+        assert self._loop is not None, "start() first"
+        return self._loop.run(coro, timeout)
 
     def start(self) -> ServerThread:
-        self._thread.start()
+        self._loop = LoopThread("replica")
 
         async def go() -> CloudServer:
             server = await build_server(self.settings)
@@ -53,19 +52,8 @@ class ServerThread:
     def stop(self) -> None:
         if self.server is not None:
             self.run(self.server.stop(0.5))
-
-        async def drain() -> None:
-            current = asyncio.current_task()
-            rest = [t for t in asyncio.all_tasks() if t is not current]
-            for t in rest:
-                t.cancel()
-            await asyncio.gather(*rest, return_exceptions=True)
-
-        self.run(drain())
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(10)
-        if not self._thread.is_alive():
-            self._loop.close()
+        if self._loop is not None:
+            self._loop.stop(10)
 
 
 def sync_channel(address: str, pki_dir: Path, identity: str | None) -> grpc.Channel:

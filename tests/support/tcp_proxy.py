@@ -21,6 +21,8 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+from tests.support.loop_thread import LoopThread
+
 
 @dataclass
 class Link:
@@ -44,8 +46,7 @@ class TcpProxy:
         self.backends = list(backends)
         self._port = port
         self.links: list[Link] = []
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
+        self._loop: LoopThread | None = None
         self._server: asyncio.Server | None = None
         self._black = False
         self._black_links: set[int] = set()
@@ -53,8 +54,8 @@ class TcpProxy:
 
     # --- lifecycle ----------------------------------------------------------------------------
     def start(self) -> TcpProxy:
-        self._thread.start()
-        asyncio.run_coroutine_threadsafe(self._start(), self._loop).result(10)
+        self._loop = LoopThread("tcp-proxy")
+        self._loop.run(self._start(), 10)
         return self
 
     async def _start(self) -> None:
@@ -77,24 +78,12 @@ class TcpProxy:
                 for w in link._writers:
                     w.close()
 
-        async def drain() -> None:
-            # Let the pumps see their sockets close and finish before the loop goes.
-            current = asyncio.current_task()
-            rest = [t for t in asyncio.all_tasks() if t is not current]
-            for t in rest:
-                t.cancel()
-            await asyncio.gather(*rest, return_exceptions=True)
-            if self._server is not None:
-                await self._server.wait_closed()
-
+        if self._loop is None:
+            return
         with contextlib.suppress(Exception):
-            asyncio.run_coroutine_threadsafe(close(), self._loop).result(5)
-        with contextlib.suppress(Exception):
-            asyncio.run_coroutine_threadsafe(drain(), self._loop).result(5)
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(5)
-        if not self._thread.is_alive():
-            self._loop.close()
+            self._loop.run(close(), 5)
+        # Then the pumps see their sockets close and finish before the loop goes.
+        self._loop.stop(5)
 
     # --- faults -------------------------------------------------------------------------------
     def blackhole(self) -> list[Link]:

@@ -11,7 +11,6 @@ import asyncio
 import os
 import re
 import shutil
-import threading
 from collections.abc import Awaitable, Callable, Coroutine, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
@@ -37,6 +36,7 @@ from tests.host.console.host_console_support import (
 )
 from tests.host.lease_fake import start_fake_cloud
 from tests.support.browser import PageReport
+from tests.support.loop_thread import LoopThread
 
 pytestmark = pytest.mark.browser
 
@@ -198,9 +198,8 @@ class LiveHost:
 
     def __init__(self, tmp_path: Path) -> None:
         self.tmp_path = tmp_path
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, name="live-host", daemon=True)
-        self.thread.start()
+        self.thread = LoopThread("live-host")
+        self.loop = self.thread.loop
         self.stop_event: asyncio.Event | None = None
         self.planner: Gate | None = None
         self.console: ConsoleServer | None = None
@@ -209,7 +208,7 @@ class LiveHost:
         self.call(self._start())
 
     def call(self, coro: Coroutine[Any, Any, T]) -> T:
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(WITHIN_S)
+        return self.thread.run(coro, WITHIN_S)
 
     async def _start(self) -> None:
         cloud = await start_fake_cloud(self.tmp_path / "pki", HOST_ID)
@@ -264,9 +263,7 @@ class LiveHost:
         try:
             self.call(self._stop())
         finally:
-            self.loop.call_soon_threadsafe(self.loop.stop)
-            self.thread.join(WITHIN_S)
-            self.loop.close()
+            self.thread.stop(WITHIN_S)
 
 
 @pytest.fixture
