@@ -49,7 +49,9 @@ _THINKING_BACKLOG = 16_384
 
 # Every payload of a flush in one statement, in order (a function scan yields the array's
 # elements in order, and the notifications of one transaction are delivered in the order sent).
-_NOTIFY_ALL = "SELECT pg_notify(%s, p) FROM unnest(CAST(%s AS text[])) AS p"
+# The payloads go as one JSON text: as a `text[]` parameter psycopg dumped and escaped each in
+# Python, a 40 ms stop of a 10,000-host replica's loop after every heartbeat (250 payloads).
+_NOTIFY_ALL = "SELECT pg_notify(%s, p) FROM json_array_elements_text(CAST(%s AS json)) AS p"
 
 #: The message every replica reloads its deny-list on.
 REVOCATIONS_CHANGED: dict[str, Any] = {"k": "c"}
@@ -397,7 +399,7 @@ class EventBus:
             return
         direct = self.store.direct_notify
         if direct is not None:
-            sent = await direct.run(_NOTIFY_ALL, (CHANNEL, payloads), resend=False)
+            sent = await direct.run(_NOTIFY_ALL, (CHANNEL, json.dumps(payloads)), resend=False)
             if sent is not None:
                 return
         async with self.store.engine.connect() as conn:

@@ -62,8 +62,10 @@ class UTCDateTime(TypeDecorator[dt.datetime]):
 
 def sqlite_text(at: dt.datetime) -> str:
     """An aware datetime as `UTCDateTime` stores it on SQLite (naive UTC, SQLAlchemy's text),
-    for statements that bind it themselves (the hot paths that bypass SQLAlchemy's binding)."""
-    return at.astimezone(dt.UTC).strftime("%Y-%m-%d %H:%M:%S.%f")
+    for statements that bind it themselves (the hot paths that bypass SQLAlchemy's binding).
+    `isoformat` with UTC as is: half the cost of `strftime` (a heartbeat formats one per host)."""
+    utc = at if at.tzinfo is dt.UTC else at.astimezone(dt.UTC)
+    return utc.replace(tzinfo=None).isoformat(" ", "microseconds")
 
 
 class Base(DeclarativeBase):

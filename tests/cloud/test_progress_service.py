@@ -255,6 +255,15 @@ async def test_notifications_travel_on_the_stores_own_connection_or_through_the_
         buses[0].tasks_changed(["t1"])
         assert await asyncio.wait_for(sub.next(), 10) == {"t1"}
         assert direct.backend_pid is not None  # it went the direct way
+        # A heartbeat's worth: hundreds of payloads in one statement, odd ids intact.
+        hosts_sub = buses[1].subscribe_hosts()
+        many = [f'host-{i}-"quoted"\\é' for i in range(4000)]
+        buses[0].hosts_changed(many)
+        heard: set[str] = set()
+        while heard != set(many):
+            got = await asyncio.wait_for(hosts_sub.next(), 10)
+            assert got is not None
+            heard |= got
         await direct.close()
         direct._retry_at = float("inf")  # as after a failure: not tried for a while
         buses[0].tasks_changed(["t2"])

@@ -371,18 +371,23 @@ async def test_an_id_list_is_one_parameter_on_both_backends(store: Store) -> Non
 
 
 async def test_the_heartbeat_records_each_hosts_last_seen_exactly(store: Store) -> None:
-    """One statement for every host (a JSON array on SQLite, arrays on PostgreSQL): each host
-    gets its own instant, to the microsecond, and a host not listed keeps its own."""
+    """One statement per slice of hosts (a JSON array on both backends): each host gets its
+    own instant, to the microsecond, in every slice, and a host not listed keeps its own."""
     from cloud.store import hosts
     from cloud.store.models import HostRow
 
-    for h in ("h.1", "h-2", "h3"):
+    for h in ("h.1", "h-2", "h3", "h4"):
         await hosts.upsert_hello(store, h, [], "v", 0, "r1", f"s-{h}", "p")
     base = store.now().replace(microsecond=123456) + dt.timedelta(hours=1)
-    seen = {"h.1": base, "h-2": base + dt.timedelta(microseconds=1)}
+    seen = {
+        "h.1": base,
+        "h-2": base + dt.timedelta(microseconds=1),
+        # Another zone: stored as the same instant in UTC.
+        "h4": (base + dt.timedelta(seconds=1)).astimezone(dt.timezone(dt.timedelta(hours=-5))),
+    }
     async with store.read() as db:
         untouched = await db.scalar(select(HostRow.last_seen_at).where(HostRow.host_id == "h3"))
-    await hosts.heartbeat(store, "r1", seen)
+    await hosts.heartbeat(store, "r1", seen, chunk=2)
     async with store.read() as db:
         rows = {h: at for h, at in await db.execute(select(HostRow.host_id, HostRow.last_seen_at))}
     assert rows == {**seen, "h3": untouched}
