@@ -65,6 +65,8 @@ class PhaseResult:
 
     latencies: list[float]
     errors: int
+    #: When each acknowledged renewal was sent (wall clock, s), in the order of `latencies`.
+    sent: list[float] = field(default_factory=list)
 
 
 class GrpcHost:
@@ -222,6 +224,7 @@ async def _renew_loop(
         t0 = time.perf_counter()
         if t0 >= end:
             return
+        wall = time.time()
         try:
             ok = await host.renew()
         except Exception:
@@ -231,6 +234,7 @@ async def _renew_loop(
         else:
             if ok:
                 out.latencies.append(time.perf_counter() - t0)
+                out.sent.append(wall)
             else:
                 out.errors += 1
         # Paced: keep the schedule, but never burst to catch up. Closed loop: go again now.
@@ -418,6 +422,7 @@ class Fleet:
         merged = PhaseResult([], 0)
         for msg in self._expect("phase", duration + 120 + max(0.0, start_wall - time.time())):
             merged.latencies.extend(msg[2].latencies)
+            merged.sent.extend(msg[2].sent)
             merged.errors += msg[2].errors
         return merged
 
