@@ -28,6 +28,7 @@ from bench import (
     lease_capacity,
     machine,
     memory,
+    renewal_writes,
     resources,
 )
 from bench.report import Section
@@ -62,6 +63,7 @@ BENCHMARKS: dict[str, Callable[[bool], Section]] = {
     "dispatch_latency": dispatch_latency.run,
     "dispatch_burst": dispatch_burst.run,
     "fleet_scale": fleet_scale.run,
+    "renewal_writes": renewal_writes.run,
     "decision_log": decision_log.run,
     "prompt_growth": _script("prompt_growth", "Prompt growth (planner)", ["--smoke"]),
     "host_overhead": _script("host_overhead", "Host per-step overhead", ["--smoke"]),

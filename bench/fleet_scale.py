@@ -99,15 +99,19 @@ class Database:
                         total += cpu_seconds(pid)
         return total
 
-    def stats(self) -> tuple[int, int, int]:
-        """(WAL position in bytes, commits in this database, connections to it)."""
+    def stats(self) -> tuple[int, int, int, int, int]:
+        """(WAL position in bytes, commits in this database, connections to it, row updates of
+        `attempts` and `tasks`, of which HOT: in place, no index touched)."""
         with psycopg.connect(self.dsn, autocommit=True) as conn:
             row = conn.execute(
                 "SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')::bigint, xact_commit, "
-                "numbackends FROM pg_stat_database WHERE datname = current_database()"
+                "numbackends, (SELECT coalesce(sum(n_tup_upd), 0) FROM pg_stat_user_tables "
+                "WHERE relname IN ('attempts', 'tasks')), (SELECT coalesce(sum(n_tup_hot_upd), 0) "
+                "FROM pg_stat_user_tables WHERE relname IN ('attempts', 'tasks')) "
+                "FROM pg_stat_database WHERE datname = current_database()"
             ).fetchone()
         assert row is not None
-        return int(row[0]), int(row[1]), int(row[2])
+        return int(row[0]), int(row[1]), int(row[2]), int(row[3]), int(row[4])
 
 
 def _ppid(pid: int) -> int:
@@ -127,6 +131,9 @@ class Window:
     wal_bytes: int = 0
     commits: int = 0
     connections: int = 0
+    #: Row updates of `attempts` and `tasks`, and how many of them were HOT (in place).
+    updates: int = 0
+    hot_updates: int = 0
     rss_kib: list[int] = field(default_factory=list)
     #: CPU-seconds of the simulated hosts' worker processes (when their pids were given).
     hosts_cpu: float = 0.0
@@ -143,7 +150,7 @@ def _window(
     """Sample the servers, the database and the `hosts` worker processes at `start` and
     `start + seconds` (a thread)."""
     w = Window(seconds)
-    marks: list[tuple[float, float, tuple[int, int, int]]] = []
+    marks: list[tuple[float, float, tuple[int, int, int, int, int]]] = []
     host_marks: list[float] = []
 
     def sample() -> None:
@@ -156,9 +163,10 @@ def _window(
     sampler.start()
     yield w
     sampler.join()
-    (c0, d0, (wal0, com0, _)), (c1, d1, (wal1, com1, conns)) = marks
+    (c0, d0, (wal0, com0, _, upd0, hot0)), (c1, d1, (wal1, com1, conns, upd1, hot1)) = marks
     w.cloud_cpu, w.db_cpu = c1 - c0, d1 - d0
     w.wal_bytes, w.commits, w.connections = wal1 - wal0, com1 - com0, conns
+    w.updates, w.hot_updates = upd1 - upd0, hot1 - hot0
     w.rss_kib = [rss_kb(s.pid) for s in servers]
     w.hosts_cpu = host_marks[1] - host_marks[0]
 
@@ -343,7 +351,8 @@ def scale(section: Section, url: str, pki_dir: Path, sizes: Sizes, pin: bool) ->
         round(w.db_cpu / w.seconds * 100, 1),
         "% of a core",
         note=f"WAL {w.wal_bytes / w.seconds / 1024:,.0f} KiB/s, {w.commits / w.seconds:,.0f} "
-        f"commits/s, {w.connections} connections",
+        f"commits/s, {w.connections} connections; {w.updates:,} row updates of attempts and "
+        f"tasks, {w.hot_updates / max(1, w.updates):.0%} of them HOT (in place, no index entry)",
     )
 
 

@@ -150,7 +150,9 @@ class RenewalBatcher:
         observed = metrics.current()
         started = time.perf_counter()
         try:
-            outcomes = await leases.write_renewals(self._store, [item for item, _ in batch])
+            outcomes = await leases.write_renewals(
+                self._store, [item for item, _ in batch], self._write_below
+            )
         except Exception as exc:
             self._fail(batch, exc)
             return

@@ -44,21 +44,21 @@ class _Shown:
     def extend(self, e: Extension) -> types_pb2.Task | Literal["kept"] | None:
         """The task as sent with the extension (its progress, its start) applied and remembered, or
         None when it must be reloaded: not sent yet, sent without a live lease, or, for new progress
-        or a start, sent with another attempt current. An extension no later than the expiry sent
-        (it raced a reload that read a newer one) leaves the task as sent: `KEPT`, nothing to
-        send."""
+        or a start, sent with another attempt current. An extension written no later than the
+        task as sent was last updated (it raced a reload that read its write or a newer one)
+        leaves the task as sent: `KEPT`, nothing to send. The write's time orders them, not the
+        expiry: a write far from expiry keeps the expiry it found (decision 0070)."""
         shown = self._tasks.get(e.task_id)
         if shown is None or not shown.HasField("lease_expires_at"):
             return None
         if (e.progress is not None or e.started) and shown.attempt != e.attempt:
             return None
-        expires = convert.ts(e.expires_at)
-        if expires.ToNanoseconds() <= shown.lease_expires_at.ToNanoseconds():
+        renewed_at = convert.ts(e.renewed_at)
+        if renewed_at.ToNanoseconds() <= shown.updated_at.ToNanoseconds():
             return KEPT
         task = types_pb2.Task()
         task.CopyFrom(shown)
-        task.lease_expires_at.CopyFrom(expires)
-        renewed_at = convert.ts(e.renewed_at)
+        task.lease_expires_at.CopyFrom(convert.ts(e.expires_at))
         task.updated_at.CopyFrom(renewed_at)
         if e.started:
             task.status = types_pb2.TASK_STATUS_RUNNING

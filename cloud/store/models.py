@@ -119,6 +119,8 @@ class TaskRow(Base):
         Index("ix_tasks_created_at_task_id", "created_at", "task_id"),
         Index("ix_tasks_host_id", "host_id"),
         Index("ix_tasks_finished_at", "finished_at"),
+        # Room on each page for renewals' in-place (HOT) updates (migration 0014).
+        {"postgresql_with": {"fillfactor": 80}},
     )
 
 
@@ -192,6 +194,8 @@ class AttemptRow(Base):
             sqlite_where=text("ended_at IS NULL"),
             postgresql_where=text("ended_at IS NULL"),
         ),
+        # Room on each page for renewals' in-place (HOT) updates (migration 0014).
+        {"postgresql_with": {"fillfactor": 80}},
     )
 
 

@@ -61,6 +61,7 @@ def test_runner_smoke_prints_figures(postgres_server: PostgresServer, tmp_path: 
     assert re.search(r"last assignment after the last hello\s+[\d,.]+ ms", out)
     assert re.search(r"scale: renewals acknowledged\s+[\d,]+", out)
     assert re.search(r"replicas: two replicas, closed-loop renewals/s\s+[\d,.]+ /s", out)
+    assert re.search(r"PostgreSQL: new progress, WAL per renewal\s+[\d,]+ B\s+vs expiry moved", out)
     assert re.search(r"ListDecisions .* p50, .*[\d.]+ ms", out)
     assert "FAILED" not in out
     text = doc.read_text()

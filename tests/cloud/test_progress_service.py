@@ -24,7 +24,7 @@ from amc.v1 import (
 from cloud.events import EventBus, Extension
 from cloud.server import CloudServer
 from cloud.services.progress_service import KEPT, _Shown
-from cloud.store import leases, tasks
+from cloud.store import convert, leases, tasks
 from cloud.store.database import Store
 from cloud.store.models import AttemptRow
 from tests.cloud.cloud_harness import ScriptedHost, channel, renewal, submit
@@ -212,7 +212,8 @@ async def test_new_progress_of_another_attempt_than_the_one_shown_is_reloaded(
 ) -> None:
     """A watcher applies new progress only to the attempt it showed as current: progress of
     any other attempt (the task was requeued since) makes it reload the task. An extension or
-    progress no later than what it showed changes nothing."""
+    progress written no later than the task it showed changes nothing; one written later is
+    applied even when it kept the expiry (a write far from expiry, decision 0070)."""
     await tasks.submit(
         store, tasks.NewTask(goal="g", max_attempts=3, lease_seconds=30, timeout_seconds=3600)
     )
@@ -229,11 +230,12 @@ async def test_new_progress_of_another_attempt_than_the_one_shown_is_reloaded(
     later = out.expires_at + dt.timedelta(seconds=5)
     step = leases.ProgressIn(4, 2, "four")
     assert shown.extend(Extension(c.task_id, later, later, c.attempt + 1, step)) is None
-    assert shown.extend(Extension(c.task_id, out.expires_at, later, c.attempt, step)) == KEPT
-    patched = shown.extend(Extension(c.task_id, later, later, c.attempt, step))
+    assert shown.extend(Extension(c.task_id, later, out.renewed_at, c.attempt, step)) == KEPT
+    patched = shown.extend(Extension(c.task_id, out.expires_at, later, c.attempt, step))
     assert isinstance(patched, types_pb2.Task)
     assert (patched.progress.step_index, patched.progress.summary) == (4, "four")
     assert patched.totals.steps == 4
+    assert patched.lease_expires_at == convert.ts(out.expires_at)
 
 
 @pytest.mark.postgres

@@ -154,6 +154,42 @@ async def test_changed_progress_is_stored_before_the_ack(store: Store, other: St
     assert d.written and (await _row(store, c.task_id)).max_steps == 40
 
 
+async def test_a_write_far_from_expiry_keeps_the_stored_expiry(store: Store, other: Store) -> None:
+    """Invariant 7: a renewal written for its news alone (its attempt's start, new progress)
+    while at least `write_below` of its lease is left stores the news and keeps the stored
+    expiry, as an answer from the read would; near expiry the same write moves it. The write
+    decides from the row it locks, not from the batch's read: a lease another replica brought
+    near expiry meanwhile is extended."""
+    await tasks.submit(
+        store,
+        tasks.NewTask(goal="g", max_attempts=3, lease_seconds=LEASE_S, timeout_seconds=3600),
+    )
+    c = await leases.claim(store, "h1", ["p"], 2)
+    assert c is not None
+    claimed = (await _row(store, c.task_id)).lease_expires_at
+    (start,) = await leases.renew_batch(store, [_item(c)], HALF)
+    assert start.written and start.expires_at == claimed
+    row = await _row(store, c.task_id)
+    assert (row.status, row.lease_expires_at) == (states.RUNNING, claimed)
+    (moved,) = await leases.renew_batch(store, [_item(c, progress=leases.ProgressIn(1, 2, "a"))])
+    assert moved.written and moved.expires_at is not None and moved.expires_at > claimed
+    stored = (await _row(store, c.task_id)).lease_expires_at
+    assert stored == moved.expires_at
+    (kept,) = await leases.write_renewals(
+        store, [_item(c, progress=leases.ProgressIn(2, 2, "b"))], HALF
+    )
+    assert kept.written and kept.expires_at == stored
+    row = await _row(store, c.task_id)
+    assert (row.summary, row.lease_expires_at) == ("b", stored)
+    # Another replica brings the lease near expiry after this one's read: the write extends.
+    near = await _set_expiry(other, c.task_id, LEASE_S * HALF - 1)
+    (late,) = await leases.write_renewals(
+        store, [_item(c, progress=leases.ProgressIn(3, 2, "c"))], HALF
+    )
+    assert late.expires_at is not None and late.expires_at > near
+    assert (await _row(store, c.task_id)).lease_expires_at == late.expires_at
+
+
 async def test_the_read_tells_a_mere_extension_from_news(store: Store) -> None:
     """What watchers are told rests on this: a renewal whose write only moves the expiry is
     `Must.EXTEND`; one that only brings new progress is `Must.PROGRESS` (far from expiry too);

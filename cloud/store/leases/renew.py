@@ -10,7 +10,9 @@ terms on connections of the store's own (decision 0073). Both apply the same fen
 (`fence.live_fence`) to each renewal on its own, so a stale one is refused (and classified)
 without failing the others in its batch. The read also says whether a write only extends the
 lease (`Must.EXTEND`), only brings new progress (`Must.PROGRESS`) or starts the attempt
-(`Must.START`), which watchers are told without reloading the task.
+(`Must.START`), which watchers are told without reloading the task. A written renewal far from
+expiry keeps its stored expiry (`write_renewals`), so only a lease near expiry moves its row in
+the expiry index.
 """
 
 from __future__ import annotations
@@ -99,7 +101,9 @@ FROM json_each(?) AS b CROSS JOIN tasks AS t ON t.task_id = b.value
 """
 _SQLITE_RENEW = f"""
 UPDATE attempts
-SET lease_expires_at = :expires, status = '{states.RUNNING}', renewals = renewals + :counts,
+SET lease_expires_at = CASE WHEN lease_expires_at >= :keep_until THEN lease_expires_at
+                            ELSE :expires END,
+    status = '{states.RUNNING}', renewals = renewals + :counts,
     first_renewed_at = coalesce(first_renewed_at, :now), last_renewed_at = :now,
     step_index = CASE WHEN :progress THEN :step_index ELSE step_index END,
     step_status = CASE WHEN :progress THEN :step_status ELSE step_status END,
@@ -111,6 +115,7 @@ WHERE task_id = :task AND attempt = :attempt AND lease_id = :lease AND host_id =
   AND NOT EXISTS (
     SELECT 1 FROM tasks WHERE tasks.task_id = attempts.task_id AND tasks.cancel_requested IS 1
   )
+RETURNING lease_expires_at
 """
 _SQLITE_TOUCH_TASKS = f"""
 UPDATE tasks
@@ -158,12 +163,13 @@ _LIVE_SQLITE = text(_LIVE_SELECT + _LIVE_SQLITE_FROM.format(ids=":task_ids")).co
     *_LIVE_COLUMNS
 )
 _LIVE_SQLITE_TEXT = _LIVE_SELECT + _LIVE_SQLITE_FROM.format(ids="?")
-# PostgreSQL: the ids as one comma-joined text, split by the server. As an array parameter
+# PostgreSQL: the ids as one comma-joined text, split by the server; "not ended" in a form no
+# partial index of live attempts answers (see `_RENEW_BATCH_PG`). As an array parameter
 # psycopg dumped each id in Python: 4 % of a 10,000-host replica's CPU for batches of five
 # (bench/fleet_scale.py). An id with a comma in it (none is ever stored) is looked up in
 # pieces and found under no id of the batch, so its renewal is written, fenced, as unknown.
 _LIVE_PG_FROM = """FROM attempts AS a JOIN tasks AS t ON t.task_id = a.task_id
-WHERE a.ended_at IS NULL AND a.task_id = ANY(string_to_array(CAST({ids} AS text), ','))
+WHERE (a.ended_at IS NULL) IS TRUE AND a.task_id = ANY(string_to_array(CAST({ids} AS text), ','))
 """
 _LIVE_PG = text(_LIVE_SELECT + _LIVE_PG_FROM.format(ids=":task_ids")).columns(*_LIVE_COLUMNS)
 _LIVE_PG_TEXT = _LIVE_SELECT + _LIVE_PG_FROM.format(ids="%s")
@@ -329,17 +335,26 @@ async def answer_from_read(
     return out
 
 
-async def write_renewals(store: Store, items: list[RenewalIn]) -> list[RenewalOut]:
+async def write_renewals(
+    store: Store, items: list[RenewalIn], write_below: float = ALWAYS_WRITE
+) -> list[RenewalOut]:
     """Write many renewals in one transaction, each fenced on its own; outcomes in order.
 
     On PostgreSQL one statement (`_renew_batch_pg`), on SQLite one fenced UPDATE per renewal
     (`_renew_batch_sqlite`). Both apply the same fence; a refused renewal is classified.
+
+    A written renewal whose lease still has at least `write_below` of its length left keeps
+    its stored expiry, as a renewal answered from a read would (decision 0070): a start or new
+    progress far from expiry is written without moving the expiry, so the write leaves every
+    indexed column of the attempt as it was. On PostgreSQL that makes it a HOT update (the
+    new row version on the same page, no index touched; migration 0014 leaves room on the
+    pages for it) instead of a new entry in each of the attempt's five indexes.
     """
     if not items:
         return []
     if store.is_postgres:
-        return await _renew_batch_pg(store, items)
-    return await _renew_batch_sqlite(store, items)
+        return await _renew_batch_pg(store, items, write_below)
+    return await _renew_batch_sqlite(store, items, write_below)
 
 
 async def renew_batch(
@@ -358,22 +373,29 @@ async def renew_batch(
     if write_below < ALWAYS_WRITE:
         out = await answer_from_read(store, items, write_below)
     to_write = [n for n, o in enumerate(out) if isinstance(o, Must)]
-    written = await write_renewals(store, [items[n] for n in to_write])
+    written = await write_renewals(store, [items[n] for n in to_write], write_below)
     for n, o in zip(to_write, written, strict=True):
         out[n] = o
     return [o for o in out if isinstance(o, RenewalOut)]
 
 
-async def _renew_batch_sqlite(store: Store, items: list[RenewalIn]) -> list[RenewalOut]:
+async def _renew_batch_sqlite(
+    store: Store, items: list[RenewalIn], write_below: float
+) -> list[RenewalOut]:
     """`_renew_sqlite` in one write transaction, on the loop's own thread when it can
     (`Store.write_on_loop`)."""
     now = store.now()
-    return await store.write_on_loop(lambda session: _renew_sqlite(session, items, now))
+    return await store.write_on_loop(
+        lambda session: _renew_sqlite(session, items, now, write_below)
+    )
 
 
-def _renew_sqlite(session: Session, items: list[RenewalIn], now: dt.datetime) -> list[RenewalOut]:
+def _renew_sqlite(
+    session: Session, items: list[RenewalIn], now: dt.datetime, write_below: float
+) -> list[RenewalOut]:
     """Write many renewals in one transaction, each fenced on its own (`_SQLITE_RENEW`), in
-    the order they came: a renewal took effect when its UPDATE changed its attempt's row.
+    the order they came: a renewal took effect when its UPDATE changed its attempt's row, and
+    its expiry is the one the UPDATE left (moved, or kept when far: `write_renewals`).
 
     A renewal of a task whose cancel was requested is not extended (the host is revoked
     instead), so a cancelled task ends at the latest when its current lease runs out.
@@ -383,7 +405,9 @@ def _renew_sqlite(session: Session, items: list[RenewalIn], now: dt.datetime) ->
         cursor.execute(_SQLITE_LEASE_SECONDS, (json.dumps(sorted({i.task_id for i in items})),))
         lease_by_task: dict[str, float] = dict(cursor.fetchall())
         now_text = sqlite_text(now)
-        expiry: dict[float, tuple[dt.datetime, str]] = {}  # by lease length: usually one
+        # By lease length (usually one): the new expiry, and the stored expiry at or after which
+        # it is kept.
+        expiry: dict[float, tuple[dt.datetime, str, str]] = {}
         out: list[RenewalOut | None] = [None] * len(items)
         renewed: set[str] = set()
         for n, item in enumerate(items):
@@ -393,8 +417,9 @@ def _renew_sqlite(session: Session, items: list[RenewalIn], now: dt.datetime) ->
                 continue
             if seconds not in expiry:
                 expires = now + dt.timedelta(seconds=seconds)
-                expiry[seconds] = (expires, sqlite_text(expires))
-            expires, expires_text = expiry[seconds]
+                keep = now + dt.timedelta(seconds=seconds * write_below)
+                expiry[seconds] = (expires, sqlite_text(expires), sqlite_text(keep))
+            expires, expires_text, keep_text = expiry[seconds]
             p = item.progress
             cursor.execute(
                 _SQLITE_RENEW,
@@ -405,6 +430,7 @@ def _renew_sqlite(session: Session, items: list[RenewalIn], now: dt.datetime) ->
                     "host": item.host_id,
                     "now": now_text,
                     "expires": expires_text,
+                    "keep_until": keep_text,
                     "counts": item.counts,
                     "progress": p is not None,
                     "step_index": None if p is None else p.step_index,
@@ -413,8 +439,14 @@ def _renew_sqlite(session: Session, items: list[RenewalIn], now: dt.datetime) ->
                     "max_steps": None if p is None else p.max_steps,
                 },
             )
-            if cursor.rowcount == 1:
-                out[n] = RenewalOut(expires, written=True, renewed_at=now)
+            stored = cursor.fetchone()
+            if stored is not None:
+                at = (
+                    expires
+                    if stored[0] == expires_text
+                    else dt.datetime.fromisoformat(stored[0]).replace(tzinfo=dt.UTC)
+                )
+                out[n] = RenewalOut(at, written=True, renewed_at=now)
                 renewed.add(item.task_id)
         if renewed:
             cursor.execute(_SQLITE_TOUCH_TASKS, (now_text, json.dumps(sorted(renewed))))
@@ -439,9 +471,17 @@ def _renew_sqlite(session: Session, items: list[RenewalIn], now: dt.datetime) ->
 # LATERAL form makes every plan item-driven: a plain UPDATE ... FROM unnest(...) join was planned
 # (generic plan, live attempts estimated at 1 row) as a nested loop over all live attempts
 # rescanning the whole batch for each, ~60 ms per batch of 500 (pg_stat_statements, auto_explain).
+# "Not ended" and "not expired" are tested as `(...) IS TRUE`, which neither a partial index of
+# live attempts nor a range scan can answer, so each item is found by its (task_id, attempt)
+# key. As plain conditions, the generic plan of a connection that first ran the statement on
+# unanalysed tables (a new deployment's first minute) looked each item up through the
+# live-expiry index, built on the empty table and so believed empty: every live lease read for
+# each item, 400-570 us per written renewal at 2,000 leases instead of 65-105
+# (tests/cloud/test_query_plans.py, docs/benchmarks.md ninth pass).
 # The UPDATE then writes the locked rows by primary key (`= ANY(ARRAY(...))` keeps that an index
 # scan, not a hash join over the whole table) and RETURNs them: the authoritative list of accepted
-# renewals, no read-back needed. `touched` updates the renewed tasks (updated_at, ASSIGNED ->
+# renewals with the expiry each now has (moved, or kept when far: `write_renewals`), no
+# read-back needed. `touched` updates the renewed tasks (updated_at, ASSIGNED ->
 # RUNNING) by primary key after their attempts, the lock order every writer uses.
 # In psycopg's placeholders: the same text runs on the store's own connection
 # (`Store.direct_writes`: in autocommit one round trip, its own transaction) or, when that cannot
@@ -462,14 +502,19 @@ WITH live AS (
           AND attempts.attempt = i.attempt
           AND attempts.lease_id = i.lease_id
           AND attempts.host_id = i.host_id
-          AND attempts.ended_at IS NULL
-          AND attempts.lease_expires_at > CAST(%(now)s AS timestamptz)
+          AND (attempts.ended_at IS NULL) IS TRUE
+          AND (attempts.lease_expires_at > CAST(%(now)s AS timestamptz)) IS TRUE
           AND tasks.cancel_requested IS NOT TRUE
         FOR UPDATE OF attempts
     ) AS x
 ), renewed AS (
     UPDATE attempts AS a
-    SET lease_expires_at = CAST(%(now)s AS timestamptz) + make_interval(secs => l.lease_seconds),
+    SET lease_expires_at = CASE
+            WHEN a.lease_expires_at >= CAST(%(now)s AS timestamptz)
+                                       + make_interval(secs => %(keep)s * l.lease_seconds)
+            THEN a.lease_expires_at
+            ELSE CAST(%(now)s AS timestamptz) + make_interval(secs => l.lease_seconds)
+        END,
         status = %(running)s,
         renewals = a.renewals + l.counts,
         first_renewed_at = COALESCE(a.first_renewed_at, CAST(%(now)s AS timestamptz)),
@@ -493,7 +538,9 @@ SELECT task_id, attempt, lease_id, host_id, lease_expires_at FROM renewed
 """
 
 
-async def _renew_batch_pg(store: Store, items: list[RenewalIn]) -> list[RenewalOut]:
+async def _renew_batch_pg(
+    store: Store, items: list[RenewalIn], write_below: float
+) -> list[RenewalOut]:
     """The batch as one statement: `_RENEW_BATCH_PG` with the items as arrays, on the store's
     own connection when it can (one round trip), else through the pool.
 
@@ -533,6 +580,7 @@ async def _renew_batch_pg(store: Store, items: list[RenewalIn]) -> list[RenewalO
     params: dict[str, object] = {
         "now": now,
         "items": json.dumps(rows, ensure_ascii=False, separators=(",", ":")),
+        "keep": write_below,
         "running": states.RUNNING,
         "assigned": states.ASSIGNED,
     }
