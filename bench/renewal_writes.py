@@ -209,20 +209,15 @@ def _report(section: Section, store: str, old: Way, new: Way, pg: bool) -> None:
         )
         if not pg:
             continue
-        section.add(
-            f"{store}: {what}, database CPU per renewal",
-            round(n[2] / n[0] * 1e6, 1),
-            "us",
-            baseline=round(o[2] / o[0] * 1e6, 1),
-            baseline_name=old.name,
-        )
-        section.add(
-            f"{store}: {what}, WAL per renewal",
-            round(n[3] / n[0]),
-            "B",
-            baseline=round(o[3] / o[0]),
-            baseline_name=old.name,
-        )
+        # (column of `Way.cost`, row name, unit, scale): per renewal written.
+        for col, name, unit, scale in ((2, "database CPU", "us", 1e6), (3, "WAL", "B", 1.0)):
+            section.add(
+                f"{store}: {what}, {name} per renewal",
+                round(n[col] / n[0] * scale, 1),
+                unit,
+                baseline=round(o[col] / o[0] * scale, 1),
+                baseline_name=old.name,
+            )
     if pg:
         (ou, oh), (nu, nh) = old.updates, new.updates
         section.add(
