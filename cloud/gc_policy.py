@@ -5,16 +5,21 @@ keeps millions of long-lived objects (each stream's call, tasks, queue, messages
 (docs/benchmarks.md, issue 21) its full collections came every 15-20 s and stopped the event
 loop for 1.2-1.7 s each: every renewal waiting behind such a pause made the ack p99, and they
 took 14 CPU-seconds in 7 minutes. Objects that have survived a while are nearly always still
-live (a stream lasts hours), so every `freeze_every` seconds the policy runs a young collection
-(fresh garbage is not frozen along) and then `gc.freeze()`: what exists now leaves the
-collector's sight, and full collections walk only what is newer than the last freeze. While it
-runs, young collections between its steps wait for `YOUNG_THRESHOLD` net allocations, so the
-streams' short-lived but live objects are walked once per step rather than dozens of times.
+live (a stream lasts hours), so every `freeze_every` seconds the policy calls `gc.freeze()`:
+what exists now leaves the collector's sight, and collections walk only what is newer than the
+last freeze. While it runs, young collections wait for `YOUNG_THRESHOLD` net allocations, so
+the streams' short-lived but live objects are not walked again and again before they die.
 
-What freezing costs: garbage in a reference cycle among frozen objects (a stream that ended in
-one) is not reclaimed while frozen. Every `thaw_every` seconds the policy unfreezes everything
-and runs one full collection (the one long pause, logged with its length), then freezes again,
-so frozen garbage is bounded by what the fleet leaves in cycles in that time.
+A step freezes without collecting first. A young collection before each freeze would keep
+fresh cyclic garbage out of the frozen set, but a busy replica's young objects are nearly all
+alive (every stream's pending read, the renewals in flight): at 2,000 renewals/s it walked
+tens of thousands of them every second for 30-55 ms and found 20-100 dead objects (4% of a
+core, a sixth of what a renewal costs beyond the transport; docs/benchmarks.md, tenth pass).
+What freezing costs instead: garbage in a reference cycle (a stream that ended in one, an
+exception's frames) is not reclaimed while frozen. Every `thaw_every` seconds the policy
+unfreezes everything and runs one full collection (the one long pause, logged with its length
+and what it found), then freezes again, so frozen garbage is bounded by what the process
+leaves in cycles in that time.
 
 The collector is process-wide, so the policy belongs to the process's entry point
 (`cloud.server.serve`), not to a `CloudServer`, of which a process (the tests) may hold several.
@@ -33,16 +38,15 @@ from cloud import metrics, supervised
 log = logging.getLogger(__name__)
 
 
-#: Net allocations of tracked objects that start a young collection between the policy's own
-#: (CPython's default is 700). A replica's young objects are mostly alive, not garbage: each
-#: host stream's pending read (its coroutine, future and callbacks) lives until the host's next
-#: message, and the renewals in flight until their batch is answered. At 700 the collector
-#: walked them again and again before they died or were frozen: about 30 young collections a
-#: second at 2,000 renewals/s, each walking thousands of live objects (8,000-30,000 on a busy
-#: replica) and finding next to nothing. At this threshold they are walked once, by the
-#: policy's own young collection every `freeze_every` seconds: a third of the collector's time
-#: in the lease benchmark's paced phase (docs/benchmarks.md, issue 21). The collector still
-#: runs by itself should something allocate this much between two of the policy's steps.
+#: Net allocations of tracked objects that start a young collection between two freezes
+#: (CPython's default is 700; a freeze resets the count). A replica's young objects are mostly
+#: alive, not garbage: each host stream's pending read (its coroutine, future and callbacks)
+#: lives until the host's next message, and the renewals in flight until their batch is
+#: answered. At 700 the collector walked them again and again before they died or were frozen:
+#: about 30 young collections a second at 2,000 renewals/s, each walking thousands of live
+#: objects (8,000-30,000 on a busy replica) and finding next to nothing. At this threshold they
+#: are frozen before the collector looks at them (docs/benchmarks.md, issue 21). The collector
+#: still runs by itself should something allocate this much between two of the policy's steps.
 YOUNG_THRESHOLD = 100_000
 
 
@@ -56,7 +60,7 @@ class GcPolicy:
         self._started_at = 0.0
 
     def step(self) -> None:
-        """One pass: a young collection and a freeze, or (when due) a thaw and full collection."""
+        """One pass: a freeze, after (when due) a thaw and a full collection."""
         now = time.monotonic()
         if now - self._thawed_at >= self.thaw_every:
             self._thawed_at = now
@@ -64,8 +68,6 @@ class GcPolicy:
             found = gc.collect()
             seconds = time.monotonic() - now
             log.info("full garbage collection: %d unreachable objects in %.3f s", found, seconds)
-        else:
-            gc.collect(1)
         gc.freeze()
 
     def _timed(self, phase: str, info: dict[str, Any]) -> None:
