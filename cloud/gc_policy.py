@@ -13,8 +13,8 @@ the streams' short-lived but live objects are not walked again and again before 
 A step freezes without collecting first. A young collection before each freeze would keep
 fresh cyclic garbage out of the frozen set, but a busy replica's young objects are nearly all
 alive (every stream's pending read, the renewals in flight): at 2,000 renewals/s it walked
-tens of thousands of them every second for 30-55 ms and found 20-100 dead objects (4% of a
-core, a sixth of what a renewal costs beyond the transport; docs/benchmarks.md, tenth pass).
+tens of thousands of them every second, stopping the loop for 30-55 ms, and found 20-100 dead
+objects (docs/decisions/0071-gc-freeze.md, tenth pass of issue 21).
 What freezing costs instead: garbage in a reference cycle (a stream that ended in one, an
 exception's frames) is not reclaimed while frozen. Every `thaw_every` seconds the policy
 unfreezes everything and runs one full collection (the one long pause, logged with its length
