@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import ColumnElement, func, select
+from sqlalchemy import ColumnElement, Select, func, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from cloud.store.database import Store
@@ -48,13 +48,19 @@ async def spent(store: Store, task_id: str) -> Usage:
         return await spent_in(session, task_id)
 
 
-async def spent_in(session: AsyncSession, task_id: str, before_attempt: int = 0) -> Usage:
-    """What the task's decisions cost (only attempts before `before_attempt`, when given), read
-    in an open session (a claim reads it in its own transaction)."""
+def spent_query(task_id: str, before_attempt: int = 0) -> Select[Any]:
+    """The sums of what the task's decisions cost (only attempts before `before_attempt`, when
+    given): one row for `usage_of`."""
     stmt = select(*usage_columns()).where(DecisionRow.task_id == task_id)
     if before_attempt:
         stmt = stmt.where(DecisionRow.attempt < before_attempt)
-    return usage_of((await session.execute(stmt)).one())
+    return stmt
+
+
+async def spent_in(session: AsyncSession, task_id: str, before_attempt: int = 0) -> Usage:
+    """What the task's decisions cost (only attempts before `before_attempt`, when given), read
+    in an open session."""
+    return usage_of((await session.execute(spent_query(task_id, before_attempt))).one())
 
 
 async def spent_since(store: Store, since: dt.datetime) -> Usage:

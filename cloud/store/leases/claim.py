@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import datetime as dt
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from sqlalchemy import select, update
+from sqlalchemy import Select, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy.orm import Session
 
 from cloud.store import secrets, spend, states
 from cloud.store.database import Store
@@ -47,14 +49,18 @@ class Claimed:
     spent: Usage = field(default_factory=Usage)
 
 
-async def latest_progress(session: AsyncSession, task_id: str) -> AttemptRow | None:
-    """The task's most recent attempt that reported progress (a new attempt starts from it)."""
-    return await session.scalar(
+def _latest_progress_query(task_id: str) -> Select[AttemptRow]:
+    return (
         select(AttemptRow)
         .where(AttemptRow.task_id == task_id, AttemptRow.progress_updated_at.is_not(None))
         .order_by(AttemptRow.attempt.desc())
         .limit(1)
     )
+
+
+async def latest_progress(session: AsyncSession, task_id: str) -> AttemptRow | None:
+    """The task's most recent attempt that reported progress (a new attempt starts from it)."""
+    return await session.scalar(_latest_progress_query(task_id))
 
 
 async def claim(
@@ -65,10 +71,34 @@ async def claim(
     On PostgreSQL the candidate row is locked with FOR UPDATE SKIP LOCKED, so replicas claiming at
     once pick different tasks; the UPDATE re-checks `status = QUEUED` either way, and a unique
     index allows one live attempt per phone. A device-targeted task only goes to that device.
+
+    The transaction is one synchronous function (`_claim`) run by `Store.write_on_loop`: on a
+    SQLite file on the loop's own thread, elsewhere through the async engine. Through aiosqlite
+    a claim crossed to its worker thread and back about 50 times (each statement, cursor, fetch
+    and the commit) and cost ~8 ms of CPU: a thousand hosts connecting at once waited seconds
+    for their assignments behind one another (bench/dispatch_burst.py).
     """
     if not idle_serials:
         return None
-    now = store.now()
+    try:
+        return await store.write_on_loop(
+            lambda session: _claim(session, store.now, host_id, idle_serials, planner_transport)
+        )
+    except IntegrityError:
+        # The phone already has a live attempt (another stream of this host got there first).
+        return None
+
+
+def _claim(
+    session: Session,
+    clock: Callable[[], dt.datetime],
+    host_id: str,
+    idle_serials: list[str],
+    planner_transport: int,
+) -> Claimed | None:
+    """`claim`'s transaction. A claim that finds nothing has only read: SQLite takes its write
+    lock at the first write, so the renewal batches' writes never wait on an empty claim."""
+    now = clock()
     matching = (
         TaskRow.status == states.QUEUED,
         TaskRow.cancel_requested.is_(False),
@@ -76,87 +106,77 @@ async def claim(
         (TaskRow.target_host_id.is_(None)) | (TaskRow.target_host_id == host_id),
         (TaskRow.target_device_serial.is_(None)) | (TaskRow.target_device_serial.in_(idle_serials)),
     )
-    # A plain read first: most claims that find nothing should not take a write transaction
-    # (on SQLite that is the one writer slot every renewal batch also needs).
-    async with store.read() as session:
-        if await session.scalar(select(TaskRow.task_id).where(*matching).limit(1)) is None:
-            return None
-    try:
-        async with store.write() as session:
-            candidate = (
-                await session.execute(
-                    select(TaskRow.task_id, TaskRow.target_device_serial, TaskRow.updated_at)
-                    .where(*matching)
-                    .order_by(TaskRow.created_at, TaskRow.task_id)
-                    .limit(1)
-                    .with_for_update(skip_locked=True)
-                )
-            ).first()
-            if candidate is None:
-                return None
-            task_id, target_serial, queued_since = candidate
-            serial = target_serial or idle_serials[0]
-            claimed = (
-                await session.execute(
-                    update(TaskRow)
-                    .where(TaskRow.task_id == task_id, TaskRow.status == states.QUEUED)
-                    .values(
-                        status=states.ASSIGNED,
-                        attempt=TaskRow.attempt + 1,
-                        host_id=host_id,
-                        device_serial=serial,
-                        updated_at=now,
-                    )
-                    .returning(
-                        TaskRow.attempt,
-                        TaskRow.goal,
-                        TaskRow.lease_seconds,
-                        TaskRow.deadline,
-                        TaskRow.no_replay,
-                        TaskRow.max_tokens,
-                        TaskRow.max_cost_usd,
-                    )
-                )
-            ).first()
-            if claimed is None:
-                return None
-            attempt, goal, lease_seconds, deadline, no_replay, max_tokens, max_cost_usd = claimed
-            # Read again now the task row is ours: `now` may predate a task submitted while this
-            # claim was starting, and an attempt never starts before its task was created.
-            now = store.now()
-            previous = await latest_progress(session, task_id) if attempt > 1 else None
-            spent = await spend.spent_in(session, task_id, attempt) if attempt > 1 else Usage()
-            expires = now + dt.timedelta(seconds=lease_seconds)
-            lease_id = uuid.uuid4().hex
-            session.add(
-                AttemptRow(
-                    task_id=task_id,
-                    attempt=attempt,
-                    host_id=host_id,
-                    device_serial=serial,
-                    lease_id=lease_id,
-                    lease_expires_at=expires,
-                    status=states.ASSIGNED,
-                    planner_transport=planner_transport,
-                    started_at=now,
-                )
-            )
-            session.add(
-                new(
-                    EventKind.ASSIGNED,
-                    task_id,
-                    attempt,
-                    now,
-                    host_id=host_id,
-                    device_serial=serial,
-                    task_status=states.ASSIGNED,
-                )
-            )
-            await session.flush()
-            sealed = await secrets.sealed_for(session, task_id)
-    except IntegrityError:
-        # The phone already has a live attempt (another stream of this host got there first).
+    candidate = session.execute(
+        select(TaskRow.task_id, TaskRow.target_device_serial, TaskRow.updated_at)
+        .where(*matching)
+        .order_by(TaskRow.created_at, TaskRow.task_id)
+        .limit(1)
+        .with_for_update(skip_locked=True)
+    ).first()
+    if candidate is None:
         return None
+    task_id, target_serial, queued_since = candidate
+    serial = target_serial or idle_serials[0]
+    claimed = session.execute(
+        update(TaskRow)
+        .where(TaskRow.task_id == task_id, TaskRow.status == states.QUEUED)
+        .values(
+            status=states.ASSIGNED,
+            attempt=TaskRow.attempt + 1,
+            host_id=host_id,
+            device_serial=serial,
+            updated_at=now,
+        )
+        .returning(
+            TaskRow.attempt,
+            TaskRow.goal,
+            TaskRow.lease_seconds,
+            TaskRow.deadline,
+            TaskRow.no_replay,
+            TaskRow.max_tokens,
+            TaskRow.max_cost_usd,
+        )
+    ).first()
+    if claimed is None:
+        return None
+    attempt, goal, lease_seconds, deadline, no_replay, max_tokens, max_cost_usd = claimed
+    # Read again now the task row is ours: `now` may predate a task submitted while this claim
+    # was starting, and an attempt never starts before its task was created.
+    now = clock()
+    previous = session.scalar(_latest_progress_query(task_id)) if attempt > 1 else None
+    spent = (
+        spend.usage_of(session.execute(spend.spent_query(task_id, attempt)).one())
+        if attempt > 1
+        else Usage()
+    )
+    expires = now + dt.timedelta(seconds=lease_seconds)
+    lease_id = uuid.uuid4().hex
+    session.add(
+        AttemptRow(
+            task_id=task_id,
+            attempt=attempt,
+            host_id=host_id,
+            device_serial=serial,
+            lease_id=lease_id,
+            lease_expires_at=expires,
+            status=states.ASSIGNED,
+            planner_transport=planner_transport,
+            started_at=now,
+        )
+    )
+    session.add(
+        new(
+            EventKind.ASSIGNED,
+            task_id,
+            attempt,
+            now,
+            host_id=host_id,
+            device_serial=serial,
+            task_status=states.ASSIGNED,
+        )
+    )
+    session.flush()
+    sealed = {name: token for name, token in session.execute(secrets.sealed_query(task_id)).all()}
     return Claimed(
         task_id=task_id,
         attempt=attempt,
