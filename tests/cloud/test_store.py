@@ -11,7 +11,7 @@ from sqlalchemy import inspect, select, update
 
 from amc.v1 import types_pb2
 from cloud import revocations
-from cloud.store import convert, decisions, idlists, leases, states, tasks
+from cloud.store import convert, decisions, idlists, lease_events, leases, states, tasks
 from cloud.store import revocations as store_revocations
 from cloud.store.database import Store
 from cloud.store.engine import check, downgrade, upgrade
@@ -322,9 +322,15 @@ async def test_lease_gate_and_claim(store: Store) -> None:
     assert await gate.is_live("h1", task_id, 1, claimed.lease_id)
     assert not await gate.is_live("h2", task_id, 1, claimed.lease_id)
     assert not await gate.is_live("h1", task_id, 1, "other")
-    # The same phone cannot get a second live attempt.
-    await _task(store)
+    # The same phone cannot get a second live attempt, and the refused claim leaves nothing
+    # behind: the task stays queued, with no attempt and no "assigned" event.
+    second = await _task(store)
     assert await leases.claim(store, "h1", ["p"], 2) is None
+    async with store.read() as session:
+        task = await session.scalar(select(TaskRow).where(TaskRow.task_id == second))
+        assert task is not None and (task.status, task.attempt) == (states.QUEUED, 0)
+    events, _ = await lease_events.list_page(store, second, 0, 10, "")
+    assert "assigned" not in [e.kind for e in events]
 
 
 async def test_reported_outcomes_are_recorded_once_and_rebuild_the_history(store: Store) -> None:
