@@ -99,7 +99,7 @@ def _claim(
     """`claim`'s transaction. A claim that finds nothing has only read: SQLite takes its write
     lock at the first write, so the renewal batches' writes never wait on an empty claim.
     Core statements on the session's connection: the ORM's flush and its ORM-enabled UPDATE
-    were more than half of a claim's CPU."""
+    were ~40 % of a claim's CPU."""
     conn = session.connection()
     now = clock()
     matching = (
