@@ -46,36 +46,6 @@ def _clip(text: str | None) -> str | None:
     return text[: REASON_LIMIT - 1] + "…"
 
 
-def new(
-    kind: EventKind,
-    task_id: str,
-    attempt: int,
-    at: dt.datetime,
-    *,
-    host_id: str | None = None,
-    device_serial: str | None = None,
-    operator: str | None = None,
-    reason: str | None = None,
-    result_status: str | None = None,
-    task_status: str | None = None,
-) -> LeaseEventRow:
-    """An event row to add to the session that makes the change it records."""
-    return LeaseEventRow(
-        **values(
-            kind,
-            task_id,
-            attempt,
-            at,
-            host_id=host_id,
-            device_serial=device_serial,
-            operator=operator,
-            reason=reason,
-            result_status=result_status,
-            task_status=task_status,
-        )
-    )
-
-
 def values(
     kind: EventKind,
     task_id: str,
@@ -103,6 +73,14 @@ def values(
         "result_status": result_status,
         "task_status": task_status,
     }
+
+
+def new(
+    kind: EventKind, task_id: str, attempt: int, at: dt.datetime, **fields: str | None
+) -> LeaseEventRow:
+    """An event row to add to the session that makes the change it records (`fields`: the
+    keyword arguments of `values`)."""
+    return LeaseEventRow(**values(kind, task_id, attempt, at, **fields))
 
 
 async def record_resumed(

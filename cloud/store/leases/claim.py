@@ -49,6 +49,17 @@ class Claimed:
     spent: Usage = field(default_factory=Usage)
 
 
+#: What an Assignment needs of its task, in `Claimed` field order.
+_ASSIGNMENT_COLUMNS = (
+    TaskRow.goal,
+    TaskRow.lease_seconds,
+    TaskRow.deadline,
+    TaskRow.no_replay,
+    TaskRow.max_tokens,
+    TaskRow.max_cost_usd,
+)
+
+
 def _latest_progress_query(task_id: str) -> Select[AttemptRow]:
     return (
         select(AttemptRow)
@@ -130,15 +141,7 @@ def _claim(
             device_serial=serial,
             updated_at=now,
         )
-        .returning(
-            TaskRow.attempt,
-            TaskRow.goal,
-            TaskRow.lease_seconds,
-            TaskRow.deadline,
-            TaskRow.no_replay,
-            TaskRow.max_tokens,
-            TaskRow.max_cost_usd,
-        )
+        .returning(TaskRow.attempt, *_ASSIGNMENT_COLUMNS)
     ).first()
     if claimed is None:
         return None
@@ -208,15 +211,7 @@ async def live_attempts_on(store: Store, host_id: str, serials: set[str]) -> lis
     async with store.read() as session:
         rows = (
             await session.execute(
-                select(
-                    AttemptRow,
-                    TaskRow.goal,
-                    TaskRow.lease_seconds,
-                    TaskRow.deadline,
-                    TaskRow.no_replay,
-                    TaskRow.max_tokens,
-                    TaskRow.max_cost_usd,
-                )
+                select(AttemptRow, *_ASSIGNMENT_COLUMNS)
                 .join(TaskRow, TaskRow.task_id == AttemptRow.task_id)
                 .where(
                     AttemptRow.host_id == host_id,
