@@ -72,13 +72,24 @@ async def plan_step(
         )
     else:
         decision = await _session_step(engine, goal, scene, steps, previous_outcome, note)
+    on_screen(decision, scene, observation)
+    if handover is not None:
+        decision.flow_id, decision.flow_step = handover.flow_id, handover.step
+        decision.replay_divergence = handover.reason
+    return decision
+
+
+def on_screen(
+    decision: Decision, scene: Scene, observation: types_pb2.ScreenObservation
+) -> Decision:
+    """Stamp `decision` with where it was made: the page, the label and semantic target of the
+    element it names, the observation. The cloud derives these itself for a decision a host
+    on the direct transport ships (from the observation it ships with), so a flow learned
+    from either transport knows the page of every step and a replay can check it."""
     decision.page = scene.page
     decision.target = target_label(decision.action, scene)
     decision.target_descriptor = describe(scene, decision.action)
     decision.observation = observation
-    if handover is not None:
-        decision.flow_id, decision.flow_step = handover.flow_id, handover.step
-        decision.replay_divergence = handover.reason
     return decision
 
 

@@ -23,7 +23,8 @@ from cloud.store import decisions, leases
 from cloud.store.database import Store
 from planner.convert import decision_from_proto
 from planner.decision import Decision
-from planner.observation import observation_problem
+from planner.observation import observation_problem, scene_from_observation
+from planner.plan_step import on_screen
 from planner.steps import MAX_DRIVER_OUTPUT_BYTES, MAX_OUTCOME_ERROR_BYTES
 
 MAX_ENTRIES = 100
@@ -174,5 +175,6 @@ def _decision(message: types_pb2.Decision) -> Decision:
     the host put in arguments_json is not trusted), so masking works as for the cloud's own."""
     decision = decision_from_proto(message)
     decision.step_index = None
-    decision.observation = message.observation if message.HasField("observation") else None
+    if message.HasField("observation"):  # where it was made, derived as for the cloud's own
+        on_screen(decision, scene_from_observation(message.observation), message.observation)
     return decision

@@ -8,7 +8,8 @@ and a retried call replays the same step.
 Each call:
 1. The first call picks the flow: the first candidate (best score first) whose first step fits
    the screen (its page is open, its target is there, a switch it flips is not already where
-   the flow leaves it). None fits: hand over at step 1.
+   the flow leaves it). None fits: hand over at step 1. A flow missing a step's page is no
+   candidate: that step could not be checked.
 2. Later calls check the step just replayed: it ran, the checker did not find its expected
    outcome unmet (where the original run found it met), and the page is the one the original
    run reached. Otherwise another candidate that took the same steps so far and fits from here
@@ -112,6 +113,9 @@ def _same_page(expected: str, scene: Scene) -> bool:
 def replay(flows: Sequence[types_pb2.Flow], steps: Sequence[PastStep], scene: Scene) -> Move | None:
     """The replay's move for this call, or None when there is no replay (no flow, or the model
     has taken over already). `steps` carry the outcome of the latest step when it is known."""
+    # A flow stored without a step's page (learned before the cloud kept the pages of shipped
+    # decisions) cannot be checked against the screen: it is no candidate.
+    flows = [f for f in flows if all(s.page_before for s in f.steps)]
     if not flows or any(s.mode != MODE for s in steps):
         return None
     if not steps:
@@ -199,7 +203,7 @@ def _step(flow: types_pb2.Flow, index: int, scene: Scene) -> Move:
     step = flow.steps[index]
     number = index + 1
     page = _fill(step.page_before, flow.parameters)
-    if page and not _same_page(page, scene):
+    if not _same_page(page, scene):
         return Move(handover=_handover(flow, number, f"the flow expects {page!r} here", scene))
     try:
         arguments, action, found = _rebuild(flow, step, scene)

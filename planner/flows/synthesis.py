@@ -80,6 +80,9 @@ def synthesize(goal: str, steps: Sequence[SourceStep]) -> Synthesis:
     kept = [s for s in steps[:-1] if s.tool_name in REPLAYED_TOOLS and s.executed is not False]
     if not kept:
         return Synthesis(None, "no device action to replay")
+    unplaced = next((s.step_index for s in [*kept, steps[-1]] if not s.page), None)
+    if unplaced is not None:  # a replay checks each step's page: without one it would act blind
+        return Synthesis(None, f"step {unplaced} has no page recorded (no screen came with it)")
     typed = [
         str(s.arguments.get("text") or "")
         for s in kept

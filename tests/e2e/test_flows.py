@@ -183,3 +183,13 @@ async def test_a_success_on_the_direct_transport_teaches_a_flow_once_its_decisio
         shipped = await _decisions(stack, first.task_id)
         assert shipped[-1].tool_name == "complete"
         assert len(flow.steps) == len(shipped) - 1  # every step but the `complete`
+        # The cloud reads each step's page from the screen the host shipped with it: what a
+        # replay checks before it acts (without them a flow was replayed blind).
+        assert all(s.page_before and s.page_after for s in flow.steps), flow.steps
+        assert flow.steps[1].page_before == "com.android.settings: Settings"
+
+        # So a replay from another screen hands over at once, on this transport too.
+        _scrolled_settings(stack)
+        diverged = await _run(stack, GOAL)
+        assert diverged.status == types_pb2.TASK_STATUS_SUCCEEDED, diverged.result_summary
+        assert diverged.attempts[0].flow.diverged_at_step == 1

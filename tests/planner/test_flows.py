@@ -4,6 +4,7 @@ phone with no model call, handed over where the screen differs)."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 from amc.v1 import types_pb2
@@ -135,6 +136,28 @@ def test_synthesis_needs_a_successful_end_and_skips_what_did_not_run() -> None:
     made = synthesize(GOAL, [steps[0], failed, *steps[1:]])
     assert made.flow is not None and len(made.flow.steps) == 3
     assert made.flow.steps[0].page_after == "com.android.settings: Settings"
+
+
+async def test_a_step_without_its_page_is_never_learned_nor_replayed() -> None:
+    """A replay checks the page of every step before it acts: a step recorded with no page (a
+    decision shipped with no screen) would be replayed blind on whatever screen is open."""
+    steps = dark_theme_steps()
+    pageless = [steps[0], dataclasses.replace(steps[1], page=""), *steps[2:]]
+    made = synthesize(GOAL, pageless)
+    assert made.flow is None and made.why.startswith(f"step {steps[1].step_index} has no page")
+    no_end_page = [*steps[:-1], dataclasses.replace(steps[-1], page="")]
+    assert synthesize(GOAL, no_end_page).flow is None
+
+    # a flow stored without its pages (before the cloud kept them): the model plans instead
+    flow = dark_theme_flow()
+    flow.flow_id = "f1"
+    for step in flow.steps:
+        step.page_before = ""
+    provider = CountingOffline()
+    run = await _run(VirtualPhone("v"), [flow], provider)
+    assert provider.calls >= 1
+    assert {d.planner_mode for d in run.decisions} == {"compact"}
+    assert not any(d.flow_id for d in run.decisions)
 
 
 def test_the_lexical_scorer_matches_the_goal_not_its_verb_nor_its_opposite() -> None:
