@@ -16,6 +16,7 @@ import uuid
 from sqlalchemy import and_, delete, func, or_, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy.sql.dml import Update
 
 from amc.v1 import types_pb2
 from cloud.store.database import Store
@@ -215,7 +216,25 @@ async def _insert(
         session.add(row)
         await session.flush()
         await _add_to_totals(session, task_id, decision)
+        if transport == "direct" and judged is not None:
+            # The model's judgement of the step before, in the same transaction (Decide
+            # records it for the cloud's own decisions; a host ships its decisions in order).
+            await session.execute(_judge(task_id, attempt, row.step_index - 1, judged))
     return row
+
+
+def _judge(task_id: str, attempt: int, step_index: int, judgement: Judgement) -> Update:
+    """Set the model's judgement of decision `step_index` unless one is set (the first wins)."""
+    return (
+        update(DecisionRow)
+        .where(
+            DecisionRow.task_id == task_id,
+            DecisionRow.attempt == attempt,
+            DecisionRow.step_index == step_index,
+            DecisionRow.model_verdict.is_(None),
+        )
+        .values(model_verdict=judgement.verdict, model_note=judgement.note)
+    )
 
 
 async def _add_to_totals(session: AsyncSession, task_id: str, decision: Decision) -> None:
@@ -404,16 +423,7 @@ async def record_judgement(
     """Record the model's judgement of decision `step_index` (given with the next decision);
     the first judgement wins, like the first outcome."""
     async with store.write() as session:
-        result = await session.execute(
-            update(DecisionRow)
-            .where(
-                DecisionRow.task_id == task_id,
-                DecisionRow.attempt == attempt,
-                DecisionRow.step_index == step_index,
-                DecisionRow.model_verdict.is_(None),
-            )
-            .values(model_verdict=judgement.verdict, model_note=judgement.note)
-        )
+        result = await session.execute(_judge(task_id, attempt, step_index, judgement))
         return bool(result.rowcount)  # type: ignore[attr-defined]
 
 

@@ -162,7 +162,11 @@ async def test_shipped_decisions_are_logged_once_in_order_and_masked(held: Held)
             ocr_blocks=[types_pb2.OcrBlock(text="Display", bounds=types_pb2.Rect(right=9))],
         )
     )
-    first = await ship(held, seen, shipped(a, "d2", "input_text"), shipped(a, "d3"))
+    judging = shipped(a, "d2", "input_text")  # the model's word on d1, as Decide records it
+    judging.decision.previous_step.CopyFrom(
+        types_pb2.StepJudgement(verdict=types_pb2.VERDICT_MET, note="Display opened")
+    )
+    first = await ship(held, seen, judging, shipped(a, "d3"))
     assert [(k.step_index, k.duplicate) for k in first.acks] == [(1, False), (2, False), (3, False)]
     # A resend (the answer was lost) and a later report of d2's outcome change nothing else.
     again = await ship(held, shipped(a, "d1"), shipped(a, "d2", "input_text", executed=True))
@@ -182,6 +186,10 @@ async def test_shipped_decisions_are_logged_once_in_order_and_masked(held: Held)
     assert {d.planner_transport for d in rows} == {types_pb2.PLANNER_TRANSPORT_DIRECT}
     assert all(d.host_id == "h1" for d in rows)
     assert rows[1].HasField("outcome") and rows[1].outcome.executed
+    assert rows[0].verification.model == types_pb2.StepJudgement(
+        verdict=types_pb2.VERDICT_MET, note="Display opened"
+    )
+    assert not rows[1].verification.HasField("model")
     assert not rows[0].HasField("outcome")
     with_screens = await held.ops_decisions.ListDecisions(
         decision_log_service_pb2.ListDecisionsRequest(task_id=a.task_id, include_observation=True)
