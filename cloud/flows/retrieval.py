@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from dataclasses import dataclass
 
 from sqlalchemy import text
@@ -39,6 +40,11 @@ log = logging.getLogger(__name__)
 MAX_HANDED = 3
 #: Embedding cosines of unrelated texts sit higher than lexical scores: their own threshold.
 EMBEDDING_THRESHOLD = 0.85
+#: How long the active flows, read and parsed once, serve retrievals while this process changed
+#: none of them (`flows.changes`): a flow learned, disabled or retired on another replica is
+#: seen within this time. Reading and parsing 1,000 flows per assignment was ~40 ms of the
+#: loop's CPU, a dispatch burst's bottleneck (bench/flow_retrieval.py).
+CANDIDATES_TTL_S = 2.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +52,16 @@ class _Ranked:
     row: FlowRow
     scored: Scored
     scorer: str
+
+
+@dataclass(frozen=True, slots=True)
+class _Active:
+    """The active flows as retrieval reads them, with their lexical scorer built once."""
+
+    rows: list[FlowRow]
+    scorer: LexicalScorer
+    changes: int
+    read_at: float
 
 
 def _candidate(row: FlowRow) -> Candidate:
@@ -65,6 +81,7 @@ class Retriever:
         self.settings = settings
         self.embedder = embedder
         self._pgvector: bool | None = None
+        self._active: _Active | None = None
 
     def threshold(self, scorer: str) -> float:
         return EMBEDDING_THRESHOLD if scorer != "lexical" else self.settings.flow_threshold
@@ -94,10 +111,10 @@ class Retriever:
         if earlier is not None:
             reason = f"attempt {earlier} diverged from a replay: planning with the model"
             return flows.Choice([], 0.0, "", reason), []
-        rows = await flows.active(self.store)
-        if not rows:
+        active = await self.active()
+        if not active.rows:
             return flows.Choice([], 0.0, "", "no flow learned yet"), []
-        ranked = await self.rank(goal, rows)
+        ranked = await self.rank(goal, active.rows, active.scorer)
         best = ranked[0]
         usable = [
             r for r in ranked if r.scored.usable and r.scored.score >= self.threshold(r.scorer)
@@ -122,10 +139,24 @@ class Retriever:
             [r.row.flow_id for r in usable], top.scored.score, top.scorer, reason
         ), handed
 
-    async def rank(self, goal: str, rows: list[FlowRow]) -> list[_Ranked]:
+    async def active(self) -> _Active:
+        """The active flows and their scorer: read again when this process changed a flow or
+        `CANDIDATES_TTL_S` passed, else the ones read last."""
+        now, changes = time.monotonic(), flows.changes(self.store)
+        kept = self._active
+        if kept is None or kept.changes != changes or now - kept.read_at >= CANDIDATES_TTL_S:
+            rows = await flows.active(self.store)
+            kept = _Active(rows, LexicalScorer([_candidate(r) for r in rows]), changes, now)
+            self._active = kept
+        return kept
+
+    async def rank(
+        self, goal: str, rows: list[FlowRow], lexical_scorer: LexicalScorer | None = None
+    ) -> list[_Ranked]:
         """Every flow's score for `goal`, best first (ties: the flow that replayed best, then
-        the most recently changed)."""
-        lexical = {s.flow_id: s for s in LexicalScorer([_candidate(r) for r in rows]).score(goal)}
+        the most recently changed). `lexical_scorer`: the one built for `rows`, if at hand."""
+        lexical_scorer = lexical_scorer or LexicalScorer([_candidate(r) for r in rows])
+        lexical = {s.flow_id: s for s in lexical_scorer.score(goal)}
         embedded = await self._embedding_scores(goal, rows)
         out: list[_Ranked] = []
         for row in rows:

@@ -13,6 +13,7 @@ import base64
 import datetime as dt
 import json
 import uuid
+import weakref
 from dataclasses import dataclass
 
 from sqlalchemy import and_, or_, select, update
@@ -26,6 +27,19 @@ from cloud.store.models import AttemptRow, FlowRow
 ACTIVE, DISABLED, RETIRED = "active", "disabled", "retired"
 #: How many flows retrieval reads at most (most recently changed first).
 MAX_CANDIDATES = 2000
+#: Per store, how often this process changed which flows are active or what one holds (added,
+#: enabled, disabled, retired): retrieval keeps its parsed candidates while this stands still
+#: (`changes`), and re-reads them after a while anyway, since other replicas change flows too.
+_changes: weakref.WeakKeyDictionary[Store, int] = weakref.WeakKeyDictionary()
+
+
+def changes(store: Store) -> int:
+    """How many times this process changed the store's active flows (see `_changes`)."""
+    return _changes.get(store, 0)
+
+
+def _changed(store: Store) -> None:
+    _changes[store] = changes(store) + 1
 
 
 async def add(
@@ -66,6 +80,7 @@ async def add(
     try:
         async with store.write() as session:
             session.add(row)
+        _changed(store)
     except IntegrityError:  # another replica stored the same path a moment ago
         existing = await by_fingerprint(store, fingerprint)
         if existing is None:
@@ -167,6 +182,7 @@ async def set_status(store: Store, flow_id: str, status: str, reason: str) -> Fl
         )
         if not result.rowcount:  # type: ignore[attr-defined]
             return None
+    _changed(store)
     return await get(store, flow_id)
 
 
@@ -291,6 +307,7 @@ async def count_use(
 ) -> FlowRow | None:
     """Count one attempt that was handed the flow: completed by replay, diverged at a step, or
     neither (it ended otherwise). Retires the flow after `retire_after` divergences in a row."""
+    retired = False
     async with store.write() as session:
         row = await session.get(FlowRow, flow_id, with_for_update=True)
         if row is None:
@@ -307,13 +324,16 @@ async def count_use(
             row.divergences_by_step = by_step
             row.last_divergence = f"step {diverged_at}: {reason}"[:2000]
             if row.status == ACTIVE and row.consecutive_divergences >= retire_after:
+                retired = True
                 row.status = RETIRED
                 row.status_reason = (
                     f"retired after {row.consecutive_divergences} divergences in a row "
                     f"(last at step {diverged_at})"
                 )
         row.updated_at = store.now()
-        return row
+    if retired:
+        _changed(store)
+    return row
 
 
 def ended_ok(row: AttemptRow) -> bool:

@@ -11,6 +11,7 @@ is kept for the record but replayed only once the task supplies that value some 
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Iterable, Mapping
 
@@ -52,6 +53,18 @@ def bind(template: str, goal: str) -> dict[str, str] | None:
     Matching ignores case and runs of spaces; each slot takes at least one character, and a
     slot used twice must take the same value both times.
     """
+    m = _pattern(template).fullmatch(_SPACE.sub(" ", goal.strip()))
+    if m is None:
+        return None
+    values = {k: v.strip() for k, v in m.groupdict().items()}
+    return values if all(values.values()) else None
+
+
+@functools.lru_cache(maxsize=8192)
+def _pattern(template: str) -> re.Pattern[str]:
+    """The compiled form of a template, kept: retrieval binds a goal to every active flow's
+    template (up to 2,000), more than `re`'s own cache holds, and compiling each one again
+    was most of a retrieval's CPU."""
     parts = SLOT.split(_SPACE.sub(" ", template.strip()))
     pattern = ""
     seen: set[str] = set()
@@ -63,11 +76,7 @@ def bind(template: str, goal: str) -> dict[str, str] | None:
         else:
             seen.add(part)
             pattern += f"(?P<{part}>.+?)"
-    m = re.fullmatch(pattern, _SPACE.sub(" ", goal.strip()), re.I)
-    if m is None:
-        return None
-    values = {k: v.strip() for k, v in m.groupdict().items()}
-    return values if all(values.values()) else None
+    return re.compile(pattern, re.I)
 
 
 def slotted(goal: str, values: Mapping[str, str]) -> str:

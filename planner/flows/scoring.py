@@ -22,10 +22,12 @@ does not supply (a `secret…`, or a slot the goal does not fill) is not usable.
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 
 from planner.flows import params
@@ -78,9 +80,11 @@ def tokens(text: str) -> list[str]:
     return [t.lower() for t in _TOKEN.findall(text) if t.lower() not in STOPWORDS]
 
 
-def polarity(text: str) -> set[int]:
-    """Which ways the text goes (+1 on/enable/add…, -1 off/disable/delete…)."""
-    return {POLARITY[t] for t in tokens(text) if t in POLARITY}
+@functools.lru_cache(maxsize=8192)
+def polarity(text: str) -> frozenset[int]:
+    """Which ways the text goes (+1 on/enable/add…, -1 off/disable/delete…); kept per text, as
+    retrieval asks it of every active flow's template for each goal."""
+    return frozenset(POLARITY[t] for t in tokens(text) if t in POLARITY)
 
 
 def opposite(goal: str, template: str) -> bool:
@@ -115,7 +119,9 @@ class Scored:
 
 def bound(candidate: Candidate, goal: str) -> tuple[dict[str, str], str]:
     """The parameter values `goal` gives the flow, and why it is unusable ("" when usable)."""
-    values = params.bind(candidate.goal_template, goal) or {}
+    # A template without slots binds no values whether or not the goal matches it.
+    slots = params.SLOT.search(candidate.goal_template) is not None
+    values = (params.bind(candidate.goal_template, goal) if slots else None) or {}
     if opposite(goal, candidate.goal_template):
         return values, "the goal asks the opposite of what the flow did"
     missing = params.missing(candidate.needed, values)
@@ -131,11 +137,18 @@ class LexicalScorer:
 
     def __init__(self, candidates: Sequence[Candidate]) -> None:
         self.candidates = list(candidates)
-        docs = [set(tokens(c.goal_template + " " + c.embedding_text)) for c in self.candidates]
-        df = Counter(t for d in docs for t in d)
-        n = len(docs)
+        # What `score` needs of each candidate whatever the goal, worked out once: a retrieval
+        # scores one goal against every active flow, and the cloud keeps a scorer while its
+        # flows stand still (cloud/flows/retrieval.py).
+        self._docs = [
+            frozenset(tokens(c.goal_template + " " + c.embedding_text)) for c in self.candidates
+        ]
+        df = Counter(t for d in self._docs for t in d)
+        n = len(self._docs)
         self._idf = {t: math.log((n + 1) / (c + 1)) + 1.0 for t, c in df.items()}
         self._default_idf = math.log(n + 1) + 1.0
+        self._templates = [frozenset(tokens(c.goal_template)) for c in self.candidates]
+        self._template_vectors = [self._vector(tokens(c.goal_template)) for c in self.candidates]
 
     def _weight(self, token: str) -> float:
         if token in POLARITY:
@@ -148,24 +161,28 @@ class LexicalScorer:
         return {t: c * w for t, c in counts.items() if (w := self._weight(t))}
 
     @staticmethod
-    def _covered(part: Mapping[str, float], whole: Iterable[str]) -> float:
-        """The share of `part`'s weight whose words `whole` has."""
-        have = set(whole)
+    def _covered(part: Mapping[str, float], have: AbstractSet[str]) -> float:
+        """The share of `part`'s weight whose words `have` holds."""
         total = sum(part.values())
         return sum(v for t, v in part.items() if t in have) / total if total else 0.0
 
     def score(self, goal: str) -> list[Scored]:
         """Every candidate's score for `goal`, best first."""
         out: list[Scored] = []
-        for c in self.candidates:
+        plain = tokens(goal)
+        plain_words, plain_vector = frozenset(plain), self._vector(plain)
+        for n, c in enumerate(self.candidates):
             values, why = bound(c, goal)
-            query = tokens(params.slotted(goal, values) if values else goal)
-            template = tokens(c.goal_template)
-            q = self._vector(query)
+            if values:
+                query = tokens(params.slotted(goal, values))
+                words, q = frozenset(query), self._vector(query)
+            else:
+                words, q = plain_words, plain_vector
             both_ways = min(
-                self._covered(q, template), self._covered(self._vector(template), query)
+                self._covered(q, self._templates[n]),
+                self._covered(self._template_vectors[n], words),
             )
-            steps = self._covered(q, tokens(c.goal_template + " " + c.embedding_text))
+            steps = self._covered(q, self._docs[n])
             score = GOAL_WEIGHT * both_ways + (1 - GOAL_WEIGHT) * steps
             out.append(Scored(c.flow_id, round(min(1.0, score), 4), values, why))
         out.sort(key=lambda s: s.score, reverse=True)

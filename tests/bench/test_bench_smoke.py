@@ -46,6 +46,7 @@ def test_runner_smoke_prints_figures(postgres_server: PostgresServer, tmp_path: 
         "Memory",
         "Dispatch latency",
         "Dispatch burst",
+        "Flow retrieval at assignment",
         "Fleet scale (PostgreSQL)",
         "Decision log at scale",
         "Prompt growth",
@@ -58,6 +59,7 @@ def test_runner_smoke_prints_figures(postgres_server: PostgresServer, tmp_path: 
     assert re.search(r"cloud KiB per idle stream .* KiB", out)
     assert re.search(r"submit → assignment p99\s+[\d.]+ ms", out)
     assert "exactly once met" in out
+    assert re.search(r"CPU per retrieval, candidates kept\s+[\d.]+ ms\s+vs read and parsed", out)
     assert re.search(r"last assignment after the last hello\s+[\d,.]+ ms", out)
     assert re.search(r"scale: renewals acknowledged\s+[\d,]+", out)
     assert re.search(r"replicas: two replicas, closed-loop renewals/s\s+[\d,.]+ /s", out)

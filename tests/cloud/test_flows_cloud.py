@@ -20,7 +20,9 @@ from amc.v1 import (
     task_service_pb2,
     types_pb2,
 )
+from cloud.flows import retrieval
 from cloud.server import CloudServer
+from cloud.settings import CloudSettings
 from cloud.store import convert, decisions, flows
 from cloud.store.database import Store
 from cloud.store.engine import check, downgrade, upgrade
@@ -135,6 +137,39 @@ async def test_counts_retire_a_flow_that_keeps_diverging_and_enable_restores_it(
     back = await flows.set_status(store, row.flow_id, flows.ACTIVE, "try again")
     assert back is not None and back.status == flows.ACTIVE and back.consecutive_divergences == 0
     assert await flows.set_status(store, "nope", flows.DISABLED, "x") is None
+
+
+async def test_retrieval_keeps_its_candidates_until_a_flow_changes_here_or_they_age(
+    store: Store, db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Retrieval parses the active flows once and keeps them (a dispatch burst with 1,000 flows
+    read and parsed them 1,000 times): a flow this process adds, disables or enables is seen by
+    the next retrieval; one another replica changes, within `CANDIDATES_TTL_S`."""
+    clock = [1000.0]
+    monkeypatch.setattr(retrieval.time, "monotonic", lambda: clock[0])
+    retriever = retrieval.Retriever(store, CloudSettings(pki_dir=tmp_path))
+    goal = "Turn on dark theme"
+
+    async def handed() -> list[str]:
+        choice, _ = await retriever._choose("t-r", 1, goal, False)
+        return choice.flow_ids
+
+    assert await handed() == []
+    row = await store_flow(store)  # learned here: seen at once
+    assert await handed() == [row.flow_id]
+    await flows.set_status(store, row.flow_id, flows.DISABLED, "operator")
+    assert await handed() == []
+    await flows.set_status(store, row.flow_id, flows.ACTIVE, "operator")
+    assert await handed() == [row.flow_id]
+
+    other = Store.from_url(db_url)  # another replica on the same database
+    try:
+        await flows.set_status(other, row.flow_id, flows.DISABLED, "operator elsewhere")
+        assert await handed() == [row.flow_id]  # not seen yet...
+        clock[0] += retrieval.CANDIDATES_TTL_S
+        assert await handed() == []  # ...and within the bound
+    finally:
+        await other.close()
 
 
 @pytest.fixture
