@@ -197,19 +197,21 @@ class Choice:
 
 
 async def record_choice(store: Store, task_id: str, attempt: int, choice: Choice) -> None:
-    """Write retrieval's decision on the attempt (the first flow is the one handed over)."""
-    async with store.write() as session:
-        await session.execute(
-            update(AttemptRow)
-            .where(AttemptRow.task_id == task_id, AttemptRow.attempt == attempt)
-            .values(
-                flow_id=choice.flow_ids[0] if choice.flow_ids else None,
-                flow_score=choice.score,
-                flow_scorer=choice.scorer,
-                flow_reason=choice.reason,
-                flow_candidates=list(choice.flow_ids),
-            )
+    """Write retrieval's decision on the attempt (the first flow is the one handed over): one
+    short statement per assignment, so on SQLite on the loop's own thread
+    (`Store.write_on_loop`) rather than through the worker thread and back."""
+    statement = (
+        update(AttemptRow)
+        .where(AttemptRow.task_id == task_id, AttemptRow.attempt == attempt)
+        .values(
+            flow_id=choice.flow_ids[0] if choice.flow_ids else None,
+            flow_score=choice.score,
+            flow_scorer=choice.scorer,
+            flow_reason=choice.reason,
+            flow_candidates=list(choice.flow_ids),
         )
+    )
+    await store.write_on_loop(lambda session: session.execute(statement))
 
 
 async def candidates(store: Store, task_id: str, attempt: int) -> list[FlowRow]:
