@@ -14,8 +14,9 @@ one), and for each:
 A direct-transport host ships its decisions from its outbox in the background, so its result
 can arrive before its last decisions: a succeeded attempt whose log does not end in its
 `complete` yet is left "awaiting-ship", and the next decision shipped for it hands it back to
-this loop (`decisions.append_shipped`). How a direct attempt's replay went is what its host
-reported with its result (the log may still be partial).
+this loop (`decisions.append_shipped`, mark "shipped"), which then learns but does not count
+its replay again. How a direct attempt's replay went is what its host reported with its
+result (the log may still be partial), counted the first time the loop looks at it.
 """
 
 from __future__ import annotations
@@ -131,21 +132,23 @@ class FlowLearner:
 
     async def step(self) -> None:
         for _ in range(BATCH):
-            attempt = await flows.claim_ended_attempt(self.store)
-            if attempt is None:
+            claimed = await flows.claim_ended_attempt(self.store)
+            if claimed is None:
                 return
+            attempt, again = claimed
             try:
-                state = await self.learn(attempt)
+                state = await self.learn(attempt, counted=again)
             except Exception:
                 await flows.mark_attempt(self.store, attempt.id, "error")
                 raise
             await flows.mark_attempt(self.store, attempt.id, state)
 
-    async def learn(self, attempt: AttemptRow) -> str:
-        """Count the attempt's replay and learn from it; returns the mark it leaves."""
+    async def learn(self, attempt: AttemptRow, *, counted: bool = False) -> str:
+        """Count the attempt's replay (unless `counted`: looked at before, when its shipped log
+        was still partial) and learn from it; returns the mark it leaves."""
         rows = await decisions.attempt_rows(self.store, attempt.task_id, attempt.attempt)
         result = replay_result(attempt, rows)
-        if result.flow_id:
+        if result.flow_id and not counted:
             await flows.count_use(
                 self.store,
                 result.flow_id,

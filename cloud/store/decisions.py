@@ -130,7 +130,7 @@ async def _learn_again(store: Store, task_id: str, attempt: int) -> None:
                 AttemptRow.attempt == attempt,
                 AttemptRow.flow_state == "awaiting-ship",  # cloud.flows.learning.AWAITING_SHIP
             )
-            .values(flow_state=None)
+            .values(flow_state="shipped")  # cloud.store.flows.SHIPPED: its replay is counted
         )
 
 

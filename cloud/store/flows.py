@@ -265,28 +265,44 @@ async def record_replay(
         )
 
 
-async def claim_ended_attempt(store: Store) -> AttemptRow | None:
-    """An ended attempt the learning loop has not looked at yet, marked as taken ("working");
-    two replicas never take the same one (the UPDATE re-checks the mark)."""
+#: The mark of an attempt the learning loop looked at before its shipped log was complete, set
+#: when the next decision for it is shipped (`decisions.append_shipped`): it is looked at
+#: again, but its replay was counted the first time.
+SHIPPED = "shipped"
+
+
+async def claim_ended_attempt(store: Store) -> tuple[AttemptRow, bool] | None:
+    """An ended attempt the learning loop has to look at, marked as taken ("working"), and
+    whether it looked at it before (marked `SHIPPED`); two replicas never take the same one
+    (the UPDATE re-checks the mark)."""
     for _ in range(5):
         async with store.read() as session:
             row = await session.scalar(
                 select(AttemptRow)
-                .where(AttemptRow.flow_state.is_(None), AttemptRow.ended_at.is_not(None))
+                .where(
+                    or_(AttemptRow.flow_state.is_(None), AttemptRow.flow_state == SHIPPED),
+                    AttemptRow.ended_at.is_not(None),
+                )
                 .order_by(AttemptRow.ended_at, AttemptRow.id)
                 .limit(1)
             )
         if row is None:
             return None
+        before = row.flow_state
         async with store.write() as session:
             taken = await session.execute(
                 update(AttemptRow)
-                .where(AttemptRow.id == row.id, AttemptRow.flow_state.is_(None))
+                .where(
+                    AttemptRow.id == row.id,
+                    AttemptRow.flow_state.is_(None)
+                    if before is None
+                    else AttemptRow.flow_state == before,
+                )
                 .values(flow_state="working")
             )
             if taken.rowcount:  # type: ignore[attr-defined]
                 row.flow_state = "working"
-                return row
+                return row, before == SHIPPED
     return None
 
 

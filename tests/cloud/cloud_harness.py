@@ -72,13 +72,16 @@ def device(serial: str) -> types_pb2.Device:
 
 
 def hello(
-    serials: list[str], held: list[lease_pb.HeldAssignment] | None = None, process_id: str = ""
+    serials: list[str],
+    held: list[lease_pb.HeldAssignment] | None = None,
+    process_id: str = "",
+    transport: types_pb2.PlannerTransport.ValueType = types_pb2.PLANNER_TRANSPORT_CLOUD,
 ) -> lease_pb.LeaseRequest:
     return lease_pb.LeaseRequest(
         hello=lease_pb.HostHello(
             devices=[device(s) for s in serials],
             agent_version="sim/1",
-            planner_transport=types_pb2.PLANNER_TRANSPORT_CLOUD,
+            planner_transport=transport,
             held_assignments=held or [],
             process_id=process_id,
         )
@@ -138,10 +141,11 @@ class ScriptedHost:
         serials: list[str],
         held: list[lease_pb.HeldAssignment] | None = None,
         process_id: str = "",
+        transport: types_pb2.PlannerTransport.ValueType = types_pb2.PLANNER_TRANSPORT_CLOUD,
     ) -> lease_pb.Welcome:
         self.call = self._stub.Lease()
         try:
-            await self.call.write(hello(serials, held, process_id))
+            await self.call.write(hello(serials, held, process_id, transport))
         except grpc.aio.AioRpcError as exc:  # refused before the hello went out
             # A write that races the server ending the call fails with the transport's own
             # error ("Internal error from Core"); the call's status is what the server said.

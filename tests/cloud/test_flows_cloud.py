@@ -11,9 +11,11 @@ from typing import Any
 
 import grpc
 import pytest
-from sqlalchemy import inspect
+from sqlalchemy import inspect, select
 
 from amc.v1 import (
+    decision_log_service_pb2,
+    decision_log_service_pb2_grpc,
     flow_service_pb2,
     flow_service_pb2_grpc,
     lease_service_pb2,
@@ -26,6 +28,7 @@ from cloud.settings import CloudSettings
 from cloud.store import convert, decisions, flows
 from cloud.store.database import Store
 from cloud.store.engine import check, downgrade, upgrade
+from cloud.store.models import AttemptRow
 from planner.decision import Decision, Usage
 from planner.tools import Judgement
 from tests.cloud.cloud_harness import ScriptedHost, channel, result, submit, wait_status
@@ -253,6 +256,69 @@ async def _flows_used(store: Store, flow_id: str, uses: int) -> Any:
             return row
         await asyncio.sleep(0.05)
     raise AssertionError("the learning loop did not count the use")
+
+
+async def test_a_direct_attempt_looked_at_again_for_its_shipped_log_is_counted_once(
+    cloud: CloudServer, ops: Any, pki_dir: Path
+) -> None:
+    """A direct-transport host's result (with its replay report) can come before its shipped
+    decisions: the learning loop counts the replay, waits for the log, and each decision shipped
+    hands the attempt back to it. It learns then, but does not count the replay again (it did:
+    one diverged attempt shipped in three batches retired its flow alone)."""
+    row = await store_flow(cloud.store)
+    host = ScriptedHost(cloud.address, pki_dir, "h1")
+    await host.connect(["s1"], transport=types_pb2.PLANNER_TRANSPORT_DIRECT)
+    host_ch = channel(cloud.address, pki_dir, "host-h1")
+    try:
+        await submit(ops, goal="Turn on dark theme")
+        a = (await host.next("assignment")).assignment
+        assert a.flow.flow_id == row.flow_id
+        report = result(a)
+        report.result.replay.CopyFrom(
+            types_pb2.FlowReplayReport(
+                flow_id=row.flow_id, steps_replayed=1, diverged=True, diverged_at_step=2,
+                reason="its target is not here",
+            )
+        )  # fmt: skip
+        await host.send(report)
+        await host.next("result_ack")
+        assert (await _flows_used(cloud.store, row.flow_id, 1)).divergences == 1
+        ship = decision_log_service_pb2_grpc.DecisionLogServiceStub(host_ch)
+        for n in range(3):  # the outbox catches up in three batches, none ending the log
+            await _flow_state_is(cloud.store, a, "awaiting-ship")
+            entry = decision_log_service_pb2.ShippedDecision(
+                host_decision_id=f"d{n}", task_id=a.task_id, attempt=a.attempt,
+                lease_id=a.lease_id, decision=types_pb2.Decision(
+                    tool_name="press_key", action=types_pb2.Action(
+                        press_key=types_pb2.PressKeyAction(key=types_pb2.KEY_BACK)
+                    ), provider="offline", model="m",
+                ),
+            )  # fmt: skip
+            await ship.ShipDecisions(decision_log_service_pb2.ShipDecisionsRequest(entries=[entry]))
+            assert cloud.learner is not None
+            cloud.learner.wake.set()
+        await _flow_state_is(cloud.store, a, "awaiting-ship")
+        again = await flows.get(cloud.store, row.flow_id)
+        assert again is not None
+        assert (again.uses, again.divergences, again.status) == (1, 1, flows.ACTIVE)
+    finally:
+        await host.close()
+        await host_ch.close()
+
+
+async def _flow_state_is(store: Store, a: lease_service_pb2.Assignment, state: str) -> None:
+    """Wait until the learning loop has left the attempt with `state` (at most 10 s)."""
+    for _ in range(200):
+        async with store.read() as session:
+            found = await session.scalar(
+                select(AttemptRow.flow_state).where(
+                    AttemptRow.task_id == a.task_id, AttemptRow.attempt == a.attempt
+                )
+            )
+        if found == state:
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"the attempt's learning mark is {found!r}, not {state!r}")
 
 
 async def test_an_assignment_carries_the_flow_and_a_reported_replay_is_counted(
