@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from sqlalchemy import text
@@ -75,13 +76,18 @@ class Retriever:
     """Scores goals against the store's active flows (see the module docstring)."""
 
     def __init__(
-        self, store: Store, settings: CloudSettings, embedder: Embedder | None = None
+        self,
+        store: Store,
+        settings: CloudSettings,
+        embedder: Embedder | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.store = store
         self.settings = settings
         self.embedder = embedder
         self._pgvector: bool | None = None
         self._active: _Active | None = None
+        self._clock = clock
 
     def threshold(self, scorer: str) -> float:
         return EMBEDDING_THRESHOLD if scorer != "lexical" else self.settings.flow_threshold
@@ -142,7 +148,7 @@ class Retriever:
     async def active(self) -> _Active:
         """The active flows and their scorer: read again when this process changed a flow or
         `CANDIDATES_TTL_S` passed, else the ones read last."""
-        now, changes = time.monotonic(), flows.changes(self.store)
+        now, changes = self._clock(), flows.changes(self.store)
         kept = self._active
         if kept is None or kept.changes != changes or now - kept.read_at >= CANDIDATES_TTL_S:
             rows = await flows.active(self.store)

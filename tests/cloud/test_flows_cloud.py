@@ -143,14 +143,13 @@ async def test_counts_retire_a_flow_that_keeps_diverging_and_enable_restores_it(
 
 
 async def test_retrieval_keeps_its_candidates_until_a_flow_changes_here_or_they_age(
-    store: Store, db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    store: Store, db_url: str, tmp_path: Path
 ) -> None:
     """Retrieval parses the active flows once and keeps them (a dispatch burst with 1,000 flows
     read and parsed them 1,000 times): a flow this process adds, disables or enables is seen by
     the next retrieval; one another replica changes, within `CANDIDATES_TTL_S`."""
     clock = [1000.0]
-    monkeypatch.setattr(retrieval.time, "monotonic", lambda: clock[0])
-    retriever = retrieval.Retriever(store, CloudSettings(pki_dir=tmp_path))
+    retriever = retrieval.Retriever(store, CloudSettings(pki_dir=tmp_path), clock=lambda: clock[0])
     goal = "Turn on dark theme"
 
     async def handed() -> list[str]:
