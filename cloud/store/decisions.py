@@ -16,6 +16,7 @@ import uuid
 from sqlalchemy import and_, delete, func, or_, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy.orm import load_only
 from sqlalchemy.sql.dml import Update
 
 from amc.v1 import types_pb2
@@ -340,13 +341,42 @@ def verdict_name(value: str | None) -> VerdictName | None:
     return None
 
 
+#: What the planner's memory of a step (`past_step`) and the learning loop (a flow's steps, how
+#: a replay went) read of a decision: not its prompts, thinking or observation, which are most
+#: of a row's bytes. Every Decide reads all earlier decisions of its attempt, so with them a
+#: 100-step attempt read its prompts 5,050 times over.
+_STEP_COLUMNS = (
+    DecisionRow.step_index,
+    DecisionRow.page,
+    DecisionRow.tool_name,
+    DecisionRow.arguments_json,
+    DecisionRow.action_pb,
+    DecisionRow.target,
+    DecisionRow.target_pb,
+    DecisionRow.purpose,
+    DecisionRow.expected_outcome,
+    DecisionRow.rationale,
+    DecisionRow.outcome_executed,
+    DecisionRow.outcome_error,
+    DecisionRow.outcome_driver_output,
+    DecisionRow.verdict,
+    DecisionRow.verdict_evidence,
+    DecisionRow.planner_mode,
+    DecisionRow.flow_id,
+    DecisionRow.flow_step,
+    DecisionRow.replay_divergence,
+)
+
+
 async def attempt_rows(store: Store, task_id: str, attempt: int) -> list[DecisionRow]:
-    """Every decision row of one attempt, in step order."""
+    """Every decision row of one attempt, in step order, with only `_STEP_COLUMNS` loaded
+    (reading another column of these rows raises: it was never loaded)."""
     async with store.read() as session:
         return list(
             (
                 await session.scalars(
                     select(DecisionRow)
+                    .options(load_only(*_STEP_COLUMNS, raiseload=True))
                     .where(DecisionRow.task_id == task_id, DecisionRow.attempt == attempt)
                     .order_by(DecisionRow.step_index)
                 )
