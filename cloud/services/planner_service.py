@@ -198,9 +198,9 @@ class CloudBudgets:
         return self._held
 
     async def refusal(self, task_id: str) -> str | None:
-        caps = await tasks.budget(self._store, task_id)
-        if caps is not None and Budget(*caps):
-            why = exhausted(Budget(*caps), await spend.spent(self._store, task_id))
+        found = await tasks.budget_and_spent(self._store, task_id)
+        if found is not None and Budget(*found[0]):
+            why = exhausted(Budget(*found[0]), found[1])
             if why:
                 metrics.current().budget_refusals.labels(scope="task").inc()
                 return why

@@ -1,9 +1,11 @@
 """The spending ledger: sums of what decisions cost, per attempt, task, host, model and UTC day.
 
 Every decision row keeps its tokens and its cost (`DecisionRow.cost_usd`, priced when the model
-answered), so every total is a query over the decision log: a task's spending (its budget is
-checked against it before each Decide), the fleet's today (the daily cap, the metrics), each
-attempt's (GetTask), and the rows of FleetService.GetSpend. Decisions made on the direct
+answered), so every total is a query over the decision log: a task's spending, the fleet's
+today (the daily cap, the metrics), each attempt's (GetTask), and the rows of
+FleetService.GetSpend. (A task's budget is checked before each Decide against the totals the
+task's own row keeps, `tasks.budget_and_spent`, counted with each decision: one row, however
+long the attempt.) Decisions made on the direct
 transport count once their host has shipped them from its outbox.
 """
 

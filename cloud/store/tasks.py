@@ -202,7 +202,8 @@ async def list_page(
         rows = list((await session.scalars(stmt)).all())
     more = len(rows) > page_size
     rows = rows[:page_size]
-    views = await load_views(store, [r.task_id for r in rows])
+    # A listed task shows no attempts (its totals are on its own row): no decision costs.
+    views = await load_views(store, [r.task_id for r in rows], usage=False)
     return views, (encode_cursor(rows[-1]) if more and rows else "")
 
 
@@ -337,10 +338,29 @@ async def count_by_status(store: Store) -> dict[str, int]:
 
 async def budget(store: Store, task_id: str) -> tuple[int, float] | None:
     """The task's caps (max tokens, max cost in dollars; 0 = none), or None for no such task."""
+    found = await budget_and_spent(store, task_id)
+    return None if found is None else found[0]
+
+
+async def budget_and_spent(store: Store, task_id: str) -> tuple[tuple[int, float], Usage] | None:
+    """The task's caps (as `budget`) and what its decisions cost so far, from the totals its
+    own row keeps (counted in the transaction that logs each decision: one row read per
+    Decide, not a sum over the task's decision log), or None for no such task."""
     async with store.read() as session:
         row = (
             await session.execute(
-                select(TaskRow.max_tokens, TaskRow.max_cost_usd).where(TaskRow.task_id == task_id)
+                select(
+                    TaskRow.max_tokens,
+                    TaskRow.max_cost_usd,
+                    TaskRow.input_tokens,
+                    TaskRow.output_tokens,
+                    TaskRow.cache_read_tokens,
+                    TaskRow.cache_write_tokens,
+                    TaskRow.thinking_tokens,
+                    TaskRow.cost_usd,
+                ).where(TaskRow.task_id == task_id)
             )
         ).first()
-    return None if row is None else (int(row[0]), float(row[1]))
+    if row is None:
+        return None
+    return (int(row[0]), float(row[1])), spend.usage_of([v or 0 for v in row[2:]])
