@@ -77,6 +77,15 @@ class StepPlans:
                 del self._plans[step]
 
     def _expire(self) -> None:
+        """Forget plans made more than `keep_s` ago that ended. The dict is in the order the
+        plans were made, so this looks at the old ones only, not at every plan in flight on
+        every Decide (thousands, on a replica of a big fleet)."""
         cutoff = self._clock() - self._keep_s
-        for step in [s for s, (at, f) in self._plans.items() if f.done() and at < cutoff]:
+        old: list[StepId] = []
+        for step, (at, future) in self._plans.items():
+            if at >= cutoff:
+                break
+            if future.done():
+                old.append(step)
+        for step in old:
             del self._plans[step]

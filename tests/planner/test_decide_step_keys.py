@@ -18,12 +18,13 @@ import pytest
 from sqlalchemy.exc import OperationalError
 
 from amc.v1 import planner_service_pb2, planner_service_pb2_grpc, types_pb2
-from planner.decision import Decision
+from planner.decision import Decision, Usage
 from planner.model_profiles import RetryForm
 from planner.observation import observation_from_scene
 from planner.planner import Planner
 from planner.providers.offline import OfflineProvider
 from planner.service import PlannerServicer
+from planner.step_once import StepPlans
 from planner.vendors import Turn, TurnRequest
 from tests.planner import scenes
 from tests.support.memory_log import MemoryDecisionLog
@@ -223,3 +224,41 @@ async def test_a_replayed_sensitive_input_comes_back_masked(served: Served) -> N
     assert again.replayed
     assert again.decision.action.input_text.text == "•••"
     assert "hunter22" not in again.decision.arguments_json
+
+
+def _decision() -> Decision:
+    return Decision(
+        tool_name="press_key", arguments={"key": "back"}, action=types_pb2.Action(),
+        purpose="", expected_outcome="", rationale="", thinking=[], usage=Usage(),
+        provider="offline", model="m", latency_s=0.0, forced_retry=False, system_prompt="",
+        user_prompt="",
+    )  # fmt: skip
+
+
+async def test_ended_plans_are_forgotten_after_keep_s_and_running_ones_kept() -> None:
+    """`StepPlans` forgets an ended plan made more than `keep_s` ago at the next call; a plan
+    still running is kept however old, and so is every plan made since the cutoff."""
+    now = [0.0]
+    plans = StepPlans(keep_s=10.0, clock=lambda: now[0])
+    stuck: asyncio.Future[Decision] = asyncio.get_running_loop().create_future()
+
+    async def running() -> Decision:
+        return await stuck
+
+    async def done() -> Decision:
+        return _decision()
+
+    await plans.plan(("t", 1, "1"), done)
+    waiting = asyncio.create_task(plans.plan(("t", 1, "2"), running))
+    await asyncio.sleep(0)
+    now[0] = 5.0
+    await plans.plan(("t", 1, "3"), done)
+    assert len(plans) == 3
+    now[0] = 12.0  # "1" and "2" are past keep_s; "2" is still planning
+    await plans.plan(("t", 1, "4"), done)
+    assert len(plans) == 3  # "1" forgotten; "2", "3", "4" kept
+    stuck.set_result(_decision())
+    await waiting
+    now[0] = 16.0  # "3" is past keep_s too now
+    await plans.plan(("t", 1, "5"), done)
+    assert len(plans) == 2  # "4" and "5"
