@@ -71,7 +71,7 @@ async def warnings(
     if device_serial:
         owners = [
             row.host_id
-            for row, _ in await hosts.list_hosts(store, heartbeat_seconds)
+            for row, _ in await hosts.list_hosts(store, heartbeat_seconds, mentioning=device_serial)
             if device_serial in _serials(row)
         ]
         if not owners:

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import ColumnElement, Update, case, literal, or_, select, text, update
+from sqlalchemy import ColumnElement, Text, Update, case, cast, literal, or_, select, text, update
 from sqlalchemy.orm import Session
 
 from cloud.store.database import Store
@@ -227,14 +227,25 @@ def _is_connected(row: HostRow, stale: dt.datetime) -> bool:
 
 
 async def list_hosts(
-    store: Store, heartbeat_seconds: float, host_ids: list[str] | None = None
+    store: Store,
+    heartbeat_seconds: float,
+    host_ids: list[str] | None = None,
+    *,
+    mentioning: str | None = None,
 ) -> list[tuple[HostRow, bool]]:
     """Every host (or those of `host_ids`) with whether a stream is open now: connected first,
-    then by id."""
+    then by id. `mentioning`: only hosts whose stored phones hold that text as a JSON string
+    (a serial, a model…: a filter in SQL, so a check of one serial does not load the fleet;
+    the caller still checks the field it means)."""
     stale = _stale_before(store, heartbeat_seconds)
     query = select(HostRow)
     if host_ids is not None:
         query = query.where(HostRow.host_id.in_(host_ids))
+    if mentioning is not None:
+        # The column holds json.dumps' text (SQLAlchemy's JSON type, on both backends).
+        query = query.where(
+            cast(HostRow.devices, Text).contains(json.dumps(mentioning), autoescape=True)
+        )
     async with store.read() as session:
         rows = (await session.scalars(query)).all()
     out = [(r, _is_connected(r, stale)) for r in rows]

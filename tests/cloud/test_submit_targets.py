@@ -63,14 +63,22 @@ async def test_an_unknown_target_is_accepted_with_a_warning(
     ]
     host = ScriptedHost(cloud.address, pki_dir, "h21")
     try:
-        await host.connect(["p1", "p2"])
+        odd = 'q_1%"\\'  # LIKE's wildcards and what JSON escapes: found as it is, no more
+        await host.connect(["p1", "p2", "10.0.0.7:5555", odd])
         known = await submit(ops, target=target("h21", "p1"))
         assert list(known.warnings) == []
-        assert list((await submit(ops, target=target("", "p2"))).warnings) == []
+        for serial in ("p2", "10.0.0.7:5555", odd):
+            assert list((await submit(ops, target=target("", serial))).warnings) == []
+        for serial in ("q_", "q11%", "p", "10.0.0.7"):
+            warned = (await submit(ops, target=target("", serial), validate_only=True)).warnings
+            assert list(warned) == [
+                f"no host has announced a phone {serial}: the task waits until one does, or "
+                "until its deadline passes"
+            ]
         other = await submit(ops, target=target("h21", "p9"), validate_only=True)
         assert list(other.warnings) == [
-            "host h21 has not announced a phone p9 (its phones: p1, p2): the task waits until "
-            "it does"
+            "host h21 has not announced a phone p9 (its phones: p1, p2, 10.0.0.7:5555, "
+            f"{odd}): the task waits until it does"
         ]
     finally:
         await host.close()
