@@ -336,16 +336,11 @@ async def count_by_status(store: Store) -> dict[str, int]:
     return {status: int(n) for status, n in rows}
 
 
-async def budget(store: Store, task_id: str) -> tuple[int, float] | None:
-    """The task's caps (max tokens, max cost in dollars; 0 = none), or None for no such task."""
-    found = await budget_and_spent(store, task_id)
-    return None if found is None else found[0]
-
-
 async def budget_and_spent(store: Store, task_id: str) -> tuple[tuple[int, float], Usage] | None:
-    """The task's caps (as `budget`) and what its decisions cost so far, from the totals its
-    own row keeps (counted in the transaction that logs each decision: one row read per
-    Decide, not a sum over the task's decision log), or None for no such task."""
+    """The task's caps (max tokens, max cost in dollars; 0 = none) and what its decisions
+    cost so far, from the totals its own row keeps (counted in the transaction that logs each
+    decision: one row read per Decide, not a sum over the task's decision log), or None for no
+    such task."""
     async with store.read() as session:
         row = (
             await session.execute(

@@ -273,12 +273,7 @@ async def test_a_direct_attempt_looked_at_again_for_its_shipped_log_is_counted_o
         a = (await host.next("assignment")).assignment
         assert a.flow.flow_id == row.flow_id
         report = result(a)
-        report.result.replay.CopyFrom(
-            types_pb2.FlowReplayReport(
-                flow_id=row.flow_id, steps_replayed=1, diverged=True, diverged_at_step=2,
-                reason="its target is not here",
-            )
-        )  # fmt: skip
+        report.result.replay.CopyFrom(_diverged_at_2(row.flow_id))
         await host.send(report)
         await host.next("result_ack")
         assert (await _flows_used(cloud.store, row.flow_id, 1)).divergences == 1
@@ -303,6 +298,14 @@ async def test_a_direct_attempt_looked_at_again_for_its_shipped_log_is_counted_o
     finally:
         await host.close()
         await host_ch.close()
+
+
+def _diverged_at_2(flow_id: str) -> types_pb2.FlowReplayReport:
+    """A host's report of a replay that diverged at step 2 (after one replayed step)."""
+    return types_pb2.FlowReplayReport(
+        flow_id=flow_id, steps_replayed=1, diverged=True, diverged_at_step=2,
+        reason="its target is not here",
+    )  # fmt: skip
 
 
 async def _flow_state_is(store: Store, a: lease_service_pb2.Assignment, state: str) -> None:
@@ -360,12 +363,7 @@ async def test_an_assignment_carries_the_flow_and_a_reported_replay_is_counted(
         c = (await host.next("assignment")).assignment
         assert c.task_id == third.task_id and c.flow.flow_id == row.flow_id
         diverged = result(c)
-        diverged.result.replay.CopyFrom(
-            types_pb2.FlowReplayReport(
-                flow_id=row.flow_id, steps_replayed=1, diverged=True, diverged_at_step=2,
-                reason="its target is not here",
-            )
-        )  # fmt: skip
+        diverged.result.replay.CopyFrom(_diverged_at_2(row.flow_id))
         await host.send(diverged)
         await host.next("result_ack")
         counted = await _flows_used(cloud.store, row.flow_id, 2)

@@ -83,8 +83,9 @@ async def test_spending_is_summed_per_attempt_task_host_model_and_day(db_url: st
         assert view is not None
         assert (view.task.max_tokens, view.task.max_cost_usd) == (5000, 1.5)
         assert view.task.cost_usd == 1.75  # the task's cost total, kept as decisions are logged
-        assert await tasks.budget(s, task_id) == (5000, 1.5)
-        assert await tasks.budget(s, "no-such-task") is None
+        found = await tasks.budget_and_spent(s, task_id)
+        assert found is not None and found[0] == (5000, 1.5)
+        assert await tasks.budget_and_spent(s, "no-such-task") is None
 
         today = s.now().astimezone(dt.UTC).replace(hour=0, minute=0, second=0, microsecond=0)
         assert (await spend.spent_since(s, today)).cost_usd == 1.625
@@ -119,7 +120,8 @@ async def test_migration_0012_cost_and_caps_up_and_down(db_url: str) -> None:
         await upgrade(s.engine)
         (old,) = (await decisions.list_page(s, task_id, 0, 5, ""))[0]
         assert old.decision_id == row.decision_id and old.cost_usd == 0.0
-        assert await tasks.budget(s, task_id) == (0, 0.0)
+        found = await tasks.budget_and_spent(s, task_id)
+        assert found is not None and found[0] == (0, 0.0)
         await check(s.engine)
     finally:
         await s.close()
