@@ -32,6 +32,7 @@ from cloud.flows.embeddings import Embedder
 from cloud.settings import CloudSettings
 from cloud.store import convert, flows
 from cloud.store.database import Store
+from cloud.store.leases import Settle
 from cloud.store.models import FlowRow
 from planner.flows import params
 from planner.flows.scoring import Candidate, LexicalScorer, Scored, bound, cosine
@@ -46,6 +47,8 @@ EMBEDDING_THRESHOLD = 0.85
 #: seen within this time. Reading and parsing 1,000 flows per assignment was ~40 ms of the
 #: loop's CPU, a dispatch burst's bottleneck (bench/flow_retrieval.py).
 CANDIDATES_TTL_S = 2.0
+NO_REPLAY = "the task asked for no replay"
+NO_FLOW = "no flow learned yet"
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,6 +66,16 @@ class _Active:
     scorer: LexicalScorer
     changes: int
     read_at: float
+
+
+def _settled(attempt: int, no_replay: bool, any_active: bool) -> flows.Choice | None:
+    """The choice when the goal does not matter, else None. A later attempt is left to
+    `Retriever._choose`, which looks for an earlier one that diverged from a replay."""
+    if no_replay:
+        return flows.Choice([], 0.0, "", NO_REPLAY)
+    if attempt == 1 and not any_active:
+        return flows.Choice([], 0.0, "", NO_FLOW)
+    return None
 
 
 def _candidate(row: FlowRow) -> Candidate:
@@ -111,15 +124,16 @@ class Retriever:
     async def _choose(
         self, task_id: str, attempt: int, goal: str, no_replay: bool
     ) -> tuple[flows.Choice, list[types_pb2.Flow]]:
-        if no_replay:
-            return flows.Choice([], 0.0, "", "the task asked for no replay"), []
+        settled = _settled(attempt, no_replay, any_active=True)
+        if settled is not None:
+            return settled, []
         earlier = await flows.diverged_before(self.store, task_id, attempt) if attempt > 1 else None
         if earlier is not None:
             reason = f"attempt {earlier} diverged from a replay: planning with the model"
             return flows.Choice([], 0.0, "", reason), []
         active = await self.active()
         if not active.rows:
-            return flows.Choice([], 0.0, "", "no flow learned yet"), []
+            return flows.Choice([], 0.0, "", NO_FLOW), []
         ranked = await self.rank(goal, active.rows, active.scorer)
         best = ranked[0]
         usable = [
@@ -144,6 +158,15 @@ class Retriever:
         return flows.Choice(
             [r.row.flow_id for r in usable], top.scored.score, top.scorer, reason
         ), handed
+
+    async def settle(self) -> Settle:
+        """The choice a claim can write on the attempt it creates, decided without the goal
+        (`leases.claim`): a task that asked for no replay, or a first attempt while no flow is
+        active (every assignment of a fleet that learned none yet). The assignment then neither
+        scores nor writes its choice in a second transaction: a fifth of a claim's CPU in a
+        dispatch burst (bench/dispatch_burst.py)."""
+        any_active = bool((await self.active()).rows)
+        return lambda attempt, no_replay: _settled(attempt, no_replay, any_active)
 
     async def active(self) -> _Active:
         """The active flows and their scorer: read again when this process changed a flow or

@@ -109,8 +109,9 @@ class Dispatcher:
                 if not idle or self.paused_for(session):
                     return got
                 try:
+                    settle = None if self.flows is None else await self.flows.settle()
                     claimed = await leases.claim(
-                        self.store, session.host_id, idle, session.planner_transport
+                        self.store, session.host_id, idle, session.planner_transport, settle
                     )
                 except Exception as exc:
                     # The commit may have happened even though the call failed (a database
@@ -140,7 +141,7 @@ class Dispatcher:
     async def _flows_for(self, claimed: leases.Claimed) -> list[types_pb2.Flow]:
         """The learned flows for a fresh attempt (recorded on it); none when retrieval fails:
         the task then runs with the model, which is never worse than a wrong replay."""
-        if self.flows is None:
+        if self.flows is None or claimed.choice_recorded:
             return []
         try:
             return await self.flows.for_new_attempt(

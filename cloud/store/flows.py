@@ -196,6 +196,17 @@ class Choice:
     reason: str
 
 
+def choice_columns(choice: Choice) -> dict[str, object]:
+    """The attempt's columns that hold a choice (the first flow is the one handed over)."""
+    return {
+        "flow_id": choice.flow_ids[0] if choice.flow_ids else None,
+        "flow_score": choice.score,
+        "flow_scorer": choice.scorer,
+        "flow_reason": choice.reason,
+        "flow_candidates": list(choice.flow_ids),
+    }
+
+
 async def record_choice(store: Store, task_id: str, attempt: int, choice: Choice) -> None:
     """Write retrieval's decision on the attempt (the first flow is the one handed over): one
     short statement per assignment, so on SQLite on the loop's own thread
@@ -203,13 +214,7 @@ async def record_choice(store: Store, task_id: str, attempt: int, choice: Choice
     statement = (
         update(AttemptRow)
         .where(AttemptRow.task_id == task_id, AttemptRow.attempt == attempt)
-        .values(
-            flow_id=choice.flow_ids[0] if choice.flow_ids else None,
-            flow_score=choice.score,
-            flow_scorer=choice.scorer,
-            flow_reason=choice.reason,
-            flow_candidates=list(choice.flow_ids),
-        )
+        .values(**choice_columns(choice))
     )
     await store.write_on_loop(lambda session: session.execute(statement))
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import datetime as dt
 from collections.abc import Mapping
 
-from sqlalchemy import Select, delete, select
+from sqlalchemy import Select, bindparam, delete, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from cloud.store import states
@@ -27,14 +27,16 @@ def add(session: AsyncSession, task_id: str, sealed: Mapping[str, str], now: dt.
     )
 
 
-def sealed_query(task_id: str) -> Select[str, str]:
-    """A task's secrets as stored: (name, sealed token) rows."""
-    return select(TaskSecretRow.name, TaskSecretRow.value).where(TaskSecretRow.task_id == task_id)
+#: A task's secrets as stored, (name, sealed token) rows of the task bound as `task_id`: built
+#: once, so every claim reuses its compiled form and cache key.
+SEALED: Select[str, str] = select(TaskSecretRow.name, TaskSecretRow.value).where(
+    TaskSecretRow.task_id == bindparam("task_id")
+)
 
 
 async def sealed_for(session: AsyncSession, task_id: str) -> dict[str, str]:
     """A task's secrets as stored (name → sealed token)."""
-    rows = await session.execute(sealed_query(task_id))
+    rows = await session.execute(SEALED, {"task_id": task_id})
     return {name: token for name, token in rows.all()}
 
 

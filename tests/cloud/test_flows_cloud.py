@@ -25,7 +25,7 @@ from amc.v1 import (
 from cloud.flows import retrieval
 from cloud.server import CloudServer
 from cloud.settings import CloudSettings
-from cloud.store import convert, decisions, flows
+from cloud.store import convert, decisions, flows, leases, tasks
 from cloud.store.database import Store
 from cloud.store.engine import check, downgrade, upgrade
 from cloud.store.models import AttemptRow
@@ -172,6 +172,56 @@ async def test_retrieval_keeps_its_candidates_until_a_flow_changes_here_or_they_
         assert await handed() == []  # ...and within the bound
     finally:
         await other.close()
+
+
+async def submit_task(store: Store, goal: str, no_replay: bool = False) -> str:
+    spec = tasks.NewTask(goal, 3, 30.0, 3600.0, no_replay=no_replay)
+    return (await tasks.submit(store, spec))[0].task.task_id
+
+
+async def _choice_on(store: Store, task_id: str, attempt: int) -> tuple[str | None, object]:
+    async with store.read() as session:
+        row = (
+            await session.execute(
+                select(AttemptRow.flow_reason, AttemptRow.flow_candidates).where(
+                    AttemptRow.task_id == task_id, AttemptRow.attempt == attempt
+                )
+            )
+        ).one()
+    return row.flow_reason, row.flow_candidates
+
+
+async def test_a_claim_writes_the_choice_that_needs_no_goal_and_leaves_the_rest(
+    store: Store, tmp_path: Path
+) -> None:
+    """While no flow is active (and for a task that asked for no replay) the choice does not
+    depend on the goal: the claim writes it on the attempt it creates and the assignment makes
+    no second write. Otherwise, and for a later attempt (which may follow one that diverged),
+    the claim leaves it to retrieval."""
+    retriever = retrieval.Retriever(store, CloudSettings(pki_dir=tmp_path))
+    first = await submit_task(store, "Turn on dark theme")
+    claimed = await leases.claim(store, "h1", ["p1"], 2, await retriever.settle())
+    assert claimed is not None and claimed.choice_recorded
+    assert await _choice_on(store, first, 1) == (retrieval.NO_FLOW, [])
+
+    row = await store_flow(store)  # a flow is active now: the goal matters
+    second = await submit_task(store, "Turn on dark theme")
+    claimed = await leases.claim(store, "h1", ["p2"], 2, await retriever.settle())
+    assert claimed is not None and claimed.task_id == second and not claimed.choice_recorded
+    assert await _choice_on(store, second, 1) == (None, None)
+    await retriever.for_new_attempt(second, 1, claimed.goal, no_replay=False)
+    reason, candidates = await _choice_on(store, second, 1)
+    assert reason is not None and reason.startswith("score ") and candidates == [row.flow_id]
+
+    third = await submit_task(store, "Turn on dark theme", no_replay=True)
+    claimed = await leases.claim(store, "h1", ["p3"], 2, await retriever.settle())
+    assert claimed is not None and claimed.task_id == third and claimed.choice_recorded
+    assert await _choice_on(store, third, 1) == (retrieval.NO_REPLAY, [])
+
+    settle = await retriever.settle()
+    assert settle(2, False) is None  # a later attempt: retrieval looks for a divergence
+    await flows.set_status(store, row.flow_id, flows.DISABLED, "operator")
+    assert (await retriever.settle())(2, False) is None
 
 
 @pytest.fixture

@@ -108,7 +108,9 @@ async def test_a_finished_attempt_has_its_assignment_renewal_summary_result_and_
     host = ScriptedHost(cloud.address, pki_dir, "h1")
     try:
         await host.connect(["p1"])
-        task = (await submit(ops)).task
+        # Longer than the harness's 2 s: its renewals come at once (far from expiry, so they
+        # keep it), and on a loaded machine the rest of the attempt could outlast it.
+        task = (await submit(ops, lease_duration=secs(30))).task
         assert task.totals.steps == 0 and task.totals.decisions == 0
         a = (await host.next("assignment")).assignment
         for step in (1, 2, 3):

@@ -7,7 +7,7 @@ Everything here returns the store's own types (rows, dataclasses, `Revocation`):
 service maps them to the protocol's messages.
 """
 
-from cloud.store.leases.claim import Claimed, claim, latest_progress, live_attempts_on
+from cloud.store.leases.claim import Claimed, Settle, claim, latest_progress, live_attempts_on
 from cloud.store.leases.fence import Revocation, classify, live_fence
 from cloud.store.leases.progress import (
     RESULT_SUMMARY_LIMIT,
@@ -65,6 +65,7 @@ __all__ = [
     "ReplayIn",
     "ResultOut",
     "Revocation",
+    "Settle",
     "answer_from_read",
     "busy_phones",
     "check_held",

@@ -12,13 +12,14 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from sqlalchemy import Select, insert, select, update
+from sqlalchemy import Select, bindparam, insert, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import Session
 
 from cloud.store import lease_events, secrets, spend, states
 from cloud.store.database import Store
+from cloud.store.flows import Choice, choice_columns
 from cloud.store.lease_events import EventKind
 from cloud.store.models import AttemptRow, LeaseEventRow, TaskRow
 from planner.decision import Usage
@@ -47,6 +48,8 @@ class Claimed:
     max_tokens: int = 0
     max_cost_usd: float = 0.0
     spent: Usage = field(default_factory=Usage)
+    #: The claim wrote the attempt's flow choice (`claim`'s `settle`): none to make or write.
+    choice_recorded: bool = False
 
 
 #: What an Assignment needs of its task, in `Claimed` field order.
@@ -60,28 +63,72 @@ _ASSIGNMENT_COLUMNS = (
 )
 
 
-def _latest_progress_query(task_id: str) -> Select[AttemptRow]:
-    return (
-        select(AttemptRow)
-        .where(AttemptRow.task_id == task_id, AttemptRow.progress_updated_at.is_not(None))
-        .order_by(AttemptRow.attempt.desc())
-        .limit(1)
-    )
+#: A task's most recent attempt that reported progress (the task bound as `task_id`).
+_LATEST_PROGRESS: Select[AttemptRow] = (
+    select(AttemptRow)
+    .where(AttemptRow.task_id == bindparam("task_id"), AttemptRow.progress_updated_at.is_not(None))
+    .order_by(AttemptRow.attempt.desc())
+    .limit(1)
+)
 
 
 async def latest_progress(session: AsyncSession, task_id: str) -> AttemptRow | None:
     """The task's most recent attempt that reported progress (a new attempt starts from it)."""
-    return await session.scalar(_latest_progress_query(task_id))
+    return await session.scalar(_LATEST_PROGRESS, {"task_id": task_id})
+
+
+# A claim's statements, built once with bound parameters: built per claim, building them and
+# computing their cache keys was a third of a claim's CPU (bench/dispatch_burst.py).
+# Bound names differ from the columns they set (SQLAlchemy reserves those in SET and VALUES).
+_CANDIDATE = (
+    select(TaskRow.task_id, TaskRow.target_device_serial, TaskRow.updated_at)
+    .where(
+        TaskRow.status == states.QUEUED,
+        TaskRow.cancel_requested.is_(False),
+        TaskRow.deadline > bindparam("now"),
+        TaskRow.target_host_id.is_(None) | (TaskRow.target_host_id == bindparam("host")),
+        TaskRow.target_device_serial.is_(None)
+        | TaskRow.target_device_serial.in_(bindparam("idle", expanding=True)),
+    )
+    .order_by(TaskRow.created_at, TaskRow.task_id)
+    .limit(1)
+    .with_for_update(skip_locked=True)
+)
+_TAKE = (
+    update(TaskRow)
+    .where(TaskRow.task_id == bindparam("task"), TaskRow.status == states.QUEUED)
+    .values(
+        status=states.ASSIGNED,
+        attempt=TaskRow.attempt + 1,
+        host_id=bindparam("host"),
+        device_serial=bindparam("serial"),
+        updated_at=bindparam("now"),
+    )
+    .returning(TaskRow.attempt, *_ASSIGNMENT_COLUMNS)
+)
+_NEW_ATTEMPT = insert(AttemptRow)
+_NEW_EVENT = insert(LeaseEventRow)
+
+#: The flow choice a fresh attempt gets without its goal being scored (its attempt number and
+#: whether the task asked for no replay → the choice, or None when retrieval must score it):
+#: `Retriever.settle` gives it, and the claim writes it on the attempt it creates.
+Settle = Callable[[int, bool], Choice | None]
 
 
 async def claim(
-    store: Store, host_id: str, idle_serials: list[str], planner_transport: int
+    store: Store,
+    host_id: str,
+    idle_serials: list[str],
+    planner_transport: int,
+    settle: Settle | None = None,
 ) -> Claimed | None:
     """Hand the oldest matching queued task to one of `idle_serials` of `host_id`, or None.
 
     On PostgreSQL the candidate row is locked with FOR UPDATE SKIP LOCKED, so replicas claiming at
     once pick different tasks; the UPDATE re-checks `status = QUEUED` either way, and a unique
     index allows one live attempt per phone. A device-targeted task only goes to that device.
+    With `settle`, a flow choice it gives is written on the new attempt in the same
+    transaction (`Claimed.choice_recorded`), sparing the assignment a second write.
 
     The transaction is one synchronous function (`_claim`) run by `Store.write_on_loop`: on a
     SQLite file on the loop's own thread, elsewhere through the async engine. Through aiosqlite
@@ -93,7 +140,9 @@ async def claim(
         return None
     try:
         return await store.write_on_loop(
-            lambda session: _claim(session, store.now, host_id, idle_serials, planner_transport)
+            lambda session: _claim(
+                session, store.now, host_id, idle_serials, planner_transport, settle
+            )
         )
     except IntegrityError:
         # The phone already has a live attempt (another stream of this host got there first).
@@ -106,6 +155,7 @@ def _claim(
     host_id: str,
     idle_serials: list[str],
     planner_transport: int,
+    settle: Settle | None,
 ) -> Claimed | None:
     """`claim`'s transaction. A claim that finds nothing has only read: SQLite takes its write
     lock at the first write, so the renewal batches' writes never wait on an empty claim.
@@ -113,35 +163,15 @@ def _claim(
     were ~40 % of a claim's CPU."""
     conn = session.connection()
     now = clock()
-    matching = (
-        TaskRow.status == states.QUEUED,
-        TaskRow.cancel_requested.is_(False),
-        TaskRow.deadline > now,
-        (TaskRow.target_host_id.is_(None)) | (TaskRow.target_host_id == host_id),
-        (TaskRow.target_device_serial.is_(None)) | (TaskRow.target_device_serial.in_(idle_serials)),
-    )
     candidate = conn.execute(
-        select(TaskRow.task_id, TaskRow.target_device_serial, TaskRow.updated_at)
-        .where(*matching)
-        .order_by(TaskRow.created_at, TaskRow.task_id)
-        .limit(1)
-        .with_for_update(skip_locked=True)
+        _CANDIDATE, {"now": now, "host": host_id, "idle": idle_serials}
     ).first()
     if candidate is None:
         return None
     task_id, target_serial, queued_since = candidate
     serial = target_serial or idle_serials[0]
     claimed = conn.execute(
-        update(TaskRow)
-        .where(TaskRow.task_id == task_id, TaskRow.status == states.QUEUED)
-        .values(
-            status=states.ASSIGNED,
-            attempt=TaskRow.attempt + 1,
-            host_id=host_id,
-            device_serial=serial,
-            updated_at=now,
-        )
-        .returning(TaskRow.attempt, *_ASSIGNMENT_COLUMNS)
+        _TAKE, {"task": task_id, "host": host_id, "serial": serial, "now": now}
     ).first()
     if claimed is None:
         return None
@@ -149,7 +179,7 @@ def _claim(
     # Read again now the task row is ours: `now` may predate a task submitted while this claim
     # was starting, and an attempt never starts before its task was created.
     now = clock()
-    previous = session.scalar(_latest_progress_query(task_id)) if attempt > 1 else None
+    previous = session.scalar(_LATEST_PROGRESS, {"task_id": task_id}) if attempt > 1 else None
     spent = (
         spend.usage_of(conn.execute(spend.spent_query(task_id, attempt)).one())
         if attempt > 1
@@ -157,33 +187,35 @@ def _claim(
     )
     expires = now + dt.timedelta(seconds=lease_seconds)
     lease_id = uuid.uuid4().hex
+    choice = settle(attempt, no_replay) if settle is not None else None
     conn.execute(
-        insert(AttemptRow).values(
-            task_id=task_id,
-            attempt=attempt,
+        _NEW_ATTEMPT,
+        {
+            "task_id": task_id,
+            "attempt": attempt,
+            "host_id": host_id,
+            "device_serial": serial,
+            "lease_id": lease_id,
+            "lease_expires_at": expires,
+            "status": states.ASSIGNED,
+            "planner_transport": planner_transport,
+            "started_at": now,
+            **({} if choice is None else choice_columns(choice)),
+        },
+    )
+    conn.execute(
+        _NEW_EVENT,
+        lease_events.values(
+            EventKind.ASSIGNED,
+            task_id,
+            attempt,
+            now,
             host_id=host_id,
             device_serial=serial,
-            lease_id=lease_id,
-            lease_expires_at=expires,
-            status=states.ASSIGNED,
-            planner_transport=planner_transport,
-            started_at=now,
-        )
+            task_status=states.ASSIGNED,
+        ),
     )
-    conn.execute(
-        insert(LeaseEventRow).values(
-            lease_events.values(
-                EventKind.ASSIGNED,
-                task_id,
-                attempt,
-                now,
-                host_id=host_id,
-                device_serial=serial,
-                task_status=states.ASSIGNED,
-            )
-        )
-    )
-    sealed = {name: token for name, token in conn.execute(secrets.sealed_query(task_id)).all()}
+    sealed = {name: token for name, token in conn.execute(secrets.SEALED, {"task_id": task_id})}
     return Claimed(
         task_id=task_id,
         attempt=attempt,
@@ -200,6 +232,7 @@ def _claim(
         max_tokens=max_tokens,
         max_cost_usd=max_cost_usd,
         spent=spent,
+        choice_recorded=choice is not None,
     )
 
 
