@@ -147,11 +147,18 @@ async def test_decisions_made_while_the_cloud_was_down_arrive_once_in_order(
         )
         assert drained_host.outbox.refused == 0
 
-        decisions = (
-            await ops.decisions.ListDecisions(
-                decision_log_service_pb2.ListDecisionsRequest(task_id=task_id)
-            )
-        ).decisions
+        async def with_outcomes() -> Any:
+            # A step's outcome is shipped after its decision, as a second item; the host's
+            # outbox report can predate the last one, so wait for every outcome (bounded).
+            listed = (
+                await later_ops.decisions.ListDecisions(
+                    decision_log_service_pb2.ListDecisionsRequest(task_id=task_id)
+                )
+            ).decisions
+            done = listed and all(d.HasField("outcome") for d in listed)
+            return listed if done else None
+
+        decisions = await _until(with_outcomes, "every shipped decision with its outcome")
         steps = _timeline(tmp_path / "host-a", task_id)
         # Exactly once, in order: one decision per step the host took, the same actions.
         assert [d.step_index for d in decisions] == list(range(1, len(steps) + 1))
