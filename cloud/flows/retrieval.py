@@ -163,8 +163,8 @@ class Retriever:
         """The choice a claim can write on the attempt it creates, decided without the goal
         (`leases.claim`): a task that asked for no replay, or a first attempt while no flow is
         active (every assignment of a fleet that learned none yet). The assignment then neither
-        scores nor writes its choice in a second transaction: a fifth of a claim's CPU in a
-        dispatch burst (bench/dispatch_burst.py)."""
+        scores nor writes its choice in a second transaction, which was a seventh of the
+        replica's CPU in a dispatch burst (bench/dispatch_burst.py)."""
         any_active = bool((await self.active()).rows)
         return lambda attempt, no_replay: _settled(attempt, no_replay, any_active)
 
