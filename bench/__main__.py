@@ -30,6 +30,7 @@ from bench import (
     machine,
     memory,
     renewal_writes,
+    replica_restart,
     resources,
 )
 from bench.report import Section
@@ -63,6 +64,7 @@ BENCHMARKS: dict[str, Callable[[bool], Section]] = {
     "memory": memory.run,
     "dispatch_latency": dispatch_latency.run,
     "dispatch_burst": dispatch_burst.run,
+    "replica_restart": replica_restart.run,
     "flow_retrieval": flow_retrieval.run,
     "fleet_scale": fleet_scale.run,
     "renewal_writes": renewal_writes.run,

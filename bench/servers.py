@@ -84,7 +84,11 @@ def _trace_everything() -> None:
 
 
 async def serve_cloud(
-    database_url: str, pki_dir: Path, retention_days: float, observability: str = "default"
+    database_url: str,
+    pki_dir: Path,
+    retention_days: float,
+    observability: str = "default",
+    listen: str = "127.0.0.1:0",
 ) -> None:
     """The real cloud replica. `observability`: "on" records metrics, serves them (the READY
     line's third word is the /metrics URL) and traces every span through a batch exporter;
@@ -98,7 +102,7 @@ async def serve_cloud(
     server = await build_server(
         CloudSettings(
             database_url=database_url,
-            listen_address="127.0.0.1:0",
+            listen_address=listen,
             pki_dir=pki_dir,
             retention_days=retention_days,
             metrics_enabled=observability != "off",
@@ -261,10 +265,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--pki", default="")
     parser.add_argument("--retention-days", type=float, default=36500.0)
     parser.add_argument("--observability", choices=["default", "on", "off"], default="default")
+    parser.add_argument("--listen", default="127.0.0.1:0", help="cloud: the address to serve on")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
     if args.kind == "cloud":
-        asyncio.run(serve_cloud(args.db, Path(args.pki), args.retention_days, args.observability))
+        asyncio.run(
+            serve_cloud(
+                args.db, Path(args.pki), args.retention_days, args.observability, args.listen
+            )
+        )
     elif args.kind == "echo":
         asyncio.run(serve_echo(Path(args.pki)))
     elif args.kind == "adb":

@@ -110,9 +110,19 @@ class LeaseClientConfig:
     process_id: str = ""
 
 
-def backoff_delay(attempt: int, initial: float, cap: float, rng: random.Random) -> float:
-    """Full jitter: uniform in [0, min(cap, initial * 2**attempt)], at least 50 ms."""
+def backoff_delay(
+    attempt: int, initial: float, cap: float, rng: random.Random, lease_left: float | None = None
+) -> float:
+    """Full jitter: uniform in [0, min(cap, initial * 2**attempt)], at least 50 ms.
+
+    `lease_left`: seconds until the soonest expiry of a lease this host holds. The ceiling is
+    then at most half of it: a replica restart takes its hosts' streams down for a few seconds,
+    after which a host that had doubled its backoff to 8 or 16 s would sleep through the rest
+    of its lease and stop its task (`_renew_loop`), though the cloud was back and kept the
+    lease (bench/replica_restart.py)."""
     ceiling = min(cap, initial * (2 ** min(attempt, 30)))
+    if lease_left is not None:
+        ceiling = min(ceiling, max(0.0, lease_left) / 2)
     return max(0.05, rng.uniform(0, ceiling))
 
 
@@ -221,6 +231,7 @@ class LeaseClient:
                     self.config.reconnect_initial_s,
                     self.config.reconnect_max_s,
                     self._rng,
+                    self._lease_left(),
                 )
                 if revoked:
                     delay = self.config.reconnect_max_s
@@ -235,6 +246,15 @@ class LeaseClient:
         finally:
             self._welcomed.clear()
             await self._shutdown_tasks()
+
+    def _lease_left(self) -> float | None:
+        """Seconds until the soonest expiry of a lease still held (None: none held)."""
+        live = [
+            rt.expires_mono
+            for rt in self._tasks.values()
+            if rt.revoked is None and rt.task is not None and not rt.task.done()
+        ]
+        return min(live) - time.monotonic() if live else None
 
     async def _session(self, stop: asyncio.Event) -> None:
         channel = self._channel_factory()

@@ -32,7 +32,6 @@ from cloud.secret_box import SecretBox
 from cloud.settings import CloudSettings
 from cloud.store import convert, errors, hosts, idlists, lease_events, leases, states
 from cloud.store.database import Store
-from cloud.store.models import AttemptRow, TaskRow
 from cloud.store.revocations import Revoked
 
 log = logging.getLogger(__name__)
@@ -169,17 +168,17 @@ class LeaseManager:
         self.sessions[host_id] = session
         if old is not None:
             self._replace(old, session.process_id)
+        held = [leases.HeldLease(h.task_id, h.attempt, h.lease_id) for h in hello.held_assignments]
+        record = hosts.HelloRecord(
+            convert.device_dicts(list(hello.devices)),
+            hello.agent_version,
+            int(hello.planner_transport),
+            self.bus.replica_id,
+            session.stream_id,
+            hello.process_id,
+        )
         try:
-            previous = await hosts.upsert_hello(
-                self.store,
-                host_id,
-                convert.device_dicts(list(hello.devices)),
-                hello.agent_version,
-                int(hello.planner_transport),
-                self.bus.replica_id,
-                session.stream_id,
-                hello.process_id,
-            )
+            settled = await leases.hello(self.store, host_id, record, held)
         except BaseException:
             # The handler ends with the failure's status; nothing may be sent to this session.
             session.closed = True
@@ -191,19 +190,20 @@ class LeaseManager:
             await hosts.update_outbox(self.store, host_id, messages.backlog_in(hello.outbox))
         self.bus.hosts_changed([host_id])
         self.bus.new_stream(host_id, session.stream_id)
-        held = [leases.HeldLease(h.task_id, h.attempt, h.lease_id) for h in hello.held_assignments]
-        if hello.process_id and previous and previous != hello.process_id:
+        if settled.checks is None:
             log.info(
                 "host %s: new process %s (was %s); releasing the leases it does not hold",
-                host_id, hello.process_id, previous,
+                host_id, hello.process_id, settled.previous_process,
             )  # fmt: skip
             await self._release(host_id, states.HOST_RESTARTED, keep=held, started_before=hello_at)
-        resumed: list[tuple[AttemptRow, TaskRow]] = []
-        for check in await leases.check_held(self.store, host_id, held):
+            settled = await leases.resume(self.store, host_id, held)
+        assert settled.checks is not None
+        resumed: list[str] = []
+        for check in settled.checks:
             if check.live is not None and check.task is not None:
                 session.granted.add(check.held)
                 session.send(messages.resumed(check))
-                resumed.append((check.live, check.task))
+                resumed.append(check.live.task_id)
             else:
                 h = check.held
                 session.send(
@@ -212,12 +212,11 @@ class LeaseManager:
                     )
                 )
                 await self._record_revoked(host_id, h.task_id, h.attempt, check.revocation)
-        await lease_events.record_resumed(self.store, host_id, resumed)
-        self.bus.tasks_changed([attempt.task_id for attempt, _ in resumed])
+        self.bus.tasks_changed(resumed)
         # A live lease the same process did not re-announce is left to run out rather than
         # ended here: the process may have finished that attempt while disconnected, and its
         # result follows the hello (held assignments list only what still runs).
-        session.busy = await leases.live_serials(self.store, host_id)
+        session.busy = settled.busy
         self.dispatcher.kick(session)
         return session
 

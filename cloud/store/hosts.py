@@ -21,6 +21,19 @@ from cloud.store.models import HostRow, UTCDateTime, sqlite_text
 STALE_AFTER_BEATS = 3
 
 
+@dataclass(frozen=True, slots=True)
+class HelloRecord:
+    """What a hello records on the host's row."""
+
+    devices: list[dict[str, Any]]
+    agent_version: str
+    planner_transport: int
+    replica_id: str
+    stream_id: str
+    #: "" when the agent does not say: the recorded one is kept.
+    process_id: str = ""
+
+
 async def upsert_hello(
     store: Store,
     host_id: str,
@@ -31,29 +44,37 @@ async def upsert_hello(
     stream_id: str,
     process_id: str = "",
 ) -> str | None:
-    """Record a hello: the host is connected through `stream_id` on `replica_id`, run by
-    `process_id` ("" when the agent does not say: the recorded one is kept). Returns the
-    process id recorded before (None: none known), read under a row lock, so of two hellos
-    at once each sees the other's or none."""
+    """`record_hello` in a transaction of its own."""
+    record = HelloRecord(
+        devices, agent_version, planner_transport, replica_id, stream_id, process_id
+    )
     now = store.now()
-    async with store.write() as session:
-        row = await session.get(HostRow, host_id, with_for_update=True)
-        if row is None:
-            row = HostRow(host_id=host_id)
-            session.add(row)
-        previous = row.process_id
-        if process_id:
-            row.process_id = process_id
-        row.devices = devices
-        row.agent_version = agent_version
-        row.planner_transport = planner_transport
-        row.connected = True
-        row.replica_id = replica_id
-        row.stream_id = stream_id
-        row.stream_alive_at = now
-        if row.last_seen_at is None or row.last_seen_at < now:
-            row.last_seen_at = now
-        return previous
+    return await store.write_on_loop(lambda session: record_hello(session, now, host_id, record))
+
+
+def record_hello(
+    session: Session, now: dt.datetime, host_id: str, hello: HelloRecord
+) -> str | None:
+    """Record a hello: the host is connected through `hello.stream_id` on `hello.replica_id`,
+    run by `hello.process_id`. Returns the process id recorded before (None: none known),
+    read under a row lock, so of two hellos at once each sees the other's or none."""
+    row = session.get(HostRow, host_id, with_for_update=True)
+    if row is None:
+        row = HostRow(host_id=host_id)
+        session.add(row)
+    previous = row.process_id
+    if hello.process_id:
+        row.process_id = hello.process_id
+    row.devices = hello.devices
+    row.agent_version = hello.agent_version
+    row.planner_transport = hello.planner_transport
+    row.connected = True
+    row.replica_id = hello.replica_id
+    row.stream_id = hello.stream_id
+    row.stream_alive_at = now
+    if row.last_seen_at is None or row.last_seen_at < now:
+        row.last_seen_at = now
+    return previous
 
 
 def _seen(now: dt.datetime) -> ColumnElement[dt.datetime]:

@@ -2,9 +2,9 @@
 
 Most events are written by the lease queries themselves (claim, results, sweeps, cancel), in
 the transaction that made the change, with `new`; the lease manager records the two it learns
-about outside those transactions (a held assignment resumed after a reconnect, and a lease the
-cloud refused) with `record_resumed` and `record_revoked`. Renewals are not events: each
-attempt row counts them (`renewals`, first and last). Like the rest of `cloud/store/leases`,
+about outside those transactions (a held assignment resumed after a reconnect, recorded by
+`leases.hello`, and a lease the cloud refused, by `record_revoked`). Renewals are not events:
+each attempt row counts them (`renewals`, first and last). Like the rest of `cloud/store/leases`,
 this module speaks the store's own words (no protobuf); `cloud/store/convert.py` maps them.
 """
 
@@ -13,7 +13,6 @@ from __future__ import annotations
 import base64
 import datetime as dt
 import enum
-from collections.abc import Sequence
 from typing import Any
 
 from sqlalchemy import select
@@ -81,28 +80,6 @@ def new(
     """An event row to add to the session that makes the change it records (`fields`: the
     keyword arguments of `values`)."""
     return LeaseEventRow(**values(kind, task_id, attempt, at, **fields))
-
-
-async def record_resumed(
-    store: Store, host_id: str, resumed: Sequence[tuple[AttemptRow, TaskRow]]
-) -> None:
-    """Held assignments a reconnected host may go on with (its live attempts, their tasks)."""
-    if not resumed:
-        return
-    now = store.now()
-    async with store.write() as session:
-        session.add_all(
-            new(
-                EventKind.RESUMED,
-                attempt.task_id,
-                attempt.attempt,
-                now,
-                host_id=host_id,
-                device_serial=attempt.device_serial,
-                task_status=task.status,
-            )
-            for attempt, task in resumed
-        )
 
 
 async def record_revoked(

@@ -46,6 +46,7 @@ def test_runner_smoke_prints_figures(postgres_server: PostgresServer, tmp_path: 
         "Memory",
         "Dispatch latency",
         "Dispatch burst",
+        "Replica restart",
         "Flow retrieval at assignment",
         "Fleet scale (PostgreSQL)",
         "Decision log at scale",
@@ -58,6 +59,7 @@ def test_runner_smoke_prints_figures(postgres_server: PostgresServer, tmp_path: 
     assert re.search(r"vs bare gRPC echo [\d,.]+ = x[\d.]+", out)
     assert re.search(r"cloud KiB per idle stream .* KiB", out)
     assert re.search(r"submit → assignment p99\s+[\d.]+ ms", out)
+    assert re.search(r"SQLite leases confirmed\s+12\s+\(of 12; refused 0;", out)
     assert "exactly once met" in out
     assert re.search(r"CPU per retrieval, candidates kept\s+[\d.]+ ms\s+vs read and parsed", out)
     assert re.search(r"last assignment after the last hello\s+[\d,.]+ ms", out)

@@ -318,6 +318,18 @@ def test_backoff_is_capped_and_jittered() -> None:
     assert len({round(d, 3) for d in delays}) > 30
 
 
+def test_backoff_never_sleeps_past_half_of_the_lease_left() -> None:
+    """A host that doubled its backoff while the cloud restarted still tries again before its
+    lease runs out (it would stop its task then)."""
+    rng = random.Random(2)
+    late = [backoff_delay(6, 0.5, 30.0, rng, lease_left=8.0) for _ in range(200)]
+    assert all(0.05 <= d <= 4.0 for d in late)
+    assert max(late) > 3.0  # still jittered over the whole allowed range
+    assert backoff_delay(6, 0.5, 30.0, rng, lease_left=-1.0) == 0.05  # expired: at once
+    unbounded = [backoff_delay(6, 0.5, 30.0, rng) for _ in range(200)]
+    assert max(unbounded) > 8.0  # no lease held: the usual ceiling
+
+
 async def test_lease_lost_while_the_cloud_is_unreachable_stops_the_task(
     cloud: RunningCloud, tmp_path: Path
 ) -> None:

@@ -64,7 +64,7 @@ _ASSIGNMENT_COLUMNS = (
 
 
 #: A task's most recent attempt that reported progress (the task bound as `task_id`).
-_LATEST_PROGRESS: Select[AttemptRow] = (
+LATEST_PROGRESS: Select[AttemptRow] = (
     select(AttemptRow)
     .where(AttemptRow.task_id == bindparam("task_id"), AttemptRow.progress_updated_at.is_not(None))
     .order_by(AttemptRow.attempt.desc())
@@ -74,7 +74,7 @@ _LATEST_PROGRESS: Select[AttemptRow] = (
 
 async def latest_progress(session: AsyncSession, task_id: str) -> AttemptRow | None:
     """The task's most recent attempt that reported progress (a new attempt starts from it)."""
-    return await session.scalar(_LATEST_PROGRESS, {"task_id": task_id})
+    return await session.scalar(LATEST_PROGRESS, {"task_id": task_id})
 
 
 # A claim's statements, built once with bound parameters: built per claim, building them and
@@ -179,7 +179,7 @@ def _claim(
     # Read again now the task row is ours: `now` may predate a task submitted while this claim
     # was starting, and an attempt never starts before its task was created.
     now = clock()
-    previous = session.scalar(_LATEST_PROGRESS, {"task_id": task_id}) if attempt > 1 else None
+    previous = session.scalar(LATEST_PROGRESS, {"task_id": task_id}) if attempt > 1 else None
     spent = (
         spend.usage_of(conn.execute(spend.spent_query(task_id, attempt)).one())
         if attempt > 1

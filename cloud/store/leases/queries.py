@@ -12,8 +12,7 @@ from sqlalchemy import func, select
 from cloud.store import states
 from cloud.store.database import Store
 from cloud.store.idlists import among
-from cloud.store.leases.claim import latest_progress
-from cloud.store.leases.fence import Revocation, classify, live_fence
+from cloud.store.leases.fence import Revocation, live_fence
 from cloud.store.models import AttemptRow, TaskRow
 
 
@@ -37,40 +36,6 @@ class HeldCheck:
     revocation: Revocation | None = None
     message: str = ""
     last_progress: AttemptRow | None = None
-
-
-async def check_held(store: Store, host_id: str, held: Sequence[HeldLease]) -> list[HeldCheck]:
-    """Which re-announced assignments are still this host's live leases."""
-    now = store.now()
-    out: list[HeldCheck] = []
-    async with store.read() as session:
-        for h in held:
-            row = await session.scalar(
-                select(AttemptRow).where(
-                    *live_fence(host_id, h.task_id, h.attempt, h.lease_id, now)
-                )
-            )
-            task = await session.scalar(select(TaskRow).where(TaskRow.task_id == h.task_id))
-            if row is not None and task is not None and not task.cancel_requested:
-                last = await latest_progress(session, h.task_id)
-                out.append(HeldCheck(h, row, task, last_progress=last))
-            else:
-                revocation, message = await classify(
-                    session, host_id, h.task_id, h.attempt, h.lease_id, now
-                )
-                out.append(HeldCheck(h, None, task, revocation, message))
-    return out
-
-
-async def live_serials(store: Store, host_id: str) -> set[str]:
-    """Phones of `host_id` that have a live (not ended) attempt."""
-    async with store.read() as session:
-        rows = await session.scalars(
-            select(AttemptRow.device_serial).where(
-                AttemptRow.host_id == host_id, AttemptRow.ended_at.is_(None)
-            )
-        )
-        return set(rows.all())
 
 
 async def live_serials_by_host(store: Store, host_ids: Sequence[str]) -> dict[str, set[str]]:
