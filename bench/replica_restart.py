@@ -383,9 +383,13 @@ def run(smoke: bool, hosts: int | None = None, how: str = "kill") -> Section:
             stores = [("SQLite", f"sqlite+aiosqlite:///{Path(tmp) / 'cloud.sqlite3'}")]
             if not smoke:
                 stores.append(("PostgreSQL", resources.postgres_url()))
-            for label, url in stores:
-                after = RENEW_EVERY_S + 2 if smoke else LEASE_S
-                r = asyncio.run(restart(url, pki_dir, ids, pin, how, after))
+            after = RENEW_EVERY_S + 2 if smoke else LEASE_S
+
+            async def each() -> list[Restart]:
+                # One event loop for every store: grpc.aio stays bound to the first one.
+                return [await restart(url, pki_dir, ids, pin, how, after) for _, url in stores]
+
+            for (label, _), r in zip(stores, asyncio.run(each()), strict=True):
                 _rows(section, label, r)
     finally:
         os.sched_setaffinity(0, before)

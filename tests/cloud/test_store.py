@@ -434,3 +434,47 @@ async def test_last_seen_never_steps_back_when_writers_commit_out_of_order(store
     latest = later + dt.timedelta(microseconds=1)
     await hosts.heartbeat(store, "r1", {"h1": latest})
     assert await last_seen() == latest
+
+
+async def test_a_hello_settles_its_held_leases_in_one_go(store: Store) -> None:
+    """A reconnect's hello records the host, resumes its live lease (with a RESUMED event and
+    the attempt's own progress to go on from), refuses one that is not its own and one it
+    never had, and says which phones are busy; a new process's hello stops before the held
+    leases (its predecessor's are released first) and `resume` settles them after."""
+    from cloud.store import hosts
+
+    record = hosts.HelloRecord([], "v", 0, "r1", "s1", "p1")
+    mine, theirs = await _task(store), await _task(store)
+    held = await leases.claim(store, "h1", ["phone-1"], 30)
+    other = await leases.claim(store, "h2", ["phone-9"], 30)
+    assert held is not None and other is not None and held.task_id == mine
+    await leases.renew_batch(
+        store,
+        [leases.RenewalIn("h1", mine, 1, held.lease_id, leases.ProgressIn(3, 1, "half way", 10))],
+    )
+    ask = [
+        leases.HeldLease(mine, 1, held.lease_id),
+        leases.HeldLease(theirs, 1, other.lease_id),
+        leases.HeldLease("no-such-task", 1, "x"),
+    ]
+    settled = await leases.hello(store, "h1", record, ask)
+    assert settled.previous_process is None
+    assert settled.busy == {"phone-1"}
+    assert settled.checks is not None
+    resumed, not_mine, unknown = settled.checks
+    assert resumed.live is not None and resumed.live.lease_id == held.lease_id
+    assert resumed.last_progress is not None and resumed.last_progress.summary == "half way"
+    assert (not_mine.live, not_mine.revocation) == (None, leases.Revocation.NOT_YOURS)
+    assert (unknown.live, unknown.revocation) == (None, leases.Revocation.UNKNOWN)
+    events, _ = await lease_events.list_page(store, mine, 0, 10, "")
+    assert [e.kind for e in events] == ["assigned", "resumed"]
+    events, _ = await lease_events.list_page(store, theirs, 0, 10, "")
+    assert "resumed" not in [e.kind for e in events]
+
+    # The same process again: settled as before. A new process: its held leases wait.
+    again = await leases.hello(store, "h1", record, ask[:1])
+    assert again.previous_process == "p1" and again.checks is not None
+    fresh = await leases.hello(store, "h1", replace(record, process_id="p2"), ask[:1])
+    assert (fresh.previous_process, fresh.checks) == ("p1", None)
+    later = await leases.resume(store, "h1", ask[:1])
+    assert later.checks is not None and later.checks[0].live is not None

@@ -86,12 +86,19 @@ def _resume(
     as a RESUMED event), and the host's busy phones."""
     out: list[HeldCheck] = []
     for h in held:
-        row = session.scalar(
-            select(AttemptRow).where(*live_fence(host_id, h.task_id, h.attempt, h.lease_id, now))
-        )
-        task = session.scalar(_TASK, {"task": h.task_id})
+        found = session.execute(
+            select(AttemptRow, TaskRow)
+            .join(TaskRow, TaskRow.task_id == AttemptRow.task_id)
+            .where(*live_fence(host_id, h.task_id, h.attempt, h.lease_id, now))
+        ).first()
+        row, task = found if found is not None else (None, None)
         if row is not None and task is not None and not task.cancel_requested:
-            last = session.scalar(LATEST_PROGRESS, {"task_id": h.task_id})
+            # The live attempt is the task's newest: its own progress, if any, is the latest.
+            last = (
+                row
+                if row.progress_updated_at is not None
+                else session.scalar(LATEST_PROGRESS, {"task_id": h.task_id})
+            )
             out.append(HeldCheck(h, row, task, last_progress=last))
             session.add(
                 lease_events.new(
@@ -108,6 +115,7 @@ def _resume(
             revocation, message = classify_sync(
                 session, host_id, h.task_id, h.attempt, h.lease_id, now
             )
+            task = session.scalar(_TASK, {"task": h.task_id})
             out.append(HeldCheck(h, None, task, revocation, message))
     busy = set(session.scalars(_LIVE_SERIALS, {"host": host_id}).all())
     return out, busy
