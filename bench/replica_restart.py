@@ -49,7 +49,7 @@ from bench.cloud_client import submit_many
 from bench.procstat import cpu_seconds
 from bench.report import Section, percentile
 from bench.servers import ServerProcess, async_server_process
-from bench.sim_hosts import host_ids
+from bench.sim_hosts import credentials, host_ids, renewal
 from host.lease_client import backoff_delay
 
 SERVER_CPUS = "0"
@@ -204,22 +204,10 @@ class Host:
                     reader = asyncio.ensure_future(self._read(call))
                     continue
                 assert self.lease is not None
-                task_id, attempt, lease_id = self.lease
                 self.step += 1
                 sent = time.perf_counter()
                 await call.write(
-                    lease_pb.LeaseRequest(
-                        renewal=lease_pb.LeaseRenewal(
-                            task_id=task_id,
-                            attempt=attempt,
-                            lease_id=lease_id,
-                            progress=types_pb2.Progress(
-                                step_index=self.step,
-                                step_status=types_pb2.STEP_STATUS_ACTING,
-                                summary=f"step {self.step}: tapping Dark theme",
-                            ),
-                        )
-                    )
+                    renewal(self.lease, self.step, f"step {self.step}: tapping Dark theme")
                 )
                 self.renewals += 1
                 kind = self._take(await asyncio.wait_for(reader, LEASE_S))
@@ -234,14 +222,6 @@ class Host:
             reader.cancel()
             with contextlib.suppress(BaseException):
                 await reader
-
-
-def _credentials(pki_dir: Path, host_id: str) -> grpc.ChannelCredentials:
-    return grpc.ssl_channel_credentials(
-        root_certificates=(pki_dir / "ca.pem").read_bytes(),
-        private_key=(pki_dir / f"host-{host_id}.key").read_bytes(),
-        certificate_chain=(pki_dir / f"host-{host_id}.pem").read_bytes(),
-    )
 
 
 def _free_address() -> str:
@@ -282,14 +262,20 @@ async def _wait_for(predicate: Any, within: float) -> bool:
 
 
 async def restart(
-    url: str, pki_dir: Path, ids: list[str], pin: bool, how: str, after_s: float = LEASE_S
+    url: str,
+    pki_dir: Path,
+    ids: list[str],
+    pin: bool,
+    how: str,
+    after_s: float = LEASE_S,
+    before_s: float = RENEW_EVERY_S + 1,
 ) -> Restart:
-    """Assign, restart the replica under its hosts, measure their return, then watch their
-    renewals for `after_s`."""
+    """Assign, let the hosts renew for `before_s`, restart the replica under them, measure
+    their return, then watch their renewals for `after_s`."""
     address = _free_address()
     cloud = ("cloud", "--db", url, "--pki", str(pki_dir), "--listen", address)
     cpus = SERVER_CPUS if pin else ""
-    hosts = [Host(h, address, _credentials(pki_dir, h)) for h in ids]
+    hosts = [Host(h, address, credentials(pki_dir, h)) for h in ids]
     until = time.time() + 3600
     runs: list[asyncio.Task[None]] = []
     try:
@@ -304,8 +290,8 @@ async def restart(
                     await asyncio.wait_for(got.wait(), 120)
 
             await asyncio.gather(*(start(h) for h in hosts))
-            # A full renewal round, so every host has heard an expiry from a renewal.
-            await asyncio.sleep(RENEW_EVERY_S + 1)
+            # A full renewal round (full run), so every host has heard an expiry from a renewal.
+            await asyncio.sleep(before_s)
             died = _stop(first, how)
         async with async_server_process(*cloud, cpus=cpus) as second:
             ready = time.time()
@@ -383,11 +369,13 @@ def run(smoke: bool, hosts: int | None = None, how: str = "kill") -> Section:
             stores = [("SQLite", f"sqlite+aiosqlite:///{Path(tmp) / 'cloud.sqlite3'}")]
             if not smoke:
                 stores.append(("PostgreSQL", resources.postgres_url()))
-            after = RENEW_EVERY_S + 2 if smoke else LEASE_S
+            after, settle = (RENEW_EVERY_S + 2, 2.0) if smoke else (LEASE_S, RENEW_EVERY_S + 1)
 
             async def each() -> list[Restart]:
                 # One event loop for every store: grpc.aio stays bound to the first one.
-                return [await restart(url, pki_dir, ids, pin, how, after) for _, url in stores]
+                return [
+                    await restart(url, pki_dir, ids, pin, how, after, settle) for _, url in stores
+                ]
 
             for (label, _), r in zip(stores, asyncio.run(each()), strict=True):
                 _rows(section, label, r)

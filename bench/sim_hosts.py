@@ -69,6 +69,30 @@ class PhaseResult:
     sent: list[float] = field(default_factory=list)
 
 
+def credentials(pki_dir: Path, host_id: str) -> grpc.ChannelCredentials:
+    """A simulated host's mTLS credentials (its own certificate, from `resources.pki`)."""
+    return grpc.ssl_channel_credentials(
+        root_certificates=(pki_dir / "ca.pem").read_bytes(),
+        private_key=(pki_dir / f"host-{host_id}.key").read_bytes(),
+        certificate_chain=(pki_dir / f"host-{host_id}.pem").read_bytes(),
+    )
+
+
+def renewal(lease: Lease, step: int, summary: str) -> lease_pb.LeaseRequest:
+    """A renewal of `lease` carrying an ACTING step."""
+    task_id, attempt, lease_id = lease
+    return lease_pb.LeaseRequest(
+        renewal=lease_pb.LeaseRenewal(
+            task_id=task_id,
+            attempt=attempt,
+            lease_id=lease_id,
+            progress=types_pb2.Progress(
+                step_index=step, step_status=types_pb2.STEP_STATUS_ACTING, summary=summary
+            ),
+        )
+    )
+
+
 class GrpcHost:
     """One host's channel and Lease stream."""
 
@@ -79,11 +103,7 @@ class GrpcHost:
         self.hot = hot
         self.renewals = 0
         self.host_id = host_id
-        creds = grpc.ssl_channel_credentials(
-            root_certificates=(pki_dir / "ca.pem").read_bytes(),
-            private_key=(pki_dir / f"host-{host_id}.key").read_bytes(),
-            certificate_chain=(pki_dir / f"host-{host_id}.pem").read_bytes(),
-        )
+        creds = credentials(pki_dir, host_id)
         # A private subchannel pool: one TCP/TLS connection per simulated host, as in reality.
         self.channel = grpc.aio.secure_channel(
             address,
@@ -141,28 +161,15 @@ class GrpcHost:
 
     async def renew(self) -> bool:
         assert self.lease is not None
-        task_id, attempt, lease_id = self.lease
         if self.renewals % self.step_every == 0:
             self.step += 1
         self.renewals += 1
-        await self.call.write(
-            lease_pb.LeaseRequest(
-                renewal=lease_pb.LeaseRenewal(
-                    task_id=task_id,
-                    attempt=attempt,
-                    lease_id=lease_id,
-                    progress=types_pb2.Progress(
-                        step_index=self.step,
-                        step_status=types_pb2.STEP_STATUS_ACTING,
-                        summary=(
-                            f"step {self.step} @{time.time():.3f}"
-                            if self.hot
-                            else f"step {self.step}: tapping Dark theme"
-                        ),
-                    ),
-                )
-            )
+        summary = (
+            f"step {self.step} @{time.time():.3f}"
+            if self.hot
+            else f"step {self.step}: tapping Dark theme"
         )
+        await self.call.write(renewal(self.lease, self.step, summary))
         while True:
             msg = await self.call.read()
             if msg is grpc.aio.EOF:
