@@ -87,8 +87,9 @@ class Host:
     self_expired: bool = False
     #: Unexpected failures of a session (their repr).
     odd: list[str] = field(default_factory=list)
-    #: Streams opened (hellos sent).
-    sessions: int = 0
+    #: When each hello was written (a stream opened while the cloud was down writes it once
+    #: the cloud is back).
+    hellos: list[float] = field(default_factory=list)
     renewals: int = 0
     refused_renewals: int = 0
     latencies: list[float] = field(default_factory=list)
@@ -122,7 +123,6 @@ class Host:
             ],
         )
         call: Any = None
-        self.sessions += 1
         try:
             call = lease_service_pb2_grpc.LeaseServiceStub(channel).Lease()
             held = []
@@ -148,6 +148,7 @@ class Host:
                     )
                 )
             )
+            self.hellos.append(time.time())
             while self._take(await self._read(call)) != "welcome":
                 pass
             self.welcomed_at = time.time()
@@ -296,13 +297,12 @@ async def restart(
         async with async_server_process(*cloud, cpus=cpus) as second:
             ready = time.time()
             cpu = [(ready, cpu_seconds(second.pid))]
-            opened = sum(h.sessions for h in hosts)
             while not all(h.confirmed_at or h.lost for h in hosts) and time.time() < ready + 120:
                 await asyncio.sleep(0.25)
                 cpu.append((time.time(), cpu_seconds(second.pid)))
             back = max((h.confirmed_at for h in hosts), default=ready)
             storm_cpu = max(c for t, c in cpu if t <= back + 0.25) - cpu[0][1]
-            hellos = sum(h.sessions for h in hosts) - opened
+            hellos = sum(t >= ready for h in hosts for t in h.hellos)
             before = {h.host_id: (h.renewals, h.refused_renewals, len(h.latencies)) for h in hosts}
             await asyncio.sleep(after_s)  # a lease term after: does every lease hold?
             after = _after(hosts, before)

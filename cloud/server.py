@@ -63,9 +63,10 @@ from cloud.services.planner_service import CloudBudgets, build_planner_servicer
 from cloud.services.progress_service import ProgressServicer
 from cloud.services.task_service import TaskServicer
 from cloud.settings import CloudSettings, SettingError
-from cloud.store import decisions, hosts, leases, screenshots, sessions
+from cloud.store import decisions, leases, screenshots, sessions
 from cloud.store.database import Store
 from cloud.store.engine import upgrade
+from cloud.store.replicas import Presence
 from planner.budget import dollars
 from planner.planner import Planner
 from telemetry import logs, metrics_http, tracing
@@ -217,6 +218,7 @@ class CloudServer:
             self.leases.on_ended.append(self.learner.wake.set)
         self.health = health.aio.HealthServicer()
         self.database = DatabaseProbe(self.store, self._set_serving)
+        self.presence = Presence(self.store, self.bus.replica_id)
         self.revocations = Revocations(self.store)
         self.revocations.add_listener(self.leases.on_deny_list)
         self._revocations_wake = asyncio.Event()
@@ -409,6 +411,9 @@ class CloudServer:
                 pause_first=True,
             ),
             supervised.start(
+                "presence", self.presence.keep, interval=self.settings.host_heartbeat_seconds
+            ),
+            supervised.start(
                 "revocations",
                 self.revocations.refresh,
                 interval=self.settings.revocation_refresh_seconds,
@@ -420,12 +425,13 @@ class CloudServer:
 
     async def _after_outage(self) -> None:
         """A replica that starts with no other alive starts after the whole cloud was down:
-        live leases get a new term before the first sweep (`leases.extend_after_outage`)."""
-        if await hosts.another_replica_alive(self.store, self.settings.host_heartbeat_seconds):
-            return
-        extended = await leases.extend_after_outage(self.store)
-        if extended:
-            log.info("no other replica was up: %d live lease(s) get a new term", extended)
+        live leases get a new term before the first sweep (`leases.extend_after_outage`).
+        Then this replica holds its own presence lock (`cloud.store.replicas`)."""
+        if not await self.presence.others_alive():
+            extended = await leases.extend_after_outage(self.store)
+            if extended:
+                log.info("no other replica was up: %d live lease(s) get a new term", extended)
+        await self.presence.hold()
 
     async def _set_serving(self, serving: bool) -> None:
         """Health of every service (after `stop()` began, it stays NOT_SERVING)."""
@@ -453,6 +459,7 @@ class CloudServer:
             self.metrics_server = None
         await self.leases.stop()
         await self.bus.stop()
+        await self.presence.release()
         for closeable in self._closeables:
             with contextlib.suppress(Exception):
                 await closeable.aclose()

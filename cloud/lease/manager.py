@@ -26,6 +26,7 @@ from cloud.identity import Caller
 from cloud.lease import messages
 from cloud.lease.batcher import RenewalBatcher
 from cloud.lease.dispatcher import Dispatcher
+from cloud.lease.hellos import HelloBatcher
 from cloud.lease.session import HostSession
 from cloud.lease.sweeper import Sweeper
 from cloud.secret_box import SecretBox
@@ -58,6 +59,7 @@ class LeaseManager:
             settings.renewal_batch_max,
             settings.renewal_write_below,
         )
+        self.hellos = HelloBatcher(store, settings.renewal_batch_window_seconds)
         self.dispatcher = Dispatcher(store, bus, self.sessions)
         self.dispatcher.secrets = secrets
         self.sweeper = Sweeper(store, bus)
@@ -83,6 +85,7 @@ class LeaseManager:
         """Start the batcher, dispatcher, sweeper and heartbeat."""
         s = self.settings
         self.batcher.start()
+        self.hellos.start()
         self._jobs = [
             supervised.start(
                 "dispatch",
@@ -126,6 +129,7 @@ class LeaseManager:
         await supervised.stop([*self._jobs, *self.dispatcher.pending()])
         self._jobs.clear()
         await self.batcher.stop()
+        await self.hellos.stop()
         if self._closings:  # stream ends still being recorded
             await asyncio.gather(*self._closings, return_exceptions=True)
         with contextlib.suppress(Exception):
@@ -177,13 +181,16 @@ class LeaseManager:
             session.stream_id,
             hello.process_id,
         )
+        pending = self.hellos.submit(leases.HelloIn(host_id, record, held))
         try:
-            settled = await leases.hello(self.store, host_id, record, held)
+            settled = await asyncio.shield(pending)
         except BaseException:
             # The handler ends with the failure's status; nothing may be sent to this session.
             session.closed = True
             if self.sessions.get(host_id) is session:
                 del self.sessions[host_id]
+            if not pending.done():  # cancelled: its batch may still record this stream
+                self._spawn(self._forget_hello(session, pending))
             raise
         session.recorded = True
         if hello.HasField("outbox"):
@@ -325,6 +332,16 @@ class LeaseManager:
         self._closings.add(mark)
         mark.add_done_callback(self._closings.discard)
         await asyncio.shield(mark)
+
+    async def _forget_hello(
+        self, session: HostSession, pending: asyncio.Future[leases.Settled]
+    ) -> None:
+        """The stream ended while its hello waited in a batch: once the batch recorded the
+        hello, record the end (else the row would name a stream that is gone, and this
+        replica's heartbeat would keep vouching for it)."""
+        await asyncio.wait([pending])
+        if not pending.cancelled() and pending.exception() is None:
+            await self._mark_disconnected(session)
 
     async def _mark_disconnected(self, session: HostSession) -> None:
         with contextlib.suppress(Exception):

@@ -20,7 +20,7 @@ from cloud.store.engine import create_engine, sqlite_loop_connection
 T = TypeVar("T")
 
 
-def _libpq_dsn(engine: AsyncEngine) -> str:
+def libpq_dsn(engine: AsyncEngine) -> str:
     """The engine's PostgreSQL URL as libpq takes it (no driver name in the scheme)."""
     url = make_url(engine.url).set(drivername="postgresql")
     return url.render_as_string(hide_password=False)
@@ -50,11 +50,11 @@ class Store:
         )
         #: PostgreSQL only: the renewal batch's read and its write, each on a connection of
         #: its own (`cloud.store.direct`), so that neither waits for the other.
-        self.direct_reads = DirectConnection(_libpq_dsn(engine)) if self.is_postgres else None
-        self.direct_writes = DirectConnection(_libpq_dsn(engine)) if self.is_postgres else None
+        self.direct_reads = DirectConnection(libpq_dsn(engine)) if self.is_postgres else None
+        self.direct_writes = DirectConnection(libpq_dsn(engine)) if self.is_postgres else None
         #: PostgreSQL only: the event bus's NOTIFYs (`cloud.events`), a flush every few
         #: milliseconds while renewals change tasks.
-        self.direct_notify = DirectConnection(_libpq_dsn(engine)) if self.is_postgres else None
+        self.direct_notify = DirectConnection(libpq_dsn(engine)) if self.is_postgres else None
 
     @classmethod
     def from_url(cls, url: str) -> Store:

@@ -58,23 +58,44 @@ def record_hello(
     """Record a hello: the host is connected through `hello.stream_id` on `hello.replica_id`,
     run by `hello.process_id`. Returns the process id recorded before (None: none known),
     read under a row lock, so of two hellos at once each sees the other's or none."""
-    row = session.get(HostRow, host_id, with_for_update=True)
-    if row is None:
-        row = HostRow(host_id=host_id)
-        session.add(row)
-    previous = row.process_id
-    if hello.process_id:
-        row.process_id = hello.process_id
-    row.devices = hello.devices
-    row.agent_version = hello.agent_version
-    row.planner_transport = hello.planner_transport
-    row.connected = True
-    row.replica_id = hello.replica_id
-    row.stream_id = hello.stream_id
-    row.stream_alive_at = now
-    if row.last_seen_at is None or row.last_seen_at < now:
-        row.last_seen_at = now
-    return previous
+    return record_hellos(session, now, [(host_id, hello)])[0]
+
+
+def record_hellos(
+    session: Session, now: dt.datetime, hellos: Sequence[tuple[str, HelloRecord]]
+) -> list[str | None]:
+    """`record_hello` for several hosts with one read of their rows, locked in the order of
+    their ids (two replicas' batches never wait for each other in a circle). A host twice in
+    `hellos` is recorded twice, in order: the second sees the first's process id."""
+    ids = sorted({host_id for host_id, _ in hellos})
+    rows = {
+        row.host_id: row
+        for row in session.scalars(
+            select(HostRow)
+            .where(HostRow.host_id.in_(ids))
+            .order_by(HostRow.host_id)
+            .with_for_update()
+        )
+    }
+    out: list[str | None] = []
+    for host_id, hello in hellos:
+        row = rows.get(host_id)
+        if row is None:
+            row = rows[host_id] = HostRow(host_id=host_id)
+            session.add(row)
+        out.append(row.process_id)
+        if hello.process_id:
+            row.process_id = hello.process_id
+        row.devices = hello.devices
+        row.agent_version = hello.agent_version
+        row.planner_transport = hello.planner_transport
+        row.connected = True
+        row.replica_id = hello.replica_id
+        row.stream_id = hello.stream_id
+        row.stream_alive_at = now
+        if row.last_seen_at is None or row.last_seen_at < now:
+            row.last_seen_at = now
+    return out
 
 
 def _seen(now: dt.datetime) -> ColumnElement[dt.datetime]:
@@ -286,22 +307,3 @@ async def unvouched(store: Store, heartbeat_seconds: float) -> set[str]:
             )
         )
         return set(ids.all())
-
-
-async def another_replica_alive(store: Store, heartbeat_seconds: float) -> bool:
-    """Whether some replica vouched for a host stream lately (a PostgreSQL deployment with
-    replicas; on SQLite there is only ever one). A replica that starts while none did starts
-    after an outage of the whole cloud, and gives live leases a new term (`leases.sweeps.
-    extend_after_outage`). The rows of a replica that was killed a moment ago still count as
-    alive: a replica restarted that quickly gives no new term (its hosts' leases mostly have
-    time left)."""
-    if not store.is_postgres:
-        return False
-    stale = _stale_before(store, heartbeat_seconds)
-    async with store.read() as session:
-        found = await session.scalar(
-            select(HostRow.host_id)
-            .where(HostRow.connected.is_(True), HostRow.stream_alive_at > stale)
-            .limit(1)
-        )
-    return found is not None

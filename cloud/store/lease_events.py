@@ -3,7 +3,7 @@
 Most events are written by the lease queries themselves (claim, results, sweeps, cancel), in
 the transaction that made the change, with `new`; the lease manager records the two it learns
 about outside those transactions (a held assignment resumed after a reconnect, recorded by
-`leases.hello`, and a lease the cloud refused, by `record_revoked`). Renewals are not events:
+`leases.hellos`, and a lease the cloud refused, by `record_revoked`). Renewals are not events:
 each attempt row counts them (`renewals`, first and last). Like the rest of `cloud/store/leases`,
 this module speaks the store's own words (no protobuf); `cloud/store/convert.py` maps them.
 """

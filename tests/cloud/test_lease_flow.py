@@ -21,7 +21,7 @@ from amc.v1 import (
 )
 from cloud.lease import messages
 from cloud.server import CloudServer, build_server
-from cloud.store import leases
+from cloud.store import hosts, leases
 from cloud.store.models import AttemptRow
 from tests.cloud.cloud_harness import (
     ScriptedHost,
@@ -397,6 +397,51 @@ async def test_concurrent_renewals_share_one_transaction(
         assert mixed[1].expires_at is not None
     finally:
         await host.close()
+
+
+async def test_hellos_that_arrive_together_share_one_transaction(cloud: CloudServer) -> None:
+    """A restart's storm: hellos of a few milliseconds are one transaction; one the store
+    refuses fails alone, and the others of its batch are settled."""
+    batcher = cloud.leases.hellos
+    replica = cloud.bus.replica_id
+
+    def item(host_id: str, devices: list[dict[str, Any]]) -> leases.HelloIn:
+        record = hosts.HelloRecord(devices, "sim/1", 0, replica, f"s-{host_id}", "p1")
+        return leases.HelloIn(host_id, record, [])
+
+    before = batcher.batches
+    settled = await asyncio.gather(
+        *(asyncio.shield(batcher.submit(item(f"h2{n}", []))) for n in range(8))
+    )
+    assert [s.previous_process for s in settled] == [None] * 8
+    assert batcher.batches - before == 1
+    # A phone list the store cannot write (not JSON) fails its own hello, not its batch's.
+    outcomes = await asyncio.gather(
+        asyncio.shield(batcher.submit(item("h20", [{"serial": object()}]))),
+        asyncio.shield(batcher.submit(item("h21", []))),
+        return_exceptions=True,
+    )
+    assert isinstance(outcomes[0], Exception)
+    assert isinstance(outcomes[1], leases.Settled) and outcomes[1].previous_process == "p1"
+
+
+async def test_a_stream_gone_while_its_hello_waited_is_not_left_connected(
+    cloud: CloudServer,
+) -> None:
+    """The host hung up while its hello sat in a batch: the batch still records the hello, and
+    the stream's end is recorded after it, so the host does not stay "connected"."""
+    request = hello(["p"], process_id="p1").hello
+    opening = asyncio.create_task(cloud.leases.open("h22", request))
+    await asyncio.sleep(0)  # submitted; its batch waits out the window
+    opening.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await opening
+    async with asyncio.timeout(10):
+        while True:
+            rows = [r for r, _ in await hosts.list_hosts(cloud.store, 10.0, ["h22"])]
+            if rows and rows[0].process_id == "p1" and not rows[0].connected:
+                break
+            await asyncio.sleep(0.02)
 
 
 async def test_one_batch_fences_each_renewal_on_its_own(

@@ -5,17 +5,23 @@ refused once another attempt started, and the work runs twice)."""
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
+import sys
+import time
 from pathlib import Path
 
-from sqlalchemy import select, update
+import pytest
+from sqlalchemy import select, text, update
 
 from cloud.server import build_server
 from cloud.settings import CloudSettings
 from cloud.store import hosts, leases, states, tasks
 from cloud.store.database import Store
 from cloud.store.models import AttemptRow
+from cloud.store.replicas import NAMESPACE, Presence
 from tests.cloud.test_late_results import _claimed, _lapse, _result
+from tests.support.postgres import PostgresServer
 
 
 async def _expiry(store: Store, c: leases.Claimed) -> dt.datetime:
@@ -56,12 +62,91 @@ async def test_live_leases_get_a_new_term_and_none_is_shortened(store: Store) ->
 
 
 async def test_only_a_replica_alone_gives_the_new_term(store: Store) -> None:
-    """On SQLite a replica is always alone; on PostgreSQL another replica vouching for a host
-    stream lately means the cloud was not down (that replica sweeps as usual)."""
-    assert not await hosts.another_replica_alive(store, 10.0)
-    await hosts.upsert_hello(store, "h9", [], "v", 0, "replica-b", "stream-1", "proc-1")
-    await hosts.heartbeat(store, "replica-b", {"h9": store.now()})
-    assert await hosts.another_replica_alive(store, 10.0) == store.is_postgres
+    """On SQLite a replica is always alone; on PostgreSQL another replica holding its presence
+    lock means the cloud was not down (that replica sweeps as usual), and one that let go of it
+    is gone at once, however recently it vouched for its hosts."""
+    a, b = Presence(store, "replica-a"), Presence(store, "replica-b")
+    assert not await a.others_alive()
+    await b.hold()
+    try:
+        await hosts.upsert_hello(store, "h9", [], "v", 0, "replica-b", "stream-1", "proc-1")
+        await hosts.heartbeat(store, "replica-b", {"h9": store.now()})
+        assert await a.others_alive() == store.is_postgres
+        assert not await b.others_alive()  # its own lock is not another replica
+    finally:
+        await b.release()
+    assert not await a.others_alive()  # its rows still look vouched for; the lock says gone
+
+
+@pytest.mark.postgres
+async def test_a_killed_replica_stops_counting_as_alive_at_once(
+    postgres_server: PostgresServer, tmp_path: Path
+) -> None:
+    """SIGKILL leaves no chance to let go: the server ends the lock with the dead process's
+    connection. Replicas of another database on the same server never count."""
+    url = postgres_server.create_database()
+    other = postgres_server.create_database()
+    holder = tmp_path / "hold.py"
+    holder.write_text(
+        "import asyncio, sys\n"
+        "from cloud.store.database import Store\n"
+        "from cloud.store.replicas import Presence\n"
+        "async def main():\n"
+        "    p = Presence(Store.from_url(sys.argv[1]), 'doomed')\n"
+        "    await p.hold()\n"
+        "    print('held', flush=True)\n"
+        "    await asyncio.sleep(3600)\n"
+        "asyncio.run(main())\n"
+    )
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, str(holder), url, stdout=asyncio.subprocess.PIPE
+    )
+    store, elsewhere = Store.from_url(url), Store.from_url(other)
+    try:
+        assert proc.stdout is not None
+        assert (await asyncio.wait_for(proc.stdout.readline(), 60)).strip() == b"held"
+        me = Presence(store, "survivor")
+        assert await me.others_alive()
+        assert not await Presence(elsewhere, "neighbour").others_alive()
+        proc.kill()
+        await proc.wait()
+        deadline = time.monotonic() + 10
+        while await me.others_alive():
+            assert time.monotonic() < deadline, "a killed replica's lock outlived it by 10 s"
+            await asyncio.sleep(0.05)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+        await store.close()
+        await elsewhere.close()
+
+
+async def test_the_presence_lock_comes_back_after_its_connection_broke(store: Store) -> None:
+    """A database restart or a broken network ends the lock with its connection; the replica's
+    next heartbeat takes it again."""
+    a, b = Presence(store, "replica-a"), Presence(store, "replica-b")
+    await b.hold()
+    try:
+        if store.is_postgres:
+            async with store.engine.connect() as conn:
+                await conn.execute(
+                    text(
+                        "SELECT pg_terminate_backend(pid) FROM pg_locks "
+                        "WHERE locktype = 'advisory' AND classid = CAST(:ns AS oid) "
+                        "AND objid = CAST(:key AS oid)"
+                    ),
+                    {"ns": NAMESPACE, "key": b.key},
+                )
+            deadline = time.monotonic() + 10
+            while await a.others_alive():
+                assert time.monotonic() < deadline
+                await asyncio.sleep(0.05)
+        await b.keep()
+        assert b.held
+        assert await a.others_alive() == store.is_postgres
+    finally:
+        await b.release()
 
 
 async def test_a_replica_started_after_an_outage_does_not_sweep_what_hosts_kept(

@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime as dt
+from collections.abc import Iterator
 from dataclasses import replace
+from typing import Any
 from unittest.mock import ANY
 
-from sqlalchemy import inspect, select, update
+from sqlalchemy import event, inspect, select, update
 
 from amc.v1 import types_pb2
 from cloud import revocations
-from cloud.store import convert, decisions, idlists, lease_events, leases, states, tasks
+from cloud.store import convert, decisions, hosts, idlists, lease_events, leases, states, tasks
 from cloud.store import revocations as store_revocations
 from cloud.store.database import Store
 from cloud.store.engine import check, downgrade, upgrade
@@ -436,13 +439,18 @@ async def test_last_seen_never_steps_back_when_writers_commit_out_of_order(store
     assert await last_seen() == latest
 
 
+async def _hello(
+    store: Store, host_id: str, record: hosts.HelloRecord, held: list[leases.HeldLease]
+) -> leases.Settled:
+    (settled,) = await leases.hellos(store, [leases.HelloIn(host_id, record, held)])
+    return settled
+
+
 async def test_a_hello_settles_its_held_leases_in_one_go(store: Store) -> None:
     """A reconnect's hello records the host, resumes its live lease (with a RESUMED event and
     the attempt's own progress to go on from), refuses one that is not its own and one it
     never had, and says which phones are busy; a new process's hello stops before the held
     leases (its predecessor's are released first) and `resume` settles them after."""
-    from cloud.store import hosts
-
     record = hosts.HelloRecord([], "v", 0, "r1", "s1", "p1")
     mine, theirs = await _task(store), await _task(store)
     held = await leases.claim(store, "h1", ["phone-1"], 30)
@@ -457,7 +465,7 @@ async def test_a_hello_settles_its_held_leases_in_one_go(store: Store) -> None:
         leases.HeldLease(theirs, 1, other.lease_id),
         leases.HeldLease("no-such-task", 1, "x"),
     ]
-    settled = await leases.hello(store, "h1", record, ask)
+    settled = await _hello(store, "h1", record, ask)
     assert settled.previous_process is None
     assert settled.busy == {"phone-1"}
     assert settled.checks is not None
@@ -472,9 +480,68 @@ async def test_a_hello_settles_its_held_leases_in_one_go(store: Store) -> None:
     assert "resumed" not in [e.kind for e in events]
 
     # The same process again: settled as before. A new process: its held leases wait.
-    again = await leases.hello(store, "h1", record, ask[:1])
+    again = await _hello(store, "h1", record, ask[:1])
     assert again.previous_process == "p1" and again.checks is not None
-    fresh = await leases.hello(store, "h1", replace(record, process_id="p2"), ask[:1])
+    fresh = await _hello(store, "h1", replace(record, process_id="p2"), ask[:1])
     assert (fresh.previous_process, fresh.checks) == ("p1", None)
     later = await leases.resume(store, "h1", ask[:1])
     assert later.checks is not None and later.checks[0].live is not None
+
+
+@contextlib.contextmanager
+def _statements(store: Store) -> Iterator[list[str]]:
+    """The SQL statements the store sends meanwhile (an executemany counts once)."""
+    sent: list[str] = []
+
+    def seen(_conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
+        sent.append(statement)
+
+    engines = [store.engine.sync_engine, store.loop_connection]
+    for engine in engines:
+        if engine is not None:
+            event.listen(engine, "before_cursor_execute", seen)
+    try:
+        yield sent
+    finally:
+        for engine in engines:
+            if engine is not None:
+                event.remove(engine, "before_cursor_execute", seen)
+
+
+async def test_a_batch_of_hellos_costs_the_statements_of_one(store: Store) -> None:
+    """A restart's storm settled in batches: every host's held lease resumed (one RESUMED event
+    each) with its own busy phone, in as many statements for ten hosts as for two; a host
+    twice in one batch sees its own first hello, and as a new process waits for its release."""
+    claimed: dict[str, leases.Claimed] = {}
+    for n in range(12):
+        await _task(store)
+        c = await leases.claim(store, f"h{n}", [f"phone-{n}"], 30)
+        assert c is not None
+        claimed[f"h{n}"] = c
+    record = {h: hosts.HelloRecord([], "v", 0, "r1", f"s-{h}", "p1") for h in claimed}
+    held = {h: [leases.HeldLease(c.task_id, c.attempt, c.lease_id)] for h, c in claimed.items()}
+    await leases.hellos(store, [leases.HelloIn(h, record[h], []) for h in claimed])
+
+    def batch(names: list[str]) -> list[leases.HelloIn]:
+        return [leases.HelloIn(h, record[h], held[h]) for h in names]
+
+    with _statements(store) as two:
+        await leases.hellos(store, batch(["h0", "h1"]))
+    with _statements(store) as ten:
+        settled = await leases.hellos(store, batch([f"h{n}" for n in range(2, 12)]))
+    assert len(ten) == len(two), (two, ten)
+    for n, one in enumerate(settled, start=2):
+        assert one.previous_process == "p1" and one.busy == {f"phone-{n}"}
+        assert one.checks is not None and [c.live is not None for c in one.checks] == [True]
+        events, _ = await lease_events.list_page(store, claimed[f"h{n}"].task_id, 0, 10, "")
+        assert [e.kind for e in events] == ["assigned", "resumed"]
+
+    twice = await leases.hellos(
+        store,
+        [
+            leases.HelloIn("h0", replace(record["h0"], stream_id="s-again"), held["h0"]),
+            leases.HelloIn("h0", replace(record["h0"], process_id="p2"), held["h0"]),
+        ],
+    )
+    assert twice[0].previous_process == "p1" and twice[0].checks is not None
+    assert (twice[1].previous_process, twice[1].checks) == ("p1", None)

@@ -39,7 +39,7 @@ from cloud.store.leases.renew import (
     write_renewals,
 )
 from cloud.store.leases.results import ReplayIn, ResultOut, record_result
-from cloud.store.leases.resume import Settled, hello, resume
+from cloud.store.leases.resume import HelloIn, Settled, hellos, resume
 from cloud.store.leases.sweeps import (
     Ended,
     extend_after_outage,
@@ -56,6 +56,7 @@ __all__ = [
     "Ended",
     "HeldCheck",
     "HeldLease",
+    "HelloIn",
     "Must",
     "ProgressIn",
     "RecentLease",
@@ -72,7 +73,7 @@ __all__ = [
     "classify",
     "extend_after_outage",
     "held_recently",
-    "hello",
+    "hellos",
     "is_live",
     "latest_progress",
     "lease_key",

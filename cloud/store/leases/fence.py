@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import datetime as dt
 import enum
+from collections.abc import Sequence
 
-from sqlalchemy import ColumnElement, select
+from sqlalchemy import ColumnElement, select, tuple_
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import Session
 
@@ -52,6 +53,20 @@ def live_fence(
         AttemptRow.attempt == attempt,
         AttemptRow.lease_id == lease_id,
         AttemptRow.host_id == host_id,
+        AttemptRow.ended_at.is_(None),
+        AttemptRow.lease_expires_at > now,
+    ]
+
+
+def live_fences(
+    leases: Sequence[tuple[str, int, str, str]], now: dt.datetime
+) -> list[ColumnElement[bool]]:
+    """`live_fence` for several leases in one WHERE clause: each of `leases` is (task id,
+    attempt, lease id, host id); a row matches when it is one of them and live right now."""
+    return [
+        tuple_(AttemptRow.task_id, AttemptRow.attempt, AttemptRow.lease_id, AttemptRow.host_id).in_(
+            leases
+        ),
         AttemptRow.ended_at.is_(None),
         AttemptRow.lease_expires_at > now,
     ]

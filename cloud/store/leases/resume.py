@@ -1,5 +1,5 @@
-"""A host's hello, settled in one transaction: its row, the leases it re-announces, its busy
-phones.
+"""Hosts' hellos, settled in one transaction per batch: their rows, the leases they
+re-announce, their busy phones.
 
 When a replica restarts, every one of its hosts says hello within seconds, each naming the
 lease it still holds, and each lease must be confirmed before the host's own clock runs it
@@ -7,8 +7,10 @@ out (it stops its task then: `host.lease_client`). Settled as four transactions 
 async engine (the host's row, a read of the held leases, their RESUMED events, a read of its
 busy phones), 2,000 hosts reconnecting to a SQLite replica took it 30 s of CPU, most of it
 SQLAlchemy's sessions and aiosqlite's thread hops, and most leases ran out
-(bench/replica_restart.py). Here it is one transaction in a synchronous session, on the loop's
-own thread on SQLite (`Store.write_on_loop`).
+(bench/replica_restart.py). One transaction per hello halved that (decision 0074); on
+PostgreSQL a hello still cost ~6 ms of statements. A batch of hellos (`cloud.lease.hellos`)
+is one transaction with one statement of each kind for all of them (decision 0075), in a
+synchronous session, on the loop's own thread on SQLite (`Store.write_on_loop`).
 """
 
 from __future__ import annotations
@@ -16,22 +18,28 @@ from __future__ import annotations
 import datetime as dt
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
-from sqlalchemy import bindparam, select
+from sqlalchemy import bindparam, insert, select
 from sqlalchemy.orm import Session
 
 from cloud.store import hosts, lease_events
 from cloud.store.database import Store
 from cloud.store.lease_events import EventKind
-from cloud.store.leases.claim import LATEST_PROGRESS
-from cloud.store.leases.fence import classify_sync, live_fence
+from cloud.store.leases.fence import classify_sync, live_fences
 from cloud.store.leases.queries import HeldCheck, HeldLease
-from cloud.store.models import AttemptRow, TaskRow
+from cloud.store.models import AttemptRow, LeaseEventRow, TaskRow
 
-_LIVE_SERIALS = select(AttemptRow.device_serial).where(
-    AttemptRow.host_id == bindparam("host"), AttemptRow.ended_at.is_(None)
-)
 _TASK = select(TaskRow).where(TaskRow.task_id == bindparam("task"))
+
+
+@dataclass(frozen=True, slots=True)
+class HelloIn:
+    """One hello to settle: the host, what its row records, the leases it re-announces."""
+
+    host_id: str
+    record: hosts.HelloRecord
+    held: Sequence[HeldLease]
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,19 +59,27 @@ def _new_process(previous: str | None, process_id: str) -> bool:
     return bool(process_id and previous and previous != process_id)
 
 
-async def hello(
-    store: Store, host_id: str, record: hosts.HelloRecord, held: Sequence[HeldLease]
-) -> Settled:
-    """Record a hello (`hosts.record_hello`) and, unless it comes from a new process, settle
-    its held leases in the same transaction (`resume`)."""
+async def hellos(store: Store, items: Sequence[HelloIn]) -> list[Settled]:
+    """Record each hello (`hosts.record_hellos`) and, for each that does not come from a new
+    process, settle its held leases, all in one transaction; one `Settled` per item, in order.
+    Should the transaction fail, none of it happened."""
     now = store.now()
 
-    def work(session: Session) -> Settled:
-        previous = hosts.record_hello(session, now, host_id, record)
-        if _new_process(previous, record.process_id):
-            return Settled(previous, None, set())
-        checks, busy = _resume(session, host_id, held, now)
-        return Settled(previous, checks, busy)
+    def work(session: Session) -> list[Settled]:
+        previous = hosts.record_hellos(session, now, [(i.host_id, i.record) for i in items])
+        resuming = [
+            i
+            for i, p in zip(items, previous, strict=True)
+            if not _new_process(p, i.record.process_id)
+        ]
+        checks = iter(_resume(session, [(i.host_id, i.held) for i in resuming], now))
+        busy = _busy(session, {i.host_id for i in resuming})
+        return [
+            Settled(p, None, set())
+            if _new_process(p, i.record.process_id)
+            else Settled(p, next(checks), set(busy.get(i.host_id, ())))
+            for i, p in zip(items, previous, strict=True)
+        ]
 
     return await store.write_on_loop(work)
 
@@ -73,49 +89,98 @@ async def resume(store: Store, host_id: str, held: Sequence[HeldLease]) -> Settl
     now = store.now()
 
     def work(session: Session) -> Settled:
-        checks, busy = _resume(session, host_id, held, now)
-        return Settled(None, checks, busy)
+        (checks,) = _resume(session, [(host_id, held)], now)
+        busy = _busy(session, {host_id})
+        return Settled(None, checks, busy.get(host_id, set()))
 
     return await store.write_on_loop(work)
 
 
+#: Held leases per statement (a host may hold one per phone, up to 256).
+_LEASES_PER_READ = 500
+
+
 def _resume(
-    session: Session, host_id: str, held: Sequence[HeldLease], now: dt.datetime
-) -> tuple[list[HeldCheck], set[str]]:
-    """Which re-announced leases are still the host's live leases (each resumed one recorded
-    as a RESUMED event), and the host's busy phones."""
-    out: list[HeldCheck] = []
-    for h in held:
-        found = session.execute(
+    session: Session, items: Sequence[tuple[str, Sequence[HeldLease]]], now: dt.datetime
+) -> list[list[HeldCheck]]:
+    """For each (host, held leases), which of those are still the host's live leases (each
+    resumed one recorded as a RESUMED event): one read for all of them; each refused one is
+    asked why on its own (`classify_sync`: rare, and never in a restart's storm)."""
+    wanted = [(h.task_id, h.attempt, h.lease_id, host_id) for host_id, held in items for h in held]
+    live: dict[tuple[str, int, str, str], tuple[AttemptRow, TaskRow]] = {}
+    for at in range(0, len(wanted), _LEASES_PER_READ):
+        rows = session.execute(
             select(AttemptRow, TaskRow)
             .join(TaskRow, TaskRow.task_id == AttemptRow.task_id)
-            .where(*live_fence(host_id, h.task_id, h.attempt, h.lease_id, now))
-        ).first()
-        row, task = found if found is not None else (None, None)
-        if row is not None and task is not None and not task.cancel_requested:
-            # The live attempt is the task's newest: its own progress, if any, is the latest.
-            last = (
-                row
-                if row.progress_updated_at is not None
-                else session.scalar(LATEST_PROGRESS, {"task_id": h.task_id})
-            )
-            out.append(HeldCheck(h, row, task, last_progress=last))
-            session.add(
-                lease_events.new(
-                    EventKind.RESUMED,
-                    row.task_id,
-                    row.attempt,
-                    now,
-                    host_id=host_id,
-                    device_serial=row.device_serial,
-                    task_status=task.status,
+            .where(*live_fences(wanted[at : at + _LEASES_PER_READ], now))
+        )
+        for found_row, found_task in rows:
+            key = (found_row.task_id, found_row.attempt, found_row.lease_id, found_row.host_id)
+            live[key] = (found_row, found_task)
+    # The live attempt is the task's newest: its own progress, if any, is the latest; for a
+    # live attempt without any yet, an earlier attempt's (one read for all of them).
+    earlier = _latest_progress(
+        session, {row.task_id for row, _ in live.values() if row.progress_updated_at is None}
+    )
+    out: list[list[HeldCheck]] = []
+    resumed: list[dict[str, Any]] = []
+    for host_id, held in items:
+        checks: list[HeldCheck] = []
+        for h in held:
+            found = live.get((h.task_id, h.attempt, h.lease_id, host_id))
+            if found is not None and not found[1].cancel_requested:
+                row, task = found
+                last = row if row.progress_updated_at is not None else earlier.get(row.task_id)
+                checks.append(HeldCheck(h, row, task, last_progress=last))
+                resumed.append(
+                    lease_events.values(
+                        EventKind.RESUMED,
+                        row.task_id,
+                        row.attempt,
+                        now,
+                        host_id=host_id,
+                        device_serial=row.device_serial,
+                        task_status=task.status,
+                    )
                 )
+            else:
+                revocation, message = classify_sync(
+                    session, host_id, h.task_id, h.attempt, h.lease_id, now
+                )
+                known = session.scalar(_TASK, {"task": h.task_id})
+                checks.append(HeldCheck(h, None, known, revocation, message))
+        out.append(checks)
+    if resumed:  # one executemany (the ORM would insert row by row to learn each new id)
+        session.execute(insert(LeaseEventRow), resumed)
+    return out
+
+
+def _latest_progress(session: Session, task_ids: set[str]) -> dict[str, AttemptRow]:
+    """Each task's most recent attempt that reported progress (`claim.LATEST_PROGRESS` for
+    several tasks at once)."""
+    latest: dict[str, AttemptRow] = {}
+    if task_ids:
+        rows = session.scalars(
+            select(AttemptRow).where(
+                AttemptRow.task_id.in_(sorted(task_ids)),
+                AttemptRow.progress_updated_at.is_not(None),
             )
-        else:
-            revocation, message = classify_sync(
-                session, host_id, h.task_id, h.attempt, h.lease_id, now
+        )
+        for row in rows:
+            if row.task_id not in latest or row.attempt > latest[row.task_id].attempt:
+                latest[row.task_id] = row
+    return latest
+
+
+def _busy(session: Session, host_ids: set[str]) -> dict[str, set[str]]:
+    """The phones of `host_ids` with a live attempt, by host."""
+    busy: dict[str, set[str]] = {}
+    if host_ids:
+        rows = session.execute(
+            select(AttemptRow.host_id, AttemptRow.device_serial).where(
+                AttemptRow.host_id.in_(sorted(host_ids)), AttemptRow.ended_at.is_(None)
             )
-            task = session.scalar(_TASK, {"task": h.task_id})
-            out.append(HeldCheck(h, None, task, revocation, message))
-    busy = set(session.scalars(_LIVE_SERIALS, {"host": host_id}).all())
-    return out, busy
+        )
+        for host_id, serial in rows:
+            busy.setdefault(host_id, set()).add(serial)
+    return busy
