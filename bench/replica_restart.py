@@ -36,6 +36,7 @@ import socket
 import tempfile
 import time
 import uuid
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -83,6 +84,8 @@ class Host:
     confirmed_at: float = 0.0
     #: Its held lease was refused on reconnect (or a renewal was): the lease is lost.
     lost: bool = False
+    #: What the cloud said each time it refused the lease.
+    refusals: list[str] = field(default_factory=list)
     #: Confirmed only after its own expiry plus grace: a real host would have stopped the task.
     self_expired: bool = False
     #: Unexpected failures of a session (their repr).
@@ -186,6 +189,7 @@ class Host:
             self.expires_at = a.lease_expires_at.ToMicroseconds() / 1e6 or now + LEASE_S
         elif kind == "revoked":
             self.lost = True
+            self.refusals.append(msg.revoked.message)
         elif kind == "renewed":
             self.expires_at = msg.renewed.lease_expires_at.ToMicroseconds() / 1e6
         return kind or ""
@@ -242,6 +246,8 @@ class Restart:
     confirm_p50_s: float
     confirmed: int
     lost: int
+    #: Why leases were refused (the cloud's message → how many times).
+    refusals: dict[str, int]
     self_expired: int
     refused_after: int
     renewals_after: int
@@ -251,6 +257,14 @@ class Restart:
     #: Hosts neither confirmed nor refused 120 s after READY.
     missing: int
     ack_p99_ms: float
+
+
+def _why(refusals: dict[str, int]) -> str:
+    """The cloud's reasons for refusing leases, most frequent first."""
+    if not refusals:
+        return ""
+    ranked = sorted(refusals.items(), key=lambda kv: -kv[1])
+    return " (" + "; ".join(f"{n}× {message!r}" for message, n in ranked) + ")"
 
 
 async def _wait_for(predicate: Any, within: float) -> bool:
@@ -319,6 +333,7 @@ async def restart(
         confirm_p50_s=percentile(confirmed, 50) if confirmed else float("nan"),
         confirmed=len(confirmed),
         lost=sum(h.lost for h in hosts),
+        refusals=dict(Counter(m for h in hosts for m in h.refusals)),
         self_expired=sum(h.self_expired for h in hosts),
         refused_after=after[1],
         renewals_after=after[0],
@@ -406,7 +421,8 @@ def _rows(section: Section, label: str, r: Restart) -> None:
         f"{label} leases confirmed",
         r.confirmed,
         "",
-        note=f"of {r.hosts}; refused {r.lost}; not back after 120 s {r.missing}; confirmed "
+        note=f"of {r.hosts}; refused {r.lost}{_why(r.refusals)}; not back after 120 s "
+        f"{r.missing}; confirmed "
         f"after the host's own expiry {r.self_expired} (target 0)",
     )
     section.add(
