@@ -202,7 +202,10 @@ class CloudServer:
         self.store = store or _open_store(settings.database_url)
         self._own_store = store is None
         self.bus = EventBus(self.store)
-        self.leases = LeaseManager(self.store, self.bus, settings, self.secrets)
+        self.presence = Presence(self.store, self.bus.replica_id)
+        self.leases = LeaseManager(
+            self.store, self.bus, settings, self.secrets, self.presence.others_alive
+        )
         self.provider_health = ProviderHealth(threshold=settings.provider_down_after_failures)
         self.leases.dispatcher.provider = self.provider_health
         self.budgets = CloudBudgets(self.store, settings)
@@ -218,7 +221,6 @@ class CloudServer:
             self.leases.on_ended.append(self.learner.wake.set)
         self.health = health.aio.HealthServicer()
         self.database = DatabaseProbe(self.store, self._set_serving)
-        self.presence = Presence(self.store, self.bus.replica_id)
         self.revocations = Revocations(self.store)
         self.revocations.add_listener(self.leases.on_deny_list)
         self._revocations_wake = asyncio.Event()

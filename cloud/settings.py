@@ -64,6 +64,11 @@ class CloudSettings(BaseSettings):
     # of half a lease. See decision 0070.
     renewal_write_below: float = Field(0.85, gt=0, le=1)
     host_heartbeat_seconds: float = Field(10.0, gt=0)
+    # A gap this long in the replica's time (its wall clock stepped forward, or it stood still)
+    # counts as an outage: with no other replica alive, live leases get a new term before any
+    # renewal, result or sweep is held against the clock (cloud/lease/clock.py). Hosts renew
+    # every third of a lease, so a smaller gap costs no lease.
+    clock_gap_seconds: float = Field(5.0, gt=0)
     retention_days: float = Field(7.0, gt=0)
     retention_interval_seconds: float = Field(3600.0, gt=0)
     # The model provider counts as down for everyone after this many Decide calls in a row

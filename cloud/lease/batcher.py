@@ -27,6 +27,7 @@ from dataclasses import replace
 
 from cloud import metrics, supervised
 from cloud.events import EventBus, Extension
+from cloud.lease.clock import ClockWatch
 from cloud.store import leases
 from cloud.store.database import Store
 
@@ -48,8 +49,10 @@ class RenewalBatcher:
         window_s: float,
         max_batch: int,
         write_below: float = leases.ALWAYS_WRITE,
+        clock: ClockWatch | None = None,
     ) -> None:
         self._store = store
+        self._clock = clock
         self._bus = bus
         self._window = window_s
         self._max = max_batch
@@ -100,6 +103,8 @@ class RenewalBatcher:
                 await asyncio.sleep(self._window)
             while self._queue:
                 batch, self._queue = self._queue[: self._max], self._queue[self._max :]
+                if self._clock is not None:
+                    await self._clock.settled()
                 await self._answer(batch)
 
     async def _answer(self, batch: _Waiting) -> None:
@@ -137,6 +142,8 @@ class RenewalBatcher:
             while self._writes:
                 batch, self._writes = self._writes[: self._max], self._writes[self._max :]
                 try:
+                    if self._clock is not None:
+                        await self._clock.settled()
                     await self._write(batch)
                 finally:
                     for item, _ in batch:

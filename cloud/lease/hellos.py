@@ -17,6 +17,7 @@ import asyncio
 import logging
 
 from cloud import supervised
+from cloud.lease.clock import ClockWatch
 from cloud.store import errors, leases
 from cloud.store.database import Store
 
@@ -33,8 +34,15 @@ _Waiting = list[tuple[leases.HelloIn, asyncio.Future[leases.Settled]]]
 class HelloBatcher:
     """Queue hellos, settle them in batches (`leases.hellos`), resolve each caller."""
 
-    def __init__(self, store: Store, window_s: float, max_batch: int = MAX_BATCH) -> None:
+    def __init__(
+        self,
+        store: Store,
+        window_s: float,
+        max_batch: int = MAX_BATCH,
+        clock: ClockWatch | None = None,
+    ) -> None:
         self._store = store
+        self._clock = clock
         self._window = window_s
         self._max = max_batch
         self._queue: _Waiting = []
@@ -74,6 +82,8 @@ class HelloBatcher:
                 batch, self._queue = self._queue[: self._max], self._queue[self._max :]
                 batch = [(item, fut) for item, fut in batch if not fut.done()]
                 if batch:
+                    if self._clock is not None:
+                        await self._clock.settled()
                     await self._settle(batch)
 
     async def _settle(self, batch: _Waiting) -> None:

@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 import datetime as dt
 import logging
-from collections.abc import Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
 import grpc
@@ -25,6 +25,7 @@ from cloud.events import EventBus, RevokeEvent
 from cloud.identity import Caller
 from cloud.lease import messages
 from cloud.lease.batcher import RenewalBatcher
+from cloud.lease.clock import TICK_S, ClockWatch
 from cloud.lease.dispatcher import Dispatcher
 from cloud.lease.hellos import HelloBatcher
 from cloud.lease.session import HostSession
@@ -47,22 +48,25 @@ class LeaseManager:
         bus: EventBus,
         settings: CloudSettings,
         secrets: SecretBox | None = None,
+        others_alive: Callable[[], Awaitable[bool]] | None = None,
     ) -> None:
         self.store = store
         self.bus = bus
         self.settings = settings
         self.sessions: dict[str, HostSession] = {}
+        self.clock = ClockWatch(store, others_alive or _alone, settings.clock_gap_seconds)
         self.batcher = RenewalBatcher(
             store,
             bus,
             settings.renewal_batch_window_seconds,
             settings.renewal_batch_max,
             settings.renewal_write_below,
+            clock=self.clock,
         )
-        self.hellos = HelloBatcher(store, settings.renewal_batch_window_seconds)
+        self.hellos = HelloBatcher(store, settings.renewal_batch_window_seconds, clock=self.clock)
         self.dispatcher = Dispatcher(store, bus, self.sessions)
         self.dispatcher.secrets = secrets
-        self.sweeper = Sweeper(store, bus)
+        self.sweeper = Sweeper(store, bus, self.clock)
         #: Called when an attempt ended with a result (the flow-learning loop wakes up).
         self.on_ended: list[Callable[[], None]] = []
         self._jobs: list[asyncio.Task[None]] = []
@@ -84,9 +88,11 @@ class LeaseManager:
     def start(self) -> None:
         """Start the batcher, dispatcher, sweeper and heartbeat."""
         s = self.settings
+        self.clock.reset()
         self.batcher.start()
         self.hellos.start()
         self._jobs = [
+            supervised.start("clock", self.clock.tick, interval=TICK_S),
             supervised.start(
                 "dispatch",
                 self.dispatcher.tick,
@@ -397,6 +403,7 @@ class LeaseManager:
         """Fenced, idempotent result; a late one (lease run out, no other attempt yet) is
         accepted and acknowledged as late."""
         final = messages.progress_in(msg.final_progress) if msg.HasField("final_progress") else None
+        await self.clock.settled()
         out = await leases.record_result(
             self.store,
             session.host_id,
@@ -498,3 +505,9 @@ class LeaseManager:
         before, self._unvouched = self._unvouched, now
         if before is not None:
             self.bus.hosts_changed(sorted(now ^ before), local_only=True)
+
+
+async def _alone() -> bool:
+    """No other replica is alive (a manager built without a presence lock: one store, one
+    replica)."""
+    return False

@@ -11,6 +11,7 @@ from __future__ import annotations
 from cloud import metrics
 from cloud.events import EventBus, RevokeEvent
 from cloud.lease import messages
+from cloud.lease.clock import ClockWatch
 from cloud.store import leases, secrets, states
 from cloud.store.database import Store
 
@@ -21,12 +22,15 @@ SWEEP_BATCH = 500
 class Sweeper:
     """Ends expired leases and passed deadlines, and tells who needs to know."""
 
-    def __init__(self, store: Store, bus: EventBus) -> None:
+    def __init__(self, store: Store, bus: EventBus, clock: ClockWatch | None = None) -> None:
         self.store = store
         self.bus = bus
+        self.clock = clock
 
     async def sweep_once(self) -> int:
         """End expired leases and passed deadlines; returns how many attempts/tasks it ended."""
+        if self.clock is not None:
+            await self.clock.settled()
         ended = await leases.sweep_expired(self.store, SWEEP_BATCH) + await leases.sweep_deadlines(
             self.store, SWEEP_BATCH
         )

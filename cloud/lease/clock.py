@@ -1,0 +1,112 @@
+"""Time this replica did not live through: its wall clock stepped forward, or it stood still.
+
+Lease expiry is wall-clock time in the database (`Store.now()`); hosts count their leases on
+monotonic clocks of their own. When a replica's wall clock steps forward (an NTP step, a virtual
+machine restored from a snapshot: a `.ci/run` failed so, its kernel logging "crng reseeded due
+to virtual machine fork") or the replica stands still for seconds (a paused virtual machine,
+SIGSTOP, a stalled event loop), every lease looks expired at once although no host could have
+been heard meanwhile: the next sweep requeues work hosts keep doing, and every renewal is
+refused. For the hosts that is an outage of the cloud, and it is treated as one: before any
+decision that holds a lease's expiry against the clock (a batch of renewals or hellos, a
+result, a sweep) the replica checks for such a gap, and when one is found and no other replica
+is alive, live leases get a new term (`leases.extend_after_outage`), as at a start after an
+outage. Other replicas alive kept their clocks and swept as usual: nothing is extended.
+
+A gap is measured between two consecutive checks, and the `clock` job checks every second, so
+a step of the wall clock is seen whole however long ago the last renewal came, and a
+standstill is the time since the last check beyond that second. A step back only lengthens
+leases; it is taken as the new normal. Task deadlines are points in wall-clock time and stay
+as they are. A step within the instant between a check and the read
+of the clock that follows it is not seen.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+
+from cloud.store import errors, leases
+from cloud.store.database import Store
+
+log = logging.getLogger(__name__)
+
+#: Seconds between the `clock` job's checks (a standstill is what exceeds it).
+TICK_S = 1.0
+
+
+class ClockWatch:
+    """Notices a gap in this replica's time and gives live leases a new term for it."""
+
+    def __init__(
+        self,
+        store: Store,
+        others_alive: Callable[[], Awaitable[bool]],
+        gap_s: float,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._store = store
+        self._others_alive = others_alive
+        self._gap = gap_s
+        self._monotonic = monotonic
+        self._pending: asyncio.Future[None] | None = None
+        #: A gap seen whose new term is not written yet (the store failed): the next check
+        #: tries again.
+        self._owed = False
+        #: New terms given so far (tests read it).
+        self.outages = 0
+        self.reset()
+
+    def reset(self) -> None:
+        """Take the clocks as they are now (the replica starts; a gap was settled)."""
+        self._last_mono = self._monotonic()
+        self._offset = self._store.now().timestamp() - self._last_mono
+
+    def _lost(self) -> float:
+        """Seconds lost since the last check (wall clock stepped forward, or stood still)."""
+        mono = self._monotonic()
+        offset = self._store.now().timestamp() - mono
+        stepped = offset - self._offset
+        stood = mono - self._last_mono - TICK_S
+        self._last_mono, self._offset = mono, offset
+        return max(stepped, stood)
+
+    async def settled(self) -> None:
+        """Return once no gap is owed: at once, with no suspension, when the clocks agree (the
+        renewals' path calls it for every batch); else after the new term is written."""
+        if self._pending is None:
+            lost = self._lost()
+            if lost < self._gap and not self._owed:
+                return
+            self._owed = True
+            self._pending = asyncio.ensure_future(self._outage(lost))
+        await asyncio.shield(self._pending)
+
+    async def tick(self) -> None:
+        """The `clock` job's step."""
+        await self.settled()
+
+    async def _outage(self, lost: float) -> None:
+        try:
+            if await self._others_alive():
+                log.warning(
+                    "this replica lost %.1f s (its clock stepped or it stood still); other "
+                    "replicas kept time, no lease gets a new term",
+                    lost,
+                )
+            else:
+                extended = await leases.extend_after_outage(self._store)
+                self.outages += 1
+                log.warning(
+                    "this replica lost %.1f s (its clock stepped or it stood still) and no "
+                    "other replica is up: %d live lease(s) get a new term",
+                    lost,
+                    extended,
+                )
+            self._owed = False
+        except Exception as exc:
+            errors.report(log, "giving live leases a new term after a gap failed", exc)
+        finally:
+            self.reset()
+            self._pending = None
