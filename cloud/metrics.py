@@ -270,7 +270,13 @@ class CloudMetrics:
         if usage.cost_usd:
             self.cost.labels(provider=provider, model=model).inc(usage.cost_usd)
 
-    async def refresh(self, store: Store, daily_max_usd: float, daily_max_tokens: int) -> None:
+    async def refresh(
+        self,
+        store: Store,
+        daily: spend.DailySpend,
+        daily_max_usd: float,
+        daily_max_tokens: int,
+    ) -> None:
         """Read the fleet-wide gauges from the database (a background loop's step)."""
         if not self.enabled:
             return
@@ -278,7 +284,7 @@ class CloudMetrics:
         for status in (*states.ACTIVE, *states.TERMINAL):
             self.tasks.labels(status=status.lower()).set(counts.get(status, 0))
         self.queue_depth.set(counts.get(states.QUEUED, 0))
-        today = await spend.spent_since(store, start_of_day(store.now()))
+        today = await daily.today(start_of_day(store.now()))
         self.spend_today_usd.set(today.cost_usd)
         self.tokens_today.set(today.billed_tokens)
         self.daily_budget_usd.set(daily_max_usd)

@@ -470,7 +470,9 @@ class CloudServer:
 
     async def _refresh_metrics(self) -> None:
         s = self.settings
-        await self.metrics.refresh(self.store, s.daily_max_cost_usd, s.daily_max_tokens)
+        await self.metrics.refresh(
+            self.store, self.budgets.spend, s.daily_max_cost_usd, s.daily_max_tokens
+        )
 
     async def wait(self) -> None:
         """Until the server terminates."""

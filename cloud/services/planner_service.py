@@ -186,6 +186,8 @@ class CloudBudgets:
         self._store = store
         self._daily = Budget(settings.daily_max_tokens, settings.daily_max_cost_usd)
         self._held: tuple[dt.datetime, str] | None = None
+        #: Today's spending, read at most once a second (the metrics read it too).
+        self.spend = spend.DailySpend(store)
 
     def daily_hold(self) -> tuple[dt.datetime, str] | None:
         """(since, why) while today's fleet budget is spent; None otherwise (and from the next
@@ -206,7 +208,7 @@ class CloudBudgets:
                 return why
         if self._daily:
             today = start_of_day(self._store.now())
-            spent_today = await spend.spent_since(self._store, today)
+            spent_today = await self.spend.today(today)
             why = exhausted(self._daily, spent_today, whose="the fleet's daily")
             if why:
                 metrics.current().budget_refusals.labels(scope="fleet_daily").inc()
@@ -263,10 +265,11 @@ def build_planner_servicer(
             "set AMC_PLANNER_PROVIDER=anthropic or openai (with its API key), or "
             "AMC_PLANNER_MODE=compact",
         )
+    budget = budgets or CloudBudgets(store, CloudSettings())
     inner = PlannerServicer(
         caller_host_id=_caller_host_id,
         lease_gate=StoreLeaseGate(store),
-        sink=StoreDecisionSink(store),
+        sink=StoreDecisionSink(store, on_spent=budget.spend.add),
         planner=planner,
         attempts=StoreAttemptLog(store, handed),
         mode=planner_settings.mode,
@@ -274,7 +277,7 @@ def build_planner_servicer(
         session_store=lambda: StoreSessionStore(store),
         live_thinking=bus.thinking,
         health=health,
-        budget=budgets or CloudBudgets(store, CloudSettings()),
+        budget=budget,
     )
     closeables: list[Any] = [planner] if sessions is None else [planner, sessions]
     provider, model = planner_settings.resolved_provider, planner_settings.resolved_model

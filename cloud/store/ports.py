@@ -9,7 +9,7 @@ from cloud import metrics
 from cloud.store import convert, decisions, flows, leases, sessions, tasks
 from cloud.store.database import Store
 from planner.conversation.items import SessionItem, dumps_item, item_type, loads_item
-from planner.decision import Decision
+from planner.decision import Decision, Usage
 from planner.steps import PastStep
 from planner.tools import Judgement
 from telemetry import tracing
@@ -27,10 +27,12 @@ class StoreLeaseGate:
 
 class StoreDecisionSink:
     """`append`: one decision row with a cloud-assigned, gap-free step index per (task, attempt);
-    `logged`: the decision already logged under a host's step key (a retried Decide)."""
+    `logged`: the decision already logged under a host's step key (a retried Decide).
+    `on_spent` hears what each logged decision cost (the fleet's daily spending)."""
 
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: Store, on_spent: Callable[[Usage], None] | None = None) -> None:
         self._store = store
+        self._on_spent = on_spent
 
     async def append(
         self, host_id: str, task_id: str, attempt: int, decision: Decision, step_key: str = ""
@@ -45,6 +47,8 @@ class StoreDecisionSink:
             except decisions.StepKeyTaken:
                 return None
             tracing.set_attributes(span, {"amc.step": row.step_index})
+        if self._on_spent is not None:
+            self._on_spent(decision.usage)
         return row.decision_id, row.step_index
 
     async def logged(self, task_id: str, attempt: int, step_key: str) -> types_pb2.Decision | None:

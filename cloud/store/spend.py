@@ -11,8 +11,10 @@ transport count once their host has shipped them from its outbox.
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -72,6 +74,98 @@ async def spent_since(store: Store, since: dt.datetime) -> Usage:
             await session.execute(select(*usage_columns()).where(DecisionRow.created_at >= since))
         ).one()
     return usage_of(row)
+
+
+async def spent_between(store: Store, since: dt.datetime, until: dt.datetime) -> Usage:
+    """What every decision logged at or after `since` and before `until` cost."""
+    async with store.read() as session:
+        row = (
+            await session.execute(
+                select(*usage_columns()).where(
+                    DecisionRow.created_at >= since, DecisionRow.created_at < until
+                )
+            )
+        ).one()
+    return usage_of(row)
+
+
+class DailySpend:
+    """The fleet's spending today as the daily cap and the metrics see it, at a cost that does
+    not grow with the day.
+
+    Summing today's decisions on every Decide (what the daily cap did) read every row logged
+    today each time: a fleet taking a hundred steps a second sums millions of rows per call by
+    evening. Here today is a settled part, summed once every `settle` (the day's rows older than
+    `settle` ago), plus the recent tail, summed at most once every `refresh_s`: a Decide reads at
+    most `2 × settle` of rows, once a second for all Decide calls together. What this replica
+    logs itself counts at once (`add`), so a lone replica's cap is as exact as before; other
+    replicas' decisions count within `refresh_s`, and a decision shipped from a host's outbox
+    more than `settle` after it was made (its `created_at`) counts at the next settling, within
+    `settle`. (A cap is checked before the model is called, so calls already under way overshoot
+    it anyway.)
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        refresh_s: float = 1.0,
+        settle: dt.timedelta = dt.timedelta(minutes=5),
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._store = store
+        self._refresh = refresh_s
+        self._settle = settle
+        self._monotonic = monotonic
+        self._lock = asyncio.Lock()
+        self._day: dt.datetime | None = None
+        self._mark = dt.datetime.min.replace(tzinfo=dt.UTC)
+        self._settled = Usage()
+        self._settle_again_at = 0.0
+        self._value = Usage()
+        self._fresh_until = 0.0
+        #: What this replica logged since the read before the last one began (monotonic time,
+        #: usage): a read that began before a decision was committed may not include it.
+        self._own: list[tuple[float, Usage]] = []
+        #: Sums read so far (tests count them).
+        self.reads = 0
+
+    def add(self, usage: Usage) -> None:
+        """A decision this replica just logged (committed) cost `usage`: it counts at once.
+        (Before the first read there is nothing to keep up: that read sums it.)"""
+        if self._day is None:
+            return
+        self._own.append((self._monotonic(), usage))
+        self._value = _total(self._value, usage)
+
+    async def today(self, day: dt.datetime) -> Usage:
+        """What the fleet's decisions since `day` (midnight UTC, today) cost."""
+        if day == self._day and self._monotonic() < self._fresh_until:
+            return self._value
+        async with self._lock:
+            mono = self._monotonic()
+            if day == self._day and mono < self._fresh_until:
+                return self._value  # another caller read it while this one waited
+            # Decisions logged from here on may or may not be in the sums read below: they
+            # are counted on top until the next read (counted twice meanwhile, never missed).
+            self._own = [(at, u) for at, u in self._own if at >= mono]
+            if day != self._day or mono >= self._settle_again_at:
+                mark = max(day, self._store.now() - self._settle)
+                self._settled = await spent_between(self._store, day, mark)
+                self._day, self._mark = day, mark
+                self._settle_again_at = mono + self._settle.total_seconds()
+                self.reads += 1
+            tail = await spent_since(self._store, self._mark)
+            self.reads += 1
+            self._value = _total(self._settled, tail, *(u for _, u in self._own))
+            self._fresh_until = mono + self._refresh
+            return self._value
+
+
+def _total(*parts: Usage) -> Usage:
+    total = Usage()
+    for part in parts:
+        total.add(part)
+    return total
 
 
 async def usage_by_attempt(store: Store, task_ids: Sequence[str]) -> dict[tuple[str, int], Usage]:

@@ -178,3 +178,65 @@ async def test_get_spend_and_budget_fields_through_the_services(
     finally:
         await ch.close()
         await host.close()
+
+
+async def test_the_fleet_s_spending_today_is_read_once_a_second_not_per_call(
+    store: Store,
+) -> None:
+    """The daily cap's total (`spend.DailySpend`): however many Decide calls ask, the day's
+    rows are summed once per `settle` and the recent tail once per `refresh_s`; what this
+    replica logs counts at once, another replica's within `refresh_s`, a decision shipped late
+    (made before the settled mark) at the next settling."""
+    clock = [100.0]
+    daily = spend.DailySpend(
+        store, refresh_s=1.0, settle=dt.timedelta(seconds=1), monotonic=lambda: clock[0]
+    )
+    task_id = await _submit(store)
+    today = store.now().astimezone(dt.UTC).replace(hour=0, minute=0, second=0, microsecond=0)
+    await decisions.append(store, "h1", task_id, 1, _costly(100, 0.25))
+    for _ in range(50):
+        assert (await daily.today(today)).cost_usd == 0.25
+    assert daily.reads == 2  # the settled part and the tail, once
+
+    # This replica's own decision counts at once, without a read.
+    await decisions.append(store, "h1", task_id, 1, _costly(100, 0.5))
+    daily.add(_costly(100, 0.5).usage)
+    assert (await daily.today(today)).cost_usd == 0.75 and daily.reads == 2
+    # Another replica's counts after `refresh_s` (and this one's is not counted twice).
+    await decisions.append(store, "h2", task_id, 1, _costly(100, 1.0))
+    assert (await daily.today(today)).cost_usd == 0.75
+    clock[0] += 1.01
+    assert (await daily.today(today)).cost_usd == 1.75
+    assert daily.reads == 4  # the tail, and (`settle` is a second here too) the settled part
+
+    # Shipped late: made before the settled mark, so only the next settling sees it.
+    late = await decisions.append(store, "h3", task_id, 1, _costly(100, 2.0))
+    async with store.write() as session:
+        await session.execute(
+            update(DecisionRow)
+            .where(DecisionRow.decision_id == late.decision_id)
+            .values(created_at=max(today, store.now() - dt.timedelta(seconds=30)))
+        )
+    clock[0] += 1.01
+    assert (await daily.today(today)).cost_usd == 3.75  # settle passed too: summed again
+    assert (await daily.today(today)) == await spend.spent_since(store, today)
+
+    # A new day starts from its own rows.
+    assert (await daily.today(today + dt.timedelta(days=1))).cost_usd == 0.0
+
+
+async def test_a_decision_logged_while_the_total_is_read_is_never_missed(store: Store) -> None:
+    """A read that began before this replica logged a decision may or may not include it: the
+    decision is counted on top until the next read (twice meanwhile, never missed)."""
+    clock = [100.0]
+    daily = spend.DailySpend(store, refresh_s=1.0, monotonic=lambda: clock[0])
+    task_id = await _submit(store)
+    today = store.now().astimezone(dt.UTC).replace(hour=0, minute=0, second=0, microsecond=0)
+    assert (await daily.today(today)).cost_usd == 0.0
+    await decisions.append(store, "h1", task_id, 1, _costly(100, 0.5))
+    daily.add(_costly(100, 0.5).usage)  # logged at t=100, the instant the next read begins
+    clock[0] += 1.0
+    # The read at t=101 (it began after the add) sees the row: the add is dropped, not doubled.
+    assert (await daily.today(today)).cost_usd == 0.5
+    clock[0] += 1.0
+    assert (await daily.today(today)).cost_usd == 0.5
