@@ -21,6 +21,13 @@ in the lease term after; the new replica's CPU over the storm, per reconnecting 
 in the same run: the time from the replica's death to its successor's READY (the outage no
 amount of speed in the hello path can hide).
 
+The full run then kills one of two PostgreSQL replicas sharing the database, half the hosts on
+each, and does not restart it: its hosts move to the other replica (each host tries the
+replicas' addresses in turn, as behind a load balancer that stops routing to a dead one), which
+must confirm every moved lease before it runs out while serving its own hosts. Nothing gets a
+new term (a replica stayed up). Baseline: the least lease time a moved host had left when its
+replica died.
+
     python -m bench.replica_restart [--smoke] [--hosts N] [--signal kill|term]
 """
 
@@ -72,7 +79,9 @@ class Host:
     """One simulated host: its identity, its lease, and what it saw of the restart."""
 
     host_id: str
-    address: str
+    #: Replicas' addresses in the order it tries them: it moves to the next when a session
+    #: fails (as behind a load balancer that stops routing to a dead replica).
+    addresses: list[str]
     credentials: grpc.ChannelCredentials
     process_id: str = field(default_factory=lambda: uuid.uuid4().hex)
     lease: tuple[str, int, str] | None = None
@@ -112,13 +121,14 @@ class Host:
                 return
             if not self.dropped_at or self.dropped_at < self.welcomed_at:
                 self.dropped_at = time.time()
+            self.addresses.append(self.addresses.pop(0))
             failures = 0 if self.welcomed_at > welcomed else failures + 1
             left = self.expires_at - time.time() if self.lease is not None else None
             await asyncio.sleep(backoff_delay(failures, 0.5, 30.0, random.Random(), left))
 
     async def _session(self, until: float, assigned: asyncio.Event) -> None:
         channel = grpc.aio.secure_channel(
-            self.address,
+            self.addresses[0],
             self.credentials,
             options=[
                 ("grpc.use_local_subchannel_pool", 1),
@@ -290,7 +300,7 @@ async def restart(
     address = _free_address()
     cloud = ("cloud", "--db", url, "--pki", str(pki_dir), "--listen", address)
     cpus = SERVER_CPUS if pin else ""
-    hosts = [Host(h, address, credentials(pki_dir, h)) for h in ids]
+    hosts = [Host(h, [address], credentials(pki_dir, h)) for h in ids]
     until = time.time() + 3600
     runs: list[asyncio.Task[None]] = []
     try:
@@ -344,6 +354,110 @@ async def restart(
     )
 
 
+@dataclass(slots=True)
+class Failover:
+    """What killing one of two replicas showed (its hosts move to the other)."""
+
+    hosts: int
+    moved: int
+    #: From the death to the soonest expiry a moved host had heard: the time the survivor has.
+    budget_s: float
+    #: Leases lost before the kill (the fleet's start went wrong: the figures say nothing).
+    lost_before: int
+    last_confirm_s: float
+    confirm_p50_s: float
+    confirmed: int
+    lost: int
+    refusals: dict[str, int]
+    self_expired: int
+    missing: int
+    #: The survivor's CPU from the death to the last lease confirmed, and its hellos.
+    cpu_s: float
+    hellos: int
+    refused_after: int
+    renewals_after: int
+    ack_p99_ms: float
+
+
+async def failover(
+    url: str,
+    pki_dir: Path,
+    ids: list[str],
+    pin: bool,
+    after_s: float = LEASE_S,
+    before_s: float = RENEW_EVERY_S + 1,
+) -> Failover:
+    """Two replicas on one database, half the hosts on each; one is killed and its hosts move
+    to the other, which must confirm each lease before it runs out (no outage: the other replica
+    stays up, so no lease gets a new term)."""
+    dying, staying = _free_address(), _free_address()
+    cpus = SERVER_CPUS if pin else ""
+
+    def cloud(address: str) -> tuple[str, ...]:
+        return ("cloud", "--db", url, "--pki", str(pki_dir), "--listen", address)
+
+    hosts = [
+        Host(h, [dying, staying] if n % 2 == 0 else [staying, dying], credentials(pki_dir, h))
+        for n, h in enumerate(ids)
+    ]
+    moved = hosts[::2]
+    until = time.time() + 3600
+    runs: list[asyncio.Task[None]] = []
+    try:
+        async with (
+            async_server_process(*cloud(staying), cpus=cpus) as survivor,
+            async_server_process(*cloud(dying), cpus=cpus) as victim,
+        ):
+            await submit_many(survivor.address, pki_dir, len(ids), lease_seconds=LEASE_S)
+            gate = asyncio.Semaphore(128)
+
+            async def start(h: Host) -> None:
+                got = asyncio.Event()
+                async with gate:
+                    runs.append(asyncio.create_task(h.run(until, got)))
+                    await asyncio.wait_for(got.wait(), 120)
+
+            await asyncio.gather(*(start(h) for h in hosts))
+            await asyncio.sleep(before_s)
+            lost_before = sum(h.lost for h in hosts)
+            budget = min(h.expires_at for h in moved if not h.lost)
+            cpu = [(time.time(), cpu_seconds(survivor.pid))]
+            died = _stop(victim, "kill")
+            budget -= died
+            while not all(h.confirmed_at or h.lost for h in moved) and time.time() < died + 120:
+                await asyncio.sleep(0.25)
+                cpu.append((time.time(), cpu_seconds(survivor.pid)))
+            back = max((h.confirmed_at for h in moved), default=died)
+            storm_cpu = max(c for t, c in cpu if t <= back + 0.25) - cpu[0][1]
+            hellos = sum(t >= died for h in moved for t in h.hellos)
+            before = {h.host_id: (h.renewals, h.refused_renewals, len(h.latencies)) for h in hosts}
+            await asyncio.sleep(after_s)
+            after = _after(hosts, before)
+    finally:
+        for run in runs:
+            run.cancel()
+        await asyncio.gather(*runs, return_exceptions=True)
+    confirmed = [h.confirmed_at - died for h in moved if h.confirmed_at]
+    return Failover(
+        hosts=len(hosts),
+        moved=len(moved),
+        budget_s=budget,
+        lost_before=lost_before,
+        last_confirm_s=max(confirmed, default=float("nan")),
+        confirm_p50_s=percentile(confirmed, 50) if confirmed else float("nan"),
+        confirmed=len(confirmed),
+        lost=sum(h.lost for h in hosts),
+        refusals=dict(Counter(m for h in hosts for m in h.refusals)),
+        self_expired=sum(h.self_expired for h in moved),
+        missing=sum(not (h.confirmed_at or h.lost) for h in moved),
+        cpu_s=storm_cpu,
+        hellos=hellos,
+        refused_after=after[1],
+        renewals_after=after[0],
+        ack_p99_ms=after[2] * 1000,
+    )
+
+
 def _stop(server: ServerProcess, how: str) -> float:
     """Kill or stop the replica; returns when it died (wall clock)."""
     server.proc.send_signal(signal.SIGKILL if how == "kill" else signal.SIGTERM)
@@ -372,7 +486,8 @@ def run(smoke: bool, hosts: int | None = None, how: str = "kill") -> Section:
         "Replica restart",
         f"{n} hosts holding {LEASE_S} s leases, renewing every {RENEW_EVERY_S:g} s; the replica "
         f"is {'killed (SIGKILL)' if how == 'kill' else 'stopped (SIGTERM)'} and a new one "
-        "starts on the same address and database",
+        "starts on the same address and database; then (full run) one of two PostgreSQL "
+        "replicas is killed and its hosts move to the other",
     )
     ids = host_ids(n, "restart")
     pki_dir = resources.pki(ids)
@@ -386,14 +501,21 @@ def run(smoke: bool, hosts: int | None = None, how: str = "kill") -> Section:
                 stores.append(("PostgreSQL", resources.postgres_url()))
             after, settle = (RENEW_EVERY_S + 2, 2.0) if smoke else (LEASE_S, RENEW_EVERY_S + 1)
 
-            async def each() -> list[Restart]:
+            async def each() -> tuple[list[Restart], Failover | None]:
                 # One event loop for every store: grpc.aio stays bound to the first one.
-                return [
+                restarts = [
                     await restart(url, pki_dir, ids, pin, how, after, settle) for _, url in stores
                 ]
+                if smoke:
+                    return restarts, None
+                fresh = resources.postgres_url()  # a database of its own
+                return restarts, await failover(fresh, pki_dir, ids, pin, after, settle)
 
-            for (label, _), r in zip(stores, asyncio.run(each()), strict=True):
+            restarts, moved = asyncio.run(each())
+            for (label, _), r in zip(stores, restarts, strict=True):
                 _rows(section, label, r)
+            if moved is not None:
+                _failover_rows(section, moved)
     finally:
         os.sched_setaffinity(0, before)
     section.notes.append(
@@ -437,6 +559,40 @@ def _rows(section: Section, label: str, r: Restart) -> None:
         r.refused_after,
         "",
         note=f"of {r.renewals_after}; ack p99 {r.ack_p99_ms:,.0f} ms",
+    )
+
+
+def _failover_rows(section: Section, f: Failover) -> None:
+    label = "PostgreSQL, one of two replicas killed:"
+    section.add(
+        f"{label} last moved lease confirmed",
+        round(f.last_confirm_s * 1000),
+        "ms",
+        baseline=round(f.budget_s * 1000),
+        baseline_name="least lease time a moved host had left at the death",
+        note=f"after the death; p50 {f.confirm_p50_s * 1000:,.0f} ms; {f.moved} of {f.hosts} "
+        "hosts moved to the other replica",
+    )
+    section.add(
+        f"{label} moved leases confirmed",
+        f.confirmed,
+        "",
+        note=f"of {f.moved}; refused {f.lost}{_why(f.refusals)} ({f.lost_before} before the "
+        f"kill); not back after 120 s {f.missing}; confirmed after the host's own expiry "
+        f"{f.self_expired} (target 0)",
+    )
+    section.add(
+        f"{label} survivor CPU per hello",
+        round(f.cpu_s / max(1, f.hellos) * 1000, 2),
+        "ms",
+        note=f"{f.cpu_s:.1f} CPU-s from the death to the last lease confirmed, its own hosts' "
+        f"renewals included; {f.hellos} hellos",
+    )
+    section.add(
+        f"{label} renewals refused in the term after",
+        f.refused_after,
+        "",
+        note=f"of {f.renewals_after} (every host); ack p99 {f.ack_p99_ms:,.0f} ms",
     )
 
 

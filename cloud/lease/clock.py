@@ -1,4 +1,5 @@
-"""Time this replica did not live through: its wall clock stepped forward, or it stood still.
+"""Time this replica did not live through: its wall clock stepped forward, or it stood still
+(decision 0076).
 
 Lease expiry is wall-clock time in the database (`Store.now()`); hosts count their leases on
 monotonic clocks of their own. When a replica's wall clock steps forward (an NTP step, a virtual
