@@ -8,6 +8,9 @@
 3. Insert latency of `cloud.store.decisions.append` (the planner's real write path) from 4
    concurrent writers: first alone (baseline), then while `cloud.store.decisions.prune` deletes the
    expired half in its batches from another process.
+4. The fleet's spending today as the daily cap reads it before each Decide, with a busy day's
+   decisions logged today: `cloud.store.spend.DailySpend.today` at 100 calls/s (what the cap
+   reads now) against summing the day's rows (`spend.spent_since`, what it read per call before).
 
     python -m bench.decision_log [--smoke] [--rows N]
 """
@@ -29,7 +32,8 @@ from bench import resources
 from bench.cloud_client import operator
 from bench.report import Section, percentile
 from bench.servers import async_server_process
-from cloud.store import decisions
+from cloud.metrics import start_of_day
+from cloud.store import decisions, spend
 from cloud.store.database import Store
 from cloud.store.engine import upgrade_sync
 from planner.decision import Decision, Usage
@@ -157,6 +161,56 @@ async def insert_latency(url: str, until: Any, min_seconds: float) -> list[float
     return out
 
 
+def load_today(url: str, rows: int) -> None:
+    """`rows` decisions made today (spread over the hours since midnight UTC), server-side."""
+    with psycopg.connect(_dsn(url), autocommit=True) as conn:
+        conn.execute(
+            """
+            INSERT INTO decisions (decision_id, host_id, task_id, attempt, step_index,
+                provider, model, system_prompt, user_prompt, tool_name, arguments_json,
+                rationale, thinking, purpose, expected_outcome, input_tokens, output_tokens,
+                cache_read_input_tokens, cache_creation_input_tokens, thinking_tokens,
+                latency_seconds, forced_retry, corrective_retries, cost_usd, created_at)
+            SELECT md5('today:' || g::text), 'host-' || (g %% 500),
+                'today' || lpad((g / 100)::text, 10, '0'), 1, g %% 100, 'anthropic', 'm',
+                'system', 'user', 'tap', '{}', 'why', '[]'::json, 'p', 'e',
+                1200, 60, 0, 0, 0, 0.4, false, 0, 0.004,
+                greatest(date_trunc('day', now() AT TIME ZONE 'UTC') AT TIME ZONE 'UTC',
+                         now() - (g %% 36000) * interval '1 second')
+            FROM generate_series(1, %s) AS g
+            """,
+            (rows,),
+        )
+        conn.execute("ANALYZE decisions")
+
+
+async def spend_today(
+    url: str, seconds: float, rate: float
+) -> tuple[list[float], list[float], int]:
+    """Seconds per `DailySpend.today` call at `rate` calls/s for `seconds`, seconds per exact
+    sum of the day (`spent_since`, 20 calls), and the sums `DailySpend` read."""
+    store = Store.from_url(url)
+    try:
+        daily = spend.DailySpend(store)
+        cached: list[float] = []
+        start = time.monotonic()
+        n = 0
+        while time.monotonic() - start < seconds:
+            t0 = time.perf_counter()
+            await daily.today(start_of_day(store.now()))
+            cached.append(time.perf_counter() - t0)
+            n += 1
+            await asyncio.sleep(max(0.0, start + n / rate - time.monotonic()))
+        exact: list[float] = []
+        for _ in range(20):
+            t0 = time.perf_counter()
+            await spend.spent_since(store, start_of_day(store.now()))
+            exact.append(time.perf_counter() - t0)
+        return cached, exact, daily.reads
+    finally:
+        await store.close()
+
+
 def _prune_main(url: str, result: Any, go_event: Any) -> None:
     async def go() -> tuple[int, float]:
         store = Store.from_url(url)
@@ -243,6 +297,19 @@ def run(smoke: bool, rows: int | None = None) -> Section:
     section.add(
         "inserts during prune", len(during), note=f"{WRITERS} writers; {len(alone)} without prune"
     )
+    today_rows = 2_000 if smoke else 200_000
+    load_today(url, today_rows)
+    cached, exact, reads = asyncio.run(spend_today(url, 2.0 if smoke else 10.0, 100.0))
+    c_ms, e_ms = [x * 1000 for x in cached], [x * 1000 for x in exact]
+    for q in (50, 99):
+        section.add(
+            f"today's fleet spending per Decide p{q}, {today_rows:,} decisions today",
+            round(percentile(c_ms, q), 3),
+            "ms",
+            baseline=round(percentile(e_ms, q), 2),
+            baseline_name="summing the day's rows (before)",
+            note=f"{len(cached):,} calls at 100/s; {reads} sums read" if q == 50 else "",
+        )
     section.notes.append(
         f"Bulk load of {(tasks - baseline_tasks) * PER_TASK:,} rows took {load_s:.1f} s "
         "(server-side INSERT … SELECT generate_series, 200,000 rows per statement)."
