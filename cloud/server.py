@@ -275,6 +275,7 @@ class CloudServer:
             self.provider_health,
             handed=self.retriever.handed if self.retriever is not None else None,
             budgets=self.budgets,
+            clock_settled=self.leases.clock.settled,
         )
         #: The compact planner Decide plans with (benches count its provider's calls).
         self.planner = next((c for c in self._closeables if isinstance(c, Planner)), None)

@@ -2,16 +2,17 @@
 (decision 0076).
 
 Lease expiry is wall-clock time in the database (`Store.now()`); hosts count their leases on
-monotonic clocks of their own. When a replica's wall clock steps forward (an NTP step, a virtual
-machine restored from a snapshot: a `.ci/run` failed so, its kernel logging "crng reseeded due
-to virtual machine fork") or the replica stands still for seconds (a paused virtual machine,
-SIGSTOP, a stalled event loop), every lease looks expired at once although no host could have
-been heard meanwhile: the next sweep requeues work hosts keep doing, and every renewal is
-refused. For the hosts that is an outage of the cloud, and it is treated as one: before any
-decision that holds a lease's expiry against the clock (a batch of renewals or hellos, a
-result, a sweep) the replica checks for such a gap, and when one is found and no other replica
-is alive, live leases get a new term (`leases.extend_after_outage`), as at a start after an
-outage. Other replicas alive kept their clocks and swept as usual: nothing is extended.
+monotonic clocks of their own. When a replica's wall clock steps forward (an NTP step, a
+virtual machine restored from a snapshot: a `.ci/run` failed so, its kernel logging "crng
+reseeded due to virtual machine fork") or the replica stands still for seconds (a paused
+virtual machine, SIGSTOP, a stalled event loop), every lease looks expired at once although no
+host could have been heard meanwhile: the next sweep requeues work hosts keep doing, and every
+renewal is refused. For the hosts that is an outage of the cloud, and it is treated as one:
+before any decision that holds a lease's expiry against the clock (a batch of renewals or
+hellos, a result, a sweep, PlannerDecide's lease check) the replica checks for such a gap, and
+when one is found and no other replica is alive, live leases get a new term
+(`leases.extend_after_outage`), as at a start after an outage. Other replicas alive kept their
+clocks and swept as usual: nothing is extended.
 
 A gap is measured between two consecutive checks, and the `clock` job checks every second, so
 a step of the wall clock is seen whole however long ago the last renewal came, and a

@@ -13,6 +13,7 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 import grpc
@@ -231,6 +232,7 @@ def build_planner_servicer(
     health: ProviderHealth | None = None,
     handed: FlowsHanded | None = None,
     budgets: CloudBudgets | None = None,
+    clock_settled: Callable[[], Awaitable[None]] | None = None,
 ) -> tuple[planner_service_pb2_grpc.PlannerServiceServicer, list[Any], str]:
     """The planner servicer on the cloud's ports, what must be closed with the server, and a
     line saying which planner it is (for the start-up banner).
@@ -268,7 +270,7 @@ def build_planner_servicer(
     budget = budgets or CloudBudgets(store, CloudSettings())
     inner = PlannerServicer(
         caller_host_id=_caller_host_id,
-        lease_gate=StoreLeaseGate(store),
+        lease_gate=StoreLeaseGate(store, clock_settled),
         sink=StoreDecisionSink(store, on_spent=budget.spend.add),
         planner=planner,
         attempts=StoreAttemptLog(store, handed),

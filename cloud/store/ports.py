@@ -16,12 +16,19 @@ from telemetry import tracing
 
 
 class StoreLeaseGate:
-    """`is_live`: the planner checks the caller's lease before it spends any tokens."""
+    """`is_live`: the planner checks the caller's lease before it spends any tokens, once the
+    replica's clock is settled (`clock_settled`: `cloud.lease.clock.ClockWatch.settled`, so a
+    lease is not held against a wall clock that just stepped forward)."""
 
-    def __init__(self, store: Store) -> None:
+    def __init__(
+        self, store: Store, clock_settled: Callable[[], Awaitable[None]] | None = None
+    ) -> None:
         self._store = store
+        self._clock_settled = clock_settled
 
     async def is_live(self, host_id: str, task_id: str, attempt: int, lease_id: str) -> bool:
+        if self._clock_settled is not None:
+            await self._clock_settled()
         return await leases.is_live(self._store, host_id, task_id, attempt, lease_id)
 
 

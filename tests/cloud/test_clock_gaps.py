@@ -22,6 +22,7 @@ from cloud.server import build_server
 from cloud.settings import CloudSettings
 from cloud.store import leases
 from cloud.store.database import Store
+from cloud.store.ports import StoreLeaseGate
 from tests.cloud.test_renewal_writes import HALF, _item, _lease, _row
 from tests.support.waiting import until
 
@@ -153,3 +154,17 @@ async def test_a_replica_s_sweeps_wait_for_the_new_term(
         assert row.ended_at is None
     finally:
         await server.stop(0)
+
+
+async def test_planner_decide_checks_its_lease_after_the_clock_settled(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """PlannerDecide's lease check (`StoreLeaseGate`) waits for the new term too; without the
+    watch the same step makes the lease look gone and the Decide is refused."""
+    c = await _lease(store)
+    watch = ClockWatch(store, _alone, gap_s=5.0)
+    _shift(store, monkeypatch)(600.0)
+    assert not await StoreLeaseGate(store).is_live("h1", c.task_id, c.attempt, c.lease_id)
+    gate = StoreLeaseGate(store, watch.settled)
+    assert await gate.is_live("h1", c.task_id, c.attempt, c.lease_id)
+    assert watch.outages == 1
