@@ -131,11 +131,21 @@ def _duration_s(d: duration_pb2.Duration, default: float) -> float:
     return float(seconds) if seconds > 0 else default
 
 
-def _mono_expiry(ts: timestamp_pb2.Timestamp, lease_s: float) -> float:
-    """A cloud timestamp as a monotonic deadline (immune to wall-clock steps on the host)."""
+def _mono_expiry(
+    ts: timestamp_pb2.Timestamp, lease_s: float, remaining: duration_pb2.Duration | None = None
+) -> float:
+    """The lease's end as a monotonic deadline (immune to wall-clock steps on the host).
+
+    From the time left the cloud sent (`lease_remaining`), counted from now: it does not
+    depend on this host's wall clock agreeing with the cloud's. A host whose clock ran ahead
+    by more than a lease would otherwise see every lease as over when it arrived, and stop its
+    task at the first renewal that could not be sent (a cloud restart, a network blip). A
+    cloud from before the field sends only the timestamp, read against this host's clock."""
+    if remaining is not None:
+        return time.monotonic() + remaining.ToTimedelta().total_seconds()
     if ts.seconds:
-        remaining = (ts.ToDatetime(tzinfo=UTC) - datetime.now(UTC)).total_seconds()
-        return time.monotonic() + remaining
+        left = (ts.ToDatetime(tzinfo=UTC) - datetime.now(UTC)).total_seconds()
+        return time.monotonic() + left
     return time.monotonic() + lease_s
 
 
@@ -361,7 +371,11 @@ class LeaseClient:
             rt = self._tasks.get((r.task_id, r.attempt))
             metrics.renewals.labels(outcome="acked").inc()
             if rt is not None and rt.spec.lease_id == r.lease_id:
-                rt.expires_mono = _mono_expiry(r.lease_expires_at, rt.lease_s)
+                rt.expires_mono = _mono_expiry(
+                    r.lease_expires_at,
+                    rt.lease_s,
+                    r.lease_remaining if r.HasField("lease_remaining") else None,
+                )
         elif kind == "revoked":
             metrics.renewals.labels(outcome="revoked").inc()
             self._on_revoked(response.revoked)
@@ -417,10 +431,11 @@ class LeaseClient:
     def _on_assignment(self, a: lease_service_pb2.Assignment) -> None:
         key = (a.task_id, a.attempt)
         lease_s = _duration_s(a.lease_duration, DEFAULT_LEASE_S)
+        left = a.lease_remaining if a.HasField("lease_remaining") else None
         existing = self._tasks.get(key)
         if existing is not None:
             # A re-confirmation after a reconnect (or a duplicate): keep running, take the lease.
-            existing.expires_mono = _mono_expiry(a.lease_expires_at, lease_s)
+            existing.expires_mono = _mono_expiry(a.lease_expires_at, lease_s, left)
             existing.lease_s = lease_s
             existing.renew_s = _duration_s(a.renew_interval, lease_s / 3)
             existing.changed.set()
@@ -453,7 +468,7 @@ class LeaseClient:
             progress=ProgressHolder(),
             cancel=asyncio.Event(),
             lease_s=lease_s,
-            expires_mono=_mono_expiry(a.lease_expires_at, lease_s),
+            expires_mono=_mono_expiry(a.lease_expires_at, lease_s, left),
             renew_s=_duration_s(a.renew_interval, lease_s / 3),
             after=self._stopping_on(a.device_serial),
         )

@@ -390,6 +390,7 @@ class LeaseManager:
                     attempt=msg.attempt,
                     lease_id=msg.lease_id,
                     lease_expires_at=convert.ts(out.expires_at),
+                    lease_remaining=convert.remaining(out.expires_at),
                 )
             )
         await self._record_revoked(session.host_id, msg.task_id, msg.attempt, out.revocation)

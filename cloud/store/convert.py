@@ -51,6 +51,18 @@ def ts(value: dt.datetime) -> timestamp_pb2.Timestamp:
     )
 
 
+def remaining(expires_at: dt.datetime, now: dt.datetime | None = None) -> duration_pb2.Duration:
+    """Time left until `expires_at` from `now` (this replica's clock by default), never below
+    zero: what a host counts its lease down from on its own monotonic clock, whatever its wall
+    clock says (`Renewed.lease_remaining`, `Assignment.lease_remaining`)."""
+    left = expires_at - (now or dt.datetime.now(dt.UTC))
+    if left.days < 0:
+        return duration_pb2.Duration()
+    return duration_pb2.Duration(
+        seconds=left.days * 86_400 + left.seconds, nanos=left.microseconds * 1000
+    )
+
+
 def duration(seconds: float) -> duration_pb2.Duration:
     """Seconds -> Duration."""
     out = duration_pb2.Duration()

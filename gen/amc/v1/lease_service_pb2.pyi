@@ -376,6 +376,7 @@ class Assignment(_message.Message):
     ALTERNATIVES_FIELD_NUMBER: _builtins.int
     BUDGET_FIELD_NUMBER: _builtins.int
     SPENT_FIELD_NUMBER: _builtins.int
+    LEASE_REMAINING_FIELD_NUMBER: _builtins.int
     task_id: _builtins.str
     """Task id."""
     attempt: _builtins.int
@@ -446,6 +447,14 @@ class Assignment(_message.Message):
         attempts on the cloud transport); a direct-transport host adds its own spending to it.
         """
 
+    @_builtins.property
+    def lease_remaining(self) -> _duration_pb2.Duration:
+        """Time left on the lease when the cloud sent this, by the cloud's clock. A host takes its
+        deadline from this on its own monotonic clock, so a host whose wall clock differs from
+        the cloud's (no NTP in a phone lab) still knows when its lease ends; `lease_expires_at`
+        needs the two clocks to agree. Unset from clouds before it: use `lease_expires_at`.
+        """
+
     def __init__(
         self,
         *,
@@ -465,10 +474,11 @@ class Assignment(_message.Message):
         alternatives: _abc.Iterable[_types_pb2.Flow] | None = ...,
         budget: _types_pb2.TaskBudget | None = ...,
         spent: _types_pb2.Usage | None = ...,
+        lease_remaining: _duration_pb2.Duration | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["budget", b"budget", "deadline", b"deadline", "flow", b"flow", "last_progress", b"last_progress", "lease_duration", b"lease_duration", "lease_expires_at", b"lease_expires_at", "renew_interval", b"renew_interval", "spent", b"spent"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["budget", b"budget", "deadline", b"deadline", "flow", b"flow", "last_progress", b"last_progress", "lease_duration", b"lease_duration", "lease_expires_at", b"lease_expires_at", "lease_remaining", b"lease_remaining", "renew_interval", b"renew_interval", "spent", b"spent"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["alternatives", b"alternatives", "attempt", b"attempt", "budget", b"budget", "deadline", b"deadline", "device_serial", b"device_serial", "flow", b"flow", "goal", b"goal", "last_progress", b"last_progress", "lease_duration", b"lease_duration", "lease_expires_at", b"lease_expires_at", "lease_id", b"lease_id", "renew_interval", b"renew_interval", "resumed", b"resumed", "secrets", b"secrets", "spent", b"spent", "task_id", b"task_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["alternatives", b"alternatives", "attempt", b"attempt", "budget", b"budget", "deadline", b"deadline", "device_serial", b"device_serial", "flow", b"flow", "goal", b"goal", "last_progress", b"last_progress", "lease_duration", b"lease_duration", "lease_expires_at", b"lease_expires_at", "lease_id", b"lease_id", "lease_remaining", b"lease_remaining", "renew_interval", b"renew_interval", "resumed", b"resumed", "secrets", b"secrets", "spent", b"spent", "task_id", b"task_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -520,6 +530,7 @@ class Renewed(_message.Message):
     ATTEMPT_FIELD_NUMBER: _builtins.int
     LEASE_ID_FIELD_NUMBER: _builtins.int
     LEASE_EXPIRES_AT_FIELD_NUMBER: _builtins.int
+    LEASE_REMAINING_FIELD_NUMBER: _builtins.int
     task_id: _builtins.str
     """Task id."""
     attempt: _builtins.int
@@ -530,6 +541,12 @@ class Renewed(_message.Message):
     def lease_expires_at(self) -> _timestamp_pb2.Timestamp:
         """New expiry."""
 
+    @_builtins.property
+    def lease_remaining(self) -> _duration_pb2.Duration:
+        """Time left on the lease when the cloud answered, by the cloud's clock (see
+        Assignment.lease_remaining: a host's deadline that does not depend on its wall clock).
+        """
+
     def __init__(
         self,
         *,
@@ -537,10 +554,11 @@ class Renewed(_message.Message):
         attempt: _builtins.int = ...,
         lease_id: _builtins.str = ...,
         lease_expires_at: _timestamp_pb2.Timestamp | None = ...,
+        lease_remaining: _duration_pb2.Duration | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["lease_expires_at", b"lease_expires_at"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["lease_expires_at", b"lease_expires_at", "lease_remaining", b"lease_remaining"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "lease_expires_at", b"lease_expires_at", "lease_id", b"lease_id", "task_id", b"task_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "lease_expires_at", b"lease_expires_at", "lease_id", b"lease_id", "lease_remaining", b"lease_remaining", "task_id", b"task_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

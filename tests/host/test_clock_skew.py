@@ -1,0 +1,111 @@
+"""A host whose wall clock disagrees with the cloud's still knows when its lease ends: the cloud
+sends the time left (`lease_remaining`) and the host counts it down on its monotonic clock.
+
+Real cloud (SQLite, loopback mTLS) and the real lease client; the host's wall clock is moved an
+hour ahead by replacing the lease client's `datetime` (a real clock cannot be set without root
+and without moving every process on the machine). Before the field, such a host read every
+expiry as an hour past, and stopped its task at the first renewal it could not send."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections.abc import AsyncIterator
+from datetime import datetime, timedelta, tzinfo
+from pathlib import Path
+
+import grpc
+import pytest
+from google.protobuf import duration_pb2, timestamp_pb2
+
+from amc.v1 import task_service_pb2, task_service_pb2_grpc
+from cloud import pki
+from cloud.server import CloudServer, build_server
+from cloud.settings import CloudSettings
+from host import lease_client
+from host import metrics as host_metrics
+from host.cloud_channel import open_channel
+from host.lease_client import LeaseClient, LeaseClientConfig
+from host.settings import HostSettings
+from tests.host.test_lease_client import HOST_ID, StaticDevices, Stepper
+from tests.support.waiting import until
+
+LEASE_S = 30.0
+
+
+class HourAhead(datetime):
+    """The host's wall clock, an hour ahead of the cloud's."""
+
+    @classmethod
+    def now(cls, tz: tzinfo | None = None) -> HourAhead:
+        real = datetime.now(tz) + timedelta(hours=1)
+        return cls.fromtimestamp(real.timestamp(), tz)
+
+
+@pytest.fixture
+async def cloud(tmp_path: Path) -> AsyncIterator[tuple[CloudServer, Path]]:
+    pki_dir = pki.ensure_embedded_pki(tmp_path, [HOST_ID], operator="ops")
+    server = await build_server(
+        CloudSettings(
+            database_url=f"sqlite+aiosqlite:///{tmp_path / 'cloud.sqlite3'}",
+            listen_address="127.0.0.1:0",
+            pki_dir=pki_dir,
+            dispatch_interval_seconds=0.2,
+        )
+    )
+    await server.start()
+    yield server, pki_dir
+    await server.stop(0.5)
+
+
+async def test_a_host_an_hour_ahead_keeps_its_lease_deadline(
+    cloud: tuple[CloudServer, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    server, pki_dir = cloud
+    monkeypatch.setattr(lease_client, "datetime", HourAhead)
+    settings = HostSettings(
+        cloud_address=server.address, certs_dir=pki_dir, host_id=HOST_ID, data_dir=tmp_path / "h"
+    )
+    body = Stepper(3)
+    client = LeaseClient(
+        lambda: open_channel(settings),
+        StaticDevices("emulator-5554"),
+        body,
+        LeaseClientConfig(reconnect_initial_s=0.05, reconnect_max_s=0.2),
+        rng=random.Random(7),
+    )
+    stop = asyncio.Event()
+    run = asyncio.create_task(client.run(stop))
+    ca = (pki_dir / "ca.pem").read_bytes()
+    creds = grpc.ssl_channel_credentials(
+        root_certificates=ca,
+        private_key=(pki_dir / "operator-ops.key").read_bytes(),
+        certificate_chain=(pki_dir / "operator-ops.pem").read_bytes(),
+    )
+    async with grpc.aio.secure_channel(server.address, creds) as channel:
+        lease = duration_pb2.Duration()
+        lease.FromTimedelta(timedelta(seconds=LEASE_S))
+        await task_service_pb2_grpc.TaskServiceStub(channel).SubmitTask(
+            task_service_pb2.SubmitTaskRequest(goal="g", max_attempts=1, lease_duration=lease)
+        )
+    try:
+        await until(lambda: bool(body.started), 20, "the assignment")
+        (rt,) = client._tasks.values()
+        assert rt.expires_mono - time.monotonic() > LEASE_S - 5  # from the assignment
+        acked = host_metrics.renewals.labels(outcome="acked")._value.get()
+        body.allow()  # progress changes: the host renews within a second
+        await until(
+            lambda: host_metrics.renewals.labels(outcome="acked")._value.get() > acked,
+            20,
+            "a renewal's answer",
+        )
+        assert rt.expires_mono - time.monotonic() > LEASE_S * 0.85 - 5  # from the renewal
+        # The control: the same expiry read against this host's clock is an hour gone.
+        renewed = server.store.now() + timedelta(seconds=LEASE_S)
+        ts = timestamp_pb2.Timestamp()
+        ts.FromDatetime(renewed)
+        assert lease_client._mono_expiry(ts, LEASE_S) - time.monotonic() < -3000
+    finally:
+        stop.set()
+        await asyncio.wait_for(run, 30)
