@@ -306,28 +306,14 @@ async def restart(
     try:
         async with async_server_process(*cloud, cpus=cpus) as first:
             await submit_many(first.address, pki_dir, len(ids), lease_seconds=LEASE_S)
-            gate = asyncio.Semaphore(128)
-
-            async def start(h: Host) -> None:
-                got = asyncio.Event()
-                async with gate:
-                    runs.append(asyncio.create_task(h.run(until, got)))
-                    await asyncio.wait_for(got.wait(), 120)
-
-            await asyncio.gather(*(start(h) for h in hosts))
+            await _start_all(hosts, until, runs)
             # A full renewal round (full run), so every host has heard an expiry from a renewal.
             await asyncio.sleep(before_s)
             died = _stop(first, how)
         async with async_server_process(*cloud, cpus=cpus) as second:
             ready = time.time()
-            cpu = [(ready, cpu_seconds(second.pid))]
-            while not all(h.confirmed_at or h.lost for h in hosts) and time.time() < ready + 120:
-                await asyncio.sleep(0.25)
-                cpu.append((time.time(), cpu_seconds(second.pid)))
-            back = max((h.confirmed_at for h in hosts), default=ready)
-            storm_cpu = max(c for t, c in cpu if t <= back + 0.25) - cpu[0][1]
-            hellos = sum(t >= ready for h in hosts for t in h.hellos)
-            before = {h.host_id: (h.renewals, h.refused_renewals, len(h.latencies)) for h in hosts}
+            storm_cpu, hellos = await _storm(hosts, ready, second.pid)
+            before = _counts(hosts)
             await asyncio.sleep(after_s)  # a lease term after: does every lease hold?
             after = _after(hosts, before)
     finally:
@@ -409,28 +395,14 @@ async def failover(
             async_server_process(*cloud(dying), cpus=cpus) as victim,
         ):
             await submit_many(survivor.address, pki_dir, len(ids), lease_seconds=LEASE_S)
-            gate = asyncio.Semaphore(128)
-
-            async def start(h: Host) -> None:
-                got = asyncio.Event()
-                async with gate:
-                    runs.append(asyncio.create_task(h.run(until, got)))
-                    await asyncio.wait_for(got.wait(), 120)
-
-            await asyncio.gather(*(start(h) for h in hosts))
+            await _start_all(hosts, until, runs)
             await asyncio.sleep(before_s)
             lost_before = sum(h.lost for h in hosts)
             budget = min(h.expires_at for h in moved if not h.lost)
-            cpu = [(time.time(), cpu_seconds(survivor.pid))]
             died = _stop(victim, "kill")
             budget -= died
-            while not all(h.confirmed_at or h.lost for h in moved) and time.time() < died + 120:
-                await asyncio.sleep(0.25)
-                cpu.append((time.time(), cpu_seconds(survivor.pid)))
-            back = max((h.confirmed_at for h in moved), default=died)
-            storm_cpu = max(c for t, c in cpu if t <= back + 0.25) - cpu[0][1]
-            hellos = sum(t >= died for h in moved for t in h.hellos)
-            before = {h.host_id: (h.renewals, h.refused_renewals, len(h.latencies)) for h in hosts}
+            storm_cpu, hellos = await _storm(moved, died, survivor.pid)
+            before = _counts(hosts)
             await asyncio.sleep(after_s)
             after = _after(hosts, before)
     finally:
@@ -456,6 +428,38 @@ async def failover(
         renewals_after=after[0],
         ack_p99_ms=after[2] * 1000,
     )
+
+
+async def _start_all(hosts: list[Host], until: float, runs: list[asyncio.Task[None]]) -> None:
+    """Start every host's sessions (into `runs`), 128 connecting at a time, and return once
+    each holds its assignment."""
+    gate = asyncio.Semaphore(128)
+
+    async def start(h: Host) -> None:
+        got = asyncio.Event()
+        async with gate:
+            runs.append(asyncio.create_task(h.run(until, got)))
+            await asyncio.wait_for(got.wait(), 120)
+
+    await asyncio.gather(*(start(h) for h in hosts))
+
+
+async def _storm(hosts: list[Host], since: float, pid: int) -> tuple[float, int]:
+    """Wait (at most 120 s) until each of `hosts` has its lease confirmed or refused; returns
+    the replica's CPU seconds from `since` to the last confirmation, and the hellos written
+    since `since`."""
+    cpu = [(since, cpu_seconds(pid))]
+    while not all(h.confirmed_at or h.lost for h in hosts) and time.time() < since + 120:
+        await asyncio.sleep(0.25)
+        cpu.append((time.time(), cpu_seconds(pid)))
+    back = max((h.confirmed_at for h in hosts), default=since)
+    storm_cpu = max(c for t, c in cpu if t <= back + 0.25) - cpu[0][1]
+    return storm_cpu, sum(t >= since for h in hosts for t in h.hellos)
+
+
+def _counts(hosts: list[Host]) -> dict[str, tuple[int, int, int]]:
+    """Each host's renewals sent, refused, and acknowledged so far (for `_after`)."""
+    return {h.host_id: (h.renewals, h.refused_renewals, len(h.latencies)) for h in hosts}
 
 
 def _stop(server: ServerProcess, how: str) -> float:
