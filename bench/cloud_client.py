@@ -7,7 +7,7 @@ from pathlib import Path
 
 from google.protobuf import duration_pb2
 
-from amc.v1 import task_service_pb2
+from amc.v1 import task_service_pb2, types_pb2
 from bench.resources import OPERATOR
 from console.client import OperatorClient, secure_channel
 
@@ -26,9 +26,14 @@ def operator(address: str, pki_dir: Path) -> OperatorClient:
 
 
 async def submit_many(
-    address: str, pki_dir: Path, count: int, lease_seconds: int = 3600, concurrency: int = 64
+    address: str,
+    pki_dir: Path,
+    count: int,
+    lease_seconds: int = 3600,
+    concurrency: int = 64,
+    target_host: str = "",
 ) -> list[str]:
-    """Submit `count` tasks with long leases; returns their ids."""
+    """Submit `count` tasks with long leases (for `target_host` only, if named); their ids."""
     client = operator(address, pki_dir)
     gate = asyncio.Semaphore(concurrency)
 
@@ -38,6 +43,7 @@ async def submit_many(
                 task_service_pb2.SubmitTaskRequest(
                     goal=f"bench task {i}",
                     lease_duration=duration_pb2.Duration(seconds=lease_seconds),
+                    target=types_pb2.TaskTarget(host_id=target_host),
                 )
             )
             return str(response.task.task_id)

@@ -12,6 +12,16 @@ from cloud.store.models import Base
 config = context.config
 target_metadata = Base.metadata
 
+#: Expression indexes `alembic check` cannot compare: each backend reflects the expression in
+#: its own words (PostgreSQL adds casts and ELSE NULL), so it would always see a difference.
+#: Their own migrations' tests read them from the catalogue instead.
+_NOT_COMPARED = frozenset({"ix_tasks_queue"})
+
+
+def _compared(obj: object, name: str | None, type_: str, reflected: bool, other: object) -> bool:
+    """`include_object`: everything but `_NOT_COMPARED`."""
+    return not (type_ == "index" and name in _NOT_COMPARED)
+
 
 def _configure_and_run(connection: Connection) -> None:
     context.configure(
@@ -19,6 +29,7 @@ def _configure_and_run(connection: Connection) -> None:
         target_metadata=target_metadata,
         render_as_batch=connection.dialect.name == "sqlite",
         compare_type=True,
+        include_object=_compared,
     )
     with context.begin_transaction():
         context.run_migrations()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -139,7 +140,12 @@ def _run_with_connection(connection: Connection, action: str, revision: str) -> 
     elif action == "downgrade":
         command.downgrade(cfg, revision)
     elif action == "check":
-        command.check(cfg)
+        with warnings.catch_warnings():
+            # SQLite's reflection skips expression indexes (ix_tasks_queue), which the check
+            # leaves out on every backend anyway (migrations/env.py).
+            warnings.filterwarnings("ignore", "Skipped unsupported reflection of expression")
+            warnings.filterwarnings("ignore", "autogenerate skipping metadata-specified expr")
+            command.check(cfg)
     else:  # pragma: no cover - programming error
         raise ValueError(action)
 

@@ -74,6 +74,15 @@ class Base(DeclarativeBase):
     metadata = MetaData(naming_convention=NAMING_CONVENTION)
 
 
+#: `ix_tasks_queue`'s keys: whom a queued task waits for (its target host, '' for any; NULL once
+#: it is not queued) and which phone ('' for any). `cloud.store.leases.claim` looks tasks up by
+#: these very expressions: an expression index serves only a query that repeats it.
+QUEUE_KEY = (
+    text("(CASE WHEN status = 'QUEUED' THEN coalesce(target_host_id, '') END)"),
+    text("coalesce(target_device_serial, '')"),
+)
+
+
 class TaskRow(Base):
     """A unit of work. `attempt` is the current or last attempt number (0 before the first)."""
 
@@ -119,6 +128,15 @@ class TaskRow(Base):
         Index("ix_tasks_created_at_task_id", "created_at", "task_id"),
         Index("ix_tasks_host_id", "host_id"),
         Index("ix_tasks_finished_at", "finished_at"),
+        # The queue a claim reads, by whom a task waits for (any phone, a host, a phone): a
+        # claim reads the head of each queue it may take from, never the tasks queued for
+        # other hosts or phones (migration 0015, `cloud.store.leases.claim`). Keyed by
+        # expressions: "any" is '' (equalities keep each queue in age order, where PostgreSQL
+        # sorted what it found by `IS NULL`), and the status is folded into the first key, so
+        # no plan can prefer `ix_tasks_status_created_at` and walk every queued task. Not
+        # partial: on SQLite a partial index whose condition names `status` makes every
+        # statement that binds `tasks.status` be prepared again each time it runs.
+        Index("ix_tasks_queue", *QUEUE_KEY, "created_at", "task_id"),
         # Room on each page for renewals' in-place (HOT) updates (migration 0014).
         {"postgresql_with": {"fillfactor": 80}},
     )

@@ -8,11 +8,27 @@ index allows one live attempt per phone.
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from sqlalchemy import Select, bindparam, insert, select, update
+from sqlalchemy import (
+    CTE,
+    BindParameter,
+    ColumnElement,
+    Integer,
+    Select,
+    String,
+    bindparam,
+    case,
+    func,
+    insert,
+    literal_column,
+    select,
+    union_all,
+    update,
+)
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import Session
@@ -77,23 +93,75 @@ async def latest_progress(session: AsyncSession, task_id: str) -> AttemptRow | N
     return await session.scalar(LATEST_PROGRESS, {"task_id": task_id})
 
 
+def _queue(name: str, *where: ColumnElement[bool]) -> CTE:
+    """The oldest claimable tasks of one queue (`where` names its target host and phone), at
+    most `depth`, found in `ix_tasks_queue`. Read, not locked: the claim locks only the task it
+    takes."""
+    return (
+        select(TaskRow.task_id, TaskRow.created_at)
+        .where(
+            *where,
+            TaskRow.cancel_requested.is_(False),
+            TaskRow.deadline > bindparam("now"),
+        )
+        .order_by(TaskRow.created_at, TaskRow.task_id)
+        .limit(bindparam("depth", type_=Integer()))
+        .cte(name)
+    )
+
+
 # A claim's statements, built once with bound parameters: built per claim, building them and
 # computing their cache keys was a third of a claim's CPU (bench/dispatch_burst.py).
 # Bound names differ from the columns they set (SQLAlchemy reserves those in SET and VALUES).
-_CANDIDATE = (
-    select(TaskRow.task_id, TaskRow.target_device_serial, TaskRow.updated_at)
-    .where(
-        TaskRow.status == states.QUEUED,
-        TaskRow.cancel_requested.is_(False),
-        TaskRow.deadline > bindparam("now"),
-        TaskRow.target_host_id.is_(None) | (TaskRow.target_host_id == bindparam("host")),
-        TaskRow.target_device_serial.is_(None)
-        | TaskRow.target_device_serial.in_(bindparam("idle", expanding=True)),
+_HOST: BindParameter[str] = bindparam("host", type_=String())
+# `models.QUEUE_KEY` as expressions a query repeats: whom a queued task waits for ('' = any
+# host; NULL when not queued) and which phone ('' = any).
+_QUEUED_FOR = case(
+    (
+        TaskRow.status == literal_column(f"'{states.QUEUED}'"),
+        func.coalesce(TaskRow.target_host_id, literal_column("''")),
     )
-    .order_by(TaskRow.created_at, TaskRow.task_id)
-    .limit(1)
-    .with_for_update(skip_locked=True)
 )
+_TARGET_PHONE = func.coalesce(TaskRow.target_device_serial, literal_column("''"))
+_ANY_HOST = _QUEUED_FOR == ""
+_ANY_PHONE = _TARGET_PHONE == ""
+#: Heads each queue offers on PostgreSQL: more than the claims that can run at once on two
+#: replicas (a connection each), so a claim finds a free task while one is queued.
+_PG_DEPTH = 64
+
+
+@functools.cache
+def _candidate(idle: int) -> Select[str, str | None, dt.datetime]:
+    """The claim's candidate lookup for a host with `idle` idle phones (bound as `idle_0`...).
+
+    The oldest task at the head of the queues the host may take from: tasks for any phone, for
+    this host, and for each idle phone, of this host or by serial on any host. One walk of all
+    queued tasks in age order read every task queued for other hosts or phones before reaching
+    one this host could take (migration 0015). Each queue is one equality lookup in
+    `ix_tasks_queue` (an IN list of phones let PostgreSQL walk all tasks in age order instead).
+    The heads drive the statement (sorted, then each task found by its key). On PostgreSQL the
+    oldest head nobody else holds is locked (FOR UPDATE SKIP LOCKED) and re-checked as still
+    queued, so replicas claiming at once take different tasks and nothing else is locked.
+    SQLite runs one claim at a time (its write lock): one head per queue is enough.
+    """
+    queues = [_queue("any_phone", _ANY_HOST, _ANY_PHONE)]
+    queues.append(_queue("this_host", _QUEUED_FOR == _HOST, _ANY_PHONE))
+    for n in range(idle):
+        serial: BindParameter[str] = bindparam(f"idle_{n}", type_=String())
+        phone = serial == _TARGET_PHONE
+        queues.append(_queue(f"its_phone_{n}", _QUEUED_FOR == _HOST, phone))
+        queues.append(_queue(f"any_host_phone_{n}", _ANY_HOST, phone))
+    heads = union_all(*(select(queue) for queue in queues)).subquery("heads")
+    return (
+        select(TaskRow.task_id, TaskRow.target_device_serial, TaskRow.updated_at)
+        .join_from(heads, TaskRow, TaskRow.task_id == heads.c.task_id)
+        .where((TaskRow.status == states.QUEUED).is_(True))
+        .order_by(heads.c.created_at, heads.c.task_id)
+        .limit(1)
+        .with_for_update(of=TaskRow, skip_locked=True)
+    )
+
+
 _TAKE = (
     update(TaskRow)
     .where(TaskRow.task_id == bindparam("task"), TaskRow.status == states.QUEUED)
@@ -163,9 +231,13 @@ def _claim(
     were ~40 % of a claim's CPU."""
     conn = session.connection()
     now = clock()
-    candidate = conn.execute(
-        _CANDIDATE, {"now": now, "host": host_id, "idle": idle_serials}
-    ).first()
+    params: dict[str, object] = {
+        "now": now,
+        "host": host_id,
+        "depth": _PG_DEPTH if conn.dialect.name == "postgresql" else 1,
+    }
+    params.update((f"idle_{n}", serial) for n, serial in enumerate(idle_serials))
+    candidate = conn.execute(_candidate(len(idle_serials)), params).first()
     if candidate is None:
         return None
     task_id, target_serial, queued_since = candidate
