@@ -211,17 +211,18 @@ class Dispatcher:
             if session.unsure_serials and not session.closed:
                 async with session.dispatch_lock:
                     await self._send_unsure(session)
-        if not any(s.has_idle() for s in self.sessions.values()):
+        idle = [s for s in self.sessions.values() if s.has_idle()]
+        if not idle:
             return
-        targets = await leases.queued_by_target_host(self.store)
-        if not targets:
+        waiting = await leases.waiting(self.store, cap=sum(len(s.devices) for s in idle))
+        if not waiting.any_host and not waiting.hosts:
             return
-        any_left = targets.get(None, 0)
+        any_left = waiting.any_host
         misses = 0
-        for session in list(self.sessions.values()):
+        for session in idle:
             if session.closed or not session.has_idle() or self.paused_for(session):
                 continue
-            mine = targets.get(session.host_id, 0)
+            mine = session.host_id in waiting.hosts
             if not mine and (any_left <= 0 or misses >= _MAX_DISPATCH_MISSES):
                 continue
             got = await self.dispatch_host(session)

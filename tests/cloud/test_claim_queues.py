@@ -8,7 +8,9 @@ phones, an idle phone's serial on any host. These tests pin the order a host get
 (both backends), that a backlog queued for another host is never read (the plans, on a real
 SQLite file and a real PostgreSQL server, before and after ANALYZE), that concurrent claims
 on PostgreSQL take different tasks and none comes back empty while one is free, and that the
-migration goes up and down on both backends.
+migration goes up and down on both backends. A dispatch pass's question of where work waits
+(which hosts have tasks queued for them, how many tasks any host may take) reads one index
+entry per target host, not the backlog.
 """
 
 from __future__ import annotations
@@ -23,12 +25,12 @@ from typing import Any
 
 import psycopg
 import psycopg.sql
-from sqlalchemy import event, insert, text
+from sqlalchemy import Select, event, insert, text
 
 from cloud.store import leases, states, tasks
 from cloud.store.database import Store
 from cloud.store.engine import downgrade, upgrade
-from cloud.store.leases.claim import _PG_DEPTH, _candidate
+from cloud.store.leases.claim import _PG_DEPTH, _WAITING, _candidate
 from cloud.store.models import TaskRow
 from tests.support.postgres import PostgresServer
 
@@ -158,11 +160,11 @@ async def test_sqlite_a_claim_never_reads_the_queue_of_another_host(tmp_path: Pa
     assert not walks, walks
 
 
-def _candidate_sql(store: Store, host: str, idle: list[str]) -> tuple[str, list[Any]]:
-    """The claim's candidate statement as PostgreSQL gets it, with $n parameters and values."""
-    compiled = _candidate(len(idle)).compile(dialect=store.engine.dialect)
-    values: dict[str, Any] = {"now": store.now(), "host": host, "depth": _PG_DEPTH}
-    values.update((f"idle_{n}", serial) for n, serial in enumerate(idle))
+def _postgres_sql(
+    store: Store, statement: Select[*tuple[Any, ...]], values: dict[str, Any]
+) -> tuple[str, list[Any]]:
+    """A statement as PostgreSQL gets it, with $n parameters, and their values."""
+    compiled = statement.compile(dialect=store.engine.dialect)
     state = compiled.construct_expanded_state(values)
     names: list[str] = []
 
@@ -173,6 +175,34 @@ def _candidate_sql(store: Store, host: str, idle: list[str]) -> tuple[str, list[
 
     sql = re.sub(r"%\((\w+)\)s", number, state.statement)
     return sql, [state.parameters[n] for n in names]
+
+
+def _candidate_sql(store: Store, host: str, idle: list[str]) -> tuple[str, list[Any]]:
+    """The claim's candidate statement as PostgreSQL gets it."""
+    values: dict[str, Any] = {"now": store.now(), "host": host, "depth": _PG_DEPTH}
+    values.update((f"idle_{n}", serial) for n, serial in enumerate(idle))
+    return _postgres_sql(store, _candidate(len(idle)), values)
+
+
+def _postgres_plans(store: Store, sql: str, args: list[Any]) -> list[str]:
+    """How PostgreSQL runs `sql` (EXPLAIN ANALYZE, rolled back) in the generic plan a
+    connection makes before the tables were analysed, and after."""
+    dsn = str(store.engine.url.set(drivername="postgresql").render_as_string(False))
+    plans = []
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("SET plan_cache_mode = force_generic_plan")
+        for analysed in (False, True):
+            if analysed:
+                conn.execute("ANALYZE tasks")
+            conn.execute(psycopg.sql.SQL(f"PREPARE q AS {sql}"))
+            query = psycopg.sql.SQL("EXPLAIN (ANALYZE) EXECUTE q ({})").format(
+                psycopg.sql.SQL(", ").join(map(psycopg.sql.Literal, args))
+            )
+            conn.execute("BEGIN")
+            plans.append("\n".join(str(r[0]) for r in conn.execute(query).fetchall()))
+            conn.execute("ROLLBACK")
+            conn.execute("DEALLOCATE q")
+    return plans
 
 
 def _rows_read(plan: str) -> int:
@@ -193,23 +223,7 @@ async def test_postgres_a_claim_never_reads_the_queue_of_another_host(
         await upgrade(store.engine)
         await _backlog(store, "other")
         await _submit(store, host="me")
-        sql, args = _candidate_sql(store, "me", ["p1", "p2"])
-        dsn = str(store.engine.url.set(drivername="postgresql").render_as_string(False))
-        plans = []
-        with psycopg.connect(dsn, autocommit=True) as conn:
-            conn.execute("SET plan_cache_mode = force_generic_plan")
-            conn.execute(psycopg.sql.SQL(f"PREPARE c AS {sql}"))
-            for analysed in (False, True):
-                if analysed:
-                    conn.execute("ANALYZE tasks")
-                    conn.execute("DEALLOCATE c")
-                    conn.execute(psycopg.sql.SQL(f"PREPARE c AS {sql}"))
-                query = psycopg.sql.SQL("EXPLAIN (ANALYZE) EXECUTE c ({})").format(
-                    psycopg.sql.SQL(", ").join(map(psycopg.sql.Literal, args))
-                )
-                conn.execute("BEGIN")
-                plans.append("\n".join(str(r[0]) for r in conn.execute(query).fetchall()))
-                conn.execute("ROLLBACK")
+        plans = _postgres_plans(store, *_candidate_sql(store, "me", ["p1", "p2"]))
     finally:
         await store.close()
     for plan in plans:
@@ -260,3 +274,68 @@ async def test_migration_0015_adds_the_queue_index_and_back(db_url: str) -> None
         assert await names() == before
     finally:
         await store.close()
+
+
+async def test_where_work_waits(store: Store) -> None:
+    """Both backends: each host with tasks queued for it once, tasks for any host counted up to
+    the cap; a task taken is no longer waiting."""
+    assert await leases.waiting(store, cap=10) == leases.Waiting(0, frozenset())
+    for host in ("b", "a", "b", "c-1"):
+        await _submit(store, host=host)
+    await _submit(store, host="a", serial="p1")
+    for _ in range(3):
+        await _submit(store)
+    await _submit(store, serial="p9")  # any host's phone p9: a task for any host
+    assert await leases.waiting(store, cap=10) == leases.Waiting(4, frozenset({"a", "b", "c-1"}))
+    assert (await leases.waiting(store, cap=2)).any_host == 2
+    assert await _taken(store, "c-1", ["p"]) is not None  # its own task, the oldest it may take
+    assert await leases.waiting(store, cap=10) == leases.Waiting(4, frozenset({"a", "b"}))
+    assert await _taken(store, "c-1", ["q"]) is not None  # then one for any host
+    assert await leases.waiting(store, cap=10) == leases.Waiting(3, frozenset({"a", "b"}))
+
+
+def _waiting_values(cap: int) -> dict[str, Any]:
+    return {"cap": cap, **dict(_WAITING.compile().params)}
+
+
+async def test_sqlite_where_work_waits_never_reads_the_backlog(tmp_path: Path) -> None:
+    """SQLite: the dispatch pass's question finds each target host by one lookup in
+    `ix_tasks_queue` (a loose index scan), not by reading the 2,000 tasks of one of them."""
+    db = tmp_path / "cloud.sqlite3"
+    store = Store.from_url(f"sqlite+aiosqlite:///{db}")
+    try:
+        await upgrade(store.engine)
+        await _backlog(store, "other")
+        await _submit(store, host="me")
+        await _submit(store)
+        assert await leases.waiting(store, cap=5) == leases.Waiting(1, frozenset({"me", "other"}))
+        compiled = _WAITING.compile(dialect=store.engine.dialect)
+        values = compiled.construct_params({"cap": 5})
+        statement = str(compiled)
+        args = [values[name] for name in compiled.positiontup or []]
+    finally:
+        await store.close()
+    plans = _sqlite_plans(db, [(statement, args)])
+    assert any("USING INDEX ix_tasks_queue" in step for step in plans), plans
+    assert not [s for s in plans if re.match(r"SCAN tasks\b", s) or "status_created" in s], plans
+
+
+async def test_postgres_where_work_waits_never_reads_the_backlog(
+    postgres_server: PostgresServer,
+) -> None:
+    """PostgreSQL, before ANALYZE and after: the question reads a handful of index entries, not
+    the 2,000 tasks queued for one host."""
+    store = Store.from_url(postgres_server.create_database())
+    try:
+        await upgrade(store.engine)
+        await _backlog(store, "other")
+        await _submit(store, host="me")
+        await _submit(store)
+        assert await leases.waiting(store, cap=5) == leases.Waiting(1, frozenset({"me", "other"}))
+        plans = _postgres_plans(store, *_postgres_sql(store, _WAITING, _waiting_values(5)))
+    finally:
+        await store.close()
+    for plan in plans:
+        assert "ix_tasks_queue" in plan, plan
+        assert "Seq Scan on tasks" not in plan, plan
+        assert _rows_read(plan) < 100, plan

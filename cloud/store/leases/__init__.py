@@ -7,7 +7,15 @@ Everything here returns the store's own types (rows, dataclasses, `Revocation`):
 service maps them to the protocol's messages.
 """
 
-from cloud.store.leases.claim import Claimed, Settle, claim, latest_progress, live_attempts_on
+from cloud.store.leases.claim import (
+    Claimed,
+    Settle,
+    Waiting,
+    claim,
+    latest_progress,
+    live_attempts_on,
+    waiting,
+)
 from cloud.store.leases.fence import Revocation, classify, live_fence
 from cloud.store.leases.progress import (
     RESULT_SUMMARY_LIMIT,
@@ -25,7 +33,6 @@ from cloud.store.leases.queries import (
     is_live,
     lease_owner,
     live_serials_by_host,
-    queued_by_target_host,
 )
 from cloud.store.leases.release import release
 from cloud.store.leases.renew import (
@@ -67,6 +74,7 @@ __all__ = [
     "Revocation",
     "Settle",
     "Settled",
+    "Waiting",
     "answer_from_read",
     "busy_phones",
     "claim",
@@ -81,7 +89,6 @@ __all__ = [
     "live_attempts_on",
     "live_fence",
     "live_serials_by_host",
-    "queued_by_target_host",
     "record_result",
     "release",
     "renew_batch",
@@ -89,5 +96,6 @@ __all__ = [
     "sweep_deadlines",
     "sweep_expired",
     "truncate_summary",
+    "waiting",
     "write_renewals",
 ]

@@ -350,3 +350,62 @@ async def live_attempts_on(store: Store, host_id: str, serials: set[str]) -> lis
                 )
             )
         return out
+
+
+@dataclass(frozen=True, slots=True)
+class Waiting:
+    """Where queued work waits, as far as a dispatch pass needs to know."""
+
+    #: Queued tasks any host may take, counted up to the cap `waiting` was given.
+    any_host: int
+    #: Hosts with tasks queued for them alone.
+    hosts: frozenset[str]
+
+
+def _next_target(after: ColumnElement[str]) -> ColumnElement[str]:
+    """The first target host after `after` in `ix_tasks_queue` (NULL past the last)."""
+    return (
+        select(_QUEUED_FOR)
+        .where(after < _QUEUED_FOR)
+        .order_by(_QUEUED_FOR)
+        .limit(1)
+        .scalar_subquery()
+    )
+
+
+def _waiting() -> Select[str | None, int]:
+    """Each target host with queued tasks, once, and beside each the count of tasks for any
+    host (up to the bound `cap`): one statement, one row even when nothing waits (the
+    recursion's first row; its last host is NULL).
+
+    The hosts come from a loose index scan of `ix_tasks_queue` (one lookup per host, however
+    many tasks each has). A GROUP BY of the queued tasks read every one of them on every
+    dispatch pass: 10,000 tasks queued for one absent host made each pass 1.8 → 8.5 ms
+    (SQLite), 1.8 → 6.9 ms (PostgreSQL)."""
+    first = select(_next_target(literal_column("''")).label("host")).cte("targets", recursive=True)
+    targets = first.union_all(select(_next_target(first.c.host)).where(first.c.host.is_not(None)))
+    any_host = (
+        select(func.count())
+        .select_from(
+            select(literal_column("1"))
+            .where(_ANY_HOST)
+            # The index's order: without it PostgreSQL, tables unanalysed, read all tasks.
+            .order_by(_TARGET_PHONE, TaskRow.created_at, TaskRow.task_id)
+            .limit(bindparam("cap", type_=Integer()))
+            .subquery()
+        )
+        .scalar_subquery()
+    )
+    return select(targets.c.host, any_host)
+
+
+_WAITING = _waiting()
+
+
+async def waiting(store: Store, cap: int) -> Waiting:
+    """Where queued work waits: `cap` bounds the count of tasks for any host (a pass hands out
+    at most one per idle phone), so a long queue costs a pass no more than a short one."""
+    async with store.read() as session:
+        rows = (await session.execute(_WAITING, {"cap": cap})).all()
+    hosts = frozenset(host for host, _ in rows if host is not None)
+    return Waiting(int(rows[0][1]) if rows else 0, hosts)

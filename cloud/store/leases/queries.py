@@ -7,9 +7,8 @@ import datetime as dt
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from sqlalchemy import func, select
+from sqlalchemy import select
 
-from cloud.store import states
 from cloud.store.database import Store
 from cloud.store.idlists import among
 from cloud.store.leases.fence import Revocation, live_fence
@@ -106,17 +105,6 @@ async def lease_owner(store: Store, task_id: str, attempt: int, lease_id: str) -
             )
         )
         return None if owner is None else str(owner)
-
-
-async def queued_by_target_host(store: Store) -> dict[str | None, int]:
-    """Queued tasks counted by target host (None: any host). Lets a dispatch pass skip hosts."""
-    async with store.read() as session:
-        rows = await session.execute(
-            select(TaskRow.target_host_id, func.count())
-            .where(TaskRow.status == states.QUEUED)
-            .group_by(TaskRow.target_host_id)
-        )
-        return {target: int(count) for target, count in rows}
 
 
 @dataclass(frozen=True, slots=True)
