@@ -128,7 +128,7 @@ class Dispatcher:
                     # run it. Requeue it now rather than when its lease runs out.
                     await self._release_unsent(session, held)
                     return got
-                session.busy.add(claimed.device_serial)
+                session.mark_busy(claimed.device_serial)
                 session.granted.add(held)
                 session.send(self._assignment(claimed, await self._flows_for(claimed)))
                 if claimed.queued_since is not None:
@@ -167,7 +167,7 @@ class Dispatcher:
                 "re-sending assignment %s/%d to %s: its claim failed after the commit",
                 claimed.task_id, claimed.attempt, session.host_id,
             )  # fmt: skip
-            session.busy.add(claimed.device_serial)
+            session.mark_busy(claimed.device_serial)
             session.granted.add(
                 leases.HeldLease(claimed.task_id, claimed.attempt, claimed.lease_id)
             )
@@ -233,8 +233,13 @@ class Dispatcher:
     async def _resync_busy(self) -> None:
         """Correct the busy hints from the store (one query per `idlists.CHUNK` local hosts)."""
         for chunk in idlists.chunked(list(self.sessions)):
+            before = {h: (s, s.busy_changes) for h in chunk if (s := self.sessions.get(h))}
             busy = await leases.live_serials_by_host(self.store, chunk)
             for host_id, serials in busy.items():
-                session = self.sessions.get(host_id)
-                if session is not None:
+                session, changes = before.get(host_id, (None, -1))
+                if (
+                    session is not None
+                    and self.sessions.get(host_id) is session
+                    and session.busy_changes == changes
+                ):
                     session.busy = serials

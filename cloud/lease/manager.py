@@ -229,7 +229,7 @@ class LeaseManager:
         # A live lease the same process did not re-announce is left to run out rather than
         # ended here: the process may have finished that attempt while disconnected, and its
         # result follows the hello (held assignments list only what still runs).
-        session.busy = settled.busy
+        session.set_busy(settled.busy)
         self.dispatcher.kick(session)
         return session
 
@@ -272,7 +272,7 @@ class LeaseManager:
         session = self.sessions.get(host_id)
         if session is not None:
             released = {e.device_serial for e in ended}
-            session.busy -= released
+            session.mark_free(released)
             session.granted -= {leases.HeldLease(e.task_id, e.attempt, e.lease_id) for e in ended}
 
     def _spawn(self, job: Coroutine[Any, Any, None]) -> None:
@@ -422,7 +422,7 @@ class LeaseManager:
             if out.recorded:
                 for hear in self.on_ended:
                     hear()
-                session.busy.discard(out.device_serial)
+                session.mark_free([out.device_serial])
                 self.bus.tasks_changed([msg.task_id])
                 self.bus.hosts_changed([session.host_id])  # the phone is idle again
                 metrics.current().result(states.from_proto(msg.status))
@@ -475,7 +475,7 @@ class LeaseManager:
             )
         )
         if event.ended and event.device_serial:
-            session.busy.discard(event.device_serial)
+            session.mark_free([event.device_serial])
             self.dispatcher.kick(session)
 
     # ---- host heartbeat -----------------------------------------------------------------------

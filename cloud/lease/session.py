@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import uuid
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import grpc
@@ -30,7 +31,9 @@ class HostSession:
     """State of one open Lease stream.
 
     `busy` is a hint of the phones with a live attempt, kept in step with the store by claims,
-    results, sweeps and a periodic resync; the store's unique index is the real guard.
+    results, sweeps and a periodic resync; the store's unique index is the real guard. Change
+    it through `mark_busy`, `mark_free` and `set_busy`: they count the changes a resync must
+    not undo.
     """
 
     host_id: str
@@ -41,6 +44,12 @@ class HostSession:
     serial: str | None = None
     devices: dict[str, int] = field(default_factory=dict)
     busy: set[str] = field(default_factory=set)
+    #: Changes to `busy` so far. A resync reads the store without holding up claims and
+    #: results; it applies what it read only if nothing changed meanwhile: a claim committed
+    #: or a lease ended during the read was otherwise undone (a busy phone offered to a claim
+    #: that could only fail, which in a burst of hellos held idle hosts back a pass; or a free
+    #: phone left idle until the next resync).
+    busy_changes: int = 0
     stream_id: str = field(default_factory=lambda: uuid.uuid4().hex)
     outbox: asyncio.Queue[lease_pb.LeaseResponse | Closing] = field(default_factory=asyncio.Queue)
     #: Held around each write: the reader answers and the outbox's pushes share the stream.
@@ -57,6 +66,21 @@ class HostSession:
     recorded: bool = False
     closed: bool = False
     last_seen: dt.datetime = field(default_factory=lambda: dt.datetime.now(dt.UTC))
+
+    def mark_busy(self, serial: str) -> None:
+        """A phone got a live attempt."""
+        self.busy.add(serial)
+        self.busy_changes += 1
+
+    def mark_free(self, serials: Iterable[str]) -> None:
+        """These phones' attempts ended."""
+        self.busy.difference_update(serials)
+        self.busy_changes += 1
+
+    def set_busy(self, serials: set[str]) -> None:
+        """The phones with a live attempt, as the store said at a hello."""
+        self.busy = serials
+        self.busy_changes += 1
 
     def set_devices(self, devices: list[types_pb2.Device]) -> None:
         """Replace the phone list."""
