@@ -52,8 +52,9 @@ async def _submit(store: Store, host: str = "", serial: str = "", goal: str = "g
     return view.task.task_id
 
 
-async def _backlog(store: Store, host: str, n: int = BACKLOG) -> None:
-    """`n` tasks queued for `host` (one statement: the rows `tasks.submit` would write)."""
+async def _backlog(store: Store, host: str | None, n: int = BACKLOG) -> None:
+    """`n` tasks queued for `host` (None: any host), in one statement: the rows `tasks.submit`
+    would write."""
     now = store.now()
     rows = [
         {
@@ -339,3 +340,28 @@ async def test_postgres_where_work_waits_never_reads_the_backlog(
         assert "ix_tasks_queue" in plan, plan
         assert "Seq Scan on tasks" not in plan, plan
         assert _rows_read(plan) < 100, plan
+
+
+async def test_postgres_a_claim_looks_past_the_heads_others_hold(
+    postgres_server: PostgresServer,
+) -> None:
+    """PostgreSQL: with 300 of the oldest tasks locked by other transactions (claims in flight
+    on several replicas, and heads taken since the claim's snapshot: more than 64, the old
+    depth, were in a 1,000-host burst), a claim still takes the free task behind them rather
+    than coming back empty while work is queued."""
+    store = Store.from_url(postgres_server.create_database())
+    try:
+        await upgrade(store.engine)
+        await _backlog(store, None, 300)
+        free = await _submit(store, goal="free")
+        dsn = str(store.engine.url.set(drivername="postgresql").render_as_string(False))
+        with psycopg.connect(dsn) as other:  # a transaction holding the oldest heads
+            locked = other.execute(
+                "SELECT task_id FROM tasks WHERE task_id <> %s FOR UPDATE", (free,)
+            ).fetchall()
+            assert len(locked) == 300 < _PG_DEPTH
+            assert await _taken(store, "me", ["p"]) == (free, "p")
+            other.rollback()
+        assert await _taken(store, "me", ["q"]) is not None
+    finally:
+        await store.close()
