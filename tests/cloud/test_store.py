@@ -402,6 +402,40 @@ async def test_the_heartbeat_records_each_hosts_last_seen_exactly(store: Store) 
     assert rows == {**seen, "h3": untouched}
 
 
+async def test_the_heartbeat_vouches_for_this_replicas_streams_only(store: Store) -> None:
+    """A host that spoke is vouched for in the write of its time, the replica's silent hosts
+    by the vouch after it; another replica's host gets its time but not this one's vouch, and
+    a disconnected host neither."""
+    from cloud.store import hosts
+    from cloud.store.models import HostRow
+
+    for h, replica in (("spoke", "r1"), ("silent", "r1"), ("elsewhere", "r2"), ("gone", "r1")):
+        await hosts.upsert_hello(store, h, [], "v", 0, replica, f"s-{h}", "p")
+    assert await hosts.disconnected(store, "gone", "s-gone")
+    old = store.now() - dt.timedelta(hours=1)
+    async with store.write() as db:
+        await db.execute(update(HostRow).values(stream_alive_at=old))
+    later = store.now() + dt.timedelta(minutes=1)
+    before = store.now()
+    await hosts.heartbeat(store, "r1", {"spoke": later, "elsewhere": later})
+    after = store.now()
+    async with store.read() as db:
+        rows = {
+            h: (alive, seen)
+            for h, alive, seen in await db.execute(
+                select(HostRow.host_id, HostRow.stream_alive_at, HostRow.last_seen_at)
+            )
+        }
+    for h in ("spoke", "silent"):
+        alive = rows[h][0]
+        assert alive is not None and before <= alive <= after, h
+    assert rows["spoke"][0] == rows["silent"][0]  # one instant for the whole beat
+    assert rows["spoke"][1] == rows["elsewhere"][1] == later
+    assert rows["elsewhere"][0] == old
+    assert rows["gone"][0] == old
+    assert await hosts.unvouched(store, 10.0) == {"elsewhere"}
+
+
 async def test_last_seen_never_steps_back_when_writers_commit_out_of_order(store: Store) -> None:
     """Every writer of `last_seen_at` (hello, devices, outbox, the heartbeat, a stream's end,
     a replica's end) takes its time before it waits for the write lock, so a later time can
