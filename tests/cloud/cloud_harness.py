@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+import pytest
 
 from amc.v1 import (
     lease_service_pb2 as lease_pb,
@@ -21,6 +22,8 @@ from amc.v1 import (
 )
 from cloud.server import CloudServer, build_server
 from cloud.settings import CloudSettings
+from cloud.store import tasks
+from cloud.store.database import Store
 
 
 @contextlib.asynccontextmanager
@@ -262,3 +265,17 @@ async def wait_status(stub: Any, task_id: str, status: int, within: float = 10.0
         if loop.time() > end:
             raise AssertionError(f"task {task_id} stuck in {task.status}, wanted {status}")
         await asyncio.sleep(0.05)
+
+
+def count_reloads(monkeypatch: pytest.MonkeyPatch) -> list[list[str]]:
+    """From now on, the ids of every `tasks.load_views` call (a watcher's reload), in order.
+    The wrapper only counts: every call still reads the store."""
+    reloads: list[list[str]] = []
+    load_views = tasks.load_views
+
+    async def counted(store: Store, ids: list[str], *, usage: bool = True) -> list[tasks.TaskView]:
+        reloads.append(list(ids))
+        return await load_views(store, ids, usage=usage)
+
+    monkeypatch.setattr(tasks, "load_views", counted)
+    return reloads

@@ -27,7 +27,7 @@ from cloud.services.progress_service import KEPT, _Shown
 from cloud.store import convert, leases, tasks
 from cloud.store.database import Store
 from cloud.store.models import AttemptRow
-from tests.cloud.cloud_harness import ScriptedHost, channel, renewal, submit
+from tests.cloud.cloud_harness import ScriptedHost, channel, count_reloads, renewal, submit
 from tests.support.postgres import PostgresServer
 
 
@@ -36,20 +36,6 @@ async def _drain(call: Any) -> list[Any]:
     while (msg := await asyncio.wait_for(call.read(), 10)) is not grpc.aio.EOF:
         out.append(msg)
     return out
-
-
-def _count_reloads(monkeypatch: pytest.MonkeyPatch) -> list[list[str]]:
-    """From now on, the ids of every `tasks.load_views` call (a watcher's reload), in order.
-    The wrapper only counts: every call still reads the store."""
-    reloads: list[list[str]] = []
-    load_views = tasks.load_views
-
-    async def counted(store: Store, ids: list[str], *, usage: bool = True) -> list[tasks.TaskView]:
-        reloads.append(list(ids))
-        return await load_views(store, ids, usage=usage)
-
-    monkeypatch.setattr(tasks, "load_views", counted)
-    return reloads
 
 
 async def test_fleet_snapshot_then_changes_and_ended_task_watch(
@@ -147,7 +133,7 @@ async def test_a_lease_extension_reaches_watchers_without_reloading_the_task(
     its progress and step count. What both show is what GetTask says. A cancel request is
     reloaded. (`load_views` is wrapped only to count the reloads: every call
     still reads the store.)"""
-    reloads = _count_reloads(monkeypatch)
+    reloads = count_reloads(monkeypatch)
     host = ScriptedHost(cloud.address, pki_dir, "h1")
     ch = channel(cloud.address, pki_dir, "operator-ops")
     try:
@@ -296,7 +282,7 @@ async def test_an_attempts_start_reaches_watchers_without_reloading_the_task(
         for call in (fleet, one):
             first = await asyncio.wait_for(call.read(), 10)
             assert first.snapshot and first.task.status == types_pb2.TASK_STATUS_ASSIGNED
-        reloads = _count_reloads(monkeypatch)
+        reloads = count_reloads(monkeypatch)
 
         await host.send(renewal(a, 1, "step one"))
         await host.next("renewed")
@@ -313,3 +299,55 @@ async def test_an_attempts_start_reaches_watchers_without_reloading_the_task(
     finally:
         await host.close()
         await ch.close()
+
+
+@pytest.mark.postgres
+async def test_lease_extensions_reach_another_replicas_watchers_as_extensions(
+    postgres_server: PostgresServer,
+) -> None:
+    """Another replica's watchers hear a lease extension itself (expiry, write time, attempt,
+    progress, start), exactly, not a task change to reload; hundreds of extensions with long
+    escaped summaries arrive whole across payloads, and of two extensions of one task the later
+    write is kept whatever order they arrive in."""
+    url = postgres_server.create_database()
+    stores = [Store.from_url(url), Store.from_url(url)]
+    buses = [EventBus(s) for s in stores]
+    for bus in buses:
+        await bus.start()
+    try:
+        sub = buses[1].subscribe()
+        one = buses[1].subscribe(task_id="t-1")
+        now = stores[0].now()
+        summary = 'é"\\\n😀' * 40  # 200 characters, each escaped in JSON
+        sent = [
+            Extension(
+                f"t-{i}",
+                now + dt.timedelta(seconds=30, microseconds=i),
+                now + dt.timedelta(microseconds=i),
+                i % 3 + 1,
+                leases.ProgressIn(i, 2, summary, None if i % 2 else 50) if i % 4 else None,
+                started=i % 5 == 0,
+            )
+            for i in range(600)
+        ]
+        buses[0].leases_extended(sent)
+        heard: dict[str, Extension] = {}
+        while len(heard) < len(sent):
+            assert await asyncio.wait_for(sub.next(), 10) == set()  # nothing to reload
+            heard |= {e.task_id: e for e in sub.take_extended()}
+        assert heard == {e.task_id: e for e in sent}
+        assert await asyncio.wait_for(one.next(), 10) == set()
+        assert one.take_extended() == [sent[1]]
+
+        newer = Extension("t-1", now + dt.timedelta(minutes=1), now + dt.timedelta(seconds=5), 2)
+        older = Extension("t-1", now + dt.timedelta(minutes=2), now + dt.timedelta(seconds=4), 2)
+        buses[0].leases_extended([newer])
+        buses[0].leases_extended([older])
+        await asyncio.sleep(0.5)  # both flushed and heard before the watcher looks
+        assert await asyncio.wait_for(one.next(), 10) == set()
+        assert one.take_extended() == [newer]
+    finally:
+        for bus in buses:
+            await bus.stop()
+        for s in stores:
+            await s.close()

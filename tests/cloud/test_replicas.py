@@ -18,6 +18,7 @@ from tests.cloud.cloud_harness import (
     AutoHost,
     ScriptedHost,
     channel,
+    count_reloads,
     renewal,
     start_replicas,
     submit,
@@ -90,8 +91,11 @@ async def test_two_replicas_twenty_hosts_500_tasks_each_done_once(
 
 
 async def test_watch_on_one_replica_sees_progress_from_another(
-    replicas: list[CloudServer], pki_dir: Path
+    replicas: list[CloudServer], pki_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """The renewal on one replica reaches a watcher on the other as the extension itself (the
+    task turned RUNNING with its progress and expiry, as GetTask says), without a reload.
+    (`load_views` is wrapped only to count the reloads: every call still reads the store.)"""
     a, b = replicas
     ch_a = channel(a.address, pki_dir, "operator-ops")
     ch_b = channel(b.address, pki_dir, "operator-ops")
@@ -106,13 +110,23 @@ async def test_watch_on_one_replica_sees_progress_from_another(
             msg = await asyncio.wait_for(fleet_watch.read(), 10)
             if msg.task.task_id == task.task_id:
                 break
+        reloads = count_reloads(monkeypatch)
         await host.send(renewal(assignment, 5, "seen across replicas"))
-        await host.next("renewed")
+        renewed = (await host.next("renewed")).renewed
         while True:
             msg = await asyncio.wait_for(fleet_watch.read(), 5)  # well within a second in practice
             if msg.task.progress.summary == "seen across replicas":
                 assert not msg.snapshot
                 break
+        assert reloads == []
+        got = (
+            await tasks_stub(ch_b).GetTask(task_service_pb2.GetTaskRequest(task_id=task.task_id))
+        ).task
+        shown = msg.task
+        assert shown.status == got.status == types_pb2.TASK_STATUS_RUNNING
+        assert shown.progress == got.progress
+        assert shown.lease_expires_at == got.lease_expires_at == renewed.lease_expires_at
+        assert shown.updated_at == got.updated_at
         fleet_watch.cancel()
     finally:
         await host.close()
