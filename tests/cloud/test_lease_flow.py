@@ -22,7 +22,7 @@ from amc.v1 import (
 from cloud.lease import messages
 from cloud.server import CloudServer, build_server
 from cloud.store import hosts, leases
-from cloud.store.models import AttemptRow
+from cloud.store.models import AttemptRow, TaskRow
 from tests.cloud.cloud_harness import (
     ScriptedHost,
     channel,
@@ -352,11 +352,20 @@ async def test_device_targeting_and_one_task_per_device(
 
 
 async def test_deadline_fails_task_and_revokes(cloud: CloudServer, ops: Any, pki_dir: Path) -> None:
+    """A task whose deadline passes while it runs fails and its host is told. The deadline is
+    moved to now once the task is assigned: a short one set at submission could pass before a
+    loaded machine's first dispatch, failing the task while it was still queued."""
     host = ScriptedHost(cloud.address, pki_dir, "h17")
     try:
         await host.connect(["p"])
-        task = (await submit(ops, timeout=secs(0.5), lease_duration=secs(30))).task
+        task = (await submit(ops, timeout=secs(300), lease_duration=secs(30))).task
         await host.next("assignment")
+        async with cloud.store.write() as db:
+            await db.execute(
+                update(TaskRow)
+                .where(TaskRow.task_id == task.task_id)
+                .values(deadline=cloud.store.now())
+            )
         r = (await host.next("revoked")).revoked
         assert r.reason == lease_pb.REVOKE_REASON_DEADLINE_EXCEEDED
         got = await wait_status(ops, task.task_id, types_pb2.TASK_STATUS_FAILED)

@@ -21,6 +21,7 @@ from typing import Any
 
 import grpc
 import pytest
+from google.protobuf.duration_pb2 import Duration
 from PIL import Image
 
 from amc.v1 import (
@@ -109,7 +110,11 @@ async def held(cloud: CloudServer, pki_dir: Path) -> AsyncIterator[Held]:
     ops = tasks_stub(ops_ch)
     try:
         await host.connect(["s1"])
-        await submit(ops, target=types_pb2.TaskTarget(host_id="h1"))
+        # The tests never renew: a lease longer than the fixture's 2 s default keeps a slow
+        # machine's test from losing it halfway.
+        await submit(
+            ops, target=types_pb2.TaskTarget(host_id="h1"), lease_duration=Duration(seconds=120)
+        )
         assignment = (await host.next("assignment")).assignment
         yield Held(
             cloud,
