@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -94,6 +95,25 @@ async def test_decision_log_arguments(cloud: CloudServer, pki_dir: Path) -> None
         assert empty.next_page_token == ""
     finally:
         await ch.close()
+
+
+@pytest.fixture
+async def two_buses(
+    postgres_server: PostgresServer,
+) -> AsyncIterator[tuple[list[Store], list[EventBus]]]:
+    """Two replicas' stores and event buses on one PostgreSQL database, listening."""
+    url = postgres_server.create_database()
+    stores = [Store.from_url(url), Store.from_url(url)]
+    buses = [EventBus(s) for s in stores]
+    for bus in buses:
+        await bus.start()
+    try:
+        yield stores, buses
+    finally:
+        for bus in buses:
+            await bus.stop()
+        for s in stores:
+            await s.close()
 
 
 @pytest.mark.postgres
@@ -226,42 +246,32 @@ async def test_new_progress_of_another_attempt_than_the_one_shown_is_reloaded(
 
 @pytest.mark.postgres
 async def test_notifications_travel_on_the_stores_own_connection_or_through_the_pool(
-    postgres_server: PostgresServer,
+    two_buses: tuple[list[Store], list[EventBus]],
 ) -> None:
     """A replica's NOTIFYs go out as one statement on its store's own connection; while that
     connection cannot be used (it failed a moment ago) they go through the pool, and the other
     replica hears them either way."""
-    url = postgres_server.create_database()
-    stores = [Store.from_url(url), Store.from_url(url)]
-    buses = [EventBus(s) for s in stores]
-    for bus in buses:
-        await bus.start()
-    try:
-        sub = buses[1].subscribe()
-        direct = stores[0].direct_notify
-        assert direct is not None
-        buses[0].tasks_changed(["t1"])
-        assert await asyncio.wait_for(sub.next(), 10) == {"t1"}
-        assert direct.backend_pid is not None  # it went the direct way
-        # A heartbeat's worth: hundreds of payloads in one statement, odd ids intact.
-        hosts_sub = buses[1].subscribe_hosts()
-        many = [f'host-{i}-"quoted"\\é' for i in range(4000)]
-        buses[0].hosts_changed(many)
-        heard: set[str] = set()
-        while heard != set(many):
-            got = await asyncio.wait_for(hosts_sub.next(), 10)
-            assert got is not None
-            heard |= got
-        await direct.close()
-        direct._retry_at = float("inf")  # as after a failure: not tried for a while
-        buses[0].tasks_changed(["t2"])
-        assert await asyncio.wait_for(sub.next(), 10) == {"t2"}
-        assert direct.backend_pid is None
-    finally:
-        for bus in buses:
-            await bus.stop()
-        for s in stores:
-            await s.close()
+    stores, buses = two_buses
+    sub = buses[1].subscribe()
+    direct = stores[0].direct_notify
+    assert direct is not None
+    buses[0].tasks_changed(["t1"])
+    assert await asyncio.wait_for(sub.next(), 10) == {"t1"}
+    assert direct.backend_pid is not None  # it went the direct way
+    # A heartbeat's worth: hundreds of payloads in one statement, odd ids intact.
+    hosts_sub = buses[1].subscribe_hosts()
+    many = [f'host-{i}-"quoted"\\é' for i in range(4000)]
+    buses[0].hosts_changed(many)
+    heard: set[str] = set()
+    while heard != set(many):
+        got = await asyncio.wait_for(hosts_sub.next(), 10)
+        assert got is not None
+        heard |= got
+    await direct.close()
+    direct._retry_at = float("inf")  # as after a failure: not tried for a while
+    buses[0].tasks_changed(["t2"])
+    assert await asyncio.wait_for(sub.next(), 10) == {"t2"}
+    assert direct.backend_pid is None
 
 
 async def test_an_attempts_start_reaches_watchers_without_reloading_the_task(
@@ -303,51 +313,41 @@ async def test_an_attempts_start_reaches_watchers_without_reloading_the_task(
 
 @pytest.mark.postgres
 async def test_lease_extensions_reach_another_replicas_watchers_as_extensions(
-    postgres_server: PostgresServer,
+    two_buses: tuple[list[Store], list[EventBus]],
 ) -> None:
     """Another replica's watchers hear a lease extension itself (expiry, write time, attempt,
     progress, start), exactly, not a task change to reload; hundreds of extensions with long
     escaped summaries arrive whole across payloads, and of two extensions of one task the later
     write is kept whatever order they arrive in."""
-    url = postgres_server.create_database()
-    stores = [Store.from_url(url), Store.from_url(url)]
-    buses = [EventBus(s) for s in stores]
-    for bus in buses:
-        await bus.start()
-    try:
-        sub = buses[1].subscribe()
-        one = buses[1].subscribe(task_id="t-1")
-        now = stores[0].now()
-        summary = 'é"\\\n😀' * 40  # 200 characters, each escaped in JSON
-        sent = [
-            Extension(
-                f"t-{i}",
-                now + dt.timedelta(seconds=30, microseconds=i),
-                now + dt.timedelta(microseconds=i),
-                i % 3 + 1,
-                leases.ProgressIn(i, 2, summary, None if i % 2 else 50) if i % 4 else None,
-                started=i % 5 == 0,
-            )
-            for i in range(600)
-        ]
-        buses[0].leases_extended(sent)
-        heard: dict[str, Extension] = {}
-        while len(heard) < len(sent):
-            assert await asyncio.wait_for(sub.next(), 10) == set()  # nothing to reload
-            heard |= {e.task_id: e for e in sub.take_extended()}
-        assert heard == {e.task_id: e for e in sent}
-        assert await asyncio.wait_for(one.next(), 10) == set()
-        assert one.take_extended() == [sent[1]]
+    stores, buses = two_buses
+    sub = buses[1].subscribe()
+    one = buses[1].subscribe(task_id="t-1")
+    now = stores[0].now()
+    summary = 'é"\\\n😀' * 40  # 200 characters, each escaped in JSON
+    sent = [
+        Extension(
+            f"t-{i}",
+            now + dt.timedelta(seconds=30, microseconds=i),
+            now + dt.timedelta(microseconds=i),
+            i % 3 + 1,
+            leases.ProgressIn(i, 2, summary, None if i % 2 else 50) if i % 4 else None,
+            started=i % 5 == 0,
+        )
+        for i in range(600)
+    ]
+    buses[0].leases_extended(sent)
+    heard: dict[str, Extension] = {}
+    while len(heard) < len(sent):
+        assert await asyncio.wait_for(sub.next(), 10) == set()  # nothing to reload
+        heard |= {e.task_id: e for e in sub.take_extended()}
+    assert heard == {e.task_id: e for e in sent}
+    assert await asyncio.wait_for(one.next(), 10) == set()
+    assert one.take_extended() == [sent[1]]
 
-        newer = Extension("t-1", now + dt.timedelta(minutes=1), now + dt.timedelta(seconds=5), 2)
-        older = Extension("t-1", now + dt.timedelta(minutes=2), now + dt.timedelta(seconds=4), 2)
-        buses[0].leases_extended([newer])
-        buses[0].leases_extended([older])
-        await asyncio.sleep(0.5)  # both flushed and heard before the watcher looks
-        assert await asyncio.wait_for(one.next(), 10) == set()
-        assert one.take_extended() == [newer]
-    finally:
-        for bus in buses:
-            await bus.stop()
-        for s in stores:
-            await s.close()
+    newer = Extension("t-1", now + dt.timedelta(minutes=1), now + dt.timedelta(seconds=5), 2)
+    older = Extension("t-1", now + dt.timedelta(minutes=2), now + dt.timedelta(seconds=4), 2)
+    buses[0].leases_extended([newer])
+    buses[0].leases_extended([older])
+    await asyncio.sleep(0.5)  # both flushed and heard before the watcher looks
+    assert await asyncio.wait_for(one.next(), 10) == set()
+    assert one.take_extended() == [newer]
