@@ -160,6 +160,22 @@ class ScriptedHost:
         msg = await self.next("welcome")
         return msg.welcome
 
+    async def refusal(self, wait: float = 10.0) -> grpc.aio.AioRpcError:
+        """Open the stream, write nothing, and return the status the server refused it with.
+
+        A refusal (revoked certificate, wrong caller kind) ends the call before the server reads
+        anything, so a test that writes the hello first races it: a write that loses fails with
+        the transport's INTERNAL "Internal error from Core", and grpc-python then reports that as
+        the call's status in place of the server's.
+        """
+        self.call = self._stub.Lease()
+        try:
+            async with asyncio.timeout(wait):
+                msg = await self.call.read()
+        except grpc.aio.AioRpcError as exc:
+            return exc
+        raise AssertionError(f"stream not refused: read {msg!r}")
+
     async def _read(self) -> None:
         try:
             while True:
