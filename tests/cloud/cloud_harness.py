@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime as dt
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
 import grpc
 import pytest
+from sqlalchemy import update
 
 from amc.v1 import (
     lease_service_pb2 as lease_pb,
@@ -24,6 +26,7 @@ from cloud.server import CloudServer, build_server
 from cloud.settings import CloudSettings
 from cloud.store import tasks
 from cloud.store.database import Store
+from cloud.store.models import AttemptRow, TaskRow
 
 
 @contextlib.asynccontextmanager
@@ -268,6 +271,32 @@ async def submit(
         task_service_pb2.SubmitTaskRequest(goal=goal, **kwargs)
     )
     return response
+
+
+async def lapse(store: Store, task_id: str, attempt: int | None = None) -> None:
+    """The lease of `task_id` (that attempt, or every one) runs out now.
+
+    Tests that need a lease to end hold a long one and end it here, instead of a lease of a
+    second or two: a loaded machine can stall that long, and a short lease would then run out
+    in the steps before the one the test is about.
+    """
+    where = [AttemptRow.task_id == task_id]
+    if attempt is not None:
+        where.append(AttemptRow.attempt == attempt)
+    async with store.write() as db:
+        await db.execute(
+            update(AttemptRow)
+            .where(*where)
+            .values(lease_expires_at=store.now() - dt.timedelta(seconds=1))
+        )
+
+
+async def due(store: Store, task_id: str) -> None:
+    """The deadline of `task_id` is now (`lapse`'s reasoning, for deadlines)."""
+    async with store.write() as db:
+        await db.execute(
+            update(TaskRow).where(TaskRow.task_id == task_id).values(deadline=store.now())
+        )
 
 
 async def wait_status(stub: Any, task_id: str, status: int, within: float = 10.0) -> Any:

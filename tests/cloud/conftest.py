@@ -58,14 +58,19 @@ SettingsFactory = Callable[..., CloudSettings]
 
 @pytest.fixture
 def make_settings(db_url: str, pki_dir: Path) -> SettingsFactory:
-    """Settings for a test replica: port 0, mTLS, short leases and fast background jobs."""
+    """Settings for a test replica: port 0, mTLS and fast background jobs.
+
+    The default lease is long: a loaded CI machine stalls for seconds, and a test whose task
+    held a lease of a second or two saw it run out in steps that were not about leases. A test
+    that needs a lease to end asks for a short one (`lease_duration`) or ends it (`lapse`).
+    """
 
     def make(**overrides: Any) -> CloudSettings:
         values: dict[str, Any] = {
             "database_url": db_url,
             "listen_address": "127.0.0.1:0",
             "pki_dir": pki_dir,
-            "default_lease_seconds": 2.0,
+            "default_lease_seconds": 60.0,
             "min_lease_seconds": 0.2,
             "sweep_interval_seconds": 0.1,
             "dispatch_interval_seconds": 0.5,

@@ -20,7 +20,7 @@ from cloud.server import CloudServer
 from cloud.store import leases, states, tasks
 from cloud.store.database import Store
 from cloud.store.models import AttemptRow, TaskRow
-from tests.cloud.cloud_harness import ScriptedHost, result, submit, wait_status
+from tests.cloud.cloud_harness import ScriptedHost, lapse, result, submit, wait_status
 
 HOST = "h1"
 
@@ -158,6 +158,7 @@ async def test_a_late_result_over_the_lease_stream_is_acknowledged_as_late(
         task = (await submit(ops)).task
         a = (await host.next("assignment")).assignment
         await host.close()
+        await lapse(cloud.store, task.task_id)
         queued = await wait_status(ops, task.task_id, types_pb2.TASK_STATUS_QUEUED)
         assert queued.attempts[0].failure_reason == "lease expired"
 

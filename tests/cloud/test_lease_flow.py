@@ -22,11 +22,13 @@ from amc.v1 import (
 from cloud.lease import messages
 from cloud.server import CloudServer, build_server
 from cloud.store import hosts, leases
-from cloud.store.models import AttemptRow, TaskRow
+from cloud.store.models import AttemptRow
 from tests.cloud.cloud_harness import (
     ScriptedHost,
     channel,
+    due,
     hello,
+    lapse,
     renewal,
     result,
     submit,
@@ -124,12 +126,13 @@ async def test_expiry_requeues_to_other_host_and_fences_stale(
     second = ScriptedHost(cloud.address, pki_dir, "h4")
     try:
         await first.connect(["p"])
-        task = (await submit(ops, lease_duration=secs(2.0))).task
+        task = (await submit(ops, lease_duration=secs(120))).task
         a1 = (await first.next("assignment")).assignment
         await first.send(renewal(a1, 4, "deep in settings"))
         await first.next("renewed")
         # The first host vanishes without a result; its lease runs out and the task requeues.
         await first.close()
+        await lapse(cloud.store, task.task_id, attempt=1)
         await second.connect(["q"])
         a2 = (await second.next("assignment")).assignment
         assert (a2.task_id, a2.attempt) == (task.task_id, 2)
@@ -218,10 +221,11 @@ async def test_cancel_queued_and_unacknowledged(
     host = ScriptedHost(cloud.address, pki_dir, "h7")
     try:
         await host.connect(["p"])
-        task = (await submit(ops, lease_duration=secs(0.5))).task
+        task = (await submit(ops, lease_duration=secs(120))).task
         await host.next("assignment")
         await ops.CancelTask(task_service_pb2.CancelTaskRequest(task_id=task.task_id))
         assert (await host.next("revoked")).revoked.reason == lease_pb.REVOKE_REASON_CANCELLED
+        await lapse(cloud.store, task.task_id)
         # No acknowledgement: the task is CANCELLED when the lease runs out.
         got = await wait_status(ops, task.task_id, types_pb2.TASK_STATUS_CANCELLED)
         assert got.attempts[0].status == types_pb2.TASK_STATUS_CANCELLED
@@ -360,12 +364,7 @@ async def test_deadline_fails_task_and_revokes(cloud: CloudServer, ops: Any, pki
         await host.connect(["p"])
         task = (await submit(ops, timeout=secs(300), lease_duration=secs(30))).task
         await host.next("assignment")
-        async with cloud.store.write() as db:
-            await db.execute(
-                update(TaskRow)
-                .where(TaskRow.task_id == task.task_id)
-                .values(deadline=cloud.store.now())
-            )
+        await due(cloud.store, task.task_id)
         r = (await host.next("revoked")).revoked
         assert r.reason == lease_pb.REVOKE_REASON_DEADLINE_EXCEEDED
         got = await wait_status(ops, task.task_id, types_pb2.TASK_STATUS_FAILED)

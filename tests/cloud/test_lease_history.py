@@ -43,7 +43,15 @@ from amc.v1.task_service_pb2 import (
 from cloud.server import CloudServer
 from cloud.store import decisions
 from planner.decision import Decision, Usage
-from tests.cloud.cloud_harness import ScriptedHost, renewal, result, submit, wait_status
+from tests.cloud.cloud_harness import (
+    ScriptedHost,
+    due,
+    lapse,
+    renewal,
+    result,
+    submit,
+    wait_status,
+)
 
 
 def secs(s: float) -> duration_pb2.Duration:
@@ -163,9 +171,10 @@ async def test_expiry_requeue_and_a_stale_host_revoked_once(
     stale = ScriptedHost(cloud.address, pki_dir, "h3")
     try:
         await first.connect(["p"])
-        task = (await submit(ops, lease_duration=secs(2.0))).task
+        task = (await submit(ops, lease_duration=secs(120))).task
         a1 = (await first.next("assignment")).assignment
         await first.close()  # gone without a word: the lease runs out
+        await lapse(cloud.store, task.task_id, attempt=1)
         await second.connect(["q"])
         a2 = (await second.next("assignment")).assignment
         assert a2.attempt == 2
@@ -274,9 +283,10 @@ async def test_a_cancel_the_host_never_acknowledges_ends_with_the_lease(
     host = ScriptedHost(cloud.address, pki_dir, "h7")
     try:
         await host.connect(["p"])
-        task = (await submit(ops, lease_duration=secs(0.5))).task
+        task = (await submit(ops, lease_duration=secs(120))).task
         await host.next("assignment")
         await ops.CancelTask(task_service_pb2.CancelTaskRequest(task_id=task.task_id))
+        await lapse(cloud.store, task.task_id)
         await wait_status(ops, task.task_id, types_pb2.TASK_STATUS_CANCELLED)
         history = await events(ops, task.task_id)
         assert kinds(history) == [
@@ -298,7 +308,7 @@ async def test_a_reconnected_host_resumes_and_a_deadline_ends_the_task(
     again = ScriptedHost(cloud.address, pki_dir, "h8")
     try:
         await host.connect(["p"])
-        task = (await submit(ops, lease_duration=secs(30), timeout=secs(3))).task
+        task = (await submit(ops, lease_duration=secs(120), timeout=secs(300))).task
         a = (await host.next("assignment")).assignment
         await host.close()
         held = lease_pb.HeldAssignment(
@@ -306,6 +316,7 @@ async def test_a_reconnected_host_resumes_and_a_deadline_ends_the_task(
         )
         await again.connect(["p"], held=[held])
         assert (await again.next("assignment")).assignment.resumed
+        await due(cloud.store, task.task_id)
         assert (await again.next("revoked")).revoked.reason == (
             lease_pb.REVOKE_REASON_DEADLINE_EXCEEDED
         )

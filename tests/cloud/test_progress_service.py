@@ -346,8 +346,13 @@ async def test_lease_extensions_reach_another_replicas_watchers_as_extensions(
 
     newer = Extension("t-1", now + dt.timedelta(minutes=1), now + dt.timedelta(seconds=5), 2)
     older = Extension("t-1", now + dt.timedelta(minutes=2), now + dt.timedelta(seconds=4), 2)
+    marker = Extension("t-marker", now + dt.timedelta(minutes=1), now, 1)
     buses[0].leases_extended([newer])
     buses[0].leases_extended([older])
-    await asyncio.sleep(0.5)  # both flushed and heard before the watcher looks
+    buses[0].leases_extended([marker])
+    # One session's notifications arrive in order: once the marker is heard, so is `older`.
+    async with asyncio.timeout(10):
+        while marker not in sub.take_extended():
+            await sub.next()
     assert await asyncio.wait_for(one.next(), 10) == set()
     assert one.take_extended() == [newer]
