@@ -389,6 +389,14 @@ class CloudServer:
                     wake=self.learner.wake,
                 )
             )
+        if self.store.is_sqlite:
+            self._jobs.append(
+                supervised.start(
+                    "sqlite-checkpoint",
+                    self.store.checkpoint,
+                    interval=self.settings.sqlite_checkpoint_seconds,
+                )
+            )
         if self.metrics.enabled:
             self._jobs.append(
                 supervised.start(

@@ -79,6 +79,8 @@ class CloudSettings(BaseSettings):
     retention_batch_size: int = Field(1000, ge=1)
     #: How often the database is probed for the health service (sooner after a failed call).
     database_probe_interval_seconds: float = Field(2.0, gt=0)
+    #: SQLite: how often the WAL is copied into the database file (`Store.checkpoint`).
+    sqlite_checkpoint_seconds: float = Field(1.0, gt=0)
     #: How often the certificate deny-list is reloaded anyway (on PostgreSQL a revocation is
     #: announced at once; this bounds how late a lost announcement, or SQLite, can be).
     revocation_refresh_seconds: float = Field(10.0, gt=0)

@@ -38,13 +38,33 @@ def normalize_url(url: str) -> str:
     return parsed.render_as_string(hide_password=False)
 
 
+#: A WAL that grew in a burst is cut back to this size when it starts over (bytes).
+SQLITE_WAL_SIZE_LIMIT = 64 * 1024 * 1024
+
+
 def _sqlite_on_connect(dbapi_connection: Any, _record: Any) -> None:
     cursor = dbapi_connection.cursor()
     cursor.execute("PRAGMA journal_mode=WAL")
     cursor.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
     cursor.execute("PRAGMA synchronous=NORMAL")
     cursor.execute("PRAGMA foreign_keys=ON")
+    _sqlite_checkpoint_policy(cursor)
     cursor.close()
+
+
+def _sqlite_checkpoint_policy(cursor: Any) -> None:
+    """No connection checkpoints on its commits: `Store.checkpoint` does, on a timer.
+
+    SQLite's automatic checkpoint runs inside the commit of whichever connection crosses 1,000
+    WAL pages. The loop's connection, which makes nearly every write, had it off (a checkpoint
+    syncs the file), so the other connections did it on their rarer commits, inside the store's
+    write lock: under renewals alone nobody did, and the WAL grew by ~8 MB a second at 2,000
+    hosts (446 MB in the lease benchmark's two minutes); the next such commit then copied all
+    of it with the lock held. The WAL is also cut back to `SQLITE_WAL_SIZE_LIMIT` when it
+    starts over, so a burst does not keep its disk.
+    """
+    cursor.execute("PRAGMA wal_autocheckpoint=0")
+    cursor.execute(f"PRAGMA journal_size_limit={SQLITE_WAL_SIZE_LIMIT}")
 
 
 def create_engine(url: str) -> AsyncEngine:
@@ -70,9 +90,7 @@ def _sqlite_loop_on_connect(dbapi_connection: Any, _record: Any) -> None:
     cursor.execute(f"PRAGMA busy_timeout={SQLITE_LOOP_TIMEOUT_MS}")
     cursor.execute("PRAGMA synchronous=NORMAL")
     cursor.execute("PRAGMA foreign_keys=ON")
-    # A checkpoint copies the WAL into the database file and syncs it: the store's other
-    # connections do that on their commits, off the loop's thread.
-    cursor.execute("PRAGMA wal_autocheckpoint=0")
+    _sqlite_checkpoint_policy(cursor)
     cursor.close()
 
 
@@ -86,7 +104,8 @@ def sqlite_loop_connection(engine: AsyncEngine) -> Engine | None:
     (up to the 5 ms switch interval). A batch of renewals took 45 ms (p50) that way for about a
     millisecond of SQLite's work, and the renewals waiting on it made the acknowledgement tail
     (bench/lease_capacity.py). With synchronous=NORMAL a WAL commit does not sync, and this
-    connection never checkpoints, so its transactions do not wait on the disk.
+    connection never checkpoints (`Store.checkpoint` does, off the loop's thread), so its
+    transactions do not wait on the disk.
     `Store.write_on_loop` takes the store's write lock first (no in-process writer holds
     SQLite's), so only another process can make it wait, for at most `SQLITE_LOOP_TIMEOUT_MS`,
     after which the work runs through the async engine; a read that waits that long (a WAL
