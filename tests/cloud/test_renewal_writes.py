@@ -17,7 +17,6 @@ import psycopg
 import pytest
 from sqlalchemy import create_engine, select, text, update
 from sqlalchemy.ext.asyncio import create_async_engine
-from sqlalchemy.orm import sessionmaker
 
 from cloud.events import EventBus
 from cloud.lease.batcher import RenewalBatcher
@@ -472,10 +471,11 @@ def test_an_in_memory_sqlite_database_has_no_loop_connection() -> None:
 async def test_sqlite_writes_renewals_on_the_loop_thread_and_falls_back_when_it_cannot(
     store: Store, tmp_path: Path
 ) -> None:
-    """On a SQLite file the renewal batch's write transaction runs on the loop's own thread
-    (`Store.write_on_loop`); when that connection cannot write (here: its file cannot be
-    opened, a real SQLite error), the transaction runs through the async engine instead, with
-    the same outcome. PostgreSQL has no loop connection."""
+    """On a SQLite file the renewal batch's write transaction runs on the loop's own thread,
+    on the driver's connection in a `BEGIN IMMEDIATE` transaction (`Store.write_driver_on_loop`);
+    when that connection cannot write (here: its file cannot be opened, a real SQLite error),
+    the transaction runs through the async engine instead, with the same outcome. PostgreSQL
+    has no loop connection."""
     if store.is_postgres:
         assert store.loop_connection is None
         return
@@ -484,18 +484,21 @@ async def test_sqlite_writes_renewals_on_the_loop_thread_and_falls_back_when_it_
     trace(store.loop_connection, sent)
     c = await _lease(store)
     assert any(s.startswith("UPDATE attempts") for s in sent)
+    sent.clear()
     (on_loop,) = await leases.write_renewals(store, [_item(c)])
     assert on_loop.written and on_loop.expires_at == (await _row(store, c.task_id)).lease_expires_at
+    assert sent[0] == "BEGIN IMMEDIATE" and sent[-1] == "COMMIT"
+    assert any(s.startswith("UPDATE attempts") for s in sent)
     sent.clear()
     working = store.loop_connection
     broken = create_engine(f"sqlite:///{tmp_path}")  # a directory: SQLite cannot open it
-    store._loop_sessions = sessionmaker(broken)
+    store.loop_connection = broken
     try:
         (fallback,) = await leases.write_renewals(store, [_item(c)])
         (stale,) = await leases.write_renewals(store, [_item(c, lease_id="stale")])
     finally:
         broken.dispose()
-        store._loop_sessions = sessionmaker(working, expire_on_commit=False, autoflush=False)
+        store.loop_connection = working
     assert not sent
     assert fallback.written and fallback.expires_at is not None
     assert fallback.expires_at > on_loop.expires_at

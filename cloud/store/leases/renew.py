@@ -37,11 +37,10 @@ from sqlalchemy import (
 )
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.ext.asyncio import AsyncSession
-from sqlalchemy.orm import Session
 
 from cloud.store import states
-from cloud.store.database import Store
-from cloud.store.leases.fence import Revocation, classify, classify_sync
+from cloud.store.database import DriverConnection, Store
+from cloud.store.leases.fence import Revocation, classify
 from cloud.store.leases.progress import ProgressIn
 from cloud.store.models import UTCDateTime, sqlite_text
 
@@ -382,25 +381,39 @@ async def renew_batch(
 async def _renew_batch_sqlite(
     store: Store, items: list[RenewalIn], write_below: float
 ) -> list[RenewalOut]:
-    """`_renew_sqlite` in one write transaction, on the loop's own thread when it can
-    (`Store.write_on_loop`)."""
+    """`_renew_sqlite` in one write transaction on the driver's connection, on the loop's own
+    thread when it can (`Store.write_driver_on_loop`); a refused renewal is classified after
+    the commit, in a read of its own (as on PostgreSQL: refusals are rare, the write is hot)."""
     now = store.now()
-    return await store.write_on_loop(
-        lambda session: _renew_sqlite(session, items, now, write_below)
+    written = await store.write_driver_on_loop(
+        lambda conn: _renew_sqlite(conn, items, now, write_below)
     )
+    if all(out is not None for out in written):
+        return [out for out in written if out is not None]
+    async with store.read() as session:
+        outcomes: list[RenewalOut] = []
+        for item, out in zip(items, written, strict=True):
+            if out is None:
+                reason, message = await classify(
+                    session, item.host_id, item.task_id, item.attempt, item.lease_id, now
+                )
+                out = RenewalOut(None, reason, message)
+            outcomes.append(out)
+        return outcomes
 
 
 def _renew_sqlite(
-    session: Session, items: list[RenewalIn], now: dt.datetime, write_below: float
-) -> list[RenewalOut]:
+    conn: DriverConnection, items: list[RenewalIn], now: dt.datetime, write_below: float
+) -> list[RenewalOut | None]:
     """Write many renewals in one transaction, each fenced on its own (`_SQLITE_RENEW`), in
     the order they came: a renewal took effect when its UPDATE changed its attempt's row, and
-    its expiry is the one the UPDATE left (moved, or kept when far: `write_renewals`).
+    its expiry is the one the UPDATE left (moved, or kept when far: `write_renewals`). None for
+    a renewal that was refused (not yet classified), or an unknown task's outcome.
 
     A renewal of a task whose cancel was requested is not extended (the host is revoked
     instead), so a cancelled task ends at the latest when its current lease runs out.
     """
-    cursor = session.connection().connection.cursor()
+    cursor = conn.cursor()
     try:
         cursor.execute(_SQLITE_LEASE_SECONDS, (json.dumps(sorted({i.task_id for i in items})),))
         lease_by_task: dict[str, float] = dict(cursor.fetchall())
@@ -452,13 +465,7 @@ def _renew_sqlite(
             cursor.execute(_SQLITE_TOUCH_TASKS, (now_text, json.dumps(sorted(renewed))))
     finally:
         cursor.close()
-    for n, item in enumerate(items):
-        if out[n] is None:
-            reason, message = classify_sync(
-                session, item.host_id, item.task_id, item.attempt, item.lease_id, now
-            )
-            out[n] = RenewalOut(None, reason, message)
-    return [o for o in out if o is not None]
+    return out
 
 
 # One statement for a whole renewal batch on PostgreSQL. The batch arrives as one JSON array of
