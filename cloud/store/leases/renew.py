@@ -167,8 +167,20 @@ _LIVE_SQLITE_TEXT = _LIVE_SELECT + _LIVE_SQLITE_FROM.format(ids="?")
 # psycopg dumped each id in Python: 4 % of a 10,000-host replica's CPU for batches of five
 # (bench/fleet_scale.py). An id with a comma in it (none is ever stored) is looked up in
 # pieces and found under no id of the batch, so its renewal is written, fenced, as unknown.
-_LIVE_PG_FROM = """FROM attempts AS a JOIN tasks AS t ON t.task_id = a.task_id
-WHERE (a.ended_at IS NULL) IS TRUE AND a.task_id = ANY(string_to_array(CAST({ids} AS text), ','))
+# Each id drives a lookup of its own (a LATERAL subquery, kept one by `OFFSET 0`), so the plan
+# is a key lookup per renewal whatever the statistics say. As `task_id = ANY(...)` the generic
+# plan of a connection that first ran it before the tables were analysed (a new deployment, a
+# fleet that just grew) scanned every attempt for each batch: 1.2-2.6 ms per batch of ten at
+# 2,000 leases against 0.17 after an ANALYZE, and a replica's first ~40 s after 2,000 hosts
+# were assigned answered at p50 266-371 ms (docs/benchmarks.md, eighteenth pass).
+_LIVE_PG_FROM = """FROM unnest(string_to_array(CAST({ids} AS text), ',')) AS batch(id)
+CROSS JOIN LATERAL (
+    SELECT task_id, attempt, lease_id, host_id, lease_expires_at, status, step_index,
+           step_status, summary, max_steps
+    FROM attempts WHERE attempts.task_id = batch.id AND (attempts.ended_at IS NULL) IS TRUE
+    OFFSET 0
+) AS a
+JOIN tasks AS t ON t.task_id = a.task_id
 """
 _LIVE_PG = text(_LIVE_SELECT + _LIVE_PG_FROM.format(ids=":task_ids")).columns(*_LIVE_COLUMNS)
 _LIVE_PG_TEXT = _LIVE_SELECT + _LIVE_PG_FROM.format(ids="%s")
