@@ -9,15 +9,13 @@ and opens a write transaction only when something is due; what is due is still e
 from __future__ import annotations
 
 import contextlib
-import datetime as dt
 from collections.abc import AsyncIterator
 
 import pytest
-from sqlalchemy import update
 
 from cloud.store import leases, states, tasks
 from cloud.store.database import Store
-from cloud.store.models import AttemptRow, TaskRow
+from tests.cloud.cloud_harness import due, lapse
 
 
 async def _claimed(store: Store, host: str) -> leases.Claimed:
@@ -58,16 +56,8 @@ async def test_sweeps_with_nothing_due_open_no_write_transaction(
 async def test_what_is_due_is_still_ended(store: Store, writes: list[int]) -> None:
     expired = await _claimed(store, "h1")
     overdue = await _claimed(store, "h2")
-    past = store.now() - dt.timedelta(seconds=1)
-    async with store.write() as session:
-        await session.execute(
-            update(AttemptRow)
-            .where(AttemptRow.task_id == expired.task_id)
-            .values(lease_expires_at=past)
-        )
-        await session.execute(
-            update(TaskRow).where(TaskRow.task_id == overdue.task_id).values(deadline=past)
-        )
+    await lapse(store, expired.task_id)
+    await due(store, overdue.task_id)
     writes.clear()
     (lapsed,) = await leases.sweep_expired(store)
     (late,) = await leases.sweep_deadlines(store)

@@ -170,9 +170,9 @@ _LIVE_SQLITE_TEXT = _LIVE_SELECT + _LIVE_SQLITE_FROM.format(ids="?")
 # Each id drives a lookup of its own (a LATERAL subquery, kept one by `OFFSET 0`), so the plan
 # is a key lookup per renewal whatever the statistics say. As `task_id = ANY(...)` the generic
 # plan of a connection that first ran it before the tables were analysed (a new deployment, a
-# fleet that just grew) scanned every attempt for each batch: 1.2-2.6 ms per batch of ten at
-# 2,000 leases against 0.17 after an ANALYZE, and a replica's first ~40 s after 2,000 hosts
-# were assigned answered at p50 266-371 ms (docs/benchmarks.md, eighteenth pass).
+# fleet that just grew) scanned every attempt for each batch: 2.8-3.7 ms per batch of ten at
+# 2,000 leases against 0.19-0.21 after an ANALYZE; this way 0.23-0.34 before and 0.20-0.23
+# after (docs/benchmarks.md, eighteenth pass).
 _LIVE_PG_FROM = """FROM unnest(string_to_array(CAST({ids} AS text), ',')) AS batch(id)
 CROSS JOIN LATERAL (
     SELECT task_id, attempt, lease_id, host_id, lease_expires_at, status, step_index,
