@@ -504,3 +504,37 @@ async def test_sqlite_writes_renewals_on_the_loop_thread_and_falls_back_when_it_
     assert fallback.expires_at > on_loop.expires_at
     assert fallback.expires_at == (await _row(store, c.task_id)).lease_expires_at
     assert stale.expires_at is None and stale.revocation == leases.Revocation.UNKNOWN
+
+
+def _wal_frames(db_path: str) -> int:
+    """Pages appended to the SQLite write-ahead log since it last started over."""
+    size = Path(db_path + "-wal").stat().st_size
+    return 0 if size == 0 else (size - 32) // (24 + 4096)
+
+
+async def test_a_sqlite_write_that_keeps_the_expiry_leaves_the_indexes_alone(
+    store: Store, db_url: str
+) -> None:
+    """SQLite rewrites an index entry whenever an UPDATE assigns one of its columns, even to the
+    value it had, and each such page goes to the write-ahead log. New progress on a lease far
+    from expiry, whose task is already RUNNING, changes the attempt's row and the task's
+    `updated_at` only: two pages (the expiry and the task's status assigned as well wrote the
+    live-expiry and status indexes' pages too: five). Near expiry the same write moves the
+    expiry, and a task's first renewal still turns it RUNNING (tests above)."""
+    if store.is_postgres:
+        pytest.skip("SQLite's page accounting (PostgreSQL updates such rows in place: HOT)")
+    path = db_url.split("///", 1)[1]
+    c = await _lease(store)
+    view = await tasks.get(store, c.task_id)
+    assert view is not None and view.task.status == states.RUNNING
+    async with store.write() as db:
+        await db.execute(text("PRAGMA wal_checkpoint(TRUNCATE)"))
+    assert _wal_frames(path) == 0
+    before = (await _row(store, c.task_id)).lease_expires_at
+    (kept,) = await leases.write_renewals(
+        store, [_item(c, progress=leases.ProgressIn(1, 2, "new"))], HALF
+    )
+    assert kept.written and kept.expires_at == before
+    assert _wal_frames(path) == 2
+    row = await _row(store, c.task_id)
+    assert (row.summary, row.lease_expires_at) == ("new", before)
