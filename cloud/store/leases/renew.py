@@ -139,13 +139,15 @@ RETURNING lease_expires_at
 _SQLITE_TOUCH_TASKS = (
     "UPDATE tasks SET updated_at = ? WHERE task_id IN (SELECT value FROM json_each(?))"
 )
-#: The renewed tasks `_SQLITE_BATCH_STATE` found ASSIGNED in the same transaction. (With
-#: `status = 'ASSIGNED'` in the condition SQLite's planner went through the status index: every
-#: ASSIGNED task of the fleet read for each batch while a fleet starts.)
-_SQLITE_START_TASKS = (
-    f"UPDATE tasks SET status = '{states.RUNNING}' "
-    "WHERE task_id IN (SELECT value FROM json_each(?))"
-)
+#: For the renewed tasks `_SQLITE_BATCH_STATE` found ASSIGNED. The CASE still guards the change
+#: (should the read have run outside the transaction: the async engine's fallback begins at the
+#: first write); as a condition, `status = 'ASSIGNED'` took SQLite's planner to the status index,
+#: every ASSIGNED task of the fleet read for each batch while a fleet starts.
+_SQLITE_START_TASKS = f"""
+UPDATE tasks
+SET status = CASE WHEN status = '{states.ASSIGNED}' THEN '{states.RUNNING}' ELSE status END
+WHERE task_id IN (SELECT value FROM json_each(?))
+"""
 #: Every renewal writes (the behaviour before decision 0070): a `write_below` of 1.0 never finds
 #: a lease with more than its whole length left.
 ALWAYS_WRITE = 1.0
