@@ -266,6 +266,8 @@ class EventBus:
     def __init__(self, store: Store, replica_id: str | None = None) -> None:
         self.store = store
         self.replica_id = replica_id or uuid.uuid4().hex[:12]
+        #: How every payload this replica sends begins (`_payloads`); LISTEN hears them too.
+        self._head = '{"r":' + json.dumps(self.replica_id) + ',"m":['
         self._subs: set[Subscription] = set()
         self._host_subs: set[HostSubscription] = set()
         self.on_queued: list[Callable[[], None]] = []
@@ -474,7 +476,7 @@ class EventBus:
         texts = [json.dumps(m, separators=(",", ":")) for m in chunks + others]
         texts += _extension_messages(extended)
         # Each message is rendered once; a payload is their texts joined (valid JSON as is).
-        head = '{"r":' + json.dumps(self.replica_id) + ',"m":['
+        head = self._head
         out: list[str] = []
         batch: list[str] = []
         size = 0
@@ -542,6 +544,11 @@ class EventBus:
                 await asyncio.sleep(1.0)
 
     def _on_notify(self, payload: str) -> None:
+        # This replica's own payloads come back too; what they say was delivered here already.
+        # Recognised by their first bytes, not parsed: on a busy replica they are most of what
+        # LISTEN hears (every renewal write's extensions).
+        if payload.startswith(self._head):
+            return
         try:
             data = json.loads(payload)
         except ValueError:

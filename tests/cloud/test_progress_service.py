@@ -312,6 +312,35 @@ async def test_an_attempts_start_reaches_watchers_without_reloading_the_task(
 
 
 @pytest.mark.postgres
+async def test_a_replica_hears_its_own_events_once(
+    two_buses: tuple[list[Store], list[EventBus]],
+) -> None:
+    """The publisher's own watchers hear an event in-process; its NOTIFY, which comes back on
+    the publisher's LISTEN too, is not delivered again, while another replica's is."""
+    stores, buses = two_buses
+    own, other = buses[0].subscribe(), buses[1].subscribe()
+    now = stores[0].now()
+    first = Extension("t-own", now + dt.timedelta(seconds=30), now, 1)
+    buses[0].leases_extended([first])
+    buses[0].tasks_changed(["t-changed"])
+    assert own.take_extended() == [first]
+    assert await asyncio.wait_for(own.next(), 10) == {"t-changed"}
+    heard: list[Extension] = []
+    async with asyncio.timeout(10):
+        while "t-changed" not in (await other.next() or set()):
+            pass
+        heard = other.take_extended()
+    assert heard == [first]
+    # Sent after the first NOTIFY was delivered, so the publisher's LISTEN hears it later.
+    marker = Extension("t-marker", now + dt.timedelta(seconds=30), now, 1)
+    buses[1].leases_extended([marker])
+    async with asyncio.timeout(10):
+        while marker not in own.take_extended():
+            assert await own.next() == set()
+    assert own.take_extended() == []
+
+
+@pytest.mark.postgres
 async def test_lease_extensions_reach_another_replicas_watchers_as_extensions(
     two_buses: tuple[list[Store], list[EventBus]],
 ) -> None:
