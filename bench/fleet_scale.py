@@ -172,7 +172,8 @@ def _window(
 
 
 class Watcher:
-    """A fleet-wide WatchProgress stream in its own thread, timing hot hosts' stamped steps."""
+    """A fleet-wide WatchProgress stream (batched, as the console's gateway asks for it) in its
+    own thread, timing hot hosts' stamped steps."""
 
     def __init__(self, address: str, pki_dir: Path, snapshot: int) -> None:
         #: (when the host sent the step, seconds until it reached the watcher), time.time().
@@ -202,19 +203,24 @@ class Watcher:
     async def _run(self) -> None:
         client = operator(self._address, self._pki)
         self._loop = asyncio.get_running_loop()
-        self._call = client.progress.WatchProgress(progress_service_pb2.WatchProgressRequest())
+        self._call = client.progress.WatchProgress(
+            progress_service_pb2.WatchProgressRequest(batched=True)
+        )
         self._ready.set()
         t0, seen = time.monotonic(), 0
         try:
             async for msg in self._call:
                 if msg.snapshot:
-                    seen += 1
-                    if seen == self._expected:
+                    seen += len(msg.tasks)
+                    if seen >= self._expected and not self._snapshot_done.is_set():
                         self.snapshot_s = time.monotonic() - t0
                         self._snapshot_done.set()
-                at = sent_at(msg.task.progress.summary)
-                if at is not None and not msg.snapshot:
-                    self.delays.append((at, time.time() - at))
+                    continue
+                now = time.time()
+                for task in msg.tasks:
+                    at = sent_at(task.progress.summary)
+                    if at is not None:
+                        self.delays.append((at, now - at))
         except asyncio.CancelledError:
             pass  # __exit__ cancelled the call
         finally:

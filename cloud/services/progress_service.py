@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Final, Literal
 
 import grpc
@@ -79,6 +79,21 @@ class _Shown:
         return task
 
 
+def _messages(
+    found: list[types_pb2.Task], request: pb.WatchProgressRequest, *, snapshot: bool = False
+) -> Iterator[pb.WatchProgressResponse]:
+    """The responses that carry `found`: one per task, or, for a `batched` watcher, one per
+    `_SNAPSHOT_CHUNK` tasks. Each response is a message of its own on the stream, with its own
+    write and system call: at a fleet's start (every task turning RUNNING within seconds) one
+    message per task kept a fleet-wide watcher two seconds behind (docs/benchmarks.md, issue 21)."""
+    if not request.batched:
+        for task in found:
+            yield pb.WatchProgressResponse(task=task, snapshot=snapshot)
+        return
+    for i in range(0, len(found), _SNAPSHOT_CHUNK):
+        yield pb.WatchProgressResponse(tasks=found[i : i + _SNAPSHOT_CHUNK], snapshot=snapshot)
+
+
 class ProgressServicer(progress_service_pb2_grpc.ProgressServiceServicer):
     """Streams task changes; changes arriving faster than a watcher reads are coalesced.
 
@@ -88,7 +103,9 @@ class ProgressServicer(progress_service_pb2_grpc.ProgressServiceServicer):
     to extend its lease or to store a new step, a fleet's start is every attempt's first renewal,
     and each would cost every watcher a reload (~1 ms of the replica's loop; at 10,000 hosts the
     watcher's reloads were a tenth of its CPU). A task this stream has not sent, or whose sent form
-    has no live lease or another current attempt, is reloaded."""
+    has no live lease or another current attempt, is reloaded.
+
+    A `batched` watcher gets what one pass over its mailbox found in one message (`_messages`)."""
 
     def __init__(self, store: Store, bus: EventBus) -> None:
         self._store = store
@@ -111,15 +128,17 @@ class ProgressServicer(progress_service_pb2_grpc.ProgressServiceServicer):
                     await abort(
                         context, grpc.StatusCode.NOT_FOUND, f"task {request.task_id} not found"
                     )
-                yield pb.WatchProgressResponse(task=shown.keep(view), snapshot=True)
+                for msg in _messages([shown.keep(view)], request, snapshot=True):
+                    yield msg
                 if view.task.status in states.TERMINAL:
                     return
             else:
                 ids = await tasks.active_task_ids(self._store)
                 for i in range(0, len(ids), _SNAPSHOT_CHUNK):
                     chunk = ids[i : i + _SNAPSHOT_CHUNK]
-                    for view in await tasks.load_views(self._store, chunk, usage=False):
-                        yield pb.WatchProgressResponse(task=shown.keep(view), snapshot=True)
+                    views = await tasks.load_views(self._store, chunk, usage=False)
+                    for msg in _messages([shown.keep(v) for v in views], request, snapshot=True):
+                        yield msg
             while True:
                 changed = await sub.next()
                 extended = sub.take_extended()
@@ -137,6 +156,7 @@ class ProgressServicer(progress_service_pb2_grpc.ProgressServiceServicer):
                     if request.task_id:
                         changed &= {request.task_id}
                     wanted = sorted(changed)
+                    patched_tasks: list[types_pb2.Task] = []
                     for e in extended:  # of `request.task_id` only, when given
                         if e.task_id in changed:
                             continue  # reloaded below
@@ -146,12 +166,15 @@ class ProgressServicer(progress_service_pb2_grpc.ProgressServiceServicer):
                         if patched is None:
                             wanted.append(e.task_id)
                         else:
-                            yield pb.WatchProgressResponse(task=patched)
+                            patched_tasks.append(patched)
+                    for msg in _messages(patched_tasks, request):
+                        yield msg
                 for i in range(0, len(wanted), _SNAPSHOT_CHUNK):
                     chunk = wanted[i : i + _SNAPSHOT_CHUNK]
-                    for view in await tasks.load_views(self._store, chunk, usage=False):
-                        yield pb.WatchProgressResponse(task=shown.keep(view))
-                        if request.task_id and view.task.status in states.TERMINAL:
-                            return
+                    views = await tasks.load_views(self._store, chunk, usage=False)
+                    for msg in _messages([shown.keep(v) for v in views], request):
+                        yield msg
+                    if request.task_id and any(v.task.status in states.TERMINAL for v in views):
+                        return
         finally:
             sub.close()

@@ -380,13 +380,22 @@ class CloudClient:
         ends when a watched single task ends.
 
         No deadline: the stream lives as long as the browser listens. Closing the iterator
-        cancels the call.
+        cancels the call. The call is `batched` (several tasks per message, fewer writes for the
+        replica when many tasks change at once); each task is yielded as a message of its own.
         """
         call = self._progress.WatchProgress(
-            progress_service_pb2.WatchProgressRequest(task_id=task_id, include_thinking=thinking)
+            progress_service_pb2.WatchProgressRequest(
+                task_id=task_id, include_thinking=thinking, batched=True
+            )
         )
         try:
             async for message in call:
-                yield message
+                if not message.tasks:
+                    yield message
+                    continue
+                for task in message.tasks:
+                    yield progress_service_pb2.WatchProgressResponse(
+                        task=task, snapshot=message.snapshot
+                    )
         finally:
             call.cancel()

@@ -72,6 +72,48 @@ async def test_fleet_snapshot_then_changes_and_ended_task_watch(
         await ch.close()
 
 
+def _timeless(task: types_pb2.Task) -> types_pb2.Task:
+    """`task` without its wall time (the time since it was created, as of when it was read)."""
+    out = types_pb2.Task()
+    out.CopyFrom(task)
+    out.totals.ClearField("wall_time")
+    return out
+
+
+async def test_a_batched_watcher_gets_the_same_tasks_in_fewer_messages(
+    cloud: CloudServer, ops: Any, pki_dir: Path
+) -> None:
+    """With `batched` the snapshot comes in chunks of 200 tasks and the tasks of one burst of
+    changes in one message (`tasks`, `task` unset), the same tasks an unbatched watcher gets one
+    message each."""
+    ch = channel(cloud.address, pki_dir, "operator-ops")
+    try:
+        stub: Any = progress_service_pb2_grpc.ProgressServiceStub(ch)
+        ids = [(await submit(ops, goal=f"queued {n}")).task.task_id for n in range(203)]
+        batched = stub.WatchProgress(progress_service_pb2.WatchProgressRequest(batched=True))
+        single = stub.WatchProgress(progress_service_pb2.WatchProgressRequest())
+        chunks = [await asyncio.wait_for(batched.read(), 10) for _ in range(2)]
+        assert [len(m.tasks) for m in chunks] == [200, 3]
+        assert all(m.snapshot and not m.HasField("task") for m in chunks)
+        one_each = [await asyncio.wait_for(single.read(), 10) for _ in ids]
+        assert all(m.snapshot and not m.tasks for m in one_each)
+        assert [_timeless(t) for m in chunks for t in m.tasks] == [
+            _timeless(m.task) for m in one_each
+        ]
+
+        burst = ids[:3]
+        cloud.bus.tasks_changed(burst)
+        change = await asyncio.wait_for(batched.read(), 10)
+        assert not change.snapshot and not change.HasField("task")
+        assert [t.task_id for t in change.tasks] == sorted(burst)
+        each = [(await asyncio.wait_for(single.read(), 10)).task for _ in burst]
+        assert [_timeless(t) for t in change.tasks] == [_timeless(t) for t in each]
+        batched.cancel()
+        single.cancel()
+    finally:
+        await ch.close()
+
+
 async def test_decision_log_arguments(cloud: CloudServer, pki_dir: Path) -> None:
     ch = channel(cloud.address, pki_dir, "operator-ops")
     try:

@@ -4,8 +4,10 @@ isort:skip_file
 """
 
 from amc.v1 import types_pb2 as _types_pb2
+from collections import abc as _abc
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
+from google.protobuf.internal import containers as _containers
 import builtins as _builtins
 import sys
 import typing as _typing
@@ -25,21 +27,30 @@ class WatchProgressRequest(_message.Message):
 
     TASK_ID_FIELD_NUMBER: _builtins.int
     INCLUDE_THINKING_FIELD_NUMBER: _builtins.int
+    BATCHED_FIELD_NUMBER: _builtins.int
     task_id: _builtins.str
     """Watch one task; empty means the whole fleet."""
     include_thinking: _builtins.bool
     """Also stream the model's thinking as it is generated (session mode with streaming, for
     steps the cloud plans). Those messages carry `thinking` and no `task`.
     """
+    batched: _builtins.bool
+    """Let one response carry several tasks (`WatchProgressResponse.tasks`): the snapshot in
+    chunks, and after it every task that changed since the last response. A fleet-wide watcher
+    of a busy fleet (10,000 phones starting their tasks within seconds) then gets a message per
+    burst of changes, not one per task, and does not fall behind. Without it every response
+    carries one task in `task`.
+    """
     def __init__(
         self,
         *,
         task_id: _builtins.str = ...,
         include_thinking: _builtins.bool = ...,
+        batched: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["include_thinking", b"include_thinking", "task_id", b"task_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["batched", b"batched", "include_thinking", b"include_thinking", "task_id", b"task_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -54,6 +65,7 @@ class WatchProgressResponse(_message.Message):
     TASK_FIELD_NUMBER: _builtins.int
     SNAPSHOT_FIELD_NUMBER: _builtins.int
     THINKING_FIELD_NUMBER: _builtins.int
+    TASKS_FIELD_NUMBER: _builtins.int
     snapshot: _builtins.bool
     """True for messages of the initial snapshot."""
     @_builtins.property
@@ -64,16 +76,24 @@ class WatchProgressResponse(_message.Message):
     def thinking(self) -> Global___LiveThinking:
         """Live thinking of a step being planned (only with include_thinking)."""
 
+    @_builtins.property
+    def tasks(self) -> _containers.RepeatedCompositeFieldContainer[_types_pb2.Task]:
+        """With `WatchProgressRequest.batched`: the tasks after the changes, without attempts, in the
+        order they changed (at most one entry per task); `task` is unset then. Empty on messages
+        that carry `thinking`.
+        """
+
     def __init__(
         self,
         *,
         task: _types_pb2.Task | None = ...,
         snapshot: _builtins.bool = ...,
         thinking: Global___LiveThinking | None = ...,
+        tasks: _abc.Iterable[_types_pb2.Task] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["task", b"task", "thinking", b"thinking"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["snapshot", b"snapshot", "task", b"task", "thinking", b"thinking"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["snapshot", b"snapshot", "task", b"task", "tasks", b"tasks", "thinking", b"thinking"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -49,7 +49,8 @@ class ProgressServiceServicer:
     def WatchProgress(self, request, context):
         """Stream changes of one task, or of every task. The stream starts with the current snapshot
         (one message per matching task that has not ended; for a single task, the task whatever its
-        status), then one message per change. It ends when a watched single task ends.
+        status), then one message per change (with `batched`, several tasks per message). It ends
+        when a watched single task ends.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

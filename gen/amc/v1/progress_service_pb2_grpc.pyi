@@ -36,7 +36,8 @@ class ProgressServiceStub:
     WatchProgress: _grpc.UnaryStreamMultiCallable[_progress_service_pb2.WatchProgressRequest, _progress_service_pb2.WatchProgressResponse]
     """Stream changes of one task, or of every task. The stream starts with the current snapshot
     (one message per matching task that has not ended; for a single task, the task whatever its
-    status), then one message per change. It ends when a watched single task ends.
+    status), then one message per change (with `batched`, several tasks per message). It ends
+    when a watched single task ends.
     """
 
 @_typing.type_check_only
@@ -47,7 +48,8 @@ class ProgressServiceAsyncStub(ProgressServiceStub):
     WatchProgress: _aio.UnaryStreamMultiCallable[_progress_service_pb2.WatchProgressRequest, _progress_service_pb2.WatchProgressResponse]  # type: ignore[assignment]
     """Stream changes of one task, or of every task. The stream starts with the current snapshot
     (one message per matching task that has not ended; for a single task, the task whatever its
-    status), then one message per change. It ends when a watched single task ends.
+    status), then one message per change (with `batched`, several tasks per message). It ends
+    when a watched single task ends.
     """
 
 class ProgressServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -61,7 +63,8 @@ class ProgressServiceServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_abc.Iterator[_progress_service_pb2.WatchProgressResponse], _abc.AsyncIterator[_progress_service_pb2.WatchProgressResponse]]:
         """Stream changes of one task, or of every task. The stream starts with the current snapshot
         (one message per matching task that has not ended; for a single task, the task whatever its
-        status), then one message per change. It ends when a watched single task ends.
+        status), then one message per change (with `batched`, several tasks per message). It ends
+        when a watched single task ends.
         """
 
 def add_ProgressServiceServicer_to_server(servicer: ProgressServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
