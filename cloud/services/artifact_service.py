@@ -62,7 +62,7 @@ def upload_problem(request: pb.UploadStepScreenshotRequest) -> str | None:
         return problem
     step = request.WhichOneof("step")
     if step is None:
-        return "decision_id or host_decision_id: one is required"
+        return "decision_id: one of decision_id and host_decision_id is required"
     if step == "decision_id" and not 0 < len(request.decision_id) <= MAX_ID:
         return f"decision_id: 1 to {MAX_ID} characters"
     if step == "host_decision_id" and not HOST_DECISION_ID.fullmatch(request.host_decision_id):

@@ -417,7 +417,10 @@ async def test_screenshot_refusals_name_the_field(
             "data: 8388609 bytes; at most 8388608",
         ),
         (upload(held, 0, png(), host_decision_id="r1"), "phase:"),
-        (upload(held, before, png()), "decision_id or host_decision_id: one is required"),
+        (
+            upload(held, before, png()),
+            "decision_id: one of decision_id and host_decision_id is required",
+        ),
     ]
     for call, start in cases:
         error = await refused(call)
