@@ -290,6 +290,11 @@ class EventBus:
         self._subs.add(sub)
         return sub
 
+    def watchers(self) -> int:
+        """Open task mailboxes: one per live WatchProgress call of this replica (a call whose
+        client went away closes its own)."""
+        return len(self._subs)
+
     def subscribe_hosts(self) -> HostSubscription:
         """A new mailbox for host changes (FleetService.WatchHosts)."""
         sub = HostSubscription(self._host_subs.discard)

@@ -27,7 +27,6 @@ from amc.v1 import (
     decision_log_service_pb2,
     fleet_service_pb2,
     flow_service_pb2,
-    progress_service_pb2,
     task_service_pb2,
     types_pb2,
 )
@@ -36,7 +35,7 @@ from console import context, exit_codes, formatting, task_ids, wording
 from console.cli_errors import CloudTarget, UserError, from_rpc, run_main
 from console.cli_help import PlainCommand, PlainGroup
 from console.cli_output import err, out, print_json, print_json_line, print_text
-from console.client import OperatorClient, secure_channel
+from console.client import OperatorClient, secure_channel, watch_progress
 from planner.budget import dollars
 
 if TYPE_CHECKING:
@@ -1057,11 +1056,8 @@ def task_watch(
 
     async def watch(client: OperatorClient) -> int:
         resolved = await task_ids.resolve(client, task_id) if task_id else ""
-        request = progress_service_pb2.WatchProgressRequest(
-            task_id=resolved, include_thinking=thinking
-        )
         last: types_pb2.Task | None = None
-        async for change in client.progress.WatchProgress(request):
+        async for change in watch_progress(client.progress, resolved, thinking=thinking):
             if change.HasField("thinking"):
                 live = change.thinking
                 if json_out:

@@ -6,6 +6,7 @@ hosts do with theirs; there is no password path into the gRPC services.
 
 from __future__ import annotations
 
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -15,6 +16,7 @@ from amc.v1 import (
     decision_log_service_pb2_grpc,
     fleet_service_pb2_grpc,
     flow_service_pb2_grpc,
+    progress_service_pb2,
     progress_service_pb2_grpc,
     task_service_pb2_grpc,
 )
@@ -41,6 +43,39 @@ def secure_channel(
     if server_name:
         options.append(("grpc.ssl_target_name_override", server_name))
     return grpc.aio.secure_channel(address, credentials, options=options)
+
+
+async def watch_progress(
+    stub: progress_service_pb2_grpc.ProgressServiceStub,
+    task_id: str = "",
+    *,
+    thinking: bool = False,
+) -> AsyncGenerator[progress_service_pb2.WatchProgressResponse, None]:
+    """Live task changes (snapshot first), one task per yielded message; with `thinking` also the
+    model's live thinking. Ends when a watched single task ends; closing the iterator cancels the
+    call.
+
+    The call is `batched`: when many tasks change at once (a fleet's start, a snapshot of
+    thousands) the replica writes several per message instead of one write each, which is what
+    kept a fleet-wide watcher seconds behind (docs/benchmarks.md, twentieth pass). Callers still
+    see one task per message, as without the flag.
+    """
+    call = stub.WatchProgress(
+        progress_service_pb2.WatchProgressRequest(
+            task_id=task_id, include_thinking=thinking, batched=True
+        )
+    )
+    try:
+        async for message in call:
+            if not message.tasks:
+                yield message
+                continue
+            for task in message.tasks:
+                yield progress_service_pb2.WatchProgressResponse(
+                    task=task, snapshot=message.snapshot
+                )
+    finally:
+        call.cancel()
 
 
 @dataclass(slots=True)

@@ -27,7 +27,6 @@ from rich.text import Text
 
 from amc.v1 import (
     decision_log_service_pb2,
-    progress_service_pb2,
     task_service_pb2,
     types_pb2,
 )
@@ -36,7 +35,7 @@ from cloud.server import CloudServer, build_server
 from cloud.settings import DEFAULT_CLOUD_ADDRESS, DEFAULT_METRICS_ADDRESS, CloudSettings
 from console import context, formatting
 from console.cli_errors import UserError
-from console.client import OperatorClient, secure_channel
+from console.client import OperatorClient, secure_channel, watch_progress
 from console.gateway.app import build_server as build_console_server
 from console.settings import ConsoleSettings
 from host import metrics as host_metrics
@@ -167,34 +166,38 @@ async def follow_tasks(
     )
     with bars:
         ids = {t: bars.add_task(t, total=max_steps, badge="queued") for t in task_ids}
-        stream = client.progress.WatchProgress(progress_service_pb2.WatchProgressRequest())
-        async for change in stream:
-            task = change.task
-            if task.task_id not in ids:
-                continue
-            key = (task.status, task.progress.step_index, task.progress.step_status, task.attempt)
-            key_full = (*key[:3], task.progress.summary)
-            if seen.get(task.task_id) != key_full:
-                seen[task.task_id] = key_full
-                badge = formatting.progress_badge(task.progress, task.status)
-                out.print(
-                    Text.assemble(
-                        Text(task.task_id, style="dim"),
-                        " ",
-                        formatting.styled_status(task.status),
-                        f" attempt {task.attempt}/{task.max_attempts}  {badge}",
-                    )
+        async with contextlib.aclosing(watch_progress(client.progress)) as changes:
+            async for change in changes:
+                task = change.task
+                if task.task_id not in ids:
+                    continue
+                key = (
+                    task.status,
+                    task.progress.step_index,
+                    task.progress.step_status,
+                    task.attempt,
                 )
-            bars.update(
-                ids[task.task_id],
-                completed=task.progress.step_index,
-                badge=formatting.status_name(task.status),
-            )
-            if task.status in formatting.TERMINAL:
-                final[task.task_id] = task
-                if len(final) == len(task_ids):
-                    stream.cancel()
-                    break
+                key_full = (*key[:3], task.progress.summary)
+                if seen.get(task.task_id) != key_full:
+                    seen[task.task_id] = key_full
+                    badge = formatting.progress_badge(task.progress, task.status)
+                    out.print(
+                        Text.assemble(
+                            Text(task.task_id, style="dim"),
+                            " ",
+                            formatting.styled_status(task.status),
+                            f" attempt {task.attempt}/{task.max_attempts}  {badge}",
+                        )
+                    )
+                bars.update(
+                    ids[task.task_id],
+                    completed=task.progress.step_index,
+                    badge=formatting.status_name(task.status),
+                )
+                if task.status in formatting.TERMINAL:
+                    final[task.task_id] = task
+                    if len(final) == len(task_ids):
+                        break
     return final
 
 

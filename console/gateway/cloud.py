@@ -29,7 +29,7 @@ from amc.v1 import (
     task_service_pb2_grpc,
     types_pb2,
 )
-from console.client import secure_channel
+from console.client import secure_channel, watch_progress
 
 #: Upper bound of decisions the detail view loads for one task (pages of 500).
 MAX_DECISIONS = 5_000
@@ -373,29 +373,13 @@ class CloudClient:
         finally:
             call.cancel()
 
-    async def watch(
+    def watch(
         self, task_id: str = "", *, thinking: bool = False
     ) -> AsyncIterator[progress_service_pb2.WatchProgressResponse]:
         """Live task changes (snapshot first), and with `thinking` the model's live thinking;
         ends when a watched single task ends.
 
         No deadline: the stream lives as long as the browser listens. Closing the iterator
-        cancels the call. The call is `batched` (several tasks per message, fewer writes for the
-        replica when many tasks change at once); each task is yielded as a message of its own.
+        cancels the call (`console.client.watch_progress`: batched, one task per message).
         """
-        call = self._progress.WatchProgress(
-            progress_service_pb2.WatchProgressRequest(
-                task_id=task_id, include_thinking=thinking, batched=True
-            )
-        )
-        try:
-            async for message in call:
-                if not message.tasks:
-                    yield message
-                    continue
-                for task in message.tasks:
-                    yield progress_service_pb2.WatchProgressResponse(
-                        task=task, snapshot=message.snapshot
-                    )
-        finally:
-            call.cancel()
+        return watch_progress(self._progress, task_id, thinking=thinking)

@@ -28,6 +28,7 @@ from cloud.services.progress_service import KEPT, _Shown
 from cloud.store import convert, leases, tasks
 from cloud.store.database import Store
 from cloud.store.models import AttemptRow
+from console.client import watch_progress
 from tests.cloud.cloud_harness import ScriptedHost, channel, count_reloads, renewal, submit
 from tests.support.postgres import PostgresServer
 
@@ -110,6 +111,34 @@ async def test_a_batched_watcher_gets_the_same_tasks_in_fewer_messages(
         assert [_timeless(t) for t in change.tasks] == [_timeless(t) for t in each]
         batched.cancel()
         single.cancel()
+    finally:
+        await ch.close()
+
+
+async def test_the_operators_watch_takes_batches_and_yields_one_task_per_message(
+    cloud: CloudServer, ops: Any, pki_dir: Path
+) -> None:
+    """`console.client.watch_progress` (the CLI's `task watch`, the embedded console and the
+    gateway) asks for batches and hands each task on as a message of its own, the snapshot flag
+    kept; closing it ends the call on the replica."""
+    ch = channel(cloud.address, pki_dir, "operator-ops")
+    try:
+        stub: Any = progress_service_pb2_grpc.ProgressServiceStub(ch)
+        ids = [(await submit(ops, goal=f"queued {n}")).task.task_id for n in range(203)]
+        changes = watch_progress(stub)
+        snapshot = [await asyncio.wait_for(anext(changes), 10) for _ in ids]
+        assert all(m.snapshot and m.HasField("task") and not m.tasks for m in snapshot)
+        assert sorted(m.task.task_id for m in snapshot) == sorted(ids)
+        cloud.bus.tasks_changed(ids[:3])
+        burst = [await asyncio.wait_for(anext(changes), 10) for _ in range(3)]
+        assert [m.task.task_id for m in burst] == sorted(ids[:3])
+        assert not any(m.snapshot for m in burst)
+        await changes.aclose()
+        for _ in range(100):  # the cancellation reaches the replica's handler
+            if cloud.bus.watchers() == 0:
+                break
+            await asyncio.sleep(0.05)
+        assert cloud.bus.watchers() == 0
     finally:
         await ch.close()
 
