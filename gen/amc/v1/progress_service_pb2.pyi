@@ -78,9 +78,9 @@ class WatchProgressResponse(_message.Message):
 
     @_builtins.property
     def tasks(self) -> _containers.RepeatedCompositeFieldContainer[_types_pb2.Task]:
-        """With `WatchProgressRequest.batched`: the tasks after the changes, without attempts, in the
-        order they changed (at most one entry per task); `task` is unset then. Empty on messages
-        that carry `thinking`.
+        """With `WatchProgressRequest.batched`: the tasks after the changes, without attempts, at most
+        one entry per task and in no promised order (a later message supersedes an earlier entry of
+        the same task); `task` is unset then. Empty on messages that carry `thinking`.
         """
 
     def __init__(
