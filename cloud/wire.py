@@ -12,12 +12,14 @@ database cannot store:
   ("devices[2].serial: NUL characters are not allowed"): PostgreSQL cannot store NUL in text,
   and no amc identifier, goal or name needs one;
 - except in the fields listed in `SANITISED` — text a host reports about work it already did (a
-  result's summary, a progress summary) — where NULs are replaced by U+FFFD instead: refusing
-  those would refuse a finished result forever.
+  result's summary, a progress summary) — where NULs and bytes that are not UTF-8 are replaced
+  by U+FFFD instead: refusing those would refuse a finished result forever, and a host cutting a
+  summary by bytes may cut a character in two.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -27,7 +29,7 @@ from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 from google.protobuf.descriptor import Descriptor, FieldDescriptor, FileDescriptor
 from google.protobuf.message import Message
 
-#: Text fields whose NULs are replaced (by `REPLACEMENT`), never refused.
+#: Text fields whose NULs and invalid UTF-8 are replaced (by `REPLACEMENT`), never refused.
 SANITISED: Final = frozenset({"amc.v1.TaskResult.summary", "amc.v1.Progress.summary"})
 REPLACEMENT: Final = "\ufffd"
 
@@ -37,6 +39,10 @@ class Malformed:
     """A request that cannot be used, and why (naming the field when one is to blame)."""
 
     problem: str
+    #: What could still be read of the request (the task id an in-stream answer names): the
+    #: message itself when only its text was refused, its bytes twin (`bytes_twin`, text as
+    #: bytes) when it did not parse but its twin did; None when nothing could be read.
+    partial: Message | None = dataclasses.field(default=None, compare=False)
 
 
 def parser(deserialize: Callable[[bytes], Any]) -> Callable[[bytes], Any]:
@@ -53,13 +59,20 @@ def parser(deserialize: Callable[[bytes], Any]) -> Callable[[bytes], Any]:
         try:
             message = deserialize(raw)
         except Exception:
-            return Malformed(_why_unparsable(descriptor, raw))
+            fixed = repaired(descriptor, raw)
+            if isinstance(fixed, Malformed):
+                return fixed
+            try:
+                message = deserialize(fixed)
+            except Exception:
+                return Malformed(_not_valid(descriptor))
+            raw = fixed
         # No zero byte in the encoding, no NUL in any text field (UTF-8 encodes U+0000, and only
         # it, as 0x00): most requests (a renewal, as a rule) skip the walk over their fields.
         if isinstance(message, Message) and b"\x00" in raw:
             problem = check_text(message)
             if problem is not None:
-                return Malformed(problem)
+                return Malformed(problem, message)
         return message
 
     return parse
@@ -111,22 +124,36 @@ def _is_map(field: FieldDescriptor) -> bool:
     return field.message_type is not None and bool(field.message_type.GetOptions().map_entry)
 
 
-def _why_unparsable(descriptor: Descriptor | None, raw: bytes) -> str:
+def _not_valid(descriptor: Descriptor | None) -> str:
+    name = f" {descriptor.full_name}" if descriptor is not None else ""
+    return f"request: not a valid{name} message"
+
+
+def repaired(descriptor: Descriptor | None, raw: bytes) -> bytes | Malformed:
+    """Bytes that did not parse: the same request with the invalid UTF-8 of its `SANITISED`
+    fields replaced (U+FFFD), when that is all that was wrong; else why they cannot be used."""
+    whole = _not_valid(descriptor)
     if descriptor is None:
-        return "request: not a valid message"
-    whole = f"request: not a valid {descriptor.full_name} message"
+        return Malformed(whole)
     try:
         twin = bytes_twin(descriptor).FromString(raw)
     except Exception:
-        return whole
-    path = _invalid_utf8(twin, "", descriptor.file.pool)
-    return f"{path}: not valid UTF-8" if path else whole
+        return Malformed(whole)
+    replaced: list[str] = []
+    path = _replace_invalid_utf8(twin, "", descriptor.file.pool, replaced)
+    if path:
+        return Malformed(f"{path}: not valid UTF-8", twin)
+    if not replaced:
+        return Malformed(whole, twin)
+    fixed: bytes = twin.SerializeToString()
+    return fixed
 
 
-def _invalid_utf8(
-    message: Message, prefix: str, original: descriptor_pool.DescriptorPool
+def _replace_invalid_utf8(
+    message: Message, prefix: str, original: descriptor_pool.DescriptorPool, replaced: list[str]
 ) -> str | None:
-    """The first field of a bytes twin that is text in the `original` pool and is not UTF-8."""
+    """The first field of a bytes twin that is text in the `original` pool and is not UTF-8,
+    replacing the bad bytes of `SANITISED` fields on the way (their paths go to `replaced`)."""
     for field, value in message.ListFields():
         path = f"{prefix}{field.name}"
         items = list(enumerate(value)) if field.is_repeated else [(None, value)]
@@ -136,9 +163,16 @@ def _invalid_utf8(
                 try:
                     item.decode("utf-8")
                 except UnicodeDecodeError:
-                    return where
+                    if field.full_name not in SANITISED:
+                        return where
+                    clean = item.decode("utf-8", "replace").encode("utf-8")
+                    replaced.append(where)
+                    if i is None:
+                        setattr(message, field.name, clean)
+                    else:
+                        value[i] = clean
             elif field.type == FieldDescriptor.TYPE_MESSAGE and not _is_map(field):
-                found = _invalid_utf8(item, f"{where}.", original)
+                found = _replace_invalid_utf8(item, f"{where}.", original, replaced)
                 if found:
                     return found
     return None

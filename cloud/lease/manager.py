@@ -23,7 +23,7 @@ from amc.v1 import types_pb2
 from cloud import metrics, revocations, supervised
 from cloud.events import EventBus, RevokeEvent
 from cloud.identity import Caller
-from cloud.lease import messages
+from cloud.lease import messages, validate
 from cloud.lease.batcher import RenewalBatcher
 from cloud.lease.clock import TICK_S, ClockWatch
 from cloud.lease.dispatcher import Dispatcher
@@ -37,6 +37,23 @@ from cloud.store.database import Store
 from cloud.store.revocations import Revoked
 
 log = logging.getLogger(__name__)
+
+
+def _held(
+    hello: lease_pb.HostHello,
+) -> tuple[list[leases.HeldLease], list[tuple[lease_pb.HeldAssignment, str]]]:
+    """The hello's held assignments to settle (a lease listed twice, once), and those that
+    cannot name a lease, with why: each of those is answered on its own (Revoked, UNKNOWN),
+    and the hello and the other held leases go on."""
+    held: dict[leases.HeldLease, None] = {}
+    unusable: list[tuple[lease_pb.HeldAssignment, str]] = []
+    for i, h in enumerate(hello.held_assignments):
+        problem = validate.held(i, h)
+        if problem:
+            unusable.append((h, problem))
+        else:
+            held[leases.HeldLease(h.task_id, h.attempt, h.lease_id)] = None
+    return list(held), unusable
 
 
 class LeaseManager:
@@ -178,7 +195,7 @@ class LeaseManager:
         self.sessions[host_id] = session
         if old is not None:
             self._replace(old, session.process_id)
-        held = [leases.HeldLease(h.task_id, h.attempt, h.lease_id) for h in hello.held_assignments]
+        held, unusable = _held(hello)
         record = hosts.HelloRecord(
             convert.device_dicts(list(hello.devices)),
             hello.agent_version,
@@ -225,6 +242,12 @@ class LeaseManager:
                     )
                 )
                 await self._record_revoked(host_id, h.task_id, h.attempt, check.revocation)
+        for bad, problem in unusable:
+            session.send(
+                messages.refused(
+                    bad.task_id, bad.attempt, bad.lease_id, leases.Revocation.UNKNOWN, problem
+                )
+            )
         self.bus.tasks_changed(resumed)
         # A live lease the same process did not re-announce is left to run out rather than
         # ended here: the process may have finished that attempt while disconnected, and its

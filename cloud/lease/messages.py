@@ -47,13 +47,24 @@ def swept_message(revocation: leases.Revocation) -> str:
     return _SWEPT.get(revocation, "cancelled")
 
 
+#: Progress.max_steps at most (the contract's limit; a larger one is stored as this).
+MAX_STEPS = 10_000
+#: Built once: `StepStatus.values()` makes a new list on every call (every renewal's progress).
+_STEP_STATUSES = frozenset(types_pb2.StepStatus.values())
+
+
 def progress_in(progress: types_pb2.Progress) -> leases.ProgressIn:
-    """A host's progress as the store writes it (the summary cut to its limit)."""
+    """A host's progress as the store writes it: the summary cut to its limit, and numbers out
+    of the contract's ranges brought into them rather than refused (a renewal refused for its
+    progress would cost the host its lease; a result, its finished work). A step status this
+    cloud does not know (a newer host's; proto3 enums are open) is kept as UNSPECIFIED."""
+    status = int(progress.step_status)
+    steps = progress.max_steps
     return leases.ProgressIn(
-        progress.step_index,
-        int(progress.step_status),
+        max(progress.step_index, 0),
+        status if status in _STEP_STATUSES else types_pb2.STEP_STATUS_UNSPECIFIED,
         leases.truncate_summary(progress.summary),
-        progress.max_steps or None,
+        min(steps, MAX_STEPS) if steps > 0 else None,
     )
 
 
@@ -149,7 +160,31 @@ def resumed(check: leases.HeldCheck) -> lease_pb.LeaseResponse:
     return lease_pb.LeaseResponse(assignment=a)
 
 
+#: OutboxBacklog counts at most (a larger one is stored as this).
+MAX_OUTBOX = 100_000_000
+_MAX_TIMESTAMP_S = 253_402_300_799  # 9999-12-31T23:59:59Z
+
+
 def backlog_in(backlog: types_pb2.OutboxBacklog) -> hosts.Backlog:
-    """A host's outbox report as the store keeps it (`reported_at` is the cloud's own)."""
-    oldest = backlog.oldest_at.ToDatetime(tzinfo=dt.UTC) if backlog.HasField("oldest_at") else None
-    return hosts.Backlog(backlog.items, backlog.decisions, backlog.refused, oldest)
+    """A host's outbox report as the store keeps it (`reported_at` is the cloud's own).
+
+    A report is shown to operators, never a reason to refuse a host (in its hello that would
+    cost it its Welcome): counts are brought within 0 to `MAX_OUTBOX` and `decisions` within
+    `items`, and an `oldest_at` at or before 1970-01-01 (a client's zero time: Go's year 1,
+    JavaScript's epoch) or beyond 9999 is read as unset."""
+    items = _count(backlog.items)
+    ts = backlog.oldest_at
+    oldest = (
+        ts.ToDatetime(tzinfo=dt.UTC)
+        if backlog.HasField("oldest_at")
+        and 0 < ts.seconds <= _MAX_TIMESTAMP_S
+        and 0 <= ts.nanos < 1_000_000_000
+        else None
+    )
+    return hosts.Backlog(
+        items, min(_count(backlog.decisions), items), _count(backlog.refused), oldest
+    )
+
+
+def _count(value: int) -> int:
+    return min(max(value, 0), MAX_OUTBOX)

@@ -18,6 +18,7 @@ import contextlib
 import logging
 
 import grpc
+from google.protobuf.message import Message
 
 from amc.v1 import lease_service_pb2 as lease_pb
 from amc.v1 import lease_service_pb2_grpc
@@ -46,6 +47,20 @@ def _rejected(message: str, task_id: str = "") -> lease_pb.LeaseResponse:
     return lease_pb.LeaseResponse(
         rejected=lease_pb.Rejected(code=_INVALID, message=message, task_id=task_id)
     )
+
+
+def _task_id(msg: Message | None) -> str:
+    """The task id a renewal or result names (`Rejected.task_id`, so a host with several in
+    flight knows which one was refused), also from what could be read of a malformed one."""
+    kind = msg.WhichOneof("kind") if msg is not None else None
+    if kind not in ("renewal", "result"):
+        return ""
+    task_id: str | bytes = getattr(msg, kind).task_id
+    return task_id.decode("utf-8", "replace") if isinstance(task_id, bytes) else task_id
+
+
+def _malformed(msg: wire.Malformed) -> lease_pb.LeaseResponse:
+    return _rejected(msg.problem, _task_id(msg.partial))
 
 
 class LeaseServicer(lease_service_pb2_grpc.LeaseServiceServicer):
@@ -108,7 +123,7 @@ class LeaseServicer(lease_service_pb2_grpc.LeaseServiceServicer):
             if msg is grpc.aio.EOF:
                 return None
             if isinstance(msg, wire.Malformed):
-                await context.write(_rejected(msg.problem))
+                await context.write(_malformed(msg))
                 continue
             assert isinstance(msg, lease_pb.LeaseRequest)
             if msg.WhichOneof("kind") != "hello":
@@ -135,7 +150,7 @@ class LeaseServicer(lease_service_pb2_grpc.LeaseServiceServicer):
                     break
                 manager.touch(session)
                 if isinstance(msg, wire.Malformed):
-                    reply: lease_pb.LeaseResponse | None = _rejected(msg.problem)
+                    reply: lease_pb.LeaseResponse | None = _malformed(msg)
                 else:
                     assert isinstance(msg, lease_pb.LeaseRequest)
                     try:
@@ -150,7 +165,9 @@ class LeaseServicer(lease_service_pb2_grpc.LeaseServiceServicer):
                         )
                         code, message = status_for(exc)
                         reply = lease_pb.LeaseResponse(
-                            rejected=lease_pb.Rejected(code=code.value[0], message=message)
+                            rejected=lease_pb.Rejected(
+                                code=code.value[0], message=message, task_id=_task_id(msg)
+                            )
                         )
                 if reply is not None and not session.closed:
                     async with lock:
@@ -186,9 +203,6 @@ class LeaseServicer(lease_service_pb2_grpc.LeaseServiceServicer):
             await manager.device_update(session, msg.device_update)
             return None
         if kind == "outbox":
-            problem = validate.outbox(msg.outbox, "outbox")
-            if problem:
-                return _rejected(problem)
             await manager.outbox(session, msg.outbox)
             return None
         if kind == "hello":

@@ -300,9 +300,17 @@ def lease_event(row: LeaseEventRow) -> task_service_pb2.LeaseEvent:
     )
 
 
+#: Device.model at most (a longer one is cut: a host's report, not a reason to refuse it, and
+#: every operator's ListHosts carries it).
+DEVICE_MODEL_LIMIT = 128
+
+
 def device_dicts(devices: list[types_pb2.Device]) -> list[dict[str, object]]:
     """Devices as stored in the hosts table."""
-    return [{"serial": d.serial, "model": d.model, "state": int(d.state)} for d in devices]
+    return [
+        {"serial": d.serial, "model": d.model[:DEVICE_MODEL_LIMIT], "state": int(d.state)}
+        for d in devices
+    ]
 
 
 def decision(row: DecisionRow, *, include_observation: bool = False) -> types_pb2.Decision:

@@ -82,6 +82,7 @@ def hello(
     held: list[lease_pb.HeldAssignment] | None = None,
     process_id: str = "",
     transport: types_pb2.PlannerTransport.ValueType = types_pb2.PLANNER_TRANSPORT_CLOUD,
+    outbox: types_pb2.OutboxBacklog | None = None,
 ) -> lease_pb.LeaseRequest:
     return lease_pb.LeaseRequest(
         hello=lease_pb.HostHello(
@@ -90,6 +91,7 @@ def hello(
             planner_transport=transport,
             held_assignments=held or [],
             process_id=process_id,
+            outbox=outbox,
         )
     )
 
@@ -148,10 +150,11 @@ class ScriptedHost:
         held: list[lease_pb.HeldAssignment] | None = None,
         process_id: str = "",
         transport: types_pb2.PlannerTransport.ValueType = types_pb2.PLANNER_TRANSPORT_CLOUD,
+        outbox: types_pb2.OutboxBacklog | None = None,
     ) -> lease_pb.Welcome:
         self.call = self._stub.Lease()
         try:
-            await self.call.write(hello(serials, held, process_id, transport))
+            await self.call.write(hello(serials, held, process_id, transport, outbox))
         except grpc.aio.AioRpcError as exc:  # refused before the hello went out
             # A write that races the server ending the call fails with the transport's own
             # error ("Internal error from Core"); the call's status is what the server said.

@@ -231,9 +231,10 @@ async def test_database_down_is_unavailable_and_not_serving_until_it_is_back(
         # In-stream: the host's result is refused as retryable, with the same words.
         await host.send(result(a, summary=secret_goal))
         rejected = (await host.next("rejected")).rejected
-        assert (rejected.code, rejected.message) == (
+        assert (rejected.code, rejected.message, rejected.task_id) == (
             grpc.StatusCode.UNAVAILABLE.value[0],
             UNAVAILABLE,
+            task.task_id,  # which of the host's results to send again
         )
         await _health_becomes(ch, health_pb2.HealthCheckResponse.NOT_SERVING)
 

@@ -191,7 +191,10 @@ Global___LeaseResponse: _TypeAlias = LeaseResponse  # noqa: Y015
 
 @_typing.final
 class HeldAssignment(_message.Message):
-    """An assignment a host still runs, re-announced after a reconnect."""
+    """An assignment a host still runs, re-announced after a reconnect. One that cannot name a lease
+    (an empty task or lease id, an attempt below 1, an id over 128 characters) is answered with
+    Revoked (REVOKE_REASON_UNKNOWN, the message naming the problem); it does not refuse the hello.
+    """
 
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -254,12 +257,14 @@ class HostHello(_message.Message):
     @_builtins.property
     def held_assignments(self) -> _containers.RepeatedCompositeFieldContainer[Global___HeldAssignment]:
         """Assignments the host still runs; live ones are resumed (sent back as Assignment with
-        resumed=true), others are revoked.
+        resumed=true), others are revoked. A lease listed twice is answered once.
         """
 
     @_builtins.property
     def outbox(self) -> _types_pb2.OutboxBacklog:
-        """The host's outbox backlog at connect time (unset: the host keeps no outbox)."""
+        """The host's outbox backlog at connect time (unset: the host keeps no outbox). Never a reason
+        to refuse the hello (see OutboxBacklog for how odd values are read).
+        """
 
     def __init__(
         self,
@@ -635,7 +640,8 @@ class TaskResult(_message.Message):
     """SUCCEEDED, FAILED or CANCELLED."""
     summary: _builtins.str
     """The agent's closing words or the failure reason. Never a reason to refuse the result: a
-    longer one is cut to 2,000 characters (ending in "…") and NUL characters become U+FFFD.
+    longer one is cut to 2,000 characters (ending in "…"), and NUL characters and bytes that are
+    not UTF-8 become U+FFFD.
     """
     retryable: _builtins.bool
     """FAILED only: the attempt ended for a reason outside the task (the model provider stayed
@@ -645,7 +651,7 @@ class TaskResult(_message.Message):
     """
     @_builtins.property
     def final_progress(self) -> _types_pb2.Progress:
-        """The last progress of the attempt."""
+        """The last progress of the attempt (never a reason to refuse the result either: see Progress)."""
 
     @_builtins.property
     def replay(self) -> _types_pb2.FlowReplayReport:

@@ -35,10 +35,25 @@ class LeaseServiceStub:
 
     A renewal or result that names a (task, attempt, lease id) that is not the caller's live lease
     changes nothing and is answered with Revoked (reason PERMISSION_DENIED when the lease is another
-    host's). A malformed message is answered with Rejected and
-    the stream stays up. The stream ends with PERMISSION_DENIED only when the caller's certificate
-    does not carry a host identity, and with FAILED_PRECONDITION when the first message is not a
-    hello.
+    host's). A malformed message is answered with Rejected (naming its task when it had one) and
+    the stream stays up. What a host only reports (progress, its outbox, a phone's model) is never
+    a reason to refuse its message: numbers out of range are brought into range and long text is
+    cut, as each field says.
+
+    How the stream ends (the status the host sees), and what the host does then:
+    - OK: the host closed its side; the cloud closes its own at once (nothing more is pushed).
+    - ABORTED: a newer stream of this host took its place. After a Superseded message, another
+    process did: stop. Without one, the same process reconnected: nothing to do on this one.
+    - UNAVAILABLE: the replica is shutting down, or could not reach its database while settling
+    the hello: reconnect with backoff (to any replica).
+    - INTERNAL: the replica failed unexpectedly while settling the hello: reconnect with backoff.
+    - UNAUTHENTICATED: the host's certificate or its host id was revoked: do not reconnect with it.
+    - PERMISSION_DENIED: the certificate does not carry a host identity.
+    - FAILED_PRECONDITION: the first message was not a hello.
+    - RESOURCE_EXHAUSTED: a message over the cloud's size limit (16 MiB by default,
+    AMC_CLOUD_MAX_MESSAGE_BYTES); gRPC ends the stream before the cloud reads it, so no Rejected
+    comes. Summaries are kept to 200 (progress) and 2,000 (result) characters anyway: cut them
+    before sending, so that a result resent after a reconnect is not refused the same way again.
     """
 
     def __init__(self, channel):
@@ -64,10 +79,25 @@ class LeaseServiceServicer:
 
     A renewal or result that names a (task, attempt, lease id) that is not the caller's live lease
     changes nothing and is answered with Revoked (reason PERMISSION_DENIED when the lease is another
-    host's). A malformed message is answered with Rejected and
-    the stream stays up. The stream ends with PERMISSION_DENIED only when the caller's certificate
-    does not carry a host identity, and with FAILED_PRECONDITION when the first message is not a
-    hello.
+    host's). A malformed message is answered with Rejected (naming its task when it had one) and
+    the stream stays up. What a host only reports (progress, its outbox, a phone's model) is never
+    a reason to refuse its message: numbers out of range are brought into range and long text is
+    cut, as each field says.
+
+    How the stream ends (the status the host sees), and what the host does then:
+    - OK: the host closed its side; the cloud closes its own at once (nothing more is pushed).
+    - ABORTED: a newer stream of this host took its place. After a Superseded message, another
+    process did: stop. Without one, the same process reconnected: nothing to do on this one.
+    - UNAVAILABLE: the replica is shutting down, or could not reach its database while settling
+    the hello: reconnect with backoff (to any replica).
+    - INTERNAL: the replica failed unexpectedly while settling the hello: reconnect with backoff.
+    - UNAUTHENTICATED: the host's certificate or its host id was revoked: do not reconnect with it.
+    - PERMISSION_DENIED: the certificate does not carry a host identity.
+    - FAILED_PRECONDITION: the first message was not a hello.
+    - RESOURCE_EXHAUSTED: a message over the cloud's size limit (16 MiB by default,
+    AMC_CLOUD_MAX_MESSAGE_BYTES); gRPC ends the stream before the cloud reads it, so no Rejected
+    comes. Summaries are kept to 200 (progress) and 2,000 (result) characters anyway: cut them
+    before sending, so that a result resent after a reconnect is not refused the same way again.
     """
 
     def Lease(self, request_iterator, context):
@@ -103,10 +133,25 @@ class LeaseService:
 
     A renewal or result that names a (task, attempt, lease id) that is not the caller's live lease
     changes nothing and is answered with Revoked (reason PERMISSION_DENIED when the lease is another
-    host's). A malformed message is answered with Rejected and
-    the stream stays up. The stream ends with PERMISSION_DENIED only when the caller's certificate
-    does not carry a host identity, and with FAILED_PRECONDITION when the first message is not a
-    hello.
+    host's). A malformed message is answered with Rejected (naming its task when it had one) and
+    the stream stays up. What a host only reports (progress, its outbox, a phone's model) is never
+    a reason to refuse its message: numbers out of range are brought into range and long text is
+    cut, as each field says.
+
+    How the stream ends (the status the host sees), and what the host does then:
+    - OK: the host closed its side; the cloud closes its own at once (nothing more is pushed).
+    - ABORTED: a newer stream of this host took its place. After a Superseded message, another
+    process did: stop. Without one, the same process reconnected: nothing to do on this one.
+    - UNAVAILABLE: the replica is shutting down, or could not reach its database while settling
+    the hello: reconnect with backoff (to any replica).
+    - INTERNAL: the replica failed unexpectedly while settling the hello: reconnect with backoff.
+    - UNAUTHENTICATED: the host's certificate or its host id was revoked: do not reconnect with it.
+    - PERMISSION_DENIED: the certificate does not carry a host identity.
+    - FAILED_PRECONDITION: the first message was not a hello.
+    - RESOURCE_EXHAUSTED: a message over the cloud's size limit (16 MiB by default,
+    AMC_CLOUD_MAX_MESSAGE_BYTES); gRPC ends the stream before the cloud reads it, so no Rejected
+    comes. Summaries are kept to 200 (progress) and 2,000 (result) characters anyway: cut them
+    before sending, so that a result resent after a reconnect is not refused the same way again.
     """
 
     @staticmethod

@@ -836,16 +836,22 @@ class Progress(_message.Message):
     UPDATED_AT_FIELD_NUMBER: _builtins.int
     MAX_STEPS_FIELD_NUMBER: _builtins.int
     step_index: _builtins.int
-    """1-based index of the step the agent is on; 0 before the first step."""
+    """1-based index of the step the agent is on; 0 before the first step (a negative one is
+    stored as 0).
+    """
     step_status: Global___StepStatus.ValueType
-    """What the agent is doing within that step."""
+    """What the agent is doing within that step (a value this cloud does not know, from a newer
+    host, is stored as STEP_STATUS_UNSPECIFIED).
+    """
     summary: _builtins.str
     """One line for humans, at most 200 characters (the cloud truncates longer ones with "…" and
-    replaces NUL characters with U+FFFD; it never refuses a summary).
+    replaces NUL characters and bytes that are not UTF-8 with U+FFFD; it never refuses a
+    summary).
     """
     max_steps: _builtins.int
     """The most steps the agent will take in this attempt (the host's step limit), so a reader can
-    show "step 3 of at most 30"; 0 when the host does not say. At most 10,000.
+    show "step 3 of at most 30"; 0 when the host does not say. At most 10,000 (a larger one is
+    stored as 10,000, a negative one as 0).
     """
     @_builtins.property
     def updated_at(self) -> _timestamp_pb2.Timestamp:
@@ -961,7 +967,9 @@ class Device(_message.Message):
     serial: _builtins.str
     """adb serial, unique on its host."""
     model: _builtins.str
-    """Model name ("Pixel 8", "amc virtual phone")."""
+    """Model name ("Pixel 8", "amc virtual phone"), at most 128 characters (the cloud cuts a longer
+    one).
+    """
     state: Global___DeviceState.ValueType
     """Connection state."""
     def __init__(
@@ -1059,16 +1067,20 @@ class OutboxBacklog(_message.Message):
     REPORTED_AT_FIELD_NUMBER: _builtins.int
     REFUSED_FIELD_NUMBER: _builtins.int
     items: _builtins.int
-    """Items waiting to be sent (decisions and screenshots); 0 when everything was sent."""
+    """Items waiting to be sent (decisions and screenshots); 0 when everything was sent. The
+    counts are stored within 0 to 100,000,000.
+    """
     decisions: _builtins.int
-    """Of `items`, decisions."""
+    """Of `items`, decisions (stored as at most `items`)."""
     refused: _builtins.int
     """Items the cloud refused for good (their lease was too old, or the host's data was
     malformed) that the host keeps for inspection (at most its latest 1,000); never sent again.
     """
     @_builtins.property
     def oldest_at(self) -> _timestamp_pb2.Timestamp:
-        """When the oldest waiting item was written on the host; unset when nothing waits."""
+        """When the oldest waiting item was written on the host; unset when nothing waits. A time at or
+        before 1970-01-01T00:00:00Z (a client's zero time) or after 9999 is read as unset.
+        """
 
     @_builtins.property
     def reported_at(self) -> _timestamp_pb2.Timestamp:
