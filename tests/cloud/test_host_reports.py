@@ -116,6 +116,30 @@ async def test_a_held_assignment_that_names_no_lease_is_revoked_on_its_own(
         await again.close()
 
 
+async def test_a_hello_settles_at_most_1024_held_assignments(
+    cloud: CloudServer, ops: Any, pki_dir: Path, host: ScriptedHost
+) -> None:
+    """Each held assignment costs the replica a lookup while its other hosts wait (20,000 took
+    8 s): those past the 1,024th are revoked unlooked-at."""
+    await host.connect(["p1"], process_id="P")
+    await submit(ops)
+    a = (await host.next("assignment")).assignment
+    await host.close()
+    live = lease_pb.HeldAssignment(task_id=a.task_id, attempt=a.attempt, lease_id=a.lease_id)
+    extra = lease_pb.HeldAssignment(task_id="t-extra", attempt=1, lease_id="l")
+    again = ScriptedHost(cloud.address, pki_dir, "h1")
+    try:
+        await again.connect(["p1"], held=[live] * 1024 + [extra], process_id="P")
+        assert (await again.next("assignment")).assignment.resumed
+        revoked = (await again.next("revoked")).revoked
+        assert (revoked.task_id, revoked.message) == (
+            "t-extra",
+            "hello.held_assignments[1024]: at most 1024 held assignments",
+        )
+    finally:
+        await again.close()
+
+
 async def test_an_outbox_report_out_of_range_is_read_within_range(
     cloud: CloudServer, pki_dir: Path, host: ScriptedHost
 ) -> None:

@@ -192,8 +192,9 @@ Global___LeaseResponse: _TypeAlias = LeaseResponse  # noqa: Y015
 @_typing.final
 class HeldAssignment(_message.Message):
     """An assignment a host still runs, re-announced after a reconnect. One that cannot name a lease
-    (an empty task or lease id, an attempt below 1, an id over 128 characters) is answered with
-    Revoked (REVOKE_REASON_UNKNOWN, the message naming the problem); it does not refuse the hello.
+    (an empty task or lease id, an attempt below 1, an id over 128 characters), or one past the
+    1,024th of a hello, is answered with Revoked (REVOKE_REASON_UNKNOWN, the message naming the
+    problem); it does not refuse the hello.
     """
 
     DESCRIPTOR: _descriptor.Descriptor
