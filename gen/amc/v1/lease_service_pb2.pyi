@@ -394,7 +394,11 @@ class Assignment(_message.Message):
     goal: _builtins.str
     """The goal."""
     resumed: _builtins.bool
-    """True when this re-confirms a held assignment after a reconnect."""
+    """True when this re-confirms a held assignment after a reconnect. A resumed assignment
+    carries no secrets, flows or `spent`: the process running the attempt has them from the
+    fresh one. A new process (another HostHello.process_id) that lists a held assignment gets
+    them neither: it must hold them itself or end the attempt.
+    """
     @_builtins.property
     def lease_expires_at(self) -> _timestamp_pb2.Timestamp:
         """The lease runs out at this time unless renewed."""
