@@ -15,7 +15,7 @@ import uuid
 import adbutils
 
 from host.devices import adb_transport
-from host.devices.adb_errors import mapped_errors, server_reachable
+from host.devices.adb_errors import ensure_listed, mapped_errors, server_reachable
 from host.devices.base import DeviceBusy, DeviceError, DeviceGone, KeyName, ScreenState
 from host.devices.screen_state import SCREEN_STATE_COMMAND, parse_screen_state
 
@@ -57,6 +57,9 @@ _PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 # What `uiautomator dump` prints when the screen is animating or a window is changing: passing
 # states, worth another try (see `DeviceBusy`).
 _BUSY_DUMP = ("could not get idle state", "null root node returned by", "Killed")
+# Java exceptions a dumper throws while the window it walks changes under it (a node gone
+# between listing and reading it: the NullPointerException in childNafCheck); passing too.
+_JAVA_CRASH = ("java.lang.NullPointerException", "java.lang.IllegalStateException")
 # What a sync pull of a file that is not there fails with (adbd: "open failed: No such file or
 # directory"; older servers word it "does not exist").
 _MISSING_FILE = ("No such file or directory", "does not exist")
@@ -75,20 +78,30 @@ def dump_failure(serial: str, output: str) -> DeviceError | None:
     """The error a `uiautomator dump` run reported, if any: `DeviceBusy` for the passing kinds.
 
     Only output saying "dumped to" is a dump (AOSP's DumpCommand prints it last); anything
-    else failed. "ERROR: could not get idle state." / "null root node" and a dumper the
-    low-memory killer took ("Killed") pass; "… already registered!" means another
-    UiAutomation client holds the accessibility bridge, which no retry fixes."""
+    else failed. Passing: "ERROR: could not get idle state." / "null root node", a dumper the
+    low-memory killer took ("Killed"), a NullPointerException or IllegalStateException trace,
+    and no output at all: AOSP's dumper dies with a NullPointerException in childNafCheck
+    when a node vanishes while the screen changes, and that trace goes to logcat, not to the
+    shell (seen on ~20% of first dumps on some API 34 emulators). "… already registered!"
+    (an IllegalStateException too) means another UiAutomation client holds the accessibility
+    bridge, which no retry fixes; other text ("not found", a crash of the shell) is not
+    passing either."""
     if "dumped to" in output:
         return None
     shown = output.strip()[-300:]
-    message = f"uiautomator dump failed on {serial}: {shown!r}"
     if "already registered" in output:
         return DeviceError(
             f"uiautomator dump failed on {serial}: another UiAutomation client (a uiautomator2 "
             "server, Appium, weditor, a monkey tool) holds the accessibility bridge on this "
             "phone; stop it (or use the u2 driver) and run the task again"
         )
-    if any(marker in output for marker in _BUSY_DUMP):
+    if not shown:
+        return DeviceBusy(
+            f"uiautomator dump on {serial} printed nothing (it died midway, most likely "
+            "the NullPointerException a node vanishing mid-dump causes; see logcat)"
+        )
+    message = f"uiautomator dump failed on {serial}: {shown!r}"
+    if any(marker in output for marker in (*_BUSY_DUMP, *_JAVA_CRASH)):
         return DeviceBusy(message)
     return DeviceError(message)
 
@@ -254,15 +267,26 @@ class AdbDriver:
     def dump_hierarchy(self) -> str:
         """Every window's tree (`--windows`: app, keyboard, dialogs, system bars), so a
         keyboard or a dialog over the app is seen as one; releases before the option ignore
-        it and dump the active window."""
+        it and dump the active window. The file is removed whatever happened: a dumper that
+        died midway leaves an empty or cut one behind."""
         remote = f"{_DUMP_DIR}/amc-{uuid.uuid4().hex[:12]}.xml"
+        try:
+            return decode_dump(self._dump_to(remote))
+        finally:
+            with contextlib.suppress(DeviceError):
+                self._shell(f"rm -f {remote}", "remove dump")
+
+    def _dump_to(self, remote: str) -> bytes:
         out = self._shell(f"uiautomator dump --windows {remote}", "uiautomator dump")
         failure = dump_failure(self._serial, out)
+        if isinstance(failure, DeviceBusy):
+            # Empty output is also what a stream cut by a vanishing phone reads as.
+            ensure_listed(self._client, self._addr, self._serial, "uiautomator dump")
         if failure is not None:
             raise failure
         try:
             with mapped_errors(self._serial, "pull hierarchy"):
-                data = adb_transport.pull(self._client, self._serial, remote, self.timeout_s)
+                return adb_transport.pull(self._client, self._serial, remote, self.timeout_s)
         except DeviceGone:
             raise
         except DeviceError as exc:
@@ -273,10 +297,6 @@ class AdbDriver:
                     f"uiautomator dump on {self._serial} wrote no file (no windows listed yet)"
                 ) from exc
             raise
-        # Best effort: leave no dump files behind on the phone.
-        with contextlib.suppress(DeviceError):
-            self._shell(f"rm -f {remote}", "remove dump")
-        return decode_dump(data)
 
     def screen_state(self) -> ScreenState:
         return parse_screen_state(self._shell(SCREEN_STATE_COMMAND, "screen state"))

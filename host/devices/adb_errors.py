@@ -15,6 +15,7 @@ from typing import TypeVar
 import adbutils
 from adbutils.errors import AdbConnectionError, AdbTimeout
 
+from host.devices import adb_transport
 from host.devices.base import DeviceBusy, DeviceError, DeviceGone
 
 T = TypeVar("T")
@@ -63,6 +64,29 @@ def is_gone(exc: BaseException) -> bool:
         return True
     text = str(exc).lower()
     return any(marker in text for marker in _GONE_MARKERS)
+
+
+def adb_state(client: adbutils.AdbClient, addr: tuple[str, int], serial: str) -> str:
+    """What the adb server lists `serial` as ("device" when usable), or why it cannot say
+    ("no adb server", "not listed: …"). Asked when a call failed in a way that does not tell
+    a dying dumper or on-phone server from a vanished phone (empty output, a dropped stream)."""
+    if not server_reachable(*addr):
+        return "no adb server"
+    try:
+        return adb_transport.state(client, serial, timeout=5.0)
+    except (adbutils.AdbError, OSError, EOFError) as exc:
+        return f"not listed: {exc}"
+
+
+def ensure_listed(
+    client: adbutils.AdbClient, addr: tuple[str, int], serial: str, what: str
+) -> None:
+    """Raise `DeviceGone` unless adb still lists the phone as "device". Checked before a
+    failure is retried as passing (`DeviceBusy`), so a phone that vanished is not retried as
+    a busy one."""
+    listed = adb_state(client, addr, serial)
+    if listed != "device":
+        raise DeviceGone(f"phone {serial} disconnected ({what}: adb lists it as {listed!r})")
 
 
 def timed_out(serial: str, what: str, exc: BaseException) -> DeviceBusy:

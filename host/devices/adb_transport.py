@@ -30,6 +30,18 @@ def transport(client: AdbClient, serial: str, timeout: float) -> Iterator[AdbCon
         conn.close()
 
 
+def state(client: AdbClient, serial: str, timeout: float = DEFAULT_TIMEOUT_S) -> str:
+    """`host-serial:SERIAL:get-state`: what the adb server lists the phone as ("device",
+    "offline", "unauthorized"…); `AdbError` ("device '…' not found") when it is not listed."""
+    conn = client.make_connection(timeout=timeout)
+    try:
+        conn.send_command(f"host-serial:{serial}:get-state")
+        conn.check_okay()
+        return str(conn.read_string_block())
+    finally:
+        conn.close()
+
+
 def run(client: AdbClient, serial: str, service: str, timeout: float = DEFAULT_TIMEOUT_S) -> bytes:
     """`shell:CMD` or `exec-out:CMD`: everything the phone writes until it closes the stream."""
     with transport(client, serial, timeout) as conn:

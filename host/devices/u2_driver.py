@@ -17,8 +17,8 @@ from adbutils.errors import AdbConnectionError, AdbTimeout
 from uiautomator2 import exceptions as u2_exceptions
 
 from host.devices.adb_driver import check_package
-from host.devices.adb_errors import is_gone, server_reachable, timed_out
-from host.devices.base import DeviceError, DeviceGone, KeyName, ScreenState
+from host.devices.adb_errors import ensure_listed, is_gone, server_reachable, timed_out
+from host.devices.base import DeviceBusy, DeviceError, DeviceGone, KeyName, ScreenState
 from host.devices.screen_state import SCREEN_STATE_COMMAND, parse_screen_state
 
 T = TypeVar("T")
@@ -80,9 +80,31 @@ class U2Driver:
         return buf.getvalue()
 
     def dump_hierarchy(self) -> str:
-        # uiautomator2 leaves out every node deeper than its `max_depth` (default 50, against
-        # stack overflows in its server); WebView and React Native screens go deeper.
-        return str(self._call("dump hierarchy", lambda d: d.dump_hierarchy(max_depth=MAX_DEPTH)))
+        """Every window's root side by side. uiautomator2 leaves out every node deeper than
+        its `max_depth` (default 50, against stack overflows in its server); WebView and React
+        Native screens go deeper, so it is asked for `MAX_DEPTH`.
+
+        An RPC error is the server's dumper throwing while the screen changes under it (a
+        NullPointerException when a node vanishes mid-dump, as in `uiautomator dump`): a
+        passing `DeviceBusy` while adb still lists the phone. A stack overflow is not: the
+        same tree overflows again."""
+
+        def dump(d: Any) -> str:
+            try:
+                return str(d.dump_hierarchy(max_depth=MAX_DEPTH))
+            except u2_exceptions.RPCStackOverflowError:
+                raise
+            except u2_exceptions.RPCError as exc:
+                cause = str(exc.args[0] if exc.args else exc)[:300]
+                raise DeviceBusy(f"dump hierarchy failed on {self._serial}: {cause}") from exc
+
+        try:
+            return self._call("dump hierarchy", dump)
+        except DeviceGone:
+            raise
+        except DeviceBusy:
+            ensure_listed(self._adb, self._addr, self._serial, "dump hierarchy")
+            raise
 
     def tap(self, x: int, y: int) -> None:
         self._call("tap", lambda d: d.click(x, y))

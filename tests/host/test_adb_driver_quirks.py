@@ -28,7 +28,7 @@ from host.devices.base import DeviceBusy, DeviceError, DeviceGone
 from host.devices.registry import DeviceRegistry
 from host.devices.u2_driver import U2Driver
 from host.devices.virtual.adb_server import ThreadedAdbServer
-from host.devices.virtual.phone import VirtualPhone
+from host.devices.virtual.phone import DUMP_NPE_TRACE, VirtualPhone
 from host.perception.hierarchy import HierarchyError, parse_scene
 from host.perception.perceive import Perceiver
 from host.planner_client import DirectPlanner
@@ -217,10 +217,58 @@ def test_a_taken_accessibility_bridge_is_named_and_not_retried(
 
 def test_dump_output_without_dumped_to_is_a_failure() -> None:
     assert dump_failure(SERIAL, "UI hierchary dumped to: /data/local/tmp/x.xml\n") is None
-    for output in ("", "Segmentation fault\n", "uiautomator: inaccessible or not found\n"):
+    for output in ("Segmentation fault\n", "uiautomator: inaccessible or not found\n"):
         failure = dump_failure(SERIAL, output)
         assert isinstance(failure, DeviceError) and not isinstance(failure, DeviceBusy)
-    assert isinstance(dump_failure(SERIAL, "Killed\n"), DeviceBusy)
+    # Passing: the low-memory killer, no output at all (the dumper died; its trace went to
+    # logcat), and a trace of the exceptions a window changing under the dumper throws.
+    for output in ("Killed\n", "", " \n", DUMP_NPE_TRACE, "java.lang.IllegalStateException: x"):
+        assert isinstance(dump_failure(SERIAL, output), DeviceBusy), output
+
+
+def _dump_files(server: ThreadedAdbServer) -> list[str]:
+    return [name for name in _shell(server, "ls /data/local/tmp").split() if "amc-" in name]
+
+
+def test_a_dump_that_dies_silently_is_busy_retried_and_leaves_no_file(
+    adb: tuple[ThreadedAdbServer, VirtualPhone],
+) -> None:
+    """AOSP's dumper dies with a NullPointerException in childNafCheck when a node vanishes
+    mid-dump: the shell prints nothing, an empty file is left. A passing failure, retried."""
+    server, phone = adb
+    d = AdbDriver(SERIAL, port=server.port)
+    phone.glitch_dumps("npe")
+    with pytest.raises(DeviceBusy, match="printed nothing"):
+        d.dump_hierarchy()
+    assert "NullPointerException" in _shell(server, "logcat -d")
+    assert _dump_files(server) == []
+    phone.glitch_dumps("npe", 2)
+    scene, _ = Perceiver(retries=3, retry_delay_s=0).scene_from_dump(d, d.screen_size(), None)
+    assert any(e.text == "Settings" for e in scene.elements)
+    assert _dump_files(server) == []
+
+
+def test_a_phone_that_vanishes_mid_dump_is_gone_not_retried(
+    adb: tuple[ThreadedAdbServer, VirtualPhone], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A stream cut by a vanishing phone reads as empty output too: adb's device state tells
+    the two apart before the dump is retried. (The phone side is wrapped so that it unplugs
+    itself while dumping; the client, the adb server and the driver are the real ones.)"""
+    server, phone = adb
+    d = AdbDriver(SERIAL, port=server.port)
+    size = d.screen_size()
+    dump_windows = phone.dump_windows
+
+    def vanishing() -> str:
+        phone.unplug()
+        return dump_windows()
+
+    monkeypatch.setattr(phone, "dump_windows", vanishing)
+    with pytest.raises(DeviceGone, match=r"uiautomator dump: adb lists it as .*not found"):
+        d.dump_hierarchy()
+    phone.replug()
+    with pytest.raises(DeviceGone):
+        Perceiver(retries=5, retry_delay_s=0).scene_from_dump(d, size, None)
 
 
 def test_a_rootless_system_window_alone_is_no_failure() -> None:

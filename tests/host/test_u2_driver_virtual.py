@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from host.devices.base import DeviceGone
+from host.devices.base import DeviceBusy, DeviceGone
 from host.devices.u2_driver import U2Driver
 from host.devices.virtual.adb_server import ThreadedAdbServer
 from host.devices.virtual.apps.base import PhoneApi
@@ -18,6 +18,7 @@ from host.devices.virtual.phone import VirtualPhone
 from host.devices.virtual.state import Page
 from host.devices.virtual.widgets import Geometry
 from host.perception.hierarchy import parse_scene
+from host.perception.perceive import Perceiver
 
 SERIAL = "emulator-5554"
 
@@ -117,3 +118,20 @@ def test_deep_trees_are_dumped_past_uiautomator2s_default_depth(
     scene = parse_scene(d.dump_hierarchy(), d.screen_size(), d.current_app())
     button = next(e for e in scene.elements if e.text == "Deep button")
     assert button.clickable
+
+
+def test_a_dump_that_throws_mid_walk_is_busy_and_retried(
+    served: tuple[ThreadedAdbServer, VirtualPhone],
+) -> None:
+    """The agent's dumper throws a NullPointerException when a node vanishes mid-dump; the
+    library raises RPCUnknownError carrying it. A passing failure, retried like an idle-state
+    error."""
+    server, phone = served
+    d = U2Driver(SERIAL, port=server.port)
+    size = d.screen_size()
+    phone.glitch_dumps("npe")
+    with pytest.raises(DeviceBusy, match="NullPointerException"):
+        d.dump_hierarchy()
+    phone.glitch_dumps("npe", 2)
+    scene, _ = Perceiver(retries=3, retry_delay_s=0).scene_from_dump(d, size, None)
+    assert any(e.text == "Settings" for e in scene.elements)

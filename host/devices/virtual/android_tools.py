@@ -15,6 +15,7 @@ from host.devices.virtual import keyboard
 from host.devices.virtual.commands import Output, Registry, Session
 from host.devices.virtual.phone import (
     BridgeTaken,
+    DumpCrashed,
     DumpKilled,
     IdleStateError,
     NoWindowsError,
@@ -220,6 +221,11 @@ def _uiautomator(sh: Session, args: list[str], stdin: bytes) -> Output:
         return Output().err("Killed\n", 137)
     except BridgeTaken:
         return Output().err(_BRIDGE_TAKEN, 1)
+    except DumpCrashed:
+        # The dumper had opened its file before it threw; the trace went to logcat only.
+        if target != "/dev/tty":
+            sh.phone.files.write(target, b"")
+        return Output(code=1)
     result = Output()
     if target == "/dev/tty":
         result.out(xml)

@@ -9,6 +9,7 @@ from __future__ import annotations
 from host.devices.base import DeviceBusy, DeviceError, DeviceGone, KeyName, ScreenState
 from host.devices.virtual.phone import (
     BridgeTaken,
+    DumpCrashed,
     DumpKilled,
     IdleStateError,
     NoWindowsError,
@@ -54,7 +55,7 @@ class VirtualDriver:
         """Every window, as the adb driver's `uiautomator dump --windows` gets them."""
         try:
             return self._check().dump_windows()
-        except (IdleStateError, NullRootError, NoWindowsError, DumpKilled) as exc:
+        except (IdleStateError, NullRootError, NoWindowsError, DumpKilled, DumpCrashed) as exc:
             raise DeviceBusy(f"uiautomator dump failed on {self.serial}: {exc}") from exc
         except BridgeTaken as exc:
             raise DeviceError(f"uiautomator dump failed on {self.serial}: {exc}") from exc

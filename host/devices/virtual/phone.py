@@ -49,7 +49,14 @@ TOAST_S = 2.0
 TOUCH_SLOP = 24
 
 DumpGlitch = Literal[
-    "empty", "idle", "null_root", "no_windows", "rootless_window", "killed", "bridge_taken"
+    "empty",
+    "idle",
+    "null_root",
+    "no_windows",
+    "rootless_window",
+    "killed",
+    "bridge_taken",
+    "npe",
 ]
 ScreenLock = Literal["none", "swipe", "pin"]
 
@@ -76,6 +83,26 @@ class BridgeTaken(Exception):
     """Another UiAutomation client (a uiautomator2 server, Appium) holds the accessibility
     bridge: `uiautomator dump` dies with "IllegalStateException: UiAutomationService …
     already registered!"."""
+
+
+# What AOSP's dumper throws when a node vanishes between listing a parent's children and
+# reading one of them while the screen changes (AccessibilityNodeInfoDumper.childNafCheck).
+DUMP_NPE_TRACE = (
+    "java.lang.NullPointerException: Attempt to invoke virtual method "
+    "'java.lang.CharSequence android.view.accessibility.AccessibilityNodeInfo"
+    ".getContentDescription()' on a null object reference\n"
+    "\tat com.android.uiautomator.core.AccessibilityNodeInfoDumper.childNafCheck"
+    "(AccessibilityNodeInfoDumper.java:200)\n"
+    "\tat com.android.uiautomator.core.AccessibilityNodeInfoDumper.dumpNodeRec"
+    "(AccessibilityNodeInfoDumper.java:104)\n"
+    "\tat com.android.commands.uiautomator.DumpCommand.run(DumpCommand.java:110)\n"
+)
+
+
+class DumpCrashed(Exception):
+    """The dumper died with a NullPointerException midway (a node vanished while the screen
+    changed): `uiautomator dump` prints nothing (the trace goes to logcat) and leaves the file
+    it had opened empty; uiautomator2's agent answers a JSON-RPC error carrying the trace."""
 
 
 class TcpService(Protocol):
@@ -495,6 +522,9 @@ class VirtualPhone:
             raise DumpKilled("Killed")
         if glitch == "bridge_taken":
             raise BridgeTaken("UiAutomationService already registered")
+        if glitch == "npe":
+            self.log.write("E", "AndroidRuntime", "FATAL EXCEPTION: main\n" + DUMP_NPE_TRACE)
+            raise DumpCrashed(DUMP_NPE_TRACE.splitlines()[0])
         if glitch == "no_windows" and windows:
             raise NoWindowsError("no windows listed")
         if glitch == "rootless_window" and windows:
@@ -543,7 +573,10 @@ class VirtualPhone:
         comes without its `<hierarchy>`: its root is null while it changes); the other dump
         forms report both as a null root. "killed" (the shell prints "Killed") and
         "bridge_taken" (another UiAutomation client holds the bridge: "… already
-        registered!") fail any `uiautomator dump`. For testing whoever reads the dumps."""
+        registered!") fail any `uiautomator dump`. "npe" is the dumper's NullPointerException
+        in childNafCheck (a node vanished mid-dump): `uiautomator dump` prints nothing and
+        leaves an empty file, the trace goes to logcat, and uiautomator2's agent answers a
+        JSON-RPC error with it. For testing whoever reads the dumps."""
         with self._lock:
             self._dump_glitches.extend([kind] * count)
 

@@ -20,7 +20,9 @@ from typing import Any
 from host.devices.virtual.commands import Output, Registry, Session
 from host.devices.virtual.layout import Node
 from host.devices.virtual.phone import (
+    DUMP_NPE_TRACE,
     BridgeTaken,
+    DumpCrashed,
     DumpKilled,
     IdleStateError,
     NullRootError,
@@ -56,10 +58,12 @@ MAX_BODY = 16 * 1024 * 1024
 
 
 class RpcError(Exception):
-    def __init__(self, code: int, message: str) -> None:
+    def __init__(self, code: int, message: str, data: str | None = None) -> None:
         super().__init__(message)
         self.code = code
         self.message = message
+        #: The Java stack trace the real agent sends as the error's `data`.
+        self.data = data
 
 
 @registry.tool("app_process")
@@ -176,11 +180,10 @@ class U2Agent:
         try:
             result = method(**params) if isinstance(params, dict) else method(*params)
         except RpcError as exc:
-            return {
-                "jsonrpc": "2.0",
-                "id": rid,
-                "error": {"code": exc.code, "message": exc.message},
-            }
+            failed: dict[str, Any] = {"code": exc.code, "message": exc.message}
+            if exc.data is not None:
+                failed["data"] = exc.data
+            return {"jsonrpc": "2.0", "id": rid, "error": failed}
         except (TypeError, ValueError) as exc:
             return {"jsonrpc": "2.0", "id": rid, "error": {"code": -32602, "message": str(exc)}}
         return {"jsonrpc": "2.0", "id": rid, "result": result}
@@ -212,6 +215,9 @@ class U2Agent:
             return self.phone.dump_window_roots(int(max_depth))
         except (IdleStateError, NullRootError, DumpKilled, BridgeTaken):
             return ""  # what the real agent answers when it cannot get a settled screen
+        except DumpCrashed as exc:
+            # jsonrpc4j's answer to an exception thrown in the method: -32001 with the trace.
+            raise RpcError(-32001, "java.lang.NullPointerException", DUMP_NPE_TRACE) from exc
 
     def wake_up(self) -> bool:
         self.phone.wake()

@@ -8,7 +8,7 @@ import xml.etree.ElementTree as ET
 import pytest
 from PIL import Image
 
-from host.devices.base import DeviceError, DeviceGone, Driver
+from host.devices.base import DeviceBusy, DeviceError, DeviceGone, Driver
 from host.devices.virtual.driver import VirtualDriver
 from host.devices.virtual.phone import VirtualPhone
 
@@ -71,6 +71,9 @@ def test_unsettled_screen_dump_is_a_device_error() -> None:
     driver = VirtualDriver(phone)
     phone.glitch_dumps("idle")
     with pytest.raises(DeviceError, match="idle state"):
+        driver.dump_hierarchy()
+    phone.glitch_dumps("npe")
+    with pytest.raises(DeviceBusy, match="NullPointerException"):
         driver.dump_hierarchy()
     assert driver.dump_hierarchy().startswith("<?xml")
 
