@@ -6,6 +6,7 @@ non-ASCII; it needs the u2 server on the phone (pushed and started by the librar
 
 from __future__ import annotations
 
+import contextlib
 import io
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -17,7 +18,7 @@ from adbutils.errors import AdbConnectionError, AdbTimeout
 from uiautomator2 import exceptions as u2_exceptions
 
 from host.devices.adb_driver import check_package
-from host.devices.adb_errors import ensure_listed, is_gone, server_reachable, timed_out
+from host.devices.adb_errors import adb_state, is_gone, server_reachable, timed_out
 from host.devices.base import DeviceBusy, DeviceError, DeviceGone, KeyName, ScreenState
 from host.devices.screen_state import SCREEN_STATE_COMMAND, parse_screen_state
 
@@ -63,11 +64,36 @@ class U2Driver:
         return self._dev
 
     def _call(self, what: str, fn: Callable[[Any], T]) -> T:
+        """Run `fn` on the uiautomator2 device, failures mapped to the driver's errors.
+
+        A dropped or refused connection (`http.client.RemoteDisconnected`, a reset) reads the
+        same whether the phone vanished or only uiautomator2's server on it died, so adb is
+        asked: while it lists the phone as "device" the failure is `DeviceBusy` and the
+        connection is forgotten, so the next call connects afresh and starts the server
+        again; otherwise it is `DeviceGone`."""
         if not server_reachable(*self._addr):
             raise DeviceGone(f"phone {self._serial} disconnected ({what}: no adb server)")
-        d = self._d()
-        with _mapped(self._serial, what):
-            return fn(d)
+        try:
+            d = self._d()
+            with _mapped(self._serial, what):
+                return fn(d)
+        except DeviceGone as gone:
+            if adb_state(self._adb, self._addr, self._serial) != "device":
+                raise
+            self._reset()
+            raise DeviceBusy(
+                f"{what} failed on {self._serial}: uiautomator2's server on the phone dropped "
+                f"the connection ({gone.__cause__ or gone}); adb still lists the phone, so "
+                "the next call connects again and restarts the server"
+            ) from gone
+
+    def _reset(self) -> None:
+        """Forget the uiautomator2 device. Its server process is stopped first (best effort:
+        one that hangs would keep the port and the accessibility bridge from its successor)."""
+        dev, self._dev = self._dev, None
+        if dev is not None:
+            with contextlib.suppress(Exception):
+                dev.stop_uiautomator(wait=False)
 
     def screen_size(self) -> tuple[int, int]:
         w, h = self._call("window size", lambda d: d.window_size())
@@ -86,8 +112,9 @@ class U2Driver:
 
         An RPC error is the server's dumper throwing while the screen changes under it (a
         NullPointerException when a node vanishes mid-dump, as in `uiautomator dump`): a
-        passing `DeviceBusy` while adb still lists the phone. A stack overflow is not: the
-        same tree overflows again."""
+        passing `DeviceBusy` (the server answered, so the phone is there; should it vanish
+        before the retry, that call finds out). A stack overflow is not passing: the same
+        tree overflows again."""
 
         def dump(d: Any) -> str:
             try:
@@ -98,13 +125,7 @@ class U2Driver:
                 cause = str(exc.args[0] if exc.args else exc)[:300]
                 raise DeviceBusy(f"dump hierarchy failed on {self._serial}: {cause}") from exc
 
-        try:
-            return self._call("dump hierarchy", dump)
-        except DeviceGone:
-            raise
-        except DeviceBusy:
-            ensure_listed(self._adb, self._addr, self._serial, "dump hierarchy")
-            raise
+        return self._call("dump hierarchy", dump)
 
     def tap(self, x: int, y: int) -> None:
         self._call("tap", lambda d: d.click(x, y))

@@ -135,3 +135,30 @@ def test_a_dump_that_throws_mid_walk_is_busy_and_retried(
     phone.glitch_dumps("npe", 2)
     scene, _ = Perceiver(retries=3, retry_delay_s=0).scene_from_dump(d, size, None)
     assert any(e.text == "Settings" for e in scene.elements)
+
+
+def _agent_pids(phone: VirtualPhone) -> list[int]:
+    return [p.pid for p in phone.processes.spawned() if p.name == "app_process"]
+
+
+def test_a_u2_server_that_dies_mid_call_is_busy_and_restarted(
+    served: tuple[ThreadedAdbServer, VirtualPhone],
+) -> None:
+    """The on-phone server dies mid-call (the library raises http.client.RemoteDisconnected)
+    while adb still lists the phone: a passing failure, not a disconnection; the next call
+    starts a new server."""
+    server, phone = served
+    d = U2Driver(SERIAL, port=server.port)
+    size = d.screen_size()
+    first = _agent_pids(phone)
+    phone.crash_u2_agent()
+    with pytest.raises(DeviceBusy, match="uiautomator2's server") as raised:
+        d.dump_hierarchy()
+    assert not isinstance(raised.value, DeviceGone)
+    phone.crash_u2_agent()
+    with pytest.raises(DeviceBusy):
+        d.tap(10, 10)
+    phone.crash_u2_agent()
+    scene, _ = Perceiver(retries=3, retry_delay_s=0).scene_from_dump(d, size, None)
+    assert any(e.text == "Settings" for e in scene.elements)
+    assert _agent_pids(phone) and _agent_pids(phone) != first

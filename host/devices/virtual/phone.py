@@ -195,6 +195,7 @@ class VirtualPhone:
         self._dump_glitches: list[DumpGlitch] = []
         self._glitch_every: tuple[int, DumpGlitch] | None = None
         self._dumps = 0
+        self._u2_crashes = 0
         # System UI state:
         self.keyboard_up = False
         self.shade: Literal["", "notifications", "quick_settings"] = ""
@@ -586,6 +587,22 @@ class VirtualPhone:
         with self._lock:
             self._glitch_every = (n, kind) if n > 0 else None
             self._dumps = 0
+
+    def crash_u2_agent(self, calls: int = 1) -> None:
+        """Make the uiautomator2 agent die during each of the next `calls` JSON-RPC calls: it
+        closes the connection unanswered and its process ends, as when the on-phone server
+        crashes or is killed mid-call (the library raises `http.client.RemoteDisconnected`,
+        openatx/uiautomator2#1120). adb still lists the phone."""
+        with self._lock:
+            self._u2_crashes += calls
+
+    def take_u2_crash(self) -> bool:
+        """Whether the agent dies during this call (see `crash_u2_agent`)."""
+        with self._lock:
+            if self._u2_crashes <= 0:
+                return False
+            self._u2_crashes -= 1
+            return True
 
     def find(self, text: str) -> Node | None:
         """The first node on screen (topmost window first) whose text or content-desc is

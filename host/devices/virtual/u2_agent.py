@@ -80,7 +80,13 @@ def _app_process(sh: Session, args: list[str], stdin: bytes) -> Output:
     phone = sh.phone
     if port in phone.tcp_services:
         return Output().err(f"java.net.BindException: Address already in use (port {port})\n", 1)
-    agent = U2Agent(phone)
+
+    def crash() -> None:
+        if phone.tcp_services.get(port) is agent:
+            del phone.tcp_services[port]
+        sh.cancel.set()
+
+    agent = U2Agent(phone, crash)
     phone.tcp_services[port] = agent
     process = phone.processes.spawn("app_process", "shell", sh.cancel)
     try:
@@ -95,8 +101,10 @@ def _app_process(sh: Session, args: list[str], stdin: bytes) -> Output:
 class U2Agent:
     """One running agent: an HTTP server (one request per connection) for JSON-RPC calls."""
 
-    def __init__(self, phone: VirtualPhone) -> None:
+    def __init__(self, phone: VirtualPhone, crash: Callable[[], None] = lambda: None) -> None:
         self.phone = phone
+        #: Ends this agent's process at once (`VirtualPhone.crash_u2_agent`).
+        self._crash = crash
         self._touch_down: tuple[int, int] | None = None
         self._packages: dict[int, str] = {}
         self._methods: dict[str, Callable[..., Any]] = {
@@ -150,6 +158,9 @@ class U2Agent:
         if method == "GET" and path == "/ping":
             status, payload, ctype = 200, b"pong", "text/plain"
         elif method == "POST" and path.startswith("/jsonrpc/0"):
+            if self.phone.take_u2_crash():
+                self._crash()
+                return  # the connection closes with no answer
             answer = await asyncio.to_thread(self.handle_jsonrpc, body)
             status, payload, ctype = 200, json.dumps(answer).encode(), "application/json"
         else:
