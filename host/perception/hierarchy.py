@@ -78,34 +78,36 @@ def _flag(attrs: dict[str, str], name: str) -> bool:
 
 
 def _window_attrs(el: ET.Element, index: int) -> Window:
-    layer = el.attrib.get("layer", "")
+    a = el.attrib
+    layer = a.get("layer", "")
     return Window(
         index=index,
         package="",
-        bounds=parse_bounds(el.attrib.get("bounds", "")) or Bounds(0, 0, 0, 0),
-        type=el.attrib.get("type", ""),
+        bounds=parse_bounds(a.get("bounds", "")) or Bounds(0, 0, 0, 0),
+        type=a.get("type", ""),
         layer=int(layer) if layer.lstrip("-").isdigit() else None,
-        title=el.attrib.get("title", ""),
+        title=a.get("title", ""),
+        focused=a.get("active") == "true" or a.get("focused") == "true",
+        rootless=el.find("hierarchy") is None,
     )
 
 
-def _check_window_has_tree(el: ET.Element) -> None:
-    """An app's or the focused window's `<window>` without a `<hierarchy>`: its root node was
-    null (the `--windows` form of "null root node returned by UiTestAutomationBridge": the
-    window is changing). Raising `HierarchyError` gets the dump retried instead of showing the
-    planner an empty screen built from the system bars alone."""
-    if el.find("hierarchy") is not None:
-        return
-    a = el.attrib
-    if (
-        a.get("active") == "true"
-        or a.get("focused") == "true"
-        or a.get("type") == "TYPE_APPLICATION"
-    ):
-        title = a.get("title", "")
-        raise HierarchyError(
-            f"window {title!r} ({a.get('type', 'unknown type')}) has no tree yet (null root)"
-        )
+def _check_trees(windows: list[Window], kinds: dict[int, Kind]) -> None:
+    """Raise `HierarchyError` when the window that matters has no tree: a `<window>` without
+    a `<hierarchy>` had a null root (the `--windows` form of "null root node returned by
+    UiTestAutomationBridge": it is changing), so the dump is retried instead of showing the
+    planner an empty screen built from the system bars alone.
+
+    That is the focused or active window, or an app's window while no modal window with a
+    tree (an "isn't responding" or crash dialog, a permission prompt) is up. A hung app's
+    window stays rootless for as long as it hangs while its "isn't responding" dialog has a
+    tree: raising then would keep the agent from ever tapping Wait or Close app."""
+    modal_shown = any(kinds[w.index] in MODAL and not w.rootless for w in windows)
+    for w in windows:
+        if w.rootless and (w.focused or (w.type == "TYPE_APPLICATION" and not modal_shown)):
+            raise HierarchyError(
+                f"window {w.title!r} ({w.type or 'unknown type'}) has no tree yet (null root)"
+            )
 
 
 def _parse_root(xml_text: str) -> ET.Element:
@@ -143,7 +145,6 @@ def parse_windows(xml_text: str) -> tuple[str, list[RawNode], list[Window]]:
             stack.pop()
             continue
         if child.tag == "window":
-            _check_window_has_tree(child)
             windows.append(_window_attrs(child, len(windows)))
             stack.append((iter(child), 0, False, len(windows) - 1))
             continue
@@ -174,6 +175,8 @@ def parse_windows(xml_text: str) -> tuple[str, list[RawNode], list[Window]]:
                 type=w.type,
                 layer=w.layer,
                 title=w.title,
+                focused=w.focused,
+                rootless=w.rootless,
             )
         cls = attrs.get("class", "")
         rid = attrs.get("resource-id", "").rsplit("/", 1)[-1]
@@ -308,6 +311,7 @@ def parse_scene(
         )
         for w in windows
     }
+    _check_trees(windows, kinds)
     stack = sorted(windows, key=lambda w: stacking(w, kinds[w.index]))  # nearest the user last
     # Windows under the topmost modal one are out of reach; a keyboard covers what is below it.
     reachable = list(stack)

@@ -85,6 +85,10 @@ class Window:
     type: str = ""
     layer: int | None = None
     title: str = ""
+    #: Active or focused (--windows): the window the user is facing.
+    focused: bool = False
+    #: A `<window>` without a `<hierarchy>`: its root came back null (--windows).
+    rootless: bool = False
 
 
 @dataclass(frozen=True, slots=True)

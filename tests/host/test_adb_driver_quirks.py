@@ -201,6 +201,24 @@ def test_rootless_app_window_is_retried_not_an_empty_screen(
     assert any(e.text == "Network & internet" for e in scene.elements)
 
 
+def test_a_hung_app_under_its_anr_dialog_is_seen_and_wait_can_be_tapped(
+    adb: tuple[ThreadedAdbServer, VirtualPhone],
+) -> None:
+    """A hung app's window has no tree for as long as it hangs (getRoot times out in the hung
+    process) while its "isn't responding" dialog has one: the dialog is the scene, not a
+    dump to retry until the task fails."""
+    server, phone = adb
+    d = AdbDriver(SERIAL, port=server.port)
+    d.launch_app("com.android.chrome")
+    phone.show_anr("com.android.chrome", "Chrome")
+    assert 'type="TYPE_APPLICATION"></window>' in d.dump_hierarchy()
+    scene = _scene(d)
+    assert scene.overlays[0] == "app_not_responding"
+    d.tap(*next(e for e in scene.elements if e.text == "Wait").bounds.center)
+    scene = _scene(d)
+    assert scene.overlays == [] and scene.package == "com.android.chrome"
+
+
 def test_a_taken_accessibility_bridge_is_named_and_not_retried(
     adb: tuple[ThreadedAdbServer, VirtualPhone],
 ) -> None:

@@ -111,11 +111,14 @@ def dump_windows(
     rotation: int = 0,
     *,
     rootless_focus: bool = False,
+    hung: frozenset[str] = frozenset(),
     second_display: bool = False,
 ) -> str:
     """Bottom-first `windows` as `<displays>`, topmost first (the order accessibility lists
     them in). `rootless_focus`: the focused window's root is null (it is changing), so its
-    `<window>` comes without a `<hierarchy>`, as AOSP's dumpWindowRec writes it.
+    `<window>` comes without a `<hierarchy>`, as AOSP's dumpWindowRec writes it. `hung`:
+    packages whose app does not answer (an "isn't responding" dialog is up); their
+    `TYPE_APPLICATION` windows come without a `<hierarchy>` too (getRoot times out).
     `second_display`: a cast or presentation display (id 2) shows a window of its own, which
     `--windows` lists under its own `<display>`."""
     out = [XML_HEADER, '<displays><display id="0">']
@@ -127,7 +130,10 @@ def dump_windows(
             f' focused="{_b(w.focused)}" accessibility-focused="false" id="{w.window_id}"'
             f' layer="{w.layer}" type="{w.type}">'
         )
-        if not (rootless_focus and w.focused):
+        rootless = (rootless_focus and w.focused) or (
+            w.type == "TYPE_APPLICATION" and w.package in hung
+        )
+        if not rootless:
             out.append(f'<hierarchy rotation="{rotation}">')
             _node(w.root, 0, w.package, out, visible=False)
             out.append("</hierarchy>")

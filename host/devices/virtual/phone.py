@@ -554,6 +554,7 @@ class VirtualPhone:
                 self.surfaces(),
                 self.rotation,
                 rootless_focus=glitch == "rootless_window",
+                hung=frozenset(p.app_package for p in self.prompts if p.kind == "anr"),
                 second_display=self.multi_display,
             )
 
@@ -730,7 +731,8 @@ class VirtualPhone:
 
     def show_anr(self, package: str = system_ui.SYSTEM_UI, label: str = "System UI") -> None:
         """ "<label> isn't responding" with Close app and Wait. Wait dismisses it; Close app
-        restarts the system UI (shade and keyboard go away) or force-stops an app."""
+        restarts the system UI (shade and keyboard go away) or force-stops an app. While it
+        is up the app is hung: `uiautomator dump --windows` lists its window without a tree."""
         with self._lock:
             prompt = Prompt("anr", package, label)
 
