@@ -37,8 +37,13 @@ PERMISSION_PACKAGES = frozenset(
         "com.google.android.permissioncontroller",
         "com.android.packageinstaller",
         "com.google.android.packageinstaller",
+        # MIUI's (Xiaomi, Redmi, POCO) own permission prompts.
+        "com.lbe.security.miui",
     }
 )
+# The buttons of a runtime permission prompt (AOSP's GrantPermissionsActivity: allow, allow
+# while in use, allow once, deny, deny and don't ask again); makers' prompts keep the ids.
+_PERMISSION_IDS = ("permission_allow", "permission_deny")
 # Keyboards: any package naming an input method, plus well-known ones that do not.
 _IME_HINTS = ("inputmethod", "keyboard", "honeyboard", "swiftkey", "touchtype", "gboard")
 _SHADE_IDS = ("notification_panel", "quick_settings", "qs_frame", "notification_stack_scroller")
@@ -110,9 +115,9 @@ def classify(window: Window, facts: WindowFacts, screen: tuple[int, int]) -> Kin
     b = window.bounds
     if window.type == "TYPE_INPUT_METHOD" or is_keyboard_package(window.package):
         return "keyboard"
-    if window.package in PERMISSION_PACKAGES:
-        return "permission_prompt"
     ids = [rid.rsplit("/", 1)[-1].lower() for rid in facts.resource_ids]
+    if window.package in PERMISSION_PACKAGES or any(rid.startswith(_PERMISSION_IDS) for rid in ids):
+        return "permission_prompt"
     if any(rid == "aerr_wait" for rid in ids) or any(
         a in t.lower() for t in facts.texts for a in _ANR_TEXTS
     ):

@@ -162,3 +162,19 @@ def test_a_u2_server_that_dies_mid_call_is_busy_and_restarted(
     scene, _ = Perceiver(retries=3, retry_delay_s=0).scene_from_dump(d, size, None)
     assert any(e.text == "Settings" for e in scene.elements)
     assert _agent_pids(phone) and _agent_pids(phone) != first
+
+
+@pytest.mark.parametrize("maker", ["com.lbe.security.miui", "com.example.made.up.permissions"])
+def test_a_makers_own_permission_prompt_covers_the_app(maker: str) -> None:
+    """MIUI shows runtime permission prompts from its own package; a maker's prompt amc has no
+    package name for (the second one is made up) is still told by its `permission_allow…` /
+    `permission_deny…` button ids. uiautomator2's dump says no window types, so only these
+    tell the prompt from an app."""
+    phone = VirtualPhone(SERIAL, permission_package=maker)
+    with ThreadedAdbServer([phone]) as server:
+        d = U2Driver(SERIAL, port=server.port)
+        d.launch_app("com.android.contacts")
+        phone.show_permission_prompt("com.android.contacts")
+        scene = parse_scene(d.dump_hierarchy(), d.screen_size(), d.current_app())
+    assert scene.overlays == ["permission_prompt"]
+    assert {e.package for e in scene.elements} == {maker}

@@ -149,8 +149,12 @@ class VirtualPhone:
         *,
         locale: str = "en-US",
         launcher: str = LAUNCHER_PACKAGE,
+        permission_package: str = system_ui.PERMISSION_CONTROLLER,
     ) -> None:
         self._serial = serial
+        #: Who shows runtime permission prompts: AOSP's permission controller, or a maker's
+        #: own (MIUI: "com.lbe.security.miui"), with the same `permission_allow…` ids.
+        self.permission_package = permission_package
         #: The display's natural (portrait) size, what `wm size` reports in any rotation.
         self.natural_width = width
         self.natural_height = height
@@ -715,7 +719,9 @@ class VirtualPhone:
         with self._lock:
             app = self.apps.get(package)
             label = self.strings.tr(app.label) if app else package
-            prompt = Prompt("permission", package, label, permission)
+            prompt = Prompt(
+                "permission", package, label, permission, permission_package=self.permission_package
+            )
             key = permission_key(package, permission)
 
             def answer(value: str) -> Callable[[], None]:

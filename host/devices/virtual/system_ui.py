@@ -52,11 +52,13 @@ class Prompt:
     permission: str = ""
     #: Callbacks by answer ("allow", "deny" / "close", "wait"), set by the phone.
     answers: dict[str, Action] = field(default_factory=dict)
+    #: Who shows a permission prompt (MIUI: "com.lbe.security.miui").
+    permission_package: str = PERMISSION_CONTROLLER
 
     @property
     def package(self) -> str:
         """The package of the dialog's window."""
-        return PERMISSION_CONTROLLER if self.kind == "permission" else "android"
+        return self.permission_package if self.kind == "permission" else "android"
 
 
 def status_bar(geo: Geometry, state: PhoneState, strings: Strings) -> Node:
@@ -483,7 +485,7 @@ def prompt_window(geo: Geometry, prompt: Prompt, strings: Strings) -> Node:
     if prompt.kind == "permission":
         message = tr(PERMISSION_TEXT.get(prompt.permission, "Allow {0}?"), prompt.app_label)
         y1, y2 = h // 2 - 420, h // 2 + 360
-        pc = PERMISSION_CONTROLLER
+        pc = prompt.package
         body = Node(
             "android.widget.LinearLayout", (x1, y1, x2, y2), resource_id=f"{pc}:id/grant_singleton"
         )
