@@ -9,7 +9,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import re
-import time
 import uuid
 
 import adbutils
@@ -199,6 +198,19 @@ def check_package(package: str) -> str:
     return package
 
 
+def monkey_launch(package: str) -> str:
+    """The command both drivers launch an app with: its launcher activity, found by monkey."""
+    return f"monkey -p {check_package(package)} -c android.intent.category.LAUNCHER 1"
+
+
+def check_launched(serial: str, package: str, output: str) -> None:
+    """Raise `DeviceError` when `monkey_launch` output says nothing was started: for an app
+    that is not installed (or has no launcher activity) monkey prints "** No activities found
+    to run, monkey aborted." and exits 0 on most builds, so only its words tell."""
+    if "No activities found" in output or "monkey aborted" in output.lower():
+        raise DeviceError(f"cannot launch {package} on {serial}: {output.strip()!r}")
+
+
 class AdbDriver:
     """`Driver` over `adbutils`: shell `input`, `uiautomator dump` + sync pull, `screencap -p`."""
 
@@ -360,10 +372,7 @@ class AdbDriver:
 
     def launch_app(self, package: str) -> None:
         pkg = check_package(package)
-        out = self._shell(f"monkey -p {pkg} -c android.intent.category.LAUNCHER 1", "launch app")
-        if "No activities found" in out or "monkey aborted" in out.lower():
-            raise DeviceError(f"cannot launch {pkg} on {self._serial}: {out.strip()!r}")
-        time.sleep(0)  # yield; the loop's settle delay waits for the app to draw
+        check_launched(self._serial, pkg, self._shell(monkey_launch(pkg), "launch app"))
 
     def launch_activity(self, component: str) -> None:
         """`am start -n pkg/activity`, for callers that know the exact activity."""

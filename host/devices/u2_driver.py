@@ -17,7 +17,7 @@ import uiautomator2 as u2
 from adbutils.errors import AdbConnectionError, AdbTimeout
 from uiautomator2 import exceptions as u2_exceptions
 
-from host.devices.adb_driver import check_package
+from host.devices.adb_driver import check_launched, check_package, monkey_launch
 from host.devices.adb_errors import adb_state, is_gone, server_reachable, timed_out
 from host.devices.base import DeviceBusy, DeviceError, DeviceGone, KeyName, ScreenState
 from host.devices.screen_state import SCREEN_STATE_COMMAND, parse_screen_state
@@ -147,8 +147,11 @@ class U2Driver:
         self._call("press key", lambda d: d.press(key))
 
     def launch_app(self, package: str) -> None:
-        pkg = check_package(package)
-        self._call("launch app", lambda d: d.app_start(pkg))
+        """The adb driver's monkey launch, its output checked (uiautomator2's `app_start`
+        runs the same command and drops the output, so a missing app looked launched)."""
+        cmd = monkey_launch(package)
+        out = self._call("launch app", lambda d: d.shell(cmd).output)
+        check_launched(self._serial, package, str(out))
 
     def terminate_app(self, package: str) -> None:
         pkg = check_package(package)

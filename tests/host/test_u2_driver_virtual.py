@@ -8,7 +8,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from host.devices.base import DeviceBusy, DeviceGone
+from host.devices.adb_driver import AdbDriver
+from host.devices.base import DeviceBusy, DeviceError, DeviceGone
 from host.devices.u2_driver import U2Driver
 from host.devices.virtual.adb_server import ThreadedAdbServer
 from host.devices.virtual.apps.base import PhoneApi
@@ -178,3 +179,15 @@ def test_a_makers_own_permission_prompt_covers_the_app(maker: str) -> None:
         scene = parse_scene(d.dump_hierarchy(), d.screen_size(), d.current_app())
     assert scene.overlays == ["permission_prompt"]
     assert {e.package for e in scene.elements} == {maker}
+
+
+def test_launching_an_app_that_is_not_installed_fails(
+    served: tuple[ThreadedAdbServer, VirtualPhone],
+) -> None:
+    """monkey prints "** No activities found to run, monkey aborted." for a package the phone
+    does not have; both drivers read that as a failed launch, not a launched app."""
+    server, phone = served
+    for d in (U2Driver(SERIAL, port=server.port), AdbDriver(SERIAL, port=server.port)):
+        with pytest.raises(DeviceError, match=r"cannot launch com\.example\.notinstalled"):
+            d.launch_app("com.example.notinstalled")
+    assert phone.current_package() == "com.android.launcher3"
