@@ -61,6 +61,12 @@ class ModelProfile:
     - `parallel_tool_calls`: OpenAI Chat Completions — accepts the `parallel_tool_calls`
       parameter (the o-series answer it with 400 "Unsupported parameter"; it is then left out
       and an extra call is answered "not executed").
+    - `chat_tools`: OpenAI — compact mode may use Chat Completions. False for the GPT-5
+      family: GPT-5.4 refuses function tools there with a reasoning effort ("Function tools
+      with reasoning_effort are not supported for gpt-5.4 in /v1/chat/completions. Please use
+      /v1/responses instead.", openai/openai-openapi#541), gpt-5.6 unless the effort is
+      explicitly `none` (BerriAI/litellm#34569); its compact steps then use the stateless
+      Responses API, as session mode does (which has no such restriction).
     - `max_output_tokens`: the model's output limit (None: not known).
     - `prompt_cache`: Anthropic prompt caching with explicit breakpoints.
     """
@@ -78,6 +84,7 @@ class ModelProfile:
     beta_headers: Mapping[str, str] = field(default_factory=dict)
     reasoning: bool = False
     parallel_tool_calls: bool = True
+    chat_tools: bool = True
     max_output_tokens: int | None = None
     prompt_cache: bool = False
 
@@ -185,13 +192,14 @@ PROFILES: dict[str, ModelProfile] = {
         ModelProfile("gpt-4o", "openai", frozenset(), max_output_tokens=16384),
         # gpt-5-chat(-latest): a GPT-5 name without reasoning parameters.
         ModelProfile("gpt-5-chat", "openai", frozenset()),
-        # GPT-5: reasoning effort and summaries.
+        # GPT-5: reasoning effort and summaries; compact steps through Responses.
         ModelProfile(
             "openai-reasoning",
             "openai",
             frozenset({"adaptive"}),
             efforts=OPENAI_EFFORTS,
             reasoning=True,
+            chat_tools=False,
             max_output_tokens=100000,
         ),
         # o1, o3, o4-mini: as GPT-5, and Chat Completions refuses `parallel_tool_calls`.

@@ -59,8 +59,9 @@ class ThinkingConfig:
 class TurnRequest:
     """One model call: the conversation so far, and how to ask.
 
-    - `mode`: compact requests go to OpenAI Chat Completions, session requests to the stateless
-      Responses API (encrypted reasoning round-trips); Anthropic uses Messages for both.
+    - `mode`: session requests go to the stateless OpenAI Responses API (encrypted reasoning
+      round-trips), compact requests to Chat Completions unless the model's profile says it
+      refuses the model's tool calls there (then Responses too); Anthropic uses Messages for both.
     - `forced`: the forced retry — the tool choice forces a tool call and thinking is off for
       this call (the only combination the providers accept).
     - `thinking`: False turns the configured thinking off for this call.

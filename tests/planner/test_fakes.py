@@ -8,6 +8,7 @@ work answers — and expects the provider's error.
 from __future__ import annotations
 
 import copy
+import re
 from collections.abc import AsyncIterator, Iterator
 from typing import Any, cast
 
@@ -18,6 +19,7 @@ import pytest
 from tests.support.fakes import (
     FakeModelServer,
     ScriptedTurn,
+    chat_completion,
     function_call,
     message,
     reasoning,
@@ -343,6 +345,49 @@ async def test_non_reasoning_openai_model_refuses_reasoning(
             include=["reasoning.encrypted_content"],
         )
     assert cast(dict[str, Any], info.value.body)["param"] == "include"
+
+
+_CHAT_TOOL = {"type": "function", "function": {"name": "tap", "parameters": {"type": "object"}}}
+
+
+@pytest.mark.parametrize(
+    ("model", "effort", "refused"),
+    [
+        ("gpt-5.4", "medium", "Please use /v1/responses instead."),
+        ("gpt-5.4", None, None),
+        ("gpt-5.4", "none", None),
+        ("gpt-5.6-sol", None, "or set reasoning_effort to 'none'."),
+        ("gpt-5.6-sol", "low", "or set reasoning_effort to 'none'."),
+        ("gpt-5.6-sol", "none", None),
+        ("o4-mini", "low", None),
+    ],
+)
+async def test_chat_refuses_function_tools_with_reasoning_on_newer_gpt5(
+    server: FakeModelServer,
+    gpt: openai.AsyncOpenAI,
+    model: str,
+    effort: str | None,
+    refused: str | None,
+) -> None:
+    """As the live API does (openai/openai-openapi#541, BerriAI/litellm#34569): GPT-5.4 takes
+    function tools on Chat Completions only without a reasoning effort, gpt-5.6 only with an
+    explicit `none`."""
+    server.script_openai(chat_completion("ok"))
+    extra = {"reasoning_effort": effort} if effort is not None else {}
+    call = cast(Any, gpt.chat.completions.create)(
+        model=model, messages=[{"role": "user", "content": "s"}], tools=[_CHAT_TOOL], **extra
+    )
+    if refused is None:
+        await call
+        return
+    with pytest.raises(openai.BadRequestError, match=re.escape(refused)) as info:
+        await call
+    error = cast(dict[str, Any], info.value.body)
+    assert error["param"] == "reasoning_effort" and error["type"] == "invalid_request_error"
+    assert error["message"].startswith(
+        f"Function tools with reasoning_effort are not supported for {model} in "
+        "/v1/chat/completions."
+    )
 
 
 async def test_a_stream_can_fail_after_http_200(

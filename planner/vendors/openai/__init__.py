@@ -1,4 +1,5 @@
-"""OpenAI Chat Completions (compact mode) and Responses (session mode), and the adapter."""
+"""OpenAI Chat Completions (compact mode) and Responses (session mode, and compact mode for the
+GPT-5 family), and the adapter."""
 
 from planner.vendors.openai.adapter import OpenAIAdapter
 

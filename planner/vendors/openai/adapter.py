@@ -1,8 +1,10 @@
 """`OpenAIAdapter`: GPT through the official SDK, for both planning modes.
 
-Compact mode speaks Chat Completions (one self-contained request per step); session mode speaks
-the stateless Responses API, whose encrypted reasoning round-trips between the steps of a kept
-conversation.
+Session mode speaks the stateless Responses API, whose encrypted reasoning round-trips between
+the steps of a kept conversation. Compact mode (one self-contained request per step) speaks Chat
+Completions, except for models whose profile says Chat Completions refuses their tool calls
+(`chat_tools`: the GPT-5 family, which refuses function tools with reasoning there): those take
+the same Responses request as session mode, over the compact conversation.
 """
 
 from __future__ import annotations
@@ -18,7 +20,8 @@ from planner.vendors.streaming import call_timeout, fetch_response
 
 
 class OpenAIAdapter:
-    """Projects a conversation onto Chat Completions (compact) or Responses (session), calls
+    """Projects a conversation onto Chat Completions (compact) or Responses (session, and
+    compact for models Chat Completions refuses tools to), calls
     the SDK (which retries 429/5xx `retries` times), and parses the reply into items."""
 
     def __init__(
@@ -67,7 +70,7 @@ class OpenAIAdapter:
             raise planner_error(err, self.name, retries=self.retries) from err
 
     async def complete(self, request: TurnRequest) -> Turn:
-        if request.mode == "session":
+        if request.mode == "session" or not self.profile.chat_tools:
             return await self._responses(request)
         return await self._chat(request)
 
@@ -107,6 +110,7 @@ class OpenAIAdapter:
             request.items,
             foreign_reasoning=request.foreign_reasoning,
             keep_reasoning_turns=request.keep_reasoning_turns,
+            images=request.images,
         )
         params = responses.request_params(
             model=self._model,

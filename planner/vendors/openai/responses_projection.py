@@ -17,8 +17,9 @@ it is dropped, or sent as plain assistant text, by setting.
 
 from __future__ import annotations
 
+import base64
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -39,6 +40,7 @@ from planner.conversation.turns import (
     reasoning_kept_turns,
     segment,
 )
+from planner.vendors.base import image_media_type
 
 ENCRYPTED_REASONING: Final = "reasoning.encrypted_content"
 
@@ -171,8 +173,12 @@ def project_responses(
     *,
     foreign_reasoning: ForeignReasoning = "drop",
     keep_reasoning_turns: int | None = None,
+    images: Mapping[int, bytes] | None = None,
 ) -> ResponsesProjection:
     """Project a session onto Responses `input` items (send with `request_flags`).
+
+    `images` attaches a screenshot to the observation at that item index, before its text
+    (compact mode; a kept session carries none).
 
     Observations before the latest checkpoint are condensed, as for Anthropic. Encrypted
     reasoning is not bound to its prefix, so `keep_reasoning_turns` may strip the reasoning of
@@ -180,6 +186,7 @@ def project_responses(
     user message anyway); the following-item rule is kept either way.
     """
     stats = ProjectionStats()
+    shots = {id(items[i]): data for i, data in (images or {}).items() if 0 <= i < len(items)}
     budget = apply_checkpoint(items)
     stats.condensed_observations = budget.condensed
     segments = segment(budget.items)
@@ -207,7 +214,15 @@ def project_responses(
             raise SessionHistoryError(f"tool call(s) without a result: {sorted(pending)}")
         for obs in seg.observations:
             if obs.text:
-                out.append({"role": "user", "content": [{"type": "input_text", "text": obs.text}]})
+                content: list[dict[str, Any]] = [{"type": "input_text", "text": obs.text}]
+                if id(obs) in shots:
+                    content.insert(0, _input_image(shots[id(obs)]))
+                out.append({"role": "user", "content": content})
     if pending:
         raise SessionHistoryError(f"tool call(s) without a result: {sorted(pending)}")
     return ResponsesProjection(out, stats)
+
+
+def _input_image(data: bytes) -> dict[str, Any]:
+    url = f"data:{image_media_type(data)};base64," + base64.b64encode(data).decode("ascii")
+    return {"type": "input_image", "image_url": url, "detail": "auto"}

@@ -1,4 +1,5 @@
-"""The real `openai` SDK (Chat Completions) against the local fake server."""
+"""The real `openai` SDK in compact mode (Chat Completions; Responses for the GPT-5 family)
+against the local fake server."""
 
 from __future__ import annotations
 
@@ -15,10 +16,14 @@ from tests.planner.scenes import settings_main
 from tests.support.fakes import (
     OPENAI_KEY,
     FakeModelServer,
+    ScriptedTurn,
     chat_completion,
+    function_call,
+    message,
     openai_error,
     openai_tool_call,
     rate_limited_openai,
+    reasoning,
 )
 
 TAP = {
@@ -199,3 +204,59 @@ async def test_parallel_tool_calls_only_where_the_model_takes_it(
     (request,) = fake_server.requests
     assert ("parallel_tool_calls" in request.body) is sent
     assert fake_server.rejections == []
+
+
+@pytest.mark.parametrize("model", ["gpt-5.4", "gpt-5.6-sol", "gpt-5-mini"])
+@pytest.mark.parametrize("thinking", ["adaptive", "off"])
+async def test_gpt5_compact_steps_use_responses(
+    fake_server: FakeModelServer, model: str, thinking: str
+) -> None:
+    """GPT-5.4 refuses function tools with `reasoning_effort` on Chat Completions, and gpt-5.6
+    refuses them unless the effort is `none` (openai/openai-openapi#541, BerriAI/litellm#34569):
+    every compact step of the default OpenAI reasoning setup was a 400. The GPT-5 family takes
+    its compact steps through the stateless Responses API, as session mode does."""
+    fake_server.script_responses(
+        ScriptedTurn(
+            [reasoning("Display holds it"), message("Opening Display."), function_call("tap", TAP)]
+        )
+    )
+    decision = await decide(make(fake_server, model=model, thinking=thinking))
+    assert decision.tool_name == "tap" and decision.rationale == "Opening Display."
+    (request,) = fake_server.requests
+    assert request.path == "/v1/responses" and request.status == 200, request.error
+    assert request.body["store"] is False
+    assert ("reasoning" in request.body) is (thinking == "adaptive")
+    assert request.body["input"][0]["role"] == "user"
+
+
+async def test_gpt5_compact_correction_sends_the_encrypted_reasoning_back(
+    fake_server: FakeModelServer,
+) -> None:
+    """A corrective turn in compact mode on Responses sends the answer back as received: its
+    reasoning item with the encrypted content, then the call and its error output (the fake
+    verifies the content and the following-item rule)."""
+    fake_server.script_responses(
+        ScriptedTurn([reasoning("hmm"), function_call("tap", {"element_id": "e17"})]),
+        ScriptedTurn([reasoning("fix"), function_call("tap", TAP)]),
+    )
+    decision = await decide(make(fake_server, model="gpt-5.4", thinking="adaptive"))
+    assert decision.corrective_retries == 1
+    _first, second = fake_server.requests
+    assert second.status == 200, second.error
+    kinds = [i.get("type", "message") for i in second.body["input"]]
+    assert kinds == ["message", "reasoning", "function_call", "function_call_output"]
+    assert second.body["input"][1]["encrypted_content"]
+
+
+async def test_gpt5_compact_screenshot_goes_as_input_image(fake_server: FakeModelServer) -> None:
+    fake_server.script_responses(ScriptedTurn([function_call("tap", TAP)]))
+    planner = make(fake_server, model="gpt-5.4", send_screenshot=True)
+    try:
+        await planner.decide("Turn on dark theme", settings_main(), screenshot=b"\x89PNG\r\n")
+    finally:
+        await planner.aclose()
+    (request,) = fake_server.requests
+    image, prompt = request.body["input"][0]["content"]
+    assert image["type"] == "input_image" and image["detail"] == "auto"
+    assert image["image_url"].startswith("data:image/png;base64,")
+    assert prompt["type"] == "input_text"

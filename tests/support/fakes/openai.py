@@ -2,10 +2,11 @@
 
 Chat Completions (`POST /v1/chat/completions`, JSON; compact mode):
 - the API key; `model` and `messages` present; `tool_choice` / `parallel_tool_calls` only with
-  tools, the latter not for the o-series; every assistant `tool_calls` entry answered by `tool`
-  messages right after it; with `require_reasoning_content_back` (some compatible reasoning
-  servers) the assistant message of a tool call must carry back the `reasoning_content` it
-  came with.
+  tools, the latter not for the o-series; function tools with a reasoning effort refused for
+  GPT-5.2 and later (gpt-5.6: unless the effort is `none`); every assistant `tool_calls` entry
+  answered by `tool` messages right after it; with `require_reasoning_content_back` (some
+  compatible reasoning servers) the assistant message of a tool call must carry back the
+  `reasoning_content` it came with.
 
 Responses (`POST /v1/responses`, JSON or SSE; session mode):
 - `store` must be false; encrypted reasoning is only emitted when included, and only a
@@ -217,6 +218,26 @@ class ChatFake:
                     self._reasoning_by_call[call["id"]] = message_["reasoning_content"]
         return Answer(reply.status, reply.body, reply.headers)
 
+    @staticmethod
+    def _check_tools_with_effort(model: str, tools: bool, effort: Any) -> None:
+        """GPT-5.2 to 5.5 refuse function tools with a reasoning effort on Chat Completions;
+        gpt-5.6 refuses them unless the effort is explicitly `none` (see `rules.py`)."""
+        rule = rules_for(model).chat_tools_effort
+        if not tools or rule == "any" or effort == "none":
+            return
+        head = (
+            f"Function tools with reasoning_effort are not supported for {model} in "
+            "/v1/chat/completions."
+        )
+        if rule == "none":
+            raise _bad(
+                f"{head} To use function tools, use /v1/responses or set reasoning_effort to "
+                "'none'.",
+                "reasoning_effort",
+            )
+        if effort is not None:
+            raise _bad(f"{head} Please use /v1/responses instead.", "reasoning_effort")
+
     def _check(self, body: dict[str, Any]) -> None:
         for key in ("model", "messages"):
             if key not in body:
@@ -245,6 +266,7 @@ class ChatFake:
             )
         if "reasoning_effort" in body:
             _check_reasoning(str(body["model"]), body["reasoning_effort"], "reasoning_effort")
+        self._check_tools_with_effort(str(body["model"]), bool(tools), body.get("reasoning_effort"))
         pending: list[str] = []
         for i, msg in enumerate(body["messages"]):
             role = msg.get("role")

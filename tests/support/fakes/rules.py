@@ -35,6 +35,12 @@ class ModelRules:
     - `parallel_tool_calls`: OpenAI Chat: accepts `parallel_tool_calls` (the o-series answer
       it with 400 "Unsupported parameter: 'parallel_tool_calls' is not supported with this
       model.").
+    - `chat_tools_effort`: OpenAI Chat: which `reasoning_effort` may come with function tools.
+      `any`; `omitted` (GPT-5.2, 5.4, 5.5: any effort but `none` is refused with tools, "…Please
+      use /v1/responses instead."); `none` (gpt-5.6: refused unless it is explicitly `none`,
+      also when left out, since the model then reasons at its default effort). Sources:
+      openai/openai-openapi#541, pipecat-ai/pipecat#4043, livekit/agents#5088 and #7169,
+      BerriAI/litellm#34569, charmbracelet/crush#2913.
     - `min_cache_tokens`: the shortest prefix Anthropic caches for this model.
     """
 
@@ -45,6 +51,7 @@ class ModelRules:
     efforts: frozenset[str] = ALL_EFFORTS
     reasoning: bool = True
     parallel_tool_calls: bool = True
+    chat_tools_effort: Literal["any", "omitted", "none"] = "any"
     min_cache_tokens: int = 1024
 
 
@@ -69,6 +76,10 @@ _ALWAYS_THINKS = ModelRules(
 _NO_REASONING = ModelRules(reasoning=False)
 _REASONING = ModelRules(efforts=OPENAI_EFFORTS)
 _O_SERIES = ModelRules(efforts=OPENAI_EFFORTS, parallel_tool_calls=False)
+# GPT-5.2 and later take `none` and `xhigh` and no `minimal` (livekit/agents#7169 quotes the
+# API's own list for gpt-5.6: 'none', 'low', 'medium', 'high', 'xhigh').
+_GPT_52_EFFORTS = frozenset({"none", "low", "medium", "high", "xhigh"})
+_GPT_54 = ModelRules(efforts=_GPT_52_EFFORTS, chat_tools_effort="omitted")
 
 MODELS: dict[str, ModelRules] = {
     "claude-sonnet-4-5": _BUDGET_ONLY,
@@ -114,6 +125,10 @@ MODELS: dict[str, ModelRules] = {
     "o3": _O_SERIES,
     "o4-mini": _O_SERIES,
     "gpt-5": _REASONING,
+    "gpt-5.2": _GPT_54,
+    "gpt-5.4": _GPT_54,
+    "gpt-5.5": _GPT_54,
+    "gpt-5.6": ModelRules(efforts=_GPT_52_EFFORTS, chat_tools_effort="none"),
     "gpt-5-chat": _NO_REASONING,
 }
 
