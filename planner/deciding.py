@@ -11,6 +11,10 @@ The flow of a decision:
    arguments, an element id not on screen, a point off screen) → one corrective turn: the answer
    goes back with a tool result (or, without a call, an instruction) saying what was wrong; then
    from 1 again. Still unusable → `PlannerError`.
+An answer cut off at the output token limit without a tool call (thinking counts toward the
+limit) makes every later call of the decision ask for twice the limit (at least
+THINKING_MAX_TOKENS, at most MAX_CALL_TOKENS): asked with the same limit, a model that keeps
+thinking on its retry is cut off again. The final error then names the limit.
 Extra tool calls in one answer are answered "not executed"; the first one is used.
 A refusal (the model declined: Anthropic `stop_reason: "refusal"`, an OpenAI refusal) ends the
 decision at once with `PlannerRefused`, before the turn is kept: no retry, no corrective turn.
@@ -23,6 +27,7 @@ arrives.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Awaitable, Callable, Collection, Sequence
 from typing import Any, Protocol
@@ -36,6 +41,7 @@ from planner.conversation.items import (
 from planner.decision import Decision, RetryKind, ThinkingBlock, ThinkingKind, Usage
 from planner.errors import PlannerError, PlannerRefused, PlannerRejected, ToolCallError
 from planner.model_profiles import RetryForm
+from planner.settings import MAX_CALL_TOKENS, THINKING_MAX_TOKENS
 from planner.tools import ParsedToolCall, parse_tool_call
 from planner.vendors.base import ModelAdapter, Turn, TurnRequest
 
@@ -101,16 +107,22 @@ async def decide(
     usage = Usage()
     retry: RetryKind = "none"
     corrective = 0
+    room: int | None = None  # the raised output limit, once an answer was cut off
+
+    def request(*, force: bool, thinking: bool) -> TurnRequest:
+        asked = conversation.request(forced=force, thinking=thinking)
+        return asked if room is None else dataclasses.replace(asked, max_tokens=room)
 
     async def ask(*, force: bool, first: bool = False) -> Turn:
+        nonlocal room
         thinking = not force and conversation.thinking_allowed()
         try:
-            turn = await adapter.complete(conversation.request(forced=force, thinking=thinking))
+            turn = await adapter.complete(request(force=force, thinking=thinking))
         except PlannerRejected as err:
             if not first or recover is None:
                 raise
             await recover(err)
-            turn = await adapter.complete(conversation.request(forced=force, thinking=thinking))
+            turn = await adapter.complete(request(force=force, thinking=thinking))
         if turn.refusal is not None:
             # Never kept, never asked again: the same conversation gets the same refusal.
             raise PlannerRefused(
@@ -120,6 +132,8 @@ async def decide(
         await conversation.received(turn)
         turns.append(turn)
         usage.add(turn.usage)
+        if turn.truncated and not turn.tool_calls and room is None and turn.max_tokens:
+            room = min(max(2 * turn.max_tokens, THINKING_MAX_TOKENS), MAX_CALL_TOKENS)
         return turn
 
     turn = await ask(force=False, first=True)
@@ -163,6 +177,11 @@ async def _parse(
     screen_size: tuple[int, int] | None,
 ) -> ParsedToolCall:
     if not turn.tool_calls:
+        if turn.truncated:
+            raise ToolCallError(
+                "no tool call: the answer was cut off at the output token limit "
+                f"({turn.max_tokens} tokens, thinking included; AMC_PLANNER_MAX_TOKENS)"
+            )
         raise ToolCallError("no tool call; call exactly one tool")
     call, *extra = turn.tool_calls
     if extra:

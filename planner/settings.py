@@ -37,6 +37,13 @@ MIN_THINKING_BUDGET = 1024
 # timeout, which the planner's clients never are.)
 MAX_THINKING_BUDGET = 20000
 ANSWER_ROOM_TOKENS = 1024
+#: The most output one call asks for (the largest budget with the answer's room, ~590 s).
+MAX_CALL_TOKENS = MAX_THINKING_BUDGET + ANSWER_ROOM_TOKENS
+# Thinking counts toward the output limit (Anthropic `max_tokens`, OpenAI `max_output_tokens` /
+# `max_completion_tokens`), and adaptive or always-on thinking has no budget to size it by: a
+# call that thinks gets at least this many tokens, so the default 2,048 does not cut the model
+# off mid-thought before its tool call (~450 s by the SDK's estimate, under MAX_CALL_TOKENS).
+THINKING_MAX_TOKENS = 16000
 
 
 class PlannerSettings(BaseSettings):
@@ -145,6 +152,8 @@ class PlannerSettings(BaseSettings):
         """`max_tokens`, raised above the budget in budget mode (the API rejects it otherwise).
 
         The floor is budget + 1024 rather than budget + 1 so the tool call itself still fits.
+        (A call with adaptive thinking or OpenAI reasoning is raised to THINKING_MAX_TOKENS
+        where its request is built, so a call without thinking keeps this limit.)
         """
         if self.thinking_mode == "budget" and self.thinking_budget_tokens is not None:
             return max(self.max_tokens, self.thinking_budget_tokens + ANSWER_ROOM_TOKENS)

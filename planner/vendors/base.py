@@ -103,6 +103,8 @@ class Turn:
     projection: ProjectionStats = field(default_factory=ProjectionStats)
     truncated: bool = False
     """The answer was cut off by the output token limit."""
+    max_tokens: int | None = None
+    """The output token limit the call was sent with (thinking included)."""
     readable_thinking: Literal["full", "summarized"] = "summarized"
     """What readable reasoning text of this turn is: the model's own, or a summary."""
     refusal: str | None = None

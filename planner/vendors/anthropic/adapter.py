@@ -114,6 +114,7 @@ class AnthropicAdapter:
             request=params,
             projection=projection.stats,
             truncated=truncated(stop),
+            max_tokens=params["max_tokens"],
             readable_thinking=self.profile.readable_thinking,
             refusal=refusal(message),
         )

@@ -4,7 +4,8 @@ Both planning modes build their requests here, from the model's profile
 (`planner/model_profiles.py`), so a thinking rule, a header or a token floor lands once: `adaptive`
 thinking (with an optional effort in `output_config`, and `display: summarized` where the model
 omits thinking text by default) or `budget` (`enabled` + `budget_tokens`, max_tokens above the
-budget, the profile's beta header). A forced tool choice (the forced retry) never carries
+budget, the profile's beta header; adaptive thinking gets at least THINKING_MAX_TOKENS, as
+thinking counts toward max_tokens). A forced tool choice (the forced retry) never carries
 thinking: the API rejects thinking with a forced tool choice.
 """
 
@@ -17,7 +18,7 @@ from typing import Any, Literal
 from planner.conversation.items import AssistantItem, AssistantText, Reasoning, ToolCall
 from planner.decision import Usage
 from planner.model_profiles import ModelProfile
-from planner.settings import ANSWER_ROOM_TOKENS
+from planner.settings import ANSWER_ROOM_TOKENS, THINKING_MAX_TOKENS
 from planner.tools import ToolSpec
 from planner.vendors.base import ThinkingConfig, ThinkingSink, mask_sensitive
 from planner.vendors.streaming import IncompleteStream, event_dict
@@ -73,6 +74,7 @@ def request_params(
         params["max_tokens"] = max(max_tokens, thinking.budget_tokens + ANSWER_ROOM_TOKENS)
     elif mode == "adaptive":
         config = {"type": "adaptive"}
+        params["max_tokens"] = max(max_tokens, THINKING_MAX_TOKENS)
         if thinking.effort:
             params["output_config"] = {"effort": thinking.effort}
     elif profile.thinking_off == "disabled":

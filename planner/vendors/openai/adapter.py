@@ -101,6 +101,7 @@ class OpenAIAdapter:
             raw_calls=chat.raw_calls(completion),
             request=params,
             truncated=chat.stop_reason(completion) == "length",
+            max_tokens=params["max_completion_tokens"],
             readable_thinking="full",
             refusal=chat.refusal(completion),
         )
@@ -142,6 +143,7 @@ class OpenAIAdapter:
             request=params,
             projection=projection.stats,
             truncated=responses.truncated(response),
+            max_tokens=params["max_output_tokens"],
             readable_thinking=responses.readable_thinking(response),
             refusal=responses.refusal(response),
         )

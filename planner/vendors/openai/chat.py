@@ -23,6 +23,7 @@ from planner.conversation.items import (
 )
 from planner.conversation.turns import ModelTurn, segment
 from planner.decision import Usage
+from planner.settings import THINKING_MAX_TOKENS
 from planner.tools import ToolSpec
 from planner.vendors.base import image_media_type
 from planner.vendors.openai.calls import function_call
@@ -114,6 +115,8 @@ def request_params(
         params["parallel_tool_calls"] = False
     if reasoning_effort is not None:
         params["reasoning_effort"] = reasoning_effort
+        # reasoning tokens count toward max_completion_tokens
+        params["max_completion_tokens"] = max(max_tokens, THINKING_MAX_TOKENS)
     return params
 
 

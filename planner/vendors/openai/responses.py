@@ -8,6 +8,7 @@ from typing import Any, Literal
 
 from planner.conversation.items import AssistantItem, AssistantText, Reasoning
 from planner.decision import Usage
+from planner.settings import THINKING_MAX_TOKENS
 from planner.tools import ToolSpec
 from planner.vendors.base import ThinkingConfig, ThinkingSink
 from planner.vendors.failures import StreamError
@@ -51,6 +52,8 @@ def request_params(
         **request_flags(reasoning=reasons),
     }
     if reasons:
+        # reasoning tokens count toward max_output_tokens
+        params["max_output_tokens"] = max(max_tokens, THINKING_MAX_TOKENS)
         params["reasoning"] = {"effort": thinking.effort or "medium"}
         if thinking.summaries:
             params["reasoning"]["summary"] = "auto"

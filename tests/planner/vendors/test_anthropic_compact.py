@@ -20,7 +20,7 @@ from planner.errors import (
     PlannerUnavailable,
 )
 from planner.planner import Planner
-from planner.settings import PlannerSettings
+from planner.settings import MAX_CALL_TOKENS, THINKING_MAX_TOKENS, PlannerSettings
 from planner.vendors import make_adapter
 from planner.vendors.anthropic import INTERLEAVED_THINKING_BETA
 from tests.planner.scenes import settings_main
@@ -430,3 +430,50 @@ async def test_a_non_streamed_call_gets_the_time_its_max_tokens_may_need(
     await decide(make(fake_server, **{"timeout_s": 60.0, **overrides}))
     (sent,) = fake_server.requests
     assert float(sent.headers["x-stainless-read-timeout"]) == pytest.approx(seconds)
+
+
+async def test_a_thinking_call_gets_room_beside_the_answer(fake_server: FakeModelServer) -> None:
+    """Thinking tokens count toward max_tokens: with adaptive thinking the default 2,048 left
+    a thinking Claude cut off mid-thought, with no tool call. A call that thinks gets at least
+    THINKING_MAX_TOKENS; a call without thinking (the forced retry) keeps the configured limit."""
+    fake_server.script_anthropic(
+        anthropic_message(thinking("Display"), text("I will open Display.")),
+        anthropic_message(tool_use("tap", TAP_DISPLAY)),
+    )
+    await decide(make(fake_server, model="claude-sonnet-4-6", thinking="adaptive"))
+    first, forced = fake_server.requests
+    assert first.body["thinking"]["type"] == "adaptive"
+    assert first.body["max_tokens"] == THINKING_MAX_TOKENS
+    assert forced.body["thinking"] == {"type": "disabled"}
+    assert forced.body["max_tokens"] == 2048
+
+
+async def test_an_answer_cut_off_without_a_call_is_asked_again_with_more_room(
+    fake_server: FakeModelServer,
+) -> None:
+    """An always-thinking model is retried with a nudge, thinking kept: asked with the same
+    limit, it was cut off again."""
+    fake_server.script_anthropic(
+        anthropic_message(thinking("long deliberation"), stop_reason="max_tokens"),
+        anthropic_message(thinking("short"), tool_use("tap", TAP_DISPLAY)),
+    )
+    decision = await decide(make(fake_server, model="claude-opus-5-5", thinking="adaptive"))
+    assert decision.tool_name == "tap" and decision.retry_kind == "nudge"
+    assert decision.output_truncated
+    limits = [r.body["max_tokens"] for r in fake_server.requests]
+    assert limits == [THINKING_MAX_TOKENS, MAX_CALL_TOKENS]
+
+
+async def test_answers_cut_off_every_time_end_naming_the_limit(
+    fake_server: FakeModelServer,
+) -> None:
+    for _ in range(4):
+        fake_server.script_anthropic(
+            anthropic_message(thinking("long deliberation"), stop_reason="max_tokens")
+        )
+    with pytest.raises(PlannerError) as info:
+        await decide(make(fake_server, model="claude-opus-5-5", thinking="adaptive", max_retries=0))
+    assert f"cut off at the output token limit ({MAX_CALL_TOKENS} tokens" in str(info.value)
+    assert "AMC_PLANNER_MAX_TOKENS" in str(info.value)
+    limits = [r.body["max_tokens"] for r in fake_server.requests]
+    assert limits[0] == THINKING_MAX_TOKENS and set(limits[1:]) == {MAX_CALL_TOKENS}

@@ -10,7 +10,7 @@ import pytest
 
 from planner.errors import PlannerAuthError, PlannerRateLimited, PlannerUnavailable
 from planner.planner import Planner
-from planner.settings import PlannerSettings
+from planner.settings import THINKING_MAX_TOKENS, PlannerSettings
 from planner.vendors import make_adapter
 from tests.planner.scenes import settings_main
 from tests.support.fakes import (
@@ -226,6 +226,9 @@ async def test_gpt5_compact_steps_use_responses(
     assert request.path == "/v1/responses" and request.status == 200, request.error
     assert request.body["store"] is False
     assert ("reasoning" in request.body) is (thinking == "adaptive")
+    # reasoning tokens count toward the output limit: a reasoning call gets room for them
+    limit = THINKING_MAX_TOKENS if thinking == "adaptive" else 2048
+    assert request.body["max_output_tokens"] == limit
     assert request.body["input"][0]["role"] == "user"
 
 
