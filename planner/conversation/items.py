@@ -45,6 +45,9 @@ class Reasoning:
     asked to omit it), or `redacted_data` (a redacted_thinking block). OpenAI Responses:
     `item_id` + `summary` + `encrypted_content` (`text` holds the reasoning text when the API
     returned any). `provider` is who made it: a signature is only ever sent back to its maker.
+    `model` (Anthropic) is the configured model whose call made it: Claude signatures are bound
+    to the model that wrote them, so after a model change they go to no other (None: recorded
+    before models were kept, taken as the current model's).
     `wire` (Responses) is the output item exactly as received, sent back verbatim.
     """
 
@@ -57,6 +60,7 @@ class Reasoning:
     item_id: str | None = None
     summary: tuple[str, ...] = ()
     wire: dict[str, Any] | None = None
+    model: str | None = None
 
     @property
     def readable(self) -> str:

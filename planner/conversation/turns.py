@@ -49,8 +49,9 @@ class ProjectionStats:
 
 
 def foreign_reasoning_text(reasoning: Reasoning) -> str:
-    """How another provider's reasoning reads as plain text (its signature never travels)."""
-    return f"[earlier reasoning by {reasoning.provider}]\n{reasoning.readable}"
+    """How another provider's (or model's) reasoning reads as plain text (its signature never
+    travels)."""
+    return f"[earlier reasoning by {reasoning.model or reasoning.provider}]\n{reasoning.readable}"
 
 
 class SessionHistoryError(ValueError):

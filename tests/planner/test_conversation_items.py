@@ -81,8 +81,12 @@ def test_dict_form_is_flat_and_typed() -> None:
         "item_id": "rs",
         "summary": ["s"],
         "wire": None,
+        "model": None,
     }
     assert item_from_dict(json.loads(json.dumps(data))) == item
+    # stored before reasoning recorded its model: loads, as the current model's
+    del data["model"]
+    assert item_from_dict(data) == item
 
 
 def test_unknown_or_malformed_items_are_rejected() -> None:

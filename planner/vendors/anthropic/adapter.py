@@ -75,6 +75,7 @@ class AnthropicAdapter:
         projection = project_anthropic(
             request.items,
             thinking=thinking_on,
+            model=self._model,
             foreign_reasoning=request.foreign_reasoning,
             images=request.images,
         )
@@ -106,7 +107,7 @@ class AnthropicAdapter:
         stop = message.get("stop_reason")
         return Turn(
             turn_id=str(message.get("id") or ""),
-            items=items_from_message(message),
+            items=items_from_message(message, self._model),
             usage=usage_from(message.get("usage")),
             model=str(message.get("model") or self._model),
             stop_reason=stop,

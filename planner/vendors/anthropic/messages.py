@@ -110,8 +110,10 @@ def refusal(message: Mapping[str, Any]) -> str | None:
     return ": ".join(p for p in parts if p) or "no reason given"
 
 
-def items_from_message(message: Mapping[str, Any]) -> list[AssistantItem]:
-    """A Messages response's content blocks as items, in their order, nothing rewritten."""
+def items_from_message(message: Mapping[str, Any], model: str | None = None) -> list[AssistantItem]:
+    """A Messages response's content blocks as items, in their order, nothing rewritten; its
+    reasoning marked as made by `model` (the model the request named: the response's `model`
+    may spell it otherwise)."""
     turn_id = str(message.get("id") or "")
     out: list[AssistantItem] = []
     for block in message.get("content") or []:
@@ -123,10 +125,12 @@ def items_from_message(message: Mapping[str, Any]) -> list[AssistantItem]:
                     turn_id,
                     text=block.get("thinking") or "",
                     signature=block.get("signature") or None,
+                    model=model,
                 )
             )
         elif kind == "redacted_thinking":
-            out.append(Reasoning("anthropic", turn_id, redacted_data=block.get("data") or None))
+            data = block.get("data") or None
+            out.append(Reasoning("anthropic", turn_id, redacted_data=data, model=model))
         elif kind == "text":
             out.append(AssistantText("anthropic", turn_id, block.get("text") or ""))
         elif kind == "tool_use":

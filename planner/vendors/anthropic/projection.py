@@ -9,8 +9,10 @@ The rules this module exists to keep (each one a known failure mode elsewhere):
   also when its text is empty (a signature-only block is valid and must be kept); redacted
   thinking goes back as `redacted_thinking` with its data; Anthropic reasoning with neither is
   dropped and counted.
-- Signatures go back only to Anthropic. Reasoning another provider made is dropped, or sent as a
-  plain text block, by setting (`foreign_reasoning`).
+- Signatures go back only to Anthropic, and only to the model that wrote them (they are
+  model-bound: a session continued on another Claude model was refused with "Invalid
+  `signature` in `thinking` block"). Reasoning another provider or model made is dropped, or
+  sent as a plain text block, by setting (`foreign_reasoning`).
 - The tool results of a turn form one user message whose tool_result blocks come first, followed
   by the new observation.
 - Append-only: the projection of a turn never depends on how many steps came after it, so the
@@ -78,15 +80,26 @@ def result_as_text(name: str, result: ToolResult) -> str:
     return f"[{status} of tool {name}]\n{result.output}"
 
 
-def _deliverable(r: Reasoning) -> bool:
-    return r.provider == "anthropic" and (bool(r.signature) or bool(r.redacted_data))
+def _own(r: Reasoning, model: str | None) -> bool:
+    """Reasoning `model` may get back as thinking: Anthropic's, written by that model (an item
+    recorded without its model counts as the current model's)."""
+    return r.provider == "anthropic" and (model is None or r.model in (None, model))
+
+
+def _deliverable(r: Reasoning, model: str | None) -> bool:
+    return _own(r, model) and (bool(r.signature) or bool(r.redacted_data))
 
 
 def _reasoning_block(
-    r: Reasoning, *, valid: bool, foreign: ForeignReasoning, stats: ProjectionStats
+    r: Reasoning,
+    *,
+    model: str | None,
+    valid: bool,
+    foreign: ForeignReasoning,
+    stats: ProjectionStats,
 ) -> dict[str, Any] | None:
     """The block one reasoning item becomes in a natively sent turn, or None."""
-    if r.provider != "anthropic":
+    if not _own(r, model):
         if foreign == "text" and r.readable:
             stats.foreign_as_text += 1
             return {"type": "text", "text": foreign_reasoning_text(r)}
@@ -107,11 +120,13 @@ def project_anthropic(
     items: Sequence[SessionItem],
     *,
     thinking: bool,
+    model: str | None = None,
     foreign_reasoning: ForeignReasoning = "drop",
     images: Mapping[int, bytes] | None = None,
 ) -> AnthropicProjection:
-    """Project a conversation onto Anthropic `messages`. `images` attaches a screenshot to the
-    observation at that item index (before its text). Raises SessionHistoryError when the
+    """Project a conversation onto Anthropic `messages` for `model` (None: any Claude model's
+    thinking counts as its own). `images` attaches a screenshot to the observation at that
+    item index (before its text). Raises SessionHistoryError when the
     history itself is malformed (a tool call without a result, two model turns in a row)."""
     stats = ProjectionStats()
     shots = {id(items[i]): data for i, data in (images or {}).items() if 0 <= i < len(items)}
@@ -165,21 +180,17 @@ def project_anthropic(
             )
         valid = thinking and seg.start > budget.checkpoint_at
         if not thinking:
-            stats.thinking_off_dropped += sum(1 for r in seg.reasoning if _deliverable(r))
-        sendable = valid and any(_deliverable(r) for r in seg.reasoning)
+            stats.thinking_off_dropped += sum(1 for r in seg.reasoning if _deliverable(r, model))
+        sendable = valid and any(_deliverable(r, model) for r in seg.reasoning)
         out: list[dict[str, Any]] = []
         if thinking and seg.tool_calls and not sendable:
             stats.turns_as_text += 1
             for part in seg.items:
                 if isinstance(part, Reasoning):
-                    if (
-                        part.provider != "anthropic"
-                        and foreign_reasoning == "text"
-                        and part.readable
-                    ):
+                    if not _own(part, model) and foreign_reasoning == "text" and part.readable:
                         out.append({"type": "text", "text": foreign_reasoning_text(part)})
                         stats.foreign_as_text += 1
-                    elif part.provider != "anthropic":
+                    elif not _own(part, model):
                         stats.foreign_dropped += 1
                     else:
                         stats.budget_stripped += 1
@@ -196,7 +207,7 @@ def project_anthropic(
                 if not thinking and part.provider == "anthropic":
                     continue
                 rendered = _reasoning_block(
-                    part, valid=valid, foreign=foreign_reasoning, stats=stats
+                    part, model=model, valid=valid, foreign=foreign_reasoning, stats=stats
                 )
                 if rendered is not None:
                     out.append(rendered)

@@ -71,13 +71,14 @@ class Factory:
         live: list[str] | None = None,
         foreign: ForeignReasoning = "drop",
         keep_scenes: int | None = 6,
+        model: str | None = None,
     ) -> SessionPlanner:
         client: anthropic.AsyncAnthropic | openai.AsyncOpenAI
         if provider == "anthropic":
             client = anthropic.AsyncAnthropic(
                 api_key="test-key", base_url=self.server.anthropic_base_url, max_retries=0
             )
-            model = "claude-sonnet-4-6"  # a profile that turns thinking off explicitly
+            model = model or "claude-sonnet-4-6"  # a profile that turns thinking off explicitly
         else:
             client = openai.AsyncOpenAI(
                 api_key="test-key", base_url=self.server.openai_base_url, max_retries=0
@@ -462,6 +463,48 @@ async def test_provider_switch_drops_foreign_signatures_both_ways(
     }
     assert "encrypted" not in json.dumps(messages)
     assert back.last_stats.turns_as_text == 1
+
+
+async def test_thinking_goes_back_only_to_the_claude_model_that_wrote_it(
+    server: FakeModelServer, make: Factory
+) -> None:
+    """Claude signatures are model-bound: a conversation continued on another Claude model sent
+    the first model's signed thinking to the second, which refused the request (the recovery
+    checkpoint then retired every earlier thought). Another model's thinking now travels as
+    another provider's does (here as text); the new model's own goes back signed."""
+    server.anthropic_script.extend(
+        [
+            ScriptedTurn(
+                [thinking("S1 thought"), tool_use("press_key", {"key": "back", **INTENT})]
+            ),
+            ScriptedTurn(
+                [thinking("O1 thought"), tool_use("press_key", {"key": "home", **INTENT})]
+            ),
+            ScriptedTurn(
+                [thinking("O2 thought"), tool_use("complete", {"success": True, "reason": "r"})]
+            ),
+        ]
+    )
+    first = await make(thinking=ThinkingConfig("adaptive"))
+    await first.decide("screen 1")
+    await first.record_tool_result("back pressed")
+    await first.aclose()
+
+    switched = await make(
+        model="claude-opus-4-6", thinking=ThinkingConfig("adaptive"), foreign="text"
+    )
+    await switched.decide("screen 2")
+    await switched.record_tool_result("home pressed")
+    await switched.decide("screen 3")
+    assert server.rejections == []
+    messages = _last_messages(server)
+    assert messages[1]["content"][0] == {
+        "type": "text",
+        "text": "[earlier reasoning by claude-sonnet-4-6]\nS1 thought",
+    }
+    assert all(b["type"] == "text" for b in messages[1]["content"])
+    assert messages[3]["content"][0]["type"] == "thinking"
+    assert messages[3]["content"][0]["thinking"] == "O1 thought"
 
 
 @pytest.mark.parametrize("provider", ["anthropic", "openai-responses"])

@@ -1,9 +1,10 @@
 """A fake of the Anthropic Messages API (`POST /v1/messages`, JSON or SSE) that enforces its
 documented rules, including those about reasoning in multi-turn tool loops.
 
-The fake signs what it emits (HMAC over a nonce and the content) and remembers it: a thinking
-block or redacted data that comes back altered, invented or reordered is rejected with the error
-the real API gives. Enforced:
+The fake signs what it emits (HMAC over a nonce, the model and the content) and remembers it: a
+thinking block or redacted data that comes back altered, invented or reordered, or to another
+model than the one that wrote it (signatures are model-bound: vybestack/llxprt-code#2335,
+openclaw/openclaw#107221), is rejected with the error the real API gives. Enforced:
 - the API key and the `anthropic-version` header; `model`, `max_tokens`, `messages` present;
 - thinking config: the model's accepted forms (`rules.py`), budget >= 1024 and < max_tokens,
   effort levels, no thinking with a forced tool_choice (and no forced tool_choice at all on the
@@ -337,7 +338,8 @@ class MessagesFake:
         self, turn: ScriptedTurn, body: dict[str, Any], thinking_on: bool
     ) -> dict[str, Any]:
         msg_id = f"msg_fake_{next(self._ids):04d}"
-        rules = rules_for(str(body.get("model")))
+        model = str(body.get("model"))
+        rules = rules_for(model)
         display = (body.get("thinking") or {}).get("display") or rules.display_default
         content: list[dict[str, Any]] = []
         for spec in turn.blocks:
@@ -350,10 +352,10 @@ class MessagesFake:
                 block = {
                     "type": "thinking",
                     "thinking": thought,
-                    "signature": self._token("thinking", thought),
+                    "signature": self._token("thinking", model, thought),
                 }
             elif kind == "redacted_thinking":
-                block = {"type": "redacted_thinking", "data": self._token("redacted")}
+                block = {"type": "redacted_thinking", "data": self._token("redacted", model)}
             elif kind == "tool_use":
                 block = {
                     "type": "tool_use",
@@ -583,6 +585,7 @@ class MessagesFake:
         if not content:
             raise _bad(f"messages.{i}: all messages must have non-empty content")
         emitted = self._emitted
+        model = str(body.get("model"))
         has_reasoning = False
         uses: list[str] = []
         for j, block in enumerate(content):
@@ -592,12 +595,12 @@ class MessagesFake:
                     raise _bad(f"messages.{i}.content.{j}.thinking.signature: Field required")
                 pair = (block.get("thinking", ""), block["signature"])
                 if pair not in emitted.thinking or not self._valid(
-                    block["signature"], "thinking", pair[0]
+                    block["signature"], "thinking", model, pair[0]
                 ):
                     raise _bad(f"messages.{i}.content.{j}: Invalid `signature` in `thinking` block")
             elif kind == "redacted_thinking":
                 data = block.get("data", "")
-                if data not in emitted.redacted or not self._valid(data, "redacted"):
+                if data not in emitted.redacted or not self._valid(data, "redacted", model):
                     raise _bad(
                         f"messages.{i}.content.{j}: Invalid `data` in `redacted_thinking` block"
                     )
