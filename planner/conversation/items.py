@@ -161,35 +161,48 @@ def unanswered_calls(items: Sequence[SessionItem]) -> list[str]:
 
 
 def item_to_dict(item: SessionItem) -> dict[str, Any]:
-    """The JSON-ready form: `{"type": ..., **fields}`; every string field is kept verbatim."""
+    """The JSON-ready form: `{"type": ..., **fields}`; every string field is kept verbatim.
+
+    A reasoning item's model travels in its provider ("anthropic/claude-opus-4-8"), not as a
+    key of its own: replicas from before it was recorded fail on a key they do not know, and
+    during a rolling deploy they read what newer ones wrote. To them such an item is another
+    provider's reasoning, which every version leaves out (or sends as text) instead of failing
+    the step; to this version it is the model's own (`item_from_dict`)."""
     out: dict[str, Any] = {"type": _TYPE_OF[type(item)]}
     for f in fields(item):
         value = getattr(item, f.name)
         out[f.name] = list(value) if isinstance(value, tuple) else value
+    if isinstance(item, Reasoning):
+        model = out.pop("model")
+        if model:
+            out["provider"] = f"{item.provider}/{model}"
     return out
 
 
+_CLASS_OF: dict[str, type[Any]] = {name: cls for cls, name in _TYPE_OF.items()}
+
+
 def item_from_dict(data: dict[str, Any]) -> SessionItem:
-    """Inverse of `item_to_dict`. Raises ValueError on an unknown type or a missing field."""
+    """Inverse of `item_to_dict`. Raises ValueError on an unknown type or a missing field.
+
+    Fields this version does not know are left out: items are shared by every replica of a
+    deployment, so during a rolling deploy one may read an item a newer replica wrote."""
     kind = data.get("type")
-    values = {k: v for k, v in data.items() if k != "type"}
+    cls = _CLASS_OF.get(kind) if isinstance(kind, str) else None
+    if cls is None:
+        raise ValueError(f"unknown session item type {kind!r}")
+    known = {f.name for f in fields(cls)}
+    values = {k: v for k, v in data.items() if k in known}
+    if cls is Reasoning:
+        values["summary"] = tuple(values.get("summary", ()))
+        provider, _, model = str(values.get("provider", "")).partition("/")
+        if model:
+            values["provider"], values["model"] = provider, model
     try:
-        if kind == "user_observation":
-            return UserObservation(**values)
-        if kind == "reasoning":
-            values["summary"] = tuple(values.get("summary", ()))
-            return Reasoning(**values)
-        if kind == "assistant_text":
-            return AssistantText(**values)
-        if kind == "tool_call":
-            return ToolCall(**values)
-        if kind == "tool_result":
-            return ToolResult(**values)
-        if kind == "context_checkpoint":
-            return ContextCheckpoint(**values)
+        item: SessionItem = cls(**values)
     except TypeError as err:
         raise ValueError(f"session item of type {kind!r} is malformed: {err}") from None
-    raise ValueError(f"unknown session item type {kind!r}")
+    return item
 
 
 def dumps_item(item: SessionItem) -> str:
