@@ -16,6 +16,8 @@ import adbutils
 from host.devices import adb_transport
 from host.devices.adb_errors import ensure_listed, mapped_errors, server_reachable
 from host.devices.base import DeviceBusy, DeviceError, DeviceGone, KeyName, ScreenState
+from host.devices.input_method import COMMAND as INPUT_METHOD_COMMAND
+from host.devices.input_method import InputMethodCache
 from host.devices.screen_state import SCREEN_STATE_COMMAND, parse_screen_state
 
 log = logging.getLogger(__name__)
@@ -228,6 +230,9 @@ class AdbDriver:
         self._client = adbutils.AdbClient(host=host, port=port)
         self._natural: tuple[int, int] | None = None
         self._rotation_unknown = False
+        self._ime = InputMethodCache(
+            serial, lambda: self._shell(INPUT_METHOD_COMMAND, "read input method")
+        )
 
     @property
     def serial(self) -> str:
@@ -389,3 +394,6 @@ class AdbDriver:
 
     def current_app(self) -> str:
         return parse_current_package(self._shell("dumpsys window", "dumpsys window"))
+
+    def keyboard_package(self) -> str:
+        return self._ime.package()

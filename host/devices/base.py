@@ -96,3 +96,9 @@ class Driver(Protocol):
     def current_app(self) -> str:
         """Package name of the foreground app."""
         ...
+
+    def keyboard_package(self) -> str:
+        """Package of the selected on-screen keyboard (input method), "" when unknown: its
+        window is the keyboard even when no package hint says so and the dump has no window
+        types (uiautomator2's). May be a minute old."""
+        ...

@@ -20,6 +20,8 @@ from uiautomator2 import exceptions as u2_exceptions
 from host.devices.adb_driver import check_launched, check_package, monkey_launch
 from host.devices.adb_errors import adb_state, is_gone, server_reachable, timed_out
 from host.devices.base import DeviceBusy, DeviceError, DeviceGone, KeyName, ScreenState
+from host.devices.input_method import COMMAND as INPUT_METHOD_COMMAND
+from host.devices.input_method import InputMethodCache
 from host.devices.screen_state import SCREEN_STATE_COMMAND, parse_screen_state
 
 T = TypeVar("T")
@@ -52,6 +54,12 @@ class U2Driver:
         self._adb = adbutils.AdbClient(host=host, port=port)
         self._addr = (host, port)
         self._dev: Any = None
+        self._ime = InputMethodCache(
+            serial,
+            lambda: str(
+                self._call("read input method", lambda d: d.shell(INPUT_METHOD_COMMAND).output)
+            ),
+        )
 
     @property
     def serial(self) -> str:
@@ -140,6 +148,8 @@ class U2Driver:
         # Exact for any text: send_keys goes through the AdbKeyboard IME (base64 in a broadcast)
         # or the clipboard and a paste, never `input text` with its `%s` rule.
         self._call("input text", lambda d: d.send_keys(text))
+        # send_keys selects uiautomator2's AdbKeyboard when it can: ask again which one is up.
+        self._ime.forget()
 
     def press_key(self, key: KeyName) -> None:
         # Every KeyName is also a uiautomator2 key name ("delete" is UiDevice.pressDelete, i.e.
@@ -160,6 +170,9 @@ class U2Driver:
     def current_app(self) -> str:
         info = self._call("current app", lambda d: d.app_current())
         return str(info.get("package", ""))
+
+    def keyboard_package(self) -> str:
+        return self._ime.package()
 
     def screen_state(self) -> ScreenState:
         out = self._call("screen state", lambda d: d.shell(SCREEN_STATE_COMMAND).output)

@@ -294,9 +294,17 @@ def parse_scene(
     xml_text: str,
     screen_size: tuple[int, int] | None = None,
     package: str | None = None,
+    ime_package: str = "",
 ) -> Scene:
-    """Dump → Scene. `screen_size` and `package` (from the driver) win over the dump's own."""
+    """Dump → Scene. `screen_size` and `package` (from the driver) win over the dump's own.
+
+    `ime_package` (the driver's `keyboard_package`) names the keyboard's windows where the
+    dump has no window types; "" leaves it to the package hints. It is ignored when it is the
+    foreground app itself (the keyboard's settings screen): taking that app for a keyboard
+    would hide all of it."""
     rotation, nodes, windows = parse_windows(xml_text)
+    if ime_package and ime_package == package:
+        ime_package = ""
     width, height = screen_size if screen_size is not None else _screen_from(windows, nodes)
     facts: dict[int, tuple[list[str], list[str]]] = {w.index: ([], []) for w in windows}
     for n in nodes:
@@ -307,7 +315,10 @@ def parse_scene(
             texts.append(n.attrs["text"])
     kinds: dict[int, Kind] = {
         w.index: classify(
-            w, WindowFacts(tuple(facts[w.index][0]), tuple(facts[w.index][1])), (width, height)
+            w,
+            WindowFacts(tuple(facts[w.index][0]), tuple(facts[w.index][1])),
+            (width, height),
+            ime_package,
         )
         for w in windows
     }

@@ -10,6 +10,7 @@ swipe lock screen is dismissed; a lock screen that needs a credential stops the 
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass, field
 
@@ -28,6 +29,8 @@ from host.perception.fusion import fuse_ocr
 from host.perception.hierarchy import HierarchyError, parse_scene
 from host.perception.ocr import OcrPool
 from planner.scene import Scene
+
+log = logging.getLogger(__name__)
 
 
 class ScreenshotError(DeviceError):
@@ -64,7 +67,11 @@ class Perceiver:
         self.ocr_min_confidence = ocr_min_confidence
 
     def scene_from_dump(
-        self, driver: Driver, size: tuple[int, int], package: str | None
+        self,
+        driver: Driver,
+        size: tuple[int, int],
+        package: str | None,
+        ime_package: str = "",
     ) -> tuple[Scene, str]:
         """Dump and parse, retrying passing glitches (`DeviceBusy`: an idle-state error, a null
         root; `HierarchyError`: an empty or malformed dump) up to `retries` times with a
@@ -73,7 +80,7 @@ class Perceiver:
         for attempt in range(self.retries):
             try:
                 xml = driver.dump_hierarchy()
-                return parse_scene(xml, size, package or None), xml
+                return parse_scene(xml, size, package or None, ime_package), xml
             except (HierarchyError, DeviceBusy) as exc:
                 metrics.device_error(exc)
                 last = exc
@@ -82,6 +89,19 @@ class Perceiver:
         raise HierarchyError(
             f"no usable hierarchy from {driver.serial} after {self.retries} tries: {last}"
         )
+
+    @staticmethod
+    def keyboard_package(driver: Driver) -> str:
+        """The phone's selected keyboard, or "" (the package hints then decide alone) when
+        reading it fails in any way but the phone being gone: a keyboard setting is never
+        worth a failed look at the screen."""
+        try:
+            return driver.keyboard_package()
+        except DeviceGone:
+            raise
+        except Exception as exc:
+            log.debug("%s: no keyboard package: %s", driver.serial, exc)
+            return ""
 
     @staticmethod
     def ready_screen(driver: Driver) -> None:
@@ -122,7 +142,7 @@ class Perceiver:
             raise
         except DeviceError:
             package = ""
-        scene, xml = self.scene_from_dump(driver, size, package)
+        scene, xml = self.scene_from_dump(driver, size, package, self.keyboard_package(driver))
         t2 = time.perf_counter()
         timings = {"screenshot_s": t1 - t0, "hierarchy_s": t2 - t1}
         if with_ocr and self.ocr is not None:

@@ -105,15 +105,25 @@ class WindowFacts:
 
 
 def is_keyboard_package(package: str) -> bool:
+    """The package names a keyboard (the fallback when the phone did not say which it has)."""
     low = package.lower()
     return any(h in low for h in _IME_HINTS)
 
 
-def classify(window: Window, facts: WindowFacts, screen: tuple[int, int]) -> Kind:
-    """The kind of a window, from its type, package, ids, texts and place on the screen."""
+def classify(
+    window: Window, facts: WindowFacts, screen: tuple[int, int], ime_package: str = ""
+) -> Kind:
+    """The kind of a window, from its type, package, ids, texts and place on the screen.
+
+    `ime_package` is the phone's selected keyboard (the driver's `keyboard_package`): a
+    window of it is the keyboard when the dump gives no window type (uiautomator2's), as many
+    keyboards' packages match no hint (`com.baidu.input_mi`, `com.tencent.wetype`). Where the
+    dump has types (`--windows`), TYPE_INPUT_METHOD decides: the keyboard app's own settings
+    screen is an app."""
     width, height = screen
     b = window.bounds
-    if window.type == "TYPE_INPUT_METHOD" or is_keyboard_package(window.package):
+    by_setting = bool(ime_package) and not window.type and window.package == ime_package
+    if window.type == "TYPE_INPUT_METHOD" or by_setting or is_keyboard_package(window.package):
         return "keyboard"
     ids = [rid.rsplit("/", 1)[-1].lower() for rid in facts.resource_ids]
     if window.package in PERMISSION_PACKAGES or any(rid.startswith(_PERMISSION_IDS) for rid in ids):

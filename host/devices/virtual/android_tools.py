@@ -11,7 +11,6 @@ import io
 import struct
 import zipfile
 
-from host.devices.virtual import keyboard
 from host.devices.virtual.commands import Output, Registry, Session
 from host.devices.virtual.phone import (
     BridgeTaken,
@@ -341,7 +340,8 @@ def _getprop(sh: Session, args: list[str], stdin: bytes) -> Output:
 
 @registry.tool("pm")
 def _pm(sh: Session, args: list[str], stdin: bytes) -> Output:
-    packages = sorted({*sh.phone.apps, *EXTRA_PACKAGES, *sh.phone.installed, keyboard.PACKAGE})
+    ime = sh.phone.keyboard_package
+    packages = sorted({*sh.phone.apps, *EXTRA_PACKAGES, *sh.phone.installed, ime})
     if args[:1] == ["install"]:
         return _pm_install(sh, args[1:])
     if args[:1] == ["uninstall"] and len(args) > 1:
@@ -392,13 +392,14 @@ _TIMEOUTS_MS = {
     "30 minutes": 1_800_000,
 }
 _FONT_SCALES = {"Small": "0.85", "Default": "1.0", "Large": "1.15", "Largest": "1.3"}
+# The selected keyboard: the phone's own (`VirtualPhone.keyboard_ime`) unless one was set.
+_INPUT_METHOD = "secure/default_input_method"
 _READ_ONLY = {
     "secure/android_id": "a1b2c3d4e5f60718",
     "global/device_name": "",
     "global/adb_enabled": "1",
     "global/development_settings_enabled": "1",
     "global/stay_on_while_plugged_in": "0",
-    "secure/default_input_method": "com.android.inputmethod.latin/.LatinIME",
     "system/volume_music": "9",
 }
 
@@ -439,13 +440,12 @@ def _setting_value(key: str, text: str, name: str) -> object | None:
         return None
 
 
-IME_LATIN = "com.android.inputmethod.latin/.LatinIME"
 IME_ADB_KEYBOARD = "com.github.uiautomator/.AdbKeyboard"
 INSTALLABLE = ["com.github.uiautomator"]  # APKs whose behaviour this phone can emulate
 
 
 def _ime_list(sh: Session) -> list[str]:
-    imes = [IME_LATIN]
+    imes = [sh.phone.keyboard_ime]
     if "com.github.uiautomator" in sh.phone.installed:
         imes.append(IME_ADB_KEYBOARD)
     return imes
@@ -503,7 +503,7 @@ def _settings(sh: Session, args: list[str], stdin: bytes) -> Output:
     if verb == "list":
         lines = dict(
             (k.split("/", 1)[1], v)
-            for k, v in {**_READ_ONLY, **extra}.items()
+            for k, v in {**_READ_ONLY, _INPUT_METHOD: sh.phone.input_method, **extra}.items()
             if k.startswith(f"{space}/")
         )
         for (ns, listed), setting in _SETTING_KEYS.items():
@@ -518,6 +518,8 @@ def _settings(sh: Session, args: list[str], stdin: bytes) -> Output:
     if verb == "get":
         if key is not None:
             return Output().out(_setting_text(key, s.get(key), name) + "\n")
+        if generic == _INPUT_METHOD:
+            return Output().out(sh.phone.input_method + "\n")
         return Output().out(extra.get(generic, _READ_ONLY.get(generic, "null")) + "\n")
     if verb == "delete":
         extra.pop(generic, None)
@@ -547,7 +549,7 @@ def _adb_keyboard(sh: Session, args: list[str]) -> Output:
     action = args[args.index("-a") + 1] if "-a" in args[:-1] else ""
     extras = {args[i + 1]: args[i + 2] for i in range(len(args) - 2) if args[i] == "--es"}
     head = f"Broadcasting: Intent {{ act={action} flg=0x400000 (has extras) }}\n"
-    selected = sh.phone.extra_settings.get("secure/default_input_method") == IME_ADB_KEYBOARD
+    selected = sh.phone.input_method == IME_ADB_KEYBOARD
     if not selected or IME_ADB_KEYBOARD not in _ime_list(sh):
         return Output().out(head + "Broadcast completed: result=0\n")
     if action == "ADB_KEYBOARD_INPUT_TEXT":

@@ -7,6 +7,7 @@ It behaves like the adb drivers where it matters to the agent loop: an unplugged
 from __future__ import annotations
 
 from host.devices.base import DeviceBusy, DeviceError, DeviceGone, KeyName, ScreenState
+from host.devices.input_method import parse_input_method
 from host.devices.virtual.phone import (
     BridgeTaken,
     DumpCrashed,
@@ -101,3 +102,6 @@ class VirtualDriver:
 
     def current_app(self) -> str:
         return self._check().current_package()
+
+    def keyboard_package(self) -> str:
+        return parse_input_method(self._check().input_method)

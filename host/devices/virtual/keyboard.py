@@ -14,6 +14,8 @@ from host.devices.virtual.layout import Node
 from host.devices.virtual.widgets import NAV_BAR_H, Geometry
 
 PACKAGE = "com.android.inputmethod.latin"
+#: Its input method id (`settings get secure default_input_method`): package/service.
+IME = f"{PACKAGE}/.LatinIME"
 KEY_CLASS = "com.android.inputmethod.keyboard.Key"
 SUGGESTIONS_H = 120
 ROW_H = 160
@@ -34,20 +36,23 @@ def frame(geo: Geometry) -> tuple[int, int, int, int]:
     return (0, bottom - height(geo), geo.width, bottom)
 
 
-def build(geo: Geometry, language: str, press: Callable[[str], None]) -> Node:
-    """The keyboard window's tree; `press` gets a character, or "del" / "enter"."""
+def build(
+    geo: Geometry, language: str, press: Callable[[str], None], package: str = PACKAGE
+) -> Node:
+    """The keyboard window's tree; `press` gets a character, or "del" / "enter". `package`
+    names its resource ids (the package the phone presents its keyboard under)."""
     x1, y1, x2, y2 = frame(geo)
     w = x2 - x1
     root = Node("android.widget.FrameLayout", (x1, y1, x2, y2), role="keyboard")
     strip = Node(
         "android.widget.LinearLayout",
         (x1, y1, x2, y1 + SUGGESTIONS_H),
-        resource_id=f"{PACKAGE}:id/suggestion_strip_view",
+        resource_id=f"{package}:id/suggestion_strip_view",
     )
     view = Node(
         "android.view.View",
         (x1, y1 + SUGGESTIONS_H, x2, y2),
-        resource_id=f"{PACKAGE}:id/keyboard_view",
+        resource_id=f"{package}:id/keyboard_view",
     )
 
     def key(

@@ -202,6 +202,10 @@ class VirtualPhone:
         self._u2_crashes = 0
         # System UI state:
         self.keyboard_up = False
+        #: The on-screen keyboard's input method id (package/service): AOSP's LatinIME, or
+        #: e.g. "com.baidu.input_mi/.ImeService" to present it under a package that no
+        #: keyboard hint names, as Baidu's, WeChat's or LG's keyboards are.
+        self.keyboard_ime = keyboard.IME
         self.shade: Literal["", "notifications", "quick_settings"] = ""
         self.prompts: list[Prompt] = []
         self._toast: tuple[str, float] | None = None
@@ -338,6 +342,17 @@ class VirtualPhone:
             nodes = app.build(self, self.current_page(), self.geometry)
             return finalize(window(self.geometry, nodes, compose=app.compose()))
 
+    @property
+    def keyboard_package(self) -> str:
+        """The package the on-screen keyboard's window is in (`keyboard_ime`'s)."""
+        return self.keyboard_ime.partition("/")[0]
+
+    @property
+    def input_method(self) -> str:
+        """The selected input method id (`settings get secure default_input_method`): the
+        one `ime set` or `settings put` chose, else the on-screen keyboard's."""
+        return self.extra_settings.get("secure/default_input_method", self.keyboard_ime)
+
     def keyboard_shown(self) -> bool:
         """The keyboard is up: asked for, a field focused, nothing modal over the app."""
         with self._lock:
@@ -390,11 +405,15 @@ class VirtualPhone:
                 out.append(
                     Surface(
                         "keyboard",
-                        keyboard.PACKAGE,
+                        self.keyboard_package,
                         "Android Keyboard (AOSP)",
                         "TYPE_INPUT_METHOD",
                         3,
-                        finalize(keyboard.build(geo, self.strings.language, self._key_press)),
+                        finalize(
+                            keyboard.build(
+                                geo, self.strings.language, self._key_press, self.keyboard_package
+                            )
+                        ),
                         False,
                         160,
                     )

@@ -5,7 +5,6 @@ drivers parse."""
 
 from __future__ import annotations
 
-from host.devices.virtual import keyboard
 from host.devices.virtual.commands import Output, Registry, Session
 from host.devices.virtual.logbuffer import LEVELS, format_entry
 
@@ -132,7 +131,7 @@ def _dumpsys(sh: Session, args: list[str], stdin: bytes) -> Output:
         shown = "true" if p.keyboard_shown() else "false"
         return Output().out(
             "Current Input Method Manager state:\n"
-            f"  mCurMethodId={keyboard.PACKAGE}/.LatinIME\n"
+            f"  mCurMethodId={p.input_method}\n"
             f"  mCurFocusedWindowClient=ClientState{{{pkg}}}\n"
             f"  mInputShown={shown}\n"
             f"  mShowRequested={shown} mShowExplicitlyRequested=false mShowForced=false\n"
