@@ -11,8 +11,10 @@ content, then the message and function_call items that followed them — and aft
 function_call_output of each call. The API rejects a reasoning item sent without the item that
 followed it ("…was provided without its required following item"), so a reasoning item is only
 sent when its follower is; reasoning without encrypted content cannot be resolved with
-store=false and is dropped and counted. Another provider's reasoning never travels as reasoning:
-it is dropped, or sent as plain assistant text, by setting.
+store=false and is dropped and counted, and the items after it go without their ids (the API
+refuses an item whose id it ties to a reasoning item that is not there). Another provider's
+reasoning never travels as reasoning: it is dropped, or sent as plain assistant text, by
+setting.
 """
 
 from __future__ import annotations
@@ -93,10 +95,17 @@ def _turn_items(
         send[i] = ok
 
     out: list[dict[str, Any]] = []
+    # Once one of the turn's own reasoning items stays out, the items after it go without their
+    # ids: the API ties an output item's id to the reasoning before it, and refuses the item
+    # without it ("Item 'fc_…' of type 'function_call' was provided without its required
+    # 'reasoning' item: 'rs_…'."). Without an id an item is taken as new content.
+    paired = own
     i = 0
     while i < len(items):
         item: AssistantItem = items[i]
         if isinstance(item, Reasoning):
+            if item.provider == "openai" and not send[i]:
+                paired = False
             if item.provider != "openai":
                 if not keep:
                     stats.budget_stripped += 1
@@ -120,7 +129,7 @@ def _turn_items(
                 )
             i += 1
         elif isinstance(item, AssistantText):
-            if own and item.item_id:
+            if paired and item.item_id:
                 parts = [item]
                 while (
                     i + len(parts) < len(items)
@@ -150,7 +159,7 @@ def _turn_items(
                     out.append({"role": "assistant", "content": item.text})
                 i += 1
         else:
-            out.append(_function_call(item, own=own))
+            out.append(_function_call(item, own=paired))
             i += 1
     return out
 

@@ -99,6 +99,35 @@ def test_reasoning_never_goes_without_its_following_item() -> None:
     assert types == ["message", "function_call", "function_call_output", "message", "message"]
     assert projection.stats.unsigned_dropped == 1
     assert projection.stats.orphan_reasoning_dropped == 2
+    # Its reasoning stayed out, so the call goes without the id the API ties to it ("Item
+    # 'fc_1' of type 'function_call' was provided without its required 'reasoning' item").
+    assert "id" not in projection.input[1]
+    assert projection.input[1]["call_id"] == "call_1"
+
+
+def test_items_after_reasoning_that_stays_out_go_without_their_ids() -> None:
+    """A GPT-5 model asked without `reasoning` (thinking off) still reasons, and its reasoning
+    comes back without encrypted content: the turn's message and call go back id-less."""
+    wire_call = {"type": "function_call", "id": "fc_2", "call_id": "call_2", "name": "tap"}
+    items: list[SessionItem] = [
+        UserObservation("s"),
+        Reasoning("openai", "r", item_id="rs_2"),
+        AssistantText("openai", "r", "tapping", item_id="msg_2"),
+        ToolCall("openai", "r", "call_2", "tap", {}, "{}", "fc_2", wire=wire_call),
+        ToolResult("call_2", "ok"),
+    ]
+    sent = project_responses(items).input
+    assert sent[1] == {"role": "assistant", "content": "tapping"}
+    assert sent[2] == {
+        "type": "function_call",
+        "call_id": "call_2",
+        "name": "tap",
+        "arguments": "{}",
+    }
+    # With its reasoning sent, the same turn goes back as it came.
+    items[1] = Reasoning("openai", "r", encrypted_content="E", item_id="rs_2")
+    sent = project_responses(items).input
+    assert [i.get("id") for i in sent[1:4]] == ["rs_2", "msg_2", "fc_2"]
 
 
 def test_budget_and_foreign_reasoning() -> None:
@@ -138,8 +167,9 @@ def test_budget_strips_reasoning_of_earlier_turns_only() -> None:
     sent = [i.get("id") for i in projection.input if i.get("type") == "reasoning"]
     assert sent == ["rs_2"]
     assert projection.stats.budget_stripped == 1
+    # The stripped turn's call goes without its id (the API ties it to the reasoning left out).
     assert [i.get("id") for i in projection.input if i.get("type") == "function_call"] == [
-        "fc_1",
+        None,
         "fc_2",
     ]
 
