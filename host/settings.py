@@ -73,7 +73,8 @@ class HostSettings(BaseSettings):
     #: prompts local (the cloud then sees progress only).
     planner_transport: Literal["direct", "cloud"] = "cloud"
     #: How long one Decide call to the cloud may take: a decision may need several model calls
-    #: (a forced retry, a corrective retry), each with thinking and the SDK's own retries.
+    #: (a forced retry, a corrective retry), each with thinking and the planner's own retries
+    #: (at most 30 s of waiting per call: planner/vendors/failures.py).
     planner_deadline_s: float = Field(default=300.0, gt=0)
     #: While planning is temporarily impossible (the model provider or the cloud planner is
     #: unavailable) a step waits inside its lease and asks again: first after about this long,

@@ -30,16 +30,26 @@ class PlannerAuthError(PlannerError):
 class PlannerTransient(PlannerError):
     """Planning is temporarily impossible (the provider is overloaded, failing, rate limiting
     or unreachable, also when a stream breaks off after it started). The same request may
-    succeed later: wait and ask again; never a reason to fail a task."""
+    succeed later: wait and ask again; never a reason to fail a task.
+
+    `retry_after`: the seconds the provider's last answer asked to wait (its `retry-after`
+    header), None when it did not say. A wait longer than the planner takes inside one call
+    (`planner/vendors/failures.py: RETRY_WAIT_LIMIT_S`) is left to the caller, who waits at
+    least this long before asking again rather than hitting the same limit."""
+
+    def __init__(self, message: str, *, retry_after: float | None = None) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
 
 
 class PlannerUnavailable(PlannerTransient):
     """The provider failed (5xx, overloaded, an error inside a stream, network, timeout) after
-    the SDK's own retries."""
+    the planner's own retries."""
 
 
 class PlannerRateLimited(PlannerTransient):
-    """The provider kept answering 429 after the SDK's own retries with backoff."""
+    """The provider kept answering 429 after the planner's own retries with backoff, or asked
+    for a longer wait than one call takes (see `retry_after`)."""
 
 
 class PlannerRejected(PlannerError):

@@ -55,11 +55,13 @@ _RESET_STREAM = "RST_STREAM"
 
 @dataclass(frozen=True, slots=True)
 class Impossible:
-    """Why planning cannot happen right now: what is unavailable (for the progress line) and the
-    error's own words."""
+    """Why planning cannot happen right now: what is unavailable (for the progress line), the
+    error's own words, and how long the model provider asked to wait (seconds; None when it
+    did not say, or — on the cloud transport — the answer cannot carry it)."""
 
     waiting_for: str
     reason: str
+    retry_after: float | None = None
 
 
 def temporarily_impossible(exc: BaseException) -> Impossible | None:
@@ -72,7 +74,7 @@ def temporarily_impossible(exc: BaseException) -> Impossible | None:
     stream), or a session conversation was busy (ABORTED).
     """
     if isinstance(exc, PlannerTransient):
-        return Impossible(MODEL_PROVIDER, str(exc))
+        return Impossible(MODEL_PROVIDER, str(exc), exc.retry_after)
     if not isinstance(exc, CloudPlanError):
         return None
     reset = exc.code == grpc.StatusCode.INTERNAL and _RESET_STREAM in str(exc)
@@ -122,8 +124,10 @@ async def plan_patiently(
     sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
 ) -> T:
     """`plan()`, asked again after each temporarily impossible answer until it gives a
-    decision. Raises `PlanningPostponed` when the next wait would reach `deadline`; any other
-    failure propagates at once. Cancelling the caller (the lease was revoked) ends the wait."""
+    decision. Each wait is at least what the provider asked for (a rate limit's retry-after,
+    which the planner leaves to us when it is long): asking sooner only meets the same limit.
+    Raises `PlanningPostponed` when the next wait would reach `deadline`; any other failure
+    propagates at once. Cancelling the caller (the lease was revoked) ends the wait."""
     rng = rng or random.Random()
     since: datetime | None = None
     waits = 0
@@ -136,7 +140,7 @@ async def plan_patiently(
                 raise
         now = clock()
         since = since or now
-        delay = policy.delay(waits, rng)
+        delay = max(policy.delay(waits, rng), impossible.retry_after or 0.0)
         waits += 1
         if deadline is not None and now + timedelta(seconds=delay) >= deadline:
             raise PlanningPostponed(impossible, since)

@@ -5,14 +5,22 @@ impossible (`PlannerTransient`), the credentials refused (`PlannerAuthError`), o
 request (`PlannerRejected`). A stream that fails after HTTP 200 is classified by the error type it
 carries, never by the status: an overloaded stream is transient, not a rejection.
 
-Both official SDKs already retried 429s and 5xx with backoff (honouring retry-after) by the time
-an exception reaches us, so every error here is final for this call. The reason an operator
-reads never carries an API key: providers echo (partly masked) keys in 401 messages, and a
-reason ends up in task results, logs and the decision log.
+Retries are ours, not the SDKs' (the adapters turn theirs off): the Anthropic SDK sleeps for
+whatever `retry-after` says, uncapped, once per retry, and the OpenAI SDK up to two minutes per
+retry, so a rate-limited account blocked a decision past the host's Decide deadline. Here a
+failure worth asking again (429, 5xx and 529, 408/409, no connection) is asked again after the
+provider's `retry-after` or a short backoff, as long as one call's waits stay within
+`RETRY_WAIT_LIMIT_S`; a longer wait ends the call at once with an error that carries the
+provider's retry-after, and whoever asked waits it out (the host's step waits inside its lease
+without holding a Decide call open). The reason an operator reads never carries an API key:
+providers echo (partly masked) keys in 401 messages, and a reason ends up in task results, logs
+and the decision log.
 """
 
 from __future__ import annotations
 
+import math
+import random
 import re
 from typing import Any
 
@@ -28,6 +36,14 @@ from planner.errors import (
     PlannerRejected,
     PlannerUnavailable,
 )
+
+#: The most one call waits in all between its attempts. A decision may take several calls (a
+#: retry without thinking, a corrective turn) and the host gives one Decide 300 s
+#: (`AMC_HOST_PLANNER_DEADLINE_S`), thinking included: waits beyond this are the host's to do.
+RETRY_WAIT_LIMIT_S = 30.0
+#: The SDKs' backoff when the provider names no wait: 0.5 s doubling up to 8 s, less up to 25%.
+_BACKOFF_FIRST_S = 0.5
+_BACKOFF_MAX_S = 8.0
 
 #: Key-like tokens (`sk-…`, `sk-ant-…`, also the partly masked `sk-abc***xyz` some providers echo
 #: back in a 401 message).
@@ -142,9 +158,12 @@ def planner_error(err: BaseException, vendor: str, *, retries: int) -> PlannerEr
     if not hasattr(err, "status_code") and not _is_connection_error(err):
         return PlannerError(f"planner: {label} call failed: {scrub(str(err))}")
     status = getattr(err, "status_code", None)
+    wait = retry_after(err)
+    asks = f"; it asks to wait {wait:.0f} s" if wait is not None and wait >= 1 else ""
     if status == 429 or (status == 200 and codes & _RATE_CODES):
         return PlannerRateLimited(
-            f"planner: {label} rate limit still hit after {retries} retries ({detail})"
+            f"planner: {label} rate limit still hit after {retries} retries{asks} ({detail})",
+            retry_after=wait,
         )
     if status == 200 and not codes & _INVALID_CODES:
         # An error event inside a stream that had started: overloaded or failing, whatever
@@ -153,7 +172,9 @@ def planner_error(err: BaseException, vendor: str, *, retries: int) -> PlannerEr
         return PlannerUnavailable(f"planner: {label} failed mid-stream ({kind}: {detail})")
     if isinstance(status, int) and (status >= 500 or status in (408, 409)):
         return PlannerUnavailable(
-            f"planner: {label} is unavailable (HTTP {status} after {retries} retries: {detail})"
+            f"planner: {label} is unavailable (HTTP {status} after {retries} retries{asks}: "
+            f"{detail})",
+            retry_after=wait,
         )
     if status is None:
         return PlannerUnavailable(f"planner: cannot reach {label} ({detail})")
@@ -170,3 +191,45 @@ def _is_connection_error(err: BaseException) -> bool:
         | httpx2.RequestError
         | httpx.RequestError,
     )
+
+
+def retry_after(err: BaseException) -> float | None:
+    """The seconds the provider's answer asked to wait before the next request: its
+    `retry-after-ms`, else its `retry-after` (seconds, as both providers send it). None when the
+    failure has no answer (a connection error, a broken stream) or the answer did not say."""
+    response = getattr(err, "response", None)
+    headers = getattr(response, "headers", None)
+    if headers is None:
+        return None
+    for name, scale in (("retry-after-ms", 1000.0), ("retry-after", 1.0)):
+        try:
+            seconds = float(headers.get(name)) / scale
+        except (TypeError, ValueError):
+            continue
+        return max(seconds, 0.0) if math.isfinite(seconds) else None
+    return None
+
+
+def retry_wait(err: BaseException, retries_taken: int, waited: float) -> float | None:
+    """How long to wait before asking again after `err`, or None to give up now: the failure is
+    not worth asking again (what the SDKs retry: no connection, 408, 409, 429, 5xx, unless the
+    answer says `x-should-retry: false`), or the wait — the provider's retry-after, else the
+    SDKs' backoff — would take the call's waits (`waited` so far) past RETRY_WAIT_LIMIT_S."""
+    if not _worth_retrying(err):
+        return None
+    wait = retry_after(err)
+    if not wait:  # not said, or "now": the backoff, as the SDKs do
+        wait = min(_BACKOFF_FIRST_S * 2.0**retries_taken, _BACKOFF_MAX_S)
+        wait *= 1 - 0.25 * random.random()
+    return wait if waited + wait <= RETRY_WAIT_LIMIT_S else None
+
+
+def _worth_retrying(err: BaseException) -> bool:
+    if isinstance(err, anthropic.APIConnectionError | openai.APIConnectionError):
+        return True
+    if not isinstance(err, anthropic.APIStatusError | openai.APIStatusError):
+        return False
+    told = err.response.headers.get("x-should-retry")
+    if told in ("true", "false"):
+        return told == "true"
+    return err.status_code in (408, 409, 429) or err.status_code >= 500

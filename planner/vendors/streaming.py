@@ -11,10 +11,11 @@ received thinking block or a signature from an interrupted stream is never reuse
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
-from planner.vendors.failures import IncompleteStream, planner_error
+from planner.vendors.failures import IncompleteStream, planner_error, retry_wait
 
 __all__ = ["IncompleteStream", "call_timeout", "event_dict", "fetch_response"]
 
@@ -58,14 +59,35 @@ async def fetch_response(
     `feed` and the response is what `complete` builds once the stream has ended. Both SDKs
     stream the same way, so every vendor shares this path and fails through the one mapper.
     `call_seconds` is a non-streamed call's timeout (a stream's read timeout is between
-    events)."""
+    events). The request is asked again `retries` times at most (`_asked`); a stream that
+    breaks off after it started is not: its thinking may already have been shown."""
+    if stream is None:
+        extra = {"timeout": call_seconds} if call_seconds is not None else {}
+        response = await _asked(lambda: create(**params, **extra), vendor, retries)
+        return dict(response.to_dict())
+    feed, complete = stream
+    events = await _asked(lambda: create(**params, stream=True), vendor, retries)
     try:
-        if stream is None:
-            extra = {"timeout": call_seconds} if call_seconds is not None else {}
-            return dict((await create(**params, **extra)).to_dict())
-        feed, complete = stream
-        async for event in await create(**params, stream=True):
+        async for event in events:
             feed(event)
         return complete()
     except Exception as err:
         raise planner_error(err, vendor, retries=retries) from err
+
+
+async def _asked(send: Callable[[], Awaitable[Any]], vendor: str, retries: int) -> Any:
+    """`send()`, asked again after a failure worth it, `retries` times at most, each after the
+    bounded wait of `retry_wait`. These are the only retries: the adapters turn the SDKs' off,
+    which sleep as long as the provider's retry-after says."""
+    waited = 0.0
+    retries_taken = 0
+    while True:
+        try:
+            return await send()
+        except Exception as err:
+            wait = retry_wait(err, retries_taken, waited) if retries_taken < retries else None
+            if wait is None:
+                raise planner_error(err, vendor, retries=retries_taken) from err
+        retries_taken += 1
+        waited += wait
+        await asyncio.sleep(wait)

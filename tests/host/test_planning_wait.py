@@ -10,11 +10,12 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from host.agent.loop import AgentLoop, LoopSettings, TaskSpec
-from host.agent.planning_wait import WaitPolicy
+from host.agent.planning_wait import WaitPolicy, plan_patiently
 from host.agent.progress import ProgressHolder, ProgressSnapshot
 from host.devices.virtual.driver import VirtualDriver
 from host.devices.virtual.phone import VirtualPhone
 from host.perception.perceive import Perceiver
+from planner.errors import PlannerRateLimited
 from planner.planner import Planner
 from planner.settings import PlannerSettings
 from planner.vendors import make_adapter
@@ -102,3 +103,28 @@ async def test_refused_credentials_fail_fast_without_waiting(
     assert (outcome.status, outcome.retryable) == ("failed", False)
     assert outcome.summary == "planner: Anthropic rejected the API key"
     assert len(provider.requests) == 1
+
+
+async def test_a_wait_is_at_least_what_the_provider_asked_for() -> None:
+    """A rate limit's retry-after (which the planner leaves to the host when it is long) sets
+    the least wait: asking again after the usual second would only meet the same limit."""
+    asked = [PlannerRateLimited("planner: Anthropic rate limit", retry_after=171.0)]
+    slept: list[float] = []
+
+    async def plan() -> str:
+        if asked:
+            raise asked.pop()
+        return "decided"
+
+    async def sleep(seconds: float) -> None:
+        slept.append(seconds)
+
+    decided = await plan_patiently(
+        plan,
+        on_wait=lambda since, why: None,
+        deadline=datetime.now(UTC) + timedelta(hours=1),
+        policy=FAST,
+        sleep=sleep,
+    )
+    assert decided == "decided"
+    assert slept == [171.0]

@@ -23,7 +23,8 @@ from planner.vendors.streaming import call_timeout, fetch_response
 
 class AnthropicAdapter:
     """Projects a conversation onto Messages, builds the request from the model's profile,
-    calls the SDK (which retries 429/5xx `retries` times), and parses the reply into items."""
+    calls the SDK (429/5xx asked again `retries` times, within bounded waits:
+    `fetch_response`), and parses the reply into items."""
 
     def __init__(
         self,
@@ -36,7 +37,9 @@ class AnthropicAdapter:
         profile: ModelProfile | None = None,
         prompt_cache: bool = True,
     ) -> None:
-        self.client = client
+        # The SDK's own retries off: it would sleep as long as the provider's retry-after says
+        # (planner/vendors/failures.py). The copy shares the client's connections.
+        self.client = client.with_options(max_retries=0)
         self._model = model
         self.thinking = thinking or ThinkingConfig()
         self.max_tokens = max_tokens
@@ -65,7 +68,7 @@ class AnthropicAdapter:
         try:
             await self.client.models.retrieve(self._model, timeout=10.0)
         except Exception as err:
-            raise planner_error(err, self.name, retries=self.retries) from err
+            raise planner_error(err, self.name, retries=0) from err
 
     async def complete(self, request: TurnRequest) -> Turn:
         # A model that cannot run one call without thinking keeps it on; the projection then

@@ -22,7 +22,8 @@ from planner.vendors.streaming import call_timeout, fetch_response
 class OpenAIAdapter:
     """Projects a conversation onto Chat Completions (compact) or Responses (session, and
     compact for models Chat Completions refuses tools to), calls
-    the SDK (which retries 429/5xx `retries` times), and parses the reply into items."""
+    the SDK (429/5xx asked again `retries` times, within bounded waits: `fetch_response`),
+    and parses the reply into items."""
 
     def __init__(
         self,
@@ -34,7 +35,9 @@ class OpenAIAdapter:
         retries: int = 2,
         profile: ModelProfile | None = None,
     ) -> None:
-        self.client = client
+        # The SDK's own retries off: it would sleep as long as the provider's retry-after says
+        # (planner/vendors/failures.py). The copy shares the client's connections.
+        self.client = client.with_options(max_retries=0)
         self._model = model
         self.thinking = thinking or ThinkingConfig()
         self.max_tokens = max_tokens
@@ -67,7 +70,7 @@ class OpenAIAdapter:
         try:
             await self.client.models.retrieve(self._model, timeout=10.0)
         except Exception as err:
-            raise planner_error(err, self.name, retries=self.retries) from err
+            raise planner_error(err, self.name, retries=0) from err
 
     async def complete(self, request: TurnRequest) -> Turn:
         if request.mode == "session" or not self.profile.chat_tools:

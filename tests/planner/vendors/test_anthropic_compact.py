@@ -7,6 +7,8 @@ a request the real API would reject fails here too.
 
 from __future__ import annotations
 
+import asyncio
+import time
 from typing import Any
 
 import anthropic
@@ -21,7 +23,7 @@ from planner.errors import (
 )
 from planner.planner import Planner
 from planner.settings import MAX_CALL_TOKENS, THINKING_MAX_TOKENS, PlannerSettings
-from planner.vendors import make_adapter
+from planner.vendors import failures, make_adapter
 from planner.vendors.anthropic import INTERLEAVED_THINKING_BETA
 from tests.planner.scenes import settings_main
 from tests.support.fakes import (
@@ -281,6 +283,39 @@ async def test_rate_limit_that_persists_is_planner_rate_limited(
     with pytest.raises(PlannerRateLimited, match="planner: Anthropic rate limit"):
         await decide(make(fake_server, max_retries=2))
     assert len(fake_server.requests) == 3
+
+
+async def test_a_long_retry_after_ends_the_call_at_once_and_travels_with_the_error(
+    fake_server: FakeModelServer,
+) -> None:
+    """The Anthropic SDK slept whatever `retry-after` said, uncapped, once per retry: a tier-1
+    reset window of ~171 s held a decision for 342 s with the default two retries, past the
+    host's 300 s Decide deadline, and the error did not say how long to wait."""
+    fake_server.script_anthropic(
+        *[
+            anthropic_error(429, "rate_limit_error", "rate limited", retry_after="171")
+            for _ in range(3)
+        ]
+    )
+    started = time.monotonic()
+    with pytest.raises(PlannerRateLimited, match="it asks to wait 171 s") as info:
+        await asyncio.wait_for(decide(make(fake_server)), timeout=10)
+    assert time.monotonic() - started < 5
+    assert info.value.retry_after == 171
+    assert len(fake_server.requests) == 1
+
+
+async def test_retry_waits_stop_at_the_limit_of_one_call(
+    fake_server: FakeModelServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Short waits are waited here, until the next would take the call past the limit."""
+    monkeypatch.setattr(failures, "RETRY_WAIT_LIMIT_S", 0.5)
+    limited = anthropic_error(429, "rate_limit_error", "rate limited", retry_after_ms="300")
+    fake_server.script_anthropic(limited, limited, anthropic_message(tool_use("tap", TAP_DISPLAY)))
+    with pytest.raises(PlannerRateLimited, match="after 1 retries") as info:
+        await decide(make(fake_server, max_retries=5))
+    assert info.value.retry_after == 0.3
+    assert len(fake_server.requests) == 2
 
 
 async def test_server_errors_are_retried_then_unavailable(fake_server: FakeModelServer) -> None:

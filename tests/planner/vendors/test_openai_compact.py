@@ -3,7 +3,9 @@ against the local fake server."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import time
 from typing import Any
 
 import pytest
@@ -149,6 +151,24 @@ async def test_429_then_success_and_persistent_429(fake_server: FakeModelServer)
     fake_server.script_openai(rate_limited_openai(), rate_limited_openai())
     with pytest.raises(PlannerRateLimited, match="planner: OpenAI rate limit"):
         await decide(make(fake_server, max_retries=1))
+
+
+async def test_a_retry_after_longer_than_a_call_waits_is_left_to_the_caller(
+    fake_server: FakeModelServer,
+) -> None:
+    """The OpenAI SDK slept up to two minutes per retry (four with the default two retries,
+    past the host's Decide deadline with the calls themselves) and the error did not say how
+    long to wait."""
+    limited = openai_error(
+        429, "Rate limit reached", "requests", "rate_limit_exceeded", retry_after="60"
+    )
+    fake_server.script_openai(limited, limited, limited)
+    started = time.monotonic()
+    with pytest.raises(PlannerRateLimited) as info:
+        await asyncio.wait_for(decide(make(fake_server)), timeout=10)
+    assert time.monotonic() - started < 5
+    assert info.value.retry_after == 60
+    assert len(fake_server.requests) == 1
 
 
 async def test_500_is_unavailable(fake_server: FakeModelServer) -> None:
