@@ -36,8 +36,19 @@ RetryForm = Literal["forced", "nudge"]
 INTERLEAVED_THINKING_BETA = "interleaved-thinking-2025-05-14"
 CLAUDE_EFFORTS = frozenset({"low", "medium", "high", "max"})
 CLAUDE_47_EFFORTS = frozenset({"low", "medium", "high", "xhigh", "max"})
+# OpenAI reasoning efforts per family. The API's own reference (the `reasoning_effort`
+# docstring of the OpenAI SDKs, generated from it): "gpt-5.1 defaults to none … The supported
+# reasoning values for gpt-5.1 are none, low, medium, and high"; "All models before gpt-5.1
+# default to medium reasoning effort, and do not support none"; "xhigh is supported for all
+# models after gpt-5.1-codex-max". The API refuses `minimal` on gpt-5.1 ("…Supported values are:
+# 'none', 'low', 'medium', and 'high'.", openai/openai-agents-python#2089) and on gpt-5.6
+# ("…Supported values are: 'none', 'low', 'medium', 'high', 'xhigh'.", livekit/agents#7169),
+# and everything but `medium` on gpt-5.1-chat-latest and gpt-5.2-chat-latest ("Supported values
+# are: 'medium'.", Laisky/one-api#266, egoist/chatwise-releases#1257).
 OPENAI_EFFORTS = frozenset({"minimal", "low", "medium", "high"})
-ANY_EFFORT = frozenset({"minimal", "low", "medium", "high", "xhigh", "max"})
+GPT_51_EFFORTS = frozenset({"none", "low", "medium", "high"})
+GPT_52_EFFORTS = frozenset({"none", "low", "medium", "high", "xhigh"})
+ANY_EFFORT = frozenset({"none", "minimal", "low", "medium", "high", "xhigh", "max"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,6 +128,16 @@ _ALWAYS_THINKS = ModelProfile(
     prompt_cache=True,
 )
 
+_GPT_5 = ModelProfile(
+    "openai-reasoning",
+    "openai",
+    frozenset({"adaptive"}),
+    efforts=OPENAI_EFFORTS,
+    reasoning=True,
+    chat_tools=False,
+    max_output_tokens=100000,
+)
+
 PROFILES: dict[str, ModelProfile] = {
     p.name: p
     for p in (
@@ -192,16 +213,13 @@ PROFILES: dict[str, ModelProfile] = {
         ModelProfile("gpt-4o", "openai", frozenset(), max_output_tokens=16384),
         # gpt-5-chat(-latest): a GPT-5 name without reasoning parameters.
         ModelProfile("gpt-5-chat", "openai", frozenset()),
-        # GPT-5: reasoning effort and summaries; compact steps through Responses.
-        ModelProfile(
-            "openai-reasoning",
-            "openai",
-            frozenset({"adaptive"}),
-            efforts=OPENAI_EFFORTS,
-            reasoning=True,
-            chat_tools=False,
-            max_output_tokens=100000,
-        ),
+        # GPT-5 (and -mini, -nano): reasoning effort and summaries; compact steps through
+        # Responses.
+        _GPT_5,
+        replace(_GPT_5, name="gpt-5.1", efforts=GPT_51_EFFORTS),
+        replace(_GPT_5, name="gpt-5.2+", efforts=GPT_52_EFFORTS),
+        # gpt-5.1-chat-latest and later chat-latest models: reasoning at `medium` only.
+        replace(_GPT_5, name="gpt-5.x-chat", efforts=frozenset({"medium"})),
         # o1, o3, o4-mini: as GPT-5, and Chat Completions refuses `parallel_tool_calls`.
         ModelProfile(
             "openai-o-series",
@@ -241,7 +259,12 @@ FAMILIES: dict[str, str] = {
     "o3": "openai-o-series",
     "o4": "openai-o-series",
     "gpt-5": "openai-reasoning",
+    "gpt-5.1": "gpt-5.1",
+    "gpt-5.": "gpt-5.2+",  # every later GPT-5 version: gpt-5.2, 5.4, 5.6-sol…
     "gpt-5-chat": "gpt-5-chat",
+    "gpt-5.1-chat": "gpt-5.x-chat",
+    "gpt-5.2-chat": "gpt-5.x-chat",
+    "gpt-5.3-chat": "gpt-5.x-chat",
 }
 
 
@@ -341,7 +364,7 @@ def check(profile: ModelProfile, settings: PlannerSettings) -> None:
             f"{who} does not take {mode} thinking: set AMC_PLANNER_THINKING={takes}"
         )
     if mode == "adaptive" and settings.effort and settings.effort not in profile.efforts:
-        levels = ", ".join(sorted(profile.efforts)) or "none"
+        levels = ", ".join(sorted(profile.efforts)) or "no effort level"
         raise PlannerConfigError(
             f"{who} does not take effort {settings.effort!r} (it takes: {levels}): "
             "change AMC_PLANNER_EFFORT"

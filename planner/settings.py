@@ -22,7 +22,10 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 ProviderName = Literal["offline", "anthropic", "openai"]
 ThinkingMode = Literal["off", "adaptive", "budget"]
-Effort = Literal["low", "medium", "high", "xhigh", "max"]
+#: Every effort level a provider takes (Claude: low…max; OpenAI: openai-python's
+#: `ReasoningEffort`, none…max). Which ones a model takes is its profile's to say
+#: (`planner/model_profiles.py`), refused at start with the levels it does take.
+Effort = Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"]
 
 DEFAULT_MODELS: dict[str, str] = {
     "anthropic": "claude-sonnet-4-6",

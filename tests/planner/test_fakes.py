@@ -347,6 +347,41 @@ async def test_non_reasoning_openai_model_refuses_reasoning(
     assert cast(dict[str, Any], info.value.body)["param"] == "include"
 
 
+@pytest.mark.parametrize(
+    ("model", "effort", "refused"),
+    [
+        ("gpt-5.1", "minimal", "Supported values are: 'none', 'low', 'medium', 'high'."),
+        ("gpt-5.6-sol", "minimal", "'none', 'low', 'medium', 'high', 'xhigh'."),
+        ("gpt-5-mini", "none", "Supported values are: 'minimal', 'low', 'medium', 'high'."),
+        ("gpt-5.1-chat-latest", "high", "Supported values are: 'medium'."),
+        ("gpt-5.1", "none", None),
+        ("gpt-5.2", "xhigh", None),
+        ("gpt-5.2-chat-latest", "medium", None),
+    ],
+)
+async def test_each_gpt_5_family_takes_its_own_efforts(
+    server: FakeModelServer,
+    gpt: openai.AsyncOpenAI,
+    model: str,
+    effort: str,
+    refused: str | None,
+) -> None:
+    server.script_openai(chat_completion("ok"))
+    call = cast(Any, gpt.chat.completions.create)(
+        model=model, messages=[{"role": "user", "content": "s"}], reasoning_effort=effort
+    )
+    if refused is None:
+        await call
+        return
+    with pytest.raises(openai.BadRequestError, match=re.escape(refused)) as info:
+        await call
+    error = cast(dict[str, Any], info.value.body)
+    assert error["code"] == "unsupported_value" and error["param"] == "reasoning_effort"
+    assert error["message"].startswith(
+        f"Unsupported value: 'reasoning_effort' does not support '{effort}' with this model."
+    )
+
+
 _CHAT_TOOL = {"type": "function", "function": {"name": "tap", "parameters": {"type": "object"}}}
 
 

@@ -51,6 +51,13 @@ def settings(**values: Any) -> PlannerSettings:
         ("o3", "openai", "openai-o-series"),
         ("gpt-5-mini", "openai", "openai-reasoning"),
         ("gpt-5-chat-latest", "openai", "gpt-5-chat"),
+        ("gpt-5.1", "openai", "gpt-5.1"),
+        ("gpt-5.1-2025-11-13", "openai", "gpt-5.1"),
+        ("gpt-5.2", "openai", "gpt-5.2+"),
+        ("gpt-5.4-mini", "openai", "gpt-5.2+"),
+        ("gpt-5.6-sol", "openai", "gpt-5.2+"),
+        ("gpt-5.1-chat-latest", "openai", "gpt-5.x-chat"),
+        ("gpt-5.3-chat-latest", "openai", "gpt-5.x-chat"),
         ("gpt-test-model", "openai", "openai-unknown"),
         # A name of the other vendor's family is no profile of this one.
         ("gpt-4.1", "anthropic", "anthropic-unknown"),
@@ -125,6 +132,36 @@ def test_a_configuration_the_model_cannot_take_is_refused_at_start(
     with pytest.raises(PlannerConfigError, match=message) as info:
         make_adapter(chosen)
     assert "\n" not in str(info.value)  # one line
+
+
+@pytest.mark.parametrize(
+    ("model", "effort", "takes"),
+    [
+        ("gpt-5", "minimal", True),
+        ("gpt-5-mini", "none", False),  # before gpt-5.1: no `none`
+        ("gpt-5", "xhigh", False),
+        ("gpt-5.1", "none", True),  # gpt-5.1's default
+        ("gpt-5.1", "minimal", False),
+        ("gpt-5.1", "xhigh", False),
+        ("gpt-5.2", "xhigh", True),
+        ("gpt-5.4", "none", True),
+        ("gpt-5.6-sol", "minimal", False),
+        ("gpt-5.1-chat-latest", "medium", True),
+        ("gpt-5.2-chat-latest", "high", False),  # chat-latest: `medium` only
+        ("gpt-5.3-chat-latest", "none", False),
+    ],
+)
+def test_each_gpt_5_family_takes_its_own_efforts(model: str, effort: str, takes: bool) -> None:
+    """The table had one set for every GPT-5: `xhigh` refused for gpt-5.2 and later, `none`
+    not configurable at all, `minimal` let through to gpt-5.1 and later, which refuse it, and
+    any effort to the chat-latest models, which take only `medium`."""
+    chosen = settings(provider="openai", model=model, thinking="adaptive", effort=effort)
+    if takes:
+        check(resolve(chosen), chosen)
+        return
+    with pytest.raises(PlannerConfigError, match=f"does not take effort '{effort}'") as info:
+        make_adapter(chosen)
+    assert "change AMC_PLANNER_EFFORT" in str(info.value)
 
 
 def test_output_limit_is_checked_against_the_profile() -> None:

@@ -21,6 +21,7 @@ from tests.support.fakes import (
     ScriptedTurn,
     anthropic_message,
     chat_completion,
+    function_call,
     openai_tool_call,
     text,
     thinking,
@@ -237,6 +238,27 @@ async def test_chat_reasoning_effort_only_for_reasoning_models(
     (request,) = fake_server.requests
     assert request.status == 200, request.error
     assert request.body.get("reasoning_effort") == sent
+
+
+@pytest.mark.parametrize(
+    ("model", "effort"),
+    [
+        ("gpt-5-mini", "minimal"),
+        ("gpt-5.1", "none"),
+        ("gpt-5.2", "xhigh"),
+        ("gpt-5.1-chat-latest", "medium"),
+    ],
+)
+async def test_each_gpt_5_family_is_sent_an_effort_it_takes(
+    fake_server: FakeModelServer, model: str, effort: str
+) -> None:
+    """What the table accepts at start the provider (the fake, with each model's own list of
+    efforts) accepts too."""
+    fake_server.script_responses(ScriptedTurn([function_call("tap", TAP)], model=model))
+    await decide(_openai(fake_server, model=model, thinking="adaptive", effort=effort))
+    (request,) = fake_server.requests
+    assert request.status == 200, request.error
+    assert request.body["reasoning"]["effort"] == effort
 
 
 async def test_a_chat_reply_cut_off_at_length_is_marked(fake_server: FakeModelServer) -> None:

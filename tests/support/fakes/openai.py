@@ -137,23 +137,31 @@ def function_call(name: str, arguments: dict[str, Any] | str) -> dict[str, Any]:
     return {"type": "function_call", "name": name, "arguments": arguments}
 
 
-def _bad(message: str, param: str | None = None) -> Rejected:
-    reply = openai_error(400, message, "invalid_request_error")
+def _bad(message: str, param: str | None = None, code: str | None = None) -> Rejected:
+    reply = openai_error(400, message, "invalid_request_error", code)
     reply.body["error"]["param"] = param
     return Rejected(reply, message)
 
 
+_EFFORT_ORDER = ("none", "minimal", "low", "medium", "high", "xhigh", "max")
+
+
 def _check_reasoning(model: str, effort: Any, param: str) -> None:
-    """Reasoning parameters only for reasoning models, with an effort level they take."""
+    """Reasoning parameters only for reasoning models, with an effort level they take (refused
+    in the API's words: Chat Completions as quoted in livekit/agents#7169, Responses in
+    openai/openai-agents-python#2089)."""
     rules = rules_for(model)
     if not rules.reasoning:
         raise _bad(f"Unsupported parameter: '{param}' is not supported with this model.", param)
     if effort is not None and effort not in rules.efforts:
+        what = (
+            f"'{param}' does not support '{effort}' with this model"
+            if param == "reasoning_effort"
+            else f"'{effort}' is not supported with the '{model}' model"
+        )
+        takes = ", ".join(f"'{e}'" for e in _EFFORT_ORDER if e in rules.efforts)
         raise _bad(
-            f"Invalid value: '{effort}'. Supported values are: "
-            + ", ".join(f"'{e}'" for e in sorted(rules.efforts))
-            + ".",
-            param,
+            f"Unsupported value: {what}. Supported values are: {takes}.", param, "unsupported_value"
         )
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-ALL_EFFORTS = frozenset({"minimal", "low", "medium", "high", "xhigh", "max"})
+ALL_EFFORTS = frozenset({"none", "minimal", "low", "medium", "high", "xhigh", "max"})
 CLAUDE_46_EFFORTS = frozenset({"low", "medium", "high", "max"})
 CLAUDE_47_EFFORTS = frozenset({"low", "medium", "high", "xhigh", "max"})
 OPENAI_EFFORTS = frozenset({"minimal", "low", "medium", "high"})
@@ -76,9 +76,17 @@ _ALWAYS_THINKS = ModelRules(
 _NO_REASONING = ModelRules(reasoning=False)
 _REASONING = ModelRules(efforts=OPENAI_EFFORTS)
 _O_SERIES = ModelRules(efforts=OPENAI_EFFORTS, parallel_tool_calls=False)
+# GPT-5.1 takes `none` (its default) and no `minimal` ("Unsupported value: 'minimal' is not
+# supported with the 'gpt-5.1' model. Supported values are: 'none', 'low', 'medium', and
+# 'high'.", openai/openai-agents-python#2089, anomalyco/opencode#4451).
+_GPT_51 = ModelRules(efforts=frozenset({"none", "low", "medium", "high"}))
 # GPT-5.2 and later take `none` and `xhigh` and no `minimal` (livekit/agents#7169 quotes the
 # API's own list for gpt-5.6: 'none', 'low', 'medium', 'high', 'xhigh').
 _GPT_52_EFFORTS = frozenset({"none", "low", "medium", "high", "xhigh"})
+# gpt-5.x-chat-latest: `medium` only ("Unsupported value: 'high' is not supported with the
+# 'gpt-5.1-chat-latest' model. Supported values are: 'medium'.", Laisky/one-api#266; the same
+# for gpt-5.2-chat-latest, egoist/chatwise-releases#1257).
+_CHAT_LATEST = ModelRules(efforts=frozenset({"medium"}))
 _GPT_54 = ModelRules(efforts=_GPT_52_EFFORTS, chat_tools_effort="omitted")
 
 MODELS: dict[str, ModelRules] = {
@@ -125,6 +133,10 @@ MODELS: dict[str, ModelRules] = {
     "o3": _O_SERIES,
     "o4-mini": _O_SERIES,
     "gpt-5": _REASONING,
+    "gpt-5.1": _GPT_51,
+    "gpt-5.1-chat": _CHAT_LATEST,
+    "gpt-5.2-chat": _CHAT_LATEST,
+    "gpt-5.3-chat": _CHAT_LATEST,
     "gpt-5.2": _GPT_54,
     "gpt-5.4": _GPT_54,
     "gpt-5.5": _GPT_54,
