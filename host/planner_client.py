@@ -22,7 +22,7 @@ from planner import budget
 from planner.budget import Budget
 from planner.convert import decision_from_proto
 from planner.decision import Decision, Usage
-from planner.errors import WAITING_FOR_KEY, BudgetExhausted
+from planner.errors import RETRY_AFTER_KEY, WAITING_FOR_KEY, BudgetExhausted
 from planner.history import MASK, WorldEvent
 from planner.observation import clip, observation_from_scene
 from planner.plan_step import plan_step
@@ -57,14 +57,20 @@ WITHHELD = (
 class CloudPlanError(RuntimeError):
     """The cloud refused or failed a Decide call. `lease_lost` when the lease is not live;
     `waiting_for` names what the cloud said is unavailable (empty when it did not say, e.g.
-    the cloud itself could not be reached)."""
+    the cloud itself could not be reached); `retry_after` the seconds the model provider asked
+    to wait, when the cloud passed that on."""
 
     def __init__(
-        self, message: str, code: grpc.StatusCode | None = None, waiting_for: str = ""
+        self,
+        message: str,
+        code: grpc.StatusCode | None = None,
+        waiting_for: str = "",
+        retry_after: float | None = None,
     ) -> None:
         super().__init__(message)
         self.code = code
         self.waiting_for = waiting_for
+        self.retry_after = retry_after
 
     @property
     def lease_lost(self) -> bool:
@@ -142,7 +148,7 @@ class CloudPlanner:
             ):
                 raise BudgetExhausted(details) from exc  # the task fails; never retried
             message = f"cloud planner: {exc.code().name}: {details}"
-            raise CloudPlanError(message, exc.code(), _waiting_for(exc)) from exc
+            raise CloudPlanError(message, exc.code(), _waiting_for(exc), _retry_after(exc)) from exc
         metrics.decide_seconds.labels(outcome="ok").observe(time.perf_counter() - started)
         return response
 
@@ -192,6 +198,24 @@ def _waiting_for(exc: grpc.aio.AioRpcError) -> str:
         if key == WAITING_FOR_KEY and isinstance(value, str):
             return value[:100]
     return ""
+
+
+#: The longest provider wait a host takes from the cloud's word (a day: anything longer is
+#: not a wait but a mistake, and the task's deadline ends the waiting first anyway).
+_MAX_RETRY_AFTER_S = 86_400.0
+
+
+def _retry_after(exc: grpc.aio.AioRpcError) -> float | None:
+    """The seconds the model provider asked to wait, as the cloud passed them on (None when it
+    did not, or sent something that is not a number of seconds)."""
+    for key, value in exc.trailing_metadata() or ():
+        if key == RETRY_AFTER_KEY and isinstance(value, str):
+            try:
+                seconds = float(value)
+            except ValueError:
+                return None
+            return min(seconds, _MAX_RETRY_AFTER_S) if seconds >= 0 else None
+    return None
 
 
 class DirectPlanner:

@@ -12,6 +12,9 @@ from __future__ import annotations
 #: in words for the host's progress line ("the model provider", "the cloud's database").
 WAITING_FOR_KEY = "amc-waiting-for"
 MODEL_PROVIDER = "the model provider"
+#: Trailing metadata of such a Decide when the model provider said how long to wait: seconds, a
+#: decimal number (`PlannerTransient.retry_after`). A host waits at least that long.
+RETRY_AFTER_KEY = "amc-retry-after-s"
 
 
 class PlannerError(Exception):

@@ -40,6 +40,7 @@ from planner.convert import decision_to_proto
 from planner.decision import Decision
 from planner.errors import (
     MODEL_PROVIDER,
+    RETRY_AFTER_KEY,
     WAITING_FOR_KEY,
     PlannerAuthError,
     PlannerError,
@@ -64,8 +65,15 @@ if TYPE_CHECKING:  # a cloud that plans offline never loads the provider SDKs
     from planner.session.factory import SessionPlanners
     from planner.session.planner import SessionPlanner
 
-#: Trailing metadata of an answer that says the model provider is what planning waits for.
-_PROVIDER_WAIT = ((WAITING_FOR_KEY, MODEL_PROVIDER),)
+
+def _provider_wait(err: PlannerTransient) -> tuple[tuple[str, str], ...]:
+    """Trailing metadata of an answer that says the model provider is what planning waits for
+    (and how long it asked to wait, when it said)."""
+    if err.retry_after is None:
+        return ((WAITING_FOR_KEY, MODEL_PROVIDER),)
+    return ((WAITING_FOR_KEY, MODEL_PROVIDER), (RETRY_AFTER_KEY, f"{err.retry_after:g}"))
+
+
 MAX_SYSTEM_PROMPT = 64 * 1024
 MAX_USER_PROMPT = 512 * 1024
 MAX_SCREENSHOT = 8 * 1024 * 1024
@@ -280,10 +288,10 @@ class PlannerServicer(planner_service_pb2_grpc.PlannerServiceServicer):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
         except PlannerRateLimited as err:
             self._health.failed(str(err))
-            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(err), _PROVIDER_WAIT)
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(err), _provider_wait(err))
         except PlannerTransient as err:
             self._health.failed(str(err))
-            await context.abort(grpc.StatusCode.UNAVAILABLE, str(err), _PROVIDER_WAIT)
+            await context.abort(grpc.StatusCode.UNAVAILABLE, str(err), _provider_wait(err))
         except PlannerAuthError as err:
             await context.abort(grpc.StatusCode.PERMISSION_DENIED, str(err))
         except PlannerError as err:

@@ -57,7 +57,7 @@ _RESET_STREAM = "RST_STREAM"
 class Impossible:
     """Why planning cannot happen right now: what is unavailable (for the progress line), the
     error's own words, and how long the model provider asked to wait (seconds; None when it
-    did not say, or — on the cloud transport — the answer cannot carry it)."""
+    did not say; on the cloud transport the cloud passes it on as `amc-retry-after-s`)."""
 
     waiting_for: str
     reason: str
@@ -79,7 +79,7 @@ def temporarily_impossible(exc: BaseException) -> Impossible | None:
         return None
     reset = exc.code == grpc.StatusCode.INTERNAL and _RESET_STREAM in str(exc)
     if exc.code in _RETRY_LATER or reset:
-        return Impossible(exc.waiting_for or "the cloud", str(exc))
+        return Impossible(exc.waiting_for or "the cloud", str(exc), exc.retry_after)
     return None
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Iterator
 from datetime import UTC, datetime, timedelta
 
+import grpc
 import pytest
 
 from host.agent.loop import AgentLoop, LoopSettings, TaskSpec
@@ -15,6 +16,7 @@ from host.agent.progress import ProgressHolder, ProgressSnapshot
 from host.devices.virtual.driver import VirtualDriver
 from host.devices.virtual.phone import VirtualPhone
 from host.perception.perceive import Perceiver
+from host.planner_client import CloudPlanError
 from planner.errors import PlannerRateLimited
 from planner.planner import Planner
 from planner.settings import PlannerSettings
@@ -105,10 +107,21 @@ async def test_refused_credentials_fail_fast_without_waiting(
     assert len(provider.requests) == 1
 
 
-async def test_a_wait_is_at_least_what_the_provider_asked_for() -> None:
+@pytest.mark.parametrize("transport", ["direct", "cloud"])
+async def test_a_wait_is_at_least_what_the_provider_asked_for(transport: str) -> None:
     """A rate limit's retry-after (which the planner leaves to the host when it is long) sets
-    the least wait: asking again after the usual second would only meet the same limit."""
-    asked = [PlannerRateLimited("planner: Anthropic rate limit", retry_after=171.0)]
+    the least wait: asking again after the usual second would only meet the same limit. On
+    the cloud transport the cloud passes it on (`amc-retry-after-s`)."""
+    asked: list[Exception] = [
+        PlannerRateLimited("planner: Anthropic rate limit", retry_after=171.0)
+        if transport == "direct"
+        else CloudPlanError(
+            "cloud planner: RESOURCE_EXHAUSTED: rate limit",
+            grpc.StatusCode.RESOURCE_EXHAUSTED,
+            "the model provider",
+            171.0,
+        )
+    ]
     slept: list[float] = []
 
     async def plan() -> str:

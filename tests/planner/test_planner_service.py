@@ -39,6 +39,7 @@ from tests.support.fakes import (
     ANTHROPIC_KEY,
     FakeModelServer,
     ScriptedTurn,
+    anthropic_error,
     rate_limited_anthropic,
     text,
 )
@@ -324,6 +325,37 @@ async def test_real_sdk_rate_limit_through_decide_is_resource_exhausted(
     assert "rate limit" in (info.value.details() or "")
     assert len(fake_server.requests) == 2
     assert srv.sink.rows == []
+
+
+async def test_a_long_provider_wait_is_passed_on_to_the_host(
+    make_server: Callable[..., Any], fake_server: FakeModelServer
+) -> None:
+    """A retry-after longer than one call waits (the planner's own limit) ends the call at once,
+    and the answer tells the host how long to wait (`amc-retry-after-s`), so it does not ask
+    again into the same limit."""
+    from host.planner_client import _retry_after
+    from planner.errors import RETRY_AFTER_KEY
+
+    settings = PlannerSettings(
+        provider="anthropic",
+        anthropic_api_key=ANTHROPIC_KEY,
+        anthropic_base_url=fake_server.anthropic_base_url,
+        model="claude-test-model",
+    )
+    provider = make_adapter(settings)
+    srv: Running = await make_server(provider)
+    fake_server.script_anthropic(
+        anthropic_error(429, "rate_limit_error", "Rate limited", retry_after="171")
+    )
+    try:
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await srv.stub.Decide(request(), metadata=MD)
+    finally:
+        await provider.aclose()
+    assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert (RETRY_AFTER_KEY, "171") in tuple(info.value.trailing_metadata() or ())
+    assert _retry_after(info.value) == 171.0
+    assert len(fake_server.requests) == 1
 
 
 async def test_a_model_refusal_through_decide_is_unknown_and_asked_once(

@@ -98,7 +98,9 @@ class PlannerServiceServicer:
         DEADLINE_EXCEEDED. A host asks again with backoff, with the same step_key, for as long as
         its lease is live: the step is planned once whichever of these happened. An UNAVAILABLE or
         RESOURCE_EXHAUSTED answer carries the trailing metadata `amc-waiting-for` naming what is
-        unavailable, in words for a progress line: "the model provider" or "the cloud's database".
+        unavailable, in words for a progress line: "the model provider" or "the cloud's database";
+        and `amc-retry-after-s` when the model provider said how long to wait (seconds, a decimal
+        number; its retry-after): ask again no sooner.
 
         Deprecated requests that carry prompts (system_prompt/user_prompt) or a SessionStep instead
         of an observation are still answered for one release, as before (UNIMPLEMENTED for a
