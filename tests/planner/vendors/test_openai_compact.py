@@ -283,3 +283,24 @@ async def test_gpt5_compact_screenshot_goes_as_input_image(fake_server: FakeMode
     assert image["type"] == "input_image" and image["detail"] == "auto"
     assert image["image_url"].startswith("data:image/png;base64,")
     assert prompt["type"] == "input_text"
+
+
+async def test_gpt5_correction_with_thinking_off_sends_the_call_without_its_id(
+    fake_server: FakeModelServer,
+) -> None:
+    """GPT-5 reasons at its default effort when `reasoning` is left out (thinking off), and its
+    reasoning then comes back without encrypted content, so it cannot go back. The call after
+    it must then go without the id the API ties to that reasoning: sent with it, the corrective
+    turn was refused (400 "Item 'fc_…' of type 'function_call' was provided without its
+    required 'reasoning' item: 'rs_…'.")."""
+    fake_server.script_responses(
+        ScriptedTurn([reasoning("hmm"), function_call("tap", {"element_id": "e17"})]),
+        ScriptedTurn([reasoning("fix"), function_call("tap", TAP)]),
+    )
+    decision = await decide(make(fake_server, model="gpt-5-mini", thinking="off"))
+    assert decision.corrective_retries == 1 and decision.tool_name == "tap"
+    first, second = fake_server.requests
+    assert "reasoning" not in first.body and "include" not in first.body
+    assert second.status == 200, second.error
+    call = next(i for i in second.body["input"] if i.get("type") == "function_call")
+    assert "id" not in call

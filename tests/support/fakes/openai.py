@@ -12,8 +12,11 @@ Responses (`POST /v1/responses`, JSON or SSE; session mode):
 - `store` must be false; encrypted reasoning is only emitted when included, and only a
   reasoning model takes the include ("Encrypted content is not supported with this model."); a
   reasoning item must carry the encrypted content emitted for its id and be followed by the item
-  that followed it ("…was provided without its required following item"); every function_call
-  has its function_call_output and vice versa.
+  that followed it ("…was provided without its required following item"), and an item sent with
+  the id of one that followed a reasoning item needs that reasoning item before it ("Item 'fc_…'
+  of type 'function_call' was provided without its required 'reasoning' item: 'rs_…'."); GPT-5
+  and the o-series reason also when `reasoning` is left out; every function_call has its
+  function_call_output and vice versa.
 """
 
 from __future__ import annotations
@@ -325,6 +328,8 @@ class ResponsesFake:
         self.script: deque[ScriptedTurn | Reply] = deque()
         self._encrypted: dict[str, str] = {}
         self._following: dict[str, str | None] = {}
+        #: Output item id → the reasoning item before it, which must come before it in input.
+        self._needs_reasoning: dict[str, str] = {}
 
     @property
     def pending(self) -> int:
@@ -416,8 +421,11 @@ class ResponsesFake:
         }
 
     def _render(self, turn: ScriptedTurn, body: dict[str, Any]) -> dict[str, Any]:
-        reasoning_on = body.get("reasoning") is not None
-        summaries = reasoning_on and body["reasoning"].get("summary") is not None
+        reasoning_on = (
+            body.get("reasoning") is not None
+            or rules_for(str(body.get("model"))).reasons_when_omitted
+        )
+        summaries = reasoning_on and (body.get("reasoning") or {}).get("summary") is not None
         include_encrypted = "reasoning.encrypted_content" in (body.get("include") or [])
         output: list[dict[str, Any]] = []
         for spec in turn.blocks:
@@ -474,6 +482,10 @@ class ResponsesFake:
                     self._following[item["id"]] = (
                         output[n + 1]["id"] if n + 1 < len(output) else None
                     )
+                    for after in output[n + 1 :]:
+                        if after["type"] == "reasoning":
+                            break
+                        self._needs_reasoning[after["id"]] = item["id"]
         reasoning_tokens = 30 * sum(1 for o in output if o["type"] == "reasoning")
         input_tokens = len(json.dumps(body)) // 4
         return {
@@ -557,9 +569,17 @@ class ResponsesFake:
     def _check_input(self, items: list[dict[str, Any]]) -> None:
         calls: list[str] = []
         outputs: set[str] = set()
+        sent_reasoning: set[str] = set()
         for n, item in enumerate(items):
             kind = item.get("type", "message")
+            needs = self._needs_reasoning.get(str(item.get("id")))
+            if needs is not None and needs not in sent_reasoning:
+                raise _bad(
+                    f"Item '{item.get('id')}' of type '{kind}' was provided without its "
+                    f"required 'reasoning' item: '{needs}'."
+                )
             if kind == "reasoning":
+                sent_reasoning.add(str(item.get("id")))
                 rid = item.get("id")
                 enc = item.get("encrypted_content")
                 if not enc:

@@ -42,6 +42,10 @@ class ModelRules:
       openai/openai-openapi#541, pipecat-ai/pipecat#4043, livekit/agents#5088 and #7169,
       BerriAI/litellm#34569, charmbracelet/crush#2913.
     - `min_cache_tokens`: the shortest prefix Anthropic caches for this model.
+    - `reasons_when_omitted`: OpenAI Responses: the model reasons when `reasoning` is left out
+      (GPT-5 at its default `medium`, the o-series always; GPT-5.1 and later default to
+      `none`), so its answer carries reasoning items (without encrypted content unless it was
+      included) that a later request must send before the items that followed them.
     """
 
     thinking_types: frozenset[str] = frozenset({"enabled", "adaptive", "disabled"})
@@ -53,6 +57,7 @@ class ModelRules:
     parallel_tool_calls: bool = True
     chat_tools_effort: Literal["any", "omitted", "none"] = "any"
     min_cache_tokens: int = 1024
+    reasons_when_omitted: bool = False
 
 
 LENIENT = ModelRules()
@@ -74,8 +79,8 @@ _ALWAYS_THINKS = ModelRules(
     min_cache_tokens=4096,
 )
 _NO_REASONING = ModelRules(reasoning=False)
-_REASONING = ModelRules(efforts=OPENAI_EFFORTS)
-_O_SERIES = ModelRules(efforts=OPENAI_EFFORTS, parallel_tool_calls=False)
+_REASONING = ModelRules(efforts=OPENAI_EFFORTS, reasons_when_omitted=True)
+_O_SERIES = ModelRules(efforts=OPENAI_EFFORTS, parallel_tool_calls=False, reasons_when_omitted=True)
 # GPT-5.1 takes `none` (its default) and no `minimal` ("Unsupported value: 'minimal' is not
 # supported with the 'gpt-5.1' model. Supported values are: 'none', 'low', 'medium', and
 # 'high'.", openai/openai-agents-python#2089, anomalyco/opencode#4451).
