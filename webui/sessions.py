@@ -109,6 +109,14 @@ def session_user(request: Request) -> str | None:
     return _store(request).user(sid) if isinstance(sid, str) and sid else None
 
 
+def session_alive(request: Request) -> Callable[[], bool]:
+    """Asks, whenever called later, whether the request's session still exists: for answers
+    that outlive their request (a live stream), so logging out or expiry ends them too."""
+    sid = request.session.get(SESSION_ID)
+    store = _store(request)
+    return lambda: isinstance(sid, str) and bool(sid) and store.user(sid) is not None
+
+
 def log_in(request: Request, username: str) -> None:
     """Start a fresh session (new id, new CSRF token) so a pre-login session cannot be fixated."""
     request.session.clear()

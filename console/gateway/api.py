@@ -12,7 +12,7 @@ from starlette.responses import Response, StreamingResponse
 
 from amc.v1.artifact_service_pb2 import SCREENSHOT_PHASE_AFTER, SCREENSHOT_PHASE_BEFORE
 from console.exporting import cloud_run, export_name
-from console.gateway.auth import API_TOKEN_USER, ApiUser, require_api_user
+from console.gateway.auth import API_TOKEN_USER, ApiUser, StreamAllowed, require_api_user
 from console.gateway.cloud import CloudClient
 from console.gateway.events import event_stream, host_event_stream
 from console.gateway.history import group_history
@@ -348,8 +348,8 @@ _SSE_DOC: dict[int | str, dict[str, Any]] = {
     responses=_SSE_DOC,
     summary="Live changes of every task (server-sent events)",
 )
-async def fleet_events(request: Request, cloud: Cloud) -> StreamingResponse:
-    return event_stream(cloud, request.app.state.streams)
+async def fleet_events(request: Request, cloud: Cloud, allowed: StreamAllowed) -> StreamingResponse:
+    return event_stream(cloud, request.app.state.streams, allowed)
 
 
 @router.get(
@@ -365,8 +365,8 @@ async def fleet_events(request: Request, cloud: Cloud) -> StreamingResponse:
     },
     summary="Live changes of the fleet's hosts (server-sent events)",
 )
-async def host_events(request: Request, cloud: Cloud) -> StreamingResponse:
-    return host_event_stream(cloud, request.app.state.streams)
+async def host_events(request: Request, cloud: Cloud, allowed: StreamAllowed) -> StreamingResponse:
+    return host_event_stream(cloud, request.app.state.streams, allowed)
 
 
 @router.get(
@@ -375,5 +375,7 @@ async def host_events(request: Request, cloud: Cloud) -> StreamingResponse:
     responses=_SSE_DOC,
     summary="Live changes of one task (server-sent events)",
 )
-async def task_events(request: Request, cloud: Cloud, task_id: str) -> StreamingResponse:
-    return event_stream(cloud, request.app.state.streams, task_id)
+async def task_events(
+    request: Request, cloud: Cloud, allowed: StreamAllowed, task_id: str
+) -> StreamingResponse:
+    return event_stream(cloud, request.app.state.streams, allowed, task_id)

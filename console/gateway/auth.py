@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import os
+from collections.abc import Callable
 from typing import Annotated
 
 from fastapi import Depends, HTTPException, Request, status
@@ -17,7 +18,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import SecretStr
 
 from webui.csrf import CSRF_HEADER, SAFE_METHODS, csrf_matches
-from webui.sessions import session_user
+from webui.sessions import session_alive, session_user
 
 
 def _digest(secret: str, salt: bytes) -> bytes:
@@ -97,3 +98,21 @@ async def require_api_user(
 #: Who `require_api_user` says called with the bearer token (it names no person).
 API_TOKEN_USER = "api-token"
 ApiUser = Annotated[str, Depends(require_api_user)]
+
+
+def _always() -> bool:
+    return True
+
+
+async def still_allowed(
+    request: Request,
+    _user: Annotated[str, Depends(require_api_user)],
+    bearer: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
+) -> Callable[[], bool]:
+    """Dependency of the live streams: asks later whether the caller may still see them. A
+    valid bearer token stays valid for the gateway's life; a session can end (logout, expiry)
+    while its stream is open, and the stream must end with it."""
+    return _always if bearer is not None else session_alive(request)
+
+
+StreamAllowed = Annotated[Callable[[], bool], Depends(still_allowed)]

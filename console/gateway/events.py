@@ -8,6 +8,11 @@ task's stream also carries `thinking` events: the model's thinking as it streams
 shown live and replaced by the decision's stored thinking once the step is decided. A comment line
 goes out every few seconds so proxies keep the connection open; when the browser leaves, the
 response is cancelled and the gRPC stream with it.
+
+A stream outlives the request that opened it, so whether its caller may still see it is asked
+again (`allowed`) before every frame and at least every `CHECK_S`: a stream opened with a session
+ends within a second of that session ending (logout, expiry), as docs/deployment.md promises for
+every other use of the cookie, instead of streaming on until the tab closes.
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ import asyncio
 import contextlib
 import json
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 import grpc
 from starlette.responses import StreamingResponse
@@ -28,6 +33,8 @@ from console.gateway.models import ErrorOut, HostOut, TaskOut
 log = logging.getLogger(__name__)
 
 KEEPALIVE_S = 15.0
+#: How often a quiet stream asks whether its caller may still see it (seconds).
+CHECK_S = 1.0
 #: How soon the browser's EventSource reconnects after the stream drops (milliseconds).
 RETRY_MS = 1000
 
@@ -81,22 +88,33 @@ async def _pump(frames: AsyncIterator[str], queue: asyncio.Queue[str | None]) ->
         await queue.put(None)
 
 
-async def _frames(source: AsyncIterator[str], gauge: StreamGauge) -> AsyncIterator[str]:
+async def _frames(
+    source: AsyncIterator[str], gauge: StreamGauge, allowed: Callable[[], bool]
+) -> AsyncIterator[str]:
+    """The frames of `source` plus keepalives, until it ends or `allowed()` says no more."""
     queue: asyncio.Queue[str | None] = asyncio.Queue()
     pump = asyncio.create_task(_pump(source, queue))
     gauge.open += 1
+    loop = asyncio.get_running_loop()
     try:
         yield f"retry: {RETRY_MS}\n: connected\n\n"
+        last_write = loop.time()
         while True:
+            frame: str | None = ""
             try:
-                async with asyncio.timeout(KEEPALIVE_S):
+                async with asyncio.timeout(CHECK_S):
                     frame = await queue.get()
             except TimeoutError:
-                yield ": keepalive\n\n"
-                continue
-            if frame is None:
+                pass
+            if frame is None or not allowed():
                 return
-            yield frame
+            if frame:
+                yield frame
+            elif loop.time() - last_write >= KEEPALIVE_S:
+                yield ": keepalive\n\n"
+            else:
+                continue
+            last_write = loop.time()
     finally:
         gauge.open -= 1
         pump.cancel()
@@ -104,14 +122,19 @@ async def _frames(source: AsyncIterator[str], gauge: StreamGauge) -> AsyncIterat
             await pump
 
 
-def event_stream(cloud: CloudClient, gauge: StreamGauge, task_id: str = "") -> StreamingResponse:
-    """An SSE response of one task's changes, or of the whole fleet's when task_id is empty."""
-    return _sse(_frames(_task_frames(cloud, task_id), gauge))
+def event_stream(
+    cloud: CloudClient, gauge: StreamGauge, allowed: Callable[[], bool], task_id: str = ""
+) -> StreamingResponse:
+    """An SSE response of one task's changes, or of the whole fleet's when task_id is empty,
+    for as long as `allowed()`."""
+    return _sse(_frames(_task_frames(cloud, task_id), gauge, allowed))
 
 
-def host_event_stream(cloud: CloudClient, gauge: StreamGauge) -> StreamingResponse:
-    """An SSE response of every host's changes."""
-    return _sse(_frames(_host_frames(cloud), gauge))
+def host_event_stream(
+    cloud: CloudClient, gauge: StreamGauge, allowed: Callable[[], bool]
+) -> StreamingResponse:
+    """An SSE response of every host's changes, for as long as `allowed()`."""
+    return _sse(_frames(_host_frames(cloud), gauge, allowed))
 
 
 def _sse(frames: AsyncIterator[str]) -> StreamingResponse:

@@ -3,17 +3,20 @@ under TLS — on the operators' console served by a real uvicorn server (each te
 throttling state never leaks between tests).
 
 Proves: after logout, a copy of the old session cookie is refused (pages redirect to /login,
-the API answers 401); after `free` failed logins a user, or a client address, must wait — a
-throttled attempt gets 429 with Retry-After and the password is not even checked (no scrypt
-hash is paid for it), other users and addresses are unaffected, and once the wait is over
-(a controllable clock) a correct password works and clears the count; the throttle's delays
-double up to their cap; with a TLS certificate the gateway serves HTTPS and its cookie carries
-`Secure` (and without one it does not, unless asked to).
+the API answers 401), and a live stream opened with that session ends within seconds instead of
+streaming on (after logout and after expiry alike); after `free` failed logins a user, or a
+client address, must wait — a throttled attempt gets 429 with Retry-After and the password is
+not even checked (no scrypt hash is paid for it), other users and addresses are unaffected, and
+once the wait is over (a controllable clock) a correct password works and clears the count; the
+throttle's delays double up to their cap; with a TLS certificate the gateway serves HTTPS and
+its cookie carries `Secure` (and without one it does not, unless asked to).
 """
 
 from __future__ import annotations
 
 import ssl
+import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -23,7 +26,7 @@ import pytest
 from cloud import pki as cloud_pki
 from console.gateway.app import SESSION_COOKIE, build_server, create_app
 from console.settings import ConsoleSettings
-from tests.console.console_stack import ADMIN, PASSWORD, UvicornThread
+from tests.console.console_stack import ADMIN, PASSWORD, HostFactory, Operator, UvicornThread
 from tests.console.test_pages import csrf_of
 from webui.throttle import LoginThrottle, install_throttle
 
@@ -96,6 +99,40 @@ def test_logout_ends_the_session_on_the_server(own_gateway: tuple[str, object]) 
         page = replay.get("/tasks")
         assert page.status_code == 303 and page.headers["location"].startswith("/login")
         assert replay.get("/api/tasks").status_code == 401
+
+
+@pytest.mark.parametrize("ending", ["logout", "expiry"])
+def test_a_live_stream_ends_with_its_session(
+    console_settings: ConsoleSettings, operator: Operator, make_host: HostFactory, ending: str
+) -> None:
+    """Task changes made after the session ended never reach the stream opened with it; the
+    stream closes (before the fix it went on until the browser left)."""
+    max_age = 3 if ending == "expiry" else 3600
+    server = UvicornThread(
+        create_app(console_settings.model_copy(update={"session_max_age_s": max_age}))
+    )
+    base = server.start()
+    host = make_host()
+    goal = f"after the session {uuid.uuid4().hex[:8]}"
+    try:
+        with _client(base) as person:
+            assert _try(person, ADMIN, PASSWORD).status_code == 303
+            logout_token = csrf_of(person.get("/tasks").text)
+            with person.stream("GET", "/api/events", timeout=10) as stream:
+                assert stream.status_code == 200
+                lines = stream.iter_lines()
+                assert next(lines) == "retry: 1000"
+                started = time.monotonic()
+                if ending == "logout":
+                    person.post("/logout", data={"csrf_token": logout_token})
+                else:
+                    time.sleep(max_age + 0.5)
+                operator.submit(goal, host_id=host.host_id)
+                rest = list(lines)  # ends by itself, or ReadTimeout after 10 s
+            assert time.monotonic() - started < max_age + 5
+            assert not [line for line in rest if goal in line]
+    finally:
+        server.stop()
 
 
 def test_failed_logins_are_throttled_per_user_and_per_address(
