@@ -2,27 +2,34 @@
 
 A page asked for without a session goes to /login (and back afterwards). An HTTP error or an
 invalid request shows `webui/error.html` inside the console's own layout; on a console's JSON
-API (`is_api`) FastAPI's JSON answers are kept, since scripts read them.
+API (`is_api`) the answer is JSON of one shape, `{"detail": "<for people>"}` (an invalid
+request adds `errors`, each problem's loc, msg and type), since scripts read them. Anything
+unexpected is logged and answered the same way (500), never as Starlette's plain-text page,
+which also drops the keep-alive connection.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 
 from fastapi import FastAPI, Request, Response
-from fastapi.exception_handlers import (
-    http_exception_handler,
-    request_validation_exception_handler,
-)
+from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import RedirectResponse
+from fastapi.responses import JSONResponse, RedirectResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.middleware import Middleware
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from webui.pages import Pages
 from webui.redirects import login_url
 from webui.sessions import LoginRequired
 
+log = logging.getLogger(__name__)
+
 ERROR_PAGE = "webui/error.html"
+#: What a person or script is told about a failure of the console itself (details: its log).
+UNEXPECTED = "the console failed to answer this request; the error is in its log"
 
 
 def error_page(
@@ -41,6 +48,45 @@ def validation_message(exc: RequestValidationError) -> str:
     )
 
 
+def validation_errors(exc: RequestValidationError) -> list[dict[str, object]]:
+    """Each problem's loc, msg and type, without the input (it may be a secret's value)."""
+    return [
+        {"loc": list(e.get("loc", ())), "msg": str(e.get("msg", "")), "type": e.get("type", "")}
+        for e in exc.errors()
+    ]
+
+
+class _Unexpected:
+    """Answers an exception no handler took as a 500 error page or JSON (and logs it).
+
+    Innermost of the app's middleware, so the session (for the page) and the security headers
+    apply to its answer; Starlette's own catch-all sits outside all of them and re-raises.
+    """
+
+    def __init__(self, app: ASGIApp, answer: Callable[[Request], Response]) -> None:
+        self.app = app
+        self.answer = answer
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def watched(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, watched)
+        except Exception:
+            if started:  # a streamed answer broke midway: nothing left to say but to stop
+                raise
+            log.exception("unexpected error answering %s %s", scope["method"], scope["path"])
+            await self.answer(Request(scope, receive))(scope, receive, send)
+
+
 def install_error_handlers(
     app: FastAPI, pages: Pages, is_api: Callable[[Request], bool] | None = None
 ) -> None:
@@ -48,6 +94,14 @@ def install_error_handlers(
 
     def api(request: Request) -> bool:
         return is_api is not None and is_api(request)
+
+    def unexpected(request: Request) -> Response:
+        if api(request):
+            return JSONResponse({"detail": UNEXPECTED}, status_code=500)
+        return error_page(pages, request, 500, UNEXPECTED)
+
+    # Appended, not added: innermost whatever else is installed before or after.
+    app.user_middleware.append(Middleware(_Unexpected, answer=unexpected))
 
     @app.exception_handler(LoginRequired)
     async def to_login(request: Request, exc: LoginRequired) -> Response:
@@ -62,5 +116,6 @@ def install_error_handlers(
     @app.exception_handler(RequestValidationError)
     async def invalid_request(request: Request, exc: RequestValidationError) -> Response:
         if api(request):
-            return await request_validation_exception_handler(request, exc)
+            body = {"detail": validation_message(exc), "errors": validation_errors(exc)}
+            return JSONResponse(body, status_code=422)
         return error_page(pages, request, 422, validation_message(exc))

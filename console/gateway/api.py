@@ -17,6 +17,7 @@ from console.gateway.cloud import CloudClient
 from console.gateway.events import event_stream, host_event_stream
 from console.gateway.history import group_history
 from console.gateway.models import (
+    INT32_MAX,
     TASK_STATUSES,
     CancelIn,
     ConversationItemOut,
@@ -51,6 +52,7 @@ _ERRORS: dict[int | str, dict[str, object]] = {
     404: {"model": ErrorOut, "description": "the cloud does not know the id"},
     409: {"model": ErrorOut, "description": "the cloud refused (FAILED_PRECONDITION)"},
     422: {"model": ErrorOut, "description": "invalid request (INVALID_ARGUMENT)"},
+    500: {"model": ErrorOut, "description": "the console failed (the error is in its log)"},
     503: {"model": ErrorOut, "description": "the cloud is not reachable"},
 }
 
@@ -217,7 +219,7 @@ async def cancel_task(
 async def list_decisions(
     cloud: Cloud,
     task_id: str,
-    attempt: Annotated[int, Query(ge=0, description="0: every attempt")] = 0,
+    attempt: Annotated[int, Query(ge=0, le=INT32_MAX, description="0: every attempt")] = 0,
     page_size: Annotated[int, Query(ge=1, le=500)] = 100,
     page_token: str = "",
 ) -> DecisionPage:
@@ -236,7 +238,7 @@ async def list_decisions(
     summary="A session-mode attempt's whole conversation with the model",
 )
 async def conversation(
-    cloud: Cloud, task_id: str, attempt: Annotated[int, PathParam(ge=1)]
+    cloud: Cloud, task_id: str, attempt: Annotated[int, PathParam(ge=1, le=INT32_MAX)]
 ) -> ConversationOut:
     items = await cloud.conversation(task_id, attempt)
     return ConversationOut(
@@ -253,8 +255,8 @@ async def conversation(
 async def step_screen(
     cloud: Cloud,
     task_id: str,
-    attempt: Annotated[int, PathParam(ge=1)],
-    step: Annotated[int, PathParam(ge=1)],
+    attempt: Annotated[int, PathParam(ge=1, le=INT32_MAX)],
+    step: Annotated[int, PathParam(ge=1, le=INT32_MAX)],
     phase: Literal["before", "after"],
 ) -> StreamingResponse:
     value = SCREENSHOT_PHASE_BEFORE if phase == "before" else SCREENSHOT_PHASE_AFTER

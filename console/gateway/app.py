@@ -94,7 +94,7 @@ def create_app(settings: ConsoleSettings) -> FastAPI:
         if status >= 500:
             log.warning("cloud call failed: %s %s", code, message)
         if _is_api(request):
-            body = ErrorOut(detail=message, grpc_code=code).model_dump()
+            body = ErrorOut(detail=message, grpc_code=code).model_dump(exclude_none=True)
             return JSONResponse(body, status_code=status)
         return error_page(pages.PAGES, request, status, message, code)
 

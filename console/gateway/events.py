@@ -82,7 +82,10 @@ async def _pump(frames: AsyncIterator[str], queue: asyncio.Queue[str | None]) ->
         _, message, code = describe(error)
         log.info("live stream ended: %s %s", code, message)
         await queue.put(
-            _event("cloud-error", ErrorOut(detail=message, grpc_code=code).model_dump_json())
+            _event(
+                "cloud-error",
+                ErrorOut(detail=message, grpc_code=code).model_dump_json(exclude_none=True),
+            )
         )
     finally:
         await queue.put(None)

@@ -14,7 +14,7 @@ from typing import Any, Literal
 from google.protobuf.duration_pb2 import Duration
 from google.protobuf.json_format import MessageToDict
 from google.protobuf.timestamp_pb2 import Timestamp
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, field_validator
 
 from amc.v1 import (
     artifact_service_pb2,
@@ -816,15 +816,53 @@ class HostList(BaseModel):
     dispatch: DispatchOut
 
 
-class SubmitIn(BaseModel):
-    """A task to queue. Limits are the cloud's to enforce; it answers 422 with its reason."""
+#: The largest number a request's integers may carry to the cloud (protobuf int32).
+INT32_MAX = 2**31 - 1
+#: The longest lease or timeout a request may ask for: ten years, the cloud's own cap on a
+#: task's timeout (its leases are capped far below that, by its settings).
+MAX_SECONDS = 10 * 365 * 24 * 3600.0
+
+
+def _unencodable(value: object) -> bool:
+    """Whether `value` holds text that is not Unicode (a lone surrogate such as "\\ud800",
+    which JSON can spell but neither UTF-8 nor protobuf can carry)."""
+    if isinstance(value, str):
+        try:
+            value.encode()
+        except UnicodeEncodeError:
+            return True
+        return False
+    if isinstance(value, dict):
+        return any(_unencodable(k) or _unencodable(v) for k, v in value.items())
+    return False
+
+
+class RequestIn(BaseModel):
+    """A request body: its text must be Unicode, else 422 naming the field (not a 500 when it
+    is encoded for the cloud)."""
+
+    @field_validator("*")
+    @classmethod
+    def _unicode_only(cls, value: object) -> object:
+        if _unencodable(value):
+            raise ValueError("not valid Unicode text (a lone surrogate)")
+        return value
+
+
+class SubmitIn(RequestIn):
+    """A task to queue. Limits are the cloud's to enforce; it answers 422 with its reason. The
+    bounds here only keep out what cannot even be sent to it (beyond int32, NaN, infinity)."""
 
     goal: str
     host_id: str = ""
     device_serial: str = ""
-    max_attempts: int = Field(default=0, description="0 means the server default")
-    lease_duration_s: float | None = Field(default=None, description="unset: server default")
-    timeout_s: float | None = Field(default=None, description="unset: server default")
+    max_attempts: int = Field(default=0, ge=0, le=INT32_MAX, description="0: the server default")
+    lease_duration_s: float | None = Field(
+        default=None, ge=0, le=MAX_SECONDS, allow_inf_nan=False, description="unset: default"
+    )
+    timeout_s: float | None = Field(
+        default=None, ge=0, le=MAX_SECONDS, allow_inf_nan=False, description="unset: default"
+    )
     client_request_id: str = Field(default="", description="idempotency key")
     secrets: dict[str, str] = Field(
         default_factory=dict,
@@ -848,17 +886,27 @@ class SubmitOut(BaseModel):
     warnings: list[str] = Field(default_factory=list)
 
 
-class CancelIn(BaseModel):
+class CancelIn(RequestIn):
     """Why the operator cancels."""
 
     reason: str = ""
 
 
+class FieldErrorOut(BaseModel):
+    """One problem of an invalid request: where (e.g. ["body", "max_attempts"]) and what."""
+
+    loc: list[str | int]
+    msg: str
+    type: str
+
+
 class ErrorOut(BaseModel):
-    """An error, with the cloud's own message when it came from the cloud."""
+    """An error, with the cloud's own message when it came from the cloud; an invalid request
+    also lists each problem (`detail` names them all on one line)."""
 
     detail: str
     grpc_code: str | None = None
+    errors: list[FieldErrorOut] | None = None
 
 
 class HealthOut(BaseModel):
@@ -956,7 +1004,7 @@ class FlowPage(BaseModel):
     next_page_token: str
 
 
-class FlowStatusIn(BaseModel):
+class FlowStatusIn(RequestIn):
     """Turn a flow off (active false) or on again."""
 
     active: bool

@@ -22,6 +22,7 @@ from console.gateway.auth import OperatorCredentials
 from console.gateway.cloud import CloudClient
 from console.gateway.errors import describe
 from console.gateway.models import (
+    INT32_MAX,
     TASK_STATUSES,
     ConversationItemOut,
     DispatchOut,
@@ -215,6 +216,8 @@ async def submit_form(
     try:
         attempts = int(max_attempts.strip() or 0)
     except ValueError:
+        attempts = -1
+    if not 0 <= attempts <= INT32_MAX:  # the cloud names its own, far lower, maximum
         return await again("Max attempts must be a whole number (0: the cloud's default).", 422)
 
     async def submit(validate_only: bool) -> task_service_pb2.SubmitTaskResponse:
@@ -296,7 +299,7 @@ async def conversation_page(
     _: PageUser,
     cloud: Cloud,
     task_id: str,
-    attempt: Annotated[int, PathParam(ge=1)],
+    attempt: Annotated[int, PathParam(ge=1, le=INT32_MAX)],
 ) -> Response:
     task = TaskOut.of(await cloud.get_task(task_id))
     items = [ConversationItemOut.of(i) for i in await cloud.conversation(task_id, attempt)]

@@ -23,6 +23,7 @@ from tests.console.console_stack import (
     Operator,
     UvicornThread,
 )
+from webui.errors import UNEXPECTED
 
 
 def unique(goal: str) -> str:
@@ -424,3 +425,71 @@ def test_the_api_takes_secrets_and_says_the_warning(api: httpx.Client) -> None:
     # This test cloud has no secrets key: refused, never stored in plain text.
     assert keyless.status_code == 409, keyless.text
     assert "AMC_CLOUD_SECRETS_KEY" in keyless.text and "2580" not in keyless.text
+
+
+BIG = 2**31  # one past the largest int32 the cloud's messages carry
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "body", "field"),
+    [
+        ("GET", f"/api/tasks/t/decisions?attempt={BIG}", None, "attempt"),
+        ("GET", f"/api/tasks/t/attempts/{BIG}/conversation", None, "attempt"),
+        ("GET", f"/api/tasks/t/attempts/1/steps/{BIG}/screens/before", None, "step"),
+        ("POST", "/api/tasks", f'{{"goal": "g", "max_attempts": {BIG}}}', "max_attempts"),
+        ("POST", "/api/tasks", '{"goal": "g", "timeout_s": NaN}', "timeout_s"),
+        ("POST", "/api/tasks", '{"goal": "g", "timeout_s": Infinity}', "timeout_s"),
+        ("POST", "/api/tasks", '{"goal": "g", "lease_duration_s": 1e300}', "lease_duration_s"),
+        ("POST", "/api/tasks", '{"goal": "a\\ud800b", "host_id": "nowhere"}', "goal"),
+        ("POST", "/api/tasks", '{"goal": "g", "secrets": {"pw": "\\udfff"}}', "secrets"),
+        ("POST", "/api/tasks/t/cancel", '{"reason": "\\ud800"}', "reason"),
+    ],
+)
+def test_out_of_range_input_is_a_422_naming_the_field(
+    api: httpx.Client, method: str, path: str, body: str | None, field: str
+) -> None:
+    """Values the cloud's messages cannot carry are refused before they are encoded for it
+    (they were plain-text 500s, and the connection dropped). Every error has ErrorOut's shape:
+    `detail` one readable line, the problems themselves in `errors`, without their input."""
+    headers = {"content-type": "application/json"}
+    response = api.request(method, path, content=body, headers=headers)
+    assert response.status_code == 422, response.text
+    assert response.headers["content-type"] == "application/json"
+    error = response.json()
+    assert isinstance(error["detail"], str) and error["detail"].startswith(f"{field}")
+    assert error["errors"][0]["loc"][1] == field
+    assert "input" not in error["errors"][0]
+    assert api.get("/api/tasks", params={"page_size": 1}).status_code == 200
+
+
+def test_a_failure_of_the_gateway_itself_is_json_or_a_page(
+    console_settings: ConsoleSettings,
+) -> None:
+    """An exception no handler takes is logged and answered in the API's ErrorOut shape (or
+    the error page), with the security headers, instead of Starlette's plain text."""
+    app = create_app(console_settings)
+
+    @app.get("/api/boom")
+    async def api_boom() -> None:
+        raise RuntimeError("a bug")
+
+    @app.get("/boom")
+    async def page_boom() -> None:
+        raise RuntimeError("a bug")
+
+    server = UvicornThread(app)
+    base = server.start()
+    try:
+        with httpx.Client(base_url=base, timeout=20) as client:
+            headers = {"Authorization": f"Bearer {API_TOKEN}"}
+            answer = client.get("/api/boom", headers=headers)
+            assert answer.status_code == 500
+            assert answer.json() == {"detail": UNEXPECTED}
+            assert answer.headers["x-content-type-options"] == "nosniff"
+            page = client.get("/boom")
+            assert page.status_code == 500
+            assert page.headers["content-type"].startswith("text/html")
+            assert "content-security-policy" in page.headers
+            assert "the error is in its log" in page.text
+    finally:
+        server.stop()

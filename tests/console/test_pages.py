@@ -183,6 +183,11 @@ def test_bad_form_and_query_values_get_an_html_answer(anon: httpx.Client) -> Non
     )
     assert response.status_code == 422
     assert "whole number" in response.text
+    token = csrf_of(response.text)
+    beyond = {"goal": "g", "max_attempts": "99999999999", "csrf_token": token}
+    too_many = anon.post("/tasks/new", data=beyond)  # more than protobuf's int32: was a 500
+    assert too_many.status_code == 422
+    assert "whole number" in too_many.text
     bad_query = anon.get("/tasks", params={"page_size": "lots"})
     assert bad_query.status_code == 422
     assert bad_query.headers["content-type"].startswith("text/html")
