@@ -62,7 +62,10 @@ def create_app(settings: ConsoleSettings) -> FastAPI:
         summary="Operators' gateway to the amc cloud: tasks, live progress, decisions, fleet.",
         version="1",
         lifespan=lifespan,
-        docs_url="/api/docs",
+        # No interactive docs page: FastAPI's loads Swagger UI from a CDN (floating version, no
+        # integrity check) onto the console's own origin, where it could read the session's
+        # answers. The schema is served as JSON; docs/cli.md says how to browse it.
+        docs_url=None,
         redoc_url=None,
         openapi_url="/api/openapi.json",
     )

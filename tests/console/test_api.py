@@ -343,6 +343,14 @@ def test_openapi_documents_the_models(anon: httpx.Client) -> None:
     assert "/api/tasks/{task_id}/events" in schema["paths"]
 
 
+def test_no_docs_page_loads_a_foreign_script(anon: httpx.Client) -> None:
+    """FastAPI's /api/docs loaded Swagger UI from a CDN onto the console's origin, without
+    login, CSP or integrity check; only the schema itself is served now."""
+    docs = anon.get("/api/docs")
+    assert docs.status_code == 404
+    assert "cdn.jsdelivr.net" not in docs.text
+
+
 @pytest.mark.parametrize("path", ["/tasks", "/fleet", "/tasks/new", "/tasks/x"])
 def test_pages_without_session_redirect_to_login(anon: httpx.Client, path: str) -> None:
     response = anon.get(path)
