@@ -39,6 +39,10 @@ def secure_channel(
     options: list[tuple[str, str | int]] = [
         ("grpc.keepalive_time_ms", 20_000),
         ("grpc.keepalive_timeout_ms", 10_000),
+        # Reconnect as the host does (host/cloud_channel.py): gRPC's default backoff grows to
+        # two minutes, so after a cloud restart the gateway kept answering 503 that long.
+        ("grpc.initial_reconnect_backoff_ms", 500),
+        ("grpc.max_reconnect_backoff_ms", 5000),
     ]
     if server_name:
         options.append(("grpc.ssl_target_name_override", server_name))

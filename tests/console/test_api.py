@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import itertools
 import json
+import socket
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -333,6 +335,46 @@ def test_cloud_unreachable_is_503(console_settings: ConsoleSettings) -> None:
         assert httpx.get(f"{base}/healthz", timeout=20).json()["cloud"] == "UNAVAILABLE"
     finally:
         server.stop()
+
+
+def test_the_gateway_retries_an_unreachable_cloud_every_few_seconds(
+    console_settings: ConsoleSettings,
+) -> None:
+    """While the cloud is down (here: a port that takes connections and drops them) and people
+    keep asking, the gateway tries to reconnect at least every ~5 s. gRPC's default backoff
+    grows to two minutes (over 8 s apart by the 20th second), so a restarted cloud went on
+    getting 503s from the gateway long after a fresh client reached it."""
+    attempts: list[float] = []
+    listener = socket.create_server(("127.0.0.1", 0))
+    listener.settimeout(0.2)
+    port = listener.getsockname()[1]
+    done = threading.Event()
+
+    def drop_every_connection() -> None:
+        while not done.is_set():
+            try:
+                conn, _ = listener.accept()
+            except TimeoutError:
+                continue
+            attempts.append(time.monotonic())
+            conn.close()
+
+    threading.Thread(target=drop_every_connection, daemon=True).start()
+    settings = console_settings.model_copy(update={"cloud_address": f"127.0.0.1:{port}"})
+    server = UvicornThread(create_app(settings))
+    base = server.start()
+    try:
+        end = time.monotonic() + 25
+        while time.monotonic() < end:
+            httpx.get(f"{base}/healthz", timeout=20)
+            time.sleep(0.2)
+    finally:
+        done.set()
+        server.stop()
+        listener.close()
+    assert attempts, "the gateway never tried to connect"
+    gaps = [b - a for a, b in itertools.pairwise([*attempts, end])]
+    assert max(gaps) < 7, f"reconnect attempts {max(gaps):.1f} s apart"
 
 
 def test_openapi_documents_the_models(anon: httpx.Client) -> None:
