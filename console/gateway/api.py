@@ -380,4 +380,7 @@ async def host_events(request: Request, cloud: Cloud, allowed: StreamAllowed) ->
 async def task_events(
     request: Request, cloud: Cloud, allowed: StreamAllowed, task_id: str
 ) -> StreamingResponse:
+    """404 for an unknown task, asked before the stream starts: once it has, the status is 200
+    and a NOT_FOUND could only be a `cloud-error` event."""
+    await cloud.get_task(task_id)
     return event_stream(cloud, request.app.state.streams, allowed, task_id)
