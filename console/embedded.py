@@ -279,18 +279,23 @@ def _secrets_key_file(data_dir: Path) -> Path:
 
     path = data_dir / "secrets.key"
     if not path.exists():
-        data_dir.mkdir(parents=True, exist_ok=True)
-        with os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as f:
-            f.write(new_key())
+        _create_private(path, new_key())
     return path
+
+
+def _create_private(path: Path, text: str) -> None:
+    """Write a new file readable by its owner only from the moment it exists (a file written
+    first and chmod-ed after is, in between, as readable as the umask allows)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as f:
+        f.write(text)
 
 
 def _console_password(data_dir: Path) -> str:
     """The embedded console's admin password: made once, kept (0600) so restarts keep logins."""
     path = data_dir / "console-password"
     if not path.exists():
-        path.write_text(secrets.token_urlsafe(18))
-        path.chmod(0o600)
+        _create_private(path, secrets.token_urlsafe(18))
     return path.read_text().strip()
 
 

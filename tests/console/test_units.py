@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import stat
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -12,6 +15,7 @@ from pydantic import SecretStr, ValidationError
 
 from amc.v1 import types_pb2
 from console import formatting
+from console.embedded import _console_password, _secrets_key_file
 from console.gateway.auth import Credentials
 from console.gateway.errors import http_status
 from console.gateway.history import (
@@ -203,3 +207,17 @@ def test_unknown_enum_numbers_and_bad_json_do_not_break_the_view() -> None:
     stamped = TaskOut.of(types_pb2.Task(created_at=Timestamp(seconds=1_800_000_000)))
     assert stamped.created_at == datetime.fromtimestamp(1_800_000_000, UTC)
     assert stamped.finished_at is None
+
+
+@pytest.mark.parametrize("made", [_console_password, _secrets_key_file])
+def test_the_embedded_stacks_secrets_are_private_from_their_first_byte(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, made: Callable[[Path], object]
+) -> None:
+    """The file is created 0600, not written under the umask and chmod-ed after: with chmod
+    doing nothing, it still is readable by its owner only."""
+    monkeypatch.setattr(Path, "chmod", lambda *_args, **_kwargs: None)
+    monkeypatch.setattr(os, "chmod", lambda *_args, **_kwargs: None)
+    first = made(tmp_path / "stack")
+    [written] = (tmp_path / "stack").iterdir()
+    assert stat.S_IMODE(written.stat().st_mode) == 0o600
+    assert made(tmp_path / "stack") == first  # made once, then kept
