@@ -52,6 +52,9 @@ PAGES.env.globals["omitted_block"] = OMITTED_BLOCK
 #: Screenshot types the artifact route serves; anything else in the folder is not for browsers.
 IMAGE_TYPES = {".png": "image/png", ".jpg": "image/jpeg", ".jpeg": "image/jpeg"}
 OPERATOR = "operator"
+#: The largest attempt or step number a request may name (int32, as on the wire): a number past
+#: SQLite's 64 bits made the store's query raise, a 500 instead of a 422.
+MAX_NUMBER = 2**31 - 1
 
 router = APIRouter(include_in_schema=False)
 
@@ -156,7 +159,7 @@ async def task_page(
     request: Request,
     _: PageUser,
     task_id: str,
-    attempt: Annotated[int | None, Query(ge=1)] = None,
+    attempt: Annotated[int | None, Query(ge=1, le=MAX_NUMBER)] = None,
 ) -> Response:
     store = _store(request)
     attempts = await run_in_threadpool(_attempts, store, task_id)
@@ -240,8 +243,8 @@ def _live_thinking(request: Request, task_id: str, attempt: int) -> str:
 async def task_live(
     request: Request,
     task_id: str,
-    attempt: Annotated[int, Query(ge=1)],
-    after: Annotated[int, Query(ge=0)] = 0,
+    attempt: Annotated[int, Query(ge=1, le=MAX_NUMBER)],
+    after: Annotated[int, Query(ge=0, le=MAX_NUMBER)] = 0,
 ) -> Response:
     """What a running task's timeline page lacks: status, progress, the steps past `after`.
 

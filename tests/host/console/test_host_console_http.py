@@ -348,6 +348,23 @@ def test_live_timeline_returns_steps_after_those_shown(client: TestClient, fille
     assert nothing["html"] == ""
 
 
+@pytest.mark.parametrize(
+    ("live", "query"),
+    [
+        ("/live", {"attempt": 2**63}),
+        ("/live", {"attempt": 1, "after": 2**63}),
+        ("/live", {"attempt": 2**31}),
+        ("", {"attempt": 2**63}),
+    ],
+)
+def test_numbers_too_large_are_refused_not_a_500(
+    client: TestClient, live: str, query: dict[str, int]
+) -> None:
+    """Past SQLite's 64 bits the store's query raised: an attempt or step beyond int32 is 422."""
+    response = client.get(f"/tasks/{T_DARK}{live}", params=query)
+    assert response.status_code == 422
+
+
 def test_live_timeline_without_session_is_401(anon: TestClient) -> None:
     assert anon.get(f"/tasks/{T_DARK}/live", params={"attempt": 1}).status_code == 401
 
