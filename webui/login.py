@@ -9,7 +9,7 @@ fresh session.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -55,19 +55,20 @@ def logged_in(request: Request, user: str, next_path: str, home: str) -> Respons
     return RedirectResponse(safe_next(next_path, home), status_code=303)
 
 
-def attempt(
+async def attempt(
     pages: Pages,
     request: Request,
     *,
     user: str | None,
-    verify: Callable[[], str | None],
+    verify: Callable[[], Awaitable[str | None]],
     next_path: str,
     home: str,
     error: str,
     **fields: Any,
 ) -> Response:
     """A login attempt: refused at once while throttled (429, Retry-After, the secret not even
-    checked), else `verify()` names the user (None: wrong, 401 with `error`, and it counts)."""
+    checked), else `verify()` names the user (None: wrong, 401 with `error`, and it counts).
+    It is awaited, so a slow check (a password hash) can run off the event loop."""
     throttle: LoginThrottle = request.app.state.login_throttle
     keys = attempt_keys(request, user)
     wait = throttle.retry_after(keys)
@@ -76,7 +77,7 @@ def attempt(
         page = login_form(pages, request, next_path, home, error=message, status_code=429, **fields)
         page.headers["Retry-After"] = str(after)
         return page
-    who = verify()
+    who = await verify()
     if who is None:
         throttle.failed(keys)
         return login_form(pages, request, next_path, home, error=error, status_code=401, **fields)

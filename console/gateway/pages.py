@@ -14,6 +14,7 @@ import grpc
 from fastapi import APIRouter, Form, Query, Request
 from fastapi import Path as PathParam
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
+from starlette.concurrency import run_in_threadpool
 
 from amc.v1 import task_service_pb2
 from console.gateway import present
@@ -101,11 +102,16 @@ async def login_submit(
     password: Annotated[str, Form()] = "",
     next: Annotated[str, Form()] = HOME,
 ) -> Response:
-    return login.attempt(
+    async def verify() -> str | None:
+        # scrypt takes ~70 ms: in a worker thread, not stalling every page and stream meanwhile.
+        ok = await run_in_threadpool(credentials.check_login, username, password)
+        return username if ok else None
+
+    return await login.attempt(
         PAGES,
         request,
         user=username,
-        verify=lambda: username if credentials.check_login(username, password) else None,
+        verify=verify,
         next_path=next,
         home=HOME,
         error="Wrong username or password.",

@@ -81,11 +81,16 @@ async def login_submit(
     next: Annotated[str, Form()] = HOME,
 ) -> Response:
     tokens: OneTimeToken = request.app.state.login_token
-    return login.attempt(
+
+    async def verify() -> str | None:
+        # On the event loop, not a thread: redeeming must be atomic (the token works once).
+        return OPERATOR if tokens.redeem(token) else None
+
+    return await login.attempt(
         PAGES,
         request,
         user=None,  # one token, no user names: throttled per client address
-        verify=lambda: OPERATOR if tokens.redeem(token) else None,
+        verify=verify,
         next_path=next,
         home=HOME,
         error=(

@@ -15,6 +15,7 @@ its cookie carries `Secure` (and without one it does not, unless asked to).
 from __future__ import annotations
 
 import ssl
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -54,6 +55,14 @@ class Counting:
 
     def check_token(self, token: str) -> bool:
         return bool(self.inner.check_token(token))  # type: ignore[attr-defined]
+
+
+class Slow(Counting):
+    """The gateway's credentials, taking a whole second per password (blocking, as scrypt)."""
+
+    def check_login(self, username: str, password: str) -> bool:
+        time.sleep(1.0)
+        return super().check_login(username, password)
 
 
 @pytest.fixture
@@ -99,6 +108,24 @@ def test_logout_ends_the_session_on_the_server(own_gateway: tuple[str, object]) 
         page = replay.get("/tasks")
         assert page.status_code == 303 and page.headers["location"].startswith("/login")
         assert replay.get("/api/tasks").status_code == 401
+
+
+def test_checking_a_password_does_not_stall_the_console(
+    own_gateway: tuple[str, object],
+) -> None:
+    """The password hash runs in a worker thread: while one login is being checked, other
+    requests (pages, streams, health) are answered at once, not after it."""
+    base, app = own_gateway
+    app.state.credentials = Slow(app.state.credentials)  # type: ignore[attr-defined]
+    with _client(base) as person, _client(base) as other:
+        login = threading.Thread(target=_try, args=(person, ADMIN, PASSWORD))
+        login.start()
+        time.sleep(0.3)  # the check is under way
+        started = time.monotonic()
+        assert other.get("/healthz").status_code == 200
+        waited = time.monotonic() - started
+        login.join()
+    assert waited < 0.5, f"/healthz waited {waited:.1f} s for a password check"
 
 
 @pytest.mark.parametrize("ending", ["logout", "expiry"])
