@@ -95,7 +95,7 @@ def create_app(settings: ConsoleSettings) -> FastAPI:
     async def cloud_error(request: Request, exc: grpc.aio.AioRpcError) -> Response:
         status, message, code = describe(exc)
         if status >= 500:
-            log.warning("cloud call failed: %s %s", code, message)
+            log.warning("cloud call failed: %s %s", code, exc.details())
         if _is_api(request):
             body = ErrorOut(detail=message, grpc_code=code).model_dump(exclude_none=True)
             return JSONResponse(body, status_code=status)

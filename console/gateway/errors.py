@@ -6,6 +6,8 @@ already ended" is more useful than "409 Conflict".
 
 from __future__ import annotations
 
+import re
+
 import grpc
 
 _HTTP_STATUS: dict[grpc.StatusCode, int] = {
@@ -29,10 +31,24 @@ def http_status(code: grpc.StatusCode) -> int:
     return _HTTP_STATUS.get(code, 502)
 
 
+#: What people see when the gateway cannot reach the cloud at all.
+UNREACHABLE = "the cloud is not reachable"
+#: Where gRPC's own words about a failed connection name a machine: "ipv4:10.0.0.5:50051",
+#: "unix:/run/amc.sock", a bare IP, "errors resolving cloud.internal:443", "lookup failed for …".
+_ADDRESS = re.compile(
+    r"\b(?:ipv4|ipv6|unix|unix-abstract|vsock|dns):|\b\d{1,3}(?:\.\d{1,3}){3}\b|\[[0-9a-f:.]+\]"
+    r"|resolving |lookup failed",
+    re.IGNORECASE,
+)
+
+
 def describe(error: grpc.aio.AioRpcError) -> tuple[int, str, str]:
-    """(HTTP status, message for people, gRPC code name) of a failed call."""
+    """(HTTP status, message for people, gRPC code name) of a failed call. The cloud's own
+    UNAVAILABLE reasons ("the cloud's database is unavailable; retry") are kept; the channel's
+    words when it could not reach the cloud at all name internal addresses, which are the
+    log's business, not a browser's: people read only that the cloud is not reachable."""
     code: grpc.StatusCode = error.code()
     details: str = error.details() or ""
-    if code is grpc.StatusCode.UNAVAILABLE and not details:
-        details = "the cloud is not reachable"
+    if code is grpc.StatusCode.UNAVAILABLE and (not details or _ADDRESS.search(details)):
+        details = UNREACHABLE
     return http_status(code), details or code.name.lower().replace("_", " "), code.name

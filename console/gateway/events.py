@@ -80,7 +80,7 @@ async def _pump(frames: AsyncIterator[str], queue: asyncio.Queue[str | None]) ->
             await queue.put(frame)
     except grpc.aio.AioRpcError as error:
         _, message, code = describe(error)
-        log.info("live stream ended: %s %s", code, message)
+        log.info("live stream ended: %s %s", code, error.details())
         await queue.put(
             _event(
                 "cloud-error",

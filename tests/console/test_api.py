@@ -15,6 +15,7 @@ import pytest
 
 from amc.v1 import types_pb2
 from console.gateway import create_app
+from console.gateway.errors import UNREACHABLE
 from console.gateway.history import DIRECT_TRANSPORT, NOT_ASSIGNED_YET
 from console.settings import ConsoleSettings
 from tests.console.console_stack import (
@@ -331,8 +332,12 @@ def test_cloud_unreachable_is_503(console_settings: ConsoleSettings) -> None:
         headers = {"Authorization": f"Bearer {API_TOKEN}"}
         response = httpx.get(f"{base}/api/hosts", headers=headers, timeout=20)
         assert response.status_code == 503
-        assert response.json()["grpc_code"] == "UNAVAILABLE"
+        # What is unavailable, without gRPC's "ipv4:127.0.0.1:1: Connection refused".
+        assert response.json() == {"detail": UNREACHABLE, "grpc_code": "UNAVAILABLE"}
         assert httpx.get(f"{base}/healthz", timeout=20).json()["cloud"] == "UNAVAILABLE"
+        with httpx.stream("GET", f"{base}/api/events", headers=headers, timeout=20) as stream:
+            name, data = next(sse_events(stream))
+        assert (name, json.loads(data)["detail"]) == ("cloud-error", UNREACHABLE)
     finally:
         server.stop()
 
@@ -359,7 +364,8 @@ def test_the_gateway_retries_an_unreachable_cloud_every_few_seconds(
             attempts.append(time.monotonic())
             conn.close()
 
-    threading.Thread(target=drop_every_connection, daemon=True).start()
+    dropper = threading.Thread(target=drop_every_connection, daemon=True)
+    dropper.start()
     settings = console_settings.model_copy(update={"cloud_address": f"127.0.0.1:{port}"})
     server = UvicornThread(create_app(settings))
     base = server.start()
@@ -371,6 +377,7 @@ def test_the_gateway_retries_an_unreachable_cloud_every_few_seconds(
     finally:
         done.set()
         server.stop()
+        dropper.join()
         listener.close()
     assert attempts, "the gateway never tried to connect"
     gaps = [b - a for a, b in itertools.pairwise([*attempts, end])]

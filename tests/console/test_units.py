@@ -17,7 +17,7 @@ from amc.v1 import types_pb2
 from console import formatting
 from console.embedded import _console_password, _secrets_key_file
 from console.gateway.auth import Credentials
-from console.gateway.errors import http_status
+from console.gateway.errors import UNREACHABLE, describe, http_status
 from console.gateway.history import (
     DIRECT_TRANSPORT,
     NO_DECISION_YET,
@@ -221,3 +221,27 @@ def test_the_embedded_stacks_secrets_are_private_from_their_first_byte(
     [written] = (tmp_path / "stack").iterdir()
     assert stat.S_IMODE(written.stat().st_mode) == 0o600
     assert made(tmp_path / "stack") == first  # made once, then kept
+
+
+@pytest.mark.parametrize(
+    ("details", "shown"),
+    [
+        (
+            "the cloud's database is unavailable; retry",
+            "the cloud's database is unavailable; retry",
+        ),
+        (
+            "failed to connect to all addresses; last error: UNKNOWN: ipv4:10.0.0.5:50051: "
+            "Failed to connect to remote host: Connection refused",
+            UNREACHABLE,
+        ),
+        ("errors resolving cloud.internal:443: [field:hostname lookup error]", UNREACHABLE),
+        ("connections to all backends failing; last error: [fd00::5]:443", UNREACHABLE),
+        ("", UNREACHABLE),
+    ],
+)
+def test_an_unreachable_cloud_is_described_without_its_address(details: str, shown: str) -> None:
+    error = grpc.aio.AioRpcError(
+        grpc.StatusCode.UNAVAILABLE, grpc.aio.Metadata(), grpc.aio.Metadata(), details=details
+    )
+    assert describe(error) == (503, shown, "UNAVAILABLE")
