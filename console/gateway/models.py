@@ -851,17 +851,28 @@ class RequestIn(BaseModel):
 
 class SubmitIn(RequestIn):
     """A task to queue. Limits are the cloud's to enforce; it answers 422 with its reason. The
-    bounds here only keep out what cannot even be sent to it (beyond int32, NaN, infinity)."""
+    bounds here only keep out what cannot even be sent to it (beyond int32, NaN, infinity), so
+    an ordinary wrong value (-5 s, 50 attempts) still gets the cloud's message naming its range."""
 
     goal: str
     host_id: str = ""
     device_serial: str = ""
-    max_attempts: int = Field(default=0, ge=0, le=INT32_MAX, description="0: the server default")
+    max_attempts: int = Field(
+        default=0, ge=-INT32_MAX - 1, le=INT32_MAX, description="0: the server default"
+    )
     lease_duration_s: float | None = Field(
-        default=None, ge=0, le=MAX_SECONDS, allow_inf_nan=False, description="unset: default"
+        default=None,
+        ge=-MAX_SECONDS,
+        le=MAX_SECONDS,
+        allow_inf_nan=False,
+        description="unset: default",
     )
     timeout_s: float | None = Field(
-        default=None, ge=0, le=MAX_SECONDS, allow_inf_nan=False, description="unset: default"
+        default=None,
+        ge=-MAX_SECONDS,
+        le=MAX_SECONDS,
+        allow_inf_nan=False,
+        description="unset: default",
     )
     client_request_id: str = Field(default="", description="idempotency key")
     secrets: dict[str, str] = Field(

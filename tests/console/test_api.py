@@ -494,6 +494,7 @@ BIG = 2**31  # one past the largest int32 the cloud's messages carry
         ("POST", "/api/tasks", '{"goal": "g", "timeout_s": NaN}', "timeout_s"),
         ("POST", "/api/tasks", '{"goal": "g", "timeout_s": Infinity}', "timeout_s"),
         ("POST", "/api/tasks", '{"goal": "g", "lease_duration_s": 1e300}', "lease_duration_s"),
+        ("POST", "/api/tasks", '{"goal": "g", "timeout_s": -1e300}', "timeout_s"),
         ("POST", "/api/tasks", '{"goal": "a\\ud800b", "host_id": "nowhere"}', "goal"),
         ("POST", "/api/tasks", '{"goal": "g", "secrets": {"pw": "\\udfff"}}', "secrets"),
         ("POST", "/api/tasks/t/cancel", '{"reason": "\\ud800"}', "reason"),
