@@ -347,6 +347,20 @@ async def test_non_reasoning_openai_model_refuses_reasoning(
     assert cast(dict[str, Any], info.value.body)["param"] == "include"
 
 
+async def _chat_refusal(
+    gpt: openai.AsyncOpenAI, refused: str | None, **request: Any
+) -> dict[str, Any] | None:
+    """Send a Chat Completions request: None when `refused` is None and it was answered, else
+    the error body of the 400 whose message holds `refused`."""
+    call = cast(Any, gpt.chat.completions.create)(**request)
+    if refused is None:
+        await call
+        return None
+    with pytest.raises(openai.BadRequestError, match=re.escape(refused)) as info:
+        await call
+    return cast(dict[str, Any], info.value.body)
+
+
 @pytest.mark.parametrize(
     ("model", "effort", "refused"),
     [
@@ -367,15 +381,15 @@ async def test_each_gpt_5_family_takes_its_own_efforts(
     refused: str | None,
 ) -> None:
     server.script_openai(chat_completion("ok"))
-    call = cast(Any, gpt.chat.completions.create)(
-        model=model, messages=[{"role": "user", "content": "s"}], reasoning_effort=effort
+    error = await _chat_refusal(
+        gpt,
+        refused,
+        model=model,
+        messages=[{"role": "user", "content": "s"}],
+        reasoning_effort=effort,
     )
-    if refused is None:
-        await call
+    if error is None:
         return
-    with pytest.raises(openai.BadRequestError, match=re.escape(refused)) as info:
-        await call
-    error = cast(dict[str, Any], info.value.body)
     assert error["code"] == "unsupported_value" and error["param"] == "reasoning_effort"
     assert error["message"].startswith(
         f"Unsupported value: 'reasoning_effort' does not support '{effort}' with this model."
@@ -409,15 +423,16 @@ async def test_chat_refuses_function_tools_with_reasoning_on_newer_gpt5(
     explicit `none`."""
     server.script_openai(chat_completion("ok"))
     extra = {"reasoning_effort": effort} if effort is not None else {}
-    call = cast(Any, gpt.chat.completions.create)(
-        model=model, messages=[{"role": "user", "content": "s"}], tools=[_CHAT_TOOL], **extra
+    error = await _chat_refusal(
+        gpt,
+        refused,
+        model=model,
+        messages=[{"role": "user", "content": "s"}],
+        tools=[_CHAT_TOOL],
+        **extra,
     )
-    if refused is None:
-        await call
+    if error is None:
         return
-    with pytest.raises(openai.BadRequestError, match=re.escape(refused)) as info:
-        await call
-    error = cast(dict[str, Any], info.value.body)
     assert error["param"] == "reasoning_effort" and error["type"] == "invalid_request_error"
     assert error["message"].startswith(
         f"Function tools with reasoning_effort are not supported for {model} in "

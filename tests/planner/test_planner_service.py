@@ -303,26 +303,43 @@ async def test_provider_failure_logs_nothing(
     assert srv.sink.rows == []
 
 
-async def test_real_sdk_rate_limit_through_decide_is_resource_exhausted(
-    make_server: Callable[..., Any], fake_server: FakeModelServer
-) -> None:
-    settings = PlannerSettings(
-        provider="anthropic",
-        anthropic_api_key=ANTHROPIC_KEY,
-        anthropic_base_url=fake_server.anthropic_base_url,
-        model="claude-test-model",
-        max_retries=1,
+async def _refused_through_decide(
+    make_server: Callable[..., Any],
+    fake_server: FakeModelServer,
+    replies: list[Any],
+    **settings: Any,
+) -> tuple[grpc.aio.AioRpcError, Running]:
+    """Decide on a real Anthropic SDK pointed at the fake API, which answers `replies`: the
+    error the caller got, and the server (its decision log)."""
+    adapter = make_adapter(
+        PlannerSettings(
+            provider="anthropic",
+            anthropic_api_key=ANTHROPIC_KEY,
+            anthropic_base_url=fake_server.anthropic_base_url,
+            **{"model": "claude-test-model", **settings},
+        )
     )
-    provider = make_adapter(settings)
-    srv: Running = await make_server(provider)
-    fake_server.script_anthropic(rate_limited_anthropic(), rate_limited_anthropic())
+    srv: Running = await make_server(adapter)
+    fake_server.script_anthropic(*replies)
     try:
         with pytest.raises(grpc.aio.AioRpcError) as info:
             await srv.stub.Decide(request(), metadata=MD)
     finally:
-        await provider.aclose()
-    assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
-    assert "rate limit" in (info.value.details() or "")
+        await adapter.aclose()
+    return info.value, srv
+
+
+async def test_real_sdk_rate_limit_through_decide_is_resource_exhausted(
+    make_server: Callable[..., Any], fake_server: FakeModelServer
+) -> None:
+    error, srv = await _refused_through_decide(
+        make_server,
+        fake_server,
+        [rate_limited_anthropic(), rate_limited_anthropic()],
+        max_retries=1,
+    )
+    assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert "rate limit" in (error.details() or "")
     assert len(fake_server.requests) == 2
     assert srv.sink.rows == []
 
@@ -336,25 +353,14 @@ async def test_a_long_provider_wait_is_passed_on_to_the_host(
     from host.planner_client import _retry_after
     from planner.errors import RETRY_AFTER_KEY
 
-    settings = PlannerSettings(
-        provider="anthropic",
-        anthropic_api_key=ANTHROPIC_KEY,
-        anthropic_base_url=fake_server.anthropic_base_url,
-        model="claude-test-model",
+    error, _ = await _refused_through_decide(
+        make_server,
+        fake_server,
+        [anthropic_error(429, "rate_limit_error", "Rate limited", retry_after="171")],
     )
-    provider = make_adapter(settings)
-    srv: Running = await make_server(provider)
-    fake_server.script_anthropic(
-        anthropic_error(429, "rate_limit_error", "Rate limited", retry_after="171")
-    )
-    try:
-        with pytest.raises(grpc.aio.AioRpcError) as info:
-            await srv.stub.Decide(request(), metadata=MD)
-    finally:
-        await provider.aclose()
-    assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
-    assert (RETRY_AFTER_KEY, "171") in tuple(info.value.trailing_metadata() or ())
-    assert _retry_after(info.value) == 171.0
+    assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert (RETRY_AFTER_KEY, "171") in tuple(error.trailing_metadata() or ())
+    assert _retry_after(error) == 171.0
     assert len(fake_server.requests) == 1
 
 
@@ -363,29 +369,16 @@ async def test_a_model_refusal_through_decide_is_unknown_and_asked_once(
 ) -> None:
     """A refusal is a non-retryable planner failure: UNKNOWN naming the refusal's category,
     one provider call, nothing logged (the host fails the attempt and does not ask again)."""
-    settings = PlannerSettings(
-        provider="anthropic",
-        anthropic_api_key=ANTHROPIC_KEY,
-        anthropic_base_url=fake_server.anthropic_base_url,
-        model="claude-sonnet-4-6",
-        max_retries=1,
+    refusal = ScriptedTurn(
+        [text("I can't help with that.")],
+        stop_reason="refusal",
+        stop_details={"type": "refusal", "category": "bio", "explanation": None},
     )
-    provider = make_adapter(settings)
-    srv: Running = await make_server(provider)
-    fake_server.script_anthropic(
-        ScriptedTurn(
-            [text("I can't help with that.")],
-            stop_reason="refusal",
-            stop_details={"type": "refusal", "category": "bio", "explanation": None},
-        )
+    error, srv = await _refused_through_decide(
+        make_server, fake_server, [refusal], model="claude-sonnet-4-6", max_retries=1
     )
-    try:
-        with pytest.raises(grpc.aio.AioRpcError) as info:
-            await srv.stub.Decide(request(), metadata=MD)
-    finally:
-        await provider.aclose()
-    assert info.value.code() == grpc.StatusCode.UNKNOWN
-    assert "refused to answer (category bio)" in (info.value.details() or "")
+    assert error.code() == grpc.StatusCode.UNKNOWN
+    assert "refused to answer (category bio)" in (error.details() or "")
     assert len(fake_server.requests) == 1
     assert srv.sink.rows == []
 
