@@ -35,6 +35,8 @@ _ROTATION_RES = (
     re.compile(r"DisplayViewport\{[^}]*?displayId=0\b[^}]*?\borientation=([0-3])\b"),
     re.compile(r"\borientation=([0-3])\b"),
 )
+# Between `wm size`'s and `dumpsys display`'s output in `screen_size`'s one shell call.
+_SIZE_SPLIT = "--amc-wm-size-end--"
 _SURFACE_ORIENTATION_RE = re.compile(r"SurfaceOrientation:\s*([0-3])\b")
 _FOCUS_RES = (
     re.compile(r"mCurrentFocus=Window\{[^}]*\s([\w.]+)/[\w.$]+\}"),
@@ -253,11 +255,26 @@ class AdbDriver:
 
     def screen_size(self) -> tuple[int, int]:
         """The size in the current rotation (dumps and `input` use it): the natural size from
-        `wm size` (asked once) swapped while the phone is in landscape (asked every time:
-        a phone turns whenever its user or an app wants)."""
-        if self._natural is None:
-            self._natural = parse_wm_size(self._shell("wm size", "wm size"))
-        rotation = parse_rotation(self._shell("dumpsys display", "dumpsys display"))
+        `wm size` swapped while the phone is in landscape (from `dumpsys display`).
+
+        Both are asked every time, in one shell round trip: a phone turns whenever its user
+        or an app wants, and its resolution can change while the host runs (a maker's
+        resolution setting, `wm size WxH` or `wm size reset`). `wm size` is a cheap binder
+        call next to the dump each look makes, and no cheaper sign catches every change: the
+        dump's bounds only show a screen that grew, and the screenshot's pixel size differs
+        from the dump's for good before Android 12 (physical vs override size)."""
+        out = self._shell(f"wm size; echo {_SIZE_SPLIT}; dumpsys display", "wm size")
+        wm_size, _, display = out.partition(_SIZE_SPLIT)
+        natural = parse_wm_size(wm_size)
+        if self._natural is not None and natural != self._natural:
+            log.info(
+                "%s: screen size changed from %dx%d to %dx%d",
+                self._serial,
+                *self._natural,
+                *natural,
+            )
+        self._natural = natural
+        rotation = parse_rotation(display)
         if rotation is None:
             rotation = parse_surface_orientation(self._shell("dumpsys input", "dumpsys input"))
         if rotation is None:
@@ -271,7 +288,7 @@ class AdbDriver:
                 )
                 self._rotation_unknown = True
             rotation = 0
-        return current_size(self._natural, rotation)
+        return current_size(natural, rotation)
 
     def screenshot_png(self) -> bytes:
         self._server("screencap")

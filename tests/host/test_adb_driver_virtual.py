@@ -222,3 +222,28 @@ def test_no_adb_server_means_no_phones_and_no_stray_daemon() -> None:
     assert registry.devices() == []
     with pytest.raises(DeviceGone, match="no adb server"):
         AdbDriver(SERIAL, port=1).tap(1, 1)
+
+
+def test_screen_size_follows_a_resolution_change(
+    adb: tuple[ThreadedAdbServer, VirtualPhone],
+) -> None:
+    """A resolution change while the host runs (`wm size WxH`, a maker's resolution setting,
+    `wm size reset`) reaches the driver's next look: a size read once would clip or stretch
+    every scene after it."""
+    server, phone = adb
+    d = AdbDriver(SERIAL, port=server.port)
+    assert d.screen_size() == (1080, 2400)
+    d._shell("wm size 720x1600", "test")
+    assert "Override size: 720x1600" in d._shell("wm size", "test")
+    assert d.screen_size() == (720, 1600)
+    scene = parse_scene(d.dump_hierarchy(), d.screen_size(), d.current_app())
+    assert max(e.bounds.right for e in scene.elements) <= 720
+    assert max(e.bounds.bottom for e in scene.elements) <= 1600
+    phone.rotate(1)
+    assert d.screen_size() == (1600, 720)
+    phone.rotate(0)
+    phone.set_display_size((1440, 3200))  # grows past the first size too
+    assert d.screen_size() == (1440, 3200)
+    d._shell("wm size reset", "test")
+    assert d.screen_size() == (1080, 2400)
+    assert "Override size" not in d._shell("wm size", "test")

@@ -8,6 +8,7 @@ from __future__ import annotations
 import base64
 import binascii
 import io
+import re
 import struct
 import zipfile
 
@@ -140,9 +141,22 @@ def _input(sh: Session, args: list[str], stdin: bytes) -> Output:
 @registry.tool("wm")
 def _wm(sh: Session, args: list[str], stdin: bytes) -> Output:
     p = sh.phone
-    if args[:1] == ["size"]:
+    if args[:1] == ["size"] and len(args) == 1:
         # The natural size in every rotation, as on a real phone (dumps and `input` rotate).
-        return Output().out(f"Physical size: {p.natural_width}x{p.natural_height}\n")
+        pw, ph = p.physical_size
+        out = f"Physical size: {pw}x{ph}\n"
+        if p.override_size is not None:
+            out += f"Override size: {p.natural_width}x{p.natural_height}\n"
+        return Output().out(out)
+    if args[:1] == ["size"]:
+        if args[1] == "reset":
+            p.set_display_size(None)
+            return Output()
+        m = re.fullmatch(r"(\d+)x(\d+)", args[1])
+        if m is None or int(m.group(1)) <= 0 or int(m.group(2)) <= 0:
+            return Output().err(f"Error: bad size {args[1]}\n", 255)
+        p.set_display_size((int(m.group(1)), int(m.group(2))))
+        return Output()
     if args[:1] == ["density"]:
         return Output().out("Physical density: 420\n")
     if args[:1] == ["dismiss-keyguard"]:
@@ -169,7 +183,7 @@ def _screencap(sh: Session, args: list[str], stdin: bytes) -> Output:
     result = Output()
     if sh.phone.multi_display and "-d" not in args:
         result.err(MULTI_DISPLAY_WARNING)
-    img = sh.phone.screenshot()
+    img = sh.phone.screencap_image()
     if files and files[0].endswith(".png"):
         png = True
     if png:

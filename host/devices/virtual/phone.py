@@ -155,9 +155,19 @@ class VirtualPhone:
         #: Who shows runtime permission prompts: AOSP's permission controller, or a maker's
         #: own (MIUI: "com.lbe.security.miui"), with the same `permission_allow…` ids.
         self.permission_package = permission_package
-        #: The display's natural (portrait) size, what `wm size` reports in any rotation.
+        #: The display's natural (portrait) size in use, what `wm size` reports in any
+        #: rotation: the panel's own (`physical_size`) unless an override is set
+        #: (`set_display_size`, `wm size WxH`, a maker's resolution setting).
         self.natural_width = width
         self.natural_height = height
+        #: The panel's own size (`wm size`'s "Physical size").
+        self.physical_size = (width, height)
+        #: `screencap` captures at the physical size rather than the override size, as
+        #: before Android 12 (the image then is larger than the dump's coordinates).
+        self.screencap_physical = False
+        #: `screencap` returns the image in the natural orientation while the phone is in
+        #: landscape (seen on some builds): its aspect then disagrees with the dump's.
+        self.screencap_unrotated = False
         #: Surface rotation, 0-3 (quarter turns): 1 and 3 are landscape (`rotate`).
         self.rotation = 0
         #: A second display is attached (a foldable's cover screen, a cast display):
@@ -301,6 +311,21 @@ class VirtualPhone:
             raise ValueError(f"rotation must be 0-3, not {rotation!r}")
         with self._lock:
             self.rotation = rotation
+
+    @property
+    def override_size(self) -> tuple[int, int] | None:
+        """The natural size `wm size WxH` set, None when the physical size is in use."""
+        size = (self.natural_width, self.natural_height)
+        return None if size == self.physical_size else size
+
+    def set_display_size(self, size: tuple[int, int] | None) -> None:
+        """`wm size WxH` (a maker's resolution setting does the same); None is `wm size
+        reset`. Apps lay out again at the new size, dumps, screenshots and `input` use it."""
+        width, height = size or self.physical_size
+        if width <= 0 or height <= 0:
+            raise ValueError(f"bad display size {size!r}")
+        with self._lock:
+            self.natural_width, self.natural_height = width, height
 
     @property
     def geometry(self) -> Geometry:
@@ -512,6 +537,21 @@ class VirtualPhone:
                 self._toast = None
                 return None
             return text
+
+    def screencap_image(self) -> Image.Image:
+        """What `screencap` captures: the screen, at the physical size when
+        `screencap_physical` is set, in the natural orientation when `screencap_unrotated`."""
+        with self._lock:
+            img = self.screenshot()
+            width, height = img.size
+            if self.screencap_physical and self.override_size is not None:
+                pw, ph = self.physical_size
+                width, height = (ph, pw) if self.rotation % 2 else (pw, ph)
+            if self.screencap_unrotated and self.rotation % 2:
+                width, height = height, width
+            if (width, height) != img.size:
+                img = img.resize((width, height))
+            return img
 
     def screenshot(self) -> Image.Image:
         with self._lock:
