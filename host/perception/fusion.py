@@ -6,10 +6,54 @@ import re
 from dataclasses import replace
 from difflib import SequenceMatcher
 
-from planner.scene import Element, OcrObservation, Scene
+from planner.scene import Bounds, Element, OcrObservation, Scene
 
 _WORD_RE = re.compile(r"[a-z0-9]+")
 _ID_RE = re.compile(r"e\d+")
+#: How far the screenshot's aspect ratio may stray from the screen's and still be the same
+#: picture scaled (rounding of odd sizes); beyond it the image is turned (or cropped).
+ASPECT_TOLERANCE = 0.02
+
+
+def same_aspect(image_size: tuple[int, int], screen_size: tuple[int, int]) -> bool:
+    """Whether a screenshot of `image_size` pixels is the screen (`screen_size`) at some
+    scale, within `ASPECT_TOLERANCE`; False for an image turned against it."""
+    iw, ih = image_size
+    sw, sh = screen_size
+    if min(iw, ih, sw, sh) <= 0:
+        return False
+    return abs((iw / ih) / (sw / sh) - 1) <= ASPECT_TOLERANCE
+
+
+def to_screen_space(
+    observations: list[OcrObservation],
+    image_size: tuple[int, int],
+    screen_size: tuple[int, int],
+) -> list[OcrObservation] | None:
+    """OCR boxes (screenshot pixels) in the dump's coordinates (`screen_size`): unchanged when
+    the sizes agree, scaled when the screenshot is the same picture at another resolution
+    (`screencap` captures the physical size while an override size is set, before Android
+    12), None when the aspect ratios differ (an image turned against the dump's rotation):
+    its boxes cannot be placed."""
+    iw, ih = image_size
+    sw, sh = screen_size
+    if (iw, ih) == (sw, sh):
+        return observations
+    if not same_aspect(image_size, screen_size):
+        return None
+    fx, fy = sw / iw, sh / ih
+    return [
+        replace(
+            o,
+            bounds=Bounds(
+                round(o.bounds.left * fx),
+                round(o.bounds.top * fy),
+                round(o.bounds.right * fx),
+                round(o.bounds.bottom * fy),
+            ),
+        )
+        for o in observations
+    ]
 
 
 def _norm(text: str) -> str:

@@ -10,6 +10,7 @@ swipe lock screen is dismissed; a lock screen that needs a credential stops the 
 
 from __future__ import annotations
 
+import io
 import logging
 import time
 from dataclasses import dataclass, field
@@ -25,7 +26,7 @@ from host.devices.base import (
     ScreenControl,
     ScreenLocked,
 )
-from host.perception.fusion import fuse_ocr
+from host.perception.fusion import fuse_ocr, same_aspect, to_screen_space
 from host.perception.hierarchy import HierarchyError, parse_scene
 from host.perception.ocr import OcrPool
 from planner.scene import Scene
@@ -147,12 +148,29 @@ class Perceiver:
         timings = {"screenshot_s": t1 - t0, "hierarchy_s": t2 - t1}
         if with_ocr and self.ocr is not None:
             try:
-                observations = self.ocr.read(png)
+                image_size = Image.open(io.BytesIO(png)).size
+                # A screenshot turned against the dump (a rotation the two saw at different
+                # moments, a build that captures unrotated): its boxes would land elsewhere,
+                # so it is not read at all.
+                placed = (
+                    to_screen_space(self.ocr.read(png), image_size, size)
+                    if same_aspect(image_size, size)
+                    else None
+                )
             except _IMAGE_ERRORS as exc:
                 raise ScreenshotError(
                     f"unreadable screenshot from {driver.serial} ({len(png)} bytes): "
                     f"{type(exc).__name__}: {exc}"
                 ) from exc
-            scene = fuse_ocr(scene, observations, self.ocr_min_confidence)
+            if placed is None:
+                log.warning(
+                    "%s: screenshot is %dx%d but the screen is %dx%d (another aspect ratio); "
+                    "OCR text left out of this look",
+                    driver.serial,
+                    *image_size,
+                    *size,
+                )
+            else:
+                scene = fuse_ocr(scene, placed, self.ocr_min_confidence)
             timings["ocr_s"] = time.perf_counter() - t2
         return Observation(scene=scene, screenshot_png=png, hierarchy_xml=xml, timings=timings)

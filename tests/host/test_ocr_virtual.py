@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import io
+import logging
 import threading
 
 import pytest
+from PIL import Image
 
+from host.devices.adb_driver import AdbDriver
+from host.devices.virtual.adb_server import ThreadedAdbServer
 from host.devices.virtual.driver import VirtualDriver
 from host.devices.virtual.phone import VirtualPhone
 from host.perception.fusion import fuse_ocr
@@ -132,3 +137,48 @@ def test_perceiver_with_and_without_ocr() -> None:
     assert "ocr_s" in with_ocr.timings
     assert without.scene.ocr == []
     assert with_ocr.scene.page_title == "Settings"
+
+
+def _ocr_look(phone: VirtualPhone) -> tuple[Scene, tuple[int, int]]:
+    """One look with OCR through the adbutils driver, as the host takes it."""
+    with ThreadedAdbServer([phone]) as server:
+        driver = AdbDriver(phone.serial, port=server.port)
+        pool = OcrPool()
+        try:
+            obs = Perceiver(pool).perceive(driver, with_ocr=True)
+        finally:
+            pool.close()
+        return obs.scene, Image.open(io.BytesIO(obs.screenshot_png)).size
+
+
+def test_ocr_boxes_are_scaled_to_the_dump_when_screencap_is_larger() -> None:
+    """Before Android 12 `screencap` captures the physical size while an override size is
+    set: the OCR boxes are scaled to the dump's coordinates, not placed 1.5x too far."""
+    phone = _settings_phone()
+    phone.set_display_size((720, 1600))
+    phone.screencap_physical = True
+    scene, image_size = _ocr_look(phone)
+    assert image_size == (1080, 2400)
+    assert (scene.screen_width, scene.screen_height) == (720, 1600)
+    assert scene.ocr
+    assert all(o.bounds.right <= 720 and o.bounds.bottom <= 1600 for o in scene.ocr)
+    tree = next(e for e in scene.elements if e.text == "Battery" and e.source != "ocr")
+    read = next(o for o in scene.ocr if "Battery" in o.text)
+    cx, cy = read.bounds.center
+    assert tree.bounds.left <= cx <= tree.bounds.right
+    assert tree.bounds.top <= cy <= tree.bounds.bottom
+
+
+def test_ocr_is_left_out_when_the_screenshot_is_turned(caplog: pytest.LogCaptureFixture) -> None:
+    """A screenshot in portrait while the dump is in landscape: its boxes cannot be placed,
+    so no OCR text joins the scene (and a warning says why)."""
+    phone = _settings_phone()
+    phone.rotate(1)
+    phone.screencap_unrotated = True
+    with caplog.at_level(logging.WARNING, logger="host.perception.perceive"):
+        scene, image_size = _ocr_look(phone)
+    assert image_size == (1080, 2400)
+    assert (scene.screen_width, scene.screen_height) == (2400, 1080)
+    assert scene.ocr == []
+    assert not [e for e in scene.elements if e.source == "ocr"]
+    assert "another aspect ratio" in caplog.text
