@@ -46,6 +46,10 @@ _FOCUS_RES = (
 )
 _PACKAGE_RE = re.compile(r"^[A-Za-z][\w]*(\.[A-Za-z_][\w]*)*$")
 _DUMP_DIR = "/data/local/tmp"
+# The process name `uiautomator dump` runs under (`ps -A`, `pidof`), and how long stopping a
+# stuck one may wait on each call.
+_DUMPER = "uiautomator"
+_CLEANUP_TIMEOUT_S = 5.0
 # Characters the remote shell would interpret in an `input text` argument; each is
 # backslash-escaped. `%` is not one of them (a backslash before it does nothing for `input`).
 _SHELL_SPECIAL = set("\\'\"`$&|;<>()[]{}*?!~#^")
@@ -247,10 +251,12 @@ class AdbDriver:
                 f"phone {self._serial} disconnected ({what}: no adb server at {host}:{port})"
             )
 
-    def _shell(self, cmd: str, what: str) -> str:
+    def _shell(self, cmd: str, what: str, timeout_s: float | None = None) -> str:
         self._server(what)
         with mapped_errors(self._serial, what):
-            out = adb_transport.run(self._client, self._serial, f"shell:{cmd}", self.timeout_s)
+            out = adb_transport.run(
+                self._client, self._serial, f"shell:{cmd}", timeout_s or self.timeout_s
+            )
         return out.decode("utf-8", errors="replace")
 
     def screen_size(self) -> tuple[int, int]:
@@ -311,7 +317,14 @@ class AdbDriver:
                 self._shell(f"rm -f {remote}", "remove dump")
 
     def _dump_to(self, remote: str) -> bytes:
-        out = self._shell(f"uiautomator dump --windows {remote}", "uiautomator dump")
+        try:
+            out = self._shell(f"uiautomator dump --windows {remote}", "uiautomator dump")
+        except DeviceBusy:
+            # Timed out: the dumper keeps running on the phone (adbd does not end it when
+            # the client hangs up), holding the accessibility bridge, and the retry would
+            # fail with "… already registered!" (a permanent-looking DeviceError).
+            self._stop_dumpers()
+            raise
         failure = dump_failure(self._serial, out)
         if isinstance(failure, DeviceBusy):
             # Empty output is also what a stream cut by a vanishing phone reads as.
@@ -331,6 +344,23 @@ class AdbDriver:
                     f"uiautomator dump on {self._serial} wrote no file (no windows listed yet)"
                 ) from exc
             raise
+
+    def _stop_dumpers(self) -> None:
+        """End every `uiautomator dump` still running on the phone, best effort (a failure
+        is logged; the retry then says what is wrong). The dumper names itself `uiautomator`
+        (its Launcher sets argv[0]), which `pidof` matches exactly: uiautomator2's server
+        (`app_process`, `com.github.uiautomator`) and every other process keep running.
+        Old uiautomator 1 test runs (`uiautomator runtest`) share the name and hold the
+        bridge just the same, so no dump could run beside them anyway."""
+        timeout = min(self.timeout_s, _CLEANUP_TIMEOUT_S)
+        try:
+            out = self._shell(f"pidof {_DUMPER}", "find stuck uiautomator dump", timeout)
+            pids = [p for p in out.split() if p.isdigit()]
+            if pids:
+                self._shell(f"kill {' '.join(pids)}", "stop stuck uiautomator dump", timeout)
+                log.info("%s: stopped a stuck uiautomator dump (pid %s)", self._serial, pids)
+        except DeviceError as exc:
+            log.warning("%s: could not stop a stuck uiautomator dump: %s", self._serial, exc)
 
     def screen_state(self) -> ScreenState:
         return parse_screen_state(self._shell(SCREEN_STATE_COMMAND, "screen state"))

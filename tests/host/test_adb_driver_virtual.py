@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 import xml.etree.ElementTree as ET
 from collections.abc import Iterator
@@ -16,7 +17,7 @@ from host.devices.adb_driver import (
     input_text_commands,
     parse_current_package,
 )
-from host.devices.base import DeviceError, DeviceGone
+from host.devices.base import DeviceBusy, DeviceError, DeviceGone
 from host.devices.registry import DeviceRegistry
 from host.devices.virtual.adb_server import ThreadedAdbServer
 from host.devices.virtual.phone import VirtualPhone
@@ -247,3 +248,24 @@ def test_screen_size_follows_a_resolution_change(
     d._shell("wm size reset", "test")
     assert d.screen_size() == (1080, 2400)
     assert "Override size" not in d._shell("wm size", "test")
+
+
+def test_a_dump_that_timed_out_is_stopped_before_the_retry(
+    adb: tuple[ThreadedAdbServer, VirtualPhone],
+) -> None:
+    """A `uiautomator dump` the host gave up on keeps running on the phone, holding the
+    accessibility bridge: the driver stops it, so the retry dumps instead of failing with
+    "… already registered!"; uiautomator2's server process is left alone."""
+    server, phone = adb
+    d = AdbDriver(SERIAL, port=server.port, timeout_s=0.5)
+    # uiautomator2's server, as its agent runs (`app_process`) and as older ones did.
+    for name in ("app_process", "com.github.uiautomator"):
+        phone.processes.spawn(name, "shell", threading.Event())
+    phone.hang_dumps(20.0)
+    with pytest.raises(DeviceBusy):
+        d.dump_hierarchy()
+    assert phone.dumper is None
+    assert d.dump_hierarchy().startswith("<?xml")
+    names = {line.split()[-1] for line in d._shell("ps -A", "test").splitlines()}
+    assert {"app_process", "com.github.uiautomator"} <= names
+    assert "uiautomator" not in names

@@ -10,6 +10,8 @@ import binascii
 import io
 import re
 import struct
+import threading
+import time
 import zipfile
 
 from host.devices.virtual.commands import Output, Registry, Session
@@ -212,12 +214,38 @@ _BRIDGE_TAKEN = (
 )
 
 
+def _hang(sh: Session, seconds: float) -> bool:
+    """A dumper waiting `seconds` for an idle screen, as its own `uiautomator` process: the
+    adb client hanging up does not end it (on a phone it runs on under adbd), `kill` does,
+    and so does the cable being pulled. True when it was killed."""
+    phone = sh.phone
+    stop = threading.Event()
+    proc = phone.processes.spawn("uiautomator", "shell", stop)
+    phone.dumper = proc
+    try:
+        deadline = time.monotonic() + seconds
+        while (left := deadline - time.monotonic()) > 0 and phone.online:
+            if stop.wait(min(left, 0.05)):
+                return True
+        return False
+    finally:
+        phone.dumper = None
+        phone.processes.exited(proc)
+
+
 @registry.tool("uiautomator")
 def _uiautomator(sh: Session, args: list[str], stdin: bytes) -> Output:
     if not args or args[0] != "dump":
         return Output().err("Usage: uiautomator <subcommand> [options]\n", 1)
     files = [a for a in args[1:] if not a.startswith("-")]
     target = files[0] if files else "/sdcard/window_dump.xml"
+    phone = sh.phone
+    if phone.dumper is not None:
+        # An earlier dumper still holds the accessibility bridge (see `hang_dumps`).
+        return Output().err(_BRIDGE_TAKEN, 1)
+    hang = phone.take_dump_hang()
+    if hang is not None and _hang(sh, hang):
+        return Output().err("Killed\n", 137)
     try:
         if "--windows" in args[1:]:
             xml = sh.phone.dump_windows().encode()

@@ -37,7 +37,7 @@ from host.devices.virtual.files import VirtualFs
 from host.devices.virtual.keys import KEYCODES, typed_char
 from host.devices.virtual.layout import Node, contains, finalize, hit_test, scroller_at
 from host.devices.virtual.logbuffer import LogBuffer
-from host.devices.virtual.processes import ProcessTable
+from host.devices.virtual.processes import ProcessTable, Spawned
 from host.devices.virtual.state import Page, PhoneState, permission_key
 from host.devices.virtual.strings import Strings
 from host.devices.virtual.system_ui import Prompt
@@ -210,6 +210,9 @@ class VirtualPhone:
         self._glitch_every: tuple[int, DumpGlitch] | None = None
         self._dumps = 0
         self._u2_crashes = 0
+        self._dump_hangs: list[float] = []
+        #: The `uiautomator dump` process running right now, if one hangs (`hang_dumps`).
+        self.dumper: Spawned | None = None
         # System UI state:
         self.keyboard_up = False
         #: The on-screen keyboard's input method id (package/service): AOSP's LatinIME, or
@@ -651,6 +654,20 @@ class VirtualPhone:
         with self._lock:
             self._glitch_every = (n, kind) if n > 0 else None
             self._dumps = 0
+
+    def hang_dumps(self, seconds: float, count: int = 1) -> None:
+        """Make the next `count` `uiautomator dump` runs hang for `seconds` before they dump,
+        as on a phone whose screen never goes idle. The dumper is a process of its own
+        (`uiautomator` in `ps -A`, ended by `kill PID`): it keeps running, holding the
+        accessibility bridge, after the adb client that started it hung up, so another dump
+        meanwhile fails with "… already registered!"."""
+        with self._lock:
+            self._dump_hangs.extend([seconds] * count)
+
+    def take_dump_hang(self) -> float | None:
+        """How long this `uiautomator dump` hangs (see `hang_dumps`), None when it does not."""
+        with self._lock:
+            return self._dump_hangs.pop(0) if self._dump_hangs else None
 
     def crash_u2_agent(self, calls: int = 1) -> None:
         """Make the uiautomator2 agent die during each of the next `calls` JSON-RPC calls: it
