@@ -16,8 +16,10 @@ limit) makes every later call of the decision ask for twice the limit (at least
 THINKING_MAX_TOKENS, at most MAX_CALL_TOKENS): asked with the same limit, a model that keeps
 thinking on its retry is cut off again. The final error then names the limit.
 Extra tool calls in one answer are answered "not executed"; the first one is used.
-A refusal (the model declined: Anthropic `stop_reason: "refusal"`, an OpenAI refusal) ends the
-decision at once with `PlannerRefused`, before the turn is kept: no retry, no corrective turn.
+A refusal (the model declined: Anthropic `stop_reason: "refusal"`, an OpenAI refusal; or
+OpenAI's content filter stopped the answer: Chat `finish_reason: "content_filter"`, Responses
+incomplete for `content_filter`) ends the decision at once with `PlannerRefused`, before the
+turn is kept: no retry, no corrective turn.
 Usage and latency add up over every call the decision needed.
 
 What differs between the modes is the conversation (`Conversation`): compact mode keeps it in

@@ -61,8 +61,9 @@ class PlannerRejected(PlannerError):
 
 
 class PlannerRefused(PlannerError):
-    """The model declined to answer (Anthropic `stop_reason: "refusal"`, an OpenAI refusal).
-    `str(err)` names the provider's category and explanation, or the refusal text. Asking
+    """The model declined to answer (Anthropic `stop_reason: "refusal"`, an OpenAI refusal), or
+    OpenAI's content filter stopped the answer (`content_filter`). `str(err)` names the
+    provider's category and explanation, the refusal text, or the content filter. Asking
     again unchanged gets the same (Anthropic: "continuing without resetting will result in
     continued refusals"), so it is never retried: the attempt fails with the reason, and a
     session keeps nothing of the refused turn."""

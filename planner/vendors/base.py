@@ -109,7 +109,8 @@ class Turn:
     """What readable reasoning text of this turn is: the model's own, or a summary."""
     refusal: str | None = None
     """The model declined to answer: why, in the provider's words (Anthropic's stop_details
-    category and explanation, OpenAI's refusal text). None for an answer."""
+    category and explanation, OpenAI's refusal text, or that OpenAI's content filter stopped
+    the answer). None for an answer."""
 
     @property
     def tool_calls(self) -> list[ToolCall]:

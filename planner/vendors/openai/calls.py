@@ -8,6 +8,10 @@ from typing import Any
 from planner.conversation.items import ToolCall
 from planner.vendors.base import mask_sensitive
 
+#: The refusal reason of an answer OpenAI's content filter stopped (Chat `finish_reason:
+#: "content_filter"`, Responses `incomplete_details.reason: "content_filter"`).
+CONTENT_FILTERED = "the content filter stopped the answer"
+
 
 def function_call(
     turn_id: str,

@@ -26,7 +26,7 @@ from planner.decision import Usage
 from planner.settings import THINKING_MAX_TOKENS
 from planner.tools import ToolSpec
 from planner.vendors.base import image_media_type
-from planner.vendors.openai.calls import function_call
+from planner.vendors.openai.calls import CONTENT_FILTERED, function_call
 
 
 def project_chat(
@@ -157,12 +157,17 @@ def raw_calls(completion: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def refusal(completion: Mapping[str, Any]) -> str | None:
-    """The first choice's `message.refusal` (the model declined), or None."""
-    message = (completion.get("choices") or [{}])[0].get("message") or {}
+    """The first choice's `message.refusal` (the model declined), or — for an answer the
+    provider's content filter stopped (`finish_reason: "content_filter"`) — words saying so;
+    None for an answer. Asked again unchanged, the filter stops it again: never retried."""
+    choice = (completion.get("choices") or [{}])[0]
+    message = choice.get("message") or {}
     text = message.get("refusal")
-    if not isinstance(text, str):
-        return None
-    return text.strip() or "no reason given"
+    if isinstance(text, str):
+        return text.strip() or "no reason given"
+    if choice.get("finish_reason") == "content_filter":
+        return CONTENT_FILTERED + " (finish_reason content_filter)"
+    return None
 
 
 def stop_reason(completion: Mapping[str, Any]) -> str | None:

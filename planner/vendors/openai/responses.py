@@ -12,7 +12,7 @@ from planner.settings import THINKING_MAX_TOKENS
 from planner.tools import ToolSpec
 from planner.vendors.base import ThinkingConfig, ThinkingSink
 from planner.vendors.failures import StreamError
-from planner.vendors.openai.calls import function_call
+from planner.vendors.openai.calls import CONTENT_FILTERED, function_call
 from planner.vendors.openai.responses_projection import request_flags
 from planner.vendors.streaming import IncompleteStream, event_dict
 
@@ -103,7 +103,9 @@ def items_from_response(response: Mapping[str, Any]) -> list[AssistantItem]:
 
 
 def refusal(response: Mapping[str, Any]) -> str | None:
-    """The text of the response's `refusal` content parts (the model declined), or None."""
+    """The text of the response's `refusal` content parts (the model declined), words saying
+    the content filter stopped it (`status: incomplete`, `incomplete_details.reason:
+    "content_filter"`), or None for an answer."""
     texts = [
         str(part.get("refusal") or "").strip()
         for item in response.get("output") or []
@@ -111,6 +113,10 @@ def refusal(response: Mapping[str, Any]) -> str | None:
         for part in item.get("content") or []
         if part.get("type") == "refusal"
     ]
+    details = response.get("incomplete_details") or {}
+    filtered = response.get("status") == "incomplete" and details.get("reason") == "content_filter"
+    if filtered:
+        texts.append(CONTENT_FILTERED + " (incomplete: content_filter)")
     if not texts:
         return None
     return "; ".join(t for t in texts if t) or "no reason given"

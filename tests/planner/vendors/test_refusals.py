@@ -29,11 +29,13 @@ from tests.support.fakes import (
     FakeModelServer,
     ScriptedTurn,
     chat_completion,
+    function_call,
     refusal,
     text,
     thinking,
 )
 
+INTENT = {"purpose": "go back", "expected_outcome": "the previous screen shows"}
 CYBER = {"type": "refusal", "category": "cyber", "explanation": "Exploit development."}
 
 
@@ -73,6 +75,34 @@ async def test_a_chat_refusal_stops_at_once(fake_server: FakeModelServer) -> Non
     with pytest.raises(PlannerRefused, match="I can't assist with that"):
         await _decide(_compact(fake_server, "openai", "gpt-4.1-mini"))
     assert len(fake_server.requests) == 1
+
+
+async def test_a_chat_answer_the_content_filter_stopped_is_refused_at_once(
+    fake_server: FakeModelServer,
+) -> None:
+    """`finish_reason: "content_filter"` used to be asked again like an answer without a call
+    (a forced retry and a corrective turn: three more billed calls, filtered the same way)."""
+    fake_server.script_openai(chat_completion(None, finish_reason="content_filter"))
+    with pytest.raises(PlannerRefused, match="the content filter stopped the answer"):
+        await _decide(_compact(fake_server, "openai", "gpt-4.1-mini"))
+    assert len(fake_server.requests) == 1 and fake_server.pending == 0
+
+
+async def test_a_responses_answer_the_content_filter_stopped_is_refused_at_once(
+    fake_server: FakeModelServer,
+) -> None:
+    """`status: incomplete` with `incomplete_details.reason: "content_filter"` (a GPT-5 model's
+    compact step goes through Responses), even with a call in it: nothing of it runs."""
+    fake_server.script_responses(
+        ScriptedTurn(
+            [function_call("press_key", {"key": "back", **INTENT})],
+            status="incomplete",
+            incomplete_reason="content_filter",
+        )
+    )
+    with pytest.raises(PlannerRefused, match=r"content filter stopped the answer \(incomplete"):
+        await _decide(_compact(fake_server, "openai", "gpt-5"))
+    assert len(fake_server.requests) == 1 and fake_server.pending == 0
 
 
 async def _session(adapter: Any, db: Path) -> SessionPlanner:

@@ -109,6 +109,8 @@ class ScriptedTurn:
     usage: dict[str, Any] = field(default_factory=dict)
     fail: tuple[str, str] | None = None
     status: str = "completed"
+    incomplete_reason: str = "max_output_tokens"
+    """Responses, with status "incomplete": `incomplete_details.reason` ("content_filter")."""
     stop_details: dict[str, Any] | None = None
     """Anthropic: the message's `stop_details` (with stop_reason "refusal": `{"type":
     "refusal", "category": …, "explanation": …}`), on the message and on `message_delta`."""

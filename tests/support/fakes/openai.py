@@ -500,7 +500,7 @@ class ResponsesFake:
             "tools": body.get("tools") or [],
             "store": False,
             "error": None,
-            "incomplete_details": {"reason": "max_output_tokens"}
+            "incomplete_details": {"reason": turn.incomplete_reason}
             if turn.status == "incomplete"
             else None,
             "instructions": body.get("instructions"),
