@@ -13,8 +13,9 @@ The flow of a decision:
    from 1 again. Still unusable → `PlannerError`.
 An answer cut off at the output token limit without a tool call (thinking counts toward the
 limit) makes every later call of the decision ask for twice the limit (at least
-THINKING_MAX_TOKENS, at most MAX_CALL_TOKENS): asked with the same limit, a model that keeps
-thinking on its retry is cut off again. The final error then names the limit.
+THINKING_MAX_TOKENS, at most MAX_CALL_TOKENS, and never above the model's own output limit where
+its profile knows it: a call asking for more is refused with a 400): asked with the same limit,
+a model that keeps thinking on its retry is cut off again. The final error then names the limit.
 Extra tool calls in one answer are answered "not executed"; the first one is used.
 A refusal (the model declined: Anthropic `stop_reason: "refusal"`, an OpenAI refusal; or
 OpenAI's content filter stopped the answer: Chat `finish_reason: "content_filter"`, Responses
@@ -135,7 +136,7 @@ async def decide(
         turns.append(turn)
         usage.add(turn.usage)
         if turn.truncated and not turn.tool_calls and room is None and turn.max_tokens:
-            room = min(max(2 * turn.max_tokens, THINKING_MAX_TOKENS), MAX_CALL_TOKENS)
+            room = _raised(turn.max_tokens, turn.output_limit)
         return turn
 
     turn = await ask(force=False, first=True)
@@ -170,6 +171,13 @@ async def decide(
         user_prompt=user_prompt,
     )
     return decision, turns
+
+
+def _raised(max_tokens: int, output_limit: int | None) -> int:
+    """The output limit for the rest of a decision after an answer was cut off at `max_tokens`:
+    twice that, at least THINKING_MAX_TOKENS, at most MAX_CALL_TOKENS and the model's own limit."""
+    room = min(max(2 * max_tokens, THINKING_MAX_TOKENS), MAX_CALL_TOKENS)
+    return room if output_limit is None else min(room, output_limit)
 
 
 async def _parse(

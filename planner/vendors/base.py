@@ -105,6 +105,9 @@ class Turn:
     """The answer was cut off by the output token limit."""
     max_tokens: int | None = None
     """The output token limit the call was sent with (thinking included)."""
+    output_limit: int | None = None
+    """The model's own output limit (its profile's `max_output_tokens`; None: not known): a
+    call asking for more is refused, so a raised limit stops there."""
     readable_thinking: Literal["full", "summarized"] = "summarized"
     """What readable reasoning text of this turn is: the model's own, or a summary."""
     refusal: str | None = None

@@ -119,6 +119,7 @@ class AnthropicAdapter:
             projection=projection.stats,
             truncated=truncated(stop),
             max_tokens=params["max_tokens"],
+            output_limit=self.profile.max_output_tokens,
             readable_thinking=self.profile.readable_thinking,
             refusal=refusal(message),
         )

@@ -105,6 +105,7 @@ class OpenAIAdapter:
             request=params,
             truncated=chat.stop_reason(completion) == "length",
             max_tokens=params["max_completion_tokens"],
+            output_limit=self.profile.max_output_tokens,
             readable_thinking="full",
             refusal=chat.refusal(completion),
         )
@@ -147,6 +148,7 @@ class OpenAIAdapter:
             projection=projection.stats,
             truncated=responses.truncated(response),
             max_tokens=params["max_output_tokens"],
+            output_limit=self.profile.max_output_tokens,
             readable_thinking=responses.readable_thinking(response),
             refusal=responses.refusal(response),
         )

@@ -304,3 +304,18 @@ async def test_gpt5_correction_with_thinking_off_sends_the_call_without_its_id(
     assert second.status == 200, second.error
     call = next(i for i in second.body["input"] if i.get("type") == "function_call")
     assert "id" not in call
+
+
+async def test_a_raised_limit_stays_within_the_models_own_output_limit(
+    fake_server: FakeModelServer,
+) -> None:
+    """An answer cut off without a call doubles the limit for the rest of the decision; for
+    gpt-4o (16,384 output tokens) asked with 12,000 that was 24,000: the API refuses it (400)."""
+    fake_server.script_openai(
+        chat_completion("Let me look at every setting first", finish_reason="length"),
+        chat_completion(None, openai_tool_call("tap", TAP)),
+    )
+    decision = await decide(make(fake_server, model="gpt-4o", max_tokens=12000))
+    assert decision.tool_name == "tap" and decision.output_truncated
+    limits = [r.body["max_completion_tokens"] for r in fake_server.requests]
+    assert limits == [12000, 16384]
