@@ -11,11 +11,13 @@ The flow of a decision:
    arguments, an element id not on screen, a point off screen) → one corrective turn: the answer
    goes back with a tool result (or, without a call, an instruction) saying what was wrong; then
    from 1 again. Still unusable → `PlannerError`.
-An answer cut off at the output token limit without a tool call (thinking counts toward the
-limit) makes every later call of the decision ask for twice the limit (at least
-THINKING_MAX_TOKENS, at most MAX_CALL_TOKENS, and never above the model's own output limit where
-its profile knows it: a call asking for more is refused with a 400): asked with the same limit,
-a model that keeps thinking on its retry is cut off again. The final error then names the limit.
+An answer cut off at the output token limit (thinking counts toward the limit) makes every
+later call of the decision ask for twice the limit (at least THINKING_MAX_TOKENS, at most
+MAX_CALL_TOKENS, and never above the model's own output limit where its profile knows it: a call
+asking for more is refused with a 400): asked with the same limit, a model that keeps thinking
+on its retry is cut off again. The final error then names the limit.
+A tool call in an answer cut off at the limit is never executed (its arguments may be cut off
+and still validate): it gets the corrective turn, asked with the raised limit.
 Extra tool calls in one answer are answered "not executed"; the first one is used.
 A refusal (the model declined: Anthropic `stop_reason: "refusal"`, an OpenAI refusal; or
 OpenAI's content filter stopped the answer: Chat `finish_reason: "content_filter"`, Responses
@@ -135,7 +137,7 @@ async def decide(
         await conversation.received(turn)
         turns.append(turn)
         usage.add(turn.usage)
-        if turn.truncated and not turn.tool_calls and room is None and turn.max_tokens:
+        if turn.truncated and room is None and turn.max_tokens:
             room = _raised(turn.max_tokens, turn.output_limit)
         return turn
 
@@ -196,13 +198,17 @@ async def _parse(
     call, *extra = turn.tool_calls
     if extra:
         await conversation.add([ToolResult(c.call_id, EXTRA_CALL, is_error=True) for c in extra])
+    if turn.truncated:
+        # Its arguments may be cut off mid-way and still validate (a shorter text, a partial
+        # list): never executed, whatever they say (the docs: retry an incomplete tool_use with
+        # a higher max_tokens). Asked again through the corrective turn, with more room.
+        raise ToolCallError(
+            "not executed: your answer was cut off at the output token limit "
+            f"({turn.max_tokens} tokens, thinking included), so this call may be incomplete; "
+            "call the tool again"
+        )
     arguments: Any = turn.raw_calls.get(call.call_id, call.arguments)
-    try:
-        return parse_tool_call(call.name, arguments, element_ids=ids, screen_size=screen_size)
-    except ToolCallError as err:
-        if turn.truncated:
-            raise ToolCallError(f"{err} (your answer reached the output token limit)") from None
-        raise
+    return parse_tool_call(call.name, arguments, element_ids=ids, screen_size=screen_size)
 
 
 def _correction(turn: Turn, error: str) -> list[SessionItem]:

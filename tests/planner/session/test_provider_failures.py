@@ -246,23 +246,33 @@ async def test_signature_only_thinking_is_omitted_not_redacted(
 
 
 @pytest.mark.parametrize("stop", ["max_tokens", "model_context_window_exceeded"])
-async def test_a_reply_cut_off_at_max_tokens_is_marked(
+async def test_a_reply_cut_off_at_max_tokens_is_marked_and_its_call_not_executed(
     server: FakeModelServer, planners: Planners, stop: str
 ) -> None:
-    """Both stop reasons mean a cut-off answer (the docs: "Treat the response as truncated")."""
-    server.anthropic_script.append(
-        ScriptedTurn(
-            [
-                thinking("t"),
-                text("Pressing back because"),
-                tool_use("press_key", {"key": "back", **INTENT}),
-            ],
-            stop_reason=stop,
-        )
+    """Both stop reasons mean a cut-off answer (the docs: "Treat the response as truncated"):
+    its call may be incomplete, and gets the corrective turn, asked with more room."""
+    server.anthropic_script.extend(
+        [
+            ScriptedTurn(
+                [
+                    thinking("t"),
+                    text("Pressing back because"),
+                    tool_use("press_key", {"key": "back", **INTENT}),
+                ],
+                stop_reason=stop,
+            ),
+            ScriptedTurn([thinking("again"), tool_use("press_key", {"key": "home", **INTENT})]),
+        ]
     )
     decision = await (await planners.anthropic()).decide("screen 1")
+    assert decision.arguments["key"] == "home" and decision.corrective_retries == 1
     assert decision.output_truncated
     assert decision.rationale == f"Pressing back because\n{CUT_OFF}"
+    first, retried = server.bodies("/v1/messages")
+    assert retried["max_tokens"] > first["max_tokens"]
+    (result,) = retried["messages"][-1]["content"]
+    assert result["type"] == "tool_result" and result["is_error"] is True
+    assert server.rejections == []
 
 
 async def test_a_stream_cut_off_inside_a_tool_call_gets_the_corrective_turn(
@@ -315,20 +325,33 @@ async def test_a_whitespace_only_text_block_is_not_sent_back(
     assert server.rejections == []
 
 
-async def test_responses_incomplete_is_marked(server: FakeModelServer, planners: Planners) -> None:
-    server.responses_script.append(
-        ScriptedTurn(
-            [
-                reasoning("r"),
-                message("Going back"),
-                function_call("press_key", {"key": "back", **INTENT}),
-            ],
-            status="incomplete",
-        )
+async def test_responses_incomplete_is_marked_and_its_call_not_executed(
+    server: FakeModelServer, planners: Planners
+) -> None:
+    server.responses_script.extend(
+        [
+            ScriptedTurn(
+                [
+                    reasoning("r"),
+                    message("Going back"),
+                    function_call("press_key", {"key": "back", **INTENT}),
+                ],
+                status="incomplete",
+            ),
+            ScriptedTurn(
+                [reasoning("again"), function_call("press_key", {"key": "home", **INTENT})]
+            ),
+        ]
     )
     decision = await (await planners.openai()).decide("screen 1")
+    assert decision.arguments["key"] == "home" and decision.corrective_retries == 1
     assert decision.output_truncated and decision.rationale == f"Going back\n{CUT_OFF}"
     assert decision.thinking_kind == "summarized"
+    first, retried = server.bodies("/v1/responses")
+    assert retried["max_output_tokens"] > first["max_output_tokens"]
+    output = retried["input"][-1]
+    assert output["type"] == "function_call_output" and "not executed" in output["output"]
+    assert server.rejections == []
 
 
 @pytest.mark.parametrize("shape", ["nested", "flat"])

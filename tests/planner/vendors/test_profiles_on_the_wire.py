@@ -11,7 +11,7 @@ import pytest
 from planner.deciding import CUT_OFF, NUDGE
 from planner.decision import Decision
 from planner.planner import Planner
-from planner.settings import PlannerSettings
+from planner.settings import THINKING_MAX_TOKENS, PlannerSettings
 from planner.vendors import make_adapter
 from tests.planner.scenes import settings_main
 from tests.support.fakes import (
@@ -29,6 +29,7 @@ from tests.support.fakes import (
 )
 
 TAP = {"element_id": "e17", "purpose": "open display", "expected_outcome": "Display opens"}
+AGAIN = {**TAP, "purpose": "open display, asked again"}
 
 
 def make(server: FakeModelServer, **overrides: Any) -> Planner:
@@ -156,17 +157,28 @@ async def test_claude_46_forced_retry_says_thinking_disabled(fake_server: FakeMo
     assert decision.retry_kind == "forced"
 
 
-async def test_a_reply_cut_off_at_max_tokens_is_marked(fake_server: FakeModelServer) -> None:
+async def test_a_call_in_a_reply_cut_off_at_max_tokens_is_not_executed(
+    fake_server: FakeModelServer,
+) -> None:
+    """Its input may be cut off and still validate (the docs: retry an incomplete tool_use with
+    a higher max_tokens): it used to be executed. It gets the corrective turn, with more room."""
     fake_server.script_anthropic(
         anthropic_message(
             text("Display is the row to open because the theme"),
             tool_use("tap", TAP),
             stop_reason="max_tokens",
-        )
+        ),
+        anthropic_message(tool_use("tap", AGAIN)),
     )
     decision = await decide(make(fake_server, model="claude-sonnet-4-6"))
+    assert decision.purpose == AGAIN["purpose"] and decision.corrective_retries == 1
     assert decision.output_truncated
     assert decision.rationale == f"Display is the row to open because the theme\n{CUT_OFF}"
+    first, retried = fake_server.requests
+    assert retried.body["max_tokens"] == THINKING_MAX_TOKENS > first.body["max_tokens"]
+    (result,) = retried.body["messages"][-1]["content"]
+    assert result["type"] == "tool_result" and result["is_error"] is True
+    assert "not executed: your answer was cut off" in str(result["content"])
 
 
 async def test_the_rationale_is_not_repeated_after_a_corrective_retry(
@@ -261,9 +273,17 @@ async def test_each_gpt_5_family_is_sent_an_effort_it_takes(
     assert request.body["reasoning"]["effort"] == effort
 
 
-async def test_a_chat_reply_cut_off_at_length_is_marked(fake_server: FakeModelServer) -> None:
+async def test_a_call_in_a_chat_reply_cut_off_at_length_is_not_executed(
+    fake_server: FakeModelServer,
+) -> None:
     fake_server.script_openai(
-        chat_completion("Open", openai_tool_call("tap", TAP), finish_reason="length")
+        chat_completion("Open", openai_tool_call("tap", TAP), finish_reason="length"),
+        chat_completion(None, openai_tool_call("tap", AGAIN)),
     )
     decision = await decide(_openai(fake_server, model="gpt-4.1-mini"))
+    assert decision.purpose == AGAIN["purpose"] and decision.corrective_retries == 1
     assert decision.output_truncated and decision.rationale == f"Open\n{CUT_OFF}"
+    first, retried = fake_server.requests
+    assert retried.body["max_completion_tokens"] > first.body["max_completion_tokens"]
+    result = retried.body["messages"][-1]
+    assert result["role"] == "tool" and "not executed: your answer was cut off" in str(result)
