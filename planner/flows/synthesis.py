@@ -9,7 +9,9 @@ outcome, the checker's verdict and the page it was decided on. Output is an `amc
 * element ids cleared: a replay finds the element again by its semantic target;
 * typed text from the goal becomes a goal parameter ({p1}, …) in the step, and in the goal
   template, page names, purposes, expected outcomes and target texts that repeat it; sensitive
-  text is never stored: its step types a `secret…` parameter no goal can fill;
+  text is never stored: its step types a `secret…` parameter no goal can fill, and a run that
+  typed more sensitive texts than its goal names secrets (`{{secret:NAME}}`) is not learned
+  (its goal may spell the value out, and the log's mask cannot say where);
 * the embedding text: the goal template and each step's purpose, expected outcome and target
   semantics — what retrieval scores a new goal against.
 
@@ -25,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from amc.v1 import types_pb2
+from planner import secret_refs
 from planner.flows import params
 from planner.targets import semantics
 from planner.verify import VerdictName, verdict_to_proto
@@ -83,6 +86,18 @@ def synthesize(goal: str, steps: Sequence[SourceStep]) -> Synthesis:
     unplaced = next((s.step_index for s in [*kept, steps[-1]] if not s.page), None)
     if unplaced is not None:  # a replay checks each step's page: without one it would act blind
         return Synthesis(None, f"step {unplaced} has no page recorded (no screen came with it)")
+    sensitive = sum(1 for s in kept if s.tool_name == "input_text" and s.arguments.get("sensitive"))
+    named = len(secret_refs.names_in(goal))
+    if sensitive > named:
+        # The log keeps a sensitive text masked, so where the goal spells the value out
+        # ("... with password hunter2") it cannot be cut from the goal template, the embedding
+        # text (sent to the embeddings API) or the pages: only a goal that refers to its
+        # secrets by name ({{secret:NAME}}) holds none of them.
+        return Synthesis(
+            None,
+            f"{sensitive} sensitive text(s) typed but the goal names {named} secret(s) by"
+            " reference: it may spell a value out",
+        )
     typed = [
         str(s.arguments.get("text") or "")
         for s in kept
