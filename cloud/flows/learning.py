@@ -142,6 +142,17 @@ class FlowLearner:
                 await flows.mark_attempt(self.store, attempt.id, "error")
                 raise
             await flows.mark_attempt(self.store, attempt.id, state)
+            if state == AWAITING_SHIP:
+                await self._recheck(attempt)
+
+    async def _recheck(self, attempt: AttemptRow) -> None:
+        """A decision shipped after `learn` read the log and before the mark found the attempt
+        still taken, so its hand-back changed nothing: when the log now ends in its `complete`,
+        hand the attempt back here (one shipped later hands it back itself)."""
+        rows = await decisions.attempt_rows(self.store, attempt.task_id, attempt.attempt)
+        if rows and rows[-1].tool_name == "complete":
+            await decisions.learn_again(self.store, attempt.task_id, attempt.attempt)
+            self.wake.set()
 
     async def learn(self, attempt: AttemptRow, *, counted: bool = False) -> str:
         """Count the attempt's replay (unless `counted`: looked at before, when its shipped log

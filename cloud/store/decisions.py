@@ -114,15 +114,16 @@ async def append_shipped(
             row = await _insert(
                 store, host_id, task_id, attempt, decision, "direct", host_decision_id, outcome
             )
-            await _learn_again(store, task_id, attempt)
+            await learn_again(store, task_id, attempt)
             return row, False
         except IntegrityError as exc:
             last_error = exc
     raise RuntimeError("could not assign a step index") from last_error
 
 
-async def _learn_again(store: Store, task_id: str, attempt: int) -> None:
-    """Hand an attempt the learning loop left waiting for its shipped decisions back to it."""
+async def learn_again(store: Store, task_id: str, attempt: int) -> None:
+    """Hand an attempt the learning loop left waiting for its shipped decisions back to it
+    (after each shipped decision, and by the loop itself when one landed while it looked)."""
     async with store.write() as session:
         await session.execute(
             update(AttemptRow)

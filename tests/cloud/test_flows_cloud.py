@@ -350,6 +350,40 @@ async def test_a_direct_attempt_looked_at_again_for_its_shipped_log_is_counted_o
         await host_ch.close()
 
 
+async def test_a_complete_shipped_while_the_loop_reads_the_log_is_not_left_waiting(
+    cloud: CloudServer, ops: Any, pki_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The host ships its last decisions as it sends its result, so the `complete` can land
+    after the learning loop read the log and before it marked the attempt "awaiting-ship":
+    the hand-back then found the attempt still taken and changed nothing, and no later
+    decision ever came to wake it (the success was never learned)."""
+    host = ScriptedHost(cloud.address, pki_dir, "h1")
+    await host.connect(["s1"], transport=types_pb2.PLANNER_TRANSPORT_DIRECT)
+    read = decisions.attempt_rows
+    shipped: list[str] = []
+
+    async def read_then_ship(store: Store, task_id: str, attempt: int) -> list[Any]:
+        rows = await read(store, task_id, attempt)
+        if not shipped:  # the host's outbox catches up just after the loop looked
+            done = _decision()
+            done.tool_name, done.arguments = "complete", {"success": True, "reason": "done"}
+            done.action = types_pb2.Action(complete=types_pb2.CompleteAction(success=True))
+            await decisions.append_shipped(store, "h1", task_id, attempt, "last", done, None)
+            shipped.append(task_id)
+        return rows
+
+    monkeypatch.setattr(decisions, "attempt_rows", read_then_ship)
+    try:
+        await submit(ops, goal="Turn on dark theme")
+        a = (await host.next("assignment")).assignment
+        await host.send(result(a))
+        await host.next("result_ack")
+        await _flow_state_is(cloud.store, a, "no-flow")  # looked at again, with the whole log
+        assert shipped == [a.task_id]
+    finally:
+        await host.close()
+
+
 def _diverged_at_2(flow_id: str) -> types_pb2.FlowReplayReport:
     """A host's report of a replay that diverged at step 2 (after one replayed step)."""
     return types_pb2.FlowReplayReport(
