@@ -114,6 +114,8 @@ async def append_shipped(
             row = await _insert(
                 store, host_id, task_id, attempt, decision, "direct", host_decision_id, outcome
             )
+            if decision.replay_divergence and decision.flow_step:
+                await _record_handover(store, task_id, attempt, decision)
             await learn_again(store, task_id, attempt)
             return row, False
         except IntegrityError as exc:
@@ -133,6 +135,27 @@ async def learn_again(store: Store, task_id: str, attempt: int) -> None:
                 AttemptRow.flow_state == "awaiting-ship",  # cloud.flows.learning.AWAITING_SHIP
             )
             .values(flow_state="shipped")  # cloud.store.flows.SHIPPED: its replay is counted
+        )
+
+
+async def _record_handover(store: Store, task_id: str, attempt: int, decision: Decision) -> None:
+    """Write a shipped replay handover on its attempt (once, as Decide does for the cloud's
+    own): the host's result reports it too, but an attempt that ends with none (the host
+    crashed, the lease ran out) would leave its next attempt handed the same flow and the
+    flow's divergence uncounted. A later result's report writes the same values."""
+    async with store.write() as session:
+        await session.execute(
+            update(AttemptRow)
+            .where(
+                AttemptRow.task_id == task_id,
+                AttemptRow.attempt == attempt,
+                AttemptRow.replay_diverged_step.is_(None),
+            )
+            .values(
+                flow_id=decision.flow_id or AttemptRow.flow_id,
+                replay_diverged_step=decision.flow_step,
+                replay_divergence=decision.replay_divergence,
+            )
         )
 
 

@@ -384,6 +384,49 @@ async def test_a_complete_shipped_while_the_loop_reads_the_log_is_not_left_waiti
         await host.close()
 
 
+async def test_a_shipped_divergence_is_on_the_attempt_before_any_result(
+    cloud: CloudServer, ops: Any, pki_dir: Path
+) -> None:
+    """A direct-transport host's replay that diverged is in its shipped log at once, but the
+    attempt only learned of it from the result: an attempt that ends with none (the host
+    crashed, the lease ran out) left the next attempt handed the same flow and the flow's
+    divergence uncounted. The shipped handover is written on the attempt as it is logged."""
+    row = await store_flow(cloud.store)
+    host = ScriptedHost(cloud.address, pki_dir, "h1")
+    await host.connect(["s1"], transport=types_pb2.PLANNER_TRANSPORT_DIRECT)
+    host_ch = channel(cloud.address, pki_dir, "host-h1")
+    try:
+        task = (await submit(ops, goal="Turn on dark theme")).task
+        a = (await host.next("assignment")).assignment
+        assert a.flow.flow_id == row.flow_id
+        handover = types_pb2.Decision(
+            tool_name="press_key", provider="offline", model="m", flow_id=row.flow_id,
+            flow_step=2, replay_divergence="its target is not here",
+            action=types_pb2.Action(press_key=types_pb2.PressKeyAction(key=types_pb2.KEY_BACK)),
+        )  # fmt: skip
+        entry = decision_log_service_pb2.ShippedDecision(
+            host_decision_id="h", task_id=a.task_id, attempt=a.attempt, lease_id=a.lease_id,
+            decision=handover,
+        )  # fmt: skip
+        ship = decision_log_service_pb2_grpc.DecisionLogServiceStub(host_ch)
+        await ship.ShipDecisions(decision_log_service_pb2.ShipDecisionsRequest(entries=[entry]))
+        await ship.ShipDecisions(decision_log_service_pb2.ShipDecisionsRequest(entries=[entry]))
+        assert await flows.diverged_before(cloud.store, task.task_id, 2) == 1
+        async with cloud.store.read() as session:
+            attempt = await session.scalar(
+                select(AttemptRow).where(
+                    AttemptRow.task_id == a.task_id, AttemptRow.attempt == a.attempt
+                )
+            )
+        assert attempt is not None
+        assert (attempt.flow_id, attempt.replay_diverged_step, attempt.replay_divergence) == (
+            row.flow_id, 2, "its target is not here",
+        )  # fmt: skip
+    finally:
+        await host.close()
+        await host_ch.close()
+
+
 def _diverged_at_2(flow_id: str) -> types_pb2.FlowReplayReport:
     """A host's report of a replay that diverged at step 2 (after one replayed step)."""
     return types_pb2.FlowReplayReport(
