@@ -36,6 +36,24 @@ def export_name(task_id: str) -> str:
     return f"amc-export-{task_id}.zip"
 
 
+def write_export(run: Run, output: Path | None) -> Path:
+    """Write `run` where `-o` says: a file, or an existing folder to put the default name in.
+
+    `-o exports/` is how a person files several exports away; writing the zip over the folder
+    failed as an unexpected error (exit 70). A folder that is not there, or a file that cannot
+    be written, is an `ExportError` (one line, exit 2) rather than a traceback-worthy bug.
+    """
+    path = output or Path(export_name(run.task_id))
+    if path.is_dir():
+        path = path / export_name(run.task_id)
+    if not path.parent.is_dir():
+        raise ExportError(f"cannot write {path}: no folder {path.parent} (create it first)")
+    try:
+        return write_file(run, path)
+    except OSError as exc:
+        raise ExportError(f"cannot write {path}: {exc.strerror or exc}") from None
+
+
 async def cloud_run(
     cloud: CloudReader, task_id: str, screenshots: ScreenshotSource = NO_SCREENSHOTS
 ) -> Run:
@@ -61,7 +79,7 @@ async def export_task(
             run = merge(run, *hosts)
         except ValueError as exc:
             raise ExportError(str(exc)) from None
-    return write_file(run, output or Path(export_name(run.task_id))), run
+    return write_export(run, output), run
 
 
 def export_host_task(
@@ -83,4 +101,4 @@ def export_host_task(
         store.close()
     if run is None:
         raise ExportError(f"task {task_id} is not in this host's timeline ({db_path})")
-    return write_file(run, output or Path(export_name(task_id))), run
+    return write_export(run, output), run

@@ -305,6 +305,26 @@ async def test_every_user_error_is_one_line_with_a_hint(stack: Stack, tmp_path: 
     assert debugged.err.strip().splitlines()[-1].startswith("amc task list: no certificate folder")
 
 
+async def test_export_into_a_folder_writes_the_default_name_there(
+    stack: Stack, tmp_path: Path
+) -> None:
+    """`-o exports/` (a folder that exists) files the zip away under its usual name; a folder
+    that is not there is one line and exit 2. Both used to be "unexpected" errors (exit 70)."""
+    task_id = await stack.submit("Export me: héllo 日本語")
+    folder = tmp_path / "exports"
+    folder.mkdir()
+    ran = await amc(*stack.conn, "task", "export", task_id[:8], "-o", str(folder))
+    assert ran.code == exit_codes.OK, ran
+    written = folder / f"amc-export-{task_id}.zip"
+    assert ran.out.startswith(f"{written} (0 steps"), ran.out
+    assert written.is_file() and [p.name for p in folder.iterdir()] == [written.name]
+    missing = tmp_path / "nowhere" / "x.zip"
+    ran = await amc(*stack.conn, "task", "export", task_id, "-o", str(missing))
+    assert ran.code == exit_codes.USAGE, ran
+    assert f"no folder {missing.parent}" in one_line(ran, "amc task export")
+    assert ran.out == "" and not missing.parent.exists()
+
+
 async def test_an_unknown_host_is_a_warning_on_stderr_and_the_id_stays_alone_on_stdout(
     stack: Stack,
 ) -> None:
