@@ -9,6 +9,7 @@ unexpected error gets the "run with --debug" note.
 
 from __future__ import annotations
 
+import os
 import sys
 import traceback
 from collections.abc import Callable
@@ -22,6 +23,7 @@ from pydantic import ValidationError
 from typer._click import exceptions as click_errors
 
 from console import exit_codes
+from console.cli_output import OutputClosed
 
 
 class UserError(Exception):
@@ -156,6 +158,11 @@ def run_main(main: Callable[[], int | None], argv: list[str], *, debug: Callable
         return exit_codes.INTERRUPTED
     except typer.Exit as done:
         return int(done.exit_code)
+    except (OutputClosed, BrokenPipeError):
+        # The reader went away: nothing more can be said on stdout, and Python's own flush at
+        # exit must not fail again; the exit code says what happened, the task's state does not.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return exit_codes.BROKEN_PIPE
     except Exception as exc:
         if debug():
             traceback.print_exc()

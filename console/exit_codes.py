@@ -8,7 +8,9 @@
 - 3: the watched task was cancelled;
 - 4: the cloud could not be reached, refused the operator's certificate, or did not answer;
 - 70: an unexpected internal error (`--debug` prints its traceback);
-- 130: interrupted (Ctrl-C).
+- 130: interrupted (Ctrl-C);
+- 141: whatever read the output stopped reading (`amc task watch ID | head -1`): 128 + SIGPIPE,
+  as a shell reports it, and never 1, which would say the watched task failed.
 
 `docs/cli.md` repeats this list as a table; `tests/console/test_cli_scripts.py` holds the
 commands to it.
@@ -25,3 +27,4 @@ TASK_CANCELLED: Final = 3
 CLOUD: Final = 4
 INTERNAL: Final = 70
 INTERRUPTED: Final = 130
+BROKEN_PIPE: Final = 141

@@ -325,6 +325,34 @@ async def test_export_into_a_folder_writes_the_default_name_there(
     assert ran.out == "" and not missing.parent.exists()
 
 
+@pytest.mark.parametrize("json_out", [False, True])
+async def test_a_reader_that_stops_reading_is_exit_141_not_a_failed_task(
+    stack: Stack, json_out: bool
+) -> None:
+    """`amc … | head -1`: the pipe closes under amc. Rich's handling exited 1, the code that says
+    a watched task failed; it is 141 (128 + SIGPIPE, as a shell says it), with no traceback."""
+    for i in range(3):
+        await stack.submit(f"Pipe test {i}")
+    read, write = os.pipe()
+    os.close(read)  # the reader is gone before amc writes
+    try:
+        process = await asyncio.create_subprocess_exec(
+            AMC,
+            *stack.conn,
+            "task",
+            "list",
+            *(["--json"] if json_out else []),
+            stdout=write,
+            stderr=subprocess.PIPE,
+            env=ENV,
+        )
+    finally:
+        os.close(write)
+    _, err = await asyncio.wait_for(process.communicate(), 120)
+    assert process.returncode == exit_codes.BROKEN_PIPE, err.decode()
+    assert TRACEBACK not in err.decode() and "Exception ignored" not in err.decode()
+
+
 async def test_an_unknown_host_is_a_warning_on_stderr_and_the_id_stays_alone_on_stdout(
     stack: Stack,
 ) -> None:
