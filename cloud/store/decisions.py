@@ -22,6 +22,7 @@ from sqlalchemy.sql.dml import Update
 from amc.v1 import types_pb2
 from cloud.store.database import Store
 from cloud.store.models import AttemptRow, DecisionRow, TaskRow
+from cloud.store.paging import token_int
 from planner.convert import masked_action
 from planner.decision import Decision
 from planner.steps import PastStep, StepOutcome, stored_arguments
@@ -300,7 +301,7 @@ def _cursor(row: DecisionRow) -> str:
 def _decode(token: str) -> tuple[int, int]:
     try:
         attempt, step = json.loads(base64.urlsafe_b64decode(token.encode()))
-        return int(attempt), int(step)
+        return token_int(attempt), token_int(step)
     except Exception as exc:
         raise ValueError("not a page token from this server") from exc
 

@@ -20,6 +20,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from cloud.store.database import Store
 from cloud.store.models import AttemptRow, LeaseEventRow, TaskRow
+from cloud.store.paging import token_int
 
 #: Longest reason kept with an event (a host's summary can be 2,000 characters).
 REASON_LIMIT = 500
@@ -138,7 +139,7 @@ def _decode(token: str) -> int:
         raw = base64.urlsafe_b64decode(token.encode()).decode()
         if not raw.startswith("e"):
             raise ValueError(raw)
-        return int(raw[1:])
+        return token_int(raw[1:])
     except Exception as exc:
         raise ValueError("not a page token from this server") from exc
 

@@ -18,6 +18,7 @@ from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
 from cloud.store.database import Store
 from cloud.store.models import DecisionRow, StepScreenshotRow, TaskRow
+from cloud.store.paging import token_int
 
 PHASES = ("before", "after")
 
@@ -84,7 +85,7 @@ def _decode(token: str) -> tuple[int, int, str]:
         attempt, step, phase = json.loads(base64.urlsafe_b64decode(token.encode()))
         if phase not in PHASES:
             raise ValueError(phase)
-        return int(attempt), int(step), str(phase)
+        return token_int(attempt), token_int(step), str(phase)
     except Exception as exc:
         raise ValueError("not a page token from this server") from exc
 

@@ -10,6 +10,7 @@ from dataclasses import replace
 from typing import Any
 from unittest.mock import ANY
 
+import pytest
 from sqlalchemy import event, inspect, select, update
 
 from amc.v1 import types_pb2
@@ -579,3 +580,26 @@ async def test_a_batch_of_hellos_costs_the_statements_of_one(store: Store) -> No
     )
     assert twice[0].previous_process == "p1" and twice[0].checks is not None
     assert (twice[1].previous_process, twice[1].checks) == ("p1", None)
+
+
+@pytest.mark.parametrize("module", ["decisions", "lease_events", "screenshots"])
+async def test_a_page_token_holding_a_huge_number_is_not_from_this_server(
+    store: Store, module: str
+) -> None:
+    """A token decoding to a number past 64 bits made SQLite's driver raise OverflowError while
+    binding it (INTERNAL for the caller); it is a token this server never made (ValueError:
+    INVALID_ARGUMENT "page_token: …")."""
+    import base64
+    import importlib
+    import json
+
+    store_module = importlib.import_module(f"cloud.store.{module}")
+    payload = {
+        "decisions": [2**70, 1],
+        "lease_events": None,
+        "screenshots": [2**70, 1, "before"],
+    }[module]
+    raw = b"e" + str(2**70).encode() if payload is None else json.dumps(payload).encode()
+    token = base64.urlsafe_b64encode(raw).decode()
+    with pytest.raises(ValueError, match="not a page token from this server"):
+        await store_module.list_page(store, "t", 0, 10, token)
