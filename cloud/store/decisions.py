@@ -20,6 +20,7 @@ from sqlalchemy.orm import load_only
 from sqlalchemy.sql.dml import Update
 
 from amc.v1 import types_pb2
+from cloud.store import flows
 from cloud.store.database import Store
 from cloud.store.models import AttemptRow, DecisionRow, TaskRow
 from cloud.store.paging import token_int
@@ -116,7 +117,18 @@ async def append_shipped(
                 store, host_id, task_id, attempt, decision, "direct", host_decision_id, outcome
             )
             if decision.replay_divergence and decision.flow_step:
-                await _record_handover(store, task_id, attempt, decision)
+                # Written when logged, as Decide does for the cloud's own: an attempt that ends
+                # without a result (the host crashed, the lease ran out) would otherwise leave
+                # its next attempt handed the same flow, the divergence uncounted.
+                await flows.record_replay(
+                    store,
+                    task_id,
+                    attempt,
+                    flow_id=decision.flow_id,
+                    steps_replayed=None,
+                    diverged_at=decision.flow_step,
+                    reason=decision.replay_divergence,
+                )
             await learn_again(store, task_id, attempt)
             return row, False
         except IntegrityError as exc:
@@ -135,28 +147,7 @@ async def learn_again(store: Store, task_id: str, attempt: int) -> None:
                 AttemptRow.attempt == attempt,
                 AttemptRow.flow_state == "awaiting-ship",  # cloud.flows.learning.AWAITING_SHIP
             )
-            .values(flow_state="shipped")  # cloud.store.flows.SHIPPED: its replay is counted
-        )
-
-
-async def _record_handover(store: Store, task_id: str, attempt: int, decision: Decision) -> None:
-    """Write a shipped replay handover on its attempt (once, as Decide does for the cloud's
-    own): the host's result reports it too, but an attempt that ends with none (the host
-    crashed, the lease ran out) would leave its next attempt handed the same flow and the
-    flow's divergence uncounted. A later result's report writes the same values."""
-    async with store.write() as session:
-        await session.execute(
-            update(AttemptRow)
-            .where(
-                AttemptRow.task_id == task_id,
-                AttemptRow.attempt == attempt,
-                AttemptRow.replay_diverged_step.is_(None),
-            )
-            .values(
-                flow_id=decision.flow_id or AttemptRow.flow_id,
-                replay_diverged_step=decision.flow_step,
-                replay_divergence=decision.replay_divergence,
-            )
+            .values(flow_state=flows.SHIPPED)  # its replay was counted
         )
 
 

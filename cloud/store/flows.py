@@ -251,17 +251,22 @@ async def record_replay(
     attempt: int,
     *,
     flow_id: str,
-    steps_replayed: int,
+    steps_replayed: int | None,
     diverged_at: int,
     reason: str,
 ) -> None:
-    """How the attempt's replay went (the cloud transport's Decide calls, or a direct-transport
-    host's report with its result): replayed steps so far and, once, where it handed over."""
-    values: dict[str, object] = {"replay_steps": steps_replayed}
+    """How the attempt's replay went (the cloud transport's Decide calls, a direct-transport
+    host's shipped handover, or its report with its result): replayed steps so far (None:
+    not known here, left as they are) and, once, where it handed over."""
+    values: dict[str, object] = {}
+    if steps_replayed is not None:
+        values["replay_steps"] = steps_replayed
     if flow_id:
         values["flow_id"] = flow_id
     if diverged_at:
         values.update(replay_diverged_step=diverged_at, replay_divergence=reason)
+    if not values:
+        return
     async with store.write() as session:
         await session.execute(
             update(AttemptRow)
