@@ -11,8 +11,6 @@ import logging
 import re
 import uuid
 
-import adbutils
-
 from host.devices import adb_transport
 from host.devices.adb_errors import ensure_listed, mapped_errors, server_reachable
 from host.devices.base import DeviceBusy, DeviceError, DeviceGone, KeyName, ScreenState
@@ -233,7 +231,7 @@ class AdbDriver:
         self._addr = (host, port)
         #: How long one read may wait for the phone before the call fails as `DeviceBusy`.
         self.timeout_s = timeout_s
-        self._client = adbutils.AdbClient(host=host, port=port)
+        self._client = adb_transport.Client(host=host, port=port)
         self._natural: tuple[int, int] | None = None
         self._rotation_unknown = False
         self._ime = InputMethodCache(

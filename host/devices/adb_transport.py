@@ -7,6 +7,7 @@ use adbutils' connection object but own its lifetime.
 
 from __future__ import annotations
 
+import socket
 import struct
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -14,8 +15,38 @@ from contextlib import contextmanager
 import adbutils
 from adbutils import AdbClient
 from adbutils._adb import AdbConnection
+from adbutils.errors import AdbConnectionError
 
 DEFAULT_TIMEOUT_S = 30.0
+_CONNECT_TIMEOUT_S = 3.0
+
+
+class _Connection(AdbConnection):  # type: ignore[misc]
+    """adbutils' connection without its rescue: when no adb server answers, adbutils runs `adb
+    start-server` (a daemon the operator did not ask for, on the default port whatever port
+    the host was given) and leaves the refused socket open. The host checks for the server
+    itself and calls a phone gone when there is none (`adb_errors`)."""
+
+    def __init__(self, host: str, port: int, timeout: float | None) -> None:
+        self._address = (host, port)
+        self._timeout = timeout
+        super().__init__(host, port)
+
+    def _safe_connect(self) -> socket.socket:
+        try:
+            # closes its socket when the connection fails; 3 s to connect, as adbutils allows
+            sock = socket.create_connection(self._address, timeout=_CONNECT_TIMEOUT_S)
+        except OSError as exc:
+            raise AdbConnectionError(f"connect to adb server failed: {exc}") from exc
+        sock.settimeout(self._timeout)  # None: blocking, as adbutils leaves it
+        return sock
+
+
+class Client(AdbClient):  # type: ignore[misc]
+    """`AdbClient` whose connections never start an adb server nor leak a refused socket."""
+
+    def make_connection(self, timeout: float | None = None) -> AdbConnection:
+        return _Connection(self.host, self.port, timeout)
 
 
 @contextmanager

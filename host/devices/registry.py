@@ -58,7 +58,7 @@ class DeviceRegistry:
         only_serials: list[str] | None = None,
         offline_after_failed_polls: int = 3,
     ) -> None:
-        self._client = adbutils.AdbClient(host=host, port=port)
+        self._client = adb_transport.Client(host=host, port=port)
         self._addr = (host, port)
         self._only = set(only_serials or [])
         self._devices: dict[str, DeviceInfo] = {}

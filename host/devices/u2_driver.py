@@ -17,6 +17,7 @@ import uiautomator2 as u2
 from adbutils.errors import AdbConnectionError, AdbTimeout
 from uiautomator2 import exceptions as u2_exceptions
 
+from host.devices import adb_transport
 from host.devices.adb_driver import check_launched, check_package, monkey_launch
 from host.devices.adb_errors import adb_state, is_gone, server_reachable, timed_out
 from host.devices.base import DeviceBusy, DeviceError, DeviceGone, KeyName, ScreenState
@@ -51,7 +52,7 @@ class U2Driver:
 
     def __init__(self, serial: str, host: str = "127.0.0.1", port: int = 5037) -> None:
         self._serial = serial
-        self._adb = adbutils.AdbClient(host=host, port=port)
+        self._adb = adb_transport.Client(host=host, port=port)
         self._addr = (host, port)
         self._dev: Any = None
         self._ime = InputMethodCache(

@@ -427,3 +427,34 @@ def test_a_failed_device_poll_keeps_the_last_states_for_a_while(
     assert seen == [(SERIAL, "offline")]
     registry.refresh()
     assert seen[-1] == (SERIAL, "online")
+
+
+def test_no_adb_server_is_a_refusal_not_a_daemon_started(monkeypatch: pytest.MonkeyPatch) -> None:
+    """adbutils answers a refused connection by running `adb start-server` (a daemon on the
+    default port, whatever port the host was given) and leaves the refused socket open: in CI a
+    phone's adb server going away mid-step started a real daemon and leaked two sockets. The
+    host's client refuses instead and closes what it opened. (The spy only records: `adb` is
+    never run here, before or after.)"""
+    import gc
+    import socket
+    import warnings
+
+    from adbutils import _adb
+    from adbutils.errors import AdbConnectionError
+
+    from host.devices import adb_transport
+
+    started: list[object] = []
+    monkeypatch.setattr(_adb.subprocess, "run", lambda *a, **k: started.append(a))
+    with socket.socket() as probe:  # a port nobody listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    client = adb_transport.Client(host="127.0.0.1", port=port)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ResourceWarning)
+        with pytest.raises(AdbConnectionError, match="connect to adb server failed"):
+            client.make_connection(timeout=1.0)
+        with pytest.raises(AdbConnectionError):
+            client.list()
+        gc.collect()
+    assert started == []
