@@ -220,6 +220,30 @@ def _judgement(name: str, value: Any) -> Judgement | None:
     return Judgement(str(verdict), note)
 
 
+def _not_unicode(value: Any, where: str = "") -> str | None:
+    """Where in `value` (a decoded JSON value) a string holds a lone surrogate, or None.
+
+    JSON lets a string escape half of a surrogate pair (`"\\ud83d"`) and Python's decoder
+    keeps it, but such a string cannot be encoded: left in, it failed the decision as an
+    unexpected UnicodeEncodeError when the action, the decision log or the next request was
+    written, instead of the corrective turn an unusable argument gets."""
+    if isinstance(value, str):
+        broken = any("\ud800" <= c <= "\udfff" for c in value)
+        return (f"`{where}`" if where else "a string") if broken else None
+    items: Any = ()
+    if isinstance(value, Mapping):
+        items = value.items()
+    elif isinstance(value, list):
+        items = ((str(i), v) for i, v in enumerate(value))
+    for key, item in items:
+        if _not_unicode(key) is not None:
+            return "an argument name"
+        found = _not_unicode(item, f"{where}.{key}" if where else str(key))
+        if found is not None:
+            return found
+    return None
+
+
 def _int(args: Mapping[str, Any], key: str, tool: str) -> int:
     value = args.get(key)
     if isinstance(value, bool) or not isinstance(value, int | float):
@@ -303,6 +327,13 @@ def parse_tool_call(
     if not isinstance(arguments, Mapping):
         raise ToolCallError(f"{name}: arguments must be a JSON object")
     args = dict(arguments)
+    broken = _not_unicode(args)
+    if broken is not None:
+        # The value is not echoed: it may be a secret, and this message is stored.
+        raise ToolCallError(
+            f"{name}: {broken} holds a lone surrogate escape (such as \\ud83d without its "
+            "pair), which is not text; write the characters themselves"
+        )
     allowed = set(_BY_NAME[name].parameters["properties"])
     unknown = sorted(set(args) - allowed)
     if unknown:

@@ -8,6 +8,7 @@ modes go through the same adapter, so a request rule or a parsing fix lands once
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
@@ -191,6 +192,25 @@ def mask_sensitive(name: str, arguments: dict[str, Any]) -> dict[str, Any]:
     if name == "input_text" and sensitive is not False and "text" in arguments:
         return {**arguments, "text": MASK}
     return arguments
+
+
+def sendable(value: Any) -> Any:
+    """`value` (decoded JSON) with each lone surrogate in its strings replaced by U+FFFD.
+
+    JSON may escape half of a surrogate pair (`"\\ud83d"`) and Python's decoder keeps it, but
+    the SDKs cannot encode such a string: a tool call kept with one could never be sent back,
+    so its corrective turn failed with "'utf-8' codec can't encode character". The call as
+    the model sent it still goes to parsing (`Turn.raw_calls`), which refuses it."""
+    if isinstance(value, str):
+        return _LONE_SURROGATE.sub("\ufffd", value)
+    if isinstance(value, dict):
+        return {sendable(k): sendable(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [sendable(v) for v in value]
+    return value
+
+
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 def image_media_type(data: bytes) -> str:

@@ -20,7 +20,7 @@ from planner.decision import Usage
 from planner.model_profiles import ModelProfile
 from planner.settings import ANSWER_ROOM_TOKENS, THINKING_MAX_TOKENS
 from planner.tools import ToolSpec
-from planner.vendors.base import ThinkingConfig, ThinkingSink, mask_sensitive
+from planner.vendors.base import ThinkingConfig, ThinkingSink, mask_sensitive, sendable
 from planner.vendors.streaming import IncompleteStream, event_dict
 
 EPHEMERAL: dict[str, str] = {"type": "ephemeral"}
@@ -142,7 +142,7 @@ def items_from_message(message: Mapping[str, Any], model: str | None = None) -> 
                     turn_id,
                     str(block.get("id") or ""),
                     name,
-                    mask_sensitive(name, dict(args) if isinstance(args, dict) else {}),
+                    mask_sensitive(name, sendable(args) if isinstance(args, dict) else {}),
                 )
             )
     return out

@@ -6,7 +6,7 @@ import json
 from typing import Any
 
 from planner.conversation.items import ToolCall
-from planner.vendors.base import mask_sensitive
+from planner.vendors.base import mask_sensitive, sendable
 
 #: The refusal reason of an answer OpenAI's content filter stopped (Chat `finish_reason:
 #: "content_filter"`, Responses `incomplete_details.reason: "content_filter"`).
@@ -29,7 +29,7 @@ def function_call(
         parsed = json.loads(raw) if raw.strip() else {}
     except json.JSONDecodeError:
         parsed = None
-    args = parsed if isinstance(parsed, dict) else {}
+    args = sendable(parsed) if isinstance(parsed, dict) else {}
     masked = mask_sensitive(name, args)
     if masked is not args or (name == "input_text" and not isinstance(parsed, dict)):
         raw = json.dumps(masked, ensure_ascii=False)

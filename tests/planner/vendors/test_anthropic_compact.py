@@ -512,3 +512,25 @@ async def test_answers_cut_off_every_time_end_naming_the_limit(
     assert "AMC_PLANNER_MAX_TOKENS" in str(info.value)
     limits = [r.body["max_tokens"] for r in fake_server.requests]
     assert limits[0] == THINKING_MAX_TOKENS and set(limits[1:]) == {MAX_CALL_TOKENS}
+
+
+async def test_a_tool_input_with_a_lone_surrogate_gets_the_corrective_turn(
+    fake_server: FakeModelServer,
+) -> None:
+    # A JSON escape of half a surrogate pair in the call's input: the action could not be
+    # built (UnicodeEncodeError, an internal error), nor the call sent back in the correction.
+    # Now the call is refused to the model, and goes back with U+FFFD in its place.
+    fake_server.script_anthropic(
+        anthropic_message(tool_use("tap", {**TAP_DISPLAY, "purpose": "open \ud83d display"})),
+        anthropic_message(tool_use("tap", TAP_DISPLAY)),
+    )
+    decision = await decide(make(fake_server))
+
+    assert decision.arguments == {"element_id": "e17"}
+    assert decision.corrective_retries == 1
+    second = fake_server.requests[1]
+    assert second.status == 200
+    call, result = (m["content"][-1] for m in second.body["messages"][-2:])
+    assert call["input"]["purpose"] == "open \ufffd display"
+    assert result["is_error"] is True
+    assert "`purpose` holds a lone surrogate" in result["content"]

@@ -123,6 +123,34 @@ async def test_arguments_that_are_not_json_get_a_corrective_tool_message(
     assert "not valid JSON" in tool["content"]
 
 
+async def test_arguments_with_a_lone_surrogate_escape_get_a_corrective_tool_message(
+    fake_server: FakeModelServer,
+) -> None:
+    # JSON may escape half of a surrogate pair; Python's decoder keeps it, nothing can encode
+    # it. The call was an unexpected UnicodeEncodeError (the decision failed as an internal
+    # error); now it gets the corrective turn, and its masked form goes back encodable.
+    bad = openai_tool_call(
+        "input_text",
+        '{"text": "pw \\ud83d", "sensitive": true, "purpose": "log in \\udc00",'
+        ' "expected_outcome": "o"}',
+    )
+    good = {"text": "pw", "sensitive": True, "purpose": "log in", "expected_outcome": "o"}
+    fake_server.script_openai(
+        chat_completion(None, bad), chat_completion(None, openai_tool_call("input_text", good))
+    )
+    decision = await decide(make(fake_server))
+
+    assert decision.arguments == {"text": "pw", "sensitive": True}
+    assert decision.corrective_retries == 1
+    second = fake_server.requests[1]
+    assert second.status == 200
+    assistant, tool = second.body["messages"][2], second.body["messages"][3]
+    sent = json.loads(assistant["tool_calls"][0]["function"]["arguments"])
+    assert sent == {**good, "text": "•••", "purpose": "log in \ufffd"}
+    assert "lone surrogate" in tool["content"]
+    assert "pw" not in tool["content"]
+
+
 async def test_off_screen_point_is_corrected(fake_server: FakeModelServer) -> None:
     fake_server.script_openai(
         chat_completion(
