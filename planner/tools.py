@@ -271,6 +271,9 @@ def _bool(args: Mapping[str, Any], key: str, tool: str, *, required: bool = Fals
     return value
 
 
+_INT32_END = 2**31
+
+
 class _Checker:
     """Validates element ids and points against what the model was shown."""
 
@@ -289,7 +292,9 @@ class _Checker:
 
     def point(self, tool: str, x: int, y: int, what: str = "point") -> None:
         if self.screen_size is None or self.screen_size[0] <= 0 or self.screen_size[1] <= 0:
-            if x < 0 or y < 0:
+            # The screen's size is not known, but no screen is 2**31 pixels wide, and the
+            # action's int32 fields refused such a number as an unexpected ValueError.
+            if not (0 <= x < _INT32_END and 0 <= y < _INT32_END):
                 raise ToolCallError(f"{tool}: {what} ({x}, {y}) is off the screen")
             return
         w, h = self.screen_size

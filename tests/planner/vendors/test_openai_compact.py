@@ -169,6 +169,33 @@ async def test_off_screen_point_is_corrected(fake_server: FakeModelServer) -> No
     assert "1080x2400" in complaint
 
 
+async def test_a_point_past_any_screen_is_corrected_when_the_screen_size_is_unknown(
+    fake_server: FakeModelServer,
+) -> None:
+    # A Decide without a screen size (0x0) checks only that a point is not negative: a
+    # coordinate past int32 was an unexpected ValueError while the action was built.
+    fake_server.script_openai(
+        chat_completion(
+            None,
+            openai_tool_call(
+                "tap", {"x": 5_000_000_000, "y": 5, "purpose": "p", "expected_outcome": "o"}
+            ),
+        ),
+        chat_completion(
+            None,
+            openai_tool_call("tap", {"x": 10, "y": 5, "purpose": "p", "expected_outcome": "o"}),
+        ),
+    )
+    planner = make(fake_server)
+    try:
+        decision = await planner.decide_from_prompts("system", "tap something", screen_size=None)
+    finally:
+        await planner.aclose()
+    assert decision.arguments == {"x": 10, "y": 5}
+    complaint = fake_server.bodies()[1]["messages"][-1]["content"]
+    assert "(5000000000, 5) is off the screen" in complaint
+
+
 async def test_429_then_success_and_persistent_429(fake_server: FakeModelServer) -> None:
     fake_server.script_openai(
         rate_limited_openai(), chat_completion(None, openai_tool_call("tap", TAP))
