@@ -91,6 +91,10 @@ _AUTH_CODES = frozenset(
         "account_deactivated",
     }
 )
+#: Billing refusals Anthropic sends as 400 invalid_request_error, told apart only by their
+#: words ("Your credit balance is too low to access the Anthropic API. …", "You have reached your
+#: specified API usage limits. You will regain access on …"; public issue trackers quote both).
+_BILLING_WORDS = ("credit balance is too low", "reached your specified api usage limits")
 _RATE_CODES = frozenset({"rate_limit_error", "rate_limit_exceeded"})
 _INVALID_CODES = frozenset(
     {
@@ -139,11 +143,14 @@ def planner_error(err: BaseException, vendor: str, *, retries: int) -> PlannerEr
         and not hasattr(err, "status_code")
         and not _is_connection_error(err)
     )
-    if codes & _AUTH_CODES or getattr(err, "status_code", None) in (401, 402, 403):
+    # A billing refusal in an invalid-request error is no invalid request: sent again, after a
+    # session "started afresh" over it, it is refused the same; an operator must act.
+    billing = any(words in detail.lower() for words in _BILLING_WORDS)
+    if codes & _AUTH_CODES or getattr(err, "status_code", None) in (401, 402, 403) or billing:
         status = getattr(err, "status_code", None)
         if status == 401 or codes & {"authentication_error", "invalid_api_key"}:
             return PlannerAuthError(f"planner: {label} rejected the API key")
-        if status == 402 or codes & {"billing_error", "insufficient_quota"}:
+        if status == 402 or codes & {"billing_error", "insufficient_quota"} or billing:
             return PlannerAuthError(f"planner: {label} refused the request for billing ({detail})")
         return PlannerAuthError(f"planner: {label} denied permission ({detail})")
     if mid_stream:

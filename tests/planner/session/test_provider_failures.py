@@ -185,6 +185,35 @@ async def test_http_failures_in_session_mode_are_transient(
     ]
 
 
+@pytest.mark.parametrize(
+    "words",
+    [
+        "Your credit balance is too low to access the Anthropic API. Please go to Plans & "
+        "Billing to upgrade or purchase credits.",
+        "You have reached your specified API usage limits. You will regain access on "
+        "2026-04-01 at 00:00 UTC.",
+    ],
+    ids=["credit-balance", "usage-limits"],
+)
+async def test_a_billing_refusal_sent_as_an_invalid_request_fails_fast_and_keeps_the_session(
+    server: FakeModelServer, planners: Planners, words: str
+) -> None:
+    """Anthropic refuses an account out of credit, or past its spend limit, with HTTP 400
+    invalid_request_error. Taken for an invalid request, it "started afresh": the session was
+    condensed for good (earlier screens, all reasoning retired), asked again, refused again,
+    and reported as a rejected request (gRPC UNKNOWN) instead of a billing refusal."""
+    refused = anthropic_error(400, "invalid_request_error", words)
+    server.anthropic_script.extend([_turn(1), refused, refused])
+    planner = await planners.anthropic()
+    await planner.decide("screen 1")
+    await planner.record_tool_result("pressed")
+    with pytest.raises(PlannerAuthError, match="refused the request for billing") as caught:
+        await planner.decide("screen 2")
+    assert words in str(caught.value)
+    assert not any(isinstance(i, ContextCheckpoint) for i in planner.history)
+    assert [r.status for r in server.requests] == [200, 400]
+
+
 async def test_no_tool_call_twice_recovers_with_a_corrective_turn(
     server: FakeModelServer, planners: Planners
 ) -> None:
