@@ -218,6 +218,12 @@ PROFILES: dict[str, ModelProfile] = {
         _GPT_5,
         replace(_GPT_5, name="gpt-5.1", efforts=GPT_51_EFFORTS),
         replace(_GPT_5, name="gpt-5.2+", efforts=GPT_52_EFFORTS),
+        # GPT-6 (gpt-6-sol, gpt-6-astra, gpt-6.2-…): as the later GPT-5 versions, Chat
+        # Completions refuses its function tools unless the effort is explicitly `none` ("…not
+        # supported for gpt-6-sol in /v1/chat/completions. To use function tools, use
+        # /v1/responses or set reasoning_effort to 'none'.", onyx-dot-app/onyx#15008); its
+        # effort levels and output limit are not published here, so none is refused at start.
+        replace(_GPT_5, name="gpt-6", efforts=ANY_EFFORT, max_output_tokens=None),
         # gpt-5.1-chat-latest and later chat-latest models: reasoning at `medium` only.
         replace(_GPT_5, name="gpt-5.x-chat", efforts=frozenset({"medium"})),
         # o1, o3, o4-mini: as GPT-5, and Chat Completions refuses `parallel_tool_calls`.
@@ -262,6 +268,7 @@ FAMILIES: dict[str, str] = {
     "gpt-5.1": "gpt-5.1",
     "gpt-5.": "gpt-5.2+",  # every later GPT-5 version: gpt-5.2, 5.4, 5.6-sol…
     "gpt-5-chat": "gpt-5-chat",
+    "gpt-6": "gpt-6",
     "gpt-5.1-chat": "gpt-5.x-chat",
     "gpt-5.2-chat": "gpt-5.x-chat",
     "gpt-5.3-chat": "gpt-5.x-chat",

@@ -56,6 +56,8 @@ def settings(**values: Any) -> PlannerSettings:
         ("gpt-5.2", "openai", "gpt-5.2+"),
         ("gpt-5.4-mini", "openai", "gpt-5.2+"),
         ("gpt-5.6-sol", "openai", "gpt-5.2+"),
+        ("gpt-6-sol", "openai", "gpt-6"),
+        ("gpt-6.2-astra", "openai", "gpt-6"),
         ("gpt-5.1-chat-latest", "openai", "gpt-5.x-chat"),
         ("gpt-5.3-chat-latest", "openai", "gpt-5.x-chat"),
         ("gpt-test-model", "openai", "openai-unknown"),

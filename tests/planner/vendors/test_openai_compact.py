@@ -281,15 +281,17 @@ async def test_parallel_tool_calls_only_where_the_model_takes_it(
     assert fake_server.rejections == []
 
 
-@pytest.mark.parametrize("model", ["gpt-5.4", "gpt-5.6-sol", "gpt-5-mini"])
+@pytest.mark.parametrize("model", ["gpt-5.4", "gpt-5.6-sol", "gpt-5-mini", "gpt-6-sol"])
 @pytest.mark.parametrize("thinking", ["adaptive", "off"])
 async def test_gpt5_compact_steps_use_responses(
     fake_server: FakeModelServer, model: str, thinking: str
 ) -> None:
     """GPT-5.4 refuses function tools with `reasoning_effort` on Chat Completions, and gpt-5.6
     refuses them unless the effort is `none` (openai/openai-openapi#541, BerriAI/litellm#34569):
-    every compact step of the default OpenAI reasoning setup was a 400. The GPT-5 family takes
-    its compact steps through the stateless Responses API, as session mode does."""
+    every compact step of the default OpenAI reasoning setup was a 400; GPT-6 (gpt-6-sol,
+    gpt-6-astra) refuses them as gpt-5.6 does, and took the lenient unknown profile. The GPT-5
+    and GPT-6 families take their compact steps through the stateless Responses API, as session
+    mode does."""
     fake_server.script_responses(
         ScriptedTurn(
             [reasoning("Display holds it"), message("Opening Display."), function_call("tap", TAP)]

@@ -146,6 +146,11 @@ MODELS: dict[str, ModelRules] = {
     "gpt-5.4": _GPT_54,
     "gpt-5.5": _GPT_54,
     "gpt-5.6": ModelRules(efforts=_GPT_52_EFFORTS, chat_tools_effort="none"),
+    # GPT-6 (gpt-6-sol, gpt-6-astra, …): as gpt-5.6 on Chat Completions ("Function tools with
+    # reasoning_effort are not supported for gpt-6-sol in /v1/chat/completions. To use function
+    # tools, use /v1/responses or set reasoning_effort to 'none'.", onyx-dot-app/onyx#15008;
+    # gpt-6-astra also without the parameter, can1357/oh-my-pi#11052, Wei-Shaw/sub2api#6740).
+    "gpt-6": ModelRules(chat_tools_effort="none"),
     "gpt-5-chat": _NO_REASONING,
 }
 
