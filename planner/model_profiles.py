@@ -68,6 +68,8 @@ class ModelProfile:
     - `readable_thinking`: what a readable thinking block is on this model (a summary on
       Claude 4 and later; OpenAI summaries) — recorded as the decision's thinking kind.
     - `efforts`: accepted effort levels; `beta_headers`: per thinking mode.
+    - `default_effort`: OpenAI — the reasoning effort asked for when `AMC_PLANNER_EFFORT` is
+      not set (one of `efforts`: gpt-5-pro takes `high` only).
     - `reasoning`: OpenAI only — accepts `reasoning` / `reasoning_effort`.
     - `parallel_tool_calls`: OpenAI Chat Completions — accepts the `parallel_tool_calls`
       parameter (the o-series answer it with 400 "Unsupported parameter"; it is then left out
@@ -92,6 +94,7 @@ class ModelProfile:
     visible_display: Display | None = None
     readable_thinking: Literal["full", "summarized"] = "summarized"
     efforts: frozenset[str] = ANY_EFFORT
+    default_effort: str = "medium"
     beta_headers: Mapping[str, str] = field(default_factory=dict)
     reasoning: bool = False
     parallel_tool_calls: bool = True
@@ -216,6 +219,10 @@ PROFILES: dict[str, ModelProfile] = {
         # GPT-5 (and -mini, -nano): reasoning effort and summaries; compact steps through
         # Responses.
         _GPT_5,
+        # gpt-5-pro: reasoning effort `high` only, its default (anomalyco/opencode#3474 and
+        # #26268, checked against the Responses API's errors; the versioned Pro models of
+        # later GPT-5 versions take more and are left to their version's row).
+        replace(_GPT_5, name="gpt-5-pro", efforts=frozenset({"high"}), default_effort="high"),
         replace(_GPT_5, name="gpt-5.1", efforts=GPT_51_EFFORTS),
         replace(_GPT_5, name="gpt-5.2+", efforts=GPT_52_EFFORTS),
         # GPT-6 (gpt-6-sol, gpt-6-astra, gpt-6.2-…): as the later GPT-5 versions, Chat
@@ -265,6 +272,7 @@ FAMILIES: dict[str, str] = {
     "o3": "openai-o-series",
     "o4": "openai-o-series",
     "gpt-5": "openai-reasoning",
+    "gpt-5-pro": "gpt-5-pro",
     "gpt-5.1": "gpt-5.1",
     "gpt-5.": "gpt-5.2+",  # every later GPT-5 version: gpt-5.2, 5.4, 5.6-sol…
     "gpt-5-chat": "gpt-5-chat",

@@ -51,6 +51,7 @@ def settings(**values: Any) -> PlannerSettings:
         ("o3", "openai", "openai-o-series"),
         ("gpt-5-mini", "openai", "openai-reasoning"),
         ("gpt-5-chat-latest", "openai", "gpt-5-chat"),
+        ("gpt-5-pro-2025-10-06", "openai", "gpt-5-pro"),
         ("gpt-5.1", "openai", "gpt-5.1"),
         ("gpt-5.1-2025-11-13", "openai", "gpt-5.1"),
         ("gpt-5.2", "openai", "gpt-5.2+"),

@@ -84,7 +84,9 @@ class OpenAIAdapter:
             tools=request.tools,
             forced=request.forced,
             max_tokens=request.max_tokens or self.max_tokens,
-            reasoning_effort=(self.thinking.effort or "medium") if self._reasoning else None,
+            reasoning_effort=(self.thinking.effort or self.profile.default_effort)
+            if self._reasoning
+            else None,
             parallel_tool_calls=self.profile.parallel_tool_calls,
         )
         completion = await fetch_response(
@@ -126,6 +128,7 @@ class OpenAIAdapter:
             reasoning=self.profile.reasoning,
             forced=request.forced,
             max_tokens=request.max_tokens or self.max_tokens,
+            default_effort=self.profile.default_effort,
         )
         acc = responses.ResponsesStreamAccumulator(request.on_thinking)
         streamed = (acc.feed, acc.response) if request.stream else None

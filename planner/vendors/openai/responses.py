@@ -27,10 +27,12 @@ def request_params(
     reasoning: bool,
     forced: bool,
     max_tokens: int,
+    default_effort: str = "medium",
 ) -> dict[str, Any]:
     """The request body: stateless (`store=false`; encrypted reasoning included when the request
     reasons). `reasoning` says whether the model takes reasoning parameters at all
-    (non-reasoning models reject them, and the include with them)."""
+    (non-reasoning models reject them, and the include with them); `default_effort` is the
+    model's (its profile's) when none is configured."""
     reasons = thinking.enabled and reasoning
     params: dict[str, Any] = {
         "model": model,
@@ -54,7 +56,7 @@ def request_params(
     if reasons:
         # reasoning tokens count toward max_output_tokens
         params["max_output_tokens"] = max(max_tokens, THINKING_MAX_TOKENS)
-        params["reasoning"] = {"effort": thinking.effort or "medium"}
+        params["reasoning"] = {"effort": thinking.effort or default_effort}
         if thinking.summaries:
             params["reasoning"]["summary"] = "auto"
     return params

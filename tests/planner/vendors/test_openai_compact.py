@@ -309,6 +309,20 @@ async def test_gpt5_compact_steps_use_responses(
     assert request.body["input"][0]["role"] == "user"
 
 
+@pytest.mark.parametrize("model", ["gpt-5-pro", "gpt-5-pro-2025-10-06"])
+async def test_gpt5_pro_is_asked_at_the_only_effort_it_takes(
+    fake_server: FakeModelServer, model: str
+) -> None:
+    """gpt-5-pro takes reasoning effort `high` only (its default). With no effort configured
+    it was sent GPT-5's `medium`: 400 "Unsupported value" on every step."""
+    fake_server.script_responses(ScriptedTurn([reasoning("Display"), function_call("tap", TAP)]))
+    decision = await decide(make(fake_server, model=model, thinking="adaptive"))
+    assert decision.tool_name == "tap"
+    (request,) = fake_server.requests
+    assert request.status == 200, request.error
+    assert request.body["reasoning"]["effort"] == "high"
+
+
 async def test_gpt5_compact_correction_sends_the_encrypted_reasoning_back(
     fake_server: FakeModelServer,
 ) -> None:

@@ -138,6 +138,9 @@ MODELS: dict[str, ModelRules] = {
     "o3": _O_SERIES,
     "o4-mini": _O_SERIES,
     "gpt-5": _REASONING,
+    # gpt-5-pro: `high` only, its default (anomalyco/opencode#3474, #26268: "bare `gpt-5-pro`
+    # only supports `high`", checked against the live Responses API's errors).
+    "gpt-5-pro": ModelRules(efforts=frozenset({"high"}), reasons_when_omitted=True),
     "gpt-5.1": _GPT_51,
     "gpt-5.1-chat": _CHAT_LATEST,
     "gpt-5.2-chat": _CHAT_LATEST,
