@@ -63,6 +63,15 @@ class StreamError(IncompleteStream):
         self.code = code
 
 
+class NotAnAnswer(RuntimeError):
+    """The call "succeeded" with something that is no API response: the SDKs hand back the body
+    of a 200 that is not JSON as text, which a proxy or gateway in front of the API (or a base
+    URL naming a web page) answers. The message is the start of that text."""
+
+    def __init__(self, body: object) -> None:
+        super().__init__(repr(" ".join(str(body).split())[:200]))
+
+
 def scrub(text: str) -> str:
     """`text` with anything that looks like an API key replaced."""
     return _KEY_LIKE.sub(r"\1-•••", text)
@@ -132,6 +141,13 @@ def planner_error(err: BaseException, vendor: str, *, retries: int) -> PlannerEr
     label = {"anthropic": "Anthropic", "openai": "OpenAI"}.get(vendor, vendor)
     if isinstance(err, PlannerError):
         return err
+    if isinstance(err, NotAnAnswer):
+        setting = f"AMC_PLANNER_{vendor.upper()}_BASE_URL"
+        return PlannerUnavailable(
+            f"planner: what answered for {label} is not an API answer (HTTP 200: "
+            f"{scrub(str(err))}): a proxy or gateway answered in its place, or {setting} names "
+            f"no {label} API"
+        )
     codes = _codes(err)
     detail = scrub(str(err)) if isinstance(err, IncompleteStream) else _detail(err)
     # An SDK error without an HTTP status that is no connection failure: the SDK met an error

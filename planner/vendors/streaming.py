@@ -15,7 +15,7 @@ import asyncio
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
-from planner.vendors.failures import IncompleteStream, planner_error, retry_wait
+from planner.vendors.failures import IncompleteStream, NotAnAnswer, planner_error, retry_wait
 
 __all__ = ["IncompleteStream", "call_timeout", "event_dict", "fetch_response"]
 
@@ -64,6 +64,8 @@ async def fetch_response(
     if stream is None:
         extra = {"timeout": call_seconds} if call_seconds is not None else {}
         response = await _asked(lambda: create(**params, **extra), vendor, retries)
+        if not callable(getattr(response, "to_dict", None)):  # a 200 that was not JSON
+            raise planner_error(NotAnAnswer(response), vendor, retries=retries)
         return dict(response.to_dict())
     feed, complete = stream
     events = await _asked(lambda: create(**params, stream=True), vendor, retries)

@@ -17,7 +17,7 @@ from planner.vendors.anthropic.messages import (
 )
 from planner.vendors.anthropic.projection import project_anthropic
 from planner.vendors.base import ThinkingConfig, Turn, TurnRequest
-from planner.vendors.failures import planner_error
+from planner.vendors.failures import NotAnAnswer, planner_error
 from planner.vendors.streaming import call_timeout, fetch_response
 
 
@@ -66,7 +66,9 @@ class AnthropicAdapter:
         """One cheap authenticated call (the model's metadata): raises a planner error while
         the API is unreachable or failing."""
         try:
-            await self.client.models.retrieve(self._model, timeout=10.0)
+            info = await self.client.models.retrieve(self._model, timeout=10.0)
+            if not callable(getattr(info, "to_dict", None)):  # a 200 that was not JSON
+                raise NotAnAnswer(info)
         except Exception as err:
             raise planner_error(err, self.name, retries=0) from err
 

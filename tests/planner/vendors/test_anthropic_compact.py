@@ -25,6 +25,7 @@ from planner.planner import Planner
 from planner.settings import MAX_CALL_TOKENS, THINKING_MAX_TOKENS, PlannerSettings
 from planner.vendors import failures, make_adapter
 from planner.vendors.anthropic import INTERLEAVED_THINKING_BETA
+from planner.vendors.base import Probeable
 from tests.planner.scenes import settings_main
 from tests.support.fakes import (
     ANTHROPIC_KEY,
@@ -534,3 +535,24 @@ async def test_a_tool_input_with_a_lone_surrogate_gets_the_corrective_turn(
     assert call["input"]["purpose"] == "open \ufffd display"
     assert result["is_error"] is True
     assert "`purpose` holds a lone surrogate" in result["content"]
+
+
+async def test_a_page_that_is_no_api_answer_is_unavailable_not_an_attribute_error(
+    fake_server: FakeModelServer,
+) -> None:
+    # A proxy or gateway in front of the API (or a base URL that names a web page) answers
+    # HTTP 200 with HTML: the SDK hands that back as a string, and the planner failed with
+    # "'str' object has no attribute 'to_dict'" (an internal error at PlannerDecide).
+    # The provider-health probe took the page for an answer as well.
+    fake_server.answer_with_page(
+        "<!DOCTYPE html><html><head><title>Sign in to the proxy</title></head></html>"
+    )
+    planner = make(fake_server)
+    assert isinstance(planner.provider, Probeable)
+    with pytest.raises(PlannerUnavailable, match="not an API answer") as caught:
+        await planner.provider.probe()
+    assert "Sign in to the proxy" in str(caught.value)
+    with pytest.raises(PlannerUnavailable, match="not an API answer") as caught:
+        await decide(planner)
+    assert "Sign in to the proxy" in str(caught.value)
+    assert "AMC_PLANNER_ANTHROPIC_BASE_URL" in str(caught.value)

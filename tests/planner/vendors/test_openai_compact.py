@@ -196,6 +196,19 @@ async def test_a_point_past_any_screen_is_corrected_when_the_screen_size_is_unkn
     assert "(5000000000, 5) is off the screen" in complaint
 
 
+@pytest.mark.parametrize("model", ["gpt-4.1", "gpt-5.4"], ids=["chat", "responses"])
+async def test_a_page_that_is_no_api_answer_is_unavailable_not_an_attribute_error(
+    fake_server: FakeModelServer, model: str
+) -> None:
+    # A proxy or gateway in front of the API answers HTTP 200 with HTML: the SDK hands that
+    # back as a string, and the planner failed with "'str' object has no attribute 'to_dict'".
+    fake_server.answer_with_page("<html><body>502 upstream connect error</body></html>")
+    with pytest.raises(PlannerUnavailable, match="not an API answer") as caught:
+        await decide(make(fake_server, model=model))
+    assert "upstream connect error" in str(caught.value)
+    assert "AMC_PLANNER_OPENAI_BASE_URL" in str(caught.value)
+
+
 async def test_429_then_success_and_persistent_429(fake_server: FakeModelServer) -> None:
     fake_server.script_openai(
         rate_limited_openai(), chat_completion(None, openai_tool_call("tap", TAP))

@@ -52,6 +52,8 @@ class Answer:
     body: dict[str, Any] = field(default_factory=dict)
     headers: dict[str, str] = field(default_factory=dict)
     events: list[tuple[str, dict[str, Any]]] | None = None
+    html: str | None = None
+    """Served instead of the JSON body, as text/html."""
 
 
 class Rejected(Exception):
@@ -93,6 +95,9 @@ class FakeServer:
         self.lock = threading.Lock()
         self.down_status: int | None = None
         self.outage_hits = 0
+        #: While set, every request (and probe) is answered HTTP 200 with this page as text/html:
+        #: a proxy or gateway answering in the API's place (`answer_with_page`).
+        self.page: str | None = None
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler_class())
         self._server.daemon_threads = True
         self._thread: threading.Thread | None = None
@@ -152,11 +157,21 @@ class FakeServer:
         with self.lock:
             self.down_status = None
 
+    def answer_with_page(self, page: str | None) -> None:
+        """From now on (None: no longer) every request gets HTTP 200 with `page` as text/html,
+        without using the script: a proxy or gateway in front of the API answering in its
+        place (a login page, an error page), or a base URL that names a web page."""
+        with self.lock:
+            self.page = page
+
     # --- handling ---
     def handle(self, path: str, headers: dict[str, str], body: dict[str, Any]) -> Answer:
         record = Recorded(path, headers, body)
         with self.lock:
             self.requests.append(record)
+            if self.page is not None:
+                record.status = 200
+                return Answer(html=self.page)
             fmt = next((f for f in self.formats if path.rstrip("/") in f.paths), None)
             try:
                 if fmt is None:
@@ -176,6 +191,9 @@ class FakeServer:
         record = Recorded(path, headers, {})
         with self.lock:
             self.requests.append(record)
+            if self.page is not None:
+                record.status = 200
+                return Answer(html=self.page)
             fmt = self.formats[0] if "anthropic-version" in headers else self.formats[-1]
             try:
                 if not path.startswith("/v1/models/"):
@@ -222,9 +240,10 @@ class FakeServer:
                     self._json(answer)
 
             def _json(self, answer: Answer) -> None:
-                data = json.dumps(answer.body).encode()
+                html = answer.html is not None
+                data = (answer.html or "").encode() if html else json.dumps(answer.body).encode()
                 self.send_response(answer.status)
-                self.send_header("content-type", "application/json")
+                self.send_header("content-type", "text/html" if html else "application/json")
                 self.send_header("content-length", str(len(data)))
                 for k, v in answer.headers.items():
                     self.send_header(k, v)
