@@ -37,7 +37,7 @@ from typing import Any
 from planner.decision import Usage
 from planner.errors import PlannerConfigError
 
-PRICES_AS_OF = "2026-12-01"
+PRICES_AS_OF = "2026-12-05"
 _MILLION = 1_000_000
 
 
@@ -89,6 +89,26 @@ DEFAULT_PRICES: Mapping[str, Price] = {
     "claude-haiku-4-5": _claude(1.0, 5.0, 0.10),
     "claude-3-5-haiku": _claude(0.80, 4.0, 0.08),
     # OpenAI (platform.openai.com/docs/pricing): cached input is a cache read, no write charge.
+    # GPT-6 (developers.openai.com/api/docs/models/<model>, checked 2026-12-05); cache writes
+    # cost 1.25x uncached input. No row for the family as a whole: its models differ 100-fold.
+    "gpt-6.1-sol": Price(2.0, 10.0, 0.10, 2.5),
+    "gpt-6.1-terra": Price(1.0, 5.0, 0.05, 1.25),
+    "gpt-6-astra": Price(10.0, 50.0, 1.0, 12.5),
+    "gpt-6-sol": Price(2.0, 10.0, 0.20, 2.5),
+    "gpt-6-luna": Price(0.10, 0.50, 0.01, 0.125),
+    # GPT-5.6 (Sol at its promotional rate; the `gpt-5.6` alias routes to Sol).
+    "gpt-5.6": Price(4.0, 20.0, 0.40, 5.0),
+    "gpt-5.6-terra": Price(2.0, 12.0, 0.20, 2.5),
+    "gpt-5.6-luna": Price(0.20, 1.20, 0.02, 0.25),
+    "gpt-5.5-pro": Price(30.0, 180.0),
+    "gpt-5.5": Price(5.0, 30.0, 0.50),
+    "gpt-5.4-pro": Price(30.0, 180.0),
+    "gpt-5.4-nano": Price(0.20, 1.25, 0.02),
+    "gpt-5.4-mini": Price(0.75, 4.50, 0.075),
+    "gpt-5.4": Price(2.50, 15.0, 0.25),
+    "gpt-5.3": Price(1.75, 14.0, 0.175),  # gpt-5.3-codex
+    "gpt-5.2-pro": Price(21.0, 168.0),
+    "gpt-5.2": Price(1.75, 14.0, 0.175),
     "gpt-5-nano": Price(0.05, 0.40, 0.005),
     "gpt-5-mini": Price(0.25, 2.0, 0.025),
     "gpt-5-pro": Price(15.0, 120.0),

@@ -18,7 +18,8 @@ from planner.vendors.observed import ObservedAdapter
 
 def test_every_model_family_the_planner_knows_and_each_default_model_has_a_price() -> None:
     table = PriceTable()
-    examples = {"o4": "o4-mini"}  # the o4 family has one model
+    # The o4 family has one model; GPT-6's models are priced one by one.
+    examples = {"o4": "o4-mini", "gpt-6": "gpt-6-sol"}
     for prefix in [*FAMILIES, *DEFAULT_MODELS.values()]:
         assert table.price(examples.get(prefix, prefix)) is not None, prefix
     # A dated model name finds its family's row; the longest prefix wins.
@@ -26,6 +27,12 @@ def test_every_model_family_the_planner_knows_and_each_default_model_has_a_price
     assert table.price("gpt-4.1-mini-2025-04-14") == DEFAULT_PRICES["gpt-4.1-mini"]
     assert table.price("claude-sonnet-5-5") != table.price("claude-sonnet-5")
     assert table.price("llama-3") is None
+    # Later GPT-5 versions are not GPT-5's price (gpt-5.5 costs four times gpt-5's input).
+    assert table.price("gpt-5.5-2026-04-23") == Price(5.0, 30.0, 0.50)
+    assert table.price("gpt-5.4-pro") == Price(30.0, 180.0)
+    assert table.price("gpt-5.6-sol") == table.price("gpt-5.6")
+    assert table.price("gpt-6-astra") != table.price("gpt-6-sol")
+    assert table.price("gpt-6.2-sol") is None  # not listed: unpriced, not guessed
 
 
 def test_a_call_costs_each_kind_of_token_at_its_rate() -> None:
