@@ -77,6 +77,14 @@ def scrub(text: str) -> str:
     return _KEY_LIKE.sub(r"\1-•••", text)
 
 
+#: The most of a provider's error text a planner error carries. The SDKs put a whole non-JSON
+#: error body in the message (a load balancer's HTML 502 page runs to tens of KB), and the
+#: message becomes a gRPC status's details: over 16 KB of trailers the client sees
+#: RESOURCE_EXHAUSTED instead of the status we chose.
+MAX_DETAIL = 400
+_TAG = re.compile(r"<[^>]*>")
+
+
 def _detail(err: BaseException) -> str:
     body: Any = getattr(err, "body", None)
     text = None
@@ -86,7 +94,15 @@ def _detail(err: BaseException) -> str:
             text = str(inner["message"])
     if text is None:
         text = str(getattr(err, "message", None) or err)
-    return scrub(text)
+    return scrub(_short(text))
+
+
+def _short(text: str) -> str:
+    """`text` on one line, an HTML page's words without its tags, at most MAX_DETAIL long."""
+    if "<html" in text[:2_000].lower():
+        text = _TAG.sub(" ", text)
+    text = " ".join(text.split())
+    return text if len(text) <= MAX_DETAIL else text[: MAX_DETAIL - 1] + "…"
 
 
 #: Error types / codes the providers put in an error body (also inside a stream after HTTP 200).
@@ -149,7 +165,7 @@ def planner_error(err: BaseException, vendor: str, *, retries: int) -> PlannerEr
             f"no {label} API"
         )
     codes = _codes(err)
-    detail = scrub(str(err)) if isinstance(err, IncompleteStream) else _detail(err)
+    detail = scrub(_short(str(err))) if isinstance(err, IncompleteStream) else _detail(err)
     # An SDK error without an HTTP status that is no connection failure: the SDK met an error
     # event inside a stream that had started (the OpenAI SDK raises the live API's nested
     # `{"type": "error", "error": {…}}` event as a bare APIError). Classified like a broken

@@ -700,3 +700,20 @@ def test_session_mode_without_a_conversation_provider_is_refused_at_construction
             attempts=MemorySink(),
             mode="session",
         )
+
+
+async def test_a_provider_error_page_reaches_the_host_cut_short_with_its_status(
+    make_server: Callable[..., Any], fake_server: FakeModelServer
+) -> None:
+    """A load balancer in front of the API answers 502 with a whole HTML page, which the SDK
+    puts in its error's message. Passed on whole, 40 KB of page overflowed the status's
+    trailers: the host saw RESOURCE_EXHAUSTED ("received trailing metadata size exceeds
+    limit") instead of UNAVAILABLE, and waited on the wrong rule. The reason is cut short."""
+    page = "<!DOCTYPE html><html><body>" + "<p>502 Bad Gateway</p>\n" * 2_000 + "</body></html>"
+    fake_server.answer_with_page(page, status=502)
+    error, srv = await _refused_through_decide(make_server, fake_server, [], max_retries=0)
+    assert error.code() == grpc.StatusCode.UNAVAILABLE, error.details()
+    details = error.details() or ""
+    assert "502" in details
+    assert len(details) < 1_000
+    assert srv.sink.rows == []

@@ -98,6 +98,7 @@ class FakeServer:
         #: While set, every request (and probe) is answered HTTP 200 with this page as text/html:
         #: a proxy or gateway answering in the API's place (`answer_with_page`).
         self.page: str | None = None
+        self.page_status = 200
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler_class())
         self._server.daemon_threads = True
         self._thread: threading.Thread | None = None
@@ -157,12 +158,14 @@ class FakeServer:
         with self.lock:
             self.down_status = None
 
-    def answer_with_page(self, page: str | None) -> None:
-        """From now on (None: no longer) every request gets HTTP 200 with `page` as text/html,
-        without using the script: a proxy or gateway in front of the API answering in its
-        place (a login page, an error page), or a base URL that names a web page."""
+    def answer_with_page(self, page: str | None, status: int = 200) -> None:
+        """From now on (None: no longer) every request gets HTTP `status` with `page` as
+        text/html, without using the script: a proxy or gateway in front of the API answering
+        in its place (a login page, a load balancer's 502 page), or a base URL that names a web
+        page."""
         with self.lock:
             self.page = page
+            self.page_status = status
 
     # --- handling ---
     def handle(self, path: str, headers: dict[str, str], body: dict[str, Any]) -> Answer:
@@ -170,8 +173,8 @@ class FakeServer:
         with self.lock:
             self.requests.append(record)
             if self.page is not None:
-                record.status = 200
-                return Answer(html=self.page)
+                record.status = self.page_status
+                return Answer(self.page_status, html=self.page)
             fmt = next((f for f in self.formats if path.rstrip("/") in f.paths), None)
             try:
                 if fmt is None:
@@ -192,8 +195,8 @@ class FakeServer:
         with self.lock:
             self.requests.append(record)
             if self.page is not None:
-                record.status = 200
-                return Answer(html=self.page)
+                record.status = self.page_status
+                return Answer(self.page_status, html=self.page)
             fmt = self.formats[0] if "anthropic-version" in headers else self.formats[-1]
             try:
                 if not path.startswith("/v1/models/"):
