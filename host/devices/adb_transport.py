@@ -43,10 +43,19 @@ class _Connection(AdbConnection):  # type: ignore[misc]
 
 
 class Client(AdbClient):  # type: ignore[misc]
-    """`AdbClient` whose connections never start an adb server nor leak a refused socket."""
+    """`AdbClient` whose connections never start an adb server nor leak a refused socket.
+
+    `timeout_s` bounds every read of a connection whose caller named no timeout of its own
+    (adbutils' `list()` names none): an adb server can accept a request and never answer it
+    (its USB thread stuck on a bad cable or hub), and a read without a timeout then blocks
+    its thread for good. None keeps adbutils' blocking reads."""
+
+    def __init__(self, host: str, port: int, timeout_s: float | None = None) -> None:
+        super().__init__(host=host, port=port)
+        self.timeout_s = timeout_s
 
     def make_connection(self, timeout: float | None = None) -> AdbConnection:
-        return _Connection(self.host, self.port, timeout)
+        return _Connection(self.host, self.port, timeout or self.timeout_s)
 
 
 @contextmanager

@@ -17,6 +17,9 @@ from host.devices.adb_errors import server_reachable
 log = logging.getLogger(__name__)
 
 AdbState = str
+#: How long one device list may wait for the adb server's answer (a healthy one answers at
+#: once; a wedged one never does, and the poll must not wait on it for good).
+LIST_TIMEOUT_S = 10.0
 _STATE_MAP: dict[str, types_pb2.DeviceState.ValueType] = {
     "device": types_pb2.DEVICE_STATE_ONLINE,
     "offline": types_pb2.DEVICE_STATE_OFFLINE,
@@ -57,8 +60,9 @@ class DeviceRegistry:
         port: int = 5037,
         only_serials: list[str] | None = None,
         offline_after_failed_polls: int = 3,
+        timeout_s: float = LIST_TIMEOUT_S,
     ) -> None:
-        self._client = adb_transport.Client(host=host, port=port)
+        self._client = adb_transport.Client(host=host, port=port, timeout_s=timeout_s)
         self._addr = (host, port)
         self._only = set(only_serials or [])
         self._devices: dict[str, DeviceInfo] = {}

@@ -429,6 +429,29 @@ def test_a_failed_device_poll_keeps_the_last_states_for_a_while(
     assert seen[-1] == (SERIAL, "online")
 
 
+def test_a_device_poll_on_a_wedged_adb_server_fails_instead_of_hanging(
+    adb: tuple[ThreadedAdbServer, VirtualPhone],
+) -> None:
+    """A real adb server whose USB thread is stuck (a phone on a bad cable or hub) accepts
+    `host:devices` and never answers. The poll read it without any timeout: the host's
+    startup poll (and every later one) blocked its worker thread for good, so the host never
+    started, never noticed a phone leave, and could not shut down. Now the poll gives up after
+    its timeout and counts as a failed one (the last states stand)."""
+    import threading
+
+    server, _ = adb
+    registry = DeviceRegistry(port=server.port, timeout_s=0.5)
+    registry.refresh()
+    server.stall_device_lists(1)
+    result: list[object] = []
+    poll = threading.Thread(target=lambda: result.append(registry.refresh()), daemon=True)
+    poll.start()
+    poll.join(60)  # a safety net for the test run only: before the fix it never returned
+    assert not poll.is_alive(), "the device poll hung on a wedged adb server"
+    assert result == [[]]
+    assert [d.online for d in registry.devices()] == [True]
+
+
 def test_no_adb_server_is_a_refusal_not_a_daemon_started(monkeypatch: pytest.MonkeyPatch) -> None:
     """adbutils answers a refused connection by running `adb start-server` (a daemon on the
     default port, whatever port the host was given) and leaves the refused socket open: in CI a

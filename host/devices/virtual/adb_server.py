@@ -52,6 +52,7 @@ class VirtualAdbServer:
         self._lock = threading.Lock()
         self._forwards = Forwards()
         self._failing_lists = 0
+        self._stalling_lists = 0
         for phone in phones:
             self.add_phone(phone)
 
@@ -88,6 +89,13 @@ class VirtualAdbServer:
         server that is restarting or wedged does (its phones are still plugged in)."""
         with self._lock:
             self._failing_lists += count
+
+    def stall_device_lists(self, count: int = 1) -> None:
+        """Never answer the next `count` `host:devices` requests (the connection stays open
+        until the client hangs up), as a real adb server does while a phone on a bad cable or
+        hub holds its USB thread (`adb devices` then blocks until killed)."""
+        with self._lock:
+            self._stalling_lists += count
 
     def connections(self, serial: str) -> int:
         """Open connections bound to a phone (a command may be running on each)."""
@@ -189,7 +197,7 @@ class VirtualAdbServer:
 
     async def _session(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         """One connection: a host request, and after a transport switch one device service."""
-        phone = await self._host_request(await self._request(reader), writer)
+        phone = await self._host_request(await self._request(reader), reader, writer)
         if phone is not None:
             await self._device_request(phone, await self._request(reader), reader, writer)
 
@@ -214,7 +222,9 @@ class VirtualAdbServer:
     def _bind(self, phone: VirtualPhone, writer: asyncio.StreamWriter) -> None:
         self._bound.setdefault(phone.serial, set()).add(writer)
 
-    async def _host_request(self, req: str, writer: asyncio.StreamWriter) -> VirtualPhone | None:
+    async def _host_request(
+        self, req: str, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> VirtualPhone | None:
         """Answer a host request. Returns the phone a transport was switched to (the next
         request on this connection is for it), or None when the connection is finished."""
         if req == "host:version":
@@ -224,6 +234,14 @@ class VirtualAdbServer:
             with self._lock:
                 failing, self._failing_lists = self._failing_lists, max(0, self._failing_lists - 1)
             if failing:
+                raise _Closed
+            with self._lock:
+                stalling, self._stalling_lists = (
+                    self._stalling_lists,
+                    max(0, self._stalling_lists - 1),
+                )
+            if stalling:
+                await reader.read()  # until the client hangs up
                 raise _Closed
             await self._send(writer, proto.okay_block(self._devices(req.endswith("-l"))))
             return None
@@ -588,6 +606,9 @@ class ThreadedAdbServer:
 
     def fail_device_lists(self, count: int = 1) -> None:
         self.server.fail_device_lists(count)
+
+    def stall_device_lists(self, count: int = 1) -> None:
+        self.server.stall_device_lists(count)
 
     def replug(self, serial: str) -> None:
         self.server.replug(serial)
