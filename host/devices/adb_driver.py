@@ -35,6 +35,8 @@ _ROTATION_RES = (
 )
 # Between `wm size`'s and `dumpsys display`'s output in `screen_size`'s one shell call.
 _SIZE_SPLIT = "--amc-wm-size-end--"
+# Echoed after every shell command: its absence means the stream ended before the shell did.
+_SHELL_END = "--amc-shell-end--"
 _SURFACE_ORIENTATION_RE = re.compile(r"SurfaceOrientation:\s*([0-3])\b")
 _FOCUS_RES = (
     re.compile(r"mCurrentFocus=Window\{[^}]*\s([\w.]+)/[\w.$]+\}"),
@@ -250,12 +252,33 @@ class AdbDriver:
             )
 
     def _shell(self, cmd: str, what: str, timeout_s: float | None = None) -> str:
+        """Run `cmd` in the phone's shell; its output.
+
+        A phone unplugged mid-command does not break the stream: the adb server closes its
+        sockets cleanly, so what had arrived reads like a command that finished (a swipe cut
+        short as a swipe done). `_SHELL_END` is echoed after the command, as adbutils' own
+        `shell2` echoes the exit code: a stream without it, or one cut before the command ran,
+        is checked against adb's device list, and a phone no longer listed is `DeviceGone`."""
         self._server(what)
-        with mapped_errors(self._serial, what):
-            out = adb_transport.run(
-                self._client, self._serial, f"shell:{cmd}", timeout_s or self.timeout_s
-            )
-        return out.decode("utf-8", errors="replace")
+        try:
+            with mapped_errors(self._serial, what):
+                out = adb_transport.run(
+                    self._client,
+                    self._serial,
+                    f"shell:{cmd}; echo {_SHELL_END}",
+                    timeout_s or self.timeout_s,
+                )
+        except (DeviceGone, DeviceBusy):
+            raise
+        except DeviceError:
+            ensure_listed(self._client, self._addr, self._serial, what)
+            raise
+        text = out.decode("utf-8", errors="replace")
+        body, end, _ = text.rpartition(_SHELL_END)
+        if end:
+            return body
+        ensure_listed(self._client, self._addr, self._serial, what)
+        return text
 
     def screen_size(self) -> tuple[int, int]:
         """The size in the current rotation (dumps and `input` use it): the natural size from

@@ -191,6 +191,37 @@ def test_unplugged_phone_is_device_gone(adb: tuple[ThreadedAdbServer, VirtualPho
         d.tap(1, 1)
 
 
+def test_a_phone_unplugged_mid_action_is_gone_not_done(
+    adb: tuple[ThreadedAdbServer, VirtualPhone],
+) -> None:
+    """Pulling the cable ends the phone's adb streams cleanly (the adb server closes their
+    sockets), so a command in flight read as one that finished: a swipe (a tap, a key, typed
+    text) cut short was reported done, and its step recorded as a success on a phone that had
+    gone. Now the driver notices the shell never finished and asks adb: `DeviceGone`. The
+    other phone on the same server carries on."""
+    server, _ = adb
+    d = AdbDriver(SERIAL, port=server.port)
+    outcome: list[DeviceError | None] = []
+
+    def swipe() -> None:
+        try:
+            d.swipe(500, 1500, 500, 500, 60_000)  # the phone takes a minute over it
+            outcome.append(None)
+        except DeviceError as exc:
+            outcome.append(exc)
+
+    worker = threading.Thread(target=swipe, daemon=True)
+    worker.start()
+    while not server.server.connections(SERIAL) and worker.is_alive():
+        time.sleep(0.01)  # until the swipe's stream is open
+    server.unplug(SERIAL)
+    worker.join(60)
+    assert len(outcome) == 1 and isinstance(outcome[0], DeviceGone), outcome
+    other = AdbDriver("emulator-5556", port=server.port)
+    other.tap(10, 10)
+    assert other.screen_size() == (1080, 2400)
+
+
 def test_registry_notices_vanish_and_return(adb: tuple[ThreadedAdbServer, VirtualPhone]) -> None:
     server, _ = adb
     registry = DeviceRegistry(port=server.port)
