@@ -61,6 +61,8 @@ _PERCENT_S_SPLIT = re.compile(r"(?<=%)(?=s)")
 _INPUT_FAILED = ("Exception", "Error:")
 _EXCEPTION_RE = re.compile(r"\b(?:[a-z]\w*\.)+[A-Z]\w*(?:Exception|Error)\b")
 _PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+# A whole PNG's last chunk: IEND, empty, and its CRC.
+_PNG_END = b"IEND\xaeB`\x82"
 # What `uiautomator dump` prints when the screen is animating or a window is changing: passing
 # states, worth another try (see `DeviceBusy`).
 _BUSY_DUMP = ("could not get idle state", "null root node returned by", "Killed")
@@ -251,28 +253,31 @@ class AdbDriver:
                 f"phone {self._serial} disconnected ({what}: no adb server at {host}:{port})"
             )
 
-    def _shell(self, cmd: str, what: str, timeout_s: float | None = None) -> str:
-        """Run `cmd` in the phone's shell; its output.
-
-        A phone unplugged mid-command does not break the stream: the adb server closes its
-        sockets cleanly, so what had arrived reads like a command that finished (a swipe cut
-        short as a swipe done). `_SHELL_END` is echoed after the command, as adbutils' own
-        `shell2` echoes the exit code: a stream without it, or one cut before the command ran,
-        is checked against adb's device list, and a phone no longer listed is `DeviceGone`."""
+    def _run(self, service: str, what: str, timeout_s: float | None = None) -> bytes:
+        """Run an adb service (`shell:…`, `exec-out:…`) on the phone; all it wrote. A stream
+        cut before the command ran (the phone vanished after the transport was chosen) is
+        checked against adb's device list: a phone no longer listed is `DeviceGone`."""
         self._server(what)
         try:
             with mapped_errors(self._serial, what):
-                out = adb_transport.run(
-                    self._client,
-                    self._serial,
-                    f"shell:{cmd}; echo {_SHELL_END}",
-                    timeout_s or self.timeout_s,
+                return adb_transport.run(
+                    self._client, self._serial, service, timeout_s or self.timeout_s
                 )
         except (DeviceGone, DeviceBusy):
             raise
         except DeviceError:
             ensure_listed(self._client, self._addr, self._serial, what)
             raise
+
+    def _shell(self, cmd: str, what: str, timeout_s: float | None = None) -> str:
+        """Run `cmd` in the phone's shell; its output.
+
+        A phone unplugged mid-command does not break the stream: the adb server closes its
+        sockets cleanly, so what had arrived reads like a command that finished (a swipe cut
+        short as a swipe done). `_SHELL_END` is echoed after the command, as adbutils' own
+        `shell2` echoes the exit code: output without it is checked against adb's device
+        list, and a phone no longer listed is `DeviceGone`."""
+        out = self._run(f"shell:{cmd}; echo {_SHELL_END}", what, timeout_s)
         text = out.decode("utf-8", errors="replace")
         body, end, _ = text.rpartition(_SHELL_END)
         if end:
@@ -318,11 +323,12 @@ class AdbDriver:
         return current_size(natural, rotation)
 
     def screenshot_png(self) -> bytes:
-        self._server("screencap")
-        with mapped_errors(self._serial, "screencap"):
-            data = adb_transport.run(
-                self._client, self._serial, "exec-out:screencap -p", self.timeout_s
-            )
+        """`screencap -p`'s PNG. One that does not end with its IEND chunk was cut short (the
+        phone unplugged mid-transfer: the stream ends cleanly), so adb is asked whether the
+        phone is still there before the image is judged."""
+        data = self._run("exec-out:screencap -p", "screencap")
+        if not data.endswith(_PNG_END):
+            ensure_listed(self._client, self._addr, self._serial, "screencap")
         return png_from_screencap(self._serial, data)
 
     def dump_hierarchy(self) -> str:

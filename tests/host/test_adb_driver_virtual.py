@@ -8,6 +8,7 @@ import xml.etree.ElementTree as ET
 from collections.abc import Iterator
 
 import pytest
+from PIL import Image
 
 from amc.v1 import types_pb2
 from host.agent.actions import execute
@@ -220,6 +221,27 @@ def test_a_phone_unplugged_mid_action_is_gone_not_done(
     other = AdbDriver("emulator-5556", port=server.port)
     other.tap(10, 10)
     assert other.screen_size() == (1080, 2400)
+
+
+def test_a_phone_unplugged_mid_screenshot_is_gone(
+    adb: tuple[ThreadedAdbServer, VirtualPhone],
+) -> None:
+    """A screencap whose stream the unplug ended (cleanly, as the adb server closes it) was
+    "screencap returned no PNG": a plain DeviceError, so the task failed as a phone fault
+    instead of a phone that disconnected. The cable is pulled while the phone captures (the
+    virtual phone's capture is wrapped only to time the unplug; nothing of the host is
+    replaced)."""
+    server, phone = adb
+    d = AdbDriver(SERIAL, port=server.port)
+    capture = phone.screencap_image
+
+    def unplugged_while_capturing() -> Image.Image:
+        server.unplug(SERIAL)
+        return capture()
+
+    phone.screencap_image = unplugged_while_capturing  # type: ignore[method-assign]
+    with pytest.raises(DeviceGone, match=SERIAL):
+        d.screenshot_png()
 
 
 def test_registry_notices_vanish_and_return(adb: tuple[ThreadedAdbServer, VirtualPhone]) -> None:
