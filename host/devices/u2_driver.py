@@ -19,7 +19,13 @@ from uiautomator2 import exceptions as u2_exceptions
 
 from host.devices import adb_transport
 from host.devices.adb_driver import check_launched, check_package, monkey_launch
-from host.devices.adb_errors import adb_state, is_gone, server_reachable, timed_out
+from host.devices.adb_errors import (
+    adb_state,
+    ensure_listed,
+    is_gone,
+    server_reachable,
+    timed_out,
+)
 from host.devices.base import DeviceBusy, DeviceError, DeviceGone, KeyName, ScreenState
 from host.devices.input_method import COMMAND as INPUT_METHOD_COMMAND
 from host.devices.input_method import InputMethodCache
@@ -79,7 +85,8 @@ class U2Driver:
         same whether the phone vanished or only uiautomator2's server on it died, so adb is
         asked: while it lists the phone as "device" the failure is `DeviceBusy` and the
         connection is forgotten, so the next call connects afresh and starts the server
-        again; otherwise it is `DeviceGone`."""
+        again; otherwise it is `DeviceGone`. Any other failure is `DeviceGone` too once adb
+        no longer lists the phone."""
         if not server_reachable(*self._addr):
             raise DeviceGone(f"phone {self._serial} disconnected ({what}: no adb server)")
         try:
@@ -95,6 +102,13 @@ class U2Driver:
                 f"the connection ({gone.__cause__ or gone}); adb still lists the phone, so "
                 "the next call connects again and restarts the server"
             ) from gone
+        except DeviceBusy:
+            raise
+        except DeviceError:
+            # A shell command the unplug cut short ends cleanly, and uiautomator2 reads it as
+            # "shell output invalid": only adb's device list tells a vanished phone.
+            ensure_listed(self._adb, self._addr, self._serial, what)
+            raise
 
     def _reset(self) -> None:
         """Forget the uiautomator2 device. Its server process is stopped first (best effort:

@@ -69,6 +69,28 @@ def test_unplugged_phone_is_device_gone(served: tuple[ThreadedAdbServer, Virtual
         d.dump_hierarchy()
 
 
+def test_a_phone_unplugged_mid_launch_is_gone(
+    served: tuple[ThreadedAdbServer, VirtualPhone],
+) -> None:
+    """The adb server ends a vanished phone's shell stream cleanly, and uiautomator2 reads
+    the cut `monkey` run as "shell output invalid": the launch failed as a plain DeviceError
+    (a step error naming adb internals) instead of a phone that disconnected. The cable is
+    pulled while the phone launches the app (the virtual phone's launch is wrapped only to
+    time the unplug; nothing of the host is replaced)."""
+    server, phone = served
+    d = U2Driver(SERIAL, port=server.port)
+    d.screen_size()
+    launch = phone.launch
+
+    def unplugged_while_launching(package: str) -> bool:
+        server.unplug(SERIAL)
+        return launch(package)
+
+    phone.launch = unplugged_while_launching  # type: ignore[method-assign]
+    with pytest.raises(DeviceGone, match=SERIAL):
+        d.launch_app("com.android.settings")
+
+
 def test_text_is_exact_and_delete_erases(served: tuple[ThreadedAdbServer, VirtualPhone]) -> None:
     """send_keys (clipboard + paste here: no AdbKeyboard installed) types any text exactly, and
     press("delete") reaches the phone as KEYCODE_DEL."""
