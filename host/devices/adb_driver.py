@@ -59,6 +59,13 @@ _PERCENT_S_SPLIT = re.compile(r"(?<=%)(?=s)")
 # stack trace (Android 11+), "Error: Unknown keycode: …", a usage text after "Error: Invalid
 # arguments…".
 _INPUT_FAILED = ("Exception", "Error:")
+# What a phone that refuses injected input says (its SecurityException names the permission),
+# and what allows it on the makers known to ship that refusal.
+_INJECTION_REFUSED = "INJECT_EVENTS"
+_INJECTION_REFUSED_HINT = (
+    "; the phone refuses injected input: on Xiaomi, Redmi and POCO phones turn on Developer "
+    "options > 'USB debugging (Security settings)' (other makers: their equivalent setting)"
+)
 _EXCEPTION_RE = re.compile(r"\b(?:[a-z]\w*\.)+[A-Z]\w*(?:Exception|Error)\b")
 _PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 # A whole PNG's last chunk: IEND, empty, and its CRC.
@@ -413,19 +420,27 @@ class AdbDriver:
     def _input(self, cmd: str, what: str, *, quote: bool = True) -> None:
         """Run an `input …` command and raise `DeviceError` when its output reports a failure
         (the exit code of a plain `shell:` is not seen, and `input` printed its exception
-        with exit status 0 on older releases). The message quotes the output's first failure
-        line, or with `quote=False` only a Java exception's class name: typed text may be a
-        secret and must not reach an error message."""
+        with exit status 0 on older releases). The message quotes the Java exception's line
+        (Android 11+ prints "Exception occurred while executing 'tap':" first and the cause
+        on the next line), else the first failure line; with `quote=False` only the
+        exception's class name: typed text may be a secret and must not reach an error
+        message. A phone that refuses injected input gets the setting that allows it."""
         out = self._shell(cmd, what)
         if not any(marker in out for marker in _INPUT_FAILED):
             return
+        lines = out.splitlines()
         m = _EXCEPTION_RE.search(out)
         if quote:
-            line = next(ln for ln in out.splitlines() if any(k in ln for k in _INPUT_FAILED))
+            line = next((ln for ln in lines if _EXCEPTION_RE.search(ln)), None) or next(
+                ln for ln in lines if any(k in ln for k in _INPUT_FAILED)
+            )
             cause = repr(line.strip()[:200])
         else:
             cause = m.group(0) if m else "an error"
-        raise DeviceError(f"{what} failed on {self._serial}: Android's input reported {cause}")
+        hint = _INJECTION_REFUSED_HINT if _INJECTION_REFUSED in out else ""
+        raise DeviceError(
+            f"{what} failed on {self._serial}: Android's input reported {cause}{hint}"
+        )
 
     def input_text(self, text: str) -> None:
         if not text:

@@ -395,6 +395,29 @@ def test_a_read_timeout_is_busy_not_disconnected(
     assert d.current_app() == phone.current_package()
 
 
+def test_a_phone_that_refuses_injected_input_says_why(
+    adb: tuple[ThreadedAdbServer, VirtualPhone],
+) -> None:
+    """Xiaomi, Redmi and POCO phones refuse `input` events until "USB debugging (Security
+    settings)" is on. Android 11+ prints "Exception occurred while executing 'tap':" and the
+    cause on the next line: the error quoted only the first line, so the operator (and the
+    planner, retrying the tap) never learned why. It now names the SecurityException and the
+    setting; typed text still stays out of the message."""
+    server, phone = adb
+    phone.refuse_injected_input = True
+    d = AdbDriver(SERIAL, port=server.port)
+    with pytest.raises(DeviceError) as tapped:
+        d.tap(100, 200)
+    assert not isinstance(tapped.value, DeviceGone)
+    message = str(tapped.value)
+    assert "java.lang.SecurityException" in message and "INJECT_EVENTS" in message
+    assert "USB debugging (Security settings)" in message
+    with pytest.raises(DeviceError) as typed:
+        d.input_text("hunter2")
+    assert "USB debugging (Security settings)" in str(typed.value)
+    assert "hunter2" not in str(typed.value)
+
+
 def test_timeouts_are_not_gone() -> None:
     assert not is_gone(AdbTimeout("adb read timeout"))
     assert not is_gone(TimeoutError("timed out"))

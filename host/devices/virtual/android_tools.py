@@ -89,6 +89,20 @@ _TEXT_NPE = (
 )
 
 
+def _injection_refused(cmd: str) -> str:
+    """What Android 11+'s `input CMD` prints on a phone that refuses injected input."""
+    return (
+        f"\nException occurred while executing '{cmd}':\n"
+        "java.lang.SecurityException: Injecting input events requires the caller (or the "
+        "source of the instrumentation, if any) to have the INJECT_EVENTS permission.\n"
+        "\tat com.android.server.input.InputManagerService.injectInputEventToTarget"
+        "(InputManagerService.java:911)\n"
+        "\tat com.android.server.input.InputShellCommand.onCommand(InputShellCommand.java:257)\n"
+        "\tat com.android.modules.utils.BasicShellCommandHandler.exec"
+        "(BasicShellCommandHandler.java:97)\n"
+    )
+
+
 @registry.tool("input")
 def _input(sh: Session, args: list[str], stdin: bytes) -> Output:
     phone = sh.phone
@@ -107,6 +121,8 @@ def _input(sh: Session, args: list[str], stdin: bytes) -> Output:
     if not args:
         return Output().err("Usage: input [<source>] [-d DISPLAY_ID] <command> [<arg>...]\n", 1)
     cmd, rest = args[0], args[1:]
+    if phone.refuse_injected_input:
+        return Output().err(_injection_refused(cmd), 255)
     try:
         if cmd == "tap" and len(rest) == 2:
             phone.tap(_num(rest[0]), _num(rest[1]))

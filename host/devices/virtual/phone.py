@@ -174,6 +174,10 @@ class VirtualPhone:
         #: `screencap` without `-d` then warns first, on the same stream as the image, and
         #: `uiautomator dump --windows` lists its window under `<display id="2">`.
         self.multi_display = False
+        #: The phone refuses injected input (Xiaomi, Redmi, POCO with "USB debugging
+        #: (Security settings)" off; some vivo and Honor builds): every `input` event fails
+        #: with a SecurityException naming INJECT_EVENTS, as Android 11+ prints it.
+        self.refuse_injected_input = False
         self.model = model
         self.sdk = 34
         self.release = "14"
