@@ -330,6 +330,7 @@ def parse_scene(
         if kinds[stack[i].index] in MODAL:
             reachable = stack[i:]
             break
+    reachable, app_dialog = _past_app_dialog(reachable, kinds)
     keyboards = [w for w in reachable if kinds[w.index] == "keyboard"]
     keyboard_top = {w.index: w for w in keyboards}
     level = {w.index: i for i, w in enumerate(stack)}
@@ -411,7 +412,9 @@ def parse_scene(
     return Scene(
         elements=elements,
         package=fg,
-        page_title=derive_page_title(titled, height, toolbar_ids, dialog=modal is not None),
+        page_title=derive_page_title(
+            titled, height, toolbar_ids, dialog=modal is not None or app_dialog
+        ),
         screen_width=width,
         screen_height=height,
         rotation=int(rotation) if rotation in ("0", "1", "2", "3") else 0,
@@ -419,6 +422,28 @@ def parse_scene(
         overlays=overlays,
         omitted=omitted,
     )
+
+
+def _past_app_dialog(stack: list[Window], kinds: dict[int, Kind]) -> tuple[list[Window], bool]:
+    """`stack` (nearest the user last) without the app's windows under its focused one, and
+    whether any were left out.
+
+    An app's own dialog or popup menu is a window of its package over the activity, and it
+    takes the focus. A Dialog does not set FLAG_NOT_TOUCH_MODAL, so it takes every touch (one
+    outside it cancels it): the activity under it is out of reach, as the plain `uiautomator
+    dump` (Android 10 and earlier: the focused window alone) shows it. A popup that does not
+    take the focus (an autocomplete list) leaves the focused activity in reach; dumps that do
+    not say which window has the focus (uiautomator2's) keep every window."""
+    top = next((w for w in reversed(stack) if w.focused and kinds[w.index] == "app"), None)
+    if top is None:
+        return stack, False
+    level = stack.index(top)
+    kept = [
+        w
+        for i, w in enumerate(stack)
+        if i >= level or kinds[w.index] != "app" or w.package != top.package
+    ]
+    return kept, len(kept) < len(stack)
 
 
 def _app_package(windows: list[Window], kinds: dict[int, Kind], nodes: list[RawNode]) -> str:

@@ -94,6 +94,24 @@ def test_windows_dump_keyboard_covers_the_lower_fields() -> None:
     assert next(e for e in scene.elements if e.text == "Save").clickable
 
 
+def test_an_apps_own_dialog_hides_the_screen_under_it() -> None:
+    """`uiautomator dump --windows` with an AlertDialog up: the dialog is a window of the app's
+    own package over its activity, and it has the focus. A Dialog does not set
+    FLAG_NOT_TOUCH_MODAL, so it takes every touch (one outside it cancels it): the activity's
+    Save button, still listed, was a tap that would only have dismissed the dialog. Only
+    the dialog is in reach now, as the plain `uiautomator dump` of Android 10 and earlier
+    (the focused window alone) showed it."""
+    scene = parse_scene(_load("windows_contacts_discard_dialog_1080x2400.xml"))
+    texts = [e.text for e in scene.elements]
+    assert [e.text for e in scene.elements if e.clickable] == ["Keep editing", "Discard"]
+    assert "Save" not in texts and "Ada" not in texts
+    assert scene.package == "com.google.android.contacts"
+    assert scene.page_title == "Discard your changes?"
+    # The editor alone (the dialog gone, the editor focused again) is all in reach.
+    editor = parse_scene(_load("windows_contacts_keyboard_1080x2400.xml"))
+    assert next(e for e in editor.elements if e.text == "Save").clickable
+
+
 def test_a_permission_prompt_is_seen_as_one() -> None:
     scene = parse_scene(_load("permission_prompt_camera_1080x2400.xml"))
     assert scene.overlays == ["permission_prompt"]
