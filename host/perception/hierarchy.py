@@ -319,6 +319,7 @@ def parse_scene(
             WindowFacts(tuple(facts[w.index][0]), tuple(facts[w.index][1])),
             (width, height),
             ime_package,
+            package or "",
         )
         for w in windows
     }

@@ -111,19 +111,29 @@ def is_keyboard_package(package: str) -> bool:
 
 
 def classify(
-    window: Window, facts: WindowFacts, screen: tuple[int, int], ime_package: str = ""
+    window: Window,
+    facts: WindowFacts,
+    screen: tuple[int, int],
+    ime_package: str = "",
+    foreground: str = "",
 ) -> Kind:
     """The kind of a window, from its type, package, ids, texts and place on the screen.
 
     `ime_package` is the phone's selected keyboard (the driver's `keyboard_package`): a
     window of it is the keyboard when the dump gives no window type (uiautomator2's), as many
     keyboards' packages match no hint (`com.baidu.input_mi`, `com.tencent.wetype`). Where the
-    dump has types (`--windows`), TYPE_INPUT_METHOD decides: the keyboard app's own settings
-    screen is an app."""
+    dump has types (`--windows`), TYPE_INPUT_METHOD alone decides: the keyboard app's own
+    settings screen is an app. Without types, the package hints do not make a keyboard of
+    `foreground`, the app the driver says is in front (Gboard's settings screen)."""
     width, height = screen
     b = window.bounds
-    by_setting = bool(ime_package) and not window.type and window.package == ime_package
-    if window.type == "TYPE_INPUT_METHOD" or by_setting or is_keyboard_package(window.package):
+    if window.type:
+        keyboard = window.type == "TYPE_INPUT_METHOD"
+    else:
+        by_setting = bool(ime_package) and window.package == ime_package
+        by_hint = is_keyboard_package(window.package) and window.package != foreground
+        keyboard = by_setting or by_hint
+    if keyboard:
         return "keyboard"
     ids = [rid.rsplit("/", 1)[-1].lower() for rid in facts.resource_ids]
     if window.package in PERMISSION_PACKAGES or any(rid.startswith(_PERMISSION_IDS) for rid in ids):

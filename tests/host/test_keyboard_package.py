@@ -85,6 +85,35 @@ def test_windows_dump_type_rules_over_the_setting() -> None:
     assert len(scene.elements) == 11
 
 
+GBOARD = "com.google.android.inputmethod.latin"
+
+
+def test_a_hinted_keyboards_own_app_in_front_is_an_app() -> None:
+    """Gboard's (or SwiftKey's) settings screen in front: its package matches the keyboard
+    hints, so its whole window collapsed into one "On-screen keyboard" element, even where
+    `--windows` says TYPE_APPLICATION and the driver names it the foreground app. A task such
+    as "turn off Gboard's key-press sound" could see nothing to tap. A window the dump types
+    is a keyboard only as TYPE_INPUT_METHOD; an untyped one of the foreground app is the app."""
+    settings = _n(
+        GBOARD, "[0,0][1080,2400]", "android.widget.FrameLayout", kids=_KEYS.replace(BAIDU, GBOARD)
+    )
+    windows = (
+        "<?xml version='1.0' encoding='UTF-8' standalone='yes' ?><displays><display id=\"0\">"
+        '<window type="TYPE_APPLICATION" layer="1" bounds="[0,0][1080,2400]" active="true">'
+        f'<hierarchy rotation="0">{settings}</hierarchy></window></display></displays>'
+    )
+    for package in ("", GBOARD):
+        scene = parse_scene(windows, (1080, 2400), package, GBOARD)
+        assert not scene.keyboard_shown and len(scene.elements) == 11
+    u2 = f'<?xml version="1.0"?><hierarchy rotation="0">{settings}</hierarchy>'
+    scene = parse_scene(u2, (1080, 2400), GBOARD, GBOARD)
+    assert not scene.keyboard_shown and len(scene.elements) == 11
+    # Over another app, the same package is still the keyboard (the hints' fallback).
+    assert parse_scene(
+        U2_DUMP.replace(BAIDU, GBOARD), (1080, 2400), "com.tencent.mm"
+    ).keyboard_shown
+
+
 @pytest.mark.parametrize(
     ("output", "package"),
     [
