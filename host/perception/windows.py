@@ -31,16 +31,10 @@ Kind = Literal[
 ]
 
 SYSTEM_UI = "com.android.systemui"
-PERMISSION_PACKAGES = frozenset(
-    {
-        "com.android.permissioncontroller",
-        "com.google.android.permissioncontroller",
-        "com.android.packageinstaller",
-        "com.google.android.packageinstaller",
-        # MIUI's (Xiaomi, Redmi, POCO) own permission prompts.
-        "com.lbe.security.miui",
-    }
-)
+# Makers' permission prompts known by their package alone (MIUI's). AOSP's permission
+# controller and package installer are not among them: they also show full-screen settings pages
+# (Settings > Apps > … > Permissions), which are apps; their prompts are known by their buttons.
+_PROMPT_PACKAGES = frozenset({"com.lbe.security.miui"})
 # The buttons of a runtime permission prompt (AOSP's GrantPermissionsActivity: allow, allow
 # while in use, allow once, deny, deny and don't ask again); makers' prompts keep the ids.
 _PERMISSION_IDS = ("permission_allow", "permission_deny")
@@ -136,7 +130,8 @@ def classify(
     if keyboard:
         return "keyboard"
     ids = [rid.rsplit("/", 1)[-1].lower() for rid in facts.resource_ids]
-    if window.package in PERMISSION_PACKAGES or any(rid.startswith(_PERMISSION_IDS) for rid in ids):
+    prompt_ids = any(rid.startswith(_PERMISSION_IDS) for rid in ids)
+    if prompt_ids or window.package in _PROMPT_PACKAGES:
         return "permission_prompt"
     if any(rid == "aerr_wait" for rid in ids) or any(
         a in t.lower() for t in facts.texts for a in _ANR_TEXTS

@@ -121,6 +121,26 @@ def test_a_permission_prompt_is_seen_as_one() -> None:
     assert buttons == ["While using the app", "Only this time", "Don’t allow"]
 
 
+def test_the_permission_controllers_settings_page_is_an_app_not_a_prompt() -> None:
+    """Settings > Apps > Contacts > Permissions > Camera is a full-screen page of the
+    permission controller itself. Its package alone made it a "permission prompt": the
+    planner was told a prompt covered the screen (and the offline planner answers a prompt
+    by declining it or pressing Back), on the very page a task about permissions needs.
+    Only the prompt's own buttons (permission_allow_* / permission_deny_*) make one now."""
+    scene = parse_scene(_load("permission_settings_camera_1080x2400.xml"), (1080, 2400), None)
+    assert scene.overlays == []
+    assert scene.package == "com.google.android.permissioncontroller"
+    choices = [e.text for e in scene.elements if e.checkable]
+    assert choices == [
+        "Allow all the time",
+        "Allow only while using the app",
+        "Ask every time",
+        "Don’t allow",
+    ]
+    prompt = parse_scene(_load("permission_prompt_camera_1080x2400.xml"))
+    assert prompt.overlays == ["permission_prompt"]
+
+
 def test_an_anr_dialog_hides_the_app_under_it() -> None:
     scene = parse_scene(_load("u2_anr_over_settings_1080x2400.xml"), (1080, 2400), None)
     assert scene.overlays == ["app_not_responding"]
