@@ -254,12 +254,21 @@ def _screen_from(windows: list[Window], nodes: list[RawNode]) -> tuple[int, int]
 
 
 def _covered(b: Bounds, cover: Bounds) -> Bounds | None:
-    """What of `b` is left in view above a keyboard `cover` (None when nothing is)."""
+    """What of `b` is left in view beside a window `cover` over it (a keyboard, a system
+    bar): the largest of its parts above, below, left and right of the cover, where a tap on
+    it lands on it; None when the cover hides all of it."""
     if b.right <= cover.left or b.left >= cover.right or b.bottom <= cover.top:
         return b
-    if b.top >= cover.top:
-        return None
-    return Bounds(b.left, b.top, b.right, cover.top)
+    if b.top >= cover.bottom:
+        return b
+    parts = (
+        Bounds(b.left, b.top, b.right, min(b.bottom, cover.top)),
+        Bounds(b.left, max(b.top, cover.bottom), b.right, b.bottom),
+        Bounds(b.left, b.top, min(b.right, cover.left), b.bottom),
+        Bounds(max(b.left, cover.right), b.top, b.right, b.bottom),
+    )
+    best = max(parts, key=lambda p: max(0, p.width) * max(0, p.height))
+    return best if best.width > 0 and best.height > 0 else None
 
 
 def _budget(candidates: list[tuple[RawNode, Bounds]]) -> tuple[list[tuple[RawNode, Bounds]], int]:
@@ -335,6 +344,15 @@ def parse_scene(
     keyboards = [w for w in reachable if kinds[w.index] == "keyboard"]
     keyboard_top = {w.index: w for w in keyboards}
     level = {w.index: i for i, w in enumerate(stack)}
+    # What covers the windows under it: a keyboard (and whatever lies below it: it reaches
+    # down to the navigation bar) and the system bars, which an edge-to-edge app draws under.
+    covers = [
+        (
+            kb.index,
+            _clip(Bounds(kb.bounds.left, kb.bounds.top, kb.bounds.right, height), width, height),
+        )
+        for kb in keyboards
+    ] + [(w.index, _clip(w.bounds, width, height)) for w in stack if kinds[w.index] in CHROME]
     shown = {w.index for w in reachable if kinds[w.index] not in CHROME}
     overlays: list[str] = []
     for w in reversed(reachable):
@@ -364,9 +382,9 @@ def parse_scene(
         if not _is_kept(node):
             continue
         bounds: Bounds | None = _clip(node.bounds, width, height)
-        for kb in keyboards:
-            if bounds is not None and level[kb.index] > level[node.window]:
-                bounds = _covered(bounds, _clip(kb.bounds, width, height))
+        for index, cover in covers:
+            if bounds is not None and level[index] > level[node.window]:
+                bounds = _covered(bounds, cover)
         if bounds is None or bounds.width <= 0 or bounds.height <= 0:
             continue
         candidates.append((node, bounds))

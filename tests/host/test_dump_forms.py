@@ -112,6 +112,61 @@ def test_an_apps_own_dialog_hides_the_screen_under_it() -> None:
     assert next(e for e in editor.elements if e.text == "Save").clickable
 
 
+def _bars_over(app: str, windows: bool) -> str:
+    """A dump of `app`'s nodes under the status bar and a three-button navigation bar."""
+    status = NODE.format(
+        b="[0,0][1080,128]",
+        text="9:41",
+        rid="",
+        cls="android.widget.TextView",
+        click="false",
+        kids="",
+    ).replace('package="com.example"', 'package="com.android.systemui"')
+    nav = NODE.format(
+        b="[0,2274][1080,2400]",
+        text="",
+        rid="com.android.systemui:id/home",
+        cls="android.widget.ImageView",
+        click="true",
+        kids="",
+    ).replace('package="com.example"', 'package="com.android.systemui"')
+    root = _node("[0,0][1080,2400]", cls="android.widget.FrameLayout", kids=app)
+    if not windows:
+        return f'<hierarchy rotation="0">{root}{status}{nav}</hierarchy>'
+    win = '<window type="{t}" layer="{layer}" bounds="{b}" active="{a}" focused="{a}">'
+    return (
+        '<displays><display id="0">'
+        + win.format(t="TYPE_SYSTEM", layer=20, b="[0,0][1080,128]", a="false")
+        + f'<hierarchy rotation="0">{status}</hierarchy></window>'
+        + win.format(t="TYPE_SYSTEM", layer=19, b="[0,2274][1080,2400]", a="false")
+        + f'<hierarchy rotation="0">{nav}</hierarchy></window>'
+        + win.format(t="TYPE_APPLICATION", layer=10, b="[0,0][1080,2400]", a="true")
+        + f'<hierarchy rotation="0">{root}</hierarchy></window></display></displays>'
+    )
+
+
+def test_the_system_bars_cover_what_an_edge_to_edge_app_draws_under_them() -> None:
+    """An edge-to-edge app (every app targeting Android 15) draws under the status and
+    navigation bars, and a list row scrolled half under the navigation bar kept its whole
+    bounds: its centre, where a tap on it lands, was on the bar (on three-button navigation,
+    the Home button). Like the keyboard, the bars now cover what lies under them: the part in
+    view is the target, and a row wholly under a bar is out of reach."""
+    app = (
+        NODE.format(b="[0,2180][1080,2400]", text="Row half under the bar", rid="",
+                    cls="android.widget.TextView", click="true", kids="")
+        + NODE.format(b="[0,60][1080,260]", text="Title under the status bar", rid="",
+                      cls="android.widget.TextView", click="true", kids="")
+        + NODE.format(b="[0,2290][1080,2390]", text="Row wholly under the bar", rid="",
+                      cls="android.widget.TextView", click="true", kids="")
+    )  # fmt: skip
+    for windows in (True, False):
+        scene = parse_scene(_bars_over(app, windows), (1080, 2400), "com.example")
+        by_text = {e.text: e.bounds.to_list() for e in scene.elements}
+        assert by_text["Row half under the bar"] == [0, 2180, 1080, 2274], windows
+        assert by_text["Title under the status bar"] == [0, 128, 1080, 260], windows
+        assert "Row wholly under the bar" not in by_text, windows
+
+
 def test_a_permission_prompt_is_seen_as_one() -> None:
     scene = parse_scene(_load("permission_prompt_camera_1080x2400.xml"))
     assert scene.overlays == ["permission_prompt"]
