@@ -452,16 +452,26 @@ def _past_app_dialog(stack: list[Window], kinds: dict[int, Kind]) -> tuple[list[
     outside it cancels it): the activity under it is out of reach, as the plain `uiautomator
     dump` (Android 10 and earlier: the focused window alone) shows it. A popup that does not
     take the focus (an autocomplete list) leaves the focused activity in reach; dumps that do
-    not say which window has the focus (uiautomator2's) keep every window."""
+    not say which window has the focus (uiautomator2's) keep every window. Only a window the
+    focused one lies within is under it: side-by-side panes of one app (activity embedding
+    on a foldable or tablet, Settings' two panes) are both in reach."""
     top = next((w for w in reversed(stack) if w.focused and kinds[w.index] == "app"), None)
-    if top is None:
+    if top is None or top.bounds.width <= 0 or top.bounds.height <= 0:
         return stack, False
     level = stack.index(top)
-    kept = [
-        w
-        for i, w in enumerate(stack)
-        if i >= level or kinds[w.index] != "app" or w.package != top.package
-    ]
+
+    def under(w: Window) -> bool:
+        b, t = w.bounds, top.bounds
+        return (
+            kinds[w.index] == "app"
+            and w.package == top.package
+            and b.left <= t.left
+            and b.top <= t.top
+            and b.right >= t.right
+            and b.bottom >= t.bottom
+        )
+
+    kept = [w for i, w in enumerate(stack) if i >= level or not under(w)]
     return kept, len(kept) < len(stack)
 
 

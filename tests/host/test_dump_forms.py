@@ -112,6 +112,40 @@ def test_an_apps_own_dialog_hides_the_screen_under_it() -> None:
     assert next(e for e in editor.elements if e.text == "Save").clickable
 
 
+def test_side_by_side_panes_of_one_app_are_both_in_reach() -> None:
+    """Activity embedding (Settings' two panes on a foldable or tablet) puts two windows of
+    one package side by side, one of them focused: neither lies over the other, so both
+    stay in reach (only a window the focused one lies within is under it)."""
+    pane = (
+        '<window type="TYPE_APPLICATION" layer="{layer}" bounds="{b}" active="{a}" focused="{a}">'
+    )
+    left = NODE.format(
+        b="[0,0][1100,1840]",
+        text="Network &amp; internet",
+        rid="",
+        cls="android.widget.TextView",
+        click="true",
+        kids="",
+    )
+    right = NODE.format(
+        b="[1100,0][2208,1840]",
+        text="Wi-Fi",
+        rid="",
+        cls="android.widget.TextView",
+        click="true",
+        kids="",
+    )
+    dump = (
+        '<displays><display id="0">'
+        + pane.format(layer=10, b="[0,0][1100,1840]", a="false")
+        + f'<hierarchy rotation="0">{left}</hierarchy></window>'
+        + pane.format(layer=11, b="[1100,0][2208,1840]", a="true")
+        + f'<hierarchy rotation="0">{right}</hierarchy></window></display></displays>'
+    )  # fmt: skip
+    scene = parse_scene(dump, (2208, 1840), "com.example")
+    assert [e.text for e in scene.elements] == ["Network & internet", "Wi-Fi"]
+
+
 def _bars_over(app: str, windows: bool) -> str:
     """A dump of `app`'s nodes under the status bar and a three-button navigation bar."""
     status = NODE.format(
