@@ -4,11 +4,12 @@ Items go strictly in the order they were written (a screenshot after the decisio
 to; a decision's outcome after the decision), in batches of one kind. A failure that may pass
 (the cloud is down or busy: UNAVAILABLE, DEADLINE_EXCEEDED, …) keeps the batch at the head and
 waits — tenacity's full-jitter exponential backoff, cut short when the lease stream reconnects
-(`retry_now`) — so the backlog goes as soon as the cloud is back. A refusal for good (the
-cloud says the item can never be taken: INVALID_ARGUMENT, FAILED_PRECONDITION, …) marks the
-item refused and moves on; a refused batch is split so one bad item does not take its
-neighbours down with it. Every item carries its own id, so a batch the cloud took but whose
-answer was lost is simply taken again without effect.
+(`retry_now`) — so the backlog goes as soon as the cloud is back. So does a refusal of the host
+itself (UNAUTHENTICATED: its certificate revoked, until that is lifted or a new certificate is
+installed). A refusal for good (the cloud says the item can never be taken: INVALID_ARGUMENT,
+FAILED_PRECONDITION, …) marks the item refused and moves on; a refused batch is split so one
+bad item does not take its neighbours down with it. Every item carries its own id, so a batch
+the cloud took but whose answer was lost is simply taken again without effect.
 """
 
 from __future__ import annotations
@@ -37,6 +38,9 @@ TRANSIENT = frozenset(
         grpc.StatusCode.INTERNAL,
         grpc.StatusCode.UNKNOWN,
         grpc.StatusCode.CANCELLED,
+        # The caller refused, not the item: a revoked certificate (lifted again, or replaced
+        # by a new one and a restart) is accepted later, and the items with it.
+        grpc.StatusCode.UNAUTHENTICATED,
     }
 )
 HEAD = 200

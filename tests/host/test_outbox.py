@@ -15,7 +15,7 @@ import grpc
 import pytest
 
 from amc.v1 import decision_log_service_pb2, decision_log_service_pb2_grpc, types_pb2
-from cloud import pki
+from cloud import pki, revocations
 from cloud.server import CloudServer, build_server
 from cloud.settings import CloudSettings
 from host.outbox import OutboxSender, OutboxStore
@@ -147,6 +147,59 @@ async def test_the_backlog_waits_for_the_cloud_and_is_logged_once(tmp_path: Path
         stop.set()
         await running
         store.close()
+
+
+async def test_a_revoked_certificate_keeps_the_backlog_until_it_is_accepted_again(
+    tmp_path: Path,
+) -> None:
+    """UNAUTHENTICATED refuses the caller, not the item: a host whose certificate is revoked
+    (by mistake and lifted, or until its new certificate is installed, `docs/deployment.md`)
+    keeps its decisions and sends them once it is accepted again. They used to be refused for
+    good one by one, their bodies wiped: the attempt's log never got them."""
+    pki_dir = pki.ensure_embedded_pki(tmp_path, ["h1"], operator="ops")
+    port = free_port()
+    settings = _settings(tmp_path, pki_dir, port)
+    store = OutboxStore(tmp_path / "outbox.sqlite3")
+    sender = OutboxSender(
+        store, lambda: channel(f"127.0.0.1:{port}", pki_dir, "host-h1"), initial_s=0.05, max_s=0.5
+    )
+    stop = asyncio.Event()
+    running: asyncio.Task[None] | None = None
+    async with _cloud(settings) as cloud:
+        try:
+            host = ScriptedHost(cloud.address, pki_dir, "h1")
+            ops_ch = channel(cloud.address, pki_dir, "operator-ops")
+            await host.connect(["s1"])
+            await submit(tasks_stub(ops_ch), target=types_pb2.TaskTarget(host_id="h1"))
+            a = (await host.next("assignment")).assignment
+            await host.close()
+            await revocations.revoke(cloud.store, host_id="h1", reason="by mistake")
+            await cloud.revocations.refresh()
+            running = asyncio.create_task(sender.run(stop))
+            store.put(DECISION, "d1", shipped(a, "d1").SerializeToString())
+            store.put(DECISION, "d2", shipped(a, "d2").SerializeToString())
+            await _until(
+                lambda: not (tried := store.head(1)) or tried[0].tries >= 2, "tries while refused"
+            )
+            assert sender.last_error is not None
+            assert sender.last_error.startswith("UNAUTHENTICATED")
+            assert (store.backlog().items, store.backlog().refused) == (2, 0)
+
+            await revocations.lift(cloud.store, host_id="h1")
+            await cloud.revocations.refresh()
+            sender.retry_now.set()
+            await _until(lambda: store.backlog().items == 0, "the backlog sent")
+            assert store.backlog().refused == 0
+            rows = await decision_log_service_pb2_grpc.DecisionLogServiceStub(ops_ch).ListDecisions(
+                decision_log_service_pb2.ListDecisionsRequest(task_id=a.task_id)
+            )
+            assert [d.step_index for d in rows.decisions] == [1, 2]
+            await ops_ch.close()
+        finally:
+            stop.set()
+            if running is not None:
+                await running
+            store.close()
 
 
 @pytest.mark.parametrize("code", [grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.INVALID_ARGUMENT])
