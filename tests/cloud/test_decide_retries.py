@@ -21,6 +21,7 @@ from amc.v1 import (
     decision_log_service_pb2_grpc,
     planner_service_pb2,
     planner_service_pb2_grpc,
+    task_service_pb2,
     types_pb2,
 )
 from cloud.server import CloudServer, build_server
@@ -81,6 +82,44 @@ async def test_a_retried_step_is_answered_from_the_decision_log(
         )
         assert [d.step_index for d in listed.decisions] == [1, 2]
         assert listed.decisions[0].outcome.executed  # the retry did not lose the outcome
+    finally:
+        await host.close()
+        await ops_ch.close()
+        await host_ch.close()
+
+
+async def test_a_step_of_a_task_being_cancelled_is_not_planned(
+    offline_cloud: CloudServer, pki_dir: Path
+) -> None:
+    """The operator cancels a running task while its host's Lease stream is down (the host is
+    reconnecting: it has not heard the revoke). Its next Decide, over its own channel, is
+    refused as its renewal would be (FAILED_PRECONDITION): no model call, nothing logged and
+    nothing for the phone to do after the cancel. It used to be planned, the lease being live
+    until it ran out, and the phone acted on a cancelled task."""
+    cloud = offline_cloud
+    ops_ch = channel(cloud.address, pki_dir, "operator-ops")
+    host_ch = channel(cloud.address, pki_dir, "host-h19")
+    host = ScriptedHost(cloud.address, pki_dir, "h19")
+    try:
+        await host.connect(["p"])
+        ops: Any = tasks_stub(ops_ch)
+        await submit(ops)
+        a = (await host.next("assignment")).assignment
+        planner: Any = planner_service_pb2_grpc.PlannerServiceStub(host_ch)
+        first = await planner.Decide(_request(a, "1"))
+        await host.close()  # the stream is down; the host's step goes on
+        await ops.CancelTask(task_service_pb2.CancelTaskRequest(task_id=a.task_id, reason="no"))
+        outcome = types_pb2.ActionOutcome(step_index=1, executed=True)
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await planner.Decide(_request(a, "2", previous_outcome=outcome))
+        assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert "is not a live lease" in (err.value.details() or "")
+
+        log: Any = decision_log_service_pb2_grpc.DecisionLogServiceStub(ops_ch)
+        listed = await log.ListDecisions(
+            decision_log_service_pb2.ListDecisionsRequest(task_id=a.task_id)
+        )
+        assert [d.decision_id for d in listed.decisions] == [first.decision.decision_id]
     finally:
         await host.close()
         await ops_ch.close()

@@ -85,11 +85,19 @@ async def busy_phones(store: Store, host_ids: Sequence[str] | None) -> dict[str,
 
 
 async def is_live(store: Store, host_id: str, task_id: str, attempt: int, lease_id: str) -> bool:
-    """Whether (task, attempt, lease) is `host_id`'s live lease right now."""
+    """Whether (task, attempt, lease) is `host_id`'s live lease right now, of a task no operator
+    asked to cancel: such a lease stays until its host acknowledges the revoke or it runs out,
+    but it is not renewed (`fence.classify_sync`: CANCELLED), and nothing more is planned on
+    it for a host that has not heard the revoke yet."""
     now = store.now()
     async with store.read() as session:
         found = await session.scalar(
-            select(AttemptRow.id).where(*live_fence(host_id, task_id, attempt, lease_id, now))
+            select(AttemptRow.id)
+            .join(TaskRow, TaskRow.task_id == AttemptRow.task_id)
+            .where(
+                *live_fence(host_id, task_id, attempt, lease_id, now),
+                TaskRow.cancel_requested.is_not(True),
+            )
         )
         return found is not None
 
