@@ -11,6 +11,8 @@ assignments, renewals, revocations, result acks. The client:
   resending it after a reconnect, after a retryable rejection and every `RESULT_RESEND_S`
   without an answer; a result whose lease ran out meanwhile is still sent (the cloud accepts
   it as late while no other attempt has started), so finished work is not run again;
+- stops a task whose lease ran out by its own clock while the cloud was unreachable, and reports
+  it once it reconnects (a retryable result; the cloud may have given the lease a new term);
 - starts an assignment for a phone whose previous attempt is still stopping (revoked, within
   one step of its end) once that attempt has stopped, instead of refusing it;
 - reconnects with capped exponential backoff and full jitter, re-announcing what it holds;
@@ -60,6 +62,11 @@ RESEND_AFTER_UNAVAILABLE_S = 1.0
 #: A result neither acknowledged nor refused goes again after this long (a message lost with a
 #: stream the host has not yet noticed is dead, an answer lost on the way back).
 RESULT_RESEND_S = 5.0
+#: `RunningTask.revoke_reason` of an attempt this host stopped because its lease ran out by the
+#: host's own clock while the cloud could not be reached.
+EXPIRED_LOCALLY = "LEASE_EXPIRED_LOCALLY"
+#: The retryable result such an attempt ends with.
+UNREACHABLE_SUMMARY = "stopped: the lease ran out while the cloud was unreachable"
 
 
 class DeviceSource(Protocol):
@@ -563,6 +570,19 @@ class LeaseClient:
             # The cloud said the lease is not live: it ended (or will end) this attempt itself;
             # a result would only be refused. Its Revoked, if one comes, finds nothing to do.
             log.info("task %s/%d stopped: its lease is no longer live", *rt.key)
+        elif rt.revoke_reason == EXPIRED_LOCALLY:
+            # Stopped by this host's own clock while the cloud was unreachable. A cloud that was
+            # down gives live leases a new term when it starts again: said now, the task's next
+            # attempt starts at once instead of after that term (finished work is sent as is).
+            stopped = outcome.status == "cancelled"
+            self._queue_result(
+                rt.spec,
+                types_pb2.TASK_STATUS_FAILED if stopped else outcome.proto_status,
+                UNREACHABLE_SUMMARY if stopped else outcome.summary,
+                rt.progress.snapshot(),
+                retryable=stopped or outcome.retryable,
+                replay=outcome.replay,
+            )
         elif rt.revoked is not None:
             # The cloud already took the lease back; it may still like a CANCELLED ack.
             if rt.revoke_reason == "REVOKE_REASON_CANCELLED":
@@ -658,7 +678,7 @@ class LeaseClient:
                 if now > rt.expires_mono + self.config.expiry_grace_s and not rt.cancel.is_set():
                     log.warning("lease of %s expired while the cloud was unreachable", rt.key)
                     rt.revoked = types_pb2.TASK_STATUS_CANCELLED
-                    rt.revoke_reason = "LEASE_EXPIRED_LOCALLY"
+                    rt.revoke_reason = EXPIRED_LOCALLY
                     rt.cancel.set()
 
     @staticmethod

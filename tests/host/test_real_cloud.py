@@ -215,3 +215,47 @@ async def test_cloud_planner_transport_with_the_offline_provider(stack: Stack) -
         assert [d.user_prompt for d in listed.decisions] == [r.user_prompt for r in local]
     finally:
         await host.close()
+
+
+async def test_a_task_stopped_by_a_cloud_outage_longer_than_its_lease_is_retried_at_once(
+    stack: Stack,
+) -> None:
+    """The cloud is down for longer than the lease: the host stops the task when its lease has
+    run out by its own clock. The cloud that starts again gives live leases a new term
+    (`leases.extend_after_outage`), meant for hosts that kept working; this host did not, and
+    says so when it reconnects (a retryable result), so the task's next attempt starts now.
+    It used to say nothing: the attempt sat "running" on an idle phone for that whole new term
+    before the sweeper found it expired."""
+    planner = _dark_theme()
+    planner.steps[1] = Step("swipe", {"start_x": 540, "start_y": 1800, "end_x": 540, "end_y": 900})
+    planner.steps[2:] = [planner.steps[1]]  # swipes until stopped
+    host = await _start_host(stack, planner)
+    again: CloudServer | None = None
+    try:
+        lease = duration_pb2.Duration()
+        lease.FromTimedelta(timedelta(seconds=3))
+        submitted = await stack.ops.SubmitTask(
+            task_service_pb2.SubmitTaskRequest(
+                goal="Scroll forever", max_attempts=2, lease_duration=lease
+            )
+        )
+        task_id = submitted.task.task_id
+        await _until(stack, task_id, lambda t: t.progress.step_index >= 2)
+        settings = stack.cloud.settings.model_copy(update={"listen_address": stack.cloud.address})
+        await stack.cloud.stop(0)
+        for _ in range(400):  # the host's own clock ends the attempt (a state, not a timer)
+            if not host.app.lease.running():
+                break
+            await asyncio.sleep(0.05)
+        assert host.app.lease.running() == []
+        again = await build_server(settings)
+        await again.start()
+        task = await _until(stack, task_id, lambda t: t.attempts[0].HasField("ended_at"))
+        first = task.attempts[0]
+        assert task.attempt == 2, task
+        assert first.status == types_pb2.TASK_STATUS_FAILED
+        assert "the cloud was unreachable" in first.failure_reason, first.failure_reason
+    finally:
+        await host.close()
+        if again is not None:
+            await again.stop(0.5)
