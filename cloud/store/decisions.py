@@ -97,6 +97,9 @@ async def append_shipped(
 
     The step index is assigned as for the cloud's own decisions. A resend racing its original
     (another replica) loses on the unique index and finds the winner's row on its next turn.
+    What logging it hands on (`_hand_on`) is written after the insert, in writes of its own: a
+    resend of a `complete` or of a handover writes it again, should the database have failed
+    between the two.
     """
     last_error: Exception | None = None
     for _ in range(_APPEND_RETRIES):
@@ -111,29 +114,38 @@ async def append_shipped(
                 store, existing.decision_id, outcome
             ):
                 existing = await get(store, existing.decision_id) or existing
+            if existing.tool_name == "complete" or decision.replay_divergence:
+                await _hand_on(store, task_id, attempt, decision)
             return existing, True
         try:
             row = await _insert(
                 store, host_id, task_id, attempt, decision, "direct", host_decision_id, outcome
             )
-            if decision.replay_divergence and decision.flow_step:
-                # Written when logged, as Decide does for the cloud's own: an attempt that ends
-                # without a result (the host crashed, the lease ran out) would otherwise leave
-                # its next attempt handed the same flow, the divergence uncounted.
-                await flows.record_replay(
-                    store,
-                    task_id,
-                    attempt,
-                    flow_id=decision.flow_id,
-                    steps_replayed=None,
-                    diverged_at=decision.flow_step,
-                    reason=decision.replay_divergence,
-                )
-            await learn_again(store, task_id, attempt)
-            return row, False
         except IntegrityError as exc:
             last_error = exc
+            continue
+        await _hand_on(store, task_id, attempt, decision)
+        return row, False
     raise RuntimeError("could not assign a step index") from last_error
+
+
+async def _hand_on(store: Store, task_id: str, attempt: int, decision: Decision) -> None:
+    """After a shipped decision is logged: its replay handover on its attempt, and the attempt
+    handed back to the learning loop if it was left waiting for its log."""
+    if decision.replay_divergence and decision.flow_step:
+        # Written when logged, as Decide does for the cloud's own: an attempt that ends
+        # without a result (the host crashed, the lease ran out) would otherwise leave
+        # its next attempt handed the same flow, the divergence uncounted.
+        await flows.record_replay(
+            store,
+            task_id,
+            attempt,
+            flow_id=decision.flow_id,
+            steps_replayed=None,
+            diverged_at=decision.flow_step,
+            reason=decision.replay_divergence,
+        )
+    await learn_again(store, task_id, attempt)
 
 
 async def learn_again(store: Store, task_id: str, attempt: int) -> None:

@@ -11,7 +11,7 @@ from typing import Any
 
 import grpc
 import pytest
-from sqlalchemy import inspect, select
+from sqlalchemy import inspect, select, text
 
 from amc.v1 import (
     decision_log_service_pb2,
@@ -422,6 +422,59 @@ async def test_a_shipped_divergence_is_on_the_attempt_before_any_result(
         assert (attempt.flow_id, attempt.replay_diverged_step, attempt.replay_divergence) == (
             row.flow_id, 2, "its target is not here",
         )  # fmt: skip
+    finally:
+        await host.close()
+        await host_ch.close()
+
+
+async def test_a_complete_shipped_again_after_a_database_failure_wakes_the_loop(
+    cloud: CloudServer, ops: Any, pki_dir: Path
+) -> None:
+    """The database fails after a shipped `complete` was inserted and before the attempt the
+    learning loop left waiting was handed back (PostgreSQL restarting between the two writes:
+    SQLSTATE 57P01, raised here by a trigger so it falls in that instant). The host's outbox
+    sends the entry again; the cloud finds it logged and used to answer with that alone, so
+    the attempt stayed "awaiting-ship" and its success was never learned."""
+    if cloud.store.is_sqlite:
+        pytest.skip("the failure is a PostgreSQL shutdown's (a trigger raising 57P01)")
+    host = ScriptedHost(cloud.address, pki_dir, "h1")
+    await host.connect(["s1"], transport=types_pb2.PLANNER_TRANSPORT_DIRECT)
+    host_ch = channel(cloud.address, pki_dir, "host-h1")
+    try:
+        await submit(ops, goal="Turn on dark theme")
+        a = (await host.next("assignment")).assignment
+        await host.send(result(a))
+        await host.next("result_ack")
+        await _flow_state_is(cloud.store, a, "awaiting-ship")  # no decision shipped yet
+        async with cloud.store.write() as session:
+            for statement in (
+                "CREATE FUNCTION amc_test_shutdown() RETURNS trigger LANGUAGE plpgsql AS $$"
+                " BEGIN RAISE EXCEPTION 'terminating connection due to administrator command'"
+                " USING ERRCODE = '57P01'; END $$",
+                "CREATE TRIGGER amc_test_shutdown BEFORE UPDATE OF flow_state ON attempts FOR"
+                " EACH ROW WHEN (NEW.flow_state = 'shipped') EXECUTE FUNCTION"
+                " amc_test_shutdown()",
+            ):
+                await session.execute(text(statement))
+        entry = decision_log_service_pb2.ShippedDecision(
+            host_decision_id="last", task_id=a.task_id, attempt=a.attempt, lease_id=a.lease_id,
+            decision=types_pb2.Decision(
+                tool_name="complete", provider="offline", model="m",
+                action=types_pb2.Action(complete=types_pb2.CompleteAction(success=True)),
+            ),
+        )  # fmt: skip
+        ship = decision_log_service_pb2_grpc.DecisionLogServiceStub(host_ch)
+        request = decision_log_service_pb2.ShipDecisionsRequest(entries=[entry])
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await ship.ShipDecisions(request)
+        assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+        async with cloud.store.write() as session:
+            await session.execute(text("DROP TRIGGER amc_test_shutdown ON attempts"))
+        again = await ship.ShipDecisions(request)  # the outbox's next try
+        assert again.acks[0].duplicate
+        assert cloud.learner is not None
+        cloud.learner.wake.set()
+        await _flow_state_is(cloud.store, a, "no-flow")  # looked at again, with the whole log
     finally:
         await host.close()
         await host_ch.close()
