@@ -15,6 +15,10 @@ import grpc
 
 from host.settings import HostSettings
 
+#: The largest message the host sends or takes (the cloud's own default limit too,
+#: `AMC_CLOUD_MAX_MESSAGE_BYTES`): an outbox item bigger than this can never be sent.
+MAX_MESSAGE_BYTES = 16 * 1024 * 1024
+
 
 class CertificateMissing(RuntimeError):
     """The settings do not name a CA, client certificate and key that exist."""
@@ -31,8 +35,8 @@ def channel_options(settings: HostSettings) -> list[tuple[str, int | str]]:
         # Reconnect quickly after a drop; the lease client adds its own backoff on top.
         ("grpc.initial_reconnect_backoff_ms", 500),
         ("grpc.max_reconnect_backoff_ms", 5000),
-        ("grpc.max_receive_message_length", 16 * 1024 * 1024),
-        ("grpc.max_send_message_length", 16 * 1024 * 1024),
+        ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+        ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
     ]
     if settings.tls_server_name:
         opts.append(("grpc.ssl_target_name_override", settings.tls_server_name))

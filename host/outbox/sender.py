@@ -7,8 +7,9 @@ waits — tenacity's full-jitter exponential backoff, cut short when the lease s
 (`retry_now`) — so the backlog goes as soon as the cloud is back. So does a refusal of the host
 itself (UNAUTHENTICATED: its certificate revoked, until that is lifted or a new certificate is
 installed). A refusal for good (the cloud says the item can never be taken: INVALID_ARGUMENT,
-FAILED_PRECONDITION, …) marks the item refused and moves on; a refused batch is split so one
-bad item does not take its neighbours down with it. Every item carries its own id, so a batch
+FAILED_PRECONDITION, …) marks the item refused and moves on, as does an item too big for any
+message (`MAX_ITEM_BYTES`); a refused batch is split so one bad item does not take its
+neighbours down with it. Every item carries its own id, so a batch
 the cloud took but whose answer was lost is simply taken again without effect.
 """
 
@@ -23,6 +24,7 @@ import grpc
 from google.protobuf.message import DecodeError
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, wait_random_exponential
 
+from host.cloud_channel import MAX_MESSAGE_BYTES
 from host.outbox.kinds import KINDS, Kind
 from host.outbox.store import OutboxItem, OutboxStore
 
@@ -44,6 +46,10 @@ TRANSIENT = frozenset(
     }
 )
 HEAD = 200
+#: An item whose request is bigger than a message may be (less room for the request around a
+#: shipped decision) is never sent: gRPC refuses it with RESOURCE_EXHAUSTED, a code otherwise
+#: waited out, and it would hold every item after it for ever.
+MAX_ITEM_BYTES = MAX_MESSAGE_BYTES - 4096
 
 
 class _Stopped(Exception):
@@ -136,6 +142,11 @@ class OutboxSender:
                 if not items:
                     await self._idle(stop)
                     continue
+                if len(items[0].body) > MAX_ITEM_BYTES:  # alone in its batch (`batch_of`)
+                    mib = MAX_MESSAGE_BYTES // (1024 * 1024)
+                    why = f"{len(items[0].body)} bytes, more than a message may have ({mib} MiB)"
+                    await self._refuse(items[0], why)
+                    continue
                 try:
                     await self._deliver(channel, batch_of(items, self._kinds), stop)
                 except _Stopped:
@@ -166,6 +177,12 @@ class OutboxSender:
                 raise _Stopped
 
         return pause
+
+    async def _refuse(self, item: OutboxItem, reason: str) -> None:
+        """Set `item` aside for good (kept, marked refused, never sent again)."""
+        log.warning("outbox: %s %s refused: %s", item.kind, item.item_id, reason)
+        await asyncio.to_thread(self.store.refused, item.seq, reason)
+        self.changed.set()
 
     async def _deliver(self, channel: Any, batch: list[OutboxItem], stop: asyncio.Event) -> None:
         kind = self._kinds[batch[0].kind]
@@ -201,10 +218,7 @@ class OutboxSender:
                 for item in batch:
                     await self._deliver(channel, [item], stop)
                 return
-            reason = _describe(exc)
-            log.warning("outbox: the cloud refused %s %s: %s", kind.name, batch[0].item_id, reason)
-            await asyncio.to_thread(self.store.refused, batch[0].seq, reason)
-            self.changed.set()
+            await self._refuse(batch[0], _describe(exc))
             return
         self.last_error = None
         await asyncio.to_thread(self.store.sent, seqs)

@@ -14,7 +14,12 @@ from typing import Any
 import grpc
 import pytest
 
-from amc.v1 import decision_log_service_pb2, decision_log_service_pb2_grpc, types_pb2
+from amc.v1 import (
+    artifact_service_pb2,
+    decision_log_service_pb2,
+    decision_log_service_pb2_grpc,
+    types_pb2,
+)
 from cloud import pki, revocations
 from cloud.server import CloudServer, build_server
 from cloud.settings import CloudSettings
@@ -194,6 +199,60 @@ async def test_a_revoked_certificate_keeps_the_backlog_until_it_is_accepted_agai
                 decision_log_service_pb2.ListDecisionsRequest(task_id=a.task_id)
             )
             assert [d.step_index for d in rows.decisions] == [1, 2]
+            await ops_ch.close()
+        finally:
+            stop.set()
+            if running is not None:
+                await running
+            store.close()
+
+
+async def test_an_item_too_big_to_send_is_set_aside_and_the_backlog_goes_on(
+    tmp_path: Path,
+) -> None:
+    """A screenshot over the 16 MiB a message may have (a noisy full-screen picture on a
+    high-resolution phone: PNG barely compresses it) cannot be sent at all: gRPC refuses it on
+    the host's side with RESOURCE_EXHAUSTED, a code the outbox waits out. It used to stay at
+    the head for ever, retried with backoff, and nothing written after it (decisions,
+    screenshots) ever reached the cloud, also after a restart."""
+    pki_dir = pki.ensure_embedded_pki(tmp_path, ["h1"], operator="ops")
+    port = free_port()
+    settings = _settings(tmp_path, pki_dir, port)
+    store = OutboxStore(tmp_path / "outbox.sqlite3")
+    sender = OutboxSender(
+        store, lambda: channel(f"127.0.0.1:{port}", pki_dir, "host-h1"), initial_s=0.05, max_s=0.5
+    )
+    stop = asyncio.Event()
+    running: asyncio.Task[None] | None = None
+    async with _cloud(settings) as cloud:
+        try:
+            host = ScriptedHost(cloud.address, pki_dir, "h1")
+            ops_ch = channel(cloud.address, pki_dir, "operator-ops")
+            await host.connect(["s1"])
+            await submit(tasks_stub(ops_ch), target=types_pb2.TaskTarget(host_id="h1"))
+            a = (await host.next("assignment")).assignment
+            store.put(DECISION, "d1", shipped(a, "d1").SerializeToString())
+            huge = artifact_service_pb2.UploadStepScreenshotRequest(
+                task_id=a.task_id,
+                attempt=a.attempt,
+                lease_id=a.lease_id,
+                host_decision_id="d1",
+                phase=artifact_service_pb2.SCREENSHOT_PHASE_BEFORE,
+                content_type="image/png",
+                data=b"\x89PNG\r\n\x1a\n" + bytes(17 * 1024 * 1024),
+            )
+            store.put(SCREENSHOT, "d1-before", huge.SerializeToString())
+            store.put(DECISION, "d2", shipped(a, "d2").SerializeToString())
+            running = asyncio.create_task(sender.run(stop))
+            await _until(lambda: store.backlog().items == 0, "the items after it sent")
+            ((kind, item, reason),) = store.refusals()
+            assert (kind, item) == (SCREENSHOT, "d1-before")
+            assert "16 MiB" in reason
+            rows = await decision_log_service_pb2_grpc.DecisionLogServiceStub(ops_ch).ListDecisions(
+                decision_log_service_pb2.ListDecisionsRequest(task_id=a.task_id)
+            )
+            assert [d.step_index for d in rows.decisions] == [1, 2]
+            await host.close()
             await ops_ch.close()
         finally:
             stop.set()
