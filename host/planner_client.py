@@ -10,6 +10,7 @@ history it keeps the way the cloud's decision log does. So both build byte-ident
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Protocol
@@ -28,6 +29,7 @@ from planner.observation import clip, observation_from_scene
 from planner.plan_step import plan_step
 from planner.planner import Planner
 from planner.scene import Scene
+from planner.service import MAX_SCREENSHOT
 from planner.steps import MAX_DRIVER_OUTPUT_BYTES, MAX_OUTCOME_ERROR_BYTES, PastStep, with_outcome
 from planner.verify import MAX_EVIDENCE_BYTES, verdict_to_proto
 
@@ -46,6 +48,8 @@ class StepPlanner(Protocol):
         screenshot: bytes | None = None,
     ) -> Decision: ...
 
+
+log = logging.getLogger(__name__)
 
 #: What a replayed decision whose sensitive text was not kept says instead of running.
 WITHHELD = (
@@ -170,7 +174,13 @@ class CloudPlanner:
         if outcome is not None:
             request.previous_outcome.CopyFrom(outcome)
         if screenshot and self.send_screenshot:
-            request.screenshot = screenshot
+            if len(screenshot) <= MAX_SCREENSHOT:
+                request.screenshot = screenshot
+            else:  # the cloud would refuse the whole step: planned from the observation alone
+                log.warning(
+                    "step %s: screenshot of %d bytes not sent (a Decide takes at most %d)",
+                    request.step_key, len(screenshot), MAX_SCREENSHOT,
+                )  # fmt: skip
         try:
             response = await self._call(request)
         except CloudPlanError as err:

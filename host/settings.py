@@ -63,7 +63,8 @@ class HostSettings(BaseSettings):
     max_steps: int = Field(default=30, ge=1)
     #: Pause after each action so the screen settles before the "after" capture.
     settle_delay_s: float = Field(default=0.3, ge=0)
-    #: Send the screenshot to the planner with each decision.
+    #: Send the screenshot to the planner with each decision (on the cloud transport, one over
+    #: the 8 MiB a Decide takes is left out: the step is planned from the observation alone).
     send_screenshot: bool = False
 
     # --- planner ---

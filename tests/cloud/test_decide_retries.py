@@ -26,6 +26,9 @@ from amc.v1 import (
 )
 from cloud.server import CloudServer, build_server
 from cloud.settings import CloudSettings
+from host.cloud_channel import open_channel
+from host.planner_client import CloudPlanner
+from host.settings import HostSettings
 from planner.observation import observation_from_scene
 from tests.cloud.cloud_harness import ScriptedHost, channel, submit, tasks_stub
 from tests.planner import scenes
@@ -120,6 +123,35 @@ async def test_a_step_of_a_task_being_cancelled_is_not_planned(
             decision_log_service_pb2.ListDecisionsRequest(task_id=a.task_id)
         )
         assert [d.decision_id for d in listed.decisions] == [first.decision.decision_id]
+    finally:
+        await host.close()
+        await ops_ch.close()
+        await host_ch.close()
+
+
+async def test_a_screenshot_over_the_contracts_limit_is_left_out_not_refused(
+    offline_cloud: CloudServer, pki_dir: Path, tmp_path: Path
+) -> None:
+    """A host that sends screenshots (AMC_HOST_SEND_SCREENSHOT) on a phone whose screen PNG is
+    over the 8 MiB a DecideRequest's screenshot may have (a noisy full screen at a high
+    resolution): the step is planned from the observation alone. The cloud used to get it and
+    refuse the request (INVALID_ARGUMENT, which a step never asks again): the task failed on
+    one picture."""
+    cloud = offline_cloud
+    ops_ch = channel(cloud.address, pki_dir, "operator-ops")
+    settings = HostSettings(
+        cloud_address=cloud.address, certs_dir=pki_dir, host_id="h21", data_dir=tmp_path / "h"
+    )
+    host_ch = open_channel(settings)
+    host = ScriptedHost(cloud.address, pki_dir, "h21")
+    try:
+        await host.connect(["p"])
+        await submit(tasks_stub(ops_ch))
+        a = (await host.next("assignment")).assignment
+        planner = CloudPlanner(host_ch, a.task_id, a.attempt, a.lease_id, send_screenshot=True)
+        big = b"\x89PNG\r\n\x1a\n" + bytes(9 * 1024 * 1024)
+        decision = await planner.decide("g", scenes.launcher(), [], big)
+        assert decision.step_index == 1
     finally:
         await host.close()
         await ops_ch.close()
