@@ -233,7 +233,7 @@ async def test_a_task_stopped_by_a_cloud_outage_longer_than_its_lease_is_retried
     again: CloudServer | None = None
     try:
         lease = duration_pb2.Duration()
-        lease.FromTimedelta(timedelta(seconds=3))
+        lease.FromTimedelta(timedelta(seconds=6))
         submitted = await stack.ops.SubmitTask(
             task_service_pb2.SubmitTaskRequest(
                 goal="Scroll forever", max_attempts=2, lease_duration=lease
