@@ -567,9 +567,14 @@ class LeaseClient:
             outcome = TaskOutcome("failed", truncate(f"host error: {exc}", 2000), 0)
         rt.outcome = outcome
         if outcome.lease_lost and rt.revoked is None:
-            # The cloud said the lease is not live: it ended (or will end) this attempt itself;
-            # a result would only be refused. Its Revoked, if one comes, finds nothing to do.
+            # The cloud said the lease is not live: it ended (or will end) this attempt itself.
+            # One case keeps the lease live until its host answers: an operator cancelling the
+            # task (its revoke not heard yet, the stream was down). A CANCELLED result ends it
+            # at once then (any other refuses it, and it is not sent again).
             log.info("task %s/%d stopped: its lease is no longer live", *rt.key)
+            self._queue_result(
+                rt.spec, types_pb2.TASK_STATUS_CANCELLED, outcome.summary, rt.progress.snapshot()
+            )
         elif rt.revoke_reason == EXPIRED_LOCALLY:
             # Stopped by this host's own clock while the cloud was unreachable. A cloud that was
             # down gives live leases a new term when it starts again: said now, the task's next

@@ -7,9 +7,10 @@ revoked) stops the loop within one step: it is checked between phases and races 
 
 Two ends are not the task's: a step that could not be planned right now waits inside the lease
 (`planning_wait`), and a lease the cloud says is no longer live stops the loop without a
-verdict (`TaskOutcome.lease_lost`: the cloud has ended or will end that attempt, and no result
-is sent for it). A task's secret parameters (`TaskSpec.secrets`) are typed where a decision's
-text refers to them (`{{secret:NAME}}`) and scrubbed from everything observed afterwards.
+verdict (`TaskOutcome.lease_lost`: the cloud has ended or will end that attempt; the host
+answers it CANCELLED, which only a task being cancelled still takes). A task's secret
+parameters (`TaskSpec.secrets`) are typed where a decision's text refers to them
+(`{{secret:NAME}}`) and scrubbed from everything observed afterwards.
 """
 
 from __future__ import annotations
@@ -94,8 +95,8 @@ class TaskOutcome:
     #: A failure outside the task (planning stayed impossible until the deadline came near):
     #: the cloud queues the next attempt if the task has any left.
     retryable: bool = False
-    #: The cloud said the lease is no longer live (expired, revoked, superseded): the attempt
-    #: stopped without a verdict on the task, and no result is sent for it.
+    #: The cloud said the lease is no longer live (expired, revoked, superseded, its task being
+    #: cancelled): the attempt stopped without a verdict on the task (answered CANCELLED).
     lease_lost: bool = False
     #: How replaying a learned flow went (None: no step was replayed or handed over).
     replay: types_pb2.FlowReplayReport | None = None

@@ -515,10 +515,17 @@ async def test_an_assignment_waits_for_the_phones_stopping_attempt(
         await task
 
 
-async def test_a_lease_the_cloud_says_is_lost_sends_no_result(
+async def test_a_lease_the_cloud_says_is_lost_is_answered_cancelled(
     cloud: RunningCloud, tmp_path: Path
 ) -> None:
+    """The cloud refused a step because the lease is not live. Mostly it ended the attempt
+    itself, and refuses a result too; but a task an operator is cancelling keeps its lease
+    until the host answers (tests/host/test_real_cloud.py), so the host offers a CANCELLED
+    result, and forgets the attempt once the cloud has answered it."""
+    ran = asyncio.Event()
+
     async def lost(spec: TaskSpec, progress: ProgressHolder, cancel: asyncio.Event) -> TaskOutcome:
+        ran.set()
         return TaskOutcome("cancelled", "stopped: the lease is no longer live", 2, lease_lost=True)
 
     client = _client(cloud, StaticDevices("emulator-5554"), Stepper(1), tmp_path)
@@ -527,12 +534,15 @@ async def test_a_lease_the_cloud_says_is_lost_sends_no_result(
     fake = cloud.cloud
     try:
         await fake.assign("t14", "emulator-5554", "g")
+        await asyncio.wait_for(ran.wait(), 10)
+        await fake.wait_for(lambda: len(fake.results) == 1)
+        [offered] = fake.results
+        assert offered.status == types_pb2.TASK_STATUS_CANCELLED
         for _ in range(100):
             if not client._tasks:
                 break
             await asyncio.sleep(0.05)
         assert not client._tasks and client.pending_results() == []
-        assert not fake.results
     finally:
         stop.set()
         await task

@@ -24,9 +24,11 @@ from amc.v1 import (
 from cloud import pki
 from cloud.server import CloudServer, build_server
 from cloud.settings import CloudSettings
+from host.cloud_channel import open_channel
 from host.runner import HostApp, build_host, serve_host, start_virtual_phones
 from host.settings import HostSettings
 from tests.host.scripted_planner import ScriptedPlanner, Step, by_text
+from tests.support.processes import free_port
 
 HOST_ID = "h1"
 SETTINGS_APP = "com.android.settings"
@@ -259,3 +261,54 @@ async def test_a_task_stopped_by_a_cloud_outage_longer_than_its_lease_is_retried
         await host.close()
         if again is not None:
             await again.stop(0.5)
+
+
+async def test_a_cancel_the_host_meets_at_its_next_step_ends_the_task_at_once(
+    stack: Stack,
+) -> None:
+    """The operator cancels while the host's Lease stream is down (it is reconnecting), so the
+    revoke cannot reach it; its next step's Decide is refused (the task is being cancelled)
+    and it stops there. Once it reconnects it says so (a CANCELLED result, taken while the
+    lease is live), and the task is cancelled at once. It said nothing (the lease was "lost"),
+    and the task stayed running, cancel pending, until its lease ran out."""
+    cut = False
+    dead = f"127.0.0.1:{free_port()}"
+
+    def channels() -> grpc.aio.Channel:
+        address = dead if cut else stack.cloud.address
+        return open_channel(_host_settings(stack).model_copy(update={"cloud_address": address}))
+
+    virtual, settings = start_virtual_phones(
+        _host_settings(stack, planner_transport="cloud", settle_delay_s=1.0)
+    )
+    app = build_host(settings, channel_factory=channels)  # its planner channel stays up
+    stop = asyncio.Event()
+    host = RunningHost(app, stop, asyncio.create_task(serve_host(app, stop)), virtual)
+    try:
+        await asyncio.wait_for(app.lease.wait_connected(), 20)
+        lease = duration_pb2.Duration()
+        lease.FromTimedelta(timedelta(seconds=120))
+        submitted = await stack.ops.SubmitTask(
+            task_service_pb2.SubmitTaskRequest(
+                goal="Turn on dark theme", max_attempts=1, lease_duration=lease
+            )
+        )
+        task_id = submitted.task.task_id
+        await _until(stack, task_id, lambda t: t.progress.step_index >= 1)
+        cut = True
+        stack.cloud.leases.close_all(grpc.StatusCode.UNAVAILABLE, "cut by test")
+        await stack.ops.CancelTask(task_service_pb2.CancelTaskRequest(task_id=task_id, reason="t"))
+        for _ in range(400):  # its next Decide is refused and it stops (a state, not a timer)
+            if not app.lease.running():
+                break
+            await asyncio.sleep(0.05)
+        assert app.lease.running() == []
+        cut = False
+        task = await _until(
+            stack, task_id, lambda t: t.status == types_pb2.TASK_STATUS_CANCELLED, within=30
+        )
+        assert task.result_summary == "t"
+        local = app.store.get_task(task_id, 1)
+        assert local is not None and local.status == "cancelled"
+    finally:
+        await host.close()
