@@ -67,6 +67,8 @@ RESULT_RESEND_S = 5.0
 EXPIRED_LOCALLY = "LEASE_EXPIRED_LOCALLY"
 #: The retryable result such an attempt ends with.
 UNREACHABLE_SUMMARY = "stopped: the lease ran out while the cloud was unreachable"
+#: The retryable result of an attempt stopped because the cloud said its lease is not live.
+LEASE_NOT_LIVE_SUMMARY = "stopped: the cloud said the lease is no longer live"
 
 
 class DeviceSource(Protocol):
@@ -569,11 +571,19 @@ class LeaseClient:
         if outcome.lease_lost and rt.revoked is None:
             # The cloud said the lease is not live: it ended (or will end) this attempt itself.
             # One case keeps the lease live until its host answers: an operator cancelling the
-            # task (its revoke not heard yet, the stream was down). A CANCELLED result ends it
-            # at once then (any other refuses it, and it is not sent again).
+            # task (its revoke not heard yet, the stream was down). A retryable result ends it
+            # at once then: the cloud requeues a retryable attempt, and a task with a cancel
+            # pending is cancelled instead. Retryable, not CANCELLED, because the host does not
+            # know why: a replica whose clock runs ahead of the lease's may have answered, and
+            # a task nobody cancelled must run again, not end. Any other case refuses the
+            # result, and it is not sent again.
             log.info("task %s/%d stopped: its lease is no longer live", *rt.key)
             self._queue_result(
-                rt.spec, types_pb2.TASK_STATUS_CANCELLED, outcome.summary, rt.progress.snapshot()
+                rt.spec,
+                types_pb2.TASK_STATUS_FAILED,
+                LEASE_NOT_LIVE_SUMMARY,
+                rt.progress.snapshot(),
+                retryable=True,
             )
         elif rt.revoke_reason == EXPIRED_LOCALLY:
             # Stopped by this host's own clock while the cloud was unreachable. A cloud that was

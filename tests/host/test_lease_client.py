@@ -515,13 +515,14 @@ async def test_an_assignment_waits_for_the_phones_stopping_attempt(
         await task
 
 
-async def test_a_lease_the_cloud_says_is_lost_is_answered_cancelled(
+async def test_a_lease_the_cloud_says_is_lost_is_answered_retryable(
     cloud: RunningCloud, tmp_path: Path
 ) -> None:
     """The cloud refused a step because the lease is not live. Mostly it ended the attempt
     itself, and refuses a result too; but a task an operator is cancelling keeps its lease
-    until the host answers (tests/host/test_real_cloud.py), so the host offers a CANCELLED
-    result, and forgets the attempt once the cloud has answered it."""
+    until the host answers (tests/host/test_real_cloud.py), so the host offers a retryable
+    result (the cloud cancels a task with a cancel pending, and requeues one nobody
+    cancelled), and forgets the attempt once the cloud has answered it."""
     ran = asyncio.Event()
 
     async def lost(spec: TaskSpec, progress: ProgressHolder, cancel: asyncio.Event) -> TaskOutcome:
@@ -537,7 +538,7 @@ async def test_a_lease_the_cloud_says_is_lost_is_answered_cancelled(
         await asyncio.wait_for(ran.wait(), 10)
         await fake.wait_for(lambda: len(fake.results) == 1)
         [offered] = fake.results
-        assert offered.status == types_pb2.TASK_STATUS_CANCELLED
+        assert (offered.status, offered.retryable) == (types_pb2.TASK_STATUS_FAILED, True)
         for _ in range(100):
             if not client._tasks:
                 break
