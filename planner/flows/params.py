@@ -28,14 +28,17 @@ def _boundary(value: str) -> str:
 def template_goal(goal: str, typed: Iterable[str]) -> tuple[str, dict[str, str]]:
     """The goal with each typed value it contains replaced by a slot, and value -> slot name.
 
-    Values are taken longest first (so "555 0100" is not cut by "5"), each value once; a value
-    not found in the goal as whole words stays literal text of its step.
+    Values are taken longest first (so "555 0100" is not cut by "5"). A value becomes a slot
+    only where the goal says it once, as whole words: said twice ("Set the alarm on and turn
+    on vibration" typing "on"), nothing tells which place the run typed, and making both one
+    slot would bind a similar goal only when both places agree ("alarm off … turn on" would not
+    bind at all). Such a value, or one not in the goal, stays literal text of its step.
     """
     template = goal
     found: dict[str, str] = {}
     for value in sorted({v.strip() for v in typed if v and v.strip()}, key=len, reverse=True):
         pattern = re.compile(_boundary(value), re.I)
-        if not pattern.search(template):
+        if len(pattern.findall(template)) != 1:
             continue
         temp = f"q{len(found)}"
         found[temp] = value

@@ -106,6 +106,23 @@ def test_goal_parameters_are_slots_a_new_goal_fills() -> None:
     assert params.missing(["p1", "secret1"], {"p1": "x"}) == ["secret1"]
 
 
+def test_a_typed_value_the_goal_says_twice_stays_literal() -> None:
+    """Typing "on" in "Set the alarm on and turn on vibration" made both "on"s one slot: the
+    learned template bound "… alarm off and turn on vibration" to nothing (a slot used twice
+    must agree) and bound the goal it came from only by making both places the typed value.
+    A value is a slot only where the goal says it once; said twice, it stays literal."""
+    goal = "Set the alarm on and turn on vibration"
+    assert params.template_goal(goal, ["on"]) == (goal, {})
+    template, slots = params.template_goal(goal + " with label Wake", ["on", "Wake"])
+    assert template == goal + " with label {p1}"
+    assert slots == {"Wake": "p1"}
+    assert params.bind(template, goal + " with label Gym") == {"p1": "Gym"}
+    assert params.bind(template, "Set the alarm off and turn on vibration with label Gym") is None
+    # said once, the short value is still a slot a similar goal fills
+    short, _ = params.template_goal("Set the volume to 5", ["5"])
+    assert params.bind(short, "Set the volume to 7") == {"p1": "7"}
+
+
 def test_synthesis_keeps_semantics_parameters_and_never_a_secret() -> None:
     made = synthesize(CONTACT_GOAL, contact_steps())
     flow = made.flow
