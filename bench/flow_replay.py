@@ -44,6 +44,7 @@ from rich.console import Console
 from sqlalchemy import select
 
 from amc.v1 import decision_log_service_pb2, task_service_pb2, types_pb2
+from cloud.store import flows
 from cloud.store.models import AttemptRow
 from console.embedded import EmbeddedStack, embedded_stack, follow_tasks
 from host.devices.virtual.suite import SETTINGS, SUITE, SuiteTask, snapshot
@@ -109,7 +110,7 @@ async def _learned(stack: EmbeddedStack, task_id: str) -> None:
                     select(AttemptRow.flow_state).where(AttemptRow.task_id == task_id)
                 )
             ).all()
-        if states and all(s not in (None, "working") for s in states):
+        if states and all(s is not None and s not in flows.LOOKING for s in states):
             return
         await asyncio.sleep(0.05)
     raise RuntimeError(f"the learning loop did not finish task {task_id}")

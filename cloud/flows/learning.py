@@ -16,7 +16,9 @@ can arrive before its last decisions: a succeeded attempt whose log does not end
 `complete` yet is left "awaiting-ship", and the next decision shipped for it hands it back to
 this loop (`decisions.append_shipped`, mark "shipped"), which then learns but does not count
 its replay again. How a direct attempt's replay went is what its host reported with its
-result (the log may still be partial), counted the first time the loop looks at it.
+result (the log may still be partial), counted the first time the loop looks at it, on the
+attempt as it is then (`flows.count_attempt`); a handover its host ships after that (it was
+offline past its lease) is counted as it is shipped (`flows.record_shipped_divergence`).
 """
 
 from __future__ import annotations
@@ -24,7 +26,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from dataclasses import dataclass
 
 from amc.v1 import types_pb2
 from cloud.flows.embeddings import Embedder
@@ -40,24 +41,14 @@ log = logging.getLogger(__name__)
 BATCH = 20
 
 
-@dataclass(frozen=True, slots=True)
-class ReplayResult:
-    """How an attempt's replay went."""
-
-    flow_id: str = ""
-    steps: int = 0
-    diverged_at: int = 0
-    reason: str = ""
-    completed: bool = False
-
-
 #: The mark of a succeeded direct-transport attempt whose decisions have not all arrived.
 AWAITING_SHIP = "awaiting-ship"
 
 
-def replay_result(attempt: AttemptRow, rows: list[DecisionRow]) -> ReplayResult:
-    """From the attempt's decisions (cloud transport), else from what its host reported (the
-    direct transport: its shipped log may still be partial)."""
+def replay_result(attempt: AttemptRow, rows: list[DecisionRow]) -> flows.Use:
+    """How the attempt's replay went: from its decisions (cloud transport), else from what its
+    host reported or shipped on the attempt (the direct transport: its shipped log may still be
+    partial)."""
     if attempt.planner_transport == types_pb2.PLANNER_TRANSPORT_DIRECT:
         rows = []
     replayed = [r for r in rows if r.planner_mode == REPLAY_MODE]
@@ -73,23 +64,21 @@ def replay_result(attempt: AttemptRow, rows: list[DecisionRow]) -> ReplayResult:
             and last.planner_mode == REPLAY_MODE
             and last.tool_name == "complete"
         )
-        return ReplayResult(
+        return flows.Use(
             flow_id,
-            sum(1 for r in replayed if r.tool_name != "complete"),
+            completed,
             (handover.flow_step or 0) if handover is not None else 0,
             (handover.replay_divergence or "") if handover is not None else "",
-            completed,
         )
     if attempt.replay_steps is not None or attempt.replay_diverged_step:
         diverged = attempt.replay_diverged_step or 0
-        return ReplayResult(
+        return flows.Use(
             attempt.flow_id or "",
-            attempt.replay_steps or 0,
+            attempt.status == states.SUCCEEDED and not diverged and bool(attempt.replay_steps),
             diverged,
             attempt.replay_divergence or "",
-            attempt.status == states.SUCCEEDED and not diverged and bool(attempt.replay_steps),
         )
-    return ReplayResult()
+    return flows.Use()
 
 
 def source_step(row: DecisionRow) -> SourceStep:
@@ -158,16 +147,17 @@ class FlowLearner:
         """Count the attempt's replay (unless `counted`: looked at before, when its shipped log
         was still partial) and learn from it; returns the mark it leaves."""
         rows = await decisions.attempt_rows(self.store, attempt.task_id, attempt.attempt)
-        result = replay_result(attempt, rows)
-        if result.flow_id and not counted:
-            await flows.count_use(
-                self.store,
-                result.flow_id,
-                completed=result.completed,
-                diverged_at=result.diverged_at,
-                reason=result.reason,
-                retire_after=self.settings.flow_retire_after,
+        if not counted:  # on the attempt as it is when counted: a divergence may ship meanwhile
+            attempt = (
+                await flows.count_attempt(
+                    self.store,
+                    attempt.id,
+                    lambda now: replay_result(now, rows),
+                    self.settings.flow_retire_after,
+                )
+                or attempt
             )
+        result = replay_result(attempt, rows)
         if attempt.status != states.SUCCEEDED:
             return "ended"
         if result.completed:

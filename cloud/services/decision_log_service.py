@@ -21,9 +21,16 @@ from planner.conversation.items import loads_item
 class DecisionLogServicer(decision_log_service_pb2_grpc.DecisionLogServiceServicer):
     """List and get decisions; read a session-mode attempt's conversation; take shipped ones."""
 
-    def __init__(self, store: Store, ship_window: dt.timedelta = dt.timedelta(days=1)) -> None:
+    def __init__(
+        self,
+        store: Store,
+        ship_window: dt.timedelta = dt.timedelta(days=1),
+        *,
+        flow_retire_after: int,
+    ) -> None:
         self._store = store
         self._ship_window = ship_window
+        self._retire_after = flow_retire_after
 
     async def ShipDecisions(
         self,
@@ -31,7 +38,12 @@ class DecisionLogServicer(decision_log_service_pb2_grpc.DecisionLogServiceServic
         context: grpc.aio.ServicerContext[pb.ShipDecisionsRequest, pb.ShipDecisionsResponse],
     ) -> pb.ShipDecisionsResponse:
         return await ship_decisions(
-            context, self._store, self._ship_window, authz.caller().name, request
+            context,
+            self._store,
+            self._ship_window,
+            authz.caller().name,
+            request,
+            self._retire_after,
         )
 
     async def ListDecisions(

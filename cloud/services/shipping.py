@@ -128,8 +128,10 @@ async def ship_decisions(
     window: dt.timedelta,
     host_id: str,
     request: pb.ShipDecisionsRequest,
+    retire_after: int,
 ) -> pb.ShipDecisionsResponse:
-    """DecisionLogService.ShipDecisions (see the proto): check every entry, then log each."""
+    """DecisionLogService.ShipDecisions (see the proto): check every entry, then log each (a
+    late handover counts on its flow, retired after `retire_after` divergences in a row)."""
     if not request.entries:
         await abort(context, grpc.StatusCode.INVALID_ARGUMENT, "entries: at least one")
     if len(request.entries) > MAX_ENTRIES:
@@ -156,6 +158,7 @@ async def ship_decisions(
                 entry.host_decision_id,
                 _decision(entry.decision),
                 outcome,
+                retire_after=retire_after,
             )
         except decisions.ShippedElsewhere as exc:
             await abort(context, grpc.StatusCode.INVALID_ARGUMENT, f"entries[{i}]: {exc}")

@@ -91,11 +91,16 @@ async def append_shipped(
     host_decision_id: str,
     decision: Decision,
     outcome: types_pb2.ActionOutcome | None,
+    *,
+    retire_after: int,
 ) -> tuple[DecisionRow, bool]:
     """Log a decision a host made on the direct transport, once per (host, host decision id):
     (the row, whether it had been logged before). A resend changes nothing but a first outcome.
 
-    The step index is assigned as for the cloud's own decisions. A resend racing its original
+    A shipped handover is written on the attempt, and counted on its flow when the learning
+    loop looked at the attempt before it came (`flows.record_shipped_divergence`; a flow
+    diverging `retire_after` attempts in a row is retired). The step index is assigned as for
+    the cloud's own decisions. A resend racing its original
     (another replica) loses on the unique index and finds the winner's row on its next turn.
     What logging it hands on (`_hand_on`) is written after the insert, in writes of its own: a
     resend of a `complete` or of a handover writes it again, should the database have failed
@@ -115,7 +120,7 @@ async def append_shipped(
             ):
                 existing = await get(store, existing.decision_id) or existing
             if existing.tool_name == "complete" or decision.replay_divergence:
-                await _hand_on(store, task_id, attempt, decision)
+                await _hand_on(store, task_id, attempt, decision, retire_after)
             return existing, True
         try:
             row = await _insert(
@@ -124,26 +129,27 @@ async def append_shipped(
         except IntegrityError as exc:
             last_error = exc
             continue
-        await _hand_on(store, task_id, attempt, decision)
+        await _hand_on(store, task_id, attempt, decision, retire_after)
         return row, False
     raise RuntimeError("could not assign a step index") from last_error
 
 
-async def _hand_on(store: Store, task_id: str, attempt: int, decision: Decision) -> None:
-    """After a shipped decision is logged: its replay handover on its attempt, and the attempt
-    handed back to the learning loop if it was left waiting for its log."""
+async def _hand_on(
+    store: Store, task_id: str, attempt: int, decision: Decision, retire_after: int
+) -> None:
+    """After a shipped decision is logged: its replay handover on its attempt (counted on its
+    flow if the learning loop already looked at the attempt), and the attempt handed back to
+    the learning loop if it was left waiting for its log."""
     if decision.replay_divergence and decision.flow_step:
         # Written when logged, as Decide does for the cloud's own: an attempt that ends
         # without a result (the host crashed, the lease ran out) would otherwise leave
         # its next attempt handed the same flow, the divergence uncounted.
-        await flows.record_replay(
+        await flows.record_shipped_divergence(
             store,
             task_id,
             attempt,
-            flow_id=decision.flow_id,
-            steps_replayed=None,
-            diverged_at=decision.flow_step,
-            reason=decision.replay_divergence,
+            flows.Use(decision.flow_id, False, decision.flow_step, decision.replay_divergence),
+            retire_after,
         )
     await learn_again(store, task_id, attempt)
 

@@ -1,7 +1,8 @@
 """Learned flows in the store: add (one per fingerprint), read, list, status, counts; and the
 flow columns of attempts (what retrieval chose, how the replay went, the learning loop's mark).
 
-The counts move in one place, `count_use`, so the rules hold on both backends: a replay that
+The counts move in one place, `_count` (through `count_use`, `count_attempt` and
+`record_shipped_divergence`), so the rules hold on both backends: a replay that
 finished counts as completed and ends the run of divergences; a divergence counts where it
 happened, and a flow that diverged `retire_after` attempts in a row is retired (reversible: an
 operator's enable sets it active and clears the run).
@@ -14,10 +15,12 @@ import datetime as dt
 import json
 import uuid
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from sqlalchemy import and_, or_, select, update
 from sqlalchemy.exc import IntegrityError
+from sqlalchemy.ext.asyncio import AsyncSession
 
 from amc.v1 import types_pb2
 from cloud.store import states
@@ -255,16 +258,9 @@ async def record_replay(
     diverged_at: int,
     reason: str,
 ) -> None:
-    """How the attempt's replay went (the cloud transport's Decide calls, a direct-transport
-    host's shipped handover, or its report with its result): replayed steps so far (None:
-    not known here, left as they are) and, once, where it handed over."""
-    values: dict[str, object] = {}
-    if steps_replayed is not None:
-        values["replay_steps"] = steps_replayed
-    if flow_id:
-        values["flow_id"] = flow_id
-    if diverged_at:
-        values.update(replay_diverged_step=diverged_at, replay_divergence=reason)
+    """How the attempt's replay went (the cloud transport's Decide calls, or a direct-transport
+    host's report with its result; its shipped handover: `record_shipped_divergence`)."""
+    values = _replay_values(flow_id, steps_replayed, diverged_at, reason)
     if not values:
         return
     async with store.write() as session:
@@ -275,16 +271,37 @@ async def record_replay(
         )
 
 
+def _replay_values(
+    flow_id: str, steps_replayed: int | None, diverged_at: int, reason: str
+) -> dict[str, object]:
+    """The attempt's replay columns to write: replayed steps so far (None: not known here,
+    left as they are), the flow, and where it handed over."""
+    values: dict[str, object] = {}
+    if steps_replayed is not None:
+        values["replay_steps"] = steps_replayed
+    if flow_id:
+        values["flow_id"] = flow_id
+    if diverged_at:
+        values.update(replay_diverged_step=diverged_at, replay_divergence=reason)
+    return values
+
+
 #: The mark of an attempt the learning loop looked at before its shipped log was complete, set
 #: when the next decision for it is shipped (`decisions.append_shipped`): it is looked at
 #: again, but its replay was counted the first time.
 SHIPPED = "shipped"
+#: The learning loop's marks while it looks: taken, its replay not counted yet (`WORKING`);
+#: counted, in the transaction that counts it (`COUNTED`); taken again after `SHIPPED`, counted
+#: before (`RELOOK`). Any mark but none and `WORKING` says the replay was counted.
+WORKING, COUNTED, RELOOK = "working", "counted", "relooking"
+#: The marks of an attempt the loop is looking at now.
+LOOKING = (WORKING, COUNTED, RELOOK)
 
 
 async def claim_ended_attempt(store: Store) -> tuple[AttemptRow, bool] | None:
-    """An ended attempt the learning loop has to look at, marked as taken ("working"), and
-    whether it looked at it before (marked `SHIPPED`); two replicas never take the same one
-    (the UPDATE re-checks the mark)."""
+    """An ended attempt the learning loop has to look at, marked as taken (`WORKING`, or
+    `RELOOK` when it looked at it before: marked `SHIPPED`), and whether it looked before; two
+    replicas never take the same one (the UPDATE re-checks the mark)."""
     for _ in range(5):
         async with store.read() as session:
             row = await session.scalar(
@@ -299,6 +316,7 @@ async def claim_ended_attempt(store: Store) -> tuple[AttemptRow, bool] | None:
         if row is None:
             return None
         before = row.flow_state
+        mark = WORKING if before is None else RELOOK
         async with store.write() as session:
             taken = await session.execute(
                 update(AttemptRow)
@@ -308,10 +326,10 @@ async def claim_ended_attempt(store: Store) -> tuple[AttemptRow, bool] | None:
                     if before is None
                     else AttemptRow.flow_state == before,
                 )
-                .values(flow_state="working")
+                .values(flow_state=mark)
             )
             if taken.rowcount:  # type: ignore[attr-defined]
-                row.flow_state = "working"
+                row.flow_state = mark
                 return row, before == SHIPPED
     return None
 
@@ -335,33 +353,124 @@ async def count_use(
 ) -> FlowRow | None:
     """Count one attempt that was handed the flow: completed by replay, diverged at a step, or
     neither (it ended otherwise). Retires the flow after `retire_after` divergences in a row."""
-    retired = False
     async with store.write() as session:
-        row = await session.get(FlowRow, flow_id, with_for_update=True)
-        if row is None:
-            return None
-        row.uses += 1
-        if completed:
-            row.replays_completed += 1
-            row.consecutive_divergences = 0
-        if diverged_at:
-            row.divergences += 1
-            row.consecutive_divergences += 1
-            by_step = dict(row.divergences_by_step or {})
-            by_step[str(diverged_at)] = int(by_step.get(str(diverged_at), 0)) + 1
-            row.divergences_by_step = by_step
-            row.last_divergence = f"step {diverged_at}: {reason}"[:2000]
-            if row.status == ACTIVE and row.consecutive_divergences >= retire_after:
-                retired = True
-                row.status = RETIRED
-                row.status_reason = (
-                    f"retired after {row.consecutive_divergences} divergences in a row "
-                    f"(last at step {diverged_at})"
-                )
-        row.updated_at = store.now()
+        row, retired = await _count(
+            session, store, flow_id, Use(flow_id, completed, diverged_at, reason), retire_after
+        )
     if retired:
         _changed(store)
     return row
+
+
+@dataclass(frozen=True, slots=True)
+class Use:
+    """How one attempt used a flow (`flow_id` empty: it replayed none)."""
+
+    flow_id: str = ""
+    completed: bool = False
+    diverged_at: int = 0
+    reason: str = ""
+
+
+async def count_attempt(
+    store: Store,
+    attempt_id: int,
+    judge: Callable[[AttemptRow], Use],
+    retire_after: int,
+) -> AttemptRow | None:
+    """The learning loop's count of a taken attempt's replay: `judge` reads the attempt as it is
+    now, its use is counted and the attempt marked `COUNTED`, in one transaction, so a
+    divergence shipped meanwhile is either seen here or counted by its shipping
+    (`record_shipped_divergence`), never both nor neither. The attempt, or None."""
+    retired = False
+    async with store.write() as session:
+        attempt = await session.get(
+            AttemptRow, attempt_id, with_for_update=True, populate_existing=True
+        )
+        if attempt is None:
+            return None
+        use = judge(attempt)
+        if use.flow_id:
+            _, retired = await _count(session, store, use.flow_id, use, retire_after)
+        attempt.flow_state = COUNTED
+    if retired:
+        _changed(store)
+    return attempt
+
+
+async def record_shipped_divergence(
+    store: Store,
+    task_id: str,
+    attempt: int,
+    use: Use,
+    retire_after: int,
+) -> None:
+    """Write a direct-transport host's shipped handover on its attempt (`record_replay`'s
+    columns) and, when the learning loop already counted that attempt's replay without it (the
+    host was offline past its lease: the attempt ended, and was looked at, before its backlog
+    came), count the divergence on the flow now, once: only the attempt's first divergence is
+    counted here, and a use only if the loop's count had none on that flow."""
+    retired = False
+    async with store.write() as session:
+        row = await session.scalar(
+            select(AttemptRow)
+            .where(AttemptRow.task_id == task_id, AttemptRow.attempt == attempt)
+            .with_for_update()
+        )
+        if row is None:
+            return
+        late = row.replay_diverged_step is None and row.flow_state not in (None, WORKING)
+        # The loop counted a use on the attempt's flow iff it found a replay report then.
+        used = row.replay_steps is not None and (row.flow_id or "") == use.flow_id
+        await session.execute(
+            update(AttemptRow)
+            .where(AttemptRow.id == row.id)
+            .values(**_replay_values(use.flow_id, None, use.diverged_at, use.reason))
+        )
+        if late and use.flow_id:
+            _, retired = await _count(
+                session, store, use.flow_id, use, retire_after, new_use=not used
+            )
+    if retired:
+        _changed(store)
+
+
+async def _count(
+    session: AsyncSession,
+    store: Store,
+    flow_id: str,
+    use: Use,
+    retire_after: int,
+    *,
+    new_use: bool = True,
+) -> tuple[FlowRow | None, bool]:
+    """`use` counted on the flow in `session` (`new_use` False: its use was counted before,
+    without this divergence); the flow, and whether it was retired now."""
+    row = await session.get(FlowRow, flow_id, with_for_update=True)
+    if row is None:
+        return None, False
+    retired = False
+    if new_use:
+        row.uses += 1
+    if use.completed:
+        row.replays_completed += 1
+        row.consecutive_divergences = 0
+    if use.diverged_at:
+        row.divergences += 1
+        row.consecutive_divergences += 1
+        by_step = dict(row.divergences_by_step or {})
+        by_step[str(use.diverged_at)] = int(by_step.get(str(use.diverged_at), 0)) + 1
+        row.divergences_by_step = by_step
+        row.last_divergence = f"step {use.diverged_at}: {use.reason}"[:2000]
+        if row.status == ACTIVE and row.consecutive_divergences >= retire_after:
+            retired = True
+            row.status = RETIRED
+            row.status_reason = (
+                f"retired after {row.consecutive_divergences} divergences in a row "
+                f"(last at step {use.diverged_at})"
+            )
+    row.updated_at = store.now()
+    return row, retired
 
 
 def ended_ok(row: AttemptRow) -> bool:

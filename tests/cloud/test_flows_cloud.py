@@ -31,7 +31,14 @@ from cloud.store.engine import check, downgrade, upgrade
 from cloud.store.models import AttemptRow
 from planner.decision import Decision, Usage
 from planner.tools import Judgement
-from tests.cloud.cloud_harness import ScriptedHost, channel, result, submit, wait_status
+from tests.cloud.cloud_harness import (
+    ScriptedHost,
+    channel,
+    lapse,
+    result,
+    submit,
+    wait_status,
+)
 from tests.support.flows import store_flow
 
 
@@ -368,7 +375,9 @@ async def test_a_complete_shipped_while_the_loop_reads_the_log_is_not_left_waiti
             done = _decision()
             done.tool_name, done.arguments = "complete", {"success": True, "reason": "done"}
             done.action = types_pb2.Action(complete=types_pb2.CompleteAction(success=True))
-            await decisions.append_shipped(store, "h1", task_id, attempt, "last", done, None)
+            await decisions.append_shipped(
+                store, "h1", task_id, attempt, "last", done, None, retire_after=3
+            )
             shipped.append(task_id)
         return rows
 
@@ -478,6 +487,101 @@ async def test_a_complete_shipped_again_after_a_database_failure_wakes_the_loop(
     finally:
         await host.close()
         await host_ch.close()
+
+
+def _handover(a: lease_service_pb2.Assignment, flow_id: str, hid: str, step: int) -> Any:
+    """A shipped decision of `a`'s replay handing over to the model at flow step `step`."""
+    return decision_log_service_pb2.ShippedDecision(
+        host_decision_id=hid, task_id=a.task_id, attempt=a.attempt, lease_id=a.lease_id,
+        decision=types_pb2.Decision(
+            tool_name="press_key", provider="offline", model="m", flow_id=flow_id,
+            flow_step=step, replay_divergence="its target is not here",
+            action=types_pb2.Action(press_key=types_pb2.PressKeyAction(key=types_pb2.KEY_BACK)),
+        ),
+    )  # fmt: skip
+
+
+async def test_a_divergence_shipped_after_the_loop_looked_counts_on_the_flow_once(
+    cloud: CloudServer, ops: Any, pki_dir: Path
+) -> None:
+    """A host offline for longer than its lease ships its backlog when it is back: the attempt
+    had ended (lease expired) and the learning loop had looked at it with no replay known, so
+    the handover was written on the attempt but never counted on the flow (a flow diverging
+    on every offline host was never retired). It counts once: not again when resent, nor for
+    a second handover of the same attempt."""
+    row = await store_flow(cloud.store)
+    host = ScriptedHost(cloud.address, pki_dir, "h1")
+    await host.connect(["s1"], transport=types_pb2.PLANNER_TRANSPORT_DIRECT)
+    host_ch = channel(cloud.address, pki_dir, "host-h1")
+    try:
+        await submit(ops, goal="Turn on dark theme", max_attempts=1)
+        a = (await host.next("assignment")).assignment
+        assert a.flow.flow_id == row.flow_id
+        await lapse(cloud.store, a.task_id)
+        assert [e.task_id for e in await leases.sweep_expired(cloud.store)] == [a.task_id]
+        assert cloud.learner is not None
+        cloud.learner.wake.set()
+        await _flow_state_is(cloud.store, a, "ended")
+        ship = decision_log_service_pb2_grpc.DecisionLogServiceStub(host_ch)
+        first = decision_log_service_pb2.ShipDecisionsRequest(
+            entries=[_handover(a, row.flow_id, "h", 2)]
+        )
+        await ship.ShipDecisions(first)
+        await ship.ShipDecisions(first)  # a resend
+        await ship.ShipDecisions(
+            decision_log_service_pb2.ShipDecisionsRequest(
+                entries=[_handover(a, row.flow_id, "h2", 3)]
+            )
+        )
+        counted = await flows.get(cloud.store, row.flow_id)
+        assert counted is not None
+        assert (counted.uses, counted.divergences, counted.consecutive_divergences) == (1, 1, 1)
+        assert counted.divergences_by_step == {"2": 1}
+        assert counted.last_divergence == "step 2: its target is not here"
+    finally:
+        await host.close()
+        await host_ch.close()
+
+
+async def test_a_divergence_shipped_while_the_loop_looks_counts_once(
+    cloud: CloudServer, ops: Any, pki_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The backlog's handover lands after the loop took the ended attempt and before it
+    counted it: the loop counts the attempt as it is when it counts, and the shipping, which
+    found it taken and not counted yet, leaves the count to the loop (once, not twice)."""
+    row = await store_flow(cloud.store)
+    host = ScriptedHost(cloud.address, pki_dir, "h1")
+    await host.connect(["s1"], transport=types_pb2.PLANNER_TRANSPORT_DIRECT)
+    read = decisions.attempt_rows
+    shipped: list[str] = []
+
+    async def read_then_ship(store: Store, task_id: str, attempt: int) -> list[Any]:
+        rows = await read(store, task_id, attempt)
+        if not shipped:  # the host is back just after the loop took the attempt
+            handover = _decision()
+            handover.flow_id, handover.flow_step = row.flow_id, 2
+            handover.replay_divergence = "its target is not here"
+            await decisions.append_shipped(
+                store, "h1", task_id, attempt, "h", handover, None, retire_after=3
+            )
+            shipped.append(task_id)
+        return rows
+
+    monkeypatch.setattr(decisions, "attempt_rows", read_then_ship)
+    try:
+        await submit(ops, goal="Turn on dark theme", max_attempts=1)
+        a = (await host.next("assignment")).assignment
+        await lapse(cloud.store, a.task_id)
+        await leases.sweep_expired(cloud.store)
+        assert cloud.learner is not None
+        cloud.learner.wake.set()
+        await _flow_state_is(cloud.store, a, "ended")
+        assert shipped == [a.task_id]
+        counted = await flows.get(cloud.store, row.flow_id)
+        assert counted is not None
+        assert (counted.uses, counted.divergences, counted.divergences_by_step) == (1, 1, {"2": 1})
+    finally:
+        await host.close()
 
 
 def _diverged_at_2(flow_id: str) -> types_pb2.FlowReplayReport:
