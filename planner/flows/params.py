@@ -21,8 +21,10 @@ _SPACE = re.compile(r"\s+")
 
 
 def _boundary(value: str) -> str:
-    """`value` as a regex matching it as whole words (not inside a longer word or number)."""
-    return rf"(?<![\w]){re.escape(value)}(?![\w])"
+    """`value` as a regex matching it as whole words: not inside a longer word or number, nor
+    a part of a dotted name (a typed "Android" is no slot in the page "com.android.contacts:
+    …", whose package a replay must find as it is, whatever name the next goal gives)."""
+    return rf"(?<!\w)(?<!\w\.){re.escape(value)}(?!\w)(?!\.\w)"
 
 
 def template_goal(goal: str, typed: Iterable[str]) -> tuple[str, dict[str, str]]:

@@ -243,6 +243,27 @@ async def test_a_flow_learned_on_the_virtual_phone_replays_with_no_model_call() 
     assert changed == {"settings.dark_theme"}
 
 
+async def test_a_typed_value_that_names_part_of_a_package_still_replays() -> None:
+    """A contact named "Android", learned on the virtual phone, made every page's package
+    "com.{p1}.contacts" (a whole-word match inside the dotted name): the next goal's name went
+    into the package, so the flow never fit the screen, not even for the goal it came from."""
+    goal = "Create a contact named Android"
+    learned = await _run(VirtualPhone("v"), [], CountingOffline(), goal)
+    flow = synthesize(goal, learned.sources).flow
+    assert flow is not None and flow.goal_template == "Create a contact named {p1}"
+    assert all(s.page_before.startswith("com.android.") for s in flow.steps)
+    flow.flow_id = "f1"
+    flow.parameters["p1"] = "Bob"
+    provider = CountingOffline()
+    replayed = await _run(VirtualPhone("v"), [flow], provider, "Create a contact named Bob")
+    assert provider.calls == 0
+    assert {d.planner_mode for d in replayed.decisions} == {"replay"}
+    assert replayed.decisions[-1].arguments["success"] is True
+    assert [d.arguments["text"] for d in replayed.decisions if d.tool_name == "input_text"] == [
+        "Bob"
+    ]
+
+
 async def test_a_replay_hands_over_where_the_screen_differs_and_the_goal_is_still_reached() -> None:
     learned = await _run(VirtualPhone("v"), [], CountingOffline())
     flow = synthesize(GOAL, learned.sources).flow
