@@ -59,6 +59,8 @@ _FIELD = re.compile(
     rf"{_Q}(?P<field>[^'\"‘’“”]+){_Q} field (?:shows|contains|reads|has) {_Q}(?P<value>.+?){_Q}$",
     re.I,
 )
+#: What a masked field shows instead of its text: Android's password dots, the host's mask.
+MASK_CHARS = frozenset("•●*·∙")
 _MASKED = re.compile(r"field is filled \(masked\)|masked|hidden characters", re.I)
 _KEYBOARD_GONE = re.compile(r"keyboard (?:is )?(?:gone|hidden|closed|dismissed)", re.I)
 _DIALOG_GONE = re.compile(r"(?:prompt|dialog|shade|popup|menu) (?:closes|is closed|is gone)", re.I)
@@ -220,14 +222,24 @@ def _gone(text: str, action: _Action, after: Scene, before: Scene | None) -> Che
     return Check("met", f"looked for {name!r} to be gone: it is not on the screen")
 
 
+def hidden(shown: str) -> bool:
+    """A field's text is only mask characters: the phone's password dots, or the host's mask
+    over a secret it typed (`host/agent/redact.py`)."""
+    kept = shown.strip()
+    return bool(kept) and all(c in MASK_CHARS for c in kept)
+
+
 def _field(text: str, action: _Action, after: Scene, before: Scene | None) -> Check | None:
     editable = [e for e in after.elements if "EditText" in e.class_name or e.password]
-    if _MASKED.search(text) and action.tool == "input_text":
-        filled = [e for e in editable if e.password and e.text]
+    m = _FIELD.search(text)
+    secret = action.tool == "input_text" and action.typed is None
+    if action.tool == "input_text" and (_MASKED.search(text) or (secret and m is not None)):
+        # What a secret's field shows is a mask, never the value (nor the {{secret:NAME}} the
+        # outcome may quote): all there is to read is whether a field holds hidden text.
+        filled = [e for e in editable if e.text and (e.password or hidden(e.text))]
         if filled:
             return Check("met", "looked for the secret field to be filled: it holds hidden text")
         return Check("unknown", "looked for the secret field: no filled password field is shown")
-    m = _FIELD.search(text)
     if m is None:
         if action.typed is None:
             return None

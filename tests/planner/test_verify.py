@@ -6,6 +6,8 @@ from __future__ import annotations
 from dataclasses import replace
 
 from amc.v1 import types_pb2
+from host.agent.actions import execute
+from host.agent.redact import SecretRedactor
 from host.devices.virtual.driver import VirtualDriver
 from host.devices.virtual.phone import VirtualPhone
 from host.devices.virtual.state import Contact
@@ -78,6 +80,32 @@ def test_typed_text_is_compared_but_a_secret_never_is() -> None:
     assert check.verdict == "not_met" and "'Ada'" in check.evidence
     secret = verify("the PIN is entered", "input_text", {"text": "•••", "sensitive": True}, empty)
     assert secret.verdict == "unknown" and "•••" not in secret.evidence
+
+
+def test_a_field_holding_a_typed_secret_is_filled_whatever_the_outcome_says_it_shows() -> None:
+    """A secret typed as the prompt says ({{secret:NAME}}), with the outcome "the 'Name' field
+    shows '{{secret:pin}}'" (or "... shows the PIN"), was judged not met: the checker compared
+    the stated value with the field, which shows the host's mask. A sensitive step's outcome
+    about a field is read as "the field is filled" only."""
+    phone = VirtualPhone("v")
+    phone.launch(CONTACTS)
+    create = next(e for e in _scene(phone).elements if e.content_desc == "Create contact")
+    add = types_pb2.Action(tap=types_pb2.TapAction(element_id=create.element_id))
+    assert execute(VirtualDriver(phone), add, _scene(phone)).ok
+    empty = _scene(phone)
+    assert empty.page == "com.android.contacts: Create contact"
+    field = next(e for e in empty.elements if e.hint == "Name")
+    typed = types_pb2.Action(input_text=types_pb2.InputTextAction(text="4711", sensitive=True))
+    typed.input_text.element_id = field.element_id
+    assert execute(VirtualDriver(phone), typed, empty).ok
+    redactor = SecretRedactor()  # what the host does to every screen after typing a secret
+    redactor.add("4711")
+    after, _ = redactor.scene(_scene(phone))
+    masked = {"text": "•••", "sensitive": True, "element_id": field.element_id}
+    for expected in ("the 'Name' field shows '{{secret:pin}}'", "the Name field shows the PIN"):
+        check = verify(expected, "input_text", masked, after)
+        assert check.verdict == "met", check
+        assert verify(expected, "input_text", masked, empty).verdict == "unknown"
 
 
 def test_what_no_rule_reads_is_unknown_and_the_check_is_deterministic() -> None:

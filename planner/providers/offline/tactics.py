@@ -30,12 +30,12 @@ from planner.providers.offline.vocabulary import (
     GRANT_WORDS,
     HOME_GOAL,
     LEAVE_GOAL,
-    MASK_CHARS,
     SAVE_WORDS,
     SETTING_WORDS,
     SETTINGS_APP_NAMES,
     WAIT,
 )
+from planner.verify import hidden
 
 MAX_STEPS = 40
 #: Swipes one way on one list before the agent turns round (down first, then back up).
@@ -405,8 +405,7 @@ class Agent:
         """A field showing only mask characters ("•••", "****"): it holds a secret already.
         The phone masks a password field, and the host masks any field showing a secret it
         typed, so such a field never shows the value typed; typing it again changes nothing."""
-        kept = shown.strip()
-        return bool(kept) and all(c in MASK_CHARS for c in kept)
+        return hidden(shown)
 
     @staticmethod
     def same_value(shown: str, value: str) -> bool:

@@ -154,8 +154,6 @@ SAVE_WORDS = (
     "anmelden",
     "verbinden",
 )
-#: What a masked field shows instead of its text: Android's password dots, the host's mask.
-MASK_CHARS = frozenset("•●*·∙")
 #: A field's kind from the words of its hint, id or label.
 FIELD_KINDS: dict[str, tuple[str, ...]] = {
     "first": ("first", "vorname"),
