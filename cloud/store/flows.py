@@ -335,10 +335,13 @@ async def claim_ended_attempt(store: Store) -> tuple[AttemptRow, bool] | None:
 
 
 async def mark_attempt(store: Store, attempt_id: int, state: str) -> None:
-    """The learning loop is done with an attempt ("done", or why it learned nothing)."""
+    """The learning loop is done with an attempt ("done", or why it learned nothing); unless
+    it was handed back meanwhile (a late result: `leases.record_result`), then it stays so."""
     async with store.write() as session:
         await session.execute(
-            update(AttemptRow).where(AttemptRow.id == attempt_id).values(flow_state=state[:16])
+            update(AttemptRow)
+            .where(AttemptRow.id == attempt_id, AttemptRow.flow_state.in_(LOOKING))
+            .values(flow_state=state[:16])
         )
 
 

@@ -584,6 +584,47 @@ async def test_a_divergence_shipped_while_the_loop_looks_counts_once(
         await host.close()
 
 
+async def test_a_late_result_after_the_loop_looked_is_counted_and_looked_at_again(
+    cloud: CloudServer, ops: Any, pki_dir: Path
+) -> None:
+    """A result that comes after its lease ran out is accepted (late) and can succeed the task,
+    but the learning loop had looked at the lapsed attempt already and never did again: its
+    replay report was not counted on the flow and its success was never learned. The late
+    result hands the attempt back: counted once (its handover shipped afterwards adds nothing),
+    then waiting for its shipped log like any direct success."""
+    row = await store_flow(cloud.store)
+    host = ScriptedHost(cloud.address, pki_dir, "h1")
+    await host.connect(["s1"], transport=types_pb2.PLANNER_TRANSPORT_DIRECT)
+    host_ch = channel(cloud.address, pki_dir, "host-h1")
+    try:
+        await submit(ops, goal="Turn on dark theme", max_attempts=1)
+        a = (await host.next("assignment")).assignment
+        await lapse(cloud.store, a.task_id)
+        await leases.sweep_expired(cloud.store)
+        assert cloud.learner is not None
+        cloud.learner.wake.set()
+        await _flow_state_is(cloud.store, a, "ended")
+        report = result(a)
+        report.result.replay.CopyFrom(_diverged_at_2(row.flow_id))
+        await host.send(report)
+        ack = (await host.next("result_ack")).result_ack
+        assert ack.late and ack.task_status == types_pb2.TASK_STATUS_SUCCEEDED
+        cloud.learner.wake.set()
+        await _flow_state_is(cloud.store, a, "awaiting-ship")
+        ship = decision_log_service_pb2_grpc.DecisionLogServiceStub(host_ch)
+        await ship.ShipDecisions(
+            decision_log_service_pb2.ShipDecisionsRequest(
+                entries=[_handover(a, row.flow_id, "h", 2)]
+            )
+        )
+        counted = await flows.get(cloud.store, row.flow_id)
+        assert counted is not None
+        assert (counted.uses, counted.divergences, counted.divergences_by_step) == (1, 1, {"2": 1})
+    finally:
+        await host.close()
+        await host_ch.close()
+
+
 def _diverged_at_2(flow_id: str) -> types_pb2.FlowReplayReport:
     """A host's report of a replay that diverged at step 2 (after one replayed step)."""
     return types_pb2.FlowReplayReport(

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from sqlalchemy import ScalarSelect, func, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from cloud.store import states
+from cloud.store import flows, states
 from cloud.store.database import Store
 from cloud.store.lease_events import EventKind, new
 from cloud.store.leases.fence import Revocation, classify, live_fence
@@ -186,6 +186,8 @@ async def _accept_late(
     now: dt.datetime,
 ) -> ResultOut | None:
     """Record a result whose lease ran out, if no other attempt has started; None otherwise.
+    An attempt the learning loop already looked at is handed back to it: the result may be a
+    success to learn from and carry a replay report to count.
 
     The attempt row is locked before the task row (the order the sweeper and the fenced path
     use, so no deadlock with a concurrent sweep on PostgreSQL), and both are checked under their
@@ -223,6 +225,12 @@ async def _accept_late(
         )
     ):
         return None
+    if row.flow_state not in (None, flows.WORKING):
+        # The learning loop looked at the lapsed attempt already: hand it back, afresh when it
+        # knew no replay then (it counted nothing), else to learn only (`flows.SHIPPED`: the
+        # replay it knew of, a shipped handover, was counted).
+        known = row.replay_steps is not None or row.replay_diverged_step is not None
+        row.flow_state = flows.SHIPPED if known else None
     for name, value in values.items():
         setattr(row, name, value)
     if status == states.SUCCEEDED:
