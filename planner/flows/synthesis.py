@@ -8,7 +8,8 @@ outcome, the checker's verdict and the page it was decided on. Output is an `amc
   to run are left out), up to the `complete` that ended the attempt with success;
 * element ids cleared: a replay finds the element again by its semantic target;
 * typed text from the goal becomes a goal parameter ({p1}, …) in the step, and in the goal
-  template, page names, purposes, expected outcomes and target texts that repeat it; sensitive
+  template, page names, purposes, expected outcomes, target texts and the completion (what a
+  replay's `complete` says) that repeat it; sensitive
   text is never stored: its step types a `secret…` parameter no goal can fill, and a run that
   typed more sensitive texts than its goal names secrets (`{{secret:NAME}}`) is not learned
   (its goal may spell the value out, and the log's mask cannot say where);
@@ -107,7 +108,7 @@ def synthesize(goal: str, steps: Sequence[SourceStep]) -> Synthesis:
     pages_after = [s.page for s in steps[1:]]
     flow = types_pb2.Flow(
         goal_template=template,
-        completion=str(steps[-1].arguments.get("reason") or ""),
+        completion=_fill_slots(str(steps[-1].arguments.get("reason") or ""), slots),
         status=types_pb2.FLOW_STATUS_ACTIVE,
     )
     secrets = 0

@@ -264,6 +264,27 @@ async def test_a_typed_value_that_names_part_of_a_package_still_replays() -> Non
     ]
 
 
+async def test_a_replay_completes_with_its_own_goal_values_not_the_learned_ones() -> None:
+    """The replay's `complete` (the task's result summary) repeated the learned run's reason
+    word for word: a flow learned from Ada Lovelace, replayed for Alan Turing, reported
+    "saved: 'Ada Lovelace', '555 0100' shown on 'Ada Lovelace'", a false record that also
+    carried one task's values into another's result."""
+    goal = "Create a contact named Ada Lovelace with phone 555 0100"
+    learned = await _run(VirtualPhone("v"), [], CountingOffline(), goal)
+    flow = synthesize(goal, learned.sources).flow
+    assert flow is not None and "Ada" not in flow.completion and "0100" not in flow.completion
+    flow.flow_id = "f1"
+    other = "Create a contact named Alan Turing with phone 555 0111"
+    values = params.bind(flow.goal_template, other)
+    assert values == {"p1": "Alan Turing", "p2": "555 0111"}
+    flow.parameters.update(values)
+    provider = CountingOffline()
+    replayed = await _run(VirtualPhone("v"), [flow], provider, other)
+    assert provider.calls == 0
+    reason = replayed.decisions[-1].arguments["reason"]
+    assert "Alan Turing" in reason and "555 0111" in reason and "Ada" not in reason, reason
+
+
 async def test_a_replay_hands_over_where_the_screen_differs_and_the_goal_is_still_reached() -> None:
     learned = await _run(VirtualPhone("v"), [], CountingOffline())
     flow = synthesize(GOAL, learned.sources).flow
