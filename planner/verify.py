@@ -67,6 +67,8 @@ _DIALOG_GONE = re.compile(r"(?:prompt|dialog|shade|popup|menu) (?:closes|is clos
 _HOME = re.compile(r"\b(?:launcher|home screen)\b", re.I)
 _SCROLLED = re.compile(r"entries (?:below|above)|(?:list|page) (?:scrolls|moved|is scrolled)", re.I)
 _QUOTED = re.compile(r"['\"‘“]([^'\"’”]{1,80})['\"’”]")
+#: Words that name a page by where it stands ("the previous page is shown"), not by its title.
+_RELATIVE = frozenset({"previous", "prior", "last", "preceding", "earlier", "former", "prev"})
 _PAGE_STOP = frozenset({"the", "a", "an", "page", "screen", "settings", "is", "open", "opens"})
 _BLOCKING = frozenset(
     {"permission_prompt", "app_not_responding", "app_crash", "system_dialog", "notification_shade"}
@@ -279,6 +281,8 @@ def _page(text: str, action: _Action, after: Scene, before: Scene | None) -> Che
     name = m.group("name").strip()
     if not labels.words(name):
         return None
+    if set(labels.words(name)) <= _RELATIVE:
+        return _went_back(name, after, before)
     heading = _page_matches(name, after)
     if heading is not None:
         return Check("met", f"looked for the {name!r} page: {heading!r} is open")
@@ -286,6 +290,20 @@ def _page(text: str, action: _Action, after: Scene, before: Scene | None) -> Che
     covered = f" under a {blocking[0].replace('_', ' ')}" if blocking else ""
     return Check(
         "not_met", f"looked for the {name!r} page: the screen shows {_page_of(after)!r}{covered}"
+    )
+
+
+def _went_back(name: str, after: Scene, before: Scene | None) -> Check:
+    """ "The previous page is shown" names no page: which one was before the screen the step
+    began on is not on either screen, so only a screen that did not change says not met."""
+    if before is None:
+        return Check("unknown", f"looked for the {name} page: the screen before is not known here")
+    if _same_screen(before, after):
+        return Check("not_met", f"looked for the {name} page: still on {_page_of(after)!r}")
+    return Check(
+        "unknown",
+        f"looked for the {name} page: {_page_of(before)!r} gave way to {_page_of(after)!r}, "
+        "whether that one came before it is not on the screen",
     )
 
 

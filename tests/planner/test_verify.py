@@ -108,6 +108,27 @@ def test_a_field_holding_a_typed_secret_is_filled_whatever_the_outcome_says_it_s
         assert verify(expected, "input_text", masked, empty).verdict == "unknown"
 
 
+def test_the_previous_page_is_no_page_name() -> None:
+    """Back from Display to Settings, expecting "the previous page is shown" (the offline
+    planner's words for every back, and a model's too), was judged not met: the checker looked
+    for a page titled 'previous'. Which page came before is on neither screen: a screen that
+    did not change is not met, any other is unknown."""
+    phone, display = _display()
+    back = types_pb2.Action(press_key=types_pb2.PressKeyAction(key=types_pb2.KEY_BACK))
+    assert execute(VirtualDriver(phone), back, display).ok
+    settings = _scene(phone)
+    assert settings.page == "com.android.settings: Settings"
+    key = {"key": "back"}
+    for expected in ("the previous page is shown", "The previous screen appears"):
+        check = verify(expected, "press_key", key, settings, display)
+        assert check.verdict == "unknown", check
+        assert "'Display' gave way to 'Settings'" in check.evidence
+        assert verify(expected, "press_key", key, display, display).verdict == "not_met"
+        assert verify(expected, "press_key", key, settings).verdict == "unknown"
+    # a page that is named is still read
+    assert verify("the Settings page is shown", "press_key", key, settings).verdict == "met"
+
+
 def test_what_no_rule_reads_is_unknown_and_the_check_is_deterministic() -> None:
     _, display = _display()
     first = verify("something pleasant happens", "tap", {}, display)
