@@ -62,8 +62,15 @@ _FIELD = re.compile(
 #: What a masked field shows instead of its text: Android's password dots, the host's mask.
 MASK_CHARS = frozenset("•●*·∙")
 _MASKED = re.compile(r"field is filled \(masked\)|masked|hidden characters", re.I)
-_KEYBOARD_GONE = re.compile(r"keyboard (?:is )?(?:gone|hidden|closed|dismissed)", re.I)
-_DIALOG_GONE = re.compile(r"(?:prompt|dialog|shade|popup|menu) (?:closes|is closed|is gone)", re.I)
+_NO_LONGER = r"no longer (?:shown|visible|open|there|displayed)"
+_KEYBOARD_GONE = re.compile(
+    rf"keyboard (?:is )?(?:gone|hidden|closed|dismissed|{_NO_LONGER})", re.I
+)
+_DIALOG_GONE = re.compile(
+    rf"(?:prompt|dialog|shade|popup|menu) (?:closes|is closed|is gone|is {_NO_LONGER})", re.I
+)
+#: What "… is gone" says of the screen's state, not of a text on it (read by their own rules).
+_NOT_A_TEXT = re.compile(r"\b(?:keyboard|prompt|dialog|shade|popup|menu)\b", re.I)
 _HOME = re.compile(r"\b(?:launcher|home screen)\b", re.I)
 _SCROLLED = re.compile(r"entries (?:below|above)|(?:list|page) (?:scrolls|moved|is scrolled)", re.I)
 _QUOTED = re.compile(r"['\"‘“]([^'\"’”]{1,80})['\"’”]")
@@ -156,7 +163,7 @@ def verify(
     text = " ".join(expected.split()).rstrip(".")
     if not text:
         return Check("unknown", "no expected outcome was stated")
-    for rule in (_launched, _switch, _selected, _gone, _field, _page, _keyboard, _dialog, _home):
+    for rule in (_launched, _switch, _selected, _gone, _keyboard, _dialog, _field, _page, _home):
         found = rule(text, action, after, before)
         if found is not None:
             return Check(found.verdict, _cut(found.evidence))
@@ -219,6 +226,8 @@ def _gone(text: str, action: _Action, after: Scene, before: Scene | None) -> Che
     if m is None:
         return None
     name = m.group("name").strip()
+    if _NOT_A_TEXT.search(name):
+        return None  # "the keyboard is gone": no label says so, the keyboard's own rule does
     if labels.shows(after, name):
         return Check("not_met", f"looked for {name!r} to be gone: it is still shown")
     return Check("met", f"looked for {name!r} to be gone: it is not on the screen")

@@ -129,6 +129,34 @@ def test_the_previous_page_is_no_page_name() -> None:
     assert verify("the Settings page is shown", "press_key", key, settings).verdict == "met"
 
 
+def test_a_keyboard_still_shown_is_not_gone() -> None:
+    """ "The keyboard is gone" (the offline planner's words after a back that hides it) was
+    read as a text to look for: no label says "the keyboard", so it was met while the keyboard
+    was still up. The keyboard (and a dialog) is read by its own rule, and "no longer shown"
+    says gone too."""
+    phone = VirtualPhone("v")
+    phone.launch(CONTACTS)
+    driver = VirtualDriver(phone)
+    for name in ("Create contact", "Name"):  # open the editor, then focus its Name field
+        scene = _scene(phone)
+        element = next(e for e in scene.elements if name in (e.content_desc, e.hint))
+        tap = types_pb2.Action(tap=types_pb2.TapAction(element_id=element.element_id))
+        assert execute(driver, tap, scene).ok
+    typing = _scene(phone)
+    assert typing.keyboard_shown
+    back = types_pb2.Action(press_key=types_pb2.PressKeyAction(key=types_pb2.KEY_BACK))
+    assert execute(driver, back, typing).ok
+    hidden = _scene(phone)
+    assert not hidden.keyboard_shown
+    key = {"key": "back"}
+    offline = "the keyboard is gone and the whole page is visible"  # the offline planner's
+    for expected in ("the keyboard is gone", "The keyboard is no longer shown", offline):
+        assert verify(expected, "press_key", key, typing, typing) == Check(
+            "not_met", "looked for the keyboard to be gone: it is still shown"
+        )
+        assert verify(expected, "press_key", key, hidden, typing).verdict == "met"
+
+
 def test_what_no_rule_reads_is_unknown_and_the_check_is_deterministic() -> None:
     _, display = _display()
     first = verify("something pleasant happens", "tap", {}, display)
