@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from amc.v1 import types_pb2
-from planner import labels
+from planner import labels, secret_refs
 from planner.history import verdict_line
 from planner.scene import Scene
 
@@ -95,10 +95,12 @@ class _Action:
 
     @property
     def typed(self) -> str | None:
-        """The typed text, unless sensitive (then it is never compared)."""
+        """The typed text, unless sensitive or a secret's reference (the host typed the value
+        in its place, which no screen shows): then it is never compared."""
         if self.tool != "input_text" or self.args.get("sensitive"):
             return None
-        return str(self.args.get("text") or "")
+        text = str(self.args.get("text") or "")
+        return None if secret_refs.refers(text) else text
 
 
 @dataclass(frozen=True, slots=True)

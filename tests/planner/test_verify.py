@@ -108,6 +108,33 @@ def test_a_field_holding_a_typed_secret_is_filled_whatever_the_outcome_says_it_s
         assert verify(expected, "input_text", masked, empty).verdict == "unknown"
 
 
+def test_a_secret_typed_by_reference_without_the_sensitive_flag_is_never_compared() -> None:
+    """A model that types {{secret:pin}} as the prompt says but leaves `sensitive` unset: the
+    host types the value in its place and masks it on every screen, yet the checker compared
+    the reference itself with the field ("the fields show '•••'": not met)."""
+    phone = VirtualPhone("v")
+    phone.launch(CONTACTS)
+    driver = VirtualDriver(phone)
+    create = next(e for e in _scene(phone).elements if e.content_desc == "Create contact")
+    add = types_pb2.Action(tap=types_pb2.TapAction(element_id=create.element_id))
+    assert execute(driver, add, _scene(phone)).ok
+    editor = _scene(phone)
+    field = next(e for e in editor.elements if e.hint == "Name")
+    typed = types_pb2.Action(input_text=types_pb2.InputTextAction(text="4711"))
+    typed.input_text.element_id = field.element_id  # the value the host put in its place
+    assert execute(driver, typed, editor).ok
+    redactor = SecretRedactor()
+    redactor.add("4711")
+    after, _ = redactor.scene(_scene(phone))
+    ref = {"text": "{{secret:pin}}", "sensitive": False, "element_id": field.element_id}
+    for expected in ("the 'Name' field shows '{{secret:pin}}'", "the PIN is typed"):
+        check = verify(expected, "input_text", ref, after)
+        assert check.verdict != "not_met", check
+    assert verify("the 'Name' field shows '{{secret:pin}}'", "input_text", ref, after).verdict == (
+        "met"
+    )
+
+
 def test_the_previous_page_is_no_page_name() -> None:
     """Back from Display to Settings, expecting "the previous page is shown" (the offline
     planner's words for every back, and a model's too), was judged not met: the checker looked
