@@ -16,8 +16,9 @@ Lexical score, 0..1, for goal g and flow f:
   used).
 
 Shared rules, whatever scored: a flow whose template holds the opposite wording of the goal
-("turn off" against "turn on") is never a match, and a flow that types a parameter the goal
-does not supply (a `secret…`, or a slot the goal does not fill) is not usable.
+("turn off" against "turn on", or as many directions with one turned) is never a match, and a
+flow that types a parameter the goal does not supply (a `secret…`, or a slot the goal does not
+fill) is not usable.
 """
 
 from __future__ import annotations
@@ -81,16 +82,22 @@ def tokens(text: str) -> list[str]:
 
 
 @functools.lru_cache(maxsize=8192)
-def polarity(text: str) -> frozenset[int]:
-    """Which ways the text goes (+1 on/enable/add…, -1 off/disable/delete…); kept per text, as
-    retrieval asks it of every active flow's template for each goal."""
-    return frozenset(POLARITY[t] for t in tokens(text) if t in POLARITY)
+def directions(text: str) -> tuple[int, ...]:
+    """Which way each direction word of the text goes, in order (+1 on/enable/add…, -1
+    off/disable/delete…); kept per text, as retrieval asks it of every active flow's template
+    for each goal."""
+    return tuple(POLARITY[t] for t in tokens(text) if t in POLARITY)
 
 
 def opposite(goal: str, template: str) -> bool:
-    """The goal goes one way and the template only the other ("turn on" vs "turn off")."""
-    g, t = polarity(goal), polarity(template)
-    return bool(g and t and not g & t)
+    """The goal goes one way and the template only the other ("turn on" vs "turn off"), or
+    both say as many directions and one differs: "Turn off dark theme and turn on battery
+    saver" is not what a flow for "Turn on dark theme and turn off battery saver" did, though
+    each goes both ways (a flow replayed for it would turn dark theme on)."""
+    g, t = directions(goal), directions(template)
+    if not g or not t:
+        return False
+    return not set(g) & set(t) or (len(g) == len(t) and g != t)
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,7 +129,8 @@ def bound(candidate: Candidate, goal: str) -> tuple[dict[str, str], str]:
     # A template without slots binds no values whether or not the goal matches it.
     slots = params.SLOT.search(candidate.goal_template) is not None
     values = (params.bind(candidate.goal_template, goal) if slots else None) or {}
-    if opposite(goal, candidate.goal_template):
+    # the goal's own words decide its direction, not its values ("a contact named Stop Watch")
+    if opposite(params.slotted(goal, values) if values else goal, candidate.goal_template):
         return values, "the goal asks the opposite of what the flow did"
     missing = params.missing(candidate.needed, values)
     if missing:

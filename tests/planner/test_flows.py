@@ -17,7 +17,7 @@ from host.perception.perceive import Perceiver
 from host.planner_client import DirectPlanner
 from planner.decision import Decision, Usage
 from planner.flows import params
-from planner.flows.scoring import Candidate, LexicalScorer
+from planner.flows.scoring import Candidate, LexicalScorer, bound
 from planner.flows.synthesis import SourceStep, fingerprint, needed_parameters, synthesize
 from planner.history import WorldEvent
 from planner.planner import Planner
@@ -216,6 +216,29 @@ def test_the_lexical_scorer_matches_the_goal_not_its_verb_nor_its_opposite() -> 
     }
     assert person["contact"].score == 1.0
     assert "secret1" in person["contact"].why  # a secret no goal supplies: never replayed
+
+
+def test_a_goal_that_turns_one_of_the_flows_directions_is_its_opposite() -> None:
+    """A flow for "Turn on dark theme and turn off battery saver" scored 1.0 and was usable for
+    "Turn off dark theme and turn on battery saver": direction words weigh nothing in the score
+    and the opposite rule only caught a goal going one way. Replayed, it turned dark theme on.
+    Directions are compared in order when goal and flow say as many."""
+    both = "Turn on dark theme and turn off battery saver"
+    flow = Candidate("both", both, both)
+    scorer = LexicalScorer([flow, Candidate("dark", GOAL, GOAL)])
+    same = {s.flow_id: s for s in scorer.score(both)}["both"]
+    assert same.score == 1.0 and same.usable
+    for turned in (
+        "Turn off dark theme and turn on battery saver",
+        "Turn on dark theme and turn on battery saver",
+    ):
+        scored = {s.flow_id: s for s in scorer.score(turned)}["both"]
+        assert not scored.usable and "opposite" in scored.why, scored
+    # a parameter's words are no direction: "Stop" is the name typed, not the goal's way
+    contact = Candidate("contact", "Create a contact named {p1}", "", ("p1",))
+    assert bound(contact, "Create a contact named Stop Watch") == ({"p1": "Stop Watch"}, "")
+    assert not bound(Candidate("on", GOAL, ""), "Turn off dark theme")[0]
+    assert "opposite" in bound(Candidate("on", GOAL, ""), "Turn off dark theme")[1]
 
 
 async def test_a_flow_learned_on_the_virtual_phone_replays_with_no_model_call() -> None:
