@@ -72,6 +72,13 @@ _DIALOG_GONE = re.compile(
 #: What "… is gone" says of the screen's state, not of a text on it (read by their own rules).
 _NOT_A_TEXT = re.compile(r"\b(?:keyboard|prompt|dialog|shade|popup|menu)\b", re.I)
 _HOME = re.compile(r"\b(?:launcher|home screen)\b", re.I)
+#: The home screen named as where the step leaves from, not where it goes.
+_FROM_HOME = re.compile(
+    r"\b(?:from|leav\w*|left|exit\w*|away from|no longer (?:on|at|in)|instead of)"
+    r" (?:the |a )?(?:launcher|home screen)\b"
+    r"|\b(?:launcher|home screen) (?:is |gets )?(?:replaced|left|closed|gone)",
+    re.I,
+)
 _SCROLLED = re.compile(r"entries (?:below|above)|(?:list|page) (?:scrolls|moved|is scrolled)", re.I)
 _QUOTED = re.compile(r"['\"‘“]([^'\"’”]{1,80})['\"’”]")
 #: Words that name a page by where it stands ("the previous page is shown"), not by its title.
@@ -294,6 +301,8 @@ def _page(text: str, action: _Action, after: Scene, before: Scene | None) -> Che
         return None
     if set(labels.words(name)) <= _RELATIVE:
         return _went_back(name, after, before)
+    if set(labels.words(name)) <= {"home", "launcher"}:
+        return None  # "the home screen is shown": no page is titled so (`_home` reads it)
     heading = _page_matches(name, after)
     if heading is not None:
         return Check("met", f"looked for the {name!r} page: {heading!r} is open")
@@ -337,8 +346,8 @@ def _dialog(text: str, action: _Action, after: Scene, before: Scene | None) -> C
 
 
 def _home(text: str, action: _Action, after: Scene, before: Scene | None) -> Check | None:
-    if not _HOME.search(text):
-        return None
+    if not _HOME.search(text) or _FROM_HOME.search(text):
+        return None  # "Settings opens from the home screen" says nothing of being home
     if labels.on_launcher(after):
         return Check("met", f"looked for the home screen: {after.package} is in front")
     return Check("not_met", f"looked for the home screen: the screen shows {_page_of(after)!r}")

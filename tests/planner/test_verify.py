@@ -184,6 +184,35 @@ def test_a_keyboard_still_shown_is_not_gone() -> None:
         assert verify(expected, "press_key", key, hidden, typing).verdict == "met"
 
 
+def test_the_home_screen_is_read_where_the_step_goes_not_where_it_leaves_from() -> None:
+    """Tapping Settings on the home screen, expecting "The Settings app is launched from the
+    home screen", was not met ("looked for the home screen"): any mention of it was read as
+    the destination. And pressing Home, expecting "the home screen is shown", was not met
+    either: the page rule looked for a page titled 'home'."""
+    phone = VirtualPhone("v")
+    driver = VirtualDriver(phone)
+    home = _scene(phone)
+    icon = next(e for e in home.elements if e.text == "Settings")
+    tap = types_pb2.Action(tap=types_pb2.TapAction(element_id=icon.element_id))
+    assert execute(driver, tap, home).ok
+    settings = _scene(phone)
+    assert settings.page == "com.android.settings: Settings"
+    args = {"element_id": icon.element_id}
+    for leaving in (
+        "The Settings app is launched from the home screen",
+        "the Settings app leaves the launcher",
+        "we are no longer on the home screen",
+    ):
+        assert verify(leaving, "tap", args, settings, home).verdict != "not_met", leaving
+    press = types_pb2.Action(press_key=types_pb2.PressKeyAction(key=types_pb2.KEY_HOME))
+    assert execute(driver, press, settings).ok
+    back_home = _scene(phone)
+    key = {"key": "home"}
+    for arriving in ("the home screen is shown", "The home screen appears", "the launcher"):
+        assert verify(arriving, "press_key", key, back_home, settings).verdict == "met"
+        assert verify(arriving, "press_key", key, settings, settings).verdict == "not_met"
+
+
 def test_what_no_rule_reads_is_unknown_and_the_check_is_deterministic() -> None:
     _, display = _display()
     first = verify("something pleasant happens", "tap", {}, display)
