@@ -1117,9 +1117,16 @@ def task_cancel(
 
     async def cancel(client: OperatorClient) -> types_pb2.Task:
         resolved = await task_ids.resolve(client, task_id)
-        response: task_service_pb2.CancelTaskResponse = await client.tasks.CancelTask(
-            task_service_pb2.CancelTaskRequest(task_id=resolved, reason=reason)
-        )
+        try:
+            response: task_service_pb2.CancelTaskResponse = await client.tasks.CancelTask(
+                task_service_pb2.CancelTaskRequest(task_id=resolved, reason=reason)
+            )
+        except grpc.aio.AioRpcError as error:
+            if error.code() is not grpc.StatusCode.FAILED_PRECONDITION:
+                raise
+            # "task … already ended: cancelled", the cloud's words; what to do next is ours.
+            hint = f"nothing to cancel; `amc task show {resolved}` says how it ended"
+            raise UserError(error.details() or "the task already ended", hint) from error
         return response.task
 
     task = _with_client(cancel)

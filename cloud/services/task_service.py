@@ -18,7 +18,7 @@ from google.protobuf import duration_pb2
 
 from amc.v1 import lease_service_pb2 as lease_pb
 from amc.v1 import task_service_pb2 as pb
-from amc.v1 import task_service_pb2_grpc, types_pb2
+from amc.v1 import task_service_pb2_grpc
 from cloud import authz, metrics
 from cloud.events import EventBus, RevokeEvent
 from cloud.goal_warnings import credential_warnings
@@ -221,9 +221,11 @@ class TaskServicer(task_service_pb2_grpc.TaskServiceServicer):
         if out.view is None:
             await abort(context, grpc.StatusCode.NOT_FOUND, f"task {request.task_id} not found")
         if out.already_ended:
-            status = types_pb2.TaskStatus.Name(states.to_proto(out.view.task.status))
+            # In the words operators read everywhere else ("cancelled"), not the enum's name.
             await abort(
-                context, grpc.StatusCode.FAILED_PRECONDITION, f"task already ended ({status})"
+                context,
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"task {request.task_id} already ended: {out.view.task.status.lower()}",
             )
         if out.revoke is not None:
             self._bus.revoke(

@@ -93,7 +93,8 @@ def test_submit_list_get_and_cancel(api: httpx.Client) -> None:
     again = api.post(f"/api/tasks/{task['task_id']}/cancel", json={"reason": "twice"})
     assert again.status_code == 409
     assert again.json()["grpc_code"] == "FAILED_PRECONDITION"
-    assert again.json()["detail"]
+    # The state as operators read it, not the enum's name (it said "(TASK_STATUS_CANCELLED)").
+    assert again.json()["detail"] == f"task {task['task_id']} already ended: cancelled"
 
 
 def test_validate_only_checks_without_queueing(api: httpx.Client) -> None:

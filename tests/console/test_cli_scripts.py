@@ -305,6 +305,20 @@ async def test_every_user_error_is_one_line_with_a_hint(stack: Stack, tmp_path: 
     assert debugged.err.strip().splitlines()[-1].startswith("amc task list: no certificate folder")
 
 
+async def test_cancelling_an_ended_task_says_its_state_in_words_with_a_hint(stack: Stack) -> None:
+    """A second `amc task cancel` printed "task already ended (TASK_STATUS_CANCELLED)": the
+    enum's name and no hint. It says the state as `amc task list` does, and what to do."""
+    task_id = await stack.submit("Cancel me twice")
+    assert (await amc(*stack.conn, "task", "cancel", task_id[:8])).code == exit_codes.OK
+    ran = await amc(*stack.conn, "task", "cancel", task_id[:8])
+    assert ran.code == exit_codes.USAGE, ran
+    assert one_line(ran, "amc task cancel") == (
+        f"amc task cancel: task {task_id} already ended: cancelled"
+        f" (nothing to cancel; `amc task show {task_id}` says how it ended)"
+    )
+    assert ran.out == ""
+
+
 async def test_export_into_a_folder_writes_the_default_name_there(
     stack: Stack, tmp_path: Path
 ) -> None:
