@@ -9,6 +9,9 @@ line with a hint (`console.cli_errors`; `--debug` adds the traceback).
 
 from __future__ import annotations
 
+# First, before the slow imports: Ctrl-C while amc loads exits 130 without a traceback.
+from console import loading  # isort: split
+
 import asyncio
 import os
 import sys
@@ -1467,3 +1470,7 @@ def spend(
         return
     out.print(formatting.spend_table(list(response.rows)))
     out.print(f"today: {formatting.spending(response.today, response.daily_budget, 'daily')}")
+
+
+# Last: the command line is loaded; from here on `run_main` handles Ctrl-C.
+loading.finished()

@@ -319,6 +319,59 @@ async def test_cancelling_an_ended_task_says_its_state_in_words_with_a_hint(stac
     assert ran.out == ""
 
 
+#: The `amc` script (`from console.cli import main; sys.exit(main())`), held at the first import
+#: of one module until it is interrupted: a finder says "importing" and sleeps. This is not a
+#: stand-in for anything; it only makes "Ctrl-C in the first tenths of a second" a point the
+#: test can reach every time, whatever the machine's speed.
+HELD_AMC = """
+import signal, sys, time
+held = sys.argv[1]
+# Python's own Ctrl-C handling, as in a terminal (a test run in the background ignores SIGINT).
+signal.signal(signal.SIGINT, signal.default_int_handler)
+class Hold:
+    def find_spec(self, name, path=None, target=None):
+        if name == held:
+            sys.meta_path.remove(self)
+            print("importing", flush=True)
+            time.sleep(120)
+sys.meta_path.insert(0, Hold())
+sys.argv[0:2] = ["amc"]
+from console.cli import main
+sys.exit(main())
+"""
+
+
+@pytest.mark.parametrize(
+    "held",
+    [
+        "grpc",  # while `console.cli` loads, before `run_main` runs
+        "console.gateway.models",  # once `amc task watch` runs (it imports this lazily)
+    ],
+)
+def test_ctrl_c_at_any_point_of_starting_is_exit_130_without_a_traceback(
+    held: str, tmp_path: Path
+) -> None:
+    """Ctrl-C in the first ~0.3 s of `amc task watch` (amc still importing) printed a
+    KeyboardInterrupt traceback and the process died of SIGINT (-2); later it was 130."""
+    pki = ensure_embedded_pki(tmp_path, [], operator="admin")
+    args = ["--pki-dir", str(pki), "task", "watch"]
+    process = subprocess.Popen(
+        [sys.executable, "-c", HELD_AMC, held, *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=ENV,
+    )
+    assert process.stdout is not None
+    try:
+        assert process.stdout.readline() == b"importing\n"
+        process.send_signal(signal.SIGINT)
+        out, err = process.communicate(timeout=120)
+    finally:
+        process.kill()
+    assert process.returncode == exit_codes.INTERRUPTED, err.decode()
+    assert err.decode() == "" and out == b""
+
+
 async def test_export_into_a_folder_writes_the_default_name_there(
     stack: Stack, tmp_path: Path
 ) -> None:
