@@ -18,6 +18,7 @@ from console.gateway import create_app
 from console.gateway.errors import UNREACHABLE
 from console.gateway.history import DIRECT_TRANSPORT, NOT_ASSIGNED_YET
 from console.settings import ConsoleSettings
+from planner.secret_refs import MAX_SECRETS, MAX_VALUE
 from tests.console.console_stack import (
     ADMIN,
     API_TOKEN,
@@ -27,6 +28,7 @@ from tests.console.console_stack import (
     UvicornThread,
 )
 from webui.errors import UNEXPECTED
+from webui.limits import MAX_BODY_BYTES
 
 
 def unique(goal: str) -> str:
@@ -516,6 +518,40 @@ def test_out_of_range_input_is_a_422_naming_the_field(
     assert error["errors"][0]["loc"][1] == field
     assert "input" not in error["errors"][0]
     assert api.get("/api/tasks", params={"page_size": 1}).status_code == 200
+
+
+@pytest.mark.parametrize(
+    ("path", "content_type"),
+    [("/api/tasks", "application/json"), ("/login", "application/x-www-form-urlencoded")],
+)
+def test_a_body_past_the_limit_is_refused_before_it_is_read(
+    anon: httpx.Client, path: str, content_type: str
+) -> None:
+    """A JSON body was read whole, whatever its size, before the bearer or session check: one
+    anonymous 400 MiB POST to /api/tasks left the gateway holding ~0.9 GB, then a 422 (a form
+    was stopped only by Starlette's 1 MiB per field, as a 400). Past MAX_BODY_BYTES any body
+    is 413, by its Content-Length or, chunked, as it streams."""
+    headers = {"content-type": content_type}
+    declared = anon.post(path, content=b"a" * (MAX_BODY_BYTES + 1), headers=headers)
+    assert declared.status_code == 413, declared.text
+    chunks = (b"a" * 65536 for _ in range(MAX_BODY_BYTES // 65536 + 1))
+    chunked = anon.post(path, content=chunks, headers=headers)
+    assert chunked.status_code == 413, chunked.text
+
+
+def test_the_largest_real_submission_fits_the_body_limit(api: httpx.Client) -> None:
+    """Every secret the cloud takes, each at its longest and JSON-escaped at 12 bytes a
+    character, still reaches the cloud, which answers for itself (no secrets key here)."""
+    names = [f"s{i}" for i in range(MAX_SECRETS)]
+    body = {
+        "goal": " ".join(f"{{{{secret:{n}}}}}" for n in names),
+        "secrets": {n: "\U0001f600" * MAX_VALUE for n in names},
+    }
+    content = json.dumps(body)  # ASCII: each emoji is "\ud83d\ude00"
+    assert MAX_BODY_BYTES * 0.7 < len(content) < MAX_BODY_BYTES
+    sent = api.post("/api/tasks", content=content, headers={"content-type": "application/json"})
+    assert sent.status_code == 409, sent.text
+    assert "AMC_CLOUD_SECRETS_KEY" in sent.text
 
 
 def test_a_failure_of_the_gateway_itself_is_json_or_a_page(
