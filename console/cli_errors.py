@@ -107,6 +107,23 @@ def from_validation(error: ValidationError) -> UserError:
     )
 
 
+def not_utf8(exc: UnicodeEncodeError) -> UserError:
+    """Text from the command line that is not UTF-8 (a Latin-1 file read into an argument):
+    Python keeps its bytes as lone surrogates, which cannot be sent. The text is shown with
+    those bytes as `\\xNN`, as the terminal gave them (around the first, when it is long)."""
+    start, end = max(0, exc.start - 30), exc.start + 50
+    text = exc.object[start:end]
+    try:
+        shown = text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+    except UnicodeEncodeError:  # a surrogate that did not come from a byte
+        shown = text.encode("utf-8", "backslashreplace").decode()
+    before, after = "…" * (start > 0), "…" * (end < len(exc.object))
+    return UserError(
+        f"'{before}{shown}{after}' is not UTF-8 text",
+        "amc sends text as UTF-8: convert it first, e.g. with `iconv -t UTF-8`",
+    )
+
+
 def explain(exc: BaseException) -> UserError | None:
     """The one line for a failure a person can fix, or None for a bug."""
     from cloud.settings import SettingError
@@ -114,6 +131,8 @@ def explain(exc: BaseException) -> UserError | None:
 
     if isinstance(exc, UserError):
         return exc
+    if isinstance(exc, UnicodeEncodeError) and exc.reason == "surrogates not allowed":
+        return not_utf8(exc)
     if isinstance(exc, click_errors.UsageError):
         command = exc.ctx.command_path if exc.ctx is not None else "amc"
         # Typer checks values with pydantic, whose message starts "Value error, ".

@@ -292,6 +292,12 @@ async def test_every_user_error_is_one_line_with_a_hint(stack: Stack, tmp_path: 
             exit_codes.USAGE,
         ),
         (["certs", "host", str(tmp_path / "no-ca"), "h9"], "amc certs host", "no fleet CA in", 2),
+        (  # a Latin-1 file read into an argument: this was "unexpected UnicodeEncodeError", 70
+            [*stack.conn, "task", "submit", "Caf\udce9 au lait"],  # the bytes b"Caf\xe9 au lait"
+            "amc task submit",
+            "'Caf\\xe9 au lait' is not UTF-8 text",
+            exit_codes.USAGE,
+        ),
     ]
     for args, command, words, code in cases:
         ran = await amc(*args)
