@@ -127,6 +127,7 @@ def not_utf8(exc: UnicodeEncodeError) -> UserError:
 def explain(exc: BaseException) -> UserError | None:
     """The one line for a failure a person can fix, or None for a bug."""
     from cloud.settings import SettingError
+    from host.cloud_channel import CertificateMissing
     from planner.errors import PlannerConfigError
 
     if isinstance(exc, UserError):
@@ -140,6 +141,9 @@ def explain(exc: BaseException) -> UserError | None:
         return UserError(message, f"see `{command} --help`")
     if isinstance(exc, SettingError | PlannerConfigError):
         return UserError(str(exc))
+    if isinstance(exc, CertificateMissing):  # a file that is not there, unless it says more
+        said = str(exc)
+        return UserError(said, "" if "(" in said else "make one with `amc certs host DIR HOST_ID`")
     if isinstance(exc, ValidationError):
         return from_validation(exc)
     return None

@@ -378,6 +378,19 @@ def test_ctrl_c_at_any_point_of_starting_is_exit_130_without_a_traceback(
     assert err.decode() == "" and out == b""
 
 
+async def test_a_host_without_its_certificate_is_a_usage_error_not_a_bug(tmp_path: Path) -> None:
+    """`amc host run` with AMC_HOST_CERTS_DIR naming a folder without the host's files said
+    "unexpected CertificateMissing: … (run with --debug for the traceback)", exit 70, the code
+    of a bug in amc: it is a setting the person fixes, exit 2, with the command that makes one."""
+    env = {**ENV, "AMC_HOST_CERTS_DIR": str(tmp_path / "pki"), "AMC_HOST_HOST_ID": "lab-1"}
+    ran = await amc("host", "run", env=env, cwd=tmp_path)
+    assert ran.code == exit_codes.USAGE, ran
+    assert one_line(ran, "amc host run") == (
+        f"amc host run: CA certificate {tmp_path / 'pki' / 'ca.pem'} does not exist"
+        " (make one with `amc certs host DIR HOST_ID`)"
+    )
+
+
 async def test_export_into_a_folder_writes_the_default_name_there(
     stack: Stack, tmp_path: Path
 ) -> None:
