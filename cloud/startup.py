@@ -29,11 +29,17 @@ def _validation_line(error: ValidationError) -> str:
     """pydantic's first complaint, as the environment variable that caused it."""
     prefix = _PREFIXES.get(error.title, "")
     first = error.errors()[0]
-    field = ".".join(str(part) for part in first["loc"]) or "(settings)"
+    message = first["msg"].removeprefix("Value error, ")
+    if not first["loc"]:  # a check across settings: its message names the variables
+        return (
+            f"{message}; fix the variables or unset them to use the defaults "
+            "(see docs/deployment.md)"
+        )
+    field = ".".join(str(part) for part in first["loc"])
     value = first.get("input")
     got = f" (got {value!r})" if isinstance(value, str | int | float) else ""
     return (
-        f"{prefix}{field.upper()}: {first['msg']}{got}; fix the variable or unset it to use the "
+        f"{prefix}{field.upper()}: {message}{got}; fix the variable or unset it to use the "
         "default (see docs/deployment.md)"
     )
 

@@ -98,11 +98,14 @@ def from_validation(error: ValidationError) -> UserError:
     """pydantic's first complaint about a settings class, as the variable that caused it."""
     prefix = _PREFIXES.get(error.title, "")
     first = error.errors()[0]
-    field = ".".join(str(part) for part in first["loc"]) or "(settings)"
+    message = first["msg"].removeprefix("Value error, ")
+    if not first["loc"]:  # a check across settings: its message names the variables
+        return UserError(message, "fix the variables or unset them to use the defaults")
+    field = ".".join(str(part) for part in first["loc"])
     value = first.get("input")
     got = f" (got {value!r})" if isinstance(value, str | int | float) else ""
     return UserError(
-        f"{prefix}{field.upper()}: {first['msg']}{got}",
+        f"{prefix}{field.upper()}: {message}{got}",
         "fix the variable or unset it to use the default",
     )
 

@@ -81,13 +81,15 @@ class ConsoleSettings(BaseSettings):
     def _check_secrets(self) -> ConsoleSettings:
         """Refuse empty secrets: an empty password or token would let anyone in."""
         if not self.admin_password.get_secret_value():
-            raise ValueError("admin_password must not be empty")
+            raise ValueError("AMC_CONSOLE_ADMIN_PASSWORD must not be empty")
         if self.api_token is not None and len(self.api_token.get_secret_value()) < 16:
-            raise ValueError("api_token must be at least 16 characters")
+            raise ValueError("AMC_CONSOLE_API_TOKEN must be at least 16 characters")
         if len(self.session_secret.get_secret_value()) < 16:
-            raise ValueError("session_secret must be at least 16 characters")
+            raise ValueError("AMC_CONSOLE_SESSION_SECRET must be at least 16 characters")
         if (self.tls_cert_file is None) != (self.tls_key_file is None):
-            raise ValueError("set both tls_cert_file and tls_key_file, or neither")
+            raise ValueError(
+                "set both AMC_CONSOLE_TLS_CERT_FILE and AMC_CONSOLE_TLS_KEY_FILE, or neither"
+            )
         return self
 
     def tls_files(self) -> tuple[Path, Path, Path]:

@@ -44,5 +44,5 @@ class HostConsoleSettings(BaseSettings):
     @model_validator(mode="after")
     def _check_secret(self) -> HostConsoleSettings:
         if len(self.session_secret.get_secret_value()) < 16:
-            raise ValueError("session_secret must be at least 16 characters")
+            raise ValueError("AMC_HOST_CONSOLE_SESSION_SECRET must be at least 16 characters")
         return self

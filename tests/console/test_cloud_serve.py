@@ -200,6 +200,43 @@ def test_a_bad_setting_is_one_line_naming_it(
     assert lines[0].endswith("(run with --debug for the traceback)")
 
 
+@pytest.mark.parametrize(
+    ("command", "settings", "line"),
+    [
+        (
+            "cloud",
+            {"AMC_CLOUD_INSECURE": "1", "AMC_PLANNER_THINKING": "budget"},
+            "amc cloud serve: thinking=budget needs AMC_PLANNER_THINKING_BUDGET_TOKENS; fix the "
+            "variables or unset them to use the defaults (see docs/deployment.md)",
+        ),
+        (
+            "console",
+            {"AMC_CONSOLE_ADMIN_PASSWORD": "pw", "AMC_CONSOLE_TLS_CERT_FILE": "/etc/c.pem"},
+            "amc console serve: set both AMC_CONSOLE_TLS_CERT_FILE and AMC_CONSOLE_TLS_KEY_FILE, "
+            "or neither (fix the variables or unset them to use the defaults)",
+        ),
+    ],
+)
+def test_a_check_across_settings_names_the_variables_not_settings_and_value_error(
+    tmp_path: Path, command: str, settings: dict[str, str], line: str
+) -> None:
+    """A check that spans settings used to read "AMC_PLANNER_(SETTINGS): Value error, …" (or
+    AMC_CONSOLE_) with the fields' Python names; its message names the variables itself."""
+    done = subprocess.run(
+        [AMC, command, "serve"],
+        env=_env(tmp_path, **settings),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 2
+    assert (
+        done.stderr.strip().splitlines()[0].removesuffix(" (run with --debug for the traceback)")
+        == line
+    ), done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1
+
+
 def test_a_taken_port_names_the_listen_address(tmp_path: Path) -> None:
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
