@@ -259,6 +259,24 @@ async def test_text_is_printed_as_written_and_prompts_are_readable(stack: Stack)
         assert "Open [bold]Display[/bold] :smile:" in ran.out
 
 
+async def test_terminal_commands_in_text_are_shown_never_sent(stack: Stack) -> None:
+    """A goal (as any text from the cloud: a host's progress summary quotes an app's labels)
+    holding ESC or C1 sequences reached the terminal from `amc task list`/`show`: it retitled,
+    recoloured or rewrote the operator's screen. They are written out, as `decisions` does;
+    `--json` escapes them too (JSON left DEL and C1 raw) and still parses to the same text."""
+    goal = "Open \x1b]0;owned\x07 \x1b[31mred\x1b[0m \x9b2J Display"
+    task_id = await stack.submit(goal)
+    shown = "Open \\x1b]0;owned \\x1b[31mred\\x1b[0m \\x9b2J Display"  # Rich drops BEL itself
+    for command in (["task", "list"], ["task", "show", task_id]):
+        ran = await amc(*stack.conn, *command)
+        assert ran.code == 0, ran
+        assert shown in ran.out, ran.out
+        assert "\x1b" not in ran.out and "\x9b" not in ran.out
+    ran = await amc(*stack.conn, "task", "show", task_id, "--json")
+    assert "\x1b" not in ran.out and "\x9b" not in ran.out and "\\u009b" in ran.out
+    assert json.loads(ran.out)["task"]["goal"] == goal
+
+
 async def test_every_user_error_is_one_line_with_a_hint(stack: Stack, tmp_path: Path) -> None:
     cases = [
         (
