@@ -39,6 +39,7 @@ from console.cli_errors import CloudTarget, UserError, from_rpc, run_main
 from console.cli_help import PlainCommand, PlainGroup
 from console.cli_output import err, out, print_json, print_json_line, print_text
 from console.client import OperatorClient, secure_channel, watch_progress
+from console.limits import INT32_MAX, INT64_MAX, MAX_SECONDS
 from planner.budget import dollars
 
 if TYPE_CHECKING:
@@ -290,10 +291,11 @@ def up(
         int, typer.Option(metavar="N", help="Virtual phones on the host.", min=1)
     ] = 2,
     console_port: Annotated[
-        int, typer.Option(metavar="PORT", help="Port of the operators' console.")
+        int,
+        typer.Option(metavar="PORT", help="Port of the operators' console.", min=0, max=65535),
     ] = 8080,
     host_console_port: Annotated[
-        int, typer.Option(metavar="PORT", help="Port of the host's console.")
+        int, typer.Option(metavar="PORT", help="Port of the host's console.", min=0, max=65535)
     ] = 8765,
     listen: Annotated[
         str | None,
@@ -794,6 +796,9 @@ def task_submit(
     is a goal that looks like it holds a credential (pass it with --secret instead)."""
     from console.gateway.models import SubmitOut, TaskOut
 
+    _sendable("--max-attempts", max_attempts, INT32_MAX)
+    _sendable("--lease-seconds", lease_seconds, int(MAX_SECONDS))
+    _sendable("--max-tokens", max_tokens, INT64_MAX)
     request = task_service_pb2.SubmitTaskRequest(
         goal=goal,
         target=types_pb2.TaskTarget(host_id=host, device_serial=device),
@@ -819,6 +824,16 @@ def task_submit(
     if response.deduplicated:
         err.print("note: already submitted with this request id; this is the first task")
     out.print(response.task.task_id)
+
+
+def _sendable(option: str, value: int, limit: int) -> None:
+    """A usage error for a number no request can carry (`console.limits`): protobuf refused
+    it with a ValueError, an "unexpected" exit 70. A wrong number in range is the cloud's to
+    refuse, in its own words ("max_attempts: 0 (default) to 20")."""
+    if not -limit <= value <= limit:
+        raise typer.BadParameter(
+            f"{value} is out of range ({-limit} to {limit})", param_hint=f"'{option}'"
+        )
 
 
 def _secret_value(name: str) -> str:
@@ -1215,6 +1230,8 @@ def decisions(
     theirs from their outbox), text as the model wrote it."""
     from console.gateway.models import DecisionOut, DecisionPage
 
+    _sendable("--attempt", attempt, INT32_MAX)
+
     async def fetch(client: OperatorClient) -> list[types_pb2.Decision]:
         resolved = await task_ids.resolve(client, task_id)
         found: list[types_pb2.Decision] = []
@@ -1461,8 +1478,10 @@ def spend(
     from console.gateway.models import SpendOut
 
     today = dt.datetime.now(dt.UTC).date()
+    # Never before year 1 (a date cannot be): the cloud then says how many days it answers.
+    back = min(days - 1, (today - dt.date.min).days)
     request = fleet_service_pb2.GetSpendRequest(
-        since_day=(today - dt.timedelta(days=days - 1)).isoformat(), until_day=today.isoformat()
+        since_day=(today - dt.timedelta(days=back)).isoformat(), until_day=today.isoformat()
     )
     response = _with_client(lambda c: c.fleet.GetSpend(request))
     if json_out:

@@ -17,7 +17,6 @@ from console.gateway.cloud import CloudClient
 from console.gateway.events import event_stream, host_event_stream
 from console.gateway.history import group_history
 from console.gateway.models import (
-    INT32_MAX,
     TASK_STATUSES,
     CancelIn,
     ConversationItemOut,
@@ -45,6 +44,7 @@ from console.gateway.models import (
     flow_status_value,
     task_status_value,
 )
+from console.limits import INT32_MAX
 
 _ERRORS: dict[int | str, dict[str, object]] = {
     401: {"model": ErrorOut, "description": "no session and no valid bearer token"},

@@ -23,6 +23,7 @@ from amc.v1 import (
     task_service_pb2,
     types_pb2,
 )
+from console.limits import INT32_MAX, MAX_SECONDS
 from planner.decision import thinking_word
 from planner.targets import semantics
 
@@ -814,13 +815,6 @@ class HostList(BaseModel):
 
     hosts: list[HostOut]
     dispatch: DispatchOut
-
-
-#: The largest number a request's integers may carry to the cloud (protobuf int32).
-INT32_MAX = 2**31 - 1
-#: The longest lease or timeout a request may ask for: ten years, the cloud's own cap on a
-#: task's timeout (its leases are capped far below that, by its settings).
-MAX_SECONDS = 10 * 365 * 24 * 3600.0
 
 
 def _unencodable(value: object) -> bool:

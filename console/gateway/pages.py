@@ -23,7 +23,6 @@ from console.gateway.auth import OperatorCredentials
 from console.gateway.cloud import CloudClient
 from console.gateway.errors import describe
 from console.gateway.models import (
-    INT32_MAX,
     TASK_STATUSES,
     ConversationItemOut,
     DispatchOut,
@@ -33,6 +32,7 @@ from console.gateway.models import (
     TaskOut,
     task_status_value,
 )
+from console.limits import INT32_MAX
 from webui import login
 from webui.csrf import CsrfChecked
 from webui.pages import Pages

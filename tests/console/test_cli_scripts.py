@@ -310,6 +310,37 @@ async def test_every_user_error_is_one_line_with_a_hint(stack: Stack, tmp_path: 
             exit_codes.USAGE,
         ),
         (["certs", "host", str(tmp_path / "no-ca"), "h9"], "amc certs host", "no fleet CA in", 2),
+        # Numbers no request can carry were "unexpected ValueError/OverflowError", exit 70.
+        (
+            [*stack.conn, "task", "submit", "x", "--max-attempts", str(2**31)],
+            "amc task submit",
+            f"Invalid value for '--max-attempts': {2**31} is out of range",
+            exit_codes.USAGE,
+        ),
+        (
+            [*stack.conn, "task", "submit", "x", "--lease-seconds", str(2**63)],
+            "amc task submit",
+            f"Invalid value for '--lease-seconds': {2**63} is out of range",
+            exit_codes.USAGE,
+        ),
+        (
+            [*stack.conn, "task", "submit", "x", "--max-tokens", str(2**63)],
+            "amc task submit",
+            f"Invalid value for '--max-tokens': {2**63} is out of range",
+            exit_codes.USAGE,
+        ),
+        (
+            [*stack.conn, "decisions", "abc", "--attempt", str(2**31)],
+            "amc decisions",
+            f"Invalid value for '--attempt': {2**31} is out of range",
+            exit_codes.USAGE,
+        ),
+        (
+            ["up", "--console-port", "70000"],
+            "amc up",
+            "Invalid value for '--console-port'",
+            exit_codes.USAGE,
+        ),
         (  # a Latin-1 file read into an argument: this was "unexpected UnicodeEncodeError", 70
             [*stack.conn, "task", "submit", "Caf\udce9 au lait"],  # the bytes b"Caf\xe9 au lait"
             "amc task submit",
@@ -323,6 +354,10 @@ async def test_every_user_error_is_one_line_with_a_hint(stack: Stack, tmp_path: 
         line = one_line(ran, command)
         assert words in line, line
         assert line.endswith(")"), line  # the hint
+    # A date before year 1 was "unexpected OverflowError", exit 70: it is the cloud's limit.
+    spent = await amc(*stack.conn, "spend", "--days", "99999999")
+    assert spent.code == exit_codes.USAGE, spent
+    assert one_line(spent, "amc spend").endswith("since_day..until_day: at most 366 days")
     debugged = await amc("--debug", "--pki-dir", str(tmp_path / "nope"), "task", "list")
     assert debugged.code == exit_codes.USAGE
     assert TRACEBACK in debugged.err
