@@ -577,8 +577,11 @@ def certs_init(
     """Create a fleet CA and a server certificate."""
     from cloud import pki
 
-    pki.init_ca(directory)
-    pki.write_server_cert(directory, server_name or [])
+    try:
+        pki.init_ca(directory)
+        pki.write_server_cert(directory, server_name or [])
+    except OSError as exc:
+        raise _unwritable(directory, exc) from exc
     out.print(f"fleet CA and server certificate written to {directory}")
 
 
@@ -728,7 +731,8 @@ def certs_secrets_key() -> None:
 
 
 def _certificate(write: Callable[[], Path], directory: Path) -> Path:
-    """Issue a certificate; a missing CA or a bad name is a UserError."""
+    """Issue a certificate; a missing CA, a bad name or a folder that cannot be written is a
+    UserError."""
     try:
         return write()
     except FileNotFoundError as exc:
@@ -738,6 +742,18 @@ def _certificate(write: Callable[[], Path], directory: Path) -> Path:
         ) from exc
     except ValueError as exc:
         raise UserError(str(exc)) from exc
+    except OSError as exc:
+        raise _unwritable(directory, exc) from exc
+
+
+def _unwritable(directory: Path, exc: OSError) -> UserError:
+    """A certificates folder that cannot be made or written (taken by a file, read-only, not
+    allowed): it was an "unexpected" FileExistsError/PermissionError, exit 70."""
+    where = f"{exc.filename}: " if exc.filename and Path(exc.filename) != directory else ""
+    return UserError(
+        f"cannot write certificates in {directory}: {where}{exc.strerror or exc}",
+        "pass a folder you can write to",
+    )
 
 
 # --- operating the fleet -----------------------------------------------------------------------

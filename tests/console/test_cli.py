@@ -53,6 +53,21 @@ def test_certs_commands_make_a_fleet(tmp_path: Path) -> None:
     assert (tmp_path / "pki" / "host-h1.key").stat().st_mode & 0o077 == 0
 
 
+def test_certs_into_a_path_that_is_a_file_is_one_line(tmp_path: Path) -> None:
+    """`amc certs init` where a file is (or under one) was an unexpected FileExistsError /
+    NotADirectoryError, exit 70: it is one line naming the folder, exit 2."""
+    taken = tmp_path / "pki"
+    taken.write_text("not a folder")
+    for args, why in ((["init", str(taken)], "File exists"), (["host", str(taken), "h1"], "")):
+        ran = subprocess.run(
+            [AMC, "certs", *args], capture_output=True, text=True, env=ENV, timeout=60
+        )
+        assert ran.returncode == 2, ran.stderr
+        assert ran.stderr.startswith(f"amc certs {args[0]}: cannot write certificates in {taken}")
+        assert why in ran.stderr and len(ran.stderr.splitlines()) == 1, ran.stderr
+        assert ran.stderr.rstrip().endswith("(pass a folder you can write to)")
+
+
 async def test_task_commands_against_a_real_cloud(tmp_path: Path) -> None:
     pki = ensure_embedded_pki(tmp_path, [], operator="admin")
     cloud = await build_server(
