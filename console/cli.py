@@ -215,6 +215,10 @@ def global_options(
     AMC_* variables, or the context file a running `amc up` writes."""
     global _connection, _debug
     _debug = debug
+    port = (cloud or "").rpartition(":")[2]
+    if port.isdigit() and int(port) > 65535:
+        # gRPC takes the port modulo 65536: 127.0.0.1:99999 dialled 127.0.0.1:34463.
+        raise typer.BadParameter(f"{cloud}: a port is 0 to 65535", param_hint="'--cloud'")
     running = context.read() if cloud is None or pki_dir is None else None
     source = ""
     if pki_dir is None:

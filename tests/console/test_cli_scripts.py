@@ -335,6 +335,12 @@ async def test_every_user_error_is_one_line_with_a_hint(stack: Stack, tmp_path: 
             f"Invalid value for '--attempt': {2**31} is out of range",
             exit_codes.USAGE,
         ),
+        (  # gRPC dialled the port modulo 65536 (127.0.0.1:34463), and said so only in passing
+            ["--cloud", "127.0.0.1:99999", "--pki-dir", str(stack.pki), "task", "list"],
+            "amc task list",
+            "Invalid value for '--cloud': 127.0.0.1:99999: a port is 0 to 65535",
+            exit_codes.USAGE,
+        ),
         (
             ["up", "--console-port", "70000"],
             "amc up",
