@@ -862,14 +862,23 @@ def _secret_value(name: str) -> str:
     import os
     import sys
 
-    value = os.environ.get(f"AMC_SECRET_{name.upper()}")
-    if value is not None:
-        return value
-    if not sys.stdin.isatty():
+    variable = f"AMC_SECRET_{name.upper()}"
+    value = os.environ.get(variable)
+    if value is None:
+        if not sys.stdin.isatty():
+            raise typer.BadParameter(
+                f"set {variable} (no terminal to ask for it)", param_hint="--secret"
+            )
+        value = getpass.getpass(f"value of secret {name} (not shown): ")
+    try:
+        value.encode()
+    except UnicodeEncodeError:
+        # Checked here, so the failure names the variable: the general "is not UTF-8 text"
+        # message (cli_errors.not_utf8) quotes the text, which must not happen to a secret.
         raise typer.BadParameter(
-            f"set AMC_SECRET_{name.upper()} (no terminal to ask for it)", param_hint="--secret"
-        )
-    return getpass.getpass(f"value of secret {name} (not shown): ")
+            f"the value of {variable} is not UTF-8 text (not shown)", param_hint="--secret"
+        ) from None
+    return value
 
 
 @task_app.command(

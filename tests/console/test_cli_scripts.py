@@ -360,6 +360,13 @@ async def test_every_user_error_is_one_line_with_a_hint(stack: Stack, tmp_path: 
         line = one_line(ran, command)
         assert words in line, line
         assert line.endswith(")"), line  # the hint
+    # A secret that is not UTF-8 is named, never quoted (the goal's message quotes its text).
+    latin1 = {**ENV, "AMC_SECRET_PIN": "p\udce9ss-1234"}
+    args = ["task", "submit", "PIN {{secret:pin}}", "--secret", "pin"]
+    refused = await amc(*stack.conn, *args, env=latin1)
+    assert refused.code == exit_codes.USAGE, refused
+    assert "the value of AMC_SECRET_PIN is not UTF-8 text" in one_line(refused, "amc task submit")
+    assert "1234" not in refused.err
     # A date before year 1 was "unexpected OverflowError", exit 70: it is the cloud's limit.
     spent = await amc(*stack.conn, "spend", "--days", "99999999")
     assert spent.code == exit_codes.USAGE, spent
