@@ -111,9 +111,15 @@ def from_validation(error: ValidationError) -> UserError:
 
 
 def not_utf8(exc: UnicodeEncodeError) -> UserError:
-    """Text from the command line that is not UTF-8 (a Latin-1 file read into an argument):
-    Python keeps its bytes as lone surrogates, which cannot be sent. The text is shown with
-    those bytes as `\\xNN`, as the terminal gave them (around the first, when it is long)."""
+    """Text that is not UTF-8 (a Latin-1 file read into an argument or a variable): Python
+    keeps its bytes as lone surrogates, which cannot be sent. Text from the command line is
+    shown with those bytes as `\\xNN`, as the terminal gave them (around the first, when it is
+    long); any other (a setting, a password) is not shown at all: it may be a secret."""
+    if not any(exc.object in arg for arg in sys.argv[1:]):
+        return UserError(
+            "a setting or file holds text that is not UTF-8 (not shown: it may be a secret)",
+            "convert it to UTF-8, e.g. with `iconv -t UTF-8`",
+        )
     start, end = max(0, exc.start - 30), exc.start + 50
     text = exc.object[start:end]
     try:

@@ -237,6 +237,27 @@ def test_a_check_across_settings_names_the_variables_not_settings_and_value_erro
     assert len(done.stderr.strip().splitlines()) == 1
 
 
+def test_a_password_that_is_not_utf8_is_refused_without_showing_it(tmp_path: Path) -> None:
+    """A Latin-1 byte in AMC_CONSOLE_ADMIN_PASSWORD: the message for text that is not UTF-8
+    quoted it ("'hunter\\xe92secret' is not UTF-8 text"); only the command line's text is
+    quoted, a setting's never."""
+    settings = {
+        "AMC_CONSOLE_ADMIN_PASSWORD": "hunter\udce92secret",  # the bytes b"hunter\xe92secret"
+        "AMC_CONSOLE_CERTS_DIR": str(tmp_path),
+        "AMC_CONSOLE_BIND_PORT": str(free_port()),
+    }
+    done = subprocess.run(
+        [AMC, "console", "serve"],
+        env=_env(tmp_path, **settings),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.startswith("amc console serve: a setting or file holds text that is not")
+    assert "hunter" not in done.stderr and "secret" in done.stderr  # "…may be a secret"
+
+
 def test_a_taken_port_names_the_listen_address(tmp_path: Path) -> None:
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
