@@ -263,5 +263,7 @@ def test_secure_cookies_follow_tls(
 
 
 def test_tls_needs_both_files(console_settings: ConsoleSettings, tmp_path: Path) -> None:
-    with pytest.raises(ValueError, match="both tls_cert_file and tls_key_file"):
+    with pytest.raises(
+        ValueError, match="both AMC_CONSOLE_TLS_CERT_FILE and AMC_CONSOLE_TLS_KEY_FILE"
+    ):
         ConsoleSettings(**(console_settings.model_dump() | {"tls_cert_file": tmp_path / "c"}))
