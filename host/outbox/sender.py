@@ -8,9 +8,13 @@ waits — tenacity's full-jitter exponential backoff, cut short when the lease s
 itself (UNAUTHENTICATED: its certificate revoked, until that is lifted or a new certificate is
 installed). A refusal for good (the cloud says the item can never be taken: INVALID_ARGUMENT,
 FAILED_PRECONDITION, …) marks the item refused and moves on, as does an item too big for any
-message (`MAX_ITEM_BYTES`); a refused batch is split so one bad item does not take its
-neighbours down with it. Every item carries its own id, so a batch
-the cloud took but whose answer was lost is simply taken again without effect.
+message (`MAX_ITEM_BYTES`), and so does a batch the cloud keeps failing on (INTERNAL or
+UNKNOWN: a bug of the cloud's on what it carries, or a proxy that cannot take it) once it
+failed so `GIVE_UP_TRIES` times over at least `GIVE_UP_S` (counted while the sender runs: a
+restart gives it a new chance) — it would otherwise hold every item behind it for good. A
+refused batch is split so one bad item does not take its neighbours down with it (each of its
+items is given the same chance again). Every item carries its own id, so a batch the cloud
+took but whose answer was lost is simply taken again without effect.
 """
 
 from __future__ import annotations
@@ -45,6 +49,11 @@ TRANSIENT = frozenset(
         grpc.StatusCode.UNAUTHENTICATED,
     }
 )
+#: Codes that may also be the cloud failing on this very request, not the cloud being away or
+#: busy: waited out, but only `GIVE_UP_TRIES` times over `GIVE_UP_S` (both must be reached).
+SUSPECT = frozenset({grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN})
+GIVE_UP_TRIES = 10
+GIVE_UP_S = 600.0
 HEAD = 200
 #: An item whose request is bigger than a message may be (less room for the request around a
 #: shipped decision) is never sent: gRPC refuses it with RESOURCE_EXHAUSTED, a code otherwise
@@ -95,12 +104,16 @@ class OutboxSender:
         kinds: dict[str, Kind] | None = None,
         initial_s: float = 0.5,
         max_s: float = 30.0,
+        give_up_tries: int = GIVE_UP_TRIES,
+        give_up_s: float = GIVE_UP_S,
     ) -> None:
         self.store = store
         self._channel_factory = channel_factory
         self._kinds = kinds or KINDS
         self._initial_s = initial_s
         self._max_s = max_s
+        self._give_up_tries = give_up_tries
+        self._give_up_s = give_up_s
         self._loop: asyncio.AbstractEventLoop | None = None
         #: Something was written (set from any thread through `notify`).
         self.wake = asyncio.Event()
@@ -200,8 +213,25 @@ class OutboxSender:
             )
             await asyncio.to_thread(self.store.failed, seqs, self.last_error)
 
+        loop = asyncio.get_running_loop()
+        suspect: list[float] = []  # when each SUSPECT failure of this batch came
+
+        def again(exc: BaseException) -> bool:
+            """Whether to wait and try the batch again: a transient failure, unless the cloud
+            answered a SUSPECT code often enough, over long enough, to be failing on it."""
+            if not transient(exc):
+                return False
+            if isinstance(exc, grpc.aio.AioRpcError) and exc.code() in SUSPECT:
+                suspect.append(loop.time())
+                if (
+                    len(suspect) >= self._give_up_tries
+                    and suspect[-1] - suspect[0] >= self._give_up_s
+                ):
+                    return False
+            return True
+
         retrying = AsyncRetrying(
-            retry=retry_if_exception(transient),
+            retry=retry_if_exception(again),
             wait=wait_random_exponential(multiplier=self._initial_s, max=self._max_s),
             sleep=self._pause(stop),
             before_sleep=note_failure,
@@ -213,12 +243,15 @@ class OutboxSender:
                     await kind.send(channel, batch)
         except _Stopped:
             raise
-        except Exception as exc:  # refused for good
+        except Exception as exc:  # refused for good, or failed on too often (`again`)
             if len(batch) > 1:  # find the one the cloud cannot take; send the others
                 for item in batch:
                     await self._deliver(channel, [item], stop)
                 return
-            await self._refuse(batch[0], _describe(exc))
+            why = _describe(exc)
+            if transient(exc):  # given up on (`again`)
+                why += f" ({len(suspect)} tries over {suspect[-1] - suspect[0]:.0f}s)"
+            await self._refuse(batch[0], why)
             return
         self.last_error = None
         await asyncio.to_thread(self.store.sent, seqs)

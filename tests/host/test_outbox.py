@@ -18,6 +18,7 @@ from amc.v1 import (
     artifact_service_pb2,
     decision_log_service_pb2,
     decision_log_service_pb2_grpc,
+    lease_service_pb2,
     types_pb2,
 )
 from cloud import pki, revocations
@@ -266,3 +267,71 @@ def test_which_failures_are_retried(code: grpc.StatusCode) -> None:
     from host.outbox.sender import TRANSIENT
 
     assert (code in TRANSIENT) == (code == grpc.StatusCode.UNAVAILABLE)
+
+
+class _FailsOnPoison(decision_log_service_pb2_grpc.DecisionLogServiceServicer):
+    """A DecisionLogService that answers INTERNAL for any batch with the decision "poison"
+    (a cloud's bug on that one item), RESOURCE_EXHAUSTED for one with "busy" (a rate limit,
+    never lifted here), and takes the others."""
+
+    def __init__(self) -> None:
+        self.taken: list[str] = []
+        self.calls = 0
+
+    async def ShipDecisions(
+        self, request: decision_log_service_pb2.ShipDecisionsRequest, context: Any
+    ) -> decision_log_service_pb2.ShipDecisionsResponse:
+        self.calls += 1
+        ids = [e.host_decision_id for e in request.entries]
+        if "poison" in ids:
+            await context.abort(grpc.StatusCode.INTERNAL, "internal error; retry later")
+        if "busy" in ids:
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "rate limited")
+        self.taken.extend(ids)
+        return decision_log_service_pb2.ShipDecisionsResponse()
+
+
+async def test_an_item_the_cloud_always_fails_on_is_set_aside_after_enough_tries(
+    tmp_path: Path,
+) -> None:
+    """A decision the cloud answers INTERNAL for every time (a bug of the cloud's on what it
+    carries) was retried for ever, and every decision and screenshot written after it waited
+    behind it for good. It is now given up on after `give_up_tries` failures over `give_up_s`
+    (10 and 10 minutes by default; 3 and none here), refused, and the backlog goes on; its
+    neighbours in the batch are sent. A rate limit (RESOURCE_EXHAUSTED) is still waited out."""
+    servicer = _FailsOnPoison()  # type: ignore[abstract]  # serves ShipDecisions only
+    server = grpc.aio.server()
+    decision_log_service_pb2_grpc.add_DecisionLogServiceServicer_to_server(servicer, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    store = OutboxStore(tmp_path / "outbox.sqlite3")
+    sender = OutboxSender(
+        store,
+        lambda: grpc.aio.insecure_channel(f"127.0.0.1:{port}"),
+        initial_s=0.01,
+        max_s=0.05,
+        give_up_tries=3,
+        give_up_s=0.0,
+    )
+    a = lease_service_pb2.Assignment(task_id="t1", attempt=1, lease_id="l1")
+    for item in ("d1", "poison", "d2"):
+        store.put(DECISION, item, shipped(a, item).SerializeToString())
+    stop = asyncio.Event()
+    running = asyncio.create_task(sender.run(stop))
+    try:
+        await _until(lambda: store.backlog().items == 0, "the items around it sent")
+        assert servicer.taken == ["d1", "d2"]
+        ((kind, item, reason),) = store.refusals()
+        assert (kind, item) == (DECISION, "poison")
+        assert reason.startswith("INTERNAL: internal error; retry later (3 tries")
+
+        store.put(DECISION, "busy", shipped(a, "busy").SerializeToString())
+        calls = servicer.calls
+        await _until(lambda: servicer.calls >= calls + 6, "tries while rate limited")
+        assert (store.backlog().items, store.backlog().refused) == (1, 1)
+        assert sender.last_error == "RESOURCE_EXHAUSTED: rate limited"
+    finally:
+        stop.set()
+        await running
+        store.close()
+        await server.stop(None)
