@@ -3,7 +3,8 @@
 It runs under `cloud.supervised` ("flow-learning"), off the lease stream: a result is recorded
 and acknowledged at once, and this loop (woken by the result, else on its interval) takes ended
 attempts the store marks as not yet looked at, one at a time (two replicas never take the same
-one), and for each:
+one; one left taken by a replica that was killed mid-learn is taken back after
+`flows.RECLAIM_AFTER`), and for each:
 
 1. if it was handed flows: counts the use on the flow it replayed (completed, or diverged and
    where; a flow diverging `flow_retire_after` attempts in a row is retired);

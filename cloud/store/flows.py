@@ -13,12 +13,13 @@ from __future__ import annotations
 import base64
 import datetime as dt
 import json
+import logging
 import uuid
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from sqlalchemy import and_, or_, select, update
+from sqlalchemy import ColumnElement, and_, or_, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 
@@ -26,6 +27,8 @@ from amc.v1 import types_pb2
 from cloud.store import states
 from cloud.store.database import Store
 from cloud.store.models import AttemptRow, FlowRow
+
+log = logging.getLogger(__name__)
 
 ACTIVE, DISABLED, RETIRED = "active", "disabled", "retired"
 #: How many flows retrieval reads at most (most recently changed first).
@@ -296,27 +299,49 @@ SHIPPED = "shipped"
 WORKING, COUNTED, RELOOK = "working", "counted", "relooking"
 #: The marks of an attempt the loop is looking at now.
 LOOKING = (WORKING, COUNTED, RELOOK)
+#: A mark of `LOOKING` taken longer ago than this (`AttemptRow.flow_taken_at`; none: taken
+#: before migration 0016) was left by a loop that will not finish — its replica was killed
+#: mid-learn, or its closing mark failed while the database was away — and any replica's loop
+#: takes the attempt back. Far longer than a look takes (a few reads, one embedding call).
+RECLAIM_AFTER = dt.timedelta(minutes=10)
 
 
-async def claim_ended_attempt(store: Store) -> tuple[AttemptRow, bool] | None:
-    """An ended attempt the learning loop has to look at, marked as taken (`WORKING`, or
-    `RELOOK` when it looked at it before: marked `SHIPPED`), and whether it looked before; two
-    replicas never take the same one (the UPDATE re-checks the mark)."""
+def _to_take(cutoff: dt.datetime) -> ColumnElement[bool]:
+    """The attempts the loop may take: not looked at, handed back, or left taken before
+    `cutoff`."""
+    return or_(
+        AttemptRow.flow_state.is_(None),
+        AttemptRow.flow_state == SHIPPED,
+        and_(
+            AttemptRow.flow_state.in_(LOOKING),
+            or_(AttemptRow.flow_taken_at.is_(None), AttemptRow.flow_taken_at < cutoff),
+        ),
+    )
+
+
+async def claim_ended_attempt(
+    store: Store, reclaim_after: dt.timedelta = RECLAIM_AFTER
+) -> tuple[AttemptRow, bool] | None:
+    """An ended attempt the learning loop has to look at, marked as taken now, and whether its
+    replay was counted before (then it is only learned from): one not looked at yet (marked
+    `WORKING`), one handed back after it was looked at (`SHIPPED`, marked `RELOOK`), or one
+    whose mark was left more than `reclaim_after` ago (`RECLAIM_AFTER`: taken back as `WORKING`
+    if it was not counted yet, else as `RELOOK`). Two replicas never take the same one: the
+    UPDATE re-checks the mark and its age, and the winner's new stamp fails the loser's check."""
     for _ in range(5):
+        now = store.now()
+        cutoff = now - reclaim_after
         async with store.read() as session:
             row = await session.scalar(
                 select(AttemptRow)
-                .where(
-                    or_(AttemptRow.flow_state.is_(None), AttemptRow.flow_state == SHIPPED),
-                    AttemptRow.ended_at.is_not(None),
-                )
+                .where(_to_take(cutoff), AttemptRow.ended_at.is_not(None))
                 .order_by(AttemptRow.ended_at, AttemptRow.id)
                 .limit(1)
             )
         if row is None:
             return None
         before = row.flow_state
-        mark = WORKING if before is None else RELOOK
+        mark = WORKING if before in (None, WORKING) else RELOOK
         async with store.write() as session:
             taken = await session.execute(
                 update(AttemptRow)
@@ -325,12 +350,21 @@ async def claim_ended_attempt(store: Store) -> tuple[AttemptRow, bool] | None:
                     AttemptRow.flow_state.is_(None)
                     if before is None
                     else AttemptRow.flow_state == before,
+                    _to_take(cutoff),
                 )
-                .values(flow_state=mark)
+                .values(flow_state=mark, flow_taken_at=now)
             )
             if taken.rowcount:  # type: ignore[attr-defined]
-                row.flow_state = mark
-                return row, before == SHIPPED
+                if before in LOOKING:
+                    log.warning(
+                        "flow learning: took back task %s attempt %d, left %r since %s",
+                        row.task_id,
+                        row.attempt,
+                        before,
+                        row.flow_taken_at.isoformat() if row.flow_taken_at else "before 0016",
+                    )
+                row.flow_state, row.flow_taken_at = mark, now
+                return row, before not in (None, WORKING)
     return None
 
 
@@ -392,6 +426,8 @@ async def count_attempt(
         )
         if attempt is None:
             return None
+        if attempt.flow_state != WORKING:  # counted already, by a loop that took it back
+            return attempt
         use = judge(attempt)
         if use.flow_id:
             _, retired = await _count(session, store, use.flow_id, use, retire_after)

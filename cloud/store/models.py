@@ -187,6 +187,9 @@ class AttemptRow(Base):
     replay_diverged_step: Mapped[int | None] = mapped_column(Integer)
     replay_divergence: Mapped[str | None] = mapped_column(Text)
     flow_state: Mapped[str | None] = mapped_column(String(16))
+    # When the learning loop took the attempt (migration 0016): a mark it left older than
+    # `flows.RECLAIM_AFTER` (its replica was killed mid-learn) is taken back.
+    flow_taken_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime())
     # Renewals are summarised here rather than recorded one by one (lease_events has the rest).
     renewals: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     first_renewed_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime())

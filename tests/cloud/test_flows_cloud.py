@@ -6,12 +6,13 @@ a direct-transport replay with its result, and the learning loop counts it)."""
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 from pathlib import Path
 from typing import Any
 
 import grpc
 import pytest
-from sqlalchemy import inspect, select, text
+from sqlalchemy import inspect, select, text, update
 
 from amc.v1 import (
     decision_log_service_pb2,
@@ -23,7 +24,8 @@ from amc.v1 import (
     types_pb2,
 )
 from cloud.flows import retrieval
-from cloud.server import CloudServer
+from cloud.flows.learning import replay_result
+from cloud.server import CloudServer, build_server
 from cloud.settings import CloudSettings
 from cloud.store import convert, decisions, flows, leases, tasks
 from cloud.store.database import Store
@@ -37,8 +39,10 @@ from tests.cloud.cloud_harness import (
     lapse,
     result,
     submit,
+    tasks_stub,
     wait_status,
 )
+from tests.cloud.conftest import SettingsFactory
 from tests.support.flows import store_flow
 
 
@@ -696,3 +700,118 @@ async def test_an_assignment_carries_the_flow_and_a_reported_replay_is_counted(
     finally:
         await host.close()
     assert isinstance(lease_service_pb2.Assignment().flow, types_pb2.Flow)
+
+
+@pytest.mark.parametrize("died", [flows.WORKING, flows.COUNTED])
+async def test_an_attempt_left_taken_by_a_stopped_replica_is_taken_back_and_counted_once(
+    make_settings: SettingsFactory, pki_dir: Path, died: str
+) -> None:
+    """A replica stopped while its learning loop looked at an attempt (killed mid-learn, or its
+    closing mark failed while the database was away) left the attempt marked taken, and no
+    replica ever looked at it again: its replay was never counted (`WORKING`) or its success
+    never learned (`COUNTED`). Another replica takes it back once the mark is older than
+    `flows.RECLAIM_AFTER` (not before: the first may still be at it), only one of two racing
+    replicas gets it, and the replay is counted once whichever way it died."""
+    first = await build_server(make_settings())
+    await first.start()
+    assert first.learner is not None
+    looking = asyncio.Event()
+
+    async def dies_here(attempt: AttemptRow, *, counted: bool = False) -> str:
+        if died == flows.COUNTED:  # as `learn` counts, then stuck (an embedding call)
+            await flows.count_attempt(
+                first.store, attempt.id, lambda now: replay_result(now, []), retire_after=3
+            )
+        looking.set()
+        await asyncio.Event().wait()  # until the replica stops
+        raise AssertionError("unreachable")
+
+    first.learner.learn = dies_here  # type: ignore[method-assign]
+    row = await store_flow(first.store)
+    host = ScriptedHost(first.address, pki_dir, "h1")
+    ops_ch = channel(first.address, pki_dir, "operator-ops")
+    try:
+        await host.connect(["s1"])
+        await submit(tasks_stub(ops_ch))
+        a = (await host.next("assignment")).assignment
+        assert a.flow.flow_id == row.flow_id
+        report = result(a)
+        report.result.replay.CopyFrom(
+            types_pb2.FlowReplayReport(flow_id=row.flow_id, steps_replayed=3)
+        )
+        await host.send(report)
+        await host.next("result_ack")
+        await asyncio.wait_for(looking.wait(), 10)
+    finally:
+        await host.close()
+        await ops_ch.close()
+        await first.stop(0.5)
+    url = make_settings().database_url
+    stores = [Store.from_url(url), Store.from_url(url)]
+    second: CloudServer | None = None
+    try:
+        left = await flows.get(stores[0], row.flow_id)
+        assert left is not None and left.uses == (1 if died == flows.COUNTED else 0)
+        assert await flows.claim_ended_attempt(stores[0]) is None  # taken just now: left be
+        await _taken_at(stores[0], a, stores[0].now() - flows.RECLAIM_AFTER * 2)
+        got = await asyncio.gather(*(flows.claim_ended_attempt(s) for s in stores))
+        (taken,) = [g for g in got if g is not None]  # one replica takes it back
+        assert taken[0].task_id == a.task_id and taken[1] == (died == flows.COUNTED)
+        assert taken[0].flow_state == (flows.RELOOK if taken[1] else flows.WORKING)
+        if not taken[1]:  # the first was slow, not dead: both count, the use is counted once
+            for _ in range(2):
+                await flows.count_attempt(
+                    stores[1], taken[0].id, lambda now: replay_result(now, []), retire_after=3
+                )
+        await _taken_at(stores[0], a, None)  # that one died too, before migration 0016
+        second = await build_server(make_settings())
+        await second.start()
+        await _flow_state_is(second.store, a, "replayed")
+        counted = await flows.get(second.store, row.flow_id)
+        assert counted is not None
+        assert (counted.uses, counted.replays_completed) == (1, 1)
+    finally:
+        if second is not None:
+            await second.stop(0.5)
+        for s in stores:
+            await s.close()
+
+
+async def _taken_at(
+    store: Store, a: lease_service_pb2.Assignment, when: dt.datetime | None
+) -> None:
+    """What a replica that took the attempt at `when` (None: before migration 0016) left."""
+    async with store.write() as session:
+        await session.execute(
+            update(AttemptRow)
+            .where(AttemptRow.task_id == a.task_id, AttemptRow.attempt == a.attempt)
+            .values(flow_taken_at=when)
+        )
+
+
+async def test_migration_0016_adds_when_the_loop_took_an_attempt_and_back(db_url: str) -> None:
+    """Both backends: 0016 adds `attempts.flow_taken_at`, its downgrade drops it, and the
+    schema matches the models again after the upgrade. (Read from each catalogue: SQLite's
+    reflection warns about the expression index of 0015.)"""
+    s = Store.from_url(db_url)
+    catalogue = (
+        "SELECT column_name FROM information_schema.columns WHERE table_name = 'attempts'"
+        if s.is_postgres
+        else "SELECT name FROM pragma_table_info('attempts')"
+    )
+
+    async def columns() -> set[str]:
+        async with s.engine.connect() as conn:
+            return {str(name) for (name,) in await conn.execute(text(catalogue))}
+
+    try:
+        await upgrade(s.engine, "0015")
+        before = await columns()
+        await upgrade(s.engine)
+        assert await columns() - before == {"flow_taken_at"}
+        await downgrade(s.engine, "0015")
+        assert await columns() == before
+        await upgrade(s.engine)
+        await check(s.engine)
+    finally:
+        await s.close()
