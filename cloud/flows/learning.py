@@ -31,7 +31,7 @@ import logging
 from amc.v1 import types_pb2
 from cloud.flows.embeddings import Embedder
 from cloud.settings import CloudSettings
-from cloud.store import decisions, flows, states, tasks
+from cloud.store import decisions, errors, flows, states, tasks
 from cloud.store.database import Store
 from cloud.store.models import AttemptRow, DecisionRow
 from planner.flows.replay import MODE as REPLAY_MODE
@@ -128,8 +128,11 @@ class FlowLearner:
             attempt, again = claimed
             try:
                 state = await self.learn(attempt, counted=again)
-            except Exception:
-                await flows.mark_attempt(self.store, attempt.id, "error")
+            except Exception as exc:
+                if errors.unavailable(exc):  # the database failed, not the attempt: again later
+                    await flows.release_attempt(self.store, attempt.id)
+                else:
+                    await flows.mark_attempt(self.store, attempt.id, "error")
                 raise
             await flows.mark_attempt(self.store, attempt.id, state)
             if state == AWAITING_SHIP:

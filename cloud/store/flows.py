@@ -19,7 +19,7 @@ import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from sqlalchemy import ColumnElement, and_, or_, select, update
+from sqlalchemy import ColumnElement, and_, case, or_, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 
@@ -376,6 +376,22 @@ async def mark_attempt(store: Store, attempt_id: int, state: str) -> None:
             update(AttemptRow)
             .where(AttemptRow.id == attempt_id, AttemptRow.flow_state.in_(LOOKING))
             .values(flow_state=state[:16])
+        )
+
+
+async def release_attempt(store: Store, attempt_id: int) -> None:
+    """Hand an attempt the learning loop took back at once, as it was (its look failed on the
+    database, not on the attempt): not looked at (`WORKING`: nothing was counted), or handed
+    back to learn only (`SHIPPED`: its replay was counted). Should this fail too, the mark is
+    taken back after `RECLAIM_AFTER`."""
+    async with store.write() as session:
+        await session.execute(
+            update(AttemptRow)
+            .where(AttemptRow.id == attempt_id, AttemptRow.flow_state.in_(LOOKING))
+            .values(
+                flow_state=case((AttemptRow.flow_state == WORKING, None), else_=SHIPPED),
+                flow_taken_at=None,
+            )
         )
 
 

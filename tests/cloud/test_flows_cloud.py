@@ -815,3 +815,45 @@ async def test_migration_0016_adds_when_the_loop_took_an_attempt_and_back(db_url
         await check(s.engine)
     finally:
         await s.close()
+
+
+async def test_a_look_the_database_fails_is_taken_again_not_given_up(
+    cloud: CloudServer, ops: Any, pki_dir: Path
+) -> None:
+    """The database fails while the learning loop counts an attempt's replay (PostgreSQL
+    restarting: SQLSTATE 57P01, raised once here by a trigger on the flow's count) and is back
+    at once. The loop marked the attempt "error" for good: its replay was never counted, its
+    success never learned. It now hands the attempt back and counts it on its next pass."""
+    if cloud.store.is_sqlite:
+        pytest.skip("the failure is a PostgreSQL shutdown's (a trigger raising 57P01)")
+    row = await store_flow(cloud.store)
+    async with cloud.store.write() as session:
+        for statement in (
+            "CREATE SEQUENCE amc_test_once",
+            "CREATE FUNCTION amc_test_shutdown() RETURNS trigger LANGUAGE plpgsql AS $$"
+            " BEGIN IF nextval('amc_test_once') = 1 THEN RAISE EXCEPTION 'terminating"
+            " connection due to administrator command' USING ERRCODE = '57P01'; END IF;"
+            " RETURN NEW; END $$",
+            "CREATE TRIGGER amc_test_shutdown BEFORE UPDATE OF uses ON flows FOR EACH ROW"
+            " EXECUTE FUNCTION amc_test_shutdown()",
+        ):
+            await session.execute(text(statement))
+    host = ScriptedHost(cloud.address, pki_dir, "h1")
+    try:
+        await host.connect(["s1"])
+        await submit(ops)
+        a = (await host.next("assignment")).assignment
+        assert a.flow.flow_id == row.flow_id
+        report = result(a)
+        report.result.replay.CopyFrom(
+            types_pb2.FlowReplayReport(flow_id=row.flow_id, steps_replayed=3)
+        )
+        await host.send(report)
+        await host.next("result_ack")
+        await _flow_state_is(cloud.store, a, "replayed")  # its next pass (after a pause)
+        async with cloud.store.read() as session:
+            assert await session.scalar(text("SELECT is_called FROM amc_test_once"))  # it failed
+        counted = await flows.get(cloud.store, row.flow_id)
+        assert counted is not None and (counted.uses, counted.replays_completed) == (1, 1)
+    finally:
+        await host.close()
