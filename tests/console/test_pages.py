@@ -160,6 +160,15 @@ def test_pages_carry_security_headers(anon: httpx.Client) -> None:
     assert response.headers["x-content-type-options"] == "nosniff"
 
 
+def test_what_an_operator_sees_is_not_kept_by_a_cache(anon: httpx.Client) -> None:
+    """Pages and API answers carry `no-store` (a shared machine's browser cache, a proxy);
+    the stylesheet stays cacheable."""
+    log_in(anon)
+    for path in ("/tasks", "/tasks/new", "/login"):
+        assert anon.get(path).headers["cache-control"] == "no-store", path
+    assert "no-store" not in anon.get("/static/webui.css").headers.get("cache-control", "")
+
+
 def test_goals_are_escaped_on_every_page(anon: httpx.Client) -> None:
     log_in(anon)
     token = csrf_of(anon.get("/tasks/new").text)

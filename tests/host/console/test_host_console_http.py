@@ -140,6 +140,8 @@ def test_pages_carry_security_headers(client: TestClient) -> None:
     response = client.get("/tasks")
     assert "script-src 'self'" in response.headers["content-security-policy"]
     assert response.headers["x-frame-options"] == "DENY"
+    assert response.headers["cache-control"] == "no-store"  # what ran here, kept by no cache
+    assert "no-store" not in client.get("/static/webui.css").headers.get("cache-control", "")
 
 
 def test_tasks_lists_every_task_that_ran_here(client: TestClient) -> None:
