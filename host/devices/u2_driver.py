@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import socket
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, TypeVar
@@ -23,6 +24,7 @@ from host.devices.adb_errors import (
     adb_state,
     ensure_listed,
     is_gone,
+    is_timeout,
     server_reachable,
     timed_out,
 )
@@ -43,7 +45,7 @@ def _mapped(serial: str, what: str) -> Iterator[None]:
         yield
     except DeviceError:
         raise
-    except AdbTimeout as exc:
+    except (AdbTimeout, TimeoutError) as exc:
         raise timed_out(serial, what, exc) from exc
     except (u2_exceptions.ConnectError, AdbConnectionError) as exc:
         raise DeviceGone(f"phone {serial} disconnected ({what}: {exc})") from exc
@@ -53,11 +55,39 @@ def _mapped(serial: str, what: str) -> Iterator[None]:
         raise DeviceError(f"{what} failed on {serial}: {exc}") from exc
 
 
+class _BoundedDevice(adbutils.AdbDevice):  # type: ignore[misc]
+    """The phone as uiautomator2 sees it, with a read timeout on each JSON-RPC connection.
+
+    uiautomator2 sets its `http_timeout` (300 s by default) on an `HTTPConnection` whose
+    `connect` it overrides with this method's socket, so the timeout never reached the socket:
+    a wedged on-phone server held the call, and its worker thread, for good. The server's
+    launch stream is opened elsewhere (`shell(stream=True)`) and stays unbounded, as it
+    must: it is silent while the server runs."""
+
+    def __init__(self, client: adbutils.AdbClient, serial: str, timeout_s: float) -> None:
+        super().__init__(client, serial=serial)
+        self._timeout_s = timeout_s
+
+    def create_connection(self, network: Any, address: int | str) -> socket.socket:
+        sock: socket.socket = super().create_connection(network, address)
+        sock.settimeout(self._timeout_s)
+        return sock
+
+
 class U2Driver:
     """`Driver` over `uiautomator2` (connects lazily, so building it never touches the phone)."""
 
-    def __init__(self, serial: str, host: str = "127.0.0.1", port: int = 5037) -> None:
+    def __init__(
+        self,
+        serial: str,
+        host: str = "127.0.0.1",
+        port: int = 5037,
+        rpc_timeout_s: float = adb_transport.DEFAULT_TIMEOUT_S,
+    ) -> None:
         self._serial = serial
+        #: How long one JSON-RPC call may wait for the on-phone server (as the adb driver
+        #: waits for a command); a call that runs out is `DeviceBusy`.
+        self._rpc_timeout_s = rpc_timeout_s
         self._adb = adb_transport.Client(host=host, port=port)
         self._addr = (host, port)
         self._dev: Any = None
@@ -75,7 +105,8 @@ class U2Driver:
     def _d(self) -> Any:
         if self._dev is None:
             with _mapped(self._serial, "connect"):
-                self._dev = u2.connect(self._adb.device(serial=self._serial))
+                phone = _BoundedDevice(self._adb, self._serial, self._rpc_timeout_s)
+                self._dev = u2.connect(phone)
         return self._dev
 
     def _call(self, what: str, fn: Callable[[Any], T]) -> T:
@@ -102,7 +133,9 @@ class U2Driver:
                 f"the connection ({gone.__cause__ or gone}); adb still lists the phone, so "
                 "the next call connects again and restarts the server"
             ) from gone
-        except DeviceBusy:
+        except DeviceBusy as busy:
+            if is_timeout(busy.__cause__ or busy):
+                self._reset()  # a wedged server: the next call starts it again
             raise
         except DeviceError:
             # A shell command the unplug cut short ends cleanly, and uiautomator2 reads it as

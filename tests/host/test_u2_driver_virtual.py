@@ -213,3 +213,35 @@ def test_launching_an_app_that_is_not_installed_fails(
         with pytest.raises(DeviceError, match=r"cannot launch com\.example\.notinstalled"):
             d.launch_app("com.example.notinstalled")
     assert phone.current_package() == "com.android.launcher3"
+
+
+def test_a_wedged_uiautomator2_server_times_out_as_a_busy_phone(
+    served: tuple[ThreadedAdbServer, VirtualPhone],
+) -> None:
+    """uiautomator2 sets its 300 s `http_timeout` on an `HTTPConnection` whose `connect` it
+    overrides with a socket from adb, so the timeout never reached the socket: a call to an
+    on-phone server that hangs (connection open, no answer) blocked its step, and its worker
+    thread, for good. Now every JSON-RPC read is bounded by the driver's timeout, and a call
+    that runs out of it is `DeviceBusy` (the phone is there; the next call starts the server
+    again) instead of a hang. (The thread's join is a safety net for the test run only.)"""
+    import threading
+
+    server, phone = served
+    d = U2Driver(SERIAL, port=server.port, rpc_timeout_s=0.5)
+    assert d.screen_size() == (1080, 2400)
+    phone.hang_u2_agent(3.0)
+    raised: list[BaseException] = []
+
+    def dump() -> None:
+        try:
+            d.dump_hierarchy()
+        except BaseException as exc:
+            raised.append(exc)
+
+    worker = threading.Thread(target=dump, daemon=True)
+    worker.start()
+    worker.join(20)
+    assert not worker.is_alive(), "a call to a wedged uiautomator2 server never returned"
+    assert len(raised) == 1 and isinstance(raised[0], DeviceBusy), raised
+    assert "timed out" in str(raised[0])
+    assert d.screen_size() == (1080, 2400)  # the next call starts the server again

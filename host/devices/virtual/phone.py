@@ -214,6 +214,7 @@ class VirtualPhone:
         self._glitch_every: tuple[int, DumpGlitch] | None = None
         self._dumps = 0
         self._u2_crashes = 0
+        self._u2_hangs: list[float] = []
         self._dump_hangs: list[float] = []
         #: The `uiautomator dump` process running right now, if one hangs (`hang_dumps`).
         self.dumper: Spawned | None = None
@@ -680,6 +681,19 @@ class VirtualPhone:
         openatx/uiautomator2#1120). adb still lists the phone."""
         with self._lock:
             self._u2_crashes += calls
+
+    def hang_u2_agent(self, seconds: float, calls: int = 1) -> None:
+        """Make the uiautomator2 agent sit on each of the next `calls` JSON-RPC calls for
+        `seconds` before it answers, as a wedged on-phone server does (a UiAutomation call
+        stuck in system_server): the connection stays open and silent. adb still lists the
+        phone."""
+        with self._lock:
+            self._u2_hangs.extend([seconds] * calls)
+
+    def take_u2_hang(self) -> float | None:
+        """How long this JSON-RPC call hangs (see `hang_u2_agent`), None when it does not."""
+        with self._lock:
+            return self._u2_hangs.pop(0) if self._u2_hangs else None
 
     def take_u2_crash(self) -> bool:
         """Whether the agent dies during this call (see `crash_u2_agent`)."""

@@ -161,6 +161,9 @@ class U2Agent:
             if self.phone.take_u2_crash():
                 self._crash()
                 return  # the connection closes with no answer
+            hang = self.phone.take_u2_hang()
+            if hang is not None:
+                await asyncio.sleep(hang)
             answer = await asyncio.to_thread(self.handle_jsonrpc, body)
             status, payload, ctype = 200, json.dumps(answer).encode(), "application/json"
         else:
