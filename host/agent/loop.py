@@ -21,6 +21,7 @@ import json
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Literal, TypeVar
@@ -145,6 +146,30 @@ class AgentLoop:
         self.settings = settings or LoopSettings()
         #: The host's outbox: each step's decision (direct transport) and screenshots go there.
         self.shipments = shipments
+        #: This phone's own worker thread for driver calls (made on first use, shut down when
+        #: a run ends): see `_on_phone`.
+        self._lane: ThreadPoolExecutor | None = None
+
+    async def _on_phone(self, fn: Callable[..., T], *args: object) -> T:
+        """Run a (blocking) driver call in this phone's own worker thread.
+
+        Not asyncio's default pool: it is shared by every phone, the device poll and the
+        outbox (6 threads on a 2-core host), and a call that never returns (a wedged phone or
+        on-phone server) or that a cancel abandoned keeps its thread, so a few stuck phones
+        stalled all the others. A stuck call here holds only its own phone's thread."""
+        if self._lane is None:
+            self._lane = ThreadPoolExecutor(
+                max_workers=1, thread_name_prefix=f"phone-{self.driver.serial}"
+            )
+        call = functools.partial(fn, *args)
+        return await asyncio.get_running_loop().run_in_executor(self._lane, call)
+
+    def _close_lane(self) -> None:
+        """Let the phone's thread go; one still inside a stuck call ends when the call does
+        (every driver read has a timeout)."""
+        lane, self._lane = self._lane, None
+        if lane is not None:
+            lane.shutdown(wait=False, cancel_futures=True)
 
     async def _guard(self, cancel: asyncio.Event, work: Awaitable[T]) -> T:
         """Await `work` unless `cancel` fires first (then the work is abandoned)."""
@@ -175,7 +200,7 @@ class AgentLoop:
         return obs
 
     async def _perceive(self, cancel: asyncio.Event, secrets: SecretRedactor) -> Observation:
-        return await self._guard(cancel, asyncio.to_thread(self._observe, secrets))
+        return await self._guard(cancel, self._on_phone(self._observe, secrets))
 
     async def _save_png(self, spec: TaskSpec, name: str, png: bytes) -> str | None:
         if self.store is None:
@@ -257,6 +282,7 @@ class AgentLoop:
                 log.info("attempt ended %s after %d step(s): %s", outcome.status, outcome.steps,
                          outcome.summary)  # fmt: skip
             tel.close(outcome.status if outcome is not None else "cancelled")
+            self._close_lane()
         if self.store is not None:
             await asyncio.to_thread(
                 self.store.finish_task, spec.task_id, spec.attempt, outcome.status, outcome.summary
@@ -462,7 +488,7 @@ class AgentLoop:
                 action.input_text.text = typed
             elif action.input_text.sensitive:
                 secrets.add(text)
-        return await asyncio.to_thread(execute, self.driver, action, scene)
+        return await self._on_phone(execute, self.driver, action, scene)
 
     async def _capture_after(
         self, spec: TaskSpec, step: int, record: TimelineRecord, secrets: SecretRedactor
@@ -470,7 +496,7 @@ class AgentLoop:
         """The after scene and screenshot. A bad dump here does not end the task (the next
         step's perception retries and decides); a vanished phone does."""
         try:
-            after = await asyncio.to_thread(self._observe, secrets)
+            after = await self._on_phone(self._observe, secrets)
         except DeviceGone:
             raise
         except DeviceError as exc:
@@ -479,7 +505,7 @@ class AgentLoop:
             if secrets:
                 return None, None  # without a scene the secret cannot be painted over: no image
             try:
-                png = await asyncio.to_thread(self.driver.screenshot_png)
+                png = await self._on_phone(self.driver.screenshot_png)
             except DeviceGone:
                 raise
             except DeviceError:

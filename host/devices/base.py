@@ -1,7 +1,8 @@
 """The one small interface every phone driver implements.
 
 Drivers are synchronous (adbutils and uiautomator2 are); the agent loop runs each call in a
-worker thread so one host drives several phones at once without blocking its event loop.
+worker thread of the phone's own (`AgentLoop._on_phone`), so one host drives several phones at
+once without blocking its event loop, and a stuck phone holds only its own thread.
 """
 
 from __future__ import annotations
