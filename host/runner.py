@@ -28,6 +28,7 @@ from host.agent.progress import ProgressHolder
 from host.cloud_channel import open_channel
 from host.devices.adb_driver import AdbDriver
 from host.devices.base import Driver
+from host.devices.lanes import PhoneLanes
 from host.devices.registry import DeviceRegistry
 from host.devices.u2_driver import U2Driver
 from host.lease_client import LeaseClient, LeaseClientConfig
@@ -81,6 +82,8 @@ class HostApp:
     outbox: OutboxStore | None = None
     outbox_sender: OutboxSender | None = None
     shipments: Shipments | None = None
+    #: Each phone's worker thread for its driver calls, kept across its attempts.
+    lanes: PhoneLanes = field(default_factory=PhoneLanes)
     _background: list[asyncio.Task[None]] = field(default_factory=list)
 
     def status(self) -> dict[str, Any]:
@@ -118,6 +121,7 @@ class HostApp:
             yield d.serial, d.online, d.serial in busy
 
     def close(self) -> None:
+        self.lanes.close()
         if self.ocr is not None:
             self.ocr.close()
         self.store.close()
@@ -340,6 +344,7 @@ async def _run_task(
             host_id=app.lease.host_id or s.host_id,
         ),
         shipments=app.shipments,
+        lane=app.lanes.lane(spec.device_serial),
     )
     try:
         outcome = await loop.run(spec, progress, cancel)

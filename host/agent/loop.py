@@ -21,7 +21,7 @@ import json
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Literal, TypeVar
@@ -35,6 +35,7 @@ from host.agent.redact import SecretRedactor
 from host.agent.step_telemetry import StepTelemetry
 from host.agent.verdicts import ReplayTally, check_step
 from host.devices.base import DeviceError, DeviceGone, Driver
+from host.devices.lanes import new_lane
 from host.outbox import Shipments, StepRef
 from host.perception.perceive import Observation, Perceiver
 from host.planner_client import CloudPlanError, StepPlanner
@@ -138,6 +139,7 @@ class AgentLoop:
         store: TimelineStore | None = None,
         settings: LoopSettings | None = None,
         shipments: Shipments | None = None,
+        lane: Executor | None = None,
     ) -> None:
         self.driver = driver
         self.planner = planner
@@ -146,27 +148,26 @@ class AgentLoop:
         self.settings = settings or LoopSettings()
         #: The host's outbox: each step's decision (direct transport) and screenshots go there.
         self.shipments = shipments
-        #: This phone's own worker thread for driver calls (made on first use, shut down when
-        #: a run ends): see `_on_phone`.
+        #: The phone's worker thread for driver calls (see `host.devices.lanes`): the host's,
+        #: shared by the phone's attempts, or else one of this loop's own, made on first use
+        #: and shut down when a run ends.
+        self._shared_lane = lane
         self._lane: ThreadPoolExecutor | None = None
 
     async def _on_phone(self, fn: Callable[..., T], *args: object) -> T:
-        """Run a (blocking) driver call in this phone's own worker thread.
-
-        Not asyncio's default pool: it is shared by every phone, the device poll and the
-        outbox (6 threads on a 2-core host), and a call that never returns (a wedged phone or
-        on-phone server) or that a cancel abandoned keeps its thread, so a few stuck phones
-        stalled all the others. A stuck call here holds only its own phone's thread."""
-        if self._lane is None:
-            self._lane = ThreadPoolExecutor(
-                max_workers=1, thread_name_prefix=f"phone-{self.driver.serial}"
-            )
+        """Run a (blocking) driver call in the phone's own worker thread, never in asyncio's
+        default pool (a stuck call there stalled every other phone: `host.devices.lanes`)."""
+        lane = self._shared_lane
+        if lane is None:
+            if self._lane is None:
+                self._lane = new_lane(self.driver.serial)
+            lane = self._lane
         call = functools.partial(fn, *args)
-        return await asyncio.get_running_loop().run_in_executor(self._lane, call)
+        return await asyncio.get_running_loop().run_in_executor(lane, call)
 
     def _close_lane(self) -> None:
-        """Let the phone's thread go; one still inside a stuck call ends when the call does
-        (every driver read has a timeout)."""
+        """Let this loop's own thread go; one still inside a stuck call ends when the call
+        does (every driver read has a timeout)."""
         lane, self._lane = self._lane, None
         if lane is not None:
             lane.shutdown(wait=False, cancel_futures=True)

@@ -1,7 +1,7 @@
 """The one small interface every phone driver implements.
 
 Drivers are synchronous (adbutils and uiautomator2 are); the agent loop runs each call in a
-worker thread of the phone's own (`AgentLoop._on_phone`), so one host drives several phones at
+worker thread of the phone's own (`host.devices.lanes`), so one host drives several phones at
 once without blocking its event loop, and a stuck phone holds only its own thread.
 """
 

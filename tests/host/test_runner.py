@@ -163,3 +163,50 @@ async def test_disconnected_phone_fails_its_task_and_nothing_else_stops(tmp_path
         await serving
         virtual.stop()
         await cloud.server.stop(grace=None)
+
+
+async def test_a_task_after_a_cancelled_one_waits_for_the_phones_abandoned_call(
+    tmp_path: Path,
+) -> None:
+    """An operator cancels a task stuck in a `uiautomator dump` that never finds an idle
+    screen, and runs it again on the same phone. The cancelled attempt stopped at once, but its
+    abandoned dump ran on in its thread (until the driver's timeout stops it), holding the
+    phone's accessibility bridge: the new attempt's dumps, run beside it, all failed with
+    "… already registered!" and it failed without a step. A phone's calls now run one at a
+    time across attempts: the new attempt's first look waits for the abandoned one to end."""
+    from host.devices.adb_driver import AdbDriver
+
+    cloud = await start_fake_cloud(tmp_path / "pki", HOST_ID)
+    virtual, settings = start_virtual_phones(_settings(tmp_path, cloud.port, cloud.pki_dir))
+    planner = ScriptedPlanner(
+        [
+            Step("launch_app", {"package_name": "com.android.settings"}, "open Settings"),
+            Step("complete", {"success": True, "reason": "Settings is open"}),
+        ]
+    )
+    phone = virtual.server.phones["emulator-5554"]
+    phone.hang_dumps(600.0)
+    app = build_host(
+        settings,
+        planner=planner,
+        # The abandoned dump is still running when the new attempt looks, as with the real 30 s.
+        make_driver=lambda serial: AdbDriver(serial, port=settings.adb_port, timeout_s=10),
+    )
+    stop = asyncio.Event()
+    serving = asyncio.create_task(serve_host(app, stop))
+    fake = cloud.cloud
+    try:
+        await asyncio.wait_for(app.lease.wait_connected(), 20)
+        await fake.assign("stuck", "emulator-5554", "Open Settings")
+        await fake.wait_for(lambda: phone.dumper is not None)
+        await fake.revoke("stuck")
+        await fake.wait_for(lambda: any(r.task_id == "stuck" for r in fake.results))
+        await fake.assign("again", "emulator-5554", "Open Settings")
+        await fake.wait_for(lambda: any(r.task_id == "again" for r in fake.results), within=60)
+        again = next(r for r in fake.results if r.task_id == "again")
+        assert again.status == types_pb2.TASK_STATUS_SUCCEEDED, again.summary
+    finally:
+        stop.set()
+        await serving
+        virtual.stop()
+        await cloud.server.stop(grace=None)
