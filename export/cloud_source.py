@@ -90,6 +90,8 @@ def step_from_decision(d: types_pb2.Decision, attempt: types_pb2.Attempt | None)
         purpose=d.purpose,
         expected_outcome=d.expected_outcome,
         rationale=d.rationale,
+        system_prompt=d.system_prompt,
+        user_prompt=d.user_prompt,
         thinking=[ThinkingBlock(b.text, b.redacted) for b in d.thinking],
         thinking_kind=kind,
         provider=d.provider,

@@ -31,6 +31,8 @@ def _fill(cloud: Step, host: Step) -> Step:
         verdict=cloud.verdict if cloud.verdict is not None else host.verdict,
         verdict_detail=cloud.verdict_detail or host.verdict_detail,
         transport=cloud.transport or host.transport,
+        system_prompt=cloud.system_prompt or host.system_prompt,
+        user_prompt=cloud.user_prompt or host.user_prompt,
     )
 
 

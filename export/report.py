@@ -41,13 +41,16 @@ class StepView:
     after: str | None
     thinking_word: str
     tokens: int | None
+    #: The system prompt, shown where it differs from the one before it in the same attempt
+    #: (it usually is one per attempt; repeating tens of KB per step would bury the steps).
+    system_prompt: str
 
 
 def _tokens(usage: Usage | None) -> int | None:
     return None if usage is None else usage.input_tokens + usage.output_tokens
 
 
-def step_view(step: Step) -> StepView:
+def step_view(step: Step, previous: Step | None = None) -> StepView:
     before = data_uri(encode(fit_width(annotated(step), IMAGE_WIDTH)))
     after = None
     if step.after_png and step.after_png != step.before_png:
@@ -60,12 +63,17 @@ def step_view(step: Step) -> StepView:
         after=after,
         thinking_word=thinking_word(step.thinking_kind),
         tokens=_tokens(step.usage),
+        system_prompt=""
+        if previous is not None
+        and previous.attempt == step.attempt
+        and previous.system_prompt == step.system_prompt
+        else step.system_prompt,
     )
 
 
 def render_report(run: Run) -> str:
     """The whole report as one HTML document."""
-    views = [step_view(s) for s in run.steps]
+    views = [step_view(s, run.steps[i - 1] if i else None) for i, s in enumerate(run.steps)]
     usage = [s.usage for s in run.steps if s.usage is not None]
     costs = [s.cost_usd for s in run.steps if s.cost_usd is not None]
     latencies = [s.latency_s for s in run.steps if s.latency_s is not None]

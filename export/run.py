@@ -48,6 +48,11 @@ class Step:
     purpose: str = ""
     expected_outcome: str = ""
     rationale: str = ""
+    #: What we asked the model: the prompts sent, sensitive input already masked where they
+    #: were recorded ("" when the source has none: a replayed step, an older record). In session
+    #: mode `user_prompt` is what this step added to the kept conversation.
+    system_prompt: str = ""
+    user_prompt: str = ""
     thinking: list[ThinkingBlock] = field(default_factory=list)
     #: "full" | "summarized" | "omitted" | "redacted" | "none" | "" (not recorded).
     thinking_kind: str = ""

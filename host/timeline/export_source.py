@@ -101,6 +101,8 @@ def step_from_record(
         purpose=record.purpose or "",
         expected_outcome=record.expected_outcome or "",
         rationale=record.rationale or "",
+        system_prompt=record.system_prompt or "",
+        user_prompt=record.user_prompt or "",
         thinking=[
             ThinkingBlock(str(b.get("text", "")), bool(b.get("redacted", False)))
             for b in record.thinking

@@ -152,3 +152,10 @@ async def test_host_cloud_and_merged_exports(tmp_path: Path, transport: Transpor
     with zipfile.ZipFile(tmp_path / "cloud.zip") as z:
         cloud_notes = dataset.RunRecord.model_validate_json(z.read("run.json")).notes
     assert not any("direct transport" in n for n in cloud_notes)
+    # What we asked the model, in every report: each step's user prompt, the system prompt
+    # once for the attempt (the cloud has the prompts of both transports' decisions).
+    for name in ("host.zip", "cloud.zip", merged_path.name):
+        with zipfile.ZipFile(tmp_path / name) as z:
+            html = z.read("report.html").decode()
+        assert html.count('data-field="user-prompt"') == len(host.steps), name
+        assert html.count('data-field="system-prompt"') == 1, name

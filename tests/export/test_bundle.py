@@ -11,11 +11,13 @@ from pathlib import Path
 
 import av
 import pytest
+from markupsafe import escape
 from PIL import Image, ImageSequence
 
 from export import dataset
 from export.bundle import BundleError, bundle_bytes, read_bundle
 from export.merge import MergeError, merge
+from export.report import render_report
 from export.run import Run
 from host.timeline.export_source import run_from_timeline
 from tests.export.conftest import HOST, T_GESTURES, Timeline
@@ -224,6 +226,18 @@ def test_a_verdict_shows_where_there_is_one_and_nowhere_else(timeline: Timeline)
     assert "verdict: as expected" in html
     assert "the Display page opened" in html
     assert [s.outcome.verdict for s in steps] == [None, None, "as expected", None, None]
+
+
+def test_the_report_says_what_we_asked_the_model_at_each_step(timeline: Timeline) -> None:
+    """Each step's user prompt, and the system prompt where it changes (once an attempt), as
+    recorded (sensitive input masked there); the report was missing both."""
+    run = host_run(timeline, T_DARK)
+    assert all(s.user_prompt and s.system_prompt for s in run.steps)
+    html = render_report(run)
+    for step in run.steps:
+        assert str(escape(step.user_prompt)) in html
+    assert html.count(str(escape(run.steps[0].system_prompt))) == 1
+    assert html.count('data-field="user-prompt"') == len(run.steps)
 
 
 def test_a_priced_step_carries_its_cost_into_the_report_and_the_dataset(
