@@ -255,8 +255,15 @@ class AgentLoop:
         except DeviceGone as exc:
             step = progress.snapshot().step_index
             log.warning("task %s: %s", spec.task_id, exc)
+            # Retryable: a phone unplugged (a cable, a hub, a reboot) is nothing the task did;
+            # the cloud queues its next attempt for a phone that is there, as for a lease that
+            # ran out, instead of ending the task failed for good.
             outcome = TaskOutcome(
-                "failed", f"phone {spec.device_serial} disconnected", step, device_gone=True
+                "failed",
+                f"phone {spec.device_serial} disconnected",
+                step,
+                retryable=True,
+                device_gone=True,
             )
         except PlanningPostponed as exc:
             step = progress.snapshot().step_index

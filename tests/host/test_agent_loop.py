@@ -189,6 +189,7 @@ async def test_unplugged_phone_fails_only_its_task(store: TimelineStore) -> None
     assert first.status == "failed"
     assert first.summary == "phone emulator-5554 disconnected"
     assert first.device_gone
+    assert first.retryable  # nothing the task did: the cloud queues its next attempt
     assert second.status == "succeeded"
     assert other.state.flag("dark_theme")
 

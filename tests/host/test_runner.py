@@ -144,6 +144,7 @@ async def test_disconnected_phone_fails_its_task_and_nothing_else_stops(tmp_path
         by_task = {r.task_id: r for r in fake.results}
         assert by_task["bad"].status == types_pb2.TASK_STATUS_FAILED
         assert by_task["bad"].summary == "phone emulator-5554 disconnected"
+        assert by_task["bad"].retryable  # the task is not failed for good: it runs again
         assert by_task["ok"].status == types_pb2.TASK_STATUS_SUCCEEDED
         assert virtual.server.phones["emulator-5556"].state.flag("dark_theme")
         await fake.wait_for(
