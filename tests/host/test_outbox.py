@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import datetime as dt
 from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -155,6 +156,58 @@ async def test_the_backlog_waits_for_the_cloud_and_is_logged_once(tmp_path: Path
         store.close()
 
 
+@dataclass
+class _Shipping:
+    """A real cloud with a task assigned to host h1, and h1's outbox (not sending yet)."""
+
+    cloud: CloudServer
+    store: OutboxStore
+    sender: OutboxSender
+    host: ScriptedHost
+    ops: grpc.aio.Channel
+    task: lease_service_pb2.Assignment
+    stop: asyncio.Event = field(default_factory=asyncio.Event)
+    running: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self.running = asyncio.create_task(self.sender.run(self.stop))
+
+    async def logged_steps(self) -> list[int]:
+        """The step indexes the cloud's decision log holds for the task."""
+        rows = await decision_log_service_pb2_grpc.DecisionLogServiceStub(self.ops).ListDecisions(
+            decision_log_service_pb2.ListDecisionsRequest(task_id=self.task.task_id)
+        )
+        return [d.step_index for d in rows.decisions]
+
+
+@contextlib.asynccontextmanager
+async def _outbox_of_a_task(tmp_path: Path) -> AsyncIterator[_Shipping]:
+    pki_dir = pki.ensure_embedded_pki(tmp_path, ["h1"], operator="ops")
+    port = free_port()
+    store = OutboxStore(tmp_path / "outbox.sqlite3")
+    sender = OutboxSender(
+        store, lambda: channel(f"127.0.0.1:{port}", pki_dir, "host-h1"), initial_s=0.05, max_s=0.5
+    )
+    async with _cloud(_settings(tmp_path, pki_dir, port)) as cloud:
+        host = ScriptedHost(cloud.address, pki_dir, "h1")
+        ops = channel(cloud.address, pki_dir, "operator-ops")
+        try:
+            await host.connect(["s1"])
+            await submit(tasks_stub(ops), target=types_pb2.TaskTarget(host_id="h1"))
+            task = (await host.next("assignment")).assignment
+            shipping = _Shipping(cloud, store, sender, host, ops, task)
+            try:
+                yield shipping
+            finally:
+                shipping.stop.set()
+                if shipping.running is not None:
+                    await shipping.running
+        finally:
+            store.close()
+            await host.close()
+            await ops.close()
+
+
 async def test_a_revoked_certificate_keeps_the_backlog_until_it_is_accepted_again(
     tmp_path: Path,
 ) -> None:
@@ -162,50 +215,27 @@ async def test_a_revoked_certificate_keeps_the_backlog_until_it_is_accepted_agai
     (by mistake and lifted, or until its new certificate is installed, `docs/deployment.md`)
     keeps its decisions and sends them once it is accepted again. They used to be refused for
     good one by one, their bodies wiped: the attempt's log never got them."""
-    pki_dir = pki.ensure_embedded_pki(tmp_path, ["h1"], operator="ops")
-    port = free_port()
-    settings = _settings(tmp_path, pki_dir, port)
-    store = OutboxStore(tmp_path / "outbox.sqlite3")
-    sender = OutboxSender(
-        store, lambda: channel(f"127.0.0.1:{port}", pki_dir, "host-h1"), initial_s=0.05, max_s=0.5
-    )
-    stop = asyncio.Event()
-    running: asyncio.Task[None] | None = None
-    async with _cloud(settings) as cloud:
-        try:
-            host = ScriptedHost(cloud.address, pki_dir, "h1")
-            ops_ch = channel(cloud.address, pki_dir, "operator-ops")
-            await host.connect(["s1"])
-            await submit(tasks_stub(ops_ch), target=types_pb2.TaskTarget(host_id="h1"))
-            a = (await host.next("assignment")).assignment
-            await host.close()
-            await revocations.revoke(cloud.store, host_id="h1", reason="by mistake")
-            await cloud.revocations.refresh()
-            running = asyncio.create_task(sender.run(stop))
-            store.put(DECISION, "d1", shipped(a, "d1").SerializeToString())
-            store.put(DECISION, "d2", shipped(a, "d2").SerializeToString())
-            await _until(
-                lambda: not (tried := store.head(1)) or tried[0].tries >= 2, "tries while refused"
-            )
-            assert sender.last_error is not None
-            assert sender.last_error.startswith("UNAUTHENTICATED")
-            assert (store.backlog().items, store.backlog().refused) == (2, 0)
+    async with _outbox_of_a_task(tmp_path) as s:
+        a, store = s.task, s.store
+        await s.host.close()
+        await revocations.revoke(s.cloud.store, host_id="h1", reason="by mistake")
+        await s.cloud.revocations.refresh()
+        s.start()
+        store.put(DECISION, "d1", shipped(a, "d1").SerializeToString())
+        store.put(DECISION, "d2", shipped(a, "d2").SerializeToString())
+        await _until(
+            lambda: not (tried := store.head(1)) or tried[0].tries >= 2, "tries while refused"
+        )
+        assert s.sender.last_error is not None
+        assert s.sender.last_error.startswith("UNAUTHENTICATED")
+        assert (store.backlog().items, store.backlog().refused) == (2, 0)
 
-            await revocations.lift(cloud.store, host_id="h1")
-            await cloud.revocations.refresh()
-            sender.retry_now.set()
-            await _until(lambda: store.backlog().items == 0, "the backlog sent")
-            assert store.backlog().refused == 0
-            rows = await decision_log_service_pb2_grpc.DecisionLogServiceStub(ops_ch).ListDecisions(
-                decision_log_service_pb2.ListDecisionsRequest(task_id=a.task_id)
-            )
-            assert [d.step_index for d in rows.decisions] == [1, 2]
-            await ops_ch.close()
-        finally:
-            stop.set()
-            if running is not None:
-                await running
-            store.close()
+        await revocations.lift(s.cloud.store, host_id="h1")
+        await s.cloud.revocations.refresh()
+        s.sender.retry_now.set()
+        await _until(lambda: store.backlog().items == 0, "the backlog sent")
+        assert store.backlog().refused == 0
+        assert await s.logged_steps() == [1, 2]
 
 
 async def test_an_item_too_big_to_send_is_set_aside_and_the_backlog_goes_on(
@@ -216,50 +246,26 @@ async def test_an_item_too_big_to_send_is_set_aside_and_the_backlog_goes_on(
     the host's side with RESOURCE_EXHAUSTED, a code the outbox waits out. It used to stay at
     the head for ever, retried with backoff, and nothing written after it (decisions,
     screenshots) ever reached the cloud, also after a restart."""
-    pki_dir = pki.ensure_embedded_pki(tmp_path, ["h1"], operator="ops")
-    port = free_port()
-    settings = _settings(tmp_path, pki_dir, port)
-    store = OutboxStore(tmp_path / "outbox.sqlite3")
-    sender = OutboxSender(
-        store, lambda: channel(f"127.0.0.1:{port}", pki_dir, "host-h1"), initial_s=0.05, max_s=0.5
-    )
-    stop = asyncio.Event()
-    running: asyncio.Task[None] | None = None
-    async with _cloud(settings) as cloud:
-        try:
-            host = ScriptedHost(cloud.address, pki_dir, "h1")
-            ops_ch = channel(cloud.address, pki_dir, "operator-ops")
-            await host.connect(["s1"])
-            await submit(tasks_stub(ops_ch), target=types_pb2.TaskTarget(host_id="h1"))
-            a = (await host.next("assignment")).assignment
-            store.put(DECISION, "d1", shipped(a, "d1").SerializeToString())
-            huge = artifact_service_pb2.UploadStepScreenshotRequest(
-                task_id=a.task_id,
-                attempt=a.attempt,
-                lease_id=a.lease_id,
-                host_decision_id="d1",
-                phase=artifact_service_pb2.SCREENSHOT_PHASE_BEFORE,
-                content_type="image/png",
-                data=b"\x89PNG\r\n\x1a\n" + bytes(17 * 1024 * 1024),
-            )
-            store.put(SCREENSHOT, "d1-before", huge.SerializeToString())
-            store.put(DECISION, "d2", shipped(a, "d2").SerializeToString())
-            running = asyncio.create_task(sender.run(stop))
-            await _until(lambda: store.backlog().items == 0, "the items after it sent")
-            ((kind, item, reason),) = store.refusals()
-            assert (kind, item) == (SCREENSHOT, "d1-before")
-            assert "16 MiB" in reason
-            rows = await decision_log_service_pb2_grpc.DecisionLogServiceStub(ops_ch).ListDecisions(
-                decision_log_service_pb2.ListDecisionsRequest(task_id=a.task_id)
-            )
-            assert [d.step_index for d in rows.decisions] == [1, 2]
-            await host.close()
-            await ops_ch.close()
-        finally:
-            stop.set()
-            if running is not None:
-                await running
-            store.close()
+    async with _outbox_of_a_task(tmp_path) as s:
+        a, store = s.task, s.store
+        store.put(DECISION, "d1", shipped(a, "d1").SerializeToString())
+        huge = artifact_service_pb2.UploadStepScreenshotRequest(
+            task_id=a.task_id,
+            attempt=a.attempt,
+            lease_id=a.lease_id,
+            host_decision_id="d1",
+            phase=artifact_service_pb2.SCREENSHOT_PHASE_BEFORE,
+            content_type="image/png",
+            data=b"\x89PNG\r\n\x1a\n" + bytes(17 * 1024 * 1024),
+        )
+        store.put(SCREENSHOT, "d1-before", huge.SerializeToString())
+        store.put(DECISION, "d2", shipped(a, "d2").SerializeToString())
+        s.start()
+        await _until(lambda: store.backlog().items == 0, "the items after it sent")
+        ((kind, item, reason),) = store.refusals()
+        assert (kind, item) == (SCREENSHOT, "d1-before")
+        assert "16 MiB" in reason
+        assert await s.logged_steps() == [1, 2]
 
 
 @pytest.mark.parametrize("code", [grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.INVALID_ARGUMENT])
