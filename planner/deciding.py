@@ -23,7 +23,9 @@ A refusal (the model declined: Anthropic `stop_reason: "refusal"`, an OpenAI ref
 OpenAI's content filter stopped the answer: Chat `finish_reason: "content_filter"`, Responses
 incomplete for `content_filter`) ends the decision at once with `PlannerRefused`, before the
 turn is kept: no retry, no corrective turn.
-Usage and latency add up over every call the decision needed.
+Usage and latency add up over every call the decision needed; a decision that fails after calls
+were answered carries what they cost on its error (`PlannerError.billed`): the provider billed
+them all the same.
 
 What differs between the modes is the conversation (`Conversation`): compact mode keeps it in
 memory and adds an answer only when a correction needs it; session mode stores every turn as it
@@ -43,7 +45,7 @@ from planner.conversation.items import (
     ToolResult,
     UserObservation,
 )
-from planner.decision import Decision, RetryKind, ThinkingBlock, ThinkingKind, Usage
+from planner.decision import Billed, Decision, RetryKind, ThinkingBlock, ThinkingKind, Usage
 from planner.errors import PlannerError, PlannerRefused, PlannerRejected, ToolCallError
 from planner.model_profiles import RetryForm
 from planner.settings import MAX_CALL_TOKENS, THINKING_MAX_TOKENS
@@ -113,13 +115,14 @@ async def decide(
     retry: RetryKind = "none"
     corrective = 0
     room: int | None = None  # the raised output limit, once an answer was cut off
+    answered_by = ""  # the model of the latest answered call ("": none answered yet)
 
     def request(*, force: bool, thinking: bool) -> TurnRequest:
         asked = conversation.request(forced=force, thinking=thinking)
         return asked if room is None else dataclasses.replace(asked, max_tokens=room)
 
     async def ask(*, force: bool, first: bool = False) -> Turn:
-        nonlocal room
+        nonlocal room, answered_by
         thinking = not force and conversation.thinking_allowed()
         try:
             turn = await adapter.complete(request(force=force, thinking=thinking))
@@ -128,6 +131,8 @@ async def decide(
                 raise
             await recover(err)
             turn = await adapter.complete(request(force=force, thinking=thinking))
+        usage.add(turn.usage)  # billed, whatever becomes of it
+        answered_by = turn.model or adapter.model
         if turn.refusal is not None:
             # Never kept, never asked again: the same conversation gets the same refusal.
             raise PlannerRefused(
@@ -136,29 +141,33 @@ async def decide(
             )
         await conversation.received(turn)
         turns.append(turn)
-        usage.add(turn.usage)
         if turn.truncated and room is None and turn.max_tokens:
             room = _raised(turn.max_tokens, turn.output_limit)
         return turn
 
-    turn = await ask(force=False, first=True)
-    while True:
-        if not turn.tool_calls:
-            form = adapter.retry_form
-            retry = form
-            await conversation.before_retry(form)
-            turn = await ask(force=form == "forced")
-        try:
-            parsed = await _parse(conversation, turn, ids, screen_size)
-            break
-        except ToolCallError as err:
-            if corrective >= 1:
-                raise PlannerError(
-                    f"planner: {adapter.name} gave an unusable tool call twice: {err}"
-                ) from None
-            corrective += 1
-            await conversation.add(_correction(turn, str(err)))
-            turn = await ask(force=False)
+    try:
+        turn = await ask(force=False, first=True)
+        while True:
+            if not turn.tool_calls:
+                form = adapter.retry_form
+                retry = form
+                await conversation.before_retry(form)
+                turn = await ask(force=form == "forced")
+            try:
+                parsed = await _parse(conversation, turn, ids, screen_size)
+                break
+            except ToolCallError as err:
+                if corrective >= 1:
+                    raise PlannerError(
+                        f"planner: {adapter.name} gave an unusable tool call twice: {err}"
+                    ) from None
+                corrective += 1
+                await conversation.add(_correction(turn, str(err)))
+                turn = await ask(force=False)
+    except PlannerError as err:
+        if answered_by:
+            err.billed = Billed(adapter.name, answered_by, usage)
+        raise
 
     decision = build_decision(
         parsed,

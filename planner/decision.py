@@ -81,6 +81,17 @@ class Usage:
         self.cost_usd += other.cost_usd
 
 
+@dataclass(frozen=True, slots=True)
+class Billed:
+    """What the answered calls of a decision that then failed cost: the provider bills every
+    answered call (a refusal, an answer without a usable tool call, one cut off) whether or not
+    a decision comes of it, so the spending ledger and the budgets must count it."""
+
+    provider: str
+    model: str
+    usage: Usage
+
+
 @dataclass(slots=True)
 class Decision:
     """One step's decision with everything an auditor needs.

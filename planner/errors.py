@@ -8,6 +8,11 @@ operator must act), and a request the provider refuses as invalid (`PlannerRejec
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from planner.decision import Billed
+
 #: Trailing metadata of a Decide answered UNAVAILABLE or RESOURCE_EXHAUSTED: what is unavailable,
 #: in words for the host's progress line ("the model provider", "the cloud's database").
 WAITING_FOR_KEY = "amc-waiting-for"
@@ -18,7 +23,13 @@ RETRY_AFTER_KEY = "amc-retry-after-s"
 
 
 class PlannerError(Exception):
-    """The planner could not produce a decision. `str(err)` is the operator-facing reason."""
+    """The planner could not produce a decision. `str(err)` is the operator-facing reason.
+
+    `billed`: what the calls the provider answered before the decision failed cost (None when
+    none was answered), set by `planner.deciding.decide`; whoever counts it sets it back to None,
+    so an error handed to two waiting callers is counted once."""
+
+    billed: Billed | None = None
 
 
 class PlannerConfigError(PlannerError, ValueError):

@@ -5,7 +5,8 @@ certificate), whether a lease is live (`LeaseGate`), and where decisions go (`De
 assigns the step index atomically per (task, attempt)). Order matters and is the contract:
 lease first (no tokens spent and nothing logged for a stale or foreign lease), then sizes, then
 the task's budget (`BudgetGate`: FAILED_PRECONDITION "budget exhausted: …", no call made), then
-the provider, then exactly one appended row. A provider failure logs nothing; its class decides
+the provider, then exactly one appended row. A provider failure logs no decision (the calls the
+provider answered before it are counted through `SpendLog`: it billed them); its class decides
 the status code (see the proto): planning temporarily impossible is UNAVAILABLE or
 RESOURCE_EXHAUSTED (the host waits and asks again), refused credentials PERMISSION_DENIED, no
 usable decision (a model refusal included: `PlannerRefused`, never retried) UNKNOWN. The
@@ -30,14 +31,15 @@ this replica (`planner.step_once`), so one step is planned once and logged once.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import logging
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import grpc
 
 from amc.v1 import planner_service_pb2, planner_service_pb2_grpc, types_pb2
 from planner.convert import decision_to_proto
-from planner.decision import Decision
+from planner.decision import Billed, Decision
 from planner.errors import (
     MODEL_PROVIDER,
     RETRY_AFTER_KEY,
@@ -64,6 +66,8 @@ from planner.tools import Judgement
 if TYPE_CHECKING:  # a cloud that plans offline never loads the provider SDKs
     from planner.session.factory import SessionPlanners
     from planner.session.planner import SessionPlanner
+
+log = logging.getLogger(__name__)
 
 
 def _provider_wait(err: PlannerTransient) -> tuple[tuple[str, str], ...]:
@@ -112,6 +116,18 @@ class DecisionSink(Protocol):
 
     async def logged(self, task_id: str, attempt: int, step_key: str) -> types_pb2.Decision | None:
         """The decision logged under `step_key` (as stored: a sensitive value masked)."""
+        ...
+
+
+class SpendLog(Protocol):
+    """Where the answered calls of a decision that failed are counted: no decision row is
+    logged for it, yet the provider billed them, and the task's budget, the fleet's daily cap
+    and the spending ledger must see them."""
+
+    async def failed(
+        self, host_id: str, task_id: str, attempt: int, billed: Billed, error: str
+    ) -> None:
+        """Count `billed` for the attempt (`error`: the planner error's class)."""
         ...
 
 
@@ -215,6 +231,7 @@ class PlannerServicer(planner_service_pb2_grpc.PlannerServiceServicer):
         live_thinking: ThinkingFeed | None = None,
         health: ProviderHealth | None = None,
         budget: BudgetGate | None = None,
+        spend: SpendLog | None = None,
     ) -> None:
         if mode == "session" and (sessions is None or session_store is None):
             raise ValueError(
@@ -233,6 +250,7 @@ class PlannerServicer(planner_service_pb2_grpc.PlannerServiceServicer):
         self._health: ProviderHealth = health or _NoHealth()
         self._plans = StepPlans()
         self._budget = budget
+        self._spend = spend
 
     async def Decide(
         self,
@@ -277,11 +295,15 @@ class PlannerServicer(planner_service_pb2_grpc.PlannerServiceServicer):
 
         try:
             if typed:
-                decision = await self._decide_typed(request, context)
+                decision = await self._decide_typed(request, context, host_id)
             elif session:
-                decision = await self._decide_session(request, context)
+                decision = await self._counted(
+                    host_id, request, lambda: self._decide_session(request, context)
+                )
             else:
-                decision = await self._decide_compact(request)
+                decision = await self._counted(
+                    host_id, request, lambda: self._decide_compact(request)
+                )
         except SessionConflict as err:
             await context.abort(grpc.StatusCode.ABORTED, str(err))
         except SessionStateError as err:
@@ -322,8 +344,37 @@ class PlannerServicer(planner_service_pb2_grpc.PlannerServiceServicer):
             session_call_id=call_id_of(decision),
         )
 
+    async def _counted(
+        self,
+        host_id: str,
+        request: planner_service_pb2.DecideRequest,
+        plan: Callable[[], Awaitable[Decision]],
+    ) -> Decision:
+        """`plan`, with the answered calls of a decision that fails counted (`SpendLog`) before
+        its error goes on: the provider billed them though no decision row is logged. Run inside
+        the plan a retried step joins, so they are counted once, even when every caller went
+        away. Should counting fail (the database went away), the planner's error still goes
+        on: the host is told why its step failed, and the calls stay uncounted (logged)."""
+        try:
+            return await plan()
+        except PlannerError as err:
+            billed, err.billed = err.billed, None
+            if billed is not None and self._spend is not None:
+                try:
+                    await self._spend.failed(
+                        host_id, request.task_id, request.attempt, billed, type(err).__name__
+                    )
+                except Exception as failure:
+                    log.error(
+                        "the failed decision's model calls (%d tokens, $%.4f) were not counted: %s",
+                        billed.usage.billed_tokens,
+                        billed.usage.cost_usd,
+                        type(failure).__name__,
+                    )
+            raise
+
     async def _decide_typed(
-        self, request: planner_service_pb2.DecideRequest, context: Any
+        self, request: planner_service_pb2.DecideRequest, context: Any, host_id: str
     ) -> Decision:
         """The contract's form: goal and history from the cloud's records, mode from its
         settings, the screen and the last outcome from the host."""
@@ -371,11 +422,14 @@ class PlannerServicer(planner_service_pb2_grpc.PlannerServiceServicer):
             finally:
                 await planner.aclose()
 
+        def counted() -> Awaitable[Decision]:
+            return self._counted(host_id, request, plan)
+
         if not request.step_key:
-            decision = await plan()
+            decision = await counted()
         else:
             # A retry of a step still planning (or planned, but not logged) here joins that plan.
-            decision = await self._plans.plan((task_id, attempt, request.step_key), plan)
+            decision = await self._plans.plan((task_id, attempt, request.step_key), counted)
         await self._after_decision(task_id, attempt, history, previous, decision)
         return decision
 

@@ -268,10 +268,11 @@ def build_planner_servicer(
             "AMC_PLANNER_MODE=compact",
         )
     budget = budgets or CloudBudgets(store, CloudSettings())
+    sink = StoreDecisionSink(store, on_spent=budget.spend.add)
     inner = PlannerServicer(
         caller_host_id=_caller_host_id,
         lease_gate=StoreLeaseGate(store, clock_settled),
-        sink=StoreDecisionSink(store, on_spent=budget.spend.add),
+        sink=sink,
         planner=planner,
         attempts=StoreAttemptLog(store, handed),
         mode=planner_settings.mode,
@@ -280,6 +281,7 @@ def build_planner_servicer(
         live_thinking=bus.thinking,
         health=health,
         budget=budget,
+        spend=sink,
     )
     closeables: list[Any] = [planner] if sessions is None else [planner, sessions]
     provider, model = planner_settings.resolved_provider, planner_settings.resolved_model

@@ -15,14 +15,13 @@ import uuid
 
 from sqlalchemy import and_, delete, func, or_, select, update
 from sqlalchemy.exc import IntegrityError
-from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import load_only
 from sqlalchemy.sql.dml import Update
 
 from amc.v1 import types_pb2
-from cloud.store import flows
+from cloud.store import flows, spend
 from cloud.store.database import Store
-from cloud.store.models import AttemptRow, DecisionRow, TaskRow
+from cloud.store.models import AttemptRow, DecisionRow, FailedDecisionSpendRow, TaskRow
 from cloud.store.paging import token_int
 from planner.convert import masked_action
 from planner.decision import Decision
@@ -250,7 +249,7 @@ async def _insert(
                 setattr(row, name, value)
         session.add(row)
         await session.flush()
-        await _add_to_totals(session, task_id, decision)
+        await spend.add_to_task_totals(session, task_id, decision.usage, decisions=1)
         if transport == "direct" and judged is not None:
             # The model's judgement of the step before, in the same transaction (Decide
             # records it for the cloud's own decisions; a host ships its decisions in order).
@@ -269,26 +268,6 @@ def _judge(task_id: str, attempt: int, step_index: int, judgement: Judgement) ->
             DecisionRow.model_verdict.is_(None),
         )
         .values(model_verdict=judgement.verdict, model_note=judgement.note)
-    )
-
-
-async def _add_to_totals(session: AsyncSession, task_id: str, decision: Decision) -> None:
-    """Count the decision in its task's totals, in the transaction that logs it (the totals
-    outlive the log, which is pruned after the retention period)."""
-    usage = decision.usage
-    await session.execute(
-        update(TaskRow)
-        .where(TaskRow.task_id == task_id)
-        .values(
-            input_tokens=TaskRow.input_tokens + usage.input_tokens,
-            output_tokens=TaskRow.output_tokens + usage.output_tokens,
-            cache_read_tokens=TaskRow.cache_read_tokens + usage.cache_read_input_tokens,
-            cache_write_tokens=TaskRow.cache_write_tokens + usage.cache_creation_input_tokens,
-            thinking_tokens=TaskRow.thinking_tokens + usage.thinking_tokens,
-            cost_usd=TaskRow.cost_usd + usage.cost_usd,
-            decision_count=TaskRow.decision_count + 1,
-        )
-        .execution_options(synchronize_session=False)
     )
 
 
@@ -500,11 +479,20 @@ async def get(store: Store, decision_id: str) -> DecisionRow | None:
 async def prune(
     store: Store, older_than: dt.timedelta, batch_size: int = 1000, max_batches: int = 1000
 ) -> int:
-    """Delete decisions of tasks that ended before now - older_than, in small transactions.
+    """Delete decisions of tasks that ended before now - older_than, in small transactions,
+    and the records of those tasks' failed decisions' calls (their cost stays in the task's
+    totals).
 
     Each batch is its own short transaction so writers are never blocked for long.
     """
     cutoff = store.now() - older_than
+    ended = select(TaskRow.task_id).where(
+        TaskRow.finished_at.is_not(None), TaskRow.finished_at < cutoff
+    )
+    async with store.write() as session:
+        await session.execute(
+            delete(FailedDecisionSpendRow).where(FailedDecisionSpendRow.task_id.in_(ended))
+        )
     total = 0
     for _ in range(max_batches):
         async with store.write() as session:

@@ -382,6 +382,37 @@ class DecisionRow(Base):
     )
 
 
+class FailedDecisionSpendRow(Base):
+    """What the answered model calls of a decision that failed cost (migration 0017): no
+    decision row is logged for it, yet the provider billed every answered call, so the
+    spending ledger (`cloud/store/spend.py`) sums these rows beside the decisions'. The usage
+    columns are named as the decisions' are."""
+
+    __tablename__ = "failed_decision_spend"
+
+    spend_id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    host_id: Mapped[str] = mapped_column(String(128))
+    task_id: Mapped[str] = mapped_column(String(32))
+    attempt: Mapped[int] = mapped_column(Integer)
+    provider: Mapped[str] = mapped_column(String(32))
+    model: Mapped[str] = mapped_column(String(128))
+    # The planner error's class ("PlannerRefused", "PlannerError", "PlannerUnavailable", …): why
+    # no decision came of the calls (its message went to the host as the Decide status).
+    error: Mapped[str] = mapped_column(String(64))
+    input_tokens: Mapped[int] = mapped_column(Integer)
+    output_tokens: Mapped[int] = mapped_column(Integer)
+    cache_read_input_tokens: Mapped[int] = mapped_column(Integer)
+    cache_creation_input_tokens: Mapped[int] = mapped_column(Integer)
+    thinking_tokens: Mapped[int] = mapped_column(Integer)
+    cost_usd: Mapped[float] = mapped_column(Float)
+    created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime())
+
+    __table_args__ = (
+        Index("ix_failed_decision_spend_created_at", "created_at"),
+        Index("ix_failed_decision_spend_task_id", "task_id", "attempt"),
+    )
+
+
 class StepScreenshotRow(Base):
     """Where one step screenshot lives in the artifact store, and what it is. The image itself
     is never in the database: `object_key` names it in the store (a file or a bucket object)."""

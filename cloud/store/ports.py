@@ -6,10 +6,10 @@ from collections.abc import Awaitable, Callable, Sequence
 
 from amc.v1 import types_pb2
 from cloud import metrics
-from cloud.store import convert, decisions, flows, leases, sessions, tasks
+from cloud.store import convert, decisions, flows, leases, sessions, spend, tasks
 from cloud.store.database import Store
 from planner.conversation.items import SessionItem, dumps_item, item_type, loads_item
-from planner.decision import Decision, Usage
+from planner.decision import Billed, Decision, Usage
 from planner.steps import PastStep
 from planner.tools import Judgement
 from telemetry import tracing
@@ -34,8 +34,9 @@ class StoreLeaseGate:
 
 class StoreDecisionSink:
     """`append`: one decision row with a cloud-assigned, gap-free step index per (task, attempt);
-    `logged`: the decision already logged under a host's step key (a retried Decide).
-    `on_spent` hears what each logged decision cost (the fleet's daily spending)."""
+    `logged`: the decision already logged under a host's step key (a retried Decide); `failed`:
+    the calls of a decision that failed (`SpendLog`). `on_spent` hears what each logged decision
+    and each failed one cost (the fleet's daily spending)."""
 
     def __init__(self, store: Store, on_spent: Callable[[Usage], None] | None = None) -> None:
         self._store = store
@@ -61,6 +62,15 @@ class StoreDecisionSink:
     async def logged(self, task_id: str, attempt: int, step_key: str) -> types_pb2.Decision | None:
         row = await decisions.by_step_key(self._store, task_id, attempt, step_key)
         return None if row is None else convert.decision(row)
+
+    async def failed(
+        self, host_id: str, task_id: str, attempt: int, billed: Billed, error: str
+    ) -> None:
+        """`SpendLog`: the calls of a decision that failed, in the ledger and the task's totals
+        (and heard by `on_spent`, like a logged decision's)."""
+        await spend.count_failed(self._store, host_id, task_id, attempt, billed, error)
+        if self._on_spent is not None:
+            self._on_spent(billed.usage)
 
 
 FlowsHanded = Callable[[str, int, str], Awaitable[list[types_pb2.Flow]]]

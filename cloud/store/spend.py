@@ -1,12 +1,16 @@
-"""The spending ledger: sums of what decisions cost, per attempt, task, host, model and UTC day.
+"""The spending ledger: sums of what the model calls cost, per attempt, task, host, model and
+UTC day.
 
 Every decision row keeps its tokens and its cost (`DecisionRow.cost_usd`, priced when the model
-answered), so every total is a query over the decision log: a task's spending, the fleet's
-today (the daily cap, the metrics), each attempt's (GetTask), and the rows of
-FleetService.GetSpend. (A task's budget is checked before each Decide against the totals the
-task's own row keeps, `tasks.budget_and_spent`, counted with each decision: one row, however
-long the attempt.) Decisions made on the direct
-transport count once their host has shipped them from its outbox.
+answered), and so does every row of `failed_decision_spend`: the answered calls of a decision
+that failed (a refusal, no usable tool call, a provider error after billed turns), which the
+provider billed all the same though no decision was logged. Every total is a query over both:
+a task's spending, the fleet's today (the daily cap, the metrics), each attempt's (GetTask), and
+the rows of FleetService.GetSpend (whose decision counts count decisions only). (A task's budget
+is checked before each Decide against the totals the task's own row keeps,
+`tasks.budget_and_spent`, counted with each decision and each failed one: one row, however long
+the attempt.) Decisions made on the direct transport count once their host has shipped them
+from its outbox.
 """
 
 from __future__ import annotations
@@ -14,31 +18,34 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import time
+import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import ColumnElement, Select, func, select
+from sqlalchemy import ColumnElement, Select, func, select, true, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from cloud.store.database import Store
-from cloud.store.models import DecisionRow
-from planner.decision import Usage
+from cloud.store.models import DecisionRow, FailedDecisionSpendRow, TaskRow
+from planner.decision import Billed, Usage
+
+Ledger = type[DecisionRow] | type[FailedDecisionSpendRow]
+#: The tables whose rows cost something: decisions, and the calls of decisions that failed.
+LEDGER: tuple[Ledger, ...] = (DecisionRow, FailedDecisionSpendRow)
+_USAGE = (
+    "input_tokens",
+    "output_tokens",
+    "cache_read_input_tokens",
+    "cache_creation_input_tokens",
+    "thinking_tokens",
+    "cost_usd",
+)
 
 
-def usage_columns() -> list[ColumnElement[Any]]:
-    """Sums of a decision group's tokens and cost, in `Usage` field order."""
-    return [
-        func.coalesce(func.sum(column), 0)
-        for column in (
-            DecisionRow.input_tokens,
-            DecisionRow.output_tokens,
-            DecisionRow.cache_read_input_tokens,
-            DecisionRow.cache_creation_input_tokens,
-            DecisionRow.thinking_tokens,
-            DecisionRow.cost_usd,
-        )
-    ]
+def usage_columns(table: Ledger = DecisionRow) -> list[ColumnElement[Any]]:
+    """Sums of a group's tokens and cost in one ledger table, in `Usage` field order."""
+    return [func.coalesce(func.sum(getattr(table, name)), 0).label(name) for name in _USAGE]
 
 
 def usage_of(values: Sequence[Any]) -> Usage:
@@ -46,45 +53,103 @@ def usage_of(values: Sequence[Any]) -> Usage:
     return Usage(int(i), int(o), int(cr), int(cw), int(th), float(cost))
 
 
+def _summed(where: Callable[[Ledger], list[ColumnElement[bool]]]) -> Select[Any]:
+    """One row for `usage_of`: the sums over both ledger tables of the rows `where` picks (each
+    table summed on its own, through its own indexes)."""
+    decided, failed = (select(*usage_columns(t)).where(*where(t)).subquery() for t in LEDGER)
+    return select(*(decided.c[name] + failed.c[name] for name in _USAGE)).select_from(
+        decided.join(failed, true())  # one row each: their sums side by side
+    )
+
+
+async def add_to_task_totals(
+    session: AsyncSession, task_id: str, usage: Usage, decisions: int
+) -> None:
+    """Count `usage` (of `decisions` logged decisions: 1, or 0 for a failed one's calls) in its
+    task's totals, in the transaction that records it (the totals outlive the log, which is
+    pruned after the retention period)."""
+    await session.execute(
+        update(TaskRow)
+        .where(TaskRow.task_id == task_id)
+        .values(
+            input_tokens=TaskRow.input_tokens + usage.input_tokens,
+            output_tokens=TaskRow.output_tokens + usage.output_tokens,
+            cache_read_tokens=TaskRow.cache_read_tokens + usage.cache_read_input_tokens,
+            cache_write_tokens=TaskRow.cache_write_tokens + usage.cache_creation_input_tokens,
+            thinking_tokens=TaskRow.thinking_tokens + usage.thinking_tokens,
+            cost_usd=TaskRow.cost_usd + usage.cost_usd,
+            decision_count=TaskRow.decision_count + decisions,
+        )
+        .execution_options(synchronize_session=False)
+    )
+
+
+async def count_failed(
+    store: Store, host_id: str, task_id: str, attempt: int, billed: Billed, error: str
+) -> None:
+    """Record what the answered calls of a failed decision cost (`error`: the planner error's
+    class) and add it to the task's totals, in one transaction."""
+    u = billed.usage
+    async with store.write() as session:
+        session.add(
+            FailedDecisionSpendRow(
+                spend_id=uuid.uuid4().hex,
+                host_id=host_id,
+                task_id=task_id,
+                attempt=attempt,
+                provider=billed.provider,
+                model=billed.model,
+                error=error[:64],
+                input_tokens=u.input_tokens,
+                output_tokens=u.output_tokens,
+                cache_read_input_tokens=u.cache_read_input_tokens,
+                cache_creation_input_tokens=u.cache_creation_input_tokens,
+                thinking_tokens=u.thinking_tokens,
+                cost_usd=u.cost_usd,
+                created_at=store.now(),
+            )
+        )
+        await session.flush()
+        await add_to_task_totals(session, task_id, u, decisions=0)
+
+
 async def spent(store: Store, task_id: str) -> Usage:
-    """What every decision of a task cost, over all its attempts."""
+    """What every model call of a task cost, over all its attempts."""
     async with store.read() as session:
         return await spent_in(session, task_id)
 
 
 def spent_query(task_id: str, before_attempt: int = 0) -> Select[Any]:
-    """The sums of what the task's decisions cost (only attempts before `before_attempt`, when
-    given): one row for `usage_of`."""
-    stmt = select(*usage_columns()).where(DecisionRow.task_id == task_id)
-    if before_attempt:
-        stmt = stmt.where(DecisionRow.attempt < before_attempt)
-    return stmt
+    """The sums of what the task's model calls cost (only attempts before `before_attempt`,
+    when given): one row for `usage_of`."""
+
+    def where(t: Ledger) -> list[ColumnElement[bool]]:
+        picked = [t.task_id == task_id]
+        if before_attempt:
+            picked.append(t.attempt < before_attempt)
+        return picked
+
+    return _summed(where)
 
 
 async def spent_in(session: AsyncSession, task_id: str, before_attempt: int = 0) -> Usage:
-    """What the task's decisions cost (only attempts before `before_attempt`, when given), read
-    in an open session."""
+    """What the task's model calls cost (only attempts before `before_attempt`, when given),
+    read in an open session."""
     return usage_of((await session.execute(spent_query(task_id, before_attempt))).one())
 
 
 async def spent_since(store: Store, since: dt.datetime) -> Usage:
-    """What every decision logged at or after `since` cost (the fleet's spending today)."""
+    """What every model call recorded at or after `since` cost (the fleet's spending today)."""
     async with store.read() as session:
-        row = (
-            await session.execute(select(*usage_columns()).where(DecisionRow.created_at >= since))
-        ).one()
+        row = (await session.execute(_summed(lambda t: [t.created_at >= since]))).one()
     return usage_of(row)
 
 
 async def spent_between(store: Store, since: dt.datetime, until: dt.datetime) -> Usage:
-    """What every decision logged at or after `since` and before `until` cost."""
+    """What every model call recorded at or after `since` and before `until` cost."""
     async with store.read() as session:
         row = (
-            await session.execute(
-                select(*usage_columns()).where(
-                    DecisionRow.created_at >= since, DecisionRow.created_at < until
-                )
-            )
+            await session.execute(_summed(lambda t: [t.created_at >= since, t.created_at < until]))
         ).one()
     return usage_of(row)
 
@@ -169,18 +234,22 @@ def _total(*parts: Usage) -> Usage:
 
 
 async def usage_by_attempt(store: Store, task_ids: Sequence[str]) -> dict[tuple[str, int], Usage]:
-    """(task id, attempt) → what that attempt's decisions cost, for the given tasks."""
+    """(task id, attempt) → what that attempt's model calls cost, for the given tasks."""
     if not task_ids:
         return {}
+    found: dict[tuple[str, int], Usage] = {}
     async with store.read() as session:
-        rows = (
-            await session.execute(
-                select(DecisionRow.task_id, DecisionRow.attempt, *usage_columns())
-                .where(DecisionRow.task_id.in_(list(task_ids)))
-                .group_by(DecisionRow.task_id, DecisionRow.attempt)
-            )
-        ).all()
-    return {(r[0], int(r[1])): usage_of(r[2:]) for r in rows}
+        for t in LEDGER:
+            rows = (
+                await session.execute(
+                    select(t.task_id, t.attempt, *usage_columns(t))
+                    .where(t.task_id.in_(list(task_ids)))
+                    .group_by(t.task_id, t.attempt)
+                )
+            ).all()
+            for r in rows:
+                found.setdefault((r[0], int(r[1])), Usage()).add(usage_of(r[2:]))
+    return found
 
 
 @dataclass(frozen=True, slots=True)
@@ -195,30 +264,32 @@ class SpendRow:
     decisions: int
 
 
-def _day(store: Store) -> ColumnElement[str]:
-    """The UTC day of a decision as YYYY-MM-DD (SQLite keeps naive UTC text; PostgreSQL a
+def _day(store: Store, table: Ledger) -> ColumnElement[str]:
+    """The UTC day of a ledger row as YYYY-MM-DD (SQLite keeps naive UTC text; PostgreSQL a
     timestamptz, read in UTC whatever the session's time zone)."""
     if store.is_postgres:
-        return func.to_char(func.timezone("UTC", DecisionRow.created_at), "YYYY-MM-DD")
-    return func.date(DecisionRow.created_at)
+        return func.to_char(func.timezone("UTC", table.created_at), "YYYY-MM-DD")
+    return func.date(table.created_at)
 
 
 async def spend_rows(store: Store, since: dt.datetime, until: dt.datetime) -> list[SpendRow]:
-    """Spending per (UTC day, host, provider, model) of decisions logged in [since, until)."""
-    day = _day(store).label("day")
-    stmt = (
-        select(
-            day,
-            DecisionRow.host_id,
-            DecisionRow.provider,
-            DecisionRow.model,
-            func.count(),
-            *usage_columns(),
-        )
-        .where(DecisionRow.created_at >= since, DecisionRow.created_at < until)
-        .group_by(day, DecisionRow.host_id, DecisionRow.provider, DecisionRow.model)
-        .order_by(day, DecisionRow.host_id, DecisionRow.provider, DecisionRow.model)
-    )
+    """Spending per (UTC day, host, provider, model) of model calls recorded in [since, until);
+    `decisions` counts the decisions logged (a failed decision's calls cost, but count none)."""
+    found: dict[tuple[str, str, str, str], tuple[Usage, int]] = {}
     async with store.read() as session:
-        rows = (await session.execute(stmt)).all()
-    return [SpendRow(str(r[0]), r[1], r[2], r[3], usage_of(r[5:]), int(r[4])) for r in rows]
+        for t in LEDGER:
+            day = _day(store, t).label("day")
+            stmt = (
+                select(day, t.host_id, t.provider, t.model, func.count(), *usage_columns(t))
+                .where(t.created_at >= since, t.created_at < until)
+                .group_by(day, t.host_id, t.provider, t.model)
+            )
+            for r in (await session.execute(stmt)).all():
+                key = (str(r[0]), r[1], r[2], r[3])
+                usage, decisions = found.get(key, (Usage(), 0))
+                usage.add(usage_of(r[5:]))
+                found[key] = (usage, decisions + (int(r[4]) if t is DecisionRow else 0))
+    return [
+        SpendRow(day, host_id, provider, model, usage, decisions)
+        for (day, host_id, provider, model), (usage, decisions) in sorted(found.items())
+    ]

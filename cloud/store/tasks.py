@@ -337,9 +337,10 @@ async def count_by_status(store: Store) -> dict[str, int]:
 
 
 async def budget_and_spent(store: Store, task_id: str) -> tuple[tuple[int, float], Usage] | None:
-    """The task's caps (max tokens, max cost in dollars; 0 = none) and what its decisions
+    """The task's caps (max tokens, max cost in dollars; 0 = none) and what its model calls
     cost so far, from the totals its own row keeps (counted in the transaction that logs each
-    decision: one row read per Decide, not a sum over the task's decision log), or None for no
+    decision, or each failed decision's calls: one row read per Decide, not a sum over the
+    task's decision log), or None for no
     such task."""
     async with store.read() as session:
         row = (

@@ -9,15 +9,15 @@ from typing import Any
 
 import grpc
 import pytest
-from sqlalchemy import update
+from sqlalchemy import text, update
 
 from amc.v1 import fleet_service_pb2, fleet_service_pb2_grpc, task_service_pb2, types_pb2
 from cloud.server import CloudServer
 from cloud.store import decisions, spend, tasks
 from cloud.store.database import Store
 from cloud.store.engine import check, downgrade, upgrade
-from cloud.store.models import DecisionRow
-from planner.decision import Decision, Usage
+from cloud.store.models import DecisionRow, TaskRow
+from planner.decision import Billed, Decision, Usage
 from tests.cloud.cloud_harness import channel
 from tests.cloud.test_store import _columns, _decision
 
@@ -240,3 +240,77 @@ async def test_a_decision_logged_while_the_total_is_read_is_never_missed(store: 
     assert (await daily.today(today)).cost_usd == 0.5
     clock[0] += 1.0
     assert (await daily.today(today)).cost_usd == 0.5
+
+
+async def test_a_failed_decision_s_calls_count_in_every_total(store: Store) -> None:
+    """Both backends: the calls of a decision that failed (`failed_decision_spend`, no decision
+    row) count in the task's spending and totals (its budget), each attempt's, the day's (the
+    daily cap) and GetSpend's rows, which count decisions only; the earlier attempts' spending
+    a new attempt is handed leaves the current one out; pruning an old task drops the record,
+    not the task's totals."""
+    task_id = await _submit(store, max_tokens=100)
+    await decisions.append(store, "h1", task_id, 1, _costly(100, 0.25))
+    failed = Usage(500, 100, 20, 10, 40, 0.5)
+    await spend.count_failed(
+        store, "h1", task_id, 2, Billed("offline", "m", failed), "PlannerRefused"
+    )
+
+    total = await spend.spent(store, task_id)
+    assert (total.input_tokens, total.output_tokens, total.cost_usd) == (600, 110, 0.75)
+    assert total.thinking_tokens == 42
+    async with store.read() as session:
+        assert (await spend.spent_in(session, task_id, 2)).cost_usd == 0.25
+    by_attempt = await spend.usage_by_attempt(store, [task_id])
+    assert (by_attempt[(task_id, 1)].cost_usd, by_attempt[(task_id, 2)].cost_usd) == (0.25, 0.5)
+    found = await tasks.budget_and_spent(store, task_id)
+    assert found is not None and found[1] == total
+    view = await tasks.get(store, task_id)
+    assert view is not None and view.task.cost_usd == 0.75
+
+    today = store.now().astimezone(dt.UTC).replace(hour=0, minute=0, second=0, microsecond=0)
+    assert await spend.spent_since(store, today) == total
+    assert await spend.DailySpend(store).today(today) == total
+    (row,) = await spend.spend_rows(store, today, today + dt.timedelta(days=1))
+    assert (row.host_id, row.model, row.decisions, row.usage) == ("h1", "m", 1, total)
+
+    async with store.write() as session:
+        await session.execute(
+            update(TaskRow)
+            .where(TaskRow.task_id == task_id)
+            .values(finished_at=store.now() - dt.timedelta(days=30))
+        )
+    await decisions.prune(store, dt.timedelta(days=7))
+    assert await spend.spent(store, task_id) == Usage()
+    found = await tasks.budget_and_spent(store, task_id)
+    assert found is not None and found[1] == total
+
+
+async def test_migration_0017_adds_the_failed_decisions_spend_and_back(db_url: str) -> None:
+    """Both backends: 0017 adds the table `failed_decision_spend` and nothing else; its
+    downgrade drops it; the schema matches the models again after the upgrade."""
+    s = Store.from_url(db_url)
+    catalogue = (
+        "SELECT table_name FROM information_schema.tables WHERE table_schema = 'public'"
+        if s.is_postgres
+        else "SELECT name FROM sqlite_master WHERE type = 'table'"
+    )
+
+    async def tables() -> set[str]:
+        async with s.engine.connect() as conn:
+            return {str(name) for (name,) in await conn.execute(text(catalogue))}
+
+    try:
+        await upgrade(s.engine, "0016")
+        before = await tables()
+        await upgrade(s.engine)
+        assert await tables() - before == {"failed_decision_spend"}
+        task_id = await _submit(s)
+        await spend.count_failed(s, "h1", task_id, 1, Billed("p", "m", Usage(5)), "PlannerError")
+        await downgrade(s.engine, "0016")
+        assert await tables() == before
+        found = await tasks.budget_and_spent(s, task_id)
+        assert found is not None and found[1].input_tokens == 5  # the task's totals stay
+        await upgrade(s.engine)
+        await check(s.engine)
+    finally:
+        await s.close()

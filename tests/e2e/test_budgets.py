@@ -29,7 +29,7 @@ from amc.v1 import (
 )
 from cloud import metrics
 from console.embedded import Transport, embedded_stack, follow_tasks
-from tests.support.fakes import FakeModelServer, ScriptedTurn, anthropic_message, tool_use
+from tests.support.fakes import FakeModelServer, ScriptedTurn, anthropic_message, text, tool_use
 
 KEY = "sk-ant-budget-test-key"
 
@@ -185,3 +185,58 @@ async def test_the_fleet_daily_token_cap_stops_planning(
     )
     assert len(decisions) == 2
     assert spend.daily_budget.max_tokens == 700
+
+
+def _no_tool_call() -> ScriptedTurn:
+    return anthropic_message(
+        text("I would rather look around first."), input_tokens=500, output_tokens=100
+    )
+
+
+async def test_a_failed_decision_s_billed_calls_count_toward_the_budgets(
+    tmp_path: Path, fake_model: FakeModelServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The model answers without a tool call, to the forced retry too, to the corrective turn
+    and to its forced retry: the decision fails (UNKNOWN, the task fails) after four answered
+    calls the provider billed (2,400 tokens, $0.012) and no decision row. They count in the
+    task's totals, today's spending and GetSpend (a row with no decisions), so the next task is
+    refused by the fleet's daily cap before any call instead of spending again."""
+    monkeypatch.setenv("AMC_CLOUD_DAILY_MAX_TOKENS", "700")
+    fake_model.anthropic_script.clear()
+    fake_model.script_anthropic(*[_no_tool_call() for _ in range(4)])
+    async with embedded_stack(tmp_path / "stack", transport="cloud") as stack:
+        ops = stack.operator
+        first, second = [
+            (await ops.tasks.SubmitTask(task_service_pb2.SubmitTaskRequest(goal=goal))).task.task_id
+            for goal in ("Open two apps", "Open one app")
+        ]
+        await follow_tasks(ops, [first, second], Console(file=io.StringIO()), 30)
+        failed, refused = [
+            (await ops.tasks.GetTask(task_service_pb2.GetTaskRequest(task_id=t))).task
+            for t in (first, second)
+        ]
+        spend = await ops.fleet.GetSpend(fleet_service_pb2.GetSpendRequest())
+        logged = await ops.decisions.ListDecisions(
+            decision_log_service_pb2.ListDecisionsRequest(task_id=first)
+        )
+    assert len(fake_model.bodies("/v1/messages")) == 4, "no model call after the failed one"
+    assert list(logged.decisions) == []
+    assert failed.status == types_pb2.TASK_STATUS_FAILED
+    assert "unusable tool call twice" in failed.result_summary
+    assert (failed.totals.usage.input_tokens, failed.totals.usage.output_tokens) == (2000, 400)
+    assert failed.totals.usage.cost_usd == pytest.approx(0.012)
+    assert refused.status == types_pb2.TASK_STATUS_FAILED
+    assert refused.result_summary.startswith(
+        "budget exhausted: 2,400 tokens of the fleet's daily 700 (UTC day "
+    )
+    assert refused.totals.usage == types_pb2.Usage()
+    assert (spend.today.input_tokens, spend.today.output_tokens) == (2000, 400)
+    assert spend.today.cost_usd == pytest.approx(0.012)
+    (row,) = spend.rows
+    assert (row.host_id, row.provider, row.model, row.decisions) == (
+        "embedded-host",
+        "anthropic",
+        "claude-sonnet-4-6",
+        0,
+    )
+    assert row.usage.output_tokens == 400 and row.usage.cost_usd == pytest.approx(0.012)

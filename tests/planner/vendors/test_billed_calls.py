@@ -1,0 +1,114 @@
+"""What a decision's model calls cost, whatever becomes of the decision: the provider bills every
+answered call, so a decision that needed a corrective turn costs both calls, and one that fails
+after calls were answered (a refusal, no usable call twice, a provider error after a billed
+answer) carries their cost on its error (`PlannerError.billed`) for the spending ledger. Real
+Anthropic SDK against the fake Messages server; claude-sonnet-4-6 costs $3 / $15 per million."""
+
+from __future__ import annotations
+
+import pytest
+
+from planner.errors import PlannerError, PlannerRefused, PlannerUnavailable
+from planner.planner import Planner
+from planner.settings import PlannerSettings
+from planner.vendors import make_adapter
+from tests.planner.scenes import settings_main
+from tests.support.fakes import (
+    ANTHROPIC_KEY,
+    FakeModelServer,
+    ScriptedTurn,
+    anthropic_error,
+    anthropic_message,
+    text,
+    tool_use,
+)
+
+MODEL = "claude-sonnet-4-6"
+TAP = {"element_id": "e17", "purpose": "open display", "expected_outcome": "Display opens"}
+OFF_SCREEN = {"x": 5000, "y": 10, "purpose": "open display", "expected_outcome": "Display"}
+
+
+def _planner(server: FakeModelServer) -> Planner:
+    settings = PlannerSettings(
+        provider="anthropic",
+        anthropic_api_key=ANTHROPIC_KEY,
+        anthropic_base_url=server.anthropic_base_url,
+        model=MODEL,
+        max_retries=0,
+    )
+    return Planner(make_adapter(settings), settings)
+
+
+def _costing(*content: dict[str, object], input_tokens: int, output_tokens: int) -> ScriptedTurn:
+    return anthropic_message(*content, input_tokens=input_tokens, output_tokens=output_tokens)
+
+
+async def _fails(server: FakeModelServer) -> PlannerError:
+    planner = _planner(server)
+    try:
+        with pytest.raises(PlannerError) as caught:
+            await planner.decide("Turn on dark theme", settings_main())
+    finally:
+        await planner.aclose()
+    return caught.value
+
+
+async def test_a_corrected_decision_costs_both_calls(fake_server: FakeModelServer) -> None:
+    fake_server.script_anthropic(
+        _costing(tool_use("tap", OFF_SCREEN), input_tokens=500, output_tokens=100),
+        _costing(tool_use("tap", TAP), input_tokens=700, output_tokens=50),
+    )
+    planner = _planner(fake_server)
+    try:
+        decision = await planner.decide("Turn on dark theme", settings_main())
+    finally:
+        await planner.aclose()
+    assert decision.corrective_retries == 1
+    assert (decision.usage.input_tokens, decision.usage.output_tokens) == (1200, 150)
+    assert decision.usage.cost_usd == pytest.approx((1200 * 3 + 150 * 15) / 1e6)
+
+
+async def test_no_usable_call_twice_carries_the_cost_of_every_answered_call(
+    fake_server: FakeModelServer,
+) -> None:
+    fake_server.script_anthropic(
+        *[_costing(text("Let me think."), input_tokens=500, output_tokens=100) for _ in range(4)]
+    )
+    err = await _fails(fake_server)
+    assert "unusable tool call twice" in str(err)
+    assert len(fake_server.requests) == 4
+    assert err.billed is not None
+    assert (err.billed.provider, err.billed.model) == ("anthropic", MODEL)
+    assert (err.billed.usage.input_tokens, err.billed.usage.output_tokens) == (2000, 400)
+    assert err.billed.usage.cost_usd == pytest.approx(0.012)
+
+
+async def test_a_refusal_carries_the_cost_of_the_refused_answer(
+    fake_server: FakeModelServer,
+) -> None:
+    refused = _costing(text("I can't help with that."), input_tokens=500, output_tokens=100)
+    refused.stop_reason = "refusal"
+    fake_server.script_anthropic(refused)
+    err = await _fails(fake_server)
+    assert isinstance(err, PlannerRefused)
+    assert err.billed is not None and err.billed.usage.billed_tokens == 600
+
+
+async def test_a_provider_error_after_a_billed_answer_carries_its_cost(
+    fake_server: FakeModelServer,
+) -> None:
+    fake_server.script_anthropic(
+        _costing(text("Let me think."), input_tokens=500, output_tokens=100),
+        anthropic_error(500, "api_error", "Internal server error"),
+    )
+    err = await _fails(fake_server)
+    assert isinstance(err, PlannerUnavailable)
+    assert err.billed is not None and err.billed.usage.input_tokens == 500
+
+
+async def test_a_call_refused_before_any_answer_carries_no_cost(
+    fake_server: FakeModelServer,
+) -> None:
+    fake_server.script_anthropic(anthropic_error(500, "api_error", "Internal server error"))
+    err = await _fails(fake_server)
+    assert isinstance(err, PlannerUnavailable) and err.billed is None
