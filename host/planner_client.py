@@ -23,7 +23,7 @@ from planner import budget
 from planner.budget import Budget
 from planner.convert import decision_from_proto
 from planner.decision import Decision, Usage
-from planner.errors import RETRY_AFTER_KEY, WAITING_FOR_KEY, BudgetExhausted
+from planner.errors import RETRY_AFTER_KEY, WAITING_FOR_KEY, BudgetExhausted, PlannerError
 from planner.history import MASK, WorldEvent
 from planner.observation import clip, observation_from_scene
 from planner.plan_step import plan_step
@@ -239,7 +239,9 @@ class DirectPlanner:
 
     The task's caps (`budget`, from the assignment) are checked before each call against what
     the task spent before this attempt (`spent`, the cloud's tally) plus this attempt's own
-    decisions: once a cap is reached no further call is made (`BudgetExhausted`).
+    model calls (a failed decision's answered calls too: they were billed, and a step that
+    failed as temporarily impossible is asked again): once a cap is reached no further call is
+    made (`BudgetExhausted`).
     """
 
     def __init__(
@@ -269,15 +271,20 @@ class DirectPlanner:
             metrics.budget_refusals.inc()
             raise BudgetExhausted(refusal)
         outcome = previous_outcome(self.steps[-1].step_index if self.steps else None, history)
-        decision = await plan_step(
-            self.engine,
-            goal=goal,
-            history=self.steps,
-            observation=observation_from_scene(scene),
-            previous_outcome=outcome,
-            screenshot=screenshot,
-            flows=self.flows,
-        )
+        try:
+            decision = await plan_step(
+                self.engine,
+                goal=goal,
+                history=self.steps,
+                observation=observation_from_scene(scene),
+                previous_outcome=outcome,
+                screenshot=screenshot,
+                flows=self.flows,
+            )
+        except PlannerError as err:
+            if err.billed is not None:  # billed, though no decision came of it
+                self.spent.add(err.billed.usage)
+            raise
         self.steps = with_outcome(self.steps, outcome)
         self.steps.append(PastStep.from_decision(decision, len(self.steps) + 1))
         self.spent.add(decision.usage)
