@@ -4,12 +4,15 @@ One rule for both (`check_lease`): the calling host's own lease of that attempt,
 less than the shipping window ago — so a host that was offline can send its backlog when it is
 back, and nobody can write into another host's attempts. `ship_decisions` is
 DecisionLogService.ShipDecisions: every entry is checked first, then each is logged in order
-through the decision log's own append (step index, masking), once per host decision id.
+through the decision log's own append (step index, masking), once per host decision id; then
+the failed decisions' calls it carries are counted (`spend.count_failed`), once per host spend
+id.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import math
 import re
 from typing import Any, TypeAlias
 
@@ -19,10 +22,10 @@ from amc.v1 import decision_log_service_pb2 as pb
 from amc.v1 import types_pb2
 from cloud.lease.validate import MAX_ID
 from cloud.services.status import abort
-from cloud.store import decisions, leases
+from cloud.store import decisions, leases, spend
 from cloud.store.database import Store
-from planner.convert import decision_from_proto
-from planner.decision import Decision
+from planner.convert import decision_from_proto, usage_from_proto
+from planner.decision import Billed, Decision
 from planner.observation import observation_problem, scene_from_observation
 from planner.plan_step import on_screen
 from planner.steps import MAX_DRIVER_OUTPUT_BYTES, MAX_OUTCOME_ERROR_BYTES
@@ -122,6 +125,40 @@ def entry_problem(i: int, entry: pb.ShippedDecision) -> str | None:
     return None
 
 
+def failed_calls_problem(i: int, record: pb.ShippedFailedCalls) -> str | None:
+    """The INVALID_ARGUMENT text for one failed_calls record, naming the field
+    (`failed_calls[i].…`), or None."""
+    field = f"failed_calls[{i}]"
+    if not HOST_DECISION_ID.fullmatch(record.host_spend_id):
+        return f"{field}.host_spend_id: 1 to 64 characters of A-Z a-z 0-9 _ -"
+    problem = lease_ref_problem(field, record.task_id, record.attempt, record.lease_id)
+    if problem:
+        return problem
+    for name, value, limit in (
+        ("provider", record.provider, _LIMITS["provider"]),
+        ("model", record.model, _LIMITS["model"]),
+        ("error", record.error, 64),
+    ):
+        size = len(value.encode("utf-8"))
+        if name != "error" and not size:
+            return f"{field}.{name}: required"
+        if size > limit:
+            return f"{field}.{name}: {size} bytes; at most {limit}"
+    u = record.usage
+    tokens = (
+        u.input_tokens,
+        u.output_tokens,
+        u.cache_read_input_tokens,
+        u.cache_creation_input_tokens,
+        u.thinking_tokens,
+    )
+    if min(tokens) < 0:
+        return f"{field}.usage: token counts must not be negative"
+    if not math.isfinite(u.cost_usd) or u.cost_usd < 0:
+        return f"{field}.usage.cost_usd: a finite amount, not negative"
+    return None
+
+
 async def ship_decisions(
     context: Context,
     store: Store,
@@ -132,19 +169,33 @@ async def ship_decisions(
 ) -> pb.ShipDecisionsResponse:
     """DecisionLogService.ShipDecisions (see the proto): check every entry, then log each (a
     late handover counts on its flow, retired after `retire_after` divergences in a row)."""
-    if not request.entries:
-        await abort(context, grpc.StatusCode.INVALID_ARGUMENT, "entries: at least one")
+    if not request.entries and not request.failed_calls:
+        await abort(
+            context, grpc.StatusCode.INVALID_ARGUMENT, "entries: at least one (or failed_calls)"
+        )
     if len(request.entries) > MAX_ENTRIES:
         await abort(context, grpc.StatusCode.INVALID_ARGUMENT, f"entries: at most {MAX_ENTRIES}")
+    if len(request.failed_calls) > MAX_ENTRIES:
+        await abort(
+            context, grpc.StatusCode.INVALID_ARGUMENT, f"failed_calls: at most {MAX_ENTRIES}"
+        )
     for i, entry in enumerate(request.entries):
         problem = entry_problem(i, entry)
         if problem:
             await abort(context, grpc.StatusCode.INVALID_ARGUMENT, problem)
+    for i, record in enumerate(request.failed_calls):
+        problem = failed_calls_problem(i, record)
+        if problem:
+            await abort(context, grpc.StatusCode.INVALID_ARGUMENT, problem)
     checked: set[tuple[str, int, str]] = set()
-    for i, entry in enumerate(request.entries):
-        ref = (entry.task_id, entry.attempt, entry.lease_id)
+    named: list[tuple[str, pb.ShippedDecision | pb.ShippedFailedCalls]] = [
+        *((f"entries[{i}]", e) for i, e in enumerate(request.entries)),
+        *((f"failed_calls[{i}]", f) for i, f in enumerate(request.failed_calls)),
+    ]
+    for field, item in named:
+        ref = (item.task_id, item.attempt, item.lease_id)
         if ref not in checked:
-            await check_lease(context, store, window, host_id, *ref, field=f"entries[{i}]")
+            await check_lease(context, store, window, host_id, *ref, field=field)
             checked.add(ref)
     response = pb.ShipDecisionsResponse()
     for i, entry in enumerate(request.entries):
@@ -169,6 +220,16 @@ async def ship_decisions(
                 step_index=row.step_index,
                 duplicate=duplicate,
             )
+        )
+    for record in request.failed_calls:
+        await spend.count_failed(
+            store,
+            host_id,
+            record.task_id,
+            record.attempt,
+            Billed(record.provider, record.model, usage_from_proto(record.usage)),
+            record.error,
+            host_spend_id=record.host_spend_id,
         )
     return response
 

@@ -406,10 +406,15 @@ class FailedDecisionSpendRow(Base):
     thinking_tokens: Mapped[int] = mapped_column(Integer)
     cost_usd: Mapped[float] = mapped_column(Float)
     created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime())
+    # The host's own id of a record it shipped (direct transport; NULL for the cloud's own):
+    # a resend finds it here.
+    host_spend_id: Mapped[str | None] = mapped_column(String(64))
 
     __table_args__ = (
         Index("ix_failed_decision_spend_created_at", "created_at"),
         Index("ix_failed_decision_spend_task_id", "task_id", "attempt"),
+        # Each shipped record counts once per host, whatever replica a resend reaches.
+        Index("ix_failed_decision_spend_host_spend_id", "host_id", "host_spend_id", unique=True),
     )
 
 

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import ColumnElement, Select, func, select, true, update
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from cloud.store.database import Store
@@ -85,32 +86,57 @@ async def add_to_task_totals(
 
 
 async def count_failed(
-    store: Store, host_id: str, task_id: str, attempt: int, billed: Billed, error: str
-) -> None:
+    store: Store,
+    host_id: str,
+    task_id: str,
+    attempt: int,
+    billed: Billed,
+    error: str,
+    host_spend_id: str | None = None,
+) -> bool:
     """Record what the answered calls of a failed decision cost (`error`: the planner error's
-    class) and add it to the task's totals, in one transaction."""
+    class) and add it to the task's totals, in one transaction. A host's shipped record
+    (`host_spend_id`) counts once: False when it was counted before (a resend, on this replica
+    or another), True when counted now."""
     u = billed.usage
-    async with store.write() as session:
-        session.add(
-            FailedDecisionSpendRow(
-                spend_id=uuid.uuid4().hex,
-                host_id=host_id,
-                task_id=task_id,
-                attempt=attempt,
-                provider=billed.provider,
-                model=billed.model,
-                error=error[:64],
-                input_tokens=u.input_tokens,
-                output_tokens=u.output_tokens,
-                cache_read_input_tokens=u.cache_read_input_tokens,
-                cache_creation_input_tokens=u.cache_creation_input_tokens,
-                thinking_tokens=u.thinking_tokens,
-                cost_usd=u.cost_usd,
-                created_at=store.now(),
+    if host_spend_id is not None:
+        async with store.read() as session:
+            seen = await session.scalar(
+                select(FailedDecisionSpendRow.spend_id).where(
+                    FailedDecisionSpendRow.host_id == host_id,
+                    FailedDecisionSpendRow.host_spend_id == host_spend_id,
+                )
             )
-        )
-        await session.flush()
-        await add_to_task_totals(session, task_id, u, decisions=0)
+        if seen is not None:
+            return False
+    try:
+        async with store.write() as session:
+            session.add(
+                FailedDecisionSpendRow(
+                    spend_id=uuid.uuid4().hex,
+                    host_id=host_id,
+                    task_id=task_id,
+                    attempt=attempt,
+                    provider=billed.provider,
+                    model=billed.model,
+                    error=error[:64],
+                    input_tokens=u.input_tokens,
+                    output_tokens=u.output_tokens,
+                    cache_read_input_tokens=u.cache_read_input_tokens,
+                    cache_creation_input_tokens=u.cache_creation_input_tokens,
+                    thinking_tokens=u.thinking_tokens,
+                    cost_usd=u.cost_usd,
+                    created_at=store.now(),
+                    host_spend_id=host_spend_id,
+                )
+            )
+            await session.flush()
+            await add_to_task_totals(session, task_id, u, decisions=0)
+    except IntegrityError:
+        if host_spend_id is None:
+            raise
+        return False  # a resend that raced its original on another replica: counted there
+    return True
 
 
 async def spent(store: Store, task_id: str) -> Usage:

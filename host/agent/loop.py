@@ -20,11 +20,11 @@ import functools
 import json
 import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Literal, TypeVar
+from typing import Any, Literal, TypeVar
 
 from amc.v1 import types_pb2
 from host import metrics as host_metrics
@@ -366,7 +366,7 @@ class AgentLoop:
                 decision = await self._guard(
                     cancel,
                     plan_patiently(
-                        functools.partial(self.planner.decide, spec.goal, scene, history, shot),
+                        functools.partial(self._decide, spec, scene, history, shot),
                         on_wait=waiting,
                         deadline=spec.deadline,
                         policy=self.settings.planner_wait,
@@ -538,6 +538,31 @@ class AgentLoop:
         except Exception:
             log.exception("could not write to the outbox")
             return None
+
+    async def _decide(
+        self,
+        spec: TaskSpec,
+        scene: Scene,
+        history: Sequence[WorldEvent | dict[str, Any]],
+        screenshot: bytes | None,
+    ) -> Decision:
+        """The planner's decision; when it fails after the provider answered (direct
+        transport), what the answered calls cost goes to the outbox first: the provider billed
+        them, and the cloud counts them toward the task's budget and the fleet's spending."""
+        try:
+            return await self.planner.decide(spec.goal, scene, history, screenshot)
+        except PlannerError as err:
+            billed, err.billed = err.billed, None
+            if billed is not None and self.shipments is not None:
+                await self._ship(
+                    self.shipments.failed_calls,
+                    spec.task_id,
+                    spec.attempt,
+                    spec.lease_id,
+                    billed,
+                    type(err).__name__,
+                )
+            raise
 
     def _ship_decision(
         self,

@@ -1,5 +1,6 @@
 """The kinds of outbox item and the RPC that delivers each: decisions of the direct transport
-(`DecisionLogService.ShipDecisions`, several per call) and step screenshots
+(`DecisionLogService.ShipDecisions`, several per call), the cost of failed decisions' answered
+model calls (the same call's `failed_calls`) and step screenshots
 (`ArtifactService.UploadStepScreenshot`, one per call). A new kind is one more class here."""
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from amc.v1 import (
 from host.outbox.store import OutboxItem
 
 DECISION = "decision"
+FAILED_CALLS = "failed_calls"
 SCREENSHOT = "screenshot"
 CALL_TIMEOUT_S = 30.0
 
@@ -48,6 +50,24 @@ class Decisions:
         await stub.ShipDecisions(request, timeout=CALL_TIMEOUT_S)
 
 
+class FailedCalls:
+    """What failed decisions' answered model calls cost (direct transport): `ShippedFailedCalls`
+    bodies, many per ShipDecisions call, counted by the cloud once per id."""
+
+    name = FAILED_CALLS
+    batch_items = 100
+    batch_bytes = 1024 * 1024
+
+    async def send(self, channel: Any, items: Sequence[OutboxItem]) -> None:
+        stub = decision_log_service_pb2_grpc.DecisionLogServiceStub(channel)
+        request = decision_log_service_pb2.ShipDecisionsRequest(
+            failed_calls=[
+                decision_log_service_pb2.ShippedFailedCalls.FromString(i.body) for i in items
+            ]
+        )
+        await stub.ShipDecisions(request, timeout=CALL_TIMEOUT_S)
+
+
 class Screenshots:
     """Step screenshots: `UploadStepScreenshotRequest` bodies, one per call."""
 
@@ -62,4 +82,4 @@ class Screenshots:
             await stub.UploadStepScreenshot(request, timeout=CALL_TIMEOUT_S)
 
 
-KINDS: dict[str, Kind] = {k.name: k for k in (Decisions(), Screenshots())}
+KINDS: dict[str, Kind] = {k.name: k for k in (Decisions(), FailedCalls(), Screenshots())}

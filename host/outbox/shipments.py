@@ -1,5 +1,6 @@
 """What the agent loop hands the outbox, as the cloud's requests: a step's decision (direct
-transport), its outcome once the action ran, and its before/after screenshots (both transports).
+transport), its outcome once the action ran, what a failed decision's answered model calls cost
+(direct transport), and its before/after screenshots (both transports).
 
 Everything is masked here as it is for the timeline: the decision's sensitive text by
 `decision_to_proto` (the typed action and the arguments), anything typed as sensitive earlier
@@ -15,10 +16,10 @@ from dataclasses import dataclass
 from typing import Literal
 
 from amc.v1 import artifact_service_pb2, decision_log_service_pb2, types_pb2
-from host.outbox.kinds import DECISION, SCREENSHOT
+from host.outbox.kinds import DECISION, FAILED_CALLS, SCREENSHOT
 from host.outbox.store import OutboxStore
-from planner.convert import decision_to_proto
-from planner.decision import Decision
+from planner.convert import decision_to_proto, usage_to_proto
+from planner.decision import Billed, Decision
 from planner.scene import Bounds
 
 Redact = Callable[[str], str]
@@ -86,6 +87,26 @@ class Shipments:
         cloud transport reports outcomes with the next Decide)."""
         if ref.host_decision_id:
             self._put_decision(ref, decision, redact, outcome)
+
+    def failed_calls(
+        self, task_id: str, attempt: int, lease_id: str, billed: Billed, error: str
+    ) -> None:
+        """Ship what a failed decision's answered model calls cost (direct transport only: the
+        cloud counts its own): the provider billed them, and the task's budget, the fleet's
+        daily cap and GetSpend must see them though no decision is logged."""
+        if self.transport != "direct" or not lease_id:
+            return
+        record = decision_log_service_pb2.ShippedFailedCalls(
+            host_spend_id=uuid.uuid4().hex,
+            task_id=task_id,
+            attempt=attempt,
+            lease_id=lease_id,
+            provider=billed.provider,
+            model=billed.model,
+            usage=usage_to_proto(billed.usage),
+            error=error[:64],
+        )
+        self.store.put(FAILED_CALLS, record.host_spend_id, record.SerializeToString())
 
     def screenshot(
         self, ref: StepRef, phase: Phase, png: bytes, target: Bounds | None = None

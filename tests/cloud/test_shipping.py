@@ -34,6 +34,7 @@ from amc.v1 import (
     types_pb2,
 )
 from amc.v1 import lease_service_pb2 as lease_pb
+from amc.v1 import task_service_pb2 as task_pb
 from cloud.server import CloudServer, build_server
 from cloud.store.database import Store
 from cloud.store.engine import check, downgrade, upgrade
@@ -225,7 +226,7 @@ async def test_ship_refusals_name_the_problem(
     error = await refused(ship(held))
     assert (error.code(), error.details()) == (
         grpc.StatusCode.INVALID_ARGUMENT,
-        "entries: at least one",
+        "entries: at least one (or failed_calls)",
     )
     # A lease this host never held: FAILED_PRECONDITION; nothing is logged.
     unknown = shipped(a, "x3")
@@ -267,6 +268,75 @@ async def test_ship_refusals_name_the_problem(
     error = await refused(ship(held, shipped(b, "reused")))
     assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert error.details().startswith("entries[0]: host_decision_id 'reused' already names")
+
+
+def failed_calls(
+    a: lease_pb.Assignment, host_spend_id: str, input_tokens: int = 500
+) -> decision_log_service_pb2.ShippedFailedCalls:
+    """What a failed decision's answered calls cost, as a direct-transport host ships it."""
+    return decision_log_service_pb2.ShippedFailedCalls(
+        host_spend_id=host_spend_id,
+        task_id=a.task_id,
+        attempt=a.attempt,
+        lease_id=a.lease_id,
+        provider="anthropic",
+        model="claude-sonnet-4-6",
+        usage=types_pb2.Usage(input_tokens=input_tokens, output_tokens=100, cost_usd=0.003),
+        error="PlannerRefused",
+    )
+
+
+async def test_shipped_failed_calls_count_once_and_refusals_name_the_field(
+    held: Held, cloud: CloudServer, pki_dir: Path
+) -> None:
+    """ShipDecisions' failed_calls: counted in the task's totals and GetSpend (no decision
+    logged, none counted), once per host_spend_id however often resent; checked like entries
+    (INVALID_ARGUMENT naming the field, the lease rule)."""
+    a = held.assignment
+
+    async def ship_failed(stub: Any, *records: decision_log_service_pb2.ShippedFailedCalls) -> Any:
+        request = decision_log_service_pb2.ShipDecisionsRequest(failed_calls=list(records))
+        return await stub.ShipDecisions(request)
+
+    assert list((await ship_failed(held.decisions, failed_calls(a, "f1"))).acks) == []
+    await ship_failed(held.decisions, failed_calls(a, "f1"))  # a resend: counted once
+    await ship(held, shipped(a, "d1"))
+    task = (await held.ops.GetTask(task_pb.GetTaskRequest(task_id=a.task_id))).task
+    assert task.totals.usage.input_tokens == 500
+    assert task.totals.usage.cost_usd == pytest.approx(0.003)
+    assert len(await logged(held)) == 1  # the decision; none for the failed calls
+    spend = await held.ops_fleet.GetSpend(fleet_service_pb2.GetSpendRequest())
+    keyed = {(r.host_id, r.model): (r.decisions, r.usage.input_tokens) for r in spend.rows}
+    assert keyed == {("h1", "m"): (1, 0), ("h1", "claude-sonnet-4-6"): (0, 500)}
+
+    no_model = failed_calls(a, "x2")
+    no_model.model = ""
+    negative = failed_calls(a, "x3", input_tokens=-1)
+    priceless = failed_calls(a, "x4")
+    priceless.usage.cost_usd = float("nan")
+    for record, field in (
+        (failed_calls(a, "no spaces"), "failed_calls[0].host_spend_id"),
+        (no_model, "failed_calls[0].model: required"),
+        (negative, "failed_calls[0].usage: token counts must not be negative"),
+        (priceless, "failed_calls[0].usage.cost_usd"),
+    ):
+        error = await refused(ship_failed(held.decisions, record))
+        assert error.code() == grpc.StatusCode.INVALID_ARGUMENT, error
+        assert error.details().startswith(field), error.details()
+    unknown = failed_calls(a, "x5")
+    unknown.lease_id = "not-a-lease"
+    error = await refused(ship_failed(held.decisions, failed_calls(a, "ok"), unknown))
+    assert error.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert error.details().startswith("failed_calls[1]: lease 'not-a-lease'")
+    other_ch = channel(cloud.address, pki_dir, "host-h2")
+    try:
+        other = decision_log_service_pb2_grpc.DecisionLogServiceStub(other_ch)
+        error = await refused(ship_failed(other, failed_calls(a, "o1")))
+        assert error.code() == grpc.StatusCode.PERMISSION_DENIED
+    finally:
+        await other_ch.close()
+    task = (await held.ops.GetTask(task_pb.GetTaskRequest(task_id=a.task_id))).task
+    assert task.totals.usage.input_tokens == 500, "nothing refused was counted"
 
 
 async def test_a_just_ended_lease_takes_shipments_until_the_window_closes(

@@ -30,6 +30,7 @@ from amc.v1 import (
 from cloud import metrics
 from console.embedded import Transport, embedded_stack, follow_tasks
 from tests.support.fakes import FakeModelServer, ScriptedTurn, anthropic_message, text, tool_use
+from tests.support.waiting import until
 
 KEY = "sk-ant-budget-test-key"
 
@@ -240,3 +241,39 @@ async def test_a_failed_decision_s_billed_calls_count_toward_the_budgets(
         0,
     )
     assert row.usage.output_tokens == 400 and row.usage.cost_usd == pytest.approx(0.012)
+
+
+async def test_a_direct_host_ships_a_failed_decision_s_billed_calls(
+    tmp_path: Path, fake_model: FakeModelServer
+) -> None:
+    """The same model on the direct transport: the host made the four billed calls itself and
+    no decision came of them. Its outbox ships what they cost (ShipDecisions' failed_calls),
+    and the cloud counts it in the task's totals, today's spending and GetSpend."""
+    fake_model.anthropic_script.clear()
+    fake_model.script_anthropic(*[_no_tool_call() for _ in range(4)])
+    async with embedded_stack(tmp_path / "stack", transport="direct") as stack:
+        ops = stack.operator
+        request = task_service_pb2.SubmitTaskRequest(goal="Open two apps")
+        task_id = (await ops.tasks.SubmitTask(request)).task.task_id
+        await follow_tasks(ops, [task_id], Console(file=io.StringIO()), 30)
+
+        async def task() -> types_pb2.Task:
+            get = task_service_pb2.GetTaskRequest(task_id=task_id)
+            found: types_pb2.Task = (await ops.tasks.GetTask(get)).task
+            return found
+
+        async def counted() -> bool:
+            return (await task()).totals.usage.input_tokens > 0
+
+        await until(counted, what="the failed decision's calls shipped and counted")
+        failed = await task()
+        spend = await ops.fleet.GetSpend(fleet_service_pb2.GetSpendRequest())
+    assert len(fake_model.bodies("/v1/messages")) == 4
+    assert failed.status == types_pb2.TASK_STATUS_FAILED
+    assert "unusable tool call twice" in failed.result_summary
+    assert (failed.totals.usage.input_tokens, failed.totals.usage.output_tokens) == (2000, 400)
+    assert failed.totals.usage.cost_usd == pytest.approx(0.012)
+    assert (spend.today.input_tokens, spend.today.output_tokens) == (2000, 400)
+    (row,) = spend.rows
+    assert (row.host_id, row.model, row.decisions) == ("embedded-host", "claude-sonnet-4-6", 0)
+    assert row.usage.cost_usd == pytest.approx(0.012)

@@ -360,24 +360,95 @@ class ShippedDecision(_message.Message):
 Global___ShippedDecision: _TypeAlias = ShippedDecision  # noqa: Y015
 
 @_typing.final
+class ShippedFailedCalls(_message.Message):
+    """What the answered model calls of a decision a host on the direct transport could not make
+    cost: the model refused, gave no usable tool call after the retry and the corrective turn, or
+    the provider failed after billed answers. The provider billed them, so the cloud counts them
+    in the task's totals (its budget), the fleet's daily spending and GetSpend's rows (not in a
+    row's `decisions`). No decision is logged for them.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    HOST_SPEND_ID_FIELD_NUMBER: _builtins.int
+    TASK_ID_FIELD_NUMBER: _builtins.int
+    ATTEMPT_FIELD_NUMBER: _builtins.int
+    LEASE_ID_FIELD_NUMBER: _builtins.int
+    PROVIDER_FIELD_NUMBER: _builtins.int
+    MODEL_FIELD_NUMBER: _builtins.int
+    USAGE_FIELD_NUMBER: _builtins.int
+    ERROR_FIELD_NUMBER: _builtins.int
+    host_spend_id: _builtins.str
+    """The host's own id for this record, as host_decision_id: 1 to 64 characters of A-Z a-z 0-9
+    _ -, unique among this host's records. Counted once per id; a resend changes nothing.
+    """
+    task_id: _builtins.str
+    """Task of the failed decision (from the Assignment)."""
+    attempt: _builtins.int
+    """Attempt of the failed decision (from the Assignment)."""
+    lease_id: _builtins.str
+    """Lease id of that attempt (from the Assignment); the same rule as a ShippedDecision's."""
+    provider: _builtins.str
+    """Provider that answered ("anthropic", "openai"), at most 32 bytes; required."""
+    model: _builtins.str
+    """Model the provider answered with, at most 128 bytes; required."""
+    error: _builtins.str
+    """Why no decision came of them: the planner error's class ("PlannerRefused", "PlannerError",
+    "PlannerUnavailable", …), at most 64 bytes; the host's own record says more.
+    """
+    @_builtins.property
+    def usage(self) -> _types_pb2.Usage:
+        """What the answered calls cost together: tokens and cost_usd neither negative nor (cost)
+        infinite or NaN; priced by the host's price table.
+        """
+
+    def __init__(
+        self,
+        *,
+        host_spend_id: _builtins.str = ...,
+        task_id: _builtins.str = ...,
+        attempt: _builtins.int = ...,
+        lease_id: _builtins.str = ...,
+        provider: _builtins.str = ...,
+        model: _builtins.str = ...,
+        usage: _types_pb2.Usage | None = ...,
+        error: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["usage", b"usage"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "error", b"error", "host_spend_id", b"host_spend_id", "lease_id", b"lease_id", "model", b"model", "provider", b"provider", "task_id", b"task_id", "usage", b"usage"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ShippedFailedCalls: _TypeAlias = ShippedFailedCalls  # noqa: Y015
+
+@_typing.final
 class ShipDecisionsRequest(_message.Message):
     """Request of DecisionLogService.ShipDecisions."""
 
     DESCRIPTOR: _descriptor.Descriptor
 
     ENTRIES_FIELD_NUMBER: _builtins.int
+    FAILED_CALLS_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def entries(self) -> _containers.RepeatedCompositeFieldContainer[Global___ShippedDecision]:
-        """Decisions in the order the host made them (1 to 100 entries); several attempts may mix."""
+        """Decisions in the order the host made them (0 to 100 entries); several attempts may mix.
+        A request carries at least one entry or one failed_calls record.
+        """
+
+    @_builtins.property
+    def failed_calls(self) -> _containers.RepeatedCompositeFieldContainer[Global___ShippedFailedCalls]:
+        """The cost of failed decisions' answered calls (0 to 100), counted after the entries."""
 
     def __init__(
         self,
         *,
         entries: _abc.Iterable[Global___ShippedDecision] | None = ...,
+        failed_calls: _abc.Iterable[Global___ShippedFailedCalls] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["entries", b"entries"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["entries", b"entries", "failed_calls", b"failed_calls"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

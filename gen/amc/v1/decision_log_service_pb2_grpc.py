@@ -114,6 +114,10 @@ class DecisionLogServiceServicer:
         host_decision_id is logged already changes nothing but a first outcome (a resend is harmless:
         each id is logged exactly once) and is acknowledged with its existing index. UNAVAILABLE
         when the database cannot be reached: resend later.
+
+        `failed_calls` (ShippedFailedCalls) are checked like entries (the same lease rule; fields
+        named `failed_calls[1].usage`) and counted after the entries, each once per host_spend_id:
+        no decision is logged for them, and an OK answer means every one is counted.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

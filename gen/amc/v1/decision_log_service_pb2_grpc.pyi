@@ -73,6 +73,10 @@ class DecisionLogServiceStub:
     host_decision_id is logged already changes nothing but a first outcome (a resend is harmless:
     each id is logged exactly once) and is acknowledged with its existing index. UNAVAILABLE
     when the database cannot be reached: resend later.
+
+    `failed_calls` (ShippedFailedCalls) are checked like entries (the same lease rule; fields
+    named `failed_calls[1].usage`) and counted after the entries, each once per host_spend_id:
+    no decision is logged for them, and an OK answer means every one is counted.
     """
 
 @_typing.type_check_only
@@ -120,6 +124,10 @@ class DecisionLogServiceAsyncStub(DecisionLogServiceStub):
     host_decision_id is logged already changes nothing but a first outcome (a resend is harmless:
     each id is logged exactly once) and is acknowledged with its existing index. UNAVAILABLE
     when the database cannot be reached: resend later.
+
+    `failed_calls` (ShippedFailedCalls) are checked like entries (the same lease rule; fields
+    named `failed_calls[1].usage`) and counted after the entries, each once per host_spend_id:
+    no decision is logged for them, and an OK answer means every one is counted.
     """
 
 class DecisionLogServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -188,6 +196,10 @@ class DecisionLogServiceServicer(metaclass=_abc_1.ABCMeta):
         host_decision_id is logged already changes nothing but a first outcome (a resend is harmless:
         each id is logged exactly once) and is acknowledged with its existing index. UNAVAILABLE
         when the database cannot be reached: resend later.
+
+        `failed_calls` (ShippedFailedCalls) are checked like entries (the same lease rule; fields
+        named `failed_calls[1].usage`) and counted after the entries, each once per host_spend_id:
+        no decision is logged for them, and an OK answer means every one is counted.
         """
 
 def add_DecisionLogServiceServicer_to_server(servicer: DecisionLogServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
