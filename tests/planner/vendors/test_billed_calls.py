@@ -15,10 +15,12 @@ from planner.vendors import make_adapter
 from tests.planner.scenes import settings_main
 from tests.support.fakes import (
     ANTHROPIC_KEY,
+    OPENAI_KEY,
     FakeModelServer,
     ScriptedTurn,
     anthropic_error,
     anthropic_message,
+    chat_completion,
     text,
     tool_use,
 )
@@ -28,12 +30,14 @@ TAP = {"element_id": "e17", "purpose": "open display", "expected_outcome": "Disp
 OFF_SCREEN = {"x": 5000, "y": 10, "purpose": "open display", "expected_outcome": "Display"}
 
 
-def _planner(server: FakeModelServer) -> Planner:
+def _planner(server: FakeModelServer, provider: str = "anthropic", model: str = MODEL) -> Planner:
     settings = PlannerSettings(
-        provider="anthropic",
+        provider=provider,
         anthropic_api_key=ANTHROPIC_KEY,
         anthropic_base_url=server.anthropic_base_url,
-        model=MODEL,
+        openai_api_key=OPENAI_KEY,
+        openai_base_url=server.openai_base_url,
+        model=model,
         max_retries=0,
     )
     return Planner(make_adapter(settings), settings)
@@ -43,8 +47,8 @@ def _costing(*content: dict[str, object], input_tokens: int, output_tokens: int)
     return anthropic_message(*content, input_tokens=input_tokens, output_tokens=output_tokens)
 
 
-async def _fails(server: FakeModelServer) -> PlannerError:
-    planner = _planner(server)
+async def _fails(server: FakeModelServer, planner: Planner | None = None) -> PlannerError:
+    planner = planner or _planner(server)
     try:
         with pytest.raises(PlannerError) as caught:
             await planner.decide("Turn on dark theme", settings_main())
@@ -112,3 +116,25 @@ async def test_a_call_refused_before_any_answer_carries_no_cost(
     fake_server.script_anthropic(anthropic_error(500, "api_error", "Internal server error"))
     err = await _fails(fake_server)
     assert isinstance(err, PlannerUnavailable) and err.billed is None
+
+
+async def test_openai_chat_answers_without_a_call_carry_their_cost(
+    fake_server: FakeModelServer,
+) -> None:
+    """The same on OpenAI's Chat Completions: every answered call's usage, cached input apart
+    as the adapter counts it."""
+    fake_server.script_openai(
+        *[
+            chat_completion("Let me think.", prompt_tokens=500, completion_tokens=100,
+                            cached_tokens=200, model="gpt-4.1-mini")
+            for _ in range(4)
+        ]
+    )  # fmt: skip
+    err = await _fails(fake_server, _planner(fake_server, "openai", "gpt-4.1-mini"))
+    assert "unusable tool call twice" in str(err)
+    assert len(fake_server.requests) == 4
+    assert err.billed is not None
+    assert (err.billed.provider, err.billed.model) == ("openai", "gpt-4.1-mini")
+    u = err.billed.usage
+    assert (u.input_tokens, u.cache_read_input_tokens, u.output_tokens) == (1200, 800, 400)
+    assert u.cost_usd > 0
