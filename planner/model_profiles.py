@@ -26,6 +26,7 @@ from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from planner.errors import PlannerConfigError
+from planner.model_names import longest_row
 from planner.settings import PlannerSettings
 
 ThinkingMode = Literal["off", "adaptive", "budget"]
@@ -247,7 +248,8 @@ PROFILES: dict[str, ModelProfile] = {
     )
 }
 
-#: Model name prefixes → profile (the longest matching prefix wins).
+#: Model name prefixes → profile: the longest row the model falls under wins, a row matching
+#: only at a boundary of the name (`planner/model_names.py`: gpt-5.1 is no row of gpt-5.10).
 FAMILIES: dict[str, str] = {
     "claude-sonnet-4-5": "claude-budget",
     "claude-opus-4-5": "claude-budget",
@@ -277,6 +279,7 @@ FAMILIES: dict[str, str] = {
     "gpt-5.": "gpt-5.2+",  # every later GPT-5 version: gpt-5.2, 5.4, 5.6-sol…
     "gpt-5-chat": "gpt-5-chat",
     "gpt-6": "gpt-6",
+    "gpt-6.": "gpt-6",  # its later versions: gpt-6.2-astra…
     "gpt-5.1-chat": "gpt-5.x-chat",
     "gpt-5.2-chat": "gpt-5.x-chat",
     "gpt-5.3-chat": "gpt-5.x-chat",
@@ -320,15 +323,15 @@ def _by_version(model: str) -> ModelProfile | None:
 
 def profile_for(model: str, vendor: Literal["anthropic", "openai"]) -> ModelProfile:
     """The profile of `model`: for a versioned Claude name by its version (exact, the nearest
-    listed version below, or `claude-newer` past the table), else by its longest listed prefix,
-    else the vendor's conservative one."""
+    listed version below, or `claude-newer` past the table), else by the longest listed row it
+    falls under (at a boundary of the name), else the vendor's conservative one."""
     if vendor == "anthropic":
         versioned = _by_version(model)
         if versioned is not None:
             return versioned
-    prefixes = [p for p in FAMILIES if model.startswith(p)]
-    if prefixes:
-        profile = PROFILES[FAMILIES[max(prefixes, key=len)]]
+    row = longest_row(model, FAMILIES)
+    if row is not None:
+        profile = PROFILES[FAMILIES[row]]
         if profile.vendor == vendor:
             return profile
     return PROFILES[f"{vendor}-unknown"]

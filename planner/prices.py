@@ -2,8 +2,10 @@
 
 Beside `model_profiles.py` (what a model *accepts*) and apart from it: prices change on their
 own schedule, and an operator with a negotiated rate overrides them without touching what a
-request may carry. A model is looked up by its longest listed name prefix, so a dated model
-name ("claude-sonnet-4-6-20260301") gets its family's row.
+request may carry. A model is looked up by the longest listed name prefix it falls under at a
+boundary (`planner/model_names.py`), so a dated model name ("claude-sonnet-4-6-20260301") gets
+its family's row and a later version that only starts alike ("claude-opus-4-10" beside
+"claude-opus-4-1") gets none rather than another model's price.
 
 Four rates per row, as the providers bill them: input (uncached), output (thinking included),
 cache read and cache write (Anthropic's 5-minute writes; OpenAI bills no writes). `Usage` counts
@@ -36,6 +38,7 @@ from typing import Any
 
 from planner.decision import Usage
 from planner.errors import PlannerConfigError
+from planner.model_names import longest_row
 
 PRICES_AS_OF = "2026-12-05"
 _MILLION = 1_000_000
@@ -65,7 +68,8 @@ def _claude(input: float, output: float, cache_read: float) -> Price:
     return Price(input, output, cache_read, input * 1.25)
 
 
-#: Model name prefix → list price (as of PRICES_AS_OF). Longest matching prefix wins.
+#: Model name prefix → list price (as of PRICES_AS_OF). The longest row the model falls under
+#: (at a boundary of its name) wins.
 DEFAULT_PRICES: Mapping[str, Price] = {
     # Anthropic (platform.claude.com/docs/en/about-claude/pricing).
     "claude-fable-5-1": _claude(10.0, 50.0, 0.25),
@@ -80,7 +84,7 @@ DEFAULT_PRICES: Mapping[str, Price] = {
     "claude-opus-4-5": _claude(5.0, 25.0, 0.50),
     "claude-opus-4-1": _claude(15.0, 75.0, 1.50),
     "claude-opus-4-0": _claude(15.0, 75.0, 1.50),
-    "claude-opus-4-2": _claude(15.0, 75.0, 1.50),  # claude-opus-4-20250514, Opus 4
+    "claude-opus-4-20250514": _claude(15.0, 75.0, 1.50),  # Opus 4
     "claude-sonnet-5-5": _claude(2.0, 10.0, 0.10),
     "claude-sonnet-5": _claude(2.0, 10.0, 0.20),
     "claude-sonnet-4": _claude(3.0, 15.0, 0.30),  # 4, 4.5 and 4.6
@@ -112,7 +116,8 @@ DEFAULT_PRICES: Mapping[str, Price] = {
     "gpt-5-nano": Price(0.05, 0.40, 0.005),
     "gpt-5-mini": Price(0.25, 2.0, 0.025),
     "gpt-5-pro": Price(15.0, 120.0),
-    "gpt-5": Price(1.25, 10.0, 0.125),  # gpt-5 and gpt-5.1
+    "gpt-5.1": Price(1.25, 10.0, 0.125),
+    "gpt-5": Price(1.25, 10.0, 0.125),
     "gpt-4.1-nano": Price(0.10, 0.40, 0.025),
     "gpt-4.1-mini": Price(0.40, 1.60, 0.10),
     "gpt-4.1": Price(2.0, 8.0, 0.50),
@@ -143,9 +148,9 @@ class PriceTable:
         self.source = source or f"list prices as of {PRICES_AS_OF}"
 
     def price(self, model: str) -> Price | None:
-        """The row of `model`'s longest listed prefix, or None."""
-        prefixes = [p for p in self._rows if model.startswith(p)]
-        return self._rows[max(prefixes, key=len)] if prefixes else None
+        """The row of the longest listed prefix `model` falls under, or None."""
+        row = longest_row(model, self._rows)
+        return self._rows[row] if row is not None else None
 
     def cost(self, model: str, usage: Usage) -> float:
         """What `usage` of `model` costs (0 for a model without a price)."""

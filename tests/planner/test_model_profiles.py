@@ -70,6 +70,34 @@ def test_models_map_to_their_family(model: str, vendor: Any, profile: str) -> No
     assert profile_for(model, vendor).name == profile
 
 
+@pytest.mark.parametrize(
+    ("model", "vendor", "profile"),
+    [
+        # A row matches at the end of the id or before a `-` (a size, a variant, a date) ...
+        ("gpt-5.1", "openai", "gpt-5.1"),
+        ("gpt-5.1-codex-max", "openai", "gpt-5.1"),
+        ("o3-2025-04-16", "openai", "openai-o-series"),
+        ("gpt-4o-2024-08-06", "openai", "gpt-4o"),
+        # ... and nowhere else: another version that only starts with the same characters
+        # is not that row's model (gpt-5.10 is a later GPT-5, not gpt-5.1).
+        ("gpt-5.10", "openai", "gpt-5.2+"),
+        ("gpt-5.10-chat-latest", "openai", "gpt-5.2+"),
+        ("gpt-50", "openai", "openai-unknown"),
+        ("gpt-4.10", "openai", "openai-unknown"),
+        ("gpt-4o1", "openai", "openai-unknown"),
+        ("o30", "openai", "openai-unknown"),
+        ("gpt-60", "openai", "openai-unknown"),
+        ("claude-fabled", "anthropic", "anthropic-unknown"),
+        ("claude-mythos2", "anthropic", "anthropic-unknown"),
+        # A Claude version is read as a version: 4-10 is after 4-8, not 4-1.
+        ("claude-opus-4-10", "anthropic", "claude-adaptive-only"),
+        ("claude-opus-4-1-20250805", "anthropic", "claude-budget"),
+    ],
+)
+def test_a_model_id_matches_a_row_only_at_a_boundary(model: str, vendor: Any, profile: str) -> None:
+    assert profile_for(model, vendor).name == profile
+
+
 def test_what_the_families_take() -> None:
     budget, adaptive_only = PROFILES["claude-budget"], PROFILES["claude-adaptive-only"]
     assert budget.thinking_modes == {"budget"} and budget.retry_form(thinking=True) == "forced"

@@ -19,7 +19,7 @@ from planner.vendors.observed import ObservedAdapter
 def test_every_model_family_the_planner_knows_and_each_default_model_has_a_price() -> None:
     table = PriceTable()
     # The o4 family has one model; GPT-6's models are priced one by one.
-    examples = {"o4": "o4-mini", "gpt-6": "gpt-6-sol"}
+    examples = {"o4": "o4-mini", "gpt-6": "gpt-6-sol", "gpt-5.": "gpt-5.2", "gpt-6.": "gpt-6.1-sol"}
     for prefix in [*FAMILIES, *DEFAULT_MODELS.values()]:
         assert table.price(examples.get(prefix, prefix)) is not None, prefix
     # A dated model name finds its family's row; the longest prefix wins.
@@ -33,6 +33,43 @@ def test_every_model_family_the_planner_knows_and_each_default_model_has_a_price
     assert table.price("gpt-5.6-sol") == table.price("gpt-5.6")
     assert table.price("gpt-6-astra") != table.price("gpt-6-sol")
     assert table.price("gpt-6.2-sol") is None  # not listed: unpriced, not guessed
+
+
+@pytest.mark.parametrize(
+    ("model", "row"),
+    [
+        # A row matches at the end of the id or before a `-` (a size, a variant, a date) ...
+        ("gpt-5.1", "gpt-5.1"),
+        ("gpt-5.1-2025-11-13", "gpt-5.1"),
+        ("gpt-5-2025-08-07", "gpt-5"),
+        ("o3-pro-2025-06-10", "o3-pro"),
+        ("claude-opus-4-1-20250805", "claude-opus-4-1"),
+        ("claude-opus-4-20250514", "claude-opus-4-20250514"),
+        ("claude-sonnet-4-20250514", "claude-sonnet-4"),
+        # ... and nowhere else: a model that only starts with a row's characters is not
+        # billed as that row's model (gpt-5.10 is no gpt-5.1, claude-opus-4-10 no Opus 4.1).
+        ("gpt-5.10", None),
+        ("gpt-50", None),
+        ("gpt-4.10", None),
+        ("gpt-4o1", None),
+        ("o30", None),
+        ("claude-opus-4-10", None),
+        ("claude-opus-4-29", None),
+        ("claude-haiku-4-50", None),
+        ("claude-fabled", None),
+    ],
+)
+def test_a_model_id_is_priced_by_a_row_only_at_a_boundary(model: str, row: str | None) -> None:
+    table = PriceTable()
+    assert table.price(model) == (DEFAULT_PRICES[row] if row is not None else None)
+
+
+def test_an_operator_row_matches_only_at_a_boundary_too(tmp_path: Path) -> None:
+    path = tmp_path / "prices.toml"
+    path.write_text('[models."acme-7"]\ninput = 1.0\noutput = 2.0\n')
+    table = PriceTable.load(path)
+    assert table.price("acme-7-20260101") == Price(1.0, 2.0)
+    assert table.price("acme-70") is None
 
 
 def test_a_call_costs_each_kind_of_token_at_its_rate() -> None:
