@@ -6,7 +6,8 @@ live thinking text is forwarded to a callback as each delta arrives (a console c
 model thinking), while the persisted reasoning item is built only from completed blocks —
 thinking deltas joined, signature deltas joined — once the stream has ended properly. A stream
 cut off before its end raises `IncompleteStream` and nothing of it is committed, so a half-
-received thinking block or a signature from an interrupted stream is never reused.
+received thinking block or a signature from an interrupted stream is never reused. A 200 that
+is no event stream at all (a proxy's page) is `NotAnAnswer`, as it is for a call not streamed.
 """
 
 from __future__ import annotations
@@ -69,12 +70,33 @@ async def fetch_response(
         return dict(response.to_dict())
     feed, complete = stream
     events = await _asked(lambda: create(**params, stream=True), vendor, retries)
+    page = await _not_a_stream(events)
+    if page is not None:
+        raise planner_error(NotAnAnswer(page), vendor, retries=retries)
     try:
         async for event in events:
             feed(event)
         return complete()
     except Exception as err:
         raise planner_error(err, vendor, retries=retries) from err
+
+
+async def _not_a_stream(events: Any) -> str | None:
+    """The body of a 200 that is no event stream (a proxy's or gateway's HTML page), else
+    None. The SDKs read any 200 of a streamed call as events: a page yields none, and would
+    read as a stream that broke off rather than as the page it is (what a non-streamed call
+    reports, `NotAnAnswer`)."""
+    response = getattr(events, "response", None)
+    headers = getattr(response, "headers", None)
+    if response is None or headers is None:
+        return None
+    if "text/event-stream" in str(headers.get("content-type", "")).lower():
+        return None
+    try:
+        body = await response.aread()
+    finally:
+        await response.aclose()
+    return bytes(body).decode("utf-8", "replace")
 
 
 async def _asked(send: Callable[[], Awaitable[Any]], vendor: str, retries: int) -> Any:

@@ -214,6 +214,26 @@ async def test_a_billing_refusal_sent_as_an_invalid_request_fails_fast_and_keeps
     assert [r.status for r in server.requests] == [200, 400]
 
 
+@pytest.mark.parametrize("vendor", ["anthropic", "openai"])
+async def test_a_page_in_place_of_a_stream_is_not_an_answer(
+    server: FakeModelServer, planners: Planners, vendor: str
+) -> None:
+    """A proxy or gateway answering a streamed call with HTTP 200 and an HTML page: the SDK
+    reads any 200 as events, a page has none, and the planner said "stream broke off" (as
+    for a provider that dropped the connection) instead of what a non-streamed call says of
+    the same page: not an API answer, and which base URL to look at."""
+    server.answer_with_page(
+        "<!DOCTYPE html><html><head><title>Sign in to the proxy</title></head></html>"
+    )
+    planner = await (planners.anthropic() if vendor == "anthropic" else planners.openai())
+    with pytest.raises(PlannerUnavailable, match="not an API answer") as caught:
+        await planner.decide("screen 1")
+    assert "Sign in to the proxy" in str(caught.value)
+    assert f"AMC_PLANNER_{vendor.upper()}_BASE_URL" in str(caught.value)
+    assert "broke off" not in str(caught.value)
+    assert server.bodies()[0]["stream"] is True  # it was asked as a stream
+
+
 async def test_no_tool_call_twice_recovers_with_a_corrective_turn(
     server: FakeModelServer, planners: Planners
 ) -> None:
