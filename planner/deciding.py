@@ -19,6 +19,11 @@ on its retry is cut off again. The final error then names the limit.
 A tool call in an answer cut off at the limit is never executed (its arguments may be cut off
 and still validate): it gets the corrective turn, asked with the raised limit.
 Extra tool calls in one answer are answered "not executed"; the first one is used.
+An answer that stopped at the model's context window (Anthropic `model_context_window_exceeded`;
+OpenAI refuses such a request, 400 `context_length_exceeded`) is no cut-off answer: more output
+room cannot help and a corrective turn adds to a full context. It is never kept:
+`PlannerContextExceeded`, which runs `recover` (session mode: start afresh) once whichever call
+met it, and otherwise fails the decision.
 A refusal (the model declined: Anthropic `stop_reason: "refusal"`, an OpenAI refusal; or
 OpenAI's content filter stopped the answer: Chat `finish_reason: "content_filter"`, Responses
 incomplete for `content_filter`) ends the decision at once with `PlannerRefused`, before the
@@ -46,7 +51,13 @@ from planner.conversation.items import (
     UserObservation,
 )
 from planner.decision import Billed, Decision, RetryKind, ThinkingBlock, ThinkingKind, Usage
-from planner.errors import PlannerError, PlannerRefused, PlannerRejected, ToolCallError
+from planner.errors import (
+    PlannerContextExceeded,
+    PlannerError,
+    PlannerRefused,
+    PlannerRejected,
+    ToolCallError,
+)
 from planner.model_profiles import RetryForm
 from planner.settings import MAX_CALL_TOKENS, THINKING_MAX_TOKENS
 from planner.tools import ParsedToolCall, parse_tool_call
@@ -104,9 +115,9 @@ async def decide(
 ) -> tuple[Decision, list[Turn]]:
     """Ask `adapter` over `conversation` until one usable tool call comes back.
 
-    `recover`, when given, runs once if the first call is refused as invalid; the call is then
-    asked once more. Returns the decision and every turn it took, the last being the one whose
-    (first) call the decision carries.
+    `recover`, when given, runs once if the first call is refused as invalid, or any call meets
+    the context window; that call is then asked once more. Returns the decision and every turn
+    it took, the last being the one whose (first) call the decision carries.
     """
     ids = frozenset(element_ids) if element_ids is not None else None
     started = time.monotonic()
@@ -116,21 +127,33 @@ async def decide(
     corrective = 0
     room: int | None = None  # the raised output limit, once an answer was cut off
     answered_by = ""  # the model of the latest answered call ("": none answered yet)
+    recovered = False  # `recover` ran (once a decision)
 
     def request(*, force: bool, thinking: bool) -> TurnRequest:
         asked = conversation.request(forced=force, thinking=thinking)
         return asked if room is None else dataclasses.replace(asked, max_tokens=room)
 
+    async def complete(asked: TurnRequest) -> Turn:
+        nonlocal answered_by
+        turn = await adapter.complete(asked)
+        if turn.context_exceeded:
+            usage.add(turn.usage)  # billed, though never used
+            answered_by = turn.model or adapter.model
+            raise _overflowed(adapter, turn)
+        return turn
+
     async def ask(*, force: bool, first: bool = False) -> Turn:
-        nonlocal room, answered_by
+        nonlocal room, answered_by, recovered
         thinking = not force and conversation.thinking_allowed()
         try:
-            turn = await adapter.complete(request(force=force, thinking=thinking))
+            turn = await complete(request(force=force, thinking=thinking))
         except PlannerRejected as err:
-            if not first or recover is None:
+            overflow = isinstance(err, PlannerContextExceeded)
+            if recover is None or recovered or not (first or overflow):
                 raise
+            recovered = True
             await recover(err)
-            turn = await adapter.complete(request(force=force, thinking=thinking))
+            turn = await complete(request(force=force, thinking=thinking))
         usage.add(turn.usage)  # billed, whatever becomes of it
         answered_by = turn.model or adapter.model
         if turn.refusal is not None:
@@ -182,6 +205,16 @@ async def decide(
         user_prompt=user_prompt,
     )
     return decision, turns
+
+
+def _overflowed(adapter: ModelAdapter, turn: Turn) -> PlannerContextExceeded:
+    """The error of an answer that filled the context window: never kept, never corrected
+    (the correction would go on top of a full context)."""
+    return PlannerContextExceeded(
+        f"planner: {adapter.name} model {turn.model or adapter.model} stopped at its context "
+        f"window (stop reason {turn.stop_reason}): the conversation does not fit; its answer "
+        "is not used"
+    )
 
 
 def _raised(max_tokens: int, output_limit: int | None) -> int:

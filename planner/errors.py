@@ -71,6 +71,15 @@ class PlannerRejected(PlannerError):
     limits): sending it again unchanged fails the same way."""
 
 
+class PlannerContextExceeded(PlannerRejected):
+    """The conversation no longer fits the model's context window: Anthropic stopped the
+    answer there (`stop_reason: "model_context_window_exceeded"`) or refused the prompt as too
+    long, OpenAI refused it (400 `context_length_exceeded`). Asked again it overflows again,
+    and a corrective turn only adds to it, so it is never corrected: a session starts afresh
+    once (earlier screens condensed), a compact prompt fails the decision (gRPC UNKNOWN
+    through Decide), and nothing of the overflowed answer is kept."""
+
+
 class PlannerRefused(PlannerError):
     """The model declined to answer (Anthropic `stop_reason: "refusal"`, an OpenAI refusal), or
     OpenAI's content filter stopped the answer (`content_filter`). `str(err)` names the

@@ -104,6 +104,9 @@ class Turn:
     projection: ProjectionStats = field(default_factory=ProjectionStats)
     truncated: bool = False
     """The answer was cut off by the output token limit."""
+    context_exceeded: bool = False
+    """The answer stopped because the conversation filled the model's context window: no
+    more output room helps, and asking again on top of it overflows again."""
     max_tokens: int | None = None
     """The output token limit the call was sent with (thinking included)."""
     output_limit: int | None = None

@@ -31,6 +31,7 @@ import openai
 
 from planner.errors import (
     PlannerAuthError,
+    PlannerContextExceeded,
     PlannerError,
     PlannerRateLimited,
     PlannerRejected,
@@ -121,6 +122,11 @@ _AUTH_CODES = frozenset(
 #: specified API usage limits. You will regain access on …"; public issue trackers quote both).
 _BILLING_WORDS = ("credit balance is too low", "reached your specified api usage limits")
 _RATE_CODES = frozenset({"rate_limit_error", "rate_limit_exceeded"})
+#: A request over the model's context window: OpenAI's code (400, or a failed stream), and
+#: Anthropic's words for it (400 invalid_request_error "prompt is too long: 208656 tokens >
+#: 200000 maximum"). Sent again it is refused again: `PlannerContextExceeded`.
+_CONTEXT_CODES = frozenset({"context_length_exceeded"})
+_CONTEXT_WORDS = "prompt is too long"
 _INVALID_CODES = frozenset(
     {
         "invalid_request_error",
@@ -150,7 +156,8 @@ def planner_error(err: BaseException, vendor: str, *, retries: int) -> PlannerEr
     that had started — with the stream's status 200 or, as the OpenAI SDK raises the live
     API's nested error event, with none — a broken stream, a connection failure), the
     credentials refused (401, 403, billing or quota, whatever the status says), or an invalid
-    request (other 4xx, or an invalid-request code mid-stream).
+    request (other 4xx, or an invalid-request code mid-stream; one over the context window is
+    `PlannerContextExceeded`).
 
     `vendor` is the adapter name ("anthropic", "openai") or its label ("Anthropic", "OpenAI").
     """
@@ -185,6 +192,11 @@ def planner_error(err: BaseException, vendor: str, *, retries: int) -> PlannerEr
         if status == 402 or codes & {"billing_error", "insufficient_quota"} or billing:
             return PlannerAuthError(f"planner: {label} refused the request for billing ({detail})")
         return PlannerAuthError(f"planner: {label} denied permission ({detail})")
+    if codes & _CONTEXT_CODES or _CONTEXT_WORDS in detail.lower():
+        return PlannerContextExceeded(
+            f"planner: {label} refused the request: the conversation does not fit the model's "
+            f"context window ({detail})"
+        )
     if mid_stream:
         if codes & _RATE_CODES:
             return PlannerRateLimited(f"planner: {label} rate limit hit mid-stream ({detail})")

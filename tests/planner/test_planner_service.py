@@ -42,6 +42,7 @@ from tests.support.fakes import (
     anthropic_error,
     rate_limited_anthropic,
     text,
+    tool_use,
 )
 from tests.support.memory_log import MemoryDecisionLog
 
@@ -379,6 +380,26 @@ async def test_a_model_refusal_through_decide_is_unknown_and_asked_once(
     )
     assert error.code() == grpc.StatusCode.UNKNOWN
     assert "refused to answer (category bio)" in (error.details() or "")
+    assert len(fake_server.requests) == 1
+    assert srv.sink.rows == []
+
+
+async def test_a_prompt_over_the_context_window_through_decide_is_unknown_and_asked_once(
+    make_server: Callable[..., Any], fake_server: FakeModelServer
+) -> None:
+    """Claude stopped at its context window (`model_context_window_exceeded`) was taken for an
+    answer cut off at max_tokens: asked again with a corrective turn on top (more context),
+    which overflowed again. A compact prompt that does not fit fails the decision at once:
+    UNKNOWN naming the context window, one provider call, nothing logged."""
+    overflowed = ScriptedTurn(
+        [text("Opening"), tool_use("tap", {"element_id": "e1", "purpose": "p"})],
+        stop_reason="model_context_window_exceeded",
+    )
+    error, srv = await _refused_through_decide(
+        make_server, fake_server, [overflowed, overflowed], model="claude-sonnet-4-6"
+    )
+    assert error.code() == grpc.StatusCode.UNKNOWN
+    assert "context window" in (error.details() or "")
     assert len(fake_server.requests) == 1
     assert srv.sink.rows == []
 

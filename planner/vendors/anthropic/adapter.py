@@ -6,6 +6,7 @@ import anthropic
 
 from planner.model_profiles import ModelProfile, RetryForm, profile_for
 from planner.vendors.anthropic.messages import (
+    CONTEXT_EXCEEDED_STOP,
     AnthropicStreamAccumulator,
     Cache,
     items_from_message,
@@ -120,6 +121,7 @@ class AnthropicAdapter:
             request=params,
             projection=projection.stats,
             truncated=truncated(stop),
+            context_exceeded=stop == CONTEXT_EXCEEDED_STOP,
             max_tokens=params["max_tokens"],
             output_limit=self.profile.max_output_tokens,
             readable_thinking=self.profile.readable_thinking,

@@ -89,14 +89,14 @@ def request_params(
     return params
 
 
-#: Stop reasons of an answer cut off: at `max_tokens`, or where the response filled the
-#: model's context window ("Treat the response as truncated", handling-stop-reasons docs).
-TRUNCATED_STOPS = frozenset({"max_tokens", "model_context_window_exceeded"})
+#: The stop reason of an answer that filled the model's context window: cut off like one at
+#: `max_tokens`, but more output room cannot help and a correction on top overflows again.
+CONTEXT_EXCEEDED_STOP = "model_context_window_exceeded"
 
 
 def truncated(stop_reason: str | None) -> bool:
-    """The answer was cut off by the output token limit or the context window."""
-    return stop_reason in TRUNCATED_STOPS
+    """The answer was cut off by the output token limit."""
+    return stop_reason == "max_tokens"
 
 
 def refusal(message: Mapping[str, Any]) -> str | None:

@@ -18,6 +18,7 @@ from planner.deciding import CUT_OFF, NUDGE
 from planner.errors import (
     PlannerAuthError,
     PlannerConfigError,
+    PlannerContextExceeded,
     PlannerError,
     PlannerRateLimited,
     PlannerRejected,
@@ -40,6 +41,7 @@ from tests.support.fakes import (
     anthropic_error,
     function_call,
     message,
+    openai_error,
     rate_limited_anthropic,
     reasoning,
     text,
@@ -294,12 +296,11 @@ async def test_signature_only_thinking_is_omitted_not_redacted(
     assert kept.signature and not kept.redacted_data
 
 
-@pytest.mark.parametrize("stop", ["max_tokens", "model_context_window_exceeded"])
 async def test_a_reply_cut_off_at_max_tokens_is_marked_and_its_call_not_executed(
-    server: FakeModelServer, planners: Planners, stop: str
+    server: FakeModelServer, planners: Planners
 ) -> None:
-    """Both stop reasons mean a cut-off answer (the docs: "Treat the response as truncated"):
-    its call may be incomplete, and gets the corrective turn, asked with more room."""
+    """A cut-off answer's call may be incomplete: it gets the corrective turn, asked with more
+    room."""
     server.anthropic_script.extend(
         [
             ScriptedTurn(
@@ -308,7 +309,7 @@ async def test_a_reply_cut_off_at_max_tokens_is_marked_and_its_call_not_executed
                     text("Pressing back because"),
                     tool_use("press_key", {"key": "back", **INTENT}),
                 ],
-                stop_reason=stop,
+                stop_reason="max_tokens",
             ),
             ScriptedTurn([thinking("again"), tool_use("press_key", {"key": "home", **INTENT})]),
         ]
@@ -322,6 +323,76 @@ async def test_a_reply_cut_off_at_max_tokens_is_marked_and_its_call_not_executed
     (result,) = retried["messages"][-1]["content"]
     assert result["type"] == "tool_result" and result["is_error"] is True
     assert server.rejections == []
+
+
+async def test_a_session_past_the_context_window_starts_afresh_once_not_corrected(
+    server: FakeModelServer, planners: Planners
+) -> None:
+    """Claude stopped at its context window (`model_context_window_exceeded`) was taken for an
+    answer cut off at max_tokens: the corrective turn went back on top of a full context (and
+    asked for more output room), overflowed again, and the step failed as "an unusable tool
+    call twice"; every later step of the session overflowed the same way. The session now
+    starts afresh (earlier screens condensed, earlier reasoning retired) and asks once more;
+    the overflowed answer is never kept, but what it cost counts."""
+    overflowed = ScriptedTurn(
+        [thinking("t"), tool_use("press_key", {"key": "back", **INTENT})],
+        stop_reason="model_context_window_exceeded",
+        usage={"input_tokens": 199_000, "output_tokens": 1_000},
+    )
+    server.anthropic_script.extend([_turn(1), overflowed, _turn(2)])
+    planner = await planners.anthropic()
+    await planner.decide("screen 1")
+    await planner.record_tool_result("pressed")
+    decision = await planner.decide("screen 2")
+    assert decision.extra["started_afresh"] is True
+    assert decision.corrective_retries == 0 and not decision.output_truncated
+    assert decision.usage.input_tokens > 199_000  # the overflowed call was billed
+    assert any(isinstance(i, ContextCheckpoint) for i in planner.history)
+    assert "thought 2" in [i.text for i in planner.history if isinstance(i, Reasoning)]
+    assert "t" not in [i.text for i in planner.history if isinstance(i, Reasoning)]
+    overflowing, afresh = server.bodies("/v1/messages")[1:]
+    assert afresh["max_tokens"] == overflowing["max_tokens"]  # no more output room asked
+    assert afresh["messages"][-1]["content"][-1] == {"type": "text", "text": "screen 2"}
+    assert server.rejections == []
+
+
+async def test_a_session_still_past_the_context_window_fails_the_step_typed(
+    server: FakeModelServer, planners: Planners
+) -> None:
+    """Afresh and still over the window: the step fails with PlannerContextExceeded (gRPC
+    UNKNOWN through Decide) after two calls, not a loop of corrective turns."""
+    overflowed = ScriptedTurn(
+        [thinking("t"), tool_use("press_key", {"key": "back", **INTENT})],
+        stop_reason="model_context_window_exceeded",
+    )
+    server.anthropic_script.extend([overflowed, overflowed, overflowed])
+    planner = await planners.anthropic()
+    with pytest.raises(PlannerContextExceeded, match="context window") as caught:
+        await planner.decide("screen 1")
+    assert "claude-sonnet-4-6" in str(caught.value)
+    assert len(server.requests) == 2
+    assert not any(isinstance(i, Reasoning) for i in planner.history)
+
+
+async def test_an_openai_request_over_the_context_window_starts_the_session_afresh(
+    server: FakeModelServer, planners: Planners
+) -> None:
+    """OpenAI refuses a request over the window before answering (400
+    `context_length_exceeded`, Responses and Chat alike): the same afresh path, and the same
+    typed error when that does not help."""
+    too_long = openai_error(
+        400,
+        "Your input exceeds the context window of this model. Please adjust your input and "
+        "try again.",
+        "invalid_request_error",
+        "context_length_exceeded",
+    )
+    server.responses_script.extend([too_long, too_long])
+    planner = await planners.openai()
+    with pytest.raises(PlannerContextExceeded, match="context window"):
+        await planner.decide("screen 1")
+    assert len(server.requests) == 2
+    assert any(isinstance(i, ContextCheckpoint) for i in planner.history)
 
 
 async def test_a_stream_cut_off_inside_a_tool_call_gets_the_corrective_turn(

@@ -8,6 +8,7 @@ import pytest
 
 from planner.errors import (
     PlannerAuthError,
+    PlannerContextExceeded,
     PlannerRateLimited,
     PlannerRejected,
     PlannerTransient,
@@ -65,7 +66,14 @@ class StreamStatusError(SdkError):
         (SdkError(402, "Your credit balance is too low"), PlannerAuthError),
         (SdkError(403, "not allowed"), PlannerAuthError),
         (StreamError("the Responses stream failed", "server_is_overloaded"), PlannerUnavailable),
-        (StreamError("the Responses stream failed", "context_length_exceeded"), PlannerRejected),
+        (
+            StreamError("the Responses stream failed", "context_length_exceeded"),
+            PlannerContextExceeded,
+        ),
+        (
+            SdkError(400, "prompt is too long: 208656 tokens > 200000 maximum"),
+            PlannerContextExceeded,
+        ),
         (IncompleteStream("cut off"), PlannerUnavailable),
     ],
 )
