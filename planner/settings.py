@@ -92,6 +92,8 @@ class PlannerSettings(BaseSettings):
     max_retries: int = Field(default=2, ge=0, le=10)
     timeout_s: float = Field(default=60.0, gt=0)
     history_window: int = Field(default=20, ge=1)
+    # Compact mode: the step's screenshot goes to the model too, within the provider's image
+    # limit (re-encoded at the screen's size where needed: planner/vendors/images.py).
     send_screenshot: bool = False
     # A model profile by name (`planner/model_profiles.py`), for a model the table does not know
     # or knows wrong; unset, the profile is looked up by the model's name.

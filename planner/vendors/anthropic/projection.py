@@ -58,6 +58,7 @@ from planner.conversation.turns import (
     segment,
 )
 from planner.vendors.base import image_media_type
+from planner.vendors.images import ANTHROPIC_MAX_BASE64, fitted, left_out
 
 
 @dataclass(slots=True)
@@ -244,7 +245,12 @@ def _append(messages: list[dict[str, Any]], role: str, content: list[dict[str, A
     messages.append({"role": role, "content": content})
 
 
-def _image_block(data: bytes) -> dict[str, Any]:
+def _image_block(screenshot: bytes) -> dict[str, Any]:
+    """The screenshot as an image block within the API's 5 MB of base64 (re-encoded at the
+    same size where needed), or a text block saying it was left out."""
+    data = fitted(screenshot, ANTHROPIC_MAX_BASE64)
+    if data is None:
+        return {"type": "text", "text": left_out(screenshot, ANTHROPIC_MAX_BASE64, "Anthropic")}
     return {
         "type": "image",
         "source": {

@@ -26,6 +26,7 @@ from planner.decision import Usage
 from planner.settings import THINKING_MAX_TOKENS
 from planner.tools import ToolSpec
 from planner.vendors.base import image_media_type
+from planner.vendors.images import OPENAI_MAX_BASE64, fitted, left_out
 from planner.vendors.openai.calls import CONTENT_FILTERED, function_call
 
 
@@ -46,14 +47,11 @@ def project_chat(
                 content = f"ERROR: {item.output}" if item.is_error else item.output
                 out.append({"role": "tool", "tool_call_id": item.call_id, "content": content})
             elif id(item) in shots:
-                url = f"data:{image_media_type(shots[id(item)])};base64," + base64.b64encode(
-                    shots[id(item)]
-                ).decode("ascii")
                 out.append(
                     {
                         "role": "user",
                         "content": [
-                            {"type": "image_url", "image_url": {"url": url}},
+                            _image_part(shots[id(item)]),
                             {"type": "text", "text": item.text},
                         ],
                     }
@@ -61,6 +59,16 @@ def project_chat(
             else:
                 out.append({"role": "user", "content": item.text})
     return out
+
+
+def _image_part(screenshot: bytes) -> dict[str, Any]:
+    """The screenshot as an image part within OpenAI's per-image limit, or a text part saying
+    it was left out (`planner/vendors/images.py`)."""
+    data = fitted(screenshot, OPENAI_MAX_BASE64)
+    if data is None:
+        return {"type": "text", "text": left_out(screenshot, OPENAI_MAX_BASE64, "OpenAI")}
+    url = f"data:{image_media_type(data)};base64," + base64.b64encode(data).decode("ascii")
+    return {"type": "image_url", "image_url": {"url": url}}
 
 
 def _assistant(turn: ModelTurn) -> dict[str, Any]:

@@ -43,6 +43,7 @@ from planner.conversation.turns import (
     segment,
 )
 from planner.vendors.base import image_media_type
+from planner.vendors.images import OPENAI_MAX_BASE64, fitted, left_out
 
 ENCRYPTED_REASONING: Final = "reasoning.encrypted_content"
 
@@ -232,6 +233,11 @@ def project_responses(
     return ResponsesProjection(out, stats)
 
 
-def _input_image(data: bytes) -> dict[str, Any]:
+def _input_image(screenshot: bytes) -> dict[str, Any]:
+    """The screenshot as an input image within OpenAI's per-image limit, or input text saying
+    it was left out (`planner/vendors/images.py`)."""
+    data = fitted(screenshot, OPENAI_MAX_BASE64)
+    if data is None:
+        return {"type": "input_text", "text": left_out(screenshot, OPENAI_MAX_BASE64, "OpenAI")}
     url = f"data:{image_media_type(data)};base64," + base64.b64encode(data).decode("ascii")
     return {"type": "input_image", "image_url": url, "detail": "auto"}

@@ -22,10 +22,12 @@ from planner.errors import (
     PlannerUnavailable,
 )
 from planner.planner import Planner
+from planner.service import MAX_SCREENSHOT
 from planner.settings import MAX_CALL_TOKENS, THINKING_MAX_TOKENS, PlannerSettings
 from planner.vendors import failures, make_adapter
 from planner.vendors.anthropic import INTERLEAVED_THINKING_BETA
 from planner.vendors.base import Probeable
+from planner.vendors.images import ANTHROPIC_MAX_BASE64, base64_size
 from tests.planner.scenes import settings_main
 from tests.support.fakes import (
     ANTHROPIC_KEY,
@@ -41,6 +43,7 @@ from tests.support.fakes import (
     thinking,
     tool_use,
 )
+from tests.support.screenshots import image_of, phone_png
 
 GOAL = "Turn on dark theme"
 TAP_DISPLAY = {
@@ -556,3 +559,50 @@ async def test_a_page_that_is_no_api_answer_is_unavailable_not_an_attribute_erro
         await decide(planner)
     assert "Sign in to the proxy" in str(caught.value)
     assert "AMC_PLANNER_ANTHROPIC_BASE_URL" in str(caught.value)
+
+
+async def test_a_large_screenshot_goes_within_the_image_limit_at_the_screens_size(
+    fake_server: FakeModelServer,
+) -> None:
+    """Anthropic refuses an image over 5 MB of base64 (400 "image exceeds 5 MB maximum"),
+    while Decide takes 8 MB: the PNG of a 1440×3120 phone is past it, and with
+    `send_screenshot` every step failed. It now goes as a JPEG of the same pixel size (the
+    model's coordinates stay the screen's), within the limit."""
+    png = phone_png(1440, 3120, noisy_rows=1300)
+    assert len(png) <= MAX_SCREENSHOT and base64_size(len(png)) > ANTHROPIC_MAX_BASE64
+    fake_server.script_anthropic(anthropic_message(tool_use("tap", TAP_DISPLAY)))
+    planner = make(fake_server, send_screenshot=True)
+    try:
+        decision = await planner.decide(GOAL, settings_main(), screenshot=png)
+    finally:
+        await planner.aclose()
+    assert decision.arguments == {"element_id": "e17"}
+    assert fake_server.rejections == []
+    (request,) = fake_server.bodies("/v1/messages")
+    image, prompt = request["messages"][0]["content"]
+    source = image["source"]
+    assert len(source["data"]) <= ANTHROPIC_MAX_BASE64
+    assert source["media_type"] == "image/jpeg"
+    sent = image_of(source["data"])
+    assert (sent.format, sent.size) == ("JPEG", (1440, 3120))
+    assert prompt["type"] == "text" and GOAL in prompt["text"]
+
+
+async def test_a_screenshot_that_fits_no_way_is_left_out_and_the_prompt_says_so(
+    fake_server: FakeModelServer,
+) -> None:
+    """A screen too large and busy to fit even as a JPEG goes without its image, and the
+    model is told (rather than the step failing on the provider's 400)."""
+    png = phone_png(2400, 5600, noisy_rows=5600)
+    fake_server.script_anthropic(anthropic_message(tool_use("tap", TAP_DISPLAY)))
+    planner = make(fake_server, send_screenshot=True)
+    try:
+        await planner.decide(GOAL, settings_main(), screenshot=png)
+    finally:
+        await planner.aclose()
+    assert fake_server.rejections == []
+    (request,) = fake_server.bodies("/v1/messages")
+    note, prompt = request["messages"][0]["content"]
+    assert note["type"] == "text" and note["text"].startswith("[No screenshot this step")
+    assert "Anthropic's limit" in note["text"]
+    assert GOAL in prompt["text"]

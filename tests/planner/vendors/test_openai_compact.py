@@ -14,6 +14,7 @@ from planner.errors import PlannerAuthError, PlannerRateLimited, PlannerUnavaila
 from planner.planner import Planner
 from planner.settings import THINKING_MAX_TOKENS, PlannerSettings
 from planner.vendors import make_adapter
+from planner.vendors.images import OPENAI_MAX_BASE64, base64_size
 from tests.planner.scenes import settings_main
 from tests.support.fakes import (
     OPENAI_KEY,
@@ -27,6 +28,7 @@ from tests.support.fakes import (
     rate_limited_openai,
     reasoning,
 )
+from tests.support.screenshots import image_of, phone_png
 
 TAP = {
     "element_id": "e17",
@@ -367,6 +369,34 @@ async def test_gpt5_compact_screenshot_goes_as_input_image(fake_server: FakeMode
     assert image["type"] == "input_image" and image["detail"] == "auto"
     assert image["image_url"].startswith("data:image/png;base64,")
     assert prompt["type"] == "input_text"
+
+
+@pytest.mark.parametrize("model", ["gpt-4.1", "gpt-5.4"], ids=["chat", "responses"])
+async def test_a_screenshot_over_openais_image_limit_goes_within_it_at_the_screens_size(
+    fake_server: FakeModelServer, model: str
+) -> None:
+    """OpenAI takes up to 20 MB per image; the direct transport has no cap of its own, so a
+    larger PNG went as it was. It now goes as a JPEG of the same pixel size, within it."""
+    png = phone_png(1600, 3400, noisy_rows=3400)
+    assert base64_size(len(png)) > OPENAI_MAX_BASE64
+    if model == "gpt-4.1":
+        fake_server.script_openai(chat_completion(None, openai_tool_call("tap", TAP)))
+    else:
+        fake_server.script_responses(ScriptedTurn([function_call("tap", TAP)]))
+    planner = make(fake_server, model=model, send_screenshot=True, thinking="off")
+    try:
+        await planner.decide("Turn on dark theme", settings_main(), screenshot=png)
+    finally:
+        await planner.aclose()
+    (request,) = fake_server.requests
+    if model == "gpt-4.1":
+        url = request.body["messages"][1]["content"][0]["image_url"]["url"]
+    else:
+        url = request.body["input"][0]["content"][0]["image_url"]
+    assert url.startswith("data:image/jpeg;base64,")
+    assert len(url.split(",", 1)[1]) <= OPENAI_MAX_BASE64
+    sent = image_of(url)
+    assert (sent.format, sent.size) == ("JPEG", (1600, 3400))
 
 
 async def test_gpt5_correction_with_thinking_off_sends_the_call_without_its_id(

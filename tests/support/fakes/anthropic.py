@@ -181,6 +181,30 @@ def _bad(message: str) -> Rejected:
     return Rejected(anthropic_error(400, "invalid_request_error", message), message)
 
 
+#: The most base64 one image may take ("image exceeds 5 MB maximum: 5316444 bytes > 5242880
+#: bytes", as the API answers).
+IMAGE_MAX_BASE64 = 5 * 1024 * 1024
+_MAGIC = {b"\x89PNG": "image/png", b"\xff\xd8\xff": "image/jpeg", b"GIF8": "image/gif"}
+
+
+def _check_image(where: str, block: dict[str, Any]) -> None:
+    """An image block's base64 source: within 5 MB, and of the media type it claims."""
+    source = block.get("source") or {}
+    if source.get("type") != "base64":
+        return
+    data = str(source.get("data") or "")
+    if len(data) > IMAGE_MAX_BASE64:
+        raise _bad(
+            f"{where}: image exceeds 5 MB maximum: {len(data)} bytes > {IMAGE_MAX_BASE64} bytes"
+        )
+    head = base64.b64decode(data[:16] + "=" * (-len(data[:16]) % 4))
+    kind = next((t for magic, t in _MAGIC.items() if head.startswith(magic)), None)
+    if kind is not None and kind != source.get("media_type"):
+        raise _bad(
+            f"{where}: Image does not match the provided media type {source.get('media_type')}"
+        )
+
+
 # --- what identifies a block across a round trip ---------------------------------------------
 
 
@@ -654,6 +678,8 @@ class MessagesFake:
         uses = {b.get("id") for b in before if b.get("type") == "tool_use"}
         seen_other = False
         for j, block in enumerate(content):
+            if block.get("type") == "image":
+                _check_image(f"messages.{i}.content.{j}.image.source.base64", block)
             if block.get("type") != "tool_result":
                 seen_other = True
                 continue
