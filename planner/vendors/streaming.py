@@ -70,10 +70,10 @@ async def fetch_response(
         return dict(response.to_dict())
     feed, complete = stream
     events = await _asked(lambda: create(**params, stream=True), vendor, retries)
-    page = await _not_a_stream(events)
-    if page is not None:
-        raise planner_error(NotAnAnswer(page), vendor, retries=retries)
     try:
+        page = await _not_a_stream(events)
+        if page is not None:
+            raise NotAnAnswer(page)
         async for event in events:
             feed(event)
         return complete()
@@ -92,11 +92,15 @@ async def _not_a_stream(events: Any) -> str | None:
         return None
     if "text/event-stream" in str(headers.get("content-type", "")).lower():
         return None
+    head = b""
     try:
-        body = await response.aread()
+        async for chunk in response.aiter_bytes():  # its start says what it is
+            head += chunk
+            if len(head) >= 4096:
+                break
     finally:
         await response.aclose()
-    return bytes(body).decode("utf-8", "replace")
+    return head.decode("utf-8", "replace")
 
 
 async def _asked(send: Callable[[], Awaitable[Any]], vendor: str, retries: int) -> Any:

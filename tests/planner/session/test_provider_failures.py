@@ -236,6 +236,18 @@ async def test_a_page_in_place_of_a_stream_is_not_an_answer(
     assert server.bodies()[0]["stream"] is True  # it was asked as a stream
 
 
+@pytest.mark.parametrize("vendor", ["anthropic", "openai"])
+async def test_a_page_in_place_of_a_stream_cut_off_is_unavailable(
+    server: FakeModelServer, planners: Planners, vendor: str
+) -> None:
+    """The connection drops while the page is read: still a planner error the host waits on,
+    not the HTTP library's exception (an internal error at Decide)."""
+    server.answer_with_page("<html><body>Sign in to the proxy</body></html>", cut=True)
+    planner = await (planners.anthropic() if vendor == "anthropic" else planners.openai())
+    with pytest.raises(PlannerUnavailable):
+        await planner.decide("screen 1")
+
+
 async def test_no_tool_call_twice_recovers_with_a_corrective_turn(
     server: FakeModelServer, planners: Planners
 ) -> None:

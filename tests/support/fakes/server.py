@@ -54,6 +54,8 @@ class Answer:
     events: list[tuple[str, dict[str, Any]]] | None = None
     html: str | None = None
     """Served instead of the JSON body, as text/html."""
+    cut: bool = False
+    """The body stops short of its content-length and the connection closes."""
 
 
 class Rejected(Exception):
@@ -99,6 +101,7 @@ class FakeServer:
         #: a proxy or gateway answering in the API's place (`answer_with_page`).
         self.page: str | None = None
         self.page_status = 200
+        self.page_cut = False
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler_class())
         self._server.daemon_threads = True
         self._thread: threading.Thread | None = None
@@ -158,14 +161,15 @@ class FakeServer:
         with self.lock:
             self.down_status = None
 
-    def answer_with_page(self, page: str | None, status: int = 200) -> None:
+    def answer_with_page(self, page: str | None, status: int = 200, *, cut: bool = False) -> None:
         """From now on (None: no longer) every request gets HTTP `status` with `page` as
         text/html, without using the script: a proxy or gateway in front of the API answering
         in its place (a login page, a load balancer's 502 page), or a base URL that names a web
-        page."""
+        page. `cut`: the connection drops before the page's end."""
         with self.lock:
             self.page = page
             self.page_status = status
+            self.page_cut = cut
 
     # --- handling ---
     def handle(self, path: str, headers: dict[str, str], body: dict[str, Any]) -> Answer:
@@ -174,7 +178,7 @@ class FakeServer:
             self.requests.append(record)
             if self.page is not None:
                 record.status = self.page_status
-                return Answer(self.page_status, html=self.page)
+                return Answer(self.page_status, html=self.page, cut=self.page_cut)
             fmt = next((f for f in self.formats if path.rstrip("/") in f.paths), None)
             try:
                 if fmt is None:
@@ -196,7 +200,7 @@ class FakeServer:
             self.requests.append(record)
             if self.page is not None:
                 record.status = self.page_status
-                return Answer(self.page_status, html=self.page)
+                return Answer(self.page_status, html=self.page, cut=self.page_cut)
             fmt = self.formats[0] if "anthropic-version" in headers else self.formats[-1]
             try:
                 if not path.startswith("/v1/models/"):
@@ -247,11 +251,13 @@ class FakeServer:
                 data = (answer.html or "").encode() if html else json.dumps(answer.body).encode()
                 self.send_response(answer.status)
                 self.send_header("content-type", "text/html" if html else "application/json")
-                self.send_header("content-length", str(len(data)))
+                self.send_header("content-length", str(len(data) + (1024 if answer.cut else 0)))
                 for k, v in answer.headers.items():
                     self.send_header(k, v)
                 self.end_headers()
                 self.wfile.write(data)
+                if answer.cut:
+                    self.close_connection = True
 
             def _sse(self, answer: Answer) -> None:
                 self.send_response(200)
