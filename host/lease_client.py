@@ -11,6 +11,10 @@ assignments, renewals, revocations, result acks. The client:
   resending it after a reconnect, after a retryable rejection and every `RESULT_RESEND_S`
   without an answer; a result whose lease ran out meanwhile is still sent (the cloud accepts
   it as late while no other attempt has started), so finished work is not run again;
+- keeps each result on disk too (`ResultKeeper`, the outbox's file) from the moment the attempt
+  ends: a process started after one that died with results unanswered names their leases in
+  its hello (else the cloud releases them and runs the tasks again) and sends them; a result
+  the cloud refuses is dropped, with a log line, not sent again;
 - stops a task whose lease ran out by its own clock while the cloud was unreachable, and reports
   it once it reconnects (a retryable result; the cloud may have given the lease a new term);
 - starts an assignment for a phone whose previous attempt is still stopping (revoked, within
@@ -41,6 +45,7 @@ from typing import Protocol
 
 import grpc
 from google.protobuf import duration_pb2, timestamp_pb2
+from google.protobuf.message import DecodeError
 
 from amc.v1 import lease_service_pb2, lease_service_pb2_grpc, types_pb2
 from host import metrics
@@ -69,6 +74,16 @@ EXPIRED_LOCALLY = "LEASE_EXPIRED_LOCALLY"
 UNREACHABLE_SUMMARY = "stopped: the lease ran out while the cloud was unreachable"
 #: The retryable result of an attempt stopped because the cloud said its lease is not live.
 LEASE_NOT_LIVE_SUMMARY = "stopped: the cloud said the lease is no longer live"
+
+
+class ResultKeeper(Protocol):
+    """Where results wait for the cloud's answer across a restart (an `OutboxStore` fits)."""
+
+    def keep_result(self, task_id: str, attempt: int, device_serial: str, body: bytes) -> None: ...
+
+    def drop_result(self, task_id: str, attempt: int) -> None: ...
+
+    def held_results(self) -> list[tuple[str, bytes]]: ...
 
 
 class DeviceSource(Protocol):
@@ -168,6 +183,7 @@ class LeaseClient:
         run_task: RunTask,
         config: LeaseClientConfig | None = None,
         rng: random.Random | None = None,
+        results: ResultKeeper | None = None,
     ) -> None:
         self._channel_factory = channel_factory
         self._devices = devices
@@ -176,6 +192,12 @@ class LeaseClient:
         self._rng = rng or random.Random()
         self._tasks: dict[Key, RunningTask] = {}
         self._outbox: dict[Key, lease_service_pb2.LeaseRequest] = {}
+        self._results = results
+        #: Results a previous process of this host kept, with their phones: their leases are
+        #: named in the hello until the cloud answered them.
+        self._inherited: dict[Key, str] = {}
+        #: The host is stopping: what its tasks end with now is the stop, not a result.
+        self._stopping = False
         #: Results sent once more after the cloud said their lease expired (a late result is
         #: accepted when no other attempt started; a second "expired" means it was not).
         self._late_tried: set[Key] = set()
@@ -217,6 +239,7 @@ class LeaseClient:
     async def run(self, stop: asyncio.Event) -> None:
         """Connect, serve, reconnect until `stop` is set; then stop every task."""
         self._loop = asyncio.get_running_loop()
+        await self._inherit_results()
         failures = 0
         try:
             while not stop.is_set():
@@ -330,6 +353,18 @@ class LeaseClient:
             for rt in self._tasks.values()
             if rt.task is not None and not rt.task.done() and rt.revoked is None
         ]
+        # A previous process's results: unnamed, their leases would be released (the task run
+        # again) before the results that follow the hello arrive.
+        held += [
+            lease_service_pb2.HeldAssignment(
+                task_id=request.result.task_id,
+                attempt=request.result.attempt,
+                lease_id=request.result.lease_id,
+                device_serial=self._inherited[key],
+            )
+            for key, request in self._outbox.items()
+            if key in self._inherited
+        ]
         hello = lease_service_pb2.HostHello(
             devices=[d.to_proto() for d in self._devices.devices()][:256],
             agent_version=self.config.agent_version,
@@ -393,9 +428,7 @@ class LeaseClient:
             if a.late:
                 log.info("result of %s/%d accepted late (its lease had run out)",
                          a.task_id, a.attempt)  # fmt: skip
-            self._outbox.pop((a.task_id, a.attempt), None)
-            self._late_tried.discard((a.task_id, a.attempt))
-            self._forget_if_done((a.task_id, a.attempt))
+            self._let_go((a.task_id, a.attempt))
         elif kind == "superseded":
             self.superseded = response.superseded.message or "superseded by a newer process"
         elif kind == "rejected":
@@ -409,8 +442,7 @@ class LeaseClient:
             # A result the cloud cannot use would be resent forever; drop it.
             if rj.task_id:
                 for key in [k for k in self._outbox if k[0] == rj.task_id]:
-                    self._outbox.pop(key, None)
-                    self._forget_if_done(key)
+                    self._let_go(key, f"rejected it (code {rj.code}): {rj.message}")
 
     def _schedule_resend(self) -> None:
         """Send every unacknowledged result again in `RESEND_AFTER_UNAVAILABLE_S` (once)."""
@@ -439,6 +471,11 @@ class LeaseClient:
 
     def _on_assignment(self, a: lease_service_pb2.Assignment) -> None:
         key = (a.task_id, a.attempt)
+        if key in self._inherited:
+            # A lease the hello named for its result (a previous process ended the attempt):
+            # the result follows; the task is not run again.
+            log.info("lease of %s/%d kept for its result, which follows", *key)
+            return
         lease_s = _duration_s(a.lease_duration, DEFAULT_LEASE_S)
         left = a.lease_remaining if a.HasField("lease_remaining") else None
         existing = self._tasks.get(key)
@@ -542,8 +579,22 @@ class LeaseClient:
             self._send(pending)
             return
         # The lease is gone and the result, if any, will not be accepted.
-        self._outbox.pop(key, None)
+        reason = lease_service_pb2.RevokeReason.Name(r.reason)
+        self._let_go(key, f"refused it ({reason}: {r.message})" if pending is not None else None)
+
+    def _let_go(self, key: Key, refused: str | None = None) -> None:
+        """Forget a result: the cloud took it, or `refused` it (said why, for the log)."""
+        request = self._outbox.pop(key, None)
         self._late_tried.discard(key)
+        self._inherited.pop(key, None)
+        if request is not None:
+            if refused is not None:
+                log.warning("result of %s/%d dropped: the cloud %s", *key, refused)
+            if self._results is not None:
+                try:
+                    self._results.drop_result(*key)
+                except Exception:  # kept on disk: the next process sends it, and is answered
+                    log.exception("could not forget the result of %s/%d", *key)
         self._forget_if_done(key)
 
     def _forget_if_done(self, key: Key) -> None:
@@ -608,6 +659,10 @@ class LeaseClient:
                     rt.revoke_message or outcome.summary,
                     rt.progress.snapshot(),
                 )
+        elif self._stopping and outcome.status == "cancelled":
+            # The host stopped it: no result (it would end the task CANCELLED). The next
+            # process's hello releases the lease, and the task runs again.
+            pass
         else:
             self._queue_result(
                 rt.spec,
@@ -640,12 +695,52 @@ class LeaseClient:
             retryable=retryable,
             replay=replay,
         )
-        request = lease_service_pb2.LeaseRequest(result=result)
-        key = (spec.task_id, spec.attempt)
+        if self._results is not None:
+            try:
+                self._results.keep_result(
+                    spec.task_id, spec.attempt, spec.device_serial, result.SerializeToString()
+                )
+            except Exception:  # still sent from memory; lost only if the host restarts first
+                log.exception(
+                    "could not keep the result of %s/%d on disk", spec.task_id, spec.attempt
+                )
+        self._hold(lease_service_pb2.LeaseRequest(result=result))
+
+    def _hold(self, request: lease_service_pb2.LeaseRequest) -> None:
+        """Send a result now and until the cloud answers it."""
+        key = (request.result.task_id, request.result.attempt)
         self._outbox[key] = request
         self._send(request)
         if self._loop is not None:
             self._loop.call_later(RESULT_RESEND_S, self._resend_unanswered, key, request)
+
+    async def _inherit_results(self) -> None:
+        """Take over the results a previous process of this host kept and the cloud never
+        answered: sent on the first stream, their leases named in its hello."""
+        if self._results is None:
+            return
+        try:
+            held = await asyncio.to_thread(self._results.held_results)
+        except Exception:
+            log.exception("could not read the results kept by the previous process")
+            return
+        for serial, body in held:
+            try:
+                result = lease_service_pb2.TaskResult.FromString(body)
+            except DecodeError:  # a file damaged on disk: nothing to send
+                log.error("a result kept by the previous process cannot be read; skipped")
+                continue
+            request = lease_service_pb2.LeaseRequest(result=result)
+            key = (request.result.task_id, request.result.attempt)
+            if key in self._outbox:
+                continue
+            self._inherited[key] = serial
+            self._hold(request)
+        if self._inherited:
+            log.info(
+                "%d result(s) the previous process kept for the cloud are sent now",
+                len(self._inherited),
+            )
 
     def _resend_unanswered(self, key: Key, request: lease_service_pb2.LeaseRequest) -> None:
         """Send a result again while it is neither acknowledged nor refused (every
@@ -709,6 +804,7 @@ class LeaseClient:
 
     async def _shutdown_tasks(self) -> None:
         """Host shutdown: stop every task; unreported leases expire and the cloud retries them."""
+        self._stopping = True
         for rt in self._tasks.values():
             rt.cancel.set()
         pending = [t for rt in self._tasks.values() for t in (rt.task, rt.renewer) if t]

@@ -78,7 +78,8 @@ class HostApp:
     thinking: LiveThinking = field(default_factory=LiveThinking)
     #: Tasks pruned at start whose session rows are deleted once the loop runs.
     pruned_at_start: list[tuple[str, int]] = field(default_factory=list)
-    #: The durable outbox (decisions of the direct transport, step screenshots) and its sender.
+    #: The durable outbox (decisions of the direct transport, step screenshots, results the
+    #: cloud has not answered yet) and its sender.
     outbox: OutboxStore | None = None
     outbox_sender: OutboxSender | None = None
     shipments: Shipments | None = None
@@ -234,6 +235,7 @@ def build_host(
     ) -> TaskOutcome:
         return await _run_task(app_ref[0], spec, progress, cancel)
 
+    outbox = OutboxStore(settings.resolved_outbox_path)
     lease = LeaseClient(
         channels,
         registry,
@@ -245,6 +247,7 @@ def build_host(
             reconnect_max_s=settings.reconnect_max_s,
             progress_renew_min_interval_s=settings.progress_renew_min_interval_s,
         ),
+        results=outbox,  # a result outlives this process until the cloud answers it
     )
     if settings.planner_transport == "cloud" and planner is None:
         # The planner's own channel carries the trace context of each step to the cloud.
@@ -253,7 +256,6 @@ def build_host(
             if channel_factory is not None
             else open_channel(settings, tracing.client_interceptors())
         )
-    outbox = OutboxStore(settings.resolved_outbox_path)
     sender = OutboxSender(
         outbox,
         channels,

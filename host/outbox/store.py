@@ -7,6 +7,10 @@ is one blob) in the step's path from a worker thread; the sender reads the head 
 the cloud took.
 Items the cloud refused for good stay, marked refused, for whoever looks at the host (the
 timeline keeps the same data anyway), and are pruned after `keep_refused` of them.
+
+Beside them, in their own table, the results of attempts the cloud has not acknowledged yet
+(they go on the lease stream, not through the sender: `host.lease_client`): a host restarted
+before the cloud heard a result still has it, and the cloud does not run the task again.
 """
 
 from __future__ import annotations
@@ -30,6 +34,14 @@ CREATE TABLE IF NOT EXISTS outbox (
     last_error TEXT
 );
 CREATE INDEX IF NOT EXISTS ix_outbox_state_seq ON outbox (state, seq);
+CREATE TABLE IF NOT EXISTS results (
+    task_id TEXT NOT NULL,
+    attempt INTEGER NOT NULL,
+    device_serial TEXT NOT NULL,
+    body BLOB NOT NULL,
+    created_at TEXT NOT NULL,
+    PRIMARY KEY (task_id, attempt)
+);
 """
 
 
@@ -135,6 +147,32 @@ class OutboxStore:
                 " outbox WHERE state = 'refused' ORDER BY seq DESC LIMIT ?)",
                 (self._keep_refused,),
             )
+
+    def keep_result(self, task_id: str, attempt: int, device_serial: str, body: bytes) -> None:
+        """Hold an attempt's result (a serialized `TaskResult`) until `drop_result`; durable
+        when this returns. The attempt's phone goes with it: the next process of the host
+        names the lease it still answers for (`HostHello.held_assignments`)."""
+        with self._lock:
+            self._db.execute(
+                "INSERT OR REPLACE INTO results (task_id, attempt, device_serial, body,"
+                " created_at) VALUES (?,?,?,?,?)",
+                (task_id, attempt, device_serial, body, datetime.now(UTC).isoformat()),
+            )
+
+    def drop_result(self, task_id: str, attempt: int) -> None:
+        """The cloud took the result, or refused it for good: it goes."""
+        with self._lock:
+            self._db.execute(
+                "DELETE FROM results WHERE task_id = ? AND attempt = ?", (task_id, attempt)
+            )
+
+    def held_results(self) -> list[tuple[str, bytes]]:
+        """Every result held, oldest first: (the attempt's phone, the serialized result)."""
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT device_serial, body FROM results ORDER BY created_at"
+            ).fetchall()
+        return [(str(serial), bytes(body)) for serial, body in rows]
 
     def backlog(self) -> Backlog:
         with self._lock:

@@ -7,7 +7,8 @@ lease running out:
   process's hello holds nothing, so the cloud releases the dead process's lease at once: the
   task runs again as attempt 2 on the restarted host within seconds, and attempt 1 reads
   "released: a new process of the host connected". The host's own timeline marks the attempt
-  the dead process left "running" as interrupted.
+  the dead process left "running" as interrupted. Stopped with SIGTERM instead, the same: the
+  stop is not a result the next process delivers.
 - Takeover: while host a runs a task, a second `amc host run` with a's certificate starts. The
   older process is told it was superseded and exits by itself (status 0, with a line saying
   why) instead of reconnecting; the newer one is never pushed out (no "lease stream lost" in
@@ -23,6 +24,7 @@ from pathlib import Path
 from amc.v1 import task_service_pb2, types_pb2
 from tests.support.figures import record
 from tests.support.processes import (
+    TERMINAL,
     AmcProcess,
     cloud_process,
     free_port,
@@ -105,6 +107,47 @@ async def test_a_restarted_host_gets_its_work_back_at_once(tmp_path: Path, fault
         assert two.host_id == "a" and two.attempt == 2
         assert _timeline_status(tmp_path, "host-a", task_id, 1) == "interrupted"
         assert "marked 1 attempt(s) interrupted" in again.output()
+    finally:
+        if ops is not None:
+            await ops.close()
+        first.kill()
+        again.stop()
+        cloud.stop()
+
+
+async def test_a_host_stopped_mid_task_runs_the_task_again_when_it_starts(
+    tmp_path: Path, fault_pki: Path
+) -> None:
+    """SIGTERM (a deploy): the stopping host stops its task, and that stop is not the task's
+    result (the host keeps results for the cloud across a restart; this one would end the
+    task cancelled): the next process runs it again."""
+    cloud, address = _start(tmp_path, fault_pki)
+    slow = {"pki_dir": fault_pki, "cloud_address": address, "settle_delay_s": 2.0}
+    first = host_process(tmp_path, "a", **slow)  # type: ignore[arg-type]
+    again = host_process(tmp_path, "a", **slow)  # type: ignore[arg-type]
+    ops = None
+    try:
+        await wait_serving(address, fault_pki)
+        ops = operator(address, fault_pki)
+        first.start()
+        await wait_connected(ops, {"a"})
+        submitted = await ops.tasks.SubmitTask(
+            task_service_pb2.SubmitTaskRequest(goal="Turn on dark theme", max_attempts=3)
+        )
+        task_id = submitted.task.task_id
+        await wait_task(
+            ops,
+            task_id,
+            lambda t: t.status == types_pb2.TASK_STATUS_RUNNING and t.progress.step_index >= 1,
+            what="running on host a",
+        )
+        assert first.stop() == 0
+        assert _timeline_status(tmp_path, "host-a", task_id, 1) == "cancelled"
+        again.start()
+        done = await wait_task(ops, task_id, lambda t: t.status in TERMINAL, what="finished")
+        assert done.status == types_pb2.TASK_STATUS_SUCCEEDED, done
+        assert [a.attempt for a in done.attempts] == [1, 2]
+        assert done.attempts[0].failure_reason == RELEASED, done.attempts[0]
     finally:
         if ops is not None:
             await ops.close()

@@ -1,0 +1,190 @@
+"""A host finishes a task while the cloud is down, and is killed before the cloud is back.
+
+Real `amc` processes: a cloud on a SQLite file, a direct-transport host (it plans itself, so it
+goes on while the cloud is away) on virtual phones. The cloud is stopped mid-task, the host
+finishes the attempt, is SIGKILLed and started again on its data folder, and only then does the
+cloud come back.
+
+- The restarted host delivers the result the killed one kept: the task ends with it, as its one
+  attempt, and no phone runs the task a second time.
+- A result whose lease was meanwhile taken over (the lease ran out while the host was away,
+  another host ran the task's next attempt) is refused by the cloud, and the restarted host
+  drops it with a log line instead of sending it for ever.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+from google.protobuf import duration_pb2
+
+from amc.v1 import task_service_pb2, types_pb2
+from cloud.store import states
+from tests.support.processes import (
+    TERMINAL,
+    AmcProcess,
+    cloud_process,
+    free_port,
+    host_process,
+    operator,
+    wait_connected,
+    wait_serving,
+    wait_task,
+)
+from tests.support.waiting import until
+
+WITHIN = 90.0
+
+
+def _attempts_on(host_dir: Path, task_id: str) -> dict[int, str]:
+    """The host's own timeline: each attempt of the task it ran, with its status there."""
+    db = host_dir / "task_progress.sqlite3"
+    with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as conn:
+        rows = conn.execute(
+            "SELECT attempt, status FROM tasks WHERE task_id = ?", (task_id,)
+        ).fetchall()
+    return {int(a): str(s) for a, s in rows}
+
+
+def _held_results(host_dir: Path) -> int:
+    """Results the host keeps for the cloud (its outbox file)."""
+    db = host_dir / "outbox.sqlite3"
+    with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as conn:
+        (count,) = conn.execute("SELECT COUNT(*) FROM results").fetchone()
+    return int(count)
+
+
+class _Fleet:
+    """A cloud on a fixed port and SQLite file (stopped and started again) and its operator."""
+
+    def __init__(self, tmp_path: Path, pki: Path) -> None:
+        self.tmp_path = tmp_path
+        self.pki = pki
+        self.port = free_port()
+        self.address = f"127.0.0.1:{self.port}"
+        self._db = f"sqlite+aiosqlite:///{tmp_path / 'cloud.sqlite3'}"
+
+    def cloud(self, name: str) -> AmcProcess:
+        return cloud_process(
+            self.tmp_path, name, database_url=self._db, pki_dir=self.pki, port=self.port
+        )
+
+    def host(self, host_id: str, **kw: object) -> AmcProcess:
+        return host_process(
+            self.tmp_path,
+            host_id,
+            cloud_address=self.address,
+            pki_dir=self.pki,
+            **kw,  # type: ignore[arg-type]
+        )
+
+
+async def _finish_while_down(
+    fleet: _Fleet, lease_s: int
+) -> tuple[AmcProcess, AmcProcess, str, int]:
+    """Start a cloud and host a, give a a task, stop the cloud at its first step, wait for a to
+    finish the attempt, SIGKILL a and start it again (while the cloud is still down). Returns
+    the stopped cloud, the restarted host, the task id and where the restarted host's log
+    starts."""
+    cloud = fleet.cloud("cloud-1").start()
+    # Slow steps (~1 s each): the task is still running when the cloud goes.
+    first = fleet.host("a", settle_delay_s=1.0, transport="direct")
+    await wait_serving(fleet.address, fleet.pki)
+    ops = operator(fleet.address, fleet.pki)
+    try:
+        first.start()
+        await wait_connected(ops, {"a"})
+        submitted = await ops.tasks.SubmitTask(
+            task_service_pb2.SubmitTaskRequest(
+                goal="Turn on dark theme",
+                max_attempts=3,
+                lease_duration=duration_pb2.Duration(seconds=lease_s),
+            )
+        )
+        task_id = submitted.task.task_id
+        await wait_task(
+            ops,
+            task_id,
+            lambda t: t.status == types_pb2.TASK_STATUS_RUNNING and t.progress.step_index >= 1,
+            what="running on host a",
+        )
+    finally:
+        await ops.close()
+    cloud.stop()
+    host_dir = fleet.tmp_path / "host-a"
+    await until(
+        lambda: _attempts_on(host_dir, task_id).get(1) == "succeeded",
+        within=WITHIN,
+        what="host a finished attempt 1 with the cloud down",
+    )
+    first.kill()
+    log_from = len(first.output())
+    again = fleet.host("a", settle_delay_s=1.0, transport="direct").start()
+    await until(
+        lambda: "lease stream lost" in again.output()[log_from:],
+        within=WITHIN,
+        what="the restarted host tried the cloud that is still down",
+    )
+    return cloud, again, task_id, log_from
+
+
+async def test_a_result_kept_across_a_host_restart_ends_the_task_once(
+    tmp_path: Path, fault_pki: Path
+) -> None:
+    fleet = _Fleet(tmp_path, fault_pki)
+    # A lease longer than the outage: the restarted host's hello finds it live.
+    cloud, again, task_id, _ = await _finish_while_down(fleet, lease_s=120)
+    ops = None
+    try:
+        cloud = fleet.cloud("cloud-2").start()
+        await wait_serving(fleet.address, fault_pki)
+        ops = operator(fleet.address, fault_pki)
+        done = await wait_task(ops, task_id, lambda t: t.status in TERMINAL, within=WITHIN)
+        assert done.status == types_pb2.TASK_STATUS_SUCCEEDED, done
+        assert [(a.attempt, a.host_id) for a in done.attempts] == [(1, "a")], done.attempts
+        assert done.attempts[0].status == types_pb2.TASK_STATUS_SUCCEEDED, done.attempts[0]
+        # No phone ran it again: the host's timeline knows attempt 1 only.
+        assert _attempts_on(tmp_path / "host-a", task_id) == {1: "succeeded"}
+        await until(lambda: _held_results(tmp_path / "host-a") == 0, what="the result let go")
+    finally:
+        if ops is not None:
+            await ops.close()
+        again.stop()
+        cloud.stop()
+
+
+async def test_a_kept_result_whose_lease_was_taken_over_is_refused_and_dropped(
+    tmp_path: Path, fault_pki: Path
+) -> None:
+    fleet = _Fleet(tmp_path, fault_pki)
+    # A lease that runs out while host a is away (longer than its few remaining steps).
+    cloud, again, task_id, log_from = await _finish_while_down(fleet, lease_s=20)
+    again.kill()  # a stays away while the cloud is back
+    other = fleet.host("b")
+    ops = None
+    try:
+        cloud = fleet.cloud("cloud-2").start()
+        await wait_serving(fleet.address, fault_pki)
+        ops = operator(fleet.address, fault_pki)
+        other.start()
+        # Attempt 1's lease runs out (no host renews it) and host b runs attempt 2.
+        done = await wait_task(ops, task_id, lambda t: t.status in TERMINAL, within=WITHIN)
+        assert [(a.attempt, a.host_id) for a in done.attempts] == [(1, "a"), (2, "b")]
+        assert done.attempts[0].failure_reason == states.LEASE_EXPIRED, done.attempts[0]
+        again = fleet.host("a", settle_delay_s=1.0, transport="direct").start()
+        await until(
+            lambda: f"result of {task_id}/1 dropped" in again.output()[log_from:],
+            within=WITHIN,
+            what="host a dropped its refused result",
+        )
+        await until(lambda: _held_results(tmp_path / "host-a") == 0, what="the result let go")
+        after = await wait_task(ops, task_id, lambda t: t.status in TERMINAL)
+        assert after.status == done.status == types_pb2.TASK_STATUS_SUCCEEDED
+        assert [a.status for a in after.attempts] == [a.status for a in done.attempts]
+    finally:
+        if ops is not None:
+            await ops.close()
+        again.stop()
+        other.stop()
+        cloud.stop()
