@@ -10,8 +10,9 @@ installed). A refusal for good (the cloud says the item can never be taken: INVA
 FAILED_PRECONDITION, …) marks the item refused and moves on, as does an item too big for any
 message (`MAX_ITEM_BYTES`), and so does a batch the cloud keeps failing on (INTERNAL or
 UNKNOWN: a bug of the cloud's on what it carries, or a proxy that cannot take it) once it
-failed so `GIVE_UP_TRIES` times over at least `GIVE_UP_S` (counted while the sender runs: a
-restart gives it a new chance) — it would otherwise hold every item behind it for good. A
+failed so `GIVE_UP_TRIES` times over at least `GIVE_UP_S` (counted with the items in the store,
+the first failure's wall-clock time too: a restart does not start the count afresh) — it would
+otherwise hold every item behind it for good. A
 refused batch is split so one bad item does not take its neighbours down with it (each of its
 items is given the same chance again). Every item carries its own id, so a batch the cloud
 took but whose answer was lost is simply taken again without effect.
@@ -20,8 +21,10 @@ took but whose answer was lost is simply taken again without effect.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
 from typing import Any
 
 import grpc
@@ -70,6 +73,11 @@ def transient(exc: BaseException) -> bool:
     if isinstance(exc, grpc.aio.AioRpcError):
         return exc.code() in TRANSIENT
     return not isinstance(exc, DecodeError | ValueError)
+
+
+def _suspect(exc: BaseException | None) -> bool:
+    """Whether the failure may be the cloud's bug on what the batch carries (`SUSPECT`)."""
+    return isinstance(exc, grpc.aio.AioRpcError) and exc.code() in SUSPECT
 
 
 def _describe(exc: BaseException) -> str:
@@ -200,6 +208,11 @@ class OutboxSender:
     async def _deliver(self, channel: Any, batch: list[OutboxItem], stop: asyncio.Event) -> None:
         kind = self._kinds[batch[0].kind]
         seqs = [i.seq for i in batch]
+        # The batch's SUSPECT failures so far and the first one's time, as the store keeps
+        # them with its head item (the one in every try of it), before a restart too.
+        suspect = batch[0].suspect
+        since = batch[0].suspect_since
+        last = since
 
         async def note_failure(state: RetryCallState) -> None:
             exc = state.outcome.exception() if state.outcome else None
@@ -211,21 +224,22 @@ class OutboxSender:
                 state.attempt_number,
                 self.last_error,
             )
-            await asyncio.to_thread(self.store.failed, seqs, self.last_error)
-
-        loop = asyncio.get_running_loop()
-        suspect: list[float] = []  # when each SUSPECT failure of this batch came
+            at = since if _suspect(exc) else None
+            await asyncio.to_thread(self.store.failed, seqs, self.last_error, at)
 
         def again(exc: BaseException) -> bool:
             """Whether to wait and try the batch again: a transient failure, unless the cloud
             answered a SUSPECT code often enough, over long enough, to be failing on it."""
+            nonlocal suspect, since, last
             if not transient(exc):
                 return False
-            if isinstance(exc, grpc.aio.AioRpcError) and exc.code() in SUSPECT:
-                suspect.append(loop.time())
+            if _suspect(exc):
+                suspect += 1
+                last = datetime.now(UTC)
+                since = since or last
                 if (
-                    len(suspect) >= self._give_up_tries
-                    and suspect[-1] - suspect[0] >= self._give_up_s
+                    suspect >= self._give_up_tries
+                    and (last - since).total_seconds() >= self._give_up_s
                 ):
                     return False
             return True
@@ -245,12 +259,14 @@ class OutboxSender:
             raise
         except Exception as exc:  # refused for good, or failed on too often (`again`)
             if len(batch) > 1:  # find the one the cloud cannot take; send the others
+                await asyncio.to_thread(self.store.forgive, seqs)
                 for item in batch:
-                    await self._deliver(channel, [item], stop)
+                    fresh = dataclasses.replace(item, suspect=0, suspect_since=None)
+                    await self._deliver(channel, [fresh], stop)
                 return
             why = _describe(exc)
-            if transient(exc):  # given up on (`again`)
-                why += f" ({len(suspect)} tries over {suspect[-1] - suspect[0]:.0f}s)"
+            if transient(exc) and since is not None and last is not None:  # given up on
+                why += f" ({suspect} tries over {(last - since).total_seconds():.0f}s)"
             await self._refuse(batch[0], why)
             return
         self.last_error = None

@@ -43,6 +43,14 @@ CREATE TABLE IF NOT EXISTS results (
     PRIMARY KEY (task_id, attempt)
 );
 """
+#: Columns of the outbox table added after its first release, each with a default: a file an
+#: older host wrote gets them when opened (and an older host ignores them in a newer file).
+_ADDED_COLUMNS = {
+    # How often the cloud failed on the item in a way that may be its bug on the item
+    # (`sender.SUSPECT`), and when it first did: the sender gives up on both, across restarts.
+    "suspect": "INTEGER NOT NULL DEFAULT 0",
+    "suspect_since": "TEXT",
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +64,9 @@ class OutboxItem:
     body: bytes
     created_at: datetime
     tries: int = 0
+    #: Failures that may be the cloud's bug on this item (`sender.SUSPECT`), and the first's time.
+    suspect: int = 0
+    suspect_since: datetime | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,6 +97,21 @@ class OutboxStore:
             # timeline's last rows. FULL measured ~4x the cost per step (bench/host_overhead).
             self._db.execute("PRAGMA synchronous=NORMAL")
             self._db.executescript(_SCHEMA)
+            self._add_columns()
+
+    def _add_columns(self) -> None:
+        """Bring a file an older host wrote up to this schema (`_ADDED_COLUMNS`)."""
+        have = {str(row[1]) for row in self._db.execute("PRAGMA table_info(outbox)")}
+        for name, declaration in _ADDED_COLUMNS.items():
+            if name in have:
+                continue
+            try:
+                self._db.execute(f"ALTER TABLE outbox ADD COLUMN {name} {declaration}")
+            except sqlite3.OperationalError:
+                # Another connection to the file (a second reader) added it first.
+                have = {str(row[1]) for row in self._db.execute("PRAGMA table_info(outbox)")}
+                if name not in have:
+                    raise
 
     def add_listener(self, listener: Callable[[], None]) -> None:
         """Called (from the writing thread) after each put: the sender wakes."""
@@ -112,13 +138,22 @@ class OutboxStore:
         """The oldest pending items, in order."""
         with self._lock:
             rows = self._db.execute(
-                "SELECT seq, kind, item_id, body, created_at, tries FROM outbox"
-                " WHERE state = 'pending' ORDER BY seq LIMIT ?",
+                "SELECT seq, kind, item_id, body, created_at, tries, suspect, suspect_since"
+                " FROM outbox WHERE state = 'pending' ORDER BY seq LIMIT ?",
                 (limit,),
             ).fetchall()
         return [
-            OutboxItem(int(s), str(k), str(i), bytes(b), datetime.fromisoformat(c), int(t))
-            for s, k, i, b, c, t in rows
+            OutboxItem(
+                int(s),
+                str(k),
+                str(i),
+                bytes(b),
+                datetime.fromisoformat(c),
+                int(t),
+                int(n),
+                datetime.fromisoformat(since) if since else None,
+            )
+            for s, k, i, b, c, t, n, since in rows
         ]
 
     def sent(self, seqs: Sequence[int]) -> None:
@@ -126,12 +161,25 @@ class OutboxStore:
         with self._lock:
             self._db.executemany("DELETE FROM outbox WHERE seq = ?", [(s,) for s in seqs])
 
-    def failed(self, seqs: Sequence[int], error: str) -> None:
-        """A try that may work later: counted, the error kept."""
+    def failed(self, seqs: Sequence[int], error: str, suspect_at: datetime | None = None) -> None:
+        """A try that may work later: counted, the error kept; `suspect_at`: the failure may be
+        the cloud's bug on the items (`sender.SUSPECT`), counted apart, the first one's time
+        kept."""
+        since = suspect_at.isoformat() if suspect_at is not None else None
         with self._lock:
             self._db.executemany(
-                "UPDATE outbox SET tries = tries + 1, last_error = ? WHERE seq = ?",
-                [(error[:2000], s) for s in seqs],
+                "UPDATE outbox SET tries = tries + 1, last_error = ?, suspect = suspect + ?,"
+                " suspect_since = COALESCE(suspect_since, ?) WHERE seq = ?",
+                [(error[:2000], int(since is not None), since, s) for s in seqs],
+            )
+
+    def forgive(self, seqs: Sequence[int]) -> None:
+        """Forget the items' suspect failures: each gets a chance of its own again (a batch
+        given up on is tried item by item)."""
+        with self._lock:
+            self._db.executemany(
+                "UPDATE outbox SET suspect = 0, suspect_since = NULL WHERE seq = ?",
+                [(s,) for s in seqs],
             )
 
     def refused(self, seq: int, error: str) -> None:

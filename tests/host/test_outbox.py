@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime as dt
+import sqlite3
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -341,3 +342,92 @@ async def test_an_item_the_cloud_always_fails_on_is_set_aside_after_enough_tries
         await running
         store.close()
         await server.stop(None)
+
+
+async def test_the_failures_on_an_item_are_counted_across_a_restart(tmp_path: Path) -> None:
+    """The sender counted the cloud's failures on an item (INTERNAL, UNKNOWN) in memory: a
+    host restarted gave an item the cloud always fails on another `give_up_tries` tries over
+    another `give_up_s` (10 tries, 10 minutes), holding every item behind it that much longer
+    after each restart. The count and the first failure's time are kept with the item."""
+    servicer = _FailsOnPoison()  # type: ignore[abstract]  # serves ShipDecisions only
+    server = grpc.aio.server()
+    decision_log_service_pb2_grpc.add_DecisionLogServiceServicer_to_server(servicer, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    path = tmp_path / "outbox.sqlite3"
+
+    def sender(store: OutboxStore, give_up_tries: int) -> OutboxSender:
+        return OutboxSender(
+            store,
+            lambda: grpc.aio.insecure_channel(f"127.0.0.1:{port}"),
+            initial_s=0.01,
+            max_s=0.05,
+            give_up_tries=give_up_tries,
+            give_up_s=0.0,
+        )
+
+    store = OutboxStore(path)
+    a = lease_service_pb2.Assignment(task_id="t1", attempt=1, lease_id="l1")
+    store.put(DECISION, "poison", shipped(a, "poison").SerializeToString())
+    stop = asyncio.Event()
+    running = asyncio.create_task(sender(store, give_up_tries=1000).run(stop))
+    try:
+        await _until(lambda: servicer.calls >= 2, "the cloud failed on it twice")
+    finally:
+        stop.set()
+        await running  # the try under way ends and is counted
+        store.close()
+    before = servicer.calls
+    store = OutboxStore(path)  # the host restarted
+    assert [i.tries for i in store.head(10)] == [before]
+    stop = asyncio.Event()
+    running = asyncio.create_task(sender(store, give_up_tries=before + 2).run(stop))
+    try:
+        await _until(lambda: store.backlog().refused == 1, "the item given up on")
+        assert servicer.calls == before + 2  # two more tries, not before + 2 more
+        ((_, _, reason),) = store.refusals()
+        assert reason.startswith(f"INTERNAL: internal error; retry later ({before + 2} tries")
+    finally:
+        stop.set()
+        await running
+        store.close()
+        await server.stop(None)
+
+
+def test_an_outbox_an_older_host_wrote_is_read_and_counted(tmp_path: Path) -> None:
+    """A file from before the failure count was kept with the items gets its columns when
+    opened; its items are still there, in order, and sent as before."""
+    path = tmp_path / "outbox.sqlite3"
+    with contextlib.closing(sqlite3.connect(path)) as db, db:
+        db.executescript(
+            """
+            CREATE TABLE outbox (
+                seq INTEGER PRIMARY KEY AUTOINCREMENT,
+                kind TEXT NOT NULL,
+                item_id TEXT NOT NULL,
+                body BLOB NOT NULL,
+                created_at TEXT NOT NULL,
+                state TEXT NOT NULL DEFAULT 'pending',
+                tries INTEGER NOT NULL DEFAULT 0,
+                last_error TEXT
+            );
+            INSERT INTO outbox (kind, item_id, body, created_at, tries)
+            VALUES ('decision', 'd1', x'01', '2026-01-01T00:00:00+00:00', 3);
+            """
+        )
+    store = OutboxStore(path)
+    try:
+        (item,) = store.head(10)
+        assert (item.item_id, item.tries, item.suspect, item.suspect_since) == ("d1", 3, 0, None)
+        first = dt.datetime(2026, 1, 2, tzinfo=dt.UTC)
+        store.failed([item.seq], "INTERNAL: x", suspect_at=first)
+        store.failed([item.seq], "INTERNAL: x", suspect_at=first + dt.timedelta(seconds=5))
+        store.failed([item.seq], "UNAVAILABLE: down")
+        (item,) = store.head(10)
+        assert (item.tries, item.suspect, item.suspect_since) == (6, 2, first)
+        store.forgive([item.seq])
+        (item,) = store.head(10)
+        assert (item.tries, item.suspect, item.suspect_since) == (6, 0, None)
+    finally:
+        store.close()
+    OutboxStore(path).close()  # opened again: nothing left to add
