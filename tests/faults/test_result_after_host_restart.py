@@ -159,7 +159,7 @@ async def test_a_kept_result_whose_lease_was_taken_over_is_refused_and_dropped(
 ) -> None:
     fleet = _Fleet(tmp_path, fault_pki)
     # A lease that runs out while host a is away (longer than its few remaining steps).
-    cloud, again, task_id, log_from = await _finish_while_down(fleet, lease_s=20)
+    cloud, again, task_id, log_from = await _finish_while_down(fleet, lease_s=30)
     again.kill()  # a stays away while the cloud is back
     other = fleet.host("b")
     ops = None
