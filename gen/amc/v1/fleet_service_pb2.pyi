@@ -229,10 +229,10 @@ class SpendRow(_message.Message):
     model: _builtins.str
     """Model name the provider answered with."""
     decisions: _builtins.int
-    """How many decisions."""
+    """How many decisions (failed ones not counted)."""
     @_builtins.property
     def usage(self) -> _types_pb2.Usage:
-        """Tokens and cost summed over these decisions."""
+        """Tokens and cost summed over these decisions and the answered calls of failed ones."""
 
     def __init__(
         self,

@@ -79,7 +79,8 @@ class FleetServiceServicer:
 
     def GetSpend(self, request, context):
         """What the fleet spent on model calls (the decision log: the cloud's decisions and those
-        direct-transport hosts shipped), per UTC day, host, provider and model, with today's total
+        direct-transport hosts shipped, plus the answered calls of decisions that failed, which the
+        provider billed all the same), per UTC day, host, provider and model, with today's total
         against the fleet's daily budget. Callers sum the
         rows by what they want to see (per host, per model, per day). INVALID_ARGUMENT for a day
         that is not YYYY-MM-DD, a `since_day` after `until_day`, or a range of more than 366 days.

@@ -48,7 +48,8 @@ class FleetServiceStub:
     """
     GetSpend: _grpc.UnaryUnaryMultiCallable[_fleet_service_pb2.GetSpendRequest, _fleet_service_pb2.GetSpendResponse]
     """What the fleet spent on model calls (the decision log: the cloud's decisions and those
-    direct-transport hosts shipped), per UTC day, host, provider and model, with today's total
+    direct-transport hosts shipped, plus the answered calls of decisions that failed, which the
+    provider billed all the same), per UTC day, host, provider and model, with today's total
     against the fleet's daily budget. Callers sum the
     rows by what they want to see (per host, per model, per day). INVALID_ARGUMENT for a day
     that is not YYYY-MM-DD, a `since_day` after `until_day`, or a range of more than 366 days.
@@ -74,7 +75,8 @@ class FleetServiceAsyncStub(FleetServiceStub):
     """
     GetSpend: _aio.UnaryUnaryMultiCallable[_fleet_service_pb2.GetSpendRequest, _fleet_service_pb2.GetSpendResponse]  # type: ignore[assignment]
     """What the fleet spent on model calls (the decision log: the cloud's decisions and those
-    direct-transport hosts shipped), per UTC day, host, provider and model, with today's total
+    direct-transport hosts shipped, plus the answered calls of decisions that failed, which the
+    provider billed all the same), per UTC day, host, provider and model, with today's total
     against the fleet's daily budget. Callers sum the
     rows by what they want to see (per host, per model, per day). INVALID_ARGUMENT for a day
     that is not YYYY-MM-DD, a `since_day` after `until_day`, or a range of more than 366 days.
@@ -115,7 +117,8 @@ class FleetServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_fleet_service_pb2.GetSpendResponse, _abc.Awaitable[_fleet_service_pb2.GetSpendResponse]]:
         """What the fleet spent on model calls (the decision log: the cloud's decisions and those
-        direct-transport hosts shipped), per UTC day, host, provider and model, with today's total
+        direct-transport hosts shipped, plus the answered calls of decisions that failed, which the
+        provider billed all the same), per UTC day, host, provider and model, with today's total
         against the fleet's daily budget. Callers sum the
         rows by what they want to see (per host, per model, per day). INVALID_ARGUMENT for a day
         that is not YYYY-MM-DD, a `since_day` after `until_day`, or a range of more than 366 days.
