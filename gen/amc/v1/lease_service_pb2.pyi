@@ -257,8 +257,11 @@ class HostHello(_message.Message):
 
     @_builtins.property
     def held_assignments(self) -> _containers.RepeatedCompositeFieldContainer[Global___HeldAssignment]:
-        """Assignments the host still runs; live ones are resumed (sent back as Assignment with
-        resumed=true), others are revoked. A lease listed twice is answered once.
+        """Assignments the host still runs, or whose result it still holds unanswered (kept on disk
+        by a previous process: listed so the lease is not released before the result, which
+        follows the hello, arrives); live ones are resumed (sent back as Assignment with
+        resumed=true; a host holding the result ignores it and sends the result), others are
+        revoked. A lease listed twice is answered once.
         """
 
     @_builtins.property
