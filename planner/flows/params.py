@@ -18,6 +18,11 @@ from collections.abc import Iterable, Mapping
 SLOT = re.compile(r"\{(p\d+)\}")
 SECRET_PREFIX = "secret"
 _SPACE = re.compile(r"\s+")
+#: Punctuation a value may end against without it being part of the value.
+_STOPS = r"[,;:.!?]*"
+#: What may close a goal after its last value, said or not: punctuation and a "please" or
+#: "thanks" ("Call 555 0111, please" asks to call "555 0111", as "Call 555 0111" does).
+_TAIL = r"(?:[\s,;:.!?]*(?<!\w)(?:please|thanks|thank\s+you)(?!\w))*[\s,;:.!?]*"
 
 
 def _boundary(value: str) -> str:
@@ -55,14 +60,18 @@ def template_goal(goal: str, typed: Iterable[str]) -> tuple[str, dict[str, str]]
 def bind(template: str, goal: str) -> dict[str, str] | None:
     """The slot values `goal` gives `template`, or None when it does not match it.
 
-    Matching ignores case and runs of spaces; each slot takes at least one character, and a
-    slot used twice must take the same value both times.
+    Matching ignores case and runs of spaces; each slot takes more than punctuation or a
+    "please", and a slot used twice must take the same value both times. A value ends where
+    the template's text resumes, not counting punctuation against it ("named Alan Turing, with
+    phone"), and at the goal's closing punctuation or "please": the last slot took the rest of
+    the goal, so "Call 555 0111, please" bound to "Call {p1}" dialled "555 0111, please".
     """
     m = _pattern(template).fullmatch(_SPACE.sub(" ", goal.strip()))
     if m is None:
         return None
     values = {k: v.strip() for k, v in m.groupdict().items()}
-    return values if all(values.values()) else None
+    # "Call please" or "Call ." gives no number to dial
+    return None if any(re.fullmatch(_TAIL, v, re.I) for v in values.values()) else values
 
 
 @functools.lru_cache(maxsize=8192)
@@ -70,18 +79,21 @@ def _pattern(template: str) -> re.Pattern[str]:
     """The compiled form of a template, kept: retrieval binds a goal to every active flow's
     template (up to 2,000), more than `re`'s own cache holds, and compiling each one again
     was most of a retrieval's CPU."""
-    parts = SLOT.split(_SPACE.sub(" ", template.strip()))
+    body = re.sub(_TAIL + r"\Z", "", _SPACE.sub(" ", template.strip()), flags=re.I)
+    parts = SLOT.split(body)
     pattern = ""
     seen: set[str] = set()
     for i, part in enumerate(parts):
         if i % 2 == 0:
+            if i and part.startswith(" "):
+                pattern += _STOPS
             pattern += r"\s+".join(re.escape(w) for w in part.split(" "))
         elif part in seen:
             pattern += f"(?P={part})"
         else:
             seen.add(part)
             pattern += f"(?P<{part}>.+?)"
-    return re.compile(pattern, re.I)
+    return re.compile(pattern + _TAIL, re.I)
 
 
 def slotted(goal: str, values: Mapping[str, str]) -> str:

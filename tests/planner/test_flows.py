@@ -123,6 +123,43 @@ def test_a_typed_value_the_goal_says_twice_stays_literal() -> None:
     assert params.bind(short, "Set the volume to 7") == {"p1": "7"}
 
 
+def test_a_value_stops_where_the_goal_resumes_or_ends_politely() -> None:
+    """A flow learned from "Call 555 0100" took "Call 555 0111, please" as p1 = "555 0111,
+    please", and its replay dialled that: the last slot took the rest of the goal. A value
+    now stops where the template's text resumes and at the goal's closing punctuation or
+    "please"; a value that is only that binds nothing."""
+    call, slots = params.template_goal("Call 555 0100", ["555 0100"])
+    assert (call, slots) == ("Call {p1}", {"555 0100": "p1"})
+    for goal in ["Call 555 0111, please", "call 555 0111.", "Call 555 0111 please!",
+                 "Call 555 0111, thank you", "Call  555 0111"]:  # fmt: skip
+        assert params.bind(call, goal) == {"p1": "555 0111"}, goal
+    # punctuation inside a value, and words that only start like "please", stay in it
+    assert params.bind(call, "Call Dr. Who, please") == {"p1": "Dr. Who"}
+    assert params.bind(call, "Call Thanksgiving Hotline") == {"p1": "Thanksgiving Hotline"}
+    for goal in ["Call please", "Call .", "Call", "Text 555 0111, please"]:
+        assert params.bind(call, goal) is None, goal
+
+    contact, _ = params.template_goal(
+        "Create a contact named Ada Lovelace with phone 555 0100", ["Ada Lovelace", "555 0100"]
+    )
+    assert params.bind(
+        contact, "Create a contact named Alan Turing, with phone 555 0111, thanks."
+    ) == {"p1": "Alan Turing", "p2": "555 0111"}
+    assert params.bind(contact, "Create a contact named Alan Turing, please") is None
+
+    # learned from a polite goal: the plain one binds too, and the politeness is no slot
+    polite, _ = params.template_goal("Call 555 0100, please", ["555 0100"])
+    assert polite == "Call {p1}, please"
+    assert params.bind(polite, "Call 555 0111") == {"p1": "555 0111"}
+    # the once-only and dotted-name rules still hold
+    twice = "Call 555 0100, please, call 555 0100"
+    assert params.template_goal(twice, ["555 0100"]) == (twice, {})
+    dotted = "Open com.android.contacts, please"
+    assert params.template_goal(dotted, ["Android"]) == (dotted, {})
+    opener, _ = params.template_goal("Open Contacts, please", ["Contacts"])
+    assert params.bind(opener, "Open com.android.dialer.") == {"p1": "com.android.dialer"}
+
+
 def test_synthesis_keeps_semantics_parameters_and_never_a_secret() -> None:
     made = synthesize(CONTACT_GOAL, contact_steps())
     flow = made.flow
