@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from amc.v1 import types_pb2
-from planner.conversation.items import ToolCall
+from planner.conversation.items import SessionItem, ToolCall, unanswered_calls
 from planner.decision import Decision
 from planner.flows.replay import replay
 from planner.observation import scene_from_observation
@@ -101,28 +101,35 @@ async def _session_step(
     previous: types_pb2.ActionOutcome | None,
     note: str | None = None,
 ) -> Decision:
-    """Continue the conversation: the reported outcome of the latest decision becomes the tool
-    result of the call still waiting for one; a repeated report of an older step adds nothing
-    (its call was answered already)."""
+    """Continue the conversation: a reported outcome becomes the tool result of the call of the
+    decision it names (its id is in the record), once. A call the model made after the last
+    recorded one never reached the host: its decision was lost after the model's turn was kept
+    (the replica died, the call was cancelled), and the retry answered it with the outcome of
+    the call before, so the model heard that what it never did was done. It is now answered
+    as not carried out. A session step logged without its call id (before migration 0017)
+    answers the newest open call, as every step did; a replayed step made no call, so its
+    outcome answers none."""
     outcome: Outcome | None = None
-    pending = session.pending_call_id
-    latest = steps[-1] if steps else None
-    if (
-        previous is not None
-        and pending is not None
-        and latest is not None
-        and latest.step_index == previous.step_index
-        and latest.outcome is not None
-    ):
-        tool = next(
-            (i.name for i in session.history if isinstance(i, ToolCall) and i.call_id == pending),
-            latest.tool_name,
-        )
-        outcome = Outcome(
-            pending,
-            tool_result_text(tool, latest.outcome, scene, latest.verdict_line()),
-            is_error=not latest.outcome.executed,
-        )
+    pending = unanswered_calls(session.history)
+    named = next((s for s in steps if previous and s.step_index == previous.step_index), None)
+    if named is not None and named.outcome is not None:
+        call_id = named.call_id
+        if not call_id and named.mode == "session" and named is steps[-1] and pending:
+            call_id = pending[-1]
+        if call_id in pending:
+            tool = next(
+                (
+                    i.name
+                    for i in session.history
+                    if isinstance(i, ToolCall) and i.call_id == call_id
+                ),
+                named.tool_name,
+            )
+            outcome = Outcome(
+                call_id,
+                tool_result_text(tool, named.outcome, scene, named.verdict_line()),
+                is_error=not named.outcome.executed,
+            )
     return await continue_session(
         session,
         goal=goal,
@@ -132,4 +139,15 @@ async def _session_step(
         screen_size=(scene.screen_width, scene.screen_height),
         outcome=outcome,
         note=note,
+        not_carried_out=_never_delivered(session.history, steps),
     )
+
+
+def _never_delivered(history: Sequence[SessionItem], steps: Sequence[PastStep]) -> list[str]:
+    """The calls made after the last one the record holds: no decision carried them (none
+    known when the record holds no call: the attempt's first step, a host that restarted)."""
+    recorded = [s.call_id for s in steps if s.call_id]
+    calls = [i.call_id for i in history if isinstance(i, ToolCall)]
+    if not recorded or recorded[-1] not in calls:
+        return []
+    return calls[calls.index(recorded[-1]) + 1 :]

@@ -17,6 +17,7 @@ from amc.v1 import types_pb2
 from planner.decision import Decision
 from planner.history import WorldEvent
 from planner.scene import Scene
+from planner.session.step_planner import call_id_of
 from planner.tools import ui_tree_result
 from planner.verify import (
     MAX_EVIDENCE_BYTES,
@@ -113,6 +114,9 @@ class PastStep:
     #: For a replayed step: its flow and 1-based position in it.
     flow_id: str = ""
     flow_step: int = 0
+    #: Session mode: the conversation's id of the step's tool call ("" otherwise, and for rows
+    #: logged before migration 0017), so its outcome answers that call and no other.
+    call_id: str = ""
 
     @classmethod
     def from_decision(cls, decision: Decision, step_index: int) -> PastStep:
@@ -128,6 +132,7 @@ class PastStep:
             mode=decision.planner_mode,
             flow_id=decision.flow_id,
             flow_step=decision.flow_step,
+            call_id=call_id_of(decision),
         )
 
     @property

@@ -25,6 +25,7 @@ from cloud.store.models import AttemptRow, DecisionRow, FailedDecisionSpendRow, 
 from cloud.store.paging import token_int
 from planner.convert import masked_action
 from planner.decision import Decision
+from planner.session.step_planner import call_id_of
 from planner.steps import PastStep, StepOutcome, stored_arguments
 from planner.tools import Judgement
 from planner.verify import VerdictName, verdict_from_proto
@@ -243,6 +244,7 @@ async def _insert(
             flow_id=decision.flow_id or None,
             flow_step=decision.flow_step or None,
             replay_divergence=decision.replay_divergence or None,
+            call_id=call_id_of(decision) or None,
         )
         if outcome is not None:
             for name, value in _outcome_values(outcome).items():
@@ -343,6 +345,7 @@ def past_step(row: DecisionRow) -> PastStep:
         mode=row.planner_mode,
         flow_id=row.flow_id or "",
         flow_step=row.flow_step or 0,
+        call_id=row.call_id or "",
     )
 
 
@@ -378,6 +381,7 @@ _STEP_COLUMNS = (
     DecisionRow.flow_id,
     DecisionRow.flow_step,
     DecisionRow.replay_divergence,
+    DecisionRow.call_id,
 )
 
 

@@ -40,6 +40,11 @@ NOT_RECORDED = (
     "The outcome of this action was not recorded (the planner restarted before it was "
     "reported). Judge it from the current screen."
 )
+NOT_CARRIED_OUT = (
+    "This action was not carried out: the decision never reached the phone (the planner "
+    "stopped or the request was cancelled before it was delivered), so nothing was done. "
+    "Decide again from the current screen."
+)
 EXTRA_CALL = deciding.EXTRA_CALL
 
 log = logging.getLogger(__name__)
@@ -103,12 +108,6 @@ class SessionPlanner:
     def history(self) -> tuple[SessionItem, ...]:
         """The conversation so far, as committed."""
         return tuple(self._items)
-
-    @property
-    def pending_call_id(self) -> str | None:
-        """The tool call waiting for `record_tool_result`, if any."""
-        pending = unanswered_calls(self._items)
-        return pending[-1] if pending else None
 
     async def aclose(self) -> None:
         if self._owns_adapter:
@@ -202,19 +201,25 @@ class SessionPlanner:
         condensed: str | None = None,
         element_ids: Collection[str] | None = None,
         screen_size: tuple[int, int] | None = None,
+        not_carried_out: Collection[str] = (),
     ) -> Decision:
         """Add the observation, ask the model for one action, and return it as a Decision.
 
         `condensed` is the short form the observation takes once a context checkpoint falls
         after it. A tool call still waiting for its result (the host restarted mid-step) is
-        answered with a "not recorded" note first. The same observation asked again after its
-        call failed (planning was temporarily impossible) is not added twice. The retries are
-        `planner.deciding`'s.
+        answered with a "not recorded" note first, or, when it is one of `not_carried_out`
+        (its decision was never delivered), told plainly that it was not carried out: every
+        call gets its answer in the next user turn, as both providers require. The same
+        observation asked again after its call failed (planning was temporarily impossible) is
+        not added twice. The retries are `planner.deciding`'s.
         """
         observation = UserObservation(observation_text, condensed=condensed)
         if not (self._items and self._items[-1] == observation):
             opening: list[SessionItem] = [
-                ToolResult(call_id, NOT_RECORDED) for call_id in unanswered_calls(self._items)
+                ToolResult(call_id, NOT_CARRIED_OUT, is_error=True)
+                if call_id in not_carried_out
+                else ToolResult(call_id, NOT_RECORDED)
+                for call_id in unanswered_calls(self._items)
             ]
             cut = next_checkpoint([*self._items, *opening], self.config.keep_scenes)
             if cut is not None:

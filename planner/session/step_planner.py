@@ -104,9 +104,11 @@ async def continue_session(
     screen_size: tuple[int, int] | None,
     outcome: Outcome | None,
     note: str | None = None,
+    not_carried_out: Sequence[str] = (),
 ) -> Decision:
     """Record the previous call's outcome, then decide on the next observation (with `note`,
-    a replay handing over, in it).
+    a replay handing over, in it). Calls in `not_carried_out` (their decisions never reached
+    the host) are answered as such.
 
     An outcome for a call that already has its result is ignored (a retried request); one for a
     call the conversation never made raises `SessionStateError`.
@@ -131,6 +133,7 @@ async def continue_session(
         condensed=condensed_text(shown_goal, page=page, elements=len(element_ids)),
         element_ids=list(element_ids),
         screen_size=screen_size,
+        not_carried_out=not_carried_out,
     )
 
 

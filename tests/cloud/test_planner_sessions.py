@@ -16,6 +16,7 @@ from typing import Any
 
 import grpc
 import pytest
+from sqlalchemy import text as sql_text
 from sqlalchemy import update
 
 from amc.v1 import (
@@ -25,11 +26,13 @@ from amc.v1 import (
     planner_service_pb2_grpc,
     progress_service_pb2,
     progress_service_pb2_grpc,
+    types_pb2,
 )
 from cloud.events import EventBus
 from cloud.server import CloudServer, build_server
 from cloud.store import sessions
 from cloud.store.database import Store
+from cloud.store.engine import check, downgrade, upgrade
 from cloud.store.models import TaskRow
 from cloud.store.ports import StoreSessionStore
 from planner.conversation.items import (
@@ -39,8 +42,10 @@ from planner.conversation.items import (
     UserObservation,
     dumps_item,
 )
+from planner.observation import observation_from_scene
 from planner.session.store import SessionConflict
 from tests.cloud.cloud_harness import ScriptedHost, channel, submit, tasks_stub
+from tests.planner import scenes
 from tests.support.fakes import (
     FakeModelServer,
     ScriptedTurn,
@@ -502,3 +507,174 @@ async def test_operators_read_the_conversation_without_the_opaque_material(
         grpc.StatusCode.NOT_FOUND,
         grpc.StatusCode.INVALID_ARGUMENT,
     ]
+
+
+# --- a decision lost after the model's turn was kept ------------------------------------------
+
+#: A decision-log insert of step 2 fails once it is armed: the replica "dies" after the model's
+#: turn was kept in the conversation and before the decision was logged or delivered.
+_LOSE_STEP_2 = {
+    "sqlite": [
+        "CREATE TRIGGER amc_test_lose BEFORE INSERT ON decisions WHEN NEW.step_index = 2"
+        " BEGIN SELECT RAISE(ABORT, 'the replica died before logging'); END"
+    ],
+    "postgresql": [
+        "CREATE FUNCTION amc_test_lose() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN"
+        " IF NEW.step_index = 2 THEN RAISE EXCEPTION 'the replica died before logging'; END IF;"
+        " RETURN NEW; END $$",
+        "CREATE TRIGGER amc_test_lose BEFORE INSERT ON decisions FOR EACH ROW"
+        " EXECUTE FUNCTION amc_test_lose()",
+    ],
+}
+
+
+def _tool_results(body: dict[str, Any]) -> dict[str, str]:
+    """call id -> the tool result text a request sends back for it (both wire formats)."""
+    if "messages" in body:  # Anthropic Messages
+        blocks = [b for m in body["messages"] if isinstance(m["content"], list)
+                  for b in m["content"]]  # fmt: skip
+        return {
+            b["tool_use_id"]: b["content"]
+            if isinstance(b["content"], str)
+            else "".join(part["text"] for part in b["content"])
+            for b in blocks
+            if b.get("type") == "tool_result"
+        }
+    return {
+        i["call_id"]: i["output"] for i in body["input"] if i.get("type") == "function_call_output"
+    }
+
+
+#: The model's turns: step 1, step 2 (lost), step 2 asked again, step 3.
+_LOST_STEP_TURNS: list[tuple[str, str, dict[str, Any]]] = [
+    ("Open Display.", "tap", {"element_id": "e1", **INTENT}),
+    ("Go back.", "press_key", {"key": "back", **INTENT}),
+    ("Open Display again.", "tap", {"element_id": "e2", **INTENT}),
+    ("Done.", "complete", {"success": True, "reason": "ok"}),
+]
+
+
+@pytest.mark.parametrize("provider", ["anthropic", "openai"])
+async def test_a_call_whose_decision_was_lost_is_answered_as_not_carried_out(
+    make_settings: Any,
+    model: FakeModelServer,
+    pki_dir: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    provider: str,
+) -> None:
+    """Step 2's model turn (its tool call) was kept in the conversation, then the replica died
+    before logging the decision: the host never got it and asked for step 2 again, reporting
+    step 1's outcome again (another replica: the first one's kept plan died with it). The
+    retry answered the lost call with step 1's outcome: it told the model that a call never
+    carried out did what the one before did. Each call's id is now in the decision log: an
+    outcome answers the call of the decision it names, and a call no decision carried is
+    answered as not carried out (a valid request for both providers: every call is answered
+    in the next user turn)."""
+    monkeypatch.setenv("AMC_PLANNER_MODE", "session")
+    monkeypatch.setenv("AMC_PLANNER_MAX_RETRIES", "0")
+    if provider == "anthropic":
+        monkeypatch.setenv("AMC_PLANNER_PROVIDER", "anthropic")
+        monkeypatch.setenv("AMC_PLANNER_ANTHROPIC_API_KEY", "sk-ant-test")
+        monkeypatch.setenv("AMC_PLANNER_ANTHROPIC_BASE_URL", model.anthropic_base_url)
+        monkeypatch.setenv("AMC_PLANNER_THINKING", "budget")
+        monkeypatch.setenv("AMC_PLANNER_THINKING_BUDGET_TOKENS", "2048")
+        path = "/v1/messages"
+        model.anthropic_script.extend(
+            ScriptedTurn([thinking(why), text(why), tool_use(name, args)])
+            for why, name, args in _LOST_STEP_TURNS
+        )
+    else:
+        monkeypatch.setenv("AMC_PLANNER_PROVIDER", "openai")
+        monkeypatch.setenv("AMC_PLANNER_OPENAI_API_KEY", "sk-test")
+        monkeypatch.setenv("AMC_PLANNER_OPENAI_BASE_URL", model.openai_base_url)
+        monkeypatch.setenv("AMC_PLANNER_MODEL", "o4-mini")
+        monkeypatch.setenv("AMC_PLANNER_THINKING", "adaptive")
+        path = "/v1/responses"
+        model.responses_script.extend(
+            ScriptedTurn([reasoning(why), function_call(name, args)])
+            for why, name, args in _LOST_STEP_TURNS
+        )
+    first_replica = await build_server(make_settings())
+    await first_replica.start()
+    try:
+        async with Leased(first_replica, pki_dir, "h25") as leased:
+            a = leased.assignment
+
+            def step(key: str, outcome: int = 0) -> planner_service_pb2.DecideRequest:
+                request = planner_service_pb2.DecideRequest(
+                    task_id=a.task_id,
+                    attempt=a.attempt,
+                    lease_id=a.lease_id,
+                    observation=observation_from_scene(scenes.settings_main()),
+                    step_key=key,
+                )
+                if outcome:
+                    request.previous_outcome.CopyFrom(
+                        types_pb2.ActionOutcome(
+                            step_index=outcome, executed=False, error=f"step {outcome} failed"
+                        )
+                    )
+                return request
+
+            first = await leased.stub.Decide(step("1"))
+            store = first_replica.store
+            dialect = store.engine.dialect.name
+            async with store.write() as session:
+                for statement in _LOSE_STEP_2[dialect]:
+                    await session.execute(sql_text(statement))
+            with pytest.raises(grpc.aio.AioRpcError):
+                await leased.stub.Decide(step("2", outcome=1))
+            async with store.write() as session:
+                drop = " ON decisions" if dialect != "sqlite" else ""
+                await session.execute(sql_text(f"DROP TRIGGER amc_test_lose{drop}"))
+            lost = [i for i in await StoreSessionStore(store).load(a.task_id, a.attempt)
+                    if isinstance(i, ToolCall)][-1]  # fmt: skip
+            assert lost.name == "press_key"  # the lost turn was kept
+            await first_replica.stop(0.5)  # the replica died: the host asks another one
+
+            async for replica in _cloud(make_settings):
+                async with channel(replica.address, pki_dir, "host-h25") as ch:
+                    stub: Any = planner_service_pb2_grpc.PlannerServiceStub(ch)
+                    second = await stub.Decide(step("2", outcome=1))
+                    assert second.decision.tool_name == "tap"
+                    assert second.decision.step_index == 2
+                    third = await stub.Decide(step("3", outcome=2))
+                    assert third.decision.tool_name == "complete"
+    finally:
+        await first_replica.stop(0.5)
+
+    assert model.rejections == []
+    _, lost_call, retry, last = [_tool_results(b) for b in model.bodies(path)]
+    failed_1 = lost_call[first.session_call_id]
+    assert "step 1 failed" in failed_1
+    assert retry[first.session_call_id] == failed_1  # step 1's outcome stays on its own call
+    assert "not carried out" in retry[lost.call_id] and "step 1 failed" not in retry[lost.call_id]
+    assert "step 2 failed" in last[second.session_call_id]  # the call the host did execute
+    assert "step 2 failed" not in last[lost.call_id]
+
+
+async def test_migration_0017_adds_the_decisions_call_id_and_back(db_url: str) -> None:
+    """Both backends: 0017 adds `decisions.call_id`, its downgrade drops it, and the schema
+    matches the models again after the upgrade (read from each catalogue, as for 0016)."""
+    s = Store.from_url(db_url)
+    catalogue = (
+        "SELECT column_name FROM information_schema.columns WHERE table_name = 'decisions'"
+        if s.is_postgres
+        else "SELECT name FROM pragma_table_info('decisions')"
+    )
+
+    async def columns() -> set[str]:
+        async with s.engine.connect() as conn:
+            return {str(name) for (name,) in await conn.execute(sql_text(catalogue))}
+
+    try:
+        await upgrade(s.engine, "0016")
+        before = await columns()
+        await upgrade(s.engine, "0017")
+        assert await columns() - before == {"call_id"}
+        await downgrade(s.engine, "0016")
+        assert await columns() == before
+        await upgrade(s.engine)
+        await check(s.engine)
+    finally:
+        await s.close()
