@@ -79,8 +79,7 @@ def _pattern(template: str) -> re.Pattern[str]:
     """The compiled form of a template, kept: retrieval binds a goal to every active flow's
     template (up to 2,000), more than `re`'s own cache holds, and compiling each one again
     was most of a retrieval's CPU."""
-    body = re.sub(_TAIL + r"\Z", "", _SPACE.sub(" ", template.strip()), flags=re.I)
-    parts = SLOT.split(body)
+    parts = SLOT.split(without_closing(_SPACE.sub(" ", template.strip())))
     pattern = ""
     seen: set[str] = set()
     for i, part in enumerate(parts):
@@ -94,6 +93,12 @@ def _pattern(template: str) -> re.Pattern[str]:
             seen.add(part)
             pattern += f"(?P<{part}>.+?)"
     return re.compile(pattern + _TAIL, re.I)
+
+
+def without_closing(goal: str) -> str:
+    """`goal` without the punctuation and please/thanks it closes with: they ask for nothing,
+    so "Turn on dark theme, thank you." is the flow for "Turn on dark theme"."""
+    return re.sub(_TAIL + r"\Z", "", goal.strip(), flags=re.I)
 
 
 def slotted(goal: str, values: Mapping[str, str]) -> str:

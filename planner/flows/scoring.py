@@ -177,6 +177,7 @@ class LexicalScorer:
     def score(self, goal: str) -> list[Scored]:
         """Every candidate's score for `goal`, best first."""
         out: list[Scored] = []
+        goal = params.without_closing(goal)
         plain = tokens(goal)
         plain_words, plain_vector = frozenset(plain), self._vector(plain)
         for n, c in enumerate(self.candidates):

@@ -255,6 +255,26 @@ def test_the_lexical_scorer_matches_the_goal_not_its_verb_nor_its_opposite() -> 
     assert "secret1" in person["contact"].why  # a secret no goal supplies: never replayed
 
 
+def test_a_polite_goal_scores_as_the_plain_one() -> None:
+    """ "Turn on dark theme, thanks!" scored 0.63 against the flow for "Turn on dark theme" (the
+    threshold is 0.8): "thanks" counted as something the flow did not do. And once a value
+    stopped before a closing "thanks", "Call 555 0111, thank you." scored 0.40 against "Call
+    {p1}". What a goal closes with asks for nothing: it is left out of the score."""
+    scorer = LexicalScorer(
+        [
+            Candidate("dark", GOAL, dark_theme_flow().embedding_text),
+            Candidate("call", "Call {p1}", "dial {p1}", ("p1",)),
+        ]
+    )
+    for goal in ["Turn on dark theme, thanks!", "turn on dark theme, thank you.", GOAL + "."]:
+        assert scorer.score(goal)[0] == scorer.score(GOAL)[0], goal
+    for goal in ["Call 555 0111, thanks", "Call 555 0111, thank you.", "Call 555 0111!"]:
+        assert scorer.score(goal)[0].score == 1.0, goal
+        assert scorer.score(goal)[0].values == {"p1": "555 0111"}, goal
+    # words that only start like "thanks" still count
+    assert scorer.score("Turn on dark theme for Thanksgiving")[0].score < 0.8
+
+
 def test_a_goal_that_turns_one_of_the_flows_directions_is_its_opposite() -> None:
     """A flow for "Turn on dark theme and turn off battery saver" scored 1.0 and was usable for
     "Turn off dark theme and turn on battery saver": direction words weigh nothing in the score
