@@ -144,10 +144,11 @@ async def _session_step(
 
 
 def _never_delivered(history: Sequence[SessionItem], steps: Sequence[PastStep]) -> list[str]:
-    """The calls made after the last one the record holds: no decision carried them (none
-    known when the record holds no call: the attempt's first step, a host that restarted)."""
-    recorded = [s.call_id for s in steps if s.call_id]
+    """The calls made after the call of the latest session step: no decision carried them.
+    None are known when the record holds no such call: the attempt's first step, a host that
+    restarted, a latest step logged without its id (by a replica from before 0017)."""
+    made = [s.call_id for s in steps if s.mode == "session"]
     calls = [i.call_id for i in history if isinstance(i, ToolCall)]
-    if not recorded or recorded[-1] not in calls:
+    if not made or made[-1] not in calls:
         return []
-    return calls[calls.index(recorded[-1]) + 1 :]
+    return calls[calls.index(made[-1]) + 1 :]

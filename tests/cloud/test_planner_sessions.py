@@ -33,7 +33,7 @@ from cloud.server import CloudServer, build_server
 from cloud.store import sessions
 from cloud.store.database import Store
 from cloud.store.engine import check, downgrade, upgrade
-from cloud.store.models import TaskRow
+from cloud.store.models import DecisionRow, TaskRow
 from cloud.store.ports import StoreSessionStore
 from planner.conversation.items import (
     Reasoning,
@@ -43,6 +43,7 @@ from planner.conversation.items import (
     dumps_item,
 )
 from planner.observation import observation_from_scene
+from planner.session.planner import NOT_RECORDED
 from planner.session.store import SessionConflict
 from tests.cloud.cloud_harness import ScriptedHost, channel, submit, tasks_stub
 from tests.planner import scenes
@@ -76,16 +77,31 @@ async def _cloud(make_settings: Any) -> AsyncIterator[CloudServer]:
         await server.stop(0.5)
 
 
-@pytest.fixture
-async def anthropic_cloud(
-    make_settings: Any, model: FakeModelServer, monkeypatch: pytest.MonkeyPatch
-) -> AsyncIterator[CloudServer]:
+def _use_anthropic(monkeypatch: pytest.MonkeyPatch, model: FakeModelServer) -> None:
     monkeypatch.setenv("AMC_PLANNER_PROVIDER", "anthropic")
     monkeypatch.setenv("AMC_PLANNER_ANTHROPIC_API_KEY", "sk-ant-test")
     monkeypatch.setenv("AMC_PLANNER_ANTHROPIC_BASE_URL", model.anthropic_base_url)
     monkeypatch.setenv("AMC_PLANNER_THINKING", "budget")
     monkeypatch.setenv("AMC_PLANNER_THINKING_BUDGET_TOKENS", "2048")
     monkeypatch.setenv("AMC_PLANNER_MAX_RETRIES", "0")
+
+
+@pytest.fixture
+async def anthropic_cloud(
+    make_settings: Any, model: FakeModelServer, monkeypatch: pytest.MonkeyPatch
+) -> AsyncIterator[CloudServer]:
+    _use_anthropic(monkeypatch, model)
+    async for server in _cloud(make_settings):
+        yield server
+
+
+@pytest.fixture
+async def anthropic_session_cloud(
+    make_settings: Any, model: FakeModelServer, monkeypatch: pytest.MonkeyPatch
+) -> AsyncIterator[CloudServer]:
+    """`anthropic_cloud` planning typed requests in session mode."""
+    _use_anthropic(monkeypatch, model)
+    monkeypatch.setenv("AMC_PLANNER_MODE", "session")
     async for server in _cloud(make_settings):
         yield server
 
@@ -573,11 +589,7 @@ async def test_a_call_whose_decision_was_lost_is_answered_as_not_carried_out(
     monkeypatch.setenv("AMC_PLANNER_MODE", "session")
     monkeypatch.setenv("AMC_PLANNER_MAX_RETRIES", "0")
     if provider == "anthropic":
-        monkeypatch.setenv("AMC_PLANNER_PROVIDER", "anthropic")
-        monkeypatch.setenv("AMC_PLANNER_ANTHROPIC_API_KEY", "sk-ant-test")
-        monkeypatch.setenv("AMC_PLANNER_ANTHROPIC_BASE_URL", model.anthropic_base_url)
-        monkeypatch.setenv("AMC_PLANNER_THINKING", "budget")
-        monkeypatch.setenv("AMC_PLANNER_THINKING_BUDGET_TOKENS", "2048")
+        _use_anthropic(monkeypatch, model)
         path = "/v1/messages"
         model.anthropic_script.extend(
             ScriptedTurn([thinking(why), text(why), tool_use(name, args)])
@@ -651,6 +663,40 @@ async def test_a_call_whose_decision_was_lost_is_answered_as_not_carried_out(
     assert "not carried out" in retry[lost.call_id] and "step 1 failed" not in retry[lost.call_id]
     assert "step 2 failed" in last[second.session_call_id]  # the call the host did execute
     assert "step 2 failed" not in last[lost.call_id]
+
+
+async def test_a_call_an_older_replica_logged_is_not_called_not_carried_out(
+    anthropic_session_cloud: CloudServer, model: FakeModelServer, pki_dir: Path
+) -> None:
+    """During a rolling deploy a replica from before 0017 logs step 2 without its call id, and
+    the host restarts and reports no outcome for it. The call was delivered (it is logged), so
+    the model hears that its outcome was not recorded, not that it was not carried out."""
+    model.anthropic_script.extend(
+        ScriptedTurn([thinking(why), text(why), tool_use(name, args)])
+        for why, name, args in _LOST_STEP_TURNS
+    )
+    async with Leased(anthropic_session_cloud, pki_dir, "h26") as leased:
+        a = leased.assignment
+        request = planner_service_pb2.DecideRequest(
+            task_id=a.task_id,
+            attempt=a.attempt,
+            lease_id=a.lease_id,
+            observation=observation_from_scene(scenes.settings_main()),
+        )
+        await leased.stub.Decide(request)
+        request.previous_outcome.CopyFrom(types_pb2.ActionOutcome(step_index=1, executed=True))
+        second = await leased.stub.Decide(request)
+        async with anthropic_session_cloud.store.write() as session:
+            await session.execute(
+                update(DecisionRow)
+                .where(DecisionRow.task_id == a.task_id, DecisionRow.step_index == 2)
+                .values(call_id=None)
+            )
+        request.ClearField("previous_outcome")  # the host restarted: it does not know
+        await leased.stub.Decide(request)
+    assert model.rejections == []
+    answered = _tool_results(model.bodies("/v1/messages")[2])[second.session_call_id]
+    assert answered == NOT_RECORDED
 
 
 async def test_migration_0017_adds_the_decisions_call_id_and_back(db_url: str) -> None:
