@@ -60,9 +60,9 @@ def template_goal(goal: str, typed: Iterable[str]) -> tuple[str, dict[str, str]]
 def bind(template: str, goal: str) -> dict[str, str] | None:
     """The slot values `goal` gives `template`, or None when it does not match it.
 
-    Matching ignores case and runs of spaces; each slot takes more than punctuation or a
-    "please", and a slot used twice must take the same value both times. A value ends where
-    the template's text resumes, not counting punctuation against it ("named Alan Turing, with
+    Matching ignores case and runs of spaces; each slot takes at least one letter or digit,
+    and a slot used twice must take the same value both times. A value ends where the
+    template's text resumes, not counting punctuation against it ("named Alan Turing, with
     phone"), and at the goal's closing punctuation or "please": the last slot took the rest of
     the goal, so "Call 555 0111, please" bound to "Call {p1}" dialled "555 0111, please".
     """
@@ -70,8 +70,8 @@ def bind(template: str, goal: str) -> dict[str, str] | None:
     if m is None:
         return None
     values = {k: v.strip() for k, v in m.groupdict().items()}
-    # "Call please" or "Call ." gives no number to dial
-    return None if any(re.fullmatch(_TAIL, v, re.I) for v in values.values()) else values
+    # "Call ." gives no number to dial
+    return values if all(re.search(r"\w", v) for v in values.values()) else None
 
 
 @functools.lru_cache(maxsize=8192)

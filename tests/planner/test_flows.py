@@ -127,7 +127,7 @@ def test_a_value_stops_where_the_goal_resumes_or_ends_politely() -> None:
     """A flow learned from "Call 555 0100" took "Call 555 0111, please" as p1 = "555 0111,
     please", and its replay dialled that: the last slot took the rest of the goal. A value
     now stops where the template's text resumes and at the goal's closing punctuation or
-    "please"; a value that is only that binds nothing."""
+    "please"; a value of punctuation only binds nothing."""
     call, slots = params.template_goal("Call 555 0100", ["555 0100"])
     assert (call, slots) == ("Call {p1}", {"555 0100": "p1"})
     for goal in ["Call 555 0111, please", "call 555 0111.", "Call 555 0111 please!",
@@ -136,8 +136,11 @@ def test_a_value_stops_where_the_goal_resumes_or_ends_politely() -> None:
     # punctuation inside a value, and words that only start like "please", stay in it
     assert params.bind(call, "Call Dr. Who, please") == {"p1": "Dr. Who"}
     assert params.bind(call, "Call Thanksgiving Hotline") == {"p1": "Thanksgiving Hotline"}
-    for goal in ["Call please", "Call .", "Call", "Text 555 0111, please"]:
+    for goal in ["Call ?!", "Call .", "Call", "Text 555 0111, please"]:
         assert params.bind(call, goal) is None, goal
+    # a value may be a polite word itself, where the goal goes on after it
+    send, _ = params.template_goal("Send Hello to Ada", ["Hello", "Ada"])
+    assert params.bind(send, "Send thanks to Alan, please") == {"p1": "thanks", "p2": "Alan"}
 
     contact, _ = params.template_goal(
         "Create a contact named Ada Lovelace with phone 555 0100", ["Ada Lovelace", "555 0100"]
