@@ -106,7 +106,7 @@ async def _session_step(
     recorded one never reached the host: its decision was lost after the model's turn was kept
     (the replica died, the call was cancelled), and the retry answered it with the outcome of
     the call before, so the model heard that what it never did was done. It is now answered
-    as not carried out. A session step logged without its call id (before migration 0017)
+    as not carried out. A session step logged without its call id (before migration 0018)
     answers the newest open call, as every step did; a replayed step made no call, so its
     outcome answers none."""
     outcome: Outcome | None = None
@@ -146,7 +146,7 @@ async def _session_step(
 def _never_delivered(history: Sequence[SessionItem], steps: Sequence[PastStep]) -> list[str]:
     """The calls made after the call of the latest session step: no decision carried them.
     None are known when the record holds no such call: the attempt's first step, a host that
-    restarted, a latest step logged without its id (by a replica from before 0017)."""
+    restarted, a latest step logged without its id (by a replica from before 0018)."""
     made = [s.call_id for s in steps if s.mode == "session"]
     calls = [i.call_id for i in history if isinstance(i, ToolCall)]
     if not made or made[-1] not in calls:

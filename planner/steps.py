@@ -115,7 +115,7 @@ class PastStep:
     flow_id: str = ""
     flow_step: int = 0
     #: Session mode: the conversation's id of the step's tool call ("" otherwise, and for rows
-    #: logged before migration 0017), so its outcome answers that call and no other.
+    #: logged before migration 0018), so its outcome answers that call and no other.
     call_id: str = ""
 
     @classmethod

@@ -371,7 +371,7 @@ class DecisionRow(Base):
     # What the decision's model calls cost in US dollars (planner/prices.py); 0 for rows from
     # before migration 0012 and for models without a price.
     cost_usd: Mapped[float] = mapped_column(Float, default=0.0, server_default="0")
-    # Session mode (migration 0017): the conversation's id of this decision's tool call, so the
+    # Session mode (migration 0018): the conversation's id of this decision's tool call, so the
     # next step answers that call and no other (NULL: compact, replayed, shipped, older rows).
     call_id: Mapped[str | None] = mapped_column(Text)
 

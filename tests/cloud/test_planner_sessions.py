@@ -668,7 +668,7 @@ async def test_a_call_whose_decision_was_lost_is_answered_as_not_carried_out(
 async def test_a_call_an_older_replica_logged_is_not_called_not_carried_out(
     anthropic_session_cloud: CloudServer, model: FakeModelServer, pki_dir: Path
 ) -> None:
-    """During a rolling deploy a replica from before 0017 logs step 2 without its call id, and
+    """During a rolling deploy a replica from before 0018 logs step 2 without its call id, and
     the host restarts and reports no outcome for it. The call was delivered (it is logged), so
     the model hears that its outcome was not recorded, not that it was not carried out."""
     model.anthropic_script.extend(
@@ -699,8 +699,8 @@ async def test_a_call_an_older_replica_logged_is_not_called_not_carried_out(
     assert answered == NOT_RECORDED
 
 
-async def test_migration_0017_adds_the_decisions_call_id_and_back(db_url: str) -> None:
-    """Both backends: 0017 adds `decisions.call_id`, its downgrade drops it, and the schema
+async def test_migration_0018_adds_the_decisions_call_id_and_back(db_url: str) -> None:
+    """Both backends: 0018 adds `decisions.call_id`, its downgrade drops it, and the schema
     matches the models again after the upgrade (read from each catalogue, as for 0016)."""
     s = Store.from_url(db_url)
     catalogue = (
@@ -714,11 +714,11 @@ async def test_migration_0017_adds_the_decisions_call_id_and_back(db_url: str) -
             return {str(name) for (name,) in await conn.execute(sql_text(catalogue))}
 
     try:
-        await upgrade(s.engine, "0016")
-        before = await columns()
         await upgrade(s.engine, "0017")
+        before = await columns()
+        await upgrade(s.engine, "0018")
         assert await columns() - before == {"call_id"}
-        await downgrade(s.engine, "0016")
+        await downgrade(s.engine, "0017")
         assert await columns() == before
         await upgrade(s.engine)
         await check(s.engine)

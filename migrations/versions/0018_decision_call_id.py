@@ -12,8 +12,8 @@ their (task, attempt, step index) key). NULL for compact and replayed decisions,
 shipped ones and rows from before this migration. Code from before it runs against the new
 schema (it never names the column). The downgrade drops it.
 
-Revision ID: 0017
-Revises: 0016
+Revision ID: 0018
+Revises: 0017
 Create Date: 2026-12-05
 """
 
@@ -24,8 +24,8 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import op
 
-revision: str = "0017"
-down_revision: str | None = "0016"
+revision: str = "0018"
+down_revision: str | None = "0017"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
