@@ -9,6 +9,9 @@ clears the user's and the address's counts. Per address stops one client trying 
 passwords; per user stops many clients sharing one guess list against one account — at the
 price that they can also slow that account's real owner down (for at most `cap` per attempt).
 
+The operators' console counts wrong API bearer tokens against the address too
+(`console.gateway.auth.require_api_user`), answered 429 the same way.
+
 State is in memory, bounded (`max_keys`, least recently failed forgotten first) and forgotten
 `cap` after a key's last failure.
 """

@@ -19,6 +19,7 @@ from pydantic import SecretStr
 
 from webui.csrf import CSRF_HEADER, SAFE_METHODS, csrf_matches
 from webui.sessions import session_alive, session_user
+from webui.throttle import LoginThrottle, attempt_keys, wait_message
 
 
 def _digest(secret: str, salt: bytes) -> bytes:
@@ -72,10 +73,24 @@ async def require_api_user(
     credentials: OperatorCredentials,
     bearer: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
 ) -> str:
-    """Dependency of the JSON API: a bearer token, or a session (plus CSRF header for writes)."""
+    """Dependency of the JSON API: a bearer token, or a session (plus CSRF header for writes).
+
+    Wrong tokens are throttled per client address as wrong passwords are (`webui.throttle`):
+    without it a script could try tokens as fast as the gateway answers. A throttled address
+    is refused (429, Retry-After) without its token being checked; a valid one never counts."""
     if bearer is not None:
+        throttle: LoginThrottle = request.app.state.login_throttle
+        keys = attempt_keys(request, None)
+        wait = throttle.retry_after(keys)
+        if wait > 0:
+            message, after = wait_message(wait)
+            raise HTTPException(
+                status.HTTP_429_TOO_MANY_REQUESTS, message, headers={"Retry-After": str(after)}
+            )
         if credentials.check_token(bearer.credentials.strip()):
+            throttle.succeeded(keys)
             return API_TOKEN_USER
+        throttle.failed(keys)
         raise HTTPException(
             status.HTTP_401_UNAUTHORIZED,
             "invalid bearer token",

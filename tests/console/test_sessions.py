@@ -8,7 +8,8 @@ streaming on (after logout and after expiry alike); after `free` failed logins a
 client address, must wait — a throttled attempt gets 429 with Retry-After and the password is
 not even checked (no scrypt hash is paid for it), other users and addresses are unaffected, and
 once the wait is over (a controllable clock) a correct password works and clears the count; the
-throttle's delays double up to their cap; with a TLS certificate the gateway serves HTTPS and
+throttle's delays double up to their cap; wrong API bearer tokens are throttled per address
+the same way (429 as JSON), valid ones never; with a TLS certificate the gateway serves HTTPS and
 its cookie carries `Secure` (and without one it does not, unless asked to).
 """
 
@@ -27,7 +28,14 @@ import pytest
 from cloud import pki as cloud_pki
 from console.gateway.app import SESSION_COOKIE, build_server, create_app
 from console.settings import ConsoleSettings
-from tests.console.console_stack import ADMIN, PASSWORD, HostFactory, Operator, UvicornThread
+from tests.console.console_stack import (
+    ADMIN,
+    API_TOKEN,
+    PASSWORD,
+    HostFactory,
+    Operator,
+    UvicornThread,
+)
 from tests.console.test_pages import csrf_of
 from webui.throttle import LoginThrottle, install_throttle
 
@@ -43,17 +51,19 @@ class Clock:
 
 
 class Counting:
-    """The gateway's credentials, counting how often a password was actually checked."""
+    """The gateway's credentials, counting how often a password or token was actually checked."""
 
     def __init__(self, inner: object) -> None:
         self.inner = inner
         self.checks = 0
+        self.token_checks = 0
 
     def check_login(self, username: str, password: str) -> bool:
         self.checks += 1
         return bool(self.inner.check_login(username, password))  # type: ignore[attr-defined]
 
     def check_token(self, token: str) -> bool:
+        self.token_checks += 1
         return bool(self.inner.check_token(token))  # type: ignore[attr-defined]
 
 
@@ -201,6 +211,47 @@ def test_failed_logins_are_throttled_per_user_and_per_address(
         assert _try(owner, ADMIN, PASSWORD).status_code == 303
         assert owner.get("/tasks").status_code == 200
     assert throttle.retry_after([f"user:{ADMIN}", "addr:127.0.0.1"]) == 0
+
+
+def test_bearer_token_guesses_are_throttled_per_address(
+    own_gateway: tuple[str, object],
+) -> None:
+    """A wrong API token counts against the client's address like a wrong password: after
+    `free` of them the address waits (429, Retry-After, the API's JSON error shape) and the
+    token it sends is not even checked, the right one included. Valid tokens never count: a
+    client that only sends the right one is never slowed, and other addresses are unaffected."""
+    base, app = own_gateway
+    clock = Clock()
+    install_throttle(app, LoginThrottle(free=5, base_s=1.0, cap_s=60.0, clock=clock))  # type: ignore[arg-type]
+    counting = Counting(app.state.credentials)  # type: ignore[attr-defined]
+    app.state.credentials = counting  # type: ignore[attr-defined]
+
+    def tasks(client: httpx.Client, token: str) -> httpx.Response:
+        return client.get("/api/tasks", headers={"Authorization": f"Bearer {token}"})
+
+    with _client(base, "127.0.0.4") as script:
+        for _ in range(8):
+            assert tasks(script, API_TOKEN).status_code == 200
+    with _client(base) as guesser:
+        for i in range(5):
+            assert tasks(guesser, f"guess-{i}").status_code == 401
+        checked = counting.token_checks
+        for token in ("guess-5", API_TOKEN):
+            refused = tasks(guesser, token)
+            assert refused.status_code == 429, refused.text
+            assert refused.headers["retry-after"] == "1"
+            assert refused.headers["content-type"] == "application/json"
+            assert refused.json() == {"detail": "Too many failed attempts. Try again in 1 s."}
+        assert counting.token_checks == checked
+    with _client(base, "127.0.0.4") as script:
+        assert tasks(script, API_TOKEN).status_code == 200
+
+    # Once the wait is over, the right token works (and clears the address's count).
+    clock.now += 1.0
+    with _client(base) as owner:
+        assert tasks(owner, API_TOKEN).status_code == 200
+        assert tasks(owner, "guess-6").status_code == 401
+        assert tasks(owner, API_TOKEN).status_code == 200
 
 
 def test_the_throttle_doubles_its_wait_up_to_its_cap() -> None:
