@@ -22,7 +22,7 @@ from console.gateway.models import ErrorOut, HealthOut
 from console.settings import ConsoleSettings
 from webui.errors import error_page, install_error_handlers
 from webui.headers import add_security_headers, content_security_policy
-from webui.limits import MAX_BODY_BYTES
+from webui.limits import install_body_limit
 from webui.login import logout_router
 from webui.pages import static_files
 from webui.sessions import install_sessions
@@ -69,7 +69,6 @@ def create_app(settings: ConsoleSettings) -> FastAPI:
         docs_url=None,
         redoc_url=None,
         openapi_url="/api/openapi.json",
-        max_body_size=MAX_BODY_BYTES,
     )
     app.state.streams = StreamGauge()
     app.state.credentials = Credentials(
@@ -84,6 +83,7 @@ def create_app(settings: ConsoleSettings) -> FastAPI:
         https_only=settings.secure_cookies,
     )
     install_throttle(app)
+    install_body_limit(app)
 
     add_security_headers(
         app,

@@ -16,7 +16,7 @@ from host.console.settings import HostConsoleSettings
 from host.console.state import HostState
 from webui.errors import error_page, install_error_handlers
 from webui.headers import add_security_headers, content_security_policy
-from webui.limits import MAX_BODY_BYTES
+from webui.limits import install_body_limit
 from webui.login import logout_router
 from webui.pages import static_files
 from webui.sessions import install_sessions
@@ -68,7 +68,6 @@ def create_app(
         docs_url=None,
         redoc_url=None,
         openapi_url=None,
-        max_body_size=MAX_BODY_BYTES,
     )
     app.state.host = app_state
     app.state.login_token = login_token or OneTimeToken()
@@ -83,6 +82,7 @@ def create_app(
         https_only=settings.cookie_secure,
     )
     install_throttle(app)
+    install_body_limit(app)
 
     add_security_headers(app, csp=content_security_policy(), referrer_policy="no-referrer")
     install_error_handlers(app, routes.PAGES)

@@ -28,7 +28,7 @@ from tests.console.console_stack import (
     UvicornThread,
 )
 from webui.errors import UNEXPECTED
-from webui.limits import MAX_BODY_BYTES
+from webui.limits import MAX_BODY_BYTES, TOO_LARGE
 
 
 def unique(goal: str) -> str:
@@ -522,7 +522,11 @@ def test_out_of_range_input_is_a_422_naming_the_field(
 
 @pytest.mark.parametrize(
     ("path", "content_type"),
-    [("/api/tasks", "application/json"), ("/login", "application/x-www-form-urlencoded")],
+    [
+        ("/api/tasks", "application/json"),
+        ("/login", "application/x-www-form-urlencoded"),
+        ("/tasks/new", "application/x-www-form-urlencoded"),
+    ],
 )
 def test_a_body_past_the_limit_is_refused_before_it_is_read(
     anon: httpx.Client, path: str, content_type: str
@@ -530,13 +534,22 @@ def test_a_body_past_the_limit_is_refused_before_it_is_read(
     """A JSON body was read whole, whatever its size, before the bearer or session check: one
     anonymous 400 MiB POST to /api/tasks left the gateway holding ~0.9 GB, then a 422 (a form
     was stopped only by Starlette's 1 MiB per field, as a 400). Past MAX_BODY_BYTES any body
-    is 413, by its Content-Length or, chunked, as it streams."""
+    is 413, by its Content-Length or, chunked, as it streams; answered as every other error
+    is (the API's JSON, else the error page), not Starlette's plain text, which it was when
+    the Content-Length said so."""
     headers = {"content-type": content_type}
     declared = anon.post(path, content=b"a" * (MAX_BODY_BYTES + 1), headers=headers)
-    assert declared.status_code == 413, declared.text
     chunks = (b"a" * 65536 for _ in range(MAX_BODY_BYTES // 65536 + 1))
     chunked = anon.post(path, content=chunks, headers=headers)
-    assert chunked.status_code == 413, chunked.text
+    for refused in (declared, chunked):
+        assert refused.status_code == 413, refused.text
+        if path.startswith("/api"):
+            assert refused.headers["content-type"] == "application/json"
+            assert refused.json() == {"detail": TOO_LARGE}
+        else:
+            assert refused.headers["content-type"].startswith("text/html")
+            assert "<h1>413" in refused.text and TOO_LARGE in refused.text
+        assert refused.headers["cache-control"] == "no-store"
 
 
 def test_the_largest_real_submission_fits_the_body_limit(api: httpx.Client) -> None:

@@ -36,7 +36,7 @@ from tests.host.console.host_console_support import (
     csrf_of,
     log_in,
 )
-from webui.limits import MAX_BODY_BYTES
+from webui.limits import MAX_BODY_BYTES, TOO_LARGE
 
 BASE = "http://127.0.0.1"
 
@@ -284,13 +284,16 @@ def test_artifact_route_refuses_symlinks_out_and_non_images(
 
 def test_a_login_body_past_the_limit_is_refused_before_it_is_read(tmp_path: Path) -> None:
     """Past MAX_BODY_BYTES a body is 413, as on the operators' console (a form was stopped
-    only by Starlette's 1 MiB per field: a 400 saying nothing of size)."""
+    only by Starlette's 1 MiB per field: a 400 saying nothing of size), on the error page."""
     store = TimelineStore(tmp_path / "db.sqlite3", tmp_path / "artifacts")
     try:
         app = create_app(StoreOnly(store))
         with TestClient(app, base_url=BASE, follow_redirects=False) as c:
             big = c.post("/login", data={"token": "t" * MAX_BODY_BYTES})
             assert big.status_code == 413, big.text
+            # The console's error page, as for any other error (it was Starlette's plain text).
+            assert big.headers["content-type"].startswith("text/html")
+            assert "<h1>413" in big.text and TOO_LARGE in big.text
             assert log_in(c, app.state.login_token.current).status_code == 303
     finally:
         store.close()
