@@ -39,7 +39,7 @@ from console.cli_errors import CloudTarget, UserError, from_rpc, run_main
 from console.cli_help import PlainCommand, PlainGroup
 from console.cli_output import err, out, print_json, print_json_line, print_text
 from console.client import OperatorClient, secure_channel, watch_progress
-from console.limits import INT32_MAX, INT64_MAX, MAX_SECONDS
+from console.limits import INT32_MAX, INT64_MAX, MAX_SECONDS, whole_number
 from planner.budget import dollars
 
 if TYPE_CHECKING:
@@ -216,8 +216,10 @@ def global_options(
     global _connection, _debug
     _debug = debug
     port = (cloud or "").rpartition(":")[2]
-    if port.isdigit() and int(port) > 65535:
-        # gRPC takes the port modulo 65536: 127.0.0.1:99999 dialled 127.0.0.1:34463.
+    number = whole_number(port)
+    if port.isdigit() and (number is None or number > 65535):
+        # gRPC takes the port modulo 65536: 127.0.0.1:99999 dialled 127.0.0.1:34463; digits
+        # of another script ("٣", "²": isdigit() says yes) are no port at all.
         raise typer.BadParameter(f"{cloud}: a port is 0 to 65535", param_hint="'--cloud'")
     running = context.read() if cloud is None or pki_dir is None else None
     source = ""

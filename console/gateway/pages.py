@@ -32,7 +32,7 @@ from console.gateway.models import (
     TaskOut,
     task_status_value,
 )
-from console.limits import INT32_MAX
+from console.limits import INT32_MAX, whole_number
 from webui import login
 from webui.csrf import CsrfChecked
 from webui.pages import Pages
@@ -219,11 +219,8 @@ async def submit_form(
         }
         return PAGES.render(request, "submit.html", context, status_code=status_code)
 
-    try:
-        attempts = int(max_attempts.strip() or 0)
-    except ValueError:
-        attempts = -1
-    if not 0 <= attempts <= INT32_MAX:  # the cloud names its own, far lower, maximum
+    attempts = whole_number(max_attempts.strip() or "0")
+    if attempts is None or attempts > INT32_MAX:  # the cloud names its own, far lower, maximum
         return await again("Max attempts must be a whole number (0: the cloud's default).", 422)
 
     async def submit(validate_only: bool) -> task_service_pb2.SubmitTaskResponse:

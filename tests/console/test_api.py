@@ -494,6 +494,8 @@ BIG = 2**31  # one past the largest int32 the cloud's messages carry
         ("GET", f"/api/tasks/t/attempts/{BIG}/conversation", None, "attempt"),
         ("GET", f"/api/tasks/t/attempts/1/steps/{BIG}/screens/before", None, "step"),
         ("POST", "/api/tasks", f'{{"goal": "g", "max_attempts": {BIG}}}', "max_attempts"),
+        ("POST", "/api/tasks", '{"goal": "g", "max_attempts": "\u0663"}', "max_attempts"),
+        ("GET", "/api/tasks?page_size=%EF%BC%93", None, "page_size"),
         ("POST", "/api/tasks", '{"goal": "g", "timeout_s": NaN}', "timeout_s"),
         ("POST", "/api/tasks", '{"goal": "g", "timeout_s": Infinity}', "timeout_s"),
         ("POST", "/api/tasks", '{"goal": "g", "lease_duration_s": 1e300}', "lease_duration_s"),

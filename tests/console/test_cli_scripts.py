@@ -341,6 +341,25 @@ async def test_every_user_error_is_one_line_with_a_hint(stack: Stack, tmp_path: 
             "Invalid value for '--cloud': 127.0.0.1:99999: a port is 0 to 65535",
             exit_codes.USAGE,
         ),
+        # Digits of other scripts: "²" was "unexpected ValueError", exit 70; "٣" was dialled.
+        (
+            ["--cloud", "127.0.0.1:\u00b2", "--pki-dir", str(stack.pki), "task", "list"],
+            "amc task list",
+            "Invalid value for '--cloud': 127.0.0.1:\u00b2: a port is 0 to 65535",
+            exit_codes.USAGE,
+        ),
+        (
+            ["--cloud", "127.0.0.1:\u0663", "--pki-dir", str(stack.pki), "task", "list"],
+            "amc task list",
+            "Invalid value for '--cloud': 127.0.0.1:\u0663: a port is 0 to 65535",
+            exit_codes.USAGE,
+        ),
+        (
+            [*stack.conn, "task", "submit", "x", "--max-attempts", "\uff13"],
+            "amc task submit",
+            "Invalid value for '--max-attempts'",
+            exit_codes.USAGE,
+        ),
         (
             ["up", "--console-port", "70000"],
             "amc up",

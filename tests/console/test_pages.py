@@ -197,6 +197,15 @@ def test_bad_form_and_query_values_get_an_html_answer(anon: httpx.Client) -> Non
     too_many = anon.post("/tasks/new", data=beyond)  # more than protobuf's int32: was a 500
     assert too_many.status_code == 422
     assert "whole number" in too_many.text
+    # Digits of other scripts and underscores are not a number here (int() read "٣" and "３"
+    # as 3, "1_0" as 10, and queued the task with that many attempts).
+    for typed in ("\u0663", "\uff13", "1_0", "+3"):
+        token = csrf_of(too_many.text)
+        odd = anon.post(
+            "/tasks/new", data={"goal": "g", "max_attempts": typed, "csrf_token": token}
+        )
+        assert odd.status_code == 422, typed
+        assert "whole number" in odd.text
     bad_query = anon.get("/tasks", params={"page_size": "lots"})
     assert bad_query.status_code == 422
     assert bad_query.headers["content-type"].startswith("text/html")
