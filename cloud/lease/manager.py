@@ -172,7 +172,7 @@ class LeaseManager:
         """
         session = HostSession(
             host_id=host_id,
-            planner_transport=int(hello.planner_transport),
+            planner_transport=messages.transport_in(hello),
             process_id=hello.process_id,
             serial=serial,
         )
@@ -199,7 +199,7 @@ class LeaseManager:
         record = hosts.HelloRecord(
             convert.device_dicts(list(hello.devices)),
             hello.agent_version,
-            int(hello.planner_transport),
+            messages.transport_in(hello),
             self.bus.replica_id,
             session.stream_id,
             hello.process_id,

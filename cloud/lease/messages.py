@@ -37,6 +37,14 @@ _SWEPT: dict[leases.Revocation, str] = {
 }
 
 
+def transport_in(hello: lease_pb.HostHello) -> int:
+    """The hello's planner transport, UNSPECIFIED read as CLOUD (types.proto says why: a host
+    that does not say plans through Decide, as one built from proto/ alone does)."""
+    if hello.planner_transport == types_pb2.PLANNER_TRANSPORT_UNSPECIFIED:
+        return types_pb2.PLANNER_TRANSPORT_CLOUD
+    return int(hello.planner_transport)
+
+
 def revoke_reason(revocation: leases.Revocation) -> RevokeReason:
     """The protocol's RevokeReason for the store's reason."""
     return _REVOKE_REASONS[revocation]

@@ -19,6 +19,11 @@ MAX_ID = 128
 #: `MAX_DEVICES` leaves room for phones it no longer has). Each one costs the replica a lookup
 #: while its other hosts wait: 20,000 took 8 s.
 MAX_HELD = 4 * MAX_DEVICES
+_TRANSPORTS = (
+    types_pb2.PLANNER_TRANSPORT_UNSPECIFIED,
+    types_pb2.PLANNER_TRANSPORT_DIRECT,
+    types_pb2.PLANNER_TRANSPORT_CLOUD,
+)
 _TERMINAL = (
     types_pb2.TASK_STATUS_SUCCEEDED,
     types_pb2.TASK_STATUS_FAILED,
@@ -56,9 +61,10 @@ def _lease_ref(prefix: str, task_id: str, attempt: int, lease_id: str) -> str | 
 
 
 def hello(msg: lease_pb.HostHello) -> str | None:
-    """A hello's devices and identifiers. Neither a held assignment (each is answered on its
-    own: `held`) nor the outbox report (cut to sense: `messages.backlog_in`) refuses a hello:
-    a refused hello gets no Welcome, and the host's live leases would not be resumed."""
+    """A hello's devices, identifiers and planner transport. Neither a held assignment (each
+    is answered on its own: `held`) nor the outbox report (cut to sense:
+    `messages.backlog_in`) refuses a hello: a refused hello gets no Welcome, and the host's
+    live leases would not be resumed."""
     problem = _devices(list(msg.devices), "hello.devices")
     if problem:
         return problem
@@ -66,6 +72,13 @@ def hello(msg: lease_pb.HostHello) -> str | None:
         return f"hello.agent_version: at most {MAX_ID} characters"
     if len(msg.process_id) > MAX_ID:
         return f"hello.process_id: at most {MAX_ID} characters"
+    if msg.planner_transport not in _TRANSPORTS:
+        # Another transport (a newer host's) may plan neither way: guessing would pause it
+        # wrongly, or hand it work while the model provider is down.
+        return (
+            f"hello.planner_transport: {msg.planner_transport} is not a transport this cloud "
+            "knows (PLANNER_TRANSPORT_DIRECT, PLANNER_TRANSPORT_CLOUD; UNSPECIFIED counts as CLOUD)"
+        )
     return None
 
 

@@ -134,7 +134,9 @@ class _PlannerTransport:
 class _PlannerTransportEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_PlannerTransport.ValueType], _builtins.type):
     DESCRIPTOR: _descriptor.EnumDescriptor
     PLANNER_TRANSPORT_UNSPECIFIED: _PlannerTransport.ValueType  # 0
-    """Not reported."""
+    """Not reported. In a HostHello the cloud reads it as CLOUD (HostHello.planner_transport says
+    why); a Host or Attempt carries it only when recorded before the cloud did so.
+    """
     PLANNER_TRANSPORT_DIRECT: _PlannerTransport.ValueType  # 1
     """The host calls the model provider itself; prompts never reach the cloud."""
     PLANNER_TRANSPORT_CLOUD: _PlannerTransport.ValueType  # 2
@@ -144,7 +146,9 @@ class PlannerTransport(_PlannerTransport, metaclass=_PlannerTransportEnumTypeWra
     """Where a host sends its planning calls."""
 
 PLANNER_TRANSPORT_UNSPECIFIED: PlannerTransport.ValueType  # 0
-"""Not reported."""
+"""Not reported. In a HostHello the cloud reads it as CLOUD (HostHello.planner_transport says
+why); a Host or Attempt carries it only when recorded before the cloud did so.
+"""
 PLANNER_TRANSPORT_DIRECT: PlannerTransport.ValueType  # 1
 """The host calls the model provider itself; prompts never reach the cloud."""
 PLANNER_TRANSPORT_CLOUD: PlannerTransport.ValueType  # 2
