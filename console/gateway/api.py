@@ -339,7 +339,8 @@ _SSE_DOC: dict[int | str, dict[str, Any]] = {
     200: {
         "content": {"text/event-stream": {}},
         "description": "`task` events (TaskOut JSON) as tasks change; `end` when a watched "
-        "task ended; `cloud-error` (ErrorOut JSON) when the cloud stream failed",
+        "task ended; `cloud-error` (ErrorOut JSON) when the cloud stream failed, "
+        "`stream-error` (ErrorOut JSON) when the gateway did; the stream ends after either",
     }
 }
 
@@ -362,7 +363,8 @@ async def fleet_events(request: Request, cloud: Cloud, allowed: StreamAllowed) -
             "content": {"text/event-stream": {}},
             "description": "`host` events (HostOut JSON): every host, then `snapshot-complete`, "
             "then each host whose state changed (connected, disconnected, phones); "
-            "`cloud-error` (ErrorOut JSON) when the cloud stream failed",
+            "`cloud-error` (ErrorOut JSON) when the cloud stream failed, `stream-error` "
+            "(ErrorOut JSON) when the gateway did; the stream ends after either",
         }
     },
     summary="Live changes of the fleet's hosts (server-sent events)",

@@ -5,7 +5,9 @@ shape as the API's TaskOut), so the page's script can patch its badges in place.
 stream sends one `host` event per host (HostOut JSON): the snapshot, `snapshot-complete`, then
 every host whose state changed. A single
 task's stream also carries `thinking` events: the model's thinking as it streams (session mode),
-shown live and replaced by the decision's stored thinking once the step is decided. A comment line
+shown live and replaced by the decision's stored thinking once the step is decided. A failed
+cloud stream ends with a `cloud-error` event, a failure of the gateway's own with
+`stream-error` (both ErrorOut JSON; the latter logged naming the stream). A comment line
 goes out every few seconds so proxies keep the connection open; when the browser leaves, the
 response is cancelled and the gRPC stream with it.
 
@@ -29,6 +31,7 @@ from starlette.responses import StreamingResponse
 from console.gateway.cloud import CloudClient
 from console.gateway.errors import describe
 from console.gateway.models import ErrorOut, HostOut, TaskOut
+from webui.errors import UNEXPECTED
 
 log = logging.getLogger(__name__)
 
@@ -73,8 +76,12 @@ async def _host_frames(cloud: CloudClient) -> AsyncIterator[str]:
             yield _event("host", HostOut.of(change.host).model_dump_json())
 
 
-async def _pump(frames: AsyncIterator[str], queue: asyncio.Queue[str | None]) -> None:
-    """Copy a gRPC stream's frames into the queue; None marks its end."""
+async def _pump(frames: AsyncIterator[str], queue: asyncio.Queue[str | None], what: str) -> None:
+    """Copy a gRPC stream's frames into the queue; None marks its end.
+
+    A failure of the gateway's own (a change it cannot present) is a `stream-error` event
+    and the stream's proper end: raised, it cut the response after it began, uvicorn logged
+    it without saying which stream, and the browser reconnected every second, for ever."""
     try:
         async for frame in frames:
             await queue.put(frame)
@@ -87,16 +94,21 @@ async def _pump(frames: AsyncIterator[str], queue: asyncio.Queue[str | None]) ->
                 ErrorOut(detail=message, grpc_code=code).model_dump_json(exclude_none=True),
             )
         )
+    except Exception:
+        log.exception("live stream of %s failed", what)
+        failed = ErrorOut(detail=UNEXPECTED).model_dump_json(exclude_none=True)
+        await queue.put(_event("stream-error", failed))
     finally:
         await queue.put(None)
 
 
 async def _frames(
-    source: AsyncIterator[str], gauge: StreamGauge, allowed: Callable[[], bool]
+    source: AsyncIterator[str], gauge: StreamGauge, allowed: Callable[[], bool], what: str
 ) -> AsyncIterator[str]:
-    """The frames of `source` plus keepalives, until it ends or `allowed()` says no more."""
+    """The frames of `source` plus keepalives, until it ends or `allowed()` says no more
+    (`what`: the stream, for the log)."""
     queue: asyncio.Queue[str | None] = asyncio.Queue()
-    pump = asyncio.create_task(_pump(source, queue))
+    pump = asyncio.create_task(_pump(source, queue, what))
     gauge.open += 1
     loop = asyncio.get_running_loop()
     try:
@@ -130,14 +142,15 @@ def event_stream(
 ) -> StreamingResponse:
     """An SSE response of one task's changes, or of the whole fleet's when task_id is empty,
     for as long as `allowed()`."""
-    return _sse(_frames(_task_frames(cloud, task_id), gauge, allowed))
+    what = f"task {task_id}" if task_id else "every task"
+    return _sse(_frames(_task_frames(cloud, task_id), gauge, allowed, what))
 
 
 def host_event_stream(
     cloud: CloudClient, gauge: StreamGauge, allowed: Callable[[], bool]
 ) -> StreamingResponse:
     """An SSE response of every host's changes, for as long as `allowed()`."""
-    return _sse(_frames(_host_frames(cloud), gauge, allowed))
+    return _sse(_frames(_host_frames(cloud), gauge, allowed, "every host"))
 
 
 def _sse(frames: AsyncIterator[str]) -> StreamingResponse:

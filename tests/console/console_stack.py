@@ -79,6 +79,25 @@ class UvicornThread:
         self._thread.join(WAIT_S)
 
 
+def fail_after_first_change(app: FastAPI) -> None:
+    """Make the served gateway's live task streams fail after their first real change.
+
+    A failure of the gateway's own code mid-stream cannot be provoked from outside (it would
+    be a bug), so the cloud client's watch is wrapped: the changes are the real cloud's."""
+    cloud = app.state.cloud
+    real_watch = cloud.watch
+
+    def failing_watch(task_id: str = "", *, thinking: bool = False) -> Any:
+        async def changes() -> Any:
+            async for change in real_watch(task_id, thinking=thinking):
+                yield change
+                raise RuntimeError("a bug after the first change")
+
+        return changes()
+
+    cloud.watch = failing_watch
+
+
 def channel_credentials(pki: Path, cert_stem: str) -> grpc.ChannelCredentials:
     return grpc.ssl_channel_credentials(
         root_certificates=(pki / "ca.pem").read_bytes(),

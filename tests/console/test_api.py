@@ -26,6 +26,7 @@ from tests.console.console_stack import (
     HostFactory,
     Operator,
     UvicornThread,
+    fail_after_first_change,
 )
 from webui.errors import UNEXPECTED
 from webui.limits import MAX_BODY_BYTES, TOO_LARGE
@@ -600,3 +601,30 @@ def test_a_failure_of_the_gateway_itself_is_json_or_a_page(
             assert "the error is in its log" in page.text
     finally:
         server.stop()
+
+
+def test_a_live_stream_that_fails_midway_says_so_and_ends_cleanly(
+    console_settings: ConsoleSettings, operator: Operator, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A failure of the gateway's own code after a live stream began (`fail_after_first_change`)
+    is a `stream-error` event in ErrorOut's shape,
+    then the stream's proper end, and a log line naming the task. It cut the connection
+    instead, without a word: the browser's EventSource reconnected every second, for ever."""
+    app = create_app(console_settings)
+    server = UvicornThread(app)
+    base = server.start()
+    task = operator.submit(f"stream then fail {uuid.uuid4().hex[:8]}")
+    fail_after_first_change(app)
+    headers = {"Authorization": f"Bearer {API_TOKEN}"}
+    try:
+        with httpx.Client(base_url=base, headers=headers, timeout=20) as client:
+            url = f"/api/tasks/{task.task_id}/events"
+            with client.stream("GET", url) as stream:
+                events = list(sse_events(stream))  # ends: no RemoteProtocolError
+            assert [name for name, _ in events] == ["task", "stream-error"]
+            assert json.loads(events[1][1]) == {"detail": UNEXPECTED}
+            assert client.get("/api/tasks", params={"page_size": 1}).status_code == 200
+    finally:
+        server.stop()
+    logged = [r for r in caplog.records if r.name == "console.gateway.events"]
+    assert any(task.task_id in r.getMessage() and r.exc_info for r in logged), logged

@@ -39,9 +39,11 @@ from tests.console.console_stack import (
     HostFactory,
     Operator,
     UvicornThread,
+    fail_after_first_change,
 )
 from tests.support.browser import PageReport, open_browser, overflow_x
 from tests.support.loop_thread import LoopThread
+from webui.errors import UNEXPECTED
 
 pytestmark = pytest.mark.browser
 
@@ -463,3 +465,25 @@ def test_the_conversation_page_is_linked_from_the_attempt(
     expect(link).to_have_attribute("href", f"/tasks/{task.task_id}/attempts/1/conversation")
     link.click()
     expect(page.locator("h1")).to_have_text("Conversation of attempt 1")
+
+
+def test_a_live_stream_the_console_fails_says_so_instead_of_reconnecting(
+    browser: Browser, console_settings: ConsoleSettings, operator: Operator
+) -> None:
+    """The gateway's `stream-error` event closes the page's stream and says why: the browser
+    reconnected every second instead (the failure repeats), showing only "reconnecting…"."""
+    app = create_app(console_settings)
+    server = UvicornThread(app)
+    base = server.start()
+    task = operator.submit(unique("Fail the live stream"))
+    fail_after_first_change(app)
+    context = browser.new_context(viewport={"width": 1280, "height": 900})
+    try:
+        watched = PageReport(context.new_page())
+        log_in(watched.page, base, f"/tasks/{task.task_id}")
+        expect(watched.page.locator("#live-state")).to_have_text(
+            f"{UNEXPECTED} — reload the page", timeout=LIVE_MS
+        )
+    finally:
+        context.close()
+        server.stop()

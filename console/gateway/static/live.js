@@ -340,6 +340,11 @@
         liveState(err.detail, "off");
       }
     });
+    // The console itself failed (its log says why): reconnecting would fail the same way.
+    source.addEventListener("stream-error", function (e) {
+      source.close();
+      liveState(JSON.parse(e.data).detail + " — reload the page", "off");
+    });
     window.addEventListener("pagehide", function () { source.close(); });
     return source;
   }
