@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator
 from typing import Annotated, Any, Literal
 
+import grpc
 from fastapi import APIRouter, Depends, Query, Request, status
 from fastapi import Path as PathParam
 from starlette.concurrency import run_in_threadpool
@@ -14,6 +16,7 @@ from amc.v1.artifact_service_pb2 import SCREENSHOT_PHASE_AFTER, SCREENSHOT_PHASE
 from console.exporting import cloud_run, export_name
 from console.gateway.auth import API_TOKEN_USER, ApiUser, StreamAllowed, require_api_user
 from console.gateway.cloud import CloudClient
+from console.gateway.errors import describe
 from console.gateway.events import event_stream, host_event_stream
 from console.gateway.history import group_history
 from console.gateway.models import (
@@ -55,6 +58,8 @@ _ERRORS: dict[int | str, dict[str, object]] = {
     500: {"model": ErrorOut, "description": "the console failed (the error is in its log)"},
     503: {"model": ErrorOut, "description": "the cloud is not reachable"},
 }
+
+log = logging.getLogger(__name__)
 
 router = APIRouter(prefix="/api", dependencies=[Depends(require_api_user)], responses=_ERRORS)
 
@@ -268,10 +273,27 @@ async def step_screen(
         raise
 
     async def body() -> AsyncIterator[bytes]:
+        """The image's bytes. A failure once they flow can only close the connection short
+        of Content-Length (the client sees an incomplete body): it is raised for that, and
+        logged here first, as the server's own log of it names neither task nor cause."""
+        sent = 0
         try:
             yield first.data
+            sent += len(first.data)
             async for chunk in chunks:
                 yield chunk.data
+                sent += len(chunk.data)
+        except Exception as exc:
+            cause = type(exc).__name__
+            if isinstance(exc, grpc.aio.AioRpcError):
+                _, message, code = describe(exc)
+                cause = f"{code} {message}"
+            log.warning(
+                "the %s screenshot of step %d of task %s attempt %d broke off after %d of %d "
+                "bytes: %s",
+                phase, step, task_id, attempt, sent, first.screenshot.size_bytes, cause,
+            )  # fmt: skip
+            raise
         finally:
             await chunks.aclose()
 

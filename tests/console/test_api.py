@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import itertools
 import json
 import socket
@@ -9,11 +10,15 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
+from typing import Any
 
+import grpc
 import httpx
 import pytest
+from PIL import Image
 
-from amc.v1 import types_pb2
+from amc.v1 import artifact_service_pb2, types_pb2
+from amc.v1.artifact_service_pb2_grpc import ArtifactServiceStub
 from console.gateway import create_app
 from console.gateway.errors import UNREACHABLE
 from console.gateway.history import DIRECT_TRANSPORT, NOT_ASSIGNED_YET
@@ -628,3 +633,72 @@ def test_a_live_stream_that_fails_midway_says_so_and_ends_cleanly(
         server.stop()
     logged = [r for r in caplog.records if r.name == "console.gateway.events"]
     assert any(task.task_id in r.getMessage() and r.exc_info for r in logged), logged
+
+
+def test_a_screenshot_download_the_cloud_fails_midway_is_cut_off_and_logged(
+    console_settings: ConsoleSettings,
+    make_host: HostFactory,
+    operator: Operator,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A screenshot streams from the cloud after its status and Content-Length went out, so a
+    failure halfway can only close the connection before the last byte (what HTTP offers:
+    the client sees an incomplete body, never a whole-looking image). It is logged as a
+    warning naming the task, attempt, step and phase; the request's credentials are not in
+    the log. (The cloud's stream is wrapped to fail after half the image: a real artifact
+    store failing between two chunks cannot be timed from here.)"""
+    app = create_app(console_settings)
+    server = UvicornThread(app)
+    base = server.start()
+    host = make_host()
+    task = operator.submit(f"screens then fail {uuid.uuid4().hex[:8]}", host_id=host.host_id)
+    assignment = host.assignment()
+    decision = host.decide(assignment, task.goal)
+    image = io.BytesIO()
+    Image.new("RGB", (108, 240), "navy").save(image, format="PNG")
+    ArtifactServiceStub(host.channel).UploadStepScreenshot(
+        artifact_service_pb2.UploadStepScreenshotRequest(
+            task_id=assignment.task_id,
+            attempt=assignment.attempt,
+            lease_id=assignment.lease_id,
+            decision_id=decision.decision_id,
+            phase=artifact_service_pb2.SCREENSHOT_PHASE_BEFORE,
+            content_type="image/png",
+            data=image.getvalue(),
+        ),
+        timeout=20,
+    )
+    cloud = app.state.cloud
+    real_chunks = cloud.screenshot_chunks
+
+    def failing_chunks(*args: Any) -> Any:
+        async def chunks() -> Any:
+            async for chunk in real_chunks(*args):
+                half = artifact_service_pb2.GetStepScreenshotResponse()
+                half.CopyFrom(chunk)
+                half.data = chunk.data[: len(chunk.data) // 2]
+                yield half
+                raise grpc.aio.AioRpcError(
+                    grpc.StatusCode.UNAVAILABLE,
+                    grpc.aio.Metadata(),
+                    grpc.aio.Metadata(),
+                    details="artifact store: connection reset",
+                )
+
+        return chunks()
+
+    cloud.screenshot_chunks = failing_chunks
+    path = f"/api/tasks/{task.task_id}/attempts/1/steps/{decision.step_index}/screens/before"
+    headers = {"Authorization": f"Bearer {API_TOKEN}"}
+    try:
+        with httpx.Client(base_url=base, headers=headers, timeout=20) as client:
+            with pytest.raises(httpx.RemoteProtocolError):
+                client.get(path)
+            assert client.get("/api/tasks", params={"page_size": 1}).status_code == 200
+    finally:
+        server.stop()
+    lines = [r.getMessage() for r in caplog.records if r.name == "console.gateway.api"]
+    assert any(task.task_id in line and "step" in line and "before" in line for line in lines), (
+        caplog.records
+    )
+    assert API_TOKEN not in caplog.text
