@@ -618,7 +618,8 @@ def test_a_live_stream_that_fails_midway_says_so_and_ends_cleanly(
     app = create_app(console_settings)
     server = UvicornThread(app)
     base = server.start()
-    task = operator.submit(f"stream then fail {uuid.uuid4().hex[:8]}")
+    # Pinned to a host that never connects: no other test's host may take it.
+    task = operator.submit(f"stream then fail {uuid.uuid4().hex[:8]}", host_id="nowhere")
     fail_after_first_change(app)
     headers = {"Authorization": f"Bearer {API_TOKEN}"}
     try:

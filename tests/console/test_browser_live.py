@@ -475,7 +475,7 @@ def test_a_live_stream_the_console_fails_says_so_instead_of_reconnecting(
     app = create_app(console_settings)
     server = UvicornThread(app)
     base = server.start()
-    task = operator.submit(unique("Fail the live stream"))
+    task = operator.submit(unique("Fail the live stream"), host_id="nowhere")  # no host takes it
     fail_after_first_change(app)
     context = browser.new_context(viewport={"width": 1280, "height": 900})
     try:
