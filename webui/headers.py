@@ -10,9 +10,11 @@ otherwise (a screenshot's `private` caching); only the static assets are cacheab
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 
-from fastapi import FastAPI, Request, Response
+from fastapi import FastAPI, Request
+from starlette.datastructures import MutableHeaders
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 #: Where both consoles mount their static assets (`webui.pages.static_files`).
 STATIC_PREFIX = "/static/"
@@ -35,16 +37,41 @@ def add_security_headers(
 ) -> None:
     """Add the headers to every response of `app` (a response's own values win)."""
 
-    @app.middleware("http")
-    async def security_headers(
-        request: Request, call_next: Callable[[Request], Awaitable[Response]]
-    ) -> Response:
-        response = await call_next(request)
-        response.headers.setdefault("X-Content-Type-Options", "nosniff")
-        response.headers.setdefault("Referrer-Policy", referrer_policy)
+    def headers_for(request: Request) -> dict[str, str]:
+        headers = {"X-Content-Type-Options": "nosniff", "Referrer-Policy": referrer_policy}
         if not request.url.path.startswith(STATIC_PREFIX):
-            response.headers.setdefault("Cache-Control", "no-store")
+            headers["Cache-Control"] = "no-store"
         if is_api is None or not is_api(request):
-            response.headers.setdefault("X-Frame-Options", "DENY")
-            response.headers.setdefault("Content-Security-Policy", csp)
-        return response
+            headers["X-Frame-Options"] = "DENY"
+            headers["Content-Security-Policy"] = csp
+        return headers
+
+    app.add_middleware(_SecurityHeaders, headers_for=headers_for)
+
+
+class _SecurityHeaders:
+    """Adds the headers as an answer starts, and changes nothing else.
+
+    Plain ASGI, not `@app.middleware("http")`: Starlette's BaseHTTPMiddleware ended a streamed
+    answer that failed midway as if it were complete (the last chunk sent, the error raised
+    after it), so a client took the part it got for the whole answer. Here the error reaches
+    the server while the answer is open, and it closes the connection short of the end."""
+
+    def __init__(self, app: ASGIApp, headers_for: Callable[[Request], dict[str, str]]) -> None:
+        self.app = app
+        self.headers_for = headers_for
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        extra = self.headers_for(Request(scope))
+
+        async def with_headers(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                headers = MutableHeaders(scope=message)
+                for name, value in extra.items():
+                    headers.setdefault(name, value)
+            await send(message)
+
+        await self.app(scope, receive, with_headers)

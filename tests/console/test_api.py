@@ -9,13 +9,14 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import grpc
 import httpx
 import pytest
 from PIL import Image
+from starlette.responses import StreamingResponse
 
 from amc.v1 import artifact_service_pb2, types_pb2
 from amc.v1.artifact_service_pb2_grpc import ArtifactServiceStub
@@ -703,3 +704,32 @@ def test_a_screenshot_download_the_cloud_fails_midway_is_cut_off_and_logged(
         caplog.records
     )
     assert API_TOKEN not in caplog.text
+
+
+def test_a_chunked_answer_that_fails_midway_is_not_passed_off_as_whole(
+    console_settings: ConsoleSettings,
+) -> None:
+    """A streamed answer without Content-Length (chunked) that fails after its first bytes
+    must end without the last chunk, so the client can tell it is cut off. The security
+    headers' middleware (Starlette's BaseHTTPMiddleware) ended it properly instead: a client
+    took the first half for the whole answer; the failure was raised only after that."""
+    app = create_app(console_settings)
+
+    @app.get("/api/half")
+    async def half() -> StreamingResponse:
+        async def body() -> AsyncIterator[bytes]:
+            yield b"the first half"
+            raise RuntimeError("a bug halfway")
+
+        return StreamingResponse(body(), media_type="text/plain")
+
+    server = UvicornThread(app)
+    base = server.start()
+    try:
+        with httpx.Client(base_url=base, timeout=20) as client:
+            headers = {"Authorization": f"Bearer {API_TOKEN}"}
+            with pytest.raises(httpx.RemoteProtocolError):
+                client.get("/api/half", headers=headers)
+            assert client.get("/healthz").status_code == 200
+    finally:
+        server.stop()
