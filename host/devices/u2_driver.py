@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import shlex
 import socket
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -56,22 +57,90 @@ def _mapped(serial: str, what: str) -> Iterator[None]:
 
 
 class _BoundedDevice(adbutils.AdbDevice):  # type: ignore[misc]
-    """The phone as uiautomator2 sees it, with a read timeout on each JSON-RPC connection.
+    """The phone as uiautomator2 sees it, every adb request bounded by the driver's timeout.
 
-    uiautomator2 sets its `http_timeout` (300 s by default) on an `HTTPConnection` whose
-    `connect` it overrides with this method's socket, so the timeout never reached the socket:
-    a wedged on-phone server held the call, and its worker thread, for good. The server's
-    launch stream is opened elsewhere (`shell(stream=True)`) and stays unbounded, as it
-    must: it is silent while the server runs."""
+    adbutils waits 600 s on a shell (uiautomator2's md5sum check of `u2.jar`), for ever on a
+    sync push (its push of the jar), and 600 s for the `tcp:` forward's OKAY; uiautomator2 sets
+    its `http_timeout` (300 s) on an `HTTPConnection` whose socket comes from here, so it never
+    reached the socket. A stuck phone held the connect, or a JSON-RPC call, and the phone's
+    lane with it. Here every connection's reads wait `timeout_s` at most; `step` names what
+    the device was last asked, so a timeout says where it stuck. The server's launch stream
+    is the one exception once its OKAY came: it is silent while the server runs."""
 
     def __init__(self, client: adbutils.AdbClient, serial: str, timeout_s: float) -> None:
         super().__init__(client, serial=serial)
         self._timeout_s = timeout_s
+        self.step = "connect"
+
+    def open_transport(
+        self, command: str | None = None, timeout: float | None = None
+    ) -> adbutils.AdbConnection:
+        """adbutils' own, bounded, and closed when the phone does not take the request (it
+        leaves the socket open)."""
+        conn = self._client.make_connection(timeout=self._timeout_s)
+        request = f"host-serial:{self._serial}:{command}" if command else None
+        return _handshake(conn, request or f"host:transport:{self._serial}")
+
+    def open_shell(self, cmdargs: Any) -> adbutils.AdbConnection:
+        """adbutils' own, closed when the phone does not take the command."""
+        return _handshake(self.open_transport(), f"shell:{_command(cmdargs)}")
+
+    def shell(self, cmdargs: Any, stream: bool = False, **kwargs: Any) -> Any:
+        if not stream:
+            self.step = f"the shell command '{_program(cmdargs)} …'"
+            return super().shell(cmdargs, **{**kwargs, "timeout": self._timeout_s})
+        self.step = "the start of uiautomator2's server"
+        conn = super().shell(cmdargs, stream=True)
+        conn.conn.settimeout(None)
+        return conn
+
+    @property
+    def sync(self) -> Any:
+        self.step = "a file transfer (sync: push of uiautomator2's jar)"
+        return super().sync
 
     def create_connection(self, network: Any, address: int | str) -> socket.socket:
-        sock: socket.socket = super().create_connection(network, address)
+        """A socket to `address` on the phone. A handshake that times out is `DeviceBusy`
+        here: uiautomator2 takes an adb error from it for a server not yet up and keeps
+        polling."""
+        kind = getattr(network, "value", network)
+        self.step = f"the {kind}:{address} connection to uiautomator2's server"
+        try:
+            sock: socket.socket = super().create_connection(network, address)
+        except (AdbTimeout, TimeoutError) as exc:
+            raise self.stuck(exc) from exc
         sock.settimeout(self._timeout_s)
         return sock
+
+    def stuck(self, exc: BaseException) -> DeviceBusy:
+        """The error for a request that got no answer in time, naming the phone and step."""
+        return DeviceBusy(
+            f"phone {self.serial} did not answer {self.step} within {self._timeout_s:g} s "
+            f"({exc}): it is stuck or very slow; it is still listed by adb unless the device "
+            "poll says otherwise"
+        )
+
+
+def _handshake(conn: adbutils.AdbConnection, request: str) -> adbutils.AdbConnection:
+    """`conn` after the adb server took `request`; closed when it did not."""
+    try:
+        conn.send_command(request)
+        conn.check_okay()
+    except BaseException:
+        conn.close()
+        raise
+    return conn
+
+
+def _command(cmdargs: Any) -> str:
+    return cmdargs if isinstance(cmdargs, str) else shlex.join(cmdargs)
+
+
+def _program(cmdargs: Any) -> str:
+    """A shell command's first two words, enough to name it (`toybox md5sum`): the rest
+    can be typed text (uiautomator2's keyboard broadcast), which no message may carry."""
+    words = cmdargs.split() if isinstance(cmdargs, str) else [str(w) for w in cmdargs]
+    return " ".join(words[:2])
 
 
 class U2Driver:
@@ -104,9 +173,12 @@ class U2Driver:
 
     def _d(self) -> Any:
         if self._dev is None:
+            phone = _BoundedDevice(self._adb, self._serial, self._rpc_timeout_s)
             with _mapped(self._serial, "connect"):
-                phone = _BoundedDevice(self._adb, self._serial, self._rpc_timeout_s)
-                self._dev = u2.connect(phone)
+                try:
+                    self._dev = u2.connect(phone)
+                except (AdbTimeout, TimeoutError) as exc:
+                    raise phone.stuck(exc) from exc
         return self._dev
 
     def _call(self, what: str, fn: Callable[[Any], T]) -> T:

@@ -245,3 +245,44 @@ def test_a_wedged_uiautomator2_server_times_out_as_a_busy_phone(
     assert len(raised) == 1 and isinstance(raised[0], DeviceBusy), raised
     assert "timed out" in str(raised[0])
     assert d.screen_size() == (1080, 2400)  # the next call starts the server again
+
+
+@pytest.mark.parametrize(
+    ("service", "step"),
+    [
+        ("shell:toybox md5sum", "toybox md5sum"),
+        ("sync:", "sync: push"),
+        ("shell:CLASSPATH=", "start of uiautomator2's server"),
+        ("tcp:9008", "tcp:9008 connection"),
+    ],
+)
+def test_a_stuck_phone_fails_uiautomator2s_first_connect_naming_the_step(
+    served: tuple[ThreadedAdbServer, VirtualPhone], service: str, step: str
+) -> None:
+    """uiautomator2's first connect checks `u2.jar`'s md5sum (adbutils waits 600 s for a
+    shell), pushes the jar (a sync with no timeout at all), starts its server and opens the
+    `tcp:9008` forward (600 s for the OKAY): a phone whose adbd took the request and never
+    answered held the connect, and the phone's lane, for ten minutes or for good. Each step
+    now waits the driver's timeout at most and fails `DeviceBusy` naming the phone and the
+    step. (The thread's join is a safety net for the test run only.)"""
+    import threading
+
+    server, phone = served
+    phone.stall_service(service, 600.0)
+    d = U2Driver(SERIAL, port=server.port, rpc_timeout_s=0.5)
+    raised: list[BaseException] = []
+
+    def connect() -> None:
+        try:
+            d.screen_size()
+        except BaseException as exc:
+            raised.append(exc)
+
+    worker = threading.Thread(target=connect, daemon=True)
+    worker.start()
+    worker.join(30)
+    assert not worker.is_alive(), f"uiautomator2's connect never returned ({service} stuck)"
+    assert len(raised) == 1 and isinstance(raised[0], DeviceBusy), raised
+    assert not isinstance(raised[0], DeviceGone)
+    assert SERIAL in str(raised[0]) and step in str(raised[0]), raised[0]
+    assert d.screen_size() == (1080, 2400)  # the next call connects

@@ -389,6 +389,12 @@ class VirtualAdbServer:
         reader: asyncio.StreamReader,
         writer: asyncio.StreamWriter,
     ) -> None:
+        stall = phone.take_service_stall(req)
+        if stall is not None:
+            with contextlib.suppress(TimeoutError):
+                # The client sends nothing before the OKAY: a read ends only by its hangup.
+                if await asyncio.wait_for(reader.read(1), stall) == b"":
+                    raise _Closed
         if req.startswith("shell") and ":" in req:
             opts, _, cmd = req.partition(":")
             v2 = "v2" in opts.split(",")

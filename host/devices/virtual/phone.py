@@ -216,6 +216,7 @@ class VirtualPhone:
         self._u2_crashes = 0
         self._u2_hangs: list[float] = []
         self._dump_hangs: list[float] = []
+        self._service_stalls: list[tuple[str, float]] = []
         #: The `uiautomator dump` process running right now, if one hangs (`hang_dumps`).
         self.dumper: Spawned | None = None
         # System UI state:
@@ -694,6 +695,24 @@ class VirtualPhone:
         """How long this JSON-RPC call hangs (see `hang_u2_agent`), None when it does not."""
         with self._lock:
             return self._u2_hangs.pop(0) if self._u2_hangs else None
+
+    def stall_service(self, prefix: str, seconds: float, count: int = 1) -> None:
+        """Make the phone's adbd sit silent for `seconds` on each of the next `count`
+        requests for a device service starting with `prefix` (`"shell:toybox md5sum"`,
+        `"sync:"`, `"tcp:9008"`) before it answers, as a stuck phone does (adbd or its
+        storage wedged): the client's request is taken and no OKAY comes. A client that
+        hangs up meanwhile ends the wait. adb still lists the phone."""
+        with self._lock:
+            self._service_stalls.extend([(prefix, seconds)] * count)
+
+    def take_service_stall(self, service: str) -> float | None:
+        """How long adbd sits on this request (see `stall_service`), None when it does not."""
+        with self._lock:
+            for i, (prefix, seconds) in enumerate(self._service_stalls):
+                if service.startswith(prefix):
+                    del self._service_stalls[i]
+                    return seconds
+        return None
 
     def take_u2_crash(self) -> bool:
         """Whether the agent dies during this call (see `crash_u2_agent`)."""
