@@ -209,7 +209,12 @@ def build_host(
     if pruned:
         log.info("retention removed %d old task(s) at start", len(pruned))
     ocr = OcrPool(settings.tessdata_path, settings.ocr_language) if settings.ocr_enabled else None
-    perceiver = Perceiver(ocr, settings.hierarchy_retries, settings.hierarchy_retry_delay_s)
+    perceiver = Perceiver(
+        ocr,
+        settings.hierarchy_retries,
+        settings.hierarchy_retry_delay_s,
+        deadline_s=settings.hierarchy_deadline_s,
+    )
     registry = DeviceRegistry(settings.adb_host, settings.adb_port, settings.device_serials)
     make_driver = make_driver or driver_factory(settings)
     planner_channel: grpc.aio.Channel | None = None

@@ -58,6 +58,10 @@ class HostSettings(BaseSettings):
     #: while the screen animates; the pause grows by `hierarchy_retry_delay_s` each try.
     hierarchy_retries: int = Field(default=5, ge=1)
     hierarchy_retry_delay_s: float = Field(default=0.5, ge=0)
+    #: How long one look's dumps may take together: no try starts that could not end within
+    #: it (one that timed out took the whole driver timeout, and the next most likely would),
+    #: so a stuck phone fails its step in under a minute instead of after every try.
+    hierarchy_deadline_s: float = Field(default=45.0, gt=0)
 
     # --- agent loop ---
     max_steps: int = Field(default=30, ge=1)

@@ -38,6 +38,10 @@ class ScreenshotError(DeviceError):
     """The phone's screenshot is not a readable image (truncated, garbage, absurdly large)."""
 
 
+def _tries(n: int) -> str:
+    return "1 try" if n == 1 else f"{n} tries"
+
+
 #: What Pillow raises on a corrupt, truncated or oversized image.
 _IMAGE_ERRORS = (OSError, ValueError, SyntaxError, EOFError, Image.DecompressionBombError)
 
@@ -61,11 +65,14 @@ class Perceiver:
         retries: int = 5,
         retry_delay_s: float = 0.5,
         ocr_min_confidence: float = 70.0,
+        deadline_s: float = 45.0,
     ) -> None:
         self.ocr = ocr
         self.retries = max(1, retries)
         self.retry_delay_s = retry_delay_s
         self.ocr_min_confidence = ocr_min_confidence
+        #: How long one look's dump tries may take together (see `scene_from_dump`).
+        self.deadline_s = deadline_s
 
     def scene_from_dump(
         self,
@@ -75,20 +82,38 @@ class Perceiver:
         ime_package: str = "",
     ) -> tuple[Scene, str]:
         """Dump and parse, retrying passing glitches (`DeviceBusy`: an idle-state error, a null
-        root; `HierarchyError`: an empty or malformed dump) up to `retries` times with a
-        growing pause, then a `HierarchyError` naming the tries and the last reason."""
+        root, a timeout; `HierarchyError`: an empty or malformed dump) up to `retries` times
+        with a growing pause, then a `HierarchyError` naming the tries and the last reason.
+
+        The tries together stay within `deadline_s`: another starts only when one as long as
+        the longest so far would still end inside it. A dump that timed out took the driver's
+        whole timeout (30 s) and the next most likely does too; five of them held a step on a
+        stuck phone for 150 s."""
+        start = time.monotonic()
+        longest = 0.0
         last: DeviceError | None = None
-        for attempt in range(self.retries):
+        for tries in range(1, self.retries + 1):
+            began = time.monotonic()
             try:
                 xml = driver.dump_hierarchy()
                 return parse_scene(xml, size, package or None, ime_package), xml
             except (HierarchyError, DeviceBusy) as exc:
                 metrics.device_error(exc)
                 last = exc
-                if attempt + 1 < self.retries:
-                    time.sleep(self.retry_delay_s * (attempt + 1))
+            now = time.monotonic()
+            longest = max(longest, now - began)
+            if tries == self.retries:
+                break
+            pause = self.retry_delay_s * tries
+            if now + pause + longest - start > self.deadline_s:
+                raise HierarchyError(
+                    f"no usable hierarchy from {driver.serial} after {_tries(tries)} in "
+                    f"{now - start:.0f} s (another could not end within the "
+                    f"{self.deadline_s:g} s one look may take): {last}"
+                )
+            time.sleep(pause)
         raise HierarchyError(
-            f"no usable hierarchy from {driver.serial} after {self.retries} tries: {last}"
+            f"no usable hierarchy from {driver.serial} after {_tries(self.retries)}: {last}"
         )
 
     @staticmethod

@@ -167,3 +167,31 @@ def test_screen_state_in_each_form_android_prints_it() -> None:
     assert state.locked and not state.secure  # a trust agent keeps it open: a swipe will do
     assert parse_screen_state("") == parse_screen_state("nothing about locks here")
     assert parse_screen_state("").awake and not parse_screen_state("").locked
+
+
+@pytest.mark.parametrize("driver", ["adbutils", "uiautomator2"])
+def test_a_stuck_phone_fails_its_look_within_the_looks_deadline(driver: str) -> None:
+    """A dump that timed out was retried as a passing glitch, five times: each try took the
+    driver's whole timeout (30 s), so one look at a phone whose dumps never return held its
+    step for 150 s. No try now starts that could not end within the look's deadline (one as
+    long as the longest so far): the look fails after the one try that fits, saying why."""
+    from host.devices.u2_driver import U2Driver
+
+    phone = VirtualPhone("stuck-1")
+    with ThreadedAdbServer([phone]) as server:
+        d: AdbDriver | U2Driver
+        if driver == "adbutils":
+            d = AdbDriver(phone.serial, port=server.port, timeout_s=0.5)
+            phone.hang_dumps(600.0, count=5)
+        else:
+            d = U2Driver(phone.serial, port=server.port, rpc_timeout_s=0.5)
+            d.screen_size()  # its server is up: the dump is what hangs
+            phone.hang_u2_agent(600.0, calls=5)
+        size = d.screen_size()
+        # The first try takes the 0.5 s timeout at least: a second could not end by 0.9 s.
+        perceiver = Perceiver(None, retries=5, retry_delay_s=0, deadline_s=0.9)
+        with pytest.raises(HierarchyError) as raised:
+            perceiver.scene_from_dump(d, size, None)
+    message = str(raised.value)
+    assert "after 1 try" in message and "timed out" in message, message
+    assert "0.9 s one look may take" in message, message
