@@ -336,25 +336,27 @@ async def _run_task(
             timeout_s=s.planner_deadline_s,
         )
     driver = await asyncio.to_thread(app.make_driver, spec.device_serial)
-    loop = AgentLoop(
-        driver,
-        planner,
-        app.perceiver,
-        app.store,
-        LoopSettings(
-            max_steps=s.max_steps,
-            settle_delay_s=s.settle_delay_s,
-            send_screenshot=s.send_screenshot,
-            ocr=app.ocr is not None,
-            planner_transport=s.planner_transport,
-            planner_wait=WaitPolicy(s.planner_wait_initial_s, s.planner_wait_max_s),
-            host_id=app.lease.host_id or s.host_id,
-        ),
-        shipments=app.shipments,
-        lane=app.lanes.lane(spec.device_serial),
-    )
     try:
-        outcome = await loop.run(spec, progress, cancel)
+        # The phone's lane is kept while this attempt holds it (see host.devices.lanes).
+        with app.lanes.use(spec.device_serial) as lane:
+            loop = AgentLoop(
+                driver,
+                planner,
+                app.perceiver,
+                app.store,
+                LoopSettings(
+                    max_steps=s.max_steps,
+                    settle_delay_s=s.settle_delay_s,
+                    send_screenshot=s.send_screenshot,
+                    ocr=app.ocr is not None,
+                    planner_transport=s.planner_transport,
+                    planner_wait=WaitPolicy(s.planner_wait_initial_s, s.planner_wait_max_s),
+                    host_id=app.lease.host_id or s.host_id,
+                ),
+                shipments=app.shipments,
+                lane=lane,
+            )
+            outcome = await loop.run(spec, progress, cancel)
     finally:
         app.thinking.clear(spec.task_id, spec.attempt)
         if session is not None:
@@ -383,6 +385,7 @@ async def _poll_devices(app: HostApp, stop: asyncio.Event) -> None:
     while not stop.is_set():
         try:
             await asyncio.to_thread(app.registry.refresh)
+            app.lanes.retire({d.serial for d in app.registry.devices() if d.online})
         except Exception:
             log.exception("device poll failed")
         with contextlib.suppress(TimeoutError):

@@ -16,6 +16,7 @@ from planner.history import WorldEvent
 from planner.scene import Scene
 from tests.host.lease_fake import start_fake_cloud
 from tests.host.scripted_planner import ScriptedPlanner, Step, by_text
+from tests.support.waiting import until
 
 HOST_ID = "h1"
 
@@ -206,6 +207,54 @@ async def test_a_task_after_a_cancelled_one_waits_for_the_phones_abandoned_call(
         await fake.wait_for(lambda: any(r.task_id == "again" for r in fake.results), within=60)
         again = next(r for r in fake.results if r.task_id == "again")
         assert again.status == types_pb2.TASK_STATUS_SUCCEEDED, again.summary
+    finally:
+        stop.set()
+        await serving
+        virtual.stop()
+        await cloud.server.stop(grace=None)
+
+
+async def test_a_gone_phones_lane_thread_is_retired(tmp_path: Path) -> None:
+    """Each phone's calls run in a thread of its own, kept across its attempts; it was kept
+    for every serial ever seen, so a host whose phones come and go (USB hubs, emulators that
+    reboot under new serials) piled up idle threads for good. A lane whose phone is gone and
+    that nothing uses is now let go at the next device poll; the phone back gets a new one."""
+    import threading
+
+    cloud = await start_fake_cloud(tmp_path / "pki", HOST_ID)
+    virtual, settings = start_virtual_phones(_settings(tmp_path, cloud.port, cloud.pki_dir))
+    planner = ScriptedPlanner(
+        [
+            Step("launch_app", {"package_name": "com.android.settings"}, "open Settings"),
+            Step("complete", {"success": True, "reason": "Settings is open"}),
+        ]
+        * 2
+    )
+    app = build_host(settings, planner=planner)
+    stop = asyncio.Event()
+    serving = asyncio.create_task(serve_host(app, stop))
+    fake = cloud.cloud
+
+    def lane_threads() -> list[threading.Thread]:
+        return [t for t in threading.enumerate() if t.name.startswith("phone-emulator-5554_")]
+
+    try:
+        await asyncio.wait_for(app.lease.wait_connected(), 20)
+        await fake.assign("t1", "emulator-5554", "Open Settings")
+        await fake.wait_for(lambda: len(fake.results) == 1, within=60)
+        assert fake.results[0].status == types_pb2.TASK_STATUS_SUCCEEDED, fake.results[0].summary
+        assert lane_threads()
+        virtual.unplug("emulator-5554")
+        await until(lambda: not lane_threads(), within=20, what="the gone phone's thread ends")
+        assert "emulator-5554" not in app.lanes.serials()
+        virtual.replug("emulator-5554")
+        await until(
+            lambda: any(d.serial == "emulator-5554" and d.online for d in app.registry.devices()),
+            what="the phone is back",
+        )
+        await fake.assign("t2", "emulator-5554", "Open Settings")
+        await fake.wait_for(lambda: len(fake.results) == 2, within=60)
+        assert fake.results[1].status == types_pb2.TASK_STATUS_SUCCEEDED, fake.results[1].summary
     finally:
         stop.set()
         await serving
