@@ -258,9 +258,11 @@ class AgentLoop:
             # Retryable: a phone unplugged (a cable, a hub, a reboot) is nothing the task did;
             # the cloud queues its next attempt for a phone that is there, as for a lease that
             # ran out, instead of ending the task failed for good.
+            # Unauthorized or offline in adb: the message says what the operator must do.
+            summary = str(exc) if exc.state else f"phone {spec.device_serial} disconnected"
             outcome = TaskOutcome(
                 "failed",
-                f"phone {spec.device_serial} disconnected",
+                truncate(summary, 2000),
                 step,
                 retryable=True,
                 device_gone=True,

@@ -32,6 +32,39 @@ _GONE_MARKERS = (
 )
 
 
+#: States adb lists a phone under that no command gets through: the words its server refuses
+#: a request for such a phone with (adb's acquire_one_transport), and what the operator does.
+_STATES = {
+    "unauthorized": (
+        "device unauthorized",
+        "USB debugging on it is not allowed for this computer: unlock the phone and accept "
+        "its 'Allow USB debugging?' prompt (tick 'Always allow from this computer'; "
+        "replugging the cable brings the prompt back), then run the task again",
+    ),
+    "offline": (
+        "device offline",
+        "its adb daemon does not answer: replug the cable (or try another cable or USB "
+        "port), or turn USB debugging off and on again on the phone, then run the task again",
+    ),
+}
+
+
+def listed_state(text: str) -> str:
+    """The state ("unauthorized", "offline") an adb server's refusal names, else ""."""
+    lowered = text.lower()
+    return next((state for state, (words, _) in _STATES.items() if words in lowered), "")
+
+
+def gone(serial: str, what: str, detail: str, state: str = "") -> DeviceGone:
+    """The `DeviceGone` for a phone adb no longer reaches: one adb still lists as
+    unauthorized or offline (`state`, else read from `detail`) says so and what fixes it,
+    not "disconnected", which sends the operator to the cable."""
+    state = state if state in _STATES else listed_state(detail)
+    if state:
+        return DeviceGone(f"phone {serial} is {state} in adb ({what}): {_STATES[state][1]}", state)
+    return DeviceGone(f"phone {serial} disconnected ({what}: {detail})")
+
+
 def server_reachable(host: str, port: int, timeout: float = 1.0) -> bool:
     """Whether an adb server listens at host:port.
 
@@ -75,7 +108,8 @@ def adb_state(client: adbutils.AdbClient, addr: tuple[str, int], serial: str) ->
     try:
         return adb_transport.state(client, serial, timeout=5.0)
     except (adbutils.AdbError, OSError, EOFError) as exc:
-        return f"not listed: {exc}"
+        # The server refuses get-state for a phone it lists as unauthorized or offline.
+        return listed_state(str(exc)) or f"not listed: {exc}"
 
 
 def ensure_listed(
@@ -86,7 +120,7 @@ def ensure_listed(
     a busy one."""
     listed = adb_state(client, addr, serial)
     if listed != "device":
-        raise DeviceGone(f"phone {serial} disconnected ({what}: adb lists it as {listed!r})")
+        raise gone(serial, what, f"adb lists it as {listed!r}", listed)
 
 
 def timed_out(serial: str, what: str, exc: BaseException) -> DeviceBusy:
@@ -108,7 +142,7 @@ def mapped_errors(serial: str, what: str) -> Iterator[None]:
         if is_timeout(exc):
             raise timed_out(serial, what, exc) from exc
         if is_gone(exc):
-            raise DeviceGone(f"phone {serial} disconnected ({what}: {exc})") from exc
+            raise gone(serial, what, str(exc)) from exc
         raise DeviceError(f"{what} failed on {serial}: {exc}") from exc
 
 

@@ -19,7 +19,14 @@ class DeviceError(Exception):
 
 
 class DeviceGone(DeviceError):
-    """The phone disconnected. The task on it fails; the phone is reported offline."""
+    """The phone disconnected, or adb lists it in a state no command gets through (`state`).
+    The task on it fails (retryable); the phone is reported as adb lists it."""
+
+    def __init__(self, message: str, state: str = "") -> None:
+        super().__init__(message)
+        #: What adb still lists the phone as ("unauthorized", "offline"): each needs its own
+        #: fix from the operator, which the message says; "" when adb does not list it.
+        self.state = state
 
 
 class DeviceBusy(DeviceError):

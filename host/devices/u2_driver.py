@@ -24,6 +24,7 @@ from host.devices.adb_driver import check_launched, check_package, monkey_launch
 from host.devices.adb_errors import (
     adb_state,
     ensure_listed,
+    gone,
     is_gone,
     is_timeout,
     server_reachable,
@@ -49,10 +50,10 @@ def _mapped(serial: str, what: str) -> Iterator[None]:
     except (AdbTimeout, TimeoutError) as exc:
         raise timed_out(serial, what, exc) from exc
     except (u2_exceptions.ConnectError, AdbConnectionError) as exc:
-        raise DeviceGone(f"phone {serial} disconnected ({what}: {exc})") from exc
+        raise gone(serial, what, str(exc)) from exc
     except (u2_exceptions.BaseException, adbutils.AdbError, OSError, EOFError) as exc:
         if is_gone(exc):
-            raise DeviceGone(f"phone {serial} disconnected ({what}: {exc})") from exc
+            raise gone(serial, what, str(exc)) from exc
         raise DeviceError(f"{what} failed on {serial}: {exc}") from exc
 
 

@@ -8,7 +8,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from amc.v1 import types_pb2
+from host.devices.virtual.phone import AdbState
 from host.runner import build_host, serve_host, start_virtual_phones
 from host.settings import HostSettings
 from planner.decision import Decision
@@ -255,6 +258,63 @@ async def test_a_gone_phones_lane_thread_is_retired(tmp_path: Path) -> None:
         await fake.assign("t2", "emulator-5554", "Open Settings")
         await fake.wait_for(lambda: len(fake.results) == 2, within=60)
         assert fake.results[1].status == types_pb2.TASK_STATUS_SUCCEEDED, fake.results[1].summary
+    finally:
+        stop.set()
+        await serving
+        virtual.stop()
+        await cloud.server.stop(grace=None)
+
+
+@pytest.mark.parametrize(
+    ("adb_state", "listed", "fix"),
+    [
+        ("unauthorized", types_pb2.DEVICE_STATE_UNAUTHORIZED, "accept its 'Allow USB debugging?'"),
+        ("offline", types_pb2.DEVICE_STATE_OFFLINE, "replug the cable"),
+    ],
+)
+async def test_a_phone_adb_cannot_reach_is_reported_as_adb_lists_it(
+    tmp_path: Path, adb_state: AdbState, listed: int, fix: str
+) -> None:
+    """A phone whose USB debugging prompt was not accepted (or whose authorizations were
+    revoked) is listed by adb as "unauthorized", one whose adbd stopped answering as
+    "offline"; either way every request for it fails, and the task on it ended "phone …
+    disconnected", sending the operator to a cable that is plugged in. The result now says
+    what adb lists the phone as and what to do, and the phone is reported in that state."""
+    cloud = await start_fake_cloud(tmp_path / "pki", HOST_ID)
+    virtual, settings = start_virtual_phones(_settings(tmp_path, cloud.port, cloud.pki_dir))
+    phone = virtual.server.phones["emulator-5554"]
+    planner = ScriptedPlanner(
+        [
+            Step("launch_app", {"package_name": "com.android.settings"}),
+            Step("tap", by_text("Display"), before=lambda: phone.set_adb_state(adb_state)),
+            Step("complete", {"success": True, "reason": "?"}),
+        ]
+    )
+    app = build_host(settings, planner=planner)
+    stop = asyncio.Event()
+    serving = asyncio.create_task(serve_host(app, stop))
+    fake = cloud.cloud
+    try:
+        await asyncio.wait_for(app.lease.wait_connected(), 20)
+        await fake.assign("t1", "emulator-5554", "Open display settings")
+        await fake.wait_for(lambda: len(fake.results) == 1, within=60)
+        [result] = fake.results
+        assert result.status == types_pb2.TASK_STATUS_FAILED
+        assert result.retryable
+        assert "disconnected" not in result.summary, result.summary
+        assert f"phone emulator-5554 is {adb_state} in adb" in result.summary, result.summary
+        assert fix in result.summary, result.summary
+        await fake.wait_for(
+            lambda: any(
+                r.WhichOneof("kind") == "device_update"
+                and any(
+                    d.serial == "emulator-5554" and d.state == listed
+                    for d in r.device_update.devices
+                )
+                for r in fake.received
+            ),
+            within=20,
+        )
     finally:
         stop.set()
         await serving

@@ -15,7 +15,7 @@ from host.devices.virtual.adb_server import ThreadedAdbServer
 from host.devices.virtual.apps.base import PhoneApi
 from host.devices.virtual.apps.stub import StubApp
 from host.devices.virtual.layout import Node
-from host.devices.virtual.phone import VirtualPhone
+from host.devices.virtual.phone import AdbState, VirtualPhone
 from host.devices.virtual.state import Page
 from host.devices.virtual.widgets import Geometry
 from host.perception.hierarchy import parse_scene
@@ -286,3 +286,22 @@ def test_a_stuck_phone_fails_uiautomator2s_first_connect_naming_the_step(
     assert not isinstance(raised[0], DeviceGone)
     assert SERIAL in str(raised[0]) and step in str(raised[0]), raised[0]
     assert d.screen_size() == (1080, 2400)  # the next call connects
+
+
+@pytest.mark.parametrize("adb_state", ["unauthorized", "offline"])
+def test_both_drivers_say_what_adb_lists_an_unreachable_phone_as(
+    served: tuple[ThreadedAdbServer, VirtualPhone], adb_state: AdbState
+) -> None:
+    """adb refuses every request for a phone it lists as unauthorized ("device
+    unauthorized. … check for a confirmation dialog on your device") or offline; both drivers
+    called that "disconnected". Now the error carries the state and says what to do."""
+    server, phone = served
+    for d in (U2Driver(SERIAL, port=server.port), AdbDriver(SERIAL, port=server.port)):
+        d.screen_size()
+        phone.set_adb_state(adb_state)
+        with pytest.raises(DeviceGone) as raised:
+            d.tap(10, 10)
+        assert raised.value.state == adb_state
+        assert f"phone {SERIAL} is {adb_state} in adb (tap)" in str(raised.value)
+        assert "disconnected" not in str(raised.value)
+        phone.set_adb_state("device")

@@ -58,6 +58,18 @@ def sync_data_chunks(data: bytes) -> list[bytes]:
     ]
 
 
+#: What the adb server answers a request for a phone in a state other than "device"
+#: (adb's acquire_one_transport; $ADB_VENDOR_KEYS as on a server that has none).
+REFUSALS = {
+    "unauthorized": (
+        "device unauthorized.\nThis adb server's $ADB_VENDOR_KEYS is not set\n"
+        "Try 'adb kill-server' if that seems wrong.\n"
+        "Otherwise check for a confirmation dialog on your device."
+    ),
+    "offline": "device offline",
+}
+
+
 def devices_line(serial: str, state: str, *, long: bool, model: str, transport_id: int) -> str:
     """One `adb devices[-l]` line; spaces in the model become underscores, as adb prints them."""
     if not long:

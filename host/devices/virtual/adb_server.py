@@ -113,7 +113,7 @@ class VirtualAdbServer:
         loop = self._loop
         if loop is None or loop.is_closed():
             return
-        if phone.online:
+        if phone.online and phone.adb_state == "device":
             loop.call_soon_threadsafe(self._changed.set)
         else:
             loop.call_soon_threadsafe(self._drop_connections, phone.serial)
@@ -285,6 +285,9 @@ class VirtualAdbServer:
             name = req.rsplit(":", 1)[-1]
             await self._send(writer, proto.fail(f"device '{name}' not found"))
             return None
+        if target.adb_state in proto.REFUSALS:
+            await self._send(writer, proto.fail(proto.REFUSALS[target.adb_state]))
+            return None
         self._bind(target, writer)
         reply = proto.OKAY
         if tport:
@@ -313,6 +316,9 @@ class VirtualAdbServer:
             return
         if not isinstance(phone, VirtualPhone):
             await self._send(writer, proto.fail(missing or f"unknown host service '{req}'"))
+            return
+        if phone.adb_state in proto.REFUSALS:
+            await self._send(writer, proto.fail(proto.REFUSALS[phone.adb_state]))
             return
         if cmd == "features":
             await self._send(writer, proto.okay_block(proto.FEATURES))
@@ -361,7 +367,7 @@ class VirtualAdbServer:
         return "".join(
             proto.devices_line(
                 p.serial,
-                "device",
+                p.adb_state,
                 long=long,
                 model=p.model,
                 transport_id=self._transport_ids[p.serial],

@@ -59,6 +59,8 @@ DumpGlitch = Literal[
     "npe",
 ]
 ScreenLock = Literal["none", "swipe", "pin"]
+#: The states `adb devices` lists a plugged-in phone under (see `VirtualPhone.set_adb_state`).
+AdbState = Literal["device", "unauthorized", "offline"]
 
 
 class IdleStateError(Exception):
@@ -188,6 +190,7 @@ class VirtualPhone:
         self.processes = ProcessTable()
         self._lock = threading.RLock()
         self._online = True
+        self._adb_state: AdbState = "device"
         self._gone = threading.Event()
         self._listeners: list[Callable[[VirtualPhone], None]] = []
         apps: list[App] = [
@@ -265,6 +268,26 @@ class VirtualPhone:
                 self._gone.clear()
             else:
                 self._gone.set()
+            listeners = list(self._listeners)
+        for listener in listeners:
+            listener(self)
+
+    @property
+    def adb_state(self) -> AdbState:
+        """What `adb devices` lists the plugged-in phone as."""
+        return self._adb_state
+
+    def set_adb_state(self, state: AdbState) -> None:
+        """ "unauthorized": USB debugging was not allowed for this computer (the phone's "Allow
+        USB debugging?" prompt unanswered, or its authorizations revoked); "offline": its adbd
+        does not answer (a bad cable or hub, a phone still booting). Either way the phone
+        stays in `adb devices` under that state, its open connections drop, and every request
+        for it fails with the adb server's words ("device unauthorized.\n…", "device
+        offline"). "device" makes it usable again."""
+        with self._lock:
+            if self._adb_state == state:
+                return
+            self._adb_state = state
             listeners = list(self._listeners)
         for listener in listeners:
             listener(self)
