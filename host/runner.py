@@ -157,8 +157,14 @@ def driver_factory(settings: HostSettings) -> DriverFactory:
 
     def make(serial: str) -> Driver:
         if settings.driver == "uiautomator2":
-            return U2Driver(serial, settings.adb_host, settings.adb_port)
-        return AdbDriver(serial, settings.adb_host, settings.adb_port)
+            return U2Driver(serial, settings.adb_host, settings.adb_port, settings.u2_rpc_timeout_s)
+        return AdbDriver(
+            serial,
+            settings.adb_host,
+            settings.adb_port,
+            dump_timeout_s=settings.dump_timeout_s,
+            screenshot_timeout_s=settings.screenshot_timeout_s,
+        )
 
     return make
 

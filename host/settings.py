@@ -48,6 +48,15 @@ class HostSettings(BaseSettings):
     #: How many virtual phones to create when `device_source == "virtual"`.
     virtual_phones: int = Field(default=1, ge=0)
     device_poll_interval_s: float = Field(default=2.0, gt=0)
+    #: How long a phone may stay silent before a call fails its step as busy (`DeviceBusy`;
+    #: its task then fails retryable only if the phone is gone). Raise them for slow phones
+    #: (big screens, old devices, phones on a remote adb): `uiautomator dump` and
+    #: `screencap` of the adbutils driver, and each JSON-RPC call of the uiautomator2
+    #: driver (its dumps and screenshots included, and every step of its first connect).
+    #: A look's dumps also stay within `hierarchy_deadline_s`: raise it with them.
+    dump_timeout_s: float = Field(default=30.0, gt=0)
+    screenshot_timeout_s: float = Field(default=30.0, gt=0)
+    u2_rpc_timeout_s: float = Field(default=30.0, gt=0)
 
     # --- perception ---
     ocr_enabled: bool = True

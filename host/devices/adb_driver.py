@@ -237,11 +237,17 @@ class AdbDriver:
         host: str = "127.0.0.1",
         port: int = 5037,
         timeout_s: float = adb_transport.DEFAULT_TIMEOUT_S,
+        dump_timeout_s: float | None = None,
+        screenshot_timeout_s: float | None = None,
     ) -> None:
         self._serial = serial
         self._addr = (host, port)
         #: How long one read may wait for the phone before the call fails as `DeviceBusy`.
         self.timeout_s = timeout_s
+        #: The same for `uiautomator dump` and `screencap`, the calls a slow phone needs
+        #: longer for (`timeout_s` when not given).
+        self.dump_timeout_s = dump_timeout_s or timeout_s
+        self.screenshot_timeout_s = screenshot_timeout_s or timeout_s
         self._client = adb_transport.Client(host=host, port=port)
         self._natural: tuple[int, int] | None = None
         self._rotation_unknown = False
@@ -333,7 +339,7 @@ class AdbDriver:
         """`screencap -p`'s PNG. One that does not end with its IEND chunk was cut short (the
         phone unplugged mid-transfer: the stream ends cleanly), so adb is asked whether the
         phone is still there before the image is judged."""
-        data = self._run("exec-out:screencap -p", "screencap")
+        data = self._run("exec-out:screencap -p", "screencap", self.screenshot_timeout_s)
         if not data.endswith(_PNG_END):
             ensure_listed(self._client, self._addr, self._serial, "screencap")
         return png_from_screencap(self._serial, data)
@@ -352,7 +358,9 @@ class AdbDriver:
 
     def _dump_to(self, remote: str) -> bytes:
         try:
-            out = self._shell(f"uiautomator dump --windows {remote}", "uiautomator dump")
+            out = self._shell(
+                f"uiautomator dump --windows {remote}", "uiautomator dump", self.dump_timeout_s
+            )
         except DeviceBusy:
             # Timed out: the dumper keeps running on the phone (adbd does not end it when
             # the client hangs up), holding the accessibility bridge, and the retry would

@@ -123,3 +123,49 @@ async def test_a_bad_after_dump_does_not_end_the_task(tmp_path: Path) -> None:
     assert "after_error" in first.result
     assert first.after_screenshot_path  # the image is still kept
     store.close()
+
+
+def test_slow_phones_get_longer_driver_timeouts_from_the_host_settings(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The drivers' timeouts were constants (30 s): an operator whose phones need longer
+    for a dump or a screenshot (or shorter, to give up on a stuck one sooner) could not say
+    so. `AMC_HOST_DUMP_TIMEOUT_S`, `…_SCREENSHOT_TIMEOUT_S` and `…_U2_RPC_TIMEOUT_S` now
+    reach the drivers the host makes; here each is set short and a phone that hangs on that
+    call gives up after it. (The threads' joins are a safety net for the test run only.)"""
+    import threading
+    from collections.abc import Callable
+
+    from host.devices.base import DeviceBusy
+    from host.devices.virtual.adb_server import ThreadedAdbServer
+    from host.runner import driver_factory
+
+    def gives_up(call: Callable[[], object]) -> BaseException | None:
+        raised: list[BaseException] = []
+
+        def run() -> None:
+            try:
+                call()
+            except BaseException as exc:
+                raised.append(exc)
+
+        worker = threading.Thread(target=run, daemon=True)
+        worker.start()
+        worker.join(15)
+        return None if worker.is_alive() else raised[0]
+
+    monkeypatch.setenv("AMC_HOST_DUMP_TIMEOUT_S", "0.5")
+    monkeypatch.setenv("AMC_HOST_SCREENSHOT_TIMEOUT_S", "0.5")
+    monkeypatch.setenv("AMC_HOST_U2_RPC_TIMEOUT_S", "0.5")
+    phone = VirtualPhone("slow-1")
+    with ThreadedAdbServer([phone]) as server:
+        settings = HostSettings(adb_port=server.port)
+        adb = driver_factory(settings)(phone.serial)
+        phone.hang_dumps(600.0)
+        assert isinstance(gives_up(adb.dump_hierarchy), DeviceBusy)
+        phone.stall_service("exec-out:screencap", 600.0)
+        assert isinstance(gives_up(adb.screenshot_png), DeviceBusy)
+        u2 = driver_factory(settings.model_copy(update={"driver": "uiautomator2"}))(phone.serial)
+        u2.screen_size()
+        phone.hang_u2_agent(600.0)
+        assert isinstance(gives_up(u2.dump_hierarchy), DeviceBusy)
