@@ -55,11 +55,6 @@ def test_driver_interface_end_to_end(served: tuple[ThreadedAdbServer, VirtualPho
     assert d.current_app() != "com.android.contacts"
 
 
-# adbutils' open_transport() does not close its socket when the server answers FAIL (as a real
-# adb server does for a vanished serial); the leaked socket is reported when it is collected.
-@pytest.mark.filterwarnings(
-    "ignore:Exception ignored in. <socket.socket:pytest.PytestUnraisableExceptionWarning"
-)
 def test_unplugged_phone_is_device_gone(served: tuple[ThreadedAdbServer, VirtualPhone]) -> None:
     server, _ = served
     d = U2Driver(SERIAL, port=server.port)
