@@ -368,7 +368,7 @@ async def _run_task(
         if session is not None:
             await session.aclose()
     if outcome.device_gone:
-        app.registry.mark_offline(spec.device_serial)
+        app.registry.mark_offline(spec.device_serial, outcome.adb_state)
     try:
         pruned = await asyncio.to_thread(
             app.store.prune, s.retention_max_tasks, s.retention_max_age_days

@@ -94,6 +94,8 @@ class TaskOutcome:
     summary: str
     steps: int
     device_gone: bool = False
+    #: What adb still lists the gone phone as ("unauthorized", "offline"); "" when not listed.
+    adb_state: str = ""
     #: A failure outside the task (planning stayed impossible until the deadline came near):
     #: the cloud queues the next attempt if the task has any left.
     retryable: bool = False
@@ -266,6 +268,7 @@ class AgentLoop:
                 step,
                 retryable=True,
                 device_gone=True,
+                adb_state=exc.state,
             )
         except PlanningPostponed as exc:
             step = progress.snapshot().step_index

@@ -138,14 +138,20 @@ class DeviceRegistry:
                 listener(info, kind)
         return changes
 
-    def mark_offline(self, serial: str) -> bool:
-        """A driver saw the phone vanish; report it now rather than at the next poll."""
+    def mark_offline(self, serial: str, adb_state: AdbState = "") -> bool:
+        """A driver saw the phone vanish; report it now rather than at the next poll, as adb
+        lists it when the driver learnt that ("unauthorized" is not OFFLINE: it needs the
+        operator at the phone's prompt, not at its cable)."""
+        state = _STATE_MAP.get(adb_state, types_pb2.DEVICE_STATE_OFFLINE)
+        if state == types_pb2.DEVICE_STATE_ONLINE:
+            state = types_pb2.DEVICE_STATE_OFFLINE
         with self._lock:
             old = self._devices.get(serial)
-            if old is None or old.state == types_pb2.DEVICE_STATE_OFFLINE:
+            if old is None or old.state == state:
                 return False
-            info = DeviceInfo(serial, old.model, types_pb2.DEVICE_STATE_OFFLINE)
+            info = DeviceInfo(serial, old.model, state)
             self._devices[serial] = info
+        kind: ChangeKind = "offline" if old.online else "changed"
         for listener in self._listeners:
-            listener(info, "offline")
+            listener(info, kind)
         return True

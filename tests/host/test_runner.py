@@ -315,6 +315,15 @@ async def test_a_phone_adb_cannot_reach_is_reported_as_adb_lists_it(
             ),
             within=20,
         )
+        # Never OFFLINE on the way (the host reported the phone gone as adb lists it).
+        reported = [
+            d.state
+            for r in fake.received
+            if r.WhichOneof("kind") == "device_update"
+            for d in r.device_update.devices
+            if d.serial == "emulator-5554" and d.state != types_pb2.DEVICE_STATE_ONLINE
+        ]
+        assert set(reported) == {listed}, reported
     finally:
         stop.set()
         await serving
