@@ -18,11 +18,17 @@ from collections.abc import Iterable, Mapping
 SLOT = re.compile(r"\{(p\d+)\}")
 SECRET_PREFIX = "secret"
 _SPACE = re.compile(r"\s+")
-#: Punctuation a value may end against without it being part of the value.
-_STOPS = r"[,;:.!?]*"
-#: What may close a goal after its last value, said or not: punctuation and a "please" or
-#: "thanks" ("Call 555 0111, please" asks to call "555 0111", as "Call 555 0111" does).
-_TAIL = r"(?:[\s,;:.!?]*(?<!\w)(?:please|thanks|thank\s+you)(?!\w))*[\s,;:.!?]*"
+#: Punctuation a value may end against without it being part of the value. Not "!" or "?":
+#: they end typed text ("Type Good morning!") more often than they separate a value.
+_STOPS = r"[,;:.]*"
+_POLITE = r"(?:[\s,;:.!?]*(?<!\w)(?:please|thanks|thank\s+you)(?!\w))+"
+#: What may close a goal, said or not: punctuation and a "please" or "thanks" ("Call 555 0111,
+#: please" asks to call "555 0111", as "Call 555 0111" does).
+_CLOSING = rf"(?:{_POLITE})?[\s,;:.!?]*"
+#: What may close a goal after its last value: as `_CLOSING`, but a bare "!" or "?" stays the
+#: value's ("Type Good morning!" types it), unless the template closed with one after its slot
+#: (learned from "Call 555 0100!", whose value did not take it).
+_TAIL = rf"(?:{_POLITE}[\s,;:.!?]*|[\s,;:.]*)"
 
 
 def _boundary(value: str) -> str:
@@ -79,7 +85,9 @@ def _pattern(template: str) -> re.Pattern[str]:
     """The compiled form of a template, kept: retrieval binds a goal to every active flow's
     template (up to 2,000), more than `re`'s own cache holds, and compiling each one again
     was most of a retrieval's CPU."""
-    parts = SLOT.split(without_closing(_SPACE.sub(" ", template.strip())))
+    spaced = _SPACE.sub(" ", template.strip())
+    body = without_closing(spaced)
+    parts = SLOT.split(body)
     pattern = ""
     seen: set[str] = set()
     for i, part in enumerate(parts):
@@ -92,13 +100,14 @@ def _pattern(template: str) -> re.Pattern[str]:
         else:
             seen.add(part)
             pattern += f"(?P<{part}>.+?)"
-    return re.compile(pattern + _TAIL, re.I)
+    closed = re.search(r"[!?]", spaced[len(body) :]) is not None
+    return re.compile(pattern + (_CLOSING if closed else _TAIL), re.I)
 
 
 def without_closing(goal: str) -> str:
     """`goal` without the punctuation and please/thanks it closes with: they ask for nothing,
     so "Turn on dark theme, thank you." is the flow for "Turn on dark theme"."""
-    return re.sub(_TAIL + r"\Z", "", goal.strip(), flags=re.I)
+    return re.sub(_CLOSING + r"\Z", "", goal.strip(), flags=re.I)
 
 
 def slotted(goal: str, values: Mapping[str, str]) -> str:

@@ -163,6 +163,23 @@ def test_a_value_stops_where_the_goal_resumes_or_ends_politely() -> None:
     assert params.bind(opener, "Open com.android.dialer.") == {"p1": "com.android.dialer"}
 
 
+def test_a_typed_value_keeps_its_own_exclamation_or_question_mark() -> None:
+    """A value's closing "!" or "?" is what a run types ("Type Good morning!"), not the goal's
+    punctuation: the closing rule took it off, so a replay typed "Good morning". It stays the
+    value's, unless the template closed with it after its slot (the learned value had none)."""
+    typing, _ = params.template_goal("Type Hello world!", ["Hello world!"])
+    assert typing == "Type {p1}"
+    assert params.bind(typing, "Type Good morning!") == {"p1": "Good morning!"}
+    assert params.bind(typing, "Type Are you there?") == {"p1": "Are you there?"}
+    assert params.bind(typing, "Type Good morning, please.") == {"p1": "Good morning"}
+    send, _ = params.template_goal("Send Hi! to Bob", ["Hi!"])
+    assert params.bind(send, "Send Yo! to Bob") == {"p1": "Yo!"}
+    shouted, _ = params.template_goal("Call 555 0100!", ["555 0100"])
+    assert shouted == "Call {p1}!"
+    for goal in ["Call 555 0111!", "Call 555 0111", "Call 555 0111?"]:
+        assert params.bind(shouted, goal) == {"p1": "555 0111"}, goal
+
+
 def test_synthesis_keeps_semantics_parameters_and_never_a_secret() -> None:
     made = synthesize(CONTACT_GOAL, contact_steps())
     flow = made.flow
