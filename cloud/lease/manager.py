@@ -198,7 +198,7 @@ class LeaseManager:
         held, unusable = _held(hello)
         record = hosts.HelloRecord(
             convert.device_dicts(list(hello.devices)),
-            hello.agent_version,
+            hello.agent_version[: convert.AGENT_VERSION_LIMIT],
             messages.transport_in(hello),
             self.bus.replica_id,
             session.stream_id,

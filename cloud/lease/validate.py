@@ -62,14 +62,13 @@ def _lease_ref(prefix: str, task_id: str, attempt: int, lease_id: str) -> str | 
 
 def hello(msg: lease_pb.HostHello) -> str | None:
     """A hello's devices, identifiers and planner transport. Neither a held assignment (each
-    is answered on its own: `held`) nor the outbox report (cut to sense:
-    `messages.backlog_in`) refuses a hello: a refused hello gets no Welcome, and the host's
-    live leases would not be resumed."""
+    is answered on its own: `held`), nor the outbox report (cut to sense:
+    `messages.backlog_in`), nor the agent version (cut like a phone's model:
+    `convert.AGENT_VERSION_LIMIT`) refuses a hello: a refused hello gets no Welcome, and the
+    host's live leases would not be resumed."""
     problem = _devices(list(msg.devices), "hello.devices")
     if problem:
         return problem
-    if len(msg.agent_version) > MAX_ID:
-        return f"hello.agent_version: at most {MAX_ID} characters"
     if len(msg.process_id) > MAX_ID:
         return f"hello.process_id: at most {MAX_ID} characters"
     if msg.planner_transport not in _TRANSPORTS:

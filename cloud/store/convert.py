@@ -303,6 +303,8 @@ def lease_event(row: LeaseEventRow) -> task_service_pb2.LeaseEvent:
 #: Device.model at most (a longer one is cut: a host's report, not a reason to refuse it, and
 #: every operator's ListHosts carries it).
 DEVICE_MODEL_LIMIT = 128
+#: HostHello.agent_version is kept to this many characters (the hosts column's size).
+AGENT_VERSION_LIMIT = 128
 
 
 def device_dicts(devices: list[types_pb2.Device]) -> list[dict[str, object]]:

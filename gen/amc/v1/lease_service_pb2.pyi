@@ -240,7 +240,9 @@ class HostHello(_message.Message):
     PROCESS_ID_FIELD_NUMBER: _builtins.int
     OUTBOX_FIELD_NUMBER: _builtins.int
     agent_version: _builtins.str
-    """Version of the host agent."""
+    """Version of the host agent, shown to operators: at most 128 characters (the cloud cuts a
+    longer one).
+    """
     planner_transport: _types_pb2.PlannerTransport.ValueType
     """Where the host sends planning calls: DIRECT or CLOUD. UNSPECIFIED (unset, as a host built
     from proto/ alone sends unless it sets it) is read as CLOUD: a host that does not say is

@@ -36,9 +36,9 @@ class LeaseServiceStub:
     A renewal or result that names a (task, attempt, lease id) that is not the caller's live lease
     changes nothing and is answered with Revoked (reason PERMISSION_DENIED when the lease is another
     host's). A malformed message is answered with Rejected (naming its task when it had one) and
-    the stream stays up. What a host only reports (progress, its outbox, a phone's model) is never
-    a reason to refuse its message: numbers out of range are brought into range and long text is
-    cut, as each field says.
+    the stream stays up. What a host only reports (progress, its outbox, a phone's model, its agent
+    version) is never a reason to refuse its message: numbers out of range are brought into range
+    and long text is cut, as each field says.
 
     How the stream ends (the status the host sees), and what the host does then:
     - OK: the host closed its side; the cloud closes its own at once (nothing more is pushed).
@@ -80,9 +80,9 @@ class LeaseServiceServicer:
     A renewal or result that names a (task, attempt, lease id) that is not the caller's live lease
     changes nothing and is answered with Revoked (reason PERMISSION_DENIED when the lease is another
     host's). A malformed message is answered with Rejected (naming its task when it had one) and
-    the stream stays up. What a host only reports (progress, its outbox, a phone's model) is never
-    a reason to refuse its message: numbers out of range are brought into range and long text is
-    cut, as each field says.
+    the stream stays up. What a host only reports (progress, its outbox, a phone's model, its agent
+    version) is never a reason to refuse its message: numbers out of range are brought into range
+    and long text is cut, as each field says.
 
     How the stream ends (the status the host sees), and what the host does then:
     - OK: the host closed its side; the cloud closes its own at once (nothing more is pushed).
@@ -134,9 +134,9 @@ class LeaseService:
     A renewal or result that names a (task, attempt, lease id) that is not the caller's live lease
     changes nothing and is answered with Revoked (reason PERMISSION_DENIED when the lease is another
     host's). A malformed message is answered with Rejected (naming its task when it had one) and
-    the stream stays up. What a host only reports (progress, its outbox, a phone's model) is never
-    a reason to refuse its message: numbers out of range are brought into range and long text is
-    cut, as each field says.
+    the stream stays up. What a host only reports (progress, its outbox, a phone's model, its agent
+    version) is never a reason to refuse its message: numbers out of range are brought into range
+    and long text is cut, as each field says.
 
     How the stream ends (the status the host sees), and what the host does then:
     - OK: the host closed its side; the cloud closes its own at once (nothing more is pushed).

@@ -1,0 +1,57 @@
+"""A host written in Node.js from proto/ alone (grpc-js, @grpc/proto-loader), against a real
+cloud over mTLS: what the contract's comments promise such a host is what the cloud does, with
+the defaults a proto3 client sends for the fields it leaves unset."""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from amc.v1 import fleet_service_pb2, fleet_service_pb2_grpc
+from cloud.server import CloudServer
+from tests.cloud.cloud_harness import channel
+from tests.node.host_wire import NodeHost
+
+NODE_MODULES = Path(__file__).resolve().parents[2] / "node_modules" / "@grpc" / "grpc-js"
+PHONE = {"serial": "p1", "model": "Pixel 8", "state": "DEVICE_STATE_ONLINE"}
+
+
+@pytest.fixture
+def node() -> str:
+    found = shutil.which("node")
+    if found is None or not NODE_MODULES.exists():
+        pytest.fail("node and `npm ci` (node_modules/@grpc) are required for the polyglot test")
+    return found
+
+
+@pytest.fixture
+async def host(node: str, cloud: CloudServer, pki_dir: Path) -> AsyncIterator[NodeHost]:
+    """A Node host with the certificate of host h1."""
+    started = await NodeHost.start(node, cloud.address, pki_dir, "h1")
+    try:
+        yield started
+    finally:
+        await started.close()
+
+
+async def test_a_long_agent_version_is_cut_not_a_refused_hello(
+    host: NodeHost, cloud: CloudServer, pki_dir: Path
+) -> None:
+    # What a host only reports never refuses its message (LeaseService): an agent version
+    # that says a lot about its build is cut, as a phone's model is.
+    version = "amc-node-host/1.4.0 (node v20.20.2; linux x64; @grpc/grpc-js 1.12; " + "x" * 100
+    assert len(version) > 128
+
+    first = await host.open({"devices": [PHONE], "agent_version": version})
+
+    assert first["kind"] == "welcome", first
+    ch = channel(cloud.address, pki_dir, "operator-ops")
+    try:
+        fleet = fleet_service_pb2_grpc.FleetServiceStub(ch)
+        listed = (await fleet.ListHosts(fleet_service_pb2.ListHostsRequest())).hosts
+    finally:
+        await ch.close()
+    assert [(h.host_id, h.agent_version) for h in listed] == [("h1", version[:128])]
