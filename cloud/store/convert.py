@@ -202,7 +202,7 @@ def host(row: HostRow, connected: bool, busy: list[BusyPhone] | None = None) -> 
             types_pb2.Device(
                 serial=str(d.get("serial", "")),
                 model=str(d.get("model", "")),
-                state=int(d.get("state", 0)),  # type: ignore[arg-type]
+                state=device_state(int(d.get("state", 0))),
             )
         )
     if row.last_seen_at is not None:
@@ -307,10 +307,28 @@ DEVICE_MODEL_LIMIT = 128
 AGENT_VERSION_LIMIT = 128
 
 
+#: The phone states this cloud's contract names.
+_DEVICE_STATES = frozenset(types_pb2.DeviceState.values())
+
+
+def device_state(value: int) -> types_pb2.DeviceState.ValueType:
+    """A phone's reported state as stored and served. A number the contract does not name (a
+    newer host's: proto3 enums are open) is UNSPECIFIED, as a progress's unknown step status
+    is: kept as it came, it reached every operator's ListHosts, and readers that name states
+    (`amc host list`) failed on it. Either way the phone gets no task (only ONLINE ones do)."""
+    if value in _DEVICE_STATES:
+        return types_pb2.DeviceState.ValueType(value)
+    return types_pb2.DEVICE_STATE_UNSPECIFIED
+
+
 def device_dicts(devices: list[types_pb2.Device]) -> list[dict[str, object]]:
     """Devices as stored in the hosts table."""
     return [
-        {"serial": d.serial, "model": d.model[:DEVICE_MODEL_LIMIT], "state": int(d.state)}
+        {
+            "serial": d.serial,
+            "model": d.model[:DEVICE_MODEL_LIMIT],
+            "state": int(device_state(d.state)),
+        }
         for d in devices
     ]
 

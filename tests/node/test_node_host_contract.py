@@ -4,7 +4,11 @@ the defaults a proto3 client sends for the fields it leaves unset."""
 
 from __future__ import annotations
 
+import asyncio
+import os
 import shutil
+import subprocess
+import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -15,6 +19,7 @@ from cloud.server import CloudServer
 from tests.cloud.cloud_harness import channel
 from tests.node.host_wire import NodeHost
 
+AMC = str(Path(sys.executable).with_name("amc"))
 NODE_MODULES = Path(__file__).resolve().parents[2] / "node_modules" / "@grpc" / "grpc-js"
 PHONE = {"serial": "p1", "model": "Pixel 8", "state": "DEVICE_STATE_ONLINE"}
 
@@ -55,3 +60,32 @@ async def test_a_long_agent_version_is_cut_not_a_refused_hello(
     finally:
         await ch.close()
     assert [(h.host_id, h.agent_version) for h in listed] == [("h1", version[:128])]
+
+
+async def _amc(*args: str) -> tuple[int, str, str]:
+    """One `amc` command (the operator CLI) as its own process."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AMC_")}
+    env.update(COLUMNS="100", AMC_CONTEXT_FILE="/nonexistent/amc-context.json")
+    process = await asyncio.create_subprocess_exec(
+        AMC, *args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env
+    )
+    out, err = await asyncio.wait_for(process.communicate(), 120)
+    return process.returncode or 0, out.decode(), err.decode()
+
+
+async def test_a_phone_state_this_cloud_does_not_know_is_kept_as_unspecified(
+    host: NodeHost, cloud: CloudServer, pki_dir: Path
+) -> None:
+    # A newer host may report a state this cloud's contract has no name for (proto3 enums are
+    # open; a Node host sends the number as it is). Stored as it came, it broke every reader
+    # that names states: `amc host list` died on it.
+    newer = {"serial": "p2", "model": "Pixel 9", "state": 9}
+
+    assert (await host.open({"devices": [PHONE, newer]}))["kind"] == "welcome"
+    code, out, err = await _amc(
+        "--cloud", cloud.address, "--pki-dir", str(pki_dir), "--operator", "ops", "host", "list"
+    )
+
+    assert code == 0, err
+    assert "p1 (Pixel 8, online) idle" in out
+    assert "p2 (Pixel 9, unspecified) idle" in out

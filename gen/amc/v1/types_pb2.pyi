@@ -975,7 +975,9 @@ class Device(_message.Message):
     one).
     """
     state: Global___DeviceState.ValueType
-    """Connection state."""
+    """Connection state. A value this cloud does not know (a newer host's) is stored as
+    DEVICE_STATE_UNSPECIFIED.
+    """
     def __init__(
         self,
         *,
