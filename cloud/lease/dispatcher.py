@@ -76,9 +76,12 @@ class Dispatcher:
         return messages.assignment(claimed, opened, flows)
 
     def paused_for(self, session: HostSession) -> bool:
-        """Whether new tasks are held back from this host (it plans through this cloud, whose
-        model provider is down)."""
-        if session.planner_transport != types_pb2.PLANNER_TRANSPORT_CLOUD:
+        """Whether new tasks are held back from this host: it plans through this cloud, which
+        cannot plan now (its model provider is down, or the fleet's daily budget is spent).
+        Only a host that says it calls the model itself is not held back: one that leaves its
+        transport unset (a host written from the proto, its field at the default) plans
+        through Decide, and a task handed to it would fail at its first step."""
+        if session.planner_transport == types_pb2.PLANNER_TRANSPORT_DIRECT:
             return False
         if self.provider is not None and self.provider.pause is not None:
             return True

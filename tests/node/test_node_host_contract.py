@@ -14,9 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from amc.v1 import fleet_service_pb2, fleet_service_pb2_grpc
-from cloud.server import CloudServer
-from tests.cloud.cloud_harness import channel
+from amc.v1 import fleet_service_pb2, fleet_service_pb2_grpc, task_service_pb2, types_pb2
+from cloud.server import CloudServer, build_server
+from tests.cloud.cloud_harness import channel, submit, tasks_stub
+from tests.cloud.conftest import SettingsFactory
 from tests.node.host_wire import NodeHost
 
 AMC = str(Path(sys.executable).with_name("amc"))
@@ -89,3 +90,50 @@ async def test_a_phone_state_this_cloud_does_not_know_is_kept_as_unspecified(
     assert code == 0, err
     assert "p1 (Pixel 8, online) idle" in out
     assert "p2 (Pixel 9, unspecified) idle" in out
+
+
+async def test_a_host_that_does_not_say_its_transport_is_held_back_with_the_cloud_ones(
+    node: str, make_settings: SettingsFactory, pki_dir: Path
+) -> None:
+    # Once the fleet's daily budget refused a Decide, new tasks are held back for the day:
+    # they would fail at their first step. Only direct-transport hosts plan without this cloud
+    # (DispatchStatus), yet a Node host that left planner_transport unset was not held back:
+    # it was handed the task, whose first Decide failed it for good ("budget exhausted").
+    cloud = await build_server(make_settings(daily_max_tokens=100))
+    await cloud.start()
+    ch = channel(cloud.address, pki_dir, "operator-ops")
+    ops = tasks_stub(ch)
+    spent = await NodeHost.start(node, cloud.address, pki_dir, "h1")
+    quiet = await NodeHost.start(node, cloud.address, pki_dir, "h2")
+    try:
+        hello = {"devices": [PHONE], "planner_transport": "PLANNER_TRANSPORT_CLOUD"}
+        assert (await spent.open(hello))["kind"] == "welcome"
+        await submit(ops, target=types_pb2.TaskTarget(host_id="h1"))
+        a = await spent.lease("assignment")
+        request = {
+            "task_id": a["task_id"],
+            "attempt": a["attempt"],
+            "lease_id": a["lease_id"],
+            "observation": {"screen_width": 1080, "screen_height": 2400},
+        }
+        # The offline planner's steps are priced by their estimated tokens: planned until
+        # today's spending reaches the fleet's cap.
+        async with asyncio.timeout(20):
+            while "error" not in (refused := await spent.decide(request)):
+                pass
+        assert refused["error"]["code"] == 9
+        assert "tokens of the fleet's daily 100" in refused["error"]["details"]
+
+        assert (await quiet.open({"devices": [PHONE]}))["kind"] == "welcome"
+        later = (await submit(ops, target=types_pb2.TaskTarget(host_id="h2"))).task
+        session = cloud.leases.sessions["h2"]
+        await cloud.leases.dispatcher.dispatch_host(session)
+
+        task = (await ops.GetTask(task_service_pb2.GetTaskRequest(task_id=later.task_id))).task
+        assert task.status == types_pb2.TASK_STATUS_QUEUED
+        assert cloud.leases.dispatcher.paused_for(session)
+    finally:
+        await spent.close()
+        await quiet.close()
+        await ch.close()
+        await cloud.stop(0.5)

@@ -246,10 +246,11 @@ class HostHello(_message.Message):
     planner_transport: _types_pb2.PlannerTransport.ValueType
     """Where the host sends planning calls: DIRECT or CLOUD. UNSPECIFIED (unset, as a host built
     from proto/ alone sends unless it sets it) is read as CLOUD: a host that does not say is
-    taken to plan through PlannerService.Decide, so the cloud pauses dispatch to it while its
-    model provider is down and records its attempts as CLOUD. Any other value is refused with
-    Rejected (INVALID_ARGUMENT, naming hello.planner_transport), as a hello the cloud cannot
-    use; the stream stays open for another hello.
+    taken to plan through PlannerService.Decide, so the cloud holds new tasks back from it
+    while it cannot plan (its model provider is down, or the fleet's daily budget is spent:
+    FleetService's DispatchStatus) and records its attempts as CLOUD. Any other value is
+    refused with Rejected (INVALID_ARGUMENT, naming hello.planner_transport), as a hello the
+    cloud cannot use; the stream stays open for another hello.
     """
     process_id: _builtins.str
     """This run of the host agent: a random id made when the process starts (at most 128
