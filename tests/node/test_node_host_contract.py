@@ -137,3 +137,23 @@ async def test_a_host_that_does_not_say_its_transport_is_held_back_with_the_clou
         await quiet.close()
         await ch.close()
         await cloud.stop(0.5)
+
+
+async def test_a_phone_without_a_state_gets_no_task_until_it_is_said_online(
+    host: NodeHost, cloud: CloudServer, pki_dir: Path
+) -> None:
+    # The field a proto3 host most easily leaves at its default: the phone then waits, and
+    # nothing on the stream says why, so the contract says it (Device.state).
+    unset = {"serial": "p1", "model": "Pixel 8"}
+    assert (await host.open({"devices": [unset]}))["kind"] == "welcome"
+    ch = channel(cloud.address, pki_dir, "operator-ops")
+    try:
+        task = (await submit(tasks_stub(ch))).task
+        session = cloud.leases.sessions["h1"]
+
+        assert await cloud.leases.dispatcher.dispatch_host(session) == 0
+
+        await host.send(device_update={"devices": [PHONE]})
+        assert (await host.lease("assignment"))["task_id"] == task.task_id
+    finally:
+        await ch.close()

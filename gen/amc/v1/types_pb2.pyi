@@ -106,7 +106,7 @@ class _DeviceState:
 class _DeviceStateEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_DeviceState.ValueType], _builtins.type):
     DESCRIPTOR: _descriptor.EnumDescriptor
     DEVICE_STATE_UNSPECIFIED: _DeviceState.ValueType  # 0
-    """Not reported."""
+    """Not reported: the phone is not given tasks (set ONLINE for a usable phone)."""
     DEVICE_STATE_ONLINE: _DeviceState.ValueType  # 1
     """Connected and usable."""
     DEVICE_STATE_OFFLINE: _DeviceState.ValueType  # 2
@@ -118,7 +118,7 @@ class DeviceState(_DeviceState, metaclass=_DeviceStateEnumTypeWrapper):
     """Connection state of one phone as its host sees it."""
 
 DEVICE_STATE_UNSPECIFIED: DeviceState.ValueType  # 0
-"""Not reported."""
+"""Not reported: the phone is not given tasks (set ONLINE for a usable phone)."""
 DEVICE_STATE_ONLINE: DeviceState.ValueType  # 1
 """Connected and usable."""
 DEVICE_STATE_OFFLINE: DeviceState.ValueType  # 2
@@ -975,8 +975,10 @@ class Device(_message.Message):
     one).
     """
     state: Global___DeviceState.ValueType
-    """Connection state. A value this cloud does not know (a newer host's) is stored as
-    DEVICE_STATE_UNSPECIFIED.
+    """Connection state. Only an ONLINE phone is given tasks: one whose state is unset
+    (UNSPECIFIED: the field left at its default), OFFLINE or UNAUTHORIZED waits, without any
+    answer, until a DeviceUpdate says it is ONLINE. A value this cloud does not know (a newer
+    host's) is stored as DEVICE_STATE_UNSPECIFIED.
     """
     def __init__(
         self,
