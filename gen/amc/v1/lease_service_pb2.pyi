@@ -630,7 +630,8 @@ Global___Revoked: _TypeAlias = Revoked  # noqa: Y015
 @_typing.final
 class TaskResult(_message.Message):
     """How an attempt ended. The host keeps a result and sends it again (also on a new stream after
-    a reconnect) until a ResultAck or a Revoked for that attempt arrives. A result whose lease
+    a reconnect) until a ResultAck or a Revoked for that attempt arrives, or a Rejected naming its
+    task with a code other than UNAVAILABLE (see Rejected). A result whose lease
     ran out before it arrived is still accepted, and acknowledged with `late`, while no other
     attempt of the task has started (and the task was not cancelled, and its deadline has not
     passed): the work is done and is not run again. Once another attempt has started, a result
@@ -767,7 +768,12 @@ Global___Superseded: _TypeAlias = Superseded  # noqa: Y015
 
 @_typing.final
 class Rejected(_message.Message):
-    """A host message the cloud could not use. The stream stays open."""
+    """A host message the cloud could not use. The stream stays open. What the host does depends on
+    `code`: UNAVAILABLE (14) means the cloud could not handle it just now (its database could not
+    be reached): send a result again shortly (a renewal is repeated at its interval anyway). Any
+    other code means the message cannot be used as it was sent: do not send it again unchanged
+    (a result so refused is dropped, or it would be refused on every reconnect).
+    """
 
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -775,7 +781,10 @@ class Rejected(_message.Message):
     MESSAGE_FIELD_NUMBER: _builtins.int
     TASK_ID_FIELD_NUMBER: _builtins.int
     code: _builtins.int
-    """google.rpc.Code value (3 INVALID_ARGUMENT, 9 FAILED_PRECONDITION, ...)."""
+    """google.rpc.Code value: 3 INVALID_ARGUMENT (a malformed message; `message` names the field),
+    9 FAILED_PRECONDITION (a second hello), 13 INTERNAL (the cloud failed on it unexpectedly),
+    14 UNAVAILABLE (retry, see above).
+    """
     message: _builtins.str
     """What was wrong, naming the field."""
     task_id: _builtins.str
