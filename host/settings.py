@@ -49,7 +49,7 @@ class HostSettings(BaseSettings):
     virtual_phones: int = Field(default=1, ge=0)
     device_poll_interval_s: float = Field(default=2.0, gt=0)
     #: How long a phone may stay silent before a call fails its step as busy (`DeviceBusy`;
-    #: its task then fails retryable only if the phone is gone). Raise them for slow phones
+    #: a look that gets no answer ends its attempt retryable). Raise them for slow phones
     #: (big screens, old devices, phones on a remote adb): `uiautomator dump` and
     #: `screencap` of the adbutils driver, and each JSON-RPC call of the uiautomator2
     #: driver (its dumps and screenshots included, and every step of its first connect).

@@ -34,9 +34,10 @@ from host.agent.progress import ProgressHolder, status_name, truncate
 from host.agent.redact import SecretRedactor
 from host.agent.step_telemetry import StepTelemetry
 from host.agent.verdicts import ReplayTally, check_step
-from host.devices.base import DeviceError, DeviceGone, Driver
+from host.devices.base import DeviceBusy, DeviceError, DeviceGone, Driver
 from host.devices.lanes import new_lane
 from host.outbox import Shipments, StepRef
+from host.perception.hierarchy import HierarchyError
 from host.perception.perceive import Observation, Perceiver
 from host.planner_client import CloudPlanError, StepPlanner
 from host.timeline.record import TimelineRecord, screen_record
@@ -96,8 +97,9 @@ class TaskOutcome:
     device_gone: bool = False
     #: What adb still lists the gone phone as ("unauthorized", "offline"); "" when not listed.
     adb_state: str = ""
-    #: A failure outside the task (planning stayed impossible until the deadline came near):
-    #: the cloud queues the next attempt if the task has any left.
+    #: A failure outside the task (planning stayed impossible until the deadline came near,
+    #: the phone vanished or did not answer a look): the cloud queues the next attempt if the
+    #: task has any left.
     retryable: bool = False
     #: The cloud said the lease is no longer live (expired, revoked, superseded, its task being
     #: cancelled): the attempt stopped without a verdict on the task (answered CANCELLED).
@@ -270,6 +272,14 @@ class AgentLoop:
                 device_gone=True,
                 adb_state=exc.state,
             )
+        except (DeviceBusy, HierarchyError) as exc:
+            step = progress.snapshot().step_index
+            log.warning("task %s: %s", spec.task_id, exc)
+            # Retryable too: a look that got no answer within its deadline (uiautomator or
+            # adbd stuck on the phone) says nothing about the task, whose next attempt may
+            # find the phone (or another) answering. The attempt still counts.
+            summary = f"phone {spec.device_serial} did not answer a look at its screen: {exc}"
+            outcome = TaskOutcome("failed", truncate(summary, 2000), step, retryable=True)
         except PlanningPostponed as exc:
             step = progress.snapshot().step_index
             log.warning("task %s: %s", spec.task_id, exc)

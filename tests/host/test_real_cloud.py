@@ -312,3 +312,38 @@ async def test_a_cancel_the_host_meets_at_its_next_step_ends_the_task_at_once(
         assert local is not None and local.status == "cancelled"
     finally:
         await host.close()
+
+
+async def test_a_stuck_phone_gives_the_task_its_next_attempt_within_its_budget(
+    stack: Stack,
+) -> None:
+    """A phone whose uiautomator never answers within a look's deadline ended its task FAILED
+    for good after the first attempt. Each attempt now ends retryable, saying which phone did
+    not answer what, so the cloud queues the next one, and attempts still count: with two
+    allowed, the task ends FAILED after its second."""
+    host = await _start_host(
+        stack,
+        _dark_theme(),
+        dump_timeout_s=1.0,
+        hierarchy_deadline_s=2.5,
+        hierarchy_retries=3,
+    )
+    try:
+        host.virtual.server.phones["emulator-5554"].hang_dumps(3.0, count=50)
+        lease = duration_pb2.Duration()
+        lease.FromTimedelta(timedelta(seconds=6))
+        submitted = await stack.ops.SubmitTask(
+            task_service_pb2.SubmitTaskRequest(
+                goal="Turn on dark theme", max_attempts=2, lease_duration=lease
+            )
+        )
+        task_id = submitted.task.task_id
+        task = await _until(stack, task_id, lambda t: t.status == types_pb2.TASK_STATUS_FAILED)
+        assert task.attempt == 2, task
+        assert [a.status for a in task.attempts] == [types_pb2.TASK_STATUS_FAILED] * 2
+        for attempt in task.attempts:
+            reason = attempt.failure_reason
+            assert reason.startswith("phone emulator-5554 did not answer"), reason
+            assert "uiautomator dump on emulator-5554 timed out" in reason, reason
+    finally:
+        await host.close()
