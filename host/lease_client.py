@@ -51,7 +51,7 @@ from amc.v1 import lease_service_pb2, lease_service_pb2_grpc, types_pb2
 from host import metrics
 from host.agent.loop import TaskOutcome, TaskSpec
 from host.agent.progress import ProgressHolder, ProgressSnapshot, truncate
-from host.devices.registry import DeviceInfo
+from host.devices.registry import DeviceInfo, reported
 from planner.budget import Budget
 from planner.convert import usage_from_proto
 
@@ -366,7 +366,7 @@ class LeaseClient:
             if key in self._inherited
         ]
         hello = lease_service_pb2.HostHello(
-            devices=[d.to_proto() for d in self._devices.devices()][:256],
+            devices=[d.to_proto() for d in reported(self._devices.devices())],
             agent_version=self.config.agent_version,
             planner_transport=self.config.planner_transport,
             held_assignments=held,
@@ -390,7 +390,7 @@ class LeaseClient:
 
         def send() -> None:
             update = lease_service_pb2.DeviceUpdate(
-                devices=[d.to_proto() for d in self._devices.devices()][:256]
+                devices=[d.to_proto() for d in reported(self._devices.devices())]
             )
             self._send(lease_service_pb2.LeaseRequest(device_update=update))
 

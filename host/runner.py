@@ -221,7 +221,12 @@ def build_host(
         settings.hierarchy_retry_delay_s,
         deadline_s=settings.hierarchy_deadline_s,
     )
-    registry = DeviceRegistry(settings.adb_host, settings.adb_port, settings.device_serials)
+    registry = DeviceRegistry(
+        settings.adb_host,
+        settings.adb_port,
+        settings.device_serials,
+        forget_after_s=settings.device_forget_after_s,
+    )
     make_driver = make_driver or driver_factory(settings)
     planner_channel: grpc.aio.Channel | None = None
     planner_settings = PlannerSettings()
@@ -390,7 +395,8 @@ async def _forget_sessions(app: HostApp, pruned: list[tuple[str, int]]) -> None:
 async def _poll_devices(app: HostApp, stop: asyncio.Event) -> None:
     while not stop.is_set():
         try:
-            await asyncio.to_thread(app.registry.refresh)
+            held = {spec.device_serial for spec, _ in app.lease.running()}
+            await asyncio.to_thread(app.registry.refresh, held)
             app.lanes.retire({d.serial for d in app.registry.devices() if d.online})
         except Exception:
             log.exception("device poll failed")

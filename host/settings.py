@@ -48,6 +48,11 @@ class HostSettings(BaseSettings):
     #: How many virtual phones to create when `device_source == "virtual"`.
     virtual_phones: int = Field(default=1, ge=0)
     device_poll_interval_s: float = Field(default=2.0, gt=0)
+    #: How long a phone adb no longer lists stays in the host's phone list (as OFFLINE, so
+    #: the fleet shows it went away) before it is forgotten; never while an attempt holds it.
+    #: Phones that come and go under new serials (adb over Wi-Fi, emulators) would otherwise
+    #: pile up for good, and the reports carry at most 256 phones.
+    device_forget_after_s: float = Field(default=24 * 3600.0, gt=0)
     #: How long a phone may stay silent before a call fails its step as busy (`DeviceBusy`;
     #: a look that gets no answer ends its attempt retryable). Raise them for slow phones
     #: (big screens, old devices, phones on a remote adb): `uiautomator dump` and

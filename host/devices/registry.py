@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -20,6 +21,11 @@ AdbState = str
 #: How long one device list may wait for the adb server's answer (a healthy one answers at
 #: once; a wedged one never does, and the poll must not wait on it for good).
 LIST_TIMEOUT_S = 10.0
+#: How long a phone adb no longer lists stays known (as OFFLINE) by default: a day.
+FORGET_AFTER_S = 24 * 3600.0
+#: At most this many phones in a hello or device update (`HostHello.devices`,
+#: `DeviceUpdate.devices` in proto/amc/v1/lease_service.proto; the cloud refuses more).
+MAX_REPORTED = 256
 _STATE_MAP: dict[str, types_pb2.DeviceState.ValueType] = {
     "device": types_pb2.DEVICE_STATE_ONLINE,
     "offline": types_pb2.DEVICE_STATE_OFFLINE,
@@ -43,7 +49,7 @@ class DeviceInfo:
         return types_pb2.Device(serial=self.serial, model=self.model, state=self.state)
 
 
-ChangeKind = Literal["online", "offline", "changed"]
+ChangeKind = Literal["online", "offline", "changed", "forgotten"]
 Listener = Callable[[DeviceInfo, ChangeKind], None]
 
 
@@ -51,7 +57,9 @@ class DeviceRegistry:
     """The host's phones. `refresh()` re-reads the adb server and reports what changed.
 
     A phone that was seen once stays known (as OFFLINE) after it vanishes, so the cloud learns
-    it went away rather than silently losing it.
+    it went away rather than silently losing it, until it has been gone `forget_after_s`: on a
+    host where emulators or phones come and go under new serials (adb over Wi-Fi, rebooted
+    emulators) the list grew for good, and every report was cut at `MAX_REPORTED`.
     """
 
     def __init__(
@@ -61,6 +69,8 @@ class DeviceRegistry:
         only_serials: list[str] | None = None,
         offline_after_failed_polls: int = 3,
         timeout_s: float = LIST_TIMEOUT_S,
+        forget_after_s: float = FORGET_AFTER_S,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._client = adb_transport.Client(host=host, port=port, timeout_s=timeout_s)
         self._addr = (host, port)
@@ -72,6 +82,10 @@ class DeviceRegistry:
         #: restarting, a timeout): the last states stand until this many have failed.
         self._failed_polls = 0
         self._offline_after = max(1, offline_after_failed_polls)
+        self._forget_after = forget_after_s
+        self._clock = clock
+        #: When each known phone was first found missing from adb's list (`clock` time).
+        self._gone_since: dict[str, float] = {}
 
     def add_listener(self, listener: Listener) -> None:
         self._listeners.append(listener)
@@ -91,11 +105,12 @@ class DeviceRegistry:
         except (adbutils.AdbError, OSError):
             return serial
 
-    def refresh(self) -> list[tuple[DeviceInfo, ChangeKind]]:
+    def refresh(self, held: Collection[str] = ()) -> list[tuple[DeviceInfo, ChangeKind]]:
         """Poll the adb server once; an unreachable server makes every phone OFFLINE. A device
         list that fails on a reachable server keeps the last states (no change reported) until
         `offline_after_failed_polls` polls in a row have failed, so one glitch does not flap
-        the whole fleet offline and back."""
+        the whole fleet offline and back. A phone missing from the list for `forget_after_s`
+        is forgotten ("forgotten"), unless it is among `held` (an attempt still holds it)."""
         listed: dict[str, str] = {}
         if server_reachable(*self._addr):
             try:
@@ -130,9 +145,23 @@ class DeviceRegistry:
                 changes.append(
                     (DeviceInfo(serial, old.model, types_pb2.DEVICE_STATE_OFFLINE), "offline")
                 )
+        now = self._clock()
         with self._lock:
             for info, _ in changes:
                 self._devices[info.serial] = info
+            for serial in self._devices:
+                if serial in listed:
+                    self._gone_since.pop(serial, None)
+                else:
+                    self._gone_since.setdefault(serial, now)
+            for serial, since in list(self._gone_since.items()):
+                if now - since >= self._forget_after and serial not in held:
+                    del self._gone_since[serial]
+                    gone = self._devices.pop(serial)
+                    changes.append((gone, "forgotten"))
+                    log.info(
+                        "forgot phone %s: adb has not listed it for %.0f s", serial, now - since
+                    )
         for info, kind in changes:
             for listener in self._listeners:
                 listener(info, kind)
@@ -155,3 +184,16 @@ class DeviceRegistry:
         for listener in self._listeners:
             listener(info, kind)
         return True
+
+
+def reported(devices: Iterable[DeviceInfo]) -> list[DeviceInfo]:
+    """The phones a hello or device update carries: online ones first, then those adb lists in
+    another state, then the gone ones, each by serial, cut at `MAX_REPORTED`, so a list over
+    the limit loses gone phones, never one a task could run on."""
+
+    def rank(d: DeviceInfo) -> tuple[int, str]:
+        if d.online:
+            return 0, d.serial
+        return (2 if d.state == types_pb2.DEVICE_STATE_OFFLINE else 1), d.serial
+
+    return sorted(devices, key=rank)[:MAX_REPORTED]

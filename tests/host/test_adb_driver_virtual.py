@@ -269,6 +269,39 @@ def test_registry_notices_vanish_and_return(adb: tuple[ThreadedAdbServer, Virtua
     assert seen[-1] == (SERIAL, "online")
 
 
+def test_a_phone_gone_longer_than_the_setting_is_forgotten_unless_held(
+    adb: tuple[ThreadedAdbServer, VirtualPhone],
+) -> None:
+    """The registry kept every serial it ever saw, as OFFLINE, for good: on a host where
+    phones come and go under new serials the list only grew. A phone adb has not listed for
+    `forget_after_s` is now forgotten (one an attempt holds is kept); one back is new again."""
+    server, _ = adb
+    now = [0.0]
+    registry = DeviceRegistry(port=server.port, forget_after_s=3600.0, clock=lambda: now[0])
+    seen: list[tuple[str, str]] = []
+    registry.add_listener(lambda info, kind: seen.append((info.serial, kind)))
+    registry.refresh()
+    server.unplug(SERIAL)
+    server.unplug("emulator-5556")
+    registry.refresh()
+    now[0] = 3599.0
+    registry.refresh()
+    assert {d.serial for d in registry.devices()} == {SERIAL, "emulator-5556"}
+    now[0] = 3600.0
+    registry.refresh(held={"emulator-5556"})
+    assert [d.serial for d in registry.devices()] == ["emulator-5556"]
+    assert (SERIAL, "forgotten") in seen
+    registry.refresh()
+    assert registry.devices() == []
+    server.replug(SERIAL)
+    for _ in range(50):
+        if registry.refresh():
+            break
+        time.sleep(0.02)
+    assert [(d.serial, d.online) for d in registry.devices()] == [(SERIAL, True)]
+    assert seen[-1] == (SERIAL, "online")
+
+
 def test_no_adb_server_means_no_phones_and_no_stray_daemon() -> None:
     # adbutils would run `adb start-server` (on 5037) when nothing listens; we check first.
     registry = DeviceRegistry(port=1)

@@ -369,3 +369,74 @@ async def test_a_stuck_phone_ends_its_attempt_retryable(tmp_path: Path) -> None:
         await serving
         virtual.stop()
         await cloud.server.stop(grace=None)
+
+
+async def test_phones_that_come_and_go_never_push_an_online_phone_out_of_the_reports(
+    tmp_path: Path,
+) -> None:
+    """Each device update carries the whole phone list, cut at 256; the registry kept every
+    serial it ever saw, sorted by serial, so on a host where phones come and go under new
+    serials (adb over Wi-Fi: "10.0.0.7:5555", which sort first) its plugged-in phones were cut
+    from the updates and the cloud no longer offered them tasks. Online phones now come
+    first, and a phone gone longer than `device_forget_after_s` is forgotten."""
+    from host.devices.virtual.phone import VirtualPhone
+
+    cloud = await start_fake_cloud(tmp_path / "pki", HOST_ID)
+    virtual, settings = start_virtual_phones(_settings(tmp_path, cloud.port, cloud.pki_dir))
+    app = build_host(settings, planner=ScriptedPlanner([]))
+    stop = asyncio.Event()
+    serving = asyncio.create_task(serve_host(app, stop))
+    fake = cloud.cloud
+
+    def last_update() -> list[types_pb2.Device]:
+        updates = [r for r in fake.received if r.WhichOneof("kind") == "device_update"]
+        return list(updates[-1].device_update.devices) if updates else []
+
+    try:
+        await asyncio.wait_for(app.lease.wait_connected(), 20)
+        wifi = [f"10.0.0.{i}:5555" for i in range(300)]
+        for serial in wifi:
+            virtual.server.add_phone(VirtualPhone(serial))
+        await until(lambda: len(app.registry.devices()) == 302, within=60, what="all listed")
+        for serial in wifi:
+            virtual.unplug(serial)
+        await until(
+            lambda: sum(d.online for d in app.registry.devices()) == 2,
+            within=60,
+            what="the Wi-Fi phones are gone",
+        )
+        await fake.wait_for(lambda: len(last_update()) == 256, within=20)
+        online = {d.serial for d in last_update() if d.state == types_pb2.DEVICE_STATE_ONLINE}
+        assert online == {"emulator-5554", "emulator-5556"}
+    finally:
+        stop.set()
+        await serving
+        virtual.stop()
+        await cloud.server.stop(grace=None)
+
+
+async def test_a_phone_gone_longer_than_the_setting_leaves_the_reports(tmp_path: Path) -> None:
+    """`AMC_HOST_DEVICE_FORGET_AFTER_S` reaches the registry: a phone gone longer is left out
+    of the next device update."""
+    cloud = await start_fake_cloud(tmp_path / "pki", HOST_ID)
+    base = _settings(tmp_path, cloud.port, cloud.pki_dir)
+    virtual, settings = start_virtual_phones(base.model_copy(update={"device_forget_after_s": 0.5}))
+    app = build_host(settings, planner=ScriptedPlanner([]))
+    stop = asyncio.Event()
+    serving = asyncio.create_task(serve_host(app, stop))
+    fake = cloud.cloud
+
+    def last_update() -> list[str]:
+        updates = [r for r in fake.received if r.WhichOneof("kind") == "device_update"]
+        return [d.serial for d in updates[-1].device_update.devices] if updates else []
+
+    try:
+        await asyncio.wait_for(app.lease.wait_connected(), 20)
+        virtual.unplug("emulator-5554")
+        await fake.wait_for(lambda: last_update() == ["emulator-5556"], within=20)
+        assert app.registry.get("emulator-5554") is None
+    finally:
+        stop.set()
+        await serving
+        virtual.stop()
+        await cloud.server.stop(grace=None)
