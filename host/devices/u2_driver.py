@@ -6,10 +6,12 @@ non-ASCII; it needs the u2 server on the phone (pushed and started by the librar
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import io
 import shlex
 import socket
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, TypeVar
@@ -144,6 +146,40 @@ def _program(cmdargs: Any) -> str:
     return " ".join(words[:2])
 
 
+#: Per adb server and phone, the uiautomator2 Device whose exit hook is kept: the one that
+#: started the server now running (see `_keep_exit_hook`).
+_exit_hooks: dict[tuple[str, int, str], Any] = {}
+_exit_hooks_lock = threading.Lock()
+
+
+def _keep_exit_hook(key: tuple[str, int, str], dev: Any) -> None:
+    """Bound what uiautomator2's exit hooks keep alive. It registers `stop_uiautomator` with
+    atexit for every Device it makes and never removes it, so every Device (one per reset
+    after a stuck or dropped call, one per attempt's driver) lived as long as the process.
+    Only a Device that started the server (`_process`: the stream of `app_process`) has
+    anything to stop at exit; the others' hooks go at once, and a newer server's replaces an
+    older one's (whose server no longer answered, or the newer would not have started)."""
+    if getattr(dev, "_process", None) is None:
+        atexit.unregister(dev.stop_uiautomator)
+        return
+    with _exit_hooks_lock:
+        old = _exit_hooks.get(key)
+        _exit_hooks[key] = dev
+    if old is not None and old is not dev:
+        _release(key, old)
+
+
+def _release(key: tuple[str, int, str], dev: Any) -> None:
+    """Stop the server `dev` started (best effort: one that hangs would keep the port and the
+    accessibility bridge from its successor) and drop its exit hook."""
+    with contextlib.suppress(Exception):
+        dev.stop_uiautomator(wait=False)
+    atexit.unregister(dev.stop_uiautomator)
+    with _exit_hooks_lock:
+        if _exit_hooks.get(key) is dev:
+            del _exit_hooks[key]
+
+
 class U2Driver:
     """`Driver` over `uiautomator2` (connects lazily, so building it never touches the phone)."""
 
@@ -160,6 +196,7 @@ class U2Driver:
         self._rpc_timeout_s = rpc_timeout_s
         self._adb = adb_transport.Client(host=host, port=port)
         self._addr = (host, port)
+        self._key = (host, port, serial)
         self._dev: Any = None
         self._ime = InputMethodCache(
             serial,
@@ -180,6 +217,7 @@ class U2Driver:
                     self._dev = u2.connect(phone)
                 except (AdbTimeout, TimeoutError) as exc:
                     raise phone.stuck(exc) from exc
+            _keep_exit_hook(self._key, self._dev)
         return self._dev
 
     def _call(self, what: str, fn: Callable[[Any], T]) -> T:
@@ -217,12 +255,10 @@ class U2Driver:
             raise
 
     def _reset(self) -> None:
-        """Forget the uiautomator2 device. Its server process is stopped first (best effort:
-        one that hangs would keep the port and the accessibility bridge from its successor)."""
+        """Forget the uiautomator2 device, its server stopped and its exit hook dropped."""
         dev, self._dev = self._dev, None
         if dev is not None:
-            with contextlib.suppress(Exception):
-                dev.stop_uiautomator(wait=False)
+            _release(self._key, dev)
 
     def screen_size(self) -> tuple[int, int]:
         w, h = self._call("window size", lambda d: d.window_size())

@@ -300,3 +300,38 @@ def test_both_drivers_say_what_adb_lists_an_unreachable_phone_as(
         assert f"phone {SERIAL} is {adb_state} in adb (tap)" in str(raised.value)
         assert "disconnected" not in str(raised.value)
         phone.set_adb_state("device")
+
+
+def test_uiautomator2_devices_are_not_kept_for_every_connect(
+    served: tuple[ThreadedAdbServer, VirtualPhone],
+) -> None:
+    """uiautomator2 registers an atexit hook (`stop_uiautomator`) for every Device it makes
+    and never removes it, so each Device stayed alive for the life of the process: one for
+    every reset after a timed-out or dropped call, and one for every attempt's driver. A
+    host up for days piled them up. At most one per phone (the one that started the server
+    now running, so the server is stopped when the host exits) is kept now."""
+    import gc
+
+    import uiautomator2 as u2
+
+    server, phone = served
+
+    def devices() -> int:
+        gc.collect()
+        return sum(isinstance(o, u2.Device) for o in gc.get_objects())
+
+    before = devices()
+    for _ in range(3):  # an attempt's driver each
+        d = U2Driver(SERIAL, port=server.port, rpc_timeout_s=0.3)
+        assert d.screen_size() == (1080, 2400)
+        for _ in range(2):  # a reset after a timeout, then one after a dropped call
+            phone.hang_u2_agent(1.0)
+            with pytest.raises(DeviceBusy, match="timed out"):
+                d.dump_hierarchy()
+            assert d.screen_size() == (1080, 2400)
+            phone.crash_u2_agent()
+            with pytest.raises(DeviceBusy, match="uiautomator2's server"):
+                d.dump_hierarchy()
+            assert d.screen_size() == (1080, 2400)
+    del d
+    assert devices() - before <= 1
