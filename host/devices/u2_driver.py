@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import http.client
 import io
+import json
 import shlex
 import socket
 import threading
@@ -53,6 +55,11 @@ def _mapped(serial: str, what: str) -> Iterator[None]:
         raise timed_out(serial, what, exc) from exc
     except (u2_exceptions.ConnectError, AdbConnectionError) as exc:
         raise gone(serial, what, str(exc)) from exc
+    except (json.JSONDecodeError, http.client.IncompleteRead) as exc:
+        # An answer cut short: the server died while writing it (the low-memory killer during
+        # a big dump). uiautomator2 reads the body in chunks, which end quietly at the cut,
+        # and parses what came; like a dropped connection, `U2Driver._call` asks adb.
+        raise gone(serial, what, f"its answer was cut short: {exc}") from exc
     except (u2_exceptions.BaseException, adbutils.AdbError, OSError, EOFError) as exc:
         if is_gone(exc):
             raise gone(serial, what, str(exc)) from exc

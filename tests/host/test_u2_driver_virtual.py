@@ -335,3 +335,26 @@ def test_uiautomator2_devices_are_not_kept_for_every_connect(
             assert d.screen_size() == (1080, 2400)
     del d
     assert devices() - before <= 1
+
+
+def test_a_u2_server_killed_midway_through_its_answer_is_busy_and_restarted(
+    served: tuple[ThreadedAdbServer, VirtualPhone],
+) -> None:
+    """The on-phone server dies while it writes an answer (the low-memory killer taking it
+    during a big dump): the body ends short of its Content-Length, uiautomator2 parses what
+    came, and its `JSONDecodeError` (no driver error covered it) left the driver as it was
+    and failed the task ("JSONDecodeError: …") instead of being retried. It is the same passing
+    failure as a server that dies before it answers: busy, retried within the look, the
+    server started again."""
+    server, phone = served
+    d = U2Driver(SERIAL, port=server.port)
+    size = d.screen_size()
+    first = _agent_pids(phone)
+    phone.crash_u2_agent(mid_answer=True)
+    with pytest.raises(DeviceBusy, match="uiautomator2's server") as raised:
+        d.dump_hierarchy()
+    assert not isinstance(raised.value, DeviceGone)
+    phone.crash_u2_agent(mid_answer=True)
+    scene, _ = Perceiver(retries=3, retry_delay_s=0).scene_from_dump(d, size, None)
+    assert any(e.text == "Settings" for e in scene.elements)
+    assert _agent_pids(phone) and _agent_pids(phone) != first

@@ -216,7 +216,8 @@ class VirtualPhone:
         self._dump_glitches: list[DumpGlitch] = []
         self._glitch_every: tuple[int, DumpGlitch] | None = None
         self._dumps = 0
-        self._u2_crashes = 0
+        #: Queued agent deaths (see `crash_u2_agent`): True for one midway through its answer.
+        self._u2_crashes: list[bool] = []
         self._u2_hangs: list[float] = []
         self._dump_hangs: list[float] = []
         self._service_stalls: list[tuple[str, float]] = []
@@ -698,13 +699,15 @@ class VirtualPhone:
         with self._lock:
             return self._dump_hangs.pop(0) if self._dump_hangs else None
 
-    def crash_u2_agent(self, calls: int = 1) -> None:
+    def crash_u2_agent(self, calls: int = 1, mid_answer: bool = False) -> None:
         """Make the uiautomator2 agent die during each of the next `calls` JSON-RPC calls: it
         closes the connection unanswered and its process ends, as when the on-phone server
         crashes or is killed mid-call (the library raises `http.client.RemoteDisconnected`,
-        openatx/uiautomator2#1120). adb still lists the phone."""
+        openatx/uiautomator2#1120). `mid_answer`: it dies after its answer's headers and part
+        of its body (the low-memory killer taking it while it writes a big dump), so the
+        answer ends short of its Content-Length. adb still lists the phone."""
         with self._lock:
-            self._u2_crashes += calls
+            self._u2_crashes.extend([mid_answer] * calls)
 
     def hang_u2_agent(self, seconds: float, calls: int = 1) -> None:
         """Make the uiautomator2 agent sit on each of the next `calls` JSON-RPC calls for
@@ -737,13 +740,13 @@ class VirtualPhone:
                     return seconds
         return None
 
-    def take_u2_crash(self) -> bool:
-        """Whether the agent dies during this call (see `crash_u2_agent`)."""
+    def take_u2_crash(self) -> Literal["", "unanswered", "mid_answer"]:
+        """Whether and how the agent dies during this call (see `crash_u2_agent`): ""
+        when it does not."""
         with self._lock:
-            if self._u2_crashes <= 0:
-                return False
-            self._u2_crashes -= 1
-            return True
+            if not self._u2_crashes:
+                return ""
+            return "mid_answer" if self._u2_crashes.pop(0) else "unanswered"
 
     def find(self, text: str) -> Node | None:
         """The first node on screen (topmost window first) whose text or content-desc is

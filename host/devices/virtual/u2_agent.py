@@ -158,7 +158,8 @@ class U2Agent:
         if method == "GET" and path == "/ping":
             status, payload, ctype = 200, b"pong", "text/plain"
         elif method == "POST" and path.startswith("/jsonrpc/0"):
-            if self.phone.take_u2_crash():
+            crash = self.phone.take_u2_crash()
+            if crash == "unanswered":
                 self._crash()
                 return  # the connection closes with no answer
             hang = self.phone.take_u2_hang()
@@ -166,6 +167,15 @@ class U2Agent:
                 await asyncio.sleep(hang)
             answer = await asyncio.to_thread(self.handle_jsonrpc, body)
             status, payload, ctype = 200, json.dumps(answer).encode(), "application/json"
+            if crash == "mid_answer":
+                writer.write(
+                    f"HTTP/1.1 200 OK\r\nContent-Type: {ctype}\r\n"
+                    f"Content-Length: {len(payload)}\r\nConnection: close\r\n\r\n".encode()
+                    + payload[: len(payload) // 2]
+                )
+                await writer.drain()
+                self._crash()
+                return
         else:
             status, payload, ctype = 404, b"not found", "text/plain"
         reason = "OK" if status == 200 else "Not Found"
