@@ -79,6 +79,9 @@ _JAVA_CRASH = ("java.lang.NullPointerException", "java.lang.IllegalStateExceptio
 # What a sync pull of a file that is not there fails with (adbd: "open failed: No such file or
 # directory"; older servers word it "does not exist").
 _MISSING_FILE = ("No such file or directory", "does not exist")
+# What Android's shell (mksh) says for a command the build does not have; older ones and
+# toybox's sh say "not found".
+_NOT_FOUND = ("inaccessible or not found", "not found")
 
 
 def decode_dump(data: bytes) -> str:
@@ -100,11 +103,18 @@ def dump_failure(serial: str, output: str) -> DeviceError | None:
     when a node vanishes while the screen changes, and that trace goes to logcat, not to the
     shell (seen on ~20% of first dumps on some API 34 emulators). "… already registered!"
     (an IllegalStateException too) means another UiAutomation client holds the accessibility
-    bridge, which no retry fixes; other text ("not found", a crash of the shell) is not
+    bridge, which no retry fixes; nor does a build without `uiautomator` ("… inaccessible or
+    not found"), which the error says how to drive; other text (a crash of the shell) is not
     passing either."""
     if "dumped to" in output:
         return None
     shown = output.strip()[-300:]
+    if any(f"{_DUMPER}: {words}" in output for words in _NOT_FOUND):
+        return DeviceError(
+            f"phone {serial} has no `{_DUMPER}` command (its build leaves it out), so the "
+            "adbutils driver cannot read its screen: drive it with the uiautomator2 driver "
+            "(AMC_HOST_DRIVER=uiautomator2), which brings its own"
+        )
     if "already registered" in output:
         return DeviceError(
             f"uiautomator dump failed on {serial}: another UiAutomation client (a uiautomator2 "

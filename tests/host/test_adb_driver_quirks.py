@@ -233,6 +233,29 @@ def test_a_taken_accessibility_bridge_is_named_and_not_retried(
         d.dump_hierarchy()
 
 
+def test_a_build_without_uiautomator_is_named_with_the_driver_that_works(
+    adb: tuple[ThreadedAdbServer, VirtualPhone],
+) -> None:
+    """Some makers' builds ship no `uiautomator` command: the shell answers "…: uiautomator:
+    not found", and the task failed with that line quoted ("uiautomator dump failed on S:
+    '/system/bin/sh: uiautomator: not found'"), which says neither what is wrong with the
+    phone nor what to do. Not retried (no retry brings the command); the error says that the
+    phone has none and that the uiautomator2 driver, which brings its own, can drive it."""
+    server, phone = adb
+    d = AdbDriver(SERIAL, port=server.port)
+    phone.missing_commands.add("uiautomator")
+    with pytest.raises(DeviceError, match="has no `uiautomator` command") as raised:
+        Perceiver(retries=3, retry_delay_s=0).scene_from_dump(d, d.screen_size(), None)
+    assert not isinstance(raised.value, DeviceBusy)
+    assert "AMC_HOST_DRIVER=uiautomator2" in str(raised.value)
+    mksh = dump_failure(SERIAL, "/system/bin/sh: uiautomator: inaccessible or not found\n")
+    assert mksh is not None and "has no `uiautomator` command" in str(mksh)
+    scene, _ = Perceiver(retries=1).scene_from_dump(
+        U2Driver(SERIAL, port=server.port), d.screen_size(), None
+    )
+    assert any(e.text == "Settings" for e in scene.elements)
+
+
 def test_dump_output_without_dumped_to_is_a_failure() -> None:
     assert dump_failure(SERIAL, "UI hierchary dumped to: /data/local/tmp/x.xml\n") is None
     for output in ("Segmentation fault\n", "uiautomator: inaccessible or not found\n"):

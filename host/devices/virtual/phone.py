@@ -210,6 +210,9 @@ class VirtualPhone:
         # System plumbing that task checkers never look at:
         self.tcp_services: dict[int, TcpService] = {}  # on-device servers, reached via tcp:PORT
         self.installed: set[str] = set()  # packages installed at run time (e.g. an IME)
+        #: Shell commands this build leaves out (some makers' images ship no `uiautomator`):
+        #: the shell answers "not found" for them.
+        self.missing_commands: set[str] = set()
         self.extra_settings: dict[str, str] = {}  # "namespace/key" -> value for `settings`
         self.clipboard = ""
         self.traversed_text: str | None = None

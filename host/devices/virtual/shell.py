@@ -72,7 +72,8 @@ class Shell:
         return Shell(self.phone).run(line)
 
     def command(self, name: str) -> Tool | None:
-        return TOOLS.get(posixpath.basename(name) if name.startswith("/system/") else name)
+        name = posixpath.basename(name) if name.startswith("/system/") else name
+        return None if name in self.phone.missing_commands else TOOLS.get(name)
 
     def run(self, line: str) -> Output:
         """Run a whole command line, like `adb shell '<line>'`."""
