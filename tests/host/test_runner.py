@@ -331,15 +331,22 @@ async def test_a_phone_adb_cannot_reach_is_reported_as_adb_lists_it(
         await cloud.server.stop(grace=None)
 
 
-async def test_a_stuck_phone_ends_its_attempt_retryable(tmp_path: Path) -> None:
-    """A phone whose uiautomator stops answering (its screen never idle, its dumper hung)
-    failed every look, and the task ended FAILED for good (not retryable), although nothing
-    was wrong with the task: the cloud never gave it another attempt. The attempt now ends
-    retryable, its summary naming the phone and what did not answer; a phone that answers
-    again runs the next attempt."""
+@pytest.mark.parametrize("driver", ["adbutils", "uiautomator2"])
+async def test_a_stuck_phone_ends_its_attempt_retryable(tmp_path: Path, driver: str) -> None:
+    """A phone whose uiautomator stops answering (its screen never idle, its dumper hung;
+    uiautomator2's server wedged) failed every look, and the task ended FAILED for good (not
+    retryable), although nothing was wrong with the task: the cloud never gave it another
+    attempt. The attempt now ends retryable, its summary naming the phone and what did not
+    answer."""
     cloud = await start_fake_cloud(tmp_path / "pki", HOST_ID)
     base = _settings(tmp_path, cloud.port, cloud.pki_dir).model_copy(
-        update={"dump_timeout_s": 1.0, "hierarchy_deadline_s": 2.5, "hierarchy_retries": 3}
+        update={
+            "driver": driver,
+            "dump_timeout_s": 1.0,
+            "u2_rpc_timeout_s": 1.0,
+            "hierarchy_deadline_s": 2.5,
+            "hierarchy_retries": 3,
+        }
     )
     virtual, settings = start_virtual_phones(base)
     phone = virtual.server.phones["emulator-5554"]
@@ -350,6 +357,7 @@ async def test_a_stuck_phone_ends_its_attempt_retryable(tmp_path: Path) -> None:
         ]
     )
     phone.hang_dumps(3.0, count=50)
+    phone.hang_u2_agent(3.0, calls=50)
     app = build_host(settings, planner=planner)
     stop = asyncio.Event()
     serving = asyncio.create_task(serve_host(app, stop))
@@ -362,7 +370,7 @@ async def test_a_stuck_phone_ends_its_attempt_retryable(tmp_path: Path) -> None:
         assert result.status == types_pb2.TASK_STATUS_FAILED
         assert result.retryable, result.summary
         assert result.summary.startswith("phone emulator-5554 did not answer"), result.summary
-        assert "hierarchy" in result.summary, result.summary
+        assert "timed out" in result.summary, result.summary
         assert not planner.seen  # the task's own steps never ran: nothing it did failed
     finally:
         stop.set()
