@@ -243,9 +243,9 @@ class U2Driver:
             with _mapped(self._serial, what):
                 return fn(d)
         except DeviceGone as gone:
+            self._reset()
             if adb_state(self._adb, self._addr, self._serial) != "device":
                 raise
-            self._reset()
             raise DeviceBusy(
                 f"{what} failed on {self._serial}: uiautomator2's server on the phone dropped "
                 f"the connection ({gone.__cause__ or gone}); adb still lists the phone, so "
@@ -258,14 +258,23 @@ class U2Driver:
         except DeviceError:
             # A shell command the unplug cut short ends cleanly, and uiautomator2 reads it as
             # "shell output invalid": only adb's device list tells a vanished phone.
-            ensure_listed(self._adb, self._addr, self._serial, what)
+            try:
+                ensure_listed(self._adb, self._addr, self._serial, what)
+            except DeviceGone:
+                self._reset()
+                raise
             raise
 
     def _reset(self) -> None:
-        """Forget the uiautomator2 device, its server stopped and its exit hook dropped."""
+        """Forget the uiautomator2 device, and stop the phone's server (started by this
+        driver's Device or by an earlier driver's), dropping their exit hooks: the next call
+        connects afresh. Also when the phone is gone: its server went with it, and a phone
+        that never comes back (a serial used once) keeps nothing alive."""
         dev, self._dev = self._dev, None
-        if dev is not None:
-            _release(self._key, dev)
+        with _exit_hooks_lock:
+            owner = _exit_hooks.get(self._key)
+        for held in {id(d): d for d in (dev, owner) if d is not None}.values():
+            _release(self._key, held)
 
     def screen_size(self) -> tuple[int, int]:
         w, h = self._call("window size", lambda d: d.window_size())

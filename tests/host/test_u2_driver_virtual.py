@@ -358,3 +358,49 @@ def test_a_u2_server_killed_midway_through_its_answer_is_busy_and_restarted(
     scene, _ = Perceiver(retries=3, retry_delay_s=0).scene_from_dump(d, size, None)
     assert any(e.text == "Settings" for e in scene.elements)
     assert _agent_pids(phone) and _agent_pids(phone) != first
+
+
+def test_a_gone_phone_keeps_no_uiautomator2_device(
+    served: tuple[ThreadedAdbServer, VirtualPhone],
+) -> None:
+    """The Device that started a phone's server keeps its exit hook (see above), so a phone
+    unplugged for good (a serial used once: an emulator, adb over Wi-Fi) kept its Device, and
+    its dead launch stream, for the life of the host. Once a call finds the phone gone the
+    driver lets it go."""
+    import gc
+
+    import uiautomator2 as u2
+
+    server, _ = served
+
+    def devices() -> int:
+        gc.collect()
+        return sum(isinstance(o, u2.Device) for o in gc.get_objects())
+
+    before = devices()
+    d = U2Driver(SERIAL, port=server.port)
+    assert d.screen_size() == (1080, 2400)
+    server.unplug(SERIAL)
+    with pytest.raises(DeviceGone):
+        d.dump_hierarchy()
+    del d
+    assert devices() - before <= 0
+
+
+def test_a_later_attempts_driver_restarts_a_wedged_server_it_did_not_start(
+    served: tuple[ThreadedAdbServer, VirtualPhone],
+) -> None:
+    """Each attempt makes its own driver; the server an earlier attempt's driver started runs
+    on, and the later driver's Device only talks to it. A call of the later driver that timed
+    out reset only its own Device, which had no server to stop, so the wedged server was
+    kept instead of started again."""
+    server, phone = served
+    U2Driver(SERIAL, port=server.port).screen_size()
+    later = U2Driver(SERIAL, port=server.port, rpc_timeout_s=0.5)
+    assert later.screen_size() == (1080, 2400)
+    first = _agent_pids(phone)
+    phone.hang_u2_agent(2.0)
+    with pytest.raises(DeviceBusy, match="timed out"):
+        later.dump_hierarchy()
+    assert later.screen_size() == (1080, 2400)
+    assert _agent_pids(phone) and _agent_pids(phone) != first
