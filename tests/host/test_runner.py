@@ -341,7 +341,6 @@ async def test_a_stuck_phone_ends_its_attempt_retryable(tmp_path: Path, driver: 
     cloud = await start_fake_cloud(tmp_path / "pki", HOST_ID)
     base = _settings(tmp_path, cloud.port, cloud.pki_dir).model_copy(
         update={
-            "driver": driver,
             "dump_timeout_s": 1.0,
             "u2_rpc_timeout_s": 1.0,
             "hierarchy_deadline_s": 2.5,
@@ -349,6 +348,7 @@ async def test_a_stuck_phone_ends_its_attempt_retryable(tmp_path: Path, driver: 
         }
     )
     virtual, settings = start_virtual_phones(base)
+    settings = settings.model_copy(update={"driver": driver})  # virtual phones say adbutils
     phone = virtual.server.phones["emulator-5554"]
     planner = ScriptedPlanner(
         [
