@@ -29,8 +29,8 @@ from host.cloud_channel import open_channel
 from host.devices.adb_driver import AdbDriver
 from host.devices.base import Driver
 from host.devices.lanes import PhoneLanes
-from host.devices.registry import DeviceRegistry
-from host.devices.u2_driver import U2Driver
+from host.devices.registry import ChangeKind, DeviceInfo, DeviceRegistry
+from host.devices.u2_driver import U2Driver, release_phone
 from host.lease_client import LeaseClient, LeaseClientConfig
 from host.outbox import Backlog, OutboxSender, OutboxStore, Shipments
 from host.perception.ocr import OcrPool
@@ -227,6 +227,13 @@ def build_host(
         settings.device_serials,
         forget_after_s=settings.device_forget_after_s,
     )
+
+    def let_go(info: DeviceInfo, kind: ChangeKind) -> None:
+        """A forgotten phone's uiautomator2 Device goes with it (see `release_phone`)."""
+        if kind == "forgotten":
+            release_phone(settings.adb_host, settings.adb_port, info.serial)
+
+    registry.add_listener(let_go)
     make_driver = make_driver or driver_factory(settings)
     planner_channel: grpc.aio.Channel | None = None
     planner_settings = PlannerSettings()

@@ -187,6 +187,17 @@ def _release(key: tuple[str, int, str], dev: Any) -> None:
             del _exit_hooks[key]
 
 
+def release_phone(host: str, port: int, serial: str) -> None:
+    """Let go of the Device kept for a phone the host has forgotten (gone for good): its
+    server went with it, and a host whose phones come and go under new serials would keep
+    one for each."""
+    key = (host, port, serial)
+    with _exit_hooks_lock:
+        owner = _exit_hooks.get(key)
+    if owner is not None:
+        _release(key, owner)
+
+
 class U2Driver:
     """`Driver` over `uiautomator2` (connects lazily, so building it never touches the phone)."""
 

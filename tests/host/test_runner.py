@@ -448,3 +448,47 @@ async def test_a_phone_gone_longer_than_the_setting_leaves_the_reports(tmp_path:
         await serving
         virtual.stop()
         await cloud.server.stop(grace=None)
+
+
+async def test_a_forgotten_phone_keeps_no_uiautomator2_device(tmp_path: Path) -> None:
+    """The uiautomator2 Device that started a phone's server is kept (to stop that server
+    when the host exits) after its attempt ends; a phone that then went away for good kept
+    it for the life of the host, one per serial on a host where serials come and go. When
+    the host forgets the phone, the Device goes too."""
+    import gc
+
+    import uiautomator2 as u2
+
+    def devices() -> int:
+        gc.collect()
+        return sum(isinstance(o, u2.Device) for o in gc.get_objects())
+
+    cloud = await start_fake_cloud(tmp_path / "pki", HOST_ID)
+    base = _settings(tmp_path, cloud.port, cloud.pki_dir)
+    virtual, settings = start_virtual_phones(base.model_copy(update={"device_forget_after_s": 0.5}))
+    settings = settings.model_copy(update={"driver": "uiautomator2"})
+    planner = ScriptedPlanner(
+        [
+            Step("launch_app", {"package_name": "com.android.settings"}, "open Settings"),
+            Step("complete", {"success": True, "reason": "Settings is open"}),
+        ]
+    )
+    app = build_host(settings, planner=planner)
+    stop = asyncio.Event()
+    serving = asyncio.create_task(serve_host(app, stop))
+    fake = cloud.cloud
+    try:
+        before = devices()
+        await asyncio.wait_for(app.lease.wait_connected(), 20)
+        await fake.assign("t1", "emulator-5554", "Open Settings")
+        await fake.wait_for(lambda: len(fake.results) == 1, within=60)
+        assert fake.results[0].status == types_pb2.TASK_STATUS_SUCCEEDED, fake.results[0].summary
+        assert devices() > before  # the Device that started the server, kept for the exit
+        virtual.unplug("emulator-5554")
+        await until(lambda: app.registry.get("emulator-5554") is None, what="forgotten")
+        await until(lambda: devices() == before, within=10, what="its Device let go")
+    finally:
+        stop.set()
+        await serving
+        virtual.stop()
+        await cloud.server.stop(grace=None)
