@@ -157,3 +157,34 @@ async def test_a_phone_without_a_state_gets_no_task_until_it_is_said_online(
         assert (await host.lease("assignment"))["task_id"] == task.task_id
     finally:
         await ch.close()
+
+
+async def test_a_rebalanced_stream_ends_unavailable_and_its_lease_resumes(
+    node: str, make_settings: SettingsFactory, pki_dir: Path
+) -> None:
+    # A replica closes every connection at its maximum age (deployment: rebalancing behind an
+    # L4 balancer). The host sees the stream end UNAVAILABLE, which the contract tells it to
+    # answer by reconnecting; its lease, re-announced, is resumed.
+    cloud = await build_server(
+        make_settings(max_connection_age_seconds=1.0, max_connection_age_grace_seconds=1.0)
+    )
+    await cloud.start()
+    ch = channel(cloud.address, pki_dir, "operator-ops")
+    host = await NodeHost.start(node, cloud.address, pki_dir, "h1")
+    try:
+        hello = {"devices": [PHONE], "process_id": "run-1"}
+        assert (await host.open(hello))["kind"] == "welcome"
+        await submit(tasks_stub(ch))
+        a = await host.lease("assignment")
+
+        ended = await host.next(lambda e: "status" in e)
+
+        assert ended["status"]["code"] == 14, ended  # UNAVAILABLE
+        held = {k: a[k] for k in ("task_id", "attempt", "lease_id", "device_serial")}
+        assert (await host.open({**hello, "held_assignments": [held]}))["kind"] == "welcome"
+        resumed = await host.lease("assignment")
+        assert (resumed["lease_id"], resumed["resumed"]) == (a["lease_id"], True)
+    finally:
+        await host.close()
+        await ch.close()
+        await cloud.stop(0.5)

@@ -44,8 +44,10 @@ class LeaseServiceStub:
     - OK: the host closed its side; the cloud closes its own at once (nothing more is pushed).
     - ABORTED: a newer stream of this host took its place. After a Superseded message, another
     process did: stop. Without one, the same process reconnected: nothing to do on this one.
-    - UNAVAILABLE: the replica is shutting down, or could not reach its database while settling
-    the hello: reconnect with backoff (to any replica).
+    - UNAVAILABLE: the replica is shutting down, could not reach its database while settling the
+    hello, or closed the connection at its maximum age (AMC_CLOUD_MAX_CONNECTION_AGE_SECONDS,
+    30 minutes by default: replicas rebalance their hosts so): reconnect with backoff (to any
+    replica), listing the assignments still held.
     - INTERNAL: the replica failed unexpectedly while settling the hello: reconnect with backoff.
     - UNAUTHENTICATED: the host's certificate or its host id was revoked: do not reconnect with it.
     - PERMISSION_DENIED: the certificate does not carry a host identity.
@@ -88,8 +90,10 @@ class LeaseServiceServicer:
     - OK: the host closed its side; the cloud closes its own at once (nothing more is pushed).
     - ABORTED: a newer stream of this host took its place. After a Superseded message, another
     process did: stop. Without one, the same process reconnected: nothing to do on this one.
-    - UNAVAILABLE: the replica is shutting down, or could not reach its database while settling
-    the hello: reconnect with backoff (to any replica).
+    - UNAVAILABLE: the replica is shutting down, could not reach its database while settling the
+    hello, or closed the connection at its maximum age (AMC_CLOUD_MAX_CONNECTION_AGE_SECONDS,
+    30 minutes by default: replicas rebalance their hosts so): reconnect with backoff (to any
+    replica), listing the assignments still held.
     - INTERNAL: the replica failed unexpectedly while settling the hello: reconnect with backoff.
     - UNAUTHENTICATED: the host's certificate or its host id was revoked: do not reconnect with it.
     - PERMISSION_DENIED: the certificate does not carry a host identity.
@@ -142,8 +146,10 @@ class LeaseService:
     - OK: the host closed its side; the cloud closes its own at once (nothing more is pushed).
     - ABORTED: a newer stream of this host took its place. After a Superseded message, another
     process did: stop. Without one, the same process reconnected: nothing to do on this one.
-    - UNAVAILABLE: the replica is shutting down, or could not reach its database while settling
-    the hello: reconnect with backoff (to any replica).
+    - UNAVAILABLE: the replica is shutting down, could not reach its database while settling the
+    hello, or closed the connection at its maximum age (AMC_CLOUD_MAX_CONNECTION_AGE_SECONDS,
+    30 minutes by default: replicas rebalance their hosts so): reconnect with backoff (to any
+    replica), listing the assignments still held.
     - INTERNAL: the replica failed unexpectedly while settling the hello: reconnect with backoff.
     - UNAUTHENTICATED: the host's certificate or its host id was revoked: do not reconnect with it.
     - PERMISSION_DENIED: the certificate does not carry a host identity.

@@ -60,9 +60,10 @@ class PlannerServiceServicer:
         """Choose the next action for a task attempt the caller holds a live lease on.
 
         Checked in this order, and nothing is logged and no tokens are spent before the checks
-        pass: UNAUTHENTICATED when the call carries no host identity; PERMISSION_DENIED when the
-        lease is another host's (or the caller's certificate is an operator's); FAILED_PRECONDITION
-        when (task, attempt, lease id) is not a live lease (expired, revoked, superseded, unknown);
+        pass: UNAUTHENTICATED when the call carries no host identity, or the certificate or its
+        host id was revoked (do not call again with it); PERMISSION_DENIED when the lease is
+        another host's (or the caller's certificate is an operator's); FAILED_PRECONDITION when
+        (task, attempt, lease id) is not a live lease (expired, revoked, superseded, unknown);
         INVALID_ARGUMENT, naming the field, for a missing or oversize observation (see
         ScreenObservation and UiElement for the limits), a screenshot over 8 MiB, or a
         previous_outcome that names no decision of this attempt, carries an unknown verdict or
