@@ -15,6 +15,7 @@ from typing import Any
 
 from sqlalchemy import update
 
+from amc.v1 import lease_service_pb2 as lease_pb
 from amc.v1 import types_pb2
 from cloud.server import CloudServer
 from cloud.store import leases, states, tasks
@@ -171,6 +172,52 @@ async def test_a_late_result_over_the_lease_stream_is_acknowledged_as_late(
         done = await wait_status(ops, task.task_id, types_pb2.TASK_STATUS_SUCCEEDED)
         (attempt,) = done.attempts
         assert attempt.late_result and attempt.status == types_pb2.TASK_STATUS_SUCCEEDED
+        assert done.result_summary == "dark theme is on"
+    finally:
+        await host.close()
+
+
+async def test_a_result_kept_across_a_restart_beats_the_next_attempt_of_its_task(
+    cloud: CloudServer, ops: Any, pki_dir: Path
+) -> None:
+    """The host dies mid-task holding its phone, the lease runs out and the task is requeued;
+    the host's next process comes back with the phone idle, names the lease it kept a result
+    for, and sends that result right after its hello. The hello's dispatch used to claim the
+    task's next attempt (for this very phone) before the result was read: the result was
+    refused as superseded and the task ran again."""
+    host = ScriptedHost(cloud.address, pki_dir, HOST)
+    try:
+        await host.connect(["p1"], process_id="run-1")
+        task = (await submit(ops)).task
+        a = (await host.next("assignment")).assignment
+        await host.close()
+        await lapse(cloud.store, task.task_id)
+        await wait_status(ops, task.task_id, types_pb2.TASK_STATUS_QUEUED)
+
+        host = ScriptedHost(cloud.address, pki_dir, HOST)
+        held = lease_pb.HeldAssignment(
+            task_id=a.task_id, attempt=a.attempt, lease_id=a.lease_id, device_serial="p1"
+        )
+        await host.connect(["p1"], held=[held], process_id="run-2")
+        await host.send(result(a, summary="dark theme is on"))
+        # What the hello settled comes first; the result's answer is an ack or a refusal
+        # other than the hello's "expired".
+        seen = [await host.next()]
+        while seen[-1].WhichOneof("kind") != "result_ack" and (
+            seen[-1].WhichOneof("kind") != "revoked"
+            or seen[-1].revoked.reason == lease_pb.REVOKE_REASON_EXPIRED
+        ):
+            seen.append(await host.next())
+        answer = seen[-1]
+        assert answer.WhichOneof("kind") == "result_ack", seen
+        assert answer.result_ack.task_status == types_pb2.TASK_STATUS_SUCCEEDED
+        assert [m.assignment.attempt for m in seen if m.WhichOneof("kind") == "assignment"] in (
+            [],
+            [1],
+        )
+        done = await wait_status(ops, task.task_id, types_pb2.TASK_STATUS_SUCCEEDED)
+        (attempt,) = done.attempts
+        assert attempt.status == types_pb2.TASK_STATUS_SUCCEEDED
         assert done.result_summary == "dark theme is on"
     finally:
         await host.close()

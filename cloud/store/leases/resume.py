@@ -23,7 +23,7 @@ from typing import Any
 from sqlalchemy import bindparam, insert, select
 from sqlalchemy.orm import Session
 
-from cloud.store import hosts, lease_events
+from cloud.store import hosts, lease_events, states
 from cloud.store.database import Store
 from cloud.store.lease_events import EventKind
 from cloud.store.leases.fence import classify_sync, live_fences
@@ -103,9 +103,10 @@ _LEASES_PER_READ = 500
 def _resume(
     session: Session, items: Sequence[tuple[str, Sequence[HeldLease]]], now: dt.datetime
 ) -> list[list[HeldCheck]]:
-    """For each (host, held leases), which of those are still the host's live leases (each
-    resumed one recorded as a RESUMED event): one read for all of them; each refused one is
-    asked why on its own (`classify_sync`: rare, and never in a restart's storm)."""
+    """For each (host, held leases), which of those are still (or again: `_revive`) the host's
+    live leases (each resumed one recorded as a RESUMED event): one read for all of them; each
+    refused one is asked why on its own (`classify_sync`: rare, and never in a restart's
+    storm)."""
     wanted = [(h.task_id, h.attempt, h.lease_id, host_id) for host_id, held in items for h in held]
     live: dict[tuple[str, int, str, str], tuple[AttemptRow, TaskRow]] = {}
     for at in range(0, len(wanted), _LEASES_PER_READ):
@@ -117,6 +118,13 @@ def _resume(
         for found_row, found_task in rows:
             key = (found_row.task_id, found_row.attempt, found_row.lease_id, found_row.host_id)
             live[key] = (found_row, found_task)
+    revived: set[tuple[str, int, str, str]] = set()
+    for host_id, held in items:
+        for h in held:
+            key = (h.task_id, h.attempt, h.lease_id, host_id)
+            if key not in live and (again := _revive(session, host_id, h, now)) is not None:
+                live[key] = again
+                revived.add(key)
     # The live attempt is the task's newest: its own progress, if any, is the latest; for a
     # live attempt without any yet, an earlier attempt's (one read for all of them).
     earlier = _latest_progress(
@@ -127,7 +135,8 @@ def _resume(
     for host_id, held in items:
         checks: list[HeldCheck] = []
         for h in held:
-            found = live.get((h.task_id, h.attempt, h.lease_id, host_id))
+            key = (h.task_id, h.attempt, h.lease_id, host_id)
+            found = live.get(key)
             if found is not None and not found[1].cancel_requested:
                 row, task = found
                 last = row if row.progress_updated_at is not None else earlier.get(row.task_id)
@@ -140,6 +149,7 @@ def _resume(
                         now,
                         host_id=host_id,
                         device_serial=row.device_serial,
+                        reason=_REVIVED if key in revived else None,
                         task_status=task.status,
                     )
                 )
@@ -153,6 +163,88 @@ def _resume(
     if resumed:  # one executemany (the ORM would insert row by row to learn each new id)
         session.execute(insert(LeaseEventRow), resumed)
     return out
+
+
+#: The RESUMED event's reason for a lease `_revive` gave a new term.
+_REVIVED = "the lease had run out while the host was away; no other attempt had started"
+
+
+def _revive(
+    session: Session, host_id: str, held: HeldLease, now: dt.datetime
+) -> tuple[AttemptRow, TaskRow] | None:
+    """Give a held lease that merely lapsed a new term, if nobody took its task meanwhile: its
+    attempt row and task, live again; None otherwise (the hello then refuses it as before).
+
+    A host that comes back holding an attempt whose lease ran out while it was away (a result
+    its previous process kept, or a task it still runs) sends the result right after its hello.
+    The task was requeued by then, and the hello's own dispatch claimed its next attempt before
+    that result was read (often for this very phone): the result was refused as superseded and
+    the task ran again. Revived here, in the hello's transaction, the lease is the host's live
+    lease before any dispatch can see the task; the result then ends it like any other.
+
+    Exact under concurrent claims: the attempt row is locked, then the task (the sweeper's and
+    the late result's order), and the task must still wait for its next attempt with this one
+    as its latest (`attempt` is only raised by a claim, which takes a QUEUED task). A claim
+    that committed first leaves nothing to revive: the lease is refused, and so is its result
+    (SUPERSEDED), as before. An expiry that failed the task on its last attempt is left to the
+    late-result path: nobody can claim that task. A cancel, a passed deadline or a phone with
+    another live attempt leaves the lease refused."""
+    row = session.scalar(
+        select(AttemptRow)
+        .where(
+            AttemptRow.task_id == held.task_id,
+            AttemptRow.attempt == held.attempt,
+            AttemptRow.lease_id == held.lease_id,
+            AttemptRow.host_id == host_id,
+            AttemptRow.result_status.is_(None),
+        )
+        .with_for_update()
+        .execution_options(populate_existing=True)
+    )
+    if row is None:
+        return None
+    if row.ended_at is None:
+        waiting: tuple[str, ...] = states.LIVE  # lapsed, not yet swept
+        if row.lease_expires_at > now:
+            return None
+    elif row.status == states.FAILED and row.failure_reason == states.LEASE_EXPIRED:
+        waiting = (states.QUEUED,)
+        other = session.scalar(
+            select(AttemptRow.id).where(
+                AttemptRow.host_id == host_id,
+                AttemptRow.device_serial == row.device_serial,
+                AttemptRow.ended_at.is_(None),
+            )
+        )
+        if other is not None:
+            return None
+    else:
+        return None
+    task = session.scalar(
+        select(TaskRow)
+        .where(TaskRow.task_id == held.task_id)
+        .with_for_update()
+        .execution_options(populate_existing=True)
+    )
+    if (
+        task is None
+        or task.attempt != held.attempt
+        or task.status not in waiting
+        or task.cancel_requested
+        or task.deadline <= now
+    ):
+        return None
+    status = states.RUNNING if row.renewals else states.ASSIGNED
+    row.status = status
+    row.failure_reason = None
+    row.ended_at = None
+    row.lease_expires_at = now + dt.timedelta(seconds=task.lease_seconds)
+    task.status = status
+    task.host_id = host_id
+    task.device_serial = row.device_serial
+    task.updated_at = now
+    session.flush()
+    return row, task
 
 
 def _latest_progress(session: Session, task_ids: set[str]) -> dict[str, AttemptRow]:
