@@ -121,6 +121,19 @@ class HostApp:
         for d in self.registry.devices():
             yield d.serial, d.online, d.serial in busy
 
+    def retain(self) -> None:
+        """Start a retention pass in the background. An attempt's outcome goes to the lease
+        client (which keeps the result on disk) before it: a pass deleting many files takes
+        seconds, and a host killed meanwhile lost the result, so the task ran again."""
+        job = asyncio.create_task(_retention_pass(self), name="retention")
+        self._background.append(job)
+        job.add_done_callback(self._background.remove)
+
+    async def wait_background(self) -> None:
+        """Let the background work finish (before `close` closes the stores it uses)."""
+        while self._background:
+            await asyncio.wait(list(self._background))
+
     def close(self) -> None:
         self.lanes.close()
         if self.ocr is not None:
@@ -314,7 +327,8 @@ def build_host(
 async def _run_task(
     app: HostApp, spec: TaskSpec, progress: ProgressHolder, cancel: asyncio.Event
 ) -> TaskOutcome:
-    """One assignment: a driver for its phone, a planner for its lease, the loop, retention."""
+    """One assignment: a driver for its phone, a planner for its lease, the loop (retention
+    follows in the background, `HostApp.retain`)."""
     s = app.settings
     planner: StepPlanner
     session: DirectPlanner | None = None
@@ -381,6 +395,12 @@ async def _run_task(
             await session.aclose()
     if outcome.device_gone:
         app.registry.mark_offline(spec.device_serial, outcome.adb_state)
+    app.retain()
+    return outcome
+
+
+async def _retention_pass(app: HostApp) -> None:
+    s = app.settings
     try:
         pruned = await asyncio.to_thread(
             app.store.prune, s.retention_max_tasks, s.retention_max_age_days
@@ -388,7 +408,6 @@ async def _run_task(
         await _forget_sessions(app, pruned)
     except Exception:  # retention must never fail a task
         log.exception("retention pass failed")
-    return outcome
 
 
 async def _forget_sessions(app: HostApp, pruned: list[tuple[str, int]]) -> None:
@@ -459,6 +478,7 @@ async def serve_host(app: HostApp, stop: asyncio.Event) -> None:
         for job in background:
             with contextlib.suppress(Exception):
                 await job
+        await app.wait_background()
         if app.planner_channel is not None:
             await app.planner_channel.close(grace=None)
         for owned in (app.direct_planner, app.compact_engine):

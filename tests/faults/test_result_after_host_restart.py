@@ -7,6 +7,8 @@ cloud come back.
 
 - The restarted host delivers the result the killed one kept: the task ends with it, as its one
   attempt, and no phone runs the task a second time.
+- A host killed during the retention pass that follows a finished attempt (a slow one: many
+  files to delete) still delivers that attempt's result: the result was handed over first.
 - A result whose lease was meanwhile taken over (the lease ran out while the host was away,
   another host ran the task's next attempt) is refused by the cloud, and the restarted host
   drops it with a log line instead of sending it for ever.
@@ -21,6 +23,7 @@ from google.protobuf import duration_pb2
 
 from amc.v1 import task_service_pb2, types_pb2
 from cloud.store import states
+from host.timeline.store import TimelineStore
 from tests.support.processes import (
     TERMINAL,
     AmcProcess,
@@ -187,4 +190,69 @@ async def test_a_kept_result_whose_lease_was_taken_over_is_refused_and_dropped(
             await ops.close()
         again.stop()
         other.stop()
+        cloud.stop()
+
+
+#: Files of the old task the retention pass deletes after the new one: enough that deleting
+#: them takes far longer than the test needs to see the attempt finished and kill the host.
+_OLD_FILES = 60_000
+
+
+def _old_task_with_many_files(host_dir: Path) -> None:
+    """A finished task in the host's timeline, its folder full of files: with
+    AMC_HOST_RETENTION_MAX_TASKS=1 it is kept at start and deleted once the next one ends."""
+    store = TimelineStore(host_dir / "task_progress.sqlite3", host_dir / "artifacts")
+    try:
+        store.start_task("old-task", 1, "an old goal", "emulator-5554")
+        store.finish_task("old-task", 1, "succeeded", "done long ago")
+        folder = store.artifacts.resolve(store.artifacts.task_dir_name("old-task", 1))
+        folder.mkdir(parents=True)
+        for i in range(_OLD_FILES):
+            (folder / f"step-{i}.png").write_bytes(b"png")
+    finally:
+        store.close()
+
+
+async def test_a_host_killed_in_the_retention_pass_after_a_task_delivers_its_result(
+    tmp_path: Path, fault_pki: Path
+) -> None:
+    """The result used to reach the lease client (and its file) only after the retention pass:
+    killed while it deleted files, the host lost the result, its next process named nothing,
+    the cloud released the lease and the task ran again as attempt 2."""
+    fleet = _Fleet(tmp_path, fault_pki)
+    host_dir = tmp_path / "host-a"
+    _old_task_with_many_files(host_dir)
+    keep_one = {"AMC_HOST_RETENTION_MAX_TASKS": "1"}
+    cloud = fleet.cloud("cloud-1").start()
+    first = fleet.host("a", transport="direct", extra=keep_one)
+    again: AmcProcess | None = None
+    await wait_serving(fleet.address, fault_pki)
+    ops = operator(fleet.address, fault_pki)
+    try:
+        first.start()
+        await wait_connected(ops, {"a"})
+        submitted = await ops.tasks.SubmitTask(
+            task_service_pb2.SubmitTaskRequest(
+                goal="Turn on dark theme",
+                max_attempts=3,
+                lease_duration=duration_pb2.Duration(seconds=120),
+            )
+        )
+        task_id = submitted.task.task_id
+        await until(
+            lambda: _attempts_on(host_dir, task_id).get(1) == "succeeded",
+            within=WITHIN,
+            what="host a finished attempt 1",
+        )
+        first.kill()  # the retention pass is deleting the old task's files now
+        again = fleet.host("a", transport="direct", extra=keep_one).start()
+        done = await wait_task(ops, task_id, lambda t: t.status in TERMINAL, within=WITHIN)
+        assert done.status == types_pb2.TASK_STATUS_SUCCEEDED, done
+        assert [(a.attempt, a.host_id) for a in done.attempts] == [(1, "a")], done.attempts
+        assert _attempts_on(host_dir, task_id) == {1: "succeeded"}
+    finally:
+        await ops.close()
+        first.stop()
+        if again is not None:
+            again.stop()
         cloud.stop()
