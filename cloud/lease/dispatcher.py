@@ -126,14 +126,17 @@ class Dispatcher:
                     return got
                 got += 1
                 held = leases.HeldLease(claimed.task_id, claimed.attempt, claimed.lease_id)
+                flows = [] if session.closed else await self._flows_for(claimed)
                 if session.closed or self.sessions.get(session.host_id) is not session:
-                    # The stream went away mid-claim: nobody got the assignment, so nobody will
-                    # run it. Requeue it now rather than when its lease runs out.
+                    # The stream went away mid-claim (or while the flows were chosen): nobody
+                    # got the assignment, so nobody will run it. Handed back now, without
+                    # using an attempt, rather than when its lease runs out. Nothing below
+                    # awaits before the send, so a stream open here gets the assignment.
                     await self._release_unsent(session, held)
                     return got
                 session.mark_busy(claimed.device_serial)
                 session.granted.add(held)
-                session.send(self._assignment(claimed, await self._flows_for(claimed)))
+                session.send(self._assignment(claimed, flows))
                 if claimed.queued_since is not None:
                     waited = (self.store.now() - claimed.queued_since).total_seconds()
                     metrics.current().dispatch_latency.observe(max(0.0, waited))

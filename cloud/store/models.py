@@ -93,6 +93,9 @@ class TaskRow(Base):
     status: Mapped[str] = mapped_column(String(16))
     attempt: Mapped[int] = mapped_column(Integer, default=0)
     max_attempts: Mapped[int] = mapped_column(Integer)
+    # Attempts whose assignment provably never reached a host (the stream was gone before it
+    # was sent): handed back at once, they do not count against `max_attempts` (0019).
+    unsent_attempts: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     target_host_id: Mapped[str | None] = mapped_column(String(128))
     target_device_serial: Mapped[str | None] = mapped_column(String(128))
     host_id: Mapped[str | None] = mapped_column(String(128))

@@ -21,6 +21,7 @@ LEASE_EXPIRED: Final = "lease expired"
 DEADLINE_EXCEEDED: Final = "deadline exceeded"
 #: Why an attempt was released (ended without a result, before its lease ran out).
 HOST_RESTARTED: Final = "released: a new process of the host connected"
+#: (An attempt released for this one never ran: it does not count against max_attempts.)
 STREAM_LOST: Final = "released: the host's stream closed before its assignment was sent"
 CERTIFICATE_REVOKED: Final = "released: the host's certificate was revoked"
 RELEASED: Final = (HOST_RESTARTED, STREAM_LOST, CERTIFICATE_REVOKED)

@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Sequence
 
 import pytest
+from sqlalchemy import text as sql_text
 
 from amc.v1 import types_pb2
 from cloud.events import EventBus
@@ -22,6 +23,7 @@ from cloud.lease.dispatcher import Dispatcher
 from cloud.lease.session import HostSession
 from cloud.store import leases, states, tasks
 from cloud.store.database import Store
+from cloud.store.engine import check, downgrade, upgrade
 
 Read = Callable[[Store, Sequence[str]], Awaitable[dict[str, set[str]]]]
 
@@ -100,3 +102,56 @@ async def test_the_resync_still_corrects_a_wrong_hint(store: Store) -> None:
     session.busy = {"p", "gone"}
     await dispatcher._resync_busy()
     assert session.busy == {"p"}
+
+
+async def test_an_assignment_that_never_left_the_replica_uses_no_attempt(store: Store) -> None:
+    """The host's stream went away while its claim ran (a newer stream took its place, or
+    the replica is shutting down): the assignment was never sent, so the attempt is handed
+    back at once and does not count. A task allowed one attempt used to fail with "released:
+    the host's stream closed before its assignment was sent" without ever running."""
+    gone = _host("h1")
+    dispatcher = Dispatcher(store, EventBus(store), {})  # the stream is no longer the host's
+    view, _ = await tasks.submit(
+        store, tasks.NewTask(goal="g", max_attempts=1, lease_seconds=30, timeout_seconds=600)
+    )
+    task_id = view.task.task_id
+    assert await dispatcher.dispatch_host(gone) == 1
+    after = await tasks.get(store, task_id)
+    assert after is not None
+    assert after.task.status == states.QUEUED, after.task
+    (unsent,) = after.attempts
+    assert unsent.failure_reason == states.STREAM_LOST
+    # Its one attempt is still to come, and it is the last one.
+    here = _host("h2")
+    dispatcher = Dispatcher(store, EventBus(store), {"h2": here})
+    assert await dispatcher.dispatch_host(here) == 1
+    ended = await leases.release(store, "h2", states.HOST_RESTARTED)
+    assert [(e.attempt, e.task_status) for e in ended] == [(2, states.FAILED)]
+
+
+async def test_migration_0019_adds_the_tasks_unsent_attempts_and_back(db_url: str) -> None:
+    """Both backends: 0019 adds `tasks.unsent_attempts` (its server default, 0, fills the rows
+    already there), its downgrade drops it, and the schema matches the models again after the
+    upgrade."""
+    s = Store.from_url(db_url)
+    catalogue = (
+        "SELECT column_name FROM information_schema.columns WHERE table_name = 'tasks'"
+        if s.is_postgres
+        else "SELECT name FROM pragma_table_info('tasks')"
+    )
+
+    async def columns() -> set[str]:
+        async with s.engine.connect() as conn:
+            return {str(name) for (name,) in await conn.execute(sql_text(catalogue))}
+
+    try:
+        await upgrade(s.engine, "0018")
+        before = await columns()
+        await upgrade(s.engine, "0019")
+        assert await columns() - before == {"unsent_attempts"}
+        await downgrade(s.engine, "0018")
+        assert await columns() == before
+        await upgrade(s.engine)
+        await check(s.engine)
+    finally:
+        await s.close()

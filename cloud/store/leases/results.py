@@ -20,6 +20,7 @@ from cloud.store.database import Store
 from cloud.store.lease_events import EventKind, new
 from cloud.store.leases.fence import Revocation, classify, live_fence
 from cloud.store.leases.progress import ProgressIn
+from cloud.store.leases.sweeps import used_attempts
 from cloud.store.models import AttemptRow, TaskRow
 
 
@@ -304,7 +305,7 @@ async def _requeue(
         task.status = states.CANCELLED
         task.result_summary = task.cancel_reason or "cancelled"
         task.finished_at = now
-    elif task.attempt >= task.max_attempts:
+    elif used_attempts(task) >= task.max_attempts:
         task.status = states.FAILED
         task.result_summary = summary
         task.finished_at = now

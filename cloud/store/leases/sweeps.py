@@ -33,6 +33,11 @@ class Ended:
     revocation: Revocation
 
 
+def used_attempts(task: TaskRow) -> int:
+    """The attempts a task has used of its `max_attempts` (those never sent do not count)."""
+    return task.attempt - task.unsent_attempts
+
+
 async def settle_task(
     session: AsyncSession,
     task_id: str,
@@ -50,6 +55,9 @@ async def settle_task(
     if task is None or task.attempt != attempt or task.status not in states.LIVE:
         return None
     revocation = Revocation.EXPIRED if failure == states.LEASE_EXPIRED else Revocation.RELEASED
+    if failure == states.STREAM_LOST:
+        # Its assignment was never sent: nothing ran, so the attempt is not one of the task's.
+        task.unsent_attempts += 1
     if task.cancel_requested:
         task.status = states.CANCELLED
         task.result_summary = task.cancel_reason or "cancelled"
@@ -60,7 +68,7 @@ async def settle_task(
             .where(AttemptRow.task_id == task_id, AttemptRow.attempt == attempt)
             .values(status=states.CANCELLED, failure_reason=task.result_summary)
         )
-    elif task.attempt >= task.max_attempts:
+    elif used_attempts(task) >= task.max_attempts:
         task.status = states.FAILED
         task.result_summary = failure
         task.finished_at = now
@@ -166,7 +174,8 @@ def _end_events(
                 task.task_id,
                 attempt,
                 now,
-                reason=f"attempt {attempt + 1} of {task.max_attempts} waits for a phone",
+                reason=f"attempt {used_attempts(task) + 1} of {task.max_attempts} waits for a "
+                "phone",
                 task_status=task.status,
             )
         )
