@@ -191,11 +191,11 @@ class LeaseManager:
         # Attempts that start from here on are this session's: a new process's hello releases
         # only what started before it (a release racing a claim for this session spares it).
         hello_at = self.store.now()
+        held, unusable = _held(hello)
         old = self.sessions.get(host_id)
         self.sessions[host_id] = session
         if old is not None:
-            self._replace(old, session.process_id)
-        held, unusable = _held(hello)
+            self._replace(old, session.process_id, keep=held)
         record = hosts.HelloRecord(
             convert.device_dicts(list(hello.devices)),
             hello.agent_version[: convert.AGENT_VERSION_LIMIT],
@@ -256,16 +256,24 @@ class LeaseManager:
         self.dispatcher.kick(session)
         return session
 
-    def _replace(self, old: HostSession, process_id: str) -> None:
+    def _replace(
+        self, old: HostSession, process_id: str, keep: list[leases.HeldLease] | None = None
+    ) -> None:
         """End `old`, an older stream of the same host: superseded when another process
-        opened the newer one (that process must stop), quietly replaced for a reconnect."""
+        opened the newer one (that process must stop), quietly replaced for a reconnect.
+
+        The leases granted on a superseded stream are released, but for those the newer
+        process holds (`keep`, its hello's): a process that took over a result kept by the
+        old one names its lease, and released, the result was refused and the task ran again
+        (the old stream was still open: a half-open connection the cloud had not noticed)."""
         if old.process_id and process_id and old.process_id != process_id:
             old.supersede(
                 f"superseded by a newer process of host {old.host_id} (this process "
                 f"{old.process_id}, the newer {process_id}); stop, do not reconnect"
             )
-            if old.granted:
-                self._spawn(self._release(old.host_id, states.HOST_RESTARTED, only=old.granted))
+            orphaned = old.granted - set(keep or ())
+            if orphaned:
+                self._spawn(self._release(old.host_id, states.HOST_RESTARTED, only=orphaned))
         else:
             old.close(grpc.StatusCode.ABORTED, "replaced by a newer stream of this host")
 

@@ -221,3 +221,31 @@ async def test_a_result_kept_across_a_restart_beats_the_next_attempt_of_its_task
         assert done.result_summary == "dark theme is on"
     finally:
         await host.close()
+
+
+async def test_a_new_process_keeps_the_lease_it_names_while_the_old_stream_is_still_open(
+    cloud: CloudServer, ops: Any, pki_dir: Path
+) -> None:
+    """The host's previous process died without its stream ending (a half-open connection the
+    cloud has not noticed yet) and the next process names the lease it kept a result for. The
+    old stream is superseded, and the leases granted on it used to be released with it, this
+    one too: the result was refused (released) and the task ran again."""
+    old = ScriptedHost(cloud.address, pki_dir, HOST)
+    new = ScriptedHost(cloud.address, pki_dir, HOST)
+    try:
+        await old.connect(["p1"], process_id="run-1")
+        task = (await submit(ops)).task
+        a = (await old.next("assignment")).assignment
+        held = lease_pb.HeldAssignment(
+            task_id=a.task_id, attempt=a.attempt, lease_id=a.lease_id, device_serial="p1"
+        )
+        await new.connect(["p1"], held=[held], process_id="run-2")
+        assert (await new.next("assignment")).assignment.resumed
+        await new.send(result(a, summary="dark theme is on"))
+        ack = (await new.next("result_ack")).result_ack
+        assert ack.task_status == types_pb2.TASK_STATUS_SUCCEEDED
+        done = await wait_status(ops, task.task_id, types_pb2.TASK_STATUS_SUCCEEDED)
+        assert [x.attempt for x in done.attempts] == [1]
+    finally:
+        await old.close()
+        await new.close()
