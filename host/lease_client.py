@@ -13,8 +13,10 @@ assignments, renewals, revocations, result acks. The client:
   it as late while no other attempt has started), so finished work is not run again;
 - keeps each result on disk too (`ResultKeeper`, the outbox's file) from the moment the attempt
   ends: a process started after one that died with results unanswered names their leases in
-  its hello (else the cloud releases them and runs the tasks again) and sends them; a result
-  the cloud refuses is dropped, with a log line, not sent again;
+  its hello (else the cloud releases them and runs the tasks again) and sends them; so does a
+  process whose stream was down when its attempt ended (else a lease that lapsed meanwhile
+  leaves its task to be handed out again before the result arrives); a result the cloud
+  refuses is dropped, with a log line, not sent again;
 - stops a task whose lease ran out by its own clock while the cloud was unreachable, and reports
   it once it reconnects (a retryable result; the cloud may have given the lease a new term);
 - starts an assignment for a phone whose previous attempt is still stopping (revoked, within
@@ -353,17 +355,22 @@ class LeaseClient:
             for rt in self._tasks.values()
             if rt.task is not None and not rt.task.done() and rt.revoked is None
         ]
-        # A previous process's results: unnamed, their leases would be released (the task run
-        # again) before the results that follow the hello arrive.
+        # Results not answered yet, a previous process's or this one's: unnamed, a previous
+        # process's leases would be released, and a lease that lapsed while the stream was
+        # down would leave its requeued task to the hello's own dispatch, before the results
+        # that follow the hello arrive (the task ran again). Named, the cloud keeps such a
+        # lease, or gives a lapsed one a new term while no other attempt started. Not named:
+        # a result that answers a revoke or is retryable (nothing to keep a lease for), and a
+        # refused assignment's (no attempt of it ran here).
         held += [
             lease_service_pb2.HeldAssignment(
                 task_id=request.result.task_id,
                 attempt=request.result.attempt,
                 lease_id=request.result.lease_id,
-                device_serial=self._inherited[key],
+                device_serial=serial,
             )
             for key, request in self._outbox.items()
-            if key in self._inherited
+            if (serial := self._result_phone(key, request.result))
         ]
         hello = lease_service_pb2.HostHello(
             devices=[d.to_proto() for d in reported(self._devices.devices())],
@@ -375,6 +382,15 @@ class LeaseClient:
         if self.backlog is not None:
             hello.outbox.CopyFrom(self.backlog)
         return hello
+
+    def _result_phone(self, key: Key, result: lease_service_pb2.TaskResult) -> str:
+        """The phone of an unanswered result whose lease the hello names ("" for none)."""
+        if key in self._inherited:
+            return self._inherited[key]
+        rt = self._tasks.get(key)
+        if rt is None or rt.revoked is not None or result.retryable:
+            return ""
+        return rt.spec.device_serial
 
     def report_outbox(self, backlog: types_pb2.OutboxBacklog) -> None:
         """Tell the cloud the outbox backlog now (dropped while disconnected: the next hello

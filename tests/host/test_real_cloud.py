@@ -27,6 +27,7 @@ from cloud.settings import CloudSettings
 from host.cloud_channel import open_channel
 from host.runner import HostApp, build_host, serve_host, start_virtual_phones
 from host.settings import HostSettings
+from tests.cloud.cloud_harness import lapse
 from tests.host.scripted_planner import ScriptedPlanner, Step, by_text
 from tests.support.processes import free_port
 
@@ -345,5 +346,60 @@ async def test_a_stuck_phone_gives_the_task_its_next_attempt_within_its_budget(
             reason = attempt.failure_reason
             assert reason.startswith("phone emulator-5554 did not answer"), reason
             assert "uiautomator dump on emulator-5554 timed out" in reason, reason
+    finally:
+        await host.close()
+
+
+async def test_a_result_finished_while_the_stream_was_down_beats_the_next_attempt(
+    stack: Stack,
+) -> None:
+    """Direct transport: the host's stream goes down mid-task and stays down while the host
+    finishes; meanwhile the cloud's lease runs out and the task is requeued (nobody takes it:
+    this host's phone is the only one). When the same process reconnects, its result must end
+    the task. Its hello named only the tasks still running, so the hello's dispatch handed the
+    requeued task's next attempt to the idle phone before the result was read: the result was
+    refused as superseded and the task ran again."""
+    cut = False
+    dead = f"127.0.0.1:{free_port()}"
+
+    def channels() -> grpc.aio.Channel:
+        address = dead if cut else stack.cloud.address
+        return open_channel(_host_settings(stack).model_copy(update={"cloud_address": address}))
+
+    def go_away() -> None:
+        nonlocal cut
+        cut = True
+        stack.cloud.leases.close_all(grpc.StatusCode.UNAVAILABLE, "cut by test")
+
+    virtual, settings = start_virtual_phones(_host_settings(stack))
+    app = build_host(
+        settings, planner=_dark_theme(before_display=go_away), channel_factory=channels
+    )
+    stop = asyncio.Event()
+    host = RunningHost(app, stop, asyncio.create_task(serve_host(app, stop)), virtual)
+    try:
+        await asyncio.wait_for(app.lease.wait_connected(), 20)
+        lease = duration_pb2.Duration()
+        lease.FromTimedelta(timedelta(seconds=120))
+        submitted = await stack.ops.SubmitTask(
+            task_service_pb2.SubmitTaskRequest(
+                goal="Turn on dark theme", max_attempts=2, lease_duration=lease
+            )
+        )
+        task_id = submitted.task.task_id
+        for _ in range(600):  # finished with the stream down (a state, not a timer)
+            local = app.store.get_task(task_id, 1)
+            if local is not None and local.status == "succeeded" and app.lease.pending_results():
+                break
+            await asyncio.sleep(0.05)
+        assert app.lease.pending_results() == [(task_id, 1)]
+        await lapse(stack.cloud.store, task_id)
+        await _until(stack, task_id, lambda t: t.status == types_pb2.TASK_STATUS_QUEUED)
+        cut = False
+        task = await _until(
+            stack, task_id, lambda t: t.status == types_pb2.TASK_STATUS_SUCCEEDED, within=30
+        )
+        assert [a.attempt for a in task.attempts] == [1], task.attempts
+        assert task.result_summary == "dark theme is on"
     finally:
         await host.close()

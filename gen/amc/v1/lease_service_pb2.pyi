@@ -267,10 +267,12 @@ class HostHello(_message.Message):
     @_builtins.property
     def held_assignments(self) -> _containers.RepeatedCompositeFieldContainer[Global___HeldAssignment]:
         """Assignments the host still runs, or whose result it still holds unanswered (kept on disk
-        by a previous process: listed so the lease is not released before the result, which
-        follows the hello, arrives); live ones are resumed (sent back as Assignment with
-        resumed=true; a host holding the result ignores it and sends the result), others are
-        revoked. A lease listed twice is answered once.
+        by a previous process, or finished while the stream was down: listed so the lease is not
+        released, nor its task handed out again, before the result, which follows the hello,
+        arrives); live ones are resumed (sent back as Assignment with resumed=true; a host holding
+        the result ignores it and sends the result), and so are lapsed ones whose task no other
+        attempt took since (given a new term); others are revoked. A lease listed twice is
+        answered once.
         """
 
     @_builtins.property
