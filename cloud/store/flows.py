@@ -319,6 +319,16 @@ def _to_take(cutoff: dt.datetime) -> ColumnElement[bool]:
     )
 
 
+def hand_back(row: AttemptRow) -> None:
+    """Hand a lapsed attempt the learning loop looked at already back to it, now that the
+    host's result for it counts after all (a late result, a revived lease): afresh when it
+    knew no replay then (it counted nothing), else to learn only (`SHIPPED`: the replay it knew
+    of, a shipped handover, was counted). One it is looking at right now is left to it."""
+    if row.flow_state not in (None, WORKING):
+        known = row.replay_steps is not None or row.replay_diverged_step is not None
+        row.flow_state = SHIPPED if known else None
+
+
 async def claim_ended_attempt(
     store: Store, reclaim_after: dt.timedelta = RECLAIM_AFTER
 ) -> tuple[AttemptRow, bool] | None:

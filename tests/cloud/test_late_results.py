@@ -18,7 +18,7 @@ from sqlalchemy import update
 from amc.v1 import lease_service_pb2 as lease_pb
 from amc.v1 import types_pb2
 from cloud.server import CloudServer
-from cloud.store import leases, states, tasks
+from cloud.store import flows, hosts, leases, states, tasks
 from cloud.store.database import Store
 from cloud.store.models import AttemptRow, TaskRow
 from tests.cloud.cloud_harness import ScriptedHost, lapse, result, submit, wait_status
@@ -249,3 +249,25 @@ async def test_a_new_process_keeps_the_lease_it_names_while_the_old_stream_is_st
     finally:
         await old.close()
         await new.close()
+
+
+async def test_a_revived_attempt_the_learning_loop_looked_at_is_handed_back_to_it(
+    store: Store,
+) -> None:
+    """The learning loop looked at the attempt once its lease ran out (nothing to learn from
+    an expiry) before the host came back with the result and the hello revived the lease: the
+    success that then ends the attempt must be looked at again, as a late result's is."""
+    c = await _claimed(store)
+    await _lapse(store, c)
+    await leases.sweep_expired(store)
+    taken = await flows.claim_ended_attempt(store)
+    assert taken is not None and taken[0].task_id == c.task_id
+    await flows.mark_attempt(store, taken[0].id, "not succeeded")
+    record = hosts.HelloRecord([], "sim/1", 0, "replica", "stream", "run-2")
+    held = leases.HeldLease(c.task_id, c.attempt, c.lease_id)
+    (settled,) = await leases.hellos(store, [leases.HelloIn(HOST, record, [held])])
+    assert settled.checks is not None and settled.checks[0].live is not None  # revived
+    out = await _result(store, c)
+    assert (out.recorded, out.late, out.task_status) == (True, False, states.SUCCEEDED)
+    again = await flows.claim_ended_attempt(store)
+    assert again is not None and again[0].task_id == c.task_id

@@ -226,12 +226,7 @@ async def _accept_late(
         )
     ):
         return None
-    if row.flow_state not in (None, flows.WORKING):
-        # The learning loop looked at the lapsed attempt already: hand it back, afresh when it
-        # knew no replay then (it counted nothing), else to learn only (`flows.SHIPPED`: the
-        # replay it knew of, a shipped handover, was counted).
-        known = row.replay_steps is not None or row.replay_diverged_step is not None
-        row.flow_state = flows.SHIPPED if known else None
+    flows.hand_back(row)
     for name, value in values.items():
         setattr(row, name, value)
     if status == states.SUCCEEDED:

@@ -23,7 +23,7 @@ from typing import Any
 from sqlalchemy import bindparam, insert, select
 from sqlalchemy.orm import Session
 
-from cloud.store import hosts, lease_events, states
+from cloud.store import flows, hosts, lease_events, states
 from cloud.store.database import Store
 from cloud.store.lease_events import EventKind
 from cloud.store.leases.fence import classify_sync, live_fences
@@ -234,6 +234,7 @@ def _revive(
         or task.deadline <= now
     ):
         return None
+    flows.hand_back(row)  # the result that ends it is the learning loop's to look at
     status = states.RUNNING if row.renewals else states.ASSIGNED
     row.status = status
     row.failure_reason = None
