@@ -16,7 +16,7 @@ import pytest
 
 from amc.v1 import fleet_service_pb2, fleet_service_pb2_grpc, task_service_pb2, types_pb2
 from cloud.server import CloudServer, build_server
-from tests.cloud.cloud_harness import channel, submit, tasks_stub
+from tests.cloud.cloud_harness import channel, lapse, submit, tasks_stub, wait_status
 from tests.cloud.conftest import SettingsFactory
 from tests.node.host_wire import NodeHost
 
@@ -188,3 +188,42 @@ async def test_a_rebalanced_stream_ends_unavailable_and_its_lease_resumes(
         await host.close()
         await ch.close()
         await cloud.stop(0.5)
+
+
+async def test_a_result_held_across_a_reconnect_ends_its_attempt_not_run_again(
+    host: NodeHost, cloud: CloudServer, pki_dir: Path
+) -> None:
+    # The host finished the task while its stream was down, and its lease ran out meanwhile.
+    # It reconnects listing the lease and sends the result right after the hello, as HostHello
+    # says. The hello's own dispatch handed the task to the host's now idle phone as attempt 2
+    # first, and the result was refused as superseded: the work was done twice. No other
+    # attempt took the task, so the hello gives the lease a new term (resumed) and the result
+    # ends attempt 1.
+    ch = channel(cloud.address, pki_dir, "operator-ops")
+    ops = tasks_stub(ch)
+    try:
+        hello = {"devices": [PHONE], "process_id": "run-1"}
+        assert (await host.open(hello))["kind"] == "welcome"
+        task = (await submit(ops)).task
+        a = await host.lease("assignment")
+        held = {k: a[k] for k in ("task_id", "attempt", "lease_id", "device_serial")}
+        await host.command(op="end")
+        await host.next(lambda e: "status" in e)
+        await lapse(cloud.store, task.task_id)
+        await wait_status(ops, task.task_id, types_pb2.TASK_STATUS_QUEUED)
+
+        await host.command(op="open")
+        await host.send(hello={**hello, "held_assignments": [held]})
+        lease = {k: a[k] for k in ("task_id", "attempt", "lease_id")}
+        await host.send(result={**lease, "status": "TASK_STATUS_SUCCEEDED", "summary": "done"})
+
+        answer = await host.next(lambda e: "lease" in e and e["lease"]["kind"] != "welcome")
+        assert answer["lease"]["kind"] == "assignment", answer
+        resumed = answer["lease"]["assignment"]
+        assert (resumed["lease_id"], resumed["resumed"]) == (a["lease_id"], True)
+        answer = await host.next(lambda e: "lease" in e)
+        assert answer["lease"]["kind"] == "result_ack", answer
+        final = await wait_status(ops, task.task_id, types_pb2.TASK_STATUS_SUCCEEDED)
+        assert final.attempt == 1
+    finally:
+        await ch.close()
