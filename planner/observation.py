@@ -142,7 +142,9 @@ def scene_from_observation(observation: types_pb2.ScreenObservation) -> Scene:
     """The scene the model is shown for `observation`: the one place prompts get a screen from.
 
     An empty `foreground_package` becomes the package covering most of the screen, an empty
-    `title` the page name `derive_page_title` finds in the elements.
+    `title` the page name `derive_page_title` finds in the elements. An element source or
+    overlay kind this planner does not know (a newer host's) is read as UNSPECIFIED: a
+    hierarchy node, and an overlay left out, as a host that cannot tell one leaves it out.
     """
     elements = [
         Element(
@@ -229,13 +231,13 @@ def observation_problem(
         problem = _too_long(f"{name}.{field}", value, limit)
         if problem:
             return problem
+    # proto3 enums are open. An unknown rotation would change what every coordinate means, so
+    # it is refused; an unknown overlay kind or element source only informs the model and is
+    # read as UNSPECIFIED (`scene_from_observation`), so a newer host's steps still plan.
     if observation.rotation not in (types_pb2.ROTATION_UNSPECIFIED, *_ROTATIONS):
         return f"{name}.rotation: unknown value {observation.rotation}"
     if len(observation.overlays) > MAX_OVERLAYS:
         return f"{name}.overlays: {len(observation.overlays)} entries; at most {MAX_OVERLAYS}"
-    for i, overlay in enumerate(observation.overlays):
-        if overlay not in _OVERLAY_NAMES:
-            return f"{name}.overlays[{i}]: unknown value {overlay}"
     if not 0 <= observation.omitted_elements <= MAX_OMITTED:
         return f"{name}.omitted_elements: must be 0 to {MAX_OMITTED}"
     seen: set[str] = set()
@@ -263,12 +265,6 @@ def observation_problem(
         problem = _rect_problem(f"{where}.bounds", e.bounds, e.HasField("bounds"))
         if problem:
             return problem
-        if e.source not in (
-            types_pb2.ELEMENT_SOURCE_UNSPECIFIED,
-            types_pb2.ELEMENT_SOURCE_HIERARCHY,
-            types_pb2.ELEMENT_SOURCE_OCR,
-        ):
-            return f"{where}.source: unknown value {e.source}"
     for i, b in enumerate(observation.ocr_blocks):
         where = f"{name}.ocr_blocks[{i}]"
         problem = _too_long(f"{where}.text", b.text, MAX_TEXT_BYTES) or _rect_problem(

@@ -701,6 +701,34 @@ async def test_bad_observation_is_invalid_argument_naming_the_field(
     assert srv.sink.rows == []
 
 
+async def test_unknown_element_sources_and_overlays_read_as_unspecified(
+    make_server: Callable[..., Any],
+) -> None:
+    """proto3 enums are open: a newer host may send an element source or overlay kind this
+    cloud does not know. Both only inform the model, so the step is planned as if the host had
+    not said (a hierarchy node, no overlay), not refused: the model sees the same screen."""
+    srv: Running = await make_server()
+    observation = observation_from_scene(scenes.launcher())
+    observation.elements[0].source = 99  # type: ignore[assignment]  # a newer host's value
+    observation.overlays.append(99)  # type: ignore[arg-type]  # a newer host's value
+    response = await srv.stub.Decide(typed(observation=observation), metadata=MD)
+    assert response.decision.user_prompt == build_user_prompt(
+        "Turn on dark theme", scenes.launcher(), []
+    )
+
+
+async def test_an_unknown_rotation_is_still_refused(make_server: Callable[..., Any]) -> None:
+    """A rotation changes what the coordinates mean: one this cloud does not know is refused
+    rather than guessed."""
+    srv: Running = await make_server()
+    bad = typed(observation=_observation(rotation=99))
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await srv.stub.Decide(bad, metadata=MD)
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert info.value.details() == "observation.rotation: unknown value 99"
+    assert srv.provider.requests == []
+
+
 async def test_a_stale_lease_is_refused_before_the_observation_is_even_read(
     make_server: Callable[..., Any],
 ) -> None:

@@ -353,7 +353,10 @@ class _RotationEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Rotation.Val
     """Turned 270 degrees (rotation="3")."""
 
 class Rotation(_Rotation, metaclass=_RotationEnumTypeWrapper):
-    """How the screen is turned, as uiautomator's `<hierarchy rotation="N">` (N = 0..3) says."""
+    """How the screen is turned, as uiautomator's `<hierarchy rotation="N">` (N = 0..3) says. A value
+    this cloud does not know (a newer host's) is refused, Decide INVALID_ARGUMENT
+    "observation.rotation: unknown value N": it would change what every coordinate means.
+    """
 
 ROTATION_UNSPECIFIED: Rotation.ValueType  # 0
 """Not known; read as ROTATION_0."""
@@ -374,7 +377,9 @@ class _Overlay:
 class _OverlayEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Overlay.ValueType], _builtins.type):
     DESCRIPTOR: _descriptor.EnumDescriptor
     OVERLAY_UNSPECIFIED: _Overlay.ValueType  # 0
-    """Not known; never sent."""
+    """Not known; never sent (one that is, like a value this cloud does not know, is left out
+    of what the model is shown).
+    """
     OVERLAY_KEYBOARD: _Overlay.ValueType  # 1
     """The on-screen keyboard (input method window)."""
     OVERLAY_PERMISSION_PROMPT: _Overlay.ValueType  # 2
@@ -392,11 +397,14 @@ class _OverlayEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Overlay.Value
 
 class Overlay(_Overlay, metaclass=_OverlayEnumTypeWrapper):
     """Something that covers the app on the screen. A host that cannot tell what a covering
-    window is leaves it out rather than guess.
+    window is leaves it out rather than guess. A value this cloud does not know (a newer host's)
+    is read as OVERLAY_UNSPECIFIED, not refused: it only informs the model.
     """
 
 OVERLAY_UNSPECIFIED: Overlay.ValueType  # 0
-"""Not known; never sent."""
+"""Not known; never sent (one that is, like a value this cloud does not know, is left out
+of what the model is shown).
+"""
 OVERLAY_KEYBOARD: Overlay.ValueType  # 1
 """The on-screen keyboard (input method window)."""
 OVERLAY_PERMISSION_PROMPT: Overlay.ValueType  # 2
@@ -429,7 +437,9 @@ class _ElementSourceEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Element
     """
 
 class ElementSource(_ElementSource, metaclass=_ElementSourceEnumTypeWrapper):
-    """Where an element of a screen observation comes from."""
+    """Where an element of a screen observation comes from. A value this cloud does not know (a
+    newer host's) is read as ELEMENT_SOURCE_UNSPECIFIED, not refused: it only informs the model.
+    """
 
 ELEMENT_SOURCE_UNSPECIFIED: ElementSource.ValueType  # 0
 """Not said; read as ELEMENT_SOURCE_HIERARCHY."""
