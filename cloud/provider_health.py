@@ -9,6 +9,11 @@ their leases, see host/agent/planning_wait.py), and a probe call (`probe_step`, 
 supervised loop that backs off while it fails) brings dispatch back the moment it succeeds — as
 does any successful Decide. The fleet page shows the pause and its reason.
 
+A provider that refuses the cloud's credentials (`refused`: the key revoked, the account's
+billing lapsed) pauses dispatch at its first refusal: every call of every task will be refused
+until an operator acts, and each task handed out meanwhile fails at its first step for good. The
+reason names the setting to fix; a probe or a Decide that succeeds resumes dispatch as above.
+
 Each replica judges by its own calls (they share no provider state), which is enough: the
 provider is the same for all of them.
 """
@@ -21,6 +26,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from cloud import metrics
+from planner.errors import PlannerAuthError
 
 log = logging.getLogger(__name__)
 
@@ -33,8 +39,17 @@ class DispatchPause:
 
     since: datetime
     reason: str
+    #: Set when the provider refused the credentials (not down): the setting that holds them.
+    key_setting: str | None = None
 
     def describe(self) -> str:
+        if self.key_setting is not None:
+            return (
+                f"the model provider refused the API key since {self.since:%H:%M:%S} UTC: "
+                f"{self.reason}; set {self.key_setting} to a key it accepts (and restart the "
+                "cloud), or fix the key's account (billing, permissions) at the provider: "
+                "dispatch resumes when a call succeeds"
+            )
         return f"the model provider is unavailable since {self.since:%H:%M:%S} UTC: {self.reason}"
 
 
@@ -50,6 +65,8 @@ class ProviderHealth:
     ) -> None:
         self.probe = probe
         self.threshold = max(1, threshold)
+        #: Named in the reason of a pause for refused credentials (the planner's key setting).
+        self.key_setting = "AMC_PLANNER_ANTHROPIC_API_KEY or AMC_PLANNER_OPENAI_API_KEY"
         self._clock = clock
         self._failures = 0
         self._pause: DispatchPause | None = None
@@ -69,6 +86,16 @@ class ProviderHealth:
             metrics.current().dispatch_paused.set(1)
             log.warning("pausing dispatch: %s", self._pause.describe())
 
+    def refused(self, reason: str) -> None:
+        """A Decide (or a probe) found the provider refusing the cloud's credentials: no call of
+        any task can succeed until an operator acts, so dispatch pauses at once (replacing an
+        outage's pause: this is what the operator must fix)."""
+        if self.probe is None or (self._pause is not None and self._pause.key_setting):
+            return
+        self._pause = DispatchPause(self._clock(), reason, self.key_setting)
+        metrics.current().dispatch_paused.set(1)
+        log.warning("pausing dispatch: %s", self._pause.describe())
+
     def succeeded(self) -> None:
         """A Decide (or a probe) got an answer from the provider."""
         self._failures = 0
@@ -85,5 +112,9 @@ class ProviderHealth:
         provider still fails."""
         if self._pause is None or self.probe is None:
             return
-        await self.probe()
+        try:
+            await self.probe()
+        except PlannerAuthError as err:  # e.g. the key was revoked during an outage
+            self.refused(str(err))
+            raise
         self.succeeded()

@@ -185,6 +185,11 @@ class ProviderHealth(Protocol):
         limited, unreachable)."""
         ...
 
+    def refused(self, reason: str) -> None:
+        """A Decide found the provider refusing the credentials (`PlannerAuthError`): every
+        call will be refused until an operator acts."""
+        ...
+
     def succeeded(self) -> None:
         """A Decide got a decision from the provider."""
         ...
@@ -200,6 +205,9 @@ class BudgetGate(Protocol):
 
 class _NoHealth:
     def failed(self, reason: str) -> None:
+        return None
+
+    def refused(self, reason: str) -> None:
         return None
 
     def succeeded(self) -> None:
@@ -315,6 +323,7 @@ class PlannerServicer(planner_service_pb2_grpc.PlannerServiceServicer):
             self._health.failed(str(err))
             await context.abort(grpc.StatusCode.UNAVAILABLE, str(err), _provider_wait(err))
         except PlannerAuthError as err:
+            self._health.refused(str(err))
             await context.abort(grpc.StatusCode.PERMISSION_DENIED, str(err))
         except PlannerError as err:
             await context.abort(grpc.StatusCode.UNKNOWN, str(err))

@@ -253,6 +253,7 @@ def build_planner_servicer(
     planner = make_planner(planner_settings)
     if health is not None and isinstance(planner.provider, Probeable):
         health.probe = planner.provider.probe
+        health.key_setting = f"AMC_PLANNER_{planner_settings.resolved_provider.upper()}_API_KEY"
     if isinstance(planner.provider, ObservedAdapter):  # the cloud counts every model call
         planner.provider.observer = metrics.MODEL_CALLS
     sessions = None

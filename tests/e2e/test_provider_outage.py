@@ -124,3 +124,58 @@ async def test_tasks_wait_out_an_outage_and_dispatch_pauses_until_the_provider_i
     assert [t.attempt for t in ended] == [1, 1, 1]
     assert all(a.status == types_pb2.TASK_STATUS_SUCCEEDED for t in ended for a in t.attempts)
     assert not fleet.dispatch.paused and fleet.dispatch.reason == ""
+
+
+async def test_a_refused_api_key_holds_queued_tasks_until_the_provider_takes_it_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The provider refuses the cloud's key (HTTP 401: revoked, or the account's billing
+    lapsed): the first step to ask fails, and every further task would too, so dispatch pauses
+    at once with a reason naming the setting, and queued tasks stay queued instead of draining.
+    Once the provider takes the key again (the probe gets a 200) they run."""
+    fake = FakeModelServer(anthropic_key="sk-ant-another")  # not the key the cloud has
+    fake.start()
+    monkeypatch.setenv("AMC_PLANNER_PROVIDER", "anthropic")
+    monkeypatch.setenv("AMC_PLANNER_MODEL", "claude-sonnet-4-6")
+    monkeypatch.setenv("AMC_PLANNER_ANTHROPIC_API_KEY", "sk-ant-test")
+    monkeypatch.setenv("AMC_PLANNER_ANTHROPIC_BASE_URL", fake.anthropic_base_url)
+    monkeypatch.setenv("AMC_PLANNER_MAX_RETRIES", "0")
+    monkeypatch.setenv("AMC_CLOUD_PROVIDER_PROBE_SECONDS", "0.2")
+    fake.script_anthropic(*[DONE] * 3)
+    try:
+        async with embedded_stack(tmp_path, phones=1, transport="cloud") as stack:
+            first, *queued = [await submit(stack, f"Task {n}") for n in (1, 2, 3)]
+
+            async def first_attempt_ended() -> bool:
+                (task,) = await tasks(stack, [first])
+                return bool(task.attempts) and task.attempts[0].status in TERMINAL
+
+            await until(first_attempt_ended, "the first task's attempt failed at its first step")
+            fleet = await stack.operator.fleet.ListHosts(fleet_service_pb2.ListHostsRequest())
+            assert fleet.dispatch.paused, [t.status for t in await tasks(stack, queued)]
+            assert fleet.dispatch.reason.startswith("the model provider refused the API key")
+            assert "planner: Anthropic rejected the API key" in fleet.dispatch.reason
+            assert "set AMC_PLANNER_ANTHROPIC_API_KEY" in fleet.dispatch.reason
+            assert "sk-ant-test" not in fleet.dispatch.reason
+
+            # The phone is free again: a pass runs and hands the queued tasks to no one.
+            await stack.cloud.leases.dispatcher.dispatch_pass()
+            held = await tasks(stack, queued)
+            assert [(t.status, t.attempt) for t in held] == [(types_pb2.TASK_STATUS_QUEUED, 0)] * 2
+
+            with fake.lock:
+                fake.messages.key = "sk-ant-test"  # the provider takes the cloud's key again
+
+            async def all_ended() -> bool:
+                return all(t.status in TERMINAL for t in await tasks(stack, queued))
+
+            await until(all_ended, "the queued tasks ran once the key was taken again")
+            ended = await tasks(stack, queued)
+            fleet = await stack.operator.fleet.ListHosts(fleet_service_pb2.ListHostsRequest())
+    finally:
+        fake.stop()
+
+    assert [(t.status, t.attempt) for t in ended] == [(types_pb2.TASK_STATUS_SUCCEEDED, 1)] * 2, [
+        t.result_summary for t in ended
+    ]
+    assert not fleet.dispatch.paused and fleet.dispatch.reason == ""

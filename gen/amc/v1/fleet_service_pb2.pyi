@@ -90,10 +90,13 @@ Global___ListHostsResponse: _TypeAlias = ListHostsResponse  # noqa: Y015
 class DispatchStatus(_message.Message):
     """Whether a replica dispatches new tasks. It pauses dispatch to hosts on the cloud planner
     transport while the model provider fails every call it makes (queued tasks stay queued;
-    running ones wait inside their leases), and resumes when a probe call succeeds; and once the
-    fleet's daily budget refused a Decide, for the rest of that UTC day (queued tasks stay
-    queued for the next day instead of failing at their first step). Each replica judges by its
-    own calls; hosts on the direct transport call the provider themselves and are not paused.
+    running ones wait inside their leases), and resumes when a probe call succeeds; from the
+    first call the provider answers by refusing the cloud's credentials (API key, permission,
+    billing: queued tasks stay queued instead of each failing at its first step) until a probe
+    call or a Decide succeeds again; and once the fleet's daily budget refused a Decide, for the
+    rest of that UTC day (queued tasks stay queued for the next day instead of failing at their
+    first step). Each replica judges by its own calls; hosts on the direct transport call the
+    provider themselves and are not paused.
     """
 
     DESCRIPTOR: _descriptor.Descriptor
@@ -104,8 +107,10 @@ class DispatchStatus(_message.Message):
     paused: _builtins.bool
     """True while dispatch is paused."""
     reason: _builtins.str
-    """Why, for operators ("the model provider is unavailable: planner: Anthropic is unavailable
-    (HTTP 529 …)"); empty when not paused.
+    """Why, for operators ("the model provider is unavailable since 12:00:00 UTC: planner:
+    Anthropic is unavailable (HTTP 529 …)", "the model provider refused the API key since
+    12:00:00 UTC: planner: Anthropic rejected the API key; set AMC_PLANNER_ANTHROPIC_API_KEY
+    …"); empty when not paused.
     """
     @_builtins.property
     def since(self) -> _timestamp_pb2.Timestamp:

@@ -86,7 +86,8 @@ class PlannerServiceServicer:
         UNAVAILABLE (provider overloaded, failing or unreachable) or RESOURCE_EXHAUSTED (rate
         limited) when planning is temporarily impossible: ask again later, the task has not failed
         (nothing is logged); PERMISSION_DENIED when the provider refuses the cloud's credentials
-        (API key, permission, billing): an operator must fix the cloud; UNKNOWN when the model gave
+        (API key, permission, billing): an operator must fix the cloud, which meanwhile hands out
+        no new tasks to hosts that plan through it (DispatchStatus); UNKNOWN when the model gave
         no usable decision (an unusable tool call twice, a request the provider refused as invalid
         even after a checkpoint, or the model declined to answer: details "planner: <provider>
         model <model> refused to answer (<category: explanation, or its refusal text>)", asked
