@@ -32,7 +32,7 @@ from cloud.lease.session import HostSession
 from cloud.lease.sweeper import Sweeper
 from cloud.secret_box import SecretBox
 from cloud.settings import CloudSettings
-from cloud.store import convert, errors, hosts, idlists, lease_events, leases, states
+from cloud.store import convert, errors, flows, hosts, idlists, lease_events, leases, states
 from cloud.store.database import Store
 from cloud.store.revocations import Revoked
 
@@ -435,6 +435,13 @@ class LeaseManager:
         """Fenced, idempotent result; a late one (lease run out, no other attempt yet) is
         accepted and acknowledged as late."""
         final = messages.progress_in(msg.final_progress) if msg.HasField("final_progress") else None
+        if msg.HasField("replay"):
+            handed = await flows.handed_steps(self.store, msg.task_id, msg.attempt)
+            problem = validate.replay(msg.replay, handed)
+            if problem:
+                log.warning("result of %s/%d from %s refused: %s",
+                            msg.task_id, msg.attempt, session.host_id, problem)  # fmt: skip
+                return messages.rejected(problem, msg.task_id)
         await self.clock.settled()
         out = await leases.record_result(
             self.store,

@@ -11,6 +11,8 @@ import datetime as dt
 from collections.abc import Mapping, Sequence
 from typing import TypeAlias
 
+import grpc
+
 from amc.v1 import lease_service_pb2 as lease_pb
 from amc.v1 import types_pb2
 from cloud.store import convert, hosts, leases, states
@@ -97,6 +99,15 @@ def revoked(
             lease_id=lease_id,
             reason=lease_pb.RevokeReason.ValueType(reason),
             message=message,
+        )
+    )
+
+
+def rejected(message: str, task_id: str = "") -> lease_pb.LeaseResponse:
+    """A host message the cloud cannot use (INVALID_ARGUMENT; `message` names the field)."""
+    return lease_pb.LeaseResponse(
+        rejected=lease_pb.Rejected(
+            code=grpc.StatusCode.INVALID_ARGUMENT.value[0], message=message, task_id=task_id
         )
     )
 

@@ -24,15 +24,13 @@ from amc.v1 import lease_service_pb2 as lease_pb
 from amc.v1 import lease_service_pb2_grpc
 from cloud import authz, metrics, wire
 from cloud.boundary import status_for
-from cloud.lease import validate
+from cloud.lease import messages, validate
 from cloud.lease.manager import LeaseManager
 from cloud.lease.session import Closing, HostSession
 from cloud.store import errors
 from telemetry import logs
 
 log = logging.getLogger(__name__)
-
-_INVALID = grpc.StatusCode.INVALID_ARGUMENT.value[0]
 
 
 async def _finish(task: asyncio.Task[None] | None) -> None:
@@ -41,12 +39,6 @@ async def _finish(task: asyncio.Task[None] | None) -> None:
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError, Exception):
             await task
-
-
-def _rejected(message: str, task_id: str = "") -> lease_pb.LeaseResponse:
-    return lease_pb.LeaseResponse(
-        rejected=lease_pb.Rejected(code=_INVALID, message=message, task_id=task_id)
-    )
 
 
 def _task_id(msg: Message | None) -> str:
@@ -60,7 +52,7 @@ def _task_id(msg: Message | None) -> str:
 
 
 def _malformed(msg: wire.Malformed) -> lease_pb.LeaseResponse:
-    return _rejected(msg.problem, _task_id(msg.partial))
+    return messages.rejected(msg.problem, _task_id(msg.partial))
 
 
 class LeaseServicer(lease_service_pb2_grpc.LeaseServiceServicer):
@@ -134,7 +126,7 @@ class LeaseServicer(lease_service_pb2_grpc.LeaseServiceServicer):
             problem = validate.hello(msg.hello)
             if problem is None:
                 return msg.hello
-            await context.write(_rejected(problem))
+            await context.write(messages.rejected(problem))
 
     async def _read(
         self,
@@ -188,18 +180,18 @@ class LeaseServicer(lease_service_pb2_grpc.LeaseServiceServicer):
         if kind == "renewal":
             problem = validate.renewal(msg.renewal)
             if problem:
-                return _rejected(problem, msg.renewal.task_id)
+                return messages.rejected(problem, msg.renewal.task_id)
             return await manager.renew(session, msg.renewal)
         if kind == "result":
             problem = validate.result(msg.result)
             if problem:
-                return _rejected(problem, msg.result.task_id)
+                return messages.rejected(problem, msg.result.task_id)
             with logs.bound(task_id=msg.result.task_id, attempt=msg.result.attempt):
                 return await manager.result(session, msg.result)
         if kind == "device_update":
             problem = validate.device_update(msg.device_update)
             if problem:
-                return _rejected(problem)
+                return messages.rejected(problem)
             await manager.device_update(session, msg.device_update)
             return None
         if kind == "outbox":
@@ -212,4 +204,6 @@ class LeaseServicer(lease_service_pb2_grpc.LeaseServiceServicer):
                     message="hello: only the first message may be a hello",
                 )
             )
-        return _rejected("kind: exactly one of hello, renewal, result, device_update, outbox")
+        return messages.rejected(
+            "kind: exactly one of hello, renewal, result, device_update, outbox"
+        )

@@ -3,12 +3,16 @@
 Only what leaves a message unusable is refused: a lease reference that names no lease, a phone
 list the dispatcher cannot address. What a host merely reports (progress, its outbox) is brought
 within the contract's ranges instead (`cloud.lease.messages`), so that no report costs a host its
-lease, its hello or a finished result.
+lease, its hello or a finished result. The one exception is a result's replay report (`replay`):
+it writes on a learned flow's record, so one about a flow or step the attempt was not handed is
+refused rather than trusted or quietly dropped.
 
 Text that cannot be stored at all (NUL characters, invalid UTF-8) never gets here: `cloud.wire`
 refuses it as the message is parsed (or, for summaries, replaces it)."""
 
 from __future__ import annotations
+
+from collections.abc import Mapping
 
 from amc.v1 import lease_service_pb2 as lease_pb
 from amc.v1 import types_pb2
@@ -110,4 +114,29 @@ def result(msg: lease_pb.TaskResult) -> str | None:
         return problem
     if msg.status not in _TERMINAL:
         return "result.status: must be SUCCEEDED, FAILED or CANCELLED"
+    return None
+
+
+def replay(report: types_pb2.FlowReplayReport, handed: Mapping[str, int | None]) -> str | None:
+    """A result's replay report against the flows the cloud handed its attempt (flow id → its
+    steps, None when the flow was deleted since). The learning loop counts the report on the
+    flow it names, divergences included (they retire a flow): one naming a flow the attempt was
+    not given, or a step that flow does not have, would rewrite another flow's record."""
+    if report.flow_id not in handed:  # which flows it was handed is the lease holder's to know
+        return (
+            f"result.replay.flow_id: {report.flow_id[:40]!r} is not a flow this attempt was handed"
+        )
+    steps = handed[report.flow_id]
+    if steps is None:
+        return None
+    # The replay may go on with an alternative that shares the path (planner/flows/replay.py).
+    most = max(s or 0 for s in handed.values())
+    if not 0 <= report.steps_replayed <= most:
+        return f"result.replay.steps_replayed: must be 0 to {most}, got {report.steps_replayed}"
+    # One past the last step is the replayed `complete`.
+    if report.diverged and not 1 <= report.diverged_at_step <= steps + 1:
+        return (
+            f"result.replay.diverged_at_step: must be 1 to {steps + 1} (a step of flow "
+            f"{report.flow_id!r}), got {report.diverged_at_step}"
+        )
     return None

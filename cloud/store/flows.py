@@ -227,13 +227,29 @@ async def record_choice(store: Store, task_id: str, attempt: int, choice: Choice
 
 async def candidates(store: Store, task_id: str, attempt: int) -> list[FlowRow]:
     """The flows retrieval handed to this attempt, best first (none: no replay)."""
+    return await by_ids(store, await _handed_ids(store, task_id, attempt))
+
+
+async def _handed_ids(store: Store, task_id: str, attempt: int) -> list[str]:
     async with store.read() as session:
         ids = await session.scalar(
             select(AttemptRow.flow_candidates).where(
                 AttemptRow.task_id == task_id, AttemptRow.attempt == attempt
             )
         )
-    return await by_ids(store, list(ids or []))
+    return list(ids or [])
+
+
+async def handed_steps(store: Store, task_id: str, attempt: int) -> dict[str, int | None]:
+    """The flows handed to this attempt, id → how many steps it has (None: deleted since), what
+    a host's replay report of the attempt is checked against."""
+    ids = await _handed_ids(store, task_id, attempt)
+    steps: dict[str, int | None] = dict.fromkeys(ids)
+    for row in await by_ids(store, ids):
+        flow = types_pb2.Flow()
+        flow.ParseFromString(row.flow_pb)
+        steps[row.flow_id] = len(flow.steps)
+    return steps
 
 
 async def diverged_before(store: Store, task_id: str, before: int) -> int | None:

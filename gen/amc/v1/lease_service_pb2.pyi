@@ -676,7 +676,11 @@ class TaskResult(_message.Message):
     @_builtins.property
     def replay(self) -> _types_pb2.FlowReplayReport:
         """Direct transport: how replaying the assignment's flow went (unset when it had none). The
-        cloud counts it on the flow (replays, divergences, retirement).
+        cloud counts it on the flow (replays, divergences, retirement). It must name a flow this
+        attempt was handed (Assignment.flow or one of its alternatives) and steps that flow has:
+        otherwise the whole result is refused, Rejected INVALID_ARGUMENT naming the field
+        ("result.replay.flow_id: … is not a flow this attempt was handed …"), and nothing of it
+        is recorded; send it again with a true report, or without one.
         """
 
     def __init__(

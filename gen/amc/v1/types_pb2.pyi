@@ -2496,13 +2496,15 @@ class FlowReplayReport(_message.Message):
     DIVERGED_AT_STEP_FIELD_NUMBER: _builtins.int
     REASON_FIELD_NUMBER: _builtins.int
     flow_id: _builtins.str
-    """The flow replayed."""
+    """The flow replayed: one the attempt was handed (Assignment.flow or an alternative)."""
     steps_replayed: _builtins.int
-    """Steps replayed without the model."""
+    """Steps replayed without the model: 0 to the step count of the longest flow handed."""
     diverged: _builtins.bool
     """The replay handed over to the model."""
     diverged_at_step: _builtins.int
-    """The 1-based flow step that diverged (0 when none did)."""
+    """The 1-based flow step that diverged (0 when none did): with `diverged`, 1 to one past
+    the last step of `flow_id` (its `complete`).
+    """
     reason: _builtins.str
     """Why it diverged, one line (the cloud keeps the first 512 characters)."""
     def __init__(
