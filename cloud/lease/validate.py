@@ -3,9 +3,9 @@
 Only what leaves a message unusable is refused: a lease reference that names no lease, a phone
 list the dispatcher cannot address. What a host merely reports (progress, its outbox) is brought
 within the contract's ranges instead (`cloud.lease.messages`), so that no report costs a host its
-lease, its hello or a finished result. The one exception is a result's replay report (`replay`):
-it writes on a learned flow's record, so one about a flow or step the attempt was not handed is
-refused rather than trusted or quietly dropped.
+lease, its hello or a finished result. A result's replay report (`replay`) writes on a learned
+flow's record, so one about a flow or step the attempt was not handed is left out of the result
+(logged) rather than trusted; the result itself is recorded.
 
 Text that cannot be stored at all (NUL characters, invalid UTF-8) never gets here: `cloud.wire`
 refuses it as the message is parsed (or, for summaries, replaces it)."""

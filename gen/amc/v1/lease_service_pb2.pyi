@@ -678,9 +678,8 @@ class TaskResult(_message.Message):
         """Direct transport: how replaying the assignment's flow went (unset when it had none). The
         cloud counts it on the flow (replays, divergences, retirement). It must name a flow this
         attempt was handed (Assignment.flow or one of its alternatives) and steps that flow has:
-        otherwise the whole result is refused, Rejected INVALID_ARGUMENT naming the field
-        ("result.replay.flow_id: … is not a flow this attempt was handed …"), and nothing of it
-        is recorded; send it again with a true report, or without one.
+        otherwise the report is left out (the cloud logs why, naming the field) and the result is
+        recorded without it; nothing is counted on any flow.
         """
 
     def __init__(
