@@ -29,8 +29,9 @@ OpenAI's content filter stopped the answer: Chat `finish_reason: "content_filter
 incomplete for `content_filter`) ends the decision at once with `PlannerRefused`, before the
 turn is kept: no retry, no corrective turn.
 Usage and latency add up over every call the decision needed; a decision that fails after calls
-were answered carries what they cost on its error (`PlannerError.billed`): the provider billed
-them all the same.
+were answered carries what they cost on its error (`PlannerError.billed`; a decision cancelled
+by its caller on the `CancelledError`, `planner.errors.bill`): the provider billed them all the
+same.
 
 What differs between the modes is the conversation (`Conversation`): compact mode keeps it in
 memory and adds an answer only when a correction needs it; session mode stores every turn as it
@@ -39,6 +40,7 @@ arrives.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import time
 from collections.abc import Awaitable, Callable, Collection, Sequence
@@ -57,6 +59,7 @@ from planner.errors import (
     PlannerRefused,
     PlannerRejected,
     ToolCallError,
+    bill,
 )
 from planner.model_profiles import RetryForm
 from planner.settings import MAX_CALL_TOKENS, THINKING_MAX_TOKENS
@@ -187,9 +190,11 @@ async def decide(
                 corrective += 1
                 await conversation.add(_correction(turn, str(err)))
                 turn = await ask(force=False)
-    except PlannerError as err:
+    except (PlannerError, asyncio.CancelledError) as err:
+        # A caller that went away mid-decision (a cancelled Decide, a revoked attempt) does
+        # not undo what the provider answered before: it is billed.
         if answered_by:
-            err.billed = Billed(adapter.name, answered_by, usage)
+            bill(err, Billed(adapter.name, answered_by, usage))
         raise
 
     decision = build_decision(

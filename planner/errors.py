@@ -26,10 +26,25 @@ class PlannerError(Exception):
     """The planner could not produce a decision. `str(err)` is the operator-facing reason.
 
     `billed`: what the calls the provider answered before the decision failed cost (None when
-    none was answered), set by `planner.deciding.decide`; whoever counts it sets it back to None,
-    so an error handed to two waiting callers is counted once."""
+    none was answered), set by `planner.deciding.decide`; whoever counts it sets it back to None
+    (`take_billed`), so an error handed to two waiting callers is counted once."""
 
     billed: Billed | None = None
+
+
+def bill(err: BaseException, billed: Billed) -> None:
+    """Carry `billed` on `err`: a `PlannerError`, or the `asyncio.CancelledError` of a decision
+    whose caller went away (a cancelled or timed-out Decide, a revoked attempt), which the
+    provider billed for the calls it answered all the same."""
+    err.billed = billed  # type: ignore[attr-defined]  # CancelledError has no such field
+
+
+def take_billed(err: BaseException) -> Billed | None:
+    """What `err` carries (`bill`), taken off it so it is counted once."""
+    billed: Billed | None = getattr(err, "billed", None)
+    if billed is not None:
+        err.billed = None  # type: ignore[attr-defined]
+    return billed
 
 
 class PlannerConfigError(PlannerError, ValueError):

@@ -6,9 +6,10 @@ assigns the step index atomically per (task, attempt)). Order matters and is the
 lease first (no tokens spent and nothing logged for a stale or foreign lease), then sizes, then
 the task's budget (`BudgetGate`: FAILED_PRECONDITION "budget exhausted: …", no call made), then
 the provider, then exactly one appended row. A provider failure logs no decision (the calls the
-provider answered before it are counted through `SpendLog`: it billed them); its class decides
-the status code (see the proto): planning temporarily impossible is UNAVAILABLE or
-RESOURCE_EXHAUSTED (the host waits and asks again), refused credentials PERMISSION_DENIED, no
+provider answered before it are counted through `SpendLog`: it billed them, and so are those
+of a Decide its host cancelled or let run past its deadline); its class decides the status
+code (see the proto): planning temporarily impossible is UNAVAILABLE or RESOURCE_EXHAUSTED (the
+host waits and asks again), refused credentials PERMISSION_DENIED, no
 usable decision (a model refusal included: `PlannerRefused`, never retried) UNKNOWN. The
 screenshot is passed to the model call and then dropped: it is never part of what the sink
 receives.
@@ -31,6 +32,7 @@ this replica (`planner.step_once`), so one step is planned once and logged once.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, Literal, Protocol
@@ -49,6 +51,7 @@ from planner.errors import (
     PlannerRateLimited,
     PlannerTransient,
     SessionStateError,
+    take_billed,
 )
 from planner.observation import (
     MAX_OBSERVATION_BYTES,
@@ -363,15 +366,19 @@ class PlannerServicer(planner_service_pb2_grpc.PlannerServiceServicer):
         its error goes on: the provider billed them though no decision row is logged. Run inside
         the plan a retried step joins, so they are counted once, even when every caller went
         away. Should counting fail (the database went away), the planner's error still goes
-        on: the host is told why its step failed, and the calls stay uncounted (logged)."""
+        on: the host is told why its step failed, and the calls stay uncounted (logged).
+        A Decide its host gave up on (cancelled, past its deadline: the handler is cancelled
+        inside the decision) counts them too, shielded from a second cancel."""
         try:
             return await plan()
-        except PlannerError as err:
-            billed, err.billed = err.billed, None
+        except (PlannerError, asyncio.CancelledError) as err:
+            billed = take_billed(err)
             if billed is not None and self._spend is not None:
                 try:
-                    await self._spend.failed(
-                        host_id, request.task_id, request.attempt, billed, type(err).__name__
+                    await asyncio.shield(
+                        self._spend.failed(
+                            host_id, request.task_id, request.attempt, billed, type(err).__name__
+                        )
                     )
                 except Exception as failure:
                     log.error(

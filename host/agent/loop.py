@@ -45,7 +45,7 @@ from host.timeline.store import TimelineStore
 from planner import secret_refs
 from planner.budget import Budget
 from planner.decision import Decision, Usage
-from planner.errors import PlannerError
+from planner.errors import PlannerError, take_billed
 from planner.history import WorldEvent
 from planner.observation import clip
 from planner.scene import Bounds, Scene
@@ -563,11 +563,12 @@ class AgentLoop:
     ) -> Decision:
         """The planner's decision; when it fails after the provider answered (direct
         transport), what the answered calls cost goes to the outbox first: the provider billed
-        them, and the cloud counts them toward the task's budget and the fleet's spending."""
+        them, and the cloud counts them toward the task's budget and the fleet's spending. So
+        does a decision cancelled mid-way (the attempt revoked, cancelled or out of time)."""
         try:
             return await self.planner.decide(spec.goal, scene, history, screenshot)
-        except PlannerError as err:
-            billed, err.billed = err.billed, None
+        except (PlannerError, asyncio.CancelledError) as err:
+            billed = take_billed(err)
             if billed is not None and self.shipments is not None:
                 await self._ship(
                     self.shipments.failed_calls,

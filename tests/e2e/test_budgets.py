@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import io
 import os
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -277,3 +278,40 @@ async def test_a_direct_host_ships_a_failed_decision_s_billed_calls(
     (row,) = spend.rows
     assert (row.host_id, row.model, row.decisions) == ("embedded-host", "claude-sonnet-4-6", 0)
     assert row.usage.cost_usd == pytest.approx(0.012)
+
+
+async def test_a_direct_host_ships_the_calls_of_a_decision_cancelled_mid_way(
+    tmp_path: Path, fake_model: FakeModelServer
+) -> None:
+    """The host's own planner: the first call is answered without a tool call (billed), the
+    retry is held by the provider when the operator cancels the task. The decision is cancelled
+    on the host mid-way; its answered call is shipped (failed_calls) and counted all the same."""
+    hold = threading.Event()
+    held = _launch("com.android.settings")
+    held.hold = hold
+    fake_model.anthropic_script.clear()
+    fake_model.script_anthropic(_no_tool_call(), held)
+    try:
+        async with embedded_stack(tmp_path / "stack", transport="direct") as stack:
+            ops = stack.operator
+            request = task_service_pb2.SubmitTaskRequest(goal="Open two apps")
+            task_id = (await ops.tasks.SubmitTask(request)).task.task_id
+            await until(lambda: len(fake_model.bodies("/v1/messages")) == 2, what="retry asked")
+            await ops.tasks.CancelTask(task_service_pb2.CancelTaskRequest(task_id=task_id))
+            get = task_service_pb2.GetTaskRequest(task_id=task_id)
+
+            async def counted() -> bool:
+                return bool((await ops.tasks.GetTask(get)).task.totals.usage.input_tokens)
+
+            await until(counted, what="the cancelled decision's answered call counted")
+            cancelled = (await ops.tasks.GetTask(get)).task
+            spend = await ops.fleet.GetSpend(fleet_service_pb2.GetSpendRequest())
+    finally:
+        hold.set()
+    assert cancelled.status == types_pb2.TASK_STATUS_CANCELLED
+    usage = cancelled.totals.usage
+    assert (usage.input_tokens, usage.output_tokens) == (500, 100)
+    assert usage.cost_usd == pytest.approx(0.003)
+    assert (spend.today.input_tokens, spend.today.output_tokens) == (500, 100)
+    (row,) = spend.rows
+    assert (row.host_id, row.model, row.decisions) == ("embedded-host", "claude-sonnet-4-6", 0)

@@ -29,6 +29,7 @@ import hmac
 import itertools
 import json
 import os
+import threading
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
@@ -117,6 +118,8 @@ class ScriptedTurn:
     cut_in_tool: bool = False
     """Anthropic, streamed: max_tokens is reached inside the last tool_use — its input JSON
     stops halfway, then the stream ends properly with stop_reason "max_tokens"."""
+    hold: threading.Event | None = None
+    """Anthropic: the answer is sent once this is set (`Answer.hold`)."""
 
 
 #: HTTP status of each Anthropic error type (for a failure outside a stream).
@@ -357,8 +360,8 @@ class MessagesFake:
                 kind, text_ = entry.fail
                 error = {"type": "error", "error": {"type": kind, "message": text_}}
                 events = [*events[:2], ("error", error)]
-            return Answer(events=events)
-        return Answer(body=message)
+            return Answer(events=events, hold=entry.hold)
+        return Answer(body=message, hold=entry.hold)
 
     def _render(
         self, turn: ScriptedTurn, body: dict[str, Any], thinking_on: bool

@@ -56,6 +56,9 @@ class Answer:
     """Served instead of the JSON body, as text/html."""
     cut: bool = False
     """The body stops short of its content-length and the connection closes."""
+    hold: threading.Event | None = None
+    """Nothing is sent until this is set (at most a minute): a provider still working on the
+    answer, which a client's cancel or deadline cuts off."""
 
 
 class Rejected(Exception):
@@ -241,10 +244,17 @@ class FakeServer:
                     body = {"_unparsed": raw.decode("utf-8", "replace")}
                 headers = {k.lower(): v for k, v in self.headers.items()}
                 answer = server.handle(self.path.split("?")[0], headers, body)
-                if answer.events is not None:
-                    self._sse(answer)
-                else:
-                    self._json(answer)
+                if answer.hold is not None:
+                    answer.hold.wait(60)
+                try:
+                    if answer.events is not None:
+                        self._sse(answer)
+                    else:
+                        self._json(answer)
+                except (BrokenPipeError, ConnectionResetError):
+                    if answer.hold is None:
+                        raise
+                    self.close_connection = True  # the client gave up while it was held
 
             def _json(self, answer: Answer) -> None:
                 html = answer.html is not None

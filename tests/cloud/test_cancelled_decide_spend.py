@@ -1,0 +1,138 @@
+"""A Decide its caller gave up on mid-decision still counts the model calls answered before.
+
+A real cloud over mTLS plans with the real Anthropic SDK against the local fake Messages server:
+the first call is answered without a tool call (500 + 100 tokens, billed), the second (the
+retry) is held by the fake. The host's Decide, without a step key, is cancelled or runs into
+its deadline meanwhile: the cloud's handler is cancelled inside the decision, no decision row
+is logged, and the answered call counts in the task's totals and today's spending.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any, Literal
+
+import grpc
+import pytest
+
+from amc.v1 import (
+    decision_log_service_pb2,
+    decision_log_service_pb2_grpc,
+    fleet_service_pb2,
+    fleet_service_pb2_grpc,
+    planner_service_pb2,
+    planner_service_pb2_grpc,
+    task_service_pb2,
+)
+from cloud.server import CloudServer, build_server
+from planner.observation import observation_from_scene
+from tests.cloud.cloud_harness import ScriptedHost, channel, submit, tasks_stub
+from tests.planner import scenes
+from tests.support.fakes import FakeModelServer, ScriptedTurn, anthropic_message, text, tool_use
+from tests.support.waiting import until
+
+
+@pytest.fixture
+def model() -> Iterator[FakeModelServer]:
+    with FakeModelServer() as server:
+        yield server
+
+
+@pytest.fixture
+async def anthropic_cloud(
+    make_settings: Any, model: FakeModelServer, monkeypatch: pytest.MonkeyPatch
+) -> AsyncIterator[CloudServer]:
+    monkeypatch.setenv("AMC_PLANNER_PROVIDER", "anthropic")
+    monkeypatch.setenv("AMC_PLANNER_MODEL", "claude-sonnet-4-6")
+    monkeypatch.setenv("AMC_PLANNER_ANTHROPIC_API_KEY", "sk-ant-test")
+    monkeypatch.setenv("AMC_PLANNER_ANTHROPIC_BASE_URL", model.anthropic_base_url)
+    monkeypatch.setenv("AMC_PLANNER_MAX_RETRIES", "0")
+    server = await build_server(make_settings(default_lease_seconds=30))
+    await server.start()
+    try:
+        yield server
+    finally:
+        await server.stop(0.5)
+
+
+def _held_launch(hold: threading.Event) -> ScriptedTurn:
+    turn = anthropic_message(
+        tool_use(
+            "launch_app",
+            {"package_name": "com.android.settings", "purpose": "open", "expected_outcome": "open"},
+        ),
+        input_tokens=500,
+        output_tokens=100,
+    )
+    turn.hold = hold
+    return turn
+
+
+@pytest.mark.parametrize("gives_up", ["cancel", "deadline"])
+async def test_a_decide_given_up_mid_decision_counts_the_calls_answered_before(
+    anthropic_cloud: CloudServer,
+    model: FakeModelServer,
+    pki_dir: Path,
+    gives_up: Literal["cancel", "deadline"],
+) -> None:
+    cloud = anthropic_cloud
+    hold = threading.Event()
+    model.script_anthropic(
+        anthropic_message(text("Let me look first."), input_tokens=500, output_tokens=100),
+        _held_launch(hold),
+    )
+    ops = channel(cloud.address, pki_dir, "operator-ops")
+    host_ch = channel(cloud.address, pki_dir, "host-h1")
+    host = ScriptedHost(cloud.address, pki_dir, "h1")
+    try:
+        await host.connect(["p"])
+        task_id = (await submit(tasks_stub(ops))).task.task_id
+        a = (await host.next("assignment")).assignment
+        stub: Any = planner_service_pb2_grpc.PlannerServiceStub(host_ch)
+        request = planner_service_pb2.DecideRequest(
+            task_id=a.task_id,
+            attempt=a.attempt,
+            lease_id=a.lease_id,
+            observation=observation_from_scene(scenes.launcher()),
+        )
+        # The deadline is far beyond the first (local) answer, and the second never comes.
+        call = stub.Decide(request, timeout=5.0 if gives_up == "deadline" else None)
+        await until(lambda: len(model.bodies("/v1/messages")) == 2, what="the retry asked")
+        if gives_up == "cancel":
+            call.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await call
+        else:
+            with pytest.raises(grpc.aio.AioRpcError) as late:
+                await call
+            assert late.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+
+        tasks = tasks_stub(ops)
+
+        async def counted() -> bool:
+            got = await tasks.GetTask(task_service_pb2.GetTaskRequest(task_id=task_id))
+            return bool(got.task.totals.usage.input_tokens)
+
+        await until(counted, within=15, what="the answered call counted")
+        task = (await tasks.GetTask(task_service_pb2.GetTaskRequest(task_id=task_id))).task
+        fleet: Any = fleet_service_pb2_grpc.FleetServiceStub(ops)
+        spend = await fleet.GetSpend(fleet_service_pb2.GetSpendRequest())
+        log: Any = decision_log_service_pb2_grpc.DecisionLogServiceStub(ops)
+        listed = await log.ListDecisions(
+            decision_log_service_pb2.ListDecisionsRequest(task_id=task_id)
+        )
+    finally:
+        hold.set()
+        await host.close()
+        await host_ch.close()
+        await ops.close()
+    assert list(listed.decisions) == []
+    usage = task.totals.usage
+    assert (usage.input_tokens, usage.output_tokens) == (500, 100)
+    assert usage.cost_usd == pytest.approx(0.003)
+    assert (spend.today.input_tokens, spend.today.output_tokens) == (500, 100)
+    (row,) = spend.rows
+    assert (row.host_id, row.model, row.decisions) == ("h1", "claude-sonnet-4-6", 0)
