@@ -210,6 +210,7 @@ class CloudServer:
         self.leases.dispatcher.provider = self.provider_health
         self.budgets = CloudBudgets(self.store, settings)
         self.leases.dispatcher.budget_hold = self.budgets.daily_hold
+        self.leases.dispatcher.daily_spent = self.budgets.daily_spent
         self.provider_health.on_available.append(self.leases.dispatcher.wake.set)
         self.embedder = _embedder(settings)
         self.retriever: Retriever | None = None

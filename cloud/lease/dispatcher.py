@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 
 from amc.v1 import lease_service_pb2 as lease_pb
 from amc.v1 import types_pb2
@@ -53,6 +53,8 @@ class Dispatcher:
         #: Set (since, why) while the fleet's daily budget is spent: the same hosts get no new
         #: tasks until the next UTC day (their first step would be refused).
         self.budget_hold: Callable[[], tuple[dt.datetime, str] | None] | None = None
+        #: Why today's fleet budget is spent, or None (read from the store; sets the hold).
+        self.daily_spent: Callable[[], Awaitable[str | None]] | None = None
         bus.on_queued.append(self.wake.set)
 
     def _assignment(
@@ -76,16 +78,32 @@ class Dispatcher:
         return messages.assignment(claimed, opened, flows)
 
     def paused_for(self, session: HostSession) -> bool:
-        """Whether new tasks are held back from this host: it plans through this cloud, which
-        cannot plan now (its model provider is down, or the fleet's daily budget is spent).
-        Only a host that says it calls the model itself is not held back: one that leaves its
-        transport unset (a host written from the proto, its field at the default) plans
-        through Decide, and a task handed to it would fail at its first step."""
+        """Whether new tasks are held back from this host: the fleet's daily budget is spent,
+        or it plans through this cloud, which cannot plan now (its model provider is down).
+        Only a host that says it calls the model itself is not held back by the provider: one
+        that leaves its transport unset (a host written from the proto, its field at the
+        default) plans through Decide, and a task handed to it would fail at its first step."""
+        held = self.budget_hold is not None and self.budget_hold() is not None
         if session.planner_transport == types_pb2.PLANNER_TRANSPORT_DIRECT:
-            return False
+            return held  # its model calls count toward the fleet's daily cap all the same
         if self.provider is not None and self.provider.pause is not None:
             return True
-        return self.budget_hold is not None and self.budget_hold() is not None
+        return held
+
+    async def _daily_spent(self, session: HostSession) -> bool:
+        """Whether the fleet's daily budget is spent, asked before a direct-transport host gets
+        a task (which sets the hold `paused_for` reads). Such a host never asks Decide, so no
+        refusal would ever set it: its queue would drain into tasks each spending past the cap.
+        A cloud-transport host's first step asks the cap itself."""
+        if session.planner_transport != types_pb2.PLANNER_TRANSPORT_DIRECT:
+            return False
+        if self.daily_spent is None:
+            return False
+        try:
+            return await self.daily_spent() is not None
+        except Exception as exc:
+            errors.report(log, "the daily budget for %s could not be read", exc, session.host_id)
+            return True  # no task this pass: the next one asks again
 
     def kick(self, session: HostSession) -> None:
         """Look for work for one host soon (coalesced: at most one pending pass per host)."""
@@ -109,7 +127,7 @@ class Dispatcher:
                 return got
             while not session.closed:
                 idle = session.idle_serials()
-                if not idle or self.paused_for(session):
+                if not idle or self.paused_for(session) or await self._daily_spent(session):
                     return got
                 try:
                     settle = None if self.flows is None else await self.flows.settle()

@@ -178,9 +178,10 @@ class OwnLeasesOnly(planner_service_pb2_grpc.PlannerServiceServicer):
 class CloudBudgets:
     """`BudgetGate` on the store: the task's own caps, then the fleet's daily ones.
 
-    Once the daily cap refused a call, new tasks are held back from cloud-transport hosts for
-    the rest of that UTC day (`daily_hold`, read by the dispatcher and the fleet page): they
-    would fail at their first step, and tomorrow they can run.
+    Once the daily cap is found spent (a Decide refused, or a direct-transport host about to
+    get a task), new tasks are held back from every host for the rest of that UTC day
+    (`daily_hold`, read by the dispatcher and the fleet page): they would fail at their first
+    step, or spend past the cap, and tomorrow they can run.
     """
 
     def __init__(self, store: Store, settings: CloudSettings) -> None:
@@ -207,18 +208,28 @@ class CloudBudgets:
             if why:
                 metrics.current().budget_refusals.labels(scope="task").inc()
                 return why
-        if self._daily:
-            today = start_of_day(self._store.now())
-            spent_today = await self.spend.today(today)
-            why = exhausted(self._daily, spent_today, whose="the fleet's daily")
-            if why:
-                metrics.current().budget_refusals.labels(scope="fleet_daily").inc()
-                why = f"{why} (UTC day {today:%Y-%m-%d})"
-                if self._held is None:
-                    self._held = (self._store.now(), why)
-                    log.warning("holding new tasks back until 00:00 UTC: %s", why)
-                return why
-        return None
+        why = await self.daily_spent()
+        if why:
+            metrics.current().budget_refusals.labels(scope="fleet_daily").inc()
+        return why
+
+    async def daily_spent(self) -> str | None:
+        """Why today's fleet budget is spent ("budget exhausted: … (UTC day …)"), holding new
+        tasks back from then on (`daily_hold`); None while it is not. Asked by Decide, and by
+        the dispatcher before a direct-transport host gets a task: such a host calls the model
+        itself, so no Decide of its is ever refused, yet its shipped spending counts."""
+        if not self._daily:
+            return None
+        today = start_of_day(self._store.now())
+        spent_today = await self.spend.today(today)
+        why = exhausted(self._daily, spent_today, whose="the fleet's daily")
+        if not why:
+            return None
+        why = f"{why} (UTC day {today:%Y-%m-%d})"
+        if self.daily_hold() is None:
+            self._held = (self._store.now(), why)
+            log.warning("holding new tasks back until 00:00 UTC: %s", why)
+        return why
 
 
 def _caller_host_id(context: grpc.aio.ServicerContext[Any, Any]) -> str:

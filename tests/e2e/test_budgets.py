@@ -29,6 +29,7 @@ from amc.v1 import (
     types_pb2,
 )
 from cloud import metrics
+from cloud.metrics import start_of_day
 from console.embedded import Transport, embedded_stack, follow_tasks
 from tests.support.fakes import FakeModelServer, ScriptedTurn, anthropic_message, text, tool_use
 from tests.support.waiting import until
@@ -315,3 +316,57 @@ async def test_a_direct_host_ships_the_calls_of_a_decision_cancelled_mid_way(
     assert (spend.today.input_tokens, spend.today.output_tokens) == (500, 100)
     (row,) = spend.rows
     assert (row.host_id, row.model, row.decisions) == ("embedded-host", "claude-sonnet-4-6", 0)
+
+
+async def test_a_direct_host_gets_no_new_task_once_the_fleet_s_daily_cap_is_spent(
+    tmp_path: Path, fake_model: FakeModelServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A direct-transport host calls the model itself, so no Decide of its is ever refused by
+    the fleet's daily cap; its shipped spending counts toward it all the same. Once what it
+    shipped spends the day's 700 tokens, the next task is held back from it (queued, not run
+    into more model calls), and the fleet's DispatchStatus says why."""
+    monkeypatch.setenv("AMC_CLOUD_DAILY_MAX_TOKENS", "700")
+    done = anthropic_message(
+        tool_use("complete", {"success": True, "reason": "opened"}),
+        input_tokens=500,
+        output_tokens=100,
+    )
+    fake_model.anthropic_script.clear()
+    fake_model.script_anthropic(_launch("com.android.settings"), done)
+    async with embedded_stack(tmp_path / "stack", transport="direct") as stack:
+        ops = stack.operator
+
+        async def submit(goal: str) -> str:
+            request = task_service_pb2.SubmitTaskRequest(goal=goal)
+            task_id: str = (await ops.tasks.SubmitTask(request)).task.task_id
+            return task_id
+
+        first = await submit("Open Settings")
+        ended = await follow_tasks(ops, [first], Console(file=io.StringIO()), 30)
+
+        async def shipped() -> bool:
+            # Today's tally as the replica's daily cap reads it (fresh within a second).
+            today = start_of_day(stack.cloud.store.now())
+            return (await stack.cloud.budgets.spend.today(today)).input_tokens == 1000
+
+        await until(shipped, what="the first task's decisions shipped and counted")
+        second = await submit("Open Contacts")
+
+        async def dispatch() -> fleet_service_pb2.DispatchStatus:
+            hosts = await ops.fleet.ListHosts(fleet_service_pb2.ListHostsRequest())
+            status: fleet_service_pb2.DispatchStatus = hosts.dispatch
+            return status
+
+        async def held() -> bool:
+            return (await dispatch()).paused
+
+        await until(held, what="dispatch paused for the daily cap")
+        status = await dispatch()
+        queued = (await ops.tasks.GetTask(task_service_pb2.GetTaskRequest(task_id=second))).task
+    assert ended[first].status == types_pb2.TASK_STATUS_SUCCEEDED
+    assert status.reason.startswith(
+        "the fleet's daily model budget is spent (budget exhausted: 1,200 tokens of the "
+        "fleet's daily 700 (UTC day "
+    )
+    assert queued.status == types_pb2.TASK_STATUS_QUEUED
+    assert len(fake_model.bodies("/v1/messages")) == 2, "no model call for the held task"

@@ -93,10 +93,13 @@ class DispatchStatus(_message.Message):
     running ones wait inside their leases), and resumes when a probe call succeeds; from the
     first call the provider answers by refusing the cloud's credentials (API key, permission,
     billing: queued tasks stay queued instead of each failing at its first step) until a probe
-    call or a Decide succeeds again; and once the fleet's daily budget refused a Decide, for the
-    rest of that UTC day (queued tasks stay queued for the next day instead of failing at their
-    first step). Each replica judges by its own calls; hosts on the direct transport call the
-    provider themselves and are not paused.
+    call or a Decide succeeds again. Hosts on the direct transport call the provider themselves
+    and are not paused for either. And once the fleet's daily budget is spent (it refused a
+    Decide, or the replica found it spent before handing a direct-transport host a task), it
+    pauses dispatch to every host for the rest of that UTC day (queued tasks stay queued for the
+    next day instead of failing at their first step or spending past the cap; running attempts
+    are not stopped). Each replica judges by its own calls and its own tally of the day's
+    spending.
     """
 
     DESCRIPTOR: _descriptor.Descriptor
