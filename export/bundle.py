@@ -73,14 +73,17 @@ def write_bundle(run: Run, out: BinaryIO) -> None:
     lines: list[str] = []
     written: dict[bytes, str] = {}
     with zipfile.ZipFile(out, "w", compression=zipfile.ZIP_DEFLATED) as z:
-        for step in run.steps:
+        for i, step in enumerate(run.steps):
             names = _names(step, written)
             for name, png in zip(names, (step.before_png, step.after_png), strict=True):
                 if name is not None and png is not None and name not in z.NameToInfo:
                     z.writestr(name, png, compress_type=zipfile.ZIP_STORED)  # PNG: compressed
             step_id = position.get(step.attempt, 0)
             position[step.attempt] = step_id + 1
-            record = dataset.step_record(run, step, step_id, per_attempt[step.attempt], names)
+            before = run.steps[i - 1] if i else None
+            record = dataset.step_record(
+                run, step, step_id, per_attempt[step.attempt], names, before
+            )
             lines.append(record.model_dump_json())
         z.writestr("steps.jsonl", "".join(line + "\n" for line in lines))
         z.writestr("step.schema.json", dataset.schema_json())
@@ -135,6 +138,7 @@ def read_bundle(source: Path | bytes) -> Run:
             notes=[n for n in head.notes if "have no screenshot" not in n],
         )
         text = z.read("steps.jsonl").decode("utf-8", errors="replace")
+        system_prompts: dict[int, str] = {}  # per attempt: the one in force (/2 writes changes)
         for number, line in enumerate(text.splitlines(), start=1):
             if not line.strip():
                 continue
@@ -146,7 +150,11 @@ def read_bundle(source: Path | bytes) -> Run:
                 _read_shot(z, names, name, number)
                 for name in (record.screenshot, record.screenshot_after)
             ]
-            run.steps.append(dataset.step_from_record(record, *shots))
+            step = dataset.step_from_record(
+                record, shots[0], shots[1], system_prompts.get(record.attempt, "")
+            )
+            system_prompts[record.attempt] = step.system_prompt
+            run.steps.append(step)
     run.sort()
     return run
 

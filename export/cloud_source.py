@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from typing import Literal, Protocol
 
 from amc.v1 import types_pb2
-from export.run import Outcome, Run, Step
+from export.run import Judged, Outcome, Run, Step
 from planner.convert import thinking_kind_from_proto
 from planner.decision import ThinkingBlock, Usage
 from planner.observation import scene_from_observation
@@ -116,6 +116,10 @@ def step_from_decision(d: types_pb2.Decision, attempt: types_pb2.Attempt | None)
         outcome=outcome,
         verdict=_verdict(d),
         verdict_detail=d.verification.evidence,
+        previous_step=_judged(d.previous_step) if d.HasField("previous_step") else None,
+        flow_id=d.flow_id,
+        flow_step=d.flow_step,
+        replay_divergence=d.replay_divergence,
     )
 
 
@@ -123,6 +127,12 @@ def _verdict(d: types_pb2.Decision) -> str | None:
     """The checker's verdict as a word ("met", "not met", "unknown"), None when unchecked."""
     name = verdict_from_proto(d.verification.verdict)
     return VERDICT_WORDS[name] if name is not None else None
+
+
+def _judged(judgement: types_pb2.StepJudgement) -> Judged | None:
+    """The model's verdict on its previous step as a word, None when it gave none."""
+    name = verdict_from_proto(judgement.verdict)
+    return Judged(VERDICT_WORDS[name], judgement.note) if name is not None else None
 
 
 async def run_from_cloud(

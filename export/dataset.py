@@ -5,26 +5,29 @@ the public Android agent datasets where they agree: AndroidControl's episode of 
 screenshots + accessibility elements + JSON actions, with AndroidWorld's action vocabulary and
 keys (`action_type`, `x`, `y`, `text`, `direction`, `app_name`, `goal_status`) in screen pixels,
 and Android-in-the-Wild's `episode_id` / `step_id` / `episode_length` and touch/lift points.
-What amc knows beyond them (purpose, expected outcome, thinking, rationale, outcome, usage) rides
-in fields of its own. `read_steps` turns the file back into `Step`s, which is how a host's
-export is merged into the cloud's.
+What amc knows beyond them (purpose, expected outcome, thinking, rationale, outcome, usage,
+and since /2 the prompts, the learned flow and the model's verdict on its previous step) rides
+in fields of its own. `parse_line` reads a line of either version and `step_from_record` turns it
+back into a `Step`, which is how a host's export is merged into the cloud's: /1 is closed (its
+model stays, `StepRecordV1`), so exports written before /2 still merge.
 """
 
 from __future__ import annotations
 
 import json
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from google.protobuf.json_format import MessageToDict, ParseDict
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
 from amc.v1 import types_pb2
 from export.gesture import gesture
-from export.run import Outcome, Run, Step
+from export.run import Judged, Outcome, Run, Step
 from planner.decision import ThinkingBlock, Usage
 from planner.scene import Bounds, Element, Scene
 
-STEP_SCHEMA: Literal["amc.export.step/1"] = "amc.export.step/1"
+STEP_SCHEMA: Literal["amc.export.step/2"] = "amc.export.step/2"
+STEP_SCHEMA_V1: Literal["amc.export.step/1"] = "amc.export.step/1"
 RUN_SCHEMA: Literal["amc.export.run/1"] = "amc.export.run/1"
 
 ActionType = Literal[
@@ -152,8 +155,33 @@ class UsageRecord(_Record):
     thinking_tokens: int
 
 
-class StepRecord(_Record):
+class JudgementRecord(_Record):
+    """The model's own verdict on its previous step's expected outcome (its `previous_step`)."""
+
+    verdict: Literal["met", "not met", "unknown"]
+    note: str = Field(description="Its one line on it (at most 512 characters).")
+
+
+class FlowRecord(_Record):
+    """A learned flow's step replayed without the model, or the model's step that took over."""
+
+    flow_id: str
+    flow_step: int = Field(
+        description="1-based step of the flow replayed (one past its last for the replayed "
+        "complete), or the flow step that diverged."
+    )
+    divergence: str | None = Field(
+        description="null: a replayed step. Else the step that took over from the replay: "
+        "why the flow step diverged, as the model's prompt said it."
+    )
+
+
+# `amc.export.step/1`, closed: read, never written. Its docstring and title are /1's as
+# published, so its schema (docs/export/step-v1.schema.json) stays the file it was.
+class StepRecordV1(_Record):
     """One line of steps.jsonl: one step of one attempt, self-contained."""
+
+    model_config = ConfigDict(title="StepRecord")
 
     schema_version: Literal["amc.export.step/1"]
     episode_id: str = Field(description="'<task id>-a<attempt>': one attempt is one episode.")
@@ -184,6 +212,26 @@ class StepRecord(_Record):
     usage: UsageRecord | None
     latency_s: float | None
     cost_usd: float | None
+
+
+class StepRecord(StepRecordV1):
+    """One line of steps.jsonl: one step of one attempt, self-contained but for the system
+    prompt, which is written where it changes (tens of KB, the same all attempt long)."""
+
+    schema_version: Literal["amc.export.step/2"]  # type: ignore[assignment]  # /1's, narrowed
+    user_prompt: str = Field(
+        description="What we asked the model at this step, as recorded (sensitive input "
+        "masked); in session mode this step's part of the conversation. '': none recorded "
+        "(a replayed step, an older record)."
+    )
+    system_prompt: str | None = Field(
+        description="The system prompt, on the episode's first line and where it changes; "
+        "null: the same as the line before in this episode."
+    )
+    flow: FlowRecord | None = Field(description="null: no learned flow had a part in the step.")
+    previous_step: JudgementRecord | None = Field(
+        description="The model's own verdict on the step before this one; null: none given."
+    )
 
 
 class RunRecord(_Record):
@@ -277,9 +325,15 @@ def _element_record(e: Element) -> UiElementRecord:
 
 
 def step_record(
-    run: Run, step: Step, step_id: int, length: int, shots: tuple[str | None, str | None]
+    run: Run,
+    step: Step,
+    step_id: int,
+    length: int,
+    shots: tuple[str | None, str | None],
+    previous: Step | None = None,
 ) -> StepRecord:
-    """One line of the dataset; `shots` are the before/after file names (None: no image)."""
+    """One line of the dataset; `shots` are the before/after file names (None: no image),
+    `previous` the line before it (its system prompt is not repeated)."""
     scene = step.screen
     screen = (
         ScreenRecord(
@@ -349,6 +403,25 @@ def step_record(
         else None,
         latency_s=step.latency_s,
         cost_usd=step.cost_usd,
+        user_prompt=step.user_prompt,
+        system_prompt=None
+        if previous is not None
+        and previous.attempt == step.attempt
+        and previous.system_prompt == step.system_prompt
+        else step.system_prompt,
+        flow=FlowRecord(
+            flow_id=step.flow_id,
+            flow_step=step.flow_step,
+            divergence=step.replay_divergence or None,
+        )
+        if step.flow_id
+        else None,
+        previous_step=JudgementRecord(
+            verdict=step.previous_step.verdict,  # type: ignore[arg-type]  # VERDICT_WORDS
+            note=step.previous_step.note,
+        )
+        if step.previous_step is not None
+        else None,
     )
 
 
@@ -369,7 +442,7 @@ def run_record(run: Run) -> RunRecord:
 # --- record -> Step ---------------------------------------------------------------------------
 
 
-def _scene(record: StepRecord) -> Scene | None:
+def _scene(record: StepRecordV1) -> Scene | None:
     s = record.screen
     if s is None:
         return None
@@ -411,11 +484,16 @@ def _scene(record: StepRecord) -> Scene | None:
 
 
 def step_from_record(
-    record: StepRecord, before: bytes | None = None, after: bytes | None = None
+    record: StepRecord | StepRecordV1,
+    before: bytes | None = None,
+    after: bytes | None = None,
+    system_prompt: str = "",
 ) -> Step:
-    """A dataset line back as a `Step` (with the screenshots the caller read beside it)."""
+    """A dataset line back as a `Step` (with the screenshots the caller read beside it);
+    `system_prompt` is the one in force before this line (a /2 line leaves it out when it
+    has not changed). A /1 line has no prompts, flow or judgement: they read as none."""
     u = record.usage
-    return Step(
+    step = Step(
         attempt=record.attempt,
         step_index=record.step_index,
         tool_name=record.amc_action.tool,
@@ -446,13 +524,31 @@ def step_from_record(
         before_png=before,
         after_png=after,
     )
+    if isinstance(record, StepRecord):
+        step.user_prompt = record.user_prompt
+        step.system_prompt = (
+            record.system_prompt if record.system_prompt is not None else system_prompt
+        )
+        if record.flow is not None:
+            step.flow_id, step.flow_step = record.flow.flow_id, record.flow.flow_step
+            step.replay_divergence = record.flow.divergence or ""
+        if record.previous_step is not None:
+            step.previous_step = Judged(record.previous_step.verdict, record.previous_step.note)
+    return step
 
 
-def parse_line(line: str) -> StepRecord:
-    """One line of steps.jsonl, validated against the schema (ValueError names what is wrong)."""
-    return StepRecord.model_validate_json(line)
+_ANY_LINE: TypeAdapter[StepRecord | StepRecordV1] = TypeAdapter(
+    Annotated[StepRecord | StepRecordV1, Field(discriminator="schema_version")]
+)
 
 
-def schema_json() -> str:
-    """The JSON Schema of a steps.jsonl line (what docs/export/step.schema.json holds)."""
-    return json.dumps(StepRecord.model_json_schema(), indent=2, sort_keys=True) + "\n"
+def parse_line(line: str) -> StepRecord | StepRecordV1:
+    """One line of steps.jsonl of either version, validated against its schema (a
+    ValidationError, a ValueError, names what is wrong)."""
+    return _ANY_LINE.validate_json(line)
+
+
+def schema_json(record: type[StepRecordV1] = StepRecord) -> str:
+    """The JSON Schema of a steps.jsonl line (what docs/export/step.schema.json holds; /1's
+    is docs/export/step-v1.schema.json)."""
+    return json.dumps(record.model_json_schema(), indent=2, sort_keys=True) + "\n"

@@ -33,6 +33,10 @@ def _fill(cloud: Step, host: Step) -> Step:
         transport=cloud.transport or host.transport,
         system_prompt=cloud.system_prompt or host.system_prompt,
         user_prompt=cloud.user_prompt or host.user_prompt,
+        previous_step=cloud.previous_step or host.previous_step,
+        flow_id=cloud.flow_id or host.flow_id,
+        flow_step=cloud.flow_step or host.flow_step,
+        replay_divergence=cloud.replay_divergence or host.replay_divergence,
     )
 
 

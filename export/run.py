@@ -34,6 +34,15 @@ class Outcome:
     driver_output: str = ""
 
 
+@dataclass(frozen=True, slots=True)
+class Judged:
+    """The model's verdict on its previous step's expected outcome, as it gave it."""
+
+    #: "met", "not met" or "unknown" (`planner.verify.WORDS`).
+    verdict: str
+    note: str = ""
+
+
 @dataclass(slots=True)
 class Step:
     """One step of one attempt: what the model saw, thought, chose, and what came of it."""
@@ -78,6 +87,15 @@ class Step:
     #: The verification verdict of this step, when a checker gave one (None: none given).
     verdict: str | None = None
     verdict_detail: str = ""
+    #: The model's own verdict on the step before this one ("met", "not met", "unknown"; None
+    #: when it gave none) and its note: what it believed its last action did.
+    previous_step: Judged | None = None
+    #: A learned flow's step replayed without the model: the flow and its 1-based step. On the
+    #: model's step that took over from a replay: the flow and step that diverged, and why
+    #: (`replay_divergence`, as the model's prompt said it).
+    flow_id: str = ""
+    flow_step: int = 0
+    replay_divergence: str = ""
     before_png: bytes | None = None
     after_png: bytes | None = None
 

@@ -14,7 +14,7 @@ from typing import Any
 from google.protobuf.json_format import ParseDict, ParseError
 
 from amc.v1 import types_pb2
-from export.run import Outcome, Run, Step
+from export.run import Judged, Outcome, Run, Step
 from host.timeline.artifacts import ArtifactPathError
 from host.timeline.record import TimelineRecord
 from host.timeline.store import TaskRow, TimelineStore
@@ -74,6 +74,13 @@ def _outcome(record: TimelineRecord) -> Outcome:
     )
 
 
+def _judged(record: TimelineRecord) -> Judged | None:
+    """The model's verdict on its previous step ({"verdict": "not_met", "note": …}) as a word."""
+    judged = record.previous_step or {}
+    word = VERDICT_WORDS.get(str(judged.get("verdict") or ""))
+    return Judged(word, str(judged.get("note") or "")) if word is not None else None
+
+
 def step_from_record(
     store: TimelineStore, task: TaskRow, record: TimelineRecord, host_id: str
 ) -> Step:
@@ -92,6 +99,7 @@ def step_from_record(
     checked = record.verdict or {}
     name = str(checked.get("verdict") or "")
     verdict = VERDICT_WORDS.get(name) if name else None
+    flow = record.flow or {}
     return Step(
         attempt=record.attempt,
         step_index=record.decision_step_index or record.step_index,
@@ -123,6 +131,10 @@ def step_from_record(
         outcome=_outcome(record),
         verdict=verdict,
         verdict_detail=str(checked.get("evidence") or ""),
+        previous_step=_judged(record),
+        flow_id=str(flow.get("flow_id") or ""),
+        flow_step=int(flow.get("flow_step") or 0),
+        replay_divergence=str(flow.get("divergence") or ""),
         before_png=before,
         after_png=after,
     )

@@ -66,7 +66,7 @@ async def shipped(operator: Any, task_id: str) -> None:
         await asyncio.sleep(0.05)
 
 
-def step_lines(path: Path) -> list[dataset.StepRecord]:
+def step_lines(path: Path) -> list[dataset.StepRecordV1]:
     with zipfile.ZipFile(path) as z:
         return [dataset.parse_line(x) for x in z.read("steps.jsonl").decode().splitlines()]
 

@@ -18,7 +18,7 @@ from export import dataset
 from export.bundle import BundleError, bundle_bytes, read_bundle
 from export.merge import MergeError, merge
 from export.report import render_report
-from export.run import Run
+from export.run import Judged, Run
 from host.timeline.export_source import run_from_timeline
 from tests.export.conftest import HOST, T_GESTURES, Timeline
 from tests.host.console.host_console_support import SECRET, T_DARK, T_LEGACY, T_SECRET
@@ -33,7 +33,7 @@ def host_run(timeline: Timeline, task_id: str) -> Run:
     return run
 
 
-def lines(z: zipfile.ZipFile) -> list[dataset.StepRecord]:
+def lines(z: zipfile.ZipFile) -> list[dataset.StepRecordV1]:
     text = z.read("steps.jsonl").decode()
     return [dataset.parse_line(line) for line in text.splitlines()]
 
@@ -253,3 +253,85 @@ def test_a_priced_step_carries_its_cost_into_the_report_and_the_dataset(
         steps = lines(z)
     assert 'data-field="cost">$0.1250' in html
     assert [s.cost_usd for s in steps if s.cost_usd] == [0.125]
+
+
+def documented_lines(data: bytes) -> list[dataset.StepRecord]:
+    """steps.jsonl's lines checked against the documented schema's fields (each property
+    there and no other, the version its constant names) and parsed as that version."""
+    schema = json.loads((ROOT / "docs" / "export" / "step.schema.json").read_text())
+    found = []
+    for line in bundle_lines(data):
+        raw = json.loads(line)
+        assert set(raw) == set(schema["properties"]) >= set(schema["required"])
+        assert raw["schema_version"] == schema["properties"]["schema_version"]["const"]
+        for key, ref in (("flow", "FlowRecord"), ("previous_step", "JudgementRecord")):
+            if raw[key] is not None:
+                assert set(raw[key]) == set(schema["$defs"][ref]["properties"]), key
+        record = dataset.parse_line(line)
+        assert isinstance(record, dataset.StepRecord)
+        found.append(record)
+    return found
+
+
+def test_steps_jsonl_carries_the_prompts_the_flow_and_the_models_own_verdict(
+    timeline: Timeline,
+) -> None:
+    """amc.export.step/2 has what the report shows: each step's user prompt and the system
+    prompt where it changes, the learned flow a step was replayed from or took over from (and
+    why it diverged), and the model's verdict on its previous step. /1 had none of it."""
+    run = host_run(timeline, T_DARK)
+    assert len(run.steps) >= 3 and all(s.user_prompt and s.system_prompt for s in run.steps)
+    run.steps[0].flow_id, run.steps[0].flow_step = "f1", 1
+    run.steps[0].replay_divergence = "step 1 expects the launcher; the screen shows Settings"
+    run.steps[1].flow_id, run.steps[1].flow_step = "f1", 2
+    run.steps[2].previous_step = Judged("not met", "the Display page did not open")
+    data = bundle_bytes(run)
+    steps = documented_lines(data)
+    assert [s.user_prompt for s in steps] == [s.user_prompt for s in run.steps]
+    assert steps[0].system_prompt == run.steps[0].system_prompt
+    assert all(s.system_prompt is None for s in steps[1:])  # unchanged: written once
+    assert steps[0].flow is not None and steps[0].flow.divergence == run.steps[0].replay_divergence
+    assert steps[1].flow == dataset.FlowRecord(flow_id="f1", flow_step=2, divergence=None)
+    assert all(s.flow is None for s in steps[2:])
+    assert steps[2].previous_step == dataset.JudgementRecord(
+        verdict="not met", note="the Display page did not open"
+    )
+    assert [s.previous_step is None for s in steps] == [True, True, False] + [True] * (
+        len(steps) - 3
+    )
+    back = read_bundle(data)  # how --merge reads a host's export
+    for a, b in zip(run.steps, back.steps, strict=True):
+        assert (b.user_prompt, b.system_prompt) == (a.user_prompt, a.system_prompt)
+        assert (b.flow_id, b.flow_step, b.replay_divergence) == (
+            a.flow_id,
+            a.flow_step,
+            a.replay_divergence,
+        )
+        assert b.previous_step == a.previous_step
+    html = render_report(run)
+    assert html.count('data-field="flow"') == 2 and html.count('data-field="previous-step"') == 1
+
+
+def test_an_export_written_as_step_1_still_reads_and_merges(timeline: Timeline) -> None:
+    """/1 is closed, not gone: an export written before /2 reads back (its prompts, flow and
+    judgement as none recorded) and merges; /1's schema stays documented."""
+    documented = (ROOT / "docs" / "export" / "step-v1.schema.json").read_text()
+    assert documented == dataset.schema_json(dataset.StepRecordV1)
+    run = host_run(timeline, T_DARK)
+    good = bundle_bytes(run)
+    v1_fields = set(json.loads(documented)["properties"])
+    old = []
+    for line in bundle_lines(good):
+        raw = {k: v for k, v in json.loads(line).items() if k in v1_fields}
+        raw["schema_version"] = "amc.export.step/1"
+        old.append(json.dumps(raw))
+    out = io.BytesIO()
+    with zipfile.ZipFile(io.BytesIO(good)) as z, zipfile.ZipFile(out, "w") as w:
+        for name in z.namelist():
+            w.writestr(name, "\n".join(old) + "\n" if name == "steps.jsonl" else z.read(name))
+    back = read_bundle(out.getvalue())
+    assert isinstance(dataset.parse_line(old[0]), dataset.StepRecordV1)
+    assert [s.key for s in back.steps] == [s.key for s in run.steps]
+    assert all(s.user_prompt == s.system_prompt == "" for s in back.steps)
+    merged = merge(run, back)
+    assert [s.user_prompt for s in merged.steps] == [s.user_prompt for s in run.steps]
