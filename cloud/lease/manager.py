@@ -203,6 +203,7 @@ class LeaseManager:
             self.bus.replica_id,
             session.stream_id,
             hello.process_id,
+            [(h.task_id, h.attempt, h.lease_id) for h in held],
         )
         pending = self.hellos.submit(leases.HelloIn(host_id, record, held))
         try:
@@ -265,7 +266,9 @@ class LeaseManager:
         The leases granted on a superseded stream are released, but for those the newer
         process holds (`keep`, its hello's): a process that took over a result kept by the
         old one names its lease, and released, the result was refused and the task ran again
-        (the old stream was still open: a half-open connection the cloud had not noticed)."""
+        (the old stream was still open: a half-open connection the cloud had not noticed).
+        When the newer stream is on another replica, `keep` is what its hello recorded on the
+        host's row (`reconcile`)."""
         if old.process_id and process_id and old.process_id != process_id:
             old.supersede(
                 f"superseded by a newer process of host {old.host_id} (this process "
@@ -337,15 +340,16 @@ class LeaseManager:
         }
         if not recorded:
             return
-        current: dict[str, tuple[str, str]] = {}
+        current: dict[str, hosts.CurrentStream] = {}
         for chunk in idlists.chunked(list(recorded)):
             current.update(await hosts.current_streams(self.store, chunk))
         for host_id, session in recorded.items():
-            stream_id, process_id = current.get(host_id, ("", ""))
-            if stream_id and stream_id != session.stream_id and not session.closed:
+            newest = current.get(host_id)
+            if newest and newest.stream_id not in ("", session.stream_id) and not session.closed:
                 if self.sessions.get(host_id) is session:
                     del self.sessions[host_id]
-                self._replace(session, process_id)
+                keep = [leases.HeldLease(*h) for h in newest.held]
+                self._replace(session, newest.process_id, keep=keep)
 
     def on_deny_list(self, revoked: Revoked) -> None:
         """The deny-list changed: the leases of hosts whose streams it refuses now are released

@@ -32,6 +32,9 @@ class HelloRecord:
     stream_id: str
     #: "" when the agent does not say: the recorded one is kept.
     process_id: str = ""
+    #: The leases the hello names (task id, attempt, lease id): a replica that finds the
+    #: host's older stream superseded spares them (`current_streams`).
+    held: Sequence[tuple[str, int, str]] = ()
 
 
 async def upsert_hello(
@@ -92,6 +95,7 @@ def record_hellos(
         row.connected = True
         row.replica_id = hello.replica_id
         row.stream_id = hello.stream_id
+        row.held_leases = [list(h) for h in hello.held]
         row.stream_alive_at = now
         if row.last_seen_at is None or row.last_seen_at < now:
             row.last_seen_at = now
@@ -107,18 +111,39 @@ def _seen(now: dt.datetime) -> ColumnElement[dt.datetime]:
     return case((HostRow.last_seen_at > at, HostRow.last_seen_at), else_=at)
 
 
-async def current_streams(store: Store, host_ids: Sequence[str]) -> dict[str, tuple[str, str]]:
-    """The stream and process recorded for each of `host_ids` (its latest hello):
-    host id -> (stream id, process id), "" for what is not known."""
+@dataclass(frozen=True, slots=True)
+class CurrentStream:
+    """A host's newest stream as its latest hello recorded it ("" for what is not known)."""
+
+    stream_id: str
+    process_id: str
+    #: The leases that hello named (task id, attempt, lease id).
+    held: list[tuple[str, int, str]]
+
+
+async def current_streams(store: Store, host_ids: Sequence[str]) -> dict[str, CurrentStream]:
+    """The stream, process and held leases recorded for each of `host_ids` (its latest hello).
+
+    The held leases travel with the stream because another replica's older stream of the host
+    is released on the strength of this read: the leases granted on it but named by the newer
+    process (a result it kept) must survive that release, and this row is the only place that
+    replica can learn them from, committed with the hello that made the newer stream current."""
     if not host_ids:
         return {}
     async with store.read() as session:
         rows = await session.execute(
-            select(HostRow.host_id, HostRow.stream_id, HostRow.process_id).where(
-                among(store, HostRow.host_id, host_ids)
-            )
+            select(
+                HostRow.host_id, HostRow.stream_id, HostRow.process_id, HostRow.held_leases
+            ).where(among(store, HostRow.host_id, host_ids))
         )
-        return {h: (stream or "", process or "") for h, stream, process in rows}
+        return {
+            h: CurrentStream(
+                stream or "",
+                process or "",
+                [(str(t), int(n), str(lease)) for t, n, lease in held or ()],
+            )
+            for h, stream, process, held in rows
+        }
 
 
 async def update_devices(store: Store, host_id: str, devices: list[dict[str, Any]]) -> None:

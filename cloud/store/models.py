@@ -267,6 +267,9 @@ class HostRow(Base):
     # Which run of the host agent sent the last hello (`HostHello.process_id`; None for an
     # agent that does not say): a hello naming another one comes from a new process.
     process_id: Mapped[str | None] = mapped_column(String(128))
+    # The leases the last hello named, as [task id, attempt, lease id] (None: no hello since
+    # migration 0020): a replica whose older stream of the host was superseded spares them.
+    held_leases: Mapped[list[list[Any]] | None] = mapped_column(JSON)
     # The host's outbox backlog as it last reported it (OutboxBacklog); reported_at NULL: never.
     outbox_items: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     outbox_decisions: Mapped[int] = mapped_column(Integer, default=0, server_default="0")

@@ -13,6 +13,7 @@ import datetime as dt
 from pathlib import Path
 from typing import Any
 
+from sqlalchemy import text as sql_text
 from sqlalchemy import update
 
 from amc.v1 import lease_service_pb2 as lease_pb
@@ -20,6 +21,7 @@ from amc.v1 import types_pb2
 from cloud.server import CloudServer
 from cloud.store import flows, hosts, leases, states, tasks
 from cloud.store.database import Store
+from cloud.store.engine import check, downgrade, upgrade
 from cloud.store.models import AttemptRow, TaskRow
 from tests.cloud.cloud_harness import ScriptedHost, lapse, result, submit, wait_status
 
@@ -271,3 +273,30 @@ async def test_a_revived_attempt_the_learning_loop_looked_at_is_handed_back_to_i
     assert (out.recorded, out.late, out.task_status) == (True, False, states.SUCCEEDED)
     again = await flows.claim_ended_attempt(store)
     assert again is not None and again[0].task_id == c.task_id
+
+
+async def test_migration_0020_adds_the_hosts_held_leases_and_back(db_url: str) -> None:
+    """Both backends: 0020 adds `hosts.held_leases` (NULL for the hosts already there), its
+    downgrade drops it, and the schema matches the models again after the upgrade."""
+    s = Store.from_url(db_url)
+    catalogue = (
+        "SELECT column_name FROM information_schema.columns WHERE table_name = 'hosts'"
+        if s.is_postgres
+        else "SELECT name FROM pragma_table_info('hosts')"
+    )
+
+    async def columns() -> set[str]:
+        async with s.engine.connect() as conn:
+            return {str(name) for (name,) in await conn.execute(sql_text(catalogue))}
+
+    try:
+        await upgrade(s.engine, "0019")
+        before = await columns()
+        await upgrade(s.engine, "0020")
+        assert await columns() - before == {"held_leases"}
+        await downgrade(s.engine, "0019")
+        assert await columns() == before
+        await upgrade(s.engine)
+        await check(s.engine)
+    finally:
+        await s.close()

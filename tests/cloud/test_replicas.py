@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 from sqlalchemy import func, select
 
+from amc.v1 import lease_service_pb2 as lease_pb
 from amc.v1 import progress_service_pb2, progress_service_pb2_grpc, task_service_pb2, types_pb2
 from cloud.server import CloudServer
 from cloud.store.models import AttemptRow
@@ -20,9 +21,11 @@ from tests.cloud.cloud_harness import (
     channel,
     count_reloads,
     renewal,
+    result,
     start_replicas,
     submit,
     tasks_stub,
+    wait_status,
 )
 from tests.support.postgres import PostgresServer
 
@@ -151,3 +154,40 @@ async def test_cancel_on_one_replica_revokes_host_on_another(
     finally:
         await host.close()
         await ch_b.close()
+
+
+async def test_a_new_process_on_another_replica_keeps_the_lease_it_names(
+    replicas: list[CloudServer], pki_dir: Path
+) -> None:
+    """The host's previous process died without its stream on replica A ending (a half-open
+    connection), and its next process connects to replica B naming the lease it kept a result
+    for. A finds its stream superseded (`reconcile`) and releases the leases granted on it:
+    it used to release this one too, not knowing what B's hello held, and the result was
+    refused and the task ran again."""
+    a, b = replicas
+    ops = channel(a.address, pki_dir, "operator-ops")
+    old = ScriptedHost(a.address, pki_dir, "h21")
+    new = ScriptedHost(b.address, pki_dir, "h21")
+    try:
+        await old.connect(["p1"], process_id="run-1")
+        task = (await submit(tasks_stub(ops))).task
+        given = (await old.next("assignment")).assignment
+        held = lease_pb.HeldAssignment(
+            task_id=given.task_id,
+            attempt=given.attempt,
+            lease_id=given.lease_id,
+            device_serial="p1",
+        )
+        await new.connect(["p1"], held=[held], process_id="run-2")
+        assert (await new.next("assignment")).assignment.resumed
+        await old.next("superseded")  # A found the newer stream and released what it granted
+        await asyncio.gather(*a.leases._closings)  # that release, done
+        await new.send(result(given, summary="dark theme is on"))
+        ack = (await new.next("result_ack")).result_ack
+        assert ack.task_status == types_pb2.TASK_STATUS_SUCCEEDED
+        done = await wait_status(tasks_stub(ops), task.task_id, types_pb2.TASK_STATUS_SUCCEEDED)
+        assert [x.attempt for x in done.attempts] == [1]
+    finally:
+        await old.close()
+        await new.close()
+        await ops.close()
