@@ -175,6 +175,17 @@ def _mono_expiry(
     return time.monotonic() + lease_s
 
 
+def _finished(sent: types_pb2.TaskStatus.ValueType, message: str) -> str:
+    """Why a kept result answered Revoked FINISHED is let go, for `_let_go`: "" when the
+    attempt ended with the status the result says (the result got there, its ack did not),
+    else the conflict. The cloud names the recorded status only in the message ("attempt ended
+    SUCCEEDED", `cloud.store.leases.fence.classify_sync`): the contract has no field for it."""
+    recorded = message.removeprefix("attempt ended ").strip()
+    if f"TASK_STATUS_{recorded}" == types_pb2.TaskStatus.Name(sent):
+        return ""
+    return f"recorded another end for its attempt ({message})"
+
+
 class LeaseClient:
     """Keeps the Lease stream up and runs the tasks the cloud assigns."""
 
@@ -594,17 +605,23 @@ class LeaseClient:
             self._late_tried.add(key)
             self._send(pending)
             return
+        if pending is not None and r.reason == lease_service_pb2.REVOKE_REASON_FINISHED:
+            self._let_go(key, _finished(pending.result.status, r.message))
+            return
         # The lease is gone and the result, if any, will not be accepted.
         reason = lease_service_pb2.RevokeReason.Name(r.reason)
         self._let_go(key, f"refused it ({reason}: {r.message})" if pending is not None else None)
 
     def _let_go(self, key: Key, refused: str | None = None) -> None:
-        """Forget a result: the cloud took it, or `refused` it (said why, for the log)."""
+        """Forget a result: the cloud took it, or `refused` it (said why, for the log; "" when
+        the cloud already has it: its ack was lost)."""
         request = self._outbox.pop(key, None)
         self._late_tried.discard(key)
         self._inherited.pop(key, None)
         if request is not None:
-            if refused is not None:
+            if refused == "":
+                log.info("result of %s/%d: the cloud already has it (its ack was lost)", *key)
+            elif refused is not None:
                 log.warning("result of %s/%d dropped: the cloud %s", *key, refused)
             if self._results is not None:
                 try:

@@ -4,6 +4,7 @@ stream cut mid-task, a revoke, and the cloud planner transport with the offline 
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from datetime import timedelta
@@ -24,6 +25,7 @@ from amc.v1 import (
 from cloud import pki
 from cloud.server import CloudServer, build_server
 from cloud.settings import CloudSettings
+from cloud.store import leases, tasks
 from host.cloud_channel import open_channel
 from host.runner import HostApp, build_host, serve_host, start_virtual_phones
 from host.settings import HostSettings
@@ -401,5 +403,68 @@ async def test_a_result_finished_while_the_stream_was_down_beats_the_next_attemp
         )
         assert [a.attempt for a in task.attempts] == [1], task.attempts
         assert task.result_summary == "dark theme is on"
+    finally:
+        await host.close()
+
+
+@pytest.mark.parametrize(
+    ("recorded", "said"),
+    [
+        ("SUCCEEDED", "the cloud already has it"),
+        ("FAILED", "the cloud recorded another end for its attempt (attempt ended FAILED)"),
+    ],
+)
+async def test_a_kept_result_the_cloud_already_recorded_is_not_called_refused(
+    stack: Stack, caplog: pytest.LogCaptureFixture, recorded: str, said: str
+) -> None:
+    """The host's result reached the cloud but the ack did not come back (here: the stream went
+    down first and the result is written to the cloud's store as if it had arrived). At the
+    reconnect the hello names the lease and the cloud answers Revoked FINISHED: the host logged
+    "dropped: the cloud refused it" for a result the cloud has. The same status is said to be
+    there already; another status is a real conflict and is logged as one."""
+    cut = False
+    dead = f"127.0.0.1:{free_port()}"
+
+    def channels() -> grpc.aio.Channel:
+        address = dead if cut else stack.cloud.address
+        return open_channel(_host_settings(stack).model_copy(update={"cloud_address": address}))
+
+    def go_away() -> None:
+        nonlocal cut
+        cut = True
+        stack.cloud.leases.close_all(grpc.StatusCode.UNAVAILABLE, "cut by test")
+
+    virtual, settings = start_virtual_phones(_host_settings(stack))
+    app = build_host(
+        settings, planner=_dark_theme(before_display=go_away), channel_factory=channels
+    )
+    stop = asyncio.Event()
+    host = RunningHost(app, stop, asyncio.create_task(serve_host(app, stop)), virtual)
+    try:
+        await asyncio.wait_for(app.lease.wait_connected(), 20)
+        task_id = await _submit(stack, "Turn on dark theme")
+        for _ in range(600):  # finished with the stream down (a state, not a timer)
+            local = app.store.get_task(task_id, 1)
+            if local is not None and local.status == "succeeded" and app.lease.pending_results():
+                break
+            await asyncio.sleep(0.05)
+        assert app.lease.pending_results() == [(task_id, 1)]
+        view = await tasks.get(stack.cloud.store, task_id)
+        assert view is not None
+        (attempt,) = view.attempts
+        out = await leases.record_result(
+            stack.cloud.store, HOST_ID, task_id, 1, attempt.lease_id, recorded, "done", None
+        )
+        assert out.recorded
+        with caplog.at_level(logging.INFO, logger="host.lease_client"):
+            cut = False
+            for _ in range(600):  # answered at the hello: nothing left to send
+                if not app.lease.pending_results():
+                    break
+                await asyncio.sleep(0.05)
+        assert app.lease.pending_results() == []
+        lines = [r.getMessage() for r in caplog.records if task_id in r.getMessage()]
+        assert any(said in line for line in lines), lines
+        assert not any("refused it" in line for line in lines), lines
     finally:
         await host.close()
