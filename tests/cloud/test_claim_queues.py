@@ -365,3 +365,27 @@ async def test_postgres_a_claim_looks_past_the_heads_others_hold(
         assert await _taken(store, "me", ["q"]) is not None
     finally:
         await store.close()
+
+
+async def test_a_retry_goes_to_another_idle_phone_of_the_host_but_never_waits_for_one(
+    store: Store,
+) -> None:
+    """A task whose attempt ended retryable on phone p1 (a phone that did not answer) gets
+    its next attempt on another idle phone of the host, p2, though p1 comes first in order;
+    when p1 is the host's only idle phone, p1 takes it rather than the task waiting."""
+    task_id = await _submit(store)
+    first = await leases.claim(store, "h1", ["p1", "p2"], 0)
+    assert first is not None and first.device_serial == "p1"
+    failed = "phone p1 did not answer a look at its screen"
+    out = await leases.record_result(
+        store, "h1", task_id, 1, first.lease_id, states.FAILED, failed, None, retryable=True
+    )
+    assert out.task_status == states.QUEUED
+    second = await leases.claim(store, "h1", ["p1", "p2"], 0)
+    assert second is not None and (second.attempt, second.device_serial) == (2, "p2")
+    out = await leases.record_result(
+        store, "h1", task_id, 2, second.lease_id, states.FAILED, "p2 too", None, retryable=True
+    )
+    assert out.task_status == states.QUEUED
+    third = await leases.claim(store, "h1", ["p2"], 0)  # p2 was the last phone: the only one
+    assert third is not None and (third.attempt, third.device_serial) == (3, "p2")

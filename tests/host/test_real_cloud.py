@@ -468,3 +468,35 @@ async def test_a_kept_result_the_cloud_already_recorded_is_not_called_refused(
         assert not any("refused it" in line for line in lines), lines
     finally:
         await host.close()
+
+
+async def test_a_stuck_phones_retry_goes_to_the_hosts_other_idle_phone(stack: Stack) -> None:
+    """A host with two phones, the first of which never answers a look: its attempt ends
+    retryable naming that phone, which is idle again at once, and the claim handed the task's
+    next attempt to the first idle phone in order, that same stuck phone, while the other one
+    stood idle. The next attempt now goes to the other phone."""
+    host = await _start_host(
+        stack,
+        _dark_theme(),
+        virtual_phones=2,
+        dump_timeout_s=1.0,
+        hierarchy_deadline_s=2.5,
+        hierarchy_retries=3,
+    )
+    try:
+        host.virtual.server.phones["emulator-5554"].hang_dumps(3.0, count=50)
+        lease = duration_pb2.Duration()
+        lease.FromTimedelta(timedelta(seconds=6))
+        submitted = await stack.ops.SubmitTask(
+            task_service_pb2.SubmitTaskRequest(
+                goal="Turn on dark theme", max_attempts=2, lease_duration=lease
+            )
+        )
+        task_id = submitted.task.task_id
+        task = await _until(stack, task_id, lambda t: t.attempt == 2)
+        first, second = task.attempts
+        assert first.device_serial == "emulator-5554", task
+        assert first.failure_reason.startswith("phone emulator-5554 did not answer"), task
+        assert second.device_serial == "emulator-5556", task
+    finally:
+        await host.close()

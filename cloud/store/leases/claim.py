@@ -135,7 +135,7 @@ _PG_DEPTH = 512
 
 
 @functools.cache
-def _candidate(idle: int) -> Select[str, str | None, dt.datetime]:
+def _candidate(idle: int) -> Select[str, str | None, dt.datetime, str | None, str | None]:
     """The claim's candidate lookup for a host with `idle` idle phones (bound as `idle_0`...).
 
     The oldest task at the head of the queues the host may take from: tasks for any phone, for
@@ -157,7 +157,13 @@ def _candidate(idle: int) -> Select[str, str | None, dt.datetime]:
         queues.append(_queue(f"any_host_phone_{n}", _ANY_HOST, phone))
     heads = union_all(*(select(queue) for queue in queues)).subquery("heads")
     return (
-        select(TaskRow.task_id, TaskRow.target_device_serial, TaskRow.updated_at)
+        select(
+            TaskRow.task_id,
+            TaskRow.target_device_serial,
+            TaskRow.updated_at,
+            TaskRow.host_id,
+            TaskRow.device_serial,
+        )
         .join_from(heads, TaskRow, TaskRow.task_id == heads.c.task_id)
         .where((TaskRow.status == states.QUEUED).is_(True))
         .order_by(heads.c.created_at, heads.c.task_id)
@@ -185,6 +191,20 @@ _NEW_EVENT = insert(LeaseEventRow)
 #: whether the task asked for no replay → the choice, or None when retrieval must score it):
 #: `Retriever.settle` gives it, and the claim writes it on the attempt it creates.
 Settle = Callable[[int, bool], Choice | None]
+
+
+def _phone_for(idle_serials: list[str], last: str | None) -> str:
+    """The idle phone a task's next attempt gets: another than the one its previous attempt
+    ran on (`last`, when that was on this host) while there is one, else that one.
+
+    A retryable end that names its phone (it was unplugged, or did not answer a look within
+    its deadline: `host.agent.loop`) says nothing about the task, and the phone is idle again
+    at once: the first idle phone in order was very often that very phone, and a stuck one
+    failed every attempt the task had while the host's other phones stood idle. Read from the
+    task row the claim already has: no statement more on the claim path."""
+    if last is not None and len(idle_serials) > 1:
+        return next(s for s in idle_serials if s != last)
+    return idle_serials[0]
 
 
 async def claim(
@@ -244,8 +264,10 @@ def _claim(
     candidate = conn.execute(_candidate(len(idle_serials)), params).first()
     if candidate is None:
         return None
-    task_id, target_serial, queued_since = candidate
-    serial = target_serial or idle_serials[0]
+    task_id, target_serial, queued_since, last_host, last_serial = candidate
+    serial = target_serial or _phone_for(
+        idle_serials, last_serial if last_host == host_id else None
+    )
     claimed = conn.execute(
         _TAKE, {"task": task_id, "host": host_id, "serial": serial, "now": now}
     ).first()
