@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -137,13 +137,48 @@ class RunningHost:
         await asyncio.to_thread(self.virtual.stop)
 
 
-async def _start_host(stack: Stack, planner: Any = None, **overrides: Any) -> RunningHost:
+async def _start_host(
+    stack: Stack,
+    planner: Any = None,
+    channel_factory: Callable[[], grpc.aio.Channel] | None = None,
+    **overrides: Any,
+) -> RunningHost:
     virtual, settings = start_virtual_phones(_host_settings(stack, **overrides))
-    app = build_host(settings, planner=planner)
+    app = build_host(settings, planner=planner, channel_factory=channel_factory)
     stop = asyncio.Event()
     task = asyncio.create_task(serve_host(app, stop))
     await asyncio.wait_for(app.lease.wait_connected(), 20)
     return RunningHost(app, stop, task, virtual)
+
+
+@dataclass
+class _CutLink:
+    """The host's way to the cloud, which a test cuts (new streams dial a dead port, as while
+    the network is down) and restores; `go_away` cuts it and ends the open streams."""
+
+    stack: Stack
+    cut: bool = False
+    dead: str = field(default_factory=lambda: f"127.0.0.1:{free_port()}")
+
+    def channels(self) -> grpc.aio.Channel:
+        address = self.dead if self.cut else self.stack.cloud.address
+        settings = _host_settings(self.stack).model_copy(update={"cloud_address": address})
+        return open_channel(settings)
+
+    def go_away(self) -> None:
+        self.cut = True
+        self.stack.cloud.leases.close_all(grpc.StatusCode.UNAVAILABLE, "cut by test")
+
+
+async def _finished_unanswered(app: HostApp, task_id: str) -> None:
+    """Until the host finished attempt 1 and holds its result unanswered (a state, not a
+    timer: its stream is down)."""
+    for _ in range(600):
+        local = app.store.get_task(task_id, 1)
+        if local is not None and local.status == "succeeded" and app.lease.pending_results():
+            break
+        await asyncio.sleep(0.05)
+    assert app.lease.pending_results() == [(task_id, 1)]
 
 
 def _dark_theme(before_display: Callable[[], None] | None = None) -> ScriptedPlanner:
@@ -276,21 +311,12 @@ async def test_a_cancel_the_host_meets_at_its_next_step_ends_the_task_at_once(
     and it stops there. Once it reconnects it says so (a CANCELLED result, taken while the
     lease is live), and the task is cancelled at once. It said nothing (the lease was "lost"),
     and the task stayed running, cancel pending, until its lease ran out."""
-    cut = False
-    dead = f"127.0.0.1:{free_port()}"
-
-    def channels() -> grpc.aio.Channel:
-        address = dead if cut else stack.cloud.address
-        return open_channel(_host_settings(stack).model_copy(update={"cloud_address": address}))
-
-    virtual, settings = start_virtual_phones(
-        _host_settings(stack, planner_transport="cloud", settle_delay_s=1.0)
+    link = _CutLink(stack)
+    host = await _start_host(  # its planner channel stays up
+        stack, channel_factory=link.channels, planner_transport="cloud", settle_delay_s=1.0
     )
-    app = build_host(settings, channel_factory=channels)  # its planner channel stays up
-    stop = asyncio.Event()
-    host = RunningHost(app, stop, asyncio.create_task(serve_host(app, stop)), virtual)
+    app = host.app
     try:
-        await asyncio.wait_for(app.lease.wait_connected(), 20)
         lease = duration_pb2.Duration()
         lease.FromTimedelta(timedelta(seconds=120))
         submitted = await stack.ops.SubmitTask(
@@ -300,15 +326,14 @@ async def test_a_cancel_the_host_meets_at_its_next_step_ends_the_task_at_once(
         )
         task_id = submitted.task.task_id
         await _until(stack, task_id, lambda t: t.progress.step_index >= 1)
-        cut = True
-        stack.cloud.leases.close_all(grpc.StatusCode.UNAVAILABLE, "cut by test")
+        link.go_away()
         await stack.ops.CancelTask(task_service_pb2.CancelTaskRequest(task_id=task_id, reason="t"))
         for _ in range(400):  # its next Decide is refused and it stops (a state, not a timer)
             if not app.lease.running():
                 break
             await asyncio.sleep(0.05)
         assert app.lease.running() == []
-        cut = False
+        link.cut = False
         task = await _until(
             stack, task_id, lambda t: t.status == types_pb2.TASK_STATUS_CANCELLED, within=30
         )
@@ -363,26 +388,11 @@ async def test_a_result_finished_while_the_stream_was_down_beats_the_next_attemp
     the task. Its hello named only the tasks still running, so the hello's dispatch handed the
     requeued task's next attempt to the idle phone before the result was read: the result was
     refused as superseded and the task ran again."""
-    cut = False
-    dead = f"127.0.0.1:{free_port()}"
-
-    def channels() -> grpc.aio.Channel:
-        address = dead if cut else stack.cloud.address
-        return open_channel(_host_settings(stack).model_copy(update={"cloud_address": address}))
-
-    def go_away() -> None:
-        nonlocal cut
-        cut = True
-        stack.cloud.leases.close_all(grpc.StatusCode.UNAVAILABLE, "cut by test")
-
-    virtual, settings = start_virtual_phones(_host_settings(stack))
-    app = build_host(
-        settings, planner=_dark_theme(before_display=go_away), channel_factory=channels
-    )
-    stop = asyncio.Event()
-    host = RunningHost(app, stop, asyncio.create_task(serve_host(app, stop)), virtual)
+    link = _CutLink(stack)
+    planner = _dark_theme(before_display=link.go_away)
+    host = await _start_host(stack, planner, channel_factory=link.channels)
+    app = host.app
     try:
-        await asyncio.wait_for(app.lease.wait_connected(), 20)
         lease = duration_pb2.Duration()
         lease.FromTimedelta(timedelta(seconds=120))
         submitted = await stack.ops.SubmitTask(
@@ -391,15 +401,10 @@ async def test_a_result_finished_while_the_stream_was_down_beats_the_next_attemp
             )
         )
         task_id = submitted.task.task_id
-        for _ in range(600):  # finished with the stream down (a state, not a timer)
-            local = app.store.get_task(task_id, 1)
-            if local is not None and local.status == "succeeded" and app.lease.pending_results():
-                break
-            await asyncio.sleep(0.05)
-        assert app.lease.pending_results() == [(task_id, 1)]
+        await _finished_unanswered(app, task_id)
         await lapse(stack.cloud.store, task_id)
         await _until(stack, task_id, lambda t: t.status == types_pb2.TASK_STATUS_QUEUED)
-        cut = False
+        link.cut = False
         task = await _until(
             stack, task_id, lambda t: t.status == types_pb2.TASK_STATUS_SUCCEEDED, within=30
         )
@@ -424,33 +429,13 @@ async def test_a_kept_result_the_cloud_already_recorded_is_not_called_refused(
     reconnect the hello names the lease and the cloud answers Revoked FINISHED: the host logged
     "dropped: the cloud refused it" for a result the cloud has. The same status is said to be
     there already; another status is a real conflict and is logged as one."""
-    cut = False
-    dead = f"127.0.0.1:{free_port()}"
-
-    def channels() -> grpc.aio.Channel:
-        address = dead if cut else stack.cloud.address
-        return open_channel(_host_settings(stack).model_copy(update={"cloud_address": address}))
-
-    def go_away() -> None:
-        nonlocal cut
-        cut = True
-        stack.cloud.leases.close_all(grpc.StatusCode.UNAVAILABLE, "cut by test")
-
-    virtual, settings = start_virtual_phones(_host_settings(stack))
-    app = build_host(
-        settings, planner=_dark_theme(before_display=go_away), channel_factory=channels
-    )
-    stop = asyncio.Event()
-    host = RunningHost(app, stop, asyncio.create_task(serve_host(app, stop)), virtual)
+    link = _CutLink(stack)
+    planner = _dark_theme(before_display=link.go_away)
+    host = await _start_host(stack, planner, channel_factory=link.channels)
+    app = host.app
     try:
-        await asyncio.wait_for(app.lease.wait_connected(), 20)
         task_id = await _submit(stack, "Turn on dark theme")
-        for _ in range(600):  # finished with the stream down (a state, not a timer)
-            local = app.store.get_task(task_id, 1)
-            if local is not None and local.status == "succeeded" and app.lease.pending_results():
-                break
-            await asyncio.sleep(0.05)
-        assert app.lease.pending_results() == [(task_id, 1)]
+        await _finished_unanswered(app, task_id)
         view = await tasks.get(stack.cloud.store, task_id)
         assert view is not None
         (attempt,) = view.attempts
@@ -459,7 +444,7 @@ async def test_a_kept_result_the_cloud_already_recorded_is_not_called_refused(
         )
         assert out.recorded
         with caplog.at_level(logging.INFO, logger="host.lease_client"):
-            cut = False
+            link.cut = False
             for _ in range(600):  # answered at the hello: nothing left to send
                 if not app.lease.pending_results():
                     break
