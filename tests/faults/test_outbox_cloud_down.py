@@ -168,17 +168,25 @@ async def test_decisions_made_while_the_cloud_was_down_arrive_once_in_order(
         assert decisions[-1].tool_name == "complete"
         assert all(d.HasField("outcome") and d.outcome.executed for d in decisions)
 
-        shots = (
-            await artifacts.ListStepScreenshots(
-                artifact_service_pb2.ListStepScreenshotsRequest(task_id=task_id)
-            )
-        ).screenshots
-        phases = {(s.step_index, s.phase) for s in shots}
         both = {
             artifact_service_pb2.SCREENSHOT_PHASE_BEFORE,
             artifact_service_pb2.SCREENSHOT_PHASE_AFTER,
         }
-        assert phases == {(d.step_index, p) for d in decisions for p in both}
+        wanted = {(d.step_index, p) for d in decisions for p in both}
+
+        async def every_screenshot() -> Any:
+            # Screenshots are items of their own, shipped after their step's decision: the
+            # outbox report can predate the last one (as for the outcomes above).
+            shots = (
+                await artifacts.ListStepScreenshots(
+                    artifact_service_pb2.ListStepScreenshotsRequest(task_id=task_id)
+                )
+            ).screenshots
+            phases = {(s.step_index, s.phase) for s in shots}
+            return phases if phases >= wanted else None
+
+        phases = await _until(every_screenshot, "every step's screenshots")
+        assert phases == wanted
         stored = tmp_path / "cloud-artifacts" / task_id / "1"
         assert len([p for p in stored.iterdir() if p.suffix == ".png"]) == 2 * len(decisions)
     finally:
