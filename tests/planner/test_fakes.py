@@ -396,6 +396,25 @@ async def test_each_gpt_5_family_takes_its_own_efforts(
     )
 
 
+@pytest.mark.parametrize(
+    ("model", "effort"),
+    [("gpt-5.10", "xhigh"), ("gpt-5.1-2025-11-13", "none"), ("gpt-4o1", "high")],
+)
+async def test_a_model_takes_a_rules_row_only_at_a_boundary_of_its_name(
+    server: FakeModelServer, gpt: openai.AsyncOpenAI, model: str, effort: str
+) -> None:
+    """As the planner's tables (planner/model_names.py): gpt-5.10 is no gpt-5.1 (which refuses
+    `xhigh`) and gpt-4o1 no gpt-4o (which refuses reasoning); a dated gpt-5.1 is."""
+    server.script_openai(chat_completion("ok"))
+    await _chat_refusal(
+        gpt,
+        None,
+        model=model,
+        messages=[{"role": "user", "content": "s"}],
+        reasoning_effort=effort,
+    )
+
+
 _CHAT_TOOL = {"type": "function", "function": {"name": "tap", "parameters": {"type": "object"}}}
 
 

@@ -1,9 +1,10 @@
 """What each model accepts, as the providers document it: the one rules table of the fakes.
 
-Every fake wire format looks a request's model up here (exact name, else the longest prefix
-listed), so a rule about a model family is written once. A model the table does not know gets
-`LENIENT`: the rules every model shares and nothing model-specific, so tests with made-up model
-names exercise the protocol without guessing at a family.
+Every fake wire format looks a request's model up here (the longest row it falls under at a
+boundary of its name, as the planner's tables match: `planner/model_names.py`), so a rule about
+a model family is written once. A model the table does not know gets `LENIENT`: the rules every
+model shares and nothing model-specific, so tests with made-up model names exercise the
+protocol without guessing at a family.
 
 Sources: the Anthropic docs on adaptive thinking, thinking display and prompt caching, and the
 OpenAI reasoning guide (see /work/shared/notes/provider-wire-formats.md).
@@ -13,6 +14,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Literal
+
+from planner.model_names import longest_row
 
 ALL_EFFORTS = frozenset({"none", "minimal", "low", "medium", "high", "xhigh", "max"})
 CLAUDE_46_EFFORTS = frozenset({"low", "medium", "high", "max"})
@@ -159,8 +162,7 @@ MODELS: dict[str, ModelRules] = {
 
 
 def rules_for(model: str) -> ModelRules:
-    """The rules of `model`: its exact entry, else its longest listed prefix, else LENIENT."""
-    if model in MODELS:
-        return MODELS[model]
-    prefixes = [name for name in MODELS if model.startswith(name)]
-    return MODELS[max(prefixes, key=len)] if prefixes else LENIENT
+    """The rules of `model`: the longest entry it falls under at a boundary of its name, as the
+    planner's own tables match (gpt-5.10 is no gpt-5.1), else LENIENT."""
+    row = longest_row(model, MODELS)
+    return MODELS[row] if row is not None else LENIENT
