@@ -284,9 +284,14 @@ def build_decision(
 
     The rationale is the text of the answer whose call is used, or — when that answer wrote
     none (a forced call writes none) — of the latest earlier answer: a corrected answer usually
-    repeats its judgement, and it must not appear twice. Every answer's thinking is kept.
+    repeats its judgement, and it must not appear twice. Every answer's thinking is kept. The
+    recorded user prompt is what the model read: a note sent in place of a screenshot that
+    could not be made to fit, then the prompt.
     """
     reasoning = [i for t in turns for i in t.items if isinstance(i, Reasoning)]
+    # What stood in for a screenshot the provider could not take was sent before the prompt:
+    # the record says what the model was told.
+    notes = turns[-1].projection.screenshot_notes if turns else []
     said = next((t for t in reversed(turns) if t.text), None)
     rationale = said.text if said is not None else None
     if said is not None and said.truncated:
@@ -309,7 +314,7 @@ def build_decision(
         latency_s=latency_s,
         forced_retry=retry_kind != "none",
         system_prompt=system_prompt,
-        user_prompt=user_prompt,
+        user_prompt="\n\n".join([*notes, user_prompt]),
         corrective_retries=corrective_retries,
         extra=dict(extra or {}),
         thinking_kind=thinking_kind,

@@ -43,9 +43,17 @@ class ProjectionStats:
     turns_as_text: int = 0
     orphan_reasoning_dropped: int = 0
     thinking_off_dropped: int = 0
+    #: The text sent in place of each screenshot that could not be made to fit the provider's
+    #: image limit (`planner/vendors/images.py`): part of what the model was told, so the
+    #: decision records it with the prompt.
+    screenshot_notes: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, int]:
-        return {f.name: int(getattr(self, f.name)) for f in fields(self)}
+        """Counts (a list counts its entries), fit for a log line."""
+        return {
+            f.name: len(v) if isinstance(v := getattr(self, f.name), list) else int(v)
+            for f in fields(self)
+        }
 
 
 def foreign_reasoning_text(reasoning: Reasoning) -> str:

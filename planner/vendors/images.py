@@ -20,6 +20,8 @@ import logging
 
 from PIL import Image
 
+from planner.conversation.turns import ProjectionStats
+
 #: Anthropic Messages: the most base64 one image may take.
 ANTHROPIC_MAX_BASE64 = 5 * 1024 * 1024
 #: OpenAI: 20 MB per image, taken as its base64 (what travels) to be safe.
@@ -68,3 +70,16 @@ def left_out(data: bytes, max_base64: int, provider: str) -> str:
         f"{provider}'s limit of {max_base64:,} bytes of base64 even as a JPEG, or could not be "
         "read. Judge the screen from its elements below.]"
     )
+
+
+def fitted_or_noted(
+    data: bytes, max_base64: int, provider: str, stats: ProjectionStats
+) -> bytes | str:
+    """The image to send (`fitted`), or the note to send in its place, which `stats` keeps:
+    the decision's recorded prompt must say what the model was told instead of the image."""
+    fit = fitted(data, max_base64)
+    if fit is not None:
+        return fit
+    note = left_out(data, max_base64, provider)
+    stats.screenshot_notes.append(note)
+    return note

@@ -58,7 +58,7 @@ from planner.conversation.turns import (
     segment,
 )
 from planner.vendors.base import image_media_type
-from planner.vendors.images import ANTHROPIC_MAX_BASE64, fitted, left_out
+from planner.vendors.images import ANTHROPIC_MAX_BASE64, fitted_or_noted
 
 
 @dataclass(slots=True)
@@ -167,7 +167,7 @@ def project_anthropic(
                     content.append(block)
                 elif item.text:
                     if isinstance(item, UserObservation) and id(item) in shots:
-                        texts.append(_image_block(shots[id(item)]))
+                        texts.append(_image_block(shots[id(item)], stats))
                     texts.append({"type": "text", "text": item.text})
             if pending:
                 raise SessionHistoryError(f"tool call(s) without a result: {sorted(pending)}")
@@ -245,12 +245,12 @@ def _append(messages: list[dict[str, Any]], role: str, content: list[dict[str, A
     messages.append({"role": role, "content": content})
 
 
-def _image_block(screenshot: bytes) -> dict[str, Any]:
+def _image_block(screenshot: bytes, stats: ProjectionStats) -> dict[str, Any]:
     """The screenshot as an image block within the API's 5 MB of base64 (re-encoded at the
     same size where needed), or a text block saying it was left out."""
-    data = fitted(screenshot, ANTHROPIC_MAX_BASE64)
-    if data is None:
-        return {"type": "text", "text": left_out(screenshot, ANTHROPIC_MAX_BASE64, "Anthropic")}
+    data = fitted_or_noted(screenshot, ANTHROPIC_MAX_BASE64, "Anthropic", stats)
+    if isinstance(data, str):
+        return {"type": "text", "text": data}
     return {
         "type": "image",
         "source": {

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import openai
 
+from planner.conversation.turns import ProjectionStats
 from planner.model_profiles import ModelProfile, RetryForm, profile_for
 from planner.vendors.base import ThinkingConfig, Turn, TurnRequest
 from planner.vendors.failures import NotAnAnswer, planner_error
@@ -80,9 +81,10 @@ class OpenAIAdapter:
         return await self._chat(request)
 
     async def _chat(self, request: TurnRequest) -> Turn:
+        stats = ProjectionStats()
         params = chat.request_params(
             model=self._model,
-            messages=chat.project_chat(request.system, request.items, request.images),
+            messages=chat.project_chat(request.system, request.items, request.images, stats),
             tools=request.tools,
             forced=request.forced,
             max_tokens=request.max_tokens or self.max_tokens,
@@ -107,6 +109,7 @@ class OpenAIAdapter:
             stop_reason=chat.stop_reason(completion),
             raw_calls=chat.raw_calls(completion),
             request=params,
+            projection=stats,
             truncated=chat.stop_reason(completion) == "length",
             max_tokens=params["max_completion_tokens"],
             output_limit=self.profile.max_output_tokens,

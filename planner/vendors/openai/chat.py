@@ -21,21 +21,26 @@ from planner.conversation.items import (
     SessionItem,
     ToolResult,
 )
-from planner.conversation.turns import ModelTurn, segment
+from planner.conversation.turns import ModelTurn, ProjectionStats, segment
 from planner.decision import Usage
 from planner.settings import THINKING_MAX_TOKENS
 from planner.tools import ToolSpec
 from planner.vendors.base import image_media_type
-from planner.vendors.images import OPENAI_MAX_BASE64, fitted, left_out
+from planner.vendors.images import OPENAI_MAX_BASE64, fitted_or_noted
 from planner.vendors.openai.calls import CONTENT_FILTERED, function_call
 
 
 def project_chat(
-    system: str, items: Sequence[SessionItem], images: Mapping[int, bytes] | None = None
+    system: str,
+    items: Sequence[SessionItem],
+    images: Mapping[int, bytes] | None = None,
+    stats: ProjectionStats | None = None,
 ) -> list[dict[str, Any]]:
     """The `messages` array: the system prompt, then each item in order. A model turn is one
     assistant message (its text, tool calls and reasoning_content); a tool result is a `tool`
-    message; an observation with a screenshot carries the image before its text."""
+    message; an observation with a screenshot carries the image before its text (`stats`
+    keeps the note sent in place of one that could not be made to fit)."""
+    stats = stats if stats is not None else ProjectionStats()
     shots = {id(items[i]): data for i, data in (images or {}).items() if 0 <= i < len(items)}
     out: list[dict[str, Any]] = [{"role": "system", "content": system}]
     for seg in segment(items):
@@ -51,7 +56,7 @@ def project_chat(
                     {
                         "role": "user",
                         "content": [
-                            _image_part(shots[id(item)]),
+                            _image_part(shots[id(item)], stats),
                             {"type": "text", "text": item.text},
                         ],
                     }
@@ -61,12 +66,12 @@ def project_chat(
     return out
 
 
-def _image_part(screenshot: bytes) -> dict[str, Any]:
+def _image_part(screenshot: bytes, stats: ProjectionStats) -> dict[str, Any]:
     """The screenshot as an image part within OpenAI's per-image limit, or a text part saying
     it was left out (`planner/vendors/images.py`)."""
-    data = fitted(screenshot, OPENAI_MAX_BASE64)
-    if data is None:
-        return {"type": "text", "text": left_out(screenshot, OPENAI_MAX_BASE64, "OpenAI")}
+    data = fitted_or_noted(screenshot, OPENAI_MAX_BASE64, "OpenAI", stats)
+    if isinstance(data, str):
+        return {"type": "text", "text": data}
     url = f"data:{image_media_type(data)};base64," + base64.b64encode(data).decode("ascii")
     return {"type": "image_url", "image_url": {"url": url}}
 

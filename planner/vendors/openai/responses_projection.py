@@ -43,7 +43,7 @@ from planner.conversation.turns import (
     segment,
 )
 from planner.vendors.base import image_media_type
-from planner.vendors.images import OPENAI_MAX_BASE64, fitted, left_out
+from planner.vendors.images import OPENAI_MAX_BASE64, fitted_or_noted
 
 ENCRYPTED_REASONING: Final = "reasoning.encrypted_content"
 
@@ -226,18 +226,18 @@ def project_responses(
             if obs.text:
                 content: list[dict[str, Any]] = [{"type": "input_text", "text": obs.text}]
                 if id(obs) in shots:
-                    content.insert(0, _input_image(shots[id(obs)]))
+                    content.insert(0, _input_image(shots[id(obs)], stats))
                 out.append({"role": "user", "content": content})
     if pending:
         raise SessionHistoryError(f"tool call(s) without a result: {sorted(pending)}")
     return ResponsesProjection(out, stats)
 
 
-def _input_image(screenshot: bytes) -> dict[str, Any]:
+def _input_image(screenshot: bytes, stats: ProjectionStats) -> dict[str, Any]:
     """The screenshot as an input image within OpenAI's per-image limit, or input text saying
     it was left out (`planner/vendors/images.py`)."""
-    data = fitted(screenshot, OPENAI_MAX_BASE64)
-    if data is None:
-        return {"type": "input_text", "text": left_out(screenshot, OPENAI_MAX_BASE64, "OpenAI")}
+    data = fitted_or_noted(screenshot, OPENAI_MAX_BASE64, "OpenAI", stats)
+    if isinstance(data, str):
+        return {"type": "input_text", "text": data}
     url = f"data:{image_media_type(data)};base64," + base64.b64encode(data).decode("ascii")
     return {"type": "input_image", "image_url": url, "detail": "auto"}
