@@ -82,15 +82,18 @@ async def fetch_response(
 
 
 async def _not_a_stream(events: Any) -> str | None:
-    """The body of a 200 that is no event stream (a proxy's or gateway's HTML page), else
-    None. The SDKs read any 200 of a streamed call as events: a page yields none, and would
-    read as a stream that broke off rather than as the page it is (what a non-streamed call
-    reports, `NotAnAnswer`)."""
+    """The body of a 200 that says it is something else than an event stream (a proxy's or
+    gateway's HTML page), else None. The SDKs read any 200 of a streamed call as events: a
+    page yields none, and would read as a stream that broke off rather than as the page it is
+    (what a non-streamed call reports, `NotAnAnswer`). A 200 without a Content-Type says
+    nothing of what it is: it is read as the SDKs read it, as events (a proxy that drops the
+    header passes a whole answer on)."""
     response = getattr(events, "response", None)
     headers = getattr(response, "headers", None)
     if response is None or headers is None:
         return None
-    if "text/event-stream" in str(headers.get("content-type", "")).lower():
+    content_type = str(headers.get("content-type", "")).lower()
+    if not content_type.strip() or "text/event-stream" in content_type:
         return None
     head = b""
     try:

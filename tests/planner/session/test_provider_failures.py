@@ -248,6 +248,27 @@ async def test_a_page_in_place_of_a_stream_cut_off_is_unavailable(
         await planner.decide("screen 1")
 
 
+@pytest.mark.parametrize("vendor", ["anthropic", "openai"])
+async def test_a_stream_without_a_content_type_is_read_as_the_sdks_read_it(
+    server: FakeModelServer, planners: Planners, vendor: str
+) -> None:
+    """A streamed 200 whose Content-Type header is missing (a proxy in front of the API that
+    drops it): both SDKs read the body of any streamed 200 as server-sent events whatever its
+    Content-Type, and these events are a whole answer. It was taken for a page and the step
+    failed "not an API answer"."""
+    server.stream_content_type = None
+    if vendor == "anthropic":
+        server.anthropic_script.append(_turn(1))
+    else:
+        server.responses_script.append(
+            ScriptedTurn([reasoning("look"), function_call("press_key", {"key": "back", **INTENT})])
+        )
+    planner = await (planners.anthropic() if vendor == "anthropic" else planners.openai())
+    decision = await planner.decide("screen 1")
+    assert decision.tool_name == "press_key"
+    assert server.bodies()[0]["stream"] is True  # it was asked as a stream
+
+
 async def test_no_tool_call_twice_recovers_with_a_corrective_turn(
     server: FakeModelServer, planners: Planners
 ) -> None:

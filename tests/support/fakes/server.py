@@ -105,6 +105,9 @@ class FakeServer:
         self.page: str | None = None
         self.page_status = 200
         self.page_cut = False
+        #: The Content-Type of a streamed answer (None: the header is left out, as some proxies
+        #: in front of the API do).
+        self.stream_content_type: str | None = "text/event-stream"
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler_class())
         self._server.daemon_threads = True
         self._thread: threading.Thread | None = None
@@ -271,7 +274,8 @@ class FakeServer:
 
             def _sse(self, answer: Answer) -> None:
                 self.send_response(200)
-                self.send_header("content-type", "text/event-stream")
+                if server.stream_content_type is not None:
+                    self.send_header("content-type", server.stream_content_type)
                 self.send_header("connection", "close")
                 self.end_headers()
                 for name, data in answer.events or []:
