@@ -30,7 +30,7 @@ from planner.model_names import longest_row
 from planner.settings import PlannerSettings
 
 ThinkingMode = Literal["off", "adaptive", "budget"]
-ThinkingOff = Literal["omit", "disabled"]
+ThinkingOff = Literal["omit", "disabled", "between_tools"]
 Display = Literal["summarized", "omitted"]
 RetryForm = Literal["forced", "nudge"]
 
@@ -60,7 +60,8 @@ class ModelProfile:
       `{type: enabled, budget_tokens}`; `adaptive`: `{type: adaptive}` for Anthropic, reasoning
       effort for OpenAI). Empty: it does not reason at all.
     - `thinking_off`: how a call without thinking is sent (`omit` the field, or say
-      `{type: disabled}`); None: the model always thinks (thinking "off" is refused at start).
+      `{type: disabled}` or, on Claude Sonnet 5.5, `{type: between_tools}`: no up-front
+      thinking); None: the model always thinks (thinking "off" is refused at start).
     - `off_per_call`: one call may run without thinking while the conversation thinks (what a
       forced retry needs). False: the retry is a nudge with thinking kept.
     - `forced_tool_choice`: a forced tool choice is accepted (without thinking).
@@ -183,10 +184,11 @@ PROFILES: dict[str, ModelProfile] = {
             max_output_tokens=128000,
             prompt_cache=True,
         ),
-        # Claude Opus 5 and Sonnet 5: adaptive thinking is on when `thinking` is left out
-        # ("thinking on by default"), `enabled` is a 400, and thinking is turned off only by
-        # saying `{type: disabled}` (on Opus 5 accepted at effort high or below — the default —
-        # so one call of a thinking conversation does not turn it off: the retry is a nudge).
+        # Claude Opus 5, Sonnet 5 and Haiku 5.5: adaptive thinking is on when `thinking` is
+        # left out ("thinking on by default"), `enabled` is a 400, and thinking is turned off
+        # only by saying `{type: disabled}` (on Opus 5 and Haiku 5.5 accepted at effort high or
+        # below — the default — so one call of a thinking conversation does not turn it off:
+        # the retry is a nudge).
         ModelProfile(
             "claude-5",
             "anthropic",
@@ -200,6 +202,10 @@ PROFILES: dict[str, ModelProfile] = {
             prompt_cache=True,
         ),
         _ALWAYS_THINKS,
+        # Claude Sonnet 5.5: as Opus 5.5, but its up-front thinking is turned off by saying
+        # `{type: between_tools}` (`disabled` is refused; any short progress note it writes
+        # between tool calls still comes back in a thinking block: the SDK's ThinkingTypes).
+        replace(_ALWAYS_THINKS, name="claude-sonnet-5.5", thinking_off="between_tools"),
         # A Claude version newer than this table (claude-opus-5-7, claude-haiku-6): treated as
         # the newest documented models behave (as `claude-always-thinks`), so a model that
         # thinks although told nothing is never taken for one that does not. An operator who
@@ -225,6 +231,10 @@ PROFILES: dict[str, ModelProfile] = {
         # later GPT-5 versions take more and are left to their version's row).
         replace(_GPT_5, name="gpt-5-pro", efforts=frozenset({"high"}), default_effort="high"),
         replace(_GPT_5, name="gpt-5.1", efforts=GPT_51_EFFORTS),
+        # gpt-5.1-codex-max: gpt-5.1's efforts and `xhigh` (openai/codex docs/config.md: "xhigh
+        # (available only on gpt-5.1-codex-max)"; the API reference: "xhigh is supported for all
+        # models after gpt-5.1-codex-max").
+        replace(_GPT_5, name="gpt-5.1-codex-max", efforts=GPT_51_EFFORTS | {"xhigh"}),
         replace(_GPT_5, name="gpt-5.2+", efforts=GPT_52_EFFORTS),
         # GPT-6 (gpt-6-sol, gpt-6-astra, gpt-6.2-…): as the later GPT-5 versions, Chat
         # Completions refuses its function tools unless the effort is explicitly `none` ("…not
@@ -265,7 +275,8 @@ FAMILIES: dict[str, str] = {
     "claude-opus-5": "claude-5",
     "claude-sonnet-5": "claude-5",
     "claude-opus-5-5": "claude-always-thinks",
-    "claude-sonnet-5-5": "claude-always-thinks",
+    "claude-sonnet-5-5": "claude-sonnet-5.5",
+    "claude-haiku-5-5": "claude-5",  # thinks unless told `disabled` (at effort high or below)
     "claude-fable": "claude-always-thinks",
     "claude-mythos": "claude-always-thinks",
     "gpt-4.1": "gpt-4.1",
@@ -276,6 +287,7 @@ FAMILIES: dict[str, str] = {
     "gpt-5": "openai-reasoning",
     "gpt-5-pro": "gpt-5-pro",
     "gpt-5.1": "gpt-5.1",
+    "gpt-5.1-codex-max": "gpt-5.1-codex-max",
     "gpt-5.": "gpt-5.2+",  # every later GPT-5 version: gpt-5.2, 5.4, 5.6-sol…
     "gpt-5-chat": "gpt-5-chat",
     "gpt-6": "gpt-6",

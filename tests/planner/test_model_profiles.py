@@ -32,14 +32,15 @@ def settings(**values: Any) -> PlannerSettings:
         ("claude-opus-5", "anthropic", "claude-5"),
         ("claude-sonnet-5", "anthropic", "claude-5"),
         ("claude-opus-5-5", "anthropic", "claude-always-thinks"),
-        ("claude-sonnet-5-5", "anthropic", "claude-always-thinks"),
+        ("claude-sonnet-5-5", "anthropic", "claude-sonnet-5.5"),
+        ("claude-haiku-5-5", "anthropic", "claude-5"),
         ("claude-fable-5-1", "anthropic", "claude-always-thinks"),
         ("claude-mythos-preview", "anthropic", "claude-always-thinks"),
         # Forward-compatible: a version between listed ones takes the one below it, a version
         # past the table the profile of the newest documented behaviour (never the unknown).
         ("claude-opus-4-9", "anthropic", "claude-adaptive-only"),
         ("claude-opus-5-7", "anthropic", "claude-newer"),
-        ("claude-haiku-5-5", "anthropic", "claude-newer"),
+        ("claude-haiku-6", "anthropic", "claude-newer"),
         ("claude-sonnet-6", "anthropic", "claude-newer"),
         # Date suffixes are no versions.
         ("claude-sonnet-4-20250514", "anthropic", "claude-budget"),
@@ -54,6 +55,7 @@ def settings(**values: Any) -> PlannerSettings:
         ("gpt-5-pro-2025-10-06", "openai", "gpt-5-pro"),
         ("gpt-5.1", "openai", "gpt-5.1"),
         ("gpt-5.1-2025-11-13", "openai", "gpt-5.1"),
+        ("gpt-5.1-codex-max", "openai", "gpt-5.1-codex-max"),
         ("gpt-5.2", "openai", "gpt-5.2+"),
         ("gpt-5.4-mini", "openai", "gpt-5.2+"),
         ("gpt-5.6-sol", "openai", "gpt-5.2+"),
@@ -75,7 +77,7 @@ def test_models_map_to_their_family(model: str, vendor: Any, profile: str) -> No
     [
         # A row matches at the end of the id or before a `-` (a size, a variant, a date) ...
         ("gpt-5.1", "openai", "gpt-5.1"),
-        ("gpt-5.1-codex-max", "openai", "gpt-5.1"),
+        ("gpt-5.1-codex-mini", "openai", "gpt-5.1"),
         ("o3-2025-04-16", "openai", "openai-o-series"),
         ("gpt-4o-2024-08-06", "openai", "gpt-4o"),
         # ... and nowhere else: another version that only starts with the same characters

@@ -77,8 +77,8 @@ def request_params(
         params["max_tokens"] = max(max_tokens, THINKING_MAX_TOKENS)
         if thinking.effort:
             params["output_config"] = {"effort": thinking.effort}
-    elif profile.thinking_off == "disabled":
-        params["thinking"] = {"type": "disabled"}
+    elif profile.thinking_off != "omit":
+        params["thinking"] = {"type": profile.thinking_off}
     if config is not None:
         if profile.visible_display is not None:
             config["display"] = profile.visible_display

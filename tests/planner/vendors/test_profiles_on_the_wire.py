@@ -137,6 +137,24 @@ async def test_opus_5_with_thinking_off_says_disabled_and_can_be_forced(
     assert decision.thinking_kind == "none"
 
 
+@pytest.mark.parametrize(
+    ("model", "off"), [("claude-haiku-5-5", "disabled"), ("claude-sonnet-5-5", "between_tools")]
+)
+async def test_claude_55_models_that_can_run_without_thinking_are_told_how(
+    fake_server: FakeModelServer, model: str, off: str
+) -> None:
+    """Haiku 5.5 thinks unless told `{type: disabled}`; Sonnet 5.5 refuses that and turns its
+    up-front thinking off with `{type: between_tools}` (the SDK's ThinkingConfigBetweenToolsParam).
+    Both were taken for models past the table, which always think: thinking "off" was refused
+    at start."""
+    fake_server.script_anthropic(anthropic_message(text("Display."), tool_use("tap", TAP)))
+    decision = await decide(make(fake_server, model=model))
+    (sent,) = fake_server.requests
+    assert sent.body["thinking"] == {"type": off}
+    assert fake_server.rejections == []
+    assert decision.thinking_kind == "none"
+
+
 async def test_opus_48_is_asked_for_summarized_thinking(fake_server: FakeModelServer) -> None:
     """Unknown to the table before, it got no display field: its thinking came back empty."""
     fake_server.script_anthropic(anthropic_message(thinking("Visible."), tool_use("tap", TAP)))
@@ -259,6 +277,7 @@ async def test_chat_reasoning_effort_only_for_reasoning_models(
         ("gpt-5.1", "none"),
         ("gpt-5.2", "xhigh"),
         ("gpt-5.1-chat-latest", "medium"),
+        ("gpt-5.1-codex-max", "xhigh"),
     ],
 )
 async def test_each_gpt_5_family_is_sent_an_effort_it_takes(

@@ -541,7 +541,7 @@ class MessagesFake:
         rules = rules_for(str(body["model"]))
         config = body.get("thinking") or {}
         kind = config.get("type")
-        if kind not in (None, "disabled", "adaptive", "enabled"):
+        if kind not in (None, "disabled", "adaptive", "enabled", "between_tools"):
             raise _bad(f"thinking.type: Input tag '{kind}' found is not valid")
         if kind == "enabled" and kind not in rules.thinking_types:
             raise _bad(ENABLED_THINKING_UNSUPPORTED)

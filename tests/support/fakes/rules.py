@@ -12,7 +12,7 @@ OpenAI reasoning guide (see /work/shared/notes/provider-wire-formats.md).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 from planner.model_names import longest_row
@@ -125,7 +125,18 @@ MODELS: dict[str, ModelRules] = {
     # Claude Opus 5.5, Sonnet 5.5, Fable: thinking always on (also when left out), forced tool
     # use refused.
     "claude-opus-5-5": _ALWAYS_THINKS,
-    "claude-sonnet-5-5": _ALWAYS_THINKS,
+    # Claude Sonnet 5.5: as Opus 5.5, but `between_tools` turns its up-front thinking off.
+    "claude-sonnet-5-5": replace(
+        _ALWAYS_THINKS, thinking_types=frozenset({"adaptive", "between_tools"})
+    ),
+    # Claude Haiku 5.5: thinks unless told `disabled`; `enabled` is refused.
+    "claude-haiku-5-5": ModelRules(
+        thinking_types=frozenset({"adaptive", "disabled"}),
+        thinks_when_omitted=True,
+        display_default="omitted",
+        efforts=CLAUDE_47_EFFORTS,
+        min_cache_tokens=512,
+    ),
     "claude-fable": _ALWAYS_THINKS,
     # Claude Mythos: adaptive only, and it thinks when `thinking` is left out.
     "claude-mythos": ModelRules(
@@ -145,6 +156,8 @@ MODELS: dict[str, ModelRules] = {
     # only supports `high`", checked against the live Responses API's errors).
     "gpt-5-pro": ModelRules(efforts=frozenset({"high"}), reasons_when_omitted=True),
     "gpt-5.1": _GPT_51,
+    # gpt-5.1-codex-max: gpt-5.1's efforts and `xhigh` (openai/codex docs/config.md).
+    "gpt-5.1-codex-max": replace(_GPT_51, efforts=_GPT_51.efforts | {"xhigh"}),
     "gpt-5.1-chat": _CHAT_LATEST,
     "gpt-5.2-chat": _CHAT_LATEST,
     "gpt-5.3-chat": _CHAT_LATEST,
