@@ -46,12 +46,7 @@ import time
 from collections.abc import Awaitable, Callable, Collection, Sequence
 from typing import Any, Protocol
 
-from planner.conversation.items import (
-    Reasoning,
-    SessionItem,
-    ToolResult,
-    UserObservation,
-)
+from planner.conversation.items import SessionItem, ToolResult, UserObservation
 from planner.decision import Billed, Decision, RetryKind, ThinkingBlock, ThinkingKind, Usage
 from planner.errors import (
     PlannerContextExceeded,
@@ -284,11 +279,13 @@ def build_decision(
 
     The rationale is the text of the answer whose call is used, or — when that answer wrote
     none (a forced call writes none) — of the latest earlier answer: a corrected answer usually
-    repeats its judgement, and it must not appear twice. Every answer's thinking is kept. The
+    repeats its judgement, and it must not appear twice. Every answer's thinking is kept (but
+    the thinking blocks that hold an answer's text, on the models that return it there: that
+    is its rationale, `Turn.said`). The
     recorded user prompt is what the model read: a note sent in place of a screenshot that
     could not be made to fit, then the prompt.
     """
-    reasoning = [i for t in turns for i in t.items if isinstance(i, Reasoning)]
+    reasoning = [r for t in turns for r in t.thought]
     # What stood in for a screenshot the provider could not take was sent before the prompt:
     # the record says what the model was told.
     notes = turns[-1].projection.screenshot_notes if turns else []

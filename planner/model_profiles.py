@@ -84,6 +84,10 @@ class ModelProfile:
       Responses API, as session mode does (which has no such restriction).
     - `max_output_tokens`: the model's output limit (None: not known).
     - `prompt_cache`: Anthropic prompt caching with explicit breakpoints.
+    - `text_as_thinking`: Anthropic — the text the model writes before a tool call comes back
+      in a thinking block of its own, where the text block was (Claude Opus 5.5 and Sonnet
+      5.5: "text between tool calls comes back in thinking blocks"); the decision reads it as
+      its rationale (`Turn.said`).
     """
 
     name: str
@@ -103,6 +107,7 @@ class ModelProfile:
     chat_tools: bool = True
     max_output_tokens: int | None = None
     prompt_cache: bool = False
+    text_as_thinking: bool = False
 
     def retry_form(self, thinking: bool) -> RetryForm:
         """How a turn without a tool call is asked again: a forced tool choice where the model
@@ -202,10 +207,19 @@ PROFILES: dict[str, ModelProfile] = {
             prompt_cache=True,
         ),
         _ALWAYS_THINKS,
+        # Claude Opus 5.5: as the models that always think, and the text it writes before a
+        # tool call comes back in a thinking block (its what's-new page: "text between tool
+        # calls comes back in thinking blocks whose text is empty at the default display").
+        replace(_ALWAYS_THINKS, name="claude-opus-5.5", text_as_thinking=True),
         # Claude Sonnet 5.5: as Opus 5.5, but its up-front thinking is turned off by saying
         # `{type: between_tools}` (`disabled` is refused; any short progress note it writes
         # between tool calls still comes back in a thinking block: the SDK's ThinkingTypes).
-        replace(_ALWAYS_THINKS, name="claude-sonnet-5.5", thinking_off="between_tools"),
+        replace(
+            _ALWAYS_THINKS,
+            name="claude-sonnet-5.5",
+            thinking_off="between_tools",
+            text_as_thinking=True,
+        ),
         # A Claude version newer than this table (claude-opus-5-7, claude-haiku-6): treated as
         # the newest documented models behave (as `claude-always-thinks`), so a model that
         # thinks although told nothing is never taken for one that does not. An operator who
@@ -274,7 +288,7 @@ FAMILIES: dict[str, str] = {
     "claude-opus-4-8": "claude-adaptive-only",
     "claude-opus-5": "claude-5",
     "claude-sonnet-5": "claude-5",
-    "claude-opus-5-5": "claude-always-thinks",
+    "claude-opus-5-5": "claude-opus-5.5",
     "claude-sonnet-5-5": "claude-sonnet-5.5",
     "claude-haiku-5-5": "claude-5",  # thinks unless told `disabled` (at effort high or below)
     "claude-fable": "claude-always-thinks",

@@ -27,6 +27,7 @@ from planner.model_profiles import RetryForm, ThinkingMode
 from planner.tools import ToolSpec
 
 PlannerMode = Literal["compact", "session"]
+TextInThinking = Literal["none", "last", "all"]
 ThinkingSink = Callable[[str], None]
 """Receives live thinking text deltas while a streamed answer arrives (never stored as such)."""
 
@@ -118,6 +119,11 @@ class Turn:
     """The model declined to answer: why, in the provider's words (Anthropic's stop_details
     category and explanation, OpenAI's refusal text, or that OpenAI's content filter stopped
     the answer). None for an answer."""
+    text_in_thinking: TextInThinking = "none"
+    """Where the text the model wrote before its call is, when it wrote no text block: "none"
+    (nowhere: thinking blocks are thinking), "last" (Claude Opus 5.5 and Sonnet 5.5 thinking:
+    in a thinking block of its own, the last before the call) or "all" (`between_tools`: no
+    up-front thinking, every readable thinking block is such text)."""
 
     @property
     def tool_calls(self) -> list[ToolCall]:
@@ -128,10 +134,36 @@ class Turn:
         return [i for i in self.items if isinstance(i, Reasoning)]
 
     @property
+    def said(self) -> list[Reasoning]:
+        """Reasoning blocks that hold the text the model wrote before its call (its judgement
+        and intent), on the models that return that text in thinking blocks
+        (`text_in_thinking`). Only in an answer with a call and without a text block; with
+        "last", only a readable block directly before the call that follows other reasoning:
+        a lone block may be up-front thinking as well, and is left to be thinking."""
+        if self.text_in_thinking == "none" or not self.tool_calls:
+            return []
+        if any(isinstance(i, AssistantText) for i in self.items):
+            return []
+        if self.text_in_thinking == "all":
+            return [r for r in self.reasoning if r.readable]
+        first_call = next(i for i, item in enumerate(self.items) if isinstance(item, ToolCall))
+        before = self.items[:first_call]
+        if len(before) < 2 or not isinstance(before[-2], Reasoning):
+            return []
+        last = before[-1]
+        return [last] if isinstance(last, Reasoning) and last.readable else []
+
+    @property
+    def thought(self) -> list[Reasoning]:
+        """The turn's thinking: its reasoning blocks but those that hold its text (`said`)."""
+        said = {id(r) for r in self.said}
+        return [r for r in self.reasoning if id(r) not in said]
+
+    @property
     def thinking_kind(self) -> ThinkingKind:
-        """What this turn's reasoning gives a reader: readable text (full or summarized), a
+        """What this turn's thinking gives a reader: readable text (full or summarized), a
         signature or encrypted content only (omitted by the provider), redacted, or none."""
-        reasoning = self.reasoning
+        reasoning = self.thought
         if not reasoning:
             return "none"
         if any(r.readable for r in reasoning):
@@ -142,8 +174,10 @@ class Turn:
 
     @property
     def text(self) -> str | None:
-        """The text of the turn joined: the model's judgement of the last step and its intent."""
+        """The text of the turn joined: the model's judgement of the last step and its intent
+        (from the thinking blocks that hold it, on the models that return it there: `said`)."""
         parts = [i.text.strip() for i in self.items if isinstance(i, AssistantText)]
+        parts += [r.readable.strip() for r in self.said]
         return "\n".join(p for p in parts if p) or None
 
 

@@ -308,6 +308,37 @@ async def test_adaptive_only_model_omits_thinking_text_unless_summarized(
     assert block.signature  # still signed: it must go back on a tool-use continuation
 
 
+@pytest.mark.parametrize(
+    ("thinking_config", "shape"),
+    [
+        ({"type": "adaptive", "display": "summarized"}, [("thinking", "t"), ("thinking", "s")]),
+        ({"type": "adaptive"}, [("thinking", ""), ("thinking", "")]),
+        ({"type": "between_tools"}, [("thinking", "s")]),
+    ],
+)
+async def test_a_55_model_returns_the_text_before_its_call_in_a_thinking_block(
+    server: FakeModelServer,
+    claude: anthropic.AsyncAnthropic,
+    thinking_config: dict[str, Any],
+    shape: list[tuple[str, str]],
+) -> None:
+    """Claude Sonnet 5.5 (and Opus 5.5): "text between tool calls comes back in thinking
+    blocks", empty at the default display; with `between_tools` there is no up-front thinking
+    and the text comes back readable."""
+    server.anthropic_script.append(
+        ScriptedTurn([thinking("t"), text("s"), tool_use("tap", {"x": 1, "y": 1})])
+    )
+    answer = await cast(Any, claude.messages.create)(
+        model="claude-sonnet-5-5",
+        max_tokens=20000,
+        thinking=thinking_config,
+        messages=[{"role": "user", "content": "s"}],
+    )
+    blocks = [b.to_dict() for b in answer.content]
+    assert [(b["type"], b["thinking"]) for b in blocks[:-1]] == shape
+    assert blocks[-1]["type"] == "tool_use"
+
+
 async def test_mythos_thinks_when_thinking_is_left_out(
     server: FakeModelServer, claude: anthropic.AsyncAnthropic
 ) -> None:

@@ -31,7 +31,7 @@ def settings(**values: Any) -> PlannerSettings:
         ("claude-opus-4-8", "anthropic", "claude-adaptive-only"),
         ("claude-opus-5", "anthropic", "claude-5"),
         ("claude-sonnet-5", "anthropic", "claude-5"),
-        ("claude-opus-5-5", "anthropic", "claude-always-thinks"),
+        ("claude-opus-5-5", "anthropic", "claude-opus-5.5"),
         ("claude-sonnet-5-5", "anthropic", "claude-sonnet-5.5"),
         ("claude-haiku-5-5", "anthropic", "claude-5"),
         ("claude-fable-5-1", "anthropic", "claude-always-thinks"),

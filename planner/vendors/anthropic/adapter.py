@@ -13,6 +13,7 @@ from planner.vendors.anthropic.messages import (
     raw_calls,
     refusal,
     request_params,
+    text_in_thinking,
     truncated,
     usage_from,
 )
@@ -126,4 +127,5 @@ class AnthropicAdapter:
             output_limit=self.profile.max_output_tokens,
             readable_thinking=self.profile.readable_thinking,
             refusal=refusal(message),
+            text_in_thinking=text_in_thinking(params, self.profile),
         )

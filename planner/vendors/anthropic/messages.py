@@ -20,7 +20,13 @@ from planner.decision import Usage
 from planner.model_profiles import ModelProfile
 from planner.settings import ANSWER_ROOM_TOKENS, THINKING_MAX_TOKENS
 from planner.tools import ToolSpec
-from planner.vendors.base import ThinkingConfig, ThinkingSink, mask_sensitive, sendable
+from planner.vendors.base import (
+    TextInThinking,
+    ThinkingConfig,
+    ThinkingSink,
+    mask_sensitive,
+    sendable,
+)
 from planner.vendors.streaming import IncompleteStream, event_dict
 
 EPHEMERAL: dict[str, str] = {"type": "ephemeral"}
@@ -87,6 +93,17 @@ def request_params(
         if beta:
             params["extra_headers"] = {"anthropic-beta": beta}
     return params
+
+
+def text_in_thinking(params: Mapping[str, Any], profile: ModelProfile) -> TextInThinking:
+    """Where an answer to `params` carries the text the model writes before its call when that
+    text comes back in thinking blocks: every readable one with `between_tools` (no up-front
+    thinking: "any short progress updates the model writes between tool calls come back as
+    thinking blocks", the SDK's ThinkingTypes), the last before the call on a profile that
+    says so (`text_as_thinking`), else none."""
+    if (params.get("thinking") or {}).get("type") == "between_tools":
+        return "all"
+    return "last" if profile.text_as_thinking else "none"
 
 
 #: The stop reason of an answer that filled the model's context window: cut off like one at

@@ -120,6 +120,40 @@ async def test_models_that_always_think_are_nudged_and_asked_for_summaries(
     assert [b.text for b in decision.thinking] == ["Look first.", "Now act."]
 
 
+JUDGED = "Settings opened as expected. Now open Display, where the theme is."
+
+
+@pytest.mark.parametrize("model", ["claude-opus-5-5", "claude-sonnet-5-5"])
+async def test_the_text_a_55_model_writes_before_its_call_is_the_rationale_not_thinking(
+    fake_server: FakeModelServer, model: str
+) -> None:
+    """Claude Opus 5.5 and Sonnet 5.5 return the text they write before a tool call in a
+    thinking block of its own ("text between tool calls comes back in thinking blocks"): the
+    decision's rationale was empty and that text was recorded as the model's thinking."""
+    fake_server.script_anthropic(
+        anthropic_message(thinking("Display holds the theme."), text(JUDGED), tool_use("tap", TAP))
+    )
+    decision = await decide(make(fake_server, model=model, thinking="adaptive"))
+    assert decision.rationale == JUDGED
+    assert [b.text for b in decision.thinking] == ["Display holds the theme."]
+    assert decision.thinking_kind == "summarized"
+    assert (decision.purpose, decision.expected_outcome) == (
+        TAP["purpose"],
+        TAP["expected_outcome"],
+    )
+
+
+async def test_with_up_front_thinking_off_sonnet_55_thinking_blocks_hold_its_text(
+    fake_server: FakeModelServer,
+) -> None:
+    """`between_tools`: no up-front thinking, and what the model writes between tool calls
+    comes back in thinking blocks (the SDK's ThinkingTypes): that is its rationale."""
+    fake_server.script_anthropic(anthropic_message(text(JUDGED), tool_use("tap", TAP)))
+    decision = await decide(make(fake_server, model="claude-sonnet-5-5"))
+    assert decision.rationale == JUDGED
+    assert decision.thinking == [] and decision.thinking_kind == "none"
+
+
 async def test_opus_5_with_thinking_off_says_disabled_and_can_be_forced(
     fake_server: FakeModelServer,
 ) -> None:

@@ -369,13 +369,29 @@ class MessagesFake:
         msg_id = f"msg_fake_{next(self._ids):04d}"
         model = str(body.get("model"))
         rules = rules_for(model)
-        display = (body.get("thinking") or {}).get("display") or rules.display_default
+        config = body.get("thinking") or {}
+        between_tools = config.get("type") == "between_tools"
+        display = config.get("display") or rules.display_default
         content: list[dict[str, Any]] = []
-        for spec in turn.blocks:
+        for i, spec in enumerate(turn.blocks):
             kind = spec["type"]
+            said = (  # text the model writes before a tool call, on a model that returns it
+                kind == "text"
+                and rules.text_as_thinking
+                and any(b["type"] == "tool_use" for b in turn.blocks[i + 1 :])
+            )
             if kind in ("thinking", "redacted_thinking") and not thinking_on:
                 continue
-            if kind == "thinking":
+            if said:
+                # In a thinking block of its own, where the text block was: readable when the
+                # display returns text, or when up-front thinking is off (`between_tools`).
+                shown = spec["text"] if between_tools or display == "summarized" else ""
+                block = {
+                    "type": "thinking",
+                    "thinking": shown,
+                    "signature": self._token("thinking", model, shown),
+                }
+            elif kind == "thinking":
                 # Omitted display: the block comes back with empty text, signature kept.
                 thought = spec["thinking"] if display == "summarized" else ""
                 block = {

@@ -45,6 +45,9 @@ class ModelRules:
       openai/openai-openapi#541, pipecat-ai/pipecat#4043, livekit/agents#5088 and #7169,
       BerriAI/litellm#34569, charmbracelet/crush#2913.
     - `min_cache_tokens`: the shortest prefix Anthropic caches for this model.
+    - `text_as_thinking`: Anthropic: the text the model writes before a tool call comes back
+      in a thinking block of its own (Claude Opus 5.5, Sonnet 5.5: "text between tool calls
+      comes back in thinking blocks", empty unless the display returns text).
     - `reasons_when_omitted`: OpenAI Responses: the model reasons when `reasoning` is left out
       (GPT-5 at its default `medium`, the o-series always; GPT-5.1 and later default to
       `none`), so its answer carries reasoning items (without encrypted content unless it was
@@ -61,6 +64,7 @@ class ModelRules:
     chat_tools_effort: Literal["any", "omitted", "none"] = "any"
     min_cache_tokens: int = 1024
     reasons_when_omitted: bool = False
+    text_as_thinking: bool = False
 
 
 LENIENT = ModelRules()
@@ -124,10 +128,12 @@ MODELS: dict[str, ModelRules] = {
     ),
     # Claude Opus 5.5, Sonnet 5.5, Fable: thinking always on (also when left out), forced tool
     # use refused.
-    "claude-opus-5-5": _ALWAYS_THINKS,
+    "claude-opus-5-5": replace(_ALWAYS_THINKS, text_as_thinking=True),
     # Claude Sonnet 5.5: as Opus 5.5, but `between_tools` turns its up-front thinking off.
     "claude-sonnet-5-5": replace(
-        _ALWAYS_THINKS, thinking_types=frozenset({"adaptive", "between_tools"})
+        _ALWAYS_THINKS,
+        thinking_types=frozenset({"adaptive", "between_tools"}),
+        text_as_thinking=True,
     ),
     # Claude Haiku 5.5: thinks unless told `disabled`; `enabled` is refused.
     "claude-haiku-5-5": ModelRules(
