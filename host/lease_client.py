@@ -527,13 +527,19 @@ class LeaseClient:
             budget=Budget(a.budget.max_tokens, a.budget.max_cost_usd),
             spent=usage_from_proto(a.spent),
         )
-        problem = self._cannot_run(a.device_serial)
+        refusal, problem = self._cannot_run(a.device_serial)
         if problem:
-            # Not the task's fault: the cloud queues its next attempt (the phone's state was
-            # news to it, e.g. right after a reconnect).
+            # Not the task's fault, and nothing ran: the cloud queues it again without counting
+            # the attempt (the phone's state was news to it, e.g. right after a reconnect);
+            # `retryable` for a cloud from before refusals.
             log.warning("assignment %s on %s refused: %s", a.task_id, a.device_serial, problem)
             self._queue_result(
-                spec, types_pb2.TASK_STATUS_FAILED, problem, ProgressSnapshot(), retryable=True
+                spec,
+                types_pb2.TASK_STATUS_FAILED,
+                problem,
+                ProgressSnapshot(),
+                retryable=True,
+                refusal=refusal,
             )
             return
         rt = RunningTask(
@@ -556,12 +562,17 @@ class LeaseClient:
         rt.task.add_done_callback(lambda _: rt.changed.set())  # wake the renewer to exit
         rt.renewer = asyncio.create_task(self._renew_loop(rt), name=f"renew-{a.task_id}")
 
-    def _cannot_run(self, serial: str) -> str:
+    def _cannot_run(self, serial: str) -> tuple[lease_service_pb2.AssignmentRefusal.ValueType, str]:
+        """Why an assignment on `serial` cannot start here (the refusal and its words), or
+        (UNSPECIFIED, "") when it can."""
         info = next((d for d in self._devices.devices() if d.serial == serial), None)
         if info is None:
-            return f"phone {serial} is not attached to this host"
+            return (
+                lease_service_pb2.ASSIGNMENT_REFUSAL_PHONE_NOT_ATTACHED,
+                f"phone {serial} is not attached to this host",
+            )
         if not info.online:
-            return f"phone {serial} is offline"
+            return lease_service_pb2.ASSIGNMENT_REFUSAL_PHONE_OFFLINE, f"phone {serial} is offline"
         busy = any(
             rt.spec.device_serial == serial
             and rt.task is not None
@@ -569,7 +580,12 @@ class LeaseClient:
             and not rt.cancel.is_set()
             for rt in self._tasks.values()
         )
-        return f"phone {serial} is busy with another task" if busy else ""
+        if busy:
+            return (
+                lease_service_pb2.ASSIGNMENT_REFUSAL_PHONE_BUSY,
+                f"phone {serial} is busy with another task",
+            )
+        return lease_service_pb2.ASSIGNMENT_REFUSAL_UNSPECIFIED, ""
 
     def _stopping_on(self, serial: str) -> asyncio.Task[TaskOutcome] | None:
         """The attempt still stopping on this phone (told to stop, not yet stopped), if any."""
@@ -716,6 +732,9 @@ class LeaseClient:
         progress: ProgressSnapshot,
         *,
         retryable: bool = False,
+        refusal: lease_service_pb2.AssignmentRefusal.ValueType = (
+            lease_service_pb2.ASSIGNMENT_REFUSAL_UNSPECIFIED
+        ),
         replay: types_pb2.FlowReplayReport | None = None,
     ) -> None:
         result = lease_service_pb2.TaskResult(
@@ -726,6 +745,7 @@ class LeaseClient:
             summary=truncate(summary, 2000),
             final_progress=progress.to_proto(),
             retryable=retryable,
+            refusal=refusal,
             replay=replay,
         )
         if self._results is not None:

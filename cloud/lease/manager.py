@@ -447,6 +447,11 @@ class LeaseManager:
                 log.warning("replay report of %s/%d from %s left out: %s",
                             msg.task_id, msg.attempt, session.host_id, problem)  # fmt: skip
                 msg.ClearField("replay")
+        # Any value, one this cloud does not know too: a newer host's reason to refuse.
+        refused = (
+            msg.refusal != lease_pb.ASSIGNMENT_REFUSAL_UNSPECIFIED
+            and msg.status == types_pb2.TASK_STATUS_FAILED
+        )
         await self.clock.settled()
         out = await leases.record_result(
             self.store,
@@ -458,6 +463,7 @@ class LeaseManager:
             leases.truncate_summary(msg.summary, leases.RESULT_SUMMARY_LIMIT),
             final,
             retryable=msg.retryable,
+            refused=refused,
             replay=messages.replay_in(msg.replay) if msg.HasField("replay") else None,
         )
         if out.recorded or out.duplicate:
@@ -465,7 +471,11 @@ class LeaseManager:
             if out.recorded:
                 for hear in self.on_ended:
                     hear()
-                session.mark_free([out.device_serial])
+                if not refused:
+                    # A refused phone stays out of the offers (the host says it is running
+                    # something, or cannot be used): else its next claim went to the very same
+                    # phone, refused again at once. The next busy resync frees it.
+                    session.mark_free([out.device_serial])
                 self.bus.tasks_changed([msg.task_id])
                 self.bus.hosts_changed([session.host_id])  # the phone is idle again
                 metrics.current().result(states.from_proto(msg.status))

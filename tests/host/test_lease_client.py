@@ -304,8 +304,11 @@ async def test_assignment_for_an_unknown_or_busy_phone_fails_clearly(
         refused = next(r for r in fake.results if r.task_id == "t7")
         assert "busy" in refused.summary
         assert [s.task_id for s in body.started] == ["t6"]
-        # Not the task's fault: its next attempt is queued (TaskResult.retryable).
+        # Not the task's fault: its next attempt is queued (TaskResult.retryable), and nothing
+        # ran, so the refusal says why and the attempt is not counted (TaskResult.refusal).
         assert refused.retryable and fake.results[0].retryable
+        assert refused.refusal == lease_service_pb2.ASSIGNMENT_REFUSAL_PHONE_BUSY
+        assert fake.results[0].refusal == lease_service_pb2.ASSIGNMENT_REFUSAL_PHONE_NOT_ATTACHED
     finally:
         stop.set()
         await task

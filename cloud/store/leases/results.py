@@ -68,6 +68,7 @@ async def record_result(
     final_progress: ProgressIn | None,
     *,
     retryable: bool = False,
+    refused: bool = False,
     replay: ReplayIn | None = None,
 ) -> ResultOut:
     """End an attempt with the host's result; idempotent for an identical retry.
@@ -75,6 +76,9 @@ async def record_result(
     A `retryable` FAILED result ended the attempt for a reason outside the task (planning stayed
     impossible until the deadline came near): like an expired lease, the task is queued for its
     next attempt if it has any left (cancelled if a cancel is pending, failed if none are left).
+    A `refused` FAILED result is the host declining the assignment before touching the phone:
+    requeued the same way, but nothing ran, so the attempt is not counted against the task's
+    `max_attempts` (a task allowed one attempt failed for a phone that was merely busy).
     """
     now = store.now()
     async with store.write() as session:
@@ -114,9 +118,11 @@ async def record_result(
                 .returning(AttemptRow.device_serial)
             )
         ).first()
-        if row is not None and retryable and status == states.FAILED:
-            after = await _requeue(session, task_id, attempt, summary, now)
-            _result_events(session, host_id, task_id, attempt, row[0], status, summary, after, now)
+        if row is not None and (retryable or refused) and status == states.FAILED:
+            after = await _requeue(session, task_id, attempt, summary, now, refused=refused)
+            _result_events(
+                session, host_id, task_id, attempt, row[0], status, summary, after, now, refused
+            )
             return ResultOut(True, False, after, row[0])
         if row is not None:
             task = (
@@ -141,7 +147,7 @@ async def record_result(
             after = task[0] if task else status
             _result_events(session, host_id, task_id, attempt, row[0], status, summary, after, now)
             return ResultOut(True, False, after, row[0])
-        if status in _LATE_STATUSES and not retryable:
+        if status in _LATE_STATUSES and not (retryable or refused):
             late = await _accept_late(
                 session, host_id, task_id, attempt, lease_id, status, summary, values, now
             )
@@ -252,6 +258,7 @@ def _result_events(
     summary: str,
     task_status: str,
     now: dt.datetime,
+    refused: bool = False,
 ) -> None:
     """The lease history of a recorded result: the result, and the requeue it caused."""
     session.add(
@@ -274,17 +281,26 @@ def _result_events(
                 task_id,
                 attempt,
                 now,
-                reason=f"attempt {attempt} ended for a reason outside the task",
+                reason=f"attempt {attempt} was refused by its host; not counted"
+                if refused
+                else f"attempt {attempt} ended for a reason outside the task",
                 task_status=task_status,
             )
         )
 
 
 async def _requeue(
-    session: AsyncSession, task_id: str, attempt: int, summary: str, now: dt.datetime
+    session: AsyncSession,
+    task_id: str,
+    attempt: int,
+    summary: str,
+    now: dt.datetime,
+    *,
+    refused: bool = False,
 ) -> str:
     """The task after a retryable end of its attempt `attempt`: its next attempt queued, or
-    cancelled (a cancel is pending) or failed (no attempts left)."""
+    cancelled (a cancel is pending) or failed (no attempts left). A `refused` attempt never
+    ran: like an assignment that never left the cloud, it is not one of the task's."""
     task = await session.scalar(
         select(TaskRow)
         .where(
@@ -296,6 +312,8 @@ async def _requeue(
     )
     if task is None:
         return states.FAILED
+    if refused:
+        task.unsent_attempts += 1
     if task.cancel_requested:
         task.status = states.CANCELLED
         task.result_summary = task.cancel_reason or "cancelled"

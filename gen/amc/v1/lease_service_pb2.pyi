@@ -75,6 +75,34 @@ REVOKE_REASON_PERMISSION_DENIED: RevokeReason.ValueType  # 7
 """The lease belongs to another host: the in-stream form of PERMISSION_DENIED. Nothing changed."""
 Global___RevokeReason: _TypeAlias = RevokeReason  # noqa: Y015
 
+class _AssignmentRefusal:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _AssignmentRefusalEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_AssignmentRefusal.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    ASSIGNMENT_REFUSAL_UNSPECIFIED: _AssignmentRefusal.ValueType  # 0
+    """Not refused: the attempt ran (or the host predates refusals)."""
+    ASSIGNMENT_REFUSAL_PHONE_BUSY: _AssignmentRefusal.ValueType  # 1
+    """The phone is running another attempt on this host."""
+    ASSIGNMENT_REFUSAL_PHONE_OFFLINE: _AssignmentRefusal.ValueType  # 2
+    """The phone is attached but offline."""
+    ASSIGNMENT_REFUSAL_PHONE_NOT_ATTACHED: _AssignmentRefusal.ValueType  # 3
+    """The host drives no phone of that serial."""
+
+class AssignmentRefusal(_AssignmentRefusal, metaclass=_AssignmentRefusalEnumTypeWrapper):
+    """Why a host refused an assignment (TaskResult.refusal)."""
+
+ASSIGNMENT_REFUSAL_UNSPECIFIED: AssignmentRefusal.ValueType  # 0
+"""Not refused: the attempt ran (or the host predates refusals)."""
+ASSIGNMENT_REFUSAL_PHONE_BUSY: AssignmentRefusal.ValueType  # 1
+"""The phone is running another attempt on this host."""
+ASSIGNMENT_REFUSAL_PHONE_OFFLINE: AssignmentRefusal.ValueType  # 2
+"""The phone is attached but offline."""
+ASSIGNMENT_REFUSAL_PHONE_NOT_ATTACHED: AssignmentRefusal.ValueType  # 3
+"""The host drives no phone of that serial."""
+Global___AssignmentRefusal: _TypeAlias = AssignmentRefusal  # noqa: Y015
+
 @_typing.final
 class LeaseRequest(_message.Message):
     """A message from the host."""
@@ -650,6 +678,7 @@ class TaskResult(_message.Message):
     FINAL_PROGRESS_FIELD_NUMBER: _builtins.int
     RETRYABLE_FIELD_NUMBER: _builtins.int
     REPLAY_FIELD_NUMBER: _builtins.int
+    REFUSAL_FIELD_NUMBER: _builtins.int
     task_id: _builtins.str
     """Task id."""
     attempt: _builtins.int
@@ -665,9 +694,20 @@ class TaskResult(_message.Message):
     """
     retryable: _builtins.bool
     """FAILED only: the attempt ended for a reason outside the task (the model provider stayed
-    unavailable until the task's deadline came near), so the task is queued for its next
-    attempt, as after an expired lease, when it has attempts left; it fails only when none
-    are. Ignored for other statuses.
+    unavailable until the task's deadline came near, or the host refused the assignment: see
+    `refusal`), so the task is queued for its next attempt, as after an expired lease, when it
+    has attempts left; it fails only when none are. Ignored for other statuses.
+    """
+    refusal: Global___AssignmentRefusal.ValueType
+    """FAILED only: the host refused the assignment without touching the phone (it names a phone
+    that is running another attempt here, is offline, or is not attached). Nothing ran, so the
+    attempt is not one of the task's `max_attempts`: the task is queued again at once (unless
+    a cancel is pending), preferring another phone: the refused one is not offered again
+    until the cloud next reads which of the host's phones hold attempts (every few dispatch
+    passes), so a host that keeps refusing costs its tasks no attempts, only time.
+    Set `retryable` too: a cloud from before this field reads the result as a retryable
+    failure (the task is queued again, using one of its attempts). A value this cloud does not
+    know is read as a refusal all the same. Ignored for other statuses.
     """
     @_builtins.property
     def final_progress(self) -> _types_pb2.Progress:
@@ -693,10 +733,11 @@ class TaskResult(_message.Message):
         final_progress: _types_pb2.Progress | None = ...,
         retryable: _builtins.bool = ...,
         replay: _types_pb2.FlowReplayReport | None = ...,
+        refusal: Global___AssignmentRefusal.ValueType = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["final_progress", b"final_progress", "replay", b"replay"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "final_progress", b"final_progress", "lease_id", b"lease_id", "replay", b"replay", "retryable", b"retryable", "status", b"status", "summary", b"summary", "task_id", b"task_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "final_progress", b"final_progress", "lease_id", b"lease_id", "refusal", b"refusal", "replay", b"replay", "retryable", b"retryable", "status", b"status", "summary", b"summary", "task_id", b"task_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

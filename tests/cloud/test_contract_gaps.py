@@ -1,0 +1,85 @@
+"""Contract gaps between the cloud and the hosts that speak its protos, each against a real cloud
+over mTLS (SQLite and PostgreSQL) driven by scripted host streams with hand-built messages."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from amc.v1 import lease_service_pb2 as lease_pb
+from amc.v1 import task_service_pb2, types_pb2
+from cloud.server import CloudServer
+from tests.cloud.cloud_harness import ScriptedHost, result, submit
+
+
+def _refused(
+    a: lease_pb.Assignment, refusal: lease_pb.AssignmentRefusal.ValueType
+) -> lease_pb.LeaseRequest:
+    """The Python host's answer to an assignment naming a phone it is running something on."""
+    req = result(a, status=types_pb2.TASK_STATUS_FAILED, summary=f"phone {a.device_serial} is busy")
+    req.result.retryable = True
+    req.result.refusal = refusal
+    return req
+
+
+async def test_a_refused_assignment_costs_no_attempt_and_goes_to_another_phone(
+    cloud: CloudServer, ops: Any, pki_dir: Any
+) -> None:
+    """A task allowed one attempt, handed to a phone the host is busy on: the refusal requeues
+    it without using that attempt, and its next attempt goes to the host's other phone."""
+    host = ScriptedHost(cloud.address, pki_dir, "h21")
+    try:
+        await host.connect(["p", "q"])
+        task = (await submit(ops, max_attempts=1)).task
+        first = (await host.next("assignment")).assignment
+        await host.send(_refused(first, lease_pb.ASSIGNMENT_REFUSAL_PHONE_BUSY))
+        ack = (await host.next("result_ack")).result_ack
+        assert ack.task_status == types_pb2.TASK_STATUS_QUEUED
+        second = (await host.next("assignment")).assignment
+        assert (second.attempt, second.device_serial) == (
+            2,
+            "q" if first.device_serial == "p" else "p",
+        )
+        await host.send(result(second))
+        assert (await host.next("result_ack")).result_ack.task_status == (
+            types_pb2.TASK_STATUS_SUCCEEDED
+        )
+        got = (await ops.GetTask(task_service_pb2.GetTaskRequest(task_id=task.task_id))).task
+        assert got.attempts[0].failure_reason == f"phone {first.device_serial} is busy"
+    finally:
+        await host.close()
+
+
+async def test_a_refusal_of_a_value_this_cloud_does_not_know_is_a_refusal(
+    cloud: CloudServer, ops: Any, pki_dir: Any
+) -> None:
+    """A newer host's reason (proto3 enums are open) still costs the task no attempt."""
+    host = ScriptedHost(cloud.address, pki_dir, "h22")
+    try:
+        await host.connect(["p", "q"])
+        await submit(ops, max_attempts=1)
+        first = (await host.next("assignment")).assignment
+        await host.send(_refused(first, 99))  # type: ignore[arg-type]  # a newer host's value
+        assert (await host.next("result_ack")).result_ack.task_status == (
+            types_pb2.TASK_STATUS_QUEUED
+        )
+        assert (await host.next("assignment")).assignment.attempt == 2
+    finally:
+        await host.close()
+
+
+async def test_a_refusal_in_the_old_form_still_uses_an_attempt(
+    cloud: CloudServer, ops: Any, pki_dir: Any
+) -> None:
+    """A host from before refusals (a retryable FAILED alone) is read as before: the attempt
+    counts, so a task allowed one fails."""
+    host = ScriptedHost(cloud.address, pki_dir, "h23")
+    try:
+        await host.connect(["p", "q"])
+        await submit(ops, max_attempts=1)
+        first = (await host.next("assignment")).assignment
+        await host.send(_refused(first, lease_pb.ASSIGNMENT_REFUSAL_UNSPECIFIED))
+        assert (await host.next("result_ack")).result_ack.task_status == (
+            types_pb2.TASK_STATUS_FAILED
+        )
+    finally:
+        await host.close()
