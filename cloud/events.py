@@ -78,6 +78,8 @@ class RevokeEvent:
     device_serial: str = ""
     # True when the attempt already ended in the store (expiry, deadline): the phone is free.
     ended: bool = False
+    #: The task's status then (its stored name; "" unknown): `Revoked.task_status`.
+    task_status: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -371,6 +373,7 @@ class EventBus:
                 "m": event.message,
                 "d": event.device_serial,
                 "e": event.ended,
+                "s": event.task_status,
             }
         )
 
@@ -589,5 +592,6 @@ class EventBus:
                         str(m.get("m", "")),
                         str(m.get("d", "")),
                         bool(m.get("e", False)),
+                        str(m.get("s", "")),
                     )
                 )

@@ -175,15 +175,19 @@ def _mono_expiry(
     return time.monotonic() + lease_s
 
 
-def _finished(sent: types_pb2.TaskStatus.ValueType, message: str) -> str:
-    """Why a kept result answered Revoked FINISHED is let go, for `_let_go`: "" when the
-    attempt ended with the status the result says (the result got there, its ack did not),
-    else the conflict. The cloud names the recorded status only in the message ("attempt ended
-    SUCCEEDED", `cloud.store.leases.fence.classify_sync`): the contract has no field for it."""
-    recorded = message.removeprefix("attempt ended ").strip()
-    if f"TASK_STATUS_{recorded}" == types_pb2.TaskStatus.Name(sent):
-        return ""
-    return f"recorded another end for its attempt ({message})"
+def _finished(result: lease_service_pb2.TaskResult, revoked: lease_service_pb2.Revoked) -> str:
+    """Why a kept result answered Revoked FINISHED is let go, for `_let_go`: "" when the task
+    is where the result left it (the result got there, its ack did not), else the conflict.
+    A cloud from before `Revoked.task_status` names the attempt's recorded status only in the
+    message ("attempt ended SUCCEEDED", `cloud.store.leases.fence.classify_sync`)."""
+    if revoked.task_status == types_pb2.TASK_STATUS_UNSPECIFIED:
+        recorded = revoked.message.removeprefix("attempt ended ").strip()
+        same = f"TASK_STATUS_{recorded}" == types_pb2.TaskStatus.Name(result.status)
+    else:  # a retryable failure leaves its task queued for the next attempt
+        same = revoked.task_status == result.status or (
+            result.retryable and revoked.task_status == types_pb2.TASK_STATUS_QUEUED
+        )
+    return "" if same else f"recorded another end for its attempt ({revoked.message})"
 
 
 class LeaseClient:
@@ -622,7 +626,7 @@ class LeaseClient:
             self._send(pending)
             return
         if pending is not None and r.reason == lease_service_pb2.REVOKE_REASON_FINISHED:
-            self._let_go(key, _finished(pending.result.status, r.message))
+            self._let_go(key, _finished(pending.result, r))
             return
         # The lease is gone and the result, if any, will not be accepted.
         reason = lease_service_pb2.RevokeReason.Name(r.reason)

@@ -239,7 +239,12 @@ class LeaseManager:
                 h = check.held
                 session.send(
                     messages.refused(
-                        h.task_id, h.attempt, h.lease_id, check.revocation, check.message
+                        h.task_id,
+                        h.attempt,
+                        h.lease_id,
+                        check.revocation,
+                        check.message,
+                        check.task_status,
                     )
                 )
                 await self._record_revoked(host_id, h.task_id, h.attempt, check.revocation)
@@ -431,7 +436,9 @@ class LeaseManager:
         await self._record_revoked(session.host_id, msg.task_id, msg.attempt, out.revocation)
         why = out.revocation.name.lower() if out.revocation is not None else "unknown"
         metrics.current().renewal(why)
-        return messages.refused(msg.task_id, msg.attempt, msg.lease_id, out.revocation, out.message)
+        return messages.refused(
+            msg.task_id, msg.attempt, msg.lease_id, out.revocation, out.message, out.task_status
+        )
 
     async def result(
         self, session: HostSession, msg: lease_pb.TaskResult
@@ -494,7 +501,9 @@ class LeaseManager:
                 )
             )
         await self._record_revoked(session.host_id, msg.task_id, msg.attempt, out.revocation)
-        return messages.refused(msg.task_id, msg.attempt, msg.lease_id, out.revocation, out.message)
+        return messages.refused(
+            msg.task_id, msg.attempt, msg.lease_id, out.revocation, out.message, out.task_status
+        )
 
     async def _record_revoked(
         self, host_id: str, task_id: str, attempt: int, revocation: leases.Revocation | None
@@ -524,7 +533,12 @@ class LeaseManager:
             return
         session.send(
             messages.revoked(
-                event.task_id, event.attempt, event.lease_id, event.reason, event.message
+                event.task_id,
+                event.attempt,
+                event.lease_id,
+                event.reason,
+                event.message,
+                event.task_status,
             )
         )
         if event.ended and event.device_serial:

@@ -89,9 +89,10 @@ def replay_in(report: types_pb2.FlowReplayReport) -> leases.ReplayIn:
 
 
 def revoked(
-    task_id: str, attempt: int, lease_id: str, reason: int, message: str
+    task_id: str, attempt: int, lease_id: str, reason: int, message: str, task_status: str = ""
 ) -> lease_pb.LeaseResponse:
-    """Tell the host to stop an attempt (`reason`: a RevokeReason number, as events carry it)."""
+    """Tell the host to stop an attempt (`reason`: a RevokeReason number, as events carry it;
+    `task_status` the stored name, "" when the host is not to know it)."""
     return lease_pb.LeaseResponse(
         revoked=lease_pb.Revoked(
             task_id=task_id,
@@ -99,6 +100,9 @@ def revoked(
             lease_id=lease_id,
             reason=lease_pb.RevokeReason.ValueType(reason),
             message=message,
+            task_status=states.to_proto(task_status)
+            if task_status
+            else types_pb2.TASK_STATUS_UNSPECIFIED,
         )
     )
 
@@ -113,11 +117,16 @@ def rejected(message: str, task_id: str = "") -> lease_pb.LeaseResponse:
 
 
 def refused(
-    task_id: str, attempt: int, lease_id: str, revocation: leases.Revocation | None, message: str
+    task_id: str,
+    attempt: int,
+    lease_id: str,
+    revocation: leases.Revocation | None,
+    message: str,
+    task_status: str = "",
 ) -> lease_pb.LeaseResponse:
     """A renewal, result or held assignment the store refused, as a Revoked."""
     reason = lease_pb.REVOKE_REASON_UNSPECIFIED if revocation is None else revoke_reason(revocation)
-    return revoked(task_id, attempt, lease_id, reason, message)
+    return revoked(task_id, attempt, lease_id, reason, message, task_status)
 
 
 def assignment(

@@ -53,6 +53,7 @@ class Sweeper:
                         messages.swept_message(e.revocation),
                         e.device_serial,
                         ended=True,
+                        task_status=e.task_status,
                     )
                 )
             requeued = requeued or e.task_status == states.QUEUED

@@ -236,6 +236,7 @@ class TaskServicer(task_service_pb2_grpc.TaskServiceServicer):
                     out.revoke.lease_id,
                     lease_pb.REVOKE_REASON_CANCELLED,
                     out.view.task.cancel_reason or "cancelled",
+                    task_status=out.view.task.status,
                 )
             )
         self._bus.tasks_changed([request.task_id])

@@ -8,7 +8,7 @@ from typing import Any
 from amc.v1 import lease_service_pb2 as lease_pb
 from amc.v1 import task_service_pb2, types_pb2
 from cloud.server import CloudServer
-from tests.cloud.cloud_harness import ScriptedHost, result, submit
+from tests.cloud.cloud_harness import ScriptedHost, lapse, renewal, result, submit
 
 
 def _refused(
@@ -83,3 +83,66 @@ async def test_a_refusal_in_the_old_form_still_uses_an_attempt(
         )
     finally:
         await host.close()
+
+
+async def test_every_revoke_says_what_its_task_became(
+    cloud: CloudServer, ops: Any, pki_dir: Any
+) -> None:
+    """Revoked.task_status, wherever a Revoked comes from: a renewal or a hello naming a lease
+    whose result is recorded (FINISHED), the sweeper (EXPIRED), an operator's cancel; never
+    for another host's lease."""
+    host = ScriptedHost(cloud.address, pki_dir, "h24")
+    other = ScriptedHost(cloud.address, pki_dir, "h25")
+    try:
+        await host.connect(["p"])
+        await other.connect([])
+        done = (await submit(ops)).task
+        a = (await host.next("assignment")).assignment
+        await host.send(result(a))
+        await host.next("result_ack")
+        await host.send(renewal(a))
+        finished = (await host.next("revoked")).revoked
+        assert (finished.reason, finished.task_status) == (
+            lease_pb.REVOKE_REASON_FINISHED,
+            types_pb2.TASK_STATUS_SUCCEEDED,
+        )
+        await other.send(renewal(a))
+        theirs = (await other.next("revoked")).revoked
+        assert (theirs.reason, theirs.task_status) == (
+            lease_pb.REVOKE_REASON_PERMISSION_DENIED,
+            types_pb2.TASK_STATUS_UNSPECIFIED,
+        )
+
+        swept = (await submit(ops)).task
+        b = (await host.next("assignment")).assignment
+        await lapse(cloud.store, swept.task_id)
+        expired = (await host.next("revoked")).revoked
+        assert (expired.reason, expired.task_status) == (
+            lease_pb.REVOKE_REASON_EXPIRED,
+            types_pb2.TASK_STATUS_QUEUED,
+        )
+        c = (await host.next("assignment")).assignment  # its next attempt, on the freed phone
+        assert (c.task_id, c.attempt) == (b.task_id, 2)
+        await ops.CancelTask(task_service_pb2.CancelTaskRequest(task_id=c.task_id, reason="no"))
+        cancelled = (await host.next("revoked")).revoked
+        assert (cancelled.reason, cancelled.task_status) == (
+            lease_pb.REVOKE_REASON_CANCELLED,
+            types_pb2.TASK_STATUS_ASSIGNED,
+        )
+        await host.close()
+
+        again = ScriptedHost(cloud.address, pki_dir, "h24")
+        host = again
+        held = lease_pb.HeldAssignment(
+            task_id=a.task_id, attempt=a.attempt, lease_id=a.lease_id, device_serial="p"
+        )
+        await again.connect(["p"], held=[held])
+        at_hello = (await again.next("revoked")).revoked
+        assert (at_hello.task_id, at_hello.reason, at_hello.task_status) == (
+            done.task_id,
+            lease_pb.REVOKE_REASON_FINISHED,
+            types_pb2.TASK_STATUS_SUCCEEDED,
+        )
+    finally:
+        await host.close()
+        await other.close()

@@ -8,6 +8,7 @@ task body here is a stepper the test advances, so each protocol moment is reache
 from __future__ import annotations
 
 import asyncio
+import logging
 import random
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -547,6 +548,52 @@ async def test_a_lease_the_cloud_says_is_lost_is_answered_retryable(
                 break
             await asyncio.sleep(0.05)
         assert not client._tasks and client.pending_results() == []
+    finally:
+        stop.set()
+        await task
+
+
+@pytest.mark.parametrize(
+    ("task_status", "said"),
+    [
+        (types_pb2.TASK_STATUS_SUCCEEDED, "the cloud already has it"),
+        (types_pb2.TASK_STATUS_FAILED, "the cloud recorded another end for its attempt"),
+    ],
+)
+async def test_a_finished_revoke_is_read_from_its_task_status_not_its_words(
+    cloud: RunningCloud,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+    task_status: types_pb2.TaskStatus.ValueType,
+    said: str,
+) -> None:
+    """A kept result answered Revoked FINISHED: whether the cloud has it is its `task_status`
+    (a newer cloud may word the message otherwise), not the message's text."""
+    body = Stepper(1)
+    client = _client(cloud, StaticDevices("emulator-5554"), body, tmp_path)
+    stop, task = await _run(client)
+    fake = cloud.cloud
+    try:
+        fake.ack_results = False
+        lease = await fake.assign("t12", "emulator-5554", "g")
+        body.allow(1)
+        await fake.wait_for(lambda: len(fake.results) == 1)
+        with caplog.at_level(logging.INFO, logger="host.lease_client"):
+            await fake.send(
+                lease_service_pb2.LeaseResponse(
+                    revoked=lease_service_pb2.Revoked(
+                        task_id="t12",
+                        attempt=1,
+                        lease_id=lease.lease_id,
+                        reason=lease_service_pb2.REVOKE_REASON_FINISHED,
+                        message="this attempt is over",
+                        task_status=task_status,
+                    )
+                )
+            )
+            await _drained(client)
+        lines = [r.getMessage() for r in caplog.records if "t12" in r.getMessage()]
+        assert any(said in line for line in lines), lines
     finally:
         stop.set()
         await task

@@ -12,6 +12,7 @@ from __future__ import annotations
 import datetime as dt
 import enum
 from collections.abc import Sequence
+from typing import NamedTuple
 
 from sqlalchemy import ColumnElement, select, tuple_
 from sqlalchemy.ext.asyncio import AsyncSession
@@ -42,6 +43,16 @@ class Revocation(enum.Enum):
     #: replaced (restarted, or superseded by another process with its certificate) or its
     #: certificate was revoked.
     RELEASED = "released"
+
+
+class Refusal(NamedTuple):
+    """Why a lease is not the caller's live lease: the reason, a message for the host, and the
+    task's status then ("" when the caller may not know it: an unknown task or lease, or
+    another host's)."""
+
+    revocation: Revocation
+    message: str
+    task_status: str = ""
 
 
 def live_fence(
@@ -79,7 +90,7 @@ async def classify(
     attempt: int,
     lease_id: str,
     now: dt.datetime,
-) -> tuple[Revocation, str]:
+) -> Refusal:
     """`classify_sync` in an async session."""
     return await session.run_sync(
         lambda sync: classify_sync(sync, host_id, task_id, attempt, lease_id, now)
@@ -93,34 +104,36 @@ def classify_sync(
     attempt: int,
     lease_id: str,
     now: dt.datetime,
-) -> tuple[Revocation, str]:
+) -> Refusal:
     """Why (task, attempt, lease) is not the caller's live lease, with a message for the host
     (in a synchronous session: the renewal batch's loop-thread write on SQLite)."""
     task = session.scalar(select(TaskRow).where(TaskRow.task_id == task_id))
     if task is None:
-        return Revocation.UNKNOWN, "unknown task"
+        return Refusal(Revocation.UNKNOWN, "unknown task")
     row = session.scalar(
         select(AttemptRow).where(AttemptRow.task_id == task_id, AttemptRow.attempt == attempt)
     )
     if row is None or row.lease_id != lease_id:
         if task.attempt > attempt:
-            return Revocation.SUPERSEDED, f"attempt {task.attempt} holds the task"
-        return Revocation.UNKNOWN, "unknown lease"
+            return Refusal(
+                Revocation.SUPERSEDED, f"attempt {task.attempt} holds the task", task.status
+            )
+        return Refusal(Revocation.UNKNOWN, "unknown lease")
     if row.host_id != host_id:
         # Nothing about the other host's lease is revealed beyond "not yours".
-        return Revocation.NOT_YOURS, "permission denied: not this host's lease"
+        return Refusal(Revocation.NOT_YOURS, "permission denied: not this host's lease")
     if task.cancel_requested or row.status == states.CANCELLED:
-        return Revocation.CANCELLED, task.cancel_reason or "cancelled"
+        return Refusal(Revocation.CANCELLED, task.cancel_reason or "cancelled", task.status)
     if row.ended_at is None:
         if row.lease_expires_at <= now:
-            return Revocation.EXPIRED, states.LEASE_EXPIRED
-        return Revocation.UNKNOWN, "lease not live"
+            return Refusal(Revocation.EXPIRED, states.LEASE_EXPIRED, task.status)
+        return Refusal(Revocation.UNKNOWN, "lease not live")
     if task.attempt > attempt:
-        return Revocation.SUPERSEDED, f"attempt {task.attempt} holds the task"
+        return Refusal(Revocation.SUPERSEDED, f"attempt {task.attempt} holds the task", task.status)
     if row.failure_reason == states.LEASE_EXPIRED:
-        return Revocation.EXPIRED, states.LEASE_EXPIRED
+        return Refusal(Revocation.EXPIRED, states.LEASE_EXPIRED, task.status)
     if row.failure_reason == states.DEADLINE_EXCEEDED:
-        return Revocation.DEADLINE_EXCEEDED, states.DEADLINE_EXCEEDED
+        return Refusal(Revocation.DEADLINE_EXCEEDED, states.DEADLINE_EXCEEDED, task.status)
     if row.failure_reason in states.RELEASED:
-        return Revocation.RELEASED, row.failure_reason
-    return Revocation.FINISHED, f"attempt ended {row.status}"
+        return Refusal(Revocation.RELEASED, row.failure_reason, task.status)
+    return Refusal(Revocation.FINISHED, f"attempt ended {row.status}", task.status)

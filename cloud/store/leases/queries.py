@@ -35,6 +35,8 @@ class HeldCheck:
     revocation: Revocation | None = None
     message: str = ""
     last_progress: AttemptRow | None = None
+    #: A revoked one's task status ("" when not the host's to know: `fence.Refusal`).
+    task_status: str = ""
 
 
 async def live_serials_by_host(store: Store, host_ids: Sequence[str]) -> dict[str, set[str]]:

@@ -83,6 +83,8 @@ class RenewalOut:
     expires_at: dt.datetime | None
     revocation: Revocation | None = None
     message: str = ""
+    #: The task's status when refused ("" when not the caller's to know: `fence.Refusal`).
+    task_status: str = ""
     #: The renewal changed the stored attempt (expiry, progress or status): watchers may care.
     written: bool = False
     #: When a written renewal was written (the task's `updated_at`).
@@ -432,10 +434,10 @@ async def _renew_batch_sqlite(
         outcomes: list[RenewalOut] = []
         for item, out in zip(items, written, strict=True):
             if out is None:
-                reason, message = await classify(
+                why = await classify(
                     session, item.host_id, item.task_id, item.attempt, item.lease_id, now
                 )
-                out = RenewalOut(None, reason, message)
+                out = RenewalOut(None, why.revocation, why.message, why.task_status)
             outcomes.append(out)
         return outcomes
 
@@ -666,8 +668,6 @@ async def _renewed_or_why(
         if expires is not None:
             out.append(RenewalOut(expires, written=True, renewed_at=now))
             continue
-        reason, message = await classify(
-            session, item.host_id, item.task_id, item.attempt, item.lease_id, now
-        )
-        out.append(RenewalOut(None, reason, message))
+        why = await classify(session, item.host_id, item.task_id, item.attempt, item.lease_id, now)
+        out.append(RenewalOut(None, why.revocation, why.message, why.task_status))
     return out

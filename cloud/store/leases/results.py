@@ -30,6 +30,7 @@ class ResultOut:
 
     recorded: bool
     duplicate: bool
+    #: The task's status after the result (or when it was refused: "" if not the caller's to know).
     task_status: str = ""
     device_serial: str = ""
     revocation: Revocation | None = None
@@ -172,8 +173,10 @@ async def record_result(
                 existing.device_serial,
                 late=existing.late_result,
             )
-        revocation, message = await classify(session, host_id, task_id, attempt, lease_id, now)
-        return ResultOut(False, False, revocation=revocation, message=message)
+        why = await classify(session, host_id, task_id, attempt, lease_id, now)
+        return ResultOut(
+            False, False, why.task_status, revocation=why.revocation, message=why.message
+        )
 
 
 #: Outcomes a late result may carry: the task's own end. (A cancel is the operator's, decided

@@ -154,11 +154,13 @@ def _resume(
                     )
                 )
             else:
-                revocation, message = classify_sync(
-                    session, host_id, h.task_id, h.attempt, h.lease_id, now
-                )
+                why = classify_sync(session, host_id, h.task_id, h.attempt, h.lease_id, now)
                 known = session.scalar(_TASK, {"task": h.task_id})
-                checks.append(HeldCheck(h, None, known, revocation, message))
+                checks.append(
+                    HeldCheck(
+                        h, None, known, why.revocation, why.message, task_status=why.task_status
+                    )
+                )
         out.append(checks)
     if resumed:  # one executemany (the ORM would insert row by row to learn each new id)
         session.execute(insert(LeaseEventRow), resumed)

@@ -630,6 +630,7 @@ class Revoked(_message.Message):
     LEASE_ID_FIELD_NUMBER: _builtins.int
     REASON_FIELD_NUMBER: _builtins.int
     MESSAGE_FIELD_NUMBER: _builtins.int
+    TASK_STATUS_FIELD_NUMBER: _builtins.int
     task_id: _builtins.str
     """Task id."""
     attempt: _builtins.int
@@ -639,7 +640,19 @@ class Revoked(_message.Message):
     reason: Global___RevokeReason.ValueType
     """Why."""
     message: _builtins.str
-    """Human-readable detail; for REVOKE_REASON_CANCELLED the operator's reason."""
+    """Human-readable detail; for REVOKE_REASON_CANCELLED the operator's reason. For reading,
+    not parsing: what the task became is `task_status`.
+    """
+    task_status: _types_pb2.TaskStatus.ValueType
+    """The task's status when the cloud sent this: for REVOKE_REASON_FINISHED what the attempt's
+    recorded result left (SUCCEEDED or FAILED; QUEUED, FAILED or CANCELLED after a retryable
+    one), for EXPIRED and DEADLINE_EXCEEDED what ending the attempt left (QUEUED for the next
+    attempt, FAILED, or CANCELLED with a cancel pending), for CANCELLED the task's status
+    until its host answers or its lease runs out (CANCELLED once it ended). UNSPECIFIED when
+    the cloud knows no such task or lease (REVOKE_REASON_UNKNOWN), the lease is another
+    host's (REVOKE_REASON_PERMISSION_DENIED: nothing about it is revealed), or from a cloud
+    before this field (then only `message` says: "attempt ended SUCCEEDED" for FINISHED).
+    """
     def __init__(
         self,
         *,
@@ -648,10 +661,11 @@ class Revoked(_message.Message):
         lease_id: _builtins.str = ...,
         reason: Global___RevokeReason.ValueType = ...,
         message: _builtins.str = ...,
+        task_status: _types_pb2.TaskStatus.ValueType = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "lease_id", b"lease_id", "message", b"message", "reason", b"reason", "task_id", b"task_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "lease_id", b"lease_id", "message", b"message", "reason", b"reason", "task_id", b"task_id", "task_status", b"task_status"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
