@@ -63,7 +63,7 @@ from planner.planner import Planner
 from planner.session.step_planner import Outcome, call_id_of, continue_session
 from planner.session.store import SessionConflict, SessionStore
 from planner.step_once import StepPlans, step_key_problem
-from planner.steps import PastStep, checked, outcome_problem
+from planner.steps import PastStep, checked, noted, outcome_problem, unknown_verdict
 from planner.tools import Judgement
 
 if TYPE_CHECKING:  # a cloud that plans offline never loads the provider SDKs
@@ -405,12 +405,18 @@ class PlannerServicer(planner_service_pb2_grpc.PlannerServiceServicer):
             problem = outcome_problem(previous, history)
             if problem:
                 await context.abort(grpc.StatusCode.INVALID_ARGUMENT, problem)
+            previous, unknown = unknown_verdict(previous)
             # A host that runs no checker gets the cloud's reading of this observation.
             scene = scene_from_observation(request.observation)
             previous, by_cloud = checked(previous, history, scene)
             assert previous is not None
+            recorded = previous
+            if unknown:  # the record says so; the model is shown the check as usual
+                recorded = types_pb2.ActionOutcome()
+                recorded.CopyFrom(previous)
+                noted(recorded, unknown, request.previous_outcome.evidence)
             await self._attempts.record_outcome(
-                task_id, attempt, previous, checked_by_cloud=by_cloud
+                task_id, attempt, recorded, checked_by_cloud=by_cloud
             )
         flows = await self._attempts.flows(task_id, goal, attempt)
 

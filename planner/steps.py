@@ -23,6 +23,7 @@ from planner.verify import (
     MAX_EVIDENCE_BYTES,
     Check,
     VerdictName,
+    cut_evidence,
     verdict_from_proto,
     verdict_to_proto,
     verify,
@@ -171,9 +172,8 @@ class PastStep:
 
 def outcome_problem(outcome: types_pb2.ActionOutcome, steps: Sequence[PastStep]) -> str | None:
     """INVALID_ARGUMENT text for a previous outcome that names no decision of the attempt or
-    is oversize, naming the field; None when it is usable."""
-    if outcome.verdict not in types_pb2.Verdict.values():
-        return f"previous_outcome.verdict: unknown value {outcome.verdict}"
+    is oversize, naming the field; None when it is usable (a verdict this planner does not
+    know included: `unknown_verdict`)."""
     for name, value, limit in (
         ("previous_outcome.error", outcome.error, MAX_OUTCOME_ERROR_BYTES),
         ("previous_outcome.driver_output", outcome.driver_output, MAX_DRIVER_OUTPUT_BYTES),
@@ -189,6 +189,30 @@ def outcome_problem(outcome: types_pb2.ActionOutcome, steps: Sequence[PastStep])
             f"attempt (its decisions: {known})"
         )
     return None
+
+
+_VERDICTS = frozenset(types_pb2.Verdict.values())
+
+
+def unknown_verdict(outcome: types_pb2.ActionOutcome) -> tuple[types_pb2.ActionOutcome, str]:
+    """`outcome` with a verdict this planner does not know (a newer host's: proto3 enums are
+    open) read as UNSPECIFIED, as if the host had run no checker, and the note that says so
+    for the record ("" when the verdict is known). Refused, the host's step failed for a
+    judgement that only informs the model."""
+    if outcome.verdict in _VERDICTS:
+        return outcome, ""
+    note = f"the host's verdict {outcome.verdict} is not one this cloud knows; read as unspecified"
+    read = types_pb2.ActionOutcome()
+    read.CopyFrom(outcome)
+    read.verdict = types_pb2.VERDICT_UNSPECIFIED
+    return read, note
+
+
+def noted(outcome: types_pb2.ActionOutcome, note: str, host_evidence: str) -> None:
+    """Put `note` (`unknown_verdict`'s) first in `outcome.evidence`, before the cloud's check's
+    evidence or else the host's, so the decision log says the verdict was unknown."""
+    after = outcome.evidence or host_evidence
+    outcome.evidence = cut_evidence(f"{note}: {after}" if after else note)
 
 
 def checked(

@@ -140,7 +140,8 @@ def disagree(checker: str | None, model: str | None) -> bool:
     return {checker, model} == {"met", "not_met"}
 
 
-def _cut(text: str) -> str:
+def cut_evidence(text: str) -> str:
+    """`text` within MAX_EVIDENCE_BYTES, cut on a character boundary and marked with "…"."""
     raw = text.encode("utf-8")
     if len(raw) <= MAX_EVIDENCE_BYTES:
         return text
@@ -175,10 +176,10 @@ def verify(
     for rule in (_launched, _switch, _selected, _gone, _keyboard, _dialog, _field, _page, _home):
         found = rule(text, action, after, before)
         if found is not None:
-            return Check(found.verdict, _cut(found.evidence))
+            return Check(found.verdict, cut_evidence(found.evidence))
     found = _scrolled(text, after, before) or _quoted(text, after)
     if found is not None:
-        return Check(found.verdict, _cut(found.evidence))
+        return Check(found.verdict, cut_evidence(found.evidence))
     if before is not None and _same_screen(before, after):
         return Check(
             "unknown",

@@ -432,7 +432,9 @@ async def record_outcome(
                 outcome_error=outcome.error,
                 outcome_driver_output=outcome.driver_output,
                 verdict=verdict,
-                verdict_evidence=outcome.evidence if verdict is not None else None,
+                # Kept without a verdict too: it may say why there is none (a host's verdict
+                # this cloud does not know, `planner.steps.unknown_verdict`).
+                verdict_evidence=outcome.evidence or None,
                 verdict_by_cloud=checked_by_cloud and verdict is not None,
             )
         )

@@ -3,12 +3,57 @@ over mTLS (SQLite and PostgreSQL) driven by scripted host streams with hand-buil
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
+import pytest
+
+from amc.v1 import (
+    decision_log_service_pb2,
+    decision_log_service_pb2_grpc,
+    planner_service_pb2,
+    planner_service_pb2_grpc,
+    task_service_pb2,
+    types_pb2,
+)
 from amc.v1 import lease_service_pb2 as lease_pb
-from amc.v1 import task_service_pb2, types_pb2
-from cloud.server import CloudServer
-from tests.cloud.cloud_harness import ScriptedHost, lapse, renewal, result, submit
+from cloud.server import CloudServer, build_server
+from planner.observation import observation_from_scene
+from tests.cloud.cloud_harness import (
+    ScriptedHost,
+    channel,
+    lapse,
+    renewal,
+    result,
+    submit,
+    tasks_stub,
+)
+from tests.cloud.conftest import SettingsFactory
+from tests.planner import scenes
+
+
+@pytest.fixture
+async def offline_cloud(
+    make_settings: SettingsFactory, monkeypatch: pytest.MonkeyPatch
+) -> AsyncIterator[CloudServer]:
+    """A cloud planning with the offline provider (no model), in compact mode."""
+    monkeypatch.setenv("AMC_PLANNER_PROVIDER", "offline")
+    monkeypatch.delenv("AMC_PLANNER_MODE", raising=False)
+    server = await build_server(make_settings())
+    await server.start()
+    try:
+        yield server
+    finally:
+        await server.stop(0.5)
+
+
+async def _decisions(cloud: CloudServer, pki_dir: Path, task_id: str) -> list[Any]:
+    """The task's decisions as an operator reads them (DecisionLogService)."""
+    async with channel(cloud.address, pki_dir, "operator-ops") as ch:
+        log: Any = decision_log_service_pb2_grpc.DecisionLogServiceStub(ch)
+        request = decision_log_service_pb2.ListDecisionsRequest(task_id=task_id)
+        return list((await log.ListDecisions(request)).decisions)
 
 
 def _refused(
@@ -146,3 +191,47 @@ async def test_every_revoke_says_what_its_task_became(
     finally:
         await host.close()
         await other.close()
+
+
+async def test_an_unknown_verdict_is_read_as_unspecified_and_recorded_as_unknown(
+    offline_cloud: CloudServer, pki_dir: Path
+) -> None:
+    """A newer host's verdict (proto3 enums are open) no longer fails its step: Decide plans
+    as if the host had run no checker, and the decision log says the verdict was unknown."""
+    cloud = offline_cloud
+    host = ScriptedHost(cloud.address, pki_dir, "h26")
+    try:
+        await host.connect(["p"])
+        async with channel(cloud.address, pki_dir, "operator-ops") as ops_ch:
+            await submit(tasks_stub(ops_ch))
+        a = (await host.next("assignment")).assignment
+        async with channel(cloud.address, pki_dir, "host-h26") as ch:
+            stub: Any = planner_service_pb2_grpc.PlannerServiceStub(ch)
+            request = planner_service_pb2.DecideRequest(
+                task_id=a.task_id,
+                attempt=a.attempt,
+                lease_id=a.lease_id,
+                observation=observation_from_scene(scenes.launcher()),
+            )
+            await stub.Decide(request)
+            request.previous_outcome.CopyFrom(
+                types_pb2.ActionOutcome(
+                    step_index=1,
+                    executed=True,
+                    verdict=99,  # type: ignore[arg-type]  # a newer host's value
+                    evidence="the newer checker's words",
+                )
+            )
+            second = (await stub.Decide(request)).decision
+        assert second.step_index == 2
+        first = (await _decisions(cloud, pki_dir, a.task_id))[0]
+    finally:
+        await host.close()
+    assert first.outcome.executed
+    assert first.outcome.verdict == types_pb2.VERDICT_UNSPECIFIED
+    said = (
+        first.verification.evidence
+        if first.verification.checked_by_cloud
+        else first.outcome.evidence
+    )
+    assert said.startswith("the host's verdict 99 is not one this cloud knows; read as unspecified")

@@ -2072,7 +2072,9 @@ class ActionOutcome(_message.Message):
     """The host's deterministic check of the decision's expected outcome against the screen after
     the action (planner/verify.py): met, not met or unknown. UNSPECIFIED when the host did not
     check (an older host, a host in another language): the cloud then checks the expected
-    outcome against the observation of this Decide call alone.
+    outcome against the observation of this Decide call alone. A value this cloud does not
+    know (a newer host's) is read as UNSPECIFIED, not refused; the decision log's evidence for
+    the step then starts "the host's verdict N is not one this cloud knows".
     """
     evidence: _builtins.str
     """One line of evidence for `verdict`: what was looked for and what was found (at most 512
