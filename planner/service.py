@@ -4,15 +4,16 @@ The servicer does not import `cloud`: the cloud passes in who the caller is (fro
 certificate), whether a lease is live (`LeaseGate`), and where decisions go (`DecisionSink`, which
 assigns the step index atomically per (task, attempt)). Order matters and is the contract:
 lease first (no tokens spent and nothing logged for a stale or foreign lease), then sizes, then
-the task's budget (`BudgetGate`: FAILED_PRECONDITION "budget exhausted: …", no call made), then
-the provider, then exactly one appended row. A provider failure logs no decision (the calls the
-provider answered before it are counted through `SpendLog`: it billed them, and so are those
-of a Decide its host cancelled or let run past its deadline); its class decides the status
-code (see the proto): planning temporarily impossible is UNAVAILABLE or RESOURCE_EXHAUSTED (the
-host waits and asks again), refused credentials PERMISSION_DENIED, no
-usable decision (a model refusal included: `PlannerRefused`, never retried) UNKNOWN. The
-screenshot is passed to the model call and then dropped: it is never part of what the sink
-receives.
+the previous step's reported outcome is recorded (work already done: kept when the budget
+refuses this step), then the task's budget (`BudgetGate`: FAILED_PRECONDITION "budget
+exhausted: …", no call made), then the provider, then exactly one appended row. A provider
+failure logs no decision (the calls the provider answered before it are counted through
+`SpendLog`: it billed them, and so are those of a Decide its host cancelled or let run past its
+deadline); its class decides the status code (see the proto): planning temporarily impossible
+is UNAVAILABLE or RESOURCE_EXHAUSTED (the host waits and asks again), refused credentials
+PERMISSION_DENIED, no usable decision (a model refusal included: `PlannerRefused`, never
+retried) UNKNOWN. The screenshot is passed to the model call and then dropped: it is never part
+of what the sink receives.
 
 Session mode (`DecideRequest.session`): the conversation lives behind a `SessionStore` the cloud
 provides (one view per call, so two calls continuing one conversation at once are caught), and
@@ -35,7 +36,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple, Protocol
 
 import grpc
 
@@ -206,6 +207,15 @@ class BudgetGate(Protocol):
         ...
 
 
+class _Reported(NamedTuple):
+    """What a typed Decide has before it plans: the goal, the attempt's earlier steps, and the
+    previous step's outcome as recorded (checked by the cloud when the host sent no verdict)."""
+
+    goal: str
+    history: list[PastStep]
+    previous: types_pb2.ActionOutcome | None
+
+
 class _NoHealth:
     def failed(self, reason: str) -> None:
         return None
@@ -299,14 +309,17 @@ class PlannerServicer(planner_service_pb2_grpc.PlannerServiceServicer):
             stored = await self._sink.logged(request.task_id, request.attempt, step_key)
             if stored is not None:  # a retry after a lost answer: the same decision again
                 return planner_service_pb2.DecideResponse(decision=stored, replayed=True)
+        # The previous step's outcome is the record of work already done: kept even when this
+        # step is refused for the budget below (the last step of a spent budget was lost).
+        reported = await self._record_previous(request, context) if typed else None
         if self._budget is not None:
             refusal = await self._budget.refusal(request.task_id)
             if refusal:  # before any provider call: nothing is spent past a cap
                 await context.abort(grpc.StatusCode.FAILED_PRECONDITION, refusal)
 
         try:
-            if typed:
-                decision = await self._decide_typed(request, context, host_id)
+            if reported is not None:
+                decision = await self._decide_typed(request, host_id, reported)
             elif session:
                 decision = await self._counted(
                     host_id, request, lambda: self._decide_session(request, context)
@@ -389,11 +402,11 @@ class PlannerServicer(planner_service_pb2_grpc.PlannerServiceServicer):
                     )
             raise
 
-    async def _decide_typed(
-        self, request: planner_service_pb2.DecideRequest, context: Any, host_id: str
-    ) -> Decision:
-        """The contract's form: goal and history from the cloud's records, mode from its
-        settings, the screen and the last outcome from the host."""
+    async def _record_previous(
+        self, request: planner_service_pb2.DecideRequest, context: Any
+    ) -> _Reported:
+        """A typed request's goal and history from the cloud's records, with the previous
+        outcome the host reports checked and recorded on the decision it names."""
         task_id, attempt = request.task_id, request.attempt
         goal = await self._attempts.goal(task_id)
         if goal is None:  # the lease was live a moment ago: the task is being removed
@@ -418,6 +431,15 @@ class PlannerServicer(planner_service_pb2_grpc.PlannerServiceServicer):
             await self._attempts.record_outcome(
                 task_id, attempt, recorded, checked_by_cloud=by_cloud
             )
+        return _Reported(goal, history, previous)
+
+    async def _decide_typed(
+        self, request: planner_service_pb2.DecideRequest, host_id: str, reported: _Reported
+    ) -> Decision:
+        """The contract's form: goal and history from the cloud's records, mode from its
+        settings, the screen and the last outcome from the host."""
+        task_id, attempt = request.task_id, request.attempt
+        goal, history, previous = reported
         flows = await self._attempts.flows(task_id, goal, attempt)
 
         async def plan() -> Decision:

@@ -7,6 +7,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import grpc
 import pytest
 
 from amc.v1 import (
@@ -235,3 +236,38 @@ async def test_an_unknown_verdict_is_read_as_unspecified_and_recorded_as_unknown
         else first.outcome.evidence
     )
     assert said.startswith("the host's verdict 99 is not one this cloud knows; read as unspecified")
+
+
+async def test_a_step_refused_for_a_spent_budget_still_records_the_last_outcome(
+    offline_cloud: CloudServer, pki_dir: Path
+) -> None:
+    """The call that meets the spent budget carries how the previous step went: it is
+    recorded on that step's decision first, then the call is refused as before."""
+    cloud = offline_cloud
+    host = ScriptedHost(cloud.address, pki_dir, "h27")
+    try:
+        await host.connect(["p"])
+        async with channel(cloud.address, pki_dir, "operator-ops") as ops_ch:
+            await submit(tasks_stub(ops_ch), budget=types_pb2.TaskBudget(max_tokens=1))
+        a = (await host.next("assignment")).assignment
+        async with channel(cloud.address, pki_dir, "host-h27") as ch:
+            stub: Any = planner_service_pb2_grpc.PlannerServiceStub(ch)
+            request = planner_service_pb2.DecideRequest(
+                task_id=a.task_id,
+                attempt=a.attempt,
+                lease_id=a.lease_id,
+                observation=observation_from_scene(scenes.launcher()),
+            )
+            await stub.Decide(request)  # nothing spent yet: planned, and the cap is passed
+            request.previous_outcome.CopyFrom(
+                types_pb2.ActionOutcome(step_index=1, executed=True, driver_output="tapped")
+            )
+            with pytest.raises(grpc.aio.AioRpcError) as refused:
+                await stub.Decide(request)
+        assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert (refused.value.details() or "").startswith("budget exhausted: ")
+        decisions = await _decisions(cloud, pki_dir, a.task_id)
+    finally:
+        await host.close()
+    assert len(decisions) == 1
+    assert (decisions[0].outcome.executed, decisions[0].outcome.driver_output) == (True, "tapped")

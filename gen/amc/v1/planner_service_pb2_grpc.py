@@ -59,7 +59,7 @@ class PlannerServiceServicer:
     def Decide(self, request, context):
         """Choose the next action for a task attempt the caller holds a live lease on.
 
-        Checked in this order, and nothing is logged and no tokens are spent before the checks
+        Checked in this order, and no decision is logged and no tokens are spent before the checks
         pass: UNAUTHENTICATED when the call carries no host identity, or the certificate or its
         host id was revoked (do not call again with it); PERMISSION_DENIED when the lease is
         another host's (or the caller's certificate is an operator's); FAILED_PRECONDITION when
@@ -67,24 +67,26 @@ class PlannerServiceServicer:
         INVALID_ARGUMENT, naming the field, for a missing or oversize observation (see
         ScreenObservation and UiElement for the limits), a screenshot over 8 MiB, or a
         previous_outcome that names no decision of this attempt, carries an unknown verdict or
-        an oversize error, driver output or evidence; FAILED_PRECONDITION with details
-        starting "budget exhausted: " (e.g. "budget exhausted: 10,412 tokens of the task's 10,000")
-        when what the task spent has reached one of its caps (Task.budget), or today's fleet
-        spending one of the fleet's daily caps: no model call is made; end the attempt as FAILED
-        and do not retry it (every later call of the task gets the same answer until the cap is
-        raised, or the next UTC day for a daily cap).
+        an oversize error, driver output or evidence; then previous_outcome is recorded (see
+        below: it is the record of a step already done, so a call refused for the budget keeps
+        it); FAILED_PRECONDITION with details starting "budget exhausted: " (e.g. "budget
+        exhausted: 10,412 tokens of the task's 10,000") when what the task spent has reached one
+        of its caps (Task.budget), or today's fleet spending one of the fleet's daily caps: no
+        model call is made; end the attempt as FAILED and do not retry it (every later call of
+        the task gets the same answer until the cap is raised, or the next UTC day for a daily
+        cap).
 
         A request with a `step_key` the attempt already has a logged decision for is answered with
         that decision (same step index, `replayed` set) after the lease check, without planning
         again: no second model call and no second decision row. This is how a host retries a call
         whose answer it lost (a cancelled stream, a restarting cloud, DEADLINE_EXCEEDED).
 
-        Then the cloud records previous_outcome on the decision it names (with the host's
-        verdict, or its own check of this observation when the host sent none), and plans: when
-        the attempt was handed learned flows and the screen agrees with one, its next step is the
-        decision (mode PLANNER_MODE_REPLAY, no model call); otherwise the model decides:
-        UNAVAILABLE (provider overloaded, failing or unreachable) or RESOURCE_EXHAUSTED (rate
-        limited) when planning is temporarily impossible: ask again later, the task has not failed
+        The cloud records previous_outcome on the decision it names (with the host's verdict, or
+        its own check of this observation when the host sent none) before the budget check, and
+        once the checks pass it plans: when the attempt was handed learned flows and the screen
+        agrees with one, its next step is the decision (mode PLANNER_MODE_REPLAY, no model call);
+        otherwise the model decides: UNAVAILABLE (provider overloaded, failing or unreachable) or
+        RESOURCE_EXHAUSTED (rate limited) when planning is temporarily impossible: ask again later, the task has not failed
         (nothing is logged); PERMISSION_DENIED when the provider refuses the cloud's credentials
         (API key, permission, billing): an operator must fix the cloud, which meanwhile hands out
         no new tasks to hosts that plan through it (DispatchStatus); UNKNOWN when the model gave
