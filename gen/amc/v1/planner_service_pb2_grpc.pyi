@@ -49,8 +49,9 @@ class PlannerServiceStub:
     (task, attempt, lease id) is not a live lease (expired, revoked, superseded, unknown);
     INVALID_ARGUMENT, naming the field, for a missing or oversize observation (see
     ScreenObservation and UiElement for the limits), a screenshot over 8 MiB, or a
-    previous_outcome that names no decision of this attempt, carries an unknown verdict or
-    an oversize error, driver output or evidence; then previous_outcome is recorded (see
+    previous_outcome that names no decision of this attempt or carries an oversize error,
+    driver output or evidence (a verdict this cloud does not know is read as UNSPECIFIED, not
+    refused: see ActionOutcome.verdict); then previous_outcome is recorded (see
     below: it is the record of a step already done, so a call refused for the budget keeps
     it); FAILED_PRECONDITION with details starting "budget exhausted: " (e.g. "budget
     exhausted: 10,412 tokens of the task's 10,000") when what the task spent has reached one
@@ -115,8 +116,9 @@ class PlannerServiceAsyncStub(PlannerServiceStub):
     (task, attempt, lease id) is not a live lease (expired, revoked, superseded, unknown);
     INVALID_ARGUMENT, naming the field, for a missing or oversize observation (see
     ScreenObservation and UiElement for the limits), a screenshot over 8 MiB, or a
-    previous_outcome that names no decision of this attempt, carries an unknown verdict or
-    an oversize error, driver output or evidence; then previous_outcome is recorded (see
+    previous_outcome that names no decision of this attempt or carries an oversize error,
+    driver output or evidence (a verdict this cloud does not know is read as UNSPECIFIED, not
+    refused: see ActionOutcome.verdict); then previous_outcome is recorded (see
     below: it is the record of a step already done, so a call refused for the budget keeps
     it); FAILED_PRECONDITION with details starting "budget exhausted: " (e.g. "budget
     exhausted: 10,412 tokens of the task's 10,000") when what the task spent has reached one
@@ -184,8 +186,9 @@ class PlannerServiceServicer(metaclass=_abc_1.ABCMeta):
         (task, attempt, lease id) is not a live lease (expired, revoked, superseded, unknown);
         INVALID_ARGUMENT, naming the field, for a missing or oversize observation (see
         ScreenObservation and UiElement for the limits), a screenshot over 8 MiB, or a
-        previous_outcome that names no decision of this attempt, carries an unknown verdict or
-        an oversize error, driver output or evidence; then previous_outcome is recorded (see
+        previous_outcome that names no decision of this attempt or carries an oversize error,
+        driver output or evidence (a verdict this cloud does not know is read as UNSPECIFIED, not
+        refused: see ActionOutcome.verdict); then previous_outcome is recorded (see
         below: it is the record of a step already done, so a call refused for the budget keeps
         it); FAILED_PRECONDITION with details starting "budget exhausted: " (e.g. "budget
         exhausted: 10,412 tokens of the task's 10,000") when what the task spent has reached one
