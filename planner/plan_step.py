@@ -44,6 +44,7 @@ async def plan_step(
     previous_outcome: types_pb2.ActionOutcome | None,
     screenshot: bytes | None = None,
     flows: Sequence[types_pb2.Flow] = (),
+    logged: bool = False,
 ) -> Decision:
     """The next decision. `history` is the attempt's earlier steps as recorded before this call;
     `previous_outcome` is applied to the step it names here (first report wins), so callers pass
@@ -55,7 +56,12 @@ async def plan_step(
 
     `flows` are the learned flows retrieved for the attempt, best first: while the screen
     agrees with one, its next step is the decision and no model is called (mode "replay");
-    when it stops agreeing, the model decides, told which step diverged and why."""
+    when it stops agreeing, the model decides, told which step diverged and why.
+
+    `logged`: `history` is every decision delivered in the attempt (the cloud's decision log),
+    not what one process remembers (a direct-transport host after a restart starts with none
+    while its stored conversation goes on), so a session call no step carried was never
+    delivered, even before the first step is logged."""
     scene = scene_from_observation(observation)
     previous_outcome, _ = checked(previous_outcome, history, scene)
     steps = with_outcome(history, previous_outcome)
@@ -71,7 +77,7 @@ async def plan_step(
             goal, scene, history_events(steps, scene.page), screenshot, note=note
         )
     else:
-        decision = await _session_step(engine, goal, scene, steps, previous_outcome, note)
+        decision = await _session_step(engine, goal, scene, steps, previous_outcome, note, logged)
     on_screen(decision, scene, observation)
     if handover is not None:
         decision.flow_id, decision.flow_step = handover.flow_id, handover.step
@@ -100,6 +106,7 @@ async def _session_step(
     steps: Sequence[PastStep],
     previous: types_pb2.ActionOutcome | None,
     note: str | None = None,
+    logged: bool = False,
 ) -> Decision:
     """Continue the conversation: a reported outcome becomes the tool result of the call of the
     decision it names (its id is in the record), once. A call the model made after the last
@@ -139,16 +146,22 @@ async def _session_step(
         screen_size=(scene.screen_width, scene.screen_height),
         outcome=outcome,
         note=note,
-        not_carried_out=_never_delivered(session.history, steps),
+        not_carried_out=_never_delivered(session.history, steps, logged),
     )
 
 
-def _never_delivered(history: Sequence[SessionItem], steps: Sequence[PastStep]) -> list[str]:
+def _never_delivered(
+    history: Sequence[SessionItem], steps: Sequence[PastStep], logged: bool
+) -> list[str]:
     """The calls made after the call of the latest session step: no decision carried them.
-    None are known when the record holds no such call: the attempt's first step, a host that
-    restarted, a latest step logged without its id (by a replica from before 0018)."""
+    Before the first session step, every call when `steps` is the whole log (`logged`: a first
+    decision lost after its model turn was kept). None are known when the record holds no such
+    call: a host that restarted (its steps start empty), a latest step logged without its id
+    (by a replica from before 0018)."""
     made = [s.call_id for s in steps if s.mode == "session"]
     calls = [i.call_id for i in history if isinstance(i, ToolCall)]
-    if not made or made[-1] not in calls:
+    if not made:
+        return calls if logged else []
+    if made[-1] not in calls:
         return []
     return calls[calls.index(made[-1]) + 1 :]

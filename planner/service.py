@@ -462,6 +462,7 @@ class PlannerServicer(planner_service_pb2_grpc.PlannerServiceServicer):
                     observation=request.observation,
                     previous_outcome=previous,
                     flows=flows,
+                    logged=True,
                 )
             finally:
                 await planner.aclose()

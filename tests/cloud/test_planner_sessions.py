@@ -43,7 +43,7 @@ from planner.conversation.items import (
     dumps_item,
 )
 from planner.observation import observation_from_scene
-from planner.session.planner import NOT_RECORDED
+from planner.session.planner import NOT_CARRIED_OUT, NOT_RECORDED
 from planner.session.store import SessionConflict
 from tests.cloud.cloud_harness import ScriptedHost, channel, submit, tasks_stub
 from tests.planner import scenes
@@ -724,3 +724,51 @@ async def test_migration_0018_adds_the_decisions_call_id_and_back(db_url: str) -
         await check(s.engine)
     finally:
         await s.close()
+
+
+#: The decision-log insert of step 1 fails: the attempt's very first decision is lost after
+#: the model's turn was kept.
+_LOSE_STEP_1 = {
+    dialect: [s.replace("step_index = 2", "step_index = 1") for s in statements]
+    for dialect, statements in _LOSE_STEP_2.items()
+}
+
+
+async def test_a_first_decision_that_was_lost_is_answered_as_not_carried_out(
+    anthropic_session_cloud: CloudServer, model: FakeModelServer, pki_dir: Path
+) -> None:
+    """The attempt's first decision was lost after its model turn was kept: the host never got
+    it and asks for step 1 again. No step is logged yet, so every call in the conversation is
+    one no decision carried: it is answered as not carried out, not as an outcome "not
+    recorded (the planner restarted before it was reported)", which told the model that an
+    action it never took may have happened."""
+    model.anthropic_script.extend(
+        ScriptedTurn([thinking(why), text(why), tool_use(name, args)])
+        for why, name, args in _LOST_STEP_TURNS
+    )
+    cloud = anthropic_session_cloud
+    store = cloud.store
+    dialect = store.engine.dialect.name
+    async with Leased(cloud, pki_dir, "h27") as leased:
+        a = leased.assignment
+        request = planner_service_pb2.DecideRequest(
+            task_id=a.task_id,
+            attempt=a.attempt,
+            lease_id=a.lease_id,
+            observation=observation_from_scene(scenes.settings_main()),
+        )
+        async with store.write() as session:
+            for statement in _LOSE_STEP_1[dialect]:
+                await session.execute(sql_text(statement))
+        with pytest.raises(grpc.aio.AioRpcError):
+            await leased.stub.Decide(request)
+        async with store.write() as session:
+            drop = " ON decisions" if dialect != "sqlite" else ""
+            await session.execute(sql_text(f"DROP TRIGGER amc_test_lose{drop}"))
+        [lost] = [i for i in await StoreSessionStore(store).load(a.task_id, a.attempt)
+                  if isinstance(i, ToolCall)]  # fmt: skip
+        again = await leased.stub.Decide(request)
+    assert again.decision.step_index == 1
+    assert model.rejections == []
+    answered = _tool_results(model.bodies("/v1/messages")[1])[lost.call_id]
+    assert answered == NOT_CARRIED_OUT
