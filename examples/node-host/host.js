@@ -62,6 +62,21 @@ const planner = new amc.PlannerService(CLOUD, credentials, options);
 const adb = Adb.createClient({ host: env.ADB_HOST || '127.0.0.1', port: Number(env.ADB_PORT || 5037) });
 const log = (...args) => console.error('[node-host]', ...args);
 
+// The contract's limits on text are UTF-8 bytes (Decide refuses a longer field), and a
+// JavaScript string counts UTF-16 units: cut by bytes, whole characters only (half of an emoji
+// is not UTF-8: it would arrive as U+FFFD).
+function cut(text, maxBytes) {
+  const s = String(text);
+  let bytes = 0;
+  let end = 0;
+  for (const ch of s) {
+    bytes += Buffer.byteLength(ch);
+    if (bytes > maxBytes) break;
+    end += ch.length;
+  }
+  return s.slice(0, end);
+}
+
 // --- the phone: perceive over adb ---------------------------------------------------------
 async function shell(device, command) {
   const stream = await device.shell(command);
@@ -89,8 +104,8 @@ function elementOf(node, id) {
   if (!text && !description && !actionable && !/EditText/.test(node.class || '')) return null;
   return {
     element_id: `e${id}`,
-    text: text.slice(0, 1000),
-    content_description: description.slice(0, 1000),
+    text: cut(text, 4096),
+    content_description: cut(description, 4096),
     resource_id: node['resource-id'] || '',
     class_name: node.class || '',
     package_name: node.package || '',
@@ -221,10 +236,10 @@ async function runTask(stream, a, revoked) {
       }
       previous = { step_index: decision.step_index, executed: true, error: '', driver_output: '' };
       try {
-        previous.driver_output = String(await act(device, action, observation)).slice(0, 4000);
+        previous.driver_output = cut(await act(device, action, observation), 4096);
         report(step, 'STEP_STATUS_SUCCEEDED', `step ${step}: done`);
       } catch (err) {
-        Object.assign(previous, { executed: false, error: String(err.message).slice(0, 2000) });
+        Object.assign(previous, { executed: false, error: cut(err.message, 2048) });
         report(step, 'STEP_STATUS_FAILED', `step ${step}: ${err.message}`);
       }
       await new Promise((r) => setTimeout(r, 300)); // let the screen settle

@@ -17,7 +17,9 @@ import pytest
 
 from amc.v1 import decision_log_service_pb2, flow_service_pb2, task_service_pb2, types_pb2
 from host.devices.virtual.adb_server import VirtualAdbServer
+from host.devices.virtual.apps.notes import PKG as NOTES
 from host.devices.virtual.phone import VirtualPhone
+from host.devices.virtual.state import Note
 from tests.support.processes import (
     cloud_process,
     free_port,
@@ -146,3 +148,59 @@ async def test_the_node_host_turns_on_dark_theme(node: str, tmp_path: Path) -> N
     assert decisions[0].tool_name == "tap"
     assert decisions[0].outcome.driver_output.startswith("tapped (")  # what adb shell input did
     assert "TASK_STATUS_SUCCEEDED" in said
+
+
+async def test_the_node_host_cuts_long_text_by_utf8_bytes_on_a_character_boundary(
+    node: str, tmp_path: Path
+) -> None:
+    """The contract's limits on what Decide reads are UTF-8 bytes, and a JavaScript string
+    counts UTF-16 units: the Node host cut an element's text at 1,000 units whatever it held
+    (its error and driver output at 2,000 and 4,000, which non-ASCII text takes past their
+    2,048 and 4,096 bytes: refused), here through the middle of an emoji, which reached the
+    model and the log as U+FFFD. Texts are now cut by bytes, on a character boundary, to each
+    field's limit (4,096 bytes for an element's text)."""
+    pki = make_pki(tmp_path / "pki", [HOST_ID])
+    phone = VirtualPhone("emulator-5554")
+    title = "a" + "😀" * 1500  # 6,001 bytes, 3,001 UTF-16 units
+    phone.state.notes.append(Note(title=title, body="Ж" * 3000))
+    assert phone.launch(NOTES)
+    adb = VirtualAdbServer([phone])
+    adb_port = await adb.start()
+    port = free_port()
+    cloud = cloud_process(
+        tmp_path,
+        "cloud",
+        database_url=f"sqlite+aiosqlite:///{tmp_path / 'cloud.sqlite3'}",
+        pki_dir=pki,
+        port=port,
+        extra={"AMC_PLANNER_PROVIDER": "offline"},
+    ).start()
+    address = f"127.0.0.1:{port}"
+    client = operator(address, pki)
+    try:
+        await wait_serving(address, pki)
+        task = (
+            await client.tasks.SubmitTask(
+                task_service_pb2.SubmitTaskRequest(goal="Turn on dark theme", max_attempts=1),
+                timeout=10,
+            )
+        ).task
+        said = await _run_node(node, address, pki, adb_port)
+        decisions = (
+            await client.decisions.ListDecisions(
+                decision_log_service_pb2.ListDecisionsRequest(
+                    task_id=task.task_id, include_observation=True
+                ),
+                timeout=10,
+            )
+        ).decisions
+    finally:
+        await client.close()
+        cloud.stop()
+        await adb.stop()
+
+    assert decisions, said
+    texts = [e.text for e in decisions[0].observation.elements]
+    shown = next(t for t in texts if t.startswith("a😀"))
+    assert shown == "a" + "😀" * 1023  # 4,093 bytes: one more emoji would pass 4,096
+    assert "Ж" * 2048 in texts  # 4,096 bytes exactly
