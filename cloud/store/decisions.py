@@ -26,7 +26,7 @@ from cloud.store.paging import token_int
 from planner.convert import masked_action
 from planner.decision import Decision
 from planner.session.step_planner import call_id_of
-from planner.steps import PastStep, StepOutcome, stored_arguments
+from planner.steps import PastStep, StepOutcome, noted, stored_arguments, unknown_verdict
 from planner.tools import Judgement
 from planner.verify import VerdictName, verdict_from_proto
 
@@ -442,14 +442,18 @@ async def record_outcome(
 
 
 def _outcome_values(outcome: types_pb2.ActionOutcome) -> dict[str, object]:
-    """The columns a host's reported outcome fills, its checker's verdict included."""
-    verdict = verdict_from_proto(outcome.verdict)
+    """The columns a host's reported outcome fills, its checker's verdict included (one this
+    cloud does not know is kept as not judged, its evidence saying so, as Decide records it)."""
+    read, unknown = unknown_verdict(outcome)
+    if unknown:
+        noted(read, unknown, "")
+    verdict = verdict_from_proto(read.verdict)
     return {
         "outcome_executed": outcome.executed,
         "outcome_error": outcome.error,
         "outcome_driver_output": outcome.driver_output,
         "verdict": verdict,
-        "verdict_evidence": outcome.evidence if verdict is not None else None,
+        "verdict_evidence": read.evidence or None,
     }
 
 

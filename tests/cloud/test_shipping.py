@@ -578,3 +578,19 @@ async def test_migration_0009_up_and_down(db_url: str) -> None:
         await check(s.engine)
     finally:
         await s.close()
+
+
+async def test_a_shipped_verdict_this_cloud_does_not_know_is_recorded_as_unknown(
+    held: Held,
+) -> None:
+    """A newer direct-transport host's verdict (proto3 enums are open) is kept as not judged,
+    and the log says why, as Decide records one (it was dropped without a word)."""
+    entry = shipped(held.assignment, "d1", executed=True, evidence="the newer checker's words")
+    entry.outcome.verdict = 99  # type: ignore[assignment]  # a newer host's value
+    await ship(held, entry)
+    [row] = await logged(held)
+    assert row.outcome.verdict == types_pb2.VERDICT_UNSPECIFIED
+    assert row.outcome.evidence == (
+        "the host's verdict 99 is not one this cloud knows; read as unspecified: "
+        "the newer checker's words"
+    )
