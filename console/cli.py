@@ -1259,11 +1259,13 @@ def decisions(
 ) -> None:
     """Print the per-step LLM record of a task (either transport: direct-transport hosts ship
     theirs from their outbox), text as the model wrote it."""
-    from console.gateway.models import DecisionOut, DecisionPage
+    from console.gateway.models import DecisionOut, DecisionPage, FailedCallsOut
 
     _sendable("--attempt", attempt, INT32_MAX)
 
-    async def fetch(client: OperatorClient) -> list[types_pb2.Decision]:
+    async def fetch(
+        client: OperatorClient,
+    ) -> tuple[list[types_pb2.Decision], list[decision_log_service_pb2.FailedCalls]]:
         resolved = await task_ids.resolve(client, task_id)
         found: list[types_pb2.Decision] = []
         token = ""
@@ -1278,11 +1280,17 @@ def decisions(
             found.extend(page.decisions)
             token = page.next_page_token
             if not token:
-                return found
+                return found, list(page.failed_calls)  # every page has the same
 
-    found = _with_client(fetch)
+    found, failed = _with_client(fetch)
     if json_out:
-        print_json(DecisionPage(decisions=[DecisionOut.of(d) for d in found], next_page_token=""))
+        print_json(
+            DecisionPage(
+                decisions=[DecisionOut.of(d) for d in found],
+                next_page_token="",
+                failed_calls=[FailedCallsOut.of(f) for f in failed],
+            )
+        )
         return
     if not found:
         err.print(
@@ -1329,8 +1337,11 @@ def decisions(
             print_text(d.system_prompt)
             out.print(Text(f"── user prompt{added} ──", style="bold"))
             print_text(d.user_prompt)
-    if found:
-        out.print(f"total: {formatting.usage_words(formatting.total_usage(found))}")
+    plus = formatting.failed_calls_words(failed)
+    if plus:
+        out.print(plus)
+    if found or failed:
+        out.print(f"total: {formatting.usage_words(formatting.total_usage(found, failed))}")
 
 
 def main() -> None:

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Protocol
 
-from amc.v1 import types_pb2
+from amc.v1 import decision_log_service_pb2, types_pb2
 from export.bundle import read_bundle, write_file
 from export.cloud_source import NO_SCREENSHOTS, ScreenshotSource, run_from_cloud
 from export.merge import merge
@@ -22,9 +22,9 @@ class CloudReader(ScreenshotSource, Protocol):
 
     async def get_task(self, task_id: str) -> types_pb2.Task: ...
 
-    async def all_decisions(
+    async def decision_log(
         self, task_id: str, *, include_observation: bool = False
-    ) -> list[types_pb2.Decision]: ...
+    ) -> tuple[list[types_pb2.Decision], list[decision_log_service_pb2.FailedCalls]]: ...
 
 
 class ExportError(Exception):
@@ -59,7 +59,7 @@ async def cloud_run(
 ) -> Run:
     """The task as the cloud knows it (gRPC errors propagate: NOT_FOUND for an unknown task)."""
     task = await cloud.get_task(task_id)
-    decisions = await cloud.all_decisions(task.task_id, include_observation=True)
+    decisions, _ = await cloud.decision_log(task.task_id, include_observation=True)
     return await run_from_cloud(task, decisions, screenshots)
 
 

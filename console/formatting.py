@@ -14,7 +14,7 @@ from google.protobuf.timestamp_pb2 import Timestamp
 from rich.table import Table
 from rich.text import Text
 
-from amc.v1 import types_pb2
+from amc.v1 import decision_log_service_pb2, types_pb2
 from console import wording
 from planner.budget import dollars
 from planner.convert import retry_kind_from_proto, thinking_kind_from_proto
@@ -209,11 +209,14 @@ def usage_words(usage: types_pb2.Usage) -> str:
     return f"{billed_tokens(usage):,} tokens · {dollars(usage.cost_usd)}"
 
 
-def total_usage(decisions: Iterable[types_pb2.Decision]) -> types_pb2.Usage:
-    """The decisions' usage summed."""
+def total_usage(
+    decisions: Iterable[types_pb2.Decision],
+    failed: Iterable[decision_log_service_pb2.FailedCalls] = (),
+) -> types_pb2.Usage:
+    """The decisions' usage summed, with the failed decisions' calls: what the task's totals
+    and GetSpend count (the provider billed those calls too)."""
     total = types_pb2.Usage()
-    for d in decisions:
-        u = d.usage
+    for u in [d.usage for d in decisions] + [f.usage for f in failed]:
         total.input_tokens += u.input_tokens
         total.output_tokens += u.output_tokens
         total.cache_read_input_tokens += u.cache_read_input_tokens
@@ -221,6 +224,17 @@ def total_usage(decisions: Iterable[types_pb2.Decision]) -> types_pb2.Usage:
         total.thinking_tokens += u.thinking_tokens
         total.cost_usd += u.cost_usd
     return total
+
+
+def failed_calls_words(failed: Iterable[decision_log_service_pb2.FailedCalls]) -> str | None:
+    """`plus 1 failed decision's model calls: 2,400 tokens · $0.0120`, or None when there are none:
+    no decision is logged for them, yet the provider billed them."""
+    found = list(failed)
+    if not found:
+        return None
+    n = sum(f.decisions for f in found)
+    whose = f"{n} failed decision's" if n == 1 else f"{n} failed decisions'"
+    return f"plus {whose} model calls: {usage_words(total_usage((), found))}"
 
 
 def spending(usage: types_pb2.Usage, budget: types_pb2.TaskBudget, whose: str = "task") -> str:

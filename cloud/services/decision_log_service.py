@@ -13,9 +13,10 @@ from cloud import authz
 from cloud.services.conversation import conversation_item
 from cloud.services.shipping import ship_decisions
 from cloud.services.status import abort
-from cloud.store import convert, decisions, sessions, tasks
+from cloud.store import convert, decisions, sessions, spend, tasks
 from cloud.store.database import Store
 from planner.conversation.items import loads_item
+from planner.convert import usage_to_proto
 
 
 class DecisionLogServicer(decision_log_service_pb2_grpc.DecisionLogServiceServicer):
@@ -69,11 +70,18 @@ class DecisionLogServicer(decision_log_service_pb2_grpc.DecisionLogServiceServic
             )
         except ValueError as exc:
             await abort(context, grpc.StatusCode.INVALID_ARGUMENT, f"page_token: {exc}")
+        failed = await spend.failed_by_attempt(self._store, request.task_id, request.attempt)
         return pb.ListDecisionsResponse(
             decisions=[
                 convert.decision(r, include_observation=request.include_observation) for r in rows
             ],
             next_page_token=token,
+            failed_calls=[
+                pb.FailedCalls(
+                    attempt=f.attempt, decisions=f.decisions, usage=usage_to_proto(f.usage)
+                )
+                for f in failed
+            ],
         )
 
     async def GetDecision(

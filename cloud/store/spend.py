@@ -279,6 +279,28 @@ async def usage_by_attempt(store: Store, task_ids: Sequence[str]) -> dict[tuple[
 
 
 @dataclass(frozen=True, slots=True)
+class FailedCalls:
+    """What the answered calls of one attempt's failed decisions cost (`decisions` of them)."""
+
+    attempt: int
+    decisions: int
+    usage: Usage
+
+
+async def failed_by_attempt(store: Store, task_id: str, attempt: int = 0) -> list[FailedCalls]:
+    """The failed decisions' calls of a task (of one attempt, when given), per attempt in
+    order: what a reader of the decision log adds to the decisions' usage to get the task's
+    totals."""
+    t = FailedDecisionSpendRow
+    stmt = select(t.attempt, func.count(), *usage_columns(t)).where(t.task_id == task_id)
+    if attempt:
+        stmt = stmt.where(t.attempt == attempt)
+    async with store.read() as session:
+        rows = (await session.execute(stmt.group_by(t.attempt).order_by(t.attempt))).all()
+    return [FailedCalls(int(r[0]), int(r[1]), usage_of(r[2:])) for r in rows]
+
+
+@dataclass(frozen=True, slots=True)
 class SpendRow:
     """What one (UTC day, host, provider, model) spent."""
 

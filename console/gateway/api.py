@@ -28,6 +28,7 @@ from console.gateway.models import (
     DecisionPage,
     DispatchOut,
     ErrorOut,
+    FailedCallsOut,
     FlowOut,
     FlowPage,
     FlowStatusIn,
@@ -82,7 +83,8 @@ async def task_detail(cloud: CloudClient, task_id: str) -> TaskDetailOut:
     the page)."""
     task = TaskOut.of(await cloud.get_task(task_id))
     events = [LeaseEventOut.of(e) for e in await cloud.events(task_id)]
-    decisions = [DecisionOut.of(d) for d in await cloud.all_decisions(task_id)]
+    found, failed = await cloud.decision_log(task_id)
+    decisions = [DecisionOut.of(d) for d in found]
     screens: dict[tuple[int, int], list[ScreenOut]] = {}
     for shot in await cloud.screenshots(task_id):
         screens.setdefault((shot.attempt, shot.step_index), []).append(ScreenOut.of(shot))
@@ -90,7 +92,9 @@ async def task_detail(cloud: CloudClient, task_id: str) -> TaskDetailOut:
         d.screens = screens.get((d.attempt, d.step_index), [])
     hosts = await host_transports(cloud)
     transports = {k: v.planner_transport for k, v in hosts.items()}
-    history, note = group_history(task, decisions, transports)
+    history, note = group_history(
+        task, decisions, transports, [FailedCallsOut.of(f) for f in failed]
+    )
     used = {a.host_id for a in task.attempts}
     notes = [outbox_note(hosts[h]) for h in sorted(used) if h in hosts and hosts[h].outbox]
     return TaskDetailOut(
@@ -234,6 +238,7 @@ async def list_decisions(
     return DecisionPage(
         decisions=[DecisionOut.of(d) for d in page.decisions],
         next_page_token=page.next_page_token,
+        failed_calls=[FailedCallsOut.of(f) for f in page.failed_calls],
     )
 
 

@@ -253,12 +253,15 @@ class CloudClient:
         )
         return response
 
-    async def all_decisions(
+    async def decision_log(
         self, task_id: str, *, include_observation: bool = False
-    ) -> list[types_pb2.Decision]:
-        """Every decision of a task (up to MAX_DECISIONS), following the page tokens; with
-        `include_observation` each carries the screen it was made on (exports want it)."""
+    ) -> tuple[list[types_pb2.Decision], list[decision_log_service_pb2.FailedCalls]]:
+        """Every decision of a task (up to MAX_DECISIONS), following the page tokens, and what
+        its failed decisions' answered calls cost per attempt (billed, though no decision is
+        logged for them); with `include_observation` each decision carries the screen it was
+        made on (exports want it)."""
         decisions: list[types_pb2.Decision] = []
+        failed: list[decision_log_service_pb2.FailedCalls] = []
         token = ""
         size = 100 if include_observation else 500  # pages of screens stay a few MB
         while len(decisions) < MAX_DECISIONS:
@@ -270,10 +273,11 @@ class CloudClient:
                 include_observation=include_observation,
             )
             decisions.extend(page.decisions)
+            failed = list(page.failed_calls)  # every page has the same
             token = page.next_page_token
             if not token:
                 break
-        return decisions
+        return decisions, failed
 
     async def conversation(
         self, task_id: str, attempt: int

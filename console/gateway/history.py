@@ -7,7 +7,15 @@ Operators must not read either as "it's broken", so every empty history carries 
 
 from __future__ import annotations
 
-from console.gateway.models import AttemptHistory, DecisionOut, TaskOut, TransportName
+from collections.abc import Sequence
+
+from console.gateway.models import (
+    AttemptHistory,
+    DecisionOut,
+    FailedCallsOut,
+    TaskOut,
+    TransportName,
+)
 
 NO_STEP_YET = "no step reported yet"
 NO_DECISION_YET = "no decision logged yet for this attempt"
@@ -39,12 +47,16 @@ def group_history(
     task: TaskOut,
     decisions: list[DecisionOut],
     host_transports: dict[str, TransportName],
+    failed: Sequence[FailedCallsOut] = (),
 ) -> tuple[list[AttemptHistory], str | None]:
     """Per-attempt histories (newest attempt first) and a note when the whole log is empty.
 
     The attempt's own transport (recorded when the lease was granted) wins; the host's current
-    transport from the fleet fills in when the attempt did not record one.
+    transport from the fleet fills in when the attempt did not record one. Each history
+    carries what its failed decisions' answered calls cost (`failed`, per attempt), which the
+    task's totals count though no decision is listed for them.
     """
+    failed_in = {f.attempt: f for f in failed}
     by_attempt: dict[int, list[DecisionOut]] = {}
     for decision in decisions:
         by_attempt.setdefault(decision.attempt, []).append(decision)
@@ -66,6 +78,7 @@ def group_history(
                 if steps
                 else empty_reason(transport, attempt.progress.step_index),
                 verdicts=verdict_counts(steps),
+                failed_calls=failed_in.get(attempt.attempt),
             )
         )
     for number, steps in by_attempt.items():
@@ -77,6 +90,7 @@ def group_history(
                     decisions=sorted(steps, key=lambda d: d.step_index),
                     empty_reason=None,
                     verdicts=verdict_counts(steps),
+                    failed_calls=failed_in.get(number),
                 )
             )
     histories.sort(key=lambda h: h.attempt, reverse=True)

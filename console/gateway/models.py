@@ -593,11 +593,29 @@ class ConversationOut(BaseModel):
     items: list[ConversationItemOut]
 
 
+class FailedCallsOut(BaseModel):
+    """The answered model calls of one attempt's decisions that failed: no decision is logged
+    for them, yet the provider billed them, and the task's totals count them."""
+
+    attempt: int
+    decisions: int = Field(description="failed decisions whose calls these are")
+    usage: UsageOut
+
+    @classmethod
+    def of(cls, f: decision_log_service_pb2.FailedCalls) -> FailedCallsOut:
+        return cls(attempt=f.attempt, decisions=f.decisions, usage=UsageOut.of(f.usage))
+
+
 class DecisionPage(BaseModel):
     """One page of decisions, by attempt then step."""
 
     decisions: list[DecisionOut]
     next_page_token: str
+    failed_calls: list[FailedCallsOut] = Field(
+        default_factory=list,
+        description="per attempt, what its failed decisions' answered model calls cost (the "
+        "same on every page): the decisions' usage plus these is the task's totals",
+    )
 
 
 LeaseEventKindName = Literal[
@@ -660,6 +678,11 @@ class AttemptHistory(BaseModel):
     verdicts: dict[str, int] = Field(
         default_factory=dict,
         description='steps the checker found "met", "not met", "unknown", and "unchecked"',
+    )
+    failed_calls: FailedCallsOut | None = Field(
+        default=None,
+        description="what the attempt's failed decisions' answered model calls cost (no "
+        "decision is listed for them; the task's totals count them); null when none",
     )
 
 

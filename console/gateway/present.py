@@ -108,10 +108,10 @@ def total_tokens(usage: UsageOut) -> int:
 
 
 def totals_line(totals: TotalsOut) -> str:
-    """`4 steps · 12.3k tokens · $0.0412 · 1m 05s` (tokens and cost only where decisions were
-    logged; cost only where the models have a price)."""
+    """`4 steps · 12.3k tokens · $0.0412 · 1m 05s` (tokens and cost only where the model was
+    called, failed decisions' calls included; cost only where the models have a price)."""
     parts = [f"{totals.steps} step{'' if totals.steps == 1 else 's'}"]
-    if totals.decisions:
+    if totals.tokens:
         parts.append(f"{wording.tokens(totals.tokens)} tokens")
         if totals.usage.cost_usd:
             parts.append(dollars(totals.usage.cost_usd))

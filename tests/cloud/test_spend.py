@@ -285,6 +285,25 @@ async def test_a_failed_decision_s_calls_count_in_every_total(store: Store) -> N
     assert found is not None and found[1] == total
 
 
+async def test_a_task_s_failed_calls_are_summed_per_attempt(store: Store) -> None:
+    """Both backends: what the decision log's readers add to the decisions (ListDecisions'
+    failed_calls): per attempt in order, how many failed decisions and what their calls cost;
+    only the attempt asked for, when one is."""
+    task_id = await _submit(store)
+    other = await _submit(store)
+    for attempt, used in ((2, Usage(5, 1, cost_usd=0.5)), (1, Usage(7)), (2, Usage(3, 2))):
+        billed = Billed("anthropic", "m", used)
+        await spend.count_failed(store, "h1", task_id, attempt, billed, "PlannerError")
+    await spend.count_failed(store, "h1", other, 1, Billed("p", "m", Usage(100)), "PlannerError")
+
+    every = await spend.failed_by_attempt(store, task_id)
+    assert [(f.attempt, f.decisions) for f in every] == [(1, 1), (2, 2)]
+    assert every[0].usage == Usage(7)
+    assert every[1].usage == Usage(8, 3, cost_usd=0.5)
+    assert await spend.failed_by_attempt(store, task_id, 2) == every[1:]
+    assert await spend.failed_by_attempt(store, task_id, 3) == []
+
+
 async def test_migration_0017_adds_the_failed_decisions_spend_and_back(db_url: str) -> None:
     """Both backends: 0017 adds the table `failed_decision_spend` and nothing else; its
     downgrade drops it; the schema matches the models again after the upgrade."""

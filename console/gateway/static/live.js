@@ -64,7 +64,7 @@
   // present.totals_line
   function totalsLine(t) {
     var parts = [t.steps + " step" + (t.steps === 1 ? "" : "s")];
-    if (t.decisions) parts.push(tokens(totalTokens(t)) + " tokens");
+    if (totalTokens(t)) parts.push(tokens(totalTokens(t)) + " tokens");
     parts.push(duration(t.wall_time_s));
     return parts.join(" · ");
   }
@@ -265,7 +265,7 @@
       setText(root, "wall", duration(t.totals.wall_time_s));
       setText(root, "run", duration(t.totals.run_time_s));
       el = field(root, "tokens");
-      if (el && t.totals.decisions) {
+      if (el && totalTokens(t.totals)) {
         var tt = t.totals;
         el.textContent = tokens(totalTokens(tt)) + " ";
         var detail = document.createElement("span");

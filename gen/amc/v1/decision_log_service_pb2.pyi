@@ -112,25 +112,72 @@ class ListDecisionsResponse(_message.Message):
 
     DECISIONS_FIELD_NUMBER: _builtins.int
     NEXT_PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    FAILED_CALLS_FIELD_NUMBER: _builtins.int
     next_page_token: _builtins.str
     """Token for the next page; empty on the last page."""
     @_builtins.property
     def decisions(self) -> _containers.RepeatedCompositeFieldContainer[_types_pb2.Decision]:
         """Decisions ordered by attempt, then step index."""
 
+    @_builtins.property
+    def failed_calls(self) -> _containers.RepeatedCompositeFieldContainer[Global___FailedCalls]:
+        """What the answered model calls of the decisions that failed cost, one entry per attempt
+        that has some (of the attempt asked for, or of every attempt), by attempt; the same on
+        every page. No decision is logged for them, yet the provider billed them: the decisions'
+        usage plus these is what the task's totals (Task.totals.usage), each attempt's usage and
+        GetSpend's rows count. Empty when there are none (and from a cloud before this field).
+        """
+
     def __init__(
         self,
         *,
         decisions: _abc.Iterable[_types_pb2.Decision] | None = ...,
         next_page_token: _builtins.str = ...,
+        failed_calls: _abc.Iterable[Global___FailedCalls] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["decisions", b"decisions", "next_page_token", b"next_page_token"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["decisions", b"decisions", "failed_calls", b"failed_calls", "next_page_token", b"next_page_token"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ListDecisionsResponse: _TypeAlias = ListDecisionsResponse  # noqa: Y015
+
+@_typing.final
+class FailedCalls(_message.Message):
+    """The answered model calls of one attempt's decisions that failed: the model refused, gave no
+    usable tool call after the retry and the corrective turn, or the provider failed (or the
+    caller gave up) after billed answers. Counted by the cloud for its own decisions and as a
+    direct-transport host ships them (ShipDecisionsRequest.failed_calls).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ATTEMPT_FIELD_NUMBER: _builtins.int
+    DECISIONS_FIELD_NUMBER: _builtins.int
+    USAGE_FIELD_NUMBER: _builtins.int
+    attempt: _builtins.int
+    """The attempt."""
+    decisions: _builtins.int
+    """How many of its decisions failed after billed calls (each may have made several calls)."""
+    @_builtins.property
+    def usage(self) -> _types_pb2.Usage:
+        """Tokens and cost of those calls, summed."""
+
+    def __init__(
+        self,
+        *,
+        attempt: _builtins.int = ...,
+        decisions: _builtins.int = ...,
+        usage: _types_pb2.Usage | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["usage", b"usage"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "decisions", b"decisions", "usage", b"usage"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___FailedCalls: _TypeAlias = FailedCalls  # noqa: Y015
 
 @_typing.final
 class GetDecisionRequest(_message.Message):

@@ -1261,7 +1261,8 @@ class Attempt(_message.Message):
 
     @_builtins.property
     def usage(self) -> Global___Usage:
-        """Tokens and cost of this attempt's decisions in the decision log: the cloud's own, and on
+        """Tokens and cost of this attempt's decisions in the decision log and of the answered calls
+        of its decisions that failed (ListDecisionsResponse.failed_calls): the cloud's own, and on
         the direct transport those the host shipped so far (a host's outbox backlog is not in it
         yet). Filled by GetTask.
         """
@@ -1495,7 +1496,8 @@ class TaskTotals(_message.Message):
     """Steps the hosts reported, summed over the attempts (each attempt's last step index)."""
     @_builtins.property
     def usage(self) -> Global___Usage:
-        """Tokens and cost (Usage.cost_usd) summed over every decision logged for the task: the
+        """Tokens and cost (Usage.cost_usd) summed over every decision logged for the task and the
+        answered calls of its decisions that failed (ListDecisionsResponse.failed_calls): the
         cloud's own (cloud planner transport) and those a direct-transport host shipped from its
         outbox (counted when they arrive, so a host's backlog is not in it yet). Kept with the task
         when the decision log is pruned.
