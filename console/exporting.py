@@ -59,8 +59,8 @@ async def cloud_run(
 ) -> Run:
     """The task as the cloud knows it (gRPC errors propagate: NOT_FOUND for an unknown task)."""
     task = await cloud.get_task(task_id)
-    decisions, _ = await cloud.decision_log(task.task_id, include_observation=True)
-    return await run_from_cloud(task, decisions, screenshots)
+    decisions, failed = await cloud.decision_log(task.task_id, include_observation=True)
+    return await run_from_cloud(task, decisions, screenshots, failed)
 
 
 async def export_task(

@@ -125,7 +125,7 @@ def read_bundle(source: Path | bytes) -> Run:
             if needed not in names:
                 raise BundleError(f"not an amc export: {needed} is missing")
         try:
-            head = dataset.RunRecord.model_validate_json(z.read("run.json"))
+            head = dataset.parse_run(z.read("run.json"))
         except ValidationError as exc:
             raise BundleError(f"run.json: {_first_error(exc)}") from None
         run = Run(
@@ -136,6 +136,7 @@ def read_bundle(source: Path | bytes) -> Run:
             origin=head.origin,
             attempts={int(k): v for k, v in head.attempts.items() if k.isdigit()},
             notes=[n for n in head.notes if "have no screenshot" not in n],
+            failed_calls=dataset.failed_calls_from_record(head),
         )
         text = z.read("steps.jsonl").decode("utf-8", errors="replace")
         system_prompts: dict[int, str] = {}  # per attempt: the one in force (/2 writes changes)

@@ -14,9 +14,9 @@ import json
 from collections.abc import Sequence
 from typing import Literal, Protocol
 
-from amc.v1 import types_pb2
-from export.run import Judged, Outcome, Run, Step
-from planner.convert import thinking_kind_from_proto
+from amc.v1 import decision_log_service_pb2, types_pb2
+from export.run import FailedCalls, Judged, Outcome, Run, Step
+from planner.convert import thinking_kind_from_proto, usage_from_proto
 from planner.decision import ThinkingBlock, Usage
 from planner.observation import scene_from_observation
 from planner.verify import WORDS as VERDICT_WORDS
@@ -139,8 +139,10 @@ async def run_from_cloud(
     task: types_pb2.Task,
     decisions: Sequence[types_pb2.Decision],
     screenshots: ScreenshotSource = NO_SCREENSHOTS,
+    failed_calls: Sequence[decision_log_service_pb2.FailedCalls] = (),
 ) -> Run:
-    """The run as the cloud knows it: the task's goal and result, every logged decision."""
+    """The run as the cloud knows it: the task's goal and result, every logged decision, and
+    what the failed decisions' billed calls cost (ListDecisionsResponse.failed_calls)."""
     attempts = {a.attempt: a for a in task.attempts}
     run = Run(
         task_id=task.task_id,
@@ -149,6 +151,9 @@ async def run_from_cloud(
         result=task.result_summary,
         origin="cloud",
         attempts={n: f"{a.host_id}/{a.device_serial}" for n, a in attempts.items()},
+        failed_calls=[
+            FailedCalls(f.attempt, f.decisions, usage_from_proto(f.usage)) for f in failed_calls
+        ],
     )
     for d in decisions:
         step = step_from_decision(d, attempts.get(d.attempt))

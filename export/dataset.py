@@ -22,13 +22,13 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
 from amc.v1 import types_pb2
 from export.gesture import gesture
-from export.run import Judged, Outcome, Run, Step
+from export.run import FailedCalls, Judged, Outcome, Run, Step
 from planner.decision import ThinkingBlock, Usage
 from planner.scene import Bounds, Element, Scene
 
 STEP_SCHEMA: Literal["amc.export.step/2"] = "amc.export.step/2"
 STEP_SCHEMA_V1: Literal["amc.export.step/1"] = "amc.export.step/1"
-RUN_SCHEMA: Literal["amc.export.run/1"] = "amc.export.run/1"
+RUN_SCHEMA: Literal["amc.export.run/2"] = "amc.export.run/2"
 
 ActionType = Literal[
     "click",
@@ -234,7 +234,7 @@ class StepRecord(StepRecordV1):
     )
 
 
-class RunRecord(_Record):
+class RunRecordV1(_Record):
     """run.json: the run as a whole (the goal and result the steps belong to)."""
 
     schema_version: Literal["amc.export.run/1"]
@@ -246,6 +246,38 @@ class RunRecord(_Record):
     attempts: dict[str, str] = Field(description="Attempt number -> 'host/phone' it ran on.")
     steps: int
     notes: list[str]
+
+
+class FailedCallsRecord(_Record):
+    """What the answered model calls of one attempt's failed decisions cost: no step is
+    recorded for them, yet the provider billed them."""
+
+    attempt: int
+    decisions: int = Field(description="Decisions that failed after billed calls.")
+    usage: UsageRecord
+    cost_usd: float
+
+
+class TotalRecord(_Record):
+    """Every model call of the run: the steps' and the failed decisions'."""
+
+    usage: UsageRecord
+    cost_usd: float | None = Field(description="null: a step's price is not known.")
+
+
+# /2 is /1 with what the failed decisions' calls cost and the run's total: /1 is closed (extra
+# fields are refused), and a /1 reader summing the steps would take a smaller number for the
+# task's spending.
+class RunRecord(RunRecordV1):
+    """run.json: the run as a whole (the goal and result the steps belong to, and its spending)."""
+
+    schema_version: Literal["amc.export.run/2"]  # type: ignore[assignment]  # /1's, narrowed
+    failed_calls: list[FailedCallsRecord] = Field(
+        description="Per attempt, the failed decisions' billed calls (no step is recorded)."
+    )
+    total: TotalRecord = Field(
+        description="The steps' and the failed decisions' calls: the task's totals."
+    )
 
 
 # --- Step -> record ---------------------------------------------------------------------------
@@ -392,15 +424,7 @@ def step_record(
             planner_mode=step.planner_mode,
             transport=step.transport,
         ),
-        usage=UsageRecord(
-            input_tokens=u.input_tokens,
-            output_tokens=u.output_tokens,
-            cache_read_input_tokens=u.cache_read_input_tokens,
-            cache_creation_input_tokens=u.cache_creation_input_tokens,
-            thinking_tokens=u.thinking_tokens,
-        )
-        if u is not None
-        else None,
+        usage=_usage_record(u) if u is not None else None,
         latency_s=step.latency_s,
         cost_usd=step.cost_usd,
         user_prompt=step.user_prompt,
@@ -425,7 +449,18 @@ def step_record(
     )
 
 
+def _usage_record(u: Usage) -> UsageRecord:
+    return UsageRecord(
+        input_tokens=u.input_tokens,
+        output_tokens=u.output_tokens,
+        cache_read_input_tokens=u.cache_read_input_tokens,
+        cache_creation_input_tokens=u.cache_creation_input_tokens,
+        thinking_tokens=u.thinking_tokens,
+    )
+
+
 def run_record(run: Run) -> RunRecord:
+    usage, cost = run.total()
     return RunRecord(
         schema_version=RUN_SCHEMA,
         task_id=run.task_id,
@@ -436,7 +471,38 @@ def run_record(run: Run) -> RunRecord:
         attempts={str(k): v for k, v in sorted(run.attempts.items())},
         steps=len(run.steps),
         notes=list(run.notes),
+        failed_calls=[
+            FailedCallsRecord(
+                attempt=f.attempt,
+                decisions=f.decisions,
+                usage=_usage_record(f.usage),
+                cost_usd=f.usage.cost_usd,
+            )
+            for f in run.failed_calls
+        ],
+        total=TotalRecord(usage=_usage_record(usage), cost_usd=cost),
     )
+
+
+def failed_calls_from_record(record: RunRecordV1) -> list[FailedCalls]:
+    """The failed decisions' calls a run.json lists (none in /1, which did not list them)."""
+    if not isinstance(record, RunRecord):
+        return []
+    return [
+        FailedCalls(f.attempt, f.decisions, Usage(**f.usage.model_dump(), cost_usd=f.cost_usd))
+        for f in record.failed_calls
+    ]
+
+
+_ANY_RUN: TypeAdapter[RunRecord | RunRecordV1] = TypeAdapter(
+    Annotated[RunRecord | RunRecordV1, Field(discriminator="schema_version")]
+)
+
+
+def parse_run(text: str | bytes) -> RunRecord | RunRecordV1:
+    """run.json of either version, validated against its schema (a ValidationError names what
+    is wrong)."""
+    return _ANY_RUN.validate_json(text)
 
 
 # --- record -> Step ---------------------------------------------------------------------------

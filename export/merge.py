@@ -1,5 +1,6 @@
 """Merge a host's export into the cloud's: the cloud's record of the task, with the screenshots
-and screens the host kept, and the steps only the host has (attempts on the direct transport).
+and screens the host kept, the steps only the host has (attempts on the direct transport), and
+the failed decisions' billed calls of whichever side counted more of them.
 
 Steps are matched by (attempt, step index): the host records the cloud-assigned index of each
 decision it got from the cloud, and a direct-transport decision shipped to the cloud gets the
@@ -10,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from export.run import Run, Step
+from export.run import FailedCalls, Run, Step
 
 
 class MergeError(ValueError):
@@ -67,5 +68,18 @@ def merge(cloud: Run, *hosts: Run) -> Run:
     for host in hosts:
         for attempt, where in host.attempts.items():
             merged.attempts.setdefault(attempt, where)
+    merged.failed_calls = _failed_calls(cloud, *hosts)
     merged.sort()
     return merged
+
+
+def _failed_calls(*runs: Run) -> list[FailedCalls]:
+    """Per attempt, the record that counts the most failed decisions (the first, the cloud's,
+    when they count as many): a host's outbox may still hold some the cloud has not counted,
+    and a host knows nothing of another's."""
+    best: dict[int, FailedCalls] = {}
+    for run in runs:
+        for f in run.failed_calls:
+            if f.attempt not in best or f.decisions > best[f.attempt].decisions:
+                best[f.attempt] = f
+    return [best[a] for a in sorted(best)]

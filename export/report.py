@@ -74,16 +74,16 @@ def step_view(step: Step, previous: Step | None = None) -> StepView:
 def render_report(run: Run) -> str:
     """The whole report as one HTML document."""
     views = [step_view(s, run.steps[i - 1] if i else None) for i, s in enumerate(run.steps)]
-    usage = [s.usage for s in run.steps if s.usage is not None]
-    costs = [s.cost_usd for s in run.steps if s.cost_usd is not None]
+    has_usage = any(s.usage is not None for s in run.steps) or bool(run.failed_calls)
+    usage, cost = run.total()  # the failed decisions' billed calls too: the task's totals
     latencies = [s.latency_s for s in run.steps if s.latency_s is not None]
     totals = {
-        "input_tokens": sum(u.input_tokens for u in usage),
-        "output_tokens": sum(u.output_tokens for u in usage),
+        "input_tokens": usage.input_tokens,
+        "output_tokens": usage.output_tokens,
         "latency_s": sum(latencies) if latencies else None,
-        "cost_usd": sum(costs) if costs and len(costs) == len(run.steps) else None,
+        "cost_usd": cost if run.steps or run.failed_calls else None,
     }
     template = _ENV.get_template("report.html")
     return template.render(
-        run=run, steps=views, totals=totals, omitted_block=OMITTED_BLOCK, has_usage=bool(usage)
+        run=run, steps=views, totals=totals, omitted_block=OMITTED_BLOCK, has_usage=has_usage
     )

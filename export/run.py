@@ -117,6 +117,19 @@ class Step:
         return (self.attempt, self.step_index)
 
 
+@dataclass(frozen=True, slots=True)
+class FailedCalls:
+    """The answered model calls of one attempt's decisions that failed (a refusal, no usable
+    tool call, a provider error after billed answers): no step is recorded for them, yet the
+    provider billed them and the task's totals count them."""
+
+    attempt: int
+    #: How many decisions failed after billed calls.
+    decisions: int
+    #: Their calls' tokens and cost (`usage.cost_usd`), summed.
+    usage: Usage
+
+
 @dataclass(slots=True)
 class Run:
     """A task's run as exported: its goal and result, and its steps in (attempt, step) order."""
@@ -132,6 +145,22 @@ class Run:
     attempts: dict[int, str] = field(default_factory=dict)
     #: What the export could not include, for the reader ("no screenshots: ...").
     notes: list[str] = field(default_factory=list)
+    #: Per attempt (in order), what its failed decisions' calls cost.
+    failed_calls: list[FailedCalls] = field(default_factory=list)
 
     def sort(self) -> None:
         self.steps.sort(key=lambda s: s.key)
+
+    def total(self) -> tuple[Usage, float | None]:
+        """What every model call of the run cost: the steps' and the failed decisions', the
+        task's totals as the cloud counts them. The cost is None when a step's price is not
+        known (a step recorded before prices existed): a sum without it would be made up."""
+        usage = Usage()
+        for part in [s.usage for s in self.steps if s.usage is not None] + [
+            f.usage for f in self.failed_calls
+        ]:
+            usage.add(part)
+        costs = [s.cost_usd for s in self.steps]  # a step's price is its cost_usd, not usage's
+        usage.cost_usd = sum(c for c in costs if c is not None)
+        usage.cost_usd += sum(f.usage.cost_usd for f in self.failed_calls)
+        return usage, usage.cost_usd if None not in costs else None

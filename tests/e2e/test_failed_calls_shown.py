@@ -17,6 +17,7 @@ import io
 import json
 import os
 import re
+import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -30,6 +31,10 @@ from amc.v1 import fleet_service_pb2, task_service_pb2, types_pb2
 from console.embedded import OPERATOR, embedded_stack, follow_tasks
 from console.gateway import create_app
 from console.settings import ConsoleSettings
+from export import dataset
+from export.bundle import read_bundle
+from export.run import FailedCalls
+from planner.decision import Usage
 from tests.console.console_stack import UvicornThread
 from tests.console.test_cli import amc
 from tests.support.fakes import FakeModelServer, anthropic_message, text, tool_use
@@ -76,9 +81,9 @@ def _tokens(u: types_pb2.Usage) -> int:
 
 async def _console_views(
     cloud_address: str, pki_dir: Path, task_id: str
-) -> tuple[dict[str, Any], dict[str, Any], str]:
-    """The console's decision log and task detail (JSON API, bearer token) and its task page
-    (logged in through the form), from the real gateway."""
+) -> tuple[dict[str, Any], dict[str, Any], str, bytes]:
+    """The console's decision log and task detail (JSON API, bearer token), its task page
+    (logged in through the form) and the task's export (the zip), from the real gateway."""
     settings = ConsoleSettings(
         cloud_address=cloud_address,
         certs_dir=pki_dir,
@@ -96,6 +101,8 @@ async def _console_views(
         async with httpx.AsyncClient(base_url=base, headers=headers, timeout=20) as api:
             log = (await api.get(f"/api/tasks/{task_id}/decisions")).json()
             detail = (await api.get(f"/api/tasks/{task_id}")).json()
+            exported = await api.get(f"/api/tasks/{task_id}/export")
+            assert exported.status_code == 200, exported.text
         async with httpx.AsyncClient(base_url=base, timeout=20) as browser:
             form = (await browser.get("/login")).text
             csrf = form.split('name="csrf_token" value="')[1].split('"')[0]
@@ -105,7 +112,7 @@ async def _console_views(
             )
             assert done.status_code == 303, done.text
             page = (await browser.get(f"/tasks/{task_id}")).text
-        return log, detail, page
+        return log, detail, page, exported.content
     finally:
         server.stop()
 
@@ -126,7 +133,9 @@ async def test_a_failed_decision_s_calls_show_wherever_the_task_s_spending_shows
         assert code == 0, printed
         code, as_json = await amc(*conn, "decisions", task_id, "--json")
         assert code == 0, as_json
-        log, detail, page = await _console_views(stack.cloud_address, stack.pki_dir, task_id)
+        log, detail, page, export = await _console_views(
+            stack.cloud_address, stack.pki_dir, task_id
+        )
 
     assert len(fake_model.bodies("/v1/messages")) == 5
     assert task.status == types_pb2.TASK_STATUS_FAILED, task.result_summary
@@ -157,3 +166,25 @@ async def test_a_failed_decision_s_calls_show_wherever_the_task_s_spending_shows
     assert shown is not None, page
     words = html.unescape(re.sub(r"<[^>]+>", "", shown.group(1)))
     assert words == "Plus 1 failed decision's model calls: 2,400 tokens · $0.0120", words
+
+    # The export: run.json (amc.export.run/2) lists the failed calls and the task's total; the
+    # report's totals are the task's, with a line for the failed decision.
+    with zipfile.ZipFile(io.BytesIO(export)) as z:
+        head = dataset.parse_run(z.read("run.json"))
+        report = z.read("report.html").decode()
+    assert isinstance(head, dataset.RunRecord) and head.schema_version == "amc.export.run/2"
+    (failed_record,) = head.failed_calls
+    assert (failed_record.attempt, failed_record.decisions) == (1, 1)
+    assert failed_record.cost_usd == pytest.approx(0.012)
+    u = head.total.usage
+    assert (u.input_tokens, u.output_tokens, u.cache_read_input_tokens) == (2500, 500, 0)
+    assert head.total.cost_usd == pytest.approx(total.cost_usd)
+    assert '<dd id="tokens">2500 in · 500 out' in report
+    assert '<dd id="cost">$0.0150</dd>' in report
+    assert (
+        '<dd data-field="failed-calls">1, whose billed model calls (no step came of them) took '
+        "2000 in · 400 out · $0.0120</dd>"
+    ) in report
+    assert read_bundle(export).failed_calls == [
+        FailedCalls(1, 1, Usage(2000, 400, cost_usd=pytest.approx(0.012)))  # type: ignore[arg-type]  # approx compares equal
+    ]

@@ -18,8 +18,9 @@ from export import dataset
 from export.bundle import BundleError, bundle_bytes, read_bundle
 from export.merge import MergeError, merge
 from export.report import render_report
-from export.run import Judged, Run
+from export.run import FailedCalls, Judged, Run
 from host.timeline.export_source import run_from_timeline
+from planner.decision import Usage
 from tests.export.conftest import HOST, T_GESTURES, Timeline
 from tests.host.console.host_console_support import SECRET, T_DARK, T_LEGACY, T_SECRET
 
@@ -335,3 +336,48 @@ def test_an_export_written_as_step_1_still_reads_and_merges(timeline: Timeline) 
     assert all(s.user_prompt == s.system_prompt == "" for s in back.steps)
     merged = merge(run, back)
     assert [s.user_prompt for s in merged.steps] == [s.user_prompt for s in run.steps]
+
+
+def test_run_2_lists_the_failed_calls_and_a_run_1_export_still_reads_and_merges(
+    timeline: Timeline,
+) -> None:
+    """run.json is amc.export.run/2: /1's fields plus what failed decisions' billed calls cost
+    per attempt and the run's total (the steps' and theirs). /1 is closed, not gone: its
+    run.json reads back (no failed calls listed). Merged, an attempt takes the record that
+    counts more failed decisions (a host's outbox may hold some the cloud has not counted)."""
+    run = host_run(timeline, T_DARK)
+    run.failed_calls = [FailedCalls(1, 2, Usage(400, 60, cost_usd=0.25))]
+    steps, cost = Usage(), 0.0
+    for s in run.steps:
+        assert s.usage is not None and s.cost_usd is not None
+        steps.add(s.usage)
+        cost += s.cost_usd
+    good = bundle_bytes(run)
+    with zipfile.ZipFile(io.BytesIO(good)) as z:
+        head = dataset.parse_run(z.read("run.json"))
+    assert isinstance(head, dataset.RunRecord) and head.schema_version == "amc.export.run/2"
+    ((f),) = head.failed_calls
+    assert (f.attempt, f.decisions, f.usage.input_tokens, f.cost_usd) == (1, 2, 400, 0.25)
+    total = head.total.usage
+    assert (total.input_tokens, total.output_tokens) == (
+        steps.input_tokens + 400,
+        steps.output_tokens + 60,
+    )
+    assert head.total.cost_usd == pytest.approx(cost + 0.25)
+    assert read_bundle(good).failed_calls == run.failed_calls
+
+    out = io.BytesIO()
+    with zipfile.ZipFile(io.BytesIO(good)) as z, zipfile.ZipFile(out, "w") as w:
+        for name in z.namelist():
+            body = z.read(name)
+            if name == "run.json":
+                raw = json.loads(body)
+                raw = {k: v for k, v in raw.items() if k in dataset.RunRecordV1.model_fields}
+                body = json.dumps({**raw, "schema_version": "amc.export.run/1"}).encode()
+            w.writestr(name, body)
+    back = read_bundle(out.getvalue())
+    assert back.failed_calls == [] and [s.key for s in back.steps] == [s.key for s in run.steps]
+    fewer = [FailedCalls(1, 1, Usage(100)), FailedCalls(2, 1, Usage(7))]
+    cloud = Run(run.task_id, run.goal, run.status, run.result, origin="cloud", failed_calls=fewer)
+    assert merge(cloud, back).failed_calls == fewer
+    assert merge(cloud, run).failed_calls == [run.failed_calls[0], fewer[1]]
