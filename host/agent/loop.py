@@ -44,7 +44,7 @@ from host.timeline.record import TimelineRecord, screen_record
 from host.timeline.store import TimelineStore
 from planner import secret_refs
 from planner.budget import Budget
-from planner.decision import Decision, Usage
+from planner.decision import Billed, Decision, Usage
 from planner.errors import PlannerError, take_billed
 from planner.history import WorldEvent
 from planner.observation import clip
@@ -569,6 +569,8 @@ class AgentLoop:
             return await self.planner.decide(spec.goal, scene, history, screenshot)
         except (PlannerError, asyncio.CancelledError) as err:
             billed = take_billed(err)
+            if billed is not None:
+                await self._keep_failed_calls(spec, billed, type(err).__name__)
             if billed is not None and self.shipments is not None:
                 await self._ship(
                     self.shipments.failed_calls,
@@ -579,6 +581,20 @@ class AgentLoop:
                     type(err).__name__,
                 )
             raise
+
+    async def _keep_failed_calls(self, spec: TaskSpec, billed: Billed, error: str) -> None:
+        """The timeline keeps what a failed decision's calls cost, for this host's export and
+        console (the outbox forgets them once the cloud has them). Shielded: a cancelled
+        decision's calls are recorded all the same; a write that fails is logged."""
+        if self.store is None:
+            return
+        write = asyncio.to_thread(
+            self.store.add_failed_calls, spec.task_id, spec.attempt, billed, error
+        )
+        try:
+            await asyncio.shield(write)
+        except Exception:
+            log.exception("could not record a failed decision's calls in the timeline")
 
     def _ship_decision(
         self,

@@ -22,7 +22,7 @@ from host.agent.progress import ProgressSnapshot
 from host.timeline.record import SENSITIVE_MASK, TimelineRecord
 from host.timeline.store import TaskRow
 from planner.budget import dollars
-from planner.decision import RETRY_WORDS, thinking_word
+from planner.decision import RETRY_WORDS, Usage, thinking_word
 from planner.observation import scene_from_observation
 from planner.tools import ui_tree_result
 from planner.verify import WORDS as VERDICT_WORDS
@@ -376,10 +376,19 @@ class StepView:
         return float(self.usage.get("cost_usd", 0.0))
 
 
-def steps_cost(steps: list[StepView]) -> str:
-    """Tokens and cost of the steps together, as the task page shows them."""
-    tokens = sum(s.total_tokens for s in steps)
-    return f"{tokens:,} tokens · {dollars(sum(s.cost_usd for s in steps))}"
+def steps_cost(steps: list[StepView], failed: Usage | None = None) -> str:
+    """Tokens and cost of the steps together, with the failed decisions' billed calls
+    (`failed`), as the task page shows them: what the attempt spent."""
+    extra = failed or Usage()
+    tokens = sum(s.total_tokens for s in steps) + extra.input_tokens + extra.output_tokens
+    return f"{tokens:,} tokens · {dollars(sum(s.cost_usd for s in steps) + extra.cost_usd)}"
+
+
+def failed_calls_words(failed: int, usage: Usage) -> str:
+    """`1 failed decision's billed model calls: 2,400 tokens · $0.0120` (no step shows them)."""
+    whose = f"{failed} failed decision's" if failed == 1 else f"{failed} failed decisions'"
+    tokens = usage.input_tokens + usage.output_tokens
+    return f"{whose} billed model calls: {tokens:,} tokens · {dollars(usage.cost_usd)}"
 
 
 def verdict_counts(steps: list[StepView]) -> dict[str, int]:

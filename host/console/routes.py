@@ -178,12 +178,15 @@ async def task_page(
     if chosen is None:
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"no attempt {attempt} of {task_id!r}")
     _count, steps = await run_in_threadpool(_step_views, store, task_id, chosen.attempt, 0)
+    failed, failed_usage = await run_in_threadpool(store.failed_calls, task_id, chosen.attempt)
     context = {
         "nav": "tasks",
         "task": chosen,
         "attempts": attempts,
         "steps": steps,
         "steps_cost": present.steps_cost,
+        "failed_usage": failed_usage,
+        "failed_calls": present.failed_calls_words(failed, failed_usage) if failed else "",
         "verdicts": present.verdict_counts(steps),
     }
     return PAGES.render(request, "task.html", context)

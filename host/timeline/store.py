@@ -10,13 +10,14 @@ from __future__ import annotations
 import json
 import sqlite3
 import threading
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 from host.timeline.artifacts import ArtifactStore
 from host.timeline.record import TimelineRecord
+from planner.decision import Billed, Usage
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS tasks (
@@ -45,6 +46,17 @@ CREATE TABLE IF NOT EXISTS steps (
     record TEXT NOT NULL
 );
 CREATE INDEX IF NOT EXISTS ix_steps_task ON steps (task_id, attempt, step_index);
+CREATE TABLE IF NOT EXISTS failed_calls (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    task_id TEXT NOT NULL,
+    attempt INTEGER NOT NULL,
+    provider TEXT NOT NULL,
+    model TEXT NOT NULL,
+    error TEXT NOT NULL,
+    usage TEXT NOT NULL,
+    created_at TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS ix_failed_calls_task ON failed_calls (task_id, attempt);
 CREATE INDEX IF NOT EXISTS ix_tasks_updated ON tasks (updated_at);
 """
 
@@ -203,6 +215,31 @@ class TimelineStore:
                 (task_id, attempt, step_index, iso(utcnow()), json.dumps(raw, default=str)),
             )
 
+    def add_failed_calls(self, task_id: str, attempt: int, billed: Billed, error: str) -> None:
+        """What the answered model calls of a decision that failed cost (`error`: the planner
+        error's class): no step is recorded for it, yet the provider billed them, and this
+        host's export and console count them (the outbox ships them to the cloud and forgets
+        them once sent)."""
+        usage = json.dumps(asdict(billed.usage))
+        with self._lock:
+            self._db.execute(
+                "INSERT INTO failed_calls (task_id, attempt, provider, model, error, usage,"
+                " created_at) VALUES (?,?,?,?,?,?,?)",
+                (task_id, attempt, billed.provider, billed.model, error, usage, iso(utcnow())),
+            )
+
+    def failed_calls(self, task_id: str, attempt: int) -> tuple[int, Usage]:
+        """How many of the attempt's decisions failed after billed calls, and what the calls
+        cost together."""
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT usage FROM failed_calls WHERE task_id=? AND attempt=?", (task_id, attempt)
+            ).fetchall()
+        total = Usage()
+        for r in rows:
+            total.add(Usage(**json.loads(r["usage"])))
+        return len(rows), total
+
     def steps(self, task_id: str, attempt: int) -> list[TimelineRecord]:
         with self._lock:
             rows = self._db.execute(
@@ -246,6 +283,9 @@ class TimelineStore:
                 self._db.execute("BEGIN")
                 self._db.execute(
                     "DELETE FROM steps WHERE task_id=? AND attempt=?", (task_id, attempt)
+                )
+                self._db.execute(
+                    "DELETE FROM failed_calls WHERE task_id=? AND attempt=?", (task_id, attempt)
                 )
                 self._db.execute(
                     "DELETE FROM tasks WHERE task_id=? AND attempt=?", (task_id, attempt)

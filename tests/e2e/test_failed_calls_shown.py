@@ -12,6 +12,7 @@ turn and its retry) and the second decision fails after 2,400 billed tokens, $0.
 
 from __future__ import annotations
 
+import asyncio
 import html
 import io
 import json
@@ -29,6 +30,7 @@ from rich.console import Console
 
 from amc.v1 import fleet_service_pb2, task_service_pb2, types_pb2
 from console.embedded import OPERATOR, embedded_stack, follow_tasks
+from console.exporting import export_host_task
 from console.gateway import create_app
 from console.settings import ConsoleSettings
 from export import dataset
@@ -38,6 +40,7 @@ from planner.decision import Usage
 from tests.console.console_stack import UvicornThread
 from tests.console.test_cli import amc
 from tests.support.fakes import FakeModelServer, anthropic_message, text, tool_use
+from tests.support.waiting import until
 
 KEY = "sk-ant-failed-calls-test-key"
 TOKEN = "failed-calls-api-token-0123456789"
@@ -188,3 +191,44 @@ async def test_a_failed_decision_s_calls_show_wherever_the_task_s_spending_shows
     assert read_bundle(export).failed_calls == [
         FailedCalls(1, 1, Usage(2000, 400, cost_usd=pytest.approx(0.012)))  # type: ignore[arg-type]  # approx compares equal
     ]
+
+
+async def test_a_direct_host_s_own_export_lists_its_failed_decision_s_calls(
+    tmp_path: Path, fake_model: FakeModelServer
+) -> None:
+    """The same model on the direct transport: the host made the calls itself, shipped the
+    failed decision's cost from its outbox (which then forgets it) and kept it in its timeline.
+    Its own export (`amc host export`) lists it, and its total is the task's totals as the
+    cloud counted them."""
+    async with embedded_stack(tmp_path / "stack", transport="direct") as stack:
+        ops = stack.operator
+        request = task_service_pb2.SubmitTaskRequest(goal="Open two apps")
+        task_id = (await ops.tasks.SubmitTask(request)).task.task_id
+        await follow_tasks(ops, [task_id], Console(file=io.StringIO()), 30)
+        get = task_service_pb2.GetTaskRequest(task_id=task_id)
+
+        async def counted() -> bool:
+            return _tokens((await ops.tasks.GetTask(get)).task.totals.usage) == 3000
+
+        await until(counted, what="the decision and the failed one's calls shipped and counted")
+        task = (await ops.tasks.GetTask(get)).task
+        host = stack.data_dir / "host"
+        path, run = await asyncio.to_thread(
+            export_host_task,
+            host / "task_progress.sqlite3",
+            host / "artifacts",
+            "embedded-host",
+            task_id,
+            tmp_path / "host-export.zip",
+        )
+
+    assert task.status == types_pb2.TASK_STATUS_FAILED, task.result_summary
+    assert run.failed_calls == [
+        FailedCalls(1, 1, Usage(2000, 400, cost_usd=pytest.approx(0.012)))  # type: ignore[arg-type]  # approx compares equal
+    ]
+    with zipfile.ZipFile(path) as z:
+        head = dataset.parse_run(z.read("run.json"))
+    assert isinstance(head, dataset.RunRecord)
+    u, total = head.total.usage, task.totals.usage
+    assert (u.input_tokens, u.output_tokens) == (total.input_tokens, total.output_tokens)
+    assert head.total.cost_usd == pytest.approx(total.cost_usd)

@@ -12,6 +12,7 @@ import pytest
 from host.timeline.artifacts import ArtifactPathError, ArtifactStore
 from host.timeline.record import TimelineRecord
 from host.timeline.store import INTERRUPTED, TimelineStore
+from planner.decision import Billed, Usage
 
 
 @pytest.fixture
@@ -122,6 +123,22 @@ def test_retention_by_age_and_running_tasks_survive(store: TimelineStore) -> Non
     assert deleted == [("old", 1)]
     assert {t.task_id for t in store.list_tasks()} == {"old-running", "new"}
     assert "old-a1" not in store.artifacts.task_dirs()
+
+
+def test_failed_calls_are_kept_per_attempt_and_pruned_with_it(store: TimelineStore) -> None:
+    """What a failed decision's billed calls cost is kept beside the steps (the outbox forgets
+    it once shipped): summed per attempt, deleted with the attempt."""
+    now = datetime.now(UTC)
+    _task(store, "old", now - timedelta(days=8))
+    _task(store, "new", now - timedelta(days=1))
+    for task_id, used in (("old", Usage(5)), ("new", Usage(500, 100, cost_usd=0.25))):
+        store.add_failed_calls(task_id, 1, Billed("anthropic", "m", used), "PlannerError")
+    store.add_failed_calls("new", 1, Billed("anthropic", "m", Usage(7, thinking_tokens=3)), "E")
+    assert store.failed_calls("new", 1) == (2, Usage(507, 100, thinking_tokens=3, cost_usd=0.25))
+    assert store.failed_calls("new", 2) == (0, Usage())
+    assert store.prune(max_tasks=50, max_age_days=7, now=now) == [("old", 1)]
+    assert store.failed_calls("old", 1) == (0, Usage())
+    assert store.failed_calls("new", 1)[0] == 2
 
 
 def test_orphan_artifact_folders_are_removed(store: TimelineStore) -> None:

@@ -25,6 +25,7 @@ from export.bundle import read_bundle
 from host.console import HostConsoleSettings, create_app
 from host.timeline.record import TimelineRecord
 from host.timeline.store import TimelineStore
+from planner.decision import Billed, Usage
 from tests.host.console.host_console_support import (
     LEGACY_GOAL,
     SECRET,
@@ -565,3 +566,31 @@ def test_no_export_without_a_session(anon: TestClient) -> None:
     response = anon.get(f"/tasks/{T_DARK}/export")
     assert response.status_code == 303
     assert response.headers["location"].startswith("/login")
+
+
+def test_an_attempt_s_cost_counts_its_failed_decisions_calls(tmp_path: Path) -> None:
+    """A direct-transport attempt whose second decision failed after billed calls: the task
+    page's cost is the step's plus the failed decision's (what the cloud's totals say), and a
+    line says what the failed one cost; the host's export lists it too."""
+    store = TimelineStore(tmp_path / "timeline.sqlite3", tmp_path / "artifacts")
+    try:
+        store.start_task("t-failed", 1, "Open two apps", "virtual-1", planner_transport="direct")
+        usage = {"input_tokens": 500, "output_tokens": 100, "cost_usd": 0.003}
+        store.append_step(TimelineRecord("t-failed", 1, 1, tool_name="launch_app", usage=usage))
+        billed = Billed("anthropic", "claude-sonnet-4-6", Usage(2000, 400, cost_usd=0.012))
+        store.add_failed_calls("t-failed", 1, billed, "PlannerError")
+        store.finish_task("t-failed", 1, "failed", "gave an unusable tool call twice")
+        app = create_app(StoreOnly(store))
+        with TestClient(app, base_url=BASE, follow_redirects=False) as c:
+            log_in(c, app.state.login_token.current)
+            page = c.get("/tasks/t-failed").text
+            exported = read_bundle(c.get("/tasks/t-failed/export").content)
+    finally:
+        store.close()
+    assert '<dd data-field="cost">3,000 tokens · $0.0150</dd>' in page
+    shown = re.search(r'data-field="failed-calls"[^>]*>([^<]*)<', page)
+    assert shown is not None, page
+    assert shown.group(1) == "1 failed decision&#39;s billed model calls: 2,400 tokens · $0.0120"
+    assert [(f.attempt, f.decisions, f.usage.input_tokens) for f in exported.failed_calls] == [
+        (1, 1, 2000)
+    ]
