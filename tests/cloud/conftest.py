@@ -94,6 +94,22 @@ async def cloud(make_settings: SettingsFactory) -> AsyncIterator[CloudServer]:
 
 
 @pytest.fixture
+async def offline_cloud(
+    make_settings: SettingsFactory, monkeypatch: pytest.MonkeyPatch
+) -> AsyncIterator[CloudServer]:
+    """A cloud planning with the offline provider (no model), in compact mode: Decide answers
+    without a provider, so a test of the contract around it needs no fake server."""
+    monkeypatch.setenv("AMC_PLANNER_PROVIDER", "offline")
+    monkeypatch.delenv("AMC_PLANNER_MODE", raising=False)
+    server = await build_server(make_settings())
+    await server.start()
+    try:
+        yield server
+    finally:
+        await server.stop(0.5)
+
+
+@pytest.fixture
 async def ops(cloud: CloudServer, pki_dir: Path) -> AsyncIterator[Any]:
     """TaskService stub with the operator certificate."""
     ch = channel(cloud.address, pki_dir, "operator-ops")

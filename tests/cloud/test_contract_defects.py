@@ -34,25 +34,13 @@ from amc.v1 import (
     types_pb2,
 )
 from amc.v1 import lease_service_pb2 as lease_pb
-from cloud.server import CloudServer, build_server
+from cloud.server import CloudServer
 from host.devices.virtual.phone import VirtualPhone
 from planner.observation import observation_from_scene
 from tests.cloud.cloud_harness import ScriptedHost, channel, renewal, result, submit, tasks_stub
 from tests.planner import scenes
 
 PROTO = Path(__file__).resolve().parents[2] / "proto"
-
-
-@pytest.fixture
-async def offline_cloud(make_settings: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
-    monkeypatch.setenv("AMC_PLANNER_PROVIDER", "offline")
-    monkeypatch.delenv("AMC_PLANNER_MODE", raising=False)
-    server = await build_server(make_settings(default_lease_seconds=30))
-    await server.start()
-    try:
-        yield server
-    finally:
-        await server.stop(0.5)
 
 
 @pytest.fixture

@@ -3,7 +3,6 @@ over mTLS (SQLite and PostgreSQL) driven by scripted host streams with hand-buil
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +18,7 @@ from amc.v1 import (
     types_pb2,
 )
 from amc.v1 import lease_service_pb2 as lease_pb
-from cloud.server import CloudServer, build_server
+from cloud.server import CloudServer
 from planner.observation import observation_from_scene
 from tests.cloud.cloud_harness import (
     ScriptedHost,
@@ -30,23 +29,7 @@ from tests.cloud.cloud_harness import (
     submit,
     tasks_stub,
 )
-from tests.cloud.conftest import SettingsFactory
 from tests.planner import scenes
-
-
-@pytest.fixture
-async def offline_cloud(
-    make_settings: SettingsFactory, monkeypatch: pytest.MonkeyPatch
-) -> AsyncIterator[CloudServer]:
-    """A cloud planning with the offline provider (no model), in compact mode."""
-    monkeypatch.setenv("AMC_PLANNER_PROVIDER", "offline")
-    monkeypatch.delenv("AMC_PLANNER_MODE", raising=False)
-    server = await build_server(make_settings())
-    await server.start()
-    try:
-        yield server
-    finally:
-        await server.stop(0.5)
 
 
 async def _decisions(cloud: CloudServer, pki_dir: Path, task_id: str) -> list[Any]:

@@ -35,17 +35,6 @@ from tests.planner import scenes
 from tests.support.restartable_postgres import restartable_postgres
 
 
-@pytest.fixture
-async def offline_cloud(make_settings: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
-    monkeypatch.setenv("AMC_PLANNER_PROVIDER", "offline")
-    server = await build_server(make_settings(default_lease_seconds=30))
-    await server.start()
-    try:
-        yield server
-    finally:
-        await server.stop(0.5)
-
-
 def _request(a: Any, step_key: str, **fields: Any) -> planner_service_pb2.DecideRequest:
     return planner_service_pb2.DecideRequest(
         task_id=a.task_id,

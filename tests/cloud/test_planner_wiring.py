@@ -14,20 +14,9 @@ from amc.v1 import (
     planner_service_pb2,
     planner_service_pb2_grpc,
 )
-from cloud.server import CloudServer, build_server
+from cloud.server import CloudServer
 from planner.prompts import SYSTEM_PROMPT, build_user_prompt
 from tests.cloud.cloud_harness import ScriptedHost, channel, submit, tasks_stub
-
-
-@pytest.fixture
-async def offline_cloud(make_settings: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
-    monkeypatch.setenv("AMC_PLANNER_PROVIDER", "offline")
-    server = await build_server(make_settings(default_lease_seconds=30))
-    await server.start()
-    try:
-        yield server
-    finally:
-        await server.stop(0.5)
 
 
 async def test_decide_logs_decisions_with_cloud_step_index(
