@@ -62,16 +62,30 @@ const planner = new amc.PlannerService(CLOUD, credentials, options);
 const adb = Adb.createClient({ host: env.ADB_HOST || '127.0.0.1', port: Number(env.ADB_PORT || 5037) });
 const log = (...args) => console.error('[node-host]', ...args);
 
-// The contract's limits on text are UTF-8 bytes (Decide refuses a longer field), and a
-// JavaScript string counts UTF-16 units: cut by bytes, whole characters only (half of an emoji
-// is not UTF-8: it would arrive as U+FFFD).
-function cut(text, maxBytes) {
+// The contract's limits on what this host sends, as the proto comments give them: UTF-8 bytes
+// for what Decide reads (it refuses a step with a longer field), characters (code points) for
+// the summaries (the cloud cuts longer ones). tests/node/test_node_host.py checks each against
+// the cloud's own limits, so they cannot drift apart.
+const LIMITS = {
+  text: 4096, // UiElement.text, content_description (bytes)
+  name: 256, // UiElement.resource_id, class_name, package_name; foreground_package (bytes)
+  activity: 512, // ScreenObservation.foreground_activity (bytes)
+  error: 2048, // ActionOutcome.error (bytes)
+  driver_output: 4096, // ActionOutcome.driver_output (bytes)
+  summary: 200, // Progress.summary (characters)
+  result_summary: 2000, // TaskResult.summary (characters)
+};
+
+// A JavaScript string counts UTF-16 units: cut by bytes (or by characters, for a limit in
+// characters), whole characters only (half of an emoji is not UTF-8: it would arrive as U+FFFD).
+const characters = () => 1;
+function cut(text, max, size = Buffer.byteLength) {
   const s = String(text);
-  let bytes = 0;
+  let used = 0;
   let end = 0;
   for (const ch of s) {
-    bytes += Buffer.byteLength(ch);
-    if (bytes > maxBytes) break;
+    used += size(ch);
+    if (used > max) break;
     end += ch.length;
   }
   return s.slice(0, end);
@@ -104,11 +118,11 @@ function elementOf(node, id) {
   if (!text && !description && !actionable && !/EditText/.test(node.class || '')) return null;
   return {
     element_id: `e${id}`,
-    text: cut(text, 4096),
-    content_description: cut(description, 4096),
-    resource_id: node['resource-id'] || '',
-    class_name: node.class || '',
-    package_name: node.package || '',
+    text: cut(text, LIMITS.text),
+    content_description: cut(description, LIMITS.text),
+    resource_id: cut(node['resource-id'] || '', LIMITS.name),
+    class_name: cut(node.class || '', LIMITS.name),
+    package_name: cut(node.package || '', LIMITS.name),
     bounds: { left: +left, top: +top, right: +right, bottom: +bottom },
     clickable: flag('clickable'),
     long_clickable: flag('long-clickable'),
@@ -144,8 +158,8 @@ async function perceive(device) {
     screen_width: Number(width),
     screen_height: Number(height),
     rotation: ['ROTATION_0', 'ROTATION_90', 'ROTATION_180', 'ROTATION_270'][Number(hierarchy.rotation || 0)],
-    foreground_package: activity.split('/')[0],
-    foreground_activity: activity,
+    foreground_package: cut(activity.split('/')[0], LIMITS.name),
+    foreground_activity: cut(activity, LIMITS.activity),
     keyboard_shown: keyboard,
   };
 }
@@ -208,7 +222,7 @@ async function runTask(stream, a, revoked) {
   const lease = { task_id: a.task_id, attempt: a.attempt, lease_id: a.lease_id };
   const renew = () => stream.write({ renewal: { ...lease, progress } });
   const report = (step, status, summary) => {
-    Object.assign(progress, { step_index: step, step_status: status, summary: summary.slice(0, 200) });
+    Object.assign(progress, { step_index: step, step_status: status, summary: cut(summary, LIMITS.summary, characters) });
     renew();
   };
   const renewer = setInterval(renew, ms(a.renew_interval)); // the assignment says how often
@@ -236,19 +250,20 @@ async function runTask(stream, a, revoked) {
       }
       previous = { step_index: decision.step_index, executed: true, error: '', driver_output: '' };
       try {
-        previous.driver_output = cut(await act(device, action, observation), 4096);
+        previous.driver_output = cut(await act(device, action, observation), LIMITS.driver_output);
         report(step, 'STEP_STATUS_SUCCEEDED', `step ${step}: done`);
       } catch (err) {
-        Object.assign(previous, { executed: false, error: cut(err.message, 2048) });
+        Object.assign(previous, { executed: false, error: cut(err.message, LIMITS.error) });
         report(step, 'STEP_STATUS_FAILED', `step ${step}: ${err.message}`);
       }
       await new Promise((r) => setTimeout(r, 300)); // let the screen settle
     }
   } catch (err) {
-    summary = `host error: ${err.details || err.message}`.slice(0, 2000);
+    summary = `host error: ${err.details || err.message}`;
   } finally {
     clearInterval(renewer);
   }
+  summary = cut(summary, LIMITS.result_summary, characters);
   stream.write({ result: { ...lease, status, summary, final_progress: progress } });
   log(`task ${a.task_id}: ${status} — ${summary}`);
 }

@@ -10,16 +10,24 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import shutil
 from pathlib import Path
 
 import pytest
 
 from amc.v1 import decision_log_service_pb2, flow_service_pb2, task_service_pb2, types_pb2
+from cloud.store.leases import RESULT_SUMMARY_LIMIT, SUMMARY_LIMIT
 from host.devices.virtual.adb_server import VirtualAdbServer
+from host.devices.virtual.apps.base import PhoneApi
 from host.devices.virtual.apps.notes import PKG as NOTES
+from host.devices.virtual.apps.stub import StubApp
+from host.devices.virtual.layout import Node
 from host.devices.virtual.phone import VirtualPhone
-from host.devices.virtual.state import Note
+from host.devices.virtual.state import Note, Page
+from host.devices.virtual.widgets import PAD, TOOLBAR_H, Geometry
+from planner.observation import MAX_ACTIVITY_BYTES, MAX_NAME_BYTES, MAX_TEXT_BYTES
+from planner.steps import MAX_DRIVER_OUTPUT_BYTES, MAX_OUTCOME_ERROR_BYTES
 from tests.support.processes import (
     cloud_process,
     free_port,
@@ -204,3 +212,111 @@ async def test_the_node_host_cuts_long_text_by_utf8_bytes_on_a_character_boundar
     shown = next(t for t in texts if t.startswith("a😀"))
     assert shown == "a" + "😀" * 1023  # 4,093 bytes: one more emoji would pass 4,096
     assert "Ж" * 2048 in texts  # 4,096 bytes exactly
+
+
+class _LongNamedApp(StubApp):
+    """An app whose package, activity and a view's class are longer than the contract takes
+    (an app generated with a long obfuscated name, seen in real dumps), titled in emoji."""
+
+    def build(self, phone: PhoneApi, page: Page, geo: Geometry) -> list[Node]:
+        del phone, page
+        top = geo.top + TOOLBAR_H
+        return [
+            Node(
+                "android.widget.TextView",
+                (PAD, geo.top, geo.width - PAD, top),
+                text=self.label,
+                resource_id="android:id/action_bar_title",
+            ),
+            Node(
+                "com.example.widgets." + "W" * 300,
+                (PAD, top + 120, geo.width - PAD, top + 240),
+                text="Continue",
+                resource_id=f"{self.package}:id/next",
+                clickable=True,
+            ),
+        ]
+
+
+async def test_the_node_host_cuts_every_limited_field_to_the_contracts_limit(
+    node: str, tmp_path: Path
+) -> None:
+    """The Node host cut no name at all (an element's resource id, class and package, the
+    foreground package and activity): a phone showing an app with a name past 256 bytes had
+    every step refused (INVALID_ARGUMENT "…package_name is N bytes; at most 256"). And it cut
+    its progress summary by UTF-16 units, through an emoji the cloud then stored as U+FFFD.
+    Each is now cut to the limit the contract gives it, whole characters only."""
+    pki = make_pki(tmp_path / "pki", [HOST_ID])
+    phone = VirtualPhone("emulator-5554")
+    package = "com.example." + "a" * 300
+    activity = package + ".MainActivity"
+    phone.apps[package] = _LongNamedApp(package, "😀" * 150, activity, (30, 142, 62))
+    assert phone.launch(package)
+    adb = VirtualAdbServer([phone])
+    adb_port = await adb.start()
+    port = free_port()
+    cloud = cloud_process(
+        tmp_path,
+        "cloud",
+        database_url=f"sqlite+aiosqlite:///{tmp_path / 'cloud.sqlite3'}",
+        pki_dir=pki,
+        port=port,
+        extra={"AMC_PLANNER_PROVIDER": "offline"},
+    ).start()
+    address = f"127.0.0.1:{port}"
+    client = operator(address, pki)
+    try:
+        await wait_serving(address, pki)
+        task = (
+            await client.tasks.SubmitTask(
+                task_service_pb2.SubmitTaskRequest(goal="Leave this app", max_attempts=1),
+                timeout=10,
+            )
+        ).task
+        said = await _run_node(node, address, pki, adb_port)
+        final = await wait_task(
+            client, task.task_id, lambda t: t.status != types_pb2.TASK_STATUS_RUNNING, 10
+        )
+        decisions = (
+            await client.decisions.ListDecisions(
+                decision_log_service_pb2.ListDecisionsRequest(
+                    task_id=task.task_id, include_observation=True
+                ),
+                timeout=10,
+            )
+        ).decisions
+    finally:
+        await client.close()
+        cloud.stop()
+        await adb.stop()
+
+    assert decisions, said
+    seen = decisions[0].observation
+    assert seen.foreground_package == package[:256]
+    assert seen.foreground_activity == f"{package}/{activity}"[:512]
+    mine = [e for e in seen.elements if e.package_name.startswith("com.example.")]
+    assert mine and all(e.package_name == package[:256] for e in mine)
+    assert f"{package}:id/next"[:256] in {e.resource_id for e in mine}
+    assert "com.example.widgets." + "W" * 236 in {e.class_name for e in mine}
+    assert final.status == types_pb2.TASK_STATUS_SUCCEEDED, said
+    # 168 characters (the cloud's limit is 200), 318 UTF-16 units: whole, no U+FFFD.
+    assert final.progress.summary == "left it; now on '" + "😀" * 150 + "'"
+
+
+def test_the_node_hosts_limits_are_the_clouds() -> None:
+    """The Node host keeps its own copy of the contract's limits (it is built from proto/
+    alone); each must be the one the cloud checks or cuts to, or a host copied from it has its
+    steps refused (a limit above the cloud's) or cuts what the cloud would keep."""
+    source = HOST.read_text(encoding="utf-8")
+    block = re.search(r"^const LIMITS = \{(.*?)^\};", source, re.S | re.M)
+    assert block is not None, "host.js keeps its limits in `const LIMITS = {…};`"
+    limits = {name: int(n) for name, n in re.findall(r"^\s*(\w+): (\d+),", block[1], re.M)}
+    assert limits == {
+        "text": MAX_TEXT_BYTES,
+        "name": MAX_NAME_BYTES,
+        "activity": MAX_ACTIVITY_BYTES,
+        "error": MAX_OUTCOME_ERROR_BYTES,
+        "driver_output": MAX_DRIVER_OUTPUT_BYTES,
+        "summary": SUMMARY_LIMIT,
+        "result_summary": RESULT_SUMMARY_LIMIT,
+    }
