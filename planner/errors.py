@@ -20,6 +20,13 @@ MODEL_PROVIDER = "the model provider"
 #: Trailing metadata of such a Decide when the model provider said how long to wait: seconds, a
 #: decimal number (`PlannerTransient.retry_after`). A host waits at least that long.
 RETRY_AFTER_KEY = "amc-retry-after-s"
+#: Trailing metadata of a Decide answered PERMISSION_DENIED: who refused, since the code is the
+#: same for two refusals a host treats apart. `REFUSED_BY_LEASE`: the lease is another host's
+#: (this call was wrong); `REFUSED_BY_PROVIDER`: the model provider refused the cloud's
+#: credentials (an operator must fix the cloud). Text in the details is for people only.
+REFUSED_BY_KEY = "amc-refused-by"
+REFUSED_BY_LEASE = "lease"
+REFUSED_BY_PROVIDER = "provider"
 
 
 class PlannerError(Exception):

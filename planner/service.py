@@ -11,9 +11,9 @@ failure logs no decision (the calls the provider answered before it are counted 
 `SpendLog`: it billed them, and so are those of a Decide its host cancelled or let run past its
 deadline); its class decides the status code (see the proto): planning temporarily impossible
 is UNAVAILABLE or RESOURCE_EXHAUSTED (the host waits and asks again), refused credentials
-PERMISSION_DENIED, no usable decision (a model refusal included: `PlannerRefused`, never
-retried) UNKNOWN. The screenshot is passed to the model call and then dropped: it is never part
-of what the sink receives.
+PERMISSION_DENIED (with `amc-refused-by: provider`), no usable decision (a model refusal
+included: `PlannerRefused`, never retried) UNKNOWN. The screenshot is passed to the model call
+and then dropped: it is never part of what the sink receives.
 
 Session mode (`DecideRequest.session`): the conversation lives behind a `SessionStore` the cloud
 provides (one view per call, so two calls continuing one conversation at once are caught), and
@@ -45,6 +45,8 @@ from planner.convert import decision_to_proto
 from planner.decision import Billed, Decision
 from planner.errors import (
     MODEL_PROVIDER,
+    REFUSED_BY_KEY,
+    REFUSED_BY_PROVIDER,
     RETRY_AFTER_KEY,
     WAITING_FOR_KEY,
     PlannerAuthError,
@@ -340,7 +342,11 @@ class PlannerServicer(planner_service_pb2_grpc.PlannerServiceServicer):
             await context.abort(grpc.StatusCode.UNAVAILABLE, str(err), _provider_wait(err))
         except PlannerAuthError as err:
             self._health.refused(str(err))
-            await context.abort(grpc.StatusCode.PERMISSION_DENIED, str(err))
+            await context.abort(
+                grpc.StatusCode.PERMISSION_DENIED,
+                str(err),
+                ((REFUSED_BY_KEY, REFUSED_BY_PROVIDER),),
+            )
         except PlannerError as err:
             await context.abort(grpc.StatusCode.UNKNOWN, str(err))
         self._health.succeeded()

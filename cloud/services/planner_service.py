@@ -26,7 +26,6 @@ from cloud.events import EventBus
 from cloud.lease.validate import MAX_ID
 from cloud.metrics import start_of_day
 from cloud.provider_health import ProviderHealth
-from cloud.services.status import abort
 from cloud.settings import CloudSettings, SettingError
 from cloud.store import leases, spend, tasks
 from cloud.store.database import Store
@@ -38,7 +37,7 @@ from cloud.store.ports import (
     StoreSessionStore,
 )
 from planner.budget import Budget, exhausted
-from planner.errors import WAITING_FOR_KEY
+from planner.errors import REFUSED_BY_KEY, REFUSED_BY_LEASE, WAITING_FOR_KEY
 from planner.vendors.base import Probeable
 from planner.vendors.observed import ObservedAdapter
 from telemetry import logs, tracing
@@ -71,7 +70,8 @@ def _database_unreachable(exc: BaseException) -> bool:
 
 class OwnLeasesOnly(planner_service_pb2_grpc.PlannerServiceServicer):
     """Refuses a Decide on another host's lease before the planner sees it (PERMISSION_DENIED:
-    "lease … of task … belongs to another host"); anything else goes to the planner.
+    "lease … of task … belongs to another host", trailing metadata `amc-refused-by: lease`);
+    anything else goes to the planner.
 
     A database that cannot be reached at any point of the call is UNAVAILABLE with a generic
     message (never the driver's text: it names the database's host and port), so the host's
@@ -166,11 +166,11 @@ class OwnLeasesOnly(planner_service_pb2_grpc.PlannerServiceServicer):
                 self._store, request.task_id[:MAX_ID], request.attempt, request.lease_id
             )
             if owner is not None and owner != authz.caller().name:
-                await abort(
-                    context,
+                await context.abort(
                     grpc.StatusCode.PERMISSION_DENIED,
                     f"lease {request.lease_id!r} of task {request.task_id!r} belongs to "
                     "another host",
+                    ((REFUSED_BY_KEY, REFUSED_BY_LEASE),),
                 )
         return await self._inner.Decide(request, context)
 

@@ -18,7 +18,7 @@ from amc.v1 import (
     types_pb2,
 )
 from amc.v1 import lease_service_pb2 as lease_pb
-from cloud.server import CloudServer
+from cloud.server import CloudServer, build_server
 from planner.observation import observation_from_scene
 from tests.cloud.cloud_harness import (
     ScriptedHost,
@@ -29,7 +29,9 @@ from tests.cloud.cloud_harness import (
     submit,
     tasks_stub,
 )
+from tests.cloud.conftest import SettingsFactory
 from tests.planner import scenes
+from tests.support.fakes import FakeModelServer
 
 
 async def _decisions(cloud: CloudServer, pki_dir: Path, task_id: str) -> list[Any]:
@@ -254,3 +256,57 @@ async def test_a_step_refused_for_a_spent_budget_still_records_the_last_outcome(
         await host.close()
     assert len(decisions) == 1
     assert (decisions[0].outcome.executed, decisions[0].outcome.driver_output) == (True, "tapped")
+
+
+async def test_decides_permission_denied_says_who_refused_in_its_trailing_metadata(
+    make_settings: SettingsFactory, monkeypatch: pytest.MonkeyPatch, pki_dir: Path
+) -> None:
+    """Decide answers PERMISSION_DENIED for two refusals a host must treat apart: the lease is
+    another host's (this call was wrong), or the model provider refused the cloud's key (the
+    cloud must be fixed). They differed only in the message text; the trailing metadata
+    `amc-refused-by` now names which ("lease" or "provider"). Real parts: the cloud with the
+    real Anthropic SDK against the fake provider, which answers 401 to the cloud's key."""
+    fake = FakeModelServer(anthropic_key="sk-ant-another")  # not the key the cloud has
+    fake.start()
+    monkeypatch.setenv("AMC_PLANNER_PROVIDER", "anthropic")
+    monkeypatch.setenv("AMC_PLANNER_MODEL", "claude-sonnet-4-6")
+    monkeypatch.setenv("AMC_PLANNER_ANTHROPIC_API_KEY", "sk-ant-test")
+    monkeypatch.setenv("AMC_PLANNER_ANTHROPIC_BASE_URL", fake.anthropic_base_url)
+    monkeypatch.setenv("AMC_PLANNER_MAX_RETRIES", "0")
+    monkeypatch.delenv("AMC_PLANNER_MODE", raising=False)
+    cloud = await build_server(make_settings())
+    await cloud.start()
+    host = ScriptedHost(cloud.address, pki_dir, "h22")
+    try:
+        async with (
+            channel(cloud.address, pki_dir, "operator-ops") as ops_ch,
+            channel(cloud.address, pki_dir, "host-h22") as own_ch,
+            channel(cloud.address, pki_dir, "host-h23") as other_ch,
+        ):
+            await host.connect(["p"])
+            await submit(tasks_stub(ops_ch))
+            a = (await host.next("assignment")).assignment
+            request = planner_service_pb2.DecideRequest(
+                task_id=a.task_id,
+                attempt=a.attempt,
+                lease_id=a.lease_id,
+                observation=observation_from_scene(scenes.launcher()),
+                step_key="1",
+            )
+            answers = []
+            for ch in (other_ch, own_ch):
+                stub: Any = planner_service_pb2_grpc.PlannerServiceStub(ch)
+                with pytest.raises(grpc.aio.AioRpcError) as err:
+                    await stub.Decide(request)
+                answers.append(err.value)
+    finally:
+        await host.close()
+        await cloud.stop(0.5)
+        fake.stop()
+
+    stolen, refused = answers
+    assert stolen.code() == refused.code() == grpc.StatusCode.PERMISSION_DENIED
+    assert "belongs to another host" in (stolen.details() or "")
+    assert "rejected the API key" in (refused.details() or ""), refused.details()
+    assert ("amc-refused-by", "lease") in tuple(stolen.trailing_metadata() or ())
+    assert ("amc-refused-by", "provider") in tuple(refused.trailing_metadata() or ())

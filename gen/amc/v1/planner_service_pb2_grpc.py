@@ -107,6 +107,12 @@ class PlannerServiceServicer:
         and `amc-retry-after-s` when the model provider said how long to wait (seconds, a decimal
         number; its retry-after): ask again no sooner.
 
+        PERMISSION_DENIED answers two refusals with one code; its trailing metadata
+        `amc-refused-by` says which (read it, not the details, which are for people): "lease" when
+        the lease is another host's (this call was wrong: do not ask again with it), "provider" when
+        the model provider refused the cloud's credentials (the cloud must be fixed). A certificate
+        refused for its kind (an operator's) gets PERMISSION_DENIED without it.
+
         Deprecated requests that carry prompts (system_prompt/user_prompt) or a SessionStep instead
         of an observation are still answered for one release, as before (UNIMPLEMENTED for a
         SessionStep when the cloud's provider cannot keep a conversation).
