@@ -116,6 +116,32 @@ async def test_a_refusal_in_the_old_form_still_uses_an_attempt(
         await host.close()
 
 
+async def test_a_host_that_keeps_refusing_a_task_uses_its_attempts_after_three_refusals(
+    cloud: CloudServer, ops: Any, pki_dir: Any
+) -> None:
+    """A host that refuses every assignment for its one phone (it thinks the phone busy, the
+    cloud does not): each refusal was free, and the phone was offered again after every busy
+    resync, so the task cycled through attempt numbers until its deadline. A task's first three
+    refusals are free; a later one counts like any retryable end, so a task allowed one
+    attempt fails on the fourth, with the host's reason."""
+    host = ScriptedHost(cloud.address, pki_dir, "h27")
+    try:
+        await host.connect(["p"])
+        task = (await submit(ops, max_attempts=1)).task
+        after: list[types_pb2.TaskStatus.ValueType] = []
+        while len(after) < 4 and after[-1:] != [types_pb2.TASK_STATUS_FAILED]:
+            a = (await host.next("assignment")).assignment
+            await host.send(_refused(a, lease_pb.ASSIGNMENT_REFUSAL_PHONE_BUSY))
+            after.append((await host.next("result_ack")).result_ack.task_status)
+        got = (await ops.GetTask(task_service_pb2.GetTaskRequest(task_id=task.task_id))).task
+    finally:
+        await host.close()
+
+    assert after == [types_pb2.TASK_STATUS_QUEUED] * 3 + [types_pb2.TASK_STATUS_FAILED]
+    assert (got.status, got.result_summary) == (types_pb2.TASK_STATUS_FAILED, "phone p is busy")
+    assert len(got.attempts) == 4
+
+
 async def test_every_revoke_says_what_its_task_became(
     cloud: CloudServer, ops: Any, pki_dir: Any
 ) -> None:

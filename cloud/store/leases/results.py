@@ -23,6 +23,13 @@ from cloud.store.leases.progress import ProgressIn
 from cloud.store.leases.sweeps import used_attempts
 from cloud.store.models import AttemptRow, TaskRow
 
+#: Refusals of a task that cost it no attempt (TaskResult.refusal). A host that refuses the same
+#: task again and again (it thinks a phone busy that the cloud's reads find idle) had it offered
+#: after every busy resync until its deadline, each refusal free; past these, a refusal counts
+#: like any retryable end, so the task's `max_attempts` bound it. The count is the task's
+#: `unsent_attempts`, shared with assignments that were never sent: either way nothing ran.
+FREE_REFUSALS = 3
+
 
 @dataclass(frozen=True, slots=True)
 class ResultOut:
@@ -79,7 +86,8 @@ async def record_result(
     next attempt if it has any left (cancelled if a cancel is pending, failed if none are left).
     A `refused` FAILED result is the host declining the assignment before touching the phone:
     requeued the same way, but nothing ran, so the attempt is not counted against the task's
-    `max_attempts` (a task allowed one attempt failed for a phone that was merely busy).
+    `max_attempts` (a task allowed one attempt failed for a phone that was merely busy), up to
+    `FREE_REFUSALS`.
     """
     now = store.now()
     async with store.write() as session:
@@ -120,9 +128,9 @@ async def record_result(
             )
         ).first()
         if row is not None and (retryable or refused) and status == states.FAILED:
-            after = await _requeue(session, task_id, attempt, summary, now, refused=refused)
+            after, free = await _requeue(session, task_id, attempt, summary, now, refused=refused)
             _result_events(
-                session, host_id, task_id, attempt, row[0], status, summary, after, now, refused
+                session, host_id, task_id, attempt, row[0], status, summary, after, now, free
             )
             return ResultOut(True, False, after, row[0])
         if row is not None:
@@ -261,9 +269,10 @@ def _result_events(
     summary: str,
     task_status: str,
     now: dt.datetime,
-    refused: bool = False,
+    free: bool = False,
 ) -> None:
-    """The lease history of a recorded result: the result, and the requeue it caused."""
+    """The lease history of a recorded result: the result, and the requeue it caused (`free`:
+    a refusal that cost no attempt)."""
     session.add(
         new(
             EventKind.RESULT,
@@ -285,7 +294,7 @@ def _result_events(
                 attempt,
                 now,
                 reason=f"attempt {attempt} was refused by its host; not counted"
-                if refused
+                if free
                 else f"attempt {attempt} ended for a reason outside the task",
                 task_status=task_status,
             )
@@ -300,10 +309,11 @@ async def _requeue(
     now: dt.datetime,
     *,
     refused: bool = False,
-) -> str:
+) -> tuple[str, bool]:
     """The task after a retryable end of its attempt `attempt`: its next attempt queued, or
-    cancelled (a cancel is pending) or failed (no attempts left). A `refused` attempt never
-    ran: like an assignment that never left the cloud, it is not one of the task's."""
+    cancelled (a cancel is pending) or failed (no attempts left); and whether the attempt went
+    uncounted. A `refused` attempt never ran: like an assignment that never left the cloud, it
+    is not one of the task's, while the task has had fewer than `FREE_REFUSALS` of those."""
     task = await session.scalar(
         select(TaskRow)
         .where(
@@ -314,8 +324,9 @@ async def _requeue(
         .with_for_update()
     )
     if task is None:
-        return states.FAILED
-    if refused:
+        return states.FAILED, False
+    free = refused and task.unsent_attempts < FREE_REFUSALS
+    if free:
         task.unsent_attempts += 1
     if task.cancel_requested:
         task.status = states.CANCELLED
@@ -328,4 +339,4 @@ async def _requeue(
     else:
         task.status = states.QUEUED
     task.updated_at = now
-    return task.status
+    return task.status, free

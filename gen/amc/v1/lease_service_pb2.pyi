@@ -718,7 +718,9 @@ class TaskResult(_message.Message):
     attempt is not one of the task's `max_attempts`: the task is queued again at once (unless
     a cancel is pending), preferring another phone: the refused one is not offered again
     until the cloud next reads which of the host's phones hold attempts (every few dispatch
-    passes), so a host that keeps refusing costs its tasks no attempts, only time.
+    passes). That holds for a task's first 3 refusals (fewer when some of its assignments were
+    never sent); a later refusal counts as an attempt like any retryable failure, so a host
+    that keeps refusing a task ends it after its `max_attempts`, not at its deadline.
     Set `retryable` too: a cloud from before this field reads the result as a retryable
     failure (the task is queued again, using one of its attempts). A value this cloud does not
     know is read as a refusal all the same. Ignored for other statuses.
