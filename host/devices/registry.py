@@ -110,11 +110,14 @@ class DeviceRegistry:
         list that fails on a reachable server keeps the last states (no change reported) until
         `offline_after_failed_polls` polls in a row have failed, so one glitch does not flap
         the whole fleet offline and back. A phone missing from the list for `forget_after_s`
-        is forgotten ("forgotten"), unless it is among `held` (an attempt still holds it)."""
+        is forgotten ("forgotten"), unless it is among `held` (an attempt still holds it);
+        only lists adb answered count, so an adb server down for longer forgets no phone."""
         listed: dict[str, str] = {}
+        answered = False  # adb gave its list: only then is a phone missing from it gone
         if server_reachable(*self._addr):
             try:
                 listed = {i.serial: i.state for i in self._client.list()}
+                answered = True
                 self._failed_polls = 0
             except (adbutils.AdbError, OSError) as exc:
                 self._failed_polls += 1
@@ -149,12 +152,15 @@ class DeviceRegistry:
         with self._lock:
             for info, _ in changes:
                 self._devices[info.serial] = info
-            for serial in self._devices:
+            # Without a list (no server, or its lists failing) the phones are out of sight,
+            # not gone: counting that as absence forgot every phone after an adb outage
+            # longer than `forget_after_s`, all of them still plugged in.
+            for serial in self._devices if answered else ():
                 if serial in listed:
                     self._gone_since.pop(serial, None)
                 else:
                     self._gone_since.setdefault(serial, now)
-            for serial, since in list(self._gone_since.items()):
+            for serial, since in list(self._gone_since.items()) if answered else ():
                 if now - since >= self._forget_after and serial not in held:
                     del self._gone_since[serial]
                     gone = self._devices.pop(serial)

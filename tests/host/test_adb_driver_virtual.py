@@ -302,6 +302,46 @@ def test_a_phone_gone_longer_than_the_setting_is_forgotten_unless_held(
     assert seen[-1] == (SERIAL, "online")
 
 
+def test_an_adb_server_down_longer_than_the_setting_forgets_no_phone() -> None:
+    """An adb server that was unreachable (stopped, restarting) for longer than
+    `forget_after_s` made the registry forget every phone, although all were still plugged
+    in: each poll without a list counted as one more poll they were missing from. Phones are
+    OFFLINE while adb cannot be asked, and forgotten only for being missing from lists adb
+    answered (counted from the first of those)."""
+    phones = [VirtualPhone(SERIAL), VirtualPhone("emulator-5556")]
+    server = ThreadedAdbServer(phones)
+    port = server.start()
+    now = [0.0]
+    registry = DeviceRegistry(port=port, forget_after_s=3600.0, clock=lambda: now[0])
+    seen: list[tuple[str, str]] = []
+    registry.add_listener(lambda info, kind: seen.append((info.serial, kind)))
+    try:
+        registry.refresh()
+        server.stop()
+        registry.refresh()
+        assert [d.online for d in registry.devices()] == [False, False]
+        now[0] = 7200.0
+        registry.refresh()
+        assert [d.serial for d in registry.devices()] == [SERIAL, "emulator-5556"]
+        assert not [kind for _, kind in seen if kind == "forgotten"], seen
+        server = ThreadedAdbServer(phones[1:])  # back on its port, one phone unplugged meanwhile
+        server.start(port=port)
+        registry.refresh()
+        assert [(d.serial, d.online) for d in registry.devices()] == [
+            (SERIAL, False),
+            ("emulator-5556", True),
+        ]
+        now[0] = 7200.0 + 3599.0
+        registry.refresh()
+        assert SERIAL in {d.serial for d in registry.devices()}
+        now[0] = 7200.0 + 3600.0
+        registry.refresh()
+        assert [d.serial for d in registry.devices()] == ["emulator-5556"]
+        assert seen[-1] == (SERIAL, "forgotten")
+    finally:
+        server.stop()
+
+
 def test_no_adb_server_means_no_phones_and_no_stray_daemon() -> None:
     # adbutils would run `adb start-server` (on 5037) when nothing listens; we check first.
     registry = DeviceRegistry(port=1)
