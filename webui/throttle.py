@@ -10,7 +10,8 @@ passwords; per user stops many clients sharing one guess list against one accoun
 price that they can also slow that account's real owner down (for at most `cap` per attempt).
 
 The operators' console counts wrong API bearer tokens against the address too
-(`console.gateway.auth.require_api_user`), answered 429 the same way.
+(`console.gateway.auth.require_api_user`), answered 429 the same way, under keys of their own
+(`attempt_keys`): wrong tokens never slow a login down, nor wrong passwords a token.
 
 State is in memory, bounded (`max_keys`, least recently failed forgotten first) and forgotten
 `cap` after a key's last failure.
@@ -23,6 +24,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Literal
 
 from fastapi import FastAPI, Request
 
@@ -35,7 +37,7 @@ class _Failures:
 
 
 class LoginThrottle:
-    """Failures per key ("user:…", "addr:…") and when each key may try again."""
+    """Failures per key ("login:user:…", "token:addr:…") and when each key may try again."""
 
     def __init__(
         self,
@@ -96,16 +98,22 @@ def install_throttle(app: FastAPI, throttle: LoginThrottle | None = None) -> Log
     return chosen
 
 
-def attempt_keys(request: Request, user: str | None) -> list[str]:
-    """The keys a login attempt counts against: the client's address, and the user if named.
+Secret = Literal["login", "token"]
+
+
+def attempt_keys(request: Request, user: str | None, secret: Secret = "login") -> list[str]:
+    """The keys an attempt counts against: the client's address, and the user if named, each
+    for the kind of `secret` tried ("login:addr:…", "token:addr:…").
 
     The address is the TCP peer's: the consoles run uvicorn without proxy headers, so a
-    client cannot pick its own. Behind a reverse proxy every client shares the proxy's.
+    client cannot pick its own. Behind a reverse proxy every client shares the proxy's, and
+    with one key for both kinds a script's wrong bearer tokens locked every operator out of
+    the login page (and wrong passwords the scripts out of the API): each kind has its own.
     """
     address = request.client.host if request.client else "unknown"
-    keys = [f"addr:{address}"]
+    keys = [f"{secret}:addr:{address}"]
     if user:
-        keys.append(f"user:{user}")
+        keys.append(f"{secret}:user:{user}")
     return keys
 
 

@@ -80,7 +80,7 @@ async def require_api_user(
     is refused (429, Retry-After) without its token being checked; a valid one never counts."""
     if bearer is not None:
         throttle: LoginThrottle = request.app.state.login_throttle
-        keys = attempt_keys(request, None)
+        keys = attempt_keys(request, None, "token")
         wait = throttle.retry_after(keys)
         if wait > 0:
             message, after = wait_message(wait)

@@ -210,7 +210,7 @@ def test_failed_logins_are_throttled_per_user_and_per_address(
     with _client(base) as owner:
         assert _try(owner, ADMIN, PASSWORD).status_code == 303
         assert owner.get("/tasks").status_code == 200
-    assert throttle.retry_after([f"user:{ADMIN}", "addr:127.0.0.1"]) == 0
+    assert throttle.retry_after([f"login:user:{ADMIN}", "login:addr:127.0.0.1"]) == 0
 
 
 def test_bearer_token_guesses_are_throttled_per_address(
@@ -252,6 +252,33 @@ def test_bearer_token_guesses_are_throttled_per_address(
         assert tasks(owner, API_TOKEN).status_code == 200
         assert tasks(owner, "guess-6").status_code == 401
         assert tasks(owner, API_TOKEN).status_code == 200
+
+
+def test_wrong_tokens_and_wrong_passwords_are_throttled_apart(
+    own_gateway: tuple[str, object],
+) -> None:
+    """Wrong bearer tokens and wrong passwords counted against one key per address: behind a
+    reverse proxy (one address for every client) a script sending a stale token locked the
+    operators out of the login page (429 before their password was even checked), and an
+    operator mistyping a password five times the scripts out of the API. Each kind now has its
+    own keys: one address exhausting either still gets the other checked."""
+    base, app = own_gateway
+    clock = Clock()
+    install_throttle(app, LoginThrottle(free=5, base_s=1.0, cap_s=60.0, clock=clock))  # type: ignore[arg-type]
+
+    def tasks(client: httpx.Client, token: str) -> httpx.Response:
+        return client.get("/api/tasks", headers={"Authorization": f"Bearer {token}"})
+
+    with _client(base, "127.0.0.5") as proxy:
+        for i in range(5):
+            assert tasks(proxy, f"stale-{i}").status_code == 401
+        assert tasks(proxy, API_TOKEN).status_code == 429  # the tokens' own wait
+        assert _try(proxy, ADMIN, PASSWORD).status_code == 303  # an operator still logs in
+    with _client(base, "127.0.0.6") as proxy:
+        for _ in range(5):
+            assert _try(proxy, "someone", "mistyped").status_code == 401
+        assert _try(proxy, "someone-else", "mistyped").status_code == 429
+        assert tasks(proxy, API_TOKEN).status_code == 200  # a script's token still works
 
 
 def test_the_throttle_doubles_its_wait_up_to_its_cap() -> None:
