@@ -34,7 +34,7 @@ from host.agent.progress import ProgressHolder, status_name, truncate
 from host.agent.redact import SecretRedactor
 from host.agent.step_telemetry import StepTelemetry
 from host.agent.verdicts import ReplayTally, check_step
-from host.devices.base import DeviceBusy, DeviceError, DeviceGone, Driver
+from host.devices.base import DeviceBusy, DeviceError, DeviceGone, Driver, ScreenUnavailable
 from host.devices.lanes import new_lane
 from host.outbox import Shipments, StepRef
 from host.perception.hierarchy import HierarchyError
@@ -98,8 +98,8 @@ class TaskOutcome:
     #: What adb still lists the gone phone as ("unauthorized", "offline"); "" when not listed.
     adb_state: str = ""
     #: A failure outside the task (planning stayed impossible until the deadline came near,
-    #: the phone vanished or did not answer a look): the cloud queues the next attempt if the
-    #: task has any left.
+    #: the phone vanished, did not answer a look or cannot show its screen): the cloud queues
+    #: the next attempt if the task has any left.
     retryable: bool = False
     #: The cloud said the lease is no longer live (expired, revoked, superseded, its task being
     #: cancelled): the attempt stopped without a verdict on the task (answered CANCELLED).
@@ -279,6 +279,13 @@ class AgentLoop:
             # adbd stuck on the phone) says nothing about the task, whose next attempt may
             # find the phone (or another) answering. The attempt still counts.
             summary = f"phone {spec.device_serial} did not answer a look at its screen: {exc}"
+            outcome = TaskOutcome("failed", truncate(summary, 2000), step, retryable=True)
+        except ScreenUnavailable as exc:
+            step = progress.snapshot().step_index
+            log.warning("task %s: %s", spec.task_id, exc)
+            # Retryable: a display that stays dark or screenshots that are no image are the
+            # phone's condition, not the task's; another phone can run the next attempt.
+            summary = f"phone {spec.device_serial} cannot show its screen: {exc}"
             outcome = TaskOutcome("failed", truncate(summary, 2000), step, retryable=True)
         except PlanningPostponed as exc:
             step = progress.snapshot().step_index

@@ -13,7 +13,14 @@ import uuid
 
 from host.devices import adb_transport
 from host.devices.adb_errors import ensure_listed, mapped_errors, server_reachable
-from host.devices.base import DeviceBusy, DeviceError, DeviceGone, KeyName, ScreenState
+from host.devices.base import (
+    DeviceBusy,
+    DeviceError,
+    DeviceGone,
+    KeyName,
+    ScreenshotError,
+    ScreenState,
+)
 from host.devices.input_method import COMMAND as INPUT_METHOD_COMMAND
 from host.devices.input_method import InputMethodCache
 from host.devices.screen_state import SCREEN_STATE_COMMAND, parse_screen_state
@@ -138,7 +145,7 @@ def png_from_screencap(serial: str, data: bytes) -> bytes:
     text on the same stream; the image after it is whole, so it is cut at the PNG signature."""
     start = data.find(_PNG_SIGNATURE)
     if start < 0:
-        raise DeviceError(f"screencap on {serial} returned no PNG ({data[:40]!r})")
+        raise ScreenshotError(f"screencap on {serial} returned no PNG ({data[:40]!r})")
     return data[start:]
 
 

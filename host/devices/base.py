@@ -36,6 +36,17 @@ class DeviceBusy(DeviceError):
     so readers retry it (a bounded number of times)."""
 
 
+class ScreenUnavailable(DeviceError):
+    """The phone answers, but its screen cannot be seen: its display stays off after a wake,
+    or its screenshots are no readable image. A condition of the phone, not of the task: the
+    attempt ends retryable, and another phone (or this one, mended) can run the task."""
+
+
+class ScreenshotError(ScreenUnavailable):
+    """The phone's screenshot is not a readable image (empty, truncated, garbage, absurdly
+    large)."""
+
+
 class ScreenLocked(DeviceError):
     """The phone shows a lock screen amc must not pass: one that needs a PIN, pattern or
     password. A person has to unlock it (or remove the lock); amc never guesses a credential."""

@@ -21,6 +21,7 @@ from typing import Any, TypeVar
 import adbutils
 import uiautomator2 as u2
 from adbutils.errors import AdbConnectionError, AdbTimeout
+from PIL import UnidentifiedImageError
 from uiautomator2 import exceptions as u2_exceptions
 
 from host.devices import adb_transport
@@ -34,7 +35,14 @@ from host.devices.adb_errors import (
     server_reachable,
     timed_out,
 )
-from host.devices.base import DeviceBusy, DeviceError, DeviceGone, KeyName, ScreenState
+from host.devices.base import (
+    DeviceBusy,
+    DeviceError,
+    DeviceGone,
+    KeyName,
+    ScreenshotError,
+    ScreenState,
+)
 from host.devices.input_method import COMMAND as INPUT_METHOD_COMMAND
 from host.devices.input_method import InputMethodCache
 from host.devices.screen_state import SCREEN_STATE_COMMAND, parse_screen_state
@@ -292,7 +300,13 @@ class U2Driver:
         return int(w), int(h)
 
     def screenshot_png(self) -> bytes:
-        img = self._call("screenshot", lambda d: d.screenshot(format="pillow"))
+        def shot(d: Any) -> Any:
+            try:
+                return d.screenshot(format="pillow")
+            except UnidentifiedImageError as exc:  # what the server sent is no image
+                raise ScreenshotError(f"unreadable screenshot from {self._serial}: {exc}") from exc
+
+        img = self._call("screenshot", shot)
         buf = io.BytesIO()
         img.save(buf, format="PNG")
         return buf.getvalue()

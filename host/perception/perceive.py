@@ -25,6 +25,8 @@ from host.devices.base import (
     Driver,
     ScreenControl,
     ScreenLocked,
+    ScreenshotError,
+    ScreenUnavailable,
 )
 from host.perception.fusion import fuse_ocr, same_aspect, to_screen_space
 from host.perception.hierarchy import HierarchyError, parse_scene
@@ -32,10 +34,6 @@ from host.perception.ocr import OcrPool
 from planner.scene import Scene
 
 log = logging.getLogger(__name__)
-
-
-class ScreenshotError(DeviceError):
-    """The phone's screenshot is not a readable image (truncated, garbage, absurdly large)."""
 
 
 def _tries(n: int) -> str:
@@ -140,7 +138,10 @@ class Perceiver:
             driver.wake()
             state = driver.screen_state()
             if not state.awake:
-                raise DeviceError(f"phone {driver.serial} did not wake up")
+                raise ScreenUnavailable(
+                    f"phone {driver.serial} did not wake up: its display stayed off after the "
+                    "wake-up key (a broken display or backlight, a covered proximity sensor)"
+                )
         if not state.locked:
             return
         if state.secure:
@@ -156,10 +157,27 @@ class Perceiver:
                 f"phone {driver.serial} still shows its lock screen after dismissing it"
             )
 
+    @staticmethod
+    def image_size(serial: str, png: bytes) -> tuple[int, int]:
+        """The screenshot's pixel size, once its header and chunks check out (no decoding):
+        noise framed as an image passed every look unread without OCR, reached the timeline
+        and the model as a screenshot, and the task went on blind."""
+        try:
+            with Image.open(io.BytesIO(png)) as image:
+                size = image.size
+                image.verify()
+        except _IMAGE_ERRORS as exc:
+            raise ScreenshotError(
+                f"unreadable screenshot from {serial} ({len(png)} bytes): "
+                f"{type(exc).__name__}: {exc}"
+            ) from exc
+        return size
+
     def perceive(self, driver: Driver, with_ocr: bool = True) -> Observation:
         self.ready_screen(driver)
         t0 = time.perf_counter()
         png = driver.screenshot_png()
+        image_size = self.image_size(driver.serial, png)
         t1 = time.perf_counter()
         size = driver.screen_size()
         try:
@@ -173,7 +191,6 @@ class Perceiver:
         timings = {"screenshot_s": t1 - t0, "hierarchy_s": t2 - t1}
         if with_ocr and self.ocr is not None:
             try:
-                image_size = Image.open(io.BytesIO(png)).size
                 # A screenshot turned against the dump (a rotation the two saw at different
                 # moments, a build that captures unrotated): its boxes would land elsewhere,
                 # so it is not read at all.

@@ -379,6 +379,62 @@ async def test_a_stuck_phone_ends_its_attempt_retryable(tmp_path: Path, driver: 
         await cloud.server.stop(grace=None)
 
 
+@pytest.mark.parametrize(
+    ("trouble", "driver", "words"),
+    [
+        ("garbage", "adbutils", "unreadable screenshot"),
+        ("empty", "adbutils", "returned no PNG"),
+        ("garbage", "uiautomator2", "unreadable screenshot"),
+        ("dark", "adbutils", "did not wake up"),
+    ],
+)
+async def test_a_phone_whose_screen_cannot_be_seen_ends_its_attempt_retryable(
+    tmp_path: Path, trouble: str, driver: str, words: str
+) -> None:
+    """A phone whose screenshots came back unreadable (no bytes, or noise framed as an image)
+    or whose display stayed off after the wake-up key ended the task FAILED for good, not
+    retryable ("ScreenshotError: …", "DeviceError: phone … did not wake up"), although the
+    task had done nothing wrong: the cloud never gave it another attempt, which another phone
+    could have run. The attempt now ends retryable, as for a stuck phone, its summary naming
+    the phone and what is wrong with it."""
+    cloud = await start_fake_cloud(tmp_path / "pki", HOST_ID)
+    virtual, settings = start_virtual_phones(_settings(tmp_path, cloud.port, cloud.pki_dir))
+    settings = settings.model_copy(update={"driver": driver})  # virtual phones say adbutils
+    phone = virtual.server.phones["emulator-5554"]
+    planner = ScriptedPlanner(
+        [
+            Step("launch_app", {"package_name": "com.android.settings"}, "open Settings"),
+            Step("complete", {"success": True, "reason": "Settings is open"}),
+        ]
+    )
+    if trouble == "dark":
+        phone.stays_dark = True
+        phone.sleep()
+    else:
+        phone.garble_screenshots("garbage" if trouble == "garbage" else "empty", count=50)
+    app = build_host(settings, planner=planner)
+    stop = asyncio.Event()
+    serving = asyncio.create_task(serve_host(app, stop))
+    fake = cloud.cloud
+    try:
+        await asyncio.wait_for(app.lease.wait_connected(), 20)
+        await fake.assign("unseen", "emulator-5554", "Open Settings")
+        await fake.wait_for(lambda: len(fake.results) == 1, within=60)
+        [result] = fake.results
+        assert result.status == types_pb2.TASK_STATUS_FAILED
+        assert result.retryable, result.summary
+        assert result.summary.startswith("phone emulator-5554 cannot show its screen"), (
+            result.summary
+        )
+        assert words in result.summary, result.summary
+        assert not planner.seen  # the task's own steps never ran: nothing it did failed
+    finally:
+        stop.set()
+        await serving
+        virtual.stop()
+        await cloud.server.stop(grace=None)
+
+
 async def test_phones_that_come_and_go_never_push_an_online_phone_out_of_the_reports(
     tmp_path: Path,
 ) -> None:

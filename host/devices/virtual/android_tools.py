@@ -204,7 +204,10 @@ def _screencap(sh: Session, args: list[str], stdin: bytes) -> Output:
     img = sh.phone.screencap_image()
     if files and files[0].endswith(".png"):
         png = True
-    if png:
+    garbled = sh.phone.take_garbled_shot(png=True) if png else None
+    if garbled is not None:
+        data = garbled
+    elif png:
         data = png_bytes(img)
     else:
         rgba = img.convert("RGBA")

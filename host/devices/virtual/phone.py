@@ -61,6 +61,8 @@ DumpGlitch = Literal[
 ScreenLock = Literal["none", "swipe", "pin"]
 #: The states `adb devices` lists a plugged-in phone under (see `VirtualPhone.set_adb_state`).
 AdbState = Literal["device", "unauthorized", "offline"]
+#: How a screenshot comes out unreadable (see `VirtualPhone.garble_screenshots`).
+GarbledShot = Literal["empty", "garbage"]
 
 
 class IdleStateError(Exception):
@@ -237,6 +239,11 @@ class VirtualPhone:
         self._toast: tuple[str, float] | None = None
         self.last_toast: str | None = None
         self.awake = True
+        #: The display stays off whatever wakes it (a broken panel or backlight, a proximity
+        #: sensor covered in a pocket or a holder): `dumpsys power` keeps saying Asleep.
+        self.stays_dark = False
+        #: What the next screenshots come out as instead of the screen (`garble_screenshots`).
+        self._garbled_shots: list[GarbledShot] = []
         self.screen_lock: ScreenLock = "none"
         self.lock_pin = ""
         self.locked = False
@@ -604,6 +611,27 @@ class VirtualPhone:
     def screenshot_png(self) -> bytes:
         return render.png_bytes(self.screenshot())
 
+    def garble_screenshots(self, kind: GarbledShot, count: int = 1) -> None:
+        """Make the next `count` screenshots (`screencap`, uiautomator2's `takeScreenshot`)
+        unreadable, as some phones return them (a protected display, a wedged SurfaceFlinger,
+        a GPU driver fault): "empty" gives no bytes at all, "garbage" bytes that frame like an
+        image (PNG's signature and end chunk; JPEG's markers) with noise between."""
+        with self._lock:
+            self._garbled_shots.extend([kind] * count)
+
+    def take_garbled_shot(self, png: bool) -> bytes | None:
+        """This screenshot's bytes when it is garbled (see `garble_screenshots`), else None."""
+        with self._lock:
+            if not self._garbled_shots:
+                return None
+            kind = self._garbled_shots.pop(0)
+        if kind == "empty":
+            return b""
+        noise = bytes((i * 37 + 11) % 256 for i in range(4096))
+        if png:
+            return b"\x89PNG\r\n\x1a\n" + noise + b"\x00\x00\x00\x00IEND\xaeB`\x82"
+        return b"\xff\xd8\xff\xe0" + noise + b"\xff\xd9"
+
     def _next_glitch(self) -> DumpGlitch | None:
         self._dumps += 1
         if self._dump_glitches:
@@ -962,7 +990,7 @@ class VirtualPhone:
 
     def wake(self) -> None:
         with self._lock:
-            self.awake = True
+            self.awake = not self.stays_dark
 
     def dismiss_keyguard(self) -> None:
         """`wm dismiss-keyguard`: a swipe lock goes away; a PIN lock shows its PIN pad."""

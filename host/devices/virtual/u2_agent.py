@@ -272,6 +272,9 @@ class U2Agent:
         return True
 
     def screenshot(self, scale: float = 1.0, quality: int = 80) -> str:
+        garbled = self.phone.take_garbled_shot(png=False)
+        if garbled is not None:
+            return base64.b64encode(garbled).decode()
         img = self.phone.screenshot()
         if scale != 1.0:
             img = img.resize((max(1, int(img.width * scale)), max(1, int(img.height * scale))))
