@@ -8,11 +8,14 @@ label is dropped from the help records. Everything else is Typer's own help.
 from __future__ import annotations
 
 import re
+from typing import Any
 
 import typer.core
 
 # Typer ships its own copy of click (typer._click): its commands take these types.
 from typer._click import Command, Context, HelpFormatter
+
+from console.cli_numbers import whole_numbers_only
 
 #: " <str>", " <list[str]>", " <int>", … at the end of a help record's name.
 _TYPE_LABEL = re.compile(r" <[^<>]*>$")
@@ -48,7 +51,14 @@ class PlainCommand(typer.core.TyperCommand):
 
 
 class PlainGroup(typer.core.TyperGroup):
-    """A command group whose help shows placeholders, not Python types."""
+    """A command group whose help shows placeholders, not Python types, and whose commands'
+    whole-number options take digits only (`console.cli_numbers`)."""
+
+    def __init__(self, **attrs: Any) -> None:
+        super().__init__(**attrs)
+        for command in self.commands.values():
+            if not isinstance(command, PlainGroup):  # a group checks its own commands
+                whole_numbers_only(command.params)
 
     def format_options(self, ctx: Context, formatter: HelpFormatter) -> None:
         _plain_options(self, ctx, formatter)

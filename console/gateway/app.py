@@ -25,6 +25,7 @@ from webui.headers import add_security_headers, content_security_policy
 from webui.limits import install_body_limit
 from webui.login import logout_router
 from webui.pages import static_files
+from webui.params import WHOLE_NUMBERS
 from webui.sessions import install_sessions
 from webui.throttle import install_throttle
 
@@ -69,6 +70,7 @@ def create_app(settings: ConsoleSettings) -> FastAPI:
         docs_url=None,
         redoc_url=None,
         openapi_url="/api/openapi.json",
+        dependencies=[WHOLE_NUMBERS],
     )
     app.state.streams = StreamGauge()
     app.state.credentials = Credentials(

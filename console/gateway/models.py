@@ -14,7 +14,7 @@ from typing import Any, Literal
 from google.protobuf.duration_pb2 import Duration
 from google.protobuf.json_format import MessageToDict
 from google.protobuf.timestamp_pb2 import Timestamp
-from pydantic import BaseModel, Field, field_validator
+from pydantic import BaseModel, Field, ValidationInfo, field_validator
 
 from amc.v1 import (
     artifact_service_pb2,
@@ -26,6 +26,7 @@ from amc.v1 import (
 from console.limits import INT32_MAX, MAX_SECONDS
 from planner.decision import thinking_word
 from planner.targets import semantics
+from webui.numbers import NOT_WHOLE, takes_int
 
 TaskStatusName = Literal[
     "unspecified", "queued", "assigned", "running", "succeeded", "failed", "cancelled"
@@ -856,13 +857,23 @@ def _unencodable(value: object) -> bool:
 
 class RequestIn(BaseModel):
     """A request body: its text must be Unicode, else 422 naming the field (not a 500 when it
-    is encoded for the cloud)."""
+    is encoded for the cloud); its whole numbers JSON integers (`webui.numbers`)."""
 
     @field_validator("*")
     @classmethod
     def _unicode_only(cls, value: object) -> object:
         if _unencodable(value):
             raise ValueError("not valid Unicode text (a lone surrogate)")
+        return value
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _integers_only(cls, value: object, info: ValidationInfo) -> object:
+        """Lax mode took a string ("1_0": 10, "+3": 3) or a float (3.0) for an int field."""
+        field = cls.model_fields.get(info.field_name or "")
+        wanted = field is not None and takes_int(field.annotation)
+        if wanted and not (isinstance(value, int) and not isinstance(value, bool)):
+            raise ValueError(f"{NOT_WHOLE} (a JSON integer)")
         return value
 
 

@@ -19,6 +19,7 @@ from webui.headers import add_security_headers, content_security_policy
 from webui.limits import install_body_limit
 from webui.login import logout_router
 from webui.pages import static_files
+from webui.params import WHOLE_NUMBERS
 from webui.sessions import install_sessions
 from webui.throttle import install_throttle
 
@@ -68,6 +69,7 @@ def create_app(
         docs_url=None,
         redoc_url=None,
         openapi_url=None,
+        dependencies=[WHOLE_NUMBERS],
     )
     app.state.host = app_state
     app.state.login_token = login_token or OneTimeToken()

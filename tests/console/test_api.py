@@ -530,6 +530,39 @@ def test_out_of_range_input_is_a_422_naming_the_field(
 
 
 @pytest.mark.parametrize(
+    ("method", "path", "body", "field"),
+    [
+        ("GET", "/api/tasks?page_size=1_0", None, "page_size"),
+        ("GET", "/api/tasks?page_size=%2B3", None, "page_size"),
+        ("GET", "/api/tasks?page_size=3.0", None, "page_size"),
+        ("GET", "/api/tasks?page_size=%203", None, "page_size"),
+        ("GET", "/api/flows?page_size=1_0", None, "page_size"),
+        ("GET", "/api/tasks/t/decisions?attempt=1_0", None, "attempt"),
+        ("GET", "/api/tasks/t/attempts/%2B1/conversation", None, "attempt"),
+        ("GET", "/api/tasks/t/attempts/1/steps/1.0/screens/before", None, "step"),
+        ("POST", "/api/tasks", '{"goal": "g", "max_attempts": "1_0"}', "max_attempts"),
+        ("POST", "/api/tasks", '{"goal": "g", "max_attempts": "3"}', "max_attempts"),
+        ("POST", "/api/tasks", '{"goal": "g", "max_attempts": 3.0}', "max_attempts"),
+    ],
+)
+def test_whole_numbers_are_written_in_digits_only(
+    api: httpx.Client, method: str, path: str, body: str | None, field: str
+) -> None:
+    """Whole numbers were read the way pydantic's lax mode reads them: "1_0" as 10, "+3" and
+    " 3" as 3, "3.0" as 3 (a JSON 3.0 and a JSON string "3" too), so a typo reached the cloud
+    as a number nobody wrote (ten attempts, a page of ten). Every whole-number parameter of the
+    API (query, path, body) now takes digits only (a JSON body: an integer): 422 naming it."""
+    headers = {"content-type": "application/json"}
+    response = api.request(method, path, content=body, headers=headers)
+    assert response.status_code == 422, response.text
+    error = response.json()
+    assert error["detail"].startswith(field), error
+    assert error["errors"][0]["loc"][1] == field, error
+    assert "input" not in error["errors"][0]
+    assert api.get("/api/tasks", params={"page_size": "03"}).status_code == 200
+
+
+@pytest.mark.parametrize(
     ("path", "content_type"),
     [
         ("/api/tasks", "application/json"),

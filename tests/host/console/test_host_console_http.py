@@ -386,6 +386,25 @@ def test_numbers_too_large_are_refused_not_a_500(
     assert response.status_code == 422
 
 
+@pytest.mark.parametrize(
+    ("path", "query"),
+    [
+        ("/tasks", {"page": "1_0"}),
+        ("/tasks", {"page": "+2"}),
+        (f"/tasks/{T_DARK}", {"attempt": "1.0"}),
+        (f"/tasks/{T_DARK}/live", {"attempt": "1", "after": "1_0"}),
+    ],
+)
+def test_whole_numbers_are_written_in_digits_only(
+    client: TestClient, path: str, query: dict[str, str]
+) -> None:
+    """ "1_0" was read as 10, "+2" as 2, "1.0" as 1 (pydantic's lax mode): a number nobody
+    wrote. Whole numbers are digits only: 422 naming the parameter."""
+    response = client.get(path, params=query)
+    assert response.status_code == 422, response.text
+    assert next(iter(k for k, v in query.items() if not v.isdigit())) in response.text
+
+
 def test_live_timeline_without_session_is_401(anon: TestClient) -> None:
     assert anon.get(f"/tasks/{T_DARK}/live", params={"attempt": 1}).status_code == 401
 
