@@ -22,6 +22,7 @@ MAX_TEXT_BYTES = 4096  # text, content description, OCR text
 MAX_NAME_BYTES = 256  # resource id, class, package, foreground package
 MAX_ACTIVITY_BYTES = 512
 MAX_TITLE_BYTES = 1024
+MAX_TREE_MISSING_BYTES = 512
 MAX_SCREEN_PIXELS = 16384
 MAX_COORDINATE = 100_000
 MAX_OBSERVATION_BYTES = 1024 * 1024
@@ -125,6 +126,7 @@ def observation_from_scene(scene: Scene) -> types_pb2.ScreenObservation:
         omitted_elements=min(
             scene.omitted + max(0, len(scene.elements) - MAX_ELEMENTS), MAX_OMITTED
         ),
+        ui_tree_missing=clip(scene.tree_missing, MAX_TREE_MISSING_BYTES),
     )
 
 
@@ -185,6 +187,7 @@ def scene_from_observation(observation: types_pb2.ScreenObservation) -> Scene:
         keyboard_shown=observation.keyboard_shown,
         overlays=[_OVERLAY_NAMES[o] for o in observation.overlays if o in _OVERLAY_NAMES],
         omitted=observation.omitted_elements,
+        tree_missing=observation.ui_tree_missing,
     )
 
 
@@ -227,6 +230,7 @@ def observation_problem(
         ("foreground_package", observation.foreground_package, MAX_NAME_BYTES),
         ("foreground_activity", observation.foreground_activity, MAX_ACTIVITY_BYTES),
         ("title", observation.title, MAX_TITLE_BYTES),
+        ("ui_tree_missing", observation.ui_tree_missing, MAX_TREE_MISSING_BYTES),
     ):
         problem = _too_long(f"{name}.{field}", value, limit)
         if problem:

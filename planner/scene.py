@@ -138,6 +138,10 @@ class Scene:
     #: Elements left out to keep the scene (and so the prompt) bounded: the least telling
     #: texts go first, actionable elements last.
     omitted: int = 0
+    #: Why there is no UI tree of this screen ("" when there is): the phone answered, but its
+    #: dumps kept failing (a secure window, a screen never idle), so the elements are only
+    #: what OCR read off the screenshot, and the model is told so.
+    tree_missing: str = ""
 
     def element(self, element_id: str) -> Element | None:
         return next((e for e in self.elements if e.element_id == element_id), None)
@@ -149,8 +153,8 @@ class Scene:
 
     def to_prompt(self) -> dict[str, Any]:
         """The scene as the model sees it. Raw OCR observations are deliberately left out;
-        rotation, activity, keyboard, `overlays` and `omitted` appear only when they say
-        something, so an ordinary screen costs nothing more."""
+        rotation, activity, keyboard, `overlays`, `omitted` and a missing UI tree appear only
+        when they say something, so an ordinary screen costs nothing more."""
         out: dict[str, Any] = {
             "app": self.package,
             "page": self.page_title,
@@ -166,6 +170,11 @@ class Scene:
             out["overlays"] = list(self.overlays)
         if self.omitted:
             out["omitted"] = self.omitted
+        if self.tree_missing:
+            out["ui_tree"] = (
+                f"missing ({self.tree_missing}): the elements are only text read off the "
+                "screenshot, if any; tap by x/y where the screen shows the target"
+            )
         out["elements"] = [e.to_prompt() for e in self.elements]
         return out
 

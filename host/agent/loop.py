@@ -124,6 +124,10 @@ class LoopSettings:
     host_id: str | None = None
 
 
+#: A box past any screenshot's edge: painting it covers the whole image.
+_WHOLE_IMAGE = 1 << 20
+
+
 class _Cancelled(Exception):
     pass
 
@@ -199,6 +203,9 @@ class AgentLoop:
         obs = self.perceiver.perceive(self.driver, self.settings.ocr)
         if secrets:
             scene, boxes = secrets.scene(obs.scene)
+            if scene.tree_missing:
+                # No tree says where a secret typed earlier shows: none of the image is kept.
+                boxes = [Bounds(0, 0, _WHOLE_IMAGE, _WHOLE_IMAGE)]
             obs.scene = scene
             obs.screenshot_png = secrets.paint(obs.screenshot_png, boxes)
             obs.hierarchy_xml = secrets.text(obs.hierarchy_xml)
@@ -548,6 +555,10 @@ class AgentLoop:
             spec, f"step{step:03d}-after.png", after.screenshot_png
         )
         record.ocr_after = [o.to_dict() for o in after.scene.ocr]
+        if after.scene.tree_missing:
+            # Judged against no tree, every expected outcome would read "not met".
+            record.result["after_error"] = after.scene.tree_missing
+            return None, after.screenshot_png
         return after.scene, after.screenshot_png
 
     async def _ship(self, write: Callable[..., T], *args: object) -> T | None:

@@ -3,7 +3,10 @@ settles) → Scene.
 
 Real phones glitch: `uiautomator dump` says "could not get idle state" while something animates
 or returns an empty tree while a window changes. Those are retried a bounded number of times
-with a growing pause, then reported with the last reason. A phone that fell asleep is woken; a
+with a growing pause. When the phone answered every try with such a failure, the window gives no
+tree at all (a secure window, a screen that never goes idle): the look goes on without one
+(`NoUiTree`, `Scene.tree_missing`). When tries went unanswered (a stuck phone), the look fails
+with the last reason. A phone that fell asleep is woken; a
 swipe lock screen is dismissed; a lock screen that needs a credential stops the task with a
 `ScreenLocked` error a person can act on (amc never guesses a PIN).
 """
@@ -18,6 +21,7 @@ from dataclasses import dataclass, field
 from PIL import Image
 
 from host import metrics
+from host.devices.adb_errors import is_timeout
 from host.devices.base import (
     DeviceBusy,
     DeviceError,
@@ -34,6 +38,13 @@ from host.perception.ocr import OcrPool
 from planner.scene import Scene
 
 log = logging.getLogger(__name__)
+
+
+class NoUiTree(HierarchyError):
+    """Every dump of a look failed, each with the phone's own answer (uiautomator's "could not
+    get idle state", a null root, an empty or broken tree), none by going unanswered: the
+    window gives no tree (a secure window, a screen that never goes idle), on any phone and at
+    any attempt. The look goes on without one (`Perceiver.perceive`)."""
 
 
 def _tries(n: int) -> str:
@@ -90,6 +101,9 @@ class Perceiver:
         start = time.monotonic()
         longest = 0.0
         last: DeviceError | None = None
+        # Whether every try failed with an answer of the phone's (`NoUiTree`), none by
+        # timing out (a stuck phone: a plain `HierarchyError`).
+        answered = True
         for tries in range(1, self.retries + 1):
             began = time.monotonic()
             try:
@@ -98,19 +112,20 @@ class Perceiver:
             except (HierarchyError, DeviceBusy) as exc:
                 metrics.device_error(exc)
                 last = exc
+                answered = answered and not is_timeout(exc.__cause__ or exc)
             now = time.monotonic()
             longest = max(longest, now - began)
             if tries == self.retries:
                 break
             pause = self.retry_delay_s * tries
             if now + pause + longest - start > self.deadline_s:
-                raise HierarchyError(
+                raise (NoUiTree if answered else HierarchyError)(
                     f"no usable hierarchy from {driver.serial} after {_tries(tries)} in "
                     f"{now - start:.0f} s (another could not end within the "
                     f"{self.deadline_s:g} s one look may take): {last}"
                 )
             time.sleep(pause)
-        raise HierarchyError(
+        raise (NoUiTree if answered else HierarchyError)(
             f"no usable hierarchy from {driver.serial} after {_tries(self.retries)}: {last}"
         )
 
@@ -186,7 +201,15 @@ class Perceiver:
             raise
         except DeviceError:
             package = ""
-        scene, xml = self.scene_from_dump(driver, size, package, self.keyboard_package(driver))
+        try:
+            scene, xml = self.scene_from_dump(driver, size, package, self.keyboard_package(driver))
+        except NoUiTree as exc:
+            # Ending the attempt (retryable) spent every attempt the task had on the same
+            # window, on any phone: the step goes on from the screenshot (and its OCR text),
+            # the model told that the tree is missing, and may still reach the goal or say
+            # why it cannot.
+            log.warning("%s: going on without a UI tree: %s", driver.serial, exc)
+            scene, xml = Scene([], package, "", *size, tree_missing=str(exc)), ""
         t2 = time.perf_counter()
         timings = {"screenshot_s": t1 - t0, "hierarchy_s": t2 - t1}
         if with_ocr and self.ocr is not None:

@@ -40,8 +40,13 @@ def test_idle_state_errors_are_retried_then_reported_clearly() -> None:
     phone.glitch_dumps("idle", 3)
     assert perceiver.perceive(VirtualDriver(phone), with_ocr=False).scene.elements
     phone.glitch_dumps("idle", 4)
+    driver = VirtualDriver(phone)
     with pytest.raises(HierarchyError, match=r"after 4 tries: .*could not get idle state"):
-        perceiver.perceive(VirtualDriver(phone), with_ocr=False)
+        perceiver.scene_from_dump(driver, driver.screen_size(), None)
+    # The look itself goes on without the tree, saying why (the phone answered every try).
+    phone.glitch_dumps("idle", 4)
+    scene = perceiver.perceive(driver, with_ocr=False).scene
+    assert not scene.elements and "could not get idle state" in scene.tree_missing
 
 
 def test_adb_driver_reads_dump_errors_as_passing(served: tuple[VirtualPhone, AdbDriver]) -> None:

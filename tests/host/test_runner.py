@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from amc.v1 import types_pb2
-from host.devices.virtual.phone import AdbState
+from host.devices.virtual.phone import AdbState, DumpGlitch
 from host.runner import build_host, serve_host, start_virtual_phones
 from host.settings import HostSettings
 from planner.decision import Decision
@@ -372,6 +372,55 @@ async def test_a_stuck_phone_ends_its_attempt_retryable(tmp_path: Path, driver: 
         assert result.summary.startswith("phone emulator-5554 did not answer"), result.summary
         assert "timed out" in result.summary, result.summary
         assert not planner.seen  # the task's own steps never ran: nothing it did failed
+    finally:
+        stop.set()
+        await serving
+        virtual.stop()
+        await cloud.server.stop(grace=None)
+
+
+@pytest.mark.parametrize("glitch", ["idle", "null_root", "empty"])
+async def test_a_window_that_gives_no_ui_tree_is_planned_from_its_screenshot(
+    tmp_path: Path, glitch: DumpGlitch
+) -> None:
+    """A window whose every dump fails while the phone answers (uiautomator's "could not get
+    idle state" on a screen that never settles, a null root, an empty tree: a secure window)
+    ended each attempt retryable ("did not answer a look at its screen"), and every attempt
+    after it the same way, on any phone: the task spent its whole attempt budget and ended
+    FAILED without one step planned. After the look's bounded tries the step now goes on
+    without the tree, from the screenshot, the model told why ("ui_tree": "missing (…)" in the
+    scene, carried to the cloud in ScreenObservation.ui_tree_missing); a stuck phone (dumps
+    unanswered) still ends its attempt retryable (test_a_stuck_phone_ends_its_attempt_retryable)."""
+    from planner.observation import observation_from_scene, scene_from_observation
+
+    cloud = await start_fake_cloud(tmp_path / "pki", HOST_ID)
+    base = _settings(tmp_path, cloud.port, cloud.pki_dir).model_copy(
+        update={"hierarchy_retries": 3, "hierarchy_retry_delay_s": 0.0}
+    )
+    virtual, settings = start_virtual_phones(base)
+    phone = virtual.server.phones["emulator-5554"]
+    phone.glitch_every(1, glitch)  # every dump fails: the window never gives a tree
+    planner = ScriptedPlanner(
+        [
+            Step("launch_app", {"package_name": "com.android.settings"}, "open Settings"),
+            Step("complete", {"success": True, "reason": "Settings is open"}),
+        ]
+    )
+    app = build_host(settings, planner=planner)
+    stop = asyncio.Event()
+    serving = asyncio.create_task(serve_host(app, stop))
+    fake = cloud.cloud
+    try:
+        await asyncio.wait_for(app.lease.wait_connected(), 20)
+        await fake.assign("treeless", "emulator-5554", "Open Settings")
+        await fake.wait_for(lambda: len(fake.results) == 1, within=60)
+        [result] = fake.results
+        assert result.status == types_pb2.TASK_STATUS_SUCCEEDED, result.summary
+        assert phone.current_package() == "com.android.settings"
+        scene = planner.seen[0]
+        assert not scene.elements and "after 3 tries" in scene.tree_missing, scene
+        told = scene_from_observation(observation_from_scene(scene)).to_prompt()
+        assert told["ui_tree"].startswith("missing (no usable hierarchy"), told
     finally:
         stop.set()
         await serving

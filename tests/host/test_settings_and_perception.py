@@ -78,7 +78,7 @@ def test_empty_dumps_are_retried_then_reported() -> None:
     assert ok.calls == 3
     bad = FlakyDumps(phone, empty=5)
     with pytest.raises(HierarchyError, match="emulator-5554 after 3 tries"):
-        perceiver.perceive(bad, with_ocr=False)
+        perceiver.scene_from_dump(bad, bad.screen_size(), None)
 
 
 def test_u2_errors_map_to_device_errors() -> None:

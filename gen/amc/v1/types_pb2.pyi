@@ -1976,6 +1976,7 @@ class ScreenObservation(_message.Message):
     TITLE_FIELD_NUMBER: _builtins.int
     OVERLAYS_FIELD_NUMBER: _builtins.int
     OMITTED_ELEMENTS_FIELD_NUMBER: _builtins.int
+    UI_TREE_MISSING_FIELD_NUMBER: _builtins.int
     screen_width: _builtins.int
     """Screen width in physical pixels, 1 to 16,384 (as `wm size` reports it for the current
     rotation). Taps on points off the screen are refused before they reach the host.
@@ -2004,6 +2005,13 @@ class ScreenObservation(_message.Message):
     omitted_elements: _builtins.int
     """How many elements the host left out to keep the observation bounded (the least telling
     texts first, actionable elements last); 0 when it sent everything. At most 100,000.
+    """
+    ui_tree_missing: _builtins.str
+    """Why the host has no UI tree of this screen, e.g. "uiautomator dump: could not get idle
+    state" (at most 512 bytes): its dumps kept failing (a secure window, a screen that never
+    goes idle, a null root) while the phone answered, so the step goes on from the screenshot
+    and its OCR text (`elements` are OCR's only, if any) and the model is told so. Empty when
+    the elements come from the tree.
     """
     @_builtins.property
     def elements(self) -> _containers.RepeatedCompositeFieldContainer[Global___UiElement]:
@@ -2034,10 +2042,11 @@ class ScreenObservation(_message.Message):
         title: _builtins.str = ...,
         overlays: _abc.Iterable[Global___Overlay.ValueType] | None = ...,
         omitted_elements: _builtins.int = ...,
+        ui_tree_missing: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["elements", b"elements", "foreground_activity", b"foreground_activity", "foreground_package", b"foreground_package", "keyboard_shown", b"keyboard_shown", "ocr_blocks", b"ocr_blocks", "omitted_elements", b"omitted_elements", "overlays", b"overlays", "rotation", b"rotation", "screen_height", b"screen_height", "screen_width", b"screen_width", "title", b"title"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["elements", b"elements", "foreground_activity", b"foreground_activity", "foreground_package", b"foreground_package", "keyboard_shown", b"keyboard_shown", "ocr_blocks", b"ocr_blocks", "omitted_elements", b"omitted_elements", "overlays", b"overlays", "rotation", b"rotation", "screen_height", b"screen_height", "screen_width", b"screen_width", "title", b"title", "ui_tree_missing", b"ui_tree_missing"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
