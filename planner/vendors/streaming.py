@@ -3,11 +3,13 @@
 Streamed answers are accumulated into the complete response that gets committed (each vendor's
 accumulator lives with its wire format). Two paths leave a stream, on purpose kept apart: the
 live thinking text is forwarded to a callback as each delta arrives (a console can show the
-model thinking), while the persisted reasoning item is built only from completed blocks —
-thinking deltas joined, signature deltas joined — once the stream has ended properly. A stream
-cut off before its end raises `IncompleteStream` and nothing of it is committed, so a half-
-received thinking block or a signature from an interrupted stream is never reused. A 200 that
-is no event stream at all (a proxy's page) is `NotAnAnswer`, as it is for a call not streamed.
+model thinking; a block that may turn out to be the model's text, not thinking, once the next
+block starts: `AnthropicStreamAccumulator`), while the persisted reasoning item is built only
+from completed blocks — thinking deltas joined, signature deltas joined — once the stream has
+ended properly. A stream cut off before its end raises `IncompleteStream` and nothing of it is
+committed, so a half-received thinking block or a signature from an interrupted stream is never
+reused. A 200 that is no event stream at all (a proxy's page) is `NotAnAnswer`, as it is for a
+call not streamed.
 """
 
 from __future__ import annotations

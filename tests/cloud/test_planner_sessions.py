@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import json
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
 import grpc
+import httpx
 import pytest
+from pydantic import SecretStr
 from sqlalchemy import text as sql_text
 from sqlalchemy import update
 
@@ -35,6 +38,8 @@ from cloud.store.database import Store
 from cloud.store.engine import check, downgrade, upgrade
 from cloud.store.models import DecisionRow, TaskRow
 from cloud.store.ports import StoreSessionStore
+from console.gateway import create_app
+from console.settings import ConsoleSettings
 from planner.conversation.items import (
     Reasoning,
     SessionItem,
@@ -45,7 +50,8 @@ from planner.conversation.items import (
 from planner.observation import observation_from_scene
 from planner.session.planner import NOT_CARRIED_OUT, NOT_RECORDED
 from planner.session.store import SessionConflict
-from tests.cloud.cloud_harness import ScriptedHost, channel, submit, tasks_stub
+from tests.cloud.cloud_harness import ScriptedHost, channel, result, submit, tasks_stub
+from tests.console.console_stack import UvicornThread
 from tests.planner import scenes
 from tests.support.fakes import (
     FakeModelServer,
@@ -59,6 +65,7 @@ from tests.support.fakes import (
 from tests.support.postgres import PostgresServer
 
 INTENT = {"purpose": "open it", "expected_outcome": "it opens"}
+CONSOLE_TOKEN = "live-thinking-api-token-0123456789"
 SCENE = '{"package":"com.android.settings","page":"Settings","elements":[{"id":"e1"}]}'
 
 
@@ -398,6 +405,88 @@ async def test_operators_watch_the_model_think_live(
         decision = (await decided).decision
     assert decision.thinking[0].text == thought  # what is kept is the decision's thinking
     assert len(model.bodies("/v1/messages")) == 1 and model.bodies("/v1/messages")[0]["stream"]
+
+
+JUDGED = "Settings opened as expected. Now open Display, where the theme is."
+
+
+@pytest.mark.parametrize(
+    ("model_name", "thinking_mode"),
+    [("claude-opus-5-5", "adaptive"), ("claude-sonnet-5-5", "off")],
+)
+async def test_the_console_s_live_thinking_leaves_out_the_text_a_55_model_writes_before_its_call(
+    make_settings: Any,
+    model: FakeModelServer,
+    pki_dir: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    model_name: str,
+    thinking_mode: str,
+) -> None:
+    """Claude Opus/Sonnet 5.5 return the text they write before a tool call in a thinking block
+    of its own: the decision records it as the rationale, and the console's live view (its SSE
+    `thinking` events) showed it as the model's thinking. What the operator watches live is the
+    recorded thinking, nothing else."""
+    _use_anthropic(monkeypatch, model)
+    monkeypatch.setenv("AMC_PLANNER_MODEL", model_name)
+    monkeypatch.setenv("AMC_PLANNER_THINKING", thinking_mode)
+    thought = "The Settings list is open; Display holds the theme."
+    model.anthropic_script.append(
+        ScriptedTurn(
+            [thinking(thought), text(JUDGED), tool_use("tap", {"element_id": "e1", **INTENT})]
+        )
+    )
+    async for cloud in _cloud(make_settings):
+        settings = ConsoleSettings(
+            cloud_address=cloud.address,
+            certs_dir=pki_dir,
+            operator_name="ops",
+            tls_server_name="localhost",
+            admin_username="ops",
+            admin_password=SecretStr("correct horse battery staple"),
+            api_token=SecretStr(CONSOLE_TOKEN),
+            session_secret=SecretStr("live-thinking-session-secret-0123456789"),
+        )
+        gateway = UvicornThread(create_app(settings))
+        base = gateway.start()
+        try:
+            async with (
+                Leased(cloud, pki_dir, "h28") as leased,
+                httpx.AsyncClient(
+                    base_url=base, headers={"Authorization": f"Bearer {CONSOLE_TOKEN}"}, timeout=20
+                ) as api,
+                api.stream("GET", f"/api/tasks/{leased.task.task_id}/events") as stream,
+            ):
+                events = _sse(stream)
+                name, _ = await anext(events)
+                assert name == "task"  # the snapshot: the cloud's watch is subscribed
+                decision = (await leased.stub.Decide(leased.request())).decision
+                await leased.host.send(result(leased.assignment))
+                live = ""
+                async for name, data in events:
+                    if name == "thinking":
+                        live += json.loads(data)["delta"]
+                    elif name == "end":
+                        break
+        finally:
+            gateway.stop()
+    assert model.bodies("/v1/messages")[0]["stream"]
+    assert decision.rationale == JUDGED
+    assert live == "".join(b.text for b in decision.thinking)
+    assert JUDGED not in live
+
+
+async def _sse(response: httpx.Response) -> AsyncIterator[tuple[str, str]]:
+    """(event, data) pairs of a text/event-stream response, as they arrive."""
+    event, data = "message", list[str]()
+    async for line in response.aiter_lines():
+        if line == "":
+            if data:
+                yield event, "\n".join(data)
+            event, data = "message", list[str]()
+        elif line.startswith("event:"):
+            event = line[6:].strip()
+        elif line.startswith("data:"):
+            data.append(line[5:].strip())
 
 
 @pytest.mark.postgres

@@ -101,7 +101,8 @@ class AnthropicAdapter:
             max_tokens=request.max_tokens or self.max_tokens,
             cache=cache,
         )
-        acc = AnthropicStreamAccumulator(request.on_thinking)
+        said = text_in_thinking(params, self.profile)
+        acc = AnthropicStreamAccumulator(request.on_thinking, said)
         streamed = (acc.feed, acc.message) if request.stream else None
         message = await fetch_response(
             self.client.messages.create,
@@ -127,5 +128,5 @@ class AnthropicAdapter:
             output_limit=self.profile.max_output_tokens,
             readable_thinking=self.profile.readable_thinking,
             refusal=refusal(message),
-            text_in_thinking=text_in_thinking(params, self.profile),
+            text_in_thinking=said,
         )

@@ -7,7 +7,9 @@ from typing import Any
 import pytest
 
 from planner.conversation.items import Reasoning, ToolCall
+from planner.decision import Usage
 from planner.vendors.anthropic.messages import AnthropicStreamAccumulator, items_from_message
+from planner.vendors.base import TextInThinking, Turn
 from planner.vendors.failures import StreamError
 from planner.vendors.openai.responses import ResponsesStreamAccumulator, items_from_response
 from planner.vendors.streaming import IncompleteStream
@@ -105,6 +107,61 @@ def test_anthropic_deltas_accumulate_and_live_text_is_forwarded() -> None:
     )
     assert items[1] == Reasoning("anthropic", "msg_1", redacted_data="RED")
     assert items[3] == ToolCall("anthropic", "msg_1", "toolu_1", "tap", {"element_id": "e4"})
+
+
+def _blocks_streamed(blocks: list[tuple[str, str]]) -> list[dict[str, Any]]:
+    """A Messages stream of `blocks` ((type, text): thinking, redacted, text, tool), each
+    readable block's text in two deltas."""
+    events: list[dict[str, Any]] = [_anthropic_events()[0]]
+    for i, (kind, said) in enumerate(blocks):
+        if kind == "thinking":
+            start: dict[str, Any] = {"type": "thinking", "thinking": "", "signature": ""}
+            deltas = [{"type": "thinking_delta", "thinking": part} for part in (said[:1], said[1:])]
+            deltas.append({"type": "signature_delta", "signature": f"SIG{i}"})
+        elif kind == "redacted":
+            start, deltas = {"type": "redacted_thinking", "data": "RED"}, []
+        elif kind == "text":
+            start = {"type": "text", "text": ""}
+            deltas = [{"type": "text_delta", "text": said}]
+        else:
+            start = {"type": "tool_use", "id": f"toolu_{i}", "name": "tap", "input": {}}
+            deltas = [{"type": "input_json_delta", "partial_json": '{"element_id": "e4"}'}]
+        events.append({"type": "content_block_start", "index": i, "content_block": start})
+        events += [{"type": "content_block_delta", "index": i, "delta": d} for d in deltas]
+        events.append({"type": "content_block_stop", "index": i})
+    events.append({"type": "message_delta", "delta": {"stop_reason": "end_turn"}})
+    events.append({"type": "message_stop"})
+    return events
+
+
+@pytest.mark.parametrize("mode", ["none", "last", "all"])
+@pytest.mark.parametrize(
+    "blocks",
+    [
+        [("thinking", "Display holds it. "), ("thinking", "Opened; tap Display."), ("tool", "")],
+        [("thinking", "Tap Display."), ("tool", "")],
+        [("thinking", "a1 "), ("thinking", "b2 "), ("thinking", "Tap it."), ("tool", "")],
+        [("redacted", ""), ("thinking", "Tap it."), ("tool", "")],
+        [("thinking", "a1 "), ("thinking", "no call yet")],
+        [("thinking", "a1 "), ("thinking", "b2 "), ("text", "Tap it."), ("tool", "")],
+        [("thinking", "a1 "), ("thinking", "b2 "), ("tool", ""), ("text", "Tapped.")],
+        [("thinking", "a1 "), ("thinking", "b2 "), ("tool", ""), ("thinking", "c3")],
+    ],
+)
+def test_live_thinking_is_the_thinking_the_turn_records(
+    blocks: list[tuple[str, str]], mode: TextInThinking
+) -> None:
+    """On the models that return the text they write before a call in a thinking block
+    (Claude Opus/Sonnet 5.5), the live view showed that text as thinking, where the decision
+    records it as the rationale (`Turn.said`): the live view is the recorded thinking."""
+    live: list[str] = []
+    acc = AnthropicStreamAccumulator(live.append, mode)
+    for event in _blocks_streamed(blocks):
+        acc.feed(event)
+    message = acc.message()
+    turn = Turn("msg_1", items_from_message(message), Usage(), "m", "end_turn")
+    turn.text_in_thinking = mode
+    assert "".join(live) == "".join(r.readable for r in turn.thought)
 
 
 def test_an_interrupted_anthropic_stream_commits_nothing() -> None:
