@@ -51,8 +51,8 @@ _ROTATIONS = (
 )
 
 
-def clip(text: str, limit: int) -> str:
-    """`text` cut to at most `limit` UTF-8 bytes, ending in "…" when cut.
+def clip(text: str, limit: int, marker: str = ELLIPSIS) -> str:
+    """`text` cut to at most `limit` UTF-8 bytes, ending in `marker` ("…") when cut.
 
     Also made sendable: a NUL becomes U+FFFD and an unpaired surrogate "?". Real phones' dumps
     and driver output can hold either, and the contract refuses NULs in every text field (a
@@ -63,8 +63,8 @@ def clip(text: str, limit: int) -> str:
     raw = text.encode("utf-8", errors="replace")
     if len(raw) <= limit:
         return raw.decode("utf-8")
-    room = limit - len(ELLIPSIS.encode("utf-8"))
-    return raw[:room].decode("utf-8", errors="ignore") + ELLIPSIS
+    room = limit - len(marker.encode("utf-8"))
+    return raw[:room].decode("utf-8", errors="ignore") + marker
 
 
 def _rect(b: Bounds) -> types_pb2.Rect:

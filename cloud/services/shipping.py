@@ -28,14 +28,15 @@ from planner.convert import decision_from_proto, usage_from_proto
 from planner.decision import Billed, Decision
 from planner.observation import observation_problem, scene_from_observation
 from planner.plan_step import on_screen
+from planner.service import MAX_SYSTEM_PROMPT, MAX_USER_PROMPT
 from planner.steps import MAX_DRIVER_OUTPUT_BYTES, MAX_OUTCOME_ERROR_BYTES
 
 MAX_ENTRIES = 100
 HOST_DECISION_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
 #: Field size limits in bytes (the prompts' as Decide's).
 _LIMITS = {
-    "system_prompt": 64 * 1024,
-    "user_prompt": 512 * 1024,
+    "system_prompt": MAX_SYSTEM_PROMPT,
+    "user_prompt": MAX_USER_PROMPT,
     "rationale": 64 * 1024,
     "purpose": 64 * 1024,
     "expected_outcome": 64 * 1024,

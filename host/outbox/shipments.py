@@ -20,7 +20,9 @@ from host.outbox.kinds import DECISION, FAILED_CALLS, SCREENSHOT
 from host.outbox.store import OutboxStore
 from planner.convert import decision_to_proto, usage_to_proto
 from planner.decision import Billed, Decision
+from planner.observation import clip
 from planner.scene import Bounds
+from planner.service import MAX_USER_PROMPT
 
 Redact = Callable[[str], str]
 Phase = Literal["before", "after"]
@@ -28,6 +30,21 @@ _PHASES = {
     "before": artifact_service_pb2.SCREENSHOT_PHASE_BEFORE,
     "after": artifact_service_pb2.SCREENSHOT_PHASE_AFTER,
 }
+
+
+def logged_prompt(prompt: str) -> str:
+    """`prompt` as the decision log takes it: ShipDecisions refuses a user prompt over
+    MAX_USER_PROMPT, and the whole step with it. What the model read may be longer than any
+    prompt Decide accepts: the note that stood in for a screenshot the provider could not take
+    comes first (planner/vendors/images.py). Cut, it says so and where the rest is."""
+    size = len(prompt.encode("utf-8"))
+    if size <= MAX_USER_PROMPT:
+        return prompt
+    marker = (
+        f"\n\n[… cut here: the prompt the model read is {size:,} bytes, over the "
+        f"{MAX_USER_PROMPT:,} the decision log keeps; the host's own timeline has all of it]"
+    )
+    return clip(prompt, MAX_USER_PROMPT, marker)
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,7 +160,7 @@ class Shipments:
         outcome: types_pb2.ActionOutcome | None,
     ) -> None:
         message = decision_to_proto(decision)  # masked: never reveals a sensitive value
-        message.user_prompt = redact(message.user_prompt)
+        message.user_prompt = logged_prompt(redact(message.user_prompt))
         message.system_prompt = redact(message.system_prompt)
         message.rationale = redact(message.rationale)
         message.purpose = redact(message.purpose)

@@ -28,8 +28,23 @@ from cloud.server import CloudServer, build_server
 from cloud.settings import CloudSettings
 from host.outbox import OutboxSender, OutboxStore
 from host.outbox.kinds import DECISION, SCREENSHOT
+from host.outbox.shipments import Shipments
+from planner.planner import Planner
+from planner.prompts import build_user_prompt
+from planner.scene import Scene
+from planner.service import MAX_USER_PROMPT
+from planner.settings import PlannerSettings
+from planner.vendors import make_adapter
 from tests.cloud.cloud_harness import ScriptedHost, channel, submit, tasks_stub
 from tests.cloud.test_shipping import shipped
+from tests.planner.scenes import settings_main
+from tests.support.fakes import (
+    ANTHROPIC_KEY,
+    FakeModelServer,
+    anthropic_message,
+    text,
+    tool_use,
+)
 from tests.support.processes import free_port
 
 
@@ -431,3 +446,71 @@ def test_an_outbox_an_older_host_wrote_is_read_and_counted(tmp_path: Path) -> No
     finally:
         store.close()
     OutboxStore(path).close()  # opened again: nothing left to add
+
+
+async def test_a_prompt_the_screenshot_note_takes_past_the_limit_is_cut_not_refused(
+    tmp_path: Path,
+) -> None:
+    """A direct-transport decision records the prompt as the model read it: a note where a
+    screenshot the provider could not take would have been (~250 bytes), then the prompt. A
+    prompt just under ShipDecisions' 512 KiB went over it with the note, and the cloud refused
+    the shipment: the step never reached the decision log. It is cut to the limit instead,
+    saying so, as the host's other oversize texts are."""
+    with FakeModelServer() as model:
+        model.script_anthropic(anthropic_message(text("Open Display."), tool_use("tap", _TAP)))
+        settings = PlannerSettings(
+            provider="anthropic",
+            model="claude-sonnet-4-6",
+            anthropic_api_key=ANTHROPIC_KEY,
+            anthropic_base_url=model.anthropic_base_url,
+            max_retries=0,
+            send_screenshot=True,
+        )
+        planner = Planner(make_adapter(settings), settings)
+        scene, goal = settings_main(), "Turn on dark theme"
+        history = [_long_step(0)]
+        history = [_long_step(MAX_USER_PROMPT - 100 - len(_prompt(goal, scene, history)))]
+        assert len(_prompt(goal, scene, history)) == MAX_USER_PROMPT - 100
+        unreadable = b"\x89PNG\r\n\x1a\n" + bytes(6 * 1024 * 1024)  # over Anthropic's 5 MB
+        try:
+            decision = await planner.decide(goal, scene, history, unreadable)
+        finally:
+            await planner.aclose()
+    assert decision.user_prompt.startswith("[No screenshot this step")
+    assert len(decision.user_prompt.encode()) > MAX_USER_PROMPT
+
+    async with _outbox_of_a_task(tmp_path) as s:
+        a = s.task
+        Shipments(s.store, "direct").decision(a.task_id, a.attempt, a.lease_id, decision, str)
+        s.start()
+        await _until(lambda: s.store.backlog().items == 0, "the decision sent")
+        assert s.store.refusals() == []
+        rows = await decision_log_service_pb2_grpc.DecisionLogServiceStub(s.ops).ListDecisions(
+            decision_log_service_pb2.ListDecisionsRequest(task_id=a.task_id)
+        )
+    (logged,) = rows.decisions
+    size = len(decision.user_prompt.encode())
+    assert len(logged.user_prompt.encode()) <= MAX_USER_PROMPT
+    head, marker = logged.user_prompt.rsplit("\n\n", 1)
+    assert decision.user_prompt.startswith(head)
+    assert marker == (
+        f"[… cut here: the prompt the model read is {size:,} bytes, over the {MAX_USER_PROMPT:,} "
+        "the decision log keeps; the host's own timeline has all of it]"
+    )
+
+
+_TAP = {"element_id": "e17", "purpose": "open display", "expected_outcome": "Display opens"}
+
+
+def _long_step(padding: int) -> dict[str, Any]:
+    """A compact history record whose rationale takes `padding` more bytes of the prompt."""
+    return {
+        "page": "com.android.settings: Settings",
+        "action": {"tool": "swipe", "direction": "up"},
+        "rationale": "Still looking for Display." + "." * padding,
+        "success": True,
+    }
+
+
+def _prompt(goal: str, scene: Scene, history: list[dict[str, Any]]) -> bytes:
+    return build_user_prompt(goal, scene, history).encode()
