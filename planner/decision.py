@@ -26,6 +26,12 @@ THINKING_WORDS: dict[str, str] = {
 #: What an empty block that is not redacted means (a signature or encrypted content only).
 OMITTED_BLOCK = "omitted by the provider: it returned no text for this block, only its signature"
 RETRY_WORDS: dict[str, str] = {"forced": "forced retry", "nudge": "nudged retry"}
+#: What the decision log takes of a decision a host on the direct transport ships
+#: (ShipDecisions), in UTF-8 bytes: of its rationale, purpose and expected outcome each, of one
+#: thinking block, and how many blocks.
+MAX_MODEL_TEXT = 64 * 1024
+MAX_THINKING_BLOCK_BYTES = 64 * 1024
+MAX_THINKING_BLOCKS = 64
 
 
 def thinking_word(kind: str) -> str:

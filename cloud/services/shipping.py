@@ -25,7 +25,13 @@ from cloud.services.status import abort
 from cloud.store import decisions, leases, spend
 from cloud.store.database import Store
 from planner.convert import decision_from_proto, usage_from_proto
-from planner.decision import Billed, Decision
+from planner.decision import (
+    MAX_MODEL_TEXT,
+    MAX_THINKING_BLOCK_BYTES,
+    MAX_THINKING_BLOCKS,
+    Billed,
+    Decision,
+)
 from planner.observation import observation_problem, scene_from_observation
 from planner.plan_step import on_screen
 from planner.service import MAX_SYSTEM_PROMPT, MAX_USER_PROMPT
@@ -37,15 +43,13 @@ HOST_DECISION_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
 _LIMITS = {
     "system_prompt": MAX_SYSTEM_PROMPT,
     "user_prompt": MAX_USER_PROMPT,
-    "rationale": 64 * 1024,
-    "purpose": 64 * 1024,
-    "expected_outcome": 64 * 1024,
+    "rationale": MAX_MODEL_TEXT,
+    "purpose": MAX_MODEL_TEXT,
+    "expected_outcome": MAX_MODEL_TEXT,
     "provider": 32,
     "model": 128,
     "tool_name": 64,
 }
-MAX_THINKING_BLOCK = 64 * 1024
-MAX_THINKING_BLOCKS = 64
 Context: TypeAlias = grpc.aio.ServicerContext[Any, Any]
 
 
@@ -107,10 +111,9 @@ def entry_problem(i: int, entry: pb.ShippedDecision) -> str | None:
         return f"{field}.decision.thinking: at most {MAX_THINKING_BLOCKS} blocks"
     for j, block in enumerate(d.thinking):
         size = len(block.text.encode("utf-8"))
-        if size > MAX_THINKING_BLOCK:
-            return (
-                f"{field}.decision.thinking[{j}].text: {size} bytes; at most {MAX_THINKING_BLOCK}"
-            )
+        if size > MAX_THINKING_BLOCK_BYTES:
+            limit = MAX_THINKING_BLOCK_BYTES
+            return f"{field}.decision.thinking[{j}].text: {size} bytes; at most {limit}"
     if d.HasField("observation"):
         problem = observation_problem(d.observation, f"{field}.decision.observation")
         if problem:

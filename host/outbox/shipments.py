@@ -19,7 +19,7 @@ from amc.v1 import artifact_service_pb2, decision_log_service_pb2, types_pb2
 from host.outbox.kinds import DECISION, FAILED_CALLS, SCREENSHOT
 from host.outbox.store import OutboxStore
 from planner.convert import decision_to_proto, usage_to_proto
-from planner.decision import Billed, Decision
+from planner.decision import MAX_MODEL_TEXT, MAX_THINKING_BLOCK_BYTES, Billed, Decision
 from planner.observation import clip
 from planner.scene import Bounds
 from planner.service import MAX_USER_PROMPT
@@ -32,19 +32,20 @@ _PHASES = {
 }
 
 
-def logged_prompt(prompt: str) -> str:
-    """`prompt` as the decision log takes it: ShipDecisions refuses a user prompt over
-    MAX_USER_PROMPT, and the whole step with it. What the model read may be longer than any
-    prompt Decide accepts: the note that stood in for a screenshot the provider could not take
-    comes first (planner/vendors/images.py). Cut, it says so and where the rest is."""
-    size = len(prompt.encode("utf-8"))
-    if size <= MAX_USER_PROMPT:
-        return prompt
+def kept(text: str, limit: int, what: str) -> str:
+    """`text` as the decision log takes it: ShipDecisions refuses a field over its limit, and
+    the whole step with it. What the model read and wrote has no such limit: the prompt with
+    the note that stood in for a screenshot the provider could not take before it
+    (planner/vendors/images.py), a long thought. Cut, it says so (naming it as `what`) and
+    where the rest is."""
+    size = len(text.encode("utf-8"))
+    if size <= limit:
+        return text
     marker = (
-        f"\n\n[… cut here: the prompt the model read is {size:,} bytes, over the "
-        f"{MAX_USER_PROMPT:,} the decision log keeps; the host's own timeline has all of it]"
+        f"\n\n[… cut here: {what} is {size:,} bytes, over the {limit:,} the decision log "
+        "keeps; the host's own timeline has all of it]"
     )
-    return clip(prompt, MAX_USER_PROMPT, marker)
+    return clip(text, limit, marker)
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,15 +161,17 @@ class Shipments:
         outcome: types_pb2.ActionOutcome | None,
     ) -> None:
         message = decision_to_proto(decision)  # masked: never reveals a sensitive value
-        message.user_prompt = logged_prompt(redact(message.user_prompt))
+        prompt = redact(message.user_prompt)
+        message.user_prompt = kept(prompt, MAX_USER_PROMPT, "the prompt the model read")
         message.system_prompt = redact(message.system_prompt)
-        message.rationale = redact(message.rationale)
-        message.purpose = redact(message.purpose)
-        message.expected_outcome = redact(message.expected_outcome)
+        for name in ("rationale", "purpose", "expected_outcome"):
+            said = redact(getattr(message, name))
+            setattr(message, name, kept(said, MAX_MODEL_TEXT, f"this {name.replace('_', ' ')}"))
         message.action.purpose = redact(message.action.purpose)
         message.action.expected_outcome = redact(message.action.expected_outcome)
         for block in message.thinking:
-            block.text = redact(block.text)
+            thought = redact(block.text)
+            block.text = kept(thought, MAX_THINKING_BLOCK_BYTES, "this thinking block")
         if decision.observation is not None:  # the screen as data, as the cloud keeps its own
             message.observation.CopyFrom(decision.observation)
             message.observation.ClearField("ocr_blocks")

@@ -29,6 +29,7 @@ from cloud.settings import CloudSettings
 from host.outbox import OutboxSender, OutboxStore
 from host.outbox.kinds import DECISION, SCREENSHOT
 from host.outbox.shipments import Shipments
+from planner.decision import MAX_MODEL_TEXT, MAX_THINKING_BLOCK_BYTES
 from planner.planner import Planner
 from planner.prompts import build_user_prompt
 from planner.scene import Scene
@@ -43,6 +44,7 @@ from tests.support.fakes import (
     FakeModelServer,
     anthropic_message,
     text,
+    thinking,
     tool_use,
 )
 from tests.support.processes import free_port
@@ -514,3 +516,56 @@ def _long_step(padding: int) -> dict[str, Any]:
 
 def _prompt(goal: str, scene: Scene, history: list[dict[str, Any]]) -> bytes:
     return build_user_prompt(goal, scene, history).encode()
+
+
+async def test_a_thinking_block_or_rationale_over_the_decision_log_s_limit_is_cut_not_refused(
+    tmp_path: Path,
+) -> None:
+    """A thinking block and the text before the call are the model's own, at any length: with
+    a 20,000-token budget Claude may write past the 64 KiB ShipDecisions takes of one (the
+    cloud keeps its own decisions' whole). The cloud refused the shipment, and the step never
+    reached the decision log. They are cut to the limit instead, saying so."""
+    thought = "Display holds the theme; the list scrolls. " * 1600  # 68,800 bytes
+    said = "Settings is open. " * 4000  # 72,000 bytes
+    with FakeModelServer() as model:
+        model.script_anthropic(
+            anthropic_message(thinking(thought), text(said), tool_use("tap", _TAP))
+        )
+        settings = PlannerSettings(
+            provider="anthropic",
+            model="claude-sonnet-4-6",
+            anthropic_api_key=ANTHROPIC_KEY,
+            anthropic_base_url=model.anthropic_base_url,
+            max_retries=0,
+            thinking="budget",
+            thinking_budget_tokens=20000,
+        )
+        planner = Planner(make_adapter(settings), settings)
+        try:
+            decision = await planner.decide("Turn on dark theme", settings_main())
+        finally:
+            await planner.aclose()
+    assert [b.text for b in decision.thinking] == [thought]
+
+    async with _outbox_of_a_task(tmp_path) as s:
+        a = s.task
+        Shipments(s.store, "direct").decision(a.task_id, a.attempt, a.lease_id, decision, str)
+        s.start()
+        await _until(lambda: s.store.backlog().items == 0, "the decision sent")
+        assert s.store.refusals() == []
+        rows = await decision_log_service_pb2_grpc.DecisionLogServiceStub(s.ops).ListDecisions(
+            decision_log_service_pb2.ListDecisionsRequest(task_id=a.task_id)
+        )
+    ((logged,),) = [d.thinking for d in rows.decisions]
+    assert len(logged.text.encode()) <= MAX_THINKING_BLOCK_BYTES
+    head, marker = logged.text.rsplit("\n\n", 1)
+    assert thought.startswith(head)
+    assert marker == (
+        f"[… cut here: this thinking block is {len(thought):,} bytes, over the "
+        f"{MAX_THINKING_BLOCK_BYTES:,} the decision log keeps; the host's own timeline has all "
+        "of it]"
+    )
+    assert len(rows.decisions[0].rationale.encode()) <= MAX_MODEL_TEXT
+    head, marker = rows.decisions[0].rationale.rsplit("\n\n", 1)
+    assert said.startswith(head)
+    assert marker.startswith(f"[… cut here: this rationale is {len(said.strip()):,} bytes")
