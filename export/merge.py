@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from export.run import FailedCalls, Run, Step
+from planner.decision import whole_of
 
 
 class MergeError(ValueError):
@@ -19,9 +20,21 @@ class MergeError(ValueError):
 
 
 def _fill(cloud: Step, host: Step) -> Step:
-    """The cloud's decision with what only the host knew."""
+    """The cloud's decision with what only the host knew: also a text the host cut to ship
+    the step (the decision log's limits) that its timeline kept whole."""
+    thinking = cloud.thinking
+    if len(thinking) == len(host.thinking):
+        thinking = [
+            replace(c, text=whole_of(c.text, h.text))
+            for c, h in zip(thinking, host.thinking, strict=True)
+        ]
     return replace(
         cloud,
+        user_prompt=whole_of(cloud.user_prompt, host.user_prompt) or host.user_prompt,
+        rationale=whole_of(cloud.rationale, host.rationale),
+        purpose=whole_of(cloud.purpose, host.purpose),
+        expected_outcome=whole_of(cloud.expected_outcome, host.expected_outcome),
+        thinking=thinking,
         screen=cloud.screen or host.screen,
         before_png=cloud.before_png or host.before_png,
         after_png=cloud.after_png or host.after_png,
@@ -33,7 +46,6 @@ def _fill(cloud: Step, host: Step) -> Step:
         verdict_detail=cloud.verdict_detail or host.verdict_detail,
         transport=cloud.transport or host.transport,
         system_prompt=cloud.system_prompt or host.system_prompt,
-        user_prompt=cloud.user_prompt or host.user_prompt,
         previous_step=cloud.previous_step or host.previous_step,
         flow_id=cloud.flow_id or host.flow_id,
         flow_step=cloud.flow_step or host.flow_step,

@@ -32,6 +32,16 @@ RETRY_WORDS: dict[str, str] = {"forced": "forced retry", "nudge": "nudged retry"
 MAX_MODEL_TEXT = 64 * 1024
 MAX_THINKING_BLOCK_BYTES = 64 * 1024
 MAX_THINKING_BLOCKS = 64
+#: How the marker of a text cut to those limits begins (`host.outbox.shipments.kept`).
+CUT_MARK = "\n\n[… cut here: "
+
+
+def whole_of(text: str, other: str) -> str:
+    """`other` when `text` is a cut of it (its head, then the cut marker), else `text`: where
+    one record of a step holds a text cut to the decision log's limits and another holds it
+    whole, the whole one is what the model read or wrote."""
+    head, mark, _ = text.rpartition(CUT_MARK)
+    return other if mark and len(other) > len(head) and other.startswith(head) else text
 
 
 def thinking_word(kind: str) -> str:

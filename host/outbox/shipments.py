@@ -19,7 +19,13 @@ from amc.v1 import artifact_service_pb2, decision_log_service_pb2, types_pb2
 from host.outbox.kinds import DECISION, FAILED_CALLS, SCREENSHOT
 from host.outbox.store import OutboxStore
 from planner.convert import decision_to_proto, usage_to_proto
-from planner.decision import MAX_MODEL_TEXT, MAX_THINKING_BLOCK_BYTES, Billed, Decision
+from planner.decision import (
+    CUT_MARK,
+    MAX_MODEL_TEXT,
+    MAX_THINKING_BLOCK_BYTES,
+    Billed,
+    Decision,
+)
 from planner.observation import clip
 from planner.scene import Bounds
 from planner.service import MAX_USER_PROMPT
@@ -42,8 +48,8 @@ def kept(text: str, limit: int, what: str) -> str:
     if size <= limit:
         return text
     marker = (
-        f"\n\n[… cut here: {what} is {size:,} bytes, over the {limit:,} the decision log "
-        "keeps; the host's own timeline has all of it]"
+        f"{CUT_MARK}{what} is {size:,} bytes, over the {limit:,} the decision log keeps; the "
+        "host's own timeline has all of it]"
     )
     return clip(text, limit, marker)
 

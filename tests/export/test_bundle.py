@@ -19,8 +19,9 @@ from export.bundle import BundleError, bundle_bytes, read_bundle
 from export.merge import MergeError, merge
 from export.report import render_report
 from export.run import FailedCalls, Judged, Run
+from host.outbox.shipments import kept
 from host.timeline.export_source import run_from_timeline
-from planner.decision import Usage
+from planner.decision import ThinkingBlock, Usage
 from tests.export.conftest import HOST, T_GESTURES, Timeline
 from tests.host.console.host_console_support import SECRET, T_DARK, T_LEGACY, T_SECRET
 
@@ -184,6 +185,31 @@ def test_merge_puts_the_hosts_screens_into_the_clouds_record(timeline: Timeline)
     other = host_run(timeline, T_SECRET)
     with pytest.raises(MergeError, match="task-secret"):
         merge(cloud, other)
+
+
+def test_merge_keeps_the_hosts_whole_text_where_the_cloud_holds_it_cut(
+    timeline: Timeline,
+) -> None:
+    """A direct-transport host cuts a text over the decision log's limits when it ships the
+    step (`shipments.kept`); its timeline keeps it whole. The merge took the cloud's cut text
+    over the host's whole one, so the merged export said less than the model read and wrote."""
+    host = read_bundle(bundle_bytes(host_run(timeline, T_DARK)))
+    step = host.steps[0]
+    step.user_prompt = "Goal: dark theme. " * 40
+    step.rationale = "Display holds it. " * 40
+    step.thinking = [ThinkingBlock("Scroll first. " * 40)]
+    cloud = read_bundle(bundle_bytes(host_run(timeline, T_DARK)))
+    cloud.origin = "cloud"
+    shipped = cloud.steps[0]
+    shipped.user_prompt = kept(step.user_prompt, 400, "the prompt the model read")
+    shipped.rationale = kept(step.rationale, 400, "this rationale")
+    shipped.thinking = [ThinkingBlock(kept(step.thinking[0].text, 400, "this thinking block"))]
+    cloud.steps[1].rationale = "the cloud's own words [… cut here: not a cut]"
+    merged = merge(cloud, host)
+    first = merged.steps[0]
+    assert (first.user_prompt, first.rationale) == (step.user_prompt, step.rationale)
+    assert [b.text for b in first.thinking] == [step.thinking[0].text]
+    assert merged.steps[1].rationale == cloud.steps[1].rationale
 
 
 def test_bad_exports_are_refused_naming_the_problem(timeline: Timeline) -> None:
