@@ -278,6 +278,8 @@ class EventBus:
         self.on_new_stream: list[Callable[[str, str], None]] = []
         #: Called when certificate revocations may have changed (or events may have been lost).
         self.on_revocations: list[Callable[[], None]] = []
+        #: Called when another replica set or lifted a dispatch hold (cloud/dispatch_holds.py).
+        self.on_holds: list[Callable[[], None]] = []
         self._outbox: list[dict[str, Any]] = []
         self._outbox_event = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
@@ -358,6 +360,10 @@ class EventBus:
         """Work is waiting: dispatchers should look for idle phones."""
         self._deliver_queued()
         self._remote({"k": "q"})
+
+    def holds_changed(self) -> None:
+        """A dispatch hold was set or lifted: the other replicas' dispatchers read them again."""
+        self._remote({"k": "d"})
 
     def revoke(self, event: RevokeEvent) -> None:
         """Ask whichever replica holds the host's stream to revoke a lease."""
@@ -579,6 +585,9 @@ class EventBus:
                     cb(str(m["h"]), str(m["s"]))
             elif kind == "c":
                 self._deliver_revocations()
+            elif kind == "d":
+                for wake in self.on_holds:
+                    wake()
             elif kind == "th":
                 self._deliver_thinking(str(m["t"]), int(m["a"]), str(m["x"]))
             elif kind == "v":

@@ -14,8 +14,10 @@ billing lapsed) pauses dispatch at its first refusal: every call of every task w
 until an operator acts, and each task handed out meanwhile fails at its first step for good. The
 reason names the setting to fix; a probe or a Decide that succeeds resumes dispatch as above.
 
-Each replica judges by its own calls (they share no provider state), which is enough: the
-provider is the same for all of them.
+The pause is shared (cloud/dispatch_holds.py): the replica that finds the provider down or
+refusing writes it where every replica reads it, and a restart keeps it. Every replica probes
+while it is set; the one whose probe or Decide succeeds lifts it for all. Whether the provider
+is *down* is still judged by each replica's own calls in a row.
 """
 
 from __future__ import annotations
@@ -23,9 +25,10 @@ from __future__ import annotations
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime, timedelta
 
-from cloud import metrics
+from cloud.dispatch_holds import DispatchHolds
+from cloud.store import holds
 from planner.errors import PlannerAuthError
 
 log = logging.getLogger(__name__)
@@ -35,12 +38,16 @@ Probe = Callable[[], Awaitable[None]]
 
 @dataclass(frozen=True, slots=True)
 class DispatchPause:
-    """Why dispatch is paused, and since when."""
+    """Why dispatch is paused, since when, and which replica found it."""
 
     since: datetime
     reason: str
     #: Set when the provider refused the credentials (not down): the setting that holds them.
     key_setting: str | None = None
+    #: The replica (its id) that found it.
+    seen_by: str = ""
+    #: When a replica probes the provider next, as last recorded.
+    next_probe_at: datetime | None = None
 
     def describe(self) -> str:
         if self.key_setting is not None:
@@ -54,67 +61,83 @@ class DispatchPause:
 
 
 class ProviderHealth:
-    """The provider's state as this replica's Decide calls see it."""
+    """The provider's state as this replica's Decide calls see it, and the shared pause."""
 
     def __init__(
         self,
+        holds: DispatchHolds,
         probe: Probe | None = None,
         *,
         threshold: int = 3,
-        clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+        probe_seconds: float = 5.0,
     ) -> None:
+        self.holds = holds
         self.probe = probe
         self.threshold = max(1, threshold)
+        self.probe_seconds = probe_seconds
         #: Named in the reason of a pause for refused credentials (the planner's key setting).
         self.key_setting = "AMC_PLANNER_ANTHROPIC_API_KEY or AMC_PLANNER_OPENAI_API_KEY"
-        self._clock = clock
         self._failures = 0
-        self._pause: DispatchPause | None = None
-        #: Called when the provider is back (the dispatcher wakes up).
-        self.on_available: list[Callable[[], None]] = []
 
     @property
     def pause(self) -> DispatchPause | None:
-        """Set while dispatch to cloud-transport hosts is paused."""
-        return self._pause
+        """Set while dispatch to cloud-transport hosts is paused. A replica whose planner cannot
+        be down (no probe: the offline provider) is never paused, nor could it lift a pause."""
+        if self.probe is None:
+            return None
+        refused = self.holds.get(holds.KEY_REFUSED)
+        found = refused or self.holds.get(holds.PROVIDER_DOWN)
+        if found is None:
+            return None
+        key = self.key_setting if refused is not None else None
+        return DispatchPause(found.set_at, found.detail, key, found.set_by, found.next_probe_at)
 
-    def failed(self, reason: str) -> None:
+    def _next_probe(self) -> datetime:
+        return self.holds.now() + timedelta(seconds=self.probe_seconds)
+
+    async def failed(self, reason: str) -> None:
         """A Decide found planning temporarily impossible."""
         self._failures += 1
-        if self._pause is None and self._failures >= self.threshold and self.probe is not None:
-            self._pause = DispatchPause(self._clock(), reason)
-            metrics.current().dispatch_paused.set(1)
-            log.warning("pausing dispatch: %s", self._pause.describe())
+        if self.pause is None and self._failures >= self.threshold and self.probe is not None:
+            await self.holds.hold(holds.PROVIDER_DOWN, reason, next_probe_at=self._next_probe())
 
-    def refused(self, reason: str) -> None:
+    async def refused(self, reason: str) -> None:
         """A Decide (or a probe) found the provider refusing the cloud's credentials: no call of
         any task can succeed until an operator acts, so dispatch pauses at once (replacing an
         outage's pause: this is what the operator must fix)."""
-        if self.probe is None or (self._pause is not None and self._pause.key_setting):
+        pause = self.pause
+        if self.probe is None or (pause is not None and pause.key_setting):
             return
-        self._pause = DispatchPause(self._clock(), reason, self.key_setting)
-        metrics.current().dispatch_paused.set(1)
-        log.warning("pausing dispatch: %s", self._pause.describe())
+        await self.holds.hold(
+            holds.KEY_REFUSED,
+            reason,
+            next_probe_at=self._next_probe(),
+            replacing=(holds.PROVIDER_DOWN,),
+        )
 
-    def succeeded(self) -> None:
+    async def succeeded(self) -> None:
         """A Decide (or a probe) got an answer from the provider."""
         self._failures = 0
-        if self._pause is None:
+        if self.pause is None:
             return
         log.warning("the model provider answers again: dispatch resumes")
-        self._pause = None
-        metrics.current().dispatch_paused.set(0)
-        for callback in self.on_available:
-            callback()
+        await self.holds.lift(holds.PROVIDER)
 
     async def probe_step(self) -> None:
         """While paused, one probe call; raises (and the supervised loop backs off) while the
-        provider still fails."""
-        if self._pause is None or self.probe is None:
+        provider still fails. Reads the shared holds first: another replica may have set one
+        (this replica probes too) or lifted it."""
+        if self.probe is None:
+            return
+        await self.holds.refresh()
+        if self.pause is None:
             return
         try:
             await self.probe()
         except PlannerAuthError as err:  # e.g. the key was revoked during an outage
-            self.refused(str(err))
+            await self.refused(str(err))
             raise
-        self.succeeded()
+        except Exception:
+            await self.holds.probed(holds.PROVIDER, self._next_probe())
+            raise
+        await self.succeeded()

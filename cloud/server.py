@@ -46,6 +46,7 @@ from cloud.artifacts import ArtifactStore, open_artifact_store
 from cloud.authz import Authorization
 from cloud.boundary import Boundary
 from cloud.db_probe import DatabaseProbe
+from cloud.dispatch_holds import DispatchHolds
 from cloud.events import EventBus
 from cloud.flows.embeddings import Embedder
 from cloud.flows.learning import FlowLearner
@@ -206,12 +207,19 @@ class CloudServer:
         self.leases = LeaseManager(
             self.store, self.bus, settings, self.secrets, self.presence.others_alive
         )
-        self.provider_health = ProviderHealth(threshold=settings.provider_down_after_failures)
+        self.holds = DispatchHolds(self.store, self.bus.replica_id, self.bus.holds_changed)
+        self.provider_health = ProviderHealth(
+            self.holds,
+            threshold=settings.provider_down_after_failures,
+            probe_seconds=settings.provider_probe_seconds,
+        )
         self.leases.dispatcher.provider = self.provider_health
+        self.leases.dispatcher.holds = self.holds
         self.budgets = CloudBudgets(self.store, settings)
         self.leases.dispatcher.budget_hold = self.budgets.daily_hold
         self.leases.dispatcher.daily_spent = self.budgets.daily_spent
-        self.provider_health.on_available.append(self.leases.dispatcher.wake.set)
+        self.holds.on_lifted.append(self.leases.dispatcher.wake.set)
+        self.bus.on_holds.append(self.leases.dispatcher.wake.set)
         self.embedder = _embedder(settings)
         self.retriever: Retriever | None = None
         self.learner: FlowLearner | None = None
@@ -374,6 +382,7 @@ class CloudServer:
             await upgrade(self.store.engine)
         await self.revocations.refresh()  # before the first call is served
         await self.bus.start()
+        await self.holds.refresh()  # a hold set before this replica started holds here too
         await self._after_outage()
         self.leases.start()
         self._jobs.append(

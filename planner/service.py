@@ -184,19 +184,20 @@ class AttemptLog(Protocol):
 
 class ProviderHealth(Protocol):
     """Hears how each provider call of Decide went, so the cloud can tell an outage that hits
-    every task (and stop handing out new ones) from one task's bad luck."""
+        every task (and stop handing out new ones) from one task's bad luck. Awaited before Decide
+    answers: a pause it sets is stored for every replica before the host hears of the failure."""
 
-    def failed(self, reason: str) -> None:
+    async def failed(self, reason: str) -> None:
         """A Decide found planning temporarily impossible (provider overloaded, failing, rate
         limited, unreachable)."""
         ...
 
-    def refused(self, reason: str) -> None:
+    async def refused(self, reason: str) -> None:
         """A Decide found the provider refusing the credentials (`PlannerAuthError`): every
         call will be refused until an operator acts."""
         ...
 
-    def succeeded(self) -> None:
+    async def succeeded(self) -> None:
         """A Decide got a decision from the provider."""
         ...
 
@@ -219,13 +220,13 @@ class _Reported(NamedTuple):
 
 
 class _NoHealth:
-    def failed(self, reason: str) -> None:
+    async def failed(self, reason: str) -> None:
         return None
 
-    def refused(self, reason: str) -> None:
+    async def refused(self, reason: str) -> None:
         return None
 
-    def succeeded(self) -> None:
+    async def succeeded(self) -> None:
         return None
 
 
@@ -335,13 +336,13 @@ class PlannerServicer(planner_service_pb2_grpc.PlannerServiceServicer):
         except SessionStateError as err:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
         except PlannerRateLimited as err:
-            self._health.failed(str(err))
+            await self._health.failed(str(err))
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(err), _provider_wait(err))
         except PlannerTransient as err:
-            self._health.failed(str(err))
+            await self._health.failed(str(err))
             await context.abort(grpc.StatusCode.UNAVAILABLE, str(err), _provider_wait(err))
         except PlannerAuthError as err:
-            self._health.refused(str(err))
+            await self._health.refused(str(err))
             await context.abort(
                 grpc.StatusCode.PERMISSION_DENIED,
                 str(err),
@@ -349,7 +350,7 @@ class PlannerServicer(planner_service_pb2_grpc.PlannerServiceServicer):
             )
         except PlannerError as err:
             await context.abort(grpc.StatusCode.UNKNOWN, str(err))
-        self._health.succeeded()
+        await self._health.succeeded()
 
         logged = await self._sink.append(
             host_id, request.task_id, request.attempt, decision, step_key

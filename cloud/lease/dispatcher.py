@@ -15,6 +15,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from amc.v1 import lease_service_pb2 as lease_pb
 from amc.v1 import types_pb2
 from cloud import metrics
+from cloud.dispatch_holds import DispatchHolds
 from cloud.events import EventBus
 from cloud.flows.retrieval import Retriever
 from cloud.lease import messages
@@ -46,6 +47,8 @@ class Dispatcher:
         #: The model provider's state; while it is down, hosts on the cloud planner transport
         #: get no new tasks (their steps could not be planned), see cloud/provider_health.py.
         self.provider: ProviderHealth | None = None
+        #: The holds every replica shares, read again at the start of each pass.
+        self.holds: DispatchHolds | None = None
         #: Opens tasks' sealed secrets for their assignments (None: the cloud has no key).
         self.secrets: SecretBox | None = None
         #: Chooses the learned flows an assignment carries (None: flows are off).
@@ -118,8 +121,11 @@ class Dispatcher:
         """The per-host passes still running (cancelled with the replica's jobs)."""
         return list(self._kicks)
 
-    async def dispatch_host(self, session: HostSession) -> int:
-        """Claim work for every idle phone of one host; returns how many tasks it got."""
+    async def dispatch_host(self, session: HostSession, *, holds_read: bool = False) -> int:
+        """Claim work for every idle phone of one host; returns how many tasks it got.
+
+        The shared holds are read before the first claim (unless the caller's pass just read
+        them): a hold another replica set a moment ago may not have been announced here yet."""
         got = 0
         async with session.dispatch_lock:
             session.dispatch_pending = False
@@ -127,6 +133,13 @@ class Dispatcher:
                 return got
             while not session.closed:
                 idle = session.idle_serials()
+                if idle and not holds_read and self.holds is not None:
+                    try:
+                        await self.holds.refresh()
+                    except Exception as exc:  # no task this time: the next pass reads again
+                        errors.report(log, "reading the dispatch holds failed", exc)
+                        return got
+                    holds_read = True
                 if not idle or self.paused_for(session) or await self._daily_spent(session):
                     return got
                 try:
@@ -229,7 +242,8 @@ class Dispatcher:
 
         Hosts that have tasks targeted at them are always tried. For untargeted tasks the pass
         stops after a run of hosts that got nothing (what is left needs a phone nobody here has);
-        the periodic tick tries again.
+        the periodic tick tries again. The shared holds are read first: a task queued after
+        another replica held dispatch back (the queueing wakes this pass) is not handed out.
         """
         for session in list(self.sessions.values()):
             if session.unsure_serials and not session.closed:
@@ -241,6 +255,8 @@ class Dispatcher:
         waiting = await leases.waiting(self.store, cap=sum(len(s.devices) for s in idle))
         if not waiting.any_host and not waiting.hosts:
             return
+        if self.holds is not None:
+            await self.holds.refresh()
         any_left = waiting.any_host
         misses = 0
         for session in idle:
@@ -249,7 +265,7 @@ class Dispatcher:
             mine = session.host_id in waiting.hosts
             if not mine and (any_left <= 0 or misses >= _MAX_DISPATCH_MISSES):
                 continue
-            got = await self.dispatch_host(session)
+            got = await self.dispatch_host(session, holds_read=self.holds is not None)
             if not mine:
                 any_left -= got
                 misses = 0 if got else misses + 1

@@ -101,10 +101,14 @@ class FleetServicer(fleet_service_pb2_grpc.FleetServiceServicer):
                 convert.host(row, connected, busy.get(row.host_id)) for _, row, connected in page
             ],
             next_page_token=_encode(page[-1][0]) if more else "",
-            dispatch=self._dispatch(),
+            dispatch=await self._dispatch(),
         )
 
-    def _dispatch(self) -> pb.DispatchStatus:
+    async def _dispatch(self) -> pb.DispatchStatus:
+        """The holds as the database has them now (another replica may have set or lifted one
+        since this replica's last dispatch pass)."""
+        if self._provider is not None:
+            await self._provider.holds.refresh()
         pause = self._provider.pause if self._provider is not None else None
         held = self._budget_hold() if self._budget_hold is not None else None
         if pause is None and held is not None:

@@ -296,6 +296,24 @@ class RevocationRow(Base):
     __table_args__ = (CheckConstraint("(serial IS NULL) <> (host_id IS NULL)", name="one_target"),)
 
 
+class DispatchHoldRow(Base):
+    """Why every replica holds new tasks back from hosts (cloud/dispatch_holds.py): one row per
+    kind of hold, read by every replica each dispatch pass and at start, so a hold one replica
+    found holds on all of them and survives a restart."""
+
+    __tablename__ = "dispatch_holds"
+
+    # "provider_down", "key_refused" or "daily_budget".
+    reason: Mapped[str] = mapped_column(String(32), primary_key=True)
+    # What was seen, for operators (the provider's error, the budget's words; never a secret).
+    detail: Mapped[str] = mapped_column(Text, default="")
+    set_at: Mapped[dt.datetime] = mapped_column(UTCDateTime())
+    # The replica (its event-bus id) that found it.
+    set_by: Mapped[str] = mapped_column(String(64), default="")
+    # When a replica probes the provider next (None for the daily budget: the tally decides).
+    next_probe_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime())
+
+
 class DecisionRow(Base):
     """One planner decision (append-only). Screenshots are never stored."""
 

@@ -46,7 +46,7 @@ async def test_an_unspecified_transport_is_the_cloud_transport(
         health = cloud.provider_health
         health.probe = _provider_probe
         for _ in range(health.threshold):
-            health.failed("overloaded")
+            await health.failed("overloaded")
         assert health.pause is not None
         task = (await submit(ops)).task
         # A whole dispatch pass for this host (after any the submission started) gets nothing.
@@ -55,7 +55,7 @@ async def test_an_unspecified_transport_is_the_cloud_transport(
         queued = await ops.GetTask(task_service_pb2.GetTaskRequest(task_id=task.task_id))
         assert queued.task.status == types_pb2.TASK_STATUS_QUEUED
 
-        health.succeeded()  # the provider answers again: dispatch resumes
+        await health.succeeded()  # the provider answers again: dispatch resumes
         assignment = (await host.next("assignment")).assignment
         assert assignment.task_id == task.task_id
         running = await wait_status(ops, task.task_id, types_pb2.TASK_STATUS_ASSIGNED)

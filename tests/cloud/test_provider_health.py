@@ -2,17 +2,34 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from datetime import UTC, datetime
+from pathlib import Path
 
 import pytest
 
+from cloud.dispatch_holds import DispatchHolds
 from cloud.provider_health import ProviderHealth
+from cloud.store.database import Store
+from cloud.store.engine import upgrade
 from planner.errors import PlannerAuthError, PlannerUnavailable
 
 NOON = datetime(2026, 12, 1, 12, 0, 0, tzinfo=UTC)
 
 
-async def test_down_after_failures_in_a_row_and_back_on_a_probe() -> None:
+@pytest.fixture
+async def holds(tmp_path: Path) -> AsyncIterator[DispatchHolds]:
+    """The shared holds on a migrated SQLite store whose clock says noon."""
+    store = Store.from_url(f"sqlite+aiosqlite:///{tmp_path / 'cloud.sqlite3'}")
+    store.now = lambda: NOON  # type: ignore[method-assign]  # the pause's time is asserted
+    await upgrade(store.engine)
+    try:
+        yield DispatchHolds(store, "r1")
+    finally:
+        await store.close()
+
+
+async def test_down_after_failures_in_a_row_and_back_on_a_probe(holds: DispatchHolds) -> None:
     answers: list[Exception | None] = [PlannerUnavailable("still down"), None]
 
     async def probe() -> None:
@@ -20,16 +37,16 @@ async def test_down_after_failures_in_a_row_and_back_on_a_probe() -> None:
         if outcome is not None:
             raise outcome
 
-    health = ProviderHealth(probe, threshold=3, clock=lambda: NOON)
+    health = ProviderHealth(holds, probe, threshold=3)
     woken: list[bool] = []
-    health.on_available.append(lambda: woken.append(True))
-    health.failed("overloaded")
-    health.failed("overloaded")
-    health.succeeded()  # one answer in between: not down for everyone
-    health.failed("overloaded")
-    health.failed("overloaded")
+    holds.on_lifted.append(lambda: woken.append(True))
+    await health.failed("overloaded")
+    await health.failed("overloaded")
+    await health.succeeded()  # one answer in between: not down for everyone
+    await health.failed("overloaded")
+    await health.failed("overloaded")
     assert health.pause is None
-    health.failed("planner: Anthropic is unavailable (HTTP 529 …)")
+    await health.failed("planner: Anthropic is unavailable (HTTP 529 …)")
     assert health.pause is not None
     assert health.pause.describe() == (
         "the model provider is unavailable since 12:00:00 UTC: "
@@ -44,13 +61,15 @@ async def test_down_after_failures_in_a_row_and_back_on_a_probe() -> None:
     assert answers == []
 
 
-def test_a_planner_that_cannot_be_down_never_pauses_dispatch() -> None:
-    health = ProviderHealth(None, threshold=1)  # the offline provider: no probe
-    health.failed("?")
+async def test_a_planner_that_cannot_be_down_never_pauses_dispatch(holds: DispatchHolds) -> None:
+    health = ProviderHealth(holds, None, threshold=1)  # the offline provider: no probe
+    await health.failed("?")
     assert health.pause is None
 
 
-async def test_refused_credentials_pause_at_once_and_name_the_setting() -> None:
+async def test_refused_credentials_pause_at_once_and_name_the_setting(
+    holds: DispatchHolds,
+) -> None:
     """One refusal of the key is enough (every call will be refused until an operator acts);
     an outage's pause becomes one for the key when the probe is refused, and a probe that
     succeeds resumes dispatch."""
@@ -62,10 +81,10 @@ async def test_refused_credentials_pause_at_once_and_name_the_setting() -> None:
         if outcome is not None:
             raise outcome
 
-    health = ProviderHealth(probe, threshold=3, clock=lambda: NOON)
+    health = ProviderHealth(holds, probe, threshold=3)
     health.key_setting = "AMC_PLANNER_ANTHROPIC_API_KEY"
     for _ in range(3):
-        health.failed("planner: Anthropic is unavailable (HTTP 529 …)")
+        await health.failed("planner: Anthropic is unavailable (HTTP 529 …)")
     assert health.pause is not None and health.pause.key_setting is None
     with pytest.raises(PlannerAuthError):
         await health.probe_step()
@@ -76,5 +95,5 @@ async def test_refused_credentials_pause_at_once_and_name_the_setting() -> None:
     )
     await health.probe_step()
     assert health.pause is None
-    health.refused("planner: Anthropic rejected the API key")  # a Decide: no threshold
+    await health.refused("planner: Anthropic rejected the API key")  # a Decide: no threshold
     assert health.pause is not None and health.pause.key_setting is not None

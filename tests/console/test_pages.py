@@ -302,10 +302,10 @@ def test_the_fleet_page_says_why_dispatch_is_paused(
     async def fail() -> None:
         health.probe = probe
         for _ in range(health.threshold):
-            health.failed("planner: Anthropic is unavailable (HTTP 529 after 2 retries: x)")
+            await health.failed("planner: Anthropic is unavailable (HTTP 529 after 2 retries: x)")
 
     async def recover() -> None:
-        health.succeeded()
+        await health.succeeded()
         health.probe = None
 
     cloud.loop.run(fail())

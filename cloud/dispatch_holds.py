@@ -1,0 +1,113 @@
+"""The dispatch holds every replica honours: the rows of `dispatch_holds`, mirrored in memory.
+
+A replica that finds a reason to hold new tasks back (the model provider down, or refusing the
+cloud's key) writes a row before it answers the call that showed it, and tells the other
+replicas through the event bus (their dispatchers wake). Every replica reads the rows at start
+and at the start of each dispatch pass, so a task queued after the row was committed is handed
+out by no replica, and a restart keeps the hold. A pass started by a host's own event (a result,
+a hello) reads the mirror: a notification not yet heard there (milliseconds) is the only window.
+The replica whose probe or next model call succeeds deletes the row, and the others resume at
+their next pass (the notification starts one at once).
+
+Each replica was on its own before (decision 0062): with two replicas each handed out, and lost
+to a failing first step, one task before it learned of a refused key; a restart lost another.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+from collections.abc import Callable, Iterable
+
+from cloud import metrics
+from cloud.store import errors, holds
+from cloud.store.database import Store
+from cloud.store.holds import Hold
+
+log = logging.getLogger(__name__)
+
+
+class DispatchHolds:
+    """The holds as this replica last read or wrote them."""
+
+    def __init__(
+        self, store: Store, replica_id: str, announce: Callable[[], None] | None = None
+    ) -> None:
+        self._store = store
+        self.replica_id = replica_id
+        self._announce = announce
+        self._rows: dict[str, Hold] = {}
+        #: Called when a hold went away (the dispatcher wakes up).
+        self.on_lifted: list[Callable[[], None]] = []
+
+    def now(self) -> dt.datetime:
+        return self._store.now()
+
+    def get(self, reason: str) -> Hold | None:
+        """The hold of this reason, as last read."""
+        return self._rows.get(reason)
+
+    async def refresh(self) -> None:
+        """Read the rows again (another replica may have set or lifted one)."""
+        self._replace(await holds.load(self._store))
+
+    async def hold(
+        self,
+        reason: str,
+        detail: str,
+        *,
+        next_probe_at: dt.datetime | None = None,
+        replacing: Iterable[str] = (),
+    ) -> None:
+        """Hold new tasks back on every replica. When the database cannot take the row, this
+        replica holds them back all the same (the others find out for themselves)."""
+        replacing = tuple(replacing)
+        new = Hold(reason, detail, self._store.now(), self.replica_id, next_probe_at)
+        try:
+            await holds.put(self._store, new, replacing=replacing)
+            rows = await holds.load(self._store)
+        except Exception as exc:
+            errors.report(log, "the dispatch hold %s could not be stored", exc, reason)
+            rows = {r: h for r, h in self._rows.items() if r not in replacing}
+            rows.setdefault(reason, new)
+        self._replace(rows)
+        if self._announce is not None:
+            self._announce()
+
+    async def lift(self, reasons: Iterable[str]) -> None:
+        """Lift these holds on every replica."""
+        reasons = tuple(reasons)
+        try:
+            await holds.lift(self._store, reasons)
+        except Exception as exc:  # the next refresh reads the row again; the next success retries
+            errors.report(log, "the dispatch holds %s could not be lifted", exc, reasons)
+        self._replace({r: h for r, h in self._rows.items() if r not in reasons})
+        if self._announce is not None:
+            self._announce()
+
+    async def probed(self, reasons: Iterable[str], next_probe_at: dt.datetime) -> None:
+        """A probe failed: record when the next one comes (for operators; best effort)."""
+        reasons = tuple(r for r in reasons if r in self._rows)
+        if not reasons:
+            return
+        try:
+            await holds.probed(self._store, reasons, next_probe_at)
+        except Exception as exc:
+            errors.report(log, "the next probe time could not be stored", exc)
+            return
+        for r in reasons:
+            old = self._rows[r]
+            self._rows[r] = Hold(old.reason, old.detail, old.set_at, old.set_by, next_probe_at)
+
+    def _replace(self, rows: dict[str, Hold]) -> None:
+        lifted = set(self._rows) - set(rows)
+        for reason in sorted(set(rows) - set(self._rows)):
+            h = rows[reason]
+            log.warning("dispatch held (%s, by replica %s): %s", reason, h.set_by, h.detail)
+        for reason in sorted(lifted):
+            log.warning("dispatch hold lifted: %s", reason)
+        self._rows = rows
+        metrics.current().dispatch_paused.set(1 if rows else 0)
+        if lifted:
+            for callback in self.on_lifted:
+                callback()

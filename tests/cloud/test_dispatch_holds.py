@@ -1,0 +1,222 @@
+"""Dispatch holds shared by every replica and kept across a restart: the real cloud (mTLS
+gRPC, its real Anthropic SDK) against the repo's fake Messages server, which refuses the
+cloud's key (HTTP 401) or is down (HTTP 529).
+
+The host's first Decide is refused on one replica; a task queued afterwards is then handed out
+by no replica (each used to hand out, and lose to its failing first step, one task before it
+found out itself), nor by a replica started later on the same database. Once the provider
+answers again, a probe lifts the hold and dispatch resumes on every replica.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+from sqlalchemy import text as sql_text
+
+from amc.v1 import (
+    fleet_service_pb2,
+    fleet_service_pb2_grpc,
+    planner_service_pb2,
+    planner_service_pb2_grpc,
+    task_service_pb2,
+    types_pb2,
+)
+from cloud.server import CloudServer, build_server
+from cloud.settings import CloudSettings
+from cloud.store import holds
+from cloud.store.database import Store
+from cloud.store.engine import check, downgrade, upgrade
+from planner.observation import observation_from_scene
+from tests.cloud.cloud_harness import ScriptedHost, channel, start_replicas, submit, tasks_stub
+from tests.planner import scenes
+from tests.support.fakes import FakeModelServer
+from tests.support.postgres import PostgresServer
+
+KEY = "sk-ant-the-cloud-s-key"
+#: What each replica needs to hold at once and probe often.
+FAST: dict[str, Any] = {"provider_probe_seconds": 0.2, "provider_down_after_failures": 1}
+
+
+@pytest.fixture
+def provider(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeModelServer]:
+    """The fake provider the cloud's real SDK calls; it takes the cloud's key until a test
+    says otherwise."""
+    with FakeModelServer(anthropic_key=KEY) as fake:
+        monkeypatch.setenv("AMC_PLANNER_PROVIDER", "anthropic")
+        monkeypatch.setenv("AMC_PLANNER_MODEL", "claude-sonnet-4-6")
+        monkeypatch.setenv("AMC_PLANNER_ANTHROPIC_API_KEY", KEY)
+        monkeypatch.setenv("AMC_PLANNER_ANTHROPIC_BASE_URL", fake.anthropic_base_url)
+        monkeypatch.setenv("AMC_PLANNER_MAX_RETRIES", "0")
+        yield fake
+
+
+def _fail(fake: FakeModelServer, how: str) -> Callable[[], None]:
+    """Make the provider refuse the key ("401") or go down ("529"); returns what undoes it."""
+    if how == "529":
+        fake.go_down(529)
+        return fake.come_back
+    with fake.lock:
+        fake.messages.key = "sk-ant-another-key"
+
+    def take_it_again() -> None:
+        with fake.lock:
+            fake.messages.key = KEY
+
+    return take_it_again
+
+
+#: The status Decide answers with, and the words the fleet's DispatchStatus starts with.
+EXPECTED = {
+    "401": (grpc.StatusCode.PERMISSION_DENIED, "the model provider refused the API key"),
+    "529": (grpc.StatusCode.UNAVAILABLE, "the model provider is unavailable"),
+}
+
+
+async def _refused_first_step(
+    server: CloudServer, pki_dir: Path, host: ScriptedHost
+) -> tuple[str, grpc.StatusCode]:
+    """Submit a task, let `host` (connected to `server`) take it and ask its first step: the
+    provider fails it. Returns the task's id and the status Decide answered with."""
+    ops_ch = channel(server.address, pki_dir, "operator-ops")
+    host_ch = channel(server.address, pki_dir, f"host-{host.host_id}")
+    try:
+        task_id = (await submit(tasks_stub(ops_ch))).task.task_id
+        a = (await host.next("assignment")).assignment
+        assert a.task_id == task_id
+        planner: Any = planner_service_pb2_grpc.PlannerServiceStub(host_ch)
+        request = planner_service_pb2.DecideRequest(
+            task_id=a.task_id,
+            attempt=a.attempt,
+            lease_id=a.lease_id,
+            observation=observation_from_scene(scenes.launcher()),
+            step_key="1",
+        )
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await planner.Decide(request)
+        code: grpc.StatusCode = err.value.code()
+        return task_id, code
+    finally:
+        await ops_ch.close()
+        await host_ch.close()
+
+
+async def _queued_and_held(servers: list[CloudServer], pki_dir: Path, how: str) -> str:
+    """Queue a task, run a whole dispatch pass on every replica, and check no replica handed
+    it out and each says why. Returns its id."""
+    ops_ch = channel(servers[0].address, pki_dir, "operator-ops")
+    try:
+        ops = tasks_stub(ops_ch)
+        task_id = (await submit(ops, "Open Settings")).task.task_id
+        for server in servers:
+            await server.leases.dispatcher.dispatch_pass()
+        task = (await ops.GetTask(task_service_pb2.GetTaskRequest(task_id=task_id))).task
+        assert (task.status, task.attempt) == (types_pb2.TASK_STATUS_QUEUED, 0)
+    finally:
+        await ops_ch.close()
+    for server in servers:
+        fleet_ch = channel(server.address, pki_dir, "operator-ops")
+        try:
+            fleet: Any = fleet_service_pb2_grpc.FleetServiceStub(fleet_ch)
+            listed = await fleet.ListHosts(fleet_service_pb2.ListHostsRequest())
+        finally:
+            await fleet_ch.close()
+        assert listed.dispatch.paused
+        assert listed.dispatch.reason.startswith(EXPECTED[how][1]), listed.dispatch.reason
+        assert KEY not in listed.dispatch.reason
+    return task_id
+
+
+@pytest.mark.parametrize("how", ["401", "529"])
+async def test_a_hold_one_replica_found_holds_on_every_replica_until_a_probe_lifts_it(
+    how: str, provider: FakeModelServer, postgres_server: PostgresServer, pki_dir: Path
+) -> None:
+    async with start_replicas(
+        postgres_server.create_database(), pki_dir, default_lease_seconds=60, **FAST
+    ) as (one, two):
+        # Host a, on replica one, with a phone left idle once the first task runs.
+        host_a = ScriptedHost(one.address, pki_dir, "a")
+        host_b = ScriptedHost(two.address, pki_dir, "b")
+        try:
+            await host_a.connect(["a1", "a2"])
+            recover = _fail(provider, how)
+            _, code = await _refused_first_step(one, pki_dir, host_a)
+            assert code == EXPECTED[how][0]
+            # Host b, on replica two, which never called the provider itself.
+            await host_b.connect(["b1"])
+            held = await _queued_and_held([one, two], pki_dir, how)
+
+            recover()  # the next probe (of either replica) is answered: dispatch resumes
+            ops_ch = channel(one.address, pki_dir, "operator-ops")
+            try:
+                other = (await submit(tasks_stub(ops_ch), "Open Contacts")).task.task_id
+            finally:
+                await ops_ch.close()
+            # One idle phone on each replica, two queued tasks: each replica hands out one.
+            got = {
+                (await h.next("assignment", wait=30)).assignment.task_id for h in (host_a, host_b)
+            }
+        finally:
+            await host_a.close()
+            await host_b.close()
+    assert got == {held, other}
+
+
+async def test_a_restarted_replica_keeps_the_hold_until_a_probe_lifts_it(
+    provider: FakeModelServer, make_settings: Callable[..., CloudSettings], pki_dir: Path
+) -> None:
+    settings = make_settings(**FAST)
+    first = await build_server(settings)
+    await first.start()
+    host = ScriptedHost(first.address, pki_dir, "a")
+    try:
+        await host.connect(["a1", "a2"])
+        recover = _fail(provider, "401")
+        await _refused_first_step(first, pki_dir, host)
+    finally:
+        await host.close()
+        await first.stop(0.5)
+
+    again = await build_server(make_settings(**FAST))  # the same database, the same bad key
+    await again.start()
+    host = ScriptedHost(again.address, pki_dir, "a")
+    try:
+        await host.connect(["a1", "a2"])
+        held = await _queued_and_held([again], pki_dir, "401")
+        recover()
+        assert (await host.next("assignment", wait=30)).assignment.task_id == held
+    finally:
+        await host.close()
+        await again.stop(0.5)
+
+
+async def test_migration_0021_adds_dispatch_holds_and_back(db_url: str) -> None:
+    """Both backends: 0021 adds the `dispatch_holds` table (empty: nothing held), its
+    downgrade drops it, and the schema matches the models again after the upgrade."""
+    s = Store.from_url(db_url)
+    catalogue = (
+        "SELECT table_name FROM information_schema.tables WHERE table_schema = 'public'"
+        if s.is_postgres
+        else "SELECT name FROM sqlite_master WHERE type = 'table'"
+    )
+
+    async def tables() -> set[str]:
+        async with s.engine.connect() as conn:
+            return {str(name) for (name,) in await conn.execute(sql_text(catalogue))}
+
+    try:
+        await upgrade(s.engine, "0020")
+        before = await tables()
+        await upgrade(s.engine, "0021")
+        assert await tables() - before == {"dispatch_holds"}
+        assert await holds.load(s) == {}
+        await downgrade(s.engine, "0020")
+        assert await tables() == before
+        await upgrade(s.engine)
+        await check(s.engine)
+    finally:
+        await s.close()
