@@ -215,8 +215,7 @@ class CloudServer:
         )
         self.leases.dispatcher.provider = self.provider_health
         self.leases.dispatcher.holds = self.holds
-        self.budgets = CloudBudgets(self.store, settings)
-        self.leases.dispatcher.budget_hold = self.budgets.daily_hold
+        self.budgets = CloudBudgets(self.store, settings, self.holds)
         self.leases.dispatcher.daily_spent = self.budgets.daily_spent
         self.holds.on_lifted.append(self.leases.dispatcher.wake.set)
         self.bus.on_holds.append(self.leases.dispatcher.wake.set)

@@ -8,7 +8,6 @@ on a timer, which also corrects the busy hints from the store now and then.
 from __future__ import annotations
 
 import asyncio
-import datetime as dt
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 
@@ -53,10 +52,8 @@ class Dispatcher:
         self.secrets: SecretBox | None = None
         #: Chooses the learned flows an assignment carries (None: flows are off).
         self.flows: Retriever | None = None
-        #: Set (since, why) while the fleet's daily budget is spent: the same hosts get no new
-        #: tasks until the next UTC day (their first step would be refused).
-        self.budget_hold: Callable[[], tuple[dt.datetime, str] | None] | None = None
-        #: Why today's fleet budget is spent, or None (read from the store; sets the hold).
+        #: Why today's fleet budget is spent, or None (the day's tally against this replica's
+        #: cap, asked each round: no host gets a new task while it is spent).
         self.daily_spent: Callable[[], Awaitable[str | None]] | None = None
         bus.on_queued.append(self.wake.set)
 
@@ -81,31 +78,31 @@ class Dispatcher:
         return messages.assignment(claimed, opened, flows)
 
     def paused_for(self, session: HostSession) -> bool:
-        """Whether new tasks are held back from this host: the fleet's daily budget is spent,
-        or it plans through this cloud, which cannot plan now (its model provider is down).
-        Only a host that says it calls the model itself is not held back by the provider: one
-        that leaves its transport unset (a host written from the proto, its field at the
-        default) plans through Decide, and a task handed to it would fail at its first step."""
-        held = self.budget_hold is not None and self.budget_hold() is not None
+        """Whether the model provider's hold keeps new tasks from this host: it plans through
+        this cloud, which cannot plan now. Only a host that says it calls the model itself is
+        spared: one that leaves its transport unset (a host written from the proto, its field at
+        the default) plans through Decide, and a task handed to it would fail at its first
+        step."""
         if session.planner_transport == types_pb2.PLANNER_TRANSPORT_DIRECT:
-            return held  # its model calls count toward the fleet's daily cap all the same
-        if self.provider is not None and self.provider.pause is not None:
-            return True
-        return held
-
-    async def _daily_spent(self, session: HostSession) -> bool:
-        """Whether the fleet's daily budget is spent, asked before a direct-transport host gets
-        a task (which sets the hold `paused_for` reads). Such a host never asks Decide, so no
-        refusal would ever set it: its queue would drain into tasks each spending past the cap.
-        A cloud-transport host's first step asks the cap itself."""
-        if session.planner_transport != types_pb2.PLANNER_TRANSPORT_DIRECT:
             return False
+        return self.provider is not None and self.provider.pause is not None
+
+    async def held_for(self, session: HostSession) -> bool:
+        """Whether new tasks are held back from this host now: the provider's hold
+        (`paused_for`), or the fleet's daily budget spent (every host)."""
+        return self.paused_for(session) or await self._daily_spent()
+
+    async def _daily_spent(self) -> bool:
+        """Whether the fleet's daily budget is spent, asked before any host gets a task. A
+        direct-transport host never asks Decide (its shipped spending counts all the same), and
+        a cloud-transport host's task would fail at its first step. Asked each round rather
+        than latched: the hold ends with the day, or with a replica started with a higher cap."""
         if self.daily_spent is None:
             return False
         try:
             return await self.daily_spent() is not None
         except Exception as exc:
-            errors.report(log, "the daily budget for %s could not be read", exc, session.host_id)
+            errors.report(log, "the fleet's daily budget could not be read", exc)
             return True  # no task this pass: the next one asks again
 
     def kick(self, session: HostSession) -> None:
@@ -140,7 +137,7 @@ class Dispatcher:
                         errors.report(log, "reading the dispatch holds failed", exc)
                         return got
                     holds_read = True
-                if not idle or self.paused_for(session) or await self._daily_spent(session):
+                if not idle or await self.held_for(session):
                     return got
                 try:
                     settle = None if self.flows is None else await self.flows.settle()
@@ -257,6 +254,8 @@ class Dispatcher:
             return
         if self.holds is not None:
             await self.holds.refresh()
+        if await self._daily_spent():
+            return
         any_left = waiting.any_host
         misses = 0
         for session in idle:

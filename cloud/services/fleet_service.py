@@ -5,7 +5,7 @@ from __future__ import annotations
 import base64
 import datetime as dt
 import json
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import grpc
 
@@ -19,6 +19,7 @@ from cloud.services.status import abort
 from cloud.settings import CloudSettings
 from cloud.store import convert, hosts, leases, spend
 from cloud.store.database import Store
+from cloud.store.holds import Hold
 from planner.convert import usage_to_proto
 
 # Changed hosts loaded per query.
@@ -64,7 +65,7 @@ class FleetServicer(fleet_service_pb2_grpc.FleetServiceServicer):
         bus: EventBus,
         settings: CloudSettings,
         provider: ProviderHealth | None = None,
-        budget_hold: Callable[[], tuple[dt.datetime, str] | None] | None = None,
+        budget_hold: Callable[[], Awaitable[Hold | None]] | None = None,
     ) -> None:
         self._store = store
         self._bus = bus
@@ -110,14 +111,13 @@ class FleetServicer(fleet_service_pb2_grpc.FleetServiceServicer):
         if self._provider is not None:
             await self._provider.holds.refresh()
         pause = self._provider.pause if self._provider is not None else None
-        held = self._budget_hold() if self._budget_hold is not None else None
+        held = await self._budget_hold() if self._budget_hold is not None else None
         if pause is None and held is not None:
-            since, why = held
             return pb.DispatchStatus(
                 paused=True,
-                reason=f"the fleet's daily model budget is spent ({why}); dispatch resumes at "
-                "00:00 UTC",
-                since=convert.ts(since),
+                reason=f"the fleet's daily model budget is spent ({held.detail}); dispatch "
+                "resumes at 00:00 UTC",
+                since=convert.ts(held.set_at),
             )
         if pause is None:
             return pb.DispatchStatus()

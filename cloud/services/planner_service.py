@@ -10,7 +10,6 @@ host, step and model on the server span and on every log line the call writes.
 
 from __future__ import annotations
 
-import datetime as dt
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -22,13 +21,15 @@ from sqlalchemy import exc as sa_exc
 
 from amc.v1 import planner_service_pb2, planner_service_pb2_grpc
 from cloud import authz, metrics
+from cloud.dispatch_holds import DispatchHolds
 from cloud.events import EventBus
 from cloud.lease.validate import MAX_ID
 from cloud.metrics import start_of_day
 from cloud.provider_health import ProviderHealth
 from cloud.settings import CloudSettings, SettingError
-from cloud.store import leases, spend, tasks
+from cloud.store import holds, leases, spend, tasks
 from cloud.store.database import Store
+from cloud.store.holds import Hold
 from cloud.store.ports import (
     FlowsHanded,
     StoreAttemptLog,
@@ -178,28 +179,33 @@ class OwnLeasesOnly(planner_service_pb2_grpc.PlannerServiceServicer):
 class CloudBudgets:
     """`BudgetGate` on the store: the task's own caps, then the fleet's daily ones.
 
-    Once the daily cap is found spent (a Decide refused, or a direct-transport host about to
-    get a task), new tasks are held back from every host for the rest of that UTC day
-    (`daily_hold`, read by the dispatcher and the fleet page): they would fail at their first
-    step, or spend past the cap, and tomorrow they can run.
+    While the day's tally (shared by every replica: it is read from the store) is past this
+    replica's daily cap, new tasks are held back from every host (`daily_hold`, asked by the
+    dispatcher each round and by the fleet page): they would fail at their first step, or spend
+    past the cap. The hold is not latched: it ends with the UTC day, and with a replica started
+    with a higher cap (the cap is a setting, read at start). The first replica to find it records
+    it in `dispatch_holds`, so every replica says since when and who found it.
     """
 
-    def __init__(self, store: Store, settings: CloudSettings) -> None:
+    def __init__(
+        self, store: Store, settings: CloudSettings, shared: DispatchHolds | None = None
+    ) -> None:
         self._store = store
         self._daily = Budget(settings.daily_max_tokens, settings.daily_max_cost_usd)
-        self._held: tuple[dt.datetime, str] | None = None
+        self._holds = shared
         #: Today's spending, read at most once a second (the metrics read it too).
         self.spend = spend.DailySpend(store)
 
-    def daily_hold(self) -> tuple[dt.datetime, str] | None:
-        """(since, why) while today's fleet budget is spent; None otherwise (and from the next
-        UTC day on)."""
-        if self._held is None:
+    async def daily_hold(self) -> Hold | None:
+        """While today's fleet budget is spent: why, since when and which replica found it;
+        None otherwise."""
+        why = await self.daily_spent()
+        if why is None:
             return None
-        since, _why = self._held
-        if start_of_day(self._store.now()) > start_of_day(since):
-            self._held = None
-        return self._held
+        found = self._holds.get(holds.DAILY_BUDGET) if self._holds is not None else None
+        if found is None:
+            return Hold(holds.DAILY_BUDGET, why, self._store.now(), "")
+        return Hold(holds.DAILY_BUDGET, why, found.set_at, found.set_by)
 
     async def refusal(self, task_id: str) -> str | None:
         found = await tasks.budget_and_spent(self._store, task_id)
@@ -214,21 +220,27 @@ class CloudBudgets:
         return why
 
     async def daily_spent(self) -> str | None:
-        """Why today's fleet budget is spent ("budget exhausted: … (UTC day …)"), holding new
-        tasks back from then on (`daily_hold`); None while it is not. Asked by Decide, and by
-        the dispatcher before a direct-transport host gets a task: such a host calls the model
-        itself, so no Decide of its is ever refused, yet its shipped spending counts."""
+        """Why today's fleet budget is spent ("budget exhausted: … (UTC day …)"); None while it
+        is not. Asked by Decide, and by the dispatcher each round before any host gets a task:
+        a direct-transport host calls the model itself (no Decide of its is ever refused), and
+        a cloud-transport host's task would fail at its first step."""
         if not self._daily:
             return None
         today = start_of_day(self._store.now())
         spent_today = await self.spend.today(today)
         why = exhausted(self._daily, spent_today, whose="the fleet's daily")
+        shared = self._holds
+        found = shared.get(holds.DAILY_BUDGET) if shared is not None else None
+        stale = found is not None and (not why or start_of_day(found.set_at) != today)
+        if shared is not None and stale:  # a raised cap, or a new day
+            await shared.lift((holds.DAILY_BUDGET,))
+            found = None
         if not why:
             return None
         why = f"{why} (UTC day {today:%Y-%m-%d})"
-        if self.daily_hold() is None:
-            self._held = (self._store.now(), why)
+        if shared is not None and found is None:
             log.warning("holding new tasks back until 00:00 UTC: %s", why)
+            await shared.hold(holds.DAILY_BUDGET, why)
         return why
 
 

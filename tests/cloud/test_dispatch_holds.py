@@ -34,7 +34,7 @@ from cloud.store.engine import check, downgrade, upgrade
 from planner.observation import observation_from_scene
 from tests.cloud.cloud_harness import ScriptedHost, channel, start_replicas, submit, tasks_stub
 from tests.planner import scenes
-from tests.support.fakes import FakeModelServer
+from tests.support.fakes import FakeModelServer, anthropic_message, tool_use
 from tests.support.postgres import PostgresServer
 
 KEY = "sk-ant-the-cloud-s-key"
@@ -74,6 +74,7 @@ def _fail(fake: FakeModelServer, how: str) -> Callable[[], None]:
 EXPECTED = {
     "401": (grpc.StatusCode.PERMISSION_DENIED, "the model provider refused the API key"),
     "529": (grpc.StatusCode.UNAVAILABLE, "the model provider is unavailable"),
+    "budget": (grpc.StatusCode.FAILED_PRECONDITION, "the fleet's daily model budget is spent"),
 }
 
 
@@ -105,13 +106,21 @@ async def _refused_first_step(
         await host_ch.close()
 
 
-async def _queued_and_held(servers: list[CloudServer], pki_dir: Path, how: str) -> str:
-    """Queue a task, run a whole dispatch pass on every replica, and check no replica handed
-    it out and each says why. Returns its id."""
+async def _queued_and_held(
+    servers: list[CloudServer], pki_dir: Path, how: str, *, queue: bool = True
+) -> str:
+    """Queue a task (or find the one queued), run a whole dispatch pass on every replica, and
+    check no replica handed it out and each says why. Returns its id."""
     ops_ch = channel(servers[0].address, pki_dir, "operator-ops")
     try:
         ops = tasks_stub(ops_ch)
-        task_id = (await submit(ops, "Open Settings")).task.task_id
+        if queue:
+            task_id = (await submit(ops, "Open Settings")).task.task_id
+        else:
+            listed = await ops.ListTasks(
+                task_service_pb2.ListTasksRequest(statuses=[types_pb2.TASK_STATUS_QUEUED])
+            )
+            (task_id,) = [t.task_id for t in listed.tasks]
         for server in servers:
             await server.leases.dispatcher.dispatch_pass()
         task = (await ops.GetTask(task_service_pb2.GetTaskRequest(task_id=task_id))).task
@@ -220,3 +229,74 @@ async def test_migration_0021_adds_dispatch_holds_and_back(db_url: str) -> None:
         await check(s.engine)
     finally:
         await s.close()
+
+
+async def test_the_daily_cap_holds_every_task_once_spent_and_lifts_with_a_raised_cap(
+    provider: FakeModelServer, make_settings: Callable[..., CloudSettings], pki_dir: Path
+) -> None:
+    """The day's tally is what holds tasks back, read each dispatch round against the cap the
+    replica has: once one decision spent the fleet's 500 tokens, the next task is held on this
+    replica and on one started later (a cloud-transport host's task used to be handed out, to
+    fail at its first step, until a Decide had been refused on that very replica); the cap is a
+    setting read at start, and a replica started with a raised cap hands the task out."""
+    provider.script_anthropic(
+        anthropic_message(
+            tool_use(
+                "launch_app",
+                {
+                    "package_name": "com.android.settings",
+                    "purpose": "open it",
+                    "expected_outcome": "it opens",
+                },
+            ),
+            input_tokens=500,
+            output_tokens=100,
+        )
+    )
+    first = await build_server(make_settings(daily_max_tokens=500))
+    await first.start()
+    host = ScriptedHost(first.address, pki_dir, "a")
+    try:
+        await host.connect(["a1", "a2"])
+        host_ch = channel(first.address, pki_dir, "host-a")
+        try:
+            ops_ch = channel(first.address, pki_dir, "operator-ops")
+            await submit(tasks_stub(ops_ch))
+            await ops_ch.close()
+            a = (await host.next("assignment")).assignment
+            planner: Any = planner_service_pb2_grpc.PlannerServiceStub(host_ch)
+            await planner.Decide(
+                planner_service_pb2.DecideRequest(
+                    task_id=a.task_id,
+                    attempt=a.attempt,
+                    lease_id=a.lease_id,
+                    observation=observation_from_scene(scenes.launcher()),
+                    step_key="1",
+                )
+            )  # 600 tokens: the day's 500 are spent
+        finally:
+            await host_ch.close()
+        held = await _queued_and_held([first], pki_dir, "budget")
+    finally:
+        await host.close()
+        await first.stop(0.5)
+
+    again = await build_server(make_settings(daily_max_tokens=500))
+    await again.start()
+    host = ScriptedHost(again.address, pki_dir, "a")
+    try:
+        await host.connect(["a1", "a2"])
+        await _queued_and_held([again], pki_dir, "budget", queue=False)
+    finally:
+        await host.close()
+        await again.stop(0.5)
+
+    raised = await build_server(make_settings(daily_max_tokens=5000))
+    await raised.start()
+    host = ScriptedHost(raised.address, pki_dir, "a")
+    try:
+        await host.connect(["a1", "a2"])
+        assert (await host.next("assignment", wait=30)).assignment.task_id == held
+    finally:
+        await host.close()
+        await raised.stop(0.5)

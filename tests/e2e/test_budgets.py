@@ -96,7 +96,7 @@ async def _run_and_look(
         assert task.status == final[task_id].status
         hosts = await stack.operator.fleet.ListHosts(fleet_service_pb2.ListHostsRequest())
         session = stack.cloud.leases.sessions["embedded-host"]
-        held = stack.cloud.leases.dispatcher.paused_for(session)
+        held = await stack.cloud.leases.dispatcher.held_for(session)
         return task, list(decisions.decisions), spend, (hosts.dispatch, held)
 
 
@@ -203,7 +203,7 @@ async def test_a_failed_decision_s_billed_calls_count_toward_the_budgets(
     and to its forced retry: the decision fails (UNKNOWN, the task fails) after four answered
     calls the provider billed (2,400 tokens, $0.012) and no decision row. They count in the
     task's totals, today's spending and GetSpend (a row with no decisions), so the next task is
-    refused by the fleet's daily cap before any call instead of spending again."""
+    held back by the fleet's daily cap (queued, never handed out) instead of spending again."""
     monkeypatch.setenv("AMC_CLOUD_DAILY_MAX_TOKENS", "700")
     fake_model.anthropic_script.clear()
     fake_model.script_anthropic(*[_no_tool_call() for _ in range(4)])
@@ -213,8 +213,9 @@ async def test_a_failed_decision_s_billed_calls_count_toward_the_budgets(
             (await ops.tasks.SubmitTask(task_service_pb2.SubmitTaskRequest(goal=goal))).task.task_id
             for goal in ("Open two apps", "Open one app")
         ]
-        await follow_tasks(ops, [first, second], Console(file=io.StringIO()), 30)
-        failed, refused = [
+        await follow_tasks(ops, [first], Console(file=io.StringIO()), 30)
+        await stack.cloud.leases.dispatcher.dispatch_pass()  # the phone is free again
+        failed, held = [
             (await ops.tasks.GetTask(task_service_pb2.GetTaskRequest(task_id=t))).task
             for t in (first, second)
         ]
@@ -228,11 +229,8 @@ async def test_a_failed_decision_s_billed_calls_count_toward_the_budgets(
     assert "unusable tool call twice" in failed.result_summary
     assert (failed.totals.usage.input_tokens, failed.totals.usage.output_tokens) == (2000, 400)
     assert failed.totals.usage.cost_usd == pytest.approx(0.012)
-    assert refused.status == types_pb2.TASK_STATUS_FAILED
-    assert refused.result_summary.startswith(
-        "budget exhausted: 2,400 tokens of the fleet's daily 700 (UTC day "
-    )
-    assert refused.totals.usage == types_pb2.Usage()
+    assert (held.status, held.attempt) == (types_pb2.TASK_STATUS_QUEUED, 0)
+    assert held.totals.usage == types_pb2.Usage()
     assert (spend.today.input_tokens, spend.today.output_tokens) == (2000, 400)
     assert spend.today.cost_usd == pytest.approx(0.012)
     (row,) = spend.rows

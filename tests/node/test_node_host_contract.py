@@ -131,7 +131,7 @@ async def test_a_host_that_does_not_say_its_transport_is_held_back_with_the_clou
 
         task = (await ops.GetTask(task_service_pb2.GetTaskRequest(task_id=later.task_id))).task
         assert task.status == types_pb2.TASK_STATUS_QUEUED
-        assert cloud.leases.dispatcher.paused_for(session)
+        assert await cloud.leases.dispatcher.held_for(session)
     finally:
         await spent.close()
         await quiet.close()
