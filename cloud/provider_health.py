@@ -50,14 +50,24 @@ class DispatchPause:
     next_probe_at: datetime | None = None
 
     def describe(self) -> str:
+        """The hold for operators: what, since when, which replica found it, what lifts it."""
+        seen = f" (seen by replica {self.seen_by})" if self.seen_by else ""
+        probe = (
+            f" (next probe at {self.next_probe_at:%H:%M:%S} UTC)"
+            if self.next_probe_at is not None
+            else ""
+        )
         if self.key_setting is not None:
             return (
-                f"the model provider refused the API key since {self.since:%H:%M:%S} UTC: "
+                f"the model provider refused the API key since {self.since:%H:%M:%S} UTC{seen}: "
                 f"{self.reason}; set {self.key_setting} to a key it accepts (and restart the "
                 "cloud), or fix the key's account (billing, permissions) at the provider: "
-                "dispatch resumes when a call succeeds"
+                f"dispatch resumes when a probe call or a Decide succeeds{probe}"
             )
-        return f"the model provider is unavailable since {self.since:%H:%M:%S} UTC: {self.reason}"
+        return (
+            f"the model provider is unavailable since {self.since:%H:%M:%S} UTC{seen}: "
+            f"{self.reason}; dispatch resumes when a probe call or a Decide succeeds{probe}"
+        )
 
 
 class ProviderHealth:

@@ -113,10 +113,13 @@ class FleetServicer(fleet_service_pb2_grpc.FleetServiceServicer):
         pause = self._provider.pause if self._provider is not None else None
         held = await self._budget_hold() if self._budget_hold is not None else None
         if pause is None and held is not None:
+            seen = f" (seen by replica {held.set_by})" if held.set_by else ""
             return pb.DispatchStatus(
                 paused=True,
-                reason=f"the fleet's daily model budget is spent ({held.detail}); dispatch "
-                "resumes at 00:00 UTC",
+                reason=f"the fleet's daily model budget is spent since {held.set_at:%H:%M:%S} "
+                f"UTC{seen}: {held.detail}; dispatch resumes at 00:00 UTC, or once the cloud "
+                "runs with a higher AMC_CLOUD_DAILY_MAX_TOKENS / AMC_CLOUD_DAILY_MAX_COST_USD "
+                "(a setting: restart each replica with it)",
                 since=convert.ts(held.set_at),
             )
         if pause is None:

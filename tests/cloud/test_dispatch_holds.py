@@ -10,6 +10,7 @@ answers again, a probe lifts the hold and dispatch resumes on every replica.
 
 from __future__ import annotations
 
+import datetime as dt
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -70,6 +71,13 @@ def _fail(fake: FakeModelServer, how: str) -> Callable[[], None]:
     return take_it_again
 
 
+#: What the fleet's DispatchStatus says lifts each hold.
+LIFTS = {
+    "401": "dispatch resumes when a probe call or a Decide succeeds (next probe at ",
+    "529": "dispatch resumes when a probe call or a Decide succeeds (next probe at ",
+    "budget": "dispatch resumes at 00:00 UTC, or once the cloud runs with a higher "
+    "AMC_CLOUD_DAILY_MAX_TOKENS",
+}
 #: The status Decide answers with, and the words the fleet's DispatchStatus starts with.
 EXPECTED = {
     "401": (grpc.StatusCode.PERMISSION_DENIED, "the model provider refused the API key"),
@@ -107,7 +115,12 @@ async def _refused_first_step(
 
 
 async def _queued_and_held(
-    servers: list[CloudServer], pki_dir: Path, how: str, *, queue: bool = True
+    servers: list[CloudServer],
+    pki_dir: Path,
+    how: str,
+    *,
+    seen_by: str,
+    queue: bool = True,
 ) -> str:
     """Queue a task (or find the one queued), run a whole dispatch pass on every replica, and
     check no replica handed it out and each says why. Returns its id."""
@@ -135,8 +148,13 @@ async def _queued_and_held(
         finally:
             await fleet_ch.close()
         assert listed.dispatch.paused
-        assert listed.dispatch.reason.startswith(EXPECTED[how][1]), listed.dispatch.reason
-        assert KEY not in listed.dispatch.reason
+        reason = listed.dispatch.reason
+        assert reason.startswith(EXPECTED[how][1]), reason
+        assert KEY not in reason
+        # Every replica names the hold, since when, who found it and what lifts it.
+        since = listed.dispatch.since.ToDatetime(dt.UTC)
+        assert f" since {since:%H:%M:%S} UTC (seen by replica {seen_by})" in reason, reason
+        assert LIFTS[how] in reason, reason
     return task_id
 
 
@@ -157,7 +175,7 @@ async def test_a_hold_one_replica_found_holds_on_every_replica_until_a_probe_lif
             assert code == EXPECTED[how][0]
             # Host b, on replica two, which never called the provider itself.
             await host_b.connect(["b1"])
-            held = await _queued_and_held([one, two], pki_dir, how)
+            held = await _queued_and_held([one, two], pki_dir, how, seen_by=one.bus.replica_id)
 
             recover()  # the next probe (of either replica) is answered: dispatch resumes
             ops_ch = channel(one.address, pki_dir, "operator-ops")
@@ -195,7 +213,7 @@ async def test_a_restarted_replica_keeps_the_hold_until_a_probe_lifts_it(
     host = ScriptedHost(again.address, pki_dir, "a")
     try:
         await host.connect(["a1", "a2"])
-        held = await _queued_and_held([again], pki_dir, "401")
+        held = await _queued_and_held([again], pki_dir, "401", seen_by=first.bus.replica_id)
         recover()
         assert (await host.next("assignment", wait=30)).assignment.task_id == held
     finally:
@@ -276,7 +294,7 @@ async def test_the_daily_cap_holds_every_task_once_spent_and_lifts_with_a_raised
             )  # 600 tokens: the day's 500 are spent
         finally:
             await host_ch.close()
-        held = await _queued_and_held([first], pki_dir, "budget")
+        held = await _queued_and_held([first], pki_dir, "budget", seen_by=first.bus.replica_id)
     finally:
         await host.close()
         await first.stop(0.5)
@@ -286,7 +304,9 @@ async def test_the_daily_cap_holds_every_task_once_spent_and_lifts_with_a_raised
     host = ScriptedHost(again.address, pki_dir, "a")
     try:
         await host.connect(["a1", "a2"])
-        await _queued_and_held([again], pki_dir, "budget", queue=False)
+        await _queued_and_held(
+            [again], pki_dir, "budget", queue=False, seen_by=first.bus.replica_id
+        )
     finally:
         await host.close()
         await again.stop(0.5)

@@ -49,8 +49,9 @@ async def test_down_after_failures_in_a_row_and_back_on_a_probe(holds: DispatchH
     await health.failed("planner: Anthropic is unavailable (HTTP 529 …)")
     assert health.pause is not None
     assert health.pause.describe() == (
-        "the model provider is unavailable since 12:00:00 UTC: "
-        "planner: Anthropic is unavailable (HTTP 529 …)"
+        "the model provider is unavailable since 12:00:00 UTC (seen by replica r1): "
+        "planner: Anthropic is unavailable (HTTP 529 …); dispatch resumes when a probe call "
+        "or a Decide succeeds (next probe at 12:00:05 UTC)"
     )
     with pytest.raises(PlannerUnavailable):
         await health.probe_step()  # the supervised loop logs it and backs off
@@ -90,8 +91,9 @@ async def test_refused_credentials_pause_at_once_and_name_the_setting(
         await health.probe_step()
     assert health.pause is not None
     assert health.pause.describe().startswith(
-        "the model provider refused the API key since 12:00:00 UTC: planner: Anthropic "
-        "rejected the API key; set AMC_PLANNER_ANTHROPIC_API_KEY to a key it accepts"
+        "the model provider refused the API key since 12:00:00 UTC (seen by replica r1): "
+        "planner: Anthropic rejected the API key; set AMC_PLANNER_ANTHROPIC_API_KEY to a key "
+        "it accepts"
     )
     await health.probe_step()
     assert health.pause is None

@@ -147,7 +147,8 @@ async def test_the_fleet_daily_cost_cap_stops_planning(
     task, decisions, spend, (dispatch, held) = await _run_and_look(tmp_path / "stack", "cloud")
     # Queued work waits for tomorrow instead of failing at its first step.
     assert held and dispatch.paused
-    assert dispatch.reason.startswith("the fleet's daily model budget is spent (budget exhausted")
+    assert dispatch.reason.startswith("the fleet's daily model budget is spent since ")
+    assert ": budget exhausted: $0.0060 of the fleet's daily $0.0050" in dispatch.reason
     assert len(fake_model.bodies("/v1/messages")) == 2
     assert task.status == types_pb2.TASK_STATUS_FAILED
     assert task.result_summary.startswith("budget exhausted: $0.0060 of the fleet's daily $0.0050")
@@ -362,9 +363,7 @@ async def test_a_direct_host_gets_no_new_task_once_the_fleet_s_daily_cap_is_spen
         status = await dispatch()
         queued = (await ops.tasks.GetTask(task_service_pb2.GetTaskRequest(task_id=second))).task
     assert ended[first].status == types_pb2.TASK_STATUS_SUCCEEDED
-    assert status.reason.startswith(
-        "the fleet's daily model budget is spent (budget exhausted: 1,200 tokens of the "
-        "fleet's daily 700 (UTC day "
-    )
+    assert status.reason.startswith("the fleet's daily model budget is spent since ")
+    assert ": budget exhausted: 1,200 tokens of the fleet's daily 700 (UTC day " in status.reason
     assert queued.status == types_pb2.TASK_STATUS_QUEUED
     assert len(fake_model.bodies("/v1/messages")) == 2, "no model call for the held task"
