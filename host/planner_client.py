@@ -80,6 +80,13 @@ class CloudPlanError(RuntimeError):
     def lease_lost(self) -> bool:
         return bool(self.code == grpc.StatusCode.FAILED_PRECONDITION)
 
+    @property
+    def not_the_task(self) -> bool:
+        """PERMISSION_DENIED: the model provider refused the cloud's credentials (or the cloud
+        refused this host the lease). Nothing the task did: its attempt ends retryable, and the
+        cloud holds dispatch back until the provider takes the key again."""
+        return bool(self.code == grpc.StatusCode.PERMISSION_DENIED)
+
 
 def previous_outcome(
     step_index: int | None, history: Sequence[WorldEvent | dict[str, Any]]

@@ -305,7 +305,8 @@ class AgentLoop:
                 summary = truncate(f"stopped: the lease is no longer live ({exc})", 2000)
                 outcome = TaskOutcome("cancelled", summary, step, lease_lost=True)
             else:
-                outcome = TaskOutcome("failed", truncate(str(exc), 2000), step)
+                summary = truncate(str(exc), 2000)
+                outcome = TaskOutcome("failed", summary, step, retryable=exc.not_the_task)
         except PlannerError as exc:
             step = progress.snapshot().step_index
             log.warning("task %s: %s", spec.task_id, exc)

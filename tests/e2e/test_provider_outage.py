@@ -132,7 +132,9 @@ async def test_a_refused_api_key_holds_queued_tasks_until_the_provider_takes_it_
     """The provider refuses the cloud's key (HTTP 401: revoked, or the account's billing
     lapsed): the first step to ask fails, and every further task would too, so dispatch pauses
     at once with a reason naming the setting, and queued tasks stay queued instead of draining.
-    Once the provider takes the key again (the probe gets a 200) they run."""
+    The task whose step was refused is not failed for it (the key is the cloud's, not the
+    task's): its attempt ends retryable and it waits in the queue with the others. Once the
+    provider takes the key again (the probe gets a 200) they all run."""
     fake = FakeModelServer(anthropic_key="sk-ant-another")  # not the key the cloud has
     fake.start()
     monkeypatch.setenv("AMC_PLANNER_PROVIDER", "anthropic")
@@ -163,14 +165,19 @@ async def test_a_refused_api_key_holds_queued_tasks_until_the_provider_takes_it_
             held = await tasks(stack, queued)
             assert [(t.status, t.attempt) for t in held] == [(types_pb2.TASK_STATUS_QUEUED, 0)] * 2
 
+            (refused,) = await tasks(stack, [first])
+            assert (refused.status, refused.attempt) == (types_pb2.TASK_STATUS_QUEUED, 1), (
+                refused.result_summary
+            )
+
             with fake.lock:
                 fake.messages.key = "sk-ant-test"  # the provider takes the cloud's key again
 
             async def all_ended() -> bool:
-                return all(t.status in TERMINAL for t in await tasks(stack, queued))
+                return all(t.status in TERMINAL for t in await tasks(stack, [first, *queued]))
 
-            await until(all_ended, "the queued tasks ran once the key was taken again")
-            ended = await tasks(stack, queued)
+            await until(all_ended, "the held tasks ran once the key was taken again")
+            retried, *ended = await tasks(stack, [first, *queued])
             fleet = await stack.operator.fleet.ListHosts(fleet_service_pb2.ListHostsRequest())
     finally:
         fake.stop()
@@ -178,4 +185,8 @@ async def test_a_refused_api_key_holds_queued_tasks_until_the_provider_takes_it_
     assert [(t.status, t.attempt) for t in ended] == [(types_pb2.TASK_STATUS_SUCCEEDED, 1)] * 2, [
         t.result_summary for t in ended
     ]
+    assert (retried.status, retried.attempt) == (types_pb2.TASK_STATUS_SUCCEEDED, 2), (
+        retried.result_summary
+    )
+    assert "rejected the API key" in retried.attempts[0].failure_reason
     assert not fleet.dispatch.paused and fleet.dispatch.reason == ""
