@@ -1,6 +1,6 @@
 """Change events between the parts of one replica, and across replicas through PostgreSQL.
 
-Eight kinds of event travel: "these tasks changed" (watchers reload them), "these leases were
+Nine kinds of event travel: "these tasks changed" (watchers reload them), "these leases were
 extended, with new progress or nothing else changed" (watchers on every replica show the new
 expiry and progress without a read: the extension itself travels), "these hosts changed"
 (fleet watchers reload them: connected, disconnected, phones), "tasks are queued" (dispatchers
@@ -8,7 +8,8 @@ look for idle phones), "revoke this lease" (the replica holding the host's strea
 host), "a host has a new stream" (a replica holding an older stream of that host replaces or
 supersedes it), "certificate revocations changed" (every replica reloads its deny-list and drops
 the streams it refuses now; `amc certs revoke` sends it from outside any replica, with
-`announce`), and live thinking text of a step being planned (watchers that asked for it show it;
+`announce`), "a dispatch hold was set or lifted" (dispatchers read `dispatch_holds` again),
+and live thinking text of a step being planned (watchers that asked for it show it;
 it is never stored). In one process they are delivered directly; on PostgreSQL every replica
 also LISTENs on one channel and the publisher NOTIFYs it, batched into a few NOTIFY calls per
 flush so a burst of renewals costs a handful of round trips, not one each.

@@ -221,7 +221,8 @@ class CloudMetrics:
         self.dispatch_paused = make(
             Gauge,
             "amc_cloud_dispatch_paused",
-            "1 while dispatch to cloud-transport hosts is paused (the model provider is down)",
+            "1 while this replica sees a dispatch hold (the model provider down or refusing the "
+            "key, or the fleet's daily budget spent)",
         )
 
     # ---- one-line call sites ------------------------------------------------------------

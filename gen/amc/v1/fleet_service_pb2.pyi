@@ -94,12 +94,13 @@ class DispatchStatus(_message.Message):
     first call the provider answers by refusing the cloud's credentials (API key, permission,
     billing: queued tasks stay queued instead of each failing at its first step) until a probe
     call or a Decide succeeds again. Hosts on the direct transport call the provider themselves
-    and are not paused for either. And once the fleet's daily budget is spent (it refused a
-    Decide, or the replica found it spent before handing a direct-transport host a task), it
-    pauses dispatch to every host for the rest of that UTC day (queued tasks stay queued for the
-    next day instead of failing at their first step or spending past the cap; running attempts
-    are not stopped). Each replica judges by its own calls and its own tally of the day's
-    spending.
+    and are not paused for either. And while the fleet's daily budget is spent (the day's tally,
+    read before each dispatch, is past the replica's cap), it pauses dispatch to every host until
+    the next UTC day or a restart with a higher cap (queued tasks stay queued instead of failing
+    at their first step or spending past the cap; running attempts are not stopped). Whether the
+    provider is down each replica judges by its own calls, but a pause is shared by every
+    replica on the database and kept across a restart; the replica whose probe or Decide
+    succeeds lifts it for all.
     """
 
     DESCRIPTOR: _descriptor.Descriptor
@@ -110,10 +111,12 @@ class DispatchStatus(_message.Message):
     paused: _builtins.bool
     """True while dispatch is paused."""
     reason: _builtins.str
-    """Why, for operators ("the model provider is unavailable since 12:00:00 UTC: planner:
-    Anthropic is unavailable (HTTP 529 …)", "the model provider refused the API key since
-    12:00:00 UTC: planner: Anthropic rejected the API key; set AMC_PLANNER_ANTHROPIC_API_KEY
-    …"); empty when not paused.
+    """Why, for operators: what holds dispatch, since when, which replica found it, and what
+    lifts it ("the model provider is unavailable since 12:00:00 UTC (seen by replica
+    3f2a…): planner: Anthropic is unavailable (HTTP 529 …); dispatch resumes when a probe call
+    or a Decide succeeds (next probe at 12:00:05 UTC)", "the model provider refused the API
+    key since 12:00:00 UTC (seen by replica 3f2a…): planner: Anthropic rejected the API key;
+    set AMC_PLANNER_ANTHROPIC_API_KEY …"); empty when not paused.
     """
     @_builtins.property
     def since(self) -> _timestamp_pb2.Timestamp:
