@@ -37,6 +37,8 @@ class DispatchHolds:
         self.replica_id = replica_id
         self._announce = announce
         self._rows: dict[str, Hold] = {}
+        #: Whether the rows have been read once (a lone SQLite replica needs no second read).
+        self._loaded = False
         #: Called when a hold went away (the dispatcher wakes up).
         self.on_lifted: list[Callable[[], None]] = []
 
@@ -48,8 +50,13 @@ class DispatchHolds:
         return self._rows.get(reason)
 
     async def refresh(self) -> None:
-        """Read the rows again (another replica may have set or lifted one)."""
+        """Read the rows again (another replica may have set or lifted one). SQLite has one
+        replica at most, which wrote every row since it read them at start: no read then, so a
+        host's dispatch costs no query on the hot path (decision 0072)."""
+        if self._loaded and not self._store.is_postgres:
+            return
         self._replace(await holds.load(self._store))
+        self._loaded = True
 
     async def hold(
         self,

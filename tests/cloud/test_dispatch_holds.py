@@ -17,6 +17,7 @@ from typing import Any
 
 import grpc
 import pytest
+from sqlalchemy import event
 from sqlalchemy import text as sql_text
 
 from amc.v1 import (
@@ -320,3 +321,36 @@ async def test_the_daily_cap_holds_every_task_once_spent_and_lifts_with_a_raised
     finally:
         await host.close()
         await raised.stop(0.5)
+
+
+async def test_a_lone_sqlite_replica_reads_its_holds_once(
+    provider: FakeModelServer, make_settings: Callable[..., CloudSettings], pki_dir: Path
+) -> None:
+    """A host's dispatch reads the shared holds before claiming, for a hold another replica
+    may have set; SQLite has no other replica, so after the read at start it never asks the
+    database again (a hello or a result on its hot path costs no extra query)."""
+    server = await build_server(make_settings(**FAST))
+    if not server.store.is_sqlite:
+        await server.stop(0.5)
+        pytest.skip("PostgreSQL replicas read the holds each dispatch, as they must")
+    await server.start()
+    host = ScriptedHost(server.address, pki_dir, "a")
+    sent: list[str] = []
+
+    def count(_c: Any, _cur: Any, statement: str, *_: Any) -> None:
+        sent.append(statement)
+
+    engine = server.store.engine.sync_engine
+    try:
+        await host.connect(["a1"])
+        event.listen(engine, "before_cursor_execute", count)
+        try:
+            await server.leases.dispatcher.dispatch_host(server.leases.sessions["a"])
+            await server.leases.dispatcher.dispatch_pass()
+        finally:
+            event.remove(engine, "before_cursor_execute", count)
+    finally:
+        await host.close()
+        await server.stop(0.5)
+    assert sent, "the dispatch ran its queries"
+    assert not [s for s in sent if "dispatch_holds" in s]
