@@ -323,6 +323,7 @@ async def test_the_daily_cap_holds_every_task_once_spent_and_lifts_with_a_raised
         await raised.stop(0.5)
 
 
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)  # PostgreSQL reads each dispatch
 async def test_a_lone_sqlite_replica_reads_its_holds_once(
     provider: FakeModelServer, make_settings: Callable[..., CloudSettings], pki_dir: Path
 ) -> None:
@@ -330,9 +331,7 @@ async def test_a_lone_sqlite_replica_reads_its_holds_once(
     may have set; SQLite has no other replica, so after the read at start it never asks the
     database again (a hello or a result on its hot path costs no extra query)."""
     server = await build_server(make_settings(**FAST))
-    if not server.store.is_sqlite:
-        await server.stop(0.5)
-        pytest.skip("PostgreSQL replicas read the holds each dispatch, as they must")
+    assert server.store.is_sqlite
     await server.start()
     host = ScriptedHost(server.address, pki_dir, "a")
     sent: list[str] = []
