@@ -74,6 +74,9 @@ const LIMITS = {
   driver_output: 4096, // ActionOutcome.driver_output (bytes)
   summary: 200, // Progress.summary (characters)
   result_summary: 2000, // TaskResult.summary (characters)
+  elements: 1000, // ScreenObservation.elements (count)
+  observation: 1048576, // ScreenObservation, serialized (bytes)
+  omitted: 100000, // ScreenObservation.omitted_elements
 };
 
 // A JavaScript string counts UTF-16 units: cut by bytes (or by characters, for a limit in
@@ -108,16 +111,20 @@ function* walk(nodes) {
   }
 }
 
-function elementOf(node, id) {
+// What a finger can do something with: worth showing whatever it says, and kept first when a
+// busy screen has more than the contract takes.
+const actionable = (node) =>
+  ['clickable', 'long-clickable', 'checkable', 'scrollable'].some((name) => node[name] === 'true') ||
+  /EditText/.test(node.class || '');
+
+function elementOf(node) {
   const [, left, top, right, bottom] = (node.bounds || '').match(BOUNDS) || [];
   if (left === undefined || Number(right) <= Number(left) || Number(bottom) <= Number(top)) return null;
   const flag = (name) => node[name] === 'true';
   const text = (node.text || '').trim();
   const description = (node['content-desc'] || '').trim();
-  const actionable = ['clickable', 'long-clickable', 'checkable', 'scrollable'].some(flag);
-  if (!text && !description && !actionable && !/EditText/.test(node.class || '')) return null;
+  if (!text && !description && !actionable(node)) return null;
   return {
-    element_id: `e${id}`,
     text: cut(text, LIMITS.text),
     content_description: cut(description, LIMITS.text),
     resource_id: cut(node['resource-id'] || '', LIMITS.name),
@@ -138,30 +145,56 @@ function elementOf(node, id) {
   };
 }
 
+// Decide refuses an observation past LIMITS.elements elements or LIMITS.observation bytes
+// serialized, so a busy screen (a long chat, a feed) is cut as the Python host cuts its scene
+// (host/perception/hierarchy.py, `_budget`): what a finger can use first, then the texts in the
+// dump's order, while they fit; those kept go in the dump's order, numbered e1, e2, … as sent,
+// and the rest are counted in omitted_elements. Sizes are measured with the encoder grpc-js sends
+// with; each element's with the longest id it could get and some framing to spare, so the sum
+// never falls short of the whole.
+const encodeDecide = definition['amc.v1.PlannerService'].Decide.requestSerialize;
+const encodedSize = (observation) => encodeDecide({ observation }).length;
+
+function bounded(found, rest) {
+  let room = LIMITS.observation - encodedSize(rest);
+  const longestId = `e${found.length}`;
+  const order = found.map((_, i) => i).sort((a, b) => found[b].actionable - found[a].actionable || a - b);
+  const kept = new Set();
+  for (const i of order) {
+    const size = encodedSize({ elements: [{ element_id: longestId, ...found[i].element }] });
+    if (kept.size >= LIMITS.elements || (size > room && kept.size > 0)) continue;
+    kept.add(i);
+    room -= size;
+  }
+  const elements = found
+    .filter((_, i) => kept.has(i))
+    .map(({ element }, i) => ({ element_id: `e${i + 1}`, ...element }));
+  return { ...rest, elements, omitted_elements: Math.min(found.length - kept.size, LIMITS.omitted) };
+}
+
 async function perceive(device) {
   let dump = '';
   for (let attempt = 0; attempt < 3 && !dump.includes('<node'); attempt += 1) {
     dump = await shell(device, 'uiautomator dump /dev/tty'); // XML, then "UI hierchary dumped to…"
   }
   const hierarchy = xml.parse(dump.slice(dump.indexOf('<'), dump.lastIndexOf('>') + 1)).hierarchy;
-  const elements = [];
+  const found = [];
   for (const node of walk(hierarchy.node)) {
-    const element = elementOf(node, elements.length + 1);
-    if (element) elements.push(element);
+    const element = elementOf(node);
+    if (element) found.push({ element, actionable: actionable(node) });
   }
   const [, width, height] = (await shell(device, 'wm size')).match(/(\d+)x(\d+)/);
   const focus = (await shell(device, 'dumpsys window')).match(/mCurrentFocus=Window\{\S+ \S+ ([^\s}]+)\}/);
   const keyboard = /mInputShown=true/.test(await shell(device, 'dumpsys input_method'));
   const activity = focus ? focus[1] : '';
-  return {
-    elements,
+  return bounded(found, {
     screen_width: Number(width),
     screen_height: Number(height),
     rotation: ['ROTATION_0', 'ROTATION_90', 'ROTATION_180', 'ROTATION_270'][Number(hierarchy.rotation || 0)],
     foreground_package: cut(activity.split('/')[0], LIMITS.name),
     foreground_activity: cut(activity, LIMITS.activity),
     keyboard_shown: keyboard,
-  };
+  });
 }
 
 // --- the phone: act with `adb shell input` ------------------------------------------------

@@ -26,7 +26,14 @@ from host.devices.virtual.layout import Node
 from host.devices.virtual.phone import VirtualPhone
 from host.devices.virtual.state import Note, Page
 from host.devices.virtual.widgets import PAD, TOOLBAR_H, Geometry
-from planner.observation import MAX_ACTIVITY_BYTES, MAX_NAME_BYTES, MAX_TEXT_BYTES
+from planner.observation import (
+    MAX_ACTIVITY_BYTES,
+    MAX_ELEMENTS,
+    MAX_NAME_BYTES,
+    MAX_OBSERVATION_BYTES,
+    MAX_OMITTED,
+    MAX_TEXT_BYTES,
+)
 from planner.steps import MAX_DRIVER_OUTPUT_BYTES, MAX_OUTCOME_ERROR_BYTES
 from tests.support.processes import (
     cloud_process,
@@ -303,6 +310,105 @@ async def test_the_node_host_cuts_every_limited_field_to_the_contracts_limit(
     assert final.progress.summary == "left it; now on '" + "😀" * 150 + "'"
 
 
+class _BusyApp(StubApp):
+    """A screen with more to read than the contract takes (a long chat, a feed): `rows` lines of
+    text, each `width` characters, above the one button that matters, last in the dump."""
+
+    def __init__(self, package: str, rows: int, width: int) -> None:
+        super().__init__(package, "Busy", package + ".MainActivity", (30, 142, 62))
+        self.rows = rows
+        self.width = width
+
+    def build(self, phone: PhoneApi, page: Page, geo: Geometry) -> list[Node]:
+        del phone, page
+        top = geo.top + TOOLBAR_H
+        return [
+            *(
+                Node(
+                    "android.widget.TextView",
+                    (PAD, top + i % 1000, geo.width - PAD, top + i % 1000 + 40),
+                    text=f"line {i} ".ljust(self.width, "x"),
+                )
+                for i in range(self.rows)
+            ),
+            Node(
+                "android.widget.Button",
+                (PAD, geo.bottom - 200, geo.width - PAD, geo.bottom - 80),
+                text="Continue",
+                resource_id=f"{self.package}:id/next",
+                clickable=True,
+            ),
+        ]
+
+
+@pytest.mark.parametrize(
+    ("rows", "width"),
+    [(1500, 20), (600, 4000)],
+    ids=["more-elements-than-1000", "more-than-1-MiB"],
+)
+async def test_the_node_host_keeps_a_busy_screen_within_the_contracts_bounds(
+    node: str, tmp_path: Path, rows: int, width: int
+) -> None:
+    """The Node host sent every element it found, however many and however long: a screen with
+    more than 1,000 of them, or more than 1 MiB serialized, had every step refused
+    (INVALID_ARGUMENT "observation.elements: 1501 elements; at most 1000") and the task failed
+    at step 1. It now keeps what the Python host keeps: what a finger can use first, then the
+    texts in the dump's order, while they fit, sent in the dump's order and counted in
+    `omitted_elements`."""
+    pki = make_pki(tmp_path / "pki", [HOST_ID])
+    phone = VirtualPhone("emulator-5554")
+    package = "com.example.busy"
+    phone.apps[package] = _BusyApp(package, rows, width)
+    assert phone.launch(package)
+    adb = VirtualAdbServer([phone])
+    adb_port = await adb.start()
+    port = free_port()
+    cloud = cloud_process(
+        tmp_path,
+        "cloud",
+        database_url=f"sqlite+aiosqlite:///{tmp_path / 'cloud.sqlite3'}",
+        pki_dir=pki,
+        port=port,
+        extra={"AMC_PLANNER_PROVIDER": "offline"},
+    ).start()
+    address = f"127.0.0.1:{port}"
+    client = operator(address, pki)
+    try:
+        await wait_serving(address, pki)
+        task = (
+            await client.tasks.SubmitTask(
+                task_service_pb2.SubmitTaskRequest(goal="Leave this app", max_attempts=1),
+                timeout=10,
+            )
+        ).task
+        said = await _run_node(node, address, pki, adb_port)
+        final = await wait_task(
+            client, task.task_id, lambda t: t.status != types_pb2.TASK_STATUS_RUNNING, 10
+        )
+        decisions = (
+            await client.decisions.ListDecisions(
+                decision_log_service_pb2.ListDecisionsRequest(
+                    task_id=task.task_id, include_observation=True
+                ),
+                timeout=10,
+            )
+        ).decisions
+    finally:
+        await client.close()
+        cloud.stop()
+        await adb.stop()
+
+    assert final.status == types_pb2.TASK_STATUS_SUCCEEDED, said
+    seen = decisions[0].observation
+    assert len(seen.elements) <= MAX_ELEMENTS
+    assert seen.ByteSize() <= MAX_OBSERVATION_BYTES
+    assert "Continue" in [e.text for e in seen.elements]  # what a finger can use, kept first
+    lines = [int(e.text.split()[1]) for e in seen.elements if e.text.startswith("line ")]
+    assert lines == list(range(len(lines)))  # then the texts, in the dump's order
+    assert seen.omitted_elements == rows - len(lines) > 0  # only lines of text were left out
+    assert [e.element_id for e in seen.elements] == [f"e{i + 1}" for i in range(len(seen.elements))]
+
+
 def test_the_node_hosts_limits_are_the_clouds() -> None:
     """The Node host keeps its own copy of the contract's limits (it is built from proto/
     alone); each must be the one the cloud checks or cuts to, or a host copied from it has its
@@ -319,4 +425,7 @@ def test_the_node_hosts_limits_are_the_clouds() -> None:
         "driver_output": MAX_DRIVER_OUTPUT_BYTES,
         "summary": SUMMARY_LIMIT,
         "result_summary": RESULT_SUMMARY_LIMIT,
+        "elements": MAX_ELEMENTS,
+        "observation": MAX_OBSERVATION_BYTES,
+        "omitted": MAX_OMITTED,
     }
