@@ -211,6 +211,12 @@ class AgentLoop:
             obs.hierarchy_xml = secrets.text(obs.hierarchy_xml)
         return obs
 
+    def _checked_screenshot(self) -> bytes:
+        """A screenshot outside a look, refused (`ScreenshotError`) as a look refuses one."""
+        png = self.driver.screenshot_png()
+        self.perceiver.image_size(self.driver.serial, png)
+        return png
+
     async def _perceive(self, cancel: asyncio.Event, secrets: SecretRedactor) -> Observation:
         return await self._guard(cancel, self._on_phone(self._observe, secrets))
 
@@ -532,7 +538,10 @@ class AgentLoop:
         self, spec: TaskSpec, step: int, record: TimelineRecord, secrets: SecretRedactor
     ) -> tuple[Scene | None, bytes | None]:
         """The after scene and screenshot. A bad dump here does not end the task (the next
-        step's perception retries and decides); a vanished phone does."""
+        step's perception retries and decides); a vanished phone does. The one more
+        screenshot taken when the look failed is checked as every look's is: noise framed as
+        a PNG would be the step's after image in the timeline and the cloud (which refuses
+        it), so an unreadable one is recorded as missing, with why."""
         try:
             after = await self._on_phone(self._observe, secrets)
         except DeviceGone:
@@ -543,10 +552,12 @@ class AgentLoop:
             if secrets:
                 return None, None  # without a scene the secret cannot be painted over: no image
             try:
-                png = await self._on_phone(self.driver.screenshot_png)
+                png = await self._on_phone(self._checked_screenshot)
             except DeviceGone:
                 raise
-            except DeviceError:
+            except DeviceError as shot:
+                host_metrics.device_error(shot)
+                record.result["after_screenshot_error"] = str(shot)
                 return None, None
             record.after_screenshot_path = await self._save_png(
                 spec, f"step{step:03d}-after.png", png

@@ -487,3 +487,52 @@ async def test_a_stuck_phones_retry_goes_to_the_hosts_other_idle_phone(stack: St
         assert second.device_serial == "emulator-5556", task
     finally:
         await host.close()
+
+
+async def test_an_unreadable_after_action_screenshot_is_recorded_missing_not_kept(
+    stack: Stack,
+) -> None:
+    """When the look after an action failed, the loop took one more screenshot for the step's
+    AFTER image and kept it unchecked, although every look now checks its screenshot's header
+    and chunks: noise framed as a PNG (a wedged SurfaceFlinger, a GPU fault) was stored in the
+    timeline as the step's after image (a broken image in the host console and the export) and
+    shipped, which the cloud refused ("data: not a readable image"), leaving a refused item in
+    the host's outbox. An unreadable after shot is now checked like the others: recorded as
+    missing, with the reason, and neither stored nor shipped."""
+    phone: list[Any] = []
+
+    def garble() -> None:  # after the step's look, before its action: the after shots
+        phone[0].garble_screenshots("garbage", count=2)
+
+    planner = ScriptedPlanner(
+        [
+            Step("launch_app", {"package_name": SETTINGS_APP}, "open Settings", before=garble),
+            Step("complete", {"success": True, "reason": "Settings is open"}),
+        ]
+    )
+    host = await _start_host(stack, planner)
+    phone.append(host.virtual.server.phones["emulator-5554"])
+    outbox = host.app.outbox
+    assert outbox is not None
+    try:
+        task_id = await _submit(stack, "Open Settings")
+        task = await _until(stack, task_id, lambda t: t.status == types_pb2.TASK_STATUS_SUCCEEDED)
+        assert task.progress.step_index == 2
+        for _ in range(600):  # until the cloud took (or refused) every shipped item
+            if outbox.backlog().items == 0:
+                break
+            await asyncio.sleep(0.05)
+        backlog = outbox.backlog()
+        refusals = outbox.refusals()
+        first = host.app.store.steps(task_id, 1)[0]
+        kept = sorted(p.name for p in host.app.settings.resolved_artifact_dir.rglob("*.png"))
+    finally:
+        await host.close()
+
+    assert backlog.items == 0
+    assert refusals == []
+    assert first.after_screenshot_path is None
+    assert "unreadable screenshot from emulator-5554" in first.result["after_error"]
+    assert "unreadable screenshot from emulator-5554" in first.result["after_screenshot_error"]
+    assert "step001-after.png" not in kept
+    assert "step001-before.png" in kept
