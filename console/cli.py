@@ -1512,7 +1512,8 @@ def spend(
     ] = 1,
     json_out: Json = False,
 ) -> None:
-    """The fleet's model spending per day, host and model (every logged decision), and today's
+    """The fleet's model spending per day, host and model (every billed model call: logged
+    decisions and failed decisions' calls; "decisions" counts the logged ones), and today's
     against the daily budget."""
     import datetime as dt
 

@@ -309,6 +309,13 @@ def test_fleet_shows_hosts_phones_and_transport(
     expect(card).to_contain_text("connected")
     expect(card).to_contain_text("planner: direct")
     expect(card.locator("td").first).to_have_text("emu-1")
+    # Today's spending counts what cloud/store/spend.py sums: every billed call, a direct
+    # host's shipped decisions and failed decisions' calls too (it said "decisions planned by
+    # the cloud").
+    expect(page.locator("[data-field=spend-today] h2")).to_have_text(
+        "Model spending today UTC, every billed model call: decisions planned by the cloud or "
+        "shipped by direct-transport hosts, and failed decisions' calls"
+    )
     screenshot(page, "fleet")
 
 

@@ -301,5 +301,10 @@ async def test_tokens_and_cost_per_step_task_and_day(tmp_path: Path) -> None:
         assert code == 0, spent
         assert "anthropic/claude-sonnet-4-6" in spent and "$0.3750" in spent
         assert "today: 40 tokens · $0.3750 (daily budget: $0.3750 of $10.00)" in spent
+        code, told = await amc("spend", "--help")
+        assert code == 0, told
+        assert "every billed model call: logged decisions and failed decisions' calls" in " ".join(
+            told.split()
+        )
     finally:
         await cloud.stop(grace=0)
