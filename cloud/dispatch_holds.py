@@ -2,12 +2,14 @@
 
 A replica that finds a reason to hold new tasks back (the model provider down, or refusing the
 cloud's key) writes a row before it answers the call that showed it, and tells the other
-replicas through the event bus (their dispatchers wake). Every replica reads the rows at start
-and at the start of each dispatch pass, so a task queued after the row was committed is handed
-out by no replica, and a restart keeps the hold. A pass started by a host's own event (a result,
-a hello) reads the mirror: a notification not yet heard there (milliseconds) is the only window.
-The replica whose probe or next model call succeeds deletes the row, and the others resume at
-their next pass (the notification starts one at once).
+replicas through the event bus (their dispatchers wake). Every replica reads the rows at start,
+at the start of each dispatch pass, and before a host's own dispatch (after a hello or a
+result) claims for an idle phone, so a task queued after the row was committed is handed out by
+no replica, and a restart keeps the hold; on PostgreSQL that is one small query per such
+dispatch, which a notification alone could not replace exactly (it may not have arrived yet). A
+lone SQLite replica reads them once, at start: it wrote every row since. The replica whose
+probe or next model call succeeds deletes the row, and the others resume at their next pass
+(the notification starts one at once).
 
 Each replica was on its own before (decision 0062): with two replicas each handed out, and lost
 to a failing first step, one task before it learned of a refused key; a restart lost another.
