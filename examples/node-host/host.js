@@ -112,14 +112,20 @@ function* walk(nodes) {
 }
 
 // What a finger can do something with: worth showing whatever it says, and kept first when a
-// busy screen has more than the contract takes.
+// busy screen has more than the contract takes. A text field counts even when it is neither
+// clickable nor labelled (an empty search or address box): the model has to find it to type.
+// The same rules as the Python host's (host/perception/hierarchy.py, `_is_kept`).
+const EDITABLE = /EditText|AutoCompleteTextView/;
 const actionable = (node) =>
   ['clickable', 'long-clickable', 'checkable', 'scrollable'].some((name) => node[name] === 'true') ||
-  /EditText/.test(node.class || '');
+  EDITABLE.test(node.class || '');
 
 function elementOf(node) {
   const [, left, top, right, bottom] = (node.bounds || '').match(BOUNDS) || [];
   if (left === undefined || Number(right) <= Number(left) || Number(bottom) <= Number(top)) return null;
+  // Some dumps list views laid out but hidden (behind another, scrolled away): a tap on one
+  // lands on whatever the user sees there.
+  if (node['visible-to-user'] === 'false') return null;
   const flag = (name) => node[name] === 'true';
   const text = (node.text || '').trim();
   const description = (node['content-desc'] || '').trim();

@@ -26,6 +26,7 @@ from host.devices.virtual.layout import Node
 from host.devices.virtual.phone import VirtualPhone
 from host.devices.virtual.state import Note, Page
 from host.devices.virtual.widgets import PAD, TOOLBAR_H, Geometry
+from host.perception.hierarchy import parse_scene
 from planner.observation import (
     MAX_ACTIVITY_BYTES,
     MAX_ELEMENTS,
@@ -429,3 +430,113 @@ def test_the_node_hosts_limits_are_the_clouds() -> None:
         "observation": MAX_OBSERVATION_BYTES,
         "omitted": MAX_OMITTED,
     }
+
+
+class _FormApp(StubApp):
+    """A form as real dumps show it: an empty AutoCompleteTextView (a search or address field,
+    neither clickable nor labelled until tapped), a view laid out but hidden from the user, and
+    the one button that matters."""
+
+    def build(self, phone: PhoneApi, page: Page, geo: Geometry) -> list[Node]:
+        del phone, page
+        top = geo.top + TOOLBAR_H
+        return [
+            Node(
+                "android.widget.TextView",
+                (PAD, geo.top, geo.width - PAD, top),
+                text=self.label,
+                resource_id="android:id/action_bar_title",
+            ),
+            Node(
+                "android.widget.AutoCompleteTextView",
+                (PAD, top + 40, geo.width - PAD, top + 160),
+                resource_id=f"{self.package}:id/city",
+                hint="City",
+            ),
+            Node(
+                "android.widget.TextView",
+                (PAD, top + 200, geo.width - PAD, top + 260),
+                text="Hidden hint",
+                resource_id=f"{self.package}:id/hidden",
+            ),
+            Node(
+                "android.widget.Button",
+                (PAD, top + 320, geo.width - PAD, top + 440),
+                text="Continue",
+                resource_id=f"{self.package}:id/next",
+                clickable=True,
+            ),
+        ]
+
+
+class _InvisiblePhone(VirtualPhone):
+    """A phone whose `uiautomator dump` marks each node's visibility, as some versions do, and
+    whose `…:id/hidden` view is laid out but not visible to the user."""
+
+    def dump_hierarchy(self) -> str:
+        dump = super().dump_hierarchy().replace(' bounds="', ' visible-to-user="true" bounds="')
+        return re.sub(
+            r'(resource-id="[^"]*:id/hidden"[^>]*?) visible-to-user="true"',
+            r'\1 visible-to-user="false"',
+            dump,
+        )
+
+
+async def test_the_node_host_shows_the_model_the_elements_the_python_host_does(
+    node: str, tmp_path: Path
+) -> None:
+    """The Node host kept a node by a simpler rule than the Python host (host/perception/
+    hierarchy.py `_is_kept`): it took only an `EditText` for a text field, so an empty
+    AutoCompleteTextView (a search box, an address field) never reached the model, which could
+    not type into it; and it kept a node the dump says is not visible to the user, which the
+    model then tapped through to whatever lies on top. It now keeps what the Python host keeps
+    of the same dump."""
+    pki = make_pki(tmp_path / "pki", [HOST_ID])
+    phone = _InvisiblePhone("emulator-5554")
+    package = "com.example.form"
+    phone.apps[package] = _FormApp(package, "Form", package + ".MainActivity", (30, 142, 62))
+    assert phone.launch(package)
+    expected = [
+        (e.text, e.resource_id, e.class_name)
+        for e in parse_scene(phone.dump_hierarchy(), package=package).elements
+    ]
+    adb = VirtualAdbServer([phone])
+    adb_port = await adb.start()
+    port = free_port()
+    cloud = cloud_process(
+        tmp_path,
+        "cloud",
+        database_url=f"sqlite+aiosqlite:///{tmp_path / 'cloud.sqlite3'}",
+        pki_dir=pki,
+        port=port,
+        extra={"AMC_PLANNER_PROVIDER": "offline"},
+    ).start()
+    address = f"127.0.0.1:{port}"
+    client = operator(address, pki)
+    try:
+        await wait_serving(address, pki)
+        task = (
+            await client.tasks.SubmitTask(
+                task_service_pb2.SubmitTaskRequest(goal="Leave this app", max_attempts=1),
+                timeout=10,
+            )
+        ).task
+        said = await _run_node(node, address, pki, adb_port)
+        decisions = (
+            await client.decisions.ListDecisions(
+                decision_log_service_pb2.ListDecisionsRequest(
+                    task_id=task.task_id, include_observation=True
+                ),
+                timeout=10,
+            )
+        ).decisions
+    finally:
+        await client.close()
+        cloud.stop()
+        await adb.stop()
+
+    assert decisions, said
+    seen = [(e.text, e.resource_id, e.class_name) for e in decisions[0].observation.elements]
+    assert seen == expected
+    assert f"{package}:id/city" in {rid for _, rid, _ in seen}
+    assert f"{package}:id/hidden" not in {rid for _, rid, _ in seen}
