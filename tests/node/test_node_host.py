@@ -18,7 +18,6 @@ import pytest
 
 from amc.v1 import decision_log_service_pb2, flow_service_pb2, task_service_pb2, types_pb2
 from cloud.store.leases import RESULT_SUMMARY_LIMIT, SUMMARY_LIMIT
-from host.devices.virtual.adb_server import VirtualAdbServer
 from host.devices.virtual.apps.base import PhoneApi
 from host.devices.virtual.apps.notes import PKG as NOTES
 from host.devices.virtual.apps.stub import StubApp
@@ -36,14 +35,8 @@ from planner.observation import (
     MAX_TEXT_BYTES,
 )
 from planner.steps import MAX_DRIVER_OUTPUT_BYTES, MAX_OUTCOME_ERROR_BYTES
-from tests.support.processes import (
-    cloud_process,
-    free_port,
-    make_pki,
-    operator,
-    wait_serving,
-    wait_task,
-)
+from tests.node.rig import Rig, cloud_and_phone
+from tests.support.processes import wait_task
 
 ROOT = Path(__file__).resolve().parents[2]
 HOST = ROOT / "examples" / "node-host" / "host.js"
@@ -58,17 +51,17 @@ def node() -> str:
     return found
 
 
-async def _run_node(node: str, address: str, pki: Path, adb_port: int) -> str:
+async def _run_node(node: str, rig: Rig) -> str:
     """One Node host process running one task to its end; returns what it said."""
     host = await asyncio.create_subprocess_exec(
         node,
         str(HOST),
         env={
             "PATH": os.environ.get("PATH", ""),
-            "AMC_CLOUD_ADDRESS": address,
-            "AMC_HOST_CERTS_DIR": str(pki),
+            "AMC_CLOUD_ADDRESS": rig.address,
+            "AMC_HOST_CERTS_DIR": str(rig.pki),
             "AMC_HOST_ID": HOST_ID,
-            "ADB_PORT": str(adb_port),
+            "ADB_PORT": str(rig.adb_port),
             "AMC_TASKS": "1",
         },
         stdout=asyncio.subprocess.PIPE,
@@ -86,34 +79,19 @@ async def _run_node(node: str, address: str, pki: Path, adb_port: int) -> str:
 
 
 async def test_the_node_host_turns_on_dark_theme(node: str, tmp_path: Path) -> None:
-    pki = make_pki(tmp_path / "pki", [HOST_ID])
     phone = VirtualPhone("emulator-5554")
-    adb = VirtualAdbServer([phone])
-    adb_port = await adb.start()
-    port = free_port()
-    cloud = cloud_process(
-        tmp_path,
-        "cloud",
-        database_url=f"sqlite+aiosqlite:///{tmp_path / 'cloud.sqlite3'}",
-        pki_dir=pki,
-        port=port,
-        extra={"AMC_PLANNER_PROVIDER": "offline"},
-    ).start()
-    address = f"127.0.0.1:{port}"
-    client = operator(address, pki)
-    try:
-        await wait_serving(address, pki)
+    async with cloud_and_phone(tmp_path, phone, HOST_ID) as rig:
         task = (
-            await client.tasks.SubmitTask(
+            await rig.client.tasks.SubmitTask(
                 task_service_pb2.SubmitTaskRequest(goal="Turn on dark theme"), timeout=10
             )
         ).task
-        said = await _run_node(node, address, pki, adb_port)
+        said = await _run_node(node, rig)
         final = await wait_task(
-            client, task.task_id, lambda t: t.status == types_pb2.TASK_STATUS_SUCCEEDED, 10
+            rig.client, task.task_id, lambda t: t.status == types_pb2.TASK_STATUS_SUCCEEDED, 10
         )
         decisions = (
-            await client.decisions.ListDecisions(
+            await rig.client.decisions.ListDecisions(
                 decision_log_service_pb2.ListDecisionsRequest(task_id=task.task_id), timeout=10
             )
         ).decisions
@@ -122,30 +100,26 @@ async def test_the_node_host_turns_on_dark_theme(node: str, tmp_path: Path) -> N
         # The same goal again on a fresh phone: the cloud learned the first run as a flow and
         # replays it inside Decide; the Node host executes replayed steps like any decision.
         for _ in range(200):
-            flows = (await client.flows.ListFlows(flow_service_pb2.ListFlowsRequest())).flows
+            flows = (await rig.client.flows.ListFlows(flow_service_pb2.ListFlowsRequest())).flows
             if flows:
                 break
             await asyncio.sleep(0.1)
-        assert flows, cloud.output()
+        assert flows, rig.cloud.output()
         phone.reset()
         again = (
-            await client.tasks.SubmitTask(
+            await rig.client.tasks.SubmitTask(
                 task_service_pb2.SubmitTaskRequest(goal="Turn on dark theme"), timeout=10
             )
         ).task
-        await _run_node(node, address, pki, adb_port)
+        await _run_node(node, rig)
         await wait_task(
-            client, again.task_id, lambda t: t.status == types_pb2.TASK_STATUS_SUCCEEDED, 10
+            rig.client, again.task_id, lambda t: t.status == types_pb2.TASK_STATUS_SUCCEEDED, 10
         )
         replayed = (
-            await client.decisions.ListDecisions(
+            await rig.client.decisions.ListDecisions(
                 decision_log_service_pb2.ListDecisionsRequest(task_id=again.task_id), timeout=10
             )
         ).decisions
-    finally:
-        await client.close()
-        cloud.stop()
-        await adb.stop()
 
     assert phone.state.flag("dark_theme")
     assert {d.mode for d in replayed} == {types_pb2.PLANNER_MODE_REPLAY}
@@ -175,45 +149,26 @@ async def test_the_node_host_cuts_long_text_by_utf8_bytes_on_a_character_boundar
     2,048 and 4,096 bytes: refused), here through the middle of an emoji, which reached the
     model and the log as U+FFFD. Texts are now cut by bytes, on a character boundary, to each
     field's limit (4,096 bytes for an element's text)."""
-    pki = make_pki(tmp_path / "pki", [HOST_ID])
     phone = VirtualPhone("emulator-5554")
     title = "a" + "😀" * 1500  # 6,001 bytes, 3,001 UTF-16 units
     phone.state.notes.append(Note(title=title, body="Ж" * 3000))
     assert phone.launch(NOTES)
-    adb = VirtualAdbServer([phone])
-    adb_port = await adb.start()
-    port = free_port()
-    cloud = cloud_process(
-        tmp_path,
-        "cloud",
-        database_url=f"sqlite+aiosqlite:///{tmp_path / 'cloud.sqlite3'}",
-        pki_dir=pki,
-        port=port,
-        extra={"AMC_PLANNER_PROVIDER": "offline"},
-    ).start()
-    address = f"127.0.0.1:{port}"
-    client = operator(address, pki)
-    try:
-        await wait_serving(address, pki)
+    async with cloud_and_phone(tmp_path, phone, HOST_ID) as rig:
         task = (
-            await client.tasks.SubmitTask(
+            await rig.client.tasks.SubmitTask(
                 task_service_pb2.SubmitTaskRequest(goal="Turn on dark theme", max_attempts=1),
                 timeout=10,
             )
         ).task
-        said = await _run_node(node, address, pki, adb_port)
+        said = await _run_node(node, rig)
         decisions = (
-            await client.decisions.ListDecisions(
+            await rig.client.decisions.ListDecisions(
                 decision_log_service_pb2.ListDecisionsRequest(
                     task_id=task.task_id, include_observation=True
                 ),
                 timeout=10,
             )
         ).decisions
-    finally:
-        await client.close()
-        cloud.stop()
-        await adb.stop()
 
     assert decisions, said
     texts = [e.text for e in decisions[0].observation.elements]
@@ -254,49 +209,30 @@ async def test_the_node_host_cuts_every_limited_field_to_the_contracts_limit(
     every step refused (INVALID_ARGUMENT "…package_name is N bytes; at most 256"). And it cut
     its progress summary by UTF-16 units, through an emoji the cloud then stored as U+FFFD.
     Each is now cut to the limit the contract gives it, whole characters only."""
-    pki = make_pki(tmp_path / "pki", [HOST_ID])
     phone = VirtualPhone("emulator-5554")
     package = "com.example." + "a" * 300
     activity = package + ".MainActivity"
     phone.apps[package] = _LongNamedApp(package, "😀" * 150, activity, (30, 142, 62))
     assert phone.launch(package)
-    adb = VirtualAdbServer([phone])
-    adb_port = await adb.start()
-    port = free_port()
-    cloud = cloud_process(
-        tmp_path,
-        "cloud",
-        database_url=f"sqlite+aiosqlite:///{tmp_path / 'cloud.sqlite3'}",
-        pki_dir=pki,
-        port=port,
-        extra={"AMC_PLANNER_PROVIDER": "offline"},
-    ).start()
-    address = f"127.0.0.1:{port}"
-    client = operator(address, pki)
-    try:
-        await wait_serving(address, pki)
+    async with cloud_and_phone(tmp_path, phone, HOST_ID) as rig:
         task = (
-            await client.tasks.SubmitTask(
+            await rig.client.tasks.SubmitTask(
                 task_service_pb2.SubmitTaskRequest(goal="Leave this app", max_attempts=1),
                 timeout=10,
             )
         ).task
-        said = await _run_node(node, address, pki, adb_port)
+        said = await _run_node(node, rig)
         final = await wait_task(
-            client, task.task_id, lambda t: t.status != types_pb2.TASK_STATUS_RUNNING, 10
+            rig.client, task.task_id, lambda t: t.status != types_pb2.TASK_STATUS_RUNNING, 10
         )
         decisions = (
-            await client.decisions.ListDecisions(
+            await rig.client.decisions.ListDecisions(
                 decision_log_service_pb2.ListDecisionsRequest(
                     task_id=task.task_id, include_observation=True
                 ),
                 timeout=10,
             )
         ).decisions
-    finally:
-        await client.close()
-        cloud.stop()
-        await adb.stop()
 
     assert decisions, said
     seen = decisions[0].observation
@@ -356,48 +292,29 @@ async def test_the_node_host_keeps_a_busy_screen_within_the_contracts_bounds(
     at step 1. It now keeps what the Python host keeps: what a finger can use first, then the
     texts in the dump's order, while they fit, sent in the dump's order and counted in
     `omitted_elements`."""
-    pki = make_pki(tmp_path / "pki", [HOST_ID])
     phone = VirtualPhone("emulator-5554")
     package = "com.example.busy"
     phone.apps[package] = _BusyApp(package, rows, width)
     assert phone.launch(package)
-    adb = VirtualAdbServer([phone])
-    adb_port = await adb.start()
-    port = free_port()
-    cloud = cloud_process(
-        tmp_path,
-        "cloud",
-        database_url=f"sqlite+aiosqlite:///{tmp_path / 'cloud.sqlite3'}",
-        pki_dir=pki,
-        port=port,
-        extra={"AMC_PLANNER_PROVIDER": "offline"},
-    ).start()
-    address = f"127.0.0.1:{port}"
-    client = operator(address, pki)
-    try:
-        await wait_serving(address, pki)
+    async with cloud_and_phone(tmp_path, phone, HOST_ID) as rig:
         task = (
-            await client.tasks.SubmitTask(
+            await rig.client.tasks.SubmitTask(
                 task_service_pb2.SubmitTaskRequest(goal="Leave this app", max_attempts=1),
                 timeout=10,
             )
         ).task
-        said = await _run_node(node, address, pki, adb_port)
+        said = await _run_node(node, rig)
         final = await wait_task(
-            client, task.task_id, lambda t: t.status != types_pb2.TASK_STATUS_RUNNING, 10
+            rig.client, task.task_id, lambda t: t.status != types_pb2.TASK_STATUS_RUNNING, 10
         )
         decisions = (
-            await client.decisions.ListDecisions(
+            await rig.client.decisions.ListDecisions(
                 decision_log_service_pb2.ListDecisionsRequest(
                     task_id=task.task_id, include_observation=True
                 ),
                 timeout=10,
             )
         ).decisions
-    finally:
-        await client.close()
-        cloud.stop()
-        await adb.stop()
 
     assert final.status == types_pb2.TASK_STATUS_SUCCEEDED, said
     seen = decisions[0].observation
@@ -491,7 +408,6 @@ async def test_the_node_host_shows_the_model_the_elements_the_python_host_does(
     not type into it; and it kept a node the dump says is not visible to the user, which the
     model then tapped through to whatever lies on top. It now keeps what the Python host keeps
     of the same dump."""
-    pki = make_pki(tmp_path / "pki", [HOST_ID])
     phone = _InvisiblePhone("emulator-5554")
     package = "com.example.form"
     phone.apps[package] = _FormApp(package, "Form", package + ".MainActivity", (30, 142, 62))
@@ -500,40 +416,22 @@ async def test_the_node_host_shows_the_model_the_elements_the_python_host_does(
         (e.text, e.resource_id, e.class_name)
         for e in parse_scene(phone.dump_hierarchy(), package=package).elements
     ]
-    adb = VirtualAdbServer([phone])
-    adb_port = await adb.start()
-    port = free_port()
-    cloud = cloud_process(
-        tmp_path,
-        "cloud",
-        database_url=f"sqlite+aiosqlite:///{tmp_path / 'cloud.sqlite3'}",
-        pki_dir=pki,
-        port=port,
-        extra={"AMC_PLANNER_PROVIDER": "offline"},
-    ).start()
-    address = f"127.0.0.1:{port}"
-    client = operator(address, pki)
-    try:
-        await wait_serving(address, pki)
+    async with cloud_and_phone(tmp_path, phone, HOST_ID) as rig:
         task = (
-            await client.tasks.SubmitTask(
+            await rig.client.tasks.SubmitTask(
                 task_service_pb2.SubmitTaskRequest(goal="Leave this app", max_attempts=1),
                 timeout=10,
             )
         ).task
-        said = await _run_node(node, address, pki, adb_port)
+        said = await _run_node(node, rig)
         decisions = (
-            await client.decisions.ListDecisions(
+            await rig.client.decisions.ListDecisions(
                 decision_log_service_pb2.ListDecisionsRequest(
                     task_id=task.task_id, include_observation=True
                 ),
                 timeout=10,
             )
         ).decisions
-    finally:
-        await client.close()
-        cloud.stop()
-        await adb.stop()
 
     assert decisions, said
     seen = [(e.text, e.resource_id, e.class_name) for e in decisions[0].observation.elements]

@@ -1,0 +1,59 @@
+"""What every Node host test runs between: `amc cloud serve` and a virtual phone served over the
+adb protocol, both real processes or servers, torn down however the test ends."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from console.client import OperatorClient
+from host.devices.virtual.adb_server import VirtualAdbServer
+from host.devices.virtual.phone import VirtualPhone
+from tests.support.processes import (
+    AmcProcess,
+    cloud_process,
+    free_port,
+    make_pki,
+    operator,
+    wait_serving,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Rig:
+    """Where the Node host finds the cloud and the phone, and the operator's view of the cloud."""
+
+    address: str
+    pki: Path
+    adb_port: int
+    client: OperatorClient
+    cloud: AmcProcess
+
+
+@asynccontextmanager
+async def cloud_and_phone(tmp_path: Path, phone: VirtualPhone, host_id: str) -> AsyncIterator[Rig]:
+    """A serving cloud (SQLite, mTLS, the offline planner) with certificates for `host_id`, and
+    `phone` on its own adb server."""
+    pki = make_pki(tmp_path / "pki", [host_id])
+    adb = VirtualAdbServer([phone])
+    adb_port = await adb.start()
+    port = free_port()
+    cloud = cloud_process(
+        tmp_path,
+        "cloud",
+        database_url=f"sqlite+aiosqlite:///{tmp_path / 'cloud.sqlite3'}",
+        pki_dir=pki,
+        port=port,
+        extra={"AMC_PLANNER_PROVIDER": "offline"},
+    ).start()
+    address = f"127.0.0.1:{port}"
+    client = operator(address, pki)
+    try:
+        await wait_serving(address, pki)
+        yield Rig(address, pki, adb_port, client, cloud)
+    finally:
+        await client.close()
+        cloud.stop()
+        await adb.stop()
