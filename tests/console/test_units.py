@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import stat
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -13,7 +14,7 @@ import pytest
 from google.protobuf.timestamp_pb2 import Timestamp
 from pydantic import SecretStr, ValidationError
 
-from amc.v1 import types_pb2
+from amc.v1 import fleet_service_pb2, types_pb2
 from console import formatting
 from console.embedded import _console_password, _secrets_key_file
 from console.gateway.auth import Credentials
@@ -25,7 +26,8 @@ from console.gateway.history import (
     NOT_ASSIGNED_YET,
     group_history,
 )
-from console.gateway.models import DecisionOut, TaskOut
+from console.gateway.models import DecisionOut, SpendOut, TaskOut
+from console.gateway.pages import PAGES
 from console.gateway.present import attempt_label, progress_badge
 from console.settings import ConsoleSettings
 
@@ -245,3 +247,23 @@ def test_an_unreachable_cloud_is_described_without_its_address(details: str, sho
         grpc.StatusCode.UNAVAILABLE, grpc.aio.Metadata(), grpc.aio.Metadata(), details=details
     )
     assert describe(error) == (503, shown, "UNAVAILABLE")
+
+
+def test_the_spent_daily_budget_says_what_stops_and_what_does_not() -> None:
+    """The fleet card said "planning is refused until tomorrow (UTC)" once the day's budget was
+    spent, which a direct-transport host disproves: the task it is running plans on with its own
+    model calls. What stops is new tasks, for every host, and the cloud's own planning."""
+    spend = SpendOut.of(
+        fleet_service_pb2.GetSpendResponse(
+            today=types_pb2.Usage(input_tokens=1200, cost_usd=2.5),
+            daily_budget=types_pb2.TaskBudget(max_cost_usd=2.0),
+        )
+    )
+    html = PAGES.env.get_template("_cost.html").module.fleet_spend(spend)  # type: ignore[attr-defined]
+    pill = re.search(r'data-field="budget-exhausted">([^<]*)<', str(html))
+    assert pill is not None, html
+    assert pill[1] == (
+        "daily budget exhausted: no host gets a new task and the cloud plans no step until "
+        "tomorrow (UTC); a task a direct-transport host is already running keeps planning with "
+        "its own model calls"
+    )
