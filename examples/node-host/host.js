@@ -67,7 +67,7 @@ const log = (...args) => console.error('[node-host]', ...args);
 // the summaries (the cloud cuts longer ones). tests/node/test_node_host.py checks each against
 // the cloud's own limits, so they cannot drift apart.
 const LIMITS = {
-  text: 4096, // UiElement.text, content_description (bytes)
+  text: 4096, // UiElement.text, content_description, hint (bytes)
   name: 256, // UiElement.resource_id, class_name, package_name; foreground_package (bytes)
   activity: 512, // ScreenObservation.foreground_activity (bytes)
   error: 2048, // ActionOutcome.error (bytes)
@@ -127,11 +127,16 @@ function elementOf(node) {
   // lands on whatever the user sees there.
   if (node['visible-to-user'] === 'false') return null;
   const flag = (name) => node[name] === 'true';
-  const text = (node.text || '').trim();
+  let text = (node.text || '').trim();
   const description = (node['content-desc'] || '').trim();
   if (!text && !description && !actionable(node)) return null;
+  const hint = (node.hint || '').trim();
+  // An empty field reports its hint as its text (Android 8+): sent as typed, the model would
+  // take "Name" for a name already filled in.
+  if (hint && text === hint && EDITABLE.test(node.class || '')) text = '';
   return {
     text: cut(text, LIMITS.text),
+    hint: cut(hint, LIMITS.text),
     content_description: cut(description, LIMITS.text),
     resource_id: cut(node['resource-id'] || '', LIMITS.name),
     class_name: cut(node.class || '', LIMITS.name),

@@ -438,3 +438,65 @@ async def test_the_node_host_shows_the_model_the_elements_the_python_host_does(
     assert seen == expected
     assert f"{package}:id/city" in {rid for _, rid, _ in seen}
     assert f"{package}:id/hidden" not in {rid for _, rid, _ in seen}
+
+
+class _EmptyFieldApp(StubApp):
+    """A form whose empty field reports its hint as its text, as Android 8 and later do."""
+
+    def build(self, phone: PhoneApi, page: Page, geo: Geometry) -> list[Node]:
+        del phone, page
+        top = geo.top + TOOLBAR_H
+        return [
+            Node(
+                "android.widget.EditText",
+                (PAD, top + 40, geo.width - PAD, top + 160),
+                text="Name",
+                hint="Name",
+                resource_id=f"{self.package}:id/name",
+                clickable=True,
+            ),
+            Node(
+                "android.widget.Button",
+                (PAD, top + 320, geo.width - PAD, top + 440),
+                text="Continue",
+                resource_id=f"{self.package}:id/next",
+                clickable=True,
+            ),
+        ]
+
+
+async def test_the_node_host_sends_an_empty_fields_hint_as_its_hint_not_its_text(
+    node: str, tmp_path: Path
+) -> None:
+    """An empty field's dump gives its hint as its text (Android 8+). The Node host sent that as
+    the field's text and no hint, so the model read "Name" as already typed in, where the
+    contract (UiElement.hint) and the Python host send the hint and an empty text."""
+    phone = VirtualPhone("emulator-5554")
+    package = "com.example.empty"
+    phone.apps[package] = _EmptyFieldApp(package, "Form", package + ".MainActivity", (30, 142, 62))
+    assert phone.launch(package)
+    expected = [
+        (e.resource_id, e.text, e.hint)
+        for e in parse_scene(phone.dump_hierarchy(), package=package).elements
+    ]
+    async with cloud_and_phone(tmp_path, phone, HOST_ID) as rig:
+        task = (
+            await rig.client.tasks.SubmitTask(
+                task_service_pb2.SubmitTaskRequest(goal="Leave this app", max_attempts=1),
+                timeout=10,
+            )
+        ).task
+        said = await _run_node(node, rig)
+        decisions = (
+            await rig.client.decisions.ListDecisions(
+                decision_log_service_pb2.ListDecisionsRequest(
+                    task_id=task.task_id, include_observation=True
+                ),
+                timeout=10,
+            )
+        ).decisions
+
+    assert decisions, said
+    seen = [(e.resource_id, e.text, e.hint) for e in decisions[0].observation.elements]
+    assert seen == expected
+    assert (f"{package}:id/name", "", "Name") in seen
