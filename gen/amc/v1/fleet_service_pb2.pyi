@@ -283,9 +283,10 @@ class GetSpendResponse(_message.Message):
     @_builtins.property
     def daily_budget(self) -> _types_pb2.TaskBudget:
         """The fleet's daily caps (AMC_CLOUD_DAILY_MAX_TOKENS, AMC_CLOUD_DAILY_MAX_COST_USD); 0 means
-        no cap of that kind. Once today's spending reaches one, Decide answers every task
-        FAILED_PRECONDITION "budget exhausted: …" and new tasks are held back from cloud-transport
-        hosts (ListHostsResponse.dispatch says so) until the next UTC day.
+        no cap of that kind. Once today's spending reaches one, Decide answers FAILED_PRECONDITION
+        "budget exhausted: …" and no host, whatever its transport, gets a new task
+        (ListHostsResponse.dispatch says so) until the next UTC day; a task a direct-transport host
+        is already running plans on with its own model calls.
         """
 
     def __init__(
