@@ -500,6 +500,12 @@ class VirtualAdbServer:
             hangup.cancel()
             with contextlib.suppress(asyncio.CancelledError, ConnectionError):
                 await hangup
+            # ...and wait for it: left pending on a loop that then closes, it was destroyed
+            # later by the collector, in whatever code ran then ("Task was destroyed but it
+            # is pending"). A cancelled command returns within the shell's poll (`Shell.wait`).
+            await asyncio.wait({work})
+            if not work.cancelled():
+                work.exception()  # retrieved: the connection that wanted it is gone
 
     async def _sync(
         self, phone: VirtualPhone, reader: asyncio.StreamReader, writer: asyncio.StreamWriter

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import io
 import re
 import threading
@@ -12,7 +13,8 @@ import adbutils
 import pytest
 from PIL import Image
 
-from host.devices.virtual.adb_server import ThreadedAdbServer
+from host.devices.u2_driver import U2Driver
+from host.devices.virtual.adb_server import ThreadedAdbServer, VirtualAdbServer
 from host.devices.virtual.phone import VirtualPhone
 from tests.host.virtual.virtual_adb_script import AdbScript
 
@@ -298,3 +300,21 @@ def test_dump_glitches_look_like_a_settling_screen(
     assert device.dump_hierarchy().endswith('<hierarchy rotation="0" />')
     assert device.dump_hierarchy().endswith('<hierarchy rotation="0" />')
     assert len(ET.fromstring(device.dump_hierarchy())) == 1  # back to normal
+
+
+async def test_stopping_the_server_ends_a_running_command_and_leaves_no_task(
+    phones: list[VirtualPhone],
+) -> None:
+    """A command still running when the server stops (here the uiautomator agent that the real
+    uiautomator2 client starts and leaves running) is ended and waited for: its worker left
+    pending on a loop about to close was destroyed later by the collector, in another test, as
+    "Task was destroyed but it is pending"."""
+    server = VirtualAdbServer(phones)
+    port = await server.start()
+    try:
+        size = await asyncio.to_thread(lambda: U2Driver("virt-1", port=port).screen_size())
+        assert size == (1080, 2400)
+    finally:
+        await server.stop()
+    left = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+    assert left == []
