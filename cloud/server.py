@@ -16,7 +16,7 @@ import ipaddress
 import logging
 import signal
 import socket
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import grpc
@@ -464,27 +464,54 @@ class CloudServer:
             await self.health.set(name, status)
 
     async def stop(self, grace: float | None = None) -> None:
-        """NOT_SERVING first, then end host streams, then stop the server within `grace`."""
+        """NOT_SERVING first, then end host streams, then stop the server within `grace`.
+
+        Every step runs even when an earlier one raised (the first error is raised at the end):
+        `stop` runs once, so a step that failed halfway must not leave the heartbeat, the
+        sweeper or the database pool running behind a replica that says it stopped."""
         if self._stopped:
             return
         self._stopped = True
         grace = self.settings.shutdown_grace_seconds if grace is None else grace
-        await self.health.enter_graceful_shutdown()
-        self.leases.close_all(grpc.StatusCode.UNAVAILABLE, "server shutting down; reconnect")
-        await self.leases.wait_streams_closed(max(grace, 1.0))
-        await self.server.stop(grace)
-        await supervised.stop(self._jobs)
-        if self.metrics_server is not None:
-            await asyncio.to_thread(self.metrics_server.stop)
-            self.metrics_server = None
-        await self.leases.stop()
-        await self.bus.stop()
-        await self.presence.release()
-        for closeable in self._closeables:
-            with contextlib.suppress(Exception):
-                await closeable.aclose()
-        if self._own_store:
-            await self.store.close()
+        first: BaseException | None = None
+
+        async def step(action: Callable[[], Awaitable[object]]) -> None:
+            nonlocal first
+            try:
+                await action()
+            except Exception as exc:
+                log.exception(
+                    "stopping the replica: %s failed", getattr(action, "__name__", action)
+                )
+                first = first or exc
+
+        async def close_streams() -> None:
+            self.leases.close_all(grpc.StatusCode.UNAVAILABLE, "server shutting down; reconnect")
+            await self.leases.wait_streams_closed(max(grace, 1.0))
+
+        async def stop_metrics_server() -> None:
+            if self.metrics_server is not None:
+                await asyncio.to_thread(self.metrics_server.stop)
+                self.metrics_server = None
+
+        async def close_owned() -> None:
+            for closeable in self._closeables:
+                with contextlib.suppress(Exception):
+                    await closeable.aclose()
+            if self._own_store:
+                await self.store.close()
+
+        await step(self.health.enter_graceful_shutdown)
+        await step(close_streams)
+        await step(lambda: self.server.stop(grace))
+        await step(lambda: supervised.stop(self._jobs))
+        await step(stop_metrics_server)
+        await step(self.leases.stop)
+        await step(self.bus.stop)
+        await step(self.presence.release)
+        await step(close_owned)
+        if first is not None:
+            raise first
 
     async def _refresh_metrics(self) -> None:
         s = self.settings

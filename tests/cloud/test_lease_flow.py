@@ -564,6 +564,32 @@ async def test_graceful_shutdown_ends_host_streams_unavailable(
         await host.close()
 
 
+async def test_a_stop_step_that_fails_still_stops_the_replicas_jobs(
+    make_settings: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`stop` runs once: a step that raised halfway (here the first: the real health servicer
+    gives no way to make it fail, so one method is replaced) left the heartbeat, the sweeper
+    and the database pool running behind a replica that said it stopped. Every step runs now,
+    and the first error is raised at the end."""
+    from cloud import supervised
+
+    server = await build_server(make_settings())
+    await server.start()
+
+    async def broken() -> None:
+        raise RuntimeError("health could not be told")
+
+    monkeypatch.setattr(server.health, "enter_graceful_shutdown", broken)
+    try:
+        with pytest.raises(RuntimeError, match="health could not be told"):
+            await server.stop(0.5)
+        assert server._jobs and all(job.done() for job in server._jobs)
+    finally:
+        await supervised.stop(server._jobs)
+        await server.server.stop(None)
+        await server.store.close()
+
+
 async def test_result_after_reconnect_without_held_is_accepted(
     cloud: CloudServer, ops: Any, pki_dir: Path
 ) -> None:
