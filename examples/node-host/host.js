@@ -183,6 +183,18 @@ function bounded(found, rest) {
   return { ...rest, elements, omitted_elements: Math.min(found.length - kept.size, LIMITS.omitted) };
 }
 
+// The screen as the dump's bounds are: `wm size` gives the natural size in every rotation (a
+// resolution setting's "Override size" wins over the "Physical size"), so in landscape (rotation
+// 1 or 3, from the dump's root) width and height swap, as the Python host's `current_size` does.
+function screenSize(wmSize, rotation) {
+  const sizes = {};
+  for (const [, kind, w, h] of wmSize.matchAll(/(Override|Physical) size:\s*(\d+)x(\d+)/g)) {
+    sizes[kind] = [Number(w), Number(h)];
+  }
+  const [w, h] = sizes.Override || sizes.Physical;
+  return rotation % 2 ? [h, w] : [w, h];
+}
+
 async function perceive(device) {
   let dump = '';
   for (let attempt = 0; attempt < 3 && !dump.includes('<node'); attempt += 1) {
@@ -194,14 +206,15 @@ async function perceive(device) {
     const element = elementOf(node);
     if (element) found.push({ element, actionable: actionable(node) });
   }
-  const [, width, height] = (await shell(device, 'wm size')).match(/(\d+)x(\d+)/);
+  const rotation = Number(hierarchy.rotation || 0);
+  const [width, height] = screenSize(await shell(device, 'wm size'), rotation);
   const focus = (await shell(device, 'dumpsys window')).match(/mCurrentFocus=Window\{\S+ \S+ ([^\s}]+)\}/);
   const keyboard = /mInputShown=true/.test(await shell(device, 'dumpsys input_method'));
   const activity = focus ? focus[1] : '';
   return bounded(found, {
-    screen_width: Number(width),
-    screen_height: Number(height),
-    rotation: ['ROTATION_0', 'ROTATION_90', 'ROTATION_180', 'ROTATION_270'][Number(hierarchy.rotation || 0)],
+    screen_width: width,
+    screen_height: height,
+    rotation: ['ROTATION_0', 'ROTATION_90', 'ROTATION_180', 'ROTATION_270'][rotation],
     foreground_package: cut(activity.split('/')[0], LIMITS.name),
     foreground_activity: cut(activity, LIMITS.activity),
     keyboard_shown: keyboard,

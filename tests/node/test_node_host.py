@@ -500,3 +500,35 @@ async def test_the_node_host_sends_an_empty_fields_hint_as_its_hint_not_its_text
     seen = [(e.resource_id, e.text, e.hint) for e in decisions[0].observation.elements]
     assert seen == expected
     assert (f"{package}:id/name", "", "Name") in seen
+
+
+async def test_the_node_host_says_the_screen_size_the_dump_is_in(node: str, tmp_path: Path) -> None:
+    """`wm size` gives the natural size in every rotation, with a resolution setting's
+    "Override size" after the "Physical size". The Node host took the first size it found and
+    never turned it: a phone held sideways at a lowered resolution was reported as the
+    portrait physical screen, so the model read every landscape bound against the wrong
+    screen. It now reports what the Python host's driver reports: the override, turned."""
+    phone = VirtualPhone("emulator-5554")
+    phone.set_display_size((720, 1600))
+    phone.rotate(1)
+    async with cloud_and_phone(tmp_path, phone, HOST_ID) as rig:
+        task = (
+            await rig.client.tasks.SubmitTask(
+                task_service_pb2.SubmitTaskRequest(goal="Leave this app", max_attempts=1),
+                timeout=10,
+            )
+        ).task
+        said = await _run_node(node, rig)
+        decisions = (
+            await rig.client.decisions.ListDecisions(
+                decision_log_service_pb2.ListDecisionsRequest(
+                    task_id=task.task_id, include_observation=True
+                ),
+                timeout=10,
+            )
+        ).decisions
+
+    assert decisions, said
+    seen = decisions[0].observation
+    assert (seen.screen_width, seen.screen_height) == (1600, 720)
+    assert seen.rotation == types_pb2.ROTATION_90
