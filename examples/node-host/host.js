@@ -120,9 +120,21 @@ const actionable = (node) =>
   ['clickable', 'long-clickable', 'checkable', 'scrollable'].some((name) => node[name] === 'true') ||
   EDITABLE.test(node.class || '');
 
-function elementOf(node) {
-  const [, left, top, right, bottom] = (node.bounds || '').match(BOUNDS) || [];
-  if (left === undefined || Number(right) <= Number(left) || Number(bottom) <= Number(top)) return null;
+// Bounds cut to the screen, as the Python host's `_clip`: real dumps list views laid out off
+// screen (a pager's next page, a list's rows scrolled away), and a tap at such a centre lands
+// nowhere or on the screen's edge.
+function clipped(raw, width, height) {
+  const [, ...edges] = (raw || '').match(BOUNDS) || [];
+  if (edges.length !== 4) return null;
+  const [left, top, right, bottom] = edges.map(Number);
+  const clip = (v, max) => Math.max(0, Math.min(v, max));
+  const b = { left: clip(left, width), top: clip(top, height), right: clip(right, width), bottom: clip(bottom, height) };
+  return b.right > b.left && b.bottom > b.top ? b : null;
+}
+
+function elementOf(node, width, height) {
+  const bounds = clipped(node.bounds, width, height);
+  if (bounds === null) return null;
   // Some dumps list views laid out but hidden (behind another, scrolled away): a tap on one
   // lands on whatever the user sees there.
   if (node['visible-to-user'] === 'false') return null;
@@ -141,7 +153,7 @@ function elementOf(node) {
     resource_id: cut(node['resource-id'] || '', LIMITS.name),
     class_name: cut(node.class || '', LIMITS.name),
     package_name: cut(node.package || '', LIMITS.name),
-    bounds: { left: +left, top: +top, right: +right, bottom: +bottom },
+    bounds,
     clickable: flag('clickable'),
     long_clickable: flag('long-clickable'),
     checkable: flag('checkable'),
@@ -201,13 +213,13 @@ async function perceive(device) {
     dump = await shell(device, 'uiautomator dump /dev/tty'); // XML, then "UI hierchary dumped to…"
   }
   const hierarchy = xml.parse(dump.slice(dump.indexOf('<'), dump.lastIndexOf('>') + 1)).hierarchy;
-  const found = [];
-  for (const node of walk(hierarchy.node)) {
-    const element = elementOf(node);
-    if (element) found.push({ element, actionable: actionable(node) });
-  }
   const rotation = Number(hierarchy.rotation || 0);
   const [width, height] = screenSize(await shell(device, 'wm size'), rotation);
+  const found = [];
+  for (const node of walk(hierarchy.node)) {
+    const element = elementOf(node, width, height);
+    if (element) found.push({ element, actionable: actionable(node) });
+  }
   const focus = (await shell(device, 'dumpsys window')).match(/mCurrentFocus=Window\{\S+ \S+ ([^\s}]+)\}/);
   const keyboard = /mInputShown=true/.test(await shell(device, 'dumpsys input_method'));
   const activity = focus ? focus[1] : '';

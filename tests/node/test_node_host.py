@@ -532,3 +532,65 @@ async def test_the_node_host_says_the_screen_size_the_dump_is_in(node: str, tmp_
     seen = decisions[0].observation
     assert (seen.screen_width, seen.screen_height) == (1600, 720)
     assert seen.rotation == types_pb2.ROTATION_90
+
+
+_OFF_SCREEN = (
+    '<node index="9" text="{text}" resource-id="com.android.launcher3:id/{rid}" '
+    'class="android.widget.TextView" package="com.android.launcher3" content-desc="" '
+    'checkable="false" checked="false" clickable="true" enabled="true" focusable="true" '
+    'focused="false" scrollable="false" long-clickable="false" password="false" '
+    'selected="false" bounds="{bounds}" drawing-order="9" hint="" />'
+)
+
+
+class _PagerPhone(VirtualPhone):
+    """A phone whose dump lists views laid out off the screen, as real dumps do (a pager's
+    next page wholly to the right, a row half past the edge)."""
+
+    def dump_hierarchy(self) -> str:
+        extra = _OFF_SCREEN.format(
+            text="Next page", rid="next_page", bounds="[1200,300][2300,400]"
+        ) + _OFF_SCREEN.format(text="Half out", rid="half_out", bounds="[900,500][1500,600]")
+        dump = super().dump_hierarchy()
+        cut = dump.rindex("</node></hierarchy>")
+        return dump[:cut] + extra + dump[cut:]
+
+
+async def test_the_node_host_cuts_bounds_to_the_screen_as_the_python_host_does(
+    node: str, tmp_path: Path
+) -> None:
+    """The Node host sent bounds as the dump gave them: a view laid out off the screen reached
+    the model (a tap at its centre lands nowhere) and one half past the edge had its centre off
+    the screen. It now keeps what the Python host keeps of the same dump, with the same bounds:
+    cut to the screen, and left out when nothing is left of it."""
+    phone = _PagerPhone("emulator-5554")
+    expected = [
+        (e.resource_id, (e.bounds.left, e.bounds.top, e.bounds.right, e.bounds.bottom))
+        for e in parse_scene(phone.dump_hierarchy(), package=phone.current_package()).elements
+    ]
+    async with cloud_and_phone(tmp_path, phone, HOST_ID) as rig:
+        task = (
+            await rig.client.tasks.SubmitTask(
+                task_service_pb2.SubmitTaskRequest(goal="Leave this app", max_attempts=1),
+                timeout=10,
+            )
+        ).task
+        said = await _run_node(node, rig)
+        decisions = (
+            await rig.client.decisions.ListDecisions(
+                decision_log_service_pb2.ListDecisionsRequest(
+                    task_id=task.task_id, include_observation=True
+                ),
+                timeout=10,
+            )
+        ).decisions
+
+    assert decisions, said
+    seen = [
+        (e.resource_id, (e.bounds.left, e.bounds.top, e.bounds.right, e.bounds.bottom))
+        for e in decisions[0].observation.elements
+    ]
+    assert seen == expected
+    ids = dict(seen)
+    assert "com.android.launcher3:id/next_page" not in ids
+    assert ids["com.android.launcher3:id/half_out"] == (900, 500, 1080, 600)
