@@ -78,6 +78,32 @@ async def _run_node(node: str, rig: Rig) -> str:
     return said
 
 
+async def _one_task(
+    node: str, tmp_path: Path, phone: VirtualPhone, goal: str
+) -> tuple[str, types_pb2.Task, list[types_pb2.Decision]]:
+    """One task of `goal` (one attempt) run by the Node host on `phone` to its end: what the
+    host said, the task as it ended, and its decisions with the observations they were made on."""
+    async with cloud_and_phone(tmp_path, phone, HOST_ID) as rig:
+        task = (
+            await rig.client.tasks.SubmitTask(
+                task_service_pb2.SubmitTaskRequest(goal=goal, max_attempts=1), timeout=10
+            )
+        ).task
+        said = await _run_node(node, rig)
+        final = await wait_task(
+            rig.client, task.task_id, lambda t: t.status != types_pb2.TASK_STATUS_RUNNING, 10
+        )
+        decisions = (
+            await rig.client.decisions.ListDecisions(
+                decision_log_service_pb2.ListDecisionsRequest(
+                    task_id=task.task_id, include_observation=True
+                ),
+                timeout=10,
+            )
+        ).decisions
+    return said, final, list(decisions)
+
+
 async def test_the_node_host_turns_on_dark_theme(node: str, tmp_path: Path) -> None:
     phone = VirtualPhone("emulator-5554")
     async with cloud_and_phone(tmp_path, phone, HOST_ID) as rig:
@@ -153,22 +179,7 @@ async def test_the_node_host_cuts_long_text_by_utf8_bytes_on_a_character_boundar
     title = "a" + "😀" * 1500  # 6,001 bytes, 3,001 UTF-16 units
     phone.state.notes.append(Note(title=title, body="Ж" * 3000))
     assert phone.launch(NOTES)
-    async with cloud_and_phone(tmp_path, phone, HOST_ID) as rig:
-        task = (
-            await rig.client.tasks.SubmitTask(
-                task_service_pb2.SubmitTaskRequest(goal="Turn on dark theme", max_attempts=1),
-                timeout=10,
-            )
-        ).task
-        said = await _run_node(node, rig)
-        decisions = (
-            await rig.client.decisions.ListDecisions(
-                decision_log_service_pb2.ListDecisionsRequest(
-                    task_id=task.task_id, include_observation=True
-                ),
-                timeout=10,
-            )
-        ).decisions
+    said, _final, decisions = await _one_task(node, tmp_path, phone, "Turn on dark theme")
 
     assert decisions, said
     texts = [e.text for e in decisions[0].observation.elements]
@@ -214,25 +225,7 @@ async def test_the_node_host_cuts_every_limited_field_to_the_contracts_limit(
     activity = package + ".MainActivity"
     phone.apps[package] = _LongNamedApp(package, "😀" * 150, activity, (30, 142, 62))
     assert phone.launch(package)
-    async with cloud_and_phone(tmp_path, phone, HOST_ID) as rig:
-        task = (
-            await rig.client.tasks.SubmitTask(
-                task_service_pb2.SubmitTaskRequest(goal="Leave this app", max_attempts=1),
-                timeout=10,
-            )
-        ).task
-        said = await _run_node(node, rig)
-        final = await wait_task(
-            rig.client, task.task_id, lambda t: t.status != types_pb2.TASK_STATUS_RUNNING, 10
-        )
-        decisions = (
-            await rig.client.decisions.ListDecisions(
-                decision_log_service_pb2.ListDecisionsRequest(
-                    task_id=task.task_id, include_observation=True
-                ),
-                timeout=10,
-            )
-        ).decisions
+    said, final, decisions = await _one_task(node, tmp_path, phone, "Leave this app")
 
     assert decisions, said
     seen = decisions[0].observation
@@ -296,25 +289,7 @@ async def test_the_node_host_keeps_a_busy_screen_within_the_contracts_bounds(
     package = "com.example.busy"
     phone.apps[package] = _BusyApp(package, rows, width)
     assert phone.launch(package)
-    async with cloud_and_phone(tmp_path, phone, HOST_ID) as rig:
-        task = (
-            await rig.client.tasks.SubmitTask(
-                task_service_pb2.SubmitTaskRequest(goal="Leave this app", max_attempts=1),
-                timeout=10,
-            )
-        ).task
-        said = await _run_node(node, rig)
-        final = await wait_task(
-            rig.client, task.task_id, lambda t: t.status != types_pb2.TASK_STATUS_RUNNING, 10
-        )
-        decisions = (
-            await rig.client.decisions.ListDecisions(
-                decision_log_service_pb2.ListDecisionsRequest(
-                    task_id=task.task_id, include_observation=True
-                ),
-                timeout=10,
-            )
-        ).decisions
+    said, final, decisions = await _one_task(node, tmp_path, phone, "Leave this app")
 
     assert final.status == types_pb2.TASK_STATUS_SUCCEEDED, said
     seen = decisions[0].observation
@@ -416,22 +391,7 @@ async def test_the_node_host_shows_the_model_the_elements_the_python_host_does(
         (e.text, e.resource_id, e.class_name)
         for e in parse_scene(phone.dump_hierarchy(), package=package).elements
     ]
-    async with cloud_and_phone(tmp_path, phone, HOST_ID) as rig:
-        task = (
-            await rig.client.tasks.SubmitTask(
-                task_service_pb2.SubmitTaskRequest(goal="Leave this app", max_attempts=1),
-                timeout=10,
-            )
-        ).task
-        said = await _run_node(node, rig)
-        decisions = (
-            await rig.client.decisions.ListDecisions(
-                decision_log_service_pb2.ListDecisionsRequest(
-                    task_id=task.task_id, include_observation=True
-                ),
-                timeout=10,
-            )
-        ).decisions
+    said, _final, decisions = await _one_task(node, tmp_path, phone, "Leave this app")
 
     assert decisions, said
     seen = [(e.text, e.resource_id, e.class_name) for e in decisions[0].observation.elements]
@@ -479,22 +439,7 @@ async def test_the_node_host_sends_an_empty_fields_hint_as_its_hint_not_its_text
         (e.resource_id, e.text, e.hint)
         for e in parse_scene(phone.dump_hierarchy(), package=package).elements
     ]
-    async with cloud_and_phone(tmp_path, phone, HOST_ID) as rig:
-        task = (
-            await rig.client.tasks.SubmitTask(
-                task_service_pb2.SubmitTaskRequest(goal="Leave this app", max_attempts=1),
-                timeout=10,
-            )
-        ).task
-        said = await _run_node(node, rig)
-        decisions = (
-            await rig.client.decisions.ListDecisions(
-                decision_log_service_pb2.ListDecisionsRequest(
-                    task_id=task.task_id, include_observation=True
-                ),
-                timeout=10,
-            )
-        ).decisions
+    said, _final, decisions = await _one_task(node, tmp_path, phone, "Leave this app")
 
     assert decisions, said
     seen = [(e.resource_id, e.text, e.hint) for e in decisions[0].observation.elements]
@@ -511,22 +456,7 @@ async def test_the_node_host_says_the_screen_size_the_dump_is_in(node: str, tmp_
     phone = VirtualPhone("emulator-5554")
     phone.set_display_size((720, 1600))
     phone.rotate(1)
-    async with cloud_and_phone(tmp_path, phone, HOST_ID) as rig:
-        task = (
-            await rig.client.tasks.SubmitTask(
-                task_service_pb2.SubmitTaskRequest(goal="Leave this app", max_attempts=1),
-                timeout=10,
-            )
-        ).task
-        said = await _run_node(node, rig)
-        decisions = (
-            await rig.client.decisions.ListDecisions(
-                decision_log_service_pb2.ListDecisionsRequest(
-                    task_id=task.task_id, include_observation=True
-                ),
-                timeout=10,
-            )
-        ).decisions
+    said, _final, decisions = await _one_task(node, tmp_path, phone, "Leave this app")
 
     assert decisions, said
     seen = decisions[0].observation
@@ -568,22 +498,7 @@ async def test_the_node_host_cuts_bounds_to_the_screen_as_the_python_host_does(
         (e.resource_id, (e.bounds.left, e.bounds.top, e.bounds.right, e.bounds.bottom))
         for e in parse_scene(phone.dump_hierarchy(), package=phone.current_package()).elements
     ]
-    async with cloud_and_phone(tmp_path, phone, HOST_ID) as rig:
-        task = (
-            await rig.client.tasks.SubmitTask(
-                task_service_pb2.SubmitTaskRequest(goal="Leave this app", max_attempts=1),
-                timeout=10,
-            )
-        ).task
-        said = await _run_node(node, rig)
-        decisions = (
-            await rig.client.decisions.ListDecisions(
-                decision_log_service_pb2.ListDecisionsRequest(
-                    task_id=task.task_id, include_observation=True
-                ),
-                timeout=10,
-            )
-        ).decisions
+    said, _final, decisions = await _one_task(node, tmp_path, phone, "Leave this app")
 
     assert decisions, said
     seen = [
