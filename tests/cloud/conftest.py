@@ -14,6 +14,7 @@ from cloud.settings import CloudSettings
 from cloud.store.database import Store
 from cloud.store.engine import upgrade
 from tests.cloud.cloud_harness import channel, tasks_stub
+from tests.support.fakes import FakeModelServer
 from tests.support.postgres import PostgresServer
 
 HOST_IDS = [f"h{i}" for i in range(30)] + ["a", "b"]
@@ -102,6 +103,44 @@ async def offline_cloud(
     monkeypatch.setenv("AMC_PLANNER_PROVIDER", "offline")
     monkeypatch.delenv("AMC_PLANNER_MODE", raising=False)
     server = await build_server(make_settings())
+    await server.start()
+    try:
+        yield server
+    finally:
+        await server.stop(0.5)
+
+
+@pytest.fixture
+def model() -> Iterator[FakeModelServer]:
+    """The fake model provider (Anthropic and OpenAI wire formats) on a loopback port."""
+    with FakeModelServer() as server:
+        yield server
+
+
+@pytest.fixture
+def anthropic_env() -> dict[str, str]:
+    """Planner settings a test file adds to `anthropic_cloud`'s (override to add some)."""
+    return {}
+
+
+@pytest.fixture
+async def anthropic_cloud(
+    make_settings: SettingsFactory,
+    model: FakeModelServer,
+    anthropic_env: dict[str, str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> AsyncIterator[CloudServer]:
+    """A cloud planning with the real Anthropic SDK against `model`, without SDK retries."""
+    for name, value in {
+        "AMC_PLANNER_PROVIDER": "anthropic",
+        "AMC_PLANNER_MODEL": "claude-sonnet-4-6",
+        "AMC_PLANNER_ANTHROPIC_API_KEY": "sk-ant-test",
+        "AMC_PLANNER_ANTHROPIC_BASE_URL": model.anthropic_base_url,
+        "AMC_PLANNER_MAX_RETRIES": "0",
+        **anthropic_env,
+    }.items():
+        monkeypatch.setenv(name, value)
+    server = await build_server(make_settings(default_lease_seconds=30))
     await server.start()
     try:
         yield server

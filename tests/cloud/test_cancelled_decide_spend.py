@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any, Literal
 
@@ -27,35 +26,12 @@ from amc.v1 import (
     planner_service_pb2_grpc,
     task_service_pb2,
 )
-from cloud.server import CloudServer, build_server
+from cloud.server import CloudServer
 from planner.observation import observation_from_scene
 from tests.cloud.cloud_harness import ScriptedHost, channel, submit, tasks_stub
 from tests.planner import scenes
 from tests.support.fakes import FakeModelServer, ScriptedTurn, anthropic_message, text, tool_use
 from tests.support.waiting import until
-
-
-@pytest.fixture
-def model() -> Iterator[FakeModelServer]:
-    with FakeModelServer() as server:
-        yield server
-
-
-@pytest.fixture
-async def anthropic_cloud(
-    make_settings: Any, model: FakeModelServer, monkeypatch: pytest.MonkeyPatch
-) -> AsyncIterator[CloudServer]:
-    monkeypatch.setenv("AMC_PLANNER_PROVIDER", "anthropic")
-    monkeypatch.setenv("AMC_PLANNER_MODEL", "claude-sonnet-4-6")
-    monkeypatch.setenv("AMC_PLANNER_ANTHROPIC_API_KEY", "sk-ant-test")
-    monkeypatch.setenv("AMC_PLANNER_ANTHROPIC_BASE_URL", model.anthropic_base_url)
-    monkeypatch.setenv("AMC_PLANNER_MAX_RETRIES", "0")
-    server = await build_server(make_settings(default_lease_seconds=30))
-    await server.start()
-    try:
-        yield server
-    finally:
-        await server.stop(0.5)
 
 
 def _held_launch(hold: threading.Event) -> ScriptedTurn:

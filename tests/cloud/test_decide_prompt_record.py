@@ -9,7 +9,6 @@ is left out of the request, and the model is told so in its place.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +20,7 @@ from amc.v1 import (
     planner_service_pb2,
     planner_service_pb2_grpc,
 )
-from cloud.server import CloudServer, build_server
+from cloud.server import CloudServer
 from planner.observation import observation_from_scene
 from tests.cloud.cloud_harness import ScriptedHost, channel, submit, tasks_stub
 from tests.planner import scenes
@@ -29,26 +28,8 @@ from tests.support.fakes import FakeModelServer, anthropic_message, text, tool_u
 
 
 @pytest.fixture
-def model() -> Iterator[FakeModelServer]:
-    with FakeModelServer() as server:
-        yield server
-
-
-@pytest.fixture
-async def anthropic_cloud(
-    make_settings: Any, model: FakeModelServer, monkeypatch: pytest.MonkeyPatch
-) -> AsyncIterator[CloudServer]:
-    monkeypatch.setenv("AMC_PLANNER_PROVIDER", "anthropic")
-    monkeypatch.setenv("AMC_PLANNER_MODEL", "claude-sonnet-4-6")
-    monkeypatch.setenv("AMC_PLANNER_ANTHROPIC_API_KEY", "sk-ant-test")
-    monkeypatch.setenv("AMC_PLANNER_ANTHROPIC_BASE_URL", model.anthropic_base_url)
-    monkeypatch.setenv("AMC_PLANNER_SEND_SCREENSHOT", "true")
-    server = await build_server(make_settings(default_lease_seconds=30))
-    await server.start()
-    try:
-        yield server
-    finally:
-        await server.stop(0.5)
+def anthropic_env() -> dict[str, str]:
+    return {"AMC_PLANNER_SEND_SCREENSHOT": "true"}
 
 
 async def test_the_logged_prompt_says_the_screenshot_was_left_out(
