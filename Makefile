@@ -39,11 +39,13 @@ lock: | $(UV)
 	$(UV) $(LOCK_COMPILE) $(LOCK_ARGS) -o $(LOCK)
 
 ## Fails when pyproject.toml changed without `make lock` (resolves a copy of the lock, needs PyPI).
+## The copy is a file of its own per run, so checks of several worktrees sharing one venv do not
+## overwrite each other's.
 lock-check: | $(UV)
-	cp $(LOCK) $(VENV)/lock-check.txt
-	$(UV) $(LOCK_COMPILE) -o $(VENV)/lock-check.txt
-	@diff -u $(LOCK) $(VENV)/lock-check.txt \
-		|| { echo "$(LOCK) does not match pyproject.toml: run make lock" >&2; exit 1; }
+	@copy=$$(mktemp --suffix=.lock-check.txt) && trap 'rm -f "$$copy"' EXIT \
+		&& cp $(LOCK) "$$copy" && $(UV) $(LOCK_COMPILE) -o "$$copy" \
+		&& { diff -u $(LOCK) "$$copy" \
+			|| { echo "$(LOCK) does not match pyproject.toml: run make lock" >&2; exit 1; }; }
 
 node_modules/.package-lock.json: package.json package-lock.json
 	npm ci --no-audit --no-fund --loglevel=error
