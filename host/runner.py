@@ -95,7 +95,12 @@ class HostApp:
             "last_error": self.lease.last_error,
             "planner_transport": self.settings.planner_transport,
             "devices": [
-                {"serial": d.serial, "model": d.model, "online": d.online}
+                {
+                    "serial": d.serial,
+                    "model": d.model,
+                    "online": d.online,
+                    "shared_serial": d.shared or bool(d.adb_serial),
+                }
                 for d in self.registry.devices()
             ],
             "running": [
@@ -165,18 +170,31 @@ def _backlog_dict(backlog: types_pb2.OutboxBacklog | None) -> dict[str, Any] | N
     }
 
 
-def driver_factory(settings: HostSettings) -> DriverFactory:
-    """Drivers for phones behind the configured adb server (real or virtual)."""
+def driver_factory(settings: HostSettings, registry: DeviceRegistry | None = None) -> DriverFactory:
+    """Drivers for phones behind the configured adb server (real or virtual). `registry`
+    says how adb reaches each phone: by transport id where phones share a serial (the id
+    the host gives such a phone is not one adb knows)."""
 
     def make(serial: str) -> Driver:
+        info = registry.get(serial) if registry is not None else None
+        tid = info.address if info is not None else None
+        adb_serial = (info.adb_serial if info is not None else "") or serial
         if settings.driver == "uiautomator2":
-            return U2Driver(serial, settings.adb_host, settings.adb_port, settings.u2_rpc_timeout_s)
+            return U2Driver(
+                serial,
+                settings.adb_host,
+                settings.adb_port,
+                settings.u2_rpc_timeout_s,
+                transport_id=tid,
+                adb_serial=adb_serial,
+            )
         return AdbDriver(
             serial,
             settings.adb_host,
             settings.adb_port,
             dump_timeout_s=settings.dump_timeout_s,
             screenshot_timeout_s=settings.screenshot_timeout_s,
+            transport_id=tid,
         )
 
     return make
@@ -247,7 +265,7 @@ def build_host(
             release_phone(settings.adb_host, settings.adb_port, info.serial)
 
     registry.add_listener(let_go)
-    make_driver = make_driver or driver_factory(settings)
+    make_driver = make_driver or driver_factory(settings, registry)
     planner_channel: grpc.aio.Channel | None = None
     planner_settings = PlannerSettings()
     session_store: SqliteSessionStore | None = None

@@ -525,6 +525,11 @@ class PhoneNow:
     serial: str
     model: str
     state: str
+    #: adb's serial when it is not `serial` or other phones have it too (cheap phones ship
+    #: with one): the operator learns why the id is not the serial, and what to fix.
+    adb_serial: str = ""
+    #: adb lists another phone with the same serial now.
+    serial_shared: bool = False
     task_id: str | None = None
     attempt: int | None = None
     goal: str | None = None

@@ -66,6 +66,8 @@ def phones_now(state: HostState) -> list[PhoneNow]:
             serial=info.serial,
             model=info.model,
             state=name.removeprefix("DEVICE_STATE_").lower(),
+            adb_serial=info.adb_serial or (info.serial if info.shared else ""),
+            serial_shared=info.shared,
         )
     for spec, snap in _running(state.lease):
         phone = phones.get(spec.device_serial) or PhoneNow(

@@ -256,8 +256,12 @@ class AdbDriver:
         timeout_s: float = adb_transport.DEFAULT_TIMEOUT_S,
         dump_timeout_s: float | None = None,
         screenshot_timeout_s: float | None = None,
+        transport_id: int | None = None,
     ) -> None:
         self._serial = serial
+        #: adb's transport id for a phone whose serial another listed phone shares (adb
+        #: refuses the serial then: "more than one device"); None: addressed by serial.
+        self._tid = transport_id
         self._addr = (host, port)
         #: How long one read may wait for the phone before the call fails as `DeviceBusy`.
         self.timeout_s = timeout_s
@@ -291,12 +295,12 @@ class AdbDriver:
         try:
             with mapped_errors(self._serial, what):
                 return adb_transport.run(
-                    self._client, self._serial, service, timeout_s or self.timeout_s
+                    self._client, self._serial, service, timeout_s or self.timeout_s, self._tid
                 )
         except (DeviceGone, DeviceBusy):
             raise
         except DeviceError:
-            ensure_listed(self._client, self._addr, self._serial, what)
+            ensure_listed(self._client, self._addr, self._serial, what, self._tid)
             raise
 
     def _shell(self, cmd: str, what: str, timeout_s: float | None = None) -> str:
@@ -312,7 +316,7 @@ class AdbDriver:
         body, end, _ = text.rpartition(_SHELL_END)
         if end:
             return body
-        ensure_listed(self._client, self._addr, self._serial, what)
+        ensure_listed(self._client, self._addr, self._serial, what, self._tid)
         return text
 
     def screen_size(self) -> tuple[int, int]:
@@ -358,7 +362,7 @@ class AdbDriver:
         phone is still there before the image is judged."""
         data = self._run("exec-out:screencap -p", "screencap", self.screenshot_timeout_s)
         if not data.endswith(_PNG_END):
-            ensure_listed(self._client, self._addr, self._serial, "screencap")
+            ensure_listed(self._client, self._addr, self._serial, "screencap", self._tid)
         return png_from_screencap(self._serial, data)
 
     def dump_hierarchy(self) -> str:
@@ -387,12 +391,14 @@ class AdbDriver:
         failure = dump_failure(self._serial, out)
         if isinstance(failure, DeviceBusy):
             # Empty output is also what a stream cut by a vanishing phone reads as.
-            ensure_listed(self._client, self._addr, self._serial, "uiautomator dump")
+            ensure_listed(self._client, self._addr, self._serial, "uiautomator dump", self._tid)
         if failure is not None:
             raise failure
         try:
             with mapped_errors(self._serial, "pull hierarchy"):
-                return adb_transport.pull(self._client, self._serial, remote, self.timeout_s)
+                return adb_transport.pull(
+                    self._client, self._serial, remote, self.timeout_s, self._tid
+                )
         except DeviceGone:
             raise
         except DeviceError as exc:

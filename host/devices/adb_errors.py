@@ -99,26 +99,35 @@ def is_gone(exc: BaseException) -> bool:
     return any(marker in text for marker in _GONE_MARKERS)
 
 
-def adb_state(client: adbutils.AdbClient, addr: tuple[str, int], serial: str) -> str:
+def adb_state(
+    client: adbutils.AdbClient,
+    addr: tuple[str, int],
+    serial: str,
+    transport_id: int | None = None,
+) -> str:
     """What the adb server lists `serial` as ("device" when usable), or why it cannot say
     ("no adb server", "not listed: …"). Asked when a call failed in a way that does not tell
     a dying dumper or on-phone server from a vanished phone (empty output, a dropped stream)."""
     if not server_reachable(*addr):
         return "no adb server"
     try:
-        return adb_transport.state(client, serial, timeout=5.0)
+        return adb_transport.state(client, serial, timeout=5.0, transport_id=transport_id)
     except (adbutils.AdbError, OSError, EOFError) as exc:
         # The server refuses get-state for a phone it lists as unauthorized or offline.
         return listed_state(str(exc)) or f"not listed: {exc}"
 
 
 def ensure_listed(
-    client: adbutils.AdbClient, addr: tuple[str, int], serial: str, what: str
+    client: adbutils.AdbClient,
+    addr: tuple[str, int],
+    serial: str,
+    what: str,
+    transport_id: int | None = None,
 ) -> None:
     """Raise `DeviceGone` unless adb still lists the phone as "device". Checked before a
     failure is retried as passing (`DeviceBusy`), so a phone that vanished is not retried as
     a busy one."""
-    listed = adb_state(client, addr, serial)
+    listed = adb_state(client, addr, serial, transport_id)
     if listed != "device":
         raise gone(serial, what, f"adb lists it as {listed!r}", listed)
 

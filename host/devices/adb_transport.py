@@ -58,33 +58,64 @@ class Client(AdbClient):  # type: ignore[misc]
         return _Connection(self.host, self.port, timeout or self.timeout_s)
 
 
+def switch_request(serial: str, transport_id: int | None = None) -> str:
+    """The request that switches a connection to one phone: by `transport_id` when given
+    (phones sharing a serial, where adb refuses `host:transport:SERIAL` with "more than one
+    device"), else by serial."""
+    if transport_id is not None:
+        return f"host:transport-id:{transport_id}"
+    return f"host:transport:{serial}"
+
+
+def query_prefix(serial: str, transport_id: int | None = None) -> str:
+    """The prefix of a one-shot question about one phone (`…:get-state`), addressed as
+    `switch_request` addresses it."""
+    if transport_id is not None:
+        return f"host-transport-id:{transport_id}"
+    return f"host-serial:{serial}"
+
+
 @contextmanager
-def transport(client: AdbClient, serial: str, timeout: float) -> Iterator[AdbConnection]:
-    """A connection switched to `serial` (`host:transport:`), closed however the block ends."""
+def transport(
+    client: AdbClient, serial: str, timeout: float, transport_id: int | None = None
+) -> Iterator[AdbConnection]:
+    """A connection switched to the phone (see `switch_request`), closed however the block
+    ends."""
     conn = client.make_connection(timeout=timeout)
     try:
-        conn.send_command(f"host:transport:{serial}")
+        conn.send_command(switch_request(serial, transport_id))
         conn.check_okay()
         yield conn
     finally:
         conn.close()
 
 
-def state(client: AdbClient, serial: str, timeout: float = DEFAULT_TIMEOUT_S) -> str:
+def state(
+    client: AdbClient,
+    serial: str,
+    timeout: float = DEFAULT_TIMEOUT_S,
+    transport_id: int | None = None,
+) -> str:
     """`host-serial:SERIAL:get-state`: what the adb server lists the phone as ("device",
     "offline", "unauthorized"…); `AdbError` ("device '…' not found") when it is not listed."""
     conn = client.make_connection(timeout=timeout)
     try:
-        conn.send_command(f"host-serial:{serial}:get-state")
+        conn.send_command(f"{query_prefix(serial, transport_id)}:get-state")
         conn.check_okay()
         return str(conn.read_string_block())
     finally:
         conn.close()
 
 
-def run(client: AdbClient, serial: str, service: str, timeout: float = DEFAULT_TIMEOUT_S) -> bytes:
+def run(
+    client: AdbClient,
+    serial: str,
+    service: str,
+    timeout: float = DEFAULT_TIMEOUT_S,
+    transport_id: int | None = None,
+) -> bytes:
     """`shell:CMD` or `exec-out:CMD`: everything the phone writes until it closes the stream."""
-    with transport(client, serial, timeout) as conn:
+    with transport(client, serial, timeout, transport_id) as conn:
         conn.send_command(service)
         conn.check_okay()
         data = conn.read_until_close(encoding=None)
@@ -92,11 +123,17 @@ def run(client: AdbClient, serial: str, service: str, timeout: float = DEFAULT_T
     return data
 
 
-def pull(client: AdbClient, serial: str, path: str, timeout: float = DEFAULT_TIMEOUT_S) -> bytes:
+def pull(
+    client: AdbClient,
+    serial: str,
+    path: str,
+    timeout: float = DEFAULT_TIMEOUT_S,
+    transport_id: int | None = None,
+) -> bytes:
     """Read one file over the sync protocol (`RECV` → `DATA`… `DONE`, or `FAIL`)."""
     encoded = path.encode("utf-8")
     chunks: list[bytes] = []
-    with transport(client, serial, timeout) as conn:
+    with transport(client, serial, timeout, transport_id) as conn:
         conn.send_command("sync:")
         conn.check_okay()
         conn.send(b"RECV" + struct.pack("<I", len(encoded)) + encoded)

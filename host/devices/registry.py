@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
 from typing import Literal
@@ -33,17 +34,38 @@ _STATE_MAP: dict[str, types_pb2.DeviceState.ValueType] = {
 }
 
 
+#: Between a shared serial and what tells its phones apart in the host's ids for them.
+SHARED_MARK = "@"
+
+
 @dataclass(frozen=True, slots=True)
 class DeviceInfo:
-    """One phone as the host reports it (the lease hello's `Device`)."""
+    """One phone as the host reports it (the lease hello's `Device`).
+
+    `serial` is the host's id for the phone: adb's serial, unless another phone adb listed
+    had the same one when this one appeared (cheap phones ship with `0123456789ABCDEF`);
+    then `serial@t<transport id>` (`serial@usb:<port>` where adb names the USB port), and
+    `adb_serial` holds adb's."""
 
     serial: str
     model: str
     state: types_pb2.DeviceState.ValueType
+    #: adb's transport id for the phone as last listed (None when adb gives none).
+    transport_id: int | None = None
+    #: adb's serial when it is not `serial` (see above); "" otherwise.
+    adb_serial: str = ""
+    #: Another phone adb lists has the same serial now: adb refuses that serial ("more than
+    #: one device"), so the phone is addressed by `transport_id`.
+    shared: bool = False
 
     @property
     def online(self) -> bool:
         return self.state == types_pb2.DEVICE_STATE_ONLINE
+
+    @property
+    def address(self) -> int | None:
+        """The transport id a driver must select the phone by; None: by its serial."""
+        return self.transport_id if self.shared or self.adb_serial else None
 
     def to_proto(self) -> types_pb2.Device:
         return types_pb2.Device(serial=self.serial, model=self.model, state=self.state)
@@ -98,12 +120,39 @@ class DeviceRegistry:
         with self._lock:
             return self._devices.get(serial)
 
-    def _model(self, serial: str) -> str:
+    def _model(self, serial: str, transport_id: int | None) -> str:
         try:
-            out = adb_transport.run(self._client, serial, "shell:getprop ro.product.model", 5.0)
+            out = adb_transport.run(
+                self._client, serial, "shell:getprop ro.product.model", 5.0, transport_id
+            )
             return out.decode("utf-8", "replace").strip() or serial
         except (adbutils.AdbError, OSError):
             return serial
+
+    def _ids(
+        self, listing: list[adbutils.AdbDeviceInfo], known: dict[str, DeviceInfo]
+    ) -> dict[str, tuple[str, str, int | None, bool]]:
+        """Each listed phone under the host's id for it: (adb serial, adb state, transport
+        id, serial shared). A phone keeps the id it has while its transport lives; a new one
+        is known by its serial unless another listed phone has the same serial."""
+        counts = Counter(i.serial for i in listing)
+        by_transport = {
+            (d.adb_serial or d.serial, d.transport_id): d.serial
+            for d in known.values()
+            if d.transport_id is not None
+        }
+        out: dict[str, tuple[str, str, int | None, bool]] = {}
+        for item in listing:
+            tid = item.transport_id
+            shared = counts[item.serial] > 1 and tid is not None
+            key = by_transport.get((item.serial, tid))
+            if key is None:
+                key = item.serial
+                if shared:
+                    usb = item.tags.get("usb")
+                    key += SHARED_MARK + (f"usb:{usb}" if usb else f"t{tid}")
+            out[key] = (item.serial, item.state, tid, shared)
+        return out
 
     def refresh(self, held: Collection[str] = ()) -> list[tuple[DeviceInfo, ChangeKind]]:
         """Poll the adb server once; an unreachable server makes every phone OFFLINE. A device
@@ -112,11 +161,11 @@ class DeviceRegistry:
         the whole fleet offline and back. A phone missing from the list for `forget_after_s`
         is forgotten ("forgotten"), unless it is among `held` (an attempt still holds it);
         only lists adb answered count, so an adb server down for longer forgets no phone."""
-        listed: dict[str, str] = {}
+        listing: list[adbutils.AdbDeviceInfo] = []
         answered = False  # adb gave its list: only then is a phone missing from it gone
         if server_reachable(*self._addr):
             try:
-                listed = {i.serial: i.state for i in self._client.list()}
+                listing = self._client.list(extended=True)  # with each transport id
                 answered = True
                 self._failed_polls = 0
             except (adbutils.AdbError, OSError) as exc:
@@ -124,21 +173,34 @@ class DeviceRegistry:
                 log.warning("adb device list failed (%d in a row): %s", self._failed_polls, exc)
                 if self._failed_polls < self._offline_after:
                     return []
-                listed = {}
         if self._only:
-            listed = {s: st for s, st in listed.items() if s in self._only}
+            listing = [i for i in listing if i.serial in self._only]
         changes: list[tuple[DeviceInfo, ChangeKind]] = []
+        quiet: list[DeviceInfo] = []  # a new transport id, nothing the cloud needs to hear
         with self._lock:
             known = dict(self._devices)
-        for serial, adb_state in listed.items():
+        listed = self._ids(listing, known)
+        for serial, (adb_serial, adb_state, tid, shared) in listed.items():
             state = _STATE_MAP.get(adb_state, types_pb2.DEVICE_STATE_OFFLINE)
             old = known.get(serial)
+            own = "" if adb_serial == serial else adb_serial
             if old is not None and old.state == state:
+                if (old.transport_id, old.shared) != (tid, shared):
+                    quiet.append(DeviceInfo(serial, old.model, state, tid, own, shared))
                 continue
-            model = old.model if old and old.model != serial else serial
-            if state == types_pb2.DEVICE_STATE_ONLINE and (old is None or old.model == serial):
-                model = self._model(serial)
-            info = DeviceInfo(serial=serial, model=model, state=state)
+            model = old.model if old and old.model != adb_serial else adb_serial
+            if state == types_pb2.DEVICE_STATE_ONLINE and (old is None or old.model == adb_serial):
+                model = self._model(adb_serial, tid if shared or own else None)
+            info = DeviceInfo(serial, model, state, tid, own, shared)
+            if shared and old is None:
+                log.warning(
+                    "adb lists several phones with the serial %s: this one (transport id %s) "
+                    "is %s on this host; give the phones their own serials (or keep them "
+                    "on fixed USB ports) so each keeps its id across reconnects",
+                    adb_serial,
+                    tid,
+                    serial,
+                )
             kind: ChangeKind = (
                 "online" if info.online else ("offline" if old is None or old.online else "changed")
             )
@@ -146,11 +208,20 @@ class DeviceRegistry:
         for serial, old in known.items():
             if serial not in listed and old.state != types_pb2.DEVICE_STATE_OFFLINE:
                 changes.append(
-                    (DeviceInfo(serial, old.model, types_pb2.DEVICE_STATE_OFFLINE), "offline")
+                    (
+                        DeviceInfo(
+                            serial,
+                            old.model,
+                            types_pb2.DEVICE_STATE_OFFLINE,
+                            old.transport_id,
+                            old.adb_serial,
+                        ),
+                        "offline",
+                    )
                 )
         now = self._clock()
         with self._lock:
-            for info, _ in changes:
+            for info in [*quiet, *(info for info, _ in changes)]:
                 self._devices[info.serial] = info
             # Without a list (no server, or its lists failing) the phones are out of sight,
             # not gone: counting that as absence forgot every phone after an adb outage
@@ -184,7 +255,7 @@ class DeviceRegistry:
             old = self._devices.get(serial)
             if old is None or old.state == state:
                 return False
-            info = DeviceInfo(serial, old.model, state)
+            info = DeviceInfo(serial, old.model, state, old.transport_id, old.adb_serial)
             self._devices[serial] = info
         kind: ChangeKind = "offline" if old.online else "changed"
         for listener in self._listeners:

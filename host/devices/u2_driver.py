@@ -85,9 +85,17 @@ class _BoundedDevice(adbutils.AdbDevice):  # type: ignore[misc]
     the device was last asked, so a timeout says where it stuck. The server's launch stream
     is the one exception once its OKAY came: it is silent while the server runs."""
 
-    def __init__(self, client: adbutils.AdbClient, serial: str, timeout_s: float) -> None:
-        super().__init__(client, serial=serial)
+    def __init__(
+        self,
+        client: adbutils.AdbClient,
+        serial: str,
+        timeout_s: float,
+        transport_id: int | None = None,
+    ) -> None:
+        super().__init__(client, serial=serial, transport_id=transport_id)
         self._timeout_s = timeout_s
+        #: Set for a phone whose serial another listed phone shares (see `AdbDriver`).
+        self._tid = transport_id
         self.step = "connect"
 
     def open_transport(
@@ -96,8 +104,11 @@ class _BoundedDevice(adbutils.AdbDevice):  # type: ignore[misc]
         """adbutils' own, bounded, and closed when the phone does not take the request (it
         leaves the socket open)."""
         conn = self._client.make_connection(timeout=self._timeout_s)
-        request = f"host-serial:{self._serial}:{command}" if command else None
-        return _handshake(conn, request or f"host:transport:{self._serial}")
+        if command:
+            request = f"{adb_transport.query_prefix(self._serial, self._tid)}:{command}"
+        else:
+            request = adb_transport.switch_request(self._serial, self._tid)
+        return _handshake(conn, request)
 
     def open_shell(self, cmdargs: Any) -> adbutils.AdbConnection:
         """adbutils' own, closed when the phone does not take the command."""
@@ -215,8 +226,14 @@ class U2Driver:
         host: str = "127.0.0.1",
         port: int = 5037,
         rpc_timeout_s: float = adb_transport.DEFAULT_TIMEOUT_S,
+        transport_id: int | None = None,
+        adb_serial: str | None = None,
     ) -> None:
         self._serial = serial
+        #: What adb lists the phone as, and its transport id when that serial is shared
+        #: (`serial` is then the host's own id for it; see `DeviceRegistry`).
+        self._adb_serial = adb_serial or serial
+        self._tid = transport_id
         #: How long one JSON-RPC call may wait for the on-phone server (as the adb driver
         #: waits for a command); a call that runs out is `DeviceBusy`.
         self._rpc_timeout_s = rpc_timeout_s
@@ -237,7 +254,7 @@ class U2Driver:
 
     def _d(self) -> Any:
         if self._dev is None:
-            phone = _BoundedDevice(self._adb, self._serial, self._rpc_timeout_s)
+            phone = _BoundedDevice(self._adb, self._adb_serial, self._rpc_timeout_s, self._tid)
             with _mapped(self._serial, "connect"):
                 try:
                     self._dev = u2.connect(phone)
@@ -263,7 +280,7 @@ class U2Driver:
                 return fn(d)
         except DeviceGone as gone:
             self._reset()
-            if adb_state(self._adb, self._addr, self._serial) != "device":
+            if adb_state(self._adb, self._addr, self._adb_serial, self._tid) != "device":
                 raise
             raise DeviceBusy(
                 f"{what} failed on {self._serial}: uiautomator2's server on the phone dropped "
@@ -278,7 +295,7 @@ class U2Driver:
             # A shell command the unplug cut short ends cleanly, and uiautomator2 reads it as
             # "shell output invalid": only adb's device list tells a vanished phone.
             try:
-                ensure_listed(self._adb, self._addr, self._serial, what)
+                ensure_listed(self._adb, self._addr, self._adb_serial, what, self._tid)
             except DeviceGone:
                 self._reset()
                 raise

@@ -20,6 +20,7 @@ from host.devices.adb_driver import (
 )
 from host.devices.base import DeviceBusy, DeviceError, DeviceGone
 from host.devices.registry import DeviceRegistry
+from host.devices.u2_driver import U2Driver
 from host.devices.virtual.adb_server import ThreadedAdbServer
 from host.devices.virtual.phone import VirtualPhone
 from host.perception.hierarchy import parse_scene
@@ -395,3 +396,40 @@ def test_a_dump_that_timed_out_is_stopped_before_the_retry(
     names = {line.split()[-1] for line in d._shell("ps -A", "test").splitlines()}
     assert {"app_process", "com.github.uiautomator"} <= names
     assert "uiautomator" not in names
+
+
+def test_phones_sharing_a_serial_keep_their_own_ids_and_are_driven_by_transport_id() -> None:
+    """adb lists both phones under the one serial and refuses it ("more than one device"):
+    the registry collapsed them into one phone whose every command failed as "disconnected".
+    Each now has its id while its transport lives (also once the other one left), and both
+    drivers reach it by transport id."""
+    serial = "0123456789ABCDEF"
+    first, second = VirtualPhone(serial), VirtualPhone(serial)
+    second.state.settings["dark_theme"] = True
+    with ThreadedAdbServer([first, second, VirtualPhone("emulator-5554")]) as server:
+        registry = DeviceRegistry(port=server.port)
+        registry.refresh()
+        ids = {p: f"{serial}@t{server.server.transport_id(p)}" for p in (first, second)}
+        assert [d.serial for d in registry.devices()] == [*ids.values(), "emulator-5554"]
+        for phone, key in ids.items():
+            info = registry.get(key)
+            assert info is not None and info.online and info.shared
+            assert info.adb_serial == serial and info.model == "amc virtual phone"
+            want = "yes" if phone is second else "no"
+            adb = AdbDriver(key, port=server.port, transport_id=info.address)
+            assert adb._shell("cmd uimode night", "night").strip() == f"Night mode: {want}"
+            u2 = U2Driver(key, port=server.port, transport_id=info.address, adb_serial=serial)
+            try:
+                u2.launch_app("com.android.settings")
+                assert u2.current_app() == "com.android.settings"
+            finally:
+                u2._reset()
+        plain = registry.get("emulator-5554")
+        assert plain is not None and plain.address is None
+        second.unplug()
+        registry.refresh()
+        info = registry.get(ids[first])
+        assert info is not None and info.online and not info.shared
+        assert AdbDriver(ids[first], port=server.port, transport_id=info.address).current_app()
+        gone = registry.get(ids[second])
+        assert gone is not None and not gone.online

@@ -608,3 +608,52 @@ async def test_a_forgotten_phone_keeps_no_uiautomator2_device(tmp_path: Path) ->
         await serving
         virtual.stop()
         await cloud.server.stop(grace=None)
+
+
+async def test_phones_sharing_a_serial_get_their_own_ids_and_each_runs_its_task(
+    tmp_path: Path,
+) -> None:
+    """Two phones with the serial cheap phones ship with: adb lists both and refuses the
+    serial as ambiguous. The host announced one phone and every task on it failed as
+    "disconnected"; now each has its own id, is driven by its transport id, and the console
+    says why the ids are not the serial."""
+    from host.devices.virtual.adb_server import ThreadedAdbServer
+    from host.devices.virtual.phone import VirtualPhone
+
+    serial = "0123456789ABCDEF"
+    phones = [VirtualPhone(serial), VirtualPhone(serial)]
+    cloud = await start_fake_cloud(tmp_path / "pki", HOST_ID)
+    virtual = ThreadedAdbServer(phones)
+    port = virtual.start()
+    settings = _settings(tmp_path, cloud.port, cloud.pki_dir).model_copy(
+        update={"device_source": "adb", "adb_port": port}
+    )
+    planner = ScriptedPlanner(
+        [
+            Step("launch_app", {"package_name": "com.android.settings"}),
+            Step("tap", by_text("Display")),
+            Step("tap", by_text("Dark theme")),
+            Step("complete", {"success": True, "reason": "dark theme is on"}),
+        ]
+    )
+    app = build_host(settings, planner=planner)
+    stop = asyncio.Event()
+    serving = asyncio.create_task(serve_host(app, stop))
+    fake = cloud.cloud
+    try:
+        await asyncio.wait_for(app.lease.wait_connected(), 20)
+        ids = [f"{serial}@t{virtual.server.transport_id(p)}" for p in phones]
+        hello = fake.hellos[0]
+        assert sorted(d.serial for d in hello.devices) == sorted(ids)
+        assert all(d.state == types_pb2.DEVICE_STATE_ONLINE for d in hello.devices)
+        await fake.assign("t1", ids[1], "Turn on dark theme")
+        await fake.wait_for(lambda: len(fake.results) == 1, within=60)
+        assert fake.results[0].status == types_pb2.TASK_STATUS_SUCCEEDED, fake.results[0].summary
+        assert [p.state.flag("dark_theme") for p in phones] == [False, True]
+        shown = {d["serial"]: d["shared_serial"] for d in app.status()["devices"]}
+        assert shown == {ids[0]: True, ids[1]: True}
+    finally:
+        stop.set()
+        await serving
+        virtual.stop()
+        await cloud.server.stop(grace=None)

@@ -979,7 +979,12 @@ class Device(_message.Message):
     MODEL_FIELD_NUMBER: _builtins.int
     STATE_FIELD_NUMBER: _builtins.int
     serial: _builtins.str
-    """adb serial, unique on its host."""
+    """The phone's id on its host, unique there: its adb serial, or, for a phone whose serial
+    another phone on the host had when it appeared (cheap phones ship with one, e.g.
+    0123456789ABCDEF), that serial + "@t" + adb's transport id ("@usb:" + the USB port where
+    adb names it). Such an id lasts while the phone stays connected: after a reconnect the
+    phone may come back under another one.
+    """
     model: _builtins.str
     """Model name ("Pixel 8", "amc virtual phone"), at most 128 characters (the cloud cuts a longer
     one).

@@ -41,10 +41,12 @@ class VirtualAdbServer:
     """The adb server for any number of virtual phones, on one asyncio event loop."""
 
     def __init__(self, phones: Iterable[VirtualPhone] = ()) -> None:
-        self._phones: dict[str, VirtualPhone] = {}
-        self._transport_ids: dict[str, int] = {}
+        #: Every phone, in the order added. Keyed by the phone, not its serial: cheap phones
+        #: ship with one serial (`0123456789ABCDEF`), and adb lists each of them.
+        self._phones: list[VirtualPhone] = []
+        self._transport_ids: dict[VirtualPhone, int] = {}
         self._next_tid = 1
-        self._bound: dict[str, set[asyncio.StreamWriter]] = {}
+        self._bound: dict[VirtualPhone, set[asyncio.StreamWriter]] = {}
         self._server: asyncio.Server | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._handlers: set[asyncio.Task[None]] = set()
@@ -60,7 +62,8 @@ class VirtualAdbServer:
 
     @property
     def phones(self) -> dict[str, VirtualPhone]:
-        return dict(self._phones)
+        """The phones by serial (of several with one serial, the last added)."""
+        return {p.serial: p for p in self._phones}
 
     @property
     def port(self) -> int:
@@ -70,19 +73,19 @@ class VirtualAdbServer:
 
     def add_phone(self, phone: VirtualPhone) -> None:
         with self._lock:
-            self._phones[phone.serial] = phone
-            self._transport_ids[phone.serial] = self._next_tid
+            self._phones.append(phone)
+            self._transport_ids[phone] = self._next_tid
             self._next_tid += 1
         phone.add_cable_listener(self._on_cable)
         self._notify()
 
     def unplug(self, serial: str) -> None:
         """Make a phone vanish: it leaves `host:devices` and its open connections are cut."""
-        self._phones[serial].unplug()
+        self.phones[serial].unplug()
 
     def replug(self, serial: str) -> None:
         """Bring a phone back, with a new transport id as a real reconnect gets."""
-        self._phones[serial].replug()
+        self.phones[serial].replug()
 
     def fail_device_lists(self, count: int = 1) -> None:
         """Hang up on the next `count` `host:devices` requests without an answer, as an adb
@@ -99,16 +102,20 @@ class VirtualAdbServer:
 
     def connections(self, serial: str) -> int:
         """Open connections bound to a phone (a command may be running on each)."""
-        return len(self._bound.get(serial, ()))
+        return sum(len(w) for p, w in self._bound.items() if p.serial == serial)
+
+    def transport_id(self, phone: VirtualPhone) -> int:
+        """The transport id adb lists `phone` under now (a new one after each replug)."""
+        return self._transport_ids[phone]
 
     def _online(self) -> list[VirtualPhone]:
-        return [p for p in self._phones.values() if p.online]
+        return [p for p in self._phones if p.online]
 
     def _on_cable(self, phone: VirtualPhone) -> None:
         """The phone was unplugged or replugged (through us or directly on the phone)."""
         if phone.online:
             with self._lock:
-                self._transport_ids[phone.serial] = self._next_tid
+                self._transport_ids[phone] = self._next_tid
                 self._next_tid += 1
         loop = self._loop
         if loop is None or loop.is_closed():
@@ -116,10 +123,10 @@ class VirtualAdbServer:
         if phone.online and phone.adb_state == "device":
             loop.call_soon_threadsafe(self._changed.set)
         else:
-            loop.call_soon_threadsafe(self._drop_connections, phone.serial)
+            loop.call_soon_threadsafe(self._drop_connections, phone)
 
-    def _drop_connections(self, serial: str) -> None:
-        for writer in list(self._bound.pop(serial, set())):
+    def _drop_connections(self, phone: VirtualPhone) -> None:
+        for writer in list(self._bound.pop(phone, set())):
             writer.transport.abort()
         self._changed.set()
 
@@ -149,7 +156,7 @@ class VirtualAdbServer:
             task.cancel()
         await asyncio.gather(*self._handlers, return_exceptions=True)
         await self._server.wait_closed()
-        for phone in self._phones.values():
+        for phone in self._phones:
             phone.remove_cable_listener(self._on_cable)
         self._server = None
 
@@ -201,14 +208,18 @@ class VirtualAdbServer:
         if phone is not None:
             await self._device_request(phone, await self._request(reader), reader, writer)
 
-    def _phone(self, serial: str) -> VirtualPhone | None:
-        phone = self._phones.get(serial)
-        return phone if phone is not None and phone.online else None
+    def _phone(self, serial: str) -> VirtualPhone | str | None:
+        """The one listed phone with `serial`; when several are, adb's refusal (its
+        acquire_one_transport: "more than one device"): only a transport id picks one."""
+        found = [p for p in self._online() if p.serial == serial]
+        if len(found) > 1:
+            return "more than one device"
+        return found[0] if found else None
 
     def _by_tid(self, tid: int) -> VirtualPhone | None:
-        for serial, t in self._transport_ids.items():
-            if t == tid:
-                return self._phone(serial)
+        for phone, t in self._transport_ids.items():
+            if t == tid and phone.online:
+                return phone
         return None
 
     def _any(self) -> VirtualPhone | str:
@@ -220,7 +231,7 @@ class VirtualAdbServer:
         return online[0]
 
     def _bind(self, phone: VirtualPhone, writer: asyncio.StreamWriter) -> None:
-        self._bound.setdefault(phone.serial, set()).add(writer)
+        self._bound.setdefault(phone, set()).add(writer)
 
     async def _host_request(
         self, req: str, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
@@ -291,18 +302,20 @@ class VirtualAdbServer:
         self._bind(target, writer)
         reply = proto.OKAY
         if tport:
-            reply += struct.pack("<Q", self._transport_ids[target.serial])
+            reply += struct.pack("<Q", self._transport_ids[target])
         await self._send(writer, reply)
         return target
 
     async def _host_query(self, req: str, writer: asyncio.StreamWriter) -> None:
         """`host-serial:SERIAL:cmd` and friends: one-shot questions about one phone."""
         phone: VirtualPhone | str | None
-        missing: str
+        missing = ""
         m = _HOST_SERIAL.match(req)
         if m:
             phone, cmd = self._phone(m["serial"]), m["cmd"]
-            missing = f"device '{m['serial']}' not found"
+            if isinstance(phone, str):
+                missing, phone = phone, None
+            missing = missing or f"device '{m['serial']}' not found"
         elif (t := _HOST_TID.match(req)) is not None:
             phone, cmd = self._by_tid(int(t["tid"])), t["cmd"]
             missing = f"device with transport id '{t['tid']}' not found"
@@ -356,7 +369,9 @@ class VirtualAdbServer:
         want_gone = cmd.endswith("-disconnect")
         await self._send(writer, proto.OKAY)
         while True:
-            present = bool(self._phone(serial)) if serial else bool(self._online())
+            present = (
+                isinstance(self._phone(serial), VirtualPhone) if serial else bool(self._online())
+            )
             if present != want_gone:
                 await self._send(writer, proto.OKAY)
                 return
@@ -370,7 +385,7 @@ class VirtualAdbServer:
                 p.adb_state,
                 long=long,
                 model=p.model,
-                transport_id=self._transport_ids[p.serial],
+                transport_id=self._transport_ids[p],
             )
             for p in self._online()
         )

@@ -613,3 +613,33 @@ def test_an_attempt_s_cost_counts_its_failed_decisions_calls(tmp_path: Path) -> 
     assert [(f.attempt, f.decisions, f.usage.input_tokens) for f in exported.failed_calls] == [
         (1, 1, 2000)
     ]
+
+
+def test_now_says_which_phones_share_an_adb_serial(filled: Filled) -> None:
+    """Phones with one serial get ids of their own (`serial@t<transport id>`): the page says
+    why the id is not the serial and that adb tells them apart by transport id only."""
+    from dataclasses import dataclass
+
+    from host.devices.registry import DeviceRegistry
+    from host.devices.virtual.adb_server import ThreadedAdbServer
+    from host.devices.virtual.phone import VirtualPhone
+
+    @dataclass
+    class WithPhones:
+        store: TimelineStore
+        registry: DeviceRegistry
+        lease: None = None
+
+    serial = "0123456789ABCDEF"
+    with ThreadedAdbServer([VirtualPhone(serial), VirtualPhone(serial)]) as server:
+        registry = DeviceRegistry(port=server.port)
+        registry.refresh()
+    app = create_app(WithPhones(filled.store, registry))
+    with TestClient(app, base_url=BASE, follow_redirects=False) as c:
+        log_in(c, cast(FastAPI, c.app).state.login_token.current)
+        html = c.get("/now/phones").text
+    rows = re.findall(r'<tr data-serial="([^"]+)".*?</tr>', html, re.S)
+    assert sorted(rows) == [f"{serial}@t1", f"{serial}@t2"]
+    notes = re.findall(r'data-field="adb-serial">(.*?)</div>', html, re.S)
+    assert len(notes) == 2
+    assert all(serial in n and "shared with another phone" in n for n in notes)

@@ -13,6 +13,7 @@ import adbutils
 import pytest
 from PIL import Image
 
+from host.devices import adb_transport
 from host.devices.u2_driver import U2Driver
 from host.devices.virtual.adb_server import ThreadedAdbServer, VirtualAdbServer
 from host.devices.virtual.phone import VirtualPhone
@@ -318,3 +319,30 @@ async def test_stopping_the_server_ends_a_running_command_and_leaves_no_task(
         await server.stop()
     left = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
     assert left == []
+
+
+def test_phones_sharing_a_serial_are_each_reached_by_transport_id_only() -> None:
+    """Cheap phones ship with one serial: adb lists each, refuses the serial as ambiguous
+    ("more than one device", its acquire_one_transport) and reaches each by transport id.
+    (Through `adb_transport`: adbutils' own calls leave a refused socket open.)"""
+    serial = "0123456789ABCDEF"
+    first, second = VirtualPhone(serial), VirtualPhone(serial)
+    second.state.settings["dark_theme"] = True
+    with ThreadedAdbServer([first, second]) as server:
+        client = adb_transport.Client("127.0.0.1", server.port)
+        listed = client.list(extended=True)
+        assert [d.serial for d in listed] == [serial, serial]
+        tids = [d.transport_id for d in listed]
+        assert tids == [server.server.transport_id(first), server.server.transport_id(second)]
+        with pytest.raises(adbutils.AdbError, match="more than one device"):
+            adb_transport.run(client, serial, "shell:echo hi")
+        with pytest.raises(adbutils.AdbError, match="more than one device"):
+            adb_transport.state(client, serial)
+        answers = [
+            adb_transport.run(client, serial, "shell:cmd uimode night", transport_id=tid)
+            for tid in tids
+        ]
+        assert answers == [b"Night mode: no\n", b"Night mode: yes\n"]
+        assert adb_transport.state(client, serial, transport_id=tids[1]) == "device"
+        second.unplug()
+        assert adb_transport.run(client, serial, "shell:echo hi") == b"hi\n"
