@@ -44,6 +44,12 @@ _ROTATION_RES = (
 _SIZE_SPLIT = "--amc-wm-size-end--"
 # Echoed after every shell command: its absence means the stream ended before the shell did.
 _SHELL_END = "--amc-shell-end--"
+#: The longest shell command line one request may carry. adbd before Android 7 takes adb
+#: packets of 4096 bytes (MAX_PAYLOAD_V1), and a request's service name (`shell:` + the line
+#: + `_SHELL_END`'s echo + a NUL) must fit in one: a longer one cannot be opened (the adb
+#: server gives up with "destination oversized" and the connection drops unanswered).
+SHELL_LINE_MAX = 4096 - 2 - len(f"shell:; echo {_SHELL_END}")
+_INPUT_TEXT = "input text "
 _SURFACE_ORIENTATION_RE = re.compile(r"SurfaceOrientation:\s*([0-3])\b")
 _FOCUS_RES = (
     re.compile(r"mCurrentFocus=Window\{[^}]*\s([\w.]+)/[\w.$]+\}"),
@@ -169,18 +175,45 @@ def escape_input_text(text: str) -> str:
     return "".join(out)
 
 
-def input_text_commands(text: str) -> list[str]:
+def input_text_commands(text: str, max_line: int = SHELL_LINE_MAX) -> list[str]:
     """The `input text` commands that, run in order, type exactly `text` (tabs and line breaks
-    as spaces).
+    as spaces), each at most `max_line` characters long.
 
     Android's `input text` (InputShellCommand.sendText) replaces every `%s` in its argument by
     a space and has no escape for a literal `%s`: `\\%s` reaches it as `%s` once the shell drops
     the backslash, and `%%s` types `% `. So text is split between each literal `%` and the `s`
     after it ("a%sb" → `input text a%`, `input text sb`): a `%` at the end of one argument
     has nothing after it to pair with. Spaces next to a `%` stay exact (`% ` → `%%s` → `% `).
+    A long text is cut into more commands (see `SHELL_LINE_MAX`); a cut anywhere is safe, as
+    each piece is escaped on its own.
     """
-    parts = _PERCENT_S_SPLIT.split(text)
-    return [f"input text {escape_input_text(part)}" for part in parts if part]
+    room = max_line - len(_INPUT_TEXT)
+    commands: list[str] = []
+    for part in _PERCENT_S_SPLIT.split(text):
+        piece: list[str] = []
+        size = 0
+        for ch in part:
+            escaped = escape_input_text(ch)
+            if size + len(escaped) > room and piece:
+                commands.append(_INPUT_TEXT + "".join(piece))
+                piece, size = [], 0
+            piece.append(escaped)
+            size += len(escaped)
+        if piece:
+            commands.append(_INPUT_TEXT + "".join(piece))
+    return commands
+
+
+def shell_lines(commands: list[str], max_line: int = SHELL_LINE_MAX) -> list[str]:
+    """`commands` joined by `&&` (a failure stops the rest) into as few lines of at most
+    `max_line` characters as they fit in, in order; one longer command stands alone."""
+    lines: list[str] = []
+    for cmd in commands:
+        if lines and len(lines[-1]) + 4 + len(cmd) <= max_line:
+            lines[-1] += " && " + cmd
+        else:
+            lines.append(cmd)
+    return lines
 
 
 def parse_wm_size(output: str) -> tuple[int, int]:
@@ -485,9 +518,11 @@ class AdbDriver:
                 "only and this text has other characters (nothing was typed); use the u2 "
                 "driver for it"
             )
-        # One shell round trip; `&&` stops at the first `input` that fails. The text itself
-        # never goes into an error message: it may be a secret.
-        self._input(" && ".join(input_text_commands(text)), "input text", quote=False)
+        # As few shell round trips as fit adb's request size; `&&` stops at the first `input`
+        # that fails, and so does a failed line. The text itself never goes into an error
+        # message: it may be a secret.
+        for line in shell_lines(input_text_commands(text)):
+            self._input(line, "input text", quote=False)
 
     def press_key(self, key: KeyName) -> None:
         code = _KEYCODES.get(key)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import functools
 import http.client
 import io
 import json
@@ -48,6 +49,11 @@ from host.devices.input_method import InputMethodCache
 from host.devices.screen_state import SCREEN_STATE_COMMAND, parse_screen_state
 
 T = TypeVar("T")
+#: The most UTF-8 bytes of text one `send_keys` carries. Through the AdbKeyboard IME it is
+#: one `am broadcast … --es text <base64>` shell request, and adbd before Android 7 opens
+#: none longer than 4096 bytes (see `adb_driver.SHELL_LINE_MAX`): 2048 bytes are 2732 in
+#: base64, with room for the command around them.
+SEND_KEYS_MAX_BYTES = 2048
 #: How deep uiautomator2's server walks each window's tree (its own default is 50; Appium's 70;
 #: real apps reach ~90 levels).
 MAX_DEPTH = 120
@@ -159,6 +165,25 @@ def _handshake(conn: adbutils.AdbConnection, request: str) -> adbutils.AdbConnec
         conn.close()
         raise
     return conn
+
+
+def _send_keys(text: str, d: Any) -> None:
+    d.send_keys(text)
+
+
+def utf8_pieces(text: str, max_bytes: int) -> list[str]:
+    """`text` cut between characters into pieces of at most `max_bytes` in UTF-8."""
+    pieces: list[str] = []
+    start, size = 0, 0
+    for i, ch in enumerate(text):
+        n = len(ch.encode("utf-8", "surrogatepass"))
+        if size + n > max_bytes and i > start:
+            pieces.append(text[start:i])
+            start, size = i, 0
+        size += n
+    if start < len(text):
+        pieces.append(text[start:])
+    return pieces
 
 
 def _command(cmdargs: Any) -> str:
@@ -361,8 +386,10 @@ class U2Driver:
 
     def input_text(self, text: str) -> None:
         # Exact for any text: send_keys goes through the AdbKeyboard IME (base64 in a broadcast)
-        # or the clipboard and a paste, never `input text` with its `%s` rule.
-        self._call("input text", lambda d: d.send_keys(text))
+        # or the clipboard and a paste, never `input text` with its `%s` rule. A long text
+        # goes in pieces, each typed where the last one ended.
+        for piece in utf8_pieces(text, SEND_KEYS_MAX_BYTES):
+            self._call("input text", functools.partial(_send_keys, piece))
         # send_keys selects uiautomator2's AdbKeyboard when it can: ask again which one is up.
         self._ime.forget()
 

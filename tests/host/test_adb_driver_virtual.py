@@ -17,6 +17,7 @@ from host.devices.adb_driver import (
     escape_input_text,
     input_text_commands,
     parse_current_package,
+    shell_lines,
 )
 from host.devices.base import DeviceBusy, DeviceError, DeviceGone
 from host.devices.registry import DeviceRegistry
@@ -126,6 +127,35 @@ def test_typed_text_arrives_exactly(adb: tuple[ThreadedAdbServer, VirtualPhone],
     assert page.focus is not None
     assert page.fields[page.focus] == text
     assert _focused_text(d) == text
+
+
+# 10 KiB of text with every kind `input text` must escape or split, as a chat message or a
+# pasted document would be.
+LONG_TEXT = ("".join(TRICKY_TEXTS) * 200)[:10240]
+
+
+def test_a_long_text_arrives_whole_on_a_phone_with_small_adb_packets(
+    adb: tuple[ThreadedAdbServer, VirtualPhone],
+) -> None:
+    """adbd before Android 7 opens no request longer than its 4096-byte packet; the whole
+    text went in one `shell:` request, which the adb server could not open ("destination
+    oversized"): the connection dropped, the step failed with "Unknown data: b''" and nothing
+    was typed. It now goes in `input text` commands that each fit."""
+    server, phone = adb
+    phone.adbd_max_payload = 4096
+    d = AdbDriver(SERIAL, port=server.port)
+    _focus_contact_name(d)
+    d.input_text(LONG_TEXT)
+    page = phone.current_page()
+    assert page.focus is not None
+    assert page.fields[page.focus] == LONG_TEXT
+
+
+def test_long_text_commands_fit_one_request_each() -> None:
+    lines = shell_lines(input_text_commands(LONG_TEXT))
+    assert len(lines) > 3
+    assert all(len(f"shell:{line}; echo --amc-shell-end--") < 4096 - 1 for line in lines)
+    assert shell_lines(["a", "b"]) == ["a && b"]
 
 
 def test_delete_key_erases_characters(adb: tuple[ThreadedAdbServer, VirtualPhone]) -> None:

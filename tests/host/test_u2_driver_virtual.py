@@ -10,7 +10,7 @@ import pytest
 
 from host.devices.adb_driver import AdbDriver
 from host.devices.base import DeviceBusy, DeviceError, DeviceGone
-from host.devices.u2_driver import U2Driver
+from host.devices.u2_driver import U2Driver, utf8_pieces
 from host.devices.virtual.adb_server import ThreadedAdbServer
 from host.devices.virtual.apps.base import PhoneApi
 from host.devices.virtual.apps.stub import StubApp
@@ -106,6 +106,36 @@ def test_text_is_exact_and_delete_erases(served: tuple[ThreadedAdbServer, Virtua
     d.press_key("delete")
     d.press_key("delete")
     assert page.fields[page.focus] == "Zoë"
+
+
+def test_a_long_text_arrives_whole_through_the_adb_keyboard_on_small_adb_packets(
+    served: tuple[ThreadedAdbServer, VirtualPhone],
+) -> None:
+    """With uiautomator2's AdbKeyboard installed, send_keys sends the whole text as base64
+    in one `am broadcast` shell request; adbd before Android 7 opens none longer than 4096
+    bytes, so a 10 KiB text dropped the connection and typed nothing. It now goes in pieces."""
+    server, phone = served
+    phone.adbd_max_payload = 4096
+    phone.installed.add("com.github.uiautomator")  # the helper APK with the AdbKeyboard IME
+    d = U2Driver(SERIAL, port=server.port)
+    d.launch_app("com.android.contacts")
+    scene = parse_scene(d.dump_hierarchy(), d.screen_size(), d.current_app())
+    create = next(e for e in scene.elements if "Create contact" in (e.text, e.content_desc))
+    d.tap(*create.bounds.center)
+    scene = parse_scene(d.dump_hierarchy(), d.screen_size(), d.current_app())
+    d.tap(*next(e for e in scene.elements if "EditText" in e.class_name).bounds.center)
+    text = ('Zoë\'s "plan" & 100% ✓ 東京 $HOME; ' * 400)[:10240]
+    d.input_text(text)
+    page = phone.current_page()
+    assert page.focus is not None
+    assert page.fields[page.focus] == text
+    assert d.keyboard_package() == "com.github.uiautomator"  # typed through its broadcast
+
+
+def test_utf8_pieces_cut_between_characters() -> None:
+    assert utf8_pieces("aé✓b", 3) == ["aé", "✓", "b"]
+    assert utf8_pieces("", 3) == []
+    assert "".join(utf8_pieces("東京" * 999, 2048)) == "東京" * 999
 
 
 class _DeepApp(StubApp):

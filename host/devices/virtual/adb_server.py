@@ -410,6 +410,11 @@ class VirtualAdbServer:
         reader: asyncio.StreamReader,
         writer: asyncio.StreamWriter,
     ) -> None:
+        if len(req.encode("utf-8")) + 1 > phone.adbd_max_payload - 1:
+            log.warning(
+                "virtual adb: destination oversized for %s (%d bytes)", phone.serial, len(req)
+            )
+            raise _Closed
         stall = phone.take_service_stall(req)
         if stall is not None:
             with contextlib.suppress(TimeoutError):

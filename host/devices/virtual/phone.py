@@ -182,6 +182,12 @@ class VirtualPhone:
         #: (Security settings)" off; some vivo and Honor builds): every `input` event fails
         #: with a SecurityException naming INJECT_EVENTS, as Android 11+ prints it.
         self.refuse_injected_input = False
+        #: The largest adb packet its adbd takes (agreed in the connection's CNXN): 1 MiB on
+        #: current releases, 4096 bytes (MAX_PAYLOAD_V1) on adbd before Android 7. A device
+        #: service whose name (`shell:CMD` with its NUL) does not fit cannot be opened: the
+        #: adb server gives up on the request ("destination oversized") and the client's
+        #: connection drops unanswered.
+        self.adbd_max_payload = 1024 * 1024
         self.model = model
         self.sdk = 34
         self.release = "14"
