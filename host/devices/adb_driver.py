@@ -52,10 +52,10 @@ SHELL_LINE_MAX = 4096 - 2 - len(f"shell:; echo {_SHELL_END}")
 _INPUT_TEXT = "input text "
 _SURFACE_ORIENTATION_RE = re.compile(r"SurfaceOrientation:\s*([0-3])\b")
 _FOCUS_RES = (
-    re.compile(r"mCurrentFocus=Window\{[^}]*\s([\w.]+)/[\w.$]+\}"),
-    re.compile(r"mFocusedApp=.*?\s([\w.]+)/[\w.$]+"),
-    re.compile(r"mResumedActivity.*?\s([\w.]+)/[\w.$]+"),
-    re.compile(r"ResumedActivity.*?\s([\w.]+)/[\w.$]+"),
+    re.compile(r"mCurrentFocus=Window\{[^}]*\s([\w.]+)/([\w.$]+)\}"),
+    re.compile(r"mFocusedApp=.*?\s([\w.]+)/([\w.$]+)"),
+    re.compile(r"mResumedActivity.*?\s([\w.]+)/([\w.$]+)"),
+    re.compile(r"ResumedActivity.*?\s([\w.]+)/([\w.$]+)"),
 )
 _PACKAGE_RE = re.compile(r"^[A-Za-z][\w]*(\.[A-Za-z_][\w]*)*$")
 _DUMP_DIR = "/data/local/tmp"
@@ -249,13 +249,19 @@ def current_size(natural: tuple[int, int], rotation: int) -> tuple[int, int]:
     return (height, width) if rotation % 2 else (width, height)
 
 
-def parse_current_package(dumpsys: str) -> str:
-    """The foreground package from `dumpsys window` (or `dumpsys activity`) output."""
+def parse_current_window(dumpsys: str) -> str:
+    """The focused window as `package/activity` from `dumpsys window` (or `dumpsys
+    activity`) output; "" when it names none."""
     for pattern in _FOCUS_RES:
         m = pattern.search(dumpsys)
         if m:
-            return m.group(1)
+            return f"{m.group(1)}/{m.group(2)}"
     return ""
+
+
+def parse_current_package(dumpsys: str) -> str:
+    """The foreground package from `dumpsys window` (or `dumpsys activity`) output."""
+    return parse_current_window(dumpsys).partition("/")[0]
 
 
 def check_package(package: str) -> str:
@@ -549,6 +555,9 @@ class AdbDriver:
 
     def current_app(self) -> str:
         return parse_current_package(self._shell("dumpsys window", "dumpsys window"))
+
+    def current_window(self) -> str:
+        return parse_current_window(self._shell("dumpsys window", "dumpsys window"))
 
     def keyboard_package(self) -> str:
         return self._ime.package()

@@ -79,6 +79,17 @@ class ScreenControl(Protocol):
 
 
 @runtime_checkable
+class WindowInfo(Protocol):
+    """What a driver offers to tell one window from another (`Perceiver` remembers a window
+    that gives no UI tree, and asks again only once another is in front)."""
+
+    def current_window(self) -> str:
+        """The focused window as `package/activity` (the package alone, or "", when the phone
+        does not say)."""
+        ...
+
+
+@runtime_checkable
 class Driver(Protocol):
     """Everything the agent loop does to a phone."""
 

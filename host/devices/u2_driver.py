@@ -413,6 +413,11 @@ class U2Driver:
         info = self._call("current app", lambda d: d.app_current())
         return str(info.get("package", ""))
 
+    def current_window(self) -> str:
+        info = self._call("current app", lambda d: d.app_current())
+        package, activity = str(info.get("package", "")), str(info.get("activity", ""))
+        return f"{package}/{activity}" if package and activity else package
+
     def keyboard_package(self) -> str:
         return self._ime.package()
 

@@ -31,6 +31,7 @@ from host.devices.base import (
     ScreenLocked,
     ScreenshotError,
     ScreenUnavailable,
+    WindowInfo,
 )
 from host.perception.fusion import fuse_ocr, same_aspect, to_screen_space
 from host.perception.hierarchy import HierarchyError, parse_scene
@@ -82,6 +83,10 @@ class Perceiver:
         self.ocr_min_confidence = ocr_min_confidence
         #: How long one look's dump tries may take together (see `scene_from_dump`).
         self.deadline_s = deadline_s
+        #: Per phone, the window (`package/activity`) whose look gave no UI tree, and why:
+        #: the next looks at it go straight to the screenshot instead of paying the bounded
+        #: tries again at every step; forgotten once another window is in front.
+        self._treeless: dict[str, tuple[str, str]] = {}
 
     def scene_from_dump(
         self,
@@ -195,21 +200,38 @@ class Perceiver:
         image_size = self.image_size(driver.serial, png)
         t1 = time.perf_counter()
         size = driver.screen_size()
+        window = ""
         try:
-            package = driver.current_app()
+            if isinstance(driver, WindowInfo):
+                window = driver.current_window()
+                package = window.partition("/")[0]
+            else:
+                package = driver.current_app()
         except DeviceGone:
             raise
         except DeviceError:
             package = ""
-        try:
-            scene, xml = self.scene_from_dump(driver, size, package, self.keyboard_package(driver))
-        except NoUiTree as exc:
-            # Ending the attempt (retryable) spent every attempt the task had on the same
-            # window, on any phone: the step goes on from the screenshot (and its OCR text),
-            # the model told that the tree is missing, and may still reach the goal or say
-            # why it cannot.
-            log.warning("%s: going on without a UI tree: %s", driver.serial, exc)
-            scene, xml = Scene([], package, "", *size, tree_missing=str(exc)), ""
+        known = self._treeless.get(driver.serial)
+        if known is not None and window and known[0] == window:
+            scene, xml = Scene([], package, "", *size, tree_missing=known[1]), ""
+        else:
+            self._treeless.pop(driver.serial, None)
+            try:
+                ime = self.keyboard_package(driver)
+                scene, xml = self.scene_from_dump(driver, size, package, ime)
+            except NoUiTree as exc:
+                # Ending the attempt (retryable) spent every attempt the task had on the same
+                # window, on any phone: the step goes on from the screenshot (and its OCR
+                # text), the model told that the tree is missing, and may still reach the
+                # goal or say why it cannot.
+                log.warning("%s: going on without a UI tree: %s", driver.serial, exc)
+                why = str(exc)
+                scene, xml = Scene([], package, "", *size, tree_missing=why), ""
+                if window:
+                    self._treeless[driver.serial] = (
+                        window,
+                        f"{why}; not asked again while {window} stays in front",
+                    )
         t2 = time.perf_counter()
         timings = {"screenshot_s": t1 - t0, "hierarchy_s": t2 - t1}
         if with_ocr and self.ocr is not None:

@@ -200,3 +200,46 @@ def test_a_stuck_phone_fails_its_look_within_the_looks_deadline(driver: str) -> 
     message = str(raised.value)
     assert "after 1 try" in message and "timed out" in message, message
     assert "0.9 s one look may take" in message, message
+
+
+@pytest.mark.parametrize("driver", ["adbutils", "uiautomator2"])
+def test_a_window_that_gives_no_tree_is_not_dumped_again_until_another_is_in_front(
+    driver: str,
+) -> None:
+    """A window whose dumps all fail with the phone's own answer cost every look its bounded
+    tries (up to the look's deadline) at every step of the attempt, and the step waited each
+    time. The perceiver now remembers the window per phone: the next looks go straight to
+    the screenshot (the model still told the tree is missing), and a window of another app
+    is dumped again."""
+    from host.devices.u2_driver import U2Driver
+
+    phone = VirtualPhone("treeless-1")
+    with ThreadedAdbServer([phone]) as server:
+        d: AdbDriver | U2Driver
+        if driver == "adbutils":
+            d = AdbDriver(phone.serial, port=server.port)
+        else:
+            d = U2Driver(phone.serial, port=server.port)
+        try:
+            d.launch_app("com.android.settings")
+            perceiver = Perceiver(None, retries=3, retry_delay_s=0)
+            phone.glitch_every(1, "idle")  # this window never goes idle
+            before = phone.dumps_taken
+            first = perceiver.perceive(d, with_ocr=False).scene
+            assert "after 3 tries" in first.tree_missing and not first.elements
+            taken = phone.dumps_taken  # 3, or 9 through uiautomator2 (it retries too)
+            assert taken >= before + 3
+            again = perceiver.perceive(d, with_ocr=False)
+            assert phone.dumps_taken == taken  # not asked again
+            assert "stays in front" in again.scene.tree_missing and again.screenshot_png
+            assert again.scene.package == "com.android.settings"
+            phone.glitch_every(0)
+            d.launch_app("com.android.contacts")
+            other = perceiver.perceive(d, with_ocr=False).scene
+            assert phone.dumps_taken == taken + 1
+            assert other.elements and not other.tree_missing
+            d.launch_app("com.android.settings")  # back: forgotten when the window changed
+            assert perceiver.perceive(d, with_ocr=False).scene.elements
+        finally:
+            if isinstance(d, U2Driver):
+                d._reset()

@@ -227,6 +227,8 @@ class VirtualPhone:
         self._dump_glitches: list[DumpGlitch] = []
         self._glitch_every: tuple[int, DumpGlitch] | None = None
         self._dumps = 0
+        #: Hierarchy dumps asked of the phone so far, in any form (failed ones too).
+        self.dumps_taken = 0
         #: Queued agent deaths (see `crash_u2_agent`): True for one midway through its answer.
         self._u2_crashes: list[bool] = []
         self._u2_hangs: list[float] = []
@@ -640,6 +642,7 @@ class VirtualPhone:
 
     def _next_glitch(self) -> DumpGlitch | None:
         self._dumps += 1
+        self.dumps_taken += 1
         if self._dump_glitches:
             return self._dump_glitches.pop(0)
         if self._glitch_every is not None and self._dumps % self._glitch_every[0] == 0:
