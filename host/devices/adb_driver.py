@@ -23,7 +23,14 @@ from host.devices.base import (
 )
 from host.devices.input_method import COMMAND as INPUT_METHOD_COMMAND
 from host.devices.input_method import InputMethodCache
-from host.devices.screen_state import SCREEN_STATE_COMMAND, parse_screen_state
+from host.devices.screen_state import (
+    SCREEN_STATE_COMMAND,
+    SDK_COMMAND,
+    has_dismiss_keyguard,
+    parse_screen_state,
+    parse_sdk,
+    unlock_swipe,
+)
 
 log = logging.getLogger(__name__)
 
@@ -311,6 +318,7 @@ class AdbDriver:
         self._client = adb_transport.Client(host=host, port=port)
         self._natural: tuple[int, int] | None = None
         self._rotation_unknown = False
+        self._sdk: int | None = None
         self._ime = InputMethodCache(
             serial, lambda: self._shell(INPUT_METHOD_COMMAND, "read input method")
         )
@@ -473,7 +481,20 @@ class AdbDriver:
         self._input("input keyevent KEYCODE_WAKEUP", "wake")
 
     def dismiss_keyguard(self) -> None:
-        self._shell("wm dismiss-keyguard", "dismiss keyguard")
+        """`wm dismiss-keyguard` from Android 8 on; before it MENU, then a swipe up if the
+        lock screen is still there (see `DISMISS_KEYGUARD_MIN_SDK`)."""
+        if has_dismiss_keyguard(self._sdk_level()):
+            self._shell("wm dismiss-keyguard", "dismiss keyguard")
+            return
+        self._input("input keyevent KEYCODE_MENU", "dismiss keyguard")
+        if self.screen_state().locked:
+            self.swipe(*unlock_swipe(self.screen_size()))
+
+    def _sdk_level(self) -> int | None:
+        """The phone's API level, read once (None when it does not say)."""
+        if self._sdk is None:
+            self._sdk = parse_sdk(self._shell(SDK_COMMAND, "read API level"))
+        return self._sdk
 
     def tap(self, x: int, y: int) -> None:
         self._input(f"input tap {int(x)} {int(y)}", "tap")

@@ -74,7 +74,8 @@ class ScreenControl(Protocol):
         ...
 
     def dismiss_keyguard(self) -> None:
-        """Dismiss a lock screen that needs no credential (`wm dismiss-keyguard`)."""
+        """Dismiss a lock screen that needs no credential (`wm dismiss-keyguard`; before
+        Android 8, which lacks it, MENU and then a swipe up)."""
         ...
 
 

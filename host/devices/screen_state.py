@@ -20,10 +20,34 @@ import re
 from host.devices.base import ScreenState
 
 SCREEN_STATE_COMMAND = "dumpsys power | grep -i wakefulness; dumpsys window policy"
+SDK_COMMAND = "getprop ro.build.version.sdk"
+#: The first release with `wm dismiss-keyguard` (Android 8). Before it `wm` knows no such
+#: command (it prints its usage and "Error: unknown command …"): a lock screen that needs no
+#: credential goes with the MENU key (KEYCODE_MENU, 82) unless the maker turned that off
+#: (config_disableMenuKeyInLockScreen), and always with a swipe up.
+DISMISS_KEYGUARD_MIN_SDK = 26
 
 _WAKEFULNESS = re.compile(r"^\s*(?:mWakefulness|getWakefulnessLocked\(\))=(\w+)", re.M)
 _OLD_LOCK = re.compile(r"\bm(?:Showing|Dreaming)Lockscreen=true\b")
 _FIELD = re.compile(r"^\s*(\w+)=(\S+)\s*$", re.M)
+
+
+def parse_sdk(output: str) -> int | None:
+    """The API level `SDK_COMMAND` printed; None when it printed no number."""
+    text = output.strip()
+    return int(text) if text.isdigit() else None
+
+
+def has_dismiss_keyguard(sdk: int | None) -> bool:
+    """Whether the phone's `wm` has dismiss-keyguard; an unknown level is taken as new."""
+    return sdk is None or sdk >= DISMISS_KEYGUARD_MIN_SDK
+
+
+def unlock_swipe(size: tuple[int, int]) -> tuple[int, int, int, int]:
+    """A swipe up the middle of the screen, from 4/5 to 1/5 of its height: what dismisses a
+    swipe lock screen on every release."""
+    width, height = size
+    return width // 2, height * 4 // 5, width // 2, height // 5
 
 
 def _block(text: str, header: str) -> dict[str, str]:

@@ -46,7 +46,14 @@ from host.devices.base import (
 )
 from host.devices.input_method import COMMAND as INPUT_METHOD_COMMAND
 from host.devices.input_method import InputMethodCache
-from host.devices.screen_state import SCREEN_STATE_COMMAND, parse_screen_state
+from host.devices.screen_state import (
+    SCREEN_STATE_COMMAND,
+    SDK_COMMAND,
+    has_dismiss_keyguard,
+    parse_screen_state,
+    parse_sdk,
+    unlock_swipe,
+)
 
 T = TypeVar("T")
 #: The most UTF-8 bytes of text one `send_keys` carries. Through the AdbKeyboard IME it is
@@ -266,6 +273,7 @@ class U2Driver:
         self._addr = (host, port)
         self._key = (host, port, serial)
         self._dev: Any = None
+        self._sdk: int | None = None
         self._ime = InputMethodCache(
             serial,
             lambda: str(
@@ -429,4 +437,17 @@ class U2Driver:
         self._call("wake", lambda d: d.screen_on())
 
     def dismiss_keyguard(self) -> None:
-        self._call("dismiss keyguard", lambda d: d.shell("wm dismiss-keyguard"))
+        """As the adbutils driver does it (`AdbDriver.dismiss_keyguard`)."""
+        if has_dismiss_keyguard(self._sdk_level()):
+            self._call("dismiss keyguard", lambda d: d.shell("wm dismiss-keyguard"))
+            return
+        self._call("dismiss keyguard", lambda d: d.shell("input keyevent KEYCODE_MENU"))
+        if self.screen_state().locked:
+            self.swipe(*unlock_swipe(self.screen_size()))
+
+    def _sdk_level(self) -> int | None:
+        """The phone's API level, read once (None when it does not say)."""
+        if self._sdk is None:
+            out = self._call("read API level", lambda d: d.shell(SDK_COMMAND).output)
+            self._sdk = parse_sdk(str(out))
+        return self._sdk

@@ -121,6 +121,46 @@ def test_a_sleeping_phone_is_woken_and_a_swipe_lock_dismissed(
     assert scene.package == "com.android.launcher3"
 
 
+@pytest.mark.parametrize("driver", ["adbutils", "uiautomator2"])
+@pytest.mark.parametrize("menu_unlocks", [True, False])
+def test_a_swipe_lock_on_a_phone_before_android_8_is_dismissed(
+    driver: str, menu_unlocks: bool
+) -> None:
+    """`wm dismiss-keyguard` came with Android 8 (API 26): on an older phone `wm` printed its
+    usage and "Error: unknown command", the lock screen stayed, and every task on the phone
+    failed with "still shows its lock screen after dismissing it". Below API 26 the drivers
+    now press MENU, then swipe up if the lock screen is still there (on builds where MENU
+    does not unlock)."""
+    from host.devices.u2_driver import U2Driver
+
+    phone = VirtualPhone("old-1")
+    phone.sdk = 25  # Android 7.1
+    phone.menu_unlocks = menu_unlocks
+    with ThreadedAdbServer([phone]) as server:
+        d: AdbDriver | U2Driver
+        if driver == "adbutils":
+            d = AdbDriver(phone.serial, port=server.port)
+        else:
+            d = U2Driver(phone.serial, port=server.port)
+        try:
+            assert "unknown command 'dismiss-keyguard'" in AdbDriver(
+                phone.serial, port=server.port
+            )._shell("wm dismiss-keyguard 2>&1", "old wm")
+            phone.set_screen_lock("swipe")
+            phone.sleep()
+            scene = Perceiver(None, retry_delay_s=0).perceive(d, with_ocr=False).scene
+            assert (phone.awake, phone.locked) == (True, False)
+            assert scene.package == "com.android.launcher3"
+            phone.set_screen_lock("pin", "2580")  # a credential is still never guessed
+            phone.sleep()
+            with pytest.raises(ScreenLocked, match="needs a PIN"):
+                Perceiver(None, retry_delay_s=0).perceive(d, with_ocr=False)
+            assert phone.locked
+        finally:
+            if isinstance(d, U2Driver):
+                d._reset()
+
+
 @pytest.mark.parametrize("over_adb", [False, True])
 def test_a_secure_lock_screen_is_a_clear_failure_never_a_guess(
     served: tuple[VirtualPhone, AdbDriver], over_adb: bool

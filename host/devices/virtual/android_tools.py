@@ -177,10 +177,27 @@ def _wm(sh: Session, args: list[str], stdin: bytes) -> Output:
         return Output()
     if args[:1] == ["density"]:
         return Output().out("Physical density: 420\n")
-    if args[:1] == ["dismiss-keyguard"]:
+    if args[:1] == ["dismiss-keyguard"] and p.sdk >= 26:
         p.dismiss_keyguard()
         return Output()
+    if p.sdk < 26:
+        # Android 8 (API 26) added dismiss-keyguard. Older `wm` (BaseCommand.showError) prints
+        # its usage and the error to stderr and exits 0.
+        op = args[0] if args else ""
+        error = f"\nError: unknown command '{op}'\n" if op else ""
+        return Output().err(_WM_USAGE_OLD + error, 0 if op else 1)
     return Output().err("usage: wm [size|density|dismiss-keyguard] ...\n", 255)
+
+
+# Android 7's `wm` usage (Wm.onShowUsage), first lines.
+_WM_USAGE_OLD = (
+    "usage: wm [subcommand] [options]\n"
+    "       wm size [reset|WxH|WdpxHdp]\n"
+    "       wm density [reset|DENSITY]\n"
+    "       wm overscan [reset|LEFT,TOP,RIGHT,BOTTOM]\n"
+    "       wm scaling [off|auto]\n"
+    "       wm screen-capture [userId] [true|false]\n"
+)
 
 
 # What AOSP's screencap writes (to stderr, which `exec-out` and plain `shell` merge into the

@@ -188,6 +188,9 @@ class VirtualPhone:
         #: adb server gives up on the request ("destination oversized") and the client's
         #: connection drops unanswered.
         self.adbd_max_payload = 1024 * 1024
+        #: The MENU key dismisses a swipe lock screen (AOSP's default); False as on builds
+        #: whose maker set config_disableMenuKeyInLockScreen: only a swipe up does then.
+        self.menu_unlocks = True
         self.model = model
         self.sdk = 34
         self.release = "14"
@@ -1181,7 +1184,7 @@ class VirtualPhone:
                 self.bouncer = False
             elif code == 66 and self.bouncer:
                 self._unlock_attempt()
-            elif code == 82 and self.screen_lock == "swipe":
+            elif code == 82 and self.screen_lock == "swipe" and self.menu_unlocks:
                 self.locked = False
             return
         page = self.current_page()
