@@ -2075,8 +2075,11 @@ class ActionOutcome(_message.Message):
     ignores repeats (a retried call).
     """
     executed: _builtins.bool
-    """The host carried the action out without error (for `get_ui_tree`: it read the tree; for
-    `complete` no outcome is sent). False when it failed or was not attempted.
+    """The host carried the action out without error. `get_ui_tree` reads nothing new from the
+    phone: it hands back the node list of the step's own look (the screen the cloud already
+    has; OCR's elements only when that look had no tree, see
+    `ScreenObservation.ui_tree_missing`), so it is always executed. For `complete` no outcome
+    is sent. False when the action failed or was not attempted.
     """
     error: _builtins.str
     """Why it failed, for the model and the log (at most 2,048 bytes); empty when executed."""
