@@ -106,8 +106,12 @@ class DeviceRegistry:
         self._offline_after = max(1, offline_after_failed_polls)
         self._forget_after = forget_after_s
         self._clock = clock
-        #: When each known phone was first found missing from adb's list (`clock` time).
-        self._gone_since: dict[str, float] = {}
+        #: How long each known phone has been missing from lists adb answered (seconds):
+        #: the time from one answered list to the next, summed while it is missing.
+        self._absent_for: dict[str, float] = {}
+        #: When adb last answered a list (`clock` time); None after a poll it did not answer:
+        #: the time until its next answer is not counted as absence.
+        self._listed_at: float | None = None
 
     def add_listener(self, listener: Listener) -> None:
         self._listeners.append(listener)
@@ -172,6 +176,7 @@ class DeviceRegistry:
                 self._failed_polls += 1
                 log.warning("adb device list failed (%d in a row): %s", self._failed_polls, exc)
                 if self._failed_polls < self._offline_after:
+                    self._listed_at = None
                     return []
         if self._only:
             listing = [i for i in listing if i.serial in self._only]
@@ -225,20 +230,23 @@ class DeviceRegistry:
                 self._devices[info.serial] = info
             # Without a list (no server, or its lists failing) the phones are out of sight,
             # not gone: counting that as absence forgot every phone after an adb outage
-            # longer than `forget_after_s`, all of them still plugged in.
+            # longer than `forget_after_s`, all of them still plugged in, and a phone missing
+            # before the outage as soon as lists came back.
+            step = now - self._listed_at if answered and self._listed_at is not None else 0.0
+            self._listed_at = now if answered else None
             for serial in self._devices if answered else ():
                 if serial in listed:
-                    self._gone_since.pop(serial, None)
+                    self._absent_for.pop(serial, None)
+                elif serial in self._absent_for:
+                    self._absent_for[serial] += step
                 else:
-                    self._gone_since.setdefault(serial, now)
-            for serial, since in list(self._gone_since.items()) if answered else ():
-                if now - since >= self._forget_after and serial not in held:
-                    del self._gone_since[serial]
+                    self._absent_for[serial] = 0.0  # missing from this list on
+            for serial, absent in list(self._absent_for.items()) if answered else ():
+                if absent >= self._forget_after and serial not in held:
+                    del self._absent_for[serial]
                     gone = self._devices.pop(serial)
                     changes.append((gone, "forgotten"))
-                    log.info(
-                        "forgot phone %s: adb has not listed it for %.0f s", serial, now - since
-                    )
+                    log.info("forgot phone %s: adb has not listed it for %.0f s", serial, absent)
         for info, kind in changes:
             for listener in self._listeners:
                 listener(info, kind)

@@ -373,6 +373,40 @@ def test_an_adb_server_down_longer_than_the_setting_forgets_no_phone() -> None:
         server.stop()
 
 
+def test_an_adb_outage_does_not_count_toward_forgetting_a_phone_missing_before_it() -> None:
+    """A phone already missing from adb's lists when the adb server went away was counted
+    missing through the whole outage (from the first list without it), so it was forgotten
+    as soon as lists came back after an outage longer than `forget_after_s`, having been
+    seen missing for much less. Only the time between lists adb answered counts now."""
+    phones = [VirtualPhone(SERIAL), VirtualPhone("emulator-5556")]
+    server = ThreadedAdbServer(phones)
+    port = server.start()
+    now = [0.0]
+    registry = DeviceRegistry(port=port, forget_after_s=3600.0, clock=lambda: now[0])
+    try:
+        registry.refresh()
+        server.unplug(SERIAL)
+        registry.refresh()  # missing from t=0
+        now[0] = 1000.0
+        registry.refresh()  # 1000 s missing
+        server.stop()
+        for t in (2000.0, 8000.0):  # the outage: no lists
+            now[0] = t
+            registry.refresh()
+        server = ThreadedAdbServer(phones)  # back on its port, the phone still unplugged
+        server.start(port=port)
+        now[0] = 9000.0
+        registry.refresh()
+        now[0] = 9000.0 + 2599.0  # 1000 + 2599 s missing from lists adb answered
+        registry.refresh()
+        assert SERIAL in {d.serial for d in registry.devices()}
+        now[0] = 9000.0 + 2600.0
+        registry.refresh()
+        assert [d.serial for d in registry.devices()] == ["emulator-5556"]
+    finally:
+        server.stop()
+
+
 def test_no_adb_server_means_no_phones_and_no_stray_daemon() -> None:
     # adbutils would run `adb start-server` (on 5037) when nothing listens; we check first.
     registry = DeviceRegistry(port=1)
