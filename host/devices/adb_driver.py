@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import re
+import time
 import uuid
 
 from host.devices import adb_transport
@@ -70,6 +71,8 @@ _DUMP_DIR = "/data/local/tmp"
 # stuck one may wait on each call.
 _DUMPER = "uiautomator"
 _CLEANUP_TIMEOUT_S = 5.0
+#: How often a stopped dumper is looked for until it has exited.
+_DUMPER_EXIT_POLL_S = 0.05
 # Characters the remote shell would interpret in an `input text` argument; each is
 # backslash-escaped. `%` is not one of them (a backslash before it does nothing for `input`).
 _SHELL_SPECIAL = set("\\'\"`$&|;<>()[]{}*?!~#^")
@@ -466,13 +469,22 @@ class AdbDriver:
         bridge just the same, so no dump could run beside them anyway."""
         timeout = min(self.timeout_s, _CLEANUP_TIMEOUT_S)
         try:
-            out = self._shell(f"pidof {_DUMPER}", "find stuck uiautomator dump", timeout)
-            pids = [p for p in out.split() if p.isdigit()]
+            pids = self._dumper_pids(timeout)
             if pids:
                 self._shell(f"kill {' '.join(pids)}", "stop stuck uiautomator dump", timeout)
                 log.info("%s: stopped a stuck uiautomator dump (pid %s)", self._serial, pids)
+            # `kill` only sends the signal: the dumper lets go of the bridge when it has exited,
+            # and a retry before that fails with "… already registered!".
+            deadline = time.monotonic() + timeout
+            while pids and time.monotonic() < deadline:
+                time.sleep(_DUMPER_EXIT_POLL_S)
+                pids = self._dumper_pids(timeout)
         except DeviceError as exc:
             log.warning("%s: could not stop a stuck uiautomator dump: %s", self._serial, exc)
+
+    def _dumper_pids(self, timeout: float) -> list[str]:
+        out = self._shell(f"pidof {_DUMPER}", "find stuck uiautomator dump", timeout)
+        return [p for p in out.split() if p.isdigit()]
 
     def screen_state(self) -> ScreenState:
         return parse_screen_state(self._shell(SCREEN_STATE_COMMAND, "screen state"))

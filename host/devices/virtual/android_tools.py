@@ -250,6 +250,10 @@ _BRIDGE_TAKEN = (
 )
 
 
+#: How long a killed dumper takes to exit.
+_KILLED_EXIT_S = 0.3
+
+
 def _hang(sh: Session, seconds: float) -> bool:
     """A dumper waiting `seconds` for an idle screen, as its own `uiautomator` process: the
     adb client hanging up does not end it (on a phone it runs on under adbd), `kill` does,
@@ -262,6 +266,9 @@ def _hang(sh: Session, seconds: float) -> bool:
         deadline = time.monotonic() + seconds
         while (left := deadline - time.monotonic()) > 0 and phone.online:
             if stop.wait(min(left, 0.05)):
+                # A killed process exits a moment after the signal, as on a phone: until then
+                # it still holds the bridge and shows in `pidof`.
+                time.sleep(_KILLED_EXIT_S)
                 return True
         return False
     finally:
