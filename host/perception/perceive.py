@@ -53,6 +53,10 @@ def _tries(n: int) -> str:
 
 
 #: What Pillow raises on a corrupt, truncated or oversized image.
+#: Looks that go straight to the screenshot after a window gave no UI tree, before the next
+#: look asks it for one again (an unchanged screen then pays the bounded tries every
+#: `TREELESS_LOOKS + 1` steps instead of every step).
+TREELESS_LOOKS = 3
 _IMAGE_ERRORS = (OSError, ValueError, SyntaxError, EOFError, Image.DecompressionBombError)
 
 
@@ -83,10 +87,12 @@ class Perceiver:
         self.ocr_min_confidence = ocr_min_confidence
         #: How long one look's dump tries may take together (see `scene_from_dump`).
         self.deadline_s = deadline_s
-        #: Per phone, the window (`package/activity`) whose look gave no UI tree, and why:
-        #: the next looks at it go straight to the screenshot instead of paying the bounded
-        #: tries again at every step; forgotten once another window is in front.
-        self._treeless: dict[str, tuple[str, str]] = {}
+        #: Per phone, the window (`package/activity`) whose look gave no UI tree, why, and how
+        #: many more looks may skip the dump: the next looks at it go straight to the
+        #: screenshot instead of paying the bounded tries again at every step. Forgotten once
+        #: another window is in front, and after `TREELESS_LOOKS` looks, so a screen of the
+        #: same window that settled (a video paused, a secure dialog closed) gets its tree back.
+        self._treeless: dict[str, tuple[str, str, int]] = {}
 
     def scene_from_dump(
         self,
@@ -212,7 +218,8 @@ class Perceiver:
         except DeviceError:
             package = ""
         known = self._treeless.get(driver.serial)
-        if known is not None and window and known[0] == window:
+        if known is not None and window and known[0] == window and known[2] > 0:
+            self._treeless[driver.serial] = (known[0], known[1], known[2] - 1)
             scene, xml = Scene([], package, "", *size, tree_missing=known[1]), ""
         else:
             self._treeless.pop(driver.serial, None)
@@ -230,7 +237,9 @@ class Perceiver:
                 if window:
                     self._treeless[driver.serial] = (
                         window,
-                        f"{why}; not asked again while {window} stays in front",
+                        f"{why}; not asked again for {TREELESS_LOOKS} looks"
+                        f" while {window} stays in front",
+                        TREELESS_LOOKS,
                     )
         t2 = time.perf_counter()
         timings = {"screenshot_s": t1 - t0, "hierarchy_s": t2 - t1}

@@ -283,3 +283,27 @@ def test_a_window_that_gives_no_tree_is_not_dumped_again_until_another_is_in_fro
         finally:
             if isinstance(d, U2Driver):
                 d._reset()
+
+
+def test_a_window_without_a_tree_is_asked_again_after_a_few_looks() -> None:
+    """Remembered forever while its window stayed in front, a screen that settled (a video
+    paused, a dialog closed) never got its tree back: the model planned from screenshots for
+    the rest of the attempt. After `TREELESS_LOOKS` looks straight to the screenshot, the next
+    look dumps again and, the screen now idle, has its tree."""
+    from host.perception.perceive import TREELESS_LOOKS
+
+    phone = VirtualPhone("treeless-2")
+    with ThreadedAdbServer([phone]) as server:
+        d = AdbDriver(phone.serial, port=server.port)
+        d.launch_app("com.android.settings")
+        perceiver = Perceiver(None, retries=2, retry_delay_s=0)
+        phone.glitch_every(1, "idle")
+        assert perceiver.perceive(d, with_ocr=False).scene.tree_missing
+        taken = phone.dumps_taken
+        phone.glitch_every(0)  # the screen settles; the window stays the same
+        for _ in range(TREELESS_LOOKS):
+            assert perceiver.perceive(d, with_ocr=False).scene.tree_missing
+        assert phone.dumps_taken == taken
+        settled = perceiver.perceive(d, with_ocr=False).scene
+        assert settled.elements and not settled.tree_missing
+        assert phone.dumps_taken == taken + 1
