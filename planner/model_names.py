@@ -9,6 +9,7 @@ Opus 4.1. A row therefore matches only at a boundary of the id.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 
 #: What may follow a row in a model id: a size, a variant or a date ("-mini", "-20250514").
@@ -30,3 +31,26 @@ def longest_row(model: str, rows: Iterable[str]) -> str | None:
     """The longest of `rows` that `model` falls under, or None."""
     matching = [row for row in rows if falls_under(model, row)]
     return max(matching, key=len) if matching else None
+
+
+#: `claude-<family>-<major>[-<minor>]` (a date suffix may follow; a minor has one or two digits).
+_CLAUDE_VERSION = re.compile(r"^claude-([a-z]+)-(\d{1,2})(?:-(\d{1,2}))?(?=-|$)")
+
+
+def claude_version(model: str) -> tuple[str, tuple[int, int]] | None:
+    """The family and version of a versioned Claude id (claude-opus-4-7-20260101: opus, 4.7)."""
+    match = _CLAUDE_VERSION.match(model)
+    if match is None:
+        return None
+    family, major, minor = match.groups()
+    return family, (int(major), int(minor or 0))
+
+
+def family_rows(family: str, rows: Iterable[str]) -> dict[tuple[int, int], str]:
+    """version → row, for the rows that name a version of the Claude `family`."""
+    out: dict[tuple[int, int], str] = {}
+    for row in rows:
+        parsed = claude_version(row)
+        if parsed is not None and parsed[0] == family:
+            out[parsed[1]] = row
+    return out

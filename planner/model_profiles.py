@@ -9,8 +9,9 @@ lives in `PROFILES`, and the vendor adapters build each request from the profile
 configured model, so a new model is one table row.
 
 A versioned Claude name newer than every listed version of its family gets `claude-newer` (as
-the newest documented models: adaptive only, always thinking, no forced tool choice), one
-between listed versions the profile of the nearest one below. Any other model the table does
+the newest documented models: adaptive only, always thinking, no forced tool choice), reading
+answers as its family's newest listed model does; one between listed versions the profile of
+the nearest one below. Any other model the table does
 not know gets its vendor's conservative profile (`anthropic-unknown`, `openai-unknown`): the
 request carries what the settings ask for and nothing the table would add (no display field,
 no explicit `disabled`), and nothing is refused. An operator who knows better names a profile
@@ -20,13 +21,12 @@ with one line (`check`), not by the provider at the first step.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from planner.errors import PlannerConfigError
-from planner.model_names import longest_row
+from planner.model_names import claude_version, family_rows, longest_row
 from planner.settings import PlannerSettings
 
 ThinkingMode = Literal["off", "adaptive", "budget"]
@@ -222,8 +222,9 @@ PROFILES: dict[str, ModelProfile] = {
         ),
         # A Claude version newer than this table (claude-opus-5-7, claude-haiku-6): treated as
         # the newest documented models behave (as `claude-always-thinks`), so a model that
-        # thinks although told nothing is never taken for one that does not. An operator who
-        # knows it can run without thinking names another profile.
+        # thinks although told nothing is never taken for one that does not; its answers are
+        # read as its family's newest model's are (`_by_version`). An operator who knows it can
+        # run without thinking names another profile.
         replace(_ALWAYS_THINKS, name="claude-newer", max_output_tokens=None),
         ModelProfile(
             "anthropic-unknown",
@@ -312,39 +313,29 @@ FAMILIES: dict[str, str] = {
 }
 
 
-#: `claude-<family>-<major>[-<minor>]` (a date suffix may follow; a minor has one or two digits).
-_CLAUDE_VERSION = re.compile(r"^claude-([a-z]+)-(\d{1,2})(?:-(\d{1,2}))?(?=-|$)")
-
-
-def _claude_version(model: str) -> tuple[str, tuple[int, int]] | None:
-    match = _CLAUDE_VERSION.match(model)
-    if match is None:
-        return None
-    family, major, minor = match.groups()
-    return family, (int(major), int(minor or 0))
-
-
 def _by_version(model: str) -> ModelProfile | None:
     """A versioned Claude name the table does not list: the profile of the nearest listed
-    version below it in its family (claude-opus-4-9 → 4.8's), or `claude-newer` above every
-    listed version of the family (claude-opus-5-7, claude-haiku-5-5)."""
-    parsed = _claude_version(model)
+    version below it in its family (claude-opus-4-9 → 4.8's), or, above every listed version
+    of the family (claude-opus-5-7, claude-sonnet-6), `claude-newer` reading answers as the
+    family's newest model does (`text_as_thinking`: Opus 5.5 and Sonnet 5.5 return their
+    text in thinking blocks, and a later Opus or Sonnet was read as if it never did, its
+    rationale taken for thinking). Only the reading is inherited: what a request may carry
+    stays `claude-newer`'s, so a rule the newer model dropped is refused at start, not by the
+    provider at the first step."""
+    parsed = claude_version(model)
     if parsed is None:
         return None
     family, version = parsed
-    listed: dict[tuple[int, int], str] = {}
-    for prefix, name in FAMILIES.items():
-        row = _claude_version(prefix)
-        if row is not None and row[0] == family:
-            listed[row[1]] = name
+    listed = family_rows(family, FAMILIES)
     if not listed:
         return None
     if version in listed:
-        return PROFILES[listed[version]]
+        return PROFILES[FAMILIES[listed[version]]]
     below = [v for v in listed if v < version]
     if len(below) == len(listed):
-        return PROFILES["claude-newer"]
-    return PROFILES[listed[max(below)]] if below else None
+        newest = PROFILES[FAMILIES[listed[max(listed)]]]
+        return replace(PROFILES["claude-newer"], text_as_thinking=newest.text_as_thinking)
+    return PROFILES[FAMILIES[listed[max(below)]]] if below else None
 
 
 def profile_for(model: str, vendor: Literal["anthropic", "openai"]) -> ModelProfile:

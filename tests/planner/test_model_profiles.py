@@ -100,6 +100,20 @@ def test_a_model_id_matches_a_row_only_at_a_boundary(model: str, vendor: Any, pr
     assert profile_for(model, vendor).name == profile
 
 
+@pytest.mark.parametrize(
+    ("model", "reads_text_in_thinking"),
+    [("claude-opus-5-7", True), ("claude-sonnet-6", True), ("claude-haiku-6", False)],
+)
+def test_a_newer_claude_reads_answers_as_its_familys_newest(
+    model: str, reads_text_in_thinking: bool
+) -> None:
+    """Opus 5.5 and Sonnet 5.5 return their text in thinking blocks, Haiku 5.5 does not; what a
+    newer version's request may carry stays `claude-newer`'s."""
+    profile = profile_for(model, "anthropic")
+    assert profile.name == "claude-newer" and profile.thinking_off is None
+    assert profile.text_as_thinking is reads_text_in_thinking
+
+
 def test_what_the_families_take() -> None:
     budget, adaptive_only = PROFILES["claude-budget"], PROFILES["claude-adaptive-only"]
     assert budget.thinking_modes == {"budget"} and budget.retry_form(thinking=True) == "forced"

@@ -143,6 +143,22 @@ async def test_the_text_a_55_model_writes_before_its_call_is_the_rationale_not_t
     )
 
 
+@pytest.mark.parametrize("model", ["claude-opus-5-7", "claude-sonnet-6"])
+async def test_a_newer_opus_or_sonnet_reads_its_text_in_thinking_as_the_rationale(
+    fake_server: FakeModelServer, model: str
+) -> None:
+    """A version past the table (the fake answers it as its family's newest, 5.5, does) got
+    `claude-newer` without the family's text-in-thinking reading: its judgement and intent
+    were recorded as thinking and the rationale was empty."""
+    fake_server.script_anthropic(
+        anthropic_message(thinking("Display holds the theme."), text(JUDGED), tool_use("tap", TAP))
+    )
+    decision = await decide(make(fake_server, model=model, thinking="adaptive"))
+    assert fake_server.rejections == []
+    assert decision.rationale == JUDGED
+    assert [b.text for b in decision.thinking] == ["Display holds the theme."]
+
+
 async def test_with_up_front_thinking_off_sonnet_55_thinking_blocks_hold_its_text(
     fake_server: FakeModelServer,
 ) -> None:

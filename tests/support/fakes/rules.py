@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Literal
 
-from planner.model_names import longest_row
+from planner.model_names import claude_version, family_rows, longest_row
 
 ALL_EFFORTS = frozenset({"none", "minimal", "low", "medium", "high", "xhigh", "max"})
 CLAUDE_46_EFFORTS = frozenset({"low", "medium", "high", "max"})
@@ -182,6 +182,13 @@ MODELS: dict[str, ModelRules] = {
 
 def rules_for(model: str) -> ModelRules:
     """The rules of `model`: the longest entry it falls under at a boundary of its name, as the
-    planner's own tables match (gpt-5.10 is no gpt-5.1), else LENIENT."""
+    planner's own tables match (gpt-5.10 is no gpt-5.1), else LENIENT. A Claude version newer
+    than every listed one of its family (claude-opus-5-7) behaves as the family's newest
+    (what the planner assumes of it too), not as the row its name merely starts with
+    (claude-opus-5)."""
+    parsed = claude_version(model)
+    listed = family_rows(parsed[0], MODELS) if parsed is not None else {}
+    if parsed is not None and listed and all(v < parsed[1] for v in listed):
+        return MODELS[listed[max(listed)]]
     row = longest_row(model, MODELS)
     return MODELS[row] if row is not None else LENIENT
