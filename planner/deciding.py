@@ -59,7 +59,7 @@ from planner.errors import (
 from planner.model_profiles import RetryForm
 from planner.settings import MAX_CALL_TOKENS, THINKING_MAX_TOKENS
 from planner.tools import ParsedToolCall, parse_tool_call
-from planner.vendors.base import ModelAdapter, Turn, TurnRequest
+from planner.vendors.base import LiveBlocks, ModelAdapter, Turn, TurnRequest, live_blocks
 
 NUDGE = "You answered without calling a tool. Call exactly one tool now."
 EXTRA_CALL = "Not executed: call exactly one tool per turn."
@@ -127,8 +127,14 @@ async def decide(
     answered_by = ""  # the model of the latest answered call ("": none answered yet)
     recovered = False  # `recover` ran (once a decision)
 
+    live: LiveBlocks | None = None  # one live view for every call of the decision
+
     def request(*, force: bool, thinking: bool) -> TurnRequest:
+        nonlocal live
         asked = conversation.request(forced=force, thinking=thinking)
+        if asked.on_thinking is not None:
+            live = live or live_blocks(asked.on_thinking)
+            asked = dataclasses.replace(asked, on_thinking=live)
         return asked if room is None else dataclasses.replace(asked, max_tokens=room)
 
     async def complete(asked: TurnRequest) -> Turn:

@@ -9,7 +9,7 @@ modes go through the same adapter, so a request rule or a parsing fix lands once
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
 
@@ -30,6 +30,35 @@ PlannerMode = Literal["compact", "session"]
 TextInThinking = Literal["none", "last", "all"]
 ThinkingSink = Callable[[str], None]
 """Receives live thinking text deltas while a streamed answer arrives (never stored as such)."""
+
+#: What separates two thinking blocks in the live view.
+BLOCK_BREAK = "\n\n"
+
+
+class LiveBlocks:
+    """The live thinking of one decision, fed to a sink block by block with a blank line
+    between two blocks (of one answer, or of the decision's next call).
+
+    The live view only appends deltas (the contract's `LiveThinking.delta`), so two blocks ran
+    into one line ("…the theme.Now tap it."), where the decision records them apart."""
+
+    def __init__(self, sink: ThinkingSink | None) -> None:
+        self._sink = sink
+        self._block: Hashable | None = None
+
+    def show(self, block: Hashable, text: str) -> None:
+        """Show `text`, a delta of `block` (any key, unique within the decision)."""
+        if self._sink is None or not text:
+            return
+        if self._block is not None and block != self._block:
+            self._sink(BLOCK_BREAK)
+        self._block = block
+        self._sink(text)
+
+
+def live_blocks(sink: ThinkingSink | LiveBlocks | None) -> LiveBlocks:
+    """`sink` as a decision's live view (one already made for the decision is kept)."""
+    return sink if isinstance(sink, LiveBlocks) else LiveBlocks(sink)
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,7 +109,7 @@ class TurnRequest:
     max_tokens: int | None = None
     images: Mapping[int, bytes] = field(default_factory=dict)
     stream: bool = False
-    on_thinking: ThinkingSink | None = None
+    on_thinking: ThinkingSink | LiveBlocks | None = None
     foreign_reasoning: ForeignReasoning = "drop"
     keep_reasoning_turns: int | None = None
 

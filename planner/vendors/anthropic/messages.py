@@ -21,9 +21,11 @@ from planner.model_profiles import ModelProfile
 from planner.settings import ANSWER_ROOM_TOKENS, THINKING_MAX_TOKENS
 from planner.tools import ToolSpec
 from planner.vendors.base import (
+    LiveBlocks,
     TextInThinking,
     ThinkingConfig,
     ThinkingSink,
+    live_blocks,
     mask_sensitive,
     sendable,
 )
@@ -200,9 +202,12 @@ class AnthropicStreamAccumulator:
     live view only appends (`LiveThinking.delta`), so what it showed cannot be taken back."""
 
     def __init__(
-        self, on_thinking: ThinkingSink | None = None, text_in_thinking: TextInThinking = "none"
+        self,
+        on_thinking: ThinkingSink | LiveBlocks | None = None,
+        text_in_thinking: TextInThinking = "none",
     ) -> None:
-        self._on_thinking = on_thinking
+        self._live = live_blocks(on_thinking)
+        self._call = object()  # this answer's blocks, apart from another call's in the view
         self._text_in_thinking = text_in_thinking
         self._message: dict[str, Any] | None = None
         self._blocks: dict[int, dict[str, Any]] = {}
@@ -272,8 +277,8 @@ class AnthropicStreamAccumulator:
             block["thinking"] = block.get("thinking", "") + delta["thinking"]
             if index in self._held:
                 self._held[index].append(delta["thinking"])
-            elif self._on_thinking is not None and delta["thinking"]:
-                self._on_thinking(delta["thinking"])
+            else:
+                self._live.show((self._call, index), delta["thinking"])
         elif kind == "signature_delta":
             block["signature"] = block.get("signature", "") + delta["signature"]
         elif kind == "input_json_delta":
@@ -306,8 +311,7 @@ class AnthropicStreamAccumulator:
         """Feed `blocks`' deltas to the live view, in order, and forget them."""
         for index in sorted(blocks):
             for delta in blocks[index]:
-                if self._on_thinking is not None and delta:
-                    self._on_thinking(delta)
+                self._live.show((self._call, index), delta)
         blocks.clear()
 
     def message(self) -> dict[str, Any]:

@@ -10,7 +10,7 @@ from planner.conversation.items import AssistantItem, AssistantText, Reasoning
 from planner.decision import Usage
 from planner.settings import THINKING_MAX_TOKENS
 from planner.tools import ToolSpec
-from planner.vendors.base import ThinkingConfig, ThinkingSink
+from planner.vendors.base import LiveBlocks, ThinkingConfig, ThinkingSink, live_blocks
 from planner.vendors.failures import StreamError
 from planner.vendors.openai.calls import CONTENT_FILTERED, function_call
 from planner.vendors.openai.responses_projection import request_flags
@@ -154,8 +154,9 @@ class ResponsesStreamAccumulator:
     carry incomplete encrypted content); the envelope (id, model, usage) from `response.completed`.
     """
 
-    def __init__(self, on_thinking: ThinkingSink | None = None) -> None:
-        self._on_thinking = on_thinking
+    def __init__(self, on_thinking: ThinkingSink | LiveBlocks | None = None) -> None:
+        self._live = live_blocks(on_thinking)
+        self._call = object()  # this answer's summaries, apart from another call's in the view
         self._items: dict[int, dict[str, Any]] = {}
         self._response: dict[str, Any] | None = None
 
@@ -163,8 +164,10 @@ class ResponsesStreamAccumulator:
         data = event_dict(event)
         kind = data.get("type")
         if kind in ("response.reasoning_summary_text.delta", "response.reasoning_text.delta"):
-            if self._on_thinking is not None and data.get("delta"):
-                self._on_thinking(str(data["delta"]))
+            part = data.get("summary_index", data.get("content_index"))
+            self._live.show(
+                (self._call, data.get("output_index"), part), str(data.get("delta") or "")
+            )
         elif kind == "response.output_item.done":
             self._items[int(data["output_index"])] = dict(data["item"])
         elif kind in ("response.completed", "response.incomplete"):

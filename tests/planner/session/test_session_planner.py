@@ -213,6 +213,55 @@ async def test_anthropic_session_resumes_after_restart_with_signed_thinking(
     assert server.requests[-1].headers["anthropic-beta"] == "interleaved-thinking-2025-05-14"
 
 
+async def test_the_live_view_keeps_a_decisions_thinking_blocks_apart(
+    server: FakeModelServer, make: Factory
+) -> None:
+    """The live view only appends, and it ran every block of a decision into one line ("…the
+    theme.Now tap it."), where the record keeps them apart: a blank line now separates two
+    blocks, of one answer or of the decision's next call (the nudge after no tool call)."""
+    server.anthropic_script.extend(
+        [
+            ScriptedTurn([thinking("Look first."), text("The list shows Display.")]),
+            ScriptedTurn(
+                [
+                    thinking("Display holds the theme."),
+                    thinking("Now tap it."),
+                    tool_use("tap", {"element_id": "e6", **INTENT}),
+                ]
+            ),
+        ]
+    )
+    live: list[str] = []
+    planner = await make(
+        stream=True, live=live, model="claude-opus-4-7", thinking=ThinkingConfig("adaptive")
+    )
+    decision = await planner.decide("screen 1: Settings list, Display is e6")
+    assert decision.retry_kind == "nudge" and server.rejections == []
+    blocks = ["Look first.", "Display holds the theme.", "Now tap it."]
+    assert [b.text for b in decision.thinking] == blocks
+    assert "".join(live) == "\n\n".join(blocks)
+
+
+async def test_the_live_view_keeps_openai_reasoning_summaries_apart(
+    server: FakeModelServer, make: Factory
+) -> None:
+    server.responses_script.append(
+        ScriptedTurn(
+            [
+                reasoning("Settings icon is visible.", "It opens Settings."),
+                reasoning("Launch it."),
+                function_call("launch_app", {"package_name": "com.android.settings", **INTENT}),
+            ]
+        )
+    )
+    live: list[str] = []
+    thinking_on = ThinkingConfig("adaptive", effort="low")
+    planner = await make("openai-responses", thinking=thinking_on, stream=True, live=live)
+    await planner.decide("screen 1")
+    assert server.rejections == []
+    assert "".join(live) == "Settings icon is visible.\n\nIt opens Settings.\n\nLaunch it."
+
+
 async def test_interrupted_stream_commits_nothing_and_the_session_goes_on(
     server: FakeModelServer, make: Factory
 ) -> None:

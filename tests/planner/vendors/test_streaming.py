@@ -153,7 +153,8 @@ def test_live_thinking_is_the_thinking_the_turn_records(
 ) -> None:
     """On the models that return the text they write before a call in a thinking block
     (Claude Opus/Sonnet 5.5), the live view showed that text as thinking, where the decision
-    records it as the rationale (`Turn.said`): the live view is the recorded thinking."""
+    records it as the rationale (`Turn.said`): the live view is the recorded thinking, a
+    blank line between two blocks."""
     live: list[str] = []
     acc = AnthropicStreamAccumulator(live.append, mode)
     for event in _blocks_streamed(blocks):
@@ -161,7 +162,7 @@ def test_live_thinking_is_the_thinking_the_turn_records(
     message = acc.message()
     turn = Turn("msg_1", items_from_message(message), Usage(), "m", "end_turn")
     turn.text_in_thinking = mode
-    assert "".join(live) == "".join(r.readable for r in turn.thought)
+    assert "".join(live) == "\n\n".join(r.readable for r in turn.thought if r.readable)
 
 
 def test_an_interrupted_anthropic_stream_commits_nothing() -> None:
