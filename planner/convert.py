@@ -12,10 +12,21 @@ from datetime import UTC, datetime
 from typing import cast
 
 from google.protobuf import duration_pb2, timestamp_pb2
+from google.protobuf.internal.containers import RepeatedCompositeFieldContainer
 
 from amc.v1 import types_pb2
-from planner.decision import Decision, RetryKind, ThinkingBlock, ThinkingKind, Usage
+from planner.decision import (
+    CUT_MARK,
+    MAX_THINKING_BLOCK_BYTES,
+    MAX_THINKING_BLOCKS,
+    Decision,
+    RetryKind,
+    ThinkingBlock,
+    ThinkingKind,
+    Usage,
+)
 from planner.history import MASK
+from planner.observation import clip
 from planner.tools import Judgement
 from planner.verify import verdict_from_proto, verdict_to_proto
 
@@ -262,3 +273,25 @@ def _arguments_from_action(action: types_pb2.Action) -> dict[str, object]:
     if kind == "complete":
         return {"success": action.complete.success, "reason": action.complete.reason}
     return {}
+
+
+def merge_thinking_past_limit(
+    blocks: RepeatedCompositeFieldContainer[types_pb2.ThinkingBlock],
+) -> None:
+    """Merge the blocks from the decision log's MAX_THINKING_BLOCKS-th on into that one, so a
+    decision that thought in more blocks (a long tool loop) is kept, not refused whole: a line
+    saying how many were merged, then their texts (a redacted one named so), a blank line
+    between, cut to one block's limit with a marker when longer."""
+    if len(blocks) <= MAX_THINKING_BLOCKS:
+        return
+    rest = list(blocks[MAX_THINKING_BLOCKS - 1 :])
+    del blocks[MAX_THINKING_BLOCKS - 1 :]
+    head = (
+        f"[{len(rest)} thinking blocks merged into this one: the decision log keeps at most "
+        f"{MAX_THINKING_BLOCKS} of a decision]"
+    )
+    texts = [b.text or ("[redacted]" if b.redacted else "") for b in rest]
+    text = "\n\n".join([head, *(t for t in texts if t)])
+    size, limit = len(text.encode("utf-8")), MAX_THINKING_BLOCK_BYTES
+    marker = f"{CUT_MARK}these merged blocks are {size:,} bytes, over the {limit:,} kept of one]"
+    blocks.add(text=clip(text, limit, marker))

@@ -24,11 +24,10 @@ from cloud.lease.validate import MAX_ID
 from cloud.services.status import abort
 from cloud.store import decisions, leases, spend
 from cloud.store.database import Store
-from planner.convert import decision_from_proto, usage_from_proto
+from planner.convert import decision_from_proto, merge_thinking_past_limit, usage_from_proto
 from planner.decision import (
     MAX_MODEL_TEXT,
     MAX_THINKING_BLOCK_BYTES,
-    MAX_THINKING_BLOCKS,
     Billed,
     Decision,
 )
@@ -107,8 +106,6 @@ def entry_problem(i: int, entry: pb.ShippedDecision) -> str | None:
     kind = d.action.WhichOneof("kind")
     if kind != d.tool_name:
         return f"{field}.decision.tool_name: {d.tool_name!r} but the action is {kind or 'unset'}"
-    if len(d.thinking) > MAX_THINKING_BLOCKS:
-        return f"{field}.decision.thinking: at most {MAX_THINKING_BLOCKS} blocks"
     for j, block in enumerate(d.thinking):
         size = len(block.text.encode("utf-8"))
         if size > MAX_THINKING_BLOCK_BYTES:
@@ -184,6 +181,8 @@ async def ship_decisions(
             context, grpc.StatusCode.INVALID_ARGUMENT, f"failed_calls: at most {MAX_ENTRIES}"
         )
     for i, entry in enumerate(request.entries):
+        # More blocks than the log keeps are merged, not refused: the step is never lost.
+        merge_thinking_past_limit(entry.decision.thinking)
         problem = entry_problem(i, entry)
         if problem:
             await abort(context, grpc.StatusCode.INVALID_ARGUMENT, problem)

@@ -38,6 +38,7 @@ from amc.v1 import task_service_pb2 as task_pb
 from cloud.server import CloudServer, build_server
 from cloud.store.database import Store
 from cloud.store.engine import check, downgrade, upgrade
+from planner.decision import MAX_THINKING_BLOCKS
 from tests.cloud.cloud_harness import ScriptedHost, channel, result, submit, tasks_stub
 from tests.cloud.conftest import SettingsFactory
 
@@ -283,6 +284,33 @@ def failed_calls(
         model="claude-sonnet-4-6",
         usage=types_pb2.Usage(input_tokens=input_tokens, output_tokens=100, cost_usd=0.003),
         error="PlannerRefused",
+    )
+
+
+async def test_a_decision_with_more_thinking_blocks_than_the_log_keeps_is_logged_merged(
+    held: Held,
+) -> None:
+    """A long tool loop can think in more blocks than the decision log keeps of a decision
+    (64). Such a shipment was refused whole (INVALID_ARGUMENT "entries[0].decision.thinking:
+    at most 64 blocks"), a final answer: the host set the step aside for good and the
+    attempt's log never got it. It is logged (acked as any other), the blocks from the 64th
+    on merged into the 64th after a line saying so."""
+    a = held.assignment
+    entry = shipped(a, "d1")
+    texts = [f"thought {i}" for i in range(70)]
+    entry.decision.thinking.extend(types_pb2.ThinkingBlock(text=t) for t in texts)
+    entry.decision.thinking[65].CopyFrom(types_pb2.ThinkingBlock(redacted=True))
+    reply = await ship(held, entry)
+    assert [(k.step_index, k.duplicate) for k in reply.acks] == [(1, False)]
+    (decision,) = await logged(held)
+    blocks = [(b.text, b.redacted) for b in decision.thinking]
+    assert len(blocks) == MAX_THINKING_BLOCKS
+    assert blocks[:63] == [(t, False) for t in texts[:63]]
+    merged = [*texts[63:65], "[redacted]", *texts[66:]]
+    assert blocks[63] == (
+        "[7 thinking blocks merged into this one: the decision log keeps at most 64 of a "
+        "decision]\n\n" + "\n\n".join(merged),
+        False,
     )
 
 

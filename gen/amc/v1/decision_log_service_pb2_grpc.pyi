@@ -61,10 +61,12 @@ class DecisionLogServiceStub:
     is another host's: both are final, a resend gets the same answer. INVALID_ARGUMENT names the
     field (`entries[2].decision.user_prompt`) for a missing or malformed id, an empty or
     oversize field (limits as Decide's: prompts 64 KiB / 512 KiB, rationale, purpose, expected
-    outcome and each thinking block 64 KiB, at most 100 entries). Every entry is checked
-    before any is logged, except one thing found while logging: a host_decision_id this host
-    already used for another attempt is INVALID_ARGUMENT too, and the entries before it stay
-    logged (resending them is harmless).
+    outcome and each thinking block 64 KiB, at most 100 entries). A decision with more than 64
+    thinking blocks is not refused: it is logged with the blocks from the 64th on merged into
+    the 64th, after a first line saying how many (cut to 64 KiB with a marker when longer).
+    Every entry is checked before any is logged, except one thing found while logging: a
+    host_decision_id this host already used for another attempt is INVALID_ARGUMENT too, and
+    the entries before it stay logged (resending them is harmless).
 
     The cloud then logs each entry in order, exactly as it logs its own decisions: it assigns
     the step index (1 + the attempt's highest), masks a sensitive input_text value (the text
@@ -112,10 +114,12 @@ class DecisionLogServiceAsyncStub(DecisionLogServiceStub):
     is another host's: both are final, a resend gets the same answer. INVALID_ARGUMENT names the
     field (`entries[2].decision.user_prompt`) for a missing or malformed id, an empty or
     oversize field (limits as Decide's: prompts 64 KiB / 512 KiB, rationale, purpose, expected
-    outcome and each thinking block 64 KiB, at most 100 entries). Every entry is checked
-    before any is logged, except one thing found while logging: a host_decision_id this host
-    already used for another attempt is INVALID_ARGUMENT too, and the entries before it stay
-    logged (resending them is harmless).
+    outcome and each thinking block 64 KiB, at most 100 entries). A decision with more than 64
+    thinking blocks is not refused: it is logged with the blocks from the 64th on merged into
+    the 64th, after a first line saying how many (cut to 64 KiB with a marker when longer).
+    Every entry is checked before any is logged, except one thing found while logging: a
+    host_decision_id this host already used for another attempt is INVALID_ARGUMENT too, and
+    the entries before it stay logged (resending them is harmless).
 
     The cloud then logs each entry in order, exactly as it logs its own decisions: it assigns
     the step index (1 + the attempt's highest), masks a sensitive input_text value (the text
@@ -184,10 +188,12 @@ class DecisionLogServiceServicer(metaclass=_abc_1.ABCMeta):
         is another host's: both are final, a resend gets the same answer. INVALID_ARGUMENT names the
         field (`entries[2].decision.user_prompt`) for a missing or malformed id, an empty or
         oversize field (limits as Decide's: prompts 64 KiB / 512 KiB, rationale, purpose, expected
-        outcome and each thinking block 64 KiB, at most 100 entries). Every entry is checked
-        before any is logged, except one thing found while logging: a host_decision_id this host
-        already used for another attempt is INVALID_ARGUMENT too, and the entries before it stay
-        logged (resending them is harmless).
+        outcome and each thinking block 64 KiB, at most 100 entries). A decision with more than 64
+        thinking blocks is not refused: it is logged with the blocks from the 64th on merged into
+        the 64th, after a first line saying how many (cut to 64 KiB with a marker when longer).
+        Every entry is checked before any is logged, except one thing found while logging: a
+        host_decision_id this host already used for another attempt is INVALID_ARGUMENT too, and
+        the entries before it stay logged (resending them is harmless).
 
         The cloud then logs each entry in order, exactly as it logs its own decisions: it assigns
         the step index (1 + the attempt's highest), masks a sensitive input_text value (the text
