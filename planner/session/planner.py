@@ -19,6 +19,7 @@ from typing import Any
 
 from planner import deciding
 from planner.conversation.items import (
+    AssistantItem,
     ContextCheckpoint,
     SessionItem,
     ToolResult,
@@ -214,6 +215,8 @@ class SessionPlanner:
         not added twice. The retries are `planner.deciding`'s.
         """
         observation = UserObservation(observation_text, condensed=condensed)
+        answered = [i for i, item in enumerate(self._items) if isinstance(item, AssistantItem)]
+        start = answered[-1] + 1 if answered else 0  # what this step sends begins here
         if not (self._items and self._items[-1] == observation):
             opening: list[SessionItem] = [
                 ToolResult(call_id, NOT_CARRIED_OUT, is_error=True)
@@ -237,6 +240,9 @@ class SessionPlanner:
             screen_size=screen_size,
             recover=self._start_afresh,
         )
+        # The record says what the model was sent: the notes answering calls left open, the
+        # previous action's result, the observation, and any nudge or correction after it.
+        decision.user_prompt = sent(self._items[start:]) or decision.user_prompt
         decision.extra = {
             "mode": "session",
             "call_id": turns[-1].tool_calls[0].call_id,
@@ -245,3 +251,16 @@ class SessionPlanner:
             "started_afresh": self._started_afresh,
         }
         return decision
+
+
+def sent(items: Sequence[SessionItem]) -> str:
+    """The user side of `items` as a decision records it (its user prompt): each tool result
+    and instruction labelled, each observation as it is, in order, a blank line between."""
+    parts: list[str] = []
+    for item in items:
+        if isinstance(item, ToolResult):
+            parts.append(f"[tool result{', error' if item.is_error else ''}] {item.output}")
+        elif isinstance(item, UserObservation):
+            label = "" if item.kind == "observation" else f"[{item.kind}] "
+            parts.append(label + item.text)
+    return "\n\n".join(parts)

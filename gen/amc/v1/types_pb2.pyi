@@ -1639,7 +1639,10 @@ class Decision(_message.Message):
     """Corrective retries after invalid arguments (0 when the first tool call was valid)."""
     planner_mode: _builtins.str
     """"compact": the two prompts were the whole request. "session": the model saw a conversation
-    the cloud keeps, and user_prompt is what this step added to it (its observation).
+    the cloud keeps, and user_prompt is what this step added to it, in order, a blank line
+    between: the previous call's result (or the note answering a call left open), labelled
+    "[tool result] ", the observation, and any instruction ("[instruction] ") or correction
+    ("[tool result, error] ") the step needed before the model called a usable tool.
     """
     model_provider: Global___ModelProvider.ValueType
     """`provider` as an enum (the string stays for older readers)."""

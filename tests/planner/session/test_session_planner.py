@@ -468,6 +468,41 @@ async def test_restart_mid_step_answers_the_dangling_call(
     assert last[-2]["content"][0]["type"] == "thinking"
 
 
+async def test_the_recorded_prompt_is_everything_the_step_sent_the_model(
+    server: FakeModelServer, make: Factory
+) -> None:
+    """The decision recorded only the step's observation as its user prompt, while the model
+    also got the note answering the call a restart left open and, after an answer without a
+    call, the instruction to call a tool: the record said less than the model was told. It
+    now holds every user-side item of the step, in the order the model got them."""
+    server.anthropic_script.extend(
+        [
+            ScriptedTurn([thinking("Go back."), tool_use("press_key", {"key": "back", **INTENT})]),
+            ScriptedTurn([thinking("Look first."), text("The list shows Display.")]),
+            ScriptedTurn([tool_use("tap", {"element_id": "e6", **INTENT})]),
+            ScriptedTurn(
+                [thinking("Fine."), tool_use("complete", {"success": True, "reason": "r"})]
+            ),
+        ]
+    )
+    planner = await make()
+    first = await planner.decide("screen 1")
+    assert first.user_prompt == "screen 1"
+    await planner.aclose()  # crashed before the result was recorded
+
+    resumed = await make(attempt=2)
+    second = await resumed.decide("screen 2: Display is e6")
+    assert second.retry_kind == "forced" and server.rejections == []
+    assert second.user_prompt == (
+        f"[tool result] {NOT_RECORDED}\n\nscreen 2: Display is e6\n\n[instruction] {NUDGE}"
+    )
+    await resumed.record_tool_result("tapped e6: the Display page opened", is_error=False)
+    third = await resumed.decide("screen 3: Display page")
+    assert third.user_prompt == (
+        "[tool result] tapped e6: the Display page opened\n\nscreen 3: Display page"
+    )
+
+
 async def test_provider_switch_drops_foreign_signatures_both_ways(
     server: FakeModelServer, make: Factory
 ) -> None:
