@@ -31,10 +31,11 @@ from planner.settings import PlannerSettings
 
 ThinkingMode = Literal["off", "adaptive", "budget"]
 ThinkingOff = Literal["omit", "disabled", "between_tools"]
-Display = Literal["summarized", "omitted"]
+Display = Literal["summarized", "omitted", "updates"]
 RetryForm = Literal["forced", "nudge"]
 
 INTERLEAVED_THINKING_BETA = "interleaved-thinking-2025-05-14"
+THINKING_DISPLAY_UPDATES_BETA = "thinking-display-updates-2026-08-18"
 CLAUDE_EFFORTS = frozenset({"low", "medium", "high", "max"})
 CLAUDE_47_EFFORTS = frozenset({"low", "medium", "high", "xhigh", "max"})
 # OpenAI reasoning efforts per family. The API's own reference (the `reasoning_effort`
@@ -66,7 +67,8 @@ class ModelProfile:
       forced retry needs). False: the retry is a nudge with thinking kept.
     - `forced_tool_choice`: a forced tool choice is accepted (without thinking).
     - `display_default` / `visible_display`: what the provider does with thinking text by
-      default, and the `display` value that makes it readable (None: send nothing).
+      default, and the `display` value that makes it readable (None: send nothing; `updates`:
+      only the model's text, see `text_as_thinking`).
     - `readable_thinking`: what a readable thinking block is on this model (a summary on
       Claude 4 and later; OpenAI summaries) — recorded as the decision's thinking kind.
     - `efforts`: accepted effort levels; `beta_headers`: per thinking mode.
@@ -85,9 +87,13 @@ class ModelProfile:
     - `max_output_tokens`: the model's output limit (None: not known).
     - `prompt_cache`: Anthropic prompt caching with explicit breakpoints.
     - `text_as_thinking`: Anthropic — the text the model writes before a tool call comes back
-      in a thinking block of its own, where the text block was (Claude Opus 5.5 and Sonnet
-      5.5: "text between tool calls comes back in thinking blocks"); the decision reads it as
-      its rationale (`Turn.said`).
+      in a thinking block of its own, a progress update (Claude Opus 5.5 and Sonnet 5.5: "text
+      between tool calls comes back in thinking blocks"). Under `summarized` display such a
+      block is "not distinguishable from a reasoning block" (the Thinking page), and either
+      may be skipped, so these profiles ask for `display: "updates"` (beta): reasoning comes
+      back empty and every readable block is the model's text, which the decision reads as
+      its rationale (`Turn.said`). Exact, at the price of the reasoning summaries: what the
+      model said it judged and means to do is the record's and the next step's prompt's.
     """
 
     name: str
@@ -136,6 +142,14 @@ _ALWAYS_THINKS = ModelProfile(
     efforts=CLAUDE_47_EFFORTS,
     max_output_tokens=128000,
     prompt_cache=True,
+)
+
+_TEXT_AS_THINKING = replace(
+    _ALWAYS_THINKS,
+    name="claude-opus-5.5",
+    visible_display="updates",
+    beta_headers={"adaptive": THINKING_DISPLAY_UPDATES_BETA},
+    text_as_thinking=True,
 )
 
 _GPT_5 = ModelProfile(
@@ -209,17 +223,13 @@ PROFILES: dict[str, ModelProfile] = {
         _ALWAYS_THINKS,
         # Claude Opus 5.5: as the models that always think, and the text it writes before a
         # tool call comes back in a thinking block (its what's-new page: "text between tool
-        # calls comes back in thinking blocks whose text is empty at the default display").
-        replace(_ALWAYS_THINKS, name="claude-opus-5.5", text_as_thinking=True),
+        # calls comes back in thinking blocks whose text is empty at the default display"),
+        # read exactly under the `updates` display.
+        _TEXT_AS_THINKING,
         # Claude Sonnet 5.5: as Opus 5.5, but its up-front thinking is turned off by saying
         # `{type: between_tools}` (`disabled` is refused; any short progress note it writes
         # between tool calls still comes back in a thinking block: the SDK's ThinkingTypes).
-        replace(
-            _ALWAYS_THINKS,
-            name="claude-sonnet-5.5",
-            thinking_off="between_tools",
-            text_as_thinking=True,
-        ),
+        replace(_TEXT_AS_THINKING, name="claude-sonnet-5.5", thinking_off="between_tools"),
         # A Claude version newer than this table (claude-opus-5-7, claude-haiku-6): treated as
         # the newest documented models behave (as `claude-always-thinks`), so a model that
         # thinks although told nothing is never taken for one that does not; its answers are
@@ -317,11 +327,11 @@ def _by_version(model: str) -> ModelProfile | None:
     """A versioned Claude name the table does not list: the profile of the nearest listed
     version below it in its family (claude-opus-4-9 → 4.8's), or, above every listed version
     of the family (claude-opus-5-7, claude-sonnet-6), `claude-newer` reading answers as the
-    family's newest model does (`text_as_thinking`: Opus 5.5 and Sonnet 5.5 return their
-    text in thinking blocks, and a later Opus or Sonnet was read as if it never did, its
-    rationale taken for thinking). Only the reading is inherited: what a request may carry
-    stays `claude-newer`'s, so a rule the newer model dropped is refused at start, not by the
-    provider at the first step."""
+    family's newest model does (`text_as_thinking`, with the display it needs: Opus 5.5 and
+    Sonnet 5.5 return their text in thinking blocks, and a later Opus or Sonnet was read as
+    if it never did, its rationale taken for thinking). Only that is inherited: what else a
+    request may carry stays `claude-newer`'s, so a rule the newer model dropped is refused at
+    start, not by the provider at the first step."""
     parsed = claude_version(model)
     if parsed is None:
         return None
@@ -334,7 +344,12 @@ def _by_version(model: str) -> ModelProfile | None:
     below = [v for v in listed if v < version]
     if len(below) == len(listed):
         newest = PROFILES[FAMILIES[listed[max(listed)]]]
-        return replace(PROFILES["claude-newer"], text_as_thinking=newest.text_as_thinking)
+        return replace(
+            PROFILES["claude-newer"],
+            visible_display=newest.visible_display,
+            beta_headers=newest.beta_headers,
+            text_as_thinking=newest.text_as_thinking,
+        )
     return PROFILES[FAMILIES[listed[max(below)]]] if below else None
 
 

@@ -27,7 +27,7 @@ from planner.model_profiles import RetryForm, ThinkingMode
 from planner.tools import ToolSpec
 
 PlannerMode = Literal["compact", "session"]
-TextInThinking = Literal["none", "last", "all"]
+TextInThinking = Literal["none", "all"]
 ThinkingSink = Callable[[str], None]
 """Receives live thinking text deltas while a streamed answer arrives (never stored as such)."""
 
@@ -149,10 +149,10 @@ class Turn:
     category and explanation, OpenAI's refusal text, or that OpenAI's content filter stopped
     the answer). None for an answer."""
     text_in_thinking: TextInThinking = "none"
-    """Where the text the model wrote before its call is, when it wrote no text block: "none"
-    (nowhere: thinking blocks are thinking), "last" (Claude Opus 5.5 and Sonnet 5.5 thinking:
-    in a thinking block of its own, the last before the call) or "all" (`between_tools`: no
-    up-front thinking, every readable thinking block is such text)."""
+    """Whether its readable thinking blocks are the model's text rather than reasoning: "none"
+    (they are thinking) or "all" (`between_tools`, or the `updates` display that Claude Opus
+    5.5 and Sonnet 5.5 are asked for: reasoning comes back empty, and a readable block is a
+    progress update, the text the model wrote before its call)."""
 
     @property
     def tool_calls(self) -> list[ToolCall]:
@@ -164,23 +164,11 @@ class Turn:
 
     @property
     def said(self) -> list[Reasoning]:
-        """Reasoning blocks that hold the text the model wrote before its call (its judgement
-        and intent), on the models that return that text in thinking blocks
-        (`text_in_thinking`). Only in an answer with a call and without a text block; with
-        "last", only a readable block directly before the call that follows other reasoning:
-        a lone block may be up-front thinking as well, and is left to be thinking."""
-        if self.text_in_thinking == "none" or not self.tool_calls:
+        """Reasoning blocks that hold the text the model wrote (its judgement and intent), on
+        the answers whose readable thinking blocks are only that (`text_in_thinking`)."""
+        if self.text_in_thinking == "none":
             return []
-        if any(isinstance(i, AssistantText) for i in self.items):
-            return []
-        if self.text_in_thinking == "all":
-            return [r for r in self.reasoning if r.readable]
-        first_call = next(i for i, item in enumerate(self.items) if isinstance(item, ToolCall))
-        before = self.items[:first_call]
-        if len(before) < 2 or not isinstance(before[-2], Reasoning):
-            return []
-        last = before[-1]
-        return [last] if isinstance(last, Reasoning) and last.readable else []
+        return [r for r in self.reasoning if r.readable]
 
     @property
     def thought(self) -> list[Reasoning]:
@@ -205,8 +193,12 @@ class Turn:
     def text(self) -> str | None:
         """The text of the turn joined: the model's judgement of the last step and its intent
         (from the thinking blocks that hold it, on the models that return it there: `said`)."""
-        parts = [i.text.strip() for i in self.items if isinstance(i, AssistantText)]
-        parts += [r.readable.strip() for r in self.said]
+        said = {id(r) for r in self.said}
+        parts = [
+            i.text.strip() if isinstance(i, AssistantText) else i.readable.strip()
+            for i in self.items
+            if isinstance(i, AssistantText) or (isinstance(i, Reasoning) and id(i) in said)
+        ]
         return "\n".join(p for p in parts if p) or None
 
 

@@ -103,9 +103,16 @@ async def test_adaptive_only_model_gets_a_nudge_not_a_forced_tool_choice(
     assert decision.rationale == "The list shows Display."
 
 
-@pytest.mark.parametrize("model", ["claude-opus-5-5", "claude-sonnet-5-5", "claude-fable-5-1"])
-async def test_models_that_always_think_are_nudged_and_asked_for_summaries(
-    fake_server: FakeModelServer, model: str
+@pytest.mark.parametrize(
+    ("model", "display", "thoughts"),
+    [
+        ("claude-opus-5-5", "updates", ["", ""]),  # reasoning hidden: the text is read exactly
+        ("claude-sonnet-5-5", "updates", ["", ""]),
+        ("claude-fable-5-1", "summarized", ["Look first.", "Now act."]),
+    ],
+)
+async def test_models_that_always_think_are_nudged_and_asked_for_readable_thinking(
+    fake_server: FakeModelServer, model: str, display: str, thoughts: list[str]
 ) -> None:
     """They refuse a forced tool choice whatever the thinking, and think when told nothing."""
     fake_server.script_anthropic(
@@ -115,9 +122,9 @@ async def test_models_that_always_think_are_nudged_and_asked_for_summaries(
     decision = await decide(make(fake_server, model=model, thinking="adaptive"))
     assert [r.body["tool_choice"]["type"] for r in fake_server.requests] == ["auto", "auto"]
     for sent in fake_server.requests:
-        assert sent.body["thinking"] == {"type": "adaptive", "display": "summarized"}
+        assert sent.body["thinking"] == {"type": "adaptive", "display": display}
     assert decision.retry_kind == "nudge" and fake_server.rejections == []
-    assert [b.text for b in decision.thinking] == ["Look first.", "Now act."]
+    assert [b.text for b in decision.thinking] == thoughts
 
 
 JUDGED = "Settings opened as expected. Now open Display, where the theme is."
@@ -135,12 +142,45 @@ async def test_the_text_a_55_model_writes_before_its_call_is_the_rationale_not_t
     )
     decision = await decide(make(fake_server, model=model, thinking="adaptive"))
     assert decision.rationale == JUDGED
-    assert [b.text for b in decision.thinking] == ["Display holds the theme."]
-    assert decision.thinking_kind == "summarized"
+    assert [b.text for b in decision.thinking] == [""]  # asked for the text alone
+    assert decision.thinking_kind == "omitted"
     assert (decision.purpose, decision.expected_outcome) == (
         TAP["purpose"],
         TAP["expected_outcome"],
     )
+
+
+@pytest.mark.parametrize("model", ["claude-opus-5-5", "claude-sonnet-5-5"])
+@pytest.mark.parametrize(
+    ("blocks", "rationale", "thinking_kind"),
+    [
+        pytest.param([text(JUDGED)], JUDGED, "none", id="its-text-alone"),
+        pytest.param([thinking("Display holds the theme.")], None, "omitted", id="reasoning-alone"),
+    ],
+)
+async def test_a_lone_block_before_a_55_models_call_is_read_for_what_it_is(
+    fake_server: FakeModelServer,
+    model: str,
+    blocks: list[dict[str, Any]],
+    rationale: str | None,
+    thinking_kind: str,
+) -> None:
+    """Asked for summarized thinking, Opus 5.5 and Sonnet 5.5 return the text they write
+    before a call (a progress update) in a thinking block "not distinguishable from a reasoning
+    block" (the Thinking page), and either may be skipped: one block before the call was read
+    as thinking by its position, so a step whose model wrote its judgement and no reasoning
+    recorded no rationale and the judgement as thinking. They are asked for `display:
+    "updates"` (beta header): reasoning comes back empty, the text readable, and each block
+    is read for what it is."""
+    fake_server.script_anthropic(anthropic_message(*blocks, tool_use("tap", TAP)))
+    decision = await decide(make(fake_server, model=model, thinking="adaptive"))
+    assert decision.rationale == rationale
+    assert decision.thinking_kind == thinking_kind
+    assert [b.text for b in decision.thinking] == ([""] if thinking_kind == "omitted" else [])
+    (sent,) = fake_server.requests
+    assert sent.status == 200, sent.error
+    assert sent.body["thinking"] == {"type": "adaptive", "display": "updates"}
+    assert sent.headers["anthropic-beta"] == "thinking-display-updates-2026-08-18"
 
 
 @pytest.mark.parametrize("model", ["claude-opus-5-7", "claude-sonnet-6"])
@@ -155,8 +195,9 @@ async def test_a_newer_opus_or_sonnet_reads_its_text_in_thinking_as_the_rational
     )
     decision = await decide(make(fake_server, model=model, thinking="adaptive"))
     assert fake_server.rejections == []
+    assert fake_server.requests[0].body["thinking"]["display"] == "updates"
     assert decision.rationale == JUDGED
-    assert [b.text for b in decision.thinking] == ["Display holds the theme."]
+    assert [b.text for b in decision.thinking] == [""]
 
 
 async def test_with_up_front_thinking_off_sonnet_55_thinking_blocks_hold_its_text(

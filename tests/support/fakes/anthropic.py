@@ -62,6 +62,7 @@ ENABLED_THINKING_UNSUPPORTED = (
 FORCED_TOOL_UNSUPPORTED = (
     "tool_choice.type: forced tool use is not supported for this model; use tool_choice auto"
 )
+DISPLAY_UPDATES_BETA = "thinking-display-updates-2026-08-18"
 DISABLED_THINKING_UNSUPPORTED = (
     "thinking.type.disabled is not supported for this model. Use thinking.type.adaptive and "
     "output_config.effort to control thinking behavior."
@@ -342,7 +343,7 @@ class MessagesFake:
     def answer(self, path: str, headers: dict[str, str], body: dict[str, Any]) -> Answer:
         if "anthropic-version" not in headers:
             raise _bad("anthropic-version: header is required")
-        thinking_on = self._check(body)
+        thinking_on = self._check(body, headers)
         if not self.script:
             # 400, not 5xx: the SDK must not retry into an empty script.
             raise _bad("fake server: no scripted response left")
@@ -383,9 +384,10 @@ class MessagesFake:
             if kind in ("thinking", "redacted_thinking") and not thinking_on:
                 continue
             if said:
-                # In a thinking block of its own, where the text block was: readable when the
-                # display returns text, or when up-front thinking is off (`between_tools`).
-                shown = spec["text"] if between_tools or display == "summarized" else ""
+                # In a thinking block of its own, where the text block was (a progress update):
+                # readable when the display returns text (`summarized` with the reasoning,
+                # `updates` alone), or when up-front thinking is off (`between_tools`).
+                shown = spec["text"] if between_tools or display != "omitted" else ""
                 block = {
                     "type": "thinking",
                     "thinking": shown,
@@ -549,7 +551,7 @@ class MessagesFake:
         return [(e["type"], e) for e in events]
 
     # --- the rules ---
-    def _check(self, body: dict[str, Any]) -> bool:
+    def _check(self, body: dict[str, Any], headers: dict[str, str]) -> bool:
         """Validate a request; returns whether thinking is on."""
         for key in ("model", "max_tokens", "messages"):
             if key not in body:
@@ -568,7 +570,10 @@ class MessagesFake:
                 else f"thinking.type.{kind} is not supported for this model."
             )
         display = config.get("display")
-        if display is not None and display not in ("summarized", "omitted"):
+        betas = {b.strip() for b in headers.get("anthropic-beta", "").split(",")}
+        # `updates` is a beta value: without its header it is refused as an unknown one.
+        known = ("summarized", "omitted", *(("updates",) if DISPLAY_UPDATES_BETA in betas else ()))
+        if display is not None and display not in known:
             raise _bad("thinking.adaptive.display: Input should be 'summarized' or 'omitted'")
         max_tokens = int(body.get("max_tokens") or 0)
         if kind == "enabled":
