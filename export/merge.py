@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from export.run import FailedCalls, Run, Step
-from planner.decision import whole_of
+from planner.decision import MAX_THINKING_BLOCKS, whole_of
 
 
 class MergeError(ValueError):
@@ -21,13 +21,16 @@ class MergeError(ValueError):
 
 def _fill(cloud: Step, host: Step) -> Step:
     """The cloud's decision with what only the host knew: also a text the host cut to ship
-    the step (the decision log's limits) that its timeline kept whole."""
+    the step (the decision log's limits) that its timeline kept whole, and the thinking blocks
+    the log merged into its last one past the number it keeps."""
     thinking = cloud.thinking
     if len(thinking) == len(host.thinking):
         thinking = [
             replace(c, text=whole_of(c.text, h.text))
             for c, h in zip(thinking, host.thinking, strict=True)
         ]
+    elif len(thinking) == MAX_THINKING_BLOCKS < len(host.thinking):
+        thinking = host.thinking  # the log merged the blocks past its limit into its last
     return replace(
         cloud,
         user_prompt=whole_of(cloud.user_prompt, host.user_prompt) or host.user_prompt,

@@ -212,6 +212,22 @@ def test_merge_keeps_the_hosts_whole_text_where_the_cloud_holds_it_cut(
     assert merged.steps[1].rationale == cloud.steps[1].rationale
 
 
+def test_merge_keeps_the_hosts_blocks_where_the_cloud_merged_them(timeline: Timeline) -> None:
+    """The decision log keeps 64 thinking blocks of a decision and merges a shipped decision's
+    blocks past the 63rd into its 64th (cut to one block's limit); the host's timeline keeps
+    them all. The merge took the cloud's 64 (the counts differ), so the merged export held one
+    run-on block, perhaps cut, where the model wrote seven."""
+    host = read_bundle(bundle_bytes(host_run(timeline, T_DARK)))
+    step = host.steps[0]
+    step.thinking = [ThinkingBlock(f"thought {i}") for i in range(70)]
+    cloud = read_bundle(bundle_bytes(host_run(timeline, T_DARK)))
+    cloud.origin = "cloud"
+    merged_past = "[7 thinking blocks merged into this one: …]\n\nthought 63 [… cut here: …]"
+    cloud.steps[0].thinking = [*step.thinking[:63], ThinkingBlock(merged_past)]
+    first = merge(cloud, host).steps[0]
+    assert [b.text for b in first.thinking] == [f"thought {i}" for i in range(70)]
+
+
 def test_bad_exports_are_refused_naming_the_problem(timeline: Timeline) -> None:
     good = bundle_bytes(host_run(timeline, T_GESTURES))
     with pytest.raises(BundleError, match="not a zip file"):
