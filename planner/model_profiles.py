@@ -11,12 +11,12 @@ configured model, so a new model is one table row.
 A versioned Claude name newer than every listed version of its family gets `claude-newer` (as
 the newest documented models: adaptive only, always thinking, no forced tool choice), reading
 answers as its family's newest listed model does; one between listed versions the profile of
-the nearest one below. Any other model the table does
-not know gets its vendor's conservative profile (`anthropic-unknown`, `openai-unknown`): the
-request carries what the settings ask for and nothing the table would add (no display field,
-no explicit `disabled`), and nothing is refused. An operator who knows better names a profile
-with `AMC_PLANNER_MODEL_PROFILE`. A configuration the model cannot take is refused at start
-with one line (`check`), not by the provider at the first step.
+the nearest one below. Any other model the table does not know gets its vendor's conservative
+profile (`anthropic-unknown`, `openai-unknown`): the request carries what the settings ask for
+and nothing the table would add (no display field, no explicit `disabled`), and nothing is
+refused. An operator who knows better names a profile with `AMC_PLANNER_MODEL_PROFILE`. A
+configuration the model cannot take is refused at start with one line (`check`), not by the
+provider at the first step.
 """
 
 from __future__ import annotations

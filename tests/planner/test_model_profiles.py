@@ -112,6 +112,7 @@ def test_a_newer_claude_reads_answers_as_its_familys_newest(
     profile = profile_for(model, "anthropic")
     assert profile.name == "claude-newer" and profile.thinking_off is None
     assert profile.text_as_thinking is reads_text_in_thinking
+    assert profile.visible_display == ("updates" if reads_text_in_thinking else "summarized")
 
 
 def test_what_the_families_take() -> None:
