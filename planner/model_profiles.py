@@ -88,12 +88,13 @@ class ModelProfile:
     - `prompt_cache`: Anthropic prompt caching with explicit breakpoints.
     - `text_as_thinking`: Anthropic — the text the model writes before a tool call comes back
       in a thinking block of its own, a progress update (Claude Opus 5.5 and Sonnet 5.5: "text
-      between tool calls comes back in thinking blocks"). Under `summarized` display such a
-      block is "not distinguishable from a reasoning block" (the Thinking page), and either
-      may be skipped, so these profiles ask for `display: "updates"` (beta): reasoning comes
-      back empty and every readable block is the model's text, which the decision reads as
-      its rationale (`Turn.said`). Exact, at the price of the reasoning summaries: what the
-      model said it judged and means to do is the record's and the next step's prompt's.
+      between tool calls comes back in thinking blocks"; Fable 5 and 5.1, Mythos 5.1). Under
+      `summarized` display such a block is "not distinguishable from a reasoning block" (the
+      Thinking page), and either may be skipped, so these profiles ask for `display:
+      "updates"` (beta): reasoning comes back empty and every readable block is the model's
+      text, which the decision reads as its rationale (`Turn.said`). Exact, at the price of the
+      reasoning summaries: what the model said it judged and means to do is the record's and
+      the next step's prompt's.
     """
 
     name: str
@@ -230,6 +231,10 @@ PROFILES: dict[str, ModelProfile] = {
         # `{type: between_tools}` (`disabled` is refused; any short progress note it writes
         # between tool calls still comes back in a thinking block: the SDK's ThinkingTypes).
         replace(_TEXT_AS_THINKING, name="claude-sonnet-5.5", thinking_off="between_tools"),
+        # Claude Fable 5 and 5.1, Mythos 5.1: as the models that always think, and the notes
+        # they write between tool calls come back as progress-update thinking blocks (the
+        # Thinking page, "Progress updates between tool calls", `updates` display included).
+        replace(_TEXT_AS_THINKING, name="claude-progress-updates"),
         # A Claude version newer than this table (claude-opus-5-7, claude-haiku-6): treated as
         # the newest documented models behave (as `claude-always-thinks`), so a model that
         # thinks although told nothing is never taken for one that does not; its answers are
@@ -302,8 +307,9 @@ FAMILIES: dict[str, str] = {
     "claude-opus-5-5": "claude-opus-5.5",
     "claude-sonnet-5-5": "claude-sonnet-5.5",
     "claude-haiku-5-5": "claude-5",  # thinks unless told `disabled` (at effort high or below)
-    "claude-fable": "claude-always-thinks",
+    "claude-fable": "claude-progress-updates",
     "claude-mythos": "claude-always-thinks",
+    "claude-mythos-5-1": "claude-progress-updates",
     "gpt-4.1": "gpt-4.1",
     "gpt-4o": "gpt-4o",
     "o1": "openai-o-series",

@@ -34,7 +34,9 @@ def settings(**values: Any) -> PlannerSettings:
         ("claude-opus-5-5", "anthropic", "claude-opus-5.5"),
         ("claude-sonnet-5-5", "anthropic", "claude-sonnet-5.5"),
         ("claude-haiku-5-5", "anthropic", "claude-5"),
-        ("claude-fable-5-1", "anthropic", "claude-always-thinks"),
+        ("claude-fable-5-1", "anthropic", "claude-progress-updates"),
+        ("claude-mythos-5-1", "anthropic", "claude-progress-updates"),
+        ("claude-mythos-5", "anthropic", "claude-always-thinks"),
         ("claude-mythos-preview", "anthropic", "claude-always-thinks"),
         # Forward-compatible: a version between listed ones takes the one below it, a version
         # past the table the profile of the newest documented behaviour (never the unknown).

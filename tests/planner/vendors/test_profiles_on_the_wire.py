@@ -108,7 +108,8 @@ async def test_adaptive_only_model_gets_a_nudge_not_a_forced_tool_choice(
     [
         ("claude-opus-5-5", "updates", ["", ""]),  # reasoning hidden: the text is read exactly
         ("claude-sonnet-5-5", "updates", ["", ""]),
-        ("claude-fable-5-1", "summarized", ["Look first.", "Now act."]),
+        ("claude-fable-5-1", "updates", ["", ""]),
+        ("claude-mythos-5", "summarized", ["Look first.", "Now act."]),
     ],
 )
 async def test_models_that_always_think_are_nudged_and_asked_for_readable_thinking(
@@ -150,7 +151,9 @@ async def test_the_text_a_55_model_writes_before_its_call_is_the_rationale_not_t
     )
 
 
-@pytest.mark.parametrize("model", ["claude-opus-5-5", "claude-sonnet-5-5"])
+@pytest.mark.parametrize(
+    "model", ["claude-opus-5-5", "claude-sonnet-5-5", "claude-fable-5-1", "claude-mythos-5-1"]
+)
 @pytest.mark.parametrize(
     ("blocks", "rationale", "thinking_kind"),
     [
@@ -158,20 +161,21 @@ async def test_the_text_a_55_model_writes_before_its_call_is_the_rationale_not_t
         pytest.param([thinking("Display holds the theme.")], None, "omitted", id="reasoning-alone"),
     ],
 )
-async def test_a_lone_block_before_a_55_models_call_is_read_for_what_it_is(
+async def test_a_lone_block_before_the_call_of_a_model_with_progress_updates_is_read_exactly(
     fake_server: FakeModelServer,
     model: str,
     blocks: list[dict[str, Any]],
     rationale: str | None,
     thinking_kind: str,
 ) -> None:
-    """Asked for summarized thinking, Opus 5.5 and Sonnet 5.5 return the text they write
-    before a call (a progress update) in a thinking block "not distinguishable from a reasoning
-    block" (the Thinking page), and either may be skipped: one block before the call was read
-    as thinking by its position, so a step whose model wrote its judgement and no reasoning
-    recorded no rationale and the judgement as thinking. They are asked for `display:
-    "updates"` (beta header): reasoning comes back empty, the text readable, and each block
-    is read for what it is."""
+    """Asked for summarized thinking, Opus 5.5 and Sonnet 5.5 (and Fable 5.1 and Mythos 5.1,
+    which were read as if they never did) return the text they write before a call (a
+    progress update) in a thinking block "not distinguishable from a reasoning block" (the
+    Thinking page), and either may be skipped: one block before the call was read as thinking
+    by its position, so a step whose model wrote its judgement and no reasoning recorded no
+    rationale and the judgement as thinking. They are asked for `display: "updates"` (beta
+    header): reasoning comes back empty, the text readable, and each block is read for what
+    it is."""
     fake_server.script_anthropic(anthropic_message(*blocks, tool_use("tap", TAP)))
     decision = await decide(make(fake_server, model=model, thinking="adaptive"))
     assert decision.rationale == rationale

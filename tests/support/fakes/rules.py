@@ -47,7 +47,8 @@ class ModelRules:
     - `min_cache_tokens`: the shortest prefix Anthropic caches for this model.
     - `text_as_thinking`: Anthropic: the text the model writes before a tool call comes back
       in a thinking block of its own (Claude Opus 5.5, Sonnet 5.5: "text between tool calls
-      comes back in thinking blocks", empty unless the display returns text).
+      comes back in thinking blocks"; Fable 5 and 5.1, Mythos 5.1: progress updates), empty
+      unless the display returns text.
     - `reasons_when_omitted`: OpenAI Responses: the model reasons when `reasoning` is left out
       (GPT-5 at its default `medium`, the o-series always; GPT-5.1 and later default to
       `none`), so its answer carries reasoning items (without encrypted content unless it was
@@ -143,7 +144,11 @@ MODELS: dict[str, ModelRules] = {
         efforts=CLAUDE_47_EFFORTS,
         min_cache_tokens=512,
     ),
-    "claude-fable": _ALWAYS_THINKS,
+    # Claude Fable 5 and 5.1, Mythos 5.1: the notes they write between tool calls come back as
+    # progress-update thinking blocks (the Thinking page, "Progress updates between tool
+    # calls").
+    "claude-fable": replace(_ALWAYS_THINKS, text_as_thinking=True),
+    "claude-mythos-5-1": replace(_ALWAYS_THINKS, text_as_thinking=True),
     # Claude Mythos: adaptive only, and it thinks when `thinking` is left out.
     "claude-mythos": ModelRules(
         thinking_types=frozenset({"adaptive"}),
