@@ -116,8 +116,8 @@ class CloudMetrics:
         self.requeued = make(
             Counter,
             "amc_cloud_attempts_requeued",
-            "Attempts that ended with their task queued again (cause=lease_expired or "
-            "retryable_result)",
+            "Attempts that ended with their task queued again (cause=lease_expired, "
+            "retryable_result, or refused: the host declined the assignment)",
             ("cause",),
         )
         self.results = make(

@@ -487,7 +487,8 @@ class LeaseManager:
                 self.bus.hosts_changed([session.host_id])  # the phone is idle again
                 metrics.current().result(states.from_proto(msg.status))
                 if out.task_status == states.QUEUED:  # a retryable end: its next attempt waits
-                    metrics.current().requeued.labels(cause="retryable_result").inc()
+                    cause = "refused" if refused else "retryable_result"
+                    metrics.current().requeued.labels(cause=cause).inc()
                     self.bus.tasks_queued()
                 self.dispatcher.kick(session)
             return lease_pb.LeaseResponse(

@@ -18,6 +18,7 @@ from amc.v1 import (
     types_pb2,
 )
 from amc.v1 import lease_service_pb2 as lease_pb
+from cloud import metrics
 from cloud.server import CloudServer, build_server
 from planner.observation import observation_from_scene
 from tests.cloud.cloud_harness import (
@@ -78,6 +79,42 @@ async def test_a_refused_assignment_costs_no_attempt_and_goes_to_another_phone(
         assert got.attempts[0].failure_reason == f"phone {first.device_serial} is busy"
     finally:
         await host.close()
+
+
+def _requeued(cause: str) -> float:
+    """How many attempts this process's replicas requeued for `cause` (the metric operators
+    read)."""
+    found = metrics.REGISTRY.get_sample_value("amc_cloud_attempts_requeued_total", {"cause": cause})
+    return found or 0.0
+
+
+async def test_a_refused_assignment_is_counted_as_a_refusal_not_a_retryable_result(
+    cloud: CloudServer, ops: Any, pki_dir: Any
+) -> None:
+    """`amc_cloud_attempts_requeued{cause}` told a host refusing assignments (a phone it is busy
+    on: nothing ran) apart from nothing: both were `retryable_result`, so a dashboard showed
+    planning outages where a host was only refusing. A refusal has its own cause."""
+    before = {c: _requeued(c) for c in ("refused", "retryable_result")}
+    host = ScriptedHost(cloud.address, pki_dir, "h24")
+    try:
+        await host.connect(["p", "q"])
+        await submit(ops)
+        first = (await host.next("assignment")).assignment
+        await host.send(_refused(first, lease_pb.ASSIGNMENT_REFUSAL_PHONE_BUSY))
+        assert (await host.next("result_ack")).result_ack.task_status == (
+            types_pb2.TASK_STATUS_QUEUED
+        )
+        second = (await host.next("assignment")).assignment
+        failed = result(second, status=types_pb2.TASK_STATUS_FAILED, summary="planning stayed down")
+        failed.result.retryable = True
+        await host.send(failed)
+        assert (await host.next("result_ack")).result_ack.task_status == (
+            types_pb2.TASK_STATUS_QUEUED
+        )
+    finally:
+        await host.close()
+    after = {c: _requeued(c) - before[c] for c in before}
+    assert after == {"refused": 1.0, "retryable_result": 1.0}
 
 
 async def test_a_refusal_of_a_value_this_cloud_does_not_know_is_a_refusal(
