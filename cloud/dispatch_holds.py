@@ -11,6 +11,12 @@ lone SQLite replica reads them once, at start: it wrote every row since. The rep
 probe or next model call succeeds deletes the row, and the others resume at their next pass
 (the notification starts one at once).
 
+A replica planning with the offline planner (no provider, no probe) never sets nor lifts a
+provider hold: its own Decides say nothing of the provider. It honours one while a replica
+that calls the provider is alive (a host's Decides travel on a connection of their own, which
+may reach that replica and be refused), and not otherwise (a fleet switched to the offline
+planner would hold for good: nothing would probe). See decision 0062.
+
 Each replica was on its own before (decision 0062): with two replicas each handed out, and lost
 to a failing first step, one task before it learned of a refused key; a restart lost another.
 """
@@ -22,7 +28,7 @@ import logging
 from collections.abc import Callable, Iterable
 
 from cloud import metrics
-from cloud.store import errors, holds
+from cloud.store import errors, holds, replicas
 from cloud.store.database import Store
 from cloud.store.holds import Hold
 
@@ -43,6 +49,12 @@ class DispatchHolds:
         self._loaded = False
         #: Called when a hold went away (the dispatcher wakes up).
         self.on_lifted: list[Callable[[], None]] = []
+        #: Whether this replica's planner calls no model provider (the offline planner): the
+        #: provider's holds are then honoured only while `provider_replicas_alive`.
+        self.provider_free = False
+        #: As last read, for a provider-free replica while a provider hold is set: whether a
+        #: replica whose planner calls the provider is alive (its hosts' Decides may reach it).
+        self.provider_replicas_alive = False
 
     def now(self) -> dt.datetime:
         return self._store.now()
@@ -57,8 +69,21 @@ class DispatchHolds:
         host's dispatch costs no query on the hot path (decision 0072)."""
         if self._loaded and not self._store.is_postgres:
             return
-        self._replace(await holds.load(self._store))
+        rows = await holds.load(self._store)
+        alive = False
+        if self.provider_free and set(rows) & set(holds.PROVIDER):
+            alive = await replicas.provider_replicas_alive(self._store)
+        self.provider_replicas_alive = alive
+        self._replace(rows)
         self._loaded = True
+
+    def honoured(self, reason: str) -> bool:
+        """Whether a hold of this reason holds tasks back here. A provider hold does not on a
+        replica planning offline while no replica calls the provider: nothing could lift it,
+        and no Decide of its hosts' steps can meet the provider."""
+        return (
+            reason not in holds.PROVIDER or not self.provider_free or (self.provider_replicas_alive)
+        )
 
     async def hold(
         self,
@@ -112,11 +137,16 @@ class DispatchHolds:
         lifted = set(self._rows) - set(rows)
         for reason in sorted(set(rows) - set(self._rows)):
             h = rows[reason]
-            log.warning("dispatch held (%s, by replica %s): %s", reason, h.set_by, h.detail)
+            if self.honoured(reason):
+                log.warning("dispatch held (%s, by replica %s): %s", reason, h.set_by, h.detail)
+            else:
+                log.info("a dispatch hold not held here (%s, by replica %s): no replica that "
+                         "calls the model provider is alive: %s",
+                         reason, h.set_by, h.detail)  # fmt: skip
         for reason in sorted(lifted):
             log.warning("dispatch hold lifted: %s", reason)
         self._rows = rows
-        metrics.current().dispatch_paused.set(1 if rows else 0)
+        metrics.current().dispatch_paused.set(1 if any(map(self.honoured, rows)) else 0)
         if lifted:
             for callback in self.on_lifted:
                 callback()

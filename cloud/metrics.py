@@ -221,7 +221,7 @@ class CloudMetrics:
         self.dispatch_paused = make(
             Gauge,
             "amc_cloud_dispatch_paused",
-            "1 while this replica sees a dispatch hold (the model provider down or refusing the "
+            "1 while this replica holds new tasks back (the model provider down or refusing the "
             "key, or the fleet's daily budget spent)",
         )
 

@@ -92,8 +92,9 @@ class ProviderHealth:
     @property
     def pause(self) -> DispatchPause | None:
         """Set while dispatch to cloud-transport hosts is paused. A replica whose planner cannot
-        be down (no probe: the offline provider) is never paused, nor could it lift a pause."""
-        if self.probe is None:
+        be down (no probe: the offline provider) is paused only while a replica that calls the
+        provider is alive (`DispatchHolds.honoured`), and never lifts a pause."""
+        if self.probe is None and not self.holds.provider_replicas_alive:
             return None
         refused = self.holds.get(holds.KEY_REFUSED)
         found = refused or self.holds.get(holds.PROVIDER_DOWN)
@@ -128,7 +129,7 @@ class ProviderHealth:
     async def succeeded(self) -> None:
         """A Decide (or a probe) got an answer from the provider."""
         self._failures = 0
-        if self.pause is None:
+        if self.pause is None or self.probe is None:  # the offline planner proves nothing
             return
         log.warning("the model provider answers again: dispatch resumes")
         await self.holds.lift(holds.PROVIDER)

@@ -285,6 +285,8 @@ class CloudServer:
             budgets=self.budgets,
             clock_settled=self.leases.clock.settled,
         )
+        self.holds.provider_free = self.provider_health.probe is None  # the offline planner
+        self.presence.calls_provider = not self.holds.provider_free
         #: The compact planner Decide plans with (benches count its provider's calls).
         self.planner = next((c for c in self._closeables if isinstance(c, Planner)), None)
         if self.embedder is not None:

@@ -15,6 +15,10 @@ A replica of a version without this lock does not count as alive; a replica star
 gives live leases a term they would have had anyway at their next renewal.
 
 SQLite has one replica at most: it is always alone.
+
+A replica whose planner calls a model provider holds a second lock (`PROVIDER_NAMESPACE`) on
+the same connection: a replica planning offline honours the provider's dispatch holds only while
+one of those is alive (cloud/dispatch_holds.py).
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ import logging
 from typing import Any
 
 import psycopg
+from sqlalchemy import text
 
 from cloud.store.database import Store, libpq_dsn
 
@@ -36,12 +41,32 @@ NAMESPACE = 0x616D6372
 #: counting as alive after idle + interval × count seconds.
 KEEPALIVE = "-c tcp_keepalives_idle=10 -c tcp_keepalives_interval=5 -c tcp_keepalives_count=3"
 
+#: First key of the second lock of a replica whose planner calls a model provider: "amcp".
+PROVIDER_NAMESPACE = 0x616D6370
+
 _OTHERS = """
 SELECT count(*) FROM pg_locks
 WHERE locktype = 'advisory' AND granted AND objsubid = 2
   AND classid = %(ns)s::oid AND objid <> %(key)s::oid
   AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
 """
+
+
+_PROVIDERS = text("""
+SELECT count(*) FROM pg_locks
+WHERE locktype = 'advisory' AND granted AND objsubid = 2 AND classid = CAST(:ns AS oid)
+  AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
+""")
+
+
+async def provider_replicas_alive(store: Store) -> bool:
+    """Whether a replica whose planner calls a model provider is alive now (never on SQLite:
+    its one replica is the one asking)."""
+    if not store.is_postgres:
+        return False
+    async with store.read() as session:
+        found = await session.scalar(_PROVIDERS, {"ns": PROVIDER_NAMESPACE})
+    return bool(found)
 
 
 def replica_key(replica_id: str) -> int:
@@ -60,6 +85,9 @@ class Presence:
         self._dsn = libpq_dsn(store.engine) if store.is_postgres else None
         self.key = replica_key(replica_id)
         self._conn: psycopg.AsyncConnection[tuple[Any, ...]] | None = None
+        #: Whether this replica's planner calls a model provider (it then holds the second
+        #: lock, `PROVIDER_NAMESPACE`, too).
+        self.calls_provider = False
 
     async def others_alive(self) -> bool:
         """Whether another replica of this database holds its lock now (never on SQLite; advisory
@@ -90,6 +118,10 @@ class Presence:
         )
         try:
             await conn.execute("SELECT pg_advisory_lock(%s, %s)", (NAMESPACE, self.key))
+            if self.calls_provider:
+                await conn.execute(
+                    "SELECT pg_advisory_lock(%s, %s)", (PROVIDER_NAMESPACE, self.key)
+                )
         except BaseException:
             await conn.close()
             raise

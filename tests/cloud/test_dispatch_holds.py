@@ -28,6 +28,7 @@ from amc.v1 import (
     task_service_pb2,
     types_pb2,
 )
+from cloud import metrics
 from cloud.server import CloudServer, build_server
 from cloud.settings import CloudSettings
 from cloud.store import holds
@@ -353,3 +354,109 @@ async def test_a_lone_sqlite_replica_reads_its_holds_once(
         await server.stop(0.5)
     assert sent, "the dispatch ran its queries"
     assert not [s for s in sent if "dispatch_holds" in s]
+
+
+def _paused_gauge() -> float:
+    """`amc_cloud_dispatch_paused` as this process's replicas set it."""
+    return metrics.REGISTRY.get_sample_value("amc_cloud_dispatch_paused") or 0.0
+
+
+async def test_an_offline_planner_replica_honours_a_provider_hold_while_a_provider_replica_lives(
+    provider: FakeModelServer,
+    postgres_server: PostgresServer,
+    pki_dir: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A mixed fleet (a planner being switched): a host's Decides travel on a connection of
+    their own, which may reach the replica that calls the provider. The replica planning
+    offline handed tasks out under that replica's refused-key hold (each to be refused at its
+    first step, and retried until its attempts ran out); it now holds them while that replica
+    lives, and hands them out once none that calls the provider is left (nothing would lift
+    the hold then). It never lifts the hold itself."""
+    values: dict[str, Any] = {
+        "database_url": postgres_server.create_database(),
+        "listen_address": "127.0.0.1:0",
+        "pki_dir": pki_dir,
+        "shutdown_grace_seconds": 0.5,
+        "default_lease_seconds": 60,
+        **FAST,
+    }
+    one = await build_server(CloudSettings(**values))
+    await one.start()
+    monkeypatch.setenv("AMC_PLANNER_PROVIDER", "offline")
+    offline = await build_server(CloudSettings(**values))
+    await offline.start()
+    host_a = ScriptedHost(one.address, pki_dir, "a")
+    host_b = ScriptedHost(offline.address, pki_dir, "b")
+    try:
+        await host_a.connect(["a1"])
+        _fail(provider, "401")
+        await _refused_first_step(one, pki_dir, host_a)
+        await host_b.connect(["b1"])
+        held = await _queued_and_held([one, offline], pki_dir, "401", seen_by=one.bus.replica_id)
+        assert _paused_gauge() == 1.0
+        await host_a.close()
+        await one.stop(0.5)  # no replica calls the provider now: nothing would lift the hold
+        assert (await host_b.next("assignment", wait=30)).assignment.task_id == held
+        assert set(await holds.load(offline.store)) == {holds.KEY_REFUSED}  # not lifted
+    finally:
+        await host_a.close()
+        await host_b.close()
+        await one.stop(0.5)
+        await offline.stop(0.5)
+
+
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)  # one replica after the other
+async def test_an_offline_planner_replica_neither_honours_nor_lifts_a_provider_hold(
+    provider: FakeModelServer,
+    make_settings: Callable[..., CloudSettings],
+    pki_dir: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A replica planning with the offline planner calls no provider: a provider's refusal
+    says nothing of its Decides, so it hands tasks out under a provider hold, and its own
+    Decides (which prove nothing of the provider) leave the hold for a replica that calls it.
+    It said so inconsistently: it dispatched while its `amc_cloud_dispatch_paused` read 1 and it
+    logged "dispatch held"."""
+    first = await build_server(make_settings(**FAST))
+    await first.start()
+    host = ScriptedHost(first.address, pki_dir, "a")
+    try:
+        await host.connect(["a1"])
+        _fail(provider, "401")
+        await _refused_first_step(first, pki_dir, host)
+    finally:
+        await host.close()
+        await first.stop(0.5)
+
+    monkeypatch.setenv("AMC_PLANNER_PROVIDER", "offline")
+    offline = await build_server(make_settings(**FAST))
+    await offline.start()
+    host = ScriptedHost(offline.address, pki_dir, "b")
+    ops_ch = channel(offline.address, pki_dir, "operator-ops")
+    host_ch = channel(offline.address, pki_dir, "host-b")
+    try:
+        await host.connect(["b1"])
+        task_id = (await submit(tasks_stub(ops_ch), "Open Settings")).task.task_id
+        a = (await host.next("assignment", wait=30)).assignment
+        assert a.task_id == task_id
+        planner: Any = planner_service_pb2_grpc.PlannerServiceStub(host_ch)
+        await planner.Decide(
+            planner_service_pb2.DecideRequest(
+                task_id=a.task_id,
+                attempt=a.attempt,
+                lease_id=a.lease_id,
+                observation=observation_from_scene(scenes.launcher()),
+                step_key="1",
+            )
+        )
+        fleet: Any = fleet_service_pb2_grpc.FleetServiceStub(ops_ch)
+        status = (await fleet.ListHosts(fleet_service_pb2.ListHostsRequest())).dispatch
+        assert not status.paused, status.reason
+        assert _paused_gauge() == 0.0
+        assert set(await holds.load(offline.store)) == {holds.KEY_REFUSED}  # not lifted
+    finally:
+        await host.close()
+        await ops_ch.close()
+        await host_ch.close()
+        await offline.stop(0.5)
