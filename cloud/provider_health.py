@@ -49,6 +49,21 @@ class DispatchPause:
     #: When a replica probes the provider next, as last recorded.
     next_probe_at: datetime | None = None
 
+    @property
+    def kind(self) -> str:
+        """The hold's reason in `dispatch_holds` (`holds.KEY_REFUSED` or `PROVIDER_DOWN`)."""
+        return holds.KEY_REFUSED if self.key_setting is not None else holds.PROVIDER_DOWN
+
+    def lifted_by(self) -> str:
+        """What lifts the hold, for operators (DispatchStatus.lifted_by)."""
+        if self.key_setting is not None:
+            return (
+                f"a probe call or a Decide that succeeds, once {self.key_setting} holds a key "
+                "the provider accepts (restart the cloud with it) or the key's account "
+                "(billing, permissions) is fixed at the provider"
+            )
+        return "a probe call or a Decide that succeeds"
+
     def describe(self) -> str:
         """The hold for operators: what, since when, which replica found it, what lifts it."""
         seen = f" (seen by replica {self.seen_by})" if self.seen_by else ""

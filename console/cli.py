@@ -502,6 +502,7 @@ def host_list(
         return
     if fleet.dispatch.paused:
         err.print(f"dispatch paused: {fleet.dispatch.reason}")
+        err.print(formatting.hold_line(DispatchOut.of(fleet.dispatch)))
     if not hosts:
         out.print("no host has connected yet")
     for host in fleet.hosts:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from google.protobuf.timestamp_pb2 import Timestamp
 from rich.table import Table
@@ -22,6 +22,9 @@ from planner.decision import OMITTED_BLOCK, RETRY_WORDS, THINKING_WORDS, thinkin
 from planner.targets import semantics
 from planner.verify import WORDS as VERDICT_WORDS
 from planner.verify import verdict_from_proto
+
+if TYPE_CHECKING:  # the CLI imports the console's models only for the commands that need them
+    from console.gateway.models import DispatchOut
 
 STATUS_STYLE = {
     types_pb2.TASK_STATUS_QUEUED: "yellow",
@@ -263,3 +266,18 @@ def spend_table(rows: list[Any]) -> Table:
             dollars(r.usage.cost_usd),
         )
     return table
+
+
+def hold_line(d: DispatchOut) -> str:
+    """A dispatch hold's parts on one line under its sentence, for a reader who scans for the
+    kind and what lifts it (`amc host list`; --json has them as fields)."""
+    parts = [f"hold: {d.kind}"]
+    if d.seen_by:
+        parts.append(f"seen by replica {d.seen_by}")
+    if d.next_probe_at is not None:
+        parts.append(f"next probe {d.next_probe_at:%H:%M:%S} UTC")
+    if d.resumes_at is not None:
+        parts.append(f"resumes {d.resumes_at:%Y-%m-%d %H:%M} UTC")
+    if d.lifted_by:
+        parts.append(f"lifted by {d.lifted_by}")
+    return "  " + " · ".join(parts)

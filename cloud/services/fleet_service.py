@@ -17,7 +17,7 @@ from cloud.metrics import start_of_day
 from cloud.provider_health import ProviderHealth
 from cloud.services.status import abort
 from cloud.settings import CloudSettings
-from cloud.store import convert, hosts, leases, spend
+from cloud.store import convert, holds, hosts, leases, spend
 from cloud.store.database import Store
 from cloud.store.holds import Hold
 from planner.convert import usage_to_proto
@@ -28,6 +28,14 @@ DEFAULT_PAGE = 100
 MAX_PAGE = 500
 #: GetSpend answers at most this many days at once.
 MAX_SPEND_DAYS = 366
+
+
+#: DispatchStatus.kind of each hold in `dispatch_holds`.
+_KINDS = {
+    holds.PROVIDER_DOWN: pb.DISPATCH_HOLD_KIND_PROVIDER_DOWN,
+    holds.KEY_REFUSED: pb.DISPATCH_HOLD_KIND_KEY_REFUSED,
+    holds.DAILY_BUDGET: pb.DISPATCH_HOLD_KIND_DAILY_BUDGET,
+}
 
 
 def _encode(key: tuple[int, str]) -> str:
@@ -121,12 +129,25 @@ class FleetServicer(fleet_service_pb2_grpc.FleetServiceServicer):
                 "runs with a higher AMC_CLOUD_DAILY_MAX_TOKENS / AMC_CLOUD_DAILY_MAX_COST_USD "
                 "(a setting: restart each replica with it)",
                 since=convert.ts(held.set_at),
+                kind=_KINDS[holds.DAILY_BUDGET],
+                seen_by=held.set_by,
+                lifted_by="00:00 UTC, or a replica restarted with a higher "
+                "AMC_CLOUD_DAILY_MAX_TOKENS / AMC_CLOUD_DAILY_MAX_COST_USD",
+                resumes_at=convert.ts(start_of_day(self._store.now()) + dt.timedelta(days=1)),
             )
         if pause is None:
             return pb.DispatchStatus()
-        return pb.DispatchStatus(
-            paused=True, reason=pause.describe(), since=convert.ts(pause.since)
+        status = pb.DispatchStatus(
+            paused=True,
+            reason=pause.describe(),
+            since=convert.ts(pause.since),
+            kind=_KINDS[pause.kind],
+            seen_by=pause.seen_by,
+            lifted_by=pause.lifted_by(),
         )
+        if pause.next_probe_at is not None:
+            status.next_probe_at.CopyFrom(convert.ts(pause.next_probe_at))
+        return status
 
     async def GetSpend(
         self,

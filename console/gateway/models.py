@@ -784,15 +784,43 @@ class HostOut(BaseModel):
         )
 
 
+DispatchHoldName = Literal["unspecified", "provider_down", "key_refused", "daily_budget"]
+
+
 class DispatchOut(BaseModel):
-    """Whether the cloud hands out new tasks (it pauses while its model provider is down)."""
+    """Whether the cloud hands out new tasks (it pauses while its model provider is down or
+    refuses the key, or the fleet's daily budget is spent), and what holds them back, in parts
+    a script can read beside the sentence."""
 
     paused: bool
     reason: str = Field(description="why dispatch is paused; empty when it is not")
+    kind: DispatchHoldName = Field(
+        "unspecified",
+        description="what holds dispatch: provider_down, key_refused, daily_budget; "
+        "unspecified when not paused (or a kind this console does not know)",
+    )
+    since: datetime | None = Field(None, description="when the hold began")
+    seen_by: str = Field("", description="the replica that found the hold")
+    lifted_by: str = Field("", description="what lifts the hold")
+    next_probe_at: datetime | None = Field(
+        None, description="when a replica probes the model provider next (its holds only)"
+    )
+    resumes_at: datetime | None = Field(
+        None, description="when the hold ends by itself (the daily budget's: 00:00 UTC)"
+    )
 
     @classmethod
     def of(cls, d: fleet_service_pb2.DispatchStatus) -> DispatchOut:
-        return cls(paused=d.paused, reason=d.reason)
+        return cls(
+            paused=d.paused,
+            reason=d.reason,
+            kind=_enum_word(fleet_service_pb2.DispatchHoldKind, d.kind, "DISPATCH_HOLD_KIND_"),
+            since=_time(d.since, d.HasField("since")),
+            seen_by=d.seen_by,
+            lifted_by=d.lifted_by,
+            next_probe_at=_time(d.next_probe_at, d.HasField("next_probe_at")),
+            resumes_at=_time(d.resumes_at, d.HasField("resumes_at")),
+        )
 
 
 class SpendRowOut(BaseModel):

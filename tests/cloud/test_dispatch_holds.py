@@ -80,6 +80,18 @@ LIFTS = {
     "budget": "dispatch resumes at 00:00 UTC, or once the cloud runs with a higher "
     "AMC_CLOUD_DAILY_MAX_TOKENS",
 }
+#: DispatchStatus.kind and the start of DispatchStatus.lifted_by for each hold.
+KINDS = {
+    "401": fleet_service_pb2.DISPATCH_HOLD_KIND_KEY_REFUSED,
+    "529": fleet_service_pb2.DISPATCH_HOLD_KIND_PROVIDER_DOWN,
+    "budget": fleet_service_pb2.DISPATCH_HOLD_KIND_DAILY_BUDGET,
+}
+LIFTED_BY = {
+    "401": "a probe call or a Decide that succeeds, once AMC_PLANNER_",  # a replica planning
+    # offline names no provider's key setting
+    "529": "a probe call or a Decide that succeeds",
+    "budget": "00:00 UTC, or a replica restarted with a higher AMC_CLOUD_DAILY_MAX_TOKENS",
+}
 #: The status Decide answers with, and the words the fleet's DispatchStatus starts with.
 EXPECTED = {
     "401": (grpc.StatusCode.PERMISSION_DENIED, "the model provider refused the API key"),
@@ -157,6 +169,18 @@ async def _queued_and_held(
         since = listed.dispatch.since.ToDatetime(dt.UTC)
         assert f" since {since:%H:%M:%S} UTC (seen by replica {seen_by})" in reason, reason
         assert LIFTS[how] in reason, reason
+        # And in parts, for a script or a page that reads no English.
+        status = listed.dispatch
+        assert status.kind == KINDS[how]
+        assert status.seen_by == seen_by
+        assert status.lifted_by.startswith(LIFTED_BY[how]), status.lifted_by
+        if how == "budget":
+            assert not status.HasField("next_probe_at")
+            midnight = since.replace(hour=0, minute=0, second=0, microsecond=0)
+            assert status.resumes_at.ToDatetime(dt.UTC) == midnight + dt.timedelta(days=1)
+        else:
+            assert not status.HasField("resumes_at")
+            assert status.next_probe_at.ToDatetime(dt.UTC) >= since
     return task_id
 
 

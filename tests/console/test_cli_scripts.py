@@ -187,6 +187,37 @@ async def test_every_read_command_speaks_json(stack: Stack) -> None:
         await host.close()
 
 
+async def test_host_list_says_what_holds_dispatch_in_parts(stack: Stack) -> None:
+    """`amc host list` said why dispatch is held in one sentence only, so a script had to parse
+    English for the kind of hold, the replica that found it and what lifts it; --json has them
+    as fields and the text a line of them under the sentence."""
+    health = stack.cloud.provider_health
+
+    async def probe() -> None:
+        raise AssertionError("not probed here")
+
+    health.probe = probe  # the offline planner has none: this cloud could not be held
+    await health.refused("planner: Anthropic rejected the API key")
+    try:
+        listed = json.loads((await amc(*stack.conn, "host", "list", "--json")).out)["dispatch"]
+        shown = await amc(*stack.conn, "host", "list")
+    finally:
+        await health.succeeded()
+        health.probe = None
+    replica = stack.cloud.bus.replica_id
+    assert listed["paused"] and listed["reason"].startswith("the model provider refused")
+    assert listed["kind"] == "key_refused"
+    assert listed["seen_by"] == replica
+    assert listed["lifted_by"].startswith("a probe call or a Decide that succeeds, once ")
+    assert listed["since"] and listed["next_probe_at"] and listed["resumes_at"] is None
+    lines = shown.err.splitlines()
+    assert lines[0] == f"dispatch paused: {listed['reason']}"
+    assert lines[1].startswith(f"  hold: key_refused · seen by replica {replica} · next probe ")
+    assert " · lifted by a probe call or a Decide that succeeds, once " in lines[1]
+    cleared = json.loads((await amc(*stack.conn, "host", "list", "--json")).out)["dispatch"]
+    assert not cleared["paused"] and cleared["kind"] == "unspecified"
+
+
 @pytest.mark.parametrize(
     ("status", "code"),
     [

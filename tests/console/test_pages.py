@@ -316,7 +316,26 @@ def test_the_fleet_page_says_why_dispatch_is_paused(
         assert "HTTP 529 after 2 retries" in page
         listed = api.get("/api/hosts").json()["dispatch"]
         assert listed["paused"] and "model provider is unavailable" in listed["reason"]
+        # The hold's parts, beside the sentence (they were in the sentence only).
+        replica = cloud.server.bus.replica_id
+        assert listed["kind"] == "provider_down"
+        assert listed["seen_by"] == replica
+        assert listed["lifted_by"] == "a probe call or a Decide that succeeds"
+        assert listed["since"] and listed["next_probe_at"] and listed["resumes_at"] is None
+        assert 'data-field="dispatch-kind">provider down<' in page
+        assert f'data-field="dispatch-seen-by">{replica}<' in page
+        assert 'data-field="dispatch-lifted-by">a probe call or a Decide that succeeds<' in page
+        assert 'data-field="dispatch-next-probe">' in page
     finally:
         cloud.loop.run(recover())
     assert "New tasks are not handed out" not in anon.get("/fleet").text
-    assert api.get("/api/hosts").json()["dispatch"] == {"paused": False, "reason": ""}
+    assert api.get("/api/hosts").json()["dispatch"] == {
+        "paused": False,
+        "reason": "",
+        "kind": "unspecified",
+        "since": None,
+        "seen_by": "",
+        "lifted_by": "",
+        "next_probe_at": None,
+        "resumes_at": None,
+    }

@@ -9,6 +9,7 @@ from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from google.protobuf import timestamp_pb2 as _timestamp_pb2
 from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 import builtins as _builtins
 import sys
 import typing as _typing
@@ -19,6 +20,44 @@ else:
     from typing_extensions import TypeAlias as _TypeAlias, Never as _Never
 
 DESCRIPTOR: _descriptor.FileDescriptor
+
+class _DispatchHoldKind:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _DispatchHoldKindEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_DispatchHoldKind.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    DISPATCH_HOLD_KIND_UNSPECIFIED: _DispatchHoldKind.ValueType  # 0
+    """Not paused."""
+    DISPATCH_HOLD_KIND_PROVIDER_DOWN: _DispatchHoldKind.ValueType  # 1
+    """The model provider failed every call of a replica (AMC_CLOUD_PROVIDER_DOWN_AFTER_FAILURES
+    in a row): cloud-transport hosts get no new task.
+    """
+    DISPATCH_HOLD_KIND_KEY_REFUSED: _DispatchHoldKind.ValueType  # 2
+    """The model provider refused the cloud's credentials (API key, permission, billing):
+    cloud-transport hosts get no new task.
+    """
+    DISPATCH_HOLD_KIND_DAILY_BUDGET: _DispatchHoldKind.ValueType  # 3
+    """The fleet's daily model budget is spent: no host gets a new task."""
+
+class DispatchHoldKind(_DispatchHoldKind, metaclass=_DispatchHoldKindEnumTypeWrapper):
+    """What holds dispatch (DispatchStatus.kind). A value this client does not know is a hold all
+    the same (`paused` says so).
+    """
+
+DISPATCH_HOLD_KIND_UNSPECIFIED: DispatchHoldKind.ValueType  # 0
+"""Not paused."""
+DISPATCH_HOLD_KIND_PROVIDER_DOWN: DispatchHoldKind.ValueType  # 1
+"""The model provider failed every call of a replica (AMC_CLOUD_PROVIDER_DOWN_AFTER_FAILURES
+in a row): cloud-transport hosts get no new task.
+"""
+DISPATCH_HOLD_KIND_KEY_REFUSED: DispatchHoldKind.ValueType  # 2
+"""The model provider refused the cloud's credentials (API key, permission, billing):
+cloud-transport hosts get no new task.
+"""
+DISPATCH_HOLD_KIND_DAILY_BUDGET: DispatchHoldKind.ValueType  # 3
+"""The fleet's daily model budget is spent: no host gets a new task."""
+Global___DispatchHoldKind: _TypeAlias = DispatchHoldKind  # noqa: Y015
 
 @_typing.final
 class ListHostsRequest(_message.Message):
@@ -108,6 +147,11 @@ class DispatchStatus(_message.Message):
     PAUSED_FIELD_NUMBER: _builtins.int
     REASON_FIELD_NUMBER: _builtins.int
     SINCE_FIELD_NUMBER: _builtins.int
+    KIND_FIELD_NUMBER: _builtins.int
+    SEEN_BY_FIELD_NUMBER: _builtins.int
+    LIFTED_BY_FIELD_NUMBER: _builtins.int
+    NEXT_PROBE_AT_FIELD_NUMBER: _builtins.int
+    RESUMES_AT_FIELD_NUMBER: _builtins.int
     paused: _builtins.bool
     """True while dispatch is paused."""
     reason: _builtins.str
@@ -118,9 +162,32 @@ class DispatchStatus(_message.Message):
     key since 12:00:00 UTC (seen by replica 3f2a…): planner: Anthropic rejected the API key;
     set AMC_PLANNER_ANTHROPIC_API_KEY …"); empty when not paused.
     """
+    kind: Global___DispatchHoldKind.ValueType
+    """What holds dispatch; unspecified when not paused. `reason` says the same in words."""
+    seen_by: _builtins.str
+    """The replica that found the hold (its bus id, as `Host.replica_id` names replicas); empty
+    when not paused, or when the answering replica found it and could not record it.
+    """
+    lifted_by: _builtins.str
+    """What lifts the hold, for operators: "a probe call or a Decide that succeeds" (with the
+    setting to fix, for a refused key), "00:00 UTC, or a replica restarted with a higher daily
+    cap"; empty when not paused.
+    """
     @_builtins.property
     def since(self) -> _timestamp_pb2.Timestamp:
         """When the pause began; unset when not paused."""
+
+    @_builtins.property
+    def next_probe_at(self) -> _timestamp_pb2.Timestamp:
+        """When a replica probes the model provider next, as last recorded; set for the provider's
+        holds only (unset when no probe time was recorded).
+        """
+
+    @_builtins.property
+    def resumes_at(self) -> _timestamp_pb2.Timestamp:
+        """When the hold ends by itself: the next 00:00 UTC for the daily budget; unset for the
+        provider's holds (they end when a call succeeds).
+        """
 
     def __init__(
         self,
@@ -128,10 +195,15 @@ class DispatchStatus(_message.Message):
         paused: _builtins.bool = ...,
         reason: _builtins.str = ...,
         since: _timestamp_pb2.Timestamp | None = ...,
+        kind: Global___DispatchHoldKind.ValueType = ...,
+        seen_by: _builtins.str = ...,
+        lifted_by: _builtins.str = ...,
+        next_probe_at: _timestamp_pb2.Timestamp | None = ...,
+        resumes_at: _timestamp_pb2.Timestamp | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["since", b"since"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["next_probe_at", b"next_probe_at", "resumes_at", b"resumes_at", "since", b"since"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["paused", b"paused", "reason", b"reason", "since", b"since"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["kind", b"kind", "lifted_by", b"lifted_by", "next_probe_at", b"next_probe_at", "paused", b"paused", "reason", b"reason", "resumes_at", b"resumes_at", "seen_by", b"seen_by", "since", b"since"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
