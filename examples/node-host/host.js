@@ -297,6 +297,7 @@ async function runTask(stream, a, revoked) {
   const renewer = setInterval(renew, ms(a.renew_interval)); // the assignment says how often
   let status = 'TASK_STATUS_FAILED';
   let summary = `step limit reached (${MAX_STEPS} steps)`;
+  let retryable = false;
   let previous = null;
   try {
     for (let step = 1; step <= MAX_STEPS; step += 1) {
@@ -329,11 +330,15 @@ async function runTask(stream, a, revoked) {
     }
   } catch (err) {
     summary = `host error: ${err.details || err.message}`;
+    // PERMISSION_DENIED: the model provider refused the cloud's key (or the cloud refused this
+    // host the lease). Nothing the task did: the attempt ends retryable, as the Python host ends
+    // it, and the task waits (held by the cloud) for a key that works instead of failing.
+    retryable = err.code === grpc.status.PERMISSION_DENIED;
   } finally {
     clearInterval(renewer);
   }
   summary = cut(summary, LIMITS.result_summary, characters);
-  stream.write({ result: { ...lease, status, summary, final_progress: progress } });
+  stream.write({ result: { ...lease, status, summary, final_progress: progress, retryable } });
   log(`task ${a.task_id}: ${status} — ${summary}`);
 }
 

@@ -3,7 +3,7 @@ adb protocol, both real processes or servers, torn down however the test ends.""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,9 +33,12 @@ class Rig:
 
 
 @asynccontextmanager
-async def cloud_and_phone(tmp_path: Path, phone: VirtualPhone, host_id: str) -> AsyncIterator[Rig]:
-    """A serving cloud (SQLite, mTLS, the offline planner) with certificates for `host_id`, and
-    `phone` on its own adb server."""
+async def cloud_and_phone(
+    tmp_path: Path, phone: VirtualPhone, host_id: str, planner: Mapping[str, str] | None = None
+) -> AsyncIterator[Rig]:
+    """A serving cloud (SQLite, mTLS, the offline planner unless `planner` gives other
+    `AMC_PLANNER_*` settings) with certificates for `host_id`, and `phone` on its own adb
+    server."""
     pki = make_pki(tmp_path / "pki", [host_id])
     adb = VirtualAdbServer([phone])
     adb_port = await adb.start()
@@ -46,7 +49,7 @@ async def cloud_and_phone(tmp_path: Path, phone: VirtualPhone, host_id: str) -> 
         database_url=f"sqlite+aiosqlite:///{tmp_path / 'cloud.sqlite3'}",
         pki_dir=pki,
         port=port,
-        extra={"AMC_PLANNER_PROVIDER": "offline"},
+        extra={"AMC_PLANNER_PROVIDER": "offline", **(planner or {})},
     ).start()
     address = f"127.0.0.1:{port}"
     client = operator(address, pki)

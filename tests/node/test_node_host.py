@@ -36,6 +36,7 @@ from planner.observation import (
 )
 from planner.steps import MAX_DRIVER_OUTPUT_BYTES, MAX_OUTCOME_ERROR_BYTES
 from tests.node.rig import Rig, cloud_and_phone
+from tests.support.fakes import FakeModelServer
 from tests.support.processes import wait_task
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -509,3 +510,36 @@ async def test_the_node_host_cuts_bounds_to_the_screen_as_the_python_host_does(
     ids = dict(seen)
     assert "com.android.launcher3:id/next_page" not in ids
     assert ids["com.android.launcher3:id/half_out"] == (900, 500, 1080, 600)
+
+
+async def test_the_node_host_ends_a_step_refused_for_the_clouds_key_retryable(
+    node: str, tmp_path: Path
+) -> None:
+    """The model provider refuses the cloud's API key (HTTP 401 from the fake provider, through
+    the cloud's real Anthropic SDK): Decide answers PERMISSION_DENIED. Nothing the task did, so
+    the Python host ends the attempt retryable and the task waits, held, for a key that works;
+    host.js ended it plain FAILED, and the task failed for good for the cloud's key."""
+    with FakeModelServer(anthropic_key="sk-ant-the-key-it-takes") as provider:
+        planner = {
+            "AMC_PLANNER_PROVIDER": "anthropic",
+            "AMC_PLANNER_MODEL": "claude-sonnet-4-6",
+            "AMC_PLANNER_ANTHROPIC_API_KEY": "sk-ant-a-revoked-key",
+            "AMC_PLANNER_ANTHROPIC_BASE_URL": provider.anthropic_base_url,
+            "AMC_PLANNER_MAX_RETRIES": "0",
+        }
+        async with cloud_and_phone(
+            tmp_path, VirtualPhone("emulator-5554"), HOST_ID, planner
+        ) as rig:
+            task = (
+                await rig.client.tasks.SubmitTask(
+                    task_service_pb2.SubmitTaskRequest(goal="Turn on dark theme", max_attempts=2),
+                    timeout=10,
+                )
+            ).task
+            said = await _run_node(node, rig)
+            ended = await wait_task(
+                rig.client, task.task_id, lambda t: t.status != types_pb2.TASK_STATUS_RUNNING, 10
+            )
+    assert "rejected the API key" in said
+    assert ended.status == types_pb2.TASK_STATUS_QUEUED, ended
+    assert "rejected the API key" in ended.attempts[0].failure_reason
