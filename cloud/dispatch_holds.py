@@ -6,8 +6,12 @@ replicas through the event bus (their dispatchers wake). Every replica reads the
 at the start of each dispatch pass, and before a host's own dispatch (after a hello or a
 result) claims for an idle phone, so a task queued after the row was committed is handed out by
 no replica, and a restart keeps the hold; on PostgreSQL that is one small query per such
-dispatch, which a notification alone could not replace exactly (it may not have arrived yet). A
-lone SQLite replica reads them once, at start: it wrote every row since. The replica whose
+dispatch, which a notification alone could not replace exactly (it may not have arrived yet).
+On PostgreSQL each claim for a cloud-transport host also reads the provider's holds in its own
+transaction (one statement more, `leases.claim`'s `unless_held`): a pass reads the rows once for
+all its hosts and a host's dispatch once for all its phones, and a row another replica
+committed in between held none of the claims that followed. A lone SQLite replica reads them
+once, at start: it wrote every row since. The replica whose
 probe or next model call succeeds deletes the row, and the others resume at their next pass
 (the notification starts one at once).
 

@@ -21,7 +21,7 @@ from cloud.lease import messages
 from cloud.lease.session import HostSession
 from cloud.provider_health import ProviderHealth
 from cloud.secret_box import SecretBox, SecretUnreadable
-from cloud.store import errors, idlists, leases, states
+from cloud.store import errors, holds, idlists, leases, states
 from cloud.store.database import Store
 
 log = logging.getLogger(__name__)
@@ -118,11 +118,28 @@ class Dispatcher:
         """The per-host passes still running (cancelled with the replica's jobs)."""
         return list(self._kicks)
 
+    def _unless_held(self, session: HostSession) -> tuple[str, ...]:
+        """The shared holds each claim for this host reads again in its own transaction: on
+        PostgreSQL another replica may have set one since this replica last read them (at
+        the start of its pass, which may have run over many hosts since, or before this host's
+        first claim), and its announcement may not have arrived. A lone SQLite replica wrote
+        every row itself: none. A replica planning offline names the provider's holds only
+        while it last saw a replica that calls the provider alive."""
+        if self.holds is None or not self.store.is_postgres:
+            return ()
+        if session.planner_transport == types_pb2.PLANNER_TRANSPORT_DIRECT:
+            return ()
+        if self.holds.provider_free and not self.holds.provider_replicas_alive:
+            return ()
+        return holds.PROVIDER
+
     async def dispatch_host(self, session: HostSession, *, holds_read: bool = False) -> int:
         """Claim work for every idle phone of one host; returns how many tasks it got.
 
         The shared holds are read before the first claim (unless the caller's pass just read
-        them): a hold another replica set a moment ago may not have been announced here yet."""
+        them): a hold another replica set a moment ago may not have been announced here yet.
+        And each claim reads them again in its own transaction (`_unless_held`): one committed
+        since (during this host's claims, or the pass's) holds the next claim."""
         got = 0
         async with session.dispatch_lock:
             session.dispatch_pending = False
@@ -142,7 +159,12 @@ class Dispatcher:
                 try:
                     settle = None if self.flows is None else await self.flows.settle()
                     claimed = await leases.claim(
-                        self.store, session.host_id, idle, session.planner_transport, settle
+                        self.store,
+                        session.host_id,
+                        idle,
+                        session.planner_transport,
+                        settle,
+                        self._unless_held(session),
                     )
                 except Exception as exc:
                     # The commit may have happened even though the call failed (a database

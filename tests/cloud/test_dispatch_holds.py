@@ -10,12 +10,14 @@ answers again, a probe lifts the hold and dispatch resumes on every replica.
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import grpc
+import psycopg
 import pytest
 from sqlalchemy import event
 from sqlalchemy import text as sql_text
@@ -32,7 +34,7 @@ from cloud import metrics
 from cloud.server import CloudServer, build_server
 from cloud.settings import CloudSettings
 from cloud.store import holds
-from cloud.store.database import Store
+from cloud.store.database import Store, libpq_dsn
 from cloud.store.engine import check, downgrade, upgrade
 from planner.observation import observation_from_scene
 from tests.cloud.cloud_harness import ScriptedHost, channel, start_replicas, submit, tasks_stub
@@ -378,6 +380,53 @@ async def test_a_lone_sqlite_replica_reads_its_holds_once(
         await server.stop(0.5)
     assert sent, "the dispatch ran its queries"
     assert not [s for s in sent if "dispatch_holds" in s]
+
+
+async def test_a_hold_committed_during_a_hosts_claims_holds_its_next_claim(
+    provider: FakeModelServer, postgres_server: PostgresServer, pki_dir: Path
+) -> None:
+    """Another replica commits a refused-key hold while this replica is handing a host's first
+    idle phone a task (`INSERT INTO attempts`, hooked on the real engine: the row is written on
+    a connection of its own and committed at that moment, as the other replica's would be).
+    A host's dispatch read the holds once, before its first claim (and a pass once for all its
+    hosts): its second phone got the second task, which failed at its first step. Each claim
+    now reads them in its own transaction: the second task stays queued."""
+    async with start_replicas(
+        postgres_server.create_database(), pki_dir, count=1, default_lease_seconds=60, **FAST
+    ) as (server,):
+        dsn = libpq_dsn(server.store.engine)
+        written: list[str] = []
+
+        def other_replica_holds(_c: Any, _cur: Any, statement: str, *_: Any) -> None:
+            if written or not statement.lstrip().upper().startswith("INSERT INTO ATTEMPTS"):
+                return
+            with psycopg.connect(dsn, autocommit=True) as conn:
+                conn.execute(
+                    "INSERT INTO dispatch_holds (reason, detail, set_at, set_by) "
+                    "VALUES (%s, %s, now(), %s)",
+                    (holds.KEY_REFUSED, "planner: Anthropic rejected the API key", "other"),
+                )
+            written.append(statement)
+
+        ops_ch = channel(server.address, pki_dir, "operator-ops")
+        host = ScriptedHost(server.address, pki_dir, "a")
+        engine = server.store.engine.sync_engine
+        event.listen(engine, "before_cursor_execute", other_replica_holds)
+        try:
+            ops = tasks_stub(ops_ch)
+            queued = [(await submit(ops, goal)).task.task_id for goal in ("one", "two")]
+            await host.connect(["a1", "a2"])
+            first = (await host.next("assignment", wait=30)).assignment
+            await asyncio.gather(*server.leases.dispatcher.pending())
+            await server.leases.dispatcher.dispatch_pass()
+            (other,) = set(queued) - {first.task_id}
+            task = (await ops.GetTask(task_service_pb2.GetTaskRequest(task_id=other))).task
+        finally:
+            event.remove(engine, "before_cursor_execute", other_replica_holds)
+            await host.close()
+            await ops_ch.close()
+    assert written, "the hold was committed during the first claim"
+    assert (task.status, task.attempt) == (types_pb2.TASK_STATUS_QUEUED, 0)
 
 
 def _paused_gauge() -> float:

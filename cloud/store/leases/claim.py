@@ -10,7 +10,7 @@ from __future__ import annotations
 import datetime as dt
 import functools
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from sqlalchemy import (
@@ -37,7 +37,7 @@ from cloud.store import lease_events, secrets, spend, states
 from cloud.store.database import Store
 from cloud.store.flows import Choice, choice_columns
 from cloud.store.lease_events import EventKind
-from cloud.store.models import AttemptRow, LeaseEventRow, TaskRow
+from cloud.store.models import AttemptRow, DispatchHoldRow, LeaseEventRow, TaskRow
 from planner.decision import Usage
 
 
@@ -186,6 +186,12 @@ _TAKE = (
 )
 _NEW_ATTEMPT = insert(AttemptRow)
 _NEW_EVENT = insert(LeaseEventRow)
+#: Whether one of the dispatch holds named is set, read inside the claim's own transaction.
+_HELD = (
+    select(DispatchHoldRow.reason)
+    .where(DispatchHoldRow.reason.in_(bindparam("reasons", expanding=True)))
+    .limit(1)
+)
 
 #: The flow choice a fresh attempt gets without its goal being scored (its attempt number and
 #: whether the task asked for no replay → the choice, or None when retrieval must score it):
@@ -213,8 +219,13 @@ async def claim(
     idle_serials: list[str],
     planner_transport: int,
     settle: Settle | None = None,
+    unless_held: Sequence[str] = (),
 ) -> Claimed | None:
     """Hand the oldest matching queued task to one of `idle_serials` of `host_id`, or None.
+
+    None too while one of the dispatch holds `unless_held` is set: read in the claim's own
+    transaction, so a hold another replica committed before the claim began holds it, however
+    long ago the caller read the holds (a pass over many hosts, a host's loop over its phones).
 
     On PostgreSQL the candidate row is locked with FOR UPDATE SKIP LOCKED, so replicas claiming at
     once pick different tasks; the UPDATE re-checks `status = QUEUED` either way, and a unique
@@ -233,7 +244,7 @@ async def claim(
     try:
         return await store.write_on_loop(
             lambda session: _claim(
-                session, store.now, host_id, idle_serials, planner_transport, settle
+                session, store.now, host_id, idle_serials, planner_transport, settle, unless_held
             )
         )
     except IntegrityError:
@@ -248,12 +259,15 @@ def _claim(
     idle_serials: list[str],
     planner_transport: int,
     settle: Settle | None,
+    unless_held: Sequence[str] = (),
 ) -> Claimed | None:
     """`claim`'s transaction. A claim that finds nothing has only read: SQLite takes its write
     lock at the first write, so the renewal batches' writes never wait on an empty claim.
     Core statements on the session's connection: the ORM's flush and its ORM-enabled UPDATE
     were ~40 % of a claim's CPU."""
     conn = session.connection()
+    if unless_held and conn.execute(_HELD, {"reasons": list(unless_held)}).first() is not None:
+        return None
     now = clock()
     params: dict[str, object] = {
         "now": now,
