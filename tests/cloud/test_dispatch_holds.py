@@ -411,6 +411,9 @@ async def test_a_hold_committed_during_a_hosts_claims_holds_its_next_claim(
         ops_ch = channel(server.address, pki_dir, "operator-ops")
         host = ScriptedHost(server.address, pki_dir, "a")
         engine = server.store.engine.sync_engine
+        # The key is refused indeed: this replica's probe must not lift the hold before the
+        # pass below (a probe that succeeds lifts it, and the task is then rightly handed out).
+        _fail(provider, "401")
         event.listen(engine, "before_cursor_execute", other_replica_holds)
         try:
             ops = tasks_stub(ops_ch)
