@@ -65,7 +65,7 @@ from planner.plan_step import plan_step
 from planner.planner import Planner
 from planner.session.step_planner import Outcome, call_id_of, continue_session
 from planner.session.store import SessionConflict, SessionStore
-from planner.step_once import StepPlans, step_key_problem
+from planner.step_once import StepId, StepPlans, step_key_problem
 from planner.steps import PastStep, checked, noted, outcome_problem, unknown_verdict
 from planner.tools import Judgement
 
@@ -273,6 +273,8 @@ class PlannerServicer(planner_service_pb2_grpc.PlannerServiceServicer):
         self._live_thinking = live_thinking
         self._health: ProviderHealth = health or _NoHealth()
         self._plans = StepPlans()
+        #: Plans whose callers went away, logged when they end (`_log_when_planned`).
+        self._unheard: set[asyncio.Future[None]] = set()
         self._budget = budget
         self._spend = spend
 
@@ -481,9 +483,56 @@ class PlannerServicer(planner_service_pb2_grpc.PlannerServiceServicer):
             decision = await counted()
         else:
             # A retry of a step still planning (or planned, but not logged) here joins that plan.
-            decision = await self._plans.plan((task_id, attempt, request.step_key), counted)
+            step = (task_id, attempt, request.step_key)
+            try:
+                decision = await self._plans.plan(step, counted)
+            except asyncio.CancelledError:
+                self._log_when_planned(step, host_id, reported)
+                raise
         await self._after_decision(task_id, attempt, history, previous, decision)
         return decision
+
+    def _log_when_planned(self, step: StepId, host_id: str, reported: _Reported) -> None:
+        """Log the step's decision once its plan ends, for a caller that went away meanwhile.
+
+        The plan outlives its caller so that a retry joins it, but a retry may never come: a
+        host killed mid-step starts the task's next attempt from its new process. The model's
+        answer is paid for all the same; logged, its cost is in the task's totals and the
+        day's spending, and a retry that does come is answered from the log. A plan that fails
+        counts its answered calls itself (`_counted`)."""
+        future = self._plans.running(step)
+        if future is None:
+            return
+        task_id, attempt, step_key = step
+
+        async def log_it() -> None:
+            try:
+                decision = await asyncio.shield(future)
+            except Exception:
+                return
+            try:
+                await self._after_decision(
+                    task_id, attempt, reported.history, reported.previous, decision
+                )
+                logged = await self._sink.append(host_id, task_id, attempt, decision, step_key)
+            except Exception as err:  # kept in the plans: a retry logs it
+                log.warning(
+                    "step %s, planned after its caller went away, was not logged: %s",
+                    step_key,
+                    type(err).__name__,
+                )
+                return
+            self._plans.logged(step)
+            if logged is not None:
+                log.info(
+                    "step %d planned after its caller went away: %s logged",
+                    logged[1],
+                    decision.tool_name,
+                )
+
+        unheard = asyncio.ensure_future(log_it())
+        self._unheard.add(unheard)
+        unheard.add_done_callback(self._unheard.discard)
 
     async def _after_decision(
         self,

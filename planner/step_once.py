@@ -12,8 +12,9 @@ back. `StepPlans` covers the two windows before that, inside one replica:
   the retry logs it without calling the model again.
 
 A plan therefore runs to its end even when the call that started it is cancelled (the model
-call is paid for either way, and its answer is what the retry will need). Plans that were never
-logged are forgotten after `keep_s`; a failed plan is forgotten at once (the retry plans anew).
+call is paid for either way, and its answer is what the retry will need); Decide then logs it
+when it ends, as a retry may never come. Plans that were never logged are forgotten after
+`keep_s`; a failed plan is forgotten at once (the retry plans anew).
 Across replicas the decision log's unique key is the backstop: two replicas may both plan one
 step, but only one decision is logged and both answer with it.
 """
@@ -63,6 +64,11 @@ class StepPlans:
         else:
             future = held[1]
         return await asyncio.shield(future)
+
+    def running(self, step: StepId) -> asyncio.Future[Decision] | None:
+        """The plan held for the step (still planning, or planned and not logged), if any."""
+        held = self._plans.get(step)
+        return None if held is None else held[1]
 
     def logged(self, step: StepId) -> None:
         """The step's decision is in the decision log: the log answers from now on."""

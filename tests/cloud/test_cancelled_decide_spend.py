@@ -5,6 +5,11 @@ the first call is answered without a tool call (500 + 100 tokens, billed), the s
 retry) is held by the fake. The host's Decide, without a step key, is cancelled or runs into
 its deadline meanwhile: the cloud's handler is cancelled inside the decision, no decision row
 is logged, and the answered call counts in the task's totals and today's spending.
+
+With a step key the plan outlives its caller (a retry joins it), so the model's answer comes
+even when no caller is left to hear it: a host killed mid-step, whose new process starts the
+task's next attempt and never asks for that step again. The decision is logged when it is
+planned, so what it cost is in the record and a retry that does come gets it replayed.
 """
 
 from __future__ import annotations
@@ -112,3 +117,62 @@ async def test_a_decide_given_up_mid_decision_counts_the_calls_answered_before(
     assert (spend.today.input_tokens, spend.today.output_tokens) == (500, 100)
     (row,) = spend.rows
     assert (row.host_id, row.model, row.decisions) == ("h1", "claude-sonnet-4-6", 0)
+
+
+async def test_a_step_its_host_never_asks_for_again_is_logged_when_planned(
+    anthropic_cloud: CloudServer, model: FakeModelServer, pki_dir: Path
+) -> None:
+    cloud = anthropic_cloud
+    hold = threading.Event()
+    model.script_anthropic(_held_launch(hold))
+    ops = channel(cloud.address, pki_dir, "operator-ops")
+    host_ch = channel(cloud.address, pki_dir, "host-h1")
+    host = ScriptedHost(cloud.address, pki_dir, "h1")
+    try:
+        await host.connect(["p"])
+        task_id = (await submit(tasks_stub(ops))).task.task_id
+        a = (await host.next("assignment")).assignment
+        stub: Any = planner_service_pb2_grpc.PlannerServiceStub(host_ch)
+        request = planner_service_pb2.DecideRequest(
+            task_id=a.task_id,
+            attempt=a.attempt,
+            lease_id=a.lease_id,
+            observation=observation_from_scene(scenes.launcher()),
+            step_key="1",
+        )
+        call = stub.Decide(request)
+        await until(lambda: len(model.bodies("/v1/messages")) == 1, what="the model asked")
+        call.cancel()  # what the host's death does to its call
+        with pytest.raises(asyncio.CancelledError):
+            await call
+        hold.set()  # the provider answers (and bills) after the caller is gone
+
+        log: Any = decision_log_service_pb2_grpc.DecisionLogServiceStub(ops)
+        listing = decision_log_service_pb2.ListDecisionsRequest(task_id=task_id)
+
+        async def logged() -> bool:
+            return bool((await log.ListDecisions(listing)).decisions)
+
+        await until(logged, within=15, what="the unheard decision logged")
+        listed = await log.ListDecisions(listing)
+        task = (
+            await tasks_stub(ops).GetTask(task_service_pb2.GetTaskRequest(task_id=task_id))
+        ).task
+        fleet: Any = fleet_service_pb2_grpc.FleetServiceStub(ops)
+        spend = await fleet.GetSpend(fleet_service_pb2.GetSpendRequest())
+        again = await stub.Decide(request)  # a retry that does come: the same step, replayed
+    finally:
+        hold.set()
+        await host.close()
+        await host_ch.close()
+        await ops.close()
+    [decision] = listed.decisions
+    assert (decision.step_index, decision.tool_name) == (1, "launch_app")
+    assert (again.replayed, again.decision.decision_id) == (True, decision.decision_id)
+    assert len(model.bodies("/v1/messages")) == 1  # planned once
+    assert list(listed.failed_calls) == []
+    usage = task.totals.usage
+    assert (usage.input_tokens, usage.output_tokens) == (500, 100)
+    assert (spend.today.input_tokens, spend.today.output_tokens) == (500, 100)
+    (row,) = spend.rows
+    assert row.decisions == 1
