@@ -275,6 +275,8 @@ class PlannerServicer(planner_service_pb2_grpc.PlannerServiceServicer):
         self._plans = StepPlans()
         #: Plans whose callers went away, logged when they end (`_log_when_planned`).
         self._unheard: set[asyncio.Future[None]] = set()
+        #: Decisions being logged under a step key, by identity (`_log`).
+        self._logging: dict[int, asyncio.Future[tuple[str, int] | None]] = {}
         self._budget = budget
         self._spend = spend
 
@@ -354,11 +356,9 @@ class PlannerServicer(planner_service_pb2_grpc.PlannerServiceServicer):
             await context.abort(grpc.StatusCode.UNKNOWN, str(err))
         await self._health.succeeded()
 
-        logged = await self._sink.append(
-            host_id, request.task_id, request.attempt, decision, step_key
-        )
+        logged = await self._log(host_id, request.task_id, request.attempt, decision, step_key)
         step = (request.task_id, request.attempt, step_key)
-        if logged is None:  # a retry on another replica logged this step first: answer with it
+        if logged is None:  # a retry here or on another replica logged this step: answer with it
             self._plans.logged(step)
             stored = await self._sink.logged(request.task_id, request.attempt, step_key)
             assert stored is not None, "append refuses a step key only when it is logged"
@@ -492,6 +492,51 @@ class PlannerServicer(planner_service_pb2_grpc.PlannerServiceServicer):
         await self._after_decision(task_id, attempt, history, previous, decision)
         return decision
 
+    async def _log(
+        self, host_id: str, task_id: str, attempt: int, decision: Decision, step_key: str
+    ) -> tuple[str, int] | None:
+        """Log a decision: (its id, its step index), or None when the step was logged before.
+
+        Callers of one plan (a retry joins it) share the decision, and log it once between
+        them: the first writes, the others wait for that write and answer from the log. The
+        write (`_log_once`) is kept only while it runs; once it has succeeded the decision
+        carries its step index, so a caller that comes later knows it is logged. A write that
+        failed leaves neither: the next caller tries again."""
+        if not step_key:
+            return await self._sink.append(host_id, task_id, attempt, decision)
+        if decision.step_index is not None:
+            return None
+        writing = self._logging.get(id(decision))
+        if writing is not None:
+            await asyncio.shield(writing)
+            return None
+        writing = asyncio.ensure_future(
+            self._log_once(host_id, task_id, attempt, decision, step_key)
+        )
+        self._logging[id(decision)] = writing
+        writing.add_done_callback(lambda _: self._logging.pop(id(decision), None))
+        return await asyncio.shield(writing)
+
+    async def _log_once(
+        self, host_id: str, task_id: str, attempt: int, decision: Decision, step_key: str
+    ) -> tuple[str, int] | None:
+        """Append the decision under its step key. When another replica planned the same step
+        (the host's retry reached it while this plan ran) and logged its own decision first,
+        this plan's model calls were paid for all the same: they are counted as a failed
+        decision's (`SpendLog`), once, as nothing else of them is kept."""
+        logged = await self._sink.append(host_id, task_id, attempt, decision, step_key)
+        if logged is not None:
+            decision.step_index = logged[1]
+            return logged
+        stored = await self._sink.logged(task_id, attempt, step_key)
+        assert stored is not None, "append refuses a step key only when it is logged"
+        usage = decision.usage
+        if self._spend is not None and (usage.billed_tokens or usage.cost_usd):
+            billed = Billed(decision.provider, decision.model, usage)
+            await self._spend.failed(host_id, task_id, attempt, billed, "planned twice")
+        decision.step_index = stored.step_index
+        return None
+
     def _log_when_planned(self, step: StepId, host_id: str, reported: _Reported) -> None:
         """Log the step's decision once its plan ends, for a caller that went away meanwhile.
 
@@ -514,7 +559,7 @@ class PlannerServicer(planner_service_pb2_grpc.PlannerServiceServicer):
                 await self._after_decision(
                     task_id, attempt, reported.history, reported.previous, decision
                 )
-                logged = await self._sink.append(host_id, task_id, attempt, decision, step_key)
+                logged = await self._log(host_id, task_id, attempt, decision, step_key)
             except Exception as err:  # kept in the plans: a retry logs it
                 log.warning(
                     "step %s, planned after its caller went away, was not logged: %s",

@@ -9,7 +9,9 @@ is logged, and the answered call counts in the task's totals and today's spendin
 With a step key the plan outlives its caller (a retry joins it), so the model's answer comes
 even when no caller is left to hear it: a host killed mid-step, whose new process starts the
 task's next attempt and never asks for that step again. The decision is logged when it is
-planned, so what it cost is in the record and a retry that does come gets it replayed.
+planned, so what it cost is in the record and a retry that does come gets it replayed. When
+the retry went to another replica, which planned the step again and logged it first, the
+first replica's answer is counted as a failed decision's calls: both were paid for.
 """
 
 from __future__ import annotations
@@ -33,9 +35,10 @@ from amc.v1 import (
 )
 from cloud.server import CloudServer
 from planner.observation import observation_from_scene
-from tests.cloud.cloud_harness import ScriptedHost, channel, submit, tasks_stub
+from tests.cloud.cloud_harness import ScriptedHost, channel, start_replicas, submit, tasks_stub
 from tests.planner import scenes
 from tests.support.fakes import FakeModelServer, ScriptedTurn, anthropic_message, text, tool_use
+from tests.support.postgres import PostgresServer
 from tests.support.waiting import until
 
 
@@ -176,3 +179,79 @@ async def test_a_step_its_host_never_asks_for_again_is_logged_when_planned(
     assert (spend.today.input_tokens, spend.today.output_tokens) == (500, 100)
     (row,) = spend.rows
     assert row.decisions == 1
+
+
+@pytest.mark.postgres
+async def test_a_step_planned_again_on_another_replica_counts_both_answers(
+    model: FakeModelServer,
+    postgres_server: PostgresServer,
+    pki_dir: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    for name, value in {
+        "AMC_PLANNER_PROVIDER": "anthropic",
+        "AMC_PLANNER_MODEL": "claude-sonnet-4-6",
+        "AMC_PLANNER_ANTHROPIC_API_KEY": "sk-ant-test",
+        "AMC_PLANNER_ANTHROPIC_BASE_URL": model.anthropic_base_url,
+        "AMC_PLANNER_MAX_RETRIES": "0",
+    }.items():
+        monkeypatch.setenv(name, value)
+    hold = threading.Event()
+    model.script_anthropic(
+        _held_launch(hold),
+        anthropic_message(
+            tool_use("press_key", {"key": "home", "purpose": "home", "expected_outcome": "home"}),
+            input_tokens=200,
+            output_tokens=50,
+        ),
+    )
+    url = postgres_server.create_database()
+    async with start_replicas(url, pki_dir, default_lease_seconds=30) as (first, second):
+        ops = channel(first.address, pki_dir, "operator-ops")
+        host_chs = [channel(r.address, pki_dir, "host-h1") for r in (first, second)]
+        host = ScriptedHost(first.address, pki_dir, "h1")
+        try:
+            await host.connect(["p"])
+            task_id = (await submit(tasks_stub(ops))).task.task_id
+            a = (await host.next("assignment")).assignment
+            request = planner_service_pb2.DecideRequest(
+                task_id=a.task_id,
+                attempt=a.attempt,
+                lease_id=a.lease_id,
+                observation=observation_from_scene(scenes.launcher()),
+                step_key="1",
+            )
+            stubs: list[Any] = [planner_service_pb2_grpc.PlannerServiceStub(c) for c in host_chs]
+            call = stubs[0].Decide(request)
+            await until(lambda: len(model.bodies("/v1/messages")) == 1, what="the model asked")
+            call.cancel()  # the answer is lost; the host asks again, and reaches the other replica
+            with pytest.raises(asyncio.CancelledError):
+                await call
+            again = await stubs[1].Decide(request)
+            hold.set()  # the first replica's plan ends too, after the step was logged
+
+            tasks = tasks_stub(ops)
+
+            async def both_counted() -> bool:
+                got = await tasks.GetTask(task_service_pb2.GetTaskRequest(task_id=task_id))
+                return bool(got.task.totals.usage.input_tokens == 700)
+
+            await until(both_counted, within=15, what="both answers counted")
+            log: Any = decision_log_service_pb2_grpc.DecisionLogServiceStub(ops)
+            listed = await log.ListDecisions(
+                decision_log_service_pb2.ListDecisionsRequest(task_id=task_id)
+            )
+        finally:
+            hold.set()
+            await host.close()
+            for c in host_chs:
+                await c.close()
+            await ops.close()
+    [decision] = listed.decisions
+    assert (decision.tool_name, again.decision.decision_id) == ("press_key", decision.decision_id)
+    [failed] = listed.failed_calls
+    assert (failed.decisions, failed.usage.input_tokens, failed.usage.output_tokens) == (
+        1,
+        500,
+        100,
+    )
