@@ -28,7 +28,7 @@ from dataclasses import replace
 from cloud import metrics, supervised
 from cloud.events import EventBus, Extension
 from cloud.lease.clock import ClockWatch
-from cloud.store import leases
+from cloud.store import errors, leases
 from cloud.store.database import Store
 
 log = logging.getLogger(__name__)
@@ -191,9 +191,12 @@ class RenewalBatcher:
 
     @staticmethod
     def _fail(batch: _Waiting, exc: Exception) -> None:
-        """Every renewal of the batch is told "internal error; retry" (the boundary's words)."""
+        """Every renewal of the batch is told "internal error; retry" (the boundary's words).
+        A database that went away is logged as one line without the driver's text (it names
+        the database's host and port), as every other database failure is: a renewal batch
+        fails every few milliseconds while the database is down."""
         metrics.current().renewal_errors(len(batch))
-        log.exception("renewal batch of %d failed", len(batch))
+        errors.report(log, "renewal batch of %d failed", exc, len(batch))
         for _, fut in batch:
             if not fut.done():
                 fut.set_exception(exc)

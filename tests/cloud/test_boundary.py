@@ -28,7 +28,15 @@ from cloud.server import CloudServer, build_server
 from cloud.settings import CloudSettings
 from cloud.store import tasks
 from cloud.store.models import AttemptRow
-from tests.cloud.cloud_harness import ScriptedHost, channel, hello, result, submit, wait_status
+from tests.cloud.cloud_harness import (
+    ScriptedHost,
+    channel,
+    hello,
+    renewal,
+    result,
+    submit,
+    wait_status,
+)
 from tests.support.restartable_postgres import RestartablePostgres, restartable_postgres
 from tests.support.waiting import until
 
@@ -235,6 +243,14 @@ async def test_database_down_is_unavailable_and_not_serving_until_it_is_back(
             grpc.StatusCode.UNAVAILABLE.value[0],
             UNAVAILABLE,
             task.task_id,  # which of the host's results to send again
+        )
+        # A renewal too (its batch fails as a whole), and the failure is logged without the
+        # driver's text like every other.
+        await host.send(renewal(a, summary=secret_goal))
+        rejected = (await host.next("rejected")).rejected
+        assert (rejected.code, rejected.message) == (
+            grpc.StatusCode.UNAVAILABLE.value[0],
+            UNAVAILABLE,
         )
         await _health_becomes(ch, health_pb2.HealthCheckResponse.NOT_SERVING)
 
