@@ -27,7 +27,7 @@ from typing import Literal
 
 from planner.errors import PlannerConfigError
 from planner.model_names import claude_version, family_rows, longest_row
-from planner.settings import PlannerSettings
+from planner.settings import PlannerSettings, ThinkingDisplay
 
 ThinkingMode = Literal["off", "adaptive", "budget"]
 ThinkingOff = Literal["omit", "disabled", "between_tools"]
@@ -89,12 +89,11 @@ class ModelProfile:
     - `text_as_thinking`: Anthropic — the text the model writes before a tool call comes back
       in a thinking block of its own, a progress update (Claude Opus 5.5 and Sonnet 5.5: "text
       between tool calls comes back in thinking blocks"; Fable 5 and 5.1, Mythos 5.1). Under
-      `summarized` display such a block is "not distinguishable from a reasoning block" (the
-      Thinking page), and either may be skipped, so these profiles ask for `display:
-      "updates"` (beta): reasoning comes back empty and every readable block is the model's
-      text, which the decision reads as its rationale (`Turn.said`). Exact, at the price of the
-      reasoning summaries: what the model said it judged and means to do is the record's and
-      the next step's prompt's.
+      `summarized` display (the default) such a block is "not distinguishable from a reasoning
+      block" (the Thinking page), and either may be skipped, so the decision reads it by its
+      place (`Turn.said`); `AMC_PLANNER_THINKING_DISPLAY=updates` asks for `display:
+      "updates"` (beta, `with_display`): every readable block is then the model's text, read
+      exactly, and the reasoning summaries no longer come back.
     """
 
     name: str
@@ -145,13 +144,7 @@ _ALWAYS_THINKS = ModelProfile(
     prompt_cache=True,
 )
 
-_TEXT_AS_THINKING = replace(
-    _ALWAYS_THINKS,
-    name="claude-opus-5.5",
-    visible_display="updates",
-    beta_headers={"adaptive": THINKING_DISPLAY_UPDATES_BETA},
-    text_as_thinking=True,
-)
+_TEXT_AS_THINKING = replace(_ALWAYS_THINKS, name="claude-opus-5.5", text_as_thinking=True)
 
 _GPT_5 = ModelProfile(
     "openai-reasoning",
@@ -224,8 +217,7 @@ PROFILES: dict[str, ModelProfile] = {
         _ALWAYS_THINKS,
         # Claude Opus 5.5: as the models that always think, and the text it writes before a
         # tool call comes back in a thinking block (its what's-new page: "text between tool
-        # calls comes back in thinking blocks whose text is empty at the default display"),
-        # read exactly under the `updates` display.
+        # calls comes back in thinking blocks whose text is empty at the default display").
         _TEXT_AS_THINKING,
         # Claude Sonnet 5.5: as Opus 5.5, but its up-front thinking is turned off by saying
         # `{type: between_tools}` (`disabled` is refused; any short progress note it writes
@@ -233,7 +225,7 @@ PROFILES: dict[str, ModelProfile] = {
         replace(_TEXT_AS_THINKING, name="claude-sonnet-5.5", thinking_off="between_tools"),
         # Claude Fable 5 and 5.1, Mythos 5.1: as the models that always think, and the notes
         # they write between tool calls come back as progress-update thinking blocks (the
-        # Thinking page, "Progress updates between tool calls", `updates` display included).
+        # Thinking page, "Progress updates between tool calls").
         replace(_TEXT_AS_THINKING, name="claude-progress-updates"),
         # A Claude version newer than this table (claude-opus-5-7, claude-haiku-6): treated as
         # the newest documented models behave (as `claude-always-thinks`), so a model that
@@ -333,11 +325,11 @@ def _by_version(model: str) -> ModelProfile | None:
     """A versioned Claude name the table does not list: the profile of the nearest listed
     version below it in its family (claude-opus-4-9 → 4.8's), or, above every listed version
     of the family (claude-opus-5-7, claude-sonnet-6), `claude-newer` reading answers as the
-    family's newest model does (`text_as_thinking`, with the display it needs: Opus 5.5 and
-    Sonnet 5.5 return their text in thinking blocks, and a later Opus or Sonnet was read as
-    if it never did, its rationale taken for thinking). Only that is inherited: what else a
-    request may carry stays `claude-newer`'s, so a rule the newer model dropped is refused at
-    start, not by the provider at the first step."""
+    family's newest model does (`text_as_thinking`: Opus 5.5 and Sonnet 5.5 return their text
+    in thinking blocks, and a later Opus or Sonnet was read as if it never did, its rationale
+    taken for thinking). Only that is inherited: what else a request may carry stays
+    `claude-newer`'s, so a rule the newer model dropped is refused at start, not by the
+    provider at the first step."""
     parsed = claude_version(model)
     if parsed is None:
         return None
@@ -350,12 +342,7 @@ def _by_version(model: str) -> ModelProfile | None:
     below = [v for v in listed if v < version]
     if len(below) == len(listed):
         newest = PROFILES[FAMILIES[listed[max(listed)]]]
-        return replace(
-            PROFILES["claude-newer"],
-            visible_display=newest.visible_display,
-            beta_headers=newest.beta_headers,
-            text_as_thinking=newest.text_as_thinking,
-        )
+        return replace(PROFILES["claude-newer"], text_as_thinking=newest.text_as_thinking)
     return PROFILES[FAMILIES[listed[max(below)]]] if below else None
 
 
@@ -375,8 +362,30 @@ def profile_for(model: str, vendor: Literal["anthropic", "openai"]) -> ModelProf
     return PROFILES[f"{vendor}-unknown"]
 
 
+def with_display(profile: ModelProfile, display: ThinkingDisplay) -> ModelProfile:
+    """`profile` asking for the display `AMC_PLANNER_THINKING_DISPLAY` chooses, on a model that
+    returns its text in thinking blocks (`text_as_thinking`; any other keeps its own).
+
+    Neither display gives both what the model thought and why it acts, exactly: `summarized`
+    returns the reasoning summaries (live and in the log) with the text in a block the
+    decision places by order, `updates` (beta header) the text alone and no reasoning at all.
+    """
+    if display == "summarized" or not profile.text_as_thinking:
+        return profile
+    return replace(
+        profile,
+        visible_display="updates",
+        beta_headers={**profile.beta_headers, "adaptive": THINKING_DISPLAY_UPDATES_BETA},
+    )
+
+
 def resolve(settings: PlannerSettings) -> ModelProfile:
-    """The profile in use: `AMC_PLANNER_MODEL_PROFILE` when set, else by the model's name."""
+    """The profile in use: `AMC_PLANNER_MODEL_PROFILE` when set, else by the model's name, with
+    the display `AMC_PLANNER_THINKING_DISPLAY` chooses (`with_display`)."""
+    return with_display(_named_or_looked_up(settings), settings.thinking_display)
+
+
+def _named_or_looked_up(settings: PlannerSettings) -> ModelProfile:
     vendor = settings.resolved_provider
     if vendor == "offline":
         raise PlannerConfigError("planner: the offline provider has no model profile")

@@ -26,6 +26,7 @@ ThinkingMode = Literal["off", "adaptive", "budget"]
 #: `ReasoningEffort`, none…max). Which ones a model takes is its profile's to say
 #: (`planner/model_profiles.py`), refused at start with the levels it does take.
 Effort = Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"]
+ThinkingDisplay = Literal["summarized", "updates"]
 
 DEFAULT_MODELS: dict[str, str] = {
     "anthropic": "claude-sonnet-4-6",
@@ -63,6 +64,11 @@ class PlannerSettings(BaseSettings):
     # verified needs (it gets 400 "Your organization must be verified to generate reasoning
     # summaries" otherwise). The encrypted reasoning round-trips either way.
     reasoning_summary: Literal["auto", "off"] = "auto"
+    # The Claude models that return the text they write before a tool call in thinking blocks
+    # of their own (`text_as_thinking` in planner/model_profiles.py): `summarized` keeps their
+    # reasoning readable, live and in the decision log (the rationale read by block order);
+    # `updates` reads the rationale exactly, and their reasoning comes back empty.
+    thinking_display: ThinkingDisplay = "summarized"
     thinking_budget_tokens: int | None = Field(
         default=None,
         validation_alias=AliasChoices(

@@ -27,7 +27,7 @@ from planner.model_profiles import RetryForm, ThinkingMode
 from planner.tools import ToolSpec
 
 PlannerMode = Literal["compact", "session"]
-TextInThinking = Literal["none", "all"]
+TextInThinking = Literal["none", "last", "all"]
 ThinkingSink = Callable[[str], None]
 """Receives live thinking text deltas while a streamed answer arrives (never stored as such)."""
 
@@ -149,10 +149,11 @@ class Turn:
     category and explanation, OpenAI's refusal text, or that OpenAI's content filter stopped
     the answer). None for an answer."""
     text_in_thinking: TextInThinking = "none"
-    """Whether its readable thinking blocks are the model's text rather than reasoning: "none"
-    (they are thinking) or "all" (`between_tools`, or the `updates` display that Claude Opus
-    5.5 and Sonnet 5.5 are asked for: reasoning comes back empty, and a readable block is a
-    progress update, the text the model wrote before its call)."""
+    """Where the text the model wrote before its call is: "none" (nowhere: thinking blocks are
+    thinking), "last" (the models with progress updates under the summarized display: in a
+    thinking block of its own, the last before the call) or "all" (`between_tools`, or the
+    `updates` display: reasoning comes back empty, and a readable block is a progress update,
+    the text the model wrote before its call)."""
 
     @property
     def tool_calls(self) -> list[ToolCall]:
@@ -165,16 +166,29 @@ class Turn:
     @property
     def said(self) -> list[Reasoning]:
         """Reasoning blocks that hold the text the model wrote (its judgement and intent), on
-        the answers whose readable thinking blocks are only that (`text_in_thinking`)."""
-        if self.text_in_thinking == "none":
+        the models that return that text in thinking blocks (`text_in_thinking`). With "all",
+        every readable one; with "last", only in an answer with a call and without a text
+        block, the readable block directly before the call: the summarized display does not
+        tell it from reasoning, and the model writes its judgement last."""
+        if self.text_in_thinking == "all":
+            return [r for r in self.reasoning if r.readable]
+        if self.text_in_thinking == "none" or not self.tool_calls:
             return []
-        return [r for r in self.reasoning if r.readable]
+        if any(isinstance(i, AssistantText) for i in self.items):
+            return []
+        first_call = next(i for i, item in enumerate(self.items) if isinstance(item, ToolCall))
+        last = self.items[first_call - 1] if first_call else None
+        return [last] if isinstance(last, Reasoning) and last.readable else []
 
     @property
     def thought(self) -> list[Reasoning]:
-        """The turn's thinking: its reasoning blocks but those that hold its text (`said`)."""
-        said = {id(r) for r in self.said}
-        return [r for r in self.reasoning if id(r) not in said]
+        """The turn's thinking: its reasoning blocks but those that hold its text (`said`). A
+        lone block before the call ("last") stays too: it may as well be the model's only
+        reasoning, and recorded as both nothing is lost either way."""
+        said = self.said
+        if self.text_in_thinking == "last" and said and said[0] is self.items[0]:
+            said = []  # nothing was written before it
+        return [r for r in self.reasoning if all(r is not s for s in said)]
 
     @property
     def thinking_kind(self) -> ThinkingKind:

@@ -411,8 +411,12 @@ JUDGED = "Settings opened as expected. Now open Display, where the theme is."
 
 
 @pytest.mark.parametrize(
-    ("model_name", "thinking_mode"),
-    [("claude-opus-5-5", "adaptive"), ("claude-sonnet-5-5", "off")],
+    ("model_name", "thinking_mode", "display"),
+    [
+        ("claude-opus-5-5", "adaptive", "summarized"),  # the default: the reasoning is shown
+        ("claude-opus-5-5", "adaptive", "updates"),  # the text alone: nothing is shown
+        ("claude-sonnet-5-5", "off", "summarized"),
+    ],
 )
 async def test_the_console_s_live_thinking_leaves_out_the_text_a_55_model_writes_before_its_call(
     make_settings: Any,
@@ -421,14 +425,16 @@ async def test_the_console_s_live_thinking_leaves_out_the_text_a_55_model_writes
     monkeypatch: pytest.MonkeyPatch,
     model_name: str,
     thinking_mode: str,
+    display: str,
 ) -> None:
     """Claude Opus/Sonnet 5.5 return the text they write before a tool call in a thinking block
     of its own: the decision records it as the rationale, and the console's live view (its SSE
     `thinking` events) showed it as the model's thinking. What the operator watches live is the
-    recorded thinking, nothing else."""
+    recorded thinking, nothing else: by default the model's reasoning, as it arrives."""
     _use_anthropic(monkeypatch, model)
     monkeypatch.setenv("AMC_PLANNER_MODEL", model_name)
     monkeypatch.setenv("AMC_PLANNER_THINKING", thinking_mode)
+    monkeypatch.setenv("AMC_PLANNER_THINKING_DISPLAY", display)
     thought = "The Settings list is open; Display holds the theme."
     model.anthropic_script.append(
         ScriptedTurn(
@@ -473,6 +479,7 @@ async def test_the_console_s_live_thinking_leaves_out_the_text_a_55_model_writes
     assert decision.rationale == JUDGED
     assert live == "".join(b.text for b in decision.thinking)
     assert JUDGED not in live
+    assert live == (thought if (thinking_mode, display) == ("adaptive", "summarized") else "")
 
 
 async def _sse(response: httpx.Response) -> AsyncIterator[tuple[str, str]]:

@@ -184,6 +184,11 @@ async def test_a_password_in_the_database_url_is_not_printed(
             "AMC_PLANNER_MODE",
             "chatty",
         ),
+        (
+            {"AMC_CLOUD_INSECURE": "1", "AMC_PLANNER_THINKING_DISPLAY": "full"},
+            "AMC_PLANNER_THINKING_DISPLAY",
+            "Input should be 'summarized' or 'updates' (got 'full')",
+        ),
     ],
     ids=lambda v: v if isinstance(v, str) and v.startswith("AMC") else "",
 )

@@ -110,11 +110,13 @@ def test_a_newer_claude_reads_answers_as_its_familys_newest(
     model: str, reads_text_in_thinking: bool
 ) -> None:
     """Opus 5.5 and Sonnet 5.5 return their text in thinking blocks, Haiku 5.5 does not; what a
-    newer version's request may carry stays `claude-newer`'s."""
+    newer version's request may carry stays `claude-newer`'s, its display the family's."""
     profile = profile_for(model, "anthropic")
     assert profile.name == "claude-newer" and profile.thinking_off is None
     assert profile.text_as_thinking is reads_text_in_thinking
-    assert profile.visible_display == ("updates" if reads_text_in_thinking else "summarized")
+    assert resolve(settings(model=model)).visible_display == "summarized"
+    updates = resolve(settings(model=model, thinking_display="updates"))
+    assert updates.visible_display == ("updates" if reads_text_in_thinking else "summarized")
 
 
 def test_what_the_families_take() -> None:

@@ -101,7 +101,7 @@ class AnthropicAdapter:
             max_tokens=request.max_tokens or self.max_tokens,
             cache=cache,
         )
-        said = text_in_thinking(params)
+        said = text_in_thinking(params, self.profile)
         acc = AnthropicStreamAccumulator(request.on_thinking, said)
         streamed = (acc.feed, acc.message) if request.stream else None
         message = await fetch_response(

@@ -97,16 +97,18 @@ def request_params(
     return params
 
 
-def text_in_thinking(params: Mapping[str, Any]) -> TextInThinking:
-    """Whether an answer to `params` has readable thinking blocks that are only the model's
-    text (its progress updates): with `between_tools` (no up-front thinking: "any short progress
-    updates the model writes between tool calls come back as thinking blocks", the SDK's
-    ThinkingTypes) and with `display: "updates"` ("any thinking block with non-empty text is a
-    progress update", the Thinking page; reasoning comes back empty)."""
+def text_in_thinking(params: Mapping[str, Any], profile: ModelProfile) -> TextInThinking:
+    """Where an answer to `params` carries the text the model writes before its call when that
+    text comes back in thinking blocks: every readable one with `between_tools` (no up-front
+    thinking: "any short progress updates the model writes between tool calls come back as
+    thinking blocks", the SDK's ThinkingTypes) and with `display: "updates"` ("any thinking
+    block with non-empty text is a progress update", the Thinking page; reasoning comes back
+    empty); the last before the call on a profile that says so (`text_as_thinking`, under the
+    summarized display); else none."""
     config = params.get("thinking") or {}
     if config.get("type") == "between_tools" or config.get("display") == "updates":
         return "all"
-    return "none"
+    return "last" if profile.text_as_thinking else "none"
 
 
 #: The stop reason of an answer that filled the model's context window: cut off like one at
@@ -195,20 +197,33 @@ class AnthropicStreamAccumulator:
 
     The live thinking fed to `on_thinking` is what the decision will record as thinking
     (`Turn.thought`): none where every readable thinking block is the model's text
-    (`text_in_thinking` "all"), which the decision records as its rationale."""
+    (`text_in_thinking` "all"), which the decision records as its rationale. With "last" a
+    block may be that text or reasoning, and cannot be told until the block after it starts,
+    so its deltas are held until then: the tool call makes them the text, not shown (unless a
+    text block follows after all); anything else (another block, the end without a call)
+    shows them then, as the thinking they are. A lone block before the call is not held: the
+    decision records it as thinking too. The contract's live view only appends
+    (`LiveThinking.delta`), so what it showed cannot be taken back."""
 
     def __init__(
         self,
         on_thinking: ThinkingSink | LiveBlocks | None = None,
         text_in_thinking: TextInThinking = "none",
     ) -> None:
-        self._live = live_blocks(on_thinking if text_in_thinking == "none" else None)
+        self._live = live_blocks(on_thinking if text_in_thinking != "all" else None)
         self._call = object()  # this answer's blocks, apart from another call's in the view
+        self._last = text_in_thinking == "last"
         self._message: dict[str, Any] | None = None
         self._blocks: dict[int, dict[str, Any]] = {}
         self._json: dict[int, str] = {}
         self._open: set[int] = set()
         self._done = False
+        #: Live thinking not shown yet: index → deltas of a block that may be the model's text.
+        self._held: dict[int, list[str]] = {}
+        #: Blocks a tool call made the model's text (shown after all if a text block follows).
+        self._said: dict[int, list[str]] = {}
+        self._wrote_text = False
+        self._called = False
 
     def feed(self, event: Any) -> None:
         data = event_dict(event)
@@ -219,6 +234,8 @@ class AnthropicStreamAccumulator:
         elif kind == "content_block_start":
             index = int(data["index"])
             block = dict(data["content_block"])
+            if self._last:
+                self._classify(block.get("type"), index)
             if block.get("type") == "thinking":
                 block.setdefault("thinking", "")
                 block["signature"] = block.get("signature") or ""
@@ -251,6 +268,7 @@ class AnthropicStreamAccumulator:
             self._message["usage"] = usage
         elif kind == "message_stop":
             self._done = True
+            self._show(self._held)  # no call followed: thinking
 
     def _delta(self, index: int, delta: Mapping[str, Any]) -> None:
         block = self._blocks[index]
@@ -259,11 +277,43 @@ class AnthropicStreamAccumulator:
             block["text"] = block.get("text", "") + delta["text"]
         elif kind == "thinking_delta":
             block["thinking"] = block.get("thinking", "") + delta["thinking"]
-            self._live.show((self._call, index), delta["thinking"])
+            if index in self._held:
+                self._held[index].append(delta["thinking"])
+            else:
+                self._live.show((self._call, index), delta["thinking"])
         elif kind == "signature_delta":
             block["signature"] = block.get("signature", "") + delta["signature"]
         elif kind == "input_json_delta":
             self._json[index] = self._json.get(index, "") + delta["partial_json"]
+
+    def _classify(self, kind: object, index: int) -> None:
+        """What the start of block `index` (of type `kind`) says of the held ones, and whether
+        to hold it: the rule of `Turn.said` ("last"), applied as the blocks arrive."""
+        if kind == "text":
+            self._wrote_text = True  # an answer with a text block has its text there
+            self._show(self._said)
+            self._show(self._held)
+        elif kind == "tool_use" and not self._called:
+            self._called = True
+            if not self._wrote_text:
+                self._said.update(self._held)
+                self._held.clear()
+        else:
+            self._show(self._held)  # no longer directly before the call
+        if (
+            kind == "thinking"
+            and not self._wrote_text
+            and not self._called
+            and self._blocks.get(index - 1, {}).get("type") in ("thinking", "redacted_thinking")
+        ):
+            self._held[index] = []
+
+    def _show(self, blocks: dict[int, list[str]]) -> None:
+        """Feed `blocks`' deltas to the live view, in order, and forget them."""
+        for index in sorted(blocks):
+            for delta in blocks[index]:
+                self._live.show((self._call, index), delta)
+        blocks.clear()
 
     def message(self) -> dict[str, Any]:
         """The complete response. Raises IncompleteStream if the stream did not finish."""

@@ -44,6 +44,11 @@ def make(server: FakeModelServer, **overrides: Any) -> Planner:
     return Planner(make_adapter(settings), settings)
 
 
+def shown(display: str | None) -> dict[str, Any]:
+    """The settings that choose `AMC_PLANNER_THINKING_DISPLAY` (None: left at its default)."""
+    return {} if display is None else {"thinking_display": display}
+
+
 async def decide(planner: Planner) -> Decision:
     try:
         return await planner.decide("Turn on dark theme", settings_main())
@@ -103,24 +108,37 @@ async def test_adaptive_only_model_gets_a_nudge_not_a_forced_tool_choice(
     assert decision.rationale == "The list shows Display."
 
 
+SUMMARIES = ["Look first.", "Now act."]
+
+
 @pytest.mark.parametrize(
-    ("model", "display", "thoughts"),
+    ("model", "chosen", "display", "thoughts"),
     [
-        ("claude-opus-5-5", "updates", ["", ""]),  # reasoning hidden: the text is read exactly
-        ("claude-sonnet-5-5", "updates", ["", ""]),
-        ("claude-fable-5-1", "updates", ["", ""]),
-        ("claude-mythos-5", "summarized", ["Look first.", "Now act."]),
+        # By default every one is asked for summaries: the reasoning is readable.
+        ("claude-opus-5-5", None, "summarized", SUMMARIES),
+        ("claude-sonnet-5-5", None, "summarized", SUMMARIES),
+        ("claude-fable-5-1", None, "summarized", SUMMARIES),
+        ("claude-mythos-5", None, "summarized", SUMMARIES),
+        # `updates` chosen: the models with progress updates return their text alone.
+        ("claude-opus-5-5", "updates", "updates", ["", ""]),
+        ("claude-sonnet-5-5", "updates", "updates", ["", ""]),
+        ("claude-fable-5-1", "updates", "updates", ["", ""]),
+        ("claude-mythos-5", "updates", "summarized", SUMMARIES),  # no progress updates
     ],
 )
 async def test_models_that_always_think_are_nudged_and_asked_for_readable_thinking(
-    fake_server: FakeModelServer, model: str, display: str, thoughts: list[str]
+    fake_server: FakeModelServer,
+    model: str,
+    chosen: str | None,
+    display: str,
+    thoughts: list[str],
 ) -> None:
     """They refuse a forced tool choice whatever the thinking, and think when told nothing."""
     fake_server.script_anthropic(
         anthropic_message(thinking("Look first."), text("The list shows Display.")),
         anthropic_message(thinking("Now act."), tool_use("tap", TAP)),
     )
-    decision = await decide(make(fake_server, model=model, thinking="adaptive"))
+    decision = await decide(make(fake_server, model=model, thinking="adaptive", **shown(chosen)))
     assert [r.body["tool_choice"]["type"] for r in fake_server.requests] == ["auto", "auto"]
     for sent in fake_server.requests:
         assert sent.body["thinking"] == {"type": "adaptive", "display": display}
@@ -131,29 +149,42 @@ async def test_models_that_always_think_are_nudged_and_asked_for_readable_thinki
 JUDGED = "Settings opened as expected. Now open Display, where the theme is."
 
 
-@pytest.mark.parametrize("model", ["claude-opus-5-5", "claude-sonnet-5-5"])
+PROGRESS_UPDATES = ["claude-opus-5-5", "claude-sonnet-5-5", "claude-fable-5-1", "claude-mythos-5-1"]
+
+
+@pytest.mark.parametrize("model", PROGRESS_UPDATES)
+@pytest.mark.parametrize(
+    ("chosen", "thoughts", "thinking_kind"),
+    [
+        (None, ["Display holds the theme."], "summarized"),
+        ("updates", [""], "omitted"),  # asked for the text alone
+    ],
+)
 async def test_the_text_a_55_model_writes_before_its_call_is_the_rationale_not_thinking(
-    fake_server: FakeModelServer, model: str
+    fake_server: FakeModelServer,
+    model: str,
+    chosen: str | None,
+    thoughts: list[str],
+    thinking_kind: str,
 ) -> None:
-    """Claude Opus 5.5 and Sonnet 5.5 return the text they write before a tool call in a
-    thinking block of its own ("text between tool calls comes back in thinking blocks"): the
-    decision's rationale was empty and that text was recorded as the model's thinking."""
+    """Claude Opus 5.5 and Sonnet 5.5 (and Fable 5.1, Mythos 5.1) return the text they write
+    before a tool call in a thinking block of its own ("text between tool calls comes back in
+    thinking blocks"): the decision's rationale was empty and that text was recorded as the
+    model's thinking."""
     fake_server.script_anthropic(
         anthropic_message(thinking("Display holds the theme."), text(JUDGED), tool_use("tap", TAP))
     )
-    decision = await decide(make(fake_server, model=model, thinking="adaptive"))
+    decision = await decide(make(fake_server, model=model, thinking="adaptive", **shown(chosen)))
     assert decision.rationale == JUDGED
-    assert [b.text for b in decision.thinking] == [""]  # asked for the text alone
-    assert decision.thinking_kind == "omitted"
+    assert [b.text for b in decision.thinking] == thoughts
+    assert decision.thinking_kind == thinking_kind
     assert (decision.purpose, decision.expected_outcome) == (
         TAP["purpose"],
         TAP["expected_outcome"],
     )
 
 
-@pytest.mark.parametrize(
-    "model", ["claude-opus-5-5", "claude-sonnet-5-5", "claude-fable-5-1", "claude-mythos-5-1"]
-)
+@pytest.mark.parametrize("model", PROGRESS_UPDATES)
 @pytest.mark.parametrize(
     ("blocks", "rationale", "thinking_kind"),
     [
@@ -173,11 +204,13 @@ async def test_a_lone_block_before_the_call_of_a_model_with_progress_updates_is_
     progress update) in a thinking block "not distinguishable from a reasoning block" (the
     Thinking page), and either may be skipped: one block before the call was read as thinking
     by its position, so a step whose model wrote its judgement and no reasoning recorded no
-    rationale and the judgement as thinking. They are asked for `display: "updates"` (beta
-    header): reasoning comes back empty, the text readable, and each block is read for what
-    it is."""
+    rationale and the judgement as thinking. With `AMC_PLANNER_THINKING_DISPLAY=updates` they
+    are asked for `display: "updates"` (beta header): reasoning comes back empty, the text
+    readable, and each block is read for what it is."""
     fake_server.script_anthropic(anthropic_message(*blocks, tool_use("tap", TAP)))
-    decision = await decide(make(fake_server, model=model, thinking="adaptive"))
+    decision = await decide(
+        make(fake_server, model=model, thinking="adaptive", thinking_display="updates")
+    )
     assert decision.rationale == rationale
     assert decision.thinking_kind == thinking_kind
     assert [b.text for b in decision.thinking] == ([""] if thinking_kind == "omitted" else [])
@@ -187,9 +220,56 @@ async def test_a_lone_block_before_the_call_of_a_model_with_progress_updates_is_
     assert sent.headers["anthropic-beta"] == "thinking-display-updates-2026-08-18"
 
 
+REASONED = "Display holds the theme."
+
+
+@pytest.mark.parametrize("model", PROGRESS_UPDATES)
+@pytest.mark.parametrize(
+    ("blocks", "rationale", "thoughts"),
+    [
+        pytest.param(
+            [thinking(REASONED), text(JUDGED)], JUDGED, [REASONED], id="reasoning-then-its-text"
+        ),
+        # One readable block and nothing else: the text or reasoning, which a summarized
+        # display does not tell apart; recorded as both, so nothing is lost either way.
+        pytest.param([text(JUDGED)], JUDGED, [JUDGED], id="its-text-alone"),
+        pytest.param([thinking(REASONED)], REASONED, [REASONED], id="reasoning-alone"),
+    ],
+)
+async def test_by_default_a_model_with_progress_updates_shows_its_reasoning_and_its_rationale(
+    fake_server: FakeModelServer,
+    model: str,
+    blocks: list[dict[str, Any]],
+    rationale: str,
+    thoughts: list[str],
+) -> None:
+    """Asked for the `updates` display, these models' reasoning summaries never came back: the
+    decision log said "thinking omitted by the provider" and the live view showed nothing for
+    the flagship models. By default they are asked for summaries (no beta header): every
+    reasoning block is recorded as thinking, the readable block right before the call as the
+    rationale (and, when it is the only one, as thinking too)."""
+    fake_server.script_anthropic(anthropic_message(*blocks, tool_use("tap", TAP)))
+    decision = await decide(make(fake_server, model=model, thinking="adaptive"))
+    (sent,) = fake_server.requests
+    assert sent.status == 200, sent.error
+    assert sent.body["thinking"] == {"type": "adaptive", "display": "summarized"}
+    assert "anthropic-beta" not in sent.headers
+    assert decision.rationale == rationale
+    assert [b.text for b in decision.thinking] == thoughts
+    assert decision.thinking_kind == "summarized"
+
+
 @pytest.mark.parametrize("model", ["claude-opus-5-7", "claude-sonnet-6"])
+@pytest.mark.parametrize(
+    ("chosen", "display", "thoughts"),
+    [(None, "summarized", ["Display holds the theme."]), ("updates", "updates", [""])],
+)
 async def test_a_newer_opus_or_sonnet_reads_its_text_in_thinking_as_the_rationale(
-    fake_server: FakeModelServer, model: str
+    fake_server: FakeModelServer,
+    model: str,
+    chosen: str | None,
+    display: str,
+    thoughts: list[str],
 ) -> None:
     """A version past the table (the fake answers it as its family's newest, 5.5, does) got
     `claude-newer` without the family's text-in-thinking reading: its judgement and intent
@@ -197,11 +277,11 @@ async def test_a_newer_opus_or_sonnet_reads_its_text_in_thinking_as_the_rational
     fake_server.script_anthropic(
         anthropic_message(thinking("Display holds the theme."), text(JUDGED), tool_use("tap", TAP))
     )
-    decision = await decide(make(fake_server, model=model, thinking="adaptive"))
+    decision = await decide(make(fake_server, model=model, thinking="adaptive", **shown(chosen)))
     assert fake_server.rejections == []
-    assert fake_server.requests[0].body["thinking"]["display"] == "updates"
+    assert fake_server.requests[0].body["thinking"]["display"] == display
     assert decision.rationale == JUDGED
-    assert [b.text for b in decision.thinking] == [""]
+    assert [b.text for b in decision.thinking] == thoughts
 
 
 async def test_with_up_front_thinking_off_sonnet_55_thinking_blocks_hold_its_text(

@@ -134,7 +134,7 @@ def _blocks_streamed(blocks: list[tuple[str, str]]) -> list[dict[str, Any]]:
     return events
 
 
-@pytest.mark.parametrize("mode", ["none", "all"])
+@pytest.mark.parametrize("mode", ["none", "last", "all"])
 @pytest.mark.parametrize(
     "blocks",
     [
