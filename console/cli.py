@@ -1260,13 +1260,13 @@ def decisions(
 ) -> None:
     """Print the per-step LLM record of a task (either transport: direct-transport hosts ship
     theirs from their outbox), text as the model wrote it."""
-    from console.gateway.models import DecisionOut, DecisionPage, FailedCallsOut
+    from console.gateway.models import DecisionOut, DecisionPage, FailedCallsOut, PrunedOut
 
     _sendable("--attempt", attempt, INT32_MAX)
 
     async def fetch(
         client: OperatorClient,
-    ) -> tuple[list[types_pb2.Decision], list[decision_log_service_pb2.FailedCalls]]:
+    ) -> tuple[list[types_pb2.Decision], decision_log_service_pb2.ListDecisionsResponse]:
         resolved = await task_ids.resolve(client, task_id)
         found: list[types_pb2.Decision] = []
         token = ""
@@ -1281,19 +1281,24 @@ def decisions(
             found.extend(page.decisions)
             token = page.next_page_token
             if not token:
-                return found, list(page.failed_calls)  # every page has the same
+                return found, page  # every page has the same failed calls and pruned record
 
-    found, failed = _with_client(fetch)
+    found, last = _with_client(fetch)
+    failed = list(last.failed_calls)
+    pruned = last.pruned if last.HasField("pruned") else None
     if json_out:
         print_json(
             DecisionPage(
                 decisions=[DecisionOut.of(d) for d in found],
                 next_page_token="",
                 failed_calls=[FailedCallsOut.of(f) for f in failed],
+                pruned=None if pruned is None else PrunedOut.of(pruned),
             )
         )
         return
-    if not found:
+    if not found and pruned is not None:
+        err.print("no decisions left: the cloud's retention deleted them (see below)")
+    elif not found:
         err.print(
             "no decisions logged yet (a host on the direct transport sends its own from its "
             "outbox in the background)"
@@ -1341,8 +1346,12 @@ def decisions(
     plus = formatting.failed_calls_words(failed)
     if plus:
         out.print(plus)
-    if found or failed:
-        out.print(f"total: {formatting.usage_words(formatting.total_usage(found, failed))}")
+    if pruned is not None:
+        out.print(formatting.pruned_words(pruned) + (" (every attempt)" if attempt else ""))
+    # The pruned record is the task's, not one attempt's: counted in the task's total only.
+    total = formatting.total_usage(found, failed, None if attempt else pruned)
+    if found or failed or pruned is not None:
+        out.print(f"total: {formatting.usage_words(total)}")
 
 
 def main() -> None:

@@ -24,7 +24,11 @@ class CloudReader(ScreenshotSource, Protocol):
 
     async def decision_log(
         self, task_id: str, *, include_observation: bool = False
-    ) -> tuple[list[types_pb2.Decision], list[decision_log_service_pb2.FailedCalls]]: ...
+    ) -> tuple[
+        list[types_pb2.Decision],
+        list[decision_log_service_pb2.FailedCalls],
+        decision_log_service_pb2.PrunedRecord | None,
+    ]: ...
 
 
 class ExportError(Exception):
@@ -59,7 +63,7 @@ async def cloud_run(
 ) -> Run:
     """The task as the cloud knows it (gRPC errors propagate: NOT_FOUND for an unknown task)."""
     task = await cloud.get_task(task_id)
-    decisions, failed = await cloud.decision_log(task.task_id, include_observation=True)
+    decisions, failed, _ = await cloud.decision_log(task.task_id, include_observation=True)
     return await run_from_cloud(task, decisions, screenshots, failed)
 
 

@@ -215,11 +215,14 @@ def usage_words(usage: types_pb2.Usage) -> str:
 def total_usage(
     decisions: Iterable[types_pb2.Decision],
     failed: Iterable[decision_log_service_pb2.FailedCalls] = (),
+    pruned: decision_log_service_pb2.PrunedRecord | None = None,
 ) -> types_pb2.Usage:
-    """The decisions' usage summed, with the failed decisions' calls: what the task's totals
-    and GetSpend count (the provider billed those calls too)."""
+    """The decisions' usage summed, with the failed decisions' calls and what the retention
+    deleted (`pruned`): what the task's totals and GetSpend count (the provider billed those
+    calls too)."""
     total = types_pb2.Usage()
-    for u in [d.usage for d in decisions] + [f.usage for f in failed]:
+    deleted = [pruned.usage] if pruned is not None else []
+    for u in [d.usage for d in decisions] + [f.usage for f in failed] + deleted:
         total.input_tokens += u.input_tokens
         total.output_tokens += u.output_tokens
         total.cache_read_input_tokens += u.cache_read_input_tokens
@@ -238,6 +241,22 @@ def failed_calls_words(failed: Iterable[decision_log_service_pb2.FailedCalls]) -
     n = sum(f.decisions for f in found)
     whose = f"{n} failed decision's" if n == 1 else f"{n} failed decisions'"
     return f"plus {whose} model calls: {usage_words(total_usage((), found))}"
+
+
+def pruned_words(pruned: decision_log_service_pb2.PrunedRecord) -> str:
+    """`pruned on 2026-12-05 10:00 UTC by the cloud's retention: 3 decisions and 1 failed
+    decision's call records, 1,800 tokens · $0.0090 (the task's totals still count them)`: why
+    the log lists less than the task's totals."""
+    parts = [f"{pruned.decisions} decision{'' if pruned.decisions == 1 else 's'}"]
+    if pruned.failed_decisions:
+        n = pruned.failed_decisions
+        whose = "failed decision's" if n == 1 else "failed decisions'"
+        parts.append(f"{n} {whose} call records")
+    when = pruned.pruned_at.ToDatetime(tzinfo=UTC)
+    return (
+        f"pruned on {when:%Y-%m-%d %H:%M} UTC by the cloud's retention: {' and '.join(parts)}, "
+        f"{usage_words(pruned.usage)} (the task's totals still count them)"
+    )
 
 
 def spending(usage: types_pb2.Usage, budget: types_pb2.TaskBudget, whose: str = "task") -> str:

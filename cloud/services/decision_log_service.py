@@ -71,6 +71,7 @@ class DecisionLogServicer(decision_log_service_pb2_grpc.DecisionLogServiceServic
         except ValueError as exc:
             await abort(context, grpc.StatusCode.INVALID_ARGUMENT, f"page_token: {exc}")
         failed = await spend.failed_by_attempt(self._store, request.task_id, request.attempt)
+        pruned = await decisions.pruned(self._store, request.task_id)
         return pb.ListDecisionsResponse(
             decisions=[
                 convert.decision(r, include_observation=request.include_observation) for r in rows
@@ -82,6 +83,14 @@ class DecisionLogServicer(decision_log_service_pb2_grpc.DecisionLogServiceServic
                 )
                 for f in failed
             ],
+            pruned=None
+            if pruned is None
+            else pb.PrunedRecord(
+                decisions=pruned.decisions,
+                failed_decisions=pruned.failed_decisions,
+                pruned_at=convert.ts(pruned.at),
+                usage=usage_to_proto(pruned.usage),
+            ),
         )
 
     async def GetDecision(

@@ -12,9 +12,14 @@ import base64
 import datetime as dt
 import json
 import uuid
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import astuple, dataclass
+from typing import Any
 
 from sqlalchemy import and_, delete, func, or_, select, update
 from sqlalchemy.exc import IntegrityError
+from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import load_only
 from sqlalchemy.sql.dml import Update
 
@@ -24,7 +29,7 @@ from cloud.store.database import Store
 from cloud.store.models import AttemptRow, DecisionRow, FailedDecisionSpendRow, TaskRow
 from cloud.store.paging import token_int
 from planner.convert import masked_action
-from planner.decision import Decision
+from planner.decision import Decision, Usage
 from planner.session.step_planner import call_id_of
 from planner.steps import PastStep, StepOutcome, noted, stored_arguments, unknown_verdict
 from planner.tools import Judgement
@@ -491,7 +496,8 @@ async def prune(
 ) -> int:
     """Delete decisions of tasks that ended before now - older_than, in small transactions,
     and the records of those tasks' failed decisions' calls (their cost stays in the task's
-    totals).
+    totals). Each task's row counts what went and says when (`pruned`): a reader of the log
+    must be able to say why it is empty while the task's totals are not.
 
     Each batch is its own short transaction so writers are never blocked for long.
     """
@@ -499,25 +505,97 @@ async def prune(
     ended = select(TaskRow.task_id).where(
         TaskRow.finished_at.is_not(None), TaskRow.finished_at < cutoff
     )
+    failed = FailedDecisionSpendRow
     async with store.write() as session:
-        await session.execute(
-            delete(FailedDecisionSpendRow).where(FailedDecisionSpendRow.task_id.in_(ended))
-        )
+        counts = (
+            await session.execute(
+                select(failed.task_id, func.count())
+                .where(failed.task_id.in_(ended))
+                .group_by(failed.task_id)
+            )
+        ).all()
+        if counts:
+            gone = [task_id for task_id, _ in counts]
+            await session.execute(delete(failed).where(failed.task_id.in_(gone)))
+            await _count_pruned(session, "pruned_failed_decisions", counts, store.now())
     total = 0
     for _ in range(max_batches):
         async with store.write() as session:
-            ids = (
-                await session.scalars(
-                    select(DecisionRow.decision_id)
+            found = (
+                await session.execute(
+                    select(DecisionRow.decision_id, DecisionRow.task_id)
                     .join(TaskRow, TaskRow.task_id == DecisionRow.task_id)
                     .where(TaskRow.finished_at.is_not(None), TaskRow.finished_at < cutoff)
                     .limit(batch_size)
                 )
             ).all()
-            if not ids:
+            if not found:
                 break
+            ids = [decision_id for decision_id, _ in found]
             await session.execute(delete(DecisionRow).where(DecisionRow.decision_id.in_(ids)))
+            per_task = Counter(task_id for _, task_id in found)
+            await _count_pruned(session, "pruned_decisions", per_task.items(), store.now())
             total += len(ids)
-        if len(ids) < batch_size:
+        if len(found) < batch_size:
             break
     return total
+
+
+async def _count_pruned(
+    session: AsyncSession, column: str, counts: Iterable[Any], now: dt.datetime
+) -> None:
+    """Add each (task id, rows just deleted) of `counts` to `column` of the task's row, in
+    the transaction that deleted them, and mark when."""
+    counter = getattr(TaskRow, column)
+    for task_id, n in counts:
+        await session.execute(
+            update(TaskRow)
+            .where(TaskRow.task_id == task_id)
+            .values({column: counter + int(n), "pruned_at": now})
+            .execution_options(synchronize_session=False)
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Pruned:
+    """What the retention pass deleted of a task's log: `decisions`, `failed_decisions` (the
+    call records of decisions that failed), when it last deleted some (`at`), and what the
+    deleted rows cost (`usage`: the task's totals less what its log still holds)."""
+
+    decisions: int
+    failed_decisions: int
+    at: dt.datetime
+    usage: Usage
+
+
+async def pruned(store: Store, task_id: str) -> Pruned | None:
+    """What retention deleted of the task's log, or None when it deleted nothing."""
+    async with store.read() as session:
+        row = (
+            await session.execute(
+                select(
+                    TaskRow.pruned_decisions,
+                    TaskRow.pruned_failed_decisions,
+                    TaskRow.pruned_at,
+                    TaskRow.input_tokens,
+                    TaskRow.output_tokens,
+                    TaskRow.cache_read_tokens,
+                    TaskRow.cache_write_tokens,
+                    TaskRow.thinking_tokens,
+                    TaskRow.cost_usd,
+                ).where(TaskRow.task_id == task_id)
+            )
+        ).first()
+        if row is None or row[2] is None:
+            return None
+        left = await spend.spent_in(session, task_id)
+    totals = spend.usage_of([v or 0 for v in row[3:]])
+    return Pruned(int(row[0]), int(row[1]), row[2], _less(totals, left))
+
+
+def _less(total: Usage, part: Usage) -> Usage:
+    """`total` less `part`, field by field, never below 0 (sums of floats may differ a hair)."""
+    i, o, cr, cw, th, cost = (
+        max(0, a - b) for a, b in zip(astuple(total), astuple(part), strict=True)
+    )
+    return Usage(int(i), int(o), int(cr), int(cw), int(th), float(cost))

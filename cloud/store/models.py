@@ -125,6 +125,12 @@ class TaskRow(Base):
     # Spending caps (SubmitTaskRequest.budget, or the cloud's defaults); 0 = no cap.
     max_tokens: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
     max_cost_usd: Mapped[float] = mapped_column(Float, default=0.0, server_default="0")
+    # What the retention pass deleted of the task's decision log (migration 0022): decisions,
+    # failed decisions' call records, and when it last deleted some. The totals above still
+    # count them; these say why the log no longer shows them.
+    pruned_decisions: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    pruned_failed_decisions: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    pruned_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime())
 
     __table_args__ = (
         Index("ix_tasks_status_created_at", "status", "created_at"),

@@ -37,6 +37,7 @@ from console.gateway.models import (
     HostOut,
     LeaseEventOut,
     LeaseEventPage,
+    PrunedOut,
     ScreenOut,
     SpendOut,
     SubmitIn,
@@ -83,7 +84,8 @@ async def task_detail(cloud: CloudClient, task_id: str) -> TaskDetailOut:
     the page)."""
     task = TaskOut.of(await cloud.get_task(task_id))
     events = [LeaseEventOut.of(e) for e in await cloud.events(task_id)]
-    found, failed = await cloud.decision_log(task_id)
+    found, failed, deleted = await cloud.decision_log(task_id)
+    pruned = PrunedOut.of(deleted) if deleted is not None else None
     decisions = [DecisionOut.of(d) for d in found]
     screens: dict[tuple[int, int], list[ScreenOut]] = {}
     for shot in await cloud.screenshots(task_id):
@@ -93,7 +95,7 @@ async def task_detail(cloud: CloudClient, task_id: str) -> TaskDetailOut:
     hosts = await host_transports(cloud)
     transports = {k: v.planner_transport for k, v in hosts.items()}
     history, note = group_history(
-        task, decisions, transports, [FailedCallsOut.of(f) for f in failed]
+        task, decisions, transports, [FailedCallsOut.of(f) for f in failed], pruned
     )
     used = {a.host_id for a in task.attempts}
     notes = [outbox_note(hosts[h]) for h in sorted(used) if h in hosts and hosts[h].outbox]
@@ -102,6 +104,7 @@ async def task_detail(cloud: CloudClient, task_id: str) -> TaskDetailOut:
         events=events,
         history=history,
         history_note=note,
+        pruned=pruned,
         outbox_notes=[n for n in notes if n],
     )
 
@@ -239,6 +242,7 @@ async def list_decisions(
         decisions=[DecisionOut.of(d) for d in page.decisions],
         next_page_token=page.next_page_token,
         failed_calls=[FailedCallsOut.of(f) for f in page.failed_calls],
+        pruned=PrunedOut.of(page.pruned) if page.HasField("pruned") else None,
     )
 
 

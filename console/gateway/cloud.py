@@ -255,13 +255,19 @@ class CloudClient:
 
     async def decision_log(
         self, task_id: str, *, include_observation: bool = False
-    ) -> tuple[list[types_pb2.Decision], list[decision_log_service_pb2.FailedCalls]]:
-        """Every decision of a task (up to MAX_DECISIONS), following the page tokens, and what
+    ) -> tuple[
+        list[types_pb2.Decision],
+        list[decision_log_service_pb2.FailedCalls],
+        decision_log_service_pb2.PrunedRecord | None,
+    ]:
+        """Every decision of a task (up to MAX_DECISIONS), following the page tokens, what
         its failed decisions' answered calls cost per attempt (billed, though no decision is
-        logged for them); with `include_observation` each decision carries the screen it was
-        made on (exports want it)."""
+        logged for them), and what the cloud's retention deleted of the log (None: nothing);
+        with `include_observation` each decision carries the screen it was made on (exports
+        want it)."""
         decisions: list[types_pb2.Decision] = []
         failed: list[decision_log_service_pb2.FailedCalls] = []
+        pruned: decision_log_service_pb2.PrunedRecord | None = None
         token = ""
         size = 100 if include_observation else 500  # pages of screens stay a few MB
         while len(decisions) < MAX_DECISIONS:
@@ -273,11 +279,12 @@ class CloudClient:
                 include_observation=include_observation,
             )
             decisions.extend(page.decisions)
-            failed = list(page.failed_calls)  # every page has the same
+            failed = list(page.failed_calls)  # every page has the same, and the same record
+            pruned = page.pruned if page.HasField("pruned") else None
             token = page.next_page_token
             if not token:
                 break
-        return decisions, failed
+        return decisions, failed, pruned
 
     async def conversation(
         self, task_id: str, attempt: int

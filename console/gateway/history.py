@@ -13,6 +13,7 @@ from console.gateway.models import (
     AttemptHistory,
     DecisionOut,
     FailedCallsOut,
+    PrunedOut,
     TaskOut,
     TransportName,
 )
@@ -24,6 +25,15 @@ DIRECT_TRANSPORT = (
     "this host uses the direct transport: it ships its decisions from its outbox in the "
     "background, and none has arrived yet"
 )
+
+
+def pruned_reason(pruned: PrunedOut) -> str:
+    """Why a history is empty once the cloud's retention deleted the task's log."""
+    when = f" on {pruned.pruned_at:%Y-%m-%d %H:%M} UTC" if pruned.pruned_at else ""
+    return (
+        f"the cloud's retention deleted this task's decision log{when}; the task's totals "
+        "still count what it cost"
+    )
 
 
 def empty_reason(transport: TransportName, step_index: int = 0) -> str:
@@ -48,13 +58,15 @@ def group_history(
     decisions: list[DecisionOut],
     host_transports: dict[str, TransportName],
     failed: Sequence[FailedCallsOut] = (),
+    pruned: PrunedOut | None = None,
 ) -> tuple[list[AttemptHistory], str | None]:
     """Per-attempt histories (newest attempt first) and a note when the whole log is empty.
 
     The attempt's own transport (recorded when the lease was granted) wins; the host's current
     transport from the fleet fills in when the attempt did not record one. Each history
     carries what its failed decisions' answered calls cost (`failed`, per attempt), which the
-    task's totals count though no decision is listed for them.
+    task's totals count though no decision is listed for them. Once the retention deleted
+    the task's log (`pruned`), that is why an attempt lists nothing.
     """
     failed_in = {f.attempt: f for f in failed}
     by_attempt: dict[int, list[DecisionOut]] = {}
@@ -76,6 +88,8 @@ def group_history(
                 decisions=steps,
                 empty_reason=None
                 if steps
+                else pruned_reason(pruned)
+                if pruned is not None
                 else empty_reason(transport, attempt.progress.step_index),
                 verdicts=verdict_counts(steps),
                 failed_calls=failed_in.get(attempt.attempt),
@@ -97,5 +111,6 @@ def group_history(
 
     note: str | None = None
     if not decisions:
-        note = histories[0].empty_reason if histories else NOT_ASSIGNED_YET
+        fallback = pruned_reason(pruned) if pruned is not None else NOT_ASSIGNED_YET
+        note = histories[0].empty_reason if histories else fallback
     return histories, note

@@ -607,6 +607,25 @@ class FailedCallsOut(BaseModel):
         return cls(attempt=f.attempt, decisions=f.decisions, usage=UsageOut.of(f.usage))
 
 
+class PrunedOut(BaseModel):
+    """What the cloud's retention deleted of a task's decision log: the task's totals still
+    count it."""
+
+    decisions: int = Field(description="decisions deleted")
+    failed_decisions: int = Field(description="failed decisions whose call records were deleted")
+    pruned_at: datetime | None = Field(description="when the retention last deleted some")
+    usage: UsageOut = Field(description="what the deleted rows cost")
+
+    @classmethod
+    def of(cls, p: decision_log_service_pb2.PrunedRecord) -> PrunedOut:
+        return cls(
+            decisions=p.decisions,
+            failed_decisions=p.failed_decisions,
+            pruned_at=_time(p.pruned_at, p.HasField("pruned_at")),
+            usage=UsageOut.of(p.usage),
+        )
+
+
 class DecisionPage(BaseModel):
     """One page of decisions, by attempt then step."""
 
@@ -616,6 +635,12 @@ class DecisionPage(BaseModel):
         default_factory=list,
         description="per attempt, what its failed decisions' answered model calls cost (the "
         "same on every page): the decisions' usage plus these is the task's totals",
+    )
+    pruned: PrunedOut | None = Field(
+        default=None,
+        description="what the cloud's retention deleted of the task's log (every attempt's; "
+        "the same on every page): with it the listed usage makes the task's totals; null when "
+        "nothing was deleted",
     )
 
 
@@ -694,6 +719,11 @@ class TaskDetailOut(BaseModel):
     events: list[LeaseEventOut] = Field(description="the lease history, oldest first")
     history: list[AttemptHistory]
     history_note: str | None = Field(description="why the whole history is empty, if it is")
+    pruned: PrunedOut | None = Field(
+        default=None,
+        description="what the cloud's retention deleted of the task's log (the task's totals "
+        "still count it); null when nothing was deleted",
+    )
     outbox_notes: list[str] = Field(
         default_factory=list,
         description="hosts of this task that still hold decisions or screenshots in their "

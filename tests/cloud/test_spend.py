@@ -334,3 +334,68 @@ async def test_migration_0017_adds_the_failed_decisions_spend_and_back(db_url: s
         await check(s.engine)
     finally:
         await s.close()
+
+
+async def test_retention_counts_what_it_deletes_of_each_task_and_when(store: Store) -> None:
+    """Both backends: each task's row counts the decisions and failed decisions' call records
+    the retention deleted (across batches that split tasks), and when; `pruned` reads it with
+    what they cost (the totals less what is left); a task it did not touch has no record."""
+    old, other, recent = [await _submit(store) for _ in range(3)]
+    for task_id, n in ((old, 3), (other, 2), (recent, 1)):
+        for _ in range(n):
+            await decisions.append(store, "h1", task_id, 1, _costly(100, 0.25))
+    for task_id in (old, recent):
+        billed = Billed("anthropic", "m", Usage(7, cost_usd=0.5))
+        await spend.count_failed(store, "h1", task_id, 1, billed, "PlannerError")
+    ended = store.now() - dt.timedelta(days=30)
+    async with store.write() as session:
+        await session.execute(
+            update(TaskRow).where(TaskRow.task_id.in_([old, other])).values(finished_at=ended)
+        )
+    before = store.now()
+    assert await decisions.prune(store, dt.timedelta(days=7), batch_size=2) == 5
+
+    found = await decisions.pruned(store, old)
+    assert found is not None
+    assert (found.decisions, found.failed_decisions) == (3, 1)
+    assert found.at >= before
+    assert (found.usage.input_tokens, found.usage.output_tokens) == (307, 30)
+    assert found.usage.cost_usd == pytest.approx(1.25)
+    found = await decisions.pruned(store, other)
+    assert found is not None and (found.decisions, found.failed_decisions) == (2, 0)
+    assert await decisions.pruned(store, recent) is None
+    assert await decisions.pruned(store, "no-such-task") is None
+    # A second pass finds nothing more and changes no count.
+    assert await decisions.prune(store, dt.timedelta(days=7)) == 0
+    again = await decisions.pruned(store, old)
+    assert again is not None and (again.decisions, again.failed_decisions) == (3, 1)
+
+
+async def test_migration_0022_adds_the_tasks_pruned_record_and_back(db_url: str) -> None:
+    """Both backends: 0022 adds the three columns of what retention deleted (an existing task
+    has nothing pruned), and its downgrade drops them without losing the task."""
+    s = Store.from_url(db_url)
+
+    async def tasks_columns() -> set[str]:
+        async with s.engine.connect() as conn:
+            return await conn.run_sync(_columns, "tasks")
+
+    try:
+        await upgrade(s.engine, "0021")
+        before = await tasks_columns()
+        await upgrade(s.engine)
+        task_id = await _submit(s)
+        assert await tasks_columns() - before == {
+            "pruned_decisions",
+            "pruned_failed_decisions",
+            "pruned_at",
+        }
+        assert await decisions.pruned(s, task_id) is None
+        await downgrade(s.engine, "0021")
+        assert await tasks_columns() == before
+        async with s.engine.connect() as conn:
+            assert (await conn.execute(text("SELECT count(*) FROM tasks"))).scalar_one() == 1
+        await upgrade(s.engine)
+        await check(s.engine)
+    finally:
+        await s.close()

@@ -13,6 +13,7 @@ turn and its retry) and the second decision fails after 2,400 billed tokens, $0.
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 import html
 import io
 import json
@@ -27,8 +28,10 @@ import httpx
 import pytest
 from pydantic import SecretStr
 from rich.console import Console
+from sqlalchemy import update
 
 from amc.v1 import fleet_service_pb2, task_service_pb2, types_pb2
+from cloud.store.models import TaskRow
 from console.embedded import OPERATOR, embedded_stack, follow_tasks
 from console.exporting import export_host_task
 from console.gateway import create_app
@@ -232,3 +235,62 @@ async def test_a_direct_host_s_own_export_lists_its_failed_decision_s_calls(
     u, total = head.total.usage, task.totals.usage
     assert (u.input_tokens, u.output_tokens) == (total.input_tokens, total.output_tokens)
     assert head.total.cost_usd == pytest.approx(total.cost_usd)
+
+
+async def test_a_pruned_task_s_log_says_what_the_retention_deleted_and_when(
+    tmp_path: Path, fake_model: FakeModelServer
+) -> None:
+    """The same task, then the cloud's retention pass after the task ended long ago: the log
+    lists nothing, and every reader says what went (1 decision, 1 failed decision's call
+    records), when, and what it cost, so the task's totals that remain are explained."""
+    async with embedded_stack(tmp_path / "stack", transport="cloud") as stack:
+        ops = stack.operator
+        request = task_service_pb2.SubmitTaskRequest(goal="Open two apps")
+        task_id = (await ops.tasks.SubmitTask(request)).task.task_id
+        await follow_tasks(ops, [task_id], Console(file=io.StringIO()), 30)
+        store = stack.cloud.store
+        long_ago = store.now() - dt.timedelta(days=stack.cloud.settings.retention_days + 1)
+        async with store.write() as session:
+            await session.execute(
+                update(TaskRow).where(TaskRow.task_id == task_id).values(finished_at=long_ago)
+            )
+        assert await stack.cloud.prune_decisions() == 1
+        pruned_by = store.now()
+        get = task_service_pb2.GetTaskRequest(task_id=task_id)
+        task = (await ops.tasks.GetTask(get)).task
+        conn = ["--cloud", stack.cloud_address, "--pki-dir", str(stack.pki_dir)]
+        code, printed = await amc(*conn, "decisions", task_id)
+        assert code == 0, printed
+        code, as_json = await amc(*conn, "decisions", task_id, "--json")
+        assert code == 0, as_json
+        log, detail, page, _ = await _console_views(stack.cloud_address, stack.pki_dir, task_id)
+
+    total = task.totals.usage  # what the task spent stays in its totals
+    assert (total.input_tokens, total.output_tokens) == (2500, 500)
+    when = f"{pruned_by:%Y-%m-%d}"
+    assert (
+        f"pruned on {when}" in printed
+        and "by the cloud's retention: 1 decision and 1 failed decision's call records, "
+        "3,000 tokens · $0.0150 (the task's totals still count them)"
+        in printed
+    ), printed
+    assert "total: 3,000 tokens · $0.0150" in printed, printed
+
+    for listing in (json.loads(as_json), log):
+        assert listing["decisions"] == [] and listing["failed_calls"] == []
+        pruned = listing["pruned"]
+        assert (pruned["decisions"], pruned["failed_decisions"]) == (1, 1)
+        assert pruned["pruned_at"].startswith(when)
+        assert (pruned["usage"]["input_tokens"], pruned["usage"]["output_tokens"]) == (2500, 500)
+        assert pruned["usage"]["cost_usd"] == pytest.approx(total.cost_usd)
+
+    assert detail["pruned"]["decisions"] == 1
+    (history,) = detail["history"]
+    assert history["empty_reason"].startswith("the cloud's retention deleted this task's"), history
+    shown = re.search(r'<p [^>]*data-field="pruned"[^>]*>(.*?)</p>', page, re.S)
+    assert shown is not None, page
+    words = html.unescape(re.sub(r"<[^>]+>", "", shown.group(1)))
+    assert words.startswith(f"Pruned on {when}") and words.endswith(
+        "by the cloud's retention: 1 decision and 1 failed decision's call records, "
+        "3,000 tokens · $0.0150 (the task's totals still count them)"
+    ), words

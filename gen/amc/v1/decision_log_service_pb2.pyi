@@ -7,6 +7,7 @@ from amc.v1 import types_pb2 as _types_pb2
 from collections import abc as _abc
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
+from google.protobuf import timestamp_pb2 as _timestamp_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 import builtins as _builtins
@@ -113,6 +114,7 @@ class ListDecisionsResponse(_message.Message):
     DECISIONS_FIELD_NUMBER: _builtins.int
     NEXT_PAGE_TOKEN_FIELD_NUMBER: _builtins.int
     FAILED_CALLS_FIELD_NUMBER: _builtins.int
+    PRUNED_FIELD_NUMBER: _builtins.int
     next_page_token: _builtins.str
     """Token for the next page; empty on the last page."""
     @_builtins.property
@@ -128,20 +130,69 @@ class ListDecisionsResponse(_message.Message):
         GetSpend's rows count. Empty when there are none (and from a cloud before this field).
         """
 
+    @_builtins.property
+    def pruned(self) -> Global___PrunedRecord:
+        """What the cloud's retention deleted of the task's log (of every attempt, whatever attempt
+        was asked for; the same on every page): the task's totals still count it. Unset when
+        nothing was deleted (and from a cloud before this field).
+        """
+
     def __init__(
         self,
         *,
         decisions: _abc.Iterable[_types_pb2.Decision] | None = ...,
         next_page_token: _builtins.str = ...,
         failed_calls: _abc.Iterable[Global___FailedCalls] | None = ...,
+        pruned: Global___PrunedRecord | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["pruned", b"pruned"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["decisions", b"decisions", "failed_calls", b"failed_calls", "next_page_token", b"next_page_token"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["decisions", b"decisions", "failed_calls", b"failed_calls", "next_page_token", b"next_page_token", "pruned", b"pruned"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ListDecisionsResponse: _TypeAlias = ListDecisionsResponse  # noqa: Y015
+
+@_typing.final
+class PrunedRecord(_message.Message):
+    """What the retention pass (AMC_CLOUD_RETENTION_DAYS after the task ended) deleted of a task's
+    decision log. The task's totals (Task.totals) keep counting it: the listed decisions, the
+    listed failed calls and `usage` make those totals.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DECISIONS_FIELD_NUMBER: _builtins.int
+    FAILED_DECISIONS_FIELD_NUMBER: _builtins.int
+    PRUNED_AT_FIELD_NUMBER: _builtins.int
+    USAGE_FIELD_NUMBER: _builtins.int
+    decisions: _builtins.int
+    """Decisions deleted."""
+    failed_decisions: _builtins.int
+    """Failed decisions whose billed calls' records were deleted (see FailedCalls)."""
+    @_builtins.property
+    def pruned_at(self) -> _timestamp_pb2.Timestamp:
+        """When the retention pass last deleted some of them."""
+
+    @_builtins.property
+    def usage(self) -> _types_pb2.Usage:
+        """What the deleted rows cost: the task's totals less what the log still lists."""
+
+    def __init__(
+        self,
+        *,
+        decisions: _builtins.int = ...,
+        failed_decisions: _builtins.int = ...,
+        pruned_at: _timestamp_pb2.Timestamp | None = ...,
+        usage: _types_pb2.Usage | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["pruned_at", b"pruned_at", "usage", b"usage"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["decisions", b"decisions", "failed_decisions", b"failed_decisions", "pruned_at", b"pruned_at", "usage", b"usage"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PrunedRecord: _TypeAlias = PrunedRecord  # noqa: Y015
 
 @_typing.final
 class FailedCalls(_message.Message):
