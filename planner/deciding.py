@@ -49,12 +49,14 @@ from typing import Any, Protocol
 from planner.conversation.items import SessionItem, ToolResult, UserObservation
 from planner.decision import Billed, Decision, RetryKind, ThinkingBlock, ThinkingKind, Usage
 from planner.errors import (
+    InFlight,
     PlannerContextExceeded,
     PlannerError,
     PlannerRefused,
     PlannerRejected,
     ToolCallError,
     bill,
+    carry_in_flight,
 )
 from planner.model_profiles import RetryForm
 from planner.settings import MAX_CALL_TOKENS, THINKING_MAX_TOKENS
@@ -126,6 +128,27 @@ async def decide(
     room: int | None = None  # the raised output limit, once an answer was cut off
     answered_by = ""  # the model of the latest answered call ("": none answered yet)
     recovered = False  # `recover` ran (once a decision)
+    in_flight: asyncio.Future[Turn] | None = None  # a call not streamed, until it answers
+
+    async def call(asked: TurnRequest) -> Turn:
+        """`adapter.complete`. A call not streamed goes on when the decision is cancelled: the
+        provider answers and bills it anyway, so its usage is counted when it answers (the
+        cancelled error carries it, `InFlight`). A streamed one is cut off (hanging up stops
+        the answer)."""
+        nonlocal in_flight
+        if asked.stream:
+            return await adapter.complete(asked)
+        running = in_flight = asyncio.ensure_future(adapter.complete(asked))
+        running.add_done_callback(_retrieved)
+        try:
+            turn = await asyncio.shield(running)
+        except asyncio.CancelledError:
+            raise  # the call goes on, carried on this error
+        except BaseException:
+            in_flight = None
+            raise
+        in_flight = None
+        return turn
 
     live: LiveBlocks | None = None  # one live view for every call of the decision
 
@@ -139,7 +162,7 @@ async def decide(
 
     async def complete(asked: TurnRequest) -> Turn:
         nonlocal answered_by
-        turn = await adapter.complete(asked)
+        turn = await call(asked)
         if turn.context_exceeded:
             usage.add(turn.usage)  # billed, though never used
             answered_by = turn.model or adapter.model
@@ -196,6 +219,8 @@ async def decide(
         # not undo what the provider answered before: it is billed.
         if answered_by:
             bill(err, Billed(adapter.name, answered_by, usage))
+        if in_flight is not None and isinstance(err, asyncio.CancelledError):
+            carry_in_flight(err, InFlight(adapter.name, adapter.model, in_flight))
         raise
 
     decision = build_decision(
@@ -211,6 +236,13 @@ async def decide(
         user_prompt=user_prompt,
     )
     return decision, turns
+
+
+def _retrieved(call: asyncio.Future[Turn]) -> None:
+    """A call left to finish that fails (the planner closed, the provider failed) is nobody's
+    error any more: read here, so asyncio does not report it as never retrieved."""
+    if not call.cancelled():
+        call.exception()
 
 
 def _overflowed(adapter: ModelAdapter, turn: Turn) -> PlannerContextExceeded:

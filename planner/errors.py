@@ -8,10 +8,13 @@ operator must act), and a request the provider refuses as invalid (`PlannerRejec
 
 from __future__ import annotations
 
+import asyncio
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from planner.decision import Billed
+    from planner.vendors.base import Turn
 
 #: Trailing metadata of a Decide answered UNAVAILABLE or RESOURCE_EXHAUSTED: what is unavailable,
 #: in words for the host's progress line ("the model provider", "the cloud's database").
@@ -52,6 +55,31 @@ def take_billed(err: BaseException) -> Billed | None:
     if billed is not None:
         err.billed = None  # type: ignore[attr-defined]
     return billed
+
+
+@dataclass(frozen=True, slots=True)
+class InFlight:
+    """A model call (not streamed) still under way when its decision was cancelled. The
+    provider answers and bills it whether or not anyone waits (hanging up on a call not
+    streamed does not stop it), so it is left to finish: `call` gives its turn (usage priced)
+    once the provider answers, to be counted then by whoever took it (`take_in_flight`)."""
+
+    provider: str
+    model: str
+    call: asyncio.Future[Turn]
+
+
+def carry_in_flight(err: BaseException, in_flight: InFlight) -> None:
+    """Carry the call still under way on the `asyncio.CancelledError` of its decision."""
+    err.in_flight = in_flight  # type: ignore[attr-defined]  # CancelledError has no such field
+
+
+def take_in_flight(err: BaseException) -> InFlight | None:
+    """The call `err` carries (`carry_in_flight`), taken off it so it is counted once."""
+    found: InFlight | None = getattr(err, "in_flight", None)
+    if found is not None:
+        err.in_flight = None  # type: ignore[attr-defined]
+    return found
 
 
 class PlannerConfigError(PlannerError, ValueError):

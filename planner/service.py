@@ -55,7 +55,9 @@ from planner.errors import (
     PlannerTransient,
     SessionStateError,
     take_billed,
+    take_in_flight,
 )
+from planner.late_calls import count_when_answered
 from planner.observation import (
     MAX_OBSERVATION_BYTES,
     observation_problem,
@@ -390,10 +392,19 @@ class PlannerServicer(planner_service_pb2_grpc.PlannerServiceServicer):
         away. Should counting fail (the database went away), the planner's error still goes
         on: the host is told why its step failed, and the calls stay uncounted (logged).
         A Decide its host gave up on (cancelled, past its deadline: the handler is cancelled
-        inside the decision) counts them too, shielded from a second cancel."""
+        inside the decision) counts them too, shielded from a second cancel, and the call it
+        left under way once the provider answers it (`InFlight`)."""
         try:
             return await plan()
         except (PlannerError, asyncio.CancelledError) as err:
+            in_flight = take_in_flight(err)
+            if in_flight is not None and self._spend is not None:
+                spend, error = self._spend, type(err).__name__
+
+                async def count(late: Billed) -> None:
+                    await spend.failed(host_id, request.task_id, request.attempt, late, error)
+
+                count_when_answered(in_flight, count)
             billed = take_billed(err)
             if billed is not None and self._spend is not None:
                 try:

@@ -45,8 +45,9 @@ from host.timeline.store import TimelineStore
 from planner import secret_refs
 from planner.budget import Budget
 from planner.decision import Billed, Decision, Usage
-from planner.errors import PlannerError, take_billed
+from planner.errors import PlannerError, take_billed, take_in_flight
 from planner.history import WorldEvent
+from planner.late_calls import count_when_answered
 from planner.observation import clip
 from planner.scene import Bounds, Scene
 from planner.steps import MAX_DRIVER_OUTPUT_BYTES, MAX_OUTCOME_ERROR_BYTES, target_label
@@ -594,23 +595,32 @@ class AgentLoop:
         """The planner's decision; when it fails after the provider answered (direct
         transport), what the answered calls cost goes to the outbox first: the provider billed
         them, and the cloud counts them toward the task's budget and the fleet's spending. So
-        does a decision cancelled mid-way (the attempt revoked, cancelled or out of time)."""
+        does a decision cancelled mid-way (the attempt revoked, cancelled or out of time), and
+        the call it left under way once the provider answers it (`InFlight`)."""
         try:
             return await self.planner.decide(spec.goal, scene, history, screenshot)
         except (PlannerError, asyncio.CancelledError) as err:
+            error = type(err).__name__
+            in_flight = take_in_flight(err)
+            if in_flight is not None:
+                count_when_answered(in_flight, lambda late: self._count_failed(spec, late, error))
             billed = take_billed(err)
             if billed is not None:
-                await self._keep_failed_calls(spec, billed, type(err).__name__)
-            if billed is not None and self.shipments is not None:
-                await self._ship(
-                    self.shipments.failed_calls,
-                    spec.task_id,
-                    spec.attempt,
-                    spec.lease_id,
-                    billed,
-                    type(err).__name__,
-                )
+                await self._count_failed(spec, billed, error)
             raise
+
+    async def _count_failed(self, spec: TaskSpec, billed: Billed, error: str) -> None:
+        """A failed decision's answered calls: kept in the timeline and sent from the outbox."""
+        await self._keep_failed_calls(spec, billed, error)
+        if self.shipments is not None:
+            await self._ship(
+                self.shipments.failed_calls,
+                spec.task_id,
+                spec.attempt,
+                spec.lease_id,
+                billed,
+                error,
+            )
 
     async def _keep_failed_calls(self, spec: TaskSpec, billed: Billed, error: str) -> None:
         """The timeline keeps what a failed decision's calls cost, for this host's export and

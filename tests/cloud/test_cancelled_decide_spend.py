@@ -1,10 +1,12 @@
-"""A Decide its caller gave up on mid-decision still counts the model calls answered before.
+"""A Decide its caller gave up on mid-decision still counts the model calls answered before,
+and the call under way then once the provider answers it.
 
 A real cloud over mTLS plans with the real Anthropic SDK against the local fake Messages server:
 the first call is answered without a tool call (500 + 100 tokens, billed), the second (the
 retry) is held by the fake. The host's Decide, without a step key, is cancelled or runs into
-its deadline meanwhile: the cloud's handler is cancelled inside the decision, no decision row
-is logged, and the answered call counts in the task's totals and today's spending.
+its deadline meanwhile, then the provider answers the held call (it bills it, whoever waits):
+the cloud's handler is cancelled inside the decision, no decision row is logged, and both calls
+count in the task's totals and today's spending (the held one once it answers).
 
 With a step key the plan outlives its caller (a retry joins it), so the model's answer comes
 even when no caller is left to hear it: a host killed mid-step, whose new process starts the
@@ -56,7 +58,7 @@ def _held_launch(hold: threading.Event) -> ScriptedTurn:
 
 
 @pytest.mark.parametrize("gives_up", ["cancel", "deadline"])
-async def test_a_decide_given_up_mid_decision_counts_the_calls_answered_before(
+async def test_a_decide_given_up_mid_decision_counts_its_calls_and_the_one_in_flight(
     anthropic_cloud: CloudServer,
     model: FakeModelServer,
     pki_dir: Path,
@@ -100,7 +102,16 @@ async def test_a_decide_given_up_mid_decision_counts_the_calls_answered_before(
             got = await tasks.GetTask(task_service_pb2.GetTaskRequest(task_id=task_id))
             return bool(got.task.totals.usage.input_tokens)
 
+        # The handler was cancelled (the client may see its deadline first): the call answered
+        # before counts at once.
         await until(counted, within=15, what="the answered call counted")
+        hold.set()  # the provider answers the call it was working on when the host gave up
+
+        async def both_counted() -> bool:
+            got = await tasks.GetTask(task_service_pb2.GetTaskRequest(task_id=task_id))
+            return bool(got.task.totals.usage.input_tokens == 1000)
+
+        await until(both_counted, within=15, what="both calls counted")
         task = (await tasks.GetTask(task_service_pb2.GetTaskRequest(task_id=task_id))).task
         fleet: Any = fleet_service_pb2_grpc.FleetServiceStub(ops)
         spend = await fleet.GetSpend(fleet_service_pb2.GetSpendRequest())
@@ -113,11 +124,11 @@ async def test_a_decide_given_up_mid_decision_counts_the_calls_answered_before(
         await host.close()
         await host_ch.close()
         await ops.close()
-    assert list(listed.decisions) == []
+    assert list(listed.decisions) == []  # the decision was cut short: its calls count
     usage = task.totals.usage
-    assert (usage.input_tokens, usage.output_tokens) == (500, 100)
-    assert usage.cost_usd == pytest.approx(0.003)
-    assert (spend.today.input_tokens, spend.today.output_tokens) == (500, 100)
+    assert (usage.input_tokens, usage.output_tokens) == (1000, 200)
+    assert usage.cost_usd == pytest.approx(0.006)
+    assert (spend.today.input_tokens, spend.today.output_tokens) == (1000, 200)
     (row,) = spend.rows
     assert (row.host_id, row.model, row.decisions) == ("h1", "claude-sonnet-4-6", 0)
 

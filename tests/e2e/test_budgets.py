@@ -317,6 +317,52 @@ async def test_a_direct_host_ships_the_calls_of_a_decision_cancelled_mid_way(
     assert (row.host_id, row.model, row.decisions) == ("embedded-host", "claude-sonnet-4-6", 0)
 
 
+async def test_a_direct_host_counts_the_model_call_in_flight_at_a_cancel_once_it_answers(
+    tmp_path: Path, fake_model: FakeModelServer
+) -> None:
+    """The host's own planner: the first call of a step is answered without a tool call
+    (billed); the provider is still working on the retry when the operator cancels the task.
+    The provider answers the retry all the same (it bills it: 600 more tokens) after the
+    attempt was cancelled: the host ships that call too, and it counts in the task's totals
+    and GetSpend; nothing else is asked of the model."""
+    hold = threading.Event()
+    held = _launch("com.android.settings")
+    held.hold = hold
+    fake_model.anthropic_script.clear()
+    fake_model.script_anthropic(_no_tool_call(), held)
+    try:
+        async with embedded_stack(tmp_path / "stack", transport="direct") as stack:
+            ops = stack.operator
+            request = task_service_pb2.SubmitTaskRequest(goal="Open two apps")
+            task_id = (await ops.tasks.SubmitTask(request)).task.task_id
+            await until(lambda: len(fake_model.bodies("/v1/messages")) == 2, what="retry asked")
+            await ops.tasks.CancelTask(task_service_pb2.CancelTaskRequest(task_id=task_id))
+            get = task_service_pb2.GetTaskRequest(task_id=task_id)
+
+            async def cancelled() -> bool:
+                task = (await ops.tasks.GetTask(get)).task
+                return bool(task.status == types_pb2.TASK_STATUS_CANCELLED)
+
+            await until(cancelled, what="the attempt cancelled")
+            hold.set()  # the provider answers the call it was working on
+
+            async def counted() -> bool:
+                usage = (await ops.tasks.GetTask(get)).task.totals.usage
+                return bool(usage.input_tokens >= 1000)
+
+            await until(counted, what="the call in flight at the cancel counted")
+            task = (await ops.tasks.GetTask(get)).task
+            spend = await ops.fleet.GetSpend(fleet_service_pb2.GetSpendRequest())
+    finally:
+        hold.set()
+    assert task.status == types_pb2.TASK_STATUS_CANCELLED
+    usage = task.totals.usage
+    assert (usage.input_tokens, usage.output_tokens) == (1000, 200)
+    assert usage.cost_usd == pytest.approx(0.006)
+    assert (spend.today.input_tokens, spend.today.output_tokens) == (1000, 200)
+    assert len(fake_model.bodies("/v1/messages")) == 2
+
+
 async def test_a_direct_host_gets_no_new_task_once_the_fleet_s_daily_cap_is_spent(
     tmp_path: Path, fake_model: FakeModelServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
