@@ -57,12 +57,14 @@ def _held_launch(hold: threading.Event) -> ScriptedTurn:
     return turn
 
 
+@pytest.mark.parametrize("step_key", ["", "1"])
 @pytest.mark.parametrize("gives_up", ["cancel", "deadline"])
 async def test_a_decide_given_up_mid_decision_counts_its_calls_and_the_one_in_flight(
     anthropic_cloud: CloudServer,
     model: FakeModelServer,
     pki_dir: Path,
     gives_up: Literal["cancel", "deadline"],
+    step_key: str,
 ) -> None:
     cloud = anthropic_cloud
     hold = threading.Event()
@@ -83,6 +85,7 @@ async def test_a_decide_given_up_mid_decision_counts_its_calls_and_the_one_in_fl
             attempt=a.attempt,
             lease_id=a.lease_id,
             observation=observation_from_scene(scenes.launcher()),
+            step_key=step_key,
         )
         # The deadline is far beyond the first (local) answer, and the second never comes.
         call = stub.Decide(request, timeout=5.0 if gives_up == "deadline" else None)
@@ -102,9 +105,10 @@ async def test_a_decide_given_up_mid_decision_counts_its_calls_and_the_one_in_fl
             got = await tasks.GetTask(task_service_pb2.GetTaskRequest(task_id=task_id))
             return bool(got.task.totals.usage.input_tokens)
 
-        # The handler was cancelled (the client may see its deadline first): the call answered
-        # before counts at once.
-        await until(counted, within=15, what="the answered call counted")
+        if not step_key:
+            # The handler was cancelled (the client may see its deadline first): the call
+            # answered before counts at once. (A step-keyed plan goes on: nothing yet.)
+            await until(counted, within=15, what="the answered call counted")
         hold.set()  # the provider answers the call it was working on when the host gave up
 
         async def both_counted() -> bool:
@@ -124,13 +128,21 @@ async def test_a_decide_given_up_mid_decision_counts_its_calls_and_the_one_in_fl
         await host.close()
         await host_ch.close()
         await ops.close()
-    assert list(listed.decisions) == []  # the decision was cut short: its calls count
+    # Without a step key the decision was cut short: its calls count, no decision is logged.
+    # With one its plan went on (a retry of the step would join it) and, as nobody waited for
+    # it any more, the plan logged its decision itself (both calls) for the retry to find.
+    logged = [(d.step_index, d.usage.input_tokens) for d in listed.decisions]
+    assert logged == ([(1, 1000)] if step_key else [])
     usage = task.totals.usage
     assert (usage.input_tokens, usage.output_tokens) == (1000, 200)
     assert usage.cost_usd == pytest.approx(0.006)
     assert (spend.today.input_tokens, spend.today.output_tokens) == (1000, 200)
     (row,) = spend.rows
-    assert (row.host_id, row.model, row.decisions) == ("h1", "claude-sonnet-4-6", 0)
+    assert (row.host_id, row.model, row.decisions) == (
+        "h1",
+        "claude-sonnet-4-6",
+        1 if step_key else 0,
+    )
 
 
 async def test_a_step_its_host_never_asks_for_again_is_logged_when_planned(
