@@ -217,6 +217,8 @@ class CloudServer:
         self.leases.dispatcher.holds = self.holds
         self.budgets = CloudBudgets(self.store, settings, self.holds)
         self.leases.dispatcher.daily_spent = self.budgets.daily_spent
+        self.leases.dispatcher.fleet_day = self.budgets.fleet_day_known
+        self.leases.fleet_day = self.budgets.fleet_day
         self.holds.on_lifted.append(self.leases.dispatcher.wake.set)
         self.bus.on_holds.append(self.leases.dispatcher.wake.set)
         self.embedder = _embedder(settings)

@@ -54,7 +54,7 @@ from host import metrics
 from host.agent.loop import TaskOutcome, TaskSpec
 from host.agent.progress import ProgressHolder, ProgressSnapshot, truncate
 from host.devices.registry import DeviceInfo, reported
-from planner.budget import Budget
+from planner.budget import Budget, FleetDay
 from planner.convert import usage_from_proto
 
 log = logging.getLogger(__name__)
@@ -155,6 +155,13 @@ def backoff_delay(
 def _duration_s(d: duration_pb2.Duration, default: float) -> float:
     seconds = d.ToTimedelta().total_seconds()
     return float(seconds) if seconds > 0 else default
+
+
+def _heard(fleet_day: FleetDay, said: lease_service_pb2.FleetDay) -> None:
+    """The cloud's word on the fleet's day (an assignment's or a renewal's), for the attempt's
+    direct planner to check before its next model call."""
+    caps = Budget(said.caps.max_tokens, said.caps.max_cost_usd)
+    fleet_day.heard(caps, said.day, usage_from_proto(said.spent))
 
 
 def _mono_expiry(
@@ -451,6 +458,8 @@ class LeaseClient:
                     rt.lease_s,
                     r.lease_remaining if r.HasField("lease_remaining") else None,
                 )
+                if r.HasField("fleet_day"):
+                    _heard(rt.spec.fleet_day, r.fleet_day)
         elif kind == "revoked":
             metrics.renewals.labels(outcome="revoked").inc()
             self._on_revoked(response.revoked)
@@ -531,6 +540,8 @@ class LeaseClient:
             budget=Budget(a.budget.max_tokens, a.budget.max_cost_usd),
             spent=usage_from_proto(a.spent),
         )
+        if a.HasField("fleet_day"):
+            _heard(spec.fleet_day, a.fleet_day)
         refusal, problem = self._cannot_run(a.device_serial)
         if problem:
             # Not the task's fault, and nothing ran: the cloud queues it again without counting

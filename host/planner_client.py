@@ -20,7 +20,7 @@ import grpc
 from amc.v1 import planner_service_pb2, planner_service_pb2_grpc, types_pb2
 from host import metrics
 from planner import budget
-from planner.budget import Budget
+from planner.budget import Budget, FleetDay
 from planner.convert import decision_from_proto
 from planner.decision import Decision, Usage
 from planner.errors import RETRY_AFTER_KEY, WAITING_FOR_KEY, BudgetExhausted, PlannerError
@@ -248,7 +248,9 @@ class DirectPlanner:
     the task spent before this attempt (`spent`, the cloud's tally) plus this attempt's own
     model calls (a failed decision's answered calls too: they were billed, and a step that
     failed as temporarily impossible is asked again): once a cap is reached no further call is
-    made (`BudgetExhausted`).
+    made (`BudgetExhausted`). So are the fleet's daily caps (`fleet_day`, as the cloud said
+    with the assignment and each renewal, plus what this attempt spent since), as Decide checks
+    them on the cloud transport.
     """
 
     def __init__(
@@ -257,6 +259,7 @@ class DirectPlanner:
         flows: Sequence[types_pb2.Flow] = (),
         budget: Budget | None = None,
         spent: Usage | None = None,
+        fleet_day: FleetDay | None = None,
     ) -> None:
         self.engine = engine
         self.flows = tuple(flows)
@@ -265,6 +268,7 @@ class DirectPlanner:
         self.spent = Usage()
         if spent is not None:
             self.spent.add(spent)
+        self.fleet_day = fleet_day or FleetDay()
 
     async def decide(
         self,
@@ -274,6 +278,7 @@ class DirectPlanner:
         screenshot: bytes | None = None,
     ) -> Decision:
         refusal = budget.exhausted(self.budget, self.spent) if self.budget else None
+        refusal = refusal or self.fleet_day.refusal()
         if refusal:
             metrics.budget_refusals.inc()
             raise BudgetExhausted(refusal)
@@ -291,10 +296,12 @@ class DirectPlanner:
         except PlannerError as err:
             if err.billed is not None:  # billed, though no decision came of it
                 self.spent.add(err.billed.usage)
+                self.fleet_day.spend(err.billed.usage)
             raise
         self.steps = with_outcome(self.steps, outcome)
         self.steps.append(PastStep.from_decision(decision, len(self.steps) + 1))
         self.spent.add(decision.usage)
+        self.fleet_day.spend(decision.usage)
         return decision
 
     async def aclose(self) -> None:

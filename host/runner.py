@@ -366,13 +366,18 @@ async def _run_task(
             flows=spec.flows,
             budget=spec.budget,
             spent=spec.spent,
+            fleet_day=spec.fleet_day,
         )
         planner = ClearingPlanner(session, app.thinking, spec.task_id, spec.attempt)
     elif app.direct_planner is not None:
         planner = app.direct_planner
     elif app.compact_engine is not None:
         planner = DirectPlanner(
-            app.compact_engine, spec.flows, budget=spec.budget, spent=spec.spent
+            app.compact_engine,
+            spec.flows,
+            budget=spec.budget,
+            spent=spec.spent,
+            fleet_day=spec.fleet_day,
         )
     else:
         # The cloud transport: the cloud chooses compact or session mode itself.

@@ -10,7 +10,7 @@ words: "budget exhausted: 10,412 tokens of the task's 10,000".
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from planner.decision import Usage
 
@@ -40,3 +40,38 @@ def exhausted(budget: Budget, spent: Usage, whose: str = "the task's") -> str | 
     if budget.max_cost_usd > 0 and spent.cost_usd >= budget.max_cost_usd:
         return f"{PREFIX}{dollars(spent.cost_usd)} of {whose} {dollars(budget.max_cost_usd)}"
     return None
+
+
+@dataclass(slots=True)
+class FleetDay:
+    """The fleet's daily caps as a direct-transport host sees them: the cloud's tally of today
+    as it last said (the assignment, then each renewal: `heard`), plus what this attempt spent
+    since (`spend`). Checked before each model call as Decide checks it on the cloud transport.
+
+    Exact within a renewal interval: what other hosts spend reaches it with the next renewal,
+    and what this host spent but had not yet shipped when the cloud answered is left out
+    until the next (the outbox ships within about a second)."""
+
+    caps: Budget = Budget()
+    day: str = ""
+    said: Usage = field(default_factory=Usage)
+    since: Usage = field(default_factory=Usage)
+
+    def heard(self, caps: Budget, day: str, spent: Usage) -> None:
+        """The cloud's word: its caps, and what the fleet spent that UTC day."""
+        self.caps, self.day, self.said, self.since = caps, day, spent, Usage()
+
+    def spend(self, usage: Usage) -> None:
+        """This attempt's model calls since the cloud's last word."""
+        self.since.add(usage)
+
+    def refusal(self) -> str | None:
+        """Why no further call may be made today ("budget exhausted: … of the fleet's daily
+        … (UTC day …)", Decide's words), or None."""
+        if not self.caps:
+            return None
+        total = Usage()
+        total.add(self.said)
+        total.add(self.since)
+        why = exhausted(self.caps, total, whose="the fleet's daily")
+        return None if why is None else f"{why} (UTC day {self.day})"

@@ -55,10 +55,16 @@ class Dispatcher:
         #: Why today's fleet budget is spent, or None (the day's tally against this replica's
         #: cap, asked each round: no host gets a new task while it is spent).
         self.daily_spent: Callable[[], Awaitable[str | None]] | None = None
+        #: The fleet's daily caps and today's tally as last read, for a direct-transport
+        #: host's assignment (None: no cap).
+        self.fleet_day: Callable[[], lease_pb.FleetDay | None] | None = None
         bus.on_queued.append(self.wake.set)
 
     def _assignment(
-        self, claimed: leases.Claimed, flows: Sequence[types_pb2.Flow] = ()
+        self,
+        session: HostSession,
+        claimed: leases.Claimed,
+        flows: Sequence[types_pb2.Flow] = (),
     ) -> lease_pb.LeaseResponse:
         """The Assignment for a claim, with the task's secrets opened for the lease holder and
         the learned flows chosen for it.
@@ -75,7 +81,12 @@ class Dispatcher:
             except SecretUnreadable as exc:
                 log.error("task %s: secret %r left out of its assignment: %s",
                           claimed.task_id, name, exc)  # fmt: skip
-        return messages.assignment(claimed, opened, flows)
+        response = messages.assignment(claimed, opened, flows)
+        direct = session.planner_transport == types_pb2.PLANNER_TRANSPORT_DIRECT
+        day = self.fleet_day() if direct and self.fleet_day is not None else None
+        if day is not None:  # the host checks it before each model call, as Decide does
+            response.assignment.fleet_day.CopyFrom(day)
+        return response
 
     def paused_for(self, session: HostSession) -> bool:
         """Whether the model provider's hold keeps new tasks from this host: it plans through
@@ -186,7 +197,7 @@ class Dispatcher:
                     return got
                 session.mark_busy(claimed.device_serial)
                 session.granted.add(held)
-                session.send(self._assignment(claimed, flows))
+                session.send(self._assignment(session, claimed, flows))
                 if claimed.queued_since is not None:
                     waited = (self.store.now() - claimed.queued_since).total_seconds()
                     metrics.current().dispatch_latency.observe(max(0.0, waited))
@@ -233,7 +244,7 @@ class Dispatcher:
                     handed = await self.flows.handed(claimed.task_id, claimed.attempt, claimed.goal)
                 except Exception:
                     log.exception("reading the flows of %s failed", claimed.task_id)
-            session.send(self._assignment(claimed, handed))
+            session.send(self._assignment(session, claimed, handed))
             self.bus.tasks_changed([claimed.task_id])
         return True
 

@@ -86,6 +86,9 @@ class LeaseManager:
         self.sweeper = Sweeper(store, bus, self.clock)
         #: Called when an attempt ended with a result (the flow-learning loop wakes up).
         self.on_ended: list[Callable[[], None]] = []
+        #: The fleet's daily caps and today's tally, for a direct-transport host's renewals
+        #: (None: no cap; the host then checks only its task's caps).
+        self.fleet_day: Callable[[], Awaitable[lease_pb.FleetDay | None]] | None = None
         self._jobs: list[asyncio.Task[None]] = []
         self._closings: set[asyncio.Task[None]] = set()
         self._stopping = False
@@ -424,15 +427,18 @@ class LeaseManager:
         )
         if out.expires_at is not None:
             metrics.current().renewal("acked")
-            return lease_pb.LeaseResponse(
-                renewed=lease_pb.Renewed(
-                    task_id=msg.task_id,
-                    attempt=msg.attempt,
-                    lease_id=msg.lease_id,
-                    lease_expires_at=convert.ts(out.expires_at),
-                    lease_remaining=convert.remaining(out.expires_at),
-                )
+            renewed = lease_pb.Renewed(
+                task_id=msg.task_id,
+                attempt=msg.attempt,
+                lease_id=msg.lease_id,
+                lease_expires_at=convert.ts(out.expires_at),
+                lease_remaining=convert.remaining(out.expires_at),
             )
+            direct = session.planner_transport == types_pb2.PLANNER_TRANSPORT_DIRECT
+            day = await self.fleet_day() if direct and self.fleet_day is not None else None
+            if day is not None:  # what the fleet spent meanwhile, for the host's next calls
+                renewed.fleet_day.CopyFrom(day)
+            return lease_pb.LeaseResponse(renewed=renewed)
         await self._record_revoked(session.host_id, msg.task_id, msg.attempt, out.revocation)
         why = out.revocation.name.lower() if out.revocation is not None else "unknown"
         metrics.current().renewal(why)

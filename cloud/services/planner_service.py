@@ -10,6 +10,7 @@ host, step and model on the server span and on every log line the call writes.
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -19,7 +20,7 @@ import grpc
 from opentelemetry import trace
 from sqlalchemy import exc as sa_exc
 
-from amc.v1 import planner_service_pb2, planner_service_pb2_grpc
+from amc.v1 import lease_service_pb2, planner_service_pb2, planner_service_pb2_grpc, types_pb2
 from cloud import authz, metrics
 from cloud.dispatch_holds import DispatchHolds
 from cloud.events import EventBus
@@ -38,6 +39,8 @@ from cloud.store.ports import (
     StoreSessionStore,
 )
 from planner.budget import Budget, exhausted
+from planner.convert import usage_to_proto
+from planner.decision import Usage
 from planner.errors import REFUSED_BY_KEY, REFUSED_BY_LEASE, WAITING_FOR_KEY
 from planner.vendors.base import Probeable
 from planner.vendors.observed import ObservedAdapter
@@ -206,6 +209,33 @@ class CloudBudgets:
         if found is None:
             return Hold(holds.DAILY_BUDGET, why, self._store.now(), "")
         return Hold(holds.DAILY_BUDGET, why, found.set_at, found.set_by)
+
+    def _fleet_day(self, day: dt.datetime, spent: Usage) -> lease_service_pb2.FleetDay:
+        return lease_service_pb2.FleetDay(
+            caps=types_pb2.TaskBudget(
+                max_tokens=self._daily.max_tokens, max_cost_usd=self._daily.max_cost_usd
+            ),
+            spent=usage_to_proto(spent),
+            day=f"{day:%Y-%m-%d}",
+        )
+
+    async def fleet_day(self) -> lease_service_pb2.FleetDay | None:
+        """The daily caps and today's tally (read at most once a second), for a renewal of a
+        direct-transport host, which checks them before each model call; None without a cap."""
+        if not self._daily:
+            return None
+        today = start_of_day(self._store.now())
+        return self._fleet_day(today, await self.spend.today(today))
+
+    def fleet_day_known(self) -> lease_service_pb2.FleetDay | None:
+        """The same without reading (an assignment is sent right after its claim, with no
+        wait between): the tally as the dispatcher read it before the claim; None without a
+        cap or before today's first read."""
+        if not self._daily:
+            return None
+        today = start_of_day(self._store.now())
+        spent = self.spend.known(today)
+        return None if spent is None else self._fleet_day(today, spent)
 
     async def refusal(self, task_id: str) -> str | None:
         found = await tasks.budget_and_spent(self._store, task_id)

@@ -228,6 +228,11 @@ class DailySpend:
         self._own.append((self._monotonic(), usage))
         self._value = _total(self._value, usage)
 
+    def known(self, day: dt.datetime) -> Usage | None:
+        """What the fleet's decisions since `day` cost as last read (and counted since), without
+        reading: None before the first read of that day."""
+        return _total(self._value) if day == self._day else None
+
     async def today(self, day: dt.datetime) -> Usage:
         """What the fleet's decisions since `day` (midnight UTC, today) cost."""
         if day == self._day and self._monotonic() < self._fresh_until:

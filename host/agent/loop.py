@@ -43,7 +43,7 @@ from host.planner_client import CloudPlanError, StepPlanner
 from host.timeline.record import TimelineRecord, screen_record
 from host.timeline.store import TimelineStore
 from planner import secret_refs
-from planner.budget import Budget
+from planner.budget import Budget, FleetDay
 from planner.decision import Billed, Decision, Usage
 from planner.errors import PlannerError, take_billed, take_in_flight
 from planner.history import WorldEvent
@@ -86,6 +86,9 @@ class TaskSpec:
     #: the direct transport checks them before each model call.
     budget: Budget = field(default_factory=Budget)
     spent: Usage = field(default_factory=Usage)
+    #: The fleet's daily caps and today's spending as the cloud last said (the assignment,
+    #: then each renewal updates it in place); the direct transport checks them too.
+    fleet_day: FleetDay = field(default_factory=FleetDay)
 
 
 @dataclass(slots=True)

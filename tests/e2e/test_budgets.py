@@ -363,6 +363,51 @@ async def test_a_direct_host_counts_the_model_call_in_flight_at_a_cancel_once_it
     assert len(fake_model.bodies("/v1/messages")) == 2
 
 
+async def test_a_direct_host_stops_calling_the_model_within_a_task_at_the_fleet_s_daily_cap(
+    tmp_path: Path, fake_model: FakeModelServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Direct transport, a daily cap of 1,500 tokens. The first task spends 600 (shipped and
+    counted), so the second is handed out (600 of 1,500). Its assignment says so: its first
+    call brings the day to 1,200, its second to 1,800, and no third call is made: the attempt
+    fails, not retried, with the words Decide uses for the daily cap on the cloud transport.
+    (Before, the host knew only its task's caps and went on calling the model all task long.)"""
+    monkeypatch.setenv("AMC_CLOUD_DAILY_MAX_TOKENS", "1500")
+    done = anthropic_message(
+        tool_use("complete", {"success": True, "reason": "opened"}),
+        input_tokens=500,
+        output_tokens=100,
+    )
+    fake_model.anthropic_script.clear()
+    fake_model.script_anthropic(
+        done, _launch("com.android.settings"), _launch("com.android.contacts"), done
+    )
+    async with embedded_stack(tmp_path / "stack", transport="direct") as stack:
+        ops = stack.operator
+
+        async def submit(goal: str) -> str:
+            request = task_service_pb2.SubmitTaskRequest(goal=goal)
+            task_id: str = (await ops.tasks.SubmitTask(request)).task.task_id
+            return task_id
+
+        first = await submit("Say done")
+        await follow_tasks(ops, [first], Console(file=io.StringIO()), 30)
+
+        async def shipped() -> bool:
+            today = start_of_day(stack.cloud.store.now())
+            return (await stack.cloud.budgets.spend.today(today)).input_tokens == 500
+
+        await until(shipped, what="the first task's decision shipped and counted")
+        second = await submit("Open two apps")
+        ended = await follow_tasks(ops, [second], Console(file=io.StringIO()), 30)
+    task = ended[second]
+    assert task.status == types_pb2.TASK_STATUS_FAILED, task.result_summary
+    assert task.result_summary.startswith(
+        "budget exhausted: 1,800 tokens of the fleet's daily 1,500 (UTC day "
+    ), task.result_summary
+    assert task.attempt == 1  # not retried
+    assert len(fake_model.bodies("/v1/messages")) == 3, "no call past the daily cap"
+
+
 async def test_a_direct_host_gets_no_new_task_once_the_fleet_s_daily_cap_is_spent(
     tmp_path: Path, fake_model: FakeModelServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -425,6 +425,7 @@ class Assignment(_message.Message):
     BUDGET_FIELD_NUMBER: _builtins.int
     SPENT_FIELD_NUMBER: _builtins.int
     LEASE_REMAINING_FIELD_NUMBER: _builtins.int
+    FLEET_DAY_FIELD_NUMBER: _builtins.int
     task_id: _builtins.str
     """Task id."""
     attempt: _builtins.int
@@ -507,6 +508,14 @@ class Assignment(_message.Message):
         needs the two clocks to agree. Unset from clouds before it: use `lease_expires_at`.
         """
 
+    @_builtins.property
+    def fleet_day(self) -> Global___FleetDay:
+        """The fleet's daily model budget and what the fleet spent today, for a host that calls the
+        model itself (direct transport) to check before each call, as Decide does on the cloud
+        transport. Renewals bring it up to date (Renewed.fleet_day). Unset on the cloud transport,
+        when the fleet has no daily cap, and from clouds before it.
+        """
+
     def __init__(
         self,
         *,
@@ -527,14 +536,54 @@ class Assignment(_message.Message):
         budget: _types_pb2.TaskBudget | None = ...,
         spent: _types_pb2.Usage | None = ...,
         lease_remaining: _duration_pb2.Duration | None = ...,
+        fleet_day: Global___FleetDay | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["budget", b"budget", "deadline", b"deadline", "flow", b"flow", "last_progress", b"last_progress", "lease_duration", b"lease_duration", "lease_expires_at", b"lease_expires_at", "lease_remaining", b"lease_remaining", "renew_interval", b"renew_interval", "spent", b"spent"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["budget", b"budget", "deadline", b"deadline", "fleet_day", b"fleet_day", "flow", b"flow", "last_progress", b"last_progress", "lease_duration", b"lease_duration", "lease_expires_at", b"lease_expires_at", "lease_remaining", b"lease_remaining", "renew_interval", b"renew_interval", "spent", b"spent"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["alternatives", b"alternatives", "attempt", b"attempt", "budget", b"budget", "deadline", b"deadline", "device_serial", b"device_serial", "flow", b"flow", "goal", b"goal", "last_progress", b"last_progress", "lease_duration", b"lease_duration", "lease_expires_at", b"lease_expires_at", "lease_id", b"lease_id", "lease_remaining", b"lease_remaining", "renew_interval", b"renew_interval", "resumed", b"resumed", "secrets", b"secrets", "spent", b"spent", "task_id", b"task_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["alternatives", b"alternatives", "attempt", b"attempt", "budget", b"budget", "deadline", b"deadline", "device_serial", b"device_serial", "fleet_day", b"fleet_day", "flow", b"flow", "goal", b"goal", "last_progress", b"last_progress", "lease_duration", b"lease_duration", "lease_expires_at", b"lease_expires_at", "lease_id", b"lease_id", "lease_remaining", b"lease_remaining", "renew_interval", b"renew_interval", "resumed", b"resumed", "secrets", b"secrets", "spent", b"spent", "task_id", b"task_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___Assignment: _TypeAlias = Assignment  # noqa: Y015
+
+@_typing.final
+class FleetDay(_message.Message):
+    """The fleet's daily model budget as the cloud's tally stands when it answers. A host adds
+    what its own attempt spent since and, once a cap is reached, makes no further call: the
+    attempt fails (not retried) with "budget exhausted: … of the fleet's daily …", as a Decide
+    refused for the daily cap does. What other hosts spend meanwhile reaches it with the next
+    renewal.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CAPS_FIELD_NUMBER: _builtins.int
+    SPENT_FIELD_NUMBER: _builtins.int
+    DAY_FIELD_NUMBER: _builtins.int
+    day: _builtins.str
+    """That UTC day, YYYY-MM-DD."""
+    @_builtins.property
+    def caps(self) -> _types_pb2.TaskBudget:
+        """The daily caps (0: no cap of that kind)."""
+
+    @_builtins.property
+    def spent(self) -> _types_pb2.Usage:
+        """What every model call the cloud has recorded since 00:00 UTC cost."""
+
+    def __init__(
+        self,
+        *,
+        caps: _types_pb2.TaskBudget | None = ...,
+        spent: _types_pb2.Usage | None = ...,
+        day: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["caps", b"caps", "spent", b"spent"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["caps", b"caps", "day", b"day", "spent", b"spent"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___FleetDay: _TypeAlias = FleetDay  # noqa: Y015
 
 @_typing.final
 class LeaseRenewal(_message.Message):
@@ -583,6 +632,7 @@ class Renewed(_message.Message):
     LEASE_ID_FIELD_NUMBER: _builtins.int
     LEASE_EXPIRES_AT_FIELD_NUMBER: _builtins.int
     LEASE_REMAINING_FIELD_NUMBER: _builtins.int
+    FLEET_DAY_FIELD_NUMBER: _builtins.int
     task_id: _builtins.str
     """Task id."""
     attempt: _builtins.int
@@ -599,6 +649,12 @@ class Renewed(_message.Message):
         Assignment.lease_remaining: a host's deadline that does not depend on its wall clock).
         """
 
+    @_builtins.property
+    def fleet_day(self) -> Global___FleetDay:
+        """The fleet's daily budget and today's spending as of this answer (see
+        Assignment.fleet_day), for a direct-transport host when the fleet has a daily cap.
+        """
+
     def __init__(
         self,
         *,
@@ -607,10 +663,11 @@ class Renewed(_message.Message):
         lease_id: _builtins.str = ...,
         lease_expires_at: _timestamp_pb2.Timestamp | None = ...,
         lease_remaining: _duration_pb2.Duration | None = ...,
+        fleet_day: Global___FleetDay | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["lease_expires_at", b"lease_expires_at", "lease_remaining", b"lease_remaining"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["fleet_day", b"fleet_day", "lease_expires_at", b"lease_expires_at", "lease_remaining", b"lease_remaining"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "lease_expires_at", b"lease_expires_at", "lease_id", b"lease_id", "lease_remaining", b"lease_remaining", "task_id", b"task_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "fleet_day", b"fleet_day", "lease_expires_at", b"lease_expires_at", "lease_id", b"lease_id", "lease_remaining", b"lease_remaining", "task_id", b"task_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
