@@ -316,7 +316,7 @@ def build_host(
         initial_s=settings.outbox_retry_initial_s,
         max_s=settings.outbox_retry_max_s,
     )
-    lease.on_welcome.append(sender.retry_now.set)
+    lease.on_welcome.append(sender.cloud_back)
     app = HostApp(
         settings=settings,
         store=store,

@@ -16,6 +16,14 @@ otherwise hold every item behind it for good. A
 refused batch is split so one bad item does not take its neighbours down with it (each of its
 items is given the same chance again). Every item carries its own id, so a batch the cloud
 took but whose answer was lost is simply taken again without effect.
+
+A cloud older than a kind of item may refuse it for what it lacks: a cloud from before
+`ShipDecisionsRequest.failed_calls` reads a request carrying only them as one with no entries
+("entries: at least one", `PREDATES`). Such a batch is neither refused (its spending would be
+lost for good, though the upgraded cloud would take it) nor tried again and again: it is set
+aside, out of the way of the items after it, and brought back in line whenever the lease
+stream is welcomed again (`cloud_back`: an upgrade restarts the cloud) and at the sender's
+start.
 """
 
 from __future__ import annotations
@@ -32,7 +40,7 @@ from google.protobuf.message import DecodeError
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, wait_random_exponential
 
 from host.cloud_channel import MAX_MESSAGE_BYTES
-from host.outbox.kinds import KINDS, Kind
+from host.outbox.kinds import FAILED_CALLS, KINDS, Kind
 from host.outbox.store import OutboxItem, OutboxStore
 
 log = logging.getLogger(__name__)
@@ -58,6 +66,9 @@ SUSPECT = frozenset({grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN})
 GIVE_UP_TRIES = 10
 GIVE_UP_S = 600.0
 HEAD = 200
+#: What a cloud from before an item kind answers to a request of that kind alone: (kind, code,
+#: the exact words). Clouds before `failed_calls` checked only for entries.
+PREDATES = frozenset({(FAILED_CALLS, grpc.StatusCode.INVALID_ARGUMENT, "entries: at least one")})
 #: An item whose request is bigger than a message may be (less room for the request around a
 #: shipped decision) is never sent: gRPC refuses it with RESOURCE_EXHAUSTED, a code otherwise
 #: waited out, and it would hold every item after it for ever.
@@ -78,6 +89,13 @@ def transient(exc: BaseException) -> bool:
 def _suspect(exc: BaseException | None) -> bool:
     """Whether the failure may be the cloud's bug on what the batch carries (`SUSPECT`)."""
     return isinstance(exc, grpc.aio.AioRpcError) and exc.code() in SUSPECT
+
+
+def _predates(kind: str, exc: BaseException) -> bool:
+    """Whether a cloud older than this kind of item refused it for what it lacks (`PREDATES`)."""
+    if not isinstance(exc, grpc.aio.AioRpcError):
+        return False
+    return (kind, exc.code(), exc.details()) in PREDATES
 
 
 def _describe(exc: BaseException) -> str:
@@ -127,10 +145,19 @@ class OutboxSender:
         self.wake = asyncio.Event()
         #: Try the waiting batch now (the lease stream just reconnected: the cloud is back).
         self.retry_now = asyncio.Event()
+        #: Bring the items set aside for an older cloud back in line (at start; `cloud_back`).
+        self._bring_back = True
         #: The backlog changed (written, sent or refused): whoever reports it looks again.
         self.changed = asyncio.Event()
         self.last_error: str | None = None
         store.add_listener(self.notify)
+
+    def cloud_back(self) -> None:
+        """The lease stream was welcomed (again): the cloud may have been upgraded since it
+        could not take some items (`PREDATES`), and a waiting batch may go now."""
+        self._bring_back = True
+        self.retry_now.set()
+        self.wake.set()
 
     def notify(self) -> None:
         """An item was written (any thread): wake the sender, tell the backlog reporter."""
@@ -159,6 +186,13 @@ class OutboxSender:
         try:
             while not stop.is_set():
                 self.wake.clear()
+                if self._bring_back:
+                    self._bring_back = False
+                    back = await asyncio.to_thread(self.store.bring_back)
+                    if back:
+                        log.info(
+                            "outbox: %d item(s) set aside for an older cloud tried again", back
+                        )
                 items = await asyncio.to_thread(self.store.head, HEAD)
                 if not items:
                     await self._idle(stop)
@@ -258,6 +292,16 @@ class OutboxSender:
         except _Stopped:
             raise
         except Exception as exc:  # refused for good, or failed on too often (`again`)
+            if _predates(kind.name, exc):
+                self.last_error = _describe(exc)
+                log.warning(
+                    "outbox: %d %s item(s) kept for a newer cloud (this one cannot take them: "
+                    "%s); tried again when the cloud reconnects",
+                    len(batch), kind.name, self.last_error,
+                )  # fmt: skip
+                await asyncio.to_thread(self.store.set_aside, seqs, self.last_error)
+                self.changed.set()
+                return
             if len(batch) > 1:  # find the one the cloud cannot take; send the others
                 await asyncio.to_thread(self.store.forgive, seqs)
                 for item in batch:

@@ -182,6 +182,22 @@ class OutboxStore:
                 [(s,) for s in seqs],
             )
 
+    def set_aside(self, seqs: Sequence[int], error: str) -> None:
+        """The cloud cannot take these yet (it predates their kind): kept whole, out of the
+        way of the items after them, until `bring_back`."""
+        with self._lock:
+            self._db.executemany(
+                "UPDATE outbox SET state = 'later', tries = tries + 1, last_error = ?"
+                " WHERE seq = ?",
+                [(error[:2000], s) for s in seqs],
+            )
+
+    def bring_back(self) -> int:
+        """Items set aside go back in line (in their order), to be tried again: how many."""
+        with self._lock:
+            cursor = self._db.execute("UPDATE outbox SET state = 'pending' WHERE state = 'later'")
+            return int(cursor.rowcount)
+
     def refused(self, seq: int, error: str) -> None:
         """The cloud refused this item for good: kept, marked, never sent again."""
         with self._lock:
@@ -226,7 +242,7 @@ class OutboxStore:
         with self._lock:
             items, decisions, oldest = self._db.execute(
                 "SELECT COUNT(*), COUNT(DISTINCT CASE WHEN kind = 'decision' THEN item_id END),"
-                " MIN(created_at) FROM outbox WHERE state = 'pending'"
+                " MIN(created_at) FROM outbox WHERE state IN ('pending', 'later')"
             ).fetchone()
             (refused,) = self._db.execute(
                 "SELECT COUNT(*) FROM outbox WHERE state = 'refused'"

@@ -21,6 +21,7 @@ from amc.v1 import (
     decision_log_service_pb2,
     decision_log_service_pb2_grpc,
     lease_service_pb2,
+    task_service_pb2,
     types_pb2,
 )
 from cloud import pki, revocations
@@ -29,7 +30,7 @@ from cloud.settings import CloudSettings
 from host.outbox import OutboxSender, OutboxStore
 from host.outbox.kinds import DECISION, SCREENSHOT
 from host.outbox.shipments import Shipments
-from planner.decision import MAX_MODEL_TEXT, MAX_THINKING_BLOCK_BYTES
+from planner.decision import MAX_MODEL_TEXT, MAX_THINKING_BLOCK_BYTES, Billed, Usage
 from planner.planner import Planner
 from planner.prompts import build_user_prompt
 from planner.scene import Scene
@@ -569,3 +570,97 @@ async def test_a_thinking_block_or_rationale_over_the_decision_log_s_limit_is_cu
     head, marker = rows.decisions[0].rationale.rsplit("\n\n", 1)
     assert said.startswith(head)
     assert marker.startswith(f"[… cut here: this rationale is {len(said.strip()):,} bytes")
+
+
+class _CloudBeforeFailedCalls(decision_log_service_pb2_grpc.DecisionLogServiceServicer):
+    """ShipDecisions as a cloud from before `failed_calls` answered it (its check, verbatim:
+    the field is unknown to it, so a request carrying only failed calls has no entries). A
+    stand-in: an older cloud cannot run beside this code in one process."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    async def ShipDecisions(self, request: Any, context: Any) -> Any:
+        self.calls += 1
+        if not request.entries:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "entries: at least one")
+        return decision_log_service_pb2.ShipDecisionsResponse()
+
+
+@contextlib.asynccontextmanager
+async def _older_cloud(pki_dir: Path, port: int) -> AsyncIterator[_CloudBeforeFailedCalls]:
+    servicer = _CloudBeforeFailedCalls()  # type: ignore[abstract]  # serves ShipDecisions only
+    server = grpc.aio.server()
+    decision_log_service_pb2_grpc.add_DecisionLogServiceServicer_to_server(servicer, server)
+    creds = grpc.ssl_server_credentials(
+        [((pki_dir / "server.key").read_bytes(), (pki_dir / "server.pem").read_bytes())],
+        root_certificates=(pki_dir / "ca.pem").read_bytes(),
+        require_client_auth=True,
+    )
+    server.add_secure_port(f"127.0.0.1:{port}", creds)
+    await server.start()
+    try:
+        yield servicer
+    finally:
+        await server.stop(0.2)
+
+
+async def test_failed_calls_an_older_cloud_cannot_take_wait_for_a_newer_one(
+    tmp_path: Path,
+) -> None:
+    """A direct host ships a failed decision's billed calls to a cloud from before
+    `failed_calls`, which refuses the request as one without entries. They are neither refused
+    for good (lost) nor tried again and again: set aside, while the decision written after
+    them goes; once the cloud is upgraded (the lease stream welcomed again) they are sent and
+    counted in the task's totals."""
+    pki_dir = pki.ensure_embedded_pki(tmp_path, ["h1"], operator="ops")
+    port = free_port()
+    settings = _settings(tmp_path, pki_dir, port)
+    address = f"127.0.0.1:{port}"
+    async with _cloud(settings) as cloud:  # a lease of h1's, from the cloud before its downgrade
+        host = ScriptedHost(cloud.address, pki_dir, "h1")
+        ops_ch = channel(cloud.address, pki_dir, "operator-ops")
+        await host.connect(["s1"], transport=types_pb2.PLANNER_TRANSPORT_DIRECT)
+        await submit(tasks_stub(ops_ch), target=types_pb2.TaskTarget(host_id="h1"))
+        a = (await host.next("assignment")).assignment
+        await host.close()
+        await ops_ch.close()
+    store = OutboxStore(tmp_path / "outbox.sqlite3")
+    shipments = Shipments(store, "direct")
+    sender = OutboxSender(
+        store, lambda: channel(address, pki_dir, "host-h1"), initial_s=0.05, max_s=0.5
+    )
+    billed = Billed("anthropic", "claude-sonnet-4-6", Usage(2000, 400, cost_usd=0.012))
+    shipments.failed_calls(a.task_id, a.attempt, a.lease_id, billed, "PlannerError")
+    store.put(DECISION, "d1", shipped(a, "d1").SerializeToString())
+    stop = asyncio.Event()
+    running = asyncio.create_task(sender.run(stop))
+    try:
+        async with _older_cloud(pki_dir, port) as older:
+            await _until(lambda: older.calls >= 2, "the failed calls and the decision tried")
+            await _until(lambda: store.head(1) == [], "nothing left in line")
+            assert older.calls == 2, "tried once, not again and again"
+            backlog = store.backlog()
+            assert (backlog.items, backlog.refused) == (1, 0), "kept, not refused"
+            sender.cloud_back()  # a welcome from the same older cloud: one more try, no loop
+            await _until(lambda: older.calls == 3, "tried once more after the welcome")
+            await _until(lambda: store.head(1) == [], "set aside again")
+            assert store.backlog().refused == 0
+
+        async with _cloud(settings) as cloud:  # upgraded, on the same database
+            sender.cloud_back()  # what a lease stream's Welcome does
+            await _until(lambda: store.backlog().items == 0, "the failed calls sent")
+            ops_ch = channel(cloud.address, pki_dir, "operator-ops")
+            try:
+                got = await tasks_stub(ops_ch).GetTask(
+                    task_service_pb2.GetTaskRequest(task_id=a.task_id)
+                )
+            finally:
+                await ops_ch.close()
+            usage = got.task.totals.usage
+            assert (usage.input_tokens, usage.output_tokens) == (2000, 400)
+            assert store.backlog().refused == 0
+    finally:
+        stop.set()
+        await running
+        store.close()
