@@ -63,8 +63,8 @@ async def cloud_run(
 ) -> Run:
     """The task as the cloud knows it (gRPC errors propagate: NOT_FOUND for an unknown task)."""
     task = await cloud.get_task(task_id)
-    decisions, failed, _ = await cloud.decision_log(task.task_id, include_observation=True)
-    return await run_from_cloud(task, decisions, screenshots, failed)
+    decisions, failed, pruned = await cloud.decision_log(task.task_id, include_observation=True)
+    return await run_from_cloud(task, decisions, screenshots, failed, pruned)
 
 
 async def export_task(

@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from datetime import UTC
 from typing import Literal, Protocol
 
 from amc.v1 import decision_log_service_pb2, types_pb2
-from export.run import FailedCalls, Judged, Outcome, Run, Step
+from export.run import FailedCalls, Judged, Outcome, Pruned, Run, Step
 from planner.convert import thinking_kind_from_proto, usage_from_proto
 from planner.decision import ThinkingBlock, Usage
 from planner.observation import scene_from_observation
@@ -140,6 +141,7 @@ async def run_from_cloud(
     decisions: Sequence[types_pb2.Decision],
     screenshots: ScreenshotSource = NO_SCREENSHOTS,
     failed_calls: Sequence[decision_log_service_pb2.FailedCalls] = (),
+    pruned: decision_log_service_pb2.PrunedRecord | None = None,
 ) -> Run:
     """The run as the cloud knows it: the task's goal and result, every logged decision, and
     what the failed decisions' billed calls cost (ListDecisionsResponse.failed_calls)."""
@@ -154,6 +156,14 @@ async def run_from_cloud(
         failed_calls=[
             FailedCalls(f.attempt, f.decisions, usage_from_proto(f.usage)) for f in failed_calls
         ],
+        pruned=None
+        if pruned is None
+        else Pruned(
+            pruned.decisions,
+            pruned.failed_decisions,
+            pruned.pruned_at.ToDatetime(tzinfo=UTC) if pruned.HasField("pruned_at") else None,
+            usage_from_proto(pruned.usage),
+        ),
     )
     for d in decisions:
         step = step_from_decision(d, attempts.get(d.attempt))

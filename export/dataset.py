@@ -15,6 +15,7 @@ model stays, `StepRecordV1`), so exports written before /2 still merge.
 from __future__ import annotations
 
 import json
+from datetime import datetime
 from typing import Annotated, Any, Literal
 
 from google.protobuf.json_format import MessageToDict, ParseDict
@@ -22,13 +23,13 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
 from amc.v1 import types_pb2
 from export.gesture import gesture
-from export.run import FailedCalls, Judged, Outcome, Run, Step
+from export.run import FailedCalls, Judged, Outcome, Pruned, Run, Step
 from planner.decision import ThinkingBlock, Usage
 from planner.scene import Bounds, Element, Scene
 
 STEP_SCHEMA: Literal["amc.export.step/2"] = "amc.export.step/2"
 STEP_SCHEMA_V1: Literal["amc.export.step/1"] = "amc.export.step/1"
-RUN_SCHEMA: Literal["amc.export.run/2"] = "amc.export.run/2"
+RUN_SCHEMA: Literal["amc.export.run/3"] = "amc.export.run/3"
 
 ActionType = Literal[
     "click",
@@ -268,8 +269,9 @@ class TotalRecord(_Record):
 # /2 is /1 with what the failed decisions' calls cost and the run's total: /1 is closed (extra
 # fields are refused), and a /1 reader summing the steps would take a smaller number for the
 # task's spending.
-class RunRecord(RunRecordV1):
-    """run.json: the run as a whole (the goal and result the steps belong to, and its spending)."""
+class RunRecordV2(RunRecordV1):
+    """run.json /2: the run as a whole (the goal and result the steps belong to, and its
+    spending). Read, never written."""
 
     schema_version: Literal["amc.export.run/2"]  # type: ignore[assignment]  # /1's, narrowed
     failed_calls: list[FailedCallsRecord] = Field(
@@ -277,6 +279,30 @@ class RunRecord(RunRecordV1):
     )
     total: TotalRecord = Field(
         description="The steps' and the failed decisions' calls: the task's totals."
+    )
+
+
+class PrunedRecord(_Record):
+    """What the cloud's retention deleted of the task's decision log: no step is recorded
+    for it, yet the task's totals count it."""
+
+    decisions: int = Field(description="Decisions deleted.")
+    failed_decisions: int = Field(description="Failed decisions whose call records went.")
+    pruned_at: str | None = Field(description="When (ISO 8601, UTC); null: not known.")
+    usage: UsageRecord
+    cost_usd: float
+
+
+# /3 is /2 with what the retention deleted: /2 is closed, and its total would leave it out.
+class RunRecord(RunRecordV2):
+    """run.json: the run as a whole (the goal and result the steps belong to, and its spending)."""
+
+    schema_version: Literal["amc.export.run/3"]  # type: ignore[assignment]  # /2's, narrowed
+    pruned: PrunedRecord | None = Field(
+        description="What the cloud's retention deleted of the log; null: nothing."
+    )
+    total: TotalRecord = Field(
+        description="The steps', the failed decisions' and the pruned calls: the task's totals."
     )
 
 
@@ -480,13 +506,32 @@ def run_record(run: Run) -> RunRecord:
             )
             for f in run.failed_calls
         ],
+        pruned=None
+        if run.pruned is None
+        else PrunedRecord(
+            decisions=run.pruned.decisions,
+            failed_decisions=run.pruned.failed_decisions,
+            pruned_at=run.pruned.at.isoformat() if run.pruned.at is not None else None,
+            usage=_usage_record(run.pruned.usage),
+            cost_usd=run.pruned.usage.cost_usd,
+        ),
         total=TotalRecord(usage=_usage_record(usage), cost_usd=cost),
     )
 
 
+def pruned_from_record(record: RunRecordV1) -> Pruned | None:
+    """What the retention deleted, as a run.json says (/1 and /2 did not say)."""
+    if not isinstance(record, RunRecord) or record.pruned is None:
+        return None
+    p = record.pruned
+    at = datetime.fromisoformat(p.pruned_at) if p.pruned_at is not None else None
+    usage = Usage(**p.usage.model_dump(), cost_usd=p.cost_usd)
+    return Pruned(p.decisions, p.failed_decisions, at, usage)
+
+
 def failed_calls_from_record(record: RunRecordV1) -> list[FailedCalls]:
     """The failed decisions' calls a run.json lists (none in /1, which did not list them)."""
-    if not isinstance(record, RunRecord):
+    if not isinstance(record, RunRecordV2):
         return []
     return [
         FailedCalls(f.attempt, f.decisions, Usage(**f.usage.model_dump(), cost_usd=f.cost_usd))
@@ -494,13 +539,13 @@ def failed_calls_from_record(record: RunRecordV1) -> list[FailedCalls]:
     ]
 
 
-_ANY_RUN: TypeAdapter[RunRecord | RunRecordV1] = TypeAdapter(
-    Annotated[RunRecord | RunRecordV1, Field(discriminator="schema_version")]
+_ANY_RUN: TypeAdapter[RunRecord | RunRecordV2 | RunRecordV1] = TypeAdapter(
+    Annotated[RunRecord | RunRecordV2 | RunRecordV1, Field(discriminator="schema_version")]
 )
 
 
-def parse_run(text: str | bytes) -> RunRecord | RunRecordV1:
-    """run.json of either version, validated against its schema (a ValidationError names what
+def parse_run(text: str | bytes) -> RunRecord | RunRecordV2 | RunRecordV1:
+    """run.json of any version, validated against its schema (a ValidationError names what
     is wrong)."""
     return _ANY_RUN.validate_json(text)
 

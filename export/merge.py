@@ -84,6 +84,7 @@ def merge(cloud: Run, *hosts: Run) -> Run:
         for attempt, where in host.attempts.items():
             merged.attempts.setdefault(attempt, where)
     merged.failed_calls = _failed_calls(cloud, *hosts)
+    merged.pruned = cloud.pruned  # a host's export knows nothing of the cloud's retention
     merged.sort()
     return merged
 

@@ -74,14 +74,18 @@ def step_view(step: Step, previous: Step | None = None) -> StepView:
 def render_report(run: Run) -> str:
     """The whole report as one HTML document."""
     views = [step_view(s, run.steps[i - 1] if i else None) for i, s in enumerate(run.steps)]
-    has_usage = any(s.usage is not None for s in run.steps) or bool(run.failed_calls)
+    has_usage = (
+        any(s.usage is not None for s in run.steps)
+        or bool(run.failed_calls)
+        or run.pruned is not None
+    )
     usage, cost = run.total()  # the failed decisions' billed calls too: the task's totals
     latencies = [s.latency_s for s in run.steps if s.latency_s is not None]
     totals = {
         "input_tokens": usage.input_tokens,
         "output_tokens": usage.output_tokens,
         "latency_s": sum(latencies) if latencies else None,
-        "cost_usd": cost if run.steps or run.failed_calls else None,
+        "cost_usd": cost if run.steps or run.failed_calls or run.pruned else None,
     }
     template = _ENV.get_template("report.html")
     return template.render(

@@ -12,6 +12,7 @@ masks again whatever a source forgot.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Literal
 
 from amc.v1 import types_pb2
@@ -130,6 +131,21 @@ class FailedCalls:
     usage: Usage
 
 
+@dataclass(frozen=True, slots=True)
+class Pruned:
+    """What the cloud's retention deleted of the task's decision log (ListDecisionsResponse.
+    pruned): no step is recorded for them, yet the task's totals count them."""
+
+    #: Decisions deleted.
+    decisions: int
+    #: Failed decisions whose billed calls' records were deleted.
+    failed_decisions: int
+    #: When the retention last deleted some (UTC), None when not known.
+    at: datetime | None
+    #: What the deleted rows cost (`usage.cost_usd` too).
+    usage: Usage
+
+
 @dataclass(slots=True)
 class Run:
     """A task's run as exported: its goal and result, and its steps in (attempt, step) order."""
@@ -147,20 +163,27 @@ class Run:
     notes: list[str] = field(default_factory=list)
     #: Per attempt (in order), what its failed decisions' calls cost.
     failed_calls: list[FailedCalls] = field(default_factory=list)
+    #: What the cloud's retention deleted of the log, None when nothing was.
+    pruned: Pruned | None = None
 
     def sort(self) -> None:
         self.steps.sort(key=lambda s: s.key)
 
     def total(self) -> tuple[Usage, float | None]:
-        """What every model call of the run cost: the steps' and the failed decisions', the
-        task's totals as the cloud counts them. The cost is None when a step's price is not
-        known (a step recorded before prices existed): a sum without it would be made up."""
+        """What every model call of the run cost: the steps', the failed decisions' and what
+        the retention deleted, the task's totals as the cloud counts them. The cost is None when
+        a step's price is not known (a step recorded before prices existed): a sum without it
+        would be made up."""
         usage = Usage()
-        for part in [s.usage for s in self.steps if s.usage is not None] + [
-            f.usage for f in self.failed_calls
-        ]:
+        deleted = [self.pruned.usage] if self.pruned is not None else []
+        for part in (
+            [s.usage for s in self.steps if s.usage is not None]
+            + [f.usage for f in self.failed_calls]
+            + deleted
+        ):
             usage.add(part)
         costs = [s.cost_usd for s in self.steps]  # a step's price is its cost_usd, not usage's
         usage.cost_usd = sum(c for c in costs if c is not None)
         usage.cost_usd += sum(f.usage.cost_usd for f in self.failed_calls)
+        usage.cost_usd += sum(u.cost_usd for u in deleted)
         return usage, usage.cost_usd if None not in costs else None

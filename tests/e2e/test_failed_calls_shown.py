@@ -173,12 +173,13 @@ async def test_a_failed_decision_s_calls_show_wherever_the_task_s_spending_shows
     words = html.unescape(re.sub(r"<[^>]+>", "", shown.group(1)))
     assert words == "Plus 1 failed decision's model calls: 2,400 tokens · $0.0120", words
 
-    # The export: run.json (amc.export.run/2) lists the failed calls and the task's total; the
+    # The export: run.json (amc.export.run/3) lists the failed calls and the task's total; the
     # report's totals are the task's, with a line for the failed decision.
     with zipfile.ZipFile(io.BytesIO(export)) as z:
         head = dataset.parse_run(z.read("run.json"))
         report = z.read("report.html").decode()
-    assert isinstance(head, dataset.RunRecord) and head.schema_version == "amc.export.run/2"
+    assert isinstance(head, dataset.RunRecord) and head.schema_version == "amc.export.run/3"
+    assert head.pruned is None
     (failed_record,) = head.failed_calls
     assert (failed_record.attempt, failed_record.decisions) == (1, 1)
     assert failed_record.cost_usd == pytest.approx(0.012)
@@ -263,7 +264,9 @@ async def test_a_pruned_task_s_log_says_what_the_retention_deleted_and_when(
         assert code == 0, printed
         code, as_json = await amc(*conn, "decisions", task_id, "--json")
         assert code == 0, as_json
-        log, detail, page, _ = await _console_views(stack.cloud_address, stack.pki_dir, task_id)
+        log, detail, page, export = await _console_views(
+            stack.cloud_address, stack.pki_dir, task_id
+        )
 
     total = task.totals.usage  # what the task spent stays in its totals
     assert (total.input_tokens, total.output_tokens) == (2500, 500)
@@ -294,3 +297,19 @@ async def test_a_pruned_task_s_log_says_what_the_retention_deleted_and_when(
         "by the cloud's retention: 1 decision and 1 failed decision's call records, "
         "3,000 tokens · $0.0150 (the task's totals still count them)"
     ), words
+
+    # The export (run.json amc.export.run/3 and the report) says the same, and its total is
+    # the task's.
+    with zipfile.ZipFile(io.BytesIO(export)) as z:
+        head = dataset.parse_run(z.read("run.json"))
+        report = html.unescape(z.read("report.html").decode())
+    assert isinstance(head, dataset.RunRecord) and head.pruned is not None
+    assert (head.pruned.decisions, head.pruned.failed_decisions) == (1, 1)
+    assert head.pruned.pruned_at is not None and head.pruned.pruned_at.startswith(when)
+    u = head.total.usage
+    assert (u.input_tokens, u.output_tokens) == (2500, 500)
+    assert head.total.cost_usd == pytest.approx(total.cost_usd)
+    assert "1 decision and 1 failed decision's call records deleted by the cloud's retention" in (
+        report
+    )
+    assert '<dd id="cost">$0.0150</dd>' in report

@@ -4,6 +4,7 @@ refused with a clear error."""
 
 from __future__ import annotations
 
+import datetime as dt
 import io
 import json
 import zipfile
@@ -18,7 +19,7 @@ from export import dataset
 from export.bundle import BundleError, bundle_bytes, read_bundle
 from export.merge import MergeError, merge
 from export.report import render_report
-from export.run import FailedCalls, Judged, Run
+from export.run import FailedCalls, Judged, Pruned, Run
 from host.outbox.shipments import kept
 from host.timeline.export_source import run_from_timeline
 from planner.decision import ThinkingBlock, Usage
@@ -383,7 +384,7 @@ def test_an_export_written_as_step_1_still_reads_and_merges(timeline: Timeline) 
 def test_run_2_lists_the_failed_calls_and_a_run_1_export_still_reads_and_merges(
     timeline: Timeline,
 ) -> None:
-    """run.json is amc.export.run/2: /1's fields plus what failed decisions' billed calls cost
+    """run.json (since /2): /1's fields plus what failed decisions' billed calls cost
     per attempt and the run's total (the steps' and theirs). /1 is closed, not gone: its
     run.json reads back (no failed calls listed). Merged, an attempt takes the record that
     counts more failed decisions (a host's outbox may hold some the cloud has not counted)."""
@@ -397,7 +398,7 @@ def test_run_2_lists_the_failed_calls_and_a_run_1_export_still_reads_and_merges(
     good = bundle_bytes(run)
     with zipfile.ZipFile(io.BytesIO(good)) as z:
         head = dataset.parse_run(z.read("run.json"))
-    assert isinstance(head, dataset.RunRecord) and head.schema_version == "amc.export.run/2"
+    assert isinstance(head, dataset.RunRecord) and head.schema_version == "amc.export.run/3"
     ((f),) = head.failed_calls
     assert (f.attempt, f.decisions, f.usage.input_tokens, f.cost_usd) == (1, 2, 400, 0.25)
     total = head.total.usage
@@ -423,3 +424,50 @@ def test_run_2_lists_the_failed_calls_and_a_run_1_export_still_reads_and_merges(
     cloud = Run(run.task_id, run.goal, run.status, run.result, origin="cloud", failed_calls=fewer)
     assert merge(cloud, back).failed_calls == fewer
     assert merge(cloud, run).failed_calls == [run.failed_calls[0], fewer[1]]
+
+
+def test_run_3_says_what_the_retention_pruned_and_a_run_2_export_still_reads(
+    timeline: Timeline,
+) -> None:
+    """run.json is amc.export.run/3: /2's fields plus what the cloud's retention deleted of the
+    log (decisions, failed decisions' call records, when, what they cost), counted in the
+    run's total, and the report says so. A merge keeps the cloud's record (a host's export
+    knows nothing of it). /2 is closed, not gone: its run.json reads back, nothing pruned."""
+    run = host_run(timeline, T_DARK)
+    steps_usage, _ = run.total()
+    at = dt.datetime(2026, 12, 5, 10, 0, tzinfo=dt.UTC)
+    run.pruned = Pruned(3, 1, at, Usage(1800, 300, cost_usd=0.5))
+    good = bundle_bytes(run)
+    with zipfile.ZipFile(io.BytesIO(good)) as z:
+        head = dataset.parse_run(z.read("run.json"))
+        report = z.read("report.html").decode()
+    assert isinstance(head, dataset.RunRecord) and head.schema_version == "amc.export.run/3"
+    assert head.pruned is not None
+    assert (head.pruned.decisions, head.pruned.failed_decisions) == (3, 1)
+    assert head.pruned.pruned_at == "2026-12-05T10:00:00+00:00"
+    assert (head.pruned.usage.input_tokens, head.pruned.cost_usd) == (1800, 0.5)
+    assert head.total.usage.input_tokens == steps_usage.input_tokens + 1800
+    assert head.total.cost_usd == pytest.approx(steps_usage.cost_usd + 0.5)
+    assert read_bundle(good).pruned == run.pruned
+    assert (
+        '<dd data-field="pruned">3 decisions and 1 failed decision\'s call records deleted by '
+        "the cloud's retention on 2026-12-05 10:00 UTC (no step is recorded for them), which "
+        "took 1800 in · 300 out · $0.5000</dd>"
+    ) in report.replace("&#39;", "'")
+
+    cloud = Run(run.task_id, run.goal, run.status, run.result, origin="cloud", pruned=run.pruned)
+    host = read_bundle(good)
+    host.pruned = None
+    assert merge(cloud, host).pruned == run.pruned
+
+    out = io.BytesIO()
+    with zipfile.ZipFile(io.BytesIO(good)) as z, zipfile.ZipFile(out, "w") as w:
+        for name in z.namelist():
+            body = z.read(name)
+            if name == "run.json":
+                raw = json.loads(body)
+                raw = {k: v for k, v in raw.items() if k in dataset.RunRecordV2.model_fields}
+                body = json.dumps({**raw, "schema_version": "amc.export.run/2"}).encode()
+            w.writestr(name, body)
+    back = read_bundle(out.getvalue())
+    assert back.pruned is None and [s.key for s in back.steps] == [s.key for s in run.steps]
