@@ -45,33 +45,61 @@ def exhausted(budget: Budget, spent: Usage, whose: str = "the task's") -> str | 
 @dataclass(slots=True)
 class FleetDay:
     """The fleet's daily caps as a direct-transport host sees them: the cloud's tally of today
-    as it last said (the assignment, then each renewal: `heard`), plus what this attempt spent
-    since (`spend`). Checked before each model call as Decide checks it on the cloud transport.
+    as it said it (the assignment, then each renewal: `heard`) and what this attempt spent
+    (`spend`). Checked before each model call as Decide checks it on the cloud transport.
 
-    Exact within a renewal interval: what other hosts spend reaches it with the next renewal,
-    and what this host spent but had not yet shipped when the cloud answered is left out
-    until the next (the outbox ships within about a second)."""
+    The cloud's tally counts this host's calls only once its outbox shipped them, so a word
+    from the cloud may or may not include what the attempt spent just before; the day is
+    taken as the larger of two sums that never count a call twice: the first word of the day
+    plus everything the attempt spent since, and the latest word plus what the attempt spent
+    after it. What other hosts spend reaches it with the next renewal."""
 
     caps: Budget = Budget()
     day: str = ""
-    said: Usage = field(default_factory=Usage)
-    since: Usage = field(default_factory=Usage)
+    #: The cloud's first word of the day, and its latest with what the attempt had spent then.
+    first: Usage = field(default_factory=Usage)
+    latest: Usage = field(default_factory=Usage)
+    spent_at_latest: Usage = field(default_factory=Usage)
+    #: What the attempt spent this day.
+    spent: Usage = field(default_factory=Usage)
 
     def heard(self, caps: Budget, day: str, spent: Usage) -> None:
         """The cloud's word: its caps, and what the fleet spent that UTC day."""
-        self.caps, self.day, self.said, self.since = caps, day, spent, Usage()
+        if day != self.day:  # the first word, or a new day: the attempt has spent nothing of it
+            self.day, self.first, self.spent = day, spent, Usage()
+        self.caps, self.latest, self.spent_at_latest = caps, spent, _plus(self.spent)
 
     def spend(self, usage: Usage) -> None:
-        """This attempt's model calls since the cloud's last word."""
-        self.since.add(usage)
+        """A model call of this attempt."""
+        self.spent.add(usage)
 
     def refusal(self) -> str | None:
         """Why no further call may be made today ("budget exhausted: … of the fleet's daily
         … (UTC day …)", Decide's words), or None."""
         if not self.caps:
             return None
-        total = Usage()
-        total.add(self.said)
-        total.add(self.since)
-        why = exhausted(self.caps, total, whose="the fleet's daily")
-        return None if why is None else f"{why} (UTC day {self.day})"
+        since_latest = _less(self.spent, self.spent_at_latest)
+        # The latest word first: it also holds what other hosts spent since the first.
+        for total in (_plus(self.latest, since_latest), _plus(self.first, self.spent)):
+            why = exhausted(self.caps, total, whose="the fleet's daily")
+            if why is not None:
+                return f"{why} (UTC day {self.day})"
+        return None
+
+
+def _less(a: Usage, b: Usage) -> Usage:
+    return Usage(
+        a.input_tokens - b.input_tokens,
+        a.output_tokens - b.output_tokens,
+        a.cache_read_input_tokens - b.cache_read_input_tokens,
+        a.cache_creation_input_tokens - b.cache_creation_input_tokens,
+        a.thinking_tokens - b.thinking_tokens,
+        a.cost_usd - b.cost_usd,
+    )
+
+
+def _plus(*parts: Usage) -> Usage:
+    total = Usage()
+    for part in parts:
+        total.add(part)
+    return total

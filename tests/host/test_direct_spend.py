@@ -10,7 +10,8 @@ from collections.abc import Iterator
 import pytest
 
 from host.planner_client import DirectPlanner
-from planner.budget import Budget
+from planner.budget import Budget, FleetDay
+from planner.decision import Usage
 from planner.errors import BudgetExhausted, PlannerUnavailable
 from planner.planner import Planner
 from planner.settings import PlannerSettings
@@ -22,6 +23,7 @@ from tests.support.fakes import (
     anthropic_error,
     anthropic_message,
     text,
+    tool_use,
 )
 
 
@@ -58,3 +60,46 @@ async def test_a_failed_decision_s_billed_calls_count_toward_the_direct_budget(
     finally:
         await planner.aclose()
     assert len(fake_server.requests) == 2, "no model call past the cap"
+
+
+async def test_the_fleet_s_day_counts_the_host_s_calls_a_renewal_had_not_seen_yet(
+    fake_server: FakeModelServer,
+) -> None:
+    """A daily cap of 1,500 tokens, 600 spent when the attempt was assigned. After the first
+    call (600) a renewal says the day still stands at 600: the host had not shipped its call
+    yet. The host counts it all the same: the second call is made (1,200 of 1,500 before it),
+    the third is refused at 1,800 ("of the fleet's daily 1,500"), as Decide would refuse it.
+    Then a renewal that counts both calls and another host's 100 tokens: still refused."""
+    launch = tool_use(
+        "launch_app",
+        {"package_name": "com.android.settings", "purpose": "open", "expected_outcome": "open"},
+    )
+    fake_server.script_anthropic(
+        *[anthropic_message(launch, input_tokens=500, output_tokens=100) for _ in range(3)]
+    )
+    settings = PlannerSettings(
+        provider="anthropic",
+        anthropic_api_key=ANTHROPIC_KEY,
+        anthropic_base_url=fake_server.anthropic_base_url,
+        model="claude-sonnet-4-6",
+        max_retries=0,
+    )
+    planner = Planner(make_adapter(settings), settings)
+    day = FleetDay()
+    cap = Budget(max_tokens=1500)
+    day.heard(cap, "2026-12-05", Usage(500, 100))  # the assignment's word
+    direct = DirectPlanner(planner, fleet_day=day)
+    try:
+        await direct.decide("Open settings", settings_main())
+        day.heard(cap, "2026-12-05", Usage(500, 100))  # a renewal before the call was shipped
+        await direct.decide("Open settings", settings_main())
+        with pytest.raises(BudgetExhausted, match=r"1,800 tokens of the fleet's daily 1,500 "):
+            await direct.decide("Open settings", settings_main())
+        day.heard(cap, "2026-12-05", Usage(1600, 300))  # shipped, and another host's 100
+        with pytest.raises(BudgetExhausted, match=r"1,900 tokens of the fleet's daily 1,500 "):
+            await direct.decide("Open settings", settings_main())
+        day.heard(cap, "2026-12-06", Usage())  # a new UTC day: the cap is not spent
+        assert day.refusal() is None
+    finally:
+        await planner.aclose()
+    assert len(fake_server.requests) == 2, "no model call past the daily cap"
