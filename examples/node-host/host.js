@@ -9,7 +9,9 @@
 //      typed amc.v1.ScreenObservation, asks PlannerService.Decide for the next action (sending
 //      the outcome of the previous one), and carries the action out with `adb shell input`,
 //   4. renews its lease with the latest progress at the interval the assignment gives,
-//   5. reports the result.
+//   5. reports the result, and keeps it until the cloud acknowledges it,
+//   6. rides out a cloud restart: reconnects with backoff, naming the leases it still holds,
+//      and asks again for a step whose answer was lost under the same step key.
 // It sends no prompt and no goal: the cloud knows the goal and the history and builds them.
 //
 // Settings (environment):
@@ -22,6 +24,7 @@
 //   AMC_PROTO_DIR          where amc/v1/*.proto live                (../../proto)
 'use strict';
 
+const crypto = require('crypto');
 const fs = require('fs');
 const path = require('path');
 const grpc = require('@grpc/grpc-js');
@@ -55,9 +58,18 @@ const credentials = grpc.credentials.createSsl(
   read(`host-${HOST_ID}.key`),
   read(`host-${HOST_ID}.pem`),
 );
-const options = { 'grpc.ssl_target_name_override': env.AMC_TLS_SERVER_NAME || 'localhost' };
+// grpc-js retries a lost connection on its own schedule, up to 120 s apart by default: kept
+// within the host's own backoff cap so a cloud back from a restart is found in time.
+const options = {
+  'grpc.ssl_target_name_override': env.AMC_TLS_SERVER_NAME || 'localhost',
+  'grpc.initial_reconnect_backoff_ms': 500,
+  'grpc.max_reconnect_backoff_ms': 5000,
+};
 const leases = new amc.LeaseService(CLOUD, credentials, options);
 const planner = new amc.PlannerService(CLOUD, credentials, options);
+// This run of the host (HostHello.process_id): the same on every reconnect, so the cloud tells
+// a reconnect (leases kept) from a new process (the old one's unlisted leases released).
+const PROCESS_ID = crypto.randomUUID();
 
 const adb = Adb.createClient({ host: env.ADB_HOST || '127.0.0.1', port: Number(env.ADB_PORT || 5037) });
 const log = (...args) => console.error('[node-host]', ...args);
@@ -278,18 +290,62 @@ async function act(device, action, observation) {
   }
 }
 
+// --- reconnecting ----------------------------------------------------------------------------
+// The Python host's bounds (host/lease_client.py, `backoff_delay`): full jitter up to
+// 0.5 s·2^failures, at most 30 s and at most half the time left on the soonest lease held (a
+// host that had doubled its backoff during a restart would otherwise sleep through its lease
+// after the cloud came back, decision 0074), and at least 50 ms.
+const BACKOFF = { initial: 500, cap: 30000, floor: 50 };
+const expiries = new Map(); // lease id -> when it runs out, by this host's monotonic clock
+const now = () => performance.now();
+function backoff(failures) {
+  let ceiling = Math.min(BACKOFF.cap, BACKOFF.initial * 2 ** Math.min(failures, 30));
+  const left = [...expiries.values()].map((end) => end - now()).filter((t) => t > 0);
+  if (left.length) ceiling = Math.min(ceiling, Math.min(...left) / 2);
+  return Math.max(BACKOFF.floor, Math.random() * ceiling);
+}
+const sleep = (millis) => new Promise((r) => setTimeout(r, millis));
+const ms = (d) => (Number(d.seconds) + d.nanos / 1e9) * 1000;
+
 // --- one task -----------------------------------------------------------------------------
-const decide = (request) =>
+const callDecide = (request) =>
   new Promise((resolve, reject) =>
     planner.Decide(request, { deadline: Date.now() + 120000 }, (err, res) => (err ? reject(err) : resolve(res))),
   );
-const ms = (d) => (Number(d.seconds) + d.nanos / 1e9) * 1000;
 
-async function runTask(stream, a, revoked) {
+// What Decide answers when the step may simply be asked again (planner_service.proto): the cloud
+// or its provider is unavailable or rate limited, or the call was cut off by a restart or a
+// reset connection; ABORTED when another call continued the same conversation.
+const DECIDE_AGAIN = new Set([
+  grpc.status.UNAVAILABLE,
+  grpc.status.RESOURCE_EXHAUSTED,
+  grpc.status.CANCELLED,
+  grpc.status.DEADLINE_EXCEEDED,
+  grpc.status.ABORTED,
+]);
+
+// Asks until answered, with backoff, for as long as the lease is this host's. Every try sends
+// the same step_key, so a step whose answer was lost is answered from the cloud's log: planned,
+// and billed, once.
+async function decide(request, stopped) {
+  for (let failures = 0; ; failures += 1) {
+    try {
+      return await callDecide(request);
+    } catch (err) {
+      if (!DECIDE_AGAIN.has(err.code) || stopped()) throw err;
+      const after = Number(err.metadata?.get('amc-retry-after-s')[0]) * 1000 || 0;
+      log(`step ${request.step_key}: ${err.details || err.message}; asking again`);
+      await sleep(Math.max(after, backoff(failures)));
+    }
+  }
+}
+
+async function runTask(a, revoked) {
   const device = adb.getDevice(a.device_serial);
   const progress = { step_index: 0, step_status: 'STEP_STATUS_PERCEIVING', summary: 'starting', max_steps: MAX_STEPS };
   const lease = { task_id: a.task_id, attempt: a.attempt, lease_id: a.lease_id };
-  const renew = () => stream.write({ renewal: { ...lease, progress } });
+  held.set(a.lease_id, { ...lease, device_serial: a.device_serial });
+  const renew = () => send({ renewal: { ...lease, progress } });
   const report = (step, status, summary) => {
     Object.assign(progress, { step_index: step, step_status: status, summary: cut(summary, LIMITS.summary, characters) });
     renew();
@@ -308,7 +364,8 @@ async function runTask(stream, a, revoked) {
       report(step, 'STEP_STATUS_PERCEIVING', `step ${step}: looking at the screen`);
       const observation = await perceive(device);
       report(step, 'STEP_STATUS_PLANNING', `step ${step}: planning`);
-      const { decision } = await decide({ ...lease, observation, previous_outcome: previous });
+      const request = { ...lease, observation, previous_outcome: previous, step_key: String(step) };
+      const { decision, replayed } = await decide(request, () => revoked.has(a.lease_id));
       const action = decision.action;
       report(step, 'STEP_STATUS_ACTING', `step ${step}: ${decision.tool_name} — ${decision.purpose}`);
       log(`step ${step}: ${decision.tool_name} ${decision.arguments_json} — ${decision.rationale}`);
@@ -319,6 +376,11 @@ async function runTask(stream, a, revoked) {
         break;
       }
       previous = { step_index: decision.step_index, executed: true, error: '', driver_output: '' };
+      // A replayed answer carries a sensitive value as "•••" (it is never stored): not typed.
+      if (replayed && action.kind === 'input_text' && action.input_text.sensitive) {
+        Object.assign(previous, { executed: false, error: 'replayed decision: the sensitive text is not kept' });
+        continue;
+      }
       try {
         previous.driver_output = cut(await act(device, action, observation), LIMITS.driver_output);
         report(step, 'STEP_STATUS_SUCCEEDED', `step ${step}: done`);
@@ -330,6 +392,7 @@ async function runTask(stream, a, revoked) {
     }
   } catch (err) {
     summary = `host error: ${err.details || err.message}`;
+    if (revoked.has(a.lease_id)) [status, summary] = ['TASK_STATUS_CANCELLED', revoked.get(a.lease_id)];
     // PERMISSION_DENIED: the model provider refused the cloud's key (or the cloud refused this
     // host the lease). Nothing the task did: the attempt ends retryable, as the Python host ends
     // it, and the task waits (held by the cloud) for a key that works instead of failing.
@@ -338,48 +401,115 @@ async function runTask(stream, a, revoked) {
     clearInterval(renewer);
   }
   summary = cut(summary, LIMITS.result_summary, characters);
-  stream.write({ result: { ...lease, status, summary, final_progress: progress, retryable } });
+  // Kept (and its lease listed in every hello) until the cloud acknowledges it: a result sent
+  // while the cloud was down is sent again on the next stream.
+  results.set(a.lease_id, { result: { ...lease, status, summary, final_progress: progress, retryable } });
+  send(results.get(a.lease_id));
   log(`task ${a.task_id}: ${status} — ${summary}`);
 }
 
 // --- the Lease stream ---------------------------------------------------------------------
-async function main() {
-  const phones = (await adb.listDevices()).filter((d) => d.type === 'device');
+// How a stream ends when reconnecting cannot help (lease_service.proto): the certificate or
+// host id was revoked, the certificate carries no host identity, the first message was not a
+// hello. Any other end (UNAVAILABLE from a replica shutting down or a dropped connection,
+// INTERNAL, ...) is reconnected with backoff, the work in flight kept.
+const FINAL = new Set([grpc.status.UNAUTHENTICATED, grpc.status.PERMISSION_DENIED, grpc.status.FAILED_PRECONDITION]);
+const held = new Map(); // lease id -> HeldAssignment, from assignment to acknowledged result
+const results = new Map(); // lease id -> the result message, until acknowledged
+let current = null; // the stream, once welcomed
+
+function send(message) {
+  if (current) current.write(message);
+}
+
+// Lets a lease go: its result was acknowledged or refused, or the cloud said the attempt is over.
+function release(leaseId, stream, state) {
+  if (results.has(leaseId)) state.done += 1;
+  held.delete(leaseId);
+  results.delete(leaseId);
+  expiries.delete(leaseId);
+  if (TASKS && state.done >= TASKS) stream.end();
+}
+
+// One stream, from hello to its end: resolves with how it ended ({ code, details }).
+function session(phones, revoked, state) {
   const stream = leases.Lease();
-  const revoked = new Map();
-  let done = 0;
   stream.write({
     hello: {
       devices: phones.map((d) => ({ serial: d.id, model: 'adb device', state: 'DEVICE_STATE_ONLINE' })),
-      agent_version: 'amc-node-host/0.1.0',
+      agent_version: 'amc-node-host/0.2.0',
       planner_transport: 'PLANNER_TRANSPORT_CLOUD',
+      process_id: PROCESS_ID,
+      held_assignments: [...held.values()],
     },
   });
   stream.on('data', (msg) => {
     switch (msg.kind) {
       case 'welcome':
         log(`connected as ${msg.welcome.host_id} with ${phones.map((d) => d.id).join(', ')}`);
+        state.failures = 0;
+        current = stream;
+        for (const result of results.values()) stream.write(result);
         break;
-      case 'assignment':
-        if (!msg.assignment.resumed) runTask(stream, msg.assignment, revoked);
+      case 'assignment': {
+        const a = msg.assignment;
+        expiries.set(a.lease_id, now() + ms(a.lease_remaining || a.lease_duration));
+        // resumed: a lease this process listed, confirmed; its task runs on (or its result,
+        // kept, was sent again above).
+        if (!a.resumed) runTask(a, revoked);
+        break;
+      }
+      case 'renewed':
+        if (held.has(msg.renewed.lease_id) && msg.renewed.lease_remaining) {
+          expiries.set(msg.renewed.lease_id, now() + ms(msg.renewed.lease_remaining));
+        }
         break;
       case 'revoked':
         revoked.set(msg.revoked.lease_id, msg.revoked.message || 'revoked');
+        release(msg.revoked.lease_id, stream, state);
         break;
       case 'result_ack':
-        done += 1;
-        if (TASKS && done >= TASKS) stream.end();
+        release(msg.result_ack.lease_id, stream, state);
         break;
-      case 'rejected':
-        log(`rejected: ${msg.rejected.message}`);
+      case 'rejected': {
+        const { code, message, task_id: taskId } = msg.rejected;
+        log(`rejected: ${message}`);
+        const leaseId = [...results.keys()].find((id) => results.get(id).result.task_id === taskId);
+        if (leaseId === undefined) break;
+        if (code !== grpc.status.UNAVAILABLE) release(leaseId, stream, state); // refused as sent: for good
+        else setTimeout(() => results.has(leaseId) && send(results.get(leaseId)), 1000);
         break;
-      default: // renewed
+      }
+      case 'superseded':
+        state.superseded = msg.superseded.message;
+        break;
+      default:
     }
   });
-  await new Promise((resolve, reject) => {
-    stream.on('end', resolve);
-    stream.on('error', (err) => (err.code === grpc.status.CANCELLED ? resolve() : reject(err)));
+  return new Promise((resolve) => {
+    const ended = (code, details) => {
+      if (current === stream) current = null;
+      resolve({ code, details });
+    };
+    stream.on('status', (s) => ended(s.code, s.details));
+    stream.on('error', (err) => ended(err.code, err.details || err.message));
   });
+}
+
+async function main() {
+  const phones = (await adb.listDevices()).filter((d) => d.type === 'device');
+  const revoked = new Map();
+  const state = { done: 0, failures: 0, superseded: '' };
+  for (;;) {
+    const { code, details } = await session(phones, revoked, state);
+    if (state.superseded) throw Object.assign(new Error(`stopping: ${state.superseded}`), { final: true });
+    if (FINAL.has(code)) throw Object.assign(new Error(details), { code });
+    if (TASKS && state.done >= TASKS) break;
+    const delay = backoff(state.failures);
+    state.failures += 1;
+    log(`lease stream lost (code ${code}: ${details}); reconnecting in ${(delay / 1000).toFixed(1)} s`);
+    await sleep(delay);
+  }
   leases.close();
   planner.close();
 }

@@ -1,0 +1,162 @@
+"""The Node example host rides out a cloud restart, as the Lease and Planner contracts ask.
+
+Real parts: `amc cloud serve` (SQLite, mTLS) killed with SIGKILL and started again on the same
+database and port, the cloud's real Anthropic SDK against the fake Messages server, a virtual
+phone served over the adb protocol, and host.js as its own process. The host reaches the cloud
+through a loopback TCP proxy, so the test can cut its connections at a moment it chooses: the
+answer to a Decide is lost (as a restart loses an answer on its way), the cloud logs the step
+once its plan ends, and is then killed and restarted before the host can ask again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import threading
+from pathlib import Path
+
+from amc.v1 import decision_log_service_pb2, task_service_pb2, types_pb2
+from host.devices.virtual.phone import VirtualPhone
+from tests.node.rig import cloud_and_phone
+from tests.node.test_node_host import HOST, HOST_ID, node
+from tests.support.fakes import ANTHROPIC_KEY, FakeModelServer, anthropic_message, tool_use
+from tests.support.processes import OPERATOR, wait_serving, wait_task
+from tests.support.tcp_proxy import TcpProxy
+from tests.support.waiting import until
+
+__all__ = ["node"]
+
+
+async def test_the_node_host_finishes_its_task_across_a_cloud_restart_billed_once(
+    node: str, tmp_path: Path
+) -> None:
+    """host.js exited with code 1 when the cloud went away: no reconnect, no `process_id`, no
+    `held_assignments`, and a Decide without a `step_key`, so a retry would have been planned
+    (and billed) again. Now it reconnects listing its lease, which the restarted cloud confirms
+    (the task succeeds on its first attempt), and asks again for the lost step under the same
+    key: answered from the log, one model call per decision."""
+    hold = threading.Event()
+    launch = anthropic_message(
+        tool_use(
+            "launch_app",
+            {"package_name": "com.android.settings", "purpose": "open", "expected_outcome": "open"},
+        ),
+        input_tokens=500,
+        output_tokens=100,
+    )
+    launch.hold = hold
+    done = anthropic_message(
+        tool_use("complete", {"success": True, "reason": "settings are open"}),
+        input_tokens=700,
+        output_tokens=50,
+    )
+    planner = {
+        "AMC_PLANNER_PROVIDER": "anthropic",
+        "AMC_PLANNER_MODEL": "claude-sonnet-4-6",
+        "AMC_PLANNER_ANTHROPIC_API_KEY": ANTHROPIC_KEY,
+        "AMC_PLANNER_MAX_RETRIES": "0",
+        # A lease long enough to outlast the outage by the host's own clock, as in production.
+        "AMC_CLOUD_DEFAULT_LEASE_SECONDS": "30",
+    }
+    phone = VirtualPhone("emulator-5554")
+    with FakeModelServer(anthropic_key=ANTHROPIC_KEY) as provider:
+        provider.script_anthropic(launch, done)
+        planner["AMC_PLANNER_ANTHROPIC_BASE_URL"] = provider.anthropic_base_url
+        async with cloud_and_phone(tmp_path, phone, HOST_ID, planner) as rig:
+            cloud_port = int(rig.address.rsplit(":", 1)[1])
+            proxy = TcpProxy([("127.0.0.1", cloud_port)]).start()
+            task = (
+                await rig.client.tasks.SubmitTask(
+                    task_service_pb2.SubmitTaskRequest(goal="Open the settings", max_attempts=2),
+                    timeout=10,
+                )
+            ).task
+            host = await asyncio.create_subprocess_exec(
+                node,
+                str(HOST),
+                env={
+                    "PATH": os.environ.get("PATH", ""),
+                    "AMC_CLOUD_ADDRESS": proxy.address,
+                    "AMC_HOST_CERTS_DIR": str(rig.pki),
+                    "AMC_HOST_ID": HOST_ID,
+                    "ADB_PORT": str(rig.adb_port),
+                    "AMC_TASKS": "1",
+                },
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+            )
+            try:
+                await until(
+                    lambda: len(provider.bodies("/v1/messages")) == 1,
+                    within=60,
+                    what="step 1 at the model",
+                )
+                proxy.stop()  # the answer to step 1 is lost on its way to the host
+                hold.set()
+                listing = decision_log_service_pb2.ListDecisionsRequest(task_id=task.task_id)
+
+                async def logged() -> bool:
+                    return bool((await rig.client.decisions.ListDecisions(listing)).decisions)
+
+                await until(logged, within=30, what="step 1 logged by the cloud")
+                rig.cloud.kill()
+                rig.cloud.start()
+                await wait_serving(rig.address, rig.pki)
+                proxy = TcpProxy([("127.0.0.1", cloud_port)], port=proxy.port).start()
+                _, err = await asyncio.wait_for(host.communicate(), 180)
+            finally:
+                hold.set()
+                if host.returncode is None:
+                    host.kill()
+                    await host.wait()
+                proxy.stop()
+            said = err.decode()
+            assert host.returncode == 0, said
+            final = await wait_task(
+                rig.client, task.task_id, lambda t: t.status != types_pb2.TASK_STATUS_RUNNING, 10
+            )
+            decisions = (await rig.client.decisions.ListDecisions(listing)).decisions
+    assert final.status == types_pb2.TASK_STATUS_SUCCEEDED, (final, said)
+    assert [a.attempt for a in final.attempts] == [1], final
+    assert [(d.step_index, d.tool_name) for d in decisions] == [(1, "launch_app"), (2, "complete")]
+    assert decisions[0].outcome.executed, said  # the replayed answer was carried out
+    assert len(provider.bodies("/v1/messages")) == 2  # one model call per decision
+    usage = final.totals.usage
+    assert (usage.input_tokens, usage.output_tokens) == (1200, 150)
+
+
+async def test_the_node_host_stops_with_one_line_when_the_cloud_refuses_its_certificate(
+    node: str, tmp_path: Path
+) -> None:
+    """A stream ended PERMISSION_DENIED (the certificate carries no host identity: here an
+    operator's) is final (lease_service.proto): reconnecting cannot help, so the host does not
+    retry it but exits non-zero, saying why in one line."""
+    async with cloud_and_phone(tmp_path, VirtualPhone("emulator-5554"), HOST_ID) as rig:
+        certs = tmp_path / "impostor"
+        certs.mkdir()
+        shutil.copy(rig.pki / "ca.pem", certs / "ca.pem")
+        shutil.copy(rig.pki / f"operator-{OPERATOR}.pem", certs / "host-impostor.pem")
+        shutil.copy(rig.pki / f"operator-{OPERATOR}.key", certs / "host-impostor.key")
+        host = await asyncio.create_subprocess_exec(
+            node,
+            str(HOST),
+            env={
+                "PATH": os.environ.get("PATH", ""),
+                "AMC_CLOUD_ADDRESS": rig.address,
+                "AMC_HOST_CERTS_DIR": str(certs),
+                "AMC_HOST_ID": "impostor",
+                "ADB_PORT": str(rig.adb_port),
+            },
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        try:
+            _, err = await asyncio.wait_for(host.communicate(), 60)
+        finally:
+            if host.returncode is None:
+                host.kill()
+                await host.wait()
+    said = err.decode().strip().splitlines()
+    assert host.returncode == 1, said
+    assert len(said) == 1 and said[0].startswith("[node-host] error: code 7: "), said
