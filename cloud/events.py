@@ -452,12 +452,23 @@ class EventBus:
                 await self._listen_ready.wait()
 
     async def stop(self) -> None:
-        """Stop background tasks (pending notifications are flushed first)."""
+        """Stop background tasks (pending notifications are flushed first), then drop the
+        listeners: nothing is delivered any more, and a listener's owner (the lease manager)
+        holds this bus, so kept listeners held a stopped replica in a cycle that only the
+        cycle collector freed, later, on whatever loop then ran."""
         if self._outbox:
             with contextlib.suppress(Exception):
                 await self._flush()
         await supervised.stop(self._tasks)
         self._tasks.clear()
+        for listeners in (
+            self.on_queued,
+            self.on_revoke,
+            self.on_new_stream,
+            self.on_revocations,
+            self.on_holds,
+        ):
+            listeners.clear()
 
     def _payloads(self, messages: list[dict[str, Any]]) -> list[str]:
         """Group messages into NOTIFY payloads below the size limit (task and host ids merged)."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime as dt
+import functools
 import ipaddress
 import logging
 import signal
@@ -148,6 +149,20 @@ def _cannot_listen(address: str) -> str | None:
         return exc.strerror or str(exc)
 
 
+async def _set_serving(health_servicer: health.aio.HealthServicer, serving: bool) -> None:
+    """Health of every service (after `stop()` began, it stays NOT_SERVING).
+
+    Not a method: the database probe keeps it, and a bound method tied the replica into a
+    cycle through its own probe, so a stopped replica waited for the cycle collector."""
+    status = (
+        health_pb2.HealthCheckResponse.SERVING
+        if serving
+        else health_pb2.HealthCheckResponse.NOT_SERVING
+    )
+    for name in ("", *SERVICE_NAMES):
+        await health_servicer.set(name, status)
+
+
 def _caps(max_tokens: int, max_cost_usd: float) -> str:
     """ "10,000 tokens, $5.00", or "none"."""
     parts = [f"{max_tokens:,} tokens"] if max_tokens else []
@@ -230,7 +245,7 @@ class CloudServer:
             self.leases.dispatcher.flows = self.retriever
             self.leases.on_ended.append(self.learner.wake.set)
         self.health = health.aio.HealthServicer()
-        self.database = DatabaseProbe(self.store, self._set_serving)
+        self.database = DatabaseProbe(self.store, functools.partial(_set_serving, self.health))
         self.revocations = Revocations(self.store)
         self.revocations.add_listener(self.leases.on_deny_list)
         self._revocations_wake = asyncio.Event()
@@ -425,7 +440,7 @@ class CloudServer:
                 )
             )
         await self.server.start()
-        await self._set_serving(True)
+        await _set_serving(self.health, True)
         self._jobs += [
             supervised.start(
                 "database-probe",
@@ -456,16 +471,6 @@ class CloudServer:
             if extended:
                 log.info("no other replica was up: %d live lease(s) get a new term", extended)
         await self.presence.hold()
-
-    async def _set_serving(self, serving: bool) -> None:
-        """Health of every service (after `stop()` began, it stays NOT_SERVING)."""
-        status = (
-            health_pb2.HealthCheckResponse.SERVING
-            if serving
-            else health_pb2.HealthCheckResponse.NOT_SERVING
-        )
-        for name in ("", *SERVICE_NAMES):
-            await self.health.set(name, status)
 
     async def stop(self, grace: float | None = None) -> None:
         """NOT_SERVING first, then end host streams, then stop the server within `grace`.

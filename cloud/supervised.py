@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import traceback
 from collections.abc import Awaitable, Callable, Iterable
 from typing import NoReturn
 
@@ -129,5 +130,15 @@ async def stop(tasks: Iterable[asyncio.Task[object]]) -> None:
         if pending:
             log.warning("still stopping %s", ", ".join(task.get_name() for task in pending))
     for task in every:
-        if not task.cancelled():
-            task.exception()  # retrieved: a loop that failed as it stopped ends quietly
+        try:
+            # Retrieved: a loop that failed as it stopped ends quietly. (A cancelled task hands
+            # its CancelledError over: it no longer keeps it.)
+            ended = task.exception()
+        except asyncio.CancelledError as cancelled:
+            ended = cancelled
+        if ended is not None:
+            # Its traceback holds each frame it passed through with their locals: the step,
+            # and through it the replica. A library frame that keeps the exception in a local
+            # (SQLAlchemy's `_run_to_completion`) made that a cycle, and a stopped replica
+            # waited for the cycle collector.
+            traceback.clear_frames(ended.__traceback__)

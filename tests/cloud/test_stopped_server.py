@@ -1,0 +1,118 @@
+"""A stopped replica is freed when its last reference goes, not later by the cycle collector.
+
+A CI run crashed once in SQLAlchemy's compiler during a later test, when the collector freed
+an earlier test's stopped replica on another event loop. With the collector off, the weak
+references below die only if nothing of the replica sits in a reference cycle after `stop()`.
+Real parts: the replica over mTLS on each backend; in the second test a scripted host takes a
+task, plans a step with the offline planner and reports its result, and a progress watch is
+still open when the replica stops.
+"""
+
+from __future__ import annotations
+
+import gc
+import weakref
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from amc.v1 import (
+    planner_service_pb2,
+    planner_service_pb2_grpc,
+    progress_service_pb2,
+    progress_service_pb2_grpc,
+)
+from cloud.server import CloudServer, build_server
+from cloud.settings import CloudSettings
+from planner.observation import observation_from_scene
+from tests.cloud.cloud_harness import ScriptedHost, channel, renewal, result, submit, tasks_stub
+from tests.planner import scenes
+
+
+@pytest.fixture
+def no_collector() -> Iterator[None]:
+    """The cycle collector off for the test: only reference counts free anything."""
+    gc.collect()
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
+
+
+def _refs(server: CloudServer) -> dict[str, weakref.ref[Any]]:
+    return {
+        "replica": weakref.ref(server),
+        "grpc server": weakref.ref(server.server),
+        "engine": weakref.ref(server.store.engine),
+    }
+
+
+async def _start_and_stop(settings: CloudSettings) -> dict[str, weakref.ref[Any]]:
+    """Weak references to a replica that started and stopped (only this frame held it)."""
+    server = await build_server(settings)
+    await server.start()
+    await server.stop(0.5)
+    return _refs(server)
+
+
+async def _serve_and_stop(settings: CloudSettings, pki_dir: Path) -> dict[str, weakref.ref[Any]]:
+    """Weak references to a replica that served a task end to end and then stopped."""
+    server = await build_server(settings)
+    await server.start()
+    host = ScriptedHost(server.address, pki_dir, "h1")
+    ops = channel(server.address, pki_dir, "operator-ops")
+    try:
+        await host.connect(["p"])
+        task = (await submit(tasks_stub(ops))).task
+        watch: Any = progress_service_pb2_grpc.ProgressServiceStub(ops).WatchProgress(
+            progress_service_pb2.WatchProgressRequest(task_id=task.task_id)
+        )
+        assert (await watch.read()).snapshot
+        a = (await host.next("assignment")).assignment
+        async with channel(server.address, pki_dir, "host-h1") as ch:
+            planner: Any = planner_service_pb2_grpc.PlannerServiceStub(ch)
+            await planner.Decide(
+                planner_service_pb2.DecideRequest(
+                    task_id=a.task_id,
+                    attempt=a.attempt,
+                    lease_id=a.lease_id,
+                    observation=observation_from_scene(scenes.launcher()),
+                )
+            )
+        await host.send(renewal(a))
+        await host.next("renewed")
+        await host.send(result(a))
+        await host.next("result_ack")
+        await server.stop(0.5)  # the watch and the host's stream are still open
+    finally:
+        await host.close()
+        await ops.close()
+        await server.stop(0.5)
+    return _refs(server)
+
+
+def _alive(refs: dict[str, weakref.ref[Any]]) -> list[str]:
+    return [name for name, ref in refs.items() if ref() is not None]
+
+
+async def test_a_stopped_replica_is_freed_without_the_cycle_collector(
+    make_settings: Any, no_collector: None
+) -> None:
+    refs = await _start_and_stop(make_settings())
+    assert _alive(refs) == []
+
+
+async def test_a_replica_that_served_calls_is_freed_without_the_cycle_collector(
+    make_settings: Any, pki_dir: Path, monkeypatch: pytest.MonkeyPatch, no_collector: None
+) -> None:
+    """The engine is left out here: grpc's own per-call objects (the method lookup's closure,
+    an aborted call's state and its exception) are cycles that hold the servicers, and
+    through them the store, until the collector runs; nothing of the replica can break them."""
+    monkeypatch.setenv("AMC_PLANNER_PROVIDER", "offline")
+    monkeypatch.delenv("AMC_PLANNER_MODE", raising=False)
+    refs = await _serve_and_stop(make_settings(), pki_dir)
+    del refs["engine"]
+    assert _alive(refs) == []
