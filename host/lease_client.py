@@ -228,6 +228,12 @@ class LeaseClient:
         self._queue: asyncio.Queue[lease_service_pb2.LeaseRequest | None] | None = None
         self._welcomed = asyncio.Event()
         self._resend_pending = False
+        #: The timers that send results again (one per held result, one for "all, soon"):
+        #: cancelled when `run` ends, so a stopped host keeps nothing on the loop.
+        self._resend_timers: dict[Key | None, asyncio.TimerHandle] = {}
+        #: Renewers of forgotten attempts, cancelled but maybe not ended yet: shutdown waits
+        #: for them too, so a stopped host leaves no task behind.
+        self._renewers_ending: set[asyncio.Task[None]] = set()
         self.host_id: str | None = None
         self.process_id = self.config.process_id or uuid.uuid4().hex
         self.connects = 0
@@ -311,6 +317,10 @@ class LeaseClient:
                         await stop.wait()
         finally:
             self._welcomed.clear()
+            for timer in self._resend_timers.values():
+                timer.cancel()
+            self._resend_timers.clear()
+            self._resend_pending = False
             await self._shutdown_tasks()
 
     def _lease_left(self) -> float | None:
@@ -492,10 +502,11 @@ class LeaseClient:
 
         def resend() -> None:
             self._resend_pending = False
+            self._resend_timers.pop(None, None)
             for request in list(self._outbox.values()):
                 self._send(request)
 
-        self._loop.call_later(RESEND_AFTER_UNAVAILABLE_S, resend)
+        self._resend_timers[None] = self._loop.call_later(RESEND_AFTER_UNAVAILABLE_S, resend)
 
     def _on_welcome(self, welcome: lease_service_pb2.Welcome) -> None:
         self.host_id = welcome.host_id
@@ -665,10 +676,14 @@ class LeaseClient:
         rt = self._tasks.get(key)
         if rt is not None and rt.task is not None and rt.task.done() and key not in self._outbox:
             self._tasks.pop(key, None)
-            if rt.renewer is not None:
+            renewer, rt.renewer = rt.renewer, None
+            if renewer is not None:
                 # It may still be in its pause between renewals; nothing is left to renew, and
-                # once forgotten here, shutdown would not find it to wait for.
-                rt.renewer.cancel()
+                # once forgotten here, shutdown finds it only among the ending ones. (Not kept
+                # on `rt`: its CancelledError holds its frame, which holds `rt`, a cycle.)
+                renewer.cancel()
+                self._renewers_ending.add(renewer)
+                renewer.add_done_callback(self._renewers_ending.discard)
 
     # --- per task ---
     async def _execute(self, rt: RunningTask) -> TaskOutcome:
@@ -779,8 +794,17 @@ class LeaseClient:
         key = (request.result.task_id, request.result.attempt)
         self._outbox[key] = request
         self._send(request)
-        if self._loop is not None:
-            self._loop.call_later(RESULT_RESEND_S, self._resend_unanswered, key, request)
+        self._resend_later(key, request)
+
+    def _resend_later(self, key: Key, request: lease_service_pb2.LeaseRequest) -> None:
+        if self._loop is None:
+            return
+        previous = self._resend_timers.pop(key, None)
+        if previous is not None:
+            previous.cancel()
+        self._resend_timers[key] = self._loop.call_later(
+            RESULT_RESEND_S, self._resend_unanswered, key, request
+        )
 
     async def _inherit_results(self) -> None:
         """Take over the results a previous process of this host kept and the cloud never
@@ -814,10 +838,11 @@ class LeaseClient:
         """Send a result again while it is neither acknowledged nor refused (every
         `RESULT_RESEND_S`, until the outbox no longer holds it)."""
         if self._outbox.get(key) is not request:
+            if key not in self._outbox:  # answered (a newer request keeps its own timer)
+                self._resend_timers.pop(key, None)
             return
         self._send(request)
-        assert self._loop is not None
-        self._loop.call_later(RESULT_RESEND_S, self._resend_unanswered, key, request)
+        self._resend_later(key, request)
 
     @staticmethod
     def _interval(rt: RunningTask) -> float:
@@ -876,6 +901,7 @@ class LeaseClient:
         for rt in self._tasks.values():
             rt.cancel.set()
         pending = [t for rt in self._tasks.values() for t in (rt.task, rt.renewer) if t]
+        pending += self._renewers_ending
         if pending:
             await asyncio.wait(pending, timeout=30)
         for t in pending:

@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import logging
 import signal
+import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC
@@ -140,6 +141,7 @@ class HostApp:
             await asyncio.wait(list(self._background))
 
     def close(self) -> None:
+        self.registry.close()
         self.lanes.close()
         if self.ocr is not None:
             self.ocr.close()
@@ -282,12 +284,16 @@ def build_host(
         compact_engine = make_planner(planner_settings)
     channels = channel_factory or (lambda: open_channel(settings))
 
-    app_ref: list[HostApp] = []
+    # The app owns the lease client, which keeps `run_task`: a strong reference back from it
+    # made a cycle, and a stopped host waited for the cycle collector to be freed.
+    app_ref: weakref.ref[HostApp] | None = None
 
     async def run_task(
         spec: TaskSpec, progress: ProgressHolder, cancel: asyncio.Event
     ) -> TaskOutcome:
-        return await _run_task(app_ref[0], spec, progress, cancel)
+        app = app_ref() if app_ref is not None else None
+        assert app is not None, "the lease client outlived its host"
+        return await _run_task(app, spec, progress, cancel)
 
     outbox = OutboxStore(settings.resolved_outbox_path)
     lease = LeaseClient(
@@ -337,7 +343,7 @@ def build_host(
             outbox, settings.planner_transport, screenshots=settings.ship_screenshots
         ),
     )
-    app_ref.append(app)
+    app_ref = weakref.ref(app)
     host_metrics.phones.watch(app)
     return app
 

@@ -7,6 +7,7 @@ out; a test that needs one of them without its mark fails in every lane.
 
 from __future__ import annotations
 
+import gc
 import os
 from collections.abc import Generator, Iterator
 
@@ -69,3 +70,15 @@ def cloud_artifacts_in_tmp(tmp_path_factory: pytest.TempPathFactory) -> Iterator
         if "AMC_CLOUD_ARTIFACT_DIR" not in os.environ:
             patch.setenv("AMC_CLOUD_ARTIFACT_DIR", str(tmp_path_factory.mktemp("cloud-artifacts")))
         yield
+
+
+@pytest.fixture
+def no_cycle_collector() -> Iterator[None]:
+    """The cycle collector off for the test: only reference counts free anything (a test of
+    what a stopped server leaves in reference cycles)."""
+    gc.collect()
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()

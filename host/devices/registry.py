@@ -116,6 +116,12 @@ class DeviceRegistry:
     def add_listener(self, listener: Listener) -> None:
         self._listeners.append(listener)
 
+    def close(self) -> None:
+        """Tell no one of changes any more (the host stopped). A listener's owner (the lease
+        client) holds this registry: a kept listener made a cycle, and a stopped host waited
+        for the cycle collector to be freed."""
+        self._listeners.clear()
+
     def devices(self) -> list[DeviceInfo]:
         with self._lock:
             return sorted(self._devices.values(), key=lambda d: d.serial)

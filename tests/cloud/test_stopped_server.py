@@ -10,9 +10,7 @@ still open when the replica stops.
 
 from __future__ import annotations
 
-import gc
 import weakref
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -29,17 +27,6 @@ from cloud.settings import CloudSettings
 from planner.observation import observation_from_scene
 from tests.cloud.cloud_harness import ScriptedHost, channel, renewal, result, submit, tasks_stub
 from tests.planner import scenes
-
-
-@pytest.fixture
-def no_collector() -> Iterator[None]:
-    """The cycle collector off for the test: only reference counts free anything."""
-    gc.collect()
-    gc.disable()
-    try:
-        yield
-    finally:
-        gc.enable()
 
 
 def _refs(server: CloudServer) -> dict[str, weakref.ref[Any]]:
@@ -99,14 +86,14 @@ def _alive(refs: dict[str, weakref.ref[Any]]) -> list[str]:
 
 
 async def test_a_stopped_replica_is_freed_without_the_cycle_collector(
-    make_settings: Any, no_collector: None
+    make_settings: Any, no_cycle_collector: None
 ) -> None:
     refs = await _start_and_stop(make_settings())
     assert _alive(refs) == []
 
 
 async def test_a_replica_that_served_calls_is_freed_without_the_cycle_collector(
-    make_settings: Any, pki_dir: Path, monkeypatch: pytest.MonkeyPatch, no_collector: None
+    make_settings: Any, pki_dir: Path, monkeypatch: pytest.MonkeyPatch, no_cycle_collector: None
 ) -> None:
     """The engine is left out here: grpc's own per-call objects (the method lookup's closure,
     an aborted call's state and its exception) are cycles that hold the servicers, and

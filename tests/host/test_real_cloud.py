@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import weakref
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -204,6 +205,34 @@ async def test_assignment_runs_to_a_recorded_success(stack: Stack) -> None:
         assert len(host.app.store.steps(task_id, 1)) == 4
     finally:
         await host.close()
+
+
+async def _run_a_task_and_stop(stack: Stack) -> dict[str, weakref.ref[Any]]:
+    """Weak references to the parts of a host that ran a task and stopped (only this frame
+    held them)."""
+    host = await _start_host(stack, _dark_theme())
+    try:
+        task_id = await _submit(stack, "Turn on dark theme")
+        await _until(stack, task_id, lambda t: t.status == types_pb2.TASK_STATUS_SUCCEEDED)
+    finally:
+        await host.close()
+    return {
+        "host": weakref.ref(host.app),
+        "lease client": weakref.ref(host.app.lease),
+        "device registry": weakref.ref(host.app.registry),
+        "timeline": weakref.ref(host.app.store),
+    }
+
+
+async def test_a_stopped_host_is_freed_without_the_cycle_collector(
+    stack: Stack, no_cycle_collector: None
+) -> None:
+    """The host's parts sat in cycles (the app and its lease client's task runner; the device
+    registry and the lease client listening to it; a forgotten attempt and its renewer's
+    CancelledError) or on the loop (a result's resend timer), so a stopped host waited for
+    the cycle collector, or the timer, to be freed."""
+    refs = await _run_a_task_and_stop(stack)
+    assert [name for name, ref in refs.items() if ref() is not None] == []
 
 
 async def test_stream_cut_mid_task_reconnects_and_finishes(stack: Stack) -> None:
