@@ -395,7 +395,19 @@ class CloudServer:
         return f"{host}:{self.port}"
 
     async def start(self) -> None:
-        """Migrate, start background jobs and serve."""
+        """Migrate, start background jobs and serve.
+
+        A start that fails stops what it began before the error is raised: the event bus's
+        LISTEN, the lease jobs and the pool ran on behind a replica nobody would stop (a test
+        fixture stops only what started, and `stop` runs once)."""
+        try:
+            await self._start()
+        except BaseException:
+            with contextlib.suppress(Exception):  # each failed step is logged; the start's
+                await self.stop(0)  # error is the one to raise
+            raise
+
+    async def _start(self) -> None:
         if self.settings.migrate_on_start:
             await upgrade(self.store.engine)
         await self.revocations.refresh()  # before the first call is served
@@ -584,11 +596,7 @@ async def serve(settings: CloudSettings | None = None, say: Say | None = None) -
     traced = tracing.configure("amc-cloud")
     server = await build_server(settings)
     server.tracing = traced
-    try:
-        await server.start()
-    except BaseException:
-        await server.stop(0)
-        raise
+    await server.start()
     server.serve_metrics()
     collector = gc_policy.start(server.settings.gc_freeze_seconds, server.settings.gc_thaw_seconds)
     stop = asyncio.Event()

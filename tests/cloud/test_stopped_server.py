@@ -10,11 +10,14 @@ still open when the replica stops.
 
 from __future__ import annotations
 
+import asyncio
 import weakref
 from pathlib import Path
 from typing import Any
 
 import pytest
+from sqlalchemy import QueuePool
+from sqlalchemy.exc import DBAPIError
 
 from amc.v1 import (
     planner_service_pb2,
@@ -24,6 +27,8 @@ from amc.v1 import (
 )
 from cloud.server import CloudServer, build_server
 from cloud.settings import CloudSettings
+from cloud.store.database import Store
+from cloud.store.engine import upgrade
 from planner.observation import observation_from_scene
 from tests.cloud.cloud_harness import ScriptedHost, channel, renewal, result, submit, tasks_stub
 from tests.planner import scenes
@@ -103,3 +108,20 @@ async def test_a_replica_that_served_calls_is_freed_without_the_cycle_collector(
     refs = await _serve_and_stop(make_settings(), pki_dir)
     del refs["engine"]
     assert _alive(refs) == []
+
+
+async def test_a_start_that_fails_stops_what_it_began(db_url: str, make_settings: Any) -> None:
+    """A database at an older schema (0020) with migrations off: the deny-list is read and the
+    event bus starts (LISTEN on PostgreSQL) before the dispatch holds' table is found missing.
+    The bus's tasks and the pool's connections were left behind the failed start."""
+    store = Store.from_url(db_url)
+    await upgrade(store.engine, "0020")
+    await store.close()
+    before = asyncio.all_tasks()
+    server = await build_server(make_settings(migrate_on_start=False))
+    with pytest.raises(DBAPIError, match="dispatch_holds"):
+        await server.start()
+    assert [t.get_name() for t in asyncio.all_tasks() - before if not t.done()] == []
+    pool = server.store.engine.pool
+    assert isinstance(pool, QueuePool)
+    assert pool.checkedin() == 0
