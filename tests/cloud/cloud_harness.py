@@ -30,10 +30,23 @@ from cloud.store.models import AttemptRow, TaskRow
 
 
 @contextlib.asynccontextmanager
+async def started(settings: CloudSettings, grace: float = 0.5) -> AsyncIterator[CloudServer]:
+    """A started replica for `settings`, stopped on exit, also when the block (or its own
+    start) fails."""
+    server = await build_server(settings)
+    try:
+        await server.start()
+        yield server
+    finally:
+        await server.stop(grace)
+
+
+@contextlib.asynccontextmanager
 async def start_replicas(
     url: str, pki_dir: Path, count: int = 2, **overrides: Any
 ) -> AsyncIterator[list[CloudServer]]:
-    """`count` started cloud replicas sharing the database at `url`, stopped on exit."""
+    """`count` started cloud replicas sharing the database at `url`, stopped on exit: every
+    one that was built, even when another's start or stop failed."""
     values: dict[str, Any] = {
         "database_url": url,
         "listen_address": "127.0.0.1:0",
@@ -43,16 +56,10 @@ async def start_replicas(
         "shutdown_grace_seconds": 0.5,
         **overrides,
     }
-    servers: list[CloudServer] = []
-    try:
-        for _ in range(count):
-            server = await build_server(CloudSettings(**values))
-            await server.start()
-            servers.append(server)
-        yield servers
-    finally:
-        for server in servers:
-            await server.stop(0.5)
+    async with contextlib.AsyncExitStack() as stack:
+        yield [
+            await stack.enter_async_context(started(CloudSettings(**values))) for _ in range(count)
+        ]
 
 
 def channel(address: str, pki_dir: Path, identity: str | None) -> grpc.aio.Channel:
@@ -212,6 +219,12 @@ class ScriptedHost:
         if kind is not None:
             assert msg.WhichOneof("kind") == kind, msg
         return msg
+
+    async def __aenter__(self) -> ScriptedHost:
+        return self
+
+    async def __aexit__(self, *_: object) -> None:
+        await self.close()
 
     async def close(self) -> None:
         if self.call is not None:

@@ -38,6 +38,7 @@ from tests.cloud.cloud_harness import (
     channel,
     lapse,
     result,
+    started,
     submit,
     tasks_stub,
     wait_status,
@@ -776,40 +777,36 @@ async def test_an_attempt_left_taken_by_a_stopped_replica_is_taken_back_and_coun
     never learned (`COUNTED`). Another replica takes it back once the mark is older than
     `flows.RECLAIM_AFTER` (not before: the first may still be at it), only one of two racing
     replicas gets it, and the replay is counted once whichever way it died."""
-    first = await build_server(make_settings())
-    await first.start()
-    assert first.learner is not None
-    looking = asyncio.Event()
+    async with started(make_settings()) as first:
+        assert first.learner is not None
+        looking = asyncio.Event()
 
-    async def dies_here(attempt: AttemptRow, *, counted: bool = False) -> str:
-        if died == flows.COUNTED:  # as `learn` counts, then stuck (an embedding call)
-            await flows.count_attempt(
-                first.store, attempt.id, lambda now: replay_result(now, []), retire_after=3
+        async def dies_here(attempt: AttemptRow, *, counted: bool = False) -> str:
+            if died == flows.COUNTED:  # as `learn` counts, then stuck (an embedding call)
+                await flows.count_attempt(
+                    first.store, attempt.id, lambda now: replay_result(now, []), retire_after=3
+                )
+            looking.set()
+            await asyncio.Event().wait()  # until the replica stops
+            raise AssertionError("unreachable")
+
+        first.learner.learn = dies_here  # type: ignore[method-assign]
+        row = await store_flow(first.store)
+        async with (
+            ScriptedHost(first.address, pki_dir, "h1") as host,
+            channel(first.address, pki_dir, "operator-ops") as ops_ch,
+        ):
+            await host.connect(["s1"])
+            await submit(tasks_stub(ops_ch))
+            a = (await host.next("assignment")).assignment
+            assert a.flow.flow_id == row.flow_id
+            report = result(a)
+            report.result.replay.CopyFrom(
+                types_pb2.FlowReplayReport(flow_id=row.flow_id, steps_replayed=3)
             )
-        looking.set()
-        await asyncio.Event().wait()  # until the replica stops
-        raise AssertionError("unreachable")
-
-    first.learner.learn = dies_here  # type: ignore[method-assign]
-    row = await store_flow(first.store)
-    host = ScriptedHost(first.address, pki_dir, "h1")
-    ops_ch = channel(first.address, pki_dir, "operator-ops")
-    try:
-        await host.connect(["s1"])
-        await submit(tasks_stub(ops_ch))
-        a = (await host.next("assignment")).assignment
-        assert a.flow.flow_id == row.flow_id
-        report = result(a)
-        report.result.replay.CopyFrom(
-            types_pb2.FlowReplayReport(flow_id=row.flow_id, steps_replayed=3)
-        )
-        await host.send(report)
-        await host.next("result_ack")
-        await asyncio.wait_for(looking.wait(), 10)
-    finally:
-        await host.close()
-        await ops_ch.close()
-        await first.stop(0.5)
+            await host.send(report)
+            await host.next("result_ack")
+            await asyncio.wait_for(looking.wait(), 10)
     url = make_settings().database_url
     stores = [Store.from_url(url), Store.from_url(url)]
     second: CloudServer | None = None

@@ -23,11 +23,12 @@ async def test_decide_logs_decisions_with_cloud_step_index(
     offline_cloud: CloudServer, pki_dir: Path
 ) -> None:
     cloud = offline_cloud
-    ops_ch = channel(cloud.address, pki_dir, "operator-ops")
-    host_ch = channel(cloud.address, pki_dir, "host-h15")
-    other_ch = channel(cloud.address, pki_dir, "host-h16")
-    host = ScriptedHost(cloud.address, pki_dir, "h15")
-    try:
+    async with (
+        channel(cloud.address, pki_dir, "operator-ops") as ops_ch,
+        channel(cloud.address, pki_dir, "host-h15") as host_ch,
+        channel(cloud.address, pki_dir, "host-h16") as other_ch,
+        ScriptedHost(cloud.address, pki_dir, "h15") as host,
+    ):
         await host.connect(["p"])
         task = (await submit(tasks_stub(ops_ch))).task
         a = (await host.next("assignment")).assignment
@@ -75,7 +76,3 @@ async def test_decide_logs_decisions_with_cloud_step_index(
         with pytest.raises(grpc.aio.AioRpcError) as err:
             await log.GetDecision(decision_log_service_pb2.GetDecisionRequest(decision_id="x"))
         assert err.value.code() == grpc.StatusCode.NOT_FOUND
-    finally:
-        await host.close()
-        for ch in (ops_ch, host_ch, other_ch):
-            await ch.close()

@@ -25,7 +25,7 @@ from amc.v1 import (
     types_pb2,
 )
 from cloud import pki, revocations
-from cloud.server import CloudServer, build_server
+from cloud.server import CloudServer
 from cloud.settings import CloudSettings
 from host.outbox import OutboxSender, OutboxStore
 from host.outbox.kinds import DECISION, SCREENSHOT
@@ -37,7 +37,7 @@ from planner.scene import Scene
 from planner.service import MAX_USER_PROMPT
 from planner.settings import PlannerSettings
 from planner.vendors import make_adapter
-from tests.cloud.cloud_harness import ScriptedHost, channel, submit, tasks_stub
+from tests.cloud.cloud_harness import ScriptedHost, channel, started, submit, tasks_stub
 from tests.cloud.test_shipping import shipped
 from tests.planner.scenes import settings_main
 from tests.support.fakes import (
@@ -107,16 +107,6 @@ async def _until(condition: Callable[[], Any], what: str, within: float = 20.0) 
         await asyncio.sleep(0.05)
 
 
-@contextlib.asynccontextmanager
-async def _cloud(settings: CloudSettings) -> AsyncIterator[CloudServer]:
-    server = await build_server(settings)
-    await server.start()
-    try:
-        yield server
-    finally:
-        await server.stop(0.2)
-
-
 async def test_the_backlog_waits_for_the_cloud_and_is_logged_once(tmp_path: Path) -> None:
     pki_dir = pki.ensure_embedded_pki(tmp_path, ["h1"], operator="ops")
     port = free_port()
@@ -127,17 +117,18 @@ async def test_the_backlog_waits_for_the_cloud_and_is_logged_once(tmp_path: Path
         store, lambda: channel(address, pki_dir, "host-h1"), initial_s=0.05, max_s=0.5
     )
     stop = asyncio.Event()
-    # A lease the host holds, from a cloud that then goes down.
-    async with _cloud(settings) as cloud:
-        host = ScriptedHost(cloud.address, pki_dir, "h1")
-        ops_ch = channel(cloud.address, pki_dir, "operator-ops")
-        await host.connect(["s1"])
-        await submit(tasks_stub(ops_ch), target=types_pb2.TaskTarget(host_id="h1"))
-        a = (await host.next("assignment")).assignment
-        await host.close()
-        await ops_ch.close()
-    running = asyncio.create_task(sender.run(stop))
+    running: asyncio.Task[None] | None = None
     try:
+        # A lease the host holds, from a cloud that then goes down.
+        async with (
+            started(settings, 0.2) as cloud,
+            ScriptedHost(cloud.address, pki_dir, "h1") as host,
+            channel(cloud.address, pki_dir, "operator-ops") as ops_ch,
+        ):
+            await host.connect(["s1"])
+            await submit(tasks_stub(ops_ch), target=types_pb2.TaskTarget(host_id="h1"))
+            a = (await host.next("assignment")).assignment
+        running = asyncio.create_task(sender.run(stop))
         for n in range(1, 4):
             store.put(DECISION, f"d{n}", shipped(a, f"d{n}").SerializeToString())
         store.put(DECISION, "d1", shipped(a, "d1", executed=True).SerializeToString())
@@ -146,16 +137,13 @@ async def test_the_backlog_waits_for_the_cloud_and_is_logged_once(tmp_path: Path
         assert store.backlog().items == 4
         assert sender.last_error is not None and sender.last_error.startswith("UNAVAILABLE")
 
-        async with _cloud(settings) as cloud:  # back, on the same database
+        async with started(settings, 0.2) as cloud:  # back, on the same database
             sender.retry_now.set()  # what a lease stream's Welcome does
             await _until(lambda: store.backlog().items == 0, "the backlog sent")
-            ops_ch = channel(cloud.address, pki_dir, "operator-ops")
-            try:
+            async with channel(cloud.address, pki_dir, "operator-ops") as ops_ch:
                 rows = await decision_log_service_pb2_grpc.DecisionLogServiceStub(
                     ops_ch
                 ).ListDecisions(decision_log_service_pb2.ListDecisionsRequest(task_id=a.task_id))
-            finally:
-                await ops_ch.close()
             assert [d.step_index for d in rows.decisions] == [1, 2, 3]
             assert rows.decisions[0].outcome.executed
 
@@ -171,7 +159,8 @@ async def test_the_backlog_waits_for_the_cloud_and_is_logged_once(tmp_path: Path
             assert reason.startswith("FAILED_PRECONDITION: entries[0]: lease 'forged'")
     finally:
         stop.set()
-        await running
+        if running is not None:
+            await running
         store.close()
 
 
@@ -207,7 +196,7 @@ async def _outbox_of_a_task(tmp_path: Path) -> AsyncIterator[_Shipping]:
     sender = OutboxSender(
         store, lambda: channel(f"127.0.0.1:{port}", pki_dir, "host-h1"), initial_s=0.05, max_s=0.5
     )
-    async with _cloud(_settings(tmp_path, pki_dir, port)) as cloud:
+    async with started(_settings(tmp_path, pki_dir, port), 0.2) as cloud:
         host = ScriptedHost(cloud.address, pki_dir, "h1")
         ops = channel(cloud.address, pki_dir, "operator-ops")
         try:
