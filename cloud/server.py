@@ -163,6 +163,29 @@ async def _set_serving(health_servicer: health.aio.HealthServicer, serving: bool
         await health_servicer.set(name, status)
 
 
+def _listen_credentials(settings: CloudSettings) -> grpc.ServerCredentials | None:
+    """The credentials to listen with (None: plaintext), or a SettingError when the address
+    cannot be listened on (taken, not this machine's, plaintext off loopback) or a
+    certificate cannot be read."""
+    address = settings.listen_address
+    taken = _cannot_listen(address)
+    if taken:  # said here: gRPC's own bind failure also logs a line of its own to stderr
+        raise SettingError(
+            "AMC_CLOUD_LISTEN_ADDRESS",
+            f"cannot listen on {address} ({taken})",
+            "pick a free port on an address of this machine, e.g. 127.0.0.1:50052",
+        )
+    if not settings.insecure:
+        return server_credentials(settings)
+    if not _is_loopback(address):
+        raise SettingError(
+            "AMC_CLOUD_LISTEN_ADDRESS",
+            f"plaintext is only allowed on loopback, not {address!r}",
+            "listen on 127.0.0.1:<port>, or drop AMC_CLOUD_INSECURE and use mTLS",
+        )
+    return None
+
+
 def _caps(max_tokens: int, max_cost_usd: float) -> str:
     """ "10,000 tokens, $5.00", or "none"."""
     parts = [f"{max_tokens:,} tokens"] if max_tokens else []
@@ -211,6 +234,9 @@ class CloudServer:
         artifacts: ArtifactStore | None = None,
     ) -> None:
         settings.check_ship_window()
+        # Refused before anything is opened: a replica that failed halfway through here left
+        # its store, bus and lease manager to the cycle collector (no one can stop it).
+        credentials = _listen_credentials(settings)
         self.settings = settings
         key = settings.secrets_key.get_secret_value() if settings.secrets_key else None
         self.secrets = secret_box.from_settings(key, settings.secrets_key_file)
@@ -270,7 +296,7 @@ class CloudServer:
         self._started = False
         self._stopped = False
         self._add_services()
-        self.port = self._bind()
+        self.port = self._bind(credentials)
 
     def _add_services(self) -> None:
         s, store, bus = self.settings, self.store, self.bus
@@ -312,25 +338,12 @@ class CloudServer:
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         enable_reflection(self.server, (*SERVICE_NAMES, health.SERVICE_NAME))
 
-    def _bind(self) -> int:
+    def _bind(self, credentials: grpc.ServerCredentials | None) -> int:
         address = self.settings.listen_address
-        taken = _cannot_listen(address)
-        if taken:  # said here: gRPC's own bind failure also logs a line of its own to stderr
-            raise SettingError(
-                "AMC_CLOUD_LISTEN_ADDRESS",
-                f"cannot listen on {address} ({taken})",
-                "pick a free port on an address of this machine, e.g. 127.0.0.1:50052",
-            )
         try:
-            if self.settings.insecure:
-                if not _is_loopback(address):
-                    raise SettingError(
-                        "AMC_CLOUD_LISTEN_ADDRESS",
-                        f"plaintext is only allowed on loopback, not {address!r}",
-                        "listen on 127.0.0.1:<port>, or drop AMC_CLOUD_INSECURE and use mTLS",
-                    )
+            if credentials is None:
                 return int(self.server.add_insecure_port(address))
-            return int(self.server.add_secure_port(address, server_credentials(self.settings)))
+            return int(self.server.add_secure_port(address, credentials))
         except RuntimeError as exc:  # grpc: "Failed to bind to address ..."
             raise SettingError(
                 "AMC_CLOUD_LISTEN_ADDRESS",

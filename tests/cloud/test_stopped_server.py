@@ -11,12 +11,15 @@ still open when the replica stops.
 from __future__ import annotations
 
 import asyncio
+import gc
+import socket
 import weakref
 from pathlib import Path
 from typing import Any
 
 import pytest
 from sqlalchemy import QueuePool
+from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError
 
 from amc.v1 import (
@@ -26,7 +29,7 @@ from amc.v1 import (
     progress_service_pb2_grpc,
 )
 from cloud.server import CloudServer, build_server
-from cloud.settings import CloudSettings
+from cloud.settings import CloudSettings, SettingError
 from cloud.store.database import Store
 from cloud.store.engine import upgrade
 from planner.observation import observation_from_scene
@@ -125,3 +128,18 @@ async def test_a_start_that_fails_stops_what_it_began(db_url: str, make_settings
     pool = server.store.engine.pool
     assert isinstance(pool, QueuePool)
     assert pool.checkedin() == 0
+
+
+async def test_a_replica_refused_for_a_taken_port_leaves_nothing_behind(
+    db_url: str, make_settings: Any, no_cycle_collector: None
+) -> None:
+    """The port is held by another socket. The refusal came after the store, the event bus and
+    the lease manager were made, and nobody can stop a replica that was never returned: they
+    waited for the cycle collector. The address is checked before anything is opened now."""
+    with socket.create_server(("127.0.0.1", 0)) as held:
+        address = f"127.0.0.1:{held.getsockname()[1]}"
+        with pytest.raises(SettingError, match=f"cannot listen on {address}"):
+            await build_server(make_settings(listen_address=address))
+    database = make_url(db_url).database
+    stores = [o for o in gc.get_objects() if isinstance(o, Store)]
+    assert [s for s in stores if s.engine.url.database == database] == []
