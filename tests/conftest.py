@@ -13,12 +13,24 @@ from collections.abc import Generator, Iterator
 
 import pytest
 
-from tests.support import lanes
+from tests.support import lanes, leaks
 from tests.support.postgres import PostgresServer, private_postgres
 
 
 def pytest_configure(config: pytest.Config) -> None:
     lanes.install_guard()
+    leaks.install()
+
+
+@pytest.fixture(autouse=True)
+def nothing_left_running() -> Iterator[None]:
+    """Fails a test that leaves a cloud replica or a host runner it started running (the
+    session's shared replicas of tests/console and tests/abuse are meant to run on)."""
+    before = leaks.running()
+    yield
+    left = [leaks.describe(s) for s in leaks.running() if s not in before]
+    if left:
+        pytest.fail(f"left running after the test (stop it, also when the test fails): {left}")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -12,6 +12,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from cloud.settings import CloudSettings
+from tests.support import leaks
 from tests.support.postgres import PostgresServer
 from tests.support.processes import make_pki
 from tests.support.server_thread import ServerThread, sync_channel
@@ -56,7 +57,9 @@ def _serve(database_url: str, pki_dir: Path) -> ServerThread:
         host_heartbeat_seconds=1.0,
         shutdown_grace_seconds=0.5,
     )
-    return ServerThread(settings).start()
+    thread = ServerThread(settings).start()
+    leaks.keep_for_the_session(thread.server)
+    return thread
 
 
 @pytest.fixture(scope="session")

@@ -29,6 +29,7 @@ from tests.console.console_stack import (
     SimHost,
     UvicornThread,
 )
+from tests.support import leaks
 from tests.support.loop_thread import LoopThread
 
 
@@ -57,6 +58,7 @@ def cloud(tmp_path_factory: pytest.TempPathFactory, pki_dir: Path) -> Iterator[C
     loop = LoopThread("cloud")
     server = loop.run(build_server(settings))
     loop.run(server.start())
+    leaks.keep_for_the_session(server)
     try:
         yield Cloud(address=server.address, pki=pki_dir, server=server, loop=loop)
     finally:
