@@ -197,7 +197,9 @@ class ScriptedHost:
                     break
                 await self.inbox.put(msg)
         except grpc.aio.AioRpcError as exc:
-            self.error = exc
+            # Kept without its traceback, whose frames hold this host (and its closed channel
+            # and call): a cycle the collector would free later, on another test's loop.
+            self.error = exc.with_traceback(None)
         finally:
             await self.inbox.put(None)
 

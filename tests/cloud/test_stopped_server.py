@@ -86,7 +86,11 @@ async def _serve_and_stop(settings: CloudSettings, pki_dir: Path) -> dict[str, w
         await host.close()
         await ops.close()
         await server.stop(0.5)
-    return _refs(server)
+    return {
+        **_refs(server),
+        "scripted host": weakref.ref(host),
+        "its channel": weakref.ref(host._channel),
+    }
 
 
 def _alive(refs: dict[str, weakref.ref[Any]]) -> list[str]:
