@@ -75,6 +75,12 @@ class NodeHost:
         await self.command(op="decide", req=request)
         return await self.next(lambda e: "decided" in e or "error" in e)
 
+    async def __aenter__(self) -> NodeHost:
+        return self
+
+    async def __aexit__(self, *_: object) -> None:
+        await self.close()
+
     async def close(self) -> None:
         if self._proc.stdin is not None:
             self._proc.stdin.close()

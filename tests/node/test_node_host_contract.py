@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from amc.v1 import fleet_service_pb2, fleet_service_pb2_grpc, task_service_pb2, types_pb2
-from cloud.server import CloudServer, build_server
-from tests.cloud.cloud_harness import channel, lapse, submit, tasks_stub, wait_status
+from cloud.server import CloudServer
+from tests.cloud.cloud_harness import channel, lapse, started, submit, tasks_stub, wait_status
 from tests.cloud.conftest import SettingsFactory
 from tests.node.host_wire import NodeHost
 
@@ -99,13 +99,13 @@ async def test_a_host_that_does_not_say_its_transport_is_held_back_with_the_clou
     # they would fail at their first step. Only direct-transport hosts plan without this cloud
     # (DispatchStatus), yet a Node host that left planner_transport unset was not held back:
     # it was handed the task, whose first Decide failed it for good ("budget exhausted").
-    cloud = await build_server(make_settings(daily_max_tokens=100))
-    await cloud.start()
-    ch = channel(cloud.address, pki_dir, "operator-ops")
-    ops = tasks_stub(ch)
-    spent = await NodeHost.start(node, cloud.address, pki_dir, "h1")
-    quiet = await NodeHost.start(node, cloud.address, pki_dir, "h2")
-    try:
+    async with (
+        started(make_settings(daily_max_tokens=100)) as cloud,
+        channel(cloud.address, pki_dir, "operator-ops") as ch,
+        await NodeHost.start(node, cloud.address, pki_dir, "h1") as spent,
+        await NodeHost.start(node, cloud.address, pki_dir, "h2") as quiet,
+    ):
+        ops = tasks_stub(ch)
         hello = {"devices": [PHONE], "planner_transport": "PLANNER_TRANSPORT_CLOUD"}
         assert (await spent.open(hello))["kind"] == "welcome"
         await submit(ops, target=types_pb2.TaskTarget(host_id="h1"))
@@ -132,11 +132,6 @@ async def test_a_host_that_does_not_say_its_transport_is_held_back_with_the_clou
         task = (await ops.GetTask(task_service_pb2.GetTaskRequest(task_id=later.task_id))).task
         assert task.status == types_pb2.TASK_STATUS_QUEUED
         assert await cloud.leases.dispatcher.held_for(session)
-    finally:
-        await spent.close()
-        await quiet.close()
-        await ch.close()
-        await cloud.stop(0.5)
 
 
 async def test_a_phone_without_a_state_gets_no_task_until_it_is_said_online(
@@ -165,13 +160,12 @@ async def test_a_rebalanced_stream_ends_unavailable_and_its_lease_resumes(
     # A replica closes every connection at its maximum age (deployment: rebalancing behind an
     # L4 balancer). The host sees the stream end UNAVAILABLE, which the contract tells it to
     # answer by reconnecting; its lease, re-announced, is resumed.
-    cloud = await build_server(
-        make_settings(max_connection_age_seconds=1.0, max_connection_age_grace_seconds=1.0)
-    )
-    await cloud.start()
-    ch = channel(cloud.address, pki_dir, "operator-ops")
-    host = await NodeHost.start(node, cloud.address, pki_dir, "h1")
-    try:
+    settings = make_settings(max_connection_age_seconds=1.0, max_connection_age_grace_seconds=1.0)
+    async with (
+        started(settings) as cloud,
+        channel(cloud.address, pki_dir, "operator-ops") as ch,
+        await NodeHost.start(node, cloud.address, pki_dir, "h1") as host,
+    ):
         hello = {"devices": [PHONE], "process_id": "run-1"}
         assert (await host.open(hello))["kind"] == "welcome"
         await submit(tasks_stub(ch))
@@ -184,10 +178,6 @@ async def test_a_rebalanced_stream_ends_unavailable_and_its_lease_resumes(
         assert (await host.open({**hello, "held_assignments": [held]}))["kind"] == "welcome"
         resumed = await host.lease("assignment")
         assert (resumed["lease_id"], resumed["resumed"]) == (a["lease_id"], True)
-    finally:
-        await host.close()
-        await ch.close()
-        await cloud.stop(0.5)
 
 
 async def test_a_result_held_across_a_reconnect_ends_its_attempt_not_run_again(
