@@ -235,8 +235,10 @@ class CloudServer:
     ) -> None:
         settings.check_ship_window()
         # Refused before anything is opened: a replica that failed halfway through here left
-        # its store, bus and lease manager to the cycle collector (no one can stop it).
+        # its store, bus and lease manager to the cycle collector (no one can stop it). (The
+        # embedder, an OpenAI client, needs no closing until it has been used.)
         credentials = _listen_credentials(settings)
+        self.embedder = _embedder(settings)  # refused here too when it has no key
         self.settings = settings
         key = settings.secrets_key.get_secret_value() if settings.secrets_key else None
         self.secrets = secret_box.from_settings(key, settings.secrets_key_file)
@@ -262,7 +264,6 @@ class CloudServer:
         self.leases.fleet_day = self.budgets.fleet_day
         self.holds.on_lifted.append(self.leases.dispatcher.wake.set)
         self.bus.on_holds.append(self.leases.dispatcher.wake.set)
-        self.embedder = _embedder(settings)
         self.retriever: Retriever | None = None
         self.learner: FlowLearner | None = None
         if settings.flows_enabled:

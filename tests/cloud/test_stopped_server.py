@@ -144,6 +144,27 @@ async def test_a_replica_refused_for_a_taken_port_leaves_nothing_behind(
         address = f"127.0.0.1:{held.getsockname()[1]}"
         with pytest.raises(SettingError, match=f"cannot listen on {address}"):
             await build_server(make_settings(listen_address=address))
+    assert _stores_of(db_url) == []
+
+
+async def test_a_replica_refused_for_openai_scoring_without_a_key_leaves_nothing_behind(
+    db_url: str,
+    make_settings: Any,
+    monkeypatch: pytest.MonkeyPatch,
+    no_cycle_collector: None,
+) -> None:
+    """As the taken port: the embedder was made (and refused) after the store, the event bus
+    and the lease manager."""
+    for name in ("AMC_PLANNER_OPENAI_API_KEY", "OPENAI_API_KEY"):
+        monkeypatch.delenv(name, raising=False)
+    with pytest.raises(SettingError, match="openai embeddings need the planner's OpenAI key"):
+        await build_server(make_settings(flow_scorer="openai"))
+    assert _stores_of(db_url) == []
+
+
+def _stores_of(db_url: str) -> list[Store]:
+    """The stores still in memory on the database at `db_url` (a scan: the refused replica
+    was never returned, so there is nothing to hold a weak reference to)."""
     database = make_url(db_url).database
     stores = [o for o in gc.get_objects() if isinstance(o, Store)]
-    assert [s for s in stores if s.engine.url.database == database] == []
+    return [s for s in stores if s.engine.url.database == database]
