@@ -88,66 +88,67 @@ async def embedded_stack(
     unless `listen_address` says where). `metrics`: the cloud's and the host's /metrics
     addresses (none are served by default: the embedded stack keeps to its gRPC port)."""
     pki_dir = await asyncio.to_thread(ensure_embedded_pki, data_dir, [HOST_ID], operator=OPERATOR)
-    # The cloud first: a setting it refuses (a taken port, session mode on the offline
-    # planner) stops the stack before anything else started.
-    cloud = await build_server(
-        CloudSettings(
-            database_url=f"sqlite+aiosqlite:///{data_dir / 'cloud.sqlite3'}",
-            listen_address=listen_address,
-            pki_dir=pki_dir,
-            secrets_key_file=await asyncio.to_thread(_secrets_key_file, data_dir),
-            artifact_dir=data_dir / "cloud-artifacts",
+    # Each part is stopped on the way out, in reverse order, also when a later part fails to
+    # start (a taken metrics port left the cloud, the host and the phones running).
+    async with contextlib.AsyncExitStack() as parts:
+        # The cloud first: a setting it refuses (a taken port, session mode on the offline
+        # planner) stops the stack before anything else started.
+        cloud = await build_server(
+            CloudSettings(
+                database_url=f"sqlite+aiosqlite:///{data_dir / 'cloud.sqlite3'}",
+                listen_address=listen_address,
+                pki_dir=pki_dir,
+                secrets_key_file=await asyncio.to_thread(_secrets_key_file, data_dir),
+                artifact_dir=data_dir / "cloud-artifacts",
+            )
         )
-    )
-    await cloud.start()
-    adb = VirtualAdbServer(VirtualPhone(f"virtual-{i + 1}") for i in range(phones))
-    try:
+        parts.push_async_callback(cloud.stop, 1)
+        await cloud.start()
+        adb = VirtualAdbServer(VirtualPhone(f"virtual-{i + 1}") for i in range(phones))
         adb_port = await adb.start()
-    except BaseException:
-        await cloud.stop(grace=0)
-        raise
-    host_settings = HostSettings(
-        data_dir=data_dir / "host",
-        device_source="adb",
-        driver="adbutils",
-        adb_host="127.0.0.1",
-        adb_port=adb_port,
-        cloud_address=cloud.address,
-        certs_dir=pki_dir,
-        host_id=HOST_ID,
-        tls_server_name="localhost",
-        planner_transport=transport,
-        max_steps=max_steps,
-        settle_delay_s=0.05,
-        device_poll_interval_s=1.0,
-    )
-    host_stop = asyncio.Event()
-    host_task = asyncio.create_task(
-        run_host(host_settings, host_stop, console=host_console), name="host"
-    )
-    operator = OperatorClient.over(
-        secure_channel(
-            cloud.address,
-            ca=pki_dir / "ca.pem",
-            cert=pki_dir / f"operator-{OPERATOR}.pem",
-            key=pki_dir / f"operator-{OPERATOR}.key",
+        parts.push_async_callback(adb.stop)
+        host_settings = HostSettings(
+            data_dir=data_dir / "host",
+            device_source="adb",
+            driver="adbutils",
+            adb_host="127.0.0.1",
+            adb_port=adb_port,
+            cloud_address=cloud.address,
+            certs_dir=pki_dir,
+            host_id=HOST_ID,
+            tls_server_name="localhost",
+            planner_transport=transport,
+            max_steps=max_steps,
+            settle_delay_s=0.05,
+            device_poll_interval_s=1.0,
         )
-    )
-    stack = EmbeddedStack(data_dir, pki_dir, cloud, adb, operator, host_stop, host_task)
-    if metrics is not None:
-        stack.cloud_metrics = cloud.serve_metrics(metrics[0])
-        stack.host_metrics = metrics_http.serve(metrics[1], host_metrics.REGISTRY)
-    try:
+        host_stop = asyncio.Event()
+        host_task = asyncio.create_task(
+            run_host(host_settings, host_stop, console=host_console), name="host"
+        )
+        parts.push_async_callback(_stop_host, host_stop, host_task)
+        operator = OperatorClient.over(
+            secure_channel(
+                cloud.address,
+                ca=pki_dir / "ca.pem",
+                cert=pki_dir / f"operator-{OPERATOR}.pem",
+                key=pki_dir / f"operator-{OPERATOR}.key",
+            )
+        )
+        parts.push_async_callback(operator.close)
+        stack = EmbeddedStack(data_dir, pki_dir, cloud, adb, operator, host_stop, host_task)
+        if metrics is not None:
+            stack.cloud_metrics = cloud.serve_metrics(metrics[0])
+            stack.host_metrics = served = metrics_http.serve(metrics[1], host_metrics.REGISTRY)
+            if served is not None:
+                parts.push_async_callback(asyncio.to_thread, served.stop)
         yield stack
-    finally:
-        if stack.host_metrics is not None:
-            await asyncio.to_thread(stack.host_metrics.stop)
-        host_stop.set()
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(host_task, 15)
-        await operator.close()
-        await cloud.stop(grace=1)
-        await adb.stop()
+
+
+async def _stop_host(stop: asyncio.Event, task: asyncio.Task[None]) -> None:
+    stop.set()
+    with contextlib.suppress(Exception):
+        await asyncio.wait_for(task, 15)
 
 
 async def follow_tasks(

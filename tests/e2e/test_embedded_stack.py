@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -15,6 +16,8 @@ from rich.console import Console
 
 from amc.v1 import decision_log_service_pb2, task_service_pb2, types_pb2
 from console.embedded import Transport, embedded_stack, follow_tasks
+from telemetry.metrics_http import MetricsAddressError
+from tests.support import leaks
 
 
 async def _run_one(stack_dir: Path, transport: Transport, goal: str) -> types_pb2.Task:
@@ -78,3 +81,19 @@ def test_amc_demo_command_exits_zero(tmp_path: Path) -> None:
     assert "Turn on dark theme: succeeded" in result.stdout
     assert "purpose:" in result.stdout
     assert (tmp_path / "demo" / "pki" / "ca.pem").exists()
+
+
+async def test_a_stack_whose_host_metrics_port_is_taken_stops_what_it_started(
+    tmp_path: Path,
+) -> None:
+    """The host's metrics address is held by another socket (`amc up --metrics` with 9465
+    taken): the stack refuses, and the cloud, the host and the phones it had started are
+    stopped, not left running behind the error."""
+    before = leaks.running()
+    with socket.create_server(("127.0.0.1", 0)) as held:
+        taken = f"127.0.0.1:{held.getsockname()[1]}"
+        with pytest.raises(MetricsAddressError):
+            async with embedded_stack(tmp_path / "stack", metrics=("127.0.0.1:0", taken)):
+                raise AssertionError("the stack started")
+    assert [leaks.describe(s) for s in leaks.running() if s not in before] == []
+    assert [t.get_name() for t in asyncio.all_tasks() if t.get_name() == "host"] == []
