@@ -606,7 +606,9 @@ async def test_failed_calls_an_older_cloud_cannot_take_wait_for_a_newer_one(
     port = free_port()
     settings = _settings(tmp_path, pki_dir, port)
     address = f"127.0.0.1:{port}"
-    async with _cloud(settings) as cloud:  # a lease of h1's, from the cloud before its downgrade
+    async with started(
+        settings, 0.2
+    ) as cloud:  # a lease of h1's, from the cloud before its downgrade
         host = ScriptedHost(cloud.address, pki_dir, "h1")
         ops_ch = channel(cloud.address, pki_dir, "operator-ops")
         await host.connect(["s1"], transport=types_pb2.PLANNER_TRANSPORT_DIRECT)
@@ -636,7 +638,7 @@ async def test_failed_calls_an_older_cloud_cannot_take_wait_for_a_newer_one(
             await _until(lambda: store.head(1) == [], "set aside again")
             assert store.backlog().refused == 0
 
-        async with _cloud(settings) as cloud:  # upgraded, on the same database
+        async with started(settings, 0.2) as cloud:  # upgraded, on the same database
             sender.cloud_back()  # what a lease stream's Welcome does
             await _until(lambda: store.backlog().items == 0, "the failed calls sent")
             ops_ch = channel(cloud.address, pki_dir, "operator-ops")
