@@ -207,15 +207,18 @@ class Dispatcher:
 
     async def _flows_for(self, claimed: leases.Claimed) -> list[types_pb2.Flow]:
         """The learned flows for a fresh attempt (recorded on it); none when retrieval fails:
-        the task then runs with the model, which is never worse than a wrong replay."""
+        the task then runs with the model, which is never worse than a wrong replay. A
+        database failure is logged without the driver's text (`errors.report`)."""
         if self.flows is None or claimed.choice_recorded:
             return []
         try:
             return await self.flows.for_new_attempt(
                 claimed.task_id, claimed.attempt, claimed.goal, no_replay=claimed.no_replay
             )
-        except Exception:
-            log.exception("flow retrieval for %s/%d failed", claimed.task_id, claimed.attempt)
+        except Exception as exc:
+            errors.report(
+                log, "flow retrieval for %s/%d failed", exc, claimed.task_id, claimed.attempt
+            )
             return []
 
     async def _send_unsure(self, session: HostSession) -> bool:
@@ -242,8 +245,8 @@ class Dispatcher:
             if self.flows is not None:
                 try:
                     handed = await self.flows.handed(claimed.task_id, claimed.attempt, claimed.goal)
-                except Exception:
-                    log.exception("reading the flows of %s failed", claimed.task_id)
+                except Exception as exc:
+                    errors.report(log, "reading the flows of %s failed", exc, claimed.task_id)
             session.send(self._assignment(session, claimed, handed))
             self.bus.tasks_changed([claimed.task_id])
         return True

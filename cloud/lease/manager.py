@@ -518,7 +518,8 @@ class LeaseManager:
         """Add a refusal of the host's own lease to the task's lease history (a refusal of
         another host's lease, or of a lease the cloud never issued, is not the task's history).
         Best effort: the host is told either way, and a store that fails here fails loudly on
-        the host's next message."""
+        the host's next message. The failure is logged without the driver's text, which names
+        the database's host and port (`errors.report`)."""
         if revocation is None or revocation in (
             leases.Revocation.UNKNOWN,
             leases.Revocation.NOT_YOURS,
@@ -529,8 +530,8 @@ class LeaseManager:
                 self.store, host_id, task_id, attempt, revocation.value
             ):
                 self.bus.tasks_changed([task_id])
-        except Exception:
-            log.exception("recording the revocation of %s/%d failed", task_id, attempt)
+        except Exception as exc:
+            errors.report(log, "recording the revocation of %s/%d failed", exc, task_id, attempt)
 
     # ---- revocations --------------------------------------------------------------------------
 

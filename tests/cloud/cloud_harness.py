@@ -5,13 +5,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime as dt
-from collections.abc import AsyncIterator, Callable
+import logging
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import grpc
 import pytest
-from sqlalchemy import update
+from sqlalchemy import event, update
+from sqlalchemy import exc as sa_exc
 
 from amc.v1 import (
     lease_service_pb2 as lease_pb,
@@ -342,3 +344,39 @@ def count_reloads(monkeypatch: pytest.MonkeyPatch) -> list[list[str]]:
 
     monkeypatch.setattr(tasks, "load_views", counted)
     return reloads
+
+
+#: What a driver's message says when the database goes away: its host and port.
+DRIVER_TEXT = 'connection to server at "db.internal" (10.0.0.7), port 6543 failed'
+
+
+@contextlib.contextmanager
+def failing_statements(store: Store, starts: str) -> Iterator[None]:
+    """Every statement of `store` whose SQL starts with `starts` fails as a database that went
+    away fails: SQLAlchemy's OperationalError carrying the driver's text (`DRIVER_TEXT`)."""
+
+    def fail(_c: object, _cur: object, statement: str, params: Any, *_a: object) -> None:
+        if statement.lstrip().startswith(starts):
+            raise sa_exc.OperationalError(statement, params, OSError(DRIVER_TEXT))
+
+    engines = [store.engine.sync_engine]
+    if store.loop_connection is not None:
+        engines.append(store.loop_connection)
+    for engine in engines:
+        event.listen(engine, "before_cursor_execute", fail)
+    try:
+        yield
+    finally:
+        for engine in engines:
+            event.remove(engine, "before_cursor_execute", fail)
+
+
+def logged_text(caplog: pytest.LogCaptureFixture) -> str:
+    """Everything the cloud logged: messages and, when a record has one, its exception's
+    text and traceback."""
+    formatter = logging.Formatter()
+    return "\n".join(
+        r.getMessage() + (formatter.formatException(r.exc_info) if r.exc_info else "")
+        for r in caplog.records
+        if r.name.split(".")[0] == "cloud"
+    )

@@ -34,9 +34,12 @@ from cloud.store.models import AttemptRow
 from planner.decision import Decision, Usage
 from planner.tools import Judgement
 from tests.cloud.cloud_harness import (
+    DRIVER_TEXT,
     ScriptedHost,
     channel,
+    failing_statements,
     lapse,
+    logged_text,
     result,
     started,
     submit,
@@ -234,6 +237,27 @@ async def test_a_claim_writes_the_choice_that_needs_no_goal_and_leaves_the_rest(
     assert settle(2, False) is None  # a later attempt: retrieval looks for a divergence
     await flows.set_status(store, row.flow_id, flows.DISABLED, "operator")
     assert (await retriever.settle())(2, False) is None
+
+
+async def test_flow_retrieval_the_database_fails_is_logged_without_the_driver_text(
+    cloud: CloudServer, pki_dir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    ch = channel(cloud.address, pki_dir, "operator-ops")
+    host = ScriptedHost(cloud.address, pki_dir, "h1")
+    try:
+        await store_flow(cloud.store)  # a flow to look for: the claim leaves the choice open
+        await host.connect(["p1"])
+        with failing_statements(cloud.store, "UPDATE attempts SET flow"):
+            task = (await submit(tasks_stub(ch), goal="Turn on dark theme")).task
+            # The task runs with the model: no flows, and the host gets it all the same.
+            assignment = (await host.next("assignment")).assignment
+        assert assignment.task_id == task.task_id and not assignment.HasField("flow")
+    finally:
+        await host.close()
+        await ch.close()
+    logged = logged_text(caplog)
+    assert f"flow retrieval for {task.task_id}/1 failed: database unavailable" in logged
+    assert DRIVER_TEXT not in logged and "6543" not in logged
 
 
 @pytest.fixture

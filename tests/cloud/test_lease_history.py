@@ -44,9 +44,12 @@ from cloud.server import CloudServer
 from cloud.store import decisions
 from planner.decision import Decision, Usage
 from tests.cloud.cloud_harness import (
+    DRIVER_TEXT,
     ScriptedHost,
     due,
+    failing_statements,
     lapse,
+    logged_text,
     renewal,
     result,
     submit,
@@ -206,6 +209,36 @@ async def test_expiry_requeue_and_a_stale_host_revoked_once(
         await stale.close()
         await first.close()
         await second.close()
+
+
+async def test_a_revocation_the_database_fails_to_record_is_logged_without_the_driver_text(
+    cloud: CloudServer, ops: Any, pki_dir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    first = ScriptedHost(cloud.address, pki_dir, "h3")
+    second = ScriptedHost(cloud.address, pki_dir, "h4")
+    stale = ScriptedHost(cloud.address, pki_dir, "h3")
+    try:
+        await first.connect(["p"])
+        task = (await submit(ops, lease_duration=secs(120))).task
+        a1 = (await first.next("assignment")).assignment
+        await first.close()
+        await lapse(cloud.store, task.task_id, attempt=1)
+        await second.connect(["q"])
+        await second.next("assignment")
+        await stale.connect(["p"])
+        with failing_statements(cloud.store, "INSERT INTO lease_events"):
+            await stale.send(renewal(a1, 9, "late"))
+            # Best effort: the host is told all the same.
+            assert (await stale.next("revoked")).revoked.reason == (
+                lease_pb.REVOKE_REASON_SUPERSEDED
+            )
+    finally:
+        await stale.close()
+        await first.close()
+        await second.close()
+    logged = logged_text(caplog)
+    assert f"recording the revocation of {task.task_id}/1 failed: database unavailable" in logged
+    assert DRIVER_TEXT not in logged and "6543" not in logged
 
 
 async def test_the_last_expiry_fails_the_task(cloud: CloudServer, ops: Any, pki_dir: Path) -> None:
