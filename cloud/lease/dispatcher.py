@@ -165,7 +165,7 @@ class Dispatcher:
                         errors.report(log, "reading the dispatch holds failed", exc)
                         return got
                     holds_read = True
-                if not idle or await self.held_for(session):
+                if not idle or session.unheard() or await self.held_for(session):
                     return got
                 try:
                     settle = None if self.flows is None else await self.flows.settle()
@@ -295,7 +295,12 @@ class Dispatcher:
         any_left = waiting.any_host
         misses = 0
         for session in idle:
-            if session.closed or not session.has_idle() or self.paused_for(session):
+            if (
+                session.closed
+                or not session.has_idle()
+                or session.unheard()
+                or self.paused_for(session)
+            ):
                 continue
             mine = session.host_id in waiting.hosts
             if not mine and (any_left <= 0 or misses >= _MAX_DISPATCH_MISSES):

@@ -412,8 +412,11 @@ class LeaseManager:
         self.bus.hosts_changed([session.host_id])
 
     def touch(self, session: HostSession) -> None:
-        """The host sent something."""
+        """The host sent something: it is not frozen, so work held back from it (a lease of it
+        ran out, `_on_revoke`) may go to it again."""
         session.last_seen = dt.datetime.now(dt.UTC)
+        if session.heard():
+            self.dispatcher.kick(session)
 
     # ---- renewals and results -----------------------------------------------------------------
 
@@ -549,6 +552,12 @@ class LeaseManager:
                 event.task_status,
             )
         )
+        if event.ended and event.reason == lease_pb.REVOKE_REASON_EXPIRED:
+            # The host did not renew a lease on a stream that is still open: it may be frozen,
+            # and would not answer new work either (see HostSession.unheard_until).
+            session.lapsed(
+                self.settings.keepalive_time_seconds + self.settings.keepalive_timeout_seconds
+            )
         if event.ended and event.device_serial:
             session.mark_free([event.device_serial])
             self.dispatcher.kick(session)

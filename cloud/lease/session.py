@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import time
 import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -66,6 +67,13 @@ class HostSession:
     recorded: bool = False
     closed: bool = False
     last_seen: dt.datetime = field(default_factory=lambda: dt.datetime.now(dt.UTC))
+    #: Set (a `time.monotonic()` bound) when a lease of this host ran out while its stream
+    #: stayed open. A frozen process (SIGSTOP, a stalled VM, a closed laptop lid) keeps its
+    #: stream until the keepalive gives up, and every task handed to it meanwhile would burn an
+    #: attempt: no new work until the host sends anything (`heard`), or until the stream has
+    #: outlived the keepalive window since (a frozen process answers no pings, so a stream
+    #: still open then belongs to a live, merely quiet host).
+    unheard_until: float | None = None
 
     def mark_busy(self, serial: str) -> None:
         """A phone got a live attempt."""
@@ -81,6 +89,22 @@ class HostSession:
         """The phones with a live attempt, as the store said at a hello."""
         self.busy = serials
         self.busy_changes += 1
+
+    def lapsed(self, window: float) -> None:
+        """A lease of this host ran out on its open stream: hold new work for `window` seconds
+        or until the host is heard from."""
+        self.unheard_until = time.monotonic() + window
+
+    def heard(self) -> bool:
+        """The host sent something; True if that ends a hold (`lapsed`)."""
+        held, self.unheard_until = self.unheard_until is not None, None
+        return held
+
+    def unheard(self) -> bool:
+        """Whether new work is held back from this host (`lapsed`, not yet heard from)."""
+        if self.unheard_until is not None and time.monotonic() >= self.unheard_until:
+            self.unheard_until = None
+        return self.unheard_until is not None
 
     def set_devices(self, devices: list[types_pb2.Device]) -> None:
         """Replace the phone list."""

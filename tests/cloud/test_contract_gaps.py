@@ -215,6 +215,8 @@ async def test_every_revoke_says_what_its_task_became(
             lease_pb.REVOKE_REASON_EXPIRED,
             types_pb2.TASK_STATUS_QUEUED,
         )
+        # Heard from again (a host silent since its lease ran out may be frozen: no new work).
+        await host.send(lease_pb.LeaseRequest(outbox=types_pb2.OutboxBacklog()))
         c = (await host.next("assignment")).assignment  # its next attempt, on the freed phone
         assert (c.task_id, c.attempt) == (b.task_id, 2)
         await ops.CancelTask(task_service_pb2.CancelTaskRequest(task_id=c.task_id, reason="no"))

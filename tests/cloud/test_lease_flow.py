@@ -32,8 +32,10 @@ from tests.cloud.cloud_harness import (
     renewal,
     result,
     submit,
+    tasks_stub,
     wait_status,
 )
+from tests.cloud.conftest import SettingsFactory
 
 
 def secs(s: float) -> duration_pb2.Duration:
@@ -166,6 +168,63 @@ async def test_expiry_requeues_to_other_host_and_fences_stale(
         await second.close()
 
 
+async def test_a_frozen_host_gets_no_new_work_until_it_is_heard_from(
+    cloud: CloudServer, ops: Any, pki_dir: Path
+) -> None:
+    frozen = ScriptedHost(cloud.address, pki_dir, "h6")
+    other = ScriptedHost(cloud.address, pki_dir, "h7")
+    try:
+        await frozen.connect(["p"])
+        task = (await submit(ops, lease_duration=secs(120), max_attempts=2)).task
+        a1 = (await frozen.next("assignment")).assignment
+        # The host stops answering (SIGSTOP, a stalled VM) with its stream still open: its
+        # lease runs out. The task waits for a host that answers instead of burning its last
+        # attempt on the frozen one.
+        await lapse(cloud.store, task.task_id, attempt=1)
+        assert (await frozen.next("revoked")).revoked.reason == lease_pb.REVOKE_REASON_EXPIRED
+        await wait_status(ops, task.task_id, types_pb2.TASK_STATUS_QUEUED)
+        await other.connect(["q"])
+        a2 = (await other.next("assignment")).assignment
+        assert (a2.task_id, a2.attempt) == (task.task_id, 2)
+        await other.send(result(a2))
+        assert (await other.next("result_ack")).result_ack.task_status == (
+            types_pb2.TASK_STATUS_SUCCEEDED
+        )
+        # The host resumes: what it says first (a late renewal) makes it a host for work again.
+        await frozen.send(renewal(a1, 3, "resumed"))
+        await frozen.next("revoked")
+        mine = (await submit(ops, target=types_pb2.TaskTarget(host_id="h6"))).task
+        assert (await frozen.next("assignment")).assignment.task_id == mine.task_id
+    finally:
+        await frozen.close()
+        await other.close()
+
+
+async def test_a_quiet_host_gets_work_again_once_its_stream_outlives_the_keepalive(
+    make_settings: SettingsFactory, pki_dir: Path
+) -> None:
+    server = await build_server(
+        make_settings(keepalive_time_seconds=0.5, keepalive_timeout_seconds=0.5)
+    )
+    await server.start()
+    ch = channel(server.address, pki_dir, "operator-ops")
+    host = ScriptedHost(server.address, pki_dir, "h8")
+    try:
+        ops = tasks_stub(ch)
+        await host.connect(["p"])
+        task = (await submit(ops, lease_duration=secs(120), max_attempts=2)).task
+        await host.next("assignment")
+        await lapse(server.store, task.task_id, attempt=1)
+        assert (await host.next("revoked")).revoked.reason == lease_pb.REVOKE_REASON_EXPIRED
+        # The host says nothing, but its stream answers the cloud's pings: it is alive, and
+        # gets the task again once the keepalive would have ended a frozen host's stream.
+        assert (await host.next("assignment")).assignment.attempt == 2
+    finally:
+        await host.close()
+        await ch.close()
+        await server.stop(0.5)
+
+
 async def test_attempts_run_out(cloud: CloudServer, ops: Any, pki_dir: Path) -> None:
     host = ScriptedHost(cloud.address, pki_dir, "h5")
     try:
@@ -175,6 +234,8 @@ async def test_attempts_run_out(cloud: CloudServer, ops: Any, pki_dir: Path) -> 
             a = (await host.next("assignment")).assignment
             assert a.attempt == n
             assert (await host.next("revoked")).revoked.reason == lease_pb.REVOKE_REASON_EXPIRED
+            # A live host is heard from (a frozen one gets no new work until then).
+            await host.send(lease_pb.LeaseRequest(outbox=types_pb2.OutboxBacklog()))
         got = await wait_status(ops, task.task_id, types_pb2.TASK_STATUS_FAILED)
         assert got.result_summary == "lease expired"
         assert len(got.attempts) == 2

@@ -1,0 +1,82 @@
+"""A host process frozen with SIGSTOP mid-task (a paused VM, a closed laptop lid, a GC stall),
+its stream left open: the cloud's keepalive (30 s + 10 s) has not given up on it yet.
+
+Proves: the freeze costs the task the attempt it was running, not the rest of them. The cloud
+hands the frozen host no new work while it stays silent, and once the host is let go it runs the
+task again and finishes it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+from pathlib import Path
+
+from amc.v1 import task_service_pb2, types_pb2
+from tests.support.processes import (
+    TERMINAL,
+    cloud_process,
+    free_port,
+    host_process,
+    operator,
+    wait_connected,
+    wait_serving,
+    wait_task,
+)
+
+#: Longer than the three 2.5 s leases the task may hold, with the sweeps between them: long
+#: enough for every attempt to run out on the frozen host, had it been handed each of them.
+FREEZE_S = 12.0
+
+
+async def test_a_host_frozen_mid_task_costs_it_one_attempt_and_finishes_it(
+    tmp_path: Path, fault_pki: Path
+) -> None:
+    port = free_port()
+    address = f"127.0.0.1:{port}"
+    cloud = cloud_process(
+        tmp_path,
+        "cloud",
+        database_url=f"sqlite+aiosqlite:///{tmp_path / 'cloud.sqlite3'}",
+        pki_dir=fault_pki,
+        port=port,
+    ).start()
+    host = host_process(tmp_path, "a", cloud_address=address, pki_dir=fault_pki, settle_delay_s=1.0)
+    ops = None
+    stopped = False
+    try:
+        await wait_serving(address, fault_pki)
+        ops = operator(address, fault_pki)
+        host.start()
+        await wait_connected(ops, {"a"})
+        submitted = await ops.tasks.SubmitTask(
+            task_service_pb2.SubmitTaskRequest(goal="Turn on dark theme", max_attempts=3)
+        )
+        task_id = submitted.task.task_id
+        await wait_task(
+            ops,
+            task_id,
+            lambda t: t.status == types_pb2.TASK_STATUS_RUNNING and t.progress.step_index >= 1,
+            what="running on host a",
+        )
+        assert host.proc is not None
+        host.proc.send_signal(signal.SIGSTOP)
+        stopped = True
+        await wait_task(
+            ops, task_id, lambda t: t.attempts[0].failure_reason != "", what="attempt 1 expired"
+        )
+        await asyncio.sleep(FREEZE_S)  # the freeze goes on: what the cloud does meanwhile
+        host.proc.send_signal(signal.SIGCONT)
+        stopped = False
+        done = await wait_task(ops, task_id, lambda t: t.status in TERMINAL, what="finished")
+        reasons = [(a.attempt, a.host_id, a.failure_reason) for a in done.attempts]
+        assert done.status == types_pb2.TASK_STATUS_SUCCEEDED, (reasons, host.output()[-3000:])
+        assert reasons[0][2] == "lease expired"
+        assert len(done.attempts) == 2, reasons  # the frozen attempt, then the one that ran
+    finally:
+        if stopped and host.proc is not None:
+            host.proc.send_signal(signal.SIGCONT)
+        if ops is not None:
+            await ops.close()
+        host.stop()
+        cloud.stop()
