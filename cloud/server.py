@@ -65,7 +65,7 @@ from cloud.services.planner_service import CloudBudgets, build_planner_servicer
 from cloud.services.progress_service import ProgressServicer
 from cloud.services.task_service import TaskServicer
 from cloud.settings import CloudSettings, SettingError
-from cloud.store import decisions, leases, screenshots, sessions
+from cloud.store import decisions, errors, leases, screenshots, sessions
 from cloud.store.database import Store
 from cloud.store.engine import upgrade
 from cloud.store.replicas import Presence
@@ -515,9 +515,8 @@ class CloudServer:
             try:
                 await action()
             except Exception as exc:
-                log.exception(
-                    "stopping the replica: %s failed", getattr(action, "__name__", action)
-                )
+                name = getattr(action, "__name__", action)
+                errors.report(log, "stopping the replica: %s failed", exc, name)
                 first = first or exc
 
         async def close_streams() -> None:

@@ -30,7 +30,7 @@ from sqlalchemy import text
 from amc.v1 import types_pb2
 from cloud.flows.embeddings import Embedder
 from cloud.settings import CloudSettings
-from cloud.store import convert, flows
+from cloud.store import convert, errors, flows
 from cloud.store.database import Store
 from cloud.store.leases import Settle
 from cloud.store.models import FlowRow
@@ -222,8 +222,8 @@ class Retriever:
         if await self._has_pgvector():
             try:
                 return await self._pgvector_scores(query, model)
-            except Exception:  # the query path is not exercised here (see docs/benchmarks.md)
-                log.exception("pgvector ranking failed; ranking in Python")
+            except Exception as exc:  # the query path is not exercised here (docs/benchmarks.md)
+                errors.report(log, "pgvector ranking failed; ranking in Python", exc)
         return {
             r.flow_id: (cosine(query, r.embedding or []), "openai-embedding")
             for r in rows

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 from sqlalchemy import QueuePool
 from sqlalchemy.engine import make_url
-from sqlalchemy.exc import DBAPIError
+from sqlalchemy.exc import DBAPIError, OperationalError
 
 from amc.v1 import (
     planner_service_pb2,
@@ -33,7 +33,16 @@ from cloud.settings import CloudSettings, SettingError
 from cloud.store.database import Store
 from cloud.store.engine import upgrade
 from planner.observation import observation_from_scene
-from tests.cloud.cloud_harness import ScriptedHost, channel, renewal, result, submit, tasks_stub
+from tests.cloud.cloud_harness import (
+    DRIVER_TEXT,
+    ScriptedHost,
+    channel,
+    logged_text,
+    renewal,
+    result,
+    submit,
+    tasks_stub,
+)
 from tests.planner import scenes
 
 
@@ -168,3 +177,25 @@ def _stores_of(db_url: str) -> list[Store]:
     database = make_url(db_url).database
     stores = [o for o in gc.get_objects() if isinstance(o, Store)]
     return [s for s in stores if s.engine.url.database == database]
+
+
+async def test_a_stop_step_the_database_fails_is_logged_without_the_driver_text(
+    make_settings: Any, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A step of the stop that the database fails (here the replica's presence lock, released
+    on its own connection) was logged with its traceback and the driver's text (the database's
+    host and port); it is one scrubbed line now, and the stop still raises its first failure.
+    The failure is injected into the step (a real lost connection cannot be made to fail at
+    exactly that moment here)."""
+    server = await build_server(make_settings())
+    await server.start()
+
+    async def lost() -> None:
+        raise OperationalError("SELECT pg_advisory_unlock_all()", {}, OSError(DRIVER_TEXT))
+
+    monkeypatch.setattr(server.presence, "release", lost)
+    with pytest.raises(OperationalError):
+        await server.stop(0.5)
+    text = logged_text(caplog)
+    assert "stopping the replica: lost failed: database unavailable" in text
+    assert "db.internal" not in text and "6543" not in text
