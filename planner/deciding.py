@@ -134,7 +134,8 @@ async def decide(
         """`adapter.complete`. A call not streamed goes on when the decision is cancelled: the
         provider answers and bills it anyway, so its usage is counted when it answers (the
         cancelled error carries it, `InFlight`). A streamed one is cut off (hanging up stops
-        the answer)."""
+        the answer); what the provider reported of it by then rides on the error
+        (`planner.errors.carry_cut_off`, set by the adapter)."""
         nonlocal in_flight
         if asked.stream:
             return await adapter.complete(asked)

@@ -57,6 +57,30 @@ def take_billed(err: BaseException) -> Billed | None:
     return billed
 
 
+#: The `error` a cut-off call is counted with (`take_cut_off`), in the failed-calls record.
+CUT_OFF = "StreamCutOff"
+
+
+def carry_cut_off(err: BaseException, cut_off: Billed) -> None:
+    """Carry on the `asyncio.CancelledError` of a streamed call what the provider reported of
+    it before the hang-up: hanging up stops the answer, not the bill for the input it read."""
+    err.cut_off = cut_off  # type: ignore[attr-defined]  # CancelledError has no such field
+
+
+def cut_off_of(err: BaseException) -> Billed | None:
+    """What `err` carries (`carry_cut_off`), left on it (to be priced on its way up)."""
+    found: Billed | None = getattr(err, "cut_off", None)
+    return found
+
+
+def take_cut_off(err: BaseException) -> Billed | None:
+    """What `err` carries (`carry_cut_off`), taken off it so it is counted once, as `CUT_OFF`."""
+    found = cut_off_of(err)
+    if found is not None:
+        err.cut_off = None  # type: ignore[attr-defined]
+    return found
+
+
 @dataclass(frozen=True, slots=True)
 class InFlight:
     """A model call (not streamed) still under way when its decision was cancelled. The

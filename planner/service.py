@@ -44,6 +44,7 @@ from amc.v1 import planner_service_pb2, planner_service_pb2_grpc, types_pb2
 from planner.convert import decision_to_proto
 from planner.decision import Billed, Decision
 from planner.errors import (
+    CUT_OFF,
     MODEL_PROVIDER,
     REFUSED_BY_KEY,
     REFUSED_BY_PROVIDER,
@@ -55,6 +56,7 @@ from planner.errors import (
     PlannerTransient,
     SessionStateError,
     take_billed,
+    take_cut_off,
     take_in_flight,
 )
 from planner.late_calls import count_when_answered
@@ -393,7 +395,8 @@ class PlannerServicer(planner_service_pb2_grpc.PlannerServiceServicer):
         on: the host is told why its step failed, and the calls stay uncounted (logged).
         A Decide its host gave up on (cancelled, past its deadline: the handler is cancelled
         inside the decision) counts them too, shielded from a second cancel, and the call it
-        left under way once the provider answers it (`InFlight`)."""
+        left under way once the provider answers it (`InFlight`), or what a streamed call it cut
+        off had reported (`CUT_OFF`)."""
         try:
             return await plan()
         except (PlannerError, asyncio.CancelledError) as err:
@@ -405,13 +408,13 @@ class PlannerServicer(planner_service_pb2_grpc.PlannerServiceServicer):
                     await spend.failed(host_id, request.task_id, request.attempt, late, error)
 
                 count_when_answered(in_flight, count)
-            billed = take_billed(err)
-            if billed is not None and self._spend is not None:
+            counts = ((take_billed(err), type(err).__name__), (take_cut_off(err), CUT_OFF))
+            for billed, error in counts:
+                if billed is None or self._spend is None:
+                    continue
                 try:
                     await asyncio.shield(
-                        self._spend.failed(
-                            host_id, request.task_id, request.attempt, billed, type(err).__name__
-                        )
+                        self._spend.failed(host_id, request.task_id, request.attempt, billed, error)
                     )
                 except Exception as failure:
                     log.error(

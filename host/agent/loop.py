@@ -45,7 +45,7 @@ from host.timeline.store import TimelineStore
 from planner import secret_refs
 from planner.budget import Budget, FleetDay
 from planner.decision import Billed, Decision, Usage
-from planner.errors import PlannerError, take_billed, take_in_flight
+from planner.errors import CUT_OFF, PlannerError, take_billed, take_cut_off, take_in_flight
 from planner.history import WorldEvent
 from planner.late_calls import count_when_answered
 from planner.observation import clip
@@ -599,7 +599,8 @@ class AgentLoop:
         transport), what the answered calls cost goes to the outbox first: the provider billed
         them, and the cloud counts them toward the task's budget and the fleet's spending. So
         does a decision cancelled mid-way (the attempt revoked, cancelled or out of time), and
-        the call it left under way once the provider answers it (`InFlight`)."""
+        the call it left under way once the provider answers it (`InFlight`), or what a
+        streamed call it cut off had reported (`CUT_OFF`)."""
         try:
             return await self.planner.decide(spec.goal, scene, history, screenshot)
         except (PlannerError, asyncio.CancelledError) as err:
@@ -610,6 +611,9 @@ class AgentLoop:
             billed = take_billed(err)
             if billed is not None:
                 await self._count_failed(spec, billed, error)
+            cut_off = take_cut_off(err)
+            if cut_off is not None:
+                await self._count_failed(spec, cut_off, CUT_OFF)
             raise
 
     async def _count_failed(self, spec: TaskSpec, billed: Billed, error: str) -> None:

@@ -17,6 +17,7 @@ from typing import Any, Protocol
 from opentelemetry.trace import Status, StatusCode
 
 from planner.decision import Usage
+from planner.errors import cut_off_of
 from planner.model_profiles import RetryForm
 from planner.prices import PriceTable
 from planner.vendors.base import ModelAdapter, Turn, TurnRequest
@@ -78,6 +79,9 @@ class ObservedAdapter:
             except BaseException as err:
                 seconds = time.perf_counter() - started
                 span.set_status(Status(StatusCode.ERROR, type(err).__name__))
+                cut_off = cut_off_of(err)
+                if cut_off is not None:  # a stream hung up on: what it reported is billed
+                    cut_off.usage.cost_usd = self.prices.cost(cut_off.model, cut_off.usage)
                 if self.observer is not None and isinstance(err, Exception):
                     self.observer.call_finished(
                         self.inner.name, self.inner.model, seconds, None, err

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import json
+import threading
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -19,16 +20,19 @@ import grpc
 import httpx
 import pytest
 from pydantic import SecretStr
+from sqlalchemy import select, update
 from sqlalchemy import text as sql_text
-from sqlalchemy import update
 
 from amc.v1 import (
     decision_log_service_pb2,
     decision_log_service_pb2_grpc,
+    fleet_service_pb2,
+    fleet_service_pb2_grpc,
     planner_service_pb2,
     planner_service_pb2_grpc,
     progress_service_pb2,
     progress_service_pb2_grpc,
+    task_service_pb2,
     types_pb2,
 )
 from cloud.events import EventBus
@@ -36,7 +40,7 @@ from cloud.server import CloudServer, build_server
 from cloud.store import sessions
 from cloud.store.database import Store
 from cloud.store.engine import check, downgrade, upgrade
-from cloud.store.models import DecisionRow, TaskRow
+from cloud.store.models import DecisionRow, FailedDecisionSpendRow, TaskRow
 from cloud.store.ports import StoreSessionStore
 from console.gateway import create_app
 from console.settings import ConsoleSettings
@@ -63,6 +67,7 @@ from tests.support.fakes import (
     tool_use,
 )
 from tests.support.postgres import PostgresServer
+from tests.support.waiting import until
 
 INTENT = {"purpose": "open it", "expected_outcome": "it opens"}
 CONSOLE_TOKEN = "live-thinking-api-token-0123456789"
@@ -405,6 +410,92 @@ async def test_operators_watch_the_model_think_live(
         decision = (await decided).decision
     assert decision.thinking[0].text == thought  # what is kept is the decision's thinking
     assert len(model.bodies("/v1/messages")) == 1 and model.bodies("/v1/messages")[0]["stream"]
+
+
+@pytest.mark.parametrize(
+    ("reported", "output", "cost"),
+    [("message_start", 1, 0.002565), ("message_delta", 40, 0.00315)],
+)
+async def test_a_streamed_call_cut_off_by_a_cancel_counts_what_the_provider_reported(
+    anthropic_session_cloud: CloudServer,
+    model: FakeModelServer,
+    pki_dir: Path,
+    db_url: str,
+    reported: str,
+    output: int,
+    cost: float,
+) -> None:
+    """A Decide its host gives up on while the model's answer is streaming hangs the stream up,
+    yet the provider billed the input it read (reported by `message_start`) and the output
+    written so far (by the last `message_delta`, else `message_start`'s 1): counted once, in the
+    task's totals and the day's spending, as a cut-off call (`StreamCutOff`)."""
+    hold = threading.Event()
+    blocks = [thinking("Look."), thinking("Display is second.")]
+    turn = ScriptedTurn(
+        [*blocks, tool_use("tap", {"element_id": "e1", **INTENT})],
+        usage={
+            "input_tokens": 500,
+            "output_tokens": 300,
+            "cache_read_input_tokens": 1000,
+            "cache_creation_input_tokens": 200,
+        },
+        hold=hold,
+        # The second block's first thinking delta (after the first block's delta and
+        # signature): what the cloud shows live was read after everything before it.
+        hold_after="content_block_delta",
+        hold_nth=3,
+    )
+    if reported == "message_delta":
+        turn.output_so_far = (0, 40)  # reported between the two blocks
+    model.anthropic_script.append(turn)
+    try:
+        async with Leased(anthropic_session_cloud, pki_dir, "h25") as leased:
+            watcher: Any = progress_service_pb2_grpc.ProgressServiceStub(leased.ops)
+            watch = watcher.WatchProgress(
+                progress_service_pb2.WatchProgressRequest(
+                    task_id=leased.task.task_id, include_thinking=True
+                )
+            )
+            assert (await watch.read()).snapshot
+            call = leased.stub.Decide(leased.request())
+            live = ""
+            while "Display" not in live:  # the second block's delta reached the cloud
+                message = await asyncio.wait_for(watch.read(), 10)
+                live += message.thinking.delta if message.HasField("thinking") else ""
+            watch.cancel()
+            call.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await call
+            hold.set()  # the provider would go on; nobody listens any more
+            tasks = tasks_stub(leased.ops)
+            get = task_service_pb2.GetTaskRequest(task_id=leased.task.task_id)
+
+            async def counted() -> bool:
+                return bool((await tasks.GetTask(get)).task.totals.usage.input_tokens)
+
+            await until(counted, within=15, what="the cut-off call counted")
+            totals = (await tasks.GetTask(get)).task.totals.usage
+            fleet: Any = fleet_service_pb2_grpc.FleetServiceStub(leased.ops)
+            today = (await fleet.GetSpend(fleet_service_pb2.GetSpendRequest())).today
+    finally:
+        hold.set()
+    store = Store.from_url(db_url)
+    try:
+        async with store.read() as db:
+            rows = (await db.execute(select(FailedDecisionSpendRow))).scalars().all()
+    finally:
+        await store.close()
+    assert [(r.error, r.input_tokens, r.output_tokens) for r in rows] == [
+        ("StreamCutOff", 500, output)
+    ]
+    for usage in (totals, today):
+        assert (
+            usage.input_tokens,
+            usage.cache_read_input_tokens,
+            usage.cache_creation_input_tokens,
+            usage.output_tokens,
+        ) == (500, 1000, 200, output)
+        assert usage.cost_usd == pytest.approx(cost)
 
 
 JUDGED = "Settings opened as expected. Now open Display, where the theme is."

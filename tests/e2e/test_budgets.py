@@ -14,11 +14,14 @@ the fake saw exactly two requests.
 from __future__ import annotations
 
 import io
+import json
 import os
+import sqlite3
 import threading
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 from rich.console import Console
 
@@ -31,7 +34,17 @@ from amc.v1 import (
 from cloud import metrics
 from cloud.metrics import start_of_day
 from console.embedded import Transport, embedded_stack, follow_tasks
-from tests.support.fakes import FakeModelServer, ScriptedTurn, anthropic_message, text, tool_use
+from host.console import HostConsoleSettings
+from host.console.login_token import issue, served_url
+from tests.host.console.host_console_support import CSRF_RE
+from tests.support.fakes import (
+    FakeModelServer,
+    ScriptedTurn,
+    anthropic_message,
+    text,
+    thinking,
+    tool_use,
+)
 from tests.support.waiting import until
 
 KEY = "sk-ant-budget-test-key"
@@ -52,6 +65,13 @@ def fake_model(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeModelServer]:
             *[_launch(p) for p in ("com.android.settings", "com.android.contacts")]
         )
         yield fake
+
+
+LAUNCH = {
+    "package_name": "com.android.settings",
+    "purpose": "open it",
+    "expected_outcome": "it opens",
+}
 
 
 def _launch(package: str) -> ScriptedTurn:
@@ -361,6 +381,88 @@ async def test_a_direct_host_counts_the_model_call_in_flight_at_a_cancel_once_it
     assert usage.cost_usd == pytest.approx(0.006)
     assert (spend.today.input_tokens, spend.today.output_tokens) == (1000, 200)
     assert len(fake_model.bodies("/v1/messages")) == 2
+
+
+async def test_a_direct_host_counts_what_a_streamed_call_cut_off_at_a_cancel_reported(
+    tmp_path: Path, fake_model: FakeModelServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Session mode streams the host's model calls. The operator cancels the task while the
+    answer is streaming (its thinking shows in the host's console): the host hangs up, but the
+    provider billed the input `message_start` reported. The host keeps that call in its
+    timeline as cut off (`StreamCutOff`) and ships it: it counts once in the task's totals and
+    GetSpend."""
+    monkeypatch.setenv("AMC_PLANNER_MODE", "session")
+    monkeypatch.setenv("AMC_PLANNER_THINKING", "budget")
+    monkeypatch.setenv("AMC_PLANNER_THINKING_BUDGET_TOKENS", "2048")
+    hold = threading.Event()
+    fake_model.anthropic_script.clear()
+    fake_model.anthropic_script.append(
+        ScriptedTurn(
+            [thinking("Settings is an app."), tool_use("launch_app", LAUNCH)],
+            usage={
+                "input_tokens": 500,
+                "output_tokens": 300,
+                "cache_read_input_tokens": 1000,
+                "cache_creation_input_tokens": 200,
+            },
+            hold=hold,
+            hold_after="content_block_delta",  # message_start and the first thinking delta
+        )
+    )
+    tokens = tmp_path / "console-tokens"
+    console = HostConsoleSettings(bind_port=0, token_dir=tokens)
+    try:
+        async with embedded_stack(
+            tmp_path / "stack", transport="direct", host_console=console
+        ) as stack:
+            ops = stack.operator
+            request = task_service_pb2.SubmitTaskRequest(goal="Open Settings")
+            task_id = (await ops.tasks.SubmitTask(request)).task.task_id
+            await until(lambda: served_url(tokens) is not None, what="the host console up")
+            async with httpx.AsyncClient(base_url=str(served_url(tokens))) as web:
+                page = await web.get("/login")
+                match = CSRF_RE.search(page.text)
+                assert match
+                login = {"token": issue(tokens), "csrf_token": match.group(1)}
+                assert (await web.post("/login", data=login)).status_code == 303
+
+                async def thinking_shown() -> bool:
+                    live = await web.get(f"/tasks/{task_id}/live", params={"attempt": 1})
+                    return live.status_code == 200 and bool(live.json()["thinking"])
+
+                # The host read message_start before its first thinking delta.
+                await until(thinking_shown, what="the streamed thinking on the host")
+            await ops.tasks.CancelTask(task_service_pb2.CancelTaskRequest(task_id=task_id))
+            get = task_service_pb2.GetTaskRequest(task_id=task_id)
+
+            async def counted() -> bool:
+                task = (await ops.tasks.GetTask(get)).task
+                cancelled = task.status == types_pb2.TASK_STATUS_CANCELLED
+                return bool(cancelled and task.totals.usage.input_tokens)
+
+            await until(counted, what="the cut-off call counted")
+            hold.set()  # the provider would go on; nobody listens any more
+            task = (await ops.tasks.GetTask(get)).task
+            spend = await ops.fleet.GetSpend(fleet_service_pb2.GetSpendRequest())
+    finally:
+        hold.set()
+    timeline = sqlite3.connect(tmp_path / "stack" / "host" / "task_progress.sqlite3")
+    try:
+        kept = timeline.execute("SELECT error, usage FROM failed_calls").fetchall()
+    finally:
+        timeline.close()
+    assert [(error, json.loads(usage)["input_tokens"]) for error, usage in kept] == [
+        ("StreamCutOff", 500)
+    ]
+    for usage in (task.totals.usage, spend.today):
+        assert (
+            usage.input_tokens,
+            usage.cache_read_input_tokens,
+            usage.cache_creation_input_tokens,
+            usage.output_tokens,
+        ) == (500, 1000, 200, 1)  # output: what message_start reported, no message_delta came
+        assert usage.cost_usd == pytest.approx(0.002565)
+    assert len(fake_model.bodies("/v1/messages")) == 1
 
 
 async def test_a_direct_host_stops_calling_the_model_within_a_task_at_the_fleet_s_daily_cap(

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import anthropic
 
+from planner.decision import Billed
+from planner.errors import carry_cut_off
 from planner.model_profiles import ModelProfile, RetryForm, profile_for
 from planner.vendors.anthropic.messages import (
     CONTEXT_EXCEEDED_STOP,
@@ -104,14 +108,23 @@ class AnthropicAdapter:
         said = text_in_thinking(params, self.profile)
         acc = AnthropicStreamAccumulator(request.on_thinking, said)
         streamed = (acc.feed, acc.message) if request.stream else None
-        message = await fetch_response(
-            self.client.messages.create,
-            params,
-            self.name,
-            streamed,
-            retries=self.retries,
-            call_seconds=call_timeout(self.client.timeout, params["max_tokens"]),
-        )
+        try:
+            message = await fetch_response(
+                self.client.messages.create,
+                params,
+                self.name,
+                streamed,
+                retries=self.retries,
+                call_seconds=call_timeout(self.client.timeout, params["max_tokens"]),
+            )
+        except asyncio.CancelledError as err:
+            # Hanging up stops the stream, not the bill for what the provider read: its
+            # message_start said so (and message_delta what it wrote so far).
+            reported = acc.reported()
+            if reported is not None:
+                model, usage = reported
+                carry_cut_off(err, Billed(self.name, model or self._model, usage_from(usage)))
+            raise
         stop = message.get("stop_reason")
         return Turn(
             turn_id=str(message.get("id") or ""),

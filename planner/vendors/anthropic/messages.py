@@ -270,6 +270,13 @@ class AnthropicStreamAccumulator:
             self._done = True
             self._show(self._held)  # no call followed: thinking
 
+    def reported(self) -> tuple[str, Mapping[str, Any]] | None:
+        """The model and usage the stream reported so far (None before `message_start`):
+        input and cache tokens from `message_start`, output from the last `message_delta`."""
+        if self._message is None:
+            return None
+        return str(self._message.get("model") or ""), dict(self._message.get("usage") or {})
+
     def _delta(self, index: int, delta: Mapping[str, Any]) -> None:
         block = self._blocks[index]
         kind = delta.get("type")

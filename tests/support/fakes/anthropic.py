@@ -121,6 +121,13 @@ class ScriptedTurn:
     stops halfway, then the stream ends properly with stop_reason "max_tokens"."""
     hold: threading.Event | None = None
     """Anthropic: the answer is sent once this is set (`Answer.hold`)."""
+    hold_after: str | None = None
+    """Anthropic, streamed, with `hold`: the events up to the `hold_nth` of this type (say
+    "content_block_delta") are sent at once, the rest once `hold` is set (`Answer.hold_at`)."""
+    hold_nth: int = 1
+    output_so_far: tuple[int, int] | None = None
+    """Anthropic, streamed: (block index, tokens) — a `message_delta` reporting that many output
+    tokens so far after that block ends (a stream may send several; each usage is cumulative)."""
 
 
 #: HTTP status of each Anthropic error type (for a failure outside a stream).
@@ -361,7 +368,22 @@ class MessagesFake:
                 kind, text_ = entry.fail
                 error = {"type": "error", "error": {"type": kind, "message": text_}}
                 events = [*events[:2], ("error", error)]
-            return Answer(events=events, hold=entry.hold)
+            if entry.output_so_far is not None:
+                block, tokens = entry.output_so_far
+                end = events.index(
+                    ("content_block_stop", {"type": "content_block_stop", "index": block})
+                )
+                so_far = {
+                    "type": "message_delta",
+                    "delta": {"stop_reason": None, "stop_sequence": None},
+                    "usage": {"output_tokens": tokens},
+                }
+                events.insert(end + 1, ("message_delta", so_far))
+            at = None
+            if entry.hold_after:
+                ends = [i + 1 for i, (kind, _) in enumerate(events) if kind == entry.hold_after]
+                at = ends[entry.hold_nth - 1]
+            return Answer(events=events, hold=entry.hold, hold_at=at)
         return Answer(body=message, hold=entry.hold)
 
     def _render(

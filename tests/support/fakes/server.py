@@ -59,6 +59,9 @@ class Answer:
     hold: threading.Event | None = None
     """Nothing is sent until this is set (at most a minute): a provider still working on the
     answer, which a client's cancel or deadline cuts off."""
+    hold_at: int | None = None
+    """With `hold` and `events`: that many events are sent first, then the rest once `hold` is
+    set (a stream the provider is still writing)."""
 
 
 class Rejected(Exception):
@@ -247,7 +250,7 @@ class FakeServer:
                     body = {"_unparsed": raw.decode("utf-8", "replace")}
                 headers = {k.lower(): v for k, v in self.headers.items()}
                 answer = server.handle(self.path.split("?")[0], headers, body)
-                if answer.hold is not None:
+                if answer.hold is not None and answer.hold_at is None:
                     answer.hold.wait(60)
                 try:
                     if answer.events is not None:
@@ -278,7 +281,9 @@ class FakeServer:
                     self.send_header("content-type", server.stream_content_type)
                 self.send_header("connection", "close")
                 self.end_headers()
-                for name, data in answer.events or []:
+                for i, (name, data) in enumerate(answer.events or []):
+                    if i == answer.hold_at and answer.hold is not None:
+                        answer.hold.wait(60)
                     chunk = f"event: {name}\ndata: {json.dumps(data)}\n\n"
                     self.wfile.write(chunk.encode())
                     self.wfile.flush()
