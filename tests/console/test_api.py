@@ -18,7 +18,7 @@ import pytest
 from PIL import Image
 from starlette.responses import StreamingResponse
 
-from amc.v1 import artifact_service_pb2, types_pb2
+from amc.v1 import artifact_service_pb2, lease_service_pb2, types_pb2
 from amc.v1.artifact_service_pb2_grpc import ArtifactServiceStub
 from console.gateway import create_app
 from console.gateway.errors import UNREACHABLE
@@ -440,7 +440,10 @@ def test_an_expired_lease_shows_as_the_next_attempt(
     task = api.post("/api/tasks", json=body).json()["task"]
     first = host.assignment()
     host.renew(first, 2, types_pb2.STEP_STATUS_ACTING, "tap 'Display'")
-    second = host.assignment()  # after the first lease ran out
+    host.expect("revoked")  # the first lease ran out
+    # Heard from again: a host silent since its lease ran out may be frozen (no new work).
+    host.send(lease_service_pb2.LeaseRequest(outbox=types_pb2.OutboxBacklog()))
+    second = host.assignment()
     assert second.attempt == 2
 
     detail = api.get(f"/api/tasks/{task['task_id']}").json()
