@@ -106,6 +106,45 @@ function cut(text, max, size = Buffer.byteLength) {
   return s.slice(0, end);
 }
 
+// --- the phones: which ones, and how to reach each ----------------------------------------
+// Cheap phones ship with one serial (0123456789ABCDEF). adb lists each of them but refuses the
+// serial as ambiguous ("more than one device"), so such a phone gets its own id, as the Python
+// host gives it (host/devices/registry.py): `serial@usb:<port>` where adb names the USB port,
+// else `serial@t<transport id>`, and is reached by its transport id (`host:transport-id:N`).
+const SHARED_MARK = '@';
+const tagged = (listed, tag) => {
+  const found = Object.values(listed).find((v) => typeof v === 'string' && v.startsWith(`${tag}:`));
+  return found ? found.slice(tag.length + 1) : '';
+};
+
+async function listPhones() {
+  const listed = (await adb.listDevicesWithPaths()).filter((d) => d.type === 'device');
+  const counts = new Map();
+  for (const d of listed) counts.set(d.id, (counts.get(d.id) || 0) + 1);
+  return listed.map((d) => {
+    const transportId = tagged(d, 'transport_id');
+    if (counts.get(d.id) < 2 || !transportId) return { id: d.id, device: adb.getDevice(d.id) };
+    const usb = tagged(d, 'usb');
+    const id = `${d.id}${SHARED_MARK}${usb ? `usb:${usb}` : `t${transportId}`}`;
+    log(`adb lists several phones with the serial ${d.id}: this one (transport id ${transportId}) is ${id}`);
+    return { id, device: byTransportId(d.id, transportId) };
+  });
+}
+
+// adbkit's device client switches each connection with `host:transport:<serial>`; this one
+// switches with the transport id, and is otherwise adbkit's own.
+function byTransportId(serial, transportId) {
+  const device = adb.getDevice(serial);
+  device.transport = async () => {
+    const conn = await device.connection();
+    const request = `host:transport-id:${transportId}`;
+    conn.write(Buffer.from(request.length.toString(16).padStart(4, '0') + request));
+    if ((await conn.parser.readAscii(4)) !== 'OKAY') await conn.parser.readError(); // throws, closes
+    return conn;
+  };
+  return device;
+}
+
 // --- the phone: perceive over adb ---------------------------------------------------------
 async function shell(device, command) {
   const stream = await device.shell(command);
@@ -340,8 +379,9 @@ async function decide(request, stopped) {
   }
 }
 
-async function runTask(a, revoked) {
-  const device = adb.getDevice(a.device_serial);
+async function runTask(a, revoked, phones) {
+  const phone = phones.find((p) => p.id === a.device_serial);
+  const device = phone ? phone.device : adb.getDevice(a.device_serial);
   const progress = { step_index: 0, step_status: 'STEP_STATUS_PERCEIVING', summary: 'starting', max_steps: MAX_STEPS };
   const lease = { task_id: a.task_id, attempt: a.attempt, lease_id: a.lease_id };
   held.set(a.lease_id, { ...lease, device_serial: a.device_serial });
@@ -456,7 +496,7 @@ function session(phones, revoked, state) {
         expiries.set(a.lease_id, now() + ms(a.lease_remaining || a.lease_duration));
         // resumed: a lease this process listed, confirmed; its task runs on (or its result,
         // kept, was sent again above).
-        if (!a.resumed) runTask(a, revoked);
+        if (!a.resumed) runTask(a, revoked, phones);
         break;
       }
       case 'renewed':
@@ -497,7 +537,7 @@ function session(phones, revoked, state) {
 }
 
 async function main() {
-  const phones = (await adb.listDevices()).filter((d) => d.type === 'device');
+  const phones = await listPhones();
   const revoked = new Map();
   const state = { done: 0, failures: 0, superseded: '' };
   for (;;) {

@@ -3,7 +3,7 @@ adb protocol, both real processes or servers, torn down however the test ends.""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,17 +30,22 @@ class Rig:
     adb_port: int
     client: OperatorClient
     cloud: AmcProcess
+    adb: VirtualAdbServer
 
 
 @asynccontextmanager
 async def cloud_and_phone(
-    tmp_path: Path, phone: VirtualPhone, host_id: str, planner: Mapping[str, str] | None = None
+    tmp_path: Path,
+    phone: VirtualPhone,
+    host_id: str,
+    planner: Mapping[str, str] | None = None,
+    more: Sequence[VirtualPhone] = (),
 ) -> AsyncIterator[Rig]:
     """A serving cloud (SQLite, mTLS, the offline planner unless `planner` gives other
-    `AMC_PLANNER_*` settings) with certificates for `host_id`, and `phone` on its own adb
-    server."""
+    `AMC_PLANNER_*` settings) with certificates for `host_id`, and `phone` (and `more`) on
+    their own adb server."""
     pki = make_pki(tmp_path / "pki", [host_id])
-    adb = VirtualAdbServer([phone])
+    adb = VirtualAdbServer([phone, *more])
     adb_port = await adb.start()
     port = free_port()
     cloud = cloud_process(
@@ -55,7 +60,7 @@ async def cloud_and_phone(
     client = operator(address, pki)
     try:
         await wait_serving(address, pki)
-        yield Rig(address, pki, adb_port, client, cloud)
+        yield Rig(address, pki, adb_port, client, cloud, adb)
     finally:
         await client.close()
         cloud.stop()

@@ -16,7 +16,13 @@ from pathlib import Path
 
 import pytest
 
-from amc.v1 import decision_log_service_pb2, flow_service_pb2, task_service_pb2, types_pb2
+from amc.v1 import (
+    decision_log_service_pb2,
+    fleet_service_pb2,
+    flow_service_pb2,
+    task_service_pb2,
+    types_pb2,
+)
 from cloud.store.leases import RESULT_SUMMARY_LIMIT, SUMMARY_LIMIT
 from host.devices.virtual.apps.base import PhoneApi
 from host.devices.virtual.apps.notes import PKG as NOTES
@@ -543,3 +549,34 @@ async def test_the_node_host_ends_a_step_refused_for_the_clouds_key_retryable(
     assert "rejected the API key" in said
     assert ended.status == types_pb2.TASK_STATUS_QUEUED, ended
     assert "rejected the API key" in ended.attempts[0].failure_reason
+
+
+async def test_the_node_host_gives_phones_sharing_a_serial_their_own_ids_and_drives_each(
+    node: str, tmp_path: Path
+) -> None:
+    """Two phones with the serial cheap phones ship with: adb lists both and refuses the serial
+    as ambiguous ("more than one device"). host.js said hello with the serial twice and drove
+    it with `host:transport:<serial>`, so every command failed; as the Python host does, each
+    now has its own id (`serial@t<transport id>`) and is reached by its transport id."""
+    serial = "0123456789ABCDEF"
+    first, second = VirtualPhone(serial), VirtualPhone(serial)
+    async with cloud_and_phone(tmp_path, first, HOST_ID, more=[second]) as rig:
+        ids = [f"{serial}@t{rig.adb.transport_id(p)}" for p in (first, second)]
+        task = (
+            await rig.client.tasks.SubmitTask(
+                task_service_pb2.SubmitTaskRequest(
+                    goal="Turn on dark theme",
+                    max_attempts=1,
+                    target=types_pb2.TaskTarget(device_serial=ids[1]),
+                ),
+                timeout=10,
+            )
+        ).task
+        said = await _run_node(node, rig)
+        final = await wait_task(
+            rig.client, task.task_id, lambda t: t.status != types_pb2.TASK_STATUS_RUNNING, 10
+        )
+        hosts = (await rig.client.fleet.ListHosts(fleet_service_pb2.ListHostsRequest())).hosts
+    assert sorted(d.serial for h in hosts for d in h.devices) == sorted(ids), said
+    assert final.status == types_pb2.TASK_STATUS_SUCCEEDED, said
+    assert [first.state.flag("dark_theme"), second.state.flag("dark_theme")] == [False, True]
