@@ -288,6 +288,32 @@ async function perceive(device) {
 const KEYS = { KEY_BACK: 'KEYCODE_BACK', KEY_HOME: 'KEYCODE_HOME', KEY_ENTER: 'KEYCODE_ENTER', KEY_DELETE: 'KEYCODE_DEL' };
 const quote = (s) => `'${String(s).replace(/'/g, `'\\''`)}'`;
 
+// adbd before Android 7 takes adb packets of at most 4096 bytes (MAX_PAYLOAD_V1), and a
+// request (`shell:` + the command + a NUL) has to fit in one: for a longer one the adb server
+// gives up ("destination oversized") and drops the connection unanswered. So a long text is
+// typed by as many `input text` commands as it takes, each fitting one request, as the Python
+// host types it (host/devices/adb_driver.py, `input_text_commands`). A cut anywhere is safe:
+// each piece is quoted on its own, and a space's `%s` is never split.
+const SHELL_MAX = 4096 - 2 - 'shell:'.length; // bytes
+function inputTextCommands(text) {
+  const room = SHELL_MAX - Buffer.byteLength("input text ''");
+  const commands = [];
+  let piece = '';
+  let size = 0;
+  for (const ch of text) {
+    const unit = ch === ' ' ? '%s' : ch === "'" ? `'\\''` : ch;
+    const bytes = Buffer.byteLength(unit);
+    if (piece && size + bytes > room) {
+      commands.push(`input text '${piece}'`);
+      [piece, size] = ['', 0];
+    }
+    piece += unit;
+    size += bytes;
+  }
+  if (piece) commands.push(`input text '${piece}'`);
+  return commands;
+}
+
 function center(observation, elementId) {
   const element = observation.elements.find((e) => e.element_id === elementId);
   if (!element) throw new Error(`no element ${elementId} on this screen`);
@@ -307,7 +333,7 @@ async function act(device, action, observation) {
     case 'input_text': {
       const t = action.input_text;
       if (t.element_id) await shell(device, `input tap ${center(observation, t.element_id).join(' ')}`);
-      await shell(device, `input text ${quote(t.text.replace(/ /g, '%s'))}`);
+      for (const command of inputTextCommands(t.text)) await shell(device, command);
       return t.sensitive ? 'typed •••' : `typed ${t.text.length} characters`;
     }
     case 'swipe': {

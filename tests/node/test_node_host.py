@@ -580,3 +580,22 @@ async def test_the_node_host_gives_phones_sharing_a_serial_their_own_ids_and_dri
     assert sorted(d.serial for h in hosts for d in h.devices) == sorted(ids), said
     assert final.status == types_pb2.TASK_STATUS_SUCCEEDED, said
     assert [first.state.flag("dark_theme"), second.state.flag("dark_theme")] == [False, True]
+
+
+async def test_the_node_host_types_a_long_text_whole_on_a_phone_with_small_adb_packets(
+    node: str, tmp_path: Path
+) -> None:
+    """adbd before Android 7 opens no request longer than its 4096-byte packet. host.js sent
+    the whole text in one `input text` request, which the adb server could not open: the
+    connection dropped and nothing was typed. As the Python host does, it now types the text in
+    commands that each fit one request (quoted, this text of apostrophes takes almost 5000
+    bytes). Only the field is read: the note is not saved (host.js taps Save under the
+    keyboard, a separate matter), so the task's end says nothing here."""
+    phone = VirtualPhone("emulator-5554")
+    phone.adbd_max_payload = 4096
+    body = "a'' " * 450 + "z"
+    said, _, _ = await _one_task(
+        node, tmp_path, phone, f'Create a note titled "Long" that says "{body}"'
+    )
+    typed = phone.current_page().fields.get("body", "")
+    assert typed.startswith(body), said[-2000:]
