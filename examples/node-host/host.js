@@ -405,13 +405,25 @@ async function decide(request, stopped) {
   }
 }
 
+// A lease that runs out by this host's own clock (with a little grace for the clocks' drift)
+// while the cloud cannot be reached: the cloud has given the phone's task up, so the attempt
+// stops and says so, retryable, once the cloud is back, as the Python host does
+// (host/lease_client.py, `expiry_grace_s`, UNREACHABLE_SUMMARY).
+const EXPIRY_GRACE = 2000; // ms
+const UNREACHABLE = 'stopped: the lease ran out while the cloud was unreachable';
+const expiredLocally = (leaseId) => !current && expiries.has(leaseId) && now() > expiries.get(leaseId) + EXPIRY_GRACE;
+
 async function runTask(a, revoked, phones) {
   const phone = phones.find((p) => p.id === a.device_serial);
   const device = phone ? phone.device : adb.getDevice(a.device_serial);
   const progress = { step_index: 0, step_status: 'STEP_STATUS_PERCEIVING', summary: 'starting', max_steps: MAX_STEPS };
   const lease = { task_id: a.task_id, attempt: a.attempt, lease_id: a.lease_id };
   held.set(a.lease_id, { ...lease, device_serial: a.device_serial });
-  const renew = () => send({ renewal: { ...lease, progress } });
+  let expired = false;
+  const renew = () => {
+    if (expiredLocally(a.lease_id)) expired = true;
+    send({ renewal: { ...lease, progress } });
+  };
   const report = (step, status, summary) => {
     Object.assign(progress, { step_index: step, step_status: status, summary: cut(summary, LIMITS.summary, characters) });
     renew();
@@ -427,11 +439,16 @@ async function runTask(a, revoked, phones) {
         [status, summary] = ['TASK_STATUS_CANCELLED', revoked.get(a.lease_id)];
         break;
       }
+      if (expired || expiredLocally(a.lease_id)) {
+        [expired, summary, retryable] = [true, UNREACHABLE, true];
+        break;
+      }
       report(step, 'STEP_STATUS_PERCEIVING', `step ${step}: looking at the screen`);
       const observation = await perceive(device);
       report(step, 'STEP_STATUS_PLANNING', `step ${step}: planning`);
       const request = { ...lease, observation, previous_outcome: previous, step_key: String(step) };
-      const { decision, replayed } = await decide(request, () => revoked.has(a.lease_id));
+      const over = () => revoked.has(a.lease_id) || (expired ||= expiredLocally(a.lease_id));
+      const { decision, replayed } = await decide(request, over);
       const action = decision.action;
       report(step, 'STEP_STATUS_ACTING', `step ${step}: ${decision.tool_name} — ${decision.purpose}`);
       log(`step ${step}: ${decision.tool_name} ${decision.arguments_json} — ${decision.rationale}`);
@@ -463,6 +480,7 @@ async function runTask(a, revoked, phones) {
     // host the lease). Nothing the task did: the attempt ends retryable, as the Python host ends
     // it, and the task waits (held by the cloud) for a key that works instead of failing.
     retryable = err.code === grpc.status.PERMISSION_DENIED;
+    if (expired && !revoked.has(a.lease_id)) [status, summary, retryable] = ['TASK_STATUS_FAILED', UNREACHABLE, true];
   } finally {
     clearInterval(renewer);
   }

@@ -160,3 +160,78 @@ async def test_the_node_host_stops_with_one_line_when_the_cloud_refuses_its_cert
     said = err.decode().strip().splitlines()
     assert host.returncode == 1, said
     assert len(said) == 1 and said[0].startswith("[node-host] error: code 7: "), said
+
+
+async def test_the_node_host_stops_a_task_whose_lease_ran_out_while_the_cloud_was_unreachable(
+    node: str, tmp_path: Path
+) -> None:
+    """The cloud cannot be reached mid-step (its connections cut at a proxy) for longer than
+    the lease: the cloud has given the attempt up, so the Python host stops it once the lease
+    has run out by its own clock (+2 s) and ends it retryable. host.js asked Decide again for
+    as long as the cloud stayed away, driving a phone whose task was no longer its own."""
+    hold = threading.Event()
+    launch = anthropic_message(
+        tool_use(
+            "launch_app",
+            {"package_name": "com.android.settings", "purpose": "open", "expected_outcome": "open"},
+        )
+    )
+    launch.hold = hold
+    planner = {
+        "AMC_PLANNER_PROVIDER": "anthropic",
+        "AMC_PLANNER_MODEL": "claude-sonnet-4-6",
+        "AMC_PLANNER_ANTHROPIC_API_KEY": ANTHROPIC_KEY,
+        "AMC_PLANNER_MAX_RETRIES": "0",
+        "AMC_CLOUD_DEFAULT_LEASE_SECONDS": "5",
+    }
+    with FakeModelServer(anthropic_key=ANTHROPIC_KEY) as provider:
+        provider.script_anthropic(launch)
+        planner["AMC_PLANNER_ANTHROPIC_BASE_URL"] = provider.anthropic_base_url
+        async with cloud_and_phone(
+            tmp_path, VirtualPhone("emulator-5554"), HOST_ID, planner
+        ) as rig:
+            proxy = TcpProxy([("127.0.0.1", int(rig.address.rsplit(":", 1)[1]))]).start()
+            await rig.client.tasks.SubmitTask(
+                task_service_pb2.SubmitTaskRequest(goal="Open the settings", max_attempts=2),
+                timeout=10,
+            )
+            host = await asyncio.create_subprocess_exec(
+                node,
+                str(HOST),
+                env={
+                    "PATH": os.environ.get("PATH", ""),
+                    "AMC_CLOUD_ADDRESS": proxy.address,
+                    "AMC_HOST_CERTS_DIR": str(rig.pki),
+                    "AMC_HOST_ID": HOST_ID,
+                    "ADB_PORT": str(rig.adb_port),
+                },
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+            )
+            said: list[str] = []
+
+            async def ended() -> str:
+                assert host.stderr is not None
+                while line := (await host.stderr.readline()).decode():
+                    said.append(line)
+                    if ": TASK_STATUS_" in line:
+                        return line
+                return ""
+
+            try:
+                await until(
+                    lambda: len(provider.bodies("/v1/messages")) == 1,
+                    within=60,
+                    what="step 1 at the model",
+                )
+                proxy.stop()  # the cloud is unreachable from here on
+                hold.set()
+                end = await asyncio.wait_for(ended(), 60)
+            finally:
+                hold.set()
+                proxy.stop()
+                host.kill()
+                await host.wait()
+    assert end.endswith(
+        "TASK_STATUS_FAILED — stopped: the lease ran out while the cloud was unreachable\n"
+    ), "".join(said)

@@ -84,6 +84,7 @@ class TcpProxy:
             self._loop.run(close(), 5)
         # Then the pumps see their sockets close and finish before the loop goes.
         self._loop.stop(5)
+        self._loop = None  # stopped: a second stop (a test's `finally`) has nothing to do
 
     # --- faults -------------------------------------------------------------------------------
     def blackhole(self) -> list[Link]:
