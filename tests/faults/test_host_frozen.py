@@ -12,10 +12,11 @@ import asyncio
 import signal
 from pathlib import Path
 
-from amc.v1 import task_service_pb2, types_pb2
+from amc.v1 import types_pb2
 from tests.support.processes import (
     TERMINAL,
     cloud_process,
+    dark_theme_running,
     free_port,
     host_process,
     operator,
@@ -49,16 +50,7 @@ async def test_a_host_frozen_mid_task_costs_it_one_attempt_and_finishes_it(
         ops = operator(address, fault_pki)
         host.start()
         await wait_connected(ops, {"a"})
-        submitted = await ops.tasks.SubmitTask(
-            task_service_pb2.SubmitTaskRequest(goal="Turn on dark theme", max_attempts=3)
-        )
-        task_id = submitted.task.task_id
-        await wait_task(
-            ops,
-            task_id,
-            lambda t: t.status == types_pb2.TASK_STATUS_RUNNING and t.progress.step_index >= 1,
-            what="running on host a",
-        )
+        task_id = await dark_theme_running(ops, "a")
         assert host.proc is not None
         host.proc.send_signal(signal.SIGSTOP)
         stopped = True

@@ -14,13 +14,14 @@ from pathlib import Path
 
 import pytest
 
-from amc.v1 import task_service_pb2, types_pb2
+from amc.v1 import types_pb2
 from cloud.store import states
 from tests.support.figures import record
 from tests.support.processes import (
     TERMINAL,
     AmcProcess,
     cloud_process,
+    dark_theme_running,
     free_port,
     host_process,
     operator,
@@ -63,20 +64,7 @@ async def test_sigkilled_host_task_is_reassigned_and_finishes_once(
         ops = operator(address, fault_pki)
         host_a.start()
         await wait_connected(ops, {"a"})
-        submitted = await ops.tasks.SubmitTask(
-            task_service_pb2.SubmitTaskRequest(goal="Turn on dark theme", max_attempts=3)
-        )
-        task_id = submitted.task.task_id
-        await wait_task(
-            ops,
-            task_id,
-            lambda t: (
-                t.status == types_pb2.TASK_STATUS_RUNNING
-                and t.host_id == "a"
-                and t.progress.step_index >= 2
-            ),
-            what="running on host a at step 2",
-        )
+        task_id = await dark_theme_running(ops, "a", step=2)
         # Host b is up and idle before a dies, so what is measured is the lease, not a start-up.
         host_b.start()
         await wait_connected(ops, {"a", "b"})

@@ -27,6 +27,7 @@ from tests.support.processes import (
     TERMINAL,
     AmcProcess,
     cloud_process,
+    dark_theme_running,
     free_port,
     host_process,
     operator,
@@ -73,16 +74,7 @@ async def test_a_restarted_host_gets_its_work_back_at_once(tmp_path: Path, fault
         ops = operator(address, fault_pki)
         first.start()
         await wait_connected(ops, {"a"})
-        submitted = await ops.tasks.SubmitTask(
-            task_service_pb2.SubmitTaskRequest(goal="Turn on dark theme", max_attempts=3)
-        )
-        task_id = submitted.task.task_id
-        await wait_task(
-            ops,
-            task_id,
-            lambda t: t.status == types_pb2.TASK_STATUS_RUNNING and t.progress.step_index >= 1,
-            what="running on host a",
-        )
+        task_id = await dark_theme_running(ops, "a")
         first.kill()
         killed_at = time.monotonic()
         again.start()
@@ -131,16 +123,7 @@ async def test_a_host_stopped_mid_task_runs_the_task_again_when_it_starts(
         ops = operator(address, fault_pki)
         first.start()
         await wait_connected(ops, {"a"})
-        submitted = await ops.tasks.SubmitTask(
-            task_service_pb2.SubmitTaskRequest(goal="Turn on dark theme", max_attempts=3)
-        )
-        task_id = submitted.task.task_id
-        await wait_task(
-            ops,
-            task_id,
-            lambda t: t.status == types_pb2.TASK_STATUS_RUNNING and t.progress.step_index >= 1,
-            what="running on host a",
-        )
+        task_id = await dark_theme_running(ops, "a")
         assert first.stop() == 0
         assert _timeline_status(tmp_path, "host-a", task_id, 1) == "cancelled"
         again.start()

@@ -254,6 +254,26 @@ async def wait_task(
         await asyncio.sleep(0.1)
 
 
+async def dark_theme_running(client: OperatorClient, host_id: str, step: int = 1) -> str:
+    """Submit "Turn on dark theme" (three attempts) and wait until `host_id` runs it at `step`
+    or later; its task id. The fault suites' usual start: a task under way on a known host."""
+    submitted = await client.tasks.SubmitTask(
+        task_service_pb2.SubmitTaskRequest(goal="Turn on dark theme", max_attempts=3)
+    )
+    task_id: str = submitted.task.task_id
+    await wait_task(
+        client,
+        task_id,
+        lambda t: (
+            t.status == types_pb2.TASK_STATUS_RUNNING
+            and t.host_id == host_id
+            and t.progress.step_index >= step
+        ),
+        what=f"running on host {host_id} at step {step}",
+    )
+    return task_id
+
+
 async def connected_hosts(client: OperatorClient) -> set[str]:
     """Ids of the hosts the cloud sees as connected now."""
     from amc.v1 import fleet_service_pb2
