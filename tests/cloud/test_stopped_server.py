@@ -193,9 +193,13 @@ async def test_a_stop_step_the_database_fails_is_logged_without_the_driver_text(
     async def lost() -> None:
         raise OperationalError("SELECT pg_advisory_unlock_all()", {}, OSError(DRIVER_TEXT))
 
+    release = server.presence.release
     monkeypatch.setattr(server.presence, "release", lost)
-    with pytest.raises(OperationalError):
-        await server.stop(0.5)
+    try:
+        with pytest.raises(OperationalError):
+            await server.stop(0.5)
+    finally:
+        await release()  # the lock's own connection (PostgreSQL), left open by the failed step
     text = logged_text(caplog)
     assert "stopping the replica: lost failed: database unavailable" in text
     assert "db.internal" not in text and "6543" not in text
