@@ -56,7 +56,7 @@ class VirtualAdbServer:
         self._failing_lists = 0
         self._stalling_lists = 0
         for phone in phones:
-            self.add_phone(phone)
+            self.add_phone(phone, share_serial=True)
 
     # --- fleet -------------------------------------------------------------------------------
 
@@ -71,11 +71,22 @@ class VirtualAdbServer:
             raise RuntimeError("server not started")
         return int(self._server.sockets[0].getsockname()[1])
 
-    def add_phone(self, phone: VirtualPhone) -> None:
+    def add_phone(self, phone: VirtualPhone, *, share_serial: bool = False) -> None:
+        """Plug `phone` in. A phone already listed under its serial is taken out first (its
+        connections cut, as a phone swapped on the cable), unless `share_serial`: then both
+        are listed under the one serial, as cheap phones that ship with one are."""
         with self._lock:
+            gone = [] if share_serial else [p for p in self._phones if p.serial == phone.serial]
+            for old in gone:
+                self._phones.remove(old)
+                self._transport_ids.pop(old, None)
             self._phones.append(phone)
             self._transport_ids[phone] = self._next_tid
             self._next_tid += 1
+        loop = self._loop
+        for old in gone:
+            if loop is not None and not loop.is_closed():
+                loop.call_soon_threadsafe(self._drop_connections, old)
         phone.add_cable_listener(self._on_cable)
         self._notify()
 

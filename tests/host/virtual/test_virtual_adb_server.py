@@ -346,3 +346,20 @@ def test_phones_sharing_a_serial_are_each_reached_by_transport_id_only() -> None
         assert adb_transport.state(client, serial, transport_id=tids[1]) == "device"
         second.unplug()
         assert adb_transport.run(client, serial, "shell:echo hi") == b"hi\n"
+
+
+def test_a_phone_added_under_a_listed_serial_takes_its_place() -> None:
+    """Swapping the phone behind a serial (the flow benchmark gives each task a fresh phone)
+    replaced it; once the server kept phones that share a serial, the new one was listed beside
+    the old, the serial became ambiguous and the benchmark's tasks for it were never placed.
+    A phone added under a listed serial takes its place; sharing one is asked for."""
+    serial = "virtual-1"
+    old, new = VirtualPhone(serial), VirtualPhone(serial)
+    new.state.settings["dark_theme"] = True
+    with ThreadedAdbServer([old]) as server:
+        client = adb_transport.Client("127.0.0.1", server.port)
+        server.server.add_phone(new)
+        assert [d.serial for d in client.list(extended=True)] == [serial]
+        assert adb_transport.run(client, serial, "shell:cmd uimode night") == b"Night mode: yes\n"
+        server.server.add_phone(VirtualPhone(serial), share_serial=True)
+        assert [d.serial for d in client.list(extended=True)] == [serial, serial]
