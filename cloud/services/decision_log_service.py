@@ -120,7 +120,10 @@ class DecisionLogServicer(decision_log_service_pb2_grpc.DecisionLogServiceServic
             await abort(context, grpc.StatusCode.INVALID_ARGUMENT, "page_size: 0 to 500")
         start = 0
         if request.page_token:
-            if not request.page_token.isdigit() or len(request.page_token) > 9:
+            if (
+                not (request.page_token.isascii() and request.page_token.isdigit())
+                or len(request.page_token) > 9
+            ):
                 await abort(
                     context, grpc.StatusCode.INVALID_ARGUMENT, "page_token: not from this call"
                 )

@@ -665,6 +665,7 @@ async def test_operators_read_the_conversation_without_the_opaque_material(
                 )
             ),
             await _code(ask(page_token="not-ours")),
+            await _code(ask(page_token="¹")),  # a digit to str.isdigit, not to int()
             await _code(
                 log.GetConversation(
                     decision_log_service_pb2.GetConversationRequest(task_id="nope", attempt=1)
@@ -706,6 +707,7 @@ async def test_operators_read_the_conversation_without_the_opaque_material(
     assert first_page.next_page_token and not rest.next_page_token
     assert [code for code, _ in refusals] == [
         grpc.StatusCode.PERMISSION_DENIED,
+        grpc.StatusCode.INVALID_ARGUMENT,
         grpc.StatusCode.INVALID_ARGUMENT,
         grpc.StatusCode.NOT_FOUND,
         grpc.StatusCode.INVALID_ARGUMENT,
