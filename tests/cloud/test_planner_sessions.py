@@ -466,14 +466,16 @@ async def test_a_streamed_call_cut_off_by_a_cancel_counts_what_the_provider_repo
             call.cancel()
             with pytest.raises(asyncio.CancelledError):
                 await call
-            hold.set()  # the provider would go on; nobody listens any more
             tasks = tasks_stub(leased.ops)
             get = task_service_pb2.GetTaskRequest(task_id=leased.task.task_id)
 
             async def counted() -> bool:
                 return bool((await tasks.GetTask(get)).task.totals.usage.input_tokens)
 
+            # Counted while the stream is still held: released before the cloud's handler saw
+            # the cancel, the rest of the stream (its last message_delta) could still be read.
             await until(counted, within=15, what="the cut-off call counted")
+            hold.set()  # the provider would go on; nobody listens any more
             totals = (await tasks.GetTask(get)).task.totals.usage
             fleet: Any = fleet_service_pb2_grpc.FleetServiceStub(leased.ops)
             today = (await fleet.GetSpend(fleet_service_pb2.GetSpendRequest())).today
