@@ -135,7 +135,8 @@ async def decide(
         provider answers and bills it anyway, so its usage is counted when it answers (the
         cancelled error carries it, `InFlight`). A streamed one is cut off (hanging up stops
         the answer); what the provider reported of it by then rides on the error
-        (`planner.errors.carry_cut_off`, set by the adapter)."""
+        (`planner.errors.carry_cut_off`, set by the adapter), as it does on the error of a
+        stream the provider broke off."""
         nonlocal in_flight
         if asked.stream:
             return await adapter.complete(asked)

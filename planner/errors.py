@@ -62,8 +62,10 @@ CUT_OFF = "StreamCutOff"
 
 
 def carry_cut_off(err: BaseException, cut_off: Billed) -> None:
-    """Carry on the `asyncio.CancelledError` of a streamed call what the provider reported of
-    it before the hang-up: hanging up stops the answer, not the bill for the input it read."""
+    """Carry on the error of a streamed call that ended before its answer did (the
+    `asyncio.CancelledError` of a hang-up, or the `PlannerError` of a stream the provider broke
+    off) what the provider reported of it by then: a stream that stops early stops the answer,
+    not the bill for the input it read."""
     err.cut_off = cut_off  # type: ignore[attr-defined]  # CancelledError has no such field
 
 

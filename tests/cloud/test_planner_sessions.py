@@ -500,6 +500,64 @@ async def test_a_streamed_call_cut_off_by_a_cancel_counts_what_the_provider_repo
         assert usage.cost_usd == pytest.approx(cost)
 
 
+@pytest.mark.parametrize(
+    ("reported", "output", "cost"),
+    [("message_start", 1, 0.002565), ("message_delta", 40, 0.00315)],
+)
+async def test_a_stream_the_provider_breaks_counts_what_it_reported(
+    anthropic_session_cloud: CloudServer,
+    model: FakeModelServer,
+    pki_dir: Path,
+    db_url: str,
+    reported: str,
+    output: int,
+    cost: float,
+) -> None:
+    """A stream that fails on its own after HTTP 200 (`event: error`, overloaded) ends the
+    Decide UNAVAILABLE, yet the provider billed the input `message_start` reported and the output
+    the last `message_delta` reported: counted once, in the task's totals and the day's spending,
+    as a cut-off call (`StreamCutOff`), as for a stream cut off by a cancel."""
+    turn = ScriptedTurn(
+        [thinking("Look."), thinking("Display is second."), tool_use("tap", {"element_id": "e1"})],
+        usage={
+            "input_tokens": 500,
+            "output_tokens": 300,
+            "cache_read_input_tokens": 1000,
+            "cache_creation_input_tokens": 200,
+        },
+        fail=("overloaded_error", "Overloaded"),
+    )
+    if reported == "message_delta":
+        turn.output_so_far = (0, 40)  # reported after the first block, then the error
+        turn.fail_after = "message_delta"
+    model.anthropic_script.append(turn)
+    async with Leased(anthropic_session_cloud, pki_dir, "h26") as leased:
+        code, details = await _code(leased.stub.Decide(leased.request()))
+        assert code == grpc.StatusCode.UNAVAILABLE
+        assert "overloaded_error" in details
+        get = task_service_pb2.GetTaskRequest(task_id=leased.task.task_id)
+        totals = (await tasks_stub(leased.ops).GetTask(get)).task.totals.usage
+        fleet: Any = fleet_service_pb2_grpc.FleetServiceStub(leased.ops)
+        today = (await fleet.GetSpend(fleet_service_pb2.GetSpendRequest())).today
+    store = Store.from_url(db_url)
+    try:
+        async with store.read() as db:
+            rows = (await db.execute(select(FailedDecisionSpendRow))).scalars().all()
+    finally:
+        await store.close()
+    assert [(r.error, r.input_tokens, r.output_tokens) for r in rows] == [
+        ("StreamCutOff", 500, output)
+    ]
+    for usage in (totals, today):
+        assert (
+            usage.input_tokens,
+            usage.cache_read_input_tokens,
+            usage.cache_creation_input_tokens,
+            usage.output_tokens,
+        ) == (500, 1000, 200, output)
+        assert usage.cost_usd == pytest.approx(cost)
+
+
 JUDGED = "Settings opened as expected. Now open Display, where the theme is."
 
 

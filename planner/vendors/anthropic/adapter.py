@@ -7,7 +7,7 @@ import asyncio
 import anthropic
 
 from planner.decision import Billed
-from planner.errors import carry_cut_off
+from planner.errors import PlannerError, carry_cut_off
 from planner.model_profiles import ModelProfile, RetryForm, profile_for
 from planner.vendors.anthropic.messages import (
     CONTEXT_EXCEEDED_STOP,
@@ -117,9 +117,10 @@ class AnthropicAdapter:
                 retries=self.retries,
                 call_seconds=call_timeout(self.client.timeout, params["max_tokens"]),
             )
-        except asyncio.CancelledError as err:
-            # Hanging up stops the stream, not the bill for what the provider read: its
-            # message_start said so (and message_delta what it wrote so far).
+        except (asyncio.CancelledError, PlannerError) as err:
+            # A stream hung up on, or broken off by the provider (an `error` event, a dropped
+            # connection), is billed for what the provider read all the same: its message_start
+            # said so (and message_delta what it wrote so far).
             reported = acc.reported()
             if reported is not None:
                 model, usage = reported

@@ -128,6 +128,9 @@ class ScriptedTurn:
     output_so_far: tuple[int, int] | None = None
     """Anthropic, streamed: (block index, tokens) — a `message_delta` reporting that many output
     tokens so far after that block ends (a stream may send several; each usage is cumulative)."""
+    fail_after: str | None = None
+    """Anthropic, streamed, with `fail`: the `error` event comes after the first event of this
+    type (say "message_delta", with `output_so_far`) instead of after message_start and a ping."""
 
 
 #: HTTP status of each Anthropic error type (for a failure outside a stream).
@@ -364,10 +367,6 @@ class MessagesFake:
         message = self._render(entry, body, thinking_on)
         if body.get("stream"):
             events = self._events(message, interrupt=entry.interrupt, cut=entry.cut_in_tool)
-            if entry.fail is not None:
-                kind, text_ = entry.fail
-                error = {"type": "error", "error": {"type": kind, "message": text_}}
-                events = [*events[:2], ("error", error)]
             if entry.output_so_far is not None:
                 block, tokens = entry.output_so_far
                 end = events.index(
@@ -379,6 +378,15 @@ class MessagesFake:
                     "usage": {"output_tokens": tokens},
                 }
                 events.insert(end + 1, ("message_delta", so_far))
+            if entry.fail is not None:
+                kind, text_ = entry.fail
+                error = {"type": "error", "error": {"type": kind, "message": text_}}
+                sent = (
+                    [name for name, _ in events].index(entry.fail_after) + 1
+                    if entry.fail_after
+                    else 2
+                )
+                events = [*events[:sent], ("error", error)]
             at = None
             if entry.hold_after:
                 ends = [i + 1 for i, (kind, _) in enumerate(events) if kind == entry.hold_after]
