@@ -57,6 +57,7 @@ from planner.errors import (
     ToolCallError,
     bill,
     carry_in_flight,
+    take_cut_off,
 )
 from planner.model_profiles import RetryForm
 from planner.settings import MAX_CALL_TOKENS, THINKING_MAX_TOKENS
@@ -181,6 +182,10 @@ async def decide(
             if recover is None or recovered or not (first or overflow):
                 raise
             recovered = True
+            broken = take_cut_off(err)  # a stream that broke off said what it cost: billed
+            if broken is not None:
+                usage.add(broken.usage)
+                answered_by = broken.model
             await recover(err)
             turn = await complete(request(force=force, thinking=thinking))
         usage.add(turn.usage)  # billed, whatever becomes of it

@@ -558,6 +558,60 @@ async def test_a_stream_the_provider_breaks_counts_what_it_reported(
         assert usage.cost_usd == pytest.approx(cost)
 
 
+async def test_a_responses_stream_that_failed_counts_the_usage_it_reported(
+    make_settings: Any,
+    model: FakeModelServer,
+    pki_dir: Path,
+    db_url: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A Responses stream that ends `response.failed` fails the Decide UNAVAILABLE; the failed
+    response carries the usage OpenAI billed, counted once as a cut-off call (`StreamCutOff`).
+    OpenAI reports usage in no other event: a stream cut off before its end counts nothing."""
+    monkeypatch.setenv("AMC_PLANNER_PROVIDER", "openai")
+    monkeypatch.setenv("AMC_PLANNER_OPENAI_API_KEY", "sk-test")
+    monkeypatch.setenv("AMC_PLANNER_OPENAI_BASE_URL", model.openai_base_url)
+    monkeypatch.setenv("AMC_PLANNER_MODEL", "o4-mini")
+    monkeypatch.setenv("AMC_PLANNER_THINKING", "adaptive")
+    monkeypatch.setenv("AMC_PLANNER_MAX_RETRIES", "0")
+    monkeypatch.setenv("AMC_PLANNER_MODE", "session")
+    model.responses_script.append(
+        ScriptedTurn(
+            [reasoning("Tap e1."), function_call("tap", {"element_id": "e1", **INTENT})],
+            usage={
+                "input_tokens": 1500,
+                "input_tokens_details": {"cached_tokens": 1000},
+                "output_tokens": 300,
+                "output_tokens_details": {"reasoning_tokens": 250},
+            },
+            fail=("server_error", "The model failed to finish."),
+            failed_event=True,
+        )
+    )
+    async for cloud in _cloud(make_settings):
+        async with Leased(cloud, pki_dir, "h27") as leased:
+            code, details = await _code(leased.stub.Decide(leased.request()))
+            assert code == grpc.StatusCode.UNAVAILABLE
+            assert "The model failed to finish." in details
+            get = task_service_pb2.GetTaskRequest(task_id=leased.task.task_id)
+            totals = (await tasks_stub(leased.ops).GetTask(get)).task.totals.usage
+    store = Store.from_url(db_url)
+    try:
+        async with store.read() as db:
+            rows = (await db.execute(select(FailedDecisionSpendRow))).scalars().all()
+    finally:
+        await store.close()
+    assert [(r.error, r.input_tokens, r.output_tokens) for r in rows] == [
+        ("StreamCutOff", 500, 300)
+    ]
+    assert (totals.input_tokens, totals.cache_read_input_tokens, totals.output_tokens) == (
+        500,
+        1000,
+        300,
+    )
+    assert totals.cost_usd > 0
+
+
 JUDGED = "Settings opened as expected. Now open Display, where the theme is."
 
 

@@ -9,9 +9,13 @@ the same Responses request as session mode, over the compact conversation.
 
 from __future__ import annotations
 
+import asyncio
+
 import openai
 
 from planner.conversation.turns import ProjectionStats
+from planner.decision import Billed
+from planner.errors import PlannerError, carry_cut_off
 from planner.model_profiles import ModelProfile, RetryForm, profile_for
 from planner.vendors.base import ThinkingConfig, Turn, TurnRequest
 from planner.vendors.failures import NotAnAnswer, planner_error
@@ -137,14 +141,23 @@ class OpenAIAdapter:
         )
         acc = responses.ResponsesStreamAccumulator(request.on_thinking)
         streamed = (acc.feed, acc.response) if request.stream else None
-        response = await fetch_response(
-            self.client.responses.create,
-            params,
-            self.name,
-            streamed,
-            retries=self.retries,
-            call_seconds=call_timeout(self.client.timeout, params["max_output_tokens"]),
-        )
+        try:
+            response = await fetch_response(
+                self.client.responses.create,
+                params,
+                self.name,
+                streamed,
+                retries=self.retries,
+                call_seconds=call_timeout(self.client.timeout, params["max_output_tokens"]),
+            )
+        except (asyncio.CancelledError, PlannerError) as err:
+            # A stream that failed (`response.failed`) may say what it cost: billed all the same.
+            reported = acc.reported()
+            if reported is not None:
+                model, usage = reported
+                billed = Billed(self.name, model or self._model, responses.usage_from(usage))
+                carry_cut_off(err, billed)
+            raise
         return Turn(
             turn_id=str(response.get("id") or ""),
             items=responses.items_from_response(response),

@@ -159,6 +159,17 @@ class ResponsesStreamAccumulator:
         self._call = object()  # this answer's summaries, apart from another call's in the view
         self._items: dict[int, dict[str, Any]] = {}
         self._response: dict[str, Any] | None = None
+        self._failed: dict[str, Any] = {}
+
+    def reported(self) -> tuple[str, Mapping[str, Any]] | None:
+        """The model and usage a stream that failed reported (`response.failed`, whose
+        response may carry usage), else None: the Responses stream reports usage only in its
+        terminal event, so a stream cut off before one (a hang-up, an `error` event, a dropped
+        connection) is not known to have cost anything."""
+        usage = self._failed.get("usage")
+        if not isinstance(usage, Mapping):
+            return None
+        return str(self._failed.get("model") or ""), usage
 
     def feed(self, event: Any) -> None:
         data = event_dict(event)
@@ -182,7 +193,9 @@ class ResponsesStreamAccumulator:
                 str(error.get("code") or error.get("type") or "") or None,
             )
         elif kind == "response.failed":
-            error = (data.get("response") or {}).get("error") or {}
+            failed = data.get("response") or {}
+            self._failed = failed
+            error = failed.get("error") or {}
             raise StreamError(
                 f"the Responses stream failed: {error.get('message') or data}",
                 str(error.get("code") or "") or None,

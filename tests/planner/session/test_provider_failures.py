@@ -544,6 +544,31 @@ async def test_a_responses_stream_error_is_classified_by_its_code(
         assert (await planner.decide("screen 1")).tool_name == "press_key"
 
 
+async def test_a_failed_responses_stream_the_session_starts_afresh_over_still_counts(
+    server: FakeModelServer, planners: Planners
+) -> None:
+    """`response.failed` for an invalid prompt starts the session afresh and asks once more;
+    the usage the failed response reported was billed, and counts in the decision's usage."""
+    server.responses_script.extend(
+        [
+            ScriptedTurn(
+                [reasoning("r")],
+                usage={"input_tokens": 7000, "output_tokens": 90},
+                fail=("invalid_prompt", "Invalid prompt: flagged."),
+                failed_event=True,
+            ),
+            ScriptedTurn(
+                [reasoning("r"), function_call("press_key", {"key": "back", **INTENT})],
+                usage={"input_tokens": 600, "output_tokens": 40},
+            ),
+        ]
+    )
+    planner = await planners.openai()
+    decision = await planner.decide("screen 1")
+    assert decision.extra["started_afresh"] is True
+    assert (decision.usage.input_tokens, decision.usage.output_tokens) == (7600, 130)
+
+
 async def test_reasoning_summaries_can_be_turned_off(
     server: FakeModelServer, planners: Planners
 ) -> None:

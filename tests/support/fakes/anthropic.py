@@ -128,6 +128,10 @@ class ScriptedTurn:
     output_so_far: tuple[int, int] | None = None
     """Anthropic, streamed: (block index, tokens) — a `message_delta` reporting that many output
     tokens so far after that block ends (a stream may send several; each usage is cumulative)."""
+    failed_event: bool = False
+    """Responses, streamed, with `fail` (code, message): the stream ends with
+    `response.failed` (the response, failed, with its error and usage) after the output items,
+    instead of an `error` event after `response.created`."""
     fail_after: str | None = None
     """Anthropic, streamed, with `fail`: the `error` event comes after the first event of this
     type (say "message_delta", with `output_so_far`) instead of after message_start and a ping."""

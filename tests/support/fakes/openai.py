@@ -395,7 +395,16 @@ class ResponsesFake:
         response = self._render(entry, body)
         if body.get("stream"):
             events = self._events(response, interrupt=entry.interrupt)
-            if entry.fail is not None:
+            if entry.fail is not None and entry.failed_event:
+                code, text_ = entry.fail
+                failed = {**response, "status": "failed", "error": {"code": code, "message": text_}}
+                end = {
+                    "type": "response.failed",
+                    "sequence_number": len(events),
+                    "response": failed,
+                }
+                events = [*events[:-1], ("response.failed", end)]
+            elif entry.fail is not None:
                 events = [*events[:1], ("error", self._error_event(*entry.fail))]
             return Answer(events=events)
         return Answer(body=response)
@@ -524,7 +533,8 @@ class ResponsesFake:
             {
                 "type": "response.created",
                 "sequence_number": next(seq),
-                "response": {**response, "status": "in_progress", "output": []},
+                # As the API's: no usage before the stream's terminal event.
+                "response": {**response, "status": "in_progress", "output": [], "usage": None},
             }
         ]
         for n, item in enumerate(response["output"]):
