@@ -48,6 +48,10 @@ CLAUDE_47_EFFORTS = frozenset({"low", "medium", "high", "xhigh", "max"})
 # and everything but `medium` on gpt-5.1-chat-latest and gpt-5.2-chat-latest ("Supported values
 # are: 'medium'.", Laisky/one-api#266, egoist/chatwise-releases#1257).
 OPENAI_EFFORTS = frozenset({"minimal", "low", "medium", "high"})
+# The o-series (o1, o3, o4-mini) came before `minimal` (GPT-5's): low, medium and high only
+# ("Earlier reasoning models like o3 supported only `low`, `medium`, and `high`", the GPT-5
+# launch notes; the model tables of OpenAI's reasoning guide).
+O_SERIES_EFFORTS = frozenset({"low", "medium", "high"})
 GPT_51_EFFORTS = frozenset({"none", "low", "medium", "high"})
 GPT_52_EFFORTS = frozenset({"none", "low", "medium", "high", "xhigh"})
 ANY_EFFORT = frozenset({"none", "minimal", "low", "medium", "high", "xhigh", "max"})
@@ -271,7 +275,7 @@ PROFILES: dict[str, ModelProfile] = {
             "openai-o-series",
             "openai",
             frozenset({"adaptive"}),
-            efforts=OPENAI_EFFORTS,
+            efforts=O_SERIES_EFFORTS,
             reasoning=True,
             parallel_tool_calls=False,
             max_output_tokens=100000,

@@ -201,6 +201,9 @@ def test_a_configuration_the_model_cannot_take_is_refused_at_start(
         ("gpt-5.1-chat-latest", "medium", True),
         ("gpt-5.2-chat-latest", "high", False),  # chat-latest: `medium` only
         ("gpt-5.3-chat-latest", "none", False),
+        ("o4-mini", "minimal", False),  # the o-series: low, medium, high
+        ("o3", "minimal", False),
+        ("o4-mini", "low", True),
     ],
 )
 def test_each_gpt_5_family_takes_its_own_efforts(model: str, effort: str, takes: bool) -> None:

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from planner.errors import PlannerAuthError, PlannerRateLimited, PlannerUnavailable
+from planner.model_profiles import profile_for
 from planner.planner import Planner
 from planner.settings import THINKING_MAX_TOKENS, PlannerSettings
 from planner.vendors import make_adapter
@@ -293,6 +294,22 @@ async def test_parallel_tool_calls_only_where_the_model_takes_it(
     assert decision.tool_name == "tap"
     (request,) = fake_server.requests
     assert ("parallel_tool_calls" in request.body) is sent
+    assert fake_server.rejections == []
+
+
+@pytest.mark.parametrize("model", ["o3", "o4-mini"])
+async def test_the_o_series_is_asked_only_at_efforts_it_takes(
+    fake_server: FakeModelServer, model: str
+) -> None:
+    """The o-series take reasoning effort low, medium or high: `minimal` came with GPT-5. The
+    profile let it through, so AMC_PLANNER_EFFORT=minimal passed the check at start and every
+    step was refused with 400 "Unsupported value"."""
+    efforts = sorted(profile_for(model, "openai").efforts)
+    for effort in efforts:
+        fake_server.script_openai(chat_completion(None, openai_tool_call("tap", TAP)))
+        decision = await decide(make(fake_server, model=model, thinking="adaptive", effort=effort))
+        assert decision.tool_name == "tap"
+    assert [r.body["reasoning_effort"] for r in fake_server.requests] == efforts
     assert fake_server.rejections == []
 
 

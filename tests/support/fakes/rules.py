@@ -88,7 +88,13 @@ _ALWAYS_THINKS = ModelRules(
 )
 _NO_REASONING = ModelRules(reasoning=False)
 _REASONING = ModelRules(efforts=OPENAI_EFFORTS, reasons_when_omitted=True)
-_O_SERIES = ModelRules(efforts=OPENAI_EFFORTS, parallel_tool_calls=False, reasons_when_omitted=True)
+# The o-series: no `minimal` (GPT-5's), "Earlier reasoning models like o3 supported only `low`,
+# `medium`, and `high`" (OpenAI's GPT-5 notes, quoted in davidmigloz/langchain_dart#760).
+_O_SERIES = ModelRules(
+    efforts=frozenset({"low", "medium", "high"}),
+    parallel_tool_calls=False,
+    reasons_when_omitted=True,
+)
 # GPT-5.1 takes `none` (its default) and no `minimal` ("Unsupported value: 'minimal' is not
 # supported with the 'gpt-5.1' model. Supported values are: 'none', 'low', 'medium', and
 # 'high'.", openai/openai-agents-python#2089, anomalyco/opencode#4451).
