@@ -23,7 +23,13 @@ from planner import budget
 from planner.budget import Budget, FleetDay
 from planner.convert import decision_from_proto
 from planner.decision import Decision, Usage
-from planner.errors import RETRY_AFTER_KEY, WAITING_FOR_KEY, BudgetExhausted, PlannerError
+from planner.errors import (
+    RETRY_AFTER_KEY,
+    WAITING_FOR_KEY,
+    BudgetExhausted,
+    PlannerError,
+    cut_off_of,
+)
 from planner.history import MASK, WorldEvent
 from planner.observation import clip, observation_from_scene
 from planner.plan_step import plan_step
@@ -294,9 +300,12 @@ class DirectPlanner:
                 flows=self.flows,
             )
         except PlannerError as err:
-            if err.billed is not None:  # billed, though no decision came of it
-                self.spent.add(err.billed.usage)
-                self.fleet_day.spend(err.billed.usage)
+            # Billed, though no decision came of it: the answered calls, and what a stream the
+            # provider broke off had reported (counted, and taken, by the agent loop).
+            for billed in (err.billed, cut_off_of(err)):
+                if billed is not None:
+                    self.spent.add(billed.usage)
+                    self.fleet_day.spend(billed.usage)
             raise
         self.steps = with_outcome(self.steps, outcome)
         self.steps.append(PastStep.from_decision(decision, len(self.steps) + 1))

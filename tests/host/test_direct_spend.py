@@ -6,6 +6,7 @@ Messages server."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -14,15 +15,20 @@ from planner.budget import Budget, FleetDay
 from planner.decision import Usage
 from planner.errors import BudgetExhausted, PlannerUnavailable
 from planner.planner import Planner
+from planner.session.config import SessionConfig
+from planner.session.planner import SessionPlanner
+from planner.session.store import SqliteSessionStore
 from planner.settings import PlannerSettings
 from planner.vendors import make_adapter
 from tests.planner.scenes import settings_main
 from tests.support.fakes import (
     ANTHROPIC_KEY,
     FakeModelServer,
+    ScriptedTurn,
     anthropic_error,
     anthropic_message,
     text,
+    thinking,
     tool_use,
 )
 
@@ -60,6 +66,53 @@ async def test_a_failed_decision_s_billed_calls_count_toward_the_direct_budget(
     finally:
         await planner.aclose()
     assert len(fake_server.requests) == 2, "no model call past the cap"
+
+
+async def test_a_stream_the_provider_broke_off_counts_toward_the_direct_budget(
+    fake_server: FakeModelServer, tmp_path: Path
+) -> None:
+    """Session mode streams: the provider fails the stream after message_start reported 500
+    input tokens (and 1 output). The step fails as temporarily impossible and is asked again
+    in the same attempt; under a 400-token cap the planner refuses before any call, having
+    counted what the broken stream reported."""
+    fake_server.script_anthropic(
+        ScriptedTurn(
+            [thinking("Settings is open."), tool_use("tap", {"element_id": "e17"})],
+            usage={
+                "input_tokens": 500,
+                "output_tokens": 300,
+                "cache_read_input_tokens": 0,
+                "cache_creation_input_tokens": 0,
+            },
+            fail=("overloaded_error", "Overloaded"),
+        )
+    )
+    settings = PlannerSettings(
+        provider="anthropic",
+        anthropic_api_key=ANTHROPIC_KEY,
+        anthropic_base_url=fake_server.anthropic_base_url,
+        model="claude-sonnet-4-6",
+        mode="session",
+        thinking="adaptive",
+        max_retries=0,
+    )
+    session = await SessionPlanner.open(
+        store=SqliteSessionStore(tmp_path / "sessions.sqlite3"),
+        task_id="t1",
+        attempt=1,
+        adapter=make_adapter(settings),
+        owns_adapter=True,
+        config=SessionConfig(stream=True),
+    )
+    direct = DirectPlanner(session, budget=Budget(max_tokens=400))
+    try:
+        with pytest.raises(PlannerUnavailable, match="overloaded_error"):
+            await direct.decide("Turn on dark theme", settings_main())
+        with pytest.raises(BudgetExhausted, match="501 tokens of the task's 400"):
+            await direct.decide("Turn on dark theme", settings_main())
+    finally:
+        await session.aclose()
+    assert len(fake_server.requests) == 1, "no model call past the cap"
 
 
 async def test_the_fleet_s_day_counts_the_host_s_calls_a_renewal_had_not_seen_yet(
