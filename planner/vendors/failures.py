@@ -64,6 +64,12 @@ class StreamError(IncompleteStream):
         self.code = code
 
 
+class FailedResponse(StreamError):
+    """The provider answered HTTP 200 with a response that says it failed (OpenAI Responses
+    `status: "failed"` and its `error`): classified by its code, as an error inside a stream
+    is; never read as an answer (its output may hold a call the model never finished)."""
+
+
 class NotAnAnswer(RuntimeError):
     """The call "succeeded" with something that is no API response: the SDKs hand back the body
     of a 200 that is not JSON as text, which a proxy or gateway in front of the API (or a base
@@ -202,9 +208,13 @@ def planner_error(err: BaseException, vendor: str, *, retries: int) -> PlannerEr
             return PlannerRateLimited(f"planner: {label} rate limit hit mid-stream ({detail})")
         if codes & _INVALID_CODES:
             return PlannerRejected(f"planner: {label} rejected the request ({detail})")
+        kind = "/".join(sorted(codes)) or "error"
+        if isinstance(err, FailedResponse):
+            return PlannerUnavailable(
+                f"planner: {label} answered that it failed ({kind}: {detail})"
+            )
         if isinstance(err, IncompleteStream):
             return PlannerUnavailable(f"planner: {label} stream broke off ({detail})")
-        kind = "/".join(sorted(codes)) or "error"
         return PlannerUnavailable(f"planner: {label} failed mid-stream ({kind}: {detail})")
     if not hasattr(err, "status_code") and not _is_connection_error(err):
         return PlannerError(f"planner: {label} call failed: {scrub(str(err))}")

@@ -18,7 +18,7 @@ from planner.decision import Billed
 from planner.errors import PlannerError, carry_cut_off
 from planner.model_profiles import ModelProfile, RetryForm, profile_for
 from planner.vendors.base import ThinkingConfig, Turn, TurnRequest
-from planner.vendors.failures import NotAnAnswer, planner_error
+from planner.vendors.failures import FailedResponse, NotAnAnswer, planner_error
 from planner.vendors.openai import chat, responses
 from planner.vendors.openai.responses_projection import project_responses
 from planner.vendors.streaming import call_timeout, fetch_response
@@ -150,8 +150,13 @@ class OpenAIAdapter:
                 retries=self.retries,
                 call_seconds=call_timeout(self.client.timeout, params["max_output_tokens"]),
             )
+            try:
+                acc.check(response)
+            except FailedResponse as failed:
+                raise planner_error(failed, self.name, retries=self.retries) from failed
         except (asyncio.CancelledError, PlannerError) as err:
-            # A stream that failed (`response.failed`) may say what it cost: billed all the same.
+            # A response that failed (`response.failed`, or `status: "failed"` not streamed)
+            # may say what it cost: billed all the same.
             reported = acc.reported()
             if reported is not None:
                 model, usage = reported

@@ -11,7 +11,7 @@ from planner.decision import Usage
 from planner.settings import THINKING_MAX_TOKENS
 from planner.tools import ToolSpec
 from planner.vendors.base import LiveBlocks, ThinkingConfig, ThinkingSink, live_blocks
-from planner.vendors.failures import StreamError
+from planner.vendors.failures import FailedResponse, StreamError
 from planner.vendors.openai.calls import CONTENT_FILTERED, function_call
 from planner.vendors.openai.responses_projection import request_flags
 from planner.vendors.streaming import IncompleteStream, event_dict
@@ -162,10 +162,10 @@ class ResponsesStreamAccumulator:
         self._failed: dict[str, Any] = {}
 
     def reported(self) -> tuple[str, Mapping[str, Any]] | None:
-        """The model and usage a stream that failed reported (`response.failed`, whose
-        response may carry usage), else None: the Responses stream reports usage only in its
-        terminal event, so a stream cut off before one (a hang-up, an `error` event, a dropped
-        connection) is not known to have cost anything."""
+        """The model and usage a response that failed reported (`response.failed`, or a
+        failed response not streamed: `check`), else None: the Responses stream reports usage
+        only in its terminal event, so a stream cut off before one (a hang-up, an `error`
+        event, a dropped connection) is not known to have cost anything."""
         usage = self._failed.get("usage")
         if not isinstance(usage, Mapping):
             return None
@@ -193,13 +193,26 @@ class ResponsesStreamAccumulator:
                 str(error.get("code") or error.get("type") or "") or None,
             )
         elif kind == "response.failed":
-            failed = data.get("response") or {}
-            self._failed = failed
-            error = failed.get("error") or {}
+            self._failed = dict(data.get("response") or {})
+            error = self._failed.get("error") or {}
             raise StreamError(
                 f"the Responses stream failed: {error.get('message') or data}",
                 str(error.get("code") or "") or None,
             )
+
+    def check(self, response: Mapping[str, Any]) -> None:
+        """Raise `FailedResponse` for a response (not streamed) that says it failed: OpenAI
+        answers one with HTTP 200 and `status: "failed"` (what ends a stream as
+        `response.failed`), and its output may hold a function call the model never finished.
+        What it reports of its usage is kept, as for a failed stream (`reported`)."""
+        if response.get("status") != "failed":
+            return
+        self._failed = dict(response)
+        error = response.get("error") or {}
+        raise FailedResponse(
+            f"the response failed: {error.get('message') or 'no reason given'}",
+            str(error.get("code") or "") or None,
+        )
 
     def response(self) -> dict[str, Any]:
         """The complete response. Raises IncompleteStream if `response.completed` never came."""

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from planner.errors import PlannerAuthError, PlannerRateLimited, PlannerUnavailable
+from planner.errors import PlannerAuthError, PlannerRateLimited, PlannerUnavailable, cut_off_of
 from planner.model_profiles import profile_for
 from planner.planner import Planner
 from planner.settings import THINKING_MAX_TOKENS, PlannerSettings
@@ -353,6 +353,31 @@ async def test_gpt5_pro_is_asked_at_the_only_effort_it_takes(
     (request,) = fake_server.requests
     assert request.status == 200, request.error
     assert request.body["reasoning"]["effort"] == "high"
+
+
+async def test_a_response_that_failed_is_no_answer_and_its_call_is_never_executed(
+    fake_server: FakeModelServer,
+) -> None:
+    """OpenAI answers a failed response with HTTP 200 and `status: "failed"` (its `error`, and
+    the output it had, a function call among it). It was read as an answer: the call was
+    executed as the step's action (and without one, the step ended "unusable tool call
+    twice", not retryable). It is now the provider failing, by its error's code (server_error:
+    temporarily impossible), and the usage it reported counts."""
+    fake_server.script_responses(
+        ScriptedTurn(
+            [reasoning("Display holds it"), function_call("tap", TAP)],
+            usage={"input_tokens": 900, "output_tokens": 60},
+            fail=("server_error", "The model failed to generate a response."),
+            failed_event=True,
+        )
+    )
+    with pytest.raises(PlannerUnavailable, match="server_error") as caught:
+        await decide(make(fake_server, model="gpt-5", thinking="adaptive"))
+    assert "The model failed to generate a response." in str(caught.value)
+    reported = cut_off_of(caught.value)
+    assert reported is not None
+    assert (reported.usage.input_tokens, reported.usage.output_tokens) == (900, 60)
+    assert len(fake_server.requests) == 1
 
 
 async def test_gpt5_compact_correction_sends_the_encrypted_reasoning_back(

@@ -129,9 +129,10 @@ class ScriptedTurn:
     """Anthropic, streamed: (block index, tokens) — a `message_delta` reporting that many output
     tokens so far after that block ends (a stream may send several; each usage is cumulative)."""
     failed_event: bool = False
-    """Responses, streamed, with `fail` (code, message): the stream ends with
-    `response.failed` (the response, failed, with its error and usage) after the output items,
-    instead of an `error` event after `response.created`."""
+    """Responses, with `fail` (code, message): the response fails as the API fails one, with
+    `status: "failed"`, its error and usage. Streamed, `response.failed` ends the stream after
+    the output items (instead of an `error` event after `response.created`); not streamed, it
+    is the answer of an HTTP 200 (instead of a 500)."""
     fail_after: str | None = None
     """Anthropic, streamed, with `fail`: the `error` event comes after the first event of this
     type (say "message_delta", with `output_so_far`) instead of after message_start and a ping."""

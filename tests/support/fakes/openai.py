@@ -388,22 +388,19 @@ class ResponsesFake:
         entry = self.script.popleft()
         if isinstance(entry, Reply):
             return Answer(entry.status, entry.body, entry.headers)
-        if entry.fail is not None and not body.get("stream"):
+        if entry.fail is not None and not body.get("stream") and not entry.failed_event:
             code, text_ = entry.fail
             reply = openai_error(500, text_, "server_error", code)
             return Answer(reply.status, reply.body)
         response = self._render(entry, body)
+        if entry.fail is not None and entry.failed_event:
+            code, text_ = entry.fail
+            response = {**response, "status": "failed", "error": {"code": code, "message": text_}}
         if body.get("stream"):
             events = self._events(response, interrupt=entry.interrupt)
             if entry.fail is not None and entry.failed_event:
-                code, text_ = entry.fail
-                failed = {**response, "status": "failed", "error": {"code": code, "message": text_}}
-                end = {
-                    "type": "response.failed",
-                    "sequence_number": len(events),
-                    "response": failed,
-                }
-                events = [*events[:-1], ("response.failed", end)]
+                end = {"type": "response.failed", "sequence_number": len(events) - 1}
+                events = [*events[:-1], ("response.failed", {**end, "response": response})]
             elif entry.fail is not None:
                 events = [*events[:1], ("error", self._error_event(*entry.fail))]
             return Answer(events=events)
