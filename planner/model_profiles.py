@@ -262,6 +262,13 @@ PROFILES: dict[str, ModelProfile] = {
         # models after gpt-5.1-codex-max").
         replace(_GPT_5, name="gpt-5.1-codex-max", efforts=GPT_51_EFFORTS | {"xhigh"}),
         replace(_GPT_5, name="gpt-5.2+", efforts=GPT_52_EFFORTS),
+        # The Codex models reason always: no `none` ("'none' is not supported with the
+        # 'gpt-5.1-codex' model. Supported values are: 'low', 'medium', and 'high'", an OpenAI
+        # maintainer in openai/codex#6647); gpt-5.1-codex-mini takes medium and high only;
+        # gpt-5.2-codex and gpt-5.3-codex low to xhigh (no `minimal`: earendil-works/pi#1334).
+        replace(_GPT_5, name="gpt-5.1-codex", efforts=frozenset({"low", "medium", "high"})),
+        replace(_GPT_5, name="gpt-5.1-codex-mini", efforts=frozenset({"medium", "high"})),
+        replace(_GPT_5, name="gpt-5.x-codex", efforts=GPT_52_EFFORTS - {"none"}),
         # GPT-6 (gpt-6-sol, gpt-6-astra, gpt-6.2-…): as the later GPT-5 versions, Chat
         # Completions refuses its function tools unless the effort is explicitly `none` ("…not
         # supported for gpt-6-sol in /v1/chat/completions. To use function tools, use
@@ -315,6 +322,10 @@ FAMILIES: dict[str, str] = {
     "gpt-5-pro": "gpt-5-pro",
     "gpt-5.1": "gpt-5.1",
     "gpt-5.1-codex-max": "gpt-5.1-codex-max",
+    "gpt-5.1-codex": "gpt-5.1-codex",
+    "gpt-5.1-codex-mini": "gpt-5.1-codex-mini",
+    "gpt-5.2-codex": "gpt-5.x-codex",
+    "gpt-5.3-codex": "gpt-5.x-codex",
     "gpt-5.": "gpt-5.2+",  # every later GPT-5 version: gpt-5.2, 5.4, 5.6-sol…
     "gpt-5-chat": "gpt-5-chat",
     "gpt-6": "gpt-6",

@@ -79,7 +79,7 @@ def test_models_map_to_their_family(model: str, vendor: Any, profile: str) -> No
     [
         # A row matches at the end of the id or before a `-` (a size, a variant, a date) ...
         ("gpt-5.1", "openai", "gpt-5.1"),
-        ("gpt-5.1-codex-mini", "openai", "gpt-5.1"),
+        ("gpt-5.1-2025-11-13", "openai", "gpt-5.1"),
         ("o3-2025-04-16", "openai", "openai-o-series"),
         ("gpt-4o-2024-08-06", "openai", "gpt-4o"),
         # ... and nowhere else: another version that only starts with the same characters
@@ -204,6 +204,11 @@ def test_a_configuration_the_model_cannot_take_is_refused_at_start(
         ("o4-mini", "minimal", False),  # the o-series: low, medium, high
         ("o3", "minimal", False),
         ("o4-mini", "low", True),
+        ("gpt-5.1-codex", "none", False),  # the Codex models reason always
+        ("gpt-5.1-codex", "high", True),
+        ("gpt-5.1-codex-mini", "low", False),  # medium and high only
+        ("gpt-5.2-codex", "none", False),
+        ("gpt-5.3-codex", "xhigh", True),
     ],
 )
 def test_each_gpt_5_family_takes_its_own_efforts(model: str, effort: str, takes: bool) -> None:

@@ -313,6 +313,25 @@ async def test_the_o_series_is_asked_only_at_efforts_it_takes(
     assert fake_server.rejections == []
 
 
+@pytest.mark.parametrize("model", ["gpt-5.1-codex", "gpt-5.1-codex-mini", "gpt-5.2-codex"])
+async def test_the_codex_models_are_asked_only_at_efforts_they_take(
+    fake_server: FakeModelServer, model: str
+) -> None:
+    """The Codex models reason always and refuse `none` ("'none' is not supported with the
+    'gpt-5.1-codex' model", openai/codex#6647); gpt-5.1-codex-mini takes medium and high
+    only. They took their base version's levels, so those efforts passed the check at start
+    and every step was refused with 400 "Unsupported value"."""
+    efforts = sorted(profile_for(model, "openai").efforts)
+    for effort in efforts:
+        fake_server.script_responses(
+            ScriptedTurn([reasoning("Display"), function_call("tap", TAP)])
+        )
+        decision = await decide(make(fake_server, model=model, thinking="adaptive", effort=effort))
+        assert decision.tool_name == "tap"
+    assert [r.body["reasoning"]["effort"] for r in fake_server.requests] == efforts
+    assert fake_server.rejections == []
+
+
 @pytest.mark.parametrize("model", ["gpt-5.4", "gpt-5.6-sol", "gpt-5-mini", "gpt-6-sol"])
 @pytest.mark.parametrize("thinking", ["adaptive", "off"])
 async def test_gpt5_compact_steps_use_responses(

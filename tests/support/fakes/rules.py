@@ -175,6 +175,13 @@ MODELS: dict[str, ModelRules] = {
     "gpt-5.1": _GPT_51,
     # gpt-5.1-codex-max: gpt-5.1's efforts and `xhigh` (openai/codex docs/config.md).
     "gpt-5.1-codex-max": replace(_GPT_51, efforts=_GPT_51.efforts | {"xhigh"}),
+    # The Codex models reason always: no `none` (openai/codex#6647: "'none' is not supported
+    # with the 'gpt-5.1-codex' model. Supported values are: 'low', 'medium', and 'high'");
+    # gpt-5.1-codex-mini medium and high only; gpt-5.2/5.3-codex low to xhigh.
+    "gpt-5.1-codex": replace(_GPT_51, efforts=frozenset({"low", "medium", "high"})),
+    "gpt-5.1-codex-mini": replace(_GPT_51, efforts=frozenset({"medium", "high"})),
+    "gpt-5.2-codex": replace(_GPT_54, efforts=_GPT_52_EFFORTS - {"none"}),
+    "gpt-5.3-codex": replace(_GPT_54, efforts=_GPT_52_EFFORTS - {"none"}),
     "gpt-5.1-chat": _CHAT_LATEST,
     "gpt-5.2-chat": _CHAT_LATEST,
     "gpt-5.3-chat": _CHAT_LATEST,
