@@ -269,6 +269,9 @@ PROFILES: dict[str, ModelProfile] = {
         replace(_GPT_5, name="gpt-5.1-codex", efforts=frozenset({"low", "medium", "high"})),
         replace(_GPT_5, name="gpt-5.1-codex-mini", efforts=frozenset({"medium", "high"})),
         replace(_GPT_5, name="gpt-5.x-codex", efforts=GPT_52_EFFORTS - {"none"}),
+        # gpt-5.4-pro and gpt-5.5-pro: medium, high and xhigh (their model pages, as
+        # anomalyco/models.dev#2296 cites them).
+        replace(_GPT_5, name="gpt-5.x-pro", efforts=frozenset({"medium", "high", "xhigh"})),
         # GPT-6 (gpt-6-sol, gpt-6-astra, gpt-6.2-…): as the later GPT-5 versions, Chat
         # Completions refuses its function tools unless the effort is explicitly `none` ("…not
         # supported for gpt-6-sol in /v1/chat/completions. To use function tools, use
@@ -326,6 +329,8 @@ FAMILIES: dict[str, str] = {
     "gpt-5.1-codex-mini": "gpt-5.1-codex-mini",
     "gpt-5.2-codex": "gpt-5.x-codex",
     "gpt-5.3-codex": "gpt-5.x-codex",
+    "gpt-5.4-pro": "gpt-5.x-pro",
+    "gpt-5.5-pro": "gpt-5.x-pro",
     "gpt-5.": "gpt-5.2+",  # every later GPT-5 version: gpt-5.2, 5.4, 5.6-sol…
     "gpt-5-chat": "gpt-5-chat",
     "gpt-6": "gpt-6",

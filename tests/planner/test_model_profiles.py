@@ -209,6 +209,9 @@ def test_a_configuration_the_model_cannot_take_is_refused_at_start(
         ("gpt-5.1-codex-mini", "low", False),  # medium and high only
         ("gpt-5.2-codex", "none", False),
         ("gpt-5.3-codex", "xhigh", True),
+        ("gpt-5.4-pro", "low", False),  # the Pro models: medium to xhigh
+        ("gpt-5.5-pro", "none", False),
+        ("gpt-5.5-pro", "xhigh", True),
     ],
 )
 def test_each_gpt_5_family_takes_its_own_efforts(model: str, effort: str, takes: bool) -> None:

@@ -313,14 +313,17 @@ async def test_the_o_series_is_asked_only_at_efforts_it_takes(
     assert fake_server.rejections == []
 
 
-@pytest.mark.parametrize("model", ["gpt-5.1-codex", "gpt-5.1-codex-mini", "gpt-5.2-codex"])
-async def test_the_codex_models_are_asked_only_at_efforts_they_take(
+@pytest.mark.parametrize(
+    "model", ["gpt-5.1-codex", "gpt-5.1-codex-mini", "gpt-5.2-codex", "gpt-5.4-pro", "gpt-5.5-pro"]
+)
+async def test_the_codex_and_pro_models_are_asked_only_at_efforts_they_take(
     fake_server: FakeModelServer, model: str
 ) -> None:
     """The Codex models reason always and refuse `none` ("'none' is not supported with the
     'gpt-5.1-codex' model", openai/codex#6647); gpt-5.1-codex-mini takes medium and high
-    only. They took their base version's levels, so those efforts passed the check at start
-    and every step was refused with 400 "Unsupported value"."""
+    only; gpt-5.4-pro and gpt-5.5-pro medium to xhigh. They took their base version's levels,
+    so those efforts passed the check at start and every step was refused with 400
+    "Unsupported value"."""
     efforts = sorted(profile_for(model, "openai").efforts)
     for effort in efforts:
         fake_server.script_responses(

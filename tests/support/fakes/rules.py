@@ -182,6 +182,9 @@ MODELS: dict[str, ModelRules] = {
     "gpt-5.1-codex-mini": replace(_GPT_51, efforts=frozenset({"medium", "high"})),
     "gpt-5.2-codex": replace(_GPT_54, efforts=_GPT_52_EFFORTS - {"none"}),
     "gpt-5.3-codex": replace(_GPT_54, efforts=_GPT_52_EFFORTS - {"none"}),
+    # gpt-5.4-pro, gpt-5.5-pro: medium, high, xhigh (their model pages, anomalyco/models.dev#2296).
+    "gpt-5.4-pro": replace(_GPT_54, efforts=frozenset({"medium", "high", "xhigh"})),
+    "gpt-5.5-pro": replace(_GPT_54, efforts=frozenset({"medium", "high", "xhigh"})),
     "gpt-5.1-chat": _CHAT_LATEST,
     "gpt-5.2-chat": _CHAT_LATEST,
     "gpt-5.3-chat": _CHAT_LATEST,
