@@ -35,8 +35,10 @@ class CallObserver(Protocol):
         usage: Usage | None,
         error: BaseException | None,
     ) -> None:
-        """`usage` is the priced usage of a call that answered; `error` what a failed one
-        raised (a `planner.errors.PlannerError` subclass, or anything unexpected)."""
+        """`usage` is the priced usage of a call that answered, or of a failed one what the
+        provider reported of it before it failed (a stream it broke off: the spending ledger
+        counts it too), else None; `error` what a failed one raised (a
+        `planner.errors.PlannerError` subclass, or anything unexpected)."""
         ...
 
 
@@ -80,11 +82,12 @@ class ObservedAdapter:
                 seconds = time.perf_counter() - started
                 span.set_status(Status(StatusCode.ERROR, type(err).__name__))
                 cut_off = cut_off_of(err)
-                if cut_off is not None:  # a stream hung up on: what it reported is billed
+                if cut_off is not None:  # a call cut off or broken: what it reported is billed
                     cut_off.usage.cost_usd = self.prices.cost(cut_off.model, cut_off.usage)
                 if self.observer is not None and isinstance(err, Exception):
+                    billed = cut_off.usage if cut_off is not None else None
                     self.observer.call_finished(
-                        self.inner.name, self.inner.model, seconds, None, err
+                        self.inner.name, self.inner.model, seconds, billed, err
                     )
                 raise
             seconds = time.perf_counter() - started

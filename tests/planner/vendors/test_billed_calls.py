@@ -8,10 +8,16 @@ from __future__ import annotations
 
 import pytest
 
+from planner.conversation.items import UserObservation
+from planner.decision import Usage
 from planner.errors import PlannerError, PlannerRefused, PlannerUnavailable
 from planner.planner import Planner
+from planner.prompts import SYSTEM_PROMPT
 from planner.settings import PlannerSettings
+from planner.tools import TOOLS
 from planner.vendors import make_adapter
+from planner.vendors.base import TurnRequest
+from planner.vendors.observed import ObservedAdapter
 from tests.planner.scenes import settings_main
 from tests.support.fakes import (
     ANTHROPIC_KEY,
@@ -31,7 +37,14 @@ OFF_SCREEN = {"x": 5000, "y": 10, "purpose": "open display", "expected_outcome":
 
 
 def _planner(server: FakeModelServer, provider: str = "anthropic", model: str = MODEL) -> Planner:
-    settings = PlannerSettings(
+    settings = _settings(server, provider, model)
+    return Planner(make_adapter(settings), settings)
+
+
+def _settings(
+    server: FakeModelServer, provider: str = "anthropic", model: str = MODEL
+) -> PlannerSettings:
+    return PlannerSettings(
         provider=provider,
         anthropic_api_key=ANTHROPIC_KEY,
         anthropic_base_url=server.anthropic_base_url,
@@ -40,7 +53,6 @@ def _planner(server: FakeModelServer, provider: str = "anthropic", model: str = 
         model=model,
         max_retries=0,
     )
-    return Planner(make_adapter(settings), settings)
 
 
 def _costing(*content: dict[str, object], input_tokens: int, output_tokens: int) -> ScriptedTurn:
@@ -138,3 +150,52 @@ async def test_openai_chat_answers_without_a_call_carry_their_cost(
     u = err.billed.usage
     assert (u.input_tokens, u.cache_read_input_tokens, u.output_tokens) == (1200, 800, 400)
     assert u.cost_usd > 0
+
+
+async def test_the_call_observer_hears_what_a_broken_stream_reported(
+    fake_server: FakeModelServer,
+) -> None:
+    """The cloud's token and cost metrics hear each call through its observer. A stream the
+    provider broke off after message_start (500 input tokens) is counted in the spending ledger
+    (StreamCutOff); its observer heard a failed call with no usage, so the metrics' tokens and
+    cost fell short of the ledger by that call."""
+    fake_server.script_anthropic(
+        ScriptedTurn(
+            [text("Looking."), tool_use("tap", TAP)],
+            usage={
+                "input_tokens": 500,
+                "output_tokens": 300,
+                "cache_read_input_tokens": 0,
+                "cache_creation_input_tokens": 0,
+            },
+            fail=("overloaded_error", "Overloaded"),
+        )
+    )
+    adapter = make_adapter(_settings(fake_server))
+    assert isinstance(adapter, ObservedAdapter)
+    heard: list[tuple[Usage | None, str]] = []
+
+    class Observer:
+        def call_finished(
+            self,
+            provider: str,
+            model: str,
+            seconds: float,
+            usage: Usage | None,
+            error: BaseException | None,
+        ) -> None:
+            heard.append((usage, type(error).__name__))
+
+    adapter.observer = Observer()
+    request = TurnRequest(
+        system=SYSTEM_PROMPT, items=[UserObservation("Screen: settings")], tools=TOOLS, stream=True
+    )
+    try:
+        with pytest.raises(PlannerUnavailable):
+            await adapter.complete(request)
+    finally:
+        await adapter.aclose()
+    ((usage, error),) = heard
+    assert error == "PlannerUnavailable"
+    assert usage is not None and (usage.input_tokens, usage.output_tokens) == (500, 1)
+    assert usage.cost_usd == pytest.approx((500 * 3 + 1 * 15) / 1e6)
