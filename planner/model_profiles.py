@@ -79,6 +79,11 @@ class ModelProfile:
     - `default_effort`: OpenAI — the reasoning effort asked for when `AMC_PLANNER_EFFORT` is
       not set (one of `efforts`: gpt-5-pro takes `high` only).
     - `reasoning`: OpenAI only — accepts `reasoning` / `reasoning_effort`.
+    - `off_effort`: OpenAI reasoning models — the effort sent for thinking "off", the least
+      the model takes. Left out, such a model reasons at its default effort (hidden, billed,
+      and inside the answer's output budget, which cut answers off): `none` does not reason
+      (gpt-5.1 and later); any other effort still does and gets room for it. None: left out
+      (a model not in the table).
     - `parallel_tool_calls`: OpenAI Chat Completions — accepts the `parallel_tool_calls`
       parameter (the o-series answer it with 400 "Unsupported parameter"; it is then left out
       and an extra call is answered "not executed").
@@ -113,6 +118,7 @@ class ModelProfile:
     default_effort: str = "medium"
     beta_headers: Mapping[str, str] = field(default_factory=dict)
     reasoning: bool = False
+    off_effort: str | None = None
     parallel_tool_calls: bool = True
     chat_tools: bool = True
     max_output_tokens: int | None = None
@@ -156,6 +162,7 @@ _GPT_5 = ModelProfile(
     frozenset({"adaptive"}),
     efforts=OPENAI_EFFORTS,
     reasoning=True,
+    off_effort="minimal",
     chat_tools=False,
     max_output_tokens=100000,
 )
@@ -255,31 +262,66 @@ PROFILES: dict[str, ModelProfile] = {
         # gpt-5-pro: reasoning effort `high` only, its default (anomalyco/opencode#3474 and
         # #26268, checked against the Responses API's errors; the versioned Pro models of
         # later GPT-5 versions take more and are left to their version's row).
-        replace(_GPT_5, name="gpt-5-pro", efforts=frozenset({"high"}), default_effort="high"),
-        replace(_GPT_5, name="gpt-5.1", efforts=GPT_51_EFFORTS),
+        replace(
+            _GPT_5,
+            name="gpt-5-pro",
+            efforts=frozenset({"high"}),
+            default_effort="high",
+            off_effort="high",
+        ),
+        replace(_GPT_5, name="gpt-5.1", efforts=GPT_51_EFFORTS, off_effort="none"),
         # gpt-5.1-codex-max: gpt-5.1's efforts and `xhigh` (openai/codex docs/config.md: "xhigh
         # (available only on gpt-5.1-codex-max)"; the API reference: "xhigh is supported for all
         # models after gpt-5.1-codex-max").
-        replace(_GPT_5, name="gpt-5.1-codex-max", efforts=GPT_51_EFFORTS | {"xhigh"}),
-        replace(_GPT_5, name="gpt-5.2+", efforts=GPT_52_EFFORTS),
+        replace(
+            _GPT_5, name="gpt-5.1-codex-max", efforts=GPT_51_EFFORTS | {"xhigh"}, off_effort="none"
+        ),
+        replace(_GPT_5, name="gpt-5.2+", efforts=GPT_52_EFFORTS, off_effort="none"),
         # The Codex models reason always: no `none` ("'none' is not supported with the
         # 'gpt-5.1-codex' model. Supported values are: 'low', 'medium', and 'high'", an OpenAI
         # maintainer in openai/codex#6647); gpt-5.1-codex-mini takes medium and high only;
         # gpt-5.2-codex and gpt-5.3-codex low to xhigh (no `minimal`: earendil-works/pi#1334).
-        replace(_GPT_5, name="gpt-5.1-codex", efforts=frozenset({"low", "medium", "high"})),
-        replace(_GPT_5, name="gpt-5.1-codex-mini", efforts=frozenset({"medium", "high"})),
-        replace(_GPT_5, name="gpt-5.x-codex", efforts=GPT_52_EFFORTS - {"none"}),
+        replace(
+            _GPT_5,
+            name="gpt-5.1-codex",
+            efforts=frozenset({"low", "medium", "high"}),
+            off_effort="low",
+        ),
+        replace(
+            _GPT_5,
+            name="gpt-5.1-codex-mini",
+            efforts=frozenset({"medium", "high"}),
+            off_effort="medium",
+        ),
+        replace(
+            _GPT_5,
+            name="gpt-5.x-codex",
+            efforts=GPT_52_EFFORTS - {"none"},
+            off_effort="low",
+        ),
         # gpt-5.4-pro and gpt-5.5-pro: medium, high and xhigh (their model pages, as
         # anomalyco/models.dev#2296 cites them).
-        replace(_GPT_5, name="gpt-5.x-pro", efforts=frozenset({"medium", "high", "xhigh"})),
+        replace(
+            _GPT_5,
+            name="gpt-5.x-pro",
+            efforts=frozenset({"medium", "high", "xhigh"}),
+            off_effort="medium",
+        ),
         # GPT-6 (gpt-6-sol, gpt-6-astra, gpt-6.2-…): as the later GPT-5 versions, Chat
         # Completions refuses its function tools unless the effort is explicitly `none` ("…not
         # supported for gpt-6-sol in /v1/chat/completions. To use function tools, use
         # /v1/responses or set reasoning_effort to 'none'.", onyx-dot-app/onyx#15008); its
         # effort levels and output limit are not published here, so none is refused at start.
-        replace(_GPT_5, name="gpt-6", efforts=ANY_EFFORT, max_output_tokens=None),
+        replace(
+            _GPT_5, name="gpt-6", efforts=ANY_EFFORT, max_output_tokens=None, off_effort="none"
+        ),
         # gpt-5.1-chat-latest and later chat-latest models: reasoning at `medium` only.
-        replace(_GPT_5, name="gpt-5.x-chat", efforts=frozenset({"medium"})),
+        replace(
+            _GPT_5,
+            name="gpt-5.x-chat",
+            efforts=frozenset({"medium"}),
+            off_effort="medium",
+        ),
         # o1, o3, o4-mini: as GPT-5, and Chat Completions refuses `parallel_tool_calls`.
         ModelProfile(
             "openai-o-series",
@@ -287,6 +329,7 @@ PROFILES: dict[str, ModelProfile] = {
             frozenset({"adaptive"}),
             efforts=O_SERIES_EFFORTS,
             reasoning=True,
+            off_effort="low",
             parallel_tool_calls=False,
             max_output_tokens=100000,
         ),

@@ -231,3 +231,19 @@ def test_output_limit_is_checked_against_the_profile() -> None:
     chosen = settings(model="gpt-4o", provider="openai", max_tokens=20000)
     with pytest.raises(PlannerConfigError, match="writes at most 16384 output tokens"):
         make_adapter(chosen)
+
+
+def test_thinking_off_is_the_least_effort_each_reasoning_model_takes() -> None:
+    """A reasoning model told nothing reasons at its default effort; thinking "off" names the
+    least effort it takes instead, so every row's `off_effort` must be one it takes (a 400
+    on every step otherwise) and the lowest of them. Only the table's unknown row leaves it
+    out: its efforts are a guess."""
+    order = ("none", "minimal", "low", "medium", "high", "xhigh", "max")
+    reasoning = [p for p in PROFILES.values() if p.vendor == "openai" and p.reasoning]
+    assert reasoning
+    for profile in reasoning:
+        if profile.name == "openai-unknown":
+            assert profile.off_effort is None
+            continue
+        least = min(profile.efforts, key=order.index)
+        assert profile.off_effort == least, profile.name

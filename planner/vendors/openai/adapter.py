@@ -62,9 +62,15 @@ class OpenAIAdapter:
         return self.profile.retry_form(self.thinking.enabled)
 
     @property
-    def _reasoning(self) -> bool:
-        """Reasoning parameters go out only to models that take them, and only when asked."""
-        return self.thinking.enabled and self.profile.reasoning
+    def _effort(self) -> str | None:
+        """The reasoning effort asked for, None for models without reasoning parameters. With
+        thinking off, a reasoning model is asked for the least it takes (`off_effort`): left
+        out, it reasons at its default effort, hidden and billed, within an answer's budget."""
+        if not self.profile.reasoning:
+            return None
+        if not self.thinking.enabled:
+            return self.profile.off_effort
+        return self.thinking.effort or self.profile.default_effort
 
     async def aclose(self) -> None:
         await self.client.close()
@@ -92,9 +98,7 @@ class OpenAIAdapter:
             tools=request.tools,
             forced=request.forced,
             max_tokens=request.max_tokens or self.max_tokens,
-            reasoning_effort=(self.thinking.effort or self.profile.default_effort)
-            if self._reasoning
-            else None,
+            reasoning_effort=self._effort,
             parallel_tool_calls=self.profile.parallel_tool_calls,
         )
         completion = await fetch_response(
@@ -133,11 +137,10 @@ class OpenAIAdapter:
             system=request.system,
             input_items=projection.input,
             tools=request.tools,
-            thinking=self.thinking,
-            reasoning=self.profile.reasoning,
+            effort=self._effort,
+            summaries=self.thinking.enabled and self.thinking.summaries,
             forced=request.forced,
             max_tokens=request.max_tokens or self.max_tokens,
-            default_effort=self.profile.default_effort,
         )
         acc = responses.ResponsesStreamAccumulator(request.on_thinking)
         streamed = (acc.feed, acc.response) if request.stream else None

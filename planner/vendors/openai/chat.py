@@ -104,9 +104,9 @@ def request_params(
     reasoning_effort: str | None = None,
     parallel_tool_calls: bool = True,
 ) -> dict[str, Any]:
-    """The request body; `reasoning_effort` only for reasoning models with thinking on (the
-    others reject the parameter); `parallel_tool_calls: false` only where the model takes the
-    parameter (extra calls are answered "not executed" either way)."""
+    """The request body; `reasoning_effort` only for reasoning models (the others reject the
+    parameter; `none` asks one not to reason); `parallel_tool_calls: false` only where the model
+    takes the parameter (extra calls are answered "not executed" either way)."""
     params: dict[str, Any] = {
         "model": model,
         "messages": messages,
@@ -128,6 +128,7 @@ def request_params(
         params["parallel_tool_calls"] = False
     if reasoning_effort is not None:
         params["reasoning_effort"] = reasoning_effort
+    if reasoning_effort not in (None, "none"):
         # reasoning tokens count toward max_completion_tokens
         params["max_completion_tokens"] = max(max_tokens, THINKING_MAX_TOKENS)
     return params

@@ -10,7 +10,7 @@ from planner.conversation.items import AssistantItem, AssistantText, Reasoning
 from planner.decision import Usage
 from planner.settings import THINKING_MAX_TOKENS
 from planner.tools import ToolSpec
-from planner.vendors.base import LiveBlocks, ThinkingConfig, ThinkingSink, live_blocks
+from planner.vendors.base import LiveBlocks, ThinkingSink, live_blocks
 from planner.vendors.failures import FailedResponse, StreamError
 from planner.vendors.openai.calls import CONTENT_FILTERED, function_call
 from planner.vendors.openai.responses_projection import request_flags
@@ -23,17 +23,15 @@ def request_params(
     system: str,
     input_items: list[dict[str, Any]],
     tools: Sequence[ToolSpec],
-    thinking: ThinkingConfig,
-    reasoning: bool,
+    effort: str | None,
+    summaries: bool,
     forced: bool,
     max_tokens: int,
-    default_effort: str = "medium",
 ) -> dict[str, Any]:
     """The request body: stateless (`store=false`; encrypted reasoning included when the request
-    reasons). `reasoning` says whether the model takes reasoning parameters at all
-    (non-reasoning models reject them, and the include with them); `default_effort` is the
-    model's (its profile's) when none is configured."""
-    reasons = thinking.enabled and reasoning
+    reasons). `effort` is None for a model that takes no reasoning parameters (they reject them,
+    and the include with them); `none` asks a reasoning model not to reason, any other effort
+    gets room for the reasoning tokens, which count toward `max_output_tokens`."""
     params: dict[str, Any] = {
         "model": model,
         "instructions": system,
@@ -51,13 +49,13 @@ def request_params(
         "tool_choice": "required" if forced else "auto",
         "parallel_tool_calls": False,
         "max_output_tokens": max_tokens,
-        **request_flags(reasoning=reasons),
+        **request_flags(reasoning=effort is not None),
     }
-    if reasons:
-        # reasoning tokens count toward max_output_tokens
-        params["max_output_tokens"] = max(max_tokens, THINKING_MAX_TOKENS)
-        params["reasoning"] = {"effort": thinking.effort or default_effort}
-        if thinking.summaries:
+    if effort is not None:
+        params["reasoning"] = {"effort": effort}
+        if effort != "none":
+            params["max_output_tokens"] = max(max_tokens, THINKING_MAX_TOKENS)
+        if summaries:
             params["reasoning"]["summary"] = "auto"
     return params
 

@@ -356,9 +356,11 @@ async def test_gpt5_compact_steps_use_responses(
     (request,) = fake_server.requests
     assert request.path == "/v1/responses" and request.status == 200, request.error
     assert request.body["store"] is False
-    assert ("reasoning" in request.body) is (thinking == "adaptive")
+    # thinking off asks for the least reasoning the model takes (see the test below)
+    effort = "medium" if thinking == "adaptive" else profile_for(model, "openai").off_effort
+    assert request.body["reasoning"]["effort"] == effort
     # reasoning tokens count toward the output limit: a reasoning call gets room for them
-    limit = THINKING_MAX_TOKENS if thinking == "adaptive" else 2048
+    limit = 2048 if effort == "none" else THINKING_MAX_TOKENS
     assert request.body["max_output_tokens"] == limit
     assert request.body["input"][0]["role"] == "user"
 
@@ -463,25 +465,36 @@ async def test_a_screenshot_over_openais_image_limit_goes_within_it_at_the_scree
     assert (sent.format, sent.size) == ("JPEG", (1600, 3400))
 
 
-async def test_gpt5_correction_with_thinking_off_sends_the_call_without_its_id(
-    fake_server: FakeModelServer,
+@pytest.mark.parametrize(
+    ("model", "effort", "room"),
+    [
+        ("gpt-5-mini", "minimal", True),
+        ("gpt-5.4", "none", False),
+        ("gpt-5.1-codex", "low", True),
+        ("gpt-5-pro", "high", True),
+    ],
+)
+async def test_thinking_off_asks_a_reasoning_model_for_the_least_it_takes(
+    fake_server: FakeModelServer, model: str, effort: str, room: bool
 ) -> None:
-    """GPT-5 reasons at its default effort when `reasoning` is left out (thinking off), and its
-    reasoning then comes back without encrypted content, so it cannot go back. The call after
-    it must then go without the id the API ties to that reasoning: sent with it, the corrective
-    turn was refused (400 "Item 'fc_…' of type 'function_call' was provided without its
-    required 'reasoning' item: 'rs_…'.")."""
+    """With thinking off (the default) the `reasoning` field was left out, and a reasoning
+    model then reasons at its default effort (GPT-5: `medium`), hidden and billed, inside
+    the answer's 2,048 output tokens: answers were cut off. Thinking off now asks for the
+    least the model takes (`none` where it can stop reasoning), with room for the reasoning
+    where it still reasons, and the reasoning's encrypted content included, so a corrective
+    turn carries it back."""
     fake_server.script_responses(
-        ScriptedTurn([reasoning("hmm"), function_call("tap", {"element_id": "e17"})]),
-        ScriptedTurn([reasoning("fix"), function_call("tap", TAP)]),
+        ScriptedTurn([reasoning(), function_call("tap", {"element_id": "e17"})]),
+        ScriptedTurn([reasoning(), function_call("tap", TAP)]),
     )
-    decision = await decide(make(fake_server, model="gpt-5-mini", thinking="off"))
+    decision = await decide(make(fake_server, model=model, thinking="off"))
     assert decision.corrective_retries == 1 and decision.tool_name == "tap"
     first, second = fake_server.requests
-    assert "reasoning" not in first.body and "include" not in first.body
+    assert first.body["reasoning"] == {"effort": effort}  # no summaries asked for
+    assert first.body["include"] == ["reasoning.encrypted_content"]
+    assert first.body["max_output_tokens"] == (THINKING_MAX_TOKENS if room else 2048)
     assert second.status == 200, second.error
-    call = next(i for i in second.body["input"] if i.get("type") == "function_call")
-    assert "id" not in call
+    assert fake_server.rejections == []
 
 
 async def test_a_raised_limit_stays_within_the_models_own_output_limit(

@@ -432,7 +432,7 @@ def _openai(server: FakeModelServer, **overrides: Any) -> Planner:
     [
         ("gpt-4.1-mini", "off", None),
         ("o4-mini", "adaptive", "low"),
-        ("o4-mini", "off", None),
+        ("o4-mini", "off", "low"),  # the least it takes: it always reasons
     ],
 )
 async def test_chat_reasoning_effort_only_for_reasoning_models(
