@@ -81,6 +81,15 @@ def _mapped(serial: str, what: str) -> Iterator[None]:
         # a big dump). uiautomator2 reads the body in chunks, which end quietly at the cut,
         # and parses what came; like a dropped connection, `U2Driver._call` asks adb.
         raise gone(serial, what, f"its answer was cut short: {exc}") from exc
+    except u2_exceptions.UiAutomationNotConnectedError as exc:
+        # The server answers, but its UiAutomation is gone (the accessibility service died
+        # under it, system_server restarted): every call fails until the server restarts.
+        # uiautomator2 restarts only a server its own Device started, so one an earlier
+        # driver started stayed broken; `U2Driver._call` stops it.
+        raise DeviceBusy(
+            f"{what} failed on {serial}: uiautomator2's server on the phone lost its "
+            f"UiAutomation connection ({exc}); the next call starts the server again"
+        ) from exc
     except (u2_exceptions.BaseException, adbutils.AdbError, OSError, EOFError) as exc:
         if is_gone(exc):
             raise gone(serial, what, str(exc)) from exc
@@ -321,8 +330,9 @@ class U2Driver:
                 "the next call connects again and restarts the server"
             ) from gone
         except DeviceBusy as busy:
-            if is_timeout(busy.__cause__ or busy):
-                self._reset()  # a wedged server: the next call starts it again
+            cause = busy.__cause__ or busy
+            if is_timeout(cause) or isinstance(cause, u2_exceptions.UiAutomationNotConnectedError):
+                self._reset()  # a wedged or broken server: the next call starts it again
             raise
         except DeviceError:
             # A shell command the unplug cut short ends cleanly, and uiautomator2 reads it as

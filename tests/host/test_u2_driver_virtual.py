@@ -212,6 +212,27 @@ def test_a_u2_server_that_dies_mid_call_is_busy_and_restarted(
     assert _agent_pids(phone) and _agent_pids(phone) != first
 
 
+def test_a_u2_server_that_lost_its_ui_automation_is_restarted_for_a_later_driver(
+    served: tuple[ThreadedAdbServer, VirtualPhone],
+) -> None:
+    """The server an earlier attempt's driver started loses its UiAutomation connection (it
+    still answers /ping; every call fails "UiAutomation not connected!"). uiautomator2
+    restarts only a server its own Device started, so each call of a later driver failed as
+    a plain DeviceError, the task failed for good, and so did every later task on the phone.
+    Now it is a busy phone whose server is stopped, and the retry starts a working one."""
+    server, phone = served
+    U2Driver(SERIAL, port=server.port).screen_size()  # an earlier attempt starts the server
+    d = U2Driver(SERIAL, port=server.port)
+    size = d.screen_size()
+    first = _agent_pids(phone)
+    phone.lose_u2_automation()
+    with pytest.raises(DeviceBusy, match="lost its UiAutomation connection"):
+        d.dump_hierarchy()
+    scene, _ = Perceiver(retries=2, retry_delay_s=0).scene_from_dump(d, size, None)
+    assert any(e.text == "Settings" for e in scene.elements)
+    assert _agent_pids(phone) and _agent_pids(phone) != first
+
+
 @pytest.mark.parametrize("maker", ["com.lbe.security.miui", "com.example.made.up.permissions"])
 def test_a_makers_own_permission_prompt_covers_the_app(maker: str) -> None:
     """MIUI shows runtime permission prompts from its own package; a maker's prompt amc has no

@@ -91,6 +91,15 @@ class BridgeTaken(Exception):
 
 # What AOSP's dumper throws when a node vanishes between listing a parent's children and
 # reading one of them while the screen changes (AccessibilityNodeInfoDumper.childNafCheck).
+#: What uiautomator2's agent sends as a JSON-RPC error's `data` once its UiAutomation is gone
+#: (openatx/uiautomator2#797).
+AUTOMATION_LOST_TRACE = (
+    "java.lang.IllegalStateException: UiAutomation not connected!\n"
+    "\tat android.app.UiAutomation.throwIfNotConnectedLocked(UiAutomation.java:1198)\n"
+    "\tat android.app.UiAutomation.getServiceInfo(UiAutomation.java:495)\n"
+    "\tat com.github.uiautomator.stub.AutomatorServiceImpl.dumpWindowHierarchy"
+    "(AutomatorServiceImpl.java:295)\n"
+)
 DUMP_NPE_TRACE = (
     "java.lang.NullPointerException: Attempt to invoke virtual method "
     "'java.lang.CharSequence android.view.accessibility.AccessibilityNodeInfo"
@@ -235,6 +244,9 @@ class VirtualPhone:
         #: Queued agent deaths (see `crash_u2_agent`): True for one midway through its answer.
         self._u2_crashes: list[bool] = []
         self._u2_hangs: list[float] = []
+        #: Bumped by `lose_u2_automation`: an agent started under an older value has lost
+        #: its UiAutomation connection.
+        self.u2_automation_epoch = 0
         self._dump_hangs: list[float] = []
         self._service_stalls: list[tuple[str, float]] = []
         #: The `uiautomator dump` process running right now, if one hangs (`hang_dumps`).
@@ -759,6 +771,15 @@ class VirtualPhone:
         phone."""
         with self._lock:
             self._u2_hangs.extend([seconds] * calls)
+
+    def lose_u2_automation(self) -> None:
+        """Make the running uiautomator2 agent lose its UiAutomation connection (the
+        accessibility service died under it, system_server restarted, another client took the
+        bridge): it keeps answering `/ping`, and every JSON-RPC call fails with jsonrpc4j's
+        -32001 "java.lang.IllegalStateException: UiAutomation not connected!" until its
+        process is restarted; an agent started afterwards works. adb still lists the phone."""
+        with self._lock:
+            self.u2_automation_epoch += 1
 
     def take_u2_hang(self) -> float | None:
         """How long this JSON-RPC call hangs (see `hang_u2_agent`), None when it does not."""

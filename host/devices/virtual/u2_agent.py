@@ -20,6 +20,7 @@ from typing import Any
 from host.devices.virtual.commands import Output, Registry, Session
 from host.devices.virtual.layout import Node
 from host.devices.virtual.phone import (
+    AUTOMATION_LOST_TRACE,
     DUMP_NPE_TRACE,
     BridgeTaken,
     DumpCrashed,
@@ -103,6 +104,9 @@ class U2Agent:
 
     def __init__(self, phone: VirtualPhone, crash: Callable[[], None] = lambda: None) -> None:
         self.phone = phone
+        #: The phone's `u2_automation_epoch` when this agent started: once the phone's moves
+        #: on, this agent's UiAutomation is gone (`VirtualPhone.lose_u2_automation`).
+        self._epoch = phone.u2_automation_epoch
         #: Ends this agent's process at once (`VirtualPhone.crash_u2_agent`).
         self._crash = crash
         self._touch_down: tuple[int, int] | None = None
@@ -201,6 +205,13 @@ class U2Agent:
             error = {"code": -32601, "message": f"Method not found: {request.get('method')}"}
             return {"jsonrpc": "2.0", "id": rid, "error": error}
         params = request.get("params") or []
+        if self.phone.u2_automation_epoch != self._epoch:
+            lost = {
+                "code": -32001,
+                "message": "java.lang.IllegalStateException",
+                "data": AUTOMATION_LOST_TRACE,
+            }
+            return {"jsonrpc": "2.0", "id": rid, "error": lost}
         try:
             result = method(**params) if isinstance(params, dict) else method(*params)
         except RpcError as exc:
