@@ -7,6 +7,7 @@ non-ASCII; it needs the u2 server on the phone (pushed and started by the librar
 from __future__ import annotations
 
 import atexit
+import base64
 import contextlib
 import functools
 import http.client
@@ -22,11 +23,16 @@ from typing import Any, TypeVar
 import adbutils
 import uiautomator2 as u2
 from adbutils.errors import AdbConnectionError, AdbTimeout
-from PIL import UnidentifiedImageError
+from PIL import Image, UnidentifiedImageError
 from uiautomator2 import exceptions as u2_exceptions
 
 from host.devices import adb_transport
-from host.devices.adb_driver import check_launched, check_package, monkey_launch
+from host.devices.adb_driver import (
+    check_launched,
+    check_package,
+    monkey_launch,
+    png_from_screencap,
+)
 from host.devices.adb_errors import (
     adb_state,
     ensure_listed,
@@ -64,6 +70,8 @@ SEND_KEYS_MAX_BYTES = 2048
 #: How deep uiautomator2's server walks each window's tree (its own default is 50; Appium's 70;
 #: real apps reach ~90 levels).
 MAX_DEPTH = 120
+#: How the screen is captured when the server's screenshot gives none (as `AdbDriver` does).
+_SCREENCAP = "exec-out:screencap -p"
 
 
 @contextmanager
@@ -181,6 +189,12 @@ def _handshake(conn: adbutils.AdbConnection, request: str) -> adbutils.AdbConnec
         conn.close()
         raise
     return conn
+
+
+def _take_screenshot(d: Any) -> bytes:
+    """The server's screenshot (JPEG bytes); b"" when it answered none."""
+    data = d.jsonrpc.takeScreenshot(1, 80)
+    return base64.b64decode(data) if data else b""
 
 
 def _send_keys(text: str, d: Any) -> None:
@@ -360,15 +374,27 @@ class U2Driver:
         return int(w), int(h)
 
     def screenshot_png(self) -> bytes:
-        def shot(d: Any) -> Any:
-            try:
-                return d.screenshot(format="pillow")
-            except UnidentifiedImageError as exc:  # what the server sent is no image
-                raise ScreenshotError(f"unreadable screenshot from {self._serial}: {exc}") from exc
-
-        img = self._call("screenshot", shot)
-        buf = io.BytesIO()
-        img.save(buf, format="PNG")
+        """The server's `takeScreenshot` (a JPEG) as a PNG; when it answers none (Android 4-6,
+        a capture SurfaceFlinger failed: openatx/uiautomator2#1027), `screencap` as the adb
+        driver takes it. uiautomator2's own fallback goes through adbutils, which first asks
+        `dumpsys SurfaceFlinger --display-id` (unknown before Android 10: "No display found")
+        and turns a capture it cannot read (a linker warning printed before the PNG, a
+        garbled image) into a black image of the screen's size, shown as the screen."""
+        jpeg = self._call("screenshot", _take_screenshot)
+        if not jpeg:
+            data = self._call(
+                "screencap",
+                lambda d: adb_transport.run(
+                    self._adb, self._adb_serial, _SCREENCAP, self._rpc_timeout_s, self._tid
+                ),
+            )
+            return png_from_screencap(self._serial, data)
+        try:
+            with Image.open(io.BytesIO(jpeg)) as img:
+                buf = io.BytesIO()
+                img.save(buf, format="PNG")
+        except (UnidentifiedImageError, OSError, SyntaxError) as exc:  # the server sent no image
+            raise ScreenshotError(f"unreadable screenshot from {self._serial}: {exc}") from exc
         return buf.getvalue()
 
     def dump_hierarchy(self) -> str:

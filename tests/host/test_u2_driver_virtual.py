@@ -4,12 +4,14 @@ whole agent loop on it."""
 
 from __future__ import annotations
 
+import io
 from collections.abc import Iterator
 
 import pytest
+from PIL import Image
 
 from host.devices.adb_driver import AdbDriver
-from host.devices.base import DeviceBusy, DeviceError, DeviceGone
+from host.devices.base import DeviceBusy, DeviceError, DeviceGone, ScreenshotError
 from host.devices.u2_driver import U2Driver, utf8_pieces
 from host.devices.virtual.adb_server import ThreadedAdbServer
 from host.devices.virtual.apps.base import PhoneApi
@@ -231,6 +233,45 @@ def test_a_u2_server_that_lost_its_ui_automation_is_restarted_for_a_later_driver
     scene, _ = Perceiver(retries=2, retry_delay_s=0).scene_from_dump(d, size, None)
     assert any(e.text == "Settings" for e in scene.elements)
     assert _agent_pids(phone) and _agent_pids(phone) != first
+
+
+_LINKER_WARNING = (
+    "WARNING: linker: /system/lib/libhwui.so: unused DT entry: type 0x6ffffffe arg 0x2d8c"
+)
+
+
+def test_a_server_that_gives_no_screenshot_is_read_with_screencap_on_an_old_phone() -> None:
+    """uiautomator2's takeScreenshot answers null on Android 4-6 (openatx/uiautomator2#1027),
+    and the library's fallback asks `dumpsys SurfaceFlinger --display-id`, which those
+    releases do not know: every screenshot failed "No display found" as a plain DeviceError,
+    so every task on such a phone failed for good. The driver now takes `screencap` as the adb
+    driver does, past the linker's warning printed before the PNG."""
+    phone = VirtualPhone(SERIAL)
+    phone.sdk = 23
+    with ThreadedAdbServer([phone]) as server:
+        d = U2Driver(SERIAL, port=server.port)
+        d.screen_size()
+        phone.u2_screenshot_null = True
+        phone.screencap_linker_warning = _LINKER_WARNING
+        png = d.screenshot_png()
+        with Image.open(io.BytesIO(png)) as shot:
+            assert shot.convert("RGB").tobytes() == phone.screencap_image().convert("RGB").tobytes()
+
+
+def test_a_garbled_screencap_behind_a_null_server_screenshot_is_no_black_screen(
+    served: tuple[ThreadedAdbServer, VirtualPhone],
+) -> None:
+    """The library's fallback (adbutils' screenshot) turns a capture it cannot read into a
+    black image of the screen's size: the look went on with a black screenshot (to the model,
+    the timeline and OCR) as if it were the screen. Now it is an unreadable screenshot, as
+    with the adb driver (the attempt ends retryable)."""
+    server, phone = served
+    d = U2Driver(SERIAL, port=server.port)
+    d.screen_size()
+    phone.u2_screenshot_null = True
+    phone.garble_screenshots("garbage", 2)
+    with pytest.raises(ScreenshotError, match="unreadable screenshot"):
+        Perceiver(None, retry_delay_s=0).perceive(d, with_ocr=False)
 
 
 @pytest.mark.parametrize("maker", ["com.lbe.security.miui", "com.example.made.up.permissions"])

@@ -216,6 +216,8 @@ def _screencap(sh: Session, args: list[str], stdin: bytes) -> Output:
     png = "-p" in args
     files = [a for a in args if not a.startswith("-") and not a.isdigit()]
     result = Output()
+    if sh.phone.screencap_linker_warning:
+        result.err(sh.phone.screencap_linker_warning + "\n")
     if sh.phone.multi_display and "-d" not in args:
         result.err(MULTI_DISPLAY_WARNING)
     img = sh.phone.screencap_image()

@@ -187,6 +187,13 @@ class VirtualPhone:
         #: `screencap` without `-d` then warns first, on the same stream as the image, and
         #: `uiautomator dump --windows` lists its window under `<display id="2">`.
         self.multi_display = False
+        #: uiautomator2's `takeScreenshot` answers null (its library then falls back to
+        #: `screencap`), as on Android 4-6 (openatx/uiautomator2#1027).
+        self.u2_screenshot_null = False
+        #: A line the dynamic linker prints before `screencap`'s output, on the same stream
+        #: as the image ("WARNING: linker: …" on ROMs of Android 5-6 whose libraries it
+        #: complains about); "" for none.
+        self.screencap_linker_warning = ""
         #: The phone refuses injected input (Xiaomi, Redmi, POCO with "USB debugging
         #: (Security settings)" off; some vivo and Honor builds): every `input` event fails
         #: with a SecurityException naming INJECT_EVENTS, as Android 11+ prints it.

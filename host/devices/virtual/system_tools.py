@@ -105,6 +105,19 @@ def _dumpsys(sh: Session, args: list[str], stdin: bytes) -> Output:
             f"    mResumedActivity: ActivityRecord{{5c3d9e1 u0 {pkg}/{short} t12}}\n"
             f"  ResumedActivity: ActivityRecord{{5c3d9e1 u0 {pkg}/{short} t12}}\n"
         )
+    if service == "SurfaceFlinger":
+        if args[1:2] == ["--display-id"] and p.sdk >= 29:
+            return Output().out(
+                "Display 4619827259835644672 (HWC display 0): port=0 pnpId=GGL "
+                'displayName="EMU_display_0"\n'
+            )
+        # Before Android 10 SurfaceFlinger knows no options: it dumps its whole state.
+        return Output().out(
+            "Build configuration: [sf PRESENT_TIME_OFFSET=0 FORCE_HWC_FOR_RBG_TO_YUV=0 "
+            "MAX_VIRT_DISPLAY_DIM=0 RUNNING_WITHOUT_SYNC_FRAMEWORK=0 "
+            "NUM_FRAMEBUFFER_SURFACE_BUFFERS=3] [libui] [libgui]\n"
+            f"Visible layers (count = {len(p.surfaces())})\n"
+        )
     if service == "display":
         # The viewport in the current rotation (what adbutils' `rotation()` reads).
         w, h = p.width, p.height

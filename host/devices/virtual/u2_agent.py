@@ -282,7 +282,9 @@ class U2Agent:
         self.phone.traversed_text = None
         return True
 
-    def screenshot(self, scale: float = 1.0, quality: int = 80) -> str:
+    def screenshot(self, scale: float = 1.0, quality: int = 80) -> str | None:
+        if self.phone.u2_screenshot_null:
+            return None
         garbled = self.phone.take_garbled_shot(png=False)
         if garbled is not None:
             return base64.b64encode(garbled).decode()
