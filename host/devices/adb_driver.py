@@ -24,6 +24,7 @@ from host.devices.base import (
 )
 from host.devices.input_method import COMMAND as INPUT_METHOD_COMMAND
 from host.devices.input_method import InputMethodCache
+from host.devices.screen_size import ScreenSizeReader
 from host.devices.screen_state import (
     SCREEN_STATE_COMMAND,
     SDK_COMMAND,
@@ -41,15 +42,6 @@ _KEYCODES: dict[str, str] = {
     "enter": "KEYCODE_ENTER",
     "delete": "KEYCODE_DEL",
 }
-_SIZE_RE = re.compile(r"(Override|Physical) size:\s*(\d+)x(\d+)")
-# The default display's viewport in `dumpsys display` (its `orientation=` is the surface
-# rotation, 0-3); any `orientation=N` when no viewport names display 0 (what adbutils reads).
-_ROTATION_RES = (
-    re.compile(r"DisplayViewport\{[^}]*?displayId=0\b[^}]*?\borientation=([0-3])\b"),
-    re.compile(r"\borientation=([0-3])\b"),
-)
-# Between `wm size`'s and `dumpsys display`'s output in `screen_size`'s one shell call.
-_SIZE_SPLIT = "--amc-wm-size-end--"
 # Echoed after every shell command: its absence means the stream ended before the shell did.
 _SHELL_END = "--amc-shell-end--"
 #: The longest shell command line one request may carry. adbd before Android 7 takes adb
@@ -58,7 +50,6 @@ _SHELL_END = "--amc-shell-end--"
 #: server gives up with "destination oversized" and the connection drops unanswered).
 SHELL_LINE_MAX = 4096 - 2 - len(f"shell:; echo {_SHELL_END}")
 _INPUT_TEXT = "input text "
-_SURFACE_ORIENTATION_RE = re.compile(r"SurfaceOrientation:\s*([0-3])\b")
 _FOCUS_RES = (
     re.compile(r"mCurrentFocus=Window\{[^}]*\s([\w.]+)/([\w.$]+)\}"),
     re.compile(r"mFocusedApp=.*?\s([\w.]+)/([\w.$]+)"),
@@ -226,39 +217,6 @@ def shell_lines(commands: list[str], max_line: int = SHELL_LINE_MAX) -> list[str
     return lines
 
 
-def parse_wm_size(output: str) -> tuple[int, int]:
-    """`wm size` output → (width, height); the override size wins over the physical size."""
-    sizes = {m.group(1): (int(m.group(2)), int(m.group(3))) for m in _SIZE_RE.finditer(output)}
-    size = sizes.get("Override") or sizes.get("Physical")
-    if size is None:
-        raise DeviceError(f"cannot read screen size from {output!r}")
-    return size
-
-
-def parse_rotation(dumpsys_display: str) -> int | None:
-    """The default display's rotation (0-3 quarter turns; 1 and 3 are landscape) from
-    `dumpsys display`, the same source adbutils' `rotation()` (and so the u2 driver) reads;
-    None when it does not say."""
-    for pattern in _ROTATION_RES:
-        m = pattern.search(dumpsys_display)
-        if m:
-            return int(m.group(1))
-    return None
-
-
-def parse_surface_orientation(dumpsys_input: str) -> int | None:
-    """The rotation from `dumpsys input` ("SurfaceOrientation: 1"), the older source; None
-    when it does not say."""
-    m = _SURFACE_ORIENTATION_RE.search(dumpsys_input)
-    return int(m.group(1)) if m else None
-
-
-def current_size(natural: tuple[int, int], rotation: int) -> tuple[int, int]:
-    """The screen size in the current rotation: `wm size` always gives the natural one."""
-    width, height = natural
-    return (height, width) if rotation % 2 else (width, height)
-
-
 def parse_current_window(dumpsys: str) -> str:
     """The focused window as `package/activity` from `dumpsys window` (or `dumpsys
     activity`) output; "" when it names none."""
@@ -319,8 +277,7 @@ class AdbDriver:
         self.dump_timeout_s = dump_timeout_s or timeout_s
         self.screenshot_timeout_s = screenshot_timeout_s or timeout_s
         self._client = adb_transport.Client(host=host, port=port)
-        self._natural: tuple[int, int] | None = None
-        self._rotation_unknown = False
+        self._size = ScreenSizeReader(serial)
         self._sdk: int | None = None
         self._ime = InputMethodCache(
             serial, lambda: self._shell(INPUT_METHOD_COMMAND, "read input method")
@@ -370,41 +327,9 @@ class AdbDriver:
         return text
 
     def screen_size(self) -> tuple[int, int]:
-        """The size in the current rotation (dumps and `input` use it): the natural size from
-        `wm size` swapped while the phone is in landscape (from `dumpsys display`).
-
-        Both are asked every time, in one shell round trip: a phone turns whenever its user
-        or an app wants, and its resolution can change while the host runs (a maker's
-        resolution setting, `wm size WxH` or `wm size reset`). `wm size` is a cheap binder
-        call next to the dump each look makes, and no cheaper sign catches every change: the
-        dump's bounds only show a screen that grew, and the screenshot's pixel size differs
-        from the dump's for good before Android 12 (physical vs override size)."""
-        out = self._shell(f"wm size; echo {_SIZE_SPLIT}; dumpsys display", "wm size")
-        wm_size, _, display = out.partition(_SIZE_SPLIT)
-        natural = parse_wm_size(wm_size)
-        if self._natural is not None and natural != self._natural:
-            log.info(
-                "%s: screen size changed from %dx%d to %dx%d",
-                self._serial,
-                *self._natural,
-                *natural,
-            )
-        self._natural = natural
-        rotation = parse_rotation(display)
-        if rotation is None:
-            rotation = parse_surface_orientation(self._shell("dumpsys input", "dumpsys input"))
-        if rotation is None:
-            # A phone that says neither is taken as upright (as before rotation was read): a
-            # landscape screen then loses what lies past the natural width; said once.
-            if not self._rotation_unknown:
-                log.warning(
-                    "%s: neither 'dumpsys display' nor 'dumpsys input' says the rotation; "
-                    "taking the screen as upright",
-                    self._serial,
-                )
-                self._rotation_unknown = True
-            rotation = 0
-        return current_size(natural, rotation)
+        """The size in the current rotation (dumps and `input` use it; see
+        `ScreenSizeReader.read`)."""
+        return self._size.read(self._shell)
 
     def screenshot_png(self) -> bytes:
         """`screencap -p`'s PNG. One that does not end with its IEND chunk was cut short (the

@@ -52,6 +52,7 @@ from host.devices.base import (
 )
 from host.devices.input_method import COMMAND as INPUT_METHOD_COMMAND
 from host.devices.input_method import InputMethodCache
+from host.devices.screen_size import ScreenSizeReader
 from host.devices.screen_state import (
     SCREEN_STATE_COMMAND,
     SDK_COMMAND,
@@ -297,11 +298,9 @@ class U2Driver:
         self._key = (host, port, serial)
         self._dev: Any = None
         self._sdk: int | None = None
+        self._size = ScreenSizeReader(serial)
         self._ime = InputMethodCache(
-            serial,
-            lambda: str(
-                self._call("read input method", lambda d: d.shell(INPUT_METHOD_COMMAND).output)
-            ),
+            serial, lambda: self._shell(INPUT_METHOD_COMMAND, "read input method")
         )
 
     @property
@@ -370,8 +369,13 @@ class U2Driver:
             _release(self._key, held)
 
     def screen_size(self) -> tuple[int, int]:
-        w, h = self._call("window size", lambda d: d.window_size())
-        return int(w), int(h)
+        """Read as the adb driver reads it (`ScreenSizeReader`): uiautomator2's
+        `window_size()` fails "rotation get failed" on a phone whose `dumpsys display` names
+        no rotation, and so did every look at it."""
+        return self._size.read(self._shell)
+
+    def _shell(self, cmd: str, what: str) -> str:
+        return str(self._call(what, lambda d: d.shell(cmd).output))
 
     def screenshot_png(self) -> bytes:
         """The server's `takeScreenshot` (a JPEG) as a PNG; when it answers none (Android 4-6,

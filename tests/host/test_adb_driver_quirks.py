@@ -15,17 +15,11 @@ from PIL import Image
 
 from amc.v1 import types_pb2
 from host.agent.actions import execute
-from host.devices.adb_driver import (
-    AdbDriver,
-    current_size,
-    dump_failure,
-    parse_rotation,
-    parse_surface_orientation,
-    png_from_screencap,
-)
+from host.devices.adb_driver import AdbDriver, dump_failure, png_from_screencap
 from host.devices.adb_errors import is_gone
 from host.devices.base import DeviceBusy, DeviceError, DeviceGone
 from host.devices.registry import DeviceRegistry
+from host.devices.screen_size import current_size, parse_rotation, parse_surface_orientation
 from host.devices.u2_driver import U2Driver
 from host.devices.virtual.adb_server import ThreadedAdbServer
 from host.devices.virtual.phone import DUMP_NPE_TRACE, VirtualPhone
@@ -95,6 +89,27 @@ def test_u2_driver_agrees_on_the_landscape_size(
 ) -> None:
     server, phone = adb
     phone.rotate(3)
+    assert U2Driver(SERIAL, port=server.port).screen_size() == (2400, 1080)
+    assert AdbDriver(SERIAL, port=server.port).screen_size() == (2400, 1080)
+
+
+@pytest.mark.parametrize("display_dump", ["without a rotation", "a second display first"])
+def test_both_drivers_read_the_landscape_size_from_any_display_dump(
+    adb: tuple[ThreadedAdbServer, VirtualPhone], display_dump: str
+) -> None:
+    """uiautomator2's window size is adbutils' `window_size()`, which takes the first
+    `orientation=` in `dumpsys display`: on a build whose dump names none it failed
+    "rotation get failed" (openatx/adbutils#22), a plain DeviceError that failed every look
+    and the task for good; with a second display's viewport listed first (Android 14 lists an
+    external one before the phone's own) it read that display's rotation, so a phone in
+    landscape was taken as upright and taps landed elsewhere. The u2 driver now reads the
+    size as the adb driver does (the phone's own viewport, then `dumpsys input`)."""
+    server, phone = adb
+    if display_dump == "without a rotation":
+        phone.display_dump_orientation = False
+    else:
+        phone.multi_display = True
+    phone.rotate(1)
     assert U2Driver(SERIAL, port=server.port).screen_size() == (2400, 1080)
     assert AdbDriver(SERIAL, port=server.port).screen_size() == (2400, 1080)
 

@@ -187,6 +187,10 @@ class VirtualPhone:
         #: `screencap` without `-d` then warns first, on the same stream as the image, and
         #: `uiautomator dump --windows` lists its window under `<display id="2">`.
         self.multi_display = False
+        #: `dumpsys display` names the rotation (`orientation=N` in its viewport); False as
+        #: on builds whose dump leaves it out (openatx/adbutils#22): `dumpsys input`'s
+        #: `SurfaceOrientation` still says it.
+        self.display_dump_orientation = True
         #: uiautomator2's `takeScreenshot` answers null (its library then falls back to
         #: `screencap`), as on Android 4-6 (openatx/uiautomator2#1027).
         self.u2_screenshot_null = False

@@ -121,13 +121,29 @@ def _dumpsys(sh: Session, args: list[str], stdin: bytes) -> Output:
     if service == "display":
         # The viewport in the current rotation (what adbutils' `rotation()` reads).
         w, h = p.width, p.height
+        orientation = f"orientation={p.rotation}, " if p.display_dump_orientation else ""
+        # A second display's viewport is listed first, as Android 14 lists an external one.
+        external = (
+            "DisplayViewport{type=EXTERNAL, valid=true, isActive=true, displayId=2, "
+            "uniqueId='local:1', physicalPort=1, orientation=0, deviceWidth=1920, "
+            "deviceHeight=1080}, "
+            if p.multi_display
+            else ""
+        )
         return Output().out(
             "DISPLAY MANAGER (dumpsys display)\n"
-            "  mViewports=[DisplayViewport{type=INTERNAL, valid=true, isActive=true, "
-            f"displayId=0, uniqueId='local:0', physicalPort=0, orientation={p.rotation}, "
+            f"  mViewports=[{external}DisplayViewport{{type=INTERNAL, valid=true, isActive=true, "
+            f"displayId=0, uniqueId='local:0', physicalPort=0, {orientation}"
             f"logicalFrame=Rect(0, 0 - {w}, {h}), "
             f"physicalFrame=Rect(0, 0 - {w}, {h}), deviceWidth={w}, deviceHeight={h}}}]\n"
             f"  mScreenState={'ON' if p.awake else 'OFF'}\n"
+        )
+    if service == "input":
+        return Output().out(
+            "INPUT MANAGER (dumpsys input)\n\nInput Reader State:\n"
+            "  Device 2: virtio_input_multi_touch_1\n"
+            "    Touch Input Mapper (mode - DIRECT):\n"
+            f"      SurfaceOrientation: {p.rotation}\n"
         )
     if service == "power":
         on = "true" if p.awake else "false"
