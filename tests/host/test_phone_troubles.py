@@ -307,3 +307,25 @@ def test_a_window_without_a_tree_is_asked_again_after_a_few_looks() -> None:
         settled = perceiver.perceive(d, with_ocr=False).scene
         assert settled.elements and not settled.tree_missing
         assert phone.dumps_taken == taken + 1
+
+
+async def test_a_phone_still_booting_ends_its_attempt_retryable(
+    served: tuple[VirtualPhone, AdbDriver],
+) -> None:
+    """adb lists a phone as soon as its adbd starts, well before a booting phone's (or a
+    restarting system_server's) services are up, so the host can be given a task for it
+    then. `wm size` answered "cmd: Can't find service: window", read as a screen size that
+    cannot be parsed: a plain DeviceError that ended the task failed for good. It is now a busy
+    phone: the attempt ends retryable, saying why."""
+    phone, driver = served
+    phone.system_server_down = True
+    loop = AgentLoop(
+        driver,
+        make_planner(PlannerSettings(provider="offline")),
+        Perceiver(None, retry_delay_s=0),
+        None,
+        LoopSettings(max_steps=3, settle_delay_s=0, ocr=False),
+    )
+    outcome = await loop.run(TaskSpec("booting", 1, "Turn on dark theme", phone.serial))
+    assert (outcome.status, outcome.retryable) == ("failed", True), outcome.summary
+    assert "still booting" in outcome.summary

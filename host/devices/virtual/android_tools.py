@@ -409,7 +409,7 @@ def _props(sh: Session) -> dict[str, str]:
             f"amc/amc_virtual/amc_virtual:{p.release}/AMC.241129.001/1:user/release-keys"
         ),
         "ro.serialno": p.serial,
-        "sys.boot_completed": "1",
+        "sys.boot_completed": "" if p.system_server_down else "1",
         "ro.sf.lcd_density": "420",
         "persist.sys.locale": p.locale,
         "ro.product.locale": p.locale,

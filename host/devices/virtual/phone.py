@@ -187,6 +187,11 @@ class VirtualPhone:
         #: `screencap` without `-d` then warns first, on the same stream as the image, and
         #: `uiautomator dump --windows` lists its window under `<display id="2">`.
         self.multi_display = False
+        #: system_server is not running (the phone is still booting, or system_server
+        #: restarts after a crash) while adbd already answers: `wm`, `input`, `am`, `pm`,
+        #: `settings`, `cmd` and `dumpsys` find no binder service ("cmd: Can't find
+        #: service: window"), `monkey` no activity manager; `sys.boot_completed` is unset.
+        self.system_server_down = False
         #: `dumpsys display` names the rotation (`orientation=N` in its viewport); False as
         #: on builds whose dump leaves it out (openatx/adbutils#22): `dumpsys input`'s
         #: `SurfaceOrientation` still says it.

@@ -27,6 +27,23 @@ TOOLS: dict[str, Tool] = {
     **u2_agent.registry.tools,
 }
 _ASSIGNMENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
+#: The binder service each `cmd`-based tool asks system_server for (Android 10+ ships them as
+#: scripts around `cmd SERVICE`); `cmd` and `dumpsys` name it in their first argument.
+_CMD_SERVICES = {"wm": "window", "input": "input", "am": "activity", "pm": "package"}
+_CMD_SERVICES |= {"settings": "settings"}
+
+
+def _without_system_server(name: str, args: list[str]) -> Output:
+    """What a tool that needs system_server prints while it is not running (a phone still
+    booting, system_server restarting after a crash): its binder service is not there."""
+    if name == "monkey":
+        return Output().err(
+            "** Error: Unable to connect to activity manager; is the system running?\n", 255
+        )
+    service = _CMD_SERVICES.get(name) or (args[0] if args else "")
+    if name == "dumpsys":
+        return Output().err(f"Can't find service: {service}\n", 20)
+    return Output().err(f"cmd: Can't find service: {service}\n", 20)
 
 
 class _Exit(Exception):
@@ -73,6 +90,8 @@ class Shell:
 
     def command(self, name: str) -> Tool | None:
         name = posixpath.basename(name) if name.startswith("/system/") else name
+        if self.phone.system_server_down and name in (*_CMD_SERVICES, "cmd", "dumpsys", "monkey"):
+            return lambda sh, args, stdin: _without_system_server(name, args)
         return None if name in self.phone.missing_commands else TOOLS.get(name)
 
     def run(self, line: str) -> Output:
