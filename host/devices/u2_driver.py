@@ -71,6 +71,9 @@ SEND_KEYS_MAX_BYTES = 2048
 #: How deep uiautomator2's server walks each window's tree (its own default is 50; Appium's 70;
 #: real apps reach ~90 levels).
 MAX_DEPTH = 120
+#: What uiautomator2 raises, after restarting a server its own Device started and trying
+#: again, for a server that answers but does not work: the driver stops it (`U2Driver._reset`).
+_BROKEN_SERVER = (u2_exceptions.UiAutomationNotConnectedError, u2_exceptions.HTTPError)
 #: How the screen is captured when the server's screenshot gives none (as `AdbDriver` does).
 _SCREENCAP = "exec-out:screencap -p"
 
@@ -98,6 +101,16 @@ def _mapped(serial: str, what: str) -> Iterator[None]:
         raise DeviceBusy(
             f"{what} failed on {serial}: uiautomator2's server on the phone lost its "
             f"UiAutomation connection ({exc}); the next call starts the server again"
+        ) from exc
+    except u2_exceptions.HTTPError as exc:
+        if is_gone(exc):  # "Unable to connect to uiautomator2 server: <adb's refusal>"
+            raise gone(serial, what, str(exc)) from exc
+        # An HTTP error status after uiautomator2's own restart and retry (NanoHTTPD's 500
+        # when the server's handler fails, a proxy's 502 before a dead server): the server
+        # is broken, and one an earlier driver started is not restarted by uiautomator2.
+        raise DeviceBusy(
+            f"{what} failed on {serial}: uiautomator2's server on the phone answered "
+            f"{exc}; the next call starts the server again"
         ) from exc
     except (u2_exceptions.BaseException, adbutils.AdbError, OSError, EOFError) as exc:
         if is_gone(exc):
@@ -344,7 +357,7 @@ class U2Driver:
             ) from gone
         except DeviceBusy as busy:
             cause = busy.__cause__ or busy
-            if is_timeout(cause) or isinstance(cause, u2_exceptions.UiAutomationNotConnectedError):
+            if is_timeout(cause) or isinstance(cause, _BROKEN_SERVER):
                 self._reset()  # a wedged or broken server: the next call starts it again
             raise
         except DeviceError:

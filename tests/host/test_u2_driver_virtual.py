@@ -214,21 +214,29 @@ def test_a_u2_server_that_dies_mid_call_is_busy_and_restarted(
     assert _agent_pids(phone) and _agent_pids(phone) != first
 
 
-def test_a_u2_server_that_lost_its_ui_automation_is_restarted_for_a_later_driver(
-    served: tuple[ThreadedAdbServer, VirtualPhone],
+@pytest.mark.parametrize("trouble", ["ui_automation_lost", "http_500"])
+def test_a_broken_u2_server_is_restarted_for_a_later_driver(
+    served: tuple[ThreadedAdbServer, VirtualPhone], trouble: str
 ) -> None:
-    """The server an earlier attempt's driver started loses its UiAutomation connection (it
-    still answers /ping; every call fails "UiAutomation not connected!"). uiautomator2
-    restarts only a server its own Device started, so each call of a later driver failed as
-    a plain DeviceError, the task failed for good, and so did every later task on the phone.
-    Now it is a busy phone whose server is stopped, and the retry starts a working one."""
+    """The server an earlier attempt's driver started breaks while it still answers /ping:
+    it lost its UiAutomation connection (every call fails "UiAutomation not connected!"), or
+    it answers every call with an HTTP error (NanoHTTPD's 500). uiautomator2 restarts only a
+    server its own Device started, so each call of a later driver failed as a plain
+    DeviceError, the task failed for good, and so did every later task on the phone. Now it
+    is a busy phone whose server is stopped, and the retry starts a working one."""
     server, phone = served
     U2Driver(SERIAL, port=server.port).screen_size()  # an earlier attempt starts the server
     d = U2Driver(SERIAL, port=server.port)
     size = d.screen_size()
+    d.tap(1, 1)  # this driver has talked to the server
     first = _agent_pids(phone)
-    phone.lose_u2_automation()
-    with pytest.raises(DeviceBusy, match="lost its UiAutomation connection"):
+    if trouble == "ui_automation_lost":
+        phone.lose_u2_automation()
+        words = "lost its UiAutomation connection"
+    else:
+        phone.break_u2_agent(500)
+        words = "answered HTTP request failed: 500"
+    with pytest.raises(DeviceBusy, match=words):
         d.dump_hierarchy()
     scene, _ = Perceiver(retries=2, retry_delay_s=0).scene_from_dump(d, size, None)
     assert any(e.text == "Settings" for e in scene.elements)

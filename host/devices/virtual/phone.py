@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
@@ -263,6 +264,8 @@ class VirtualPhone:
         #: Bumped by `lose_u2_automation`: an agent started under an older value has lost
         #: its UiAutomation connection.
         self.u2_automation_epoch = 0
+        #: On-phone servers that answer every call with an HTTP error (`break_u2_agent`).
+        self._broken_services: weakref.WeakKeyDictionary[object, int] = weakref.WeakKeyDictionary()
         self._dump_hangs: list[float] = []
         self._service_stalls: list[tuple[str, float]] = []
         #: The `uiautomator dump` process running right now, if one hangs (`hang_dumps`).
@@ -787,6 +790,20 @@ class VirtualPhone:
         phone."""
         with self._lock:
             self._u2_hangs.extend([seconds] * calls)
+
+    def break_u2_agent(self, status: int = 500) -> None:
+        """Make the running uiautomator2 agent answer every JSON-RPC call with HTTP `status`
+        (NanoHTTPD's "500 Internal Server Error" when the server's handler itself fails; a
+        proxy's 502 in front of a dead server) until its process is restarted, while `/ping`
+        still answers; an agent started afterwards works. adb still lists the phone."""
+        with self._lock:
+            for service in self.tcp_services.values():
+                self._broken_services[service] = status
+
+    def u2_http_failure(self, service: object) -> int | None:
+        """The HTTP status a broken agent answers JSON-RPC calls with (`break_u2_agent`)."""
+        with self._lock:
+            return self._broken_services.get(service)
 
     def lose_u2_automation(self) -> None:
         """Make the running uiautomator2 agent lose its UiAutomation connection (the

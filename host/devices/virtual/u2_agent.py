@@ -56,6 +56,7 @@ KEY_NAMES = {
 }
 NOT_FOUND = -32002
 MAX_BODY = 16 * 1024 * 1024
+_REASONS = {200: "OK", 404: "Not Found", 500: "Internal Server Error", 502: "Bad Gateway"}
 
 
 class RpcError(Exception):
@@ -169,8 +170,12 @@ class U2Agent:
             hang = self.phone.take_u2_hang()
             if hang is not None:
                 await asyncio.sleep(hang)
-            answer = await asyncio.to_thread(self.handle_jsonrpc, body)
-            status, payload, ctype = 200, json.dumps(answer).encode(), "application/json"
+            failure = self.phone.u2_http_failure(self)
+            if failure is not None:
+                status, payload, ctype = failure, b"Internal Error", "text/plain"
+            else:
+                answer = await asyncio.to_thread(self.handle_jsonrpc, body)
+                status, payload, ctype = 200, json.dumps(answer).encode(), "application/json"
             if crash == "mid_answer":
                 writer.write(
                     f"HTTP/1.1 200 OK\r\nContent-Type: {ctype}\r\n"
@@ -182,7 +187,7 @@ class U2Agent:
                 return
         else:
             status, payload, ctype = 404, b"not found", "text/plain"
-        reason = "OK" if status == 200 else "Not Found"
+        reason = _REASONS.get(status, "Error")
         writer.write(
             f"HTTP/1.1 {status} {reason}\r\nContent-Type: {ctype}\r\n"
             f"Content-Length: {len(payload)}\r\nConnection: close\r\n\r\n".encode()
