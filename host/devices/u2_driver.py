@@ -141,6 +141,8 @@ class _BoundedDevice(adbutils.AdbDevice):  # type: ignore[misc]
         #: Set for a phone whose serial another listed phone shares (see `AdbDriver`).
         self._tid = transport_id
         self.step = "connect"
+        #: The held-open streams of the servers started through this device.
+        self.launches: list[adbutils.AdbConnection] = []
 
     def open_transport(
         self, command: str | None = None, timeout: float | None = None
@@ -165,7 +167,14 @@ class _BoundedDevice(adbutils.AdbDevice):  # type: ignore[misc]
         self.step = "the start of uiautomator2's server"
         conn = super().shell(cmdargs, stream=True)
         conn.conn.settimeout(None)
+        self.launches.append(conn)
         return conn
+
+    def close_launches(self) -> None:
+        """Close the streams of the servers this device started (see `U2Driver._d`)."""
+        for conn in self.launches:
+            conn.close()
+        self.launches.clear()
 
     @property
     def sync(self) -> Any:
@@ -326,8 +335,14 @@ class U2Driver:
             with _mapped(self._serial, "connect"):
                 try:
                     self._dev = u2.connect(phone)
-                except (AdbTimeout, TimeoutError) as exc:
-                    raise phone.stuck(exc) from exc
+                except BaseException as exc:
+                    # A server that did not come up keeps the stream of its launch open (its
+                    # Device, which would close it, was never made): one socket per failed
+                    # connect.
+                    phone.close_launches()
+                    if isinstance(exc, AdbTimeout | TimeoutError):
+                        raise phone.stuck(exc) from exc
+                    raise
             _keep_exit_hook(self._key, self._dev)
         return self._dev
 

@@ -4,12 +4,18 @@ whole agent loop on it."""
 
 from __future__ import annotations
 
+import gc
 import io
+import threading
+import time
+import warnings
 from collections.abc import Iterator
+from contextlib import contextmanager
 
 import pytest
 from PIL import Image
 
+from host.devices import adb_transport
 from host.devices.adb_driver import AdbDriver
 from host.devices.base import DeviceBusy, DeviceError, DeviceGone, ScreenshotError
 from host.devices.u2_driver import U2Driver, utf8_pieces
@@ -280,6 +286,60 @@ def test_a_garbled_screencap_behind_a_null_server_screenshot_is_no_black_screen(
     phone.garble_screenshots("garbage", 2)
     with pytest.raises(ScreenshotError, match="unreadable screenshot"):
         Perceiver(None, retry_delay_s=0).perceive(d, with_ocr=False)
+
+
+@contextmanager
+def _bridge_held(server: ThreadedAdbServer, phone: VirtualPhone) -> Iterator[None]:
+    """A `uiautomator dump` that hangs on the phone, holding its accessibility bridge, for
+    the block's duration (then killed)."""
+    client = adb_transport.Client("127.0.0.1", server.port)
+    phone.hang_dumps(60.0)
+    dumping = threading.Thread(
+        target=adb_transport.run,
+        args=(client, SERIAL, "shell:uiautomator dump /data/local/tmp/held.xml", 90.0),
+    )
+    dumping.start()
+    try:
+        until = time.monotonic() + 30
+        while phone.dumper is None and time.monotonic() < until:
+            time.sleep(0.05)
+        assert phone.dumper is not None
+        yield
+    finally:
+        if phone.dumper is not None:
+            adb_transport.run(client, SERIAL, f"shell:kill {phone.dumper.pid}", 10.0)
+        dumping.join(timeout=30)
+
+
+def _launch_readers() -> int:
+    """uiautomator2's threads that read a started server's output until its stream ends."""
+    return sum(t.name == "wait_adb_conn" for t in threading.enumerate())
+
+
+def test_a_u2_server_that_does_not_come_up_leaves_no_connection_open(
+    served: tuple[ThreadedAdbServer, VirtualPhone],
+) -> None:
+    """uiautomator2 keeps the stream of the server it launches in the Device it is making; a
+    server that does not come up fails that Device's making, so nothing closed the stream:
+    one socket left to the garbage collector per failed connect (a ResourceWarning, an open
+    file descriptor until then, on a host retrying a phone for hours). The driver now closes
+    it."""
+    server, phone = served
+    readers = _launch_readers()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", ResourceWarning)
+        with _bridge_held(server, phone):
+            try:
+                U2Driver(SERIAL, port=server.port).screen_size()
+            except DeviceError:
+                pass  # not kept: its traceback would keep the stream alive
+            else:
+                raise AssertionError("the server came up beside another UiAutomation client")
+        until = time.monotonic() + 30
+        while _launch_readers() > readers and time.monotonic() < until:
+            time.sleep(0.05)
+        gc.collect()
+    assert not [w for w in caught if issubclass(w.category, ResourceWarning)]
 
 
 @pytest.mark.parametrize("maker", ["com.lbe.security.miui", "com.example.made.up.permissions"])

@@ -239,7 +239,7 @@ def _screencap(sh: Session, args: list[str], stdin: bytes) -> Output:
 
 # What `uiautomator dump` dies with while another UiAutomation client (a uiautomator2 server,
 # Appium) holds the accessibility bridge (Android's own missing space before "already").
-_BRIDGE_TAKEN = (
+BRIDGE_TAKEN = (
     "java.lang.IllegalStateException: UiAutomationService "
     "android.accessibilityservice.IAccessibilityServiceClient$Stub$Proxy@4ec8a91"
     "already registered!\n"
@@ -287,7 +287,7 @@ def _uiautomator(sh: Session, args: list[str], stdin: bytes) -> Output:
     phone = sh.phone
     if phone.dumper is not None:
         # An earlier dumper still holds the accessibility bridge (see `hang_dumps`).
-        return Output().err(_BRIDGE_TAKEN, 1)
+        return Output().err(BRIDGE_TAKEN, 1)
     hang = phone.take_dump_hang()
     if hang is not None and _hang(sh, hang):
         return Output().err("Killed\n", 137)
@@ -306,7 +306,7 @@ def _uiautomator(sh: Session, args: list[str], stdin: bytes) -> Output:
     except DumpKilled:
         return Output().err("Killed\n", 137)
     except BridgeTaken:
-        return Output().err(_BRIDGE_TAKEN, 1)
+        return Output().err(BRIDGE_TAKEN, 1)
     except DumpCrashed:
         # The dumper had opened its file before it threw; the trace went to logcat only.
         if target != "/dev/tty":

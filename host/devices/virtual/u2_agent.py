@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from host.devices.virtual.android_tools import BRIDGE_TAKEN
 from host.devices.virtual.commands import Output, Registry, Session
 from host.devices.virtual.layout import Node
 from host.devices.virtual.phone import (
@@ -56,6 +57,7 @@ KEY_NAMES = {
 }
 NOT_FOUND = -32002
 MAX_BODY = 16 * 1024 * 1024
+_STARTING = "[server] INFO: [UiAutomator2Server] Starting Server\n"
 _REASONS = {200: "OK", 404: "Not Found", 500: "Internal Server Error", 502: "Bad Gateway"}
 
 
@@ -82,6 +84,9 @@ def _app_process(sh: Session, args: list[str], stdin: bytes) -> Output:
     phone = sh.phone
     if port in phone.tcp_services:
         return Output().err(f"java.net.BindException: Address already in use (port {port})\n", 1)
+    if phone.dumper is not None:
+        # A running `uiautomator dump` holds the accessibility bridge (see `hang_dumps`).
+        return Output().out(_STARTING).err(BRIDGE_TAKEN, 1)
 
     def crash() -> None:
         if phone.tcp_services.get(port) is agent:
@@ -97,7 +102,7 @@ def _app_process(sh: Session, args: list[str], stdin: bytes) -> Output:
         phone.processes.exited(process)
         if phone.tcp_services.get(port) is agent:
             del phone.tcp_services[port]
-    return Output().out("[server] INFO: [UiAutomator2Server] Starting Server\n")
+    return Output().out(_STARTING)
 
 
 class U2Agent:
