@@ -93,6 +93,15 @@ def _mapped(serial: str, what: str) -> Iterator[None]:
         # a big dump). uiautomator2 reads the body in chunks, which end quietly at the cut,
         # and parses what came; like a dropped connection, `U2Driver._call` asks adb.
         raise gone(serial, what, f"its answer was cut short: {exc}") from exc
+    except u2_exceptions.AccessibilityServiceAlreadyRegisteredError as exc:
+        # Its output is the server's log and a Java stack trace; what matters is who holds
+        # the bridge. No retry fixes it while that client runs (as `adb_driver.dump_failure`).
+        raise DeviceError(
+            f"uiautomator2's server cannot start on {serial} ({what}): another UiAutomation "
+            "client (a running `uiautomator dump`, Appium, weditor, a uiautomator2 server of "
+            "another host) holds the accessibility bridge on this phone; stop it and run the "
+            "task again"
+        ) from exc
     except u2_exceptions.UiAutomationNotConnectedError as exc:
         # The server answers, but its UiAutomation is gone (the accessibility service died
         # under it, system_server restarted): every call fails until the server restarts.

@@ -342,6 +342,23 @@ def test_a_u2_server_that_does_not_come_up_leaves_no_connection_open(
     assert not [w for w in caught if issubclass(w.category, ResourceWarning)]
 
 
+def test_a_u2_server_that_cannot_start_beside_another_ui_automation_client_says_who_to_stop(
+    served: tuple[ThreadedAdbServer, VirtualPhone],
+) -> None:
+    """While another UiAutomation client holds the accessibility bridge (here a `uiautomator
+    dump` that hangs), uiautomator2's server dies at start with "… already registered!". The
+    driver's error was "connect failed on …:" and the server's whole log and Java stack
+    trace, which became the task's summary; it now says what holds the phone and what to do,
+    as the adb driver's does for its dumps."""
+    server, phone = served
+    with _bridge_held(server, phone):
+        with pytest.raises(DeviceError, match="another UiAutomation client") as raised:
+            U2Driver(SERIAL, port=server.port).screen_size()
+        message = str(raised.value)
+        del raised  # its traceback would keep uiautomator2's objects alive
+    assert "\tat " not in message  # no Java stack trace
+
+
 @pytest.mark.parametrize("maker", ["com.lbe.security.miui", "com.example.made.up.permissions"])
 def test_a_makers_own_permission_prompt_covers_the_app(maker: str) -> None:
     """MIUI shows runtime permission prompts from its own package; a maker's prompt amc has no
