@@ -13,7 +13,12 @@ import time
 import uuid
 
 from host.devices import adb_transport
-from host.devices.adb_errors import ensure_listed, mapped_errors, server_reachable
+from host.devices.adb_errors import (
+    ensure_listed,
+    mapped_errors,
+    server_reachable,
+    services_down,
+)
 from host.devices.base import (
     DeviceBusy,
     DeviceError,
@@ -248,6 +253,9 @@ def check_launched(serial: str, package: str, output: str) -> None:
     """Raise `DeviceError` when `monkey_launch` output says nothing was started: for an app
     that is not installed (or has no launcher activity) monkey prints "** No activities found
     to run, monkey aborted." and exits 0 on most builds, so only its words tell."""
+    down = services_down(serial, f"launch {package}", output)
+    if down is not None:
+        raise down
     if "No activities found" in output or "monkey aborted" in output.lower():
         raise DeviceError(f"cannot launch {package} on {serial}: {output.strip()!r}")
 
@@ -454,6 +462,9 @@ class AdbDriver:
         exception's class name: typed text may be a secret and must not reach an error
         message. A phone that refuses injected input gets the setting that allows it."""
         out = self._shell(cmd, what)
+        down = services_down(self._serial, what, out)
+        if down is not None:
+            raise down
         if not any(marker in out for marker in _INPUT_FAILED):
             return
         lines = out.splitlines()

@@ -132,6 +132,27 @@ def ensure_listed(
         raise gone(serial, what, f"adb lists it as {listed!r}", listed)
 
 
+#: What Android's command line tools print while system_server is not running (a phone still
+#: booting, system_server restarting after a crash): `wm`, `input`, `am` (`cmd SERVICE`) and
+#: `dumpsys` find no binder service, `monkey` no activity manager. adb lists a phone as soon as
+#: its adbd runs, well before.
+_SERVICES_DOWN = ("Can't find service", "Unable to connect to activity manager")
+
+
+def services_down(serial: str, what: str, output: str) -> DeviceBusy | None:
+    """The `DeviceBusy` for a command whose output says the phone's system services are not
+    running, else None: nothing it asked for happened, and a minute later it would."""
+    line = next(
+        (ln.strip() for ln in output.splitlines() if any(m in ln for m in _SERVICES_DOWN)), ""
+    )
+    if not line:
+        return None
+    return DeviceBusy(
+        f"{what} failed on {serial}: the phone's system services are not running "
+        f"({line[:200]!r}): it is still booting, or its system_server is restarting"
+    )
+
+
 def timed_out(serial: str, what: str, exc: BaseException) -> DeviceBusy:
     """The error for a call that timed out: `DeviceBusy`, naming the timeout."""
     return DeviceBusy(

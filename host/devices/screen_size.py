@@ -13,7 +13,8 @@ import logging
 import re
 from collections.abc import Callable
 
-from host.devices.base import DeviceBusy, DeviceError
+from host.devices.adb_errors import services_down
+from host.devices.base import DeviceError
 
 log = logging.getLogger(__name__)
 
@@ -29,9 +30,6 @@ _SURFACE_ORIENTATION_RE = re.compile(r"SurfaceOrientation:\s*([0-3])\b")
 _SIZE_SPLIT = "--amc-wm-size-end--"
 SIZE_COMMAND = f"wm size; echo {_SIZE_SPLIT}; dumpsys display"
 
-# What `wm` (`cmd window`) and `dumpsys` print while system_server is not running: adb
-# lists a phone as soon as adbd starts, well before a booting phone's system services are up.
-_NO_SERVICE = "Can't find service"
 #: Runs one shell command on the phone (the command, what it is for) and returns its output.
 Shell = Callable[[str, str], str]
 
@@ -87,12 +85,9 @@ class ScreenSizeReader:
         dump's bounds only show a screen that grew, and the screenshot's pixel size differs
         from the dump's for good before Android 12 (physical vs override size)."""
         wm_size, _, display = shell(SIZE_COMMAND, "wm size").partition(_SIZE_SPLIT)
-        if _NO_SERVICE in wm_size:
-            raise DeviceBusy(
-                f"phone {self._serial} has no window manager running "
-                f"({wm_size.strip()[:200]!r}): it is still booting, or its system_server "
-                "is restarting"
-            )
+        down = services_down(self._serial, "wm size", wm_size)
+        if down is not None:
+            raise down
         natural = parse_wm_size(wm_size)
         if self._natural is not None and natural != self._natural:
             log.info(

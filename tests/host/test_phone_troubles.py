@@ -9,7 +9,7 @@ errors and of `dumpsys` is exercised too.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 
@@ -329,3 +329,28 @@ async def test_a_phone_still_booting_ends_its_attempt_retryable(
     outcome = await loop.run(TaskSpec("booting", 1, "Turn on dark theme", phone.serial))
     assert (outcome.status, outcome.retryable) == ("failed", True), outcome.summary
     assert "still booting" in outcome.summary
+
+
+def test_input_while_the_system_services_are_down_is_not_reported_done(
+    served: tuple[VirtualPhone, AdbDriver],
+) -> None:
+    """While system_server is not running (a phone still booting, system_server restarting
+    after a crash) `input` prints "cmd: Can't find service: input" and `monkey` "** Error:
+    Unable to connect to activity manager…": nothing happens, yet both exit quietly enough
+    that every tap, swipe, key, text and launch was reported done (the step's record and the
+    model's history said so). Each is now a busy phone, saying why."""
+    phone, driver = served
+    phone.system_server_down = True
+    actions: dict[str, Callable[[], None]] = {
+        "tap": lambda: driver.tap(10, 10),
+        "swipe": lambda: driver.swipe(500, 1500, 500, 500),
+        "press key": lambda: driver.press_key("back"),
+        "input text": lambda: driver.input_text("hello"),
+        "launch com.android.settings": lambda: driver.launch_app("com.android.settings"),
+    }
+    for what, act in actions.items():
+        with pytest.raises(DeviceBusy, match=f"^{what} failed on .*still booting"):
+            act()
+    phone.system_server_down = False
+    driver.launch_app("com.android.settings")
+    assert phone.current_package() == "com.android.settings"
