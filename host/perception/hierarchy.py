@@ -53,6 +53,24 @@ class HierarchyError(DeviceError):
     """The dump is empty, truncated or not XML (the screen was still settling, or worse)."""
 
 
+class ScreenTurned(HierarchyError):
+    """The dump is laid out for the other orientation than the screen size it came with: the
+    phone turned between the two reads (an app that asks for landscape turns it as it
+    starts). `xml` is the dump, to be read again with the size read anew."""
+
+    def __init__(self, message: str, xml: str) -> None:
+        super().__init__(message)
+        self.xml = xml
+
+
+def _turned(own: tuple[int, int], size: tuple[int, int]) -> bool:
+    """Whether a dump whose windows span `own` belongs to the other orientation than `size`:
+    it reaches past `size` along one side and fits it turned (a window a few pixels past the
+    screen, a display cutout, does not fit it turned)."""
+    (ow, oh), (w, h) = own, size
+    return (w < ow <= h and oh <= w) or (h < oh <= w and ow <= h)
+
+
 @dataclass(frozen=True, slots=True)
 class RawNode:
     """One `<node>` of the dump, flattened with its depth in its window and its toolbar
@@ -314,7 +332,14 @@ def parse_scene(
     rotation, nodes, windows = parse_windows(xml_text)
     if ime_package and ime_package == package:
         ime_package = ""
-    width, height = screen_size if screen_size is not None else _screen_from(windows, nodes)
+    own = _screen_from(windows, nodes)
+    if screen_size is not None and _turned(own, screen_size):
+        raise ScreenTurned(
+            f"the dump spans {own[0]}x{own[1]} (rotation {rotation}) on a screen read as "
+            f"{screen_size[0]}x{screen_size[1]}: the phone turned while it was read",
+            xml_text,
+        )
+    width, height = screen_size if screen_size is not None else own
     facts: dict[int, tuple[list[str], list[str]]] = {w.index: ([], []) for w in windows}
     for n in nodes:
         ids, texts = facts[n.window]

@@ -34,7 +34,7 @@ from host.devices.base import (
     WindowInfo,
 )
 from host.perception.fusion import fuse_ocr, same_aspect, to_screen_space
-from host.perception.hierarchy import HierarchyError, parse_scene
+from host.perception.hierarchy import HierarchyError, ScreenTurned, parse_scene
 from host.perception.ocr import OcrPool
 from planner.scene import Scene
 
@@ -120,6 +120,8 @@ class Perceiver:
             try:
                 xml = driver.dump_hierarchy()
                 return parse_scene(xml, size, package or None, ime_package), xml
+            except ScreenTurned:
+                raise  # another dump with the same size would not help (`perceive`)
             except (HierarchyError, DeviceBusy) as exc:
                 metrics.device_error(exc)
                 last = exc
@@ -225,7 +227,20 @@ class Perceiver:
             self._treeless.pop(driver.serial, None)
             try:
                 ime = self.keyboard_package(driver)
-                scene, xml = self.scene_from_dump(driver, size, package, ime)
+                try:
+                    scene, xml = self.scene_from_dump(driver, size, package, ime)
+                except ScreenTurned as turned:
+                    # The size and the screenshot are of the orientation before the turn: both
+                    # are taken again, and the dump (the newest read) is laid out at the new
+                    # size instead of being clipped to the old one. A second turn within the
+                    # look fails it (a HierarchyError: the attempt ends retryable).
+                    log.info("%s: %s; reading the size and the screenshot again", driver.serial,
+                             turned)  # fmt: skip
+                    size = driver.screen_size()
+                    png = driver.screenshot_png()
+                    image_size = self.image_size(driver.serial, png)
+                    xml = turned.xml
+                    scene = parse_scene(xml, size, package or None, ime)
             except NoUiTree as exc:
                 # Ending the attempt (retryable) spent every attempt the task had on the same
                 # window, on any phone: the step goes on from the screenshot (and its OCR

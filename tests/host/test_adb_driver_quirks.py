@@ -114,6 +114,31 @@ def test_both_drivers_read_the_landscape_size_from_any_display_dump(
     assert AdbDriver(SERIAL, port=server.port).screen_size() == (2400, 1080)
 
 
+@pytest.mark.parametrize("driver", ["adbutils", "uiautomator2"])
+def test_a_phone_that_turns_while_it_is_read_is_seen_in_its_new_orientation(
+    adb: tuple[ThreadedAdbServer, VirtualPhone], driver: str
+) -> None:
+    """An app that asks for landscape turns the phone as it starts, often between the look's
+    size read and its dump (the dumper waits for the turn to settle). The landscape dump was
+    clipped to the portrait size: everything right of x=1080 (a row's switch, a player's
+    controls) left out, and the model shown the portrait screenshot of the screen before.
+    The look now reads the size and the screenshot again and lays the dump out at the size
+    it was taken at."""
+    server, phone = adb
+    d = (AdbDriver if driver == "adbutils" else U2Driver)(SERIAL, port=server.port)
+    d.launch_app("com.android.settings")
+    phone.turn_at_next_dump(1)
+    look = Perceiver(None, retry_delay_s=0).perceive(d, with_ocr=False)
+    assert (look.scene.screen_width, look.scene.screen_height, look.scene.rotation) == (
+        2400,
+        1080,
+        1,
+    )
+    assert max(e.bounds.right for e in look.scene.elements) > 1080
+    with Image.open(io.BytesIO(look.screenshot_png)) as shot:
+        assert shot.size == (2400, 1080)
+
+
 def test_rotation_parsing() -> None:
     # Shaped like an Android 14 `dumpsys display` in landscape (abridged).
     out = (

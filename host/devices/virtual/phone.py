@@ -184,6 +184,8 @@ class VirtualPhone:
         self.screencap_unrotated = False
         #: Surface rotation, 0-3 (quarter turns): 1 and 3 are landscape (`rotate`).
         self.rotation = 0
+        #: The rotation the phone turns to as the next dump begins (`turn_at_next_dump`).
+        self._turn_at_dump: int | None = None
         #: A second display is attached (a foldable's cover screen, a cast display):
         #: `screencap` without `-d` then warns first, on the same stream as the image, and
         #: `uiautomator dump --windows` lists its window under `<display id="2">`.
@@ -396,6 +398,16 @@ class VirtualPhone:
             raise ValueError(f"rotation must be 0-3, not {rotation!r}")
         with self._lock:
             self.rotation = rotation
+
+    def turn_at_next_dump(self, rotation: int) -> None:
+        """Turn the phone (see `rotate`) as the next hierarchy dump begins, as a phone whose
+        app asks for landscape (a video, a game, the camera) turns while it is read: what a
+        reader asked before the dump (the screen size, a screenshot) is the old orientation,
+        the dump the new one."""
+        if rotation not in (0, 1, 2, 3):
+            raise ValueError(f"rotation must be 0-3, not {rotation!r}")
+        with self._lock:
+            self._turn_at_dump = rotation
 
     @property
     def override_size(self) -> tuple[int, int] | None:
@@ -675,6 +687,8 @@ class VirtualPhone:
         return b"\xff\xd8\xff\xe0" + noise + b"\xff\xd9"
 
     def _next_glitch(self) -> DumpGlitch | None:
+        if self._turn_at_dump is not None:
+            self.rotation, self._turn_at_dump = self._turn_at_dump, None
         self._dumps += 1
         self.dumps_taken += 1
         if self._dump_glitches:
