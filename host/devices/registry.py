@@ -139,6 +139,17 @@ class DeviceRegistry:
         except (adbutils.AdbError, OSError):
             return serial
 
+    def _booted(self, serial: str, transport_id: int | None) -> bool:
+        """Whether the phone has finished booting (`sys.boot_completed` is 1); True when it
+        cannot be asked, so a failed question never keeps a phone out."""
+        try:
+            out = adb_transport.run(
+                self._client, serial, "shell:getprop sys.boot_completed", 5.0, transport_id
+            )
+        except (adbutils.AdbError, OSError):
+            return True
+        return out.decode("utf-8", "replace").strip() not in ("", "0")
+
     def _ids(
         self, listing: list[adbutils.AdbDeviceInfo], known: dict[str, DeviceInfo]
     ) -> dict[str, tuple[str, str, int | None, bool]]:
@@ -199,9 +210,18 @@ class DeviceRegistry:
                 if (old.transport_id, old.shared) != (tid, shared):
                     quiet.append(DeviceInfo(serial, old.model, state, tid, own, shared))
                 continue
+            addressed = tid if shared or own else None
+            if state == types_pb2.DEVICE_STATE_ONLINE and not self._booted(adb_serial, addressed):
+                # adb lists a phone as "device" as soon as its adbd runs, well before a
+                # booting phone's system services are up: every attempt on it would end at
+                # once. OFFLINE (the contract's "rebooting") until it has booted; asked again
+                # at each poll.
+                state = types_pb2.DEVICE_STATE_OFFLINE
+                if old is not None and old.state == state:
+                    continue
             model = old.model if old and old.model != adb_serial else adb_serial
             if state == types_pb2.DEVICE_STATE_ONLINE and (old is None or old.model == adb_serial):
-                model = self._model(adb_serial, tid if shared or own else None)
+                model = self._model(adb_serial, addressed)
             info = DeviceInfo(serial, model, state, tid, own, shared)
             if shared and old is None:
                 log.warning(

@@ -275,6 +275,34 @@ def test_a_phone_unplugged_mid_screenshot_is_gone(
         d.screenshot_png()
 
 
+def test_registry_reports_a_phone_still_booting_offline_until_it_has_booted(
+    adb: tuple[ThreadedAdbServer, VirtualPhone],
+) -> None:
+    """adb lists a phone as "device" as soon as its adbd runs, well before a booting phone's
+    system services are up (`sys.boot_completed` unset). The registry reported it ONLINE, the
+    cloud gave it tasks, and each attempt ended at its first look (a phone that rebooted
+    mid-task was offered again within seconds, its task's attempts spent on a phone that could
+    not run them). It is OFFLINE, as the contract says of a rebooting phone, until it has
+    booted, with no event per poll meanwhile."""
+    server, phone = adb
+    phone.system_server_down = True
+    registry = DeviceRegistry(port=server.port)
+    seen: list[tuple[str, str]] = []
+    registry.add_listener(lambda info, kind: seen.append((info.serial, kind)))
+    registry.refresh()
+    booting = registry.get(SERIAL)
+    assert booting is not None and booting.state == types_pb2.DEVICE_STATE_OFFLINE
+    other = registry.get("emulator-5556")
+    assert other is not None and other.state == types_pb2.DEVICE_STATE_ONLINE
+    seen.clear()
+    assert registry.refresh() == []  # still booting: no change, no event
+    phone.system_server_down = False
+    registry.refresh()
+    booted = registry.get(SERIAL)
+    assert booted is not None and booted.state == types_pb2.DEVICE_STATE_ONLINE
+    assert seen == [(SERIAL, "online")]
+
+
 def test_registry_notices_vanish_and_return(adb: tuple[ThreadedAdbServer, VirtualPhone]) -> None:
     server, _ = adb
     registry = DeviceRegistry(port=server.port)
