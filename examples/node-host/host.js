@@ -5,7 +5,8 @@
 // A host is sensor and hands; the cloud is the brain. This one
 //   1. connects to the cloud over mTLS with a host certificate and opens the Lease stream,
 //   2. says hello with the phones its adb server knows and waits for an assignment,
-//   3. per step: reads the screen over the adb protocol (`uiautomator dump`), turns it into a
+//   3. per step: wakes the phone and dismisses a lock screen that needs no credential, reads
+//      the screen over the adb protocol (`uiautomator dump`), turns it into a
 //      typed amc.v1.ScreenObservation, asks PlannerService.Decide for the next action (sending
 //      the outcome of the previous one), and carries the action out with `adb shell input`,
 //   4. renews its lease with the latest progress at the interval the assignment gives,
@@ -284,6 +285,92 @@ async function perceive(device) {
   });
 }
 
+// --- the phone: awake and past a lock screen that needs no credential ----------------------
+// Before each look, as the Python host does (host/perception/perceive.py, `ready_screen`): a
+// phone whose display is off is woken, and a lock screen that needs no credential (none, or a
+// swipe) is dismissed; one that needs a PIN, pattern or password is a person's to open, so the
+// attempt fails saying so (amc never guesses a credential). `dumpsys power` says whether the
+// display is on, `dumpsys window policy` whether a lock screen is up and whether it is secure,
+// in forms that changed across releases (host/devices/screen_state.py reads the same ones).
+const SCREEN_STATE = 'dumpsys power | grep -i wakefulness; dumpsys window policy';
+// Android 8 (API 26) added `wm dismiss-keyguard`; before it MENU dismisses a swipe lock unless
+// the maker turned that off, and a swipe up always does.
+const DISMISS_KEYGUARD_MIN_SDK = 26;
+
+// `key=value` lines of the block that starts at `header`, indented below it: the first of each.
+function block(text, header) {
+  const start = text.indexOf(header);
+  const fields = {};
+  if (start < 0) return fields;
+  for (const line of text.slice(start).split(/\r?\n/).slice(1)) {
+    if (line.trim() && !/^\s/.test(line)) break;
+    const m = line.match(/^\s*(\w+)=(\S+)\s*$/);
+    if (m && !Object.hasOwn(fields, m[1])) fields[m[1]] = m[2];
+  }
+  return fields;
+}
+
+// Missing lines mean awake and unlocked: a build that says nothing of a lock screen (a TV, one
+// without keyguard) is taken as ready.
+function screenState(text) {
+  const wake = text.match(/^\s*(?:mWakefulness|getWakefulnessLocked\(\))=(\w+)/m);
+  const delegate = block(text, 'KeyguardServiceDelegate');
+  const monitor = block(text, 'KeyguardStateMonitor');
+  let locked;
+  if (Object.hasOwn(delegate, 'showingAndNotOccluded')) locked = delegate.showingAndNotOccluded === 'true';
+  else if (Object.hasOwn(delegate, 'showing')) locked = delegate.showing === 'true' && delegate.occluded !== 'true';
+  else if (Object.hasOwn(monitor, 'mIsShowing')) locked = monitor.mIsShowing === 'true';
+  else locked = /\bm(?:Showing|Dreaming)Lockscreen=true\b/.test(text);
+  const secure = (delegate.secure === 'true' || monitor.mSimSecure === 'true') && monitor.mTrusted !== 'true';
+  return { awake: !wake || wake[1].toLowerCase() === 'awake', locked, secure: locked && secure };
+}
+
+// An error that ends the attempt; `retryable` when it is the phone's condition, not the task's.
+const phoneError = (message, retryable) => Object.assign(new Error(message), { retryable });
+
+const sdks = new WeakMap(); // device -> its API level (NaN when it does not say), read once
+async function sdkLevel(device) {
+  if (!sdks.has(device)) sdks.set(device, parseInt(await shell(device, 'getprop ro.build.version.sdk'), 10));
+  return sdks.get(device);
+}
+
+async function readyScreen(device, serial) {
+  const look = async () => screenState(await shell(device, SCREEN_STATE));
+  let state = await look();
+  if (!state.awake) {
+    await shell(device, 'input keyevent KEYCODE_WAKEUP');
+    state = await look();
+    if (!state.awake) {
+      throw phoneError(
+        `phone ${serial} cannot show its screen: its display stayed off after the wake-up key ` +
+          '(a broken display or backlight, a covered proximity sensor)',
+        true,
+      );
+    }
+  }
+  if (!state.locked) return;
+  if (state.secure) {
+    throw phoneError(
+      `phone ${serial} shows a lock screen that needs a PIN, pattern or password; amc does not ` +
+        'unlock it: unlock the phone by hand (or remove its screen lock) and run the task again',
+      false,
+    );
+  }
+  const sdk = await sdkLevel(device);
+  if (Number.isNaN(sdk) || sdk >= DISMISS_KEYGUARD_MIN_SDK) {
+    await shell(device, 'wm dismiss-keyguard');
+  } else {
+    await shell(device, 'input keyevent KEYCODE_MENU');
+    if ((await look()).locked) {
+      // Up the middle of the screen, from 4/5 to 1/5 of its height (as it is turned now).
+      const rotation = Number((await shell(device, 'dumpsys display')).match(/\borientation=([0-3])\b/)?.[1] || 0);
+      const [w, h] = screenSize(await shell(device, 'wm size'), rotation);
+      await shell(device, `input swipe ${Math.floor(w / 2)} ${Math.floor((h * 4) / 5)} ${Math.floor(w / 2)} ${Math.floor(h / 5)} 300`);
+    }
+  }
+  if ((await look()).locked) throw phoneError(`phone ${serial} still shows its lock screen after dismissing it`, false);
+}
+
 // --- the phone: act with `adb shell input` ------------------------------------------------
 const KEYS = { KEY_BACK: 'KEYCODE_BACK', KEY_HOME: 'KEYCODE_HOME', KEY_ENTER: 'KEYCODE_ENTER', KEY_DELETE: 'KEYCODE_DEL' };
 const quote = (s) => `'${String(s).replace(/'/g, `'\\''`)}'`;
@@ -444,6 +531,7 @@ async function runTask(a, revoked, phones) {
         break;
       }
       report(step, 'STEP_STATUS_PERCEIVING', `step ${step}: looking at the screen`);
+      await readyScreen(device, a.device_serial);
       const observation = await perceive(device);
       report(step, 'STEP_STATUS_PLANNING', `step ${step}: planning`);
       const request = { ...lease, observation, previous_outcome: previous, step_key: String(step) };
@@ -479,7 +567,8 @@ async function runTask(a, revoked, phones) {
     // PERMISSION_DENIED: the model provider refused the cloud's key (or the cloud refused this
     // host the lease). Nothing the task did: the attempt ends retryable, as the Python host ends
     // it, and the task waits (held by the cloud) for a key that works instead of failing.
-    retryable = err.code === grpc.status.PERMISSION_DENIED;
+    // A phone that cannot show its screen is the phone's condition too (`phoneError`).
+    retryable = err.code === grpc.status.PERMISSION_DENIED || err.retryable === true;
     if (expired && !revoked.has(a.lease_id)) [status, summary, retryable] = ['TASK_STATUS_FAILED', UNREACHABLE, true];
   } finally {
     clearInterval(renewer);
