@@ -381,23 +381,30 @@ const quote = (s) => `'${String(s).replace(/'/g, `'\\''`)}'`;
 // typed by as many `input text` commands as it takes, each fitting one request, as the Python
 // host types it (host/devices/adb_driver.py, `input_text_commands`). A cut anywhere is safe:
 // each piece is quoted on its own, and a space's `%s` is never split.
+//
+// `input text` takes one argument and turns every `%s` in it into a space: spaces (and tabs and
+// line breaks, which as keys would move the focus or submit the form) are written `%s`. It has
+// no escape for a literal `%s` (`%%s` types `% `), so the text is also cut between each literal
+// `%` and the `s` after it: a `%` that ends an argument has nothing to pair with.
 const SHELL_MAX = 4096 - 2 - 'shell:'.length; // bytes
 function inputTextCommands(text) {
   const room = SHELL_MAX - Buffer.byteLength("input text ''");
   const commands = [];
-  let piece = '';
-  let size = 0;
-  for (const ch of text) {
-    const unit = ch === ' ' ? '%s' : ch === "'" ? `'\\''` : ch;
-    const bytes = Buffer.byteLength(unit);
-    if (piece && size + bytes > room) {
-      commands.push(`input text '${piece}'`);
-      [piece, size] = ['', 0];
+  for (const part of text.split(/(?<=%)(?=s)/)) {
+    let piece = '';
+    let size = 0;
+    for (const ch of part) {
+      const unit = ' \t\n\r'.includes(ch) ? '%s' : ch === "'" ? `'\\''` : ch;
+      const bytes = Buffer.byteLength(unit);
+      if (piece && size + bytes > room) {
+        commands.push(`input text '${piece}'`);
+        [piece, size] = ['', 0];
+      }
+      piece += unit;
+      size += bytes;
     }
-    piece += unit;
-    size += bytes;
+    if (piece) commands.push(`input text '${piece}'`);
   }
-  if (piece) commands.push(`input text '${piece}'`);
   return commands;
 }
 

@@ -599,3 +599,21 @@ async def test_the_node_host_types_a_long_text_whole_on_a_phone_with_small_adb_p
     )
     typed = phone.current_page().fields.get("body", "")
     assert typed.startswith(body), said[-2000:]
+
+
+async def test_the_node_host_types_a_literal_percent_s_as_written(
+    node: str, tmp_path: Path
+) -> None:
+    """Android's `input text` turns every `%s` of its argument into a space and has no escape
+    for a literal one: host.js sent the text as it was, so "50%sale" was typed "50 ale". As
+    the Python host does (host/devices/adb_driver.py, `input_text_commands`), the text is now
+    split between a literal `%` and the `s` after it, each piece typed by its own command.
+    Only the field's start is read: host.js's taps at Save under the keyboard type spaces
+    after it (a separate matter)."""
+    phone = VirtualPhone("emulator-5554")
+    body = "50%sale, 100%s sure %%s or %s%s end %"
+    said, _, _ = await _one_task(
+        node, tmp_path, phone, f'Create a note titled "Deals" that says "{body}"'
+    )
+    typed = phone.current_page().fields.get("body", "")
+    assert typed.startswith(body), said[-2000:]
