@@ -4,7 +4,8 @@
 //
 // A host is sensor and hands; the cloud is the brain. This one
 //   1. connects to the cloud over mTLS with a host certificate and opens the Lease stream,
-//   2. says hello with the phones its adb server knows and waits for an assignment,
+//   2. says hello with the phones its adb server knows and waits for an assignment, and tells
+//      the cloud whenever a phone is plugged in or out,
 //   3. per step: wakes the phone and dismisses a lock screen that needs no credential, reads
 //      the screen over the adb protocol (`uiautomator dump`), turns it into a
 //      typed amc.v1.ScreenObservation, asks PlannerService.Decide for the next action (sending
@@ -108,28 +109,96 @@ function cut(text, max, size = Buffer.byteLength) {
 }
 
 // --- the phones: which ones, and how to reach each ----------------------------------------
+// Phones are plugged in and out while the host runs: the adb server's list is read every
+// POLL_MS, as the Python host reads it (host/devices/registry.py), and whenever what the cloud
+// should know changes the whole list goes to it in a DeviceUpdate (the next hello carries it
+// when the stream is down). A phone adb no longer lists is kept, OFFLINE, so the cloud learns it
+// went (for FORGET_AFTER_MS, unless a lease still names it); one adb lists as unauthorized or
+// offline is reported so, and given no task.
+//
 // Cheap phones ship with one serial (0123456789ABCDEF). adb lists each of them but refuses the
 // serial as ambiguous ("more than one device"), so such a phone gets its own id, as the Python
-// host gives it (host/devices/registry.py): `serial@usb:<port>` where adb names the USB port,
-// else `serial@t<transport id>`, and is reached by its transport id (`host:transport-id:N`).
+// host gives it: `serial@usb:<port>` where adb names the USB port, else `serial@t<transport
+// id>`, kept while its transport lives, and is reached by its transport id
+// (`host:transport-id:N`).
 const SHARED_MARK = '@';
+const POLL_MS = 2000;
+const LIST_TIMEOUT_MS = 10000; // a wedged adb server never answers: the poll does not wait on it
+const FAILED_LISTS_OFFLINE = 3; // failed lists in a row before every phone is taken as gone
+const FORGET_AFTER_MS = 24 * 3600 * 1000;
+const MAX_REPORTED = 256; // HostHello.devices, DeviceUpdate.devices
+const STATES = { device: 'DEVICE_STATE_ONLINE', unauthorized: 'DEVICE_STATE_UNAUTHORIZED' };
 const tagged = (listed, tag) => {
   const found = Object.values(listed).find((v) => typeof v === 'string' && v.startsWith(`${tag}:`));
   return found ? found.slice(tag.length + 1) : '';
 };
 
-async function listPhones() {
-  const listed = (await adb.listDevicesWithPaths()).filter((d) => d.type === 'device');
+const phones = new Map(); // host id -> { id, serial, transportId, state, device, goneSince }
+let failedLists = 0;
+
+// What the cloud is told: online phones first, then those in another state, then the gone ones,
+// cut at the contract's limit, so a long list loses gone phones, never one a task could run on.
+function reported() {
+  const rank = (p) => (p.state === 'DEVICE_STATE_ONLINE' ? 0 : p.state === 'DEVICE_STATE_OFFLINE' ? 2 : 1);
+  return [...phones.values()]
+    .sort((a, b) => rank(a) - rank(b) || (a.id < b.id ? -1 : a.id > b.id ? 1 : 0))
+    .slice(0, MAX_REPORTED)
+    .map((p) => ({ serial: p.id, model: 'adb device', state: p.state }));
+}
+const listed = (devices) => JSON.stringify(devices);
+
+// Reads adb's list once; returns whether what the cloud should know changed.
+async function refreshPhones() {
+  const before = listed(reported());
+  let listing = [];
+  let answered = true;
+  try {
+    let timer;
+    const timeout = new Promise((_, reject) => {
+      timer = setTimeout(() => reject(new Error('adb did not answer the device list')), LIST_TIMEOUT_MS);
+    });
+    listing = await Promise.race([adb.listDevicesWithPaths(), timeout]).finally(() => clearTimeout(timer));
+    failedLists = 0;
+  } catch (err) {
+    failedLists += 1;
+    log(`adb device list failed (${failedLists} in a row): ${err.message}`);
+    if (failedLists < FAILED_LISTS_OFFLINE) return false; // one glitch does not flap every phone
+    answered = false; // out of sight, not gone: none is forgotten for it
+  }
   const counts = new Map();
-  for (const d of listed) counts.set(d.id, (counts.get(d.id) || 0) + 1);
-  return listed.map((d) => {
+  for (const d of listing) counts.set(d.id, (counts.get(d.id) || 0) + 1);
+  const byTransport = new Map([...phones.values()].map((p) => [`${p.serial} ${p.transportId}`, p.id]));
+  const seen = new Set();
+  for (const d of listing) {
     const transportId = tagged(d, 'transport_id');
-    if (counts.get(d.id) < 2 || !transportId) return { id: d.id, device: adb.getDevice(d.id) };
-    const usb = tagged(d, 'usb');
-    const id = `${d.id}${SHARED_MARK}${usb ? `usb:${usb}` : `t${transportId}`}`;
-    log(`adb lists several phones with the serial ${d.id}: this one (transport id ${transportId}) is ${id}`);
-    return { id, device: byTransportId(d.id, transportId) };
-  });
+    const shared = counts.get(d.id) > 1 && transportId !== '';
+    let id = byTransport.get(`${d.id} ${transportId}`);
+    if (id === undefined) {
+      const usb = tagged(d, 'usb');
+      id = shared ? `${d.id}${SHARED_MARK}${usb ? `usb:${usb}` : `t${transportId}`}` : d.id;
+      if (shared) log(`adb lists several phones with the serial ${d.id}: this one (transport id ${transportId}) is ${id}`);
+    }
+    seen.add(id);
+    const old = phones.get(id);
+    const byId = shared || id !== d.id;
+    const device =
+      old && old.transportId === transportId && old.byId === byId
+        ? old.device
+        : byId
+          ? byTransportId(d.id, transportId)
+          : adb.getDevice(d.id);
+    const state = STATES[d.type] || 'DEVICE_STATE_OFFLINE';
+    phones.set(id, { id, serial: d.id, transportId, byId, state, device, goneSince: null });
+  }
+  const now = Date.now();
+  const inUse = new Set([...held.values()].map((h) => h.device_serial));
+  for (const [id, p] of phones) {
+    if (seen.has(id)) continue;
+    const goneSince = answered ? (p.goneSince ?? now) : p.goneSince;
+    if (answered && now - goneSince >= FORGET_AFTER_MS && !inUse.has(id)) phones.delete(id);
+    else phones.set(id, { ...p, state: 'DEVICE_STATE_OFFLINE', goneSince });
+  }
+  return listed(reported()) !== before;
 }
 
 // adbkit's device client switches each connection with `host:transport:<serial>`; this one
@@ -507,8 +576,8 @@ const EXPIRY_GRACE = 2000; // ms
 const UNREACHABLE = 'stopped: the lease ran out while the cloud was unreachable';
 const expiredLocally = (leaseId) => !current && expiries.has(leaseId) && now() > expiries.get(leaseId) + EXPIRY_GRACE;
 
-async function runTask(a, revoked, phones) {
-  const phone = phones.find((p) => p.id === a.device_serial);
+async function runTask(a, revoked) {
+  const phone = phones.get(a.device_serial);
   const device = phone ? phone.device : adb.getDevice(a.device_serial);
   const progress = { step_index: 0, step_status: 'STEP_STATUS_PERCEIVING', summary: 'starting', max_steps: MAX_STEPS };
   const lease = { task_id: a.task_id, attempt: a.attempt, lease_id: a.lease_id };
@@ -612,11 +681,12 @@ function release(leaseId, stream, state) {
 }
 
 // One stream, from hello to its end: resolves with how it ended ({ code, details }).
-function session(phones, revoked, state) {
+function session(revoked, state) {
   const stream = leases.Lease();
+  const devices = reported();
   stream.write({
     hello: {
-      devices: phones.map((d) => ({ serial: d.id, model: 'adb device', state: 'DEVICE_STATE_ONLINE' })),
+      devices,
       agent_version: 'amc-node-host/0.2.0',
       planner_transport: 'PLANNER_TRANSPORT_CLOUD',
       process_id: PROCESS_ID,
@@ -626,9 +696,11 @@ function session(phones, revoked, state) {
   stream.on('data', (msg) => {
     switch (msg.kind) {
       case 'welcome':
-        log(`connected as ${msg.welcome.host_id} with ${phones.map((d) => d.id).join(', ')}`);
+        log(`connected as ${msg.welcome.host_id} with ${devices.map((d) => d.serial).join(', ')}`);
         state.failures = 0;
         current = stream;
+        // The phones changed between the hello and its answer: the update would have been lost.
+        if (listed(reported()) !== listed(devices)) send({ device_update: { devices: reported() } });
         for (const result of results.values()) stream.write(result);
         break;
       case 'assignment': {
@@ -636,7 +708,7 @@ function session(phones, revoked, state) {
         expiries.set(a.lease_id, now() + ms(a.lease_remaining || a.lease_duration));
         // resumed: a lease this process listed, confirmed; its task runs on (or its result,
         // kept, was sent again above).
-        if (!a.resumed) runTask(a, revoked, phones);
+        if (!a.resumed) runTask(a, revoked);
         break;
       }
       case 'renewed':
@@ -676,12 +748,29 @@ function session(phones, revoked, state) {
   });
 }
 
+// Reads adb's list every POLL_MS (one read at a time: a slow one is not piled on) and tells the
+// cloud of each change on the live stream.
+function watchPhones() {
+  let busy = false;
+  const poll = async () => {
+    if (busy) return;
+    busy = true;
+    try {
+      if (await refreshPhones()) send({ device_update: { devices: reported() } });
+    } finally {
+      busy = false;
+    }
+  };
+  return setInterval(poll, POLL_MS);
+}
+
 async function main() {
-  const phones = await listPhones();
+  await refreshPhones();
+  const watcher = watchPhones();
   const revoked = new Map();
   const state = { done: 0, failures: 0, superseded: '' };
   for (;;) {
-    const { code, details } = await session(phones, revoked, state);
+    const { code, details } = await session(revoked, state);
     if (state.superseded) throw Object.assign(new Error(`stopping: ${state.superseded}`), { final: true });
     if (FINAL.has(code)) throw Object.assign(new Error(details), { code });
     if (TASKS && state.done >= TASKS) break;
@@ -690,6 +779,7 @@ async function main() {
     log(`lease stream lost (code ${code}: ${details}); reconnecting in ${(delay / 1000).toFixed(1)} s`);
     await sleep(delay);
   }
+  clearInterval(watcher);
   leases.close();
   planner.close();
 }

@@ -8,13 +8,18 @@ the Python host's (host/perception/perceive.py `ready_screen`, host/devices/regi
 
 from __future__ import annotations
 
+import asyncio
+import os
 from pathlib import Path
 
 import pytest
 
-from amc.v1 import types_pb2
+from amc.v1 import fleet_service_pb2, task_service_pb2, types_pb2
 from host.devices.virtual.phone import VirtualPhone
-from tests.node.test_node_host import _one_task, node
+from tests.node.rig import Rig, cloud_and_phone
+from tests.node.test_node_host import HOST, HOST_ID, _one_task, node
+from tests.support.processes import wait_task
+from tests.support.waiting import until
 
 __all__ = ["node"]
 
@@ -59,3 +64,88 @@ async def test_the_node_host_never_guesses_a_pin_and_says_so(node: str, tmp_path
     assert "unlock the phone by hand" in final.attempts[0].failure_reason
     assert not decisions  # nothing was planned, nothing tapped or typed on the lock screen
     assert phone.awake and phone.locked and not phone.state.flag("dark_theme")
+
+
+async def _phones(rig: Rig) -> dict[str, types_pb2.DeviceState.ValueType]:
+    """The Node host's phones as the cloud knows them now, by id."""
+    hosts = (await rig.client.fleet.ListHosts(fleet_service_pb2.ListHostsRequest())).hosts
+    return {d.serial: d.state for h in hosts if h.host_id == HOST_ID for d in h.devices}
+
+
+async def test_the_node_host_tells_the_cloud_of_phones_plugged_in_and_out_while_it_runs(
+    node: str, tmp_path: Path
+) -> None:
+    """host.js read adb's phone list once, at start: a phone plugged in later was never
+    offered a task, and one unplugged stayed ONLINE in the cloud, which kept assigning it
+    tasks that failed. As the Python host does (host/devices/registry.py, polled every 2 s),
+    it now watches the list and sends the whole of it in a DeviceUpdate whenever it changes:
+    a phone that came is ONLINE and runs a task; one that went is OFFLINE (kept, so the cloud
+    learns it went); one adb lists as unauthorized is UNAUTHORIZED, given no task."""
+    first, second, third = (VirtualPhone(s) for s in ("emulator-5554", "emulator-5556", "R58M"))
+    async with cloud_and_phone(tmp_path, first, HOST_ID) as rig:
+        host = await asyncio.create_subprocess_exec(
+            node,
+            str(HOST),
+            env={
+                "PATH": os.environ.get("PATH", ""),
+                "AMC_CLOUD_ADDRESS": rig.address,
+                "AMC_HOST_CERTS_DIR": str(rig.pki),
+                "AMC_HOST_ID": HOST_ID,
+                "ADB_PORT": str(rig.adb_port),
+                "AMC_TASKS": "1",
+            },
+            stdout=asyncio.subprocess.DEVNULL,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        try:
+            online = types_pb2.DEVICE_STATE_ONLINE
+
+            async def phones_are(expected: dict[str, types_pb2.DeviceState.ValueType]) -> bool:
+                return await _phones(rig) == expected
+
+            await until(lambda: phones_are({first.serial: online}), 30, "the hello's phone")
+            rig.adb.add_phone(second)
+            third.set_adb_state("unauthorized")
+            rig.adb.add_phone(third)
+            await until(
+                lambda: phones_are(
+                    {
+                        first.serial: online,
+                        second.serial: online,
+                        third.serial: types_pb2.DEVICE_STATE_UNAUTHORIZED,
+                    }
+                ),
+                30,
+                "the phones plugged in",
+            )
+            rig.adb.unplug(first.serial)
+            await until(
+                lambda: phones_are(
+                    {
+                        first.serial: types_pb2.DEVICE_STATE_OFFLINE,
+                        second.serial: online,
+                        third.serial: types_pb2.DEVICE_STATE_UNAUTHORIZED,
+                    }
+                ),
+                30,
+                "the phone unplugged",
+            )
+            task = (
+                await rig.client.tasks.SubmitTask(
+                    task_service_pb2.SubmitTaskRequest(goal="Turn on dark theme", max_attempts=1),
+                    timeout=10,
+                )
+            ).task
+            _, err = await asyncio.wait_for(host.communicate(), 240)
+            said = err.decode()
+            final = await wait_task(
+                rig.client, task.task_id, lambda t: t.status != types_pb2.TASK_STATUS_RUNNING, 10
+            )
+        finally:
+            if host.returncode is None:
+                host.kill()
+                await host.wait()
+    assert host.returncode == 0, said
+    assert final.status == types_pb2.TASK_STATUS_SUCCEEDED, said
+    assert final.device_serial == second.serial
+    assert second.state.flag("dark_theme") and not first.state.flag("dark_theme")
