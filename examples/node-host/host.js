@@ -11,7 +11,7 @@
 //      typed amc.v1.ScreenObservation, asks PlannerService.Decide for the next action (sending
 //      the outcome of the previous one), and carries the action out with `adb shell input`,
 //   4. renews its lease with the latest progress at the interval the assignment gives,
-//   5. reports the result, and keeps it until the cloud acknowledges it,
+//   5. reports the result, and keeps it (on disk too) until the cloud acknowledges it,
 //   6. rides out a cloud restart: reconnects with backoff, naming the leases it still holds,
 //      and asks again for a step whose answer was lost under the same step key.
 // It sends no prompt and no goal: the cloud knows the goal and the history and builds them.
@@ -23,6 +23,7 @@
 //   AMC_TLS_SERVER_NAME    name on the cloud's certificate          (localhost)
 //   ADB_HOST / ADB_PORT    the adb server                           (127.0.0.1 / 5037)
 //   AMC_TASKS              exit after this many tasks; 0 = run on   (0)
+//   AMC_HOST_DATA_DIR      where results wait for the cloud         (amc_host_data)
 //   AMC_PROTO_DIR          where amc/v1/*.proto live                (../../proto)
 'use strict';
 
@@ -651,8 +652,8 @@ async function runTask(a, revoked) {
   }
   summary = cut(summary, LIMITS.result_summary, characters);
   // Kept (and its lease listed in every hello) until the cloud acknowledges it: a result sent
-  // while the cloud was down is sent again on the next stream.
-  results.set(a.lease_id, { result: { ...lease, status, summary, final_progress: progress, retryable } });
+  // while the cloud was down is sent again on the next stream, or by the next process.
+  keepResult(a.lease_id, { result: { ...lease, status, summary, final_progress: progress, retryable } });
   send(results.get(a.lease_id));
   log(`task ${a.task_id}: ${status} — ${summary}`);
 }
@@ -666,6 +667,64 @@ const FINAL = new Set([grpc.status.UNAUTHENTICATED, grpc.status.PERMISSION_DENIE
 const held = new Map(); // lease id -> HeldAssignment, from assignment to acknowledged result
 const results = new Map(); // lease id -> the result message, until acknowledged
 let current = null; // the stream, once welcomed
+const inherited = new Set(); // lease ids of results a previous process kept: no task of ours
+
+// Results wait for the cloud's answer on disk too, as the Python host keeps them (its outbox's
+// results table): a host restarted, or crashed, before the cloud heard a result still has it,
+// names its lease in the hello and sends it, and the cloud does not release the attempt as a
+// dead process's and run the task again. One file per result, written whole and renamed into
+// place, so a crash mid-write leaves the previous state.
+const DATA_DIR = env.AMC_HOST_DATA_DIR || 'amc_host_data';
+const RESULTS_DIR = path.join(DATA_DIR, 'node-host', HOST_ID, 'results');
+const resultFile = (leaseId) => path.join(RESULTS_DIR, `${encodeURIComponent(leaseId)}.json`);
+
+function keepResult(leaseId, message) {
+  results.set(leaseId, message);
+  try {
+    fs.mkdirSync(RESULTS_DIR, { recursive: true });
+    const file = resultFile(leaseId);
+    const partial = `${file}.${process.pid}.partial`;
+    const fd = fs.openSync(partial, 'w');
+    try {
+      fs.writeSync(fd, JSON.stringify({ held: held.get(leaseId), message }));
+      fs.fsyncSync(fd);
+    } finally {
+      fs.closeSync(fd);
+    }
+    fs.renameSync(partial, file);
+  } catch (err) {
+    log(`could not keep the result of lease ${leaseId} on disk (sent from memory): ${err.message}`);
+  }
+}
+
+function dropResult(leaseId) {
+  try {
+    fs.rmSync(resultFile(leaseId), { force: true });
+  } catch (err) {
+    log(`could not forget the result of lease ${leaseId} (the next process sends it again): ${err.message}`);
+  }
+}
+
+// Takes over what a previous process kept: listed in the first hello, sent after its Welcome.
+function inheritResults() {
+  let names = [];
+  try {
+    names = fs.readdirSync(RESULTS_DIR).filter((name) => name.endsWith('.json'));
+  } catch (err) {
+    if (err.code !== 'ENOENT') log(`could not read the results the previous process kept: ${err.message}`);
+  }
+  for (const name of names) {
+    try {
+      const kept = JSON.parse(fs.readFileSync(path.join(RESULTS_DIR, name), 'utf8'));
+      held.set(kept.held.lease_id, kept.held);
+      results.set(kept.held.lease_id, kept.message);
+      inherited.add(kept.held.lease_id);
+    } catch (err) {
+      log(`a result the previous process kept cannot be read (${name}): skipped`);
+    }
+  }
+  if (inherited.size) log(`${inherited.size} result(s) the previous process kept for the cloud are sent now`);
+}
 
 function send(message) {
   if (current) current.write(message);
@@ -673,7 +732,10 @@ function send(message) {
 
 // Lets a lease go: its result was acknowledged or refused, or the cloud said the attempt is over.
 function release(leaseId, stream, state) {
-  if (results.has(leaseId)) state.done += 1;
+  if (results.has(leaseId)) {
+    if (!inherited.delete(leaseId)) state.done += 1;
+    dropResult(leaseId);
+  }
   held.delete(leaseId);
   results.delete(leaseId);
   expiries.delete(leaseId);
@@ -765,6 +827,7 @@ function watchPhones() {
 }
 
 async function main() {
+  inheritResults();
   await refreshPhones();
   const watcher = watchPhones();
   const revoked = new Map();

@@ -69,6 +69,7 @@ async def _run_node(node: str, rig: Rig) -> str:
             "AMC_HOST_CERTS_DIR": str(rig.pki),
             "AMC_HOST_ID": HOST_ID,
             "ADB_PORT": str(rig.adb_port),
+            "AMC_HOST_DATA_DIR": str(rig.pki.parent / "host-data"),
             "AMC_TASKS": "1",
         },
         stdout=asyncio.subprocess.PIPE,

@@ -92,6 +92,7 @@ async def test_the_node_host_tells_the_cloud_of_phones_plugged_in_and_out_while_
                 "AMC_HOST_CERTS_DIR": str(rig.pki),
                 "AMC_HOST_ID": HOST_ID,
                 "ADB_PORT": str(rig.adb_port),
+                "AMC_HOST_DATA_DIR": str(tmp_path / "host-data"),
                 "AMC_TASKS": "1",
             },
             stdout=asyncio.subprocess.DEVNULL,

@@ -82,6 +82,7 @@ async def test_the_node_host_finishes_its_task_across_a_cloud_restart_billed_onc
                     "AMC_HOST_ID": HOST_ID,
                     "ADB_PORT": str(rig.adb_port),
                     "AMC_TASKS": "1",
+                    "AMC_HOST_DATA_DIR": str(tmp_path / "host-data"),
                 },
                 stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.PIPE,
@@ -147,6 +148,7 @@ async def test_the_node_host_stops_with_one_line_when_the_cloud_refuses_its_cert
                 "AMC_HOST_CERTS_DIR": str(certs),
                 "AMC_HOST_ID": "impostor",
                 "ADB_PORT": str(rig.adb_port),
+                "AMC_HOST_DATA_DIR": str(tmp_path / "host-data"),
             },
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,
@@ -204,6 +206,7 @@ async def test_the_node_host_stops_a_task_whose_lease_ran_out_while_the_cloud_wa
                     "AMC_HOST_CERTS_DIR": str(rig.pki),
                     "AMC_HOST_ID": HOST_ID,
                     "ADB_PORT": str(rig.adb_port),
+                    "AMC_HOST_DATA_DIR": str(tmp_path / "host-data"),
                 },
                 stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.PIPE,
@@ -235,3 +238,74 @@ async def test_the_node_host_stops_a_task_whose_lease_ran_out_while_the_cloud_wa
     assert end.endswith(
         "TASK_STATUS_FAILED — stopped: the lease ran out while the cloud was unreachable\n"
     ), "".join(said)
+
+
+async def test_a_result_the_cloud_never_heard_outlives_a_node_host_restart(
+    node: str, tmp_path: Path
+) -> None:
+    """An attempt ends while the cloud cannot be reached (its connections cut at a proxy) and
+    the host restarts before the cloud is back. host.js kept the result in memory only: the
+    new process did not know it, named no lease in its hello, and the cloud released the
+    attempt as the old process's ("released") and ran the task again. As the Python host
+    keeps it (host/outbox/store.py, `keep_result`), host.js now keeps each result on disk
+    (AMC_HOST_DATA_DIR) until the cloud answers it: the next process names its lease in the
+    hello and sends it, and the attempt ends as the host saw it end."""
+    phone = VirtualPhone("emulator-5554")
+    phone.hang_dumps(120)  # the first look hangs until the phone is unplugged
+    async with cloud_and_phone(tmp_path, phone, HOST_ID) as rig:
+        cloud_port = int(rig.address.rsplit(":", 1)[1])
+        proxy = TcpProxy([("127.0.0.1", cloud_port)]).start()
+        task = (
+            await rig.client.tasks.SubmitTask(
+                task_service_pb2.SubmitTaskRequest(goal="Turn on dark theme", max_attempts=2),
+                timeout=10,
+            )
+        ).task
+        env = {
+            "PATH": os.environ.get("PATH", ""),
+            "AMC_CLOUD_ADDRESS": proxy.address,
+            "AMC_HOST_CERTS_DIR": str(rig.pki),
+            "AMC_HOST_ID": HOST_ID,
+            "ADB_PORT": str(rig.adb_port),
+            "AMC_HOST_DATA_DIR": str(tmp_path / "host-data"),
+        }
+        said: list[str] = []
+        first = await asyncio.create_subprocess_exec(
+            node, str(HOST), env=env, stderr=asyncio.subprocess.PIPE
+        )
+        second: asyncio.subprocess.Process | None = None
+
+        async def ended() -> str:
+            assert first.stderr is not None
+            while line := (await first.stderr.readline()).decode():
+                said.append(line)
+                if ": TASK_STATUS_" in line:
+                    return line
+            return ""
+
+        try:
+            await until(lambda: phone.dumper is not None, 60, "the first look under way")
+            proxy.stop()  # the cloud is unreachable from here on
+            rig.adb.unplug(phone.serial)  # the look fails: the attempt ends on the host
+            end = await asyncio.wait_for(ended(), 60)
+            first.kill()  # and the host restarts before the cloud heard the result
+            await first.wait()
+            proxy = TcpProxy([("127.0.0.1", cloud_port)], port=proxy.port).start()
+            second = await asyncio.create_subprocess_exec(
+                node, str(HOST), env=env, stderr=asyncio.subprocess.DEVNULL
+            )
+            final = await wait_task(
+                rig.client,
+                task.task_id,
+                lambda t: t.attempts and t.attempts[0].status != types_pb2.TASK_STATUS_RUNNING,
+                60,
+            )
+        finally:
+            for process in (first, second):
+                if process is not None and process.returncode is None:
+                    process.kill()
+                    await process.wait()
+            proxy.stop()
+    assert "TASK_STATUS_FAILED — host error: " in end, "".join(said)
+    reason = end.split(" — ", 1)[1].strip()
+    assert final.attempts[0].failure_reason == reason, (final, "".join(said))
