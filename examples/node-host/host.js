@@ -7,7 +7,7 @@
 //   2. says hello with the phones its adb server knows and waits for an assignment, and tells
 //      the cloud whenever a phone is plugged in or out,
 //   3. per step: wakes the phone and dismisses a lock screen that needs no credential, reads
-//      the screen over the adb protocol (`uiautomator dump`), turns it into a
+//      the screen over the adb protocol (`uiautomator dump --windows`), turns it into a
 //      typed amc.v1.ScreenObservation, asks PlannerService.Decide for the next action (sending
 //      the outcome of the previous one), and carries the action out with `adb shell input`,
 //   4. renews its lease with the latest progress at the interval the assignment gives,
@@ -222,7 +222,11 @@ async function shell(device, command) {
   return (await Adb.util.readAll(stream)).toString('utf8');
 }
 
-const xml = new XMLParser({ ignoreAttributes: false, attributeNamePrefix: '', isArray: (n) => n === 'node' });
+const xml = new XMLParser({
+  ignoreAttributes: false,
+  attributeNamePrefix: '',
+  isArray: (n) => ['node', 'window', 'display'].includes(n),
+});
 const BOUNDS = /\[(-?\d+),(-?\d+)\]\[(-?\d+),(-?\d+)\]/;
 
 // Nodes worth showing the model: text, a description, or something a finger can do.
@@ -254,8 +258,25 @@ function clipped(raw, width, height) {
   return b.right > b.left && b.bottom > b.top ? b : null;
 }
 
-function elementOf(node, width, height) {
-  const bounds = clipped(node.bounds, width, height);
+// What of `b` is left in view beside a window over it (the keyboard, a system bar): the largest
+// of its parts above, below, left and right of the cover, where a tap lands on it; null when the
+// cover hides all of it. The Python host's `_covered`.
+function covered(b, cover) {
+  if (b.right <= cover.left || b.left >= cover.right || b.bottom <= cover.top || b.top >= cover.bottom) return b;
+  const parts = [
+    { ...b, bottom: Math.min(b.bottom, cover.top) },
+    { ...b, top: Math.max(b.top, cover.bottom) },
+    { ...b, right: Math.min(b.right, cover.left) },
+    { ...b, left: Math.max(b.left, cover.right) },
+  ];
+  const area = (p) => Math.max(0, p.right - p.left) * Math.max(0, p.bottom - p.top);
+  const best = parts.reduce((a, p) => (area(p) > area(a) ? p : a));
+  return area(best) > 0 ? best : null;
+}
+
+function elementOf(node, width, height, covers) {
+  let bounds = clipped(node.bounds, width, height);
+  for (const cover of covers) bounds = bounds && covered(bounds, cover);
   if (bounds === null) return null;
   // Some dumps list views laid out but hidden (behind another, scrolled away): a tap on one
   // lands on whatever the user sees there.
@@ -329,19 +350,62 @@ function screenSize(wmSize, rotation) {
   return rotation % 2 ? [h, w] : [w, h];
 }
 
-async function perceive(device) {
-  let dump = '';
-  for (let attempt = 0; attempt < 3 && !dump.includes('<node'); attempt += 1) {
-    dump = await shell(device, 'uiautomator dump /dev/tty'); // XML, then "UI hierchary dumped to…"
+// The screen as `uiautomator dump --windows` gives it (releases before the option ignore it and
+// dump the active window alone, as a plain dump does): every window with its type and layer, topmost
+// first. The model is shown the focused window, as a plain dump shows it; but a keyboard over it
+// hides what lies below its top (a form's Save button), and a tap there lands on a key: so what
+// the keyboard (down to the screen's bottom) and the system bars cover is cut to what is left in
+// view, or left out, and the keyboard is shown as one element, as the Python host shows it
+// (host/perception/hierarchy.py, `parse_scene`). Null when the focused window came without its
+// tree (its root was changing): the look is taken again.
+const KEYBOARD_LABEL = 'On-screen keyboard';
+function windowsOf(parsed) {
+  if (parsed.hierarchy) return { tree: parsed.hierarchy, over: [], keyboardFirst: false };
+  const display = (parsed.displays?.display || []).find((d) => String(d.id ?? '0') === '0');
+  const windows = display?.window || [];
+  const focused = windows.find((w) => w.focused === 'true') || windows.find((w) => w.active === 'true');
+  if (!focused?.hierarchy) return null;
+  const over = windows.filter((w) => Number(w.layer || 0) > Number(focused.layer || 0));
+  const keyboard = over.find((w) => w.type === 'TYPE_INPUT_METHOD');
+  return { tree: focused.hierarchy, over, keyboardFirst: keyboard && windows.indexOf(keyboard) < windows.indexOf(focused) };
+}
+
+// The keyboard and the system bars over the focused window, as covers, and the keyboard as the
+// one element the model sees of it.
+function coversOf(over, width, height) {
+  const covers = [];
+  let keys = null;
+  for (const w of over) {
+    const b = clipped(w.bounds, width, height);
+    if (!b) continue;
+    if (w.type === 'TYPE_INPUT_METHOD') {
+      covers.push({ ...b, bottom: height }); // it reaches down to the navigation bar
+      const root = w.hierarchy?.node?.[0] || {};
+      const label = { 'content-desc': KEYBOARD_LABEL, class: root.class, package: root.package, bounds: w.bounds };
+      keys ||= { element: elementOf(label, width, height, []), actionable: false };
+    } else if (w.type === 'TYPE_SYSTEM' && b.bottom - b.top < height * 0.15 && b.right - b.left >= width * 0.9) {
+      covers.push(b);
+    }
   }
-  const hierarchy = xml.parse(dump.slice(dump.indexOf('<'), dump.lastIndexOf('>') + 1)).hierarchy;
-  const rotation = Number(hierarchy.rotation || 0);
+  return { covers, keys };
+}
+
+async function perceive(device) {
+  let screen = null;
+  for (let attempt = 0; attempt < 3 && !screen; attempt += 1) {
+    const dump = await shell(device, 'uiautomator dump --windows /dev/tty'); // XML, "UI hierchary dumped to…"
+    if (dump.includes('<node')) screen = windowsOf(xml.parse(dump.slice(dump.indexOf('<'), dump.lastIndexOf('>') + 1)));
+  }
+  if (!screen) throw new Error('uiautomator dump gave no tree of the focused window in 3 tries');
+  const rotation = Number(screen.tree.rotation || 0);
   const [width, height] = screenSize(await shell(device, 'wm size'), rotation);
+  const { covers, keys } = coversOf(screen.over, width, height);
   const found = [];
-  for (const node of walk(hierarchy.node)) {
-    const element = elementOf(node, width, height);
+  for (const node of walk(screen.tree.node)) {
+    const element = elementOf(node, width, height, covers);
     if (element) found.push({ element, actionable: actionable(node) });
   }
+  if (keys) found[screen.keyboardFirst ? 'unshift' : 'push'](keys);
   const focus = (await shell(device, 'dumpsys window')).match(/mCurrentFocus=Window\{\S+ \S+ ([^\s}]+)\}/);
   const keyboard = /mInputShown=true/.test(await shell(device, 'dumpsys input_method'));
   const activity = focus ? focus[1] : '';

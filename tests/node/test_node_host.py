@@ -40,6 +40,7 @@ from planner.observation import (
     MAX_OMITTED,
     MAX_TEXT_BYTES,
 )
+from planner.scene import Element
 from planner.steps import MAX_DRIVER_OUTPUT_BYTES, MAX_OUTCOME_ERROR_BYTES
 from tests.node.rig import Rig, cloud_and_phone
 from tests.support.fakes import FakeModelServer
@@ -374,7 +375,14 @@ class _InvisiblePhone(VirtualPhone):
     whose `…:id/hidden` view is laid out but not visible to the user."""
 
     def dump_hierarchy(self) -> str:
-        dump = super().dump_hierarchy().replace(' bounds="', ' visible-to-user="true" bounds="')
+        return self._mark(super().dump_hierarchy())
+
+    def dump_windows(self) -> str:
+        return self._mark(super().dump_windows())
+
+    @staticmethod
+    def _mark(dump: str) -> str:
+        dump = re.sub(r'(<node [^>]*?) bounds="', r'\1 visible-to-user="true" bounds="', dump)
         return re.sub(
             r'(resource-id="[^"]*:id/hidden"[^>]*?) visible-to-user="true"',
             r'\1 visible-to-user="false"',
@@ -486,10 +494,18 @@ class _PagerPhone(VirtualPhone):
     next page wholly to the right, a row half past the edge)."""
 
     def dump_hierarchy(self) -> str:
+        return self._pages(super().dump_hierarchy())
+
+    def dump_windows(self) -> str:
+        return self._pages(super().dump_windows())
+
+    @staticmethod
+    def _pages(dump: str) -> str:
+        """The off-screen views at the end of the last window's tree (the app's, in both
+        dumps: `--windows` lists the topmost first)."""
         extra = _OFF_SCREEN.format(
             text="Next page", rid="next_page", bounds="[1200,300][2300,400]"
         ) + _OFF_SCREEN.format(text="Half out", rid="half_out", bounds="[900,500][1500,600]")
-        dump = super().dump_hierarchy()
         cut = dump.rindex("</node></hierarchy>")
         return dump[:cut] + extra + dump[cut:]
 
@@ -590,16 +606,14 @@ async def test_the_node_host_types_a_long_text_whole_on_a_phone_with_small_adb_p
     the whole text in one `input text` request, which the adb server could not open: the
     connection dropped and nothing was typed. As the Python host does, it now types the text in
     commands that each fit one request (quoted, this text of apostrophes takes almost 5000
-    bytes). Only the field is read: the note is not saved (host.js taps Save under the
-    keyboard, a separate matter), so the task's end says nothing here."""
+    bytes)."""
     phone = VirtualPhone("emulator-5554")
     phone.adbd_max_payload = 4096
     body = "a'' " * 450 + "z"
     said, _, _ = await _one_task(
         node, tmp_path, phone, f'Create a note titled "Long" that says "{body}"'
     )
-    typed = phone.current_page().fields.get("body", "")
-    assert typed.startswith(body), said[-2000:]
+    assert [(n.title, n.body) for n in phone.state.notes] == [("Long", body)], said[-2000:]
 
 
 async def test_the_node_host_types_a_literal_percent_s_as_written(
@@ -608,13 +622,60 @@ async def test_the_node_host_types_a_literal_percent_s_as_written(
     """Android's `input text` turns every `%s` of its argument into a space and has no escape
     for a literal one: host.js sent the text as it was, so "50%sale" was typed "50 ale". As
     the Python host does (host/devices/adb_driver.py, `input_text_commands`), the text is now
-    split between a literal `%` and the `s` after it, each piece typed by its own command.
-    Only the field's start is read: host.js's taps at Save under the keyboard type spaces
-    after it (a separate matter)."""
+    split between a literal `%` and the `s` after it, each piece typed by its own command."""
     phone = VirtualPhone("emulator-5554")
     body = "50%sale, 100%s sure %%s or %s%s end %"
     said, _, _ = await _one_task(
         node, tmp_path, phone, f'Create a note titled "Deals" that says "{body}"'
     )
-    typed = phone.current_page().fields.get("body", "")
-    assert typed.startswith(body), said[-2000:]
+    assert [(n.title, n.body) for n in phone.state.notes] == [("Deals", body)], said[-2000:]
+
+
+async def test_the_node_host_sees_what_the_keyboard_covers_and_saves_the_note(
+    node: str, tmp_path: Path
+) -> None:
+    """With the keyboard up, a note's Save button lies under it. host.js dumped the focused
+    window alone (`uiautomator dump`), which knows nothing of the keyboard: Save reached the
+    model at its full bounds, and each tap at its centre landed on the keyboard's space bar,
+    typing a space into the note, until the step limit. The virtual phone is right (a tap
+    there is the keyboard's on a phone too). As the Python host does, host.js now reads every
+    window (`uiautomator dump --windows`): what the keyboard covers is cut to what is left in
+    view (or left out), and the keyboard is one element the model can see."""
+    phone = VirtualPhone("emulator-5554")
+    said, final, decisions = await _one_task(
+        node, tmp_path, phone, 'Create a note titled "Groceries" that says "milk and eggs"'
+    )
+
+    assert final.status == types_pb2.TASK_STATUS_SUCCEEDED, said[-3000:]
+    assert [(n.title, n.body) for n in phone.state.notes] == [("Groceries", "milk and eggs")]
+    typed = [d for d in decisions if d.observation.keyboard_shown]
+    assert typed, said[-3000:]
+    assert all(
+        "On-screen keyboard" in {e.content_description for e in d.observation.elements}
+        for d in typed
+    )
+
+
+async def test_the_node_host_shows_the_model_what_the_python_host_does_with_the_keyboard_up(
+    node: str, tmp_path: Path
+) -> None:
+    """The same screen (a new note, the keyboard up over its Save and Discard buttons) as each
+    host shows it: host.js listed Save and Discard, under the keyboard, and not the keyboard;
+    it now shows what the Python host's scene of the `--windows` dump shows."""
+    phone = VirtualPhone("emulator-5554")
+    assert phone.launch(NOTES)
+    phone.tap(926, 2114)  # New note
+    phone.tap(540, 784)  # the note's body: the keyboard comes up
+    assert phone.keyboard_shown()
+
+    def shown(e: Element | types_pb2.UiElement) -> tuple[str, str, str, tuple[int, ...]]:
+        b = e.bounds
+        desc = e.content_desc if isinstance(e, Element) else e.content_description
+        return (e.text, desc, e.resource_id, (b.left, b.top, b.right, b.bottom))
+
+    expected = [shown(e) for e in parse_scene(phone.dump_windows(), package=NOTES).elements]
+    said, _final, decisions = await _one_task(node, tmp_path, phone, "Leave this app")
+
+    assert decisions, said
+    assert [shown(e) for e in decisions[0].observation.elements] == expected
+    assert "Save" not in {e.text for e in decisions[0].observation.elements}
