@@ -710,6 +710,11 @@ async function runTask(a, revoked) {
     // it, and the task waits (held by the cloud) for a key that works instead of failing.
     // A phone that cannot show its screen is the phone's condition too (`phoneError`).
     retryable = err.code === grpc.status.PERMISSION_DENIED || err.retryable === true;
+    // A phone that went away is nothing the task did either: retryable, the task waits for a
+    // phone that is there.
+    const fromPhone = typeof err.code !== 'number' && !revoked.has(a.lease_id); // gRPC's codes are numbers
+    const gone = fromPhone ? await phoneGone(a.device_serial, err) : null;
+    if (gone) [summary, retryable] = [gone, true];
     if (expired && !revoked.has(a.lease_id)) [status, summary, retryable] = ['TASK_STATUS_FAILED', UNREACHABLE, true];
   } finally {
     clearInterval(renewer);
@@ -874,26 +879,38 @@ function session(revoked, state) {
   });
 }
 
-// Reads adb's list every POLL_MS (one read at a time: a slow one is not piled on) and tells the
-// cloud of each change on the live stream.
-function watchPhones() {
-  let busy = false;
-  const poll = async () => {
-    if (busy) return;
-    busy = true;
-    try {
-      if (await refreshPhones()) send({ device_update: { devices: reported() } });
-    } finally {
-      busy = false;
-    }
-  };
-  return setInterval(poll, POLL_MS);
+// Reads adb's list (one read at a time: a slow one is not piled on, a caller joins it) and
+// tells the cloud of a change on the live stream. Every POLL_MS, and when a phone fails a task.
+let polling = null;
+function pollPhones() {
+  polling ||= refreshPhones()
+    .then((changed) => changed && send({ device_update: { devices: reported() } }))
+    .catch((err) => log(`device poll failed: ${err.message}`))
+    .finally(() => {
+      polling = null;
+    });
+  return polling;
+}
+
+// A phone a task failed on that adb no longer lists as a device (unplugged, rebooted, its USB
+// debugging revoked): what to tell the operator, as the Python host says it (DeviceGone,
+// host/devices/adb_errors.py); null while the phone is there.
+const UNAUTHORIZED =
+  "USB debugging on it is not allowed for this computer: unlock the phone and accept its 'Allow USB " +
+  "debugging?' prompt (tick 'Always allow from this computer'; replugging the cable brings the prompt " +
+  'back), then run the task again';
+async function phoneGone(serial, err) {
+  await pollPhones();
+  const phone = phones.get(serial);
+  if (phone?.state === 'DEVICE_STATE_ONLINE') return null;
+  if (phone?.state === 'DEVICE_STATE_UNAUTHORIZED') return `phone ${serial} is unauthorized in adb: ${UNAUTHORIZED}`;
+  return `phone ${serial} disconnected (${err.message})`;
 }
 
 async function main() {
   inheritResults();
   await refreshPhones();
-  const watcher = watchPhones();
+  const watcher = setInterval(pollPhones, POLL_MS);
   const revoked = new Map();
   const state = { done: 0, failures: 0, superseded: '' };
   for (;;) {

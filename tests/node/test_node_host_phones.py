@@ -150,3 +150,53 @@ async def test_the_node_host_tells_the_cloud_of_phones_plugged_in_and_out_while_
     assert final.status == types_pb2.TASK_STATUS_SUCCEEDED, said
     assert final.device_serial == second.serial
     assert second.state.flag("dark_theme") and not first.state.flag("dark_theme")
+
+
+async def test_a_phone_unplugged_mid_task_ends_its_attempt_retryable(
+    node: str, tmp_path: Path
+) -> None:
+    """A phone pulled off its cable while host.js looks at its screen: host.js ended the
+    attempt with "host error: Failure: 'device … not found'", not retryable, and the task
+    failed for good for a wiggled cable. As the Python host does (DeviceGone), the attempt
+    now ends retryable, saying the phone disconnected, and the task waits for a phone."""
+    phone = VirtualPhone("emulator-5554")
+    phone.hang_dumps(120)  # the first look is under way until the phone goes
+    async with cloud_and_phone(tmp_path, phone, HOST_ID) as rig:
+        task = (
+            await rig.client.tasks.SubmitTask(
+                task_service_pb2.SubmitTaskRequest(goal="Turn on dark theme", max_attempts=2),
+                timeout=10,
+            )
+        ).task
+        host = await asyncio.create_subprocess_exec(
+            node,
+            str(HOST),
+            env={
+                "PATH": os.environ.get("PATH", ""),
+                "AMC_CLOUD_ADDRESS": rig.address,
+                "AMC_HOST_CERTS_DIR": str(rig.pki),
+                "AMC_HOST_ID": HOST_ID,
+                "ADB_PORT": str(rig.adb_port),
+                "AMC_TASKS": "1",
+                "AMC_HOST_DATA_DIR": str(tmp_path / "host-data"),
+            },
+            stdout=asyncio.subprocess.DEVNULL,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        try:
+            await until(lambda: phone.dumper is not None, 60, "the first look under way")
+            rig.adb.unplug(phone.serial)
+            _, err = await asyncio.wait_for(host.communicate(), 120)
+            final = await wait_task(
+                rig.client,
+                task.task_id,
+                lambda t: t.attempts and t.attempts[0].status != types_pb2.TASK_STATUS_RUNNING,
+                30,
+            )
+        finally:
+            if host.returncode is None:
+                host.kill()
+                await host.wait()
+    said = err.decode()
+    assert final.attempts[0].failure_reason.startswith("phone emulator-5554 disconnected"), said
+    assert final.status == types_pb2.TASK_STATUS_QUEUED, said  # retryable: it waits for a phone

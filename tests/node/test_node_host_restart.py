@@ -306,6 +306,6 @@ async def test_a_result_the_cloud_never_heard_outlives_a_node_host_restart(
                     process.kill()
                     await process.wait()
             proxy.stop()
-    assert "TASK_STATUS_FAILED — host error: " in end, "".join(said)
+    assert "TASK_STATUS_FAILED — phone emulator-5554 disconnected" in end, "".join(said)
     reason = end.split(" — ", 1)[1].strip()
     assert final.attempts[0].failure_reason == reason, (final, "".join(said))
