@@ -419,6 +419,28 @@ async function perceive(device) {
   });
 }
 
+// --- the phone: `adb shell input`, and whether it worked --------------------------------------
+// `input` says it failed only in what it prints (the exit code of a plain `shell:` is not seen,
+// and older releases exit 0 anyway): "Exception occurred while executing 'tap':" and a Java
+// stack trace (Android 11+), "Error: Unknown keycode: …". So its output is read, as the Python
+// host reads it (host/devices/adb_driver.py, `_input`), and a failure is thrown with the
+// exception's line, or for typed text (`quoted` false: it may be a secret) its class alone.
+const INPUT_FAILED = ['Exception', 'Error:'];
+const JAVA_EXCEPTION = /\b(?:[a-z]\w*\.)+[A-Z]\w*(?:Exception|Error)\b/;
+const INJECTION_REFUSED =
+  "; the phone refuses injected input: on Xiaomi, Redmi and POCO phones turn on Developer options > 'USB " +
+  "debugging (Security settings)' (other makers: their equivalent setting)";
+async function input(device, command, what, quoted = true) {
+  const out = await shell(device, command);
+  if (!INPUT_FAILED.some((marker) => out.includes(marker))) return;
+  const lines = out.split('\n');
+  const line =
+    lines.find((l) => JAVA_EXCEPTION.test(l)) || lines.find((l) => INPUT_FAILED.some((marker) => l.includes(marker)));
+  const cause = quoted ? JSON.stringify(line.trim().slice(0, 200)) : out.match(JAVA_EXCEPTION)?.[0] || 'an error';
+  const hint = out.includes('INJECT_EVENTS') ? INJECTION_REFUSED : '';
+  throw new Error(`${what} failed: Android's input reported ${cause}${hint}`);
+}
+
 // --- the phone: awake and past a lock screen that needs no credential ----------------------
 // Before each look, as the Python host does (host/perception/perceive.py, `ready_screen`): a
 // phone whose display is off is woken, and a lock screen that needs no credential (none, or a
@@ -472,7 +494,7 @@ async function readyScreen(device, serial) {
   const look = async () => screenState(await shell(device, SCREEN_STATE));
   let state = await look();
   if (!state.awake) {
-    await shell(device, 'input keyevent KEYCODE_WAKEUP');
+    await input(device, 'input keyevent KEYCODE_WAKEUP', 'wake');
     state = await look();
     if (!state.awake) {
       throw phoneError(
@@ -494,12 +516,12 @@ async function readyScreen(device, serial) {
   if (Number.isNaN(sdk) || sdk >= DISMISS_KEYGUARD_MIN_SDK) {
     await shell(device, 'wm dismiss-keyguard');
   } else {
-    await shell(device, 'input keyevent KEYCODE_MENU');
+    await input(device, 'input keyevent KEYCODE_MENU', 'dismiss keyguard');
     if ((await look()).locked) {
       // Up the middle of the screen, from 4/5 to 1/5 of its height (as it is turned now).
       const rotation = Number((await shell(device, 'dumpsys display')).match(/\borientation=([0-3])\b/)?.[1] || 0);
       const [w, h] = screenSize(await shell(device, 'wm size'), rotation);
-      await shell(device, `input swipe ${Math.floor(w / 2)} ${Math.floor((h * 4) / 5)} ${Math.floor(w / 2)} ${Math.floor(h / 5)} 300`);
+      await input(device, `input swipe ${Math.floor(w / 2)} ${Math.floor((h * 4) / 5)} ${Math.floor(w / 2)} ${Math.floor(h / 5)} 300`, 'swipe');
     }
   }
   if ((await look()).locked) throw phoneError(`phone ${serial} still shows its lock screen after dismissing it`, false);
@@ -555,22 +577,29 @@ async function act(device, action, observation) {
     case 'tap': {
       const t = action.tap;
       const [x, y] = t.target === 'element_id' ? center(observation, t.element_id) : [t.point.x, t.point.y];
-      await shell(device, t.long_press ? `input swipe ${x} ${y} ${x} ${y} 800` : `input tap ${x} ${y}`);
+      await input(device, t.long_press ? `input swipe ${x} ${y} ${x} ${y} 800` : `input tap ${x} ${y}`, 'tap');
       return `tapped (${x}, ${y})`;
     }
     case 'input_text': {
       const t = action.input_text;
-      if (t.element_id) await shell(device, `input tap ${center(observation, t.element_id).join(' ')}`);
-      for (const command of inputTextCommands(t.text)) await shell(device, command);
+      // `input text` types through the virtual keyboard's key map, which has no key for é, ß, CJK,
+      // emoji…: it throws and types nothing of the piece. Refused up front, the text kept out.
+      if (!/^[\x00-\x7f]*$/.test(t.text)) {
+        throw new Error(
+          "input text failed: adb's 'input text' can type ASCII only and this text has other characters (nothing was typed)",
+        );
+      }
+      if (t.element_id) await input(device, `input tap ${center(observation, t.element_id).join(' ')}`, 'tap');
+      for (const command of inputTextCommands(t.text)) await input(device, command, 'input text', false);
       return t.sensitive ? 'typed •••' : `typed ${t.text.length} characters`;
     }
     case 'swipe': {
       const s = action.swipe;
-      await shell(device, `input swipe ${s.start.x} ${s.start.y} ${s.end.x} ${s.end.y} ${s.duration_ms || 300}`);
+      await input(device, `input swipe ${s.start.x} ${s.start.y} ${s.end.x} ${s.end.y} ${s.duration_ms || 300}`, 'swipe');
       return 'swiped';
     }
     case 'press_key':
-      await shell(device, `input keyevent ${KEYS[action.press_key.key]}`);
+      await input(device, `input keyevent ${KEYS[action.press_key.key]}`, 'press key');
       return `pressed ${action.press_key.key}`;
     case 'launch_app':
       return shell(device, `monkey -p ${quote(action.launch_app.package_name)} -c android.intent.category.LAUNCHER 1`);

@@ -679,3 +679,44 @@ async def test_the_node_host_shows_the_model_what_the_python_host_does_with_the_
     assert decisions, said
     assert [shown(e) for e in decisions[0].observation.elements] == expected
     assert "Save" not in {e.text for e in decisions[0].observation.elements}
+
+
+async def test_the_node_host_reports_an_input_the_phone_refused_as_not_executed(
+    node: str, tmp_path: Path
+) -> None:
+    """`input` says it failed only in what it prints (a SecurityException on a phone that
+    refuses injected input, as Xiaomi's do until a developer setting allows it). host.js never
+    read it: every refused tap was reported executed ("tapped (x, y)"), so the model and the
+    cloud's check took the step as done. As the Python host does, the step is now reported not
+    executed, with Android's words and the setting that allows it."""
+    phone = VirtualPhone("emulator-5554")
+    phone.refuse_injected_input = True
+    said, final, decisions = await _one_task(node, tmp_path, phone, "Turn on dark theme")
+
+    assert decisions, said
+    first = decisions[0]
+    assert first.tool_name == "tap", said
+    assert not first.outcome.executed, first.outcome
+    assert "java.lang.SecurityException" in first.outcome.error
+    assert "USB debugging (Security settings)" in first.outcome.error
+    assert not phone.state.flag("dark_theme")
+    assert final.status == types_pb2.TASK_STATUS_FAILED
+
+
+async def test_the_node_host_reports_text_adb_cannot_type_as_not_typed(
+    node: str, tmp_path: Path
+) -> None:
+    """`input text` has keys for ASCII only: given "Café" it throws and types nothing, and
+    host.js reported "typed 4 characters". As the Python host does, such a text is refused up
+    front and the step reported not executed, saying why (the text itself kept out of it)."""
+    phone = VirtualPhone("emulator-5554")
+    said, _final, decisions = await _one_task(
+        node, tmp_path, phone, 'Create a note titled "Café" that says "crème brûlée"'
+    )
+
+    typing = [d for d in decisions if d.tool_name == "input_text"]
+    assert typing, said
+    assert not typing[0].outcome.executed, typing[0].outcome
+    assert "can type ASCII only" in typing[0].outcome.error
+    assert "Caf" not in typing[0].outcome.error
+    assert not phone.state.notes
