@@ -529,7 +529,12 @@ async function readyScreen(device, serial) {
 
 // --- the phone: act with `adb shell input` ------------------------------------------------
 const KEYS = { KEY_BACK: 'KEYCODE_BACK', KEY_HOME: 'KEYCODE_HOME', KEY_ENTER: 'KEYCODE_ENTER', KEY_DELETE: 'KEYCODE_DEL' };
-const quote = (s) => `'${String(s).replace(/'/g, `'\\''`)}'`;
+// A plain package name or nothing: what the model names goes into a shell command.
+const PACKAGE = /^[A-Za-z]\w*(\.[A-Za-z_]\w*)*$/;
+function packageName(name) {
+  if (!PACKAGE.test(name)) throw new Error(`not a package name: '${name}'`);
+  return name;
+}
 
 // adbd before Android 7 takes adb packets of at most 4096 bytes (MAX_PAYLOAD_V1), and a
 // request (`shell:` + the command + a NUL) has to fit in one: for a longer one the adb server
@@ -601,10 +606,19 @@ async function act(device, action, observation) {
     case 'press_key':
       await input(device, `input keyevent ${KEYS[action.press_key.key]}`, 'press key');
       return `pressed ${action.press_key.key}`;
-    case 'launch_app':
-      return shell(device, `monkey -p ${quote(action.launch_app.package_name)} -c android.intent.category.LAUNCHER 1`);
+    case 'launch_app': {
+      // For an app that is not installed (or has no launcher activity) monkey prints "** No
+      // activities found to run, monkey aborted." and exits 0 on most builds: only its words
+      // tell (the Python host's `check_launched`).
+      const name = packageName(action.launch_app.package_name);
+      const out = await shell(device, `monkey -p ${name} -c android.intent.category.LAUNCHER 1`);
+      if (out.includes('No activities found') || out.toLowerCase().includes('monkey aborted')) {
+        throw new Error(`cannot launch ${name}: ${JSON.stringify(out.trim().slice(0, 500))}`);
+      }
+      return out;
+    }
     case 'terminate_app':
-      return shell(device, `am force-stop ${quote(action.terminate_app.package_name)}`);
+      return shell(device, `am force-stop ${packageName(action.terminate_app.package_name)}`);
     case 'get_ui_tree':
       return 'the next observation is the tree';
     default:

@@ -43,7 +43,7 @@ from planner.observation import (
 from planner.scene import Element
 from planner.steps import MAX_DRIVER_OUTPUT_BYTES, MAX_OUTCOME_ERROR_BYTES
 from tests.node.rig import Rig, cloud_and_phone
-from tests.support.fakes import FakeModelServer
+from tests.support.fakes import ANTHROPIC_KEY, FakeModelServer, anthropic_message, tool_use
 from tests.support.processes import wait_task
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -720,3 +720,53 @@ async def test_the_node_host_reports_text_adb_cannot_type_as_not_typed(
     assert "can type ASCII only" in typing[0].outcome.error
     assert "Caf" not in typing[0].outcome.error
     assert not phone.state.notes
+
+
+async def test_the_node_host_reports_an_app_that_did_not_launch_as_not_executed(
+    node: str, tmp_path: Path
+) -> None:
+    """For an app that is not installed monkey prints "** No activities found to run, monkey
+    aborted." and exits 0 on most builds: host.js reported the launch executed, with monkey's
+    words as its output. As the Python host does (`check_launched`), it is now not executed,
+    saying the app could not be launched; a name that is no package name is refused before
+    it reaches the shell."""
+    steps = [
+        anthropic_message(
+            tool_use(
+                "launch_app",
+                {"package_name": package, "purpose": "open", "expected_outcome": "open"},
+            )
+        )
+        for package in ("com.example.missing", "com.example;reboot")
+    ]
+    done = anthropic_message(tool_use("complete", {"success": False, "reason": "no such app"}))
+    with FakeModelServer(anthropic_key=ANTHROPIC_KEY) as provider:
+        provider.script_anthropic(*steps, done)
+        planner = {
+            "AMC_PLANNER_PROVIDER": "anthropic",
+            "AMC_PLANNER_MODEL": "claude-sonnet-4-6",
+            "AMC_PLANNER_ANTHROPIC_API_KEY": ANTHROPIC_KEY,
+            "AMC_PLANNER_ANTHROPIC_BASE_URL": provider.anthropic_base_url,
+            "AMC_PLANNER_MAX_RETRIES": "0",
+        }
+        async with cloud_and_phone(
+            tmp_path, VirtualPhone("emulator-5554"), HOST_ID, planner
+        ) as rig:
+            task = (
+                await rig.client.tasks.SubmitTask(
+                    task_service_pb2.SubmitTaskRequest(goal="Open the missing app", max_attempts=1),
+                    timeout=10,
+                )
+            ).task
+            said = await _run_node(node, rig)
+            decisions = (
+                await rig.client.decisions.ListDecisions(
+                    decision_log_service_pb2.ListDecisionsRequest(task_id=task.task_id),
+                    timeout=10,
+                )
+            ).decisions
+    missing, bad = decisions[0].outcome, decisions[1].outcome
+    assert not missing.executed, (missing, said)
+    assert "cannot launch com.example.missing" in missing.error
+    assert not bad.executed, (bad, said)
+    assert "not a package name: 'com.example;reboot'" in bad.error
