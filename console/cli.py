@@ -511,6 +511,8 @@ def host_list(
         out.print(
             Text.assemble(Text(host.host_id, style="bold"), " ", state, f" · last seen {seen}")
         )
+        if host.HasField("held_back"):
+            out.print(f"  no new task: {host.held_back.reason}")
         busy = {b.device_serial: b for b in host.busy_phones}
         for device in host.devices:
             word = types_pb2.DeviceState.Name(device.state).removeprefix("DEVICE_STATE_").lower()

@@ -100,6 +100,9 @@ class LeaseManager:
         self._unvouched: set[str] | None = None
         # Each host's last_seen as the previous heartbeat wrote it (watchers were told).
         self._seen_told: dict[str, dt.datetime] = {}
+        # Holds on new work (`HostSession.lapsed`) written to the store for the fleet view, with
+        # when each ends by itself: the heartbeat tells fleet watchers when one has.
+        self._holds_shown: dict[HostSession, dt.datetime] = {}
         bus.on_revoke.append(self._on_revoke)
         bus.on_new_stream.append(self._on_new_stream)
 
@@ -417,6 +420,25 @@ class LeaseManager:
         session.last_seen = dt.datetime.now(dt.UTC)
         if session.heard():
             self.dispatcher.kick(session)
+            if self._holds_shown.pop(session, None) is not None:
+                self._spawn(self._unhold(session))
+
+    async def _hold(self, session: HostSession, task_id: str, attempt: int, window: float) -> None:
+        """Show operators the hold `_on_revoke` set (on the host's row: any replica's fleet
+        view reads it)."""
+        if not await hosts.hold(
+            self.store, session.host_id, session.stream_id, task_id, attempt, window
+        ):
+            return
+        if session.unheard():
+            self._holds_shown[session] = self.store.now() + dt.timedelta(seconds=window)
+        else:  # heard from while the write waited
+            await hosts.unhold(self.store, session.host_id, session.stream_id)
+        self.bus.hosts_changed([session.host_id])
+
+    async def _unhold(self, session: HostSession) -> None:
+        if await hosts.unhold(self.store, session.host_id, session.stream_id):
+            self.bus.hosts_changed([session.host_id])
 
     # ---- renewals and results -----------------------------------------------------------------
 
@@ -555,9 +577,9 @@ class LeaseManager:
         if event.ended and event.reason == lease_pb.REVOKE_REASON_EXPIRED:
             # The host did not renew a lease on a stream that is still open: it may be frozen,
             # and would not answer new work either (see HostSession.unheard_until).
-            session.lapsed(
-                self.settings.keepalive_time_seconds + self.settings.keepalive_timeout_seconds
-            )
+            window = self.settings.keepalive_time_seconds + self.settings.keepalive_timeout_seconds
+            session.lapsed(window)
+            self._spawn(self._hold(session, event.task_id, event.attempt, window))
         if event.ended and event.device_serial:
             session.mark_free([event.device_serial])
             self.dispatcher.kick(session)
@@ -578,6 +600,11 @@ class LeaseManager:
         await hosts.heartbeat(self.store, self.bus.replica_id, moved)
         self._seen_told = seen
         self.bus.hosts_changed(sorted(moved))
+        now = self.store.now()
+        ran_out = [s for s, until in self._holds_shown.items() if until <= now or s.closed]
+        for session in ran_out:  # the fleet view stops showing them by itself: tell watchers
+            del self._holds_shown[session]
+        self.bus.hosts_changed(sorted({s.host_id for s in ran_out if not s.closed}))
         await self.check_unvouched()
         await self.reconcile(list(self.sessions))
 

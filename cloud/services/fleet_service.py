@@ -105,9 +105,11 @@ class FleetServicer(fleet_service_pb2_grpc.FleetServiceServicer):
         size = request.page_size or DEFAULT_PAGE
         page, more = keyed[:size], len(keyed) > size
         busy = await leases.busy_phones(self._store, [row.host_id for _, row, _ in page])
+        now = self._store.now()
         return pb.ListHostsResponse(
             hosts=[
-                convert.host(row, connected, busy.get(row.host_id)) for _, row, connected in page
+                convert.host(row, connected, busy.get(row.host_id), now)
+                for _, row, connected in page
             ],
             next_page_token=_encode(page[-1][0]) if more else "",
             dispatch=await self._dispatch(),
@@ -233,4 +235,5 @@ class FleetServicer(fleet_service_pb2_grpc.FleetServiceServicer):
         """Hosts (all, or these) as the API shows them, with their busy phones."""
         rows = await hosts.list_hosts(self._store, heartbeat, host_ids)
         busy = await leases.busy_phones(self._store, [row.host_id for row, _ in rows])
-        return [convert.host(row, connected, busy.get(row.host_id)) for row, connected in rows]
+        now = self._store.now()
+        return [convert.host(row, connected, busy.get(row.host_id), now) for row, connected in rows]

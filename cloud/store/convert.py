@@ -8,7 +8,7 @@ import json
 from google.protobuf import duration_pb2, timestamp_pb2
 
 from amc.v1 import task_service_pb2, types_pb2
-from cloud.store import states
+from cloud.store import hosts, states
 from cloud.store.lease_events import EventKind
 from cloud.store.leases.queries import BusyPhone
 from cloud.store.models import AttemptRow, DecisionRow, FlowRow, HostRow, LeaseEventRow
@@ -189,8 +189,14 @@ def task(view: TaskView, *, with_attempts: bool) -> types_pb2.Task:
     return out
 
 
-def host(row: HostRow, connected: bool, busy: list[BusyPhone] | None = None) -> types_pb2.Host:
-    """A host with its phones, and which of them work on a task (`busy`)."""
+def host(
+    row: HostRow,
+    connected: bool,
+    busy: list[BusyPhone] | None = None,
+    now: dt.datetime | None = None,
+) -> types_pb2.Host:
+    """A host with its phones, which of them work on a task (`busy`), and whether new work is
+    held back from it at `now` (not looked at without it)."""
     out = types_pb2.Host(
         host_id=row.host_id,
         connected=connected,
@@ -218,6 +224,9 @@ def host(row: HostRow, connected: bool, busy: list[BusyPhone] | None = None) -> 
         )
         if row.outbox_oldest_at is not None:
             out.outbox.oldest_at.CopyFrom(ts(row.outbox_oldest_at))
+    hold = hosts.held(row, connected, now) if now is not None else None
+    if hold is not None:
+        out.held_back.CopyFrom(held_back(hold))
     for b in busy or []:
         out.busy_phones.append(
             types_pb2.BusyPhone(
@@ -225,6 +234,19 @@ def host(row: HostRow, connected: bool, busy: list[BusyPhone] | None = None) -> 
             )
         )
     return out
+
+
+def held_back(h: hosts.Held) -> types_pb2.HostHold:
+    """Why new work is held back from a host, in words and in parts."""
+    return types_pb2.HostHold(
+        reason=f"a lease of it (task {h.task_id}, attempt {h.attempt}) ran out at "
+        f"{h.since:%H:%M:%S} UTC while its stream stayed open: it may be frozen (a paused VM "
+        f"or process); no new task until it sends anything, or until {h.until:%H:%M:%S} UTC",
+        since=ts(h.since),
+        until=ts(h.until),
+        task_id=h.task_id,
+        attempt=h.attempt,
+    )
 
 
 def verification(row: DecisionRow) -> types_pb2.StepVerification:

@@ -185,6 +185,72 @@ async def update_outbox(store: Store, host_id: str, backlog: Backlog) -> None:
         )
 
 
+async def hold(
+    store: Store, host_id: str, stream_id: str, task_id: str, attempt: int, window: float
+) -> bool:
+    """Record that new work is held back from the host's stream `stream_id` for `window`
+    seconds (`HostSession.lapsed`: its lease of `task_id`/`attempt` ran out while the stream
+    stayed open), so every replica's fleet view says so. False when a newer stream took over."""
+    now = store.now()
+    async with store.write() as session:
+        marked = await session.scalars(
+            update(HostRow)
+            .where(HostRow.host_id == host_id, HostRow.stream_id == stream_id)
+            .values(
+                held_since=now,
+                held_until=now + dt.timedelta(seconds=window),
+                held_task_id=task_id,
+                held_attempt=attempt,
+                held_stream_id=stream_id,
+            )
+            .returning(HostRow.host_id)
+        )
+        return marked.first() is not None
+
+
+async def unhold(store: Store, host_id: str, stream_id: str) -> bool:
+    """The stream's hold ended (the host was heard from); False when none was recorded."""
+    async with store.write() as session:
+        marked = await session.scalars(
+            update(HostRow)
+            .where(HostRow.host_id == host_id, HostRow.held_stream_id == stream_id)
+            .values(
+                held_since=None,
+                held_until=None,
+                held_task_id=None,
+                held_attempt=None,
+                held_stream_id=None,
+            )
+            .returning(HostRow.host_id)
+        )
+        return marked.first() is not None
+
+
+@dataclass(frozen=True, slots=True)
+class Held:
+    """New work held back from a host: its lease of `task_id`/`attempt` ran out at `since`
+    while its stream stayed open; the hold ends at `until` unless the host speaks first."""
+
+    since: dt.datetime
+    until: dt.datetime
+    task_id: str
+    attempt: int
+
+
+def held(row: HostRow, connected: bool, now: dt.datetime) -> Held | None:
+    """The hold on the host now, if any: one of its current stream that has not run out (a
+    hold of an older stream ended with it)."""
+    if (
+        not connected
+        or row.held_since is None
+        or row.held_until is None
+        or row.held_until <= now
+        or row.held_stream_id != row.stream_id
+    ):
+        return None
+    return Held(row.held_since, row.held_until, row.held_task_id or "", row.held_attempt or 0)
+
+
 async def disconnected(store: Store, host_id: str, stream_id: str) -> bool:
     """The stream ended; only the stream that is still recorded may mark the host disconnected.
     True when it did (False: a newer stream of the host took over, nothing changed)."""

@@ -282,6 +282,15 @@ class HostRow(Base):
     outbox_refused: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     outbox_oldest_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime())
     outbox_reported_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime())
+    # New work held back from the host (`HostSession.lapsed`): a lease of it, of this task and
+    # attempt, ran out at `held_since` while its stream `held_stream_id` stayed open; the hold
+    # ends at `held_until` unless the host is heard from first (NULL: not held). Kept here so
+    # the fleet view of every replica shows it, not only the one holding the stream.
+    held_since: Mapped[dt.datetime | None] = mapped_column(UTCDateTime())
+    held_until: Mapped[dt.datetime | None] = mapped_column(UTCDateTime())
+    held_task_id: Mapped[str | None] = mapped_column(String(32))
+    held_attempt: Mapped[int | None] = mapped_column(Integer)
+    held_stream_id: Mapped[str | None] = mapped_column(String(32))
 
 
 class RevocationRow(Base):

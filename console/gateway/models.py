@@ -768,6 +768,30 @@ class BusyPhoneOut(BaseModel):
     goal: str
 
 
+class HostHoldOut(BaseModel):
+    """Why the cloud gives a connected host no new task: a lease of it ran out while its
+    stream stayed open, so it may be frozen (a paused VM or process)."""
+
+    reason: str = Field(description="the hold in words, for operators")
+    since: datetime | None = Field(description="when the lease ran out and the hold began")
+    until: datetime | None = Field(
+        description="when the hold ends by itself if the host stays silent; it ends earlier "
+        "when the host sends anything, or when its stream ends"
+    )
+    task_id: str = Field(description="the task whose lease ran out")
+    attempt: int
+
+    @classmethod
+    def of(cls, h: types_pb2.HostHold) -> HostHoldOut:
+        return cls(
+            reason=h.reason,
+            since=_time(h.since, h.HasField("since")),
+            until=_time(h.until, h.HasField("until")),
+            task_id=h.task_id,
+            attempt=h.attempt,
+        )
+
+
 class HostOut(BaseModel):
     """A host and its phones; `busy_phones` are those working on a task (the rest are idle)."""
 
@@ -781,6 +805,10 @@ class HostOut(BaseModel):
         default=None, description="the host's outbox backlog; null when it never reported one"
     )
     busy_phones: list[BusyPhoneOut] = Field(default_factory=list)
+    held_back: HostHoldOut | None = Field(
+        default=None,
+        description="why the cloud gives this host no new task now; null when it does",
+    )
 
     def busy(self, serial: str) -> BusyPhoneOut | None:
         """The task a phone works on, None when it is idle."""
@@ -811,6 +839,7 @@ class HostOut(BaseModel):
             agent_version=h.agent_version,
             last_seen_at=_time(h.last_seen_at, h.HasField("last_seen_at")),
             outbox=OutboxOut.of(h.outbox) if h.HasField("outbox") else None,
+            held_back=HostHoldOut.of(h.held_back) if h.HasField("held_back") else None,
         )
 
 

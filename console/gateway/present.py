@@ -77,7 +77,8 @@ def host_signature(host: HostOut) -> str:
     busy = ";".join(f"{b.device_serial}={b.task_id}={b.attempt}" for b in host.busy_phones)
     state = "on" if host.connected else "off"
     waiting = host.outbox.items if host.outbox else ""
-    return f"{state}|{host.planner_transport}|{host.agent_version}|{phones}|{busy}|{waiting}"
+    held = host.held_back.task_id if host.held_back else ""
+    return f"{state}|{host.planner_transport}|{host.agent_version}|{phones}|{busy}|{waiting}|{held}"
 
 
 def until(moment: datetime | None) -> str:

@@ -11,17 +11,22 @@ import grpc
 import pytest
 from google.protobuf import duration_pb2
 from sqlalchemy import select, update
+from sqlalchemy import text as sql_text
 
-from amc.v1 import lease_service_pb2 as lease_pb
 from amc.v1 import (
+    fleet_service_pb2,
+    fleet_service_pb2_grpc,
     progress_service_pb2,
     progress_service_pb2_grpc,
     task_service_pb2,
     types_pb2,
 )
+from amc.v1 import lease_service_pb2 as lease_pb
 from cloud.lease import messages
 from cloud.server import CloudServer, build_server
 from cloud.store import hosts, leases
+from cloud.store.database import Store
+from cloud.store.engine import check, downgrade, upgrade
 from cloud.store.models import AttemptRow
 from tests.cloud.cloud_harness import (
     ScriptedHost,
@@ -198,6 +203,84 @@ async def test_a_frozen_host_gets_no_new_work_until_it_is_heard_from(
     finally:
         await frozen.close()
         await other.close()
+
+
+async def _hosts(fleet: Any, host_id: str, *, held: bool) -> types_pb2.Host:
+    """The host as ListHosts shows it once it is (or is no longer) held back."""
+    for _ in range(400):
+        page = await fleet.ListHosts(fleet_service_pb2.ListHostsRequest())
+        host: types_pb2.Host = next(h for h in page.hosts if h.host_id == host_id)
+        if host.HasField("held_back") == held:
+            return host
+        await asyncio.sleep(0.025)
+    raise AssertionError(f"{host_id} held back: {not held}")
+
+
+async def test_the_fleet_view_says_a_host_is_held_back_and_why_until_it_is_heard_from(
+    cloud: CloudServer, ops: Any, pki_dir: Path
+) -> None:
+    """Operators saw a connected host with an idle phone and nothing of why it got no work: the
+    hold (a lease ran out on its open stream) lived in the replica's memory only."""
+    frozen = ScriptedHost(cloud.address, pki_dir, "h9")
+    ch = channel(cloud.address, pki_dir, "operator-ops")
+    fleet: Any = fleet_service_pb2_grpc.FleetServiceStub(ch)
+    watch = fleet.WatchHosts(fleet_service_pb2.WatchHostsRequest(host_id="h9"))
+    try:
+        await frozen.connect(["p"])
+        task = (await submit(ops, lease_duration=secs(120), max_attempts=2)).task
+        a1 = (await frozen.next("assignment")).assignment
+        assert not (await _hosts(fleet, "h9", held=False)).HasField("held_back")
+        await lapse(cloud.store, task.task_id, attempt=1)
+        assert (await frozen.next("revoked")).revoked.reason == lease_pb.REVOKE_REASON_EXPIRED
+        hold = (await _hosts(fleet, "h9", held=True)).held_back
+        assert (hold.task_id, hold.attempt) == (task.task_id, 1)
+        window = cloud.settings.keepalive_time_seconds + cloud.settings.keepalive_timeout_seconds
+        assert hold.until.ToDatetime() - hold.since.ToDatetime() == dt.timedelta(seconds=window)
+        assert f"(task {task.task_id}, attempt 1) ran out at" in hold.reason
+        assert "no new task until it sends anything" in hold.reason
+        async for message in watch:  # a fleet watcher hears of it too
+            if message.host.HasField("held_back"):
+                break
+        # Heard from: the hold ends (the host gets attempt 2), and the fleet view says so.
+        await frozen.send(renewal(a1, 3, "resumed"))
+        answers = {(await frozen.next()).WhichOneof("kind") for _ in range(2)}
+        assert answers == {"revoked", "assignment"}
+        await _hosts(fleet, "h9", held=False)
+        async for message in watch:
+            if message.HasField("host") and not message.host.HasField("held_back"):
+                break
+    finally:
+        watch.cancel()
+        await frozen.close()
+        await ch.close()
+
+
+async def test_migration_0023_adds_the_hosts_hold_and_back(db_url: str) -> None:
+    """Both backends: 0023 adds the `hosts.held_*` columns (NULL: no host held), its downgrade
+    drops them, and the schema matches the models again after the upgrade."""
+    s = Store.from_url(db_url)
+    catalogue = (
+        "SELECT column_name FROM information_schema.columns WHERE table_name = 'hosts'"
+        if s.is_postgres
+        else "SELECT name FROM pragma_table_info('hosts')"
+    )
+
+    async def columns() -> set[str]:
+        async with s.engine.connect() as conn:
+            return {str(name) for (name,) in await conn.execute(sql_text(catalogue))}
+
+    try:
+        await upgrade(s.engine, "0022")
+        before = await columns()
+        await upgrade(s.engine, "0023")
+        added = {"held_since", "held_until", "held_task_id", "held_attempt", "held_stream_id"}
+        assert await columns() - before == added
+        await downgrade(s.engine, "0022")
+        assert await columns() == before
+        await upgrade(s.engine)
+        await check(s.engine)
+    finally:
+        await s.close()
 
 
 async def test_a_quiet_host_gets_work_again_once_its_stream_outlives_the_keepalive(

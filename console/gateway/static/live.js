@@ -389,7 +389,8 @@
       return b.device_serial + "=" + b.task_id + "=" + b.attempt;
     });
     return (h.connected ? "on" : "off") + "|" + h.planner_transport + "|" + h.agent_version +
-      "|" + phones.join(";") + "|" + busy.join(";") + "|" + (h.outbox ? h.outbox.items : "");
+      "|" + phones.join(";") + "|" + busy.join(";") + "|" + (h.outbox ? h.outbox.items : "") +
+      "|" + (h.held_back ? h.held_back.task_id : "");
   }
 
   // --- the pages ------------------------------------------------------------------------------

@@ -1024,6 +1024,7 @@ class Host(_message.Message):
     LAST_SEEN_AT_FIELD_NUMBER: _builtins.int
     OUTBOX_FIELD_NUMBER: _builtins.int
     BUSY_PHONES_FIELD_NUMBER: _builtins.int
+    HELD_BACK_FIELD_NUMBER: _builtins.int
     host_id: _builtins.str
     """Identity from the host's client certificate."""
     connected: _builtins.bool
@@ -1055,6 +1056,12 @@ class Host(_message.Message):
         a listed phone missing here is idle. Set by the cloud in ListHosts and WatchHosts.
         """
 
+    @_builtins.property
+    def held_back(self) -> Global___HostHold:
+        """Set while the cloud gives this host no new task because it may be frozen; unset when it
+        takes work. Set by the cloud in ListHosts and WatchHosts.
+        """
+
     def __init__(
         self,
         *,
@@ -1066,14 +1073,66 @@ class Host(_message.Message):
         last_seen_at: _timestamp_pb2.Timestamp | None = ...,
         outbox: Global___OutboxBacklog | None = ...,
         busy_phones: _abc.Iterable[Global___BusyPhone] | None = ...,
+        held_back: Global___HostHold | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["last_seen_at", b"last_seen_at", "outbox", b"outbox"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["held_back", b"held_back", "last_seen_at", b"last_seen_at", "outbox", b"outbox"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_version", b"agent_version", "busy_phones", b"busy_phones", "connected", b"connected", "devices", b"devices", "host_id", b"host_id", "last_seen_at", b"last_seen_at", "outbox", b"outbox", "planner_transport", b"planner_transport"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_version", b"agent_version", "busy_phones", b"busy_phones", "connected", b"connected", "devices", b"devices", "held_back", b"held_back", "host_id", b"host_id", "last_seen_at", b"last_seen_at", "outbox", b"outbox", "planner_transport", b"planner_transport"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___Host: _TypeAlias = Host  # noqa: Y015
+
+@_typing.final
+class HostHold(_message.Message):
+    """Why the cloud holds new work back from a connected host. A lease of it ran out while its
+    stream stayed open: a frozen process (a paused VM, a closed laptop lid, a stall) keeps its
+    stream until the cloud's keepalive gives up, and would let every task handed to it run out
+    too. The hold ends when the host sends anything (a renewal, a result, a phone or outbox
+    update), when its stream ends, or at `until` (a stream still open after the keepalive window
+    belongs to a live, merely quiet host).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    REASON_FIELD_NUMBER: _builtins.int
+    SINCE_FIELD_NUMBER: _builtins.int
+    UNTIL_FIELD_NUMBER: _builtins.int
+    TASK_ID_FIELD_NUMBER: _builtins.int
+    ATTEMPT_FIELD_NUMBER: _builtins.int
+    reason: _builtins.str
+    """In words, for operators: "a lease of it (task …, attempt 1) ran out at 12:00:00 UTC while
+    its stream stayed open: it may be frozen; no new task until it sends anything, or until
+    12:00:40 UTC".
+    """
+    task_id: _builtins.str
+    """The task whose lease ran out."""
+    attempt: _builtins.int
+    """The attempt of `task_id` that ran out."""
+    @_builtins.property
+    def since(self) -> _timestamp_pb2.Timestamp:
+        """When the lease ran out and the hold began."""
+
+    @_builtins.property
+    def until(self) -> _timestamp_pb2.Timestamp:
+        """When the hold ends by itself if the host stays silent (the end of the keepalive window)."""
+
+    def __init__(
+        self,
+        *,
+        reason: _builtins.str = ...,
+        since: _timestamp_pb2.Timestamp | None = ...,
+        until: _timestamp_pb2.Timestamp | None = ...,
+        task_id: _builtins.str = ...,
+        attempt: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["since", b"since", "until", b"until"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "reason", b"reason", "since", b"since", "task_id", b"task_id", "until", b"until"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___HostHold: _TypeAlias = HostHold  # noqa: Y015
 
 @_typing.final
 class OutboxBacklog(_message.Message):
