@@ -81,6 +81,9 @@ class RevokeEvent:
     ended: bool = False
     #: The task's status then (its stored name; "" unknown): `Revoked.task_status`.
     task_status: str = ""
+    #: When the lease ran out, for an expiry (None: not said): a host heard from since then is
+    #: not frozen (`LeaseManager._on_revoke`).
+    expired_at: dt.datetime | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,6 +113,15 @@ def _micros(t: dt.datetime) -> int:
     slower and a float timestamp can round."""
     d = t - _EPOCH
     return (d.days * 86_400 + d.seconds) * 1_000_000 + d.microseconds
+
+
+def _instant(text: Any) -> dt.datetime | None:
+    """An ISO time another replica sent; None for none, or for one this replica cannot read
+    (an older or newer replica's)."""
+    try:
+        return dt.datetime.fromisoformat(text) if isinstance(text, str) else None
+    except ValueError:
+        return None
 
 
 def _encode_extension(e: Extension) -> list[Any]:
@@ -381,6 +393,7 @@ class EventBus:
                 "d": event.device_serial,
                 "e": event.ended,
                 "s": event.task_status,
+                "x": None if event.expired_at is None else event.expired_at.isoformat(),
             }
         )
 
@@ -614,5 +627,6 @@ class EventBus:
                         str(m.get("d", "")),
                         bool(m.get("e", False)),
                         str(m.get("s", "")),
+                        _instant(m.get("x")),
                     )
                 )

@@ -574,9 +574,16 @@ class LeaseManager:
                 event.task_status,
             )
         )
-        if event.ended and event.reason == lease_pb.REVOKE_REASON_EXPIRED:
-            # The host did not renew a lease on a stream that is still open: it may be frozen,
-            # and would not answer new work either (see HostSession.unheard_until).
+        if (
+            event.ended
+            and event.reason == lease_pb.REVOKE_REASON_EXPIRED
+            and (event.expired_at is None or session.last_seen < event.expired_at)
+        ):
+            # The host did not renew a lease on a stream that is still open and has said
+            # nothing since: it may be frozen, and would not answer new work either (see
+            # HostSession.unheard_until). A host heard from after the lease ran out (a late
+            # renewal read before this revoke came) is alive: held back, it got no work for
+            # the keepalive window.
             window = self.settings.keepalive_time_seconds + self.settings.keepalive_timeout_seconds
             session.lapsed(window)
             self._spawn(self._hold(session, event.task_id, event.attempt, window))

@@ -54,6 +54,7 @@ class Sweeper:
                         e.device_serial,
                         ended=True,
                         task_status=e.task_status,
+                        expired_at=e.expired_at,
                     )
                 )
             requeued = requeued or e.task_status == states.QUEUED

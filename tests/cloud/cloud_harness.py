@@ -293,12 +293,17 @@ async def submit(
     return response
 
 
-async def lapse(store: Store, task_id: str, attempt: int | None = None) -> None:
-    """The lease of `task_id` (that attempt, or every one) runs out now.
+async def lapse(
+    store: Store, task_id: str, attempt: int | None = None, *, ago: float = 1.0
+) -> None:
+    """The lease of `task_id` (that attempt, or every one) runs out now (it ran out `ago`
+    seconds before).
 
     Tests that need a lease to end hold a long one and end it here, instead of a lease of a
     second or two: a loaded machine can stall that long, and a short lease would then run out
-    in the steps before the one the test is about.
+    in the steps before the one the test is about. A test of a host that has been silent since
+    its lease ran out (frozen) passes `ago=0`: a lease run out before the host's last message
+    is a live host's.
     """
     where = [AttemptRow.task_id == task_id]
     if attempt is not None:
@@ -307,7 +312,7 @@ async def lapse(store: Store, task_id: str, attempt: int | None = None) -> None:
         await db.execute(
             update(AttemptRow)
             .where(*where)
-            .values(lease_expires_at=store.now() - dt.timedelta(seconds=1))
+            .values(lease_expires_at=store.now() - dt.timedelta(seconds=ago))
         )
 
 

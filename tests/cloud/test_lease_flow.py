@@ -185,7 +185,7 @@ async def test_a_frozen_host_gets_no_new_work_until_it_is_heard_from(
         # The host stops answering (SIGSTOP, a stalled VM) with its stream still open: its
         # lease runs out. The task waits for a host that answers instead of burning its last
         # attempt on the frozen one.
-        await lapse(cloud.store, task.task_id, attempt=1)
+        await lapse(cloud.store, task.task_id, attempt=1, ago=0)
         assert (await frozen.next("revoked")).revoked.reason == lease_pb.REVOKE_REASON_EXPIRED
         await wait_status(ops, task.task_id, types_pb2.TASK_STATUS_QUEUED)
         await other.connect(["q"])
@@ -230,7 +230,7 @@ async def test_the_fleet_view_says_a_host_is_held_back_and_why_until_it_is_heard
         task = (await submit(ops, lease_duration=secs(120), max_attempts=2)).task
         a1 = (await frozen.next("assignment")).assignment
         assert not (await _hosts(fleet, "h9", held=False)).HasField("held_back")
-        await lapse(cloud.store, task.task_id, attempt=1)
+        await lapse(cloud.store, task.task_id, attempt=1, ago=0)
         assert (await frozen.next("revoked")).revoked.reason == lease_pb.REVOKE_REASON_EXPIRED
         hold = (await _hosts(fleet, "h9", held=True)).held_back
         assert (hold.task_id, hold.attempt) == (task.task_id, 1)
@@ -253,6 +253,34 @@ async def test_the_fleet_view_says_a_host_is_held_back_and_why_until_it_is_heard
         watch.cancel()
         await frozen.close()
         await ch.close()
+
+
+async def test_a_host_heard_from_after_its_lease_ran_out_is_not_held_back(
+    make_settings: SettingsFactory, pki_dir: Path
+) -> None:
+    """The hold was set when the sweeper's revoke reached the stream, also when the host had
+    spoken since its lease ran out (a late renewal read before the sweep, or while it ran): a
+    live, idle host then got no work for the keepalive window (40 s by default)."""
+    server = await build_server(make_settings(sweep_interval_seconds=3600))
+    await server.start()
+    ch = channel(server.address, pki_dir, "operator-ops")
+    host = ScriptedHost(server.address, pki_dir, "h10")
+    try:
+        ops = tasks_stub(ch)
+        await host.connect(["p"])
+        task = (await submit(ops, lease_duration=secs(120), max_attempts=2)).task
+        a1 = (await host.next("assignment")).assignment
+        await lapse(server.store, task.task_id, attempt=1)
+        await host.send(renewal(a1, 2, "late"))  # a renewal just too late: the host is alive
+        late = (await host.next("revoked")).revoked
+        assert late.reason == lease_pb.REVOKE_REASON_EXPIRED
+        await server.leases.sweeper.sweep_once()  # the sweep ends the attempt after that
+        assert (await host.next("revoked")).revoked.reason == lease_pb.REVOKE_REASON_EXPIRED
+        assert (await host.next("assignment")).assignment.attempt == 2
+    finally:
+        await host.close()
+        await ch.close()
+        await server.stop(0.5)
 
 
 async def test_migration_0023_adds_the_hosts_hold_and_back(db_url: str) -> None:
@@ -297,7 +325,7 @@ async def test_a_quiet_host_gets_work_again_once_its_stream_outlives_the_keepali
         await host.connect(["p"])
         task = (await submit(ops, lease_duration=secs(120), max_attempts=2)).task
         await host.next("assignment")
-        await lapse(server.store, task.task_id, attempt=1)
+        await lapse(server.store, task.task_id, attempt=1, ago=0)
         assert (await host.next("revoked")).revoked.reason == lease_pb.REVOKE_REASON_EXPIRED
         # The host says nothing, but its stream answers the cloud's pings: it is alive, and
         # gets the task again once the keepalive would have ended a frozen host's stream.

@@ -11,8 +11,15 @@ from typing import Any
 import pytest
 from sqlalchemy import func, select
 
+from amc.v1 import (
+    fleet_service_pb2,
+    fleet_service_pb2_grpc,
+    progress_service_pb2,
+    progress_service_pb2_grpc,
+    task_service_pb2,
+    types_pb2,
+)
 from amc.v1 import lease_service_pb2 as lease_pb
-from amc.v1 import progress_service_pb2, progress_service_pb2_grpc, task_service_pb2, types_pb2
 from cloud.server import CloudServer
 from cloud.store.models import AttemptRow
 from tests.cloud.cloud_harness import (
@@ -20,6 +27,7 @@ from tests.cloud.cloud_harness import (
     ScriptedHost,
     channel,
     count_reloads,
+    lapse,
     renewal,
     result,
     start_replicas,
@@ -191,3 +199,46 @@ async def test_a_new_process_on_another_replica_keeps_the_lease_it_names(
         await old.close()
         await new.close()
         await ops.close()
+
+
+async def test_a_hold_set_by_another_replicas_sweep_is_shown_everywhere_and_spares_a_live_host(
+    postgres_server: PostgresServer, pki_dir: Path
+) -> None:
+    """Replica b ends the lease of a host whose stream replica a holds: its revoke (NOTIFY)
+    holds the silent host back, and b's fleet view says so; a host heard from after its lease
+    ran out (a late renewal) is not held back, wherever the sweep ran."""
+    url = postgres_server.create_database()
+    async with start_replicas(url, pki_dir, sweep_interval_seconds=3600) as (a, b):
+        ch_b = channel(b.address, pki_dir, "operator-ops")
+        fleet_b: Any = fleet_service_pb2_grpc.FleetServiceStub(ch_b)
+        silent = ScriptedHost(a.address, pki_dir, "h22")
+        late = ScriptedHost(a.address, pki_dir, "h23")
+        try:
+            stub = tasks_stub(ch_b)
+            await silent.connect(["p"])
+            first = (await submit(stub, target=types_pb2.TaskTarget(host_id="h22"))).task
+            await silent.next("assignment")
+            await lapse(b.store, first.task_id, ago=0)
+            assert await b.leases.sweeper.sweep_once() == 1
+            assert (await silent.next("revoked")).revoked.reason == lease_pb.REVOKE_REASON_EXPIRED
+            for _ in range(400):
+                page = await fleet_b.ListHosts(fleet_service_pb2.ListHostsRequest())
+                shown = next(h for h in page.hosts if h.host_id == "h22")
+                if shown.HasField("held_back"):
+                    break
+                await asyncio.sleep(0.025)
+            assert (shown.held_back.task_id, shown.held_back.attempt) == (first.task_id, 1)
+
+            await late.connect(["q"])
+            second = (await submit(stub, target=types_pb2.TaskTarget(host_id="h23"))).task
+            a1 = (await late.next("assignment")).assignment
+            await lapse(b.store, second.task_id)
+            await late.send(renewal(a1, 2, "late"))
+            assert (await late.next("revoked")).revoked.reason == lease_pb.REVOKE_REASON_EXPIRED
+            assert await b.leases.sweeper.sweep_once() == 1
+            assert (await late.next("revoked")).revoked.reason == lease_pb.REVOKE_REASON_EXPIRED
+            assert (await late.next("assignment")).assignment.attempt == 2
+        finally:
+            await silent.close()
+            await late.close()
+            await ch_b.close()

@@ -31,6 +31,8 @@ class Ended:
     device_serial: str
     task_status: str
     revocation: Revocation
+    #: When the lease ran out (an expiry's end; None for other ends).
+    expired_at: dt.datetime | None = None
 
 
 def used_attempts(task: TaskRow) -> int:
@@ -134,16 +136,21 @@ async def sweep_expired(store: Store, limit: int = 500) -> list[Ended]:
                     AttemptRow.host_id,
                     AttemptRow.lease_id,
                     AttemptRow.device_serial,
+                    AttemptRow.lease_expires_at,
                 )
             )
         ).all()
-        for task_id, attempt, host_id, lease_id, serial in sorted(rows):
+        for task_id, attempt, host_id, lease_id, serial, expired_at in sorted(rows):
             settled = await settle_task(
                 session, task_id, attempt, now, states.LEASE_EXPIRED, host_id, serial
             )
             if settled is not None:
                 status, revocation = settled
-                ended.append(Ended(task_id, attempt, host_id, lease_id, serial, status, revocation))
+                ended.append(
+                    Ended(
+                        task_id, attempt, host_id, lease_id, serial, status, revocation, expired_at
+                    )
+                )
     return ended
 
 
