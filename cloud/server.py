@@ -321,7 +321,7 @@ class CloudServer:
             ArtifactServicer(store, self.artifacts, s), self.server
         )
         flow_service_pb2_grpc.add_FlowServiceServicer_to_server(FlowServicer(store), self.server)
-        planner_servicer, self._closeables, self.planner_summary = build_planner_servicer(
+        self._planner_servicer, self._closeables, self.planner_summary = build_planner_servicer(
             store,
             bus,
             self.provider_health,
@@ -335,7 +335,9 @@ class CloudServer:
         self.planner = next((c for c in self._closeables if isinstance(c, Planner)), None)
         if self.embedder is not None:
             self._closeables.append(self.embedder)
-        planner_service_pb2_grpc.add_PlannerServiceServicer_to_server(planner_servicer, self.server)
+        planner_service_pb2_grpc.add_PlannerServiceServicer_to_server(
+            self._planner_servicer, self.server
+        )
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         enable_reflection(self.server, (*SERVICE_NAMES, health.SERVICE_NAME))
 
@@ -535,9 +537,15 @@ class CloudServer:
             if self._own_store:
                 await self.store.close()
 
+        async def finish_plans() -> None:
+            """Plans whose Decide the stop cancelled end (logged) or are cut off (counted)
+            while the planner and the database are still open."""
+            await self._planner_servicer.finish_plans(max(grace, 1.0))
+
         await step(self.health.enter_graceful_shutdown)
         await step(close_streams)
         await step(lambda: self.server.stop(grace))
+        await step(finish_plans)
         await step(lambda: supervised.stop(self._jobs))
         await step(stop_metrics_server)
         await step(self.leases.stop)

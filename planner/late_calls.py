@@ -50,3 +50,11 @@ def count_when_answered(
     _waiting.add(task)
     task.add_done_callback(_waiting.discard)
     return task
+
+
+async def settle() -> None:
+    """Wait for the calls waited on to answer and be counted (a process about to close its
+    planner and database bounds the wait)."""
+    waiting = set(_waiting)
+    if waiting:
+        await asyncio.wait(waiting)

@@ -34,6 +34,7 @@ this replica (`planner.step_once`), so one step is planned once and logged once.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple, Protocol
@@ -41,6 +42,7 @@ from typing import TYPE_CHECKING, Any, Literal, NamedTuple, Protocol
 import grpc
 
 from amc.v1 import planner_service_pb2, planner_service_pb2_grpc, types_pb2
+from planner import late_calls
 from planner.convert import decision_to_proto
 from planner.decision import Billed, Decision
 from planner.errors import (
@@ -550,6 +552,38 @@ class PlannerServicer(planner_service_pb2_grpc.PlannerServiceServicer):
             await self._spend.failed(host_id, task_id, attempt, billed, "planned twice")
         decision.step_index = stored.step_index
         return None
+
+    async def finish_plans(self, within: float) -> None:
+        """Before the replica stops: let the plans in flight end and be logged, for up to
+        `within` seconds, then cut off the rest and give their counting (`_counted`) up to
+        `within` seconds more.
+
+        A stopping replica (a rolling deploy, SIGTERM) cancels its Decide handlers, but their
+        plans outlived them only until the planner and the database closed under them a moment
+        later: a model call the provider answered was then neither logged nor counted, and the
+        host's retry on the next replica asked (and paid) again. A cut-off call not streamed
+        (compact mode) is counted once it answers, if it does within that second bound."""
+        plans = self._plans.unfinished()
+        if plans:
+            log.info("waiting up to %.0f s for %d model call(s) in flight", within, len(plans))
+            _, late = await asyncio.wait(plans, timeout=within)
+        else:
+            late = set()
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(within):
+                if late:
+                    for plan in late:
+                        plan.cancel()
+                    await asyncio.wait(late)
+                    log.info(
+                        "cut off %d model call(s); waiting up to %.0f s to count them",
+                        len(late),
+                        within,
+                    )
+                    await late_calls.settle()  # a call not streamed: counted once answered
+                await asyncio.sleep(0)  # a handler the stop cancelled hands its plan on
+                if self._unheard:  # logged (`_log_when_planned`)
+                    await asyncio.wait(set(self._unheard))
 
     def _log_when_planned(self, step: StepId, host_id: str, reported: _Reported) -> None:
         """Log the step's decision once its plan ends, for a caller that went away meanwhile.

@@ -70,6 +70,10 @@ class StepPlans:
         held = self._plans.get(step)
         return None if held is None else held[1]
 
+    def unfinished(self) -> list[asyncio.Future[Decision]]:
+        """The plans still asking the model."""
+        return [future for _, future in self._plans.values() if not future.done()]
+
     def logged(self, step: StepId) -> None:
         """The step's decision is in the decision log: the log answers from now on."""
         self._plans.pop(step, None)

@@ -90,6 +90,10 @@ class OwnLeasesOnly(planner_service_pb2_grpc.PlannerServiceServicer):
         self._provider = provider
         self._model = model
 
+    async def finish_plans(self, within: float) -> None:
+        """`PlannerServicer.finish_plans`: before the replica stops."""
+        await self._inner.finish_plans(within)
+
     async def Decide(
         self,
         request: planner_service_pb2.DecideRequest,
@@ -286,7 +290,7 @@ def build_planner_servicer(
     handed: FlowsHanded | None = None,
     budgets: CloudBudgets | None = None,
     clock_settled: Callable[[], Awaitable[None]] | None = None,
-) -> tuple[planner_service_pb2_grpc.PlannerServiceServicer, list[Any], str]:
+) -> tuple[OwnLeasesOnly, list[Any], str]:
     """The planner servicer on the cloud's ports, what must be closed with the server, and a
     line saying which planner it is (for the start-up banner).
 

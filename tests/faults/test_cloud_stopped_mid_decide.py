@@ -1,0 +1,146 @@
+"""The cloud stopped (SIGTERM, a rolling deploy) while a host's PlannerDecide waits for the model.
+
+Real `amc cloud serve` and `amc host run` (cloud planner transport), the cloud's real Anthropic
+SDK against the fake provider, which holds its answer. The stop cancels the Decide; the plan it
+started outlives the handler. Proves: a model call answered while the replica stops is logged
+(the host's retry on the next replica is answered from the log: the model is asked, and paid,
+once), and one still unanswered when the grace runs out is cut off and counted with what the
+provider reported of it. Before, the planner and the database closed under the plan a moment
+after the handlers went: the answer was neither logged nor counted, and the retry asked again.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+from pathlib import Path
+
+from amc.v1 import decision_log_service_pb2, task_service_pb2, types_pb2
+from tests.support.fakes import FakeModelServer, ScriptedTurn, text, tool_use
+from tests.support.processes import (
+    TERMINAL,
+    AmcProcess,
+    cloud_process,
+    free_port,
+    host_process,
+    operator,
+    wait_connected,
+    wait_serving,
+    wait_task,
+)
+from tests.support.waiting import until
+
+WAITING = "model call(s) in flight"
+CUT_OFF = "waiting up to 1 s to count them"
+DONE = [text("Nothing to do."), tool_use("complete", {"success": True, "reason": "ok"})]
+
+
+def _usage(input_tokens: int) -> dict[str, int]:
+    return {
+        "input_tokens": input_tokens,
+        "output_tokens": 50,
+        "cache_creation_input_tokens": 0,
+        "cache_read_input_tokens": 0,
+    }
+
+
+async def _stop_mid_decide(
+    tmp_path: Path, fault_pki: Path, fake: FakeModelServer, held: threading.Event, *, grace: str
+) -> tuple[types_pb2.Task, decision_log_service_pb2.ListDecisionsResponse, str]:
+    """Run a task until its first Decide waits on the held model call, SIGTERM the cloud, let
+    the call go once the stopping cloud waits for it (or after it exited), start the cloud
+    again and wait for the task to end: the task, its decision log, the first cloud's log."""
+    port = free_port()
+    address = f"127.0.0.1:{port}"
+    env = {
+        "AMC_PLANNER_PROVIDER": "anthropic",
+        "AMC_PLANNER_MODEL": "claude-sonnet-4-6",
+        "AMC_PLANNER_ANTHROPIC_API_KEY": "sk-ant-test",
+        "AMC_PLANNER_ANTHROPIC_BASE_URL": fake.anthropic_base_url,
+        "AMC_PLANNER_MAX_RETRIES": "0",
+        "AMC_CLOUD_DEFAULT_LEASE_SECONDS": "60",
+        "AMC_CLOUD_SHUTDOWN_GRACE_SECONDS": grace,
+        "AMC_CLOUD_METRICS_ADDRESS": "off",
+    }
+    db = f"sqlite+aiosqlite:///{tmp_path / 'cloud.sqlite3'}"
+
+    def cloud(name: str) -> AmcProcess:
+        return cloud_process(
+            tmp_path, name, database_url=db, pki_dir=fault_pki, port=port, extra=env
+        )
+
+    first, second = cloud("cloud-1").start(), cloud("cloud-2")
+    wait = {"AMC_HOST_PLANNER_WAIT_INITIAL_S": "0.05", "AMC_HOST_PLANNER_WAIT_MAX_S": "0.2"}
+    host = host_process(tmp_path, "a", cloud_address=address, pki_dir=fault_pki, extra=wait)
+    ops = None
+    try:
+        await wait_serving(address, fault_pki)
+        ops = operator(address, fault_pki)
+        host.start()
+        await wait_connected(ops, {"a"})
+        request = task_service_pb2.SubmitTaskRequest(goal="Turn on dark theme", max_attempts=3)
+        task_id = (await ops.tasks.SubmitTask(request)).task.task_id
+        await until(lambda: len(fake.bodies("/v1/messages")) == 1, what="the model is asked")
+        await ops.close()
+        ops = None
+        assert first.proc is not None
+        first.proc.send_signal(signal.SIGTERM)
+        # The stopping cloud waits for the call (or, after the grace, for it to be counted):
+        # the model answers then.
+        said = WAITING if grace != "1" else CUT_OFF
+        await until(lambda: said in first.output(), within=60, what="the stop waits")
+        held.set()
+        await until(lambda: not first.alive(), within=60, what="the first cloud exits")
+        held.set()
+        second.start()
+        await wait_serving(address, fault_pki)
+        ops = operator(address, fault_pki)
+        task = await wait_task(ops, task_id, lambda t: t.status in TERMINAL, what="ended")
+        log = await ops.decisions.ListDecisions(
+            decision_log_service_pb2.ListDecisionsRequest(task_id=task_id)
+        )
+        return task, log, first.output()
+    finally:
+        if ops is not None:
+            await ops.close()
+        host.stop()
+        first.stop()
+        second.stop()
+
+
+async def test_a_decide_answered_while_the_cloud_stops_is_logged_and_not_asked_again(
+    tmp_path: Path, fault_pki: Path
+) -> None:
+    held = threading.Event()
+    with FakeModelServer(anthropic_key="sk-ant-test") as fake:
+        fake.script_anthropic(
+            ScriptedTurn(list(DONE), usage=_usage(1000), hold=held),
+            ScriptedTurn(list(DONE), usage=_usage(2000)),  # a second call: asked again
+        )
+        task, log, first = await _stop_mid_decide(tmp_path, fault_pki, fake, held, grace="20")
+        asked = len(fake.bodies("/v1/messages"))
+    assert "planned after its caller went away: complete logged" in first
+    assert task.status == types_pb2.TASK_STATUS_SUCCEEDED, task
+    assert asked == 1
+    assert [(d.step_index, d.usage.input_tokens) for d in log.decisions] == [(1, 1000)]
+    assert (task.totals.decisions, task.totals.usage.input_tokens) == (1, 1000)
+
+
+async def test_a_decide_still_unanswered_when_the_stop_gives_up_is_counted_when_answered(
+    tmp_path: Path, fault_pki: Path
+) -> None:
+    held = threading.Event()
+    with FakeModelServer(anthropic_key="sk-ant-test") as fake:
+        fake.script_anthropic(  # compact mode: not streamed, the answer comes once cut off
+            ScriptedTurn(list(DONE), usage=_usage(1000), hold=held),
+            ScriptedTurn(list(DONE), usage=_usage(2000)),
+        )
+        task, log, first = await _stop_mid_decide(tmp_path, fault_pki, fake, held, grace="1")
+        asked = len(fake.bodies("/v1/messages"))
+    assert "planned after its caller went away" not in first
+    assert task.status == types_pb2.TASK_STATUS_SUCCEEDED, task
+    assert asked == 2
+    assert [(d.step_index, d.usage.input_tokens) for d in log.decisions] == [(1, 2000)]
+    cut = [(f.attempt, f.usage.input_tokens) for f in log.failed_calls]
+    assert cut == [(1, 1000)], log.failed_calls
+    assert task.totals.usage.input_tokens == 3000
