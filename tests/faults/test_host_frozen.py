@@ -12,7 +12,8 @@ import asyncio
 import signal
 from pathlib import Path
 
-from amc.v1 import types_pb2
+from amc.v1 import fleet_service_pb2, types_pb2
+from console.client import OperatorClient
 from tests.support.processes import (
     TERMINAL,
     cloud_process,
@@ -24,10 +25,18 @@ from tests.support.processes import (
     wait_serving,
     wait_task,
 )
+from tests.support.waiting import until
 
 #: Longer than the three 2.5 s leases the task may hold, with the sweeps between them: long
 #: enough for every attempt to run out on the frozen host, had it been handed each of them.
 FREEZE_S = 12.0
+
+
+async def _held_back(ops: OperatorClient) -> types_pb2.HostHold | None:
+    """Why the fleet view says host a gets no new task (None: it does)."""
+    listed = await ops.fleet.ListHosts(fleet_service_pb2.ListHostsRequest())
+    host: types_pb2.Host = next(h for h in listed.hosts if h.host_id == "a")
+    return host.held_back if host.HasField("held_back") else None
 
 
 async def test_a_host_frozen_mid_task_costs_it_one_attempt_and_finishes_it(
@@ -57,6 +66,15 @@ async def test_a_host_frozen_mid_task_costs_it_one_attempt_and_finishes_it(
         await wait_task(
             ops, task_id, lambda t: t.attempts[0].failure_reason != "", what="attempt 1 expired"
         )
+        # The fleet view says why the connected host gets no work, and for which task.
+        client = ops
+
+        async def held() -> bool:
+            return await _held_back(client) is not None
+
+        await until(held, what="the fleet view shows the hold")
+        hold = await _held_back(ops)
+        assert hold is not None and (hold.task_id, hold.attempt) == (task_id, 1), hold
         await asyncio.sleep(FREEZE_S)  # the freeze goes on: what the cloud does meanwhile
         host.proc.send_signal(signal.SIGCONT)
         stopped = False
@@ -65,6 +83,7 @@ async def test_a_host_frozen_mid_task_costs_it_one_attempt_and_finishes_it(
         assert done.status == types_pb2.TASK_STATUS_SUCCEEDED, (reasons, host.output()[-3000:])
         assert reasons[0][2] == "lease expired"
         assert len(done.attempts) == 2, reasons  # the frozen attempt, then the one that ran
+        assert await _held_back(ops) is None  # heard from again: no longer held back
     finally:
         if stopped and host.proc is not None:
             host.proc.send_signal(signal.SIGCONT)
