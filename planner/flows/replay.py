@@ -11,10 +11,11 @@ Each call:
    the flow leaves it). None fits: hand over at step 1. A flow missing a step's page is no
    candidate: that step could not be checked.
 2. Later calls check the step just replayed: it ran, the checker did not find its expected
-   outcome unmet (where the original run found it met), and the page is the one the original
-   run reached. Otherwise another candidate that took the same steps so far and fits from here
-   goes on (the same goal learned with and without an interruption); if none does, hand over
-   at that step.
+   outcome unmet (where the original run found it met; the host's verdict, or the checker's
+   reading of this screen when the host reported no outcome), and the page is the one the
+   original run reached. Otherwise another candidate that took the same steps so far and
+   fits from here goes on (the same goal learned with and without an interruption); if none
+   does, hand over at that step.
 3. Then the next step: its page must be open and its target resolvable (and a switch not
    already in its end state); its action is rebuilt on this screen (the element the target
    resolves to; a swipe moved relative to its list's bounds; typed text from the goal's
@@ -41,6 +42,7 @@ from planner.scene import Scene
 from planner.steps import PastStep
 from planner.targets import describe, resolve, semantics
 from planner.tools import KEYS
+from planner.verify import verify
 
 MODE = "replay"
 PROVIDER = "replay"
@@ -185,13 +187,18 @@ def _check_previous(flow: types_pb2.Flow, last: PastStep, scene: Scene, index: i
         return f"the attempt's last replayed step names flow step {index}, which it lacks"
     step = flow.steps[index - 1]
     outcome = last.outcome
-    if outcome is None:
-        return None  # not reported (a host that sends no outcomes): the page check below decides
-    if not outcome.executed:
+    if outcome is not None and not outcome.executed:
         return f"step {index} did not run ({outcome.error or 'no reason given'})"
-    original_met = step.verdict == types_pb2.VERDICT_MET
-    if outcome.verdict == "not_met" and original_met:
-        return f"step {index}'s expected outcome was not met: {outcome.evidence}"
+    # Not reported (a host that does not know it: restarted, or another language's that sends
+    # none): the step is checked on this screen all the same, or a flow's last step that did
+    # nothing would still end in a `complete` claiming success.
+    if outcome is not None:
+        verdict, evidence = outcome.verdict, outcome.evidence
+    else:
+        check = verify(last.expected_outcome, last.tool_name, last.arguments, scene)
+        verdict, evidence = check.verdict, check.evidence
+    if verdict == "not_met" and step.verdict == types_pb2.VERDICT_MET:
+        return f"step {index}'s expected outcome was not met: {evidence}"
     expected_page = _fill(step.page_after, flow.parameters)
     if expected_page and not _same_page(expected_page, scene):
         return f"after step {index} the flow reached {expected_page!r}, not this screen"

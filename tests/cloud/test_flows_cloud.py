@@ -20,6 +20,8 @@ from amc.v1 import (
     flow_service_pb2,
     flow_service_pb2_grpc,
     lease_service_pb2,
+    planner_service_pb2,
+    planner_service_pb2_grpc,
     task_service_pb2,
     types_pb2,
 )
@@ -31,7 +33,12 @@ from cloud.store import convert, decisions, flows, leases, tasks
 from cloud.store.database import Store
 from cloud.store.engine import check, downgrade, upgrade
 from cloud.store.models import AttemptRow
+from host.agent.actions import execute
+from host.devices.virtual.driver import VirtualDriver
+from host.devices.virtual.phone import VirtualPhone
+from host.perception.perceive import Perceiver
 from planner.decision import Decision, Usage
+from planner.observation import observation_from_scene
 from planner.tools import Judgement
 from tests.cloud.cloud_harness import (
     DRIVER_TEXT,
@@ -945,3 +952,76 @@ async def test_a_look_the_database_fails_is_taken_again_not_given_up(
         assert counted is not None and (counted.uses, counted.replays_completed) == (1, 1)
     finally:
         await host.close()
+
+
+async def _drive(
+    planner: Any, a: Any, phone: VirtualPhone, *, outcomes: bool, skip_step: int = 0
+) -> list[types_pb2.Decision]:
+    """A host's loop against the real cloud's Decide on a virtual phone: perceive, decide,
+    execute (except at `skip_step`: the tap lands but nothing happens, as under a dialog),
+    and report each step's outcome only when `outcomes` (a host that does not know it sends
+    none: after a restart, or written in another language)."""
+    driver, perceiver = VirtualDriver(phone), Perceiver(ocr=None, retry_delay_s=0.0)
+    made: list[types_pb2.Decision] = []
+    outcome: types_pb2.ActionOutcome | None = None
+    for step in range(1, 31):
+        scene = perceiver.perceive(driver, False).scene
+        request = planner_service_pb2.DecideRequest(
+            task_id=a.task_id,
+            attempt=a.attempt,
+            lease_id=a.lease_id,
+            observation=observation_from_scene(scene),
+            step_key=str(step),
+        )
+        if outcome is not None and outcomes:
+            request.previous_outcome.CopyFrom(outcome)
+        decision = (await planner.Decide(request)).decision
+        made.append(decision)
+        if decision.tool_name == "complete":
+            return made
+        ran = step == skip_step or execute(driver, decision.action, scene).ok
+        outcome = types_pb2.ActionOutcome(step_index=decision.step_index, executed=ran)
+    raise AssertionError(f"no complete in 30 steps: {[d.tool_name for d in made]}")
+
+
+async def test_a_replayed_step_whose_outcome_the_host_does_not_send_is_still_checked(
+    offline_cloud: CloudServer, pki_dir: Path
+) -> None:
+    """A host may leave `previous_outcome` unset (it does not know it: restarted, or another
+    language's host). The replay then checked nothing of the step it had just replayed and
+    answered its `complete` with success: the flow's last tap landed on a screen where it did
+    nothing, and the task succeeded with "'Dark theme' is on" while the switch was off."""
+    cloud = offline_cloud
+    ops_ch = channel(cloud.address, pki_dir, "operator-ops")
+    host_ch = channel(cloud.address, pki_dir, "host-h1")
+    host = ScriptedHost(cloud.address, pki_dir, "h1")
+    planner: Any = planner_service_pb2_grpc.PlannerServiceStub(host_ch)
+    try:
+        await host.connect(["v"])
+        await submit(tasks_stub(ops_ch), goal="Turn on dark theme")
+        a = (await host.next("assignment")).assignment
+        learned = await _drive(planner, a, VirtualPhone("v"), outcomes=True)
+        await host.send(result(a, step=len(learned)))
+        await host.next("result_ack")
+        for _ in range(400):  # the learning loop runs after the result was acknowledged
+            if await flows.active(cloud.store):
+                break
+            await asyncio.sleep(0.05)
+        (row,) = await flows.active(cloud.store)
+        taps = sum(1 for d in learned if d.tool_name == "tap")
+
+        await submit(tasks_stub(ops_ch), goal="Turn on dark theme")
+        b = (await host.next("assignment")).assignment
+        assert b.flow.flow_id == row.flow_id
+        phone = VirtualPhone("v")
+        replayed = await _drive(planner, b, phone, outcomes=False, skip_step=taps)
+        handover = next((d for d in replayed if d.replay_divergence), None)
+        assert handover is not None, [(d.mode, d.tool_name) for d in replayed]
+        assert handover.flow_step == taps
+        assert "not met" in handover.replay_divergence
+        assert replayed[-1].mode != types_pb2.PLANNER_MODE_REPLAY
+        assert phone.state.flag("dark_theme")
+    finally:
+        await host.close()
+        await ops_ch.close()
+        await host_ch.close()
