@@ -1,23 +1,37 @@
 """The official SDK clients, built one way from the planner settings for every planning mode.
 
-A missing key is refused here, with the setting to fix, rather than by the SDK at the first call.
+A missing key is refused here, with the setting to fix, rather than by the SDK at the first call,
+and so is a key no HTTP header can carry (see `_key`).
 """
 
 from __future__ import annotations
 
 import anthropic
 import openai
+from pydantic import SecretStr
 
-from planner.errors import PlannerAuthError
+from planner.errors import PlannerAuthError, PlannerConfigError
 from planner.settings import PlannerSettings
 
 
-def anthropic_client(settings: PlannerSettings) -> anthropic.AsyncAnthropic:
-    key = settings.anthropic_api_key.get_secret_value() if settings.anthropic_api_key else ""
+def _key(secret: SecretStr | None, vendor: str, setting: str) -> str:
+    """The key, refused here when it is missing or holds a space, a line break or a control
+    character (a key file's trailing newline): sent as it is, the HTTP library refuses the
+    header before any request, which read as the provider being unreachable, and its error
+    quotes the header, key and all, into every traceback that carries it."""
+    key = secret.get_secret_value() if secret else ""
     if not key:
-        raise PlannerAuthError(
-            "planner: no Anthropic API key configured (set AMC_PLANNER_ANTHROPIC_API_KEY)"
+        raise PlannerAuthError(f"planner: no {vendor} API key configured (set {setting})")
+    if not key.isascii() or not key.isprintable() or any(c.isspace() for c in key):
+        raise PlannerConfigError(
+            f"{setting}: the key holds a space, a line break or another character no API key "
+            "has (a key file's trailing newline?); set the key alone"
         )
+    return key
+
+
+def anthropic_client(settings: PlannerSettings) -> anthropic.AsyncAnthropic:
+    key = _key(settings.anthropic_api_key, "Anthropic", "AMC_PLANNER_ANTHROPIC_API_KEY")
     return anthropic.AsyncAnthropic(
         api_key=key,
         base_url=settings.anthropic_base_url,
@@ -27,11 +41,7 @@ def anthropic_client(settings: PlannerSettings) -> anthropic.AsyncAnthropic:
 
 
 def openai_client(settings: PlannerSettings) -> openai.AsyncOpenAI:
-    key = settings.openai_api_key.get_secret_value() if settings.openai_api_key else ""
-    if not key:
-        raise PlannerAuthError(
-            "planner: no OpenAI API key configured (set AMC_PLANNER_OPENAI_API_KEY)"
-        )
+    key = _key(settings.openai_api_key, "OpenAI", "AMC_PLANNER_OPENAI_API_KEY")
     return openai.AsyncOpenAI(
         api_key=key,
         base_url=settings.openai_base_url,

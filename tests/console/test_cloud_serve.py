@@ -9,6 +9,7 @@ and the traceback appears only with --debug. The deployment guide's settings tab
 from __future__ import annotations
 
 import re
+import secrets
 import signal
 import socket
 import subprocess
@@ -261,6 +262,25 @@ def test_a_password_that_is_not_utf8_is_refused_without_showing_it(tmp_path: Pat
     assert done.returncode == 2, done.stderr
     assert done.stderr.startswith("amc console serve: a setting or file holds text that is not")
     assert "hunter" not in done.stderr and "secret" in done.stderr  # "…may be a secret"
+
+
+@pytest.mark.parametrize("vendor", ["openai", "anthropic"])
+def test_an_api_key_with_a_line_break_is_refused_naming_it_without_showing_it(
+    tmp_path: Path, vendor: str
+) -> None:
+    """A key read from a file with its trailing newline (a Kubernetes secret made from a file):
+    the cloud started, its first call failed in the HTTP library ("Illegal header value
+    b'Bearer <the key>\\n'"), read as "cannot reach OpenAI (Connection error.)": dispatch held
+    as if the provider were down, the task waiting for an outage that was never there, and
+    the provider probe's traceback in the log quoting the whole key."""
+    setting = f"AMC_PLANNER_{vendor.upper()}_API_KEY"
+    key = "k3y" + secrets.token_hex(16)
+    settings = {"AMC_CLOUD_INSECURE": "1", "AMC_PLANNER_PROVIDER": vendor, setting: key + "\n"}
+    code, out, err = _fails(_env(tmp_path, **settings))
+    assert code == 2, err
+    assert err.startswith(f"amc cloud serve: {setting}: "), err
+    assert "line break" in err and len(err.strip().splitlines()) == 1
+    assert key not in out + err
 
 
 def test_a_taken_port_names_the_listen_address(tmp_path: Path) -> None:
