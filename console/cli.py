@@ -1358,7 +1358,10 @@ def decisions(
 
 def main() -> None:
     """The `amc` console script: the commands, with their failures as one line each."""
-    code = run_main(lambda: app(standalone_mode=False), sys.argv[1:], debug=debugging)
+    groups = {group.name for group in app.registered_groups if group.name}
+    code = run_main(
+        lambda: app(standalone_mode=False), sys.argv[1:], debug=debugging, groups=groups
+    )
     sys.exit(code)
 
 

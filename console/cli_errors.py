@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import sys
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
 import grpc
@@ -159,12 +159,12 @@ def explain(exc: BaseException) -> UserError | None:
 
 
 #: Command groups (a second word names the command) and global options taking a value.
-_GROUPS = frozenset({"cloud", "host", "console", "certs", "task"})
 _VALUED = frozenset({"--cloud", "--pki-dir", "--operator"})
 
 
-def _prefix(argv: list[str]) -> str:
-    """`amc task list` for the message prefix: the command's words, options skipped."""
+def _prefix(argv: list[str], groups: Collection[str]) -> str:
+    """`amc task list` for the message prefix: the command's words, options skipped (a word
+    of `groups`, the app's command groups, is followed by its command)."""
     words = ["amc"]
     skip = False
     for word in argv:
@@ -175,12 +175,18 @@ def _prefix(argv: list[str]) -> str:
             skip = word in _VALUED
             continue
         words.append(word)
-        if len(words) == 3 or words[1] not in _GROUPS:
+        if len(words) == 3 or words[1] not in groups:
             break
     return " ".join(words)
 
 
-def run_main(main: Callable[[], int | None], argv: list[str], *, debug: Callable[[], bool]) -> int:
+def run_main(
+    main: Callable[[], int | None],
+    argv: list[str],
+    *,
+    debug: Callable[[], bool],
+    groups: Collection[str],
+) -> int:
     """Run the command line and turn what it raised into one line and an exit code."""
     try:
         return main() or exit_codes.OK
@@ -201,7 +207,10 @@ def run_main(main: Callable[[], int | None], argv: list[str], *, debug: Callable
         problem = explain(exc)
         if problem is None:
             note = "" if debug() else " (run with --debug for the traceback)"
-            print(f"{_prefix(argv)}: unexpected {type(exc).__name__}: {exc}{note}", file=sys.stderr)
+            print(
+                f"{_prefix(argv, groups)}: unexpected {type(exc).__name__}: {exc}{note}",
+                file=sys.stderr,
+            )
             return exit_codes.INTERNAL
-        print(f"{_prefix(argv)}: {problem.line()}", file=sys.stderr)
+        print(f"{_prefix(argv, groups)}: {problem.line()}", file=sys.stderr)
         return problem.code
