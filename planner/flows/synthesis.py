@@ -5,7 +5,8 @@ arguments, the typed action, the semantic target of the element it named, purpos
 outcome, the checker's verdict and the page it was decided on. Output is an `amc.v1.Flow`:
 
 * steps that ran and changed something, in order (`get_ui_tree` reads and a step that failed
-  to run are left out), up to the `complete` that ended the attempt with success;
+  to run are left out), up to the `complete` that ended the attempt with success — none when
+  the checker found the last of them not met (the success was the model's word alone);
 * element ids cleared: a replay finds the element again by its semantic target;
 * typed text from the goal becomes a goal parameter ({p1}, …) in the step, and in the goal
   template, page names, purposes, expected outcomes, target texts and the completion (what a
@@ -84,6 +85,12 @@ def synthesize(goal: str, steps: Sequence[SourceStep]) -> Synthesis:
     kept = [s for s in steps[:-1] if s.tool_name in REPLAYED_TOOLS and s.executed is not False]
     if not kept:
         return Synthesis(None, "no device action to replay")
+    if kept[-1].verdict == "not_met":
+        # The success is the model's word against the checker's: a replay of it would end in
+        # `complete` on a screen where the last step was never seen to work.
+        return Synthesis(
+            None, f"step {kept[-1].step_index}'s expected outcome was not met before the complete"
+        )
     unplaced = next((s.step_index for s in [*kept, steps[-1]] if not s.page), None)
     if unplaced is not None:  # a replay checks each step's page: without one it would act blind
         return Synthesis(None, f"step {unplaced} has no page recorded (no screen came with it)")

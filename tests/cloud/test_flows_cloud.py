@@ -54,6 +54,7 @@ from tests.cloud.cloud_harness import (
     wait_status,
 )
 from tests.cloud.conftest import SettingsFactory
+from tests.support.fakes import FakeModelServer, ScriptedTurn, anthropic_message, tool_use
 from tests.support.flows import store_flow
 
 
@@ -1021,6 +1022,55 @@ async def test_a_replayed_step_whose_outcome_the_host_does_not_send_is_still_che
         assert "not met" in handover.replay_divergence
         assert replayed[-1].mode != types_pb2.PLANNER_MODE_REPLAY
         assert phone.state.flag("dark_theme")
+    finally:
+        await host.close()
+        await ops_ch.close()
+        await host_ch.close()
+
+
+async def test_a_run_whose_last_step_was_found_not_met_teaches_no_flow(
+    anthropic_cloud: CloudServer, model: FakeModelServer, pki_dir: Path
+) -> None:
+    """The model claimed success right after a step the checker found not met (the tap on the
+    'Dark theme' switch did nothing, the switch stayed off). The attempt succeeded on the
+    model's word, and the learning loop made a flow of it: every replay then ended in
+    `complete` with success on a screen where the last step had never been seen to work."""
+    cloud = anthropic_cloud
+
+    def tap(element_id: str, purpose: str, expected: str) -> ScriptedTurn:
+        arguments = {"element_id": element_id, "purpose": purpose, "expected_outcome": expected}
+        return anthropic_message(tool_use("tap", arguments))
+
+    model.script_anthropic(
+        tap("e3", "open 'Settings'", "the 'Settings' page is open"),
+        tap("e25", "open 'Display'", "the 'Display' page is open"),
+        tap("e14", "turn 'Dark theme' on", "the 'Dark theme' switch is on"),
+        anthropic_message(tool_use("complete", {"success": True, "reason": "'Dark theme' is on"})),
+    )
+    ops_ch = channel(cloud.address, pki_dir, "operator-ops")
+    host_ch = channel(cloud.address, pki_dir, "host-h1")
+    host = ScriptedHost(cloud.address, pki_dir, "h1")
+    planner: Any = planner_service_pb2_grpc.PlannerServiceStub(host_ch)
+    try:
+        await host.connect(["v"])
+        await submit(tasks_stub(ops_ch), goal="Turn on dark theme")
+        a = (await host.next("assignment")).assignment
+        phone = VirtualPhone("v")
+        made = await _drive(planner, a, phone, outcomes=True, skip_step=3)
+        assert [d.tool_name for d in made] == ["tap", "tap", "tap", "complete"]
+        assert not phone.state.flag("dark_theme")
+        await host.send(result(a, step=len(made)))
+        await host.next("result_ack")
+        for _ in range(400):  # the learning loop looks after the result was acknowledged
+            async with cloud.store.read() as session:
+                state = await session.scalar(
+                    select(AttemptRow.flow_state).where(AttemptRow.task_id == a.task_id)
+                )
+            if state is not None and state not in flows.LOOKING:
+                break
+            await asyncio.sleep(0.05)
+        assert state == "no-flow", state
+        assert await flows.active(cloud.store) == []
     finally:
         await host.close()
         await ops_ch.close()
