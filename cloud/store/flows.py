@@ -226,8 +226,11 @@ async def record_choice(store: Store, task_id: str, attempt: int, choice: Choice
 
 
 async def candidates(store: Store, task_id: str, attempt: int) -> list[FlowRow]:
-    """The flows retrieval handed to this attempt, best first (none: no replay)."""
-    return await by_ids(store, await _handed_ids(store, task_id, attempt))
+    """The flows retrieval handed to this attempt that are still active, best first (none: no
+    replay). Read at every Decide, so a flow an operator disables (or the cloud retires)
+    mid-replay is replayed no further: the model takes the next step."""
+    rows = await by_ids(store, await _handed_ids(store, task_id, attempt))
+    return [row for row in rows if row.status == ACTIVE]
 
 
 async def _handed_ids(store: Store, task_id: str, attempt: int) -> list[str]:

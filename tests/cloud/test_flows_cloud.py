@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -956,12 +957,19 @@ async def test_a_look_the_database_fails_is_taken_again_not_given_up(
 
 
 async def _drive(
-    planner: Any, a: Any, phone: VirtualPhone, *, outcomes: bool, skip_step: int = 0
+    planner: Any,
+    a: Any,
+    phone: VirtualPhone,
+    *,
+    outcomes: bool,
+    skip_step: int = 0,
+    after_step: Callable[[int], Awaitable[None]] | None = None,
 ) -> list[types_pb2.Decision]:
     """A host's loop against the real cloud's Decide on a virtual phone: perceive, decide,
     execute (except at `skip_step`: the tap lands but nothing happens, as under a dialog),
     and report each step's outcome only when `outcomes` (a host that does not know it sends
-    none: after a restart, or written in another language)."""
+    none: after a restart, or written in another language); `after_step` runs after each
+    step's action."""
     driver, perceiver = VirtualDriver(phone), Perceiver(ocr=None, retry_delay_s=0.0)
     made: list[types_pb2.Decision] = []
     outcome: types_pb2.ActionOutcome | None = None
@@ -982,7 +990,67 @@ async def _drive(
             return made
         ran = step == skip_step or execute(driver, decision.action, scene).ok
         outcome = types_pb2.ActionOutcome(step_index=decision.step_index, executed=ran)
+        if after_step is not None:
+            await after_step(step)
     raise AssertionError(f"no complete in 30 steps: {[d.tool_name for d in made]}")
+
+
+async def _learn_dark_theme(
+    cloud: CloudServer, host: ScriptedHost, planner: Any, ops_ch: grpc.aio.Channel
+) -> tuple[Any, list[types_pb2.Decision]]:
+    """One "Turn on dark theme" run on a fresh virtual phone, and the flow the cloud learned
+    from it (with the run's decisions)."""
+    await submit(tasks_stub(ops_ch), goal="Turn on dark theme")
+    a = (await host.next("assignment")).assignment
+    learned = await _drive(planner, a, VirtualPhone("v"), outcomes=True)
+    await host.send(result(a, step=len(learned)))
+    await host.next("result_ack")
+    for _ in range(400):  # the learning loop runs after the result was acknowledged
+        if await flows.active(cloud.store):
+            break
+        await asyncio.sleep(0.05)
+    (row,) = await flows.active(cloud.store)
+    return row, learned
+
+
+async def test_a_flow_disabled_mid_replay_is_not_replayed_further(
+    offline_cloud: CloudServer, pki_dir: Path
+) -> None:
+    """`amc flows disable` says "Stop replaying a flow": an attempt handed the flow before
+    went on replaying it to its end, step after step, because Decide read the attempt's
+    flows whatever their status. The next step after the disable is the model's now."""
+    cloud = offline_cloud
+    ops_ch = channel(cloud.address, pki_dir, "operator-ops")
+    host_ch = channel(cloud.address, pki_dir, "host-h1")
+    host = ScriptedHost(cloud.address, pki_dir, "h1")
+    planner: Any = planner_service_pb2_grpc.PlannerServiceStub(host_ch)
+    flow_ops: Any = flow_service_pb2_grpc.FlowServiceStub(ops_ch)
+    try:
+        await host.connect(["v"])
+        row, _ = await _learn_dark_theme(cloud, host, planner, ops_ch)
+        await submit(tasks_stub(ops_ch), goal="Turn on dark theme")
+        b = (await host.next("assignment")).assignment
+        assert b.flow.flow_id == row.flow_id
+
+        async def disable_after_first(step: int) -> None:
+            if step == 1:
+                await flow_ops.SetFlowStatus(
+                    flow_service_pb2.SetFlowStatusRequest(
+                        flow_id=row.flow_id,
+                        status=types_pb2.FLOW_STATUS_DISABLED,
+                        reason="the Settings app changed",
+                    )
+                )
+
+        phone = VirtualPhone("v")
+        made = await _drive(planner, b, phone, outcomes=True, after_step=disable_after_first)
+        assert made[0].mode == types_pb2.PLANNER_MODE_REPLAY
+        assert [d.mode for d in made[1:]] == [types_pb2.PLANNER_MODE_COMPACT] * (len(made) - 1)
+        assert phone.state.flag("dark_theme")
+    finally:
+        await host.close()
+        await ops_ch.close()
+        await host_ch.close()
 
 
 async def test_a_replayed_step_whose_outcome_the_host_does_not_send_is_still_checked(
@@ -999,16 +1067,7 @@ async def test_a_replayed_step_whose_outcome_the_host_does_not_send_is_still_che
     planner: Any = planner_service_pb2_grpc.PlannerServiceStub(host_ch)
     try:
         await host.connect(["v"])
-        await submit(tasks_stub(ops_ch), goal="Turn on dark theme")
-        a = (await host.next("assignment")).assignment
-        learned = await _drive(planner, a, VirtualPhone("v"), outcomes=True)
-        await host.send(result(a, step=len(learned)))
-        await host.next("result_ack")
-        for _ in range(400):  # the learning loop runs after the result was acknowledged
-            if await flows.active(cloud.store):
-                break
-            await asyncio.sleep(0.05)
-        (row,) = await flows.active(cloud.store)
+        row, learned = await _learn_dark_theme(cloud, host, planner, ops_ch)
         taps = sum(1 for d in learned if d.tool_name == "tap")
 
         await submit(tasks_stub(ops_ch), goal="Turn on dark theme")
