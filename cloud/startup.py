@@ -22,7 +22,11 @@ from cloud.settings import CloudSettings, SettingError
 from planner.errors import PlannerConfigError
 from telemetry.tracing import TracingConfigError
 
-_PREFIXES = {"CloudSettings": "AMC_CLOUD_", "PlannerSettings": "AMC_PLANNER_"}
+_PREFIXES = {
+    "CloudSettings": "AMC_CLOUD_",
+    "PlannerSettings": "AMC_PLANNER_",
+    "LogSettings": "AMC_LOG_",
+}
 
 
 def _validation_line(error: ValidationError) -> str:

@@ -91,6 +91,7 @@ _PREFIXES = {
     "HostSettings": "AMC_HOST_",
     "HostConsoleSettings": "AMC_HOST_CONSOLE_",
     "ConsoleSettings": "AMC_CONSOLE_",
+    "LogSettings": "AMC_LOG_",
 }
 
 

@@ -25,6 +25,7 @@ from types import MappingProxyType
 from typing import IO, Any, Literal
 
 from opentelemetry import trace
+from pydantic import field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 from pythonjsonlogger.json import JsonFormatter
 
@@ -48,6 +49,15 @@ class LogSettings(BaseSettings):
     format: LogFormat = "text"
     #: The root level: DEBUG, INFO, WARNING, ERROR.
     level: str = "INFO"
+
+    @field_validator("level")
+    @classmethod
+    def _known_level(cls, value: str) -> str:
+        """Checked here, so a typo is a setting error naming AMC_LOG_LEVEL, not the logging
+        module's "Unknown level" raised once the process is half started."""
+        if value.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):
+            raise ValueError("not a log level; use DEBUG, INFO, WARNING or ERROR")
+        return value.upper()
 
 
 def current() -> Mapping[str, object]:

@@ -283,6 +283,30 @@ def test_an_api_key_with_a_line_break_is_refused_naming_it_without_showing_it(
     assert key not in out + err
 
 
+@pytest.mark.parametrize(
+    ("setting", "value"), [("AMC_LOG_LEVEL", "verbose"), ("AMC_LOG_FORMAT", "xml")]
+)
+@pytest.mark.parametrize("command", [["cloud", "serve"], ["host", "run"]], ids=" ".join)
+def test_a_bad_log_setting_is_one_line_naming_it(
+    tmp_path: Path, command: list[str], setting: str, value: str
+) -> None:
+    """AMC_LOG_LEVEL=verbose was "unexpected ValueError: Unknown level: 'VERBOSE'", exit 70
+    (an internal error, no setting named), and AMC_LOG_FORMAT=xml read "FORMAT: Input should
+    be 'text' or 'json'": neither said which variable to fix."""
+    done = subprocess.run(
+        [AMC, *command],
+        env=_env(tmp_path, **{setting: value}),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr
+    assert lines[0].startswith(f"amc {' '.join(command)}: {setting}: "), lines[0]
+    assert repr(value) in lines[0]
+
+
 def test_a_taken_port_names_the_listen_address(tmp_path: Path) -> None:
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
