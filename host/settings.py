@@ -10,7 +10,7 @@ import os
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from cloud.settings import DEFAULT_CLOUD_ADDRESS
@@ -135,6 +135,16 @@ class HostSettings(BaseSettings):
     # --- observability (docs/operations.md) ---
     #: Where `amc host run` serves Prometheus metrics (`host:port`; "off" turns it off).
     metrics_address: str = DEFAULT_HOST_METRICS_ADDRESS
+
+    @field_validator("cloud_address")
+    @classmethod
+    def _some_address(cls, value: str) -> str:
+        """An empty address (`AMC_HOST_CLOUD_ADDRESS=${CLOUD}` with CLOUD unset) is refused at
+        start: the host would retry a channel to '' forever, with gRPC's resolver errors as
+        the only clue."""
+        if not value.strip():
+            raise ValueError("empty; set the cloud's HOST:PORT (e.g. cloud.example:50051)")
+        return value.strip()
 
     @model_validator(mode="after")
     def _fill_paths(self) -> HostSettings:

@@ -57,3 +57,23 @@ def test_amc_host_run_says_what_it_runs_and_serves_its_metrics(tmp_path: Path) -
     assert "tracing:      off" in banner
     assert 'amc_host_phones{state="idle"} 1.0' in scraped
     assert "amc_host_lease_reconnects_total" in scraped
+
+
+def test_an_empty_cloud_address_is_refused_at_start_naming_it(tmp_path: Path) -> None:
+    """`AMC_HOST_CLOUD_ADDRESS=${CLOUD}` with CLOUD unset: the host started, printed "for cloud "
+    and retried a channel to '' forever, gRPC's own resolver errors filling its log ("the
+    target uri is not valid: dns:///"), where a setting that cannot work is one line, exit 2."""
+    pki = make_pki(tmp_path / "pki", ["lab-1"])
+    env = {
+        **_clean_env(),
+        "AMC_HOST_DATA_DIR": str(tmp_path / "data"),
+        "AMC_HOST_CLOUD_ADDRESS": "",
+        "AMC_HOST_CERTS_DIR": str(pki),
+        "AMC_HOST_HOST_ID": "lab-1",
+        "AMC_HOST_METRICS_ADDRESS": "127.0.0.1:0",
+    }
+    done = subprocess.run([AMC, "host", "run"], env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr
+    assert lines[0].startswith("amc host run: AMC_HOST_CLOUD_ADDRESS: "), lines[0]
