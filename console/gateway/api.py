@@ -414,6 +414,13 @@ async def task_events(
     request: Request, cloud: Cloud, allowed: StreamAllowed, task_id: str
 ) -> StreamingResponse:
     """404 for an unknown task, asked before the stream starts: once it has, the status is 200
-    and a NOT_FOUND could only be a `cloud-error` event."""
-    await cloud.get_task(task_id)
+    and a NOT_FOUND could only be a `cloud-error` event. A cloud out of reach is not an
+    answer about the task: the stream starts and says so (`cloud-error`), as the fleet's
+    streams do, because a browser's EventSource refused with a 503 never tries again and the
+    page would stay dead after the cloud came back."""
+    try:
+        await cloud.get_task(task_id)
+    except grpc.aio.AioRpcError as error:
+        if describe(error)[0] < 500:
+            raise
     return event_stream(cloud, request.app.state.streams, allowed, task_id)

@@ -43,6 +43,7 @@ from tests.console.console_stack import (
 )
 from tests.support.browser import PageReport, open_browser, overflow_x
 from tests.support.loop_thread import LoopThread
+from tests.support.tcp_proxy import TcpProxy
 from webui.errors import UNEXPECTED
 
 pytestmark = pytest.mark.browser
@@ -487,3 +488,43 @@ def test_a_live_stream_the_console_fails_says_so_instead_of_reconnecting(
     finally:
         context.close()
         server.stop()
+
+
+def test_a_task_page_keeps_updating_after_the_cloud_was_unreachable(
+    browser: Browser, console_settings: ConsoleSettings, operator: Operator, make_host: HostFactory
+) -> None:
+    """A network drop between the gateway and the cloud (a proxy between them stops, then
+    listens again) must not end a task page's live view. The stream's reconnect asked the cloud
+    for the task first, got 503 while it was unreachable, and an EventSource refused with a
+    non-200 answer never tries again: the page read "disconnected — reload the page" for good
+    and showed none of the task's later steps."""
+    cloud_port = int(console_settings.cloud_address.rsplit(":", 1)[1])
+    proxy = TcpProxy([("127.0.0.1", cloud_port)]).start()
+    settings = console_settings.model_copy(update={"cloud_address": proxy.address})
+    server = UvicornThread(create_app(settings))
+    base = server.start()
+    host = make_host()
+    task = operator.submit(unique("Ride out a network drop"), host_id=host.host_id)
+    assignment = host.assignment()
+    host.renew(assignment, 1, types_pb2.STEP_STATUS_ACTING, "tap 'Display'")
+    context = browser.new_context(viewport={"width": 1280, "height": 900})
+    try:
+        page = context.new_page()
+        log_in(page, base, f"/tasks/{task.task_id}")
+        expect(page.locator("#live-state")).to_have_text("live", timeout=LIVE_MS)
+        mark_no_reload(page)
+        # The browser's next try reaches the gateway while the cloud is out of its reach.
+        stream = f"/api/tasks/{task.task_id}/events"
+        with page.expect_response(lambda r: r.url.endswith(stream), timeout=LIVE_MS):
+            proxy.stop()
+        proxy = TcpProxy([("127.0.0.1", cloud_port)], port=proxy.port).start()
+        host.renew(assignment, 2, types_pb2.STEP_STATUS_ACTING, "tap 'Dark theme'")
+        expect(page.locator(".summary [data-field=progress]")).to_have_text(
+            "step 2 · acting · tap 'Dark theme'", timeout=3 * LIVE_MS
+        )
+        expect(page.locator("#live-state")).to_have_text("live", timeout=LIVE_MS)
+        assert_not_reloaded(page)
+    finally:
+        context.close()
+        server.stop()
+        proxy.stop()
