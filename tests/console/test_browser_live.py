@@ -528,3 +528,40 @@ def test_a_task_page_keeps_updating_after_the_cloud_was_unreachable(
         context.close()
         server.stop()
         proxy.stop()
+
+
+def test_long_unbroken_text_wraps_on_every_page(
+    browser: Browser, gateway: str, cloud: Cloud, operator: Operator, make_host: HostFactory
+) -> None:
+    """Goals, results and the model's words are free text: a URL or a path has no space to
+    break at. The cancel page set the goal in a plain paragraph, so a long one ran 2,000 px
+    past the viewport; a result or a step's purpose and rationale did the same on the task
+    page."""
+    word = "https://example.com/" + "a" * 300
+    host = make_host()
+    task = operator.submit(unique(f"Open {word}"), host_id=host.host_id)
+    a = host.assignment()
+    step = _decision("s1")
+    step.purpose = step.rationale = step.expected_outcome = f"open {word}"
+    cloud.loop.run(decisions.append(cloud.server.store, host.host_id, task.task_id, 1, step))
+    host.renew(a, 1, types_pb2.STEP_STATUS_ACTING, f"tap {word}")
+    running = ("/tasks", f"/tasks/{task.task_id}", f"/tasks/{task.task_id}/cancel", "/fleet")
+    ended = (f"/tasks/{task.task_id}", f"/tasks/{task.task_id}/attempts/1/conversation")
+    wide: ViewportSize = {"width": 1280, "height": 900}
+    for viewport in (wide, PHONE):
+        context = browser.new_context(viewport=viewport)
+        page = context.new_page()
+        log_in(page, gateway)
+        for path in running:
+            page.goto(gateway + path)
+            page.locator("details.step > summary").evaluate_all("s => s.forEach(e => e.click())")
+            assert overflow_x(page) == 0, (viewport["width"], path)
+        context.close()
+    host.finish(a, types_pb2.TASK_STATUS_FAILED, f"could not open {word}")
+    context = browser.new_context(viewport=PHONE)
+    page = context.new_page()
+    log_in(page, gateway)
+    for path in ended:
+        page.goto(gateway + path)
+        assert overflow_x(page) == 0, path
+    context.close()
