@@ -42,6 +42,7 @@ from tests.console.console_stack import (
     fail_after_first_change,
 )
 from tests.support.browser import PageReport, open_browser, overflow_x
+from tests.support.flows import store_flow
 from tests.support.loop_thread import LoopThread
 from tests.support.tcp_proxy import TcpProxy
 from webui.errors import UNEXPECTED
@@ -565,3 +566,27 @@ def test_long_unbroken_text_wraps_on_every_page(
         page.goto(gateway + path)
         assert overflow_x(page) == 0, path
     context.close()
+
+
+def test_at_390_px_the_flows_pages_fit_and_their_tables_become_cards(
+    phone: PageReport, gateway: str, cloud: Cloud
+) -> None:
+    """The flows list (8 columns) and a flow's steps (7) were plain tables: 166 and 131 px
+    wider than a phone held upright."""
+    page = phone.page
+    goal = unique("Turn on dark theme")
+    flow = cloud.loop.run(store_flow(cloud.server.store, goal=goal, task_id="t-390"))
+    for path in ("/flows", f"/flows/{flow.flow_id}"):
+        page.goto(gateway + path)
+        expect(page.locator("h1").first).to_be_visible()
+        screenshot(page, "390-" + path.strip("/").replace("/", "-"))
+        assert overflow_x(page) == 0, path
+        row = page.locator("table.cards tbody tr").first
+        assert row.evaluate("r => getComputedStyle(r).display") == "block", path
+    label = (
+        page.locator("tr[data-step='1'] td")
+        .nth(4)
+        .evaluate("td => getComputedStyle(td, '::before').content")
+    )
+    assert label == '"Expected"'
+    phone.assert_clean()
