@@ -92,8 +92,9 @@ def until(moment: datetime | None) -> str:
 
 
 def clock(moment: datetime | None) -> str:
-    """`14:03:07` (UTC; the full date is in the element's title)."""
-    return moment.strftime("%H:%M:%S") if moment else "—"
+    """`14:03:07 UTC` (the full date is in the element's title): said, since a bare time
+    reads as the reader's own zone."""
+    return moment.strftime("%H:%M:%S UTC") if moment else "—"
 
 
 def iso(moment: datetime | None) -> str:

@@ -214,6 +214,10 @@ def test_the_attempt_history_counts_the_live_lease_down_and_lists_each_event(
         f"assigned to {host.host_id} / emu-1"
     )
     expect(timeline.locator(".kind-renewals")).to_contain_text("lease renewed once")
+    # Each event's time says its zone, as every other time on the page does.
+    expect(timeline.locator(".kind-assigned time")).to_have_text(
+        re.compile(r"^\d\d:\d\d:\d\d UTC$")
+    )
     countdown = page.locator("#summary [data-field=lease] time")
     first = countdown.inner_text()
     assert re.fullmatch(r"in \d+ s|in \dm \d\ds", first), first
