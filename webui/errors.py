@@ -3,9 +3,9 @@
 A page asked for without a session goes to /login (and back afterwards). An HTTP error or an
 invalid request shows `webui/error.html` inside the console's own layout; on a console's JSON
 API (`is_api`) the answer is JSON of one shape, `{"detail": "<for people>"}` (an invalid
-request adds `errors`, each problem's loc, msg and type), since scripts read them. Anything
-unexpected is logged and answered the same way (500), never as Starlette's plain-text page,
-which also drops the keep-alive connection.
+request adds `errors`, each problem's loc, msg and type: 422, or 400 for a body that is not
+JSON at all), since scripts read them. Anything unexpected is logged and answered the same
+way (500), never as Starlette's plain-text page, which also drops the keep-alive connection.
 """
 
 from __future__ import annotations
@@ -46,6 +46,19 @@ def validation_message(exc: RequestValidationError) -> str:
         f"{'.'.join(str(p) for p in e.get('loc', ())[1:]) or 'request'}: {e.get('msg', '')}"
         for e in exc.errors()
     )
+
+
+def not_json(exc: RequestValidationError) -> str | None:
+    """What is wrong with a request body that is not JSON at all ("request body: not valid
+    JSON: Expecting ',' delimiter at character 12"), None when the body parsed. Such a request
+    was not read, so it is a 400, not the 422 of a value refused."""
+    for e in exc.errors():
+        if e.get("type") == "json_invalid":
+            loc = e.get("loc", ())
+            why = str((e.get("ctx") or {}).get("error", "")) or "cannot be parsed"
+            where = f" at character {loc[1]}" if len(loc) > 1 else ""
+            return f"request body: not valid JSON: {why}{where}"
+    return None
 
 
 def validation_errors(exc: RequestValidationError) -> list[dict[str, object]]:
@@ -115,7 +128,9 @@ def install_error_handlers(
 
     @app.exception_handler(RequestValidationError)
     async def invalid_request(request: Request, exc: RequestValidationError) -> Response:
+        unread = not_json(exc)
+        status, message = (422, validation_message(exc)) if unread is None else (400, unread)
         if api(request):
-            body = {"detail": validation_message(exc), "errors": validation_errors(exc)}
-            return JSONResponse(body, status_code=422)
-        return error_page(pages, request, 422, validation_message(exc))
+            body = {"detail": message, "errors": validation_errors(exc)}
+            return JSONResponse(body, status_code=status)
+        return error_page(pages, request, status, message)

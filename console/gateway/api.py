@@ -52,6 +52,7 @@ from console.gateway.models import (
 from console.limits import INT32_MAX
 
 _ERRORS: dict[int | str, dict[str, object]] = {
+    400: {"model": ErrorOut, "description": "the request body is not valid JSON"},
     401: {"model": ErrorOut, "description": "no session and no valid bearer token"},
     403: {"model": ErrorOut, "description": "session write without X-CSRF-Token"},
     404: {"model": ErrorOut, "description": "the cloud does not know the id"},

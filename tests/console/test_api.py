@@ -769,3 +769,27 @@ def test_a_chunked_answer_that_fails_midway_is_not_passed_off_as_whole(
             assert client.get("/healthz").status_code == 200
     finally:
         server.stop()
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "why"),
+    [
+        ("/api/tasks", '{"goal": "g"', "Expecting ',' delimiter at character 12"),
+        ("/api/tasks", "{goal: 'g'}", "Expecting property name enclosed in double quotes"),
+        ("/api/tasks/t/cancel", '{"reason": "r",}', "Expecting property name"),
+        ("/api/flows/f/status", '{"active": tru}', "Expecting value at character 11"),
+    ],
+)
+def test_a_body_that_is_not_json_is_a_400_saying_so(
+    api: httpx.Client, path: str, body: str, why: str
+) -> None:
+    """A 422 says the request was read and a value in it refused; a body that does not parse
+    was not read at all. It was a 422 whose detail read "12: JSON decode error", the parse
+    error's character offset written where a field's name goes, and no word of what was
+    wrong; scripts that tell their own bugs (400) from refused values (422) could not."""
+    response = api.post(path, content=body, headers={"content-type": "application/json"})
+    assert response.status_code == 400, response.text
+    error = response.json()
+    assert error["detail"].startswith("request body: not valid JSON: " + why), error
+    assert [e["type"] for e in error["errors"]] == ["json_invalid"]
+    assert "input" not in error["errors"][0]
