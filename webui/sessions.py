@@ -19,11 +19,12 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 from typing import Annotated, Literal
+from urllib.parse import urlsplit
 
 from fastapi import Depends, FastAPI, Request
 from starlette.middleware.sessions import SessionMiddleware
 
-from webui.csrf import SESSION_CSRF, new_token
+from webui.csrf import SESSION_CSRF, new_token, require_csrf
 
 SESSION_ID = "sid"
 #: Sessions a console keeps at most; beyond it the least recently used one ends.
@@ -152,3 +153,27 @@ async def require_page_user(request: Request) -> str:
 
 
 PageUser = Annotated[str, Depends(require_page_user)]
+
+
+def _posted_from(request: Request) -> str:
+    """The page a form was posted from (its Referer, when on this site), else the home page."""
+    referer = urlsplit(request.headers.get("referer", ""))
+    if referer.netloc != request.url.netloc or not referer.path.startswith("/"):
+        return "/"
+    return referer.path + (f"?{referer.query}" if referer.query else "")
+
+
+async def require_form_user(request: Request) -> str:
+    """Dependency of every form a logged-in person posts: the user, once the form's CSRF
+    token matched. A post without a session (logged out in another tab, a console restart)
+    leads to /login and back to the page it came from, without doing anything: the token
+    went with the session, and "invalid CSRF token" told the person nothing they could act
+    on. A post with a session and a wrong token is still refused (403)."""
+    user = session_user(request)
+    if user is None:
+        raise LoginRequired(_posted_from(request))
+    await require_csrf(request)
+    return user
+
+
+FormUser = Annotated[str, Depends(require_form_user)]

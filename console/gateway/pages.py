@@ -36,7 +36,7 @@ from console.limits import INT32_MAX, whole_number
 from webui import login
 from webui.csrf import CsrfChecked
 from webui.pages import Pages
-from webui.sessions import PageUser
+from webui.sessions import FormUser, PageUser
 
 HOME = "/tasks"
 PAGES = Pages(
@@ -185,9 +185,8 @@ async def submit_page(request: Request, _: PageUser, cloud: Cloud) -> Response:
 
 @router.post("/tasks/new", response_class=HTMLResponse)
 async def submit_form(
-    _csrf: CsrfChecked,
     request: Request,
-    _: PageUser,
+    _: FormUser,
     cloud: Cloud,
     goal: Annotated[str, Form()] = "",
     host_id: Annotated[str, Form()] = "",
@@ -330,8 +329,7 @@ async def flow_page(request: Request, _: PageUser, cloud: Cloud, flow_id: str) -
 
 @router.post("/flows/{flow_id}/status")
 async def flow_status_submit(
-    _csrf: CsrfChecked,
-    _: PageUser,
+    _: FormUser,
     cloud: Cloud,
     flow_id: str,
     active: Annotated[str, Form()] = "",
@@ -348,8 +346,7 @@ async def cancel_page(request: Request, _: PageUser, cloud: Cloud, task_id: str)
 
 @router.post("/tasks/{task_id}/cancel")
 async def cancel_submit(
-    _csrf: CsrfChecked,
-    user: PageUser,
+    user: FormUser,
     cloud: Cloud,
     task_id: str,
     reason: Annotated[str, Form()] = "",

@@ -385,3 +385,31 @@ def test_task_page_shows_the_model_thinking_live(
     host.renew(assignment, 1, types_pb2.STEP_STATUS_ACTING, "tap 'Display'")
     expect(box).to_be_hidden(timeout=LIVE_MS)
     assert_not_reloaded(page)
+
+
+def test_a_form_posted_after_logging_out_elsewhere_leads_to_the_login_and_back(
+    page: Page, gateway: str, operator: Operator
+) -> None:
+    """Logging out in one tab (or the console restarting, which ends every session) took the
+    session's CSRF token with it, so the cancel confirmation still open in another tab
+    answered "403 missing or invalid CSRF token": nothing happened, and the page blamed a
+    token instead of saying the operator must log in again. A form posted without a session
+    now leads to the login and back to the page it was posted from; nothing is done."""
+    task = operator.submit(unique("Queued forever"), host_id="no-such-host")
+    page.goto(f"{gateway}/tasks/{task.task_id}/cancel")
+    other = page.context.new_page()
+    other.goto(f"{gateway}/tasks")
+    other.click("text=Log out")
+    expect(other).to_have_url(re.compile(r"/login$"))
+    other.close()
+
+    page.fill("input[name=reason]", "stale tab")
+    page.click("text=Yes, cancel the task")
+    expect(page.locator("h1")).to_have_text("Log in")
+    assert operator.get(task.task_id).status == types_pb2.TASK_STATUS_QUEUED
+    page.fill("input[name=username]", ADMIN)
+    page.fill("input[name=password]", PASSWORD)
+    page.click("main button[type=submit]")
+    expect(page).to_have_url(f"{gateway}/tasks/{task.task_id}/cancel")
+    expect(page.locator("h1")).to_have_text("Cancel this task?")
+    assert operator.get(task.task_id).status == types_pb2.TASK_STATUS_QUEUED
