@@ -1211,8 +1211,9 @@ def task_export(
         ),
     ] = None,
 ) -> None:
-    """Export a task from the cloud as one zip: report.html, run.gif, run.mp4, steps.jsonl
-    (docs/export.md). The cloud has no screenshots: --merge a host's export to add them."""
+    """Export a task from the cloud as one zip: report.html, run.gif, run.mp4, steps.jsonl and
+    the steps' screenshots the hosts shipped to the cloud (docs/export.md). --merge a host's
+    export to add what only it still holds."""
     from console.exporting import export_task
     from console.gateway.cloud import CloudClient
 

@@ -635,6 +635,8 @@ def test_help_shows_placeholders_and_examples(command: list[str]) -> None:
         ["host", "list"],
     ):
         assert "Examples:" in ran.stdout
+    # The cloud's export carries the screenshots hosts shipped to it (it said it had none).
+    assert "has no screenshots" not in ran.stdout
 
 
 async def test_amc_up_leaves_a_context_that_bare_commands_find(tmp_path: Path) -> None:

@@ -8,6 +8,7 @@ import io
 import re
 import uuid
 import zipfile
+from html import unescape
 
 import httpx
 
@@ -40,6 +41,9 @@ def test_the_task_page_links_its_export_and_it_downloads(
     link = re.search(r'<a class="button" href="([^"]+)" download data-field="export"', page.text)
     assert link is not None
     assert link.group(1) == f"/tasks/{task_id}/export"
+    # What the link says the zip holds: hosts ship their screenshots to the cloud.
+    title = re.search(r'data-field="export" title="([^"]+)"', page.text)
+    assert title is not None and "screenshots the hosts shipped" in unescape(title.group(1))
 
     response = anon.get(link.group(1))
     assert response.status_code == 200
