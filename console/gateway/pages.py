@@ -6,6 +6,7 @@ Every form posts a CSRF token; every page but /login needs a session.
 
 from __future__ import annotations
 
+import uuid
 from pathlib import Path
 from typing import Annotated
 from urllib.parse import urlencode
@@ -180,7 +181,15 @@ async def tasks_page(
 @router.get("/tasks/new", response_class=HTMLResponse)
 async def submit_page(request: Request, _: PageUser, cloud: Cloud) -> Response:
     hosts = [HostOut.of(h) for h in await cloud.list_hosts()]
-    return PAGES.render(request, "submit.html", {"nav": "submit", "hosts": hosts, "form": {}})
+    form = {"client_request_id": new_request_id()}
+    return PAGES.render(request, "submit.html", {"nav": "submit", "hosts": hosts, "form": form})
+
+
+def new_request_id() -> str:
+    """The idempotency key of one rendered submit form: the form posted again (a second click
+    while a busy cloud answers the first, a resent post) is the same submission, and the
+    cloud answers it with the task it queued instead of queueing the goal twice."""
+    return f"console-{uuid.uuid4().hex}"
 
 
 @router.post("/tasks/new", response_class=HTMLResponse)
@@ -203,6 +212,7 @@ async def submit_form(
         "device_serial": device_serial,
         "no_replay": bool(no_replay),
         "max_attempts": max_attempts,
+        "client_request_id": client_request_id.strip(),
     }
     target = _target_key(host_id, device_serial)
 

@@ -339,3 +339,37 @@ def test_the_fleet_page_says_why_dispatch_is_paused(
         "next_probe_at": None,
         "resumes_at": None,
     }
+
+
+def _form_fields(html: str) -> dict[str, str]:
+    """The hidden fields of the page's submit form, as a browser posts them."""
+    form = html[html.index('<form method="post" action="/tasks/new"') :]
+    form = form[: form.index("</form>")]
+    return {
+        unescape(name): unescape(value)
+        for name, value in re.findall(r'<input type="hidden" name="([^"]+)" value="([^"]*)"', form)
+    }
+
+
+def test_a_submit_form_posted_twice_queues_one_task(anon: httpx.Client, api: httpx.Client) -> None:
+    """A second click while the first answer is still on its way (a busy cloud), or the
+    browser sending the post again, reached the cloud as a second submission: the form
+    carried no request id, so the same goal was queued twice and ran twice on the phones.
+    Each rendered form now carries its own client_request_id (kept when the form comes back
+    with a warning or an error), so the cloud answers a repeat with the task it queued."""
+    log_in(anon)
+    goal = f"posted twice {uuid.uuid4().hex[:8]}"
+    fields = {**_form_fields(anon.get("/tasks/new").text), "goal": goal, "host_id": "nowhere"}
+    warned = anon.post("/tasks/new", data=fields)
+    assert warned.status_code == 200 and "Submit anyway" in warned.text
+    confirmed = {**_form_fields(warned.text), "goal": goal, "host_id": "nowhere"}
+    first = anon.post("/tasks/new", data=confirmed)
+    second = anon.post("/tasks/new", data=confirmed)
+    assert first.status_code == second.status_code == 303
+    assert second.headers["location"] == first.headers["location"]
+    assert len(api.get("/api/tasks", params={"q": goal}).json()["tasks"]) == 1
+    # A form rendered afresh is a new submission.
+    again = {**_form_fields(anon.get("/tasks/new").text), "goal": goal, "host_id": "nowhere"}
+    again["confirmed"] = confirmed["confirmed"]
+    third = anon.post("/tasks/new", data=again)
+    assert third.status_code == 303 and third.headers["location"] != first.headers["location"]
