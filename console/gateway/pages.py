@@ -179,9 +179,21 @@ async def tasks_page(
 
 
 @router.get("/tasks/new", response_class=HTMLResponse)
-async def submit_page(request: Request, _: PageUser, cloud: Cloud) -> Response:
+async def submit_page(request: Request, _: PageUser, cloud: Cloud, again: str = "") -> Response:
+    """The submit form; `again` (a task's id: its page's "Submit again…") fills it in from
+    that task, so an ended task is retried without typing its goal and target anew."""
+    form: dict[str, object] = {}
+    if again:
+        task = TaskOut.of(await cloud.get_task(again))
+        form = {
+            "goal": task.goal,
+            "host_id": task.target.host_id,
+            "device_serial": task.target.device_serial,
+            "max_attempts": str(task.max_attempts),
+            "no_replay": task.no_replay,
+        }
     hosts = [HostOut.of(h) for h in await cloud.list_hosts()]
-    form = {"client_request_id": new_request_id()}
+    form["client_request_id"] = new_request_id()
     return PAGES.render(request, "submit.html", {"nav": "submit", "hosts": hosts, "form": form})
 
 

@@ -413,3 +413,41 @@ def test_a_form_posted_after_logging_out_elsewhere_leads_to_the_login_and_back(
     expect(page).to_have_url(f"{gateway}/tasks/{task.task_id}/cancel")
     expect(page.locator("h1")).to_have_text("Cancel this task?")
     assert operator.get(task.task_id).status == types_pb2.TASK_STATUS_QUEUED
+
+
+def test_an_ended_task_can_be_submitted_again_from_its_page(
+    page: Page, gateway: str, operator: Operator, make_host: HostFactory
+) -> None:
+    """A task that failed (or was cancelled, or succeeded) could only be run again by typing
+    its goal and target into the submit form anew: its page had no way to retry it. "Submit
+    again…" opens the form filled in from the task (goal, host, phone, attempts, no replay),
+    and submitting it queues a new task; the ended one stays as it was."""
+    host = make_host()
+    goal = unique("Turn on airplane mode")
+    task = operator.submit(goal, host_id=host.host_id, max_attempts=1)
+    assignment = host.assignment()
+    host.finish(assignment, types_pb2.TASK_STATUS_FAILED, "airplane mode switch not found")
+    page.goto(f"{gateway}/tasks/{task.task_id}")
+    expect(page.locator(".summary [data-field=status]")).to_have_text("failed")
+    page.click("text=Submit again…")
+    expect(page.locator("h1")).to_have_text("Submit a task")
+    expect(page.locator("textarea[name=goal]")).to_have_value(goal)
+    expect(page.locator("input[name=host_id]")).to_have_value(host.host_id)
+    expect(page.locator("input[name=max_attempts]")).to_have_value("1")
+    page.click("main button[type=submit]")
+    expect(page.locator("h1")).to_have_text(goal)
+    expect(page).not_to_have_url(f"{gateway}/tasks/{task.task_id}")
+    again = host.assignment()
+    assert again.task_id != task.task_id and again.goal == goal
+    assert operator.get(task.task_id).status == types_pb2.TASK_STATUS_FAILED
+    # A running task has nothing to submit again yet; once it ends, the link appears live.
+    page.goto(f"{gateway}/tasks/{again.task_id}")
+    expect(page.locator("#live-state")).to_have_text("live", timeout=LIVE_MS)
+    expect(page.locator("text=Submit again…")).to_have_count(0)
+    host.finish(again, types_pb2.TASK_STATUS_FAILED, "still not found")
+    expect(page.locator("a[data-field=again]")).to_have_attribute(
+        "href", f"/tasks/new?again={again.task_id}", timeout=LIVE_MS
+    )
+    # An unknown task is the cloud's 404.
+    response = page.goto(f"{gateway}/tasks/new?again=no-such-task")
+    assert response is not None and response.status == 404

@@ -424,6 +424,18 @@
           cancel.remove();
           if (hadFocus) document.getElementById("task-title").focus({ preventScroll: true });
         }
+        // An ended task can be submitted again (the page's template draws the same link).
+        var actions = document.querySelector(".heading .actions");
+        if (actions && !field(actions, "again")) {
+          var again = document.createElement("a");
+          again.className = "button";
+          again.href = "/tasks/new?again=" + encodeURIComponent(id);
+          again.dataset.field = "again";
+          again.title = "The submit form filled in from this task: its goal, target, " +
+            "attempts and replay choice";
+          again.textContent = "Submit again…";
+          actions.appendChild(again);
+        }
       }
       if (!live) return;
       var step = t.progress ? t.progress.step_index + "·" + t.progress.step_status : "0·unspecified";
