@@ -383,8 +383,19 @@ _SSE_DOC: dict[int | str, dict[str, Any]] = {
     responses=_SSE_DOC,
     summary="Live changes of every task (server-sent events)",
 )
-async def fleet_events(request: Request, cloud: Cloud, allowed: StreamAllowed) -> StreamingResponse:
-    return event_stream(cloud, request.app.state.streams, allowed)
+async def fleet_events(
+    request: Request,
+    cloud: Cloud,
+    allowed: StreamAllowed,
+    snapshot: Annotated[
+        bool,
+        Query(
+            description="false: only what changes from now on, without every unfinished task "
+            "first (for a client that has just listed the tasks it shows)"
+        ),
+    ] = True,
+) -> StreamingResponse:
+    return event_stream(cloud, request.app.state.streams, allowed, snapshot=snapshot)
 
 
 @router.get(

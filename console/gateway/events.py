@@ -54,9 +54,14 @@ def _event(name: str, data: str) -> str:
     return f"event: {name}\n{lines}\n"
 
 
-async def _task_frames(cloud: CloudClient, task_id: str) -> AsyncIterator[str]:
-    """SSE frames of WatchProgress (one task's, or every task's when task_id is empty)."""
+async def _task_frames(
+    cloud: CloudClient, task_id: str, snapshot: bool = True
+) -> AsyncIterator[str]:
+    """SSE frames of WatchProgress (one task's, or every task's when task_id is empty); without
+    `snapshot`, only the changes after it (not every unfinished task first)."""
     async for change in cloud.watch(task_id, thinking=bool(task_id)):
+        if change.snapshot and not snapshot:
+            continue
         if change.HasField("thinking"):
             live = change.thinking
             data = {"task_id": live.task_id, "attempt": live.attempt, "delta": live.delta}
@@ -138,12 +143,18 @@ async def _frames(
 
 
 def event_stream(
-    cloud: CloudClient, gauge: StreamGauge, allowed: Callable[[], bool], task_id: str = ""
+    cloud: CloudClient,
+    gauge: StreamGauge,
+    allowed: Callable[[], bool],
+    task_id: str = "",
+    *,
+    snapshot: bool = True,
 ) -> StreamingResponse:
     """An SSE response of one task's changes, or of the whole fleet's when task_id is empty,
-    for as long as `allowed()`."""
+    for as long as `allowed()`; `snapshot=False` leaves out the current state the stream
+    begins with."""
     what = f"task {task_id}" if task_id else "every task"
-    return _sse(_frames(_task_frames(cloud, task_id), gauge, allowed, what))
+    return _sse(_frames(_task_frames(cloud, task_id, snapshot), gauge, allowed, what))
 
 
 def host_event_stream(

@@ -594,3 +594,40 @@ def test_at_390_px_the_flows_pages_fit_and_their_tables_become_cards(
     )
     assert label == '"Expected"'
     phone.assert_clean()
+
+
+def test_the_tasks_page_catches_up_after_the_cloud_was_unreachable(
+    browser: Browser, console_settings: ConsoleSettings, operator: Operator, make_host: HostFactory
+) -> None:
+    """The tasks page's stream leaves out its snapshot (every unfinished task in the cloud,
+    thousands on a busy fleet): what a row missed while the stream was down comes from the
+    page's own rows, fetched again when the stream opens again."""
+    cloud_port = int(console_settings.cloud_address.rsplit(":", 1)[1])
+    proxy = TcpProxy([("127.0.0.1", cloud_port)]).start()
+    settings = console_settings.model_copy(update={"cloud_address": proxy.address})
+    server = UvicornThread(create_app(settings))
+    base = server.start()
+    host = make_host()
+    tag = uuid.uuid4().hex[:8]
+    task = operator.submit(f"Catch up {tag}", host_id=host.host_id)
+    assignment = host.assignment()
+    host.renew(assignment, 1, types_pb2.STEP_STATUS_ACTING, "tap 'Display'")
+    context = browser.new_context(viewport={"width": 1280, "height": 900})
+    try:
+        page = context.new_page()
+        log_in(page, base, f"/tasks?q={tag}")
+        row = page.locator(f"#task-{task.task_id}")
+        expect(page.locator("#live-state")).to_have_text("live", timeout=LIVE_MS)
+        expect(row.locator("[data-field=status]")).to_have_text("running")
+        mark_no_reload(page)
+        with page.expect_response(lambda r: "/api/events" in r.url, timeout=LIVE_MS):
+            proxy.stop()
+        host.finish(assignment, types_pb2.TASK_STATUS_SUCCEEDED, "Display is open")
+        proxy = TcpProxy([("127.0.0.1", cloud_port)], port=proxy.port).start()
+        expect(row.locator("[data-field=status]")).to_have_text("succeeded", timeout=3 * LIVE_MS)
+        expect(row.locator("[data-field=progress]")).to_contain_text("last step 1")
+        assert_not_reloaded(page)
+    finally:
+        context.close()
+        server.stop()
+        proxy.stop()

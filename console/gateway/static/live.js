@@ -312,10 +312,14 @@
     el.className = "live-state " + cls;
   }
 
-  // `on` maps event names ("task", "host", "thinking", "end") to handlers of their JSON data.
+  // `on` maps event names ("task", "host", "thinking", "end") to handlers of their JSON data;
+  // `on.open` runs each time the stream (re)opens.
   function listen(url, on) {
     var source = new EventSource(url);
-    source.onopen = function () { liveState("live", "on"); };
+    source.onopen = function () {
+      liveState("live", "on");
+      if (on.open) on.open();
+    };
     source.onerror = function () {
       if (source.readyState === EventSource.CLOSED) {
         liveState("disconnected — reload the page", "off"); // e.g. the session ended
@@ -397,7 +401,12 @@
 
   if (mode === "tasks") {
     var insert = body.dataset.liveInsert === "1";
-    listen("/api/events", { task: function (t) {
+    // Without the stream's snapshot (every unfinished task in the cloud, thousands on a busy
+    // fleet, for rows mostly not on this page): the rows are fetched again instead whenever
+    // the stream (re)opens, which also catches up on what changed while it was down.
+    listen("/api/events?snapshot=false", { open: function () {
+      refresh(["#task-rows"], false);
+    }, task: function (t) {
       var row = document.getElementById("task-" + t.task_id);
       if (row) {
         if (patch(row, t)) announce(row.dataset.goal + ": " + t.status);
