@@ -149,3 +149,27 @@ def test_the_thinking_kind_is_a_word_on_the_page_never_a_blank(
     conversation = api.get(f"/api/tasks/{task.task_id}/attempts/{a.attempt}/conversation")
     reasoning = conversation.json()["items"][1]
     assert (reasoning["omitted"], reasoning["redacted"]) == (True, False)
+
+
+def test_an_attempt_the_task_never_had_has_no_conversation_page(
+    anon: httpx.Client, api: httpx.Client, operator: Operator, make_host: HostFactory
+) -> None:
+    """Attempt 7 of a task that ran once answered 200 with no items, and its page said the
+    attempt "was planned in compact mode, on the direct transport or past the retention"
+    (none of which was true: there is no such attempt), as if a mistyped link were a record.
+    It is the 404 of any other id the console does not know, naming the attempts there are."""
+    host = make_host()
+    task = operator.submit("Open the clock", host_id=host.host_id)
+    host.assignment()
+    assert api.get(f"/api/tasks/{task.task_id}/attempts/1/conversation").status_code == 200
+    missing = api.get(f"/api/tasks/{task.task_id}/attempts/7/conversation")
+    assert missing.status_code == 404
+    assert missing.json()["detail"] == f"task {task.task_id} has no attempt 7 (it has 1)"
+    log_in(anon, f"/tasks/{task.task_id}")
+    page = anon.get(f"/tasks/{task.task_id}/attempts/7/conversation")
+    assert page.status_code == 404
+    assert f"task {task.task_id} has no attempt 7 (it has 1)" in page.text
+    queued = operator.submit("Wait for a host", host_id="nowhere")
+    none = api.get(f"/api/tasks/{queued.task_id}/attempts/1/conversation")
+    assert none.status_code == 404
+    assert none.json()["detail"] == f"task {queued.task_id} has no attempt 1 (it has none yet)"
