@@ -13,9 +13,11 @@ import os
 import re
 import uuid
 from collections.abc import Iterator
+from datetime import UTC
 from pathlib import Path
 
 import pytest
+from google.protobuf.timestamp_pb2 import Timestamp
 from playwright.sync_api import (
     Browser,
     Page,
@@ -631,3 +633,40 @@ def test_the_tasks_page_catches_up_after_the_cloud_was_unreachable(
         context.close()
         server.stop()
         proxy.stop()
+
+
+def _utc(moment: Timestamp) -> str:
+    """A moment as the pages write it in full: `2026-12-05 17:11:47 UTC`."""
+    return moment.ToDatetime(tzinfo=UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def test_relative_times_say_their_moment_in_utc_and_keep_it_current(
+    report: PageReport, gateway: str, operator: Operator, make_host: HostFactory
+) -> None:
+    """ "12s ago" says nothing about when once it is read later (a screenshot, a ticket), so
+    each relative time carries its moment in UTC in its title. A task row's "Updated" had
+    none at all, and live updates moved every such time's text on but left the title at the
+    moment the page was drawn (the task page's Updated, a host's last seen)."""
+    page = report.page
+    host = make_host()
+    tag = uuid.uuid4().hex[:8]
+    task = operator.submit(f"Say when {tag}", host_id=host.host_id)
+    a = host.assignment()
+    host.renew(a, 1, types_pb2.STEP_STATUS_ACTING, "tap 'Display'")
+    page.goto(f"{gateway}/tasks?q={tag}")
+    row = page.locator(f"#task-{task.task_id}")
+    updated = row.locator("time[data-field=updated]")
+    expect(updated).to_have_attribute("title", _utc(operator.get(task.task_id).updated_at))
+    expect(page.locator("#live-state")).to_have_text("live", timeout=LIVE_MS)
+    host.renew(a, 2, types_pb2.STEP_STATUS_ACTING, "tap 'Dark theme'")
+    expect(row.locator("[data-field=progress]")).to_contain_text("step 2", timeout=LIVE_MS)
+    expect(updated).to_have_attribute("title", _utc(operator.get(task.task_id).updated_at))
+
+    page.goto(f"{gateway}/tasks/{task.task_id}")
+    expect(page.locator("#live-state")).to_have_text("live", timeout=LIVE_MS)
+    host.renew(a, 3, types_pb2.STEP_STATUS_ACTING, "tap 'Back'")
+    summary = page.locator("#summary")
+    expect(summary.locator("[data-field=progress]")).to_contain_text("step 3", timeout=LIVE_MS)
+    expect(summary.locator("time[data-field=updated]")).to_have_attribute(
+        "title", _utc(operator.get(task.task_id).updated_at)
+    )

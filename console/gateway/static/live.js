@@ -84,6 +84,19 @@
     return Math.floor(s / 86400) + "d ago";
   }
 
+  // present.when: the moment in full, UTC (a relative time's title)
+  function when(iso) {
+    var d = new Date(iso);
+    return isNaN(d.getTime()) ? "" : d.toISOString().slice(0, 19).replace("T", " ") + " UTC";
+  }
+
+  // A relative time moved to a new moment: its text, and its title saying when in full.
+  function setAgo(el, iso) {
+    el.dataset.ago = iso;
+    el.textContent = ago(iso);
+    el.title = when(iso);
+  }
+
   // present.until
   function until(iso) {
     var s = Math.trunc((Date.parse(iso) - Date.now()) / 1000);
@@ -254,10 +267,7 @@
     setText(root, "host", t.host_id || "—");
     setText(root, "device", t.device_serial || (root.tagName === "TR" ? "" : "—"));
     el = field(root, "updated");
-    if (el && t.updated_at) {
-      el.dataset.ago = t.updated_at;
-      el.textContent = ago(t.updated_at);
-    }
+    if (el && t.updated_at) setAgo(el, t.updated_at);
     if (t.totals) {
       setText(root, "totals", totalsLine(t.totals));
       setText(root, "steps", String(t.totals.steps));
@@ -479,10 +489,7 @@
         return;
       }
       var seen = card.querySelector("time[data-ago]");
-      if (seen && h.last_seen_at) {
-        seen.dataset.ago = h.last_seen_at;
-        seen.textContent = ago(h.last_seen_at);
-      }
+      if (seen && h.last_seen_at) setAgo(seen, h.last_seen_at);
     } });
   }
 })();
