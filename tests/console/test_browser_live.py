@@ -424,13 +424,18 @@ def test_at_390_px_the_pages_fit_and_tables_become_cards(
         screenshot(page, f"390-{name}")
         assert overflow_x(page) == 0, path
     page.goto(f"{gateway}/tasks")
+    # Asked again until true: the page fetches its rows again once its live stream opens,
+    # and a running task's row (its wall time grew) is then a fresh element.
     row = page.locator(f"#task-{task.task_id}")
-    assert row.evaluate("r => getComputedStyle(r).display") == "block"
-    assert page.locator("table.tasks thead").evaluate("h => getComputedStyle(h).display") == "none"
-    label = row.locator("td[data-label=Progress]").evaluate(
-        "td => getComputedStyle(td, '::before').content"
+    expect(row).to_have_css("display", "block")
+    expect(page.locator("table.tasks thead")).to_have_css("display", "none")
+    page.wait_for_function(
+        """id => {
+          const td = document.querySelector("#" + id + " td[data-label=Progress]");
+          return td !== null && getComputedStyle(td, "::before").content === '"Progress"';
+        }""",
+        arg=f"task-{task.task_id}",
     )
-    assert label == '"Progress"'
     page.goto(f"{gateway}/tasks/{task.task_id}")
     page.locator("details.step > summary").first.click()
     page.locator("details.prompts > summary").first.click()

@@ -211,7 +211,10 @@
       .then(function (html) {
         if (!html) return;
         var doc = new DOMParser().parseFromString(html, "text/html");
+        // Both copies' relative times read the same moment, so a block that only ticked
+        // since it was drawn is left alone rather than replaced.
         tick(doc);
+        tick();
         var key = focusKey();
         selectors.forEach(function (selector) {
           var current = document.querySelector(selector);
