@@ -108,16 +108,35 @@ def create_app(settings: ConsoleSettings) -> FastAPI:
     @app.get("/healthz", response_model=HealthOut, tags=["health"], summary="Gateway health")
     async def healthz(request: Request) -> HealthOut:
         """Unauthenticated: is the gateway up, can it reach the cloud, how many live streams."""
-        cloud: CloudClient = request.app.state.cloud
-        return HealthOut(
-            status="ok", cloud=await cloud.health(), open_streams=request.app.state.streams.open
-        )
+        return await _health(request)
+
+    @app.get(
+        "/readyz",
+        response_model=HealthOut,
+        tags=["health"],
+        summary="Gateway readiness",
+        responses={503: {"model": HealthOut, "description": "the cloud is not serving"}},
+    )
+    async def readyz(request: Request) -> Response:
+        """Unauthenticated, for a load balancer's readiness probe: 503 while the cloud is not
+        SERVING (unreachable, or its database down), when every page and API call would fail;
+        /healthz stays 200 (the gateway itself is alive: restarting it would not help)."""
+        health = await _health(request)
+        ready = health.cloud == "SERVING"
+        return JSONResponse(health.model_dump(), status_code=200 if ready else 503)
 
     app.include_router(api.router)
     app.include_router(pages.router)
     app.include_router(logout_router)
     app.mount("/static", static_files(Path(__file__).parent / "static"), name="static")
     return app
+
+
+async def _health(request: Request) -> HealthOut:
+    cloud: CloudClient = request.app.state.cloud
+    return HealthOut(
+        status="ok", cloud=await cloud.health(), open_streams=request.app.state.streams.open
+    )
 
 
 #: Seconds an open live-update stream may delay shutdown before it is cut.

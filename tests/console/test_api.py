@@ -345,6 +345,9 @@ def test_cloud_unreachable_is_503(console_settings: ConsoleSettings) -> None:
         # What is unavailable, without gRPC's "ipv4:127.0.0.1:1: Connection refused".
         assert response.json() == {"detail": UNREACHABLE, "grpc_code": "UNAVAILABLE"}
         assert httpx.get(f"{base}/healthz", timeout=20).json()["cloud"] == "UNAVAILABLE"
+        # A readiness probe sends no traffic to a gateway whose every call would fail.
+        ready = httpx.get(f"{base}/readyz", timeout=20)
+        assert ready.status_code == 503 and ready.json()["cloud"] == "UNAVAILABLE"
         with httpx.stream("GET", f"{base}/api/events", headers=headers, timeout=20) as stream:
             name, data = next(sse_events(stream))
         assert (name, json.loads(data)["detail"]) == ("cloud-error", UNREACHABLE)
@@ -468,6 +471,7 @@ def test_health_and_streams_end_when_the_client_leaves(console_settings: Console
     try:
         health = httpx.get(f"{base}/healthz", timeout=20).json()
         assert health == {"status": "ok", "cloud": "SERVING", "open_streams": 0}
+        assert httpx.get(f"{base}/readyz", timeout=20).status_code == 200
         headers = {"Authorization": f"Bearer {API_TOKEN}"}
         with httpx.stream("GET", f"{base}/api/events", headers=headers, timeout=20) as response:
             lines = response.iter_lines()  # keep it referenced: collecting it closes the stream
