@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
 import socket
 import sys
 from collections.abc import Callable, Generator
@@ -28,6 +29,27 @@ from host.console.state import HostState
 log = logging.getLogger(__name__)
 
 Announce = Callable[[str], None]
+
+
+_TOKEN_IN_QUERY = re.compile(r"([?&]token=)[^&#\s]*")
+
+
+class HideLoginTokens(logging.Filter):
+    """uvicorn's access log writes each request's path with its query, and the login link is
+    `/login?token=…`: at `AMC_HOST_CONSOLE_LOG_LEVEL=info` a login token reached the log. The
+    path (the access record's third argument) is logged with the token's value left out."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        args = record.args
+        if isinstance(args, tuple) and len(args) >= 3 and isinstance(args[2], str):
+            record.args = (*args[:2], _TOKEN_IN_QUERY.sub(r"\1…", args[2]), *args[3:])
+        return True
+
+
+def _hide_login_tokens() -> None:
+    access = logging.getLogger("uvicorn.access")
+    if not any(isinstance(f, HideLoginTokens) for f in access.filters):
+        access.addFilter(HideLoginTokens())
 
 
 class _EmbeddedServer(uvicorn.Server):
@@ -61,6 +83,7 @@ class ConsoleServer:
             timeout_graceful_shutdown=2,
             log_level=settings.log_level,
         )
+        _hide_login_tokens()  # after the Config: it configures uvicorn's loggers
         self.server = _EmbeddedServer(config)
         self._socket: socket.socket | None = None
         self._published: str | None = None

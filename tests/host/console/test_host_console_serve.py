@@ -9,6 +9,7 @@ it live; the refusal to listen on a public address is checked before anything bi
 from __future__ import annotations
 
 import asyncio
+import logging
 import re
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -114,6 +115,46 @@ async def test_serve_console_prints_url_and_token_and_stops_on_stop(
     await asyncio.wait_for(serving, WITHIN_S)
     assert serving.done()
     assert served_url(tokens) is None
+
+
+async def test_the_access_log_never_holds_a_login_token(filled: Filled) -> None:
+    """At log level info uvicorn logs every request with its query: the printed login link
+    (`/login?token=…`) put a working login token in the host's log."""
+    records: list[str] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            records.append(record.getMessage())
+
+    keep = Keep()
+    ready: asyncio.Future[ConsoleServer] = asyncio.get_running_loop().create_future()
+    stop = asyncio.Event()
+    serving = asyncio.create_task(
+        serve_console(
+            filled.state,
+            _console(log_level="info"),
+            stop=stop,
+            announce=lambda _: None,
+            ready=ready.set_result,
+        )
+    )
+    server = await asyncio.wait_for(ready, WITHIN_S)
+    logging.getLogger("uvicorn.access").addHandler(keep)
+    try:
+        token = server.login_token.current
+        async with httpx.AsyncClient(base_url=server.url) as client:
+            await client.get(f"/login?next=%2Ftasks&token={token}")
+            await _until(lambda: _true(bool(records)), "the request in the access log")
+    finally:
+        logging.getLogger("uvicorn.access").removeHandler(keep)
+        stop.set()
+        await asyncio.wait_for(serving, WITHIN_S)
+    assert not any(token in line for line in records), records
+    assert any("/login?next=%2Ftasks&token=…" in line for line in records), records
+
+
+async def _true(value: bool) -> bool:
+    return value
 
 
 async def test_a_taken_port_is_an_error_not_an_exit(filled: Filled) -> None:
