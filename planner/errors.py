@@ -30,6 +30,11 @@ RETRY_AFTER_KEY = "amc-retry-after-s"
 REFUSED_BY_KEY = "amc-refused-by"
 REFUSED_BY_LEASE = "lease"
 REFUSED_BY_PROVIDER = "provider"
+#: The most a status's details may say, in UTF-8 bytes. They travel percent-encoded in the
+#: trailers, which gRPC clients refuse past 16 KiB (RESOURCE_EXHAUSTED "received metadata size
+#: exceeds hard limit", in place of the status sent): a refusal that echoes what the client sent
+#: (an id of 100 KB) is cut to this, so the client still reads the status the proto promises.
+MAX_STATUS_DETAILS = 1024
 
 
 class PlannerError(Exception):

@@ -47,6 +47,7 @@ from planner.convert import decision_to_proto
 from planner.decision import Billed, Decision
 from planner.errors import (
     CUT_OFF,
+    MAX_STATUS_DETAILS,
     MODEL_PROVIDER,
     REFUSED_BY_KEY,
     REFUSED_BY_PROVIDER,
@@ -64,6 +65,7 @@ from planner.errors import (
 from planner.late_calls import count_when_answered
 from planner.observation import (
     MAX_OBSERVATION_BYTES,
+    clip,
     observation_problem,
     scene_from_observation,
 )
@@ -298,10 +300,12 @@ class PlannerServicer(planner_service_pb2_grpc.PlannerServiceServicer):
             host_id, request.task_id, request.attempt, request.lease_id
         )
         if not live:
+            lease = clip(request.lease_id, MAX_STATUS_DETAILS // 2)
+            task = clip(request.task_id, MAX_STATUS_DETAILS // 2)
             await context.abort(
                 grpc.StatusCode.FAILED_PRECONDITION,
-                f"lease {request.lease_id!r} of task {request.task_id!r} attempt "
-                f"{request.attempt} is not a live lease of host {host_id!r}",
+                f"lease {lease!r} of task {task!r} attempt {request.attempt} is not a live "
+                f"lease of host {host_id!r}",
             )
         typed = request.HasField("observation")
         session = not typed and request.HasField("session")

@@ -1,0 +1,101 @@
+"""What a client written from proto/ alone gets from the services besides Lease: the generated
+stubs only, over real mTLS, against a real cloud (SQLite and PostgreSQL, the offline planner),
+probing as an outside checker would (unset fields, oversize values, other hosts' ids).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+
+from amc.v1 import (
+    decision_log_service_pb2,
+    decision_log_service_pb2_grpc,
+    planner_service_pb2,
+    planner_service_pb2_grpc,
+    progress_service_pb2,
+    progress_service_pb2_grpc,
+    task_service_pb2,
+    task_service_pb2_grpc,
+    types_pb2,
+)
+from cloud.server import CloudServer
+from tests.cloud.cloud_harness import ScriptedHost, channel
+
+#: Far longer than any id the cloud issues, far shorter than a request may be (4 MiB).
+OVERSIZE = "x" * 100_000
+
+
+async def _refusal(call: Any, request: Any) -> grpc.aio.AioRpcError:
+    with pytest.raises(grpc.aio.AioRpcError) as refused:
+        await call(request, timeout=10)
+    return refused.value
+
+
+async def test_an_oversize_id_is_answered_with_its_status_not_a_metadata_overflow(
+    offline_cloud: CloudServer, pki_dir: Path
+) -> None:
+    """Every NOT_FOUND and lease refusal echoed the id it was given in its details, whole: an
+    id of 100 KB made trailers over gRPC's 16 KiB limit, and the client saw RESOURCE_EXHAUSTED
+    ("received metadata size exceeds hard limit") instead of the status the proto promises."""
+    ops = channel(offline_cloud.address, pki_dir, "operator-ops")
+    host = ScriptedHost(offline_cloud.address, pki_dir, "a")
+    try:
+        await host.connect(["a-phone"])
+        tasks = task_service_pb2_grpc.TaskServiceStub(ops)
+        log = decision_log_service_pb2_grpc.DecisionLogServiceStub(ops)
+        progress = progress_service_pb2_grpc.ProgressServiceStub(ops)
+        submitted = await tasks.SubmitTask(
+            task_service_pb2.SubmitTaskRequest(
+                goal="open settings", target=types_pb2.TaskTarget(host_id="a")
+            )
+        )
+        assignment = (await host.next("assignment")).assignment
+        assert assignment.task_id == submitted.task.task_id
+        not_found = [
+            (tasks.GetTask, task_service_pb2.GetTaskRequest(task_id=OVERSIZE)),
+            (tasks.CancelTask, task_service_pb2.CancelTaskRequest(task_id=OVERSIZE)),
+            (tasks.ListTaskEvents, task_service_pb2.ListTaskEventsRequest(task_id=OVERSIZE)),
+            (log.GetDecision, decision_log_service_pb2.GetDecisionRequest(decision_id=OVERSIZE)),
+            (log.ListDecisions, decision_log_service_pb2.ListDecisionsRequest(task_id=OVERSIZE)),
+            (
+                log.GetConversation,
+                decision_log_service_pb2.GetConversationRequest(task_id=OVERSIZE, attempt=1),
+            ),
+        ]
+        for call, request in not_found:
+            refused = await _refusal(call, request)
+            assert refused.code() == grpc.StatusCode.NOT_FOUND, (call, refused.details())
+            assert (refused.details() or "").startswith(("task xxx", "decision xxx"))
+        with pytest.raises(grpc.aio.AioRpcError) as refused_watch:
+            async for _ in progress.WatchProgress(
+                progress_service_pb2.WatchProgressRequest(task_id=OVERSIZE), timeout=10
+            ):
+                pass
+        assert refused_watch.value.code() == grpc.StatusCode.NOT_FOUND, refused_watch.value
+
+        decide = planner_service_pb2_grpc.PlannerServiceStub(host._channel).Decide
+        observation = types_pb2.ScreenObservation(screen_width=1080, screen_height=2400)
+        for request in (
+            planner_service_pb2.DecideRequest(
+                task_id=assignment.task_id,
+                attempt=assignment.attempt,
+                lease_id=OVERSIZE,
+                observation=observation,
+            ),
+            planner_service_pb2.DecideRequest(
+                task_id=OVERSIZE,
+                attempt=assignment.attempt,
+                lease_id=assignment.lease_id,
+                observation=observation,
+            ),
+        ):
+            refused = await _refusal(decide, request)
+            assert refused.code() == grpc.StatusCode.FAILED_PRECONDITION, refused.details()
+            assert "is not a live lease of host 'a'" in (refused.details() or "")
+    finally:
+        await host.close()
+        await ops.close()
