@@ -49,6 +49,12 @@ _LIMITS = {
     "model": 128,
     "tool_name": 64,
 }
+#: The most one shipped usage may count, of each kind of token and in dollars: far past what
+#: any model call costs, yet a sum of millions of them still fits the 64-bit totals. A usage
+#: near 2**63 overflowed them, and its task could no longer be read (GetTask UNAVAILABLE on
+#: SQLite, the shipment INTERNAL on PostgreSQL); a negative one lowered what the task had spent.
+MAX_USAGE_TOKENS = 1_000_000_000
+MAX_USAGE_COST_USD = 1_000_000
 Context: TypeAlias = grpc.aio.ServicerContext[Any, Any]
 
 
@@ -106,6 +112,9 @@ def entry_problem(i: int, entry: pb.ShippedDecision) -> str | None:
     kind = d.action.WhichOneof("kind")
     if kind != d.tool_name:
         return f"{field}.decision.tool_name: {d.tool_name!r} but the action is {kind or 'unset'}"
+    problem = usage_problem(f"{field}.decision.usage", d.usage)
+    if problem:
+        return problem
     for j, block in enumerate(d.thinking):
         size = len(block.text.encode("utf-8"))
         if size > MAX_THINKING_BLOCK_BYTES:
@@ -145,7 +154,12 @@ def failed_calls_problem(i: int, record: pb.ShippedFailedCalls) -> str | None:
             return f"{field}.{name}: required"
         if size > limit:
             return f"{field}.{name}: {size} bytes; at most {limit}"
-    u = record.usage
+    return usage_problem(f"{field}.usage", record.usage)
+
+
+def usage_problem(field: str, u: types_pb2.Usage) -> str | None:
+    """The INVALID_ARGUMENT text for a shipped usage outside what a model call can cost, or
+    None: it is added to the task's totals and the fleet's day as sent."""
     tokens = (
         u.input_tokens,
         u.output_tokens,
@@ -154,9 +168,11 @@ def failed_calls_problem(i: int, record: pb.ShippedFailedCalls) -> str | None:
         u.thinking_tokens,
     )
     if min(tokens) < 0:
-        return f"{field}.usage: token counts must not be negative"
-    if not math.isfinite(u.cost_usd) or u.cost_usd < 0:
-        return f"{field}.usage.cost_usd: a finite amount, not negative"
+        return f"{field}: token counts must not be negative"
+    if max(tokens) > MAX_USAGE_TOKENS:
+        return f"{field}: token counts at most {MAX_USAGE_TOKENS:,} each"
+    if not (math.isfinite(u.cost_usd) and 0 <= u.cost_usd <= MAX_USAGE_COST_USD):
+        return f"{field}.cost_usd: a finite amount, 0 to {MAX_USAGE_COST_USD:,} dollars"
     return None
 
 

@@ -367,6 +367,48 @@ async def test_shipped_failed_calls_count_once_and_refusals_name_the_field(
     assert task.totals.usage.input_tokens == 500, "nothing refused was counted"
 
 
+async def test_a_shipped_usage_out_of_range_is_refused_and_the_task_stays_readable(
+    held: Held,
+) -> None:
+    """A shipped decision's usage was logged unchecked (and a failed_calls one checked only for
+    negatives): a negative one lowered what the task had spent, a NaN cost failed INTERNAL, and
+    tokens near 2**63 overflowed the totals, after which GetTask answered UNAVAILABLE on SQLite
+    (the shipment itself INTERNAL on PostgreSQL). Each is INVALID_ARGUMENT naming the field, and
+    nothing of the task already stored is lost."""
+    a = held.assignment
+    await ship(held, shipped(a, "d1"))
+    await held.decisions.ShipDecisions(
+        decision_log_service_pb2.ShipDecisionsRequest(failed_calls=[failed_calls(a, "f1")])
+    )
+    huge = 2**63 - 1
+    cases = [
+        (types_pb2.Usage(input_tokens=-1_000_000), "entries[0].decision.usage: token counts"),
+        (types_pb2.Usage(cost_usd=-5.0), "entries[0].decision.usage.cost_usd"),
+        (types_pb2.Usage(cost_usd=float("nan")), "entries[0].decision.usage.cost_usd"),
+        (types_pb2.Usage(output_tokens=huge), "entries[0].decision.usage: token counts"),
+        (types_pb2.Usage(cost_usd=1e308), "entries[0].decision.usage.cost_usd"),
+    ]
+    for i, (usage, field) in enumerate(cases):
+        entry = shipped(a, f"u{i}")
+        entry.decision.usage.CopyFrom(usage)
+        error = await refused(ship(held, entry))
+        assert error.code() == grpc.StatusCode.INVALID_ARGUMENT, error
+        assert error.details().startswith(field), error.details()
+    record = failed_calls(a, "f2")
+    record.usage.input_tokens = huge
+    error = await refused(
+        held.decisions.ShipDecisions(
+            decision_log_service_pb2.ShipDecisionsRequest(failed_calls=[record, record])
+        )
+    )
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT, error
+    assert error.details().startswith("failed_calls[0].usage: token counts"), error.details()
+    task = (await held.ops.GetTask(task_pb.GetTaskRequest(task_id=a.task_id))).task
+    assert task.totals.usage.input_tokens == 500
+    assert task.totals.usage.cost_usd == pytest.approx(0.003)
+    assert [d.step_index for d in await logged(held)] == [1]
+
+
 async def test_a_just_ended_lease_takes_shipments_until_the_window_closes(
     make_settings: SettingsFactory, pki_dir: Path
 ) -> None:

@@ -496,8 +496,8 @@ class ShippedFailedCalls(_message.Message):
     """
     @_builtins.property
     def usage(self) -> _types_pb2.Usage:
-        """What the answered calls cost together: tokens and cost_usd neither negative nor (cost)
-        infinite or NaN; priced by the host's price table.
+        """What the answered calls cost together, priced by the host's price table: each token count
+        0 to 1,000,000,000, cost_usd a finite 0 to 1,000,000 (as a ShippedDecision's usage).
         """
 
     def __init__(
