@@ -33,7 +33,7 @@ class FlowServicer(flow_service_pb2_grpc.FlowServiceServicer):
         if not 0 <= request.page_size <= 500:
             await abort(context, grpc.StatusCode.INVALID_ARGUMENT, "page_size: 0 to 500")
         statuses = []
-        for status in request.statuses:
+        for status in sorted(set(request.statuses)):  # each once, as ListTasks
             if status not in _NAMES:
                 await abort(
                     context, grpc.StatusCode.INVALID_ARGUMENT, f"statuses: unknown value {status}"

@@ -164,10 +164,16 @@ class TaskServicer(task_service_pb2_grpc.TaskServiceServicer):
     ) -> pb.ListTasksResponse:
         if not 0 <= request.page_size <= 500:
             await abort(context, grpc.StatusCode.INVALID_ARGUMENT, "page_size: 0 to 500")
-        try:
-            statuses = tuple(states.from_proto(s) for s in request.statuses)
-        except ValueError:
-            await abort(context, grpc.StatusCode.INVALID_ARGUMENT, "statuses: unspecified status")
+        # Each status once: the query binds one parameter per status named (PostgreSQL takes
+        # at most 65,535), and a client may repeat one as often as a request holds.
+        statuses: tuple[str, ...] = ()
+        for status in sorted(set(request.statuses)):
+            try:
+                statuses += (states.from_proto(status),)
+            except ValueError:
+                await abort(
+                    context, grpc.StatusCode.INVALID_ARGUMENT, f"statuses: unknown value {status}"
+                )
         if len(request.query) > MAX_GOAL:
             # SQLite refuses a LIKE pattern past ~50 KB ("pattern too complex") as an error.
             await abort(

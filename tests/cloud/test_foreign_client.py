@@ -14,6 +14,8 @@ import pytest
 from amc.v1 import (
     decision_log_service_pb2,
     decision_log_service_pb2_grpc,
+    flow_service_pb2,
+    flow_service_pb2_grpc,
     planner_service_pb2,
     planner_service_pb2_grpc,
     progress_service_pb2,
@@ -98,4 +100,40 @@ async def test_an_oversize_id_is_answered_with_its_status_not_a_metadata_overflo
             assert "is not a live lease of host 'a'" in (refused.details() or "")
     finally:
         await host.close()
+        await ops.close()
+
+
+async def test_a_status_filter_repeating_a_status_lists_as_if_named_once(
+    offline_cloud: CloudServer, pki_dir: Path
+) -> None:
+    """ListTasks and ListFlows put every status of their filter in the query, repeats too: a
+    filter naming QUEUED 70,000 times (140 KB, well inside a request) passed PostgreSQL's
+    65,535 parameters, and the operator got UNAVAILABLE ("the cloud's database is unavailable;
+    retry"), forever, while the database was fine. An unknown status was refused as
+    "unspecified"."""
+    ops = channel(offline_cloud.address, pki_dir, "operator-ops")
+    try:
+        tasks = task_service_pb2_grpc.TaskServiceStub(ops)
+        flows = flow_service_pb2_grpc.FlowServiceStub(ops)
+        queued = await tasks.SubmitTask(task_service_pb2.SubmitTaskRequest(goal="open settings"))
+        listed = await tasks.ListTasks(
+            task_service_pb2.ListTasksRequest(statuses=[types_pb2.TASK_STATUS_QUEUED] * 70_000)
+        )
+        assert [t.task_id for t in listed.tasks] == [queued.task.task_id]
+        none = await flows.ListFlows(
+            flow_service_pb2.ListFlowsRequest(statuses=[types_pb2.FLOW_STATUS_ACTIVE] * 70_000)
+        )
+        assert list(none.flows) == []
+        for value, details in (
+            (types_pb2.TaskStatus.ValueType(99), "statuses: unknown value 99"),
+            (types_pb2.TASK_STATUS_UNSPECIFIED, "statuses: unknown value 0"),
+        ):
+            refused = await _refusal(
+                tasks.ListTasks, task_service_pb2.ListTasksRequest(statuses=[value])
+            )
+            assert (refused.code(), refused.details()) == (
+                grpc.StatusCode.INVALID_ARGUMENT,
+                details,
+            )
+    finally:
         await ops.close()

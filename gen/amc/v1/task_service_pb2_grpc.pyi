@@ -38,7 +38,11 @@ class TaskServiceStub:
     GetTask: _grpc.UnaryUnaryMultiCallable[_task_service_pb2.GetTaskRequest, _task_service_pb2.GetTaskResponse]
     """Read one task with all its attempts. NOT_FOUND for an unknown id."""
     ListTasks: _grpc.UnaryUnaryMultiCallable[_task_service_pb2.ListTasksRequest, _task_service_pb2.ListTasksResponse]
-    """List tasks, newest first, filtered and paged."""
+    """List tasks, newest first, filtered and paged. INVALID_ARGUMENT for a page size outside
+    0..500, a status unspecified or unknown to this server ("statuses: unknown value 9"), a
+    query over 2,000 characters, a host id over 128, a malformed task_id_prefix or a page token
+    this server did not issue.
+    """
     CancelTask: _grpc.UnaryUnaryMultiCallable[_task_service_pb2.CancelTaskRequest, _task_service_pb2.CancelTaskResponse]
     """Cancel a task. Queued tasks end at once; running ones when the host acknowledges the revoke
     or the lease runs out. FAILED_PRECONDITION for a task that already ended.
@@ -62,7 +66,11 @@ class TaskServiceAsyncStub(TaskServiceStub):
     GetTask: _aio.UnaryUnaryMultiCallable[_task_service_pb2.GetTaskRequest, _task_service_pb2.GetTaskResponse]  # type: ignore[assignment]
     """Read one task with all its attempts. NOT_FOUND for an unknown id."""
     ListTasks: _aio.UnaryUnaryMultiCallable[_task_service_pb2.ListTasksRequest, _task_service_pb2.ListTasksResponse]  # type: ignore[assignment]
-    """List tasks, newest first, filtered and paged."""
+    """List tasks, newest first, filtered and paged. INVALID_ARGUMENT for a page size outside
+    0..500, a status unspecified or unknown to this server ("statuses: unknown value 9"), a
+    query over 2,000 characters, a host id over 128, a malformed task_id_prefix or a page token
+    this server did not issue.
+    """
     CancelTask: _aio.UnaryUnaryMultiCallable[_task_service_pb2.CancelTaskRequest, _task_service_pb2.CancelTaskResponse]  # type: ignore[assignment]
     """Cancel a task. Queued tasks end at once; running ones when the host acknowledges the revoke
     or the lease runs out. FAILED_PRECONDITION for a task that already ended.
@@ -101,7 +109,11 @@ class TaskServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _task_service_pb2.ListTasksRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_task_service_pb2.ListTasksResponse, _abc.Awaitable[_task_service_pb2.ListTasksResponse]]:
-        """List tasks, newest first, filtered and paged."""
+        """List tasks, newest first, filtered and paged. INVALID_ARGUMENT for a page size outside
+        0..500, a status unspecified or unknown to this server ("statuses: unknown value 9"), a
+        query over 2,000 characters, a host id over 128, a malformed task_id_prefix or a page token
+        this server did not issue.
+        """
 
     @_abc_1.abstractmethod
     def CancelTask(
