@@ -15,6 +15,7 @@ from cloud.services.shipping import ship_decisions
 from cloud.services.status import abort
 from cloud.store import convert, decisions, sessions, spend, tasks
 from cloud.store.database import Store
+from cloud.store.paging import page_token, position, token_int
 from planner.conversation.items import loads_item
 from planner.convert import usage_to_proto
 
@@ -118,16 +119,14 @@ class DecisionLogServicer(decision_log_service_pb2_grpc.DecisionLogServiceServic
             await abort(context, grpc.StatusCode.INVALID_ARGUMENT, "attempt: must be >= 1")
         if not 0 <= request.page_size <= 500:
             await abort(context, grpc.StatusCode.INVALID_ARGUMENT, "page_size: 0 to 500")
+        listing = f"conversation/{request.task_id}/{request.attempt}"
         start = 0
         if request.page_token:
-            if (
-                not (request.page_token.isascii() and request.page_token.isdigit())
-                or len(request.page_token) > 9
-            ):
-                await abort(
-                    context, grpc.StatusCode.INVALID_ARGUMENT, "page_token: not from this call"
-                )
-            start = int(request.page_token)
+            try:
+                (seq,) = position(listing, request.page_token, 1)
+                start = token_int(seq)
+            except (TypeError, ValueError) as exc:
+                await abort(context, grpc.StatusCode.INVALID_ARGUMENT, f"page_token: {exc}")
         if await tasks.goal(self._store, request.task_id[:128]) is None:
             await abort(context, grpc.StatusCode.NOT_FOUND, f"task {request.task_id} not found")
         size = request.page_size or 100
@@ -136,5 +135,5 @@ class DecisionLogServicer(decision_log_service_pb2_grpc.DecisionLogServiceServic
         rows = rows[:size]
         return pb.GetConversationResponse(
             items=[conversation_item(seq, loads_item(body)) for seq, body in rows],
-            next_page_token=str(rows[-1][0] + 1) if more else "",
+            next_page_token=page_token(listing, rows[-1][0] + 1) if more else "",
         )

@@ -8,9 +8,7 @@ for one of them (once: a retried report changes nothing). Every row keeps its to
 
 from __future__ import annotations
 
-import base64
 import datetime as dt
-import json
 import uuid
 from collections import Counter
 from collections.abc import Iterable
@@ -27,7 +25,7 @@ from amc.v1 import types_pb2
 from cloud.store import flows, spend
 from cloud.store.database import Store
 from cloud.store.models import AttemptRow, DecisionRow, FailedDecisionSpendRow, TaskRow
-from cloud.store.paging import token_int
+from cloud.store.paging import FOREIGN, page_token, position, token_int
 from planner.convert import masked_action
 from planner.decision import Decision, Usage
 from planner.session.step_planner import call_id_of
@@ -290,15 +288,15 @@ def _observation(decision: Decision) -> bytes | None:
 
 
 def _cursor(row: DecisionRow) -> str:
-    return base64.urlsafe_b64encode(json.dumps([row.attempt, row.step_index]).encode()).decode()
+    return page_token(f"decisions/{row.task_id}", row.attempt, row.step_index)
 
 
-def _decode(token: str) -> tuple[int, int]:
+def _decode(task_id: str, token: str) -> tuple[int, int]:
+    attempt, step = position(f"decisions/{task_id}", token, 2)
     try:
-        attempt, step = json.loads(base64.urlsafe_b64decode(token.encode()))
         return token_int(attempt), token_int(step)
-    except Exception as exc:
-        raise ValueError("not a page token from this server") from exc
+    except (TypeError, ValueError) as exc:
+        raise ValueError(FOREIGN) from exc
 
 
 async def list_page(
@@ -309,7 +307,7 @@ async def list_page(
     if attempt:
         stmt = stmt.where(DecisionRow.attempt == attempt)
     if page_token:
-        a, s = _decode(page_token)
+        a, s = _decode(task_id, page_token)
         stmt = stmt.where(
             or_(
                 DecisionRow.attempt > a,

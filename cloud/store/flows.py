@@ -10,9 +10,7 @@ operator's enable sets it active and clears the run).
 
 from __future__ import annotations
 
-import base64
 import datetime as dt
-import json
 import logging
 import uuid
 import weakref
@@ -27,6 +25,7 @@ from amc.v1 import types_pb2
 from cloud.store import states
 from cloud.store.database import Store
 from cloud.store.models import AttemptRow, FlowRow
+from cloud.store.paging import FOREIGN, page_token, position
 
 log = logging.getLogger(__name__)
 
@@ -136,17 +135,15 @@ async def active(store: Store, limit: int = MAX_CANDIDATES) -> list[FlowRow]:
 
 
 def _cursor(row: FlowRow) -> str:
-    return base64.urlsafe_b64encode(
-        json.dumps([row.updated_at.isoformat(), row.flow_id]).encode()
-    ).decode()
+    return page_token("flows", row.updated_at.isoformat(), row.flow_id)
 
 
 def _decode(token: str) -> tuple[dt.datetime, str]:
+    when, flow_id = position("flows", token, 2)
     try:
-        when, flow_id = json.loads(base64.urlsafe_b64decode(token.encode()))
         return dt.datetime.fromisoformat(when), str(flow_id)
-    except Exception as exc:
-        raise ValueError("not a page token from this server") from exc
+    except (TypeError, ValueError) as exc:
+        raise ValueError(FOREIGN) from exc
 
 
 async def list_page(

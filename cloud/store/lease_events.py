@@ -10,7 +10,6 @@ this module speaks the store's own words (no protobuf); `cloud/store/convert.py`
 
 from __future__ import annotations
 
-import base64
 import datetime as dt
 import enum
 from typing import Any
@@ -20,7 +19,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from cloud.store.database import Store
 from cloud.store.models import AttemptRow, LeaseEventRow, TaskRow
-from cloud.store.paging import token_int
+from cloud.store.paging import FOREIGN, page_token, position, token_int
 
 #: Longest reason kept with an event (a host's summary can be 2,000 characters).
 REASON_LIMIT = 500
@@ -131,17 +130,15 @@ async def _last_of_attempt(
 
 
 def _cursor(row: LeaseEventRow) -> str:
-    return base64.urlsafe_b64encode(f"e{row.id}".encode()).decode()
+    return page_token(f"events/{row.task_id}", row.id)
 
 
-def _decode(token: str) -> int:
+def _decode(task_id: str, token: str) -> int:
+    (event_id,) = position(f"events/{task_id}", token, 1)
     try:
-        raw = base64.urlsafe_b64decode(token.encode()).decode()
-        if not raw.startswith("e"):
-            raise ValueError(raw)
-        return token_int(raw[1:])
-    except Exception as exc:
-        raise ValueError("not a page token from this server") from exc
+        return token_int(event_id)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(FOREIGN) from exc
 
 
 async def list_page(
@@ -153,7 +150,7 @@ async def list_page(
     if attempt:
         stmt = stmt.where(LeaseEventRow.attempt == attempt)
     if page_token:
-        stmt = stmt.where(LeaseEventRow.id > _decode(page_token))
+        stmt = stmt.where(LeaseEventRow.id > _decode(task_id, page_token))
     stmt = stmt.order_by(LeaseEventRow.id).limit(page_size + 1)
     async with store.read() as session:
         rows = list((await session.scalars(stmt)).all())

@@ -1,13 +1,25 @@
-"""Numbers read back from a page token: only what the database can compare.
+"""Page tokens: opaque to clients, yet they arrive from them.
 
-A page token is opaque to clients, but it arrives from them: one decoded to a number beyond 64
+A token names the listing it continues (`listing`: the RPC and, for a task's lists, the task)
+beside the position of the last row sent, and is refused for any other: a token of another
+RPC or another task was read as a position of this one, and the client got a page that silently
+skipped rows instead of INVALID_ARGUMENT (ListTasks' and ListFlows' tokens had the same shape,
+a task's ListTaskEvents token took up another task's events after that event id).
+
+Numbers read back are only what the database can compare: one decoded to a number beyond 64
 bits made SQLite's driver raise OverflowError while binding it, and the caller got INTERNAL
 instead of INVALID_ARGUMENT "page_token: not a page token from this server".
 """
 
 from __future__ import annotations
 
+import base64
+import json
+from typing import Any
+
 _INT64 = range(-(2**63), 2**63)
+FOREIGN = "not a page token from this server"
+ELSEWHERE = "a page token of another listing (another RPC, task or attempt)"
 
 
 def token_int(value: object) -> int:
@@ -16,3 +28,22 @@ def token_int(value: object) -> int:
     if number not in _INT64:
         raise ValueError(f"{number} is out of range")
     return number
+
+
+def page_token(listing: str, *position: object) -> str:
+    """The token that continues `listing` after `position` (JSON values)."""
+    return base64.urlsafe_b64encode(json.dumps([listing, *position]).encode()).decode()
+
+
+def position(listing: str, token: str, size: int) -> list[Any]:
+    """The `size` values of the position `token` holds; ValueError (FOREIGN, or ELSEWHERE for
+    a token of another listing) unless `page_token(listing, …)` made it."""
+    try:
+        values = json.loads(base64.urlsafe_b64decode(token.encode()))
+    except Exception as exc:
+        raise ValueError(FOREIGN) from exc
+    if not isinstance(values, list) or len(values) != size + 1 or not isinstance(values[0], str):
+        raise ValueError(FOREIGN)
+    if values[0] != listing:
+        raise ValueError(ELSEWHERE)
+    return values[1:]

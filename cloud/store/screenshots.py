@@ -7,9 +7,7 @@ decision log's retention: `expired` names what to delete from the store, `forget
 
 from __future__ import annotations
 
-import base64
 import datetime as dt
-import json
 from dataclasses import dataclass
 
 from sqlalchemy import and_, delete, or_, select, tuple_
@@ -18,7 +16,7 @@ from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
 from cloud.store.database import Store
 from cloud.store.models import DecisionRow, StepScreenshotRow, TaskRow
-from cloud.store.paging import token_int
+from cloud.store.paging import FOREIGN, page_token, position, token_int
 
 PHASES = ("before", "after")
 
@@ -76,18 +74,17 @@ async def get(
 
 
 def _cursor(row: StepScreenshotRow) -> str:
-    raw = json.dumps([row.attempt, row.step_index, row.phase]).encode()
-    return base64.urlsafe_b64encode(raw).decode()
+    return page_token(f"screenshots/{row.task_id}", row.attempt, row.step_index, row.phase)
 
 
-def _decode(token: str) -> tuple[int, int, str]:
+def _decode(task_id: str, token: str) -> tuple[int, int, str]:
+    attempt, step, phase = position(f"screenshots/{task_id}", token, 3)
     try:
-        attempt, step, phase = json.loads(base64.urlsafe_b64decode(token.encode()))
         if phase not in PHASES:
             raise ValueError(phase)
         return token_int(attempt), token_int(step), str(phase)
-    except Exception as exc:
-        raise ValueError("not a page token from this server") from exc
+    except (TypeError, ValueError) as exc:
+        raise ValueError(FOREIGN) from exc
 
 
 async def list_page(
@@ -99,7 +96,7 @@ async def list_page(
     if attempt:
         query = query.where(StepScreenshotRow.attempt == attempt)
     if page_token:
-        a, s, p = _decode(page_token)
+        a, s, p = _decode(task_id, page_token)
         t = StepScreenshotRow
         query = query.where(
             or_(

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import base64
 import datetime as dt
-import json
 import uuid
 from collections import defaultdict
 from collections.abc import Mapping
@@ -18,6 +16,7 @@ from cloud.store.database import Store
 from cloud.store.lease_events import EventKind
 from cloud.store.lease_events import new as new_event
 from cloud.store.models import AttemptRow, TaskRow
+from cloud.store.paging import FOREIGN, page_token, position
 from planner.decision import Usage
 
 
@@ -163,17 +162,16 @@ class TaskFilter:
 
 def encode_cursor(task: TaskRow) -> str:
     """Opaque page token: the (created_at, task_id) of the last task of a page."""
-    raw = json.dumps([task.created_at.isoformat(), task.task_id]).encode()
-    return base64.urlsafe_b64encode(raw).decode()
+    return page_token("tasks", task.created_at.isoformat(), task.task_id)
 
 
 def decode_cursor(token: str) -> tuple[dt.datetime, str]:
     """Inverse of encode_cursor; ValueError for anything else."""
+    created, task_id = position("tasks", token, 2)
     try:
-        created, task_id = json.loads(base64.urlsafe_b64decode(token.encode()))
         return dt.datetime.fromisoformat(created), str(task_id)
-    except Exception as exc:
-        raise ValueError("not a page token from this server") from exc
+    except (TypeError, ValueError) as exc:
+        raise ValueError(FOREIGN) from exc
 
 
 async def list_page(

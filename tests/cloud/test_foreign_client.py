@@ -137,3 +137,94 @@ async def test_a_status_filter_repeating_a_status_lists_as_if_named_once(
             )
     finally:
         await ops.close()
+
+
+async def test_a_page_token_continues_only_the_listing_it_came_from(
+    offline_cloud: CloudServer, pki_dir: Path
+) -> None:
+    """Page tokens carried only a position: ListTasks' and ListFlows' had the same shape, and a
+    task's ListTaskEvents or ListDecisions token was read as a position in another task's list.
+    A client that mixed them up got OK and a page silently missing rows, where the proto
+    promises INVALID_ARGUMENT for a foreign token; GetConversation took any number."""
+    ops = channel(offline_cloud.address, pki_dir, "operator-ops")
+    host = ScriptedHost(offline_cloud.address, pki_dir, "a")
+    try:
+        await host.connect(["a-phone"])
+        tasks = task_service_pb2_grpc.TaskServiceStub(ops)
+        log = decision_log_service_pb2_grpc.DecisionLogServiceStub(ops)
+        flows = flow_service_pb2_grpc.FlowServiceStub(ops)
+        ran = await tasks.SubmitTask(
+            task_service_pb2.SubmitTaskRequest(
+                goal="open settings", target=types_pb2.TaskTarget(host_id="a")
+            )
+        )
+        a = (await host.next("assignment")).assignment
+        decide = planner_service_pb2_grpc.PlannerServiceStub(host._channel).Decide
+        observation = types_pb2.ScreenObservation(screen_width=1080, screen_height=2400)
+        observation.elements.add(
+            element_id="e1", text="Settings", clickable=True, enabled=True
+        ).bounds.CopyFrom(types_pb2.Rect(left=0, top=0, right=100, bottom=100))
+        for key in ("1", "2"):
+            await decide(
+                planner_service_pb2.DecideRequest(
+                    task_id=a.task_id,
+                    attempt=a.attempt,
+                    lease_id=a.lease_id,
+                    observation=observation,
+                    step_key=key,
+                )
+            )
+        await tasks.CancelTask(task_service_pb2.CancelTaskRequest(task_id=a.task_id))
+        other = await tasks.SubmitTask(task_service_pb2.SubmitTaskRequest(goal="open wifi"))
+        other_id = other.task.task_id
+
+        first = await tasks.ListTasks(task_service_pb2.ListTasksRequest(page_size=1))
+        events = await tasks.ListTaskEvents(
+            task_service_pb2.ListTaskEventsRequest(task_id=a.task_id, page_size=1)
+        )
+        steps = await log.ListDecisions(
+            decision_log_service_pb2.ListDecisionsRequest(task_id=a.task_id, page_size=1)
+        )
+        # Each token goes on with its own listing...
+        rest = await tasks.ListTasks(
+            task_service_pb2.ListTasksRequest(page_size=1, page_token=first.next_page_token)
+        )
+        assert [t.task_id for t in rest.tasks] == [ran.task.task_id]
+        more = await log.ListDecisions(
+            decision_log_service_pb2.ListDecisionsRequest(
+                task_id=a.task_id, page_token=steps.next_page_token
+            )
+        )
+        assert [d.step_index for d in more.decisions] == [2]
+        # ...and is refused by every other.
+        foreign = [
+            (
+                flows.ListFlows,
+                flow_service_pb2.ListFlowsRequest(page_token=first.next_page_token),
+            ),
+            (
+                tasks.ListTaskEvents,
+                task_service_pb2.ListTaskEventsRequest(
+                    task_id=other_id, page_token=events.next_page_token
+                ),
+            ),
+            (
+                log.ListDecisions,
+                decision_log_service_pb2.ListDecisionsRequest(
+                    task_id=other_id, page_token=steps.next_page_token
+                ),
+            ),
+            (
+                log.GetConversation,
+                decision_log_service_pb2.GetConversationRequest(
+                    task_id=a.task_id, attempt=1, page_token="5"
+                ),
+            ),
+        ]
+        for call, request in foreign:
+            refused = await _refusal(call, request)
+            assert refused.code() == grpc.StatusCode.INVALID_ARGUMENT, (call, refused.details())
+            assert (refused.details() or "").startswith("page_token: "), refused.details()
+    finally:
+        await host.close()
+        await ops.close()

@@ -85,7 +85,8 @@ class ArtifactServiceServicer:
     def ListStepScreenshots(self, request, context):
         """Which screenshots the steps of a task have, ordered by attempt, step index, then phase
         (before first), paged. Operators only. NOT_FOUND for an unknown task; INVALID_ARGUMENT for
-        a missing task id, a negative attempt, a page size outside 0..1000 or a foreign token.
+        a missing task id, a negative attempt, a page size outside 0..1000 or a foreign token (not
+        from a ListStepScreenshots of this task).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

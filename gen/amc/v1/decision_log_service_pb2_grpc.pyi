@@ -38,7 +38,8 @@ class DecisionLogServiceStub:
     ListDecisions: _grpc.UnaryUnaryMultiCallable[_decision_log_service_pb2.ListDecisionsRequest, _decision_log_service_pb2.ListDecisionsResponse]
     """Decisions of one task in step order, paged. NOT_FOUND for an unknown task (a known task
     without decisions gives an empty list); INVALID_ARGUMENT for a missing task id, a negative
-    attempt, a page size outside 0..500 or a foreign page token.
+    attempt, a page size outside 0..500 or a foreign page token (not from a ListDecisions of
+    this task).
     """
     GetDecision: _grpc.UnaryUnaryMultiCallable[_decision_log_service_pb2.GetDecisionRequest, _decision_log_service_pb2.GetDecisionResponse]
     """One decision. NOT_FOUND for an unknown id."""
@@ -46,7 +47,8 @@ class DecisionLogServiceStub:
     """The conversation a session-mode attempt kept with the model, in order and readable (the
     opaque reasoning material — signatures, encrypted content — is not sent); empty for an
     attempt planned in compact mode. NOT_FOUND for an unknown task; INVALID_ARGUMENT for a
-    missing task id, an attempt below 1, a page size outside 0..500 or a foreign page token.
+    missing task id, an attempt below 1, a page size outside 0..500 or a foreign page token
+    (not from a GetConversation of this attempt).
     """
     ShipDecisions: _grpc.UnaryUnaryMultiCallable[_decision_log_service_pb2.ShipDecisionsRequest, _decision_log_service_pb2.ShipDecisionsResponse]
     """A host on the direct transport (planner in the host process) ships the decisions it made,
@@ -92,7 +94,8 @@ class DecisionLogServiceAsyncStub(DecisionLogServiceStub):
     ListDecisions: _aio.UnaryUnaryMultiCallable[_decision_log_service_pb2.ListDecisionsRequest, _decision_log_service_pb2.ListDecisionsResponse]  # type: ignore[assignment]
     """Decisions of one task in step order, paged. NOT_FOUND for an unknown task (a known task
     without decisions gives an empty list); INVALID_ARGUMENT for a missing task id, a negative
-    attempt, a page size outside 0..500 or a foreign page token.
+    attempt, a page size outside 0..500 or a foreign page token (not from a ListDecisions of
+    this task).
     """
     GetDecision: _aio.UnaryUnaryMultiCallable[_decision_log_service_pb2.GetDecisionRequest, _decision_log_service_pb2.GetDecisionResponse]  # type: ignore[assignment]
     """One decision. NOT_FOUND for an unknown id."""
@@ -100,7 +103,8 @@ class DecisionLogServiceAsyncStub(DecisionLogServiceStub):
     """The conversation a session-mode attempt kept with the model, in order and readable (the
     opaque reasoning material — signatures, encrypted content — is not sent); empty for an
     attempt planned in compact mode. NOT_FOUND for an unknown task; INVALID_ARGUMENT for a
-    missing task id, an attempt below 1, a page size outside 0..500 or a foreign page token.
+    missing task id, an attempt below 1, a page size outside 0..500 or a foreign page token
+    (not from a GetConversation of this attempt).
     """
     ShipDecisions: _aio.UnaryUnaryMultiCallable[_decision_log_service_pb2.ShipDecisionsRequest, _decision_log_service_pb2.ShipDecisionsResponse]  # type: ignore[assignment]
     """A host on the direct transport (planner in the host process) ships the decisions it made,
@@ -149,7 +153,8 @@ class DecisionLogServiceServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_decision_log_service_pb2.ListDecisionsResponse, _abc.Awaitable[_decision_log_service_pb2.ListDecisionsResponse]]:
         """Decisions of one task in step order, paged. NOT_FOUND for an unknown task (a known task
         without decisions gives an empty list); INVALID_ARGUMENT for a missing task id, a negative
-        attempt, a page size outside 0..500 or a foreign page token.
+        attempt, a page size outside 0..500 or a foreign page token (not from a ListDecisions of
+        this task).
         """
 
     @_abc_1.abstractmethod
@@ -169,7 +174,8 @@ class DecisionLogServiceServicer(metaclass=_abc_1.ABCMeta):
         """The conversation a session-mode attempt kept with the model, in order and readable (the
         opaque reasoning material — signatures, encrypted content — is not sent); empty for an
         attempt planned in compact mode. NOT_FOUND for an unknown task; INVALID_ARGUMENT for a
-        missing task id, an attempt below 1, a page size outside 0..500 or a foreign page token.
+        missing task id, an attempt below 1, a page size outside 0..500 or a foreign page token
+        (not from a GetConversation of this attempt).
         """
 
     @_abc_1.abstractmethod

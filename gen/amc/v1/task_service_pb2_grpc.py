@@ -84,7 +84,7 @@ class TaskServiceServicer:
         """List tasks, newest first, filtered and paged. INVALID_ARGUMENT for a page size outside
         0..500, a status unspecified or unknown to this server ("statuses: unknown value 9"), a
         query over 2,000 characters, a host id over 128, a malformed task_id_prefix or a page token
-        this server did not issue.
+        that is not from a ListTasks of this server.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -104,7 +104,7 @@ class TaskServiceServicer:
         reason), the host's result, and the task going back to the queue. Renewals are not listed
         one by one: each Attempt counts them (`renewals`, first and last). NOT_FOUND for an unknown
         task; INVALID_ARGUMENT for a missing task id, a negative attempt, a page size outside
-        0..1000 or a page token this server did not issue.
+        0..1000 or a page token that is not from a ListTaskEvents of this task.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

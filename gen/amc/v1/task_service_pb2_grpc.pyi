@@ -41,7 +41,7 @@ class TaskServiceStub:
     """List tasks, newest first, filtered and paged. INVALID_ARGUMENT for a page size outside
     0..500, a status unspecified or unknown to this server ("statuses: unknown value 9"), a
     query over 2,000 characters, a host id over 128, a malformed task_id_prefix or a page token
-    this server did not issue.
+    that is not from a ListTasks of this server.
     """
     CancelTask: _grpc.UnaryUnaryMultiCallable[_task_service_pb2.CancelTaskRequest, _task_service_pb2.CancelTaskResponse]
     """Cancel a task. Queued tasks end at once; running ones when the host acknowledges the revoke
@@ -53,7 +53,7 @@ class TaskServiceStub:
     reason), the host's result, and the task going back to the queue. Renewals are not listed
     one by one: each Attempt counts them (`renewals`, first and last). NOT_FOUND for an unknown
     task; INVALID_ARGUMENT for a missing task id, a negative attempt, a page size outside
-    0..1000 or a page token this server did not issue.
+    0..1000 or a page token that is not from a ListTaskEvents of this task.
     """
 
 @_typing.type_check_only
@@ -69,7 +69,7 @@ class TaskServiceAsyncStub(TaskServiceStub):
     """List tasks, newest first, filtered and paged. INVALID_ARGUMENT for a page size outside
     0..500, a status unspecified or unknown to this server ("statuses: unknown value 9"), a
     query over 2,000 characters, a host id over 128, a malformed task_id_prefix or a page token
-    this server did not issue.
+    that is not from a ListTasks of this server.
     """
     CancelTask: _aio.UnaryUnaryMultiCallable[_task_service_pb2.CancelTaskRequest, _task_service_pb2.CancelTaskResponse]  # type: ignore[assignment]
     """Cancel a task. Queued tasks end at once; running ones when the host acknowledges the revoke
@@ -81,7 +81,7 @@ class TaskServiceAsyncStub(TaskServiceStub):
     reason), the host's result, and the task going back to the queue. Renewals are not listed
     one by one: each Attempt counts them (`renewals`, first and last). NOT_FOUND for an unknown
     task; INVALID_ARGUMENT for a missing task id, a negative attempt, a page size outside
-    0..1000 or a page token this server did not issue.
+    0..1000 or a page token that is not from a ListTaskEvents of this task.
     """
 
 class TaskServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -112,7 +112,7 @@ class TaskServiceServicer(metaclass=_abc_1.ABCMeta):
         """List tasks, newest first, filtered and paged. INVALID_ARGUMENT for a page size outside
         0..500, a status unspecified or unknown to this server ("statuses: unknown value 9"), a
         query over 2,000 characters, a host id over 128, a malformed task_id_prefix or a page token
-        this server did not issue.
+        that is not from a ListTasks of this server.
         """
 
     @_abc_1.abstractmethod
@@ -136,7 +136,7 @@ class TaskServiceServicer(metaclass=_abc_1.ABCMeta):
         reason), the host's result, and the task going back to the queue. Renewals are not listed
         one by one: each Attempt counts them (`renewals`, first and last). NOT_FOUND for an unknown
         task; INVALID_ARGUMENT for a missing task id, a negative attempt, a page size outside
-        0..1000 or a page token this server did not issue.
+        0..1000 or a page token that is not from a ListTaskEvents of this task.
         """
 
 def add_TaskServiceServicer_to_server(servicer: TaskServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
