@@ -26,6 +26,7 @@ from amc.v1 import (
 )
 from cloud.server import CloudServer
 from tests.cloud.cloud_harness import ScriptedHost, channel
+from tests.cloud.test_contract_defects import _described
 
 #: Far longer than any id the cloud issues, far shorter than a request may be (4 MiB).
 OVERSIZE = "x" * 100_000
@@ -227,4 +228,85 @@ async def test_a_page_token_continues_only_the_listing_it_came_from(
             assert (refused.details() or "").startswith("page_token: "), refused.details()
     finally:
         await host.close()
+        await ops.close()
+
+
+async def _answer(call: Any, request: Any) -> grpc.StatusCode:
+    """The status a unary or server-streaming call ends with (its first message for a stream)."""
+    try:
+        answer = call(request, timeout=10)
+        if hasattr(answer, "read"):
+            await answer.read()
+            answer.cancel()
+        else:
+            await answer
+    except grpc.aio.AioRpcError as err:
+        return err.code()
+    return grpc.StatusCode.OK
+
+
+async def test_each_refusal_an_rpc_answers_is_named_in_its_comment(
+    offline_cloud: CloudServer, pki_dir: Path
+) -> None:
+    """A client written from proto/ learns an RPC's refusals from its comment, as reflection
+    serves it. Some were not there: WatchProgress answered NOT_FOUND for a task that does not
+    exist yet (a watch opened before its submission), GetTask, GetDecision and CancelTask
+    INVALID_ARGUMENT for a missing id, CancelTask NOT_FOUND, SubmitTask INVALID_ARGUMENT."""
+    ops = channel(offline_cloud.address, pki_dir, "operator-ops")
+    try:
+        tasks = task_service_pb2_grpc.TaskServiceStub(ops)
+        log = decision_log_service_pb2_grpc.DecisionLogServiceStub(ops)
+        progress = progress_service_pb2_grpc.ProgressServiceStub(ops)
+        probes = [
+            ("TaskService", "SubmitTask", tasks.SubmitTask, task_service_pb2.SubmitTaskRequest()),
+            ("TaskService", "GetTask", tasks.GetTask, task_service_pb2.GetTaskRequest()),
+            (
+                "TaskService",
+                "GetTask",
+                tasks.GetTask,
+                task_service_pb2.GetTaskRequest(task_id="nope"),
+            ),
+            ("TaskService", "CancelTask", tasks.CancelTask, task_service_pb2.CancelTaskRequest()),
+            (
+                "TaskService",
+                "CancelTask",
+                tasks.CancelTask,
+                task_service_pb2.CancelTaskRequest(task_id="nope"),
+            ),
+            (
+                "DecisionLogService",
+                "GetDecision",
+                log.GetDecision,
+                decision_log_service_pb2.GetDecisionRequest(),
+            ),
+            (
+                "DecisionLogService",
+                "GetDecision",
+                log.GetDecision,
+                decision_log_service_pb2.GetDecisionRequest(decision_id="nope"),
+            ),
+            (
+                "ProgressService",
+                "WatchProgress",
+                progress.WatchProgress,
+                progress_service_pb2.WatchProgressRequest(task_id="not-submitted-yet"),
+            ),
+        ]
+        unnamed = []
+        for service, method, call, request in probes:
+            code = await _answer(call, request)
+            assert code != grpc.StatusCode.OK, (method, request)
+            symbol = f"amc.v1.{service}.{method}"
+            described = await _described(offline_cloud.address, pki_dir, symbol)
+            (s,) = [i for i, x in enumerate(described.service) if x.name == service]
+            (m,) = [i for i, x in enumerate(described.service[s].method) if x.name == method]
+            (comment,) = [
+                loc.leading_comments
+                for loc in described.source_code_info.location
+                if list(loc.path) == [6, s, 2, m]
+            ]
+            if code.name not in comment:
+                unnamed.append(f"{method} answers {code.name}")
+        assert unnamed == []
+    finally:
         await ops.close()

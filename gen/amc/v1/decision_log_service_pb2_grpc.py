@@ -74,7 +74,7 @@ class DecisionLogServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def GetDecision(self, request, context):
-        """One decision. NOT_FOUND for an unknown id.
+        """One decision. NOT_FOUND for an unknown id; INVALID_ARGUMENT for a missing one.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -42,7 +42,7 @@ class DecisionLogServiceStub:
     this task).
     """
     GetDecision: _grpc.UnaryUnaryMultiCallable[_decision_log_service_pb2.GetDecisionRequest, _decision_log_service_pb2.GetDecisionResponse]
-    """One decision. NOT_FOUND for an unknown id."""
+    """One decision. NOT_FOUND for an unknown id; INVALID_ARGUMENT for a missing one."""
     GetConversation: _grpc.UnaryUnaryMultiCallable[_decision_log_service_pb2.GetConversationRequest, _decision_log_service_pb2.GetConversationResponse]
     """The conversation a session-mode attempt kept with the model, in order and readable (the
     opaque reasoning material — signatures, encrypted content — is not sent); empty for an
@@ -98,7 +98,7 @@ class DecisionLogServiceAsyncStub(DecisionLogServiceStub):
     this task).
     """
     GetDecision: _aio.UnaryUnaryMultiCallable[_decision_log_service_pb2.GetDecisionRequest, _decision_log_service_pb2.GetDecisionResponse]  # type: ignore[assignment]
-    """One decision. NOT_FOUND for an unknown id."""
+    """One decision. NOT_FOUND for an unknown id; INVALID_ARGUMENT for a missing one."""
     GetConversation: _aio.UnaryUnaryMultiCallable[_decision_log_service_pb2.GetConversationRequest, _decision_log_service_pb2.GetConversationResponse]  # type: ignore[assignment]
     """The conversation a session-mode attempt kept with the model, in order and readable (the
     opaque reasoning material — signatures, encrypted content — is not sent); empty for an
@@ -163,7 +163,7 @@ class DecisionLogServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _decision_log_service_pb2.GetDecisionRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_decision_log_service_pb2.GetDecisionResponse, _abc.Awaitable[_decision_log_service_pb2.GetDecisionResponse]]:
-        """One decision. NOT_FOUND for an unknown id."""
+        """One decision. NOT_FOUND for an unknown id; INVALID_ARGUMENT for a missing one."""
 
     @_abc_1.abstractmethod
     def GetConversation(

@@ -50,7 +50,9 @@ class ProgressServiceServicer:
         """Stream changes of one task, or of every task. The stream starts with the current snapshot
         (one message per matching task that has not ended; for a single task, the task whatever its
         status), then one message per change (with `batched`, several tasks per message). It ends
-        when a watched single task ends.
+        when a watched single task ends. NOT_FOUND for a task id this cloud does not know: a watch
+        opened before its task was submitted is refused, not kept waiting (submit, then watch the
+        id SubmitTask answered).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -37,7 +37,9 @@ class ProgressServiceStub:
     """Stream changes of one task, or of every task. The stream starts with the current snapshot
     (one message per matching task that has not ended; for a single task, the task whatever its
     status), then one message per change (with `batched`, several tasks per message). It ends
-    when a watched single task ends.
+    when a watched single task ends. NOT_FOUND for a task id this cloud does not know: a watch
+    opened before its task was submitted is refused, not kept waiting (submit, then watch the
+    id SubmitTask answered).
     """
 
 @_typing.type_check_only
@@ -49,7 +51,9 @@ class ProgressServiceAsyncStub(ProgressServiceStub):
     """Stream changes of one task, or of every task. The stream starts with the current snapshot
     (one message per matching task that has not ended; for a single task, the task whatever its
     status), then one message per change (with `batched`, several tasks per message). It ends
-    when a watched single task ends.
+    when a watched single task ends. NOT_FOUND for a task id this cloud does not know: a watch
+    opened before its task was submitted is refused, not kept waiting (submit, then watch the
+    id SubmitTask answered).
     """
 
 class ProgressServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -64,7 +68,9 @@ class ProgressServiceServicer(metaclass=_abc_1.ABCMeta):
         """Stream changes of one task, or of every task. The stream starts with the current snapshot
         (one message per matching task that has not ended; for a single task, the task whatever its
         status), then one message per change (with `batched`, several tasks per message). It ends
-        when a watched single task ends.
+        when a watched single task ends. NOT_FOUND for a task id this cloud does not know: a watch
+        opened before its task was submitted is refused, not kept waiting (submit, then watch the
+        id SubmitTask answered).
         """
 
 def add_ProgressServiceServicer_to_server(servicer: ProgressServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -68,13 +68,17 @@ class TaskServiceServicer:
 
     def SubmitTask(self, request, context):
         """Queue a task. With a client_request_id already seen, returns the task created then.
+        INVALID_ARGUMENT naming the field for a value outside what its comment allows ("goal: at
+        most 2000 characters"); FAILED_PRECONDITION for secrets when the cloud has no key for them
+        (see `secrets`).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def GetTask(self, request, context):
-        """Read one task with all its attempts. NOT_FOUND for an unknown id.
+        """Read one task with all its attempts. NOT_FOUND for an unknown id; INVALID_ARGUMENT for a
+        missing one.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -92,7 +96,10 @@ class TaskServiceServicer:
 
     def CancelTask(self, request, context):
         """Cancel a task. Queued tasks end at once; running ones when the host acknowledges the revoke
-        or the lease runs out. FAILED_PRECONDITION for a task that already ended.
+        or the lease runs out. FAILED_PRECONDITION for a task that already ended; NOT_FOUND for an
+        unknown task; INVALID_ARGUMENT for a missing task id, a reason over 500 characters or an
+        on_behalf_of over 64 printable characters. Cancelling a task already being cancelled
+        answers as the first cancel did (the first reason is kept).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -34,9 +34,15 @@ class TaskServiceStub:
     @_typing.overload
     def __new__(cls, channel: _aio.Channel) -> TaskServiceAsyncStub: ...
     SubmitTask: _grpc.UnaryUnaryMultiCallable[_task_service_pb2.SubmitTaskRequest, _task_service_pb2.SubmitTaskResponse]
-    """Queue a task. With a client_request_id already seen, returns the task created then."""
+    """Queue a task. With a client_request_id already seen, returns the task created then.
+    INVALID_ARGUMENT naming the field for a value outside what its comment allows ("goal: at
+    most 2000 characters"); FAILED_PRECONDITION for secrets when the cloud has no key for them
+    (see `secrets`).
+    """
     GetTask: _grpc.UnaryUnaryMultiCallable[_task_service_pb2.GetTaskRequest, _task_service_pb2.GetTaskResponse]
-    """Read one task with all its attempts. NOT_FOUND for an unknown id."""
+    """Read one task with all its attempts. NOT_FOUND for an unknown id; INVALID_ARGUMENT for a
+    missing one.
+    """
     ListTasks: _grpc.UnaryUnaryMultiCallable[_task_service_pb2.ListTasksRequest, _task_service_pb2.ListTasksResponse]
     """List tasks, newest first, filtered and paged. INVALID_ARGUMENT for a page size outside
     0..500, a status unspecified or unknown to this server ("statuses: unknown value 9"), a
@@ -45,7 +51,10 @@ class TaskServiceStub:
     """
     CancelTask: _grpc.UnaryUnaryMultiCallable[_task_service_pb2.CancelTaskRequest, _task_service_pb2.CancelTaskResponse]
     """Cancel a task. Queued tasks end at once; running ones when the host acknowledges the revoke
-    or the lease runs out. FAILED_PRECONDITION for a task that already ended.
+    or the lease runs out. FAILED_PRECONDITION for a task that already ended; NOT_FOUND for an
+    unknown task; INVALID_ARGUMENT for a missing task id, a reason over 500 characters or an
+    on_behalf_of over 64 printable characters. Cancelling a task already being cancelled
+    answers as the first cancel did (the first reason is kept).
     """
     ListTaskEvents: _grpc.UnaryUnaryMultiCallable[_task_service_pb2.ListTaskEventsRequest, _task_service_pb2.ListTaskEventsResponse]
     """What happened to a task's leases, oldest first: each attempt's assignment, resumption after
@@ -62,9 +71,15 @@ class TaskServiceAsyncStub(TaskServiceStub):
 
     def __init__(self, channel: _aio.Channel) -> None: ...
     SubmitTask: _aio.UnaryUnaryMultiCallable[_task_service_pb2.SubmitTaskRequest, _task_service_pb2.SubmitTaskResponse]  # type: ignore[assignment]
-    """Queue a task. With a client_request_id already seen, returns the task created then."""
+    """Queue a task. With a client_request_id already seen, returns the task created then.
+    INVALID_ARGUMENT naming the field for a value outside what its comment allows ("goal: at
+    most 2000 characters"); FAILED_PRECONDITION for secrets when the cloud has no key for them
+    (see `secrets`).
+    """
     GetTask: _aio.UnaryUnaryMultiCallable[_task_service_pb2.GetTaskRequest, _task_service_pb2.GetTaskResponse]  # type: ignore[assignment]
-    """Read one task with all its attempts. NOT_FOUND for an unknown id."""
+    """Read one task with all its attempts. NOT_FOUND for an unknown id; INVALID_ARGUMENT for a
+    missing one.
+    """
     ListTasks: _aio.UnaryUnaryMultiCallable[_task_service_pb2.ListTasksRequest, _task_service_pb2.ListTasksResponse]  # type: ignore[assignment]
     """List tasks, newest first, filtered and paged. INVALID_ARGUMENT for a page size outside
     0..500, a status unspecified or unknown to this server ("statuses: unknown value 9"), a
@@ -73,7 +88,10 @@ class TaskServiceAsyncStub(TaskServiceStub):
     """
     CancelTask: _aio.UnaryUnaryMultiCallable[_task_service_pb2.CancelTaskRequest, _task_service_pb2.CancelTaskResponse]  # type: ignore[assignment]
     """Cancel a task. Queued tasks end at once; running ones when the host acknowledges the revoke
-    or the lease runs out. FAILED_PRECONDITION for a task that already ended.
+    or the lease runs out. FAILED_PRECONDITION for a task that already ended; NOT_FOUND for an
+    unknown task; INVALID_ARGUMENT for a missing task id, a reason over 500 characters or an
+    on_behalf_of over 64 printable characters. Cancelling a task already being cancelled
+    answers as the first cancel did (the first reason is kept).
     """
     ListTaskEvents: _aio.UnaryUnaryMultiCallable[_task_service_pb2.ListTaskEventsRequest, _task_service_pb2.ListTaskEventsResponse]  # type: ignore[assignment]
     """What happened to a task's leases, oldest first: each attempt's assignment, resumption after
@@ -93,7 +111,11 @@ class TaskServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _task_service_pb2.SubmitTaskRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_task_service_pb2.SubmitTaskResponse, _abc.Awaitable[_task_service_pb2.SubmitTaskResponse]]:
-        """Queue a task. With a client_request_id already seen, returns the task created then."""
+        """Queue a task. With a client_request_id already seen, returns the task created then.
+        INVALID_ARGUMENT naming the field for a value outside what its comment allows ("goal: at
+        most 2000 characters"); FAILED_PRECONDITION for secrets when the cloud has no key for them
+        (see `secrets`).
+        """
 
     @_abc_1.abstractmethod
     def GetTask(
@@ -101,7 +123,9 @@ class TaskServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _task_service_pb2.GetTaskRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_task_service_pb2.GetTaskResponse, _abc.Awaitable[_task_service_pb2.GetTaskResponse]]:
-        """Read one task with all its attempts. NOT_FOUND for an unknown id."""
+        """Read one task with all its attempts. NOT_FOUND for an unknown id; INVALID_ARGUMENT for a
+        missing one.
+        """
 
     @_abc_1.abstractmethod
     def ListTasks(
@@ -122,7 +146,10 @@ class TaskServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_task_service_pb2.CancelTaskResponse, _abc.Awaitable[_task_service_pb2.CancelTaskResponse]]:
         """Cancel a task. Queued tasks end at once; running ones when the host acknowledges the revoke
-        or the lease runs out. FAILED_PRECONDITION for a task that already ended.
+        or the lease runs out. FAILED_PRECONDITION for a task that already ended; NOT_FOUND for an
+        unknown task; INVALID_ARGUMENT for a missing task id, a reason over 500 characters or an
+        on_behalf_of over 64 printable characters. Cancelling a task already being cancelled
+        answers as the first cancel did (the first reason is kept).
         """
 
     @_abc_1.abstractmethod
