@@ -48,6 +48,8 @@ _LIMITS = {
     "provider": 32,
     "model": 128,
     "tool_name": 64,
+    "flow_id": 32,  # the cloud's flow ids (a column of that width)
+    "replay_divergence": MAX_MODEL_TEXT,
 }
 #: The most one shipped usage may count, of each kind of token and in dollars: far past what
 #: any model call costs, yet a sum of millions of them still fits the 64-bit totals. A usage

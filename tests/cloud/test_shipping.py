@@ -409,6 +409,31 @@ async def test_a_shipped_usage_out_of_range_is_refused_and_the_task_stays_readab
     assert [d.step_index for d in await logged(held)] == [1]
 
 
+async def test_a_shipped_replay_handover_out_of_bounds_is_refused_naming_the_field(
+    held: Held,
+) -> None:
+    """A shipped decision's replay handover (flow_id, replay_divergence) was stored unchecked:
+    a flow id longer than the cloud's 32 characters failed INTERNAL on PostgreSQL (its column
+    is 32 wide; SQLite kept it), and a divergence of megabytes was stored whole. Both are
+    INVALID_ARGUMENT naming the field, like the decision's other text; nothing is logged."""
+    a = held.assignment
+    long_flow = shipped(a, "h1")
+    long_flow.decision.flow_id = "f" * 33
+    long_flow.decision.flow_step = 2
+    long_flow.decision.replay_divergence = "the screen differed"
+    long_reason = shipped(a, "h2")
+    long_reason.decision.flow_id = "f" * 32
+    long_reason.decision.flow_step = 2
+    long_reason.decision.replay_divergence = "x" * (64 * 1024 + 1)
+    for entry, field in (
+        (long_flow, "entries[0].decision.flow_id: 33 bytes; at most 32"),
+        (long_reason, "entries[0].decision.replay_divergence: 65537 bytes; at most 65536"),
+    ):
+        error = await refused(ship(held, entry))
+        assert (error.code(), error.details()) == (grpc.StatusCode.INVALID_ARGUMENT, field)
+    assert await logged(held) == []
+
+
 async def test_a_just_ended_lease_takes_shipments_until_the_window_closes(
     make_settings: SettingsFactory, pki_dir: Path
 ) -> None:
