@@ -92,6 +92,8 @@ def _provider_wait(err: PlannerTransient) -> tuple[tuple[str, str], ...]:
     return ((WAITING_FOR_KEY, MODEL_PROVIDER), (RETRY_AFTER_KEY, f"{err.retry_after:g}"))
 
 
+#: How a PNG and a JPEG begin, the two formats Decide takes.
+_IMAGE_MAGIC = (b"\x89PNG", b"\xff\xd8\xff")
 MAX_SYSTEM_PROMPT = 64 * 1024
 MAX_USER_PROMPT = 512 * 1024
 MAX_SCREENSHOT = 8 * 1024 * 1024
@@ -710,12 +712,23 @@ class PlannerServicer(planner_service_pb2_grpc.PlannerServiceServicer):
             await planner.aclose()
 
 
+def _screenshot_problem(data: bytes) -> str | None:
+    """INVALID_ARGUMENT text for a screenshot Decide does not take, or None. The model is sent
+    a PNG or a JPEG: other bytes went to it labelled image/png, the provider refused the whole
+    request, and the step failed UNKNOWN as if the model had given no usable decision."""
+    if len(data) > MAX_SCREENSHOT:
+        return f"screenshot is {len(data)} bytes; at most {MAX_SCREENSHOT}"
+    if data and not data.startswith(_IMAGE_MAGIC):
+        return "screenshot: not a PNG or JPEG image (or leave it empty)"
+    return None
+
+
 def _typed_problem(request: planner_service_pb2.DecideRequest) -> str | None:
     """INVALID_ARGUMENT text for a typed request, naming the field, or None."""
     if request.system_prompt or request.user_prompt or request.HasField("session"):
         return "set observation or the deprecated prompt/session fields, not both"
-    if len(request.screenshot) > MAX_SCREENSHOT:
-        return f"screenshot is {len(request.screenshot)} bytes; at most {MAX_SCREENSHOT}"
+    if screenshot := _screenshot_problem(request.screenshot):
+        return screenshot
     if request.HasField("previous_outcome") and request.previous_outcome.step_index < 1:
         return "previous_outcome.step_index: must be 1 or more"
     return step_key_problem(request.step_key) or observation_problem(request.observation)
@@ -733,8 +746,8 @@ def _size_problem(request: planner_service_pb2.DecideRequest) -> str | None:
         return "user_prompt is empty"
     if user_len > MAX_USER_PROMPT:
         return f"user_prompt is {user_len} bytes; at most {MAX_USER_PROMPT}"
-    if len(request.screenshot) > MAX_SCREENSHOT:
-        return f"screenshot is {len(request.screenshot)} bytes; at most {MAX_SCREENSHOT}"
+    if screenshot := _screenshot_problem(request.screenshot):
+        return screenshot
     if request.screen_width < 0 or request.screen_height < 0:
         return "screen_width and screen_height must not be negative"
     return None

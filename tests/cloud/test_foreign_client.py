@@ -27,6 +27,7 @@ from amc.v1 import (
 from cloud.server import CloudServer
 from tests.cloud.cloud_harness import ScriptedHost, channel
 from tests.cloud.test_contract_defects import _described
+from tests.support.fakes import FakeModelServer
 
 #: Far longer than any id the cloud issues, far shorter than a request may be (4 MiB).
 OVERSIZE = "x" * 100_000
@@ -309,4 +310,48 @@ async def test_each_refusal_an_rpc_answers_is_named_in_its_comment(
                 unnamed.append(f"{method} answers {code.name}")
         assert unnamed == []
     finally:
+        await ops.close()
+
+
+@pytest.fixture
+def anthropic_env() -> dict[str, str]:
+    """`anthropic_cloud` shows the model the host's screenshot."""
+    return {"AMC_PLANNER_SEND_SCREENSHOT": "true"}
+
+
+async def test_a_screenshot_that_is_not_png_or_jpeg_is_refused_before_the_model_call(
+    anthropic_cloud: CloudServer, model: FakeModelServer, pki_dir: Path
+) -> None:
+    """Decide takes "a PNG or JPEG of the screen" and passed whatever bytes came to the model:
+    a host that sent a GIF had it labelled image/png, Anthropic refused the request (400 "Image
+    does not match the provided media type"), and the step failed UNKNOWN as if the model had
+    given no usable decision. It is INVALID_ARGUMENT naming the field, and no model call."""
+    host = ScriptedHost(anthropic_cloud.address, pki_dir, "a")
+    ops = channel(anthropic_cloud.address, pki_dir, "operator-ops")
+    try:
+        await host.connect(["a-phone"])
+        await task_service_pb2_grpc.TaskServiceStub(ops).SubmitTask(
+            task_service_pb2.SubmitTaskRequest(
+                goal="open settings", target=types_pb2.TaskTarget(host_id="a")
+            )
+        )
+        a = (await host.next("assignment")).assignment
+        decide = planner_service_pb2_grpc.PlannerServiceStub(host._channel).Decide
+        observation = types_pb2.ScreenObservation(screen_width=1080, screen_height=2400)
+        for screenshot in (b"GIF89a" + bytes(64), b"not an image at all"):
+            refused = await _refusal(
+                decide,
+                planner_service_pb2.DecideRequest(
+                    task_id=a.task_id,
+                    attempt=a.attempt,
+                    lease_id=a.lease_id,
+                    observation=observation,
+                    screenshot=screenshot,
+                ),
+            )
+            assert refused.code() == grpc.StatusCode.INVALID_ARGUMENT, refused.details()
+            assert (refused.details() or "").startswith("screenshot: "), refused.details()
+        assert model.requests == []
+    finally:
+        await host.close()
         await ops.close()

@@ -78,8 +78,9 @@ class DecideRequest(_message.Message):
         """
 
     screenshot: _builtins.bytes
-    """Optional PNG or JPEG of the screen (at most 8 MiB), shown to the model with the step in
-    compact mode when the cloud sends screenshots. Used for the model call, never stored.
+    """Optional PNG or JPEG of the screen (at most 8 MiB; other formats are INVALID_ARGUMENT),
+    shown to the model with the step in compact mode when the cloud sends screenshots. Used
+    for the model call, never stored.
     """
     @_builtins.property
     @_deprecated("""This field has been marked as deprecated using proto field options.""")

@@ -65,7 +65,8 @@ class PlannerServiceServicer:
         another host's (or the caller's certificate is an operator's); FAILED_PRECONDITION when
         (task, attempt, lease id) is not a live lease (expired, revoked, superseded, unknown);
         INVALID_ARGUMENT, naming the field, for a missing or oversize observation (see
-        ScreenObservation and UiElement for the limits), a screenshot over 8 MiB, or a
+        ScreenObservation and UiElement for the limits), a screenshot over 8 MiB or not a PNG or
+        JPEG (by its first bytes; "screenshot: not a PNG or JPEG image …"), or a
         previous_outcome that names no decision of this attempt or carries an oversize error,
         driver output or evidence (a verdict this cloud does not know is read as UNSPECIFIED, not
         refused: see ActionOutcome.verdict); then previous_outcome is recorded (see
