@@ -173,7 +173,9 @@ class FleetServicer(fleet_service_pb2_grpc.FleetServiceServicer):
                 grpc.StatusCode.INVALID_ARGUMENT,
                 f"since_day..until_day: at most {MAX_SPEND_DAYS} days",
             )
-        rows = await spend.spend_rows(self._store, since, until + dt.timedelta(days=1))
+        # The end of `until_day`: 9999-12-31 has no next day to start it.
+        end = until + dt.timedelta(days=1) if until.date() < dt.date.max else dt.datetime.max
+        rows = await spend.spend_rows(self._store, since, end.replace(tzinfo=dt.UTC))
         s = self._settings
         return pb.GetSpendResponse(
             rows=[

@@ -14,6 +14,8 @@ import pytest
 from amc.v1 import (
     decision_log_service_pb2,
     decision_log_service_pb2_grpc,
+    fleet_service_pb2,
+    fleet_service_pb2_grpc,
     flow_service_pb2,
     flow_service_pb2_grpc,
     planner_service_pb2,
@@ -354,4 +356,21 @@ async def test_a_screenshot_that_is_not_png_or_jpeg_is_refused_before_the_model_
         assert model.requests == []
     finally:
         await host.close()
+        await ops.close()
+
+
+async def test_spend_of_the_last_day_a_date_can_name_is_an_empty_answer(
+    offline_cloud: CloudServer, pki_dir: Path
+) -> None:
+    """GetSpend takes any YYYY-MM-DD day, and read up to the day after `until_day`: 9999-12-31
+    has none, and the operator got INTERNAL ("internal error; retry later") for a well-formed
+    request. It answers what was spent in that range: nothing."""
+    ops = channel(offline_cloud.address, pki_dir, "operator-ops")
+    try:
+        fleet = fleet_service_pb2_grpc.FleetServiceStub(ops)
+        answer = await fleet.GetSpend(
+            fleet_service_pb2.GetSpendRequest(since_day="9999-12-31", until_day="9999-12-31")
+        )
+        assert list(answer.rows) == []
+    finally:
         await ops.close()
