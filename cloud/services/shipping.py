@@ -242,16 +242,19 @@ async def ship_decisions(
                 duplicate=duplicate,
             )
         )
-    for record in request.failed_calls:
-        await spend.count_failed(
-            store,
-            host_id,
-            record.task_id,
-            record.attempt,
-            Billed(record.provider, record.model, usage_from_proto(record.usage)),
-            record.error,
-            host_spend_id=record.host_spend_id,
-        )
+    for i, record in enumerate(request.failed_calls):
+        try:
+            await spend.count_failed(
+                store,
+                host_id,
+                record.task_id,
+                record.attempt,
+                Billed(record.provider, record.model, usage_from_proto(record.usage)),
+                record.error,
+                host_spend_id=record.host_spend_id,
+            )
+        except spend.SpentElsewhere as exc:
+            await abort(context, grpc.StatusCode.INVALID_ARGUMENT, f"failed_calls[{i}]: {exc}")
     return response
 
 

@@ -85,6 +85,11 @@ async def add_to_task_totals(
     )
 
 
+class SpentElsewhere(ValueError):
+    """A host spend id that names a record of another attempt (the host reused an id): counting
+    it as a resend would drop what this attempt was billed."""
+
+
 async def count_failed(
     store: Store,
     host_id: str,
@@ -101,11 +106,18 @@ async def count_failed(
     u = billed.usage
     if host_spend_id is not None:
         async with store.read() as session:
-            seen = await session.scalar(
-                select(FailedDecisionSpendRow.spend_id).where(
-                    FailedDecisionSpendRow.host_id == host_id,
-                    FailedDecisionSpendRow.host_spend_id == host_spend_id,
+            seen = (
+                await session.execute(
+                    select(FailedDecisionSpendRow.task_id, FailedDecisionSpendRow.attempt).where(
+                        FailedDecisionSpendRow.host_id == host_id,
+                        FailedDecisionSpendRow.host_spend_id == host_spend_id,
+                    )
                 )
+            ).first()
+        if seen is not None and tuple(seen) != (task_id, attempt):
+            raise SpentElsewhere(
+                f"host_spend_id {host_spend_id!r} already names a record of task {seen[0]!r} "
+                f"attempt {seen[1]}"
             )
         if seen is not None:
             return False

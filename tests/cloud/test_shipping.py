@@ -434,6 +434,34 @@ async def test_a_shipped_replay_handover_out_of_bounds_is_refused_naming_the_fie
     assert await logged(held) == []
 
 
+async def test_a_host_spend_id_reused_for_another_attempt_is_refused_not_dropped(
+    held: Held,
+) -> None:
+    """A host_spend_id already counted for one attempt, sent again for another, was answered
+    OK and counted nowhere: the second attempt's billed calls vanished from its task's totals
+    (its budget) and the fleet's day. Like a reused host_decision_id, it is INVALID_ARGUMENT
+    naming the record and the attempt the id already names."""
+    a = held.assignment
+    request = decision_log_service_pb2.ShipDecisionsRequest
+    await held.decisions.ShipDecisions(request(failed_calls=[failed_calls(a, "f1")]))
+    await submit(held.ops, target=types_pb2.TaskTarget(host_id="h1"))
+    await held.host.send(result(a))
+    await held.host.next("result_ack")
+    b = (await held.host.next("assignment")).assignment
+    again = failed_calls(a, "f1")  # a resend for the same attempt: acknowledged, counted once
+    await held.decisions.ShipDecisions(request(failed_calls=[again]))
+    error = await refused(
+        held.decisions.ShipDecisions(request(failed_calls=[failed_calls(b, "f1")]))
+    )
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT, error
+    assert error.details() == (
+        f"failed_calls[0]: host_spend_id 'f1' already names a record of task {a.task_id!r} "
+        "attempt 1"
+    )
+    first = (await held.ops.GetTask(task_pb.GetTaskRequest(task_id=a.task_id))).task
+    assert first.totals.usage.input_tokens == 500
+
+
 async def test_a_just_ended_lease_takes_shipments_until_the_window_closes(
     make_settings: SettingsFactory, pki_dir: Path
 ) -> None:

@@ -478,7 +478,8 @@ class ShippedFailedCalls(_message.Message):
     ERROR_FIELD_NUMBER: _builtins.int
     host_spend_id: _builtins.str
     """The host's own id for this record, as host_decision_id: 1 to 64 characters of A-Z a-z 0-9
-    _ -, unique among this host's records. Counted once per id; a resend changes nothing.
+    _ -, unique among this host's records. Counted once per id; a resend (the same id for the
+    same attempt) changes nothing, the id for another attempt is refused (see ShipDecisions).
     """
     task_id: _builtins.str
     """Task of the failed decision (from the Assignment)."""

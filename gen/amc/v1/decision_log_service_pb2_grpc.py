@@ -123,7 +123,10 @@ class DecisionLogServiceServicer:
 
         `failed_calls` (ShippedFailedCalls) are checked like entries (the same lease rule; fields
         named `failed_calls[1].usage`) and counted after the entries, each once per host_spend_id:
-        no decision is logged for them, and an OK answer means every one is counted.
+        no decision is logged for them, and an OK answer means every one is counted. A
+        host_spend_id this host already used for another attempt is INVALID_ARGUMENT
+        ("failed_calls[0]: host_spend_id 'x' already names a record of task … attempt 1"), found
+        while counting: the entries and the records before it stay counted.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -82,7 +82,10 @@ class DecisionLogServiceStub:
 
     `failed_calls` (ShippedFailedCalls) are checked like entries (the same lease rule; fields
     named `failed_calls[1].usage`) and counted after the entries, each once per host_spend_id:
-    no decision is logged for them, and an OK answer means every one is counted.
+    no decision is logged for them, and an OK answer means every one is counted. A
+    host_spend_id this host already used for another attempt is INVALID_ARGUMENT
+    ("failed_calls[0]: host_spend_id 'x' already names a record of task … attempt 1"), found
+    while counting: the entries and the records before it stay counted.
     """
 
 @_typing.type_check_only
@@ -139,7 +142,10 @@ class DecisionLogServiceAsyncStub(DecisionLogServiceStub):
 
     `failed_calls` (ShippedFailedCalls) are checked like entries (the same lease rule; fields
     named `failed_calls[1].usage`) and counted after the entries, each once per host_spend_id:
-    no decision is logged for them, and an OK answer means every one is counted.
+    no decision is logged for them, and an OK answer means every one is counted. A
+    host_spend_id this host already used for another attempt is INVALID_ARGUMENT
+    ("failed_calls[0]: host_spend_id 'x' already names a record of task … attempt 1"), found
+    while counting: the entries and the records before it stay counted.
     """
 
 class DecisionLogServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -217,7 +223,10 @@ class DecisionLogServiceServicer(metaclass=_abc_1.ABCMeta):
 
         `failed_calls` (ShippedFailedCalls) are checked like entries (the same lease rule; fields
         named `failed_calls[1].usage`) and counted after the entries, each once per host_spend_id:
-        no decision is logged for them, and an OK answer means every one is counted.
+        no decision is logged for them, and an OK answer means every one is counted. A
+        host_spend_id this host already used for another attempt is INVALID_ARGUMENT
+        ("failed_calls[0]: host_spend_id 'x' already names a record of task … attempt 1"), found
+        while counting: the entries and the records before it stay counted.
         """
 
 def add_DecisionLogServiceServicer_to_server(servicer: DecisionLogServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
