@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import io
+import logging
 from collections.abc import AsyncIterator
 from typing import Any, TypeAlias
 
@@ -39,6 +40,8 @@ PHASES: dict[int, str] = {
 }
 _PHASE_VALUES = {name: value for value, name in PHASES.items()}
 Context: TypeAlias = grpc.aio.ServicerContext[Any, Any]
+
+log = logging.getLogger(__name__)
 
 
 def image_size(data: bytes, content_type: str) -> tuple[int, int] | str:
@@ -155,6 +158,9 @@ class ArtifactServicer(artifact_service_pb2_grpc.ArtifactServiceServicer):
         key = object_key(
             request.task_id, request.attempt, step.step_index, phase, request.content_type
         )
+        replaced = await screenshots.get(
+            self._store, request.task_id, request.attempt, step.step_index, phase
+        )
         try:
             await self._artifacts.put(key, request.data, request.content_type)
         except ArtifactStoreUnavailable as exc:
@@ -179,6 +185,15 @@ class ArtifactServicer(artifact_service_pb2_grpc.ArtifactServiceServicer):
             uploaded_at=self._store.now(),
         )
         await screenshots.record(self._store, row)
+        if replaced is not None and replaced.object_key != key:
+            # The key ends in the format: the one replaced is another object, which no row
+            # names any more and the retention pass would never delete.
+            try:
+                await self._artifacts.delete([replaced.object_key])
+            except ArtifactStoreUnavailable as exc:
+                log.warning(
+                    "the replaced screenshot %s stays in the store: %s", replaced.object_key, exc
+                )
         return pb.UploadStepScreenshotResponse(screenshot=screenshot_message(row))
 
     async def ListStepScreenshots(

@@ -584,6 +584,35 @@ async def test_step_screenshots_are_stored_listed_served_and_pruned(held: Held) 
     assert error.code() == grpc.StatusCode.NOT_FOUND
 
 
+async def test_a_screenshot_replaced_in_another_format_leaves_no_object_behind(
+    held: Held,
+) -> None:
+    """A step's screenshot uploaded again replaces it, but the object's key ends in its format:
+    a PNG replaced by a JPEG left the PNG in the artifact store, pointed to by no row, so the
+    retention pass (which deletes the rows' objects) never deleted it and a screenshot outlived
+    its task's log for good."""
+    a = held.assignment
+    await ship(held, shipped(a, "s1"))
+    await upload(held, PHASE.SCREENSHOT_PHASE_BEFORE, png(), host_decision_id="s1")
+    shot = io.BytesIO()
+    Image.new("RGB", (108, 240), "navy").save(shot, format="JPEG")
+    await upload(
+        held,
+        PHASE.SCREENSHOT_PHASE_BEFORE,
+        shot.getvalue(),
+        content_type="image/jpeg",
+        host_decision_id="s1",
+    )
+    meta, data = await fetch(held, 1, PHASE.SCREENSHOT_PHASE_BEFORE)
+    assert (meta.content_type, data) == ("image/jpeg", shot.getvalue())
+    await held.host.send(result(a))
+    await held.host.next("result_ack")
+    assert await held.cloud.prune_screenshots(dt.timedelta(0)) == 1
+    store = held.cloud.artifacts
+    for extension in ("png", "jpg"):
+        assert await store.get(f"{a.task_id}/{a.attempt}/00001-before.{extension}") is None
+
+
 async def test_screenshot_refusals_name_the_field(
     held: Held, cloud: CloudServer, pki_dir: Path
 ) -> None:
