@@ -12,6 +12,7 @@ id.
 from __future__ import annotations
 
 import datetime as dt
+import logging
 import math
 import re
 from typing import Any, TypeAlias
@@ -20,9 +21,10 @@ import grpc
 
 from amc.v1 import decision_log_service_pb2 as pb
 from amc.v1 import types_pb2
+from cloud.lease import validate
 from cloud.lease.validate import MAX_ID
 from cloud.services.status import abort
-from cloud.store import decisions, leases, spend
+from cloud.store import decisions, flows, leases, spend
 from cloud.store.database import Store
 from planner.convert import decision_from_proto, merge_thinking_past_limit, usage_from_proto
 from planner.decision import (
@@ -35,6 +37,8 @@ from planner.observation import observation_problem, scene_from_observation
 from planner.plan_step import on_screen
 from planner.service import MAX_SYSTEM_PROMPT, MAX_USER_PROMPT
 from planner.steps import MAX_DRIVER_OUTPUT_BYTES, MAX_OUTCOME_ERROR_BYTES
+
+log = logging.getLogger(__name__)
 
 MAX_ENTRIES = 100
 HOST_DECISION_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
@@ -219,7 +223,9 @@ async def ship_decisions(
             await check_lease(context, store, window, host_id, *ref, field=field)
             checked.add(ref)
     response = pb.ShipDecisionsResponse()
+    handed: dict[tuple[str, int], dict[str, int | None]] = {}
     for i, entry in enumerate(request.entries):
+        await _trusted_handover(store, host_id, f"entries[{i}]", entry, handed)
         outcome = entry.outcome if entry.HasField("outcome") else None
         try:
             row, duplicate = await decisions.append_shipped(
@@ -256,6 +262,37 @@ async def ship_decisions(
         except spend.SpentElsewhere as exc:
             await abort(context, grpc.StatusCode.INVALID_ARGUMENT, f"failed_calls[{i}]: {exc}")
     return response
+
+
+async def _trusted_handover(
+    store: Store,
+    host_id: str,
+    field: str,
+    entry: pb.ShippedDecision,
+    handed: dict[tuple[str, int], dict[str, int | None]],
+) -> None:
+    """Leave out the replay handover of `entry` (flow_id, flow_step, replay_divergence) unless
+    it is about a flow its attempt was handed (`handed`: those flows by attempt, read once).
+    It is counted on the flow it names, and divergences retire a flow: the decision is logged
+    (the phone did the step), a report the cloud cannot trust is not, as a result's replay
+    report (`validate.replay`)."""
+    d = entry.decision
+    if not d.flow_id:
+        return
+    attempt = (entry.task_id, entry.attempt)
+    if attempt not in handed:
+        handed[attempt] = await flows.handed_steps(store, *attempt)
+    report = types_pb2.FlowReplayReport(
+        flow_id=d.flow_id, diverged=bool(d.replay_divergence), diverged_at_step=d.flow_step
+    )
+    problem = validate.replay(report, handed[attempt])
+    if problem:
+        log.warning(
+            "%s: the replay handover of %s/%d from %s is left out: %s",
+            field, entry.task_id, entry.attempt, host_id, problem,
+        )  # fmt: skip
+        for name in ("flow_id", "flow_step", "replay_divergence"):
+            d.ClearField(name)
 
 
 def _decision(message: types_pb2.Decision) -> Decision:

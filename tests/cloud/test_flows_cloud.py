@@ -474,6 +474,47 @@ async def test_a_shipped_divergence_is_on_the_attempt_before_any_result(
         await host_ch.close()
 
 
+async def test_a_shipped_handover_about_a_flow_the_attempt_was_not_handed_is_not_counted(
+    cloud: CloudServer, ops: Any, pki_dir: Path
+) -> None:
+    """A shipped decision's replay handover was counted on whatever flow it named: a host could
+    write divergences (which retire a flow) on a flow its attempt was never handed, as the
+    Lease stream's replay report cannot. The decision is logged (the phone did the step);
+    its handover, which the cloud cannot trust, is left out, as a result's replay report is."""
+    row = await store_flow(cloud.store)
+    host = ScriptedHost(cloud.address, pki_dir, "h1")
+    await host.connect(["s1"], transport=types_pb2.PLANNER_TRANSPORT_DIRECT)
+    host_ch = channel(cloud.address, pki_dir, "host-h1")
+    try:
+        await submit(ops, goal="Call the pharmacy")
+        a = (await host.next("assignment")).assignment
+        assert not a.HasField("flow")
+        await host.send(result(a))
+        await host.next("result_ack")
+        await _flow_state_is(cloud.store, a, "awaiting-ship")  # looked at: a handover is late
+        handover = types_pb2.Decision(
+            tool_name="press_key", provider="offline", model="m", flow_id=row.flow_id,
+            flow_step=2, replay_divergence="its target is not here",
+            action=types_pb2.Action(press_key=types_pb2.PressKeyAction(key=types_pb2.KEY_BACK)),
+        )  # fmt: skip
+        entry = decision_log_service_pb2.ShippedDecision(
+            host_decision_id="h", task_id=a.task_id, attempt=a.attempt, lease_id=a.lease_id,
+            decision=handover,
+        )  # fmt: skip
+        ship = decision_log_service_pb2_grpc.DecisionLogServiceStub(host_ch)
+        request = decision_log_service_pb2.ShipDecisionsRequest(entries=[entry])
+        (ack,) = (await ship.ShipDecisions(request)).acks
+        assert ack.step_index == 1
+        flow = await flows.get(cloud.store, row.flow_id)
+        assert flow is not None
+        assert (flow.uses, flow.divergences, flow.status) == (0, 0, flows.ACTIVE)
+        (logged,), _ = await decisions.list_page(cloud.store, a.task_id, a.attempt, 10, "")
+        assert (logged.flow_id, logged.replay_divergence) == (None, None)
+    finally:
+        await host.close()
+        await host_ch.close()
+
+
 async def test_a_complete_shipped_again_after_a_database_failure_wakes_the_loop(
     cloud: CloudServer, ops: Any, pki_dir: Path
 ) -> None:

@@ -428,7 +428,10 @@ class ShippedDecision(_message.Message):
         "•••"; the cloud masks it again). The cloud sets decision_id, host_id, task_id, attempt,
         step_index, created_at, outcome and planner_transport itself and ignores what is sent there.
         tool_name is required and names the action's kind; `observation` (optional, the screen the
-        decision was made on, limits as Decide's) is kept without its OCR blocks.
+        decision was made on, limits as Decide's) is kept without its OCR blocks. A replay handover
+        (flow_id, flow_step, replay_divergence) about a flow the attempt was not handed, or a step
+        that flow does not have, is left out (logged by the cloud) and the decision logged without
+        it, as a result's replay report is: it would count on that flow's record.
         """
 
     @_builtins.property
