@@ -37,6 +37,7 @@ from planner.observation import observation_problem, scene_from_observation
 from planner.plan_step import on_screen
 from planner.service import MAX_SYSTEM_PROMPT, MAX_USER_PROMPT
 from planner.steps import MAX_DRIVER_OUTPUT_BYTES, MAX_OUTCOME_ERROR_BYTES
+from planner.targets import MAX_TARGET_TEXT_BYTES
 
 log = logging.getLogger(__name__)
 
@@ -121,6 +122,25 @@ def entry_problem(i: int, entry: pb.ShippedDecision) -> str | None:
     problem = usage_problem(f"{field}.decision.usage", d.usage)
     if problem:
         return problem
+    # Held to the limits of what makes them: a model's text, the planner's target descriptor.
+    t = d.target
+    for name, value, limit in (
+        ("previous_step.note", d.previous_step.note, MAX_MODEL_TEXT),
+        *(
+            (f"target.{n}", getattr(t, n), MAX_TARGET_TEXT_BYTES)
+            for n in (
+                "resource_id",
+                "text",
+                "content_description",
+                "class_name",
+                "hint",
+                "row_label",
+            )
+        ),
+    ):
+        size = len(value.encode("utf-8"))
+        if size > limit:
+            return f"{field}.decision.{name}: {size} bytes; at most {limit}"
     for j, block in enumerate(d.thinking):
         size = len(block.text.encode("utf-8"))
         if size > MAX_THINKING_BLOCK_BYTES:

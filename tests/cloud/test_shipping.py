@@ -462,6 +462,33 @@ async def test_a_host_spend_id_reused_for_another_attempt_is_refused_not_dropped
     assert first.totals.usage.input_tokens == 500
 
 
+async def test_a_shipped_judgement_or_target_out_of_bounds_is_refused_naming_the_field(
+    held: Held,
+) -> None:
+    """A shipped decision's judgement of the previous step and its target were stored whole:
+    one host's decision with a 3 MB note and a 3 MB target text made every ListDecisions of
+    the task a 6 MB answer, over a gRPC client's default 4 MiB, so operators' tools got
+    RESOURCE_EXHAUSTED for the task's whole log. They are held to the limits of what they
+    come from (a model's text, the planner's target descriptor) and refused naming the field."""
+    a = held.assignment
+    long_note = shipped(a, "j1")
+    long_note.decision.previous_step.CopyFrom(
+        types_pb2.StepJudgement(verdict=types_pb2.VERDICT_MET, note="n" * (64 * 1024 + 1))
+    )
+    long_target = shipped(a, "j2")
+    long_target.decision.target.CopyFrom(types_pb2.ElementTarget(text="t" * 257))
+    long_id = shipped(a, "j3")
+    long_id.decision.target.CopyFrom(types_pb2.ElementTarget(resource_id="r" * 257))
+    for entry, field in (
+        (long_note, "entries[0].decision.previous_step.note: 65537 bytes; at most 65536"),
+        (long_target, "entries[0].decision.target.text: 257 bytes; at most 256"),
+        (long_id, "entries[0].decision.target.resource_id: 257 bytes; at most 256"),
+    ):
+        error = await refused(ship(held, entry))
+        assert (error.code(), error.details()) == (grpc.StatusCode.INVALID_ARGUMENT, field)
+    assert await logged(held) == []
+
+
 async def test_a_just_ended_lease_takes_shipments_until_the_window_closes(
     make_settings: SettingsFactory, pki_dir: Path
 ) -> None:
