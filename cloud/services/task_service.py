@@ -14,7 +14,6 @@ import math
 import re
 
 import grpc
-from google.protobuf import duration_pb2
 
 from amc.v1 import lease_service_pb2 as lease_pb
 from amc.v1 import task_service_pb2 as pb
@@ -24,7 +23,7 @@ from cloud.events import EventBus, RevokeEvent
 from cloud.goal_warnings import credential_warnings
 from cloud.lease.validate import MAX_ID
 from cloud.secret_box import NO_KEY, SecretBox
-from cloud.services import targets
+from cloud.services import durations, targets
 from cloud.services.status import abort
 from cloud.settings import CloudSettings
 from cloud.store import convert, lease_events, states, tasks
@@ -41,11 +40,6 @@ MAX_EVENT_PAGE = 1000
 _TASK_ID_PREFIX = re.compile(r"^[0-9a-f]{1,32}$")
 #: Ten years: a task deadline further out is a mistake, and past ~10^9 days datetime overflows.
 MAX_TIMEOUT_SECONDS = 10 * 365 * 24 * 3600.0
-
-
-def _seconds(d: duration_pb2.Duration) -> float:
-    """A Duration in seconds, without the OverflowError `ToTimedelta` raises on huge values."""
-    return d.seconds + d.nanos / 1e9
 
 
 class TaskServicer(task_service_pb2_grpc.TaskServiceServicer):
@@ -72,13 +66,18 @@ class TaskServicer(task_service_pb2_grpc.TaskServiceServicer):
         if not 0 <= r.max_attempts <= MAX_ATTEMPTS:
             return f"max_attempts: 0 (default) to {MAX_ATTEMPTS}"
         lease = s.default_lease_seconds
+        for name in ("lease_duration", "timeout"):
+            if r.HasField(name):
+                problem = durations.problem(name, getattr(r, name))
+                if problem:
+                    return problem
         if r.HasField("lease_duration"):
-            lease = _seconds(r.lease_duration)
+            lease = durations.seconds(r.lease_duration)
             if not s.min_lease_seconds <= lease <= s.max_lease_seconds:
                 return f"lease_duration: {s.min_lease_seconds:g} s to {s.max_lease_seconds:g} s"
         timeout = s.default_timeout_seconds
         if r.HasField("timeout"):
-            timeout = _seconds(r.timeout)
+            timeout = durations.seconds(r.timeout)
             if timeout <= 0:
                 return "timeout: must be positive"
             if timeout > MAX_TIMEOUT_SECONDS:

@@ -7,6 +7,7 @@ from typing import Any
 
 import grpc
 import pytest
+from google.protobuf import duration_pb2
 
 from amc.v1 import fleet_service_pb2, fleet_service_pb2_grpc, task_service_pb2, types_pb2
 from cloud.server import CloudServer
@@ -40,6 +41,31 @@ async def test_submit_validation_names_the_field(
         await ops.SubmitTask(task_service_pb2.SubmitTaskRequest(**request_kwargs))
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert (err.value.details() or "").startswith(field)
+
+
+@pytest.mark.parametrize(
+    ("field", "seconds", "nanos"),
+    [
+        ("lease_duration", 10, -500_000_000),  # read as 9.5 s
+        ("lease_duration", 5, 1_500_000_000),  # read as 6.5 s
+        ("timeout", 60, 1_000_000_000),
+        ("timeout", -1, 500_000_000),  # a negative second plus half of one
+    ],
+)
+async def test_an_invalid_duration_is_refused_naming_the_field(
+    ops: Any, field: str, seconds: int, nanos: int
+) -> None:
+    """A Duration whose nanos have the other sign than its seconds, or make a whole second,
+    is no Duration (google/protobuf/duration.proto); it was added up and queued."""
+    request = task_service_pb2.SubmitTaskRequest(goal="ok")
+    getattr(request, field).CopyFrom(duration_pb2.Duration(seconds=seconds, nanos=nanos))
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await ops.SubmitTask(request)
+    assert (err.value.code(), err.value.details()) == (
+        grpc.StatusCode.INVALID_ARGUMENT,
+        f"{field}: not a valid Duration (nanos -999,999,999 to 999,999,999, of the sign of"
+        " seconds)",
+    )
 
 
 async def test_get_unknown_task(ops: Any) -> None:

@@ -69,8 +69,9 @@ class TaskServiceServicer:
     def SubmitTask(self, request, context):
         """Queue a task. With a client_request_id already seen, returns the task created then.
         INVALID_ARGUMENT naming the field for a value outside what its comment allows ("goal: at
-        most 2000 characters"); FAILED_PRECONDITION for secrets when the cloud has no key for them
-        (see `secrets`).
+        most 2000 characters") or a Duration that is not valid (nanos beyond ±999,999,999 or of the
+        other sign than seconds: "timeout: not a valid Duration …"); FAILED_PRECONDITION for secrets
+        when the cloud has no key for them (see `secrets`).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -36,8 +36,9 @@ class TaskServiceStub:
     SubmitTask: _grpc.UnaryUnaryMultiCallable[_task_service_pb2.SubmitTaskRequest, _task_service_pb2.SubmitTaskResponse]
     """Queue a task. With a client_request_id already seen, returns the task created then.
     INVALID_ARGUMENT naming the field for a value outside what its comment allows ("goal: at
-    most 2000 characters"); FAILED_PRECONDITION for secrets when the cloud has no key for them
-    (see `secrets`).
+    most 2000 characters") or a Duration that is not valid (nanos beyond ±999,999,999 or of the
+    other sign than seconds: "timeout: not a valid Duration …"); FAILED_PRECONDITION for secrets
+    when the cloud has no key for them (see `secrets`).
     """
     GetTask: _grpc.UnaryUnaryMultiCallable[_task_service_pb2.GetTaskRequest, _task_service_pb2.GetTaskResponse]
     """Read one task with all its attempts. NOT_FOUND for an unknown id; INVALID_ARGUMENT for a
@@ -73,8 +74,9 @@ class TaskServiceAsyncStub(TaskServiceStub):
     SubmitTask: _aio.UnaryUnaryMultiCallable[_task_service_pb2.SubmitTaskRequest, _task_service_pb2.SubmitTaskResponse]  # type: ignore[assignment]
     """Queue a task. With a client_request_id already seen, returns the task created then.
     INVALID_ARGUMENT naming the field for a value outside what its comment allows ("goal: at
-    most 2000 characters"); FAILED_PRECONDITION for secrets when the cloud has no key for them
-    (see `secrets`).
+    most 2000 characters") or a Duration that is not valid (nanos beyond ±999,999,999 or of the
+    other sign than seconds: "timeout: not a valid Duration …"); FAILED_PRECONDITION for secrets
+    when the cloud has no key for them (see `secrets`).
     """
     GetTask: _aio.UnaryUnaryMultiCallable[_task_service_pb2.GetTaskRequest, _task_service_pb2.GetTaskResponse]  # type: ignore[assignment]
     """Read one task with all its attempts. NOT_FOUND for an unknown id; INVALID_ARGUMENT for a
@@ -113,8 +115,9 @@ class TaskServiceServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_task_service_pb2.SubmitTaskResponse, _abc.Awaitable[_task_service_pb2.SubmitTaskResponse]]:
         """Queue a task. With a client_request_id already seen, returns the task created then.
         INVALID_ARGUMENT naming the field for a value outside what its comment allows ("goal: at
-        most 2000 characters"); FAILED_PRECONDITION for secrets when the cloud has no key for them
-        (see `secrets`).
+        most 2000 characters") or a Duration that is not valid (nanos beyond ±999,999,999 or of the
+        other sign than seconds: "timeout: not a valid Duration …"); FAILED_PRECONDITION for secrets
+        when the cloud has no key for them (see `secrets`).
         """
 
     @_abc_1.abstractmethod
