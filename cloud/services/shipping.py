@@ -23,6 +23,7 @@ from amc.v1 import decision_log_service_pb2 as pb
 from amc.v1 import types_pb2
 from cloud.lease import validate
 from cloud.lease.validate import MAX_ID
+from cloud.services import durations
 from cloud.services.status import abort
 from cloud.store import decisions, flows, leases, spend
 from cloud.store.database import Store
@@ -38,6 +39,7 @@ from planner.plan_step import on_screen
 from planner.service import MAX_SYSTEM_PROMPT, MAX_USER_PROMPT
 from planner.steps import MAX_DRIVER_OUTPUT_BYTES, MAX_OUTCOME_ERROR_BYTES
 from planner.targets import MAX_TARGET_TEXT_BYTES
+from planner.verify import MAX_EVIDENCE_BYTES
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +64,11 @@ _LIMITS = {
 #: SQLite, the shipment INTERNAL on PostgreSQL); a negative one lowered what the task had spent.
 MAX_USAGE_TOKENS = 1_000_000_000
 MAX_USAGE_COST_USD = 1_000_000
+#: The most a shipped decision's model calls may have taken, and corrective turns it may have
+#: needed: far past any (a call times out in minutes; the Python planner makes one corrective
+#: turn), so only a host's mistake is refused. Below 0 they read back as nonsense in the log.
+MAX_LATENCY_SECONDS = 86_400
+MAX_CORRECTIVE_RETRIES = 100
 Context: TypeAlias = grpc.aio.ServicerContext[Any, Any]
 
 
@@ -122,6 +129,13 @@ def entry_problem(i: int, entry: pb.ShippedDecision) -> str | None:
     problem = usage_problem(f"{field}.decision.usage", d.usage)
     if problem:
         return problem
+    problem = durations.problem(f"{field}.decision.latency", d.latency)
+    if problem:
+        return problem
+    if not 0 <= durations.seconds(d.latency) <= MAX_LATENCY_SECONDS:
+        return f"{field}.decision.latency: 0 s to {MAX_LATENCY_SECONDS:,} s"
+    if not 0 <= d.corrective_retries <= MAX_CORRECTIVE_RETRIES:
+        return f"{field}.decision.corrective_retries: 0 to {MAX_CORRECTIVE_RETRIES}"
     # Held to the limits of what makes them: a model's text, the planner's target descriptor.
     t = d.target
     for name, value, limit in (
@@ -154,6 +168,7 @@ def entry_problem(i: int, entry: pb.ShippedDecision) -> str | None:
         for name, value, limit in (
             ("error", entry.outcome.error, MAX_OUTCOME_ERROR_BYTES),
             ("driver_output", entry.outcome.driver_output, MAX_DRIVER_OUTPUT_BYTES),
+            ("evidence", entry.outcome.evidence, MAX_EVIDENCE_BYTES),
         ):
             size = len(value.encode("utf-8"))
             if size > limit:

@@ -489,6 +489,42 @@ async def test_a_shipped_judgement_or_target_out_of_bounds_is_refused_naming_the
     assert await logged(held) == []
 
 
+async def test_a_shipped_latency_retry_count_or_evidence_out_of_bounds_is_refused(
+    held: Held,
+) -> None:
+    """A shipped decision's latency, corrective retry count and its outcome's evidence (the
+    log's verification of the step) were stored as sent: a negative latency or retry count
+    read back in every ListDecisions, a Duration with nanos of the other sign was added up,
+    and a megabyte of evidence was logged whole where Decide takes 512 bytes."""
+    a = held.assignment
+    negative = shipped(a, "l1")
+    negative.decision.latency.CopyFrom(Duration(seconds=-3))
+    mixed = shipped(a, "l2")
+    mixed.decision.latency.CopyFrom(Duration(seconds=2, nanos=-1))
+    endless = shipped(a, "l3")
+    endless.decision.latency.CopyFrom(Duration(seconds=86_401))
+    retries = shipped(a, "l4")
+    retries.decision.corrective_retries = -1
+    many = shipped(a, "l5")
+    many.decision.corrective_retries = 101
+    evidence = shipped(a, "l6", executed=True, verdict=types_pb2.VERDICT_MET, evidence="e" * 513)
+    for entry, field in (
+        (negative, "entries[0].decision.latency: 0 s to 86,400 s"),
+        (
+            mixed,
+            "entries[0].decision.latency: not a valid Duration (nanos -999,999,999 to"
+            " 999,999,999, of the sign of seconds)",
+        ),
+        (endless, "entries[0].decision.latency: 0 s to 86,400 s"),
+        (retries, "entries[0].decision.corrective_retries: 0 to 100"),
+        (many, "entries[0].decision.corrective_retries: 0 to 100"),
+        (evidence, "entries[0].outcome.evidence: 513 bytes; at most 512"),
+    ):
+        error = await refused(ship(held, entry))
+        assert (error.code(), error.details()) == (grpc.StatusCode.INVALID_ARGUMENT, field)
+    assert await logged(held) == []
+
+
 async def test_a_just_ended_lease_takes_shipments_until_the_window_closes(
     make_settings: SettingsFactory, pki_dir: Path
 ) -> None:

@@ -439,7 +439,7 @@ class ShippedDecision(_message.Message):
         """What executing the decision did, when the host knows it (the host ships a decision as soon
         as it is made, and again with its outcome once the action ran). step_index is ignored. The
         first outcome the cloud receives for a decision is kept, later ones are ignored. error at
-        most 2,048 bytes, driver_output at most 4,096 bytes.
+        most 2,048 bytes, driver_output at most 4,096 bytes, evidence at most 512 bytes.
         """
 
     def __init__(

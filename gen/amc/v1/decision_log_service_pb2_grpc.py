@@ -105,11 +105,12 @@ class DecisionLogServiceServicer:
         field (`entries[2].decision.user_prompt`) for a missing or malformed id, an empty or
         oversize field (limits as Decide's: prompts 64 KiB / 512 KiB, rationale, purpose, expected
         outcome, replay_divergence, previous_step.note and each thinking block 64 KiB, each text
-        of the target 256 bytes, flow_id 32 bytes, at most 100 entries), or a usage out of range
-        (each token count 0 to 1,000,000,000, cost_usd a finite 0 to 1,000,000). A decision with
-        more than 64 thinking blocks is not refused: it is logged with the blocks from the 64th on
-        merged into the 64th, after a first line saying how many (cut to 64 KiB with a marker when
-        longer).
+        of the target 256 bytes, flow_id 32 bytes, the outcome's evidence 512 bytes, at most 100
+        entries), a latency that is not a valid Duration or outside 0 s to 86,400 s, a
+        corrective_retries outside 0 to 100, or a usage out of range (each token count 0 to
+        1,000,000,000, cost_usd a finite 0 to 1,000,000). A decision with more than 64 thinking
+        blocks is not refused: it is logged with the blocks from the 64th on merged into the 64th,
+        after a first line saying how many (cut to 64 KiB with a marker when longer).
         Every entry is checked before any is logged, except one thing found while logging: a
         host_decision_id this host already used for another attempt is INVALID_ARGUMENT too, and
         the entries before it stay logged (resending them is harmless).
