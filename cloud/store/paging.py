@@ -1,10 +1,11 @@
 """Page tokens: opaque to clients, yet they arrive from them.
 
-A token names the listing it continues (`listing`: the RPC and, for a task's lists, the task)
-beside the position of the last row sent, and is refused for any other: a token of another
-RPC or another task was read as a position of this one, and the client got a page that silently
-skipped rows instead of INVALID_ARGUMENT (ListTasks' and ListFlows' tokens had the same shape,
-a task's ListTaskEvents token took up another task's events after that event id).
+A token names the listing it continues (`listing`: the RPC and, for a task's lists, the task;
+ListTasks' its filter) beside the position of the last row sent, and is refused for any other:
+a token of another RPC, task or filter was read as a position of this one, and the client got
+a page that silently skipped rows instead of INVALID_ARGUMENT (ListTasks' and ListFlows' tokens
+had the same shape, a task's ListTaskEvents token took up another task's events after that
+event id).
 
 Numbers read back are only what the database can compare: one decoded to a number beyond 64
 bits made SQLite's driver raise OverflowError while binding it, and the caller got INTERNAL
@@ -19,7 +20,7 @@ from typing import Any
 
 _INT64 = range(-(2**63), 2**63)
 FOREIGN = "not a page token from this server"
-ELSEWHERE = "a page token of another listing (another RPC, task or attempt)"
+ELSEWHERE = "a page token of another listing (another RPC, task, attempt or filter)"
 
 
 def token_int(value: object) -> int:

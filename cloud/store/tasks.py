@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
+import json
 import uuid
 from collections import defaultdict
 from collections.abc import Mapping
@@ -159,15 +161,23 @@ class TaskFilter:
     #: Lower-case hexadecimal start of the task id (ids are uuid4 hex).
     id_prefix: str = ""
 
+    def listing(self) -> str:
+        """The page tokens' listing name: ListTasks with this filter. A token held a position
+        only, and continued under another filter it silently skipped that filter's newer
+        tasks; the filter (hashed: a query may be 2,000 characters) keeps it to its own."""
+        named = [sorted(self.statuses), self.host_id, self.query.lower(), self.id_prefix]
+        digest = hashlib.sha256(json.dumps(named).encode()).hexdigest()[:16]
+        return f"tasks/{digest}"
 
-def encode_cursor(task: TaskRow) -> str:
+
+def encode_cursor(flt: TaskFilter, task: TaskRow) -> str:
     """Opaque page token: the (created_at, task_id) of the last task of a page."""
-    return page_token("tasks", task.created_at.isoformat(), task.task_id)
+    return page_token(flt.listing(), task.created_at.isoformat(), task.task_id)
 
 
-def decode_cursor(token: str) -> tuple[dt.datetime, str]:
-    """Inverse of encode_cursor; ValueError for anything else."""
-    created, task_id = position("tasks", token, 2)
+def decode_cursor(flt: TaskFilter, token: str) -> tuple[dt.datetime, str]:
+    """Inverse of encode_cursor for the same filter; ValueError for anything else."""
+    created, task_id = position(flt.listing(), token, 2)
     try:
         return dt.datetime.fromisoformat(created), str(task_id)
     except (TypeError, ValueError) as exc:
@@ -188,7 +198,7 @@ async def list_page(
     if flt.id_prefix:
         stmt = stmt.where(TaskRow.task_id.startswith(flt.id_prefix, autoescape=True))
     if page_token:
-        created, task_id = decode_cursor(page_token)
+        created, task_id = decode_cursor(flt, page_token)
         stmt = stmt.where(
             or_(
                 TaskRow.created_at < created,
@@ -202,7 +212,7 @@ async def list_page(
     rows = rows[:page_size]
     # A listed task shows no attempts (its totals are on its own row): no decision costs.
     views = await load_views(store, [r.task_id for r in rows], usage=False)
-    return views, (encode_cursor(rows[-1]) if more and rows else "")
+    return views, (encode_cursor(flt, rows[-1]) if more and rows else "")
 
 
 async def active_task_ids(store: Store) -> list[str]:

@@ -68,6 +68,35 @@ async def test_an_invalid_duration_is_refused_naming_the_field(
     )
 
 
+async def test_a_page_token_continued_with_another_filter_is_refused(ops: Any) -> None:
+    """A ListTasks token held a position only: continued with another filter it gave a page
+    of that filter's tasks older than a task of the first, silently skipping the newer ones.
+    It names its filter now, as a token names its RPC and task."""
+    for goal in ("alpha one", "alpha two", "beta one", "beta two"):
+        await submit(ops, goal=goal)
+    first = await ops.ListTasks(task_service_pb2.ListTasksRequest(query="alpha", page_size=1))
+    token = first.next_page_token
+    assert token
+    same = await ops.ListTasks(
+        task_service_pb2.ListTasksRequest(query="ALPHA", page_size=5, page_token=token)
+    )
+    assert [t.goal for t in same.tasks] == ["alpha one"]  # the same filter, case aside
+    for other in (
+        task_service_pb2.ListTasksRequest(query="beta"),
+        task_service_pb2.ListTasksRequest(),
+        task_service_pb2.ListTasksRequest(query="alpha", host_id="h1"),
+        task_service_pb2.ListTasksRequest(query="alpha", statuses=[types_pb2.TASK_STATUS_QUEUED]),
+        task_service_pb2.ListTasksRequest(query="alpha", task_id_prefix="a"),
+    ):
+        other.page_token = token
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await ops.ListTasks(other)
+        assert (err.value.code(), err.value.details()) == (
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "page_token: a page token of another listing (another RPC, task, attempt or filter)",
+        )
+
+
 async def test_get_unknown_task(ops: Any) -> None:
     with pytest.raises(grpc.aio.AioRpcError) as err:
         await ops.GetTask(task_service_pb2.GetTaskRequest(task_id="nope"))

@@ -310,7 +310,10 @@ class ListTasksRequest(_message.Message):
     page_size: _builtins.int
     """Page size, 1 to 500; 0 means 50."""
     page_token: _builtins.str
-    """Token from a previous response; empty for the first page."""
+    """Token from a previous response; empty for the first page. It continues only the listing
+    it came from: the same statuses, host_id, query (case aside) and task_id_prefix, else
+    INVALID_ARGUMENT (the page size may change).
+    """
     host_id: _builtins.str
     """Only tasks whose current or last attempt ran on this host."""
     query: _builtins.str

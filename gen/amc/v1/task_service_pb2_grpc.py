@@ -89,7 +89,7 @@ class TaskServiceServicer:
         """List tasks, newest first, filtered and paged. INVALID_ARGUMENT for a page size outside
         0..500, a status unspecified or unknown to this server ("statuses: unknown value 9"), a
         query over 2,000 characters, a host id over 128, a malformed task_id_prefix or a page token
-        that is not from a ListTasks of this server.
+        that is not from a ListTasks of this server with the same filters.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

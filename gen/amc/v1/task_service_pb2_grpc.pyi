@@ -48,7 +48,7 @@ class TaskServiceStub:
     """List tasks, newest first, filtered and paged. INVALID_ARGUMENT for a page size outside
     0..500, a status unspecified or unknown to this server ("statuses: unknown value 9"), a
     query over 2,000 characters, a host id over 128, a malformed task_id_prefix or a page token
-    that is not from a ListTasks of this server.
+    that is not from a ListTasks of this server with the same filters.
     """
     CancelTask: _grpc.UnaryUnaryMultiCallable[_task_service_pb2.CancelTaskRequest, _task_service_pb2.CancelTaskResponse]
     """Cancel a task. Queued tasks end at once; running ones when the host acknowledges the revoke
@@ -86,7 +86,7 @@ class TaskServiceAsyncStub(TaskServiceStub):
     """List tasks, newest first, filtered and paged. INVALID_ARGUMENT for a page size outside
     0..500, a status unspecified or unknown to this server ("statuses: unknown value 9"), a
     query over 2,000 characters, a host id over 128, a malformed task_id_prefix or a page token
-    that is not from a ListTasks of this server.
+    that is not from a ListTasks of this server with the same filters.
     """
     CancelTask: _aio.UnaryUnaryMultiCallable[_task_service_pb2.CancelTaskRequest, _task_service_pb2.CancelTaskResponse]  # type: ignore[assignment]
     """Cancel a task. Queued tasks end at once; running ones when the host acknowledges the revoke
@@ -139,7 +139,7 @@ class TaskServiceServicer(metaclass=_abc_1.ABCMeta):
         """List tasks, newest first, filtered and paged. INVALID_ARGUMENT for a page size outside
         0..500, a status unspecified or unknown to this server ("statuses: unknown value 9"), a
         query over 2,000 characters, a host id over 128, a malformed task_id_prefix or a page token
-        that is not from a ListTasks of this server.
+        that is not from a ListTasks of this server with the same filters.
         """
 
     @_abc_1.abstractmethod
