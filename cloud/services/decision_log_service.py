@@ -4,6 +4,7 @@ direct transport ship their decisions into it (`shipping.ship_decisions`)."""
 from __future__ import annotations
 
 import datetime as dt
+from typing import Any
 
 import grpc
 
@@ -59,8 +60,7 @@ class DecisionLogServicer(decision_log_service_pb2_grpc.DecisionLogServiceServic
             await abort(context, grpc.StatusCode.INVALID_ARGUMENT, "attempt: must be >= 0")
         if not 0 <= request.page_size <= 500:
             await abort(context, grpc.StatusCode.INVALID_ARGUMENT, "page_size: 0 to 500")
-        if await tasks.goal(self._store, request.task_id[:128]) is None:
-            await abort(context, grpc.StatusCode.NOT_FOUND, f"task {request.task_id} not found")
+        await _known_attempt(context, self._store, request.task_id, request.attempt)
         try:
             rows, token = await decisions.list_page(
                 self._store,
@@ -127,8 +127,7 @@ class DecisionLogServicer(decision_log_service_pb2_grpc.DecisionLogServiceServic
                 start = token_int(seq)
             except (TypeError, ValueError) as exc:
                 await abort(context, grpc.StatusCode.INVALID_ARGUMENT, f"page_token: {exc}")
-        if await tasks.goal(self._store, request.task_id[:128]) is None:
-            await abort(context, grpc.StatusCode.NOT_FOUND, f"task {request.task_id} not found")
+        await _known_attempt(context, self._store, request.task_id, request.attempt)
         size = request.page_size or 100
         rows = await sessions.page(self._store, request.task_id, request.attempt, start, size + 1)
         more = len(rows) > size
@@ -136,4 +135,21 @@ class DecisionLogServicer(decision_log_service_pb2_grpc.DecisionLogServiceServic
         return pb.GetConversationResponse(
             items=[conversation_item(seq, loads_item(body)) for seq, body in rows],
             next_page_token=page_token(listing, rows[-1][0] + 1) if more else "",
+        )
+
+
+async def _known_attempt(
+    context: grpc.aio.ServicerContext[Any, Any], store: Store, task_id: str, attempt: int
+) -> None:
+    """Abort NOT_FOUND unless the task exists and, for `attempt` 1 or more, had that attempt:
+    an empty answer for an attempt it never had read as a record (compact mode, the direct
+    transport, pruned)."""
+    had = await tasks.attempts_had(store, task_id[:128])
+    if had is None:
+        await abort(context, grpc.StatusCode.NOT_FOUND, f"task {task_id} not found")
+    if attempt > had:
+        await abort(
+            context,
+            grpc.StatusCode.NOT_FOUND,
+            f"task {task_id} has no attempt {attempt} (it has {had or 'none yet'})",
         )

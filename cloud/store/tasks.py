@@ -151,6 +151,13 @@ async def goal(store: Store, task_id: str) -> str | None:
         return await session.scalar(select(TaskRow.goal).where(TaskRow.task_id == task_id))
 
 
+async def attempts_had(store: Store, task_id: str) -> int | None:
+    """A task's current or last attempt number (0 before the first), or None for an unknown
+    task."""
+    async with store.read() as session:
+        return await session.scalar(select(TaskRow.attempt).where(TaskRow.task_id == task_id))
+
+
 @dataclass(frozen=True, slots=True)
 class TaskFilter:
     """ListTasks filters; empty means no filter."""

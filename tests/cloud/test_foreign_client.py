@@ -374,3 +374,61 @@ async def test_spend_of_the_last_day_a_date_can_name_is_an_empty_answer(
         assert list(answer.rows) == []
     finally:
         await ops.close()
+
+
+async def test_an_attempt_the_task_never_had_is_not_found(
+    offline_cloud: CloudServer, pki_dir: Path
+) -> None:
+    """GetConversation and ListDecisions(attempt=N) answered an empty page for an attempt the
+    task never had, which reads as a record (compact mode, the direct transport, pruned); the
+    console checked it itself. The cloud answers NOT_FOUND saying how many the task has."""
+    ops = channel(offline_cloud.address, pki_dir, "operator-ops")
+    host = ScriptedHost(offline_cloud.address, pki_dir, "a")
+    try:
+        await host.connect(["a-phone"])
+        tasks = task_service_pb2_grpc.TaskServiceStub(ops)
+        log = decision_log_service_pb2_grpc.DecisionLogServiceStub(ops)
+        ran = await tasks.SubmitTask(
+            task_service_pb2.SubmitTaskRequest(
+                goal="open settings", target=types_pb2.TaskTarget(host_id="a")
+            )
+        )
+        await host.next("assignment")
+        queued = await tasks.SubmitTask(
+            task_service_pb2.SubmitTaskRequest(
+                goal="open wifi", target=types_pb2.TaskTarget(host_id="nobody")
+            )
+        )
+        ran_id, queued_id = ran.task.task_id, queued.task.task_id
+        # The attempt it had, and every attempt, answer (nothing logged yet).
+        had = await log.ListDecisions(
+            decision_log_service_pb2.ListDecisionsRequest(task_id=ran_id, attempt=1)
+        )
+        every = await log.ListDecisions(
+            decision_log_service_pb2.ListDecisionsRequest(task_id=queued_id)
+        )
+        talk = await log.GetConversation(
+            decision_log_service_pb2.GetConversationRequest(task_id=ran_id, attempt=1)
+        )
+        assert (list(had.decisions), list(every.decisions), list(talk.items)) == ([], [], [])
+        for task_id, attempt, message in (
+            (ran_id, 2, f"task {ran_id} has no attempt 2 (it has 1)"),
+            (queued_id, 1, f"task {queued_id} has no attempt 1 (it has none yet)"),
+        ):
+            for call, request in (
+                (
+                    log.ListDecisions,
+                    decision_log_service_pb2.ListDecisionsRequest(task_id=task_id, attempt=attempt),
+                ),
+                (
+                    log.GetConversation,
+                    decision_log_service_pb2.GetConversationRequest(
+                        task_id=task_id, attempt=attempt
+                    ),
+                ),
+            ):
+                refused = await _refusal(call, request)
+                assert (refused.code(), refused.details()) == (grpc.StatusCode.NOT_FOUND, message)
+    finally:
+        await host.close()
+        await ops.close()

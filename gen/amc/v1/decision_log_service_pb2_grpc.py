@@ -64,10 +64,10 @@ class DecisionLogServiceServicer:
     """
 
     def ListDecisions(self, request, context):
-        """Decisions of one task in step order, paged. NOT_FOUND for an unknown task (a known task
-        without decisions gives an empty list); INVALID_ARGUMENT for a missing task id, a negative
-        attempt, a page size outside 0..500 or a foreign page token (not from a ListDecisions of
-        this task).
+        """Decisions of one task in step order, paged. NOT_FOUND for an unknown task, or an attempt
+        it never had ("task X has no attempt 3 (it has 1)"); a known attempt without decisions
+        gives an empty list. INVALID_ARGUMENT for a missing task id, a negative attempt, a page
+        size outside 0..500 or a foreign page token (not from a ListDecisions of this task).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -83,9 +83,10 @@ class DecisionLogServiceServicer:
     def GetConversation(self, request, context):
         """The conversation a session-mode attempt kept with the model, in order and readable (the
         opaque reasoning material — signatures, encrypted content — is not sent); empty for an
-        attempt planned in compact mode. NOT_FOUND for an unknown task; INVALID_ARGUMENT for a
-        missing task id, an attempt below 1, a page size outside 0..500 or a foreign page token
-        (not from a GetConversation of this attempt).
+        attempt planned in compact mode. NOT_FOUND for an unknown task, or an attempt it never had
+        ("task X has no attempt 3 (it has 1)"); INVALID_ARGUMENT for a missing task id, an attempt
+        below 1, a page size outside 0..500 or a foreign page token (not from a GetConversation of
+        this attempt).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -36,19 +36,20 @@ class DecisionLogServiceStub:
     @_typing.overload
     def __new__(cls, channel: _aio.Channel) -> DecisionLogServiceAsyncStub: ...
     ListDecisions: _grpc.UnaryUnaryMultiCallable[_decision_log_service_pb2.ListDecisionsRequest, _decision_log_service_pb2.ListDecisionsResponse]
-    """Decisions of one task in step order, paged. NOT_FOUND for an unknown task (a known task
-    without decisions gives an empty list); INVALID_ARGUMENT for a missing task id, a negative
-    attempt, a page size outside 0..500 or a foreign page token (not from a ListDecisions of
-    this task).
+    """Decisions of one task in step order, paged. NOT_FOUND for an unknown task, or an attempt
+    it never had ("task X has no attempt 3 (it has 1)"); a known attempt without decisions
+    gives an empty list. INVALID_ARGUMENT for a missing task id, a negative attempt, a page
+    size outside 0..500 or a foreign page token (not from a ListDecisions of this task).
     """
     GetDecision: _grpc.UnaryUnaryMultiCallable[_decision_log_service_pb2.GetDecisionRequest, _decision_log_service_pb2.GetDecisionResponse]
     """One decision. NOT_FOUND for an unknown id; INVALID_ARGUMENT for a missing one."""
     GetConversation: _grpc.UnaryUnaryMultiCallable[_decision_log_service_pb2.GetConversationRequest, _decision_log_service_pb2.GetConversationResponse]
     """The conversation a session-mode attempt kept with the model, in order and readable (the
     opaque reasoning material — signatures, encrypted content — is not sent); empty for an
-    attempt planned in compact mode. NOT_FOUND for an unknown task; INVALID_ARGUMENT for a
-    missing task id, an attempt below 1, a page size outside 0..500 or a foreign page token
-    (not from a GetConversation of this attempt).
+    attempt planned in compact mode. NOT_FOUND for an unknown task, or an attempt it never had
+    ("task X has no attempt 3 (it has 1)"); INVALID_ARGUMENT for a missing task id, an attempt
+    below 1, a page size outside 0..500 or a foreign page token (not from a GetConversation of
+    this attempt).
     """
     ShipDecisions: _grpc.UnaryUnaryMultiCallable[_decision_log_service_pb2.ShipDecisionsRequest, _decision_log_service_pb2.ShipDecisionsResponse]
     """A host on the direct transport (planner in the host process) ships the decisions it made,
@@ -98,19 +99,20 @@ class DecisionLogServiceAsyncStub(DecisionLogServiceStub):
 
     def __init__(self, channel: _aio.Channel) -> None: ...
     ListDecisions: _aio.UnaryUnaryMultiCallable[_decision_log_service_pb2.ListDecisionsRequest, _decision_log_service_pb2.ListDecisionsResponse]  # type: ignore[assignment]
-    """Decisions of one task in step order, paged. NOT_FOUND for an unknown task (a known task
-    without decisions gives an empty list); INVALID_ARGUMENT for a missing task id, a negative
-    attempt, a page size outside 0..500 or a foreign page token (not from a ListDecisions of
-    this task).
+    """Decisions of one task in step order, paged. NOT_FOUND for an unknown task, or an attempt
+    it never had ("task X has no attempt 3 (it has 1)"); a known attempt without decisions
+    gives an empty list. INVALID_ARGUMENT for a missing task id, a negative attempt, a page
+    size outside 0..500 or a foreign page token (not from a ListDecisions of this task).
     """
     GetDecision: _aio.UnaryUnaryMultiCallable[_decision_log_service_pb2.GetDecisionRequest, _decision_log_service_pb2.GetDecisionResponse]  # type: ignore[assignment]
     """One decision. NOT_FOUND for an unknown id; INVALID_ARGUMENT for a missing one."""
     GetConversation: _aio.UnaryUnaryMultiCallable[_decision_log_service_pb2.GetConversationRequest, _decision_log_service_pb2.GetConversationResponse]  # type: ignore[assignment]
     """The conversation a session-mode attempt kept with the model, in order and readable (the
     opaque reasoning material — signatures, encrypted content — is not sent); empty for an
-    attempt planned in compact mode. NOT_FOUND for an unknown task; INVALID_ARGUMENT for a
-    missing task id, an attempt below 1, a page size outside 0..500 or a foreign page token
-    (not from a GetConversation of this attempt).
+    attempt planned in compact mode. NOT_FOUND for an unknown task, or an attempt it never had
+    ("task X has no attempt 3 (it has 1)"); INVALID_ARGUMENT for a missing task id, an attempt
+    below 1, a page size outside 0..500 or a foreign page token (not from a GetConversation of
+    this attempt).
     """
     ShipDecisions: _aio.UnaryUnaryMultiCallable[_decision_log_service_pb2.ShipDecisionsRequest, _decision_log_service_pb2.ShipDecisionsResponse]  # type: ignore[assignment]
     """A host on the direct transport (planner in the host process) ships the decisions it made,
@@ -163,10 +165,10 @@ class DecisionLogServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _decision_log_service_pb2.ListDecisionsRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_decision_log_service_pb2.ListDecisionsResponse, _abc.Awaitable[_decision_log_service_pb2.ListDecisionsResponse]]:
-        """Decisions of one task in step order, paged. NOT_FOUND for an unknown task (a known task
-        without decisions gives an empty list); INVALID_ARGUMENT for a missing task id, a negative
-        attempt, a page size outside 0..500 or a foreign page token (not from a ListDecisions of
-        this task).
+        """Decisions of one task in step order, paged. NOT_FOUND for an unknown task, or an attempt
+        it never had ("task X has no attempt 3 (it has 1)"); a known attempt without decisions
+        gives an empty list. INVALID_ARGUMENT for a missing task id, a negative attempt, a page
+        size outside 0..500 or a foreign page token (not from a ListDecisions of this task).
         """
 
     @_abc_1.abstractmethod
@@ -185,9 +187,10 @@ class DecisionLogServiceServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_decision_log_service_pb2.GetConversationResponse, _abc.Awaitable[_decision_log_service_pb2.GetConversationResponse]]:
         """The conversation a session-mode attempt kept with the model, in order and readable (the
         opaque reasoning material — signatures, encrypted content — is not sent); empty for an
-        attempt planned in compact mode. NOT_FOUND for an unknown task; INVALID_ARGUMENT for a
-        missing task id, an attempt below 1, a page size outside 0..500 or a foreign page token
-        (not from a GetConversation of this attempt).
+        attempt planned in compact mode. NOT_FOUND for an unknown task, or an attempt it never had
+        ("task X has no attempt 3 (it has 1)"); INVALID_ARGUMENT for a missing task id, an attempt
+        below 1, a page size outside 0..500 or a foreign page token (not from a GetConversation of
+        this attempt).
         """
 
     @_abc_1.abstractmethod
