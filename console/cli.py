@@ -1385,7 +1385,10 @@ Reason = Annotated[str, typer.Option(metavar="TEXT", help="Why; recorded with yo
 
 
 async def _flow_id(client: OperatorClient, text: str) -> str:
-    """The one flow id `text` is, or is a unique prefix of (flows are few: read them all)."""
+    """The one flow id `text` is, or is a unique prefix of (flows are few: read them all).
+    Blank is refused first: every id starts with it, so it named the only flow there was."""
+    if not text.strip():
+        raise UserError(f"{text!r} is not a flow id", "list flows with `amc flows list`")
     found: list[str] = []
     token = ""
     while True:

@@ -100,3 +100,31 @@ async def test_flows_commands_and_verdicts(tmp_path: Path) -> None:
         assert "model says met: [b]ok" in printed and "checker and model disagree" in printed
     finally:
         await cloud.stop(grace=0)
+
+
+async def test_an_empty_flow_id_is_refused_as_an_empty_task_id_is(tmp_path: Path) -> None:
+    """Every flow id starts with '': `amc flows show ''` printed "flow  not found" without
+    flows, showed the only flow when there was one, and `amc flows disable ''` disabled it.
+    The empty id (or blanks) is refused before any call, as the task commands refuse it."""
+    pki = ensure_embedded_pki(tmp_path, [], operator="admin")
+    cloud = await build_server(
+        CloudSettings(
+            database_url=f"sqlite+aiosqlite:///{tmp_path / 'cloud.sqlite3'}",
+            listen_address="127.0.0.1:0",
+            pki_dir=pki,
+        )
+    )
+    await cloud.start()
+    conn = ["--cloud", cloud.address, "--pki-dir", str(pki)]
+    try:
+        code, none = await amc(*conn, "flows", "show", "")
+        assert code == 2 and "'' is not a flow id" in none, none
+        row = await store_flow(cloud.store)
+        for command in (["show", ""], ["show", "  "], ["disable", "", "--reason", "r"]):
+            code, refused = await amc(*conn, "flows", *command)
+            assert code == 2 and "is not a flow id" in refused, refused
+            assert "amc flows list" in refused
+        code, listing = await amc(*conn, "flows", "list", "--status", "active", "--json")
+        assert code == 0 and [f["flow_id"] for f in json.loads(listing)["flows"]] == [row.flow_id]
+    finally:
+        await cloud.stop(grace=0)
