@@ -432,3 +432,67 @@ async def test_an_attempt_the_task_never_had_is_not_found(
     finally:
         await host.close()
         await ops.close()
+
+
+async def test_an_unknown_overlay_is_shown_to_no_model_and_logged_as_sent(
+    offline_cloud: CloudServer, pki_dir: Path
+) -> None:
+    """proto3 enums are open: a newer host's overlay kind is not refused, by Decide or by
+    ShipDecisions. The model is not shown it (the keyboard beside it is), and the decision
+    log keeps the observation as the host sent it, as the proto's comments say."""
+    ops = channel(offline_cloud.address, pki_dir, "operator-ops")
+    host = ScriptedHost(offline_cloud.address, pki_dir, "a")
+    try:
+        await host.connect(["a-phone"])
+        tasks = task_service_pb2_grpc.TaskServiceStub(ops)
+        log = decision_log_service_pb2_grpc.DecisionLogServiceStub(ops)
+        await tasks.SubmitTask(
+            task_service_pb2.SubmitTaskRequest(
+                goal="open settings", target=types_pb2.TaskTarget(host_id="a")
+            )
+        )
+        a = (await host.next("assignment")).assignment
+        observation = types_pb2.ScreenObservation(screen_width=1080, screen_height=2400)
+        observation.elements.add(
+            element_id="e1", text="Settings", clickable=True, enabled=True
+        ).bounds.CopyFrom(types_pb2.Rect(left=0, top=0, right=100, bottom=100))
+        observation.overlays.extend([99, types_pb2.OVERLAY_KEYBOARD])  # type: ignore[list-item]  # a newer host's value
+        decided = await planner_service_pb2_grpc.PlannerServiceStub(host._channel).Decide(
+            planner_service_pb2.DecideRequest(
+                task_id=a.task_id,
+                attempt=a.attempt,
+                lease_id=a.lease_id,
+                observation=observation,
+                step_key="1",
+            )
+        )
+        assert '"overlays":["keyboard"]' in decided.decision.user_prompt
+        shipped = types_pb2.Decision(
+            tool_name="tap", provider="offline", model="m", system_prompt="s", user_prompt="u"
+        )
+        shipped.action.tap.element_id = "e1"
+        shipped.observation.CopyFrom(observation)
+        await decision_log_service_pb2_grpc.DecisionLogServiceStub(host._channel).ShipDecisions(
+            decision_log_service_pb2.ShipDecisionsRequest(
+                entries=[
+                    decision_log_service_pb2.ShippedDecision(
+                        host_decision_id="d1",
+                        task_id=a.task_id,
+                        attempt=a.attempt,
+                        lease_id=a.lease_id,
+                        decision=shipped,
+                    )
+                ]
+            )
+        )
+        listed = await log.ListDecisions(
+            decision_log_service_pb2.ListDecisionsRequest(
+                task_id=a.task_id, include_observation=True
+            )
+        )
+        assert [list(d.observation.overlays) for d in listed.decisions] == [
+            [99, types_pb2.OVERLAY_KEYBOARD]
+        ] * 2
+    finally:
+        await host.close()
+        await ops.close()

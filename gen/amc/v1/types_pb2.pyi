@@ -2092,7 +2092,9 @@ class ScreenObservation(_message.Message):
     def overlays(self) -> _containers.RepeatedScalarFieldContainer[Global___Overlay.ValueType]:
         """What covers the app, topmost first, as the host recognised it from the windows of the
         dump; empty when the app has the screen to itself. At most 8 entries. The elements a
-        covering window hides are not in `elements` (a finger cannot reach them).
+        covering window hides are not in `elements` (a finger cannot reach them). An entry this
+        cloud does not know (a newer host's) is not refused: it is left out of what the model is
+        shown (see Overlay), and the decision log keeps it as sent (`Decision.observation`).
         """
 
     def __init__(
