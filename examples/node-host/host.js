@@ -29,6 +29,7 @@
 
 const crypto = require('crypto');
 const fs = require('fs');
+const net = require('net');
 const path = require('path');
 const grpc = require('@grpc/grpc-js');
 const protoLoader = require('@grpc/proto-loader');
@@ -74,7 +75,8 @@ const planner = new amc.PlannerService(CLOUD, credentials, options);
 // a reconnect (leases kept) from a new process (the old one's unlisted leases released).
 const PROCESS_ID = crypto.randomUUID();
 
-const adb = Adb.createClient({ host: env.ADB_HOST || '127.0.0.1', port: Number(env.ADB_PORT || 5037) });
+const ADB = { host: env.ADB_HOST || '127.0.0.1', port: Number(env.ADB_PORT || 5037) };
+const adb = Adb.createClient(ADB);
 const log = (...args) => console.error('[node-host]', ...args);
 
 // The contract's limits on what this host sends, as the proto comments give them: UTF-8 bytes
@@ -125,7 +127,7 @@ function cut(text, max, size = Buffer.byteLength) {
 const SHARED_MARK = '@';
 const POLL_MS = 2000;
 const LIST_TIMEOUT_MS = 10000; // a wedged adb server never answers: the poll does not wait on it
-const FAILED_LISTS_OFFLINE = 3; // failed lists in a row before every phone is taken as gone
+const FAILED_LISTS_OFFLINE = 3; // failed lists in a row, of a server that is there, before all are gone
 const FORGET_AFTER_MS = 24 * 3600 * 1000;
 const MAX_REPORTED = 256; // HostHello.devices, DeviceUpdate.devices
 const STATES = { device: 'DEVICE_STATE_ONLINE', unauthorized: 'DEVICE_STATE_UNAUTHORIZED' };
@@ -136,6 +138,7 @@ const tagged = (listed, tag) => {
 
 const phones = new Map(); // host id -> { id, serial, transportId, state, device, goneSince }
 let failedLists = 0;
+let adbDown = false; // no adb server answered the last poll
 
 // What the cloud is told: online phones first, then those in another state, then the gone ones,
 // cut at the contract's limit, so a long list loses gone phones, never one a task could run on.
@@ -148,23 +151,45 @@ function reported() {
 }
 const listed = (devices) => JSON.stringify(devices);
 
-// Reads adb's list once; returns whether what the cloud should know changed.
+// Whether an adb server listens at ADB (`server_reachable` of host/devices/adb_errors.py).
+function adbReachable() {
+  return new Promise((resolve) => {
+    const socket = net.connect(ADB);
+    socket.setTimeout(1000);
+    const done = (up) => {
+      socket.destroy();
+      resolve(up);
+    };
+    socket.once('connect', () => done(true));
+    socket.once('error', () => done(false));
+    socket.once('timeout', () => done(false));
+  });
+}
+
+// Reads adb's list once; returns whether what the cloud should know changed. No adb server at
+// all (stopped, crashed) takes every phone OFFLINE at once, as the Python host does
+// (host/devices/registry.py, `refresh`): none of them can be driven, and a step failing on one
+// is the phone's condition, retryable. Only a list that fails on a server that is there (one
+// restarting, a timeout) keeps the last states until FAILED_LISTS_OFFLINE have failed in a row.
 async function refreshPhones() {
   const before = listed(reported());
   let listing = [];
-  let answered = true;
-  try {
-    let timer;
-    const timeout = new Promise((_, reject) => {
-      timer = setTimeout(() => reject(new Error('adb did not answer the device list')), LIST_TIMEOUT_MS);
-    });
-    listing = await Promise.race([adb.listDevicesWithPaths(), timeout]).finally(() => clearTimeout(timer));
-    failedLists = 0;
-  } catch (err) {
-    failedLists += 1;
-    log(`adb device list failed (${failedLists} in a row): ${err.message}`);
-    if (failedLists < FAILED_LISTS_OFFLINE) return false; // one glitch does not flap every phone
-    answered = false; // out of sight, not gone: none is forgotten for it
+  let answered = false; // adb gave its list: only then is a phone missing from it gone
+  adbDown = !(await adbReachable());
+  if (!adbDown) {
+    try {
+      let timer;
+      const timeout = new Promise((_, reject) => {
+        timer = setTimeout(() => reject(new Error('adb did not answer the device list')), LIST_TIMEOUT_MS);
+      });
+      listing = await Promise.race([adb.listDevicesWithPaths(), timeout]).finally(() => clearTimeout(timer));
+      answered = true;
+      failedLists = 0;
+    } catch (err) {
+      failedLists += 1;
+      log(`adb device list failed (${failedLists} in a row): ${err.message}`);
+      if (failedLists < FAILED_LISTS_OFFLINE) return false; // one glitch does not flap every phone
+    }
   }
   const counts = new Map();
   for (const d of listing) counts.set(d.id, (counts.get(d.id) || 0) + 1);
@@ -947,7 +972,8 @@ async function phoneGone(serial, err) {
   const phone = phones.get(serial);
   if (phone?.state === 'DEVICE_STATE_ONLINE') return null;
   if (phone?.state === 'DEVICE_STATE_UNAUTHORIZED') return `phone ${serial} is unauthorized in adb: ${UNAUTHORIZED}`;
-  return `phone ${serial} disconnected (${err.message})`;
+  const cause = adbDown ? `no adb server at ${ADB.host}:${ADB.port}: ${err.message}` : err.message;
+  return `phone ${serial} disconnected (${cause})`;
 }
 
 async function main() {

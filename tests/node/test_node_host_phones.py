@@ -200,3 +200,58 @@ async def test_a_phone_unplugged_mid_task_ends_its_attempt_retryable(
     said = err.decode()
     assert final.attempts[0].failure_reason.startswith("phone emulator-5554 disconnected"), said
     assert final.status == types_pb2.TASK_STATUS_QUEUED, said  # retryable: it waits for a phone
+
+
+async def test_an_adb_server_gone_takes_every_phone_offline_at_once_and_a_failing_step_retryable(
+    node: str, tmp_path: Path
+) -> None:
+    """The adb server stops while host.js looks at a phone's screen. host.js took a server it
+    could not reach for a device list that failed: its phones stayed ONLINE until three lists
+    in a row had failed, and the step that failed meanwhile ended "host error: …", not
+    retryable, so the task failed for good for an adb server restart. As the Python host does
+    (host/devices/registry.py: an unreachable server makes every phone OFFLINE), the phones go
+    OFFLINE at the first poll and the attempt ends retryable, saying the phone disconnected."""
+    phone = VirtualPhone("emulator-5554")
+    phone.hang_dumps(30)  # the first look is under way until the server goes
+    async with cloud_and_phone(tmp_path, phone, HOST_ID) as rig:
+        task = (
+            await rig.client.tasks.SubmitTask(
+                task_service_pb2.SubmitTaskRequest(goal="Turn on dark theme", max_attempts=2),
+                timeout=10,
+            )
+        ).task
+        host = await asyncio.create_subprocess_exec(
+            node,
+            str(HOST),
+            env={
+                "PATH": os.environ.get("PATH", ""),
+                "AMC_CLOUD_ADDRESS": rig.address,
+                "AMC_HOST_CERTS_DIR": str(rig.pki),
+                "AMC_HOST_ID": HOST_ID,
+                "ADB_PORT": str(rig.adb_port),
+                "AMC_TASKS": "1",
+                "AMC_HOST_DATA_DIR": str(tmp_path / "host-data"),
+            },
+            stdout=asyncio.subprocess.DEVNULL,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        try:
+            await until(lambda: phone.dumper is not None, 60, "the first look under way")
+            await rig.adb.stop()
+            _, err = await asyncio.wait_for(host.communicate(), 120)
+            final = await wait_task(
+                rig.client,
+                task.task_id,
+                lambda t: t.attempts and t.attempts[0].status != types_pb2.TASK_STATUS_RUNNING,
+                30,
+            )
+            phones = await _phones(rig)
+        finally:
+            if host.returncode is None:
+                host.kill()
+                await host.wait()
+    said = err.decode()
+    reason = final.attempts[0].failure_reason
+    assert reason.startswith("phone emulator-5554 disconnected (no adb server at 127.0.0.1:"), said
+    assert final.status == types_pb2.TASK_STATUS_QUEUED, said  # retryable: it waits for a phone
+    assert phones == {phone.serial: types_pb2.DEVICE_STATE_OFFLINE}, said
