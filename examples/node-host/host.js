@@ -11,7 +11,8 @@
 //      typed amc.v1.ScreenObservation, asks PlannerService.Decide for the next action (sending
 //      the outcome of the previous one), and carries the action out with `adb shell input`,
 //   4. renews its lease with the latest progress at the interval the assignment gives,
-//   5. reports the result, and keeps it (on disk too) until the cloud acknowledges it,
+//   5. reports the result, and keeps it (on disk too), sending it again every 5 s, until the
+//      cloud acknowledges it,
 //   6. rides out a cloud restart: reconnects with backoff, naming the leases it still holds,
 //      and asks again for a step whose answer was lost under the same step key.
 // It sends no prompt and no goal: the cloud knows the goal and the history and builds them.
@@ -792,6 +793,7 @@ async function runTask(a, revoked) {
   // while the cloud was down is sent again on the next stream, or by the next process.
   keepResult(a.lease_id, { result: { ...lease, status, summary, final_progress: progress, retryable } });
   send(results.get(a.lease_id));
+  resendUnanswered(a.lease_id);
   log(`task ${a.task_id}: ${status} — ${summary}`);
 }
 
@@ -856,6 +858,7 @@ function inheritResults() {
       held.set(kept.held.lease_id, kept.held);
       results.set(kept.held.lease_id, kept.message);
       inherited.add(kept.held.lease_id);
+      resendUnanswered(kept.held.lease_id);
     } catch (err) {
       log(`a result the previous process kept cannot be read (${name}): skipped`);
     }
@@ -867,6 +870,23 @@ function send(message) {
   if (current) current.write(message);
 }
 
+// A result neither acknowledged nor refused goes again every RESULT_RESEND_MS until it is, as
+// the Python host sends it (host/lease_client.py, RESULT_RESEND_S): a message lost with a
+// stream not yet noticed dead, or its answer lost on the way back, is otherwise never answered,
+// and the lease runs out under a finished attempt, whose task is then run again.
+const RESULT_RESEND_MS = 5000;
+const resends = new Map(); // lease id -> the timer of its result's next resend
+function resendUnanswered(leaseId) {
+  clearTimeout(resends.get(leaseId));
+  const timer = setTimeout(() => {
+    resends.delete(leaseId);
+    if (!results.has(leaseId)) return;
+    send(results.get(leaseId));
+    resendUnanswered(leaseId);
+  }, RESULT_RESEND_MS);
+  resends.set(leaseId, timer);
+}
+
 // Lets a lease go: its result was acknowledged or refused, or the cloud said the attempt is over.
 function release(leaseId, stream, state) {
   if (results.has(leaseId)) {
@@ -875,6 +895,8 @@ function release(leaseId, stream, state) {
   }
   held.delete(leaseId);
   results.delete(leaseId);
+  clearTimeout(resends.get(leaseId));
+  resends.delete(leaseId);
   expiries.delete(leaseId);
   if (TASKS && state.done >= TASKS) stream.end();
 }

@@ -11,13 +11,16 @@ once its plan ends, and is then killed and restarted before the host can ask aga
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import shutil
 import threading
 from pathlib import Path
 
 from amc.v1 import decision_log_service_pb2, task_service_pb2, types_pb2
+from host.devices.virtual.adb_server import VirtualAdbServer
 from host.devices.virtual.phone import VirtualPhone
+from tests.host.lease_fake import start_fake_cloud
 from tests.node.rig import cloud_and_phone
 from tests.node.test_node_host import HOST, HOST_ID, node
 from tests.support.fakes import ANTHROPIC_KEY, FakeModelServer, anthropic_message, tool_use
@@ -309,3 +312,55 @@ async def test_a_result_the_cloud_never_heard_outlives_a_node_host_restart(
     assert "TASK_STATUS_FAILED — phone emulator-5554 disconnected" in end, "".join(said)
     reason = end.split(" — ", 1)[1].strip()
     assert final.attempts[0].failure_reason == reason, (final, "".join(said))
+
+
+async def test_a_result_left_unanswered_on_a_live_stream_is_sent_again(
+    node: str, tmp_path: Path
+) -> None:
+    """A result the cloud neither acknowledges nor refuses (lost on a stream that still looks
+    up, or its answer lost on the way back): the Python host sends it again every 5 s
+    (host/lease_client.py, RESULT_RESEND_S) until it is answered. host.js sent it again only
+    after a Welcome or a Rejected UNAVAILABLE: on a live stream it waited for good, its lease
+    held, and the cloud released the attempt when the lease ran out and ran the task again.
+
+    The cloud here is the in-test LeaseService of tests/host/lease_fake.py (real mTLS, a real
+    stream), as in the Python host's test of the same: the real cloud answers every result it
+    reads, so it cannot leave one unanswered. It serves no PlannerService: the step's Decide
+    is refused UNIMPLEMENTED and the attempt ends at once, with a result to send."""
+    fake = await start_fake_cloud(tmp_path / "pki", HOST_ID)
+    cloud = fake.cloud
+    cloud.ack_results = False
+    cloud.renew_s = 10.0
+    phone = VirtualPhone("emulator-5554")
+    adb = VirtualAdbServer([phone])
+    adb_port = await adb.start()
+    host = await asyncio.create_subprocess_exec(
+        node,
+        str(HOST),
+        env={
+            "PATH": os.environ.get("PATH", ""),
+            "AMC_CLOUD_ADDRESS": f"127.0.0.1:{fake.port}",
+            "AMC_HOST_CERTS_DIR": str(fake.pki_dir),
+            "AMC_HOST_ID": HOST_ID,
+            "ADB_PORT": str(adb_port),
+            "AMC_HOST_DATA_DIR": str(tmp_path / "host-data"),
+        },
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    try:
+        await cloud.wait_for(lambda: cloud.hellos, 60)  # the stream is open
+        await cloud.assign("t1", phone.serial, "Turn on dark theme")
+        await cloud.wait_for(lambda: cloud.results, 60)  # the attempt ended: its result sent
+        with contextlib.suppress(TimeoutError):  # and, unanswered, sent again
+            await cloud.wait_for(lambda: len(cloud.results) >= 2, 30)
+        streams = cloud.streams
+    finally:
+        host.kill()
+        _, err = await host.communicate()
+        await adb.stop()
+        await fake.server.stop(grace=None)
+    said = err.decode()
+    assert len(cloud.results) >= 2, said
+    assert streams == 1, said  # the same stream, no reconnect in between
+    assert {(r.task_id, r.lease_id) for r in cloud.results} == {("t1", "lease-t1-1")}, said
