@@ -137,7 +137,7 @@ const tagged = (listed, tag) => {
   return found ? found.slice(tag.length + 1) : '';
 };
 
-const phones = new Map(); // host id -> { id, serial, transportId, state, device, goneSince }
+const phones = new Map(); // host id -> { id, serial, transportId, state, device, model, goneSince }
 let failedLists = 0;
 let adbDown = false; // no adb server answered the last poll
 
@@ -148,9 +148,29 @@ function reported() {
   return [...phones.values()]
     .sort((a, b) => rank(a) - rank(b) || (a.id < b.id ? -1 : a.id > b.id ? 1 : 0))
     .slice(0, MAX_REPORTED)
-    .map((p) => ({ serial: p.id, model: 'adb device', state: p.state }));
+    .map((p) => ({ serial: p.id, model: p.model, state: p.state }));
 }
 const listed = (devices) => JSON.stringify(devices);
+
+// `promise`, or an error saying `what` did not answer within `millis`.
+function within(promise, millis, what) {
+  let timer;
+  const timeout = new Promise((_, reject) => {
+    timer = setTimeout(() => reject(new Error(`${what} did not answer`)), millis);
+  });
+  return Promise.race([promise, timeout]).finally(() => clearTimeout(timer));
+}
+
+// The phone's model as it names itself (`ro.product.model`: "Pixel 8"), read once it is online,
+// as the Python host reads it (host/devices/registry.py, `_model`); its serial when it cannot
+// say, and it is asked again at the next poll.
+async function modelOf(device, serial) {
+  try {
+    return (await within(shell(device, 'getprop ro.product.model'), 5000, 'getprop')).trim() || serial;
+  } catch (err) {
+    return serial;
+  }
+}
 
 // Whether an adb server listens at ADB (`server_reachable` of host/devices/adb_errors.py).
 function adbReachable() {
@@ -179,11 +199,7 @@ async function refreshPhones() {
   adbDown = !(await adbReachable());
   if (!adbDown) {
     try {
-      let timer;
-      const timeout = new Promise((_, reject) => {
-        timer = setTimeout(() => reject(new Error('adb did not answer the device list')), LIST_TIMEOUT_MS);
-      });
-      listing = await Promise.race([adb.listDevicesWithPaths(), timeout]).finally(() => clearTimeout(timer));
+      listing = await within(adb.listDevicesWithPaths(), LIST_TIMEOUT_MS, 'the adb server, asked for its device list,');
       answered = true;
       failedLists = 0;
     } catch (err) {
@@ -215,7 +231,9 @@ async function refreshPhones() {
           ? byTransportId(d.id, transportId)
           : adb.getDevice(d.id);
     const state = STATES[d.type] || 'DEVICE_STATE_OFFLINE';
-    phones.set(id, { id, serial: d.id, transportId, byId, state, device, goneSince: null });
+    let model = old?.model || d.id;
+    if (state === 'DEVICE_STATE_ONLINE' && model === d.id) model = await modelOf(device, d.id);
+    phones.set(id, { id, serial: d.id, transportId, byId, state, device, model, goneSince: null });
   }
   const now = Date.now();
   const inUse = new Set([...held.values()].map((h) => h.device_serial));

@@ -255,3 +255,50 @@ async def test_an_adb_server_gone_takes_every_phone_offline_at_once_and_a_failin
     assert reason.startswith("phone emulator-5554 disconnected (no adb server at 127.0.0.1:"), said
     assert final.status == types_pb2.TASK_STATUS_QUEUED, said  # retryable: it waits for a phone
     assert phones == {phone.serial: types_pb2.DEVICE_STATE_OFFLINE}, said
+
+
+async def test_the_node_host_reports_each_phones_model_as_the_phone_names_it(
+    node: str, tmp_path: Path
+) -> None:
+    """host.js told the cloud every phone's model was "adb device": an operator's fleet list
+    could not tell a Pixel from a Galaxy. As the Python host does (host/devices/registry.py,
+    `_model`), it now reads `ro.product.model` once a phone is online, in the hello and for a
+    phone plugged in later; one adb lists as unauthorized (nothing can be read from it) is
+    reported by its serial."""
+    pixel = VirtualPhone("emulator-5554", model="Pixel 8")
+    galaxy = VirtualPhone("R58M", model="SM-S911B")
+    locked_out = VirtualPhone("ZY22", model="moto g")
+    locked_out.set_adb_state("unauthorized")
+    async with cloud_and_phone(tmp_path, pixel, HOST_ID) as rig:
+        host = await asyncio.create_subprocess_exec(
+            node,
+            str(HOST),
+            env={
+                "PATH": os.environ.get("PATH", ""),
+                "AMC_CLOUD_ADDRESS": rig.address,
+                "AMC_HOST_CERTS_DIR": str(rig.pki),
+                "AMC_HOST_ID": HOST_ID,
+                "ADB_PORT": str(rig.adb_port),
+                "AMC_HOST_DATA_DIR": str(tmp_path / "host-data"),
+            },
+            stdout=asyncio.subprocess.DEVNULL,
+            stderr=asyncio.subprocess.PIPE,
+        )
+
+        async def models() -> dict[str, str]:
+            hosts = (await rig.client.fleet.ListHosts(fleet_service_pb2.ListHostsRequest())).hosts
+            return {d.serial: d.model for h in hosts if h.host_id == HOST_ID for d in h.devices}
+
+        async def listed(count: int) -> bool:
+            return len(await models()) == count
+
+        try:
+            await until(lambda: listed(1), 30, "the hello's phone")
+            rig.adb.add_phone(galaxy)
+            rig.adb.add_phone(locked_out)
+            await until(lambda: listed(3), 30, "the phones plugged in")
+            seen = await models()
+        finally:
+            host.kill()
+            _, err = await host.communicate()
+    assert seen == {"emulator-5554": "Pixel 8", "R58M": "SM-S911B", "ZY22": "ZY22"}, err.decode()
