@@ -172,6 +172,18 @@ async function modelOf(device, serial) {
   }
 }
 
+// Whether the phone has finished booting (`sys.boot_completed` is 1), as the Python host asks
+// (host/devices/registry.py, `_booted`): adb lists a phone as a device as soon as its adbd runs,
+// well before its system services are up, and every attempt on it would fail. True when it
+// cannot be asked, so a failed question never keeps a phone out.
+async function booted(device) {
+  try {
+    return !['', '0'].includes((await within(shell(device, 'getprop sys.boot_completed'), 5000, 'getprop')).trim());
+  } catch (err) {
+    return true;
+  }
+}
+
 // Whether an adb server listens at ADB (`server_reachable` of host/devices/adb_errors.py).
 function adbReachable() {
   return new Promise((resolve) => {
@@ -230,7 +242,10 @@ async function refreshPhones() {
         : byId
           ? byTransportId(d.id, transportId)
           : adb.getDevice(d.id);
-    const state = STATES[d.type] || 'DEVICE_STATE_OFFLINE';
+    let state = STATES[d.type] || 'DEVICE_STATE_OFFLINE';
+    if (state === 'DEVICE_STATE_ONLINE' && old?.state !== state && !(await booted(device))) {
+      state = 'DEVICE_STATE_OFFLINE'; // the contract's "rebooting"; asked again at each poll
+    }
     let model = old?.model || d.id;
     if (state === 'DEVICE_STATE_ONLINE' && model === d.id) model = await modelOf(device, d.id);
     phones.set(id, { id, serial: d.id, transportId, byId, state, device, model, goneSince: null });

@@ -302,3 +302,58 @@ async def test_the_node_host_reports_each_phones_model_as_the_phone_names_it(
             host.kill()
             _, err = await host.communicate()
     assert seen == {"emulator-5554": "Pixel 8", "R58M": "SM-S911B", "ZY22": "ZY22"}, err.decode()
+
+
+async def test_a_phone_still_booting_is_offline_until_it_has_booted(
+    node: str, tmp_path: Path
+) -> None:
+    """adb lists a phone as "device" as soon as its adbd runs, well before a booting phone's
+    system services are up. host.js reported it ONLINE at once, and the cloud handed it tasks
+    whose every step fails until it has booted (`input`, `wm`, `dumpsys` find no service). As
+    the Python host does (host/devices/registry.py, `_booted`), it is now OFFLINE (the
+    contract's "rebooting") until `sys.boot_completed` is 1, and then ONLINE, and runs the
+    task."""
+    phone = VirtualPhone("emulator-5554")
+    phone.system_server_down = True  # booting: sys.boot_completed is unset
+    async with cloud_and_phone(tmp_path, phone, HOST_ID) as rig:
+        task = (
+            await rig.client.tasks.SubmitTask(
+                task_service_pb2.SubmitTaskRequest(goal="Turn on dark theme", max_attempts=1),
+                timeout=10,
+            )
+        ).task
+        host = await asyncio.create_subprocess_exec(
+            node,
+            str(HOST),
+            env={
+                "PATH": os.environ.get("PATH", ""),
+                "AMC_CLOUD_ADDRESS": rig.address,
+                "AMC_HOST_CERTS_DIR": str(rig.pki),
+                "AMC_HOST_ID": HOST_ID,
+                "ADB_PORT": str(rig.adb_port),
+                "AMC_TASKS": "1",
+                "AMC_HOST_DATA_DIR": str(tmp_path / "host-data"),
+            },
+            stdout=asyncio.subprocess.DEVNULL,
+            stderr=asyncio.subprocess.PIPE,
+        )
+
+        async def announced() -> bool:
+            return bool(await _phones(rig))
+
+        try:
+            await until(announced, 30, "the hello's phone")
+            booting = await _phones(rig)
+            phone.system_server_down = False  # booted
+            _, err = await asyncio.wait_for(host.communicate(), 240)
+            final = await wait_task(
+                rig.client, task.task_id, lambda t: t.status != types_pb2.TASK_STATUS_RUNNING, 10
+            )
+        finally:
+            if host.returncode is None:
+                host.kill()
+                await host.wait()
+    said = err.decode()
+    assert booting == {phone.serial: types_pb2.DEVICE_STATE_OFFLINE}, said
+    assert final.status == types_pb2.TASK_STATUS_SUCCEEDED, said
+    assert len(final.attempts) == 1, said
