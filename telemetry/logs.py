@@ -11,7 +11,9 @@ onto each record, so any logger — ours or a library's — carries them.
 Two formats, chosen by `AMC_LOG_FORMAT`: `text` (the default, for people: the usual line with
 `[task=… attempt=… host=… step=…]` at its end) and `json` (one object per line for log
 pipelines, via python-json-logger: time, level, logger, message, the fields above, exception).
-Nothing here logs a value it was not given: secrets stay out as long as callers keep them out.
+Nothing here logs a value it was not given, and every line (its traceback too) is scrubbed of
+the configured API keys and credential header values (`telemetry.redaction`) as it is written:
+an exception's text is the provider's or a library's, not ours to vet at each call site.
 """
 
 from __future__ import annotations
@@ -28,6 +30,8 @@ from opentelemetry import trace
 from pydantic import field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 from pythonjsonlogger.json import JsonFormatter
+
+from telemetry.redaction import scrub
 
 #: The fields bound to log lines, in the order the text format shows them.
 FIELDS = ("task_id", "attempt", "host_id", "step")
@@ -102,13 +106,14 @@ class ContextFilter(logging.Filter):
 
 
 class TextFormatter(logging.Formatter):
-    """The usual line, then the bound fields: `… [task=ab12 attempt=1 host=h1 step=3]`."""
+    """The usual line, then the bound fields: `… [task=ab12 attempt=1 host=h1 step=3]`;
+    scrubbed (`telemetry.redaction`)."""
 
     def __init__(self) -> None:
         super().__init__("%(asctime)s %(levelname)s %(name)s: %(message)s")
 
     def format(self, record: logging.LogRecord) -> str:
-        line = super().format(record)
+        line = scrub(super().format(record))
         fields = [f"{_SHORT[k]}={getattr(record, k)}" for k in FIELDS if hasattr(record, k)]
         if not fields:
             return line
@@ -116,9 +121,15 @@ class TextFormatter(logging.Formatter):
         return f"{first} [{' '.join(fields)}]{newline}{rest}"
 
 
+class _ScrubbedJson(JsonFormatter):
+    def format(self, record: logging.LogRecord) -> str:
+        return scrub(super().format(record))
+
+
 def json_formatter() -> logging.Formatter:
-    """One JSON object per line: time, level, logger, message, bound fields, exception."""
-    return JsonFormatter(
+    """One JSON object per line: time, level, logger, message, bound fields, exception;
+    scrubbed (`telemetry.redaction`: what it replaces leaves the line valid JSON)."""
+    return _ScrubbedJson(
         "{asctime}{levelname}{name}{message}",
         style="{",
         rename_fields={"asctime": "time", "levelname": "level", "name": "logger"},

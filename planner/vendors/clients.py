@@ -1,7 +1,8 @@
 """The official SDK clients, built one way from the planner settings for every planning mode.
 
 A missing key is refused here, with the setting to fix, rather than by the SDK at the first call,
-and so is a key no HTTP header can carry (see `_key`).
+and so is a key no HTTP header can carry (see `_key`). A key used is kept for
+`telemetry.redaction.scrub`: no log line or planner error may quote it, whatever its shape.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from pydantic import SecretStr
 
 from planner.errors import PlannerAuthError, PlannerConfigError
 from planner.settings import PlannerSettings
+from telemetry.redaction import keep_secret
 
 
 def _key(secret: SecretStr | None, vendor: str, setting: str) -> str:
@@ -27,6 +29,7 @@ def _key(secret: SecretStr | None, vendor: str, setting: str) -> str:
             f"{setting}: the key holds a space, a line break or another character no API key "
             "has (a key file's trailing newline?); set the key alone"
         )
+    keep_secret(key)
     return key
 
 

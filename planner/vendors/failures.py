@@ -13,8 +13,11 @@ provider's `retry-after` or a short backoff, as long as one call's waits stay wi
 `RETRY_WAIT_LIMIT_S`; a longer wait ends the call at once with an error that carries the
 provider's retry-after, and whoever asked waits it out (the host's step waits inside its lease
 without holding a Decide call open). The reason an operator reads never carries an API key:
-providers echo (partly masked) keys in 401 messages, and a reason ends up in task results, logs
-and the decision log.
+providers echo (partly masked) keys in 401 messages, a proxy may quote the request's headers,
+and a reason ends up in task results, statuses, logs and the decision log. Nor does a planner
+error carry the SDK's exception (the adapters raise it `from None`): its message is the
+provider's text unscrubbed, and a traceback or a span event that shows a planner error shows
+the exception it was raised from.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ from planner.errors import (
     PlannerRejected,
     PlannerUnavailable,
 )
+from telemetry.redaction import scrub
 
 #: The most one call waits in all between its attempts. A decision may take several calls (a
 #: retry without thinking, a corrective turn) and the host gives one Decide 300 s
@@ -45,10 +49,6 @@ RETRY_WAIT_LIMIT_S = 30.0
 #: The SDKs' backoff when the provider names no wait: 0.5 s doubling up to 8 s, less up to 25%.
 _BACKOFF_FIRST_S = 0.5
 _BACKOFF_MAX_S = 8.0
-
-#: Key-like tokens (`sk-…`, `sk-ant-…`, also the partly masked `sk-abc***xyz` some providers echo
-#: back in a 401 message).
-_KEY_LIKE = re.compile(r"\b(sk|key)-[A-Za-z0-9_*.\-]{4,}")
 
 
 class IncompleteStream(RuntimeError):
@@ -79,11 +79,6 @@ class NotAnAnswer(RuntimeError):
         super().__init__(repr(" ".join(str(body).split())[:200]))
 
 
-def scrub(text: str) -> str:
-    """`text` with anything that looks like an API key replaced."""
-    return _KEY_LIKE.sub(r"\1-•••", text)
-
-
 #: The most of a provider's error text a planner error carries. The SDKs put a whole non-JSON
 #: error body in the message (a load balancer's HTML 502 page runs to tens of KB), and the
 #: message becomes a gRPC status's details: over 16 KB of trailers the client sees
@@ -101,7 +96,7 @@ def _detail(err: BaseException) -> str:
             text = str(inner["message"])
     if text is None:
         text = str(getattr(err, "message", None) or err)
-    return scrub(_short(text))
+    return _short(scrub(text))
 
 
 def _short(text: str) -> str:
@@ -178,7 +173,7 @@ def planner_error(err: BaseException, vendor: str, *, retries: int) -> PlannerEr
             f"no {label} API"
         )
     codes = _codes(err)
-    detail = scrub(_short(str(err))) if isinstance(err, IncompleteStream) else _detail(err)
+    detail = _short(scrub(str(err))) if isinstance(err, IncompleteStream) else _detail(err)
     # An SDK error without an HTTP status that is no connection failure: the SDK met an error
     # event inside a stream that had started (the OpenAI SDK raises the live API's nested
     # `{"type": "error", "error": {…}}` event as a bare APIError). Classified like a broken

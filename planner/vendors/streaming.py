@@ -80,7 +80,7 @@ async def fetch_response(
             feed(event)
         return complete()
     except Exception as err:
-        raise planner_error(err, vendor, retries=retries) from err
+        raise planner_error(err, vendor, retries=retries) from None
 
 
 async def _not_a_stream(events: Any) -> str | None:
@@ -120,7 +120,7 @@ async def _asked(send: Callable[[], Awaitable[Any]], vendor: str, retries: int) 
         except Exception as err:
             wait = retry_wait(err, retries_taken, waited) if retries_taken < retries else None
             if wait is None:
-                raise planner_error(err, vendor, retries=retries_taken) from err
+                raise planner_error(err, vendor, retries=retries_taken) from None
         retries_taken += 1
         waited += wait
         await asyncio.sleep(wait)

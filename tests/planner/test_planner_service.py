@@ -10,7 +10,9 @@ client certificate with `cloud.identity.peer_caller`, the way the cloud deployme
 from __future__ import annotations
 
 import asyncio
+import io
 import json
+import logging
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -19,6 +21,7 @@ import grpc
 import pytest
 
 from amc.v1 import planner_service_pb2, planner_service_pb2_grpc, types_pb2
+from cloud import supervised
 from planner.decision import Decision
 from planner.errors import (
     PlannerAuthError,
@@ -34,6 +37,8 @@ from planner.providers.offline import OfflineProvider
 from planner.service import MAX_MESSAGE_BYTES, PlannerServicer
 from planner.settings import PlannerSettings
 from planner.vendors import Turn, TurnRequest, make_adapter
+from planner.vendors.observed import ObservedProbeableAdapter
+from telemetry import logs
 from tests.planner import scenes
 from tests.support.fakes import (
     ANTHROPIC_KEY,
@@ -45,6 +50,8 @@ from tests.support.fakes import (
     tool_use,
 )
 from tests.support.memory_log import MemoryDecisionLog
+from tests.support.tracing import memory_exporter
+from tests.support.waiting import until
 
 HOST = "host-a"
 LEASE = ("task-1", 1, "lease-1")
@@ -757,3 +764,62 @@ async def test_a_provider_error_page_reaches_the_host_cut_short_with_its_status(
     assert "502" in details
     assert len(details) < 1_000
     assert srv.sink.rows == []
+
+
+#: An API key of no known shape (a proxy's or a gateway's own), as the cloud may be configured.
+SHAPELESS_KEY = "gw7f3a9c2e11d04b6a8e5fq"
+
+
+@pytest.mark.parametrize(
+    ("vendor", "model"), [("anthropic", "claude-test-model"), ("openai", "gpt-4o")]
+)
+async def test_a_provider_error_that_echoes_the_key_writes_it_nowhere(
+    make_server: Callable[..., Any], fake_server: FakeModelServer, vendor: str, model: str
+) -> None:
+    """A proxy in front of the API that echoes the request's headers in its error body
+    (`Authorization: Bearer …`, `x-api-key: …`) put the configured key in the status details a
+    host got (OpenAI's bearer header, whatever the key's shape: only `sk-…` and `key-…` were
+    scrubbed) and, through the SDK error each planner error was raised from, in every logged
+    traceback (the provider-probe loop's, the RPC boundary's) and the model call's span event.
+    The real SDKs against the fake API made to echo; the log is the handler every process
+    writes through."""
+    exporter = memory_exporter()
+    buffer = io.StringIO()
+    root = logging.getLogger()
+    handler = logs.handler("text", buffer)
+    root.addHandler(handler)
+    base_url = (
+        fake_server.anthropic_base_url if vendor == "anthropic" else fake_server.openai_base_url
+    )
+    configured: dict[str, Any] = {
+        f"{vendor}_api_key": SHAPELESS_KEY,
+        f"{vendor}_base_url": base_url,
+    }
+    adapter = make_adapter(
+        PlannerSettings(provider=vendor, model=model, max_retries=0, **configured)
+    )
+    assert isinstance(adapter, ObservedProbeableAdapter)
+    fake_server.echo_headers(502)
+    probing = supervised.start("provider-probe", adapter.probe, interval=60.0)
+    try:
+        srv: Running = await make_server(adapter)
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await srv.stub.Decide(request(), metadata=MD)
+        await until(lambda: "provider-probe failed" in buffer.getvalue(), what="the probe's log")
+    finally:
+        await supervised.stop([probing])
+        root.removeHandler(handler)
+        await adapter.aclose()
+    assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert "HTTP 502" in (info.value.details() or "")
+    assert all(SHAPELESS_KEY in r.headers.get("authorization", r.headers.get("x-api-key", ""))
+               for r in fake_server.requests)  # fmt: skip
+    events = [str(e.attributes) for s in exporter.get_finished_spans() for e in s.events]
+    assert events, "the model call's span records its exception"
+    written = {
+        "status details": info.value.details() or "",
+        "log": buffer.getvalue(),
+        "span events": "\n".join(events),
+    }
+    for where, what in written.items():
+        assert SHAPELESS_KEY not in what, where

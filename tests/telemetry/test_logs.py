@@ -8,6 +8,8 @@ import io
 import json
 import logging
 
+from planner.settings import PlannerSettings
+from planner.vendors.clients import openai_client
 from telemetry import logs
 from tests.support.tracing import memory_exporter
 
@@ -89,3 +91,28 @@ def test_configure_replaces_only_its_own_handler() -> None:
         for h in [h for h in root.handlers if getattr(h, "_amc_handler", False)]:
             root.removeHandler(h)
         root.setLevel(level)
+
+
+async def test_a_line_never_carries_a_configured_key_or_a_credential_header() -> None:
+    """Every line written is scrubbed, its traceback too: an exception's text is a library's
+    (a provider's error body quoting the request's headers), and it was written as it came,
+    a key of no known shape (a gateway's) in full. Both formats; a JSON line stays JSON."""
+    key = "gw4d9e1b7a03c6f25e8d1"
+    client = openai_client(PlannerSettings(openai_api_key=key))  # the key the process uses
+    await client.close()
+    quoted = (
+        f"upstream failed: {{'authorization': 'Bearer {key}', 'x-api-key': 'xk7Qm2Lp9Rt4Vw8Z'}}; "
+        f"echoed {key} and Authorization: Bearer tok_5f2a9c8e1d7b"
+    )
+    for fmt in ("text", "json"):
+        logger, buffer = _logger(fmt)
+        try:
+            raise RuntimeError(quoted)
+        except RuntimeError as err:
+            logger.error("call failed: %s", err, exc_info=True)
+        written = buffer.getvalue()
+        for secret in (key, "xk7Qm2Lp9Rt4Vw8Z", "tok_5f2a9c8e1d7b"):
+            assert secret not in written, (fmt, written)
+        assert "upstream failed" in written
+        if fmt == "json":
+            assert "RuntimeError" in json.loads(written)["exc_info"]

@@ -76,7 +76,7 @@ class AnthropicAdapter:
             if not callable(getattr(info, "to_dict", None)):  # a 200 that was not JSON
                 raise NotAnAnswer(info)
         except Exception as err:
-            raise planner_error(err, self.name, retries=0) from err
+            raise planner_error(err, self.name, retries=0) from None
 
     async def complete(self, request: TurnRequest) -> Turn:
         # A model that cannot run one call without thinking keeps it on; the projection then

@@ -83,7 +83,7 @@ class OpenAIAdapter:
             if not callable(getattr(info, "to_dict", None)):  # a 200 that was not JSON
                 raise NotAnAnswer(info)
         except Exception as err:
-            raise planner_error(err, self.name, retries=0) from err
+            raise planner_error(err, self.name, retries=0) from None
 
     async def complete(self, request: TurnRequest) -> Turn:
         if request.mode == "session" or not self.profile.chat_tools:
@@ -156,7 +156,7 @@ class OpenAIAdapter:
             try:
                 acc.check(response)
             except FailedResponse as failed:
-                raise planner_error(failed, self.name, retries=self.retries) from failed
+                raise planner_error(failed, self.name, retries=self.retries) from None
         except (asyncio.CancelledError, PlannerError) as err:
             # A response that failed (`response.failed`, or `status: "failed"` not streamed)
             # may say what it cost: billed all the same.

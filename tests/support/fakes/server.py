@@ -111,6 +111,10 @@ class FakeServer:
         #: The Content-Type of a streamed answer (None: the header is left out, as some proxies
         #: in front of the API do).
         self.stream_content_type: str | None = "text/event-stream"
+        #: While set, every request (and probe) is answered with this HTTP status and an error
+        #: body that quotes the request's headers, credentials included: a proxy in front of the
+        #: API that echoes what it was sent when the upstream fails (`echo_headers`).
+        self.echo_status: int | None = None
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler_class())
         self._server.daemon_threads = True
         self._thread: threading.Thread | None = None
@@ -180,11 +184,28 @@ class FakeServer:
             self.page_status = status
             self.page_cut = cut
 
+    def echo_headers(self, status: int | None) -> None:
+        """From now on (None: no longer) every request gets HTTP `status` with a JSON error
+        body whose message, and a `headers` field beside it, quote the request's headers."""
+        with self.lock:
+            self.echo_status = status
+
     # --- handling ---
+    def _echoed(self, record: Recorded) -> Answer | None:
+        if self.echo_status is None:
+            return None
+        record.status = self.echo_status
+        quoted = "; ".join(f"{k}: {v}" for k, v in record.headers.items())
+        error = {"type": "api_error", "message": f"upstream failed for request ({quoted})"}
+        return Answer(self.echo_status, {"error": error, "headers": record.headers})
+
     def handle(self, path: str, headers: dict[str, str], body: dict[str, Any]) -> Answer:
         record = Recorded(path, headers, body)
         with self.lock:
             self.requests.append(record)
+            echoed = self._echoed(record)
+            if echoed is not None:
+                return echoed
             if self.page is not None:
                 record.status = self.page_status
                 return Answer(self.page_status, html=self.page, cut=self.page_cut)
@@ -207,6 +228,9 @@ class FakeServer:
         record = Recorded(path, headers, {})
         with self.lock:
             self.requests.append(record)
+            echoed = self._echoed(record)
+            if echoed is not None:
+                return echoed
             if self.page is not None:
                 record.status = self.page_status
                 return Answer(self.page_status, html=self.page, cut=self.page_cut)
