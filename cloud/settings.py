@@ -1,4 +1,5 @@
-"""Settings of a cloud replica (env prefix `AMC_CLOUD_`), and the error a bad one raises.
+"""Settings of a cloud replica (env prefix `AMC_CLOUD_`), the error a bad one raises, and the
+one line any part's settings error becomes (`validation_problem`).
 
 docs/deployment.md lists every field here as `AMC_CLOUD_<NAME>` (a test keeps the two in step).
 """
@@ -6,9 +7,10 @@ docs/deployment.md lists every field here as `AMC_CLOUD_<NAME>` (a test keeps th
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal, get_args
 
-from pydantic import Field, SecretStr
+from pydantic import AliasChoices, Field, SecretBytes, SecretStr, ValidationError
+from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 #: Where a cloud listens and where every client (CLI, console, host) looks for it by default.
@@ -27,6 +29,62 @@ class SettingError(ValueError):
     def __init__(self, setting: str, problem: str, fix: str) -> None:
         super().__init__(f"{setting}: {problem}; {fix}")
         self.setting = setting
+
+
+#: Words of a field's name that say it holds a secret (`api_token`, `secrets_key`): its value is
+#: never shown, whatever its type (`max_tokens` is no token).
+_SECRET_WORDS = frozenset({"key", "token", "password", "secret"})
+
+
+def _settings_class(name: str) -> type[BaseSettings] | None:
+    """The settings class a validation error names (its title), among those imported: the
+    class that raised it is. Each class's prefix is its own `env_prefix`, not a table kept
+    beside it (which missed `AMC_LOG_` once)."""
+    classes: list[type[BaseSettings]] = list(BaseSettings.__subclasses__())
+    while classes:
+        found = classes.pop()
+        if found.__name__ == name:
+            return found
+        classes.extend(found.__subclasses__())
+    return None
+
+
+def _holds_secret(annotation: Any) -> bool:
+    if isinstance(annotation, type) and issubclass(annotation, SecretStr | SecretBytes):
+        return True
+    return any(_holds_secret(arg) for arg in get_args(annotation))
+
+
+def _aliases(field: FieldInfo) -> set[str]:
+    chosen = field.validation_alias
+    names = set(chosen.choices) if isinstance(chosen, AliasChoices) else {chosen}
+    return {n for n in (*names, field.alias) if isinstance(n, str)}
+
+
+def validation_problem(error: ValidationError) -> tuple[str, str]:
+    """pydantic's first complaint about a settings class, as (the problem, naming the variable
+    that caused it; how to fix it): the one wording of `amc cloud serve` and every other `amc`
+    command. A field's value is quoted (`got '…'`) unless it may be a secret: a `SecretStr`, or
+    a name that says so (`_SECRET_WORDS`)."""
+    first = error.errors()[0]
+    message = first["msg"].removeprefix("Value error, ")
+    if not first["loc"]:  # a check across settings: its message names the variables
+        return message, "fix the variables or unset them to use the defaults"
+    settings = _settings_class(error.title)
+    fields = settings.model_fields if settings is not None else {}
+    name = str(first["loc"][0])
+    variable = ".".join(str(part) for part in first["loc"]).upper()
+    field = fields.get(name)
+    if field is None:  # named by its alias, which is the variable itself
+        field = next((f for f in fields.values() if name in _aliases(f)), None)
+    elif settings is not None:
+        variable = str(settings.model_config.get("env_prefix", "")) + variable
+    secret = bool(_SECRET_WORDS & set(name.lower().split("_"))) or (
+        field is not None and _holds_secret(field.annotation)
+    )
+    value = first.get("input")
+    got = f" (got {value!r})" if isinstance(value, str | int | float) and not secret else ""
+    return f"{variable}: {message}{got}", "fix the variable or unset it to use the default"
 
 
 class CloudSettings(BaseSettings):

@@ -18,34 +18,9 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError
 
 from cloud.server import Say, serve
-from cloud.settings import CloudSettings, SettingError
+from cloud.settings import CloudSettings, SettingError, validation_problem
 from planner.errors import PlannerConfigError
 from telemetry.tracing import TracingConfigError
-
-_PREFIXES = {
-    "CloudSettings": "AMC_CLOUD_",
-    "PlannerSettings": "AMC_PLANNER_",
-    "LogSettings": "AMC_LOG_",
-}
-
-
-def _validation_line(error: ValidationError) -> str:
-    """pydantic's first complaint, as the environment variable that caused it."""
-    prefix = _PREFIXES.get(error.title, "")
-    first = error.errors()[0]
-    message = first["msg"].removeprefix("Value error, ")
-    if not first["loc"]:  # a check across settings: its message names the variables
-        return (
-            f"{message}; fix the variables or unset them to use the defaults "
-            "(see docs/deployment.md)"
-        )
-    field = ".".join(str(part) for part in first["loc"])
-    value = first.get("input")
-    got = f" (got {value!r})" if isinstance(value, str | int | float) else ""
-    return (
-        f"{prefix}{field.upper()}: {message}{got}; fix the variable or unset it to use the "
-        "default (see docs/deployment.md)"
-    )
 
 
 def explain(exc: BaseException, settings: CloudSettings | None = None) -> str | None:
@@ -55,7 +30,8 @@ def explain(exc: BaseException, settings: CloudSettings | None = None) -> str | 
     if isinstance(exc, TracingConfigError):
         return f"tracing: {exc}"
     if isinstance(exc, ValidationError):
-        return _validation_line(exc)
+        problem, fix = validation_problem(exc)
+        return f"{problem}; {fix} (see docs/deployment.md)"
     if isinstance(exc, DBAPIError | OSError) and settings is not None:
         url = make_url(settings.database_url).render_as_string(hide_password=True)
         reason = str(getattr(exc, "orig", None) or exc).splitlines()[0]

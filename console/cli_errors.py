@@ -84,33 +84,6 @@ def from_rpc(error: grpc.aio.AioRpcError, target: CloudTarget) -> UserError:
     )
 
 
-#: Settings classes → the environment prefix their fields are read from.
-_PREFIXES = {
-    "CloudSettings": "AMC_CLOUD_",
-    "PlannerSettings": "AMC_PLANNER_",
-    "HostSettings": "AMC_HOST_",
-    "HostConsoleSettings": "AMC_HOST_CONSOLE_",
-    "ConsoleSettings": "AMC_CONSOLE_",
-    "LogSettings": "AMC_LOG_",
-}
-
-
-def from_validation(error: ValidationError) -> UserError:
-    """pydantic's first complaint about a settings class, as the variable that caused it."""
-    prefix = _PREFIXES.get(error.title, "")
-    first = error.errors()[0]
-    message = first["msg"].removeprefix("Value error, ")
-    if not first["loc"]:  # a check across settings: its message names the variables
-        return UserError(message, "fix the variables or unset them to use the defaults")
-    field = ".".join(str(part) for part in first["loc"])
-    value = first.get("input")
-    got = f" (got {value!r})" if isinstance(value, str | int | float) else ""
-    return UserError(
-        f"{prefix}{field.upper()}: {message}{got}",
-        "fix the variable or unset it to use the default",
-    )
-
-
 def not_utf8(exc: UnicodeEncodeError) -> UserError:
     """Text that is not UTF-8 (a Latin-1 file read into an argument or a variable): Python
     keeps its bytes as lone surrogates, which cannot be sent. Text from the command line is
@@ -136,7 +109,7 @@ def not_utf8(exc: UnicodeEncodeError) -> UserError:
 
 def explain(exc: BaseException) -> UserError | None:
     """The one line for a failure a person can fix, or None for a bug."""
-    from cloud.settings import SettingError
+    from cloud.settings import SettingError, validation_problem
     from host.cloud_channel import CertificateMissing
     from planner.errors import PlannerConfigError
 
@@ -155,7 +128,7 @@ def explain(exc: BaseException) -> UserError | None:
         said = str(exc)
         return UserError(said, "" if "(" in said else "make one with `amc certs host DIR HOST_ID`")
     if isinstance(exc, ValidationError):
-        return from_validation(exc)
+        return UserError(*validation_problem(exc))
     return None
 
 
