@@ -53,6 +53,7 @@ from amc.v1 import lease_service_pb2, lease_service_pb2_grpc, types_pb2
 from host import metrics
 from host.agent.loop import TaskOutcome, TaskSpec
 from host.agent.progress import ProgressHolder, ProgressSnapshot, truncate
+from host.agent.stop_signal import HOST_STOPPED, REVOKED, StopSignal
 from host.devices.registry import DeviceInfo, reported
 from planner.budget import Budget, FleetDay
 from planner.convert import usage_from_proto
@@ -102,7 +103,7 @@ class RunningTask:
 
     spec: TaskSpec
     progress: ProgressHolder
-    cancel: asyncio.Event
+    cancel: StopSignal
     lease_s: float
     expires_mono: float
     #: Renew at least this often (the assignment's renew_interval; a third of the lease).
@@ -571,7 +572,7 @@ class LeaseClient:
         rt = RunningTask(
             spec=spec,
             progress=ProgressHolder(),
-            cancel=asyncio.Event(),
+            cancel=StopSignal(),
             lease_s=lease_s,
             expires_mono=_mono_expiry(a.lease_expires_at, lease_s, left),
             renew_s=_duration_s(a.renew_interval, lease_s / 3),
@@ -634,7 +635,7 @@ class LeaseClient:
             rt.revoked = types_pb2.TASK_STATUS_CANCELLED
             rt.revoke_reason = lease_service_pb2.RevokeReason.Name(r.reason)
             rt.revoke_message = r.message
-            rt.cancel.set()
+            rt.cancel.stop(REVOKED)
         pending = self._outbox.get(key)
         if (
             pending is not None
@@ -882,7 +883,7 @@ class LeaseClient:
                     log.warning("lease of %s expired while the cloud was unreachable", rt.key)
                     rt.revoked = types_pb2.TASK_STATUS_CANCELLED
                     rt.revoke_reason = EXPIRED_LOCALLY
-                    rt.cancel.set()
+                    rt.cancel.stop(UNREACHABLE_SUMMARY.removeprefix("stopped: "))
 
     @staticmethod
     def _renewal(rt: RunningTask) -> lease_service_pb2.LeaseRequest:
@@ -899,7 +900,7 @@ class LeaseClient:
         """Host shutdown: stop every task; unreported leases expire and the cloud retries them."""
         self._stopping = True
         for rt in self._tasks.values():
-            rt.cancel.set()
+            rt.cancel.stop(HOST_STOPPED)
         pending = [t for rt in self._tasks.values() for t in (rt.task, rt.renewer) if t]
         pending += self._renewers_ending
         if pending:

@@ -3,7 +3,8 @@
 Per step: screenshot + hierarchy (before) → plan → execute the typed action (intent stripped)
 → screenshot + hierarchy (after, also when the action failed) → record. Driver calls run in
 worker threads so one host drives several phones at once. A cancellation event (the lease was
-revoked) stops the loop within one step: it is checked between phases and races planning.
+revoked, or the host is stopping: `StopSignal` says which, and the timeline records it) stops the
+loop within one step: it is checked between phases and races planning.
 
 Two ends are not the task's: a step that could not be planned right now waits inside the lease
 (`planning_wait`), and a lease the cloud says is no longer live stops the loop without a
@@ -33,6 +34,7 @@ from host.agent.planning_wait import Impossible, PlanningPostponed, WaitPolicy, 
 from host.agent.progress import ProgressHolder, status_name, truncate
 from host.agent.redact import SecretRedactor
 from host.agent.step_telemetry import StepTelemetry
+from host.agent.stop_signal import stop_reason
 from host.agent.verdicts import ReplayTally, check_step
 from host.devices.base import DeviceBusy, DeviceError, DeviceGone, Driver, ScreenUnavailable
 from host.devices.lanes import new_lane
@@ -272,7 +274,7 @@ class AgentLoop:
             outcome = await self._run_observed(spec, progress, cancel, tel)
         except _Cancelled:
             step = progress.snapshot().step_index
-            outcome = TaskOutcome("cancelled", "stopped: the lease was revoked", step)
+            outcome = TaskOutcome("cancelled", f"stopped: {stop_reason(cancel)}", step)
         except DeviceGone as exc:
             step = progress.snapshot().step_index
             log.warning("task %s: %s", spec.task_id, exc)

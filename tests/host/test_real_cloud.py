@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import weakref
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
@@ -30,6 +31,7 @@ from cloud.store import leases, tasks
 from host.cloud_channel import open_channel
 from host.runner import HostApp, build_host, serve_host, start_virtual_phones
 from host.settings import HostSettings
+from host.timeline.store import TimelineStore
 from tests.cloud.cloud_harness import lapse
 from tests.host.scripted_planner import ScriptedPlanner, Step, by_text
 from tests.support.processes import free_port
@@ -565,3 +567,50 @@ async def test_an_unreadable_after_action_screenshot_is_recorded_missing_not_kep
     assert "unreadable screenshot from emulator-5554" in first.result["after_screenshot_error"]
     assert "step001-after.png" not in kept
     assert "step001-before.png" in kept
+
+
+async def test_a_host_stopped_mid_task_records_that_it_stopped(stack: Stack) -> None:
+    """A host stopped (SIGTERM, `amc up` stopped) mid-task recorded the attempt in its own
+    timeline as "stopped: the lease was revoked", a revoke the cloud never sent. The cloud
+    sends no result for it: the lease runs out ("lease expired") and the task is queued again
+    for its next attempt (docs/reliability.md)."""
+    planner = _dark_theme()
+    planner.steps[1] = Step("swipe", {"start_x": 540, "start_y": 1800, "end_x": 540, "end_y": 900})
+    planner.steps[2:] = [planner.steps[1]]  # swipes forever until stopped
+    host = await _start_host(stack, planner)
+    closed = False
+    try:
+        lease = duration_pb2.Duration()
+        lease.FromTimedelta(timedelta(seconds=2))
+        submitted = await stack.ops.SubmitTask(
+            task_service_pb2.SubmitTaskRequest(
+                goal="Scroll forever", max_attempts=2, lease_duration=lease
+            )
+        )
+        task_id = str(submitted.task.task_id)
+        await _until(stack, task_id, lambda t: t.progress.step_index >= 2)
+        host.stop.set()
+        await host.task
+        # The step the stop abandoned may still talk to the phone: its lane thread ends first.
+        for thread in threading.enumerate():
+            if thread.name.startswith("phone-"):
+                await asyncio.to_thread(thread.join)
+        await host.close()
+        closed = True
+        s = host.app.settings
+        timeline = TimelineStore(s.resolved_db_path, s.resolved_artifact_dir)
+        try:
+            local = timeline.get_task(task_id, 1)
+        finally:
+            timeline.close()
+        assert local is not None
+        assert (local.status, local.summary) == ("cancelled", "stopped: the host stopped")
+        task = await _until(stack, task_id, lambda t: t.status == types_pb2.TASK_STATUS_QUEUED)
+        ended = task.attempts[0]
+        assert (ended.status, ended.failure_reason) == (
+            types_pb2.TASK_STATUS_FAILED,
+            "lease expired",
+        )
+    finally:
+        if not closed:
+            await host.close()

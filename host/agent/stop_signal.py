@@ -1,0 +1,34 @@
+"""The event that tells an attempt to stop, and why it was told."""
+
+from __future__ import annotations
+
+import asyncio
+
+#: The cloud took the lease back (an operator's cancel, an expiry it saw, a release).
+REVOKED = "the lease was revoked"
+#: This host process is stopping (SIGTERM/SIGINT, `amc up` stopped): nobody revoked anything.
+HOST_STOPPED = "the host stopped"
+
+
+class StopSignal(asyncio.Event):
+    """An `asyncio.Event` that keeps the first reason it was set with.
+
+    The host's own record of a stopped attempt names what stopped it: every stop used to read
+    "the lease was revoked", also when the host itself was shut down, and an operator reading
+    the host's timeline looked for a revoke the cloud never sent.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.reason = REVOKED
+
+    def stop(self, reason: str) -> None:
+        """Set the event; a later stop keeps the first reason (what actually stopped it)."""
+        if not self.is_set():
+            self.reason = reason
+        self.set()
+
+
+def stop_reason(cancel: asyncio.Event) -> str:
+    """Why `cancel` was set: its reason when it says one, else a revoke (a plain event)."""
+    return cancel.reason if isinstance(cancel, StopSignal) else REVOKED
