@@ -61,6 +61,8 @@ _FOCUS_RES = (
     re.compile(r"mResumedActivity.*?\s([\w.]+)/([\w.$]+)"),
     re.compile(r"ResumedActivity.*?\s([\w.]+)/([\w.$]+)"),
 )
+#: The start of one display's block in `dumpsys window` (Android 10 and later).
+_DISPLAY_BLOCK_RE = re.compile(r"^\s*Display: mDisplayId=(\d+)\b.*$", re.MULTILINE)
 _PACKAGE_RE = re.compile(r"^[A-Za-z][\w]*(\.[A-Za-z_][\w]*)*$")
 _DUMP_DIR = "/data/local/tmp"
 # The process name `uiautomator dump` runs under (`ps -A`, `pidof`), and how long stopping a
@@ -222,9 +224,21 @@ def shell_lines(commands: list[str], max_line: int = SHELL_LINE_MAX) -> list[str
     return lines
 
 
-def parse_current_window(dumpsys: str) -> str:
+def parse_current_window(dumpsys: str, display: int = 0) -> str:
     """The focused window as `package/activity` from `dumpsys window` (or `dumpsys
-    activity`) output; "" when it names none."""
+    activity`) output; "" when it names none.
+
+    From Android 10 `dumpsys window` names the focus of each display in its own block
+    (`Display: mDisplayId=N`), and a second display that has focus (a cast or cover screen)
+    may be listed first: only the block of `display`, the one the host drives, is read then.
+    """
+    blocks = _DISPLAY_BLOCK_RE.split(dumpsys)
+    if len(blocks) > 1:
+        # [before the first block, id, block, id, block, ...]
+        ours = [
+            body for n, body in zip(blocks[1::2], blocks[2::2], strict=True) if int(n) == display
+        ]
+        dumpsys = "".join(ours)
     for pattern in _FOCUS_RES:
         m = pattern.search(dumpsys)
         if m:

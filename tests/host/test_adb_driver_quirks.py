@@ -567,3 +567,24 @@ def test_no_adb_server_is_a_refusal_not_a_daemon_started(monkeypatch: pytest.Mon
             client.list()
         gc.collect()
     assert started == []
+
+
+def test_the_focused_window_is_display_zeros_when_another_display_is_listed_first(
+    adb: tuple[ThreadedAdbServer, VirtualPhone],
+) -> None:
+    """From Android 10 `dumpsys window` names a focused window per display, and a second
+    display (a cast or cover screen) that has focus may be listed first: the host took its
+    window for the phone's, so a look and a launch's check named an app the phone's own
+    screen does not show."""
+    server, phone = adb
+    phone.multi_display = True
+    d = AdbDriver(SERIAL, port=server.port)
+    d.launch_app("com.android.settings")
+    out = (
+        adbutils.AdbClient(host="127.0.0.1", port=server.port)
+        .device(SERIAL)
+        .shell("dumpsys window")
+    )
+    assert out.index("mDisplayId=2") < out.index("mDisplayId=0")  # the trap is there
+    assert d.current_window() == "com.android.settings/com.android.settings.Settings"
+    assert d.current_app() == "com.android.settings"

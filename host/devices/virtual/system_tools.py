@@ -84,11 +84,34 @@ def _dumpsys(sh: Session, args: list[str], stdin: bytes) -> Output:
             f"    mAttrs={{(0,0)(fillxfill) ty={s.type.removeprefix('TYPE_')} fmt=TRANSLUCENT}}\n"
             for i, s in enumerate(reversed(p.surfaces()))
         )
+        current = (
+            f"mCurrentFocus=Window{{7e1f0a2 u0 {focus}}}\n"
+            f"  mFocusedApp=ActivityRecord{{5c3d9e1 u0 {pkg}/{short} t12}}\n"
+        )
+        if p.multi_display and p.sdk >= 29:
+            # From Android 10 each display's block names its own focus, and the display that
+            # has it is listed first: here the presentation on display 2 (a cast screen that
+            # was touched last), before the phone's own display 0.
+            presentation = "com.example.presentation/com.example.presentation.PresentationActivity"
+            displays = (
+                "WINDOW MANAGER DISPLAY CONTENTS (dumpsys window displays)\n"
+                "  Display: mDisplayId=2 rootTasks=1\n"
+                f"    mCurrentFocus=Window{{a3c01 u0 {presentation}}}\n"
+                f"    mFocusedApp=ActivityRecord{{b2e7 u0 {presentation} t30}}\n"
+                "  Display: mDisplayId=0 rootTasks=2\n"
+                f"    {current.replace('  ', '    ')}"
+            )
+            return Output().out(
+                (displays if args[1:2] != ["windows"] else "")
+                + "WINDOW MANAGER WINDOWS (dumpsys window windows)\n"
+                + windows
+                + "  mTopFocusedDisplayId=2\n"
+                + (_window_policy(sh) if args[1:2] != ["windows"] else "")
+            )
         return Output().out(
             "WINDOW MANAGER WINDOWS (dumpsys window windows)\n"
             + windows
-            + f"  mCurrentFocus=Window{{7e1f0a2 u0 {focus}}}\n"
-            f"  mFocusedApp=ActivityRecord{{5c3d9e1 u0 {pkg}/{short} t12}}\n"
+            + f"  {current}"
             + (_window_policy(sh) if args[1:2] != ["windows"] else "")
         )
     if service == "activity":
