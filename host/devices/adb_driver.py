@@ -99,6 +99,11 @@ _BUSY_DUMP = ("could not get idle state", "null root node returned by", "Killed"
 _JAVA_CRASH = ("java.lang.NullPointerException", "java.lang.IllegalStateException")
 # What a sync pull of a file that is not there fails with (adbd: "open failed: No such file or
 # directory"; older servers word it "does not exist").
+#: How a whole dump ends (`--windows`, and a single window's before that option).
+_DUMP_ENDS = ("</displays>", "</hierarchy>")
+#: Below this much free space in the dump folder an empty, cut or missing dump is the
+#: storage's doing (a dump is tens to hundreds of KiB).
+_FULL_BELOW_KIB = 1024
 _MISSING_FILE = ("No such file or directory", "does not exist")
 # What Android's shell (mksh) says for a command the build does not have; older ones and
 # toybox's sh say "not found".
@@ -112,6 +117,16 @@ def decode_dump(data: bytes) -> str:
     if data.startswith((b"\xff\xfe", b"\xfe\xff")):
         return data.decode("utf-16", errors="replace")
     return data.removeprefix(b"\xef\xbb\xbf").decode("utf-8", errors="replace")
+
+
+def parse_df_free_kib(output: str) -> int | None:
+    """The available KiB `df PATH` reports (toybox and busybox: 1K blocks, available in the
+    fourth column of the last row), or None when it names none."""
+    for line in reversed(output.strip().splitlines()):
+        fields = line.split()
+        if len(fields) >= 6 and fields[3].isdigit():
+            return int(fields[3])
+    return None
 
 
 def dump_failure(serial: str, output: str) -> DeviceError | None:
@@ -369,7 +384,10 @@ class AdbDriver:
         died midway leaves an empty or cut one behind."""
         remote = f"{_DUMP_DIR}/amc-{uuid.uuid4().hex[:12]}.xml"
         try:
-            return decode_dump(self._dump_to(remote))
+            xml = decode_dump(self._dump_to(remote))
+            if not xml.rstrip().endswith(_DUMP_ENDS):
+                self._refuse_if_full()  # empty or cut short: a full phone writes what fits
+            return xml
         finally:
             with contextlib.suppress(DeviceError):
                 self._shell(f"rm -f {remote}", "remove dump")
@@ -400,12 +418,32 @@ class AdbDriver:
             raise
         except DeviceError as exc:
             if any(marker in str(exc) for marker in _MISSING_FILE):
+                self._refuse_if_full()
                 # "dumped to" but no file: the accessibility window list was still empty
                 # (system_server fills it lazily for a new client); a moment later it is not.
                 raise DeviceBusy(
                     f"uiautomator dump on {self._serial} wrote no file (no windows listed yet)"
                 ) from exc
             raise
+
+    def _refuse_if_full(self) -> None:
+        """`DeviceBusy` saying so when the dump folder's storage is full: the dumper still
+        reports "dumped to" when its write fails (the IOException goes to logcat), so a full
+        phone's dump reads as missing or malformed, and the operator never learnt to free it.
+        Busy, so the look retries (space may come back) and then goes on without a tree,
+        that reason given. A failed `df` says nothing: the caller's own reason stands."""
+        try:
+            free = parse_df_free_kib(self._shell(f"df {_DUMP_DIR}", "df"))
+        except DeviceGone:
+            raise
+        except DeviceError as exc:
+            log.debug("%s: no free space read: %s", self._serial, exc)
+            return
+        if free is not None and free < _FULL_BELOW_KIB:
+            raise DeviceBusy(
+                f"uiautomator dump on {self._serial} could not write its file: the phone's "
+                f"storage is full ({free} KiB free in {_DUMP_DIR}); free some space on the phone"
+            )
 
     def _stop_dumpers(self) -> None:
         """End every `uiautomator dump` still running on the phone, best effort (a failure

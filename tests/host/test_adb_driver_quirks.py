@@ -329,6 +329,24 @@ def test_a_dump_that_dies_silently_is_busy_retried_and_leaves_no_file(
     assert _dump_files(server) == []
 
 
+@pytest.mark.parametrize("left", [0, 4096], ids=["empty file", "cut file"])
+def test_a_dump_on_a_full_phone_says_its_storage_is_full(
+    adb: tuple[ThreadedAdbServer, VirtualPhone], left: int
+) -> None:
+    """A phone whose storage is full still prints "dumped to" (the dumper logs the write
+    error) and leaves an empty or cut file: the look was retried and went on without a tree
+    "no windows listed yet" or "malformed hierarchy dump", so nobody freed the phone's
+    storage and every look of every task on it went blind."""
+    server, phone = adb
+    d = AdbDriver(SERIAL, port=server.port)
+    d.launch_app("com.android.settings")
+    phone.storage_left = left
+    look = Perceiver(None, retries=2, retry_delay_s=0).perceive(d, with_ocr=False)
+    assert "storage is full" in look.scene.tree_missing
+    assert f"{left // 1024} KiB free" in look.scene.tree_missing
+    assert _dump_files(server) == []
+
+
 def test_a_phone_that_vanishes_mid_dump_is_gone_not_retried(
     adb: tuple[ThreadedAdbServer, VirtualPhone], monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -313,6 +313,8 @@ def _uiautomator(sh: Session, args: list[str], stdin: bytes) -> Output:
             sh.phone.files.write(target, b"")
         return Output(code=1)
     result = Output()
+    if phone.storage_left is not None and target != "/dev/tty":
+        xml = xml[: phone.storage_left]  # what fitted; the write error went to logcat
     if target == "/dev/tty":
         result.out(xml)
     elif not sh.phone.files.write(target, xml):

@@ -158,6 +158,19 @@ def _sh(sh: Session, args: list[str], stdin: bytes) -> Output:
     return Output().err(f"{SH}: interactive shells are not supported here\n", 2)
 
 
+@registry.tool("df")
+def _df(sh: Session, args: list[str], stdin: bytes) -> Output:
+    """toybox `df` in 1K blocks; every path lives on /data here."""
+    left = sh.phone.storage_left
+    total = 52_428_800
+    free = total if left is None else left // 1024
+    used = total - free
+    return Output().out(
+        "Filesystem      1K-blocks     Used Available Use% Mounted on\n"
+        f"/dev/block/dm-5 {total:>9} {used:>8} {free:>9} {used * 100 // total:>3}% /data\n"
+    )
+
+
 @registry.tool("whoami")
 def _whoami(sh: Session, args: list[str], stdin: bytes) -> Output:
     return Output().out("shell\n")

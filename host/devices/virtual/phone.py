@@ -190,6 +190,10 @@ class VirtualPhone:
         #: `screencap` without `-d` then warns first, on the same stream as the image, and
         #: `uiautomator dump --windows` lists its window under `<display id="2">`.
         self.multi_display = False
+        #: Bytes left on /data (None: plenty). A full phone's `uiautomator dump` still says
+        #: "dumped to" (AOSP's dumper logs the IOException and reports anyway), its file cut
+        #: at what fitted, possibly empty; `df` reports what is left.
+        self.storage_left: int | None = None
         #: system_server is not running (the phone is still booting, or system_server
         #: restarts after a crash) while adbd already answers: `wm`, `input`, `am`, `pm`,
         #: `settings`, `cmd` and `dumpsys` find no binder service ("cmd: Can't find
