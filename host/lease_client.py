@@ -471,6 +471,7 @@ class LeaseClient:
                 )
                 if r.HasField("fleet_day"):
                     _heard(rt.spec.fleet_day, r.fleet_day)
+                rt.spec.withdrawn_flows.update(r.withdrawn_flows)
         elif kind == "revoked":
             metrics.renewals.labels(outcome="revoked").inc()
             self._on_revoked(response.revoked)

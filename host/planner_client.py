@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
+from collections.abc import Set as AbstractSet
 from typing import TYPE_CHECKING, Any, Protocol
 
 import grpc
@@ -248,7 +249,8 @@ class DirectPlanner:
     `engine` is a compact `Planner` (may be shared by attempts) or this attempt's
     `SessionPlanner` (its conversation is stored, so it survives a restart; the step records
     here are only for compact prompts and start empty after one). `flows` are the learned flows
-    of the assignment: `plan_step` replays them as the cloud does on its transport.
+    of the assignment: `plan_step` replays them as the cloud does on its transport, leaving
+    out those in `withdrawn` (the cloud's renewals add a flow disabled or retired meanwhile).
 
     The task's caps (`budget`, from the assignment) are checked before each call against what
     the task spent before this attempt (`spent`, the cloud's tally) plus this attempt's own
@@ -266,9 +268,11 @@ class DirectPlanner:
         budget: Budget | None = None,
         spent: Usage | None = None,
         fleet_day: FleetDay | None = None,
+        withdrawn: AbstractSet[str] = frozenset(),
     ) -> None:
         self.engine = engine
         self.flows = tuple(flows)
+        self.withdrawn = withdrawn
         self.steps: list[PastStep] = []
         self.budget = budget or Budget()
         self.spent = Usage()
@@ -297,7 +301,7 @@ class DirectPlanner:
                 observation=observation_from_scene(scene),
                 previous_outcome=outcome,
                 screenshot=screenshot,
-                flows=self.flows,
+                flows=[f for f in self.flows if f.flow_id not in self.withdrawn],
             )
         except PlannerError as err:
             # Billed, though no decision came of it: the answered calls, and what a stream the

@@ -373,6 +373,7 @@ async def _run_task(
             budget=spec.budget,
             spent=spec.spent,
             fleet_day=spec.fleet_day,
+            withdrawn=spec.withdrawn_flows,
         )
         planner = ClearingPlanner(session, app.thinking, spec.task_id, spec.attempt)
     elif app.direct_planner is not None:
@@ -384,6 +385,7 @@ async def _run_task(
             budget=spec.budget,
             spent=spec.spent,
             fleet_day=spec.fleet_day,
+            withdrawn=spec.withdrawn_flows,
         )
     else:
         # The cloud transport: the cloud chooses compact or session mode itself.

@@ -463,6 +463,10 @@ class LeaseManager:
             day = await self.fleet_day() if direct and self.fleet_day is not None else None
             if day is not None:  # what the fleet spent meanwhile, for the host's next calls
                 renewed.fleet_day.CopyFrom(day)
+            if direct:  # a flow disabled or retired mid-replay is replayed no further
+                renewed.withdrawn_flows.extend(
+                    await flows.withdrawn(self.store, msg.task_id, msg.attempt)
+                )
             return lease_pb.LeaseResponse(renewed=renewed)
         await self._record_revoked(session.host_id, msg.task_id, msg.attempt, out.revocation)
         why = out.revocation.name.lower() if out.revocation is not None else "unknown"

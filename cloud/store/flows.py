@@ -230,6 +230,17 @@ async def candidates(store: Store, task_id: str, attempt: int) -> list[FlowRow]:
     return [row for row in rows if row.status == ACTIVE]
 
 
+async def withdrawn(store: Store, task_id: str, attempt: int) -> list[str]:
+    """The flows handed to this attempt that are no longer active (disabled, retired or
+    deleted): what a direct-transport host is told with each renewal to replay no further,
+    as `candidates` leaves them out on the cloud transport."""
+    ids = await _handed_ids(store, task_id, attempt)
+    if not ids:
+        return []
+    active = {row.flow_id for row in await by_ids(store, ids) if row.status == ACTIVE}
+    return [flow_id for flow_id in ids if flow_id not in active]
+
+
 async def _handed_ids(store: Store, task_id: str, attempt: int) -> list[str]:
     async with store.read() as session:
         ids = await session.scalar(

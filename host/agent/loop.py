@@ -84,6 +84,9 @@ class TaskSpec:
     #: Learned flows the cloud retrieved for the goal, best first (the assignment's `flow` and
     #: `alternatives`): a direct-transport planner replays them (see planner/flows/replay.py).
     flows: tuple[types_pb2.Flow, ...] = ()
+    #: Ids of those flows the cloud said are no longer active (each renewal adds to it in
+    #: place): the direct transport replays them no further.
+    withdrawn_flows: set[str] = field(default_factory=set)
     #: The task's spending caps and what it spent before this attempt (from the assignment);
     #: the direct transport checks them before each model call.
     budget: Budget = field(default_factory=Budget)

@@ -48,6 +48,7 @@ from tests.cloud.cloud_harness import (
     failing_statements,
     lapse,
     logged_text,
+    renewal,
     result,
     started,
     submit,
@@ -783,6 +784,28 @@ async def test_an_assignment_carries_the_flow_and_a_reported_replay_is_counted(
     finally:
         await host.close()
     assert isinstance(lease_service_pb2.Assignment().flow, types_pb2.Flow)
+
+
+async def test_a_direct_hosts_renewal_names_a_handed_flow_disabled_since(
+    cloud: CloudServer, ops: Any, pki_dir: Path
+) -> None:
+    """A direct-transport host replays the flows its assignment carried, and nothing on its
+    lease stream said one was disabled (or retired) meanwhile: it replayed it to its end.
+    Each renewal now names the attempt's handed flows that are no longer active."""
+    row = await store_flow(cloud.store)
+    host = ScriptedHost(cloud.address, pki_dir, "h1")
+    await host.connect(["s1"], transport=types_pb2.PLANNER_TRANSPORT_DIRECT)
+    try:
+        await submit(ops, goal="Turn on dark theme")
+        a = (await host.next("assignment")).assignment
+        assert a.flow.flow_id == row.flow_id
+        await host.send(renewal(a, step=1))
+        assert list((await host.next("renewed")).renewed.withdrawn_flows) == []
+        await flows.set_status(cloud.store, row.flow_id, flows.DISABLED, "the app changed")
+        await host.send(renewal(a, step=2))
+        assert list((await host.next("renewed")).renewed.withdrawn_flows) == [row.flow_id]
+    finally:
+        await host.close()
 
 
 async def test_a_replay_report_is_left_out_unless_it_names_a_flow_the_attempt_was_handed(

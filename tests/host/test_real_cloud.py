@@ -27,13 +27,14 @@ from amc.v1 import (
 from cloud import pki
 from cloud.server import CloudServer, build_server
 from cloud.settings import CloudSettings
-from cloud.store import leases, tasks
+from cloud.store import flows, leases, tasks
 from host.cloud_channel import open_channel
 from host.runner import HostApp, build_host, serve_host, start_virtual_phones
 from host.settings import HostSettings
 from host.timeline.store import TimelineStore
 from tests.cloud.cloud_harness import lapse
 from tests.host.scripted_planner import ScriptedPlanner, Step, by_text
+from tests.support.flows import store_flow
 from tests.support.processes import free_port
 
 HOST_ID = "h1"
@@ -614,3 +615,28 @@ async def test_a_host_stopped_mid_task_records_that_it_stopped(stack: Stack) -> 
     finally:
         if not closed:
             await host.close()
+
+
+async def test_a_flow_disabled_mid_attempt_reaches_the_direct_hosts_attempt(stack: Stack) -> None:
+    """The lease client keeps what the cloud's renewals say of the assignment's flows: a flow
+    disabled meanwhile lands in the running attempt's `withdrawn_flows`, which its direct
+    planner replays no further."""
+    row = await store_flow(stack.cloud.store)
+    planner = _dark_theme()
+    planner.steps[1] = Step("swipe", {"start_x": 540, "start_y": 1800, "end_x": 540, "end_y": 900})
+    planner.steps[2:] = [planner.steps[1]]  # swipes forever until stopped
+    host = await _start_host(stack, planner)
+    try:
+        task_id = await _submit(stack, "Turn on dark theme")
+        await _until(stack, task_id, lambda t: t.progress.step_index >= 1)
+        ((spec, _),) = host.app.lease.running()
+        assert [f.flow_id for f in spec.flows] == [row.flow_id]
+        assert spec.withdrawn_flows == set()
+        await flows.set_status(stack.cloud.store, row.flow_id, flows.DISABLED, "app changed")
+        for _ in range(600):  # until a renewal answered after the disable
+            if spec.withdrawn_flows:
+                break
+            await asyncio.sleep(0.05)
+        assert spec.withdrawn_flows == {row.flow_id}
+    finally:
+        await host.close()

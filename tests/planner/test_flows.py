@@ -437,3 +437,33 @@ async def test_a_replay_goes_on_with_a_flow_that_shares_its_start_where_its_own_
     assert [d.flow_id for d in run.decisions] == ["interrupted"] + ["plain"] * (
         len(run.decisions) - 1
     )
+
+
+async def test_a_flow_withdrawn_mid_replay_is_replayed_no_further_by_the_direct_transport() -> None:
+    """A direct-transport host replayed what its assignment carried to its end, though an
+    operator had disabled the flow meanwhile (`amc flows disable`: "Stop replaying a flow").
+    The cloud now names it in the next renewal (`Renewed.withdrawn_flows`, added to the
+    attempt's `TaskSpec.withdrawn_flows`): the next step is the model's."""
+    learned = await _run(VirtualPhone("v"), [], CountingOffline())
+    flow = synthesize(GOAL, learned.sources).flow
+    assert flow is not None
+    flow.flow_id = "f1"
+    phone = VirtualPhone("v")
+    driver, perceiver = VirtualDriver(phone), Perceiver(ocr=None, retry_delay_s=0.0)
+    withdrawn: set[str] = set()
+    provider = CountingOffline()
+    planner = DirectPlanner(Planner(provider), [flow], withdrawn=withdrawn)
+    history: list[WorldEvent] = []
+    modes = []
+    for _ in range(30):
+        scene = perceiver.perceive(driver, False).scene
+        decision = await planner.decide(GOAL, scene, history)
+        modes.append(decision.planner_mode)
+        result = execute(driver, decision.action, scene)
+        history.append(WorldEvent.from_decision(decision, page=scene.page, success=result.ok))
+        withdrawn.add("f1")  # a renewal after the first step said the flow was disabled
+        if decision.tool_name == "complete":
+            break
+    assert modes[0] == "replay"
+    assert set(modes[1:]) == {"compact"} and provider.calls > 0
+    assert phone.state.flag("dark_theme")

@@ -633,6 +633,7 @@ class Renewed(_message.Message):
     LEASE_EXPIRES_AT_FIELD_NUMBER: _builtins.int
     LEASE_REMAINING_FIELD_NUMBER: _builtins.int
     FLEET_DAY_FIELD_NUMBER: _builtins.int
+    WITHDRAWN_FLOWS_FIELD_NUMBER: _builtins.int
     task_id: _builtins.str
     """Task id."""
     attempt: _builtins.int
@@ -655,6 +656,15 @@ class Renewed(_message.Message):
         Assignment.fleet_day), for a direct-transport host when the fleet has a daily cap.
         """
 
+    @_builtins.property
+    def withdrawn_flows(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Direct transport: the ids of the flows handed with this attempt's Assignment (`flow`,
+        `alternatives`) that are no longer active (an operator disabled them, the cloud retired
+        them, or they were deleted since). The host replays them no further: its next step is
+        the model's, as on the cloud transport, where Decide reads the attempt's flows at each
+        step. Empty when none is, and on the cloud transport.
+        """
+
     def __init__(
         self,
         *,
@@ -664,10 +674,11 @@ class Renewed(_message.Message):
         lease_expires_at: _timestamp_pb2.Timestamp | None = ...,
         lease_remaining: _duration_pb2.Duration | None = ...,
         fleet_day: Global___FleetDay | None = ...,
+        withdrawn_flows: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["fleet_day", b"fleet_day", "lease_expires_at", b"lease_expires_at", "lease_remaining", b"lease_remaining"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "fleet_day", b"fleet_day", "lease_expires_at", b"lease_expires_at", "lease_id", b"lease_id", "lease_remaining", b"lease_remaining", "task_id", b"task_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "fleet_day", b"fleet_day", "lease_expires_at", b"lease_expires_at", "lease_id", b"lease_id", "lease_remaining", b"lease_remaining", "task_id", b"task_id", "withdrawn_flows", b"withdrawn_flows"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
