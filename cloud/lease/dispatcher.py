@@ -197,6 +197,9 @@ class Dispatcher:
                     return got
                 session.mark_busy(claimed.device_serial)
                 session.granted.add(held)
+                session.handed_flows[(claimed.task_id, claimed.attempt)] = tuple(
+                    f.flow_id for f in flows
+                )
                 session.send(self._assignment(session, claimed, flows))
                 if claimed.queued_since is not None:
                     waited = (self.store.now() - claimed.queued_since).total_seconds()

@@ -442,6 +442,18 @@ class LeaseManager:
 
     # ---- renewals and results -----------------------------------------------------------------
 
+    async def _withdrawn(self, session: HostSession, msg: lease_pb.LeaseRenewal) -> list[str]:
+        """The flows handed to the renewed attempt that are no longer active. Most attempts
+        are handed none: the stream remembers which flows each attempt got (the assignment's,
+        or read once for an attempt that came to it on a reconnect), so only the renewals of
+        an attempt with flows read their status."""
+        key = (msg.task_id, msg.attempt)
+        handed = session.handed_flows.get(key)
+        if handed is None:
+            handed = tuple(await flows.handed_ids(self.store, msg.task_id, msg.attempt))
+            session.handed_flows[key] = handed
+        return await flows.withdrawn(self.store, list(handed)) if handed else []
+
     async def renew(
         self, session: HostSession, msg: lease_pb.LeaseRenewal
     ) -> lease_pb.LeaseResponse:
@@ -464,9 +476,7 @@ class LeaseManager:
             if day is not None:  # what the fleet spent meanwhile, for the host's next calls
                 renewed.fleet_day.CopyFrom(day)
             if direct:  # a flow disabled or retired mid-replay is replayed no further
-                renewed.withdrawn_flows.extend(
-                    await flows.withdrawn(self.store, msg.task_id, msg.attempt)
-                )
+                renewed.withdrawn_flows.extend(await self._withdrawn(session, msg))
             return lease_pb.LeaseResponse(renewed=renewed)
         await self._record_revoked(session.host_id, msg.task_id, msg.attempt, out.revocation)
         why = out.revocation.name.lower() if out.revocation is not None else "unknown"
@@ -510,6 +520,7 @@ class LeaseManager:
         )
         if out.recorded or out.duplicate:
             session.granted.discard(leases.HeldLease(msg.task_id, msg.attempt, msg.lease_id))
+            session.handed_flows.pop((msg.task_id, msg.attempt), None)
             if out.recorded:
                 for hear in self.on_ended:
                     hear()

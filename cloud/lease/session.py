@@ -63,6 +63,10 @@ class HostSession:
     #: Leases sent down this stream that may still be live: released if this stream's process
     #: is superseded (its successor does not hold them).
     granted: set[HeldLease] = field(default_factory=set)
+    #: The flow ids each (task, attempt) sent down this stream was handed (read once for an
+    #: attempt resumed on it): a direct host's renewal reads the flows' status only for an
+    #: attempt that has some, so the renewals of all the others cost no read.
+    handed_flows: dict[tuple[str, int], tuple[str, ...]] = field(default_factory=dict)
     #: True once the hello is in the store (the hosts row names this stream).
     recorded: bool = False
     closed: bool = False

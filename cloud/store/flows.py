@@ -226,22 +226,20 @@ async def candidates(store: Store, task_id: str, attempt: int) -> list[FlowRow]:
     """The flows retrieval handed to this attempt that are still active, best first (none: no
     replay). Read at every Decide, so a flow an operator disables (or the cloud retires)
     mid-replay is replayed no further: the model takes the next step."""
-    rows = await by_ids(store, await _handed_ids(store, task_id, attempt))
+    rows = await by_ids(store, await handed_ids(store, task_id, attempt))
     return [row for row in rows if row.status == ACTIVE]
 
 
-async def withdrawn(store: Store, task_id: str, attempt: int) -> list[str]:
-    """The flows handed to this attempt that are no longer active (disabled, retired or
+async def withdrawn(store: Store, ids: list[str]) -> list[str]:
+    """Of these flows handed to an attempt, those no longer active (disabled, retired or
     deleted): what a direct-transport host is told with each renewal to replay no further,
     as `candidates` leaves them out on the cloud transport."""
-    ids = await _handed_ids(store, task_id, attempt)
-    if not ids:
-        return []
     active = {row.flow_id for row in await by_ids(store, ids) if row.status == ACTIVE}
     return [flow_id for flow_id in ids if flow_id not in active]
 
 
-async def _handed_ids(store: Store, task_id: str, attempt: int) -> list[str]:
+async def handed_ids(store: Store, task_id: str, attempt: int) -> list[str]:
+    """The ids of the flows handed to this attempt, in the order it got them."""
     async with store.read() as session:
         ids = await session.scalar(
             select(AttemptRow.flow_candidates).where(
@@ -254,7 +252,7 @@ async def _handed_ids(store: Store, task_id: str, attempt: int) -> list[str]:
 async def handed_steps(store: Store, task_id: str, attempt: int) -> dict[str, int | None]:
     """The flows handed to this attempt, id → how many steps it has (None: deleted since), what
     a host's replay report of the attempt is checked against."""
-    ids = await _handed_ids(store, task_id, attempt)
+    ids = await handed_ids(store, task_id, attempt)
     steps: dict[str, int | None] = dict.fromkeys(ids)
     for row in await by_ids(store, ids):
         flow = types_pb2.Flow()

@@ -13,7 +13,7 @@ from typing import Any
 
 import grpc
 import pytest
-from sqlalchemy import inspect, select, text, update
+from sqlalchemy import event, inspect, select, text, update
 
 from amc.v1 import (
     decision_log_service_pb2,
@@ -806,6 +806,33 @@ async def test_a_direct_hosts_renewal_names_a_handed_flow_disabled_since(
         assert list((await host.next("renewed")).renewed.withdrawn_flows) == [row.flow_id]
     finally:
         await host.close()
+
+
+async def test_a_direct_hosts_renewal_of_an_attempt_without_flows_reads_no_flow(
+    cloud: CloudServer, ops: Any, pki_dir: Path
+) -> None:
+    """Renewals are the lease path's hot loop and nearly no attempt is handed a flow: the
+    stream remembers what each assignment carried, so such a renewal reads nothing about
+    flows (it read the attempt's handed flows at every renewal)."""
+    host = ScriptedHost(cloud.address, pki_dir, "h1")
+    await host.connect(["s1"], transport=types_pb2.PLANNER_TRANSPORT_DIRECT)
+    statements: list[str] = []
+
+    def seen(_conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
+        statements.append(statement)
+
+    try:
+        await submit(ops, goal="Turn on dark theme")
+        a = (await host.next("assignment")).assignment
+        assert not a.HasField("flow")
+        event.listen(cloud.store.engine.sync_engine, "before_cursor_execute", seen)
+        for step in (1, 2, 3):
+            await host.send(renewal(a, step=step))
+            assert list((await host.next("renewed")).renewed.withdrawn_flows) == []
+    finally:
+        event.remove(cloud.store.engine.sync_engine, "before_cursor_execute", seen)
+        await host.close()
+    assert not [s for s in statements if "flow_candidates" in s or "FROM flows" in s], statements
 
 
 async def test_a_replay_report_is_left_out_unless_it_names_a_flow_the_attempt_was_handed(
