@@ -21,7 +21,6 @@ from console.gateway.errors import describe
 from console.gateway.events import event_stream, host_event_stream
 from console.gateway.history import group_history
 from console.gateway.models import (
-    TASK_STATUSES,
     CancelIn,
     ConversationItemOut,
     ConversationOut,
@@ -46,7 +45,7 @@ from console.gateway.models import (
     TaskDetailOut,
     TaskOut,
     TaskPage,
-    TaskStatusName,
+    TaskStatusFilter,
     flow_status_value,
     task_status_value,
 )
@@ -143,14 +142,14 @@ def outbox_note(host: HostOut) -> str:
 async def list_tasks(
     cloud: Cloud,
     status_: Annotated[
-        list[TaskStatusName] | None, Query(alias="status", description="repeatable")
+        list[TaskStatusFilter] | None, Query(alias="status", description="repeatable")
     ] = None,
     host: Annotated[str, Query(description="only tasks whose last attempt ran here")] = "",
     q: Annotated[str, Query(description="goal contains this text (case-insensitive)")] = "",
     page_size: Annotated[int, Query(ge=1, le=500)] = 50,
     page_token: str = "",
 ) -> TaskPage:
-    statuses = [task_status_value(s) for s in status_ or [] if s in TASK_STATUSES]
+    statuses = [task_status_value(s) for s in status_ or []]
     page = await cloud.list_tasks(
         statuses=statuses, host_id=host, query=q, page_size=page_size, page_token=page_token
     )

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 from datetime import UTC, datetime
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from google.protobuf.duration_pb2 import Duration
 from google.protobuf.json_format import MessageToDict
@@ -35,14 +35,10 @@ StepStatusName = Literal["unspecified", "perceiving", "planning", "acting", "suc
 TransportName = Literal["unspecified", "direct", "cloud"]
 DeviceStateName = Literal["unspecified", "online", "offline", "unauthorized"]
 
-TASK_STATUSES: tuple[TaskStatusName, ...] = (
-    "queued",
-    "assigned",
-    "running",
-    "succeeded",
-    "failed",
-    "cancelled",
-)
+#: The statuses a filter takes: every one but `unspecified`, which is only how a status this
+#: console does not know reads (a filter of it would be dropped and answer every task).
+TaskStatusFilter = Literal["queued", "assigned", "running", "succeeded", "failed", "cancelled"]
+TASK_STATUSES: tuple[TaskStatusFilter, ...] = get_args(TaskStatusFilter)
 TERMINAL_STATUSES: frozenset[str] = frozenset({"succeeded", "failed", "cancelled"})
 
 

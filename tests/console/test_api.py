@@ -837,3 +837,18 @@ def test_the_fleet_stream_can_leave_out_its_snapshot(
     assert first["task_id"] == task.task_id, "the stream began with its snapshot"
     assert first["task_id"] != unfinished.task_id
     assert first["progress"]["step_index"] >= 1
+
+
+def test_a_bad_task_status_is_a_422_listing_only_the_statuses_a_filter_takes(
+    api: httpx.Client,
+) -> None:
+    """`unspecified` is what a task of a status this console does not know reads as, not a
+    status to filter by: it was listed among the valid values of a bad `status`, and
+    `?status=unspecified` itself answered every task, unfiltered."""
+    for word in ("bogus", "unspecified"):
+        response = api.get("/api/tasks", params={"status": word})
+        assert response.status_code == 422, response.text
+        detail = response.json()["detail"]
+        assert detail.startswith("status"), detail
+        assert "'queued'" in detail and "'cancelled'" in detail
+        assert "unspecified" not in detail.replace(f"'{word}'", ""), detail
