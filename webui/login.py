@@ -10,15 +10,15 @@ fresh session.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Depends, Request
 from fastapi.responses import RedirectResponse, Response
 
-from webui.csrf import CsrfChecked
+from webui.csrf import CSRF_FIELD, SESSION_CSRF, csrf_matches, require_csrf
 from webui.pages import Pages
 from webui.redirects import safe_next
-from webui.sessions import log_in, log_out, session_user
+from webui.sessions import LoginRequired, log_in, log_out, session_user
 from webui.throttle import LoginThrottle, attempt_keys, wait_message
 
 LOGIN_PAGE = "login.html"
@@ -85,12 +85,38 @@ async def attempt(
     return logged_in(request, who, next_path, home)
 
 
+async def require_login_csrf(request: Request) -> None:
+    """Dependency of a login form's post: its CSRF token, or the login page again.
+
+    The token lives in the session, which another tab's login or logout (or the cookie's
+    expiry) replaces while this form stays open; "invalid CSRF token" then told the person
+    nothing they could act on. When the session holds no token, or already a user, the post
+    logs nobody in and leads to the login page (which goes straight on for a logged-in
+    person). A wrong token against the session's own is still refused (403)."""
+    form = await request.form()
+    sent = form.get(CSRF_FIELD)
+    if csrf_matches(request, sent if isinstance(sent, str) else None):
+        return
+    if request.session.get(SESSION_CSRF) and session_user(request) is None:
+        await require_csrf(request)  # raises its 403
+    next_path = form.get("next")
+    raise LoginRequired(next_path if isinstance(next_path, str) else "/")
+
+
+#: Put first among a login route's parameters: the token is checked before the credentials.
+LoginCsrfChecked = Annotated[None, Depends(require_login_csrf)]
+
 #: POST /logout, the same on both consoles.
 logout_router = APIRouter(include_in_schema=False)
 
 
 @logout_router.post("/logout")
-async def logout(_csrf: CsrfChecked, request: Request) -> Response:
-    """End the session on the server: the cookie, even a copy of it, logs nobody in again."""
+async def logout(request: Request) -> Response:
+    """End the session on the server: the cookie, even a copy of it, logs nobody in again.
+    Without a live session (logged out in another tab, expired) there is nothing to end or
+    forge, and the login page is where the person was going: no token is asked for. With
+    one, a post without its token (a forged logout) is refused (403)."""
+    if session_user(request) is not None:
+        await require_csrf(request)
     log_out(request)
     return RedirectResponse("/login", status_code=303)

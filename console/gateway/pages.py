@@ -35,7 +35,6 @@ from console.gateway.models import (
 )
 from console.limits import INT32_MAX, whole_number
 from webui import login
-from webui.csrf import CsrfChecked
 from webui.pages import Pages
 from webui.sessions import FormUser, PageUser
 
@@ -96,7 +95,7 @@ async def login_page(request: Request, next: str = HOME) -> Response:
 
 @router.post("/login", response_class=HTMLResponse)
 async def login_submit(
-    _csrf: CsrfChecked,
+    _csrf: login.LoginCsrfChecked,
     request: Request,
     credentials: OperatorCredentials,
     username: Annotated[str, Form()] = "",

@@ -27,7 +27,6 @@ from host.timeline.artifacts import safe_component
 from host.timeline.store import TaskRow, TimelineStore
 from planner.decision import OMITTED_BLOCK
 from webui import login
-from webui.csrf import CsrfChecked
 from webui.pages import Pages
 from webui.sessions import PageUser, session_user
 
@@ -75,7 +74,7 @@ async def login_page(request: Request, next: str = HOME, token: str = "") -> Res
 
 @router.post("/login", response_class=HTMLResponse)
 async def login_submit(
-    _csrf: CsrfChecked,
+    _csrf: login.LoginCsrfChecked,
     request: Request,
     token: Annotated[str, Form()] = "",
     next: Annotated[str, Form()] = HOME,

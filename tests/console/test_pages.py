@@ -146,6 +146,39 @@ def test_logout_ends_the_session(anon: httpx.Client) -> None:
     assert anon.get("/tasks").status_code == 303
 
 
+def test_login_and_logout_after_the_session_was_lost_lead_to_the_login_page(
+    anon: httpx.Client,
+) -> None:
+    """Two tabs share one cookie: what one does to the session, the other's open form meets.
+    Logging out, or in, in one tab took away the token the other tab's login or logout form
+    carried, and posting it answered "403 missing or invalid CSRF token" (the other forms
+    lead to the login since 1502bed). Now both lead to the login page without doing anything;
+    with a live session a logout without its token is still refused."""
+    login_token = csrf_of(anon.get("/login").text)  # tab A: the login page
+    assert log_in(anon, "/fleet").status_code == 303  # tab B logs in
+    page_token = csrf_of(anon.get("/tasks").text)  # both tabs now show a page
+    assert anon.post("/logout").status_code == 403  # a logout without the token, refused
+    assert anon.get("/tasks").status_code == 200
+
+    # Tab A's login form, posted while tab B's login holds the session: on to the page.
+    stale = {"username": ADMIN, "password": PASSWORD, "csrf_token": login_token, "next": "/fleet"}
+    again = anon.post("/login", data=stale)
+    assert again.status_code == 303, again.text
+    assert again.headers["location"] == "/login?next=%2Ffleet"
+    assert anon.get(again.headers["location"]).headers["location"] == "/fleet"
+
+    assert anon.post("/logout", data={"csrf_token": page_token}).status_code == 303  # tab B
+    # Tab A's logout, then its login form: the login page, and nobody is logged in by it.
+    out = anon.post("/logout", data={"csrf_token": page_token})
+    assert out.status_code == 303, out.text
+    assert out.headers["location"] == "/login"
+    back = anon.post("/login", data=stale)
+    assert back.status_code == 303, back.text
+    assert back.headers["location"] == "/login?next=%2Ffleet"
+    assert anon.get("/tasks").status_code == 303
+    assert anon.get(back.headers["location"]).status_code == 200
+
+
 def test_unknown_task_page_is_404_with_the_cloud_message(anon: httpx.Client) -> None:
     log_in(anon)
     response = anon.get("/tasks/no-such-task")
