@@ -199,7 +199,10 @@ async def list_page(
     if flt.statuses:
         stmt = stmt.where(TaskRow.status.in_(flt.statuses))
     if flt.host_id:
-        stmt = stmt.where(TaskRow.host_id == flt.host_id)
+        # A task aimed at the host is on it before its first attempt too (waiting for it).
+        stmt = stmt.where(
+            or_(TaskRow.host_id == flt.host_id, TaskRow.target_host_id == flt.host_id)
+        )
     if flt.query:
         stmt = stmt.where(func.lower(TaskRow.goal).contains(flt.query.lower(), autoescape=True))
     if flt.id_prefix:

@@ -144,7 +144,7 @@ async def list_tasks(
     status_: Annotated[
         list[TaskStatusFilter] | None, Query(alias="status", description="repeatable")
     ] = None,
-    host: Annotated[str, Query(description="only tasks whose last attempt ran here")] = "",
+    host: Annotated[str, Query(description="only tasks that ran on this host or target it")] = "",
     q: Annotated[str, Query(description="goal contains this text (case-insensitive)")] = "",
     page_size: Annotated[int, Query(ge=1, le=500)] = 50,
     page_token: str = "",

@@ -852,3 +852,17 @@ def test_a_bad_task_status_is_a_422_listing_only_the_statuses_a_filter_takes(
         assert detail.startswith("status"), detail
         assert "'queued'" in detail and "'cancelled'" in detail
         assert "unspecified" not in detail.replace(f"'{word}'", ""), detail
+
+
+def test_the_host_filter_includes_queued_tasks_waiting_for_that_host(api: httpx.Client) -> None:
+    """The fleet's "tasks on this host →" link is this filter. It took only tasks an attempt
+    of which had run on the host: a task queued for it (a busy or offline host's backlog)
+    was in no host's list until it started."""
+    host = f"waiting-{uuid.uuid4().hex[:8]}"
+    goal = unique("Open the settings")
+    made = api.post("/api/tasks", json={"goal": goal, "host_id": host})
+    assert made.status_code == 201, made.text
+    other = api.post("/api/tasks", json={"goal": goal, "host_id": f"{host}-other"})
+    assert other.status_code == 201, other.text
+    listed = api.get("/api/tasks", params={"host": host}).json()["tasks"]
+    assert [t["task_id"] for t in listed] == [made.json()["task"]["task_id"]]

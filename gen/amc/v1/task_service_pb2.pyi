@@ -315,7 +315,9 @@ class ListTasksRequest(_message.Message):
     INVALID_ARGUMENT (the page size may change).
     """
     host_id: _builtins.str
-    """Only tasks whose current or last attempt ran on this host."""
+    """Only tasks on this host: whose current or last attempt ran on it, or that target it (a
+    task queued for it is listed before its first attempt).
+    """
     query: _builtins.str
     """Only tasks whose goal contains this text (case-insensitive)."""
     task_id_prefix: _builtins.str
