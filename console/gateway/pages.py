@@ -53,29 +53,31 @@ PAGE_SIZES = (10, 25, 50, 100)
 #: so its URLs stay a few KB at most.
 MAX_BACK = 20
 MAX_BACK_TOKEN = 512
+#: Flows on one page of /flows unless its `page_size` says otherwise.
+FLOWS_PAGE = 100
 
 
 def pager_links(
-    filters: list[tuple[str, str]], back: list[str], page_token: str, next_token: str
+    path: str, filters: list[tuple[str, str]], back: list[str], page_token: str, next_token: str
 ) -> dict[str, str | None]:
-    """First, newer and older links of a page of tasks.
+    """First, newer and older links of a page of `path` (the tasks, the flows).
 
-    ListTasks pages forward only, so the links carry the way back: `back` holds the page tokens
-    of the pages this one was reached through, oldest first ("" is the first page, which has no
-    token). A "Newer" link pops the last one; an "Older" link pushes this page's token. Without
-    a remembered previous page (a shared link, or a walk longer than MAX_BACK) there is no
-    "Newer" link, only "First page".
+    ListTasks and ListFlows page forward only, so the links carry the way back: `back` holds
+    the page tokens of the pages this one was reached through, oldest first ("" is the first
+    page, which has no token). A "Newer" link pops the last one; an "Older" link pushes this
+    page's token. Without a remembered previous page (a shared link, or a walk longer than
+    MAX_BACK) there is no "Newer" link, only "First page".
     """
     if any(len(token) > MAX_BACK_TOKEN for token in back):
         back = []
     back = back[-MAX_BACK:]
-    first_url = "/tasks?" + urlencode(filters)
+    first_url = f"{path}?" + urlencode(filters)
 
     def url(token: str, trail: list[str]) -> str:
         query = [*filters, *(("back", t) for t in trail)]
         if token:
             query.append(("page_token", token))
-        return "/tasks?" + urlencode(query)
+        return f"{path}?" + urlencode(query)
 
     newer_url = None
     if page_token and back:
@@ -168,7 +170,7 @@ async def tasks_page(
         "q": q,
         "page_size": page_size,
         "page_sizes": PAGE_SIZES,
-        **pager_links(filters, back or [], page_token, page.next_page_token),
+        **pager_links("/tasks", filters, back or [], page_token, page.next_page_token),
         # New tasks are inserted live only where they would appear: an unfiltered first page.
         "live_insert": not (chosen or host or q or page_token),
         # An empty page says "no tasks yet" only when nothing narrowed it.
@@ -333,14 +335,21 @@ async def conversation_page(
 
 
 @router.get("/flows", response_class=HTMLResponse)
-async def flows_page(request: Request, _: PageUser, cloud: Cloud, page_token: str = "") -> Response:
-    page = await cloud.list_flows(page_token=page_token)
-    next_url = (
-        "/flows?" + urlencode({"page_token": page.next_page_token})
-        if page.next_page_token
-        else None
-    )
-    context = {"nav": "flows", "flows": [FlowOut.of(f) for f in page.flows], "next_url": next_url}
+async def flows_page(
+    request: Request,
+    _: PageUser,
+    cloud: Cloud,
+    page_token: str = "",
+    page_size: Annotated[int, Query(ge=1, le=500)] = FLOWS_PAGE,
+    back: Annotated[list[str] | None, Query()] = None,
+) -> Response:
+    page = await cloud.list_flows(page_size=page_size, page_token=page_token)
+    filters = [("page_size", str(page_size))] if page_size != FLOWS_PAGE else []
+    context = {
+        "nav": "flows",
+        "flows": [FlowOut.of(f) for f in page.flows],
+        **pager_links("/flows", filters, back or [], page_token, page.next_page_token),
+    }
     return PAGES.render(request, "flows.html", context)
 
 

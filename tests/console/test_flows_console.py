@@ -140,3 +140,32 @@ def test_submit_with_no_replay_and_verdicts_on_the_task_page(
     assert "not allowed (submitted with no replay)" in page
     assert "the task asked for no replay" in page
     host.finish(a, types_pb2.TASK_STATUS_SUCCEEDED, "done")
+
+
+def test_the_flows_list_pages_back_to_newer_flows_and_the_first_page(
+    anon: httpx.Client, cloud: Cloud
+) -> None:
+    """The flows list had only "Older flows →": from its second page nothing led back but the
+    browser's own Back. It now pages as the tasks list does (First page, Newer, Older)."""
+    for _ in range(3):
+        _flow(cloud)
+    log_in(anon)
+
+    def links(page: httpx.Response) -> dict[str, str]:
+        assert page.status_code == 200, page.text
+        found = re.findall(r'<a href="([^"]+)"(?: rel="(prev|next)")?>([^<]+)</a>', page.text)
+        return {label.strip(): unescape(url) for url, _rel, label in found if "page" in url}
+
+    def shown(page: httpx.Response) -> list[str]:
+        return re.findall(r'<tr data-flow-id="([^"]+)"', page.text)
+
+    first = anon.get("/flows", params={"page_size": 1})
+    assert len(shown(first)) == 1 and set(links(first)) == {"Older »"}
+    second = anon.get(links(first)["Older »"])
+    assert set(links(second)) == {"‹ Newer", "Older »"}
+    assert links(second)["‹ Newer"] == "/flows?page_size=1"
+    third = anon.get(links(second)["Older »"])
+    assert {"« First page", "‹ Newer"} <= set(links(third))
+    assert shown(anon.get(links(third)["‹ Newer"])) == shown(second)
+    assert shown(anon.get(links(third)["« First page"])) == shown(first)
+    assert len({*shown(first), *shown(second), *shown(third)}) == 3
