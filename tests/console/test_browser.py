@@ -331,11 +331,14 @@ def test_fleet_shows_a_host_connect_then_disconnect_without_reload(
     state = card.locator("h2 .pill").first
     expect(state).to_have_text("connected", timeout=LIVE_MS)
     expect(card.locator("td").first).to_have_text("emu-1")
+    seen = card.locator("time[data-field=last-seen]")
+    expect(seen).to_have_text("now")
     screenshot(page, "fleet-live")
 
     host.close()
     expect(state).to_have_text("disconnected", timeout=LIVE_MS)
     expect(card).to_have_class(re.compile(r"\bdisconnected\b"))
+    expect(seen).to_have_text(re.compile(r"^\d+s ago$"))
     assert_not_reloaded(page)
 
 

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import re
+import time
 import uuid
 from html import unescape
 
 import httpx
+from sqlalchemy import update
 
+from cloud.store.models import HostRow
 from console.gateway.app import SESSION_COOKIE
-from tests.console.console_stack import ADMIN, PASSWORD, Cloud, Operator
+from tests.console.console_stack import ADMIN, PASSWORD, Cloud, HostFactory, Operator
 
 
 def csrf_of(html: str) -> str:
@@ -406,3 +410,46 @@ def test_a_submit_form_posted_twice_queues_one_task(anon: httpx.Client, api: htt
     again["confirmed"] = confirmed["confirmed"]
     third = anon.post("/tasks/new", data=again)
     assert third.status_code == 303 and third.headers["location"] != first.headers["location"]
+
+
+def _host_card(page: str, host_id: str) -> str:
+    start = page.index(f'id="host-{host_id}"')
+    return page[start : page.index("</section>", start)]
+
+
+def test_a_connected_idle_host_reads_as_seen_now_not_at_its_last_message(
+    anon: httpx.Client, api: httpx.Client, cloud: Cloud, make_host: HostFactory
+) -> None:
+    """An idle host sends nothing on its open stream (gRPC keepalives are below the messages),
+    so its `last_seen_at` (its last message) stood still: a connected host read "last seen 6m
+    ago" beside its green "connected". The cloud counts it connected only while the replica
+    holding its stream vouches for it every heartbeat; the card says "last seen now" then,
+    and the time of its last message once the stream is gone."""
+    host = make_host()
+
+    async def idle_for_six_minutes() -> None:
+        six_minutes_ago = cloud.server.store.now() - dt.timedelta(minutes=6)
+        async with cloud.server.store.write() as session:
+            await session.execute(
+                update(HostRow)
+                .where(HostRow.host_id == host.host_id)
+                .values(last_seen_at=six_minutes_ago)
+            )
+
+    cloud.loop.run(idle_for_six_minutes())
+    log_in(anon)
+    card = _host_card(anon.get("/fleet").text, host.host_id)
+    assert "6m ago" not in card
+    assert re.search(r'<time data-field="last-seen"[^>]*>now</time>', card), card
+
+    host.close()
+    deadline = time.monotonic() + 30
+    while any(
+        h["host_id"] == host.host_id
+        for h in api.get("/api/hosts").json()["hosts"]
+        if h["connected"]
+    ):
+        assert time.monotonic() < deadline, "the host still reads as connected"
+        time.sleep(0.05)
+    card = _host_card(anon.get("/fleet").text, host.host_id)
+    assert re.search(r'<time data-field="last-seen" data-ago="[^"]+"', card), card
