@@ -424,8 +424,19 @@ async def fleet_events(
     },
     summary="Live changes of the fleet's hosts (server-sent events)",
 )
-async def host_events(request: Request, cloud: Cloud, allowed: StreamAllowed) -> StreamingResponse:
-    return host_event_stream(cloud, request.app.state.streams, allowed)
+async def host_events(
+    request: Request,
+    cloud: Cloud,
+    allowed: StreamAllowed,
+    snapshot: Annotated[
+        bool,
+        Query(
+            description="false: only what changes from now on, without every host and "
+            "`snapshot-complete` first (for a client that has just listed the hosts it shows)"
+        ),
+    ] = True,
+) -> StreamingResponse:
+    return host_event_stream(cloud, request.app.state.streams, allowed, snapshot=snapshot)
 
 
 @router.get(

@@ -220,6 +220,16 @@ class CloudClient:
             if not token:
                 return fleet
 
+    async def hosts_page(
+        self, *, page_size: int, page_token: str = ""
+    ) -> fleet_service_pb2.ListHostsResponse:
+        """One page of hosts (connected first, then by id) and whether the cloud dispatches."""
+        response: fleet_service_pb2.ListHostsResponse = await self._fleet.ListHosts(
+            fleet_service_pb2.ListHostsRequest(page_size=page_size, page_token=page_token),
+            timeout=self._timeout,
+        )
+        return response
+
     async def spend(
         self, since_day: str = "", until_day: str = ""
     ) -> fleet_service_pb2.GetSpendResponse:

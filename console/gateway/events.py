@@ -72,9 +72,12 @@ async def _task_frames(
         yield _event("end", json.dumps({"task_id": task_id}))
 
 
-async def _host_frames(cloud: CloudClient) -> AsyncIterator[str]:
-    """SSE frames of WatchHosts."""
+async def _host_frames(cloud: CloudClient, snapshot: bool = True) -> AsyncIterator[str]:
+    """SSE frames of WatchHosts; without `snapshot`, only the changes after it (not every
+    host first, nor the end of that)."""
     async for change in cloud.watch_hosts():
+        if not snapshot and (change.snapshot or change.snapshot_complete):
+            continue
         if change.snapshot_complete:
             yield _event("snapshot-complete", "{}")
         else:
@@ -158,10 +161,11 @@ def event_stream(
 
 
 def host_event_stream(
-    cloud: CloudClient, gauge: StreamGauge, allowed: Callable[[], bool]
+    cloud: CloudClient, gauge: StreamGauge, allowed: Callable[[], bool], *, snapshot: bool = True
 ) -> StreamingResponse:
-    """An SSE response of every host's changes, for as long as `allowed()`."""
-    return _sse(_frames(_host_frames(cloud), gauge, allowed, "every host"))
+    """An SSE response of every host's changes, for as long as `allowed()`; `snapshot=False`
+    leaves out every host's current state the stream begins with."""
+    return _sse(_frames(_host_frames(cloud, snapshot), gauge, allowed, "every host"))
 
 
 def _sse(frames: AsyncIterator[str]) -> StreamingResponse:

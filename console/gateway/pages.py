@@ -55,6 +55,8 @@ MAX_BACK = 20
 MAX_BACK_TOKEN = 512
 #: Flows on one page of /flows unless its `page_size` says otherwise.
 FLOWS_PAGE = 100
+#: Hosts on one page of /fleet unless its `page_size` says otherwise.
+FLEET_PAGE = 50
 
 
 def pager_links(
@@ -126,12 +128,30 @@ async def home(_: PageUser) -> Response:
 
 
 @router.get("/fleet", response_class=HTMLResponse)
-async def fleet_page(request: Request, _: PageUser, cloud: Cloud) -> Response:
-    fleet = await cloud.fleet()
+async def fleet_page(
+    request: Request,
+    _: PageUser,
+    cloud: Cloud,
+    page_token: str = "",
+    page_size: Annotated[int, Query(ge=1, le=500)] = FLEET_PAGE,
+    back: Annotated[list[str] | None, Query()] = None,
+) -> Response:
+    """A page of the fleet, as ListHosts pages it (connected first, then by id): the whole
+    fleet on one page was thousands of cards at fleet scale, each live change fetching it all
+    again. The pager carries the page's first and last host, so live.js fetches the page
+    again only for a host that belongs on it."""
+    fleet = await cloud.hosts_page(page_size=page_size, page_token=page_token)
     hosts = [HostOut.of(h) for h in fleet.hosts]
-    dispatch = DispatchOut.of(fleet.dispatch)
-    spend = SpendOut.of(await cloud.spend())
-    context = {"hosts": hosts, "dispatch": dispatch, "spend": spend, "nav": "fleet"}
+    filters = [("page_size", str(page_size))] if page_size != FLEET_PAGE else []
+    context = {
+        "nav": "fleet",
+        "hosts": hosts,
+        "dispatch": DispatchOut.of(fleet.dispatch),
+        "spend": SpendOut.of(await cloud.spend()),
+        "page_token": page_token,
+        "more": bool(fleet.next_page_token),
+        **pager_links("/fleet", filters, back or [], page_token, fleet.next_page_token),
+    }
     return PAGES.render(request, "fleet.html", context)
 
 

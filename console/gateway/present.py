@@ -81,6 +81,12 @@ def host_signature(host: HostOut) -> str:
     return f"{state}|{host.planner_transport}|{host.agent_version}|{phones}|{busy}|{waiting}|{held}"
 
 
+def host_key(host: HostOut) -> str:
+    """Where a host sorts in the fleet (connected first, then by id) as one string that
+    compares the same way in JavaScript: live.js places a host event's host with it."""
+    return f"{0 if host.connected else 1}:{host.host_id}"
+
+
 def until(moment: datetime | None) -> str:
     """`in 23s`, or `2s ago` once passed, for the first paint; live.js keeps it counting."""
     if moment is None:
@@ -134,6 +140,7 @@ def install(env: Environment) -> None:
     env.filters["clock"] = clock
     env.filters["iso"] = iso
     env.filters["host_signature"] = host_signature
+    env.filters["host_key"] = host_key
     env.filters["when"] = when
     env.filters["tokens"] = total_tokens
     env.filters["pretty_json"] = pretty_json

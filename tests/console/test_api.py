@@ -277,6 +277,37 @@ def test_fleet_events_carry_every_task_change(
             pytest.fail("the fleet stream ended without the task's progress")
 
 
+def test_host_events_without_the_snapshot_begin_with_the_next_change(
+    gateway: str, make_host: HostFactory
+) -> None:
+    """The fleet page lists its page of hosts itself: the stream it listens to leaves out
+    every host of the fleet (and snapshot-complete) it would otherwise begin with."""
+    before = make_host()  # a host the snapshot would have carried
+    headers = {"Authorization": f"Bearer {API_TOKEN}"}
+    url = f"{gateway}/api/hosts/events?snapshot=false"
+    done = threading.Event()
+    after: list[str] = []
+
+    def connect_until_seen() -> None:
+        """Connect hosts until the stream shows one (it may subscribe a moment after it
+        opened, and a change before that is not in a stream without its snapshot)."""
+        while not done.is_set():
+            after.append(make_host().host_id)
+            done.wait(0.2)
+
+    connector = threading.Thread(target=connect_until_seen, daemon=True)
+    with httpx.stream("GET", url, headers=headers, timeout=20) as r:
+        assert r.status_code == 200
+        connector.start()
+        try:
+            name, data = next(sse_events(r))
+        finally:
+            done.set()
+            connector.join()
+    assert name == "host"
+    assert json.loads(data)["host_id"] in after and before.host_id not in after
+
+
 def test_host_events_carry_hosts_connecting_and_leaving(
     gateway: str, make_host: HostFactory
 ) -> None:

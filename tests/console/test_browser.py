@@ -17,10 +17,11 @@ import pytest
 from playwright.sync_api import Browser, Page, Playwright, expect, sync_playwright
 
 from amc.v1 import lease_service_pb2, types_pb2
+from cloud import pki as cloud_pki
 from cloud.store import decisions
 from console.gateway.history import DIRECT_TRANSPORT, NO_DECISION_YET
 from planner.decision import Decision, ThinkingBlock, Usage
-from tests.console.console_stack import ADMIN, PASSWORD, Cloud, HostFactory, Operator
+from tests.console.console_stack import ADMIN, PASSWORD, Cloud, HostFactory, Operator, SimHost
 from tests.support.browser import open_browser
 
 pytestmark = pytest.mark.browser
@@ -340,6 +341,43 @@ def test_fleet_shows_a_host_connect_then_disconnect_without_reload(
     expect(card).to_have_class(re.compile(r"\bdisconnected\b"))
     expect(seen).to_have_text(re.compile(r"^\d+s ago$"))
     assert_not_reloaded(page)
+
+
+def test_a_page_of_the_fleet_takes_a_host_that_connects_onto_it_live(
+    page: Page, gateway: str, cloud: Cloud
+) -> None:
+    """The fleet page pages (connected hosts first, then by id); its live updates still place
+    a host that connects: onto the first page, pushing the one there to the next page, when
+    its id sorts first."""
+    tag = uuid.uuid4().hex[:8]
+    hosts: list[SimHost] = []
+
+    def connect(host_id: str) -> SimHost:
+        cloud_pki.write_host_cert(cloud.pki, host_id)
+        host = SimHost(cloud.address, cloud.pki, host_id)
+        hosts.append(host)
+        host.connect()
+        return host
+
+    try:
+        later = connect(f"0b-{tag}")
+        page.goto(f"{gateway}/fleet?page_size=1")
+        cards = page.locator("#live-fleet section.host")
+        expect(cards).to_have_count(1)
+        expect(page.locator(f"section[data-host-id='{later.host_id}']")).to_be_visible()
+        expect(page.locator("#live-state")).to_have_text("live", timeout=LIVE_MS)
+        mark_no_reload(page)
+
+        first = connect(f"0a-{tag}")
+        expect(page.locator(f"section[data-host-id='{first.host_id}']")).to_be_visible(
+            timeout=LIVE_MS
+        )
+        expect(cards).to_have_count(1)
+        expect(page.locator("#fleet-pager a[rel=next]")).to_be_visible()
+        assert_not_reloaded(page)
+    finally:
+        for host in hosts:
+            host.close()
 
 
 def test_new_task_appears_on_the_first_page_without_reload(

@@ -453,3 +453,31 @@ def test_a_connected_idle_host_reads_as_seen_now_not_at_its_last_message(
         time.sleep(0.05)
     card = _host_card(anon.get("/fleet").text, host.host_id)
     assert re.search(r'<time data-field="last-seen" data-ago="[^"]+"', card), card
+
+
+def test_the_fleet_page_pages_through_the_hosts(
+    anon: httpx.Client, api: httpx.Client, make_host: HostFactory
+) -> None:
+    """The fleet page drew every host the cloud knows on one page (at fleet scale, thousands
+    of cards). It pages as ListHosts does, connected first and then by id, with the tasks
+    page's First page / Newer / Older links."""
+    for _ in range(2):
+        make_host()
+    listed = [h["host_id"] for h in api.get("/api/hosts").json()["hosts"]]
+    assert len(listed) >= 2
+    log_in(anon)
+    seen: list[str] = []
+    url = "/fleet?page_size=1"
+    newer: list[str | None] = []
+    while url:
+        page = anon.get(url)
+        assert page.status_code == 200, page.text
+        cards = re.findall(r'<section class="card host [^"]*" id="host-([^"]+)"', page.text)
+        assert len(cards) == 1, cards
+        seen += cards
+        found = re.search(r'<a href="([^"]+)" rel="prev">', page.text)
+        newer.append(unescape(found.group(1)) if found else None)
+        older = re.search(r'<a href="([^"]+)" rel="next">', page.text)
+        url = unescape(older.group(1)) if older else ""
+    assert seen == listed
+    assert newer[0] is None and newer[1] == "/fleet?page_size=1"

@@ -475,16 +475,28 @@
     }, end: clearThinking, thinking: showThinking });
   } else if (mode === "fleet") {
     // A host's "last seen" is patched in place; anything else that differs from its card (a
-    // new host, connected or not, its phones, busy or idle) merges the fleet from the server,
-    // which also keeps the order (connected first). Each (re)connection starts with every
-    // host, so nothing that changed while the stream was down stays stale.
-    listen("/api/hosts/events", { host: function (h) {
+    // new host, connected or not, its phones, busy or idle) merges this page of the fleet
+    // from the server, which also keeps the order (connected first). A host without a card
+    // that sorts outside this page's first and last host is not this page's. Without the
+    // stream's snapshot (every host of the fleet): the page is fetched again whenever the
+    // stream (re)opens, which also catches up on what changed while it was down.
+    var onThisPage = function (h) {
+      var pager = document.getElementById("fleet-pager");
+      var key = (h.connected ? "0:" : "1:") + h.host_id;
+      var first = pager ? pager.dataset.firstKey : "";
+      var last = pager ? pager.dataset.lastKey : "";
+      return (!first || key >= first) && (!last || key <= last);
+    };
+    listen("/api/hosts/events?snapshot=false", { open: function () {
+      refresh(["#live-fleet", "#fleet-pager"], false);
+    }, host: function (h) {
       var card = document.getElementById("host-" + h.host_id);
       var signature = hostSignature(h);
+      if (!card && !onThisPage(h)) return;
       if (!card || card.dataset.sig !== signature) {
         var was = card ? card.dataset.sig.split("|")[0] : null;
         var now = h.connected ? "on" : "off";
-        refresh(["#live-fleet"], false, function () {
+        refresh(["#live-fleet", "#fleet-pager"], false, function () {
           if (was !== null && was !== now) {
             announce("Host " + h.host_id + (h.connected ? " connected" : " disconnected"));
           }
