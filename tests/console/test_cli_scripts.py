@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime as dt
 import json
 import os
 import re
@@ -24,12 +25,14 @@ from pathlib import Path
 
 import httpx
 import pytest
+from sqlalchemy import update
 
 from amc.v1 import task_service_pb2, types_pb2
 from cloud.pki import ensure_embedded_pki
 from cloud.server import CloudServer, build_server
 from cloud.settings import CloudSettings
 from cloud.store import decisions
+from cloud.store.models import HostRow
 from console import exit_codes
 from console.client import OperatorClient, secure_channel
 from planner.decision import Decision, ThinkingBlock, Usage
@@ -216,6 +219,32 @@ async def test_host_list_says_what_holds_dispatch_in_parts(stack: Stack) -> None
     assert " · lifted by a probe call or a Decide that succeeds, once " in lines[1]
     cleared = json.loads((await amc(*stack.conn, "host", "list", "--json")).out)["dispatch"]
     assert not cleared["paused"] and cleared["kind"] == "unspecified"
+
+
+async def test_host_list_says_a_connected_idle_host_was_seen_now(stack: Stack) -> None:
+    """`amc host list` printed a host's last message as its "last seen": an idle host sends
+    none on its open stream, so a connected, healthy host read "connected · last seen 6m
+    ago". A connected host (its stream vouched for every heartbeat) is seen now; once its
+    stream is gone, the moment it ended is."""
+    host = ScriptedHost(stack.cloud.address, stack.pki, HOST)
+    try:
+        await host.connect(["phone-1"])
+        async with stack.cloud.store.write() as session:
+            await session.execute(
+                update(HostRow)
+                .where(HostRow.host_id == HOST)
+                .values(last_seen_at=stack.cloud.store.now() - dt.timedelta(minutes=6))
+            )
+        shown = await amc(*stack.conn, "host", "list")
+        assert f"{HOST} connected · last seen now" in shown.out.splitlines(), shown.out
+    finally:
+        await host.close()
+    for _ in range(600):  # the cloud notices the stream's end
+        listed = json.loads((await amc(*stack.conn, "host", "list", "--json")).out)
+        if not listed["hosts"][0]["connected"]:
+            break
+    shown = await amc(*stack.conn, "host", "list")
+    assert re.search(rf"^{HOST} disconnected · last seen \d+s ago$", shown.out, re.M), shown.out
 
 
 @pytest.mark.parametrize(
