@@ -262,6 +262,27 @@ async def _task(store: Store) -> str:
     return view.task.task_id
 
 
+async def test_the_host_filter_lists_tasks_queued_for_the_host(store: Store) -> None:
+    """ListTasks' host filter (the fleet's "tasks on this host →") took only tasks an attempt
+    of which ran on the host, so one queued for it was in no host's list until it started."""
+
+    async def queued_for(host_id: str) -> str:
+        spec = tasks.NewTask(
+            goal="g",
+            max_attempts=3,
+            lease_seconds=30,
+            timeout_seconds=3600,
+            target_host_id=host_id,
+        )
+        view, _ = await tasks.submit(store, spec)
+        return view.task.task_id
+
+    mine = await queued_for("h1")
+    await queued_for("h2")
+    listed, _ = await tasks.list_page(store, tasks.TaskFilter((), "h1", ""), 10, "")
+    assert [v.task.task_id for v in listed] == [mine]
+
+
 async def test_decision_steps_are_unique_under_concurrency(store: Store) -> None:
     task_id = await _task(store)
     sink = StoreDecisionSink(store)
