@@ -368,6 +368,7 @@ async def flows_page(
     context = {
         "nav": "flows",
         "flows": [FlowOut.of(f) for f in page.flows],
+        "page_token": page_token,  # an empty page past the first: no more, not none learned
         **pager_links("/flows", filters, back or [], page_token, page.next_page_token),
     }
     return PAGES.render(request, "flows.html", context)

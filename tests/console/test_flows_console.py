@@ -11,6 +11,7 @@ import httpx
 
 from amc.v1 import types_pb2
 from cloud.store import decisions
+from cloud.store.paging import page_token
 from planner.decision import Decision, Usage
 from planner.tools import Judgement
 from tests.console.console_stack import Cloud, HostFactory, Operator
@@ -169,3 +170,19 @@ def test_the_flows_list_pages_back_to_newer_flows_and_the_first_page(
     assert shown(anon.get(links(third)["‹ Newer"])) == shown(second)
     assert shown(anon.get(links(third)["« First page"])) == shown(first)
     assert len({*shown(first), *shown(second), *shown(third)}) == 3
+
+
+def test_an_empty_page_past_the_last_flow_says_there_are_no_more(
+    anon: httpx.Client, cloud: Cloud
+) -> None:
+    """A page past the end (the flows it would have shown deleted since its link was made)
+    said "No flow learned yet", as if the cloud had learned nothing. The token here is one
+    the cloud makes for a position older than any flow."""
+    _flow(cloud)
+    log_in(anon)
+    assert "No flow learned yet" not in anon.get("/flows").text
+    past_every_flow = page_token("flows", "1970-01-01T00:00:00+00:00", "")
+    past = anon.get("/flows", params={"page_token": past_every_flow})
+    assert past.status_code == 200, past.text
+    assert not re.findall(r'<tr data-flow-id="([^"]+)"', past.text)
+    assert "No more flows." in past.text and "No flow learned yet" not in past.text
