@@ -24,6 +24,12 @@ assignments, renewals, revocations, result acks. The client:
 - reconnects with capped exponential backoff and full jitter, re-announcing what it holds;
 - says which run of the agent it is (`HostHello.process_id`, new for every process), so the
   cloud can release a dead predecessor's leases at once;
+- hands its work back when it is stopped (SIGTERM, SIGINT): it tells the cloud it takes no
+  new assignment (`HostStopping`), stops each attempt within one step, sends each a retryable
+  result ("stopped: the host stopped") so the cloud queues the task for another host at once,
+  waits up to `stop_grace_s` for the acknowledgements, then closes its side of the stream; what
+  is left unanswered is kept on disk for the next start. `stop_now` (a second signal) cuts the
+  waits short;
 - stops for good, without reconnecting, when the cloud says a newer process of this host took
   its place (`Superseded`): two processes with one certificate would otherwise take the stream
   from each other in turns;
@@ -40,10 +46,10 @@ import logging
 import random
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Protocol
+from typing import Any, Protocol
 
 import grpc
 from google.protobuf import duration_pb2, timestamp_pb2
@@ -77,6 +83,10 @@ EXPIRED_LOCALLY = "LEASE_EXPIRED_LOCALLY"
 UNREACHABLE_SUMMARY = "stopped: the lease ran out while the cloud was unreachable"
 #: The retryable result of an attempt stopped because the cloud said its lease is not live.
 LEASE_NOT_LIVE_SUMMARY = "stopped: the cloud said the lease is no longer live"
+#: The retryable result of an attempt this host stopped because it is stopping itself.
+HOST_STOPPED_SUMMARY = f"stopped: {HOST_STOPPED}"
+#: A stopping host waits at most this long for its attempts to stop (each within one step).
+STOP_TASKS_S = 30.0
 
 
 class ResultKeeper(Protocol):
@@ -135,6 +145,8 @@ class LeaseClientConfig:
     expiry_grace_s: float = 2.0
     #: This run of the agent (`HostHello.process_id`); empty: a fresh random one per client.
     process_id: str = ""
+    #: A stopping host waits at most this long for the cloud to acknowledge its results.
+    stop_grace_s: float = 5.0
 
 
 def backoff_delay(
@@ -221,8 +233,12 @@ class LeaseClient:
         #: Results a previous process of this host kept, with their phones: their leases are
         #: named in the hello until the cloud answered them.
         self._inherited: dict[Key, str] = {}
-        #: The host is stopping: what its tasks end with now is the stop, not a result.
+        #: The host is stopping: it starts no new attempt.
         self._stopping = False
+        #: Set by `stop_now`: a stopping host waits no longer (for its attempts, for answers).
+        self._hurry = asyncio.Event()
+        #: Set whenever a result is answered (a stopping host waits for its outbox to empty).
+        self._answered = asyncio.Event()
         #: Results sent once more after the cloud said their lease expired (a late result is
         #: accepted when no other attempt started; a second "expired" means it was not).
         self._late_tried: set[Key] = set()
@@ -265,6 +281,12 @@ class LeaseClient:
 
     async def wait_connected(self) -> None:
         await self._welcomed.wait()
+
+    def stop_now(self) -> None:
+        """Stop without waiting (a second SIGINT/SIGTERM): running attempts are cancelled and
+        unanswered results stay on disk for the next start, their tasks waiting for their
+        leases or for that start."""
+        self._hurry.set()
 
     # --- main loop ---
     async def run(self, stop: asyncio.Event) -> None:
@@ -318,11 +340,11 @@ class LeaseClient:
                         await stop.wait()
         finally:
             self._welcomed.clear()
+            await self._shutdown_tasks()
             for timer in self._resend_timers.values():
                 timer.cancel()
             self._resend_timers.clear()
             self._resend_pending = False
-            await self._shutdown_tasks()
 
     def _lease_left(self) -> float | None:
         """Seconds until the soonest expiry of a lease still held (None: none held)."""
@@ -352,6 +374,12 @@ class LeaseClient:
 
             async def stop_when_asked() -> None:
                 await stop.wait()
+                if self._welcomed.is_set():
+                    await self._hand_back()
+                    queue.put_nowait(None)  # our side is done: the cloud ends the stream (OK)
+                    ended = asyncio.ensure_future(call.code())
+                    await self._within([ended], 1.0)
+                    ended.cancel()
                 call.cancel()
 
             stopper = asyncio.create_task(stop_when_asked())
@@ -593,6 +621,8 @@ class LeaseClient:
     def _cannot_run(self, serial: str) -> tuple[lease_service_pb2.AssignmentRefusal.ValueType, str]:
         """Why an assignment on `serial` cannot start here (the refusal and its words), or
         (UNSPECIFIED, "") when it can."""
+        if self._stopping:  # sent before the cloud read our HostStopping
+            return lease_service_pb2.ASSIGNMENT_REFUSAL_HOST_STOPPING, "the host is stopping"
         info = next((d for d in self._devices.devices() if d.serial == serial), None)
         if info is None:
             return (
@@ -660,6 +690,7 @@ class LeaseClient:
         """Forget a result: the cloud took it, or `refused` it (said why, for the log; "" when
         the cloud already has it: its ack was lost)."""
         request = self._outbox.pop(key, None)
+        self._answered.set()
         self._late_tried.discard(key)
         self._inherited.pop(key, None)
         if request is not None:
@@ -740,10 +771,18 @@ class LeaseClient:
                     rt.revoke_message or outcome.summary,
                     rt.progress.snapshot(),
                 )
-        elif self._stopping and outcome.status == "cancelled":
-            # The host stopped it: no result (it would end the task CANCELLED). The next
-            # process's hello releases the lease, and the task runs again.
-            pass
+        elif rt.cancel.reason == HOST_STOPPED and outcome.status == "cancelled":
+            # This host stopped it: retryable (CANCELLED would end the task), so the cloud
+            # queues the task for another host at once instead of when the lease runs out. Not
+            # when superseded: the lease went with the stream, the result would be refused.
+            if not self.superseded:
+                self._queue_result(
+                    rt.spec,
+                    types_pb2.TASK_STATUS_FAILED,
+                    HOST_STOPPED_SUMMARY,
+                    rt.progress.snapshot(),
+                    retryable=True,
+                )
         else:
             self._queue_result(
                 rt.spec,
@@ -897,15 +936,59 @@ class LeaseClient:
             )
         )
 
+    async def _hand_back(self) -> None:
+        """Host shutdown with the cloud reachable: no new work, every attempt stopped and its
+        result answered (or `stop_grace_s` passed), so that other hosts take the tasks now
+        rather than when the leases run out."""
+        self._stopping = True
+        self._send(lease_service_pb2.LeaseRequest(stopping=lease_service_pb2.HostStopping()))
+        running = sum(
+            1 for rt in self._tasks.values() if rt.task is not None and not rt.task.done()
+        )
+        if running:
+            log.info("stopping: handing %d attempt(s) back to the cloud "
+                     "(a second SIGINT/SIGTERM stops at once)", running)  # fmt: skip
+        await self._shutdown_tasks()
+        if self._outbox and self._welcomed.is_set():
+            log.info("waiting up to %.0f s for the cloud to answer %d result(s)",
+                     self.config.stop_grace_s, len(self._outbox))  # fmt: skip
+        deadline = time.monotonic() + self.config.stop_grace_s
+        while self._outbox and self._welcomed.is_set() and not self._hurry.is_set():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            self._answered.clear()
+            answered = asyncio.ensure_future(self._answered.wait())
+            await self._within([answered], left)
+            answered.cancel()
+        if self._outbox:
+            log.warning("stopping with %d result(s) the cloud has not answered: kept on disk "
+                        "and sent by the next start", len(self._outbox))  # fmt: skip
+
+    async def _within(self, aws: Iterable[asyncio.Future[Any]], seconds: float) -> None:
+        """Wait until all of `aws` are done, `seconds` passed or `stop_now` was called (what
+        is still pending then is left to the caller)."""
+        hurry = asyncio.ensure_future(self._hurry.wait())
+        pending: set[asyncio.Future[Any]] = set(aws)
+        end = time.monotonic() + seconds
+        try:
+            while pending and not hurry.done() and (left := end - time.monotonic()) > 0:
+                _, pending = await asyncio.wait(
+                    pending | {hurry}, timeout=left, return_when=asyncio.FIRST_COMPLETED
+                )
+                pending.discard(hurry)
+        finally:
+            hurry.cancel()
+
     async def _shutdown_tasks(self) -> None:
-        """Host shutdown: stop every task; unreported leases expire and the cloud retries them."""
+        """Host shutdown: stop every task (each ends with a retryable result, `_execute`)."""
         self._stopping = True
         for rt in self._tasks.values():
             rt.cancel.stop(HOST_STOPPED)
         pending = [t for rt in self._tasks.values() for t in (rt.task, rt.renewer) if t]
         pending += self._renewers_ending
         if pending:
-            await asyncio.wait(pending, timeout=30)
+            await self._within(pending, STOP_TASKS_S)
         for t in pending:
             if not t.done():
                 t.cancel()

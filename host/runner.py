@@ -306,6 +306,7 @@ def build_host(
             reconnect_initial_s=settings.reconnect_initial_s,
             reconnect_max_s=settings.reconnect_max_s,
             progress_renew_min_interval_s=settings.progress_renew_min_interval_s,
+            stop_grace_s=settings.stop_grace_s,
         ),
         results=outbox,  # a result outlives this process until the cloud answers it
     )
@@ -539,10 +540,20 @@ async def run_host(
     settings = settings or HostSettings()
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
+    built: list[HostApp] = []
+
+    def on_signal() -> None:
+        # The first hands the host's work back (within `stop_grace_s`); a second one stops at
+        # once, for an operator who cannot wait.
+        if stop.is_set():
+            for app in built:
+                app.lease.stop_now()
+        stop.set()
+
     installed: list[signal.Signals] = []
     for sig in (signal.SIGINT, signal.SIGTERM):
         try:
-            loop.add_signal_handler(sig, stop.set)
+            loop.add_signal_handler(sig, on_signal)
             installed.append(sig)
         except (NotImplementedError, RuntimeError, ValueError):
             pass  # not the main thread, or not supported here
@@ -551,6 +562,7 @@ async def run_host(
         if settings.device_source == "virtual":
             virtual, settings = start_virtual_phones(settings)
         app = build_host(settings, planner=planner, make_driver=make_driver)
+        built.append(app)
         # --- local console hook (host/console/, kept minimal): served in this loop, stopped
         # by `stop`; a refused or taken address fails here, before the host starts. ---
         console_task: asyncio.Task[None] | None = None

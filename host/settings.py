@@ -117,6 +117,10 @@ class HostSettings(BaseSettings):
     reconnect_max_s: float = Field(default=30.0, gt=0)
     #: At most one progress-driven renewal per task per this many seconds.
     progress_renew_min_interval_s: float = Field(default=1.0, ge=0)
+    #: A stopping host waits at most this long for the cloud to acknowledge the results of the
+    #: attempts it stopped (their tasks go to other hosts at once); what is left unanswered
+    #: stays on disk for the next start.
+    stop_grace_s: float = Field(default=5.0, ge=0)
 
     # --- outbox (decisions of the direct transport and step screenshots, sent to the cloud) ---
     #: SQLite path of the outbox; defaults to `outbox.sqlite3` beside the timeline database.

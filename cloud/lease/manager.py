@@ -414,6 +414,12 @@ class LeaseManager:
         await hosts.update_outbox(self.store, session.host_id, messages.backlog_in(backlog))
         self.bus.hosts_changed([session.host_id])
 
+    def stopping(self, session: HostSession) -> None:
+        """The host is stopping: no new work on this stream; the results of the attempts it
+        stops follow, and queue their tasks for whichever host is free."""
+        session.stopping = True
+        log.info("host %s is stopping: no new work for it", session.host_id)
+
     def touch(self, session: HostSession) -> None:
         """The host sent something: it is not frozen, so work held back from it (a lease of it
         ran out, `_on_revoke`) may go to it again."""

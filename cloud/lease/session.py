@@ -78,6 +78,10 @@ class HostSession:
     #: outlived the keepalive window since (a frozen process answers no pings, so a stream
     #: still open then belongs to a live, merely quiet host).
     unheard_until: float | None = None
+    #: The host said it is stopping (`HostStopping`): none of its phones is offered work
+    #: again on this stream. Else the task its stopped attempt hands back went straight back
+    #: to the same host (its phone is idle again), which would refuse it.
+    stopping: bool = False
 
     def mark_busy(self, serial: str) -> None:
         """A phone got a live attempt."""
@@ -116,6 +120,8 @@ class HostSession:
 
     def idle_serials(self) -> list[str]:
         """Online phones without a live attempt, in a stable order."""
+        if self.stopping:
+            return []
         return sorted(
             s
             for s, state in self.devices.items()
@@ -126,6 +132,8 @@ class HostSession:
         """Whether any phone is idle (`idle_serials` without the list: the dispatcher asks it of
         every session of the replica on every pass; a plain loop: over 10,000 sessions with no
         idle phone 3 ms, against 6 ms as a generator expression)."""
+        if self.stopping:
+            return False
         busy = self.busy
         for serial, state in self.devices.items():
             if state == _ONLINE and serial not in busy:

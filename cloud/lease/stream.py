@@ -197,6 +197,9 @@ class LeaseServicer(lease_service_pb2_grpc.LeaseServiceServicer):
         if kind == "outbox":
             await manager.outbox(session, msg.outbox)
             return None
+        if kind == "stopping":
+            manager.stopping(session)
+            return None
         if kind == "hello":
             return lease_pb.LeaseResponse(
                 rejected=lease_pb.Rejected(
@@ -205,5 +208,5 @@ class LeaseServicer(lease_service_pb2_grpc.LeaseServiceServicer):
                 )
             )
         return messages.rejected(
-            "kind: exactly one of hello, renewal, result, device_update, outbox"
+            "kind: exactly one of hello, renewal, result, device_update, outbox, stopping"
         )

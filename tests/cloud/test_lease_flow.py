@@ -205,6 +205,41 @@ async def test_a_frozen_host_gets_no_new_work_until_it_is_heard_from(
         await other.close()
 
 
+async def test_a_stopping_host_gets_no_new_work_and_its_task_goes_to_another_host(
+    cloud: CloudServer, ops: Any, pki_dir: Path
+) -> None:
+    """A host that says it is stopping hands its attempt back with a retryable result: before
+    `HostStopping`, the dispatcher gave the requeued task straight back to it (its phone was
+    idle again), and a stopping host could only refuse it."""
+    stopping = ScriptedHost(cloud.address, pki_dir, "h8")
+    other = ScriptedHost(cloud.address, pki_dir, "h9")
+    try:
+        await stopping.connect(["p"])
+        task = (await submit(ops, lease_duration=secs(120), max_attempts=3)).task
+        a1 = (await stopping.next("assignment")).assignment
+        await stopping.send(lease_pb.LeaseRequest(stopping=lease_pb.HostStopping()))
+        handed_back = result(a1, types_pb2.TASK_STATUS_FAILED, "stopped: the host stopped", 2)
+        handed_back.result.retryable = True
+        await stopping.send(handed_back)
+        ack = (await stopping.next("result_ack")).result_ack
+        assert ack.task_status == types_pb2.TASK_STATUS_QUEUED
+        # Had the task gone back to the stopping host, none would be left for this one.
+        await other.connect(["q"])
+        a2 = (await other.next("assignment")).assignment
+        assert (a2.task_id, a2.attempt) == (task.task_id, 2)
+        assert stopping.inbox.empty()
+        got = (await ops.GetTask(task_service_pb2.GetTaskRequest(task_id=task.task_id))).task
+        first = got.attempts[0]
+        assert (first.host_id, first.status, first.failure_reason) == (
+            "h8",
+            types_pb2.TASK_STATUS_FAILED,
+            "stopped: the host stopped",
+        )
+    finally:
+        await stopping.close()
+        await other.close()
+
+
 async def _hosts(fleet: Any, host_id: str, *, held: bool) -> types_pb2.Host:
     """The host as ListHosts shows it once it is (or is no longer) held back."""
     for _ in range(400):

@@ -110,9 +110,8 @@ async def test_a_restarted_host_gets_its_work_back_at_once(tmp_path: Path, fault
 async def test_a_host_stopped_mid_task_runs_the_task_again_when_it_starts(
     tmp_path: Path, fault_pki: Path
 ) -> None:
-    """SIGTERM (a deploy): the stopping host stops its task, and that stop is not the task's
-    result (the host keeps results for the cloud across a restart; this one would end the
-    task cancelled): the next process runs it again."""
+    """SIGTERM (a deploy): the stopping host stops its task and hands it back (a retryable
+    result, not CANCELLED, which would end the task): the next process runs it again."""
     cloud, address = _start(tmp_path, fault_pki)
     slow = {"pki_dir": fault_pki, "cloud_address": address, "settle_delay_s": 2.0}
     first = host_process(tmp_path, "a", **slow)  # type: ignore[arg-type]
@@ -130,7 +129,7 @@ async def test_a_host_stopped_mid_task_runs_the_task_again_when_it_starts(
         done = await wait_task(ops, task_id, lambda t: t.status in TERMINAL, what="finished")
         assert done.status == types_pb2.TASK_STATUS_SUCCEEDED, done
         assert [a.attempt for a in done.attempts] == [1, 2]
-        assert done.attempts[0].failure_reason == RELEASED, done.attempts[0]
+        assert done.attempts[0].failure_reason == "stopped: the host stopped", done.attempts[0]
     finally:
         if ops is not None:
             await ops.close()

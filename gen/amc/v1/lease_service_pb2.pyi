@@ -89,6 +89,8 @@ class _AssignmentRefusalEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Ass
     """The phone is attached but offline."""
     ASSIGNMENT_REFUSAL_PHONE_NOT_ATTACHED: _AssignmentRefusal.ValueType  # 3
     """The host drives no phone of that serial."""
+    ASSIGNMENT_REFUSAL_HOST_STOPPING: _AssignmentRefusal.ValueType  # 4
+    """The host is stopping (it sent HostStopping, which the cloud had not read yet)."""
 
 class AssignmentRefusal(_AssignmentRefusal, metaclass=_AssignmentRefusalEnumTypeWrapper):
     """Why a host refused an assignment (TaskResult.refusal)."""
@@ -101,6 +103,8 @@ ASSIGNMENT_REFUSAL_PHONE_OFFLINE: AssignmentRefusal.ValueType  # 2
 """The phone is attached but offline."""
 ASSIGNMENT_REFUSAL_PHONE_NOT_ATTACHED: AssignmentRefusal.ValueType  # 3
 """The host drives no phone of that serial."""
+ASSIGNMENT_REFUSAL_HOST_STOPPING: AssignmentRefusal.ValueType  # 4
+"""The host is stopping (it sent HostStopping, which the cloud had not read yet)."""
 Global___AssignmentRefusal: _TypeAlias = AssignmentRefusal  # noqa: Y015
 
 @_typing.final
@@ -114,6 +118,7 @@ class LeaseRequest(_message.Message):
     RESULT_FIELD_NUMBER: _builtins.int
     DEVICE_UPDATE_FIELD_NUMBER: _builtins.int
     OUTBOX_FIELD_NUMBER: _builtins.int
+    STOPPING_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def hello(self) -> Global___HostHello:
         """First message on every stream."""
@@ -136,6 +141,10 @@ class LeaseRequest(_message.Message):
         and when it empties). Shown to operators as Host.outbox; never answered.
         """
 
+    @_builtins.property
+    def stopping(self) -> Global___HostStopping:
+        """The host is stopping: no new assignment on this stream. Never answered."""
+
     def __init__(
         self,
         *,
@@ -144,12 +153,13 @@ class LeaseRequest(_message.Message):
         result: Global___TaskResult | None = ...,
         device_update: Global___DeviceUpdate | None = ...,
         outbox: _types_pb2.OutboxBacklog | None = ...,
+        stopping: Global___HostStopping | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["device_update", b"device_update", "hello", b"hello", "kind", b"kind", "outbox", b"outbox", "renewal", b"renewal", "result", b"result"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["device_update", b"device_update", "hello", b"hello", "kind", b"kind", "outbox", b"outbox", "renewal", b"renewal", "result", b"result", "stopping", b"stopping"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["device_update", b"device_update", "hello", b"hello", "kind", b"kind", "outbox", b"outbox", "renewal", b"renewal", "result", b"result"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["device_update", b"device_update", "hello", b"hello", "kind", b"kind", "outbox", b"outbox", "renewal", b"renewal", "result", b"result", "stopping", b"stopping"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_kind: _TypeAlias = _typing.Literal["hello", "renewal", "result", "device_update", "outbox"]  # noqa: Y015
+    _WhichOneofReturnType_kind: _TypeAlias = _typing.Literal["hello", "renewal", "result", "device_update", "outbox", "stopping"]  # noqa: Y015
     _WhichOneofArgType_kind: _TypeAlias = _typing.Literal["kind", b"kind"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_kind) -> _WhichOneofReturnType_kind | None: ...
 
@@ -357,6 +367,32 @@ class Welcome(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___Welcome: _TypeAlias = Welcome  # noqa: Y015
+
+@_typing.final
+class HostStopping(_message.Message):
+    """The host process is stopping (SIGTERM or SIGINT, its operator stopped it), sent before it
+    stops its attempts. The cloud hands this stream no assignment after it; one already on the
+    way is refused (ASSIGNMENT_REFUSAL_HOST_STOPPING). Each attempt the host stops ends with a
+    result, FAILED and retryable, "stopped: the host stopped": the cloud queues the task for its
+    next attempt at once (another host takes it), counting the attempt as it counts an expired
+    lease. The host then waits a few seconds for the acknowledgements and closes its side (OK);
+    a result left unanswered is kept on the host's disk and sent by its next process. A cloud
+    from before this message answers it with Rejected (INVALID_ARGUMENT): the host stops all the
+    same, and a task it hands back may be offered to it again (and refused) before it closes.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___HostStopping: _TypeAlias = HostStopping  # noqa: Y015
 
 @_typing.final
 class DeviceUpdate(_message.Message):
@@ -782,7 +818,8 @@ class TaskResult(_message.Message):
     """
     refusal: Global___AssignmentRefusal.ValueType
     """FAILED only: the host refused the assignment without touching the phone (it names a phone
-    that is running another attempt here, is offline, or is not attached). Nothing ran, so the
+    that is running another attempt here, is offline, or is not attached, or the host is
+    stopping). Nothing ran, so the
     attempt is not one of the task's `max_attempts`: the task is queued again at once (unless
     a cancel is pending), preferring another phone: the refused one is not offered again
     until the cloud next reads which of the host's phones hold attempts (every few dispatch

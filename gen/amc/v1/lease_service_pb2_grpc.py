@@ -30,7 +30,8 @@ class LeaseServiceStub:
     certificate; no field of any message can claim another host.
 
     Host -> cloud: a HostHello first, then renewals (each with the latest progress), results,
-    device updates and outbox reports in any order. Cloud -> host: Welcome, then assignments, renewals, revocations,
+    device updates and outbox reports in any order; a host that stops sends HostStopping, then the
+    results of the attempts it stopped, then closes its side. Cloud -> host: Welcome, then assignments, renewals, revocations,
     result acknowledgements and rejections.
 
     A renewal or result that names a (task, attempt, lease id) that is not the caller's live lease
@@ -76,7 +77,8 @@ class LeaseServiceServicer:
     certificate; no field of any message can claim another host.
 
     Host -> cloud: a HostHello first, then renewals (each with the latest progress), results,
-    device updates and outbox reports in any order. Cloud -> host: Welcome, then assignments, renewals, revocations,
+    device updates and outbox reports in any order; a host that stops sends HostStopping, then the
+    results of the attempts it stopped, then closes its side. Cloud -> host: Welcome, then assignments, renewals, revocations,
     result acknowledgements and rejections.
 
     A renewal or result that names a (task, attempt, lease id) that is not the caller's live lease
@@ -132,7 +134,8 @@ class LeaseService:
     certificate; no field of any message can claim another host.
 
     Host -> cloud: a HostHello first, then renewals (each with the latest progress), results,
-    device updates and outbox reports in any order. Cloud -> host: Welcome, then assignments, renewals, revocations,
+    device updates and outbox reports in any order; a host that stops sends HostStopping, then the
+    results of the attempts it stopped, then closes its side. Cloud -> host: Welcome, then assignments, renewals, revocations,
     result acknowledgements and rejections.
 
     A renewal or result that names a (task, attempt, lease id) that is not the caller's live lease

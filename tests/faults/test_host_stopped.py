@@ -1,0 +1,208 @@
+"""A host process stopped with SIGTERM mid-task hands its task back at once.
+
+Proves, with real `amc cloud serve` and `amc host run` processes on virtual phones: the stopped
+attempt ends with the host's own retryable result ("stopped: the host stopped"), not by its
+lease, and the task's next attempt runs on another connected host before that lease would have
+run out. And with the cloud down while the host stops: the result is kept in the host's outbox
+and delivered by its next start.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import sqlite3
+from datetime import timedelta
+from pathlib import Path
+
+from amc.v1 import types_pb2
+from tests.support.processes import (
+    AmcProcess,
+    cloud_process,
+    dark_theme_running,
+    free_port,
+    host_process,
+    operator,
+    wait_connected,
+    wait_serving,
+    wait_task,
+)
+
+STOPPED = "stopped: the host stopped"
+#: Far longer than the test waits: a task that comes back only by its lease fails the test.
+LEASE_S = 300
+LONG_LEASE = {"AMC_CLOUD_DEFAULT_LEASE_SECONDS": str(LEASE_S)}
+
+
+async def test_a_stopped_host_hands_its_task_to_another_host_at_once(
+    tmp_path: Path, fault_pki: Path
+) -> None:
+    port = free_port()
+    address = f"127.0.0.1:{port}"
+    cloud = cloud_process(
+        tmp_path,
+        "cloud",
+        database_url=f"sqlite+aiosqlite:///{tmp_path / 'cloud.sqlite3'}",
+        pki_dir=fault_pki,
+        port=port,
+        extra=LONG_LEASE,
+    ).start()
+    # Slow steps on host a: the task is still under way once host b is up.
+    host_a = host_process(
+        tmp_path, "a", cloud_address=address, pki_dir=fault_pki, settle_delay_s=6.0
+    )
+    host_b = host_process(tmp_path, "b", cloud_address=address, pki_dir=fault_pki)
+    ops = None
+    try:
+        await wait_serving(address, fault_pki)
+        ops = operator(address, fault_pki)
+        host_a.start()
+        await wait_connected(ops, {"a"})
+        task_id = await dark_theme_running(ops, "a", step=2)
+        host_b.start()
+        await wait_connected(ops, {"a", "b"})
+        still = await wait_task(ops, task_id, lambda t: True)
+        assert (still.status, still.host_id) == (types_pb2.TASK_STATUS_RUNNING, "a"), still
+        assert host_a.stop() == 0, host_a.output()
+        done = await wait_task(
+            ops,
+            task_id,
+            lambda t: t.status == types_pb2.TASK_STATUS_SUCCEEDED,
+            what="succeeded on host b",
+        )
+        first, second = done.attempts
+        assert (first.host_id, first.status, first.failure_reason) == (
+            "a",
+            types_pb2.TASK_STATUS_FAILED,
+            STOPPED,
+        )
+        assert (second.host_id, second.status) == ("b", types_pb2.TASK_STATUS_SUCCEEDED)
+        # Handed back by the host, not swept: the next attempt began inside the first's lease
+        # (its last renewal granted it LEASE_S more).
+        lease_end = first.last_renewed_at.ToDatetime() + timedelta(seconds=LEASE_S)
+        assert second.started_at.ToDatetime() < lease_end
+        assert "handing 1 attempt(s) back to the cloud" in host_a.output()
+    finally:
+        if ops is not None:
+            await ops.close()
+        host_a.kill()
+        host_b.stop()
+        cloud.stop()
+
+
+async def test_a_host_stopped_while_the_cloud_is_down_delivers_its_result_at_next_start(
+    tmp_path: Path, fault_pki: Path
+) -> None:
+    port = free_port()
+    address = f"127.0.0.1:{port}"
+
+    def start_cloud() -> AmcProcess:
+        return cloud_process(
+            tmp_path,
+            "cloud",
+            database_url=f"sqlite+aiosqlite:///{tmp_path / 'cloud.sqlite3'}",
+            pki_dir=fault_pki,
+            port=port,
+            extra=LONG_LEASE,
+        ).start()
+
+    def start_host() -> AmcProcess:
+        return host_process(
+            tmp_path, "a", cloud_address=address, pki_dir=fault_pki, settle_delay_s=6.0
+        ).start()
+
+    cloud = start_cloud()
+    a: AmcProcess | None = None
+    ops = None
+    try:
+        await wait_serving(address, fault_pki)
+        ops = operator(address, fault_pki)
+        a = start_host()
+        await wait_connected(ops, {"a"})
+        task_id = await dark_theme_running(ops, "a", step=2)
+        cloud.kill()
+        assert a.stop() == 0, a.output()
+        outbox = sqlite3.connect(tmp_path / "host-a" / "outbox.sqlite3")
+        try:
+            kept = outbox.execute("SELECT task_id, attempt FROM results").fetchall()
+        finally:
+            outbox.close()
+        assert kept == [(task_id, 1)]
+        cloud = start_cloud()
+        a = start_host()
+        done = await wait_task(
+            ops,
+            task_id,
+            lambda t: t.status == types_pb2.TASK_STATUS_SUCCEEDED,
+            what="succeeded after the restarts",
+        )
+        first, second = done.attempts
+        assert (first.host_id, first.status, first.failure_reason) == (
+            "a",
+            types_pb2.TASK_STATUS_FAILED,
+            STOPPED,
+        )
+        assert second.status == types_pb2.TASK_STATUS_SUCCEEDED
+    finally:
+        if ops is not None:
+            await ops.close()
+        if a is not None:
+            a.kill()
+        cloud.stop()
+
+
+async def test_a_second_sigterm_stops_a_host_waiting_for_the_cloud_at_once(
+    tmp_path: Path, fault_pki: Path
+) -> None:
+    """The cloud is frozen (SIGSTOP: the stream stays open, nothing is answered) while host a
+    stops: it waits for the answer to its result up to its grace, 10 minutes here; a second
+    SIGTERM ends the wait, and the result stays on disk for the next start."""
+    port = free_port()
+    address = f"127.0.0.1:{port}"
+    cloud = cloud_process(
+        tmp_path,
+        "cloud",
+        database_url=f"sqlite+aiosqlite:///{tmp_path / 'cloud.sqlite3'}",
+        pki_dir=fault_pki,
+        port=port,
+        extra=LONG_LEASE,
+    ).start()
+    patient = {
+        "AMC_HOST_STOP_GRACE_S": "600",
+        # The frozen cloud's stream is not given up on while the host waits.
+        "AMC_HOST_KEEPALIVE_TIME_S": "600",
+        "AMC_HOST_KEEPALIVE_TIMEOUT_S": "600",
+    }
+    a = host_process(
+        tmp_path, "a", cloud_address=address, pki_dir=fault_pki, settle_delay_s=6.0, extra=patient
+    )
+    ops = None
+    try:
+        await wait_serving(address, fault_pki)
+        ops = operator(address, fault_pki)
+        a.start()
+        await wait_connected(ops, {"a"})
+        task_id = await dark_theme_running(ops, "a", step=2)
+        assert cloud.proc is not None
+        cloud.proc.send_signal(signal.SIGSTOP)
+        assert a.proc is not None
+        a.proc.send_signal(signal.SIGTERM)
+        while "for the cloud to answer 1 result(s)" not in a.output():
+            assert a.alive(), a.output()
+            await asyncio.sleep(0.1)
+        a.proc.send_signal(signal.SIGTERM)
+        assert a.proc.wait(60) == 0, a.output()
+        assert "stopping with 1 result(s) the cloud has not answered" in a.output()
+        outbox = sqlite3.connect(tmp_path / "host-a" / "outbox.sqlite3")
+        try:
+            kept = outbox.execute("SELECT task_id, attempt FROM results").fetchall()
+        finally:
+            outbox.close()
+        assert kept == [(task_id, 1)]
+    finally:
+        if cloud.proc is not None and cloud.alive():
+            cloud.proc.send_signal(signal.SIGCONT)
+        if ops is not None:
+            await ops.close()
+        a.kill()
+        cloud.stop()
