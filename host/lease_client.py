@@ -378,8 +378,10 @@ class LeaseClient:
                     await self._hand_back()
                     queue.put_nowait(None)  # our side is done: the cloud ends the stream (OK)
                     ended = asyncio.ensure_future(call.code())
-                    await self._within([ended], 1.0)
-                    ended.cancel()
+                    try:
+                        await self._within([ended], 1.0)
+                    finally:
+                        ended.cancel()
                 call.cancel()
 
             stopper = asyncio.create_task(stop_when_asked())
@@ -959,8 +961,10 @@ class LeaseClient:
                 break
             self._answered.clear()
             answered = asyncio.ensure_future(self._answered.wait())
-            await self._within([answered], left)
-            answered.cancel()
+            try:
+                await self._within([answered], left)
+            finally:
+                answered.cancel()
         if self._outbox:
             log.warning("stopping with %d result(s) the cloud has not answered: kept on disk "
                         "and sent by the next start", len(self._outbox))  # fmt: skip
