@@ -5,7 +5,10 @@ pool each checkout first pings the server, a write transaction adds its BEGIN an
 SQLAlchemy's statement and row handling cost more CPU than the statement itself; on a busy
 machine every round trip waits for PostgreSQL to be scheduled, and the write stage's tail was
 seconds (bench/lease_capacity.py, issue 21). One statement in autocommit on a dedicated
-connection is one round trip.
+connection is one round trip. It is psycopg's asynchronous connection: its synchronous one
+driven by a thread of its own cost no less per statement (the hand-off to and from the thread
+is what the asynchronous waiting costs), and blocking the loop for a round trip to a server
+would stand every stream still while it lasts (docs/decisions/0079).
 """
 
 from __future__ import annotations
