@@ -81,12 +81,12 @@ async def check_lease(
     attempt: int,
     lease_id: str,
     field: str = "",
-) -> None:
+) -> leases.RecentLease:
     """Abort unless (task, attempt, lease id) is `host_id`'s, live or lately ended:
     PERMISSION_DENIED for another host's lease, FAILED_PRECONDITION for anything else."""
     held = await leases.held_recently(store, host_id, task_id, attempt, lease_id, window)
     if held.ok:
-        return
+        return held
     where = f"{field}: " if field else ""
     code = (
         grpc.StatusCode.PERMISSION_DENIED if held.not_yours else grpc.StatusCode.FAILED_PRECONDITION
@@ -255,7 +255,17 @@ async def ship_decisions(
     for field, item in named:
         ref = (item.task_id, item.attempt, item.lease_id)
         if ref not in checked:
-            await check_lease(context, store, window, host_id, *ref, field=field)
+            held = await check_lease(context, store, window, host_id, *ref, field=field)
+            if held.planner_transport == types_pb2.PLANNER_TRANSPORT_CLOUD:
+                # Decide logged and counted its steps already: a host's claims would sit
+                # among them, and its calls count twice.
+                await abort(
+                    context,
+                    grpc.StatusCode.FAILED_PRECONDITION,
+                    f"{field}: task {item.task_id!r} attempt {item.attempt} is planned by the "
+                    "cloud (cloud transport): the cloud logs its decisions and counts its calls "
+                    "itself",
+                )
             checked.add(ref)
     response = pb.ShipDecisionsResponse()
     handed: dict[tuple[str, int], dict[str, int | None]] = {}

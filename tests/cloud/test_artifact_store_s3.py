@@ -117,7 +117,7 @@ async def test_a_cloud_on_s3_keeps_screenshots_in_the_bucket(
     ops_ch = channel(cloud.address, pki_dir, "operator-ops")
     try:
         assert any("screenshots:  S3 bucket amc-artifacts" in line for line in cloud.describe())
-        await host.connect(["s1"])
+        await host.connect(["s1"], transport=types_pb2.PLANNER_TRANSPORT_DIRECT)
         await submit(tasks_stub(ops_ch), target=types_pb2.TaskTarget(host_id="h1"))
         a = (await host.next("assignment")).assignment
         await decision_log_service_pb2_grpc.DecisionLogServiceStub(host_ch).ShipDecisions(
@@ -187,7 +187,7 @@ async def test_uploads_wait_while_the_store_is_down(tmp_path: Path, pki_dir: Pat
     host_ch = channel(cloud.address, pki_dir, "host-h1")
     ops_ch = channel(cloud.address, pki_dir, "operator-ops")
     try:
-        await host.connect(["s1"])
+        await host.connect(["s1"], transport=types_pb2.PLANNER_TRANSPORT_DIRECT)
         await submit(tasks_stub(ops_ch), target=types_pb2.TaskTarget(host_id="h1"))
         a = (await host.next("assignment")).assignment
         await decision_log_service_pb2_grpc.DecisionLogServiceStub(host_ch).ShipDecisions(

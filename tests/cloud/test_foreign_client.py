@@ -442,6 +442,7 @@ async def test_an_unknown_overlay_is_shown_to_no_model_and_logged_as_sent(
     log keeps the observation as the host sent it, as the proto's comments say."""
     ops = channel(offline_cloud.address, pki_dir, "operator-ops")
     host = ScriptedHost(offline_cloud.address, pki_dir, "a")
+    direct = ScriptedHost(offline_cloud.address, pki_dir, "b")
     try:
         await host.connect(["a-phone"])
         tasks = task_service_pb2_grpc.TaskServiceStub(ops)
@@ -467,32 +468,42 @@ async def test_an_unknown_overlay_is_shown_to_no_model_and_logged_as_sent(
             )
         )
         assert '"overlays":["keyboard"]' in decided.decision.user_prompt
+        # A host on the direct transport ships its own (a cloud-planned attempt takes none).
+        await direct.connect(["b-phone"], transport=types_pb2.PLANNER_TRANSPORT_DIRECT)
+        await tasks.SubmitTask(
+            task_service_pb2.SubmitTaskRequest(
+                goal="open settings", target=types_pb2.TaskTarget(host_id="b")
+            )
+        )
+        b = (await direct.next("assignment")).assignment
         shipped = types_pb2.Decision(
             tool_name="tap", provider="offline", model="m", system_prompt="s", user_prompt="u"
         )
         shipped.action.tap.element_id = "e1"
         shipped.observation.CopyFrom(observation)
-        await decision_log_service_pb2_grpc.DecisionLogServiceStub(host._channel).ShipDecisions(
+        await decision_log_service_pb2_grpc.DecisionLogServiceStub(direct._channel).ShipDecisions(
             decision_log_service_pb2.ShipDecisionsRequest(
                 entries=[
                     decision_log_service_pb2.ShippedDecision(
                         host_decision_id="d1",
-                        task_id=a.task_id,
-                        attempt=a.attempt,
-                        lease_id=a.lease_id,
+                        task_id=b.task_id,
+                        attempt=b.attempt,
+                        lease_id=b.lease_id,
                         decision=shipped,
                     )
                 ]
             )
         )
-        listed = await log.ListDecisions(
-            decision_log_service_pb2.ListDecisionsRequest(
-                task_id=a.task_id, include_observation=True
+        for task_id in (a.task_id, b.task_id):
+            listed = await log.ListDecisions(
+                decision_log_service_pb2.ListDecisionsRequest(
+                    task_id=task_id, include_observation=True
+                )
             )
-        )
-        assert [list(d.observation.overlays) for d in listed.decisions] == [
-            [99, types_pb2.OVERLAY_KEYBOARD]
-        ] * 2
+            assert [list(d.observation.overlays) for d in listed.decisions] == [
+                [99, types_pb2.OVERLAY_KEYBOARD]
+            ]
     finally:
         await host.close()
+        await direct.close()
         await ops.close()

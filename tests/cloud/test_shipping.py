@@ -111,7 +111,7 @@ async def held(cloud: CloudServer, pki_dir: Path) -> AsyncIterator[Held]:
     host = ScriptedHost(cloud.address, pki_dir, "h1")
     ops = tasks_stub(ops_ch)
     try:
-        await host.connect(["s1"])
+        await host.connect(["s1"], transport=types_pb2.PLANNER_TRANSPORT_DIRECT)
         # The tests never renew: a lease longer than the fixture's 2 s default keeps a slow
         # machine's test from losing it halfway.
         await submit(
@@ -269,6 +269,49 @@ async def test_ship_refusals_name_the_problem(
     error = await refused(ship(held, shipped(b, "reused")))
     assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert error.details().startswith("entries[0]: host_decision_id 'reused' already names")
+
+
+async def test_a_cloud_planned_attempt_takes_no_shipped_decisions_or_failed_calls(
+    cloud: CloudServer, pki_dir: Path
+) -> None:
+    """The cloud logs and counts a cloud-transport attempt's decisions itself (Decide): what its
+    host ships about it would sit among the cloud's own steps, claimed by the host, and count
+    its calls twice. FAILED_PRECONDITION, naming the entry; nothing is logged or counted."""
+    host = ScriptedHost(cloud.address, pki_dir, "h1")
+    host_ch = channel(cloud.address, pki_dir, "host-h1")
+    ops_ch = channel(cloud.address, pki_dir, "operator-ops")
+    try:
+        stub = decision_log_service_pb2_grpc.DecisionLogServiceStub(host_ch)
+        ops = tasks_stub(ops_ch)
+        await host.connect(["s1"], transport=types_pb2.PLANNER_TRANSPORT_CLOUD)
+        await submit(
+            ops, target=types_pb2.TaskTarget(host_id="h1"), lease_duration=Duration(seconds=120)
+        )
+        a = (await host.next("assignment")).assignment
+        for request, field in (
+            (decision_log_service_pb2.ShipDecisionsRequest(entries=[shipped(a, "d1")]), "entries"),
+            (
+                decision_log_service_pb2.ShipDecisionsRequest(failed_calls=[failed_calls(a, "f1")]),
+                "failed_calls",
+            ),
+        ):
+            error = await refused(stub.ShipDecisions(request))
+            assert error.code() == grpc.StatusCode.FAILED_PRECONDITION, error
+            assert error.details() == (
+                f"{field}[0]: task {a.task_id!r} attempt 1 is planned by the cloud (cloud "
+                "transport): the cloud logs its decisions and counts its calls itself"
+            )
+        ops_log = decision_log_service_pb2_grpc.DecisionLogServiceStub(ops_ch)
+        reply = await ops_log.ListDecisions(
+            decision_log_service_pb2.ListDecisionsRequest(task_id=a.task_id)
+        )
+        assert list(reply.decisions) == [] and list(reply.failed_calls) == []
+        task = (await ops.GetTask(task_pb.GetTaskRequest(task_id=a.task_id))).task
+        assert task.totals.usage.input_tokens == 0
+    finally:
+        await host.close()
+        await host_ch.close()
+        await ops_ch.close()
 
 
 def failed_calls(
@@ -535,7 +578,7 @@ async def test_a_just_ended_lease_takes_shipments_until_the_window_closes(
     ops_ch = channel(server.address, pki_dir, "operator-ops")
     try:
         stub = decision_log_service_pb2_grpc.DecisionLogServiceStub(host_ch)
-        await host.connect(["s1"])
+        await host.connect(["s1"], transport=types_pb2.PLANNER_TRANSPORT_DIRECT)
         await submit(tasks_stub(ops_ch), target=types_pb2.TaskTarget(host_id="h1"))
         a = (await host.next("assignment")).assignment
         await host.send(result(a))

@@ -125,6 +125,9 @@ class RecentLease:
     #: The lease is another host's (nothing more about it is said).
     not_yours: bool = False
     message: str = ""
+    #: How the attempt is planned (AttemptRow.planner_transport): a cloud-planned one's
+    #: decisions are the cloud's own to log.
+    planner_transport: int = 0
 
 
 async def held_recently(
@@ -148,4 +151,4 @@ async def held_recently(
             message=f"{where} ended at {row.ended_at:%Y-%m-%d %H:%M:%S} UTC, longer ago than the "
             f"shipping window ({window.total_seconds():.0f} s)",
         )
-    return RecentLease(True)
+    return RecentLease(True, planner_transport=row.planner_transport)

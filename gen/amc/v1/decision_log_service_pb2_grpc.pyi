@@ -61,7 +61,11 @@ class DecisionLogServiceStub:
     ended less than the cloud's shipping window ago (AMC_CLOUD_SHIP_WINDOW_SECONDS, 24 hours by
     default; never longer than the decision log's retention). FAILED_PRECONDITION otherwise
     (unknown task or lease, or an attempt that ended longer ago), PERMISSION_DENIED when the lease
-    is another host's: both are final, a resend gets the same answer. INVALID_ARGUMENT names the
+    is another host's: both are final, a resend gets the same answer. An attempt the host was
+    granted on the cloud transport (its Attempt.planner_transport is CLOUD) takes no entries and
+    no failed_calls: the cloud logs and counts its decisions itself (Decide), so a host's would
+    mix into them. FAILED_PRECONDITION, final as well ("entries[0]: task 'x' attempt 1 is
+    planned by the cloud (cloud transport): …"). INVALID_ARGUMENT names the
     field (`entries[2].decision.user_prompt`) for a missing or malformed id, an empty or
     oversize field (limits as Decide's: prompts 64 KiB / 512 KiB, rationale, purpose, expected
     outcome, replay_divergence, previous_step.note and each thinking block 64 KiB, each text
@@ -124,7 +128,11 @@ class DecisionLogServiceAsyncStub(DecisionLogServiceStub):
     ended less than the cloud's shipping window ago (AMC_CLOUD_SHIP_WINDOW_SECONDS, 24 hours by
     default; never longer than the decision log's retention). FAILED_PRECONDITION otherwise
     (unknown task or lease, or an attempt that ended longer ago), PERMISSION_DENIED when the lease
-    is another host's: both are final, a resend gets the same answer. INVALID_ARGUMENT names the
+    is another host's: both are final, a resend gets the same answer. An attempt the host was
+    granted on the cloud transport (its Attempt.planner_transport is CLOUD) takes no entries and
+    no failed_calls: the cloud logs and counts its decisions itself (Decide), so a host's would
+    mix into them. FAILED_PRECONDITION, final as well ("entries[0]: task 'x' attempt 1 is
+    planned by the cloud (cloud transport): …"). INVALID_ARGUMENT names the
     field (`entries[2].decision.user_prompt`) for a missing or malformed id, an empty or
     oversize field (limits as Decide's: prompts 64 KiB / 512 KiB, rationale, purpose, expected
     outcome, replay_divergence, previous_step.note and each thinking block 64 KiB, each text
@@ -208,7 +216,11 @@ class DecisionLogServiceServicer(metaclass=_abc_1.ABCMeta):
         ended less than the cloud's shipping window ago (AMC_CLOUD_SHIP_WINDOW_SECONDS, 24 hours by
         default; never longer than the decision log's retention). FAILED_PRECONDITION otherwise
         (unknown task or lease, or an attempt that ended longer ago), PERMISSION_DENIED when the lease
-        is another host's: both are final, a resend gets the same answer. INVALID_ARGUMENT names the
+        is another host's: both are final, a resend gets the same answer. An attempt the host was
+        granted on the cloud transport (its Attempt.planner_transport is CLOUD) takes no entries and
+        no failed_calls: the cloud logs and counts its decisions itself (Decide), so a host's would
+        mix into them. FAILED_PRECONDITION, final as well ("entries[0]: task 'x' attempt 1 is
+        planned by the cloud (cloud transport): …"). INVALID_ARGUMENT names the
         field (`entries[2].decision.user_prompt`) for a missing or malformed id, an empty or
         oversize field (limits as Decide's: prompts 64 KiB / 512 KiB, rationale, purpose, expected
         outcome, replay_divergence, previous_step.note and each thinking block 64 KiB, each text
