@@ -43,7 +43,7 @@ from amc.v1 import (
     task_service_pb2_grpc,
 )
 from cloud import gc_policy, metrics, secret_box, supervised
-from cloud.artifacts import ArtifactStore, open_artifact_store
+from cloud.artifacts import ArtifactStore, every_format, open_artifact_store
 from cloud.authz import Authorization
 from cloud.boundary import Boundary
 from cloud.db_probe import DatabaseProbe
@@ -592,7 +592,7 @@ class CloudServer:
             )
             if not batch:
                 return removed
-            await self.artifacts.delete([key for *_, key in batch])
+            await self.artifacts.delete([k for *_, key in batch for k in every_format(key)])
             await screenshots.forget(self.store, [(t, a, s, p) for t, a, s, p, _ in batch])
             removed += len(batch)
 

@@ -29,6 +29,14 @@ def object_key(task_id: str, attempt: int, step_index: int, phase: str, content_
     return f"{task_id}/{int(attempt)}/{int(step_index):05d}-{phase}.{_EXTENSIONS[content_type]}"
 
 
+def every_format(key: str) -> list[str]:
+    """The keys of `key`'s step and phase in every format: one row names only the latest, yet
+    an earlier upload in another format may still be in the store (its delete failed, or the
+    cloud stopped before it), so whatever deletes a step's screenshot deletes them all."""
+    stem = key.rsplit(".", 1)[0]
+    return [f"{stem}.{extension}" for extension in _EXTENSIONS.values()]
+
+
 class ArtifactStore(Protocol):
     """Objects by key."""
 

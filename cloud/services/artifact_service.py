@@ -187,12 +187,16 @@ class ArtifactServicer(artifact_service_pb2_grpc.ArtifactServiceServicer):
         await screenshots.record(self._store, row)
         if replaced is not None and replaced.object_key != key:
             # The key ends in the format: the one replaced is another object, which no row
-            # names any more and the retention pass would never delete.
+            # names any more. Deleted now; should that fail, the retention pass deletes it
+            # with the row's (`every_format`).
             try:
                 await self._artifacts.delete([replaced.object_key])
             except ArtifactStoreUnavailable as exc:
                 log.warning(
-                    "the replaced screenshot %s stays in the store: %s", replaced.object_key, exc
+                    "the replaced screenshot %s stays in the store until its task's retention "
+                    "pass: %s",
+                    replaced.object_key,
+                    exc,
                 )
         return pb.UploadStepScreenshotResponse(screenshot=screenshot_message(row))
 

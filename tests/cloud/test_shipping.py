@@ -11,10 +11,12 @@ retention of screenshots, and the outbox backlog on the lease stream.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime as dt
 import io
 import json
-from collections.abc import AsyncIterator
+import subprocess
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -35,6 +37,7 @@ from amc.v1 import (
 )
 from amc.v1 import lease_service_pb2 as lease_pb
 from amc.v1 import task_service_pb2 as task_pb
+from cloud.artifacts.directory import DirectoryStore
 from cloud.server import CloudServer, build_server
 from cloud.store.database import Store
 from cloud.store.engine import check, downgrade, upgrade
@@ -717,6 +720,51 @@ async def test_a_screenshot_replaced_in_another_format_leaves_no_object_behind(
     store = held.cloud.artifacts
     for extension in ("png", "jpg"):
         assert await store.get(f"{a.task_id}/{a.attempt}/00001-before.{extension}") is None
+
+
+@contextlib.contextmanager
+def undeletable(path: Path) -> Iterator[None]:
+    """Make one file of a real directory store impossible to delete while its folder stays
+    writable (the immutable attribute: root, or CAP_LINUX_IMMUTABLE, on a file system that has
+    it); a folder made read-only would refuse the upload beside it as well."""
+    made = subprocess.run(["chattr", "+i", str(path)], capture_output=True, check=False)
+    if made.returncode:
+        pytest.skip(f"cannot make a file undeletable here: {made.stderr.decode().strip()}")
+    try:
+        yield
+    finally:
+        subprocess.run(["chattr", "-i", str(path)], check=True)
+
+
+async def test_a_replaced_screenshot_that_failed_to_delete_goes_with_the_retention_pass(
+    held: Held,
+) -> None:
+    """A PNG replaced by a JPEG whose delete failed (the store refused it) was named by no
+    row any more, so no retention pass ever deleted it: the screenshot outlived its task's
+    log for good. The pass deletes every format's object of an expired step."""
+    a = held.assignment
+    await ship(held, shipped(a, "s1"))
+    await upload(held, PHASE.SCREENSHOT_PHASE_BEFORE, png(), host_decision_id="s1")
+    store = held.cloud.artifacts
+    assert isinstance(store, DirectoryStore)
+    old = f"{a.task_id}/{a.attempt}/00001-before.png"
+    shot = io.BytesIO()
+    Image.new("RGB", (108, 240), "navy").save(shot, format="JPEG")
+    with undeletable(store.path(old)):
+        await upload(
+            held,
+            PHASE.SCREENSHOT_PHASE_BEFORE,
+            shot.getvalue(),
+            content_type="image/jpeg",
+            host_decision_id="s1",
+        )
+        assert await store.get(old) is not None, "the delete did not fail"
+    meta, data = await fetch(held, 1, PHASE.SCREENSHOT_PHASE_BEFORE)
+    assert (meta.content_type, data) == ("image/jpeg", shot.getvalue())
+    await held.host.send(result(a))
+    await held.host.next("result_ack")
+    assert await held.cloud.prune_screenshots(dt.timedelta(0)) == 1
+    assert not any(store.root.rglob("*")), "an object outlived the retention pass"
 
 
 async def test_screenshot_refusals_name_the_field(
