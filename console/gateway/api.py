@@ -7,12 +7,11 @@ from collections.abc import AsyncIterator
 from typing import Annotated, Any, Literal
 
 import grpc
-from fastapi import APIRouter, Depends, HTTPException, Query, Request, status
+from fastapi import APIRouter, Depends, Query, Request, status
 from fastapi import Path as PathParam
 from starlette.concurrency import run_in_threadpool
 from starlette.responses import Response, StreamingResponse
 
-from amc.v1 import types_pb2
 from amc.v1.artifact_service_pb2 import SCREENSHOT_PHASE_AFTER, SCREENSHOT_PHASE_BEFORE
 from console.exporting import cloud_run, export_name
 from console.gateway.auth import API_TOKEN_USER, ApiUser, StreamAllowed, require_api_user
@@ -108,17 +107,6 @@ async def task_detail(cloud: CloudClient, task_id: str) -> TaskDetailOut:
         pruned=pruned,
         outbox_notes=[n for n in notes if n],
     )
-
-
-def check_attempt(task: types_pb2.Task, attempt: int) -> None:
-    """404 for an attempt the task never had: the cloud keeps no conversation for it, and an
-    empty one would read as a record (compact mode, the direct transport, pruned)."""
-    if attempt > task.attempt:
-        had = task.attempt or "none yet"
-        raise HTTPException(
-            status.HTTP_404_NOT_FOUND,
-            f"task {task.task_id} has no attempt {attempt} (it has {had})",
-        )
 
 
 def outbox_note(host: HostOut) -> str:
@@ -266,7 +254,6 @@ async def list_decisions(
 async def conversation(
     cloud: Cloud, task_id: str, attempt: Annotated[int, PathParam(ge=1, le=INT32_MAX)]
 ) -> ConversationOut:
-    check_attempt(await cloud.get_task(task_id), attempt)
     items = await cloud.conversation(task_id, attempt)
     return ConversationOut(
         task_id=task_id, attempt=attempt, items=[ConversationItemOut.of(i) for i in items]

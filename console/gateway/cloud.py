@@ -299,7 +299,9 @@ class CloudClient:
     async def conversation(
         self, task_id: str, attempt: int
     ) -> list[decision_log_service_pb2.ConversationItem]:
-        """Every item of a session-mode attempt's conversation (empty for compact mode)."""
+        """Every item of a session-mode attempt's conversation (empty for compact mode). An
+        attempt the task never had is the cloud's NOT_FOUND ("task X has no attempt 7 (it has
+        1)"), a 404 here: an empty answer would read as a record (compact mode, pruned)."""
         items: list[decision_log_service_pb2.ConversationItem] = []
         token = ""
         while True:

@@ -19,7 +19,7 @@ from starlette.concurrency import run_in_threadpool
 
 from amc.v1 import task_service_pb2
 from console.gateway import present
-from console.gateway.api import Cloud, check_attempt, export_download, task_detail
+from console.gateway.api import Cloud, export_download, task_detail
 from console.gateway.auth import OperatorCredentials
 from console.gateway.cloud import CloudClient
 from console.gateway.errors import describe
@@ -346,9 +346,7 @@ async def conversation_page(
     task_id: str,
     attempt: Annotated[int, PathParam(ge=1, le=INT32_MAX)],
 ) -> Response:
-    found = await cloud.get_task(task_id)
-    check_attempt(found, attempt)
-    task = TaskOut.of(found)
+    task = TaskOut.of(await cloud.get_task(task_id))
     items = [ConversationItemOut.of(i) for i in await cloud.conversation(task_id, attempt)]
     context = {"nav": "tasks", "task": task, "attempt": attempt, "items": items}
     return PAGES.render(request, "conversation.html", context)

@@ -20,6 +20,7 @@ from planner.decision import Decision, ThinkingBlock, Usage
 from planner.history import MASK
 from tests.console.console_stack import Cloud, HostFactory, Operator
 from tests.console.test_pages import log_in
+from tests.support.tracing import memory_exporter
 
 
 def _decision(mode: str) -> Decision:
@@ -173,3 +174,23 @@ def test_an_attempt_the_task_never_had_has_no_conversation_page(
     none = api.get(f"/api/tasks/{queued.task_id}/attempts/1/conversation")
     assert none.status_code == 404
     assert none.json()["detail"] == f"task {queued.task_id} has no attempt 1 (it has none yet)"
+
+
+def test_the_conversation_endpoint_leaves_the_attempt_check_to_the_cloud(
+    api: httpx.Client, operator: Operator, make_host: HostFactory
+) -> None:
+    """The gateway read the task (GetTask) to refuse an attempt it never had, a check
+    GetConversation makes itself with the same words: two places to keep alike, and a second
+    call to the cloud for every conversation. The cloud's own NOT_FOUND is the 404 now; the
+    cloud runs in this process, so its server spans say which calls the gateway made."""
+    host = make_host()
+    task = operator.submit("Open the clock", host_id=host.host_id)
+    host.assignment()
+    spans = memory_exporter()
+    missing = api.get(f"/api/tasks/{task.task_id}/attempts/7/conversation")
+    assert (missing.status_code, missing.json()["detail"]) == (
+        404,
+        f"task {task.task_id} has no attempt 7 (it has 1)",
+    )
+    asked = [s.name for s in spans.get_finished_spans() if s.name.startswith("/amc.v1.")]
+    assert asked == ["/amc.v1.DecisionLogService/GetConversation"]
