@@ -68,6 +68,36 @@ async def test_an_invalid_duration_is_refused_naming_the_field(
     )
 
 
+@pytest.mark.parametrize(
+    ("field", "seconds", "nanos", "refusal"),
+    [
+        ("timeout", 315_360_000, 0, None),
+        ("timeout", 315_360_001, 0, "timeout: at most 315360000 s"),
+        ("timeout", 0, 1, None),
+        ("timeout", 0, 0, "timeout: must be positive"),
+        # The fixture's cloud allows leases from 0.2 s: the bounds are the cloud's settings,
+        # and the refusal names them.
+        ("lease_duration", 3600, 0, None),
+        ("lease_duration", 3600, 1, "lease_duration: 0.2 s to 3600 s"),
+        ("lease_duration", 0, 199_999_999, "lease_duration: 0.2 s to 3600 s"),
+    ],
+)
+async def test_submit_durations_are_held_to_the_bounds_the_proto_gives(
+    ops: Any, field: str, seconds: int, nanos: int, refusal: str | None
+) -> None:
+    """SubmitTaskRequest's comments gave no bound for `timeout`, and "5 s to 1 h" for
+    `lease_duration` where the cloud's settings decide (a client written from the proto could
+    not know either)."""
+    request = task_service_pb2.SubmitTaskRequest(goal="ok", validate_only=True)
+    getattr(request, field).CopyFrom(duration_pb2.Duration(seconds=seconds, nanos=nanos))
+    if refusal is None:
+        await ops.SubmitTask(request)
+        return
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await ops.SubmitTask(request)
+    assert (err.value.code(), err.value.details()) == (grpc.StatusCode.INVALID_ARGUMENT, refusal)
+
+
 async def test_a_page_token_continued_with_another_filter_is_refused(ops: Any) -> None:
     """A ListTasks token held a position only: continued with another filter it gave a page
     of that filter's tasks older than a task of the first, silently skipping the newer ones.

@@ -151,11 +151,19 @@ class SubmitTaskRequest(_message.Message):
 
     @_builtins.property
     def lease_duration(self) -> _duration_pb2.Duration:
-        """Lease length per attempt; unset means the server default (30 s). 5 s to 1 h."""
+        """Lease length per attempt; unset means the cloud's default (30 s unless
+        AMC_CLOUD_DEFAULT_LEASE_SECONDS says otherwise). Within the cloud's bounds, 5 s to 1 h
+        unless AMC_CLOUD_MIN_LEASE_SECONDS / AMC_CLOUD_MAX_LEASE_SECONDS say otherwise: outside
+        them INVALID_ARGUMENT names this cloud's ("lease_duration: 5 s to 3600 s").
+        """
 
     @_builtins.property
     def timeout(self) -> _duration_pb2.Duration:
-        """Time the task may take from submission; unset means the server default (1 h)."""
+        """Time the task may take from submission; unset means the cloud's default (1 h unless
+        AMC_CLOUD_DEFAULT_TIMEOUT_SECONDS says otherwise). More than 0, at most 315,360,000 s (ten
+        years): INVALID_ARGUMENT otherwise ("timeout: must be positive", "timeout: at most
+        315360000 s").
+        """
 
     @_builtins.property
     def secrets(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:

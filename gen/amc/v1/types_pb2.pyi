@@ -1228,9 +1228,11 @@ class TaskTarget(_message.Message):
     HOST_ID_FIELD_NUMBER: _builtins.int
     DEVICE_SERIAL_FIELD_NUMBER: _builtins.int
     host_id: _builtins.str
-    """Run only on this host."""
+    """Run only on this host (at most 128 characters)."""
     device_serial: _builtins.str
-    """Run only on this phone (serial); combine with host_id when serials may repeat across hosts."""
+    """Run only on this phone (serial, at most 128 characters); combine with host_id when serials
+    may repeat across hosts.
+    """
     def __init__(
         self,
         *,
