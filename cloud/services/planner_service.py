@@ -170,15 +170,24 @@ class OwnLeasesOnly(planner_service_pb2_grpc.PlannerServiceServicer):
     ) -> planner_service_pb2.DecideResponse:
         if len(request.lease_id) <= MAX_ID:  # a longer one is no lease: the planner says so
             # Another host's lease is not "not live" but none of this host's business.
-            owner = await leases.lease_owner(
+            held = await leases.lease_owner(
                 self._store, request.task_id[:MAX_ID], request.attempt, request.lease_id
             )
+            owner, transport = held or (None, 0)
             if owner is not None and owner != authz.caller().name:
                 await context.abort(
                     grpc.StatusCode.PERMISSION_DENIED,
                     f"lease {request.lease_id!r} of task {request.task_id!r} belongs to "
                     "another host",
                     ((REFUSED_BY_KEY, REFUSED_BY_LEASE),),
+                )
+            if transport == types_pb2.PLANNER_TRANSPORT_DIRECT:
+                # Its host plans it and ships the decisions: the cloud's would mix into them,
+                # on a host the dispatcher does not hold back when the provider fails.
+                await context.abort(
+                    grpc.StatusCode.FAILED_PRECONDITION,
+                    f"task {request.task_id!r} attempt {request.attempt} is planned by its "
+                    "host (direct transport): it ships its decisions (ShipDecisions)",
                 )
         return await self._inner.Decide(request, context)
 

@@ -375,3 +375,44 @@ async def test_decides_permission_denied_says_who_refused_in_its_trailing_metada
     assert "rejected the API key" in (refused.details() or ""), refused.details()
     assert ("amc-refused-by", "lease") in tuple(stolen.trailing_metadata() or ())
     assert ("amc-refused-by", "provider") in tuple(refused.trailing_metadata() or ())
+
+
+async def test_decide_refuses_an_attempt_its_host_plans_on_the_direct_transport(
+    cloud: CloudServer, pki_dir: Path
+) -> None:
+    """A host that said it plans itself (hello: DIRECT) could still call Decide on its
+    attempt: the cloud planned and logged its own decisions among those the host shipped for
+    the same attempt, for a host the dispatcher does not hold back while the provider fails.
+    FAILED_PRECONDITION, before any planning; nothing is logged."""
+    host = ScriptedHost(cloud.address, pki_dir, "h24")
+    try:
+        async with (
+            channel(cloud.address, pki_dir, "operator-ops") as ops_ch,
+            channel(cloud.address, pki_dir, "host-h24") as own_ch,
+        ):
+            await host.connect(["p"], transport=types_pb2.PLANNER_TRANSPORT_DIRECT)
+            await submit(tasks_stub(ops_ch), target=types_pb2.TaskTarget(host_id="h24"))
+            a = (await host.next("assignment")).assignment
+            stub: Any = planner_service_pb2_grpc.PlannerServiceStub(own_ch)
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await stub.Decide(
+                    planner_service_pb2.DecideRequest(
+                        task_id=a.task_id,
+                        attempt=a.attempt,
+                        lease_id=a.lease_id,
+                        observation=observation_from_scene(scenes.launcher()),
+                        step_key="1",
+                    )
+                )
+            assert (err.value.code(), err.value.details()) == (
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"task {a.task_id!r} attempt 1 is planned by its host (direct transport): it "
+                "ships its decisions (ShipDecisions)",
+            )
+            log: Any = decision_log_service_pb2_grpc.DecisionLogServiceStub(ops_ch)
+            listed = await log.ListDecisions(
+                decision_log_service_pb2.ListDecisionsRequest(task_id=a.task_id)
+            )
+            assert list(listed.decisions) == []
+    finally:
+        await host.close()

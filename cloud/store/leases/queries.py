@@ -104,17 +104,22 @@ async def is_live(store: Store, host_id: str, task_id: str, attempt: int, lease_
         return found is not None
 
 
-async def lease_owner(store: Store, task_id: str, attempt: int, lease_id: str) -> str | None:
-    """The host holding (or that held) this exact lease, None when there is no such lease."""
+async def lease_owner(
+    store: Store, task_id: str, attempt: int, lease_id: str
+) -> tuple[str, int] | None:
+    """The host holding (or that held) this exact lease and how its attempt is planned
+    (AttemptRow.planner_transport), None when there is no such lease."""
     async with store.read() as session:
-        owner = await session.scalar(
-            select(AttemptRow.host_id).where(
-                AttemptRow.task_id == task_id,
-                AttemptRow.attempt == attempt,
-                AttemptRow.lease_id == lease_id,
+        found = (
+            await session.execute(
+                select(AttemptRow.host_id, AttemptRow.planner_transport).where(
+                    AttemptRow.task_id == task_id,
+                    AttemptRow.attempt == attempt,
+                    AttemptRow.lease_id == lease_id,
+                )
             )
-        )
-        return None if owner is None else str(owner)
+        ).first()
+        return None if found is None else (str(found[0]), int(found[1] or 0))
 
 
 @dataclass(frozen=True, slots=True)
