@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import datetime as dt
+import hashlib
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable
 
@@ -17,7 +18,7 @@ from cloud.metrics import start_of_day
 from cloud.provider_health import ProviderHealth
 from cloud.services.status import abort
 from cloud.settings import CloudSettings
-from cloud.store import convert, holds, hosts, leases, spend
+from cloud.store import convert, holds, hosts, leases, paging, spend
 from cloud.store.database import Store
 from cloud.store.holds import Hold
 from planner.convert import usage_to_proto
@@ -38,11 +39,6 @@ _KINDS = {
 }
 
 
-def _encode(key: tuple[int, str]) -> str:
-    """A ListHosts cursor: the (disconnected?, host id) sort key of the page's last host."""
-    return base64.urlsafe_b64encode(json.dumps(list(key)).encode()).decode()
-
-
 def _day(field: str, text: str) -> dt.datetime:
     """A YYYY-MM-DD day as midnight UTC; ValueError naming the field otherwise."""
     try:
@@ -54,13 +50,32 @@ def _day(field: str, text: str) -> dt.datetime:
     return dt.datetime(day.year, day.month, day.day, tzinfo=dt.UTC)
 
 
-def _decode(token: str) -> tuple[int, str] | None:
+def _listing(flt: hosts.HostFilter) -> str:
+    """The page tokens' listing name: ListHosts with this filter (a token continued under
+    another filter would skip that filter's hosts without a word)."""
+    named = [flt.connected_only, flt.query.lower(), sorted(flt.host_ids or ())]
+    return "hosts/" + hashlib.sha256(json.dumps(named).encode()).hexdigest()[:16]
+
+
+def _after(flt: hosts.HostFilter, token: str) -> tuple[int, str]:
+    """The (0 connected / 1 not, host id) key a page token continues after; ValueError (a
+    `paging` message) for a token of another listing or none of this server's.
+
+    Tokens of earlier releases held only the key (base64 JSON `[rank, host_id]`): they still
+    continue a listing without `host_query` or `host_ids`, which is all those releases had."""
     try:
-        rank, host_id = json.loads(base64.urlsafe_b64decode(token.encode()))
-    except (ValueError, TypeError):
-        return None
-    if rank not in (0, 1) or not isinstance(host_id, str):
-        return None
+        legacy = json.loads(base64.urlsafe_b64decode(token.encode()))
+    except Exception as exc:
+        raise ValueError(paging.FOREIGN) from exc
+    if isinstance(legacy, list) and len(legacy) == 2:
+        if flt.query or flt.host_ids is not None:
+            raise ValueError(paging.ELSEWHERE)
+        key = legacy
+    else:
+        key = paging.position(_listing(flt), token, 2)
+    rank, host_id = key
+    if rank not in (0, 1) or isinstance(rank, bool) or not isinstance(host_id, str):
+        raise ValueError(paging.FOREIGN)
     return int(rank), host_id
 
 
@@ -88,30 +103,32 @@ class FleetServicer(fleet_service_pb2_grpc.FleetServiceServicer):
     ) -> pb.ListHostsResponse:
         if not 0 <= request.page_size <= MAX_PAGE:
             await abort(context, grpc.StatusCode.INVALID_ARGUMENT, f"page_size: 0 to {MAX_PAGE}")
+        flt = hosts.HostFilter(connected_only=request.connected_only)
         after: tuple[int, str] | None = None
         if request.page_token:
-            after = _decode(request.page_token)
-            if after is None:
-                await abort(
-                    context, grpc.StatusCode.INVALID_ARGUMENT, "page_token: not from this server"
-                )
-        rows = await hosts.list_hosts(self._store, self._settings.host_heartbeat_seconds)
-        keyed = [
-            ((0 if connected else 1, row.host_id), row, connected)
-            for row, connected in rows
-            if connected or not request.connected_only
-        ]
-        keyed = [k for k in keyed if after is None or k[0] > after]
-        size = request.page_size or DEFAULT_PAGE
-        page, more = keyed[:size], len(keyed) > size
-        busy = await leases.busy_phones(self._store, [row.host_id for _, row, _ in page])
+            try:
+                after = _after(flt, request.page_token)
+            except ValueError as exc:
+                await abort(context, grpc.StatusCode.INVALID_ARGUMENT, f"page_token: {exc}")
+        page, more = await hosts.hosts_page(
+            self._store,
+            self._settings.host_heartbeat_seconds,
+            flt,
+            request.page_size or DEFAULT_PAGE,
+            after,
+        )
+        busy = await leases.busy_phones(self._store, [row.host_id for row, _ in page])
         now = self._store.now()
+        last = page[-1] if page else None
         return pb.ListHostsResponse(
             hosts=[
-                convert.host(row, connected, busy.get(row.host_id), now)
-                for _, row, connected in page
+                convert.host(row, connected, busy.get(row.host_id), now) for row, connected in page
             ],
-            next_page_token=_encode(page[-1][0]) if more else "",
+            next_page_token=(
+                paging.page_token(_listing(flt), int(not last[1]), last[0].host_id)
+                if more and last
+                else ""
+            ),
             dispatch=await self._dispatch(),
         )
 

@@ -9,7 +9,20 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import ColumnElement, Text, Update, case, cast, literal, or_, select, text, update
+from sqlalchemy import (
+    ColumnElement,
+    Text,
+    Update,
+    and_,
+    case,
+    cast,
+    func,
+    literal,
+    or_,
+    select,
+    text,
+    update,
+)
 from sqlalchemy.orm import Session
 
 from cloud.store.database import Store
@@ -413,6 +426,50 @@ async def list_hosts(
     out = [(r, _is_connected(r, stale)) for r in rows]
     out.sort(key=lambda pair: (not pair[1], pair[0].host_id))
     return out
+
+
+@dataclass(frozen=True, slots=True)
+class HostFilter:
+    """ListHosts filters; empty means no filter."""
+
+    connected_only: bool = False
+    #: Only hosts whose id contains this text (case-insensitive).
+    query: str = ""
+    #: Only these hosts (None: any).
+    host_ids: tuple[str, ...] | None = None
+
+
+async def hosts_page(
+    store: Store,
+    heartbeat_seconds: float,
+    flt: HostFilter,
+    size: int,
+    after: tuple[int, str] | None = None,
+) -> tuple[list[tuple[HostRow, bool]], bool]:
+    """One page of hosts, connected first, then by id, after the (0 connected / 1 not, host
+    id) key `after`, and whether more follow. Ordered, filtered and cut in SQL: ListHosts
+    loaded every host row of the fleet to answer one page, and the console's pickers asked
+    for a page on every render. Ids compare by code point on both backends (PostgreSQL's
+    "C" collation), as the keys in page tokens and the fleet page's pager were made."""
+    stale = _stale_before(store, heartbeat_seconds)
+    alive = and_(HostRow.connected.is_(True), HostRow.stream_alive_at > stale)
+    rank = case((alive, 0), else_=1)
+    host_id = HostRow.host_id.collate("C") if store.is_postgres else HostRow.host_id
+    query = select(HostRow)
+    if flt.connected_only:
+        query = query.where(alive)
+    if flt.query:
+        query = query.where(
+            func.lower(HostRow.host_id).contains(flt.query.lower(), autoescape=True)
+        )
+    if flt.host_ids is not None:
+        query = query.where(HostRow.host_id.in_(flt.host_ids))
+    if after is not None:
+        query = query.where(or_(rank > after[0], and_(rank == after[0], host_id > after[1])))
+    query = query.order_by(rank, host_id).limit(size + 1)
+    async with store.read() as session:
+        rows = (await session.scalars(query)).all()
+    return [(r, _is_connected(r, stale)) for r in rows[:size]], len(rows) > size
 
 
 async def unvouched(store: Store, heartbeat_seconds: float) -> set[str]:

@@ -1,0 +1,109 @@
+"""ListHosts at fleet scale: a page reads its own hosts, not the fleet's, on both backends."""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+from sqlalchemy import event
+
+from amc.v1 import fleet_service_pb2, fleet_service_pb2_grpc
+from cloud.server import CloudServer
+from cloud.store import hosts
+from cloud.store.models import HostRow
+from tests.cloud.cloud_harness import channel
+
+#: Registered hosts: "a few hundred", every tenth of them connected.
+FLEET = 300
+
+
+async def register(cloud: CloudServer, count: int = FLEET) -> list[tuple[str, bool]]:
+    """`count` hosts as hellos recorded them, every tenth still connected through this
+    replica (its heartbeat vouches for them), the others' streams ended. Returns (host id,
+    connected) in ListHosts' order: connected first, then by id."""
+    now = cloud.store.now()
+    made = [(f"fleet-{i:04d}", i % 10 == 0) for i in range(count)]
+    record = [(h, hosts.HelloRecord([], "v1", 1, cloud.bus.replica_id, f"s-{h}")) for h, _ in made]
+    await cloud.store.write_on_loop(lambda session: hosts.record_hellos(session, now, record))
+    for host_id, connected in made:
+        if not connected:
+            assert await hosts.disconnected(cloud.store, host_id, f"s-{host_id}")
+    return sorted(made, key=lambda m: (not m[1], m[0]))
+
+
+@pytest.fixture
+def loaded() -> Iterator[list[str]]:
+    """Ids of the host rows the cloud loads (from any session) while the test runs."""
+    ids: list[str] = []
+
+    def on_load(row: HostRow, _context: Any) -> None:
+        ids.append(row.host_id)
+
+    event.listen(HostRow, "load", on_load)
+    try:
+        yield ids
+    finally:
+        event.remove(HostRow, "load", on_load)
+
+
+async def test_a_page_of_hosts_loads_that_page_not_the_fleet(
+    cloud: CloudServer, pki_dir: Path, loaded: list[str]
+) -> None:
+    """ListHosts loaded every host row and paged in Python: each page, however small, read
+    the whole fleet (and the console asked for one on every render of three pages). It pages
+    in SQL now, in the same order, with tokens that walk the fleet once."""
+    expected = await register(cloud)
+    async with channel(cloud.address, pki_dir, "operator-ops") as ch:
+        fleet: Any = fleet_service_pb2_grpc.FleetServiceStub(ch)
+        loaded.clear()
+        first = await fleet.ListHosts(fleet_service_pb2.ListHostsRequest(page_size=5))
+        assert len(loaded) <= 6, f"one page of 5 loaded {len(loaded)} host rows"
+        assert [(h.host_id, h.connected) for h in first.hosts] == expected[:5]
+
+        seen: list[tuple[str, bool]] = []
+        token = ""
+        while True:
+            page = await fleet.ListHosts(
+                fleet_service_pb2.ListHostsRequest(page_size=70, page_token=token)
+            )
+            seen += [(h.host_id, h.connected) for h in page.hosts]
+            token = page.next_page_token
+            if not token:
+                break
+        assert seen == expected
+
+        connected = await fleet.ListHosts(
+            fleet_service_pb2.ListHostsRequest(connected_only=True, page_size=500)
+        )
+        assert [h.host_id for h in connected.hosts] == [h for h, c in expected if c]
+
+
+async def test_list_hosts_tokens_of_the_earlier_format_still_continue(
+    cloud: CloudServer, pki_dir: Path
+) -> None:
+    """A token an earlier release issued (base64 JSON `[rank, host_id]`) continues after its
+    host; a token of another listing or of nothing is refused with INVALID_ARGUMENT."""
+    expected = await register(cloud, 20)
+    async with channel(cloud.address, pki_dir, "operator-ops") as ch:
+        fleet: Any = fleet_service_pb2_grpc.FleetServiceStub(ch)
+        host_id, connected = expected[3]
+        legacy = base64.urlsafe_b64encode(json.dumps([int(not connected), host_id]).encode())
+        page = await fleet.ListHosts(
+            fleet_service_pb2.ListHostsRequest(page_size=4, page_token=legacy.decode())
+        )
+        assert [(h.host_id, h.connected) for h in page.hosts] == expected[4:8]
+
+        tasks = base64.urlsafe_b64encode(json.dumps(["tasks/0", "x", "y"]).encode()).decode()
+        for token, message in (
+            ("garbage!", "page_token: not a page token from this server"),
+            (tasks, "page_token: a page token of another listing"),
+        ):
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await fleet.ListHosts(fleet_service_pb2.ListHostsRequest(page_token=token))
+            assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert err.value.details().startswith(message)
