@@ -103,7 +103,28 @@ class FleetServicer(fleet_service_pb2_grpc.FleetServiceServicer):
     ) -> pb.ListHostsResponse:
         if not 0 <= request.page_size <= MAX_PAGE:
             await abort(context, grpc.StatusCode.INVALID_ARGUMENT, f"page_size: 0 to {MAX_PAGE}")
-        flt = hosts.HostFilter(connected_only=request.connected_only)
+        if len(request.host_query) > MAX_ID:
+            await abort(
+                context,
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"host_query: at most {MAX_ID} characters",
+            )
+        if len(request.host_ids) > MAX_PAGE:
+            await abort(
+                context, grpc.StatusCode.INVALID_ARGUMENT, f"host_ids: at most {MAX_PAGE} ids"
+            )
+        for i, host_id in enumerate(request.host_ids):
+            if not 1 <= len(host_id) <= MAX_ID:
+                await abort(
+                    context,
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    f"host_ids[{i}]: 1 to {MAX_ID} characters",
+                )
+        flt = hosts.HostFilter(
+            connected_only=request.connected_only,
+            query=request.host_query,
+            host_ids=tuple(request.host_ids) or None,
+        )
         after: tuple[int, str] | None = None
         if request.page_token:
             try:

@@ -107,3 +107,64 @@ async def test_list_hosts_tokens_of_the_earlier_format_still_continue(
                 await fleet.ListHosts(fleet_service_pb2.ListHostsRequest(page_token=token))
             assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
             assert err.value.details().startswith(message)
+
+
+async def test_list_hosts_filters_by_id_text_and_by_ids(cloud: CloudServer, pki_dir: Path) -> None:
+    """A host picker asks for the hosts whose id holds what the operator typed, and a task's
+    page for the hosts it names: each a page of its own, whose tokens continue only it."""
+    expected = await register(cloud, 40)
+    async with channel(cloud.address, pki_dir, "operator-ops") as ch:
+        fleet: Any = fleet_service_pb2_grpc.FleetServiceStub(ch)
+        seen: list[str] = []
+        token = ""
+        while True:
+            page = await fleet.ListHosts(
+                fleet_service_pb2.ListHostsRequest(
+                    host_query="LEET-001", page_size=3, page_token=token
+                )
+            )
+            seen += [h.host_id for h in page.hosts]
+            token = page.next_page_token
+            if not token:
+                break
+            for other in (
+                fleet_service_pb2.ListHostsRequest(host_query="fleet", page_token=token),
+                fleet_service_pb2.ListHostsRequest(page_token=token),
+            ):
+                with pytest.raises(grpc.aio.AioRpcError) as err:
+                    await fleet.ListHosts(other)
+                assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+                assert "another listing" in err.value.details()
+        assert seen == [h for h, _ in expected if h.startswith("fleet-001")]
+        assert seen[0] == "fleet-0010"  # connected first
+
+        # LIKE's wildcards are the text typed, not patterns.
+        none = await fleet.ListHosts(fleet_service_pb2.ListHostsRequest(host_query="t_0"))
+        assert list(none.hosts) == []
+
+        named = await fleet.ListHosts(
+            fleet_service_pb2.ListHostsRequest(host_ids=["fleet-0005", "fleet-0020", "nope"])
+        )
+        assert [(h.host_id, h.connected) for h in named.hosts] == [
+            ("fleet-0020", True),
+            ("fleet-0005", False),
+        ]
+
+        for bad, message in (
+            (
+                fleet_service_pb2.ListHostsRequest(host_query="x" * 129),
+                "host_query: at most 128 characters",
+            ),
+            (
+                fleet_service_pb2.ListHostsRequest(host_ids=["h"] * 501),
+                "host_ids: at most 500 ids",
+            ),
+            (
+                fleet_service_pb2.ListHostsRequest(host_ids=["fleet-0001", ""]),
+                "host_ids[1]: 1 to 128 characters",
+            ),
+        ):
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await fleet.ListHosts(bad)
+            assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert err.value.details() == message

@@ -68,6 +68,8 @@ class ListHostsRequest(_message.Message):
     CONNECTED_ONLY_FIELD_NUMBER: _builtins.int
     PAGE_SIZE_FIELD_NUMBER: _builtins.int
     PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    HOST_QUERY_FIELD_NUMBER: _builtins.int
+    HOST_IDS_FIELD_NUMBER: _builtins.int
     connected_only: _builtins.bool
     """Only hosts with an open Lease stream."""
     page_size: _builtins.int
@@ -75,17 +77,31 @@ class ListHostsRequest(_message.Message):
     page_token: _builtins.str
     """Token from a previous response; empty for the first page. A host that connects or
     disconnects between pages may be listed twice or not at all (the order depends on it).
+    It continues only the listing it came from: the same connected_only, host_query (case
+    aside) and host_ids, else INVALID_ARGUMENT (the page size may change).
     """
+    host_query: _builtins.str
+    """Only hosts whose id contains this text (case-insensitive), at most 128 characters; empty
+    means any. For a host picker's suggestions as an operator types, without the whole fleet.
+    """
+    @_builtins.property
+    def host_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Only these hosts (at most 500 ids, each 1 to 128 characters); empty means any. Ids the
+        cloud does not know are left out. For a page that shows a few hosts it names (a task's).
+        """
+
     def __init__(
         self,
         *,
         connected_only: _builtins.bool = ...,
         page_size: _builtins.int = ...,
         page_token: _builtins.str = ...,
+        host_query: _builtins.str = ...,
+        host_ids: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["connected_only", b"connected_only", "page_size", b"page_size", "page_token", b"page_token"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["connected_only", b"connected_only", "host_ids", b"host_ids", "host_query", b"host_query", "page_size", b"page_size", "page_token", b"page_token"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
