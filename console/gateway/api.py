@@ -32,8 +32,8 @@ from console.gateway.models import (
     FlowPage,
     FlowStatusIn,
     FlowStatusName,
-    HostList,
     HostOut,
+    HostPage,
     LeaseEventOut,
     LeaseEventPage,
     PrunedOut,
@@ -349,11 +349,26 @@ async def set_flow_status(cloud: Cloud, flow_id: str, body: FlowStatusIn) -> Flo
     return FlowOut.of(await cloud.set_flow_status(flow_id, body.active, body.reason))
 
 
-@router.get("/hosts", response_model=HostList, summary="Hosts and their phones")
-async def list_hosts(cloud: Cloud, connected_only: bool = False) -> HostList:
-    fleet = await cloud.fleet(connected_only=connected_only)
-    return HostList(
-        hosts=[HostOut.of(h) for h in fleet.hosts], dispatch=DispatchOut.of(fleet.dispatch)
+@router.get(
+    "/hosts", response_model=HostPage, summary="Hosts and their phones, connected first, paged"
+)
+async def list_hosts(
+    cloud: Cloud,
+    connected_only: bool = False,
+    q: Annotated[
+        str, Query(max_length=128, description="only hosts whose id contains this text (any case)")
+    ] = "",
+    page_size: Annotated[int, Query(ge=1, le=500)] = 100,
+    page_token: str = "",
+) -> HostPage:
+    """One page of the fleet: every host at once was thousands of them in one answer."""
+    fleet = await cloud.hosts_page(
+        page_size=page_size, page_token=page_token, connected_only=connected_only, query=q
+    )
+    return HostPage(
+        hosts=[HostOut.of(h) for h in fleet.hosts],
+        dispatch=DispatchOut.of(fleet.dispatch),
+        next_page_token=fleet.next_page_token,
     )
 
 

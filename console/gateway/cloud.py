@@ -221,11 +221,24 @@ class CloudClient:
                 return fleet
 
     async def hosts_page(
-        self, *, page_size: int, page_token: str = ""
+        self,
+        *,
+        page_size: int,
+        page_token: str = "",
+        connected_only: bool = False,
+        query: str = "",
+        host_ids: list[str] | None = None,
     ) -> fleet_service_pb2.ListHostsResponse:
-        """One page of hosts (connected first, then by id) and whether the cloud dispatches."""
+        """One page of hosts (connected first, then by id; those whose id contains `query`,
+        or those of `host_ids`) and whether the cloud dispatches."""
         response: fleet_service_pb2.ListHostsResponse = await self._fleet.ListHosts(
-            fleet_service_pb2.ListHostsRequest(page_size=page_size, page_token=page_token),
+            fleet_service_pb2.ListHostsRequest(
+                page_size=page_size,
+                page_token=page_token,
+                connected_only=connected_only,
+                host_query=query,
+                host_ids=host_ids or [],
+            ),
             timeout=self._timeout,
         )
         return response

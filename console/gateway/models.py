@@ -924,6 +924,12 @@ class HostList(BaseModel):
     dispatch: DispatchOut
 
 
+class HostPage(HostList):
+    """One page of hosts, connected first, then by id, and whether new tasks are handed out."""
+
+    next_page_token: str = Field(description="pass as page_token for the next page; empty at end")
+
+
 def _unencodable(value: object) -> bool:
     """Whether `value` holds text that is not Unicode (a lone surrogate such as "\\ud800",
     which JSON can spell but neither UTF-8 nor protobuf can carry)."""

@@ -20,6 +20,7 @@ from starlette.responses import StreamingResponse
 
 from amc.v1 import artifact_service_pb2, lease_service_pb2, types_pb2
 from amc.v1.artifact_service_pb2_grpc import ArtifactServiceStub
+from cloud import pki as cloud_pki
 from console.gateway import create_app
 from console.gateway.errors import UNREACHABLE
 from console.gateway.history import DIRECT_TRANSPORT, NOT_ASSIGNED_YET
@@ -29,8 +30,10 @@ from tests.console.console_stack import (
     ADMIN,
     API_TOKEN,
     PASSWORD,
+    Cloud,
     HostFactory,
     Operator,
+    SimHost,
     UvicornThread,
     fail_after_first_change,
 )
@@ -157,13 +160,53 @@ def test_invalid_submit_is_422_with_the_cloud_message(api: httpx.Client) -> None
 
 def test_hosts_show_connected_sim_host(api: httpx.Client, make_host: HostFactory) -> None:
     host = make_host(types_pb2.PLANNER_TRANSPORT_DIRECT)
-    hosts = {h["host_id"]: h for h in api.get("/api/hosts").json()["hosts"]}
+    hosts = {
+        h["host_id"]: h for h in api.get("/api/hosts", params={"q": host.host_id}).json()["hosts"]
+    }
     mine = hosts[host.host_id]
     assert mine["connected"] is True
     assert mine["planner_transport"] == "direct"
     assert mine["devices"] == [{"serial": "emu-1", "model": "amc virtual phone", "state": "online"}]
-    connected = api.get("/api/hosts", params={"connected_only": True}).json()["hosts"]
+    connected = api.get("/api/hosts", params={"connected_only": True, "q": host.host_id}).json()[
+        "hosts"
+    ]
     assert host.host_id in {h["host_id"] for h in connected}
+
+
+def test_hosts_are_paged_like_the_other_listings(
+    api: httpx.Client, make_host: HostFactory, cloud: Cloud
+) -> None:
+    """/api/hosts answered every host of the fleet at once. It pages as /api/tasks does
+    (`page_size`, `page_token`, `next_page_token`), connected first, then by id, and `q`
+    keeps the hosts whose id holds that text."""
+    tag = uuid.uuid4().hex[:8]
+    hosts = []
+    for i in range(3):
+        host_id = f"pg-{tag}-{i}"
+        cloud_pki.write_host_cert(cloud.pki, host_id)
+        hosts.append(SimHost(cloud.address, cloud.pki, host_id))
+        hosts[-1].connect()
+    try:
+        seen: list[str] = []
+        token = ""
+        pages = 0
+        while True:
+            params: dict[str, str | int] = {"q": tag.upper(), "page_size": 2, "page_token": token}
+            body = api.get("/api/hosts", params=params).json()
+            assert len(body["hosts"]) <= 2, body
+            seen += [h["host_id"] for h in body["hosts"]]
+            token = body["next_page_token"]
+            pages += 1
+            if not token:
+                break
+        assert seen == [h.host_id for h in hosts] and pages == 2
+        assert "dispatch" in body
+        refused = api.get("/api/hosts", params={"page_token": "garbage"})
+        assert refused.status_code == 422
+        assert refused.json()["detail"].startswith("page_token: not a page token")
+    finally:
+        for host in hosts:
+            host.close()
 
 
 def test_detail_has_progress_and_cloud_decisions(api: httpx.Client, make_host: HostFactory) -> None:
@@ -337,7 +380,7 @@ def test_host_events_carry_hosts_connecting_and_leaving(
 def api_hosts(gateway: str) -> list[dict[str, object]]:
     headers = {"Authorization": f"Bearer {API_TOKEN}"}
     hosts: list[dict[str, object]] = httpx.get(
-        f"{gateway}/api/hosts", headers=headers, timeout=20
+        f"{gateway}/api/hosts?page_size=500", headers=headers, timeout=20
     ).json()["hosts"]
     return hosts
 

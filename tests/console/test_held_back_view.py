@@ -19,7 +19,7 @@ from tests.console.test_pages import log_in
 def _until(api: httpx.Client, host_id: str, *, held: bool) -> dict[str, Any]:
     deadline = time.monotonic() + 20
     while True:
-        hosts = api.get("/api/hosts").json()["hosts"]
+        hosts = api.get("/api/hosts", params={"q": host_id}).json()["hosts"]
         host: dict[str, Any] = next(h for h in hosts if h["host_id"] == host_id)
         if (host["held_back"] is not None) == held:
             return host

@@ -25,7 +25,7 @@ def _report(items: int, decisions: int) -> lease_service_pb2.LeaseRequest:
 def _until_reported(api: httpx.Client, host_id: str, items: int) -> dict[str, object]:
     deadline = time.monotonic() + 20
     while True:
-        hosts = api.get("/api/hosts").json()["hosts"]
+        hosts = api.get("/api/hosts", params={"q": host_id}).json()["hosts"]
         host = next(h for h in hosts if h["host_id"] == host_id)
         if host["outbox"] and host["outbox"]["items"] == items:
             return dict(host["outbox"])
