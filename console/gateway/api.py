@@ -74,8 +74,13 @@ def cloud_of(request: Request) -> CloudClient:
 Cloud = Annotated[CloudClient, Depends(cloud_of)]
 
 
-async def host_transports(cloud: CloudClient) -> dict[str, HostOut]:
-    return {h.host_id: HostOut.of(h) for h in await cloud.list_hosts()}
+async def named_hosts(cloud: CloudClient, host_ids: set[str]) -> dict[str, HostOut]:
+    """These hosts as the cloud knows them (a task's: at most its 20 attempts' hosts), in one
+    call: the task page listed the whole fleet, on every render and every live refresh."""
+    if not host_ids:
+        return {}
+    page = await cloud.hosts_page(page_size=len(host_ids), host_ids=sorted(host_ids))
+    return {h.host_id: HostOut.of(h) for h in page.hosts}
 
 
 async def task_detail(cloud: CloudClient, task_id: str) -> TaskDetailOut:
@@ -92,12 +97,12 @@ async def task_detail(cloud: CloudClient, task_id: str) -> TaskDetailOut:
         screens.setdefault((shot.attempt, shot.step_index), []).append(ScreenOut.of(shot))
     for d in decisions:
         d.screens = screens.get((d.attempt, d.step_index), [])
-    hosts = await host_transports(cloud)
+    used = {a.host_id for a in task.attempts if a.host_id}
+    hosts = await named_hosts(cloud, used)
     transports = {k: v.planner_transport for k, v in hosts.items()}
     history, note = group_history(
         task, decisions, transports, [FailedCallsOut.of(f) for f in failed], pruned
     )
-    used = {a.host_id for a in task.attempts}
     notes = [outbox_note(hosts[h]) for h in sorted(used) if h in hosts and hosts[h].outbox]
     return TaskDetailOut(
         task=task,

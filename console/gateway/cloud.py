@@ -198,28 +198,6 @@ class CloudClient:
         )
         return response.task
 
-    async def list_hosts(self, *, connected_only: bool = False) -> list[types_pb2.Host]:
-        """Every host, all pages (the fleet page shows the whole fleet)."""
-        return list((await self.fleet(connected_only=connected_only)).hosts)
-
-    async def fleet(self, *, connected_only: bool = False) -> fleet_service_pb2.ListHostsResponse:
-        """Every host, all pages, and whether the cloud dispatches (and if not, why)."""
-        fleet = fleet_service_pb2.ListHostsResponse()
-        token = ""
-        while True:
-            response: fleet_service_pb2.ListHostsResponse = await self._fleet.ListHosts(
-                fleet_service_pb2.ListHostsRequest(
-                    connected_only=connected_only, page_size=500, page_token=token
-                ),
-                timeout=self._timeout,
-            )
-            fleet.hosts.extend(response.hosts)
-            if not token:
-                fleet.dispatch.CopyFrom(response.dispatch)
-            token = response.next_page_token
-            if not token:
-                return fleet
-
     async def hosts_page(
         self,
         *,

@@ -57,6 +57,16 @@ MAX_BACK_TOKEN = 512
 FLOWS_PAGE = 100
 #: Hosts on one page of /fleet unless its `page_size` says otherwise.
 FLEET_PAGE = 50
+#: Hosts a host field suggests (connected first; those whose id holds what it says).
+PICKER = 20
+
+
+async def host_choices(cloud: CloudClient, typed: str = "") -> list[HostOut]:
+    """A host field's suggestions: one page of the hosts whose id contains `typed` (the
+    field's value). The pickers listed the whole fleet on every render; live.js fetches the
+    same from /api/hosts as the operator types, and without it any id can still be typed."""
+    page = await cloud.hosts_page(page_size=PICKER, query=typed[:128])
+    return [HostOut.of(h) for h in page.hosts]
 
 
 def pager_links(
@@ -175,7 +185,7 @@ async def tasks_page(
         page_size=page_size,
         page_token=page_token,
     )
-    hosts = [HostOut.of(h) for h in await cloud.list_hosts()]
+    hosts = await host_choices(cloud, host)
     filters: list[tuple[str, str]] = [("status", s) for s in chosen]
     filters += [(k, v) for k, v in (("host", host), ("q", q)) if v]
     if page_size != 25:
@@ -184,6 +194,7 @@ async def tasks_page(
         "nav": "tasks",
         "tasks": [TaskOut.of(t) for t in page.tasks],
         "hosts": hosts,
+        "picker": PICKER,
         "statuses": TASK_STATUSES,
         "chosen": chosen,
         "host": host,
@@ -213,9 +224,10 @@ async def submit_page(request: Request, _: PageUser, cloud: Cloud, again: str = 
             "max_attempts": str(task.max_attempts),
             "no_replay": task.no_replay,
         }
-    hosts = [HostOut.of(h) for h in await cloud.list_hosts()]
+    hosts = await host_choices(cloud, str(form.get("host_id", "")))
     form["client_request_id"] = new_request_id()
-    return PAGES.render(request, "submit.html", {"nav": "submit", "hosts": hosts, "form": form})
+    context = {"nav": "submit", "hosts": hosts, "picker": PICKER, "form": form}
+    return PAGES.render(request, "submit.html", context)
 
 
 def new_request_id() -> str:
@@ -250,10 +262,11 @@ async def submit_form(
     target = _target_key(host_id, device_serial)
 
     async def again(message: str, status_code: int, warnings: list[str] | None = None) -> Response:
-        hosts = [HostOut.of(h) for h in await cloud.list_hosts()]
+        hosts = await host_choices(cloud, host_id)
         context = {
             "nav": "submit",
             "hosts": hosts,
+            "picker": PICKER,
             "form": form,
             "error": message,
             "warnings": warnings or [],

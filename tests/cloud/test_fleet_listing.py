@@ -10,45 +10,21 @@ from typing import Any
 
 import grpc
 import pytest
-from sqlalchemy import event
 
 from amc.v1 import fleet_service_pb2, fleet_service_pb2_grpc
 from cloud.server import CloudServer
-from cloud.store import hosts
-from cloud.store.models import HostRow
 from tests.cloud.cloud_harness import channel
+from tests.support.fleet_rows import loaded_hosts, register
 
 #: Registered hosts: "a few hundred", every tenth of them connected.
 FLEET = 300
 
 
-async def register(cloud: CloudServer, count: int = FLEET) -> list[tuple[str, bool]]:
-    """`count` hosts as hellos recorded them, every tenth still connected through this
-    replica (its heartbeat vouches for them), the others' streams ended. Returns (host id,
-    connected) in ListHosts' order: connected first, then by id."""
-    now = cloud.store.now()
-    made = [(f"fleet-{i:04d}", i % 10 == 0) for i in range(count)]
-    record = [(h, hosts.HelloRecord([], "v1", 1, cloud.bus.replica_id, f"s-{h}")) for h, _ in made]
-    await cloud.store.write_on_loop(lambda session: hosts.record_hellos(session, now, record))
-    for host_id, connected in made:
-        if not connected:
-            assert await hosts.disconnected(cloud.store, host_id, f"s-{host_id}")
-    return sorted(made, key=lambda m: (not m[1], m[0]))
-
-
 @pytest.fixture
 def loaded() -> Iterator[list[str]]:
-    """Ids of the host rows the cloud loads (from any session) while the test runs."""
-    ids: list[str] = []
-
-    def on_load(row: HostRow, _context: Any) -> None:
-        ids.append(row.host_id)
-
-    event.listen(HostRow, "load", on_load)
-    try:
+    """Ids of the host rows the cloud loads while the test runs."""
+    with loaded_hosts() as ids:
         yield ids
-    finally:
-        event.remove(HostRow, "load", on_load)
 
 
 async def test_a_page_of_hosts_loads_that_page_not_the_fleet(
@@ -57,7 +33,7 @@ async def test_a_page_of_hosts_loads_that_page_not_the_fleet(
     """ListHosts loaded every host row and paged in Python: each page, however small, read
     the whole fleet (and the console asked for one on every render of three pages). It pages
     in SQL now, in the same order, with tokens that walk the fleet once."""
-    expected = await register(cloud)
+    expected = await register(cloud, FLEET)
     async with channel(cloud.address, pki_dir, "operator-ops") as ch:
         fleet: Any = fleet_service_pb2_grpc.FleetServiceStub(ch)
         loaded.clear()

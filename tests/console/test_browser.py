@@ -492,3 +492,35 @@ def test_an_ended_task_can_be_submitted_again_from_its_page(
     # An unknown task is the cloud's 404.
     response = page.goto(f"{gateway}/tasks/new?again=no-such-task")
     assert response is not None and response.status == 404
+
+
+def test_a_host_field_suggests_the_hosts_whose_id_holds_what_is_typed(
+    page: Page, gateway: str, cloud: Cloud
+) -> None:
+    """The submit form's host field no longer lists the whole fleet: it starts with one page
+    of hosts, and as the operator types it suggests the hosts whose id holds the text (and
+    their phones in the phone field), fetched as it goes, without a reload."""
+    tag = uuid.uuid4().hex[:8]
+    hosts: list[SimHost] = []
+    try:
+        for name in ("a", "b"):
+            host_id = f"pick-{tag}-{name}"
+            cloud_pki.write_host_cert(cloud.pki, host_id)
+            hosts.append(SimHost(cloud.address, cloud.pki, host_id, serials=(f"ph-{tag}-{name}",)))
+            hosts[-1].connect()
+        page.goto(f"{gateway}/tasks/new")
+        mark_no_reload(page)
+        page.locator("input[name=host_id]").press_sequentially(tag.upper())
+        options = page.locator("#host-ids option")
+        expect(options).to_have_count(2, timeout=LIVE_MS)
+        assert [options.nth(i).get_attribute("value") for i in range(2)] == [
+            h.host_id for h in hosts
+        ]
+        phones = page.locator("#phone-serials option")
+        expect(phones).to_have_count(2)
+        assert phones.nth(1).get_attribute("value") == f"ph-{tag}-b"
+        expect(page.locator("input[name=host_id]")).to_be_focused()
+        assert_not_reloaded(page)
+    finally:
+        for host in hosts:
+            host.close()

@@ -410,6 +410,58 @@
       "|" + (h.held_back ? h.held_back.task_id : "");
   }
 
+  // --- host fields: suggestions as the operator types --------------------------------------------
+
+  // The page draws a host field's first suggestions (pages.host_choices: one page of hosts,
+  // never the fleet); typing asks /api/hosts for a page of those whose id holds the text and
+  // fills the field's list, and a phone field's with those hosts' phones. Without this script
+  // the field takes any id all the same.
+  function option(value, label) {
+    var el = document.createElement("option");
+    el.value = value;
+    el.textContent = label;
+    return el;
+  }
+  document.querySelectorAll("input[data-suggest-hosts]").forEach(function (input) {
+    var hostList = document.getElementById(input.getAttribute("list"));
+    var phoneList = input.dataset.suggestPhones
+      ? document.getElementById(input.dataset.suggestPhones) : null;
+    var asked = input.value.trim();
+    var timer = null;
+    var latest = 0;
+    input.addEventListener("input", function () {
+      clearTimeout(timer);
+      timer = setTimeout(function () {
+        var text = input.value.trim().slice(0, 128);
+        if (text === asked) return;
+        asked = text;
+        var mine = ++latest;
+        var url = "/api/hosts?page_size=" + encodeURIComponent(input.dataset.suggestHosts) +
+          "&q=" + encodeURIComponent(text);
+        fetch(url, { headers: { Accept: "application/json" }, credentials: "same-origin" })
+          .then(function (r) { return r.ok ? r.json() : null; })
+          .then(function (page) {
+            if (!page || mine !== latest) return; // an answer to an older text
+            if (hostList) {
+              hostList.replaceChildren.apply(hostList, page.hosts.map(function (h) {
+                return option(h.host_id, h.connected ? "connected" : "disconnected");
+              }));
+            }
+            if (phoneList) {
+              var phones = [];
+              page.hosts.forEach(function (h) {
+                h.devices.forEach(function (d) {
+                  phones.push(option(d.serial, h.host_id + " · " + d.state));
+                });
+              });
+              phoneList.replaceChildren.apply(phoneList, phones);
+            }
+          })
+          .catch(function () { /* the suggestions stay as they were */ });
+      }, 200);
+    });
+  });
+
   // --- the pages ------------------------------------------------------------------------------
 
   if (mode === "tasks") {
