@@ -60,6 +60,12 @@ class DecisionLogServicer(decision_log_service_pb2_grpc.DecisionLogServiceServic
             await abort(context, grpc.StatusCode.INVALID_ARGUMENT, "attempt: must be >= 0")
         if not 0 <= request.page_size <= 500:
             await abort(context, grpc.StatusCode.INVALID_ARGUMENT, "page_size: 0 to 500")
+        if request.after_step < 0 or (request.after_step and not request.attempt):
+            await abort(
+                context,
+                grpc.StatusCode.INVALID_ARGUMENT,
+                "after_step: 0, or a step index with attempt set",
+            )
         await _known_attempt(context, self._store, request.task_id, request.attempt)
         try:
             rows, token = await decisions.list_page(
@@ -68,6 +74,7 @@ class DecisionLogServicer(decision_log_service_pb2_grpc.DecisionLogServiceServic
                 request.attempt,
                 request.page_size or 100,
                 request.page_token,
+                request.after_step,
             )
         except ValueError as exc:
             await abort(context, grpc.StatusCode.INVALID_ARGUMENT, f"page_token: {exc}")

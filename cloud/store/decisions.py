@@ -300,12 +300,20 @@ def _decode(task_id: str, token: str) -> tuple[int, int]:
 
 
 async def list_page(
-    store: Store, task_id: str, attempt: int, page_size: int, page_token: str
+    store: Store,
+    task_id: str,
+    attempt: int,
+    page_size: int,
+    page_token: str,
+    after_step: int = 0,
 ) -> tuple[list[DecisionRow], str]:
-    """Decisions of a task (optionally one attempt) by attempt, then step index."""
+    """Decisions of a task (optionally one attempt, past `after_step` of it) by attempt, then
+    step index."""
     stmt = select(DecisionRow).where(DecisionRow.task_id == task_id)
     if attempt:
         stmt = stmt.where(DecisionRow.attempt == attempt)
+    if after_step:
+        stmt = stmt.where(DecisionRow.step_index > after_step)
     if page_token:
         a, s = _decode(task_id, page_token)
         stmt = stmt.where(

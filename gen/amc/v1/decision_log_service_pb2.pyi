@@ -76,6 +76,7 @@ class ListDecisionsRequest(_message.Message):
     PAGE_SIZE_FIELD_NUMBER: _builtins.int
     PAGE_TOKEN_FIELD_NUMBER: _builtins.int
     INCLUDE_OBSERVATION_FIELD_NUMBER: _builtins.int
+    AFTER_STEP_FIELD_NUMBER: _builtins.int
     task_id: _builtins.str
     """Task id (required)."""
     attempt: _builtins.int
@@ -88,6 +89,11 @@ class ListDecisionsRequest(_message.Message):
     """Also send each decision's `observation` (the screen it was made on: elements, size, app),
     which makes a page much larger; exports ask for it, the consoles' step lists do not.
     """
+    after_step: _builtins.int
+    """Only decisions whose step index is above this, of the one `attempt` asked for; 0 means
+    every step. A live view reads what it has not shown yet instead of the whole log again.
+    INVALID_ARGUMENT below 0, or above 0 without `attempt`.
+    """
     def __init__(
         self,
         *,
@@ -96,10 +102,11 @@ class ListDecisionsRequest(_message.Message):
         page_size: _builtins.int = ...,
         page_token: _builtins.str = ...,
         include_observation: _builtins.bool = ...,
+        after_step: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "include_observation", b"include_observation", "page_size", b"page_size", "page_token", b"page_token", "task_id", b"task_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["after_step", b"after_step", "attempt", b"attempt", "include_observation", b"include_observation", "page_size", b"page_size", "page_token", b"page_token", "task_id", b"task_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
