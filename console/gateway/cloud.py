@@ -239,6 +239,7 @@ class CloudClient:
         page_size: int,
         page_token: str,
         include_observation: bool = False,
+        after_step: int = 0,
     ) -> decision_log_service_pb2.ListDecisionsResponse:
         response: decision_log_service_pb2.ListDecisionsResponse = (
             await self._decisions.ListDecisions(
@@ -248,6 +249,7 @@ class CloudClient:
                     page_size=page_size,
                     page_token=page_token,
                     include_observation=include_observation,
+                    after_step=after_step,
                 ),
                 timeout=self._timeout,
             )
@@ -255,7 +257,12 @@ class CloudClient:
         return response
 
     async def decision_log(
-        self, task_id: str, *, include_observation: bool = False
+        self,
+        task_id: str,
+        *,
+        include_observation: bool = False,
+        attempt: int = 0,
+        after_step: int = 0,
     ) -> tuple[
         list[types_pb2.Decision],
         list[decision_log_service_pb2.FailedCalls],
@@ -265,7 +272,7 @@ class CloudClient:
         its failed decisions' answered calls cost per attempt (billed, though no decision is
         logged for them), and what the cloud's retention deleted of the log (None: nothing);
         with `include_observation` each decision carries the screen it was made on (exports
-        want it)."""
+        want it). With `attempt`, only that attempt's steps after `after_step`."""
         decisions: list[types_pb2.Decision] = []
         failed: list[decision_log_service_pb2.FailedCalls] = []
         pruned: decision_log_service_pb2.PrunedRecord | None = None
@@ -274,10 +281,11 @@ class CloudClient:
         while len(decisions) < MAX_DECISIONS:
             page = await self.list_decisions(
                 task_id,
-                attempt=0,
+                attempt=attempt,
                 page_size=size,
                 page_token=token,
                 include_observation=include_observation,
+                after_step=after_step,
             )
             decisions.extend(page.decisions)
             failed = list(page.failed_calls)  # every page has the same, and the same record
@@ -309,15 +317,18 @@ class CloudClient:
             if not token:
                 return items
 
-    async def screenshots(self, task_id: str) -> list[artifact_service_pb2.StepScreenshot]:
-        """Every step screenshot of a task (metadata only), following the page tokens."""
+    async def screenshots(
+        self, task_id: str, attempt: int = 0
+    ) -> list[artifact_service_pb2.StepScreenshot]:
+        """Every step screenshot of a task (or of one attempt; metadata only), following the
+        page tokens."""
         shots: list[artifact_service_pb2.StepScreenshot] = []
         token = ""
         while len(shots) < 2 * MAX_DECISIONS:
             page: artifact_service_pb2.ListStepScreenshotsResponse = (
                 await self._artifacts.ListStepScreenshots(
                     artifact_service_pb2.ListStepScreenshotsRequest(
-                        task_id=task_id, page_size=1000, page_token=token
+                        task_id=task_id, attempt=attempt, page_size=1000, page_token=token
                     ),
                     timeout=self._timeout,
                 )

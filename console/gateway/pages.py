@@ -335,6 +335,23 @@ async def task_page(request: Request, _: PageUser, cloud: Cloud, task_id: str) -
     return PAGES.render(request, "task_detail.html", context)
 
 
+@router.get("/tasks/{task_id}/live", response_class=HTMLResponse)
+async def task_live(
+    request: Request,
+    _: PageUser,
+    cloud: Cloud,
+    task_id: str,
+    attempt: Annotated[int, Query(ge=1, le=INT32_MAX)],
+    after_step: Annotated[int, Query(ge=0, le=INT32_MAX)] = 0,
+) -> Response:
+    """What a running task's page merges on a live change (live.js): the attempts' cards and
+    the steps of `attempt` after `after_step`. It fetched the whole page again on every step,
+    its whole decision log with it (13 kB a step and growing)."""
+    detail = await task_detail(cloud, task_id, attempt=attempt, after_step=after_step)
+    context = {"detail": detail, "attempt": attempt}
+    return PAGES.render(request, "task_live.html", context)
+
+
 async def _by_prefix(cloud: CloudClient, prefix: str) -> str | None:
     """The one task whose id starts with `prefix`, None when none or several do."""
     if not 1 <= len(prefix) < 32 or any(c not in "0123456789abcdefABCDEF" for c in prefix):

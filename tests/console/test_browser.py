@@ -524,3 +524,46 @@ def test_a_host_field_suggests_the_hosts_whose_id_holds_what_is_typed(
     finally:
         for host in hosts:
             host.close()
+
+
+def test_a_new_step_fetches_the_steps_after_the_last_shown_not_the_page(
+    page: Page, gateway: str, cloud: Cloud, operator: Operator, make_host: HostFactory
+) -> None:
+    """A running task's page fetched itself whole on every live change (its whole decision log
+    with it: 13 kB a step and growing). A step of the attempt it shows now fetches that
+    attempt's card and its steps from the last one shown on: the new step is appended in
+    order, an open step stays open, focus stays, and the verdict counts follow."""
+    host = make_host()
+    goal = unique("Open Display settings")
+    task = operator.submit(goal, host_id=host.host_id)
+    assignment = host.assignment()
+    for n in (1, 2):
+        host.decide(assignment, goal)
+        host.renew(assignment, n, types_pb2.STEP_STATUS_ACTING, f"step {n}")
+
+    page.goto(f"{gateway}/tasks/{task.task_id}")
+    steps = page.locator(f"#steps-{assignment.attempt} details.step")
+    expect(steps).to_have_count(2)
+    expect(page.locator("#live-state")).to_have_text("live", timeout=LIVE_MS)
+    mark_no_reload(page)
+    fetched: list[str] = []
+    page.on("request", lambda r: fetched.append(r.url) if r.resource_type == "fetch" else None)
+    steps.nth(0).locator("> summary").click()
+    page.locator(".step-no").nth(1).focus()
+
+    host.decide(assignment, goal)
+    host.renew(assignment, 3, types_pb2.STEP_STATUS_ACTING, "step 3")
+    expect(steps).to_have_count(3, timeout=LIVE_MS)
+    expect(steps.nth(2).locator("> summary")).to_contain_text("step 3")
+    expect(steps.nth(0)).to_have_attribute("open", "")
+    expect(page.locator(".step-no").nth(1)).to_be_focused()
+    assert_not_reloaded(page)
+    drawn = page.context.new_page()  # the counts as the server draws them over every step
+    drawn.goto(f"{gateway}/tasks/{task.task_id}")
+    expected = " ".join(drawn.locator(".verdict-counts").inner_text().split())
+    expect(page.locator(f"#steps-{assignment.attempt} .verdict-counts")).to_have_text(expected)
+    page_url = f"{gateway}/tasks/{task.task_id}"
+    assert page_url not in fetched, fetched
+    assert any(
+        u.startswith(f"{page_url}/live?attempt={assignment.attempt}&after_step=") for u in fetched
+    ), fetched

@@ -481,3 +481,25 @@ def test_the_fleet_page_pages_through_the_hosts(
         url = unescape(older.group(1)) if older else ""
     assert seen == listed
     assert newer[0] is None and newer[1] == "/fleet?page_size=1"
+
+
+def test_a_task_page_fragment_holds_the_steps_after_the_one_asked(
+    anon: httpx.Client, operator: Operator, make_host: HostFactory
+) -> None:
+    """What a running task's page fetches on a live change: the attempts' cards and the
+    steps of one attempt after a step, not the page with the whole log."""
+    host = make_host()
+    goal = f"fragment {uuid.uuid4().hex[:8]}"
+    task = operator.submit(goal, host_id=host.host_id)
+    assignment = host.assignment()
+    made = [host.decide(assignment, goal) for _ in range(4)]
+    log_in(anon)
+    whole = anon.get(f"/tasks/{task.task_id}")
+    part = anon.get(f"/tasks/{task.task_id}/live?attempt={assignment.attempt}&after_step=2")
+    assert part.status_code == 200, part.text
+    shown = re.findall(r'<details class="step" id="step-([^"]+)"', part.text)
+    assert shown == [d.decision_id for d in made[2:]]
+    assert f'id="attempt-{assignment.attempt}"' in part.text
+    assert "<html" not in part.text and len(part.text) < len(whole.text) / 2
+    bad = anon.get(f"/tasks/{task.task_id}/live?attempt=0")
+    assert bad.status_code == 422

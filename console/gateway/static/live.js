@@ -175,6 +175,25 @@
     return copy;
   }
 
+  // Merge `fresh`, which holds some of `current`'s keyed children (the last ones shown and
+  // those after them), into it: known ones merged where they are, new ones placed after the
+  // fresh child before them, none removed.
+  function upsertChildren(current, fresh) {
+    var previous = null;
+    Array.prototype.forEach.call(fresh.children, function (freshChild) {
+      var node = freshChild.id ? document.getElementById(freshChild.id) : null;
+      if (node && current.contains(node)) {
+        node = merge(node, freshChild, false);
+      } else if (freshChild.id) {
+        node = document.importNode(freshChild, true);
+        current.insertBefore(node, previous ? previous.nextElementSibling : null);
+      } else {
+        return;
+      }
+      previous = node;
+    });
+  }
+
   function mergeChildren(current, fresh, insertOnly) {
     var existing = {};
     Array.prototype.forEach.call(current.children, function (child) {
@@ -199,14 +218,16 @@
     });
   }
 
-  // Fetch this page again and merge the given sections (coalesced: one fetch at a time, and
-  // one more if asked meanwhile).
+  // Fetch this page again (or `part`: the URL of a fragment of it, and the selectors whose
+  // children it holds only some of, merged by upsertChildren) and merge the given sections
+  // (coalesced: one fetch at a time, and one more if asked meanwhile).
   var fetching = false;
   var again = null;
-  function refresh(selectors, insertOnly, done) {
-    if (fetching) { again = [selectors, insertOnly, done]; return; }
+  function refresh(selectors, insertOnly, done, part) {
+    if (fetching) { again = [selectors, insertOnly, done, part]; return; }
     fetching = true;
-    fetch(window.location.href, { headers: { Accept: "text/html" }, credentials: "same-origin" })
+    var url = part ? part.url : window.location.href;
+    fetch(url, { headers: { Accept: "text/html" }, credentials: "same-origin" })
       .then(function (r) { return r.ok ? r.text() : null; })
       .then(function (html) {
         if (!html) return;
@@ -219,7 +240,9 @@
         selectors.forEach(function (selector) {
           var current = document.querySelector(selector);
           var fresh = doc.querySelector(selector);
-          if (current && fresh) merge(current, fresh, insertOnly);
+          if (!current || !fresh) return;
+          if (part && part.upsert.indexOf(selector) >= 0) upsertChildren(current, fresh);
+          else merge(current, fresh, insertOnly);
         });
         restoreFocus(key);
         if (done) done();
@@ -227,7 +250,7 @@
       .catch(function () { /* the next event retries */ })
       .finally(function () {
         fetching = false;
-        if (again) { var next = again; again = null; refresh(next[0], next[1], next[2]); }
+        if (again) { var next = again; again = null; refresh(next[0], next[1], next[2], next[3]); }
       });
   }
 
@@ -462,6 +485,31 @@
     });
   });
 
+  // history.verdict_counts over the steps an attempt's history shows (a live fragment holds
+  // only its last steps).
+  function recount(attempt) {
+    var box = document.getElementById("steps-" + attempt);
+    var line = box && box.querySelector(".verdict-counts");
+    if (!line) return;
+    var counts = { "met": 0, "not met": 0, "unknown": 0, "unchecked": 0 };
+    box.querySelectorAll("details.step[data-verdict]").forEach(function (d) {
+      if (counts.hasOwnProperty(d.dataset.verdict)) counts[d.dataset.verdict] += 1;
+    });
+    ["met", "not met", "unknown"].forEach(function (k) {
+      var el = line.querySelector('[data-count="' + k + '"]');
+      if (el) el.textContent = counts[k] + " " + k;
+    });
+    var unchecked = line.querySelector('[data-count="unchecked"]');
+    if (counts.unchecked && !unchecked) {
+      unchecked = document.createElement("span");
+      unchecked.className = "pill muted";
+      unchecked.dataset.count = "unchecked";
+      line.append(" ", unchecked);
+    }
+    if (unchecked && counts.unchecked) unchecked.textContent = counts.unchecked + " not checked yet";
+    else if (unchecked) unchecked.remove();
+  }
+
   // --- the pages ------------------------------------------------------------------------------
 
   if (mode === "tasks") {
@@ -521,9 +569,25 @@
       live.dataset.status = t.status;
       live.dataset.attempt = String(t.attempt);
       live.dataset.decisions = String(t.totals ? t.totals.decisions : 0);
-      // Every change may bring a lease event, a renewal or a decision: merge the attempts and
-      // the history from the server (blocks that did not change stay as they are).
-      refresh(["#attempts", "#history"], false);
+      // Every change may bring a lease event, a renewal or a decision. A step of the attempt
+      // whose steps the page shows fetches that attempt's card and its steps from
+      // the last one shown on (its outcome, verdict and screenshots may have come since),
+      // not the whole page and log again; anything else (a new attempt, its first step, the
+      // end with its totals and notes) merges the attempts and the history from the page.
+      var stepsBox = document.getElementById("steps-" + t.attempt);
+      var shown = stepsBox ? stepsBox.querySelectorAll("details.step[data-step]") : [];
+      if (shown.length && !TERMINAL[t.status]) {
+        var last = Number(shown[shown.length - 1].dataset.step);
+        var box = "#steps-" + t.attempt;
+        // Earlier attempts' cards do not change while this one runs.
+        refresh(["#attempt-" + t.attempt, box], false, function () { recount(t.attempt); }, {
+          url: "/tasks/" + encodeURIComponent(id) + "/live?attempt=" + t.attempt +
+            "&after_step=" + Math.max(0, last - 1),
+          upsert: [box]
+        });
+      } else {
+        refresh(["#attempts", "#history"], false);
+      }
     }, end: clearThinking, thinking: showThinking });
   } else if (mode === "fleet") {
     // A host's "last seen" is patched in place; anything else that differs from its card (a
