@@ -463,7 +463,7 @@ async def hosts_page(
             func.lower(HostRow.host_id).contains(flt.query.lower(), autoescape=True)
         )
     if flt.host_ids is not None:
-        query = query.where(HostRow.host_id.in_(flt.host_ids))
+        query = query.where(among(store, HostRow.host_id, flt.host_ids))
     if after is not None:
         query = query.where(or_(rank > after[0], and_(rank == after[0], host_id > after[1])))
     query = query.order_by(rank, host_id).limit(size + 1)
