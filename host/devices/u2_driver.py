@@ -31,6 +31,7 @@ from host.devices.adb_driver import (
     check_launched,
     check_package,
     monkey_launch,
+    parse_current_window,
     png_from_screencap,
 )
 from host.devices.adb_errors import (
@@ -495,13 +496,14 @@ class U2Driver:
         self._call("terminate app", lambda d: d.app_stop(pkg))
 
     def current_app(self) -> str:
-        info = self._call("current app", lambda d: d.app_current())
-        return str(info.get("package", ""))
+        return self.current_window().partition("/")[0]
 
     def current_window(self) -> str:
-        info = self._call("current app", lambda d: d.app_current())
-        package, activity = str(info.get("package", "")), str(info.get("activity", ""))
-        return f"{package}/{activity}" if package and activity else package
+        """Display 0's focus, read as the adb driver reads it: uiautomator2's `app_current`
+        falls back (from Android 10 `dumpsys window windows` names no focus) to `dumpsys
+        activity`, which lists the focused display first, so a cast or cover screen's app
+        was taken for the phone's."""
+        return parse_current_window(self._shell("dumpsys window", "current app"))
 
     def keyboard_package(self) -> str:
         return self._ime.package()

@@ -12,6 +12,7 @@ import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+import adbutils
 import pytest
 from PIL import Image
 
@@ -581,3 +582,22 @@ def test_a_later_attempts_driver_restarts_a_wedged_server_it_did_not_start(
         later.dump_hierarchy()
     assert later.screen_size() == (1080, 2400)
     assert _agent_pids(phone) and _agent_pids(phone) != first
+
+
+def test_the_current_app_is_display_zeros_when_another_display_has_focus(
+    served: tuple[ThreadedAdbServer, VirtualPhone],
+) -> None:
+    """uiautomator2's `app_current` (adbutils') finds no focus in `dumpsys window windows`
+    from Android 10 on, and falls back to `dumpsys activity`, which lists the focused
+    display's task first: with a cast or cover screen in front it named that display's app,
+    so a look and a launch's check saw an app the phone's own screen does not show. It is
+    now read as the adb driver reads it: display 0's focus in `dumpsys window`."""
+    server, phone = served
+    phone.multi_display = True
+    d = U2Driver(SERIAL, port=server.port)
+    d.launch_app("com.android.settings")
+    listed = adbutils.AdbClient(host="127.0.0.1", port=server.port).device(SERIAL)
+    assert listed.app_current().package == "com.example.presentation"  # the trap is there
+    assert d.current_app() == "com.android.settings"
+    assert d.current_window() == "com.android.settings/com.android.settings.Settings"
+    assert d.current_window() == AdbDriver(SERIAL, port=server.port).current_window()

@@ -117,13 +117,27 @@ def _dumpsys(sh: Session, args: list[str], stdin: bytes) -> Output:
     if service == "activity":
         sub = args[1] if len(args) > 1 else "activities"
         pid = p.processes.app_pid(pkg)
+        # With a second display that has focus, its task is listed first (the focused
+        # display is the root container's top child, and both dumps walk them top down).
+        second = p.multi_display and p.sdk >= 29
+        presentation = "com.example.presentation/.PresentationActivity"
         if sub == "top":
+            other = f"TASK 30 id=30 userId=0\n  ACTIVITY {presentation} b2e7 pid=4300\n"
             return Output().out(
-                f"TASK 12 id=12 userId=0\n  ACTIVITY {pkg}/{short} 5c3d9e1 pid={pid}\n"
+                (other if second else "")
+                + f"TASK 12 id=12 userId=0\n  ACTIVITY {pkg}/{short} 5c3d9e1 pid={pid}\n"
             )
+        other = (
+            "Display #2 (activities from top to bottom):\n"
+            "  * Task{30 #30 type=standard A=10200:com.example.presentation U=0 visible=true"
+            " mode=fullscreen}\n"
+            f"    mResumedActivity: ActivityRecord{{b2e7 u0 {presentation} t30}}\n"
+            f"  ResumedActivity: ActivityRecord{{b2e7 u0 {presentation} t30}}\n"
+        )
         return Output().out(
             "ACTIVITY MANAGER ACTIVITIES (dumpsys activity activities)\n"
-            "Display #0 (activities from top to bottom):\n"
+            + (other if second else "")
+            + "Display #0 (activities from top to bottom):\n"
             f"  * Task{{12 #12 type=standard A=10123:{pkg} U=0 visible=true mode=fullscreen}}\n"
             f"    mResumedActivity: ActivityRecord{{5c3d9e1 u0 {pkg}/{short} t12}}\n"
             f"  ResumedActivity: ActivityRecord{{5c3d9e1 u0 {pkg}/{short} t12}}\n"
