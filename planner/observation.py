@@ -127,6 +127,7 @@ def observation_from_scene(scene: Scene) -> types_pb2.ScreenObservation:
             scene.omitted + max(0, len(scene.elements) - MAX_ELEMENTS), MAX_OMITTED
         ),
         ui_tree_missing=clip(scene.tree_missing, MAX_TREE_MISSING_BYTES),
+        ui_tree_repaired=clip(scene.tree_repaired, MAX_TREE_MISSING_BYTES),
     )
 
 
@@ -188,6 +189,7 @@ def scene_from_observation(observation: types_pb2.ScreenObservation) -> Scene:
         overlays=[_OVERLAY_NAMES[o] for o in observation.overlays if o in _OVERLAY_NAMES],
         omitted=observation.omitted_elements,
         tree_missing=observation.ui_tree_missing,
+        tree_repaired=observation.ui_tree_repaired,
     )
 
 
@@ -231,6 +233,7 @@ def observation_problem(
         ("foreground_activity", observation.foreground_activity, MAX_ACTIVITY_BYTES),
         ("title", observation.title, MAX_TITLE_BYTES),
         ("ui_tree_missing", observation.ui_tree_missing, MAX_TREE_MISSING_BYTES),
+        ("ui_tree_repaired", observation.ui_tree_repaired, MAX_TREE_MISSING_BYTES),
     ):
         problem = _too_long(f"{name}.{field}", value, limit)
         if problem:

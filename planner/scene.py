@@ -142,6 +142,10 @@ class Scene:
     #: dumps kept failing (a secure window, a screen never idle), so the elements are only
     #: what OCR read off the screenshot, and the model is told so.
     tree_missing: str = ""
+    #: What had to be repaired in the phone's dump to read it ("" when nothing): a dumper
+    #: that left `&` or `<` unescaped in its texts. The tree is whole; said so that the step's
+    #: record shows this phone's dumper writes broken XML.
+    tree_repaired: str = ""
 
     def element(self, element_id: str) -> Element | None:
         return next((e for e in self.elements if e.element_id == element_id), None)
@@ -175,6 +179,8 @@ class Scene:
                 f"missing ({self.tree_missing}): the elements are only text read off the "
                 "screenshot, if any; tap by x/y where the screen shows the target"
             )
+        elif self.tree_repaired:
+            out["ui_tree"] = f"repaired ({self.tree_repaired})"
         out["elements"] = [e.to_prompt() for e in self.elements]
         return out
 

@@ -12,6 +12,9 @@ Real tools produce dumps a strict XML parser refuses; each fix here is for one o
   references (`&#55357;&#56832;`): the pair is joined into one character first.
 * Some dumpers declare `encoding="utf-16"` over a UTF-8 body: the declaration is dropped and
   the text, already decoded by the driver, is parsed as it is.
+* Some ROMs' and apps' dumpers write `&` and `<` in texts unescaped ("Network & internet"),
+  which no XML parser reads: `repair_dump` escapes them, and only them, inside attribute
+  values (a dump's texts are all attributes), and says so; a well-formed dump has none.
 """
 
 from __future__ import annotations
@@ -23,6 +26,10 @@ _ROOT_NAME = re.compile(r"\s*<([A-Za-z_][\w.-]*)")
 # Characters XML 1.0 does not allow (tab, line feed and carriage return are allowed).
 _INVALID_CHARS = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ud800-\udfff\ufffe\uffff]")
 _CHAR_REF = re.compile(r"&#(x[0-9A-Fa-f]+|[0-9]+);")
+# A `&` that starts no reference XML knows (its five entities, a character reference).
+_BARE_AMP = re.compile(r"&(?!(?:amp|lt|gt|quot|apos|#[0-9]+|#x[0-9A-Fa-f]+);)")
+# A double-quoted attribute value (every dumper quotes them so) holding a `<` or a `&`.
+_MARKUP_IN_VALUE = re.compile(r'="([^"<&]*[<&][^"]*)"')
 
 
 def _valid_code_point(cp: int) -> bool:
@@ -100,3 +107,28 @@ def clean_dump(text: str) -> str:
         return text[: close + len(name) + 3]
     head = re.match(rf"<{re.escape(name)}\b[^>]*/>", text)
     return head.group(0) if head else text
+
+
+def repair_dump(text: str) -> tuple[str, str]:
+    """`text` with the `&` and `<` its dumper left unescaped in attribute values escaped,
+    and what was repaired ("" when nothing was: a well-formed dump has no such character).
+
+    Bounded on purpose: only characters inside a double-quoted value change, so what a dump
+    says is kept as it was; a raw `"` inside a text cannot be told from the value's end and
+    is left to fail the parse (the look is then retried, and goes on without a tree)."""
+    count = 0
+
+    def escape(m: re.Match[str]) -> str:
+        nonlocal count
+        value = _BARE_AMP.sub("&amp;", m.group(1))
+        count += value.count("&amp;") - m.group(1).count("&amp;") + value.count("<")
+        return '="' + value.replace("<", "&lt;") + '"'
+
+    repaired = _MARKUP_IN_VALUE.sub(escape, text)
+    if not count:
+        return text, ""
+    chars = "character" if count == 1 else "characters"
+    return repaired, (
+        f"the dump was not well-formed XML: {count} unescaped '&' or '<' {chars} in its texts, "
+        "escaped to read it"
+    )

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from host.devices.base import DeviceError
-from host.perception.dump_text import clean_dump
+from host.perception.dump_text import clean_dump, repair_dump
 from host.perception.windows import (
     CHROME,
     MODAL,
@@ -329,6 +329,7 @@ def parse_scene(
     dump has no window types; "" leaves it to the package hints. It is ignored when it is the
     foreground app itself (the keyboard's settings screen): taking that app for a keyboard
     would hide all of it."""
+    xml_text, repaired = repair_dump(xml_text)
     rotation, nodes, windows = parse_windows(xml_text)
     if ime_package and ime_package == package:
         ime_package = ""
@@ -465,6 +466,7 @@ def parse_scene(
         keyboard_shown="keyboard" in overlays,
         overlays=overlays,
         omitted=omitted,
+        tree_repaired=repaired,
     )
 
 

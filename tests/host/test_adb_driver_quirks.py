@@ -27,6 +27,7 @@ from host.perception.hierarchy import HierarchyError, parse_scene
 from host.perception.perceive import Perceiver
 from host.planner_client import DirectPlanner
 from planner.history import WorldEvent
+from planner.observation import observation_from_scene, scene_from_observation
 from planner.planner import Planner
 from planner.providers.offline import OfflineProvider
 from planner.scene import Scene
@@ -606,3 +607,31 @@ def test_the_focused_window_is_display_zeros_when_another_display_is_listed_firs
     assert out.index("mDisplayId=2") < out.index("mDisplayId=0")  # the trap is there
     assert d.current_window() == "com.android.settings/com.android.settings.Settings"
     assert d.current_app() == "com.android.settings"
+
+
+@pytest.mark.parametrize("driver", [AdbDriver, U2Driver])
+def test_a_dump_with_unescaped_ampersands_is_read_and_said_to_be_repaired(
+    adb: tuple[ThreadedAdbServer, VirtualPhone], driver: type[AdbDriver] | type[U2Driver]
+) -> None:
+    """Some ROMs' and apps' dumpers write "Network & internet" with a raw `&` (and a raw
+    `<`), which no XML parser reads: every try failed as a malformed dump and the look went
+    on without a tree, the planner left with the screenshot. The dump is now repaired (only
+    those characters, only inside attribute values), the tree is seen with its texts as the
+    screen shows them, and the observation says that the dump needed repair."""
+    server, phone = adb
+    phone.unescaped_dumps = True
+    d = driver(SERIAL, port=server.port)
+    try:
+        d.launch_app("com.android.settings")
+        scene = Perceiver(None, retries=2, retry_delay_s=0).perceive(d, with_ocr=False).scene
+    finally:
+        if isinstance(d, U2Driver):
+            d._reset()
+    assert not scene.tree_missing
+    assert any(e.text == "Network & internet" for e in scene.elements)
+    assert "unescaped '&'" in scene.tree_repaired
+    observation = observation_from_scene(scene)
+    assert observation.ui_tree_repaired == scene.tree_repaired
+    assert scene_from_observation(observation).to_prompt()["ui_tree"].startswith("repaired")
+    phone.unescaped_dumps = False
+    assert not Perceiver(None).perceive(d, with_ocr=False).scene.tree_repaired

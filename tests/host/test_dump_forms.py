@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from host.devices.adb_driver import decode_dump
-from host.perception.dump_text import join_surrogate_refs
+from host.perception.dump_text import join_surrogate_refs, repair_dump
 from host.perception.hierarchy import (
     KEYBOARD_LABEL,
     MAX_ELEMENTS,
@@ -304,3 +304,17 @@ def test_surrogate_pair_references_become_one_character() -> None:
     # Already whole references and text without any are left alone.
     assert join_surrogate_refs("a &#128512; &#10;&#65;") == "a &#128512; &#10;&#65;"
     assert join_surrogate_refs("&#65;&#55357;&#56832;") == "&#65;&#128512;"
+
+
+def test_unescaped_markup_in_texts_is_repaired_and_only_there() -> None:
+    """A raw `&` or `<` in a text (a ROM's dumper that does not escape) made the dump
+    unreadable; both are escaped inside attribute values, references stay as they are, and
+    a well-formed dump comes back unchanged with no repair named."""
+    raw = (
+        '<hierarchy rotation="0"><node text="Q&A <b>x</b> &amp; &#38; &lt;"'
+        ' bounds="[0,0][100,100]" clickable="true" package="p" /></hierarchy>'
+    )
+    fixed, note = repair_dump(raw)
+    assert "2 unescaped" not in note and "3 unescaped '&' or '<' characters" in note
+    assert parse_scene(fixed).elements[0].text == "Q&A <b>x</b> & & <"
+    assert repair_dump(fixed) == (fixed, "")

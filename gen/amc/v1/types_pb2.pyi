@@ -2046,6 +2046,7 @@ class ScreenObservation(_message.Message):
     OVERLAYS_FIELD_NUMBER: _builtins.int
     OMITTED_ELEMENTS_FIELD_NUMBER: _builtins.int
     UI_TREE_MISSING_FIELD_NUMBER: _builtins.int
+    UI_TREE_REPAIRED_FIELD_NUMBER: _builtins.int
     screen_width: _builtins.int
     """Screen width in physical pixels, 1 to 16,384 (as `wm size` reports it for the current
     rotation). Taps on points off the screen are refused before they reach the host.
@@ -2082,6 +2083,12 @@ class ScreenObservation(_message.Message):
     and its OCR text (`elements` are OCR's only, if any) and the model is told so. Empty when
     the elements come from the tree.
     """
+    ui_tree_repaired: _builtins.str
+    """What the host repaired in the phone's dump to read it (at most 512 bytes), e.g. "the
+    dump was not well-formed XML: 2 unescaped '&' or '<' characters in its texts, escaped to
+    read it": some ROMs' and apps' dumpers leave them unescaped. The tree is whole; empty
+    when the dump needed no repair (and when `ui_tree_missing` is set).
+    """
     @_builtins.property
     def elements(self) -> _containers.RepeatedCompositeFieldContainer[Global___UiElement]:
         """The elements, in the order the host found them (document order of the dump)."""
@@ -2114,10 +2121,11 @@ class ScreenObservation(_message.Message):
         overlays: _abc.Iterable[Global___Overlay.ValueType] | None = ...,
         omitted_elements: _builtins.int = ...,
         ui_tree_missing: _builtins.str = ...,
+        ui_tree_repaired: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["elements", b"elements", "foreground_activity", b"foreground_activity", "foreground_package", b"foreground_package", "keyboard_shown", b"keyboard_shown", "ocr_blocks", b"ocr_blocks", "omitted_elements", b"omitted_elements", "overlays", b"overlays", "rotation", b"rotation", "screen_height", b"screen_height", "screen_width", b"screen_width", "title", b"title", "ui_tree_missing", b"ui_tree_missing"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["elements", b"elements", "foreground_activity", b"foreground_activity", "foreground_package", b"foreground_package", "keyboard_shown", b"keyboard_shown", "ocr_blocks", b"ocr_blocks", "omitted_elements", b"omitted_elements", "overlays", b"overlays", "rotation", b"rotation", "screen_height", b"screen_height", "screen_width", b"screen_width", "title", b"title", "ui_tree_missing", b"ui_tree_missing", "ui_tree_repaired", b"ui_tree_repaired"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -190,6 +190,9 @@ class VirtualPhone:
         #: `screencap` without `-d` then warns first, on the same stream as the image, and
         #: `uiautomator dump --windows` lists its window under `<display id="2">`.
         self.multi_display = False
+        #: The dumper writes `&` and `<` in texts unescaped, as some ROMs' and apps' own
+        #: dumpers do: the dump is then not well-formed XML.
+        self.unescaped_dumps = False
         #: Bytes left on /data (None: plenty). A full phone's `uiautomator dump` still says
         #: "dumped to" (AOSP's dumper logs the IOException and reports anyway), its file cut
         #: at what fitted, possibly empty; `df` reports what is left.
@@ -729,7 +732,9 @@ class VirtualPhone:
         """What `uiautomator dump` writes: the focused window's tree (or a queued glitch, see
         `glitch_dumps`)."""
         with self._lock:
-            return self._check_glitch() or hierarchy.dump_active(self.surfaces(), self.rotation)
+            return self._check_glitch() or self._escaped(
+                hierarchy.dump_active(self.surfaces(), self.rotation)
+            )
 
     def dump_windows(self) -> str:
         """What `uiautomator dump --windows` writes: every window, topmost first, with its type
@@ -738,21 +743,29 @@ class VirtualPhone:
             glitch = self._check_glitch(windows=True)
             if glitch is not None and glitch != "rootless_window":
                 return glitch
-            return hierarchy.dump_windows(
-                self.surfaces(),
-                self.rotation,
-                rootless_focus=glitch == "rootless_window",
-                hung=frozenset(p.app_package for p in self.prompts if p.kind == "anr"),
-                second_display=self.multi_display,
+            return self._escaped(
+                hierarchy.dump_windows(
+                    self.surfaces(),
+                    self.rotation,
+                    rootless_focus=glitch == "rootless_window",
+                    hung=frozenset(p.app_package for p in self.prompts if p.kind == "anr"),
+                    second_display=self.multi_display,
+                )
             )
 
     def dump_window_roots(self, max_depth: int | None = None) -> str:
         """What uiautomator2's agent answers: every window's root side by side in one
         `<hierarchy>`, the focused one first, cut `max_depth` levels down when given."""
         with self._lock:
-            return self._check_glitch() or hierarchy.dump_roots(
-                self.surfaces(), self.rotation, max_depth
+            return self._check_glitch() or self._escaped(
+                hierarchy.dump_roots(self.surfaces(), self.rotation, max_depth)
             )
+
+    def _escaped(self, xml: str) -> str:
+        """`xml` as this phone's dumper writes it (see `unescaped_dumps`)."""
+        if not self.unescaped_dumps:
+            return xml
+        return xml.replace("&lt;", "<").replace("&amp;", "&")
 
     def glitch_dumps(self, kind: DumpGlitch, count: int = 1) -> None:
         """Make the next `count` dumps fail the way real ones do while the screen settles:
