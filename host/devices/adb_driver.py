@@ -27,6 +27,7 @@ from host.devices.base import (
     ScreenshotError,
     ScreenState,
 )
+from host.devices.bridge import BRIDGE_WAIT_S, held, retry_while_held
 from host.devices.input_method import COMMAND as INPUT_METHOD_COMMAND
 from host.devices.input_method import InputMethodCache
 from host.devices.screen_size import ScreenSizeReader
@@ -139,9 +140,9 @@ def dump_failure(serial: str, output: str) -> DeviceError | None:
     when a node vanishes while the screen changes, and that trace goes to logcat, not to the
     shell (seen on ~20% of first dumps on some API 34 emulators). "… already registered!"
     (an IllegalStateException too) means another UiAutomation client holds the accessibility
-    bridge, which no retry fixes; nor does a build without `uiautomator` ("… inaccessible or
-    not found"), which the error says how to drive; other text (a crash of the shell) is not
-    passing either."""
+    bridge: `BridgeHeld`, which the driver waits out for a bounded time (`retry_while_held`).
+    No retry brings a build without `uiautomator` ("… inaccessible or not found"), which the
+    error says how to drive; other text (a crash of the shell) is not passing either."""
     if "dumped to" in output:
         return None
     shown = output.strip()[-300:]
@@ -152,11 +153,7 @@ def dump_failure(serial: str, output: str) -> DeviceError | None:
             "(AMC_HOST_DRIVER=uiautomator2), which brings its own"
         )
     if "already registered" in output:
-        return DeviceError(
-            f"uiautomator dump failed on {serial}: another UiAutomation client (a uiautomator2 "
-            "server, Appium, weditor, a monkey tool) holds the accessibility bridge on this "
-            "phone; stop it (or use the u2 driver) and run the task again"
-        )
+        return held(serial, "uiautomator dump")
     if not shown:
         return DeviceBusy(
             f"uiautomator dump on {serial} printed nothing (it died midway, most likely "
@@ -301,6 +298,7 @@ class AdbDriver:
         dump_timeout_s: float | None = None,
         screenshot_timeout_s: float | None = None,
         transport_id: int | None = None,
+        bridge_wait_s: float = BRIDGE_WAIT_S,
     ) -> None:
         self._serial = serial
         #: adb's transport id for a phone whose serial another listed phone shares (adb
@@ -313,6 +311,8 @@ class AdbDriver:
         #: longer for (`timeout_s` when not given).
         self.dump_timeout_s = dump_timeout_s or timeout_s
         self.screenshot_timeout_s = screenshot_timeout_s or timeout_s
+        #: How long a dump waits for the accessibility bridge another client holds.
+        self.bridge_wait_s = bridge_wait_s
         self._client = adb_transport.Client(host=host, port=port)
         self._size = ScreenSizeReader(serial)
         self._sdk: int | None = None
@@ -384,7 +384,7 @@ class AdbDriver:
         died midway leaves an empty or cut one behind."""
         remote = f"{_DUMP_DIR}/amc-{uuid.uuid4().hex[:12]}.xml"
         try:
-            xml = decode_dump(self._dump_to(remote))
+            xml = decode_dump(retry_while_held(lambda: self._dump_to(remote), self.bridge_wait_s))
             if not xml.rstrip().endswith(_DUMP_ENDS):
                 self._refuse_if_full()  # empty or cut short: a full phone writes what fits
             return xml
@@ -400,7 +400,7 @@ class AdbDriver:
         except DeviceBusy:
             # Timed out: the dumper keeps running on the phone (adbd does not end it when
             # the client hangs up), holding the accessibility bridge, and the retry would
-            # fail with "… already registered!" (a permanent-looking DeviceError).
+            # fail with "… already registered!" until it ends.
             self._stop_dumpers()
             raise
         failure = dump_failure(self._serial, out)

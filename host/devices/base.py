@@ -42,6 +42,12 @@ class ScreenUnavailable(DeviceError):
     attempt ends retryable, and another phone (or this one, mended) can run the task."""
 
 
+class BridgeHeld(ScreenUnavailable):
+    """Another UiAutomation client holds the phone's accessibility bridge, so its screen
+    cannot be read (`host.devices.bridge`). Usually passing, so drivers wait a bounded time
+    first; then the attempt ends retryable, as for any screen the phone cannot show."""
+
+
 class ScreenshotError(ScreenUnavailable):
     """The phone's screenshot is not a readable image (empty, truncated, garbage, absurdly
     large)."""

@@ -51,6 +51,7 @@ from host.devices.base import (
     ScreenshotError,
     ScreenState,
 )
+from host.devices.bridge import BRIDGE_WAIT_S, held, retry_while_held
 from host.devices.input_method import COMMAND as INPUT_METHOD_COMMAND
 from host.devices.input_method import InputMethodCache
 from host.devices.screen_size import ScreenSizeReader
@@ -96,13 +97,8 @@ def _mapped(serial: str, what: str) -> Iterator[None]:
         raise gone(serial, what, f"its answer was cut short: {exc}") from exc
     except u2_exceptions.AccessibilityServiceAlreadyRegisteredError as exc:
         # Its output is the server's log and a Java stack trace; what matters is who holds
-        # the bridge. No retry fixes it while that client runs (as `adb_driver.dump_failure`).
-        raise DeviceError(
-            f"uiautomator2's server cannot start on {serial} ({what}): another UiAutomation "
-            "client (a running `uiautomator dump`, Appium, weditor, a uiautomator2 server of "
-            "another host) holds the accessibility bridge on this phone; stop it and run the "
-            "task again"
-        ) from exc
+        # the bridge (`U2Driver._d` waits a while for it, as `AdbDriver` does for a dump).
+        raise held(serial, f"starting uiautomator2's server ({what})") from exc
     except u2_exceptions.UiAutomationNotConnectedError as exc:
         # The server answers, but its UiAutomation is gone (the accessibility service died
         # under it, system_server restarted): every call fails until the server restarts.
@@ -316,8 +312,12 @@ class U2Driver:
         rpc_timeout_s: float = adb_transport.DEFAULT_TIMEOUT_S,
         transport_id: int | None = None,
         adb_serial: str | None = None,
+        bridge_wait_s: float = BRIDGE_WAIT_S,
     ) -> None:
         self._serial = serial
+        #: How long starting the server waits for the accessibility bridge another
+        #: UiAutomation client holds.
+        self._bridge_wait_s = bridge_wait_s
         #: What adb lists the phone as, and its transport id when that serial is shared
         #: (`serial` is then the host's own id for it; see `DeviceRegistry`).
         self._adb_serial = adb_serial or serial
@@ -341,20 +341,23 @@ class U2Driver:
 
     def _d(self) -> Any:
         if self._dev is None:
-            phone = _BoundedDevice(self._adb, self._adb_serial, self._rpc_timeout_s, self._tid)
-            with _mapped(self._serial, "connect"):
-                try:
-                    self._dev = u2.connect(phone)
-                except BaseException as exc:
-                    # A server that did not come up keeps the stream of its launch open (its
-                    # Device, which would close it, was never made): one socket per failed
-                    # connect.
-                    phone.close_launches()
-                    if isinstance(exc, AdbTimeout | TimeoutError):
-                        raise phone.stuck(exc) from exc
-                    raise
+            self._dev = retry_while_held(self._connect, self._bridge_wait_s)
             _keep_exit_hook(self._key, self._dev)
         return self._dev
+
+    def _connect(self) -> Any:
+        phone = _BoundedDevice(self._adb, self._adb_serial, self._rpc_timeout_s, self._tid)
+        with _mapped(self._serial, "connect"):
+            try:
+                return u2.connect(phone)
+            except BaseException as exc:
+                # A server that did not come up keeps the stream of its launch open (its
+                # Device, which would close it, was never made): one socket per failed
+                # connect.
+                phone.close_launches()
+                if isinstance(exc, AdbTimeout | TimeoutError):
+                    raise phone.stuck(exc) from exc
+                raise
 
     def _call(self, what: str, fn: Callable[[Any], T]) -> T:
         """Run `fn` on the uiautomator2 device, failures mapped to the driver's errors.
@@ -403,8 +406,8 @@ class U2Driver:
         dev, self._dev = self._dev, None
         with _exit_hooks_lock:
             owner = _exit_hooks.get(self._key)
-        for held in {id(d): d for d in (dev, owner) if d is not None}.values():
-            _release(self._key, held)
+        for kept in {id(d): d for d in (dev, owner) if d is not None}.values():
+            _release(self._key, kept)
 
     def screen_size(self) -> tuple[int, int]:
         """Read as the adb driver reads it (`ScreenSizeReader`): uiautomator2's

@@ -354,3 +354,25 @@ def test_input_while_the_system_services_are_down_is_not_reported_done(
     phone.system_server_down = False
     driver.launch_app("com.android.settings")
     assert phone.current_package() == "com.android.settings"
+
+
+async def test_a_phone_whose_bridge_another_client_keeps_ends_the_attempt_retryable(
+    served: tuple[VirtualPhone, AdbDriver],
+) -> None:
+    """A phone whose accessibility bridge another tool keeps (Appium, weditor, another
+    host's uiautomator2 server) ended the task failed for good, as if the task were at
+    fault: after the bounded wait the attempt now ends retryable, naming the holder, so the
+    task runs again once the phone (or another) is free."""
+    phone, driver = served
+    driver.bridge_wait_s = 0
+    phone.glitch_every(1, "bridge_taken")
+    loop = AgentLoop(
+        driver,
+        make_planner(PlannerSettings(provider="offline")),
+        Perceiver(None, retry_delay_s=0),
+        None,
+        LoopSettings(max_steps=3, settle_delay_s=0, ocr=False),
+    )
+    outcome = await loop.run(TaskSpec("held-bridge", 1, "Turn on dark theme", phone.serial))
+    assert (outcome.status, outcome.retryable) == ("failed", True)
+    assert "another UiAutomation client" in outcome.summary

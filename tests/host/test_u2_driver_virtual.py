@@ -18,7 +18,13 @@ from PIL import Image
 
 from host.devices import adb_transport
 from host.devices.adb_driver import AdbDriver
-from host.devices.base import DeviceBusy, DeviceError, DeviceGone, ScreenshotError
+from host.devices.base import (
+    BridgeHeld,
+    DeviceBusy,
+    DeviceError,
+    DeviceGone,
+    ScreenshotError,
+)
 from host.devices.u2_driver import U2Driver, utf8_pieces
 from host.devices.virtual.adb_server import ThreadedAdbServer
 from host.devices.virtual.apps.base import PhoneApi
@@ -331,7 +337,7 @@ def test_a_u2_server_that_does_not_come_up_leaves_no_connection_open(
         warnings.simplefilter("always", ResourceWarning)
         with _bridge_held(server, phone):
             try:
-                U2Driver(SERIAL, port=server.port).screen_size()
+                U2Driver(SERIAL, port=server.port, bridge_wait_s=1.0).screen_size()
             except DeviceError:
                 pass  # not kept: its traceback would keep the stream alive
             else:
@@ -353,11 +359,39 @@ def test_a_u2_server_that_cannot_start_beside_another_ui_automation_client_says_
     as the adb driver's does for its dumps."""
     server, phone = served
     with _bridge_held(server, phone):
-        with pytest.raises(DeviceError, match="another UiAutomation client") as raised:
-            U2Driver(SERIAL, port=server.port).screen_size()
+        with pytest.raises(BridgeHeld, match="another UiAutomation client") as raised:
+            U2Driver(SERIAL, port=server.port, bridge_wait_s=0.5).screen_size()
         message = str(raised.value)
         del raised  # its traceback would keep uiautomator2's objects alive
     assert "\tat " not in message  # no Java stack trace
+    assert "still did after 0.5 s" in message
+
+
+def test_a_u2_server_waits_for_a_bridge_another_client_lets_go_of(
+    served: tuple[ThreadedAdbServer, VirtualPhone],
+) -> None:
+    """Another tool's UiAutomation client mostly ends soon (its dump or its session
+    finishing), but the server's start beside it failed the call, and the task, for good.
+    The start is now tried again for a bounded time, and gets the bridge once it is free."""
+    server, phone = served
+    client = adb_transport.Client("127.0.0.1", server.port)
+    phone.hang_dumps(1.0)  # a dump of another tool's that ends by itself
+    dumping = threading.Thread(
+        target=adb_transport.run,
+        args=(client, SERIAL, "shell:uiautomator dump /data/local/tmp/other.xml", 30.0),
+    )
+    d = U2Driver(SERIAL, port=server.port, bridge_wait_s=30)
+    dumping.start()
+    try:
+        until = time.monotonic() + 30
+        while phone.dumper is None and time.monotonic() < until:
+            time.sleep(0.05)
+        assert phone.dumper is not None
+        assert d.screen_size() == (1080, 2400)
+        assert "Settings" in d.dump_hierarchy()
+    finally:
+        dumping.join(timeout=30)
+        d._reset()
 
 
 @pytest.mark.parametrize("maker", ["com.lbe.security.miui", "com.example.made.up.permissions"])
