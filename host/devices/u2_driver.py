@@ -50,6 +50,7 @@ from host.devices.base import (
     KeyName,
     ScreenshotError,
     ScreenState,
+    ScreenUnavailable,
 )
 from host.devices.bridge import BRIDGE_WAIT_S, held, retry_while_held
 from host.devices.input_method import COMMAND as INPUT_METHOD_COMMAND
@@ -76,6 +77,9 @@ MAX_DEPTH = 120
 #: What uiautomator2 raises, after restarting a server its own Device started and trying
 #: again, for a server that answers but does not work: the driver stops it (`U2Driver._reset`).
 _BROKEN_SERVER = (u2_exceptions.UiAutomationNotConnectedError, u2_exceptions.HTTPError)
+#: The class uiautomator2's server runs as (`app_process … com.wetest.uia2.Main`): how its
+#: process is told on the phone.
+_SERVER_MAIN = "com.wetest.uia2.Main"
 #: How the screen is captured when the server's screenshot gives none (as `AdbDriver` does).
 _SCREENCAP = "exec-out:screencap -p"
 
@@ -385,6 +389,16 @@ class U2Driver:
             ) from gone
         except DeviceBusy as busy:
             cause = busy.__cause__ or busy
+            if isinstance(cause, _BROKEN_SERVER) and self._started_elsewhere():
+                self._reset()
+                raise ScreenUnavailable(
+                    f"{what} failed on {self._serial}: uiautomator2's server on the phone was "
+                    "started by another program (another amc host, weditor, a uiautomator2 "
+                    f"script) and no longer works ({cause}); neither amc nor uiautomator2 "
+                    "restarts a server another program started: stop that program, or end "
+                    f"the server (`adb -s {self._adb_serial} shell pkill -f "
+                    f"{_SERVER_MAIN}`), and the next attempt starts its own"
+                ) from busy
             if is_timeout(cause) or isinstance(cause, _BROKEN_SERVER):
                 self._reset()  # a wedged or broken server: the next call starts it again
             raise
@@ -397,6 +411,16 @@ class U2Driver:
                 self._reset()
                 raise
             raise
+
+    def _started_elsewhere(self) -> bool:
+        """Whether the server this driver talks to was started by another program: its
+        Device found one answering `/ping` and reused it (it started none), and no driver
+        of this host started it either. uiautomator2 stops only a server its own Device
+        started, so `_reset` cannot restart this one."""
+        if self._dev is None or getattr(self._dev, "_process", None) is not None:
+            return False
+        with _exit_hooks_lock:
+            return self._key not in _exit_hooks
 
     def _reset(self) -> None:
         """Forget the uiautomator2 device, and stop the phone's server (started by this

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import gc
 import io
+import subprocess
+import sys
 import threading
 import time
 import warnings
@@ -24,6 +26,7 @@ from host.devices.base import (
     DeviceError,
     DeviceGone,
     ScreenshotError,
+    ScreenUnavailable,
 )
 from host.devices.u2_driver import U2Driver, utf8_pieces
 from host.devices.virtual.adb_server import ThreadedAdbServer
@@ -635,3 +638,40 @@ def test_the_current_app_is_display_zeros_when_another_display_has_focus(
     assert d.current_app() == "com.android.settings"
     assert d.current_window() == "com.android.settings/com.android.settings.Settings"
     assert d.current_window() == AdbDriver(SERIAL, port=server.port).current_window()
+
+
+_OTHER_PROGRAM = """
+import sys, adbutils, uiautomator2 as u2
+d = u2.connect(adbutils.AdbClient(host="127.0.0.1", port=int(sys.argv[1])).device(sys.argv[2]))
+print("started" if d._process is not None else "reused", flush=True)
+sys.stdin.read()
+"""
+
+
+def test_a_broken_u2_server_another_program_started_is_named_not_restarted(
+    served: tuple[ThreadedAdbServer, VirtualPhone],
+) -> None:
+    """uiautomator2 reuses a server that answers `/ping` and stops only one its own Device
+    started. When another program's server (another host's, weditor's, a script's) lost its
+    UiAutomation, every call waited 10 s for a stop that never happened and failed
+    `DeviceBusy` "the next call starts the server again", which it never did: the task
+    looked at a dead server for all its attempts. Now the error says that another program
+    started the server and how to free the phone, and ends the attempt retryable."""
+    server, phone = served
+    other = subprocess.Popen(
+        [sys.executable, "-c", _OTHER_PROGRAM, str(server.port), SERIAL],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert other.stdout is not None and other.stdout.readline().strip() == "started"
+        d = U2Driver(SERIAL, port=server.port)
+        assert d.screen_size() == (1080, 2400)
+        phone.lose_u2_automation()
+        with pytest.raises(ScreenUnavailable, match="started by another program") as raised:
+            d.dump_hierarchy()
+        assert "com.wetest.uia2.Main" in str(raised.value)
+        del raised
+    finally:
+        other.communicate("", timeout=60)
