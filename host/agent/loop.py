@@ -135,6 +135,8 @@ class LoopSettings:
 
 #: A box past any screenshot's edge: painting it covers the whole image.
 _WHOLE_IMAGE = 1 << 20
+#: Actions a dark screen drops: a touch or a key reaches no app while the display is off.
+_GESTURES = frozenset({"tap", "swipe", "input_text", "press_key"})
 
 
 class _Cancelled(Exception):
@@ -541,6 +543,10 @@ class AgentLoop:
                 action.input_text.text = typed
             elif action.input_text.sensitive:
                 secrets.add(text)
+        if action.WhichOneof("kind") in _GESTURES:
+            # The screen may have timed out (and a swipe lock come back) while the model
+            # decided: a dark screen drops the gesture, and the step with its model call.
+            await self._on_phone(self.perceiver.ready_screen, self.driver)
         return await self._on_phone(execute, self.driver, action, scene)
 
     async def _capture_after(

@@ -25,6 +25,7 @@ from host.perception.hierarchy import HierarchyError
 from host.perception.perceive import Perceiver
 from planner.planner import make_planner
 from planner.settings import PlannerSettings
+from tests.host.scripted_planner import ScriptedPlanner, Step, by_text
 
 
 @pytest.fixture
@@ -376,3 +377,34 @@ async def test_a_phone_whose_bridge_another_client_keeps_ends_the_attempt_retrya
     outcome = await loop.run(TaskSpec("held-bridge", 1, "Turn on dark theme", phone.serial))
     assert (outcome.status, outcome.retryable) == ("failed", True)
     assert "another UiAutomation client" in outcome.summary
+
+
+async def test_a_screen_that_turns_off_while_the_model_thinks_is_woken_before_the_tap(
+    served: tuple[VirtualPhone, AdbDriver],
+) -> None:
+    """A phone's screen times out (15-30 s on many phones, and a swipe lock comes back) while
+    a slow model call decides the step: the tap then went to a dark screen, which drops it,
+    and the step (and its model call) was lost, the next look waking the phone on a screen
+    unchanged. The screen is now made ready (woken, a swipe lock dismissed) before every
+    gesture, so the tap lands in the step that planned it."""
+    phone, driver = served
+    phone.set_screen_lock("swipe")
+    planner = ScriptedPlanner(
+        [
+            Step("launch_app", {"package_name": "com.android.settings"}),
+            Step("tap", by_text("Display"), before=phone.sleep),
+            Step("tap", by_text("Dark theme")),
+            Step("complete", {"success": True, "reason": "dark theme is on"}),
+        ]
+    )
+    loop = AgentLoop(
+        driver,
+        planner,
+        Perceiver(None, retry_delay_s=0),
+        None,
+        LoopSettings(max_steps=6, settle_delay_s=0, ocr=False),
+    )
+    outcome = await loop.run(TaskSpec("dozing", 1, "Turn on dark theme", phone.serial))
+    assert outcome.status == "succeeded", outcome.summary
+    assert phone.state.settings["dark_theme"] is True
+    assert len(planner.seen) == 4
