@@ -65,7 +65,7 @@ from cloud.services.planner_service import CloudBudgets, build_planner_servicer
 from cloud.services.progress_service import ProgressServicer
 from cloud.services.task_service import TaskServicer
 from cloud.settings import CloudSettings, SettingError
-from cloud.store import decisions, errors, leases, screenshots, sessions
+from cloud.store import decisions, errors, hosts, leases, screenshots, sessions
 from cloud.store.database import Store
 from cloud.store.engine import upgrade
 from cloud.store.replicas import Presence
@@ -493,11 +493,14 @@ class CloudServer:
     async def _after_outage(self) -> None:
         """A replica that starts with no other alive starts after the whole cloud was down:
         live leases get a new term before the first sweep (`leases.extend_after_outage`).
-        Then this replica holds its own presence lock (`cloud.store.replicas`)."""
+        No stream of the replicas that died is open either: their hosts are disconnected until
+        they say hello. Then this replica holds its own presence lock (`cloud.store.replicas`)."""
+        asked = self.store.now()
         if not await self.presence.others_alive():
             extended = await leases.extend_after_outage(self.store)
             if extended:
                 log.info("no other replica was up: %d live lease(s) get a new term", extended)
+            await hosts.none_connected(self.store, asked)
         await self.presence.hold()
 
     async def stop(self, grace: float | None = None) -> None:

@@ -292,6 +292,30 @@ async def replica_gone(store: Store, replica_id: str) -> list[str]:
         return list(marked.all())
 
 
+async def none_connected(store: Store, before: dt.datetime) -> list[str]:
+    """The whole cloud was down (a replica starts with none other alive): no stream vouched for
+    `before` it asked is open, whatever the rows of the replicas that died without a goodbye
+    (SIGKILL, a crash) say. Their hosts are marked disconnected, last seen when their replica
+    last vouched for their stream; until then a host that died with the cloud read "connected ·
+    last seen now" for three heartbeats after the cloud came back. A stream vouched for since
+    is open on a replica started at the same moment. Returns the hosts it marked."""
+    vouched = HostRow.stream_alive_at
+    async with store.write() as session:
+        marked = await session.scalars(
+            update(HostRow)
+            .where(HostRow.connected.is_(True), or_(vouched.is_(None), vouched < before))
+            .values(
+                connected=False,
+                last_seen_at=case(
+                    (or_(HostRow.last_seen_at.is_(None), HostRow.last_seen_at < vouched), vouched),
+                    else_=HostRow.last_seen_at,
+                ),
+            )
+            .returning(HostRow.host_id)
+        )
+        return list(marked.all())
+
+
 async def heartbeat(
     store: Store, replica_id: str, seen: dict[str, dt.datetime], *, chunk: int = CHUNK
 ) -> None:

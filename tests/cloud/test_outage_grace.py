@@ -18,6 +18,7 @@ from cloud.server import build_server
 from cloud.settings import CloudSettings
 from cloud.store import hosts, leases, states, tasks
 from cloud.store.database import Store
+from cloud.store.engine import upgrade
 from cloud.store.models import AttemptRow
 from cloud.store.replicas import NAMESPACE, Presence
 from tests.cloud.test_late_results import _claimed, _lapse, _result
@@ -173,5 +174,33 @@ async def test_a_replica_started_after_an_outage_does_not_sweep_what_hosts_kept(
         view = await tasks.get(again.store, c.task_id)
         assert view is not None
         assert view.task.status == states.ASSIGNED and view.attempts[0].ended_at is None
+    finally:
+        await again.stop(0)
+
+
+async def test_a_replica_started_after_an_outage_lists_no_host_of_the_dead_cloud_connected(
+    db_url: str, pki_dir: Path
+) -> None:
+    """Hosts whose streams a crashed replica held (SIGKILL: it never marked them disconnected)
+    are not connected to a replica that starts with none other alive, until they say hello.
+    Before, a host that died with the cloud read "connected · last seen now" in `amc host list`
+    and the fleet view for three heartbeats (30 s by default) after the cloud came back; its
+    last vouched-for moment is kept as when it was last seen."""
+    settings = CloudSettings(database_url=db_url, listen_address="127.0.0.1:0", pki_dir=pki_dir)
+    store = Store.from_url(db_url)
+    await upgrade(store.engine)
+    try:  # what a replica killed mid-heartbeat leaves: a stream it vouched for a moment ago
+        await hosts.upsert_hello(store, "gone", [], "v", 0, "killed-replica", "stream-1", "p1")
+        vouched = store.now()
+        await hosts.heartbeat(store, "killed-replica", {"gone": vouched})
+        assert [c for _, c in await hosts.list_hosts(store, 10.0)] == [True]
+    finally:
+        await store.close()
+    again = await build_server(settings)
+    await again.start()
+    try:
+        [(row, connected)] = await hosts.list_hosts(again.store, 10.0)
+        assert not connected and not row.connected
+        assert row.last_seen_at is not None and row.last_seen_at >= vouched
     finally:
         await again.stop(0)
