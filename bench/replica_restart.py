@@ -65,9 +65,9 @@ HOST_CPUS = {1}
 #: The default lease (`CloudSettings.default_lease_seconds`) and the host's renewal interval.
 LEASE_S = 30
 RENEW_EVERY_S = LEASE_S / 3
-#: How far past its lease's expiry a host keeps running its task while the cloud is unreachable
-#: (`host.lease_client.LeaseClientConfig.expiry_grace_s`).
-HOST_GRACE_S = 2.0
+#: How far past its lease's expiry a host keeps running its task while the cloud is unreachable:
+#: not at all (`host.lease_client`: the cloud hands the task on at that moment).
+HOST_GRACE_S = 0.0
 
 
 class _Dropped(Exception):

@@ -17,8 +17,10 @@ assignments, renewals, revocations, result acks. The client:
   process whose stream was down when its attempt ended (else a lease that lapsed meanwhile
   leaves its task to be handed out again before the result arrives); a result the cloud
   refuses is dropped, with a log line, not sent again;
-- stops a task whose lease ran out by its own clock while the cloud was unreachable, and reports
-  it once it reconnects (a retryable result; the cloud may have given the lease a new term);
+- stops a task whose lease ran out by its own clock with no renewal answered, whether its
+  stream is gone or only silent (a dead link its keepalive has not noticed yet): the cloud
+  hands the task on at that moment. It reports it once it reconnects (a retryable result; the
+  cloud may have given the lease a new term);
 - starts an assignment for a phone whose previous attempt is still stopping (revoked, within
   one step of its end) once that attempt has stopped, instead of refusing it;
 - reconnects with capped exponential backoff and full jitter, re-announcing what it holds;
@@ -141,8 +143,6 @@ class LeaseClientConfig:
     reconnect_initial_s: float = 0.5
     reconnect_max_s: float = 30.0
     progress_renew_min_interval_s: float = 1.0
-    #: A lease past its expiry by this much while the cloud is unreachable stops its task.
-    expiry_grace_s: float = 2.0
     #: This run of the agent (`HostHello.process_id`); empty: a fresh random one per client.
     process_id: str = ""
     #: A stopping host waits at most this long for the cloud to acknowledge its results.
@@ -915,17 +915,22 @@ class LeaseClient:
             now = time.monotonic()
             if rt.revoked is not None:
                 next_due = now + 0.5  # stopping; the cloud no longer holds this lease
+            elif now >= rt.expires_mono and not rt.cancel.is_set():
+                # No renewal answered in time: the cloud sweeps the lease now and may hand the
+                # task to another phone, so this one stops, whether the stream is gone or only
+                # silent. A grace past the expiry (2 s, plus a keepalive while a dead link
+                # looked open) let both phones run the task at once.
+                log.warning("lease of %s ran out with no renewal answered", rt.key)
+                rt.revoked = types_pb2.TASK_STATUS_CANCELLED
+                rt.revoke_reason = EXPIRED_LOCALLY
+                rt.cancel.stop(UNREACHABLE_SUMMARY.removeprefix("stopped: "))
+                next_due = now + 0.5
             elif self._send(self._renewal(rt)):
                 metrics.renewals.labels(outcome="sent").inc()
                 rt.last_renewal_mono = now
-                next_due = now + self._interval(rt)
+                next_due = min(now + self._interval(rt), rt.expires_mono)
             else:
-                next_due = now + 0.5
-                if now > rt.expires_mono + self.config.expiry_grace_s and not rt.cancel.is_set():
-                    log.warning("lease of %s expired while the cloud was unreachable", rt.key)
-                    rt.revoked = types_pb2.TASK_STATUS_CANCELLED
-                    rt.revoke_reason = EXPIRED_LOCALLY
-                    rt.cancel.stop(UNREACHABLE_SUMMARY.removeprefix("stopped: "))
+                next_due = min(now + 0.5, rt.expires_mono)
 
     @staticmethod
     def _renewal(rt: RunningTask) -> lease_service_pb2.LeaseRequest:

@@ -10,6 +10,7 @@ task it held is resumed under its live lease (same attempt) and finishes.
 from __future__ import annotations
 
 import asyncio
+import sqlite3
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -126,5 +127,102 @@ async def test_half_open_connection_is_noticed_and_host_reconnects(
         if ops is not None:
             await ops.close()
         host.stop()
+        cloud.stop()
+        proxy.stop()
+
+
+def _attempt_row(workdir: Path, host_id: str, task_id: str, attempt: int) -> tuple[str, str] | None:
+    """(status, summary) of an attempt in the host's own timeline, if it holds it yet."""
+    conn = sqlite3.connect(workdir / f"host-{host_id}" / "task_progress.sqlite3")
+    try:
+        row = conn.execute(
+            "SELECT status, summary FROM tasks WHERE task_id = ? AND attempt = ?",
+            (task_id, attempt),
+        ).fetchone()
+    except sqlite3.OperationalError:  # not created yet
+        return None
+    finally:
+        conn.close()
+    return None if row is None else (str(row[0]), str(row[1]))
+
+
+async def test_a_host_whose_renewals_go_unanswered_stops_when_its_lease_runs_out(
+    tmp_path: Path, fault_pki: Path
+) -> None:
+    """The link goes silent for longer than the lease and the host's keepalive takes longer
+    than that to notice (its defaults: 10 s + 10 s; here 30 s + 30 s against a 4 s lease). The
+    cloud's lease runs out and it hands the task to host b. Host a, which plans itself (direct
+    transport), must stop when its lease runs out by its own clock, though its stream still
+    looks open. Before, it stopped only once its stream was gone (the keepalive) and 2 s more:
+    it kept tapping its phone while b ran the same task on another, both at once."""
+    port = free_port()
+    address = f"127.0.0.1:{port}"
+    cloud = cloud_process(
+        tmp_path,
+        "cloud",
+        database_url=f"sqlite+aiosqlite:///{tmp_path / 'cloud.sqlite3'}",
+        pki_dir=fault_pki,
+        port=port,
+    )
+    proxy = TcpProxy([("127.0.0.1", port)]).start()
+    slow_keepalive = {"AMC_HOST_KEEPALIVE_TIME_S": "30", "AMC_HOST_KEEPALIVE_TIMEOUT_S": "30"}
+    a = host_process(
+        tmp_path,
+        "a",
+        cloud_address=proxy.address,
+        pki_dir=fault_pki,
+        settle_delay_s=1.0,
+        transport="direct",
+        extra=slow_keepalive,
+    )
+    b = host_process(tmp_path, "b", cloud_address=address, pki_dir=fault_pki, transport="direct")
+    ops = None
+    try:
+        cloud.start()
+        await wait_serving(address, fault_pki)
+        ops = operator(address, fault_pki)
+        a.start()
+        await wait_connected(ops, {"a"})
+        submitted = await ops.tasks.SubmitTask(
+            task_service_pb2.SubmitTaskRequest(
+                goal="Create a contact named Ann Lee with phone 555-0100",
+                lease_duration=Duration(seconds=4),
+                max_attempts=3,
+            )
+        )
+        task_id = submitted.task.task_id
+        await wait_task(
+            ops,
+            task_id,
+            lambda t: t.status == types_pb2.TASK_STATUS_RUNNING and t.progress.step_index >= 1,
+            what="running on a",
+        )
+        b.start()
+        await wait_connected(ops, {"a", "b"})
+        frozen = proxy.blackhole()
+        assert frozen, "no open connection to freeze"
+
+        await wait_task(
+            ops,
+            task_id,
+            lambda t: t.attempt == 2 and t.host_id == "b",
+            what="attempt 2 handed to b",
+        )
+        await _wait_for(
+            lambda: (_attempt_row(tmp_path, "a", task_id, 1) or ("running",))[0] != "running",
+            25,
+            "host a stopping attempt 1",
+        )
+        # Stopped by its lease, not by noticing the dead link (which it has not yet).
+        assert all(link.client_gone_at is None for link in frozen)
+        assert _attempt_row(tmp_path, "a", task_id, 1) == (
+            "cancelled",
+            "stopped: the lease ran out while the cloud was unreachable",
+        )
+    finally:
+        if ops is not None:
+            await ops.close()
+        a.stop()
+        b.stop()
         cloud.stop()
         proxy.stop()

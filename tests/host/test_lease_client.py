@@ -339,9 +339,7 @@ async def test_lease_lost_while_the_cloud_is_unreachable_stops_the_task(
 ) -> None:
     body = Stepper(50)
     client = _client(cloud, StaticDevices("emulator-5554"), body, tmp_path)
-    client.config = LeaseClientConfig(
-        reconnect_initial_s=0.05, reconnect_max_s=0.2, expiry_grace_s=0.1
-    )
+    client.config = LeaseClientConfig(reconnect_initial_s=0.05, reconnect_max_s=0.2)
     stop, task = await _run(client)
     fake = cloud.cloud
     fake.lease_s = 0.6
