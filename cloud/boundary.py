@@ -8,7 +8,8 @@ boundary, not one per caller):
   runs (for streamed requests: the servicer's request iterator ends the call the same way; the
   Lease stream reads `wire.Malformed` items itself and answers them in-stream).
 - An exception a servicer lets escape becomes a status through `status_for`: the database
-  cannot be reached → UNAVAILABLE "the cloud's database is unavailable; retry" (and the
+  cannot be reached → UNAVAILABLE "the cloud's database is unavailable; retry", with trailing
+  metadata `amc-waiting-for: the cloud's database` (and the
   database probe is woken, so health turns NOT_SERVING at once); any other failure → INTERNAL
   "internal error; retry later" — never gRPC's UNKNOWN with Python's text, never driver text,
   SQL, parameters, host or port (a generated servicer's unimplemented method, which raises
@@ -29,6 +30,7 @@ import grpc
 from cloud import wire
 from cloud.handlers import Behavior, Context, guard, rewrap
 from cloud.store import errors
+from planner.errors import CLOUD_DATABASE, WAITING_FOR_KEY
 
 log = logging.getLogger(__name__)
 
@@ -115,6 +117,9 @@ class Boundary(grpc.aio.ServerInterceptor):  # type: ignore[misc]
             if errors.unavailable(exc) and self._on_unavailable is not None:
                 self._on_unavailable()
             code, message = status_for(exc)
-            await context.abort(code, message)
+            # Says which part is away, so a client tells this answer from a cloud it could not
+            # reach (both are UNAVAILABLE): `amc` sent operators to look for another cloud.
+            waiting = ((WAITING_FOR_KEY, CLOUD_DATABASE),) if errors.unavailable(exc) else ()
+            await context.abort(code, message, waiting)
 
         return recover

@@ -24,6 +24,7 @@ from typer._click import exceptions as click_errors
 
 from console import exit_codes
 from console.cli_output import OutputClosed
+from planner.errors import CLOUD_DATABASE, WAITING_FOR_KEY
 
 
 class UserError(Exception):
@@ -51,6 +52,14 @@ def from_rpc(error: grpc.aio.AioRpcError, target: CloudTarget) -> UserError:
     """A gRPC failure as the person at the terminal can act on it."""
     code: grpc.StatusCode = error.code()
     details = (error.details() or "").strip()
+    waiting = dict(error.trailing_metadata() or ()).get(WAITING_FOR_KEY)
+    if code is grpc.StatusCode.UNAVAILABLE and waiting == CLOUD_DATABASE:
+        return UserError(
+            f"the cloud at {target.address} answered, but it is waiting for {waiting}",
+            "try again once the database is back; the cloud's health check says NOT_SERVING "
+            "until then",
+            exit_codes.CLOUD,
+        )
     if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
         why = "did not answer in time" if code is grpc.StatusCode.DEADLINE_EXCEEDED else "is down"
         reason = details.splitlines()[0] if details else why

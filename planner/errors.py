@@ -20,6 +20,9 @@ if TYPE_CHECKING:
 #: in words for the host's progress line ("the model provider", "the cloud's database").
 WAITING_FOR_KEY = "amc-waiting-for"
 MODEL_PROVIDER = "the model provider"
+#: The same for every call the cloud answers UNAVAILABLE because its database is unreachable
+#: (not Decide only): a client tells a cloud that answered from one it could not reach.
+CLOUD_DATABASE = "the cloud's database"
 #: Trailing metadata of such a Decide when the model provider said how long to wait: seconds, a
 #: decimal number (`PlannerTransient.retry_after`). A host waits at least that long.
 RETRY_AFTER_KEY = "amc-retry-after-s"

@@ -41,7 +41,7 @@ from cloud.store.ports import (
 from planner.budget import Budget, exhausted
 from planner.convert import usage_to_proto
 from planner.decision import Usage
-from planner.errors import REFUSED_BY_KEY, REFUSED_BY_LEASE, WAITING_FOR_KEY
+from planner.errors import CLOUD_DATABASE, REFUSED_BY_KEY, REFUSED_BY_LEASE, WAITING_FOR_KEY
 from planner.vendors.base import Probeable
 from planner.vendors.observed import ObservedAdapter
 from telemetry import logs, tracing
@@ -159,7 +159,7 @@ class OwnLeasesOnly(planner_service_pb2_grpc.PlannerServiceServicer):
             await context.abort(
                 grpc.StatusCode.UNAVAILABLE,
                 DATABASE_UNAVAILABLE,
-                ((WAITING_FOR_KEY, "the cloud's database"),),
+                ((WAITING_FOR_KEY, CLOUD_DATABASE),),
             )
             raise AssertionError("abort returns only by raising") from exc  # pragma: no cover
 

@@ -273,3 +273,26 @@ async def test_database_down_is_unavailable_and_not_serving_until_it_is_back(
     assert "database reachable again; health SERVING" in logged
     for leak in (secret_goal, str(private_pg.port), "SELECT", "INSERT", "connection to server"):
         assert leak not in logged, leak
+
+
+@pytest.mark.postgres
+async def test_the_cli_says_the_cloud_is_up_and_its_database_is_not(
+    pg_cloud: CloudServer, private_pg: RestartablePostgres, pki_dir: Path
+) -> None:
+    """An operator's `amc task list` while the cloud's PostgreSQL is down (restarting, failed
+    over). Before, it read "cannot reach the cloud at …: the cloud's database is unavailable;
+    retry (is it running? `amc up` starts one on this machine; point at another with --cloud
+    …)": the cloud had answered, and the hint sent the operator to start or look for another
+    cloud in the middle of a database incident."""
+    from console import exit_codes
+    from tests.console.test_cli_scripts import amc
+
+    conn = ["--cloud", pg_cloud.address, "--pki-dir", str(pki_dir), "--operator", "ops"]
+    private_pg.stop()
+    ran = await amc(*conn, "task", "list")
+    assert ran.code == exit_codes.CLOUD, ran
+    assert ran.err == (
+        f"amc task list: the cloud at {pg_cloud.address} answered, but it is waiting for the "
+        "cloud's database (try again once the database is back; the cloud's health check says "
+        "NOT_SERVING until then)\n"
+    ), ran
