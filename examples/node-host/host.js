@@ -308,12 +308,18 @@ const actionable = (node) =>
 // Bounds cut to the screen, as the Python host's `_clip`: real dumps list views laid out off
 // screen (a pager's next page, a list's rows scrolled away), and a tap at such a centre lands
 // nowhere or on the screen's edge.
-function clipped(raw, width, height) {
+function rect(raw) {
   const [, ...edges] = (raw || '').match(BOUNDS) || [];
   if (edges.length !== 4) return null;
   const [left, top, right, bottom] = edges.map(Number);
+  return { left, top, right, bottom };
+}
+
+function clipped(raw, width, height) {
+  const r = rect(raw);
+  if (!r) return null;
   const clip = (v, max) => Math.max(0, Math.min(v, max));
-  const b = { left: clip(left, width), top: clip(top, height), right: clip(right, width), bottom: clip(bottom, height) };
+  const b = { left: clip(r.left, width), top: clip(r.top, height), right: clip(r.right, width), bottom: clip(r.bottom, height) };
   return b.right > b.left && b.bottom > b.top ? b : null;
 }
 
@@ -419,14 +425,19 @@ function screenSize(wmSize, rotation) {
 // tree (its root was changing): the look is taken again.
 const KEYBOARD_LABEL = 'On-screen keyboard';
 function windowsOf(parsed) {
-  if (parsed.hierarchy) return { tree: parsed.hierarchy, over: [], keyboardFirst: false };
+  if (parsed.hierarchy) {
+    const root = parsed.hierarchy.node?.[0];
+    const windows = [{ hierarchy: parsed.hierarchy, bounds: root?.bounds, layer: 0 }];
+    return { tree: parsed.hierarchy, over: [], keyboardFirst: false, windows };
+  }
   const display = (parsed.displays?.display || []).find((d) => String(d.id ?? '0') === '0');
   const windows = display?.window || [];
   const focused = windows.find((w) => w.focused === 'true') || windows.find((w) => w.active === 'true');
   if (!focused?.hierarchy) return null;
   const over = windows.filter((w) => Number(w.layer || 0) > Number(focused.layer || 0));
   const keyboard = over.find((w) => w.type === 'TYPE_INPUT_METHOD');
-  return { tree: focused.hierarchy, over, keyboardFirst: keyboard && windows.indexOf(keyboard) < windows.indexOf(focused) };
+  const keyboardFirst = keyboard && windows.indexOf(keyboard) < windows.indexOf(focused);
+  return { tree: focused.hierarchy, over, keyboardFirst, windows };
 }
 
 // The keyboard and the system bars over the focused window, as covers, and the keyboard as the
@@ -447,6 +458,72 @@ function coversOf(over, width, height) {
     }
   }
   return { covers, keys };
+}
+
+// What covers the app (ScreenObservation.overlays), named as the Python host names it
+// (host/perception/windows.py, `classify`) from each window's type, package, resource ids,
+// texts and place: a permission prompt by its buttons, "isn't responding" by its Wait button or
+// words, a crash dialog by its `aerr_` ids, the lock screen and the shade by System UI's ids,
+// another dialog of the `android` package. Those take every touch, so the model is told what
+// to deal with first; a keyboard is named too. Topmost first, from the topmost of them up (what
+// lies under it is out of reach), as host/perception/hierarchy.py `parse_scene` lists them.
+const OVERLAYS = {
+  keyboard: 'OVERLAY_KEYBOARD',
+  permission_prompt: 'OVERLAY_PERMISSION_PROMPT',
+  app_not_responding: 'OVERLAY_APP_NOT_RESPONDING',
+  app_crash: 'OVERLAY_APP_CRASH',
+  system_dialog: 'OVERLAY_SYSTEM_DIALOG',
+  notification_shade: 'OVERLAY_NOTIFICATION_SHADE',
+  lock_screen: 'OVERLAY_LOCK_SCREEN',
+};
+const MAX_OVERLAYS = 8;
+const SYSTEM_UI = 'com.android.systemui';
+const PROMPT_PACKAGES = ['com.lbe.security.miui']; // makers' prompts known by their package alone
+const ANR_TEXTS = ["isn't responding", 'isn’t responding', 'is not responding', 'antwortet nicht'];
+const SHADE_IDS = ['notification_panel', 'quick_settings', 'qs_frame', 'notification_stack_scroller'];
+const LOCK_IDS = ['keyguard', 'lock_icon', 'bouncer', 'lockscreen'];
+// Stacking among windows on one layer: higher is nearer the user (the Python host's `_RANK`).
+const RANK = {
+  app: 0,
+  system_ui: 1,
+  bar: 2,
+  keyboard: 3,
+  notification_shade: 4,
+  permission_prompt: 5,
+  system_dialog: 6,
+  app_crash: 6,
+  app_not_responding: 7,
+  lock_screen: 8,
+};
+
+function kindOf(w, width, height) {
+  if (w.type === 'TYPE_INPUT_METHOD') return 'keyboard';
+  const nodes = [...walk(w.hierarchy?.node)];
+  const ids = nodes.map((n) => (n['resource-id'] || '').split('/').pop().toLowerCase()).filter(Boolean);
+  const texts = nodes.map((n) => String(n.text ?? '').toLowerCase());
+  const pkg = w.hierarchy?.node?.[0]?.package || '';
+  const b = rect(w.bounds) || rect(w.hierarchy?.node?.[0]?.bounds) || { left: 0, top: 0, right: 0, bottom: 0 };
+  const tall = b.bottom - b.top;
+  if (ids.some((id) => id.startsWith('permission_allow') || id.startsWith('permission_deny'))) return 'permission_prompt';
+  if (PROMPT_PACKAGES.includes(pkg)) return 'permission_prompt';
+  if (ids.includes('aerr_wait') || texts.some((t) => ANR_TEXTS.some((a) => t.includes(a)))) return 'app_not_responding';
+  if (ids.some((id) => id.startsWith('aerr_'))) return 'app_crash';
+  if (pkg === SYSTEM_UI) {
+    if (ids.some((id) => LOCK_IDS.some((h) => id.includes(h)))) return 'lock_screen';
+    if (tall > height * 0.4 && ids.some((id) => SHADE_IDS.some((h) => id.includes(h)))) return 'notification_shade';
+    return 'system_ui';
+  }
+  if (w.type === 'TYPE_SYSTEM' && tall < height * 0.15 && b.right - b.left >= width * 0.9) return 'bar';
+  return pkg === 'android' ? 'system_dialog' : 'app';
+}
+
+function overlaysOf(windows, width, height) {
+  const stack = windows
+    .map((w) => ({ layer: Number(w.layer || 0), kind: kindOf(w, width, height) }))
+    .sort((a, b) => a.layer - b.layer || RANK[a.kind] - RANK[b.kind]); // nearest the user last
+  const modal = stack.findLastIndex((s) => s.kind in OVERLAYS && s.kind !== 'keyboard');
+  const named = stack.slice(Math.max(modal, 0)).reverse().map((s) => OVERLAYS[s.kind]);
+  return [...new Set(named.filter(Boolean))].slice(0, MAX_OVERLAYS);
 }
 
 async function perceive(device) {
@@ -475,6 +552,7 @@ async function perceive(device) {
     foreground_package: cut(activity.split('/')[0], LIMITS.name),
     foreground_activity: cut(activity, LIMITS.activity),
     keyboard_shown: keyboard,
+    overlays: overlaysOf(screen.windows, width, height),
   });
 }
 

@@ -1,0 +1,65 @@
+"""The Node example host on screens of several windows: what covers the app (a permission prompt,
+an "isn't responding" dialog, the notification shade, the keyboard), as the Python host names it.
+
+Real parts: `amc cloud serve` (SQLite, mTLS, offline planner) as its own process, the virtual
+phone served over the adb protocol, and host.js as its own process. What host.js sends is
+compared with what the Python host's perception makes of the same `uiautomator dump --windows`
+(host/perception/hierarchy.py `parse_scene`, planner/observation.py `observation_from_scene`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from amc.v1 import types_pb2
+from host.devices.virtual.apps.notes import PKG as NOTES
+from host.devices.virtual.phone import VirtualPhone
+from host.perception.hierarchy import parse_scene
+from planner.observation import observation_from_scene
+from tests.node.test_node_host import _one_task, node
+
+__all__ = ["node"]
+
+
+def _keyboard_up(phone: VirtualPhone) -> None:
+    assert phone.launch(NOTES)
+    phone.tap(926, 2114)  # New note
+    phone.tap(540, 784)  # the note's body: the keyboard comes up
+    assert phone.keyboard_shown()
+
+
+_SCENES: dict[str, tuple[Callable[[VirtualPhone], None], types_pb2.Overlay.ValueType]] = {
+    "permission-prompt": (
+        lambda phone: phone.show_permission_prompt("com.android.contacts"),
+        types_pb2.OVERLAY_PERMISSION_PROMPT,
+    ),
+    "app-not-responding": (
+        lambda phone: phone.show_anr("com.android.chrome", "Chrome"),
+        types_pb2.OVERLAY_APP_NOT_RESPONDING,
+    ),
+    "notification-shade": (lambda phone: phone.open_shade(), types_pb2.OVERLAY_NOTIFICATION_SHADE),
+    "keyboard": (_keyboard_up, types_pb2.OVERLAY_KEYBOARD),
+}
+
+
+@pytest.mark.parametrize("scene", list(_SCENES))
+async def test_the_node_host_names_what_covers_the_app_as_the_python_host_does(
+    node: str, tmp_path: Path, scene: str
+) -> None:
+    """A permission prompt, an "isn't responding" dialog, the shade or the keyboard over the
+    app: the Python host names it in `ScreenObservation.overlays`, so the model knows the app is
+    out of reach until it deals with it. host.js sent no overlays at all: the model read the
+    prompt's Allow button as part of the app. It now names them as the Python host does."""
+    phone = VirtualPhone("emulator-5554")
+    show, overlay = _SCENES[scene]
+    show(phone)
+    scene_seen = parse_scene(phone.dump_windows(), package=phone.current_package())
+    expected = list(observation_from_scene(scene_seen).overlays)
+    said, _final, decisions = await _one_task(node, tmp_path, phone, "Leave this app")
+
+    assert decisions, said
+    assert expected == [overlay]
+    assert list(decisions[0].observation.overlays) == expected
