@@ -3,6 +3,8 @@ adb protocol, both real processes or servers, torn down however the test ends.""
 
 from __future__ import annotations
 
+import asyncio
+import os
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -19,6 +21,8 @@ from tests.support.processes import (
     operator,
     wait_serving,
 )
+
+HOST = Path(__file__).resolve().parents[2] / "examples" / "node-host" / "host.js"
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,3 +69,30 @@ async def cloud_and_phone(
         await client.close()
         cloud.stop()
         await adb.stop()
+
+
+async def start_host(
+    node: str,
+    rig: Rig,
+    host_id: str,
+    data_dir: Path,
+    *,
+    tasks: int | None = 1,
+    path: str | None = None,
+) -> asyncio.subprocess.Process:
+    """host.js as its own process against `rig`'s cloud and adb server, keeping its results
+    under `data_dir`: it exits after `tasks` tasks (None: it runs until killed). `path` is its
+    PATH (where it would find an `adb` program); what it says goes to the process's stderr."""
+    env = {
+        "PATH": os.environ.get("PATH", "") if path is None else path,
+        "AMC_CLOUD_ADDRESS": rig.address,
+        "AMC_HOST_CERTS_DIR": str(rig.pki),
+        "AMC_HOST_ID": host_id,
+        "ADB_PORT": str(rig.adb_port),
+        "AMC_HOST_DATA_DIR": str(data_dir),
+    }
+    if tasks is not None:
+        env["AMC_TASKS"] = str(tasks)
+    return await asyncio.create_subprocess_exec(
+        node, str(HOST), env=env, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE
+    )

@@ -9,7 +9,6 @@ dumps it parsed itself and the outcomes of its actions; the cloud builds every p
 from __future__ import annotations
 
 import asyncio
-import os
 import re
 import shutil
 from pathlib import Path
@@ -42,12 +41,11 @@ from planner.observation import (
 )
 from planner.scene import Element
 from planner.steps import MAX_DRIVER_OUTPUT_BYTES, MAX_OUTCOME_ERROR_BYTES
-from tests.node.rig import Rig, cloud_and_phone
+from tests.node.rig import HOST, Rig, cloud_and_phone, start_host
 from tests.support.fakes import ANTHROPIC_KEY, FakeModelServer, anthropic_message, tool_use
 from tests.support.processes import wait_task
 
 ROOT = Path(__file__).resolve().parents[2]
-HOST = ROOT / "examples" / "node-host" / "host.js"
 HOST_ID = "node-1"
 
 
@@ -61,21 +59,7 @@ def node() -> str:
 
 async def _run_node(node: str, rig: Rig) -> str:
     """One Node host process running one task to its end; returns what it said."""
-    host = await asyncio.create_subprocess_exec(
-        node,
-        str(HOST),
-        env={
-            "PATH": os.environ.get("PATH", ""),
-            "AMC_CLOUD_ADDRESS": rig.address,
-            "AMC_HOST_CERTS_DIR": str(rig.pki),
-            "AMC_HOST_ID": HOST_ID,
-            "ADB_PORT": str(rig.adb_port),
-            "AMC_HOST_DATA_DIR": str(rig.pki.parent / "host-data"),
-            "AMC_TASKS": "1",
-        },
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
+    host = await start_host(node, rig, HOST_ID, rig.pki.parent / "host-data")
     try:
         _, err = await asyncio.wait_for(host.communicate(), 240)
     finally:

@@ -9,15 +9,14 @@ the Python host's (host/perception/perceive.py `ready_screen`, host/devices/regi
 from __future__ import annotations
 
 import asyncio
-import os
 from pathlib import Path
 
 import pytest
 
 from amc.v1 import fleet_service_pb2, task_service_pb2, types_pb2
 from host.devices.virtual.phone import VirtualPhone
-from tests.node.rig import Rig, cloud_and_phone
-from tests.node.test_node_host import HOST, HOST_ID, _one_task, node
+from tests.node.rig import Rig, cloud_and_phone, start_host
+from tests.node.test_node_host import HOST_ID, _one_task, node
 from tests.support.processes import wait_task
 from tests.support.waiting import until
 
@@ -83,21 +82,7 @@ async def test_the_node_host_tells_the_cloud_of_phones_plugged_in_and_out_while_
     learns it went); one adb lists as unauthorized is UNAUTHORIZED, given no task."""
     first, second, third = (VirtualPhone(s) for s in ("emulator-5554", "emulator-5556", "R58M"))
     async with cloud_and_phone(tmp_path, first, HOST_ID) as rig:
-        host = await asyncio.create_subprocess_exec(
-            node,
-            str(HOST),
-            env={
-                "PATH": os.environ.get("PATH", ""),
-                "AMC_CLOUD_ADDRESS": rig.address,
-                "AMC_HOST_CERTS_DIR": str(rig.pki),
-                "AMC_HOST_ID": HOST_ID,
-                "ADB_PORT": str(rig.adb_port),
-                "AMC_HOST_DATA_DIR": str(tmp_path / "host-data"),
-                "AMC_TASKS": "1",
-            },
-            stdout=asyncio.subprocess.DEVNULL,
-            stderr=asyncio.subprocess.PIPE,
-        )
+        host = await start_host(node, rig, HOST_ID, tmp_path / "host-data")
         try:
             online = types_pb2.DEVICE_STATE_ONLINE
 
@@ -168,21 +153,7 @@ async def test_a_phone_unplugged_mid_task_ends_its_attempt_retryable(
                 timeout=10,
             )
         ).task
-        host = await asyncio.create_subprocess_exec(
-            node,
-            str(HOST),
-            env={
-                "PATH": os.environ.get("PATH", ""),
-                "AMC_CLOUD_ADDRESS": rig.address,
-                "AMC_HOST_CERTS_DIR": str(rig.pki),
-                "AMC_HOST_ID": HOST_ID,
-                "ADB_PORT": str(rig.adb_port),
-                "AMC_TASKS": "1",
-                "AMC_HOST_DATA_DIR": str(tmp_path / "host-data"),
-            },
-            stdout=asyncio.subprocess.DEVNULL,
-            stderr=asyncio.subprocess.PIPE,
-        )
+        host = await start_host(node, rig, HOST_ID, tmp_path / "host-data")
         try:
             await until(lambda: phone.dumper is not None, 60, "the first look under way")
             rig.adb.unplug(phone.serial)
@@ -220,21 +191,7 @@ async def test_an_adb_server_gone_takes_every_phone_offline_at_once_and_a_failin
                 timeout=10,
             )
         ).task
-        host = await asyncio.create_subprocess_exec(
-            node,
-            str(HOST),
-            env={
-                "PATH": os.environ.get("PATH", ""),
-                "AMC_CLOUD_ADDRESS": rig.address,
-                "AMC_HOST_CERTS_DIR": str(rig.pki),
-                "AMC_HOST_ID": HOST_ID,
-                "ADB_PORT": str(rig.adb_port),
-                "AMC_TASKS": "1",
-                "AMC_HOST_DATA_DIR": str(tmp_path / "host-data"),
-            },
-            stdout=asyncio.subprocess.DEVNULL,
-            stderr=asyncio.subprocess.PIPE,
-        )
+        host = await start_host(node, rig, HOST_ID, tmp_path / "host-data")
         try:
             await until(lambda: phone.dumper is not None, 60, "the first look under way")
             await rig.adb.stop()
@@ -270,20 +227,7 @@ async def test_the_node_host_reports_each_phones_model_as_the_phone_names_it(
     locked_out = VirtualPhone("ZY22", model="moto g")
     locked_out.set_adb_state("unauthorized")
     async with cloud_and_phone(tmp_path, pixel, HOST_ID) as rig:
-        host = await asyncio.create_subprocess_exec(
-            node,
-            str(HOST),
-            env={
-                "PATH": os.environ.get("PATH", ""),
-                "AMC_CLOUD_ADDRESS": rig.address,
-                "AMC_HOST_CERTS_DIR": str(rig.pki),
-                "AMC_HOST_ID": HOST_ID,
-                "ADB_PORT": str(rig.adb_port),
-                "AMC_HOST_DATA_DIR": str(tmp_path / "host-data"),
-            },
-            stdout=asyncio.subprocess.DEVNULL,
-            stderr=asyncio.subprocess.PIPE,
-        )
+        host = await start_host(node, rig, HOST_ID, tmp_path / "host-data", tasks=None)
 
         async def models() -> dict[str, str]:
             hosts = (await rig.client.fleet.ListHosts(fleet_service_pb2.ListHostsRequest())).hosts
@@ -322,21 +266,7 @@ async def test_a_phone_still_booting_is_offline_until_it_has_booted(
                 timeout=10,
             )
         ).task
-        host = await asyncio.create_subprocess_exec(
-            node,
-            str(HOST),
-            env={
-                "PATH": os.environ.get("PATH", ""),
-                "AMC_CLOUD_ADDRESS": rig.address,
-                "AMC_HOST_CERTS_DIR": str(rig.pki),
-                "AMC_HOST_ID": HOST_ID,
-                "ADB_PORT": str(rig.adb_port),
-                "AMC_TASKS": "1",
-                "AMC_HOST_DATA_DIR": str(tmp_path / "host-data"),
-            },
-            stdout=asyncio.subprocess.DEVNULL,
-            stderr=asyncio.subprocess.PIPE,
-        )
+        host = await start_host(node, rig, HOST_ID, tmp_path / "host-data")
 
         async def announced() -> bool:
             return bool(await _phones(rig))

@@ -21,8 +21,8 @@ from amc.v1 import decision_log_service_pb2, task_service_pb2, types_pb2
 from host.devices.virtual.adb_server import VirtualAdbServer
 from host.devices.virtual.phone import VirtualPhone
 from tests.host.lease_fake import start_fake_cloud
-from tests.node.rig import cloud_and_phone
-from tests.node.test_node_host import HOST, HOST_ID, node
+from tests.node.rig import HOST, cloud_and_phone
+from tests.node.test_node_host import HOST_ID, node
 from tests.support.fakes import ANTHROPIC_KEY, FakeModelServer, anthropic_message, tool_use
 from tests.support.processes import OPERATOR, wait_serving, wait_task
 from tests.support.tcp_proxy import TcpProxy
