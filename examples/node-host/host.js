@@ -35,6 +35,7 @@ const path = require('path');
 const grpc = require('@grpc/grpc-js');
 const protoLoader = require('@grpc/proto-loader');
 const { Adb } = require('@devicefarmer/adbkit');
+const { default: Connection } = require('@devicefarmer/adbkit/dist/src/adb/connection');
 const { XMLParser } = require('fast-xml-parser');
 
 const env = process.env;
@@ -78,6 +79,17 @@ const PROCESS_ID = crypto.randomUUID();
 
 const ADB = { host: env.ADB_HOST || '127.0.0.1', port: Number(env.ADB_PORT || 5037) };
 const adb = Adb.createClient(ADB);
+// adbkit, refused a connection, runs `adb -P <port> start-server` and tries again: a server the
+// operator stopped (to update adb, to hand the phones to another tool) was started again by the
+// next step. This host never starts one, as the Python host never does (host/devices/
+// adb_transport.py): a refused connection fails, and no server means every phone is OFFLINE
+// (`refreshPhones`) and a step that failed on one ends retryable (`phoneGone`).
+adb.connection = function connection() {
+  const conn = new Connection(this.options);
+  conn.triedStarting = true; // adbkit's own "started it once already"
+  conn.on('error', (err) => this.emit('error', err));
+  return conn.connect();
+};
 const log = (...args) => console.error('[node-host]', ...args);
 
 // The contract's limits on what this host sends, as the proto comments give them: UTF-8 bytes

@@ -9,6 +9,7 @@ the Python host's (host/perception/perceive.py `ready_screen`, host/devices/regi
 from __future__ import annotations
 
 import asyncio
+import os
 from pathlib import Path
 
 import pytest
@@ -208,6 +209,61 @@ async def test_an_adb_server_gone_takes_every_phone_offline_at_once_and_a_failin
                 host.kill()
                 await host.wait()
     said = err.decode()
+    reason = final.attempts[0].failure_reason
+    assert reason.startswith("phone emulator-5554 disconnected (no adb server at 127.0.0.1:"), said
+    assert final.status == types_pb2.TASK_STATUS_QUEUED, said  # retryable: it waits for a phone
+    assert phones == {phone.serial: types_pb2.DEVICE_STATE_OFFLINE}, said
+
+
+async def test_the_node_host_never_starts_an_adb_server_the_operator_stopped(
+    node: str, tmp_path: Path
+) -> None:
+    """The operator stops the adb server (`adb kill-server`: to update adb, to hand the phones
+    to another tool) while host.js runs a task. adbkit, refused a connection, runs `adb -P
+    <port> start-server` itself: the next step's shell call started a server the operator had
+    stopped. As the Python host does (host/devices/adb_transport.py), host.js now never starts
+    one: the step fails, the phone is OFFLINE and the attempt ends retryable, saying no adb
+    server answers. No adb program can run here (the virtual phone's server is the adb
+    server), so the `adb` on the host's PATH is a stand-in that notes that it was run."""
+    ran = tmp_path / "adb-ran"
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "adb").write_text(f'#!/bin/sh\necho "$@" >> "{ran}"\n', encoding="utf-8")
+    (bin_dir / "adb").chmod(0o755)
+    phone = VirtualPhone("emulator-5554")
+    stopping: list[asyncio.Task[None]] = []
+    async with cloud_and_phone(tmp_path, phone, HOST_ID) as rig:
+        loop = asyncio.get_running_loop()
+
+        def stop_the_server() -> None:
+            loop.call_soon_threadsafe(lambda: stopping.append(loop.create_task(rig.adb.stop())))
+
+        phone.interrupt_after(1, stop_the_server)  # right after step 1's tap: step 2 finds none
+        task = (
+            await rig.client.tasks.SubmitTask(
+                task_service_pb2.SubmitTaskRequest(goal="Turn on dark theme", max_attempts=2),
+                timeout=10,
+            )
+        ).task
+        path = f"{bin_dir}:{os.environ.get('PATH', '')}"
+        host = await start_host(node, rig, HOST_ID, tmp_path / "host-data", path=path)
+        try:
+            _, err = await asyncio.wait_for(host.communicate(), 120)
+            final = await wait_task(
+                rig.client,
+                task.task_id,
+                lambda t: t.attempts and t.attempts[0].status != types_pb2.TASK_STATUS_RUNNING,
+                30,
+            )
+            phones = await _phones(rig)
+        finally:
+            if host.returncode is None:
+                host.kill()
+                await host.wait()
+            await asyncio.gather(*stopping)
+    said = err.decode()
+    assert stopping, said  # the tap was made and the server stopped
+    assert not ran.exists(), ran.read_text()
     reason = final.attempts[0].failure_reason
     assert reason.startswith("phone emulator-5554 disconnected (no adb server at 127.0.0.1:"), said
     assert final.status == types_pb2.TASK_STATUS_QUEUED, said  # retryable: it waits for a phone
