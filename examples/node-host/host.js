@@ -538,6 +538,16 @@ function overlaysOf(windows, width, height) {
   return [...new Set(named.filter(Boolean))].slice(0, MAX_OVERLAYS);
 }
 
+// What `dumpsys window` says of display 0, the one this host reads and taps: from Android 10 it
+// names each display's focus in its own block (`Display: mDisplayId=N`), and a second display's
+// (a cast or presentation screen, a foldable's cover screen) may come first. As the Python host
+// reads it (host/devices/adb_driver.py, `parse_current_window`); the whole text without blocks.
+function displayZero(dumpsys) {
+  const blocks = dumpsys.split(/^\s*Display: mDisplayId=(\d+)\b.*$/m); // [before, id, block, id, block, …]
+  if (blocks.length === 1) return dumpsys;
+  return blocks.filter((_, i) => i > 1 && i % 2 === 0 && blocks[i - 1] === '0').join('\n');
+}
+
 async function perceive(device) {
   let screen = null;
   for (let attempt = 0; attempt < 3 && !screen; attempt += 1) {
@@ -554,7 +564,7 @@ async function perceive(device) {
     if (element) found.push({ element, actionable: actionable(node) });
   }
   if (keys) found[screen.keyboardFirst ? 'unshift' : 'push'](keys);
-  const focus = (await shell(device, 'dumpsys window')).match(/mCurrentFocus=Window\{\S+ \S+ ([^\s}]+)\}/);
+  const focus = displayZero(await shell(device, 'dumpsys window')).match(/mCurrentFocus=Window\{\S+ \S+ ([^\s}]+)\}/);
   const keyboard = /mInputShown=true/.test(await shell(device, 'dumpsys input_method'));
   const activity = focus ? focus[1] : '';
   return bounded(found, {

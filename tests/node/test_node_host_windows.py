@@ -63,3 +63,22 @@ async def test_the_node_host_names_what_covers_the_app_as_the_python_host_does(
     assert decisions, said
     assert expected == [overlay]
     assert list(decisions[0].observation.overlays) == expected
+
+
+async def test_the_node_host_names_the_app_in_front_on_the_phones_own_display(
+    node: str, tmp_path: Path
+) -> None:
+    """A phone with a second display (a cast or presentation screen, a foldable's cover
+    screen): from Android 10 `dumpsys window` names each display's focus in its own block, and
+    lists the other display's first. host.js took the first focus it found and told the cloud
+    the presentation app on the second display was in front of the phone it drives. As the
+    Python host does (host/devices/adb_driver.py `parse_current_window`), it now reads display
+    0's block."""
+    phone = VirtualPhone("emulator-5554")
+    phone.multi_display = True
+    said, _final, decisions = await _one_task(node, tmp_path, phone, "Leave this app")
+
+    assert decisions, said
+    seen = decisions[0].observation
+    assert seen.foreground_package == "com.android.launcher3"
+    assert seen.foreground_activity.startswith("com.android.launcher3/")
