@@ -508,12 +508,14 @@ const RANK = {
   lock_screen: 8,
 };
 
+const packageOf = (w) => w.hierarchy?.node?.[0]?.package || '';
+
 function kindOf(w, width, height) {
   if (w.type === 'TYPE_INPUT_METHOD') return 'keyboard';
   const nodes = [...walk(w.hierarchy?.node)];
   const ids = nodes.map((n) => (n['resource-id'] || '').split('/').pop().toLowerCase()).filter(Boolean);
   const texts = nodes.map((n) => String(n.text ?? '').toLowerCase());
-  const pkg = w.hierarchy?.node?.[0]?.package || '';
+  const pkg = packageOf(w);
   const b = rect(w.bounds) || rect(w.hierarchy?.node?.[0]?.bounds) || { left: 0, top: 0, right: 0, bottom: 0 };
   const tall = b.bottom - b.top;
   if (ids.some((id) => id.startsWith('permission_allow') || id.startsWith('permission_deny'))) return 'permission_prompt';
@@ -529,13 +531,16 @@ function kindOf(w, width, height) {
   return pkg === 'android' ? 'system_dialog' : 'app';
 }
 
+// The overlays, and the package of the topmost window that takes every touch ('' when none):
+// the app in front as the model should read it (a prompt's, the shade's), as the Python host
+// names it (`parse_scene`: the modal window's package).
 function overlaysOf(windows, width, height) {
   const stack = windows
-    .map((w) => ({ layer: Number(w.layer || 0), kind: kindOf(w, width, height) }))
+    .map((w) => ({ layer: Number(w.layer || 0), kind: kindOf(w, width, height), pkg: packageOf(w) }))
     .sort((a, b) => a.layer - b.layer || RANK[a.kind] - RANK[b.kind]); // nearest the user last
   const modal = stack.findLastIndex((s) => s.kind in OVERLAYS && s.kind !== 'keyboard');
   const named = stack.slice(Math.max(modal, 0)).reverse().map((s) => OVERLAYS[s.kind]);
-  return [...new Set(named.filter(Boolean))].slice(0, MAX_OVERLAYS);
+  return { overlays: [...new Set(named.filter(Boolean))].slice(0, MAX_OVERLAYS), cover: stack[modal]?.pkg || '' };
 }
 
 // What `dumpsys window` says of display 0, the one this host reads and taps: from Android 10 it
@@ -546,6 +551,20 @@ function displayZero(dumpsys) {
   const blocks = dumpsys.split(/^\s*Display: mDisplayId=(\d+)\b.*$/m); // [before, id, block, id, block, …]
   if (blocks.length === 1) return dumpsys;
   return blocks.filter((_, i) => i > 1 && i % 2 === 0 && blocks[i - 1] === '0').join('\n');
+}
+
+// The focused activity of display 0 as `package/activity`; '' when it names none. A focused
+// window that is no activity's (the shade: `Window{… NotificationShade}`, an "Application Not
+// Responding: …" dialog) names none: then the activity that has the focus under it, as the
+// Python host reads it (host/devices/adb_driver.py, `_FOCUS_RES`).
+const FOCUS = [
+  /mCurrentFocus=Window\{[^}]*\s([\w.]+\/[\w.$]+)\}/,
+  /mFocusedApp=.*?\s([\w.]+\/[\w.$]+)/,
+  /ResumedActivity.*?\s([\w.]+\/[\w.$]+)/,
+];
+function focusOf(dumpsys) {
+  const ours = displayZero(dumpsys);
+  return FOCUS.map((re) => ours.match(re)?.[1]).find(Boolean) || '';
 }
 
 async function perceive(device) {
@@ -564,17 +583,18 @@ async function perceive(device) {
     if (element) found.push({ element, actionable: actionable(node) });
   }
   if (keys) found[screen.keyboardFirst ? 'unshift' : 'push'](keys);
-  const focus = displayZero(await shell(device, 'dumpsys window')).match(/mCurrentFocus=Window\{\S+ \S+ ([^\s}]+)\}/);
+  const activity = focusOf(await shell(device, 'dumpsys window'));
   const keyboard = /mInputShown=true/.test(await shell(device, 'dumpsys input_method'));
-  const activity = focus ? focus[1] : '';
+  const { overlays, cover } = overlaysOf(screen.windows, width, height);
+  const pkg = cover || activity.split('/')[0];
   return bounded(found, {
     screen_width: width,
     screen_height: height,
     rotation: ['ROTATION_0', 'ROTATION_90', 'ROTATION_180', 'ROTATION_270'][rotation],
-    foreground_package: cut(activity.split('/')[0], LIMITS.name),
-    foreground_activity: cut(activity, LIMITS.activity),
+    foreground_package: cut(pkg, LIMITS.name),
+    foreground_activity: cut(activity.startsWith(`${pkg}/`) ? activity : '', LIMITS.activity),
     keyboard_shown: keyboard,
-    overlays: overlaysOf(screen.windows, width, height),
+    overlays,
   });
 }
 

@@ -52,17 +52,23 @@ async def test_the_node_host_names_what_covers_the_app_as_the_python_host_does(
     """A permission prompt, an "isn't responding" dialog, the shade or the keyboard over the
     app: the Python host names it in `ScreenObservation.overlays`, so the model knows the app is
     out of reach until it deals with it. host.js sent no overlays at all: the model read the
-    prompt's Allow button as part of the app. It now names them as the Python host does."""
+    prompt's Allow button as part of the app. It now names them as the Python host does.
+    And the app in front is the covering window's, as the Python host says it: host.js took
+    the focused window's title for a package ("NotificationShade" with the shade down) or
+    sent none (an "Application Not Responding: …" window)."""
     phone = VirtualPhone("emulator-5554")
     show, overlay = _SCENES[scene]
     show(phone)
-    scene_seen = parse_scene(phone.dump_windows(), package=phone.current_package())
-    expected = list(observation_from_scene(scene_seen).overlays)
+    python = observation_from_scene(
+        parse_scene(phone.dump_windows(), package=phone.current_package())
+    )
     said, _final, decisions = await _one_task(node, tmp_path, phone, "Leave this app")
 
     assert decisions, said
-    assert expected == [overlay]
-    assert list(decisions[0].observation.overlays) == expected
+    seen = decisions[0].observation
+    assert list(python.overlays) == [overlay]
+    assert list(seen.overlays) == list(python.overlays)
+    assert seen.foreground_package == python.foreground_package
 
 
 async def test_the_node_host_names_the_app_in_front_on_the_phones_own_display(
