@@ -107,6 +107,7 @@ const LIMITS = {
   elements: 1000, // ScreenObservation.elements (count)
   observation: 1048576, // ScreenObservation, serialized (bytes)
   omitted: 100000, // ScreenObservation.omitted_elements
+  tree_missing: 512, // ScreenObservation.ui_tree_missing (bytes)
 };
 
 // A JavaScript string counts UTF-16 units: cut by bytes (or by characters, for a limit in
@@ -567,15 +568,36 @@ function focusOf(dumpsys) {
   return FOCUS.map((re) => ours.match(re)?.[1]).find(Boolean) || '';
 }
 
-async function perceive(device) {
-  let screen = null;
-  for (let attempt = 0; attempt < 3 && !screen; attempt += 1) {
+// Real dumps fail while a window changes ("ERROR: could not get idle state.", "ERROR: null root
+// node returned by UiTestAutomationBridge.", no window listed, the focused window without its
+// tree): a look tries DUMP_TRIES times with a growing pause, as the Python host does
+// (host/perception/perceive.py, `scene_from_dump`). A window the phone gave no tree of in any of
+// them (a secure one, one that never goes idle) is looked at without one, the model told why
+// (`ui_tree_missing`), rather than the task failed for it; a dump that goes unanswered (the phone
+// or its adb server gone) throws.
+const DUMP_TRIES = 5;
+const DUMP_PAUSE_MS = 500; // after the first try, one more for each try after it
+async function dumpScreen(device) {
+  let why = '';
+  for (let tries = 1; tries <= DUMP_TRIES; tries += 1) {
     const dump = await shell(device, 'uiautomator dump --windows /dev/tty'); // XML, "UI hierchary dumped to…"
-    if (dump.includes('<node')) screen = windowsOf(xml.parse(dump.slice(dump.indexOf('<'), dump.lastIndexOf('>') + 1)));
+    const tree = dump.includes('<node');
+    const screen = tree && windowsOf(xml.parse(dump.slice(dump.indexOf('<'), dump.lastIndexOf('>') + 1)));
+    if (screen) return { screen, why: '' };
+    why = dump.match(/ERROR: .*/)?.[0] || (tree ? 'the focused window came without its tree' : 'no window in the dump');
+    if (tries < DUMP_TRIES) await sleep(DUMP_PAUSE_MS * tries);
   }
-  if (!screen) throw new Error('uiautomator dump gave no tree of the focused window in 3 tries');
-  const rotation = Number(screen.tree.rotation || 0);
-  const [width, height] = screenSize(await shell(device, 'wm size'), rotation);
+  return { screen: null, why: `uiautomator dump gave no tree in ${DUMP_TRIES} tries: ${why}` };
+}
+
+// How the screen is turned (0-3), as `dumpsys display` says it: for a look without a dump.
+async function displayRotation(device) {
+  return Number((await shell(device, 'dumpsys display')).match(/\borientation=([0-3])\b/)?.[1] || 0);
+}
+
+// The focused window's elements as the model is shown them, with what the keyboard and the
+// system bars over it leave in view, and the keyboard as one element.
+function elementsOf(screen, width, height) {
   const { covers, keys } = coversOf(screen.over, width, height);
   const found = [];
   for (const node of walk(screen.tree.node)) {
@@ -583,9 +605,17 @@ async function perceive(device) {
     if (element) found.push({ element, actionable: actionable(node) });
   }
   if (keys) found[screen.keyboardFirst ? 'unshift' : 'push'](keys);
+  return found;
+}
+
+async function perceive(device) {
+  const { screen, why } = await dumpScreen(device);
+  const rotation = screen ? Number(screen.tree.rotation || 0) : await displayRotation(device);
+  const [width, height] = screenSize(await shell(device, 'wm size'), rotation);
+  const found = screen ? elementsOf(screen, width, height) : [];
+  const { overlays, cover } = screen ? overlaysOf(screen.windows, width, height) : { overlays: [], cover: '' };
   const activity = focusOf(await shell(device, 'dumpsys window'));
   const keyboard = /mInputShown=true/.test(await shell(device, 'dumpsys input_method'));
-  const { overlays, cover } = overlaysOf(screen.windows, width, height);
   const pkg = cover || activity.split('/')[0];
   return bounded(found, {
     screen_width: width,
@@ -595,6 +625,7 @@ async function perceive(device) {
     foreground_activity: cut(activity.startsWith(`${pkg}/`) ? activity : '', LIMITS.activity),
     keyboard_shown: keyboard,
     overlays,
+    ui_tree_missing: cut(why, LIMITS.tree_missing),
   });
 }
 
@@ -698,8 +729,7 @@ async function readyScreen(device, serial) {
     await input(device, 'input keyevent KEYCODE_MENU', 'dismiss keyguard');
     if ((await look()).locked) {
       // Up the middle of the screen, from 4/5 to 1/5 of its height (as it is turned now).
-      const rotation = Number((await shell(device, 'dumpsys display')).match(/\borientation=([0-3])\b/)?.[1] || 0);
-      const [w, h] = screenSize(await shell(device, 'wm size'), rotation);
+      const [w, h] = screenSize(await shell(device, 'wm size'), await displayRotation(device));
       await input(device, `input swipe ${Math.floor(w / 2)} ${Math.floor((h * 4) / 5)} ${Math.floor(w / 2)} ${Math.floor(h / 5)} 300`, 'swipe');
     }
   }

@@ -38,6 +38,7 @@ from planner.observation import (
     MAX_OBSERVATION_BYTES,
     MAX_OMITTED,
     MAX_TEXT_BYTES,
+    MAX_TREE_MISSING_BYTES,
 )
 from planner.scene import Element
 from planner.steps import MAX_DRIVER_OUTPUT_BYTES, MAX_OUTCOME_ERROR_BYTES
@@ -314,6 +315,7 @@ def test_the_node_hosts_limits_are_the_clouds() -> None:
         "elements": MAX_ELEMENTS,
         "observation": MAX_OBSERVATION_BYTES,
         "omitted": MAX_OMITTED,
+        "tree_missing": MAX_TREE_MISSING_BYTES,
     }
 
 

@@ -88,3 +88,34 @@ async def test_the_node_host_names_the_app_in_front_on_the_phones_own_display(
     seen = decisions[0].observation
     assert seen.foreground_package == "com.android.launcher3"
     assert seen.foreground_activity.startswith("com.android.launcher3/")
+
+
+@pytest.mark.parametrize("glitches", [4, 5], ids=["settles-at-the-last-try", "never-settles"])
+async def test_the_node_host_rides_out_dumps_with_a_null_root_as_the_python_host_does(
+    node: str, tmp_path: Path, glitches: int
+) -> None:
+    """`uiautomator dump` answers "ERROR: null root node returned by UiTestAutomationBridge."
+    while a window changes, several times in a row on a busy phone. host.js tried three times
+    back to back and then ended the attempt as a host error, not retryable: the task failed for
+    good for a screen that was settling. As the Python host does (host/perception/perceive.py
+    `scene_from_dump`), it now tries five times with a growing pause; and when the phone
+    answered every try with such an error, the step goes on without a UI tree, the model told
+    why (`ui_tree_missing`), and the planner decides (here the offline planner, shown nothing,
+    gives up)."""
+    phone = VirtualPhone("emulator-5554")
+    phone.glitch_dumps("null_root", glitches)
+    said, final, decisions = await _one_task(node, tmp_path, phone, "Turn on dark theme")
+
+    assert decisions, said
+    first = decisions[0].observation
+    assert (first.screen_width, first.screen_height) == (1080, 2400)
+    assert first.foreground_package == "com.android.launcher3"
+    if glitches < 5:
+        assert not first.ui_tree_missing
+        assert final.status == types_pb2.TASK_STATUS_SUCCEEDED, said
+        assert phone.state.flag("dark_theme")
+    else:
+        assert "null root node returned by UiTestAutomationBridge" in first.ui_tree_missing
+        assert not first.elements
+        assert decisions[0].tool_name == "complete", said
+        assert "host error" not in final.attempts[0].failure_reason, said
