@@ -590,9 +590,17 @@ async function dumpScreen(device) {
   return { screen: null, why: `uiautomator dump gave no tree in ${DUMP_TRIES} tries: ${why}` };
 }
 
-// How the screen is turned (0-3), as `dumpsys display` says it: for a look without a dump.
+// How the screen is turned (0-3) when no dump says it, as the Python host reads it
+// (host/devices/screen_size.py): display 0's viewport in `dumpsys display` (a second display's
+// may come first), any `orientation=` where no viewport names display 0, else `dumpsys input`'s
+// SurfaceOrientation (builds whose display dump names none); upright when nothing says.
 async function displayRotation(device) {
-  return Number((await shell(device, 'dumpsys display')).match(/\borientation=([0-3])\b/)?.[1] || 0);
+  const display = await shell(device, 'dumpsys display');
+  const found =
+    display.match(/DisplayViewport\{[^}]*?displayId=0\b[^}]*?\borientation=([0-3])\b/) ||
+    display.match(/\borientation=([0-3])\b/) ||
+    (await shell(device, 'dumpsys input')).match(/SurfaceOrientation:\s*([0-3])\b/);
+  return Number(found?.[1] || 0);
 }
 
 // The focused window's elements as the model is shown them, with what the keyboard and the

@@ -119,3 +119,24 @@ async def test_the_node_host_rides_out_dumps_with_a_null_root_as_the_python_host
         assert not first.elements
         assert decisions[0].tool_name == "complete", said
         assert "host error" not in final.attempts[0].failure_reason, said
+
+
+async def test_a_look_without_a_tree_says_the_screen_as_the_phones_own_display_is_turned(
+    node: str, tmp_path: Path
+) -> None:
+    """Without a dump to say how the screen is turned, host.js took the first `orientation=`
+    of `dumpsys display`: with a second display attached (listed first, upright) a phone held
+    sideways was reported upright, 1080x2400, and the model read every point against the wrong
+    screen. As the Python host does (host/devices/screen_size.py), it now reads display 0's
+    viewport."""
+    phone = VirtualPhone("emulator-5554")
+    phone.multi_display = True
+    phone.rotate(1)
+    phone.glitch_dumps("null_root", 5)
+    said, _final, decisions = await _one_task(node, tmp_path, phone, "Turn on dark theme")
+
+    assert decisions, said
+    first = decisions[0].observation
+    assert first.ui_tree_missing, said
+    assert (first.screen_width, first.screen_height) == (2400, 1080)
+    assert first.rotation == types_pb2.ROTATION_90
