@@ -318,9 +318,7 @@ const actionable = (node) =>
   ['clickable', 'long-clickable', 'checkable', 'scrollable'].some((name) => node[name] === 'true') ||
   EDITABLE.test(node.class || '');
 
-// Bounds cut to the screen, as the Python host's `_clip`: real dumps list views laid out off
-// screen (a pager's next page, a list's rows scrolled away), and a tap at such a centre lands
-// nowhere or on the screen's edge.
+// A dump's `bounds="[l,t][r,b]"` as numbers; null when it has none.
 function rect(raw) {
   const [, ...edges] = (raw || '').match(BOUNDS) || [];
   if (edges.length !== 4) return null;
@@ -328,13 +326,15 @@ function rect(raw) {
   return { left, top, right, bottom };
 }
 
-function clipped(raw, width, height) {
-  const r = rect(raw);
-  if (!r) return null;
-  const clip = (v, max) => Math.max(0, Math.min(v, max));
-  const b = { left: clip(r.left, width), top: clip(r.top, height), right: clip(r.right, width), bottom: clip(r.bottom, height) };
+// Bounds cut to the screen, as the Python host's `_clip`: real dumps list views laid out off
+// screen (a pager's next page, a list's rows scrolled away), and a tap at such a centre lands
+// nowhere or on the screen's edge. Null when nothing of them is left.
+function clip(r, width, height) {
+  const to = (v, max) => Math.max(0, Math.min(v, max));
+  const b = { left: to(r.left, width), top: to(r.top, height), right: to(r.right, width), bottom: to(r.bottom, height) };
   return b.right > b.left && b.bottom > b.top ? b : null;
 }
+const clipped = (raw, width, height) => rect(raw) && clip(rect(raw), width, height);
 
 // What of `b` is left in view beside a window over it (the keyboard, a system bar): the largest
 // of its parts above, below, left and right of the cover, where a tap lands on it; null when the
@@ -429,48 +429,15 @@ function screenSize(wmSize, rotation) {
 }
 
 // The screen as `uiautomator dump --windows` gives it (releases before the option ignore it and
-// dump the active window alone, as a plain dump does): every window with its type and layer, topmost
-// first. The model is shown the focused window, as a plain dump shows it; but a keyboard over it
-// hides what lies below its top (a form's Save button), and a tap there lands on a key: so what
-// the keyboard (down to the screen's bottom) and the system bars cover is cut to what is left in
-// view, or left out, and the keyboard is shown as one element, as the Python host shows it
-// (host/perception/hierarchy.py, `parse_scene`). Null when the focused window came without its
-// tree (its root was changing): the look is taken again.
-const KEYBOARD_LABEL = 'On-screen keyboard';
+// dump the active window alone, as a plain dump does): every window of display 0 with its type
+// and layer, topmost first. Null when it lists none, or the focused window came without its tree
+// (its root was changing): the look is taken again.
 function windowsOf(parsed) {
-  if (parsed.hierarchy) {
-    const root = parsed.hierarchy.node?.[0];
-    const windows = [{ hierarchy: parsed.hierarchy, bounds: root?.bounds, layer: 0 }];
-    return { tree: parsed.hierarchy, over: [], keyboardFirst: false, windows };
-  }
+  if (parsed.hierarchy) return [{ hierarchy: parsed.hierarchy, bounds: parsed.hierarchy.node?.[0]?.bounds, focused: 'true' }];
   const display = (parsed.displays?.display || []).find((d) => String(d.id ?? '0') === '0');
   const windows = display?.window || [];
-  const focused = windows.find((w) => w.focused === 'true') || windows.find((w) => w.active === 'true');
-  if (!focused?.hierarchy) return null;
-  const over = windows.filter((w) => Number(w.layer || 0) > Number(focused.layer || 0));
-  const keyboard = over.find((w) => w.type === 'TYPE_INPUT_METHOD');
-  const keyboardFirst = keyboard && windows.indexOf(keyboard) < windows.indexOf(focused);
-  return { tree: focused.hierarchy, over, keyboardFirst, windows };
-}
-
-// The keyboard and the system bars over the focused window, as covers, and the keyboard as the
-// one element the model sees of it.
-function coversOf(over, width, height) {
-  const covers = [];
-  let keys = null;
-  for (const w of over) {
-    const b = clipped(w.bounds, width, height);
-    if (!b) continue;
-    if (w.type === 'TYPE_INPUT_METHOD') {
-      covers.push({ ...b, bottom: height }); // it reaches down to the navigation bar
-      const root = w.hierarchy?.node?.[0] || {};
-      const label = { 'content-desc': KEYBOARD_LABEL, class: root.class, package: root.package, bounds: w.bounds };
-      keys ||= { element: elementOf(label, width, height, []), actionable: false };
-    } else if (w.type === 'TYPE_SYSTEM' && b.bottom - b.top < height * 0.15 && b.right - b.left >= width * 0.9) {
-      covers.push(b);
-    }
-  }
-  return { covers, keys };
+  const rootless = windows.some((w) => (w.focused === 'true' || w.active === 'true') && !w.hierarchy);
+  return windows.length && !rootless ? windows : null;
 }
 
 // What covers the app (ScreenObservation.overlays), named as the Python host names it
@@ -510,6 +477,7 @@ const RANK = {
 };
 
 const packageOf = (w) => w.hierarchy?.node?.[0]?.package || '';
+const boundsOf = (w) => rect(w.bounds) || rect(w.hierarchy?.node?.[0]?.bounds) || { left: 0, top: 0, right: 0, bottom: 0 };
 
 function kindOf(w, width, height) {
   if (w.type === 'TYPE_INPUT_METHOD') return 'keyboard';
@@ -517,7 +485,7 @@ function kindOf(w, width, height) {
   const ids = nodes.map((n) => (n['resource-id'] || '').split('/').pop().toLowerCase()).filter(Boolean);
   const texts = nodes.map((n) => String(n.text ?? '').toLowerCase());
   const pkg = packageOf(w);
-  const b = rect(w.bounds) || rect(w.hierarchy?.node?.[0]?.bounds) || { left: 0, top: 0, right: 0, bottom: 0 };
+  const b = boundsOf(w);
   const tall = b.bottom - b.top;
   if (ids.some((id) => id.startsWith('permission_allow') || id.startsWith('permission_deny'))) return 'permission_prompt';
   if (PROMPT_PACKAGES.includes(pkg)) return 'permission_prompt';
@@ -526,22 +494,82 @@ function kindOf(w, width, height) {
   if (pkg === SYSTEM_UI) {
     if (ids.some((id) => LOCK_IDS.some((h) => id.includes(h)))) return 'lock_screen';
     if (tall > height * 0.4 && ids.some((id) => SHADE_IDS.some((h) => id.includes(h)))) return 'notification_shade';
-    return 'system_ui';
+    return (b.top <= 0 || b.bottom >= height) && tall < height * 0.15 ? 'bar' : 'system_ui';
   }
   if (w.type === 'TYPE_SYSTEM' && tall < height * 0.15 && b.right - b.left >= width * 0.9) return 'bar';
   return pkg === 'android' ? 'system_dialog' : 'app';
 }
 
-// The overlays, and the package of the topmost window that takes every touch ('' when none):
-// the app in front as the model should read it (a prompt's, the shade's), as the Python host
-// names it (`parse_scene`: the modal window's package).
-function overlaysOf(windows, width, height) {
-  const stack = windows
-    .map((w) => ({ layer: Number(w.layer || 0), kind: kindOf(w, width, height), pkg: packageOf(w) }))
-    .sort((a, b) => a.layer - b.layer || RANK[a.kind] - RANK[b.kind]); // nearest the user last
-  const modal = stack.findLastIndex((s) => s.kind in OVERLAYS && s.kind !== 'keyboard');
-  const named = stack.slice(Math.max(modal, 0)).reverse().map((s) => OVERLAYS[s.kind]);
-  return { overlays: [...new Set(named.filter(Boolean))].slice(0, MAX_OVERLAYS), cover: stack[modal]?.pkg || '' };
+// Each window with its kind and place, nearest the user last: by the dump's layer, then by the
+// kind's usual place (`stacking` in host/perception/windows.py).
+function stackOf(windows, width, height) {
+  return windows
+    .map((w) => ({
+      w,
+      kind: kindOf(w, width, height),
+      pkg: packageOf(w),
+      b: boundsOf(w),
+      layer: Number(w.layer || 0),
+      focused: w.focused === 'true' || w.active === 'true',
+    }))
+    .sort((a, b) => a.layer - b.layer || RANK[a.kind] - RANK[b.kind]);
+}
+const modal = (kind) => kind in OVERLAYS && kind !== 'keyboard';
+
+// What a finger can reach, as the Python host picks it (`parse_scene`, `_past_app_dialog`): the
+// windows from the topmost that takes every touch up (all of them when none is up), less the
+// app's own windows under its focused one that it lies within (a dialog of the app takes every
+// touch; side-by-side panes are both in reach). A popup that does not take the focus (a menu, an
+// autocomplete list) is in reach with the window under it.
+function reachable(stack) {
+  const reach = stack.slice(Math.max(stack.findLastIndex((s) => modal(s.kind)), 0));
+  const top = reach.findLast((s) => s.focused && s.kind === 'app');
+  if (!top || top.b.right <= top.b.left || top.b.bottom <= top.b.top) return reach;
+  const t = top.b;
+  const under = (s) =>
+    s.kind === 'app' && s.pkg === top.pkg && s.b.left <= t.left && s.b.top <= t.top && s.b.right >= t.right && s.b.bottom >= t.bottom;
+  return reach.filter((s, i) => i >= reach.indexOf(top) || !under(s));
+}
+
+// What covers the app, topmost first (ScreenObservation.overlays), and the package of the topmost
+// window that takes every touch ('' when none): the app in front as the model should read it (a
+// prompt's, the shade's), as the Python host names it (`parse_scene`: the modal window's).
+function overlaysOf(stack) {
+  const named = reachable(stack).reverse().filter((s) => s.kind in OVERLAYS);
+  const cover = named.find((s) => modal(s.kind));
+  return { overlays: [...new Set(named.map((s) => OVERLAYS[s.kind]))].slice(0, MAX_OVERLAYS), cover: cover?.pkg || '' };
+}
+
+// The elements of the windows in reach, in the dump's order, as the Python host shows them
+// (`parse_scene`): a keyboard hides what lies below its top (a form's Save button), and a tap
+// there lands on a key, so what a keyboard (down to the screen's bottom) and the system bars
+// cover of a window under them is cut to what is left in view, or left out; the keyboard is
+// shown as one element, and the system bars not at all.
+const KEYBOARD_LABEL = 'On-screen keyboard';
+function elementsOf(windows, stack, width, height) {
+  const reach = reachable(stack);
+  const level = new Map(stack.map((s, i) => [s.w, i]));
+  const covers = [
+    ...reach.filter((s) => s.kind === 'keyboard').map((s) => ({ ...s, b: { ...s.b, bottom: height } })),
+    ...stack.filter((s) => s.kind === 'bar'),
+  ].map((s) => ({ level: level.get(s.w), b: clip(s.b, width, height) }));
+  const shown = new Map(reach.filter((s) => s.kind !== 'bar').map((s) => [s.w, s]));
+  const found = [];
+  for (const w of windows.filter((x) => shown.has(x) && x.hierarchy?.node?.length)) {
+    const root = w.hierarchy.node[0];
+    if (shown.get(w).kind === 'keyboard') {
+      const label = { 'content-desc': KEYBOARD_LABEL, class: root.class, package: root.package, bounds: w.bounds || root.bounds };
+      const keys = elementOf(label, width, height, []);
+      if (keys) found.push({ element: keys, actionable: false });
+      continue;
+    }
+    const over = covers.filter((c) => c.b && c.level > level.get(w)).map((c) => c.b);
+    for (const node of walk(w.hierarchy.node)) {
+      const element = elementOf(node, width, height, over);
+      if (element) found.push({ element, actionable: actionable(node) });
+    }
+  }
+  return found;
 }
 
 // What `dumpsys window` says of display 0, the one this host reads and taps: from Android 10 it
@@ -603,25 +631,14 @@ async function displayRotation(device) {
   return Number(found?.[1] || 0);
 }
 
-// The focused window's elements as the model is shown them, with what the keyboard and the
-// system bars over it leave in view, and the keyboard as one element.
-function elementsOf(screen, width, height) {
-  const { covers, keys } = coversOf(screen.over, width, height);
-  const found = [];
-  for (const node of walk(screen.tree.node)) {
-    const element = elementOf(node, width, height, covers);
-    if (element) found.push({ element, actionable: actionable(node) });
-  }
-  if (keys) found[screen.keyboardFirst ? 'unshift' : 'push'](keys);
-  return found;
-}
-
 async function perceive(device) {
   const { screen, why } = await dumpScreen(device);
-  const rotation = screen ? Number(screen.tree.rotation || 0) : await displayRotation(device);
+  const tree = screen?.find((w) => w.hierarchy)?.hierarchy;
+  const rotation = tree ? Number(tree.rotation || 0) : await displayRotation(device);
   const [width, height] = screenSize(await shell(device, 'wm size'), rotation);
-  const found = screen ? elementsOf(screen, width, height) : [];
-  const { overlays, cover } = screen ? overlaysOf(screen.windows, width, height) : { overlays: [], cover: '' };
+  const stack = stackOf(screen || [], width, height);
+  const found = elementsOf(screen || [], stack, width, height);
+  const { overlays, cover } = overlaysOf(stack);
   const activity = focusOf(await shell(device, 'dumpsys window'));
   const keyboard = /mInputShown=true/.test(await shell(device, 'dumpsys input_method'));
   const pkg = cover || activity.split('/')[0];

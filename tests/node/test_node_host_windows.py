@@ -15,10 +15,13 @@ from pathlib import Path
 import pytest
 
 from amc.v1 import types_pb2
+from host.devices.virtual.apps.launcher import LAUNCHER_PACKAGE
 from host.devices.virtual.apps.notes import PKG as NOTES
-from host.devices.virtual.phone import VirtualPhone
+from host.devices.virtual.layout import Node, finalize
+from host.devices.virtual.phone import Surface, VirtualPhone
 from host.perception.hierarchy import parse_scene
 from planner.observation import observation_from_scene
+from planner.scene import Element
 from tests.node.test_node_host import _one_task, node
 
 __all__ = ["node"]
@@ -140,3 +143,51 @@ async def test_a_look_without_a_tree_says_the_screen_as_the_phones_own_display_i
     assert first.ui_tree_missing, said
     assert (first.screen_width, first.screen_height) == (2400, 1080)
     assert first.rotation == types_pb2.ROTATION_90
+
+
+class _PopupPhone(VirtualPhone):
+    """A phone whose app shows a popup that does not take the focus (a long-press menu, an
+    autocomplete list: a window of the app's own package over its activity, which keeps the
+    focus), as `uiautomator dump --windows` lists it."""
+
+    def surfaces(self) -> list[Surface]:
+        shown = super().surfaces()
+        popup = Node("android.widget.ListView", (100, 900, 700, 1200)).add(
+            Node(
+                "android.widget.TextView", (100, 900, 700, 1050), text="Add to home", clickable=True
+            ),
+            Node(
+                "android.widget.TextView", (100, 1050, 700, 1200), text="App info", clickable=True
+            ),
+        )
+        root = finalize(popup)
+        shown.insert(
+            1,
+            Surface(
+                "dialog", LAUNCHER_PACKAGE, "PopupWindow", "TYPE_APPLICATION", 2, root, False, 150
+            ),
+        )
+        return shown
+
+
+async def test_the_node_host_shows_a_popup_over_the_focused_window_as_the_python_host_does(
+    node: str, tmp_path: Path
+) -> None:
+    """A popup that does not take the focus (a long-press menu, an autocomplete list) is a
+    window of its own over the focused activity. host.js showed the model the focused window
+    alone: the popup's items never reached it, and a tap on what it showed under the popup
+    landed on the popup. It now shows the windows the Python host shows of the same dump."""
+    phone = _PopupPhone("emulator-5554")
+
+    def shown(e: Element | types_pb2.UiElement) -> tuple[str, tuple[int, ...]]:
+        b = e.bounds
+        return (e.text, (b.left, b.top, b.right, b.bottom))
+
+    expected = [
+        shown(e) for e in parse_scene(phone.dump_windows(), package=LAUNCHER_PACKAGE).elements
+    ]
+    said, _final, decisions = await _one_task(node, tmp_path, phone, "Leave this app")
+
+    assert decisions, said
+    assert [shown(e) for e in decisions[0].observation.elements] == expected
+    assert {"Add to home", "App info"} <= {text for text, _ in expected}
