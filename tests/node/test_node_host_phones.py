@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import pytest
@@ -70,6 +71,33 @@ async def _phones(rig: Rig) -> dict[str, types_pb2.DeviceState.ValueType]:
     """The Node host's phones as the cloud knows them now, by id."""
     hosts = (await rig.client.fleet.ListHosts(fleet_service_pb2.ListHostsRequest())).hosts
     return {d.serial: d.state for h in hosts if h.host_id == HOST_ID for d in h.devices}
+
+
+async def _first_attempt(
+    rig: Rig,
+    host: asyncio.subprocess.Process,
+    task_id: str,
+    meanwhile: Callable[[], Awaitable[None]] | None = None,
+) -> tuple[str, types_pb2.Task, dict[str, types_pb2.DeviceState.ValueType]]:
+    """Runs `meanwhile` (what befalls the phone while host.js runs its one task), then waits for
+    host.js to exit and the task's first attempt to end: what the host said, the task, and the
+    phones as the cloud then knows them. The host is killed if anything fails first."""
+    try:
+        if meanwhile is not None:
+            await meanwhile()
+        _, err = await asyncio.wait_for(host.communicate(), 120)
+        final = await wait_task(
+            rig.client,
+            task_id,
+            lambda t: t.attempts and t.attempts[0].status != types_pb2.TASK_STATUS_RUNNING,
+            30,
+        )
+        phones = await _phones(rig)
+    finally:
+        if host.returncode is None:
+            host.kill()
+            await host.wait()
+    return err.decode(), final, phones
 
 
 async def test_the_node_host_tells_the_cloud_of_phones_plugged_in_and_out_while_it_runs(
@@ -155,21 +183,12 @@ async def test_a_phone_unplugged_mid_task_ends_its_attempt_retryable(
             )
         ).task
         host = await start_host(node, rig, HOST_ID, tmp_path / "host-data")
-        try:
+
+        async def unplug() -> None:
             await until(lambda: phone.dumper is not None, 60, "the first look under way")
             rig.adb.unplug(phone.serial)
-            _, err = await asyncio.wait_for(host.communicate(), 120)
-            final = await wait_task(
-                rig.client,
-                task.task_id,
-                lambda t: t.attempts and t.attempts[0].status != types_pb2.TASK_STATUS_RUNNING,
-                30,
-            )
-        finally:
-            if host.returncode is None:
-                host.kill()
-                await host.wait()
-    said = err.decode()
+
+        said, final, _ = await _first_attempt(rig, host, task.task_id, unplug)
     assert final.attempts[0].failure_reason.startswith("phone emulator-5554 disconnected"), said
     assert final.status == types_pb2.TASK_STATUS_QUEUED, said  # retryable: it waits for a phone
 
@@ -193,22 +212,12 @@ async def test_an_adb_server_gone_takes_every_phone_offline_at_once_and_a_failin
             )
         ).task
         host = await start_host(node, rig, HOST_ID, tmp_path / "host-data")
-        try:
+
+        async def stop_the_server() -> None:
             await until(lambda: phone.dumper is not None, 60, "the first look under way")
             await rig.adb.stop()
-            _, err = await asyncio.wait_for(host.communicate(), 120)
-            final = await wait_task(
-                rig.client,
-                task.task_id,
-                lambda t: t.attempts and t.attempts[0].status != types_pb2.TASK_STATUS_RUNNING,
-                30,
-            )
-            phones = await _phones(rig)
-        finally:
-            if host.returncode is None:
-                host.kill()
-                await host.wait()
-    said = err.decode()
+
+        said, final, phones = await _first_attempt(rig, host, task.task_id, stop_the_server)
     reason = final.attempts[0].failure_reason
     assert reason.startswith("phone emulator-5554 disconnected (no adb server at 127.0.0.1:"), said
     assert final.status == types_pb2.TASK_STATUS_QUEUED, said  # retryable: it waits for a phone
@@ -248,20 +257,9 @@ async def test_the_node_host_never_starts_an_adb_server_the_operator_stopped(
         path = f"{bin_dir}:{os.environ.get('PATH', '')}"
         host = await start_host(node, rig, HOST_ID, tmp_path / "host-data", path=path)
         try:
-            _, err = await asyncio.wait_for(host.communicate(), 120)
-            final = await wait_task(
-                rig.client,
-                task.task_id,
-                lambda t: t.attempts and t.attempts[0].status != types_pb2.TASK_STATUS_RUNNING,
-                30,
-            )
-            phones = await _phones(rig)
+            said, final, phones = await _first_attempt(rig, host, task.task_id)
         finally:
-            if host.returncode is None:
-                host.kill()
-                await host.wait()
             await asyncio.gather(*stopping)
-    said = err.decode()
     assert stopping, said  # the tap was made and the server stopped
     assert not ran.exists(), ran.read_text()
     reason = final.attempts[0].failure_reason
