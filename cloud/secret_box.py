@@ -16,6 +16,7 @@ from pathlib import Path
 from cryptography.fernet import Fernet, InvalidToken, MultiFernet
 
 from cloud.settings import SettingError
+from telemetry.redaction import keep_secret
 
 #: What SubmitTask answers when the cloud has no key (FAILED_PRECONDITION).
 NO_KEY = (
@@ -72,6 +73,8 @@ def from_settings(key: str | None, key_file: Path | None) -> SecretBox | None:
     if text is None or not text.strip():
         return None
     keys = [k.strip().encode("ascii", "replace") for k in text.split(",") if k.strip()]
+    for found in keys:  # a key file's keys are no setting's value: kept here
+        keep_secret(found.decode("ascii"))
     try:
         return SecretBox(keys)
     except ValueError as exc:

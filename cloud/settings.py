@@ -13,6 +13,8 @@ from pydantic import AliasChoices, Field, SecretBytes, SecretStr, ValidationErro
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from telemetry.redaction import KeepsSecrets
+
 #: Where a cloud listens and where every client (CLI, console, host) looks for it by default.
 DEFAULT_CLOUD_ADDRESS = "127.0.0.1:50051"
 #: Where `amc cloud serve` serves Prometheus metrics unless told otherwise (loopback: a
@@ -87,7 +89,7 @@ def validation_problem(error: ValidationError) -> tuple[str, str]:
     return f"{variable}: {message}{got}", "fix the variable or unset it to use the default"
 
 
-class CloudSettings(BaseSettings):
+class CloudSettings(KeepsSecrets, BaseSettings):
     """Everything a cloud replica reads at start. Durations are in seconds."""
 
     model_config = SettingsConfigDict(env_prefix="AMC_CLOUD_", extra="ignore")

@@ -20,6 +20,7 @@ from sqlalchemy.exc import DBAPIError
 from cloud.server import Say, serve
 from cloud.settings import CloudSettings, SettingError, validation_problem
 from planner.errors import PlannerConfigError
+from telemetry.redaction import scrub
 from telemetry.tracing import TracingConfigError
 
 
@@ -57,11 +58,13 @@ def run(*, insecure: bool, debug: bool, say: Say) -> int:
     except KeyboardInterrupt:
         return 0
     except Exception as exc:
+        # Scrubbed as log lines are (`telemetry.redaction`): a library's text may quote a
+        # configured secret.
         if debug:
-            traceback.print_exc()
+            print(scrub(traceback.format_exc()), end="", file=sys.stderr)
         line = explain(exc, settings)
         if line is None:
             line = f"unexpected {type(exc).__name__}: {exc}"
         hint = "" if debug else " (run with --debug for the traceback)"
-        print(f"amc cloud serve: {line}{hint}", file=sys.stderr)
+        print(scrub(f"amc cloud serve: {line}{hint}"), file=sys.stderr)
         return 2

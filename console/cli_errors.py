@@ -25,6 +25,7 @@ from typer._click import exceptions as click_errors
 from console import exit_codes
 from console.cli_output import OutputClosed
 from planner.errors import CLOUD_DATABASE, WAITING_FOR_KEY
+from telemetry.redaction import scrub
 
 
 class UserError(Exception):
@@ -185,15 +186,17 @@ def run_main(
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return exit_codes.BROKEN_PIPE
     except Exception as exc:
+        # Scrubbed (`telemetry.redaction`) as log lines are: the text is a library's, and may
+        # quote a password or key the command was configured with.
         if debug():
-            traceback.print_exc()
+            print(scrub(traceback.format_exc()), end="", file=sys.stderr)
         problem = explain(exc)
         if problem is None:
             note = "" if debug() else " (run with --debug for the traceback)"
             print(
-                f"{_prefix(argv, groups)}: unexpected {type(exc).__name__}: {exc}{note}",
+                scrub(f"{_prefix(argv, groups)}: unexpected {type(exc).__name__}: {exc}{note}"),
                 file=sys.stderr,
             )
             return exit_codes.INTERNAL
-        print(f"{_prefix(argv, groups)}: {problem.line()}", file=sys.stderr)
+        print(scrub(f"{_prefix(argv, groups)}: {problem.line()}"), file=sys.stderr)
         return problem.code

@@ -14,9 +14,10 @@ from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from cloud.settings import DEFAULT_CLOUD_ADDRESS
+from telemetry.redaction import KeepsSecrets
 
 
-class ConsoleSettings(BaseSettings):
+class ConsoleSettings(KeepsSecrets, BaseSettings):
     """Configuration of one console gateway process."""
 
     model_config = SettingsConfigDict(env_prefix="AMC_CONSOLE_", extra="ignore")

@@ -14,6 +14,7 @@ from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from cloud.settings import DEFAULT_CLOUD_ADDRESS
+from telemetry.redaction import KeepsSecrets
 
 #: The seed design's name for the local task/timeline database path; honoured when set.
 LEGACY_DB_ENV = "HOST_AGENT_TASK_PROGRESS_DB_PATH"
@@ -22,7 +23,7 @@ LEGACY_DB_ENV = "HOST_AGENT_TASK_PROGRESS_DB_PATH"
 DEFAULT_HOST_METRICS_ADDRESS = "127.0.0.1:9472"
 
 
-class HostSettings(BaseSettings):
+class HostSettings(KeepsSecrets, BaseSettings):
     """Configuration of one host: where its phones, its cloud, its planner and its data are."""
 
     model_config = SettingsConfigDict(env_prefix="AMC_HOST_", extra="ignore")

@@ -21,6 +21,8 @@ from typing import Literal
 from pydantic import AliasChoices, Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from telemetry.redaction import KeepsSecrets
+
 ProviderName = Literal["offline", "anthropic", "openai"]
 ThinkingMode = Literal["off", "adaptive", "budget"]
 #: Every effort level a provider takes (Claude: low…max; OpenAI: openai-python's
@@ -51,7 +53,7 @@ MAX_CALL_TOKENS = MAX_THINKING_BUDGET + ANSWER_ROOM_TOKENS
 THINKING_MAX_TOKENS = 16000
 
 
-class PlannerSettings(BaseSettings):
+class PlannerSettings(KeepsSecrets, BaseSettings):
     """Everything the planner reads from the environment."""
 
     model_config = SettingsConfigDict(env_prefix="AMC_PLANNER_", extra="ignore")

@@ -1,17 +1,24 @@
-"""What no log line, span or status may carry: the configured API keys and credential headers.
+"""What no log line, span or status may carry: every configured secret and credential headers.
 
-A key reaches text in ways no caller controls: a provider echoes it (partly masked) in a 401
-message, a proxy in front of the API quotes the request's headers in its error body, and that
-text travels in the SDK's exception into planner errors, tracebacks and statuses. So the keys
-the process was configured with are kept here as they are read (`keep_secret`), whatever their
-shape, and `scrub` replaces them, the values of credential headers (`Authorization: Bearer …`,
-`x-api-key: …`) and anything that looks like a provider key (`sk-…`, `key-…`) wherever text
-leaves the process: every log line written through `telemetry.logs`, every planner error.
+A secret reaches text in ways no caller controls: a provider echoes a key (partly masked) in a
+401 message, a proxy in front of the API quotes the request's headers in its error body, a
+library quotes the URL it could not reach, and that text travels in the exception into planner
+errors, tracebacks and statuses. So every secret a process is configured with is kept here as
+its settings are read, whatever its shape: each settings class is a `KeepsSecrets`, which keeps
+its `SecretStr` fields and the password of any URL it holds (`AMC_CLOUD_DATABASE_URL`'s), and
+the API keys are kept as clients are made (`keep_secret`). `scrub` replaces them, the values of
+credential headers (`Authorization: Bearer …`, `x-api-key: …`), a URL's password and anything
+that looks like a provider key (`sk-…`, `key-…`) wherever text leaves the process: every log
+line written through `telemetry.logs`, every planner error, every `amc` error line.
 """
 
 from __future__ import annotations
 
 import re
+from typing import Any
+from urllib.parse import unquote, urlsplit
+
+from pydantic import SecretBytes, SecretStr
 
 MASK = "•••"
 
@@ -32,12 +39,48 @@ _HEADER = re.compile(
 )
 #: A bearer token quoted without its header's name.
 _BEARER = re.compile(r"(?i)\b(bearer\s+)[A-Za-z0-9._~+/=\-]{8,}")
+#: A URL's password (`postgresql+psycopg://amc:PASSWORD@db/amc`), up to the last `@` before the
+#: host: a password generated with `@`, `/` or `:` in it (percent-encoded or not) goes too.
+_URL_PASSWORD = re.compile(r"(?i)\b([a-z][a-z0-9+.\-]*://[^\s:/@'\"]*:)[^\s'\"]*@")
 
 
 def keep_secret(value: str) -> None:
-    """From now on, `scrub` replaces `value` (a configured API key) wherever it appears."""
+    """From now on, `scrub` replaces `value` (a configured key, password or token) wherever it
+    appears."""
     if len(value) >= MIN_SECRET_LENGTH:
         _secrets.add(value)
+
+
+def keep_settings(settings: object) -> None:
+    """Keep every secret a settings object holds: its `SecretStr` (and `SecretBytes`) fields,
+    and the password of each URL it holds, as written and percent-decoded (a library quotes
+    either). Read from the fields' values, not from a list kept beside the classes."""
+    for value in vars(settings).values():
+        for item in value if isinstance(value, list | tuple) else (value,):
+            if isinstance(item, SecretStr):
+                keep_secret(item.get_secret_value())
+            elif isinstance(item, SecretBytes):
+                keep_secret(item.get_secret_value().decode("utf-8", "replace"))
+            elif isinstance(item, str) and "://" in item:
+                _keep_url_password(item)
+
+
+def _keep_url_password(url: str) -> None:
+    try:
+        password = urlsplit(url).password
+    except ValueError:  # not a URL after all (a port that is no number)
+        return
+    if password:
+        keep_secret(password)
+        keep_secret(unquote(password))
+
+
+class KeepsSecrets:
+    """A settings class whose secrets are kept (`keep_settings`) as soon as it is read: every
+    process reads its settings before it writes a line."""
+
+    def model_post_init(self, context: Any, /) -> None:
+        keep_settings(self)
 
 
 def scrub(text: str) -> str:
@@ -47,4 +90,5 @@ def scrub(text: str) -> str:
             text = text.replace(secret, MASK)
     text = _HEADER.sub(lambda m: f"{m[1]}{m[2]}{m[3] or ''}{MASK}", text)
     text = _BEARER.sub(rf"\1{MASK}", text)
+    text = _URL_PASSWORD.sub(rf"\1{MASK}@", text)
     return _KEY_LIKE.sub(rf"\1-{MASK}", text)

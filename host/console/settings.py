@@ -12,8 +12,10 @@ from pathlib import Path
 from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from telemetry.redaction import KeepsSecrets
 
-class HostConsoleSettings(BaseSettings):
+
+class HostConsoleSettings(KeepsSecrets, BaseSettings):
     """Where the local console listens and how its sessions are signed."""
 
     model_config = SettingsConfigDict(env_prefix="AMC_HOST_CONSOLE_", extra="ignore")

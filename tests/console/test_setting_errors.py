@@ -61,3 +61,25 @@ def test_a_settings_error_names_the_variable_and_never_quotes_a_secret(
         assert (f"(got {value!r})" in line) is shown, line
         assert line.startswith(f"{named}: "), line
     assert cloud_line.startswith(cli.message + "; " + cli.hint), (cloud_line, cli)
+
+
+@pytest.mark.parametrize("debug", [False, True])
+def test_an_amc_error_line_never_quotes_a_configured_secret(
+    capsys: pytest.CaptureFixture[str], debug: bool
+) -> None:
+    """`amc`'s one line (and its --debug traceback) printed the exception's text as it came:
+    a library that quoted the console's password, or the database URL's, put it on the
+    terminal and into whatever keeps its output. Scrubbed as log lines are."""
+    from console.settings import ConsoleSettings
+
+    password = "correct-horse-staple-42"
+    ConsoleSettings(admin_password=SecretStr(password))
+
+    def main() -> None:
+        raise RuntimeError(f"form rejected: password={password} url=postgresql://amc:pw9@db/amc")
+
+    code = cli_errors.run_main(main, ["console", "serve"], debug=lambda: debug, groups={"console"})
+    said = capsys.readouterr().err
+    assert code != 0
+    assert "form rejected" in said and "amc console serve: unexpected RuntimeError" in said
+    assert password not in said and "pw9" not in said, said

@@ -116,3 +116,57 @@ async def test_a_line_never_carries_a_configured_key_or_a_credential_header() ->
         assert "upstream failed" in written
         if fmt == "json":
             assert "RuntimeError" in json.loads(written)["exc_info"]
+
+
+def test_a_line_never_carries_a_secret_any_part_is_configured_with() -> None:
+    """Only the provider keys were kept: the database URL's password, the S3 secret key, the
+    tasks' secrets key, the console's password, API token and session secret and the host
+    console's session secret were masked only where their shape gave them away, so a library
+    quoting one bare (libpq's `password=…`, a proxy echoing a form) wrote it in full. Every
+    secret field of every part's settings, and the password of any URL they hold, is kept as
+    the settings are read."""
+    from cloud.settings import CloudSettings
+    from console.settings import ConsoleSettings
+    from host.console.settings import HostConsoleSettings
+
+    secrets = {
+        "database": "pg7Hq2Wn5Zr8Tx",
+        "s3": "wJalrXUtnFEMI/K7MDENG/bPxRfiCY",
+        "fernet": "q5Kx3pV8mN2wR7tY4uZ9bC6dF1gH0jL3aS5eW8rT2yU=",
+        "admin": "correct-horse-battery",
+        "api": "console-api-token-4f9e2b",
+        "session": "console-session-secret-7c1d",
+        "host session": "host-console-session-9a3e",
+    }
+    CloudSettings(
+        database_url=f"postgresql+psycopg://amc:{secrets['database']}@db.internal/amc",
+        artifact_s3_secret_access_key=secrets["s3"],
+        secrets_key=secrets["fernet"],
+    )
+    ConsoleSettings(
+        admin_password=secrets["admin"],
+        api_token=secrets["api"],
+        session_secret=secrets["session"],
+    )
+    HostConsoleSettings(session_secret=secrets["host session"])
+    quoted = "; ".join(f"{name} {value}" for name, value in secrets.items())
+    for fmt in ("text", "json"):
+        logger, buffer = _logger(fmt)
+        try:
+            raise RuntimeError(f"host=db.internal user=amc password={secrets['database']}")
+        except RuntimeError as err:
+            logger.error("a library said: %s", quoted, exc_info=err)
+        written = buffer.getvalue()
+        for name, secret in secrets.items():
+            assert secret not in written, (fmt, name, written)
+        assert "a library said" in written and "host=db.internal" in written
+
+
+def test_a_url_password_is_masked_whoever_configured_it() -> None:
+    """A URL's password is masked by its place in the URL too: one too short to keep (a
+    database password `amc`), or a URL no settings class holds (a proxy's)."""
+    logger, buffer = _logger("text")
+    logger.error("cannot reach postgresql://amc:pw4@db/amc or http://proxy:p/ss@10.0.0.1:3128/")
+    written = buffer.getvalue()
+    assert "pw4" not in written and "p/ss" not in written, written
+    assert "postgresql://amc:•••@db/amc" in written and "http://proxy:•••@10.0.0.1:3128/" in written
