@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 import os
 import secrets
 import shutil
@@ -230,7 +229,12 @@ async def run_demo(
 ) -> bool:
     """Run the goals on a fresh embedded stack; True when every task succeeded."""
     out = out or Console()
-    logging.basicConfig(level=logging.WARNING)
+    # The handler every other command writes through (AMC_LOG_FORMAT, scrubbed of secrets);
+    # warnings only unless AMC_LOG_LEVEL says otherwise: the demo's own lines tell its story.
+    log_settings = logs.LogSettings()
+    if "level" not in log_settings.model_fields_set:
+        log_settings.level = "WARNING"
+    logs.configure(log_settings)
     tracing.configure("amc")
     # Each demo starts from an empty database and timeline; the certificates are kept.
     for stale in (

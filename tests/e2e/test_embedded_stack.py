@@ -5,6 +5,7 @@ offline planner — in-process for `direct`, behind PlannerService.Decide for `c
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import socket
 import subprocess
@@ -81,6 +82,26 @@ def test_amc_demo_command_exits_zero(tmp_path: Path) -> None:
     assert "Turn on dark theme: succeeded" in result.stdout
     assert "purpose:" in result.stdout
     assert (tmp_path / "demo" / "pki" / "ca.pem").exists()
+
+
+def test_amc_demo_logs_through_the_handler_every_command_uses(tmp_path: Path) -> None:
+    """`amc demo` set its logging up with `logging.basicConfig`, not the handler every other
+    command writes through: AMC_LOG_FORMAT and AMC_LOG_LEVEL did nothing, and its lines
+    were not scrubbed of the configured secrets. Now each line is that handler's (JSON here)."""
+    amc = Path(sys.executable).with_name("amc")
+    result = subprocess.run(
+        [str(amc), "demo", "--data-dir", str(tmp_path / "demo"), "--phones", "1"],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env={**os.environ, "COLUMNS": "200", "AMC_LOG_FORMAT": "json", "AMC_LOG_LEVEL": "INFO"},
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert lines, "no log line at AMC_LOG_LEVEL=INFO"
+    records = [json.loads(line) for line in lines]
+    assert {"time", "level", "logger", "message"} <= set(records[0])
+    assert "INFO" in {r["level"] for r in records}
 
 
 async def test_a_stack_whose_host_metrics_port_is_taken_stops_what_it_started(
