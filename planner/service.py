@@ -46,7 +46,6 @@ from planner import late_calls
 from planner.convert import decision_to_proto
 from planner.decision import Billed, Decision
 from planner.errors import (
-    CUT_OFF,
     MAX_STATUS_DETAILS,
     MODEL_PROVIDER,
     REFUSED_BY_KEY,
@@ -58,6 +57,7 @@ from planner.errors import (
     PlannerRateLimited,
     PlannerTransient,
     SessionStateError,
+    cut_off_label,
     take_billed,
     take_cut_off,
     take_in_flight,
@@ -404,7 +404,8 @@ class PlannerServicer(planner_service_pb2_grpc.PlannerServiceServicer):
         A Decide its host gave up on (cancelled, past its deadline: the handler is cancelled
         inside the decision) counts them too, shielded from a second cancel, and the call it
         left under way once the provider answers it (`InFlight`), or what a streamed call it cut
-        off had reported (`CUT_OFF`)."""
+        off, or one not streamed the provider answered as failed, had reported (labelled by
+        `cut_off_label`)."""
         try:
             return await plan()
         except (PlannerError, asyncio.CancelledError) as err:
@@ -416,7 +417,8 @@ class PlannerServicer(planner_service_pb2_grpc.PlannerServiceServicer):
                     await spend.failed(host_id, request.task_id, request.attempt, late, error)
 
                 count_when_answered(in_flight, count)
-            counts = ((take_billed(err), type(err).__name__), (take_cut_off(err), CUT_OFF))
+            cut_off = cut_off_label(err)
+            counts = ((take_billed(err), type(err).__name__), (take_cut_off(err), cut_off))
             for billed, error in counts:
                 if billed is None or self._spend is None:
                     continue

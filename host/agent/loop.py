@@ -47,7 +47,13 @@ from host.timeline.store import TimelineStore
 from planner import secret_refs
 from planner.budget import Budget, FleetDay
 from planner.decision import Billed, Decision, Usage
-from planner.errors import CUT_OFF, PlannerError, take_billed, take_cut_off, take_in_flight
+from planner.errors import (
+    PlannerError,
+    cut_off_label,
+    take_billed,
+    take_cut_off,
+    take_in_flight,
+)
 from planner.history import WorldEvent
 from planner.late_calls import count_when_answered
 from planner.observation import clip
@@ -611,7 +617,8 @@ class AgentLoop:
         them, and the cloud counts them toward the task's budget and the fleet's spending. So
         does a decision cancelled mid-way (the attempt revoked, cancelled or out of time), and
         the call it left under way once the provider answers it (`InFlight`), or what a
-        streamed call it cut off had reported (`CUT_OFF`)."""
+        streamed call it cut off (or one not streamed the provider answered as failed) had
+        reported (labelled by `cut_off_label`)."""
         try:
             return await self.planner.decide(spec.goal, scene, history, screenshot)
         except (PlannerError, asyncio.CancelledError) as err:
@@ -622,9 +629,10 @@ class AgentLoop:
             billed = take_billed(err)
             if billed is not None:
                 await self._count_failed(spec, billed, error)
+            label = cut_off_label(err)
             cut_off = take_cut_off(err)
             if cut_off is not None:
-                await self._count_failed(spec, cut_off, CUT_OFF)
+                await self._count_failed(spec, cut_off, label)
             raise
 
     async def _count_failed(self, spec: TaskSpec, billed: Billed, error: str) -> None:

@@ -612,6 +612,55 @@ async def test_a_responses_stream_that_failed_counts_the_usage_it_reported(
     assert totals.cost_usd > 0
 
 
+async def test_a_response_not_streamed_that_failed_is_counted_as_failed_not_cut_off(
+    make_settings: Any,
+    model: FakeModelServer,
+    pki_dir: Path,
+    db_url: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A Responses call not streamed (AMC_PLANNER_SESSION_STREAM=false) that OpenAI answers
+    HTTP 200 with `status: "failed"` and its usage was counted as `StreamCutOff`: no stream was
+    cut off, and the failed-calls record said so to whoever read it. It is counted under the
+    error's class, as a failed decision's answered calls are."""
+    monkeypatch.setenv("AMC_PLANNER_PROVIDER", "openai")
+    monkeypatch.setenv("AMC_PLANNER_OPENAI_API_KEY", "sk-test")
+    monkeypatch.setenv("AMC_PLANNER_OPENAI_BASE_URL", model.openai_base_url)
+    monkeypatch.setenv("AMC_PLANNER_MODEL", "o4-mini")
+    monkeypatch.setenv("AMC_PLANNER_THINKING", "adaptive")
+    monkeypatch.setenv("AMC_PLANNER_MAX_RETRIES", "0")
+    monkeypatch.setenv("AMC_PLANNER_MODE", "session")
+    monkeypatch.setenv("AMC_PLANNER_SESSION_STREAM", "false")
+    model.responses_script.append(
+        ScriptedTurn(
+            [reasoning("Tap e1."), function_call("tap", {"element_id": "e1", **INTENT})],
+            usage={
+                "input_tokens": 1500,
+                "input_tokens_details": {"cached_tokens": 1000},
+                "output_tokens": 300,
+                "output_tokens_details": {"reasoning_tokens": 250},
+            },
+            fail=("server_error", "The model failed to finish."),
+            failed_event=True,
+        )
+    )
+    async for cloud in _cloud(make_settings):
+        async with Leased(cloud, pki_dir, "h28") as leased:
+            code, details = await _code(leased.stub.Decide(leased.request()))
+            assert code == grpc.StatusCode.UNAVAILABLE
+            assert "The model failed to finish." in details
+    assert [bool(b.get("stream")) for b in model.bodies("/responses")] == [False]
+    store = Store.from_url(db_url)
+    try:
+        async with store.read() as db:
+            rows = (await db.execute(select(FailedDecisionSpendRow))).scalars().all()
+    finally:
+        await store.close()
+    assert [(r.error, r.input_tokens, r.output_tokens) for r in rows] == [
+        ("PlannerUnavailable", 500, 300)
+    ]
+
+
 JUDGED = "Settings opened as expected. Now open Display, where the theme is."
 
 

@@ -164,7 +164,7 @@ class OpenAIAdapter:
             if reported is not None:
                 model, usage = reported
                 billed = Billed(self.name, model or self._model, responses.usage_from(usage))
-                carry_cut_off(err, billed)
+                carry_cut_off(err, billed, streamed=request.stream)
             raise
         return Turn(
             turn_id=str(response.get("id") or ""),
