@@ -564,7 +564,9 @@ def console_serve() -> None:
     """Serve the operators' web console and JSON API (settings from AMC_CONSOLE_*)."""
     from console.gateway.app import serve
     from console.settings import ConsoleSettings
+    from telemetry import logs
 
+    logs.configure()
     settings = ConsoleSettings()
     try:
         _run(serve(settings))

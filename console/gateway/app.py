@@ -154,6 +154,9 @@ def build_server(settings: ConsoleSettings, *, log_level: str = "info") -> uvico
         server_header=False,
         timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
         log_level=log_level,
+        # uvicorn's loggers write through the process's handler (`telemetry.logs`: its format,
+        # scrubbed of secrets), not the handlers of uvicorn's own logging config.
+        log_config=None,
         ssl_certfile=settings.tls_cert_file,
         ssl_keyfile=settings.tls_key_file,
     )

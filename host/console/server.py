@@ -82,8 +82,10 @@ class ConsoleServer:
             lifespan="off",
             timeout_graceful_shutdown=2,
             log_level=settings.log_level,
+            # Through the host's handler (`telemetry.logs`), not uvicorn's own logging config.
+            log_config=None,
         )
-        _hide_login_tokens()  # after the Config: it configures uvicorn's loggers
+        _hide_login_tokens()  # after the Config: it sets uvicorn's loggers' levels
         self.server = _EmbeddedServer(config)
         self._socket: socket.socket | None = None
         self._published: str | None = None

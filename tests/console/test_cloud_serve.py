@@ -8,6 +8,7 @@ and the traceback appears only with --debug. The deployment guide's settings tab
 
 from __future__ import annotations
 
+import json
 import re
 import secrets
 import signal
@@ -262,6 +263,49 @@ def test_a_password_that_is_not_utf8_is_refused_without_showing_it(tmp_path: Pat
     assert done.returncode == 2, done.stderr
     assert done.stderr.startswith("amc console serve: a setting or file holds text that is not")
     assert "hunter" not in done.stderr and "secret" in done.stderr  # "…may be a secret"
+
+
+def test_console_serve_logs_through_the_handler_every_command_uses(tmp_path: Path) -> None:
+    """`amc console serve` installed no log handler and left uvicorn its own logging config:
+    AMC_LOG_FORMAT=json got uvicorn's plain `INFO:     …` lines on stderr and its access log
+    on stdout, the console's own lines (below WARNING) went nowhere, and nothing it wrote was
+    scrubbed of the secrets it was configured with. Every line is now the process handler's."""
+    port = free_port()
+    settings = {
+        "AMC_LOG_FORMAT": "json",
+        "AMC_CONSOLE_ADMIN_PASSWORD": "correct-horse-42",
+        "AMC_CONSOLE_CERTS_DIR": str(make_pki(tmp_path / "pki", [])),
+        "AMC_CONSOLE_OPERATOR_NAME": "ops",
+        "AMC_CONSOLE_BIND_PORT": str(port),
+        "AMC_CONSOLE_CLOUD_ADDRESS": "127.0.0.1:1",
+    }
+    process = subprocess.Popen(
+        [AMC, "console", "serve"],
+        env=_env(tmp_path, **settings),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert process.stderr is not None
+        lines = []
+        for line in process.stderr:  # blocks until uvicorn says it serves (or the process ends)
+            lines.append(line)
+            if "Uvicorn running" in line:
+                break
+        assert httpx.get(f"http://127.0.0.1:{port}/login", timeout=10).status_code == 200
+        process.send_signal(signal.SIGTERM)
+        out, rest = process.communicate(timeout=60)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait(10)
+    written = [line for line in [*lines, *rest.splitlines()] if line.strip()]
+    assert out == ""
+    records = [json.loads(line) for line in written]
+    messages = [r["message"] for r in records]
+    assert any("console gateway talks to the cloud at 127.0.0.1:1" in m for m in messages)
+    assert any('"GET /login HTTP/1.1" 200' in m for m in messages), messages
 
 
 @pytest.mark.parametrize("vendor", ["openai", "anthropic"])
