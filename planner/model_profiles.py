@@ -182,7 +182,8 @@ PROFILES: dict[str, ModelProfile] = {
             prompt_cache=True,
         ),
         # Claude Sonnet 4.6 and Opus 4.6: adaptive (recommended) or the deprecated budget form;
-        # `{type: disabled}` is accepted and said explicitly.
+        # `{type: disabled}` is accepted and said explicitly. Both write up to 128K output
+        # tokens (their model pages: "Max output: 128K tokens").
         ModelProfile(
             "claude-4.6",
             "anthropic",
@@ -191,7 +192,7 @@ PROFILES: dict[str, ModelProfile] = {
             display_default="summarized",
             efforts=CLAUDE_EFFORTS,
             beta_headers=_BUDGET,
-            max_output_tokens=64000,
+            max_output_tokens=128000,
             prompt_cache=True,
         ),
         # Claude Opus 4.7 and 4.8: adaptive only; `enabled` and `disabled` are 400s, a forced

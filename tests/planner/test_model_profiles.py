@@ -134,6 +134,30 @@ def test_what_the_families_take() -> None:
     assert unknown.thinking_modes == {"adaptive", "budget"} and unknown.max_output_tokens is None
 
 
+@pytest.mark.parametrize(
+    ("model", "limit"),
+    [
+        # Each model's page on platform.claude.com ("Max output"), for the models still served
+        # in late 2026 (Claude 3.5 Haiku, Haiku 3, 3.7 Sonnet, Sonnet 4, Opus 4 and 4.1 are
+        # retired).
+        ("claude-haiku-4-5", 64000),
+        ("claude-sonnet-4-5", 64000),
+        ("claude-sonnet-4-6", 128000),
+        ("claude-opus-4-6", 128000),
+        ("claude-opus-5", 128000),
+        ("claude-sonnet-5", 128000),
+        ("claude-haiku-5-5", 128000),
+        ("claude-opus-5-5", 128000),
+        ("claude-sonnet-5-5", 128000),
+        ("claude-fable-5-1", 128000),
+    ],
+)
+def test_each_claude_model_has_its_documented_output_limit(model: str, limit: int) -> None:
+    """Sonnet 4.6 and Opus 4.6 were held to 64K, where both write 128K (the limit bounds the
+    output room raised after a cut-off answer, and what is refused at start)."""
+    assert profile_for(model, "anthropic").max_output_tokens == limit
+
+
 def test_an_operator_names_the_profile_of_a_model_the_table_does_not_know() -> None:
     chosen = settings(model="claude-next-preview", model_profile="claude-adaptive-only")
     assert resolve(chosen).name == "claude-adaptive-only"
