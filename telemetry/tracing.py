@@ -143,8 +143,10 @@ def configure(default_service: str) -> str:
         return f"on ({', '.join(names)}; already set up in this process)"
     service = os.environ.get("OTEL_SERVICE_NAME") or default_service
     provider = TracerProvider(resource=Resource.create({SERVICE_NAME: service}))
+    from telemetry.scrubbed_spans import ScrubbedExporter
+
     for exporter in exporters:
-        provider.add_span_processor(BatchSpanProcessor(exporter))
+        provider.add_span_processor(BatchSpanProcessor(ScrubbedExporter(exporter)))
     trace.set_tracer_provider(provider)
     where = ""
     if "otlp" in names:

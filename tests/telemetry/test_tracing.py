@@ -94,3 +94,38 @@ def test_otlp_over_http_is_refused_with_the_variable_to_change() -> None:
     assert done.returncode != 0
     assert "OTEL_EXPORTER_OTLP_PROTOCOL=http/protobuf" in done.stderr
     assert "TracingConfigError" in done.stderr
+
+
+SECRET_SCRIPT = """
+from opentelemetry import trace
+from cloud.settings import CloudSettings
+from telemetry import tracing
+tracing.configure("amc-test")
+CloudSettings(database_url="postgresql+psycopg://amc:pg7Hq2Wn5Zr8Tx@db/amc")
+try:
+    with tracing.span("step") as span:
+        span.set_attribute("amc.note", "password=pg7Hq2Wn5Zr8Tx")
+        raise RuntimeError("libpq said: password=pg7Hq2Wn5Zr8Tx")
+except RuntimeError:
+    pass
+trace.get_tracer_provider().shutdown()
+"""
+
+
+def test_an_exported_span_never_carries_a_configured_secret() -> None:
+    """A span records the exception that ended it (its message and traceback, as the event
+    `exception`), its status description and its attributes, and the exporter sent them as
+    they were: a library's text quoting the database password reached the trace backend
+    though every log line is scrubbed. Spans are scrubbed as they are exported."""
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+    done = subprocess.run(
+        [sys.executable, "-c", SECRET_SCRIPT],
+        cwd=ROOT,
+        env={**clean, "OTEL_TRACES_EXPORTER": "console"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    assert '"name": "step"' in done.stdout and "libpq said" in done.stdout
+    assert "pg7Hq2Wn5Zr8Tx" not in done.stdout, done.stdout
