@@ -165,10 +165,12 @@ async def test_a_cloud_on_s3_keeps_screenshots_in_the_bucket(
 
 
 async def test_uploads_wait_while_the_store_is_down(tmp_path: Path, pki_dir: Path) -> None:
-    """The host hears UNAVAILABLE (retry later), not a refusal: the item stays in its outbox."""
+    """The host hears UNAVAILABLE (retry later), not a refusal: the item stays in its outbox.
+    botocore's error quotes the endpoint URL, credentials and all, and the status said it to
+    the host as it came: the password in the URL is masked."""
     dead = S3Store(
         BUCKET,
-        endpoint_url="http://127.0.0.1:9",
+        endpoint_url="http://minio:S3cretXyz12@127.0.0.1:9",
         region="us-east-1",
         access_key_id="x",
         secret_access_key="y",
@@ -207,6 +209,8 @@ async def test_uploads_wait_while_the_store_is_down(tmp_path: Path, pki_dir: Pat
             )
         assert caught.value.code() == grpc.StatusCode.UNAVAILABLE
         assert caught.value.details().startswith("artifact store: bucket amc-artifacts")
+        assert "S3cretXyz12" not in caught.value.details()
+        assert "http://minio:•••@127.0.0.1:9" in caught.value.details()
     finally:
         await host.close()
         await host_ch.close()
