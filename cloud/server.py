@@ -73,6 +73,7 @@ from planner.budget import dollars
 from planner.planner import Planner
 from telemetry import logs, metrics_http, tracing
 from telemetry.metrics_http import MetricsAddressError, MetricsServer
+from telemetry.redaction import scrub
 
 log = logging.getLogger(__name__)
 Say = Callable[[str], None]
@@ -356,7 +357,7 @@ class CloudServer:
 
     def describe(self) -> list[str]:
         """What runs, for the person who started it: address, store, planner, certificates
-        (the database password is hidden)."""
+        (the database password is hidden, and any password in another URL)."""
         s = self.settings
         url = make_url(s.database_url)
         store = url.render_as_string(hide_password=True)
@@ -375,8 +376,9 @@ class CloudServer:
         return [
             f"amc cloud listening on {self.address} ({security})",
             f"  store:        {store} ({kind})",
-            f"  planner:      {self.planner_summary}",
-            f"  screenshots:  {self.artifacts.describe()} (AMC_CLOUD_ARTIFACT_* settings)",
+            # Scrubbed: an endpoint URL may carry credentials (`http://user:pass@minio:9000`).
+            f"  planner:      {scrub(self.planner_summary)}",
+            f"  screenshots:  {scrub(self.artifacts.describe())} (AMC_CLOUD_ARTIFACT_* settings)",
             f"  budgets:      {'; '.join(caps)}",
             f"  certificates: {s.tls_source()}",
             "  secrets:      "

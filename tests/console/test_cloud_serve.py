@@ -160,6 +160,30 @@ async def test_a_password_in_the_database_url_is_not_printed(
     assert "plaintext" in lines[0]
 
 
+async def test_a_password_in_the_s3_endpoint_url_is_not_printed(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The start-up lines named the S3 endpoint as configured: with credentials in its URL
+    (`http://user:pass@minio:9000`) `amc cloud serve` printed the password on its terminal."""
+    monkeypatch.setenv("AMC_PLANNER_PROVIDER", "offline")
+    server = await build_server(
+        CloudSettings(
+            database_url=f"sqlite+aiosqlite:///{tmp_path / 'cloud.sqlite3'}",
+            listen_address="127.0.0.1:0",
+            insecure=True,
+            artifact_store="s3",
+            artifact_s3_bucket="shots",
+            artifact_s3_endpoint_url="http://minio:S3cretXyz12@127.0.0.1:9",
+        )
+    )
+    try:
+        lines = "\n".join(server.describe())
+    finally:
+        await server.stop(0)
+    assert "S3cretXyz12" not in lines
+    assert "screenshots:  S3 bucket shots at http://minio:•••@127.0.0.1:9" in lines
+
+
 @pytest.mark.parametrize(
     ("settings", "setting", "fix"),
     [
