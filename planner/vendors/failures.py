@@ -125,9 +125,11 @@ _BILLING_WORDS = ("credit balance is too low", "reached your specified api usage
 _RATE_CODES = frozenset({"rate_limit_error", "rate_limit_exceeded"})
 #: A request over the model's context window: OpenAI's code (400, or a failed stream), and
 #: Anthropic's words for it (400 invalid_request_error "prompt is too long: 208656 tokens >
-#: 200000 maximum"). Sent again it is refused again: `PlannerContextExceeded`.
+#: 200000 maximum"; the Claude models before Sonnet 4.5 also refuse input and `max_tokens`
+#: that only together pass the window: "input length and `max_tokens` exceed context limit:
+#: 188240 + 21333 > 200000, …"). Sent again it is refused again: `PlannerContextExceeded`.
 _CONTEXT_CODES = frozenset({"context_length_exceeded"})
-_CONTEXT_WORDS = "prompt is too long"
+_CONTEXT_WORDS = ("prompt is too long", "exceed context limit")
 _INVALID_CODES = frozenset(
     {
         "invalid_request_error",
@@ -193,7 +195,7 @@ def planner_error(err: BaseException, vendor: str, *, retries: int) -> PlannerEr
         if status == 402 or codes & {"billing_error", "insufficient_quota"} or billing:
             return PlannerAuthError(f"planner: {label} refused the request for billing ({detail})")
         return PlannerAuthError(f"planner: {label} denied permission ({detail})")
-    if codes & _CONTEXT_CODES or _CONTEXT_WORDS in detail.lower():
+    if codes & _CONTEXT_CODES or any(words in detail.lower() for words in _CONTEXT_WORDS):
         return PlannerContextExceeded(
             f"planner: {label} refused the request: the conversation does not fit the model's "
             f"context window ({detail})"

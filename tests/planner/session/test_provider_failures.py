@@ -638,3 +638,33 @@ async def test_the_conversation_prefix_is_read_from_the_cache(
             before.cache_read_input_tokens + before.cache_creation_input_tokens
         )
         assert after.cache_creation_input_tokens < before.cache_read_input_tokens + 2000
+
+
+async def test_a_raised_output_limit_past_the_context_window_starts_afresh(
+    server: FakeModelServer, planners: Planners
+) -> None:
+    """Claude models before Sonnet 4.5 refuse a request whose input and `max_tokens` together
+    exceed the context window (400 invalid_request_error "input length and `max_tokens`
+    exceed context limit: …") rather than stopping at the window. Read as any invalid request,
+    it failed the step when the call asking it was the one with the room raised after a cut
+    off answer (only a decision's first call recovers from an invalid request): the session
+    was never started afresh, and every later step overflowed the same way."""
+    cut_off = ScriptedTurn(
+        [thinking("t"), tool_use("press_key", {"key": "back", **INTENT})],
+        stop_reason="max_tokens",
+    )
+    over = anthropic_error(
+        400,
+        "invalid_request_error",
+        "input length and `max_tokens` exceed context limit: 188240 + 21024 > 200000, "
+        "decrease input length or `max_tokens` and try again",
+    )
+    server.anthropic_script.extend([cut_off, over, _turn(2)])
+    planner = await planners.anthropic(
+        "claude-opus-4-1", thinking=ThinkingConfig("budget", budget_tokens=4000)
+    )
+    decision = await planner.decide("screen 1")
+    assert decision.extra["started_afresh"] is True
+    assert decision.arguments["key"] == "back"
+    assert any(isinstance(i, ContextCheckpoint) for i in planner.history)
+    assert [r.status for r in server.requests] == [200, 400, 200]
