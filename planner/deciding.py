@@ -23,7 +23,8 @@ An answer that stopped at the model's context window (Anthropic `model_context_w
 OpenAI refuses such a request, 400 `context_length_exceeded`) is no cut-off answer: more output
 room cannot help and a corrective turn adds to a full context. It is never kept:
 `PlannerContextExceeded`, which runs `recover` (session mode: start afresh) once whichever call
-met it, and otherwise fails the decision.
+met it, and otherwise fails the decision. A refused request parameter (`PlannerParameterRejected`)
+never runs it: the settings decide what is sent, not the conversation.
 A refusal (the model declined: Anthropic `stop_reason: "refusal"`, an OpenAI refusal; or
 OpenAI's content filter stopped the answer: Chat `finish_reason: "content_filter"`, Responses
 incomplete for `content_filter`) ends the decision at once with `PlannerRefused`, before the
@@ -52,6 +53,7 @@ from planner.errors import (
     InFlight,
     PlannerContextExceeded,
     PlannerError,
+    PlannerParameterRejected,
     PlannerRefused,
     PlannerRejected,
     ToolCallError,
@@ -179,7 +181,8 @@ async def decide(
             turn = await complete(request(force=force, thinking=thinking))
         except PlannerRejected as err:
             overflow = isinstance(err, PlannerContextExceeded)
-            if recover is None or recovered or not (first or overflow):
+            fresh_helps = not isinstance(err, PlannerParameterRejected)
+            if recover is None or recovered or not fresh_helps or not (first or overflow):
                 raise
             recovered = True
             broken = take_cut_off(err)  # a stream that broke off said what it cost: billed

@@ -166,6 +166,13 @@ class PlannerRejected(PlannerError):
     limits): sending it again unchanged fails the same way."""
 
 
+class PlannerParameterRejected(PlannerRejected):
+    """The provider refused a parameter of the request, not its conversation (OpenAI 400
+    `unsupported_parameter` / `unsupported_value`: an effort level, reasoning summaries for an
+    organisation not verified). Only the settings change what is sent, so a session does not
+    start afresh over it: that would condense it for good and be refused the same way."""
+
+
 class PlannerContextExceeded(PlannerRejected):
     """The conversation no longer fits the model's context window: Anthropic stopped the
     answer there (`stop_reason: "model_context_window_exceeded"`) or refused the prompt as too

@@ -36,6 +36,7 @@ from planner.errors import (
     PlannerAuthError,
     PlannerContextExceeded,
     PlannerError,
+    PlannerParameterRejected,
     PlannerRateLimited,
     PlannerRejected,
     PlannerUnavailable,
@@ -130,6 +131,9 @@ _RATE_CODES = frozenset({"rate_limit_error", "rate_limit_exceeded"})
 #: 188240 + 21333 > 200000, …"). Sent again it is refused again: `PlannerContextExceeded`.
 _CONTEXT_CODES = frozenset({"context_length_exceeded"})
 _CONTEXT_WORDS = ("prompt is too long", "exceed context limit")
+#: OpenAI's codes for a request parameter the model or the organisation does not take (the
+#: error's `param` names it): `PlannerParameterRejected`.
+_PARAMETER_CODES = frozenset({"unsupported_parameter", "unsupported_value"})
 _INVALID_CODES = frozenset(
     {
         "invalid_request_error",
@@ -236,7 +240,8 @@ def planner_error(err: BaseException, vendor: str, *, retries: int) -> PlannerEr
         )
     if status is None:
         return PlannerUnavailable(f"planner: cannot reach {label} ({detail})")
-    return PlannerRejected(f"planner: {label} rejected the request (HTTP {status}: {detail})")
+    rejected = PlannerParameterRejected if codes & _PARAMETER_CODES else PlannerRejected
+    return rejected(f"planner: {label} rejected the request (HTTP {status}: {detail})")
 
 
 def _is_connection_error(err: BaseException) -> bool:

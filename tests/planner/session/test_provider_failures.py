@@ -668,3 +668,26 @@ async def test_a_raised_output_limit_past_the_context_window_starts_afresh(
     assert decision.arguments["key"] == "back"
     assert any(isinstance(i, ContextCheckpoint) for i in planner.history)
     assert [r.status for r in server.requests] == [200, 400, 200]
+
+
+async def test_a_refused_parameter_fails_the_step_and_keeps_the_session(
+    server: FakeModelServer, planners: Planners
+) -> None:
+    """OpenAI refuses a request parameter, not the conversation (400 `unsupported_value` /
+    `unsupported_parameter`: here reasoning summaries for an organisation no longer verified).
+    Taken for any invalid request it "started afresh": the session was condensed for good
+    (earlier screens, all reasoning retired), asked again and refused again, the same way,
+    before the step failed. Only the settings can change it: the step fails at once and the
+    session stays whole."""
+    server.responses_script.append(
+        ScriptedTurn([reasoning("r1"), function_call("press_key", {"key": "back", **INTENT})])
+    )
+    planner = await planners.openai()
+    await planner.decide("screen 1")
+    await planner.record_tool_result("pressed")
+    server.responses.summaries_allowed = False
+    with pytest.raises(PlannerRejected, match="verified to generate reasoning summaries"):
+        await planner.decide("screen 2")
+    assert [r.status for r in server.requests] == [200, 400]
+    assert not any(isinstance(i, ContextCheckpoint) for i in planner.history)
+    assert "r1" in [i.summary[0] for i in planner.history if isinstance(i, Reasoning)]
