@@ -3,6 +3,8 @@ only what it added to the conversation, and the page and the API say so."""
 
 from __future__ import annotations
 
+import time
+
 import httpx
 
 from amc.v1 import types_pb2
@@ -192,5 +194,11 @@ def test_the_conversation_endpoint_leaves_the_attempt_check_to_the_cloud(
         404,
         f"task {task.task_id} has no attempt 7 (it has 1)",
     )
-    asked = [s.name for s in spans.get_finished_spans() if s.name.startswith("/amc.v1.")]
+    # The server ends its span after the client has its answer: wait for the span, then look.
+    deadline = time.monotonic() + 10
+    while True:
+        asked = [s.name for s in spans.get_finished_spans() if s.name.startswith("/amc.v1.")]
+        if asked or time.monotonic() > deadline:
+            break
+        time.sleep(0.02)
     assert asked == ["/amc.v1.DecisionLogService/GetConversation"]
