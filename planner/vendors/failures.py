@@ -128,9 +128,15 @@ _RATE_CODES = frozenset({"rate_limit_error", "rate_limit_exceeded"})
 #: Anthropic's words for it (400 invalid_request_error "prompt is too long: 208656 tokens >
 #: 200000 maximum"; the Claude models before Sonnet 4.5 also refuse input and `max_tokens`
 #: that only together pass the window: "input length and `max_tokens` exceed context limit:
-#: 188240 + 21333 > 200000, …"). Sent again it is refused again: `PlannerContextExceeded`.
+#: 188240 + 21333 > 200000, …"; GPT-5's input limit, below its window, is "Input tokens exceed
+#: the configured limit of 272000 tokens. …", seen with and without the code). Sent again it is
+#: refused again: `PlannerContextExceeded`.
 _CONTEXT_CODES = frozenset({"context_length_exceeded"})
-_CONTEXT_WORDS = ("prompt is too long", "exceed context limit")
+_CONTEXT_WORDS = (
+    "prompt is too long",
+    "exceed context limit",
+    "input tokens exceed the configured limit",
+)
 #: OpenAI's codes for a request parameter the model or the organisation does not take (the
 #: error's `param` names it): `PlannerParameterRejected`.
 _PARAMETER_CODES = frozenset({"unsupported_parameter", "unsupported_value"})

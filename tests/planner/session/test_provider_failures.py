@@ -428,6 +428,27 @@ async def test_an_openai_request_over_the_context_window_starts_the_session_afre
     assert any(isinstance(i, ContextCheckpoint) for i in planner.history)
 
 
+async def test_gpt5s_input_limit_without_a_code_is_a_context_overflow(
+    server: FakeModelServer, planners: Planners
+) -> None:
+    """GPT-5's input limit is below its context window: past it OpenAI answers 400 "Input tokens
+    exceed the configured limit of 272000 tokens. …", reported in the wild both with the
+    `context_length_exceeded` code and without any code. Without the code it was read as any
+    invalid request: a decision after the first failed its step instead of starting afresh."""
+    too_long = openai_error(
+        400,
+        "Input tokens exceed the configured limit of 272000 tokens. Your messages resulted in "
+        "289650 tokens. Please reduce the length of the messages.",
+        "invalid_request_error",
+    )
+    server.responses_script.extend([too_long, too_long])
+    planner = await planners.openai()
+    with pytest.raises(PlannerContextExceeded, match="context window"):
+        await planner.decide("screen 1")
+    assert len(server.requests) == 2
+    assert any(isinstance(i, ContextCheckpoint) for i in planner.history)
+
+
 async def test_a_stream_cut_off_inside_a_tool_call_gets_the_corrective_turn(
     server: FakeModelServer, planners: Planners
 ) -> None:
