@@ -67,6 +67,12 @@ from planner.tools import ParsedToolCall, parse_tool_call
 from planner.vendors.base import LiveBlocks, ModelAdapter, Turn, TurnRequest, live_blocks
 
 NUDGE = "You answered without calling a tool. Call exactly one tool now."
+#: The instruction after an answer the output limit cut off before it called anything (it may
+#: have meant to): it is asked again with more room, and told why, not that it chose prose.
+CUT_OFF_NUDGE = (
+    "Your answer was cut off at the output token limit before it called a tool; you have more "
+    "room now. Call exactly one tool now."
+)
 EXTRA_CALL = "Not executed: call exactly one tool per turn."
 CUT_OFF = "[cut off: the answer reached the output token limit]"
 _KIND_ORDER: tuple[ThinkingKind, ...] = ("full", "summarized", "redacted", "omitted")
@@ -94,8 +100,9 @@ class Conversation(Protocol):
         correction needs it)."""
         ...
 
-    async def before_retry(self, form: RetryForm) -> None:
-        """The answer had no tool call; it is asked again in this form."""
+    async def before_retry(self, form: RetryForm, nudge: str) -> None:
+        """The answer had no tool call; it is asked again in this form (a nudge form tells the
+        model `nudge`)."""
         ...
 
     async def add(self, items: Sequence[SessionItem]) -> None:
@@ -211,7 +218,7 @@ async def decide(
             if not turn.tool_calls:
                 form = adapter.retry_form
                 retry = form
-                await conversation.before_retry(form)
+                await conversation.before_retry(form, CUT_OFF_NUDGE if turn.truncated else NUDGE)
                 turn = await ask(force=form == "forced")
             try:
                 parsed = await _parse(conversation, turn, ids, screen_size)
@@ -306,7 +313,7 @@ def _correction(turn: Turn, error: str) -> list[SessionItem]:
     instruction when it called nothing. Extra calls were already answered."""
     if turn.tool_calls:
         return [ToolResult(turn.tool_calls[0].call_id, rejected_call(error), is_error=True)]
-    return [UserObservation(NUDGE, kind="instruction")]
+    return [UserObservation(CUT_OFF_NUDGE if turn.truncated else NUDGE, kind="instruction")]
 
 
 def build_decision(

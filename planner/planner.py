@@ -51,11 +51,11 @@ class PromptConversation:
     async def received(self, turn: Turn) -> None:
         self._pending = list(turn.items)
 
-    async def before_retry(self, form: RetryForm) -> None:
+    async def before_retry(self, form: RetryForm, nudge: str) -> None:
         if form == "forced":
             self._pending = []
         else:
-            await self.add([UserObservation(deciding.NUDGE, kind="instruction")])
+            await self.add([UserObservation(nudge, kind="instruction")])
 
     async def add(self, items: Sequence[SessionItem]) -> None:
         self.items.extend(self._pending)

@@ -167,8 +167,8 @@ class SessionPlanner:
             )
         await self._commit(turn.items)
 
-    async def before_retry(self, form: RetryForm) -> None:
-        await self._commit([UserObservation(NUDGE, kind="instruction")])
+    async def before_retry(self, form: RetryForm, nudge: str) -> None:
+        await self._commit([UserObservation(nudge, kind="instruction")])
 
     async def add(self, items: Sequence[SessionItem]) -> None:
         await self._commit(items)

@@ -5,6 +5,7 @@ only adaptive thinking, non-reasoning OpenAI models. Real SDKs, the enforcing fa
 from __future__ import annotations
 
 import itertools
+import json
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -14,7 +15,7 @@ import openai
 import pytest
 
 from planner.conversation.items import ContextCheckpoint, Reasoning, UserObservation
-from planner.deciding import CUT_OFF, NUDGE
+from planner.deciding import CUT_OFF, CUT_OFF_NUDGE, NUDGE
 from planner.errors import (
     PlannerAuthError,
     PlannerConfigError,
@@ -525,6 +526,30 @@ async def test_responses_incomplete_is_marked_and_its_call_not_executed(
     assert retried["max_output_tokens"] > first["max_output_tokens"]
     output = retried["input"][-1]
     assert output["type"] == "function_call_output" and "not executed" in output["output"]
+    assert server.rejections == []
+
+
+async def test_an_answer_cut_off_before_its_call_is_told_so_not_that_it_called_nothing(
+    server: FakeModelServer, planners: Planners
+) -> None:
+    """An OpenAI answer that spent its output limit reasoning (`status: incomplete`, no call)
+    was asked again with more room but told "You answered without calling a tool": a model
+    that was cut off, not one that chose to answer in prose. It is told it was cut off."""
+    server.responses_script.extend(
+        [
+            ScriptedTurn([reasoning("a long look at the screen")], status="incomplete"),
+            ScriptedTurn(
+                [reasoning("again"), function_call("press_key", {"key": "home", **INTENT})]
+            ),
+        ]
+    )
+    decision = await (await planners.openai()).decide("screen 1")
+    assert decision.arguments["key"] == "home" and decision.output_truncated
+    first, retried = server.bodies("/v1/responses")
+    assert retried["max_output_tokens"] > first["max_output_tokens"]
+    told = retried["input"][-1]
+    assert told["role"] == "user" and told["content"][-1]["text"] == CUT_OFF_NUDGE
+    assert "without calling a tool" not in json.dumps(retried["input"])
     assert server.rejections == []
 
 
