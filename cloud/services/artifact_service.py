@@ -23,10 +23,11 @@ from amc.v1 import artifact_service_pb2_grpc, types_pb2
 from cloud import authz
 from cloud.artifacts import ArtifactStore, ArtifactStoreUnavailable, object_key
 from cloud.lease.validate import MAX_ID
+from cloud.services.attempts import known_attempt
 from cloud.services.shipping import HOST_DECISION_ID, check_lease, lease_ref_problem
 from cloud.services.status import abort
 from cloud.settings import CloudSettings
-from cloud.store import convert, screenshots, tasks
+from cloud.store import convert, screenshots
 from cloud.store.database import Store
 from cloud.store.models import StepScreenshotRow
 
@@ -209,8 +210,7 @@ class ArtifactServicer(artifact_service_pb2_grpc.ArtifactServiceServicer):
             await abort(context, grpc.StatusCode.INVALID_ARGUMENT, "attempt: must be >= 0")
         if not 0 <= request.page_size <= 1000:
             await abort(context, grpc.StatusCode.INVALID_ARGUMENT, "page_size: 0 to 1000")
-        if await tasks.goal(self._store, request.task_id[:MAX_ID]) is None:
-            await abort(context, grpc.StatusCode.NOT_FOUND, f"task {request.task_id} not found")
+        await known_attempt(context, self._store, request.task_id, request.attempt)
         try:
             rows, token = await screenshots.list_page(
                 self._store,

@@ -4,17 +4,17 @@ direct transport ship their decisions into it (`shipping.ship_decisions`)."""
 from __future__ import annotations
 
 import datetime as dt
-from typing import Any
 
 import grpc
 
 from amc.v1 import decision_log_service_pb2 as pb
 from amc.v1 import decision_log_service_pb2_grpc
 from cloud import authz
+from cloud.services.attempts import known_attempt
 from cloud.services.conversation import conversation_item
 from cloud.services.shipping import ship_decisions
 from cloud.services.status import abort
-from cloud.store import convert, decisions, sessions, spend, tasks
+from cloud.store import convert, decisions, sessions, spend
 from cloud.store.database import Store
 from cloud.store.paging import page_token, position, token_int
 from planner.conversation.items import loads_item
@@ -66,7 +66,7 @@ class DecisionLogServicer(decision_log_service_pb2_grpc.DecisionLogServiceServic
                 grpc.StatusCode.INVALID_ARGUMENT,
                 "after_step: 0, or a step index with attempt set",
             )
-        await _known_attempt(context, self._store, request.task_id, request.attempt)
+        await known_attempt(context, self._store, request.task_id, request.attempt)
         try:
             rows, token = await decisions.list_page(
                 self._store,
@@ -134,7 +134,7 @@ class DecisionLogServicer(decision_log_service_pb2_grpc.DecisionLogServiceServic
                 start = token_int(seq)
             except (TypeError, ValueError) as exc:
                 await abort(context, grpc.StatusCode.INVALID_ARGUMENT, f"page_token: {exc}")
-        await _known_attempt(context, self._store, request.task_id, request.attempt)
+        await known_attempt(context, self._store, request.task_id, request.attempt)
         size = request.page_size or 100
         rows = await sessions.page(self._store, request.task_id, request.attempt, start, size + 1)
         more = len(rows) > size
@@ -142,21 +142,4 @@ class DecisionLogServicer(decision_log_service_pb2_grpc.DecisionLogServiceServic
         return pb.GetConversationResponse(
             items=[conversation_item(seq, loads_item(body)) for seq, body in rows],
             next_page_token=page_token(listing, rows[-1][0] + 1) if more else "",
-        )
-
-
-async def _known_attempt(
-    context: grpc.aio.ServicerContext[Any, Any], store: Store, task_id: str, attempt: int
-) -> None:
-    """Abort NOT_FOUND unless the task exists and, for `attempt` 1 or more, had that attempt:
-    an empty answer for an attempt it never had read as a record (compact mode, the direct
-    transport, pruned)."""
-    had = await tasks.attempts_had(store, task_id[:128])
-    if had is None:
-        await abort(context, grpc.StatusCode.NOT_FOUND, f"task {task_id} not found")
-    if attempt > had:
-        await abort(
-            context,
-            grpc.StatusCode.NOT_FOUND,
-            f"task {task_id} has no attempt {attempt} (it has {had or 'none yet'})",
         )

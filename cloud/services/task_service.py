@@ -24,6 +24,7 @@ from cloud.goal_warnings import credential_warnings
 from cloud.lease.validate import MAX_ID
 from cloud.secret_box import NO_KEY, SecretBox
 from cloud.services import durations, targets
+from cloud.services.attempts import known_attempt
 from cloud.services.status import abort
 from cloud.settings import CloudSettings
 from cloud.store import convert, lease_events, states, tasks
@@ -260,8 +261,7 @@ class TaskServicer(task_service_pb2_grpc.TaskServiceServicer):
             await abort(
                 context, grpc.StatusCode.INVALID_ARGUMENT, f"page_size: 0 to {MAX_EVENT_PAGE}"
             )
-        if await tasks.goal(self._store, request.task_id) is None:
-            await abort(context, grpc.StatusCode.NOT_FOUND, f"task {request.task_id} not found")
+        await known_attempt(context, self._store, request.task_id, request.attempt)
         try:
             rows, token = await lease_events.list_page(
                 self._store,

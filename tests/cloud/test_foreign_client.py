@@ -12,6 +12,8 @@ import grpc
 import pytest
 
 from amc.v1 import (
+    artifact_service_pb2,
+    artifact_service_pb2_grpc,
     decision_log_service_pb2,
     decision_log_service_pb2_grpc,
     fleet_service_pb2,
@@ -381,13 +383,15 @@ async def test_an_attempt_the_task_never_had_is_not_found(
 ) -> None:
     """GetConversation and ListDecisions(attempt=N) answered an empty page for an attempt the
     task never had, which reads as a record (compact mode, the direct transport, pruned); the
-    console checked it itself. The cloud answers NOT_FOUND saying how many the task has."""
+    console checked it itself. The cloud answers NOT_FOUND saying how many the task has, and
+    ListTaskEvents and ListStepScreenshots (which answered OK and empty) with the same words."""
     ops = channel(offline_cloud.address, pki_dir, "operator-ops")
     host = ScriptedHost(offline_cloud.address, pki_dir, "a")
     try:
         await host.connect(["a-phone"])
         tasks = task_service_pb2_grpc.TaskServiceStub(ops)
         log = decision_log_service_pb2_grpc.DecisionLogServiceStub(ops)
+        shots = artifact_service_pb2_grpc.ArtifactServiceStub(ops)
         ran = await tasks.SubmitTask(
             task_service_pb2.SubmitTaskRequest(
                 goal="open settings", target=types_pb2.TaskTarget(host_id="a")
@@ -411,6 +415,18 @@ async def test_an_attempt_the_task_never_had_is_not_found(
             decision_log_service_pb2.GetConversationRequest(task_id=ran_id, attempt=1)
         )
         assert (list(had.decisions), list(every.decisions), list(talk.items)) == ([], [], [])
+        events = await tasks.ListTaskEvents(
+            task_service_pb2.ListTaskEventsRequest(task_id=ran_id, attempt=1)
+        )
+        pictures = await shots.ListStepScreenshots(
+            artifact_service_pb2.ListStepScreenshotsRequest(task_id=ran_id, attempt=1)
+        )
+        queued_events = await tasks.ListTaskEvents(
+            task_service_pb2.ListTaskEventsRequest(task_id=queued_id)
+        )
+        assert len(events.events) >= 1  # its assignment
+        assert list(pictures.screenshots) == []
+        assert len(queued_events.events) == 0
         for task_id, attempt, message in (
             (ran_id, 2, f"task {ran_id} has no attempt 2 (it has 1)"),
             (queued_id, 1, f"task {queued_id} has no attempt 1 (it has none yet)"),
@@ -423,6 +439,16 @@ async def test_an_attempt_the_task_never_had_is_not_found(
                 (
                     log.GetConversation,
                     decision_log_service_pb2.GetConversationRequest(
+                        task_id=task_id, attempt=attempt
+                    ),
+                ),
+                (
+                    tasks.ListTaskEvents,
+                    task_service_pb2.ListTaskEventsRequest(task_id=task_id, attempt=attempt),
+                ),
+                (
+                    shots.ListStepScreenshots,
+                    artifact_service_pb2.ListStepScreenshotsRequest(
                         task_id=task_id, attempt=attempt
                     ),
                 ),

@@ -84,9 +84,10 @@ class ArtifactServiceServicer:
 
     def ListStepScreenshots(self, request, context):
         """Which screenshots the steps of a task have, ordered by attempt, step index, then phase
-        (before first), paged. Operators only. NOT_FOUND for an unknown task; INVALID_ARGUMENT for
-        a missing task id, a negative attempt, a page size outside 0..1000 or a foreign token (not
-        from a ListStepScreenshots of this task).
+        (before first), paged. Operators only. NOT_FOUND for an unknown task, or an attempt it
+        never had ("task X has no attempt 3 (it has 1)"); INVALID_ARGUMENT for a missing task id, a
+        negative attempt, a page size outside 0..1000 or a foreign token (not from a
+        ListStepScreenshots of this task).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

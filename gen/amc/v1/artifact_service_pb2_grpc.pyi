@@ -55,9 +55,10 @@ class ArtifactServiceStub:
     """
     ListStepScreenshots: _grpc.UnaryUnaryMultiCallable[_artifact_service_pb2.ListStepScreenshotsRequest, _artifact_service_pb2.ListStepScreenshotsResponse]
     """Which screenshots the steps of a task have, ordered by attempt, step index, then phase
-    (before first), paged. Operators only. NOT_FOUND for an unknown task; INVALID_ARGUMENT for
-    a missing task id, a negative attempt, a page size outside 0..1000 or a foreign token (not
-    from a ListStepScreenshots of this task).
+    (before first), paged. Operators only. NOT_FOUND for an unknown task, or an attempt it
+    never had ("task X has no attempt 3 (it has 1)"); INVALID_ARGUMENT for a missing task id, a
+    negative attempt, a page size outside 0..1000 or a foreign token (not from a
+    ListStepScreenshots of this task).
     """
     GetStepScreenshot: _grpc.UnaryStreamMultiCallable[_artifact_service_pb2.GetStepScreenshotRequest, _artifact_service_pb2.GetStepScreenshotResponse]
     """The bytes of one screenshot, in chunks of at most 1 MiB (the first carries its metadata).
@@ -93,9 +94,10 @@ class ArtifactServiceAsyncStub(ArtifactServiceStub):
     """
     ListStepScreenshots: _aio.UnaryUnaryMultiCallable[_artifact_service_pb2.ListStepScreenshotsRequest, _artifact_service_pb2.ListStepScreenshotsResponse]  # type: ignore[assignment]
     """Which screenshots the steps of a task have, ordered by attempt, step index, then phase
-    (before first), paged. Operators only. NOT_FOUND for an unknown task; INVALID_ARGUMENT for
-    a missing task id, a negative attempt, a page size outside 0..1000 or a foreign token (not
-    from a ListStepScreenshots of this task).
+    (before first), paged. Operators only. NOT_FOUND for an unknown task, or an attempt it
+    never had ("task X has no attempt 3 (it has 1)"); INVALID_ARGUMENT for a missing task id, a
+    negative attempt, a page size outside 0..1000 or a foreign token (not from a
+    ListStepScreenshots of this task).
     """
     GetStepScreenshot: _aio.UnaryStreamMultiCallable[_artifact_service_pb2.GetStepScreenshotRequest, _artifact_service_pb2.GetStepScreenshotResponse]  # type: ignore[assignment]
     """The bytes of one screenshot, in chunks of at most 1 MiB (the first carries its metadata).
@@ -140,9 +142,10 @@ class ArtifactServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_artifact_service_pb2.ListStepScreenshotsResponse, _abc.Awaitable[_artifact_service_pb2.ListStepScreenshotsResponse]]:
         """Which screenshots the steps of a task have, ordered by attempt, step index, then phase
-        (before first), paged. Operators only. NOT_FOUND for an unknown task; INVALID_ARGUMENT for
-        a missing task id, a negative attempt, a page size outside 0..1000 or a foreign token (not
-        from a ListStepScreenshots of this task).
+        (before first), paged. Operators only. NOT_FOUND for an unknown task, or an attempt it
+        never had ("task X has no attempt 3 (it has 1)"); INVALID_ARGUMENT for a missing task id, a
+        negative attempt, a page size outside 0..1000 or a foreign token (not from a
+        ListStepScreenshots of this task).
         """
 
     @_abc_1.abstractmethod

@@ -111,8 +111,9 @@ class TaskServiceServicer:
         a host reconnected, revocation (with the reason), expiry, the operator's cancel (name and
         reason), the host's result, and the task going back to the queue. Renewals are not listed
         one by one: each Attempt counts them (`renewals`, first and last). NOT_FOUND for an unknown
-        task; INVALID_ARGUMENT for a missing task id, a negative attempt, a page size outside
-        0..1000 or a page token that is not from a ListTaskEvents of this task.
+        task, or an attempt it never had ("task X has no attempt 3 (it has 1)"); INVALID_ARGUMENT
+        for a missing task id, a negative attempt, a page size outside 0..1000 or a page token that
+        is not from a ListTaskEvents of this task.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

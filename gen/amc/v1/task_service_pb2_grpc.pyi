@@ -62,8 +62,9 @@ class TaskServiceStub:
     a host reconnected, revocation (with the reason), expiry, the operator's cancel (name and
     reason), the host's result, and the task going back to the queue. Renewals are not listed
     one by one: each Attempt counts them (`renewals`, first and last). NOT_FOUND for an unknown
-    task; INVALID_ARGUMENT for a missing task id, a negative attempt, a page size outside
-    0..1000 or a page token that is not from a ListTaskEvents of this task.
+    task, or an attempt it never had ("task X has no attempt 3 (it has 1)"); INVALID_ARGUMENT
+    for a missing task id, a negative attempt, a page size outside 0..1000 or a page token that
+    is not from a ListTaskEvents of this task.
     """
 
 @_typing.type_check_only
@@ -100,8 +101,9 @@ class TaskServiceAsyncStub(TaskServiceStub):
     a host reconnected, revocation (with the reason), expiry, the operator's cancel (name and
     reason), the host's result, and the task going back to the queue. Renewals are not listed
     one by one: each Attempt counts them (`renewals`, first and last). NOT_FOUND for an unknown
-    task; INVALID_ARGUMENT for a missing task id, a negative attempt, a page size outside
-    0..1000 or a page token that is not from a ListTaskEvents of this task.
+    task, or an attempt it never had ("task X has no attempt 3 (it has 1)"); INVALID_ARGUMENT
+    for a missing task id, a negative attempt, a page size outside 0..1000 or a page token that
+    is not from a ListTaskEvents of this task.
     """
 
 class TaskServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -165,8 +167,9 @@ class TaskServiceServicer(metaclass=_abc_1.ABCMeta):
         a host reconnected, revocation (with the reason), expiry, the operator's cancel (name and
         reason), the host's result, and the task going back to the queue. Renewals are not listed
         one by one: each Attempt counts them (`renewals`, first and last). NOT_FOUND for an unknown
-        task; INVALID_ARGUMENT for a missing task id, a negative attempt, a page size outside
-        0..1000 or a page token that is not from a ListTaskEvents of this task.
+        task, or an attempt it never had ("task X has no attempt 3 (it has 1)"); INVALID_ARGUMENT
+        for a missing task id, a negative attempt, a page size outside 0..1000 or a page token that
+        is not from a ListTaskEvents of this task.
         """
 
 def add_TaskServiceServicer_to_server(servicer: TaskServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
