@@ -12,10 +12,11 @@ from __future__ import annotations
 import datetime as dt
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
-from sqlalchemy import create_engine, select, text, update
+from sqlalchemy import create_engine, event, select, text, update
 from sqlalchemy.ext.asyncio import create_async_engine
 
 from cloud.events import EventBus
@@ -538,3 +539,39 @@ async def test_a_sqlite_write_that_keeps_the_expiry_leaves_the_indexes_alone(
     assert _wal_frames(path) == 2
     row = await _row(store, c.task_id)
     assert (row.summary, row.lease_expires_at) == ("new", before)
+
+
+async def test_a_written_batch_with_nothing_refused_opens_no_read(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A refused renewal is classified after the batch's write, in a read of its own. On
+    PostgreSQL (the write on the store's own connection) that read session was opened after
+    every batch, refused or not (~0.2 ms of the loop each, no statement); SQLite skipped it.
+    Now neither opens one unless a renewal was refused, and fencing stays exact: the pool runs
+    no statement for an accepted batch, and a stale lease in a batch is still classified."""
+    c = await _lease(store)
+    opened: list[int] = []
+    real_read = store.read
+
+    def counted_read() -> Any:
+        opened.append(1)
+        return real_read()
+
+    monkeypatch.setattr(store, "read", counted_read)
+    sent: list[str] = []
+
+    def on_statement(*args: object) -> None:
+        sent.append(str(args[2]))
+
+    engine = store.engine.sync_engine
+    event.listen(engine, "before_cursor_execute", on_statement)
+    try:
+        (ok,) = await leases.write_renewals(store, [_item(c)])
+        accepted = (len(opened), list(sent))
+        ok2, stale = await leases.write_renewals(store, [_item(c), _item(c, lease_id="stale")])
+    finally:
+        event.remove(engine, "before_cursor_execute", on_statement)
+    assert ok.written and ok2.written
+    assert accepted == (0, [] if store.is_postgres else accepted[1])
+    assert stale.expires_at is None and stale.revocation == leases.Revocation.UNKNOWN
+    assert len(opened) == 1
