@@ -507,6 +507,9 @@ def host_list(
         out.print("no host has connected yet")
     for host in fleet.hosts:
         state = Text("connected", style="green") if host.connected else Text("disconnected")
+        if host.connected and host.HasField("stopping_since"):
+            # It takes no new task and hands back the ones it runs, then leaves.
+            state = Text("stopping", style="yellow")
         # Connected: its stream is vouched for every heartbeat, though an idle host sends
         # nothing (last_seen_at is its last message); else when it last spoke or left.
         seen = "now" if host.connected else formatting.ago(host.last_seen_at) or "never"

@@ -419,6 +419,13 @@ class LeaseManager:
         stops follow, and queue their tasks for whichever host is free."""
         session.stopping = True
         log.info("host %s is stopping: no new work for it", session.host_id)
+        self._spawn(self._show_stopping(session))
+
+    async def _show_stopping(self, session: HostSession) -> None:
+        """Show operators the stop (on the host's row: any replica's fleet view reads it); the
+        fleet view showed a connected host with idle phones for the seconds of its stop."""
+        if await hosts.stopping(self.store, session.host_id, session.stream_id):
+            self.bus.hosts_changed([session.host_id])
 
     def touch(self, session: HostSession) -> None:
         """The host sent something: it is not frozen, so work held back from it (a lease of it

@@ -227,6 +227,9 @@ def host(
     hold = hosts.held(row, connected, now) if now is not None else None
     if hold is not None:
         out.held_back.CopyFrom(held_back(hold))
+    stopping = hosts.stopping_since(row, connected)
+    if stopping is not None:
+        out.stopping_since.CopyFrom(ts(stopping))
     for b in busy or []:
         out.busy_phones.append(
             types_pb2.BusyPhone(

@@ -239,6 +239,27 @@ async def unhold(store: Store, host_id: str, stream_id: str) -> bool:
         return marked.first() is not None
 
 
+async def stopping(store: Store, host_id: str, stream_id: str) -> bool:
+    """Record that the host's stream `stream_id` said it is stopping, so every replica's fleet
+    view says so; False when a newer stream took over."""
+    async with store.write() as session:
+        marked = await session.scalars(
+            update(HostRow)
+            .where(HostRow.host_id == host_id, HostRow.stream_id == stream_id)
+            .values(stopping_since=store.now(), stopping_stream_id=stream_id)
+            .returning(HostRow.host_id)
+        )
+        return marked.first() is not None
+
+
+def stopping_since(row: HostRow, connected: bool) -> dt.datetime | None:
+    """When the host's open stream said it is stopping, if it did (a stop of an older stream
+    ended with it)."""
+    if not connected or row.stopping_stream_id != row.stream_id:
+        return None
+    return row.stopping_since
+
+
 @dataclass(frozen=True, slots=True)
 class Held:
     """New work held back from a host: its lease of `task_id`/`attempt` ran out at `since`

@@ -291,6 +291,10 @@ class HostRow(Base):
     held_task_id: Mapped[str | None] = mapped_column(String(32))
     held_attempt: Mapped[int | None] = mapped_column(Integer)
     held_stream_id: Mapped[str | None] = mapped_column(String(32))
+    # The host said it is stopping (`HostStopping`) at `stopping_since` on its stream
+    # `stopping_stream_id` (NULL: not stopping); it ends with that stream (migration 0024).
+    stopping_since: Mapped[dt.datetime | None] = mapped_column(UTCDateTime())
+    stopping_stream_id: Mapped[str | None] = mapped_column(String(32))
 
 
 class RevocationRow(Base):

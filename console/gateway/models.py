@@ -805,6 +805,11 @@ class HostOut(BaseModel):
         default=None,
         description="why the cloud gives this host no new task now; null when it does",
     )
+    stopping_since: datetime | None = Field(
+        default=None,
+        description="when the host said it is stopping (it takes no new task and hands back "
+        "the ones it runs); null when it is not",
+    )
 
     def busy(self, serial: str) -> BusyPhoneOut | None:
         """The task a phone works on, None when it is idle."""
@@ -836,6 +841,7 @@ class HostOut(BaseModel):
             last_seen_at=_time(h.last_seen_at, h.HasField("last_seen_at")),
             outbox=OutboxOut.of(h.outbox) if h.HasField("outbox") else None,
             held_back=HostHoldOut.of(h.held_back) if h.HasField("held_back") else None,
+            stopping_since=_time(h.stopping_since, h.HasField("stopping_since")),
         )
 
 

@@ -75,7 +75,7 @@ def host_signature(host: HostOut) -> str:
     the same from a `host` event and re-renders the host's card when the two differ."""
     phones = ";".join(f"{d.serial}={d.state}={d.model}" for d in host.devices)
     busy = ";".join(f"{b.device_serial}={b.task_id}={b.attempt}" for b in host.busy_phones)
-    state = "on" if host.connected else "off"
+    state = ("stopping" if host.stopping_since else "on") if host.connected else "off"
     waiting = host.outbox.items if host.outbox else ""
     held = host.held_back.task_id if host.held_back else ""
     return f"{state}|{host.planner_transport}|{host.agent_version}|{phones}|{busy}|{waiting}|{held}"

@@ -240,6 +240,52 @@ async def test_a_stopping_host_gets_no_new_work_and_its_task_goes_to_another_hos
         await other.close()
 
 
+async def _stopping(fleet: Any, host_id: str) -> types_pb2.Host:
+    """The host as ListHosts shows it once it is stopping."""
+    for _ in range(400):
+        page = await fleet.ListHosts(fleet_service_pb2.ListHostsRequest(host_ids=[host_id]))
+        host: types_pb2.Host = page.hosts[0]
+        if host.HasField("stopping_since"):
+            return host
+        await asyncio.sleep(0.025)
+    raise AssertionError(f"{host_id} is not shown stopping")
+
+
+async def test_the_fleet_view_says_a_host_is_stopping(
+    cloud: CloudServer, ops: Any, pki_dir: Path
+) -> None:
+    """A host that said it is stopping looked connected with idle phones in the fleet view for
+    the seconds of its stop (only the replica holding its stream knew). ListHosts and
+    WatchHosts now say since when it is stopping, until its stream ends."""
+    stopping = ScriptedHost(cloud.address, pki_dir, "h11")
+    ch = channel(cloud.address, pki_dir, "operator-ops")
+    fleet: Any = fleet_service_pb2_grpc.FleetServiceStub(ch)
+    watch = fleet.WatchHosts(fleet_service_pb2.WatchHostsRequest(host_id="h11"))
+    try:
+        await stopping.connect(["p"])
+        await submit(ops, lease_duration=secs(120), max_attempts=3)
+        await stopping.next("assignment")
+        page = await fleet.ListHosts(fleet_service_pb2.ListHostsRequest(host_ids=["h11"]))
+        assert not page.hosts[0].HasField("stopping_since")
+        before = cloud.store.now()
+        await stopping.send(lease_pb.LeaseRequest(stopping=lease_pb.HostStopping()))
+        shown = await _stopping(fleet, "h11")
+        assert shown.connected
+        assert shown.stopping_since.ToDatetime(dt.UTC) >= before.replace(microsecond=0)
+        async for message in watch:  # a fleet watcher hears of it too
+            if message.host.HasField("stopping_since"):
+                break
+        await stopping.close()
+        async for message in watch:  # its stream ended: no longer stopping, but gone
+            if message.HasField("host") and not message.host.connected:
+                assert not message.host.HasField("stopping_since")
+                break
+    finally:
+        watch.cancel()
+        await stopping.close()
+        await ch.close()
+
+
 async def _hosts(fleet: Any, host_id: str, *, held: bool) -> types_pb2.Host:
     """The host as ListHosts shows it once it is (or is no longer) held back."""
     for _ in range(400):
@@ -339,6 +385,33 @@ async def test_migration_0023_adds_the_hosts_hold_and_back(db_url: str) -> None:
         added = {"held_since", "held_until", "held_task_id", "held_attempt", "held_stream_id"}
         assert await columns() - before == added
         await downgrade(s.engine, "0022")
+        assert await columns() == before
+        await upgrade(s.engine)
+        await check(s.engine)
+    finally:
+        await s.close()
+
+
+async def test_migration_0024_adds_the_hosts_stop_and_back(db_url: str) -> None:
+    """Both backends: 0024 adds `hosts.stopping_since` and `stopping_stream_id` (NULL: no host
+    stopping), its downgrade drops them, and the schema matches the models again."""
+    s = Store.from_url(db_url)
+    catalogue = (
+        "SELECT column_name FROM information_schema.columns WHERE table_name = 'hosts'"
+        if s.is_postgres
+        else "SELECT name FROM pragma_table_info('hosts')"
+    )
+
+    async def columns() -> set[str]:
+        async with s.engine.connect() as conn:
+            return {str(name) for (name,) in await conn.execute(sql_text(catalogue))}
+
+    try:
+        await upgrade(s.engine, "0023")
+        before = await columns()
+        await upgrade(s.engine, "0024")
+        assert await columns() - before == {"stopping_since", "stopping_stream_id"}
+        await downgrade(s.engine, "0023")
         assert await columns() == before
         await upgrade(s.engine)
         await check(s.engine)

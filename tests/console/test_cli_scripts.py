@@ -27,7 +27,7 @@ import httpx
 import pytest
 from sqlalchemy import update
 
-from amc.v1 import task_service_pb2, types_pb2
+from amc.v1 import lease_service_pb2, task_service_pb2, types_pb2
 from cloud.pki import ensure_embedded_pki
 from cloud.server import CloudServer, build_server
 from cloud.settings import CloudSettings
@@ -245,6 +245,23 @@ async def test_host_list_says_a_connected_idle_host_was_seen_now(stack: Stack) -
             break
     shown = await amc(*stack.conn, "host", "list")
     assert re.search(rf"^{HOST} disconnected · last seen \d+s ago$", shown.out, re.M), shown.out
+
+
+async def test_host_list_says_a_host_is_stopping(stack: Stack) -> None:
+    """A host that said it is stopping read "connected" in `amc host list` for the seconds of
+    its stop, its phones idle; it reads "stopping" (and `--json` says since when)."""
+    host = ScriptedHost(stack.cloud.address, stack.pki, HOST)
+    try:
+        await host.connect(["phone-1"])
+        await host.send(lease_service_pb2.LeaseRequest(stopping=lease_service_pb2.HostStopping()))
+        for _ in range(200):  # the cloud records it
+            listed = json.loads((await amc(*stack.conn, "host", "list", "--json")).out)
+            if listed["hosts"][0]["stopping_since"] is not None:
+                break
+        shown = await amc(*stack.conn, "host", "list")
+        assert f"{HOST} stopping · last seen now" in shown.out.splitlines(), shown.out
+    finally:
+        await host.close()
 
 
 @pytest.mark.parametrize(

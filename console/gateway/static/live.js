@@ -428,7 +428,7 @@
     var busy = (h.busy_phones || []).map(function (b) {
       return b.device_serial + "=" + b.task_id + "=" + b.attempt;
     });
-    return (h.connected ? "on" : "off") + "|" + h.planner_transport + "|" + h.agent_version +
+    return (h.connected ? (h.stopping_since ? "stopping" : "on") : "off") + "|" + h.planner_transport + "|" + h.agent_version +
       "|" + phones.join(";") + "|" + busy.join(";") + "|" + (h.outbox ? h.outbox.items : "") +
       "|" + (h.held_back ? h.held_back.task_id : "");
   }

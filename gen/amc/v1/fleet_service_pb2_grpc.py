@@ -70,8 +70,9 @@ class FleetServiceServicer:
         """Stream the fleet live. The stream starts with a snapshot (one message per host, as
         ListHosts lists them), then one message marking the snapshot's end, then one message per
         host whose state changed: it connected or disconnected (also when the replica holding its
-        stream stopped vouching for it), announced other phones, said hello again, a phone became
-        busy or idle (`busy_phones`), or its `last_seen_at` moved (at most once per host heartbeat).
+        stream stopped vouching for it), announced other phones, said hello again, said it is
+        stopping (`stopping_since`), a phone became busy or idle (`busy_phones`), or its
+        `last_seen_at` moved (at most once per host heartbeat).
         Changes that arrive faster than the watcher reads are coalesced: the watcher gets each
         host's latest state. The stream never ends on its own.
         """

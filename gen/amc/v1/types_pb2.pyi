@@ -1025,6 +1025,7 @@ class Host(_message.Message):
     OUTBOX_FIELD_NUMBER: _builtins.int
     BUSY_PHONES_FIELD_NUMBER: _builtins.int
     HELD_BACK_FIELD_NUMBER: _builtins.int
+    STOPPING_SINCE_FIELD_NUMBER: _builtins.int
     host_id: _builtins.str
     """Identity from the host's client certificate."""
     connected: _builtins.bool
@@ -1062,6 +1063,14 @@ class Host(_message.Message):
         takes work. Set by the cloud in ListHosts and WatchHosts.
         """
 
+    @_builtins.property
+    def stopping_since(self) -> _timestamp_pb2.Timestamp:
+        """When the host said it is stopping (`HostStopping` on its open stream): it gets no new task
+        and hands back the ones it runs (their phones stay in `busy_phones` until their results
+        arrive), then closes its stream. Unset otherwise, and once that stream ends. Set by the
+        cloud in ListHosts and WatchHosts.
+        """
+
     def __init__(
         self,
         *,
@@ -1074,10 +1083,11 @@ class Host(_message.Message):
         outbox: Global___OutboxBacklog | None = ...,
         busy_phones: _abc.Iterable[Global___BusyPhone] | None = ...,
         held_back: Global___HostHold | None = ...,
+        stopping_since: _timestamp_pb2.Timestamp | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["held_back", b"held_back", "last_seen_at", b"last_seen_at", "outbox", b"outbox"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["held_back", b"held_back", "last_seen_at", b"last_seen_at", "outbox", b"outbox", "stopping_since", b"stopping_since"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_version", b"agent_version", "busy_phones", b"busy_phones", "connected", b"connected", "devices", b"devices", "held_back", b"held_back", "host_id", b"host_id", "last_seen_at", b"last_seen_at", "outbox", b"outbox", "planner_transport", b"planner_transport"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_version", b"agent_version", "busy_phones", b"busy_phones", "connected", b"connected", "devices", b"devices", "held_back", b"held_back", "host_id", b"host_id", "last_seen_at", b"last_seen_at", "outbox", b"outbox", "planner_transport", b"planner_transport", "stopping_since", b"stopping_since"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
