@@ -19,10 +19,7 @@ from amc.v1 import decision_log_service_pb2, task_service_pb2, types_pb2
 from tests.support.fakes import FakeModelServer, ScriptedTurn, text, tool_use
 from tests.support.processes import (
     TERMINAL,
-    AmcProcess,
-    cloud_process,
-    free_port,
-    host_process,
+    Fleet,
     operator,
     wait_connected,
     wait_serving,
@@ -50,8 +47,6 @@ async def _stop_mid_decide(
     """Run a task until its first Decide waits on the held model call, SIGTERM the cloud, let
     the call go once the stopping cloud waits for it (or after it exited), start the cloud
     again and wait for the task to end: the task, its decision log, the first cloud's log."""
-    port = free_port()
-    address = f"127.0.0.1:{port}"
     env = {
         "AMC_PLANNER_PROVIDER": "anthropic",
         "AMC_PLANNER_MODEL": "claude-sonnet-4-6",
@@ -62,16 +57,11 @@ async def _stop_mid_decide(
         "AMC_CLOUD_SHUTDOWN_GRACE_SECONDS": grace,
         "AMC_CLOUD_METRICS_ADDRESS": "off",
     }
-    db = f"sqlite+aiosqlite:///{tmp_path / 'cloud.sqlite3'}"
-
-    def cloud(name: str) -> AmcProcess:
-        return cloud_process(
-            tmp_path, name, database_url=db, pki_dir=fault_pki, port=port, extra=env
-        )
-
-    first, second = cloud("cloud-1").start(), cloud("cloud-2")
+    fleet = Fleet(tmp_path, fault_pki, cloud_env=env)
+    address = fleet.address
+    first, second = fleet.cloud("cloud-1").start(), fleet.cloud("cloud-2")
     wait = {"AMC_HOST_PLANNER_WAIT_INITIAL_S": "0.05", "AMC_HOST_PLANNER_WAIT_MAX_S": "0.2"}
-    host = host_process(tmp_path, "a", cloud_address=address, pki_dir=fault_pki, extra=wait)
+    host = fleet.host("a", extra=wait)
     ops = None
     try:
         await wait_serving(address, fault_pki)

@@ -9,10 +9,8 @@ task it held is resumed under its live lease (same attempt) and finishes.
 
 from __future__ import annotations
 
-import asyncio
 import sqlite3
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 from google.protobuf.duration_pb2 import Duration
@@ -20,8 +18,7 @@ from google.protobuf.duration_pb2 import Duration
 from amc.v1 import task_service_pb2, types_pb2
 from tests.support.figures import record
 from tests.support.processes import (
-    cloud_process,
-    free_port,
+    Fleet,
     host_process,
     operator,
     wait_connected,
@@ -29,6 +26,7 @@ from tests.support.processes import (
     wait_task,
 )
 from tests.support.tcp_proxy import TcpProxy
+from tests.support.waiting import until
 
 KEEPALIVE_TIME_S = 1.0
 KEEPALIVE_TIMEOUT_S = 2.0
@@ -36,32 +34,21 @@ KEEPALIVE_TIMEOUT_S = 2.0
 NOTICE_BOUND_S = KEEPALIVE_TIME_S + KEEPALIVE_TIMEOUT_S + 5.0
 
 
-async def _wait_for(predicate: Callable[[], bool], within: float, what: str) -> None:
-    deadline = time.monotonic() + within
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what} not within {within}s")
-        await asyncio.sleep(0.05)
-
-
 async def test_half_open_connection_is_noticed_and_host_reconnects(
     tmp_path: Path, fault_pki: Path
 ) -> None:
-    port = free_port()
-    address = f"127.0.0.1:{port}"
-    cloud = cloud_process(
+    fleet = Fleet(
         tmp_path,
-        "cloud",
-        database_url=f"sqlite+aiosqlite:///{tmp_path / 'cloud.sqlite3'}",
-        pki_dir=fault_pki,
-        port=port,
-        extra={
+        fault_pki,
+        cloud_env={
             "AMC_CLOUD_KEEPALIVE_TIME_SECONDS": str(KEEPALIVE_TIME_S),
             "AMC_CLOUD_KEEPALIVE_TIMEOUT_SECONDS": str(KEEPALIVE_TIMEOUT_S),
             "AMC_CLOUD_MIN_CLIENT_PING_INTERVAL_SECONDS": "0.5",
         },
     )
-    proxy = TcpProxy([("127.0.0.1", port)]).start()
+    address = fleet.address
+    cloud = fleet.cloud()
+    proxy = TcpProxy([("127.0.0.1", fleet.port)]).start()
     host = host_process(
         tmp_path,
         "a",
@@ -96,16 +83,16 @@ async def test_half_open_connection_is_noticed_and_host_reconnects(
         assert frozen, "no open connection to freeze"
         cut_at = time.monotonic()
 
-        await _wait_for(
+        await until(
             lambda: all(link.client_gone_at is not None for link in frozen),
-            NOTICE_BOUND_S,
-            "host dropping the dead connection",
+            within=NOTICE_BOUND_S,
+            what="host dropping the dead connection",
         )
         host_noticed = max(link.client_gone_at or 0 for link in frozen) - cut_at
-        await _wait_for(
+        await until(
             lambda: all(link.server_gone_at is not None for link in frozen),
-            NOTICE_BOUND_S,
-            "cloud dropping the dead connection",
+            within=NOTICE_BOUND_S,
+            what="cloud dropping the dead connection",
         )
         cloud_noticed = max(link.server_gone_at or 0 for link in frozen) - cut_at
         record("half_open", "host noticed the silent link", host_noticed)
@@ -113,8 +100,8 @@ async def test_half_open_connection_is_noticed_and_host_reconnects(
         assert host_noticed <= NOTICE_BOUND_S
         assert cloud_noticed <= NOTICE_BOUND_S
 
-        await _wait_for(
-            lambda: bool(proxy.links_since(cut_at)), 30, "host opening a new connection"
+        await until(
+            lambda: bool(proxy.links_since(cut_at)), within=30, what="host opening a new connection"
         )
         await wait_connected(ops, {"a"})
         record("half_open", "silence to host reconnected", time.monotonic() - cut_at)
@@ -155,16 +142,10 @@ async def test_a_host_whose_renewals_go_unanswered_stops_when_its_lease_runs_out
     transport), must stop when its lease runs out by its own clock, though its stream still
     looks open. Before, it stopped only once its stream was gone (the keepalive) and 2 s more:
     it kept tapping its phone while b ran the same task on another, both at once."""
-    port = free_port()
-    address = f"127.0.0.1:{port}"
-    cloud = cloud_process(
-        tmp_path,
-        "cloud",
-        database_url=f"sqlite+aiosqlite:///{tmp_path / 'cloud.sqlite3'}",
-        pki_dir=fault_pki,
-        port=port,
-    )
-    proxy = TcpProxy([("127.0.0.1", port)]).start()
+    fleet = Fleet(tmp_path, fault_pki)
+    address = fleet.address
+    cloud = fleet.cloud()
+    proxy = TcpProxy([("127.0.0.1", fleet.port)]).start()
     slow_keepalive = {"AMC_HOST_KEEPALIVE_TIME_S": "30", "AMC_HOST_KEEPALIVE_TIMEOUT_S": "30"}
     a = host_process(
         tmp_path,
@@ -175,7 +156,7 @@ async def test_a_host_whose_renewals_go_unanswered_stops_when_its_lease_runs_out
         transport="direct",
         extra=slow_keepalive,
     )
-    b = host_process(tmp_path, "b", cloud_address=address, pki_dir=fault_pki, transport="direct")
+    b = fleet.host("b", transport="direct")
     ops = None
     try:
         cloud.start()
@@ -208,7 +189,7 @@ async def test_a_host_whose_renewals_go_unanswered_stops_when_its_lease_runs_out
             lambda t: t.attempt == 2 and t.host_id == "b",
             what="attempt 2 handed to b",
         )
-        await _wait_for(
+        await until(
             lambda: (_attempt_row(tmp_path, "a", task_id, 1) or ("running",))[0] != "running",
             25,
             "host a stopping attempt 1",

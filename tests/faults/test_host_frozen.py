@@ -16,10 +16,8 @@ from amc.v1 import fleet_service_pb2, types_pb2
 from console.client import OperatorClient
 from tests.support.processes import (
     TERMINAL,
-    cloud_process,
+    Fleet,
     dark_theme_running,
-    free_port,
-    host_process,
     operator,
     wait_connected,
     wait_serving,
@@ -42,16 +40,10 @@ async def _held_back(ops: OperatorClient) -> types_pb2.HostHold | None:
 async def test_a_host_frozen_mid_task_costs_it_one_attempt_and_finishes_it(
     tmp_path: Path, fault_pki: Path
 ) -> None:
-    port = free_port()
-    address = f"127.0.0.1:{port}"
-    cloud = cloud_process(
-        tmp_path,
-        "cloud",
-        database_url=f"sqlite+aiosqlite:///{tmp_path / 'cloud.sqlite3'}",
-        pki_dir=fault_pki,
-        port=port,
-    ).start()
-    host = host_process(tmp_path, "a", cloud_address=address, pki_dir=fault_pki, settle_delay_s=1.0)
+    fleet = Fleet(tmp_path, fault_pki)
+    address = fleet.address
+    cloud = fleet.cloud().start()
+    host = fleet.host("a", settle_delay_s=1.0)
     ops = None
     stopped = False
     try:

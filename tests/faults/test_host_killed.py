@@ -20,10 +20,8 @@ from tests.support.figures import record
 from tests.support.processes import (
     TERMINAL,
     AmcProcess,
-    cloud_process,
+    Fleet,
     dark_theme_running,
-    free_port,
-    host_process,
     operator,
     wait_connected,
     wait_serving,
@@ -36,28 +34,13 @@ from tests.support.task_batch import check_finished_once, submit, wait_finished,
 async def test_sigkilled_host_task_is_reassigned_and_finishes_once(
     transport: str, tmp_path: Path, fault_pki: Path
 ) -> None:
-    port = free_port()
-    address = f"127.0.0.1:{port}"
-    cloud = cloud_process(
-        tmp_path,
-        "cloud",
-        database_url=f"sqlite+aiosqlite:///{tmp_path / 'cloud.sqlite3'}",
-        pki_dir=fault_pki,
-        port=port,
-    ).start()
+    fleet = Fleet(tmp_path, fault_pki)
+    address = fleet.address
+    cloud = fleet.cloud().start()
     # Slow steps on host a (a wide "mid-task" to kill it in: host b's start-up, which took long
     # enough on a slow machine for 3 s steps to finish the task first), quick ones on host b.
-    host_a = host_process(
-        tmp_path,
-        "a",
-        cloud_address=address,
-        pki_dir=fault_pki,
-        settle_delay_s=6.0,
-        transport=transport,
-    )
-    host_b = host_process(
-        tmp_path, "b", cloud_address=address, pki_dir=fault_pki, transport=transport
-    )
+    host_a = fleet.host("a", settle_delay_s=6.0, transport=transport)
+    host_b = fleet.host("b", transport=transport)
     ops = None
     try:
         await wait_serving(address, fault_pki)
@@ -119,20 +102,12 @@ async def test_a_host_killed_again_and_again_loses_no_task(tmp_path: Path, fault
     """The only host (2 phones, cloud transport) is SIGKILLed whenever it runs something, three
     times, and started again each time, as a supervisor would: its killed attempts run out and
     come back to it; every task still succeeds with one reported result."""
-    port = free_port()
-    address = f"127.0.0.1:{port}"
-    cloud = cloud_process(
-        tmp_path,
-        "cloud",
-        database_url=f"sqlite+aiosqlite:///{tmp_path / 'cloud.sqlite3'}",
-        pki_dir=fault_pki,
-        port=port,
-    ).start()
+    fleet = Fleet(tmp_path, fault_pki)
+    address = fleet.address
+    cloud = fleet.cloud().start()
 
     def host_a() -> AmcProcess:
-        return host_process(
-            tmp_path, "a", cloud_address=address, pki_dir=fault_pki, phones=2, settle_delay_s=0.5
-        )
+        return fleet.host("a", phones=2, settle_delay_s=0.5)
 
     a = host_a()
     ops = None

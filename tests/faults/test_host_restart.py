@@ -25,11 +25,8 @@ from amc.v1 import task_service_pb2, types_pb2
 from tests.support.figures import record
 from tests.support.processes import (
     TERMINAL,
-    AmcProcess,
-    cloud_process,
+    Fleet,
     dark_theme_running,
-    free_port,
-    host_process,
     operator,
     wait_connected,
     wait_serving,
@@ -50,24 +47,11 @@ def _timeline_status(tmp_path: Path, name: str, task_id: str, attempt: int) -> s
     return None if row is None else str(row[0])
 
 
-def _start(tmp_path: Path, fault_pki: Path) -> tuple[AmcProcess, str]:
-    port = free_port()
-    cloud = cloud_process(
-        tmp_path,
-        "cloud",
-        database_url=f"sqlite+aiosqlite:///{tmp_path / 'cloud.sqlite3'}",
-        pki_dir=fault_pki,
-        port=port,
-        extra={"AMC_CLOUD_DEFAULT_LEASE_SECONDS": LEASE_S},
-    ).start()
-    return cloud, f"127.0.0.1:{port}"
-
-
 async def test_a_restarted_host_gets_its_work_back_at_once(tmp_path: Path, fault_pki: Path) -> None:
-    cloud, address = _start(tmp_path, fault_pki)
-    slow = {"pki_dir": fault_pki, "cloud_address": address, "settle_delay_s": 2.0}
-    first = host_process(tmp_path, "a", **slow)  # type: ignore[arg-type]
-    again = host_process(tmp_path, "a", **slow)  # type: ignore[arg-type]
+    fleet = Fleet(tmp_path, fault_pki, cloud_env={"AMC_CLOUD_DEFAULT_LEASE_SECONDS": LEASE_S})
+    address, cloud = fleet.address, fleet.cloud().start()
+    first = fleet.host("a", settle_delay_s=2.0)
+    again = fleet.host("a", settle_delay_s=2.0)
     ops = None
     try:
         await wait_serving(address, fault_pki)
@@ -112,10 +96,10 @@ async def test_a_host_stopped_mid_task_runs_the_task_again_when_it_starts(
 ) -> None:
     """SIGTERM (a deploy): the stopping host stops its task and hands it back (a retryable
     result, not CANCELLED, which would end the task): the next process runs it again."""
-    cloud, address = _start(tmp_path, fault_pki)
-    slow = {"pki_dir": fault_pki, "cloud_address": address, "settle_delay_s": 2.0}
-    first = host_process(tmp_path, "a", **slow)  # type: ignore[arg-type]
-    again = host_process(tmp_path, "a", **slow)  # type: ignore[arg-type]
+    fleet = Fleet(tmp_path, fault_pki, cloud_env={"AMC_CLOUD_DEFAULT_LEASE_SECONDS": LEASE_S})
+    address, cloud = fleet.address, fleet.cloud().start()
+    first = fleet.host("a", settle_delay_s=2.0)
+    again = fleet.host("a", settle_delay_s=2.0)
     ops = None
     try:
         await wait_serving(address, fault_pki)
@@ -141,10 +125,10 @@ async def test_a_host_stopped_mid_task_runs_the_task_again_when_it_starts(
 async def test_a_second_process_with_the_same_certificate_takes_over_without_a_fight(
     tmp_path: Path, fault_pki: Path
 ) -> None:
-    cloud, address = _start(tmp_path, fault_pki)
-    common = {"pki_dir": fault_pki, "cloud_address": address, "settle_delay_s": 2.0}
-    older = host_process(tmp_path, "a", name="a-older", **common)  # type: ignore[arg-type]
-    newer = host_process(tmp_path, "a", name="a-newer", **common)  # type: ignore[arg-type]
+    fleet = Fleet(tmp_path, fault_pki, cloud_env={"AMC_CLOUD_DEFAULT_LEASE_SECONDS": LEASE_S})
+    address, cloud = fleet.address, fleet.cloud().start()
+    older = fleet.host("a", name="a-older", settle_delay_s=2.0)
+    newer = fleet.host("a", name="a-newer", settle_delay_s=2.0)
     ops = None
     try:
         await wait_serving(address, fault_pki)

@@ -35,9 +35,7 @@ from host.outbox import OutboxStore
 from tests.support.figures import record
 from tests.support.processes import (
     TERMINAL,
-    cloud_process,
-    free_port,
-    host_process,
+    Fleet,
     operator,
     wait_connected,
     wait_serving,
@@ -69,20 +67,12 @@ async def _until(condition: Any, what: str) -> Any:
 async def test_decisions_made_while_the_cloud_was_down_arrive_once_in_order(
     tmp_path: Path, fault_pki: Path
 ) -> None:
-    port = free_port()
-    address = f"127.0.0.1:{port}"
-    db = f"sqlite+aiosqlite:///{tmp_path / 'cloud.sqlite3'}"
-
-    def new_cloud(name: str) -> Any:
-        return cloud_process(tmp_path, name, database_url=db, pki_dir=fault_pki, port=port)
-
-    cloud = new_cloud("cloud-1").start()
+    fleet = Fleet(tmp_path, fault_pki)
+    address = fleet.address
+    cloud = fleet.cloud("cloud-1").start()
     # A slow settle keeps the task running across the outage (each step ~1 s).
-    host = host_process(
-        tmp_path,
+    host = fleet.host(
         "a",
-        cloud_address=address,
-        pki_dir=fault_pki,
         settle_delay_s=1.0,
         transport="direct",  # it plans itself, so it goes on while the cloud is down
     )
@@ -125,7 +115,7 @@ async def test_decisions_made_while_the_cloud_was_down_arrive_once_in_order(
                 store.close()
 
         await _until(backlog, "a decision waiting in the host's outbox")
-        cloud = new_cloud("cloud-2").start()
+        cloud = fleet.cloud("cloud-2").start()
         await wait_serving(address, fault_pki)
         ops = operator(address, fault_pki)
         task = await wait_task(ops, task_id, lambda t: t.status in TERMINAL, within=WITHIN)

@@ -33,10 +33,7 @@ from google.protobuf.duration_pb2 import Duration
 from amc.v1 import task_service_pb2, types_pb2
 from tests.support.figures import record
 from tests.support.processes import (
-    AmcProcess,
-    cloud_process,
-    free_port,
-    host_process,
+    Fleet,
     operator,
     wait_connected,
     wait_serving,
@@ -116,25 +113,10 @@ async def _run(
     fault_pki: Path,
 ) -> tuple[list[types_pb2.Task], Accepted, list[str]]:
     """Start the cloud and the hosts, submit, fault mid-run, wait for every task to end."""
-    port = free_port()
-    address = f"127.0.0.1:{port}"
-
-    def new_cloud(label: str) -> AmcProcess:
-        return cloud_process(tmp_path, label, database_url=db, pki_dir=fault_pki, port=port)
-
-    cloud = new_cloud("cloud-1").start()
-    hosts = [
-        host_process(
-            tmp_path,
-            h,
-            cloud_address=address,
-            pki_dir=fault_pki,
-            phones=2,
-            settle_delay_s=0.2,
-            transport=transport,
-        )
-        for h in HOST_IDS
-    ]
+    fleet = Fleet(tmp_path, fault_pki, database_url=db)
+    address = fleet.address
+    cloud = fleet.cloud("cloud-1").start()
+    hosts = [fleet.host(h, phones=2, settle_delay_s=0.2, transport=transport) for h in HOST_IDS]
     ops = None
     try:
         await wait_serving(address, fault_pki)
@@ -156,7 +138,7 @@ async def _run(
             else:
                 await asyncio.to_thread(cloud.stop)
             await asyncio.sleep(DOWN_S)  # the outage itself: nothing to wait for
-            cloud = new_cloud("cloud-2").start()
+            cloud = fleet.cloud("cloud-2").start()
             await wait_serving(address, fault_pki)
         record(name, "outage (stop to serving again)", time.monotonic() - fault_at)
         ops = operator(address, fault_pki)

@@ -27,9 +27,7 @@ from host.timeline.store import TimelineStore
 from tests.support.processes import (
     TERMINAL,
     AmcProcess,
-    cloud_process,
-    free_port,
-    host_process,
+    Fleet,
     operator,
     wait_connected,
     wait_serving,
@@ -58,34 +56,7 @@ def _held_results(host_dir: Path) -> int:
     return int(count)
 
 
-class _Fleet:
-    """A cloud on a fixed port and SQLite file (stopped and started again) and its operator."""
-
-    def __init__(self, tmp_path: Path, pki: Path) -> None:
-        self.tmp_path = tmp_path
-        self.pki = pki
-        self.port = free_port()
-        self.address = f"127.0.0.1:{self.port}"
-        self._db = f"sqlite+aiosqlite:///{tmp_path / 'cloud.sqlite3'}"
-
-    def cloud(self, name: str) -> AmcProcess:
-        return cloud_process(
-            self.tmp_path, name, database_url=self._db, pki_dir=self.pki, port=self.port
-        )
-
-    def host(self, host_id: str, **kw: object) -> AmcProcess:
-        return host_process(
-            self.tmp_path,
-            host_id,
-            cloud_address=self.address,
-            pki_dir=self.pki,
-            **kw,  # type: ignore[arg-type]
-        )
-
-
-async def _finish_while_down(
-    fleet: _Fleet, lease_s: int
-) -> tuple[AmcProcess, AmcProcess, str, int]:
+async def _finish_while_down(fleet: Fleet, lease_s: int) -> tuple[AmcProcess, AmcProcess, str, int]:
     """Start a cloud and host a, give a a task, stop the cloud at its first step, wait for a to
     finish the attempt, SIGKILL a and start it again (while the cloud is still down). Returns
     the stopped cloud, the restarted host, the task id and where the restarted host's log
@@ -93,8 +64,8 @@ async def _finish_while_down(
     cloud = fleet.cloud("cloud-1").start()
     # Slow steps (~1 s each): the task is still running when the cloud goes.
     first = fleet.host("a", settle_delay_s=1.0, transport="direct")
-    await wait_serving(fleet.address, fleet.pki)
-    ops = operator(fleet.address, fleet.pki)
+    await wait_serving(fleet.address, fleet.pki_dir)
+    ops = operator(fleet.address, fleet.pki_dir)
     try:
         first.start()
         await wait_connected(ops, {"a"})
@@ -115,7 +86,7 @@ async def _finish_while_down(
     finally:
         await ops.close()
     cloud.stop()
-    host_dir = fleet.tmp_path / "host-a"
+    host_dir = fleet.workdir / "host-a"
     await until(
         lambda: _attempts_on(host_dir, task_id).get(1) == "succeeded",
         within=WITHIN,
@@ -135,7 +106,7 @@ async def _finish_while_down(
 async def test_a_result_kept_across_a_host_restart_ends_the_task_once(
     tmp_path: Path, fault_pki: Path
 ) -> None:
-    fleet = _Fleet(tmp_path, fault_pki)
+    fleet = Fleet(tmp_path, fault_pki)
     # A lease longer than the outage: the restarted host's hello finds it live.
     cloud, again, task_id, _ = await _finish_while_down(fleet, lease_s=120)
     ops = None
@@ -160,7 +131,7 @@ async def test_a_result_kept_across_a_host_restart_ends_the_task_once(
 async def test_a_kept_result_whose_lease_was_taken_over_is_refused_and_dropped(
     tmp_path: Path, fault_pki: Path
 ) -> None:
-    fleet = _Fleet(tmp_path, fault_pki)
+    fleet = Fleet(tmp_path, fault_pki)
     # A lease that runs out while host a is away (longer than its few remaining steps).
     cloud, again, task_id, log_from = await _finish_while_down(fleet, lease_s=30)
     again.kill()  # a stays away while the cloud is back
@@ -219,7 +190,7 @@ async def test_a_host_killed_in_the_retention_pass_after_a_task_delivers_its_res
     """The result used to reach the lease client (and its file) only after the retention pass:
     killed while it deleted files, the host lost the result, its next process named nothing,
     the cloud released the lease and the task ran again as attempt 2."""
-    fleet = _Fleet(tmp_path, fault_pki)
+    fleet = Fleet(tmp_path, fault_pki)
     host_dir = tmp_path / "host-a"
     _old_task_with_many_files(host_dir)
     keep_one = {"AMC_HOST_RETENTION_MAX_TASKS": "1"}

@@ -19,7 +19,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict, Unpack
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -193,6 +193,54 @@ def host_process(
     )
     env.update(extra or {})
     return AmcProcess(name, ["host", "run"], env, workdir / f"{name}.log")
+
+
+class HostOptions(TypedDict, total=False):
+    """What `host_process` takes besides where its cloud is."""
+
+    phones: int
+    settle_delay_s: float
+    transport: str
+    extra: Mapping[str, str]
+    name: str
+
+
+@dataclass
+class Fleet:
+    """One cloud's fixed port and database, which its `amc cloud serve` processes take turns on
+    (a restart, a deploy) and its hosts dial: the setup every fault test starts with, said once
+    so that a test shows only what it does to the processes."""
+
+    workdir: Path
+    pki_dir: Path
+    database_url: str = ""  # the workdir's cloud.sqlite3
+    cloud_env: Mapping[str, str] | None = None
+    port: int = field(default_factory=free_port)
+
+    def __post_init__(self) -> None:
+        if not self.database_url:
+            self.database_url = f"sqlite+aiosqlite:///{self.workdir / 'cloud.sqlite3'}"
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def cloud(self, name: str = "cloud") -> AmcProcess:
+        """A cloud process on the fleet's port and database (not started)."""
+        return cloud_process(
+            self.workdir,
+            name,
+            database_url=self.database_url,
+            pki_dir=self.pki_dir,
+            port=self.port,
+            extra=self.cloud_env,
+        )
+
+    def host(self, host_id: str, **options: Unpack[HostOptions]) -> AmcProcess:
+        """A host process dialing the fleet's cloud (not started)."""
+        return host_process(
+            self.workdir, host_id, cloud_address=self.address, pki_dir=self.pki_dir, **options
+        )
 
 
 def operator(address: str, pki_dir: Path) -> OperatorClient:
