@@ -21,6 +21,8 @@ from google.protobuf import duration_pb2, timestamp_pb2
 from amc.v1 import lease_service_pb2, lease_service_pb2_grpc, types_pb2
 from cloud import pki
 from cloud.identity import peer_caller
+from host.devices.virtual.adb_server import ThreadedAdbServer
+from host.runner import HostApp, serve_host
 
 SERVER_OPTIONS = [
     # The host pings every 10 s; the cloud must accept that rate (see the host report).
@@ -268,6 +270,24 @@ async def start_fake_cloud(
     bound = server.add_secure_port(f"127.0.0.1:{port}", creds)
     await server.start()
     return RunningCloud(cloud, server, bound, directory)
+
+
+@contextlib.asynccontextmanager
+async def serving(
+    app: HostApp, phones: ThreadedAdbServer, cloud: RunningCloud, within: float = 20.0
+) -> AsyncIterator[FakeCloud]:
+    """`app` served against the fake cloud, connected when the block starts; then the host
+    (let finish), its phones and the fake stop, in that order: each host test's frame."""
+    stop = asyncio.Event()
+    served = asyncio.create_task(serve_host(app, stop))
+    try:
+        await asyncio.wait_for(app.lease.wait_connected(), within)
+        yield cloud.cloud
+    finally:
+        stop.set()
+        await served
+        phones.stop()
+        await cloud.server.stop(grace=None)
 
 
 class FreezableProxy:

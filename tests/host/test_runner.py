@@ -3,7 +3,6 @@ the lease stream over mTLS (in-test LeaseService, see lease_fake.py), the timeli
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -12,12 +11,12 @@ import pytest
 
 from amc.v1 import types_pb2
 from host.devices.virtual.phone import AdbState, DumpGlitch
-from host.runner import build_host, serve_host, start_virtual_phones
+from host.runner import build_host, start_virtual_phones
 from host.settings import HostSettings
 from planner.decision import Decision
 from planner.history import WorldEvent
 from planner.scene import Scene
-from tests.host.lease_fake import start_fake_cloud
+from tests.host.lease_fake import serving, start_fake_cloud
 from tests.host.scripted_planner import ScriptedPlanner, Step, by_text
 from tests.support.waiting import until
 
@@ -53,11 +52,7 @@ async def test_host_runs_an_assignment_on_a_virtual_phone(tmp_path: Path) -> Non
         ]
     )
     app = build_host(settings, planner=planner)
-    stop = asyncio.Event()
-    serving = asyncio.create_task(serve_host(app, stop))
-    fake = cloud.cloud
-    try:
-        await asyncio.wait_for(app.lease.wait_connected(), 20)
+    async with serving(app, virtual, cloud) as fake:
         hello = fake.hellos[0]
         assert {d.serial for d in hello.devices} == {"emulator-5554", "emulator-5556"}
         assert all(d.state == types_pb2.DEVICE_STATE_ONLINE for d in hello.devices)
@@ -90,11 +85,6 @@ async def test_host_runs_an_assignment_on_a_virtual_phone(tmp_path: Path) -> Non
             ),
             within=20,
         )
-    finally:
-        stop.set()
-        await serving
-        virtual.stop()
-        await cloud.server.stop(grace=None)
     assert settings.resolved_db_path.is_file()
 
 
@@ -137,11 +127,7 @@ async def test_disconnected_phone_fails_its_task_and_nothing_else_stops(tmp_path
         }
     )
     app = build_host(settings, planner=planner)
-    stop = asyncio.Event()
-    serving = asyncio.create_task(serve_host(app, stop))
-    fake = cloud.cloud
-    try:
-        await asyncio.wait_for(app.lease.wait_connected(), 20)
+    async with serving(app, virtual, cloud) as fake:
         await fake.assign("ok", "emulator-5556", "Turn on dark theme")
         await fake.assign("bad", "emulator-5554", "doomed")
         await fake.wait_for(lambda: len(fake.results) == 2, within=60)
@@ -163,11 +149,6 @@ async def test_disconnected_phone_fails_its_task_and_nothing_else_stops(tmp_path
             within=20,
         )
         assert app.lease.connected
-    finally:
-        stop.set()
-        await serving
-        virtual.stop()
-        await cloud.server.stop(grace=None)
 
 
 async def test_a_task_after_a_cancelled_one_waits_for_the_phones_abandoned_call(
@@ -197,11 +178,7 @@ async def test_a_task_after_a_cancelled_one_waits_for_the_phones_abandoned_call(
         # The abandoned dump is still running when the new attempt looks, as with the real 30 s.
         make_driver=lambda serial: AdbDriver(serial, port=settings.adb_port, timeout_s=10),
     )
-    stop = asyncio.Event()
-    serving = asyncio.create_task(serve_host(app, stop))
-    fake = cloud.cloud
-    try:
-        await asyncio.wait_for(app.lease.wait_connected(), 20)
+    async with serving(app, virtual, cloud) as fake:
         await fake.assign("stuck", "emulator-5554", "Open Settings")
         await fake.wait_for(lambda: phone.dumper is not None)
         await fake.revoke("stuck")
@@ -210,11 +187,6 @@ async def test_a_task_after_a_cancelled_one_waits_for_the_phones_abandoned_call(
         await fake.wait_for(lambda: any(r.task_id == "again" for r in fake.results), within=60)
         again = next(r for r in fake.results if r.task_id == "again")
         assert again.status == types_pb2.TASK_STATUS_SUCCEEDED, again.summary
-    finally:
-        stop.set()
-        await serving
-        virtual.stop()
-        await cloud.server.stop(grace=None)
 
 
 async def test_a_gone_phones_lane_thread_is_retired(tmp_path: Path) -> None:
@@ -234,15 +206,11 @@ async def test_a_gone_phones_lane_thread_is_retired(tmp_path: Path) -> None:
         * 2
     )
     app = build_host(settings, planner=planner)
-    stop = asyncio.Event()
-    serving = asyncio.create_task(serve_host(app, stop))
-    fake = cloud.cloud
 
     def lane_threads() -> list[threading.Thread]:
         return [t for t in threading.enumerate() if t.name.startswith("phone-emulator-5554_")]
 
-    try:
-        await asyncio.wait_for(app.lease.wait_connected(), 20)
+    async with serving(app, virtual, cloud) as fake:
         await fake.assign("t1", "emulator-5554", "Open Settings")
         await fake.wait_for(lambda: len(fake.results) == 1, within=60)
         assert fake.results[0].status == types_pb2.TASK_STATUS_SUCCEEDED, fake.results[0].summary
@@ -258,11 +226,6 @@ async def test_a_gone_phones_lane_thread_is_retired(tmp_path: Path) -> None:
         await fake.assign("t2", "emulator-5554", "Open Settings")
         await fake.wait_for(lambda: len(fake.results) == 2, within=60)
         assert fake.results[1].status == types_pb2.TASK_STATUS_SUCCEEDED, fake.results[1].summary
-    finally:
-        stop.set()
-        await serving
-        virtual.stop()
-        await cloud.server.stop(grace=None)
 
 
 @pytest.mark.parametrize(
@@ -291,11 +254,7 @@ async def test_a_phone_adb_cannot_reach_is_reported_as_adb_lists_it(
         ]
     )
     app = build_host(settings, planner=planner)
-    stop = asyncio.Event()
-    serving = asyncio.create_task(serve_host(app, stop))
-    fake = cloud.cloud
-    try:
-        await asyncio.wait_for(app.lease.wait_connected(), 20)
+    async with serving(app, virtual, cloud) as fake:
         await fake.assign("t1", "emulator-5554", "Open display settings")
         await fake.wait_for(lambda: len(fake.results) == 1, within=60)
         [result] = fake.results
@@ -324,11 +283,6 @@ async def test_a_phone_adb_cannot_reach_is_reported_as_adb_lists_it(
             if d.serial == "emulator-5554" and d.state != types_pb2.DEVICE_STATE_ONLINE
         ]
         assert set(reported) == {listed}, reported
-    finally:
-        stop.set()
-        await serving
-        virtual.stop()
-        await cloud.server.stop(grace=None)
 
 
 @pytest.mark.parametrize("driver", ["adbutils", "uiautomator2"])
@@ -359,11 +313,7 @@ async def test_a_stuck_phone_ends_its_attempt_retryable(tmp_path: Path, driver: 
     phone.hang_dumps(3.0, count=50)
     phone.hang_u2_agent(3.0, calls=50)
     app = build_host(settings, planner=planner)
-    stop = asyncio.Event()
-    serving = asyncio.create_task(serve_host(app, stop))
-    fake = cloud.cloud
-    try:
-        await asyncio.wait_for(app.lease.wait_connected(), 20)
+    async with serving(app, virtual, cloud) as fake:
         await fake.assign("stuck", "emulator-5554", "Open Settings")
         await fake.wait_for(lambda: len(fake.results) == 1, within=60)
         [result] = fake.results
@@ -372,11 +322,6 @@ async def test_a_stuck_phone_ends_its_attempt_retryable(tmp_path: Path, driver: 
         assert result.summary.startswith("phone emulator-5554 did not answer"), result.summary
         assert "timed out" in result.summary, result.summary
         assert not planner.seen  # the task's own steps never ran: nothing it did failed
-    finally:
-        stop.set()
-        await serving
-        virtual.stop()
-        await cloud.server.stop(grace=None)
 
 
 @pytest.mark.parametrize("glitch", ["idle", "null_root", "empty"])
@@ -407,11 +352,7 @@ async def test_a_window_that_gives_no_ui_tree_is_planned_from_its_screenshot(
         ]
     )
     app = build_host(settings, planner=planner)
-    stop = asyncio.Event()
-    serving = asyncio.create_task(serve_host(app, stop))
-    fake = cloud.cloud
-    try:
-        await asyncio.wait_for(app.lease.wait_connected(), 20)
+    async with serving(app, virtual, cloud) as fake:
         await fake.assign("treeless", "emulator-5554", "Open Settings")
         await fake.wait_for(lambda: len(fake.results) == 1, within=60)
         [result] = fake.results
@@ -421,11 +362,6 @@ async def test_a_window_that_gives_no_ui_tree_is_planned_from_its_screenshot(
         assert not scene.elements and "after 3 tries" in scene.tree_missing, scene
         told = scene_from_observation(observation_from_scene(scene)).to_prompt()
         assert told["ui_tree"].startswith("missing (no usable hierarchy"), told
-    finally:
-        stop.set()
-        await serving
-        virtual.stop()
-        await cloud.server.stop(grace=None)
 
 
 @pytest.mark.parametrize(
@@ -462,11 +398,7 @@ async def test_a_phone_whose_screen_cannot_be_seen_ends_its_attempt_retryable(
     else:
         phone.garble_screenshots("garbage" if trouble == "garbage" else "empty", count=50)
     app = build_host(settings, planner=planner)
-    stop = asyncio.Event()
-    serving = asyncio.create_task(serve_host(app, stop))
-    fake = cloud.cloud
-    try:
-        await asyncio.wait_for(app.lease.wait_connected(), 20)
+    async with serving(app, virtual, cloud) as fake:
         await fake.assign("unseen", "emulator-5554", "Open Settings")
         await fake.wait_for(lambda: len(fake.results) == 1, within=60)
         [result] = fake.results
@@ -477,11 +409,6 @@ async def test_a_phone_whose_screen_cannot_be_seen_ends_its_attempt_retryable(
         )
         assert words in result.summary, result.summary
         assert not planner.seen  # the task's own steps never ran: nothing it did failed
-    finally:
-        stop.set()
-        await serving
-        virtual.stop()
-        await cloud.server.stop(grace=None)
 
 
 async def test_phones_that_come_and_go_never_push_an_online_phone_out_of_the_reports(
@@ -497,16 +424,12 @@ async def test_phones_that_come_and_go_never_push_an_online_phone_out_of_the_rep
     cloud = await start_fake_cloud(tmp_path / "pki", HOST_ID)
     virtual, settings = start_virtual_phones(_settings(tmp_path, cloud.port, cloud.pki_dir))
     app = build_host(settings, planner=ScriptedPlanner([]))
-    stop = asyncio.Event()
-    serving = asyncio.create_task(serve_host(app, stop))
-    fake = cloud.cloud
 
     def last_update() -> list[types_pb2.Device]:
         updates = [r for r in fake.received if r.WhichOneof("kind") == "device_update"]
         return list(updates[-1].device_update.devices) if updates else []
 
-    try:
-        await asyncio.wait_for(app.lease.wait_connected(), 20)
+    async with serving(app, virtual, cloud) as fake:
         wifi = [f"10.0.0.{i}:5555" for i in range(300)]
         for serial in wifi:
             virtual.server.add_phone(VirtualPhone(serial))
@@ -532,11 +455,6 @@ async def test_phones_that_come_and_go_never_push_an_online_phone_out_of_the_rep
         )
         online = {d.serial for d in last_update() if d.state == types_pb2.DEVICE_STATE_ONLINE}
         assert online == {"emulator-5554", "emulator-5556"}
-    finally:
-        stop.set()
-        await serving
-        virtual.stop()
-        await cloud.server.stop(grace=None)
 
 
 async def test_a_phone_gone_longer_than_the_setting_leaves_the_reports(tmp_path: Path) -> None:
@@ -546,24 +464,15 @@ async def test_a_phone_gone_longer_than_the_setting_leaves_the_reports(tmp_path:
     base = _settings(tmp_path, cloud.port, cloud.pki_dir)
     virtual, settings = start_virtual_phones(base.model_copy(update={"device_forget_after_s": 0.5}))
     app = build_host(settings, planner=ScriptedPlanner([]))
-    stop = asyncio.Event()
-    serving = asyncio.create_task(serve_host(app, stop))
-    fake = cloud.cloud
 
     def last_update() -> list[str]:
         updates = [r for r in fake.received if r.WhichOneof("kind") == "device_update"]
         return [d.serial for d in updates[-1].device_update.devices] if updates else []
 
-    try:
-        await asyncio.wait_for(app.lease.wait_connected(), 20)
+    async with serving(app, virtual, cloud) as fake:
         virtual.unplug("emulator-5554")
         await fake.wait_for(lambda: last_update() == ["emulator-5556"], within=20)
         assert app.registry.get("emulator-5554") is None
-    finally:
-        stop.set()
-        await serving
-        virtual.stop()
-        await cloud.server.stop(grace=None)
 
 
 async def test_a_forgotten_phone_keeps_no_uiautomator2_device(tmp_path: Path) -> None:
@@ -590,12 +499,8 @@ async def test_a_forgotten_phone_keeps_no_uiautomator2_device(tmp_path: Path) ->
         ]
     )
     app = build_host(settings, planner=planner)
-    stop = asyncio.Event()
-    serving = asyncio.create_task(serve_host(app, stop))
-    fake = cloud.cloud
-    try:
-        before = devices()
-        await asyncio.wait_for(app.lease.wait_connected(), 20)
+    before = devices()
+    async with serving(app, virtual, cloud) as fake:
         await fake.assign("t1", "emulator-5554", "Open Settings")
         await fake.wait_for(lambda: len(fake.results) == 1, within=60)
         assert fake.results[0].status == types_pb2.TASK_STATUS_SUCCEEDED, fake.results[0].summary
@@ -603,11 +508,6 @@ async def test_a_forgotten_phone_keeps_no_uiautomator2_device(tmp_path: Path) ->
         virtual.unplug("emulator-5554")
         await until(lambda: app.registry.get("emulator-5554") is None, what="forgotten")
         await until(lambda: devices() == before, within=10, what="its Device let go")
-    finally:
-        stop.set()
-        await serving
-        virtual.stop()
-        await cloud.server.stop(grace=None)
 
 
 async def test_phones_sharing_a_serial_get_their_own_ids_and_each_runs_its_task(
@@ -637,11 +537,7 @@ async def test_phones_sharing_a_serial_get_their_own_ids_and_each_runs_its_task(
         ]
     )
     app = build_host(settings, planner=planner)
-    stop = asyncio.Event()
-    serving = asyncio.create_task(serve_host(app, stop))
-    fake = cloud.cloud
-    try:
-        await asyncio.wait_for(app.lease.wait_connected(), 20)
+    async with serving(app, virtual, cloud) as fake:
         ids = [f"{serial}@t{virtual.server.transport_id(p)}" for p in phones]
         hello = fake.hellos[0]
         assert sorted(d.serial for d in hello.devices) == sorted(ids)
@@ -652,8 +548,3 @@ async def test_phones_sharing_a_serial_get_their_own_ids_and_each_runs_its_task(
         assert [p.state.flag("dark_theme") for p in phones] == [False, True]
         shown = {d["serial"]: d["shared_serial"] for d in app.status()["devices"]}
         assert shown == {ids[0]: True, ids[1]: True}
-    finally:
-        stop.set()
-        await serving
-        virtual.stop()
-        await cloud.server.stop(grace=None)
