@@ -293,6 +293,25 @@ async def submit(
     return response
 
 
+async def assigned(
+    ops: grpc.aio.Channel,
+    host: ScriptedHost,
+    goal: str = "open settings",
+    transport: types_pb2.PlannerTransport.ValueType = types_pb2.PLANNER_TRANSPORT_CLOUD,
+) -> lease_pb.Assignment:
+    """`host` connected with one phone and handed a task submitted for it: where a test of what
+    a host may send under a live lease starts."""
+    await host.connect([f"{host.host_id}-phone"], transport=transport)
+    submitted = await tasks_stub(ops).SubmitTask(
+        task_service_pb2.SubmitTaskRequest(
+            goal=goal, target=types_pb2.TaskTarget(host_id=host.host_id)
+        )
+    )
+    assignment: lease_pb.Assignment = (await host.next("assignment")).assignment
+    assert assignment.task_id == submitted.task.task_id
+    return assignment
+
+
 async def lapse(
     store: Store, task_id: str, attempt: int | None = None, *, ago: float = 1.0
 ) -> None:

@@ -29,12 +29,21 @@ from amc.v1 import (
     types_pb2,
 )
 from cloud.server import CloudServer
-from tests.cloud.cloud_harness import ScriptedHost, channel
+from tests.cloud.cloud_harness import ScriptedHost, assigned, channel
 from tests.cloud.test_contract_defects import _described
 from tests.support.fakes import FakeModelServer
 
 #: Far longer than any id the cloud issues, far shorter than a request may be (4 MiB).
 OVERSIZE = "x" * 100_000
+
+
+def _settings_screen() -> types_pb2.ScreenObservation:
+    """A screen with one element to tap (Settings), enough for the offline planner to act on."""
+    observation = types_pb2.ScreenObservation(screen_width=1080, screen_height=2400)
+    observation.elements.add(
+        element_id="e1", text="Settings", clickable=True, enabled=True
+    ).bounds.CopyFrom(types_pb2.Rect(left=0, top=0, right=100, bottom=100))
+    return observation
 
 
 async def _refusal(call: Any, request: Any) -> grpc.aio.AioRpcError:
@@ -49,20 +58,14 @@ async def test_an_oversize_id_is_answered_with_its_status_not_a_metadata_overflo
     """Every NOT_FOUND and lease refusal echoed the id it was given in its details, whole: an
     id of 100 KB made trailers over gRPC's 16 KiB limit, and the client saw RESOURCE_EXHAUSTED
     ("received metadata size exceeds hard limit") instead of the status the proto promises."""
-    ops = channel(offline_cloud.address, pki_dir, "operator-ops")
-    host = ScriptedHost(offline_cloud.address, pki_dir, "a")
-    try:
-        await host.connect(["a-phone"])
+    async with (
+        channel(offline_cloud.address, pki_dir, "operator-ops") as ops,
+        ScriptedHost(offline_cloud.address, pki_dir, "a") as host,
+    ):
+        assignment = await assigned(ops, host)
         tasks = task_service_pb2_grpc.TaskServiceStub(ops)
         log = decision_log_service_pb2_grpc.DecisionLogServiceStub(ops)
         progress = progress_service_pb2_grpc.ProgressServiceStub(ops)
-        submitted = await tasks.SubmitTask(
-            task_service_pb2.SubmitTaskRequest(
-                goal="open settings", target=types_pb2.TaskTarget(host_id="a")
-            )
-        )
-        assignment = (await host.next("assignment")).assignment
-        assert assignment.task_id == submitted.task.task_id
         not_found = [
             (tasks.GetTask, task_service_pb2.GetTaskRequest(task_id=OVERSIZE)),
             (tasks.CancelTask, task_service_pb2.CancelTaskRequest(task_id=OVERSIZE)),
@@ -104,9 +107,6 @@ async def test_an_oversize_id_is_answered_with_its_status_not_a_metadata_overflo
             refused = await _refusal(decide, request)
             assert refused.code() == grpc.StatusCode.FAILED_PRECONDITION, refused.details()
             assert "is not a live lease of host 'a'" in (refused.details() or "")
-    finally:
-        await host.close()
-        await ops.close()
 
 
 async def test_a_status_filter_repeating_a_status_lists_as_if_named_once(
@@ -117,8 +117,7 @@ async def test_a_status_filter_repeating_a_status_lists_as_if_named_once(
     65,535 parameters, and the operator got UNAVAILABLE ("the cloud's database is unavailable;
     retry"), forever, while the database was fine. An unknown status was refused as
     "unspecified"."""
-    ops = channel(offline_cloud.address, pki_dir, "operator-ops")
-    try:
+    async with channel(offline_cloud.address, pki_dir, "operator-ops") as ops:
         tasks = task_service_pb2_grpc.TaskServiceStub(ops)
         flows = flow_service_pb2_grpc.FlowServiceStub(ops)
         queued = await tasks.SubmitTask(task_service_pb2.SubmitTaskRequest(goal="open settings"))
@@ -141,8 +140,6 @@ async def test_a_status_filter_repeating_a_status_lists_as_if_named_once(
                 grpc.StatusCode.INVALID_ARGUMENT,
                 details,
             )
-    finally:
-        await ops.close()
 
 
 async def test_a_page_token_continues_only_the_listing_it_came_from(
@@ -152,24 +149,16 @@ async def test_a_page_token_continues_only_the_listing_it_came_from(
     task's ListTaskEvents or ListDecisions token was read as a position in another task's list.
     A client that mixed them up got OK and a page silently missing rows, where the proto
     promises INVALID_ARGUMENT for a foreign token; GetConversation took any number."""
-    ops = channel(offline_cloud.address, pki_dir, "operator-ops")
-    host = ScriptedHost(offline_cloud.address, pki_dir, "a")
-    try:
-        await host.connect(["a-phone"])
+    async with (
+        channel(offline_cloud.address, pki_dir, "operator-ops") as ops,
+        ScriptedHost(offline_cloud.address, pki_dir, "a") as host,
+    ):
+        a = await assigned(ops, host)
         tasks = task_service_pb2_grpc.TaskServiceStub(ops)
         log = decision_log_service_pb2_grpc.DecisionLogServiceStub(ops)
         flows = flow_service_pb2_grpc.FlowServiceStub(ops)
-        ran = await tasks.SubmitTask(
-            task_service_pb2.SubmitTaskRequest(
-                goal="open settings", target=types_pb2.TaskTarget(host_id="a")
-            )
-        )
-        a = (await host.next("assignment")).assignment
         decide = planner_service_pb2_grpc.PlannerServiceStub(host._channel).Decide
-        observation = types_pb2.ScreenObservation(screen_width=1080, screen_height=2400)
-        observation.elements.add(
-            element_id="e1", text="Settings", clickable=True, enabled=True
-        ).bounds.CopyFrom(types_pb2.Rect(left=0, top=0, right=100, bottom=100))
+        observation = _settings_screen()
         for key in ("1", "2"):
             await decide(
                 planner_service_pb2.DecideRequest(
@@ -195,7 +184,7 @@ async def test_a_page_token_continues_only_the_listing_it_came_from(
         rest = await tasks.ListTasks(
             task_service_pb2.ListTasksRequest(page_size=1, page_token=first.next_page_token)
         )
-        assert [t.task_id for t in rest.tasks] == [ran.task.task_id]
+        assert [t.task_id for t in rest.tasks] == [a.task_id]
         more = await log.ListDecisions(
             decision_log_service_pb2.ListDecisionsRequest(
                 task_id=a.task_id, page_token=steps.next_page_token
@@ -231,9 +220,6 @@ async def test_a_page_token_continues_only_the_listing_it_came_from(
             refused = await _refusal(call, request)
             assert refused.code() == grpc.StatusCode.INVALID_ARGUMENT, (call, refused.details())
             assert (refused.details() or "").startswith("page_token: "), refused.details()
-    finally:
-        await host.close()
-        await ops.close()
 
 
 async def _answer(call: Any, request: Any) -> grpc.StatusCode:
@@ -257,8 +243,7 @@ async def test_each_refusal_an_rpc_answers_is_named_in_its_comment(
     serves it. Some were not there: WatchProgress answered NOT_FOUND for a task that does not
     exist yet (a watch opened before its submission), GetTask, GetDecision and CancelTask
     INVALID_ARGUMENT for a missing id, CancelTask NOT_FOUND, SubmitTask INVALID_ARGUMENT."""
-    ops = channel(offline_cloud.address, pki_dir, "operator-ops")
-    try:
+    async with channel(offline_cloud.address, pki_dir, "operator-ops") as ops:
         tasks = task_service_pb2_grpc.TaskServiceStub(ops)
         log = decision_log_service_pb2_grpc.DecisionLogServiceStub(ops)
         progress = progress_service_pb2_grpc.ProgressServiceStub(ops)
@@ -313,8 +298,6 @@ async def test_each_refusal_an_rpc_answers_is_named_in_its_comment(
             if code.name not in comment:
                 unnamed.append(f"{method} answers {code.name}")
         assert unnamed == []
-    finally:
-        await ops.close()
 
 
 @pytest.fixture
@@ -330,16 +313,11 @@ async def test_a_screenshot_that_is_not_png_or_jpeg_is_refused_before_the_model_
     a host that sent a GIF had it labelled image/png, Anthropic refused the request (400 "Image
     does not match the provided media type"), and the step failed UNKNOWN as if the model had
     given no usable decision. It is INVALID_ARGUMENT naming the field, and no model call."""
-    host = ScriptedHost(anthropic_cloud.address, pki_dir, "a")
-    ops = channel(anthropic_cloud.address, pki_dir, "operator-ops")
-    try:
-        await host.connect(["a-phone"])
-        await task_service_pb2_grpc.TaskServiceStub(ops).SubmitTask(
-            task_service_pb2.SubmitTaskRequest(
-                goal="open settings", target=types_pb2.TaskTarget(host_id="a")
-            )
-        )
-        a = (await host.next("assignment")).assignment
+    async with (
+        channel(anthropic_cloud.address, pki_dir, "operator-ops") as ops,
+        ScriptedHost(anthropic_cloud.address, pki_dir, "a") as host,
+    ):
+        a = await assigned(ops, host)
         decide = planner_service_pb2_grpc.PlannerServiceStub(host._channel).Decide
         observation = types_pb2.ScreenObservation(screen_width=1080, screen_height=2400)
         for screenshot in (b"GIF89a" + bytes(64), b"not an image at all"):
@@ -356,9 +334,6 @@ async def test_a_screenshot_that_is_not_png_or_jpeg_is_refused_before_the_model_
             assert refused.code() == grpc.StatusCode.INVALID_ARGUMENT, refused.details()
             assert (refused.details() or "").startswith("screenshot: "), refused.details()
         assert model.requests == []
-    finally:
-        await host.close()
-        await ops.close()
 
 
 async def test_spend_of_the_last_day_a_date_can_name_is_an_empty_answer(
@@ -367,15 +342,12 @@ async def test_spend_of_the_last_day_a_date_can_name_is_an_empty_answer(
     """GetSpend takes any YYYY-MM-DD day, and read up to the day after `until_day`: 9999-12-31
     has none, and the operator got INTERNAL ("internal error; retry later") for a well-formed
     request. It answers what was spent in that range: nothing."""
-    ops = channel(offline_cloud.address, pki_dir, "operator-ops")
-    try:
+    async with channel(offline_cloud.address, pki_dir, "operator-ops") as ops:
         fleet = fleet_service_pb2_grpc.FleetServiceStub(ops)
         answer = await fleet.GetSpend(
             fleet_service_pb2.GetSpendRequest(since_day="9999-12-31", until_day="9999-12-31")
         )
         assert list(answer.rows) == []
-    finally:
-        await ops.close()
 
 
 async def test_an_attempt_the_task_never_had_is_not_found(
@@ -385,25 +357,20 @@ async def test_an_attempt_the_task_never_had_is_not_found(
     task never had, which reads as a record (compact mode, the direct transport, pruned); the
     console checked it itself. The cloud answers NOT_FOUND saying how many the task has, and
     ListTaskEvents and ListStepScreenshots (which answered OK and empty) with the same words."""
-    ops = channel(offline_cloud.address, pki_dir, "operator-ops")
-    host = ScriptedHost(offline_cloud.address, pki_dir, "a")
-    try:
-        await host.connect(["a-phone"])
+    async with (
+        channel(offline_cloud.address, pki_dir, "operator-ops") as ops,
+        ScriptedHost(offline_cloud.address, pki_dir, "a") as host,
+    ):
+        ran = await assigned(ops, host)
         tasks = task_service_pb2_grpc.TaskServiceStub(ops)
         log = decision_log_service_pb2_grpc.DecisionLogServiceStub(ops)
         shots = artifact_service_pb2_grpc.ArtifactServiceStub(ops)
-        ran = await tasks.SubmitTask(
-            task_service_pb2.SubmitTaskRequest(
-                goal="open settings", target=types_pb2.TaskTarget(host_id="a")
-            )
-        )
-        await host.next("assignment")
         queued = await tasks.SubmitTask(
             task_service_pb2.SubmitTaskRequest(
                 goal="open wifi", target=types_pb2.TaskTarget(host_id="nobody")
             )
         )
-        ran_id, queued_id = ran.task.task_id, queued.task.task_id
+        ran_id, queued_id = ran.task_id, queued.task.task_id
         # The attempt it had, and every attempt, answer (nothing logged yet).
         had = await log.ListDecisions(
             decision_log_service_pb2.ListDecisionsRequest(task_id=ran_id, attempt=1)
@@ -455,9 +422,6 @@ async def test_an_attempt_the_task_never_had_is_not_found(
             ):
                 refused = await _refusal(call, request)
                 assert (refused.code(), refused.details()) == (grpc.StatusCode.NOT_FOUND, message)
-    finally:
-        await host.close()
-        await ops.close()
 
 
 async def test_an_unknown_overlay_is_shown_to_no_model_and_logged_as_sent(
@@ -466,23 +430,14 @@ async def test_an_unknown_overlay_is_shown_to_no_model_and_logged_as_sent(
     """proto3 enums are open: a newer host's overlay kind is not refused, by Decide or by
     ShipDecisions. The model is not shown it (the keyboard beside it is), and the decision
     log keeps the observation as the host sent it, as the proto's comments say."""
-    ops = channel(offline_cloud.address, pki_dir, "operator-ops")
-    host = ScriptedHost(offline_cloud.address, pki_dir, "a")
-    direct = ScriptedHost(offline_cloud.address, pki_dir, "b")
-    try:
-        await host.connect(["a-phone"])
-        tasks = task_service_pb2_grpc.TaskServiceStub(ops)
+    async with (
+        channel(offline_cloud.address, pki_dir, "operator-ops") as ops,
+        ScriptedHost(offline_cloud.address, pki_dir, "a") as host,
+        ScriptedHost(offline_cloud.address, pki_dir, "b") as direct,
+    ):
+        a = await assigned(ops, host)
         log = decision_log_service_pb2_grpc.DecisionLogServiceStub(ops)
-        await tasks.SubmitTask(
-            task_service_pb2.SubmitTaskRequest(
-                goal="open settings", target=types_pb2.TaskTarget(host_id="a")
-            )
-        )
-        a = (await host.next("assignment")).assignment
-        observation = types_pb2.ScreenObservation(screen_width=1080, screen_height=2400)
-        observation.elements.add(
-            element_id="e1", text="Settings", clickable=True, enabled=True
-        ).bounds.CopyFrom(types_pb2.Rect(left=0, top=0, right=100, bottom=100))
+        observation = _settings_screen()
         observation.overlays.extend([99, types_pb2.OVERLAY_KEYBOARD])  # type: ignore[list-item]  # a newer host's value
         decided = await planner_service_pb2_grpc.PlannerServiceStub(host._channel).Decide(
             planner_service_pb2.DecideRequest(
@@ -495,13 +450,7 @@ async def test_an_unknown_overlay_is_shown_to_no_model_and_logged_as_sent(
         )
         assert '"overlays":["keyboard"]' in decided.decision.user_prompt
         # A host on the direct transport ships its own (a cloud-planned attempt takes none).
-        await direct.connect(["b-phone"], transport=types_pb2.PLANNER_TRANSPORT_DIRECT)
-        await tasks.SubmitTask(
-            task_service_pb2.SubmitTaskRequest(
-                goal="open settings", target=types_pb2.TaskTarget(host_id="b")
-            )
-        )
-        b = (await direct.next("assignment")).assignment
+        b = await assigned(ops, direct, transport=types_pb2.PLANNER_TRANSPORT_DIRECT)
         shipped = types_pb2.Decision(
             tool_name="tap", provider="offline", model="m", system_prompt="s", user_prompt="u"
         )
@@ -529,7 +478,3 @@ async def test_an_unknown_overlay_is_shown_to_no_model_and_logged_as_sent(
             assert [list(d.observation.overlays) for d in listed.decisions] == [
                 [99, types_pb2.OVERLAY_KEYBOARD]
             ]
-    finally:
-        await host.close()
-        await direct.close()
-        await ops.close()
