@@ -250,6 +250,20 @@ def planner_error(err: BaseException, vendor: str, *, retries: int) -> PlannerEr
     return rejected(f"planner: {label} rejected the request (HTTP {status}: {detail})")
 
 
+async def probe_model(
+    client: anthropic.AsyncAnthropic | openai.AsyncOpenAI, model: str, vendor: str
+) -> None:
+    """One cheap authenticated call (the model's metadata): raises a planner error while the
+    API is unreachable or failing, or answers with something that is not the API's (a proxy's
+    HTML page), as a model call would."""
+    try:
+        info = await client.models.retrieve(model, timeout=10.0)
+        if not callable(getattr(info, "to_dict", None)):  # a 200 that was not JSON
+            raise NotAnAnswer(info)
+    except Exception as err:
+        raise planner_error(err, vendor, retries=0) from None
+
+
 def _is_connection_error(err: BaseException) -> bool:
     """The SDKs' connection and timeout errors, and a transport error raised mid-stream (the
     Anthropic SDK lets those through unwrapped while it reads the events)."""

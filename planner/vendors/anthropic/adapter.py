@@ -23,7 +23,7 @@ from planner.vendors.anthropic.messages import (
 )
 from planner.vendors.anthropic.projection import project_anthropic
 from planner.vendors.base import ThinkingConfig, Turn, TurnRequest
-from planner.vendors.failures import NotAnAnswer, planner_error
+from planner.vendors.failures import probe_model
 from planner.vendors.streaming import call_timeout, fetch_response
 
 
@@ -69,14 +69,7 @@ class AnthropicAdapter:
         await self.client.close()
 
     async def probe(self) -> None:
-        """One cheap authenticated call (the model's metadata): raises a planner error while
-        the API is unreachable or failing."""
-        try:
-            info = await self.client.models.retrieve(self._model, timeout=10.0)
-            if not callable(getattr(info, "to_dict", None)):  # a 200 that was not JSON
-                raise NotAnAnswer(info)
-        except Exception as err:
-            raise planner_error(err, self.name, retries=0) from None
+        await probe_model(self.client, self._model, self.name)
 
     async def complete(self, request: TurnRequest) -> Turn:
         # A model that cannot run one call without thinking keeps it on; the projection then

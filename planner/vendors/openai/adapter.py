@@ -18,7 +18,7 @@ from planner.decision import Billed
 from planner.errors import PlannerError, carry_cut_off
 from planner.model_profiles import ModelProfile, RetryForm, profile_for
 from planner.vendors.base import ThinkingConfig, Turn, TurnRequest
-from planner.vendors.failures import FailedResponse, NotAnAnswer, planner_error
+from planner.vendors.failures import FailedResponse, planner_error, probe_model
 from planner.vendors.openai import chat, responses
 from planner.vendors.openai.responses_projection import project_responses
 from planner.vendors.streaming import call_timeout, fetch_response
@@ -76,14 +76,7 @@ class OpenAIAdapter:
         await self.client.close()
 
     async def probe(self) -> None:
-        """One cheap authenticated call (the model's metadata): raises a planner error while
-        the API is unreachable or failing."""
-        try:
-            info = await self.client.models.retrieve(self._model, timeout=10.0)
-            if not callable(getattr(info, "to_dict", None)):  # a 200 that was not JSON
-                raise NotAnAnswer(info)
-        except Exception as err:
-            raise planner_error(err, self.name, retries=0) from None
+        await probe_model(self.client, self._model, self.name)
 
     async def complete(self, request: TurnRequest) -> Turn:
         if request.mode == "session" or not self.profile.chat_tools:
