@@ -62,6 +62,21 @@ class FakeCloud(lease_service_pb2_grpc.LeaseServiceServicer):
         async with self.changed:
             self.changed.notify_all()
 
+    def reported_states(self, serial: str) -> list[types_pb2.DeviceState.ValueType]:
+        """Each state the host's device updates gave `serial`, in the order they came."""
+        return [
+            d.state
+            for r in self.received
+            if r.WhichOneof("kind") == "device_update"
+            for d in r.device_update.devices
+            if d.serial == serial
+        ]
+
+    def last_devices(self) -> list[types_pb2.Device]:
+        """The phones of the host's latest device update (none before the first)."""
+        updates = [r for r in self.received if r.WhichOneof("kind") == "device_update"]
+        return list(updates[-1].device_update.devices) if updates else []
+
     async def wait_for(self, predicate: Callable[[], object], within: float = 20.0) -> None:
         async def _wait() -> None:
             async with self.changed:

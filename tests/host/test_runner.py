@@ -75,14 +75,7 @@ async def test_host_runs_an_assignment_on_a_virtual_phone(tmp_path: Path) -> Non
         # A phone that vanishes is reported offline.
         virtual.unplug("emulator-5556")
         await fake.wait_for(
-            lambda: any(
-                r.WhichOneof("kind") == "device_update"
-                and any(
-                    d.serial == "emulator-5556" and d.state == types_pb2.DEVICE_STATE_OFFLINE
-                    for d in r.device_update.devices
-                )
-                for r in fake.received
-            ),
+            lambda: types_pb2.DEVICE_STATE_OFFLINE in fake.reported_states("emulator-5556"),
             within=20,
         )
     assert settings.resolved_db_path.is_file()
@@ -138,14 +131,7 @@ async def test_disconnected_phone_fails_its_task_and_nothing_else_stops(tmp_path
         assert by_task["ok"].status == types_pb2.TASK_STATUS_SUCCEEDED
         assert virtual.server.phones["emulator-5556"].state.flag("dark_theme")
         await fake.wait_for(
-            lambda: any(
-                r.WhichOneof("kind") == "device_update"
-                and any(
-                    d.serial == "emulator-5554" and d.state == types_pb2.DEVICE_STATE_OFFLINE
-                    for d in r.device_update.devices
-                )
-                for r in fake.received
-            ),
+            lambda: types_pb2.DEVICE_STATE_OFFLINE in fake.reported_states("emulator-5554"),
             within=20,
         )
         assert app.lease.connected
@@ -263,24 +249,12 @@ async def test_a_phone_adb_cannot_reach_is_reported_as_adb_lists_it(
         assert "disconnected" not in result.summary, result.summary
         assert f"phone emulator-5554 is {adb_state} in adb" in result.summary, result.summary
         assert fix in result.summary, result.summary
-        await fake.wait_for(
-            lambda: any(
-                r.WhichOneof("kind") == "device_update"
-                and any(
-                    d.serial == "emulator-5554" and d.state == listed
-                    for d in r.device_update.devices
-                )
-                for r in fake.received
-            ),
-            within=20,
-        )
+        await fake.wait_for(lambda: listed in fake.reported_states("emulator-5554"), within=20)
         # Never OFFLINE on the way (the host reported the phone gone as adb lists it).
         reported = [
-            d.state
-            for r in fake.received
-            if r.WhichOneof("kind") == "device_update"
-            for d in r.device_update.devices
-            if d.serial == "emulator-5554" and d.state != types_pb2.DEVICE_STATE_ONLINE
+            state
+            for state in fake.reported_states("emulator-5554")
+            if state != types_pb2.DEVICE_STATE_ONLINE
         ]
         assert set(reported) == {listed}, reported
 
@@ -424,11 +398,6 @@ async def test_phones_that_come_and_go_never_push_an_online_phone_out_of_the_rep
     cloud = await start_fake_cloud(tmp_path / "pki", HOST_ID)
     virtual, settings = start_virtual_phones(_settings(tmp_path, cloud.port, cloud.pki_dir))
     app = build_host(settings, planner=ScriptedPlanner([]))
-
-    def last_update() -> list[types_pb2.Device]:
-        updates = [r for r in fake.received if r.WhichOneof("kind") == "device_update"]
-        return list(updates[-1].device_update.devices) if updates else []
-
     async with serving(app, virtual, cloud) as fake:
         wifi = [f"10.0.0.{i}:5555" for i in range(300)]
         for serial in wifi:
@@ -445,15 +414,15 @@ async def test_phones_that_come_and_go_never_push_an_online_phone_out_of_the_rep
         # (Waiting on the length alone read the update sent before the unplug, already 256 long.)
         await fake.wait_for(
             lambda: (
-                len(last_update()) == 256
+                len(fake.last_devices()) == 256
                 and not any(
                     d.serial.startswith("10.") and d.state == types_pb2.DEVICE_STATE_ONLINE
-                    for d in last_update()
+                    for d in fake.last_devices()
                 )
             ),
             within=20,
         )
-        online = {d.serial for d in last_update() if d.state == types_pb2.DEVICE_STATE_ONLINE}
+        online = {d.serial for d in fake.last_devices() if d.state == types_pb2.DEVICE_STATE_ONLINE}
         assert online == {"emulator-5554", "emulator-5556"}
 
 
@@ -464,14 +433,11 @@ async def test_a_phone_gone_longer_than_the_setting_leaves_the_reports(tmp_path:
     base = _settings(tmp_path, cloud.port, cloud.pki_dir)
     virtual, settings = start_virtual_phones(base.model_copy(update={"device_forget_after_s": 0.5}))
     app = build_host(settings, planner=ScriptedPlanner([]))
-
-    def last_update() -> list[str]:
-        updates = [r for r in fake.received if r.WhichOneof("kind") == "device_update"]
-        return [d.serial for d in updates[-1].device_update.devices] if updates else []
-
     async with serving(app, virtual, cloud) as fake:
         virtual.unplug("emulator-5554")
-        await fake.wait_for(lambda: last_update() == ["emulator-5556"], within=20)
+        await fake.wait_for(
+            lambda: [d.serial for d in fake.last_devices()] == ["emulator-5556"], within=20
+        )
         assert app.registry.get("emulator-5554") is None
 
 
