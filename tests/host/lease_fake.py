@@ -23,6 +23,7 @@ from cloud import pki
 from cloud.identity import peer_caller
 from host.devices.virtual.adb_server import ThreadedAdbServer
 from host.runner import HostApp, serve_host
+from host.settings import HostSettings
 
 SERVER_OPTIONS = [
     # The host pings every 10 s; the cloud must accept that rate (see the host report).
@@ -285,6 +286,24 @@ async def start_fake_cloud(
     bound = server.add_secure_port(f"127.0.0.1:{port}", creds)
     await server.start()
     return RunningCloud(cloud, server, bound, directory)
+
+
+def host_settings(tmp_path: Path, port: int, pki_dir: Path, host_id: str) -> HostSettings:
+    """A host of two virtual phones dialing the fake cloud on `port`, quick to poll and to
+    reconnect, with no OCR and no settle delay: what a test of a served host starts from."""
+    return HostSettings(
+        data_dir=tmp_path / "host",
+        device_source="virtual",
+        virtual_phones=2,
+        cloud_address=f"127.0.0.1:{port}",
+        certs_dir=pki_dir,
+        host_id=host_id,
+        ocr_enabled=False,
+        settle_delay_s=0,
+        device_poll_interval_s=0.2,
+        reconnect_initial_s=0.05,
+        reconnect_max_s=0.2,
+    )
 
 
 @contextlib.asynccontextmanager

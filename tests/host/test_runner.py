@@ -16,7 +16,7 @@ from host.settings import HostSettings
 from planner.decision import Decision
 from planner.history import WorldEvent
 from planner.scene import Scene
-from tests.host.lease_fake import serving, start_fake_cloud
+from tests.host.lease_fake import host_settings, serving, start_fake_cloud
 from tests.host.scripted_planner import ScriptedPlanner, Step, by_text
 from tests.support.waiting import until
 
@@ -24,20 +24,9 @@ HOST_ID = "h1"
 
 
 def _settings(tmp_path: Path, port: int, pki_dir: Path) -> HostSettings:
-    return HostSettings(
-        data_dir=tmp_path / "host",
-        device_source="virtual",
-        virtual_phones=2,
-        cloud_address=f"127.0.0.1:{port}",
-        certs_dir=pki_dir,
-        host_id=HOST_ID,
-        ocr_enabled=False,
-        settle_delay_s=0,
-        device_poll_interval_s=0.2,
-        reconnect_initial_s=0.05,
-        reconnect_max_s=0.2,
-        planner_transport="direct",  # the tests hand the host a scripted planner
-    )
+    # The tests hand the host a scripted planner: it plans itself.
+    direct = {"planner_transport": "direct"}
+    return host_settings(tmp_path, port, pki_dir, HOST_ID).model_copy(update=direct)
 
 
 async def test_host_runs_an_assignment_on_a_virtual_phone(tmp_path: Path) -> None:

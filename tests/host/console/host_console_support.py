@@ -32,6 +32,7 @@ from host.timeline.store import TimelineStore
 from planner.decision import Decision, ThinkingBlock, Usage
 from planner.history import WorldEvent
 from planner.scene import Scene
+from tests.host import lease_fake
 from tests.host.scripted_planner import ScriptedPlanner, Step, by_text
 
 SETTINGS_APP = "com.android.settings"
@@ -208,19 +209,7 @@ DARK = [
 
 
 def host_settings(tmp_path: Path, port: int, pki_dir: Path) -> HostSettings:
-    return HostSettings(
-        data_dir=tmp_path / "host",
-        device_source="virtual",
-        virtual_phones=2,
-        cloud_address=f"127.0.0.1:{port}",
-        certs_dir=pki_dir,
-        host_id=HOST_ID,
-        ocr_enabled=False,
-        settle_delay_s=0,
-        device_poll_interval_s=0.2,
-        reconnect_initial_s=0.05,
-        reconnect_max_s=0.2,
-    )
+    return lease_fake.host_settings(tmp_path, port, pki_dir, HOST_ID)
 
 
 CSRF_RE = re.compile(r'name="csrf_token" value="([^"]+)"')
