@@ -878,10 +878,14 @@ const sleep = (millis) => new Promise((r) => setTimeout(r, millis));
 const ms = (d) => (Number(d.seconds) + d.nanos / 1e9) * 1000;
 
 // --- one task -----------------------------------------------------------------------------
-const callDecide = (request) =>
-  new Promise((resolve, reject) =>
-    planner.Decide(request, { deadline: Date.now() + 120000 }, (err, res) => (err ? reject(err) : resolve(res))),
-  );
+// `signal` cancels the call: a step whose lease ran out waits for no answer.
+const callDecide = (request, signal) =>
+  new Promise((resolve, reject) => {
+    const call = planner.Decide(request, { deadline: Date.now() + 120000 }, (err, res) =>
+      err ? reject(err) : resolve(res),
+    );
+    signal.addEventListener('abort', () => call.cancel(), { once: true });
+  });
 
 // What Decide answers when the step may simply be asked again (planner_service.proto): the cloud
 // or its provider is unavailable or rate limited, or the call was cut off by a restart or a
@@ -897,10 +901,10 @@ const DECIDE_AGAIN = new Set([
 // Asks until answered, with backoff, for as long as the lease is this host's. Every try sends
 // the same step_key, so a step whose answer was lost is answered from the cloud's log: planned,
 // and billed, once.
-async function decide(request, stopped) {
+async function decide(request, stopped, signal) {
   for (let failures = 0; ; failures += 1) {
     try {
-      return await callDecide(request);
+      return await callDecide(request, signal);
     } catch (err) {
       if (!DECIDE_AGAIN.has(err.code) || stopped()) throw err;
       const after = Number(err.metadata?.get('amc-retry-after-s')[0]) * 1000 || 0;
@@ -910,13 +914,26 @@ async function decide(request, stopped) {
   }
 }
 
-// A lease that runs out by this host's own clock (with a little grace for the clocks' drift)
-// while the cloud cannot be reached: the cloud has given the phone's task up, so the attempt
-// stops and says so, retryable, once the cloud is back, as the Python host does
-// (host/lease_client.py, `expiry_grace_s`, UNREACHABLE_SUMMARY).
-const EXPIRY_GRACE = 2000; // ms
+// A lease that runs out by this host's own clock with no renewal answered: the cloud sweeps it
+// at that moment and may hand the task to another phone, so the attempt stops there, whatever
+// the step is doing and whether the stream is gone or only silent (a dead link looks open),
+// and says so, retryable, once the cloud is back, as the Python host does
+// (host/lease_client.py, UNREACHABLE_SUMMARY). A grace past the expiry let two phones run it.
 const UNREACHABLE = 'stopped: the lease ran out while the cloud was unreachable';
-const expiredLocally = (leaseId) => !current && expiries.has(leaseId) && now() > expiries.get(leaseId) + EXPIRY_GRACE;
+
+// Aborts `stop` when the lease `leaseId` runs out, waking at its end as renewals move it;
+// returns what cancels the watch.
+function watchExpiry(leaseId, stop) {
+  let timer;
+  const check = () => {
+    if (!expiries.has(leaseId)) return; // let go: revoked or answered
+    const left = expiries.get(leaseId) - now();
+    if (left > 0) timer = setTimeout(check, left);
+    else stop.abort(new Error(UNREACHABLE));
+  };
+  check();
+  return () => clearTimeout(timer);
+}
 
 async function runTask(a, revoked) {
   const phone = phones.get(a.device_serial);
@@ -924,11 +941,13 @@ async function runTask(a, revoked) {
   const progress = { step_index: 0, step_status: 'STEP_STATUS_PERCEIVING', summary: 'starting', max_steps: MAX_STEPS };
   const lease = { task_id: a.task_id, attempt: a.attempt, lease_id: a.lease_id };
   held.set(a.lease_id, { ...lease, device_serial: a.device_serial });
-  let expired = false;
-  const renew = () => {
-    if (expiredLocally(a.lease_id)) expired = true;
-    send({ renewal: { ...lease, progress } });
-  };
+  const stop = new AbortController();
+  const unwatch = watchExpiry(a.lease_id, stop);
+  // The step's waits, cut short when the lease runs out.
+  const ranOut = new Promise((_, reject) => stop.signal.addEventListener('abort', () => reject(stop.signal.reason)));
+  ranOut.catch(() => {});
+  const bounded = (promise) => Promise.race([promise, ranOut]);
+  const renew = () => send({ renewal: { ...lease, progress } });
   const report = (step, status, summary) => {
     Object.assign(progress, { step_index: step, step_status: status, summary: cut(summary, LIMITS.summary, characters) });
     renew();
@@ -944,17 +963,17 @@ async function runTask(a, revoked) {
         [status, summary] = ['TASK_STATUS_CANCELLED', revoked.get(a.lease_id)];
         break;
       }
-      if (expired || expiredLocally(a.lease_id)) {
-        [expired, summary, retryable] = [true, UNREACHABLE, true];
+      if (stop.signal.aborted) {
+        [summary, retryable] = [UNREACHABLE, true];
         break;
       }
       report(step, 'STEP_STATUS_PERCEIVING', `step ${step}: looking at the screen`);
-      await readyScreen(device, a.device_serial);
-      const observation = await perceive(device);
+      await bounded(readyScreen(device, a.device_serial));
+      const observation = await bounded(perceive(device));
       report(step, 'STEP_STATUS_PLANNING', `step ${step}: planning`);
       const request = { ...lease, observation, previous_outcome: previous, step_key: String(step) };
-      const over = () => revoked.has(a.lease_id) || (expired ||= expiredLocally(a.lease_id));
-      const { decision, replayed } = await decide(request, over);
+      const over = () => revoked.has(a.lease_id) || stop.signal.aborted;
+      const { decision, replayed } = await bounded(decide(request, over, stop.signal));
       const action = decision.action;
       report(step, 'STEP_STATUS_ACTING', `step ${step}: ${decision.tool_name} — ${decision.purpose}`);
       log(`step ${step}: ${decision.tool_name} ${decision.arguments_json} — ${decision.rationale}`);
@@ -971,9 +990,10 @@ async function runTask(a, revoked) {
         continue;
       }
       try {
-        previous.driver_output = cut(await act(device, action, observation), LIMITS.driver_output);
+        previous.driver_output = cut(await bounded(act(device, action, observation)), LIMITS.driver_output);
         report(step, 'STEP_STATUS_SUCCEEDED', `step ${step}: done`);
       } catch (err) {
+        if (stop.signal.aborted) throw err;
         Object.assign(previous, { executed: false, error: cut(err.message, LIMITS.error) });
         report(step, 'STEP_STATUS_FAILED', `step ${step}: ${err.message}`);
       }
@@ -989,12 +1009,14 @@ async function runTask(a, revoked) {
     retryable = err.code === grpc.status.PERMISSION_DENIED || err.retryable === true;
     // A phone that went away is nothing the task did either: retryable, the task waits for a
     // phone that is there.
-    const fromPhone = typeof err.code !== 'number' && !revoked.has(a.lease_id); // gRPC's codes are numbers
+    // gRPC's codes are numbers.
+    const fromPhone = typeof err.code !== 'number' && !revoked.has(a.lease_id) && !stop.signal.aborted;
     const gone = fromPhone ? await phoneGone(a.device_serial, err) : null;
     if (gone) [summary, retryable] = [gone, true];
-    if (expired && !revoked.has(a.lease_id)) [status, summary, retryable] = ['TASK_STATUS_FAILED', UNREACHABLE, true];
+    if (stop.signal.aborted && !revoked.has(a.lease_id)) [status, summary, retryable] = ['TASK_STATUS_FAILED', UNREACHABLE, true];
   } finally {
     clearInterval(renewer);
+    unwatch();
   }
   summary = cut(summary, LIMITS.result_summary, characters);
   // Kept (and its lease listed in every hello) until the cloud acknowledges it: a result sent

@@ -17,6 +17,8 @@ import shutil
 import threading
 from pathlib import Path
 
+from google.protobuf.duration_pb2 import Duration
+
 from amc.v1 import decision_log_service_pb2, task_service_pb2, types_pb2
 from host.devices.virtual.adb_server import VirtualAdbServer
 from host.devices.virtual.phone import VirtualPhone
@@ -364,3 +366,64 @@ async def test_a_result_left_unanswered_on_a_live_stream_is_sent_again(
     assert len(cloud.results) >= 2, said
     assert streams == 1, said  # the same stream, no reconnect in between
     assert {(r.task_id, r.lease_id) for r in cloud.results} == {("t1", "lease-t1-1")}, said
+
+
+async def test_a_node_host_whose_renewals_go_unanswered_stops_when_its_lease_runs_out(
+    node: str, tmp_path: Path
+) -> None:
+    """The link to the cloud goes silent (a dead NAT entry: frozen at a proxy, neither end
+    told) while the host looks at a screen that never goes idle. The cloud's lease runs out
+    and it may hand the task to another phone at that moment. host.js stopped a task on its
+    own clock only once it had no stream, and 2 s after the lease: a silent link keeps the
+    stream open, so it held the phone on past the lease (for as long as the look, or a
+    Decide with no answer, took). As the Python host now does, it stops the attempt when the
+    lease runs out by its own clock, though its stream still looks open."""
+    phone = VirtualPhone("emulator-5554")
+    phone.hang_dumps(300)  # the first look waits for an idle screen, well past the lease
+    async with cloud_and_phone(tmp_path, phone, HOST_ID) as rig:
+        proxy = TcpProxy([("127.0.0.1", int(rig.address.rsplit(":", 1)[1]))]).start()
+        await rig.client.tasks.SubmitTask(
+            task_service_pb2.SubmitTaskRequest(
+                goal="Turn on dark theme", lease_duration=Duration(seconds=4), max_attempts=2
+            ),
+            timeout=10,
+        )
+        host = await asyncio.create_subprocess_exec(
+            node,
+            str(HOST),
+            env={
+                "PATH": os.environ.get("PATH", ""),
+                "AMC_CLOUD_ADDRESS": proxy.address,
+                "AMC_HOST_CERTS_DIR": str(rig.pki),
+                "AMC_HOST_ID": HOST_ID,
+                "ADB_PORT": str(rig.adb_port),
+                "AMC_HOST_DATA_DIR": str(tmp_path / "host-data"),
+            },
+            stderr=asyncio.subprocess.PIPE,
+        )
+        said: list[str] = []
+
+        async def ended() -> str:
+            assert host.stderr is not None
+            while line := (await host.stderr.readline()).decode():
+                said.append(line)
+                if ": TASK_STATUS_" in line:
+                    return line
+            return ""
+
+        try:
+            await until(lambda: phone.dumper is not None, 60, "the first look under way")
+            frozen = proxy.blackhole()
+            assert frozen, "no open connection to freeze"
+            end = await asyncio.wait_for(ended(), 60)
+            # Stopped by its lease, while the look still hung and the link still looked open.
+            assert phone.dumper is not None
+            assert all(link.client_gone_at is None for link in frozen)
+        finally:
+            rig.adb.unplug(phone.serial)  # ends the hung look
+            host.kill()
+            await host.wait()
+            proxy.stop()
+    assert end.endswith(
+        "TASK_STATUS_FAILED — stopped: the lease ran out while the cloud was unreachable\n"
+    ), "".join(said)
