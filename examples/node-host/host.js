@@ -289,9 +289,22 @@ function byTransportId(serial, transportId) {
 }
 
 // --- the phone: perceive over adb ---------------------------------------------------------
+// How long one adb shell call (a dump too) may wait for the phone, as the Python host waits
+// (host/devices/adb_transport.py, DEFAULT_TIMEOUT_S; host/settings.py, `dump_timeout_s`): a
+// dump or an adbd that never answers held the step for good, its lease renewed all along.
+// The error names the program only: typed text may be a secret.
+const SHELL_MS = 30000;
 async function shell(device, command) {
-  const stream = await device.shell(command);
-  return (await Adb.util.readAll(stream)).toString('utf8');
+  const what = `adb shell ${command.split(' ', 1)[0]}`;
+  let stream;
+  try {
+    stream = await within(device.shell(command), SHELL_MS, what);
+    return (await within(Adb.util.readAll(stream), SHELL_MS, what)).toString('utf8');
+  } catch (err) {
+    if (!err.message.endsWith('did not answer')) throw err;
+    stream?.destroy();
+    throw phoneError(`${err.message} within ${SHELL_MS / 1000} s`, true); // the phone's condition
+  }
 }
 
 const xml = new XMLParser({
@@ -602,20 +615,36 @@ function focusOf(dumpsys) {
 // (host/perception/perceive.py, `scene_from_dump`). A window the phone gave no tree of in any of
 // them (a secure one, one that never goes idle) is looked at without one, the model told why
 // (`ui_tree_missing`), rather than the task failed for it; a dump that goes unanswered (the phone
-// or its adb server gone) throws.
+// or its adb server gone) throws. The tries together stay within LOOK_MS (host/settings.py,
+// `hierarchy_deadline_s`): no try starts that could not end within it, taking as long as the
+// longest so far; a look whose dumps went unanswered throws, retryable (a stuck phone).
 const DUMP_TRIES = 5;
 const DUMP_PAUSE_MS = 500; // after the first try, one more for each try after it
+const LOOK_MS = 45000;
 async function dumpScreen(device) {
-  let why = '';
-  for (let tries = 1; tries <= DUMP_TRIES; tries += 1) {
-    const dump = await shell(device, 'uiautomator dump --windows /dev/tty'); // XML, "UI hierchary dumped to…"
-    const tree = dump.includes('<node');
-    const screen = tree && windowsOf(xml.parse(dump.slice(dump.indexOf('<'), dump.lastIndexOf('>') + 1)));
-    if (screen) return { screen, why: '' };
-    why = dump.match(/ERROR: .*/)?.[0] || (tree ? 'the focused window came without its tree' : 'no window in the dump');
-    if (tries < DUMP_TRIES) await sleep(DUMP_PAUSE_MS * tries);
+  const start = now();
+  let [why, longest, answered] = ['', 0, true];
+  for (let tries = 1; ; tries += 1) {
+    const began = now();
+    try {
+      const dump = await shell(device, 'uiautomator dump --windows /dev/tty'); // XML, "UI hierchary dumped to…"
+      const tree = dump.includes('<node');
+      const screen = tree && windowsOf(xml.parse(dump.slice(dump.indexOf('<'), dump.lastIndexOf('>') + 1)));
+      if (screen) return { screen, why: '' };
+      why = dump.match(/ERROR: .*/)?.[0] || (tree ? 'the focused window came without its tree' : 'no window in the dump');
+    } catch (err) {
+      if (err.retryable !== true) throw err; // not a timeout: the phone or adb gone
+      [why, answered] = [err.message, false];
+    }
+    longest = Math.max(longest, now() - began);
+    const pause = DUMP_PAUSE_MS * tries;
+    if (tries === DUMP_TRIES || now() + pause + longest - start > LOOK_MS) {
+      const message = `uiautomator dump gave no tree in ${tries} ${tries === 1 ? 'try' : 'tries'}: ${why}`;
+      if (!answered) throw phoneError(message, true);
+      return { screen: null, why: message };
+    }
+    await sleep(pause);
   }
-  return { screen: null, why: `uiautomator dump gave no tree in ${DUMP_TRIES} tries: ${why}` };
 }
 
 // How the screen is turned (0-3) when no dump says it, as the Python host reads it

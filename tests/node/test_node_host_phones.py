@@ -193,6 +193,35 @@ async def test_a_phone_unplugged_mid_task_ends_its_attempt_retryable(
     assert final.status == types_pb2.TASK_STATUS_QUEUED, said  # retryable: it waits for a phone
 
 
+async def test_a_look_the_phone_never_answers_ends_its_attempt_retryable(
+    node: str, tmp_path: Path
+) -> None:
+    """Every dump waits for an idle screen that never comes (a stuck phone, an adbd that never
+    answers). host.js waited on the first for good: the step hung while its lease was renewed,
+    and the task never ended. As the Python host bounds them (`dump_timeout_s` 30 s, a look's
+    dumps together `hierarchy_deadline_s` 45 s), the dump gives up at 30 s, no second one
+    starts that could not end within the look's 45 s, and the attempt ends retryable."""
+    phone = VirtualPhone("emulator-5554")
+    phone.hang_dumps(600, count=5)
+    async with cloud_and_phone(tmp_path, phone, HOST_ID) as rig:
+        task = (
+            await rig.client.tasks.SubmitTask(
+                task_service_pb2.SubmitTaskRequest(goal="Turn on dark theme", max_attempts=2),
+                timeout=10,
+            )
+        ).task
+        host = await start_host(node, rig, HOST_ID, tmp_path / "host-data")
+        try:
+            said, final, _ = await _first_attempt(rig, host, task.task_id)
+        finally:
+            rig.adb.unplug(phone.serial)  # ends the hung dump
+    assert final.attempts[0].failure_reason == (
+        "host error: uiautomator dump gave no tree in 1 try: "
+        "adb shell uiautomator did not answer within 30 s"
+    ), said
+    assert final.status != types_pb2.TASK_STATUS_FAILED, said  # retryable: it runs again
+
+
 async def test_an_adb_server_gone_takes_every_phone_offline_at_once_and_a_failing_step_retryable(
     node: str, tmp_path: Path
 ) -> None:
