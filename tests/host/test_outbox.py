@@ -125,7 +125,7 @@ async def test_the_backlog_waits_for_the_cloud_and_is_logged_once(tmp_path: Path
             ScriptedHost(cloud.address, pki_dir, "h1") as host,
             channel(cloud.address, pki_dir, "operator-ops") as ops_ch,
         ):
-            await host.connect(["s1"])
+            await host.connect(["s1"], transport=types_pb2.PLANNER_TRANSPORT_DIRECT)
             await submit(tasks_stub(ops_ch), target=types_pb2.TaskTarget(host_id="h1"))
             a = (await host.next("assignment")).assignment
         running = asyncio.create_task(sender.run(stop))
@@ -200,7 +200,7 @@ async def _outbox_of_a_task(tmp_path: Path) -> AsyncIterator[_Shipping]:
         host = ScriptedHost(cloud.address, pki_dir, "h1")
         ops = channel(cloud.address, pki_dir, "operator-ops")
         try:
-            await host.connect(["s1"])
+            await host.connect(["s1"], transport=types_pb2.PLANNER_TRANSPORT_DIRECT)
             await submit(tasks_stub(ops), target=types_pb2.TaskTarget(host_id="h1"))
             task = (await host.next("assignment")).assignment
             shipping = _Shipping(cloud, store, sender, host, ops, task)
