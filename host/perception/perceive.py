@@ -16,7 +16,7 @@ from __future__ import annotations
 import io
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from PIL import Image
 
@@ -256,6 +256,10 @@ class Perceiver:
                         f" while {window} stays in front",
                         TREELESS_LOOKS,
                     )
+        if window.startswith(f"{scene.package}/"):
+            # The app's own activity (a settings page's SubSettings says more than the package);
+            # not a covering window's, whose package the scene names instead.
+            scene = replace(scene, activity=window)
         t2 = time.perf_counter()
         timings = {"screenshot_s": t1 - t0, "hierarchy_s": t2 - t1}
         if with_ocr and self.ocr is not None:

@@ -639,3 +639,19 @@ def test_a_dump_with_unescaped_ampersands_is_read_and_said_to_be_repaired(
     assert scene_from_observation(observation).to_prompt()["ui_tree"].startswith("repaired")
     phone.unescaped_dumps = False
     assert not Perceiver(None).perceive(d, with_ocr=False).scene.tree_repaired
+
+
+@pytest.mark.parametrize("driver", ["adbutils", "uiautomator2"])
+def test_a_look_names_the_activity_in_front_as_the_node_host_does(
+    adb: tuple[ThreadedAdbServer, VirtualPhone], driver: str
+) -> None:
+    """The Python host read the focused window (`package/activity`) at every look but never
+    sent it: `foreground_activity` was always empty, while the Node host sends it for the same
+    screen (its Settings page or a SubSettings one says more than the package alone)."""
+    server, _phone = adb
+    d = (AdbDriver if driver == "adbutils" else U2Driver)(SERIAL, port=server.port)
+    d.launch_app("com.android.settings")
+    scene = Perceiver(retry_delay_s=0).perceive(d, with_ocr=False).scene
+    assert scene.activity == d.current_window()
+    assert scene.activity.startswith("com.android.settings/")
+    assert observation_from_scene(scene).foreground_activity == scene.activity
