@@ -63,10 +63,10 @@ class PlannerServiceServicer:
         pass: UNAUTHENTICATED when the call carries no host identity, or the certificate or its
         host id was revoked (do not call again with it); PERMISSION_DENIED when the lease is
         another host's (or the caller's certificate is an operator's); FAILED_PRECONDITION when
-        the attempt was granted on the direct transport (its Attempt.planner_transport is DIRECT:
-        its host plans it and ships its decisions, "task 'x' attempt 1 is planned by its host
-        (direct transport): …"; final), or (task, attempt, lease id) is not a live lease (expired,
-        revoked, superseded, unknown);
+        (task, attempt, lease id) is not a live lease (expired, revoked, superseded, unknown), or
+        when the attempt was granted on the direct transport (its Attempt.planner_transport is
+        DIRECT: its host plans it and ships its decisions, "task 'x' attempt 1 is planned by its
+        host (direct transport): …"; final);
         INVALID_ARGUMENT, naming the field, for a missing or oversize observation (see
         ScreenObservation and UiElement for the limits), a screenshot over 8 MiB or not a PNG or
         JPEG (by its first bytes; "screenshot: not a PNG or JPEG image …"), or a

@@ -46,10 +46,10 @@ class PlannerServiceStub:
     pass: UNAUTHENTICATED when the call carries no host identity, or the certificate or its
     host id was revoked (do not call again with it); PERMISSION_DENIED when the lease is
     another host's (or the caller's certificate is an operator's); FAILED_PRECONDITION when
-    the attempt was granted on the direct transport (its Attempt.planner_transport is DIRECT:
-    its host plans it and ships its decisions, "task 'x' attempt 1 is planned by its host
-    (direct transport): …"; final), or (task, attempt, lease id) is not a live lease (expired,
-    revoked, superseded, unknown);
+    (task, attempt, lease id) is not a live lease (expired, revoked, superseded, unknown), or
+    when the attempt was granted on the direct transport (its Attempt.planner_transport is
+    DIRECT: its host plans it and ships its decisions, "task 'x' attempt 1 is planned by its
+    host (direct transport): …"; final);
     INVALID_ARGUMENT, naming the field, for a missing or oversize observation (see
     ScreenObservation and UiElement for the limits), a screenshot over 8 MiB or not a PNG or
     JPEG (by its first bytes; "screenshot: not a PNG or JPEG image …"), or a
@@ -123,10 +123,10 @@ class PlannerServiceAsyncStub(PlannerServiceStub):
     pass: UNAUTHENTICATED when the call carries no host identity, or the certificate or its
     host id was revoked (do not call again with it); PERMISSION_DENIED when the lease is
     another host's (or the caller's certificate is an operator's); FAILED_PRECONDITION when
-    the attempt was granted on the direct transport (its Attempt.planner_transport is DIRECT:
-    its host plans it and ships its decisions, "task 'x' attempt 1 is planned by its host
-    (direct transport): …"; final), or (task, attempt, lease id) is not a live lease (expired,
-    revoked, superseded, unknown);
+    (task, attempt, lease id) is not a live lease (expired, revoked, superseded, unknown), or
+    when the attempt was granted on the direct transport (its Attempt.planner_transport is
+    DIRECT: its host plans it and ships its decisions, "task 'x' attempt 1 is planned by its
+    host (direct transport): …"; final);
     INVALID_ARGUMENT, naming the field, for a missing or oversize observation (see
     ScreenObservation and UiElement for the limits), a screenshot over 8 MiB or not a PNG or
     JPEG (by its first bytes; "screenshot: not a PNG or JPEG image …"), or a
@@ -203,10 +203,10 @@ class PlannerServiceServicer(metaclass=_abc_1.ABCMeta):
         pass: UNAUTHENTICATED when the call carries no host identity, or the certificate or its
         host id was revoked (do not call again with it); PERMISSION_DENIED when the lease is
         another host's (or the caller's certificate is an operator's); FAILED_PRECONDITION when
-        the attempt was granted on the direct transport (its Attempt.planner_transport is DIRECT:
-        its host plans it and ships its decisions, "task 'x' attempt 1 is planned by its host
-        (direct transport): …"; final), or (task, attempt, lease id) is not a live lease (expired,
-        revoked, superseded, unknown);
+        (task, attempt, lease id) is not a live lease (expired, revoked, superseded, unknown), or
+        when the attempt was granted on the direct transport (its Attempt.planner_transport is
+        DIRECT: its host plans it and ships its decisions, "task 'x' attempt 1 is planned by its
+        host (direct transport): …"; final);
         INVALID_ARGUMENT, naming the field, for a missing or oversize observation (see
         ScreenObservation and UiElement for the limits), a screenshot over 8 MiB or not a PNG or
         JPEG (by its first bytes; "screenshot: not a PNG or JPEG image …"), or a
