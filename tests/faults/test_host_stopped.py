@@ -18,10 +18,8 @@ from pathlib import Path
 from amc.v1 import types_pb2
 from tests.support.processes import (
     AmcProcess,
-    cloud_process,
+    Fleet,
     dark_theme_running,
-    free_port,
-    host_process,
     operator,
     wait_connected,
     wait_serving,
@@ -37,21 +35,12 @@ LONG_LEASE = {"AMC_CLOUD_DEFAULT_LEASE_SECONDS": str(LEASE_S)}
 async def test_a_stopped_host_hands_its_task_to_another_host_at_once(
     tmp_path: Path, fault_pki: Path
 ) -> None:
-    port = free_port()
-    address = f"127.0.0.1:{port}"
-    cloud = cloud_process(
-        tmp_path,
-        "cloud",
-        database_url=f"sqlite+aiosqlite:///{tmp_path / 'cloud.sqlite3'}",
-        pki_dir=fault_pki,
-        port=port,
-        extra=LONG_LEASE,
-    ).start()
+    fleet = Fleet(tmp_path, fault_pki, cloud_env=LONG_LEASE)
+    address = fleet.address
+    cloud = fleet.cloud().start()
     # Slow steps on host a: the task is still under way once host b is up.
-    host_a = host_process(
-        tmp_path, "a", cloud_address=address, pki_dir=fault_pki, settle_delay_s=6.0
-    )
-    host_b = host_process(tmp_path, "b", cloud_address=address, pki_dir=fault_pki)
+    host_a = fleet.host("a", settle_delay_s=6.0)
+    host_b = fleet.host("b")
     ops = None
     try:
         await wait_serving(address, fault_pki)
@@ -93,25 +82,13 @@ async def test_a_stopped_host_hands_its_task_to_another_host_at_once(
 async def test_a_host_stopped_while_the_cloud_is_down_delivers_its_result_at_next_start(
     tmp_path: Path, fault_pki: Path
 ) -> None:
-    port = free_port()
-    address = f"127.0.0.1:{port}"
-
-    def start_cloud() -> AmcProcess:
-        return cloud_process(
-            tmp_path,
-            "cloud",
-            database_url=f"sqlite+aiosqlite:///{tmp_path / 'cloud.sqlite3'}",
-            pki_dir=fault_pki,
-            port=port,
-            extra=LONG_LEASE,
-        ).start()
+    fleet = Fleet(tmp_path, fault_pki, cloud_env=LONG_LEASE)
+    address = fleet.address
 
     def start_host() -> AmcProcess:
-        return host_process(
-            tmp_path, "a", cloud_address=address, pki_dir=fault_pki, settle_delay_s=6.0
-        ).start()
+        return fleet.host("a", settle_delay_s=6.0).start()
 
-    cloud = start_cloud()
+    cloud = fleet.cloud().start()
     a: AmcProcess | None = None
     ops = None
     try:
@@ -128,7 +105,7 @@ async def test_a_host_stopped_while_the_cloud_is_down_delivers_its_result_at_nex
         finally:
             outbox.close()
         assert kept == [(task_id, 1)]
-        cloud = start_cloud()
+        cloud = fleet.cloud().start()
         a = start_host()
         done = await wait_task(
             ops,
@@ -157,25 +134,16 @@ async def test_a_second_sigterm_stops_a_host_waiting_for_the_cloud_at_once(
     """The cloud is frozen (SIGSTOP: the stream stays open, nothing is answered) while host a
     stops: it waits for the answer to its result up to its grace, 10 minutes here; a second
     SIGTERM ends the wait, and the result stays on disk for the next start."""
-    port = free_port()
-    address = f"127.0.0.1:{port}"
-    cloud = cloud_process(
-        tmp_path,
-        "cloud",
-        database_url=f"sqlite+aiosqlite:///{tmp_path / 'cloud.sqlite3'}",
-        pki_dir=fault_pki,
-        port=port,
-        extra=LONG_LEASE,
-    ).start()
+    fleet = Fleet(tmp_path, fault_pki, cloud_env=LONG_LEASE)
+    address = fleet.address
+    cloud = fleet.cloud().start()
     patient = {
         "AMC_HOST_STOP_GRACE_S": "600",
         # The frozen cloud's stream is not given up on while the host waits.
         "AMC_HOST_KEEPALIVE_TIME_S": "600",
         "AMC_HOST_KEEPALIVE_TIMEOUT_S": "600",
     }
-    a = host_process(
-        tmp_path, "a", cloud_address=address, pki_dir=fault_pki, settle_delay_s=6.0, extra=patient
-    )
+    a = fleet.host("a", settle_delay_s=6.0, extra=patient)
     ops = None
     try:
         await wait_serving(address, fault_pki)
