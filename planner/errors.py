@@ -168,9 +168,10 @@ class PlannerRejected(PlannerError):
 
 class PlannerParameterRejected(PlannerRejected):
     """The provider refused a parameter of the request, not its conversation (OpenAI 400
-    `unsupported_parameter` / `unsupported_value`: an effort level, reasoning summaries for an
-    organisation not verified). Only the settings change what is sent, so a session does not
-    start afresh over it: that would condense it for good and be refused the same way."""
+    `unsupported_parameter` / `unsupported_value`, also as an error inside a stream that had
+    started: an effort level, reasoning summaries for an organisation not verified). Only the
+    settings change what is sent, so a session does not start afresh over it: that would
+    condense it for good and be refused the same way."""
 
 
 class PlannerContextExceeded(PlannerRejected):

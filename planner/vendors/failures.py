@@ -138,7 +138,8 @@ _CONTEXT_WORDS = (
     "input tokens exceed the configured limit",
 )
 #: OpenAI's codes for a request parameter the model or the organisation does not take (the
-#: error's `param` names it): `PlannerParameterRejected`.
+#: error's `param` names it): `PlannerParameterRejected`, also inside a stream that had started
+#: (there neither transient nor a reason to start a session afresh).
 _PARAMETER_CODES = frozenset({"unsupported_parameter", "unsupported_value"})
 _INVALID_CODES = frozenset(
     {
@@ -211,6 +212,8 @@ def planner_error(err: BaseException, vendor: str, *, retries: int) -> PlannerEr
             f"context window ({detail})"
         )
     if mid_stream:
+        if codes & _PARAMETER_CODES:  # before the invalid-request type it comes with
+            return PlannerParameterRejected(f"planner: {label} rejected the request ({detail})")
         if codes & _RATE_CODES:
             return PlannerRateLimited(f"planner: {label} rate limit hit mid-stream ({detail})")
         if codes & _INVALID_CODES:

@@ -21,6 +21,7 @@ from planner.errors import (
     PlannerConfigError,
     PlannerContextExceeded,
     PlannerError,
+    PlannerParameterRejected,
     PlannerRateLimited,
     PlannerRejected,
     PlannerTransient,
@@ -562,6 +563,8 @@ async def test_an_answer_cut_off_before_its_call_is_told_so_not_that_it_called_n
         ("rate_limit_exceeded", PlannerRateLimited),
         ("context_length_exceeded", PlannerRejected),
         ("invalid_api_key", PlannerAuthError),
+        ("unsupported_value", PlannerParameterRejected),
+        ("unsupported_parameter", PlannerParameterRejected),
     ],
 )
 async def test_a_responses_stream_error_is_classified_by_its_code(
@@ -569,7 +572,9 @@ async def test_a_responses_stream_error_is_classified_by_its_code(
 ) -> None:
     """The live API nests the error event's fields (`{"type": "error", "error": {…}}`), which
     the SDK raises as an APIError without a status; that used to be a bare PlannerError, so a
-    mid-stream overload or rate limit failed the task instead of waiting."""
+    mid-stream overload or rate limit failed the task instead of waiting. A parameter the
+    model refuses (`unsupported_*`) was waited out as "unavailable" (flat) or started the
+    session afresh (nested); only the settings change it: the step fails, the session kept."""
     server.responses.error_event_shape = shape  # type: ignore[assignment]
     server.responses_script.extend(
         [
@@ -586,8 +591,9 @@ async def test_a_responses_stream_error_is_classified_by_its_code(
     with pytest.raises(error, match=code if error is not PlannerAuthError else "API key") as info:
         await planner.decide("screen 1")
     assert type(info.value) is error
-    if issubclass(error, PlannerTransient):
-        assert (await planner.decide("screen 1")).tool_name == "press_key"
+    if issubclass(error, PlannerTransient | PlannerParameterRejected):
+        decision = await planner.decide("screen 1")
+        assert decision.tool_name == "press_key" and not decision.extra.get("started_afresh")
 
 
 async def test_a_failed_responses_stream_the_session_starts_afresh_over_still_counts(

@@ -37,7 +37,10 @@ from tests.support.fakes.rules import rules_for
 from tests.support.fakes.server import BAD_KEY, Answer, Rejected, Reply
 
 _ids = itertools.count(1)
-_INVALID_STREAM_CODES = frozenset({"context_length_exceeded", "invalid_prompt"})
+#: Codes whose nested `error` event says `invalid_request_error` (the rest: `server_error`).
+_INVALID_STREAM_CODES = frozenset(
+    {"context_length_exceeded", "invalid_prompt", "unsupported_parameter", "unsupported_value"}
+)
 
 
 # --- Chat Completions builders ---------------------------------------------------------------
