@@ -65,26 +65,26 @@ def take_billed(err: BaseException) -> Billed | None:
     return billed
 
 
-#: The `error` a cut-off streamed call is counted with (`cut_off_label`), in the failed-calls
-#: record.
+#: The `error` a call whose stream was cut off is counted with (`cut_off_label`), in the
+#: failed-calls record.
 CUT_OFF = "StreamCutOff"
 
 
-def carry_cut_off(err: BaseException, cut_off: Billed, *, streamed: bool = True) -> None:
+def carry_cut_off(err: BaseException, cut_off: Billed, *, failed: bool = False) -> None:
     """Carry on the error of a call that ended before its answer did what the provider
-    reported of it by then: a streamed call (the `asyncio.CancelledError` of a hang-up, or the
-    `PlannerError` of a stream the provider broke off), or one not streamed that the provider
-    answered as failed (OpenAI's `status: "failed"`, usage and all). A call that stops early
-    stops the answer, not the bill for the input it read."""
+    reported of it by then: a stream cut off (the `asyncio.CancelledError` of a hang-up, or the
+    `PlannerError` of a stream the provider broke off), or, `failed`, a response the provider
+    answered as failed (OpenAI's `status: "failed"`, usage and all, streamed or not). A call
+    that stops early stops the answer, not the bill for the input it read."""
     err.cut_off = cut_off  # type: ignore[attr-defined]  # CancelledError has no such field
-    err.cut_off_streamed = streamed  # type: ignore[attr-defined]  # likewise
+    err.cut_off_failed = failed  # type: ignore[attr-defined]  # likewise
 
 
 def cut_off_label(err: BaseException) -> str:
-    """The `error` what `err` carries (`carry_cut_off`) is counted with: `CUT_OFF` for a stream,
-    else the error's class, as for the answered calls (`take_billed`): a call not streamed was
-    never cut off, it failed."""
-    return CUT_OFF if getattr(err, "cut_off_streamed", True) else type(err).__name__
+    """The `error` what `err` carries (`carry_cut_off`) is counted with: `CUT_OFF` for a stream
+    cut off, else the error's class, as for the answered calls (`take_billed`): a response that
+    failed was never cut off, the provider ended it."""
+    return type(err).__name__ if getattr(err, "cut_off_failed", False) else CUT_OFF
 
 
 def cut_off_of(err: BaseException) -> Billed | None:

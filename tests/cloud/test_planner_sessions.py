@@ -565,9 +565,12 @@ async def test_a_responses_stream_that_failed_counts_the_usage_it_reported(
     db_url: str,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """A Responses stream that ends `response.failed` fails the Decide UNAVAILABLE; the failed
-    response carries the usage OpenAI billed, counted once as a cut-off call (`StreamCutOff`).
-    OpenAI reports usage in no other event: a stream cut off before its end counts nothing."""
+    """A Responses stream that ends `response.failed` fails the Decide UNAVAILABLE with the
+    provider's error; the failed response carries the usage OpenAI billed, counted once under
+    the error's class, as the same failure not streamed is. It was counted as a cut-off call
+    (`StreamCutOff`) and told as "stream broke off": the stream ended as the API ends one, with
+    its terminal event. OpenAI reports usage in no other event: a stream cut off before its end
+    counts nothing."""
     monkeypatch.setenv("AMC_PLANNER_PROVIDER", "openai")
     monkeypatch.setenv("AMC_PLANNER_OPENAI_API_KEY", "sk-test")
     monkeypatch.setenv("AMC_PLANNER_OPENAI_BASE_URL", model.openai_base_url)
@@ -593,6 +596,7 @@ async def test_a_responses_stream_that_failed_counts_the_usage_it_reported(
             code, details = await _code(leased.stub.Decide(leased.request()))
             assert code == grpc.StatusCode.UNAVAILABLE
             assert "The model failed to finish." in details
+            assert "server_error" in details and "broke off" not in details
             get = task_service_pb2.GetTaskRequest(task_id=leased.task.task_id)
             totals = (await tasks_stub(leased.ops).GetTask(get)).task.totals.usage
     store = Store.from_url(db_url)
@@ -602,7 +606,7 @@ async def test_a_responses_stream_that_failed_counts_the_usage_it_reported(
     finally:
         await store.close()
     assert [(r.error, r.input_tokens, r.output_tokens) for r in rows] == [
-        ("StreamCutOff", 500, 300)
+        ("PlannerUnavailable", 500, 300)
     ]
     assert (totals.input_tokens, totals.cache_read_input_tokens, totals.output_tokens) == (
         500,

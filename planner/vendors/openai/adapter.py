@@ -152,12 +152,13 @@ class OpenAIAdapter:
                 raise planner_error(failed, self.name, retries=self.retries) from None
         except (asyncio.CancelledError, PlannerError) as err:
             # A response that failed (`response.failed`, or `status: "failed"` not streamed)
-            # may say what it cost: billed all the same.
+            # may say what it cost: billed all the same, and counted as failed, not cut off
+            # (only a failed response reports usage).
             reported = acc.reported()
             if reported is not None:
                 model, usage = reported
                 billed = Billed(self.name, model or self._model, responses.usage_from(usage))
-                carry_cut_off(err, billed, streamed=request.stream)
+                carry_cut_off(err, billed, failed=True)
             raise
         return Turn(
             turn_id=str(response.get("id") or ""),

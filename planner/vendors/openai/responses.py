@@ -191,18 +191,15 @@ class ResponsesStreamAccumulator:
                 str(error.get("code") or error.get("type") or "") or None,
             )
         elif kind == "response.failed":
-            self._failed = dict(data.get("response") or {})
-            error = self._failed.get("error") or {}
-            raise StreamError(
-                f"the Responses stream failed: {error.get('message') or data}",
-                str(error.get("code") or "") or None,
-            )
+            # The stream ended as the API ends one: a response that failed, as `check` reads
+            # one not streamed, not a stream cut off.
+            self.check(dict(data.get("response") or {}) | {"status": "failed"})
 
     def check(self, response: Mapping[str, Any]) -> None:
-        """Raise `FailedResponse` for a response (not streamed) that says it failed: OpenAI
-        answers one with HTTP 200 and `status: "failed"` (what ends a stream as
-        `response.failed`), and its output may hold a function call the model never finished.
-        What it reports of its usage is kept, as for a failed stream (`reported`)."""
+        """Raise `FailedResponse` for a response that says it failed: OpenAI answers one with
+        HTTP 200 and `status: "failed"`, or ends a stream with it (`response.failed`), and its
+        output may hold a function call the model never finished. What it reports of its usage
+        is kept (`reported`)."""
         if response.get("status") != "failed":
             return
         self._failed = dict(response)
