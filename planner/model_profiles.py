@@ -75,7 +75,8 @@ class ModelProfile:
       only the model's text, see `text_as_thinking`).
     - `readable_thinking`: what a readable thinking block is on this model (a summary on
       Claude 4 and later; OpenAI summaries) — recorded as the decision's thinking kind.
-    - `efforts`: accepted effort levels; `beta_headers`: per thinking mode.
+    - `efforts`: accepted effort levels, with adaptive or budget thinking (Anthropic sends the
+      effort beside the budget: the API applies both); `beta_headers`: per thinking mode.
     - `default_effort`: OpenAI — the reasoning effort asked for when `AMC_PLANNER_EFFORT` is
       not set (one of `efforts`: gpt-5-pro takes `high` only).
     - `reasoning`: OpenAI only — accepts `reasoning` / `reasoning_effort`.
@@ -167,19 +168,28 @@ _GPT_5 = ModelProfile(
     max_output_tokens=100000,
 )
 
+# Claude Sonnet 4.5, Haiku 4.5 and the Claude 4 models before them: budget thinking only, and
+# no effort ("This model does not support the effort parameter.", anthropics/claude-code#30795).
+_CLAUDE_BUDGET = ModelProfile(
+    "claude-budget",
+    "anthropic",
+    frozenset({"budget"}),
+    display_default="summarized",
+    efforts=frozenset(),
+    beta_headers=_BUDGET,
+    max_output_tokens=64000,
+    prompt_cache=True,
+)
+
 PROFILES: dict[str, ModelProfile] = {
     p.name: p
     for p in (
-        # Claude Sonnet 4.5, Opus 4.5, Haiku 4.5 and the Claude 4 models before them.
-        ModelProfile(
-            "claude-budget",
-            "anthropic",
-            frozenset({"budget"}),
-            display_default="summarized",
-            efforts=frozenset(),
-            beta_headers=_BUDGET,
-            max_output_tokens=64000,
-            prompt_cache=True,
+        _CLAUDE_BUDGET,
+        # Claude Opus 4.5: as those, and it takes an effort, low to high (the effort page:
+        # "supported by Claude Opus 4.6 and Claude Opus 4.5", `max` only from Opus 4.6), which
+        # the API applies with the thinking budget (effort governs every output token).
+        replace(
+            _CLAUDE_BUDGET, name="claude-opus-4.5", efforts=frozenset({"low", "medium", "high"})
         ),
         # Claude Sonnet 4.6 and Opus 4.6: adaptive (recommended) or the deprecated budget form;
         # `{type: disabled}` is accepted and said explicitly. Both write up to 128K output
@@ -342,7 +352,7 @@ PROFILES: dict[str, ModelProfile] = {
 #: only at a boundary of the name (`planner/model_names.py`: gpt-5.1 is no row of gpt-5.10).
 FAMILIES: dict[str, str] = {
     "claude-sonnet-4-5": "claude-budget",
-    "claude-opus-4-5": "claude-budget",
+    "claude-opus-4-5": "claude-opus-4.5",
     "claude-haiku-4-5": "claude-budget",
     "claude-opus-4-1": "claude-budget",
     "claude-opus-4-0": "claude-budget",
@@ -492,7 +502,7 @@ def check(profile: ModelProfile, settings: PlannerSettings) -> None:
         raise PlannerConfigError(
             f"{who} does not take {mode} thinking: set AMC_PLANNER_THINKING={takes}"
         )
-    if mode == "adaptive" and settings.effort and settings.effort not in profile.efforts:
+    if mode != "off" and settings.effort and settings.effort not in profile.efforts:
         levels = ", ".join(sorted(profile.efforts)) or "no effort level"
         raise PlannerConfigError(
             f"{who} does not take effort {settings.effort!r} (it takes: {levels}): "

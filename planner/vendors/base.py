@@ -65,8 +65,9 @@ def live_blocks(sink: ThinkingSink | LiveBlocks | None) -> LiveBlocks:
 class ThinkingConfig:
     """Reasoning as configured, vendor-neutral.
 
-    Anthropic: `adaptive` sends `thinking: {type: adaptive}` (+ `output_config.effort`), `budget`
-    sends `thinking: {type: enabled, budget_tokens}` with the interleaved-thinking beta header.
+    Anthropic: `adaptive` sends `thinking: {type: adaptive}`, `budget` sends `thinking: {type:
+    enabled, budget_tokens}` with the interleaved-thinking beta header, each with
+    `output_config.effort` when an effort is set.
     OpenAI Responses: any mode but `off` sends `reasoning: {effort, summary: auto}`, without
     `summary` when `summaries` is False (an organisation OpenAI has not verified gets a 400 for
     asking for reasoning summaries).

@@ -24,7 +24,7 @@ def settings(**values: Any) -> PlannerSettings:
     ("model", "vendor", "profile"),
     [
         ("claude-sonnet-4-5", "anthropic", "claude-budget"),
-        ("claude-opus-4-5-20251101", "anthropic", "claude-budget"),
+        ("claude-opus-4-5-20251101", "anthropic", "claude-opus-4.5"),
         ("claude-sonnet-4-6", "anthropic", "claude-4.6"),
         ("claude-opus-4-6", "anthropic", "claude-4.6"),
         ("claude-opus-4-7", "anthropic", "claude-adaptive-only"),
@@ -188,6 +188,18 @@ def test_an_operator_names_the_profile_of_a_model_the_table_does_not_know() -> N
             {"model": "claude-sonnet-4-5", "max_tokens": 20000, "thinking_budget_tokens": 20000},
             None,
         ),
+        # Budget thinking with an effort: the API applies both, on the models that take effort
+        # (Sonnet 4.5 answers any effort "This model does not support the effort parameter.",
+        # Opus 4.5 takes low to high, `max` only from 4.6).
+        (
+            {"model": "claude-sonnet-4-5", "thinking_budget_tokens": 2048, "effort": "low"},
+            "does not take effort 'low' \\(it takes: no effort level\\)",
+        ),
+        (
+            {"model": "claude-opus-4-5", "thinking_budget_tokens": 2048, "effort": "max"},
+            "does not take effort 'max'",
+        ),
+        ({"model": "claude-opus-4-5", "thinking_budget_tokens": 2048, "effort": "low"}, None),
         (
             {"provider": "openai", "model": "gpt-4.1-mini", "thinking": "adaptive"},
             "gpt-4.1-mini \\(profile gpt-4.1\\) does not reason: set AMC_PLANNER_THINKING=off",

@@ -2,11 +2,11 @@
 
 Both planning modes build their requests here, from the model's profile
 (`planner/model_profiles.py`), so a thinking rule, a header or a token floor lands once: `adaptive`
-thinking (with an optional effort in `output_config`, and `display: summarized` where the model
-omits thinking text by default) or `budget` (`enabled` + `budget_tokens`, max_tokens above the
-budget, the profile's beta header; adaptive thinking gets at least THINKING_MAX_TOKENS, as
-thinking counts toward max_tokens). A forced tool choice (the forced retry) never carries
-thinking: the API rejects thinking with a forced tool choice.
+thinking (with `display: summarized` where the model omits thinking text by default; at least
+THINKING_MAX_TOKENS, as thinking counts toward max_tokens) or `budget` (`enabled` +
+`budget_tokens`, max_tokens above the budget, the profile's beta header), either with the
+configured effort in `output_config` (beside a budget the API applies both). A forced tool choice
+(the forced retry) never carries thinking: the API rejects thinking with a forced tool choice.
 """
 
 from __future__ import annotations
@@ -83,11 +83,11 @@ def request_params(
     elif mode == "adaptive":
         config = {"type": "adaptive"}
         params["max_tokens"] = max(max_tokens, THINKING_MAX_TOKENS)
-        if thinking.effort:
-            params["output_config"] = {"effort": thinking.effort}
     elif profile.thinking_off != "omit":
         params["thinking"] = {"type": profile.thinking_off}
     if config is not None:
+        if thinking.effort:  # with a budget too: the budget caps thinking, effort all output
+            params["output_config"] = {"effort": thinking.effort}
         if profile.visible_display is not None:
             config["display"] = profile.visible_display
         params["thinking"] = config

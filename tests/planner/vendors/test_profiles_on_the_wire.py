@@ -338,6 +338,28 @@ async def test_opus_48_is_asked_for_summarized_thinking(fake_server: FakeModelSe
     assert decision.thinking_kind == "summarized"
 
 
+async def test_budget_thinking_carries_the_configured_effort(
+    fake_server: FakeModelServer,
+) -> None:
+    """AMC_PLANNER_EFFORT was dropped, without a word, when thinking was `budget`: the model
+    ran at its default effort (high). The API applies both (effort governs every output token,
+    text and tool calls too; the budget caps the thinking), so both are sent."""
+    fake_server.script_anthropic(anthropic_message(thinking("Display."), tool_use("tap", TAP)))
+    await decide(
+        make(
+            fake_server,
+            model="claude-sonnet-4-6",
+            thinking="budget",
+            thinking_budget_tokens=2048,
+            effort="low",
+        )
+    )
+    (sent,) = fake_server.requests
+    assert sent.status == 200, sent.error
+    assert sent.body["thinking"] == {"type": "enabled", "budget_tokens": 2048}
+    assert sent.body["output_config"] == {"effort": "low"}
+
+
 async def test_claude_46_forced_retry_says_thinking_disabled(fake_server: FakeModelServer) -> None:
     fake_server.script_anthropic(
         anthropic_message(thinking("hm"), text("Display.")),

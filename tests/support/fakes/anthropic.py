@@ -63,6 +63,8 @@ FORCED_TOOL_UNSUPPORTED = (
     "tool_choice.type: forced tool use is not supported for this model; use tool_choice auto"
 )
 DISPLAY_UPDATES_BETA = "thinking-display-updates-2026-08-18"
+# The API's words for any effort sent to a model without one (anthropics/claude-code#30795).
+NO_EFFORT = "This model does not support the effort parameter."
 DISABLED_THINKING_UNSUPPORTED = (
     "thinking.type.disabled is not supported for this model. Use thinking.type.adaptive and "
     "output_config.effort to control thinking behavior."
@@ -618,6 +620,8 @@ class MessagesFake:
             if max_tokens <= budget:
                 raise _bad(MAX_TOKENS_NOT_ABOVE_BUDGET)
         effort = (body.get("output_config") or {}).get("effort")
+        if effort is not None and not rules.efforts:
+            raise _bad(NO_EFFORT)
         if effort is not None and effort not in rules.efforts:
             raise _bad(
                 "output_config.effort: Input should be "

@@ -70,7 +70,8 @@ class ModelRules:
 
 LENIENT = ModelRules()
 
-_BUDGET_ONLY = ModelRules(thinking_types=frozenset({"enabled", "disabled"}))
+# Sonnet 4.5: no effort at all ("This model does not support the effort parameter.").
+_BUDGET_ONLY = ModelRules(thinking_types=frozenset({"enabled", "disabled"}), efforts=frozenset())
 _CLAUDE_46 = ModelRules(efforts=CLAUDE_46_EFFORTS)
 _ADAPTIVE_ONLY = ModelRules(
     thinking_types=frozenset({"adaptive"}),
@@ -110,8 +111,11 @@ _GPT_54 = ModelRules(efforts=_GPT_52_EFFORTS, chat_tools_effort="omitted")
 
 MODELS: dict[str, ModelRules] = {
     "claude-sonnet-4-5": _BUDGET_ONLY,
+    # Opus 4.5: effort low to high (`max` from Opus 4.6), with or without thinking.
     "claude-opus-4-5": ModelRules(
-        thinking_types=frozenset({"enabled", "disabled"}), min_cache_tokens=4096
+        thinking_types=frozenset({"enabled", "disabled"}),
+        efforts=frozenset({"low", "medium", "high"}),
+        min_cache_tokens=4096,
     ),
     "claude-sonnet-4-6": _CLAUDE_46,
     "claude-opus-4-6": ModelRules(efforts=CLAUDE_46_EFFORTS, min_cache_tokens=4096),
