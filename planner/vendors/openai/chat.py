@@ -191,15 +191,17 @@ def stop_reason(completion: Mapping[str, Any]) -> str | None:
 
 
 def usage_from(usage: Mapping[str, Any] | None) -> Usage:
-    """Chat usage counts cached prompt tokens inside `prompt_tokens`: they are reported apart."""
+    """Chat usage counts the prompt tokens read from the cache and those written to it inside
+    `prompt_tokens`: they are reported apart, so each is priced once."""
     u = usage or {}
     prompt = u.get("prompt_tokens_details") or {}
     completion = u.get("completion_tokens_details") or {}
     cached = int(prompt.get("cached_tokens") or 0)
+    written = int(prompt.get("cache_write_tokens") or 0)
     return Usage(
-        input_tokens=int(u.get("prompt_tokens") or 0) - cached,
+        input_tokens=int(u.get("prompt_tokens") or 0) - cached - written,
         output_tokens=int(u.get("completion_tokens") or 0),
         cache_read_input_tokens=cached,
-        cache_creation_input_tokens=int(prompt.get("cache_write_tokens") or 0),
+        cache_creation_input_tokens=written,
         thinking_tokens=int(completion.get("reasoning_tokens") or 0),
     )

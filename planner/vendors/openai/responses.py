@@ -124,14 +124,18 @@ def refusal(response: Mapping[str, Any]) -> str | None:
 
 def usage_from(usage: Mapping[str, Any] | None) -> Usage:
     u = usage or {}
-    cached = (u.get("input_tokens_details") or {}).get("cached_tokens") or 0
+    details = u.get("input_tokens_details") or {}
+    cached = int(details.get("cached_tokens") or 0)
+    written = int(details.get("cache_write_tokens") or 0)
     reasoning = (u.get("output_tokens_details") or {}).get("reasoning_tokens") or 0
-    # Responses counts cached tokens inside `input_tokens`: they are reported apart (as Chat's
-    # usage is, and Anthropic's), so each input token is priced once, at its own rate.
+    # Responses counts the tokens read from the cache and those written to it (billed at their
+    # own rates from GPT-5.6 on) inside `input_tokens`: they are reported apart (as Anthropic's
+    # usage is), so each input token is priced once, at its own rate.
     return Usage(
-        input_tokens=int(u.get("input_tokens") or 0) - int(cached),
+        input_tokens=int(u.get("input_tokens") or 0) - cached - written,
         output_tokens=int(u.get("output_tokens") or 0),
-        cache_read_input_tokens=int(cached),
+        cache_read_input_tokens=cached,
+        cache_creation_input_tokens=written,
         thinking_tokens=int(reasoning),
     )
 

@@ -27,6 +27,8 @@ from tests.support.fakes import (
     anthropic_error,
     anthropic_message,
     chat_completion,
+    function_call,
+    openai_tool_call,
     text,
     tool_use,
 )
@@ -150,6 +152,43 @@ async def test_openai_chat_answers_without_a_call_carry_their_cost(
     u = err.billed.usage
     assert (u.input_tokens, u.cache_read_input_tokens, u.output_tokens) == (1200, 800, 400)
     assert u.cost_usd > 0
+
+
+async def test_openai_cache_writes_are_priced_once_at_the_write_rate(
+    fake_server: FakeModelServer,
+) -> None:
+    """OpenAI counts the prompt tokens it wrote to the cache (`cache_write_tokens`, billed at
+    1.25x input from GPT-5.6 on) inside the input total, as it does the cached ones. Responses
+    left them out (priced as plain input: gpt-5.6's spend under-counted), Chat Completions
+    added them on top (priced twice, as input and as writes)."""
+    fake_server.script_responses(
+        ScriptedTurn(
+            [function_call("tap", TAP)],
+            usage={
+                "input_tokens": 18014,
+                "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 18011},
+                "output_tokens": 20,
+                "output_tokens_details": {"reasoning_tokens": 0},
+            },
+        )
+    )
+    fake_server.script_openai(
+        chat_completion(None, openai_tool_call("tap", TAP), prompt_tokens=2600,
+                        cached_tokens=2000, cache_write_tokens=400, model="gpt-4.1-mini")
+    )  # fmt: skip
+    for model in ("gpt-5.6", "gpt-4.1-mini"):
+        planner = _planner(fake_server, "openai", model)
+        try:
+            decision = await planner.decide("Turn on dark theme", settings_main())
+        finally:
+            await planner.aclose()
+        u = decision.usage
+        sent = (u.input_tokens, u.cache_read_input_tokens, u.cache_creation_input_tokens)
+        if model == "gpt-5.6":  # $4 input, $20 output, $5 cache write per million
+            assert sent == (3, 0, 18011)
+            assert u.cost_usd == pytest.approx((3 * 4.0 + 20 * 20.0 + 18011 * 5.0) / 1e6)
+        else:
+            assert sent == (200, 2000, 400)
 
 
 async def test_the_call_observer_hears_what_a_broken_stream_reported(

@@ -70,6 +70,7 @@ def chat_completion(
     completion_tokens: int = 30,
     cached_tokens: int = 0,
     reasoning_tokens: int = 0,
+    cache_write_tokens: int = 0,
 ) -> Reply:
     message: dict[str, Any] = {"role": "assistant", "content": content, "refusal": refusal}
     if tool_calls:
@@ -95,7 +96,10 @@ def chat_completion(
                 "prompt_tokens": prompt_tokens,
                 "completion_tokens": completion_tokens,
                 "total_tokens": prompt_tokens + completion_tokens,
-                "prompt_tokens_details": {"cached_tokens": cached_tokens},
+                "prompt_tokens_details": {
+                    "cached_tokens": cached_tokens,
+                    "cache_write_tokens": cache_write_tokens,
+                },
                 "completion_tokens_details": {"reasoning_tokens": reasoning_tokens},
             },
         },
@@ -518,7 +522,7 @@ class ResponsesFake:
             "top_p": 1.0,
             "usage": {
                 "input_tokens": input_tokens,
-                "input_tokens_details": {"cached_tokens": 0},
+                "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
                 "output_tokens": 20 + reasoning_tokens,
                 "output_tokens_details": {"reasoning_tokens": reasoning_tokens},
                 "total_tokens": input_tokens + 20 + reasoning_tokens,
