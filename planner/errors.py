@@ -185,7 +185,8 @@ class PlannerContextExceeded(PlannerRejected):
 
 class PlannerRefused(PlannerError):
     """The model declined to answer (Anthropic `stop_reason: "refusal"`, an OpenAI refusal), or
-    OpenAI's content filter stopped the answer (`content_filter`). `str(err)` names the
+    OpenAI's content filter or a policy stopped the answer (`content_filter`, a response failed
+    with `bio_policy` or the like). `str(err)` names the
     provider's category and explanation, the refusal text, or the content filter. Asking
     again unchanged gets the same (Anthropic: "continuing without resetting will result in
     continued refusals"), so it is never retried: the attempt fails with the reason, and a

@@ -38,6 +38,7 @@ from planner.errors import (
     PlannerError,
     PlannerParameterRejected,
     PlannerRateLimited,
+    PlannerRefused,
     PlannerRejected,
     PlannerUnavailable,
 )
@@ -141,6 +142,9 @@ _CONTEXT_WORDS = (
 #: error's `param` names it): `PlannerParameterRejected`, also inside a stream that had started
 #: (there neither transient nor a reason to start a session afresh).
 _PARAMETER_CODES = frozenset({"unsupported_parameter", "unsupported_value"})
+#: What in the request cannot be answered, also as the code of a Responses answer that failed
+#: (`status: "failed"`, `response.failed`: the screenshot it was sent, the data region it asked
+#: for; openai-python's `ResponseError.code`): asked again unchanged, refused the same.
 _INVALID_CODES = frozenset(
     {
         "invalid_request_error",
@@ -149,7 +153,26 @@ _INVALID_CODES = frozenset(
         "invalid_prompt",
         "context_length_exceeded",
         "model_not_found",
+        "data_residency_mismatch",
+        "invalid_image",
+        "invalid_image_format",
+        "invalid_base64_image",
+        "invalid_image_url",
+        "image_too_large",
+        "image_too_small",
+        "image_parse_error",
+        "invalid_image_mode",
+        "image_file_too_large",
+        "unsupported_image_media_type",
+        "empty_image_file",
+        "failed_to_download_image",
+        "image_file_not_found",
     }
+)
+#: The codes of a Responses answer a policy stopped: a refusal (`PlannerRefused`), never asked
+#: again.
+_POLICY_CODES = frozenset(
+    {"bio_policy", "misalignment_policy_violation", "image_content_policy_violation"}
 )
 
 
@@ -170,8 +193,9 @@ def planner_error(err: BaseException, vendor: str, *, retries: int) -> PlannerEr
     that had started — with the stream's status 200 or, as the OpenAI SDK raises the live
     API's nested error event, with none — a broken stream, a connection failure), the
     credentials refused (401, 403, billing or quota, whatever the status says), or an invalid
-    request (other 4xx, or an invalid-request code mid-stream; one over the context window is
-    `PlannerContextExceeded`).
+    request (other 4xx, or an invalid-request code mid-stream or in a failed response; one over
+    the context window is `PlannerContextExceeded`). A response a policy stopped is
+    `PlannerRefused`.
 
     `vendor` is the adapter name ("anthropic", "openai") or its label ("Anthropic", "OpenAI").
     """
@@ -212,13 +236,15 @@ def planner_error(err: BaseException, vendor: str, *, retries: int) -> PlannerEr
             f"context window ({detail})"
         )
     if mid_stream:
+        kind = "/".join(sorted(codes)) or "error"
+        if codes & _POLICY_CODES:
+            return PlannerRefused(f"planner: {label} refused to answer ({kind}: {detail})")
         if codes & _PARAMETER_CODES:  # before the invalid-request type it comes with
             return PlannerParameterRejected(f"planner: {label} rejected the request ({detail})")
         if codes & _RATE_CODES:
             return PlannerRateLimited(f"planner: {label} rate limit hit mid-stream ({detail})")
         if codes & _INVALID_CODES:
-            return PlannerRejected(f"planner: {label} rejected the request ({detail})")
-        kind = "/".join(sorted(codes)) or "error"
+            return PlannerRejected(f"planner: {label} rejected the request ({kind}: {detail})")
         if isinstance(err, FailedResponse):
             return PlannerUnavailable(
                 f"planner: {label} answered that it failed ({kind}: {detail})"

@@ -10,7 +10,15 @@ from typing import Any
 
 import pytest
 
-from planner.errors import PlannerAuthError, PlannerRateLimited, PlannerUnavailable, cut_off_of
+from planner.errors import (
+    PlannerAuthError,
+    PlannerError,
+    PlannerRateLimited,
+    PlannerRefused,
+    PlannerRejected,
+    PlannerUnavailable,
+    cut_off_of,
+)
 from planner.model_profiles import profile_for
 from planner.planner import Planner
 from planner.settings import THINKING_MAX_TOKENS, PlannerSettings
@@ -402,6 +410,37 @@ async def test_a_response_that_failed_is_no_answer_and_its_call_is_never_execute
     assert reported is not None
     assert (reported.usage.input_tokens, reported.usage.output_tokens) == (900, 60)
     assert len(fake_server.requests) == 1
+
+
+@pytest.mark.parametrize(
+    ("code", "error"),
+    [
+        ("image_too_large", PlannerRejected),
+        ("invalid_image_format", PlannerRejected),
+        ("data_residency_mismatch", PlannerRejected),
+        ("bio_policy", PlannerRefused),
+        ("misalignment_policy_violation", PlannerRefused),
+        ("vector_store_timeout", PlannerUnavailable),
+    ],
+)
+async def test_a_response_that_failed_for_its_request_is_not_waited_out(
+    fake_server: FakeModelServer, code: str, error: type[PlannerError]
+) -> None:
+    """A failed response names why (`error.code`): most of its codes say what in the request
+    cannot be answered (the screenshot it was sent, the region it asked for) or that a policy
+    stopped it. Every code but the known ones fell to "OpenAI answered that it failed": planning
+    temporarily impossible, so the host waited and asked again with the same screenshot, for
+    ever. The request's own codes fail the decision; a policy's is a refusal."""
+    fake_server.script_responses(
+        ScriptedTurn(
+            [reasoning("Display holds it"), function_call("tap", TAP)],
+            fail=(code, "The response could not be completed."),
+            failed_event=True,
+        )
+    )
+    with pytest.raises(PlannerError, match=code) as caught:
+        await decide(make(fake_server, model="gpt-5", thinking="adaptive"))
+    assert type(caught.value) is error
 
 
 async def test_gpt5_compact_correction_sends_the_encrypted_reasoning_back(
