@@ -185,6 +185,9 @@ PROFILES: dict[str, ModelProfile] = {
     p.name: p
     for p in (
         _CLAUDE_BUDGET,
+        # Claude Opus 4 and 4.1: as those, writing at most 32K output tokens (their model pages:
+        # "Max output: 32K tokens"; the other Claude 4 models write 64K).
+        replace(_CLAUDE_BUDGET, name="claude-opus-4", max_output_tokens=32000),
         # Claude Opus 4.5: as those, and it takes an effort, low to high (the effort page:
         # "supported by Claude Opus 4.6 and Claude Opus 4.5", `max` only from Opus 4.6), which
         # the API applies with the thinking budget (effort governs every output token).
@@ -354,8 +357,8 @@ FAMILIES: dict[str, str] = {
     "claude-sonnet-4-5": "claude-budget",
     "claude-opus-4-5": "claude-opus-4.5",
     "claude-haiku-4-5": "claude-budget",
-    "claude-opus-4-1": "claude-budget",
-    "claude-opus-4-0": "claude-budget",
+    "claude-opus-4-1": "claude-opus-4",
+    "claude-opus-4-0": "claude-opus-4",
     "claude-sonnet-4-0": "claude-budget",
     "claude-3-7-sonnet": "claude-budget",
     "claude-sonnet-4-6": "claude-4.6",

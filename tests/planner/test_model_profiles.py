@@ -95,7 +95,7 @@ def test_models_map_to_their_family(model: str, vendor: Any, profile: str) -> No
         ("claude-mythos2", "anthropic", "anthropic-unknown"),
         # A Claude version is read as a version: 4-10 is after 4-8, not 4-1.
         ("claude-opus-4-10", "anthropic", "claude-adaptive-only"),
-        ("claude-opus-4-1-20250805", "anthropic", "claude-budget"),
+        ("claude-opus-4-1-20250805", "anthropic", "claude-opus-4"),
     ],
 )
 def test_a_model_id_matches_a_row_only_at_a_boundary(model: str, vendor: Any, profile: str) -> None:
@@ -150,6 +150,10 @@ def test_what_the_families_take() -> None:
         ("claude-opus-5-5", 128000),
         ("claude-sonnet-5-5", 128000),
         ("claude-fable-5-1", 128000),
+        # Retired, still in the table: Opus 4 and 4.1 write 32K.
+        ("claude-opus-4-1-20250805", 32000),
+        ("claude-opus-4-20250514", 32000),
+        ("claude-sonnet-4-20250514", 64000),
     ],
 )
 def test_each_claude_model_has_its_documented_output_limit(model: str, limit: int) -> None:
