@@ -12,9 +12,10 @@ Real tools produce dumps a strict XML parser refuses; each fix here is for one o
   references (`&#55357;&#56832;`): the pair is joined into one character first.
 * Some dumpers declare `encoding="utf-16"` over a UTF-8 body: the declaration is dropped and
   the text, already decoded by the driver, is parsed as it is.
-* Some ROMs' and apps' dumpers write `&` and `<` in texts unescaped ("Network & internet"),
-  which no XML parser reads: `repair_dump` escapes them, and only them, inside attribute
-  values (a dump's texts are all attributes), and says so; a well-formed dump has none.
+* Some ROMs' and apps' dumpers write `&`, `<` and `"` in texts unescaped ("Network &
+  internet", `Tap "Allow"`), which no XML parser reads: `repair_dump` escapes them, and only
+  them, inside attribute values (a dump's texts are all attributes), and says so; a
+  well-formed dump has none.
 """
 
 from __future__ import annotations
@@ -28,8 +29,19 @@ _INVALID_CHARS = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ud800-\udfff\ufffe\ufff
 _CHAR_REF = re.compile(r"&#(x[0-9A-Fa-f]+|[0-9]+);")
 # A `&` that starts no reference XML knows (its five entities, a character reference).
 _BARE_AMP = re.compile(r"&(?!(?:amp|lt|gt|quot|apos|#[0-9]+|#x[0-9A-Fa-f]+);)")
-# A double-quoted attribute value (every dumper quotes them so) holding a `<` or a `&`.
-_MARKUP_IN_VALUE = re.compile(r'="([^"<&]*[<&][^"]*)"')
+# What follows the `"` that ends an attribute value: another attribute, or the tag's end.
+_VALUE_END = r"""\s+[\w:.-]+=["']|\s*[/?]?>"""
+# A double-quoted attribute value (every dumper quotes them so): it ends at the first `"`
+# that another attribute or the tag's end follows, so a raw `"` inside a text stays in it.
+_VALUE = re.compile(rf'="([^"]*(?:"(?!{_VALUE_END})[^"]*)*)"(?={_VALUE_END})')
+# A value holding `<` or `&` (cheap to look for; `_VALUE` over a whole dump is not).
+_MARKUP_IN_VALUE = re.compile(r'="[^"<&]*[<&]')
+
+
+def _stray_quotes(text: str) -> bool:
+    """Whether some `"` neither opens nor ends a value: in a well-formed dump each `="` opens
+    one that one more `"` ends, and counting is far cheaper than matching every value."""
+    return text.count('"') != 2 * text.count('="')
 
 
 def _valid_code_point(cp: int) -> bool:
@@ -110,25 +122,35 @@ def clean_dump(text: str) -> str:
 
 
 def repair_dump(text: str) -> tuple[str, str]:
-    """`text` with the `&` and `<` its dumper left unescaped in attribute values escaped,
+    """`text` with the `&`, `<` and `"` its dumper left unescaped in attribute values escaped,
     and what was repaired ("" when nothing was: a well-formed dump has no such character).
 
     Bounded on purpose: only characters inside a double-quoted value change, so what a dump
-    says is kept as it was; a raw `"` inside a text cannot be told from the value's end and
-    is left to fail the parse (the look is then retried, and goes on without a tree)."""
-    count = 0
+    says is kept as it was. A raw `"` is told from the value's end by what follows it: the
+    end is followed by another attribute or the tag's end, a quote inside a text ("Tap
+    "Allow" to continue") is not; a text that itself reads like an attribute after a quote
+    (`a" b="c`) cannot be told apart and is cut there, as any reader would."""
+    if _MARKUP_IN_VALUE.search(text) is None and not _stray_quotes(text):
+        return text, ""
+    found = {"&": 0, "<": 0, '"': 0}
 
     def escape(m: re.Match[str]) -> str:
-        nonlocal count
-        value = _BARE_AMP.sub("&amp;", m.group(1))
-        count += value.count("&amp;") - m.group(1).count("&amp;") + value.count("<")
-        return '="' + value.replace("<", "&lt;") + '"'
+        raw = m.group(1)
+        if not any(c in raw for c in found):
+            return m.group(0)
+        value = _BARE_AMP.sub("&amp;", raw)
+        found["&"] += value.count("&amp;") - raw.count("&amp;")
+        found["<"] += value.count("<")
+        found['"'] += value.count('"')
+        return '="' + value.replace("<", "&lt;").replace('"', "&quot;") + '"'
 
-    repaired = _MARKUP_IN_VALUE.sub(escape, text)
+    repaired = _VALUE.sub(escape, text)
+    count = sum(found.values())
     if not count:
         return text, ""
+    named = "'&', '<' or '\"'" if found['"'] else "'&' or '<'"
     chars = "character" if count == 1 else "characters"
     return repaired, (
-        f"the dump was not well-formed XML: {count} unescaped '&' or '<' {chars} in its texts, "
+        f"the dump was not well-formed XML: {count} unescaped {named} {chars} in its texts, "
         "escaped to read it"
     )

@@ -23,6 +23,7 @@ from host.devices.screen_size import current_size, parse_rotation, parse_surface
 from host.devices.u2_driver import U2Driver
 from host.devices.virtual.adb_server import ThreadedAdbServer
 from host.devices.virtual.phone import DUMP_NPE_TRACE, VirtualPhone
+from host.devices.virtual.state import Note
 from host.perception.hierarchy import HierarchyError, parse_scene
 from host.perception.perceive import Perceiver
 from host.planner_client import DirectPlanner
@@ -655,3 +656,42 @@ def test_a_look_names_the_activity_in_front_as_the_node_host_does(
     assert scene.activity == d.current_window()
     assert scene.activity.startswith("com.android.settings/")
     assert observation_from_scene(scene).foreground_activity == scene.activity
+
+
+@pytest.mark.parametrize("driver", [AdbDriver, U2Driver])
+def test_a_dump_with_raw_quotes_in_its_texts_is_read_and_said_to_be_repaired(
+    adb: tuple[ThreadedAdbServer, VirtualPhone], driver: type[AdbDriver] | type[U2Driver]
+) -> None:
+    """The same OEM dumpers write a `"` in a text raw too (`text="Say "hi""`): the parse
+    failed at every try and the look went on without a tree, though the phone answered. A
+    quote that does not end the value (no attribute or tag end follows it) is now escaped."""
+    server, phone = adb
+    phone.unescaped_dumps = True
+    phone.state.notes.append(Note(title='Say "hi" & <wave>', body=""))
+    d = driver(SERIAL, port=server.port)
+    try:
+        d.launch_app("com.amc.notes")
+        scene = Perceiver(None, retries=2, retry_delay_s=0).perceive(d, with_ocr=False).scene
+    finally:
+        if isinstance(d, U2Driver):
+            d._reset()
+    assert not scene.tree_missing
+    assert any(e.text == 'Say "hi" & <wave>' for e in scene.elements)
+    assert "unescaped" in scene.tree_repaired
+
+
+@pytest.mark.parametrize(
+    "value",
+    ['Tap "Allow" to continue', 'ends with "quote"', '"', 'a" b', 'a="b', '"" and ""'],
+)
+def test_a_raw_quote_in_a_dumped_text_is_kept_as_the_phone_shows_it(value: str) -> None:
+    """What a dumper that leaves `"` raw writes, read back as the text the screen shows."""
+    xml = (
+        '<?xml version="1.0" encoding="UTF-8"?><hierarchy rotation="0">'
+        f'<node index="0" text="{value}" resource-id="" class="android.widget.TextView" '
+        'package="com.example" content-desc="" clickable="true" bounds="[0,0][100,100]" />'
+        "</hierarchy>"
+    )
+    scene = parse_scene(xml, (1080, 2400), "com.example")
+    assert [e.text for e in scene.elements] == [value]
+    assert scene.tree_repaired

@@ -190,7 +190,7 @@ class VirtualPhone:
         #: `screencap` without `-d` then warns first, on the same stream as the image, and
         #: `uiautomator dump --windows` lists its window under `<display id="2">`.
         self.multi_display = False
-        #: The dumper writes `&` and `<` in texts unescaped, as some ROMs' and apps' own
+        #: The dumper writes `&`, `<` and `"` in texts unescaped, as some ROMs' and apps' own
         #: dumpers do: the dump is then not well-formed XML.
         self.unescaped_dumps = False
         #: Bytes left on /data (None: plenty). A full phone's `uiautomator dump` still says
@@ -765,7 +765,7 @@ class VirtualPhone:
         """`xml` as this phone's dumper writes it (see `unescaped_dumps`)."""
         if not self.unescaped_dumps:
             return xml
-        return xml.replace("&lt;", "<").replace("&amp;", "&")
+        return xml.replace("&lt;", "<").replace("&quot;", '"').replace("&amp;", "&")
 
     def glitch_dumps(self, kind: DumpGlitch, count: int = 1) -> None:
         """Make the next `count` dumps fail the way real ones do while the screen settles:
