@@ -128,6 +128,7 @@ def observation_from_scene(scene: Scene) -> types_pb2.ScreenObservation:
         ),
         ui_tree_missing=clip(scene.tree_missing, MAX_TREE_MISSING_BYTES),
         ui_tree_repaired=clip(scene.tree_repaired, MAX_TREE_MISSING_BYTES),
+        screenshot_blank=clip(scene.screenshot_blank, MAX_TREE_MISSING_BYTES),
     )
 
 
@@ -190,6 +191,7 @@ def scene_from_observation(observation: types_pb2.ScreenObservation) -> Scene:
         omitted=observation.omitted_elements,
         tree_missing=observation.ui_tree_missing,
         tree_repaired=observation.ui_tree_repaired,
+        screenshot_blank=observation.screenshot_blank,
     )
 
 
@@ -234,6 +236,7 @@ def observation_problem(
         ("title", observation.title, MAX_TITLE_BYTES),
         ("ui_tree_missing", observation.ui_tree_missing, MAX_TREE_MISSING_BYTES),
         ("ui_tree_repaired", observation.ui_tree_repaired, MAX_TREE_MISSING_BYTES),
+        ("screenshot_blank", observation.screenshot_blank, MAX_TREE_MISSING_BYTES),
     ):
         problem = _too_long(f"{name}.{field}", value, limit)
         if problem:

@@ -146,6 +146,10 @@ class Scene:
     #: that left `&` or `<` unescaped in its texts. The tree is whole; said so that the step's
     #: record shows this phone's dumper writes broken XML.
     tree_repaired: str = ""
+    #: Why the screenshot shows nothing of the app though the tree does ("" when it shows
+    #: the screen): a FLAG_SECURE window (a banking app, a password screen) is black in
+    #: every capture. Said so the model relies on the elements instead of a black image.
+    screenshot_blank: str = ""
 
     def element(self, element_id: str) -> Element | None:
         return next((e for e in self.elements if e.element_id == element_id), None)
@@ -157,8 +161,9 @@ class Scene:
 
     def to_prompt(self) -> dict[str, Any]:
         """The scene as the model sees it. Raw OCR observations are deliberately left out;
-        rotation, activity, keyboard, `overlays`, `omitted` and a missing UI tree appear only
-        when they say something, so an ordinary screen costs nothing more."""
+        rotation, activity, keyboard, `overlays`, `omitted`, a missing UI tree and a blank
+        screenshot appear only when they say something, so an ordinary screen costs nothing
+        more."""
         out: dict[str, Any] = {
             "app": self.package,
             "page": self.page_title,
@@ -181,6 +186,11 @@ class Scene:
             )
         elif self.tree_repaired:
             out["ui_tree"] = f"repaired ({self.tree_repaired})"
+        if self.screenshot_blank:
+            out["screenshot"] = (
+                f"blank ({self.screenshot_blank}): the image shows nothing of the app; rely on "
+                "the elements, which come from the UI tree"
+            )
         out["elements"] = [e.to_prompt() for e in self.elements]
         return out
 

@@ -36,6 +36,7 @@ from host.devices.base import (
 from host.perception.fusion import fuse_ocr, same_aspect, to_screen_space
 from host.perception.hierarchy import HierarchyError, ScreenTurned, parse_scene
 from host.perception.ocr import OcrPool
+from host.perception.secure_capture import blank_capture
 from planner.scene import Scene
 
 log = logging.getLogger(__name__)
@@ -260,6 +261,17 @@ class Perceiver:
             # The app's own activity (a settings page's SubSettings says more than the package);
             # not a covering window's, whose package the scene names instead.
             scene = replace(scene, activity=window)
+        if scene.elements and not scene.tree_missing:
+            try:
+                blank = blank_capture(png, image_size, scene)
+            except _IMAGE_ERRORS as exc:
+                raise ScreenshotError(
+                    f"unreadable screenshot from {driver.serial} ({len(png)} bytes): "
+                    f"{type(exc).__name__}: {exc}"
+                ) from exc
+            if blank:
+                log.info("%s: the screenshot is blank: %s", driver.serial, blank)
+                scene = replace(scene, screenshot_blank=blank)
         t2 = time.perf_counter()
         timings = {"screenshot_s": t1 - t0, "hierarchy_s": t2 - t1}
         if with_ocr and self.ocr is not None:

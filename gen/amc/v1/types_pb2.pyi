@@ -2057,6 +2057,7 @@ class ScreenObservation(_message.Message):
     OMITTED_ELEMENTS_FIELD_NUMBER: _builtins.int
     UI_TREE_MISSING_FIELD_NUMBER: _builtins.int
     UI_TREE_REPAIRED_FIELD_NUMBER: _builtins.int
+    SCREENSHOT_BLANK_FIELD_NUMBER: _builtins.int
     screen_width: _builtins.int
     """Screen width in physical pixels, 1 to 16,384 (as `wm size` reports it for the current
     rotation). Taps on points off the screen are refused before they reach the host.
@@ -2099,6 +2100,14 @@ class ScreenObservation(_message.Message):
     read it": some ROMs' and apps' dumpers leave them unescaped. The tree is whole; empty
     when the dump needed no repair (and when `ui_tree_missing` is set).
     """
+    screenshot_blank: _builtins.str
+    """Why the screenshot shows nothing of the app although the UI tree does (at most 512
+    bytes), e.g. "black where the UI tree shows 12 texts of com.example.bank: the app forbids
+    screen capture (FLAG_SECURE: a banking app, a password screen)": the phone blacks out a
+    secure window in every capture. The model is told to rely on the elements (from the
+    tree) instead of the image. Empty when the screenshot shows the screen, or when the host
+    cannot tell.
+    """
     @_builtins.property
     def elements(self) -> _containers.RepeatedCompositeFieldContainer[Global___UiElement]:
         """The elements, in the order the host found them (document order of the dump)."""
@@ -2132,10 +2141,11 @@ class ScreenObservation(_message.Message):
         omitted_elements: _builtins.int = ...,
         ui_tree_missing: _builtins.str = ...,
         ui_tree_repaired: _builtins.str = ...,
+        screenshot_blank: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["elements", b"elements", "foreground_activity", b"foreground_activity", "foreground_package", b"foreground_package", "keyboard_shown", b"keyboard_shown", "ocr_blocks", b"ocr_blocks", "omitted_elements", b"omitted_elements", "overlays", b"overlays", "rotation", b"rotation", "screen_height", b"screen_height", "screen_width", b"screen_width", "title", b"title", "ui_tree_missing", b"ui_tree_missing", "ui_tree_repaired", b"ui_tree_repaired"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["elements", b"elements", "foreground_activity", b"foreground_activity", "foreground_package", b"foreground_package", "keyboard_shown", b"keyboard_shown", "ocr_blocks", b"ocr_blocks", "omitted_elements", b"omitted_elements", "overlays", b"overlays", "rotation", b"rotation", "screen_height", b"screen_height", "screen_width", b"screen_width", "screenshot_blank", b"screenshot_blank", "title", b"title", "ui_tree_missing", b"ui_tree_missing", "ui_tree_repaired", b"ui_tree_repaired"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -141,6 +141,9 @@ class Surface:
     window_id: int
     activity: str = ""
     focused: bool = False
+    #: The window has FLAG_SECURE (a banking app, a password screen): screenshots show it
+    #: black while accessibility (and so every dump) still reports its views.
+    secure: bool = False
 
 
 @dataclass
@@ -226,6 +229,12 @@ class VirtualPhone:
         #: The MENU key dismisses a swipe lock screen (AOSP's default); False as on builds
         #: whose maker set config_disableMenuKeyInLockScreen: only a swipe up does then.
         self.menu_unlocks = True
+        #: Packages whose app windows have FLAG_SECURE (banking apps, password managers):
+        #: `screencap`, uiautomator2's `takeScreenshot` and `framebuffer:` show those windows
+        #: black, as SurfaceFlinger does for a capture without the secure-capture permission;
+        #: the status bar, keyboard and navigation bar above them are drawn as usual. Dumps
+        #: are unchanged: accessibility still reports the window's views.
+        self.secure_packages: set[str] = set()
         self.model = model
         self.sdk = 34
         self.release = "14"
@@ -510,6 +519,7 @@ class VirtualPhone:
                     False,
                     100 + len(self._stacks.get(self._foreground, [])),
                     activity=app.activity_for(self.current_page()),
+                    secure=self._foreground in self.secure_packages,
                 )
             ]
             for prompt in self.prompts:

@@ -280,6 +280,8 @@ class PaintedWindow(Protocol):
     def root(self) -> Node: ...
     @property
     def modal(self) -> bool: ...
+    @property
+    def secure(self) -> bool: ...
 
 
 def render_screen(
@@ -305,6 +307,11 @@ def render_screen(
         if w.modal and w.kind in ("dialog", "anr"):
             dim = Image.new("RGB", (width, height), (0, 0, 0))
             img = Image.blend(img, dim, 0.45)
+        if w.secure:
+            # What SurfaceFlinger puts in a capture in place of a FLAG_SECURE layer.
+            x1, y1, x2, y2 = w.root.bounds
+            ImageDraw.Draw(img).rectangle((x1, y1, x2 - 1, y2 - 1), fill=(0, 0, 0))
+            continue
         scale = text_scale if w.kind == "app" else 1.0
         Painter(palette, scale).node(img, w.root, 0, 0)
     if toast:
