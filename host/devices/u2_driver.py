@@ -84,6 +84,22 @@ _SERVER_MAIN = "com.wetest.uia2.Main"
 _SCREENCAP = "exec-out:screencap -p"
 
 
+class _Device(u2.Device):  # type: ignore[misc]  # uiautomator2 ships no type hints
+    """uiautomator2's Device, except that stopping a server it did not start does not wait.
+
+    On a call its server fails (an HTTP error, UiAutomation lost) the library stops the
+    server, starts it and tries once more. Its stop kills only a server its own Device
+    started, then polls `/ping` for up to 10 s until the server quits; a server another
+    program (or an earlier driver) started never quits that way, so every such call spent
+    10 s polling before failing as it would have at once. `U2Driver._call` then names it
+    (`_started_elsewhere`) or stops it (`_reset`)."""
+
+    def stop_uiautomator(self, wait: bool = True) -> None:
+        if self._process is None:
+            return
+        super().stop_uiautomator(wait)
+
+
 @contextmanager
 def _mapped(serial: str, what: str) -> Iterator[None]:
     try:
@@ -353,7 +369,7 @@ class U2Driver:
         phone = _BoundedDevice(self._adb, self._adb_serial, self._rpc_timeout_s, self._tid)
         with _mapped(self._serial, "connect"):
             try:
-                return u2.connect(phone)
+                return _Device(phone)
             except BaseException as exc:
                 # A server that did not come up keeps the stream of its launch open (its
                 # Device, which would close it, was never made): one socket per failed

@@ -656,7 +656,9 @@ def test_a_broken_u2_server_another_program_started_is_named_not_restarted(
     UiAutomation, every call waited 10 s for a stop that never happened and failed
     `DeviceBusy` "the next call starts the server again", which it never did: the task
     looked at a dead server for all its attempts. Now the error says that another program
-    started the server and how to free the phone, and ends the attempt retryable."""
+    started the server and how to free the phone, and ends the attempt retryable, without
+    first polling the server for 10 s to quit (uiautomator2's stop of a server its Device
+    did not start kills nothing, and `/ping` answers all along)."""
     server, phone = served
     other = subprocess.Popen(
         [sys.executable, "-c", _OTHER_PROGRAM, str(server.port), SERIAL],
@@ -669,9 +671,13 @@ def test_a_broken_u2_server_another_program_started_is_named_not_restarted(
         d = U2Driver(SERIAL, port=server.port)
         assert d.screen_size() == (1080, 2400)
         phone.lose_u2_automation()
+        pings = phone.u2_pings
         with pytest.raises(ScreenUnavailable, match="started by another program") as raised:
             d.dump_hierarchy()
         assert "com.wetest.uia2.Main" in str(raised.value)
+        # One look whether the server is up before uiautomator2's retry, none while waiting
+        # for a stop that never happens.
+        assert phone.u2_pings - pings <= 1
         del raised
     finally:
         other.communicate("", timeout=60)

@@ -276,6 +276,9 @@ class VirtualPhone:
         self._dumps = 0
         #: Hierarchy dumps asked of the phone so far, in any form (failed ones too).
         self.dumps_taken = 0
+        #: `GET /ping`s its uiautomator2 agents answered so far (how often a client looked
+        #: whether the server is up, or waited for it to go).
+        self.u2_pings = 0
         #: Queued agent deaths (see `crash_u2_agent`): True for one midway through its answer.
         self._u2_crashes: list[bool] = []
         self._u2_hangs: list[float] = []

@@ -166,6 +166,7 @@ class U2Agent:
         length = int(headers.get("content-length", "0") or 0)
         body = await reader.readexactly(min(length, MAX_BODY)) if length else b""
         if method == "GET" and path == "/ping":
+            self.phone.u2_pings += 1
             status, payload, ctype = 200, b"pong", "text/plain"
         elif method == "POST" and path.startswith("/jsonrpc/0"):
             crash = self.phone.take_u2_crash()
