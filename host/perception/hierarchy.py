@@ -39,6 +39,9 @@ _TOOLBAR_ID_HINTS = ("action_bar", "toolbar", "app_bar")
 _TOOLBAR_CLASSES = ("Toolbar", "ActionBar")
 _EDITABLE_HINTS = ("EditText", "AutoCompleteTextView")
 _ROOTS = ("hierarchy", "displays")
+#: A keyboard ending at most this share of the height above the screen's bottom (room for a
+#: navigation bar) is docked; one ending higher floats.
+_DOCKED_GAP = 0.15
 _WRAPPERS = ("display", "displays", "hierarchy")
 
 #: One element's text (and description) at most this long in the scene; the rest is counted.
@@ -370,12 +373,23 @@ def parse_scene(
     keyboards = [w for w in reachable if kinds[w.index] == "keyboard"]
     keyboard_top = {w.index: w for w in keyboards}
     level = {w.index: i for i, w in enumerate(stack)}
-    # What covers the windows under it: a keyboard (and whatever lies below it: it reaches
-    # down to the navigation bar) and the system bars, which an edge-to-edge app draws under.
+    # What covers the windows under it: a keyboard and the system bars, which an edge-to-edge
+    # app draws under. A docked keyboard covers whatever lies below it too (it reaches down to
+    # the navigation bar); a floating one (ending well above the bottom) only itself: the app
+    # below and beside it is in plain view and in reach.
     covers = [
         (
             kb.index,
-            _clip(Bounds(kb.bounds.left, kb.bounds.top, kb.bounds.right, height), width, height),
+            _clip(
+                Bounds(
+                    kb.bounds.left,
+                    kb.bounds.top,
+                    kb.bounds.right,
+                    height if kb.bounds.bottom >= height * (1 - _DOCKED_GAP) else kb.bounds.bottom,
+                ),
+                width,
+                height,
+            ),
         )
         for kb in keyboards
     ] + [(w.index, _clip(w.bounds, width, height)) for w in stack if kinds[w.index] in CHROME]

@@ -31,7 +31,7 @@ from planner.history import WorldEvent
 from planner.observation import observation_from_scene, scene_from_observation
 from planner.planner import Planner
 from planner.providers.offline import OfflineProvider
-from planner.scene import Scene
+from planner.scene import Bounds, Scene
 
 SERIAL = "emulator-5554"
 
@@ -695,3 +695,31 @@ def test_a_raw_quote_in_a_dumped_text_is_kept_as_the_phone_shows_it(value: str) 
     scene = parse_scene(xml, (1080, 2400), "com.example")
     assert [e.text for e in scene.elements] == [value]
     assert scene.tree_repaired
+
+
+def test_a_floating_keyboard_hides_only_what_lies_under_it(
+    adb: tuple[ThreadedAdbServer, VirtualPhone],
+) -> None:
+    """A floating keyboard (Gboard's, Samsung Keyboard's floating mode) sits mid-screen. The
+    look took every keyboard to reach down to the navigation bar, so the app's buttons below
+    it (a note's Save and Discard) were cut to slivers beside it, or left out when they lay
+    within its width, though the screen shows them whole and a tap reaches them."""
+    server, phone = adb
+    phone.floating_keyboard = True
+    d = AdbDriver(SERIAL, port=server.port)
+    d.launch_app("com.amc.notes")
+    new = next(e for e in _scene(d).elements if e.content_desc == "New note")
+    d.tap(*new.bounds.center)  # the editor opens with its title field focused
+    scene = _scene(d)
+    assert scene.keyboard_shown
+    keyboard = next(e for e in scene.elements if e.package == phone.keyboard_package)
+    for label in ("Save", "Discard"):
+        node = phone.find(label)
+        assert node is not None
+        shown = Bounds(*node.bounds)
+        assert shown.top >= keyboard.bounds.bottom  # below the keyboard, in plain view
+        assert [e.bounds for e in scene.elements if e.text == label] == [shown]
+    d.input_text("Milk")
+    save = next(e for e in scene.elements if e.text == "Save")
+    d.tap(*save.bounds.center)
+    assert [n.title for n in phone.state.notes] == ["Milk"]

@@ -31,17 +31,27 @@ def height(geo: Geometry) -> int:
     return SUGGESTIONS_H + 4 * ROW_H
 
 
-def frame(geo: Geometry) -> tuple[int, int, int, int]:
+def frame(geo: Geometry, floating: bool = False) -> tuple[int, int, int, int]:
+    """Docked above the navigation bar; floating (Gboard's and Samsung Keyboard's floating
+    mode), four fifths of the width, centred, its top at a third of the screen."""
+    if floating:
+        w = geo.width * 4 // 5
+        x1, y1 = (geo.width - w) // 2, geo.height // 3
+        return (x1, y1, x1 + w, y1 + height(geo))
     bottom = geo.height - NAV_BAR_H
     return (0, bottom - height(geo), geo.width, bottom)
 
 
 def build(
-    geo: Geometry, language: str, press: Callable[[str], None], package: str = PACKAGE
+    geo: Geometry,
+    language: str,
+    press: Callable[[str], None],
+    package: str = PACKAGE,
+    floating: bool = False,
 ) -> Node:
     """The keyboard window's tree; `press` gets a character, or "del" / "enter". `package`
     names its resource ids (the package the phone presents its keyboard under)."""
-    x1, y1, x2, y2 = frame(geo)
+    x1, y1, x2, y2 = frame(geo, floating)
     w = x2 - x1
     root = Node("android.widget.FrameLayout", (x1, y1, x2, y2), role="keyboard")
     strip = Node(
@@ -76,15 +86,17 @@ def build(
         offset = (w - kw * len(letters)) // 2
         if r == 2:
             view.add(
-                key((0, top, offset, top + ROW_H), "^", SPECIAL_LABELS["shift"], "", wide=True)
+                key(
+                    (x1, top, x1 + offset, top + ROW_H), "^", SPECIAL_LABELS["shift"], "", wide=True
+                )
             )
         for i, ch in enumerate(letters):
-            kx = offset + i * kw
+            kx = x1 + offset + i * kw
             view.add(key((kx, top, kx + kw, top + ROW_H), ch, ch, ch))
         if r == 2:
             view.add(
                 key(
-                    (w - offset, top, w, top + ROW_H),
+                    (x2 - offset, top, x2, top + ROW_H),
                     "DEL",
                     SPECIAL_LABELS["del"],
                     "del",
@@ -99,7 +111,7 @@ def build(
         (".", ".", ".", 0.1),
         ("GO", SPECIAL_LABELS["enter"], "enter", 0.15),
     ]
-    kx = 0
+    kx = x1
     for label, desc, value, share in bottom_row:
         kw = int(w * share)
         view.add(key((kx, top, kx + kw, top + ROW_H), label, desc, value, wide=True))

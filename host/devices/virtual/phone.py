@@ -235,6 +235,9 @@ class VirtualPhone:
         #: the status bar, keyboard and navigation bar above them are drawn as usual. Dumps
         #: are unchanged: accessibility still reports the window's views.
         self.secure_packages: set[str] = set()
+        #: The keyboard floats (Gboard's and Samsung Keyboard's floating mode): a narrower
+        #: window in the middle of the screen, the app in reach below and beside it.
+        self.floating_keyboard = False
         self.model = model
         self.sdk = 34
         self.release = "14"
@@ -553,7 +556,11 @@ class VirtualPhone:
                         3,
                         finalize(
                             keyboard.build(
-                                geo, self.strings.language, self._key_press, self.keyboard_package
+                                geo,
+                                self.strings.language,
+                                self._key_press,
+                                self.keyboard_package,
+                                floating=self.floating_keyboard,
                             )
                         ),
                         False,
