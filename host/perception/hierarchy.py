@@ -485,17 +485,20 @@ def parse_scene(
 
 
 def _past_app_dialog(stack: list[Window], kinds: dict[int, Kind]) -> tuple[list[Window], bool]:
-    """`stack` (nearest the user last) without the app's windows under its focused one, and
+    """`stack` (nearest the user last) without the app windows under the focused one, and
     whether any were left out.
 
     An app's own dialog or popup menu is a window of its package over the activity, and it
     takes the focus. A Dialog does not set FLAG_NOT_TOUCH_MODAL, so it takes every touch (one
     outside it cancels it): the activity under it is out of reach, as the plain `uiautomator
-    dump` (Android 10 and earlier: the focused window alone) shows it. A popup that does not
-    take the focus (an autocomplete list) leaves the focused activity in reach; dumps that do
-    not say which window has the focus (uiautomator2's) keep every window. Only a window the
-    focused one lies within is under it: side-by-side panes of one app (activity embedding
-    on a foldable or tablet, Settings' two panes) are both in reach."""
+    dump` (Android 10 and earlier: the focused window alone) shows it. So does another app's
+    activity (TYPE_APPLICATION) over it: Android 13+'s share sheet (`com.android.intentresolver`,
+    translucent, the screen's size), an "Open with" chooser, a dialog-themed activity. A
+    popup that does not take the focus (an autocomplete list) leaves the focused activity in
+    reach; dumps that do not say which window has the focus (uiautomator2's) keep every
+    window. Only a window the focused one lies within is under it: side-by-side panes of one
+    app (activity embedding on a foldable or tablet, Settings' two panes) and split-screen
+    apps are both in reach."""
     top = next((w for w in reversed(stack) if w.focused and kinds[w.index] == "app"), None)
     if top is None or top.bounds.width <= 0 or top.bounds.height <= 0:
         return stack, False
@@ -505,7 +508,7 @@ def _past_app_dialog(stack: list[Window], kinds: dict[int, Kind]) -> tuple[list[
         b, t = w.bounds, top.bounds
         return (
             kinds[w.index] == "app"
-            and w.package == top.package
+            and (w.package == top.package or top.type == "TYPE_APPLICATION")
             and b.left <= t.left
             and b.top <= t.top
             and b.right >= t.right

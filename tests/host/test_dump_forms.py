@@ -146,6 +146,39 @@ def test_side_by_side_panes_of_one_app_are_both_in_reach() -> None:
     assert [e.text for e in scene.elements] == ["Network & internet", "Wi-Fi"]
 
 
+def test_another_apps_activity_over_the_app_hides_it_as_a_share_sheet_does() -> None:
+    """Android 13+'s share sheet is an activity of `com.android.intentresolver` over the app
+    that shares (translucent, the screen's size: a tap above the sheet closes it), with the
+    focus. Only a focused window of the app's own package hid what lay under it, so the
+    Photos buttons behind the sheet were listed as in reach, and a tap meant for Delete
+    landed on a share target. Any app's focused activity hides the windows it lies within."""
+    win = '<window type="TYPE_APPLICATION" layer="{layer}" bounds="{b}" active="{a}" focused="{a}">'
+
+    def clickable(b: str, text: str, package: str) -> str:
+        return NODE.format(
+            b=b, text=text, rid="", cls="android.widget.Button", click="true", kids=""
+        ).replace('package="com.example"', f'package="{package}"')
+
+    photos = "com.google.android.apps.photos"
+    chooser = "com.android.intentresolver"
+    dump = (
+        '<displays><display id="0">'
+        + win.format(layer=10, b="[0,0][1080,2400]", a="false")
+        + '<hierarchy rotation="0">'
+        + clickable("[600,200][900,300]", "Edit", photos)
+        + clickable("[100,1700][500,1800]", "Delete", photos)
+        + "</hierarchy></window>"
+        + win.format(layer=11, b="[0,0][1080,2400]", a="true")
+        + '<hierarchy rotation="0">'
+        + clickable("[100,1650][400,1850]", "Messages", chooser)
+        + clickable("[500,1650][800,1850]", "Copy", chooser)
+        + "</hierarchy></window></display></displays>"
+    )
+    scene = parse_scene(dump, (1080, 2400), chooser)
+    assert [e.text for e in scene.elements] == ["Messages", "Copy"]
+    assert scene.package == chooser
+
+
 def _bars_over(app: str, windows: bool) -> str:
     """A dump of `app`'s nodes under the status bar and a three-button navigation bar."""
     status = NODE.format(
