@@ -13,6 +13,7 @@ import os
 import re
 import uuid
 from collections.abc import Iterator
+from dataclasses import replace
 from datetime import UTC
 from pathlib import Path
 
@@ -27,7 +28,7 @@ from playwright.sync_api import (
     sync_playwright,
 )
 
-from amc.v1 import types_pb2
+from amc.v1 import task_service_pb2, types_pb2
 from cloud.server import build_server
 from cloud.settings import CloudSettings
 from cloud.store import decisions
@@ -281,6 +282,71 @@ def test_totals_and_the_progress_line_in_the_list_and_on_the_page(
     expect(page.locator(".task-id")).to_have_text(task.task_id)
     page.goto(f"{gateway}/tasks/{task.task_id[:12]}")
     expect(page).to_have_url(f"{gateway}/tasks/{task.task_id}")
+    report.assert_clean()
+
+
+def test_a_watched_task_s_cost_and_budget_change_live_in_the_list_and_on_the_page(
+    report: PageReport,
+    browser: Browser,
+    gateway: str,
+    cloud: Cloud,
+    operator: Operator,
+    make_host: HostFactory,
+) -> None:
+    """An operator watching a running task sees what it has cost so far change, on its page
+    (the cost and the budget line) and in the list's totals, without a reload."""
+    page = report.page
+    host = make_host()
+    tag = uuid.uuid4().hex[:8]
+    submitted: task_service_pb2.SubmitTaskResponse = operator.tasks.SubmitTask(
+        task_service_pb2.SubmitTaskRequest(
+            goal=f"Cost {tag}",
+            target=types_pb2.TaskTarget(host_id=host.host_id),
+            budget=types_pb2.TaskBudget(max_tokens=10_000, max_cost_usd=1.0),
+        ),
+        timeout=LIVE_MS / 1000,
+    )
+    task = submitted.task
+    a = host.assignment()
+
+    def step(n: int) -> None:
+        priced = replace(_decision(f"s{n}"), usage=Usage(1200, 300, cost_usd=0.0125))
+        cloud.loop.run(decisions.append(cloud.server.store, host.host_id, task.task_id, 1, priced))
+        host.renew(a, n, types_pb2.STEP_STATUS_ACTING, f"step {n}: tap 'Row {n}'")
+
+    step(1)
+    page.goto(f"{gateway}/tasks/{task.task_id}")
+    expect(page.locator("#live-state")).to_have_text("live", timeout=LIVE_MS)
+    expect(page.locator("#summary [data-field=cost]")).to_have_text("$0.0125")
+    listing = browser.new_context(viewport={"width": 1280, "height": 900}).new_page()
+    log_in(listing, gateway, f"/tasks?q={tag}")
+    row = listing.locator(f"#task-{task.task_id}")
+    expect(row.locator("[data-field=totals]")).to_contain_text("1.5k tokens · $0.0125")
+    expect(listing.locator("#live-state")).to_have_text("live", timeout=LIVE_MS)
+    mark_no_reload(page)
+    mark_no_reload(listing)
+
+    # The second step's decision is logged; a cancel asked for reloads the task for its
+    # watchers, its totals with it (a renewal's progress alone carries the totals as sent).
+    step(2)
+    operator.tasks.CancelTask(
+        task_service_pb2.CancelTaskRequest(task_id=task.task_id, reason="enough"),
+        timeout=LIVE_MS / 1000,
+    )
+    expect(page.locator("#summary [data-field=status]")).to_have_text(
+        "running · cancelling", timeout=LIVE_MS
+    )
+    expect(page.locator("#summary [data-field=decisions]")).to_have_text("2")
+    expect(page.locator("#summary [data-field=cost]")).to_have_text("$0.0250")
+    expect(page.locator("#summary [data-field=budget]")).to_have_text(
+        " of the budget: 3,000 / 10,000 tokens; $0.0250 / $1.00"
+    )
+    expect(row.locator("[data-field=totals]")).to_contain_text(
+        "2 steps · 3.0k tokens · $0.0250", timeout=LIVE_MS
+    )
+    assert_not_reloaded(page)
+    assert_not_reloaded(listing)
+    listing.context.close()
     report.assert_clean()
 
 

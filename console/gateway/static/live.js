@@ -61,12 +61,32 @@
       t.cache_creation_input_tokens;
   }
 
+  // planner.budget.dollars
+  function usd(v) {
+    if (v < 1) return "$" + v.toFixed(4);
+    return "$" + v.toLocaleString("en-US", { minimumFractionDigits: 2, maximumFractionDigits: 2 });
+  }
+
   // present.totals_line
   function totalsLine(t) {
     var parts = [t.steps + " step" + (t.steps === 1 ? "" : "s")];
-    if (totalTokens(t)) parts.push(tokens(totalTokens(t)) + " tokens");
+    if (totalTokens(t)) {
+      parts.push(tokens(totalTokens(t)) + " tokens");
+      if (t.usage.cost_usd) parts.push(usd(t.usage.cost_usd));
+    }
     parts.push(duration(t.wall_time_s));
     return parts.join(" · ");
+  }
+
+  // _cost.html's budget_line, after its "of the budget:"
+  function budgetLine(b, t) {
+    var parts = [];
+    if (b.max_tokens) {
+      parts.push(" " + totalTokens(t).toLocaleString("en-US") + " / " +
+        b.max_tokens.toLocaleString("en-US") + " tokens");
+    }
+    if (b.max_cost_usd) parts.push(" " + usd(t.usage.cost_usd) + " / " + usd(b.max_cost_usd));
+    return " of the budget:" + parts.join(";");
   }
 
   // present.attempt_label
@@ -310,6 +330,8 @@
           tokens(tt.output_tokens) + " · cache " + tokens(tt.cache_read_input_tokens) + ")";
         el.appendChild(detail);
       }
+      setText(root, "cost", usd(t.totals.usage.cost_usd));
+      if (t.budget) setText(root, "budget", budgetLine(t.budget, t.totals));
     }
     el = field(root, "lease");
     if (el) {
