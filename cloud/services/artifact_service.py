@@ -210,6 +210,12 @@ class ArtifactServicer(artifact_service_pb2_grpc.ArtifactServiceServicer):
             await abort(context, grpc.StatusCode.INVALID_ARGUMENT, "attempt: must be >= 0")
         if not 0 <= request.page_size <= 1000:
             await abort(context, grpc.StatusCode.INVALID_ARGUMENT, "page_size: 0 to 1000")
+        if request.after_step < 0 or (request.after_step and not request.attempt):
+            await abort(
+                context,
+                grpc.StatusCode.INVALID_ARGUMENT,
+                "after_step: 0, or a step index with attempt set",
+            )
         await known_attempt(context, self._store, request.task_id, request.attempt)
         try:
             rows, token = await screenshots.list_page(
@@ -218,6 +224,7 @@ class ArtifactServicer(artifact_service_pb2_grpc.ArtifactServiceServicer):
                 request.attempt,
                 request.page_size or 200,
                 request.page_token,
+                request.after_step,
             )
         except ValueError as exc:
             await abort(context, grpc.StatusCode.INVALID_ARGUMENT, f"page_token: {exc}")

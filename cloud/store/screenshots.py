@@ -88,13 +88,20 @@ def _decode(task_id: str, token: str) -> tuple[int, int, str]:
 
 
 async def list_page(
-    store: Store, task_id: str, attempt: int, page_size: int, page_token: str
+    store: Store,
+    task_id: str,
+    attempt: int,
+    page_size: int,
+    page_token: str,
+    after_step: int = 0,
 ) -> tuple[list[StepScreenshotRow], str]:
-    """A task's screenshots by attempt, step, then phase, "before" first (phases sort in
-    reverse: "before" > "after")."""
+    """A task's screenshots (optionally one attempt's, past `after_step` of it) by attempt,
+    step, then phase, "before" first (phases sort in reverse: "before" > "after")."""
     query = select(StepScreenshotRow).where(StepScreenshotRow.task_id == task_id)
     if attempt:
         query = query.where(StepScreenshotRow.attempt == attempt)
+    if after_step:
+        query = query.where(StepScreenshotRow.step_index > after_step)
     if page_token:
         a, s, p = _decode(task_id, page_token)
         t = StepScreenshotRow

@@ -88,17 +88,18 @@ async def task_detail(
 ) -> TaskDetailOut:
     """The task, its attempts, its lease history and its decision log grouped by attempt, each
     step with its screenshots, and which of its hosts still hold some of its record (shared with
-    the page). With `attempt`, the log holds only that attempt's steps after `after_step`: what
-    a live page has not shown yet (it read the whole log again on every step)."""
+    the page). With `attempt`, the events are only that attempt's and the log and screenshots
+    only its steps after `after_step`: what a live page has not shown yet (it read the whole
+    log, lease history and screenshot list again on every change)."""
     task = TaskOut.of(await cloud.get_task(task_id))
-    events = [LeaseEventOut.of(e) for e in await cloud.events(task_id)]
+    events = [LeaseEventOut.of(e) for e in await cloud.events(task_id, attempt)]
     found, failed, deleted = await cloud.decision_log(
         task_id, attempt=attempt, after_step=after_step
     )
     pruned = PrunedOut.of(deleted) if deleted is not None else None
     decisions = [DecisionOut.of(d) for d in found]
     screens: dict[tuple[int, int], list[ScreenOut]] = {}
-    for shot in await cloud.screenshots(task_id, attempt):
+    for shot in await cloud.screenshots(task_id, attempt, after_step):
         screens.setdefault((shot.attempt, shot.step_index), []).append(ScreenOut.of(shot))
     for d in decisions:
         d.screens = screens.get((d.attempt, d.step_index), [])

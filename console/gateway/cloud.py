@@ -169,14 +169,14 @@ class CloudClient:
         )
         return response.flow
 
-    async def events(self, task_id: str) -> list[task_service_pb2.LeaseEvent]:
-        """A task's whole lease history, oldest first (every page)."""
+    async def events(self, task_id: str, attempt: int = 0) -> list[task_service_pb2.LeaseEvent]:
+        """A task's whole lease history (or one attempt's), oldest first (every page)."""
         events: list[task_service_pb2.LeaseEvent] = []
         token = ""
         while True:
             page: task_service_pb2.ListTaskEventsResponse = await self._tasks.ListTaskEvents(
                 task_service_pb2.ListTaskEventsRequest(
-                    task_id=task_id, page_size=1000, page_token=token
+                    task_id=task_id, attempt=attempt, page_size=1000, page_token=token
                 ),
                 timeout=self._timeout,
             )
@@ -318,17 +318,21 @@ class CloudClient:
                 return items
 
     async def screenshots(
-        self, task_id: str, attempt: int = 0
+        self, task_id: str, attempt: int = 0, after_step: int = 0
     ) -> list[artifact_service_pb2.StepScreenshot]:
-        """Every step screenshot of a task (or of one attempt; metadata only), following the
-        page tokens."""
+        """Every step screenshot of a task (or of one attempt, past `after_step` of it; metadata
+        only), following the page tokens."""
         shots: list[artifact_service_pb2.StepScreenshot] = []
         token = ""
         while len(shots) < 2 * MAX_DECISIONS:
             page: artifact_service_pb2.ListStepScreenshotsResponse = (
                 await self._artifacts.ListStepScreenshots(
                     artifact_service_pb2.ListStepScreenshotsRequest(
-                        task_id=task_id, attempt=attempt, page_size=1000, page_token=token
+                        task_id=task_id,
+                        attempt=attempt,
+                        page_size=1000,
+                        page_token=token,
+                        after_step=after_step,
                     ),
                     timeout=self._timeout,
                 )

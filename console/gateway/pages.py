@@ -344,9 +344,9 @@ async def task_live(
     attempt: Annotated[int, Query(ge=1, le=INT32_MAX)],
     after_step: Annotated[int, Query(ge=0, le=INT32_MAX)] = 0,
 ) -> Response:
-    """What a running task's page merges on a live change (live.js): the attempts' cards and
-    the steps of `attempt` after `after_step`. It fetched the whole page again on every step,
-    its whole decision log with it (13 kB a step and growing)."""
+    """What a running task's page merges on a live change (live.js): the card of `attempt` and
+    its steps after `after_step`. It fetched the whole page again on every step, its whole
+    decision log with it (13 kB a step and growing)."""
     detail = await task_detail(cloud, task_id, attempt=attempt, after_step=after_step)
     context = {"detail": detail, "attempt": attempt}
     return PAGES.render(request, "task_live.html", context)

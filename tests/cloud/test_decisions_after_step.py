@@ -1,14 +1,23 @@
-"""ListDecisions' `after_step`: a live view reads the steps it has not shown, not the log."""
+"""ListDecisions' and ListStepScreenshots' `after_step`: a live view reads the steps it has not
+shown, not the log."""
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 from typing import Any
 
 import grpc
 import pytest
+from PIL import Image
 
-from amc.v1 import decision_log_service_pb2, decision_log_service_pb2_grpc, types_pb2
+from amc.v1 import (
+    artifact_service_pb2,
+    artifact_service_pb2_grpc,
+    decision_log_service_pb2,
+    decision_log_service_pb2_grpc,
+    types_pb2,
+)
 from cloud.server import CloudServer
 from cloud.store import decisions
 from planner.decision import Decision, Usage
@@ -70,6 +79,70 @@ async def test_list_decisions_after_a_step_answers_only_the_later_ones(
             ):
                 with pytest.raises(grpc.aio.AioRpcError) as err:
                     await log.ListDecisions(bad)
+                assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+                assert err.value.details() == "after_step: 0, or a step index with attempt set"
+    finally:
+        await host.close()
+
+
+def _png() -> bytes:
+    image = io.BytesIO()
+    Image.new("RGB", (36, 80), "navy").save(image, format="PNG")
+    return image.getvalue()
+
+
+async def test_list_step_screenshots_after_a_step_answers_only_the_later_ones(
+    cloud: CloudServer, pki_dir: Path
+) -> None:
+    """The console's live fragment read the metadata of every screenshot of the attempt on each
+    change of a running task; it now asks for the steps after the last it shows."""
+    before, after = (
+        artifact_service_pb2.SCREENSHOT_PHASE_BEFORE,
+        artifact_service_pb2.SCREENSHOT_PHASE_AFTER,
+    )
+    host = ScriptedHost(cloud.address, pki_dir, "a")
+    try:
+        await host.connect(["p"])
+        async with (
+            channel(cloud.address, pki_dir, "operator-ops") as ch,
+            channel(cloud.address, pki_dir, "host-a") as host_ch,
+        ):
+            task = (await submit(tasks_stub(ch), target=types_pb2.TaskTarget(host_id="a"))).task
+            a = (await host.next("assignment")).assignment
+            uploads: Any = artifact_service_pb2_grpc.ArtifactServiceStub(host_ch)
+            for n in range(1, 5):
+                row = await decisions.append(cloud.store, "a", task.task_id, a.attempt, _step(n))
+                for phase in (before, after):
+                    await uploads.UploadStepScreenshot(
+                        artifact_service_pb2.UploadStepScreenshotRequest(
+                            task_id=a.task_id,
+                            attempt=a.attempt,
+                            lease_id=a.lease_id,
+                            decision_id=row.decision_id,
+                            phase=phase,
+                            content_type="image/png",
+                            data=_png(),
+                        )
+                    )
+            artifacts: Any = artifact_service_pb2_grpc.ArtifactServiceStub(ch)
+
+            async def listed(**request: Any) -> list[tuple[int, int]]:
+                page = await artifacts.ListStepScreenshots(
+                    artifact_service_pb2.ListStepScreenshotsRequest(task_id=task.task_id, **request)
+                )
+                return [(s.step_index, s.phase) for s in page.screenshots]
+
+            assert await listed(attempt=a.attempt, after_step=2) == [
+                (3, before),
+                (3, after),
+                (4, before),
+                (4, after),
+            ]
+            assert await listed(attempt=a.attempt, after_step=4) == []
+            assert len(await listed(attempt=a.attempt)) == 8
+            for bad in ({"after_step": 2}, {"attempt": 1, "after_step": -1}):
+                with pytest.raises(grpc.aio.AioRpcError) as err:
+                    await listed(**bad)
                 assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
                 assert err.value.details() == "after_step: 0, or a step index with attempt set"
     finally:

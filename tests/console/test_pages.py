@@ -3,17 +3,32 @@
 from __future__ import annotations
 
 import datetime as dt
+import io
 import re
 import time
 import uuid
 from html import unescape
+from typing import Any
 
 import httpx
+from google.protobuf.duration_pb2 import Duration
+from PIL import Image
 from sqlalchemy import update
 
+from amc.v1 import artifact_service_pb2, lease_service_pb2, task_service_pb2, types_pb2
+from amc.v1.artifact_service_pb2_grpc import ArtifactServiceStub
 from cloud.store.models import HostRow
+from console.gateway import create_app
 from console.gateway.app import SESSION_COOKIE
-from tests.console.console_stack import ADMIN, PASSWORD, Cloud, HostFactory, Operator
+from console.settings import ConsoleSettings
+from tests.console.console_stack import (
+    ADMIN,
+    PASSWORD,
+    Cloud,
+    HostFactory,
+    Operator,
+    UvicornThread,
+)
 
 
 def csrf_of(html: str) -> str:
@@ -503,3 +518,90 @@ def test_a_task_page_fragment_holds_the_steps_after_the_one_asked(
     assert "<html" not in part.text and len(part.text) < len(whole.text) / 2
     bad = anon.get(f"/tasks/{task.task_id}/live?attempt=0")
     assert bad.status_code == 422
+
+
+def test_a_task_page_fragment_reads_its_attempt_s_events_and_only_the_newer_screenshots(
+    console_settings: ConsoleSettings, operator: Operator, make_host: HostFactory
+) -> None:
+    """A running task's page fetches the fragment on every live change. It read the task's
+    whole lease history and the metadata of every screenshot of the attempt each time, a cost
+    that grew with the task's length; it needs the attempt's card (its events) and the
+    screenshots of the steps after `after_step`. The gateway's cloud client is wrapped to see
+    what it read from the real cloud."""
+    app = create_app(console_settings)
+    server = UvicornThread(app)
+    base = server.start()
+    try:
+        cloud = app.state.cloud
+        read_events: list[task_service_pb2.LeaseEvent] = []
+        read_shots: list[artifact_service_pb2.StepScreenshot] = []
+        real_events, real_screenshots = cloud.events, cloud.screenshots
+
+        async def events(*args: Any, **kwargs: Any) -> Any:
+            found = await real_events(*args, **kwargs)
+            read_events.extend(found)
+            return found
+
+        async def screenshots(*args: Any, **kwargs: Any) -> Any:
+            found = await real_screenshots(*args, **kwargs)
+            read_shots.extend(found)
+            return found
+
+        cloud.events, cloud.screenshots = events, screenshots
+
+        host = make_host()
+        goal = f"fragment reads {uuid.uuid4().hex[:8]}"
+        submitted: task_service_pb2.SubmitTaskResponse = operator.tasks.SubmitTask(
+            task_service_pb2.SubmitTaskRequest(
+                goal=goal,
+                target=types_pb2.TaskTarget(host_id=host.host_id),
+                max_attempts=2,
+                lease_duration=Duration(seconds=5),
+            ),
+            timeout=20,
+        )
+        task = submitted.task
+        host.assignment()
+        host.expect("revoked")  # attempt 1's lease ran out: its events are attempt 1's
+        host.send(lease_service_pb2.LeaseRequest(outbox=types_pb2.OutboxBacklog()))
+        second = host.assignment()
+        assert second.attempt == 2
+        artifacts = ArtifactServiceStub(host.channel)
+        for _ in range(4):
+            decision = host.decide(second, goal)
+            for phase in (
+                artifact_service_pb2.SCREENSHOT_PHASE_BEFORE,
+                artifact_service_pb2.SCREENSHOT_PHASE_AFTER,
+            ):
+                artifacts.UploadStepScreenshot(
+                    artifact_service_pb2.UploadStepScreenshotRequest(
+                        task_id=second.task_id,
+                        attempt=second.attempt,
+                        lease_id=second.lease_id,
+                        decision_id=decision.decision_id,
+                        phase=phase,
+                        content_type="image/png",
+                        data=_png(),
+                    ),
+                    timeout=20,
+                )
+
+        with httpx.Client(base_url=base, timeout=20) as client:
+            log_in(client)
+            part = client.get(f"/tasks/{task.task_id}/live?attempt=2&after_step=3")
+        assert part.status_code == 200, part.text
+        assert 'id="attempt-2"' in part.text
+        assert f"/api/tasks/{task.task_id}/attempts/2/steps/4/screens/before" in part.text
+        assert read_events and {e.attempt for e in read_events} == {2}
+        assert sorted((s.step_index, s.phase) for s in read_shots) == [
+            (4, artifact_service_pb2.SCREENSHOT_PHASE_BEFORE),
+            (4, artifact_service_pb2.SCREENSHOT_PHASE_AFTER),
+        ]
+    finally:
+        server.stop()
+
+
+def _png() -> bytes:
+    image = io.BytesIO()
+    Image.new("RGB", (108, 240), "navy").save(image, format="PNG")
+    return image.getvalue()

@@ -26,15 +26,15 @@ from amc.v1 import types_pb2 as amc_dot_v1_dot_types__pb2
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1d\x61mc/v1/artifact_service.proto\x12\x06\x61mc.v1\x1a\x12\x61mc/v1/types.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"+\n\x0b\x41\x63tionMarks\x12\x1c\n\x06target\x18\x01 \x01(\x0b\x32\x0c.amc.v1.Rect\"\xb2\x02\n\x0eStepScreenshot\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x02 \x01(\x05\x12\x12\n\nstep_index\x18\x03 \x01(\x05\x12\x13\n\x0b\x64\x65\x63ision_id\x18\x04 \x01(\t\x12&\n\x05phase\x18\x05 \x01(\x0e\x32\x17.amc.v1.ScreenshotPhase\x12\x14\n\x0c\x63ontent_type\x18\x06 \x01(\t\x12\x12\n\nsize_bytes\x18\x07 \x01(\x03\x12\r\n\x05width\x18\x08 \x01(\x05\x12\x0e\n\x06height\x18\t \x01(\x05\x12\"\n\x05marks\x18\n \x01(\x0b\x32\x13.amc.v1.ActionMarks\x12\x0f\n\x07host_id\x18\x0b \x01(\t\x12/\n\x0buploaded_at\x18\x0c \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\xfc\x01\n\x1bUploadStepScreenshotRequest\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x02 \x01(\x05\x12\x10\n\x08lease_id\x18\x03 \x01(\t\x12\x15\n\x0b\x64\x65\x63ision_id\x18\x04 \x01(\tH\x00\x12\x1a\n\x10host_decision_id\x18\x05 \x01(\tH\x00\x12&\n\x05phase\x18\x06 \x01(\x0e\x32\x17.amc.v1.ScreenshotPhase\x12\x14\n\x0c\x63ontent_type\x18\x07 \x01(\t\x12\x0c\n\x04\x64\x61ta\x18\x08 \x01(\x0c\x12\"\n\x05marks\x18\t \x01(\x0b\x32\x13.amc.v1.ActionMarksB\x06\n\x04step\"J\n\x1cUploadStepScreenshotResponse\x12*\n\nscreenshot\x18\x01 \x01(\x0b\x32\x16.amc.v1.StepScreenshot\"e\n\x1aListStepScreenshotsRequest\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x02 \x01(\x05\x12\x11\n\tpage_size\x18\x03 \x01(\x05\x12\x12\n\npage_token\x18\x04 \x01(\t\"c\n\x1bListStepScreenshotsResponse\x12+\n\x0bscreenshots\x18\x01 \x03(\x0b\x32\x16.amc.v1.StepScreenshot\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"x\n\x18GetStepScreenshotRequest\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x02 \x01(\x05\x12\x12\n\nstep_index\x18\x03 \x01(\x05\x12&\n\x05phase\x18\x04 \x01(\x0e\x32\x17.amc.v1.ScreenshotPhase\"U\n\x19GetStepScreenshotResponse\x12*\n\nscreenshot\x18\x01 \x01(\x0b\x32\x16.amc.v1.StepScreenshot\x12\x0c\n\x04\x64\x61ta\x18\x02 \x01(\x0c*l\n\x0fScreenshotPhase\x12 \n\x1cSCREENSHOT_PHASE_UNSPECIFIED\x10\x00\x12\x1b\n\x17SCREENSHOT_PHASE_BEFORE\x10\x01\x12\x1a\n\x16SCREENSHOT_PHASE_AFTER\x10\x02\x32\xb0\x02\n\x0f\x41rtifactService\x12\x61\n\x14UploadStepScreenshot\x12#.amc.v1.UploadStepScreenshotRequest\x1a$.amc.v1.UploadStepScreenshotResponse\x12^\n\x13ListStepScreenshots\x12\".amc.v1.ListStepScreenshotsRequest\x1a#.amc.v1.ListStepScreenshotsResponse\x12Z\n\x11GetStepScreenshot\x12 .amc.v1.GetStepScreenshotRequest\x1a!.amc.v1.GetStepScreenshotResponse0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1d\x61mc/v1/artifact_service.proto\x12\x06\x61mc.v1\x1a\x12\x61mc/v1/types.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"+\n\x0b\x41\x63tionMarks\x12\x1c\n\x06target\x18\x01 \x01(\x0b\x32\x0c.amc.v1.Rect\"\xb2\x02\n\x0eStepScreenshot\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x02 \x01(\x05\x12\x12\n\nstep_index\x18\x03 \x01(\x05\x12\x13\n\x0b\x64\x65\x63ision_id\x18\x04 \x01(\t\x12&\n\x05phase\x18\x05 \x01(\x0e\x32\x17.amc.v1.ScreenshotPhase\x12\x14\n\x0c\x63ontent_type\x18\x06 \x01(\t\x12\x12\n\nsize_bytes\x18\x07 \x01(\x03\x12\r\n\x05width\x18\x08 \x01(\x05\x12\x0e\n\x06height\x18\t \x01(\x05\x12\"\n\x05marks\x18\n \x01(\x0b\x32\x13.amc.v1.ActionMarks\x12\x0f\n\x07host_id\x18\x0b \x01(\t\x12/\n\x0buploaded_at\x18\x0c \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\xfc\x01\n\x1bUploadStepScreenshotRequest\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x02 \x01(\x05\x12\x10\n\x08lease_id\x18\x03 \x01(\t\x12\x15\n\x0b\x64\x65\x63ision_id\x18\x04 \x01(\tH\x00\x12\x1a\n\x10host_decision_id\x18\x05 \x01(\tH\x00\x12&\n\x05phase\x18\x06 \x01(\x0e\x32\x17.amc.v1.ScreenshotPhase\x12\x14\n\x0c\x63ontent_type\x18\x07 \x01(\t\x12\x0c\n\x04\x64\x61ta\x18\x08 \x01(\x0c\x12\"\n\x05marks\x18\t \x01(\x0b\x32\x13.amc.v1.ActionMarksB\x06\n\x04step\"J\n\x1cUploadStepScreenshotResponse\x12*\n\nscreenshot\x18\x01 \x01(\x0b\x32\x16.amc.v1.StepScreenshot\"y\n\x1aListStepScreenshotsRequest\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x02 \x01(\x05\x12\x11\n\tpage_size\x18\x03 \x01(\x05\x12\x12\n\npage_token\x18\x04 \x01(\t\x12\x12\n\nafter_step\x18\x05 \x01(\x05\"c\n\x1bListStepScreenshotsResponse\x12+\n\x0bscreenshots\x18\x01 \x03(\x0b\x32\x16.amc.v1.StepScreenshot\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"x\n\x18GetStepScreenshotRequest\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x02 \x01(\x05\x12\x12\n\nstep_index\x18\x03 \x01(\x05\x12&\n\x05phase\x18\x04 \x01(\x0e\x32\x17.amc.v1.ScreenshotPhase\"U\n\x19GetStepScreenshotResponse\x12*\n\nscreenshot\x18\x01 \x01(\x0b\x32\x16.amc.v1.StepScreenshot\x12\x0c\n\x04\x64\x61ta\x18\x02 \x01(\x0c*l\n\x0fScreenshotPhase\x12 \n\x1cSCREENSHOT_PHASE_UNSPECIFIED\x10\x00\x12\x1b\n\x17SCREENSHOT_PHASE_BEFORE\x10\x01\x12\x1a\n\x16SCREENSHOT_PHASE_AFTER\x10\x02\x32\xb0\x02\n\x0f\x41rtifactService\x12\x61\n\x14UploadStepScreenshot\x12#.amc.v1.UploadStepScreenshotRequest\x1a$.amc.v1.UploadStepScreenshotResponse\x12^\n\x13ListStepScreenshots\x12\".amc.v1.ListStepScreenshotsRequest\x1a#.amc.v1.ListStepScreenshotsResponse\x12Z\n\x11GetStepScreenshot\x12 .amc.v1.GetStepScreenshotRequest\x1a!.amc.v1.GetStepScreenshotResponse0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'amc.v1.artifact_service_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_SCREENSHOTPHASE']._serialized_start=1192
-  _globals['_SCREENSHOTPHASE']._serialized_end=1300
+  _globals['_SCREENSHOTPHASE']._serialized_start=1212
+  _globals['_SCREENSHOTPHASE']._serialized_end=1320
   _globals['_ACTIONMARKS']._serialized_start=94
   _globals['_ACTIONMARKS']._serialized_end=137
   _globals['_STEPSCREENSHOT']._serialized_start=140
@@ -44,13 +44,13 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_UPLOADSTEPSCREENSHOTRESPONSE']._serialized_start=703
   _globals['_UPLOADSTEPSCREENSHOTRESPONSE']._serialized_end=777
   _globals['_LISTSTEPSCREENSHOTSREQUEST']._serialized_start=779
-  _globals['_LISTSTEPSCREENSHOTSREQUEST']._serialized_end=880
-  _globals['_LISTSTEPSCREENSHOTSRESPONSE']._serialized_start=882
-  _globals['_LISTSTEPSCREENSHOTSRESPONSE']._serialized_end=981
-  _globals['_GETSTEPSCREENSHOTREQUEST']._serialized_start=983
-  _globals['_GETSTEPSCREENSHOTREQUEST']._serialized_end=1103
-  _globals['_GETSTEPSCREENSHOTRESPONSE']._serialized_start=1105
-  _globals['_GETSTEPSCREENSHOTRESPONSE']._serialized_end=1190
-  _globals['_ARTIFACTSERVICE']._serialized_start=1303
-  _globals['_ARTIFACTSERVICE']._serialized_end=1607
+  _globals['_LISTSTEPSCREENSHOTSREQUEST']._serialized_end=900
+  _globals['_LISTSTEPSCREENSHOTSRESPONSE']._serialized_start=902
+  _globals['_LISTSTEPSCREENSHOTSRESPONSE']._serialized_end=1001
+  _globals['_GETSTEPSCREENSHOTREQUEST']._serialized_start=1003
+  _globals['_GETSTEPSCREENSHOTREQUEST']._serialized_end=1123
+  _globals['_GETSTEPSCREENSHOTRESPONSE']._serialized_start=1125
+  _globals['_GETSTEPSCREENSHOTRESPONSE']._serialized_end=1210
+  _globals['_ARTIFACTSERVICE']._serialized_start=1323
+  _globals['_ARTIFACTSERVICE']._serialized_end=1627
 # @@protoc_insertion_point(module_scope)

@@ -235,6 +235,7 @@ class ListStepScreenshotsRequest(_message.Message):
     ATTEMPT_FIELD_NUMBER: _builtins.int
     PAGE_SIZE_FIELD_NUMBER: _builtins.int
     PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    AFTER_STEP_FIELD_NUMBER: _builtins.int
     task_id: _builtins.str
     """Task id (required)."""
     attempt: _builtins.int
@@ -243,6 +244,12 @@ class ListStepScreenshotsRequest(_message.Message):
     """Page size, 1 to 1000; 0 means 200."""
     page_token: _builtins.str
     """Token from a previous response."""
+    after_step: _builtins.int
+    """Only screenshots of steps whose index is above this, of the one `attempt` asked for; 0
+    means every step (as ListDecisionsRequest.after_step). A live view reads what it has not
+    shown yet instead of every screenshot's metadata again. INVALID_ARGUMENT below 0, or above
+    0 without `attempt`.
+    """
     def __init__(
         self,
         *,
@@ -250,10 +257,11 @@ class ListStepScreenshotsRequest(_message.Message):
         attempt: _builtins.int = ...,
         page_size: _builtins.int = ...,
         page_token: _builtins.str = ...,
+        after_step: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "page_size", b"page_size", "page_token", b"page_token", "task_id", b"task_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["after_step", b"after_step", "attempt", b"attempt", "page_size", b"page_size", "page_token", b"page_token", "task_id", b"task_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
