@@ -350,6 +350,40 @@ def test_a_watched_task_s_cost_and_budget_change_live_in_the_list_and_on_the_pag
     report.assert_clean()
 
 
+def test_who_asked_to_cancel_and_when_the_task_finished_show_without_a_reload(
+    report: PageReport, gateway: str, operator: Operator, make_host: HostFactory
+) -> None:
+    """An operator watching a task another operator cancels reads who asked and, once the host
+    stopped, when the task finished, as a reload of the page would show them."""
+    page = report.page
+    host = make_host()
+    task = operator.submit(unique("Cancelled by another"), host_id=host.host_id)
+    a = host.assignment()
+    host.renew(a, 1, types_pb2.STEP_STATUS_ACTING, "step 1: tap 'Row 1'")
+    page.goto(f"{gateway}/tasks/{task.task_id}")
+    expect(page.locator("#live-state")).to_have_text("live", timeout=LIVE_MS)
+    expect(page.locator("#summary [data-field=cancelled-by]")).to_have_count(0)
+    mark_no_reload(page)
+
+    operator.tasks.CancelTask(
+        task_service_pb2.CancelTaskRequest(task_id=task.task_id, reason="wrong phone"),
+        timeout=LIVE_MS / 1000,
+    )
+    asked = operator.get(task.task_id).cancelled_by
+    assert asked
+    expect(page.locator("#summary [data-field=cancelled-by]")).to_have_text(
+        f"Cancel asked by {asked}.", timeout=LIVE_MS
+    )
+    host.finish(a, types_pb2.TASK_STATUS_CANCELLED, "cancelled")
+    expect(page.locator("#summary [data-field=status]")).to_have_text("cancelled", timeout=LIVE_MS)
+    finished = operator.get(task.task_id).finished_at.ToDatetime(tzinfo=UTC)
+    expect(page.locator("#summary [data-field=finished]")).to_have_text(
+        finished.strftime("%Y-%m-%d %H:%M:%S UTC")
+    )
+    assert_not_reloaded(page)
+    report.assert_clean()
+
+
 def test_columns_do_not_jump_when_a_row_changes_live(
     report: PageReport, gateway: str, operator: Operator, make_host: HostFactory
 ) -> None:

@@ -347,7 +347,16 @@
       el.hidden = !t.result_summary;
       if (t.result_summary) setText(root, "result", t.result_summary);
       el.className = "result status-" + t.status;
+      // The task page draws who asked to cancel after the result, once someone has.
+      if (t.cancelled_by && !field(root, "cancelled-by")) {
+        var asked = document.createElement("p");
+        asked.className = "small muted";
+        asked.dataset.field = "cancelled-by";
+        el.after(asked);
+      }
     }
+    if (t.cancelled_by) setText(root, "cancelled-by", "Cancel asked by " + t.cancelled_by + ".");
+    if (t.finished_at) setText(root, "finished", when(t.finished_at));
     if (changed && root.tagName === "TR") {
       root.classList.remove("flash");
       void root.offsetWidth; // restart the highlight animation
