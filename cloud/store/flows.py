@@ -134,12 +134,18 @@ async def active(store: Store, limit: int = MAX_CANDIDATES) -> list[FlowRow]:
         )
 
 
-def _cursor(row: FlowRow) -> str:
-    return page_token("flows", row.updated_at.isoformat(), row.flow_id)
+def listing(statuses: tuple[str, ...]) -> str:
+    """The page tokens' listing name: ListFlows with these statuses. A token held a position
+    only, and continued under another filter it silently skipped that filter's newer flows."""
+    return "flows/" + ",".join(sorted(set(statuses)))
 
 
-def _decode(token: str) -> tuple[dt.datetime, str]:
-    when, flow_id = position("flows", token, 2)
+def _cursor(statuses: tuple[str, ...], row: FlowRow) -> str:
+    return page_token(listing(statuses), row.updated_at.isoformat(), row.flow_id)
+
+
+def _decode(statuses: tuple[str, ...], token: str) -> tuple[dt.datetime, str]:
+    when, flow_id = position(listing(statuses), token, 2)
     try:
         return dt.datetime.fromisoformat(when), str(flow_id)
     except (TypeError, ValueError) as exc:
@@ -154,7 +160,7 @@ async def list_page(
     if statuses:
         stmt = stmt.where(FlowRow.status.in_(statuses))
     if page_token:
-        when, flow_id = _decode(page_token)
+        when, flow_id = _decode(statuses, page_token)
         stmt = stmt.where(
             or_(
                 FlowRow.updated_at < when,
@@ -166,7 +172,7 @@ async def list_page(
         rows = list((await session.scalars(stmt)).all())
     more = len(rows) > page_size
     rows = rows[:page_size]
-    return rows, (_cursor(rows[-1]) if more and rows else "")
+    return rows, (_cursor(statuses, rows[-1]) if more and rows else "")
 
 
 async def set_status(store: Store, flow_id: str, status: str, reason: str) -> FlowRow | None:

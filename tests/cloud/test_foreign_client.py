@@ -29,9 +29,11 @@ from amc.v1 import (
     types_pb2,
 )
 from cloud.server import CloudServer
+from cloud.store.paging import ELSEWHERE
 from tests.cloud.cloud_harness import ScriptedHost, assigned, channel
 from tests.cloud.test_contract_defects import _described
 from tests.support.fakes import FakeModelServer
+from tests.support.flows import store_flow
 
 #: Far longer than any id the cloud issues, far shorter than a request may be (4 MiB).
 OVERSIZE = "x" * 100_000
@@ -478,3 +480,46 @@ async def test_an_unknown_overlay_is_shown_to_no_model_and_logged_as_sent(
             assert [list(d.observation.overlays) for d in listed.decisions] == [
                 [99, types_pb2.OVERLAY_KEYBOARD]
             ]
+
+
+async def test_a_flows_page_token_continues_only_the_status_filter_it_came_from(
+    offline_cloud: CloudServer, pki_dir: Path
+) -> None:
+    """ListFlows' token held a position only: one from a listing of active flows went on under
+    another status filter (or none) and answered OK with a page that began after the other
+    listing's last flow, silently missing the newer flows of the filter asked for. ListTasks
+    and ListHosts refuse a token of another filter; ListFlows now does too."""
+    for n in range(3):
+        await store_flow(offline_cloud.store, f"Turn on dark theme {n}", task_id=f"t-pages-{n}")
+    active = [types_pb2.FLOW_STATUS_ACTIVE]
+    async with channel(offline_cloud.address, pki_dir, "operator-ops") as ops:
+        flows = flow_service_pb2_grpc.FlowServiceStub(ops)
+        first = await flows.ListFlows(
+            flow_service_pb2.ListFlowsRequest(page_size=1, statuses=active)
+        )
+        assert first.next_page_token
+        rest = await flows.ListFlows(
+            flow_service_pb2.ListFlowsRequest(
+                page_size=500, statuses=active, page_token=first.next_page_token
+            )
+        )
+        whole = await flows.ListFlows(flow_service_pb2.ListFlowsRequest(statuses=active))
+        assert [f.flow_id for f in [*first.flows, *rest.flows]] == [f.flow_id for f in whole.flows]
+        for other in (
+            [],
+            [types_pb2.FLOW_STATUS_DISABLED],
+            [*active, types_pb2.FLOW_STATUS_DISABLED],
+        ):
+            refused = await _refusal(
+                flows.ListFlows,
+                flow_service_pb2.ListFlowsRequest(statuses=other, page_token=first.next_page_token),
+            )
+            assert refused.code() == grpc.StatusCode.INVALID_ARGUMENT, refused.details()
+            assert refused.details() == f"page_token: {ELSEWHERE}"
+        # The same statuses in another order or repeated are the same listing.
+        again = await flows.ListFlows(
+            flow_service_pb2.ListFlowsRequest(
+                page_size=500, statuses=active * 2, page_token=first.next_page_token
+            )
+        )
+        assert [f.flow_id for f in again.flows] == [f.flow_id for f in rest.flows]

@@ -31,7 +31,10 @@ class ListFlowsRequest(_message.Message):
     page_size: _builtins.int
     """Page size, 1 to 500; 0 means 50."""
     page_token: _builtins.str
-    """Token from a previous response; empty for the first page."""
+    """Token from a previous response; empty for the first page. It continues only the listing
+    it came from: the same statuses (their order and repeats aside), else INVALID_ARGUMENT
+    (the page size may change).
+    """
     @_builtins.property
     def statuses(self) -> _containers.RepeatedScalarFieldContainer[_types_pb2.FlowStatus.ValueType]:
         """Only flows in these statuses; empty means all."""

@@ -60,8 +60,8 @@ class FlowServiceServicer:
 
     def ListFlows(self, request, context):
         """Flows, most recently changed first, paged. INVALID_ARGUMENT for a page size outside
-        0..500, a status unspecified or unknown to this server or a foreign page token (not from a
-        ListFlows).
+        0..500, a status unspecified or unknown to this server or a page token that is not from a
+        ListFlows of this server with the same statuses.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
