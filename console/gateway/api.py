@@ -366,9 +366,7 @@ async def set_flow_status(cloud: Cloud, flow_id: str, body: FlowStatusIn) -> Flo
 async def list_hosts(
     cloud: Cloud,
     connected_only: bool = False,
-    q: Annotated[
-        str, Query(max_length=128, description="only hosts whose id contains this text (any case)")
-    ] = "",
+    q: Annotated[str, Query(description="only hosts whose id contains this text (any case)")] = "",
     page_size: Annotated[int, Query(ge=1, le=500)] = 100,
     page_token: str = "",
 ) -> HostPage:

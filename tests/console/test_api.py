@@ -940,3 +940,22 @@ def test_the_host_filter_includes_queued_tasks_waiting_for_that_host(api: httpx.
     assert other.status_code == 201, other.text
     listed = api.get("/api/tasks", params={"host": host}).json()["tasks"]
     assert [t["task_id"] for t in listed] == [made.json()["task"]["task_id"]]
+
+
+@pytest.mark.parametrize(
+    ("path", "detail"),
+    [
+        ("/api/tasks", "query: at most 2000 characters"),
+        ("/api/hosts", "host_query: at most 128 characters"),
+    ],
+)
+def test_an_over_long_search_is_the_cloud_s_refusal_on_every_listing(
+    api: httpx.Client, path: str, detail: str
+) -> None:
+    """The search text's limit is the cloud's: /api/tasks passed an over-long `q` on and
+    answered the cloud's words with its gRPC code, while /api/hosts refused one itself with
+    pydantic's wording and a validation list, a second copy of the cloud's limit. A script
+    reads the same answer from both."""
+    response = api.get(path, params={"q": "x" * 2001})
+    assert response.status_code == 422, response.text
+    assert response.json() == {"detail": detail, "grpc_code": "INVALID_ARGUMENT"}
