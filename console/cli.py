@@ -38,8 +38,9 @@ from console import context, exit_codes, formatting, task_ids, wording
 from console.cli_errors import CloudTarget, UserError, from_rpc, run_main
 from console.cli_help import PlainCommand, PlainGroup
 from console.cli_output import err, out, print_json, print_json_line, print_text
-from console.client import OperatorClient, secure_channel, watch_progress
+from console.client import OperatorClient, secure_channel
 from console.limits import INT32_MAX, INT64_MAX, MAX_SECONDS, whole_number
+from console.watching import watch_through_restarts
 from planner.budget import dollars
 
 if TYPE_CHECKING:
@@ -1109,14 +1110,20 @@ def task_watch(
     ] = False,
     json_out: Json = False,
 ) -> None:
-    """Stream live progress until the task ends (or Ctrl-C for the fleet); the exit code says
-    how the task ended."""
+    """Stream live progress until the task ends (or Ctrl-C for the fleet), through restarts of
+    the cloud (up to 5 minutes away); the exit code says how the task ended."""
     from console.gateway.models import TaskOut
 
     async def watch(client: OperatorClient) -> int:
         resolved = await task_ids.resolve(client, task_id) if task_id else ""
         last: types_pb2.Task | None = None
-        async for change in watch_progress(client.progress, resolved, thinking=thinking):
+
+        def gone(why: str) -> None:
+            err.print(f"the cloud went away ({why}); watching again as soon as it answers")
+
+        async for change in watch_through_restarts(
+            client.progress, resolved, thinking=thinking, reached=bool(resolved), gone=gone
+        ):
             if change.HasField("thinking"):
                 live = change.thinking
                 if json_out:
@@ -1147,12 +1154,7 @@ def task_watch(
             )
         if not resolved:
             return exit_codes.OK
-        if last is None or last.status not in _ENDINGS:
-            raise UserError(
-                "the watch ended before the task did",
-                "watch it again; the cloud may have restarted",
-                exit_codes.CLOUD,
-            )
+        assert last is not None  # the watch of one task ends only once its task did
         return _ENDINGS[last.status]
 
     raise typer.Exit(_with_client(watch))

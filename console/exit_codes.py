@@ -6,7 +6,8 @@
   value, an unknown or ambiguous task id, a missing certificate, a setting that keeps a
   server from starting, a port that is taken;
 - 3: the watched task was cancelled;
-- 4: the cloud could not be reached, refused the operator's certificate, or did not answer;
+- 4: the cloud could not be reached, refused the operator's certificate, or did not answer
+  (`amc task watch` rides out a cloud that went away after it reached it, for 5 minutes);
 - 70: an unexpected internal error (`--debug` prints its traceback);
 - 130: interrupted (Ctrl-C);
 - 141: whatever read the output stopped reading (`amc task watch ID | head -1`): 128 + SIGPIPE,
