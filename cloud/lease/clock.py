@@ -16,15 +16,19 @@ clocks and swept as usual: nothing is extended.
 
 A gap is measured between two consecutive checks, and the `clock` job checks every second, so
 a step of the wall clock is seen whole however long ago the last renewal came, and a
-standstill is the time since the last check beyond that second. A step back only lengthens
-leases; it is taken as the new normal. Task deadlines are points in wall-clock time and stay
-as they are. A step within the instant between a check and the read
-of the clock that follows it is not seen.
+standstill is the time since the last check beyond that second. A step back of the gap or more
+is put right the other way: it left every stored expiry that much further off by the new clock
+(a renewal kept it and told its host an hour more, a host that died held its task an hour
+longer), so with no other replica alive it comes off live leases (`leases.keep_time_left`)
+before any of those decisions. Task deadlines are points in wall-clock time and stay as they
+are. A step within the instant between a check and the read of the clock that follows it is
+not seen.
 """
 
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -56,6 +60,8 @@ class ClockWatch:
         #: A gap seen whose new term is not written yet (the store failed): the next check
         #: tries again.
         self._owed = False
+        #: Seconds the wall clock stepped back that live leases still owe (the store failed).
+        self._owed_back = 0.0
         #: New terms given so far (tests read it).
         self.outages = 0
         self.reset()
@@ -65,50 +71,78 @@ class ClockWatch:
         self._last_mono = self._monotonic()
         self._offset = self._store.now().timestamp() - self._last_mono
 
-    def _lost(self) -> float:
-        """Seconds lost since the last check (wall clock stepped forward, or stood still)."""
+    def _moved(self) -> tuple[float, float]:
+        """Seconds lost since the last check (wall clock stepped forward, or stood still), and
+        seconds the wall clock stepped back."""
         mono = self._monotonic()
         offset = self._store.now().timestamp() - mono
         stepped = offset - self._offset
         stood = mono - self._last_mono - TICK_S
         self._last_mono, self._offset = mono, offset
-        return max(stepped, stood)
+        return max(stepped, stood), -stepped
 
     async def settled(self) -> None:
         """Return once no gap is owed: at once, with no suspension, when the clocks agree (the
-        renewals' path calls it for every batch); else after the new term is written."""
+        renewals' path calls it for every batch); else after the leases are put right."""
         if self._pending is None:
-            lost = self._lost()
-            if lost < self._gap and not self._owed:
+            lost, back = self._moved()
+            if back >= self._gap:
+                self._owed_back += back
+            if lost >= self._gap:
+                self._owed = True
+            if not self._owed and not self._owed_back:
                 return
-            self._owed = True
-            self._pending = asyncio.ensure_future(self._outage(lost))
+            self._pending = asyncio.ensure_future(self._settle(lost))
         await asyncio.shield(self._pending)
 
     async def tick(self) -> None:
         """The `clock` job's step."""
         await self.settled()
 
-    async def _outage(self, lost: float) -> None:
+    async def _settle(self, lost: float) -> None:
         try:
-            if await self._others_alive():
-                log.warning(
-                    "this replica lost %.1f s (its clock stepped or it stood still); other "
-                    "replicas kept time, no lease gets a new term",
-                    lost,
-                )
-            else:
-                extended = await leases.extend_after_outage(self._store)
-                self.outages += 1
-                log.warning(
-                    "this replica lost %.1f s (its clock stepped or it stood still) and no "
-                    "other replica is up: %d live lease(s) get a new term",
-                    lost,
-                    extended,
-                )
-            self._owed = False
+            if self._owed_back:
+                await self._step_back()
+            if self._owed:
+                await self._outage(lost)
         except Exception as exc:
-            errors.report(log, "giving live leases a new term after a gap failed", exc)
+            errors.report(log, "putting live leases right after a gap failed", exc)
         finally:
             self.reset()
             self._pending = None
+
+    async def _step_back(self) -> None:
+        back = self._owed_back
+        if await self._others_alive():
+            log.warning(
+                "this replica's clock stepped back %.1f s; other replicas kept time, no lease "
+                "is moved",
+                back,
+            )
+        else:
+            moved = await leases.keep_time_left(self._store, dt.timedelta(seconds=back))
+            log.warning(
+                "this replica's clock stepped back %.1f s and no other replica is up: %d live "
+                "lease(s) keep the time they had left",
+                back,
+                moved,
+            )
+        self._owed_back = 0.0
+
+    async def _outage(self, lost: float) -> None:
+        if await self._others_alive():
+            log.warning(
+                "this replica lost %.1f s (its clock stepped or it stood still); other "
+                "replicas kept time, no lease gets a new term",
+                lost,
+            )
+        else:
+            extended = await leases.extend_after_outage(self._store)
+            self.outages += 1
+            log.warning(
+                "this replica lost %.1f s (its clock stepped or it stood still) and no "
+                "other replica is up: %d live lease(s) get a new term",
+                lost,
+                extended,
+            )
+        self._owed = False

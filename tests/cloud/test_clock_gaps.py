@@ -99,9 +99,7 @@ async def test_a_replica_that_stood_still_gives_a_new_term(
     assert row.lease_expires_at >= store.now() + dt.timedelta(seconds=29)
 
 
-async def test_small_gaps_and_steps_back_change_nothing(
-    store: Store, monkeypatch: pytest.MonkeyPatch
-) -> None:
+async def test_small_gaps_change_nothing(store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
     c = await _lease(store)
     before = (await _row(store, c.task_id)).lease_expires_at
     mono = [1000.0]
@@ -111,9 +109,47 @@ async def test_small_gaps_and_steps_back_change_nothing(
     await watch.settled()
     mono[0] += 4.0  # a busy loop that checked four seconds later, one of them the tick's
     await watch.settled()
-    shift(-3600.0)  # a step back only lengthens leases
+    shift(0.0)  # and one back
     await watch.settled()
     assert watch.outages == 0
+    assert (await _row(store, c.task_id)).lease_expires_at == before
+
+
+async def test_a_step_back_keeps_each_live_lease_s_time_left(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An hour's step back (an NTP correction, a snapshot of the future put right) left every
+    stored expiry an hour further off by the new clock: a renewal kept it (far enough) and told
+    the host "an hour and 30 s left", and a host that died then held its task for an hour more
+    than its lease. The step comes off live leases, so each keeps the time it had left."""
+    c = await _lease(store)
+    before = (await _row(store, c.task_id)).lease_expires_at
+    assert before is not None
+    watch = ClockWatch(store, _alone, gap_s=5.0)
+    batcher = RenewalBatcher(store, EventBus(store), 0.0, 500, HALF, clock=watch)
+    batcher.start()
+    try:
+        _shift(store, monkeypatch)(-3600.0)
+        out = await batcher.renew(_item(c))
+        assert out.expires_at is not None, out
+        assert out.expires_at <= store.now() + dt.timedelta(seconds=31)
+    finally:
+        await batcher.stop()
+    row = await _row(store, c.task_id)
+    assert row.lease_expires_at is not None
+    assert row.lease_expires_at <= before - dt.timedelta(seconds=3600 - 1)
+    assert watch.outages == 0  # no new term: nothing was lost
+
+
+async def test_with_another_replica_alive_a_step_back_changes_nothing(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The others kept their clocks; their sweeps hold the stored expiries against them."""
+    c = await _lease(store)
+    before = (await _row(store, c.task_id)).lease_expires_at
+    watch = ClockWatch(store, _not_alone, gap_s=5.0)
+    _shift(store, monkeypatch)(-3600.0)
+    await watch.settled()
     assert (await _row(store, c.task_id)).lease_expires_at == before
 
 

@@ -50,6 +50,7 @@ from cloud.store.leases.resume import HelloIn, Settled, hellos, resume
 from cloud.store.leases.sweeps import (
     Ended,
     extend_after_outage,
+    keep_time_left,
     sweep_deadlines,
     sweep_expired,
 )
@@ -83,6 +84,7 @@ __all__ = [
     "held_recently",
     "hellos",
     "is_live",
+    "keep_time_left",
     "latest_progress",
     "lease_key",
     "lease_owner",

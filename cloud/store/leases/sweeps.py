@@ -324,3 +324,25 @@ async def extend_after_outage(store: Store) -> int:
         if terms:
             await session.execute(update(AttemptRow), terms)
     return len(terms)
+
+
+async def keep_time_left(store: Store, stepped_back: dt.timedelta) -> int:
+    """Bring every live lease's expiry `stepped_back` earlier; returns how many moved. Called
+    by a replica alone on its database whose wall clock stepped back: the expiries were written
+    by the clock before the step, so each lease had that much more time by the new clock (a
+    renewal kept the far expiry and told its host so, and a host that died held its task that
+    much longer). Afterwards each has the time it had left before the step."""
+    async with store.write() as session:
+        live = (
+            await session.execute(
+                select(AttemptRow.id, AttemptRow.lease_expires_at).where(
+                    AttemptRow.ended_at.is_(None), AttemptRow.lease_expires_at.is_not(None)
+                )
+            )
+        ).all()
+        moved = [
+            {"id": row_id, "lease_expires_at": expires - stepped_back} for row_id, expires in live
+        ]
+        if moved:
+            await session.execute(update(AttemptRow), moved)
+    return len(moved)
