@@ -869,8 +869,9 @@ def _sendable(option: str, value: int, limit: int) -> None:
         )
 
 
-def _secret_value(name: str) -> str:
-    """A secret's value from AMC_SECRET_<NAME>, else a hidden prompt (a terminal only)."""
+def _secret_value(name: str, given_as: str = "--secret") -> str:
+    """A secret's value from AMC_SECRET_<NAME>, else a hidden prompt (a terminal only);
+    `given_as` names where the name came from in a refusal."""
     import getpass
     import os
     import sys
@@ -880,7 +881,7 @@ def _secret_value(name: str) -> str:
     if value is None:
         if not sys.stdin.isatty():
             raise typer.BadParameter(
-                f"set {variable} (no terminal to ask for it)", param_hint="--secret"
+                f"set {variable} (no terminal to ask for it)", param_hint=given_as
             )
         value = getpass.getpass(f"value of secret {name} (not shown): ")
     try:
@@ -889,7 +890,7 @@ def _secret_value(name: str) -> str:
         # Checked here, so the failure names the variable: the general "is not UTF-8 text"
         # message (cli_errors.not_utf8) quotes the text, which must not happen to a secret.
         raise typer.BadParameter(
-            f"the value of {variable} is not UTF-8 text (not shown)", param_hint="--secret"
+            f"the value of {variable} is not UTF-8 text (not shown)", param_hint=given_as
         ) from None
     return value
 
@@ -1196,6 +1197,79 @@ def task_cancel(
         return
     word = "cancelling" if task.cancel_requested else formatting.status_name(task.status)
     out.print(f"{task.task_id}: {word}")
+
+
+#: The idempotency key of a retry of task X: a second `amc task retry X` (another operator,
+#: a resent command) answers the task the first one queued instead of running X twice more.
+RETRY_KEY = "retry-of-{}"
+
+
+@task_app.command(
+    "retry",
+    cls=PlainCommand,
+    epilog=_examples(
+        "amc task retry 3f2a",
+        'id=$(amc task retry 3f2a) && amc task watch "$id"',
+        "AMC_SECRET_PIN=4711 amc task retry 3f2a   # a goal with {{secret:pin}}",
+    ),
+)
+def task_retry(task_id: TaskIdArg, json_out: Json = False) -> None:
+    """Queue a failed or cancelled task again, as a new task with what it was submitted with
+    (goal, target, attempts, lease length, timeout from now, budget, --no-replay), and print
+    its id. The task's secrets were deleted when it ended: each comes again from
+    AMC_SECRET_<NAME>, else a hidden prompt. A task retried before answers that retry."""
+    from console.gateway.models import SubmitOut, TaskOut
+    from planner import secret_refs
+
+    async def retry(client: OperatorClient) -> task_service_pb2.SubmitTaskResponse:
+        resolved = await task_ids.resolve(client, task_id)
+        got: task_service_pb2.GetTaskResponse = await client.tasks.GetTask(
+            task_service_pb2.GetTaskRequest(task_id=resolved)
+        )
+        old = got.task
+        if old.status not in (types_pb2.TASK_STATUS_FAILED, types_pb2.TASK_STATUS_CANCELLED):
+            hint = (
+                "`amc task submit` runs its goal again as a new task"
+                if old.status == types_pb2.TASK_STATUS_SUCCEEDED
+                else f"`amc task cancel {resolved}` first, or `amc task watch {resolved}`"
+            )
+            raise UserError(
+                f"task {resolved} is {formatting.status_name(old.status)}: only a failed or "
+                "cancelled task is retried",
+                hint,
+            )
+        request = task_service_pb2.SubmitTaskRequest(
+            goal=old.goal,
+            target=old.target,
+            max_attempts=old.max_attempts,
+            lease_duration=old.lease_duration,
+            client_request_id=RETRY_KEY.format(resolved),
+            secrets={
+                name: _secret_value(name, f"the goal's {secret_refs.reference(name)}")
+                for name in secret_refs.names_in(old.goal)
+            },
+            no_replay=old.no_replay,
+            budget=old.budget,
+        )
+        request.timeout.FromTimedelta(old.deadline.ToDatetime() - old.created_at.ToDatetime())
+        response: task_service_pb2.SubmitTaskResponse = await client.tasks.SubmitTask(request)
+        return response
+
+    response = _with_client(retry)
+    if json_out:
+        print_json(
+            SubmitOut(
+                task=TaskOut.of(response.task),
+                deduplicated=response.deduplicated,
+                warnings=list(response.warnings),
+            )
+        )
+        return
+    for warning in response.warnings:
+        err.print(f"warning: {warning}")
+    if response.deduplicated:
+        err.print("note: this task was retried before; this is the task that retry queued")
+    out.print(response.task.task_id)
 
 
 @task_app.command(

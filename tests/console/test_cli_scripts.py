@@ -638,6 +638,7 @@ COMMANDS = [
     ["task", "events"],
     ["task", "watch"],
     ["task", "cancel"],
+    ["task", "retry"],
     ["task", "export"],
     ["flows"],
     ["flows", "list"],
