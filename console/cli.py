@@ -1116,14 +1116,18 @@ def task_watch(
     from console.gateway.models import TaskOut
 
     async def watch(client: OperatorClient) -> int:
-        resolved = await task_ids.resolve(client, task_id) if task_id else ""
+        if task_id:
+            resolved = await task_ids.resolve(client, task_id)
+        else:  # reach the cloud first: from then on a stream that breaks is opened again
+            resolved = ""
+            await client.tasks.ListTasks(task_service_pb2.ListTasksRequest(page_size=1))
         last: types_pb2.Task | None = None
 
         def gone(why: str) -> None:
             err.print(f"the cloud went away ({why}); watching again as soon as it answers")
 
         async for change in watch_through_restarts(
-            client.progress, resolved, thinking=thinking, reached=bool(resolved), gone=gone
+            client.progress, resolved, thinking=thinking, gone=gone
         ):
             if change.HasField("thinking"):
                 live = change.thinking

@@ -5,12 +5,11 @@ took `amc task watch` down with it, exit 4, while the task went on and ended on 
 process. An operator watching a task through a deploy, or a script waiting for its exit code,
 had to start again by hand. Here the watch opens a new stream whenever the old one broke or
 ended before its task did, with a doubling pause, and gives up (the gRPC error, as before)
-only once the cloud stayed away for `GIVE_UP_S`, or at once when the first stream never
-opened before the cloud was reached (a wrong address or certificate is said at once, as by
-every other command): a watch of one task has reached it when it resolved the task's id, a
-watch of the fleet with its first message. Each new stream starts with a snapshot:
-tasks unchanged since they were last shown are not shown again, so the output goes on where
-it stopped.
+only once the cloud stayed away for `GIVE_UP_S`. The caller reaches the cloud first (a watch
+of one task resolves its id, a watch of the fleet lists a task), so a wrong address or
+certificate is still said at once, as by every other command. Each new stream starts with a
+snapshot: tasks unchanged since they were last shown are not shown again, so the output goes
+on where it stopped.
 """
 
 from __future__ import annotations
@@ -47,20 +46,17 @@ async def watch_through_restarts(
     task_id: str = "",
     *,
     thinking: bool = False,
-    reached: bool = False,
     gone: Callable[[str], None] = lambda why: None,
 ) -> AsyncGenerator[progress_service_pb2.WatchProgressResponse, None]:
     """`console.client.watch_progress`, opened again after the cloud went away; ends when a
-    watched single task ends. `reached`: the cloud already answered this client (a stream that
-    fails before its first message is then watched again too). `gone(why)` is told once each
-    time the cloud went away."""
+    watched single task ends. `gone(why)` is told once each time the cloud went away."""
     shown: dict[str, types_pb2.Task] = {}
     away_since: float | None = None
     pause = FIRST_PAUSE_S
     while True:
         try:
             async for change in watch_progress(stub, task_id, thinking=thinking):
-                reached, away_since, pause = True, None, FIRST_PAUSE_S
+                away_since, pause = None, FIRST_PAUSE_S
                 if change.HasField("task"):
                     if change.snapshot and shown.get(change.task.task_id) == change.task:
                         continue
@@ -68,7 +64,7 @@ async def watch_through_restarts(
                 yield change
             why = "its stream ended before the task did"
         except grpc.aio.AioRpcError as error:
-            if error.code() not in GONE or not reached:
+            if error.code() not in GONE:
                 raise
             if away_since is not None and time.monotonic() - away_since > GIVE_UP_S:
                 raise
