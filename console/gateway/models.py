@@ -14,7 +14,7 @@ from typing import Any, Literal, get_args
 from google.protobuf.duration_pb2 import Duration
 from google.protobuf.json_format import MessageToDict
 from google.protobuf.timestamp_pb2 import Timestamp
-from pydantic import BaseModel, Field, ValidationInfo, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 from amc.v1 import (
     artifact_service_pb2,
@@ -952,7 +952,11 @@ def _unencodable(value: object) -> bool:
 
 class RequestIn(BaseModel):
     """A request body: its text must be Unicode, else 422 naming the field (not a 500 when it
-    is encoded for the cloud); its whole numbers JSON integers (`webui.numbers`)."""
+    is encoded for the cloud); its whole numbers JSON integers (`webui.numbers`); and no field
+    the API does not take (a misspelt "max_attempt" was dropped, the task queued with the
+    cloud's default as if the script's request had been followed)."""
+
+    model_config = ConfigDict(extra="forbid")
 
     @field_validator("*")
     @classmethod

@@ -959,3 +959,23 @@ def test_an_over_long_search_is_the_cloud_s_refusal_on_every_listing(
     response = api.get(path, params={"q": "x" * 2001})
     assert response.status_code == 422, response.text
     assert response.json() == {"detail": detail, "grpc_code": "INVALID_ARGUMENT"}
+
+
+def test_a_field_the_api_does_not_take_is_a_422_and_nothing_is_queued(api: httpx.Client) -> None:
+    """A body field the API does not know was dropped without a word: a misspelt
+    "max_attempt": 1 or a "budget" (which the API does not take) queued the task with the
+    cloud's defaults, the script told 201 as if its request had been followed."""
+    goal = unique("Unknown fields")
+    for extra in ({"max_attempt": 1}, {"budget": {"max_cost_usd": 0.5}}):
+        # Pinned to no host of the session's, so a task queued anyway is run by none.
+        body = {"goal": goal, "host_id": f"nobody-{uuid.uuid4().hex[:8]}", **extra}
+        response = api.post("/api/tasks", json=body)
+        assert response.status_code == 422, response.text
+        error = response.json()
+        name = next(iter(extra))
+        assert error["detail"] == f"{name}: Extra inputs are not permitted"
+        assert error["errors"][0]["loc"] == ["body", name]
+        assert "input" not in error["errors"][0]
+    assert api.get("/api/tasks", params={"q": goal}).json()["tasks"] == []
+    cancel = api.post("/api/tasks/unknown/cancel", json={"reason": "r", "why": "typo"})
+    assert cancel.status_code == 422, cancel.text
