@@ -6,7 +6,7 @@ hosts do with theirs; there is no password path into the gRPC services.
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -54,10 +54,12 @@ async def watch_progress(
     task_id: str = "",
     *,
     thinking: bool = False,
+    watching: Callable[[], object] | None = None,
 ) -> AsyncGenerator[progress_service_pb2.WatchProgressResponse, None]:
     """Live task changes (snapshot first), one task per yielded message; with `thinking` also the
     model's live thinking. Ends when a watched single task ends; closing the iterator cancels the
-    call.
+    call. `watching` is called once the cloud watches (its headers came: every change from then
+    on is streamed), or the call failed first (the iterator then raises).
 
     The call is `batched`: when many tasks change at once (a fleet's start, a snapshot of
     thousands) the replica writes several per message instead of one write each, which is what
@@ -70,6 +72,9 @@ async def watch_progress(
         )
     )
     try:
+        if watching is not None:
+            await call.initial_metadata()
+            watching()
         async for message in call:
             if not message.tasks:
                 yield message

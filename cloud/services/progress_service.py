@@ -122,6 +122,10 @@ class ProgressServicer(progress_service_pb2_grpc.ProgressServiceServicer):
         )
         shown = _Shown()
         try:
+            # The response's headers say "watching from now on" even when no snapshot message
+            # follows (no unfinished task): the console's live view opens only then, so a
+            # change right after it says "live" is never lost (console/gateway/events.py).
+            await context.send_initial_metadata(())
             if request.task_id:
                 view = await tasks.get(self._store, request.task_id)
                 if view is None:

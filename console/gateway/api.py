@@ -418,7 +418,7 @@ async def fleet_events(
         ),
     ] = True,
 ) -> StreamingResponse:
-    return event_stream(cloud, request.app.state.streams, allowed, snapshot=snapshot)
+    return await event_stream(cloud, request.app.state.streams, allowed, snapshot=snapshot)
 
 
 @router.get(
@@ -447,7 +447,7 @@ async def host_events(
         ),
     ] = True,
 ) -> StreamingResponse:
-    return host_event_stream(cloud, request.app.state.streams, allowed, snapshot=snapshot)
+    return await host_event_stream(cloud, request.app.state.streams, allowed, snapshot=snapshot)
 
 
 @router.get(
@@ -469,4 +469,4 @@ async def task_events(
     except grpc.aio.AioRpcError as error:
         if describe(error)[0] < 500:
             raise
-    return event_stream(cloud, request.app.state.streams, allowed, task_id)
+    return await event_stream(cloud, request.app.state.streams, allowed, task_id)

@@ -6,7 +6,7 @@ deadline so a stuck cloud turns into a 503/504 page instead of a hung browser ta
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from pathlib import Path
 from typing import Literal
 
@@ -390,25 +390,36 @@ class CloudClient:
         )
         return response.decision
 
-    async def watch_hosts(self) -> AsyncIterator[fleet_service_pb2.WatchHostsResponse]:
-        """Live host changes: the snapshot, its end marker, then one message per changed host.
+    async def watch_hosts(
+        self, watching: Callable[[], object] | None = None
+    ) -> AsyncIterator[fleet_service_pb2.WatchHostsResponse]:
+        """Live host changes: the snapshot, its end marker, then one message per changed host;
+        `watching` as for `watch` (the cloud's headers come with the snapshot it reads once it
+        watches).
 
         No deadline, like `watch`; closing the iterator cancels the call.
         """
         call = self._fleet.WatchHosts(fleet_service_pb2.WatchHostsRequest())
         try:
+            if watching is not None:
+                await call.initial_metadata()
+                watching()
             async for message in call:
                 yield message
         finally:
             call.cancel()
 
     def watch(
-        self, task_id: str = "", *, thinking: bool = False
+        self,
+        task_id: str = "",
+        *,
+        thinking: bool = False,
+        watching: Callable[[], object] | None = None,
     ) -> AsyncIterator[progress_service_pb2.WatchProgressResponse]:
         """Live task changes (snapshot first), and with `thinking` the model's live thinking;
-        ends when a watched single task ends.
+        ends when a watched single task ends. `watching` is called once the cloud watches.
 
         No deadline: the stream lives as long as the browser listens. Closing the iterator
         cancels the call (`console.client.watch_progress`: batched, one task per message).
         """
-        return watch_progress(self._progress, task_id, thinking=thinking)
+        return watch_progress(self._progress, task_id, thinking=thinking, watching=watching)

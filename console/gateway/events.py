@@ -23,7 +23,7 @@ import asyncio
 import contextlib
 import json
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 
 import grpc
 from starlette.responses import StreamingResponse
@@ -55,11 +55,11 @@ def _event(name: str, data: str) -> str:
 
 
 async def _task_frames(
-    cloud: CloudClient, task_id: str, snapshot: bool = True
+    cloud: CloudClient, task_id: str, snapshot: bool, watching: Callable[[], object]
 ) -> AsyncIterator[str]:
     """SSE frames of WatchProgress (one task's, or every task's when task_id is empty); without
     `snapshot`, only the changes after it (not every unfinished task first)."""
-    async for change in cloud.watch(task_id, thinking=bool(task_id)):
+    async for change in cloud.watch(task_id, thinking=bool(task_id), watching=watching):
         if change.snapshot and not snapshot:
             continue
         if change.HasField("thinking"):
@@ -72,10 +72,12 @@ async def _task_frames(
         yield _event("end", json.dumps({"task_id": task_id}))
 
 
-async def _host_frames(cloud: CloudClient, snapshot: bool = True) -> AsyncIterator[str]:
+async def _host_frames(
+    cloud: CloudClient, snapshot: bool, watching: Callable[[], object]
+) -> AsyncIterator[str]:
     """SSE frames of WatchHosts; without `snapshot`, only the changes after it (not every
     host first, nor the end of that)."""
-    async for change in cloud.watch_hosts():
+    async for change in cloud.watch_hosts(watching):
         if not snapshot and (change.snapshot or change.snapshot_complete):
             continue
         if change.snapshot_complete:
@@ -110,17 +112,30 @@ async def _pump(frames: AsyncIterator[str], queue: asyncio.Queue[str | None], wh
         await queue.put(None)
 
 
+#: A stream's first frame, queued once the cloud watches for it.
+_CONNECTED = f"retry: {RETRY_MS}\n: connected\n\n"
+
+
 async def _frames(
-    source: AsyncIterator[str], gauge: StreamGauge, allowed: Callable[[], bool], what: str
-) -> AsyncIterator[str]:
-    """The frames of `source` plus keepalives, until it ends or `allowed()` says no more
-    (`what`: the stream, for the log)."""
+    source: Callable[[Callable[[], object]], AsyncIterator[str]],
+    gauge: StreamGauge,
+    allowed: Callable[[], bool],
+    what: str,
+) -> AsyncGenerator[str, None]:
+    """The frames of `source` (given what to call once the cloud watches) plus keepalives,
+    until it ends or `allowed()` says no more (`what`: the stream, for the log). The first
+    frame comes once the cloud watches, or its stream failed first."""
     queue: asyncio.Queue[str | None] = asyncio.Queue()
-    pump = asyncio.create_task(_pump(source, queue, what))
+    pump = asyncio.create_task(_pump(source(lambda: queue.put_nowait(_CONNECTED)), queue, what))
     gauge.open += 1
     loop = asyncio.get_running_loop()
     try:
-        yield f"retry: {RETRY_MS}\n: connected\n\n"
+        first = await queue.get()
+        yield _CONNECTED
+        if first is None:
+            return
+        if first != _CONNECTED:
+            yield first  # the cloud's stream failed before it watched
         last_write = loop.time()
         while True:
             frame: str | None = ""
@@ -145,7 +160,7 @@ async def _frames(
             await pump
 
 
-def event_stream(
+async def event_stream(
     cloud: CloudClient,
     gauge: StreamGauge,
     allowed: Callable[[], bool],
@@ -157,20 +172,38 @@ def event_stream(
     for as long as `allowed()`; `snapshot=False` leaves out the current state the stream
     begins with."""
     what = f"task {task_id}" if task_id else "every task"
-    return _sse(_frames(_task_frames(cloud, task_id, snapshot), gauge, allowed, what))
+    return await _sse(
+        _frames(lambda ready: _task_frames(cloud, task_id, snapshot, ready), gauge, allowed, what)
+    )
 
 
-def host_event_stream(
+async def host_event_stream(
     cloud: CloudClient, gauge: StreamGauge, allowed: Callable[[], bool], *, snapshot: bool = True
 ) -> StreamingResponse:
     """An SSE response of every host's changes, for as long as `allowed()`; `snapshot=False`
     leaves out every host's current state the stream begins with."""
-    return _sse(_frames(_host_frames(cloud, snapshot), gauge, allowed, "every host"))
+    return await _sse(
+        _frames(lambda ready: _host_frames(cloud, snapshot, ready), gauge, allowed, "every host")
+    )
 
 
-def _sse(frames: AsyncIterator[str]) -> StreamingResponse:
+async def _sse(frames: AsyncGenerator[str, None]) -> StreamingResponse:
+    """The response, begun only once the cloud watches: a browser's EventSource opens (the page
+    says "live", the tasks page fetches its rows again) at the response's headers, and a change
+    between those and the cloud's subscription was in neither the rows nor a stream without
+    its snapshot; the row stayed as it was until a reload."""
+    first = await anext(frames)
     return StreamingResponse(
-        frames,
+        _resumed(first, frames),
         media_type="text/event-stream",
         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
     )
+
+
+async def _resumed(first: str, rest: AsyncGenerator[str, None]) -> AsyncIterator[str]:
+    try:
+        yield first
+        async for frame in rest:
+            yield frame
+    finally:
+        await rest.aclose()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import itertools
 import json
+import select
 import socket
 import threading
 import time
@@ -37,6 +38,7 @@ from tests.console.console_stack import (
     UvicornThread,
     fail_after_first_change,
 )
+from tests.support.tcp_proxy import TcpProxy
 from webui.errors import UNEXPECTED
 from webui.limits import MAX_BODY_BYTES, TOO_LARGE
 
@@ -886,31 +888,64 @@ def test_the_fleet_stream_can_leave_out_its_snapshot(
     task = operator.submit(unique("Changes now"), host_id=host.host_id)
     assignment = host.assignment()
     headers = {"Authorization": f"Bearer {API_TOKEN}"}
-    done = threading.Event()
-
-    def renew_until_seen() -> None:
-        """Change the task until the stream shows a change (it may subscribe a moment after
-        it opened, and a change before that is not in a stream without its snapshot)."""
-        for step in itertools.count(1):
-            if done.is_set():
-                return
-            host.renew(assignment, step, types_pb2.STEP_STATUS_ACTING, f"step {step}")
-            done.wait(0.2)
-
-    renewer = threading.Thread(target=renew_until_seen, daemon=True)
     with httpx.stream(
         "GET", f"{gateway}/api/events?snapshot=false", headers=headers, timeout=20
     ) as response:
-        renewer.start()
-        try:
-            data = next(d for n, d in sse_events(response) if n == "task")
-        finally:
-            done.set()
-            renewer.join()
+        host.renew(assignment, 1, types_pb2.STEP_STATUS_ACTING, "step 1")
+        data = next(d for n, d in sse_events(response) if n == "task")
     first = json.loads(data)
     assert first["task_id"] == task.task_id, "the stream began with its snapshot"
     assert first["task_id"] != unfinished.task_id
-    assert first["progress"]["step_index"] >= 1
+    assert first["progress"]["step_index"] == 1
+
+
+def test_a_stream_begins_only_once_the_cloud_watches(
+    console_settings: ConsoleSettings, operator: Operator, make_host: HostFactory
+) -> None:
+    """A browser's EventSource opens at the stream's response headers: the tasks page says
+    "live", fetches its rows again, and from then on relies on the stream, which leaves out
+    its snapshot. The gateway sent the headers before it had asked the cloud to watch, so a
+    step reported in between was in neither the rows nor the stream: the row showed the older
+    step until a reload (the browser test's "step 4 not shown within 10 s" under load). The
+    headers now wait for the cloud's, which it sends once it watches. Here the gateway's
+    request to the cloud waits in a proxy: the browser must not have heard back meanwhile."""
+    cloud_port = int(console_settings.cloud_address.rsplit(":", 1)[1])
+    proxy = TcpProxy([("127.0.0.1", cloud_port)]).start()
+    server = UvicornThread(
+        create_app(console_settings.model_copy(update={"cloud_address": proxy.address}))
+    )
+    base = server.start()
+    headers = {"Authorization": f"Bearer {API_TOKEN}"}
+    host = make_host()
+    task = operator.submit(unique("Watched from the start"), host_id=host.host_id)
+    assignment = host.assignment()
+    try:
+        listed = httpx.get(f"{base}/api/tasks", headers=headers, timeout=20)
+        assert listed.status_code == 200, listed.text  # the gateway's channel is up
+        port = int(base.rsplit(":", 1)[1])
+        for stream in ("/api/events?snapshot=false", "/api/hosts/events?snapshot=false"):
+            proxy.hold()
+            with socket.create_connection(("127.0.0.1", port), timeout=20) as browser:
+                request = (
+                    f"GET {stream} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
+                    f"Authorization: Bearer {API_TOKEN}\r\nAccept: text/event-stream\r\n\r\n"
+                )
+                browser.sendall(request.encode())
+                assert proxy.held.wait(20), f"{stream}: the gateway never asked the cloud"
+                heard, _, _ = select.select([browser], [], [], 0)
+                assert not heard, browser.recv(300)  # "HTTP/1.1 200 OK …": the page said "live"
+            proxy.release()
+        with httpx.stream(
+            "GET", f"{base}/api/events?snapshot=false", headers=headers, timeout=20
+        ) as response:
+            host.renew(assignment, 2, types_pb2.STEP_STATUS_ACTING, "tap 'Dark theme'")
+            changes = (json.loads(d) for n, d in sse_events(response) if n == "task")
+            mine = next(t for t in changes if t["task_id"] == task.task_id)
+        assert mine["progress"]["step_index"] == 2
+    finally:
+        proxy.release()
+        server.stop()
+        proxy.stop()
 
 
 def test_a_bad_task_status_is_a_422_listing_only_the_statuses_a_filter_takes(

@@ -11,6 +11,8 @@ process to die, say) does not stall the traffic it is watching.
   like a peer behind a dead NAT entry. New connections are forwarded normally. The proxy records
   the moment each side of a blackholed connection gives up (EOF or reset), which is how a test
   measures how long each side took to notice.
+- `hold()` keeps what clients send in the proxy (the backend hears nothing new) until
+  `release()`; `held` is set once something waits: a request is on its way and not yet there.
 """
 
 from __future__ import annotations
@@ -51,6 +53,9 @@ class TcpProxy:
         self._black = False
         self._black_links: set[int] = set()
         self._lock = threading.Lock()
+        self._flowing: asyncio.Event | None = None
+        #: Set when something a client sent waits in the proxy (see `hold`).
+        self.held = threading.Event()
 
     # --- lifecycle ----------------------------------------------------------------------------
     def start(self) -> TcpProxy:
@@ -59,6 +64,8 @@ class TcpProxy:
         return self
 
     async def _start(self) -> None:
+        self._flowing = asyncio.Event()
+        self._flowing.set()
         self._server = await asyncio.start_server(self._accept, "127.0.0.1", self._port)
         self._port = self._server.sockets[0].getsockname()[1]
 
@@ -98,6 +105,26 @@ class TcpProxy:
                     self._black_links.add(link.number)
                     frozen.append(link)
         return frozen
+
+    def hold(self) -> None:
+        """Keep what clients send from now on in the proxy until `release`."""
+        self._switch(False)
+
+    def release(self) -> None:
+        """Let what `hold` kept go on to the backend, and what follows it."""
+        self._switch(True)
+
+    def _switch(self, flowing: bool) -> None:
+        async def switch() -> None:
+            assert self._flowing is not None
+            if flowing:
+                self._flowing.set()
+            else:
+                self.held.clear()
+                self._flowing.clear()
+
+        assert self._loop is not None, "start the proxy first"
+        self._loop.run(switch(), 5)
 
     def links_since(self, moment: float) -> list[Link]:
         with self._lock:
@@ -142,6 +169,10 @@ class TcpProxy:
                     break
                 if link.number in self._black_links:
                     continue  # swallowed: the other side never hears of it
+                assert self._flowing is not None
+                if client_side and not self._flowing.is_set():
+                    self.held.set()
+                    await self._flowing.wait()
                 dst.write(data)
                 await dst.drain()
         except (ConnectionError, OSError):
