@@ -23,7 +23,8 @@
 //   AMC_HOST_ID            the id in the host certificate           (required)
 //   AMC_TLS_SERVER_NAME    name on the cloud's certificate          (localhost)
 //   ADB_HOST / ADB_PORT    the adb server                           (127.0.0.1 / 5037)
-//   AMC_TASKS              exit after this many tasks; 0 = run on   (0)
+//   AMC_TASKS              run this many tasks, refuse more, exit;  (0)
+//                          0 = run on
 //   AMC_HOST_DATA_DIR      where results wait for the cloud         (amc_host_data)
 //   AMC_PROTO_DIR          where amc/v1/*.proto live                (../../proto)
 'use strict';
@@ -1066,6 +1067,8 @@ const held = new Map(); // lease id -> HeldAssignment, from assignment to acknow
 const results = new Map(); // lease id -> the result message, until acknowledged
 let current = null; // the stream, once welcomed
 const inherited = new Set(); // lease ids of results a previous process kept: no task of ours
+const refused = new Set(); // lease ids of assignments refused past AMC_TASKS: no task run
+let started = 0; // tasks this process began
 
 // Results wait for the cloud's answer on disk too, as the Python host keeps them (its outbox's
 // results table): a host restarted, or crashed, before the cloud heard a result still has it,
@@ -1149,7 +1152,7 @@ function resendUnanswered(leaseId) {
 // Lets a lease go: its result was acknowledged or refused, or the cloud said the attempt is over.
 function release(leaseId, stream, state) {
   if (results.has(leaseId)) {
-    if (!inherited.delete(leaseId)) state.done += 1;
+    if (!inherited.delete(leaseId) && !refused.delete(leaseId)) state.done += 1;
     dropResult(leaseId);
   }
   held.delete(leaseId);
@@ -1157,7 +1160,26 @@ function release(leaseId, stream, state) {
   clearTimeout(resends.get(leaseId));
   resends.delete(leaseId);
   expiries.delete(leaseId);
-  if (TASKS && state.done >= TASKS) stream.end();
+  if (TASKS && state.done >= TASKS && !results.size) stream.end();
+}
+
+// AMC_TASKS: once its last task has begun, this process takes no more. It tells the cloud
+// (HostStopping: no assignment on this stream after it), and refuses one already on its way:
+// nothing ran, so the cloud queues the task again without counting the attempt (`retryable`
+// for a cloud from before refusals). Run instead, such a task outlived the stream its result
+// needed, and that result, resent every 5 s, kept the process from ever exiting.
+const lastTaskBegun = () => TASKS && started >= TASKS;
+function refuse(a) {
+  log(`assignment ${a.task_id} on ${a.device_serial} refused: this host runs no more tasks (AMC_TASKS=${TASKS})`);
+  const lease = { task_id: a.task_id, attempt: a.attempt, lease_id: a.lease_id };
+  held.set(a.lease_id, { ...lease, device_serial: a.device_serial });
+  refused.add(a.lease_id);
+  const summary = 'the host is stopping';
+  keepResult(a.lease_id, {
+    result: { ...lease, status: 'TASK_STATUS_FAILED', summary, retryable: true, refusal: 'ASSIGNMENT_REFUSAL_HOST_STOPPING' },
+  });
+  send(results.get(a.lease_id));
+  resendUnanswered(a.lease_id);
 }
 
 // One stream, from hello to its end: resolves with how it ended ({ code, details }).
@@ -1179,16 +1201,24 @@ function session(revoked, state) {
         log(`connected as ${msg.welcome.host_id} with ${devices.map((d) => d.serial).join(', ')}`);
         state.failures = 0;
         current = stream;
+        if (lastTaskBegun()) stream.write({ stopping: {} });
         // The phones changed between the hello and its answer: the update would have been lost.
         if (listed(reported()) !== listed(devices)) send({ device_update: { devices: reported() } });
         for (const result of results.values()) stream.write(result);
         break;
       case 'assignment': {
         const a = msg.assignment;
+        if (!a.resumed && lastTaskBegun()) {
+          refuse(a);
+          break;
+        }
         expiries.set(a.lease_id, now() + ms(a.lease_remaining || a.lease_duration));
         // resumed: a lease this process listed, confirmed; its task runs on (or its result,
         // kept, was sent again above).
-        if (!a.resumed) runTask(a, revoked);
+        if (a.resumed) break;
+        started += 1;
+        if (lastTaskBegun()) stream.write({ stopping: {} });
+        runTask(a, revoked);
         break;
       }
       case 'renewed':

@@ -222,6 +222,49 @@ async def test_a_look_the_phone_never_answers_ends_its_attempt_retryable(
     assert final.status != types_pb2.TASK_STATUS_FAILED, said  # retryable: it runs again
 
 
+async def test_a_node_host_told_to_run_one_task_takes_no_second_one(
+    node: str, tmp_path: Path
+) -> None:
+    """host.js with AMC_TASKS=1 ran every assignment it was sent, however many: on two free
+    phones it ran two tasks, and one sent as it ended its stream (the next attempt of a task
+    whose attempt ended retryable on the same phone, as in the hung-dump test above under load)
+    ran on with no stream to report to; its result, resent every 5 s, kept host.js from ever
+    exiting. As its last task starts it now tells the cloud it is stopping (HostStopping: no
+    assignment after it), and refuses one already on its way (ASSIGNMENT_REFUSAL_HOST_STOPPING:
+    nothing ran, the task is queued again without counting the attempt)."""
+    first, second = VirtualPhone("emulator-5554"), VirtualPhone("emulator-5556")
+    async with cloud_and_phone(tmp_path, first, HOST_ID, more=[second]) as rig:
+        submitted = [
+            (
+                await rig.client.tasks.SubmitTask(
+                    task_service_pb2.SubmitTaskRequest(goal="Turn on dark theme", max_attempts=1),
+                    timeout=10,
+                )
+            ).task
+            for _ in range(2)
+        ]
+        host = await start_host(node, rig, HOST_ID, tmp_path / "host-data")
+        try:
+            _, err = await asyncio.wait_for(host.communicate(), 120)
+        finally:
+            if host.returncode is None:
+                host.kill()
+                await host.wait()
+        said = err.decode()
+        ended = [
+            await wait_task(
+                rig.client, t.task_id, lambda t: t.status != types_pb2.TASK_STATUS_RUNNING, 30
+            )
+            for t in submitted
+        ]
+    assert host.returncode == 0, said
+    assert sorted(types_pb2.TaskStatus.Name(t.status) for t in ended) == [
+        "TASK_STATUS_QUEUED",
+        "TASK_STATUS_SUCCEEDED",
+    ], said
+    assert [first.state.flag("dark_theme"), second.state.flag("dark_theme")].count(True) == 1
+
+
 async def test_an_adb_server_gone_takes_every_phone_offline_at_once_and_a_failing_step_retryable(
     node: str, tmp_path: Path
 ) -> None:
