@@ -122,27 +122,34 @@ class ProgressServicer(progress_service_pb2_grpc.ProgressServiceServicer):
         )
         shown = _Shown()
         try:
-            # The response's headers say "watching from now on" even when no snapshot message
-            # follows (no unfinished task): the console's live view opens only then, so a
-            # change right after it says "live" is never lost (console/gateway/events.py).
-            await context.send_initial_metadata(())
+            ended = False
             if request.task_id:
                 view = await tasks.get(self._store, request.task_id)
                 if view is None:
                     await abort(
                         context, grpc.StatusCode.NOT_FOUND, f"task {request.task_id} not found"
                     )
-                for msg in _messages([shown.keep(view)], request, snapshot=True):
-                    yield msg
-                if view.task.status in states.TERMINAL:
-                    return
+                snapshot = [shown.keep(view)]
+                ended = view.task.status in states.TERMINAL
             else:
+                snapshot = []
                 ids = await tasks.active_task_ids(self._store)
                 for i in range(0, len(ids), _SNAPSHOT_CHUNK):
-                    chunk = ids[i : i + _SNAPSHOT_CHUNK]
-                    views = await tasks.load_views(self._store, chunk, usage=False)
-                    for msg in _messages([shown.keep(v) for v in views], request, snapshot=True):
-                        yield msg
+                    views = await tasks.load_views(
+                        self._store, ids[i : i + _SNAPSHOT_CHUNK], usage=False
+                    )
+                    snapshot.extend(shown.keep(v) for v in views)
+            # The response's headers say "every change from now on follows", even when no
+            # snapshot message does (no unfinished task), so they wait for the whole snapshot
+            # read: a renewal written before it is in the snapshot, and not sent again (`KEPT`).
+            # A watcher that leaves the snapshot out (the console's tasks page) reads its own
+            # rows once the headers came (console/gateway/events.py); with the headers sent
+            # before the read, a step written in between was in neither.
+            await context.send_initial_metadata(())
+            for msg in _messages(snapshot, request, snapshot=True):
+                yield msg
+            if ended:
+                return
             while True:
                 changed = await sub.next()
                 extended = sub.take_extended()

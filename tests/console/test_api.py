@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import contextlib
 import io
 import itertools
 import json
+import queue
 import select
 import socket
 import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
+from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -22,6 +26,11 @@ from starlette.responses import StreamingResponse
 from amc.v1 import artifact_service_pb2, lease_service_pb2, types_pb2
 from amc.v1.artifact_service_pb2_grpc import ArtifactServiceStub
 from cloud import pki as cloud_pki
+from cloud.server import build_server
+from cloud.settings import CloudSettings
+from cloud.store import states
+from cloud.store.database import Store
+from cloud.store.models import TaskRow
 from console.gateway import create_app
 from console.gateway.errors import UNREACHABLE
 from console.gateway.history import DIRECT_TRANSPORT, NOT_ASSIGNED_YET
@@ -38,6 +47,7 @@ from tests.console.console_stack import (
     UvicornThread,
     fail_after_first_change,
 )
+from tests.support.loop_thread import LoopThread
 from tests.support.tcp_proxy import TcpProxy
 from webui.errors import UNEXPECTED
 from webui.limits import MAX_BODY_BYTES, TOO_LARGE
@@ -946,6 +956,85 @@ def test_a_stream_begins_only_once_the_cloud_watches(
         proxy.release()
         server.stop()
         proxy.stop()
+
+
+async def _queue_tasks(store: Store, count: int) -> None:
+    """`count` tasks queued for a host that never comes, in one transaction."""
+    now = store.now()
+    async with store.write() as session:
+        session.add_all(
+            TaskRow(
+                task_id=uuid.uuid4().hex,
+                goal=f"waiting {n}",
+                status=states.QUEUED,
+                attempt=0,
+                max_attempts=1,
+                target_host_id="nowhere",
+                lease_seconds=60,
+                deadline=now + timedelta(hours=1),
+                cancel_requested=False,
+                created_at=now,
+                updated_at=now,
+            )
+            for n in range(count)
+        )
+
+
+def test_a_step_written_while_the_cloud_reads_its_snapshot_is_streamed(
+    tmp_path: Path, pki_dir: Path, console_settings: ConsoleSettings
+) -> None:
+    """The cloud sent its headers (the page's "live", then its rows fetched again) before it
+    read the snapshot, which the tasks page's stream leaves out. A step written after those
+    rows were read but before the cloud read its task for the snapshot was in the snapshot, so
+    not sent again as a change (the task "as sent" already had it), and in no row either: the
+    row kept its older step. With thousands of unfinished tasks the read takes a while: a
+    renewal right after the headers was lost. The headers now wait for the snapshot read."""
+    loop = LoopThread("busy-cloud")
+    settings = CloudSettings(
+        database_url=f"sqlite+aiosqlite:///{tmp_path / 'busy.sqlite3'}",
+        listen_address="127.0.0.1:0",
+        pki_dir=pki_dir,
+        default_lease_seconds=60,
+    )
+    server = loop.run(build_server(settings))
+    loop.run(server.start())
+    gateway = UvicornThread(
+        create_app(console_settings.model_copy(update={"cloud_address": server.address}))
+    )
+    base = gateway.start()
+    op = Operator(server.address, pki_dir, "tester")
+    host_id = f"sim-{uuid.uuid4().hex[:8]}"
+    cloud_pki.write_host_cert(pki_dir, host_id)
+    host = SimHost(server.address, pki_dir, host_id)
+    try:
+        host.connect()
+        task = op.submit(unique("Watched on a busy fleet"), host_id=host_id)
+        assignment = host.assignment()
+        host.renew(assignment, 1, types_pb2.STEP_STATUS_ACTING, "tap 'Display'")
+        loop.run(_queue_tasks(server.store, 3000))  # read before the watched task: older
+        headers = {"Authorization": f"Bearer {API_TOKEN}"}
+        seen: queue.Queue[dict[str, Any]] = queue.Queue()
+        with httpx.stream(
+            "GET", f"{base}/api/events?snapshot=false", headers=headers, timeout=30
+        ) as response:
+
+            def read() -> None:
+                with contextlib.suppress(httpx.HTTPError):
+                    for name, data in sse_events(response):
+                        change = json.loads(data) if name == "task" else {}
+                        if change.get("task_id") == task.task_id:
+                            seen.put(change)
+
+            threading.Thread(target=read, daemon=True).start()
+            host.renew(assignment, 2, types_pb2.STEP_STATUS_ACTING, "tap 'Dark theme'")
+            change = seen.get(timeout=30)
+        assert change["progress"]["step_index"] == 2
+    finally:
+        host.close()
+        op.close()
+        gateway.stop()
+        loop.run(server.stop(0))
+        loop.stop()
 
 
 def test_a_bad_task_status_is_a_422_listing_only_the_statuses_a_filter_takes(
