@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import re
+import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import replace
@@ -20,9 +21,11 @@ from pathlib import Path
 import pytest
 from google.protobuf.timestamp_pb2 import Timestamp
 from playwright.sync_api import (
+    APIResponse,
     Browser,
     Page,
     Playwright,
+    Route,
     ViewportSize,
     expect,
     sync_playwright,
@@ -441,6 +444,47 @@ def test_a_new_task_row_is_inserted_without_taking_focus_away(
     said = f"New task: {goal} (queued)"
     page.wait_for_function("said => window.__amcSaid.includes(said)", arg=said, timeout=LIVE_MS)
     assert_not_reloaded(page)
+    report.assert_clean()
+
+
+def test_rows_fetched_before_a_change_do_not_put_the_older_step_back(
+    report: PageReport, gateway: str, operator: Operator, make_host: HostFactory
+) -> None:
+    """As the tasks page's stream opens it fetches its rows again; a step reported meanwhile
+    comes as an event and is patched in. When that fetch, which read the rows before the step,
+    came back after the event, its older copy of the row replaced the patched one: the row
+    showed the step before (the browser tests' "step 4 not shown" under load) until the task
+    changed again. Here the fetch is held back in the browser until after the event."""
+    page = report.page
+    host = make_host()
+    task = operator.submit(unique("Stays on its step"), host_id=host.host_id)
+    a = host.assignment()
+    host.renew(a, 1, types_pb2.STEP_STATUS_ACTING, "tap 'Display'")
+    held: list[tuple[Route, APIResponse]] = []
+
+    def hold_the_catch_up(route: Route) -> None:
+        if route.request.resource_type == "fetch" and not held:
+            held.append((route, route.fetch()))  # the rows as they are now: step 1
+        else:
+            route.continue_()
+
+    rows = f"{gateway}/tasks"
+    page.route(rows, hold_the_catch_up)
+    page.goto(rows)
+    expect(page.locator("#live-state")).to_have_text("live", timeout=LIVE_MS)
+    deadline = time.monotonic() + LIVE_MS / 1000
+    while not held and time.monotonic() < deadline:
+        page.wait_for_timeout(50)  # lets Playwright run the route handler
+    assert held, "the page did not fetch its rows as its stream opened"
+    row = page.locator(f"#task-{task.task_id} [data-field=progress]")
+    host.renew(a, 2, types_pb2.STEP_STATUS_ACTING, "tap 'Dark theme'")
+    expect(row).to_have_text("step 2 · acting · tap 'Dark theme'", timeout=LIVE_MS)
+    # A new task's row is fetched once the held fetch is merged: when it shows, that is done.
+    later = operator.submit(unique("Submitted after"), host_id="no-such-host")
+    route, response = held[0]
+    route.fulfill(response=response)
+    expect(page.locator(f"#task-{later.task_id}")).to_have_count(1, timeout=LIVE_MS)
+    expect(row).to_have_text("step 2 · acting · tap 'Dark theme'")
     report.assert_clean()
 
 

@@ -214,6 +214,16 @@
     });
   }
 
+  // Whether `mine` (a task row as live events patched it) shows a later moment of its task
+  // than `fetched`: a fetch of the page that read its rows before an event's change, answered
+  // after the event was patched in, would put the older step back (until the next change).
+  function newer(mine, fetched) {
+    var a = mine.querySelector('[data-field="updated"]');
+    var b = fetched.querySelector('[data-field="updated"]');
+    return !!(a && b && a.dataset.ago && b.dataset.ago &&
+      Date.parse(a.dataset.ago) > Date.parse(b.dataset.ago));
+  }
+
   function mergeChildren(current, fresh, insertOnly) {
     var existing = {};
     Array.prototype.forEach.call(current.children, function (child) {
@@ -224,7 +234,7 @@
     Array.prototype.forEach.call(fresh.children, function (freshChild) {
       var node = freshChild.id ? existing[freshChild.id] : null;
       if (node) {
-        if (!insertOnly) node = merge(node, freshChild, false);
+        if (!insertOnly && !newer(node, freshChild)) node = merge(node, freshChild, false);
       } else {
         node = document.importNode(freshChild, true);
       }
