@@ -52,7 +52,9 @@ class ProgressServiceServicer:
         status), then one message per change (with `batched`, several tasks per message). It ends
         when a watched single task ends. NOT_FOUND for a task id this cloud does not know: a watch
         opened before its task was submitted is refused, not kept waiting (submit, then watch the
-        id SubmitTask answered).
+        id SubmitTask answered). The response headers arrive once the cloud is subscribed and has
+        read the snapshot: a client that reads the current rows after the headers misses no change
+        (what the console waits for before saying it is live).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -39,7 +39,9 @@ class ProgressServiceStub:
     status), then one message per change (with `batched`, several tasks per message). It ends
     when a watched single task ends. NOT_FOUND for a task id this cloud does not know: a watch
     opened before its task was submitted is refused, not kept waiting (submit, then watch the
-    id SubmitTask answered).
+    id SubmitTask answered). The response headers arrive once the cloud is subscribed and has
+    read the snapshot: a client that reads the current rows after the headers misses no change
+    (what the console waits for before saying it is live).
     """
 
 @_typing.type_check_only
@@ -53,7 +55,9 @@ class ProgressServiceAsyncStub(ProgressServiceStub):
     status), then one message per change (with `batched`, several tasks per message). It ends
     when a watched single task ends. NOT_FOUND for a task id this cloud does not know: a watch
     opened before its task was submitted is refused, not kept waiting (submit, then watch the
-    id SubmitTask answered).
+    id SubmitTask answered). The response headers arrive once the cloud is subscribed and has
+    read the snapshot: a client that reads the current rows after the headers misses no change
+    (what the console waits for before saying it is live).
     """
 
 class ProgressServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -70,7 +74,9 @@ class ProgressServiceServicer(metaclass=_abc_1.ABCMeta):
         status), then one message per change (with `batched`, several tasks per message). It ends
         when a watched single task ends. NOT_FOUND for a task id this cloud does not know: a watch
         opened before its task was submitted is refused, not kept waiting (submit, then watch the
-        id SubmitTask answered).
+        id SubmitTask answered). The response headers arrive once the cloud is subscribed and has
+        read the snapshot: a client that reads the current rows after the headers misses no change
+        (what the console waits for before saying it is live).
         """
 
 def add_ProgressServiceServicer_to_server(servicer: ProgressServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
