@@ -67,11 +67,18 @@ class Counting:
         return bool(self.inner.check_token(token))  # type: ignore[attr-defined]
 
 
-class Slow(Counting):
-    """The gateway's credentials, taking a whole second per password (blocking, as scrypt)."""
+class Held(Counting):
+    """The gateway's credentials, holding each password check (blocking, as scrypt does) until
+    the test lets it go."""
+
+    def __init__(self, inner: object) -> None:
+        super().__init__(inner)
+        self.checking = threading.Event()
+        self.release = threading.Event()
 
     def check_login(self, username: str, password: str) -> bool:
-        time.sleep(1.0)
+        self.checking.set()
+        self.release.wait(30)
         return super().check_login(username, password)
 
 
@@ -126,16 +133,20 @@ def test_checking_a_password_does_not_stall_the_console(
     """The password hash runs in a worker thread: while one login is being checked, other
     requests (pages, streams, health) are answered at once, not after it."""
     base, app = own_gateway
-    app.state.credentials = Slow(app.state.credentials)  # type: ignore[attr-defined]
+    held = Held(app.state.credentials)  # type: ignore[attr-defined]
+    app.state.credentials = held  # type: ignore[attr-defined]
     with _client(base) as person, _client(base) as other:
         login = threading.Thread(target=_try, args=(person, ADMIN, PASSWORD))
         login.start()
-        time.sleep(0.3)  # the check is under way
-        started = time.monotonic()
-        assert other.get("/healthz").status_code == 200
-        waited = time.monotonic() - started
-        login.join()
-    assert waited < 0.5, f"/healthz waited {waited:.1f} s for a password check"
+        try:
+            assert held.checking.wait(10), "the login never reached the password check"
+            # Answered while the check is still held: a check on the event loop would hold
+            # this request until the check ends, which only happens after it (a ReadTimeout).
+            assert other.get("/healthz").status_code == 200
+            assert not held.release.is_set()
+        finally:
+            held.release.set()
+            login.join()
 
 
 @pytest.mark.parametrize("ending", ["logout", "expiry"])
