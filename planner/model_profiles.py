@@ -44,7 +44,7 @@ CLAUDE_47_EFFORTS = frozenset({"low", "medium", "high", "xhigh", "max"})
 # default to medium reasoning effort, and do not support none"; "xhigh is supported for all
 # models after gpt-5.1-codex-max". The API refuses `minimal` on gpt-5.1 ("…Supported values are:
 # 'none', 'low', 'medium', and 'high'.", openai/openai-agents-python#2089) and on gpt-5.6
-# ("…Supported values are: 'none', 'low', 'medium', 'high', 'xhigh'.", livekit/agents#7169),
+# (livekit/agents#7169, whose quoted list lacks the `max` gpt-5.6 takes: GPT_56_EFFORTS),
 # and everything but `medium` on gpt-5.1-chat-latest and gpt-5.2-chat-latest ("Supported values
 # are: 'medium'.", Laisky/one-api#266, egoist/chatwise-releases#1257).
 OPENAI_EFFORTS = frozenset({"minimal", "low", "medium", "high"})
@@ -54,6 +54,10 @@ OPENAI_EFFORTS = frozenset({"minimal", "low", "medium", "high"})
 O_SERIES_EFFORTS = frozenset({"low", "medium", "high"})
 GPT_51_EFFORTS = frozenset({"none", "low", "medium", "high"})
 GPT_52_EFFORTS = frozenset({"none", "low", "medium", "high", "xhigh"})
+# The GPT-5.6 family (Sol, Terra, Luna) adds `max` (its model docs: "`reasoning.effort`, with
+# values none, low, medium, high, xhigh, and max"; mnfst/modelparams.dev#86, enricoros/big-AGI
+# #1159 probing the live API); gpt-5.2 to 5.5 refuse it.
+GPT_56_EFFORTS = GPT_52_EFFORTS | {"max"}
 ANY_EFFORT = frozenset({"none", "minimal", "low", "medium", "high", "xhigh", "max"})
 
 
@@ -291,6 +295,7 @@ PROFILES: dict[str, ModelProfile] = {
             _GPT_5, name="gpt-5.1-codex-max", efforts=GPT_51_EFFORTS | {"xhigh"}, off_effort="none"
         ),
         replace(_GPT_5, name="gpt-5.2+", efforts=GPT_52_EFFORTS, off_effort="none"),
+        replace(_GPT_5, name="gpt-5.6", efforts=GPT_56_EFFORTS, off_effort="none"),
         # The Codex models reason always: no `none` ("'none' is not supported with the
         # 'gpt-5.1-codex' model. Supported values are: 'low', 'medium', and 'high'", an OpenAI
         # maintainer in openai/codex#6647); gpt-5.1-codex-mini takes medium and high only;
@@ -388,7 +393,8 @@ FAMILIES: dict[str, str] = {
     "gpt-5.3-codex": "gpt-5.x-codex",
     "gpt-5.4-pro": "gpt-5.x-pro",
     "gpt-5.5-pro": "gpt-5.x-pro",
-    "gpt-5.": "gpt-5.2+",  # every later GPT-5 version: gpt-5.2, 5.4, 5.6-sol…
+    "gpt-5.": "gpt-5.2+",  # every later GPT-5 version: gpt-5.2, 5.4, 5.5…
+    "gpt-5.6": "gpt-5.6",  # gpt-5.6-sol, -terra, -luna
     "gpt-5-chat": "gpt-5-chat",
     "gpt-6": "gpt-6",
     "gpt-6.": "gpt-6",  # its later versions: gpt-6.2-astra…

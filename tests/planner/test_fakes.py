@@ -396,7 +396,8 @@ async def _chat_refusal(
     ("model", "effort", "refused"),
     [
         ("gpt-5.1", "minimal", "Supported values are: 'none', 'low', 'medium', 'high'."),
-        ("gpt-5.6-sol", "minimal", "'none', 'low', 'medium', 'high', 'xhigh'."),
+        ("gpt-5.6-sol", "minimal", "'none', 'low', 'medium', 'high', 'xhigh', 'max'."),
+        ("gpt-5.5", "max", "'none', 'low', 'medium', 'high', 'xhigh'."),
         ("gpt-5-mini", "none", "Supported values are: 'minimal', 'low', 'medium', 'high'."),
         ("gpt-5.1-chat-latest", "high", "Supported values are: 'medium'."),
         ("gpt-5.1", "none", None),

@@ -60,7 +60,7 @@ def settings(**values: Any) -> PlannerSettings:
         ("gpt-5.1-codex-max", "openai", "gpt-5.1-codex-max"),
         ("gpt-5.2", "openai", "gpt-5.2+"),
         ("gpt-5.4-mini", "openai", "gpt-5.2+"),
-        ("gpt-5.6-sol", "openai", "gpt-5.2+"),
+        ("gpt-5.6-sol", "openai", "gpt-5.6"),
         ("gpt-6-sol", "openai", "gpt-6"),
         ("gpt-6.2-astra", "openai", "gpt-6"),
         ("gpt-5.1-chat-latest", "openai", "gpt-5.x-chat"),
@@ -238,6 +238,9 @@ def test_a_configuration_the_model_cannot_take_is_refused_at_start(
         ("gpt-5.2", "xhigh", True),
         ("gpt-5.4", "none", True),
         ("gpt-5.6-sol", "minimal", False),
+        ("gpt-5.6-terra", "max", True),  # the GPT-5.6 family: none to max
+        ("gpt-5.6", "none", True),
+        ("gpt-5.5", "max", False),  # before it: xhigh at most
         ("gpt-5.1-chat-latest", "medium", True),
         ("gpt-5.2-chat-latest", "high", False),  # chat-latest: `medium` only
         ("gpt-5.3-chat-latest", "none", False),

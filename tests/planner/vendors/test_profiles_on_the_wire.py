@@ -475,6 +475,7 @@ async def test_chat_reasoning_effort_only_for_reasoning_models(
         ("gpt-5.2", "xhigh"),
         ("gpt-5.1-chat-latest", "medium"),
         ("gpt-5.1-codex-max", "xhigh"),
+        ("gpt-5.6-luna", "max"),
     ],
 )
 async def test_each_gpt_5_family_is_sent_an_effort_it_takes(

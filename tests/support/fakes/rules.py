@@ -101,7 +101,7 @@ _O_SERIES = ModelRules(
 # 'high'.", openai/openai-agents-python#2089, anomalyco/opencode#4451).
 _GPT_51 = ModelRules(efforts=frozenset({"none", "low", "medium", "high"}))
 # GPT-5.2 and later take `none` and `xhigh` and no `minimal` (livekit/agents#7169 quotes the
-# API's own list for gpt-5.6: 'none', 'low', 'medium', 'high', 'xhigh').
+# API's list for gpt-5.6 without the `max` its documentation and later probes show).
 _GPT_52_EFFORTS = frozenset({"none", "low", "medium", "high", "xhigh"})
 # gpt-5.x-chat-latest: `medium` only ("Unsupported value: 'high' is not supported with the
 # 'gpt-5.1-chat-latest' model. Supported values are: 'medium'.", Laisky/one-api#266; the same
@@ -195,7 +195,8 @@ MODELS: dict[str, ModelRules] = {
     "gpt-5.2": _GPT_54,
     "gpt-5.4": _GPT_54,
     "gpt-5.5": _GPT_54,
-    "gpt-5.6": ModelRules(efforts=_GPT_52_EFFORTS, chat_tools_effort="none"),
+    # gpt-5.6 (Sol, Terra, Luna): `max` too (its model docs; mnfst/modelparams.dev#86).
+    "gpt-5.6": ModelRules(efforts=_GPT_52_EFFORTS | {"max"}, chat_tools_effort="none"),
     # GPT-6 (gpt-6-sol, gpt-6-astra, …): as gpt-5.6 on Chat Completions ("Function tools with
     # reasoning_effort are not supported for gpt-6-sol in /v1/chat/completions. To use function
     # tools, use /v1/responses or set reasoning_effort to 'none'.", onyx-dot-app/onyx#15008;
