@@ -334,6 +334,17 @@ PROFILES: dict[str, ModelProfile] = {
         replace(
             _GPT_5, name="gpt-6", efforts=ANY_EFFORT, max_output_tokens=None, off_effort="none"
         ),
+        # gpt-6-astra reasons always: `none` and `minimal` are 400s ("Supported values are:
+        # 'low', 'medium', 'high', 'xhigh', and 'max'", live probes in UKGovernmentBEIS/inspect_ai
+        # #5254 and bolna-ai/bolna#1019), so thinking "off" asks for `low`; 128K output tokens
+        # (coder/xum#4064, dcdpr/jp#1086).
+        replace(
+            _GPT_5,
+            name="gpt-6-astra",
+            efforts=frozenset({"low", "medium", "high", "xhigh", "max"}),
+            off_effort="low",
+            max_output_tokens=128000,
+        ),
         # gpt-5.1-chat-latest and later chat-latest models: reasoning at `medium` only.
         replace(
             _GPT_5,
@@ -398,6 +409,7 @@ FAMILIES: dict[str, str] = {
     "gpt-5-chat": "gpt-5-chat",
     "gpt-6": "gpt-6",
     "gpt-6.": "gpt-6",  # its later versions: gpt-6.2-astra…
+    "gpt-6-astra": "gpt-6-astra",
     "gpt-5.1-chat": "gpt-5.x-chat",
     "gpt-5.2-chat": "gpt-5.x-chat",
     "gpt-5.3-chat": "gpt-5.x-chat",

@@ -343,7 +343,9 @@ async def test_the_codex_and_pro_models_are_asked_only_at_efforts_they_take(
     assert fake_server.rejections == []
 
 
-@pytest.mark.parametrize("model", ["gpt-5.4", "gpt-5.6-sol", "gpt-5-mini", "gpt-6-sol"])
+@pytest.mark.parametrize(
+    "model", ["gpt-5.4", "gpt-5.6-sol", "gpt-5-mini", "gpt-6-sol", "gpt-6-astra"]
+)
 @pytest.mark.parametrize("thinking", ["adaptive", "off"])
 async def test_gpt5_compact_steps_use_responses(
     fake_server: FakeModelServer, model: str, thinking: str

@@ -202,6 +202,14 @@ MODELS: dict[str, ModelRules] = {
     # tools, use /v1/responses or set reasoning_effort to 'none'.", onyx-dot-app/onyx#15008;
     # gpt-6-astra also without the parameter, can1357/oh-my-pi#11052, Wei-Shaw/sub2api#6740).
     "gpt-6": ModelRules(chat_tools_effort="none"),
+    # gpt-6-astra reasons always: `none` and `minimal` refused ("Supported values are: 'low',
+    # 'medium', 'high', 'xhigh', and 'max'", UKGovernmentBEIS/inspect_ai#5254, live probes),
+    # so no effort lets function tools through Chat Completions (genkit-ai/genkit-dart#423).
+    "gpt-6-astra": ModelRules(
+        efforts=frozenset({"low", "medium", "high", "xhigh", "max"}),
+        chat_tools_effort="none",
+        reasons_when_omitted=True,
+    ),
     "gpt-5-chat": _NO_REASONING,
 }
 
