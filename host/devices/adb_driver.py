@@ -350,18 +350,23 @@ class AdbDriver:
     def _shell(self, cmd: str, what: str, timeout_s: float | None = None) -> str:
         """Run `cmd` in the phone's shell; its output.
 
-        A phone unplugged mid-command does not break the stream: the adb server closes its
-        sockets cleanly, so what had arrived reads like a command that finished (a swipe cut
-        short as a swipe done). `_SHELL_END` is echoed after the command, as adbutils' own
-        `shell2` echoes the exit code: output without it is checked against adb's device
-        list, and a phone no longer listed is `DeviceGone`."""
+        A phone unplugged or offline for a moment mid-command does not break the stream: the
+        adb server closes its sockets cleanly, so what had arrived reads like a command that
+        finished (a swipe cut short as a swipe done). `_SHELL_END` is echoed after the
+        command, as adbutils' own `shell2` echoes the exit code: output without it is checked
+        against adb's device list, and is `DeviceGone` when the phone is no longer listed as
+        "device", `DeviceBusy` when it is again (a USB hiccup)."""
         out = self._run(f"shell:{cmd}; echo {_SHELL_END}", what, timeout_s)
         text = out.decode("utf-8", errors="replace")
         body, end, _ = text.rpartition(_SHELL_END)
         if end:
             return body
         ensure_listed(self._client, self._addr, self._serial, what, self._tid)
-        return text
+        raise DeviceBusy(
+            f"{what} on {self._serial} was cut short: adb closed the command's stream before "
+            "it ended (the phone went offline for a moment and is listed again), so whether "
+            "it took effect is unknown"
+        )
 
     def screen_size(self) -> tuple[int, int]:
         """The size in the current rotation (dumps and `input` use it; see

@@ -5,6 +5,7 @@ read that times out."""
 
 from __future__ import annotations
 
+import asyncio
 import io
 from collections.abc import Iterator
 
@@ -32,6 +33,7 @@ from planner.observation import observation_from_scene, scene_from_observation
 from planner.planner import Planner
 from planner.providers.offline import OfflineProvider
 from planner.scene import Bounds, Scene
+from tests.support.waiting import until
 
 SERIAL = "emulator-5554"
 
@@ -723,3 +725,28 @@ def test_a_floating_keyboard_hides_only_what_lies_under_it(
     save = next(e for e in scene.elements if e.text == "Save")
     d.tap(*save.bounds.center)
     assert [n.title for n in phone.state.notes] == ["Milk"]
+
+
+async def test_a_command_cut_short_by_adb_going_offline_is_not_taken_as_done(
+    adb: tuple[ThreadedAdbServer, VirtualPhone],
+) -> None:
+    """`adb: device offline` mid-command (a USB hiccup): the adb server closes the command's
+    stream cleanly, and the phone is listed as "device" again a moment later. What had
+    arrived read like a finished command, so a swipe cut short was reported done. Output
+    without the end marker is now a passing failure (`DeviceBusy`) when adb lists the phone
+    again, and `DeviceGone` while it does not."""
+    server, phone = adb
+    d = AdbDriver(SERIAL, port=server.port)
+    d.screen_size()
+    swipe = asyncio.create_task(asyncio.to_thread(d.swipe, 540, 1800, 540, 600, 20_000))
+    await until(lambda: server.server.connections(SERIAL) == 1, what="the swipe's shell running")
+    server.server.cut_streams(SERIAL)
+    with pytest.raises(DeviceBusy, match="cut short"):
+        await swipe
+    assert d.screen_size() == (1080, 2400)  # the phone is usable again
+    # Offline when asked: gone, as before.
+    swipe = asyncio.create_task(asyncio.to_thread(d.swipe, 540, 1800, 540, 600, 20_000))
+    await until(lambda: server.server.connections(SERIAL) == 1, what="the next swipe running")
+    phone.set_adb_state("offline")
+    with pytest.raises(DeviceGone):
+        await swipe

@@ -98,6 +98,16 @@ class VirtualAdbServer:
         """Bring a phone back, with a new transport id as a real reconnect gets."""
         self.phones[serial].replug()
 
+    def cut_streams(self, serial: str) -> None:
+        """Close the phone's open streams while adb keeps listing it as "device", as a USB
+        hiccup does (`adb: device offline` for a moment, the phone back before anyone asks):
+        the adb server closes each stream cleanly, so a command cut short reads as if it had
+        finished."""
+        phone = self.phones[serial]
+        loop = self._loop
+        if loop is not None and not loop.is_closed():
+            loop.call_soon_threadsafe(self._drop_connections, phone)
+
     def fail_device_lists(self, count: int = 1) -> None:
         """Hang up on the next `count` `host:devices` requests without an answer, as an adb
         server that is restarting or wedged does (its phones are still plugged in)."""
