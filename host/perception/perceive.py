@@ -261,7 +261,7 @@ class Perceiver:
             # The app's own activity (a settings page's SubSettings says more than the package);
             # not a covering window's, whose package the scene names instead.
             scene = replace(scene, activity=window)
-        if scene.elements and not scene.tree_missing:
+        if scene.elements or scene.tree_missing:
             try:
                 blank = blank_capture(png, image_size, scene)
             except _IMAGE_ERRORS as exc:

@@ -27,15 +27,23 @@ _MIN_SIDE = 4
 _INSET = 3
 
 
+#: Without a tree, the share of the height at the top and at the bottom left out of the
+#: check: the status and navigation bars are drawn over a secure window.
+_BARS = 0.1
+
+
 def blank_capture(png: bytes, image_size: tuple[int, int], scene: Scene) -> str:
     """Why `png` shows nothing of the app in front (for `Scene.screenshot_blank`), or "":
-    every element of that app the tree names a text or a label for is black in it.
+    every element of that app the tree names a text or a label for is black in it; with no
+    tree at all (a DRM video player is secure and never idle), all of it between the bars.
 
-    "" when the scene has no such element (no tree, an app without texts: nothing to tell
+    "" when the scene has a tree but no such element (an app without texts: nothing to tell
     a black image from a dark one by) or the image is turned against the screen."""
     screen = (scene.screen_width, scene.screen_height)
     if not scene.package or not same_aspect(image_size, screen):
         return ""
+    if scene.tree_missing:
+        return _black_between_bars(png, image_size, scene.package)
     fx, fy = image_size[0] / screen[0], image_size[1] / screen[1]
     boxes = []
     for e in scene.elements:
@@ -63,4 +71,20 @@ def blank_capture(png: bytes, image_size: tuple[int, int], scene: Scene) -> str:
     return (
         f"black where the UI tree shows {len(boxes)} {texts} of {scene.package}: the app "
         "forbids screen capture (a secure window, as banking apps and password screens are)"
+    )
+
+
+def _black_between_bars(png: bytes, image_size: tuple[int, int], package: str) -> str:
+    width, height = image_size
+    bar = round(height * _BARS)
+    with Image.open(io.BytesIO(png)) as image:
+        middle = image.convert("L").crop((0, bar, width, height - bar))
+    _, brightest = middle.getextrema()
+    assert isinstance(brightest, (int, float))  # one band: one (min, max) pair
+    if brightest > BLACK_LUMA:
+        return ""
+    return (
+        f"black, and {package} gave no UI tree either: the app most likely forbids screen "
+        "capture (a secure window, as banking apps, password screens and video players "
+        "are), so nothing of the screen can be seen"
     )

@@ -125,3 +125,27 @@ def test_only_texts_drawn_nowhere_make_a_blank_capture(drawn: bool) -> None:
         assert found.startswith(
             "black where the UI tree shows 2 texts and labels of com.example.bank"
         )
+
+
+@pytest.mark.parametrize("secure", [True, False])
+def test_a_secure_window_that_gives_no_tree_either_is_said_to_be_unseen(
+    adb: tuple[ThreadedAdbServer, VirtualPhone], secure: bool
+) -> None:
+    """A DRM video player is secure and never idle: no dump comes back, and the screenshot
+    is black. The model was told only that the tree was missing and to tap where the screen
+    shows the target, on a screen that shows nothing. The look now says the screenshot is
+    black too; a screen that shows something is not called blank."""
+    server, phone = adb
+    if secure:
+        phone.secure_packages = {SETTINGS}
+    d = AdbDriver(SERIAL, port=server.port)
+    d.launch_app(SETTINGS)
+    phone.glitch_dumps("idle", 2)
+    scene = Perceiver(None, retries=2, retry_delay_s=0).perceive(d, with_ocr=False).scene
+    assert scene.tree_missing
+    if secure:
+        assert "black" in scene.screenshot_blank
+        assert "forbids screen capture" in scene.screenshot_blank
+        assert "screenshot" in scene.to_prompt()
+    else:
+        assert scene.screenshot_blank == ""
