@@ -76,6 +76,9 @@ class Usage:
     cache_creation_input_tokens: int = 0
     thinking_tokens: int = 0
     cost_usd: float = 0.0
+    #: The unsettled-call markers (`planner.unsettled`) of the calls summed here: whoever
+    #: records this usage settles them in the same write. Not a figure: never compared.
+    calls: list[str] = field(default_factory=list, compare=False, repr=False)
 
     @property
     def billed_tokens(self) -> int:
@@ -95,6 +98,7 @@ class Usage:
         self.cache_creation_input_tokens += other.cache_creation_input_tokens
         self.thinking_tokens += other.thinking_tokens
         self.cost_usd += other.cost_usd
+        self.calls.extend(other.calls)
 
 
 @dataclass(frozen=True, slots=True)

@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any, Literal, NamedTuple, Protocol
 import grpc
 
 from amc.v1 import planner_service_pb2, planner_service_pb2_grpc, types_pb2
-from planner import late_calls
+from planner import late_calls, unsettled
 from planner.convert import decision_to_proto
 from planner.decision import Billed, Decision
 from planner.errors import (
@@ -76,6 +76,7 @@ from planner.session.store import SessionConflict, SessionStore
 from planner.step_once import StepId, StepPlans, step_key_problem
 from planner.steps import PastStep, checked, noted, outcome_problem, unknown_verdict
 from planner.tools import Judgement
+from planner.unsettled import CallLedger
 
 if TYPE_CHECKING:  # a cloud that plans offline never loads the provider SDKs
     from planner.session.factory import SessionPlanners
@@ -244,6 +245,9 @@ HostIdentity = Callable[[grpc.aio.ServicerContext], str]
 """Reads the caller's host id from the grpc.aio ServicerContext (the cloud uses the mTLS SAN)."""
 SessionStoreFactory = Callable[[], SessionStore]
 """A fresh `SessionStore` view for one Decide call (it detects concurrent continuations)."""
+CallLedgers = Callable[[str, str, int], CallLedger]
+"""Where the markers of a Decide's model calls go: (host id, task id, attempt) -> its ledger
+(`planner.unsettled`; the cloud's `unsettled_calls`)."""
 ThinkingFeed = Callable[[str, int, str], None]
 """Publishes live thinking (task id, attempt, text delta) to whoever watches; never stored."""
 
@@ -266,6 +270,7 @@ class PlannerServicer(planner_service_pb2_grpc.PlannerServiceServicer):
         health: ProviderHealth | None = None,
         budget: BudgetGate | None = None,
         spend: SpendLog | None = None,
+        call_ledgers: CallLedgers | None = None,
     ) -> None:
         if mode == "session" and (sessions is None or session_store is None):
             raise ValueError(
@@ -289,6 +294,7 @@ class PlannerServicer(planner_service_pb2_grpc.PlannerServiceServicer):
         self._logging: dict[int, asyncio.Future[tuple[str, int] | None]] = {}
         self._budget = budget
         self._spend = spend
+        self._call_ledgers = call_ledgers
 
     async def Decide(
         self,
@@ -335,6 +341,8 @@ class PlannerServicer(planner_service_pb2_grpc.PlannerServiceServicer):
             refusal = await self._budget.refusal(request.task_id)
             if refusal:  # before any provider call: nothing is spent past a cap
                 await context.abort(grpc.StatusCode.FAILED_PRECONDITION, refusal)
+        if self._call_ledgers is not None:  # this Decide's calls leave a trace should we die
+            unsettled.ledger.set(self._call_ledgers(host_id, request.task_id, request.attempt))
 
         try:
             if reported is not None:

@@ -38,6 +38,7 @@ from cloud.store.ports import (
     StoreLeaseGate,
     StoreSessionStore,
 )
+from cloud.store.unsettled import StoreCallLedger
 from planner.budget import Budget, exhausted
 from planner.convert import usage_to_proto
 from planner.decision import Usage
@@ -349,6 +350,7 @@ def build_planner_servicer(
         health=health,
         budget=budget,
         spend=sink,
+        call_ledgers=lambda host, task, attempt: StoreCallLedger(store, host, task, attempt),
     )
     closeables: list[Any] = [planner] if sessions is None else [planner, sessions]
     provider, model = planner_settings.resolved_provider, planner_settings.resolved_model

@@ -27,9 +27,10 @@ from cloud.services import durations, targets
 from cloud.services.attempts import known_attempt
 from cloud.services.status import abort
 from cloud.settings import CloudSettings
-from cloud.store import convert, lease_events, states, tasks
+from cloud.store import convert, lease_events, states, tasks, unsettled
 from cloud.store.database import Store
 from planner import secret_refs
+from planner.convert import usage_to_proto
 
 MAX_GOAL = 2000
 MAX_REQUEST_ID = 128
@@ -155,7 +156,12 @@ class TaskServicer(task_service_pb2_grpc.TaskServiceServicer):
         view = await tasks.get(self._store, request.task_id)
         if view is None:
             await abort(context, grpc.StatusCode.NOT_FOUND, f"task {request.task_id} not found")
-        return pb.GetTaskResponse(task=convert.task(view, with_attempts=True))
+        task = convert.task(view, with_attempts=True)
+        calls, at_most = await unsettled.of_task(self._store, request.task_id)
+        if calls:  # the calls whose cost is unknown, beside totals of reported figures
+            task.totals.unsettled.calls = calls
+            task.totals.unsettled.at_most.CopyFrom(usage_to_proto(at_most))
+        return pb.GetTaskResponse(task=task)
 
     async def ListTasks(
         self,

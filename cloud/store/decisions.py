@@ -12,7 +12,7 @@ import datetime as dt
 import uuid
 from collections import Counter
 from collections.abc import Iterable
-from dataclasses import astuple, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import and_, delete, func, or_, select, update
@@ -602,6 +602,6 @@ async def pruned(store: Store, task_id: str) -> Pruned | None:
 def _less(total: Usage, part: Usage) -> Usage:
     """`total` less `part`, field by field, never below 0 (sums of floats may differ a hair)."""
     i, o, cr, cw, th, cost = (
-        max(0, a - b) for a, b in zip(astuple(total), astuple(part), strict=True)
+        max(0, getattr(total, name) - getattr(part, name)) for name in spend.FIGURES
     )
     return Usage(int(i), int(o), int(cr), int(cw), int(th), float(cost))

@@ -464,6 +464,31 @@ class FailedDecisionSpendRow(Base):
     )
 
 
+class UnsettledCallRow(Base):
+    """A model call the cloud started whose cost is not recorded yet (decision 0080): written
+    before the call, deleted in the transaction that records what the provider reported of it
+    (its decision row, or its failed decision's calls), or as soon as it fails unbilled. A row
+    that stays outlived the process making the call: its cost is unknown, at most `at_most_*`.
+    Not part of the spending ledger (`cloud/store/spend.py` sums reported figures only)."""
+
+    __tablename__ = "unsettled_calls"
+
+    call_id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    host_id: Mapped[str] = mapped_column(String(128))
+    task_id: Mapped[str] = mapped_column(String(32))
+    attempt: Mapped[int] = mapped_column(Integer)
+    provider: Mapped[str] = mapped_column(String(32))
+    model: Mapped[str] = mapped_column(String(128))
+    started_at: Mapped[dt.datetime] = mapped_column(UTCDateTime())
+    # The bound (`planner.unsettled.at_most`): input tokens from the request's size, output
+    # tokens from the limit it set, the cost at the model's highest rates.
+    at_most_input_tokens: Mapped[int] = mapped_column(Integer)
+    at_most_output_tokens: Mapped[int] = mapped_column(Integer)
+    at_most_cost_usd: Mapped[float] = mapped_column(Float)
+
+    __table_args__ = (Index("ix_unsettled_calls_task_id", "task_id", "attempt"),)
+
+
 class StepScreenshotRow(Base):
     """Where one step screenshot lives in the artifact store, and what it is. The image itself
     is never in the database: `object_key` names it in the store (a file or a bucket object)."""

@@ -27,6 +27,7 @@ from sqlalchemy import ColumnElement, Select, func, select, true, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from cloud.store import unsettled
 from cloud.store.database import Store
 from cloud.store.models import DecisionRow, FailedDecisionSpendRow, TaskRow
 from planner.decision import Billed, Usage
@@ -34,7 +35,8 @@ from planner.decision import Billed, Usage
 Ledger = type[DecisionRow] | type[FailedDecisionSpendRow]
 #: The tables whose rows cost something: decisions, and the calls of decisions that failed.
 LEDGER: tuple[Ledger, ...] = (DecisionRow, FailedDecisionSpendRow)
-_USAGE = (
+#: The figures of a `Usage` (its token counts and cost; not its unsettled-call markers).
+FIGURES = (
     "input_tokens",
     "output_tokens",
     "cache_read_input_tokens",
@@ -46,7 +48,7 @@ _USAGE = (
 
 def usage_columns(table: Ledger = DecisionRow) -> list[ColumnElement[Any]]:
     """Sums of a group's tokens and cost in one ledger table, in `Usage` field order."""
-    return [func.coalesce(func.sum(getattr(table, name)), 0).label(name) for name in _USAGE]
+    return [func.coalesce(func.sum(getattr(table, name)), 0).label(name) for name in FIGURES]
 
 
 def usage_of(values: Sequence[Any]) -> Usage:
@@ -58,7 +60,7 @@ def _summed(where: Callable[[Ledger], list[ColumnElement[bool]]]) -> Select[Any]
     """One row for `usage_of`: the sums over both ledger tables of the rows `where` picks (each
     table summed on its own, through its own indexes)."""
     decided, failed = (select(*usage_columns(t)).where(*where(t)).subquery() for t in LEDGER)
-    return select(*(decided.c[name] + failed.c[name] for name in _USAGE)).select_from(
+    return select(*(decided.c[name] + failed.c[name] for name in FIGURES)).select_from(
         decided.join(failed, true())  # one row each: their sums side by side
     )
 
@@ -68,7 +70,9 @@ async def add_to_task_totals(
 ) -> None:
     """Count `usage` (of `decisions` logged decisions: 1, or 0 for a failed one's calls) in its
     task's totals, in the transaction that records it (the totals outlive the log, which is
-    pruned after the retention period)."""
+    pruned after the retention period), and settle the markers of the calls it sums
+    (`cloud.store.unsettled`): from this commit on, their cost is known."""
+    await unsettled.settle_in(session, usage.calls)
     await session.execute(
         update(TaskRow)
         .where(TaskRow.task_id == task_id)

@@ -86,7 +86,11 @@ def step_from_record(
     store: TimelineStore, task: TaskRow, record: TimelineRecord, host_id: str
 ) -> Step:
     """One timeline record as an export `Step`."""
-    usage = Usage(**{k: int(record.usage.get(k, 0)) for k in _USAGE_KEYS}) if record.usage else None
+    usage = None
+    if record.usage:
+        usage = Usage()
+        for k in _USAGE_KEYS:  # the token counts (its markers, `Usage.calls`, are the cloud's)
+            setattr(usage, k, int(record.usage.get(k, 0)))
     cost = record.usage.get("cost_usd") if record.usage else None
     if usage is not None and cost is not None:
         usage.cost_usd = float(cost)

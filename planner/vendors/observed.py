@@ -11,17 +11,21 @@ is returned as the adapter made it.
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import Any, Protocol
 
 from opentelemetry.trace import Status, StatusCode
 
+from planner import unsettled
 from planner.decision import Usage
-from planner.errors import cut_off_of
+from planner.errors import PlannerUnavailable, cut_off_of
 from planner.model_profiles import RetryForm
 from planner.prices import PriceTable
 from planner.vendors.base import ModelAdapter, Turn, TurnRequest
 from telemetry import tracing
+
+log = logging.getLogger(__name__)
 
 
 class CallObserver(Protocol):
@@ -74,6 +78,7 @@ class ObservedAdapter:
             "amc.planner.mode": request.mode,
             "amc.planner.forced": request.forced,
         }
+        call_id = await self._open(request)
         with tracing.span("model call", attributes) as span:
             started = time.perf_counter()
             try:
@@ -84,6 +89,12 @@ class ObservedAdapter:
                 cut_off = cut_off_of(err)
                 if cut_off is not None:  # a call cut off or broken: what it reported is billed
                     cut_off.usage.cost_usd = self.prices.cost(cut_off.model, cut_off.usage)
+                if call_id is not None:
+                    if cut_off is not None:  # settled where what it reported is recorded
+                        cut_off.usage.calls.append(call_id)
+                    elif isinstance(err, Exception):  # failed unanswered: nothing billed
+                        await self._settle(call_id)
+                    # Cancelled with nothing reported: its cost is unknown; the marker stays.
                 if self.observer is not None and isinstance(err, Exception):
                     billed = cut_off.usage if cut_off is not None else None
                     self.observer.call_finished(
@@ -93,6 +104,8 @@ class ObservedAdapter:
             seconds = time.perf_counter() - started
             model = turn.model or self.inner.model
             turn.usage.cost_usd = self.prices.cost(model, turn.usage)
+            if call_id is not None:  # settled where the decision or its failure is recorded
+                turn.usage.calls.append(call_id)
             u = turn.usage
             tracing.set_attributes(
                 span,
@@ -109,6 +122,42 @@ class ObservedAdapter:
             if self.observer is not None:
                 self.observer.call_finished(self.inner.name, model, seconds, u, None)
             return turn
+
+    async def _open(self, request: TurnRequest) -> str | None:
+        """The call's marker (`planner.unsettled`), when whoever plans keeps them. A marker
+        that cannot be written stops the call: were the process to die during it, nothing
+        would say it was made."""
+        book = unsettled.ledger.get()
+        if book is None:
+            return None
+        profile = getattr(self.inner, "profile", None)
+        output = getattr(profile, "max_output_tokens", None) or (
+            request.max_tokens or getattr(self.inner, "max_tokens", 0) or 0
+        )
+        bound = unsettled.at_most(
+            system=request.system,
+            items=request.items,
+            tools=request.tools,
+            images=len(request.images),
+            output_tokens=output,
+            price=self.prices.price(self.inner.model),
+        )
+        try:
+            return await book.opened(self.inner.name, self.inner.model, bound)
+        except Exception as err:
+            raise PlannerUnavailable(
+                f"planner: the model call was not made: its record could not be written first "
+                f"({type(err).__name__})"
+            ) from err
+
+    async def _settle(self, call_id: str) -> None:
+        book = unsettled.ledger.get()
+        if book is None:
+            return
+        try:
+            await book.settled(call_id)
+        except Exception as err:  # the marker stays: "unknown, at most", an over-statement
+            log.warning("an unbilled model call's record was not settled: %s", type(err).__name__)
 
     async def aclose(self) -> None:
         await self.inner.aclose()

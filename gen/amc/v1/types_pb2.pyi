@@ -1566,6 +1566,7 @@ class TaskTotals(_message.Message):
     STEPS_FIELD_NUMBER: _builtins.int
     WALL_TIME_FIELD_NUMBER: _builtins.int
     RUN_TIME_FIELD_NUMBER: _builtins.int
+    UNSETTLED_FIELD_NUMBER: _builtins.int
     decisions: _builtins.int
     """Decisions logged for the task."""
     steps: _builtins.int
@@ -1587,6 +1588,15 @@ class TaskTotals(_message.Message):
     def run_time(self) -> _duration_pb2.Duration:
         """Time spent under leases: each attempt's start to its end (or to now while it runs), summed."""
 
+    @_builtins.property
+    def unsettled(self) -> Global___UnsettledCalls:
+        """Model calls the cloud started for the task whose cost was never recorded: the call is
+        under way, or the process making it died (killed, stopped past its grace) before the
+        provider's answer was counted. The provider may have billed them; `usage` does not count
+        them (it counts only what a provider reported). Filled by GetTask; unset when there are
+        none (and from a cloud before this field).
+        """
+
     def __init__(
         self,
         *,
@@ -1595,14 +1605,46 @@ class TaskTotals(_message.Message):
         steps: _builtins.int = ...,
         wall_time: _duration_pb2.Duration | None = ...,
         run_time: _duration_pb2.Duration | None = ...,
+        unsettled: Global___UnsettledCalls | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["run_time", b"run_time", "usage", b"usage", "wall_time", b"wall_time"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["run_time", b"run_time", "unsettled", b"unsettled", "usage", b"usage", "wall_time", b"wall_time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["decisions", b"decisions", "run_time", b"run_time", "steps", b"steps", "usage", b"usage", "wall_time", b"wall_time"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["decisions", b"decisions", "run_time", b"run_time", "steps", b"steps", "unsettled", b"unsettled", "usage", b"usage", "wall_time", b"wall_time"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___TaskTotals: _TypeAlias = TaskTotals  # noqa: Y015
+
+@_typing.final
+class UnsettledCalls(_message.Message):
+    """Model calls whose cost is unknown, with what they can have cost at most (decision 0080)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CALLS_FIELD_NUMBER: _builtins.int
+    AT_MOST_FIELD_NUMBER: _builtins.int
+    calls: _builtins.int
+    """How many."""
+    @_builtins.property
+    def at_most(self) -> Global___Usage:
+        """The most they can have cost together: input tokens bounded by the size of each request
+        (a token is at least one byte; images at their largest size in tokens), output tokens by
+        the output limit each request set, priced at the model's highest input and output rates.
+        """
+
+    def __init__(
+        self,
+        *,
+        calls: _builtins.int = ...,
+        at_most: Global___Usage | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["at_most", b"at_most"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["at_most", b"at_most", "calls", b"calls"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___UnsettledCalls: _TypeAlias = UnsettledCalls  # noqa: Y015
 
 @_typing.final
 class ThinkingBlock(_message.Message):

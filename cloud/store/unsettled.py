@@ -1,0 +1,81 @@
+"""Model calls the cloud started whose cost is not recorded yet (decision 0080).
+
+A marker row is written before each call a Decide makes (`planner.unsettled`) and deleted in
+the transaction that records what the provider reported of the call: the decision row
+(`decisions.append`) or the failed decision's calls (`spend.count_failed`), which pass the
+ids the call's usage carries to `settle_in`. A row that outlives its call is a call whose cost
+is unknown (the process died during it, or the record's write failed): GetTask says so, with
+the most those calls can have cost, beside totals that count only what providers reported.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+
+from sqlalchemy import delete, func, select
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from cloud.store.database import Store
+from cloud.store.models import UnsettledCallRow
+from planner.decision import Usage
+
+
+async def settle_in(session: AsyncSession, call_ids: Sequence[str]) -> None:
+    """Delete the markers of calls recorded in this transaction."""
+    if call_ids:
+        await session.execute(
+            delete(UnsettledCallRow)
+            .where(UnsettledCallRow.call_id.in_(list(call_ids)))
+            .execution_options(synchronize_session=False)
+        )
+
+
+async def of_task(store: Store, task_id: str) -> tuple[int, Usage]:
+    """How many of the task's calls are unsettled, and the most they can have cost."""
+    t = UnsettledCallRow
+    async with store.read() as session:
+        count, i, o, cost = (
+            await session.execute(
+                select(
+                    func.count(),
+                    func.coalesce(func.sum(t.at_most_input_tokens), 0),
+                    func.coalesce(func.sum(t.at_most_output_tokens), 0),
+                    func.coalesce(func.sum(t.at_most_cost_usd), 0.0),
+                ).where(t.task_id == task_id)
+            )
+        ).one()
+    return int(count), Usage(input_tokens=int(i), output_tokens=int(o), cost_usd=float(cost))
+
+
+class StoreCallLedger:
+    """`planner.unsettled.CallLedger` for one attempt's Decide: markers in `unsettled_calls`."""
+
+    def __init__(self, store: Store, host_id: str, task_id: str, attempt: int) -> None:
+        self._store = store
+        self._host_id = host_id
+        self._task_id = task_id
+        self._attempt = attempt
+
+    async def opened(self, provider: str, model: str, at_most: Usage) -> str:
+        call_id = uuid.uuid4().hex
+        async with self._store.write() as session:
+            session.add(
+                UnsettledCallRow(
+                    call_id=call_id,
+                    host_id=self._host_id,
+                    task_id=self._task_id,
+                    attempt=self._attempt,
+                    provider=provider[:32],
+                    model=model[:128],
+                    started_at=self._store.now(),
+                    at_most_input_tokens=at_most.input_tokens,
+                    at_most_output_tokens=at_most.output_tokens,
+                    at_most_cost_usd=at_most.cost_usd,
+                )
+            )
+        return call_id
+
+    async def settled(self, call_id: str) -> None:
+        async with self._store.write() as session:
+            await settle_in(session, [call_id])

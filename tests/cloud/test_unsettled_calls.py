@@ -1,0 +1,144 @@
+"""Model calls written down before they start (decision 0080, migration 0025), on both backends.
+
+The planner's real Anthropic SDK against the fake Messages server, its calls' markers in a real
+store: a marker stays exactly as long as nothing records what the provider reported of its call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from sqlalchemy import text
+
+from cloud.store import decisions, spend, unsettled
+from cloud.store.database import Store
+from cloud.store.engine import check, downgrade, upgrade
+from planner import unsettled as planner_unsettled
+from planner.decision import Billed, Decision, Usage
+from planner.errors import PlannerError, PlannerUnavailable
+from planner.planner import Planner
+from planner.settings import PlannerSettings
+from planner.vendors import make_adapter
+from tests.cloud.test_spend import _submit
+from tests.planner.scenes import settings_main
+from tests.support.fakes import (
+    ANTHROPIC_KEY,
+    FakeModelServer,
+    anthropic_error,
+    anthropic_message,
+    tool_use,
+)
+
+MODEL = "claude-sonnet-4-6"
+TAP = {"element_id": "e17", "purpose": "open display", "expected_outcome": "Display opens"}
+OFF_SCREEN = {"x": 5000, "y": 10, "purpose": "open display", "expected_outcome": "Display"}
+
+
+def _planner(server: FakeModelServer) -> Planner:
+    settings = PlannerSettings(
+        provider="anthropic",
+        anthropic_api_key=ANTHROPIC_KEY,
+        anthropic_base_url=server.anthropic_base_url,
+        model=MODEL,
+        max_retries=0,
+    )
+    return Planner(make_adapter(settings), settings)
+
+
+async def _decide(store: Store, server: FakeModelServer, task_id: str) -> Decision:
+    """One decision with the calls' markers in `store`, as a Decide makes it."""
+    planner = _planner(server)
+
+    async def decide() -> Decision:
+        ledger = unsettled.StoreCallLedger(store, "h1", task_id, 1)
+        planner_unsettled.ledger.set(ledger)
+        return await planner.decide("Turn on dark theme", settings_main())
+
+    try:
+        return await asyncio.create_task(decide())  # its own context, as a Decide's handler
+    finally:
+        await planner.aclose()
+
+
+async def test_each_call_is_unsettled_until_its_decision_is_logged(store: Store) -> None:
+    task_id = await _submit(store)
+    with FakeModelServer(anthropic_key=ANTHROPIC_KEY) as server:
+        server.script_anthropic(  # a corrective turn: two calls
+            anthropic_message(tool_use("tap", OFF_SCREEN), input_tokens=500, output_tokens=100),
+            anthropic_message(tool_use("tap", TAP), input_tokens=700, output_tokens=50),
+        )
+        decision = await _decide(store, server, task_id)
+    assert len(decision.usage.calls) == 2
+    calls, at_most = await unsettled.of_task(store, task_id)
+    assert calls == 2  # a process killed now would leave these
+    assert at_most.input_tokens >= 1200 and at_most.output_tokens >= 150
+    assert at_most.cost_usd >= decision.usage.cost_usd > 0
+    await decisions.append(store, "h1", task_id, 1, decision)
+    assert (await unsettled.of_task(store, task_id))[0] == 0
+
+
+async def test_a_failed_decisions_calls_settle_when_counted_and_unbilled_ones_at_once(
+    store: Store,
+) -> None:
+    task_id = await _submit(store)
+    with FakeModelServer(anthropic_key=ANTHROPIC_KEY) as server:
+        server.script_anthropic(
+            anthropic_message(tool_use("tap", OFF_SCREEN), input_tokens=500, output_tokens=100),
+            anthropic_error(500, "api_error", "Internal server error"),  # not billed
+        )
+        with pytest.raises(PlannerError) as caught:
+            await _decide(store, server, task_id)
+    billed = caught.value.billed
+    assert billed is not None and len(billed.usage.calls) == 1
+    assert (await unsettled.of_task(store, task_id))[0] == 1  # the answered call's
+    await spend.count_failed(store, "h1", task_id, 1, billed, "PlannerUnavailable")
+    assert (await unsettled.of_task(store, task_id))[0] == 0
+
+
+async def test_a_call_whose_marker_cannot_be_written_is_not_made(db_url: str) -> None:
+    s = Store.from_url(db_url)
+    await upgrade(s.engine)
+    task_id = await _submit(s)
+    async with s.write() as session:  # the write refused, as by a database gone read-only
+        await session.execute(text("DROP TABLE unsettled_calls"))
+    try:
+        with FakeModelServer(anthropic_key=ANTHROPIC_KEY) as server:
+            server.script_anthropic(anthropic_message(tool_use("tap", TAP)))
+            with pytest.raises(PlannerUnavailable, match="its record could not be written"):
+                await _decide(s, server, task_id)
+            assert server.bodies("/v1/messages") == []
+    finally:
+        await s.close()
+
+
+async def test_migration_0025_adds_the_unsettled_calls_and_back(db_url: str) -> None:
+    """Both backends: 0025 adds the table `unsettled_calls` and nothing else; its downgrade
+    drops it; the schema matches the models again after the upgrade."""
+    s = Store.from_url(db_url)
+    catalogue = (
+        "SELECT table_name FROM information_schema.tables WHERE table_schema = 'public'"
+        if s.is_postgres
+        else "SELECT name FROM sqlite_master WHERE type = 'table'"
+    )
+
+    async def tables() -> set[str]:
+        async with s.engine.connect() as conn:
+            return {str(name) for (name,) in await conn.execute(text(catalogue))}
+
+    try:
+        await upgrade(s.engine, "0024")
+        before = await tables()
+        await upgrade(s.engine, "0025")
+        assert await tables() - before == {"unsettled_calls"}
+        task_id = await _submit(s)
+        ledger = unsettled.StoreCallLedger(s, "h1", task_id, 1)
+        await ledger.opened("anthropic", MODEL, Usage(input_tokens=10, cost_usd=0.5))
+        assert (await unsettled.of_task(s, task_id))[0] == 1
+        await spend.count_failed(s, "h1", task_id, 1, Billed("p", "m", Usage(5)), "PlannerError")
+        await downgrade(s.engine, "0024")
+        assert await tables() == before
+        await upgrade(s.engine)
+        await check(s.engine)
+    finally:
+        await s.close()

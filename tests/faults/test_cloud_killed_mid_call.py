@@ -1,0 +1,114 @@
+"""The cloud SIGKILLed while a host's PlannerDecide waits for the model (decision 0080).
+
+Real `amc cloud serve` and `amc host run` (cloud planner transport), the cloud's real Anthropic
+SDK against the fake provider, which holds its answer. The kill leaves the provider's call
+billed and nothing in the process to count it. Proves: the call's trace outlives the process:
+GetTask says one call's cost is unknown, with a bound at least what the provider billed, beside
+totals that count only what providers reported; the call the next replica makes for the host's
+retry is recorded and settled. Before, the killed call left no trace at all.
+"""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import pytest
+
+from amc.v1 import decision_log_service_pb2, task_service_pb2, types_pb2
+from planner.decision import Usage
+from planner.prices import PriceTable
+from tests.support.fakes import FakeModelServer, ScriptedTurn, text, tool_use
+from tests.support.postgres import PostgresServer
+from tests.support.processes import (
+    TERMINAL,
+    Fleet,
+    operator,
+    wait_connected,
+    wait_serving,
+    wait_task,
+)
+from tests.support.waiting import until
+
+MODEL = "claude-sonnet-4-6"
+DONE = [text("Nothing to do."), tool_use("complete", {"success": True, "reason": "ok"})]
+
+
+def _usage(input_tokens: int) -> dict[str, int]:
+    return {
+        "input_tokens": input_tokens,
+        "output_tokens": 50,
+        "cache_creation_input_tokens": 0,
+        "cache_read_input_tokens": 0,
+    }
+
+
+@pytest.mark.parametrize(
+    "backend", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
+)
+async def test_a_call_the_killed_cloud_made_is_left_unsettled_with_its_bound(
+    tmp_path: Path, fault_pki: Path, backend: str, request: pytest.FixtureRequest
+) -> None:
+    held = threading.Event()
+    database_url, server = "", None
+    if backend == "postgres":
+        server = request.getfixturevalue("postgres_server")
+        assert isinstance(server, PostgresServer)
+        database_url = server.create_database("amc_fault_killed_call")
+    env = {
+        "AMC_PLANNER_PROVIDER": "anthropic",
+        "AMC_PLANNER_MODEL": MODEL,
+        "AMC_PLANNER_ANTHROPIC_API_KEY": "sk-ant-test",
+        "AMC_PLANNER_MAX_RETRIES": "0",
+        "AMC_CLOUD_DEFAULT_LEASE_SECONDS": "60",
+        "AMC_CLOUD_METRICS_ADDRESS": "off",
+    }
+    with FakeModelServer(anthropic_key="sk-ant-test") as fake:
+        fake.script_anthropic(
+            ScriptedTurn(list(DONE), usage=_usage(1000), hold=held),  # billed, never heard
+            ScriptedTurn(list(DONE), usage=_usage(2000)),  # the retry's, on the next cloud
+        )
+        env["AMC_PLANNER_ANTHROPIC_BASE_URL"] = fake.anthropic_base_url
+        fleet = Fleet(tmp_path, fault_pki, database_url=database_url, cloud_env=env)
+        first, second = fleet.cloud("cloud-1").start(), fleet.cloud("cloud-2")
+        wait = {"AMC_HOST_PLANNER_WAIT_INITIAL_S": "0.05", "AMC_HOST_PLANNER_WAIT_MAX_S": "0.2"}
+        host = fleet.host("a", extra=wait)
+        ops = None
+        try:
+            await wait_serving(fleet.address, fault_pki)
+            ops = operator(fleet.address, fault_pki)
+            host.start()
+            await wait_connected(ops, {"a"})
+            submit = task_service_pb2.SubmitTaskRequest(goal="Turn on dark theme", max_attempts=3)
+            task_id = (await ops.tasks.SubmitTask(submit)).task.task_id
+            await until(lambda: len(fake.bodies("/v1/messages")) == 1, what="the model is asked")
+            await ops.close()
+            ops = None
+            first.kill()
+            held.set()  # the provider answers (and bills) a caller that is gone
+            second.start()
+            await wait_serving(fleet.address, fault_pki)
+            ops = operator(fleet.address, fault_pki)
+            task = await wait_task(ops, task_id, lambda t: t.status in TERMINAL, what="ended")
+            log = await ops.decisions.ListDecisions(
+                decision_log_service_pb2.ListDecisionsRequest(task_id=task_id)
+            )
+        finally:
+            if ops is not None:
+                await ops.close()
+            host.stop()
+            first.stop()
+            second.stop()
+        asked = len(fake.bodies("/v1/messages"))
+    if server is not None:
+        server.drop_database(database_url)
+    assert task.status == types_pb2.TASK_STATUS_SUCCEEDED, task
+    assert asked == 2
+    assert [(d.step_index, d.usage.input_tokens) for d in log.decisions] == [(1, 2000)]
+    assert task.totals.usage.input_tokens == 2000  # reported figures only, as before
+    unsettled = task.totals.unsettled
+    assert unsettled.calls == 1, task.totals  # the killed call; the retry's is settled
+    billed = Usage(input_tokens=1000, output_tokens=50)
+    assert unsettled.at_most.input_tokens >= billed.input_tokens
+    assert unsettled.at_most.output_tokens >= billed.output_tokens
+    assert unsettled.at_most.cost_usd >= PriceTable().cost(MODEL, billed) > 0
