@@ -1022,6 +1022,8 @@ def task_show(task_id: TaskIdArg, json_out: Json = False) -> None:
         out.print(f"step:    {line}")
     out.print(f"totals:  {formatting.totals_line(task.totals)}")
     out.print(f"spent:   {formatting.spending(task.totals.usage, task.budget)}")
+    if task.totals.unsettled.calls:
+        out.print(f"unknown: {formatting.unsettled_words(task.totals.unsettled)}")
     if task.result_summary:
         out.print(f"result:  {task.result_summary}")
     if task.cancelled_by:

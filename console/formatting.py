@@ -212,6 +212,14 @@ def usage_words(usage: types_pb2.Usage) -> str:
     return f"{billed_tokens(usage):,} tokens · {dollars(usage.cost_usd)}"
 
 
+def unsettled_words(unsettled: types_pb2.UnsettledCalls) -> str:
+    """`1 model call whose cost was never recorded: at most 12,345 tokens · $0.0123` (decision
+    0080: the process making it died, or it is under way); not in the totals."""
+    n = unsettled.calls
+    calls = "1 model call whose cost was" if n == 1 else f"{n:,} model calls whose costs were"
+    return f"{calls} never recorded: at most {usage_words(unsettled.at_most)}"
+
+
 def total_usage(
     decisions: Iterable[types_pb2.Decision],
     failed: Iterable[decision_log_service_pb2.FailedCalls] = (),

@@ -237,6 +237,18 @@ class VerificationOut(BaseModel):
         )
 
 
+class UnsettledOut(BaseModel):
+    """Model calls whose cost was never recorded (decision 0080): the process making them died
+    during them, or they are under way. The provider may have billed them, up to `at_most`."""
+
+    calls: int
+    at_most: UsageOut
+
+    @classmethod
+    def of(cls, u: types_pb2.UnsettledCalls) -> UnsettledOut:
+        return cls(calls=u.calls, at_most=UsageOut.of(u.at_most))
+
+
 class TotalsOut(BaseModel):
     """What a task used over all its attempts (times as of the answer). Tokens and cost cover
     every decision logged for it (the cloud's, and those direct-transport hosts shipped);
@@ -253,6 +265,11 @@ class TotalsOut(BaseModel):
     steps: int
     wall_time_s: float = Field(description="submission to end (or to now)")
     run_time_s: float = Field(description="time under leases, summed over attempts")
+    unsettled: UnsettledOut | None = Field(
+        default=None,
+        description="model calls whose cost was never recorded (not in the totals); "
+        "null when there are none",
+    )
 
     @property
     def tokens(self) -> int:
@@ -278,6 +295,7 @@ class TotalsOut(BaseModel):
             steps=t.steps,
             wall_time_s=_seconds(t.wall_time, True) or 0.0,
             run_time_s=_seconds(t.run_time, True) or 0.0,
+            unsettled=UnsettledOut.of(t.unsettled) if t.unsettled.calls else None,
         )
 
 

@@ -4,6 +4,7 @@ cloud server over mTLS."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import subprocess
 import sys
@@ -15,7 +16,7 @@ from amc.v1 import types_pb2
 from cloud.pki import ensure_embedded_pki
 from cloud.server import build_server
 from cloud.settings import CloudSettings
-from cloud.store import decisions
+from cloud.store import decisions, unsettled
 from planner.decision import Decision, ThinkingBlock, Usage
 
 AMC = str(Path(sys.executable).with_name("amc"))
@@ -306,5 +307,42 @@ async def test_tokens_and_cost_per_step_task_and_day(tmp_path: Path) -> None:
         assert "every billed model call: logged decisions and failed decisions' calls" in " ".join(
             told.split()
         )
+    finally:
+        await cloud.stop(grace=0)
+
+
+async def test_task_show_says_which_calls_cost_is_unknown(tmp_path: Path) -> None:
+    """A model call the cloud started and never recorded (decision 0080: a cloud killed during
+    it) is printed beside the totals, with its bound, and is in `--json`'s totals."""
+    pki = ensure_embedded_pki(tmp_path, [], operator="admin")
+    cloud = await build_server(
+        CloudSettings(
+            database_url=f"sqlite+aiosqlite:///{tmp_path / 'cloud.sqlite3'}",
+            listen_address="127.0.0.1:0",
+            pki_dir=pki,
+        )
+    )
+    await cloud.start()
+    conn = ["--cloud", cloud.address, "--pki-dir", str(pki)]
+    try:
+        code, out = await amc(*conn, "task", "submit", "Turn on dark theme")
+        assert code == 0, out
+        task_id = out.strip()
+        code, shown = await amc(*conn, "task", "show", task_id)
+        assert code == 0 and "unknown:" not in shown, shown
+        ledger = unsettled.StoreCallLedger(cloud.store, "h1", task_id, 1)
+        bound = Usage(input_tokens=9000, output_tokens=1000, cost_usd=0.042)
+        await ledger.opened("anthropic", "claude-sonnet-4-6", bound)
+        code, shown = await amc(*conn, "task", "show", task_id)
+        assert code == 0, shown
+        said = (
+            "unknown: 1 model call whose cost was never recorded: at most 10,000 tokens · $0.0420"
+        )
+        assert said in shown
+        code, printed = await amc(*conn, "task", "show", task_id, "--json")
+        assert code == 0, printed
+        totals = json.loads(printed)["task"]["totals"]
+        assert totals["unsettled"]["calls"] == 1
+        assert totals["unsettled"]["at_most"]["cost_usd"] == 0.042
     finally:
         await cloud.stop(grace=0)
