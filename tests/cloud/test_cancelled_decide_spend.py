@@ -136,6 +136,7 @@ async def test_a_decide_given_up_mid_decision_counts_its_calls_and_the_one_in_fl
     usage = task.totals.usage
     assert (usage.input_tokens, usage.output_tokens) == (1000, 200)
     assert usage.cost_usd == pytest.approx(0.006)
+    assert task.totals.unsettled.calls == 0  # the late call's marker settled when counted
     assert (spend.today.input_tokens, spend.today.output_tokens) == (1000, 200)
     (row,) = spend.rows
     assert (row.host_id, row.model, row.decisions) == (
@@ -260,6 +261,8 @@ async def test_a_step_planned_again_on_another_replica_counts_both_answers(
                 return bool(got.task.totals.usage.input_tokens == 700)
 
             await until(both_counted, within=15, what="both answers counted")
+            got = await tasks.GetTask(task_service_pb2.GetTaskRequest(task_id=task_id))
+            unsettled = got.task.totals.unsettled.calls
             log: Any = decision_log_service_pb2_grpc.DecisionLogServiceStub(ops)
             listed = await log.ListDecisions(
                 decision_log_service_pb2.ListDecisionsRequest(task_id=task_id)
@@ -272,6 +275,7 @@ async def test_a_step_planned_again_on_another_replica_counts_both_answers(
             await ops.close()
     [decision] = listed.decisions
     assert (decision.tool_name, again.decision.decision_id) == ("press_key", decision.decision_id)
+    assert unsettled == 0  # the plan logged twice settled its markers as a failed one's calls
     [failed] = listed.failed_calls
     assert (failed.decisions, failed.usage.input_tokens, failed.usage.output_tokens) == (
         1,

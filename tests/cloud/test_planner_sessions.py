@@ -37,7 +37,7 @@ from amc.v1 import (
 )
 from cloud.events import EventBus
 from cloud.server import CloudServer, build_server
-from cloud.store import sessions
+from cloud.store import sessions, unsettled
 from cloud.store.database import Store
 from cloud.store.engine import check, downgrade, upgrade
 from cloud.store.models import DecisionRow, FailedDecisionSpendRow, TaskRow
@@ -51,6 +51,7 @@ from planner.conversation.items import (
     UserObservation,
     dumps_item,
 )
+from planner.decision import Usage
 from planner.observation import observation_from_scene
 from planner.session.planner import NOT_CARRIED_OUT, NOT_RECORDED
 from planner.session.store import SessionConflict
@@ -201,6 +202,8 @@ async def test_the_cloud_keeps_the_conversation_with_signed_thinking(
 
         a = leased.assignment
         stored = await sessions.load(anthropic_cloud.store, a.task_id, a.attempt)
+        # Both calls' markers settled with their decisions (decision 0080).
+        assert await unsettled.of_task(anthropic_cloud.store, a.task_id) == (0, Usage())
 
     assert model.rejections == []
     messages = model.bodies("/v1/messages")[1]["messages"]
@@ -476,6 +479,9 @@ async def test_a_streamed_call_cut_off_by_a_cancel_counts_what_the_provider_repo
             # the cancel, the rest of the stream (its last message_delta) could still be read.
             await until(counted, within=15, what="the cut-off call counted")
             hold.set()  # the provider would go on; nobody listens any more
+            # Its marker settled with its record (decision 0080): its cost is known.
+            marked = await unsettled.of_task(anthropic_session_cloud.store, leased.task.task_id)
+            assert marked[0] == 0
             totals = (await tasks.GetTask(get)).task.totals.usage
             fleet: Any = fleet_service_pb2_grpc.FleetServiceStub(leased.ops)
             today = (await fleet.GetSpend(fleet_service_pb2.GetSpendRequest())).today
