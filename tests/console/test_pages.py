@@ -605,3 +605,33 @@ def _png() -> bytes:
     image = io.BytesIO()
     Image.new("RGB", (108, 240), "navy").save(image, format="PNG")
     return image.getvalue()
+
+
+def test_a_step_whose_outcome_never_came_reads_as_never_reported_once_its_attempt_ended(
+    anon: httpx.Client, operator: Operator, make_host: HostFactory
+) -> None:
+    """A host that acted on a decision and then stopped (killed, its lease lost) never reports
+    what the action did: while the attempt runs the outcome may still come ("not reported
+    yet"); once it has ended, it never will, and the step says so."""
+    host = make_host()
+    goal = f"outcome {uuid.uuid4().hex[:8]}"
+    task = operator.submit(goal, host_id=host.host_id, max_attempts=1)
+    assignment = host.assignment()
+    made = host.decide(assignment, goal)
+    assert made.tool_name != "complete"
+    log_in(anon)
+
+    def outcome() -> str:
+        page = anon.get(f"/tasks/{task.task_id}")
+        assert page.status_code == 200, page.text
+        step = page.text.split(f'id="step-{made.decision_id}"', 1)[1]
+        said = re.search(r'data-field="outcome">([^<]*)<', step)
+        assert said is not None, step[:2000]
+        return unescape(said.group(1))
+
+    assert outcome() == "not reported yet"
+    host.finish(assignment, types_pb2.TASK_STATUS_FAILED, "the phone went away")
+    assert (
+        outcome()
+        == "never reported: the attempt ended before its host reported what the action did"
+    )
