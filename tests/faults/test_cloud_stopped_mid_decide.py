@@ -114,6 +114,7 @@ async def test_a_decide_answered_while_the_cloud_stops_is_logged_and_not_asked_a
     assert asked == 1
     assert [(d.step_index, d.usage.input_tokens) for d in log.decisions] == [(1, 1000)]
     assert (task.totals.decisions, task.totals.usage.input_tokens) == (1, 1000)
+    assert task.totals.unsettled.calls == 0  # its cost is known: nothing left unsettled
 
 
 async def test_a_decide_still_unanswered_when_the_stop_gives_up_is_counted_when_answered(
@@ -134,3 +135,4 @@ async def test_a_decide_still_unanswered_when_the_stop_gives_up_is_counted_when_
     cut = [(f.attempt, f.usage.input_tokens) for f in log.failed_calls]
     assert cut == [(1, 1000)], log.failed_calls
     assert task.totals.usage.input_tokens == 3000
+    assert task.totals.unsettled.calls == 0  # counted late, still settled with its record
