@@ -1041,6 +1041,8 @@ def task_show(task_id: TaskIdArg, json_out: Json = False) -> None:
             )
             + f" · {formatting.usage_words(attempt.usage)}"
         )
+        if attempt.unsettled.calls:
+            print_text(f"    unknown: {formatting.unsettled_words(attempt.unsettled)}")
         if attempt.HasField("flow"):
             use = attempt.flow
             line = f"flow {use.flow_id}: " if use.flow_id else "no flow: "

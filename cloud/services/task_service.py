@@ -157,10 +157,19 @@ class TaskServicer(task_service_pb2_grpc.TaskServiceServicer):
         if view is None:
             await abort(context, grpc.StatusCode.NOT_FOUND, f"task {request.task_id} not found")
         task = convert.task(view, with_attempts=True)
-        calls, at_most = await unsettled.of_task(self._store, request.task_id)
-        if calls:  # the calls whose cost is unknown, beside totals of reported figures
-            task.totals.unsettled.calls = calls
-            task.totals.unsettled.at_most.CopyFrom(usage_to_proto(at_most))
+        # The calls whose cost is unknown, beside totals of reported figures (decision 0080).
+        per_attempt = await unsettled.by_attempt(self._store, request.task_id)
+        for attempt in task.attempts:
+            if attempt.attempt in per_attempt:
+                calls, at_most = per_attempt[attempt.attempt]
+                attempt.unsettled.calls = calls
+                attempt.unsettled.at_most.CopyFrom(usage_to_proto(at_most))
+        for calls, at_most in per_attempt.values():
+            task.totals.unsettled.calls += calls
+            total = task.totals.unsettled.at_most
+            total.input_tokens += at_most.input_tokens
+            total.output_tokens += at_most.output_tokens
+            total.cost_usd += at_most.cost_usd
         return pb.GetTaskResponse(task=task)
 
     async def ListTasks(

@@ -33,19 +33,35 @@ async def settle_in(session: AsyncSession, call_ids: Sequence[str]) -> None:
 
 async def of_task(store: Store, task_id: str) -> tuple[int, Usage]:
     """How many of the task's calls are unsettled, and the most they can have cost."""
+    per_attempt = await by_attempt(store, task_id)
+    total = Usage()
+    for _, at_most in per_attempt.values():
+        total.add(at_most)
+    return sum(n for n, _ in per_attempt.values()), total
+
+
+async def by_attempt(store: Store, task_id: str) -> dict[int, tuple[int, Usage]]:
+    """Per attempt (those with some): how many of its calls are unsettled, and the most they
+    can have cost."""
     t = UnsettledCallRow
     async with store.read() as session:
-        count, i, o, cost = (
+        rows = (
             await session.execute(
                 select(
+                    t.attempt,
                     func.count(),
-                    func.coalesce(func.sum(t.at_most_input_tokens), 0),
-                    func.coalesce(func.sum(t.at_most_output_tokens), 0),
-                    func.coalesce(func.sum(t.at_most_cost_usd), 0.0),
-                ).where(t.task_id == task_id)
+                    func.sum(t.at_most_input_tokens),
+                    func.sum(t.at_most_output_tokens),
+                    func.sum(t.at_most_cost_usd),
+                )
+                .where(t.task_id == task_id)
+                .group_by(t.attempt)
             )
-        ).one()
-    return int(count), Usage(input_tokens=int(i), output_tokens=int(o), cost_usd=float(cost))
+        ).all()
+    return {
+        int(a): (int(n), Usage(input_tokens=int(i), output_tokens=int(o), cost_usd=float(c)))
+        for a, n, i, o, c in rows
+    }
 
 
 class StoreCallLedger:

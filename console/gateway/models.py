@@ -135,6 +135,18 @@ class BudgetOut(BaseModel):
         return cls(max_tokens=b.max_tokens, max_cost_usd=b.max_cost_usd)
 
 
+class UnsettledOut(BaseModel):
+    """Model calls whose cost was never recorded (decision 0080): the process making them died
+    during them, or they are under way. The provider may have billed them, up to `at_most`."""
+
+    calls: int
+    at_most: UsageOut
+
+    @classmethod
+    def of(cls, u: types_pb2.UnsettledCalls) -> UnsettledOut:
+        return cls(calls=u.calls, at_most=UsageOut.of(u.at_most))
+
+
 class AttemptOut(BaseModel):
     """One lease on one phone; renewals are summarised (count, first, last)."""
 
@@ -158,10 +170,15 @@ class AttemptOut(BaseModel):
         default_factory=UsageOut,
         description="this attempt's logged decisions (the cloud's, and those its host shipped)",
     )
+    unsettled: UnsettledOut | None = Field(
+        default=None,
+        description="this attempt's model calls whose cost was never recorded; null when none",
+    )
 
     @classmethod
     def of(cls, a: types_pb2.Attempt) -> AttemptOut:
         return cls(
+            unsettled=UnsettledOut.of(a.unsettled) if a.unsettled.calls else None,
             renewals=a.renewals,
             first_renewed_at=_time(a.first_renewed_at, a.HasField("first_renewed_at")),
             last_renewed_at=_time(a.last_renewed_at, a.HasField("last_renewed_at")),
@@ -235,18 +252,6 @@ class VerificationOut(BaseModel):
             model_note=v.model.note,
             disagree=v.disagree,
         )
-
-
-class UnsettledOut(BaseModel):
-    """Model calls whose cost was never recorded (decision 0080): the process making them died
-    during them, or they are under way. The provider may have billed them, up to `at_most`."""
-
-    calls: int
-    at_most: UsageOut
-
-    @classmethod
-    def of(cls, u: types_pb2.UnsettledCalls) -> UnsettledOut:
-        return cls(calls=u.calls, at_most=UsageOut.of(u.at_most))
 
 
 class TotalsOut(BaseModel):

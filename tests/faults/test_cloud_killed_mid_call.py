@@ -108,6 +108,8 @@ async def test_a_call_the_killed_cloud_made_is_left_unsettled_with_its_bound(
     assert task.totals.usage.input_tokens == 2000  # reported figures only, as before
     unsettled = task.totals.unsettled
     assert unsettled.calls == 1, task.totals  # the killed call; the retry's is settled
+    assert [a.unsettled.calls for a in task.attempts] == [1]  # on its attempt too
+    assert task.attempts[0].unsettled.at_most == unsettled.at_most
     billed = Usage(input_tokens=1000, output_tokens=50)
     assert unsettled.at_most.input_tokens >= billed.input_tokens
     assert unsettled.at_most.output_tokens >= billed.output_tokens

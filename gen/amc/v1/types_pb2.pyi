@@ -1279,6 +1279,7 @@ class Attempt(_message.Message):
     FIRST_RENEWED_AT_FIELD_NUMBER: _builtins.int
     LAST_RENEWED_AT_FIELD_NUMBER: _builtins.int
     USAGE_FIELD_NUMBER: _builtins.int
+    UNSETTLED_FIELD_NUMBER: _builtins.int
     attempt: _builtins.int
     """1-based attempt number."""
     host_id: _builtins.str
@@ -1343,6 +1344,12 @@ class Attempt(_message.Message):
         yet). Filled by GetTask.
         """
 
+    @_builtins.property
+    def unsettled(self) -> Global___UnsettledCalls:
+        """This attempt's model calls whose cost was never recorded (TaskTotals.unsettled has the
+        task's). Filled by GetTask; unset when there are none (and from a cloud before this field).
+        """
+
     def __init__(
         self,
         *,
@@ -1362,10 +1369,11 @@ class Attempt(_message.Message):
         first_renewed_at: _timestamp_pb2.Timestamp | None = ...,
         last_renewed_at: _timestamp_pb2.Timestamp | None = ...,
         usage: Global___Usage | None = ...,
+        unsettled: Global___UnsettledCalls | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["ended_at", b"ended_at", "first_renewed_at", b"first_renewed_at", "flow", b"flow", "last_renewed_at", b"last_renewed_at", "lease_expires_at", b"lease_expires_at", "progress", b"progress", "started_at", b"started_at", "usage", b"usage"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["ended_at", b"ended_at", "first_renewed_at", b"first_renewed_at", "flow", b"flow", "last_renewed_at", b"last_renewed_at", "lease_expires_at", b"lease_expires_at", "progress", b"progress", "started_at", b"started_at", "unsettled", b"unsettled", "usage", b"usage"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "device_serial", b"device_serial", "ended_at", b"ended_at", "failure_reason", b"failure_reason", "first_renewed_at", b"first_renewed_at", "flow", b"flow", "host_id", b"host_id", "last_renewed_at", b"last_renewed_at", "late_result", b"late_result", "lease_expires_at", b"lease_expires_at", "planner_transport", b"planner_transport", "progress", b"progress", "renewals", b"renewals", "started_at", b"started_at", "status", b"status", "usage", b"usage"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "device_serial", b"device_serial", "ended_at", b"ended_at", "failure_reason", b"failure_reason", "first_renewed_at", b"first_renewed_at", "flow", b"flow", "host_id", b"host_id", "last_renewed_at", b"last_renewed_at", "late_result", b"late_result", "lease_expires_at", b"lease_expires_at", "planner_transport", b"planner_transport", "progress", b"progress", "renewals", b"renewals", "started_at", b"started_at", "status", b"status", "unsettled", b"unsettled", "usage", b"usage"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
