@@ -27,8 +27,9 @@ assignments, renewals, revocations, result acks. The client:
 - says which run of the agent it is (`HostHello.process_id`, new for every process), so the
   cloud can release a dead predecessor's leases at once;
 - hands its work back when it is stopped (SIGTERM, SIGINT): it tells the cloud it takes no
-  new assignment (`HostStopping`), stops each attempt within one step, sends each a retryable
-  result ("stopped: the host stopped") so the cloud queues the task for another host at once,
+  new assignment (`HostStopping`), stops each attempt within one step (one whose step is stuck
+  on its phone past `stop_grace_s` is handed back without it), sends each a retryable result
+  ("stopped: the host stopped") so the cloud queues the task for another host at once,
   waits up to `stop_grace_s` for the acknowledgements, then closes its side of the stream; what
   is left unanswered is kept on disk for the next start. `stop_now` (a second signal) cuts the
   waits short;
@@ -87,8 +88,6 @@ UNREACHABLE_SUMMARY = "stopped: the lease ran out while the cloud was unreachabl
 LEASE_NOT_LIVE_SUMMARY = "stopped: the cloud said the lease is no longer live"
 #: The retryable result of an attempt this host stopped because it is stopping itself.
 HOST_STOPPED_SUMMARY = f"stopped: {HOST_STOPPED}"
-#: A stopping host waits at most this long for its attempts to stop (each within one step).
-STOP_TASKS_S = 30.0
 
 
 class ResultKeeper(Protocol):
@@ -145,7 +144,8 @@ class LeaseClientConfig:
     progress_renew_min_interval_s: float = 1.0
     #: This run of the agent (`HostHello.process_id`); empty: a fresh random one per client.
     process_id: str = ""
-    #: A stopping host waits at most this long for the cloud to acknowledge its results.
+    #: A stopping host waits at most this long for its attempts to stop, then as long for the
+    #: cloud to acknowledge its results.
     stop_grace_s: float = 5.0
 
 
@@ -990,14 +990,31 @@ class LeaseClient:
             hurry.cancel()
 
     async def _shutdown_tasks(self) -> None:
-        """Host shutdown: stop every task (each ends with a retryable result, `_execute`)."""
+        """Host shutdown: stop every task (each ends with a retryable result, `_execute`).
+
+        An attempt whose step is still stuck on its phone after `stop_grace_s` (a look at a
+        screen that never idles, a gesture adbd sits on: each driver call may take 30 s and
+        more) is handed back without it: waiting for it held a stopped host for 30 s, then
+        cancelled the attempt with no result, and its task waited for its lease."""
         self._stopping = True
         for rt in self._tasks.values():
             rt.cancel.stop(HOST_STOPPED)
         pending = [t for rt in self._tasks.values() for t in (rt.task, rt.renewer) if t]
         pending += self._renewers_ending
         if pending:
-            await self._within(pending, STOP_TASKS_S)
+            await self._within(pending, self.config.stop_grace_s)
+        stuck = [rt for rt in self._tasks.values() if rt.task is not None and not rt.task.done()]
+        for rt in stuck:
+            if not self._hurry.is_set() and rt.revoked is None and not self.superseded:
+                log.warning("task %s/%d: its step did not end within %.0f s; handed back "
+                            "without it", *rt.key, self.config.stop_grace_s)  # fmt: skip
+                self._queue_result(
+                    rt.spec,
+                    types_pb2.TASK_STATUS_FAILED,
+                    HOST_STOPPED_SUMMARY,
+                    rt.progress.snapshot(),
+                    retryable=True,
+                )
         for t in pending:
             if not t.done():
                 t.cancel()

@@ -118,9 +118,10 @@ class HostSettings(KeepsSecrets, BaseSettings):
     reconnect_max_s: float = Field(default=30.0, gt=0)
     #: At most one progress-driven renewal per task per this many seconds.
     progress_renew_min_interval_s: float = Field(default=1.0, ge=0)
-    #: A stopping host waits at most this long for the cloud to acknowledge the results of the
-    #: attempts it stopped (their tasks go to other hosts at once); what is left unanswered
-    #: stays on disk for the next start.
+    #: A stopping host waits at most this long for its attempts to stop (one whose step is
+    #: stuck on its phone is handed back without it), then as long for the cloud to acknowledge
+    #: their results (their tasks go to other hosts at once); what is left unanswered stays on
+    #: disk for the next start.
     stop_grace_s: float = Field(default=5.0, ge=0)
 
     # --- outbox (decisions of the direct transport and step screenshots, sent to the cloud) ---

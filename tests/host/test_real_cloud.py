@@ -619,6 +619,57 @@ async def test_a_host_stopped_mid_task_records_that_it_stopped(stack: Stack) -> 
             await host.close()
 
 
+async def test_a_host_stopped_in_a_stuck_step_hands_the_attempt_back_all_the_same(
+    stack: Stack,
+) -> None:
+    """A step stuck on its phone (a look waiting for a screen that never idles; the driver's
+    timeouts raised, as on a slow phone) held a stopping host for 30 s, then the attempt was
+    cancelled with no result: the host exited without handing the task back, which waited for
+    its lease. Past `stop_grace_s` the host hands such an attempt back without its step."""
+    wedged: list[RunningHost] = []
+
+    def wedge() -> None:  # step 2's look after its tap waits for ever
+        phone = wedged[0].virtual.server.phones["emulator-5554"]
+        phone.stall_service("shell:uiautomator dump", 600.0)
+
+    host = await _start_host(
+        stack,
+        _dark_theme(before_display=wedge),
+        dump_timeout_s=600.0,
+        hierarchy_deadline_s=1200.0,
+        stop_grace_s=1.0,
+    )
+    wedged.append(host)
+    try:
+        lease = duration_pb2.Duration()
+        lease.FromTimedelta(timedelta(minutes=5))
+        submitted = await stack.ops.SubmitTask(
+            task_service_pb2.SubmitTaskRequest(
+                goal="Turn on dark theme", max_attempts=2, lease_duration=lease
+            )
+        )
+        task_id = str(submitted.task.task_id)
+        await _until(
+            stack,
+            task_id,
+            lambda t: (
+                t.progress.step_index >= 2
+                and t.progress.step_status == types_pb2.STEP_STATUS_ACTING
+            ),
+        )
+        host.stop.set()
+        await host.task
+        task = (await stack.ops.GetTask(task_service_pb2.GetTaskRequest(task_id=task_id))).task
+        assert task.status == types_pb2.TASK_STATUS_QUEUED, task
+        ended = task.attempts[0]
+        assert (ended.status, ended.failure_reason) == (
+            types_pb2.TASK_STATUS_FAILED,
+            "stopped: the host stopped",
+        )
+    finally:
+        await host.close()
+
+
 async def test_a_flow_disabled_mid_attempt_reaches_the_direct_hosts_attempt(stack: Stack) -> None:
     """The lease client keeps what the cloud's renewals say of the assignment's flows: a flow
     disabled meanwhile lands in the running attempt's `withdrawn_flows`, which its direct
