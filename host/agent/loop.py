@@ -22,7 +22,7 @@ import json
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from concurrent.futures import Executor, ThreadPoolExecutor
+from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Literal, TypeVar
@@ -37,7 +37,7 @@ from host.agent.step_telemetry import StepTelemetry
 from host.agent.stop_signal import stop_reason
 from host.agent.verdicts import ReplayTally, check_step
 from host.devices.base import DeviceBusy, DeviceError, DeviceGone, Driver, ScreenUnavailable
-from host.devices.lanes import new_lane
+from host.devices.lanes import Lane, new_lane
 from host.outbox import Shipments, StepRef
 from host.perception.hierarchy import HierarchyError
 from host.perception.perceive import Observation, Perceiver
@@ -177,7 +177,7 @@ class AgentLoop:
         #: shared by the phone's attempts, or else one of this loop's own, made on first use
         #: and shut down when a run ends.
         self._shared_lane = lane
-        self._lane: ThreadPoolExecutor | None = None
+        self._lane: Lane | None = None
 
     async def _on_phone(self, fn: Callable[..., T], *args: object) -> T:
         """Run a (blocking) driver call in the phone's own worker thread, never in asyncio's

@@ -15,9 +15,12 @@ thread kept per serial ever seen would pile up for good.
 
 from __future__ import annotations
 
+import contextlib
+import functools
+import queue
 import threading
 from collections.abc import Callable, Collection, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Executor, Future
 from contextlib import contextmanager
 from typing import Any, ParamSpec, TypeVar
 
@@ -25,24 +28,58 @@ P = ParamSpec("P")
 T = TypeVar("T")
 
 
-class Lane(ThreadPoolExecutor):
-    """A one-thread executor for one phone's calls that knows how many are not done yet."""
+class Lane(Executor):
+    """A one-thread executor for one phone's calls that knows how many are not done yet.
+
+    Its thread is a daemon, unlike a `ThreadPoolExecutor`'s, which Python joins at exit: a call
+    a stop abandoned (a look at a wedged phone, a gesture adbd sits on; each may take as long as
+    its timeout, 30 s and more) held a stopped host's exit that long, and `amc host run` was
+    SIGKILLed by whoever stopped it. Nothing is lost: the attempt was handed back without it."""
 
     def __init__(self, serial: str) -> None:
-        super().__init__(max_workers=1, thread_name_prefix=f"phone-{serial}")
+        self._name = f"phone-{serial}_0"
+        self._calls: queue.SimpleQueue[tuple[Future[Any], Callable[[], Any]] | None] = (
+            queue.SimpleQueue()
+        )
+        self._thread: threading.Thread | None = None
+        self._closed = False
         self._pending = 0
         self._count_lock = threading.Lock()
 
     def submit(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> Future[T]:
+        future: Future[T] = Future()
         with self._count_lock:
+            if self._closed:
+                raise RuntimeError("cannot schedule new calls after shutdown")
             self._pending += 1
-        try:
-            future = super().submit(fn, *args, **kwargs)
-        except BaseException:
-            self._done()
-            raise
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._work, name=self._name, daemon=True)
+                self._thread.start()
+            self._calls.put((future, functools.partial(fn, *args, **kwargs)))
         future.add_done_callback(self._done)
         return future
+
+    def _work(self) -> None:
+        while (item := self._calls.get()) is not None:
+            _run(*item)
+            del item  # a finished call's arguments are not kept alive until the next one
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        dropped: list[Future[Any]] = []
+        with self._count_lock:
+            self._closed = True
+            if cancel_futures:
+                with contextlib.suppress(queue.Empty):
+                    while True:
+                        item = self._calls.get_nowait()
+                        if item is not None:
+                            dropped.append(item[0])
+            self._calls.put(None)
+            thread = self._thread
+        for future in dropped:  # its callback counts it done, under the lock
+            future.cancel()
+        if wait and thread is not None:
+            thread.join()
 
     def _done(self, _: Any = None) -> None:
         with self._count_lock:
@@ -53,6 +90,17 @@ class Lane(ThreadPoolExecutor):
         """No call queued or running (one a cancel abandoned still counts)."""
         with self._count_lock:
             return self._pending == 0
+
+
+def _run(future: Future[Any], call: Callable[[], Any]) -> None:
+    if not future.set_running_or_notify_cancel():
+        return
+    try:
+        result = call()
+    except BaseException as exc:  # as ThreadPoolExecutor: the caller sees it
+        future.set_exception(exc)
+    else:
+        future.set_result(result)
 
 
 def new_lane(serial: str) -> Lane:

@@ -16,6 +16,8 @@ from datetime import timedelta
 from pathlib import Path
 
 from amc.v1 import types_pb2
+from host.devices.virtual.adb_server import ThreadedAdbServer
+from host.devices.virtual.phone import VirtualPhone
 from tests.support.processes import (
     AmcProcess,
     Fleet,
@@ -174,3 +176,42 @@ async def test_a_second_sigterm_stops_a_host_waiting_for_the_cloud_at_once(
             await ops.close()
         a.kill()
         cloud.stop()
+
+
+async def test_a_host_stopped_while_its_phone_sits_on_a_look_exits_at_once(
+    tmp_path: Path, fault_pki: Path
+) -> None:
+    """The phone (behind the test's own adb server) sits on every `uiautomator dump`, with the
+    host's dump timeout raised past the test (a slow phone's setting): SIGTERM mid-look. The
+    host hands the attempt back and exits (status 0). Before, the look the stop abandoned went
+    on in the phone's worker thread, and the process's exit waited for that thread (Python
+    joins executor threads at exit) as long as the call could take: SIGKILLed."""
+    phone = VirtualPhone("emulator-5554")
+    adb = ThreadedAdbServer([phone])
+    port = adb.start()
+    phone.stall_service("shell:uiautomator dump", 600.0, count=1000)
+    fleet = Fleet(tmp_path, fault_pki, cloud_env=LONG_LEASE)
+    cloud = fleet.cloud().start()
+    wedged = {
+        "AMC_HOST_DEVICE_SOURCE": "adb",
+        "AMC_HOST_ADB_PORT": str(port),
+        "AMC_HOST_DUMP_TIMEOUT_S": "600",
+        "AMC_HOST_HIERARCHY_DEADLINE_S": "1200",
+    }
+    host = fleet.host("a", extra=wedged)
+    ops = None
+    try:
+        await wait_serving(fleet.address, fault_pki)
+        ops = operator(fleet.address, fault_pki)
+        host.start()
+        await wait_connected(ops, {"a"})
+        task_id = await dark_theme_running(ops, "a")  # its first look sits on the phone
+        assert host.stop() == 0, host.output()
+        ended = await wait_task(ops, task_id, lambda t: t.status == types_pb2.TASK_STATUS_QUEUED)
+        assert ended.attempts[0].failure_reason == STOPPED, ended.attempts[0]
+    finally:
+        if ops is not None:
+            await ops.close()
+        host.kill()
+        cloud.stop()
+        await asyncio.to_thread(adb.stop)
