@@ -77,8 +77,6 @@ class HostApp:
     compact_engine: Planner | None = None
     #: What the model is thinking right now, per attempt (direct session mode, streaming).
     thinking: LiveThinking = field(default_factory=LiveThinking)
-    #: Tasks pruned at start whose session rows are deleted once the loop runs.
-    pruned_at_start: list[tuple[str, int]] = field(default_factory=list)
     #: The durable outbox (decisions of the direct transport, step screenshots, results the
     #: cloud has not answered yet) and its sender.
     outbox: OutboxStore | None = None
@@ -244,9 +242,6 @@ def build_host(
             "marked %d attempt(s) interrupted: the previous host process ended while they ran",
             len(interrupted),
         )
-    pruned = store.prune(settings.retention_max_tasks, settings.retention_max_age_days)
-    if pruned:
-        log.info("retention removed %d old task(s) at start", len(pruned))
     ocr = OcrPool(settings.tessdata_path, settings.ocr_language) if settings.ocr_enabled else None
     perceiver = Perceiver(
         ocr,
@@ -337,7 +332,6 @@ def build_host(
         session_store=session_store,
         planner_settings=planner_settings,
         compact_engine=compact_engine,
-        pruned_at_start=pruned,
         outbox=outbox,
         outbox_sender=sender,
         shipments=Shipments(
@@ -437,6 +431,8 @@ async def _retention_pass(app: HostApp) -> None:
         pruned = await asyncio.to_thread(
             app.store.prune, s.retention_max_tasks, s.retention_max_age_days
         )
+        if pruned:
+            log.info("retention removed %d old task(s)", len(pruned))
         await _forget_sessions(app, pruned)
     except Exception:  # retention must never fail a task
         log.exception("retention pass failed")
@@ -490,8 +486,13 @@ async def _report_backlog(app: HostApp, stop: asyncio.Event) -> None:
 
 
 async def serve_host(app: HostApp, stop: asyncio.Event) -> None:
-    """Run an assembled host until `stop` is set (no signal handling here)."""
-    await _forget_sessions(app, app.pruned_at_start)
+    """Run an assembled host until `stop` is set (no signal handling here).
+
+    The retention pass at start runs beside the lease stream, not before it: deleting many old
+    files takes seconds to minutes, and a host restarted after a kill sent the results its
+    previous process kept (naming their leases, else the cloud runs the tasks again) only
+    once it was done."""
+    app.retain()
     await asyncio.to_thread(app.registry.refresh)
     if app.outbox is not None:
         app.lease.backlog = backlog_proto(await asyncio.to_thread(app.outbox.backlog))

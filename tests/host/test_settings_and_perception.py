@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+import grpc
 import pytest
 from uiautomator2 import exceptions as u2_exceptions
 
@@ -14,10 +16,12 @@ from host.devices.virtual.driver import VirtualDriver
 from host.devices.virtual.phone import VirtualPhone
 from host.perception.hierarchy import HierarchyError
 from host.perception.perceive import Perceiver
-from host.runner import build_host
+from host.runner import build_host, serve_host
 from host.settings import HostSettings
 from host.timeline.store import TimelineStore
 from tests.host.scripted_planner import ScriptedPlanner
+from tests.support.processes import free_port
+from tests.support.waiting import until
 
 
 def test_env_prefix_and_legacy_db_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -38,7 +42,10 @@ def test_cert_paths_follow_the_pki_layout(tmp_path: Path) -> None:
     assert s.resolved_db_path == tmp_path / "d" / "task_progress.sqlite3"
 
 
-def test_retention_runs_when_the_host_starts(tmp_path: Path) -> None:
+async def test_retention_at_start_runs_beside_the_host_not_before_it(tmp_path: Path) -> None:
+    """`build_host` pruned old tasks (rows and files) before the host dialled the cloud: with
+    many files to delete, a host restarted after a kill sent the results its previous
+    process kept (naming their leases) only minutes later. The pass runs once it serves."""
     settings = HostSettings(data_dir=tmp_path, retention_max_tasks=3, ocr_enabled=False, adb_port=1)
     store = TimelineStore(settings.resolved_db_path, settings.resolved_artifact_dir)
     now = datetime.now(UTC)
@@ -47,12 +54,23 @@ def test_retention_runs_when_the_host_starts(tmp_path: Path) -> None:
         store.save_screenshot(f"t{i}", 1, "a.png", b"x")
         store.finish_task(f"t{i}", 1, "succeeded", "ok", now=now - timedelta(minutes=5 - i))
     store.close()
-    app = build_host(settings, planner=ScriptedPlanner([]))  # never asked: no task runs
+    app = build_host(  # a cloud nobody answers at: the host serves on without it
+        settings,
+        planner=ScriptedPlanner([]),  # never asked: no task runs
+        channel_factory=lambda: grpc.aio.insecure_channel(f"127.0.0.1:{free_port()}"),
+    )
+    assert len(app.store.list_tasks()) == 5
+    stop = asyncio.Event()
+    serving = asyncio.create_task(serve_host(app, stop))
     try:
-        assert [t.task_id for t in app.store.list_tasks()] == ["t4", "t3", "t2"]
+        await until(
+            lambda: [t.task_id for t in app.store.list_tasks()] == ["t4", "t3", "t2"],
+            what="the retention pass at start",
+        )
         assert app.store.artifacts.task_dirs() == ["t2-a1", "t3-a1", "t4-a1"]
     finally:
-        app.close()
+        stop.set()
+        await serving
 
 
 class FlakyDumps(VirtualDriver):
