@@ -127,7 +127,11 @@ async def test_a_second_process_with_the_same_certificate_takes_over_without_a_f
 ) -> None:
     fleet = Fleet(tmp_path, fault_pki, cloud_env={"AMC_CLOUD_DEFAULT_LEASE_SECONDS": LEASE_S})
     address, cloud = fleet.address, fleet.cloud().start()
-    older = fleet.host("a", name="a-older", settle_delay_s=2.0)
+    # The older process's steps are slow (its four take half a minute and more): the newer one
+    # connects while it still runs the task. With 2 s steps, a loaded machine took longer to
+    # start the newer process (13 s) than the older one took to finish the task, which then
+    # had no attempt 2 to hand over.
+    older = fleet.host("a", name="a-older", settle_delay_s=8.0)
     newer = fleet.host("a", name="a-newer", settle_delay_s=2.0)
     ops = None
     try:
