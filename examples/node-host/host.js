@@ -27,6 +27,9 @@
 //                          0 = run on
 //   AMC_HOST_DATA_DIR      where results wait for the cloud         (amc_host_data)
 //   AMC_PROTO_DIR          where amc/v1/*.proto live                (../../proto)
+//   AMC_HOST_KEEPALIVE_TIME_S / AMC_HOST_KEEPALIVE_TIMEOUT_S
+//                          ping the cloud this often / drop a link whose ping goes
+//                          unanswered this long (10 / 10, as the Python host's)
 'use strict';
 
 const crypto = require('crypto');
@@ -67,10 +70,19 @@ const credentials = grpc.credentials.createSsl(
 );
 // grpc-js retries a lost connection on its own schedule, up to 120 s apart by default: kept
 // within the host's own backoff cap so a cloud back from a restart is found in time.
+// Keepalive, as the Python host's channel has it (host/cloud_channel.py): grpc-js pings never
+// by default, so a link gone silent without closing (the cloud's machine vanished, a NAT entry
+// dropped) looked open for as long as TCP keeps it, the stream waiting on it for good. A ping
+// every 10 s (the cloud allows no more often: AMC_CLOUD_MIN_CLIENT_PING_INTERVAL_SECONDS),
+// unanswered for 10 s, drops it; the stream ends UNAVAILABLE and is reconnected.
+const seconds = (name, fallback) => Number(env[name] || fallback) * 1000;
 const options = {
   'grpc.ssl_target_name_override': env.AMC_TLS_SERVER_NAME || 'localhost',
   'grpc.initial_reconnect_backoff_ms': 500,
   'grpc.max_reconnect_backoff_ms': 5000,
+  'grpc.keepalive_time_ms': seconds('AMC_HOST_KEEPALIVE_TIME_S', 10),
+  'grpc.keepalive_timeout_ms': seconds('AMC_HOST_KEEPALIVE_TIMEOUT_S', 10),
+  'grpc.keepalive_permit_without_calls': 1,
 };
 const leases = new amc.LeaseService(CLOUD, credentials, options);
 const planner = new amc.PlannerService(CLOUD, credentials, options);
