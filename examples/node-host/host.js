@@ -14,7 +14,8 @@
 //   5. reports the result, and keeps it (on disk too), sending it again every 5 s, until the
 //      cloud acknowledges it,
 //   6. rides out a cloud restart: reconnects with backoff, naming the leases it still holds,
-//      and asks again for a step whose answer was lost under the same step key.
+//      and asks again for a step whose answer was lost under the same step key,
+//   7. hands its work back when stopped (SIGTERM, SIGINT): see `handBack`.
 // It sends no prompt and no goal: the cloud knows the goal and the history and builds them.
 //
 // Settings (environment):
@@ -30,6 +31,7 @@
 //   AMC_HOST_KEEPALIVE_TIME_S / AMC_HOST_KEEPALIVE_TIMEOUT_S
 //                          ping the cloud this often / drop a link whose ping goes
 //                          unanswered this long (10 / 10, as the Python host's)
+//   AMC_HOST_STOP_GRACE_S  stopped, wait this long for the cloud to answer its results (5)
 'use strict';
 
 const crypto = require('crypto');
@@ -962,6 +964,9 @@ async function decide(request, stopped, signal) {
 // and says so, retryable, once the cloud is back, as the Python host does
 // (host/lease_client.py, UNREACHABLE_SUMMARY). A grace past the expiry let two phones run it.
 const UNREACHABLE = 'stopped: the lease ran out while the cloud was unreachable';
+// The retryable result of an attempt stopped because this host is stopping (`handBack`).
+const HOST_STOPPED = 'stopped: the host stopped';
+const running = new Map(); // lease id -> the AbortController that stops its attempt
 
 // Aborts `stop` when the lease `leaseId` runs out, waking at its end as renewals move it;
 // returns what cancels the watch.
@@ -984,6 +989,7 @@ async function runTask(a, revoked) {
   const lease = { task_id: a.task_id, attempt: a.attempt, lease_id: a.lease_id };
   held.set(a.lease_id, { ...lease, device_serial: a.device_serial });
   const stop = new AbortController();
+  running.set(a.lease_id, stop);
   const unwatch = watchExpiry(a.lease_id, stop);
   // The step's waits, cut short when the lease runs out.
   const ranOut = new Promise((_, reject) => stop.signal.addEventListener('abort', () => reject(stop.signal.reason)));
@@ -1006,7 +1012,7 @@ async function runTask(a, revoked) {
         break;
       }
       if (stop.signal.aborted) {
-        [summary, retryable] = [UNREACHABLE, true];
+        [summary, retryable] = [stop.signal.reason.message, true];
         break;
       }
       report(step, 'STEP_STATUS_PERCEIVING', `step ${step}: looking at the screen`);
@@ -1055,18 +1061,26 @@ async function runTask(a, revoked) {
     const fromPhone = typeof err.code !== 'number' && !revoked.has(a.lease_id) && !stop.signal.aborted;
     const gone = fromPhone ? await phoneGone(a.device_serial, err) : null;
     if (gone) [summary, retryable] = [gone, true];
-    if (stop.signal.aborted && !revoked.has(a.lease_id)) [status, summary, retryable] = ['TASK_STATUS_FAILED', UNREACHABLE, true];
+    // Stopped by its lease running out (UNREACHABLE) or by this host stopping (HOST_STOPPED):
+    // retryable, the task runs again at once.
+    if (stop.signal.aborted && !revoked.has(a.lease_id)) {
+      [status, summary, retryable] = ['TASK_STATUS_FAILED', stop.signal.reason.message, true];
+    }
   } finally {
     clearInterval(renewer);
     unwatch();
   }
-  summary = cut(summary, LIMITS.result_summary, characters);
-  // Kept (and its lease listed in every hello) until the cloud acknowledges it: a result sent
-  // while the cloud was down is sent again on the next stream, or by the next process.
-  keepResult(a.lease_id, { result: { ...lease, status, summary, final_progress: progress, retryable } });
-  send(results.get(a.lease_id));
-  resendUnanswered(a.lease_id);
+  answer(a.lease_id, { ...lease, status, summary: cut(summary, LIMITS.result_summary, characters), final_progress: progress, retryable });
+  running.delete(a.lease_id);
   log(`task ${a.task_id}: ${status} — ${summary}`);
+}
+
+// Kept (and its lease listed in every hello) until the cloud acknowledges it: a result sent
+// while the cloud was down is sent again on the next stream, or by the next process.
+function answer(leaseId, result) {
+  keepResult(leaseId, { result });
+  send(results.get(leaseId));
+  resendUnanswered(leaseId);
 }
 
 // --- the Lease stream ---------------------------------------------------------------------
@@ -1078,6 +1092,7 @@ const FINAL = new Set([grpc.status.UNAUTHENTICATED, grpc.status.PERMISSION_DENIE
 const held = new Map(); // lease id -> HeldAssignment, from assignment to acknowledged result
 const results = new Map(); // lease id -> the result message, until acknowledged
 let current = null; // the stream, once welcomed
+let opened = null; // the latest stream, welcomed or not
 const inherited = new Set(); // lease ids of results a previous process kept: no task of ours
 const refused = new Set(); // lease ids of assignments refused past AMC_TASKS: no task run
 let started = 0; // tasks this process began
@@ -1172,31 +1187,35 @@ function release(leaseId, stream, state) {
   clearTimeout(resends.get(leaseId));
   resends.delete(leaseId);
   expiries.delete(leaseId);
+  wake();
   if (TASKS && state.done >= TASKS && !results.size) stream.end();
 }
 
 // AMC_TASKS: once its last task has begun, this process takes no more. It tells the cloud
-// (HostStopping: no assignment on this stream after it), and refuses one already on its way:
-// nothing ran, so the cloud queues the task again without counting the attempt (`retryable`
-// for a cloud from before refusals). Run instead, such a task outlived the stream its result
-// needed, and that result, resent every 5 s, kept the process from ever exiting.
+// (HostStopping: no assignment on this stream after it), and refuses one already on its way,
+// as a stopping host does (`handBack`): nothing ran, so the cloud queues the task again without
+// counting the attempt (`retryable` for a cloud from before refusals). Run instead, such a task
+// outlived the stream its result needed, and that result, resent every 5 s, kept the process
+// from ever exiting.
 const lastTaskBegun = () => TASKS && started >= TASKS;
-function refuse(a) {
-  log(`assignment ${a.task_id} on ${a.device_serial} refused: this host runs no more tasks (AMC_TASKS=${TASKS})`);
+function refuse(a, why) {
+  log(`assignment ${a.task_id} on ${a.device_serial} refused: ${why}`);
   const lease = { task_id: a.task_id, attempt: a.attempt, lease_id: a.lease_id };
   held.set(a.lease_id, { ...lease, device_serial: a.device_serial });
   refused.add(a.lease_id);
-  const summary = 'the host is stopping';
-  keepResult(a.lease_id, {
-    result: { ...lease, status: 'TASK_STATUS_FAILED', summary, retryable: true, refusal: 'ASSIGNMENT_REFUSAL_HOST_STOPPING' },
+  answer(a.lease_id, {
+    ...lease,
+    status: 'TASK_STATUS_FAILED',
+    summary: 'the host is stopping',
+    retryable: true,
+    refusal: 'ASSIGNMENT_REFUSAL_HOST_STOPPING',
   });
-  send(results.get(a.lease_id));
-  resendUnanswered(a.lease_id);
 }
 
 // One stream, from hello to its end: resolves with how it ended ({ code, details }).
 function session(revoked, state) {
   const stream = leases.Lease();
+  opened = stream;
   const devices = reported();
   stream.write({
     hello: {
@@ -1220,8 +1239,9 @@ function session(revoked, state) {
         break;
       case 'assignment': {
         const a = msg.assignment;
-        if (!a.resumed && lastTaskBegun()) {
-          refuse(a);
+        if (!a.resumed && (stopping || lastTaskBegun())) {
+          // Sent before the cloud read HostStopping (a stop, or the last of AMC_TASKS begun).
+          refuse(a, stopping ? 'the host is stopping' : `this host runs no more tasks (AMC_TASKS=${TASKS})`);
           break;
         }
         expiries.set(a.lease_id, now() + ms(a.lease_remaining || a.lease_duration));
@@ -1263,6 +1283,7 @@ function session(revoked, state) {
   return new Promise((resolve) => {
     const ended = (code, details) => {
       if (current === stream) current = null;
+      wake();
       resolve({ code, details });
     };
     stream.on('status', (s) => ended(s.code, s.details));
@@ -1299,28 +1320,98 @@ async function phoneGone(serial, err) {
   return `phone ${serial} disconnected (${cause})`;
 }
 
+// --- stopping ------------------------------------------------------------------------------
+// Stopped (SIGTERM, SIGINT), the host hands its work back, as the Python host does
+// (host/lease_client.py, `_hand_back`): it tells the cloud it takes no new task
+// (`HostStopping`; an assignment already on its way is refused), stops each attempt within one
+// step with a retryable result, HOST_STOPPED, so the cloud queues the task for another host at
+// once instead of when its lease runs out, waits up to STOP_GRACE_MS for the cloud to answer
+// its results, then closes its side of the stream and exits 0. What is left unanswered (the
+// cloud unreachable) stays on disk and the next start sends it. A second signal stops at once.
+const STOP_GRACE_MS = seconds('AMC_HOST_STOP_GRACE_S', 5);
+const STOP_TASKS_MS = 30000; // each attempt stops within one step; a stuck one is not waited on
+let stopping = null; // the hand back under way, once a signal came
+let hurry = false; // a second signal: wait for nothing more
+
+// Wakes whoever waits for a result answered, a stream ended or a second signal.
+const waiters = new Set();
+function wake() {
+  for (const resolve of waiters) resolve();
+  waiters.clear();
+}
+// Resolves at the next `wake`, or after `millis`.
+function woken(millis) {
+  return new Promise((resolve) => {
+    const timer = setTimeout(resolve, Math.max(0, millis));
+    waiters.add(() => {
+      clearTimeout(timer);
+      resolve();
+    });
+  });
+}
+// Waits until `done()`, `millis` passed or a second signal.
+async function until(done, millis) {
+  const end = now() + millis;
+  while (!done() && !hurry && now() < end) await woken(end - now());
+}
+
+async function handBack() {
+  send({ stopping: {} });
+  if (running.size) log(`stopping: handing ${running.size} attempt(s) back to the cloud (a second SIGINT/SIGTERM stops at once)`);
+  for (const stop of running.values()) stop.abort(new Error(HOST_STOPPED));
+  await until(() => running.size === 0, STOP_TASKS_MS);
+  if (results.size && current) log(`waiting up to ${STOP_GRACE_MS / 1000} s for the cloud to answer ${results.size} result(s)`);
+  await until(() => results.size === 0 || !current, STOP_GRACE_MS);
+  if (results.size) log(`stopping with ${results.size} result(s) the cloud has not answered: kept on disk and sent by the next start`);
+  const stream = current;
+  if (stream) {
+    stream.end(); // our side is done: the cloud ends the stream (OK)
+    await until(() => current !== stream, 1000);
+  }
+  opened?.cancel(); // one still opening, or one the cloud did not end
+}
+
+function onSignal(signal) {
+  if (stopping) {
+    log(`${signal} again: stopping at once`);
+    hurry = true;
+    wake();
+    return;
+  }
+  log(`${signal}: stopping`);
+  stopping = handBack();
+  wake();
+}
+process.on('SIGTERM', onSignal);
+process.on('SIGINT', onSignal);
+
 async function main() {
   inheritResults();
   await refreshPhones();
   const watcher = setInterval(pollPhones, POLL_MS);
   const revoked = new Map();
   const state = { done: 0, failures: 0, superseded: '' };
-  for (;;) {
+  while (!stopping) {
     const { code, details } = await session(revoked, state);
+    if (stopping) break;
     if (state.superseded) throw Object.assign(new Error(`stopping: ${state.superseded}`), { final: true });
     if (FINAL.has(code)) throw Object.assign(new Error(details), { code });
     if (TASKS && state.done >= TASKS) break;
     const delay = backoff(state.failures);
     state.failures += 1;
     log(`lease stream lost (code ${code}: ${details}); reconnecting in ${(delay / 1000).toFixed(1)} s`);
-    await sleep(delay);
+    const end = now() + delay;
+    while (!stopping && now() < end) await woken(end - now());
   }
+  await stopping;
   clearInterval(watcher);
   leases.close();
   planner.close();
 }
 
-main().catch((err) => {
-  log(`error: ${err.code !== undefined ? `code ${err.code}: ` : ''}${err.details || err.message}`);
-  process.exit(1);
-});
+main()
+  .then(() => stopping && process.exit(0)) // timers of results left unanswered would keep it up
+  .catch((err) => {
+    log(`error: ${err.code !== undefined ? `code ${err.code}: ` : ''}${err.details || err.message}`);
+    process.exit(1);
+  });

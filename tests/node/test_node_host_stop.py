@@ -1,0 +1,147 @@
+"""The Node example host, stopped, hands its work back as the Python host does.
+
+Real parts: `amc cloud serve` (SQLite, mTLS) or the in-test LeaseService of
+tests/host/lease_fake.py (real mTLS, a real stream: it can leave results unanswered, which the
+real cloud never does), a virtual phone served over the adb protocol whose look hangs (the
+attempt is mid-step when the signal comes), and host.js as its own process, sent real signals.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+from pathlib import Path
+
+from google.protobuf.duration_pb2 import Duration
+
+from amc.v1 import lease_service_pb2, task_service_pb2, types_pb2
+from host.devices.virtual.adb_server import VirtualAdbServer
+from host.devices.virtual.phone import VirtualPhone
+from tests.host.lease_fake import start_fake_cloud
+from tests.node.rig import HOST, cloud_and_phone, start_host
+from tests.node.test_node_host import HOST_ID, node
+from tests.support.processes import wait_task
+from tests.support.waiting import until
+
+__all__ = ["node"]
+
+HOST_STOPPED = "stopped: the host stopped"
+
+
+async def test_the_node_host_stopped_mid_task_hands_its_attempt_back_at_once(
+    node: str, tmp_path: Path
+) -> None:
+    """SIGTERM while a step is under way, with a 5-minute lease. host.js exited at once (Node's
+    default), with no word to the cloud: the attempt stayed RUNNING until its lease ran out and
+    only then went to another host. As the Python host does, it now says HostStopping, stops
+    the attempt with a retryable result, "stopped: the host stopped", which the cloud answers
+    before the host exits 0: the task is queued for its next attempt at once."""
+    phone = VirtualPhone("emulator-5554")
+    phone.hang_dumps(300)  # the first look waits for an idle screen: mid-step
+    async with cloud_and_phone(tmp_path, phone, HOST_ID) as rig:
+        task = (
+            await rig.client.tasks.SubmitTask(
+                task_service_pb2.SubmitTaskRequest(
+                    goal="Turn on dark theme", lease_duration=Duration(seconds=300), max_attempts=2
+                ),
+                timeout=10,
+            )
+        ).task
+        host = await start_host(node, rig, HOST_ID, tmp_path / "host-data", tasks=None)
+        try:
+            await until(lambda: phone.dumper is not None, 60, "the first look under way")
+            host.send_signal(signal.SIGTERM)
+            _, err = await asyncio.wait_for(host.communicate(), 60)
+            said = err.decode()
+            final = await wait_task(
+                rig.client,
+                task.task_id,
+                lambda t: (
+                    bool(t.attempts) and t.attempts[0].status != types_pb2.TASK_STATUS_RUNNING
+                ),
+                30,
+            )
+        finally:
+            rig.adb.unplug(phone.serial)  # ends the hung look
+            if host.returncode is None:
+                host.kill()
+                await host.wait()
+    assert final.attempts[0].failure_reason == HOST_STOPPED, (final, said)
+    assert final.status == types_pb2.TASK_STATUS_QUEUED, (final, said)
+    assert host.returncode == 0, said
+    assert not list((tmp_path / "host-data").rglob("*.json")), said  # answered: nothing kept
+
+
+async def test_a_stopping_node_host_refuses_new_work_and_a_second_signal_stops_it_at_once(
+    node: str, tmp_path: Path
+) -> None:
+    """A cloud that leaves the stopped attempt's result unanswered, and sends an assignment
+    after the host said it stops (one on its way before the cloud read HostStopping). The
+    host refuses it (ASSIGNMENT_REFUSAL_HOST_STOPPING, retryable: nothing ran), waits for the
+    answers (AMC_HOST_STOP_GRACE_S, 10 minutes here) and, at a second signal, stops at once,
+    keeping both results on disk for its next start."""
+    fake = await start_fake_cloud(tmp_path / "pki", HOST_ID)
+    cloud = fake.cloud
+    cloud.ack_results = False
+    cloud.renew_s = 10.0
+    phone = VirtualPhone("emulator-5554")
+    phone.hang_dumps(300)
+    adb = VirtualAdbServer([phone])
+    adb_port = await adb.start()
+    data = tmp_path / "host-data"
+    host = await asyncio.create_subprocess_exec(
+        node,
+        str(HOST),
+        env={
+            "PATH": os.environ.get("PATH", ""),
+            "AMC_CLOUD_ADDRESS": f"127.0.0.1:{fake.port}",
+            "AMC_HOST_CERTS_DIR": str(fake.pki_dir),
+            "AMC_HOST_ID": HOST_ID,
+            "ADB_PORT": str(adb_port),
+            "AMC_HOST_DATA_DIR": str(data),
+            "AMC_HOST_STOP_GRACE_S": "600",
+        },
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.PIPE,
+    )
+
+    def result(task_id: str) -> lease_service_pb2.TaskResult | None:
+        return next((r for r in cloud.results if r.task_id == task_id), None)
+
+    try:
+        await cloud.wait_for(lambda: cloud.hellos, 60)
+        await cloud.assign("t1", phone.serial, "Turn on dark theme")
+        await until(lambda: phone.dumper is not None, 60, "the first look under way")
+        host.send_signal(signal.SIGTERM)
+        await cloud.wait_for(lambda: result("t1"), 60)
+        await cloud.assign("t2", phone.serial, "Turn on dark theme")
+        await cloud.wait_for(lambda: result("t2"), 60)
+        stopping = [r for r in cloud.received if r.WhichOneof("kind") == "stopping"]
+        waiting = host.returncode is None  # still waiting for the cloud's answers
+        host.send_signal(signal.SIGTERM)
+        _, err = await asyncio.wait_for(host.communicate(), 60)
+    finally:
+        if host.returncode is None:
+            host.kill()
+            await host.wait()
+        adb.unplug(phone.serial)
+        await adb.stop()
+        await fake.server.stop(grace=None)
+    said = err.decode()
+    assert len(stopping) == 1, said
+    assert cloud.received.index(stopping[0]) < next(
+        i for i, r in enumerate(cloud.received) if r.WhichOneof("kind") == "result"
+    ), said  # said before the results, as the contract orders them
+    first, refused = result("t1"), result("t2")
+    assert first is not None and refused is not None
+    assert (first.status, first.summary, first.retryable) == (
+        types_pb2.TASK_STATUS_FAILED,
+        HOST_STOPPED,
+        True,
+    ), said
+    assert refused.status == types_pb2.TASK_STATUS_FAILED and refused.retryable, said
+    assert refused.refusal == lease_service_pb2.ASSIGNMENT_REFUSAL_HOST_STOPPING, said
+    assert waiting, said
+    assert host.returncode == 0, said
+    assert len(list(data.rglob("*.json"))) == 2, said  # kept for the next start
