@@ -22,6 +22,7 @@ from tests.host.lease_fake import start_fake_cloud
 from tests.node.rig import HOST, cloud_and_phone, start_host
 from tests.node.test_node_host import HOST_ID, node
 from tests.support.processes import wait_task
+from tests.support.tcp_proxy import TcpProxy
 from tests.support.waiting import until
 
 __all__ = ["node"]
@@ -71,6 +72,71 @@ async def test_the_node_host_stopped_mid_task_hands_its_attempt_back_at_once(
     assert final.status == types_pb2.TASK_STATUS_QUEUED, (final, said)
     assert host.returncode == 0, said
     assert not list((tmp_path / "host-data").rglob("*.json")), said  # answered: nothing kept
+
+
+async def test_a_node_host_stopped_with_the_cloud_unreachable_keeps_the_result_for_its_next_start(
+    node: str, tmp_path: Path
+) -> None:
+    """SIGTERM mid-step while the cloud cannot be reached (its connections cut at a proxy).
+    host.js died with nothing kept, so its next process named no lease and the attempt waited
+    for its 5-minute lease. As the Python host does, it stops the attempt, keeps its result on
+    disk and exits 0; its next start sends it, and attempt 1 reads "stopped: the host
+    stopped"."""
+    phone = VirtualPhone("emulator-5554")
+    phone.hang_dumps(300)
+    async with cloud_and_phone(tmp_path, phone, HOST_ID) as rig:
+        cloud_port = int(rig.address.rsplit(":", 1)[1])
+        proxy = TcpProxy([("127.0.0.1", cloud_port)]).start()
+        task = (
+            await rig.client.tasks.SubmitTask(
+                task_service_pb2.SubmitTaskRequest(
+                    goal="Turn on dark theme", lease_duration=Duration(seconds=300), max_attempts=2
+                ),
+                timeout=10,
+            )
+        ).task
+        data = tmp_path / "host-data"
+        env = {
+            "PATH": os.environ.get("PATH", ""),
+            "AMC_CLOUD_ADDRESS": proxy.address,
+            "AMC_HOST_CERTS_DIR": str(rig.pki),
+            "AMC_HOST_ID": HOST_ID,
+            "ADB_PORT": str(rig.adb_port),
+            "AMC_HOST_DATA_DIR": str(data),
+        }
+        first = await asyncio.create_subprocess_exec(
+            node, str(HOST), env=env, stderr=asyncio.subprocess.PIPE
+        )
+        second: asyncio.subprocess.Process | None = None
+        try:
+            await until(lambda: phone.dumper is not None, 60, "the first look under way")
+            proxy.stop()  # the cloud is unreachable from here on
+            first.send_signal(signal.SIGTERM)
+            _, err = await asyncio.wait_for(first.communicate(), 60)
+            kept = list(data.rglob("*.json"))
+            proxy = TcpProxy([("127.0.0.1", cloud_port)], port=proxy.port).start()
+            second = await asyncio.create_subprocess_exec(
+                node, str(HOST), env=env, stderr=asyncio.subprocess.DEVNULL
+            )
+            final = await wait_task(
+                rig.client,
+                task.task_id,
+                lambda t: (
+                    bool(t.attempts) and t.attempts[0].status != types_pb2.TASK_STATUS_RUNNING
+                ),
+                60,
+            )
+        finally:
+            rig.adb.unplug(phone.serial)
+            for process in (first, second):
+                if process is not None and process.returncode is None:
+                    process.kill()
+                    await process.wait()
+            proxy.stop()
+    said = err.decode()
+    assert first.returncode == 0, said
+    assert len(kept) == 1, said
+    assert final.attempts[0].failure_reason == HOST_STOPPED, (final, said)
 
 
 async def test_a_stopping_node_host_refuses_new_work_and_a_second_signal_stops_it_at_once(
