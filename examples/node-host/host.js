@@ -1096,6 +1096,7 @@ let opened = null; // the latest stream, welcomed or not
 const inherited = new Set(); // lease ids of results a previous process kept: no task of ours
 const refused = new Set(); // lease ids of assignments refused past AMC_TASKS: no task run
 let started = 0; // tasks this process began
+const lateTried = new Set(); // lease ids whose result was sent once more after an expiry
 
 // Results wait for the cloud's answer on disk too, as the Python host keeps them (its outbox's
 // results table): a host restarted, or crashed, before the cloud heard a result still has it,
@@ -1184,6 +1185,7 @@ function release(leaseId, stream, state) {
   }
   held.delete(leaseId);
   results.delete(leaseId);
+  lateTried.delete(leaseId);
   clearTimeout(resends.get(leaseId));
   resends.delete(leaseId);
   expiries.delete(leaseId);
@@ -1258,10 +1260,21 @@ function session(revoked, state) {
           expiries.set(msg.renewed.lease_id, now() + ms(msg.renewed.lease_remaining));
         }
         break;
-      case 'revoked':
-        revoked.set(msg.revoked.lease_id, msg.revoked.message || 'revoked');
-        release(msg.revoked.lease_id, stream, state);
+      case 'revoked': {
+        const { lease_id: leaseId, reason, message } = msg.revoked;
+        const kept = results.get(leaseId);
+        if (kept && reason === 'REVOKE_REASON_EXPIRED' && kept.result.status !== 'TASK_STATUS_CANCELLED' && !lateTried.has(leaseId)) {
+          // The lease ran out while its result waited (the cloud or its database was away):
+          // the cloud still takes it as late while no other attempt has started, so the
+          // finished work is not run again. Sent once more, as the Python host sends it.
+          lateTried.add(leaseId);
+          send(kept);
+          break;
+        }
+        revoked.set(leaseId, message || 'revoked');
+        release(leaseId, stream, state);
         break;
+      }
       case 'result_ack':
         release(msg.result_ack.lease_id, stream, state);
         break;

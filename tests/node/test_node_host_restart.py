@@ -433,3 +433,51 @@ async def test_a_node_host_whose_renewals_go_unanswered_stops_when_its_lease_run
     assert end.endswith(
         "TASK_STATUS_FAILED — stopped: the lease ran out while the cloud was unreachable\n"
     ), "".join(said)
+
+
+async def test_a_result_whose_lease_the_cloud_expired_is_sent_once_more_to_be_taken_late(
+    node: str, tmp_path: Path
+) -> None:
+    """An attempt ended and its result is still unanswered (the cloud, or its database, was
+    away) when the cloud's sweeper revokes the lease as expired. The cloud still takes such a
+    result as late while no other attempt has started (lease_service.proto, ResultAck.late),
+    and the Python host sends it once more for that (host/lease_client.py, `_on_revoked`).
+    host.js let the result go at the revoke, unsent: finished work was lost and its task run
+    again. The cloud here is the in-test LeaseService of tests/host/lease_fake.py, which can
+    leave a result unanswered and then revoke its lease; it serves no PlannerService, so the
+    step's Decide is refused UNIMPLEMENTED and the attempt ends at once, with a result."""
+    fake = await start_fake_cloud(tmp_path / "pki", HOST_ID)
+    cloud = fake.cloud
+    cloud.ack_results = False
+    cloud.renew_s = 10.0
+    phone = VirtualPhone("emulator-5554")
+    adb = VirtualAdbServer([phone])
+    adb_port = await adb.start()
+    host = await asyncio.create_subprocess_exec(
+        node,
+        str(HOST),
+        env={
+            "PATH": os.environ.get("PATH", ""),
+            "AMC_CLOUD_ADDRESS": f"127.0.0.1:{fake.port}",
+            "AMC_HOST_CERTS_DIR": str(fake.pki_dir),
+            "AMC_HOST_ID": HOST_ID,
+            "ADB_PORT": str(adb_port),
+            "AMC_HOST_DATA_DIR": str(tmp_path / "host-data"),
+        },
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    try:
+        await cloud.wait_for(lambda: cloud.hellos, 60)
+        await cloud.assign("t1", phone.serial, "Turn on dark theme")
+        await cloud.wait_for(lambda: cloud.results, 60)  # the attempt ended, unanswered
+        sent = len(cloud.results)
+        await cloud.send(cloud.expired("t1"))
+        await cloud.wait_for(lambda: len(cloud.results) > sent, 20)  # sent again, to be late
+    finally:
+        host.kill()
+        _, err = await host.communicate()
+        await adb.stop()
+        await fake.server.stop(grace=None)
+    said = err.decode()
+    assert {(r.task_id, r.lease_id) for r in cloud.results} == {("t1", "lease-t1-1")}, said
