@@ -995,7 +995,8 @@ async function runTask(a, revoked) {
   const ranOut = new Promise((_, reject) => stop.signal.addEventListener('abort', () => reject(stop.signal.reason)));
   ranOut.catch(() => {});
   const bounded = (promise) => Promise.race([promise, ranOut]);
-  const renew = () => send({ renewal: { ...lease, progress } });
+  // A lease the cloud took back is not renewed (it would only be refused again).
+  const renew = () => revoked.has(a.lease_id) || send({ renewal: { ...lease, progress } });
   const report = (step, status, summary) => {
     Object.assign(progress, { step_index: step, step_status: status, summary: cut(summary, LIMITS.summary, characters) });
     renew();
@@ -1008,7 +1009,7 @@ async function runTask(a, revoked) {
   try {
     for (let step = 1; step <= MAX_STEPS; step += 1) {
       if (revoked.has(a.lease_id)) {
-        [status, summary] = ['TASK_STATUS_CANCELLED', revoked.get(a.lease_id)];
+        [status, summary] = ['TASK_STATUS_CANCELLED', revoked.get(a.lease_id).message];
         break;
       }
       if (stop.signal.aborted) {
@@ -1049,7 +1050,7 @@ async function runTask(a, revoked) {
     }
   } catch (err) {
     summary = `host error: ${err.details || err.message}`;
-    if (revoked.has(a.lease_id)) [status, summary] = ['TASK_STATUS_CANCELLED', revoked.get(a.lease_id)];
+    if (revoked.has(a.lease_id)) [status, summary] = ['TASK_STATUS_CANCELLED', revoked.get(a.lease_id).message];
     // PERMISSION_DENIED: the model provider refused the cloud's key (or the cloud refused this
     // host the lease). Nothing the task did: the attempt ends retryable, as the Python host ends
     // it, and the task waits (held by the cloud) for a key that works instead of failing.
@@ -1070,8 +1071,16 @@ async function runTask(a, revoked) {
     clearInterval(renewer);
     unwatch();
   }
-  answer(a.lease_id, { ...lease, status, summary: cut(summary, LIMITS.result_summary, characters), final_progress: progress, retryable });
   running.delete(a.lease_id);
+  const taken = revoked.get(a.lease_id);
+  if (taken && taken.reason !== 'REVOKE_REASON_CANCELLED') {
+    // The cloud took the lease back for a reason of its own (it ran out, another attempt or
+    // process holds it): the attempt is over and no result of it is taken, so none is sent,
+    // as the Python host sends none. An operator's cancel is answered: the cloud waits for it.
+    log(`task ${a.task_id}: stopped — the cloud took its lease back (${taken.reason}: ${taken.message})`);
+    return;
+  }
+  answer(a.lease_id, { ...lease, status, summary: cut(summary, LIMITS.result_summary, characters), final_progress: progress, retryable });
   log(`task ${a.task_id}: ${status} — ${summary}`);
 }
 
@@ -1271,7 +1280,7 @@ function session(revoked, state) {
           send(kept);
           break;
         }
-        revoked.set(leaseId, message || 'revoked');
+        if (!revoked.has(leaseId)) revoked.set(leaseId, { reason, message: message || 'revoked' }); // the first says why
         release(leaseId, stream, state);
         break;
       }

@@ -17,6 +17,7 @@ import shutil
 import threading
 from pathlib import Path
 
+import pytest
 from google.protobuf.duration_pb2 import Duration
 
 from amc.v1 import decision_log_service_pb2, task_service_pb2, types_pb2
@@ -481,3 +482,69 @@ async def test_a_result_whose_lease_the_cloud_expired_is_sent_once_more_to_be_ta
         await fake.server.stop(grace=None)
     said = err.decode()
     assert {(r.task_id, r.lease_id) for r in cloud.results} == {("t1", "lease-t1-1")}, said
+
+
+@pytest.mark.parametrize("cancelled", [False, True], ids=["expired", "cancelled"])
+async def test_an_attempt_whose_lease_the_cloud_expired_ends_without_a_result(
+    node: str, tmp_path: Path, cancelled: bool
+) -> None:
+    """The cloud's sweeper revokes a running attempt's lease as expired (REVOKE_REASON_EXPIRED)
+    mid-look. The attempt is over and the cloud takes no result of it; the Python host sends
+    none (host/lease_client.py, `_execute`: a CANCELLED result answers an operator's cancel
+    only). host.js sent TASK_STATUS_CANCELLED, "lease expired", for every revoke: refused by the
+    cloud, and, when the process stopped before the refusal, kept on disk with no lease to
+    name. An operator's cancel (REVOKE_REASON_CANCELLED) is still answered, CANCELLED: the
+    cloud keeps that lease for the answer. The cloud here is the in-test LeaseService of
+    tests/host/lease_fake.py (real mTLS, a real stream), which sends the revoke when the test
+    says; it serves no PlannerService."""
+    fake = await start_fake_cloud(tmp_path / "pki", HOST_ID)
+    cloud = fake.cloud
+    cloud.renew_s = 10.0
+    phone = VirtualPhone("emulator-5554")
+    phone.hang_dumps(3)  # the first look takes a while: the revoke comes mid-look
+    adb = VirtualAdbServer([phone])
+    adb_port = await adb.start()
+    host = await asyncio.create_subprocess_exec(
+        node,
+        str(HOST),
+        env={
+            "PATH": os.environ.get("PATH", ""),
+            "AMC_CLOUD_ADDRESS": f"127.0.0.1:{fake.port}",
+            "AMC_HOST_CERTS_DIR": str(fake.pki_dir),
+            "AMC_HOST_ID": HOST_ID,
+            "ADB_PORT": str(adb_port),
+            "AMC_HOST_DATA_DIR": str(tmp_path / "host-data"),
+        },
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    said: list[str] = []
+
+    async def ended(task_id: str) -> None:
+        assert host.stderr is not None
+        while line := (await host.stderr.readline()).decode():
+            said.append(line)
+            if f"task {task_id}: " in line:
+                return
+
+    try:
+        await cloud.wait_for(lambda: cloud.hellos, 60)
+        await cloud.assign("t1", phone.serial, "Turn on dark theme")
+        await until(lambda: phone.dumper is not None, 60, "the first look under way")
+        if cancelled:
+            await cloud.revoke("t1")
+        else:
+            await cloud.send(cloud.expired("t1"))
+        await asyncio.wait_for(ended("t1"), 60)
+        # A result of t1 would have gone on the stream before t2's.
+        await cloud.assign("t2", phone.serial, "Turn on dark theme")
+        await cloud.wait_for(lambda: any(r.task_id == "t2" for r in cloud.results), 60)
+    finally:
+        host.kill()
+        _, err = await host.communicate()
+        await adb.stop()
+        await fake.server.stop(grace=None)
+    everything = "".join(said) + err.decode()
+    answered = [(r.task_id, r.status) for r in cloud.results if r.task_id == "t1"]
+    assert answered == ([("t1", types_pb2.TASK_STATUS_CANCELLED)] if cancelled else []), everything
+    assert [r.task_id for r in cloud.results][-1] == "t2", everything
