@@ -95,6 +95,12 @@ DEFAULT_PRICES: Mapping[str, Price] = {
     # OpenAI (platform.openai.com/docs/pricing): cached input is a cache read, no write charge.
     # GPT-6 (developers.openai.com/api/docs/models/<model>, checked 2026-12-05); cache writes
     # cost 1.25x uncached input. No row for the family as a whole: its models differ 100-fold.
+    # GPT-6.2 (released 2026-11-17): Astra $8 / $40, cached input $0.40 (BerriAI/litellm
+    # discussion #52347: "20% cheaper … cached input 60% cheaper" than GPT-6 Astra's; apidog's
+    # guide from its model page), Sol at GPT-6.1 Sol's rates (its model page, as w3cschool.cn
+    # mirrors it: $2 input, $0.10 cached input, $2.50 cache writes, $10 output).
+    "gpt-6.2-astra": Price(8.0, 40.0, 0.40, 10.0),
+    "gpt-6.2-sol": Price(2.0, 10.0, 0.10, 2.5),
     "gpt-6.1-sol": Price(2.0, 10.0, 0.10, 2.5),
     "gpt-6.1-terra": Price(1.0, 5.0, 0.05, 1.25),
     "gpt-6-astra": Price(10.0, 50.0, 1.0, 12.5),

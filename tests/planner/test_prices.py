@@ -32,7 +32,10 @@ def test_every_model_family_the_planner_knows_and_each_default_model_has_a_price
     assert table.price("gpt-5.4-pro") == Price(30.0, 180.0)
     assert table.price("gpt-5.6-sol") == table.price("gpt-5.6")
     assert table.price("gpt-6-astra") != table.price("gpt-6-sol")
-    assert table.price("gpt-6.2-sol") is None  # not listed: unpriced, not guessed
+    # GPT-6.2 (2026-11-17): Astra cheaper than GPT-6 Astra, Sol at GPT-6.1 Sol's rates.
+    assert table.price("gpt-6.2-astra") == Price(8.0, 40.0, 0.40, 10.0)
+    assert table.price("gpt-6.2-sol") == Price(2.0, 10.0, 0.10, 2.5)
+    assert table.price("gpt-6.3-sol") is None  # not listed: unpriced, not guessed
 
 
 @pytest.mark.parametrize(
