@@ -326,7 +326,7 @@ PROFILES: dict[str, ModelProfile] = {
             efforts=frozenset({"medium", "high", "xhigh"}),
             off_effort="medium",
         ),
-        # GPT-6 (gpt-6-sol, gpt-6-astra, gpt-6.2-…): as the later GPT-5 versions, Chat
+        # GPT-6 (gpt-6-sol, gpt-6-luna, gpt-6.1-terra): as the later GPT-5 versions, Chat
         # Completions refuses its function tools unless the effort is explicitly `none` ("…not
         # supported for gpt-6-sol in /v1/chat/completions. To use function tools, use
         # /v1/responses or set reasoning_effort to 'none'.", onyx-dot-app/onyx#15008); its
@@ -337,7 +337,15 @@ PROFILES: dict[str, ModelProfile] = {
         # gpt-6-astra reasons always: `none` and `minimal` are 400s ("Supported values are:
         # 'low', 'medium', 'high', 'xhigh', and 'max'", live probes in UKGovernmentBEIS/inspect_ai
         # #5254 and bolna-ai/bolna#1019), so thinking "off" asks for `low`; 128K output tokens
-        # (coder/xum#4064, dcdpr/jp#1086).
+        # (coder/xum#4064, dcdpr/jp#1086). So do gpt-6.1-sol (OpenAI's deployment checklist:
+        # "GPT-6 Astra and GPT-6.1 Sol require Responses for tool calling; GPT-6 Sol and GPT-6
+        # Luna support function calling in Chat Completions only with reasoning_effort none";
+        # "GPT-6.1 Sol does not accept none or minimal", apidog's guide from its model page),
+        # gpt-6.2-astra and gpt-6.2-sol (released 2026-11-17; the GPT-6.2 Sol model page, as
+        # w3cschool.cn mirrors it: the API refuses reasoning effort none; "Don't set effort to
+        # none: the API rejects it", apidog's GPT-6.2 Astra guide; both "reject reasoning_effort
+        # values none and minimal", BerriAI/litellm discussion #52347; 128,000 output tokens).
+        # gpt-6-sol, gpt-6-luna and gpt-6.1-terra take `none` and stay on the `gpt-6` row.
         replace(
             _GPT_5,
             name="gpt-6-astra",
@@ -408,8 +416,11 @@ FAMILIES: dict[str, str] = {
     "gpt-5.6": "gpt-5.6",  # gpt-5.6-sol, -terra, -luna
     "gpt-5-chat": "gpt-5-chat",
     "gpt-6": "gpt-6",
-    "gpt-6.": "gpt-6",  # its later versions: gpt-6.2-astra…
+    "gpt-6.": "gpt-6",  # its later versions: gpt-6.1-terra…
     "gpt-6-astra": "gpt-6-astra",
+    "gpt-6.1-sol": "gpt-6-astra",  # reasons always as gpt-6-astra does: low to max
+    "gpt-6.2-astra": "gpt-6-astra",
+    "gpt-6.2-sol": "gpt-6-astra",
     "gpt-5.1-chat": "gpt-5.x-chat",
     "gpt-5.2-chat": "gpt-5.x-chat",
     "gpt-5.3-chat": "gpt-5.x-chat",

@@ -63,7 +63,11 @@ def settings(**values: Any) -> PlannerSettings:
         ("gpt-5.6-sol", "openai", "gpt-5.6"),
         ("gpt-6-sol", "openai", "gpt-6"),
         ("gpt-6-astra", "openai", "gpt-6-astra"),
-        ("gpt-6.2-astra", "openai", "gpt-6"),
+        ("gpt-6.2-astra", "openai", "gpt-6-astra"),  # low to max, as gpt-6-astra
+        ("gpt-6.2-sol", "openai", "gpt-6-astra"),
+        ("gpt-6.1-sol", "openai", "gpt-6-astra"),
+        ("gpt-6.1-terra", "openai", "gpt-6"),  # takes none
+        ("gpt-6-luna", "openai", "gpt-6"),
         ("gpt-5.1-chat-latest", "openai", "gpt-5.x-chat"),
         ("gpt-5.3-chat-latest", "openai", "gpt-5.x-chat"),
         ("gpt-test-model", "openai", "openai-unknown"),
@@ -244,6 +248,8 @@ def test_a_configuration_the_model_cannot_take_is_refused_at_start(
         ("gpt-5.5", "max", False),  # before it: xhigh at most
         ("gpt-6-astra", "none", False),  # reasons always: low to max
         ("gpt-6-astra", "max", True),
+        ("gpt-6.2-sol", "none", False),  # as gpt-6-astra: low to max
+        ("gpt-6.1-sol", "max", True),
         ("gpt-5.1-chat-latest", "medium", True),
         ("gpt-5.2-chat-latest", "high", False),  # chat-latest: `medium` only
         ("gpt-5.3-chat-latest", "none", False),

@@ -344,7 +344,17 @@ async def test_the_codex_and_pro_models_are_asked_only_at_efforts_they_take(
 
 
 @pytest.mark.parametrize(
-    "model", ["gpt-5.4", "gpt-5.6-sol", "gpt-5-mini", "gpt-6-sol", "gpt-6-astra"]
+    "model",
+    [
+        "gpt-5.4",
+        "gpt-5.6-sol",
+        "gpt-5-mini",
+        "gpt-6-sol",
+        "gpt-6-astra",
+        "gpt-6.1-sol",
+        "gpt-6.2-astra",
+        "gpt-6.2-sol",
+    ],
 )
 @pytest.mark.parametrize("thinking", ["adaptive", "off"])
 async def test_gpt5_compact_steps_use_responses(

@@ -108,6 +108,14 @@ _GPT_52_EFFORTS = frozenset({"none", "low", "medium", "high", "xhigh"})
 # for gpt-5.2-chat-latest, egoist/chatwise-releases#1257).
 _CHAT_LATEST = ModelRules(efforts=frozenset({"medium"}))
 _GPT_54 = ModelRules(efforts=_GPT_52_EFFORTS, chat_tools_effort="omitted")
+# GPT-6 models that reason always: `none` and `minimal` refused ("Supported values are: 'low',
+# 'medium', 'high', 'xhigh', and 'max'", UKGovernmentBEIS/inspect_ai#5254, live probes), so no
+# effort lets function tools through Chat Completions (genkit-ai/genkit-dart#423).
+_GPT_6_LOW_FLOOR = ModelRules(
+    efforts=frozenset({"low", "medium", "high", "xhigh", "max"}),
+    chat_tools_effort="none",
+    reasons_when_omitted=True,
+)
 
 MODELS: dict[str, ModelRules] = {
     "claude-sonnet-4-5": _BUDGET_ONLY,
@@ -202,14 +210,13 @@ MODELS: dict[str, ModelRules] = {
     # tools, use /v1/responses or set reasoning_effort to 'none'.", onyx-dot-app/onyx#15008;
     # gpt-6-astra also without the parameter, can1357/oh-my-pi#11052, Wei-Shaw/sub2api#6740).
     "gpt-6": ModelRules(chat_tools_effort="none"),
-    # gpt-6-astra reasons always: `none` and `minimal` refused ("Supported values are: 'low',
-    # 'medium', 'high', 'xhigh', and 'max'", UKGovernmentBEIS/inspect_ai#5254, live probes),
-    # so no effort lets function tools through Chat Completions (genkit-ai/genkit-dart#423).
-    "gpt-6-astra": ModelRules(
-        efforts=frozenset({"low", "medium", "high", "xhigh", "max"}),
-        chat_tools_effort="none",
-        reasons_when_omitted=True,
-    ),
+    "gpt-6-astra": _GPT_6_LOW_FLOOR,
+    # gpt-6.1-sol, gpt-6.2-astra and gpt-6.2-sol reason always too: low to max, `none` refused
+    # (the GPT-6.2 Sol model page: "The API rejects requests that set reasoning effort to
+    # none"; GPT-6.1 Sol "does not accept none or minimal", its migration notes).
+    "gpt-6.1-sol": _GPT_6_LOW_FLOOR,
+    "gpt-6.2-astra": _GPT_6_LOW_FLOOR,
+    "gpt-6.2-sol": _GPT_6_LOW_FLOOR,
     "gpt-5-chat": _NO_REASONING,
 }
 
