@@ -329,10 +329,16 @@ PROFILES: dict[str, ModelProfile] = {
         # GPT-6 (gpt-6-sol, gpt-6-luna, gpt-6.1-terra): as the later GPT-5 versions, Chat
         # Completions refuses its function tools unless the effort is explicitly `none` ("…not
         # supported for gpt-6-sol in /v1/chat/completions. To use function tools, use
-        # /v1/responses or set reasoning_effort to 'none'.", onyx-dot-app/onyx#15008); its
-        # effort levels and output limit are not published here, so none is refused at start.
+        # /v1/responses or set reasoning_effort to 'none'.", onyx-dot-app/onyx#15008). Efforts
+        # none to max, no `minimal`, and 128,000 output tokens (OpenAI's gpt-6-sol model page:
+        # "`reasoning.effort` supports `none`, `low`, `medium` (default), `high`, `xhigh`, and
+        # `max`"; gpt-6.1-terra and gpt-6-luna list the same, docs.comfy.org's OpenAI node).
         replace(
-            _GPT_5, name="gpt-6", efforts=ANY_EFFORT, max_output_tokens=None, off_effort="none"
+            _GPT_5,
+            name="gpt-6",
+            efforts=GPT_56_EFFORTS,
+            max_output_tokens=128000,
+            off_effort="none",
         ),
         # gpt-6-astra reasons always: `none` and `minimal` are 400s ("Supported values are:
         # 'low', 'medium', 'high', 'xhigh', and 'max'", live probes in UKGovernmentBEIS/inspect_ai

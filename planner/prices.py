@@ -8,7 +8,7 @@ its family's row and a later version that only starts alike ("claude-opus-4-10" 
 "claude-opus-4-1") gets none rather than another model's price.
 
 Four rates per row, as the providers bill them: input (uncached), output (thinking included),
-cache read and cache write (Anthropic's 5-minute writes; OpenAI bills no writes). `Usage` counts
+cache read and cache write (Anthropic's 5-minute writes; OpenAI's from GPT-5.6 on). `Usage` counts
 each input token in exactly one of the three input kinds, so a call costs
 `input·in + output·out + cache_read·read + cache_write·write`, divided by a million.
 

@@ -250,6 +250,9 @@ def test_a_configuration_the_model_cannot_take_is_refused_at_start(
         ("gpt-6-astra", "max", True),
         ("gpt-6.2-sol", "none", False),  # as gpt-6-astra: low to max
         ("gpt-6.1-sol", "max", True),
+        ("gpt-6-sol", "minimal", False),  # the rest of GPT-6: none to max, as GPT-5.6
+        ("gpt-6-luna", "none", True),
+        ("gpt-6.1-terra", "max", True),
         ("gpt-5.1-chat-latest", "medium", True),
         ("gpt-5.2-chat-latest", "high", False),  # chat-latest: `medium` only
         ("gpt-5.3-chat-latest", "none", False),
