@@ -1338,6 +1338,19 @@ def _export_done(make: Callable[[], tuple[Path, Run]]) -> None:
     out.print(f"{path} ({len(run.steps)} steps, {shots} with screenshots, {run.origin})")
 
 
+def _no_decisions_yet(transports: set[types_pb2.PlannerTransport.ValueType]) -> str:
+    """Why a task has no decision yet: an operator told "the direct transport's outbox" about a
+    cloud-planned task, or one that never started, looks in the wrong place."""
+    if not transports:
+        return "no decisions logged yet: no attempt has started"
+    if types_pb2.PLANNER_TRANSPORT_DIRECT in transports:
+        return (
+            "no decisions logged yet (a host on the direct transport sends its own from its "
+            "outbox in the background)"
+        )
+    return "no decisions logged yet: the cloud logs each step's as it plans it"
+
+
 @app.command(
     cls=PlainCommand,
     epilog=_examples(
@@ -1360,7 +1373,11 @@ def decisions(
 
     async def fetch(
         client: OperatorClient,
-    ) -> tuple[list[types_pb2.Decision], decision_log_service_pb2.ListDecisionsResponse]:
+    ) -> tuple[
+        list[types_pb2.Decision],
+        decision_log_service_pb2.ListDecisionsResponse,
+        set[types_pb2.PlannerTransport.ValueType] | None,
+    ]:
         resolved = await task_ids.resolve(client, task_id)
         found: list[types_pb2.Decision] = []
         token = ""
@@ -1375,9 +1392,17 @@ def decisions(
             found.extend(page.decisions)
             token = page.next_page_token
             if not token:
-                return found, page  # every page has the same failed calls and pruned record
+                break
+        if found:  # every page has the same failed calls and pruned record
+            return found, page, None
+        # Nothing yet: which transports its attempts plan on says why (the hint below).
+        got: task_service_pb2.GetTaskResponse = await client.tasks.GetTask(
+            task_service_pb2.GetTaskRequest(task_id=resolved)
+        )
+        ran = [a for a in got.task.attempts if attempt in (0, a.attempt)]
+        return found, page, {a.planner_transport for a in ran}
 
-    found, last = _with_client(fetch)
+    found, last, transports = _with_client(fetch)
     failed = list(last.failed_calls)
     pruned = last.pruned if last.HasField("pruned") else None
     if json_out:
@@ -1393,10 +1418,7 @@ def decisions(
     if not found and pruned is not None:
         err.print("no decisions left: the cloud's retention deleted them (see below)")
     elif not found:
-        err.print(
-            "no decisions logged yet (a host on the direct transport sends its own from its "
-            "outbox in the background)"
-        )
+        err.print(_no_decisions_yet(transports or set()))
     else:
         c = formatting.verdict_counts(found)
         out.print(

@@ -188,6 +188,30 @@ async def test_decisions_print_model_text_literally(tmp_path: Path) -> None:
         await cloud.stop(grace=0)
 
 
+async def test_decisions_of_a_task_not_started_say_so(tmp_path: Path) -> None:
+    """A task with no decision yet was always explained by a direct-transport host's outbox,
+    which sent an operator of a queued or cloud-planned task to look in the wrong place."""
+    pki = ensure_embedded_pki(tmp_path, [], operator="admin")
+    cloud = await build_server(
+        CloudSettings(
+            database_url=f"sqlite+aiosqlite:///{tmp_path / 'cloud.sqlite3'}",
+            listen_address="127.0.0.1:0",
+            pki_dir=pki,
+        )
+    )
+    await cloud.start()
+    conn = ["--cloud", cloud.address, "--pki-dir", str(pki)]
+    try:
+        code, out = await amc(*conn, "task", "submit", "Open Settings")
+        assert code == 0, out
+        code, printed = await amc(*conn, "decisions", out.strip())
+        assert code == 0, printed
+        assert "no decisions logged yet: no attempt has started" in printed
+        assert "direct transport" not in printed
+    finally:
+        await cloud.stop(grace=0)
+
+
 async def test_submit_with_a_secret_from_the_environment_and_a_warning(tmp_path: Path) -> None:
     """`--secret NAME` reads the value from AMC_SECRET_<NAME> (never the command line); a goal
     that holds a credential is queued with the cloud's warning on stderr."""
