@@ -122,7 +122,7 @@ const LIMITS = {
   elements: 1000, // ScreenObservation.elements (count)
   observation: 1048576, // ScreenObservation, serialized (bytes)
   omitted: 100000, // ScreenObservation.omitted_elements
-  tree_missing: 512, // ScreenObservation.ui_tree_missing (bytes)
+  tree_missing: 512, // ScreenObservation.ui_tree_missing, ui_tree_repaired (bytes)
 };
 
 // A JavaScript string counts UTF-16 units: cut by bytes (or by characters, for a limit in
@@ -328,6 +328,35 @@ const xml = new XMLParser({
   isArray: (n) => ['node', 'window', 'display'].includes(n),
 });
 const BOUNDS = /\[(-?\d+),(-?\d+)\]\[(-?\d+),(-?\d+)\]/;
+
+// Some ROMs' and apps' dumpers write `&`, `<` and `"` in texts unescaped ("Network & internet",
+// `Tap "Allow"`). The parser took a raw `"` for the value's end and dropped the rest of the
+// text; it is escaped, as the Python host repairs a dump (host/perception/dump_text.py,
+// `repair_dump`): only inside double-quoted values, a `"` ending one only where another
+// attribute or the tag's end follows it. Returns the dump and what was repaired ('' if nothing:
+// a well-formed dump, told by its quotes' count, is left as it came).
+const VALUE_END = String.raw`\s+[\w:.-]+=["']|\s*[/?]?>`;
+const VALUE = new RegExp(String.raw`="([^"]*(?:"(?!${VALUE_END})[^"]*)*)"(?=${VALUE_END})`, 'g');
+const MARKUP_IN_VALUE = /="[^"<&]*[<&]/;
+const BARE_AMP = /&(?!(?:amp|lt|gt|quot|apos|#[0-9]+|#x[0-9A-Fa-f]+);)/g;
+const occurrences = (text, what) => text.split(what).length - 1;
+function repairDump(text) {
+  if (!MARKUP_IN_VALUE.test(text) && occurrences(text, '"') === 2 * occurrences(text, '="')) return [text, ''];
+  const found = { '&': 0, '<': 0, '"': 0 };
+  const repaired = text.replace(VALUE, (whole, raw) => {
+    if (!/[&<"]/.test(raw)) return whole;
+    const value = raw.replace(BARE_AMP, '&amp;');
+    found['&'] += occurrences(value, '&amp;') - occurrences(raw, '&amp;');
+    found['<'] += occurrences(value, '<');
+    found['"'] += occurrences(value, '"');
+    return `="${value.replaceAll('<', '&lt;').replaceAll('"', '&quot;')}"`;
+  });
+  const count = found['&'] + found['<'] + found['"'];
+  if (!count) return [text, ''];
+  const named = found['"'] ? `'&', '<' or '"'` : `'&' or '<'`;
+  const chars = count === 1 ? 'character' : 'characters';
+  return [repaired, `the dump was not well-formed XML: ${count} unescaped ${named} ${chars} in its texts, escaped to read it`];
+}
 
 // Nodes worth showing the model: text, a description, or something a finger can do.
 function* walk(nodes) {
@@ -644,8 +673,9 @@ async function dumpScreen(device) {
     try {
       const dump = await shell(device, 'uiautomator dump --windows /dev/tty'); // XML, "UI hierchary dumped to…"
       const tree = dump.includes('<node');
-      const screen = tree && windowsOf(xml.parse(dump.slice(dump.indexOf('<'), dump.lastIndexOf('>') + 1)));
-      if (screen) return { screen, why: '' };
+      const [body, repaired] = repairDump(dump.slice(dump.indexOf('<'), dump.lastIndexOf('>') + 1));
+      const screen = tree && windowsOf(xml.parse(body));
+      if (screen) return { screen, why: '', repaired };
       why = dump.match(/ERROR: .*/)?.[0] || (tree ? 'the focused window came without its tree' : 'no window in the dump');
     } catch (err) {
       if (err.retryable !== true) throw err; // not a timeout: the phone or adb gone
@@ -656,7 +686,7 @@ async function dumpScreen(device) {
     if (tries === DUMP_TRIES || now() + pause + longest - start > LOOK_MS) {
       const message = `uiautomator dump gave no tree in ${tries} ${tries === 1 ? 'try' : 'tries'}: ${why}`;
       if (!answered) throw phoneError(message, true);
-      return { screen: null, why: message };
+      return { screen: null, why: message, repaired: '' };
     }
     await sleep(pause);
   }
@@ -676,7 +706,7 @@ async function displayRotation(device) {
 }
 
 async function perceive(device) {
-  const { screen, why } = await dumpScreen(device);
+  const { screen, why, repaired } = await dumpScreen(device);
   const tree = screen?.find((w) => w.hierarchy)?.hierarchy;
   const rotation = tree ? Number(tree.rotation || 0) : await displayRotation(device);
   const [width, height] = screenSize(await shell(device, 'wm size'), rotation);
@@ -695,6 +725,7 @@ async function perceive(device) {
     keyboard_shown: keyboard,
     overlays,
     ui_tree_missing: cut(why, LIMITS.tree_missing),
+    ui_tree_repaired: cut(repaired, LIMITS.tree_missing),
   });
 }
 

@@ -19,6 +19,7 @@ from host.devices.virtual.apps.launcher import LAUNCHER_PACKAGE
 from host.devices.virtual.apps.notes import PKG as NOTES
 from host.devices.virtual.layout import Node, finalize
 from host.devices.virtual.phone import Surface, VirtualPhone
+from host.devices.virtual.state import Note
 from host.perception.hierarchy import parse_scene
 from planner.observation import observation_from_scene
 from planner.scene import Element
@@ -122,6 +123,31 @@ async def test_the_node_host_rides_out_dumps_with_a_null_root_as_the_python_host
         assert not first.elements
         assert decisions[0].tool_name == "complete", said
         assert "host error" not in final.attempts[0].failure_reason, said
+
+
+async def test_the_node_host_reads_a_dump_with_raw_quotes_as_the_python_host_does(
+    node: str, tmp_path: Path
+) -> None:
+    """Some OEM dumpers leave `"`, `&` and `<` in texts unescaped (`text="Say "hi" & <wave>"`).
+    host.js's parser ended the value at the first raw `"`: the note was shown to the model as
+    `Say ` and the rest of its text was lost, with nothing said about the dump. As the Python
+    host does (host/perception/dump_text.py `repair_dump`), a quote that no attribute or tag
+    end follows is now kept in the text, and `ui_tree_repaired` says the dump was repaired."""
+    phone = VirtualPhone("emulator-5554")
+    phone.unescaped_dumps = True
+    phone.state.notes.append(Note(title='Say "hi" & <wave>', body=""))
+    assert phone.launch(NOTES)
+    python = observation_from_scene(
+        parse_scene(phone.dump_windows(), package=phone.current_package())
+    )
+    said, _final, decisions = await _one_task(node, tmp_path, phone, "Leave this app")
+
+    assert decisions, said
+    seen = decisions[0].observation
+    assert 'Say "hi" & <wave>' in [e.text for e in python.elements]
+    assert [e.text for e in seen.elements] == [e.text for e in python.elements]
+    assert "unescaped '&', '<' or '\"'" in python.ui_tree_repaired
+    assert seen.ui_tree_repaired == python.ui_tree_repaired
 
 
 async def test_a_look_without_a_tree_says_the_screen_as_the_phones_own_display_is_turned(
