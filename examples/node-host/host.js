@@ -565,6 +565,7 @@ function stackOf(windows, width, height) {
       w,
       kind: kindOf(w, width, height),
       pkg: packageOf(w),
+      type: w.type,
       b: boundsOf(w),
       layer: Number(w.layer || 0),
       focused: w.focused === 'true' || w.active === 'true',
@@ -575,16 +576,19 @@ const modal = (kind) => kind in OVERLAYS && kind !== 'keyboard';
 
 // What a finger can reach, as the Python host picks it (`parse_scene`, `_past_app_dialog`): the
 // windows from the topmost that takes every touch up (all of them when none is up), less the
-// app's own windows under its focused one that it lies within (a dialog of the app takes every
-// touch; side-by-side panes are both in reach). A popup that does not take the focus (a menu, an
-// autocomplete list) is in reach with the window under it.
+// app windows under the focused one that it lies within: a dialog of the app takes every touch,
+// and so does another app's activity over it (Android 13+'s share sheet, an "Open with"
+// chooser); side-by-side panes and split-screen apps are both in reach. A popup that does not
+// take the focus (a menu, an autocomplete list) is in reach with the window under it.
 function reachable(stack) {
   const reach = stack.slice(Math.max(stack.findLastIndex((s) => modal(s.kind)), 0));
   const top = reach.findLast((s) => s.focused && s.kind === 'app');
   if (!top || top.b.right <= top.b.left || top.b.bottom <= top.b.top) return reach;
   const t = top.b;
   const under = (s) =>
-    s.kind === 'app' && s.pkg === top.pkg && s.b.left <= t.left && s.b.top <= t.top && s.b.right >= t.right && s.b.bottom >= t.bottom;
+    s.kind === 'app' &&
+    (s.pkg === top.pkg || top.type === 'TYPE_APPLICATION') &&
+    s.b.left <= t.left && s.b.top <= t.top && s.b.right >= t.right && s.b.bottom >= t.bottom;
   return reach.filter((s, i) => i >= reach.indexOf(top) || !under(s));
 }
 

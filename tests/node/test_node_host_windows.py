@@ -217,3 +217,51 @@ async def test_the_node_host_shows_a_popup_over_the_focused_window_as_the_python
     assert decisions, said
     assert [shown(e) for e in decisions[0].observation.elements] == expected
     assert {"Add to home", "App info"} <= {text for text, _ in expected}
+
+
+class _ShareSheetPhone(VirtualPhone):
+    """A phone with Android 13+'s share sheet up over the app: an activity of
+    `com.android.intentresolver` (translucent, the screen's size) with the focus, as
+    `uiautomator dump --windows` lists it."""
+
+    def surfaces(self) -> list[Surface]:
+        shown = super().surfaces()
+        shown[0].focused = False
+        w, h = self.geometry.width, self.geometry.height
+        sheet = Node("android.widget.FrameLayout", (0, 0, w, h)).add(
+            Node("android.widget.Button", (100, 1650, 400, 1850), text="Messages", clickable=True),
+            Node("android.widget.Button", (500, 1650, 800, 1850), text="Copy", clickable=True),
+        )
+        chooser = Surface(
+            "app",
+            "com.android.intentresolver",
+            "ChooserActivity",
+            "TYPE_APPLICATION",
+            2,
+            finalize(sheet),
+            False,
+            160,
+            activity="com.android.intentresolver.ChooserActivity",
+            focused=True,
+        )
+        shown.insert(1, chooser)
+        return shown
+
+
+async def test_the_node_host_hides_the_app_under_another_apps_activity_as_the_python_host_does(
+    node: str, tmp_path: Path
+) -> None:
+    """Android 13+'s share sheet is another app's activity over the app, with the focus (a tap
+    above the sheet closes it). host.js hid only the focused app's own windows under it, so
+    the app's buttons behind the sheet were sent as in reach beside the share targets, and a
+    tap meant for one of them landed on the sheet. As the Python host does (`_past_app_dialog`),
+    any app's focused activity now hides the app windows it lies within."""
+    phone = _ShareSheetPhone("emulator-5554")
+    expected = [
+        e.text for e in parse_scene(phone.dump_windows(), package=LAUNCHER_PACKAGE).elements
+    ]
+    said, _final, decisions = await _one_task(node, tmp_path, phone, "Leave this app")
+
+    assert decisions, said
+    assert expected == ["Messages", "Copy"]
+    assert [e.text for e in decisions[0].observation.elements] == expected
