@@ -602,16 +602,19 @@ function overlaysOf(stack) {
 }
 
 // The elements of the windows in reach, in the dump's order, as the Python host shows them
-// (`parse_scene`): a keyboard hides what lies below its top (a form's Save button), and a tap
-// there lands on a key, so what a keyboard (down to the screen's bottom) and the system bars
-// cover of a window under them is cut to what is left in view, or left out; the keyboard is
-// shown as one element, and the system bars not at all.
+// (`parse_scene`): a docked keyboard hides what lies below its top (a form's Save button), and a
+// tap there lands on a key, so what a keyboard (down to the screen's bottom; a floating one,
+// ending more than DOCKED_GAP of the height above it, only itself) and the system bars cover of
+// a window under them is cut to what is left in view, or left out; the keyboard is shown as one
+// element, and the system bars not at all.
 const KEYBOARD_LABEL = 'On-screen keyboard';
+const DOCKED_GAP = 0.15; // room for a navigation bar under a docked keyboard
+const keyboardCover = (b, height) => ({ ...b, bottom: b.bottom >= height * (1 - DOCKED_GAP) ? height : b.bottom });
 function elementsOf(windows, stack, width, height) {
   const reach = reachable(stack);
   const level = new Map(stack.map((s, i) => [s.w, i]));
   const covers = [
-    ...reach.filter((s) => s.kind === 'keyboard').map((s) => ({ ...s, b: { ...s.b, bottom: height } })),
+    ...reach.filter((s) => s.kind === 'keyboard').map((s) => ({ ...s, b: keyboardCover(s.b, height) })),
     ...stack.filter((s) => s.kind === 'bar'),
   ].map((s) => ({ level: level.get(s.w), b: clip(s.b, width, height) }));
   const shown = new Map(reach.filter((s) => s.kind !== 'bar').map((s) => [s.w, s]));

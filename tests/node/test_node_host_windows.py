@@ -265,3 +265,27 @@ async def test_the_node_host_hides_the_app_under_another_apps_activity_as_the_py
     assert decisions, said
     assert expected == ["Messages", "Copy"]
     assert [e.text for e in decisions[0].observation.elements] == expected
+
+
+async def test_the_node_host_keeps_the_app_below_a_floating_keyboard_as_the_python_host_does(
+    node: str, tmp_path: Path
+) -> None:
+    """A floating keyboard (Gboard's, Samsung Keyboard's floating mode) sits mid-screen.
+    host.js took every keyboard to reach down to the screen's bottom, so the note editor's
+    Save and Discard below it were cut to slivers beside it or left out, though the screen
+    shows them whole and a tap reaches them. As the Python host does (`parse_scene`), a
+    keyboard ending well above the bottom now covers only itself."""
+    phone = VirtualPhone("emulator-5554")
+    phone.floating_keyboard = True
+    _keyboard_up(phone)
+
+    def shown(e: Element | types_pb2.UiElement) -> tuple[str, tuple[int, ...]]:
+        b = e.bounds
+        return (e.text, (b.left, b.top, b.right, b.bottom))
+
+    expected = [shown(e) for e in parse_scene(phone.dump_windows(), package=NOTES).elements]
+    said, _final, decisions = await _one_task(node, tmp_path, phone, "Leave this app")
+
+    assert decisions, said
+    assert {"Save", "Discard"} <= {text for text, _ in expected}
+    assert [shown(e) for e in decisions[0].observation.elements] == expected
