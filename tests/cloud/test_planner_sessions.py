@@ -99,6 +99,28 @@ def _use_anthropic(monkeypatch: pytest.MonkeyPatch, model: FakeModelServer) -> N
     monkeypatch.setenv("AMC_PLANNER_MAX_RETRIES", "0")
 
 
+def _use_openai(monkeypatch: pytest.MonkeyPatch, model: FakeModelServer) -> None:
+    monkeypatch.setenv("AMC_PLANNER_PROVIDER", "openai")
+    monkeypatch.setenv("AMC_PLANNER_OPENAI_API_KEY", "sk-test")
+    monkeypatch.setenv("AMC_PLANNER_OPENAI_BASE_URL", model.openai_base_url)
+    # A reasoning model: the default gpt-4.1-mini takes no reasoning parameters (refused at
+    # start with thinking on).
+    monkeypatch.setenv("AMC_PLANNER_MODEL", "o4-mini")
+    monkeypatch.setenv("AMC_PLANNER_THINKING", "adaptive")
+    monkeypatch.setenv("AMC_PLANNER_MAX_RETRIES", "0")
+
+
+async def _failed_spend(db_url: str) -> list[tuple[str, int, int]]:
+    """(error, input tokens, output tokens) of each failed decision's counted call."""
+    store = Store.from_url(db_url)
+    try:
+        async with store.read() as db:
+            rows = (await db.execute(select(FailedDecisionSpendRow))).scalars().all()
+    finally:
+        await store.close()
+    return [(r.error, r.input_tokens, r.output_tokens) for r in rows]
+
+
 @pytest.fixture
 async def anthropic_cloud(
     make_settings: Any, model: FakeModelServer, monkeypatch: pytest.MonkeyPatch
@@ -284,14 +306,7 @@ async def test_responses_reasoning_goes_back_with_its_encrypted_content(
     pki_dir: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setenv("AMC_PLANNER_PROVIDER", "openai")
-    monkeypatch.setenv("AMC_PLANNER_OPENAI_API_KEY", "sk-test")
-    monkeypatch.setenv("AMC_PLANNER_OPENAI_BASE_URL", model.openai_base_url)
-    # A reasoning model: the default gpt-4.1-mini takes no reasoning parameters (refused at
-    # start with thinking on).
-    monkeypatch.setenv("AMC_PLANNER_MODEL", "o4-mini")
-    monkeypatch.setenv("AMC_PLANNER_THINKING", "adaptive")
-    monkeypatch.setenv("AMC_PLANNER_MAX_RETRIES", "0")
+    _use_openai(monkeypatch, model)
     model.responses_script.extend(
         [
             ScriptedTurn(
@@ -487,15 +502,7 @@ async def test_a_streamed_call_cut_off_by_a_cancel_counts_what_the_provider_repo
             today = (await fleet.GetSpend(fleet_service_pb2.GetSpendRequest())).today
     finally:
         hold.set()
-    store = Store.from_url(db_url)
-    try:
-        async with store.read() as db:
-            rows = (await db.execute(select(FailedDecisionSpendRow))).scalars().all()
-    finally:
-        await store.close()
-    assert [(r.error, r.input_tokens, r.output_tokens) for r in rows] == [
-        ("StreamCutOff", 500, output)
-    ]
+    assert await _failed_spend(db_url) == [("StreamCutOff", 500, output)]
     for usage in (totals, today):
         assert (
             usage.input_tokens,
@@ -545,15 +552,7 @@ async def test_a_stream_the_provider_breaks_counts_what_it_reported(
         totals = (await tasks_stub(leased.ops).GetTask(get)).task.totals.usage
         fleet: Any = fleet_service_pb2_grpc.FleetServiceStub(leased.ops)
         today = (await fleet.GetSpend(fleet_service_pb2.GetSpendRequest())).today
-    store = Store.from_url(db_url)
-    try:
-        async with store.read() as db:
-            rows = (await db.execute(select(FailedDecisionSpendRow))).scalars().all()
-    finally:
-        await store.close()
-    assert [(r.error, r.input_tokens, r.output_tokens) for r in rows] == [
-        ("StreamCutOff", 500, output)
-    ]
+    assert await _failed_spend(db_url) == [("StreamCutOff", 500, output)]
     for usage in (totals, today):
         assert (
             usage.input_tokens,
@@ -562,6 +561,22 @@ async def test_a_stream_the_provider_breaks_counts_what_it_reported(
             usage.output_tokens,
         ) == (500, 1000, 200, output)
         assert usage.cost_usd == pytest.approx(cost)
+
+
+def _failed_response() -> ScriptedTurn:
+    """A Responses answer that ends `failed` with its usage: 1500 input tokens (1000 of them
+    cached) and 300 output, counted as 500 input, 1000 cache read and 300 output."""
+    return ScriptedTurn(
+        [reasoning("Tap e1."), function_call("tap", {"element_id": "e1", **INTENT})],
+        usage={
+            "input_tokens": 1500,
+            "input_tokens_details": {"cached_tokens": 1000},
+            "output_tokens": 300,
+            "output_tokens_details": {"reasoning_tokens": 250},
+        },
+        fail=("server_error", "The model failed to finish."),
+        failed_event=True,
+    )
 
 
 async def test_a_responses_stream_that_failed_counts_the_usage_it_reported(
@@ -577,26 +592,9 @@ async def test_a_responses_stream_that_failed_counts_the_usage_it_reported(
     (`StreamCutOff`) and told as "stream broke off": the stream ended as the API ends one, with
     its terminal event. OpenAI reports usage in no other event: a stream cut off before its end
     counts nothing."""
-    monkeypatch.setenv("AMC_PLANNER_PROVIDER", "openai")
-    monkeypatch.setenv("AMC_PLANNER_OPENAI_API_KEY", "sk-test")
-    monkeypatch.setenv("AMC_PLANNER_OPENAI_BASE_URL", model.openai_base_url)
-    monkeypatch.setenv("AMC_PLANNER_MODEL", "o4-mini")
-    monkeypatch.setenv("AMC_PLANNER_THINKING", "adaptive")
-    monkeypatch.setenv("AMC_PLANNER_MAX_RETRIES", "0")
+    _use_openai(monkeypatch, model)
     monkeypatch.setenv("AMC_PLANNER_MODE", "session")
-    model.responses_script.append(
-        ScriptedTurn(
-            [reasoning("Tap e1."), function_call("tap", {"element_id": "e1", **INTENT})],
-            usage={
-                "input_tokens": 1500,
-                "input_tokens_details": {"cached_tokens": 1000},
-                "output_tokens": 300,
-                "output_tokens_details": {"reasoning_tokens": 250},
-            },
-            fail=("server_error", "The model failed to finish."),
-            failed_event=True,
-        )
-    )
+    model.responses_script.append(_failed_response())
     async for cloud in _cloud(make_settings):
         async with Leased(cloud, pki_dir, "h27") as leased:
             code, details = await _code(leased.stub.Decide(leased.request()))
@@ -605,15 +603,7 @@ async def test_a_responses_stream_that_failed_counts_the_usage_it_reported(
             assert "server_error" in details and "broke off" not in details
             get = task_service_pb2.GetTaskRequest(task_id=leased.task.task_id)
             totals = (await tasks_stub(leased.ops).GetTask(get)).task.totals.usage
-    store = Store.from_url(db_url)
-    try:
-        async with store.read() as db:
-            rows = (await db.execute(select(FailedDecisionSpendRow))).scalars().all()
-    finally:
-        await store.close()
-    assert [(r.error, r.input_tokens, r.output_tokens) for r in rows] == [
-        ("PlannerUnavailable", 500, 300)
-    ]
+    assert await _failed_spend(db_url) == [("PlannerUnavailable", 500, 300)]
     assert (totals.input_tokens, totals.cache_read_input_tokens, totals.output_tokens) == (
         500,
         1000,
@@ -633,42 +623,17 @@ async def test_a_response_not_streamed_that_failed_is_counted_as_failed_not_cut_
     HTTP 200 with `status: "failed"` and its usage was counted as `StreamCutOff`: no stream was
     cut off, and the failed-calls record said so to whoever read it. It is counted under the
     error's class, as a failed decision's answered calls are."""
-    monkeypatch.setenv("AMC_PLANNER_PROVIDER", "openai")
-    monkeypatch.setenv("AMC_PLANNER_OPENAI_API_KEY", "sk-test")
-    monkeypatch.setenv("AMC_PLANNER_OPENAI_BASE_URL", model.openai_base_url)
-    monkeypatch.setenv("AMC_PLANNER_MODEL", "o4-mini")
-    monkeypatch.setenv("AMC_PLANNER_THINKING", "adaptive")
-    monkeypatch.setenv("AMC_PLANNER_MAX_RETRIES", "0")
+    _use_openai(monkeypatch, model)
     monkeypatch.setenv("AMC_PLANNER_MODE", "session")
     monkeypatch.setenv("AMC_PLANNER_SESSION_STREAM", "false")
-    model.responses_script.append(
-        ScriptedTurn(
-            [reasoning("Tap e1."), function_call("tap", {"element_id": "e1", **INTENT})],
-            usage={
-                "input_tokens": 1500,
-                "input_tokens_details": {"cached_tokens": 1000},
-                "output_tokens": 300,
-                "output_tokens_details": {"reasoning_tokens": 250},
-            },
-            fail=("server_error", "The model failed to finish."),
-            failed_event=True,
-        )
-    )
+    model.responses_script.append(_failed_response())
     async for cloud in _cloud(make_settings):
         async with Leased(cloud, pki_dir, "h28") as leased:
             code, details = await _code(leased.stub.Decide(leased.request()))
             assert code == grpc.StatusCode.UNAVAILABLE
             assert "The model failed to finish." in details
     assert [bool(b.get("stream")) for b in model.bodies("/responses")] == [False]
-    store = Store.from_url(db_url)
-    try:
-        async with store.read() as db:
-            rows = (await db.execute(select(FailedDecisionSpendRow))).scalars().all()
-    finally:
-        await store.close()
-    assert [(r.error, r.input_tokens, r.output_tokens) for r in rows] == [
-        ("PlannerUnavailable", 500, 300)
-    ]
+    assert await _failed_spend(db_url) == [("PlannerUnavailable", 500, 300)]
 
 
 JUDGED = "Settings opened as expected. Now open Display, where the theme is."
@@ -958,11 +923,7 @@ async def test_a_call_whose_decision_was_lost_is_answered_as_not_carried_out(
             for why, name, args in _LOST_STEP_TURNS
         )
     else:
-        monkeypatch.setenv("AMC_PLANNER_PROVIDER", "openai")
-        monkeypatch.setenv("AMC_PLANNER_OPENAI_API_KEY", "sk-test")
-        monkeypatch.setenv("AMC_PLANNER_OPENAI_BASE_URL", model.openai_base_url)
-        monkeypatch.setenv("AMC_PLANNER_MODEL", "o4-mini")
-        monkeypatch.setenv("AMC_PLANNER_THINKING", "adaptive")
+        _use_openai(monkeypatch, model)
         path = "/v1/responses"
         model.responses_script.extend(
             ScriptedTurn([reasoning(why), function_call(name, args)])
