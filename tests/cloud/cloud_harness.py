@@ -12,7 +12,7 @@ from typing import Any
 
 import grpc
 import pytest
-from sqlalchemy import event, update
+from sqlalchemy import event, text, update
 from sqlalchemy import exc as sa_exc
 
 from amc.v1 import (
@@ -28,6 +28,7 @@ from cloud.server import CloudServer, build_server
 from cloud.settings import CloudSettings
 from cloud.store import tasks
 from cloud.store.database import Store
+from cloud.store.engine import check, downgrade, upgrade
 from cloud.store.models import AttemptRow, TaskRow
 
 
@@ -404,3 +405,33 @@ def logged_text(caplog: pytest.LogCaptureFixture) -> str:
         for r in caplog.records
         if r.name.split(".")[0] == "cloud"
     )
+
+
+async def columns_added(db_url: str, table: str, before: str, revision: str) -> set[str]:
+    """The columns migration `revision` adds to `table`, once its downgrade to `before` is seen
+    to leave the table as it was and the head schema to match the models again: the round trip
+    every additive migration owes both backends. Read from each backend's catalogue: SQLite's
+    reflection warns about the expression index of 0015."""
+    s = Store.from_url(db_url)
+    catalogue = text(
+        "SELECT column_name FROM information_schema.columns WHERE table_name = :t"
+        if s.is_postgres
+        else "SELECT name FROM pragma_table_info(:t)"
+    )
+
+    async def columns() -> set[str]:
+        async with s.engine.connect() as conn:
+            return {str(name) for (name,) in await conn.execute(catalogue, {"t": table})}
+
+    try:
+        await upgrade(s.engine, before)
+        old = await columns()
+        await upgrade(s.engine, revision)
+        added = await columns() - old
+        await downgrade(s.engine, before)
+        assert await columns() == old, f"{revision}'s downgrade left {table} changed"
+        await upgrade(s.engine)
+        await check(s.engine)
+    finally:
+        await s.close()
+    return added

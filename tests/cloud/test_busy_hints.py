@@ -15,7 +15,6 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Sequence
 
 import pytest
-from sqlalchemy import text as sql_text
 
 from amc.v1 import types_pb2
 from cloud.events import EventBus
@@ -23,7 +22,7 @@ from cloud.lease.dispatcher import Dispatcher
 from cloud.lease.session import HostSession
 from cloud.store import leases, states, tasks
 from cloud.store.database import Store
-from cloud.store.engine import check, downgrade, upgrade
+from tests.cloud.cloud_harness import columns_added
 
 Read = Callable[[Store, Sequence[str]], Awaitable[dict[str, set[str]]]]
 
@@ -133,25 +132,4 @@ async def test_migration_0019_adds_the_tasks_unsent_attempts_and_back(db_url: st
     """Both backends: 0019 adds `tasks.unsent_attempts` (its server default, 0, fills the rows
     already there), its downgrade drops it, and the schema matches the models again after the
     upgrade."""
-    s = Store.from_url(db_url)
-    catalogue = (
-        "SELECT column_name FROM information_schema.columns WHERE table_name = 'tasks'"
-        if s.is_postgres
-        else "SELECT name FROM pragma_table_info('tasks')"
-    )
-
-    async def columns() -> set[str]:
-        async with s.engine.connect() as conn:
-            return {str(name) for (name,) in await conn.execute(sql_text(catalogue))}
-
-    try:
-        await upgrade(s.engine, "0018")
-        before = await columns()
-        await upgrade(s.engine, "0019")
-        assert await columns() - before == {"unsent_attempts"}
-        await downgrade(s.engine, "0018")
-        assert await columns() == before
-        await upgrade(s.engine)
-        await check(s.engine)
-    finally:
-        await s.close()
+    assert await columns_added(db_url, "tasks", "0018", "0019") == {"unsent_attempts"}

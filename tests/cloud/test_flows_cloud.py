@@ -45,6 +45,7 @@ from tests.cloud.cloud_harness import (
     DRIVER_TEXT,
     ScriptedHost,
     channel,
+    columns_added,
     failing_statements,
     lapse,
     logged_text,
@@ -981,28 +982,7 @@ async def test_migration_0016_adds_when_the_loop_took_an_attempt_and_back(db_url
     """Both backends: 0016 adds `attempts.flow_taken_at`, its downgrade drops it, and the
     schema matches the models again after the upgrade. (Read from each catalogue: SQLite's
     reflection warns about the expression index of 0015.)"""
-    s = Store.from_url(db_url)
-    catalogue = (
-        "SELECT column_name FROM information_schema.columns WHERE table_name = 'attempts'"
-        if s.is_postgres
-        else "SELECT name FROM pragma_table_info('attempts')"
-    )
-
-    async def columns() -> set[str]:
-        async with s.engine.connect() as conn:
-            return {str(name) for (name,) in await conn.execute(text(catalogue))}
-
-    try:
-        await upgrade(s.engine, "0015")
-        before = await columns()
-        await upgrade(s.engine)
-        assert await columns() - before == {"flow_taken_at"}
-        await downgrade(s.engine, "0015")
-        assert await columns() == before
-        await upgrade(s.engine)
-        await check(s.engine)
-    finally:
-        await s.close()
+    assert await columns_added(db_url, "attempts", "0015", "0016") == {"flow_taken_at"}
 
 
 async def test_a_look_the_database_fails_is_taken_again_not_given_up(

@@ -13,7 +13,6 @@ import datetime as dt
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import text as sql_text
 from sqlalchemy import update
 
 from amc.v1 import lease_service_pb2 as lease_pb
@@ -21,9 +20,15 @@ from amc.v1 import types_pb2
 from cloud.server import CloudServer
 from cloud.store import flows, hosts, leases, states, tasks
 from cloud.store.database import Store
-from cloud.store.engine import check, downgrade, upgrade
 from cloud.store.models import AttemptRow, TaskRow
-from tests.cloud.cloud_harness import ScriptedHost, lapse, result, submit, wait_status
+from tests.cloud.cloud_harness import (
+    ScriptedHost,
+    columns_added,
+    lapse,
+    result,
+    submit,
+    wait_status,
+)
 
 HOST = "h1"
 
@@ -278,25 +283,4 @@ async def test_a_revived_attempt_the_learning_loop_looked_at_is_handed_back_to_i
 async def test_migration_0020_adds_the_hosts_held_leases_and_back(db_url: str) -> None:
     """Both backends: 0020 adds `hosts.held_leases` (NULL for the hosts already there), its
     downgrade drops it, and the schema matches the models again after the upgrade."""
-    s = Store.from_url(db_url)
-    catalogue = (
-        "SELECT column_name FROM information_schema.columns WHERE table_name = 'hosts'"
-        if s.is_postgres
-        else "SELECT name FROM pragma_table_info('hosts')"
-    )
-
-    async def columns() -> set[str]:
-        async with s.engine.connect() as conn:
-            return {str(name) for (name,) in await conn.execute(sql_text(catalogue))}
-
-    try:
-        await upgrade(s.engine, "0019")
-        before = await columns()
-        await upgrade(s.engine, "0020")
-        assert await columns() - before == {"held_leases"}
-        await downgrade(s.engine, "0019")
-        assert await columns() == before
-        await upgrade(s.engine)
-        await check(s.engine)
-    finally:
-        await s.close()
+    assert await columns_added(db_url, "hosts", "0019", "0020") == {"held_leases"}

@@ -11,7 +11,6 @@ import grpc
 import pytest
 from google.protobuf import duration_pb2
 from sqlalchemy import select, update
-from sqlalchemy import text as sql_text
 
 from amc.v1 import (
     fleet_service_pb2,
@@ -25,12 +24,11 @@ from amc.v1 import lease_service_pb2 as lease_pb
 from cloud.lease import messages
 from cloud.server import CloudServer, build_server
 from cloud.store import hosts, leases
-from cloud.store.database import Store
-from cloud.store.engine import check, downgrade, upgrade
 from cloud.store.models import AttemptRow
 from tests.cloud.cloud_harness import (
     ScriptedHost,
     channel,
+    columns_added,
     due,
     hello,
     lapse,
@@ -367,56 +365,17 @@ async def test_a_host_heard_from_after_its_lease_ran_out_is_not_held_back(
 async def test_migration_0023_adds_the_hosts_hold_and_back(db_url: str) -> None:
     """Both backends: 0023 adds the `hosts.held_*` columns (NULL: no host held), its downgrade
     drops them, and the schema matches the models again after the upgrade."""
-    s = Store.from_url(db_url)
-    catalogue = (
-        "SELECT column_name FROM information_schema.columns WHERE table_name = 'hosts'"
-        if s.is_postgres
-        else "SELECT name FROM pragma_table_info('hosts')"
-    )
-
-    async def columns() -> set[str]:
-        async with s.engine.connect() as conn:
-            return {str(name) for (name,) in await conn.execute(sql_text(catalogue))}
-
-    try:
-        await upgrade(s.engine, "0022")
-        before = await columns()
-        await upgrade(s.engine, "0023")
-        added = {"held_since", "held_until", "held_task_id", "held_attempt", "held_stream_id"}
-        assert await columns() - before == added
-        await downgrade(s.engine, "0022")
-        assert await columns() == before
-        await upgrade(s.engine)
-        await check(s.engine)
-    finally:
-        await s.close()
+    added = {"held_since", "held_until", "held_task_id", "held_attempt", "held_stream_id"}
+    assert await columns_added(db_url, "hosts", "0022", "0023") == added
 
 
 async def test_migration_0024_adds_the_hosts_stop_and_back(db_url: str) -> None:
     """Both backends: 0024 adds `hosts.stopping_since` and `stopping_stream_id` (NULL: no host
     stopping), its downgrade drops them, and the schema matches the models again."""
-    s = Store.from_url(db_url)
-    catalogue = (
-        "SELECT column_name FROM information_schema.columns WHERE table_name = 'hosts'"
-        if s.is_postgres
-        else "SELECT name FROM pragma_table_info('hosts')"
-    )
-
-    async def columns() -> set[str]:
-        async with s.engine.connect() as conn:
-            return {str(name) for (name,) in await conn.execute(sql_text(catalogue))}
-
-    try:
-        await upgrade(s.engine, "0023")
-        before = await columns()
-        await upgrade(s.engine, "0024")
-        assert await columns() - before == {"stopping_since", "stopping_stream_id"}
-        await downgrade(s.engine, "0023")
-        assert await columns() == before
-        await upgrade(s.engine)
-        await check(s.engine)
-    finally:
-        await s.close()
+    assert await columns_added(db_url, "hosts", "0023", "0024") == {
+        "stopping_since",
+        "stopping_stream_id",
+    }
 
 
 async def test_a_quiet_host_gets_work_again_once_its_stream_outlives_the_keepalive(

@@ -39,7 +39,6 @@ from cloud.events import EventBus
 from cloud.server import CloudServer, build_server
 from cloud.store import sessions, unsettled
 from cloud.store.database import Store
-from cloud.store.engine import check, downgrade, upgrade
 from cloud.store.models import DecisionRow, FailedDecisionSpendRow, TaskRow
 from cloud.store.ports import StoreSessionStore
 from console.gateway import create_app
@@ -55,7 +54,14 @@ from planner.decision import Usage
 from planner.observation import observation_from_scene
 from planner.session.planner import NOT_CARRIED_OUT, NOT_RECORDED
 from planner.session.store import SessionConflict
-from tests.cloud.cloud_harness import ScriptedHost, channel, result, submit, tasks_stub
+from tests.cloud.cloud_harness import (
+    ScriptedHost,
+    channel,
+    columns_added,
+    result,
+    submit,
+    tasks_stub,
+)
 from tests.console.console_stack import UvicornThread
 from tests.planner import scenes
 from tests.support.fakes import (
@@ -1025,28 +1031,7 @@ async def test_a_call_an_older_replica_logged_is_not_called_not_carried_out(
 async def test_migration_0018_adds_the_decisions_call_id_and_back(db_url: str) -> None:
     """Both backends: 0018 adds `decisions.call_id`, its downgrade drops it, and the schema
     matches the models again after the upgrade (read from each catalogue, as for 0016)."""
-    s = Store.from_url(db_url)
-    catalogue = (
-        "SELECT column_name FROM information_schema.columns WHERE table_name = 'decisions'"
-        if s.is_postgres
-        else "SELECT name FROM pragma_table_info('decisions')"
-    )
-
-    async def columns() -> set[str]:
-        async with s.engine.connect() as conn:
-            return {str(name) for (name,) in await conn.execute(sql_text(catalogue))}
-
-    try:
-        await upgrade(s.engine, "0017")
-        before = await columns()
-        await upgrade(s.engine, "0018")
-        assert await columns() - before == {"call_id"}
-        await downgrade(s.engine, "0017")
-        assert await columns() == before
-        await upgrade(s.engine)
-        await check(s.engine)
-    finally:
-        await s.close()
+    assert await columns_added(db_url, "decisions", "0017", "0018") == {"call_id"}
 
 
 #: The decision-log insert of step 1 fails: the attempt's very first decision is lost after
