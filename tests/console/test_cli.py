@@ -4,17 +4,20 @@ cloud server over mTLS."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import subprocess
 import sys
+from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from amc.v1 import types_pb2
 from cloud.pki import ensure_embedded_pki
-from cloud.server import build_server
+from cloud.server import CloudServer, build_server
 from cloud.settings import CloudSettings
 from cloud.store import decisions, unsettled
 from planner.decision import Decision, ThinkingBlock, Usage
@@ -30,6 +33,28 @@ async def amc(*args: str) -> tuple[int, str]:
     )
     output, _ = await asyncio.wait_for(process.communicate(), 60)
     return process.returncode or 0, output.decode()
+
+
+@contextlib.asynccontextmanager
+async def cli_cloud(
+    tmp_path: Path, **settings: Any
+) -> AsyncIterator[tuple[CloudServer, list[str]]]:
+    """A cloud on a SQLite file with its own PKI (operator "admin"), and the `--cloud …
+    --pki-dir …` that points an `amc` command at it."""
+    pki = ensure_embedded_pki(tmp_path, [], operator="admin")
+    cloud = await build_server(
+        CloudSettings(
+            database_url=f"sqlite+aiosqlite:///{tmp_path / 'cloud.sqlite3'}",
+            listen_address="127.0.0.1:0",
+            pki_dir=pki,
+            **settings,
+        )
+    )
+    await cloud.start()
+    try:
+        yield cloud, ["--cloud", cloud.address, "--pki-dir", str(pki)]
+    finally:
+        await cloud.stop(grace=0)
 
 
 @pytest.mark.parametrize(
@@ -91,17 +116,7 @@ def test_certs_into_a_path_that_is_a_file_is_one_line(tmp_path: Path) -> None:
 
 
 async def test_task_commands_against_a_real_cloud(tmp_path: Path) -> None:
-    pki = ensure_embedded_pki(tmp_path, [], operator="admin")
-    cloud = await build_server(
-        CloudSettings(
-            database_url=f"sqlite+aiosqlite:///{tmp_path / 'cloud.sqlite3'}",
-            listen_address="127.0.0.1:0",
-            pki_dir=pki,
-        )
-    )
-    await cloud.start()
-    conn = ["--cloud", cloud.address, "--pki-dir", str(pki)]
-    try:
+    async with cli_cloud(tmp_path) as (cloud, conn):
         code, out = await amc(*conn, "task", "submit", "Turn on dark theme", "--request-id", "r1")
         assert code == 0, out
         task_id = out.strip()
@@ -127,24 +142,12 @@ async def test_task_commands_against_a_real_cloud(tmp_path: Path) -> None:
         assert code == 2 and "'no-such-task' is not a task id" in missing
         code, decisions = await amc(*conn, "decisions", task_id)
         assert code == 0 and "no decisions logged" in decisions
-    finally:
-        await cloud.stop(grace=0)
 
 
 async def test_decisions_print_model_text_literally(tmp_path: Path) -> None:
     """Model text is not Rich markup: "[/b]" used to crash the command, "[e12]" vanished and
     the redacted-thinking note printed as an empty line."""
-    pki = ensure_embedded_pki(tmp_path, [], operator="admin")
-    cloud = await build_server(
-        CloudSettings(
-            database_url=f"sqlite+aiosqlite:///{tmp_path / 'cloud.sqlite3'}",
-            listen_address="127.0.0.1:0",
-            pki_dir=pki,
-        )
-    )
-    await cloud.start()
-    conn = ["--cloud", cloud.address, "--pki-dir", str(pki)]
-    try:
+    async with cli_cloud(tmp_path) as (cloud, conn):
         code, out = await amc(*conn, "task", "submit", "Open [bold]Display[/bold]")
         assert code == 0, out
         task_id = out.strip()
@@ -184,32 +187,18 @@ async def test_decisions_print_model_text_literally(tmp_path: Path) -> None:
         assert "cache read/write 7/0" in printed and "nudged retry" in printed
         code, listing = await amc(*conn, "task", "list")
         assert code == 0 and "Open [bold]Display[/bold]" in listing
-    finally:
-        await cloud.stop(grace=0)
 
 
 async def test_decisions_of_a_task_not_started_say_so(tmp_path: Path) -> None:
     """A task with no decision yet was always explained by a direct-transport host's outbox,
     which sent an operator of a queued or cloud-planned task to look in the wrong place."""
-    pki = ensure_embedded_pki(tmp_path, [], operator="admin")
-    cloud = await build_server(
-        CloudSettings(
-            database_url=f"sqlite+aiosqlite:///{tmp_path / 'cloud.sqlite3'}",
-            listen_address="127.0.0.1:0",
-            pki_dir=pki,
-        )
-    )
-    await cloud.start()
-    conn = ["--cloud", cloud.address, "--pki-dir", str(pki)]
-    try:
+    async with cli_cloud(tmp_path) as (_, conn):
         code, out = await amc(*conn, "task", "submit", "Open Settings")
         assert code == 0, out
         code, printed = await amc(*conn, "decisions", out.strip())
         assert code == 0, printed
         assert "no decisions logged yet: no attempt has started" in printed
         assert "direct transport" not in printed
-    finally:
-        await cloud.stop(grace=0)
 
 
 async def test_submit_with_a_secret_from_the_environment_and_a_warning(tmp_path: Path) -> None:
@@ -265,18 +254,7 @@ def test_certs_secrets_key_prints_a_fernet_key() -> None:
 async def test_tokens_and_cost_per_step_task_and_day(tmp_path: Path) -> None:
     """`amc task show`, `amc decisions` and `amc spend` print what the model calls cost, per
     step, attempt, task and day, against the task's and the fleet's budgets."""
-    pki = ensure_embedded_pki(tmp_path, [], operator="admin")
-    cloud = await build_server(
-        CloudSettings(
-            database_url=f"sqlite+aiosqlite:///{tmp_path / 'cloud.sqlite3'}",
-            listen_address="127.0.0.1:0",
-            pki_dir=pki,
-            daily_max_cost_usd=10.0,
-        )
-    )
-    await cloud.start()
-    conn = ["--cloud", cloud.address, "--pki-dir", str(pki)]
-    try:
+    async with cli_cloud(tmp_path, daily_max_cost_usd=10.0) as (cloud, conn):
         code, out = await amc(
             *conn,
             "task",
@@ -331,24 +309,12 @@ async def test_tokens_and_cost_per_step_task_and_day(tmp_path: Path) -> None:
         assert "every billed model call: logged decisions and failed decisions' calls" in " ".join(
             told.split()
         )
-    finally:
-        await cloud.stop(grace=0)
 
 
 async def test_task_show_says_which_calls_cost_is_unknown(tmp_path: Path) -> None:
     """A model call the cloud started and never recorded (decision 0080: a cloud killed during
     it) is printed beside the totals, with its bound, and is in `--json`'s totals."""
-    pki = ensure_embedded_pki(tmp_path, [], operator="admin")
-    cloud = await build_server(
-        CloudSettings(
-            database_url=f"sqlite+aiosqlite:///{tmp_path / 'cloud.sqlite3'}",
-            listen_address="127.0.0.1:0",
-            pki_dir=pki,
-        )
-    )
-    await cloud.start()
-    conn = ["--cloud", cloud.address, "--pki-dir", str(pki)]
-    try:
+    async with cli_cloud(tmp_path) as (cloud, conn):
         code, out = await amc(*conn, "task", "submit", "Turn on dark theme")
         assert code == 0, out
         task_id = out.strip()
@@ -368,5 +334,3 @@ async def test_task_show_says_which_calls_cost_is_unknown(tmp_path: Path) -> Non
         totals = json.loads(printed)["task"]["totals"]
         assert totals["unsettled"]["calls"] == 1
         assert totals["unsettled"]["at_most"]["cost_usd"] == 0.042
-    finally:
-        await cloud.stop(grace=0)

@@ -7,28 +7,15 @@ import json
 from pathlib import Path
 
 from amc.v1 import types_pb2
-from cloud.pki import ensure_embedded_pki
-from cloud.server import build_server
-from cloud.settings import CloudSettings
 from cloud.store import decisions, tasks
 from planner.decision import Decision, Usage
 from planner.tools import Judgement
-from tests.console.test_cli import amc
+from tests.console.test_cli import amc, cli_cloud
 from tests.support.flows import store_flow
 
 
 async def test_flows_commands_and_verdicts(tmp_path: Path) -> None:
-    pki = ensure_embedded_pki(tmp_path, [], operator="admin")
-    cloud = await build_server(
-        CloudSettings(
-            database_url=f"sqlite+aiosqlite:///{tmp_path / 'cloud.sqlite3'}",
-            listen_address="127.0.0.1:0",
-            pki_dir=pki,
-        )
-    )
-    await cloud.start()
-    conn = ["--cloud", cloud.address, "--pki-dir", str(pki)]
-    try:
+    async with cli_cloud(tmp_path) as (cloud, conn):
         code, empty = await amc(*conn, "flows", "list")
         assert code == 0 and "no flows learned yet" in empty
         row = await store_flow(cloud.store)
@@ -98,25 +85,13 @@ async def test_flows_commands_and_verdicts(tmp_path: Path) -> None:
             printed
         )
         assert "model says met: [b]ok" in printed and "checker and model disagree" in printed
-    finally:
-        await cloud.stop(grace=0)
 
 
 async def test_an_empty_flow_id_is_refused_as_an_empty_task_id_is(tmp_path: Path) -> None:
     """Every flow id starts with '': `amc flows show ''` printed "flow  not found" without
     flows, showed the only flow when there was one, and `amc flows disable ''` disabled it.
     The empty id (or blanks) is refused before any call, as the task commands refuse it."""
-    pki = ensure_embedded_pki(tmp_path, [], operator="admin")
-    cloud = await build_server(
-        CloudSettings(
-            database_url=f"sqlite+aiosqlite:///{tmp_path / 'cloud.sqlite3'}",
-            listen_address="127.0.0.1:0",
-            pki_dir=pki,
-        )
-    )
-    await cloud.start()
-    conn = ["--cloud", cloud.address, "--pki-dir", str(pki)]
-    try:
+    async with cli_cloud(tmp_path) as (cloud, conn):
         code, none = await amc(*conn, "flows", "show", "")
         assert code == 2 and "'' is not a flow id" in none, none
         row = await store_flow(cloud.store)
@@ -126,5 +101,3 @@ async def test_an_empty_flow_id_is_refused_as_an_empty_task_id_is(tmp_path: Path
             assert "amc flows list" in refused
         code, listing = await amc(*conn, "flows", "list", "--status", "active", "--json")
         assert code == 0 and [f["flow_id"] for f in json.loads(listing)["flows"]] == [row.flow_id]
-    finally:
-        await cloud.stop(grace=0)
