@@ -79,13 +79,15 @@ async def start_host(
     *,
     tasks: int | None = 1,
     path: str | None = None,
+    address: str | None = None,
 ) -> asyncio.subprocess.Process:
-    """host.js as its own process against `rig`'s cloud and adb server, keeping its results
-    under `data_dir`: it exits after `tasks` tasks (None: it runs until killed). `path` is its
-    PATH (where it would find an `adb` program); what it says goes to the process's stderr."""
+    """host.js as its own process against `rig`'s cloud (or the cloud at `address`, a proxy in
+    front of it) and adb server, keeping its results under `data_dir`: it exits after `tasks`
+    tasks (None: it runs until killed). `path` is its PATH (where it would find an `adb`
+    program); what it says goes to the process's stderr."""
     env = {
         "PATH": os.environ.get("PATH", "") if path is None else path,
-        "AMC_CLOUD_ADDRESS": rig.address,
+        "AMC_CLOUD_ADDRESS": rig.address if address is None else address,
         "AMC_HOST_CERTS_DIR": str(rig.pki),
         "AMC_HOST_ID": host_id,
         "ADB_PORT": str(rig.adb_port),
@@ -96,3 +98,14 @@ async def start_host(
     return await asyncio.create_subprocess_exec(
         node, str(HOST), env=env, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE
     )
+
+
+async def task_line(host: asyncio.subprocess.Process, said: list[str]) -> str:
+    """The line host.js says when its task ends (its status and why), "" if it exits first;
+    every line it said up to there is added to `said`, for the assertion's message."""
+    assert host.stderr is not None
+    while line := (await host.stderr.readline()).decode():
+        said.append(line)
+        if ": TASK_STATUS_" in line:
+            return line
+    return ""

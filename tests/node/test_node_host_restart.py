@@ -24,7 +24,7 @@ from amc.v1 import decision_log_service_pb2, task_service_pb2, types_pb2
 from host.devices.virtual.adb_server import VirtualAdbServer
 from host.devices.virtual.phone import VirtualPhone
 from tests.host.lease_fake import start_fake_cloud
-from tests.node.rig import HOST, cloud_and_phone
+from tests.node.rig import HOST, cloud_and_phone, start_host, task_line
 from tests.node.test_node_host import HOST_ID, node
 from tests.support.fakes import ANTHROPIC_KEY, FakeModelServer, anthropic_message, tool_use
 from tests.support.processes import OPERATOR, wait_serving, wait_task
@@ -78,20 +78,8 @@ async def test_the_node_host_finishes_its_task_across_a_cloud_restart_billed_onc
                     timeout=10,
                 )
             ).task
-            host = await asyncio.create_subprocess_exec(
-                node,
-                str(HOST),
-                env={
-                    "PATH": os.environ.get("PATH", ""),
-                    "AMC_CLOUD_ADDRESS": proxy.address,
-                    "AMC_HOST_CERTS_DIR": str(rig.pki),
-                    "AMC_HOST_ID": HOST_ID,
-                    "ADB_PORT": str(rig.adb_port),
-                    "AMC_TASKS": "1",
-                    "AMC_HOST_DATA_DIR": str(tmp_path / "host-data"),
-                },
-                stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.PIPE,
+            host = await start_host(
+                node, rig, HOST_ID, tmp_path / "host-data", address=proxy.address
             )
             try:
                 await until(
@@ -203,30 +191,10 @@ async def test_the_node_host_stops_a_task_whose_lease_ran_out_while_the_cloud_wa
                 task_service_pb2.SubmitTaskRequest(goal="Open the settings", max_attempts=2),
                 timeout=10,
             )
-            host = await asyncio.create_subprocess_exec(
-                node,
-                str(HOST),
-                env={
-                    "PATH": os.environ.get("PATH", ""),
-                    "AMC_CLOUD_ADDRESS": proxy.address,
-                    "AMC_HOST_CERTS_DIR": str(rig.pki),
-                    "AMC_HOST_ID": HOST_ID,
-                    "ADB_PORT": str(rig.adb_port),
-                    "AMC_HOST_DATA_DIR": str(tmp_path / "host-data"),
-                },
-                stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.PIPE,
+            host = await start_host(
+                node, rig, HOST_ID, tmp_path / "host-data", tasks=None, address=proxy.address
             )
             said: list[str] = []
-
-            async def ended() -> str:
-                assert host.stderr is not None
-                while line := (await host.stderr.readline()).decode():
-                    said.append(line)
-                    if ": TASK_STATUS_" in line:
-                        return line
-                return ""
-
             try:
                 await until(
                     lambda: len(provider.bodies("/v1/messages")) == 1,
@@ -235,7 +203,7 @@ async def test_the_node_host_stops_a_task_whose_lease_ran_out_while_the_cloud_wa
                 )
                 proxy.stop()  # the cloud is unreachable from here on
                 hold.set()
-                end = await asyncio.wait_for(ended(), 60)
+                end = await asyncio.wait_for(task_line(host, said), 60)
             finally:
                 hold.set()
                 proxy.stop()
@@ -280,20 +248,11 @@ async def test_a_result_the_cloud_never_heard_outlives_a_node_host_restart(
             node, str(HOST), env=env, stderr=asyncio.subprocess.PIPE
         )
         second: asyncio.subprocess.Process | None = None
-
-        async def ended() -> str:
-            assert first.stderr is not None
-            while line := (await first.stderr.readline()).decode():
-                said.append(line)
-                if ": TASK_STATUS_" in line:
-                    return line
-            return ""
-
         try:
             await until(lambda: phone.dumper is not None, 60, "the first look under way")
             proxy.stop()  # the cloud is unreachable from here on
             rig.adb.unplug(phone.serial)  # the look fails: the attempt ends on the host
-            end = await asyncio.wait_for(ended(), 60)
+            end = await asyncio.wait_for(task_line(first, said), 60)
             first.kill()  # and the host restarts before the cloud heard the result
             await first.wait()
             proxy = TcpProxy([("127.0.0.1", cloud_port)], port=proxy.port).start()
@@ -395,34 +354,15 @@ async def test_a_node_host_whose_renewals_go_unanswered_stops_when_its_lease_run
             ),
             timeout=10,
         )
-        host = await asyncio.create_subprocess_exec(
-            node,
-            str(HOST),
-            env={
-                "PATH": os.environ.get("PATH", ""),
-                "AMC_CLOUD_ADDRESS": proxy.address,
-                "AMC_HOST_CERTS_DIR": str(rig.pki),
-                "AMC_HOST_ID": HOST_ID,
-                "ADB_PORT": str(rig.adb_port),
-                "AMC_HOST_DATA_DIR": str(tmp_path / "host-data"),
-            },
-            stderr=asyncio.subprocess.PIPE,
+        host = await start_host(
+            node, rig, HOST_ID, tmp_path / "host-data", tasks=None, address=proxy.address
         )
         said: list[str] = []
-
-        async def ended() -> str:
-            assert host.stderr is not None
-            while line := (await host.stderr.readline()).decode():
-                said.append(line)
-                if ": TASK_STATUS_" in line:
-                    return line
-            return ""
-
         try:
             await until(lambda: phone.dumper is not None, 60, "the first look under way")
             frozen = proxy.blackhole()
             assert frozen, "no open connection to freeze"
-            end = await asyncio.wait_for(ended(), 60)
+            end = await asyncio.wait_for(task_line(host, said), 60)
             # Stopped by its lease, while the look still hung and the link still looked open.
             assert phone.dumper is not None
             assert all(link.client_gone_at is None for link in frozen)
