@@ -23,7 +23,7 @@ from amc.v1 import artifact_service_pb2_grpc, types_pb2
 from cloud import authz
 from cloud.artifacts import ArtifactStore, ArtifactStoreUnavailable, object_key
 from cloud.lease.validate import MAX_ID
-from cloud.services.attempts import known_attempt
+from cloud.services.attempts import known_step_page
 from cloud.services.shipping import HOST_DECISION_ID, check_lease, lease_ref_problem
 from cloud.services.status import abort
 from cloud.settings import CloudSettings
@@ -204,19 +204,7 @@ class ArtifactServicer(artifact_service_pb2_grpc.ArtifactServiceServicer):
     async def ListStepScreenshots(
         self, request: pb.ListStepScreenshotsRequest, context: Context
     ) -> pb.ListStepScreenshotsResponse:
-        if not request.task_id:
-            await abort(context, grpc.StatusCode.INVALID_ARGUMENT, "task_id: required")
-        if request.attempt < 0:
-            await abort(context, grpc.StatusCode.INVALID_ARGUMENT, "attempt: must be >= 0")
-        if not 0 <= request.page_size <= 1000:
-            await abort(context, grpc.StatusCode.INVALID_ARGUMENT, "page_size: 0 to 1000")
-        if request.after_step < 0 or (request.after_step and not request.attempt):
-            await abort(
-                context,
-                grpc.StatusCode.INVALID_ARGUMENT,
-                "after_step: 0, or a step index with attempt set",
-            )
-        await known_attempt(context, self._store, request.task_id, request.attempt)
+        await known_step_page(context, self._store, request, 1000)
         try:
             rows, token = await screenshots.list_page(
                 self._store,

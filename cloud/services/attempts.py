@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Protocol
 
 import grpc
 
@@ -27,3 +27,37 @@ async def known_attempt(
             grpc.StatusCode.NOT_FOUND,
             f"task {task_id} has no attempt {attempt} (it has {had or 'none yet'})",
         )
+
+
+class StepPageRequest(Protocol):
+    """The fields of a request for a page of one task's steps (ListDecisions,
+    ListStepScreenshots)."""
+
+    task_id: str
+    attempt: int
+    page_size: int
+    after_step: int
+
+
+async def known_step_page(
+    context: grpc.aio.ServicerContext[Any, Any],
+    store: Store,
+    request: StepPageRequest,
+    max_page_size: int,
+) -> None:
+    """Abort INVALID_ARGUMENT for fields out of range, else NOT_FOUND as `known_attempt` does:
+    a live view reads a task's decisions and its screenshots after the same step, and both
+    listings must refuse the same request in the same words."""
+    if not request.task_id:
+        await abort(context, grpc.StatusCode.INVALID_ARGUMENT, "task_id: required")
+    if request.attempt < 0:
+        await abort(context, grpc.StatusCode.INVALID_ARGUMENT, "attempt: must be >= 0")
+    if not 0 <= request.page_size <= max_page_size:
+        await abort(context, grpc.StatusCode.INVALID_ARGUMENT, f"page_size: 0 to {max_page_size}")
+    if request.after_step < 0 or (request.after_step and not request.attempt):
+        await abort(
+            context,
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "after_step: 0, or a step index with attempt set",
+        )
+    await known_attempt(context, store, request.task_id, request.attempt)

@@ -10,7 +10,7 @@ import grpc
 from amc.v1 import decision_log_service_pb2 as pb
 from amc.v1 import decision_log_service_pb2_grpc
 from cloud import authz
-from cloud.services.attempts import known_attempt
+from cloud.services.attempts import known_attempt, known_step_page
 from cloud.services.conversation import conversation_item
 from cloud.services.shipping import ship_decisions
 from cloud.services.status import abort
@@ -54,19 +54,7 @@ class DecisionLogServicer(decision_log_service_pb2_grpc.DecisionLogServiceServic
         request: pb.ListDecisionsRequest,
         context: grpc.aio.ServicerContext[pb.ListDecisionsRequest, pb.ListDecisionsResponse],
     ) -> pb.ListDecisionsResponse:
-        if not request.task_id:
-            await abort(context, grpc.StatusCode.INVALID_ARGUMENT, "task_id: required")
-        if request.attempt < 0:
-            await abort(context, grpc.StatusCode.INVALID_ARGUMENT, "attempt: must be >= 0")
-        if not 0 <= request.page_size <= 500:
-            await abort(context, grpc.StatusCode.INVALID_ARGUMENT, "page_size: 0 to 500")
-        if request.after_step < 0 or (request.after_step and not request.attempt):
-            await abort(
-                context,
-                grpc.StatusCode.INVALID_ARGUMENT,
-                "after_step: 0, or a step index with attempt set",
-            )
-        await known_attempt(context, self._store, request.task_id, request.attempt)
+        await known_step_page(context, self._store, request, 500)
         try:
             rows, token = await decisions.list_page(
                 self._store,
