@@ -11,7 +11,9 @@ from __future__ import annotations
 import asyncio
 import re
 import shutil
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -96,6 +98,19 @@ async def _one_task(
             )
         ).decisions
     return said, final, list(decisions)
+
+
+async def _first_look(
+    node: str, tmp_path: Path, phone: VirtualPhone, fields: Callable[[Any], tuple[Any, ...]]
+) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]:
+    """`fields` of each element the Node host showed the model at its first step, and of each
+    element the Python host keeps (host/perception) of the same screen's dump: the two hosts
+    must show the model the same screen."""
+    kept = parse_scene(phone.dump_hierarchy(), package=phone.current_package()).elements
+    expected = [fields(e) for e in kept]
+    said, _final, decisions = await _one_task(node, tmp_path, phone, "Leave this app")
+    assert decisions, said
+    return [fields(e) for e in decisions[0].observation.elements], expected
 
 
 async def test_the_node_host_turns_on_dark_theme(node: str, tmp_path: Path) -> None:
@@ -389,14 +404,9 @@ async def test_the_node_host_shows_the_model_the_elements_the_python_host_does(
     package = "com.example.form"
     phone.apps[package] = _FormApp(package, "Form", package + ".MainActivity", (30, 142, 62))
     assert phone.launch(package)
-    expected = [
-        (e.text, e.resource_id, e.class_name)
-        for e in parse_scene(phone.dump_hierarchy(), package=package).elements
-    ]
-    said, _final, decisions = await _one_task(node, tmp_path, phone, "Leave this app")
-
-    assert decisions, said
-    seen = [(e.text, e.resource_id, e.class_name) for e in decisions[0].observation.elements]
+    seen, expected = await _first_look(
+        node, tmp_path, phone, lambda e: (e.text, e.resource_id, e.class_name)
+    )
     assert seen == expected
     assert f"{package}:id/city" in {rid for _, rid, _ in seen}
     assert f"{package}:id/hidden" not in {rid for _, rid, _ in seen}
@@ -437,14 +447,9 @@ async def test_the_node_host_sends_an_empty_fields_hint_as_its_hint_not_its_text
     package = "com.example.empty"
     phone.apps[package] = _EmptyFieldApp(package, "Form", package + ".MainActivity", (30, 142, 62))
     assert phone.launch(package)
-    expected = [
-        (e.resource_id, e.text, e.hint)
-        for e in parse_scene(phone.dump_hierarchy(), package=package).elements
-    ]
-    said, _final, decisions = await _one_task(node, tmp_path, phone, "Leave this app")
-
-    assert decisions, said
-    seen = [(e.resource_id, e.text, e.hint) for e in decisions[0].observation.elements]
+    seen, expected = await _first_look(
+        node, tmp_path, phone, lambda e: (e.resource_id, e.text, e.hint)
+    )
     assert seen == expected
     assert (f"{package}:id/name", "", "Name") in seen
 
@@ -504,17 +509,12 @@ async def test_the_node_host_cuts_bounds_to_the_screen_as_the_python_host_does(
     the screen. It now keeps what the Python host keeps of the same dump, with the same bounds:
     cut to the screen, and left out when nothing is left of it."""
     phone = _PagerPhone("emulator-5554")
-    expected = [
-        (e.resource_id, (e.bounds.left, e.bounds.top, e.bounds.right, e.bounds.bottom))
-        for e in parse_scene(phone.dump_hierarchy(), package=phone.current_package()).elements
-    ]
-    said, _final, decisions = await _one_task(node, tmp_path, phone, "Leave this app")
-
-    assert decisions, said
-    seen = [
-        (e.resource_id, (e.bounds.left, e.bounds.top, e.bounds.right, e.bounds.bottom))
-        for e in decisions[0].observation.elements
-    ]
+    seen, expected = await _first_look(
+        node,
+        tmp_path,
+        phone,
+        lambda e: (e.resource_id, (e.bounds.left, e.bounds.top, e.bounds.right, e.bounds.bottom)),
+    )
     assert seen == expected
     ids = dict(seen)
     assert "com.android.launcher3:id/next_page" not in ids
