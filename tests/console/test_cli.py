@@ -206,18 +206,7 @@ async def test_submit_with_a_secret_from_the_environment_and_a_warning(tmp_path:
     that holds a credential is queued with the cloud's warning on stderr."""
     from cloud.secret_box import new_key
 
-    pki = ensure_embedded_pki(tmp_path, [], operator="admin")
-    cloud = await build_server(
-        CloudSettings(
-            database_url=f"sqlite+aiosqlite:///{tmp_path / 'cloud.sqlite3'}",
-            listen_address="127.0.0.1:0",
-            pki_dir=pki,
-            secrets_key=new_key(),
-        )
-    )
-    await cloud.start()
-    conn = ["--cloud", cloud.address, "--pki-dir", str(pki)]
-    try:
+    async with cli_cloud(tmp_path, secrets_key=new_key()) as (_, conn):
         ENV["AMC_SECRET_WIFI_PASSWORD"] = "hunter22"
         try:
             code, out = await amc(
@@ -237,8 +226,6 @@ async def test_submit_with_a_secret_from_the_environment_and_a_warning(tmp_path:
         assert "warning: the goal looks like it holds a credential" in out
         code, out = await amc(*conn, "task", "submit", "Use {{secret:pin}}", "--secret", "pin")
         assert code != 0 and "AMC_SECRET_PIN" in out  # no terminal to ask: says what to set
-    finally:
-        await cloud.stop(0.5)
 
 
 def test_certs_secrets_key_prints_a_fernet_key() -> None:
