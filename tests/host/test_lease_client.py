@@ -8,6 +8,7 @@ task body here is a stepper the test advances, so each protocol moment is reache
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import random
 from collections.abc import AsyncIterator, Callable
@@ -106,18 +107,23 @@ def _client(
     )
 
 
-async def _run(client: LeaseClient) -> tuple[asyncio.Event, asyncio.Task[None]]:
+@contextlib.asynccontextmanager
+async def _running(client: LeaseClient) -> AsyncIterator[None]:
+    """`client` running and connected for the block; stopped (and let finish) however it ends."""
     stop = asyncio.Event()
     task = asyncio.create_task(client.run(stop))
-    await asyncio.wait_for(client.wait_connected(), 20)
-    return stop, task
+    try:
+        await asyncio.wait_for(client.wait_connected(), 20)
+        yield
+    finally:
+        stop.set()
+        await task
 
 
 async def test_hello_identity_and_devices(cloud: RunningCloud, tmp_path: Path) -> None:
     devices = StaticDevices("emulator-5554", "emulator-5556")
     client = _client(cloud, devices, Stepper(1), tmp_path)
-    stop, task = await _run(client)
-    try:
+    async with _running(client):
         assert client.host_id == HOST_ID  # from the certificate, never sent
         [hello] = cloud.cloud.hellos
         assert [d.serial for d in hello.devices] == ["emulator-5554", "emulator-5556"]
@@ -134,9 +140,6 @@ async def test_hello_identity_and_devices(cloud: RunningCloud, tmp_path: Path) -
         )
         states = {d.serial: d.state for d in update.devices}
         assert states["emulator-5556"] == types_pb2.DEVICE_STATE_OFFLINE
-    finally:
-        stop.set()
-        await task
 
 
 async def test_task_runs_renews_with_progress_and_result_is_acked(
@@ -144,9 +147,8 @@ async def test_task_runs_renews_with_progress_and_result_is_acked(
 ) -> None:
     body = Stepper(3)
     client = _client(cloud, StaticDevices("emulator-5554"), body, tmp_path)
-    stop, task = await _run(client)
-    fake = cloud.cloud
-    try:
+    async with _running(client):
+        fake = cloud.cloud
         assert body.started == []  # nothing touches a phone before an assignment
         await fake.assign("t1", "emulator-5554", "open settings")
         await fake.wait_for(
@@ -170,9 +172,6 @@ async def test_task_runs_renews_with_progress_and_result_is_acked(
                 break
             await asyncio.sleep(0.05)
         assert client.pending_results() == []
-    finally:
-        stop.set()
-        await task
 
 
 async def test_stream_cut_mid_task_reconnects_reannounces_and_finishes(
@@ -180,9 +179,8 @@ async def test_stream_cut_mid_task_reconnects_reannounces_and_finishes(
 ) -> None:
     body = Stepper(3)
     client = _client(cloud, StaticDevices("emulator-5554"), body, tmp_path)
-    stop, task = await _run(client)
-    fake = cloud.cloud
-    try:
+    async with _running(client):
+        fake = cloud.cloud
         await fake.assign("t2", "emulator-5554", "add a contact")
         body.allow(1)
         await fake.wait_for(lambda: body.done_steps == 1 or bool(fake.results))
@@ -197,9 +195,6 @@ async def test_stream_cut_mid_task_reconnects_reannounces_and_finishes(
         assert fake.results[-1].status == types_pb2.TASK_STATUS_SUCCEEDED
         assert len(body.started) == 1  # resumed, not restarted
         assert fake.streams >= 2
-    finally:
-        stop.set()
-        await task
 
 
 async def test_result_is_resent_after_reconnect_until_acked(
@@ -207,9 +202,8 @@ async def test_result_is_resent_after_reconnect_until_acked(
 ) -> None:
     body = Stepper(1)
     client = _client(cloud, StaticDevices("emulator-5554"), body, tmp_path)
-    stop, task = await _run(client)
-    fake = cloud.cloud
-    try:
+    async with _running(client):
+        fake = cloud.cloud
         fake.ack_results = False
         await fake.assign("t3", "emulator-5554", "g")
         body.allow(1)
@@ -223,17 +217,13 @@ async def test_result_is_resent_after_reconnect_until_acked(
                 break
             await asyncio.sleep(0.05)
         assert client.pending_results() == []
-    finally:
-        stop.set()
-        await task
 
 
 async def test_revoke_stops_the_task_within_a_step(cloud: RunningCloud, tmp_path: Path) -> None:
     body = Stepper(50)
     client = _client(cloud, StaticDevices("emulator-5554"), body, tmp_path)
-    stop, task = await _run(client)
-    fake = cloud.cloud
-    try:
+    async with _running(client):
+        fake = cloud.cloud
         await fake.assign("t4", "emulator-5554", "g")
         body.allow(2)
         await fake.wait_for(lambda: body.done_steps >= 2)
@@ -244,9 +234,6 @@ async def test_revoke_stops_the_task_within_a_step(cloud: RunningCloud, tmp_path
         assert fake.results[-1].summary == "cancelled by operator"
         assert body.done_steps == 2  # no further step ran
         assert client.running() == []
-    finally:
-        stop.set()
-        await task
 
 
 async def test_each_lease_is_renewed_at_its_assignments_interval(
@@ -258,8 +245,7 @@ async def test_each_lease_is_renewed_at_its_assignments_interval(
     fake.renew_s = 0.25
     body = Stepper(1)
     client = _client(cloud, StaticDevices("emulator-5554"), body, tmp_path)
-    stop, task = await _run(client)
-    try:
+    async with _running(client):
         await fake.assign("t9", "emulator-5554", "g")
         await fake.wait_for(lambda: len(body.started) == 1)
         [running] = client._tasks.values()
@@ -271,20 +257,13 @@ async def test_each_lease_is_renewed_at_its_assignments_interval(
         )
         body.allow(1)
         await fake.wait_for(lambda: len(fake.results) == 1)
-    finally:
-        stop.set()
-        await task
     fake.renew_s = None  # an older cloud: a third of the lease it granted
     client = _client(cloud, StaticDevices("emulator-5554"), Stepper(1), tmp_path / "old")
-    stop, task = await _run(client)
-    try:
+    async with _running(client):
         await fake.assign("t10", "emulator-5554", "g")
         await fake.wait_for(lambda: len(client._tasks) == 1)
         [running] = client._tasks.values()
         assert client._interval(running) == fake.lease_s / 3
-    finally:
-        stop.set()
-        await task
 
 
 async def test_assignment_for_an_unknown_or_busy_phone_fails_clearly(
@@ -292,9 +271,8 @@ async def test_assignment_for_an_unknown_or_busy_phone_fails_clearly(
 ) -> None:
     body = Stepper(5)
     client = _client(cloud, StaticDevices("emulator-5554"), body, tmp_path)
-    stop, task = await _run(client)
-    fake = cloud.cloud
-    try:
+    async with _running(client):
+        fake = cloud.cloud
         await fake.assign("t5", "emulator-9999", "g")
         await fake.wait_for(lambda: len(fake.results) >= 1)
         assert fake.results[-1].status == types_pb2.TASK_STATUS_FAILED
@@ -310,9 +288,6 @@ async def test_assignment_for_an_unknown_or_busy_phone_fails_clearly(
         assert refused.retryable and fake.results[0].retryable
         assert refused.refusal == lease_service_pb2.ASSIGNMENT_REFUSAL_PHONE_BUSY
         assert fake.results[0].refusal == lease_service_pb2.ASSIGNMENT_REFUSAL_PHONE_NOT_ATTACHED
-    finally:
-        stop.set()
-        await task
 
 
 def test_backoff_is_capped_and_jittered() -> None:
@@ -340,10 +315,9 @@ async def test_lease_lost_while_the_cloud_is_unreachable_stops_the_task(
     body = Stepper(50)
     client = _client(cloud, StaticDevices("emulator-5554"), body, tmp_path)
     client.config = LeaseClientConfig(reconnect_initial_s=0.05, reconnect_max_s=0.2)
-    stop, task = await _run(client)
-    fake = cloud.cloud
-    fake.lease_s = 0.6
-    try:
+    async with _running(client):
+        fake = cloud.cloud
+        fake.lease_s = 0.6
         await fake.assign("t8", "emulator-5554", "g")
         body.allow(1)
         await fake.wait_for(lambda: body.done_steps >= 1)
@@ -354,9 +328,6 @@ async def test_lease_lost_while_the_cloud_is_unreachable_stops_the_task(
             await asyncio.sleep(0.05)
         assert client.running() == []
         assert body.done_steps < 50
-    finally:
-        stop.set()
-        await task
 
 
 async def test_keepalive_notices_a_silent_dead_link(tmp_path: Path) -> None:
@@ -384,14 +355,10 @@ async def test_keepalive_notices_a_silent_dead_link(tmp_path: Path) -> None:
         Stepper(1),
         LeaseClientConfig(reconnect_initial_s=0.05, reconnect_max_s=0.2),
     )
-    stop, task = await _run(client)
-    try:
+    async with _running(client):
         proxy.frozen = True  # the link goes silent: no FIN, no RST, no data
         await cloud.cloud.wait_for(lambda: len(cloud.cloud.hellos) >= 2, within=30)
         assert proxy.connections >= 2
-    finally:
-        stop.set()
-        await task
         await proxy.stop()
         await cloud.server.stop(grace=None)
 
@@ -414,9 +381,8 @@ async def test_an_unanswered_result_is_sent_again_until_acknowledged(
     monkeypatch.setattr(lease_client, "RESULT_RESEND_S", 0.1)
     body = Stepper(1)
     client = _client(cloud, StaticDevices("emulator-5554"), body, tmp_path)
-    stop, task = await _run(client)
-    fake = cloud.cloud
-    try:
+    async with _running(client):
+        fake = cloud.cloud
         fake.ack_results = False
         await fake.assign("t11", "emulator-5554", "g")
         body.allow(1)
@@ -427,9 +393,6 @@ async def test_an_unanswered_result_is_sent_again_until_acknowledged(
         }
         fake.ack_results = True
         await _drained(client)
-    finally:
-        stop.set()
-        await task
 
 
 async def test_a_result_whose_lease_ran_out_is_sent_once_more_for_a_late_ack(
@@ -439,9 +402,8 @@ async def test_a_result_whose_lease_ran_out_is_sent_once_more_for_a_late_ack(
     cloud accepts it late while no other attempt started); a second "expired" drops it."""
     body = Stepper(1)
     client = _client(cloud, StaticDevices("emulator-5554"), body, tmp_path)
-    stop, task = await _run(client)
-    fake = cloud.cloud
-    try:
+    async with _running(client):
+        fake = cloud.cloud
         fake.ack_results = False
         await fake.assign("t12", "emulator-5554", "g")
         body.allow(1)
@@ -463,9 +425,6 @@ async def test_a_result_whose_lease_ran_out_is_sent_once_more_for_a_late_ack(
             )
         )
         await _drained(client)
-    finally:
-        stop.set()
-        await task
 
 
 class SlowToStop(Stepper):
@@ -495,9 +454,8 @@ async def test_an_assignment_waits_for_the_phones_stopping_attempt(
     there is still within its last step: the new one starts once the old one stopped."""
     body = SlowToStop(1)
     client = _client(cloud, StaticDevices("emulator-5554"), body, tmp_path)
-    stop, task = await _run(client)
-    fake = cloud.cloud
-    try:
+    async with _running(client):
+        fake = cloud.cloud
         await fake.assign("slow", "emulator-5554", "g")
         await fake.wait_for(lambda: len(body.started) == 1)
         await fake.send(fake.expired("slow"))
@@ -512,9 +470,6 @@ async def test_an_assignment_waits_for_the_phones_stopping_attempt(
         await fake.wait_for(lambda: len(fake.results) == 1)
         [done] = fake.results
         assert (done.task_id, done.status) == ("next", types_pb2.TASK_STATUS_SUCCEEDED)
-    finally:
-        stop.set()
-        await task
 
 
 async def test_a_lease_the_cloud_says_is_lost_is_answered_retryable(
@@ -533,9 +488,8 @@ async def test_a_lease_the_cloud_says_is_lost_is_answered_retryable(
 
     client = _client(cloud, StaticDevices("emulator-5554"), Stepper(1), tmp_path)
     client._run_task = lost
-    stop, task = await _run(client)
-    fake = cloud.cloud
-    try:
+    async with _running(client):
+        fake = cloud.cloud
         await fake.assign("t14", "emulator-5554", "g")
         await asyncio.wait_for(ran.wait(), 10)
         await fake.wait_for(lambda: len(fake.results) == 1)
@@ -546,9 +500,6 @@ async def test_a_lease_the_cloud_says_is_lost_is_answered_retryable(
                 break
             await asyncio.sleep(0.05)
         assert not client._tasks and client.pending_results() == []
-    finally:
-        stop.set()
-        await task
 
 
 @pytest.mark.parametrize(
@@ -569,9 +520,8 @@ async def test_a_finished_revoke_is_read_from_its_task_status_not_its_words(
     (a newer cloud may word the message otherwise), not the message's text."""
     body = Stepper(1)
     client = _client(cloud, StaticDevices("emulator-5554"), body, tmp_path)
-    stop, task = await _run(client)
-    fake = cloud.cloud
-    try:
+    async with _running(client):
+        fake = cloud.cloud
         fake.ack_results = False
         lease = await fake.assign("t12", "emulator-5554", "g")
         body.allow(1)
@@ -592,6 +542,3 @@ async def test_a_finished_revoke_is_read_from_its_task_status_not_its_words(
             await _drained(client)
         lines = [r.getMessage() for r in caplog.records if "t12" in r.getMessage()]
         assert any(said in line for line in lines), lines
-    finally:
-        stop.set()
-        await task
