@@ -48,7 +48,9 @@ LONG_LEASE = 120.0
 
 
 @pytest.fixture
-async def long_lease_cloud(make_settings: SettingsFactory) -> AsyncIterator[CloudServer]:
+async def cloud(make_settings: SettingsFactory) -> AsyncIterator[CloudServer]:
+    """This module's cloud (for the conftest's `ops` too): leases long enough that only a
+    takeover or a release ends one."""
     server = await build_server(make_settings(default_lease_seconds=LONG_LEASE))
     await server.start()
     try:
@@ -66,11 +68,8 @@ async def _attempts(cloud: CloudServer, task_id: str) -> list[AttemptRow]:
 
 
 async def test_a_newer_process_supersedes_the_older_and_gets_its_assignment(
-    long_lease_cloud: CloudServer, pki_dir: Path
+    cloud: CloudServer, ops: Any, pki_dir: Path
 ) -> None:
-    cloud = long_lease_cloud
-    ch = channel(cloud.address, pki_dir, "operator-ops")
-    ops = tasks_stub(ch)
     old = ScriptedHost(cloud.address, pki_dir, "h1")
     new = ScriptedHost(cloud.address, pki_dir, "h1")
     try:
@@ -99,15 +98,11 @@ async def test_a_newer_process_supersedes_the_older_and_gets_its_assignment(
     finally:
         await old.close()
         await new.close()
-        await ch.close()
 
 
 async def test_a_restarted_host_releases_its_dead_process_leases_at_once(
-    long_lease_cloud: CloudServer, pki_dir: Path
+    cloud: CloudServer, ops: Any, pki_dir: Path
 ) -> None:
-    cloud = long_lease_cloud
-    ch = channel(cloud.address, pki_dir, "operator-ops")
-    ops = tasks_stub(ch)
     dead = ScriptedHost(cloud.address, pki_dir, "h1")
     restarted = ScriptedHost(cloud.address, pki_dir, "h1")
     try:
@@ -123,15 +118,11 @@ async def test_a_restarted_host_releases_its_dead_process_leases_at_once(
         assert {(a.task_id, a.attempt) for a in again} == {(one.task_id, 2), (two.task_id, 2)}
     finally:
         await restarted.close()
-        await ch.close()
 
 
 async def test_a_reconnect_of_the_same_process_keeps_its_leases(
-    long_lease_cloud: CloudServer, pki_dir: Path
+    cloud: CloudServer, ops: Any, pki_dir: Path
 ) -> None:
-    cloud = long_lease_cloud
-    ch = channel(cloud.address, pki_dir, "operator-ops")
-    ops = tasks_stub(ch)
     first = ScriptedHost(cloud.address, pki_dir, "h1")
     again = ScriptedHost(cloud.address, pki_dir, "h1")
     try:
@@ -147,17 +138,13 @@ async def test_a_reconnect_of_the_same_process_keeps_its_leases(
         assert done.result_summary == "finished while disconnected"
     finally:
         await again.close()
-        await ch.close()
 
 
 async def test_an_agent_without_process_id_keeps_the_old_rule(
-    long_lease_cloud: CloudServer, pki_dir: Path
+    cloud: CloudServer, ops: Any, pki_dir: Path
 ) -> None:
     """An older host agent (no process id) is treated as a reconnect: nothing is released and
     its older stream is replaced quietly (ABORTED, no Superseded)."""
-    cloud = long_lease_cloud
-    ch = channel(cloud.address, pki_dir, "operator-ops")
-    ops = tasks_stub(ch)
     old = ScriptedHost(cloud.address, pki_dir, "h1")
     new = ScriptedHost(cloud.address, pki_dir, "h1")
     try:
@@ -172,15 +159,11 @@ async def test_an_agent_without_process_id_keeps_the_old_rule(
     finally:
         await old.close()
         await new.close()
-        await ch.close()
 
 
 async def test_release_requeues_fails_at_the_last_attempt_and_respects_keep(
-    long_lease_cloud: CloudServer, pki_dir: Path
+    cloud: CloudServer, ops: Any, pki_dir: Path
 ) -> None:
-    cloud = long_lease_cloud
-    ch = channel(cloud.address, pki_dir, "operator-ops")
-    ops = tasks_stub(ch)
     host = ScriptedHost(cloud.address, pki_dir, "h1")
     try:
         await host.connect(["p1", "p2", "p3"], process_id="x")
@@ -215,7 +198,6 @@ async def test_release_requeues_fails_at_the_last_attempt_and_respects_keep(
         assert msg.revoked.reason == lease_pb.REVOKE_REASON_SUPERSEDED
     finally:
         await host.close()
-        await ch.close()
 
 
 # ---- two real lease clients of one identity ----------------------------------------------
@@ -256,11 +238,8 @@ def _client(cloud: CloudServer, pki_dir: Path, body: Blocking) -> LeaseClient:
 
 
 async def test_two_host_processes_of_one_identity_do_not_fight(
-    long_lease_cloud: CloudServer, pki_dir: Path, caplog: pytest.LogCaptureFixture
+    cloud: CloudServer, ops: Any, pki_dir: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    cloud = long_lease_cloud
-    ch = channel(cloud.address, pki_dir, "operator-ops")
-    ops = tasks_stub(ch)
     older_body, newer_body = Blocking(), Blocking()
     older, newer = _client(cloud, pki_dir, older_body), _client(cloud, pki_dir, newer_body)
     stop_older, stop_newer = asyncio.Event(), asyncio.Event()
@@ -289,7 +268,6 @@ async def test_two_host_processes_of_one_identity_do_not_fight(
         for run in (older_run, newer_run):
             if run is not None:
                 await asyncio.wait_for(run, 30)
-        await ch.close()
 
 
 # ---- across replicas ------------------------------------------------------------------------
