@@ -18,7 +18,6 @@ from console.gateway.models import (
     ProgressOut,
     TaskOut,
     TotalsOut,
-    UsageOut,
 )
 from console.gateway.overlay import overlay
 from console.gateway.timeline import attempt_timelines
@@ -111,10 +110,6 @@ def when(moment: datetime | None) -> str:
     return moment.strftime("%Y-%m-%d %H:%M:%S UTC") if moment else "—"
 
 
-def total_tokens(usage: UsageOut) -> int:
-    return usage.input_tokens + usage.output_tokens + usage.cache_read_input_tokens
-
-
 def totals_line(totals: TotalsOut) -> str:
     """`4 steps · 12.3k tokens · $0.0412 · 1m 05s` (tokens and cost only where the model was
     called, failed decisions' calls included; cost only where the models have a price)."""
@@ -146,7 +141,6 @@ def install(env: Environment) -> None:
     env.filters["host_signature"] = host_signature
     env.filters["host_key"] = host_key
     env.filters["when"] = when
-    env.filters["tokens"] = total_tokens
     env.filters["pretty_json"] = pretty_json
     env.filters["totals"] = totals_line
     env.filters["duration"] = wording.duration

@@ -4,6 +4,7 @@ only what it added to the conversation, and the page and the API say so."""
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 import httpx
 
@@ -202,3 +203,29 @@ def test_the_conversation_endpoint_leaves_the_attempt_check_to_the_cloud(
             break
         time.sleep(0.02)
     assert asked == ["/amc.v1.DecisionLogService/GetConversation"]
+
+
+def test_a_step_s_token_count_includes_its_cache_writes(
+    anon: httpx.Client, cloud: Cloud, operator: Operator, make_host: HostFactory
+) -> None:
+    """A step's "N tok" left out the tokens written to the prompt cache (billed, at a higher
+    rate), while the task's totals and its token budget count them: the steps did not add up
+    to the total."""
+    host = make_host()
+    task = operator.submit("Open Display", host_id=host.host_id)
+    a = host.assignment()
+    made = replace(
+        _decision("compact"),
+        usage=Usage(
+            input_tokens=100,
+            output_tokens=20,
+            cache_read_input_tokens=3,
+            cache_creation_input_tokens=4000,
+        ),
+    )
+    cloud.loop.run(
+        decisions.append(cloud.server.store, host.host_id, task.task_id, a.attempt, made)
+    )
+    log_in(anon, f"/tasks/{task.task_id}")
+    page = anon.get(f"/tasks/{task.task_id}").text
+    assert "4123 tok" in page
