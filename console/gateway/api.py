@@ -173,6 +173,7 @@ async def submit_task(cloud: Cloud, body: SubmitIn) -> SubmitOut:
         secrets=body.secrets,
         no_replay=body.no_replay,
         validate_only=body.validate_only,
+        budget=None if body.budget is None else body.budget.to_proto(),
     )
     return SubmitOut(
         task=TaskOut.of(response.task) if response.HasField("task") else None,

@@ -123,6 +123,7 @@ class CloudClient:
         secrets: dict[str, str] | None = None,
         no_replay: bool = False,
         validate_only: bool = False,
+        budget: types_pb2.TaskBudget | None = None,
     ) -> task_service_pb2.SubmitTaskResponse:
         request = task_service_pb2.SubmitTaskRequest(
             goal=goal,
@@ -134,6 +135,7 @@ class CloudClient:
             secrets=secrets or {},
             no_replay=no_replay,
             validate_only=validate_only,
+            budget=budget,
         )
         response: task_service_pb2.SubmitTaskResponse = await self._tasks.SubmitTask(
             request, timeout=self._timeout

@@ -23,7 +23,7 @@ from amc.v1 import (
     task_service_pb2,
     types_pb2,
 )
-from console.limits import INT32_MAX, MAX_SECONDS
+from console.limits import INT32_MAX, INT64_MAX, MAX_SECONDS
 from planner.decision import thinking_word
 from planner.targets import semantics
 from webui.numbers import NOT_WHOLE, takes_int
@@ -999,6 +999,16 @@ class RequestIn(BaseModel):
         return value
 
 
+class BudgetIn(RequestIn):
+    """A task's spending caps, as `budget` reads in a task's answer (the cloud checks them)."""
+
+    max_tokens: int = Field(default=0, ge=-INT64_MAX - 1, le=INT64_MAX)
+    max_cost_usd: float = Field(default=0.0, allow_inf_nan=False)
+
+    def to_proto(self) -> types_pb2.TaskBudget:
+        return types_pb2.TaskBudget(max_tokens=self.max_tokens, max_cost_usd=self.max_cost_usd)
+
+
 class SubmitIn(RequestIn):
     """A task to queue. Limits are the cloud's to enforce; it answers 422 with its reason. The
     bounds here only keep out what cannot even be sent to it (beyond int32, NaN, infinity), so
@@ -1031,6 +1041,9 @@ class SubmitIn(RequestIn):
         "write-only: no answer or page ever shows a value",
     )
     no_replay: bool = Field(default=False, description="plan every step with the model")
+    budget: BudgetIn | None = Field(
+        default=None, description="the task's spending caps; unset or 0: the cloud's default"
+    )
 
     validate_only: bool = Field(
         default=False, description="check only (limits and fleet): nothing is queued"

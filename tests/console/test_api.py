@@ -1087,10 +1087,10 @@ def test_an_over_long_search_is_the_cloud_s_refusal_on_every_listing(
 
 def test_a_field_the_api_does_not_take_is_a_422_and_nothing_is_queued(api: httpx.Client) -> None:
     """A body field the API does not know was dropped without a word: a misspelt
-    "max_attempt": 1 or a "budget" (which the API does not take) queued the task with the
-    cloud's defaults, the script told 201 as if its request had been followed."""
+    "max_attempt": 1 or "max_cost" queued the task with the cloud's defaults, the script told
+    201 as if its request had been followed."""
     goal = unique("Unknown fields")
-    for extra in ({"max_attempt": 1}, {"budget": {"max_cost_usd": 0.5}}):
+    for extra in ({"max_attempt": 1}, {"max_cost": 0.5}):
         # Pinned to no host of the session's, so a task queued anyway is run by none.
         body = {"goal": goal, "host_id": f"nobody-{uuid.uuid4().hex[:8]}", **extra}
         response = api.post("/api/tasks", json=body)
@@ -1103,3 +1103,20 @@ def test_a_field_the_api_does_not_take_is_a_422_and_nothing_is_queued(api: httpx
     assert api.get("/api/tasks", params={"q": goal}).json()["tasks"] == []
     cancel = api.post("/api/tasks/unknown/cancel", json={"reason": "r", "why": "typo"})
     assert cancel.status_code == 422, cancel.text
+
+
+def test_a_task_submitted_through_the_api_takes_a_budget(api: httpx.Client) -> None:
+    """The JSON API could not set a task's spending caps (the CLI's --max-tokens/--max-cost):
+    a script's task ran on the cloud's default budget. `budget` reads as in a task's answer,
+    and the cloud's refusal of a bad one is the 422 naming the field."""
+    body = {"goal": unique("Budgeted"), "host_id": f"nobody-{uuid.uuid4().hex[:8]}"}
+    budget = {"max_tokens": 5000, "max_cost_usd": 2.5}
+    made = api.post("/api/tasks", json={**body, "budget": budget})
+    assert made.status_code == 201, made.text
+    task_id = made.json()["task"]["task_id"]
+    assert api.get(f"/api/tasks/{task_id}").json()["task"]["budget"] == budget
+    refused = api.post("/api/tasks", json={**body, "budget": {"max_tokens": -1}})
+    assert refused.status_code == 422, refused.text
+    assert refused.json()["detail"] == "budget.max_tokens: 0 (the cloud's default) or more"
+    odd = api.post("/api/tasks", json={**body, "budget": {"max_cost": 1}})
+    assert odd.status_code == 422 and "budget.max_cost" in odd.json()["detail"], odd.text
