@@ -59,7 +59,7 @@ async def watch_progress(
     """Live task changes (snapshot first), one task per yielded message; with `thinking` also the
     model's live thinking. Ends when a watched single task ends; closing the iterator cancels the
     call. `watching` is called once the cloud watches (its headers came: every change from then
-    on is streamed), or the call failed first (the iterator then raises).
+    on is streamed); not when the call failed first (the iterator then raises).
 
     The call is `batched`: when many tasks change at once (a fleet's start, a snapshot of
     thousands) the replica writes several per message instead of one write each, which is what
@@ -74,7 +74,8 @@ async def watch_progress(
     try:
         if watching is not None:
             await call.initial_metadata()
-            watching()
+            if not call.done() or await call.code() == grpc.StatusCode.OK:
+                watching()
         async for message in call:
             if not message.tasks:
                 yield message

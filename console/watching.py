@@ -22,6 +22,7 @@ import grpc
 
 from amc.v1 import progress_service_pb2, progress_service_pb2_grpc, types_pb2
 from console.client import watch_progress
+from console.formatting import TERMINAL
 
 #: What a stream ends with when its replica stopped, crashed or could not be reached.
 GONE = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED})
@@ -31,14 +32,6 @@ FIRST_PAUSE_S = 0.5
 LONGEST_PAUSE_S = 5.0
 #: How long the cloud may stay away before the watch gives up: longer than a deploy.
 GIVE_UP_S = 300.0
-
-ENDED = frozenset(
-    {
-        types_pb2.TASK_STATUS_SUCCEEDED,
-        types_pb2.TASK_STATUS_FAILED,
-        types_pb2.TASK_STATUS_CANCELLED,
-    }
-)
 
 
 async def watch_through_restarts(
@@ -53,10 +46,16 @@ async def watch_through_restarts(
     shown: dict[str, types_pb2.Task] = {}
     away_since: float | None = None
     pause = FIRST_PAUSE_S
+
+    def back() -> None:
+        # The cloud watches again: the outage is over, though a quiet fleet sends nothing (a
+        # later restart is a new outage, not the old one's, given up on at once).
+        nonlocal away_since, pause
+        away_since, pause = None, FIRST_PAUSE_S
+
     while True:
         try:
-            async for change in watch_progress(stub, task_id, thinking=thinking):
-                away_since, pause = None, FIRST_PAUSE_S
+            async for change in watch_progress(stub, task_id, thinking=thinking, watching=back):
                 if change.HasField("task"):
                     if change.snapshot and shown.get(change.task.task_id) == change.task:
                         continue
@@ -69,7 +68,7 @@ async def watch_through_restarts(
             if away_since is not None and time.monotonic() - away_since > GIVE_UP_S:
                 raise
             why = (error.details() or error.code().name).splitlines()[0]
-        if task_id and task_id in shown and shown[task_id].status in ENDED:
+        if task_id and task_id in shown and shown[task_id].status in TERMINAL:
             return
         if away_since is None:
             away_since = time.monotonic()

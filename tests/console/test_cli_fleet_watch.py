@@ -6,13 +6,16 @@ import asyncio
 import os
 import signal
 import subprocess
+from functools import partial
 from pathlib import Path
+
+import pytest
 
 from amc.v1 import task_service_pb2, types_pb2
 from cloud.pki import ensure_embedded_pki
 from cloud.server import CloudServer, build_server
 from cloud.settings import CloudSettings
-from console import exit_codes
+from console import exit_codes, watching
 from console.client import OperatorClient, secure_channel
 from tests.console.test_cli import AMC
 from tests.support.processes import free_port
@@ -82,4 +85,53 @@ async def test_a_fleet_watch_with_nothing_to_show_yet_rides_out_a_restart(
             await watch.wait()
         if ops is not None:
             await ops.close()
+        await cloud.stop(0)
+
+
+def _watched_by_one(cloud: CloudServer) -> bool:
+    return cloud.bus.watchers() == 1
+
+
+async def test_a_quiet_fleet_watch_rides_out_each_restart_not_only_the_first(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The outage's start was cleared only by a message: on a quiet fleet (nothing to send)
+    the first restart's outage never ended, and a second restart, however much later, was
+    given up on at once. The watch is in-process here so that the give-up time can be short
+    (5 minutes in `amc`); the cloud is real and restarted for real."""
+    monkeypatch.setattr(watching, "GIVE_UP_S", 1.0)
+    pki = ensure_embedded_pki(tmp_path, [], operator="admin")
+    port = free_port()
+    cloud = await _cloud(tmp_path, pki, port)
+    ops = OperatorClient.over(
+        secure_channel(
+            cloud.address,
+            ca=pki / "ca.pem",
+            cert=pki / "operator-admin.pem",
+            key=pki / "operator-admin.key",
+        )
+    )
+    went: list[str] = []
+    changes = watching.watch_through_restarts(ops.progress, gone=went.append)
+    first = asyncio.ensure_future(anext(changes))
+    try:
+        for _ in range(2):
+            await until(partial(_watched_by_one, cloud), within=60, what="the watch's stream")
+            await asyncio.sleep(1.5)  # longer than the give-up time since the last outage
+            assert not first.done()
+            await cloud.stop(0)
+            cloud = await _cloud(tmp_path, pki, port)
+        await until(lambda: cloud.bus.watchers() == 1, within=60, what="the watch's stream")
+        submitted: task_service_pb2.SubmitTaskResponse = await ops.tasks.SubmitTask(
+            task_service_pb2.SubmitTaskRequest(
+                goal="Open Settings", target=types_pb2.TaskTarget(host_id="nobody")
+            )
+        )
+        change = await asyncio.wait_for(first, 60)
+        assert change.task.task_id == submitted.task.task_id
+        assert len(went) == 2
+    finally:
+        first.cancel()
+        await changes.aclose()
+        await ops.close()
         await cloud.stop(0)
