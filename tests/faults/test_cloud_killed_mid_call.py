@@ -61,7 +61,6 @@ async def test_a_call_the_killed_cloud_made_is_left_unsettled_with_its_bound(
         "AMC_PLANNER_ANTHROPIC_API_KEY": "sk-ant-test",
         "AMC_PLANNER_MAX_RETRIES": "0",
         "AMC_CLOUD_DEFAULT_LEASE_SECONDS": "60",
-        "AMC_CLOUD_METRICS_ADDRESS": "off",
     }
     with FakeModelServer(anthropic_key="sk-ant-test") as fake:
         fake.script_anthropic(

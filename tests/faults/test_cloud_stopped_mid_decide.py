@@ -55,7 +55,6 @@ async def _stop_mid_decide(
         "AMC_PLANNER_MAX_RETRIES": "0",
         "AMC_CLOUD_DEFAULT_LEASE_SECONDS": "60",
         "AMC_CLOUD_SHUTDOWN_GRACE_SECONDS": grace,
-        "AMC_CLOUD_METRICS_ADDRESS": "off",
     }
     fleet = Fleet(tmp_path, fault_pki, cloud_env=env)
     address = fleet.address

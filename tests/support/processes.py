@@ -146,6 +146,8 @@ def cloud_process(
             "AMC_CLOUD_HOST_HEARTBEAT_SECONDS": "1",
             "AMC_CLOUD_SHUTDOWN_GRACE_SECONDS": "1",
             "AMC_CLOUD_MIN_CLIENT_PING_INTERVAL_SECONDS": "0.5",
+            # Clouds of parallel tests would all try 127.0.0.1:9471 (and log that they cannot).
+            "AMC_CLOUD_METRICS_ADDRESS": "off",
             "AMC_PLANNER_PROVIDER": "offline",
         }
     )
@@ -188,6 +190,7 @@ def host_process(
             "AMC_HOST_KEEPALIVE_TIMEOUT_S": "2",
             "AMC_HOST_PROGRESS_RENEW_MIN_INTERVAL_S": "0.2",
             "AMC_HOST_PLANNER_TRANSPORT": transport,
+            "AMC_HOST_METRICS_ADDRESS": "off",  # as the cloud's: 9472 for every test's host
             "AMC_PLANNER_PROVIDER": "offline",
         }
     )
