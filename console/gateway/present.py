@@ -119,10 +119,6 @@ def totals_line(totals: TotalsOut) -> str:
         if totals.usage.cost_usd:
             parts.append(dollars(totals.usage.cost_usd))
     parts.append(wording.duration(totals.wall_time_s))
-    if totals.unsettled is not None:  # decision 0080: said, not counted
-        u = totals.unsettled
-        calls = "1 call" if u.calls == 1 else f"{u.calls:,} calls"
-        parts.append(f"{calls} of unknown cost (at most {dollars(u.at_most.cost_usd)})")
     return " · ".join(parts)
 
 

@@ -9,7 +9,7 @@ from dataclasses import replace
 import httpx
 
 from amc.v1 import types_pb2
-from cloud.store import decisions
+from cloud.store import decisions, unsettled
 from cloud.store.ports import StoreSessionStore
 from planner.conversation.items import (
     AssistantText,
@@ -229,3 +229,23 @@ def test_a_step_s_token_count_includes_its_cache_writes(
     log_in(anon, f"/tasks/{task.task_id}")
     page = anon.get(f"/tasks/{task.task_id}").text
     assert "4123 tok" in page
+
+
+def test_a_call_of_unknown_cost_is_said_on_the_task_page_and_its_attempt(
+    anon: httpx.Client, cloud: Cloud, operator: Operator, make_host: HostFactory
+) -> None:
+    """A model call a cloud died during (decision 0080) was in GetTask and `amc task show`
+    but not on the task page: the totals line that named it is the tasks list's, whose
+    listing never carries it, so the page read as fully accounted for."""
+    host = make_host()
+    task = operator.submit("Open Display", host_id=host.host_id)
+    a = host.assignment()
+    ledger = unsettled.StoreCallLedger(cloud.server.store, host.host_id, task.task_id, a.attempt)
+    bound = Usage(input_tokens=9000, output_tokens=1000, cost_usd=0.042)
+    cloud.loop.run(ledger.opened("anthropic", "claude-sonnet-4-6", bound))
+    log_in(anon, f"/tasks/{task.task_id}")
+    page = anon.get(f"/tasks/{task.task_id}").text
+    cost = page.split("<dt>Cost</dt>", 1)[1].split("</dd>", 1)[0]
+    assert "1 call of unknown cost (at most $0.0420)" in cost
+    card = page.split(f'id="attempt-{a.attempt}"', 1)[1].split("</section>", 1)[0]
+    assert "1 call of unknown cost (at most $0.0420)" in card
