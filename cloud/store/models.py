@@ -468,7 +468,8 @@ class UnsettledCallRow(Base):
     """A model call the cloud started whose cost is not recorded yet (decision 0080): written
     before the call, deleted in the transaction that records what the provider reported of it
     (its decision row, or its failed decision's calls), or as soon as it fails unbilled. A row
-    that stays outlived the process making the call: its cost is unknown, at most `at_most_*`.
+    that stays is a call under way, one cancelled or cut off with nothing reported, or one whose
+    process died during it: its cost is unknown, at most `at_most_*`.
     Not part of the spending ledger (`cloud/store/spend.py` sums reported figures only)."""
 
     __tablename__ = "unsettled_calls"
@@ -481,7 +482,7 @@ class UnsettledCallRow(Base):
     model: Mapped[str] = mapped_column(String(128))
     started_at: Mapped[dt.datetime] = mapped_column(UTCDateTime())
     # The bound (`planner.unsettled.at_most`): input tokens from the request's size, output
-    # tokens from the limit it set, the cost at the model's highest rates.
+    # tokens from the most it may have asked for, the cost at the model's highest rates.
     at_most_input_tokens: Mapped[int] = mapped_column(Integer)
     at_most_output_tokens: Mapped[int] = mapped_column(Integer)
     at_most_cost_usd: Mapped[float] = mapped_column(Float)

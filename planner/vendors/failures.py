@@ -305,6 +305,23 @@ def _is_connection_error(err: BaseException) -> bool:
     )
 
 
+def may_have_been_billed(err: BaseException) -> bool:
+    """Whether a model call that failed with `err` (and reported no usage) may still have been
+    billed: its request may have reached the provider and its answer been lost (a connection
+    dropped or timed out, the SDK's or ours). An answer that was an error (a 4xx or 5xx status)
+    generated nothing, and a failure with no provider error behind it was never sent. The SDK
+    error is the planner error's cause or context (`planner_error(...) from None` keeps it
+    as the context)."""
+    seen: BaseException | None = err
+    while seen is not None:
+        if _is_connection_error(seen) or isinstance(seen, TimeoutError):
+            return True
+        if isinstance(seen, anthropic.APIStatusError | openai.APIStatusError):
+            return False
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
 def retry_after(err: BaseException) -> float | None:
     """The seconds the provider's answer asked to wait before the next request: its
     `retry-after-ms`, else its `retry-after` (seconds, as both providers send it). None when the

@@ -22,6 +22,8 @@ from planner.decision import Usage
 from planner.errors import PlannerUnavailable, cut_off_of
 from planner.model_profiles import RetryForm
 from planner.prices import PriceTable
+from planner.settings import MAX_CALL_TOKENS
+from planner.vendors import failures
 from planner.vendors.base import ModelAdapter, Turn, TurnRequest
 from telemetry import tracing
 
@@ -92,9 +94,10 @@ class ObservedAdapter:
                 if call_id is not None:
                     if cut_off is not None:  # settled where what it reported is recorded
                         cut_off.usage.calls.append(call_id)
-                    elif isinstance(err, Exception):  # failed unanswered: nothing billed
-                        await self._settle(call_id)
-                    # Cancelled with nothing reported: its cost is unknown; the marker stays.
+                    elif isinstance(err, Exception) and not failures.may_have_been_billed(err):
+                        await self._settle(call_id)  # refused by the API, or never sent
+                    # Cancelled, timed out or its connection lost with nothing reported: the
+                    # provider may have billed it; its cost is unknown and the marker stays.
                 if self.observer is not None and isinstance(err, Exception):
                     billed = cut_off.usage if cut_off is not None else None
                     self.observer.call_finished(
@@ -130,10 +133,14 @@ class ObservedAdapter:
         book = unsettled.ledger.get()
         if book is None:
             return None
-        profile = getattr(self.inner, "profile", None)
-        output = getattr(profile, "max_output_tokens", None) or (
-            request.max_tokens or getattr(self.inner, "max_tokens", 0) or 0
-        )
+        # What the adapter sends is the request's output limit, raised for thinking to at most
+        # MAX_CALL_TOKENS (`messages.py`, `chat.py`, `responses.py`); the model writes no more
+        # than its profile's limit either.
+        asked = request.max_tokens or getattr(self.inner, "max_tokens", 0) or 0
+        output = max(asked, MAX_CALL_TOKENS)
+        limit = getattr(getattr(self.inner, "profile", None), "max_output_tokens", None)
+        if limit:
+            output = min(output, limit)
         bound = unsettled.at_most(
             system=request.system,
             items=request.items,

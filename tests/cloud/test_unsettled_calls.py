@@ -18,7 +18,7 @@ from planner import unsettled as planner_unsettled
 from planner.decision import Billed, Decision, Usage
 from planner.errors import PlannerError, PlannerUnavailable
 from planner.planner import Planner
-from planner.settings import PlannerSettings
+from planner.settings import MAX_CALL_TOKENS, PlannerSettings
 from planner.vendors import make_adapter
 from tests.cloud.test_spend import _submit
 from tests.planner.scenes import settings_main
@@ -35,20 +35,21 @@ TAP = {"element_id": "e17", "purpose": "open display", "expected_outcome": "Disp
 OFF_SCREEN = {"x": 5000, "y": 10, "purpose": "open display", "expected_outcome": "Display"}
 
 
-def _planner(server: FakeModelServer) -> Planner:
+def _planner(base_url: str) -> Planner:
     settings = PlannerSettings(
         provider="anthropic",
         anthropic_api_key=ANTHROPIC_KEY,
-        anthropic_base_url=server.anthropic_base_url,
+        anthropic_base_url=base_url,
         model=MODEL,
         max_retries=0,
     )
     return Planner(make_adapter(settings), settings)
 
 
-async def _decide(store: Store, server: FakeModelServer, task_id: str) -> Decision:
-    """One decision with the calls' markers in `store`, as a Decide makes it."""
-    planner = _planner(server)
+async def _decide(store: Store, base_url: str, task_id: str) -> Decision:
+    """One decision with the calls' markers in `store`, as a Decide makes it, by the model at
+    `base_url`."""
+    planner = _planner(base_url)
 
     async def decide() -> Decision:
         ledger = unsettled.StoreCallLedger(store, "h1", task_id, 1)
@@ -68,11 +69,14 @@ async def test_each_call_is_unsettled_until_its_decision_is_logged(store: Store)
             anthropic_message(tool_use("tap", OFF_SCREEN), input_tokens=500, output_tokens=100),
             anthropic_message(tool_use("tap", TAP), input_tokens=700, output_tokens=50),
         )
-        decision = await _decide(store, server, task_id)
+        decision = await _decide(store, server.anthropic_base_url, task_id)
     assert len(decision.usage.calls) == 2
     calls, at_most = await unsettled.of_task(store, task_id)
     assert calls == 2  # a process killed now would leave these
-    assert at_most.input_tokens >= 1200 and at_most.output_tokens >= 150
+    assert at_most.input_tokens >= 1200
+    # Each asked for 2,048 at most, raised for thinking to MAX_CALL_TOKENS at the most: not
+    # Sonnet 4.6's own 128K limit, which no request of the planner's comes near.
+    assert at_most.output_tokens == 2 * MAX_CALL_TOKENS
     assert at_most.cost_usd >= decision.usage.cost_usd > 0
     await decisions.append(store, "h1", task_id, 1, decision)
     assert (await unsettled.of_task(store, task_id))[0] == 0
@@ -88,7 +92,7 @@ async def test_a_failed_decisions_calls_settle_when_counted_and_unbilled_ones_at
             anthropic_error(500, "api_error", "Internal server error"),  # not billed
         )
         with pytest.raises(PlannerError) as caught:
-            await _decide(store, server, task_id)
+            await _decide(store, server.anthropic_base_url, task_id)
     billed = caught.value.billed
     assert billed is not None and len(billed.usage.calls) == 1
     assert (await unsettled.of_task(store, task_id))[0] == 1  # the answered call's
@@ -106,7 +110,7 @@ async def test_a_call_whose_marker_cannot_be_written_is_not_made(db_url: str) ->
         with FakeModelServer(anthropic_key=ANTHROPIC_KEY) as server:
             server.script_anthropic(anthropic_message(tool_use("tap", TAP)))
             with pytest.raises(PlannerUnavailable, match="its record could not be written"):
-                await _decide(s, server, task_id)
+                await _decide(s, server.anthropic_base_url, task_id)
             assert server.bodies("/v1/messages") == []
     finally:
         await s.close()
@@ -142,3 +146,26 @@ async def test_migration_0025_adds_the_unsettled_calls_and_back(db_url: str) -> 
         await check(s.engine)
     finally:
         await s.close()
+
+
+async def test_a_call_whose_connection_dropped_unanswered_keeps_its_marker(store: Store) -> None:
+    """A connection lost after the request went out may have been billed (the provider got
+    it; its answer was lost): it was settled at once as "nothing billed", so a process that
+    lost the answer reported its call as fully accounted for. An API's error answer (a 500
+    above) still settles at once. The provider here is a socket that reads the request and
+    hangs up: the real SDK's own connection error."""
+
+    async def hang_up(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.read(65536)
+        writer.close()
+
+    server = await asyncio.start_server(hang_up, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    task_id = await _submit(store)
+    try:
+        with pytest.raises(PlannerUnavailable):
+            await _decide(store, f"http://127.0.0.1:{port}", task_id)
+    finally:
+        server.close()
+        await server.wait_closed()
+    assert (await unsettled.of_task(store, task_id))[0] == 1

@@ -1637,7 +1637,8 @@ class UnsettledCalls(_message.Message):
     def at_most(self) -> Global___Usage:
         """The most they can have cost together: input tokens bounded by the size of each request
         (a token is at least one byte; images at their largest size in tokens), output tokens by
-        the output limit each request set, priced at the model's highest input and output rates.
+        the most output each request may have asked for (raised for thinking) within the model's
+        limit, priced at the model's highest input and output rates.
         """
 
     def __init__(
