@@ -51,10 +51,11 @@ class Lane(Executor):
         with self._count_lock:
             if self._closed:
                 raise RuntimeError("cannot schedule new calls after shutdown")
+            if self._thread is None:  # started before the call counts: a failed start
+                thread = threading.Thread(target=self._work, name=self._name, daemon=True)
+                thread.start()  # (no thread left to the process) leaves the lane idle
+                self._thread = thread
             self._pending += 1
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._work, name=self._name, daemon=True)
-                self._thread.start()
             self._calls.put((future, functools.partial(fn, *args, **kwargs)))
         future.add_done_callback(self._done)
         return future

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import threading
 
-from host.devices.lanes import PhoneLanes
+import pytest
+
+from host.devices.lanes import Lane, PhoneLanes
 
 
 def _threads(serial: str) -> list[threading.Thread]:
@@ -37,3 +39,22 @@ def test_a_lane_is_kept_while_an_attempt_holds_it_or_a_call_runs_in_it() -> None
         assert lanes.retire(present={"gone-1"}) == []
     finally:
         lanes.close()
+
+
+def test_a_lane_whose_thread_cannot_start_stays_idle(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A process out of threads refuses the lane's first call; the call counted before its
+    thread started was never uncounted, so the lane never read idle and was never retired.
+    (Thread.start is made to fail as CPython fails it: a real exhaustion would take the test
+    process down with it.)"""
+    lane = Lane("no-threads")
+
+    def refused(self: threading.Thread) -> None:
+        raise RuntimeError("can't start new thread")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(threading.Thread, "start", refused)
+        with pytest.raises(RuntimeError, match="can't start new thread"):
+            lane.submit(lambda: 1)
+    assert lane.idle
+    assert lane.submit(lambda: 2).result(timeout=10) == 2  # threads again: it works
+    lane.shutdown()
