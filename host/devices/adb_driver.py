@@ -403,14 +403,14 @@ class AdbDriver:
                 f"uiautomator dump --windows {remote}", "uiautomator dump", self.dump_timeout_s
             )
         except DeviceBusy:
-            # Timed out: the dumper keeps running on the phone (adbd does not end it when
-            # the client hangs up), holding the accessibility bridge, and the retry would
-            # fail with "… already registered!" until it ends.
+            # Timed out, or cut short by adb (`_shell`): a dumper may still run on the phone
+            # (adbd does not end it when the client hangs up), holding the accessibility
+            # bridge, and the retry would fail with "… already registered!" until it ends.
             self._stop_dumpers()
             raise
         failure = dump_failure(self._serial, out)
         if isinstance(failure, DeviceBusy):
-            # Empty output is also what a stream cut by a vanishing phone reads as.
+            # Empty output from a phone that vanished right after: said as gone, not busy.
             ensure_listed(self._client, self._addr, self._serial, "uiautomator dump", self._tid)
         if failure is not None:
             raise failure

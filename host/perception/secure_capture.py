@@ -60,13 +60,12 @@ def blank_capture(png: bytes, image_size: tuple[int, int], scene: Scene) -> str:
     if not boxes:
         return ""
     with Image.open(io.BytesIO(png)) as image:
-        gray = image.convert("L")
-    for box in boxes:
-        # A one-band ("L") image's extrema are one (min, max) pair of numbers.
-        _, brightest = gray.crop(box).getextrema()
-        assert isinstance(brightest, (int, float))
-        if brightest > BLACK_LUMA:
-            return ""
+        for box in boxes:  # only the boxes are made gray: most screens end at the first
+            # A one-band ("L") image's extrema are one (min, max) pair of numbers.
+            _, brightest = image.crop(box).convert("L").getextrema()
+            assert isinstance(brightest, (int, float))
+            if brightest > BLACK_LUMA:
+                return ""
     texts = "text or label" if len(boxes) == 1 else "texts and labels"
     return (
         f"black where the UI tree shows {len(boxes)} {texts} of {scene.package}: the app "
@@ -78,7 +77,7 @@ def _black_between_bars(png: bytes, image_size: tuple[int, int], package: str) -
     width, height = image_size
     bar = round(height * _BARS)
     with Image.open(io.BytesIO(png)) as image:
-        middle = image.convert("L").crop((0, bar, width, height - bar))
+        middle = image.crop((0, bar, width, height - bar)).convert("L")
     _, brightest = middle.getextrema()
     assert isinstance(brightest, (int, float))  # one band: one (min, max) pair
     if brightest > BLACK_LUMA:
