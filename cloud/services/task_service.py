@@ -164,12 +164,10 @@ class TaskServicer(task_service_pb2_grpc.TaskServiceServicer):
                 calls, at_most = per_attempt[attempt.attempt]
                 attempt.unsettled.calls = calls
                 attempt.unsettled.at_most.CopyFrom(usage_to_proto(at_most))
-        for calls, at_most in per_attempt.values():
-            task.totals.unsettled.calls += calls
-            total = task.totals.unsettled.at_most
-            total.input_tokens += at_most.input_tokens
-            total.output_tokens += at_most.output_tokens
-            total.cost_usd += at_most.cost_usd
+        calls, at_most = unsettled.summed(per_attempt)
+        if calls:
+            task.totals.unsettled.calls = calls
+            task.totals.unsettled.at_most.CopyFrom(usage_to_proto(at_most))
         return pb.GetTaskResponse(task=task)
 
     async def ListTasks(

@@ -11,7 +11,7 @@ the most those calls can have cost, beside totals that count only what providers
 from __future__ import annotations
 
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from sqlalchemy import delete, func, select
 from sqlalchemy.ext.asyncio import AsyncSession
@@ -33,7 +33,11 @@ async def settle_in(session: AsyncSession, call_ids: Sequence[str]) -> None:
 
 async def of_task(store: Store, task_id: str) -> tuple[int, Usage]:
     """How many of the task's calls are unsettled, and the most they can have cost."""
-    per_attempt = await by_attempt(store, task_id)
+    return summed(await by_attempt(store, task_id))
+
+
+def summed(per_attempt: Mapping[int, tuple[int, Usage]]) -> tuple[int, Usage]:
+    """`by_attempt`'s figures for the whole task."""
     total = Usage()
     for _, at_most in per_attempt.values():
         total.add(at_most)
