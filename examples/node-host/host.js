@@ -1109,6 +1109,7 @@ async function runTask(a, revoked) {
     clearInterval(renewer);
     unwatch();
   }
+  if (!running.has(a.lease_id)) return; // handed back by a stop while stuck (`handBack`)
   running.delete(a.lease_id);
   const taken = revoked.get(a.lease_id);
   if (taken && taken.reason !== 'REVOKE_REASON_CANCELLED') {
@@ -1389,7 +1390,6 @@ async function phoneGone(serial, err) {
 // its results, then closes its side of the stream and exits 0. What is left unanswered (the
 // cloud unreachable) stays on disk and the next start sends it. A second signal stops at once.
 const STOP_GRACE_MS = seconds('AMC_HOST_STOP_GRACE_S', 5);
-const STOP_TASKS_MS = 30000; // each attempt stops within one step; a stuck one is not waited on
 let stopping = null; // the hand back under way, once a signal came
 let hurry = false; // a second signal: wait for nothing more
 
@@ -1419,7 +1419,16 @@ async function handBack() {
   send({ stopping: {} });
   if (running.size) log(`stopping: handing ${running.size} attempt(s) back to the cloud (a second SIGINT/SIGTERM stops at once)`);
   for (const stop of running.values()) stop.abort(new Error(HOST_STOPPED));
-  await until(() => running.size === 0, STOP_TASKS_MS);
+  // Each attempt stops within one step; one still stuck on its phone after the grace (a call
+  // no wait bounds) is handed back all the same, as the Python host does.
+  await until(() => running.size === 0, STOP_GRACE_MS);
+  for (const leaseId of [...running.keys()]) {
+    if (hurry) break;
+    const { task_id, attempt } = held.get(leaseId);
+    log(`task ${task_id}: its step did not end within ${STOP_GRACE_MS / 1000} s; handed back without it`);
+    running.delete(leaseId);
+    answer(leaseId, { task_id, attempt, lease_id: leaseId, status: 'TASK_STATUS_FAILED', summary: HOST_STOPPED, retryable: true });
+  }
   if (results.size && current) log(`waiting up to ${STOP_GRACE_MS / 1000} s for the cloud to answer ${results.size} result(s)`);
   await until(() => results.size === 0 || !current, STOP_GRACE_MS);
   if (results.size) log(`stopping with ${results.size} result(s) the cloud has not answered: kept on disk and sent by the next start`);
