@@ -407,6 +407,18 @@ def logged_text(caplog: pytest.LogCaptureFixture) -> str:
     )
 
 
+async def table_names(s: Store) -> set[str]:
+    """The tables in `s`'s database, from each backend's catalogue (for migrations that add
+    one: its round trip reads the names before, after and after the downgrade)."""
+    catalogue = text(
+        "SELECT table_name FROM information_schema.tables WHERE table_schema = 'public'"
+        if s.is_postgres
+        else "SELECT name FROM sqlite_master WHERE type = 'table'"
+    )
+    async with s.engine.connect() as conn:
+        return {str(name) for (name,) in await conn.execute(catalogue)}
+
+
 async def columns_added(db_url: str, table: str, before: str, revision: str) -> set[str]:
     """The columns migration `revision` adds to `table`, once its downgrade to `before` is seen
     to leave the table as it was and the head schema to match the models again: the round trip

@@ -20,7 +20,6 @@ import grpc
 import psycopg
 import pytest
 from sqlalchemy import event
-from sqlalchemy import text as sql_text
 
 from amc.v1 import (
     fleet_service_pb2,
@@ -37,7 +36,14 @@ from cloud.store import holds
 from cloud.store.database import Store, libpq_dsn
 from cloud.store.engine import check, downgrade, upgrade
 from planner.observation import observation_from_scene
-from tests.cloud.cloud_harness import ScriptedHost, channel, start_replicas, submit, tasks_stub
+from tests.cloud.cloud_harness import (
+    ScriptedHost,
+    channel,
+    start_replicas,
+    submit,
+    table_names,
+    tasks_stub,
+)
 from tests.planner import scenes
 from tests.support.fakes import FakeModelServer, anthropic_message, tool_use
 from tests.support.postgres import PostgresServer
@@ -253,24 +259,15 @@ async def test_migration_0021_adds_dispatch_holds_and_back(db_url: str) -> None:
     """Both backends: 0021 adds the `dispatch_holds` table (empty: nothing held), its
     downgrade drops it, and the schema matches the models again after the upgrade."""
     s = Store.from_url(db_url)
-    catalogue = (
-        "SELECT table_name FROM information_schema.tables WHERE table_schema = 'public'"
-        if s.is_postgres
-        else "SELECT name FROM sqlite_master WHERE type = 'table'"
-    )
-
-    async def tables() -> set[str]:
-        async with s.engine.connect() as conn:
-            return {str(name) for (name,) in await conn.execute(sql_text(catalogue))}
 
     try:
         await upgrade(s.engine, "0020")
-        before = await tables()
+        before = await table_names(s)
         await upgrade(s.engine, "0021")
-        assert await tables() - before == {"dispatch_holds"}
+        assert await table_names(s) - before == {"dispatch_holds"}
         assert await holds.load(s) == {}
         await downgrade(s.engine, "0020")
-        assert await tables() == before
+        assert await table_names(s) == before
         await upgrade(s.engine)
         await check(s.engine)
     finally:

@@ -18,7 +18,7 @@ from cloud.store.database import Store
 from cloud.store.engine import check, downgrade, upgrade
 from cloud.store.models import DecisionRow, TaskRow
 from planner.decision import Billed, Decision, Usage
-from tests.cloud.cloud_harness import channel
+from tests.cloud.cloud_harness import channel, table_names
 from tests.cloud.test_store import _columns, _decision
 
 
@@ -308,26 +308,17 @@ async def test_migration_0017_adds_the_failed_decisions_spend_and_back(db_url: s
     """Both backends: 0017 adds the table `failed_decision_spend` and nothing else; its
     downgrade drops it; the schema matches the models again after the upgrade."""
     s = Store.from_url(db_url)
-    catalogue = (
-        "SELECT table_name FROM information_schema.tables WHERE table_schema = 'public'"
-        if s.is_postgres
-        else "SELECT name FROM sqlite_master WHERE type = 'table'"
-    )
-
-    async def tables() -> set[str]:
-        async with s.engine.connect() as conn:
-            return {str(name) for (name,) in await conn.execute(text(catalogue))}
 
     try:
         await upgrade(s.engine, "0016")
-        before = await tables()
+        before = await table_names(s)
         await upgrade(s.engine, "0017")
-        assert await tables() - before == {"failed_decision_spend"}
+        assert await table_names(s) - before == {"failed_decision_spend"}
         await upgrade(s.engine)  # the store's code writes the columns of later migrations
         task_id = await _submit(s)
         await spend.count_failed(s, "h1", task_id, 1, Billed("p", "m", Usage(5)), "PlannerError")
         await downgrade(s.engine, "0016")
-        assert await tables() == before
+        assert await table_names(s) == before
         found = await tasks.budget_and_spent(s, task_id)
         assert found is not None and found[1].input_tokens == 5  # the task's totals stay
         await upgrade(s.engine)

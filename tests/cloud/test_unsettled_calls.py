@@ -20,6 +20,7 @@ from planner.errors import PlannerError, PlannerUnavailable
 from planner.planner import Planner
 from planner.settings import MAX_CALL_TOKENS, PlannerSettings
 from planner.vendors import make_adapter
+from tests.cloud.cloud_harness import table_names
 from tests.cloud.test_spend import _submit
 from tests.planner.scenes import settings_main
 from tests.support.fakes import (
@@ -120,28 +121,19 @@ async def test_migration_0025_adds_the_unsettled_calls_and_back(db_url: str) -> 
     """Both backends: 0025 adds the table `unsettled_calls` and nothing else; its downgrade
     drops it; the schema matches the models again after the upgrade."""
     s = Store.from_url(db_url)
-    catalogue = (
-        "SELECT table_name FROM information_schema.tables WHERE table_schema = 'public'"
-        if s.is_postgres
-        else "SELECT name FROM sqlite_master WHERE type = 'table'"
-    )
-
-    async def tables() -> set[str]:
-        async with s.engine.connect() as conn:
-            return {str(name) for (name,) in await conn.execute(text(catalogue))}
 
     try:
         await upgrade(s.engine, "0024")
-        before = await tables()
+        before = await table_names(s)
         await upgrade(s.engine, "0025")
-        assert await tables() - before == {"unsettled_calls"}
+        assert await table_names(s) - before == {"unsettled_calls"}
         task_id = await _submit(s)
         ledger = unsettled.StoreCallLedger(s, "h1", task_id, 1)
         await ledger.opened("anthropic", MODEL, Usage(input_tokens=10, cost_usd=0.5))
         assert (await unsettled.of_task(s, task_id))[0] == 1
         await spend.count_failed(s, "h1", task_id, 1, Billed("p", "m", Usage(5)), "PlannerError")
         await downgrade(s.engine, "0024")
-        assert await tables() == before
+        assert await table_names(s) == before
         await upgrade(s.engine)
         await check(s.engine)
     finally:
