@@ -23,7 +23,6 @@ from planner.errors import PlannerUnavailable, cut_off_of
 from planner.model_profiles import RetryForm
 from planner.prices import PriceTable
 from planner.settings import MAX_CALL_TOKENS
-from planner.vendors import failures
 from planner.vendors.base import ModelAdapter, Turn, TurnRequest
 from telemetry import tracing
 
@@ -94,7 +93,7 @@ class ObservedAdapter:
                 if call_id is not None:
                     if cut_off is not None:  # settled where what it reported is recorded
                         cut_off.usage.calls.append(call_id)
-                    elif isinstance(err, Exception) and not failures.may_have_been_billed(err):
+                    elif isinstance(err, Exception) and not _may_have_been_billed(err):
                         await self._settle(call_id)  # refused by the API, or never sent
                     # Cancelled, timed out or its connection lost with nothing reported: the
                     # provider may have billed it; its cost is unknown and the marker stays.
@@ -188,3 +187,11 @@ def observed(adapter: ModelAdapter, prices: PriceTable | None = None) -> Observe
     if callable(getattr(adapter, "probe", None)):
         return ObservedProbeableAdapter(adapter, prices)
     return ObservedAdapter(adapter, prices)
+
+
+def _may_have_been_billed(err: Exception) -> bool:
+    """`failures.may_have_been_billed`, imported when a call failed: the module loads both
+    provider SDKs, which a process whose planner is offline must not pay for at start."""
+    from planner.vendors import failures
+
+    return failures.may_have_been_billed(err)
