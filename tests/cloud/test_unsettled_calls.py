@@ -7,6 +7,7 @@ store: a marker stays exactly as long as nothing records what the provider repor
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 import pytest
 from sqlalchemy import text
@@ -147,7 +148,10 @@ async def test_a_call_whose_connection_dropped_unanswered_keeps_its_marker(store
     above) still settles at once. The provider here is a socket that reads the request and
     hangs up: the real SDK's own connection error."""
 
+    answered: list[asyncio.StreamWriter] = []
+
     async def hang_up(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        answered.append(writer)
         await reader.read(65536)
         writer.close()
 
@@ -159,5 +163,9 @@ async def test_a_call_whose_connection_dropped_unanswered_keeps_its_marker(store
             await _decide(store, f"http://127.0.0.1:{port}", task_id)
     finally:
         server.close()
+        for writer in answered:  # a connection still being read (the server's close leaves it)
+            writer.close()
+            with contextlib.suppress(OSError):
+                await writer.wait_closed()
         await server.wait_closed()
     assert (await unsettled.of_task(store, task_id))[0] == 1
