@@ -85,18 +85,47 @@ async def start_host(
     front of it) and adb server, keeping its results under `data_dir`: it exits after `tasks`
     tasks (None: it runs until killed). `path` is its PATH (where it would find an `adb`
     program); what it says goes to the process's stderr."""
-    env = {
-        "PATH": os.environ.get("PATH", "") if path is None else path,
-        "AMC_CLOUD_ADDRESS": rig.address if address is None else address,
-        "AMC_HOST_CERTS_DIR": str(rig.pki),
+    extra = {} if tasks is None else {"AMC_TASKS": str(tasks)}
+    if path is not None:
+        extra["PATH"] = path
+    return await spawn_host(
+        node,
+        rig.address if address is None else address,
+        rig.pki,
+        host_id,
+        rig.adb_port,
+        data_dir,
+        **extra,
+    )
+
+
+async def spawn_host(
+    node: str,
+    address: str,
+    pki: Path,
+    host_id: str,
+    adb_port: int,
+    data_dir: Path,
+    **env: str,
+) -> asyncio.subprocess.Process:
+    """host.js as its own process against the cloud at `address` (a real one, or the fake
+    LeaseService of tests/host/lease_fake.py) and the adb server on `adb_port`, with `env`'s
+    settings besides; what it says goes to the process's stderr."""
+    settings = {
+        "PATH": os.environ.get("PATH", ""),
+        "AMC_CLOUD_ADDRESS": address,
+        "AMC_HOST_CERTS_DIR": str(pki),
         "AMC_HOST_ID": host_id,
-        "ADB_PORT": str(rig.adb_port),
+        "ADB_PORT": str(adb_port),
         "AMC_HOST_DATA_DIR": str(data_dir),
+        **env,
     }
-    if tasks is not None:
-        env["AMC_TASKS"] = str(tasks)
     return await asyncio.create_subprocess_exec(
-        node, str(HOST), env=env, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE
+        node,
+        str(HOST),
+        env=settings,
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.PIPE,
     )
 
 

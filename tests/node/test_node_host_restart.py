@@ -24,7 +24,7 @@ from amc.v1 import decision_log_service_pb2, task_service_pb2, types_pb2
 from host.devices.virtual.adb_server import VirtualAdbServer
 from host.devices.virtual.phone import VirtualPhone
 from tests.host.lease_fake import start_fake_cloud
-from tests.node.rig import HOST, cloud_and_phone, start_host, task_line
+from tests.node.rig import HOST, cloud_and_phone, spawn_host, start_host, task_line
 from tests.node.test_node_host import HOST_ID, node
 from tests.support.fakes import ANTHROPIC_KEY, FakeModelServer, anthropic_message, tool_use
 from tests.support.processes import OPERATOR, wait_serving, wait_task
@@ -302,19 +302,13 @@ async def test_a_result_left_unanswered_on_a_live_stream_is_sent_again(
     phone = VirtualPhone("emulator-5554")
     adb = VirtualAdbServer([phone])
     adb_port = await adb.start()
-    host = await asyncio.create_subprocess_exec(
+    host = await spawn_host(
         node,
-        str(HOST),
-        env={
-            "PATH": os.environ.get("PATH", ""),
-            "AMC_CLOUD_ADDRESS": f"127.0.0.1:{fake.port}",
-            "AMC_HOST_CERTS_DIR": str(fake.pki_dir),
-            "AMC_HOST_ID": HOST_ID,
-            "ADB_PORT": str(adb_port),
-            "AMC_HOST_DATA_DIR": str(tmp_path / "host-data"),
-        },
-        stdout=asyncio.subprocess.DEVNULL,
-        stderr=asyncio.subprocess.PIPE,
+        f"127.0.0.1:{fake.port}",
+        fake.pki_dir,
+        HOST_ID,
+        adb_port,
+        tmp_path / "host-data",
     )
     try:
         await cloud.wait_for(lambda: cloud.hellos, 60)  # the stream is open
@@ -394,19 +388,13 @@ async def test_a_result_whose_lease_the_cloud_expired_is_sent_once_more_to_be_ta
     phone = VirtualPhone("emulator-5554")
     adb = VirtualAdbServer([phone])
     adb_port = await adb.start()
-    host = await asyncio.create_subprocess_exec(
+    host = await spawn_host(
         node,
-        str(HOST),
-        env={
-            "PATH": os.environ.get("PATH", ""),
-            "AMC_CLOUD_ADDRESS": f"127.0.0.1:{fake.port}",
-            "AMC_HOST_CERTS_DIR": str(fake.pki_dir),
-            "AMC_HOST_ID": HOST_ID,
-            "ADB_PORT": str(adb_port),
-            "AMC_HOST_DATA_DIR": str(tmp_path / "host-data"),
-        },
-        stdout=asyncio.subprocess.DEVNULL,
-        stderr=asyncio.subprocess.PIPE,
+        f"127.0.0.1:{fake.port}",
+        fake.pki_dir,
+        HOST_ID,
+        adb_port,
+        tmp_path / "host-data",
     )
     try:
         await cloud.wait_for(lambda: cloud.hellos, 60)
@@ -444,19 +432,13 @@ async def test_an_attempt_whose_lease_the_cloud_expired_ends_without_a_result(
     phone.hang_dumps(3)  # the first look takes a while: the revoke comes mid-look
     adb = VirtualAdbServer([phone])
     adb_port = await adb.start()
-    host = await asyncio.create_subprocess_exec(
+    host = await spawn_host(
         node,
-        str(HOST),
-        env={
-            "PATH": os.environ.get("PATH", ""),
-            "AMC_CLOUD_ADDRESS": f"127.0.0.1:{fake.port}",
-            "AMC_HOST_CERTS_DIR": str(fake.pki_dir),
-            "AMC_HOST_ID": HOST_ID,
-            "ADB_PORT": str(adb_port),
-            "AMC_HOST_DATA_DIR": str(tmp_path / "host-data"),
-        },
-        stdout=asyncio.subprocess.DEVNULL,
-        stderr=asyncio.subprocess.PIPE,
+        f"127.0.0.1:{fake.port}",
+        fake.pki_dir,
+        HOST_ID,
+        adb_port,
+        tmp_path / "host-data",
     )
     said: list[str] = []
 

@@ -19,7 +19,7 @@ from amc.v1 import lease_service_pb2, task_service_pb2, types_pb2
 from host.devices.virtual.adb_server import VirtualAdbServer
 from host.devices.virtual.phone import VirtualPhone
 from tests.host.lease_fake import start_fake_cloud
-from tests.node.rig import HOST, cloud_and_phone, start_host
+from tests.node.rig import HOST, cloud_and_phone, spawn_host, start_host
 from tests.node.test_node_host import HOST_ID, node
 from tests.support.processes import wait_task
 from tests.support.tcp_proxy import TcpProxy
@@ -156,20 +156,14 @@ async def test_a_stopping_node_host_refuses_new_work_and_a_second_signal_stops_i
     adb = VirtualAdbServer([phone])
     adb_port = await adb.start()
     data = tmp_path / "host-data"
-    host = await asyncio.create_subprocess_exec(
+    host = await spawn_host(
         node,
-        str(HOST),
-        env={
-            "PATH": os.environ.get("PATH", ""),
-            "AMC_CLOUD_ADDRESS": f"127.0.0.1:{fake.port}",
-            "AMC_HOST_CERTS_DIR": str(fake.pki_dir),
-            "AMC_HOST_ID": HOST_ID,
-            "ADB_PORT": str(adb_port),
-            "AMC_HOST_DATA_DIR": str(data),
-            "AMC_HOST_STOP_GRACE_S": "600",
-        },
-        stdout=asyncio.subprocess.DEVNULL,
-        stderr=asyncio.subprocess.PIPE,
+        f"127.0.0.1:{fake.port}",
+        fake.pki_dir,
+        HOST_ID,
+        adb_port,
+        data,
+        AMC_HOST_STOP_GRACE_S="600",
     )
 
     def result(task_id: str) -> lease_service_pb2.TaskResult | None:
