@@ -278,10 +278,14 @@ def demo(
 ) -> None:
     """Run the embedded stack, execute the goals (by default one per phone, all at once) with
     live progress; exit 0 if all succeed, 1 if one did not."""
-    from console.embedded import run_demo
+    from console.embedded import DemoInterrupted, run_demo
 
     goals = goal or list(DEMO_GOALS[:phones]) or ["Turn on dark theme"]
-    ok = _run(run_demo(data_dir, goals, phones=phones, out=out))
+    try:
+        ok = _run(run_demo(data_dir, goals, phones=phones, out=out))
+    except DemoInterrupted as stopped:
+        err.print(f"amc demo: interrupted: {stopped}")
+        raise typer.Exit(exit_codes.INTERRUPTED) from None
     raise typer.Exit(exit_codes.OK if ok else exit_codes.TASK_FAILED)
 
 

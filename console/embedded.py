@@ -14,10 +14,10 @@ import os
 import secrets
 import shutil
 import socket
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Coroutine
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import SecretStr
 from rich.console import Console
@@ -219,6 +219,33 @@ async def _print_decisions(client: OperatorClient, task_id: str, out: Console) -
         )
 
 
+class DemoInterrupted(Exception):
+    """Ctrl-C (or SIGTERM) stopped the demo's host before its tasks ended."""
+
+
+async def _unless_the_host_stops(
+    following: Coroutine[Any, Any, dict[str, types_pb2.Task]], host: asyncio.Task[None]
+) -> dict[str, types_pb2.Task]:
+    """The tasks' ends, unless the host stops first.
+
+    The host answers Ctrl-C itself (`run_host` takes SIGINT and SIGTERM to hand its work back
+    gracefully), so Ctrl-C never reaches the demo's own wait: the tasks went back to the
+    queue, no other host would take them, and `amc demo` waited for their end forever.
+    """
+    watching = asyncio.ensure_future(following)
+    try:
+        await asyncio.wait({watching, host}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        if not watching.done():
+            watching.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watching
+    if not watching.cancelled():
+        return watching.result()
+    host.result()  # a host that failed on its own says why
+    raise DemoInterrupted("the host handed its tasks back")
+
+
 async def run_demo(
     data_dir: Path,
     goals: list[str],
@@ -264,7 +291,9 @@ async def run_demo(
             )
             task_ids.append(response.task.task_id)
             out.print(f"submitted {response.task.task_id}: {goal!r}")
-        final = await follow_tasks(stack.operator, task_ids, out, max_steps)
+        final = await _unless_the_host_stops(
+            follow_tasks(stack.operator, task_ids, out, max_steps), stack.host_task
+        )
         ok = True
         for task_id in task_ids:
             task = final[task_id]

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -16,6 +17,7 @@ import pytest
 from rich.console import Console
 
 from amc.v1 import decision_log_service_pb2, task_service_pb2, types_pb2
+from console import exit_codes
 from console.embedded import Transport, embedded_stack, follow_tasks
 from telemetry.metrics_http import MetricsAddressError
 from tests.support import leaks
@@ -82,6 +84,37 @@ def test_amc_demo_command_exits_zero(tmp_path: Path) -> None:
     assert "Turn on dark theme: succeeded" in result.stdout
     assert "purpose:" in result.stdout
     assert (tmp_path / "demo" / "pki" / "ca.pem").exists()
+
+
+def test_ctrl_c_while_the_demo_runs_its_tasks_exits_130(tmp_path: Path) -> None:
+    """The embedded host takes Ctrl-C itself (it hands its work back gracefully), so the demo's
+    wait for its tasks' ends never heard it: the tasks went back to the queue, no host was
+    left to take them, and `amc demo` waited forever. Now it stops with the host: exit 130."""
+    amc = Path(sys.executable).with_name("amc")
+    with subprocess.Popen(
+        [str(amc), "demo", "--data-dir", str(tmp_path / "demo"), "--phones", "1"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "COLUMNS": "200"},
+        # Python's own Ctrl-C handling, as in a terminal (a test run in the background
+        # ignores SIGINT, and Python then keeps it ignored).
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    ) as process:
+        assert process.stdout is not None
+        try:
+            seen: list[str] = []
+            while not any(" running attempt " in line for line in seen):
+                line = process.stdout.readline()
+                assert line, "".join(seen)
+                seen.append(line)
+            process.send_signal(signal.SIGINT)
+            out, err = process.communicate(timeout=120)
+        finally:
+            process.kill()
+    assert process.returncode == exit_codes.INTERRUPTED, "".join(seen) + out + err
+    assert "amc demo: interrupted: the host handed its tasks back" in err
+    assert "Traceback" not in err
 
 
 def test_amc_demo_logs_through_the_handler_every_command_uses(tmp_path: Path) -> None:
