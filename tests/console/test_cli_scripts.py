@@ -689,7 +689,8 @@ def test_help_shows_placeholders_and_examples(command: list[str]) -> None:
 async def test_amc_up_leaves_a_context_that_bare_commands_find(tmp_path: Path) -> None:
     """`amc up` with the cloud's default port taken falls back to a free one; a bare `amc task
     submit`/`list` (no --cloud, no --pki-dir) reaches it through the context file; `amc host
-    token` prints a login link that works once; Ctrl-C removes the context."""
+    token` prints a login link that works once; Ctrl-C removes the context. A fresh database's
+    migrations are one line of ours (alembic's own line per migration was 25 lines of noise)."""
     state = tmp_path / "state"
     env = {**ENV, "XDG_STATE_HOME": str(state)}
     env.pop("AMC_CONTEXT_FILE")
@@ -716,6 +717,9 @@ async def test_amc_up_leaves_a_context_that_bare_commands_find(tmp_path: Path) -
             assert line, "".join(seen)
             seen.append(line)
         assert context_file.exists()
+        # A fresh database's migrations are one line, not one line each (alembic's own).
+        assert not any("alembic" in line for line in seen), "".join(seen)
+        assert any("database schema upgraded from empty to 00" in line for line in seen)
         written = json.loads(context_file.read_text())
         assert written["pid"] == up.pid and written["operator"] == "admin"
 
