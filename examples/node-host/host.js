@@ -1142,7 +1142,7 @@ const results = new Map(); // lease id -> the result message, until acknowledged
 let current = null; // the stream, once welcomed
 let opened = null; // the latest stream, welcomed or not
 const inherited = new Set(); // lease ids of results a previous process kept: no task of ours
-const refused = new Set(); // lease ids of assignments refused past AMC_TASKS: no task run
+const refused = new Set(); // lease ids of assignments refused (`cannotRun`): no task run
 let started = 0; // tasks this process began
 const lateTried = new Set(); // lease ids whose result was sent once more after an expiry
 
@@ -1243,23 +1243,37 @@ function release(leaseId, stream, state) {
 
 // AMC_TASKS: once its last task has begun, this process takes no more. It tells the cloud
 // (HostStopping: no assignment on this stream after it), and refuses one already on its way,
-// as a stopping host does (`handBack`): nothing ran, so the cloud queues the task again without
-// counting the attempt (`retryable` for a cloud from before refusals). Run instead, such a task
-// outlived the stream its result needed, and that result, resent every 5 s, kept the process
-// from ever exiting.
+// as a stopping host does (`handBack`). Run instead, such a task outlived the stream its result
+// needed, and that result, resent every 5 s, kept the process from ever exiting.
 const lastTaskBegun = () => TASKS && started >= TASKS;
-function refuse(a, why) {
+
+// Why an assignment cannot start here ([its TaskResult.refusal, the result's words]), or null
+// when it can: the Python host's checks, in its order and with its words (host/lease_client.py,
+// `_cannot_run`). The cloud sends one only in a race (it had not yet read HostStopping, the
+// phone's last DeviceUpdate, or which phones hold attempts); run, it drove a busy phone
+// alongside the attempt already on it, or used one of the task's attempts on a phone that
+// could not run it. A phone still running an attempt told to stop counts as busy: the Python
+// host queues the new attempt behind it, this one refuses it and the cloud tries another phone.
+function cannotRun(a) {
+  const serial = a.device_serial;
+  if (stopping || lastTaskBegun()) return ['ASSIGNMENT_REFUSAL_HOST_STOPPING', 'the host is stopping'];
+  const phone = phones.get(serial);
+  if (!phone) return ['ASSIGNMENT_REFUSAL_PHONE_NOT_ATTACHED', `phone ${serial} is not attached to this host`];
+  if (phone.state !== 'DEVICE_STATE_ONLINE') return ['ASSIGNMENT_REFUSAL_PHONE_OFFLINE', `phone ${serial} is offline`];
+  if ([...running.keys()].some((leaseId) => held.get(leaseId)?.device_serial === serial)) {
+    return ['ASSIGNMENT_REFUSAL_PHONE_BUSY', `phone ${serial} is busy with another task`];
+  }
+  return null;
+}
+
+// Nothing ran, so the cloud queues the task again at once without counting the attempt
+// (`retryable` for a cloud from before refusals).
+function refuse(a, [refusal, why]) {
   log(`assignment ${a.task_id} on ${a.device_serial} refused: ${why}`);
   const lease = { task_id: a.task_id, attempt: a.attempt, lease_id: a.lease_id };
   held.set(a.lease_id, { ...lease, device_serial: a.device_serial });
   refused.add(a.lease_id);
-  answer(a.lease_id, {
-    ...lease,
-    status: 'TASK_STATUS_FAILED',
-    summary: 'the host is stopping',
-    retryable: true,
-    refusal: 'ASSIGNMENT_REFUSAL_HOST_STOPPING',
-  });
+  answer(a.lease_id, { ...lease, status: 'TASK_STATUS_FAILED', summary: why, retryable: true, refusal });
 }
 
 // One stream, from hello to its end: resolves with how it ended ({ code, details }).
@@ -1289,9 +1303,9 @@ function session(revoked, state) {
         break;
       case 'assignment': {
         const a = msg.assignment;
-        if (!a.resumed && (stopping || lastTaskBegun())) {
-          // Sent before the cloud read HostStopping (a stop, or the last of AMC_TASKS begun).
-          refuse(a, stopping ? 'the host is stopping' : `this host runs no more tasks (AMC_TASKS=${TASKS})`);
+        const refusal = a.resumed ? null : cannotRun(a);
+        if (refusal) {
+          refuse(a, refusal);
           break;
         }
         expiries.set(a.lease_id, now() + ms(a.lease_remaining || a.lease_duration));

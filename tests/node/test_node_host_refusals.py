@@ -1,0 +1,85 @@
+"""The Node example host refuses an assignment it cannot run, as the Python host does
+(host/lease_client.py, `_cannot_run`): nothing runs, and the cloud gives the task to another
+phone without counting the attempt.
+
+Real parts: the in-test LeaseService of tests/host/lease_fake.py (real mTLS, a real stream: it
+sends assignments the real cloud would send only in a race, for a phone it has not yet heard is
+busy or offline), virtual phones served over the adb protocol, and host.js as its own process.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from amc.v1 import lease_service_pb2, types_pb2
+from host.devices.virtual.adb_server import VirtualAdbServer
+from host.devices.virtual.phone import VirtualPhone
+from tests.host.lease_fake import start_fake_cloud
+from tests.node.rig import spawn_host
+from tests.node.test_node_host import HOST_ID, node
+from tests.support.waiting import until
+
+__all__ = ["node"]
+
+
+async def test_the_node_host_refuses_a_busy_offline_or_unknown_phone_as_the_python_host_does(
+    node: str, tmp_path: Path
+) -> None:
+    """Assignments for the phone running t1, for a phone adb lists offline and for a phone the
+    host does not drive. host.js ran each of them: the second attempt drove the busy phone
+    alongside the first, and the others failed retryable ("phone … disconnected") after trying
+    the phone, each using one of its task's attempts. As the Python host does, it now refuses
+    them at once, with the same result: FAILED, retryable, `refusal` PHONE_BUSY, PHONE_OFFLINE
+    or PHONE_NOT_ATTACHED and the same words, and never renews their leases."""
+    fake = await start_fake_cloud(tmp_path / "pki", HOST_ID)
+    cloud = fake.cloud
+    cloud.renew_s = 10.0  # the real cloud always sets Assignment.renew_interval
+    busy, offline = VirtualPhone("emulator-5554"), VirtualPhone("emulator-5556")
+    busy.hang_dumps(300)  # t1's first look: the phone is busy until the test ends
+    offline.set_adb_state("offline")
+    adb = VirtualAdbServer([busy, offline])
+    adb_port = await adb.start()
+    host = await spawn_host(
+        node, f"127.0.0.1:{fake.port}", fake.pki_dir, HOST_ID, adb_port, tmp_path / "host-data"
+    )
+
+    def result(task_id: str) -> lease_service_pb2.TaskResult | None:
+        return next((r for r in cloud.results if r.task_id == task_id), None)
+
+    try:
+        await cloud.wait_for(lambda: cloud.hellos, 60)
+        await cloud.assign("t1", busy.serial, "Turn on dark theme")
+        await until(lambda: busy.dumper is not None, 60, "t1's first look under way")
+        await cloud.assign("t2", busy.serial, "Turn on dark theme")
+        await cloud.assign("t3", offline.serial, "Turn on dark theme")
+        await cloud.assign("t4", "emulator-9999", "Turn on dark theme")
+        await cloud.wait_for(lambda: all(result(t) for t in ("t2", "t3", "t4")), 60)
+    finally:
+        if host.returncode is None:
+            host.kill()
+        _, err = await host.communicate()
+        adb.unplug(busy.serial)  # ends the hung look
+        await adb.stop()
+        await fake.server.stop(grace=None)
+    said = err.decode()
+    refused = {t: result(t) for t in ("t2", "t3", "t4")}
+    assert {t: (r.status, r.retryable) for t, r in refused.items() if r} == {
+        t: (types_pb2.TASK_STATUS_FAILED, True) for t in refused
+    }, said
+    assert {t: (r.refusal, r.summary) for t, r in refused.items() if r} == {
+        "t2": (
+            lease_service_pb2.ASSIGNMENT_REFUSAL_PHONE_BUSY,
+            "phone emulator-5554 is busy with another task",
+        ),
+        "t3": (
+            lease_service_pb2.ASSIGNMENT_REFUSAL_PHONE_OFFLINE,
+            "phone emulator-5556 is offline",
+        ),
+        "t4": (
+            lease_service_pb2.ASSIGNMENT_REFUSAL_PHONE_NOT_ATTACHED,
+            "phone emulator-9999 is not attached to this host",
+        ),
+    }, said
+    renewed = {r.renewal.task_id for r in cloud.received if r.WhichOneof("kind") == "renewal"}
+    assert renewed == {"t1"}, said  # nothing ran for the refused ones
+    assert result("t1") is None, said  # t1 runs on, untouched
