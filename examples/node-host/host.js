@@ -958,6 +958,11 @@ function backoff(failures) {
 }
 const sleep = (millis) => new Promise((r) => setTimeout(r, millis));
 const ms = (d) => (Number(d.seconds) + d.nanos / 1e9) * 1000;
+// A Duration the message may leave unset (every proto3 field may be): `fallback` then, as the
+// Python host does (host/lease_client.py, `_duration_s`).
+const msOr = (d, fallback) => (d && ms(d) > 0 ? ms(d) : fallback);
+const DEFAULT_LEASE_MS = 60_000; // host/lease_client.py, DEFAULT_LEASE_S
+const leaseMs = (a) => msOr(a.lease_duration, DEFAULT_LEASE_MS);
 
 // --- one task -----------------------------------------------------------------------------
 // `signal` cancels the call: a step whose lease ran out waits for no answer.
@@ -1039,7 +1044,8 @@ async function runTask(a, revoked) {
     Object.assign(progress, { step_index: step, step_status: status, summary: cut(summary, LIMITS.summary, characters) });
     renew();
   };
-  const renewer = setInterval(renew, ms(a.renew_interval)); // the assignment says how often
+  // The assignment says how often; a third of the lease when it does not.
+  const renewer = setInterval(renew, msOr(a.renew_interval, leaseMs(a) / 3));
   let status = 'TASK_STATUS_FAILED';
   let summary = `step limit reached (${MAX_STEPS} steps)`;
   let retryable = false;
@@ -1308,7 +1314,7 @@ function session(revoked, state) {
           refuse(a, refusal);
           break;
         }
-        expiries.set(a.lease_id, now() + ms(a.lease_remaining || a.lease_duration));
+        expiries.set(a.lease_id, now() + msOr(a.lease_remaining, leaseMs(a)));
         // resumed: a lease this process listed, confirmed; its task runs on (or its result,
         // kept, was sent again above).
         if (a.resumed) break;
