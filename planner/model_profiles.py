@@ -79,8 +79,11 @@ class ModelProfile:
       only the model's text, see `text_as_thinking`).
     - `readable_thinking`: what a readable thinking block is on this model (a summary on
       Claude 4 and later; OpenAI summaries) — recorded as the decision's thinking kind.
-    - `efforts`: accepted effort levels, with adaptive or budget thinking (Anthropic sends the
-      effort beside the budget: the API applies both); `beta_headers`: per thinking mode.
+    - `efforts`: accepted effort levels (Anthropic sends the effort with any thinking, or
+      none: it governs every output token; beside a budget the API applies both);
+      `beta_headers`: per thinking mode.
+    - `off_efforts`: Anthropic — the efforts a call with thinking said `disabled` takes, where
+      fewer than `efforts` (None: all of them).
     - `default_effort`: OpenAI — the reasoning effort asked for when `AMC_PLANNER_EFFORT` is
       not set (one of `efforts`: gpt-5-pro takes `high` only).
     - `reasoning`: OpenAI only — accepts `reasoning` / `reasoning_effort`.
@@ -120,6 +123,7 @@ class ModelProfile:
     visible_display: Display | None = None
     readable_thinking: Literal["full", "summarized"] = "summarized"
     efforts: frozenset[str] = ANY_EFFORT
+    off_efforts: frozenset[str] | None = None
     default_effort: str = "medium"
     beta_headers: Mapping[str, str] = field(default_factory=dict)
     reasoning: bool = False
@@ -230,12 +234,13 @@ PROFILES: dict[str, ModelProfile] = {
         # left out ("thinking on by default"), `enabled` is a 400, and thinking is turned off
         # only by saying `{type: disabled}` (on Opus 5 and Haiku 5.5 accepted at effort high or
         # below — the default — so one call of a thinking conversation does not turn it off:
-        # the retry is a nudge).
+        # the retry is a nudge; with thinking off an effort above high is refused at start).
         ModelProfile(
             "claude-5",
             "anthropic",
             frozenset({"adaptive"}),
             thinking_off="disabled",
+            off_efforts=frozenset({"low", "medium", "high"}),
             off_per_call=False,
             display_default="omitted",
             visible_display="summarized",
@@ -540,11 +545,21 @@ def check(profile: ModelProfile, settings: PlannerSettings) -> None:
         raise PlannerConfigError(
             f"{who} does not take {mode} thinking: set AMC_PLANNER_THINKING={takes}"
         )
-    if mode != "off" and settings.effort and settings.effort not in profile.efforts:
+    # Anthropic sends the effort with thinking off too (it governs every output token); an
+    # OpenAI model with thinking off is asked for its least effort (`off_effort`) instead.
+    effort_sent = mode != "off" or profile.vendor == "anthropic"
+    if effort_sent and settings.effort and settings.effort not in profile.efforts:
         levels = ", ".join(sorted(profile.efforts)) or "no effort level"
         raise PlannerConfigError(
             f"{who} does not take effort {settings.effort!r} (it takes: {levels}): "
             "change AMC_PLANNER_EFFORT"
+        )
+    off_efforts = profile.off_efforts
+    if mode == "off" and off_efforts is not None and settings.effort not in {None, *off_efforts}:
+        levels = ", ".join(sorted(off_efforts))
+        raise PlannerConfigError(
+            f"{who} turns thinking off only at effort {levels}, not {settings.effort!r}: "
+            "change AMC_PLANNER_EFFORT or set AMC_PLANNER_THINKING=adaptive"
         )
     limit = profile.max_output_tokens
     if limit is not None and settings.effective_max_tokens > limit:

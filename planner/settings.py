@@ -6,7 +6,8 @@ the embedded stack runs anywhere and a key is all it takes to use a real model.
 
 Thinking (Anthropic): `off` (default), `adaptive` (`thinking: {type: adaptive}` plus the optional
 `effort`, the form newer Claude models require) or `budget` (`thinking: {type: enabled,
-budget_tokens: N}` for models that still take it); OpenAI takes `adaptive` as its reasoning
+budget_tokens: N}` for models that still take it), `AMC_PLANNER_EFFORT` sent with any of them
+(effort governs all of a Claude answer, thinking or not); OpenAI takes `adaptive` as its reasoning
 effort, with summaries unless `AMC_PLANNER_REASONING_SUMMARY=off`, and `off` as the least
 effort the model takes (`off_effort` in planner/model_profiles.py). The seed design's
 `AI_PLANNER_THINKING_BUDGET_TOKENS` still works: it sets the budget and, when no mode is given,

@@ -209,6 +209,16 @@ def test_an_operator_names_the_profile_of_a_model_the_table_does_not_know() -> N
             "does not take effort 'max'",
         ),
         ({"model": "claude-opus-4-5", "thinking_budget_tokens": 2048, "effort": "low"}, None),
+        # Thinking off with an effort: sent alone (effort needs no thinking), so refused where
+        # the model takes no effort, or not that one.
+        (
+            {"model": "claude-sonnet-4-5", "effort": "low"},
+            "does not take effort 'low' \\(it takes: no effort level\\)",
+        ),
+        ({"model": "claude-sonnet-4-6", "effort": "xhigh"}, "does not take effort 'xhigh'"),
+        ({"model": "claude-sonnet-4-6", "effort": "low"}, None),
+        ({"model": "claude-opus-5", "effort": "max"}, "turns thinking off only at effort"),
+        ({"model": "claude-opus-5", "effort": "high"}, None),
         (
             {"provider": "openai", "model": "gpt-4.1-mini", "thinking": "adaptive"},
             "gpt-4.1-mini \\(profile gpt-4.1\\) does not reason: set AMC_PLANNER_THINKING=off",

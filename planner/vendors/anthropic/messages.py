@@ -5,7 +5,8 @@ Both planning modes build their requests here, from the model's profile
 thinking (with `display: summarized` where the model omits thinking text by default; at least
 THINKING_MAX_TOKENS, as thinking counts toward max_tokens) or `budget` (`enabled` +
 `budget_tokens`, max_tokens above the budget, the profile's beta header), either with the
-configured effort in `output_config` (beside a budget the API applies both). A forced tool choice
+configured effort in `output_config` — sent with thinking off too (effort governs every output
+token and needs no thinking; beside a budget the API applies both). A forced tool choice
 (the forced retry) never carries thinking: the API rejects thinking with a forced tool choice.
 """
 
@@ -85,9 +86,11 @@ def request_params(
         params["max_tokens"] = max(max_tokens, THINKING_MAX_TOKENS)
     elif profile.thinking_off != "omit":
         params["thinking"] = {"type": profile.thinking_off}
+    if thinking.effort:
+        # With or without thinking (a forced retry too): effort governs every output token,
+        # text and tool calls included; beside a budget the API applies both.
+        params["output_config"] = {"effort": thinking.effort}
     if config is not None:
-        if thinking.effort:  # with a budget too: the budget caps thinking, effort all output
-            params["output_config"] = {"effort": thinking.effort}
         if profile.visible_display is not None:
             config["display"] = profile.visible_display
         params["thinking"] = config

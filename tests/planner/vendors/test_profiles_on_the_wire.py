@@ -360,6 +360,41 @@ async def test_budget_thinking_carries_the_configured_effort(
     assert sent.body["output_config"] == {"effort": "low"}
 
 
+@pytest.mark.parametrize(
+    ("model", "effort"),
+    [
+        ("claude-sonnet-4-6", "low"),
+        ("claude-opus-4-7", "xhigh"),
+        ("claude-opus-5", "high"),  # `disabled` at effort high or below
+    ],
+)
+async def test_effort_without_thinking_is_sent(
+    fake_server: FakeModelServer, model: str, effort: str
+) -> None:
+    """AMC_PLANNER_EFFORT with thinking off was dropped without a word: the model answered at
+    its default effort (high). Effort governs every output token, text and tool calls too, and
+    "doesn't require thinking to be enabled" (the effort page), so it goes without thinking."""
+    fake_server.script_anthropic(anthropic_message(tool_use("tap", TAP)))
+    await decide(make(fake_server, model=model, effort=effort))
+    (sent,) = fake_server.requests
+    assert sent.status == 200, sent.error
+    assert sent.body.get("thinking", {"type": "disabled"})["type"] == "disabled"
+    assert sent.body["output_config"] == {"effort": effort}
+
+
+async def test_a_forced_retry_keeps_the_effort(fake_server: FakeModelServer) -> None:
+    """The forced retry runs without thinking; the effort asked for still applies to it."""
+    fake_server.script_anthropic(
+        anthropic_message(thinking("hm"), text("Display.")),
+        anthropic_message(tool_use("tap", TAP)),
+    )
+    await decide(make(fake_server, model="claude-sonnet-4-6", thinking="adaptive", effort="low"))
+    forced = fake_server.requests[1]
+    assert forced.status == 200, forced.error
+    assert forced.body["tool_choice"]["type"] == "any"
+    assert forced.body["output_config"] == {"effort": "low"}
+
+
 async def test_claude_46_forced_retry_says_thinking_disabled(fake_server: FakeModelServer) -> None:
     fake_server.script_anthropic(
         anthropic_message(thinking("hm"), text("Display.")),

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tests.support.fakes.cache import PromptCache
-from tests.support.fakes.rules import rules_for
+from tests.support.fakes.rules import ALL_EFFORTS, rules_for
 from tests.support.fakes.server import BAD_KEY, Answer, Rejected, Reply
 
 THINKING_WITH_FORCED_TOOL = "Thinking may not be enabled when tool_choice forces tool use."
@@ -627,6 +627,8 @@ class MessagesFake:
                 "output_config.effort: Input should be "
                 + ", ".join(f"'{e}'" for e in sorted(rules.efforts))
             )
+        if kind == "disabled" and (effort or "high") not in (rules.off_efforts or ALL_EFFORTS):
+            raise _bad(f"thinking.type.disabled is not supported with effort '{effort}'.")
         thinking_on = kind in ("enabled", "adaptive") or (
             kind is None and rules.thinks_when_omitted
         )

@@ -34,6 +34,8 @@ class ModelRules:
     - `display_default`: thinking text comes back `summarized`, or `omitted` (empty text, the
       signature kept) unless the request asks for `display: "summarized"`.
     - `efforts`: accepted `output_config.effort` / OpenAI reasoning effort levels.
+    - `off_efforts`: the efforts `thinking: {type: disabled}` may come with, where fewer than
+      `efforts` (Opus 5 and Haiku 5.5 turn thinking off only at effort high or below).
     - `reasoning`: OpenAI: accepts `reasoning` (Responses) / `reasoning_effort` (Chat).
     - `parallel_tool_calls`: OpenAI Chat: accepts `parallel_tool_calls` (the o-series answer
       it with 400 "Unsupported parameter: 'parallel_tool_calls' is not supported with this
@@ -60,6 +62,7 @@ class ModelRules:
     forced_tool_choice: bool = True
     display_default: Literal["summarized", "omitted"] = "summarized"
     efforts: frozenset[str] = ALL_EFFORTS
+    off_efforts: frozenset[str] | None = None
     reasoning: bool = True
     parallel_tool_calls: bool = True
     chat_tools_effort: Literal["any", "omitted", "none"] = "any"
@@ -137,6 +140,7 @@ MODELS: dict[str, ModelRules] = {
         thinks_when_omitted=True,
         display_default="omitted",
         efforts=CLAUDE_47_EFFORTS,
+        off_efforts=frozenset({"low", "medium", "high"}),
         min_cache_tokens=512,
     ),
     "claude-sonnet-5": ModelRules(
@@ -160,6 +164,7 @@ MODELS: dict[str, ModelRules] = {
         thinks_when_omitted=True,
         display_default="omitted",
         efforts=CLAUDE_47_EFFORTS,
+        off_efforts=frozenset({"low", "medium", "high"}),
         min_cache_tokens=512,
     ),
     # Claude Fable 5 and 5.1, Mythos 5.1: the notes they write between tool calls come back as
