@@ -34,7 +34,9 @@ ThinkingDisplay = Literal["summarized", "updates"]
 
 DEFAULT_MODELS: dict[str, str] = {
     "anthropic": "claude-sonnet-4-6",
-    "openai": "gpt-4.1-mini",
+    # The model OpenAI's models page names for balancing intelligence and cost (reasoning,
+    # function tools through Responses; `thinking: off` asks it for its least effort, low).
+    "openai": "gpt-6.2-sol",
     "offline": "amc-offline-heuristic-1",
 }
 MIN_THINKING_BUDGET = 1024

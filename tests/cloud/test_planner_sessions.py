@@ -109,8 +109,7 @@ def _use_openai(monkeypatch: pytest.MonkeyPatch, model: FakeModelServer) -> None
     monkeypatch.setenv("AMC_PLANNER_PROVIDER", "openai")
     monkeypatch.setenv("AMC_PLANNER_OPENAI_API_KEY", "sk-test")
     monkeypatch.setenv("AMC_PLANNER_OPENAI_BASE_URL", model.openai_base_url)
-    # A reasoning model: the default gpt-4.1-mini takes no reasoning parameters (refused at
-    # start with thinking on).
+    # A reasoning model of the o-series (the default is one too, of another family).
     monkeypatch.setenv("AMC_PLANNER_MODEL", "o4-mini")
     monkeypatch.setenv("AMC_PLANNER_THINKING", "adaptive")
     monkeypatch.setenv("AMC_PLANNER_MAX_RETRIES", "0")

@@ -525,6 +525,22 @@ async def test_each_gpt_5_family_is_sent_an_effort_it_takes(
     assert request.body["reasoning"]["effort"] == effort
 
 
+async def test_the_default_openai_model_reasons_with_tools(fake_server: FakeModelServer) -> None:
+    """The default OpenAI model was gpt-4.1-mini: AMC_PLANNER_THINKING=adaptive with a key and
+    no model was refused at start ("does not reason"), and the planner ran on a model OpenAI's
+    models page no longer lists. The default is the one that page names for balancing
+    intelligence and cost, a reasoning model with function tools on Responses."""
+    fake_server.script_responses(ScriptedTurn([function_call("tap", TAP)]))
+    decision = await decide(_openai(fake_server, thinking="adaptive", effort="medium"))
+    (request,) = fake_server.requests
+    assert request.status == 200, request.error
+    assert request.path.endswith("/responses")
+    assert request.body["model"] == "gpt-6.2-sol"
+    assert request.body["reasoning"]["effort"] == "medium"
+    assert decision.purpose == TAP["purpose"]
+    assert decision.usage.cost_usd > 0  # the default has a price row
+
+
 async def test_a_call_in_a_chat_reply_cut_off_at_length_is_not_executed(
     fake_server: FakeModelServer,
 ) -> None:
