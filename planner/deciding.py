@@ -28,7 +28,9 @@ never runs it: the settings decide what is sent, not the conversation.
 A refusal (the model declined: Anthropic `stop_reason: "refusal"`, an OpenAI refusal; or
 OpenAI's content filter stopped the answer: Chat `finish_reason: "content_filter"`, Responses
 incomplete for `content_filter`) ends the decision at once with `PlannerRefused`, before the
-turn is kept: no retry, no corrective turn.
+turn is kept: no retry, no corrective turn. So does, with a `PlannerError` naming why, an answer
+the provider ended unfinished for any other reason than the output limit (`Turn.cut_short`:
+OpenAI Responses `incomplete` for `max_messages` or a newer reason, or `status: cancelled`).
 Usage and latency add up over every call the decision needed; a decision that fails after calls
 were answered carries what they cost on its error (`PlannerError.billed`; a decision cancelled
 by its caller on the `CancelledError`, `planner.errors.bill`): the provider billed them all the
@@ -205,6 +207,12 @@ async def decide(
             raise PlannerRefused(
                 f"planner: {adapter.name} model {turn.model or adapter.model} refused to answer "
                 f"({turn.refusal})"
+            )
+        if turn.cut_short is not None:
+            # Its call may be unfinished, and nothing says asking again ends otherwise.
+            raise PlannerError(
+                f"planner: {adapter.name} model {turn.model or adapter.model} ended its answer "
+                f"unfinished ({turn.cut_short}); nothing of it is used"
             )
         await conversation.received(turn)
         turns.append(turn)

@@ -149,6 +149,10 @@ class Turn:
     """The model declined to answer: why, in the provider's words (Anthropic's stop_details
     category and explanation, OpenAI's refusal text, or that OpenAI's content filter stopped
     the answer). None for an answer."""
+    cut_short: str | None = None
+    """The provider ended the answer unfinished for a reason more output room does not help
+    with and that is no refusal (OpenAI Responses: `incomplete: max_messages`, `status
+    cancelled`): why. Nothing of it may run or be kept."""
     text_in_thinking: TextInThinking = "none"
     """Where the text the model wrote before its call is: "none" (nowhere: thinking blocks are
     thinking), "last" (the models with progress updates under the summarized display: in a

@@ -174,4 +174,5 @@ class OpenAIAdapter:
             output_limit=self.profile.max_output_tokens,
             readable_thinking=responses.readable_thinking(response),
             refusal=responses.refusal(response),
+            cut_short=responses.cut_short(response),
         )

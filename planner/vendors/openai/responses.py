@@ -232,6 +232,25 @@ def truncated(response: Mapping[str, Any]) -> bool:
     )
 
 
+def cut_short(response: Mapping[str, Any]) -> str | None:
+    """Why the provider ended the response unfinished where more output room cannot help and
+    it is no refusal: `incomplete` for another reason than the output limit (`truncated`) or
+    the content filter (`refusal`) — `max_messages`, `steered` (a WebSocket steer, which no
+    call of the planner sends) or a reason newer than this code — or a status that is no
+    finished response (`cancelled`, `queued`, `in_progress`; `failed` raises in `check`).
+    Its output may hold a call the model never finished. None for a completed response, and
+    for one without a status (some compatible servers leave it out)."""
+    status = response.get("status")
+    if status in (None, "completed", "failed"):
+        return None
+    if status != "incomplete":
+        return f"status {status}"
+    reason = (response.get("incomplete_details") or {}).get("reason")
+    return (
+        None if reason in (None, "max_output_tokens", "content_filter") else f"incomplete: {reason}"
+    )
+
+
 def readable_thinking(response: Mapping[str, Any]) -> Literal["full", "summarized"]:
     """Reasoning text (`content`) is the model's own; otherwise only summaries are readable."""
     for item in response.get("output") or []:

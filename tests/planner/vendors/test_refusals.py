@@ -13,7 +13,7 @@ import openai
 import pytest
 
 from planner.conversation.items import AssistantItem, UserObservation
-from planner.errors import PlannerRefused
+from planner.errors import PlannerError, PlannerRefused
 from planner.planner import Planner
 from planner.session.config import SessionConfig
 from planner.session.planner import SessionPlanner
@@ -105,6 +105,39 @@ async def test_a_responses_answer_the_content_filter_stopped_is_refused_at_once(
     assert len(fake_server.requests) == 1 and fake_server.pending == 0
 
 
+@pytest.mark.parametrize(
+    ("status", "reason"),
+    [
+        ("incomplete", "max_messages"),
+        ("incomplete", "steered"),
+        ("incomplete", "a_reason_newer_than_the_planner"),
+        ("cancelled", None),
+        ("in_progress", None),
+    ],
+)
+@pytest.mark.parametrize("called", [True, False])
+async def test_a_responses_answer_cut_short_otherwise_fails_the_decision(
+    fake_server: FakeModelServer, status: str, reason: str | None, called: bool
+) -> None:
+    """A response the provider ended unfinished for another reason than the output limit or
+    the content filter (the SDK's `incomplete_details.reason` also lists `max_messages` and
+    `steered`; `status` also `cancelled`, `queued`, `in_progress`) was read as an answer: its
+    call ran, or, with none, three more billed calls ended in "no tool call". It fails the
+    decision at once, naming why, billed, and nothing of it runs."""
+    call = [function_call("press_key", {"key": "back", **INTENT})] if called else []
+    fake_server.script_responses(
+        ScriptedTurn(call, status=status, incomplete_reason=reason or "max_output_tokens")
+    )
+    with pytest.raises(PlannerError) as info:
+        await _decide(_compact(fake_server, "openai", "gpt-5"))
+    err = info.value
+    assert type(err) is PlannerError
+    said = f"incomplete: {reason}" if status == "incomplete" else f"status {status}"
+    assert f"ended its answer unfinished ({said})" in str(err)
+    assert len(fake_server.requests) == 1 and fake_server.pending == 0
+    assert err.billed is not None and err.billed.usage.output_tokens > 0
+
+
 async def _session(adapter: Any, db: Path) -> SessionPlanner:
     return await SessionPlanner.open(
         store=SqliteSessionStore(db),
@@ -157,3 +190,30 @@ async def test_a_refused_turn_is_not_kept_in_the_session(
     finally:
         await reopened.aclose()
     assert len(fake_server.requests) == 1 and fake_server.rejections == []
+
+
+@pytest.mark.parametrize("status", ["incomplete", "cancelled"])
+async def test_a_streamed_turn_cut_short_is_not_kept_in_the_session(
+    fake_server: FakeModelServer, tmp_path: Path, status: str
+) -> None:
+    """Session mode streams: the stream's `response.incomplete` ends it the same way, and
+    nothing of the unfinished turn is kept to be sent again."""
+    client = openai.AsyncOpenAI(
+        api_key=OPENAI_KEY, base_url=fake_server.openai_base_url, max_retries=0
+    )
+    adapter = OpenAIAdapter(client, model="o4-mini", thinking=ThinkingConfig("adaptive"))
+    fake_server.script_responses(
+        ScriptedTurn(
+            [function_call("press_key", {"key": "back", **INTENT})],
+            status=status,
+            incomplete_reason="max_messages",
+        )
+    )
+    planner = await _session(adapter, tmp_path / "s.sqlite")
+    try:
+        with pytest.raises(PlannerError, match="ended its answer unfinished"):
+            await planner.decide("screen 1")
+        assert [type(i) for i in planner.history] == [UserObservation]
+    finally:
+        await planner.aclose()
+    assert len(fake_server.requests) == 1
