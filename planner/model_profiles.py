@@ -546,9 +546,20 @@ def check(profile: ModelProfile, settings: PlannerSettings) -> None:
             f"{who} does not take {mode} thinking: set AMC_PLANNER_THINKING={takes}"
         )
     # Anthropic sends the effort with thinking off too (it governs every output token); an
-    # OpenAI model with thinking off is asked for its least effort (`off_effort`) instead.
-    effort_sent = mode != "off" or profile.vendor == "anthropic"
-    if effort_sent and settings.effort and settings.effort not in profile.efforts:
+    # OpenAI model with thinking off is asked for its least effort (`off_effort`) instead, so
+    # an effort set beside it would be dropped without a word.
+    if profile.vendor == "openai" and mode == "off" and settings.effort:
+        least = (
+            f"asked for its least effort ({profile.off_effort})"
+            if profile.reasoning and profile.off_effort
+            else "sent no effort"
+        )
+        raise PlannerConfigError(
+            f"{who} is {least} with AMC_PLANNER_THINKING=off, so AMC_PLANNER_EFFORT="
+            f"{settings.effort} would not be used: set AMC_PLANNER_THINKING=adaptive, or unset "
+            "AMC_PLANNER_EFFORT"
+        )
+    if settings.effort and settings.effort not in profile.efforts:
         levels = ", ".join(sorted(profile.efforts)) or "no effort level"
         raise PlannerConfigError(
             f"{who} does not take effort {settings.effort!r} (it takes: {levels}): "

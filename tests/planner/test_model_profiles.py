@@ -219,6 +219,25 @@ def test_an_operator_names_the_profile_of_a_model_the_table_does_not_know() -> N
         ({"model": "claude-sonnet-4-6", "effort": "low"}, None),
         ({"model": "claude-opus-5", "effort": "max"}, "turns thinking off only at effort"),
         ({"model": "claude-opus-5", "effort": "high"}, None),
+        # OpenAI with thinking off asks for the least effort: an effort set too was dropped.
+        (
+            {"provider": "openai", "model": "gpt-6.2-sol", "effort": "high"},
+            "least effort \\(low\\) with AMC_PLANNER_THINKING=off, so AMC_PLANNER_EFFORT=high "
+            "would not be used",
+        ),
+        (
+            {"provider": "openai", "model": "gpt-4.1-mini", "effort": "low"},
+            "sent no effort with AMC_PLANNER_THINKING=off",
+        ),
+        (
+            {
+                "provider": "openai",
+                "model": "gpt-6.2-sol",
+                "thinking": "adaptive",
+                "effort": "high",
+            },
+            None,
+        ),
         (
             {"provider": "openai", "model": "gpt-4.1-mini", "thinking": "adaptive"},
             "gpt-4.1-mini \\(profile gpt-4.1\\) does not reason: set AMC_PLANNER_THINKING=off",

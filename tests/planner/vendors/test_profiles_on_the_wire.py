@@ -496,7 +496,9 @@ async def test_chat_reasoning_effort_only_for_reasoning_models(
     fake_server: FakeModelServer, model: str, thinking_mode: str, sent: str | None
 ) -> None:
     fake_server.script_openai(chat_completion(None, openai_tool_call("tap", TAP), model=model))
-    await decide(_openai(fake_server, model=model, thinking=thinking_mode, effort="low"))
+    # An effort is for thinking adaptive (refused beside `off`, which asks for the least).
+    effort = {"effort": "low"} if thinking_mode == "adaptive" else {}
+    await decide(_openai(fake_server, model=model, thinking=thinking_mode, **effort))
     (request,) = fake_server.requests
     assert request.status == 200, request.error
     assert request.body.get("reasoning_effort") == sent
