@@ -138,6 +138,7 @@ def read_bundle(source: Path | bytes) -> Run:
             notes=[n for n in head.notes if "have no screenshot" not in n],
             failed_calls=dataset.failed_calls_from_record(head),
             pruned=dataset.pruned_from_record(head),
+            unsettled=dataset.unsettled_from_record(head),
         )
         text = z.read("steps.jsonl").decode("utf-8", errors="replace")
         system_prompts: dict[int, str] = {}  # per attempt: the one in force (/2 writes changes)

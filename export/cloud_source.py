@@ -16,7 +16,7 @@ from datetime import UTC
 from typing import Literal, Protocol
 
 from amc.v1 import decision_log_service_pb2, types_pb2
-from export.run import FailedCalls, Judged, Outcome, Pruned, Run, Step
+from export.run import FailedCalls, Judged, Outcome, Pruned, Run, Step, Unsettled
 from planner.convert import thinking_kind_from_proto, usage_from_proto
 from planner.decision import ThinkingBlock, Usage
 from planner.observation import scene_from_observation
@@ -143,8 +143,9 @@ async def run_from_cloud(
     failed_calls: Sequence[decision_log_service_pb2.FailedCalls] = (),
     pruned: decision_log_service_pb2.PrunedRecord | None = None,
 ) -> Run:
-    """The run as the cloud knows it: the task's goal and result, every logged decision, and
-    what the failed decisions' billed calls cost (ListDecisionsResponse.failed_calls)."""
+    """The run as the cloud knows it: the task's goal and result, every logged decision, what
+    the failed decisions' billed calls cost (ListDecisionsResponse.failed_calls) and each
+    attempt's calls of unknown cost (`Attempt.unsettled`)."""
     attempts = {a.attempt: a for a in task.attempts}
     run = Run(
         task_id=task.task_id,
@@ -164,6 +165,11 @@ async def run_from_cloud(
             pruned.pruned_at.ToDatetime(tzinfo=UTC) if pruned.HasField("pruned_at") else None,
             usage_from_proto(pruned.usage),
         ),
+        unsettled=[
+            Unsettled(n, a.unsettled.calls, usage_from_proto(a.unsettled.at_most))
+            for n, a in sorted(attempts.items())
+            if a.unsettled.calls
+        ],
     )
     for d in decisions:
         step = step_from_decision(d, attempts.get(d.attempt))

@@ -23,13 +23,13 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
 from amc.v1 import types_pb2
 from export.gesture import gesture
-from export.run import FailedCalls, Judged, Outcome, Pruned, Run, Step
+from export.run import FailedCalls, Judged, Outcome, Pruned, Run, Step, Unsettled
 from planner.decision import ThinkingBlock, Usage
 from planner.scene import Bounds, Element, Scene
 
 STEP_SCHEMA: Literal["amc.export.step/2"] = "amc.export.step/2"
 STEP_SCHEMA_V1: Literal["amc.export.step/1"] = "amc.export.step/1"
-RUN_SCHEMA: Literal["amc.export.run/3"] = "amc.export.run/3"
+RUN_SCHEMA: Literal["amc.export.run/4"] = "amc.export.run/4"
 
 ActionType = Literal[
     "click",
@@ -294,8 +294,9 @@ class PrunedRecord(_Record):
 
 
 # /3 is /2 with what the retention deleted: /2 is closed, and its total would leave it out.
-class RunRecord(RunRecordV2):
-    """run.json: the run as a whole (the goal and result the steps belong to, and its spending)."""
+class RunRecordV3(RunRecordV2):
+    """run.json /3: the run as a whole (the goal and result the steps belong to, and its
+    spending). Read, never written."""
 
     schema_version: Literal["amc.export.run/3"]  # type: ignore[assignment]  # /2's, narrowed
     pruned: PrunedRecord | None = Field(
@@ -303,6 +304,29 @@ class RunRecord(RunRecordV2):
     )
     total: TotalRecord = Field(
         description="The steps', the failed decisions' and the pruned calls: the task's totals."
+    )
+
+
+class UnsettledRecord(_Record):
+    """One attempt's model calls whose cost was never recorded (the process making them died,
+    or their answer was lost after the request went out): the provider may have billed them.
+    Not in `total`, which counts what providers reported."""
+
+    attempt: int
+    calls: int = Field(description="How many calls.")
+    at_most: UsageRecord = Field(description="The most their tokens can have been.")
+    at_most_cost_usd: float = Field(description="The most they can have cost.")
+
+
+# /4 is /3 with the calls of unknown cost: /3 is closed, and a /3 reader would take its total
+# for everything the provider may have billed.
+class RunRecord(RunRecordV3):
+    """run.json: the run as a whole (the goal and result the steps belong to, and its spending)."""
+
+    schema_version: Literal["amc.export.run/4"]  # type: ignore[assignment]  # /3's, narrowed
+    unsettled: list[UnsettledRecord] = Field(
+        description="Per attempt, its calls of unknown cost with the most they can have cost "
+        "(not in total)."
     )
 
 
@@ -516,12 +540,21 @@ def run_record(run: Run) -> RunRecord:
             cost_usd=run.pruned.usage.cost_usd,
         ),
         total=TotalRecord(usage=_usage_record(usage), cost_usd=cost),
+        unsettled=[
+            UnsettledRecord(
+                attempt=u.attempt,
+                calls=u.calls,
+                at_most=_usage_record(u.at_most),
+                at_most_cost_usd=u.at_most.cost_usd,
+            )
+            for u in run.unsettled
+        ],
     )
 
 
 def pruned_from_record(record: RunRecordV1) -> Pruned | None:
     """What the retention deleted, as a run.json says (/1 and /2 did not say)."""
-    if not isinstance(record, RunRecord) or record.pruned is None:
+    if not isinstance(record, RunRecordV3) or record.pruned is None:
         return None
     p = record.pruned
     at = datetime.fromisoformat(p.pruned_at) if p.pruned_at is not None else None
@@ -539,12 +572,27 @@ def failed_calls_from_record(record: RunRecordV1) -> list[FailedCalls]:
     ]
 
 
-_ANY_RUN: TypeAdapter[RunRecord | RunRecordV2 | RunRecordV1] = TypeAdapter(
-    Annotated[RunRecord | RunRecordV2 | RunRecordV1, Field(discriminator="schema_version")]
+def unsettled_from_record(record: RunRecordV1) -> list[Unsettled]:
+    """The calls of unknown cost a run.json lists (none before /4, which did not list them)."""
+    if not isinstance(record, RunRecord):
+        return []
+    return [
+        Unsettled(
+            u.attempt,
+            u.calls,
+            Usage(**u.at_most.model_dump(), cost_usd=u.at_most_cost_usd),
+        )
+        for u in record.unsettled
+    ]
+
+
+AnyRunRecord = RunRecord | RunRecordV3 | RunRecordV2 | RunRecordV1
+_ANY_RUN: TypeAdapter[AnyRunRecord] = TypeAdapter(
+    Annotated[AnyRunRecord, Field(discriminator="schema_version")]
 )
 
 
-def parse_run(text: str | bytes) -> RunRecord | RunRecordV2 | RunRecordV1:
+def parse_run(text: str | bytes) -> AnyRunRecord:
     """run.json of any version, validated against its schema (a ValidationError names what
     is wrong)."""
     return _ANY_RUN.validate_json(text)

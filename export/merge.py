@@ -85,6 +85,7 @@ def merge(cloud: Run, *hosts: Run) -> Run:
             merged.attempts.setdefault(attempt, where)
     merged.failed_calls = _failed_calls(cloud, *hosts)
     merged.pruned = cloud.pruned  # a host's export knows nothing of the cloud's retention
+    merged.unsettled = cloud.unsettled  # nor of the calls of unknown cost (the cloud's record)
     merged.sort()
     return merged
 

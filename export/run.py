@@ -146,6 +146,18 @@ class Pruned:
     usage: Usage
 
 
+@dataclass(frozen=True, slots=True)
+class Unsettled:
+    """One attempt's model calls whose cost was never recorded (decision 0080: the process
+    making them died, or their answer was lost after the request went out): the provider may
+    have billed them. Not in the run's total, which counts what providers reported."""
+
+    attempt: int
+    calls: int
+    #: The most they can have cost (`planner.unsettled.at_most`; `at_most.cost_usd` too).
+    at_most: Usage
+
+
 @dataclass(slots=True)
 class Run:
     """A task's run as exported: its goal and result, and its steps in (attempt, step) order."""
@@ -165,6 +177,8 @@ class Run:
     failed_calls: list[FailedCalls] = field(default_factory=list)
     #: What the cloud's retention deleted of the log, None when nothing was.
     pruned: Pruned | None = None
+    #: Per attempt (in order, those with some), its calls of unknown cost.
+    unsettled: list[Unsettled] = field(default_factory=list)
 
     def sort(self) -> None:
         self.steps.sort(key=lambda s: s.key)

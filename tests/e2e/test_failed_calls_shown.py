@@ -173,12 +173,12 @@ async def test_a_failed_decision_s_calls_show_wherever_the_task_s_spending_shows
     words = html.unescape(re.sub(r"<[^>]+>", "", shown.group(1)))
     assert words == "Plus 1 failed decision's model calls: 2,400 tokens · $0.0120", words
 
-    # The export: run.json (amc.export.run/3) lists the failed calls and the task's total; the
+    # The export: run.json (amc.export.run/4) lists the failed calls and the task's total; the
     # report's totals are the task's, with a line for the failed decision.
     with zipfile.ZipFile(io.BytesIO(export)) as z:
         head = dataset.parse_run(z.read("run.json"))
         report = z.read("report.html").decode()
-    assert isinstance(head, dataset.RunRecord) and head.schema_version == "amc.export.run/3"
+    assert isinstance(head, dataset.RunRecord) and head.schema_version == "amc.export.run/4"
     assert head.pruned is None
     (failed_record,) = head.failed_calls
     assert (failed_record.attempt, failed_record.decisions) == (1, 1)
@@ -298,7 +298,7 @@ async def test_a_pruned_task_s_log_says_what_the_retention_deleted_and_when(
         "3,000 tokens · $0.0150 (the task's totals still count them)"
     ), words
 
-    # The export (run.json amc.export.run/3 and the report) says the same, and its total is
+    # The export (run.json amc.export.run/4 and the report) says the same, and its total is
     # the task's.
     with zipfile.ZipFile(io.BytesIO(export)) as z:
         head = dataset.parse_run(z.read("run.json"))

@@ -398,7 +398,7 @@ def test_run_2_lists_the_failed_calls_and_a_run_1_export_still_reads_and_merges(
     good = bundle_bytes(run)
     with zipfile.ZipFile(io.BytesIO(good)) as z:
         head = dataset.parse_run(z.read("run.json"))
-    assert isinstance(head, dataset.RunRecord) and head.schema_version == "amc.export.run/3"
+    assert isinstance(head, dataset.RunRecord) and head.schema_version == "amc.export.run/4"
     ((f),) = head.failed_calls
     assert (f.attempt, f.decisions, f.usage.input_tokens, f.cost_usd) == (1, 2, 400, 0.25)
     total = head.total.usage
@@ -441,7 +441,7 @@ def test_run_3_says_what_the_retention_pruned_and_a_run_2_export_still_reads(
     with zipfile.ZipFile(io.BytesIO(good)) as z:
         head = dataset.parse_run(z.read("run.json"))
         report = z.read("report.html").decode()
-    assert isinstance(head, dataset.RunRecord) and head.schema_version == "amc.export.run/3"
+    assert isinstance(head, dataset.RunRecord) and head.schema_version == "amc.export.run/4"
     assert head.pruned is not None
     assert (head.pruned.decisions, head.pruned.failed_decisions) == (3, 1)
     assert head.pruned.pruned_at == "2026-12-05T10:00:00+00:00"
