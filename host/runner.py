@@ -34,6 +34,7 @@ from host.devices.registry import ChangeKind, DeviceInfo, DeviceRegistry
 from host.devices.u2_driver import U2Driver, release_phone
 from host.lease_client import LeaseClient, LeaseClientConfig
 from host.outbox import Backlog, OutboxSender, OutboxStore, Shipments
+from host.outbox.kinds import UNSETTLED
 from host.perception.ocr import OcrPool
 from host.perception.perceive import Perceiver
 from host.planner_client import CloudPlanner, DirectPlanner, StepPlanner
@@ -291,6 +292,12 @@ def build_host(
         return await _run_task(app, spec, progress, cancel)
 
     outbox = OutboxStore(settings.resolved_outbox_path)
+    # Model calls a process that died was making (direct transport): their cost is unknown.
+    left = outbox.release_calls(UNSETTLED)
+    if left:
+        log.warning(
+            "%d model call(s) an earlier run was making are shipped as of unknown cost", left
+        )
     lease = LeaseClient(
         channels,
         registry,

@@ -6,7 +6,8 @@ back, and nobody can write into another host's attempts. `ship_decisions` is
 DecisionLogService.ShipDecisions: every entry is checked first, then each is logged in order
 through the decision log's own append (step index, masking), once per host decision id; then
 the failed decisions' calls it carries are counted (`spend.count_failed`), once per host spend
-id.
+id, settling the calls of unknown cost they name, which a request records first
+(`unsettled.shipped`, once per host call id).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from cloud.lease import validate
 from cloud.lease.validate import MAX_ID
 from cloud.services import durations
 from cloud.services.status import abort
-from cloud.store import decisions, flows, leases, spend
+from cloud.store import decisions, flows, leases, spend, unsettled
 from cloud.store.database import Store
 from planner.convert import decision_from_proto, merge_thinking_past_limit, usage_from_proto
 from planner.decision import (
@@ -195,7 +196,30 @@ def failed_calls_problem(i: int, record: pb.ShippedFailedCalls) -> str | None:
             return f"{field}.{name}: required"
         if size > limit:
             return f"{field}.{name}: {size} bytes; at most {limit}"
+    if len(record.settles_calls) > MAX_ENTRIES:
+        return f"{field}.settles_calls: at most {MAX_ENTRIES}"
+    for j, call_id in enumerate(record.settles_calls):
+        if not HOST_DECISION_ID.fullmatch(call_id):
+            return f"{field}.settles_calls[{j}]: 1 to 64 characters of A-Z a-z 0-9 _ -"
     return usage_problem(f"{field}.usage", record.usage)
+
+
+def unsettled_call_problem(i: int, call: pb.ShippedUnsettledCall) -> str | None:
+    """The INVALID_ARGUMENT text for one unsettled call, naming the field
+    (`unsettled_calls[i].…`), or None."""
+    field = f"unsettled_calls[{i}]"
+    if not HOST_DECISION_ID.fullmatch(call.host_call_id):
+        return f"{field}.host_call_id: 1 to 64 characters of A-Z a-z 0-9 _ -"
+    problem = lease_ref_problem(field, call.task_id, call.attempt, call.lease_id)
+    if problem:
+        return problem
+    for name, value in (("provider", call.provider), ("model", call.model)):
+        size = len(value.encode("utf-8"))
+        if not size:
+            return f"{field}.{name}: required"
+        if size > _LIMITS[name]:
+            return f"{field}.{name}: {size} bytes; at most {_LIMITS[name]}"
+    return usage_problem(f"{field}.at_most", call.at_most)
 
 
 def usage_problem(field: str, u: types_pb2.Usage) -> str | None:
@@ -227,15 +251,21 @@ async def ship_decisions(
 ) -> pb.ShipDecisionsResponse:
     """DecisionLogService.ShipDecisions (see the proto): check every entry, then log each (a
     late handover counts on its flow, retired after `retire_after` divergences in a row)."""
-    if not request.entries and not request.failed_calls:
+    if not request.entries and not request.failed_calls and not request.unsettled_calls:
         await abort(
-            context, grpc.StatusCode.INVALID_ARGUMENT, "entries: at least one (or failed_calls)"
+            context,
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "entries: at least one (or failed_calls, or unsettled_calls)",
         )
     if len(request.entries) > MAX_ENTRIES:
         await abort(context, grpc.StatusCode.INVALID_ARGUMENT, f"entries: at most {MAX_ENTRIES}")
     if len(request.failed_calls) > MAX_ENTRIES:
         await abort(
             context, grpc.StatusCode.INVALID_ARGUMENT, f"failed_calls: at most {MAX_ENTRIES}"
+        )
+    if len(request.unsettled_calls) > MAX_ENTRIES:
+        await abort(
+            context, grpc.StatusCode.INVALID_ARGUMENT, f"unsettled_calls: at most {MAX_ENTRIES}"
         )
     for i, entry in enumerate(request.entries):
         # More blocks than the log keeps are merged, not refused: the step is never lost.
@@ -247,10 +277,17 @@ async def ship_decisions(
         problem = failed_calls_problem(i, record)
         if problem:
             await abort(context, grpc.StatusCode.INVALID_ARGUMENT, problem)
+    for i, call in enumerate(request.unsettled_calls):
+        problem = unsettled_call_problem(i, call)
+        if problem:
+            await abort(context, grpc.StatusCode.INVALID_ARGUMENT, problem)
     checked: set[tuple[str, int, str]] = set()
-    named: list[tuple[str, pb.ShippedDecision | pb.ShippedFailedCalls]] = [
+    named: list[
+        tuple[str, pb.ShippedDecision | pb.ShippedFailedCalls | pb.ShippedUnsettledCall]
+    ] = [
         *((f"entries[{i}]", e) for i, e in enumerate(request.entries)),
         *((f"failed_calls[{i}]", f) for i, f in enumerate(request.failed_calls)),
+        *((f"unsettled_calls[{i}]", c) for i, c in enumerate(request.unsettled_calls)),
     ]
     for field, item in named:
         ref = (item.task_id, item.attempt, item.lease_id)
@@ -267,6 +304,18 @@ async def ship_decisions(
                     "itself",
                 )
             checked.add(ref)
+    for call in request.unsettled_calls:
+        await unsettled.shipped(
+            store,
+            host_id,
+            call.host_call_id,
+            call.task_id,
+            call.attempt,
+            call.provider,
+            call.model,
+            call.started_at.ToDatetime(tzinfo=dt.UTC) if call.HasField("started_at") else None,
+            usage_from_proto(call.at_most),
+        )
     response = pb.ShipDecisionsResponse()
     handed: dict[tuple[str, int], dict[str, int | None]] = {}
     for i, entry in enumerate(request.entries):
@@ -294,13 +343,16 @@ async def ship_decisions(
             )
         )
     for i, record in enumerate(request.failed_calls):
+        usage = usage_from_proto(record.usage)
+        # Counted, they are settled in the same write (`spend.add_to_task_totals`).
+        usage.calls = [unsettled.host_call_key(host_id, c) for c in record.settles_calls]
         try:
             await spend.count_failed(
                 store,
                 host_id,
                 record.task_id,
                 record.attempt,
-                Billed(record.provider, record.model, usage_from_proto(record.usage)),
+                Billed(record.provider, record.model, usage),
                 record.error,
                 host_spend_id=record.host_spend_id,
             )

@@ -6,14 +6,21 @@ the transaction that records what the provider reported of the call: the decisio
 ids the call's usage carries to `settle_in`. A row that outlives its call is a call whose cost
 is unknown (the process died during it, or the record's write failed): GetTask says so, with
 the most those calls can have cost, beside totals that count only what providers reported.
+
+A host on the direct transport keeps its own markers (`host.outbox.calls`) and ships those whose
+call ended unknown (`ShipDecisionsRequest.unsettled_calls`): `shipped` writes them here under
+`host_call_key`, and a shipped failed decision's calls that name them settle them.
 """
 
 from __future__ import annotations
 
+import datetime as dt
+import hashlib
 import uuid
 from collections.abc import Mapping, Sequence
 
 from sqlalchemy import delete, func, select
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from cloud.store.database import Store
@@ -29,6 +36,48 @@ async def settle_in(session: AsyncSession, call_ids: Sequence[str]) -> None:
             .where(UnsettledCallRow.call_id.in_(list(call_ids)))
             .execution_options(synchronize_session=False)
         )
+
+
+def host_call_key(host_id: str, host_call_id: str) -> str:
+    """The row id of a host's shipped call: its id is the host's own, so it is keyed with the
+    host (a host settles only its own), hashed to the width of the cloud's own ids."""
+    return hashlib.sha256(f"{host_id}\0{host_call_id}".encode()).hexdigest()[:32]
+
+
+async def shipped(
+    store: Store,
+    host_id: str,
+    host_call_id: str,
+    task_id: str,
+    attempt: int,
+    provider: str,
+    model: str,
+    started_at: dt.datetime | None,
+    at_most: Usage,
+) -> None:
+    """Record a call of unknown cost a direct host shipped; a resend changes nothing."""
+    call_id = host_call_key(host_id, host_call_id)
+    async with store.read() as session:
+        if await session.get(UnsettledCallRow, call_id) is not None:
+            return
+    try:
+        async with store.write() as session:
+            session.add(
+                UnsettledCallRow(
+                    call_id=call_id,
+                    host_id=host_id,
+                    task_id=task_id,
+                    attempt=attempt,
+                    provider=provider,
+                    model=model,
+                    started_at=started_at or store.now(),
+                    at_most_input_tokens=at_most.input_tokens,
+                    at_most_output_tokens=at_most.output_tokens,
+                    at_most_cost_usd=at_most.cost_usd,
+                )
+            )
+    except IntegrityError:
+        return  # a resend that raced its original on another replica: recorded there
 
 
 async def of_task(store: Store, task_id: str) -> tuple[int, Usage]:

@@ -44,7 +44,7 @@ from host.perception.perceive import Observation, Perceiver
 from host.planner_client import CloudPlanError, StepPlanner
 from host.timeline.record import TimelineRecord, screen_record
 from host.timeline.store import TimelineStore
-from planner import secret_refs
+from planner import secret_refs, unsettled
 from planner.budget import Budget, FleetDay
 from planner.decision import Billed, Decision, Usage
 from planner.errors import (
@@ -618,9 +618,16 @@ class AgentLoop:
         does a decision cancelled mid-way (the attempt revoked, cancelled or out of time), and
         the call it left under way once the provider answers it (`InFlight`), or what a
         streamed call it cut off (or one not streamed the provider answered as failed) had
-        reported (labelled by `cut_off_label`)."""
+        reported (labelled by `cut_off_label`). On the direct transport each model call is
+        written down first (`host.outbox.calls`); one that ended without the host learning its
+        cost (its answer lost after the request went out) is shipped as such once the decision
+        is over."""
+        ledger = None
+        if self.shipments is not None:
+            ledger = self.shipments.call_ledger(spec.task_id, spec.attempt, spec.lease_id)
+        token = unsettled.ledger.set(ledger)
         try:
-            return await self.planner.decide(spec.goal, scene, history, screenshot)
+            decision = await self.planner.decide(spec.goal, scene, history, screenshot)
         except (PlannerError, asyncio.CancelledError) as err:
             error = type(err).__name__
             in_flight = take_in_flight(err)
@@ -633,7 +640,18 @@ class AgentLoop:
             cut_off = take_cut_off(err)
             if cut_off is not None:
                 await self._count_failed(spec, cut_off, label)
+            if ledger is not None and self.shipments is not None:
+                # After what was counted settled its calls' markers: the rest are unknown.
+                await self._ship(self.shipments.release_calls, ledger.written)
             raise
+        finally:
+            unsettled.ledger.reset(token)
+        if ledger is not None and self.shipments is not None:
+            # A call the planner got past without an answer: its marker is not the decision's.
+            lost = [c for c in ledger.written if c not in decision.usage.calls]
+            if lost:
+                await self._ship(self.shipments.release_calls, lost)
+        return decision
 
     async def _count_failed(self, spec: TaskSpec, billed: Billed, error: str) -> None:
         """A failed decision's answered calls: kept in the timeline and sent from the outbox."""

@@ -1,6 +1,7 @@
 """The kinds of outbox item and the RPC that delivers each: decisions of the direct transport
 (`DecisionLogService.ShipDecisions`, several per call), the cost of failed decisions' answered
-model calls (the same call's `failed_calls`) and step screenshots
+model calls (the same call's `failed_calls`), model calls of unknown cost (its
+`unsettled_calls`) and step screenshots
 (`ArtifactService.UploadStepScreenshot`, one per call). A new kind is one more class here."""
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from host.outbox.store import OutboxItem
 DECISION = "decision"
 FAILED_CALLS = "failed_calls"
 SCREENSHOT = "screenshot"
+UNSETTLED = "unsettled_call"
 CALL_TIMEOUT_S = 30.0
 
 
@@ -68,6 +70,24 @@ class FailedCalls:
         await stub.ShipDecisions(request, timeout=CALL_TIMEOUT_S)
 
 
+class UnsettledCalls:
+    """Model calls of unknown cost (direct transport, decision 0080): `ShippedUnsettledCall`
+    bodies, many per ShipDecisions call, recorded by the cloud once per id."""
+
+    name = UNSETTLED
+    batch_items = 100
+    batch_bytes = 1024 * 1024
+
+    async def send(self, channel: Any, items: Sequence[OutboxItem]) -> None:
+        stub = decision_log_service_pb2_grpc.DecisionLogServiceStub(channel)
+        request = decision_log_service_pb2.ShipDecisionsRequest(
+            unsettled_calls=[
+                decision_log_service_pb2.ShippedUnsettledCall.FromString(i.body) for i in items
+            ]
+        )
+        await stub.ShipDecisions(request, timeout=CALL_TIMEOUT_S)
+
+
 class Screenshots:
     """Step screenshots: `UploadStepScreenshotRequest` bodies, one per call."""
 
@@ -82,4 +102,6 @@ class Screenshots:
             await stub.UploadStepScreenshot(request, timeout=CALL_TIMEOUT_S)
 
 
-KINDS: dict[str, Kind] = {k.name: k for k in (Decisions(), FailedCalls(), Screenshots())}
+KINDS: dict[str, Kind] = {
+    k.name: k for k in (Decisions(), FailedCalls(), UnsettledCalls(), Screenshots())
+}

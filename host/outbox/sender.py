@@ -40,7 +40,7 @@ from google.protobuf.message import DecodeError
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, wait_random_exponential
 
 from host.cloud_channel import MAX_MESSAGE_BYTES
-from host.outbox.kinds import FAILED_CALLS, KINDS, Kind
+from host.outbox.kinds import FAILED_CALLS, KINDS, UNSETTLED, Kind
 from host.outbox.store import OutboxItem, OutboxStore
 
 log = logging.getLogger(__name__)
@@ -67,8 +67,15 @@ GIVE_UP_TRIES = 10
 GIVE_UP_S = 600.0
 HEAD = 200
 #: What a cloud from before an item kind answers to a request of that kind alone: (kind, code,
-#: the exact words). Clouds before `failed_calls` checked only for entries.
-PREDATES = frozenset({(FAILED_CALLS, grpc.StatusCode.INVALID_ARGUMENT, "entries: at least one")})
+#: the exact words). Clouds before `failed_calls` checked only for entries, and clouds before
+#: `unsettled_calls` for entries or failed_calls.
+PREDATES = frozenset(
+    {
+        (FAILED_CALLS, grpc.StatusCode.INVALID_ARGUMENT, "entries: at least one"),
+        (UNSETTLED, grpc.StatusCode.INVALID_ARGUMENT, "entries: at least one"),
+        (UNSETTLED, grpc.StatusCode.INVALID_ARGUMENT, "entries: at least one (or failed_calls)"),
+    }
+)
 #: An item whose request is bigger than a message may be (less room for the request around a
 #: shipped decision) is never sent: gRPC refuses it with RESOURCE_EXHAUSTED, a code otherwise
 #: waited out, and it would hold every item after it for ever.

@@ -1,6 +1,7 @@
 """What the agent loop hands the outbox, as the cloud's requests: a step's decision (direct
 transport), its outcome once the action ran, what a failed decision's answered model calls cost
-(direct transport), and its before/after screenshots (both transports).
+(direct transport), the model calls whose cost the host never learned (direct transport:
+`host.outbox.calls`), and its before/after screenshots (both transports).
 
 Everything is masked here as it is for the timeline: the decision's sensitive text by
 `decision_to_proto` (the typed action and the arguments), anything typed as sensitive earlier
@@ -16,7 +17,8 @@ from dataclasses import dataclass
 from typing import Literal
 
 from amc.v1 import artifact_service_pb2, decision_log_service_pb2, types_pb2
-from host.outbox.kinds import DECISION, FAILED_CALLS, SCREENSHOT
+from host.outbox.calls import OutboxCallLedger
+from host.outbox.kinds import DECISION, FAILED_CALLS, SCREENSHOT, UNSETTLED
 from host.outbox.store import OutboxStore
 from planner.convert import decision_to_proto, usage_to_proto
 from planner.decision import (
@@ -112,6 +114,18 @@ class Shipments:
         if ref.host_decision_id:
             self._put_decision(ref, decision, redact, outcome)
 
+    def call_ledger(self, task_id: str, attempt: int, lease_id: str) -> OutboxCallLedger | None:
+        """Where a decision's model calls are written down before they are made (direct
+        transport only: on the cloud transport the cloud makes them)."""
+        if self.transport != "direct" or not lease_id:
+            return None
+        return OutboxCallLedger(self.store, task_id, attempt, lease_id)
+
+    def release_calls(self, call_ids: list[str]) -> int:
+        """Ship the markers among `call_ids` still open: their calls ended without the host
+        learning their cost (the provider may have billed them)."""
+        return self.store.release_calls(UNSETTLED, call_ids)
+
     def failed_calls(
         self, task_id: str, attempt: int, lease_id: str, billed: Billed, error: str
     ) -> None:
@@ -129,8 +143,15 @@ class Shipments:
             model=billed.model,
             usage=usage_to_proto(billed.usage),
             error=error[:64],
+            # A call shipped earlier as of unknown cost (its answer came late) is settled by it.
+            settles_calls=billed.usage.calls,
         )
-        self.store.put(FAILED_CALLS, record.host_spend_id, record.SerializeToString())
+        self.store.put(
+            FAILED_CALLS,
+            record.host_spend_id,
+            record.SerializeToString(),
+            settles=billed.usage.calls,
+        )
 
     def screenshot(
         self, ref: StepRef, phase: Phase, png: bytes, target: Bounds | None = None
@@ -190,4 +211,6 @@ class Shipments:
         )
         if outcome is not None:
             entry.outcome.CopyFrom(outcome)
-        self.store.put(DECISION, ref.host_decision_id, entry.SerializeToString())
+        self.store.put(
+            DECISION, ref.host_decision_id, entry.SerializeToString(), settles=decision.usage.calls
+        )

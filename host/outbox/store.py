@@ -8,6 +8,12 @@ the cloud took.
 Items the cloud refused for good stay, marked refused, for whoever looks at the host (the
 timeline keeps the same data anyway), and are pruned after `keep_refused` of them.
 
+Beside them, in a table of their own, the markers of the model calls this host's planner is
+making or made without learning their cost (direct transport, decision 0080): written before
+each call, deleted in the write that puts what the provider reported of it in the outbox (its
+decision, its failed decision's calls), and moved into the outbox as an item of their own when
+the call ended unknown, or at start for those a process that died left (`release_calls`).
+
 Beside them, in their own table, the results of attempts the cloud has not acknowledged yet
 (they go on the lease stream, not through the sender: `host.lease_client`): a host restarted
 before the cloud heard a result still has it, and the cloud does not run the task again.
@@ -41,6 +47,11 @@ CREATE TABLE IF NOT EXISTS results (
     body BLOB NOT NULL,
     created_at TEXT NOT NULL,
     PRIMARY KEY (task_id, attempt)
+);
+CREATE TABLE IF NOT EXISTS calls (
+    call_id TEXT PRIMARY KEY,
+    body BLOB NOT NULL,
+    created_at TEXT NOT NULL
 );
 """
 #: Columns of the outbox table added after its first release, each with a default: a file an
@@ -121,18 +132,86 @@ class OutboxStore:
         with self._lock:
             self._db.close()
 
-    def put(self, kind: str, item_id: str, body: bytes, now: datetime | None = None) -> int:
-        """Write one item; returns its position. Durable when this returns."""
+    def put(
+        self,
+        kind: str,
+        item_id: str,
+        body: bytes,
+        now: datetime | None = None,
+        settles: Sequence[str] = (),
+    ) -> int:
+        """Write one item; returns its position. Durable when this returns. `settles`: the
+        markers of the calls whose cost the item says, deleted in the same transaction."""
         ts = (now or datetime.now(UTC)).isoformat()
         with self._lock:
-            cursor = self._db.execute(
-                "INSERT INTO outbox (kind, item_id, body, created_at) VALUES (?,?,?,?)",
-                (kind, item_id, body, ts),
-            )
-            seq = int(cursor.lastrowid or 0)
+            self._db.execute("BEGIN")
+            try:
+                cursor = self._db.execute(
+                    "INSERT INTO outbox (kind, item_id, body, created_at) VALUES (?,?,?,?)",
+                    (kind, item_id, body, ts),
+                )
+                seq = int(cursor.lastrowid or 0)
+                self._db.executemany("DELETE FROM calls WHERE call_id = ?", [(c,) for c in settles])
+                self._db.execute("COMMIT")
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
         for listener in self._listeners:
             listener()
         return seq
+
+    def open_call(self, call_id: str, body: bytes) -> None:
+        """Write a call's marker (its record as it would be shipped) before the call is made;
+        durable when this returns."""
+        with self._lock:
+            self._db.execute(
+                "INSERT INTO calls (call_id, body, created_at) VALUES (?,?,?)",
+                (call_id, body, datetime.now(UTC).isoformat()),
+            )
+
+    def settle_calls(self, call_ids: Sequence[str]) -> None:
+        """Delete the markers of calls that ended unbilled."""
+        with self._lock:
+            self._db.executemany("DELETE FROM calls WHERE call_id = ?", [(c,) for c in call_ids])
+
+    def open_calls(self) -> list[str]:
+        """The ids of the markers still here, oldest first."""
+        with self._lock:
+            rows = self._db.execute("SELECT call_id FROM calls ORDER BY created_at").fetchall()
+        return [str(c) for (c,) in rows]
+
+    def release_calls(self, kind: str, call_ids: Sequence[str] | None = None) -> int:
+        """Move markers (`call_ids`, else every one) into the outbox as items of `kind`, in one
+        transaction: their calls ended, or their process died, without a cost. How many."""
+        ts = datetime.now(UTC).isoformat()
+        with self._lock:
+            self._db.execute("BEGIN")
+            try:
+                if call_ids is None:
+                    rows = self._db.execute(
+                        "SELECT call_id, body FROM calls ORDER BY created_at"
+                    ).fetchall()
+                else:
+                    rows = []
+                    for call_id in call_ids:
+                        rows += self._db.execute(
+                            "SELECT call_id, body FROM calls WHERE call_id = ?", (call_id,)
+                        ).fetchall()
+                self._db.executemany(
+                    "INSERT INTO outbox (kind, item_id, body, created_at) VALUES (?,?,?,?)",
+                    [(kind, str(c), bytes(b), ts) for c, b in rows],
+                )
+                self._db.executemany(
+                    "DELETE FROM calls WHERE call_id = ?", [(str(c),) for c, _ in rows]
+                )
+                self._db.execute("COMMIT")
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+        if rows:
+            for listener in self._listeners:
+                listener()
+        return len(rows)
 
     def head(self, limit: int) -> list[OutboxItem]:
         """The oldest pending items, in order."""

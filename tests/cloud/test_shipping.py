@@ -230,7 +230,7 @@ async def test_ship_refusals_name_the_problem(
     error = await refused(ship(held))
     assert (error.code(), error.details()) == (
         grpc.StatusCode.INVALID_ARGUMENT,
-        "entries: at least one (or failed_calls)",
+        "entries: at least one (or failed_calls, or unsettled_calls)",
     )
     # A lease this host never held: FAILED_PRECONDITION; nothing is logged.
     unknown = shipped(a, "x3")
@@ -411,6 +411,76 @@ async def test_shipped_failed_calls_count_once_and_refusals_name_the_field(
         await other_ch.close()
     task = (await held.ops.GetTask(task_pb.GetTaskRequest(task_id=a.task_id))).task
     assert task.totals.usage.input_tokens == 500, "nothing refused was counted"
+
+
+def unsettled_call(
+    a: lease_pb.Assignment, host_call_id: str, cost_usd: float = 0.16
+) -> decision_log_service_pb2.ShippedUnsettledCall:
+    """A model call of unknown cost, as a direct-transport host ships it."""
+    return decision_log_service_pb2.ShippedUnsettledCall(
+        host_call_id=host_call_id,
+        task_id=a.task_id,
+        attempt=a.attempt,
+        lease_id=a.lease_id,
+        provider="anthropic",
+        model="claude-sonnet-4-6",
+        at_most=types_pb2.Usage(input_tokens=12_000, output_tokens=8_192, cost_usd=cost_usd),
+    )
+
+
+async def test_shipped_unsettled_calls_show_once_until_their_late_cost_settles_them(
+    held: Held,
+) -> None:
+    """ShipDecisions' unsettled_calls: a direct host's calls of unknown cost show in GetTask
+    as the cloud's own do (the attempt's and the task's `unsettled`), once per host_call_id
+    however often resent, not in the totals; a failed_calls record naming one in
+    `settles_calls` settles it as it is counted; checked like entries (INVALID_ARGUMENT naming
+    the field)."""
+    a = held.assignment
+    get = task_pb.GetTaskRequest(task_id=a.task_id)
+
+    async def ship_calls(*calls: decision_log_service_pb2.ShippedUnsettledCall) -> None:
+        request = decision_log_service_pb2.ShipDecisionsRequest(unsettled_calls=list(calls))
+        await held.decisions.ShipDecisions(request)
+
+    await ship_calls(unsettled_call(a, "c1"), unsettled_call(a, "c2", cost_usd=0.04))
+    await ship_calls(unsettled_call(a, "c1"))  # a resend: shown once
+    task = (await held.ops.GetTask(get)).task
+    assert task.totals.unsettled.calls == 2
+    assert task.totals.unsettled.at_most.input_tokens == 24_000
+    assert task.totals.unsettled.at_most.cost_usd == pytest.approx(0.2)
+    (attempt,) = task.attempts
+    assert attempt.unsettled.calls == 2
+    assert task.totals.usage.input_tokens == 0
+
+    late = failed_calls(a, "f1")
+    late.settles_calls.append("c1")
+    await held.decisions.ShipDecisions(
+        decision_log_service_pb2.ShipDecisionsRequest(failed_calls=[late])
+    )
+    task = (await held.ops.GetTask(get)).task
+    assert task.totals.unsettled.calls == 1
+    assert task.totals.unsettled.at_most.cost_usd == pytest.approx(0.04)
+    assert task.totals.usage.input_tokens == 500
+
+    no_model = unsettled_call(a, "x1")
+    no_model.model = ""
+    negative = unsettled_call(a, "x2")
+    negative.at_most.output_tokens = -1
+    for call, field in (
+        (unsettled_call(a, "no spaces"), "unsettled_calls[0].host_call_id"),
+        (no_model, "unsettled_calls[0].model: required"),
+        (negative, "unsettled_calls[0].at_most: token counts must not be negative"),
+    ):
+        error = await refused(ship_calls(call))
+        assert error.code() == grpc.StatusCode.INVALID_ARGUMENT, error
+        assert error.details().startswith(field), error.details()
+    unknown = unsettled_call(a, "x3")
+    unknown.lease_id = "not-a-lease"
+    error = await refused(ship_calls(unknown))
+    assert error.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert error.details().startswith("unsettled_calls[0]: lease 'not-a-lease'")
+    assert (await held.ops.GetTask(get)).task.totals.unsettled.calls == 1
 
 
 async def test_a_shipped_usage_out_of_range_is_refused_and_the_task_stays_readable(

@@ -39,6 +39,7 @@ from console.settings import ConsoleSettings
 from export import dataset
 from export.bundle import read_bundle
 from export.run import FailedCalls
+from host.outbox import OutboxStore
 from planner.decision import Usage
 from tests.console.console_stack import UvicornThread
 from tests.console.test_cli import amc
@@ -230,6 +231,13 @@ async def test_a_direct_host_s_own_export_lists_its_failed_decision_s_calls(
     assert run.failed_calls == [
         FailedCalls(1, 1, Usage(2000, 400, cost_usd=pytest.approx(0.012)))  # type: ignore[arg-type]  # approx compares equal
     ]
+    # Every call was answered: the markers the host wrote before them went with their records.
+    assert task.totals.unsettled.calls == 0
+    outbox = OutboxStore(host / "outbox.sqlite3")
+    try:
+        assert outbox.open_calls() == []
+    finally:
+        outbox.close()
     with zipfile.ZipFile(path) as z:
         head = dataset.parse_run(z.read("run.json"))
     assert isinstance(head, dataset.RunRecord)

@@ -486,6 +486,7 @@ class ShippedFailedCalls(_message.Message):
     MODEL_FIELD_NUMBER: _builtins.int
     USAGE_FIELD_NUMBER: _builtins.int
     ERROR_FIELD_NUMBER: _builtins.int
+    SETTLES_CALLS_FIELD_NUMBER: _builtins.int
     host_spend_id: _builtins.str
     """The host's own id for this record, as host_decision_id: 1 to 64 characters of A-Z a-z 0-9
     _ -, unique among this host's records. Counted once per id; a resend (the same id for the
@@ -511,6 +512,13 @@ class ShippedFailedCalls(_message.Message):
         0 to 1,000,000,000, cost_usd a finite 0 to 1,000,000 (as a ShippedDecision's usage).
         """
 
+    @_builtins.property
+    def settles_calls(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """The host_call_id of calls counted here that this host shipped before as unsettled
+        (ShippedUnsettledCall: their answer came late), at most 100: counting this record settles
+        them. Each as a host_call_id.
+        """
+
     def __init__(
         self,
         *,
@@ -522,14 +530,76 @@ class ShippedFailedCalls(_message.Message):
         model: _builtins.str = ...,
         usage: _types_pb2.Usage | None = ...,
         error: _builtins.str = ...,
+        settles_calls: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["usage", b"usage"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "error", b"error", "host_spend_id", b"host_spend_id", "lease_id", b"lease_id", "model", b"model", "provider", b"provider", "task_id", b"task_id", "usage", b"usage"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "error", b"error", "host_spend_id", b"host_spend_id", "lease_id", b"lease_id", "model", b"model", "provider", b"provider", "settles_calls", b"settles_calls", "task_id", b"task_id", "usage", b"usage"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ShippedFailedCalls: _TypeAlias = ShippedFailedCalls  # noqa: Y015
+
+@_typing.final
+class ShippedUnsettledCall(_message.Message):
+    """A model call a host on the direct transport made whose cost it does not know (decision
+    0080): its answer was lost after the request went out (a dropped connection, a timeout, a
+    cancel), or the host process died during it. The provider may have billed it, so the cloud
+    shows it beside the task's totals (not in them) with the most it can have cost.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    HOST_CALL_ID_FIELD_NUMBER: _builtins.int
+    TASK_ID_FIELD_NUMBER: _builtins.int
+    ATTEMPT_FIELD_NUMBER: _builtins.int
+    LEASE_ID_FIELD_NUMBER: _builtins.int
+    PROVIDER_FIELD_NUMBER: _builtins.int
+    MODEL_FIELD_NUMBER: _builtins.int
+    STARTED_AT_FIELD_NUMBER: _builtins.int
+    AT_MOST_FIELD_NUMBER: _builtins.int
+    host_call_id: _builtins.str
+    """The host's own id for the call, as host_decision_id: 1 to 64 characters of A-Z a-z 0-9
+    _ -, unique among this host's calls. Recorded once per id.
+    """
+    task_id: _builtins.str
+    """Task, attempt and lease of the call (from the Assignment); the same rule as a
+    ShippedDecision's.
+    """
+    attempt: _builtins.int
+    lease_id: _builtins.str
+    provider: _builtins.str
+    """Provider and model called, at most 32 and 128 bytes; required."""
+    model: _builtins.str
+    @_builtins.property
+    def started_at(self) -> _timestamp_pb2.Timestamp:
+        """When the call started (the host's clock); unset: when the cloud recorded it."""
+
+    @_builtins.property
+    def at_most(self) -> _types_pb2.Usage:
+        """The most the call can have cost (`planner.unsettled.at_most`): token counts and cost_usd
+        in the ranges of a ShippedDecision's usage.
+        """
+
+    def __init__(
+        self,
+        *,
+        host_call_id: _builtins.str = ...,
+        task_id: _builtins.str = ...,
+        attempt: _builtins.int = ...,
+        lease_id: _builtins.str = ...,
+        provider: _builtins.str = ...,
+        model: _builtins.str = ...,
+        started_at: _timestamp_pb2.Timestamp | None = ...,
+        at_most: _types_pb2.Usage | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["at_most", b"at_most", "started_at", b"started_at"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["at_most", b"at_most", "attempt", b"attempt", "host_call_id", b"host_call_id", "lease_id", b"lease_id", "model", b"model", "provider", b"provider", "started_at", b"started_at", "task_id", b"task_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ShippedUnsettledCall: _TypeAlias = ShippedUnsettledCall  # noqa: Y015
 
 @_typing.final
 class ShipDecisionsRequest(_message.Message):
@@ -539,25 +609,31 @@ class ShipDecisionsRequest(_message.Message):
 
     ENTRIES_FIELD_NUMBER: _builtins.int
     FAILED_CALLS_FIELD_NUMBER: _builtins.int
+    UNSETTLED_CALLS_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def entries(self) -> _containers.RepeatedCompositeFieldContainer[Global___ShippedDecision]:
         """Decisions in the order the host made them (0 to 100 entries); several attempts may mix.
-        A request carries at least one entry or one failed_calls record.
+        A request carries at least one entry, failed_calls record or unsettled call.
         """
 
     @_builtins.property
     def failed_calls(self) -> _containers.RepeatedCompositeFieldContainer[Global___ShippedFailedCalls]:
         """The cost of failed decisions' answered calls (0 to 100), counted after the entries."""
 
+    @_builtins.property
+    def unsettled_calls(self) -> _containers.RepeatedCompositeFieldContainer[Global___ShippedUnsettledCall]:
+        """Calls of unknown cost (0 to 100), recorded before the failed_calls."""
+
     def __init__(
         self,
         *,
         entries: _abc.Iterable[Global___ShippedDecision] | None = ...,
         failed_calls: _abc.Iterable[Global___ShippedFailedCalls] | None = ...,
+        unsettled_calls: _abc.Iterable[Global___ShippedUnsettledCall] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["entries", b"entries", "failed_calls", b"failed_calls"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["entries", b"entries", "failed_calls", b"failed_calls", "unsettled_calls", b"unsettled_calls"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

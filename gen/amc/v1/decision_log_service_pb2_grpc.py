@@ -134,6 +134,12 @@ class DecisionLogServiceServicer:
         host_spend_id this host already used for another attempt is INVALID_ARGUMENT
         ("failed_calls[0]: host_spend_id 'x' already names a record of task … attempt 1"), found
         while counting: the entries and the records before it stay counted.
+
+        `unsettled_calls` (ShippedUnsettledCall) are checked the same way (fields named
+        `unsettled_calls[0].at_most`) and recorded first, each once per host_call_id (a resend
+        changes nothing): GetTask then shows them in the attempt's and the
+        task's `unsettled`, as calls of unknown cost the cloud made itself (decision 0080). A
+        failed_calls record naming one in `settles_calls` settles it when counted.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

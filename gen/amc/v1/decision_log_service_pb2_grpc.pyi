@@ -93,6 +93,12 @@ class DecisionLogServiceStub:
     host_spend_id this host already used for another attempt is INVALID_ARGUMENT
     ("failed_calls[0]: host_spend_id 'x' already names a record of task … attempt 1"), found
     while counting: the entries and the records before it stay counted.
+
+    `unsettled_calls` (ShippedUnsettledCall) are checked the same way (fields named
+    `unsettled_calls[0].at_most`) and recorded first, each once per host_call_id (a resend
+    changes nothing): GetTask then shows them in the attempt's and the
+    task's `unsettled`, as calls of unknown cost the cloud made itself (decision 0080). A
+    failed_calls record naming one in `settles_calls` settles it when counted.
     """
 
 @_typing.type_check_only
@@ -160,6 +166,12 @@ class DecisionLogServiceAsyncStub(DecisionLogServiceStub):
     host_spend_id this host already used for another attempt is INVALID_ARGUMENT
     ("failed_calls[0]: host_spend_id 'x' already names a record of task … attempt 1"), found
     while counting: the entries and the records before it stay counted.
+
+    `unsettled_calls` (ShippedUnsettledCall) are checked the same way (fields named
+    `unsettled_calls[0].at_most`) and recorded first, each once per host_call_id (a resend
+    changes nothing): GetTask then shows them in the attempt's and the
+    task's `unsettled`, as calls of unknown cost the cloud made itself (decision 0080). A
+    failed_calls record naming one in `settles_calls` settles it when counted.
     """
 
 class DecisionLogServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -248,6 +260,12 @@ class DecisionLogServiceServicer(metaclass=_abc_1.ABCMeta):
         host_spend_id this host already used for another attempt is INVALID_ARGUMENT
         ("failed_calls[0]: host_spend_id 'x' already names a record of task … attempt 1"), found
         while counting: the entries and the records before it stay counted.
+
+        `unsettled_calls` (ShippedUnsettledCall) are checked the same way (fields named
+        `unsettled_calls[0].at_most`) and recorded first, each once per host_call_id (a resend
+        changes nothing): GetTask then shows them in the attempt's and the
+        task's `unsettled`, as calls of unknown cost the cloud made itself (decision 0080). A
+        failed_calls record naming one in `settles_calls` settles it when counted.
         """
 
 def add_DecisionLogServiceServicer_to_server(servicer: DecisionLogServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
