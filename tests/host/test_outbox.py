@@ -28,7 +28,7 @@ from cloud import pki, revocations
 from cloud.server import CloudServer
 from cloud.settings import CloudSettings
 from host.outbox import OutboxSender, OutboxStore
-from host.outbox.kinds import DECISION, SCREENSHOT
+from host.outbox.kinds import DECISION, SCREENSHOT, UNSETTLED
 from host.outbox.shipments import Shipments
 from planner.decision import MAX_MODEL_TEXT, MAX_THINKING_BLOCK_BYTES, Billed, Usage
 from planner.planner import Planner
@@ -654,4 +654,43 @@ async def test_failed_calls_an_older_cloud_cannot_take_wait_for_a_newer_one(
     finally:
         stop.set()
         await running
+        store.close()
+
+
+async def test_a_call_s_marker_goes_with_its_record_or_ships_as_unknown_then_settled(
+    tmp_path: Path,
+) -> None:
+    """The direct transport's call markers (decision 0080) live beside the outbox: one goes in
+    the same write as the decision that reports its call; one whose call ended unknown moves
+    into the outbox as an unsettled call (the record the ledger wrote before the call); and
+    a late answer's failed-calls record names it, so the cloud settles it when counted."""
+    store = OutboxStore(tmp_path / "outbox.sqlite3")
+    try:
+        shipments = Shipments(store, "direct")
+        assert shipments.call_ledger("t1", 1, "") is None  # no lease: nothing ships
+        assert Shipments(store, "cloud").call_ledger("t1", 1, "l1") is None
+        ledger = shipments.call_ledger("t1", 1, "l1")
+        assert ledger is not None
+        bound = Usage(input_tokens=12_000, output_tokens=8_192, cost_usd=0.16)
+        answered = await ledger.opened("anthropic", "claude-sonnet-4-6", bound)
+        lost = await ledger.opened("anthropic", "claude-sonnet-4-6", bound)
+        assert store.open_calls() == [answered, lost]
+
+        store.put(DECISION, "d1", b"decision", settles=[answered])
+        assert store.open_calls() == [lost]
+        assert shipments.release_calls([answered, lost]) == 1
+        assert store.open_calls() == []
+        item = store.head(10)[-1]
+        assert (item.kind, item.item_id) == (UNSETTLED, lost)
+        call = decision_log_service_pb2.ShippedUnsettledCall.FromString(item.body)
+        assert (call.task_id, call.attempt, call.lease_id) == ("t1", 1, "l1")
+        assert (call.at_most.input_tokens, call.at_most.cost_usd) == (12_000, 0.16)
+
+        late = Usage(input_tokens=500, output_tokens=100, cost_usd=0.003)
+        late.calls.append(lost)
+        shipments.failed_calls("t1", 1, "l1", Billed("anthropic", "m", late), "CancelledError")
+        item = store.head(10)[-1]
+        record = decision_log_service_pb2.ShippedFailedCalls.FromString(item.body)
+        assert list(record.settles_calls) == [lost]
+    finally:
         store.close()
