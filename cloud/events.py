@@ -1,8 +1,10 @@
 """Change events between the parts of one replica, and across replicas through PostgreSQL.
 
-Nine kinds of event travel: "these tasks changed" (watchers reload them), "these leases were
+Ten kinds of event travel: "these tasks changed" (watchers reload them), "these leases were
 extended, with new progress or nothing else changed" (watchers on every replica show the new
-expiry and progress without a read: the extension itself travels), "these hosts changed"
+expiry and progress without a read: the extension itself travels), "these tasks' totals moved"
+(a decision, or a failed decision's calls, was counted: the new totals travel, so watchers show
+them without a read either), "these hosts changed"
 (fleet watchers reload them: connected, disconnected, phones), "tasks are queued" (dispatchers
 look for idle phones), "revoke this lease" (the replica holding the host's stream tells the
 host), "a host has a new stream" (a replica holding an older stream of that host replaces or
@@ -33,14 +35,17 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from cloud import metrics, supervised
-from cloud.store import errors
+from cloud.store import errors, spend
 from cloud.store.database import Store
 from cloud.store.leases.progress import ProgressIn
+from cloud.store.spend import TaskSpent
 
 log = logging.getLogger(__name__)
 
 CHANNEL = "amc_events"
 _MAX_PAYLOAD = 7000  # PostgreSQL refuses NOTIFY payloads of 8000 bytes or more.
+# Tasks' totals per NOTIFY message: a task id of up to 64 characters and seven numbers each.
+_TOTALS_CHUNK = 40
 # Thinking text per NOTIFY message: JSON escapes a character to at most 12 bytes (a surrogate
 # pair), so 500 characters always fit one payload.
 _THINKING_CHUNK = 500
@@ -189,6 +194,17 @@ def _extension_messages(extended: list[Extension]) -> list[str]:
     return out
 
 
+def _encode_spent(s: TaskSpent) -> list[Any]:
+    """A task's totals as a JSON array: task, decisions, then the figures in `Usage` order."""
+    return [s.task_id, s.decisions, *(getattr(s.usage, name) for name in spend.FIGURES)]
+
+
+def _decode_spent(fields: list[Any]) -> TaskSpent:
+    if len(fields) != 2 + len(spend.FIGURES):
+        raise ValueError("not a task's totals")
+    return TaskSpent(str(fields[0]), spend.usage_of(fields[2:]), int(fields[1]))
+
+
 class Mailbox:
     """A watcher's mailbox of changed ids: coalesces, never overflows."""
 
@@ -240,6 +256,20 @@ class Subscription(Mailbox):
         self._task_id = task_id
         self._thinking: dict[tuple[str, int], str] = {}
         self._extended: dict[str, Extension] = {}
+        self._spent: dict[str, TaskSpent] = {}
+
+    def _offer_spent(self, spent: list[TaskSpent]) -> None:
+        for s in spent:
+            if not self._task_id or s.task_id == self._task_id:
+                held = self._spent.get(s.task_id)
+                self._spent[s.task_id] = s if held is None else held.newest(s)
+                self._event.set()
+
+    def take_spent(self) -> list[TaskSpent]:
+        """Tasks' totals received since the last call, the newest of each task."""
+        out = list(self._spent.values())
+        self._spent = {}
+        return out
 
     def _offer_extended(self, extended: list[Extension]) -> None:
         for e in extended:
@@ -359,6 +389,30 @@ class EventBus:
             sub._offer_extended(extended)
         self._remote({"k": "x", "e": extended})
 
+    async def decisions_counted(self, task_ids: list[str]) -> None:
+        """Decisions, or failed decisions' calls, were just counted in these tasks' totals (and
+        committed): their watchers on every replica show the new totals. They are read here
+        once, one row per task, and travel as they are, so no watcher reloads a task for them:
+        as task changes, each step of every task cost each watcher a reload. Should the read
+        fail, the tasks are announced as changed instead (their watchers reload them)."""
+        if not task_ids or (not self.store.is_postgres and not self._subs):
+            return  # nobody watches (another replica's watchers would, on PostgreSQL)
+        try:
+            found = await spend.task_totals(self.store, task_ids)
+        except Exception as exc:
+            errors.report(log, "reading the totals just counted failed; watchers reload", exc)
+            self.tasks_changed(task_ids)
+            return
+        self.totals_moved(found)
+
+    def totals_moved(self, spent: list[TaskSpent]) -> None:
+        """These are the tasks' totals now: watchers on every replica show them."""
+        if not spent:
+            return
+        self._deliver_spent(spent)
+        for i in range(0, len(spent), _TOTALS_CHUNK):
+            self._remote({"k": "u", "e": [_encode_spent(s) for s in spent[i : i + _TOTALS_CHUNK]]})
+
     def hosts_changed(self, host_ids: list[str], *, local_only: bool = False) -> None:
         """Hosts changed (hello, phones, stream closed). `local_only` for changes every replica
         finds by itself (a host whose replica stopped vouching for it), so each tells only its
@@ -425,6 +479,20 @@ class EventBus:
             return
         for sub in list(self._subs):
             sub._offer_extended(extended)
+
+    def _deliver_spent(self, spent: list[TaskSpent]) -> None:
+        for sub in list(self._subs):
+            sub._offer_spent(spent)
+
+    def _deliver_spent_remote(self, encoded: list[Any]) -> None:
+        """Another replica's totals; those this replica cannot read are reloaded instead."""
+        try:
+            spent = [_decode_spent(e) for e in encoded]
+        except (TypeError, ValueError, IndexError, OverflowError):
+            log.warning("unreadable task totals from another replica; reloading their tasks")
+            self._deliver_changed([str(e[0]) for e in encoded if isinstance(e, list) and e])
+            return
+        self._deliver_spent(spent)
 
     def _deliver_hosts(self, host_ids: list[str]) -> None:
         for sub in list(self._host_subs):
@@ -601,6 +669,9 @@ class EventBus:
             elif kind == "x":
                 if self._subs:
                     self._deliver_extended(m.get("e", []))
+            elif kind == "u":
+                if self._subs:
+                    self._deliver_spent_remote(m.get("e", []))
             elif kind == "h":
                 self._deliver_hosts([str(i) for i in m.get("ids", [])])
             elif kind == "q":

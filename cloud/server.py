@@ -316,7 +316,8 @@ class CloudServer:
         )
         window = dt.timedelta(seconds=s.ship_window_seconds)
         decision_log_service_pb2_grpc.add_DecisionLogServiceServicer_to_server(
-            DecisionLogServicer(store, window, flow_retire_after=s.flow_retire_after), self.server
+            DecisionLogServicer(store, window, flow_retire_after=s.flow_retire_after, bus=bus),
+            self.server,
         )
         artifact_service_pb2_grpc.add_ArtifactServiceServicer_to_server(
             ArtifactServicer(store, self.artifacts, s), self.server

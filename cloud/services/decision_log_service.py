@@ -10,6 +10,7 @@ import grpc
 from amc.v1 import decision_log_service_pb2 as pb
 from amc.v1 import decision_log_service_pb2_grpc
 from cloud import authz
+from cloud.events import EventBus
 from cloud.services.attempts import known_attempt, known_step_page
 from cloud.services.conversation import conversation_item
 from cloud.services.shipping import ship_decisions
@@ -30,10 +31,12 @@ class DecisionLogServicer(decision_log_service_pb2_grpc.DecisionLogServiceServic
         ship_window: dt.timedelta = dt.timedelta(days=1),
         *,
         flow_retire_after: int,
+        bus: EventBus | None = None,
     ) -> None:
         self._store = store
         self._ship_window = ship_window
         self._retire_after = flow_retire_after
+        self._bus = bus
 
     async def ShipDecisions(
         self,
@@ -47,6 +50,7 @@ class DecisionLogServicer(decision_log_service_pb2_grpc.DecisionLogServiceServic
             authz.caller().name,
             request,
             self._retire_after,
+            None if self._bus is None else self._bus.decisions_counted,
         )
 
     async def ListDecisions(

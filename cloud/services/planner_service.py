@@ -336,7 +336,7 @@ def build_planner_servicer(
             "AMC_PLANNER_MODE=compact",
         )
     budget = budgets or CloudBudgets(store, CloudSettings())
-    sink = StoreDecisionSink(store, on_spent=budget.spend.add)
+    sink = StoreDecisionSink(store, on_spent=budget.spend.add, on_counted=bus.decisions_counted)
     inner = PlannerServicer(
         caller_host_id=_caller_host_id,
         lease_gate=StoreLeaseGate(store, clock_settled),

@@ -13,7 +13,9 @@ from cloud.events import EventBus, Extension
 from cloud.services.status import abort
 from cloud.store import convert, states, tasks
 from cloud.store.database import Store
+from cloud.store.spend import TaskSpent
 from cloud.store.tasks import TaskView
+from planner.convert import usage_from_proto, usage_to_proto
 
 _SNAPSHOT_CHUNK = 200
 #: `_Shown.extend`: the task stays as sent.
@@ -21,7 +23,8 @@ KEPT: Final = "kept"
 
 
 class _Shown:
-    """The live tasks as one stream last sent them, to apply lease extensions and progress to."""
+    """The live tasks as one stream last sent them, to apply lease extensions, progress and
+    totals to."""
 
     def __init__(self) -> None:
         self._tasks: dict[str, types_pb2.Task] = {}
@@ -78,6 +81,24 @@ class _Shown:
         self._tasks[e.task_id] = task
         return task
 
+    def spend(self, s: TaskSpent) -> types_pb2.Task | Literal["kept"] | None:
+        """The task as sent with the newer of its totals as sent and `s`, remembered; `KEPT`
+        when those sent are as new (a reload read them, or a later reading came first); None
+        when the task was not sent or has ended since (a shipment can come after the end)."""
+        shown = self._tasks.get(s.task_id)
+        if shown is None:
+            return None
+        sent = TaskSpent(s.task_id, usage_from_proto(shown.totals.usage), shown.totals.decisions)
+        newest = sent.newest(s)
+        if newest == sent:
+            return KEPT
+        task = types_pb2.Task()
+        task.CopyFrom(shown)
+        task.totals.usage.CopyFrom(usage_to_proto(newest.usage))
+        task.totals.decisions = newest.decisions
+        self._tasks[s.task_id] = task
+        return task
+
 
 def _messages(
     found: list[types_pb2.Task], request: pb.WatchProgressRequest, *, snapshot: bool = False
@@ -97,8 +118,11 @@ def _messages(
 class ProgressServicer(progress_service_pb2_grpc.ProgressServiceServicer):
     """Streams task changes; changes arriving faster than a watcher reads are coalesced.
 
-    A lease extension with nothing else changed but, perhaps, the attempt's progress or its start
-    (`EventBus.leases_extended`) is applied to the task as this stream last sent it, not reloaded:
+    A task's new totals (`EventBus.totals_moved`: a decision or a failed decision's calls were
+    counted) are applied to the task as this stream last sent it too, not reloaded: every step
+    of every task would cost each watcher a reload. So is a lease extension with nothing else
+    changed but, perhaps, the attempt's progress or its start
+    (`EventBus.leases_extended`), not reloaded:
     with the default lease, renewal interval and write margin nearly every renewal is written only
     to extend its lease or to store a new step, a fleet's start is every attempt's first renewal,
     and each would cost every watcher a reload (~1 ms of the replica's loop; at 10,000 hosts the
@@ -153,6 +177,7 @@ class ProgressServicer(progress_service_pb2_grpc.ProgressServiceServicer):
             while True:
                 changed = await sub.next()
                 extended = sub.take_extended()
+                spent = sub.take_spent()
                 for task_id, attempt, text in sub.take_thinking():
                     yield pb.WatchProgressResponse(
                         thinking=pb.LiveThinking(task_id=task_id, attempt=attempt, delta=text)
@@ -167,18 +192,23 @@ class ProgressServicer(progress_service_pb2_grpc.ProgressServiceServicer):
                     if request.task_id:
                         changed &= {request.task_id}
                     wanted = sorted(changed)
-                    patched_tasks: list[types_pb2.Task] = []
-                    for e in extended:  # of `request.task_id` only, when given
-                        if e.task_id in changed:
+                    # Each task as last patched, sent once (an extension and totals of one task).
+                    patched_tasks: dict[str, types_pb2.Task] = {}
+                    reloaded = set(changed)
+                    news: list[Extension | TaskSpent] = [*extended, *spent]
+                    for e in news:  # of `request.task_id` only, when given
+                        if e.task_id in reloaded:
                             continue  # reloaded below
-                        patched = shown.extend(e)
+                        patched = shown.extend(e) if isinstance(e, Extension) else shown.spend(e)
                         if patched == KEPT:
                             continue
                         if patched is None:
+                            patched_tasks.pop(e.task_id, None)
+                            reloaded.add(e.task_id)
                             wanted.append(e.task_id)
                         else:
-                            patched_tasks.append(patched)
-                    for msg in _messages(patched_tasks, request):
+                            patched_tasks[e.task_id] = patched
+                    for msg in _messages(list(patched_tasks.values()), request):
                         yield msg
                 for i in range(0, len(wanted), _SNAPSHOT_CHUNK):
                     chunk = wanted[i : i + _SNAPSHOT_CHUNK]

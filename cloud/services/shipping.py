@@ -16,6 +16,7 @@ import datetime as dt
 import logging
 import math
 import re
+from collections.abc import Awaitable, Callable
 from typing import Any, TypeAlias
 
 import grpc
@@ -248,9 +249,12 @@ async def ship_decisions(
     host_id: str,
     request: pb.ShipDecisionsRequest,
     retire_after: int,
+    counted: Callable[[list[str]], Awaitable[None]] | None = None,
 ) -> pb.ShipDecisionsResponse:
     """DecisionLogService.ShipDecisions (see the proto): check every entry, then log each (a
-    late handover counts on its flow, retired after `retire_after` divergences in a row)."""
+    late handover counts on its flow, retired after `retire_after` divergences in a row).
+    `counted` hears the tasks whose totals what was logged moved, once the last is committed
+    (`EventBus.decisions_counted`), also when a later entry was refused."""
     if not request.entries and not request.failed_calls and not request.unsettled_calls:
         await abort(
             context,
@@ -318,46 +322,54 @@ async def ship_decisions(
         )
     response = pb.ShipDecisionsResponse()
     handed: dict[tuple[str, int], dict[str, int | None]] = {}
-    for i, entry in enumerate(request.entries):
-        await _trusted_handover(store, host_id, f"entries[{i}]", entry, handed)
-        outcome = entry.outcome if entry.HasField("outcome") else None
-        try:
-            row, duplicate = await decisions.append_shipped(
-                store,
-                host_id,
-                entry.task_id,
-                entry.attempt,
-                entry.host_decision_id,
-                _decision(entry.decision),
-                outcome,
-                retire_after=retire_after,
+    moved: list[str] = []  # the tasks whose totals moved, in order
+    try:
+        for i, entry in enumerate(request.entries):
+            await _trusted_handover(store, host_id, f"entries[{i}]", entry, handed)
+            outcome = entry.outcome if entry.HasField("outcome") else None
+            try:
+                row, duplicate = await decisions.append_shipped(
+                    store,
+                    host_id,
+                    entry.task_id,
+                    entry.attempt,
+                    entry.host_decision_id,
+                    _decision(entry.decision),
+                    outcome,
+                    retire_after=retire_after,
+                )
+            except decisions.ShippedElsewhere as exc:
+                await abort(context, grpc.StatusCode.INVALID_ARGUMENT, f"entries[{i}]: {exc}")
+            response.acks.append(
+                pb.ShippedDecisionAck(
+                    host_decision_id=entry.host_decision_id,
+                    decision_id=row.decision_id,
+                    step_index=row.step_index,
+                    duplicate=duplicate,
+                )
             )
-        except decisions.ShippedElsewhere as exc:
-            await abort(context, grpc.StatusCode.INVALID_ARGUMENT, f"entries[{i}]: {exc}")
-        response.acks.append(
-            pb.ShippedDecisionAck(
-                host_decision_id=entry.host_decision_id,
-                decision_id=row.decision_id,
-                step_index=row.step_index,
-                duplicate=duplicate,
-            )
-        )
-    for i, record in enumerate(request.failed_calls):
-        usage = usage_from_proto(record.usage)
-        # Counted, they are settled in the same write (`spend.add_to_task_totals`).
-        usage.calls = [unsettled.host_call_key(host_id, c) for c in record.settles_calls]
-        try:
-            await spend.count_failed(
-                store,
-                host_id,
-                record.task_id,
-                record.attempt,
-                Billed(record.provider, record.model, usage),
-                record.error,
-                host_spend_id=record.host_spend_id,
-            )
-        except spend.SpentElsewhere as exc:
-            await abort(context, grpc.StatusCode.INVALID_ARGUMENT, f"failed_calls[{i}]: {exc}")
+            if not duplicate:
+                moved.append(entry.task_id)
+        for i, record in enumerate(request.failed_calls):
+            usage = usage_from_proto(record.usage)
+            # Counted, they are settled in the same write (`spend.add_to_task_totals`).
+            usage.calls = [unsettled.host_call_key(host_id, c) for c in record.settles_calls]
+            try:
+                if await spend.count_failed(
+                    store,
+                    host_id,
+                    record.task_id,
+                    record.attempt,
+                    Billed(record.provider, record.model, usage),
+                    record.error,
+                    host_spend_id=record.host_spend_id,
+                ):
+                    moved.append(record.task_id)
+            except spend.SpentElsewhere as exc:
+                await abort(context, grpc.StatusCode.INVALID_ARGUMENT, f"failed_calls[{i}]: {exc}")
+    finally:
+        if counted is not None and moved:
+            await counted(list(dict.fromkeys(moved)))
     return response
 
 

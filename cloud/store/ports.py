@@ -36,11 +36,18 @@ class StoreDecisionSink:
     """`append`: one decision row with a cloud-assigned, gap-free step index per (task, attempt);
     `logged`: the decision already logged under a host's step key (a retried Decide); `failed`:
     the calls of a decision that failed (`SpendLog`). `on_spent` hears what each logged decision
-    and each failed one cost (the fleet's daily spending)."""
+    and each failed one cost (the fleet's daily spending); `on_counted`, once it is committed,
+    whose totals it moved (`EventBus.decisions_counted`: the task's watchers show them)."""
 
-    def __init__(self, store: Store, on_spent: Callable[[Usage], None] | None = None) -> None:
+    def __init__(
+        self,
+        store: Store,
+        on_spent: Callable[[Usage], None] | None = None,
+        on_counted: Callable[[list[str]], Awaitable[None]] | None = None,
+    ) -> None:
         self._store = store
         self._on_spent = on_spent
+        self._on_counted = on_counted
 
     async def append(
         self, host_id: str, task_id: str, attempt: int, decision: Decision, step_key: str = ""
@@ -55,8 +62,7 @@ class StoreDecisionSink:
             except decisions.StepKeyTaken:
                 return None
             tracing.set_attributes(span, {"amc.step": row.step_index})
-        if self._on_spent is not None:
-            self._on_spent(decision.usage)
+        await self._counted(task_id, decision.usage)
         return row.decision_id, row.step_index
 
     async def logged(self, task_id: str, attempt: int, step_key: str) -> types_pb2.Decision | None:
@@ -69,8 +75,13 @@ class StoreDecisionSink:
         """`SpendLog`: the calls of a decision that failed, in the ledger and the task's totals
         (and heard by `on_spent`, like a logged decision's)."""
         await spend.count_failed(self._store, host_id, task_id, attempt, billed, error)
+        await self._counted(task_id, billed.usage)
+
+    async def _counted(self, task_id: str, usage: Usage) -> None:
         if self._on_spent is not None:
-            self._on_spent(billed.usage)
+            self._on_spent(usage)
+        if self._on_counted is not None:
+            await self._on_counted([task_id])
 
 
 FlowsHanded = Callable[[str, int, str], Awaitable[list[types_pb2.Flow]]]

@@ -89,6 +89,49 @@ async def add_to_task_totals(
     )
 
 
+@dataclass(frozen=True, slots=True)
+class TaskSpent:
+    """A task's totals as its row keeps them (`add_to_task_totals`): what its watchers show.
+
+    Each figure only grows, so of two readings the later has every figure at least as large:
+    `newest` picks it without knowing which was read first (a reading can arrive after a
+    reload that read a newer one, or from another replica before this one's own)."""
+
+    task_id: str
+    usage: Usage
+    decisions: int
+
+    def newest(self, other: TaskSpent) -> TaskSpent:
+        """The later of two readings of this task's totals."""
+        a, b = self.usage, other.usage
+        return TaskSpent(
+            self.task_id,
+            Usage(*(max(getattr(a, name), getattr(b, name)) for name in FIGURES)),
+            max(self.decisions, other.decisions),
+        )
+
+
+async def task_totals(store: Store, task_ids: Sequence[str]) -> list[TaskSpent]:
+    """The tasks' totals as their rows keep them now (unknown ids are left out)."""
+    t = TaskRow
+    async with store.read() as session:
+        rows = (
+            await session.execute(
+                select(
+                    t.task_id,
+                    t.decision_count,
+                    t.input_tokens,
+                    t.output_tokens,
+                    t.cache_read_tokens,
+                    t.cache_write_tokens,
+                    t.thinking_tokens,
+                    t.cost_usd,
+                ).where(t.task_id.in_(list(task_ids)))
+            )
+        ).all()
+    return [TaskSpent(r[0], usage_of([v or 0 for v in r[2:]]), int(r[1] or 0)) for r in rows]
+
+
 class SpentElsewhere(ValueError):
     """A host spend id that names a record of another attempt (the host reused an id): counting
     it as a resend would drop what this attempt was billed."""

@@ -23,6 +23,8 @@ import uvicorn
 from fastapi import FastAPI
 
 from amc.v1 import (
+    decision_log_service_pb2,
+    decision_log_service_pb2_grpc,
     lease_service_pb2,
     lease_service_pb2_grpc,
     planner_service_pb2,
@@ -154,6 +156,7 @@ class SimHost:
         self.channel = grpc.secure_channel(address, channel_credentials(pki, f"host-{host_id}"))
         self._lease = lease_service_pb2_grpc.LeaseServiceStub(self.channel)
         self._planner = planner_service_pb2_grpc.PlannerServiceStub(self.channel)
+        self._log = decision_log_service_pb2_grpc.DecisionLogServiceStub(self.channel)
         self._call: Any = None
         self._reader: threading.Thread | None = None
 
@@ -263,6 +266,34 @@ class SimHost:
             timeout=WAIT_S,
         )
         return response.decision
+
+    def ship(
+        self, a: lease_service_pb2.Assignment, host_decision_id: str, usage: types_pb2.Usage
+    ) -> None:
+        """Ship one decision made on the direct transport (a tap that cost `usage`); returns
+        once the cloud logged it."""
+        action = types_pb2.Action(purpose="open it", expected_outcome="it opens")
+        action.tap.element_id = "e1"
+        entry = decision_log_service_pb2.ShippedDecision(
+            host_decision_id=host_decision_id,
+            task_id=a.task_id,
+            attempt=a.attempt,
+            lease_id=a.lease_id,
+            decision=types_pb2.Decision(
+                tool_name="tap",
+                action=action,
+                provider="anthropic",
+                model="claude-test",
+                system_prompt="s",
+                user_prompt="u",
+                purpose="open it",
+                expected_outcome="it opens",
+                usage=usage,
+            ),
+        )
+        self._log.ShipDecisions(
+            decision_log_service_pb2.ShipDecisionsRequest(entries=[entry]), timeout=WAIT_S
+        )
 
     def close(self) -> None:
         self._requests.put(None)

@@ -353,6 +353,45 @@ def test_a_watched_task_s_cost_and_budget_change_live_in_the_list_and_on_the_pag
     report.assert_clean()
 
 
+def test_a_task_page_shows_each_decision_s_cost_as_it_is_logged(
+    report: PageReport, gateway: str, operator: Operator, make_host: HostFactory
+) -> None:
+    """A decision logged with nothing else about the task changing (a direct-transport host
+    ships it) moves the open task page's decisions, tokens, cost and budget line, without a
+    reload."""
+    page = report.page
+    host = make_host(types_pb2.PLANNER_TRANSPORT_DIRECT)
+    submitted: task_service_pb2.SubmitTaskResponse = operator.tasks.SubmitTask(
+        task_service_pb2.SubmitTaskRequest(
+            goal=unique("Shipped cost"),
+            target=types_pb2.TaskTarget(host_id=host.host_id),
+            budget=types_pb2.TaskBudget(max_tokens=10_000, max_cost_usd=1.0),
+        ),
+        timeout=LIVE_MS / 1000,
+    )
+    a = host.assignment()
+    host.renew(a, 1, types_pb2.STEP_STATUS_ACTING, "step 1: tap 'Display'")
+    page.goto(f"{gateway}/tasks/{submitted.task.task_id}")
+    expect(page.locator("#live-state")).to_have_text("live", timeout=LIVE_MS)
+    expect(page.locator("#summary [data-field=decisions]")).to_have_text("0")
+    mark_no_reload(page)
+
+    for n in (1, 2):
+        usage = types_pb2.Usage(
+            input_tokens=1200, output_tokens=300, cache_creation_input_tokens=500, cost_usd=0.0125
+        )
+        host.ship(a, f"d{n}", usage)
+        expect(page.locator("#summary [data-field=decisions]")).to_have_text(
+            str(n), timeout=LIVE_MS
+        )
+        expect(page.locator("#summary [data-field=cost]")).to_have_text(f"${0.0125 * n:.4f}")
+        expect(page.locator("#summary [data-field=budget]")).to_have_text(
+            f" of the budget: {2000 * n:,} / 10,000 tokens; ${0.0125 * n:.4f} / $1.00"
+        )
+    assert_not_reloaded(page)
+    report.assert_clean()
+
+
 def test_who_asked_to_cancel_and_when_the_task_finished_show_without_a_reload(
     report: PageReport, gateway: str, operator: Operator, make_host: HostFactory
 ) -> None:
