@@ -18,7 +18,13 @@ from amc.v1 import decision_log_service_pb2, types_pb2
 from console import wording
 from planner.budget import dollars
 from planner.convert import retry_kind_from_proto, thinking_kind_from_proto
-from planner.decision import OMITTED_BLOCK, RETRY_WORDS, THINKING_WORDS, thinking_word
+from planner.decision import (
+    OMITTED_BLOCK,
+    RETRY_WORDS,
+    THINKING_WORDS,
+    billed_tokens,
+    thinking_word,
+)
 from planner.targets import semantics
 from planner.verify import WORDS as VERDICT_WORDS
 from planner.verify import verdict_from_proto
@@ -195,16 +201,6 @@ def flow_table(flows: list[types_pb2.Flow]) -> Table:
 def target_words(target: types_pb2.ElementTarget) -> str:
     """A semantic target as words ("'Display' title TextView")."""
     return semantics(target)
-
-
-def billed_tokens(usage: types_pb2.Usage) -> int:
-    """Input, output, cache reads and writes: what a token budget counts."""
-    return (
-        usage.input_tokens
-        + usage.output_tokens
-        + usage.cache_read_input_tokens
-        + usage.cache_creation_input_tokens
-    )
 
 
 def usage_words(usage: types_pb2.Usage) -> str:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from amc.v1 import types_pb2
 
@@ -59,6 +59,32 @@ class ThinkingBlock:
     redacted: bool = False
 
 
+class TokenCounts(Protocol):
+    """Anything with a usage's four token counts: `Usage`, the wire's `types_pb2.Usage`, the
+    consoles' models of them."""
+
+    @property
+    def input_tokens(self) -> int: ...
+    @property
+    def output_tokens(self) -> int: ...
+    @property
+    def cache_read_input_tokens(self) -> int: ...
+    @property
+    def cache_creation_input_tokens(self) -> int: ...
+
+
+def billed_tokens(usage: TokenCounts) -> int:
+    """Every token a provider bills: input, output, cache reads and cache writes. The one
+    definition of "tokens" wherever a total is shown or capped (budgets, the task totals, both
+    consoles, the CLI): a page that summed fewer disagreed with the others on one attempt."""
+    return (
+        usage.input_tokens
+        + usage.output_tokens
+        + usage.cache_read_input_tokens
+        + usage.cache_creation_input_tokens
+    )
+
+
 @dataclass(slots=True)
 class Usage:
     """Token usage summed over every provider call a decision needed, and what it cost.
@@ -82,14 +108,8 @@ class Usage:
 
     @property
     def billed_tokens(self) -> int:
-        """Every token a provider bills: input, output, cache reads and cache writes (what a
-        token budget counts)."""
-        return (
-            self.input_tokens
-            + self.output_tokens
-            + self.cache_read_input_tokens
-            + self.cache_creation_input_tokens
-        )
+        """Every token a provider bills (`billed_tokens`): what a token budget counts."""
+        return billed_tokens(self)
 
     def add(self, other: Usage) -> None:
         self.input_tokens += other.input_tokens

@@ -24,7 +24,7 @@ from amc.v1 import (
     types_pb2,
 )
 from console.limits import INT32_MAX, INT64_MAX, MAX_SECONDS
-from planner.decision import thinking_word
+from planner.decision import billed_tokens, thinking_word
 from planner.targets import semantics
 from webui.numbers import NOT_WHOLE, takes_int
 
@@ -105,12 +105,7 @@ class UsageOut(BaseModel):
     @property
     def billed_tokens(self) -> int:
         """Input, output, cache reads and writes: what a token budget counts."""
-        return (
-            self.input_tokens
-            + self.output_tokens
-            + self.cache_read_input_tokens
-            + self.cache_creation_input_tokens
-        )
+        return billed_tokens(self)
 
     @classmethod
     def of(cls, u: types_pb2.Usage) -> UsageOut:
@@ -279,12 +274,7 @@ class TotalsOut(BaseModel):
     @property
     def tokens(self) -> int:
         """Every token the model read or wrote (cache reads and writes included)."""
-        return (
-            self.input_tokens
-            + self.output_tokens
-            + self.cache_read_input_tokens
-            + self.cache_creation_input_tokens
-        )
+        return billed_tokens(self)
 
     @classmethod
     def of(cls, t: types_pb2.TaskTotals) -> TotalsOut:

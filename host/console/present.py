@@ -22,7 +22,7 @@ from host.agent.progress import ProgressSnapshot
 from host.timeline.record import SENSITIVE_MASK, TimelineRecord
 from host.timeline.store import TaskRow
 from planner.budget import dollars
-from planner.decision import RETRY_WORDS, Usage, thinking_word
+from planner.decision import RETRY_WORDS, Usage, billed_tokens, thinking_word
 from planner.observation import scene_from_observation
 from planner.tools import ui_tree_result
 from planner.verify import WORDS as VERDICT_WORDS
@@ -368,7 +368,15 @@ class StepView:
 
     @property
     def total_tokens(self) -> int:
-        return int(sum(v for k, v in self.usage.items() if k in ("input_tokens", "output_tokens")))
+        """Every token the step's calls were billed (`billed_tokens`, as the cloud counts)."""
+        u = self.usage
+        counts = Usage(
+            input_tokens=int(u.get("input_tokens", 0)),
+            output_tokens=int(u.get("output_tokens", 0)),
+            cache_read_input_tokens=int(u.get("cache_read_input_tokens", 0)),
+            cache_creation_input_tokens=int(u.get("cache_creation_input_tokens", 0)),
+        )
+        return billed_tokens(counts)
 
     @property
     def cost_usd(self) -> float:
@@ -380,15 +388,14 @@ def steps_cost(steps: list[StepView], failed: Usage | None = None) -> str:
     """Tokens and cost of the steps together, with the failed decisions' billed calls
     (`failed`), as the task page shows them: what the attempt spent."""
     extra = failed or Usage()
-    tokens = sum(s.total_tokens for s in steps) + extra.input_tokens + extra.output_tokens
+    tokens = sum(s.total_tokens for s in steps) + extra.billed_tokens
     return f"{tokens:,} tokens · {dollars(sum(s.cost_usd for s in steps) + extra.cost_usd)}"
 
 
 def failed_calls_words(failed: int, usage: Usage) -> str:
     """`1 failed decision's billed model calls: 2,400 tokens · $0.0120` (no step shows them)."""
     whose = f"{failed} failed decision's" if failed == 1 else f"{failed} failed decisions'"
-    tokens = usage.input_tokens + usage.output_tokens
-    return f"{whose} billed model calls: {tokens:,} tokens · {dollars(usage.cost_usd)}"
+    return f"{whose} billed model calls: {usage.billed_tokens:,} tokens · {dollars(usage.cost_usd)}"
 
 
 def verdict_counts(steps: list[StepView]) -> dict[str, int]:

@@ -56,6 +56,7 @@
     return (n / 1000000).toFixed(1) + "M";
   }
 
+  // planner.decision.billed_tokens
   function totalTokens(t) {
     return t.input_tokens + t.output_tokens + t.cache_read_input_tokens +
       t.cache_creation_input_tokens;

@@ -581,6 +581,37 @@ def test_the_task_page_links_its_export_and_it_downloads(client: TestClient) -> 
     assert client.get("/tasks/no-such-task/export").status_code == 404
 
 
+def test_an_attempt_s_tokens_count_cache_reads_and_writes_as_the_cloud_s_totals_do(
+    tmp_path: Path,
+) -> None:
+    """The host console counts an attempt's tokens, and its failed decisions' calls', as every
+    billed token (cache reads and writes too): what the cloud's totals, the cloud console and
+    the token budgets count, so the two consoles agree on one attempt."""
+    store = TimelineStore(tmp_path / "timeline.sqlite3", tmp_path / "artifacts")
+    try:
+        store.start_task("t-cache", 1, "Open two apps", "virtual-1", planner_transport="direct")
+        usage = {
+            "input_tokens": 500,
+            "output_tokens": 100,
+            "cache_read_input_tokens": 300,
+            "cache_creation_input_tokens": 2000,
+            "cost_usd": 0.003,
+        }
+        store.append_step(TimelineRecord("t-cache", 1, 1, tool_name="launch_app", usage=usage))
+        billed = Billed("anthropic", "claude-sonnet-4-6", Usage(2000, 400, 100, 50, 0, 0.012))
+        store.add_failed_calls("t-cache", 1, billed, "PlannerError")
+        app = create_app(StoreOnly(store))
+        with TestClient(app, base_url=BASE, follow_redirects=False) as c:
+            log_in(c, app.state.login_token.current)
+            page = c.get("/tasks/t-cache").text
+    finally:
+        store.close()
+    assert '<dd data-field="cost">5,450 tokens · $0.0150</dd>' in page
+    shown = re.search(r'data-field="failed-calls"[^>]*>([^<]*)<', page)
+    assert shown is not None, page
+    assert shown.group(1) == "1 failed decision&#39;s billed model calls: 2,550 tokens · $0.0120"
+
+
 def test_no_export_without_a_session(anon: TestClient) -> None:
     response = anon.get(f"/tasks/{T_DARK}/export")
     assert response.status_code == 303
