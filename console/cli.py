@@ -1156,13 +1156,15 @@ def task_watch(
             if json_out:
                 print_json_line({"task": TaskOut.of(task).model_dump(mode="json")})
                 continue
+            badge = formatting.progress_badge(task.progress, task.status)
+            spent = formatting.spent_words(task.totals)
             out.print(
                 Text.assemble(
                     task.task_id,
                     " ",
                     formatting.styled_status(task.status),
-                    " ",
-                    formatting.progress_badge(task.progress, task.status),
+                    f" {badge}" if badge else "",
+                    (f" · {spent}" if spent else "", "dim"),
                 )
             )
         if not resolved:

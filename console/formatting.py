@@ -83,6 +83,20 @@ def ago(ts: Timestamp) -> str:
     return f"{seconds // 3600}h ago"
 
 
+def spent_words(totals: types_pb2.TaskTotals) -> str:
+    """`2 decisions · 4.0k tokens · $0.0250`: what a task has spent so far (cost only where the
+    models have a price); empty while nothing was billed. A watcher's line carries it, since a
+    decision counted changes nothing else the line says."""
+    tokens = billed_tokens(totals.usage)
+    if not totals.decisions and not tokens:
+        return ""
+    parts = [f"{totals.decisions} decision{'' if totals.decisions == 1 else 's'}"]
+    parts.append(f"{wording.tokens(tokens)} tokens")
+    if totals.usage.cost_usd:
+        parts.append(dollars(totals.usage.cost_usd))
+    return " · ".join(parts)
+
+
 def totals_line(totals: types_pb2.TaskTotals) -> str:
     """`4 steps · 12.3k tokens · $0.0412 · 1m 05s` (tokens and cost only where decisions were
     logged; cost only where the models have a price)."""

@@ -22,12 +22,19 @@ import sys
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
 from sqlalchemy import update
 
-from amc.v1 import lease_service_pb2, task_service_pb2, types_pb2
+from amc.v1 import (
+    decision_log_service_pb2,
+    decision_log_service_pb2_grpc,
+    lease_service_pb2,
+    task_service_pb2,
+    types_pb2,
+)
 from cloud.pki import ensure_embedded_pki
 from cloud.server import CloudServer, build_server
 from cloud.settings import CloudSettings
@@ -36,7 +43,8 @@ from cloud.store.models import HostRow
 from console import exit_codes
 from console.client import OperatorClient, secure_channel
 from planner.decision import Decision, ThinkingBlock, Usage
-from tests.cloud.cloud_harness import ScriptedHost, renewal, result
+from tests.cloud.cloud_harness import ScriptedHost, channel, renewal, result
+from tests.cloud.test_shipping import shipped
 
 AMC = str(Path(sys.executable).with_name("amc"))
 #: An 80-column terminal, and no `amc up` context from the machine running the tests.
@@ -294,6 +302,54 @@ async def test_watch_exits_with_how_the_task_ended(
             assert "succeeded" not in watched.out
     finally:
         await host.close()
+
+
+async def test_watch_prints_what_the_task_has_spent_after_each_decision(stack: Stack) -> None:
+    """`amc task watch` prints a line for each decision counted, saying the task's decisions,
+    tokens (every billed one) and cost so far: nothing else about the task changed, so a line
+    without them repeated the one before."""
+    host = ScriptedHost(stack.cloud.address, stack.pki, HOST)
+    host_ch = channel(stack.cloud.address, stack.pki, f"host-{HOST}")
+    watching: asyncio.subprocess.Process | None = None
+    try:
+        await host.connect(["phone-1"], transport=types_pb2.PLANNER_TRANSPORT_DIRECT)
+        task_id = await stack.submit("Watch the cost", host=HOST)
+        a = (await host.next("assignment")).assignment
+        await host.send(renewal(a, 1, "step 1: tap 'Display'"))
+        await host.next("renewed")
+        watching = await asyncio.create_subprocess_exec(
+            AMC,
+            *stack.conn,
+            *("task", "watch", task_id),
+            stdout=subprocess.PIPE,
+            env={**ENV, "COLUMNS": "200"},  # one line per change
+        )
+        assert watching.stdout is not None
+        first = await asyncio.wait_for(watching.stdout.readline(), 60)
+        assert first.decode().startswith(f"{task_id} running step 1")
+        log: Any = decision_log_service_pb2_grpc.DecisionLogServiceStub(host_ch)
+        for n, said in ((1, "1 decision · 2.0k tokens · $0.0125"), (2, "2 decisions · 4.0k")):
+            entry = shipped(a, f"d{n}")
+            entry.decision.usage.CopyFrom(
+                types_pb2.Usage(
+                    input_tokens=1200,
+                    output_tokens=300,
+                    cache_creation_input_tokens=500,
+                    cost_usd=0.0125,
+                )
+            )
+            await log.ShipDecisions(decision_log_service_pb2.ShipDecisionsRequest(entries=[entry]))
+            line = (await asyncio.wait_for(watching.stdout.readline(), 60)).decode()
+            assert line.startswith(f"{task_id} running step 1") and said in line, line
+        await host.send(result(a, types_pb2.TASK_STATUS_SUCCEEDED, "done", step=1))
+        await host.next("result_ack")
+        assert await asyncio.wait_for(watching.wait(), 60) == exit_codes.OK
+    finally:
+        if watching is not None and watching.returncode is None:
+            watching.kill()
+            await watching.wait()
+        await host.close()
+        await host_ch.close()
 
 
 def _decision(rationale: str) -> Decision:
