@@ -392,6 +392,38 @@ def test_a_task_page_shows_each_decision_s_cost_as_it_is_logged(
     report.assert_clean()
 
 
+def test_a_task_s_token_breakdown_adds_up_to_its_total_live_and_when_loaded(
+    report: PageReport, gateway: str, operator: Operator, make_host: HostFactory
+) -> None:
+    """The task page's tokens say the total and its parts (in, out, cache): the cache part is
+    what was read from and written to the prompt cache, so the parts add up to the total, and
+    the title says every count; live (after a decision) as when the page is loaded."""
+    page = report.page
+    host = make_host(types_pb2.PLANNER_TRANSPORT_DIRECT)
+    task = operator.submit(unique("Cache writes"), host_id=host.host_id)
+    a = host.assignment()
+    host.renew(a, 1, types_pb2.STEP_STATUS_ACTING, "step 1: tap 'Display'")
+    page.goto(f"{gateway}/tasks/{task.task_id}")
+    expect(page.locator("#live-state")).to_have_text("live", timeout=LIVE_MS)
+    usage = types_pb2.Usage(
+        input_tokens=1200,
+        output_tokens=300,
+        cache_read_input_tokens=200,
+        cache_creation_input_tokens=800,
+        cost_usd=0.0125,
+    )
+    host.ship(a, "d1", usage)
+    tokens = page.locator("#summary [data-field=tokens]")
+    said = "2.5k (in 1.2k · out 300 · cache 1.0k)"
+    title = "input 1200 · output 300 · cache read 200 · cache write 800 · thinking 0"
+    expect(tokens).to_have_text(said, timeout=LIVE_MS)
+    expect(tokens).to_have_attribute("title", title)
+    page.reload()
+    expect(tokens).to_have_text(said)
+    expect(tokens).to_have_attribute("title", title)
+    report.assert_clean()
+
+
 def test_who_asked_to_cancel_and_when_the_task_finished_show_without_a_reload(
     report: PageReport, gateway: str, operator: Operator, make_host: HostFactory
 ) -> None:

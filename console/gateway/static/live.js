@@ -337,9 +337,14 @@
         el.textContent = tokens(totalTokens(tt)) + " ";
         var detail = document.createElement("span");
         detail.className = "muted small";
+        // The cache part is reads and writes: the parts add up to the total.
         detail.textContent = "(in " + tokens(tt.input_tokens) + " · out " +
-          tokens(tt.output_tokens) + " · cache " + tokens(tt.cache_read_input_tokens) + ")";
+          tokens(tt.output_tokens) + " · cache " +
+          tokens(tt.cache_read_input_tokens + tt.cache_creation_input_tokens) + ")";
         el.appendChild(detail);
+        el.title = "input " + tt.input_tokens + " · output " + tt.output_tokens +
+          " · cache read " + tt.cache_read_input_tokens + " · cache write " +
+          tt.cache_creation_input_tokens + " · thinking " + tt.thinking_tokens;
       }
       setText(root, "cost", usd(t.totals.usage.cost_usd));
       if (t.budget) setText(root, "budget", budgetLine(t.budget, t.totals));
