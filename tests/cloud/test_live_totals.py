@@ -4,7 +4,8 @@ on either planner transport and on every replica, without reloading the task.
 Real clouds over mTLS on SQLite and PostgreSQL: the cloud transport plans with the real
 Anthropic SDK against the fake Messages server; a direct-transport host ships its decisions and
 its failed decisions' calls (ShipDecisions). `load_views` is wrapped only to count the watchers'
-reloads (every call still reads the store).
+reloads (every call still reads the store). The last test applies totals to what a stream sent,
+as WatchProgress does, on a real store.
 """
 
 from __future__ import annotations
@@ -27,6 +28,12 @@ from amc.v1 import (
     types_pb2,
 )
 from cloud.server import CloudServer
+from cloud.services.progress_service import KEPT, _Shown
+from cloud.store import leases, spend, tasks
+from cloud.store.database import Store
+from cloud.store.spend import TaskSpent
+from planner.convert import usage_to_proto
+from planner.decision import Usage
 from planner.observation import observation_from_scene
 from tests.cloud.cloud_harness import (
     ScriptedHost,
@@ -219,3 +226,34 @@ async def test_another_replicas_watchers_see_the_totals_a_shipment_moved(
             await host.close()
             for ch in (host_ch, far_ch, ops_ch):
                 await ch.close()
+
+
+async def test_totals_read_before_the_ones_shown_change_nothing(store: Store) -> None:
+    """A stream shows the newest totals it has seen of a task, whatever order they arrive in:
+    an older reading (it raced a reload that read a newer one) is `KEPT`, a newer one is applied
+    with every other field as sent, and one of a task not sent (or ended) is reloaded."""
+    await tasks.submit(
+        store, tasks.NewTask(goal="g", max_attempts=1, lease_seconds=30, timeout_seconds=3600)
+    )
+    c = await leases.claim(store, "h1", ["p"], 2)
+    assert c is not None
+    async with store.write() as session:
+        await spend.add_to_task_totals(session, c.task_id, Usage(100, 10, 0, 50, 0, 0.5), 2)
+    view = await tasks.get(store, c.task_id)
+    assert view is not None
+    shown = _Shown()
+    sent = shown.keep(view)
+    (now,) = await spend.task_totals(store, [c.task_id])
+    assert now == TaskSpent(c.task_id, Usage(100, 10, 0, 50, 0, 0.5), 2)
+    assert shown.spend(TaskSpent(c.task_id, Usage(40, 5, 0, 0, 0, 0.2), 1)) == KEPT
+    newer = TaskSpent(c.task_id, Usage(180, 20, 0, 90, 0, 0.9), 3)
+    patched = shown.spend(newer)
+    assert isinstance(patched, types_pb2.Task)
+    assert patched.totals.decisions == 3
+    assert patched.totals.usage == usage_to_proto(newer.usage)
+    assert shown.spend(newer) == KEPT
+    for task in (patched, sent):  # the rest as sent
+        task.totals.ClearField("usage")
+        task.totals.ClearField("decisions")
+    assert patched == sent
+    assert shown.spend(TaskSpent("not-sent", Usage(1), 1)) is None
