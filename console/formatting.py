@@ -98,11 +98,13 @@ def spent_words(totals: types_pb2.TaskTotals) -> str:
 
 
 def totals_line(totals: types_pb2.TaskTotals) -> str:
-    """`4 steps · 12.3k tokens · $0.0412 · 1m 05s` (tokens and cost only where decisions were
-    logged; cost only where the models have a price)."""
+    """`4 steps · 12.3k tokens · $0.0412 · 1m 05s` (tokens and cost only where the model was
+    called, failed decisions' calls included, as the console's `present.totals_line`; cost only
+    where the models have a price)."""
     parts = [f"{totals.steps} step{'' if totals.steps == 1 else 's'}"]
-    if totals.decisions:
-        parts.append(f"{wording.tokens(billed_tokens(totals.usage))} tokens")
+    tokens = billed_tokens(totals.usage)
+    if tokens:
+        parts.append(f"{wording.tokens(tokens)} tokens")
         if totals.usage.cost_usd:
             parts.append(dollars(totals.usage.cost_usd))
     parts.append(wording.duration(totals.wall_time.ToTimedelta().total_seconds()))

@@ -19,8 +19,8 @@ from amc.v1 import types_pb2
 from cloud.pki import ensure_embedded_pki
 from cloud.server import CloudServer, build_server
 from cloud.settings import CloudSettings
-from cloud.store import decisions, unsettled
-from planner.decision import Decision, ThinkingBlock, Usage
+from cloud.store import decisions, spend, unsettled
+from planner.decision import Billed, Decision, ThinkingBlock, Usage
 
 AMC = str(Path(sys.executable).with_name("amc"))
 #: No `amc up` context leaks in from the machine running the tests.
@@ -236,6 +236,22 @@ def test_certs_secrets_key_prints_a_fernet_key() -> None:
     )
     assert result.returncode == 0, result.stderr
     Fernet(result.stdout.strip().encode())  # a valid key
+
+
+async def test_a_task_s_totals_line_counts_calls_of_failed_decisions(tmp_path: Path) -> None:
+    """`amc task show`'s totals line says the tokens and cost of a task whose only billed calls
+    were a failed decision's (the provider billed them; no decision was logged), as the
+    console's task list does; it said only its steps and time."""
+    async with cli_cloud(tmp_path) as (cloud, conn):
+        code, out = await amc(*conn, "task", "submit", "Turn on dark theme")
+        assert code == 0, out
+        task_id = out.strip()
+        billed = Billed("anthropic", "claude-sonnet-4-6", Usage(2000, 400, cost_usd=0.012))
+        await spend.count_failed(cloud.store, "h1", task_id, 1, billed, "PlannerRefused")
+        code, shown = await amc(*conn, "task", "show", task_id)
+        assert code == 0, shown
+        (line,) = [t for t in shown.splitlines() if t.startswith("totals:")]
+        assert line.startswith("totals:  0 steps · 2.4k tokens · $0.0120 · "), line
 
 
 async def test_tokens_and_cost_per_step_task_and_day(tmp_path: Path) -> None:
