@@ -1134,9 +1134,7 @@ def task_watch(
         def gone(why: str) -> None:
             err.print(f"the cloud went away ({why}); watching again as soon as it answers")
 
-        async for change in watch_through_restarts(
-            client.progress, resolved, thinking=thinking, gone=gone
-        ):
+        async for change in watch_through_restarts(client, resolved, thinking=thinking, gone=gone):
             if change.HasField("thinking"):
                 live = change.thinking
                 if json_out:

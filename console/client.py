@@ -6,7 +6,7 @@ hosts do with theirs; there is no password path into the gRPC services.
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,6 +19,7 @@ from amc.v1 import (
     progress_service_pb2,
     progress_service_pb2_grpc,
     task_service_pb2_grpc,
+    types_pb2,
 )
 
 
@@ -55,11 +56,14 @@ async def watch_progress(
     *,
     thinking: bool = False,
     watching: Callable[[], object] | None = None,
+    catch_up: Callable[[], Awaitable[list[types_pb2.Task]]] | None = None,
 ) -> AsyncGenerator[progress_service_pb2.WatchProgressResponse, None]:
     """Live task changes (snapshot first), one task per yielded message; with `thinking` also the
     model's live thinking. Ends when a watched single task ends; closing the iterator cancels the
     call. `watching` is called once the cloud watches (its headers came: every change from then
-    on is streamed); not when the call failed first (the iterator then raises).
+    on is streamed); not when the call failed first (the iterator then raises). The tasks
+    `catch_up` then returns come first: what a caller reads itself once nothing can fall between
+    its read and the stream (`console.watching`: what changed while the cloud was away).
 
     The call is `batched`: when many tasks change at once (a fleet's start, a snapshot of
     thousands) the replica writes several per message instead of one write each, which is what
@@ -72,10 +76,13 @@ async def watch_progress(
         )
     )
     try:
-        if watching is not None:
+        if watching is not None or catch_up is not None:
             await call.initial_metadata()
             if not call.done() or await call.code() == grpc.StatusCode.OK:
-                watching()
+                if watching is not None:
+                    watching()
+                for task in await catch_up() if catch_up is not None else []:
+                    yield progress_service_pb2.WatchProgressResponse(task=task)
         async for message in call:
             if not message.tasks:
                 yield message

@@ -10,18 +10,26 @@ of one task resolves its id, a watch of the fleet lists a task), so a wrong addr
 certificate is still said at once, as by every other command. Each new stream starts with a
 snapshot: tasks unchanged since they were last shown are not shown again, so the output goes
 on where it stopped.
+
+A snapshot holds the unfinished tasks only, and nothing marks its end: a fleet watch back
+from an outage could not tell the tasks that ended meanwhile from those still to come, and
+never showed them (it went on saying they were queued or running). Once a new stream's
+headers came (every change from then on follows) it reads what changed while it was away
+itself (`_missed`): every unfinished task, the ones it showed unfinished that are not among
+them, and the ended ones made since the newest it knew of.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 
 import grpc
+from google.protobuf.timestamp_pb2 import Timestamp
 
-from amc.v1 import progress_service_pb2, progress_service_pb2_grpc, types_pb2
-from console.client import watch_progress
+from amc.v1 import progress_service_pb2, task_service_pb2, types_pb2
+from console.client import OperatorClient, watch_progress
 from console.formatting import TERMINAL
 
 #: What a stream ends with when its replica stopped, crashed or could not be reached.
@@ -32,10 +40,71 @@ FIRST_PAUSE_S = 0.5
 LONGEST_PAUSE_S = 5.0
 #: How long the cloud may stay away before the watch gives up: longer than a deploy.
 GIVE_UP_S = 300.0
+#: How much older than the newest task a watch knew of a task made while it was away may be:
+#: creation times are taken before the commit, and concurrent commits land in any order.
+CREATED_SLACK_S = 60
+_UNFINISHED = [
+    types_pb2.TASK_STATUS_QUEUED,
+    types_pb2.TASK_STATUS_ASSIGNED,
+    types_pb2.TASK_STATUS_RUNNING,
+]
+
+
+def _age(task: types_pb2.Task, shown: types_pb2.Task | None) -> int:
+    """How `task` compares with `shown`, the same task as last shown: below 0 older (a read may
+    be older than what a stream sent since), 0 unchanged, above 0 newer. By the time of its last
+    write, which every change moves: two reads of an unchanged live task differ all the same
+    (`totals.wall_time` is counted at the read)."""
+    if shown is None:
+        return 1
+    return task.updated_at.ToNanoseconds() - shown.updated_at.ToNanoseconds()
+
+
+async def _listed(
+    client: OperatorClient, statuses: list[types_pb2.TaskStatus.ValueType], after: int | None
+) -> AsyncIterator[types_pb2.Task]:
+    """ListTasks' tasks in `statuses`, newest first, down to those made at `after` (ns)."""
+    token = ""
+    while True:
+        page: task_service_pb2.ListTasksResponse = await client.tasks.ListTasks(
+            task_service_pb2.ListTasksRequest(page_size=500, page_token=token, statuses=statuses)
+        )
+        for task in page.tasks:
+            if after is not None and task.created_at.ToNanoseconds() < after:
+                return
+            yield task
+        token = page.next_page_token
+        if not token:
+            return
+
+
+async def _missed(
+    client: OperatorClient, shown: dict[str, types_pb2.Task], newest: Timestamp | None
+) -> list[types_pb2.Task]:
+    """The tasks that changed since `shown` (a fleet watch back from an outage): every
+    unfinished one, the ones shown unfinished but not among them (ended), and the ended ones
+    made since `newest` (the newest made that the watch knew of; None: none)."""
+    now = {t.task_id: t async for t in _listed(client, _UNFINISHED, None)}
+    after = None if newest is None else newest.ToNanoseconds() - CREATED_SLACK_S * 10**9
+    now.update({t.task_id: t async for t in _listed(client, sorted(TERMINAL), after)})
+    for task_id, task in shown.items():
+        if task.status in TERMINAL or task_id in now:
+            continue
+        try:
+            got: task_service_pb2.GetTaskResponse = await client.tasks.GetTask(
+                task_service_pb2.GetTaskRequest(task_id=task_id)
+            )
+        except grpc.aio.AioRpcError as error:
+            if error.code() is not grpc.StatusCode.NOT_FOUND:
+                raise
+            continue
+        got.task.ClearField("attempts")  # as every stream and listing shows a task
+        now[task_id] = got.task
+    return [t for t in now.values() if _age(t, shown.get(t.task_id)) > 0]
 
 
 async def watch_through_restarts(
-    stub: progress_service_pb2_grpc.ProgressServiceStub,
+    client: OperatorClient,
     task_id: str = "",
     *,
     thinking: bool = False,
@@ -44,6 +113,9 @@ async def watch_through_restarts(
     """`console.client.watch_progress`, opened again after the cloud went away; ends when a
     watched single task ends. `gone(why)` is told once each time the cloud went away."""
     shown: dict[str, types_pb2.Task] = {}
+    #: The newest task made that a fleet watch knew of (`_missed`), once it watched.
+    newest: Timestamp | None = None
+    watched = False
     away_since: float | None = None
     pause = FIRST_PAUSE_S
 
@@ -53,13 +125,33 @@ async def watch_through_restarts(
         nonlocal away_since, pause
         away_since, pause = None, FIRST_PAUSE_S
 
+    async def catch_up() -> list[types_pb2.Task]:
+        nonlocal newest, watched
+        if watched:
+            return await _missed(client, shown, newest)
+        first: task_service_pb2.ListTasksResponse = await client.tasks.ListTasks(
+            task_service_pb2.ListTasksRequest(page_size=1)
+        )
+        newest, watched = (first.tasks[0].created_at if first.tasks else None), True
+        return []
+
     while True:
         try:
-            async for change in watch_progress(stub, task_id, thinking=thinking, watching=back):
+            async for change in watch_progress(
+                client.progress,
+                task_id,
+                thinking=thinking,
+                watching=back,
+                catch_up=None if task_id else catch_up,
+            ):
                 if change.HasField("task"):
-                    if change.snapshot and shown.get(change.task.task_id) == change.task:
+                    task, before = change.task, shown.get(change.task.task_id)
+                    age = _age(task, before)
+                    if age < 0 or (change.snapshot and age == 0):
                         continue
-                    shown[change.task.task_id] = change.task
+                    shown[task.task_id] = task
+                    if newest is None or task.created_at.ToNanoseconds() > newest.ToNanoseconds():
+                        newest = task.created_at
                 yield change
             why = "its stream ended before the task did"
         except grpc.aio.AioRpcError as error:

@@ -112,7 +112,7 @@ async def test_a_quiet_fleet_watch_rides_out_each_restart_not_only_the_first(
         )
     )
     went: list[str] = []
-    changes = watching.watch_through_restarts(ops.progress, gone=went.append)
+    changes = watching.watch_through_restarts(ops, gone=went.append)
     first = asyncio.ensure_future(anext(changes))
     try:
         for _ in range(2):
@@ -133,5 +133,83 @@ async def test_a_quiet_fleet_watch_rides_out_each_restart_not_only_the_first(
     finally:
         first.cancel()
         await changes.aclose()
+        await ops.close()
+        await cloud.stop(0)
+
+
+async def _submit(ops: OperatorClient, goal: str) -> str:
+    submitted: task_service_pb2.SubmitTaskResponse = await ops.tasks.SubmitTask(
+        task_service_pb2.SubmitTaskRequest(goal=goal, target=types_pb2.TaskTarget(host_id="nobody"))
+    )
+    return submitted.task.task_id
+
+
+def _operator(cloud: CloudServer, pki: Path) -> OperatorClient:
+    return OperatorClient.over(
+        secure_channel(
+            cloud.address,
+            ca=pki / "ca.pem",
+            cert=pki / "operator-admin.pem",
+            key=pki / "operator-admin.key",
+        )
+    )
+
+
+async def test_a_fleet_watch_reports_the_tasks_that_ended_while_the_cloud_was_away(
+    tmp_path: Path,
+) -> None:
+    """A new stream's snapshot holds the unfinished tasks only: a task the watch showed queued
+    that was cancelled while the cloud was away, and one made and cancelled then, were never
+    shown, so the watch said the first was still queued. The changes are made by a cloud on
+    another port over the same database while the watched one is down (the watch cannot reach
+    it); the one left queued is not shown twice."""
+    pki = ensure_embedded_pki(tmp_path, [], operator="admin")
+    port = free_port()
+    cloud = await _cloud(tmp_path, pki, port)
+    ops = _operator(cloud, pki)
+    ended = await _submit(ops, "Open Settings")
+    kept = await _submit(ops, "Open Clock")
+    watch = await asyncio.create_subprocess_exec(
+        AMC,
+        *("--cloud", f"127.0.0.1:{port}", "--pki-dir", str(pki), "task", "watch"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=ENV,
+    )
+    assert watch.stdout is not None
+    lines: list[str] = []
+    try:
+        while len(lines) < 2:
+            lines.append((await asyncio.wait_for(watch.stdout.readline(), 60)).decode())
+        assert sorted(line.split()[:2] for line in lines) == sorted(
+            [[ended, "queued"], [kept, "queued"]]
+        ), lines
+        await ops.close()
+        await cloud.stop(0)
+        meanwhile = await _cloud(tmp_path, pki, free_port())
+        ops = _operator(meanwhile, pki)
+        await ops.tasks.CancelTask(task_service_pb2.CancelTaskRequest(task_id=ended))
+        made = await _submit(ops, "Open Camera")
+        await ops.tasks.CancelTask(task_service_pb2.CancelTaskRequest(task_id=made))
+        await ops.close()
+        await meanwhile.stop(0)
+        cloud = await _cloud(tmp_path, pki, port)
+        ops = _operator(cloud, pki)
+        while len(lines) < 4:
+            lines.append((await asyncio.wait_for(watch.stdout.readline(), 60)).decode())
+        assert sorted(line.split()[:2] for line in lines[2:]) == sorted(
+            [[ended, "cancelled"], [made, "cancelled"]]
+        ), lines
+        # Something after the catch-up: nothing else (the queued task) came before it.
+        last = await _submit(ops, "Open Maps")
+        line = (await asyncio.wait_for(watch.stdout.readline(), 60)).decode()
+        assert line.split()[:2] == [last, "queued"], (lines, line)
+        watch.send_signal(signal.SIGINT)
+        _, err = await asyncio.wait_for(watch.communicate(), 60)
+        assert watch.returncode == exit_codes.INTERRUPTED, err.decode()
+    finally:
+        if watch.returncode is None:
+            watch.kill()
+            await watch.wait()
         await ops.close()
         await cloud.stop(0)
