@@ -1544,7 +1544,7 @@ def flows_list(
     limit: Annotated[int, typer.Option(metavar="N", help="At most this many (1 to 500).")] = 50,
     json_out: Json = False,
 ) -> None:
-    """List learned flows, most recently changed first, with their full ids."""
+    """List learned flows, newest first, with their full ids."""
     from console.gateway.models import FlowOut, FlowPage
 
     if not 1 <= limit <= 500:

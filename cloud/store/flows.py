@@ -136,12 +136,14 @@ async def active(store: Store, limit: int = MAX_CANDIDATES) -> list[FlowRow]:
 
 def listing(statuses: tuple[str, ...]) -> str:
     """The page tokens' listing name: ListFlows with these statuses. A token held a position
-    only, and continued under another filter it silently skipped that filter's newer flows."""
-    return "flows/" + ",".join(sorted(set(statuses)))
+    only, and continued under another filter it silently skipped that filter's newer flows.
+    "flows-made/": tokens of the listing by last change ("flows/") held a time of change, which
+    read as a time made would continue at the wrong place; they are refused instead."""
+    return "flows-made/" + ",".join(sorted(set(statuses)))
 
 
 def _cursor(statuses: tuple[str, ...], row: FlowRow) -> str:
-    return page_token(listing(statuses), row.updated_at.isoformat(), row.flow_id)
+    return page_token(listing(statuses), row.created_at.isoformat(), row.flow_id)
 
 
 def _decode(statuses: tuple[str, ...], token: str) -> tuple[dt.datetime, str]:
@@ -155,19 +157,22 @@ def _decode(statuses: tuple[str, ...], token: str) -> tuple[dt.datetime, str]:
 async def list_page(
     store: Store, statuses: tuple[str, ...], page_size: int, page_token: str
 ) -> tuple[list[FlowRow], str]:
-    """Flows, most recently changed first; raises ValueError for a foreign page token."""
+    """Flows, newest first, keyset-paged on (created_at, flow_id), which never change (as
+    ListTasks): paged on the time of the last change, a flow turned off or on between two
+    page reads moved to the head, and was skipped, or listed again. Raises ValueError for a
+    foreign page token."""
     stmt = select(FlowRow)
     if statuses:
         stmt = stmt.where(FlowRow.status.in_(statuses))
     if page_token:
-        when, flow_id = _decode(statuses, page_token)
+        made, flow_id = _decode(statuses, page_token)
         stmt = stmt.where(
             or_(
-                FlowRow.updated_at < when,
-                and_(FlowRow.updated_at == when, FlowRow.flow_id > flow_id),
+                FlowRow.created_at < made,
+                and_(FlowRow.created_at == made, FlowRow.flow_id < flow_id),
             )
         )
-    stmt = stmt.order_by(FlowRow.updated_at.desc(), FlowRow.flow_id).limit(page_size + 1)
+    stmt = stmt.order_by(FlowRow.created_at.desc(), FlowRow.flow_id.desc()).limit(page_size + 1)
     async with store.read() as session:
         rows = list((await session.scalars(stmt)).all())
     more = len(rows) > page_size

@@ -334,7 +334,7 @@ async def get_decision(cloud: Cloud, decision_id: str) -> DecisionOut:
     return DecisionOut.of(await cloud.get_decision(decision_id))
 
 
-@router.get("/flows", response_model=FlowPage, summary="Learned flows, most recently changed first")
+@router.get("/flows", response_model=FlowPage, summary="Learned flows, newest first")
 async def list_flows(
     cloud: Cloud,
     status_: Annotated[

@@ -1162,7 +1162,7 @@ class FlowOut(BaseModel):
 
 
 class FlowPage(BaseModel):
-    """One page of learned flows, most recently changed first."""
+    """One page of learned flows, newest first."""
 
     flows: list[FlowOut]
     next_page_token: str

@@ -345,6 +345,36 @@ async def test_flow_service_answers_and_refuses_with_the_documented_codes(
         await host_channel.close()
 
 
+async def test_flows_changed_between_pages_are_listed_once_each(
+    cloud: CloudServer, flow_stub: Any
+) -> None:
+    """ListFlows paged on the time a flow last changed: a flow turned off or on between two
+    page reads moved to the head of the listing, so one not listed yet was skipped (and one
+    listed already, had the change been an older flow's, came again). Every flow is listed
+    exactly once however many change while an operator pages."""
+    made = [
+        (await store_flow(cloud.store, f"Turn on dark theme on phone {i}", f"t-{i}")).flow_id
+        for i in range(6)
+    ]
+    listed: list[str] = []
+    token = ""
+    while True:
+        page = await flow_stub.ListFlows(
+            flow_service_pb2.ListFlowsRequest(page_size=2, page_token=token)
+        )
+        listed += [f.flow_id for f in page.flows]
+        token = page.next_page_token
+        if not token:
+            break
+        for flow_id in made:  # each flow, listed or not, changes between the page reads
+            await flow_stub.SetFlowStatus(
+                flow_service_pb2.SetFlowStatusRequest(
+                    flow_id=flow_id, status=types_pb2.FLOW_STATUS_DISABLED, reason="paging"
+                )
+            )
+    assert sorted(listed) == sorted(made), listed
+
+
 async def _flows_used(store: Store, flow_id: str, uses: int) -> Any:
     for _ in range(400):
         row = await flows.get(store, flow_id)

@@ -59,9 +59,10 @@ class FlowServiceServicer:
     """
 
     def ListFlows(self, request, context):
-        """Flows, most recently changed first, paged. INVALID_ARGUMENT for a page size outside
-        0..500, a status unspecified or unknown to this server or a page token that is not from a
-        ListFlows of this server with the same statuses.
+        """Flows, newest first, paged (a flow that changes between pages keeps its place: each is
+        listed once). INVALID_ARGUMENT for a page size outside 0..500, a status unspecified or
+        unknown to this server or a page token that is not from a ListFlows of this server with
+        the same statuses.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

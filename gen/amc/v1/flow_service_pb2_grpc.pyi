@@ -36,9 +36,10 @@ class FlowServiceStub:
     @_typing.overload
     def __new__(cls, channel: _aio.Channel) -> FlowServiceAsyncStub: ...
     ListFlows: _grpc.UnaryUnaryMultiCallable[_flow_service_pb2.ListFlowsRequest, _flow_service_pb2.ListFlowsResponse]
-    """Flows, most recently changed first, paged. INVALID_ARGUMENT for a page size outside
-    0..500, a status unspecified or unknown to this server or a page token that is not from a
-    ListFlows of this server with the same statuses.
+    """Flows, newest first, paged (a flow that changes between pages keeps its place: each is
+    listed once). INVALID_ARGUMENT for a page size outside 0..500, a status unspecified or
+    unknown to this server or a page token that is not from a ListFlows of this server with
+    the same statuses.
     """
     GetFlow: _grpc.UnaryUnaryMultiCallable[_flow_service_pb2.GetFlowRequest, _flow_service_pb2.GetFlowResponse]
     """One flow with its steps. NOT_FOUND for an unknown id; INVALID_ARGUMENT for an empty one."""
@@ -56,9 +57,10 @@ class FlowServiceAsyncStub(FlowServiceStub):
 
     def __init__(self, channel: _aio.Channel) -> None: ...
     ListFlows: _aio.UnaryUnaryMultiCallable[_flow_service_pb2.ListFlowsRequest, _flow_service_pb2.ListFlowsResponse]  # type: ignore[assignment]
-    """Flows, most recently changed first, paged. INVALID_ARGUMENT for a page size outside
-    0..500, a status unspecified or unknown to this server or a page token that is not from a
-    ListFlows of this server with the same statuses.
+    """Flows, newest first, paged (a flow that changes between pages keeps its place: each is
+    listed once). INVALID_ARGUMENT for a page size outside 0..500, a status unspecified or
+    unknown to this server or a page token that is not from a ListFlows of this server with
+    the same statuses.
     """
     GetFlow: _aio.UnaryUnaryMultiCallable[_flow_service_pb2.GetFlowRequest, _flow_service_pb2.GetFlowResponse]  # type: ignore[assignment]
     """One flow with its steps. NOT_FOUND for an unknown id; INVALID_ARGUMENT for an empty one."""
@@ -79,9 +81,10 @@ class FlowServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _flow_service_pb2.ListFlowsRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_flow_service_pb2.ListFlowsResponse, _abc.Awaitable[_flow_service_pb2.ListFlowsResponse]]:
-        """Flows, most recently changed first, paged. INVALID_ARGUMENT for a page size outside
-        0..500, a status unspecified or unknown to this server or a page token that is not from a
-        ListFlows of this server with the same statuses.
+        """Flows, newest first, paged (a flow that changes between pages keeps its place: each is
+        listed once). INVALID_ARGUMENT for a page size outside 0..500, a status unspecified or
+        unknown to this server or a page token that is not from a ListFlows of this server with
+        the same statuses.
         """
 
     @_abc_1.abstractmethod
