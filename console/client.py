@@ -55,6 +55,7 @@ async def watch_progress(
     task_id: str = "",
     *,
     thinking: bool = False,
+    snapshot: bool = True,
     watching: Callable[[], object] | None = None,
     catch_up: Callable[[], Awaitable[list[types_pb2.Task]]] | None = None,
 ) -> AsyncGenerator[progress_service_pb2.WatchProgressResponse, None]:
@@ -64,6 +65,7 @@ async def watch_progress(
     on is streamed); not when the call failed first (the iterator then raises). The tasks
     `catch_up` then returns come first: what a caller reads itself once nothing can fall between
     its read and the stream (`console.watching`: what changed while the cloud was away).
+    Without `snapshot` the cloud sends none, and a fleet's headers come without reading it.
 
     The call is `batched`: when many tasks change at once (a fleet's start, a snapshot of
     thousands) the replica writes several per message instead of one write each, which is what
@@ -72,7 +74,7 @@ async def watch_progress(
     """
     call = stub.WatchProgress(
         progress_service_pb2.WatchProgressRequest(
-            task_id=task_id, include_thinking=thinking, batched=True
+            task_id=task_id, include_thinking=thinking, batched=True, skip_snapshot=not snapshot
         )
     )
     try:

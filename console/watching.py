@@ -16,7 +16,8 @@ from an outage could not tell the tasks that ended meanwhile from those still to
 never showed them (it went on saying they were queued or running). Once a new stream's
 headers came (every change from then on follows) it reads what changed while it was away
 itself (`_missed`): every unfinished task, the ones it showed unfinished that are not among
-them, and the ended ones made since the newest it knew of.
+them, and the ended ones made since the newest it knew of. That stream asks for no snapshot
+(`skip_snapshot`): it would be the first of these reads again, read before the headers.
 """
 
 from __future__ import annotations
@@ -141,6 +142,8 @@ async def watch_through_restarts(
                 client.progress,
                 task_id,
                 thinking=thinking,
+                # What `catch_up` reads: the cloud need not read it again before the headers.
+                snapshot=bool(task_id) or not watched,
                 watching=back,
                 catch_up=None if task_id else catch_up,
             ):

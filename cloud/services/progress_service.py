@@ -147,6 +147,7 @@ class ProgressServicer(progress_service_pb2_grpc.ProgressServiceServicer):
         shown = _Shown()
         try:
             ended = False
+            snapshot: list[types_pb2.Task] = []
             if request.task_id:
                 view = await tasks.get(self._store, request.task_id)
                 if view is None:
@@ -155,8 +156,7 @@ class ProgressServicer(progress_service_pb2_grpc.ProgressServiceServicer):
                     )
                 snapshot = [shown.keep(view)]
                 ended = view.task.status in states.TERMINAL
-            else:
-                snapshot = []
+            elif not request.skip_snapshot:
                 ids = await tasks.active_task_ids(self._store)
                 for i in range(0, len(ids), _SNAPSHOT_CHUNK):
                     views = await tasks.load_views(
@@ -168,10 +168,12 @@ class ProgressServicer(progress_service_pb2_grpc.ProgressServiceServicer):
             # read: a renewal written before it is in the snapshot, and not sent again (`KEPT`).
             # A watcher that leaves the snapshot out (the console's tasks page) reads its own
             # rows once the headers came (console/gateway/events.py); with the headers sent
-            # before the read, a step written in between was in neither.
+            # before the read, a step written in between was in neither. It asks for none
+            # (`skip_snapshot`): a fleet's is not read at all, and its headers come at once.
             await context.send_initial_metadata(())
-            for msg in _messages(snapshot, request, snapshot=True):
-                yield msg
+            if not request.skip_snapshot:
+                for msg in _messages(snapshot, request, snapshot=True):
+                    yield msg
             if ended:
                 return
             while True:

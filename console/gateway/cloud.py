@@ -416,12 +416,16 @@ class CloudClient:
         task_id: str = "",
         *,
         thinking: bool = False,
+        snapshot: bool = True,
         watching: Callable[[], object] | None = None,
     ) -> AsyncIterator[progress_service_pb2.WatchProgressResponse]:
-        """Live task changes (snapshot first), and with `thinking` the model's live thinking;
-        ends when a watched single task ends. `watching` is called once the cloud watches.
+        """Live task changes (snapshot first, unless not `snapshot`), and with `thinking` the
+        model's live thinking; ends when a watched single task ends. `watching` is called once
+        the cloud watches.
 
         No deadline: the stream lives as long as the browser listens. Closing the iterator
         cancels the call (`console.client.watch_progress`: batched, one task per message).
         """
-        return watch_progress(self._progress, task_id, thinking=thinking, watching=watching)
+        return watch_progress(
+            self._progress, task_id, thinking=thinking, snapshot=snapshot, watching=watching
+        )

@@ -59,9 +59,9 @@ async def _task_frames(
 ) -> AsyncIterator[str]:
     """SSE frames of WatchProgress (one task's, or every task's when task_id is empty); without
     `snapshot`, only the changes after it (not every unfinished task first)."""
-    async for change in cloud.watch(task_id, thinking=bool(task_id), watching=watching):
-        if change.snapshot and not snapshot:
-            continue
+    async for change in cloud.watch(
+        task_id, thinking=bool(task_id), snapshot=snapshot, watching=watching
+    ):
         if change.HasField("thinking"):
             live = change.thinking
             data = {"task_id": live.task_id, "attempt": live.attempt, "delta": live.delta}

@@ -143,6 +143,50 @@ async def test_the_operators_watch_takes_batches_and_yields_one_task_per_message
         await ch.close()
 
 
+async def test_a_watcher_that_skips_the_snapshot_gets_the_changes_after_its_headers_only(
+    cloud: CloudServer, ops: Any, pki_dir: Path
+) -> None:
+    """`skip_snapshot`: the replica read every unfinished task before it sent the headers, for
+    watchers that threw the snapshot away (the console's tasks page, `amc task watch` back from
+    an outage); now the headers come without that read and the first message is the first
+    change. A watch of one task still says NOT_FOUND, and ends at once when its task ended."""
+    ch = channel(cloud.address, pki_dir, "operator-ops")
+    try:
+        stub: Any = progress_service_pb2_grpc.ProgressServiceStub(ch)
+        queued = (await submit(ops, goal="stays queued")).task
+        ended = (await submit(ops, goal="cancelled at once")).task
+        await ops.CancelTask(task_service_pb2.CancelTaskRequest(task_id=ended.task_id))
+        headers = asyncio.Event()
+        changes = watch_progress(stub, snapshot=False, watching=headers.set)
+        first = asyncio.ensure_future(anext(changes))
+        await asyncio.wait_for(headers.wait(), 10)
+        newer = (await submit(ops, goal="arrives later")).task
+        change = await asyncio.wait_for(first, 10)
+        assert (change.task.task_id, change.snapshot) == (newer.task_id, False)
+        await changes.aclose()
+
+        one = stub.WatchProgress(
+            progress_service_pb2.WatchProgressRequest(task_id=ended.task_id, skip_snapshot=True)
+        )
+        assert await _drain(one) == []
+        live = stub.WatchProgress(
+            progress_service_pb2.WatchProgressRequest(task_id=queued.task_id, skip_snapshot=True)
+        )
+        await asyncio.wait_for(live.initial_metadata(), 10)
+        await ops.CancelTask(task_service_pb2.CancelTaskRequest(task_id=queued.task_id))
+        (last,) = await _drain(live)
+        assert last.task.status == types_pb2.TASK_STATUS_CANCELLED and not last.snapshot
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await _drain(
+                stub.WatchProgress(
+                    progress_service_pb2.WatchProgressRequest(task_id="nope", skip_snapshot=True)
+                )
+            )
+        assert err.value.code() == grpc.StatusCode.NOT_FOUND
+    finally:
+        await ch.close()
+
+
 async def test_decision_log_arguments(cloud: CloudServer, pki_dir: Path) -> None:
     ch = channel(cloud.address, pki_dir, "operator-ops")
     try:

@@ -89,9 +89,13 @@ def fail_after_first_change(app: FastAPI) -> None:
     cloud = app.state.cloud
     real_watch = cloud.watch
 
-    def failing_watch(task_id: str = "", *, thinking: bool = False, watching: Any = None) -> Any:
+    def failing_watch(
+        task_id: str = "", *, thinking: bool = False, snapshot: bool = True, watching: Any = None
+    ) -> Any:
         async def changes() -> Any:
-            async for change in real_watch(task_id, thinking=thinking, watching=watching):
+            async for change in real_watch(
+                task_id, thinking=thinking, snapshot=snapshot, watching=watching
+            ):
                 yield change
                 raise RuntimeError("a bug after the first change")
 

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from amc.v1 import types_pb2 as amc_dot_v1_dot_types__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1d\x61mc/v1/progress_service.proto\x12\x06\x61mc.v1\x1a\x12\x61mc/v1/types.proto\"R\n\x14WatchProgressRequest\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x18\n\x10include_thinking\x18\x02 \x01(\x08\x12\x0f\n\x07\x62\x61tched\x18\x03 \x01(\x08\"\x8a\x01\n\x15WatchProgressResponse\x12\x1a\n\x04task\x18\x01 \x01(\x0b\x32\x0c.amc.v1.Task\x12\x10\n\x08snapshot\x18\x02 \x01(\x08\x12&\n\x08thinking\x18\x03 \x01(\x0b\x32\x14.amc.v1.LiveThinking\x12\x1b\n\x05tasks\x18\x04 \x03(\x0b\x32\x0c.amc.v1.Task\"?\n\x0cLiveThinking\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x02 \x01(\x05\x12\r\n\x05\x64\x65lta\x18\x03 \x01(\t2a\n\x0fProgressService\x12N\n\rWatchProgress\x12\x1c.amc.v1.WatchProgressRequest\x1a\x1d.amc.v1.WatchProgressResponse0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1d\x61mc/v1/progress_service.proto\x12\x06\x61mc.v1\x1a\x12\x61mc/v1/types.proto\"i\n\x14WatchProgressRequest\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x18\n\x10include_thinking\x18\x02 \x01(\x08\x12\x0f\n\x07\x62\x61tched\x18\x03 \x01(\x08\x12\x15\n\rskip_snapshot\x18\x04 \x01(\x08\"\x8a\x01\n\x15WatchProgressResponse\x12\x1a\n\x04task\x18\x01 \x01(\x0b\x32\x0c.amc.v1.Task\x12\x10\n\x08snapshot\x18\x02 \x01(\x08\x12&\n\x08thinking\x18\x03 \x01(\x0b\x32\x14.amc.v1.LiveThinking\x12\x1b\n\x05tasks\x18\x04 \x03(\x0b\x32\x0c.amc.v1.Task\"?\n\x0cLiveThinking\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x02 \x01(\x05\x12\r\n\x05\x64\x65lta\x18\x03 \x01(\t2a\n\x0fProgressService\x12N\n\rWatchProgress\x12\x1c.amc.v1.WatchProgressRequest\x1a\x1d.amc.v1.WatchProgressResponse0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,11 +33,11 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'amc.v1.progress_service_pb2
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_WATCHPROGRESSREQUEST']._serialized_start=61
-  _globals['_WATCHPROGRESSREQUEST']._serialized_end=143
-  _globals['_WATCHPROGRESSRESPONSE']._serialized_start=146
-  _globals['_WATCHPROGRESSRESPONSE']._serialized_end=284
-  _globals['_LIVETHINKING']._serialized_start=286
-  _globals['_LIVETHINKING']._serialized_end=349
-  _globals['_PROGRESSSERVICE']._serialized_start=351
-  _globals['_PROGRESSSERVICE']._serialized_end=448
+  _globals['_WATCHPROGRESSREQUEST']._serialized_end=166
+  _globals['_WATCHPROGRESSRESPONSE']._serialized_start=169
+  _globals['_WATCHPROGRESSRESPONSE']._serialized_end=307
+  _globals['_LIVETHINKING']._serialized_start=309
+  _globals['_LIVETHINKING']._serialized_end=372
+  _globals['_PROGRESSSERVICE']._serialized_start=374
+  _globals['_PROGRESSSERVICE']._serialized_end=471
 # @@protoc_insertion_point(module_scope)

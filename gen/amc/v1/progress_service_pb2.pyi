@@ -28,6 +28,7 @@ class WatchProgressRequest(_message.Message):
     TASK_ID_FIELD_NUMBER: _builtins.int
     INCLUDE_THINKING_FIELD_NUMBER: _builtins.int
     BATCHED_FIELD_NUMBER: _builtins.int
+    SKIP_SNAPSHOT_FIELD_NUMBER: _builtins.int
     task_id: _builtins.str
     """Watch one task; empty means the whole fleet."""
     include_thinking: _builtins.bool
@@ -41,16 +42,25 @@ class WatchProgressRequest(_message.Message):
     burst of changes, not one per task, and does not fall behind. Without it every response
     carries one task in `task`.
     """
+    skip_snapshot: _builtins.bool
+    """Send no snapshot: the headers come at once (every change from then on follows) and the
+    first message is the first change after them. For a watcher that reads what it needs
+    itself, or needs none of it (the console's tasks page, which reads its own rows once the
+    headers came; `amc task watch` back from an outage); a fleet-wide snapshot of 10,000
+    unfinished tasks is read whole before the headers. A watch of one task still answers
+    NOT_FOUND for an unknown task, and ends at once, with no message, when it ended.
+    """
     def __init__(
         self,
         *,
         task_id: _builtins.str = ...,
         include_thinking: _builtins.bool = ...,
         batched: _builtins.bool = ...,
+        skip_snapshot: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["batched", b"batched", "include_thinking", b"include_thinking", "task_id", b"task_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["batched", b"batched", "include_thinking", b"include_thinking", "skip_snapshot", b"skip_snapshot", "task_id", b"task_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
