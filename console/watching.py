@@ -9,7 +9,8 @@ only once the cloud stayed away for `GIVE_UP_S`. The caller reaches the cloud fi
 of one task resolves its id, a watch of the fleet lists a task), so a wrong address or
 certificate is still said at once, as by every other command. Each new stream starts with a
 snapshot: tasks unchanged since they were last shown are not shown again, so the output goes
-on where it stopped.
+on where it stopped. Nor are tasks a stream sends again unchanged (a replica whose LISTEN
+connection came back re-reads every task it shows).
 
 A snapshot holds the unfinished tasks only, and nothing marks its end: a fleet watch back
 from an outage could not tell the tasks that ended meanwhile from those still to come, and
@@ -149,8 +150,7 @@ async def watch_through_restarts(
             ):
                 if change.HasField("task"):
                     task, before = change.task, shown.get(change.task.task_id)
-                    age = _age(task, before)
-                    if age < 0 or (change.snapshot and age == 0):
+                    if _age(task, before) <= 0:  # shown already, or older than shown
                         continue
                     shown[task.task_id] = task
                     if newest is None or task.created_at.ToNanoseconds() > newest.ToNanoseconds():

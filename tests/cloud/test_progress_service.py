@@ -28,7 +28,8 @@ from cloud.services.progress_service import KEPT, _Shown
 from cloud.store import convert, leases, tasks
 from cloud.store.database import Store
 from cloud.store.models import AttemptRow
-from console.client import watch_progress
+from console import watching
+from console.client import OperatorClient, watch_progress
 from tests.cloud.cloud_harness import ScriptedHost, channel, count_reloads, renewal, submit
 from tests.support.postgres import PostgresServer
 
@@ -185,6 +186,29 @@ async def test_a_watcher_that_skips_the_snapshot_gets_the_changes_after_its_head
         assert err.value.code() == grpc.StatusCode.NOT_FOUND
     finally:
         await ch.close()
+
+
+async def test_a_watch_through_restarts_shows_a_task_resent_unchanged_once(
+    cloud: CloudServer, pki_dir: Path
+) -> None:
+    """The replica sends a task again unchanged whenever it was told it may have changed (a
+    LISTEN connection back after a drop re-reads every unfinished task; a task a fleet watch
+    back from an outage read itself and that then ended is sent by its new stream too):
+    `amc task watch` printed the same line again. A task is shown again only once its
+    updated_at moved."""
+    client = OperatorClient.over(channel(cloud.address, pki_dir, "operator-ops"))
+    changes = watching.watch_through_restarts(client)
+    try:
+        queued = (await submit(client.tasks, goal="stays queued")).task
+        first = await asyncio.wait_for(anext(changes), 10)
+        assert first.task.task_id == queued.task_id
+        cloud.bus.tasks_changed([queued.task_id])  # as after a LISTEN drop: re-read, resent
+        newer = (await submit(client.tasks, goal="arrives later")).task
+        second = await asyncio.wait_for(anext(changes), 10)
+        assert second.task.task_id == newer.task_id, second
+    finally:
+        await changes.aclose()
+        await client.close()
 
 
 async def test_decision_log_arguments(cloud: CloudServer, pki_dir: Path) -> None:
