@@ -213,3 +213,39 @@ async def test_a_fleet_watch_reports_the_tasks_that_ended_while_the_cloud_was_aw
             await watch.wait()
         await ops.close()
         await cloud.stop(0)
+
+
+async def test_a_fleet_watch_back_from_an_outage_reads_an_older_task_that_ended_by_its_id(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A task the watch showed unfinished, made longer before the newest it knew of than the
+    listing of ended tasks reaches back (`CREATED_SLACK_S`, 0 here so that no test waits a
+    minute), and that ended while the cloud was away, is read by its id and shown."""
+    monkeypatch.setattr(watching, "CREATED_SLACK_S", 0)
+    pki = ensure_embedded_pki(tmp_path, [], operator="admin")
+    port = free_port()
+    cloud = await _cloud(tmp_path, pki, port)
+    ops = _operator(cloud, pki)
+    older = await _submit(ops, "Open Settings")
+    newer = await _submit(ops, "Open Clock")
+    changes = watching.watch_through_restarts(ops)
+    try:
+        shown = [(await asyncio.wait_for(anext(changes), 60)).task.task_id for _ in range(2)]
+        assert sorted(shown) == sorted([older, newer])
+        await cloud.stop(0)
+        meanwhile = await _cloud(tmp_path, pki, free_port())
+        other = _operator(meanwhile, pki)
+        await other.tasks.CancelTask(task_service_pb2.CancelTaskRequest(task_id=older))
+        await other.close()
+        await meanwhile.stop(0)
+        cloud = await _cloud(tmp_path, pki, port)
+        change = await asyncio.wait_for(anext(changes), 60)
+        assert (change.task.task_id, change.task.status) == (
+            older,
+            types_pb2.TASK_STATUS_CANCELLED,
+        )
+        assert not change.task.attempts
+    finally:
+        await changes.aclose()
+        await ops.close()
+        await cloud.stop(0)
