@@ -55,11 +55,28 @@ _UNFINISHED = [
 def _age(task: types_pb2.Task, shown: types_pb2.Task | None) -> int:
     """How `task` compares with `shown`, the same task as last shown: below 0 older (a read may
     be older than what a stream sent since), 0 unchanged, above 0 newer. By the time of its last
-    write, which every change moves: two reads of an unchanged live task differ all the same
-    (`totals.wall_time` is counted at the read)."""
+    write, which every change but a decision's spend moves, then by that spend: two reads of an
+    unchanged live task differ all the same (`totals.wall_time` is counted at the read)."""
     if shown is None:
         return 1
-    return task.updated_at.ToNanoseconds() - shown.updated_at.ToNanoseconds()
+    moved = task.updated_at.ToNanoseconds() - shown.updated_at.ToNanoseconds()
+    if moved:
+        return moved
+    # A decision counted moves the task's totals, not its updated_at: every figure only grows.
+    spent, was = _spent(task), _spent(shown)
+    return (spent > was) - (spent < was)
+
+
+def _spent(task: types_pb2.Task) -> tuple[int, int, int, int, int, float]:
+    totals, usage = task.totals, task.totals.usage
+    return (
+        totals.decisions,
+        usage.input_tokens,
+        usage.output_tokens,
+        usage.cache_read_input_tokens,
+        usage.cache_creation_input_tokens,
+        usage.cost_usd,
+    )
 
 
 async def _listed(
