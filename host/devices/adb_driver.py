@@ -92,9 +92,10 @@ _EXCEPTION_RE = re.compile(r"\b(?:[a-z]\w*\.)+[A-Z]\w*(?:Exception|Error)\b")
 _PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 # A whole PNG's last chunk: IEND, empty, and its CRC.
 _PNG_END = b"IEND\xaeB`\x82"
-# What `uiautomator dump` prints when the screen is animating or a window is changing: passing
-# states, worth another try (see `DeviceBusy`).
-_BUSY_DUMP = ("could not get idle state", "null root node returned by", "Killed")
+# What `uiautomator dump` prints when the screen is animating or a window is changing, and what
+# the shell prints for a dumper that died of a signal (the low-memory killer's SIGKILL, an ART
+# runtime abort's SIGABRT): passing states, worth another try (see `DeviceBusy`).
+_BUSY_DUMP = ("could not get idle state", "null root node returned by", "Killed", "Aborted")
 # Java exceptions a dumper throws while the window it walks changes under it (a node gone
 # between listing and reading it: the NullPointerException in childNafCheck); passing too.
 _JAVA_CRASH = ("java.lang.NullPointerException", "java.lang.IllegalStateException")
@@ -135,7 +136,8 @@ def dump_failure(serial: str, output: str) -> DeviceError | None:
 
     Only output saying "dumped to" is a dump (AOSP's DumpCommand prints it last); anything
     else failed. Passing: "ERROR: could not get idle state." / "null root node", a dumper the
-    low-memory killer took ("Killed"), a NullPointerException or IllegalStateException trace,
+    low-memory killer took ("Killed") or its runtime aborted ("Aborted": a fresh process each
+    time, so the next one runs), a NullPointerException or IllegalStateException trace,
     and no output at all: AOSP's dumper dies with a NullPointerException in childNafCheck
     when a node vanishes while the screen changes, and that trace goes to logcat, not to the
     shell (seen on ~20% of first dumps on some API 34 emulators). "… already registered!"

@@ -202,7 +202,7 @@ def test_screencap_without_any_png_is_refused() -> None:
 # --- `uiautomator dump --windows` failures --------------------------------------------------------
 
 
-@pytest.mark.parametrize("glitch", ["no_windows", "killed"])
+@pytest.mark.parametrize("glitch", ["no_windows", "killed", "aborted"])
 def test_passing_dump_failures_are_busy_and_retried(
     adb: tuple[ThreadedAdbServer, VirtualPhone], glitch: str
 ) -> None:
@@ -309,9 +309,17 @@ def test_dump_output_without_dumped_to_is_a_failure() -> None:
     for output in ("Segmentation fault\n", "uiautomator: inaccessible or not found\n"):
         failure = dump_failure(SERIAL, output)
         assert isinstance(failure, DeviceError) and not isinstance(failure, DeviceBusy)
-    # Passing: the low-memory killer, no output at all (the dumper died; its trace went to
-    # logcat), and a trace of the exceptions a window changing under the dumper throws.
-    for output in ("Killed\n", "", " \n", DUMP_NPE_TRACE, "java.lang.IllegalStateException: x"):
+    # Passing: the low-memory killer, a runtime abort, no output at all (the dumper died; its
+    # trace went to logcat), and a trace of the exceptions a window changing under the dumper
+    # throws.
+    for output in (
+        "Killed\n",
+        "Aborted\n",
+        "",
+        " \n",
+        DUMP_NPE_TRACE,
+        "java.lang.IllegalStateException: x",
+    ):
         assert isinstance(dump_failure(SERIAL, output), DeviceBusy), output
 
 

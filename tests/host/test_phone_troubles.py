@@ -19,7 +19,7 @@ from host.devices.base import DeviceBusy, ScreenLocked
 from host.devices.screen_state import parse_screen_state
 from host.devices.virtual.adb_server import ThreadedAdbServer
 from host.devices.virtual.driver import VirtualDriver
-from host.devices.virtual.phone import VirtualPhone
+from host.devices.virtual.phone import DumpGlitch, VirtualPhone
 from host.devices.virtual.suite import SUITE, snapshot
 from host.perception.hierarchy import HierarchyError
 from host.perception.perceive import Perceiver
@@ -65,14 +65,14 @@ def test_adb_driver_reads_dump_errors_as_passing(served: tuple[VirtualPhone, Adb
 
 
 async def _run_suite_task(
-    name: str, phone_driver: tuple[VirtualPhone, object] | None = None
+    name: str, phone_driver: tuple[VirtualPhone, object] | None = None, glitch: DumpGlitch = "idle"
 ) -> bool:
     task = next(t for t in SUITE if t.name == name)
     phone = phone_driver[0] if phone_driver else task.new_phone("glitchy")
     if phone_driver:
         task.setup(phone)
     driver = phone_driver[1] if phone_driver else VirtualDriver(phone)
-    phone.glitch_every(3, "idle")  # a third of all dumps fail, as on an animating screen
+    phone.glitch_every(3, glitch)  # a third of all dumps fail, as on an animating screen
     before = snapshot(phone)
     loop = AgentLoop(
         driver,  # type: ignore[arg-type]
@@ -104,6 +104,15 @@ async def test_a_glitchy_phone_over_adb_finishes_its_task(
     served: tuple[VirtualPhone, AdbDriver],
 ) -> None:
     assert await _run_suite_task("wifi_off", served)
+
+
+async def test_a_phone_whose_dumper_aborts_now_and_then_finishes_its_task(
+    served: tuple[VirtualPhone, AdbDriver],
+) -> None:
+    """A dumper the runtime aborts (the shell prints "Aborted", exit 134) failed the task
+    for good at the look it hit ("DeviceError: uiautomator dump failed on …: 'Aborted'"):
+    it dies of a signal as one the low-memory killer takes ("Killed") does, and is retried."""
+    assert await _run_suite_task("wifi_off", served, glitch="aborted")
 
 
 def test_a_sleeping_phone_is_woken_and_a_swipe_lock_dismissed(

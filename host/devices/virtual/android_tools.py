@@ -303,8 +303,8 @@ def _uiautomator(sh: Session, args: list[str], stdin: bytes) -> Output:
     except NoWindowsError:
         # AOSP's dumpWindowsToFile returns before creating the file; DumpCommand still reports.
         return Output().out(f"UI hierchary dumped to: {target}\n")
-    except DumpKilled:
-        return Output().err("Killed\n", 137)
+    except DumpKilled as exc:
+        return Output().err(f"{exc.word}\n", exc.code)
     except BridgeTaken:
         return Output().err(BRIDGE_TAKEN, 1)
     except DumpCrashed:

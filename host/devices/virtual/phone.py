@@ -56,6 +56,7 @@ DumpGlitch = Literal[
     "no_windows",
     "rootless_window",
     "killed",
+    "aborted",
     "bridge_taken",
     "npe",
 ]
@@ -81,7 +82,14 @@ class NoWindowsError(Exception):
 
 
 class DumpKilled(Exception):
-    """The dumping process was killed (the low-memory killer): the shell prints "Killed"."""
+    """The dumping process died of a signal: the shell prints what it was ("Killed", the
+    low-memory killer's SIGKILL; "Aborted", an ART runtime abort's SIGABRT)."""
+
+    def __init__(self, word: str = "Killed") -> None:
+        super().__init__(word)
+        self.word = word
+        #: The shell's exit status for it: 128 + the signal's number.
+        self.code = 134 if word == "Aborted" else 137
 
 
 class BridgeTaken(Exception):
@@ -732,6 +740,8 @@ class VirtualPhone:
             raise IdleStateError("could not get idle state")
         if glitch == "killed":
             raise DumpKilled("Killed")
+        if glitch == "aborted":
+            raise DumpKilled("Aborted")
         if glitch == "bridge_taken":
             raise BridgeTaken("UiAutomationService already registered")
         if glitch == "npe":
@@ -794,7 +804,8 @@ class VirtualPhone:
         `uiautomator dump --windows` also knows "no_windows" (an empty window list: "dumped
         to" printed, no file written) and "rootless_window" (the focused window's `<window>`
         comes without its `<hierarchy>`: its root is null while it changes); the other dump
-        forms report both as a null root. "killed" (the shell prints "Killed") and
+        forms report both as a null root. "killed" (the shell prints "Killed"), "aborted"
+        (the runtime aborted: "Aborted") and
         "bridge_taken" (another UiAutomation client holds the bridge: "… already
         registered!") fail any `uiautomator dump`. "npe" is the dumper's NullPointerException
         in childNafCheck (a node vanished mid-dump): `uiautomator dump` prints nothing and
