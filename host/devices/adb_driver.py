@@ -11,6 +11,8 @@ import logging
 import re
 import time
 import uuid
+from collections.abc import Callable
+from typing import TypeVar
 
 from host.devices import adb_transport
 from host.devices.adb_errors import (
@@ -41,6 +43,7 @@ from host.devices.screen_state import (
 )
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 _KEYCODES: dict[str, str] = {
     "back": "KEYCODE_BACK",
@@ -333,21 +336,40 @@ class AdbDriver:
                 f"phone {self._serial} disconnected ({what}: no adb server at {host}:{port})"
             )
 
-    def _run(self, service: str, what: str, timeout_s: float | None = None) -> bytes:
-        """Run an adb service (`shell:…`, `exec-out:…`) on the phone; all it wrote. A stream
-        cut before the command ran (the phone vanished after the transport was chosen) is
-        checked against adb's device list: a phone no longer listed is `DeviceGone`."""
+    def _adb(self, what: str, fn: Callable[[], T]) -> T:
+        """`fn()`, an adb request to the phone, its failures checked against adb's device
+        list: a phone no longer listed as "device" is `DeviceGone`. One still listed is not:
+        a failure that reads like a vanished phone (adbd closing the request unstarted, which
+        the adb server reports as "closed", while it restarts or runs out of processes) is
+        `DeviceBusy`, tried again like any passing failure, not a phone to report offline."""
         self._server(what)
         try:
             with mapped_errors(self._serial, what):
-                return adb_transport.run(
-                    self._client, self._serial, service, timeout_s or self.timeout_s, self._tid
-                )
-        except (DeviceGone, DeviceBusy):
+                return fn()
+        except DeviceBusy:
             raise
+        except DeviceGone as exc:
+            if exc.state:  # adb itself named the state ("device offline", "unauthorized")
+                raise
+            ensure_listed(self._client, self._addr, self._serial, what, self._tid)
+            raise DeviceBusy(
+                f"{what} failed on {self._serial}: adb ended the request ({exc.__cause__ or exc}) "
+                "while it still lists the phone (its adbd closes requests while it restarts "
+                "or is out of processes)"
+            ) from exc
         except DeviceError:
             ensure_listed(self._client, self._addr, self._serial, what, self._tid)
             raise
+
+    def _run(self, service: str, what: str, timeout_s: float | None = None) -> bytes:
+        """Run an adb service (`shell:…`, `exec-out:…`) on the phone; all it wrote (see
+        `_adb` for its failures)."""
+        return self._adb(
+            what,
+            lambda: adb_transport.run(
+                self._client, self._serial, service, timeout_s or self.timeout_s, self._tid
+            ),
+        )
 
     def _shell(self, cmd: str, what: str, timeout_s: float | None = None) -> str:
         """Run `cmd` in the phone's shell; its output.
@@ -417,11 +439,13 @@ class AdbDriver:
         if failure is not None:
             raise failure
         try:
-            with mapped_errors(self._serial, "pull hierarchy"):
-                return adb_transport.pull(
+            return self._adb(
+                "pull hierarchy",
+                lambda: adb_transport.pull(
                     self._client, self._serial, remote, self.timeout_s, self._tid
-                )
-        except DeviceGone:
+                ),
+            )
+        except (DeviceGone, DeviceBusy):
             raise
         except DeviceError as exc:
             if any(marker in str(exc) for marker in _MISSING_FILE):

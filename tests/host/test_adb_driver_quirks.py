@@ -492,6 +492,36 @@ def test_a_read_timeout_is_busy_not_disconnected(
     assert d.current_app() == phone.current_package()
 
 
+def test_a_request_adb_closes_while_it_lists_the_phone_is_busy_not_gone(
+    adb: tuple[ThreadedAdbServer, VirtualPhone],
+) -> None:
+    """adbd closes a request before starting it while it cannot (restarting, out of
+    processes); the adb server answers "closed" (`adb`: "error: closed") and still lists the
+    phone. It was read as an unplugged phone: a look's dump was not retried, the attempt
+    ended "phone … disconnected" and the host reported the phone offline; a tap ended it too.
+    Now adb's device list decides, as for a stream cut short."""
+    server, phone = adb
+    d = AdbDriver(SERIAL, port=server.port)
+    size = d.screen_size()
+    for service, call in (
+        ("shell:uiautomator dump", d.dump_hierarchy),
+        ("sync:", d.dump_hierarchy),  # the pull of the dump
+        ("exec-out:screencap", d.screenshot_png),
+        ("shell:input tap", lambda: d.tap(100, 200)),
+    ):
+        phone.close_service(service)
+        with pytest.raises(DeviceBusy, match="closed") as raised:
+            call()
+        assert not isinstance(raised.value, DeviceGone), service
+    phone.close_service("shell:uiautomator dump", 2)
+    scene, _ = Perceiver(retries=3, retry_delay_s=0).scene_from_dump(d, size, None)
+    assert any(e.text == "Settings" for e in scene.elements)
+    # A phone adb no longer lists is gone, whatever the request's failure said.
+    server.unplug(SERIAL)
+    with pytest.raises(DeviceGone):
+        d.tap(100, 200)
+
+
 def test_a_phone_that_refuses_injected_input_says_why(
     adb: tuple[ThreadedAdbServer, VirtualPhone],
 ) -> None:

@@ -436,6 +436,9 @@ class VirtualAdbServer:
                 "virtual adb: destination oversized for %s (%d bytes)", phone.serial, len(req)
             )
             raise _Closed
+        if phone.take_service_close(req):
+            await self._send(writer, proto.fail("closed"))
+            return
         stall = phone.take_service_stall(req)
         if stall is not None:
             with contextlib.suppress(TimeoutError):

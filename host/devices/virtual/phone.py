@@ -300,6 +300,7 @@ class VirtualPhone:
         self._broken_services: weakref.WeakKeyDictionary[object, int] = weakref.WeakKeyDictionary()
         self._dump_hangs: list[float] = []
         self._service_stalls: list[tuple[str, float]] = []
+        self._service_closes: list[str] = []
         #: The `uiautomator dump` process running right now, if one hangs (`hang_dumps`).
         self.dumper: Spawned | None = None
         # System UI state:
@@ -898,6 +899,23 @@ class VirtualPhone:
                     del self._service_stalls[i]
                     return seconds
         return None
+
+    def close_service(self, prefix: str, count: int = 1) -> None:
+        """Make the phone's adbd close each of the next `count` requests for a device service
+        starting with `prefix` before it starts it, as a real one does while it cannot start
+        the service (restarting, out of processes): the adb server answers `FAIL` "closed"
+        (`adb` prints "error: closed"). adb still lists the phone."""
+        with self._lock:
+            self._service_closes.extend([prefix] * count)
+
+    def take_service_close(self, service: str) -> bool:
+        """Whether adbd closes this request unstarted (see `close_service`)."""
+        with self._lock:
+            for i, prefix in enumerate(self._service_closes):
+                if service.startswith(prefix):
+                    del self._service_closes[i]
+                    return True
+        return False
 
     def take_u2_crash(self) -> Literal["", "unanswered", "mid_answer"]:
         """Whether and how the agent dies during this call (see `crash_u2_agent`): ""
