@@ -487,6 +487,12 @@ class U2Driver:
         its `max_depth` (default 50, against stack overflows in its server); WebView and React
         Native screens go deeper, so it is asked for `MAX_DEPTH`.
 
+        The server's JSON-RPC method is called directly: uiautomator2's `dump_hierarchy`
+        retries an empty answer three times a second apart out of sight of the look's deadline
+        (`Perceiver.scene_from_dump` retries, bounded), and fails with a TypeError on a null
+        one (a server whose dumper caught an exception it only logs): empty and null are
+        `DeviceBusy` here.
+
         An RPC error is the server's dumper throwing while the screen changes under it (a
         NullPointerException when a node vanishes mid-dump, as in `uiautomator dump`): a
         passing `DeviceBusy` (the server answered, so the phone is there; should it vanish
@@ -495,12 +501,19 @@ class U2Driver:
 
         def dump(d: Any) -> str:
             try:
-                return str(d.dump_hierarchy(max_depth=MAX_DEPTH))
+                content = d.jsonrpc.dumpWindowHierarchy(False, MAX_DEPTH)
             except u2_exceptions.RPCStackOverflowError:
                 raise
             except u2_exceptions.RPCError as exc:
                 cause = str(exc.args[0] if exc.args else exc)[:300]
                 raise DeviceBusy(f"dump hierarchy failed on {self._serial}: {cause}") from exc
+            if not content:
+                raise DeviceBusy(
+                    f"dump hierarchy on {self._serial} gave no hierarchy (uiautomator2's "
+                    f"server answered {content!r}: its dumper failed, or the screen never "
+                    "settled)"
+                )
+            return str(content)
 
         return self._call("dump hierarchy", dump)
 

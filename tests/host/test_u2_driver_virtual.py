@@ -203,6 +203,25 @@ def test_a_dump_that_throws_mid_walk_is_busy_and_retried(
     assert any(e.text == "Settings" for e in scene.elements)
 
 
+def test_a_dump_the_server_answers_null_is_busy_and_retried(
+    served: tuple[ThreadedAdbServer, VirtualPhone],
+) -> None:
+    """A server whose dumper caught an exception it only logs answers the dump with null
+    (older openatx servers end `dumpWindowHierarchy` with `return null`). uiautomator2 then
+    fails inside its own empty-dump check with a TypeError, which no driver error covered:
+    the attempt ended failed for good ("TypeError: argument of type 'NoneType' is not
+    iterable"). It is now a passing failure, retried like an empty dump."""
+    server, phone = served
+    d = U2Driver(SERIAL, port=server.port)
+    size = d.screen_size()
+    phone.u2_dump_nulls = 1
+    with pytest.raises(DeviceBusy, match="no hierarchy"):
+        d.dump_hierarchy()
+    phone.u2_dump_nulls = 2
+    scene, _ = Perceiver(retries=3, retry_delay_s=0).scene_from_dump(d, size, None)
+    assert any(e.text == "Settings" for e in scene.elements)
+
+
 def _agent_pids(phone: VirtualPhone) -> list[int]:
     return [p.pid for p in phone.processes.spawned() if p.name == "app_process"]
 

@@ -220,6 +220,10 @@ class VirtualPhone:
         #: uiautomator2's `takeScreenshot` answers null (its library then falls back to
         #: `screencap`), as on Android 4-6 (openatx/uiautomator2#1027).
         self.u2_screenshot_null = False
+        #: How many more of uiautomator2's `dumpWindowHierarchy` calls answer null, as a server
+        #: does whose dumper caught an exception it only logs (older openatx servers end
+        #: with `return null`).
+        self.u2_dump_nulls = 0
         #: A line the dynamic linker prints before `screencap`'s output, on the same stream
         #: as the image ("WARNING: linker: …" on ROMs of Android 5-6 whose libraries it
         #: complains about); "" for none.
@@ -916,6 +920,14 @@ class VirtualPhone:
                     del self._service_closes[i]
                     return True
         return False
+
+    def take_u2_dump_null(self) -> bool:
+        """Whether this `dumpWindowHierarchy` answers null (see `u2_dump_nulls`)."""
+        with self._lock:
+            if self.u2_dump_nulls <= 0:
+                return False
+            self.u2_dump_nulls -= 1
+            return True
 
     def take_u2_crash(self) -> Literal["", "unanswered", "mid_answer"]:
         """Whether and how the agent dies during this call (see `crash_u2_agent`): ""

@@ -251,10 +251,12 @@ class U2Agent:
             "sdkInt": p.sdk,
         }
 
-    def dump(self, compressed: bool = False, max_depth: int = 50, *rest: Any) -> str:
+    def dump(self, compressed: bool = False, max_depth: int = 50, *rest: Any) -> str | None:
         """Every window's root (androidx `dumpWindowHierarchy`), or the active window's alone
         when the third argument (`root_in_active`) asks for it."""
         del compressed
+        if self.phone.take_u2_dump_null():
+            return None
         try:
             if rest and rest[0]:
                 return self.phone.dump_hierarchy()
