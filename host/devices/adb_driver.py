@@ -28,6 +28,7 @@ from host.devices.base import (
     KeyName,
     ScreenshotError,
     ScreenState,
+    ScreenUnavailable,
 )
 from host.devices.bridge import BRIDGE_WAIT_S, held, retry_while_held
 from host.devices.input_method import COMMAND as INPUT_METHOD_COMMAND
@@ -147,12 +148,15 @@ def dump_failure(serial: str, output: str) -> DeviceError | None:
     (an IllegalStateException too) means another UiAutomation client holds the accessibility
     bridge: `BridgeHeld`, which the driver waits out for a bounded time (`retry_while_held`).
     No retry brings a build without `uiautomator` ("… inaccessible or not found"), which the
-    error says how to drive; other text (a crash of the shell) is not passing either."""
+    error says how to drive; other text (a native crash, "Segmentation fault") is not passing
+    either. Both are `ScreenUnavailable`: the phone's condition, not the task's, so the
+    attempt ends retryable (another phone, or this one mended, can run it) instead of the
+    task failing for good."""
     if "dumped to" in output:
         return None
     shown = output.strip()[-300:]
     if any(f"{_DUMPER}: {words}" in output for words in _NOT_FOUND):
-        return DeviceError(
+        return ScreenUnavailable(
             f"phone {serial} has no `{_DUMPER}` command (its build leaves it out), so the "
             "adbutils driver cannot read its screen: drive it with the uiautomator2 driver "
             "(AMC_HOST_DRIVER=uiautomator2), which brings its own"
@@ -167,7 +171,7 @@ def dump_failure(serial: str, output: str) -> DeviceError | None:
     message = f"uiautomator dump failed on {serial}: {shown!r}"
     if any(marker in output for marker in (*_BUSY_DUMP, *_JAVA_CRASH)):
         return DeviceBusy(message)
-    return DeviceError(message)
+    return ScreenUnavailable(message)
 
 
 def png_from_screencap(serial: str, data: bytes) -> bytes:

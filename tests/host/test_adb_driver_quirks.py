@@ -18,7 +18,13 @@ from amc.v1 import types_pb2
 from host.agent.actions import execute
 from host.devices.adb_driver import AdbDriver, dump_failure, png_from_screencap
 from host.devices.adb_errors import is_gone
-from host.devices.base import BridgeHeld, DeviceBusy, DeviceError, DeviceGone
+from host.devices.base import (
+    BridgeHeld,
+    DeviceBusy,
+    DeviceError,
+    DeviceGone,
+    ScreenUnavailable,
+)
 from host.devices.registry import DeviceRegistry
 from host.devices.screen_size import current_size, parse_rotation, parse_surface_orientation
 from host.devices.u2_driver import U2Driver
@@ -306,9 +312,10 @@ def test_a_build_without_uiautomator_is_named_with_the_driver_that_works(
 
 def test_dump_output_without_dumped_to_is_a_failure() -> None:
     assert dump_failure(SERIAL, "UI hierchary dumped to: /data/local/tmp/x.xml\n") is None
+    # Not passing, but the phone's condition: the attempt ends retryable.
     for output in ("Segmentation fault\n", "uiautomator: inaccessible or not found\n"):
         failure = dump_failure(SERIAL, output)
-        assert isinstance(failure, DeviceError) and not isinstance(failure, DeviceBusy)
+        assert isinstance(failure, ScreenUnavailable) and not isinstance(failure, DeviceBusy)
     # Passing: the low-memory killer, a runtime abort, no output at all (the dumper died; its
     # trace went to logcat), and a trace of the exceptions a window changing under the dumper
     # throws.

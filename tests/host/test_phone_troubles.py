@@ -341,6 +341,28 @@ async def test_a_phone_still_booting_ends_its_attempt_retryable(
     assert "still booting" in outcome.summary
 
 
+async def test_a_phone_whose_dumper_always_crashes_ends_the_attempt_retryable(
+    served: tuple[VirtualPhone, AdbDriver],
+) -> None:
+    """A dump no retry mends (a dumper that crashes natively, "Segmentation fault") was a plain
+    DeviceError: the attempt ended failed for good ("DeviceError: uiautomator dump failed on
+    …"), as if the task could never be done. It is the phone's condition: the attempt ends
+    retryable, saying the phone cannot show its screen and why."""
+    phone, driver = served
+    phone.glitch_every(1, "segfault")
+    loop = AgentLoop(
+        driver,
+        make_planner(PlannerSettings(provider="offline")),
+        Perceiver(None, retry_delay_s=0),
+        None,
+        LoopSettings(max_steps=3, settle_delay_s=0, ocr=False),
+    )
+    outcome = await loop.run(TaskSpec("segv", 1, "Turn on dark theme", phone.serial))
+    assert (outcome.status, outcome.retryable) == ("failed", True), outcome.summary
+    assert "cannot show its screen" in outcome.summary
+    assert "Segmentation fault" in outcome.summary
+
+
 def test_input_while_the_system_services_are_down_is_not_reported_done(
     served: tuple[VirtualPhone, AdbDriver],
 ) -> None:

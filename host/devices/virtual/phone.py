@@ -57,6 +57,7 @@ DumpGlitch = Literal[
     "rootless_window",
     "killed",
     "aborted",
+    "segfault",
     "bridge_taken",
     "npe",
 ]
@@ -81,15 +82,19 @@ class NoWindowsError(Exception):
     all, yet the command still prints "dumped to"."""
 
 
+#: What the shell prints for a child a signal ended, and its exit status (128 + the signal).
+_SIGNAL_EXITS = {"Killed": 137, "Aborted": 134, "Segmentation fault": 139}
+
+
 class DumpKilled(Exception):
     """The dumping process died of a signal: the shell prints what it was ("Killed", the
-    low-memory killer's SIGKILL; "Aborted", an ART runtime abort's SIGABRT)."""
+    low-memory killer's SIGKILL; "Aborted", an ART runtime abort's SIGABRT; "Segmentation
+    fault", a native crash's SIGSEGV)."""
 
     def __init__(self, word: str = "Killed") -> None:
         super().__init__(word)
         self.word = word
-        #: The shell's exit status for it: 128 + the signal's number.
-        self.code = 134 if word == "Aborted" else 137
+        self.code = _SIGNAL_EXITS[word]
 
 
 class BridgeTaken(Exception):
@@ -747,6 +752,8 @@ class VirtualPhone:
             raise DumpKilled("Killed")
         if glitch == "aborted":
             raise DumpKilled("Aborted")
+        if glitch == "segfault":
+            raise DumpKilled("Segmentation fault")
         if glitch == "bridge_taken":
             raise BridgeTaken("UiAutomationService already registered")
         if glitch == "npe":
@@ -810,7 +817,7 @@ class VirtualPhone:
         to" printed, no file written) and "rootless_window" (the focused window's `<window>`
         comes without its `<hierarchy>`: its root is null while it changes); the other dump
         forms report both as a null root. "killed" (the shell prints "Killed"), "aborted"
-        (the runtime aborted: "Aborted") and
+        (the runtime aborted: "Aborted"), "segfault" (a native crash: "Segmentation fault") and
         "bridge_taken" (another UiAutomation client holds the bridge: "… already
         registered!") fail any `uiautomator dump`. "npe" is the dumper's NullPointerException
         in childNafCheck (a node vanished mid-dump): `uiautomator dump` prints nothing and
