@@ -77,6 +77,9 @@ MAX_DEPTH = 120
 #: What uiautomator2 raises, after restarting a server its own Device started and trying
 #: again, for a server that answers but does not work: the driver stops it (`U2Driver._reset`).
 _BROKEN_SERVER = (u2_exceptions.UiAutomationNotConnectedError, u2_exceptions.HTTPError)
+#: What a server whose heap is exhausted answers every JSON-RPC call with (jsonrpc4j's -32001
+#: carrying the error's class): it keeps failing until it restarts.
+_OUT_OF_MEMORY = "java.lang.OutOfMemoryError"
 #: The class uiautomator2's server runs as (`app_process … com.wetest.uia2.Main`): how its
 #: process is told on the phone.
 _SERVER_MAIN = "com.wetest.uia2.Main"
@@ -98,6 +101,21 @@ class _Device(u2.Device):  # type: ignore[misc]  # uiautomator2 ships no type hi
         if self._process is None:
             return
         super().stop_uiautomator(wait)
+
+
+def _out_of_memory(exc: BaseException) -> bool:
+    """Whether `exc` is a JSON-RPC error of a server whose heap is exhausted."""
+    return (
+        isinstance(exc, u2_exceptions.RPCError)
+        and bool(exc.args)
+        and _OUT_OF_MEMORY in str(exc.args[0])
+    )
+
+
+def _broken(exc: BaseException) -> bool:
+    """Whether `exc` says the server answers but does not work, so it must be restarted: it
+    lost its UiAutomation, answers HTTP errors, or ran out of memory."""
+    return isinstance(exc, _BROKEN_SERVER) or _out_of_memory(exc)
 
 
 @contextmanager
@@ -127,6 +145,17 @@ def _mapped(serial: str, what: str) -> Iterator[None]:
         raise DeviceBusy(
             f"{what} failed on {serial}: uiautomator2's server on the phone lost its "
             f"UiAutomation connection ({exc}); the next call starts the server again"
+        ) from exc
+    except u2_exceptions.RPCError as exc:
+        if not _out_of_memory(exc):
+            if is_gone(exc):
+                raise gone(serial, what, str(exc)) from exc
+            raise DeviceError(f"{what} failed on {serial}: {exc}") from exc
+        # A long-running server that leaked its heap (openatx/android-uiautomator-server#64):
+        # every call fails until it restarts, which `U2Driver._call` does.
+        raise DeviceBusy(
+            f"{what} failed on {serial}: uiautomator2's server on the phone ran out of memory "
+            f"({str(exc.args[0])[:200]}); the next call starts the server again"
         ) from exc
     except u2_exceptions.HTTPError as exc:
         if is_gone(exc):  # "Unable to connect to uiautomator2 server: <adb's refusal>"
@@ -405,7 +434,7 @@ class U2Driver:
             ) from gone
         except DeviceBusy as busy:
             cause = busy.__cause__ or busy
-            if isinstance(cause, _BROKEN_SERVER) and self._started_elsewhere():
+            if _broken(cause) and self._started_elsewhere():
                 self._reset()
                 raise ScreenUnavailable(
                     f"{what} failed on {self._serial}: uiautomator2's server on the phone was "
@@ -415,7 +444,7 @@ class U2Driver:
                     f"the server (`adb -s {self._adb_serial} shell pkill -f "
                     f"{_SERVER_MAIN}`), and the next attempt starts its own"
                 ) from busy
-            if is_timeout(cause) or isinstance(cause, _BROKEN_SERVER):
+            if is_timeout(cause) or _broken(cause):
                 self._reset()  # a wedged or broken server: the next call starts it again
             raise
         except DeviceError:

@@ -278,6 +278,33 @@ def test_a_broken_u2_server_is_restarted_for_a_later_driver(
     assert _agent_pids(phone) and _agent_pids(phone) != first
 
 
+def test_a_u2_server_out_of_memory_is_busy_and_restarted(
+    served: tuple[ThreadedAdbServer, VirtualPhone],
+) -> None:
+    """A long-running server runs out of heap: every call answers -32001
+    "java.lang.OutOfMemoryError" until it restarts (openatx/android-uiautomator-server#64,
+    openatx/uiautomator2#1052), while it still answers /ping. A screenshot failed as a plain
+    DeviceError, which ended the attempt failed for good, and so did every later task on the
+    phone (the server stayed up); a dump was tried again against the same server until the
+    look gave up on its tree. Now it is a busy phone whose server is stopped, and the next
+    call starts a working one."""
+    server, phone = served
+    d = U2Driver(SERIAL, port=server.port)
+    size = d.screen_size()
+    d.tap(1, 1)  # the server is up
+    first = _agent_pids(phone)
+    phone.exhaust_u2_memory()
+    with pytest.raises(DeviceBusy, match="out of memory"):
+        d.screenshot_png()
+    assert d.screenshot_png()[:4] == b"\x89PNG"
+    second = _agent_pids(phone)
+    assert second and second != first
+    phone.exhaust_u2_memory()
+    scene, _ = Perceiver(retries=2, retry_delay_s=0).scene_from_dump(d, size, None)
+    assert any(e.text == "Settings" for e in scene.elements)
+    assert _agent_pids(phone) and _agent_pids(phone) != second
+
+
 _LINKER_WARNING = (
     "WARNING: linker: /system/lib/libhwui.so: unused DT entry: type 0x6ffffffe arg 0x2d8c"
 )

@@ -114,6 +114,14 @@ AUTOMATION_LOST_TRACE = (
     "\tat com.github.uiautomator.stub.AutomatorServiceImpl.dumpWindowHierarchy"
     "(AutomatorServiceImpl.java:295)\n"
 )
+#: What uiautomator2's agent sends as a JSON-RPC error's `data` once its heap is exhausted
+#: (openatx/android-uiautomator-server#64, openatx/uiautomator2#1052).
+OUT_OF_MEMORY_TRACE = (
+    "java.lang.OutOfMemoryError: Failed to allocate a 3145712 byte allocation with 1181776 "
+    "free bytes and 1154KB until OOM, target footprint 268435456, growth limit 268435456\n"
+    "\tat dalvik.system.VMRuntime.newUnpaddedArray(Native Method)\n"
+    "\tat android.app.UiAutomation.getServiceInfo(UiAutomation.java:806)\n"
+)
 DUMP_NPE_TRACE = (
     "java.lang.NullPointerException: Attempt to invoke virtual method "
     "'java.lang.CharSequence android.view.accessibility.AccessibilityNodeInfo"
@@ -305,6 +313,8 @@ class VirtualPhone:
         #: Bumped by `lose_u2_automation`: an agent started under an older value has lost
         #: its UiAutomation connection.
         self.u2_automation_epoch = 0
+        #: Bumped by `exhaust_u2_memory`: an agent started under an older value is out of heap.
+        self.u2_memory_epoch = 0
         #: On-phone servers that answer every call with an HTTP error (`break_u2_agent`).
         self._broken_services: weakref.WeakKeyDictionary[object, int] = weakref.WeakKeyDictionary()
         self._dump_hangs: list[float] = []
@@ -887,6 +897,14 @@ class VirtualPhone:
         process is restarted; an agent started afterwards works. adb still lists the phone."""
         with self._lock:
             self.u2_automation_epoch += 1
+
+    def exhaust_u2_memory(self) -> None:
+        """Make the running uiautomator2 agent run out of heap (a long-running server that
+        leaks): it keeps answering `/ping`, and every JSON-RPC call fails with jsonrpc4j's
+        -32001 "java.lang.OutOfMemoryError" until its process is restarted; an agent started
+        afterwards works. adb still lists the phone."""
+        with self._lock:
+            self.u2_memory_epoch += 1
 
     def take_u2_hang(self) -> float | None:
         """How long this JSON-RPC call hangs (see `hang_u2_agent`), None when it does not."""

@@ -23,6 +23,7 @@ from host.devices.virtual.layout import Node
 from host.devices.virtual.phone import (
     AUTOMATION_LOST_TRACE,
     DUMP_NPE_TRACE,
+    OUT_OF_MEMORY_TRACE,
     BridgeTaken,
     DumpCrashed,
     DumpKilled,
@@ -113,6 +114,8 @@ class U2Agent:
         #: The phone's `u2_automation_epoch` when this agent started: once the phone's moves
         #: on, this agent's UiAutomation is gone (`VirtualPhone.lose_u2_automation`).
         self._epoch = phone.u2_automation_epoch
+        #: The same for its heap (`VirtualPhone.exhaust_u2_memory`).
+        self._memory_epoch = phone.u2_memory_epoch
         #: Ends this agent's process at once (`VirtualPhone.crash_u2_agent`).
         self._crash = crash
         self._touch_down: tuple[int, int] | None = None
@@ -223,6 +226,13 @@ class U2Agent:
                 "data": AUTOMATION_LOST_TRACE,
             }
             return {"jsonrpc": "2.0", "id": rid, "error": lost}
+        if self.phone.u2_memory_epoch != self._memory_epoch:
+            oom = {
+                "code": -32001,
+                "message": "java.lang.OutOfMemoryError",
+                "data": OUT_OF_MEMORY_TRACE,
+            }
+            return {"jsonrpc": "2.0", "id": rid, "error": oom}
         try:
             result = method(**params) if isinstance(params, dict) else method(*params)
         except RpcError as exc:
