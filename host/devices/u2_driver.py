@@ -13,6 +13,7 @@ import functools
 import http.client
 import io
 import json
+import logging
 import shlex
 import socket
 import threading
@@ -66,6 +67,7 @@ from host.devices.screen_state import (
 )
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 #: The most UTF-8 bytes of text one `send_keys` carries. Through the AdbKeyboard IME it is
 #: one `am broadcast … --es text <base64>` shell request, and adbd before Android 7 opens
 #: none longer than 4096 bytes (see `adb_driver.SHELL_LINE_MAX`): 2048 bytes are 2732 in
@@ -270,8 +272,17 @@ def _handshake(conn: adbutils.AdbConnection, request: str) -> adbutils.AdbConnec
 
 
 def _take_screenshot(d: Any) -> bytes:
-    """The server's screenshot (JPEG bytes); b"" when it answered none."""
-    data = d.jsonrpc.takeScreenshot(1, 80)
+    """The server's screenshot (JPEG bytes); b"" when it answered none, or an error of its
+    capture: a server built against java.util.Base64 throws NoClassDefFoundError at every
+    screenshot on Android 7 (openatx/uiautomator2#1008), and `screencap` still works there.
+    A server out of memory is not passed over: it must be restarted (`_mapped`)."""
+    try:
+        data = d.jsonrpc.takeScreenshot(1, 80)
+    except u2_exceptions.RPCError as exc:
+        if _out_of_memory(exc):
+            raise
+        log.info("uiautomator2's takeScreenshot failed (%s); taking screencap", exc.args[:1])
+        return b""
     return base64.b64decode(data) if data else b""
 
 

@@ -328,6 +328,23 @@ def test_a_server_that_gives_no_screenshot_is_read_with_screencap_on_an_old_phon
             assert shot.convert("RGB").tobytes() == phone.screencap_image().convert("RGB").tobytes()
 
 
+def test_a_server_whose_screenshot_throws_is_read_with_screencap(
+    served: tuple[ThreadedAdbServer, VirtualPhone],
+) -> None:
+    """uiautomator2's server can fail every takeScreenshot with a JSON-RPC error (built
+    against java.util.Base64, it throws NoClassDefFoundError on Android 7 builds:
+    openatx/uiautomator2#1008). That was a plain DeviceError at every look's first step, so
+    every task on such a phone failed for good. It is taken with `screencap`, as a null
+    screenshot is."""
+    server, phone = served
+    d = U2Driver(SERIAL, port=server.port)
+    d.screen_size()
+    phone.u2_screenshot_error = "java.lang.NoClassDefFoundError"
+    png = d.screenshot_png()
+    with Image.open(io.BytesIO(png)) as shot:
+        assert shot.convert("RGB").tobytes() == phone.screencap_image().convert("RGB").tobytes()
+
+
 def test_a_garbled_screencap_behind_a_null_server_screenshot_is_no_black_screen(
     served: tuple[ThreadedAdbServer, VirtualPhone],
 ) -> None:

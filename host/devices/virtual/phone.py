@@ -233,6 +233,10 @@ class VirtualPhone:
         #: uiautomator2's `takeScreenshot` answers null (its library then falls back to
         #: `screencap`), as on Android 4-6 (openatx/uiautomator2#1027).
         self.u2_screenshot_null = False
+        #: A Java exception uiautomator2's `takeScreenshot` fails with, answered as a JSON-RPC
+        #: error ("java.lang.NoClassDefFoundError": a server built against java.util.Base64 on
+        #: a phone older than Android 8, openatx/uiautomator2#1008); "" for none.
+        self.u2_screenshot_error = ""
         #: How many more of uiautomator2's `dumpWindowHierarchy` calls answer null, as a server
         #: does whose dumper caught an exception it only logs (older openatx servers end
         #: with `return null`).

@@ -308,6 +308,14 @@ class U2Agent:
     def screenshot(self, scale: float = 1.0, quality: int = 80) -> str | None:
         if self.phone.u2_screenshot_null:
             return None
+        if self.phone.u2_screenshot_error:
+            error = self.phone.u2_screenshot_error
+            trace = (
+                f"{error}: Failed resolution of: Ljava/util/Base64;\n"
+                "\tat com.github.uiautomator.stub.AutomatorServiceImpl.takeScreenshot"
+                "(AutomatorServiceImpl.java:402)\n"
+            )
+            raise RpcError(-32001, error, trace)
         garbled = self.phone.take_garbled_shot(png=False)
         if garbled is not None:
             return base64.b64encode(garbled).decode()
