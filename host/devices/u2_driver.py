@@ -76,6 +76,9 @@ SEND_KEYS_MAX_BYTES = 2048
 #: How deep uiautomator2's server walks each window's tree (its own default is 50; Appium's 70;
 #: real apps reach ~90 levels).
 MAX_DEPTH = 120
+#: uiautomator2's own depth, asked for again when a tree overflows the server's stack at
+#: `MAX_DEPTH` (its recursion goes as deep as the tree does).
+SAFE_DEPTH = 50
 #: What uiautomator2 raises, after restarting a server its own Device started and trying
 #: again, for a server that answers but does not work: the driver stops it (`U2Driver._reset`).
 _BROKEN_SERVER = (u2_exceptions.UiAutomationNotConnectedError, u2_exceptions.HTTPError)
@@ -536,12 +539,23 @@ class U2Driver:
         An RPC error is the server's dumper throwing while the screen changes under it (a
         NullPointerException when a node vanishes mid-dump, as in `uiautomator dump`): a
         passing `DeviceBusy` (the server answered, so the phone is there; should it vanish
-        before the retry, that call finds out). A stack overflow is not passing: the same
-        tree overflows again."""
+        before the retry, that call finds out). A stack overflow is not passing (the same tree
+        overflows again): the tree is dumped again at `SAFE_DEPTH`, which the server's
+        recursion was built for, and one that overflows even there is an error."""
 
         def dump(d: Any) -> str:
             try:
-                content = d.jsonrpc.dumpWindowHierarchy(False, MAX_DEPTH)
+                try:
+                    content = d.jsonrpc.dumpWindowHierarchy(False, MAX_DEPTH)
+                except u2_exceptions.RPCStackOverflowError:
+                    log.warning(
+                        "%s: the tree overflowed uiautomator2's server %d levels down; "
+                        "dumped again %d levels deep, the nodes below left out",
+                        self._serial,
+                        MAX_DEPTH,
+                        SAFE_DEPTH,
+                    )
+                    content = d.jsonrpc.dumpWindowHierarchy(False, SAFE_DEPTH)
             except u2_exceptions.RPCStackOverflowError:
                 raise
             except u2_exceptions.RPCError as exc:

@@ -186,6 +186,25 @@ def test_deep_trees_are_dumped_past_uiautomator2s_default_depth(
     assert button.clickable
 
 
+def test_a_tree_too_deep_for_the_servers_stack_is_dumped_at_uiautomator2s_depth(
+    served: tuple[ThreadedAdbServer, VirtualPhone],
+) -> None:
+    """A tree deeper than the server's stack holds overflows its dumper's recursion
+    (-32001 "java.lang.StackOverflowError", openatx/uiautomator2#691), and asking for 120
+    levels (for WebView and React Native screens) reaches it where uiautomator2's own 50 do
+    not. That was a plain DeviceError: the attempt ended failed for good, and every later one
+    on that screen. The dump is asked again at uiautomator2's depth, the deeper nodes left out."""
+    server, phone = served
+    app = _DeepApp("com.example.deep", "Deep", "com.example.deep.Main", (0, 0, 0))
+    phone.apps[app.package] = app
+    assert phone.launch(app.package)
+    phone.u2_stack_levels = 70
+    d = U2Driver(SERIAL, port=server.port)
+    xml = d.dump_hierarchy()
+    assert 'package="com.example.deep"' in xml and "Deep button" not in xml
+    assert parse_scene(xml, d.screen_size(), d.current_app()).package == "com.example.deep"
+
+
 def test_a_dump_that_throws_mid_walk_is_busy_and_retried(
     served: tuple[ThreadedAdbServer, VirtualPhone],
 ) -> None:

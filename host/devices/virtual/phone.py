@@ -237,6 +237,10 @@ class VirtualPhone:
         #: error ("java.lang.NoClassDefFoundError": a server built against java.util.Base64 on
         #: a phone older than Android 8, openatx/uiautomator2#1008); "" for none.
         self.u2_screenshot_error = ""
+        #: The deepest tree uiautomator2's `dumpWindowHierarchy` walks before its recursion
+        #: overflows the server's stack (jsonrpc4j's -32001 "java.lang.StackOverflowError",
+        #: openatx/uiautomator2#691); None: no limit.
+        self.u2_stack_levels: int | None = None
         #: How many more of uiautomator2's `dumpWindowHierarchy` calls answer null, as a server
         #: does whose dumper caught an exception it only logs (older openatx servers end
         #: with `return null`).

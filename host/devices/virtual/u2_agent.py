@@ -270,12 +270,18 @@ class U2Agent:
         try:
             if rest and rest[0]:
                 return self.phone.dump_hierarchy()
-            return self.phone.dump_window_roots(int(max_depth))
+            xml = self.phone.dump_window_roots(int(max_depth))
         except (IdleStateError, NullRootError, DumpKilled, BridgeTaken):
             return ""  # what the real agent answers when it cannot get a settled screen
         except DumpCrashed as exc:
             # jsonrpc4j's answer to an exception thrown in the method: -32001 with the trace.
             raise RpcError(-32001, "java.lang.NullPointerException", DUMP_NPE_TRACE) from exc
+        levels = self.phone.u2_stack_levels
+        if levels is not None and _depth(xml) > levels:
+            frame = "\tat com.github.uiautomator.stub.AccessibilityNodeInfoDumper.dumpNodeRec\n"
+            trace = "java.lang.StackOverflowError: stack size 1043KB\n" + frame * 40
+            raise RpcError(-32001, "java.lang.StackOverflowError", trace)
+        return xml
 
     def wake_up(self) -> bool:
         self.phone.wake()
@@ -489,3 +495,17 @@ def _matches(node: Node, index: int, package: str, sel: dict[str, Any]) -> bool:
         if check is None or not check(value):
             return False
     return True
+
+
+def _depth(xml: str) -> int:
+    """How many `<node>` levels deep `xml` goes (what the server's dumper recursed through)."""
+    depth = deepest = 0
+    for tag in re.finditer(r"<(/?)node\b[^>]*?(/?)>", xml):
+        if tag.group(1):
+            depth -= 1
+        elif not tag.group(2):
+            depth += 1
+            deepest = max(deepest, depth)
+        else:
+            deepest = max(deepest, depth + 1)
+    return deepest
