@@ -95,7 +95,7 @@ _INJECTION_REFUSED_HINT = (
 _EXCEPTION_RE = re.compile(r"\b(?:[a-z]\w*\.)+[A-Z]\w*(?:Exception|Error)\b")
 _PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 # A whole PNG's last chunk: IEND, empty, and its CRC.
-_PNG_END = b"IEND\xaeB`\x82"
+PNG_END = b"IEND\xaeB`\x82"
 # What `uiautomator dump` prints when the screen is animating or a window is changing, and what
 # the shell prints for a dumper that died of a signal (the low-memory killer's SIGKILL, an ART
 # runtime abort's SIGABRT): passing states, worth another try (see `DeviceBusy`).
@@ -406,7 +406,7 @@ class AdbDriver:
         phone unplugged mid-transfer: the stream ends cleanly), so adb is asked whether the
         phone is still there before the image is judged."""
         data = self._run("exec-out:screencap -p", "screencap", self.screenshot_timeout_s)
-        if not data.endswith(_PNG_END):
+        if not data.endswith(PNG_END):
             ensure_listed(self._client, self._addr, self._serial, "screencap", self._tid)
         return png_from_screencap(self._serial, data)
 

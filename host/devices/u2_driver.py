@@ -29,6 +29,7 @@ from uiautomator2 import exceptions as u2_exceptions
 
 from host.devices import adb_transport
 from host.devices.adb_driver import (
+    PNG_END,
     check_launched,
     check_package,
     monkey_launch,
@@ -510,13 +511,7 @@ class U2Driver:
         garbled image) into a black image of the screen's size, shown as the screen."""
         jpeg = self._call("screenshot", _take_screenshot)
         if not jpeg:
-            data = self._call(
-                "screencap",
-                lambda d: adb_transport.run(
-                    self._adb, self._adb_serial, _SCREENCAP, self._rpc_timeout_s, self._tid
-                ),
-            )
-            return png_from_screencap(self._serial, data)
+            return png_from_screencap(self._serial, self._call("screencap", self._screencap))
         try:
             with Image.open(io.BytesIO(jpeg)) as img:
                 buf = io.BytesIO()
@@ -524,6 +519,18 @@ class U2Driver:
         except (UnidentifiedImageError, OSError, SyntaxError) as exc:  # the server sent no image
             raise ScreenshotError(f"unreadable screenshot from {self._serial}: {exc}") from exc
         return buf.getvalue()
+
+    def _screencap(self, d: Any) -> bytes:
+        """`screencap -p`'s output. One that does not end with a PNG's last chunk was cut
+        short (the phone unplugged mid-transfer: the stream ends cleanly), so adb is asked
+        whether the phone is still there, as the adb driver asks."""
+        del d
+        data = adb_transport.run(
+            self._adb, self._adb_serial, _SCREENCAP, self._rpc_timeout_s, self._tid
+        )
+        if not data.endswith(PNG_END):
+            ensure_listed(self._adb, self._addr, self._adb_serial, "screencap", self._tid)
+        return data
 
     def dump_hierarchy(self) -> str:
         """Every window's root side by side. uiautomator2 leaves out every node deeper than

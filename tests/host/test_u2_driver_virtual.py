@@ -364,6 +364,29 @@ def test_a_server_whose_screenshot_throws_is_read_with_screencap(
         assert shot.convert("RGB").tobytes() == phone.screencap_image().convert("RGB").tobytes()
 
 
+def test_a_phone_unplugged_mid_screencap_is_gone(
+    served: tuple[ThreadedAdbServer, VirtualPhone],
+) -> None:
+    """The screencap taken for a server that gave no screenshot ends cleanly when the cable
+    is pulled (the adb server closes the stream): it was "screencap returned no PNG", an
+    unreadable screenshot, so the attempt ended as a screen the phone cannot show and the
+    phone stayed listed online. adb is asked, as the adb driver asks it (the virtual phone's
+    capture is wrapped only to time the unplug)."""
+    server, phone = served
+    d = U2Driver(SERIAL, port=server.port)
+    d.screen_size()
+    phone.u2_screenshot_null = True
+    capture = phone.screencap_image
+
+    def unplugged_while_capturing() -> Image.Image:
+        server.unplug(SERIAL)
+        return capture()
+
+    phone.screencap_image = unplugged_while_capturing  # type: ignore[method-assign]
+    with pytest.raises(DeviceGone, match=SERIAL):
+        d.screenshot_png()
+
+
 def test_a_garbled_screencap_behind_a_null_server_screenshot_is_no_black_screen(
     served: tuple[ThreadedAdbServer, VirtualPhone],
 ) -> None:
