@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import logging
 import signal
+import threading
 import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -85,6 +86,9 @@ class HostApp:
     shipments: Shipments | None = None
     #: Each phone's worker thread for its driver calls, kept across its attempts.
     lanes: PhoneLanes = field(default_factory=PhoneLanes)
+    #: Set when the host stops: a retention pass ends where it is instead of holding the exit
+    #: for as long as deleting its files takes (minutes for many thousand screenshots).
+    retention_stop: threading.Event = field(default_factory=threading.Event)
     _background: list[asyncio.Task[None]] = field(default_factory=list)
 
     def status(self) -> dict[str, Any]:
@@ -436,7 +440,10 @@ async def _retention_pass(app: HostApp) -> None:
     s = app.settings
     try:
         pruned = await asyncio.to_thread(
-            app.store.prune, s.retention_max_tasks, s.retention_max_age_days
+            app.store.prune,
+            s.retention_max_tasks,
+            s.retention_max_age_days,
+            stop=app.retention_stop,
         )
         if pruned:
             log.info("retention removed %d old task(s)", len(pruned))
@@ -518,6 +525,7 @@ async def serve_host(app: HostApp, stop: asyncio.Event) -> None:
         for job in background:
             with contextlib.suppress(Exception):
                 await job
+        app.retention_stop.set()
         await app.wait_background()
         if app.planner_channel is not None:
             await app.planner_channel.close(grace=None)

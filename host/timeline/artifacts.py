@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
 import re
 import shutil
+import threading
 from pathlib import Path
 
 _SAFE = re.compile(r"[^A-Za-z0-9._-]+")
@@ -64,10 +67,31 @@ class ArtifactStore:
     def read(self, relative: str) -> bytes:
         return self.resolve(relative).read_bytes()
 
-    def delete_task(self, task_id: str, attempt: int) -> None:
+    def delete_task(self, task_id: str, attempt: int, stop: threading.Event | None = None) -> None:
         path = self.resolve(self.task_dir_name(task_id, attempt))
         if path != self.root and path.is_dir():
-            shutil.rmtree(path, ignore_errors=True)
+            remove_tree(path, stop)
 
     def task_dirs(self) -> list[str]:
         return sorted(p.name for p in self.root.iterdir() if p.is_dir())
+
+
+def remove_tree(path: Path, stop: threading.Event | None = None) -> bool:
+    """Delete a folder file by file, giving up once `stop` is set (False then): a folder of
+    many thousand screenshots takes minutes, and a stopping host must not wait for it. What is
+    left has no task row any more and goes with the next retention pass (`_drop_orphan_dirs`)."""
+    if stop is None:
+        shutil.rmtree(path, ignore_errors=True)
+        return True
+    for folder, dirs, files in os.walk(path, topdown=False):
+        for name in files:
+            if stop.is_set():
+                return False
+            with contextlib.suppress(OSError):
+                os.unlink(os.path.join(folder, name))
+        for name in dirs:
+            with contextlib.suppress(OSError):
+                os.rmdir(os.path.join(folder, name))
+    with contextlib.suppress(OSError):
+        os.rmdir(path)
+    return True

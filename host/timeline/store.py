@@ -15,7 +15,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from host.timeline.artifacts import ArtifactStore
+from host.timeline.artifacts import ArtifactStore, remove_tree
 from host.timeline.record import TimelineRecord
 from planner.decision import Billed, Usage
 
@@ -260,11 +260,17 @@ class TimelineStore:
 
     # --- retention ---
     def prune(
-        self, max_tasks: int, max_age_days: float, now: datetime | None = None
+        self,
+        max_tasks: int,
+        max_age_days: float,
+        now: datetime | None = None,
+        stop: threading.Event | None = None,
     ) -> list[tuple[str, int]]:
         """Delete tasks beyond the newest `max_tasks` or older than `max_age_days`, rows and files.
 
-        Running attempts are never pruned (their files are still being written).
+        Running attempts are never pruned (their files are still being written). Once `stop` is
+        set (the host stops) the pass ends where it is: the next one finds the rest (a task's
+        folder whose row went already is an orphan folder then).
         """
         cutoff = iso((now or utcnow()) - timedelta(days=max_age_days))
         with self._lock:
@@ -278,7 +284,10 @@ class TimelineStore:
                 continue
             if i >= max_tasks or r["updated_at"] < cutoff:
                 victims.append((r["task_id"], int(r["attempt"])))
+        done: list[tuple[str, int]] = []
         for task_id, attempt in victims:
+            if stop is not None and stop.is_set():
+                return done
             with self._lock:
                 self._db.execute("BEGIN")
                 self._db.execute(
@@ -291,18 +300,18 @@ class TimelineStore:
                     "DELETE FROM tasks WHERE task_id=? AND attempt=?", (task_id, attempt)
                 )
                 self._db.execute("COMMIT")
-            self.artifacts.delete_task(task_id, attempt)
-        self._drop_orphan_dirs()
-        return victims
+            done.append((task_id, attempt))
+            self.artifacts.delete_task(task_id, attempt, stop)
+        self._drop_orphan_dirs(stop)
+        return done
 
-    def _drop_orphan_dirs(self) -> None:
+    def _drop_orphan_dirs(self, stop: threading.Event | None = None) -> None:
         """Artifact folders with no task row (a crash between write and insert) go too."""
         with self._lock:
             rows = self._db.execute("SELECT task_id, attempt FROM tasks").fetchall()
         live = {self.artifacts.task_dir_name(r["task_id"], r["attempt"]) for r in rows}
         for name in self.artifacts.task_dirs():
+            if stop is not None and stop.is_set():
+                return
             if name not in live:
-                path = self.artifacts.resolve(name)
-                import shutil
-
-                shutil.rmtree(path, ignore_errors=True)
+                remove_tree(self.artifacts.resolve(name), stop)
