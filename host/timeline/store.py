@@ -306,11 +306,17 @@ class TimelineStore:
         return done
 
     def _drop_orphan_dirs(self, stop: threading.Event | None = None) -> None:
-        """Artifact folders with no task row (a crash between write and insert) go too."""
+        """Artifact folders with no task row (a crash between write and insert) go too.
+
+        The folders are listed before the rows are read: an attempt writes its row before its
+        first file, so a folder listed then has its row by the read, while the other order
+        deleted the folder of an attempt that started in between (the pass at start runs beside
+        the lease stream)."""
+        names = self.artifacts.task_dirs()
         with self._lock:
             rows = self._db.execute("SELECT task_id, attempt FROM tasks").fetchall()
         live = {self.artifacts.task_dir_name(r["task_id"], r["attempt"]) for r in rows}
-        for name in self.artifacts.task_dirs():
+        for name in names:
             if stop is not None and stop.is_set():
                 return
             if name not in live:

@@ -194,3 +194,34 @@ def test_attempts_left_running_by_a_dead_process_are_marked_interrupted(tmp_path
         assert set(again.prune(max_tasks=0, max_age_days=7)) == {("t1", 1), ("t2", 1), ("t3", 2)}
     finally:
         again.close()
+
+
+class _AttemptStartsWhileListed(ArtifactStore):
+    """The folder as the retention pass lists it, with a new attempt starting on the phone's
+    thread just then (its row, then its first screenshot): the order a real host can meet when
+    an assignment arrives during the pass at start. Only the moment is forced; every part is
+    the real one."""
+
+    store: TimelineStore
+
+    def task_dirs(self) -> list[str]:
+        self.store.start_task("new", 1, "a new goal", "emulator-5554")
+        self.store.save_screenshot("new", 1, "step001-before.png", b"png")
+        return super().task_dirs()
+
+
+def test_the_orphan_folder_sweep_keeps_an_attempt_started_while_it_runs(tmp_path: Path) -> None:
+    """The sweep read the task rows before it listed the folders: an attempt that started in
+    between had its folder (with its first screenshot) deleted as an orphan, and its steps
+    pointed at nothing."""
+    store = TimelineStore(tmp_path / "t.sqlite3", tmp_path / "artifacts")
+    racing = _AttemptStartsWhileListed(tmp_path / "artifacts")
+    racing.store = store
+    store.artifacts = racing
+    try:
+        store.artifacts.write("ghost", 1, "x.png", b"x")  # a real orphan: no row
+        store.prune(max_tasks=50, max_age_days=7)
+        assert ArtifactStore(tmp_path / "artifacts").task_dirs() == ["new-a1"]
+        assert store.artifacts.find("new-a1/step001-before.png") is not None
+    finally:
+        store.close()
