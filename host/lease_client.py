@@ -70,6 +70,11 @@ from planner.convert import usage_from_proto
 log = logging.getLogger(__name__)
 
 RunTask = Callable[[TaskSpec, ProgressHolder, asyncio.Event], Awaitable[TaskOutcome]]
+#: Told each attempt's outcome once its result (if any) is kept: the host's timeline records the
+#: end then, so it never says an attempt ended whose result a kill could still lose. Called on
+#: the loop, as `ResultKeeper.keep_result` is (one local row): an await there let the cloud's
+#: answer come before the attempt's task was done, and the attempt was never forgotten.
+AttemptEnded = Callable[[TaskSpec, TaskOutcome], None]
 Key = tuple[str, int]
 ChannelFactory = Callable[[], grpc.aio.Channel]
 
@@ -221,8 +226,10 @@ class LeaseClient:
         config: LeaseClientConfig | None = None,
         rng: random.Random | None = None,
         results: ResultKeeper | None = None,
+        ended: AttemptEnded | None = None,
     ) -> None:
         self._channel_factory = channel_factory
+        self._ended = ended
         self._devices = devices
         self._run_task = run_task
         self.config = config or LeaseClientConfig()
@@ -794,6 +801,11 @@ class LeaseClient:
                 retryable=outcome.retryable,
                 replay=outcome.replay,
             )
+        if self._ended is not None:
+            try:
+                self._ended(rt.spec, outcome)
+            except Exception:  # the timeline's word is not worth the result
+                log.exception("could not record the end of %s/%d", *rt.key)
         self._forget_if_done(rt.key)
         return outcome
 

@@ -20,8 +20,9 @@ from datetime import UTC
 from typing import TYPE_CHECKING, Any
 
 import grpc
+from google.protobuf.message import DecodeError
 
-from amc.v1 import types_pb2
+from amc.v1 import lease_service_pb2, types_pb2
 from host import metrics as host_metrics
 from host.agent.live_thinking import ClearingPlanner, LiveThinking
 from host.agent.loop import AgentLoop, LoopSettings, TaskOutcome, TaskSpec
@@ -226,6 +227,21 @@ def start_virtual_phones(settings: HostSettings) -> tuple[ThreadedAdbServer, Hos
     return server, updated
 
 
+def _finish_kept(store: TimelineStore, outbox: OutboxStore) -> None:
+    """An attempt whose result the previous process kept but whose end it did not write (killed
+    in between) ends in the timeline as its result says, not as interrupted: the result goes to
+    the cloud, and both records tell the same end."""
+    for _, body in outbox.held_results():
+        try:
+            result = lease_service_pb2.TaskResult.FromString(body)
+        except DecodeError:
+            continue  # the lease client says so when it reads them
+        row = store.get_task(result.task_id, result.attempt)
+        if row is not None and row.status == "running":
+            status = types_pb2.TaskStatus.Name(result.status).removeprefix("TASK_STATUS_").lower()
+            store.finish_task(result.task_id, result.attempt, status, result.summary)
+
+
 def _transport(settings: HostSettings) -> types_pb2.PlannerTransport.ValueType:
     if settings.planner_transport == "cloud":
         return types_pb2.PLANNER_TRANSPORT_CLOUD
@@ -241,6 +257,8 @@ def build_host(
 ) -> HostApp:
     """Assemble a host. `planner` overrides the direct planner (tests, the embedded demo)."""
     store = TimelineStore(settings.resolved_db_path, settings.resolved_artifact_dir)
+    outbox = OutboxStore(settings.resolved_outbox_path)
+    _finish_kept(store, outbox)
     interrupted = store.mark_interrupted()
     if interrupted:
         log.warning(
@@ -302,6 +320,10 @@ def build_host(
         log.warning(
             "%d model call(s) an earlier run was making are shipped as of unknown cost", left
         )
+
+    def ended(spec: TaskSpec, outcome: TaskOutcome) -> None:
+        store.finish_task(spec.task_id, spec.attempt, outcome.status, outcome.summary)
+
     lease = LeaseClient(
         channels,
         registry,
@@ -315,6 +337,7 @@ def build_host(
             stop_grace_s=settings.stop_grace_s,
         ),
         results=outbox,  # a result outlives this process until the cloud answers it
+        ended=ended,
     )
     if settings.planner_transport == "cloud" and planner is None:
         # The planner's own channel carries the trace context of each step to the cloud.
@@ -421,6 +444,7 @@ async def _run_task(
                     planner_transport=s.planner_transport,
                     planner_wait=WaitPolicy(s.planner_wait_initial_s, s.planner_wait_max_s),
                     host_id=app.lease.host_id or s.host_id,
+                    finishes_timeline=False,  # the lease client's `ended`, after the result
                 ),
                 shipments=app.shipments,
                 lane=lane,

@@ -137,6 +137,10 @@ class LoopSettings:
     planner_wait: WaitPolicy = field(default_factory=WaitPolicy)
     #: This host's id, for the attempt's log lines and spans (None: not known yet).
     host_id: str | None = None
+    #: False: the caller writes the attempt's end into the timeline once the attempt's result
+    #: is kept for the cloud (a host: its lease client's `ended`). Written first, a host killed
+    #: in between said "succeeded" in its own record while no result reached the cloud.
+    finishes_timeline: bool = True
 
 
 #: A box past any screenshot's edge: painting it covers the whole image.
@@ -344,7 +348,7 @@ class AgentLoop:
                          outcome.summary)  # fmt: skip
             tel.close(outcome.status if outcome is not None else "cancelled")
             self._close_lane()
-        if self.store is not None:
+        if self.store is not None and self.settings.finishes_timeline:
             await asyncio.to_thread(
                 self.store.finish_task, spec.task_id, spec.attempt, outcome.status, outcome.summary
             )

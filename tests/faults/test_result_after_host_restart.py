@@ -17,13 +17,15 @@ cloud come back.
 from __future__ import annotations
 
 import sqlite3
+from datetime import datetime
 from pathlib import Path
 
 from google.protobuf import duration_pb2
 
-from amc.v1 import task_service_pb2, types_pb2
+from amc.v1 import lease_service_pb2, task_service_pb2, types_pb2
 from cloud.store import states
-from host.timeline.store import TimelineStore
+from host.outbox import OutboxStore
+from host.timeline.store import INTERRUPTED, TimelineStore
 from tests.support.processes import (
     TERMINAL,
     AmcProcess,
@@ -227,3 +229,97 @@ async def test_a_host_killed_in_the_retention_pass_after_a_task_delivers_its_res
         if again is not None:
             again.stop()
         cloud.stop()
+
+
+def _ended_and_kept_at(host_dir: Path, task_id: str) -> tuple[datetime, datetime]:
+    """When the host's timeline says attempt 1 ended, and when its result was kept."""
+    with sqlite3.connect(f"file:{host_dir / 'task_progress.sqlite3'}?mode=ro", uri=True) as conn:
+        (ended,) = conn.execute(
+            "SELECT finished_at FROM tasks WHERE task_id = ? AND attempt = 1", (task_id,)
+        ).fetchone()
+    with sqlite3.connect(f"file:{host_dir / 'outbox.sqlite3'}?mode=ro", uri=True) as conn:
+        (kept,) = conn.execute(
+            "SELECT created_at FROM results WHERE task_id = ? AND attempt = 1", (task_id,)
+        ).fetchone()
+    return datetime.fromisoformat(ended), datetime.fromisoformat(kept)
+
+
+async def test_a_host_keeps_a_result_before_its_timeline_says_the_attempt_ended(
+    tmp_path: Path, fault_pki: Path
+) -> None:
+    """The timeline said "succeeded" a moment before the result was kept: a host killed in that
+    moment had recorded the attempt as done while no result reached the cloud, which released
+    the lease when the next process connected and ran the task again (seen with the outbox
+    held by another writer, which stretches the moment). The cloud is down here, so the
+    result stays kept and both times can be read."""
+    fleet = Fleet(tmp_path, fault_pki)
+    host_dir = tmp_path / "host-a"
+    cloud = fleet.cloud().start()
+    host = fleet.host("a", settle_delay_s=1.0, transport="direct")
+    await wait_serving(fleet.address, fault_pki)
+    ops = operator(fleet.address, fault_pki)
+    try:
+        host.start()
+        await wait_connected(ops, {"a"})
+        submitted = await ops.tasks.SubmitTask(
+            task_service_pb2.SubmitTaskRequest(
+                goal="Turn on dark theme",
+                max_attempts=3,
+                lease_duration=duration_pb2.Duration(seconds=120),  # outlives the outage
+            )
+        )
+        task_id = submitted.task.task_id
+        await wait_task(
+            ops,
+            task_id,
+            lambda t: t.status == types_pb2.TASK_STATUS_RUNNING and t.progress.step_index >= 1,
+            what="running on host a",
+        )
+    finally:
+        await ops.close()
+    try:
+        cloud.stop()
+        await until(
+            lambda: _attempts_on(host_dir, task_id).get(1) == "succeeded",
+            within=WITHIN,
+            what="host a finished attempt 1 with the cloud down",
+        )
+        await until(lambda: _held_results(host_dir) == 1, what="the result kept")
+        ended, kept = _ended_and_kept_at(host_dir, task_id)
+        assert kept <= ended, (kept, ended)
+    finally:
+        host.stop()
+        cloud.stop()
+
+
+async def test_an_attempt_whose_result_was_kept_ends_as_its_result_says_at_the_next_start(
+    tmp_path: Path, fault_pki: Path
+) -> None:
+    """A process killed after keeping a result and before writing the attempt's end (the
+    timeline row still "running", as that process left it): the next start ends the row as
+    the result says, not "interrupted", and sends the result (the cloud is down here)."""
+    host_dir = tmp_path / "host-a"
+    store = TimelineStore(host_dir / "task_progress.sqlite3", host_dir / "artifacts")
+    store.start_task("t-kept", 1, "Turn on dark theme", "emulator-5554", lease_id="L1")
+    store.start_task("t-lost", 1, "Turn on dark theme", "emulator-5556", lease_id="L2")
+    store.close()
+    outbox = OutboxStore(host_dir / "outbox.sqlite3")
+    result = lease_service_pb2.TaskResult(
+        task_id="t-kept",
+        attempt=1,
+        lease_id="L1",
+        status=types_pb2.TASK_STATUS_SUCCEEDED,
+        summary="'Dark theme' is on",
+    )
+    outbox.keep_result("t-kept", 1, "emulator-5554", result.SerializeToString())
+    outbox.close()
+    host = Fleet(tmp_path, fault_pki).host("a").start()  # its cloud is never started
+    try:
+        await until(
+            lambda: "lease stream lost" in host.output(), within=WITHIN, what="host a started"
+        )
+        assert _attempts_on(host_dir, "t-kept") == {1: "succeeded"}
+        assert _attempts_on(host_dir, "t-lost") == {1: INTERRUPTED}
+        assert _held_results(host_dir) == 1
+    finally:
+        host.stop()
