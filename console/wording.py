@@ -49,7 +49,7 @@ def step_line(
     if word:
         parts.append(word)
     text = summary.removeprefix(f"step {step_index}: ")
-    if text:
+    if text and text != word:  # "looking at the screen" is both the status and the summary
         parts.append(text)
     return " · ".join(parts)
 

@@ -15,7 +15,7 @@ from google.protobuf.timestamp_pb2 import Timestamp
 from pydantic import SecretStr, ValidationError
 
 from amc.v1 import fleet_service_pb2, types_pb2
-from console import formatting
+from console import formatting, watching
 from console.embedded import _console_password, _secrets_key_file
 from console.gateway.auth import Credentials
 from console.gateway.errors import UNREACHABLE, describe, http_status
@@ -267,3 +267,34 @@ def test_the_spent_daily_budget_says_what_stops_and_what_does_not() -> None:
         "tomorrow (UTC); a task a direct-transport host is already running keeps planning with "
         "its own model calls"
     )
+
+
+def test_a_step_whose_summary_is_its_status_says_it_once() -> None:
+    """The agent loop's summary of a look is "step N: looking at the screen", the status's own
+    words: every watch line, task list and page read "looking at the screen · looking at the
+    screen"."""
+    looking = types_pb2.Progress(
+        step_index=2,
+        step_status=types_pb2.STEP_STATUS_PERCEIVING,
+        summary="step 2: looking at the screen",
+        max_steps=30,
+    )
+    assert (
+        formatting.progress_badge(looking, types_pb2.TASK_STATUS_RUNNING)
+        == "step 2 of at most 30 · looking at the screen"
+    )
+
+
+def test_a_watch_shows_a_task_s_end_stamped_before_what_it_showed() -> None:
+    """A task's end written by a replica whose clock is a little behind the one that wrote the
+    state shown carries an older updated_at: `amc task watch` took it for a stale read and
+    dropped it, then (its stream ended with the task) reconnected for good, the same end
+    dropped at each snapshot. An end always follows what it ends."""
+    shown = types_pb2.Task(task_id="t", status=types_pb2.TASK_STATUS_RUNNING)
+    shown.updated_at.FromNanoseconds(2_000_000_000)
+    ended = types_pb2.Task(task_id="t", status=types_pb2.TASK_STATUS_CANCELLED)
+    ended.updated_at.FromNanoseconds(1_999_000_000)
+    assert watching._age(ended, shown) > 0
+    stale = types_pb2.Task(task_id="t", status=types_pb2.TASK_STATUS_QUEUED)
+    stale.updated_at.FromNanoseconds(1_999_000_000)
+    assert watching._age(stale, shown) < 0

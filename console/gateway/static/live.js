@@ -33,7 +33,7 @@
     var prefix = "step " + p.step_index + ": ";
     var text = p.summary || "";
     if (text.indexOf(prefix) === 0) text = text.slice(prefix.length);
-    if (text) parts.push(text);
+    if (text && text !== STEP_WORDS[p.step_status]) parts.push(text);
     return parts.join(" · ");
   }
 
