@@ -59,6 +59,10 @@ def _age(task: types_pb2.Task, shown: types_pb2.Task | None) -> int:
     unchanged live task differ all the same (`totals.wall_time` is counted at the read)."""
     if shown is None:
         return 1
+    if task.status in TERMINAL and shown.status not in TERMINAL:
+        # An end is never older than what it ends, whatever the clock of the replica that
+        # wrote it said (a replica a few milliseconds behind would hide it for good).
+        return 1
     moved = task.updated_at.ToNanoseconds() - shown.updated_at.ToNanoseconds()
     if moved:
         return moved
