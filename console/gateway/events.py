@@ -62,6 +62,8 @@ async def _task_frames(
     async for change in cloud.watch(
         task_id, thinking=bool(task_id), snapshot=snapshot, watching=watching
     ):
+        if change.snapshot and not snapshot:
+            continue  # a cloud from before `skip_snapshot` sends it all the same
         if change.HasField("thinking"):
             live = change.thinking
             data = {"task_id": live.task_id, "attempt": live.attempt, "delta": live.delta}
