@@ -7,7 +7,7 @@ model calls (the same call's `failed_calls`), model calls of unknown cost (its
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from amc.v1 import (
     artifact_service_pb2,
@@ -15,7 +15,9 @@ from amc.v1 import (
     decision_log_service_pb2,
     decision_log_service_pb2_grpc,
 )
-from host.outbox.store import OutboxItem
+
+if TYPE_CHECKING:  # the store names the kinds it deletes (`UNSETTLED`)
+    from host.outbox.store import OutboxItem
 
 DECISION = "decision"
 FAILED_CALLS = "failed_calls"

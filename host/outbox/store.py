@@ -28,6 +28,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
+from host.outbox.kinds import UNSETTLED
+
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS outbox (
     seq INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -141,7 +143,8 @@ class OutboxStore:
         settles: Sequence[str] = (),
     ) -> int:
         """Write one item; returns its position. Durable when this returns. `settles`: the
-        markers of the calls whose cost the item says, deleted in the same transaction."""
+        calls whose cost the item says: their markers, and their unknown-cost records still
+        waiting to ship, are deleted in the same transaction."""
         ts = (now or datetime.now(UTC)).isoformat()
         with self._lock:
             self._db.execute("BEGIN")
@@ -152,6 +155,12 @@ class OutboxStore:
                 )
                 seq = int(cursor.lastrowid or 0)
                 self._db.executemany("DELETE FROM calls WHERE call_id = ?", [(c,) for c in settles])
+                # The same calls' "unknown cost" records not shipped yet (set aside for an older
+                # cloud, say, which would ignore the settling): the cost is known now.
+                self._db.executemany(
+                    "DELETE FROM outbox WHERE kind = ? AND item_id = ?",
+                    [(UNSETTLED, c) for c in settles],
+                )
                 self._db.execute("COMMIT")
             except BaseException:
                 self._db.execute("ROLLBACK")

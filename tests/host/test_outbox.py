@@ -28,7 +28,7 @@ from cloud import pki, revocations
 from cloud.server import CloudServer
 from cloud.settings import CloudSettings
 from host.outbox import OutboxSender, OutboxStore
-from host.outbox.kinds import DECISION, SCREENSHOT, UNSETTLED
+from host.outbox.kinds import DECISION, FAILED_CALLS, SCREENSHOT, UNSETTLED
 from host.outbox.shipments import Shipments
 from planner.decision import MAX_MODEL_TEXT, MAX_THINKING_BLOCK_BYTES, Billed, Usage
 from planner.planner import Planner
@@ -692,5 +692,33 @@ async def test_a_call_s_marker_goes_with_its_record_or_ships_as_unknown_then_set
         item = store.head(10)[-1]
         record = decision_log_service_pb2.ShippedFailedCalls.FromString(item.body)
         assert list(record.settles_calls) == [lost]
+    finally:
+        store.close()
+
+
+async def test_a_late_cost_drops_the_unknown_cost_record_an_older_cloud_set_aside(
+    tmp_path: Path,
+) -> None:
+    """A host upgraded before its cloud: the cloud refuses the new "unknown cost" record, which
+    is set aside, then counts the late answer's failed-calls record without reading whom it
+    settles. Once the cloud is upgraded the set-aside record came back and the call showed as
+    of unknown cost for good, though its cost was counted (found by review). The record that
+    settles a call now drops that call's unshipped unknown-cost record with its marker."""
+    store = OutboxStore(tmp_path / "outbox.sqlite3")
+    try:
+        shipments = Shipments(store, "direct")
+        ledger = shipments.call_ledger("t1", 1, "l1")
+        assert ledger is not None
+        bound = Usage(input_tokens=12_000, output_tokens=8_192, cost_usd=0.16)
+        lost = await ledger.opened("anthropic", "claude-sonnet-4-6", bound)
+        assert shipments.release_calls([lost]) == 1
+        (unknown,) = [i for i in store.head(10) if i.kind == UNSETTLED]
+        store.set_aside([unknown.seq], "an older cloud: entries: at least one")
+
+        late = Usage(input_tokens=500, output_tokens=100, cost_usd=0.003)
+        late.calls.append(lost)
+        shipments.failed_calls("t1", 1, "l1", Billed("anthropic", "m", late), "CancelledError")
+        store.bring_back()
+        assert [i.kind for i in store.head(10)] == [FAILED_CALLS]
     finally:
         store.close()
