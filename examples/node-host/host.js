@@ -669,6 +669,9 @@ function focusOf(dumpsys) {
 // or its adb server gone) throws. The tries together stay within LOOK_MS (host/settings.py,
 // `hierarchy_deadline_s`): no try starts that could not end within it, taking as long as the
 // longest so far; a look whose dumps went unanswered throws, retryable (a stuck phone).
+// Where a dump's XML starts: its declaration, or its root on a dumper that writes none. Not at
+// the first `<`: MIUI's runtime prints a Java stack trace (`FileInputStream.<init>`) first.
+const XML_START = /<\?xml|<displays|<hierarchy/;
 const DUMP_TRIES = 5;
 const DUMP_PAUSE_MS = 500; // after the first try, one more for each try after it
 const LOOK_MS = 45000;
@@ -679,8 +682,9 @@ async function dumpScreen(device) {
     const began = now();
     try {
       const dump = await shell(device, 'uiautomator dump --windows /dev/tty'); // XML, "UI hierchary dumped to…"
-      const tree = dump.includes('<node');
-      const [body, repaired] = repairDump(dump.slice(dump.indexOf('<'), dump.lastIndexOf('>') + 1));
+      const start = dump.search(XML_START);
+      const tree = start >= 0 && dump.includes('<node', start);
+      const [body, repaired] = repairDump(dump.slice(start, dump.lastIndexOf('>') + 1));
       const screen = tree && windowsOf(xml.parse(body));
       if (screen) return { screen, why: '', repaired };
       why = dump.match(/ERROR: .*/)?.[0] || (tree ? 'the focused window came without its tree' : 'no window in the dump');

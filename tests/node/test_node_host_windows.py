@@ -289,3 +289,25 @@ async def test_the_node_host_keeps_the_app_below_a_floating_keyboard_as_the_pyth
     assert decisions, said
     assert {"Save", "Discard"} <= {text for text, _ in expected}
     assert [shown(e) for e in decisions[0].observation.elements] == expected
+
+
+async def test_the_node_host_reads_a_dump_miuis_runtime_prints_a_stack_trace_before(
+    node: str, tmp_path: Path
+) -> None:
+    """On Xiaomi, Redmi and POCO phones MIUI's runtime prints a FileNotFoundException for
+    theme_compatibility.xml as `uiautomator` starts, before the XML on the same stream.
+    host.js parsed from the first `<`, the one of `FileInputStream.<init>` in the trace: no
+    look on such a phone had a tree. It now parses from the dump's `<?xml` (or `<hierarchy`),
+    and the model sees what the Python host sees of the same screen."""
+    phone = VirtualPhone("emulator-5554")
+    phone.miui_theme_trace = True
+    python = observation_from_scene(
+        parse_scene(phone.dump_windows(), package=phone.current_package())
+    )
+    said, final, decisions = await _one_task(node, tmp_path, phone, "Turn on dark theme")
+
+    assert decisions, said
+    first = decisions[0].observation
+    assert not first.ui_tree_missing, said
+    assert [e.text for e in first.elements] == [e.text for e in python.elements]
+    assert final.status == types_pb2.TASK_STATUS_SUCCEEDED, said

@@ -278,8 +278,33 @@ def _hang(sh: Session, seconds: float) -> bool:
         phone.processes.exited(proc)
 
 
+# What MIUI's runtime prints as any app_process tool starts (`uiautomator` too): its Resources
+# look for a theme file the phone does not have and print the exception, before the tool's own
+# output on the same stream (seen on Xiaomi, Redmi and POCO phones; TencentQQGYLab/AppAgent#101).
+MIUI_THEME_TRACE = (
+    "java.io.FileNotFoundException: /data/system/theme_config/theme_compatibility.xml: "
+    "open failed: ENOENT (No such file or directory)\n"
+    "\tat libcore.io.IoBridge.open(IoBridge.java:575)\n"
+    "\tat java.io.FileInputStream.<init>(FileInputStream.java:160)\n"
+    "\tat java.io.FileInputStream.<init>(FileInputStream.java:115)\n"
+    "\tat java.io.FileReader.<init>(FileReader.java:58)\n"
+    "\tat miui.content.res.ThemeCompatibilityLoader.getVersion(ThemeCompatibilityLoader.java:108)\n"
+    "\tat miui.content.res.ThemeCompatibility.<clinit>(ThemeCompatibility.java:31)\n"
+    "\tat android.content.res.MiuiResourcesImpl.<clinit>(MiuiResourcesImpl.java:41)\n"
+    "\tat android.content.res.Resources.getSystem(Resources.java:233)\n"
+    "\tat com.android.internal.os.RuntimeInit.main(RuntimeInit.java:338)\n"
+)
+
+
 @registry.tool("uiautomator")
 def _uiautomator(sh: Session, args: list[str], stdin: bytes) -> Output:
+    result = _uiautomator_run(sh, args)
+    if sh.phone.miui_theme_trace:
+        result.chunks.insert(0, (2, MIUI_THEME_TRACE.encode()))
+    return result
+
+
+def _uiautomator_run(sh: Session, args: list[str]) -> Output:
     if not args or args[0] != "dump":
         return Output().err("Usage: uiautomator <subcommand> [options]\n", 1)
     files = [a for a in args[1:] if not a.startswith("-")]

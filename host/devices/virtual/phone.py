@@ -249,6 +249,11 @@ class VirtualPhone:
         #: as the image ("WARNING: linker: …" on ROMs of Android 5-6 whose libraries it
         #: complains about); "" for none.
         self.screencap_linker_warning = ""
+        #: MIUI's runtime prints a FileNotFoundException for theme_compatibility.xml as
+        #: `uiautomator` starts, before the tool's own output on the same stream (Xiaomi,
+        #: Redmi, POCO): a dump to /dev/tty then has a Java stack trace (with `<init>` and
+        #: `<clinit>` in it) before its XML.
+        self.miui_theme_trace = False
         #: The phone refuses injected input (Xiaomi, Redmi, POCO with "USB debugging
         #: (Security settings)" off; some vivo and Honor builds): every `input` event fails
         #: with a SecurityException naming INJECT_EVENTS, as Android 11+ prints it.
