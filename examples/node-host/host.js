@@ -672,25 +672,57 @@ function focusOf(dumpsys) {
 // Where a dump's XML starts: its declaration, or its root on a dumper that writes none. Not at
 // the first `<`: MIUI's runtime prints a Java stack trace (`FileInputStream.<init>`) first.
 const XML_START = /<\?xml|<displays|<hierarchy/;
+// What a dump that gave no tree printed, read as the Python host reads it (host/devices/
+// adb_driver.py, `dump_failure`): passing, tried again, are a window changing ("ERROR: could not
+// get idle state.", "… null root node …", "dumped to" with no window or a rootless one), a
+// dumper a signal ended ("Killed": the low-memory killer; "Aborted": its runtime; the next is a
+// fresh process), a NullPointerException or IllegalStateException trace (a node gone mid-dump,
+// another UiAutomation client) and no output at all. No retry mends anything else (a native
+// crash's "Segmentation fault", a build without `uiautomator`): the phone cannot show its
+// screen, so the attempt ends retryable (another phone, or this one mended, can run the task)
+// instead of a look without a tree the planner gives up on.
+const BUSY_DUMP = [
+  'could not get idle state',
+  'null root node returned by',
+  'dumped to',
+  'Killed',
+  'Aborted',
+  'java.lang.NullPointerException',
+  'java.lang.IllegalStateException',
+];
+function dumpFailure(serial, dump, tree) {
+  const shown = dump.trim().slice(-300);
+  const failed = `uiautomator dump failed on ${serial}: '${shown}'`;
+  if (shown && !BUSY_DUMP.some((marker) => dump.includes(marker))) {
+    throw phoneError(`phone ${serial} cannot show its screen: ${failed}`, true);
+  }
+  if (tree) return 'the focused window came without its tree';
+  if (!shown || dump.includes('dumped to')) return 'no window in the dump';
+  return dump.match(/ERROR: .*/)?.[0] || failed;
+}
+
 const DUMP_TRIES = 5;
 const DUMP_PAUSE_MS = 500; // after the first try, one more for each try after it
 const LOOK_MS = 45000;
-async function dumpScreen(device) {
+async function dumpScreen(device, serial) {
   const start = now();
   let [why, longest, answered] = ['', 0, true];
   for (let tries = 1; ; tries += 1) {
     const began = now();
+    let dump = null;
     try {
-      const dump = await shell(device, 'uiautomator dump --windows /dev/tty'); // XML, "UI hierchary dumped to…"
-      const start = dump.search(XML_START);
-      const tree = start >= 0 && dump.includes('<node', start);
-      const [body, repaired] = repairDump(dump.slice(start, dump.lastIndexOf('>') + 1));
-      const screen = tree && windowsOf(xml.parse(body));
-      if (screen) return { screen, why: '', repaired };
-      why = dump.match(/ERROR: .*/)?.[0] || (tree ? 'the focused window came without its tree' : 'no window in the dump');
+      dump = await shell(device, 'uiautomator dump --windows /dev/tty'); // XML, "UI hierchary dumped to…"
     } catch (err) {
       if (err.retryable !== true) throw err; // not a timeout: the phone or adb gone
       [why, answered] = [err.message, false];
+    }
+    if (dump !== null) {
+      const from = dump.search(XML_START);
+      const tree = from >= 0 && dump.includes('<node', from);
+      const [body, repaired] = repairDump(dump.slice(from, dump.lastIndexOf('>') + 1));
+      const screen = tree && windowsOf(xml.parse(body));
+      if (screen) return { screen, why: '', repaired };
+      why = dumpFailure(serial, dump, tree);
     }
     longest = Math.max(longest, now() - began);
     const pause = DUMP_PAUSE_MS * tries;
@@ -716,8 +748,8 @@ async function displayRotation(device) {
   return Number(found?.[1] || 0);
 }
 
-async function perceive(device) {
-  const { screen, why, repaired } = await dumpScreen(device);
+async function perceive(device, serial) {
+  const { screen, why, repaired } = await dumpScreen(device, serial);
   const tree = screen?.find((w) => w.hierarchy)?.hierarchy;
   const rotation = tree ? Number(tree.rotation || 0) : await displayRotation(device);
   const [width, height] = screenSize(await shell(device, 'wm size'), rotation);
@@ -1066,7 +1098,7 @@ async function runTask(a, revoked) {
       }
       report(step, 'STEP_STATUS_PERCEIVING', `step ${step}: looking at the screen`);
       await bounded(readyScreen(device, a.device_serial));
-      const observation = await bounded(perceive(device));
+      const observation = await bounded(perceive(device, a.device_serial));
       report(step, 'STEP_STATUS_PLANNING', `step ${step}: planning`);
       const request = { ...lease, observation, previous_outcome: previous, step_key: String(step) };
       const over = () => revoked.has(a.lease_id) || stop.signal.aborted;

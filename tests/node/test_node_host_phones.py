@@ -413,3 +413,49 @@ async def test_a_phone_still_booting_is_offline_until_it_has_booted(
     assert booting == {phone.serial: types_pb2.DEVICE_STATE_OFFLINE}, said
     assert final.status == types_pb2.TASK_STATUS_SUCCEEDED, said
     assert len(final.attempts) == 1, said
+
+
+async def _queued_task(rig: Rig, goal: str) -> str:
+    """A task of `goal` that may run twice (a retryable first attempt leaves it queued)."""
+    request = task_service_pb2.SubmitTaskRequest(goal=goal, max_attempts=2)
+    return str((await rig.client.tasks.SubmitTask(request, timeout=10)).task.task_id)
+
+
+async def test_a_phone_whose_dumper_always_crashes_ends_its_attempt_retryable(
+    node: str, tmp_path: Path
+) -> None:
+    """A dumper that crashes natively ("Segmentation fault", exit 139) on every try: host.js
+    took it for a window still changing, tried five times and sent the look without a tree,
+    saying only "no window in the dump"; the planner, shown nothing, gave up and the task
+    failed for good for a broken phone. As the Python host does (ScreenUnavailable), a dump
+    no retry mends now ends the attempt retryable, saying the phone cannot show its screen
+    and what the dump printed."""
+    phone = VirtualPhone("emulator-5554")
+    phone.glitch_every(1, "segfault")
+    async with cloud_and_phone(tmp_path, phone, HOST_ID) as rig:
+        task_id = await _queued_task(rig, "Turn on dark theme")
+        host = await start_host(node, rig, HOST_ID, tmp_path / "host-data")
+        said, final, _ = await _first_attempt(rig, host, task_id)
+    assert final.attempts[0].failure_reason == (
+        "host error: phone emulator-5554 cannot show its screen: "
+        "uiautomator dump failed on emulator-5554: 'Segmentation fault'"
+    ), said
+    assert final.status == types_pb2.TASK_STATUS_QUEUED, said  # retryable: it runs again
+
+
+async def test_a_phone_whose_dumper_always_aborts_is_looked_at_without_a_tree_saying_why(
+    node: str, tmp_path: Path
+) -> None:
+    """A dumper whose runtime aborts ("Aborted", exit 134) is a fresh process each try, so
+    host.js tries again, as the Python host does (DeviceBusy). When every try aborts, the look
+    goes on without a tree; host.js told the model "no window in the dump", which is not what
+    happened. It now says what the dump printed."""
+    phone = VirtualPhone("emulator-5554")
+    phone.glitch_every(1, "aborted")
+    said, _final, decisions = await _one_task(node, tmp_path, phone, "Turn on dark theme")
+
+    assert decisions, said
+    assert decisions[0].observation.ui_tree_missing == (
+        "uiautomator dump gave no tree in 5 tries: "
+        "uiautomator dump failed on emulator-5554: 'Aborted'"
+    ), said
