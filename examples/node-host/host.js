@@ -308,6 +308,11 @@ function byTransportId(serial, transportId) {
 // (host/devices/adb_transport.py, DEFAULT_TIMEOUT_S; host/settings.py, `dump_timeout_s`): a
 // dump or an adbd that never answers held the step for good, its lease renewed all along.
 // The error names the program only: typed text may be a secret.
+// adbd closes a request unstarted while it restarts or is out of processes: the adb server
+// answers FAIL "closed" and still lists the phone. That is the phone's condition, retryable (a
+// look tries its dump again), as the Python host reads it (host/devices/adb_driver.py, `_adb`);
+// a phone adb no longer lists is told disconnected when the step fails (`phoneGone`).
+const CLOSED = "Failure: 'closed'";
 const SHELL_MS = 30000;
 async function shell(device, command) {
   const what = `adb shell ${command.split(' ', 1)[0]}`;
@@ -316,6 +321,10 @@ async function shell(device, command) {
     stream = await within(device.shell(command), SHELL_MS, what);
     return (await within(Adb.util.readAll(stream), SHELL_MS, what)).toString('utf8');
   } catch (err) {
+    if (err.message === CLOSED) {
+      const why = 'its adbd closes requests while it restarts or is out of processes';
+      throw phoneError(`${what} failed: adb closed the request (${why})`, true);
+    }
     if (!err.message.endsWith('did not answer')) throw err;
     stream?.destroy();
     throw phoneError(`${err.message} within ${SHELL_MS / 1000} s`, true); // the phone's condition
@@ -713,7 +722,7 @@ async function dumpScreen(device, serial) {
     try {
       dump = await shell(device, 'uiautomator dump --windows /dev/tty'); // XML, "UI hierchary dumped to…"
     } catch (err) {
-      if (err.retryable !== true) throw err; // not a timeout: the phone or adb gone
+      if (err.retryable !== true) throw err; // not a timeout or a closed request: the phone or adb gone
       [why, answered] = [err.message, false];
     }
     if (dump !== null) {

@@ -459,3 +459,21 @@ async def test_a_phone_whose_dumper_always_aborts_is_looked_at_without_a_tree_sa
         "uiautomator dump gave no tree in 5 tries: "
         "uiautomator dump failed on emulator-5554: 'Aborted'"
     ), said
+
+
+async def test_a_dump_adb_closes_while_it_lists_the_phone_is_tried_again(
+    node: str, tmp_path: Path
+) -> None:
+    """adbd closes a request unstarted while it restarts or is out of processes: the adb
+    server answers FAIL "closed" and still lists the phone. host.js ended the attempt at the
+    first such dump, "host error: Failure: 'closed'", not retryable: the task failed for good
+    on a phone that answered the next request. As the Python host does (DeviceBusy), the
+    dump is now tried again (and a phone adb no longer lists is still told disconnected)."""
+    phone = VirtualPhone("emulator-5554")
+    phone.close_service("shell:uiautomator dump", 2)
+    said, final, decisions = await _one_task(node, tmp_path, phone, "Turn on dark theme")
+
+    assert decisions, said
+    assert not decisions[0].observation.ui_tree_missing, said
+    assert final.status == types_pb2.TASK_STATUS_SUCCEEDED, said
+    assert phone.state.flag("dark_theme")
